@@ -1,0 +1,291 @@
+/* th-proc.c — child processes for integration tests (see th-proc.h). */
+#include "tests/harness/th-proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TH_MAX_CHILDREN 64
+
+static volatile pid_t g_children[TH_MAX_CHILDREN];
+
+static void track(pid_t pid) {
+  for (int i = 0; i < TH_MAX_CHILDREN; i++)
+    if (g_children[i] == 0) {
+      g_children[i] = pid;
+      return;
+    }
+}
+
+static void untrack(pid_t pid) {
+  for (int i = 0; i < TH_MAX_CHILDREN; i++)
+    if (g_children[i] == pid) g_children[i] = 0;
+}
+
+static void kill_all(void) {
+  for (int i = 0; i < TH_MAX_CHILDREN; i++) {
+    pid_t pid = g_children[i];
+    if (pid > 0) {
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+    }
+  }
+}
+
+static void on_signal(int sig) {
+  kill_all();
+  if (sig == SIGALRM) {
+    static const char msg[] = "th-proc: watchdog timeout, killing children\n";
+    ssize_t w = write(2, msg, sizeof(msg) - 1);
+    (void)w;
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void th_proc_init(unsigned timeout_s) {
+  static int done;
+  if (!done) {
+    done = 1;
+    atexit(kill_all);
+    int sigs[] = {SIGINT, SIGTERM, SIGALRM, SIGSEGV, SIGABRT, SIGBUS, SIGHUP};
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) signal(sigs[i], on_signal);
+    signal(SIGPIPE, SIG_IGN);
+  }
+  if (timeout_s) alarm(timeout_s);
+}
+
+int th_proc_spawn(struct th_proc *p, char *const argv[], char *const env[], int capture) {
+  int out[2] = {-1, -1}, err[2] = {-1, -1};
+  memset(p, 0, sizeof(*p));
+  p->out_fd = p->err_fd = -1;
+  if (capture && (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC))) {
+    int e = errno;
+    if (out[0] >= 0) close(out[0]), close(out[1]);
+    return -e;
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return -errno;
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    signal(SIGPIPE, SIG_DFL);
+    if (capture) {
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+    }
+    for (int i = 0; env && env[i]; i++) putenv(env[i]);
+    execvp(argv[0], argv);
+    fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  p->pid = pid;
+  track(pid);
+  if (capture) {
+    close(out[1]);
+    close(err[1]);
+    p->out_fd = out[0];
+    p->err_fd = err[0];
+  }
+  return 0;
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int th_proc_wait(struct th_proc *p, int timeout_ms) {
+  if (p->exited || p->pid == 0) return 0;
+  long long end = now_ms() + timeout_ms;
+  for (;;) {
+    int st;
+    pid_t r = waitpid(p->pid, &st, WNOHANG);
+    if (r == p->pid) {
+      p->status = st;
+      p->exited = 1;
+      untrack(p->pid);
+      kill(-p->pid, SIGKILL); /* leave no grandchild behind */
+      return 0;
+    }
+    if (r < 0 && errno != EINTR) {
+      p->exited = 1;
+      untrack(p->pid);
+      return 0;
+    }
+    if (now_ms() >= end) return -ETIMEDOUT;
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+void th_proc_signal(struct th_proc *p, int sig) {
+  if (p->pid > 0 && !p->exited) kill(-p->pid, sig);
+}
+
+void th_proc_stop(struct th_proc *p, int grace_ms) {
+  if (p->pid > 0 && !p->exited) {
+    kill(p->pid, SIGTERM);
+    if (th_proc_wait(p, grace_ms) != 0) {
+      kill(-p->pid, SIGKILL);
+      kill(p->pid, SIGKILL);
+      th_proc_wait(p, 5000);
+    }
+  }
+  if (p->out_fd >= 0) close(p->out_fd);
+  if (p->err_fd >= 0) close(p->err_fd);
+  p->out_fd = p->err_fd = -1;
+}
+
+char *th_read_all(int fd, int timeout_ms, size_t *len) {
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  if (!buf) return NULL;
+  long long end = now_ms() + timeout_ms;
+  for (;;) {
+    long long left = end - now_ms();
+    if (left <= 0) break;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int r = poll(&pfd, 1, (int)left);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (n + 4096 + 1 > cap) {
+      cap *= 2;
+      char *nb = realloc(buf, cap);
+      if (!nb) break;
+      buf = nb;
+    }
+    ssize_t k = read(fd, buf + n, cap - n - 1);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    n += (size_t)k;
+  }
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}
+
+int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t stdin_len,
+           int timeout_ms, char **out, char **err) {
+  int in[2];
+  if (pipe2(in, O_CLOEXEC)) return -errno;
+  int outp[2], errp[2];
+  if (pipe2(outp, O_CLOEXEC)) return -errno;
+  if (pipe2(errp, O_CLOEXEC)) return -errno;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return -errno;
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(in[0], 0);
+    dup2(outp[1], 1);
+    dup2(errp[1], 2);
+    for (int i = 0; env && env[i]; i++) putenv(env[i]);
+    execvp(argv[0], argv);
+    fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  track(pid);
+  close(in[0]);
+  close(outp[1]);
+  close(errp[1]);
+  /* feed stdin and drain both pipes together so neither side blocks */
+  size_t in_off = 0, on = 0, en = 0, ocap = 4096, ecap = 4096;
+  char *ob = malloc(ocap), *eb = malloc(ecap);
+  int ofd = outp[0], efd = errp[0], ifd = in[1];
+  if (!stdin_data || stdin_len == 0) {
+    close(ifd);
+    ifd = -1;
+  } else {
+    fcntl(ifd, F_SETFL, O_NONBLOCK);
+  }
+  long long end = now_ms() + timeout_ms;
+  int timed_out = 0;
+  while (ofd >= 0 || efd >= 0) {
+    long long left = end - now_ms();
+    if (left <= 0) {
+      timed_out = 1;
+      break;
+    }
+    struct pollfd pf[3];
+    int np = 0, io = -1, ie = -1, ii = -1;
+    if (ofd >= 0) io = np, pf[np++] = (struct pollfd){ofd, POLLIN, 0};
+    if (efd >= 0) ie = np, pf[np++] = (struct pollfd){efd, POLLIN, 0};
+    if (ifd >= 0) ii = np, pf[np++] = (struct pollfd){ifd, POLLOUT, 0};
+    int r = poll(pf, (nfds_t)np, (int)left);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    if (ii >= 0 && pf[ii].revents) {
+      ssize_t k = write(ifd, stdin_data + in_off, stdin_len - in_off);
+      if (k > 0) in_off += (size_t)k;
+      if (k < 0 && errno != EAGAIN) in_off = stdin_len;
+      if (in_off >= stdin_len) {
+        close(ifd);
+        ifd = -1;
+      }
+    }
+    for (int w = 0; w < 2; w++) {
+      int idx = w == 0 ? io : ie;
+      if (idx < 0 || !pf[idx].revents) continue;
+      char **b = w == 0 ? &ob : &eb;
+      size_t *n = w == 0 ? &on : &en, *cap = w == 0 ? &ocap : &ecap;
+      if (*n + 4097 > *cap) {
+        *cap *= 2;
+        *b = realloc(*b, *cap);
+      }
+      ssize_t k = read(pf[idx].fd, *b + *n, *cap - *n - 1);
+      if (k > 0) {
+        *n += (size_t)k;
+      } else if (k == 0 || errno != EINTR) {
+        close(pf[idx].fd);
+        if (w == 0) ofd = -1;
+        else efd = -1;
+      }
+    }
+  }
+  if (ifd >= 0) close(ifd);
+  if (ofd >= 0) close(ofd);
+  if (efd >= 0) close(efd);
+  ob[on] = 0;
+  eb[en] = 0;
+  int st = 0, rc;
+  if (timed_out) {
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    rc = -ETIMEDOUT;
+  } else {
+    long long left = end - now_ms();
+    struct th_proc p = {.pid = pid, .out_fd = -1, .err_fd = -1};
+    if (th_proc_wait(&p, left > 0 ? (int)left : 0) != 0) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      rc = -ETIMEDOUT;
+    } else {
+      st = p.status;
+      rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+  }
+  untrack(pid);
+  if (out) *out = ob;
+  else free(ob);
+  if (err) *err = eb;
+  else free(eb);
+  return rc;
+}

@@ -1,0 +1,52 @@
+/* th-proc.h — start real processes from tests, with timeouts, and always
+ * kill them.
+ *
+ * Each child runs in its own process group with PR_SET_PDEATHSIG(SIGKILL), so
+ * it dies with the test even if the test crashes. Every live child is also
+ * killed (whole group, SIGKILL) by an atexit handler and by the handlers for
+ * SIGINT/SIGTERM/SIGALRM/SIGSEGV/SIGABRT that th_proc_init installs, and
+ * th_proc_init(seconds) arms a watchdog alarm for the whole test. */
+#ifndef LMSERVE_TH_PROC_H
+#define LMSERVE_TH_PROC_H
+#include <stddef.h>
+#include <sys/types.h>
+
+struct th_proc {
+  pid_t pid;       /* 0 when not running */
+  int status;      /* wait status once reaped */
+  int exited;      /* 1 once reaped */
+  int out_fd;      /* read end of the child's stdout when captured, else -1 */
+  int err_fd;      /* read end of the child's stderr when captured, else -1 */
+};
+
+/* Installs the kill-on-exit handlers and a watchdog of `timeout_s` seconds
+ * (0: none). Call once at the start of an integration test. */
+void th_proc_init(unsigned timeout_s);
+
+/* Starts argv[0] (looked up in PATH if it has no '/'). `env` entries
+ * ("K=V") are added to the inherited environment. With capture, stdout and
+ * stderr are pipes the test reads via out_fd / err_fd; otherwise they are
+ * inherited. Returns 0 or a negative errno. */
+int th_proc_spawn(struct th_proc *p, char *const argv[], char *const env[], int capture);
+
+/* Waits up to timeout_ms for the child to exit. Returns 0 when it exited
+ * (status in p->status), -ETIMEDOUT otherwise (the child keeps running). */
+int th_proc_wait(struct th_proc *p, int timeout_ms);
+
+/* Sends `sig` to the child's process group. */
+void th_proc_signal(struct th_proc *p, int sig);
+
+/* SIGTERM, wait up to grace_ms, then SIGKILL; reaps; closes pipes. */
+void th_proc_stop(struct th_proc *p, int grace_ms);
+
+/* Reads everything from fd until EOF or timeout_ms; returns a malloc'd,
+ * NUL-terminated buffer (caller frees) and its length in *len. */
+char *th_read_all(int fd, int timeout_ms, size_t *len);
+
+/* Runs a command to completion with a timeout, capturing stdout and stderr.
+ * Returns the exit code (0..255), 128+signal, or -ETIMEDOUT (child killed).
+ * *out / *err may be NULL; when not, they receive malloc'd buffers. */
+int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t stdin_len,
+           int timeout_ms, char **out, char **err);
+
+#endif
