@@ -6,4 +6,6 @@ int fe_frontend_main(int argc, char **argv);
 int fe_tokenize_main(int argc, char **argv);
 int fe_detokenize_main(int argc, char **argv);
 
+int fe_bench_tokenizer_main(int argc, char **argv);
+
 #endif

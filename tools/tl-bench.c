@@ -1,11 +1,32 @@
-/* tl-bench.c — the `lmserve bench` subcommand (not implemented yet). */
-#include "tools/tl-main.h"
-
+/* tl-bench.c — `lmserve bench <what>`: dispatches to the benchmark of each part. */
 #include <stdio.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "frontend/fe-main.h"
+#include "tools/tl-main.h"
+#include "worker/wk-main.h"
+
+static const struct {
+  const char *name;
+  int (*fn)(int argc, char **argv);
+  const char *help;
+} benches[] = {
+    {"model", wk_bench_model_main, "prefill and decode tokens/s of one model, memory bandwidth"},
+    {"tokenizer", fe_bench_tokenizer_main, "tokenizer load time and encode throughput"},
+    {"serve", tl_bench_serve_main, "load generator against a running server (like vllm bench serve)"},
+};
 
 int tl_bench_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve bench: not implemented yet\n");
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    FILE *f = argc < 2 ? stderr : stdout;
+    fprintf(f, "usage: lmserve bench <what> [options]\n\n");
+    for (size_t i = 0; i < CM_ARRAY_LEN(benches); i++)
+      fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].help);
+    return argc < 2 ? 2 : 0;
+  }
+  for (size_t i = 0; i < CM_ARRAY_LEN(benches); i++)
+    if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve)\n", argv[1]);
   return 2;
 }

@@ -6,4 +6,6 @@ int tl_serve_main(int argc, char **argv);
 int tl_bench_main(int argc, char **argv);
 int tl_make_tiny_model_main(int argc, char **argv);
 
+int tl_bench_serve_main(int argc, char **argv);
+
 #endif

@@ -5,4 +5,6 @@
 int wk_worker_main(int argc, char **argv);
 int wk_generate_main(int argc, char **argv);
 
+int wk_bench_model_main(int argc, char **argv);
+
 #endif
