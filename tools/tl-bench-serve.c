@@ -1,11 +1,507 @@
-/* tl-bench-serve.c — the `lmserve bench serve` subcommand (not implemented yet). */
+/* tl-bench-serve.c — `lmserve bench serve`: a load generator against a running
+ * OpenAI-compatible server, in the manner of `vllm bench serve`.
+ *
+ * Each request is a streamed /v1/completions call whose prompt is a list of
+ * --input-len random token ids, asking for exactly --output-len tokens
+ * (ignore_eos). Requests start at --request-rate per second (Poisson
+ * arrivals; inf = all at once) with at most --concurrency in flight. From
+ * the SSE stream it measures time to first token (TTFT), time per output
+ * token after the first (TPOT), inter-token latency (ITL, between chunks)
+ * and end-to-end latency, and prints mean / median / p99 of each, request
+ * and token throughput, and — from /metrics before and after — the prefix
+ * cache hit rate and the speculative-decoding mean acceptance length. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/cm-args.h"
+#include "common/cm-err.h"
+#include "common/cm-time.h"
 #include "tools/tl-main.h"
 
-#include <stdio.h>
+struct bs_config {
+  const char *url, *model, *api_key;
+  char host[256];
+  char port[16];
+  char base_path[256]; /* "" or "/prefix" before /v1 */
+  int64_t concurrency, num_prompts, input_len, output_len, seed, vocab;
+  double rate; /* requests/s; <= 0 means all at once */
+};
+
+struct bs_result {
+  int ok;
+  double start, ttft, e2e;  /* seconds */
+  int out_tokens;           /* from usage, else chunk count */
+  int prompt_tokens;
+  double *itl;              /* seconds between chunks */
+  int n_itl, cap_itl;
+  char err[160];
+};
+
+struct bs_shared {
+  struct bs_config *cfg;
+  struct bs_result *res;
+  double *start_at; /* seconds from t0 at which request i may start */
+  double t0;
+  int next;         /* next request index to take */
+  pthread_mutex_t mu;
+};
+
+/* ---- HTTP over a plain socket ----------------------------------------------- */
+
+static int connect_to(const struct bs_config *c) {
+  struct addrinfo hints = {0}, *ai = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(c->host, c->port, &hints, &ai) != 0 || !ai) return -1;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(ai);
+  return fd;
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+  while (n) {
+    ssize_t k = write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* A growable byte buffer for responses. */
+struct bs_buf {
+  char *p;
+  size_t n, cap;
+};
+
+static int buf_reserve(struct bs_buf *b, size_t extra) {
+  if (b->n + extra + 1 <= b->cap) return 0;
+  size_t cap = b->cap ? b->cap * 2 : 8192;
+  while (cap < b->n + extra + 1) cap *= 2;
+  char *p = realloc(b->p, cap);
+  if (!p) return -1;
+  b->p = p;
+  b->cap = cap;
+  return 0;
+}
+
+static void itl_push(struct bs_result *r, double v) {
+  if (r->n_itl == r->cap_itl) {
+    int cap = r->cap_itl ? r->cap_itl * 2 : 64;
+    double *p = realloc(r->itl, (size_t)cap * sizeof(double));
+    if (!p) return;
+    r->itl = p;
+    r->cap_itl = cap;
+  }
+  r->itl[r->n_itl++] = v;
+}
+
+/* Handles one SSE event payload (the text after "data: "). */
+static void on_event(struct bs_result *r, const char *data, size_t len, double now,
+                     double *last, int *chunks) {
+  if (len == 6 && !memcmp(data, "[DONE]", 6)) return;
+  json_error_t jerr;
+  json_t *j = json_loadb(data, len, 0, &jerr);
+  if (!j) return;
+  json_t *usage = json_object_get(j, "usage");
+  if (json_is_object(usage)) {
+    r->out_tokens = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
+    r->prompt_tokens = (int)json_integer_value(json_object_get(usage, "prompt_tokens"));
+  }
+  json_t *choices = json_object_get(j, "choices");
+  if (json_is_array(choices) && json_array_size(choices) > 0) {
+    json_t *text = json_object_get(json_array_get(choices, 0), "text");
+    if (json_is_string(text) || json_object_get(json_array_get(choices, 0), "finish_reason")) {
+      if (*chunks == 0)
+        r->ttft = now - r->start;
+      else if (json_is_string(text) && json_string_length(text) > 0)
+        itl_push(r, now - *last);
+      if (json_is_string(text) && json_string_length(text) > 0) {
+        *last = now;
+        (*chunks)++;
+      }
+    }
+  }
+  json_t *err = json_object_get(j, "error");
+  if (json_is_object(err)) {
+    snprintf(r->err, sizeof(r->err), "%s",
+             json_string_value(json_object_get(err, "message")) ?: "error event");
+    r->ok = 0;
+  }
+  json_decref(j);
+}
+
+/* Runs one streamed completion; fills r. */
+static void run_request(const struct bs_config *c, int idx, struct bs_result *r) {
+  char *body = NULL, *req = NULL;
+  struct bs_buf in = {0};
+  int fd = -1;
+  /* prompt: random token ids from a per-request seeded generator */
+  uint64_t s = (uint64_t)c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)idx + 1;
+  json_t *ids = json_array();
+  for (int64_t i = 0; i < c->input_len; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    /* skip the first 256 ids (specials, bytes) so prompts look like text */
+    json_array_append_new(ids, json_integer(256 + (json_int_t)(s % (uint64_t)(c->vocab - 256))));
+  }
+  json_t *j = json_pack("{s:s, s:o, s:I, s:b, s:b, s:{s:b}, s:f}", "model", c->model, "prompt",
+                        ids, "max_tokens", (json_int_t)c->output_len, "ignore_eos", 1, "stream",
+                        1, "stream_options", "include_usage", 1, "temperature", 0.0);
+  body = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  if (!body) {
+    snprintf(r->err, sizeof(r->err), "out of memory");
+    return;
+  }
+  size_t blen = strlen(body);
+  char auth[600] = "";
+  if (c->api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c->api_key);
+  if (asprintf(&req,
+               "POST %s/v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+               "%sContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+               c->base_path, c->host, c->port, auth, blen, body) < 0) {
+    req = NULL;
+    snprintf(r->err, sizeof(r->err), "out of memory");
+    goto out;
+  }
+  r->start = cm_time_s();
+  fd = connect_to(c);
+  if (fd < 0 || write_all(fd, req, strlen(req)) != 0) {
+    snprintf(r->err, sizeof(r->err), "cannot connect or send: %s", strerror(errno));
+    goto out;
+  }
+  /* read the status line and headers, then SSE lines as they arrive */
+  int status = 0, headers_done = 0, chunks = 0;
+  size_t scan = 0;
+  double last = r->start;
+  r->ok = 1;
+  for (;;) {
+    if (buf_reserve(&in, 16384) != 0) break;
+    ssize_t k = read(fd, in.p + in.n, in.cap - in.n - 1);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    double now = cm_time_s();
+    in.n += (size_t)k;
+    in.p[in.n] = 0;
+    if (!headers_done) {
+      char *end = strstr(in.p, "\r\n\r\n");
+      if (!end) continue;
+      if (sscanf(in.p, "HTTP/1.%*d %d", &status) != 1) status = 0;
+      headers_done = 1;
+      scan = (size_t)(end + 4 - in.p);
+      if (status != 200) {
+        snprintf(r->err, sizeof(r->err), "HTTP %d: %.120s", status, in.p + scan);
+        r->ok = 0;
+        continue;
+      }
+    }
+    if (status != 200) continue;
+    /* chunked transfer framing lines are not "data: " lines, so they are ignored */
+    for (;;) {
+      char *nl = memchr(in.p + scan, '\n', in.n - scan);
+      if (!nl) break;
+      char *line = in.p + scan;
+      size_t len = (size_t)(nl - line);
+      if (len && line[len - 1] == '\r') len--;
+      if (len > 6 && !memcmp(line, "data: ", 6))
+        on_event(r, line + 6, len - 6, now, &last, &chunks);
+      scan = (size_t)(nl + 1 - in.p);
+    }
+  }
+  r->e2e = cm_time_s() - r->start;
+  if (status != 200) r->ok = 0;
+  if (r->ok && chunks == 0) {
+    r->ok = 0;
+    snprintf(r->err, sizeof(r->err), "no tokens streamed");
+  }
+  if (r->ok && r->out_tokens == 0) r->out_tokens = chunks;
+out:
+  if (fd >= 0) close(fd);
+  free(in.p);
+  free(req);
+  free(body);
+}
+
+static void *client_thread(void *arg) {
+  struct bs_shared *sh = arg;
+  for (;;) {
+    pthread_mutex_lock(&sh->mu);
+    int i = sh->next < sh->cfg->num_prompts ? sh->next++ : -1;
+    pthread_mutex_unlock(&sh->mu);
+    if (i < 0) break;
+    double wait = sh->t0 + sh->start_at[i] - cm_time_s();
+    if (wait > 0) cm_time_sleep_ns((uint64_t)(wait * 1e9));
+    run_request(sh->cfg, i, &sh->res[i]);
+  }
+  return NULL;
+}
+
+/* ---- metrics -------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void stats_line(const char *name, double *v, int n, double scale, const char *unit) {
+  if (n == 0) {
+    printf("%-26s (no samples)\n", name);
+    return;
+  }
+  qsort(v, (size_t)n, sizeof(double), cmp_double);
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += v[i];
+  double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  int p99i = (int)ceil(0.99 * n) - 1;
+  if (p99i < 0) p99i = 0;
+  printf("%-26s mean %9.2f  median %9.2f  p99 %9.2f %s\n", name, sum / n * scale, med * scale,
+         v[p99i] * scale, unit);
+}
+
+/* Sums every sample of a Prometheus counter named `name` (any labels). */
+static double metric_sum(const char *text, const char *name) {
+  double total = 0;
+  size_t nl = strlen(name);
+  for (const char *p = text; p && *p;) {
+    const char *eol = strchr(p, '\n');
+    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
+      const char *sp = p + nl;
+      if (*sp == '{') sp = strchr(sp, '}');
+      if (sp) total += strtod(sp + 1, NULL);
+    }
+    p = eol ? eol + 1 : NULL;
+  }
+  return total;
+}
+
+static char *fetch_metrics(const struct bs_config *c) {
+  int fd = connect_to(c);
+  if (fd < 0) return NULL;
+  char req[1024], auth[600] = "";
+  if (c->api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c->api_key);
+  snprintf(req, sizeof(req), "GET %s/metrics HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
+           c->base_path, c->host, auth);
+  struct bs_buf b = {0};
+  if (write_all(fd, req, strlen(req)) == 0) {
+    for (;;) {
+      if (buf_reserve(&b, 65536)) break;
+      ssize_t k = read(fd, b.p + b.n, b.cap - b.n - 1);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) break;
+      b.n += (size_t)k;
+    }
+  }
+  close(fd);
+  if (b.p) b.p[b.n] = 0;
+  return b.p;
+}
+
+static int parse_url(struct bs_config *c) {
+  const char *u = c->url;
+  if (strncmp(u, "http://", 7) != 0) return CM_ERR_INVAL;
+  u += 7;
+  const char *slash = strchr(u, '/');
+  size_t hostport = slash ? (size_t)(slash - u) : strlen(u);
+  const char *colon = memchr(u, ':', hostport);
+  size_t hl = colon ? (size_t)(colon - u) : hostport;
+  if (hl == 0 || hl >= sizeof(c->host)) return CM_ERR_INVAL;
+  memcpy(c->host, u, hl);
+  c->host[hl] = 0;
+  if (colon) {
+    size_t pl = hostport - hl - 1;
+    if (pl == 0 || pl >= sizeof(c->port)) return CM_ERR_INVAL;
+    memcpy(c->port, colon + 1, pl);
+    c->port[pl] = 0;
+  } else {
+    strcpy(c->port, "80");
+  }
+  c->base_path[0] = 0;
+  if (slash) {
+    snprintf(c->base_path, sizeof(c->base_path), "%s", slash);
+    size_t bl = strlen(c->base_path);
+    while (bl && c->base_path[bl - 1] == '/') c->base_path[--bl] = 0;
+    if (bl >= 3 && !strcmp(c->base_path + bl - 3, "/v1")) c->base_path[bl - 3] = 0;
+  }
+  return 0;
+}
 
 int tl_bench_serve_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve bench serve: not implemented yet\n");
-  return 2;
+  struct bs_config c = {
+      .url = "http://127.0.0.1:8000",
+      .concurrency = 1,
+      .num_prompts = 100,
+      .input_len = 128,
+      .output_len = 128,
+      .seed = 0,
+      .vocab = 262144,
+      .rate = 0,
+  };
+  const char *model = NULL;
+  const struct cm_opt opts[] = {
+      {"url", CM_OPT_STR, &c.url, "URL", "server base URL (http://127.0.0.1:8000)"},
+      {"model", CM_OPT_STR, &model, "NAME", "model name (default: the first of /v1/models)"},
+      {"api-key", CM_OPT_STR, &c.api_key, "KEY", "bearer token"},
+      {"concurrency", CM_OPT_INT, &c.concurrency, "C", "most requests in flight (1)", 1, 4096},
+      {"num-prompts", CM_OPT_INT, &c.num_prompts, "N", "requests to send (100)", 1, 10000000},
+      {"input-len", CM_OPT_INT, &c.input_len, "I", "prompt tokens per request (128)", 1, 1 << 20},
+      {"output-len", CM_OPT_INT, &c.output_len, "O", "output tokens per request (128)", 1, 1 << 20},
+      {"request-rate", CM_OPT_DOUBLE, &c.rate, "R", "requests/s, Poisson (0 = all at once)", 0, 0,
+       0, 1e9},
+      {"seed", CM_OPT_INT, &c.seed, "N", "prompt and arrival seed (0)", 0, INT64_MAX},
+      {"vocab-size", CM_OPT_INT, &c.vocab, "V", "random prompt ids are < V (262144)", 257,
+       1 << 30},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve bench serve", "Load-test a running server.", opts, argc, argv,
+                         1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc) return 2;
+  if (parse_url(&c) != 0) {
+    fprintf(stderr, "lmserve bench serve: --url must look like http://HOST:PORT, got '%s'\n",
+            c.url);
+    return 2;
+  }
+  char model_buf[256];
+  if (!model) {
+    /* ask the server */
+    struct bs_config probe = c;
+    int fd = connect_to(&probe);
+    if (fd < 0) {
+      fprintf(stderr, "lmserve bench serve: cannot connect to %s\n", c.url);
+      return 1;
+    }
+    char req[1024], auth[600] = "";
+    if (c.api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c.api_key);
+    snprintf(req, sizeof(req), "GET %s/v1/models HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
+             c.base_path, c.host, auth);
+    struct bs_buf b = {0};
+    if (write_all(fd, req, strlen(req)) == 0) {
+      for (;;) {
+        if (buf_reserve(&b, 8192)) break;
+        ssize_t k = read(fd, b.p + b.n, b.cap - b.n - 1);
+        if (k <= 0) break;
+        b.n += (size_t)k;
+      }
+    }
+    close(fd);
+    const char *bodyp = b.p ? strstr(b.p, "\r\n\r\n") : NULL;
+    json_t *j = bodyp ? json_loads(bodyp + 4, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+    if (!id) {
+      fprintf(stderr, "lmserve bench serve: could not read a model name from %s/v1/models\n", c.url);
+      json_decref(j);
+      free(b.p);
+      return 1;
+    }
+    snprintf(model_buf, sizeof(model_buf), "%s", id);
+    json_decref(j);
+    free(b.p);
+    model = model_buf;
+  }
+  c.model = model;
+
+  struct bs_shared sh = {.cfg = &c};
+  sh.res = calloc((size_t)c.num_prompts, sizeof(*sh.res));
+  sh.start_at = calloc((size_t)c.num_prompts, sizeof(double));
+  pthread_t *th = calloc((size_t)c.concurrency, sizeof(pthread_t));
+  if (!sh.res || !sh.start_at || !th) {
+    fprintf(stderr, "lmserve bench serve: out of memory\n");
+    return 1;
+  }
+  /* Poisson arrivals: exponential gaps with mean 1/rate */
+  uint64_t s = (uint64_t)c.seed * 0x2545F4914F6CDD1Dull + 7;
+  double t = 0;
+  for (int64_t i = 0; i < c.num_prompts; i++) {
+    sh.start_at[i] = c.rate > 0 ? t : 0;
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    double u = ((double)(s >> 11) + 0.5) / 9007199254740992.0;
+    if (c.rate > 0) t += -log(u) / c.rate;
+  }
+  char *m0 = fetch_metrics(&c);
+  pthread_mutex_init(&sh.mu, NULL);
+  sh.t0 = cm_time_s();
+  int nthreads = (int)(c.concurrency < c.num_prompts ? c.concurrency : c.num_prompts);
+  for (int i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, client_thread, &sh);
+  for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+  double dur = cm_time_s() - sh.t0;
+  char *m1 = fetch_metrics(&c);
+
+  int ok = 0, failed = 0;
+  long long in_tok = 0, out_tok = 0;
+  double *ttft = calloc((size_t)c.num_prompts, sizeof(double));
+  double *tpot = calloc((size_t)c.num_prompts, sizeof(double));
+  double *e2e = calloc((size_t)c.num_prompts, sizeof(double));
+  size_t n_itl_all = 0;
+  for (int64_t i = 0; i < c.num_prompts; i++) n_itl_all += (size_t)sh.res[i].n_itl;
+  double *itl = calloc(n_itl_all + 1, sizeof(double));
+  int n_tpot = 0, n_itl = 0;
+  const char *first_err = NULL;
+  for (int64_t i = 0; i < c.num_prompts; i++) {
+    struct bs_result *r = &sh.res[i];
+    if (!r->ok) {
+      failed++;
+      if (!first_err) first_err = r->err[0] ? r->err : "unknown";
+      continue;
+    }
+    ttft[ok] = r->ttft;
+    e2e[ok] = r->e2e;
+    ok++;
+    in_tok += r->prompt_tokens ? r->prompt_tokens : c.input_len;
+    out_tok += r->out_tokens;
+    if (r->out_tokens > 1) tpot[n_tpot++] = (r->e2e - r->ttft) / (r->out_tokens - 1);
+    for (int k = 0; k < r->n_itl; k++) itl[n_itl++] = r->itl[k];
+  }
+  printf("============ Serving Benchmark Result ============\n");
+  printf("%-40s %d\n", "Successful requests:", ok);
+  printf("%-40s %d\n", "Failed requests:", failed);
+  if (first_err) printf("%-40s %s\n", "First error:", first_err);
+  printf("%-40s %lld\n", "Maximum request concurrency:", (long long)c.concurrency);
+  printf("%-40s %.2f\n", "Benchmark duration (s):", dur);
+  printf("%-40s %lld\n", "Total input tokens:", in_tok);
+  printf("%-40s %lld\n", "Total generated tokens:", out_tok);
+  printf("%-40s %.2f\n", "Request throughput (req/s):", ok / dur);
+  printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tok / dur);
+  printf("%-40s %.2f\n", "Total token throughput (tok/s):", (in_tok + out_tok) / dur);
+  stats_line("TTFT", ttft, ok, 1000, "ms");
+  stats_line("TPOT (excl. 1st token)", tpot, n_tpot, 1000, "ms");
+  stats_line("ITL", itl, n_itl, 1000, "ms");
+  stats_line("E2E latency", e2e, ok, 1000, "ms");
+  if (m0 && m1) {
+    double q = metric_sum(m1, "lmserve:prefix_cache_queries_total") -
+               metric_sum(m0, "lmserve:prefix_cache_queries_total");
+    double h = metric_sum(m1, "lmserve:prefix_cache_hits_total") -
+               metric_sum(m0, "lmserve:prefix_cache_hits_total");
+    if (q > 0) printf("%-40s %.2f%%\n", "Prefix cache hit rate:", 100.0 * h / q);
+    double d = metric_sum(m1, "lmserve:spec_decode_num_drafts_total") -
+               metric_sum(m0, "lmserve:spec_decode_num_drafts_total");
+    double a = metric_sum(m1, "lmserve:spec_decode_num_accepted_tokens_total") -
+               metric_sum(m0, "lmserve:spec_decode_num_accepted_tokens_total");
+    if (d > 0) printf("%-40s %.2f\n", "Mean acceptance length:", 1.0 + a / d);
+  }
+  printf("==================================================\n");
+  for (int64_t i = 0; i < c.num_prompts; i++) free(sh.res[i].itl);
+  free(sh.res);
+  free(sh.start_at);
+  free(th);
+  free(ttft);
+  free(tpot);
+  free(e2e);
+  free(itl);
+  free(m0);
+  free(m1);
+  pthread_mutex_destroy(&sh.mu);
+  return failed ? 1 : 0;
 }
