@@ -1,0 +1,36 @@
+/* kn-cpu.h — the CPU kernel backend: a reference C version of every op, SIMD
+ * versions (AVX2+FMA, AVX-512) chosen at run time, multithreaded over output
+ * rows with a small persistent thread pool.
+ *
+ * LMSERVE_KERNELS=ref in the environment forces the reference versions
+ * (checked when the backend is created). Memory hooks are the identity: any
+ * host memory is backend memory. */
+#ifndef LMSERVE_KN_CPU_H
+#define LMSERVE_KN_CPU_H
+#include "kernels/kn-backend.h"
+
+enum kn_cpu_isa {
+  KN_CPU_ISA_REF = 0,    /* plain C */
+  KN_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+  KN_CPU_ISA_AVX512 = 2, /* AVX-512 F/BW/VL (+ BF16 where present) */
+};
+
+/* Creates a CPU backend with n_threads threads in total (the calling thread
+ * counts as one; n_threads <= 0 means one per online core). On success *out
+ * owns the backend (kn_backend_destroy). Returns 0, CM_ERR_NOMEM or CM_ERR_INVAL. */
+int kn_cpu_backend_create(int n_threads, struct kn_backend **out);
+
+/* Like kn_cpu_backend_create but with an explicit instruction set, capped at
+ * what this processor supports (tests use it to compare SIMD and reference). */
+int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out);
+
+/* The best instruction set this processor and build support. */
+enum kn_cpu_isa kn_cpu_isa_detect(void);
+const char *kn_cpu_isa_name(enum kn_cpu_isa isa);
+
+/* Memory read bandwidth in GB/s (1e9 bytes/s): a streaming read of a buffer
+ * much larger than the caches (bytes; 0 picks 256 MiB) on n_threads threads
+ * (<= 0: one per online core), best of a few passes. Negative on failure. */
+double kn_cpu_measure_bandwidth(size_t bytes, int n_threads);
+
+#endif

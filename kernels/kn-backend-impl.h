@@ -1,0 +1,66 @@
+/* kn-backend-impl.h — what a backend implements: the ops table behind the
+ * opaque struct kn_backend. Only backends include this; users of kernels
+ * include kn-backend.h.
+ *
+ * The public wrappers (kn-backend.c) validate every argument that input could
+ * make wrong (sizes, strides, token ids, slot mappings, block tables) before
+ * they call an op, so an op may assume:
+ *   - sizes > 0 (an op with an empty shape is not called), strides >= row length,
+ *   - dtypes are valid and supported by the backend (see `supports`),
+ *   - every index it will read is inside its table / the pool. */
+#ifndef LMSERVE_KN_BACKEND_IMPL_H
+#define LMSERVE_KN_BACKEND_IMPL_H
+#include "kernels/kn-backend.h"
+
+struct kn_backend_ops {
+  const char *name;
+  void (*destroy)(void *ctx);
+
+  void *(*alloc)(void *ctx, size_t bytes);
+  void (*free)(void *ctx, void *p);
+  int (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+  int (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+  int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+  int (*memset)(void *ctx, void *dst, int c, size_t bytes);
+  int (*sync)(void *ctx);
+
+  int (*embed)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+               int H, const int32_t *ids, int T, float scale);
+  int (*rmsnorm)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int rows,
+                 int d, const void *w, enum kn_dtype wdt, float eps, enum kn_norm_mode mode);
+  int (*matmul)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
+  int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                     const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
+                     int T);
+  int (*rope)(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
+              const float *inv_freq);
+  int (*gelu_mul)(void *ctx, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
+                  const float *up, ptrdiff_t ldu, int T, int N);
+  int (*add)(void *ctx, float *out, const float *a, const float *b, size_t n);
+  int (*mul)(void *ctx, float *out, const float *a, const float *b, size_t n);
+  int (*scale)(void *ctx, float *out, const float *a, float s, size_t n);
+  int (*softcap)(void *ctx, float *out, const float *a, float cap, size_t n);
+  int (*copy_rows)(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                   int rows, int cols);
+  int (*argmax)(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
+                int T, int V);
+  int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits,
+                     ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+  int (*kv_write)(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                  const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
+  int (*attention)(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                   const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
+                   int n_heads, int window, float scale, float softcap);
+};
+
+struct kn_backend {
+  const struct kn_backend_ops *ops;
+  void *ctx; /* owned; ops->destroy frees it */
+};
+
+/* Wraps ops + ctx into a backend handle (malloc'd); NULL on failure (the
+ * caller then still owns ctx). */
+struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx);
+
+#endif

@@ -1,0 +1,294 @@
+/* kn-backend.c — the public kernel API: argument validation shared by every
+ * backend, then a call through the backend's ops table.
+ *
+ * Everything that input can make wrong (sizes, strides, dtypes, token ids,
+ * slot mappings, block tables, bidirectional ranges) is checked here and
+ * returned as a negative cm_err, so backends only see valid calls. */
+#include <stdlib.h>
+
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "kernels/kn-backend-impl.h"
+
+/* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
+#define KN_CALL(name, ...) \
+  (be->ops->name ? be->ops->name(be->ctx, __VA_ARGS__) : CM_ERR_UNSUPPORTED)
+
+struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) {
+  struct kn_backend *be = calloc(1, sizeof(*be));
+  if (!be) return NULL;
+  be->ops = ops;
+  be->ctx = ctx;
+  return be;
+}
+
+void kn_backend_destroy(struct kn_backend *be) {
+  if (!be) return;
+  if (be->ops->destroy) be->ops->destroy(be->ctx);
+  free(be);
+}
+
+const char *kn_backend_name(const struct kn_backend *be) { return be ? be->ops->name : "none"; }
+
+/* ---- memory ------------------------------------------------------------- */
+
+void *kn_alloc(struct kn_backend *be, size_t bytes) {
+  if (!be || bytes == 0) return NULL;
+  return be->ops->alloc(be->ctx, bytes);
+}
+
+void kn_free(struct kn_backend *be, void *p) {
+  if (be && p) be->ops->free(be->ctx, p);
+}
+
+int kn_upload(struct kn_backend *be, void *dst, const void *src, size_t bytes) {
+  if (!be || (bytes && (!dst || !src))) return CM_ERR_INVAL;
+  return bytes ? KN_CALL(upload, dst, src, bytes) : 0;
+}
+
+int kn_download(struct kn_backend *be, void *dst, const void *src, size_t bytes) {
+  if (!be || (bytes && (!dst || !src))) return CM_ERR_INVAL;
+  return bytes ? KN_CALL(download, dst, src, bytes) : 0;
+}
+
+int kn_copy(struct kn_backend *be, void *dst, const void *src, size_t bytes) {
+  if (!be || (bytes && (!dst || !src))) return CM_ERR_INVAL;
+  return bytes ? KN_CALL(copy, dst, src, bytes) : 0;
+}
+
+int kn_memset(struct kn_backend *be, void *dst, int c, size_t bytes) {
+  if (!be || (bytes && !dst)) return CM_ERR_INVAL;
+  return bytes ? KN_CALL(memset, dst, c, bytes) : 0;
+}
+
+int kn_sync(struct kn_backend *be) {
+  if (!be) return CM_ERR_INVAL;
+  return be->ops->sync(be->ctx);
+}
+
+/* ---- validation helpers ------------------------------------------------- */
+
+static int valid_weight_dtype(enum kn_dtype dt) {
+  return dt == KN_DTYPE_F32 || dt == KN_DTYPE_F16 || dt == KN_DTYPE_BF16;
+}
+
+/* A [rows, cols] operand with row stride ld: ld >= cols (ld may be anything when
+ * rows == 1, as long as it is not negative). */
+static int valid_ld(ptrdiff_t ld, int rows, int cols) {
+  if (ld < 0) return 0;
+  return rows <= 1 || ld >= cols;
+}
+
+/* ---- dense ops ---------------------------------------------------------- */
+
+int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
+             enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale) {
+  if (!be || T < 0 || H < 0 || vocab < 0) return CM_ERR_INVAL;
+  if (T == 0 || H == 0) return 0;
+  if (!out || !table || !ids || !valid_ld(ldo, T, H)) return CM_ERR_INVAL;
+  if (!valid_weight_dtype(tdt)) return CM_ERR_UNSUPPORTED;
+  for (int t = 0; t < T; t++) {
+    if (ids[t] < 0 || ids[t] >= vocab) {
+      cm_debug("kn", "embed: token id %d outside [0, %d)", (int)ids[t], vocab);
+      return CM_ERR_RANGE;
+    }
+  }
+  return KN_CALL(embed, out, ldo, table, tdt, H, ids, T, scale);
+}
+
+int kn_rmsnorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+               int rows, int d, const void *w, enum kn_dtype wdt, float eps,
+               enum kn_norm_mode mode) {
+  if (!be || rows < 0 || d < 0) return CM_ERR_INVAL;
+  if (rows == 0 || d == 0) return 0;
+  if (!out || !x || !valid_ld(ldo, rows, d) || !valid_ld(ldx, rows, d)) return CM_ERR_INVAL;
+  if (mode != KN_NORM_MUL_W && mode != KN_NORM_MUL_ONE_PLUS_W && mode != KN_NORM_NO_W)
+    return CM_ERR_INVAL;
+  if (mode != KN_NORM_NO_W) {
+    if (!w) return CM_ERR_INVAL;
+    if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  }
+  if (!(eps >= 0.0f)) return CM_ERR_INVAL;
+  return KN_CALL(rmsnorm, out, ldo, x, ldx, rows, d, w, wdt, eps, mode);
+}
+
+int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+              const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  if (!be || T < 0 || N < 0 || K < 0) return CM_ERR_INVAL;
+  if (T == 0 || N == 0) return 0;
+  if (!out || !valid_ld(ldo, T, N)) return CM_ERR_INVAL;
+  if (K > 0 && (!in || !w || !valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  return KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
+}
+
+int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
+                   ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int n_w, int K,
+                   const int32_t *rows, int n_rows, int T) {
+  if (!be || T < 0 || n_rows < 0 || K < 0 || n_w < 0) return CM_ERR_INVAL;
+  if (T == 0 || n_rows == 0) return 0;
+  if (!out || !rows || !valid_ld(ldo, T, n_rows)) return CM_ERR_INVAL;
+  if (K > 0 && (!in || !w || !valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  for (int j = 0; j < n_rows; j++)
+    if (rows[j] < 0 || rows[j] >= n_w) return CM_ERR_RANGE;
+  return KN_CALL(matmul_rows, out, ldo, in, ldi, w, wdt, K, rows, n_rows, T);
+}
+
+int kn_rope(struct kn_backend *be, float *x, ptrdiff_t ldx, int T, int heads, int D,
+            const int32_t *pos, const float *inv_freq) {
+  if (!be || T < 0 || heads < 0 || D < 0 || (D & 1)) return CM_ERR_INVAL;
+  if (T == 0 || heads == 0 || D == 0) return 0;
+  if (!x || !pos || !inv_freq || !valid_ld(ldx, T, heads * D)) return CM_ERR_INVAL;
+  for (int t = 0; t < T; t++)
+    if (pos[t] < 0) return CM_ERR_RANGE;
+  return KN_CALL(rope, x, ldx, T, heads, D, pos, inv_freq);
+}
+
+int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *gate,
+                ptrdiff_t ldg, const float *up, ptrdiff_t ldu, int T, int N) {
+  if (!be || T < 0 || N < 0) return CM_ERR_INVAL;
+  if (T == 0 || N == 0) return 0;
+  if (!out || !gate || !up) return CM_ERR_INVAL;
+  if (!valid_ld(ldo, T, N) || !valid_ld(ldg, T, N) || !valid_ld(ldu, T, N)) return CM_ERR_INVAL;
+  return KN_CALL(gelu_mul, out, ldo, gate, ldg, up, ldu, T, N);
+}
+
+int kn_add(struct kn_backend *be, float *out, const float *a, const float *b, size_t n) {
+  if (!be || (n && (!out || !a || !b))) return CM_ERR_INVAL;
+  return n ? KN_CALL(add, out, a, b, n) : 0;
+}
+
+int kn_mul(struct kn_backend *be, float *out, const float *a, const float *b, size_t n) {
+  if (!be || (n && (!out || !a || !b))) return CM_ERR_INVAL;
+  return n ? KN_CALL(mul, out, a, b, n) : 0;
+}
+
+int kn_scale(struct kn_backend *be, float *out, const float *a, float s, size_t n) {
+  if (!be || (n && (!out || !a))) return CM_ERR_INVAL;
+  return n ? KN_CALL(scale, out, a, s, n) : 0;
+}
+
+int kn_softcap(struct kn_backend *be, float *out, const float *a, float cap, size_t n) {
+  if (!be || (n && (!out || !a)) || !(cap > 0.0f)) return CM_ERR_INVAL;
+  return n ? KN_CALL(softcap, out, a, cap, n) : 0;
+}
+
+int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src,
+                 ptrdiff_t lds, int rows, int cols) {
+  if (!be || rows < 0 || cols < 0) return CM_ERR_INVAL;
+  if (rows == 0 || cols == 0) return 0;
+  if (!dst || !src || !valid_ld(ldd, rows, cols) || !valid_ld(lds, rows, cols))
+    return CM_ERR_INVAL;
+  return KN_CALL(copy_rows, dst, ldd, src, lds, rows, cols);
+}
+
+int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *logits,
+              ptrdiff_t ld, int T, int V) {
+  if (!be || T < 0 || V < 0) return CM_ERR_INVAL;
+  if (T == 0) return 0;
+  if (V == 0 || !ids || !logits || !valid_ld(ld, T, V)) return CM_ERR_INVAL;
+  return KN_CALL(argmax, ids, max_out, logits, ld, T, V);
+}
+
+int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const float *logits,
+                   ptrdiff_t ld, int T, int E, int k, const float *expert_scale) {
+  if (!be || T < 0 || E <= 0 || k < 1 || k > E) return CM_ERR_INVAL;
+  if (T == 0) return 0;
+  if (!ids || !weights || !logits || !valid_ld(ld, T, E)) return CM_ERR_INVAL;
+  return KN_CALL(router_topk, ids, weights, logits, ld, T, E, k, expert_scale);
+}
+
+/* ---- KV cache and attention --------------------------------------------- */
+
+static int valid_view(const struct kn_kv_view *v) {
+  if (!v || !v->pool || v->n_pages <= 0 || v->block_tokens <= 0 || v->n_kv_heads <= 0)
+    return CM_ERR_INVAL;
+  if (v->head_dim <= 0 || v->head_dim > KN_MAX_HEAD_DIM) return CM_ERR_UNSUPPORTED;
+  if (v->dtype != KN_DTYPE_F32 && v->dtype != KN_DTYPE_BF16) return CM_ERR_UNSUPPORTED;
+  /* one layer's K (and V) block must fit inside a page */
+  size_t blk = (size_t)v->block_tokens * (size_t)v->n_kv_heads * (size_t)v->head_dim *
+               kn_dtype_size(v->dtype);
+  if (v->k_off > v->page_bytes || v->page_bytes - v->k_off < blk) return CM_ERR_INVAL;
+  if (v->v_off > v->page_bytes || v->page_bytes - v->v_off < blk) return CM_ERR_INVAL;
+  return 0;
+}
+
+int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
+  if (!be || T < 0) return CM_ERR_INVAL;
+  int err = valid_view(view);
+  if (err) return err;
+  if (T == 0) return 0;
+  int row = view->n_kv_heads * view->head_dim;
+  if (!slot_mapping || !k || !valid_ld(ldk, T, row)) return CM_ERR_INVAL;
+  if (v && !valid_ld(ldv, T, row)) return CM_ERR_INVAL;
+  long long n_slots = (long long)view->n_pages * view->block_tokens;
+  for (int t = 0; t < T; t++) {
+    if (slot_mapping[t] >= n_slots) {
+      cm_debug("kn", "kv_write: slot %d outside the pool (%lld slots)", (int)slot_mapping[t],
+               n_slots);
+      return CM_ERR_RANGE;
+    }
+  }
+  return KN_CALL(kv_write, view, slot_mapping, k, ldk, v, ldv, T);
+}
+
+/* Checks one sequence of an attention call: its rows, and that every block
+ * some query of it can see holds a page of the pool. */
+static int check_attn_seq(const struct kn_attn_seq *s, const struct kn_kv_view *view,
+                          int window) {
+  if (s->q_begin < 0 || s->n_q < 0 || s->pos0 < 0) return CM_ERR_INVAL;
+  if (s->n_q == 0) return 0;
+  if ((long long)s->pos0 + s->n_q > INT32_MAX) return CM_ERR_RANGE;
+  if ((long long)s->q_begin + s->n_q > INT32_MAX) return CM_ERR_RANGE;
+  if (s->n_blocks < 0 || (s->n_blocks > 0 && !s->block_table)) return CM_ERR_INVAL;
+  if (s->n_bidir < 0 || (s->n_bidir > 0 && !s->bidir)) return CM_ERR_INVAL;
+  long long lo = (long long)s->pos0 - (window > 0 ? window - 1 : s->pos0);
+  long long hi = (long long)s->pos0 + s->n_q - 1; /* inclusive */
+  if (lo < 0) lo = 0;
+  for (int r = 0; r < s->n_bidir; r++) {
+    long long b = s->bidir[2 * r], e = s->bidir[2 * r + 1];
+    if (b < 0 || e < b) return CM_ERR_INVAL;
+    if (b == e) continue;
+    /* a range matters only if some query of the chunk lies inside it */
+    if (e - 1 < s->pos0 || b > hi) continue;
+    if (b < lo) lo = b;
+    if (e - 1 > hi) hi = e - 1;
+  }
+  long long bt = view->block_tokens;
+  for (long long blk = lo / bt; blk <= hi / bt; blk++) {
+    if (blk >= s->n_blocks) return CM_ERR_RANGE;
+    int32_t page = s->block_table[blk];
+    if (page < 0 || page >= view->n_pages) {
+      cm_debug("kn", "attention: block %lld holds page %d (pool has %d)", blk, (int)page,
+               view->n_pages);
+      return CM_ERR_RANGE;
+    }
+  }
+  return 0;
+}
+
+int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q,
+                 ptrdiff_t ldq, const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
+                 int n_seqs, int n_heads, int window, float scale, float softcap) {
+  if (!be || n_seqs < 0 || n_heads <= 0 || window < 0) return CM_ERR_INVAL;
+  int err = valid_view(view);
+  if (err) return err;
+  if (n_seqs == 0) return 0;
+  if (!out || !q || !seqs) return CM_ERR_INVAL;
+  if (n_heads % view->n_kv_heads) return CM_ERR_SHAPE;
+  if (!(softcap >= 0.0f) || scale != scale) return CM_ERR_INVAL;
+  int row = n_heads * view->head_dim;
+  int rows = 0;
+  for (int i = 0; i < n_seqs; i++) {
+    err = check_attn_seq(&seqs[i], view, window);
+    if (err) return err;
+    if (seqs[i].n_q > 0 && seqs[i].q_begin + seqs[i].n_q > rows)
+      rows = seqs[i].q_begin + seqs[i].n_q;
+  }
+  if (rows == 0) return 0;
+  if (!valid_ld(ldo, rows, row) || !valid_ld(ldq, rows, row)) return CM_ERR_INVAL;
+  return KN_CALL(attention, out, ldo, q, ldq, view, seqs, n_seqs, n_heads, window, scale,
+                            softcap);
+}

@@ -1,0 +1,194 @@
+/* kn-backend.h — the kernel backend interface: memory hooks and the ops that
+ * the Gemma 3 / Gemma 4 forward pass needs.
+ *
+ * A backend is an opaque handle (a table of function pointers plus a context,
+ * see kn-backend-impl.h). The CPU backend (kernels/cpu/kn-cpu.h) is the oracle;
+ * the CUDA backend implements the same table on the device.
+ *
+ * Memory contract:
+ *   - Tensor pointers (activations, weights, KV pool, RoPE tables, logits) are
+ *     BACKEND memory: obtained from kn_alloc (or, on the CPU backend, any host
+ *     memory, since its hooks are the identity).
+ *   - Small index arrays (token ids, positions, slot mappings, block tables,
+ *     sequence descriptors, bidirectional ranges) and the results of argmax /
+ *     top-k are HOST memory; the backend stages them as it needs.
+ *   - Activations are f32, rows contiguous; "ld" arguments are row strides in
+ *     elements (floats), >= the row length.
+ *   - Outputs may alias inputs only where an op says so.
+ *
+ * Every op returns 0 or a negative cm_err code (cm-err.h): CM_ERR_INVAL for a
+ * bad argument (negative sizes, NULL, stride too small), CM_ERR_UNSUPPORTED for
+ * a dtype/shape the backend does not handle, CM_ERR_RANGE for an index (token
+ * id, page id, block-table entry) outside its table. Ops never abort on such
+ * input.
+ *
+ * Batch invariance: on the CPU backend every output row is computed with a
+ * fixed reduction order that depends only on that row's inputs (and, for
+ * attention, on absolute positions): the same bits whatever the batch size T,
+ * the other rows of the call, the thread count or how a prompt was chunked. */
+#ifndef LMSERVE_KN_BACKEND_H
+#define LMSERVE_KN_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kn-dtype.h"
+
+struct kn_backend;
+
+/* ---- lifetime and memory ------------------------------------------------ */
+
+/* Destroys a backend made by a kn_*_backend_create(); NULL is a no-op. */
+void kn_backend_destroy(struct kn_backend *be);
+/* "cpu", "cpu-ref", "cuda". */
+const char *kn_backend_name(const struct kn_backend *be);
+
+/* Backend memory, 64-byte aligned, uninitialised. NULL on failure or bytes == 0. */
+void *kn_alloc(struct kn_backend *be, size_t bytes);
+void kn_free(struct kn_backend *be, void *p);
+/* Host -> backend, backend -> host, backend -> backend copies; 0 or cm_err. */
+int kn_upload(struct kn_backend *be, void *dst, const void *src, size_t bytes);
+int kn_download(struct kn_backend *be, void *dst, const void *src, size_t bytes);
+int kn_copy(struct kn_backend *be, void *dst, const void *src, size_t bytes);
+/* Sets bytes of backend memory to byte value c. */
+int kn_memset(struct kn_backend *be, void *dst, int c, size_t bytes);
+/* Waits until every op issued so far has finished (no-op on CPU). */
+int kn_sync(struct kn_backend *be);
+
+/* ---- dense ops ---------------------------------------------------------- */
+
+/* out[T, H] (row stride ldo) = table[ids[t], :] * scale.
+ * table: [vocab, H] of dtype tdt (backend memory); ids: [T] host.
+ * An id outside [0, vocab) gives CM_ERR_RANGE (nothing written). */
+int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
+             enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale);
+
+enum kn_norm_mode {
+  KN_NORM_MUL_W = 0,         /* Gemma 4: x * rsqrt(mean(x^2) + eps) * w */
+  KN_NORM_MUL_ONE_PLUS_W = 1, /* Gemma 3: x * rsqrt(mean(x^2) + eps) * (1 + w) */
+  KN_NORM_NO_W = 2,          /* weightless: x * rsqrt(mean(x^2) + eps) */
+};
+
+/* RMSNorm of `rows` rows of d elements, in f32:
+ *   out[r, :] (stride ldo) = norm(x[r, :] (stride ldx)) with weight w[d] (dtype wdt;
+ *   ignored for KN_NORM_NO_W, may be NULL then).
+ * Per head: rows = T * heads, d = head_dim, ld = head_dim (contiguous heads) —
+ * or call once per token with the token stride. out == x (same ld) is allowed. */
+int kn_rmsnorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+               int rows, int d, const void *w, enum kn_dtype wdt, float eps,
+               enum kn_norm_mode mode);
+
+/* out[T, N] (stride ldo) {=, +=} in[T, K] (stride ldi) · W[N, K]^T.
+ * W: Hugging Face layout, row n is output feature n, contiguous [N, K] of dtype wdt.
+ * accumulate != 0 adds into out. out must not alias in. */
+int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+              const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
+
+/* Like kn_matmul over a subset of W's rows: out[T, n] = in[T, K] · W[rows[j], :]^T
+ * for j < n_rows. rows: [n_rows] host; W has n_w rows; a row id outside
+ * [0, n_w) gives CM_ERR_RANGE. Same per-element arithmetic as kn_matmul. */
+int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
+                   ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int n_w, int K,
+                   const int32_t *rows, int n_rows, int T);
+
+/* RoPE, rotate-half form, in place on x[T, heads, D] (token stride ldx floats,
+ * heads contiguous with stride D). For pair i < D/2 of each head:
+ *   a = pos[t] * inv_freq[i] (f32), c = cos(a), s = sin(a)
+ *   x[i] <- x[i] * c - x[i + D/2] * s;   x[i + D/2] <- x[i + D/2] * c + x[i] * s
+ * inv_freq: [D/2] backend memory (linear scaling divides it by the factor;
+ * zero entries are the identity, which expresses partial / proportional RoPE).
+ * pos: [T] host, >= 0. D must be even. */
+int kn_rope(struct kn_backend *be, float *x, ptrdiff_t ldx, int T, int heads, int D,
+            const int32_t *pos, const float *inv_freq);
+
+/* out[T, N] = gelu_tanh(gate[T, N]) * up[T, N], each with its own row stride.
+ * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+ * out may alias gate or up (same stride). */
+int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *gate,
+                ptrdiff_t ldg, const float *up, ptrdiff_t ldu, int T, int N);
+
+/* Elementwise over n contiguous floats; out may alias any input. */
+int kn_add(struct kn_backend *be, float *out, const float *a, const float *b, size_t n);
+int kn_mul(struct kn_backend *be, float *out, const float *a, const float *b, size_t n);
+int kn_scale(struct kn_backend *be, float *out, const float *a, float s, size_t n);
+/* out = tanh(a / cap) * cap; cap > 0. */
+int kn_softcap(struct kn_backend *be, float *out, const float *a, float cap, size_t n);
+
+/* 2-D f32 copy: dst[rows, cols] (stride ldd) = src[rows, cols] (stride lds)
+ * (concatenations, slices of fused projections). Must not overlap. */
+int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src,
+                 ptrdiff_t lds, int rows, int cols);
+
+/* ---- reductions whose results go to the host ------------------------------ */
+
+/* ids[t] (host) = index of the maximum of logits[t, :V] (stride ld); the first
+ * one on ties; NaN never wins (a row of NaN gives 0). max_out (host, may be NULL)
+ * receives the maximum values. */
+int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *logits,
+              ptrdiff_t ld, int T, int V);
+
+/* MoE router: for each row t of logits[T, E] (stride ld): p = softmax(row),
+ * the k largest p (ties: lower index first) in descending order, renormalised to
+ * sum 1, each multiplied by expert_scale[id] when expert_scale (backend memory, [E])
+ * is not NULL. ids[T, k], weights[T, k]: host. 1 <= k <= E. */
+int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const float *logits,
+                   ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+
+/* ---- paged KV cache and attention --------------------------------------- */
+
+/* Where one layer's K and V live in the physical pool. The pool is n_pages
+ * pages of page_bytes each. Layer L's K for token slot s (0 <= s < block_tokens)
+ * of page p, kv head h, is at
+ *   pool + p * page_bytes + k_off + (s * n_kv_heads + h) * head_dim * elt
+ * and V likewise with v_off (elt = kn_dtype_size(dtype)). A page holds
+ * block_tokens consecutive positions of a sequence for all layers of a group. */
+struct kn_kv_view {
+  void *pool;          /* backend memory, n_pages * page_bytes bytes */
+  size_t page_bytes;   /* bytes per page */
+  int n_pages;         /* pages in the pool */
+  size_t k_off, v_off; /* bytes within a page for this layer's K and V */
+  int block_tokens;    /* token positions per page for this layer's group */
+  int n_kv_heads;
+  int head_dim;        /* <= KN_MAX_HEAD_DIM */
+  enum kn_dtype dtype; /* KN_DTYPE_F32 or KN_DTYPE_BF16 */
+};
+
+#define KN_MAX_HEAD_DIM 512
+
+/* Writes k[T, n_kv_heads, head_dim] and v[...] (token strides ldk, ldv floats)
+ * into the pages: token t goes to page slot_mapping[t] / block_tokens, slot
+ * slot_mapping[t] % block_tokens; slot_mapping[t] < 0 skips the token.
+ * slot_mapping: [T] host. A page outside the pool gives CM_ERR_RANGE (nothing
+ * written). v may be NULL (K only; for attention_k_eq_v layers pass the same
+ * tensor as k and v instead). */
+int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
+
+/* One sequence's part of a ragged attention batch (host memory). */
+struct kn_attn_seq {
+  int q_begin;                /* first row of this sequence in q / out */
+  int n_q;                    /* query tokens (1 for a decode) */
+  int pos0;                   /* absolute position of its first query token */
+  const int32_t *block_table; /* [n_blocks] page ids for this group; entry
+                                 pos / block_tokens holds position pos. Entries
+                                 no query can see (out of window) may be -1. */
+  int n_blocks;
+  const int32_t *bidir;       /* [n_bidir, 2] ranges [begin, end) of absolute
+                                 positions attended bidirectionally, or NULL */
+  int n_bidir;
+};
+
+/* out[T, n_heads, D] (token stride ldo) = softmax(scale * q k^T [softcapped]) v
+ * for q[T, n_heads, D] (token stride ldq), D = view->head_dim, keys and values
+ * read from the pages of `view` (write this step's K/V first).
+ * The query at absolute position p sees key positions j with j <= p and
+ * (window == 0 or j > p - window); if p lies in a bidir range [b, e) it also
+ * sees every j in [b, e). GQA: query head h uses kv head
+ * h / (n_heads / n_kv_heads); n_heads must be a multiple of n_kv_heads.
+ * softcap > 0 applies tanh(s / softcap) * softcap to the scaled scores.
+ * A needed block-table entry that is missing or outside the pool gives
+ * CM_ERR_RANGE. Rows of out not covered by any sequence are left untouched. */
+int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q,
+                 ptrdiff_t ldq, const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
+                 int n_seqs, int n_heads, int window, float scale, float softcap);
+
+#endif

@@ -1,0 +1,125 @@
+/* kn-dtype.h — element types of kernel tensors and scalar conversions.
+ *
+ * Activations are always f32. Weights may be f32, f16 (IEEE binary16) or bf16
+ * (the top 16 bits of an f32). The KV cache is f32 or bf16. The conversions
+ * here are exact scalar versions (round-to-nearest-even when narrowing, NaN
+ * kept a quiet NaN); SIMD kernels must produce the same bits. */
+#ifndef LMSERVE_KN_DTYPE_H
+#define LMSERVE_KN_DTYPE_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+enum kn_dtype {
+  KN_DTYPE_F32 = 0,
+  KN_DTYPE_F16 = 1,
+  KN_DTYPE_BF16 = 2,
+  KN_DTYPE__COUNT = 3,
+};
+
+/* Bytes per element; 0 for an unknown value. */
+static inline size_t kn_dtype_size(enum kn_dtype dt) {
+  switch (dt) {
+  case KN_DTYPE_F32: return 4;
+  case KN_DTYPE_F16: return 2;
+  case KN_DTYPE_BF16: return 2;
+  default: return 0;
+  }
+}
+
+static inline const char *kn_dtype_name(enum kn_dtype dt) {
+  switch (dt) {
+  case KN_DTYPE_F32: return "f32";
+  case KN_DTYPE_F16: return "f16";
+  case KN_DTYPE_BF16: return "bf16";
+  default: return "?";
+  }
+}
+
+static inline uint32_t kn_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static inline float kn_f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* ---- bf16 -------------------------------------------------------------- */
+
+static inline float kn_bf16_to_f32(uint16_t h) { return kn_f32_from_bits((uint32_t)h << 16); }
+
+static inline uint16_t kn_f32_to_bf16(float f) {
+  uint32_t u = kn_f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+  return (uint16_t)(u >> 16);
+}
+
+/* ---- f16 (IEEE binary16) ----------------------------------------------- */
+
+static inline float kn_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (man << 13); /* inf / NaN */
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
+  } else if (man == 0) {
+    u = sign; /* zero */
+  } else {
+    /* subnormal: value = man * 2^-24, exact in f32 */
+    float v = (float)man * (1.0f / 16777216.0f);
+    u = sign | kn_f32_bits(v);
+  }
+  return kn_f32_from_bits(u);
+}
+
+static inline uint16_t kn_f32_to_f16(float f) {
+  uint32_t u = kn_f32_bits(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+  if (a < 0x38800000u) {
+    /* result is subnormal or zero: value / 2^-24 rounded to an integer (RNE) */
+    if (a < 0x33000000u) return sign; /* < 2^-25: rounds to zero (2^-25 ties to even 0) */
+    uint32_t e = a >> 23;             /* 102..112 */
+    uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* m * 2^(e-150) / 2^-24 = m >> (126 - e) */
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+  }
+  /* normal: rebias, round the 13 dropped bits to nearest even */
+  uint32_t r = a - 0x38000000u; /* exponent 127 -> 15 */
+  r += 0xfffu + ((r >> 13) & 1u);
+  return (uint16_t)(sign | (r >> 13));
+}
+
+/* Element i of a weight row of type dt, as f32. */
+static inline float kn_load_f32(const void *p, enum kn_dtype dt, size_t i) {
+  switch (dt) {
+  case KN_DTYPE_F16: return kn_f16_to_f32(((const uint16_t *)p)[i]);
+  case KN_DTYPE_BF16: return kn_bf16_to_f32(((const uint16_t *)p)[i]);
+  default: return ((const float *)p)[i];
+  }
+}
+
+/* Stores f32 v as element i of type dt (rounding to nearest even). */
+static inline void kn_store_f32(void *p, enum kn_dtype dt, size_t i, float v) {
+  switch (dt) {
+  case KN_DTYPE_F16: ((uint16_t *)p)[i] = kn_f32_to_f16(v); break;
+  case KN_DTYPE_BF16: ((uint16_t *)p)[i] = kn_f32_to_bf16(v); break;
+  default: ((float *)p)[i] = v; break;
+  }
+}
+
+#endif
