@@ -290,7 +290,7 @@ static double metric_sum(const char *text, const char *name) {
 static char *fetch_metrics(const struct bs_config *c) {
   int fd = connect_to(c);
   if (fd < 0) return NULL;
-  char req[1024], auth[600] = "";
+  char req[2048], auth[600] = "";
   if (c->api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c->api_key);
   snprintf(req, sizeof(req), "GET %s/metrics HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
            c->base_path, c->host, auth);
@@ -383,7 +383,7 @@ int tl_bench_serve_main(int argc, char **argv) {
       fprintf(stderr, "lmserve bench serve: cannot connect to %s\n", c.url);
       return 1;
     }
-    char req[1024], auth[600] = "";
+    char req[2048], auth[600] = "";
     if (c.api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c.api_key);
     snprintf(req, sizeof(req), "GET %s/v1/models HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
              c.base_path, c.host, auth);
