@@ -1,0 +1,150 @@
+/* fe-stop.c — the stop-string matcher (see fe-stop.h).
+ *
+ * The object keeps `buf`: the held-back tail followed by the newest piece.
+ * A push searches buf for the earliest complete stop string (a stop could
+ * only start in the old tail or the new piece, both in buf), then keeps
+ * back the longest suffix that is a proper prefix of a stop string. Work
+ * per push is O((tail + piece) * total stop bytes), tails are short. */
+#include "frontend/fe-stop.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+
+struct fe_stop {
+  char **stops;
+  size_t *lens;     /* bytes */
+  size_t n, max_len;
+  char *buf;        /* held-back tail + newest piece */
+  size_t buf_len, buf_cap; /* bytes */
+  char *out;        /* released text of the last call */
+  size_t out_cap;   /* bytes */
+  size_t held;      /* bytes of buf held back after the last push */
+  int done;
+};
+
+int fe_stop_create(const char *const *stops, const size_t *lens, size_t n, struct fe_stop **out) {
+  struct fe_stop *s = calloc(1, sizeof *s);
+  if (!s) return CM_ERR_NOMEM;
+  s->stops = calloc(n ? n : 1, sizeof *s->stops);
+  s->lens = calloc(n ? n : 1, sizeof *s->lens);
+  if (!s->stops || !s->lens) goto nomem;
+  for (size_t i = 0; i < n; i++) {
+    if (!lens[i]) {
+      fe_stop_free(s);
+      return CM_ERR_INVAL;
+    }
+    s->stops[i] = malloc(lens[i]);
+    if (!s->stops[i]) goto nomem;
+    memcpy(s->stops[i], stops[i], lens[i]);
+    s->lens[i] = lens[i];
+    if (lens[i] > s->max_len) s->max_len = lens[i];
+    s->n = i + 1;
+  }
+  s->buf_cap = s->max_len + 256;
+  s->out_cap = s->max_len + 256;
+  s->buf = malloc(s->buf_cap);
+  s->out = malloc(s->out_cap);
+  if (!s->buf || !s->out) goto nomem;
+  s->out[0] = 0;
+  *out = s;
+  return 0;
+nomem:
+  fe_stop_free(s);
+  return CM_ERR_NOMEM;
+}
+
+void fe_stop_free(struct fe_stop *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->n; i++) free(s->stops[i]);
+  free(s->stops);
+  free(s->lens);
+  free(s->buf);
+  free(s->out);
+  free(s);
+}
+
+void fe_stop_reset(struct fe_stop *s) {
+  s->buf_len = 0;
+  s->held = 0;
+  s->done = 0;
+}
+
+size_t fe_stop_pending(const struct fe_stop *s) { return s->buf_len; }
+size_t fe_stop_max_len(const struct fe_stop *s) { return s->max_len; }
+
+static int grow(char **p, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap * 2;
+  while (nc < need) nc *= 2;
+  char *n = realloc(*p, nc);
+  if (!n) return CM_ERR_NOMEM;
+  *p = n;
+  *cap = nc;
+  return 0;
+}
+
+/* Sets *out to buf[0, n) and keeps buf[n, buf_len) as the new tail. */
+static int release(struct fe_stop *s, size_t n, const char **out, size_t *out_len) {
+  if (grow(&s->out, &s->out_cap, n + 1)) return CM_ERR_NOMEM;
+  memcpy(s->out, s->buf, n);
+  s->out[n] = 0;
+  memmove(s->buf, s->buf + n, s->buf_len - n);
+  s->buf_len -= n;
+  *out = s->out;
+  *out_len = n;
+  return 0;
+}
+
+int fe_stop_push(struct fe_stop *s, const char *piece, size_t len, const char **out,
+                 size_t *out_len, int *hit) {
+  *hit = -1;
+  *out = "";
+  *out_len = 0;
+  if (s->done) return 0;
+  if (grow(&s->buf, &s->buf_cap, s->buf_len + len)) return CM_ERR_NOMEM;
+  memcpy(s->buf + s->buf_len, piece, len);
+  s->buf_len += len;
+  if (!s->n) return release(s, s->buf_len, out, out_len);
+  /* earliest complete stop string */
+  size_t best_at = SIZE_MAX;
+  for (size_t k = 0; k < s->n; k++) {
+    const char *st = s->stops[k];
+    size_t sl = s->lens[k];
+    if (sl > s->buf_len) continue;
+    const char *p = memmem(s->buf, s->buf_len, st, sl);
+    if (p && (size_t)(p - s->buf) < best_at) {
+      best_at = (size_t)(p - s->buf);
+      *hit = (int)k;
+    }
+  }
+  if (*hit >= 0) {
+    s->done = 1;
+    int rc = release(s, best_at, out, out_len);
+    s->buf_len = 0;
+    return rc;
+  }
+  /* hold back the longest suffix that begins some stop string */
+  size_t keep = 0;
+  size_t lim = s->max_len - 1 < s->buf_len ? s->max_len - 1 : s->buf_len;
+  for (size_t t = lim; t > 0 && !keep; t--) {
+    const char *tail = s->buf + s->buf_len - t;
+    for (size_t k = 0; k < s->n; k++)
+      if (s->lens[k] > t && !memcmp(s->stops[k], tail, t)) {
+        keep = t;
+        break;
+      }
+  }
+  s->held = keep;
+  return release(s, s->buf_len - keep, out, out_len);
+}
+
+int fe_stop_flush(struct fe_stop *s, const char **out, size_t *out_len) {
+  *out = "";
+  *out_len = 0;
+  if (s->done) return 0;
+  s->done = 1;
+  return release(s, s->buf_len, out, out_len);
+}

@@ -1,0 +1,277 @@
+/* fe-tok-bpe.c — the BPE model: vocab and merge lookups, the merge loop of
+ * one word, and the per-state word cache.
+ *
+ * The merge loop follows Hugging Face tokenizers' Word::merge_all: symbols
+ * are the word's characters (or their <0xXX> byte tokens with byte_fallback,
+ * or unk), kept in a doubly linked list; a binary min-heap holds candidate
+ * merges ordered by (rank, position); a popped candidate is applied only if
+ * its left symbol is still alive, still has a right neighbour and that pair
+ * still merges into the same token. Cost O(n log n) per word, no allocation
+ * once the state's scratch has grown to the longest word seen. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-tok-impl.h"
+
+uint64_t fe_tok_hash(const char *s, size_t len) {
+  /* FNV-1a, 64-bit, then a final avalanche so low bits are usable */
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++) {
+    h ^= (unsigned char)s[i];
+    h *= 0x100000001b3ull;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h ? h : 1;
+}
+
+int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len) {
+  uint32_t h = (uint32_t)fe_tok_hash(s, len) & tok->vmask;
+  for (;;) {
+    int32_t id = tok->vhash[h];
+    if (id < 0) return -1;
+    if (tok->tok_len[id] == len && !memcmp(tok->blob + tok->tok_off[id], s, len)) return id;
+    h = (h + 1) & tok->vmask;
+  }
+}
+
+const struct fe_tok_merge *fe_tok_merge_get(const struct fe_tok *tok, int32_t a, int32_t b) {
+  if (!tok->mhash) return NULL;
+  uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+  uint64_t h = fe_tok_hash((const char *)&key, sizeof key) & tok->mmask;
+  for (;;) {
+    const struct fe_tok_merge *m = &tok->mhash[h];
+    if (m->key == key) return m;
+    if (m->key == UINT64_MAX) return NULL;
+    h = (h + 1) & tok->mmask;
+  }
+}
+
+int fe_tok_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id) {
+  if (*n_ids == *cap) {
+    size_t nc = *cap ? *cap * 2 : 256;
+    int32_t *n = realloc(*ids, nc * sizeof *n);
+    if (!n) return CM_ERR_NOMEM;
+    *ids = n;
+    *cap = nc;
+  }
+  (*ids)[(*n_ids)++] = id;
+  return 0;
+}
+
+/* ---- heap of candidate merges ---------------------------------------------- */
+
+static int heap_less(const struct fe_tok_heap_ent *a, const struct fe_tok_heap_ent *b) {
+  return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static void heap_push(struct fe_tok_heap_ent *h, size_t *n, struct fe_tok_heap_ent e) {
+  size_t i = (*n)++;
+  while (i > 0) {
+    size_t p = (i - 1) / 2;
+    if (!heap_less(&e, &h[p])) break;
+    h[i] = h[p];
+    i = p;
+  }
+  h[i] = e;
+}
+
+static struct fe_tok_heap_ent heap_pop(struct fe_tok_heap_ent *h, size_t *n) {
+  struct fe_tok_heap_ent top = h[0], last = h[--(*n)];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= *n) break;
+    if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
+    if (!heap_less(&h[c], &last)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (*n) h[i] = last;
+  return top;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? *cap : 64;
+  while (nc < need) nc *= 2;
+  void *n = realloc(*p, nc * elem);
+  if (!n) return CM_ERR_NOMEM;
+  *p = n;
+  *cap = nc;
+  return 0;
+}
+
+static size_t utf8_len(unsigned char c) {
+  return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
+static int have_bytes(const struct fe_tok *tok, const char *s, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    if (tok->byte_id[(unsigned char)s[k]] < 0) return 0;
+  return 1;
+}
+
+/* ---- one word --------------------------------------------------------------- */
+
+static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+                     size_t *n_ids, size_t *cap) {
+  const struct fe_tok *tok = st->tok;
+  /* at most one symbol per byte, and a heap entry per symbol pair plus
+   * two per merge */
+  if (grow((void **)&st->syms, &st->syms_cap, len + 1, sizeof *st->syms) ||
+      grow((void **)&st->heap, &st->heap_cap, 3 * len + 1, sizeof *st->heap))
+    return CM_ERR_NOMEM;
+  struct fe_tok_sym *sy = st->syms;
+  int32_t n = 0;
+  int last_unk = 0;
+  for (size_t i = 0; i < len;) {
+    size_t cl = utf8_len((unsigned char)w[i]);
+    if (cl > len - i) cl = len - i;
+    int32_t id = fe_tok_vocab_get(tok, w + i, cl);
+    if (id >= 0) {
+      sy[n++] = (struct fe_tok_sym){.id = id, .len = (int32_t)cl};
+      last_unk = 0;
+    } else if (tok->byte_fallback && have_bytes(tok, w + i, cl)) {
+      for (size_t k = 0; k < cl; k++)
+        sy[n++] = (struct fe_tok_sym){.id = tok->byte_id[(unsigned char)w[i + k]], .len = 1};
+      last_unk = 0;
+    } else if (tok->unk >= 0) {
+      if (tok->fuse_unk && last_unk) {
+        sy[n - 1].len += (int32_t)cl;
+      } else {
+        sy[n++] = (struct fe_tok_sym){.id = tok->unk, .len = (int32_t)cl};
+      }
+      last_unk = 1;
+    }
+    i += cl;
+  }
+  for (int32_t i = 0; i < n; i++) {
+    sy[i].prev = i - 1;
+    sy[i].next = i + 1 < n ? i + 1 : -1;
+  }
+  size_t hn = 0;
+  for (int32_t i = 0; i + 1 < n; i++) {
+    const struct fe_tok_merge *m = fe_tok_merge_get(tok, sy[i].id, sy[i + 1].id);
+    if (m) heap_push(st->heap, &hn, (struct fe_tok_heap_ent){m->rank, i, m->result});
+  }
+  while (hn) {
+    struct fe_tok_heap_ent top = heap_pop(st->heap, &hn);
+    struct fe_tok_sym *a = &sy[top.pos];
+    if (a->len == 0 || a->next < 0) continue;
+    struct fe_tok_sym *b = &sy[a->next];
+    const struct fe_tok_merge *m = fe_tok_merge_get(tok, a->id, b->id);
+    if (!m || m->result != top.result) continue;
+    a->id = top.result;
+    a->len += b->len;
+    b->len = 0;
+    a->next = b->next;
+    if (b->next >= 0) sy[b->next].prev = top.pos;
+    if (a->prev >= 0) {
+      const struct fe_tok_merge *pm = fe_tok_merge_get(tok, sy[a->prev].id, a->id);
+      if (pm) heap_push(st->heap, &hn, (struct fe_tok_heap_ent){pm->rank, a->prev, pm->result});
+    }
+    if (a->next >= 0) {
+      const struct fe_tok_merge *nm = fe_tok_merge_get(tok, a->id, sy[a->next].id);
+      if (nm) heap_push(st->heap, &hn, (struct fe_tok_heap_ent){nm->rank, top.pos, nm->result});
+    }
+  }
+  for (int32_t i = 0; i < n; i = sy[i].next) {
+    int rc = fe_tok_ids_push(ids, n_ids, cap, sy[i].id);
+    if (rc) return rc;
+    if (sy[i].next < 0) break;
+  }
+  return 0;
+}
+
+/* ---- the word cache ----------------------------------------------------------- */
+
+static void cache_clear(struct fe_tok_state *st) {
+  memset(st->cache, 0, FE_TOK_CACHE_SLOTS * sizeof *st->cache);
+  st->cache_used = 0;
+  st->cw_len = 0;
+  st->ci_len = 0;
+}
+
+static void cache_put(struct fe_tok_state *st, uint64_t h, const char *w, size_t len,
+                      const int32_t *ids, size_t n) {
+  if (st->cache_used >= FE_TOK_CACHE_SLOTS / 2 || st->cw_len + len > st->cw_cap ||
+      st->ci_len + n > st->ci_cap)
+    cache_clear(st);
+  uint32_t slot = (uint32_t)h & (FE_TOK_CACHE_SLOTS - 1);
+  while (st->cache[slot].hash) slot = (slot + 1) & (FE_TOK_CACHE_SLOTS - 1);
+  struct fe_tok_cache_ent *e = &st->cache[slot];
+  e->hash = h;
+  e->w_off = st->cw_len;
+  e->w_len = (uint32_t)len;
+  e->i_off = st->ci_len;
+  e->i_len = (uint32_t)n;
+  memcpy(st->cache_words + st->cw_len, w, len);
+  memcpy(st->cache_ids + st->ci_len, ids, n * sizeof *ids);
+  st->cw_len += (uint32_t)len;
+  st->ci_len += (uint32_t)n;
+  st->cache_used++;
+}
+
+int fe_tok_bpe_word(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+                    size_t *n_ids, size_t *cap) {
+  const struct fe_tok *tok = st->tok;
+  if (len == 0) return 0;
+  if (tok->ignore_merges) {
+    int32_t id = fe_tok_vocab_get(tok, w, len);
+    if (id >= 0) return fe_tok_ids_push(ids, n_ids, cap, id);
+  }
+  int cacheable = st->cache && len <= FE_TOK_CACHE_MAX_WORD;
+  uint64_t h = 0;
+  if (cacheable) {
+    h = fe_tok_hash(w, len);
+    uint32_t slot = (uint32_t)h & (FE_TOK_CACHE_SLOTS - 1);
+    while (st->cache[slot].hash) {
+      const struct fe_tok_cache_ent *e = &st->cache[slot];
+      if (e->hash == h && e->w_len == len && !memcmp(st->cache_words + e->w_off, w, len)) {
+        for (uint32_t i = 0; i < e->i_len; i++) {
+          int rc = fe_tok_ids_push(ids, n_ids, cap, st->cache_ids[e->i_off + i]);
+          if (rc) return rc;
+        }
+        return 0;
+      }
+      slot = (slot + 1) & (FE_TOK_CACHE_SLOTS - 1);
+    }
+  }
+  size_t before = *n_ids;
+  int rc = bpe_merge(st, w, len, ids, n_ids, cap);
+  if (rc) return rc;
+  if (cacheable) cache_put(st, h, w, len, *ids + before, *n_ids - before);
+  return 0;
+}
+
+int fe_tok_state_create(const struct fe_tok *tok, struct fe_tok_state **out) {
+  struct fe_tok_state *st = calloc(1, sizeof *st);
+  if (!st) return CM_ERR_NOMEM;
+  st->tok = tok;
+  st->cw_cap = FE_TOK_CACHE_SLOTS * 24;   /* bytes of cached words */
+  st->ci_cap = FE_TOK_CACHE_SLOTS * 8;    /* cached ids */
+  st->cache = calloc(FE_TOK_CACHE_SLOTS, sizeof *st->cache);
+  st->cache_words = malloc(st->cw_cap);
+  st->cache_ids = malloc(st->ci_cap * sizeof *st->cache_ids);
+  if (!st->cache || !st->cache_words || !st->cache_ids) {
+    fe_tok_state_free(st);
+    return CM_ERR_NOMEM;
+  }
+  *out = st;
+  return 0;
+}
+
+void fe_tok_state_free(struct fe_tok_state *st) {
+  if (!st) return;
+  free(st->norm);
+  free(st->norm2);
+  free(st->syms);
+  free(st->heap);
+  free(st->cache);
+  free(st->cache_words);
+  free(st->cache_ids);
+  free(st);
+}

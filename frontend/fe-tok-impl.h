@@ -1,0 +1,151 @@
+/* fe-tok-impl.h — the tokenizer's internal layout, shared by fe-tok-load.c
+ * (building it from tokenizer.json), fe-tok-bpe.c (the BPE model) and
+ * fe-tok.c (the encode / decode pipeline). Not part of the public API. */
+#ifndef LMSERVE_FE_TOK_IMPL_H
+#define LMSERVE_FE_TOK_IMPL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frontend/fe-tokenizer.h"
+
+#define FE_TOK_MAX_REPLACE 8   /* normalizer / decoder Replace steps */
+#define FE_TOK_MAX_POST 8      /* special tokens before / after sequence A */
+
+enum {
+  FE_TOKF_PRESENT = 1 << 0, /* the id has a string */
+  FE_TOKF_ADDED = 1 << 1,   /* an added token (matched before the model) */
+  FE_TOKF_SPECIAL = 1 << 2, /* an added token marked special */
+  FE_TOKF_BYTE = 1 << 3,    /* a byte-fallback token "<0xXX>" */
+};
+
+enum fe_tok_split {
+  FE_SPLIT_NONE = 0,
+  FE_SPLIT_REMOVED,
+  FE_SPLIT_ISOLATED,
+  FE_SPLIT_MERGED_PREV,
+  FE_SPLIT_MERGED_NEXT,
+};
+
+struct fe_tok_replace {
+  char *from, *to; /* NUL-terminated literal strings; from non-empty */
+  size_t from_len, to_len; /* bytes */
+};
+
+/* One merge rule in the open-addressing table keyed by the id pair. */
+struct fe_tok_merge {
+  uint64_t key;   /* (uint64)left_id << 32 | right_id; UINT64_MAX = empty */
+  int32_t rank;   /* position in the merges list; lower merges first */
+  int32_t result; /* id of left+right */
+};
+
+/* Byte trie of the added tokens, for leftmost-longest matching. */
+struct fe_tok_trie_node {
+  int32_t child;   /* first child node, -1 none */
+  int32_t sibling; /* next sibling, -1 none */
+  int32_t id;      /* token ending here, -1 none */
+  uint8_t byte;    /* edge label from the parent */
+};
+
+struct fe_tok {
+  char *blob;                 /* all token strings, back to back */
+  size_t blob_len, blob_cap;  /* bytes */
+  uint32_t *tok_off;          /* (n_ids) offset of each id's string in blob */
+  uint32_t *tok_len;          /* (n_ids) bytes */
+  uint8_t *tok_flags;         /* (n_ids) FE_TOKF_* */
+  int32_t n_ids;              /* ids are [0, n_ids) */
+  int32_t n_model;            /* entries in the model vocab */
+
+  int32_t *vhash;             /* (vmask + 1) model-vocab ids by string hash; -1 empty */
+  uint32_t vmask;
+  struct fe_tok_merge *mhash; /* (mmask + 1) merges by id pair */
+  uint64_t mmask;
+  int32_t n_merges;
+
+  struct fe_tok_trie_node *trie; /* node 0 is the root */
+  int32_t n_trie, cap_trie;
+  int32_t trie_root[256];        /* root's child for each first byte, -1 none */
+  int32_t n_added;
+
+  int32_t byte_id[256];          /* id of "<0xXX>", -1 when absent */
+  int16_t *byte_of;              /* (n_ids) byte value of a byte token, else -1 */
+
+  /* model */
+  int32_t unk;                   /* -1 none */
+  int fuse_unk, byte_fallback, ignore_merges;
+
+  /* normalizer: Replace steps in order */
+  struct fe_tok_replace norm[FE_TOK_MAX_REPLACE];
+  int n_norm;
+  /* pre-tokenizer Split on a literal */
+  enum fe_tok_split split;
+  char *split_pat;
+  size_t split_len; /* bytes */
+  /* post-processor (single): ids before and after sequence A */
+  int32_t post_pre[FE_TOK_MAX_POST], post_suf[FE_TOK_MAX_POST];
+  int n_post_pre, n_post_suf;
+  /* decoder */
+  struct fe_tok_replace dec[FE_TOK_MAX_REPLACE];
+  int n_dec;
+  int dec_byte_fallback;
+  int has_decoder;       /* 0: decode joins token strings with " " (HF's default) */
+
+  int32_t bos, eos, pad; /* -1 none */
+};
+
+/* One cached word: its ids live in the state's cache pool. */
+struct fe_tok_cache_ent {
+  uint64_t hash;   /* 0 = empty */
+  uint32_t w_off;  /* word bytes in the pool (bytes) */
+  uint32_t w_len;
+  uint32_t i_off;  /* ids in the id pool (ids) */
+  uint32_t i_len;
+};
+
+struct fe_tok_sym {
+  int32_t id;          /* current token id */
+  int32_t prev, next;  /* neighbour symbols, -1 at the ends */
+  int32_t len;         /* bytes covered; 0 once merged away */
+};
+
+struct fe_tok_heap_ent {
+  int32_t rank, pos, result;
+};
+
+struct fe_tok_state {
+  const struct fe_tok *tok;
+  char *norm, *norm2;      /* normalized segment scratch (two for chained Replace) */
+  size_t norm_cap, norm2_cap; /* bytes */
+  struct fe_tok_sym *syms; /* BPE symbols scratch */
+  size_t syms_cap;
+  struct fe_tok_heap_ent *heap;
+  size_t heap_cap;
+  /* word cache: open addressing, cleared wholesale when full */
+  struct fe_tok_cache_ent *cache; /* (FE_TOK_CACHE_SLOTS) */
+  uint32_t cache_used;
+  char *cache_words;       /* word bytes pool */
+  uint32_t cw_len, cw_cap;
+  int32_t *cache_ids;      /* id pool */
+  uint32_t ci_len, ci_cap;
+};
+
+#define FE_TOK_CACHE_SLOTS 16384u    /* power of two */
+#define FE_TOK_CACHE_MAX_WORD 96     /* bytes; longer words are not cached */
+
+uint64_t fe_tok_hash(const char *s, size_t len);
+int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len);
+const struct fe_tok_merge *fe_tok_merge_get(const struct fe_tok *tok, int32_t a, int32_t b);
+
+/* Runs the BPE model on one pre-tokenized word; appends ids. */
+int fe_tok_bpe_word(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+                    size_t *n_ids, size_t *cap);
+/* Appends the text of token `id` after the decoder's Replace steps to a
+ * growable buffer (not NUL terminated). */
+int fe_tok_piece_append(const struct fe_tok *tok, int32_t id, char **buf, size_t *len,
+                        size_t *cap);
+/* Appends a run of byte-fallback bytes as the ByteFallback decoder does: as
+ * is when the whole run is valid UTF-8, else one U+FFFD per byte. */
+int fe_tok_bytes_append(const uint8_t *run, size_t n, char **buf, size_t *len, size_t *cap);
+int fe_tok_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+int fe_tok_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id);
+
+#endif

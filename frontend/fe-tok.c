@@ -1,0 +1,332 @@
+/* fe-tok.c — the tokenizer pipeline: added-token matching, normalizer,
+ * pre-tokenizer, BPE per word, post-processor; and decoding (Replace,
+ * ByteFallback, Fuse). Loading is in fe-tok-load.c, the BPE model in
+ * fe-tok-bpe.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-tok-impl.h"
+
+/* ---- accessors ---------------------------------------------------------- */
+
+int32_t fe_tok_n_vocab(const struct fe_tok *tok) { return tok->n_ids; }
+int32_t fe_tok_bos(const struct fe_tok *tok) { return tok->bos; }
+int32_t fe_tok_eos(const struct fe_tok *tok) { return tok->eos; }
+int32_t fe_tok_pad(const struct fe_tok *tok) { return tok->pad; }
+int32_t fe_tok_unk(const struct fe_tok *tok) { return tok->unk; }
+
+int fe_tok_is_special(const struct fe_tok *tok, int32_t id) {
+  return id >= 0 && id < tok->n_ids && (tok->tok_flags[id] & FE_TOKF_SPECIAL) != 0;
+}
+
+int fe_tok_byte_value(const struct fe_tok *tok, int32_t id) {
+  return id >= 0 && id < tok->n_ids ? tok->byte_of[id] : -1;
+}
+
+const char *fe_tok_token_str(const struct fe_tok *tok, int32_t id, size_t *len) {
+  if (id < 0 || id >= tok->n_ids) return NULL;
+  *len = tok->tok_len[id];
+  return tok->blob + tok->tok_off[id];
+}
+
+int32_t fe_tok_find(const struct fe_tok *tok, const char *s, size_t len) {
+  /* added tokens first (they may lie outside the model vocab) */
+  int32_t node = len ? tok->trie_root[(unsigned char)s[0]] : -1;
+  for (size_t i = 1; node >= 0 && i < len; i++) {
+    int32_t ch = tok->trie[node].child;
+    while (ch >= 0 && tok->trie[ch].byte != (unsigned char)s[i]) ch = tok->trie[ch].sibling;
+    node = ch;
+  }
+  if (node >= 0 && tok->trie[node].id >= 0) return tok->trie[node].id;
+  return fe_tok_vocab_get(tok, s, len);
+}
+
+/* ---- UTF-8 ----------------------------------------------------------------- */
+
+int fe_utf8_valid(const char *str, size_t len) {
+  const unsigned char *s = (const unsigned char *)str;
+  size_t i = 0;
+  while (i < len) {
+    unsigned char c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t n;
+    uint32_t cp, min;
+    if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07, min = 0x10000;
+    else return 0;
+    if (len - i <= n) return 0;
+    for (size_t k = 1; k <= n; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return 0;
+      cp = cp << 6 | (s[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    i += n + 1;
+  }
+  return 1;
+}
+
+/* ---- encode ------------------------------------------------------------------ */
+
+static int grow_chars(char **p, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? *cap : 256;
+  while (nc < need) nc *= 2;
+  char *n = realloc(*p, nc);
+  if (!n) return CM_ERR_NOMEM;
+  *p = n;
+  *cap = nc;
+  return 0;
+}
+
+/* Applies one Replace to src into *dst; returns the new length or < 0. */
+static long replace_into(const struct fe_tok_replace *r, const char *src, size_t n, char **dst,
+                         size_t *cap) {
+  size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n + 1;
+  if (grow_chars(dst, cap, bound)) return CM_ERR_NOMEM;
+  char *o = *dst;
+  size_t i = 0;
+  while (i < n) {
+    const char *hit = n - i >= r->from_len ? memchr(src + i, r->from[0], n - i) : NULL;
+    while (hit && ((size_t)(hit - src) + r->from_len > n ||
+                   memcmp(hit, r->from, r->from_len))) {
+      size_t at = (size_t)(hit - src) + 1;
+      hit = at < n ? memchr(src + at, r->from[0], n - at) : NULL;
+    }
+    size_t end = hit ? (size_t)(hit - src) : n;
+    memcpy(o, src + i, end - i);
+    o += end - i;
+    if (!hit) break;
+    memcpy(o, r->to, r->to_len);
+    o += r->to_len;
+    i = end + r->from_len;
+  }
+  return (long)(o - *dst);
+}
+
+static const char *find_lit(const char *s, size_t n, const char *pat, size_t pn) {
+  if (pn > n) return NULL;
+  const char *end = s + n - pn + 1;
+  for (const char *p = s; p < end; p++) {
+    p = memchr(p, pat[0], (size_t)(end - p));
+    if (!p) return NULL;
+    if (!memcmp(p, pat, pn)) return p;
+  }
+  return NULL;
+}
+
+/* Normalizes and pre-tokenizes one segment between added tokens and runs
+ * BPE on each word. */
+static int encode_segment(struct fe_tok_state *st, const char *s, size_t n, int32_t **ids,
+                          size_t *n_ids, size_t *cap) {
+  const struct fe_tok *tok = st->tok;
+  if (!n) return 0;
+  for (int k = 0; k < tok->n_norm; k++) {
+    char **dst = (k & 1) ? &st->norm2 : &st->norm;
+    size_t *dcap = (k & 1) ? &st->norm2_cap : &st->norm_cap;
+    long r = replace_into(&tok->norm[k], s, n, dst, dcap);
+    if (r < 0) return (int)r;
+    s = *dst;
+    n = (size_t)r;
+  }
+  if (tok->split == FE_SPLIT_NONE) return fe_tok_bpe_word(st, s, n, ids, n_ids, cap);
+  size_t start = 0, i = 0;
+  const size_t pn = tok->split_len;
+  int rc = 0;
+  while (i < n && !rc) {
+    const char *hit = find_lit(s + i, n - i, tok->split_pat, pn);
+    if (!hit) break;
+    size_t at = (size_t)(hit - s);
+    switch (tok->split) {
+    case FE_SPLIT_MERGED_PREV:
+      rc = fe_tok_bpe_word(st, s + start, at + pn - start, ids, n_ids, cap);
+      start = at + pn;
+      break;
+    case FE_SPLIT_MERGED_NEXT:
+      rc = fe_tok_bpe_word(st, s + start, at - start, ids, n_ids, cap);
+      start = at;
+      break;
+    case FE_SPLIT_ISOLATED:
+      rc = fe_tok_bpe_word(st, s + start, at - start, ids, n_ids, cap);
+      if (!rc) rc = fe_tok_bpe_word(st, s + at, pn, ids, n_ids, cap);
+      start = at + pn;
+      break;
+    default: /* removed */
+      rc = fe_tok_bpe_word(st, s + start, at - start, ids, n_ids, cap);
+      start = at + pn;
+      break;
+    }
+    i = at + pn;
+  }
+  if (!rc && start < n) rc = fe_tok_bpe_word(st, s + start, n - start, ids, n_ids, cap);
+  return rc;
+}
+
+/* Longest added token starting at s (leftmost-longest is then a left to
+ * right scan); returns its byte length and id, or 0. */
+static size_t match_added(const struct fe_tok *tok, const char *s, size_t n, int match_special,
+                          int32_t *id) {
+  int32_t node = tok->trie_root[(unsigned char)s[0]];
+  size_t best = 0;
+  for (size_t i = 1; node >= 0; i++) {
+    int32_t t = tok->trie[node].id;
+    if (t >= 0 && (match_special || !(tok->tok_flags[t] & FE_TOKF_SPECIAL))) {
+      best = i;
+      *id = t;
+    }
+    if (i == n) break;
+    int32_t ch = tok->trie[node].child;
+    while (ch >= 0 && tok->trie[ch].byte != (unsigned char)s[i]) ch = tok->trie[ch].sibling;
+    node = ch;
+  }
+  return best;
+}
+
+int fe_tok_encode(const struct fe_tok *tok, struct fe_tok_state *st, const char *text, size_t len,
+                  unsigned flags, int32_t **ids, size_t *n_ids, size_t *cap) {
+  struct fe_tok_state local = {.tok = tok};
+  int rc = 0;
+  *n_ids = 0;
+  if (!fe_utf8_valid(text, len)) return CM_ERR_INVAL;
+  if (!st) st = &local;
+  if (flags & FE_TOK_ADD_SPECIAL)
+    for (int i = 0; i < tok->n_post_pre && !rc; i++)
+      rc = fe_tok_ids_push(ids, n_ids, cap, tok->post_pre[i]);
+  const int ms = (flags & FE_TOK_MATCH_SPECIAL) != 0;
+  size_t seg = 0, i = 0;
+  while (i < len && !rc) {
+    int32_t id;
+    size_t m = tok->n_added ? match_added(tok, text + i, len - i, ms, &id) : 0;
+    if (!m) {
+      i++;
+      continue;
+    }
+    rc = encode_segment(st, text + seg, i - seg, ids, n_ids, cap);
+    if (!rc) rc = fe_tok_ids_push(ids, n_ids, cap, id);
+    i += m;
+    seg = i;
+  }
+  if (!rc) rc = encode_segment(st, text + seg, len - seg, ids, n_ids, cap);
+  if (flags & FE_TOK_ADD_SPECIAL)
+    for (int k = 0; k < tok->n_post_suf && !rc; k++)
+      rc = fe_tok_ids_push(ids, n_ids, cap, tok->post_suf[k]);
+  if (st == &local) {
+    free(local.norm);
+    free(local.norm2);
+    free(local.syms);
+    free(local.heap);
+  }
+  return rc;
+}
+
+/* ---- decode -------------------------------------------------------------------- */
+
+int fe_tok_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+  if (grow_chars(buf, cap, *len + n + 1)) return CM_ERR_NOMEM;
+  memcpy(*buf + *len, s, n);
+  *len += n;
+  (*buf)[*len] = 0;
+  return 0;
+}
+
+int fe_tok_piece_append(const struct fe_tok *tok, int32_t id, char **buf, size_t *len,
+                        size_t *cap) {
+  const char *s = tok->blob + tok->tok_off[id];
+  size_t n = tok->tok_len[id];
+  if (tok->n_dec == 1) {
+    /* the common case (Gemma: "▁" -> " "), straight into the output */
+    const struct fe_tok_replace *r = &tok->dec[0];
+    size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n;
+    if (grow_chars(buf, cap, *len + bound + 1)) return CM_ERR_NOMEM;
+    char *dst = *buf + *len;
+    size_t dcap = bound + 1;
+    long w = replace_into(r, s, n, &dst, &dcap);
+    if (w < 0) return (int)w;
+    *len += (size_t)w;
+    (*buf)[*len] = 0;
+    return 0;
+  }
+  if (tok->n_dec == 0) return fe_tok_buf_put(buf, len, cap, s, n);
+  /* several Replace steps: ping-pong through two temporaries */
+  char *a = NULL, *b = NULL;
+  size_t ac = 0, bc = 0;
+  int rc = 0;
+  for (int k = 0; k < tok->n_dec && !rc; k++) {
+    char **dst = (k & 1) ? &b : &a;
+    size_t *dc = (k & 1) ? &bc : &ac;
+    long w = replace_into(&tok->dec[k], s, n, dst, dc);
+    if (w < 0) rc = (int)w;
+    else s = *dst, n = (size_t)w;
+  }
+  if (!rc) rc = fe_tok_buf_put(buf, len, cap, s, n);
+  free(a);
+  free(b);
+  return rc;
+}
+
+int fe_tok_bytes_append(const uint8_t *run, size_t n, char **buf, size_t *len, size_t *cap) {
+  if (fe_utf8_valid((const char *)run, n)) return fe_tok_buf_put(buf, len, cap, (const char *)run, n);
+  for (size_t i = 0; i < n; i++) {
+    int rc = fe_tok_buf_put(buf, len, cap, "\xEF\xBF\xBD", 3);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int fe_tok_decode(const struct fe_tok *tok, const int32_t *ids, size_t n, int skip_special,
+                  char **out, size_t *out_len, size_t *cap) {
+  char *run = NULL; /* the pending run of byte-fallback bytes */
+  size_t nrun = 0, runcap = 0;
+  int rc = 0, first = 1;
+  *out_len = 0;
+  if (grow_chars(out, cap, 1)) return CM_ERR_NOMEM;
+  (*out)[0] = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    int32_t id = ids[i];
+    if (id < 0 || id >= tok->n_ids) {
+      rc = CM_ERR_RANGE;
+      break;
+    }
+    if (skip_special && (tok->tok_flags[id] & FE_TOKF_SPECIAL)) continue;
+    if (!tok->has_decoder) {
+      if (!first) rc = fe_tok_buf_put(out, out_len, cap, " ", 1);
+      if (!rc) rc = fe_tok_buf_put(out, out_len, cap, tok->blob + tok->tok_off[id],
+                                   tok->tok_len[id]);
+      first = 0;
+      continue;
+    }
+    if (tok->dec_byte_fallback && tok->byte_of[id] >= 0) {
+      char b = (char)tok->byte_of[id];
+      rc = fe_tok_buf_put(&run, &nrun, &runcap, &b, 1);
+      continue;
+    }
+    if (nrun) {
+      rc = fe_tok_bytes_append((const uint8_t *)run, nrun, out, out_len, cap);
+      nrun = 0;
+    }
+    if (!rc) rc = fe_tok_piece_append(tok, id, out, out_len, cap);
+  }
+  if (!rc && nrun) rc = fe_tok_bytes_append((const uint8_t *)run, nrun, out, out_len, cap);
+  free(run);
+  return rc;
+}
+
+int fe_tok_token_to_piece(const struct fe_tok *tok, int32_t id, char *buf, size_t buflen,
+                          size_t *len) {
+  if (id < 0 || id >= tok->n_ids) return CM_ERR_RANGE;
+  char *tmp = NULL;
+  size_t n = 0, cap = 0;
+  int rc = fe_tok_piece_append(tok, id, &tmp, &n, &cap);
+  if (!rc && n + 1 > buflen) rc = CM_ERR_TOOBIG;
+  if (!rc) {
+    memcpy(buf, tmp, n);
+    buf[n] = 0;
+    *len = n;
+  }
+  free(tmp);
+  return rc;
+}

