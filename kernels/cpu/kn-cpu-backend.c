@@ -1,23 +1,33 @@
-/* kn-cpu-backend.c — the CPU backend's handle: creation, memory hooks (the
- * identity on host memory) and the ops table. */
+/* kn-cpu-backend.c — the CPU backend's handle: creation (instruction set
+ * choice, thread pool), memory hooks (the identity on host memory), scratch
+ * buffers and the memory-bandwidth probe. The ops are in kn-cpu-ops.c. */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "common/cm-err.h"
-#include "kernels/cpu/kn-cpu.h"
+#include "common/cm-log.h"
+#include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-backend-impl.h"
 
-struct kn_cpu_ctx {
-  int n_threads;
-  enum kn_cpu_isa isa;
-};
+/* ---- memory hooks ------------------------------------------------------- */
 
-static void cpu_destroy(void *ctx) { free(ctx); }
+static void cpu_destroy(void *p) {
+  struct kn_cpu_ctx *ctx = p;
+  if (!ctx) return;
+  kn_cpu_pool_destroy(ctx->pool);
+  for (int i = 0; i < KN_CPU_MAX_THREADS; i++) free(ctx->scratch[i]);
+  free(ctx->seq_items);
+  free(ctx);
+}
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
   (void)ctx;
-  size_t rounded = (bytes + 63) & ~(size_t)63;
-  return aligned_alloc(64, rounded);
+  if (bytes > SIZE_MAX - 63) return NULL;
+  return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
 }
 
 static void cpu_free(void *ctx, void *p) {
@@ -42,19 +52,35 @@ static int cpu_sync(void *ctx) {
   return 0;
 }
 
-static const struct kn_backend_ops cpu_ops = {
-  .name = "cpu",
-  .destroy = cpu_destroy,
-  .alloc = cpu_alloc,
-  .free = cpu_free,
-  .upload = cpu_memcpy,
-  .download = cpu_memcpy,
-  .copy = cpu_memcpy,
-  .memset = cpu_memset,
-  .sync = cpu_sync,
-};
+int kn_cpu_ctx_scratch(struct kn_cpu_ctx *ctx, size_t n) {
+  if (n <= ctx->scratch_floats) return 0;
+  n = n + n / 4 + 64;
+  for (int i = 0; i < ctx->n_threads; i++) {
+    float *p = cpu_alloc(NULL, n * sizeof(float));
+    if (!p) return CM_ERR_NOMEM;
+    free(ctx->scratch[i]);
+    ctx->scratch[i] = p;
+  }
+  ctx->scratch_floats = n;
+  return 0;
+}
 
-enum kn_cpu_isa kn_cpu_isa_detect(void) { return KN_CPU_ISA_REF; }
+/* ---- instruction sets --------------------------------------------------- */
+
+int kn_cpu_has_avx2(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return 0;
+#endif
+}
+
+enum kn_cpu_isa kn_cpu_isa_detect(void) {
+  /* AVX-512 processors run the AVX2 kernels: the AVX-512 table is not built. */
+  return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
+}
 
 const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   switch (isa) {
@@ -65,21 +91,77 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   return "?";
 }
 
+/* LMSERVE_KERNELS=ref|avx2|avx512 caps the instruction set. */
+static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
+  const char *s = getenv("LMSERVE_KERNELS");
+  if (!s || !*s) return isa;
+  enum kn_cpu_isa cap;
+  if (!strcasecmp(s, "ref")) cap = KN_CPU_ISA_REF;
+  else if (!strcasecmp(s, "avx2")) cap = KN_CPU_ISA_AVX2;
+  else if (!strcasecmp(s, "avx512")) cap = KN_CPU_ISA_AVX512;
+  else {
+    cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512: ignored", s);
+    return isa;
+  }
+  return cap < isa ? cap : isa;
+}
+
+/* ---- creation ----------------------------------------------------------- */
+
+static struct kn_backend_ops cpu_ops;
+static const char *const cpu_names[] = {"cpu-ref", "cpu-avx2", "cpu-avx512"};
+static struct kn_backend_ops cpu_ops_isa[3];
+
+static void fill_ops_once(void) {
+  cpu_ops.destroy = cpu_destroy;
+  cpu_ops.alloc = cpu_alloc;
+  cpu_ops.free = cpu_free;
+  cpu_ops.upload = cpu_memcpy;
+  cpu_ops.download = cpu_memcpy;
+  cpu_ops.copy = cpu_memcpy;
+  cpu_ops.memset = cpu_memset;
+  cpu_ops.sync = cpu_sync;
+  kn_cpu_ops_fill(&cpu_ops);
+  for (int i = 0; i < 3; i++) {
+    cpu_ops_isa[i] = cpu_ops;
+    cpu_ops_isa[i].name = cpu_names[i];
+  }
+}
+
 int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  *out = NULL;
+  if (isa < KN_CPU_ISA_REF || isa > KN_CPU_ISA_AVX512) return CM_ERR_INVAL;
+  pthread_once(&once, fill_ops_once);
+  if (n_threads <= 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    n_threads = n > 0 ? (int)n : 1;
+  }
+  if (n_threads > KN_CPU_MAX_THREADS) n_threads = KN_CPU_MAX_THREADS;
+
+  enum kn_cpu_isa have = kn_cpu_isa_detect();
+  if (isa > have) isa = have;
+  isa = isa_from_env(isa);
+
   struct kn_cpu_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return CM_ERR_NOMEM;
-  ctx->n_threads = n_threads > 0 ? n_threads : 1;
-  ctx->isa = isa;
-  *out = kn_backend_wrap(&cpu_ops, ctx);
+  ctx->n_threads = n_threads;
+  kn_cpu_dsp_init_ref(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
+  int err = kn_cpu_pool_create(n_threads, &ctx->pool);
+  if (err) goto fail;
+  *out = kn_backend_wrap(&cpu_ops_isa[ctx->dsp.isa], ctx);
   if (!*out) {
-    free(ctx);
-    return CM_ERR_NOMEM;
+    err = CM_ERR_NOMEM;
+    goto fail;
   }
+  cm_debug("kn", "cpu backend: %s kernels, %d threads", kn_cpu_isa_name(ctx->dsp.isa), n_threads);
   return 0;
+fail:
+  cpu_destroy(ctx);
+  return err;
 }
 
 int kn_cpu_backend_create(int n_threads, struct kn_backend **out) {
-  return kn_cpu_backend_create_isa(n_threads, kn_cpu_isa_detect(), out);
+  return kn_cpu_backend_create_isa(n_threads, KN_CPU_ISA_AVX512, out);
 }
-
-double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) { return -1.0; }

@@ -1,0 +1,136 @@
+/* kn-cpu-attn-avx2.c — AVX2 paged attention for one (query, kv head): online
+ * softmax over key blocks aligned to absolute positions.
+ *
+ * For a query at absolute position p, the visible key range [lo, hi] is cut
+ * into blocks [b, b + KN_ATTN_BLOCK) with b a multiple of KN_ATTN_BLOCK. Each
+ * block's scores are computed (invisible keys are -inf), the running maximum,
+ * the rescale of the running sum and accumulator, and the V accumulation run
+ * in position order. Everything depends only on p, the keys and the query, so
+ * a row gets the same bits alone or batched, and whether its prompt was
+ * attended in one chunk, several, or token by token. The query heads of a GQA
+ * group share each K/V load. Head dims that are not a multiple of 8 use the
+ * reference kernel. */
+#include <math.h>
+
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+
+KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int bf16) {
+  if (bf16) return kn_avx2_bf16((const uint16_t *)base + d);
+  return _mm256_loadu_ps((const float *)base + d);
+}
+
+/* q . k over D (a multiple of 8): four accumulators over 32-element steps,
+ * the rest of the 8-element steps into the first, then (a0 + a1) + (a2 + a3)
+ * and the fixed horizontal sum. */
+KN_AVX2 static inline float dot_qk(const float *q, const void *k, int D, int bf16) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int d = 0;
+  for (; d + 32 <= D; d += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_ld(k, d, bf16), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), kv_ld(k, d + 8, bf16), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 16), kv_ld(k, d + 16, bf16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 24), kv_ld(k, d + 24, bf16), a3);
+  }
+  for (; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_ld(k, d, bf16), a0);
+  return kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                               int i, int kvh, int g0, int ng, int bf16) {
+  const struct kn_kv_view *view = job->view;
+  const int D = view->head_dim;
+  const int group = job->n_heads / view->n_kv_heads;
+  const int p = seq->pos0 + i;
+  const int row = seq->q_begin + i;
+  const float *q[KN_ATTN_MAX_GROUP];
+  float m[KN_ATTN_MAX_GROUP], l[KN_ATTN_MAX_GROUP];
+  _Alignas(32) float s[KN_ATTN_MAX_GROUP][KN_ATTN_BLOCK];
+  _Alignas(32) float acc[KN_ATTN_MAX_GROUP][KN_MAX_HEAD_DIM];
+  int lo, hi;
+  kn_cpu_attn_range(seq, job->window, p, &lo, &hi);
+  for (int g = 0; g < ng; g++) {
+    q[g] = job->q + (ptrdiff_t)row * job->ldq + (ptrdiff_t)(kvh * group + g0 + g) * D;
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+    for (int d = 0; d < D; d += 8) _mm256_store_ps(&acc[g][d], _mm256_setzero_ps());
+  }
+
+  for (int b = lo - lo % KN_ATTN_BLOCK; b <= hi; b += KN_ATTN_BLOCK) {
+    int any = 0;
+    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
+      int j = b + jj;
+      if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) {
+        for (int g = 0; g < ng; g++) s[g][jj] = -INFINITY;
+        continue;
+      }
+      any = 1;
+      const void *k = kn_cpu_kv_addr(view, seq, j, kvh, 0);
+      for (int g = 0; g < ng; g++) {
+        float sc = dot_qk(q[g], k, D, bf16) * job->scale;
+        if (job->softcap > 0.0f) sc = (float)(tanh((double)sc / job->softcap) * job->softcap);
+        s[g][jj] = sc;
+      }
+    }
+    if (!any) continue;
+    for (int g = 0; g < ng; g++) {
+      __m256 v0 = _mm256_load_ps(&s[g][0]), v1 = _mm256_load_ps(&s[g][8]);
+      __m256 v2 = _mm256_load_ps(&s[g][16]), v3 = _mm256_load_ps(&s[g][24]);
+      float bm = kn_avx2_hmax(_mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3)));
+      float mnew = bm > m[g] ? bm : m[g];
+      __m256 mv = _mm256_set1_ps(mnew);
+      float corr = _mm256_cvtss_f32(kn_avx2_exp(_mm256_set1_ps(m[g] - mnew)));
+      v0 = kn_avx2_exp(_mm256_sub_ps(v0, mv));
+      v1 = kn_avx2_exp(_mm256_sub_ps(v1, mv));
+      v2 = kn_avx2_exp(_mm256_sub_ps(v2, mv));
+      v3 = kn_avx2_exp(_mm256_sub_ps(v3, mv));
+      _mm256_store_ps(&s[g][0], v0);
+      _mm256_store_ps(&s[g][8], v1);
+      _mm256_store_ps(&s[g][16], v2);
+      _mm256_store_ps(&s[g][24], v3);
+      float bsum = kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
+      l[g] = l[g] * corr + bsum;
+      __m256 cv = _mm256_set1_ps(corr);
+      for (int d = 0; d < D; d += 8)
+        _mm256_store_ps(&acc[g][d], _mm256_mul_ps(_mm256_load_ps(&acc[g][d]), cv));
+      m[g] = mnew;
+    }
+    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
+      int j = b + jj;
+      if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) continue;
+      const void *v = kn_cpu_kv_addr(view, seq, j, kvh, 1);
+      for (int g = 0; g < ng; g++) {
+        __m256 pv = _mm256_set1_ps(s[g][jj]);
+        for (int d = 0; d < D; d += 8)
+          _mm256_store_ps(&acc[g][d],
+                          _mm256_fmadd_ps(pv, kv_ld(v, d, bf16), _mm256_load_ps(&acc[g][d])));
+      }
+    }
+  }
+
+  for (int g = 0; g < ng; g++) {
+    float *out = job->out + (ptrdiff_t)row * job->ldo + (ptrdiff_t)(kvh * group + g0 + g) * D;
+    __m256 lv = _mm256_set1_ps(l[g]);
+    for (int d = 0; d < D; d += 8)
+      _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_load_ps(&acc[g][d]), lv));
+  }
+}
+
+void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                      int kvh);
+
+void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                      int kvh) {
+  const struct kn_kv_view *view = job->view;
+  if (view->head_dim & 7) {
+    kn_cpu_attn_ref(job, seq, i, kvh);
+    return;
+  }
+  const int group = job->n_heads / view->n_kv_heads;
+  const int bf16 = view->dtype == KN_DTYPE_BF16;
+  for (int g0 = 0; g0 < group; g0 += KN_ATTN_MAX_GROUP) {
+    int ng = group - g0 < KN_ATTN_MAX_GROUP ? group - g0 : KN_ATTN_MAX_GROUP;
+    if (bf16) attn_group(job, seq, i, kvh, g0, ng, 1);
+    else attn_group(job, seq, i, kvh, g0, ng, 0);
+  }
+}

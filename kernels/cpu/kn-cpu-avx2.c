@@ -1,0 +1,296 @@
+/* kn-cpu-avx2.c — AVX2 + FMA (+ F16C) versions of the CPU backend's dense
+ * kernels: matmul (small-T matvec per weight dtype, prefill tile kernel),
+ * weight widening, RMSNorm, GELU-tanh gating, softcap and elementwise ops.
+ *
+ * The canonical dot product (the reduction every matmul element follows, in
+ * every variant here): one 8-lane f32 accumulator starting at zero;
+ * acc = fma(w[k..k+8), x[k..k+8), acc) for k = 0, 8, ... < K rounded down to 8;
+ * then, when K % 8 != 0, one more fma with both tails zero-padded; then
+ * kn_avx2_hsum(acc); then out = sum or out = out + sum. Widening bf16/f16 to f32
+ * is exact, so the matvec (weights widened in registers) and the tile kernel
+ * (weights widened into a buffer first) produce identical bits. */
+#include <math.h>
+
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+
+static inline void put(float *o, float s, int acc) { *o = acc ? *o + s : s; }
+
+/* ---- matvec: T small, weights in their own dtype ------------------------ */
+
+/* Defines matvec_<SUF>: 4 weight rows at a time, each read from memory once
+ * per call (later tokens hit L1), then the leftover rows one by one. */
+#define DEF_MATVEC(SUF, TYPE, LOAD, LOAD_TAIL)                                                   \
+  KN_AVX2 static void matvec_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,   \
+                                   const void *wv, int K, int T, int n, int acc) {              \
+    const TYPE *w = wv;                                                                          \
+    const int K8 = K & ~7, r = K - K8;                                                           \
+    const __m256i mask = kn_avx2_mask(r);                                                        \
+    int j = 0;                                                                                   \
+    for (; j + 4 <= n; j += 4) {                                                                 \
+      const TYPE *w0 = w + (size_t)j * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;             \
+      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                                \
+      if (r) {                                                                                   \
+        t0 = LOAD_TAIL(w0 + K8, r);                                                              \
+        t1 = LOAD_TAIL(w1 + K8, r);                                                              \
+        t2 = LOAD_TAIL(w2 + K8, r);                                                              \
+        t3 = LOAD_TAIL(w3 + K8, r);                                                              \
+      }                                                                                          \
+      for (int t = 0; t < T; t++) {                                                              \
+        const float *x = in + (ptrdiff_t)t * ldi;                                                \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
+        for (int k = 0; k < K8; k += 8) {                                                        \
+          __m256 xv = _mm256_loadu_ps(x + k);                                                    \
+          a0 = _mm256_fmadd_ps(LOAD(w0 + k), xv, a0);                                            \
+          a1 = _mm256_fmadd_ps(LOAD(w1 + k), xv, a1);                                            \
+          a2 = _mm256_fmadd_ps(LOAD(w2 + k), xv, a2);                                            \
+          a3 = _mm256_fmadd_ps(LOAD(w3 + k), xv, a3);                                            \
+        }                                                                                        \
+        if (r) {                                                                                 \
+          __m256 xv = _mm256_maskload_ps(x + K8, mask);                                          \
+          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                      \
+          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                      \
+          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                      \
+          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                      \
+        }                                                                                        \
+        float *o = out + (ptrdiff_t)t * ldo + j;                                                 \
+        put(o + 0, kn_avx2_hsum(a0), acc);                                                       \
+        put(o + 1, kn_avx2_hsum(a1), acc);                                                       \
+        put(o + 2, kn_avx2_hsum(a2), acc);                                                       \
+        put(o + 3, kn_avx2_hsum(a3), acc);                                                       \
+      }                                                                                          \
+    }                                                                                            \
+    for (; j < n; j++) {                                                                         \
+      const TYPE *w0 = w + (size_t)j * K;                                                        \
+      __m256 t0 = r ? LOAD_TAIL(w0 + K8, r) : _mm256_setzero_ps();                               \
+      for (int t = 0; t < T; t++) {                                                              \
+        const float *x = in + (ptrdiff_t)t * ldi;                                                \
+        __m256 a0 = _mm256_setzero_ps();                                                         \
+        for (int k = 0; k < K8; k += 8)                                                          \
+          a0 = _mm256_fmadd_ps(LOAD(w0 + k), _mm256_loadu_ps(x + k), a0);                        \
+        if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);                   \
+        put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);                                \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+KN_AVX2 static inline __m256 ld_f32(const float *p) { return _mm256_loadu_ps(p); }
+KN_AVX2 static inline __m256 ld_f32_tail(const float *p, int r) {
+  return _mm256_maskload_ps(p, kn_avx2_mask(r));
+}
+
+DEF_MATVEC(f32, float, ld_f32, ld_f32_tail)
+DEF_MATVEC(f16, uint16_t, kn_avx2_f16, kn_avx2_f16_tail)
+DEF_MATVEC(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail)
+
+/* ---- tile kernel: f32 weights, 4 tokens x 2 features per tile ----------- */
+
+KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                             const void *wv, int K, int T, int n, int acc) {
+  const float *w = wv;
+  const int K8 = K & ~7, r = K - K8;
+  const __m256i mask = kn_avx2_mask(r);
+  int j = 0;
+  for (; j + 2 <= n; j += 2) {
+    const float *wa = w + (size_t)j * K, *wb = wa + K;
+    int t = 0;
+    for (; t + 4 <= T; t += 4) {
+      const float *x0 = in + (ptrdiff_t)t * ldi, *x1 = x0 + ldi, *x2 = x1 + ldi, *x3 = x2 + ldi;
+      __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0,
+             b3 = a0;
+      for (int k = 0; k < K8; k += 8) {
+        __m256 va = _mm256_loadu_ps(wa + k), vb = _mm256_loadu_ps(wb + k), xv;
+        xv = _mm256_loadu_ps(x0 + k);
+        a0 = _mm256_fmadd_ps(va, xv, a0);
+        b0 = _mm256_fmadd_ps(vb, xv, b0);
+        xv = _mm256_loadu_ps(x1 + k);
+        a1 = _mm256_fmadd_ps(va, xv, a1);
+        b1 = _mm256_fmadd_ps(vb, xv, b1);
+        xv = _mm256_loadu_ps(x2 + k);
+        a2 = _mm256_fmadd_ps(va, xv, a2);
+        b2 = _mm256_fmadd_ps(vb, xv, b2);
+        xv = _mm256_loadu_ps(x3 + k);
+        a3 = _mm256_fmadd_ps(va, xv, a3);
+        b3 = _mm256_fmadd_ps(vb, xv, b3);
+      }
+      if (r) {
+        __m256 va = _mm256_maskload_ps(wa + K8, mask), vb = _mm256_maskload_ps(wb + K8, mask), xv;
+        xv = _mm256_maskload_ps(x0 + K8, mask);
+        a0 = _mm256_fmadd_ps(va, xv, a0);
+        b0 = _mm256_fmadd_ps(vb, xv, b0);
+        xv = _mm256_maskload_ps(x1 + K8, mask);
+        a1 = _mm256_fmadd_ps(va, xv, a1);
+        b1 = _mm256_fmadd_ps(vb, xv, b1);
+        xv = _mm256_maskload_ps(x2 + K8, mask);
+        a2 = _mm256_fmadd_ps(va, xv, a2);
+        b2 = _mm256_fmadd_ps(vb, xv, b2);
+        xv = _mm256_maskload_ps(x3 + K8, mask);
+        a3 = _mm256_fmadd_ps(va, xv, a3);
+        b3 = _mm256_fmadd_ps(vb, xv, b3);
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      put(o, kn_avx2_hsum(a0), acc);
+      put(o + 1, kn_avx2_hsum(b0), acc);
+      o += ldo;
+      put(o, kn_avx2_hsum(a1), acc);
+      put(o + 1, kn_avx2_hsum(b1), acc);
+      o += ldo;
+      put(o, kn_avx2_hsum(a2), acc);
+      put(o + 1, kn_avx2_hsum(b2), acc);
+      o += ldo;
+      put(o, kn_avx2_hsum(a3), acc);
+      put(o + 1, kn_avx2_hsum(b3), acc);
+    }
+    if (t < T) matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, wa, K,
+                          T - t, 2, acc);
+  }
+  if (j < n) matvec_f32(out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc);
+}
+
+KN_AVX2 static void widen_avx2(float *dst, const void *src, enum kn_dtype dt, size_t n) {
+  size_t i = 0;
+  const uint16_t *s = src;
+  if (dt == KN_DTYPE_BF16)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, kn_avx2_bf16(s + i));
+  else if (dt == KN_DTYPE_F16)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, kn_avx2_f16(s + i));
+  for (; i < n; i++) dst[i] = kn_load_f32(src, dt, i);
+}
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+KN_AVX2 static inline __m256 ld_w(const void *w, enum kn_dtype dt, int i) {
+  if (dt == KN_DTYPE_BF16) return kn_avx2_bf16((const uint16_t *)w + i);
+  if (dt == KN_DTYPE_F16) return kn_avx2_f16((const uint16_t *)w + i);
+  return _mm256_loadu_ps((const float *)w + i);
+}
+
+KN_AVX2 static void rmsnorm_avx2(float *out, const float *x, int d, const void *w,
+                                 enum kn_dtype wdt, float eps, enum kn_norm_mode mode) {
+  const int d8 = d & ~7, r = d - d8;
+  __m256 ss = _mm256_setzero_ps();
+  for (int i = 0; i < d8; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    ss = _mm256_fmadd_ps(v, v, ss);
+  }
+  if (r) {
+    __m256 v = _mm256_maskload_ps(x + d8, kn_avx2_mask(r));
+    ss = _mm256_fmadd_ps(v, v, ss);
+  }
+  float rs = (float)(1.0 / sqrt((double)kn_avx2_hsum(ss) / d + (double)eps));
+  __m256 rv = _mm256_set1_ps(rs), one = _mm256_set1_ps(1.0f);
+  int i = 0;
+  for (; i < d8; i += 8) {
+    __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), rv);
+    if (mode == KN_NORM_MUL_W) y = _mm256_mul_ps(y, ld_w(w, wdt, i));
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W) y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, i)));
+    _mm256_storeu_ps(out + i, y);
+  }
+  for (; i < d; i++) {
+    float y = x[i] * rs;
+    if (mode == KN_NORM_MUL_W) y *= kn_load_f32(w, wdt, (size_t)i);
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W) y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
+    out[i] = y;
+  }
+}
+
+/* ---- GELU-tanh gating and softcap --------------------------------------- */
+
+/* gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)),
+ * u = sqrt(2/pi) (g + 0.044715 g^3): no cancellation for negative g. */
+KN_AVX2 static inline __m256 gelu8(__m256 g) {
+  __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                           _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+  __m256 e = kn_avx2_exp(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+KN_AVX2 static void gelu_mul_avx2(float *out, const float *gate, const float *up, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(gate + i)),
+                                            _mm256_loadu_ps(up + i)));
+  if (i < n) { /* the tail through the same vector code, so every element gets the same bits */
+    float g[8] = {0}, u[8] = {0}, o[8];
+    memcpy(g, gate + i, (size_t)(n - i) * 4);
+    memcpy(u, up + i, (size_t)(n - i) * 4);
+    _mm256_storeu_ps(o, _mm256_mul_ps(gelu8(_mm256_loadu_ps(g)), _mm256_loadu_ps(u)));
+    memcpy(out + i, o, (size_t)(n - i) * 4);
+  }
+}
+
+/* tanh(y): |y| < 0.625 by an odd minimax polynomial (Cephes tanhf's
+ * coefficients), else 1 - 2 / (exp(2|y|) + 1) with the sign put back. */
+KN_AVX2 static inline __m256 tanh8(__m256 y) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 ay = _mm256_andnot_ps(sign, y);
+  __m256 z = _mm256_mul_ps(y, y);
+  __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+  __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), y, y);
+  __m256 e = kn_avx2_exp(_mm256_add_ps(ay, ay));
+  __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                             _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  big = _mm256_or_ps(big, _mm256_and_ps(y, sign));
+  return _mm256_blendv_ps(big, small, _mm256_cmp_ps(ay, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
+KN_AVX2 static void softcap_avx2(float *out, const float *a, float cap, size_t n) {
+  __m256 c = _mm256_set1_ps(cap), ic = _mm256_set1_ps(1.0f / cap);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(tanh8(_mm256_mul_ps(_mm256_loadu_ps(a + i), ic)), c));
+  if (i < n) { /* the tail through the same vector code */
+    float t[8] = {0}, o[8];
+    memcpy(t, a + i, (n - i) * 4);
+    _mm256_storeu_ps(o, _mm256_mul_ps(tanh8(_mm256_mul_ps(_mm256_loadu_ps(t), ic)), c));
+    memcpy(out + i, o, (n - i) * 4);
+  }
+}
+
+/* ---- elementwise (exact: the same bits as the reference) ---------------- */
+
+KN_AVX2 static void add_avx2(float *out, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  for (; i < n; i++) out[i] = a[i] + b[i];
+}
+
+KN_AVX2 static void mul_avx2(float *out, const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  for (; i < n; i++) out[i] = a[i] * b[i];
+}
+
+KN_AVX2 static void scale_avx2(float *out, const float *a, float s, size_t n) {
+  __m256 sv = _mm256_set1_ps(s);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), sv));
+  for (; i < n; i++) out[i] = a[i] * s;
+}
+
+void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                      int kvh);
+
+void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {
+  dsp->isa = KN_CPU_ISA_AVX2;
+  dsp->matvec[KN_DTYPE_F32] = matvec_f32;
+  dsp->matvec[KN_DTYPE_F16] = matvec_f16;
+  dsp->matvec[KN_DTYPE_BF16] = matvec_bf16;
+  dsp->tile_f32 = tile_f32;
+  dsp->tile_min_t = 8;
+  dsp->widen = widen_avx2;
+  dsp->rmsnorm = rmsnorm_avx2;
+  dsp->gelu_mul = gelu_mul_avx2;
+  dsp->add = add_avx2;
+  dsp->mul = mul_avx2;
+  dsp->scale = scale_avx2;
+  dsp->softcap = softcap_avx2;
+  dsp->attn = kn_cpu_attn_avx2;
+}

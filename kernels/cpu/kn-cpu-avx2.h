@@ -1,0 +1,93 @@
+/* kn-cpu-avx2.h — inline AVX2 helpers shared by the AVX2 kernel files: loads
+ * that widen bf16 / f16 to f32, tail masks, the fixed horizontal sum, and a
+ * vector exp. Every function carries the avx2,fma,f16c target attribute so
+ * the build needs no -march flag; only files whose kernels run after a CPU
+ * check include this. */
+#ifndef LMSERVE_KN_CPU_AVX2_H
+#define LMSERVE_KN_CPU_AVX2_H
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* Lanes 0..r-1 set (0 <= r <= 8). */
+KN_AVX2 static inline __m256i kn_avx2_mask(int r) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(r), idx);
+}
+
+KN_AVX2 static inline __m256 kn_avx2_bf16(const uint16_t *p) {
+  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+KN_AVX2 static inline __m256 kn_avx2_f16(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* r (< 8) 16-bit elements, the rest zero. */
+KN_AVX2 static inline __m256 kn_avx2_bf16_tail(const uint16_t *p, int r) {
+  uint16_t buf[8] = {0};
+  memcpy(buf, p, (size_t)r * 2);
+  return kn_avx2_bf16(buf);
+}
+
+KN_AVX2 static inline __m256 kn_avx2_f16_tail(const uint16_t *p, int r) {
+  uint16_t buf[8] = {0};
+  memcpy(buf, p, (size_t)r * 2);
+  return kn_avx2_f16(buf);
+}
+
+/* The fixed lane reduction: (l0+l4, l1+l5, l2+l6, l3+l7), then (a0+a2, a1+a3),
+ * then b0+b1. Every dot product of a kernel table ends with this. */
+KN_AVX2 static inline float kn_avx2_hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+KN_AVX2 static inline float kn_avx2_hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* exp(x) for f32 lanes, about 2 ulp: x = n ln2 + r with |r| <= ln2/2 (two-part
+ * ln2), exp(r) by its Taylor series to r^7, times 2^n built in the exponent
+ * bits. exp(x) is +inf above 88.72 and exactly 0 below -87.33 (and for -inf);
+ * NaN stays NaN. */
+KN_AVX2 static inline __m256 kn_avx2_exp(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-87.3365f);
+  __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+  __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  /* 2^n: n in [-126, 128]; split in two factors so n = 128 does not overflow
+   * the exponent field */
+  __m256i ni = _mm256_cvtps_epi32(n);
+  __m256i n1 = _mm256_srai_epi32(ni, 1);
+  __m256i n2 = _mm256_sub_epi32(ni, n1);
+  __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+  __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), over);
+  y = _mm256_andnot_ps(under, y);
+  return _mm256_blendv_ps(y, x, nan);
+}
+
+#endif

@@ -1,0 +1,156 @@
+/* kn-cpu-impl.h — inside the CPU backend: the thread pool, the per-ISA kernel
+ * table (dav1d style: filled with the reference C versions, then overridden by
+ * SIMD versions the processor supports) and the backend context.
+ *
+ * Batch invariance rests on two rules every kernel here follows:
+ *   1. an output element (a matmul dot product, a norm row, one query head of
+ *      attention) is computed by exactly one call of one kernel, whatever the
+ *      threading; and
+ *   2. within a kernel table, all variants that compute the same element (the
+ *      small-T matvec and the prefill tile kernel, tile edges, matmul_rows) use
+ *      the same sequence of floating-point operations for it. */
+#ifndef LMSERVE_KN_CPU_IMPL_H
+#define LMSERVE_KN_CPU_IMPL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kn-cpu.h"
+#include "kernels/kn-backend.h"
+
+#define KN_CPU_MAX_THREADS 64
+/* Key positions per online-softmax block in attention; blocks start at
+ * multiples of this absolute position, so a query's reduction order does not
+ * depend on how its prompt was chunked. */
+#define KN_ATTN_BLOCK 32
+/* Query heads of one GQA group processed together per pass (stack buffers). */
+#define KN_ATTN_MAX_GROUP 8
+
+/* ---- thread pool (kn-cpu-pool.c) ---------------------------------------- */
+
+struct kn_cpu_pool;
+/* Runs share ith of nth (0 <= ith < nth). */
+typedef void (*kn_cpu_task_fn)(void *arg, int ith, int nth);
+
+int kn_cpu_pool_create(int n_threads, struct kn_cpu_pool **out);
+void kn_cpu_pool_destroy(struct kn_cpu_pool *pool);
+int kn_cpu_pool_threads(const struct kn_cpu_pool *pool);
+/* Runs fn on min(nth, threads) threads, the caller being thread 0; returns
+ * when all shares are done. */
+void kn_cpu_pool_run(struct kn_cpu_pool *pool, int nth, kn_cpu_task_fn fn, void *arg);
+/* Part ith of nth of [0, n), boundaries multiples of align. */
+void kn_cpu_split(long long n, int ith, int nth, long long align, long long *b, long long *e);
+
+/* ---- kernel table ----------------------------------------------------- */
+
+/* out[t * ldo + j] {=, +=} dot(in[t * ldi + 0..K), W row j) for t < T, j < n,
+ * where W row j starts at w + j * K elements of the kernel's dtype. */
+typedef void (*kn_cpu_dot_fn)(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                              const void *w, int K, int T, int n, int accumulate);
+
+/* One attention call as the kernels see it. */
+struct kn_cpu_attn_job {
+  float *out;
+  ptrdiff_t ldo;
+  const float *q;
+  ptrdiff_t ldq;
+  const struct kn_kv_view *view;
+  const struct kn_attn_seq *seqs;
+  int n_heads;
+  int window;
+  float scale;
+  float softcap;
+};
+
+/* Computes the query heads of kv head kvh for query i (0 <= i < n_q) of
+ * sequence seq. */
+typedef void (*kn_cpu_attn_fn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                               int i, int kvh);
+
+struct kn_cpu_dsp {
+  enum kn_cpu_isa isa;
+  /* Small T: reads W in its own dtype, each weight row once per call. */
+  kn_cpu_dot_fn matvec[KN_DTYPE__COUNT];
+  /* Large T: f32 weights in tiles; other dtypes are widened into a scratch
+   * buffer first (exact), then tiled. Same arithmetic per element as matvec. */
+  kn_cpu_dot_fn tile_f32;
+  int tile_min_t; /* T from which matmul uses widen + tile_f32 */
+  /* Widens n elements of dtype dt to f32 (exact). */
+  void (*widen)(float *dst, const void *src, enum kn_dtype dt, size_t n);
+
+  /* One row of d elements. */
+  void (*rmsnorm)(float *out, const float *x, int d, const void *w, enum kn_dtype wdt, float eps,
+                  enum kn_norm_mode mode);
+  void (*gelu_mul)(float *out, const float *gate, const float *up, int n);
+  void (*add)(float *out, const float *a, const float *b, size_t n);
+  void (*mul)(float *out, const float *a, const float *b, size_t n);
+  void (*scale)(float *out, const float *a, float s, size_t n);
+  void (*softcap)(float *out, const float *a, float cap, size_t n);
+
+  kn_cpu_attn_fn attn;
+};
+
+void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
+/* Override with AVX2+FMA+F16C versions (call only when the processor has them). */
+void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_avx2(void);
+
+/* ---- the backend context ------------------------------------------------ */
+
+struct kn_cpu_ctx {
+  int n_threads;
+  struct kn_cpu_dsp dsp;
+  struct kn_cpu_pool *pool;
+  /* per-thread scratch (matmul weight widening), grown by the calling thread
+   * before a task is dispatched: scratch[i] holds scratch_floats floats */
+  float *scratch[KN_CPU_MAX_THREADS];
+  size_t scratch_floats;
+  /* attention: first work item of each sequence, [n_seqs + 1] */
+  long long *seq_items;
+  int seq_items_cap;
+};
+
+/* Makes every thread's scratch hold at least n floats; 0 or CM_ERR_NOMEM. */
+int kn_cpu_ctx_scratch(struct kn_cpu_ctx *ctx, size_t n);
+/* Fills ops with the CPU ops (kn-cpu-ops.c), all but the memory hooks. */
+struct kn_backend_ops;
+void kn_cpu_ops_fill(struct kn_backend_ops *ops);
+
+/* Ops without a kernel-table entry (kn-cpu-ops-misc.c); ctx is the kn_cpu_ctx. */
+int kn_cpu_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                    int H, const int32_t *ids, int T, float scale);
+int kn_cpu_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
+                   const int32_t *pos, const float *inv_freq);
+int kn_cpu_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
+                     int T, int V);
+int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
+                          ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+
+/* Reference pieces other files reuse. */
+float kn_cpu_gelu_tanh_ref(float g);
+void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                     int kvh);
+
+/* Key range [*lo, *hi] (inclusive) a query at absolute position p of seq may
+ * see, and whether key position j is visible to it. */
+void kn_cpu_attn_range(const struct kn_attn_seq *seq, int window, int p, int *lo, int *hi);
+static inline int kn_cpu_attn_visible(const struct kn_attn_seq *seq, int window, int p, int j) {
+  if (j <= p && (window <= 0 || j > p - window)) return 1;
+  for (int r = 0; r < seq->n_bidir; r++) {
+    int b = seq->bidir[2 * r], e = seq->bidir[2 * r + 1];
+    if (p >= b && p < e && j >= b && j < e) return 1;
+  }
+  return 0;
+}
+
+/* Address of kv head h of position pos in seq's pages (K when v == 0, else V). */
+static inline const void *kn_cpu_kv_addr(const struct kn_kv_view *view,
+                                         const struct kn_attn_seq *seq, int pos, int h, int v) {
+  int32_t page = seq->block_table[pos / view->block_tokens];
+  int slot = pos % view->block_tokens;
+  size_t elt = kn_dtype_size(view->dtype);
+  return (const char *)view->pool + (size_t)page * view->page_bytes +
+         (v ? view->v_off : view->k_off) +
+         ((size_t)slot * (size_t)view->n_kv_heads + (size_t)h) * (size_t)view->head_dim * elt;
+}
+
+#endif

@@ -1,0 +1,157 @@
+/* kn-cpu-ops-misc.c — CPU ops that need no SIMD table entry: embedding
+ * gather, RoPE, argmax and the MoE router's softmax + top-k.
+ *
+ * Each is exact or close to it in plain C and cheap next to the matmuls:
+ * the gather is one rounding (widen, multiply), RoPE computes each cos/sin
+ * once per token in double and rounds it to f32 (as a float32 reference
+ * would hold it), argmax is exact. */
+#include <math.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+
+/* ---- embedding ---------------------------------------------------------- */
+
+int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                    int H, const int32_t *ids, int T, float scale) {
+  (void)p;
+  size_t row_bytes = (size_t)H * kn_dtype_size(tdt);
+  for (int t = 0; t < T; t++) {
+    const void *row = (const char *)table + (size_t)ids[t] * row_bytes;
+    float *o = out + (ptrdiff_t)t * ldo;
+    switch (tdt) {
+    case KN_DTYPE_BF16: {
+      const uint16_t *r = row;
+      for (int i = 0; i < H; i++) o[i] = kn_bf16_to_f32(r[i]) * scale;
+      break;
+    }
+    case KN_DTYPE_F16: {
+      const uint16_t *r = row;
+      for (int i = 0; i < H; i++) o[i] = kn_f16_to_f32(r[i]) * scale;
+      break;
+    }
+    default: {
+      const float *r = row;
+      for (int i = 0; i < H; i++) o[i] = r[i] * scale;
+      break;
+    }
+    }
+  }
+  return 0;
+}
+
+/* ---- RoPE --------------------------------------------------------------- */
+
+struct rope_task {
+  float *x;
+  ptrdiff_t ldx;
+  int T, heads, D;
+  const int32_t *pos;
+  const float *inv_freq;
+};
+
+static void rope_run(void *arg, int ith, int nth) {
+  struct rope_task *r = arg;
+  const int half = r->D / 2;
+  float cs[KN_MAX_HEAD_DIM / 2], sn[KN_MAX_HEAD_DIM / 2];
+  long long b, e;
+  kn_cpu_split(r->T, ith, nth, 1, &b, &e);
+  for (long long t = b; t < e; t++) {
+    float fp = (float)r->pos[t];
+    for (int i = 0; i < half; i++) {
+      float a = fp * r->inv_freq[i]; /* the angle rounded to f32, as a float32 reference has it */
+      cs[i] = (float)cos((double)a);
+      sn[i] = (float)sin((double)a);
+    }
+    float *row = r->x + t * r->ldx;
+    for (int h = 0; h < r->heads; h++) {
+      float *x = row + (ptrdiff_t)h * r->D;
+      for (int i = 0; i < half; i++) {
+        float x0 = x[i], x1 = x[i + half];
+        /* written as two rounded products and one sum (no fused multiply-add) */
+        float a0 = x0 * cs[i], b0 = x1 * sn[i];
+        float a1 = x1 * cs[i], b1 = x0 * sn[i];
+        x[i] = a0 - b0;
+        x[i + half] = a1 + b1;
+      }
+    }
+  }
+}
+
+int kn_cpu_op_rope(void *p, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
+                   const float *inv_freq) {
+  struct kn_cpu_ctx *ctx = p;
+  if (D > KN_MAX_HEAD_DIM) return CM_ERR_UNSUPPORTED;
+  struct rope_task r = {x, ldx, T, heads, D, pos, inv_freq};
+  int nth = (double)T * heads * D < (1 << 16) ? 1 : ctx->n_threads;
+  kn_cpu_pool_run(ctx->pool, nth, rope_run, &r);
+  return 0;
+}
+
+/* ---- argmax ------------------------------------------------------------- */
+
+int kn_cpu_op_argmax(void *p, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
+                     int T, int V) {
+  (void)p;
+  for (int t = 0; t < T; t++) {
+    const float *row = logits + (ptrdiff_t)t * ld;
+    int best = -1;
+    float bv = 0.0f;
+    for (int i = 0; i < V; i++) {
+      float v = row[i];
+      if (v != v) continue; /* NaN never wins */
+      if (best < 0 || v > bv) {
+        best = i;
+        bv = v;
+      }
+    }
+    ids[t] = best < 0 ? 0 : best;
+    if (max_out) max_out[t] = best < 0 ? NAN : bv;
+  }
+  return 0;
+}
+
+/* ---- MoE router --------------------------------------------------------- */
+
+int kn_cpu_op_router_topk(void *p, int32_t *ids, float *weights, const float *logits,
+                          ptrdiff_t ld, int T, int E, int k, const float *expert_scale) {
+  (void)p;
+  for (int t = 0; t < T; t++) {
+    const float *row = logits + (ptrdiff_t)t * ld;
+    int32_t *id = ids + (ptrdiff_t)t * k;
+    float *wt = weights + (ptrdiff_t)t * k;
+    double mx = -INFINITY;
+    for (int e = 0; e < E; e++)
+      if (row[e] > mx) mx = row[e];
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) sum += exp((double)row[e] - mx);
+    /* selection: k passes, each taking the largest not yet taken (lower index on ties);
+     * NaN logits are never taken while a number is left */
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        int taken = 0;
+        for (int i = 0; i < j; i++) taken |= id[i] == e;
+        if (taken) continue;
+        if (best < 0 || row[e] > row[best] || (row[best] != row[best] && row[e] == row[e]))
+          best = e;
+      }
+      id[j] = best;
+    }
+    double top = 0.0;
+    double pr[64];
+    for (int j = 0; j < k; j++) {
+      double pj = exp((double)row[id[j]] - mx) / sum;
+      if (j < 64) pr[j] = pj;
+      top += pj;
+    }
+    for (int j = 0; j < k; j++) {
+      double pj = j < 64 ? pr[j] : exp((double)row[id[j]] - mx) / sum;
+      double w = top > 0.0 ? pj / top : 1.0 / k;
+      if (expert_scale) w *= expert_scale[id[j]];
+      wt[j] = (float)w;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,346 @@
+/* kn-cpu-ops.c — the CPU backend's ops: split each op into per-thread shares
+ * and call the kernel table (kn-cpu-impl.h) on them.
+ *
+ * Shares never split an output element: matmul splits output features (and
+ * token blocks), norms and elementwise ops split rows or flat ranges,
+ * attention hands out (sequence, query, kv head) items. Arguments were
+ * validated by kn-backend.c. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/kn-backend-impl.h"
+
+/* Below this much work (multiply-adds or elements) an op runs on one thread. */
+#define PAR_MIN_WORK (1 << 15)
+/* Bytes of widened f32 weights per tile chunk (fits L2 with the inputs). */
+#define TILE_CHUNK_BYTES (128 * 1024)
+/* Input rows per tile block. */
+#define TILE_T_BLOCK 64
+
+static int threads_for(const struct kn_cpu_ctx *ctx, double work) {
+  if (work < PAR_MIN_WORK) return 1;
+  return ctx->n_threads;
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+struct mm_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const float *in;
+  ptrdiff_t ldi;
+  const char *w; /* [N, K] */
+  enum kn_dtype dt;
+  int T, N, K, acc;
+  int chunk;       /* output features per work unit */
+  int tile;        /* widen + tile_f32 instead of matvec */
+  _Atomic int next; /* next unit */
+};
+
+static void mm_run(void *arg, int ith, int nth) {
+  struct mm_task *m = arg;
+  const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
+  size_t row_bytes = (size_t)m->K * kn_dtype_size(m->dt);
+  int units = (m->N + m->chunk - 1) / m->chunk;
+  (void)nth;
+  for (;;) {
+    int u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
+    if (u >= units) break;
+    int n0 = u * m->chunk;
+    int n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
+    const char *w = m->w + (size_t)n0 * row_bytes;
+    if (!m->tile) {
+      dsp->matvec[m->dt](m->out + n0, m->ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
+      continue;
+    }
+    const float *wf = (const float *)w;
+    if (m->dt != KN_DTYPE_F32) {
+      float *buf = m->ctx->scratch[ith];
+      dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
+      wf = buf;
+    }
+    for (int t0 = 0; t0 < m->T; t0 += TILE_T_BLOCK) {
+      int tb = m->T - t0 < TILE_T_BLOCK ? m->T - t0 : TILE_T_BLOCK;
+      dsp->tile_f32(m->out + (ptrdiff_t)t0 * m->ldo + n0, m->ldo, m->in + (ptrdiff_t)t0 * m->ldi,
+                    m->ldi, wf, m->K, tb, n, m->acc);
+    }
+  }
+}
+
+static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                      const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  struct kn_cpu_ctx *ctx = p;
+  if (K == 0) {
+    for (int t = 0; t < T && !accumulate; t++) memset(out + (ptrdiff_t)t * ldo, 0, N * 4u);
+    return 0;
+  }
+  struct mm_task m = {.ctx = ctx, .out = out, .ldo = ldo, .in = in, .ldi = ldi, .w = w,
+                      .dt = wdt, .T = T, .N = N, .K = K, .acc = accumulate};
+  int nth = threads_for(ctx, (double)T * N * K);
+  m.tile = T >= ctx->dsp.tile_min_t;
+  if (m.tile) {
+    long long c = TILE_CHUNK_BYTES / (4LL * K);
+    c = c < 4 ? 4 : c > 64 ? 64 : c & ~3LL;
+    m.chunk = (int)c;
+    if (wdt != KN_DTYPE_F32 && kn_cpu_ctx_scratch(ctx, (size_t)m.chunk * (size_t)K))
+      return CM_ERR_NOMEM;
+  } else {
+    /* ~8 units per thread for balance on a shared machine, multiples of 4 */
+    int c = (N + nth * 8 - 1) / (nth * 8);
+    m.chunk = c < 16 ? 16 : (c + 3) & ~3;
+  }
+  atomic_init(&m.next, 0);
+  kn_cpu_pool_run(ctx->pool, nth, mm_run, &m);
+  return 0;
+}
+
+struct mm_rows_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const float *in;
+  ptrdiff_t ldi;
+  const char *w;
+  enum kn_dtype dt;
+  int K, T, n_rows;
+  const int32_t *rows;
+};
+
+static void mm_rows_run(void *arg, int ith, int nth) {
+  struct mm_rows_task *m = arg;
+  long long b, e;
+  kn_cpu_split(m->n_rows, ith, nth, 1, &b, &e);
+  size_t row_bytes = (size_t)m->K * kn_dtype_size(m->dt);
+  for (long long j = b; j < e; j++)
+    m->ctx->dsp.matvec[m->dt](m->out + j, m->ldo, m->in, m->ldi,
+                              m->w + (size_t)m->rows[j] * row_bytes, m->K, m->T, 1, 0);
+}
+
+static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows,
+                           int n_rows, int T) {
+  struct kn_cpu_ctx *ctx = p;
+  if (K == 0) {
+    for (int t = 0; t < T; t++) memset(out + (ptrdiff_t)t * ldo, 0, n_rows * 4u);
+    return 0;
+  }
+  struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows};
+  kn_cpu_pool_run(ctx->pool, threads_for(ctx, (double)T * n_rows * K), mm_rows_run, &m);
+  return 0;
+}
+
+/* ---- row-wise ops ------------------------------------------------------- */
+
+struct rows_task {
+  struct kn_cpu_ctx *ctx;
+  int op; /* ROWS_* */
+  float *out;
+  ptrdiff_t ldo;
+  const float *a;
+  ptrdiff_t lda;
+  const float *b;
+  ptrdiff_t ldb;
+  int rows, d;
+  const void *w;
+  enum kn_dtype wdt;
+  float eps;
+  enum kn_norm_mode mode;
+};
+
+enum { ROWS_NORM, ROWS_GELU, ROWS_COPY };
+
+static void rows_run(void *arg, int ith, int nth) {
+  struct rows_task *r = arg;
+  const struct kn_cpu_dsp *dsp = &r->ctx->dsp;
+  long long b, e;
+  kn_cpu_split(r->rows, ith, nth, 1, &b, &e);
+  for (long long i = b; i < e; i++) {
+    float *o = r->out + i * r->ldo;
+    const float *x = r->a + i * r->lda;
+    switch (r->op) {
+    case ROWS_NORM: dsp->rmsnorm(o, x, r->d, r->w, r->wdt, r->eps, r->mode); break;
+    case ROWS_GELU: dsp->gelu_mul(o, x, r->b + i * r->ldb, r->d); break;
+    case ROWS_COPY: memcpy(o, x, (size_t)r->d * sizeof(float)); break;
+    }
+  }
+}
+
+static int cpu_rmsnorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                       int rows, int d, const void *w, enum kn_dtype wdt, float eps,
+                       enum kn_norm_mode mode) {
+  struct kn_cpu_ctx *ctx = p;
+  struct rows_task r = {.ctx = ctx, .op = ROWS_NORM, .out = out, .ldo = ldo, .a = x, .lda = ldx,
+                        .rows = rows, .d = d, .w = w, .wdt = wdt, .eps = eps, .mode = mode};
+  kn_cpu_pool_run(ctx->pool, threads_for(ctx, (double)rows * d), rows_run, &r);
+  return 0;
+}
+
+static int cpu_gelu_mul(void *p, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
+                        const float *up, ptrdiff_t ldu, int T, int N) {
+  struct kn_cpu_ctx *ctx = p;
+  struct rows_task r = {.ctx = ctx, .op = ROWS_GELU, .out = out, .ldo = ldo, .a = gate,
+                        .lda = ldg, .b = up, .ldb = ldu, .rows = T, .d = N};
+  kn_cpu_pool_run(ctx->pool, threads_for(ctx, 8.0 * T * N), rows_run, &r);
+  return 0;
+}
+
+static int cpu_copy_rows(void *p, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                         int rows, int cols) {
+  struct kn_cpu_ctx *ctx = p;
+  struct rows_task r = {.ctx = ctx, .op = ROWS_COPY, .out = dst, .ldo = ldd, .a = src,
+                        .lda = lds, .rows = rows, .d = cols};
+  kn_cpu_pool_run(ctx->pool, 1, rows_run, &r);
+  return 0;
+}
+
+/* ---- flat elementwise ops ----------------------------------------------- */
+
+struct flat_task {
+  struct kn_cpu_ctx *ctx;
+  int op; /* FLAT_* */
+  float *out;
+  const float *a, *b;
+  float s;
+  size_t n;
+};
+
+enum { FLAT_ADD, FLAT_MUL, FLAT_SCALE, FLAT_SOFTCAP };
+
+static void flat_run(void *arg, int ith, int nth) {
+  struct flat_task *f = arg;
+  const struct kn_cpu_dsp *dsp = &f->ctx->dsp;
+  long long b, e;
+  kn_cpu_split((long long)f->n, ith, nth, 64, &b, &e);
+  if (e <= b) return;
+  size_t n = (size_t)(e - b);
+  switch (f->op) {
+  case FLAT_ADD: dsp->add(f->out + b, f->a + b, f->b + b, n); break;
+  case FLAT_MUL: dsp->mul(f->out + b, f->a + b, f->b + b, n); break;
+  case FLAT_SCALE: dsp->scale(f->out + b, f->a + b, f->s, n); break;
+  case FLAT_SOFTCAP: dsp->softcap(f->out + b, f->a + b, f->s, n); break;
+  }
+}
+
+static int flat(struct kn_cpu_ctx *ctx, int op, float *out, const float *a, const float *b,
+                float s, size_t n, double cost) {
+  struct flat_task f = {ctx, op, out, a, b, s, n};
+  kn_cpu_pool_run(ctx->pool, threads_for(ctx, cost * (double)n), flat_run, &f);
+  return 0;
+}
+
+static int cpu_add(void *p, float *out, const float *a, const float *b, size_t n) {
+  return flat(p, FLAT_ADD, out, a, b, 0.0f, n, 0.25);
+}
+static int cpu_mul(void *p, float *out, const float *a, const float *b, size_t n) {
+  return flat(p, FLAT_MUL, out, a, b, 0.0f, n, 0.25);
+}
+static int cpu_scale(void *p, float *out, const float *a, float s, size_t n) {
+  return flat(p, FLAT_SCALE, out, a, NULL, s, n, 0.25);
+}
+static int cpu_softcap(void *p, float *out, const float *a, float cap, size_t n) {
+  return flat(p, FLAT_SOFTCAP, out, a, NULL, cap, n, 8.0);
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+struct attn_task {
+  struct kn_cpu_ctx *ctx;
+  struct kn_cpu_attn_job job;
+  int n_seqs;
+  long long n_items;
+  _Atomic long long next;
+};
+
+static void attn_run(void *arg, int ith, int nth) {
+  struct attn_task *a = arg;
+  const long long *start = a->ctx->seq_items;
+  int n_kv = a->job.view->n_kv_heads;
+  (void)ith;
+  (void)nth;
+  for (;;) {
+    long long it = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
+    if (it >= a->n_items) break;
+    int lo = 0, hi = a->n_seqs - 1; /* last sequence whose start <= it */
+    while (lo < hi) {
+      int mid = (lo + hi + 1) / 2;
+      if (start[mid] <= it) lo = mid;
+      else hi = mid - 1;
+    }
+    long long local = it - start[lo];
+    a->ctx->dsp.attn(&a->job, &a->job.seqs[lo], (int)(local / n_kv), (int)(local % n_kv));
+  }
+}
+
+static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
+                         int n_heads, int window, float scale, float softcap) {
+  struct kn_cpu_ctx *ctx = p;
+  if (n_seqs + 1 > ctx->seq_items_cap) {
+    int cap = n_seqs + 1 + 64;
+    long long *s = realloc(ctx->seq_items, (size_t)cap * sizeof(long long));
+    if (!s) return CM_ERR_NOMEM;
+    ctx->seq_items = s;
+    ctx->seq_items_cap = cap;
+  }
+  long long items = 0;
+  double work = 0;
+  for (int i = 0; i < n_seqs; i++) {
+    ctx->seq_items[i] = items;
+    items += (long long)seqs[i].n_q * view->n_kv_heads;
+    work += (double)seqs[i].n_q * n_heads * view->head_dim * (seqs[i].pos0 + seqs[i].n_q);
+  }
+  ctx->seq_items[n_seqs] = items;
+  struct attn_task a = {.ctx = ctx,
+                        .job = {out, ldo, q, ldq, view, seqs, n_heads, window, scale, softcap},
+                        .n_seqs = n_seqs,
+                        .n_items = items};
+  atomic_init(&a.next, 0);
+  kn_cpu_pool_run(ctx->pool, threads_for(ctx, work), attn_run, &a);
+  return 0;
+}
+
+static int cpu_kv_write(void *p, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                        const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
+  (void)p;
+  size_t n = (size_t)view->n_kv_heads * (size_t)view->head_dim; /* elements per token */
+  size_t elt = kn_dtype_size(view->dtype);
+  for (int t = 0; t < T; t++) {
+    int32_t s = slot_mapping[t];
+    if (s < 0) continue;
+    char *page = (char *)view->pool + (size_t)(s / view->block_tokens) * view->page_bytes;
+    size_t off = (size_t)(s % view->block_tokens) * n * elt;
+    for (int which = 0; which < 2; which++) {
+      const float *src = which ? v : k;
+      if (!src) continue;
+      src += (ptrdiff_t)t * (which ? ldv : ldk);
+      char *dst = page + (which ? view->v_off : view->k_off) + off;
+      if (view->dtype == KN_DTYPE_F32) memcpy(dst, src, n * sizeof(float));
+      else
+        for (size_t i = 0; i < n; i++) kn_store_f32(dst, view->dtype, i, src[i]);
+    }
+  }
+  return 0;
+}
+
+void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
+  ops->embed = kn_cpu_op_embed;
+  ops->rmsnorm = cpu_rmsnorm;
+  ops->matmul = cpu_matmul;
+  ops->matmul_rows = cpu_matmul_rows;
+  ops->rope = kn_cpu_op_rope;
+  ops->gelu_mul = cpu_gelu_mul;
+  ops->add = cpu_add;
+  ops->mul = cpu_mul;
+  ops->scale = cpu_scale;
+  ops->softcap = cpu_softcap;
+  ops->copy_rows = cpu_copy_rows;
+  ops->argmax = kn_cpu_op_argmax;
+  ops->router_topk = kn_cpu_op_router_topk;
+  ops->kv_write = cpu_kv_write;
+  ops->attention = cpu_attention;
+}

@@ -1,0 +1,103 @@
+/* kn-cpu-ref.c — reference C versions of the CPU backend's dense kernels.
+ *
+ * Plain, obviously correct code: reductions accumulate in double in index
+ * order, then round once to f32. These are the oracle the SIMD (and CUDA)
+ * kernels are tested against, and what LMSERVE_KERNELS=ref runs. */
+#include <math.h>
+
+#include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/kn-dtype.h"
+
+/* ---- matmul ------------------------------------------------------------- */
+
+static void dot_ref(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *w,
+                    enum kn_dtype dt, int K, int T, int n, int accumulate) {
+  for (int t = 0; t < T; t++) {
+    const float *x = in + (ptrdiff_t)t * ldi;
+    for (int j = 0; j < n; j++) {
+      const char *row = (const char *)w + (size_t)j * (size_t)K * kn_dtype_size(dt);
+      double acc = 0.0;
+      for (int k = 0; k < K; k++) acc += (double)x[k] * (double)kn_load_f32(row, dt, (size_t)k);
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      *o = accumulate ? (float)((double)*o + acc) : (float)acc;
+    }
+  }
+}
+
+static void dot_ref_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *w,
+                        int K, int T, int n, int accumulate) {
+  dot_ref(out, ldo, in, ldi, w, KN_DTYPE_F32, K, T, n, accumulate);
+}
+
+static void dot_ref_f16(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *w,
+                        int K, int T, int n, int accumulate) {
+  dot_ref(out, ldo, in, ldi, w, KN_DTYPE_F16, K, T, n, accumulate);
+}
+
+static void dot_ref_bf16(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *w,
+                         int K, int T, int n, int accumulate) {
+  dot_ref(out, ldo, in, ldi, w, KN_DTYPE_BF16, K, T, n, accumulate);
+}
+
+static void widen_ref(float *dst, const void *src, enum kn_dtype dt, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = kn_load_f32(src, dt, i);
+}
+
+/* ---- norms and elementwise --------------------------------------------- */
+
+static void rmsnorm_ref(float *out, const float *x, int d, const void *w, enum kn_dtype wdt,
+                        float eps, enum kn_norm_mode mode) {
+  double ss = 0.0;
+  for (int i = 0; i < d; i++) ss += (double)x[i] * (double)x[i];
+  float r = (float)(1.0 / sqrt(ss / d + (double)eps));
+  for (int i = 0; i < d; i++) {
+    float y = x[i] * r;
+    if (mode == KN_NORM_MUL_W) y *= kn_load_f32(w, wdt, (size_t)i);
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W) y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
+    out[i] = y;
+  }
+}
+
+float kn_cpu_gelu_tanh_ref(float g) {
+  /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), in double, rounded once */
+  double x = g;
+  double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  return (float)(0.5 * x * (1.0 + tanh(u)));
+}
+
+static void gelu_mul_ref(float *out, const float *gate, const float *up, int n) {
+  for (int i = 0; i < n; i++) out[i] = kn_cpu_gelu_tanh_ref(gate[i]) * up[i];
+}
+
+static void add_ref(float *out, const float *a, const float *b, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void mul_ref(float *out, const float *a, const float *b, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+}
+
+static void scale_ref(float *out, const float *a, float s, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] * s;
+}
+
+static void softcap_ref(float *out, const float *a, float cap, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = (float)(tanh((double)a[i] / cap) * cap);
+}
+
+void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp) {
+  dsp->isa = KN_CPU_ISA_REF;
+  dsp->matvec[KN_DTYPE_F32] = dot_ref_f32;
+  dsp->matvec[KN_DTYPE_F16] = dot_ref_f16;
+  dsp->matvec[KN_DTYPE_BF16] = dot_ref_bf16;
+  dsp->tile_f32 = dot_ref_f32;
+  dsp->tile_min_t = 1 << 30; /* the reference never widens */
+  dsp->widen = widen_ref;
+  dsp->rmsnorm = rmsnorm_ref;
+  dsp->gelu_mul = gelu_mul_ref;
+  dsp->add = add_ref;
+  dsp->mul = mul_ref;
+  dsp->scale = scale_ref;
+  dsp->softcap = softcap_ref;
+  dsp->attn = kn_cpu_attn_ref;
+}

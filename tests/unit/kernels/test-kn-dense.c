@@ -1,0 +1,346 @@
+/* test-kn-dense.c — the CPU backend's dense ops: SIMD against reference (NMSE,
+ * NaN/Inf, sentinels), closed-form checks of the reference, batch invariance
+ * of matmul (bit-exact), and argument validation. */
+#include <math.h>
+#include <stdio.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "tests/unit/kernels/kn-test-util.h"
+
+static const enum kn_dtype wdts[] = {KN_DTYPE_F32, KN_DTYPE_F16, KN_DTYPE_BF16};
+
+/* ---- matmul ------------------------------------------------------------- */
+
+/* One matmul on both backends into guarded outputs with row stride ldo > N. */
+static void check_matmul(struct kn_backend *ref, struct kn_backend *simd, enum kn_dtype dt, int T,
+                         int N, int K, int accumulate) {
+  int ldi = K + 3, ldo = N + 5;
+  float *in = kt_rand_f32((size_t)T * ldi, 1.0f);
+  void *w = kt_rand_tensor(dt, (size_t)N * K, 0.5f);
+  size_t n_out = (size_t)(T - 1) * ldo + N;
+  float *o_ref = kt_guarded(n_out), *o_simd = kt_guarded(n_out);
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < N; j++) {
+      float init = accumulate ? kt_uniform() : 0.0f;
+      if (!accumulate) continue;
+      o_ref[(size_t)t * ldo + j] = init;
+      o_simd[(size_t)t * ldo + j] = init;
+    }
+  TH_CHECK_EQ_INT(kn_matmul(ref, o_ref, ldo, in, ldi, w, dt, T, N, K, accumulate), 0);
+  TH_CHECK_EQ_INT(kn_matmul(simd, o_simd, ldo, in, ldi, w, dt, T, N, K, accumulate), 0);
+  TH_CHECK(kt_guards_ok(o_ref, n_out));
+  TH_CHECK(kt_guards_ok(o_simd, n_out));
+  double worst = 0.0;
+  int gaps_ok = 1;
+  for (int t = 0; t < T; t++) {
+    const float *a = o_simd + (size_t)t * ldo, *b = o_ref + (size_t)t * ldo;
+    double e = kt_nmse(a, b, (size_t)N);
+    if (e > worst) worst = e;
+    if (!kt_all_finite(a, (size_t)N)) worst = INFINITY;
+    if (t + 1 < T)
+      for (int j = N; j < ldo; j++) gaps_ok &= kt_is_sentinel(a + j) && kt_is_sentinel(b + j);
+  }
+  TH_CHECK(gaps_ok);
+  if (getenv("KT_VERBOSE")) printf("matmul %s T=%d N=%d K=%d nmse %g\n", kn_dtype_name(dt), T, N, K, worst);
+  if (!(worst < 1e-12))
+    th_fail(__FILE__, __LINE__, "matmul %s T=%d N=%d K=%d acc=%d: nmse %g", kn_dtype_name(dt), T,
+            N, K, accumulate, worst);
+  free(in);
+  free(w);
+  kt_guarded_free(o_ref);
+  kt_guarded_free(o_simd);
+}
+
+TH_TEST(matmul_simd_matches_reference) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2), *simd = kt_backend(KN_CPU_ISA_AVX512, 2);
+  static const int shapes[][3] = {{1, 1, 1},   {1, 7, 5},    {1, 64, 640}, {3, 33, 17},
+                                  {8, 9, 64},  {9, 64, 31},  {37, 50, 72}, {64, 130, 256},
+                                  {1, 300, 1000}, {70, 5, 9}};
+  kt_seed(1);
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+    for (size_t s = 0; s < CM_ARRAY_LEN(shapes); s++)
+      for (int acc = 0; acc < 2; acc++)
+        check_matmul(ref, simd, wdts[d], shapes[s][0], shapes[s][1], shapes[s][2], acc);
+  kn_backend_destroy(ref);
+  kn_backend_destroy(simd);
+}
+
+/* A row's output alone (T = 1) equals its output inside batches of other sizes,
+ * on 1 or 2 threads, on every path (matvec, tiles, edges): bit for bit. */
+static void check_matmul_invariance(enum kn_cpu_isa isa) {
+  struct kn_backend *be1 = kt_backend(isa, 1), *be2 = kt_backend(isa, 2);
+  static const int Ks[] = {5, 64, 67, 640};
+  static const int Ts[] = {2, 4, 7, 8, 9, 37, 70};
+  kt_seed(2);
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+    for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++) {
+      int K = Ks[ki], N = 45, Tmax = 70;
+      float *in = kt_rand_f32((size_t)Tmax * K, 1.0f);
+      void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
+      float *alone = malloc((size_t)Tmax * N * sizeof(float));
+      float *batch = malloc((size_t)Tmax * N * sizeof(float));
+      TH_REQUIRE(alone && batch);
+      for (int t = 0; t < Tmax; t++)
+        TH_REQUIRE(kn_matmul(be1, alone + (size_t)t * N, N, in + (size_t)t * K, K, w, wdts[d], 1,
+                             N, K, 0) == 0);
+      for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++) {
+        int T = Ts[ti];
+        for (int start = 0; start + T <= Tmax; start += T) {
+          struct kn_backend *be = (start / T) & 1 ? be1 : be2;
+          TH_REQUIRE(kn_matmul(be, batch, N, in + (size_t)start * K, K, w, wdts[d], T, N, K, 0) ==
+                     0);
+          if (!kt_bits_equal(batch, alone + (size_t)start * N, (size_t)T * N))
+            th_fail(__FILE__, __LINE__, "%s matmul %s K=%d: rows %d..%d differ in a batch of %d",
+                    kn_cpu_isa_name(isa), kn_dtype_name(wdts[d]), K, start, start + T - 1, T);
+        }
+      }
+      /* matmul_rows computes the same elements with the same arithmetic */
+      int32_t rows[3] = {44, 0, 17};
+      float got[3];
+      TH_REQUIRE(kn_matmul_rows(be2, got, 3, in, K, w, wdts[d], N, K, rows, 3, 1) == 0);
+      TH_CHECK(got[0] == alone[44] && got[1] == alone[0] && got[2] == alone[17]);
+      free(in);
+      free(w);
+      free(alone);
+      free(batch);
+    }
+  kn_backend_destroy(be1);
+  kn_backend_destroy(be2);
+}
+
+TH_TEST(matmul_batch_invariant_simd) { check_matmul_invariance(KN_CPU_ISA_AVX512); }
+TH_TEST(matmul_batch_invariant_ref) { check_matmul_invariance(KN_CPU_ISA_REF); }
+
+TH_TEST(matmul_reference_closed_form) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1);
+  /* [[1,2],[3,4]] x W rows (1,0),(0,1),(1,1) */
+  float in[4] = {1, 2, 3, 4}, w[6] = {1, 0, 0, 1, 1, 1}, out[6];
+  TH_REQUIRE(kn_matmul(ref, out, 3, in, 2, w, KN_DTYPE_F32, 2, 3, 2, 0) == 0);
+  float want[6] = {1, 2, 3, 3, 4, 7};
+  TH_CHECK(memcmp(out, want, sizeof(want)) == 0);
+  TH_REQUIRE(kn_matmul(ref, out, 3, in, 2, w, KN_DTYPE_F32, 2, 3, 2, 1) == 0);
+  TH_CHECK(out[5] == 14.0f && out[0] == 2.0f);
+  kn_backend_destroy(ref);
+}
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+TH_TEST(rmsnorm_modes) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1), *simd = kt_backend(KN_CPU_ISA_AVX512, 2);
+  /* closed form: x = (3, 4), mean square 12.5 */
+  float x[2] = {3, 4}, w[2] = {1, -0.5f}, o[2];
+  float r = (float)(1.0 / sqrt(12.5 + 1e-6));
+  TH_REQUIRE(kn_rmsnorm(ref, o, 2, x, 2, 1, 2, NULL, KN_DTYPE_F32, 1e-6f, KN_NORM_NO_W) == 0);
+  TH_CHECK_NEAR(o[0], 3 * r, 1e-6);
+  TH_CHECK_NEAR(o[1], 4 * r, 1e-6);
+  TH_REQUIRE(kn_rmsnorm(ref, o, 2, x, 2, 1, 2, w, KN_DTYPE_F32, 1e-6f, KN_NORM_MUL_W) == 0);
+  TH_CHECK_NEAR(o[1], -2 * r, 1e-6);
+  TH_REQUIRE(kn_rmsnorm(ref, o, 2, x, 2, 1, 2, w, KN_DTYPE_F32, 1e-6f, KN_NORM_MUL_ONE_PLUS_W) ==
+             0);
+  TH_CHECK_NEAR(o[0], 6 * r, 1e-6);
+  TH_CHECK_NEAR(o[1], 2 * r, 1e-6);
+
+  kt_seed(3);
+  static const int ds[] = {1, 7, 64, 256, 517, 640};
+  for (size_t di = 0; di < CM_ARRAY_LEN(ds); di++)
+    for (size_t dt = 0; dt < CM_ARRAY_LEN(wdts); dt++)
+      for (int mode = 0; mode < 3; mode++) {
+        int d = ds[di], rows = 37, ld = d + 2;
+        float *in = kt_rand_f32((size_t)rows * ld, 3.0f);
+        void *wt = kt_rand_tensor(wdts[dt], (size_t)d, 1.0f);
+        size_t n = (size_t)(rows - 1) * ld + d;
+        float *a = kt_guarded(n), *b = kt_guarded(n);
+        TH_REQUIRE(kn_rmsnorm(ref, a, ld, in, ld, rows, d, wt, wdts[dt], 1e-6f, mode) == 0);
+        TH_REQUIRE(kn_rmsnorm(simd, b, ld, in, ld, rows, d, wt, wdts[dt], 1e-6f, mode) == 0);
+        TH_CHECK(kt_guards_ok(a, n) && kt_guards_ok(b, n));
+        for (int rr = 0; rr < rows; rr++) {
+          double e = kt_nmse(b + (size_t)rr * ld, a + (size_t)rr * ld, (size_t)d);
+          if (!(e < 1e-12)) th_fail(__FILE__, __LINE__, "rmsnorm d=%d mode=%d nmse %g", d, mode, e);
+        }
+        /* in place equals out of place */
+        TH_REQUIRE(kn_rmsnorm(simd, in, ld, in, ld, rows, d, wt, wdts[dt], 1e-6f, mode) == 0);
+        for (int rr = 0; rr < rows; rr++)
+          TH_CHECK(kt_bits_equal(in + (size_t)rr * ld, b + (size_t)rr * ld, (size_t)d));
+        free(in);
+        free(wt);
+        kt_guarded_free(a);
+        kt_guarded_free(b);
+      }
+  kn_backend_destroy(ref);
+  kn_backend_destroy(simd);
+}
+
+/* ---- elementwise -------------------------------------------------------- */
+
+TH_TEST(elementwise_ops) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1), *simd = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(4);
+  static const size_t ns[] = {1, 7, 8, 100, 100003};
+  for (size_t ni = 0; ni < CM_ARRAY_LEN(ns); ni++) {
+    size_t n = ns[ni];
+    float *a = kt_rand_f32(n, 8.0f), *b = kt_rand_f32(n, 8.0f);
+    float *r = kt_guarded(n), *s = kt_guarded(n);
+    /* add, mul, scale are exact: identical bits */
+    TH_REQUIRE(kn_add(ref, r, a, b, n) == 0 && kn_add(simd, s, a, b, n) == 0);
+    TH_CHECK(kt_bits_equal(r, s, n) && r[0] == a[0] + b[0]);
+    TH_REQUIRE(kn_mul(ref, r, a, b, n) == 0 && kn_mul(simd, s, a, b, n) == 0);
+    TH_CHECK(kt_bits_equal(r, s, n) && r[n - 1] == a[n - 1] * b[n - 1]);
+    TH_REQUIRE(kn_scale(ref, r, a, 0.125f, n) == 0 && kn_scale(simd, s, a, 0.125f, n) == 0);
+    TH_CHECK(kt_bits_equal(r, s, n) && r[0] == a[0] * 0.125f);
+    /* softcap: tanh(x / c) * c, approximated in SIMD */
+    TH_REQUIRE(kn_softcap(ref, r, a, 3.0f, n) == 0 && kn_softcap(simd, s, a, 3.0f, n) == 0);
+    TH_CHECK(kt_nmse(s, r, n) < 1e-12);
+    TH_CHECK_NEAR(r[0], tanh(a[0] / 3.0) * 3.0, 1e-6);
+    /* gelu_tanh(gate) * up as [T, N] rows */
+    TH_REQUIRE(kn_gelu_mul(ref, r, 1, a, 1, b, 1, 1, (int)n) == 0);
+    TH_REQUIRE(kn_gelu_mul(simd, s, 1, a, 1, b, 1, 1, (int)n) == 0);
+    TH_CHECK(kt_nmse(s, r, n) < 1e-12);
+    TH_CHECK(kt_guards_ok(r, n) && kt_guards_ok(s, n));
+    /* in place: out == a */
+    TH_REQUIRE(kn_add(ref, r, a, b, n) == 0);
+    TH_REQUIRE(kn_add(simd, a, a, b, n) == 0);
+    TH_CHECK(kt_bits_equal(a, r, n));
+    free(a);
+    free(b);
+    kt_guarded_free(r);
+    kt_guarded_free(s);
+  }
+  /* hand values of gelu_tanh: 0 -> 0, large -> identity, very negative -> 0 */
+  float g[4] = {0.0f, 10.0f, -10.0f, 1.0f}, u[4] = {1, 1, 1, 1}, o[4];
+  TH_REQUIRE(kn_gelu_mul(simd, o, 4, g, 4, u, 4, 1, 4) == 0);
+  TH_CHECK(o[0] == 0.0f);
+  TH_CHECK_NEAR(o[1], 10.0, 1e-5);
+  TH_CHECK_NEAR(o[2], 0.0, 1e-6);
+  TH_CHECK_NEAR(o[3], 0.8411919906082768, 1e-6);
+  /* softcap saturates at +-cap, keeps NaN out of finite input */
+  float big[3] = {1e30f, -1e30f, 0.0f};
+  TH_REQUIRE(kn_softcap(simd, o, big, 30.0f, 3) == 0);
+  TH_CHECK(o[0] == 30.0f && o[1] == -30.0f && o[2] == 0.0f);
+  kn_backend_destroy(ref);
+  kn_backend_destroy(simd);
+}
+
+/* ---- embedding, copy_rows ------------------------------------------------ */
+
+TH_TEST(embed_gathers_and_scales) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(5);
+  for (size_t dt = 0; dt < CM_ARRAY_LEN(wdts); dt++) {
+    int V = 50, H = 19, T = 4, ld = 23;
+    void *table = kt_rand_tensor(wdts[dt], (size_t)V * H, 1.0f);
+    int32_t ids[4] = {3, 49, 0, 3};
+    size_t n = (size_t)(T - 1) * ld + H;
+    float *o = kt_guarded(n);
+    TH_REQUIRE(kn_embed(be, o, ld, table, wdts[dt], V, H, ids, T, 25.25f) == 0);
+    TH_CHECK(kt_guards_ok(o, n));
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < H; h++)
+        TH_CHECK(o[t * ld + h] == kn_load_f32(table, wdts[dt], (size_t)ids[t] * H + h) * 25.25f);
+    TH_CHECK(kt_is_sentinel(o + H)); /* the gap between rows is untouched */
+    int32_t bad[2] = {1, 50};
+    TH_CHECK_EQ_INT(kn_embed(be, o, ld, table, wdts[dt], V, H, bad, 2, 1.0f), CM_ERR_RANGE);
+    bad[1] = -1;
+    TH_CHECK_EQ_INT(kn_embed(be, o, ld, table, wdts[dt], V, H, bad, 2, 1.0f), CM_ERR_RANGE);
+    free(table);
+    kt_guarded_free(o);
+  }
+  float src[6] = {1, 2, 3, 4, 5, 6}, dst[8] = {0};
+  TH_REQUIRE(kn_copy_rows(be, dst, 4, src, 3, 2, 2) == 0);
+  TH_CHECK(dst[0] == 1 && dst[1] == 2 && dst[2] == 0 && dst[4] == 4 && dst[5] == 5);
+  kn_backend_destroy(be);
+}
+
+/* ---- argmax and router -------------------------------------------------- */
+
+TH_TEST(argmax_first_max_and_nan) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 2);
+  float l[3][5] = {{1, 5, 2, 5, 0}, {NAN, -1, -3, NAN, -1}, {NAN, NAN, NAN, NAN, NAN}};
+  int32_t ids[3];
+  float mx[3];
+  TH_REQUIRE(kn_argmax(be, ids, mx, &l[0][0], 5, 3, 5) == 0);
+  TH_CHECK_EQ_INT(ids[0], 1);
+  TH_CHECK(mx[0] == 5.0f);
+  TH_CHECK_EQ_INT(ids[1], 1);
+  TH_CHECK_EQ_INT(ids[2], 0);
+  TH_CHECK(isnan(mx[2]));
+  kn_backend_destroy(be);
+}
+
+TH_TEST(router_topk_hand_values) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 1);
+  /* logits ln(1), ln(4), ln(2), ln(4), ln(1): probabilities 1/12, 4/12, 2/12, 4/12, 1/12 */
+  float l[5] = {0.0f, logf(4), logf(2), logf(4), 0.0f};
+  int32_t ids[3];
+  float w[3];
+  TH_REQUIRE(kn_router_topk(be, ids, w, l, 5, 1, 5, 3, NULL) == 0);
+  TH_CHECK(ids[0] == 1 && ids[1] == 3 && ids[2] == 2); /* tie: lower index first */
+  TH_CHECK_NEAR(w[0], 0.4, 1e-6);
+  TH_CHECK_NEAR(w[1], 0.4, 1e-6);
+  TH_CHECK_NEAR(w[2], 0.2, 1e-6);
+  float scale[5] = {1, 2, 3, 0.5f, 1};
+  TH_REQUIRE(kn_router_topk(be, ids, w, l, 5, 1, 5, 2, scale) == 0);
+  TH_CHECK_NEAR(w[0], 1.0, 1e-6); /* 0.5 * 2 */
+  TH_CHECK_NEAR(w[1], 0.25, 1e-6); /* 0.5 * 0.5 */
+  TH_CHECK_EQ_INT(kn_router_topk(be, ids, w, l, 5, 1, 5, 6, NULL), CM_ERR_INVAL);
+  kn_backend_destroy(be);
+}
+
+/* ---- RoPE --------------------------------------------------------------- */
+
+TH_TEST(rope_closed_form) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(6);
+  int T = 3, heads = 2, D = 8, ld = heads * D + 4;
+  float *x = kt_rand_f32((size_t)T * ld, 1.0f), *x0 = kt_rand_f32((size_t)T * ld, 1.0f);
+  memcpy(x0, x, (size_t)T * ld * sizeof(float));
+  float inv_freq[4] = {1.0f, 0.5f, 0.0f, 0.25f}; /* a zero entry is the identity */
+  int32_t pos[3] = {0, 1, 7};
+  TH_REQUIRE(kn_rope(be, x, ld, T, heads, D, pos, inv_freq) == 0);
+  /* position 0 is the identity */
+  TH_CHECK(kt_bits_equal(x, x0, (size_t)heads * D));
+  for (int t = 1; t < T; t++)
+    for (int h = 0; h < heads; h++)
+      for (int i = 0; i < D / 2; i++) {
+        const float *a = x0 + t * ld + h * D, *b = x + t * ld + h * D;
+        double ang = (double)((float)pos[t] * inv_freq[i]);
+        TH_CHECK_NEAR(b[i], a[i] * cos(ang) - a[i + D / 2] * sin(ang), 1e-6);
+        TH_CHECK_NEAR(b[i + D / 2], a[i + D / 2] * cos(ang) + a[i] * sin(ang), 1e-6);
+        if (i == 2) TH_CHECK(b[i] == a[i] && b[i + D / 2] == a[i + D / 2]);
+      }
+  /* the padding after the heads is untouched */
+  TH_CHECK(x[ld - 1] == x0[ld - 1]);
+  /* rotation keeps each pair's norm */
+  int32_t badpos[1] = {-1};
+  TH_CHECK_EQ_INT(kn_rope(be, x, ld, 1, heads, D, badpos, inv_freq), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(kn_rope(be, x, ld, 1, heads, 7, pos, inv_freq), CM_ERR_INVAL);
+  free(x);
+  free(x0);
+  kn_backend_destroy(be);
+}
+
+/* ---- validation --------------------------------------------------------- */
+
+TH_TEST(bad_arguments_are_errors) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 1);
+  float a[16] = {0}, o[16];
+  TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, KN_DTYPE_F32, -1, 4, 4, 0), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul(be, o, 2, a, 4, a, KN_DTYPE_F32, 2, 4, 4, 0), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, (enum kn_dtype)7, 2, 4, 4, 0), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_matmul(be, NULL, 4, a, 4, a, KN_DTYPE_F32, 2, 4, 4, 0), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, KN_DTYPE_F32, 0, 4, 4, 0), 0);
+  int32_t rows[1] = {4};
+  TH_CHECK_EQ_INT(kn_matmul_rows(be, o, 1, a, 4, a, KN_DTYPE_F32, 4, 4, rows, 1, 1), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(kn_rmsnorm(be, o, 4, a, 4, 1, 4, NULL, KN_DTYPE_F32, 1e-6f, KN_NORM_MUL_W),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_softcap(be, o, a, 0.0f, 4), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_argmax(be, (int32_t *)o, NULL, a, 4, 1, 0), CM_ERR_INVAL);
+  TH_CHECK(kn_alloc(be, 0) == NULL);
+  void *p = kn_alloc(be, 100);
+  TH_CHECK(p && ((uintptr_t)p & 63) == 0);
+  TH_CHECK_EQ_INT(kn_upload(be, p, a, 64), 0);
+  TH_CHECK_EQ_INT(kn_download(be, o, p, 64), 0);
+  TH_CHECK(memcmp(o, a, 64) == 0);
+  kn_free(be, p);
+  kn_backend_destroy(be);
+}
