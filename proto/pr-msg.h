@@ -1,0 +1,325 @@
+/* pr-msg.h — lmserve's wire messages and their msgpack codec.
+ *
+ * Every ZeroMQ message is multipart:
+ *   frame 0: 2 bytes = { message type (enum pr_type), protocol version (PR_VERSION) }
+ *   frame 1: a msgpack map with small unsigned integer keys (the PR_K_* tables in
+ *            pr-codec.h); nested records are maps too, arrays are msgpack arrays.
+ * No raw frames follow in version 1: a receiver rejects extra frames.
+ *
+ * Decoding is bounded: every declared array/map/string length is checked against
+ * the bytes left before anything is allocated, nesting is capped at PR_MAX_DEPTH,
+ * integers and floats are type- and range-checked, unknown map keys are skipped,
+ * duplicated known keys are rejected. Decoded arrays and strings live in a
+ * caller-provided struct cm_arena whose cap bounds what one message can make us
+ * allocate; nothing in the decoded struct points into the input buffer, so the
+ * input may be freed right after the call. Bad input returns a negative cm_err
+ * code (CM_ERR_PARSE, _TRUNC, _RANGE, _DEPTH, _TOOBIG, _UNKNOWN, _VERSION,
+ * _NOMEM when the arena cap is hit) and never aborts.
+ *
+ * Encoding checks the same invariants (pr_msg_validate) so that we never send
+ * what a peer would refuse, and writes into a reusable struct pr_buf.
+ *
+ * Conventions: token ids are u32; request/sequence ids u64; times are wall-clock
+ * nanoseconds since the Unix epoch (cm_time_wall_ns) unless a field says "ns
+ * duration"; a struct pr_*s slice with n == 0 may have v == NULL. */
+#ifndef LMSERVE_PR_MSG_H
+#define LMSERVE_PR_MSG_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm-arena.h"
+
+#define PR_VERSION 1             /* protocol version carried in frame 0 */
+#define PR_HDR_LEN 2             /* bytes of frame 0 */
+#define PR_MAX_DEPTH 16          /* msgpack nesting levels a decoder accepts */
+#define PR_MAX_STR 4096          /* bytes of a message string (ERR, FAIL, CTRL text) */
+#define PR_MAX_TOP_LOGPROBS 64   /* top-k logprob entries per token */
+#define PR_MAX_KV_GROUPS 16      /* KV-cache groups (block tables per sequence) */
+#define PR_MAX_DRAFT 64          /* draft tokens per sequence and step */
+#define PR_MAX_MSG_DEFAULT (64u << 20) /* bytes; default ZMQ_MAXMSGSIZE and encode cap */
+
+enum pr_type {
+  /* frontend -> scheduler */
+  PR_ADD = 1,
+  PR_ABORT = 2,
+  PR_PING = 3,
+  /* scheduler -> frontend */
+  PR_OUT = 16,
+  PR_ERR = 17,
+  PR_PONG = 18,
+  /* scheduler -> workers */
+  PR_STEP = 32,
+  PR_CTRL = 33,
+  /* worker -> scheduler */
+  PR_READY = 48,
+  PR_RESULT = 49,
+  PR_BEAT = 50,
+  PR_FAIL = 51,
+};
+
+/* ---- slices: decoded ones live in the decode arena --------------------- */
+struct pr_u32s { const uint32_t *v; uint32_t n; };
+struct pr_u64s { const uint64_t *v; uint32_t n; };
+struct pr_i32s { const int32_t *v; uint32_t n; };
+struct pr_f32s { const float *v; uint32_t n; };
+
+/* ---- shared records ------------------------------------------------------ */
+
+/* Sampling parameters of one request; pr_sampling_default() gives the values a
+ * decoder assumes for absent fields. Ranges are checked on both ends. */
+struct pr_sampling {
+  float temperature;        /* >= 0; 0 = greedy */
+  float top_p;              /* (0, 1]; 1 = off */
+  int32_t top_k;            /* >= -1; 0 or -1 = off */
+  float min_p;              /* [0, 1]; 0 = off */
+  float presence_penalty;   /* [-2, 2]; 0 = off */
+  float frequency_penalty;  /* [-2, 2]; 0 = off */
+  float repetition_penalty; /* (0, 100]; 1 = off */
+  uint64_t seed;            /* valid when has_seed */
+  bool has_seed;
+  int32_t logprobs;         /* top logprobs per token, -1 = none, 0 = only the sampled token's */
+  bool ignore_eos;
+};
+
+/* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)
+ * or sampled.n == n_tokens and top_ids.n == top.n == n_tokens * n_top. */
+struct pr_logprobs {
+  uint32_t n_top;          /* top entries per token, <= PR_MAX_TOP_LOGPROBS */
+  struct pr_f32s sampled;  /* (n_tokens) logprob of each sampled token; nats, <= 0 or -inf */
+  struct pr_u32s top_ids;  /* (n_tokens, n_top) token ids, best first */
+  struct pr_f32s top;      /* (n_tokens, n_top) their logprobs */
+};
+
+enum pr_finish {
+  PR_FINISH_NONE = 0,   /* still running */
+  PR_FINISH_STOP = 1,   /* EOS or a stop token id */
+  PR_FINISH_LENGTH = 2, /* max_tokens or the model length */
+  PR_FINISH_ABORT = 3,  /* aborted by the client */
+  PR_FINISH_ERROR = 4,  /* failed; an ERR message says why */
+};
+
+/* ---- frontend -> scheduler ----------------------------------------------- */
+struct pr_add {
+  uint64_t request_id;           /* unique per frontend connection (ROUTER peer) */
+  struct pr_u32s prompt;         /* (n_prompt) prompt token ids, n >= 1 */
+  struct pr_sampling sampling;
+  uint32_t max_tokens;           /* tokens to generate at most, >= 1 */
+  uint32_t min_tokens;           /* tokens before EOS/stop ids count, <= max_tokens */
+  struct pr_u32s stop_token_ids; /* extra stop ids besides the model's EOS ids */
+  int32_t priority;              /* lower runs sooner (vLLM's convention); 0 = default */
+  uint64_t arrival_ns;           /* wall clock when the frontend accepted the request */
+};
+
+struct pr_abort {
+  struct pr_u64s request_ids;
+};
+
+struct pr_ping {
+  uint64_t nonce;   /* echoed in PONG */
+  uint64_t send_ns; /* wall clock at send */
+};
+
+/* ---- scheduler -> frontend ----------------------------------------------- */
+struct pr_out_seq {
+  uint64_t request_id;
+  struct pr_u32s tokens;       /* (n_new) token ids generated since the last OUT */
+  struct pr_logprobs logprobs; /* over `tokens`; empty when the request asked none */
+  uint8_t finish;              /* enum pr_finish */
+  int64_t stop_token;          /* token id that gave PR_FINISH_STOP, -1 = none */
+  uint32_t n_prompt_tokens;    /* tokens */
+  uint32_t n_cached_tokens;    /* prompt tokens served from the prefix cache */
+  uint64_t queued_ns;          /* wall clock entering the queue, 0 = unknown */
+  uint64_t scheduled_ns;       /* wall clock of the first schedule, 0 = not yet */
+  uint64_t first_token_ns;     /* wall clock of the first generated token, 0 = not yet */
+};
+
+struct pr_out {
+  struct pr_out_seq *seqs; /* (n_seqs) */
+  uint32_t n_seqs;
+};
+
+struct pr_err {
+  uint64_t request_id; /* 0 when the error is not about one request */
+  int32_t code;        /* negative cm_err code */
+  const char *message; /* UTF-8, no NUL, <= PR_MAX_STR bytes; never NULL after decode */
+};
+
+struct pr_pong {
+  uint64_t nonce;                   /* from the PING */
+  uint64_t ping_send_ns;            /* from the PING, for round-trip time */
+  uint32_t num_running;             /* requests */
+  uint32_t num_waiting;             /* requests */
+  double kv_usage;                  /* fraction of KV blocks in use, [0, 1] */
+  uint32_t workers_ready;           /* ranks that reported READY */
+  uint32_t world_size;              /* ranks expected */
+  uint32_t max_model_len;           /* tokens; 0 until the workers are ready */
+  uint64_t prefix_cache_queries;    /* tokens looked up (cumulative) */
+  uint64_t prefix_cache_hits;       /* tokens found (cumulative) */
+  uint64_t num_preemptions;         /* cumulative */
+  uint64_t spec_num_drafts;         /* cumulative */
+  uint64_t spec_num_draft_tokens;   /* cumulative */
+  uint64_t spec_num_accepted_tokens;/* cumulative */
+  uint64_t prompt_tokens;           /* cumulative, computed prompt tokens */
+  uint64_t generation_tokens;       /* cumulative */
+};
+
+/* ---- scheduler -> workers ------------------------------------------------ */
+enum pr_seq_flags {
+  PR_SEQ_NEW = 1u << 0,      /* first step of this sequence (or first after preemption):
+                              * the worker (re)creates its state; sampling is valid */
+  PR_SEQ_SAMPLE = 1u << 1,   /* sample a token after this step's last position */
+  PR_SEQ_PREFILL = 1u << 2,  /* tokens are a prompt chunk */
+  PR_SEQ_FINISHED = 1u << 3, /* last step: free worker-side state after it */
+  PR_SEQ_FLAGS_ALL = 0xfu,
+};
+
+struct pr_step_seq {
+  uint64_t seq_id;              /* = request id */
+  uint32_t flags;               /* enum pr_seq_flags */
+  uint32_t start_pos;           /* position of tokens.v[0] */
+  struct pr_u32s tokens;        /* tokens to run at start_pos.., drafts excluded */
+  struct pr_u32s draft_tokens;  /* drafts to verify, run after `tokens` at positions
+                                 * start_pos + tokens.n ..; <= PR_MAX_DRAFT */
+  uint32_t num_draft;           /* drafts to propose after this step (K), <= PR_MAX_DRAFT */
+  struct pr_i32s *block_tables; /* (n_groups) full table of block ids per KV group;
+                                 * -1 = no block (freed by the sliding window) */
+  uint32_t n_groups;            /* <= PR_MAX_KV_GROUPS */
+  struct pr_sampling sampling;
+};
+
+struct pr_step {
+  uint64_t step_id;           /* increasing */
+  struct pr_step_seq *seqs;   /* (n_seqs) */
+  uint32_t n_seqs;
+  struct pr_u64s free_ids;    /* sequences whose worker-side state can be dropped */
+};
+
+enum pr_ctrl_op {
+  PR_CTRL_SHUTDOWN = 1,      /* exit cleanly */
+  PR_CTRL_PROFILE_START = 2, /* text = output path or NULL */
+  PR_CTRL_PROFILE_STOP = 3,
+  PR_CTRL_OP_MAX = 3,
+};
+
+struct pr_ctrl {
+  uint32_t op;      /* enum pr_ctrl_op */
+  int64_t arg;      /* op-specific, 0 by default */
+  const char *text; /* op-specific, NULL when absent */
+};
+
+/* ---- worker -> scheduler ------------------------------------------------- */
+struct pr_kv_group {
+  uint32_t block_tokens;    /* tokens per block */
+  uint32_t n_layers;        /* layers that own cache in this group */
+  uint64_t bytes_per_token; /* bytes of K+V per token over the group's layers, this rank */
+  uint32_t sliding_window;  /* tokens; 0 = full attention */
+};
+
+struct pr_ready {
+  uint32_t rank;
+  uint32_t world_size;          /* >= 1, rank < world_size */
+  uint64_t kv_blocks;           /* blocks in this rank's pool */
+  struct pr_kv_group *groups;   /* (n_groups) */
+  uint32_t n_groups;            /* 1..PR_MAX_KV_GROUPS */
+  uint32_t vocab_size;
+  uint32_t max_model_len;       /* tokens */
+  struct pr_u32s eos_ids;
+  uint32_t max_draft;           /* drafts the assistant model proposes, 0 = none */
+};
+
+struct pr_result_seq {
+  uint64_t seq_id;
+  struct pr_u32s tokens;       /* sampled tokens: accepted drafts then one more */
+  uint32_t num_accepted;       /* drafts accepted, <= tokens.n */
+  struct pr_logprobs logprobs; /* over `tokens` */
+  struct pr_u32s drafts;       /* drafts proposed for the next step, <= PR_MAX_DRAFT */
+};
+
+struct pr_result {
+  uint32_t rank;
+  uint64_t step_id;
+  struct pr_result_seq *seqs; /* (n_seqs) */
+  uint32_t n_seqs;
+};
+
+struct pr_beat {
+  uint32_t rank;
+  uint64_t last_step_id;
+  uint64_t time_ns; /* wall clock */
+};
+
+struct pr_fail {
+  uint32_t rank;
+  uint64_t step_id;     /* 0 when not during a step */
+  int32_t code;         /* negative cm_err code */
+  const char *message;  /* as in struct pr_err */
+};
+
+/* One decoded or to-be-encoded message. */
+struct pr_msg {
+  enum pr_type type;
+  union {
+    struct pr_add add;
+    struct pr_abort abort;
+    struct pr_ping ping;
+    struct pr_out out;
+    struct pr_err err;
+    struct pr_pong pong;
+    struct pr_step step;
+    struct pr_ctrl ctrl;
+    struct pr_ready ready;
+    struct pr_result result;
+    struct pr_beat beat;
+    struct pr_fail fail;
+  } u;
+};
+
+/* A growable byte buffer for encoding; reuse it across messages (no allocation
+ * once it has grown). `max` (bytes) caps its growth: past it writes fail. */
+struct pr_buf {
+  uint8_t *data;
+  size_t len; /* bytes written */
+  size_t cap; /* bytes allocated */
+  size_t max; /* bytes; growth limit */
+  int err;    /* sticky: first error of the writes since the last reset */
+};
+
+void pr_buf_init(struct pr_buf *b, size_t max);
+void pr_buf_reset(struct pr_buf *b); /* len = 0, err = 0; memory kept */
+void pr_buf_free(struct pr_buf *b);
+
+/* ---- codec ---------------------------------------------------------------- */
+
+const char *pr_type_name(enum pr_type t); /* "ADD", ..., or "?" */
+bool pr_type_known(unsigned t);
+
+void pr_sampling_default(struct pr_sampling *s);
+/* Zeroes *m, sets its type and the defaults a decoder assumes. */
+void pr_msg_init(struct pr_msg *m, enum pr_type type);
+
+/* Checks the invariants the decoder enforces (ranges, lengths that must agree).
+ * Returns 0, CM_ERR_UNKNOWN for an unknown type, or CM_ERR_RANGE/_INVAL. */
+int pr_msg_validate(const struct pr_msg *m);
+
+/* Writes frame 0 for type `t`. */
+void pr_msg_header(enum pr_type t, uint8_t hdr[PR_HDR_LEN]);
+/* Encodes frame 1 into `body` (reset first). Returns 0, a pr_msg_validate
+ * error, or CM_ERR_TOOBIG/_NOMEM when the buffer cannot hold it. */
+int pr_msg_encode(const struct pr_msg *m, struct pr_buf *body);
+
+/* Checks frame 0: CM_ERR_PARSE (not 2 bytes), CM_ERR_UNKNOWN, CM_ERR_VERSION. */
+int pr_msg_decode_header(const void *hdr, size_t len, enum pr_type *type);
+/* Decodes frame 1 of a message of type `type` into *out; arrays and strings go
+ * into `arena`. On failure *out is unspecified and the arena may hold partial
+ * allocations: reset it. */
+int pr_msg_decode_body(enum pr_type type, const void *body, size_t len, struct cm_arena *arena,
+                       struct pr_msg *out);
+/* Both frames at once. */
+int pr_msg_decode(const void *hdr, size_t hdr_len, const void *body, size_t body_len,
+                  struct cm_arena *arena, struct pr_msg *out);
+
+/* Field-by-field equality (floats bitwise), for tests and the fuzz target. */
+bool pr_msg_equal(const struct pr_msg *a, const struct pr_msg *b);
+
+#endif

@@ -1,0 +1,416 @@
+/* test-proto-bounds.c — hostile inputs against every message decoder: huge
+ * declared lengths (`dd ff ff ff ff` and friends), deep nesting, arena caps,
+ * wrong types, out-of-range numbers, duplicate and unknown keys, bad strings.
+ * This executable is linked with -Wl,--wrap=malloc,calloc,realloc so the
+ * tests can count the bytes our code asks the C library for. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-arena.h"
+#include "common/cm-err.h"
+#include "proto/pr-codec.h"
+#include "proto/pr-mp.h"
+#include "proto/pr-msg.h"
+#include "tests/harness/th.h"
+
+/* ---- malloc accounting (link-time wrapping) ---- */
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t n);
+static size_t g_alloc_bytes; /* bytes requested since the last reset */
+
+void *__wrap_malloc(size_t n) {
+  g_alloc_bytes += n;
+  return __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t size) {
+  g_alloc_bytes += n * size;
+  return __real_calloc(n, size);
+}
+void *__wrap_realloc(void *p, size_t n) {
+  g_alloc_bytes += n;
+  return __real_realloc(p, n);
+}
+
+static const enum pr_type all_types[] = {PR_ADD,  PR_ABORT, PR_PING,  PR_OUT,    PR_ERR,  PR_PONG,
+                                         PR_STEP, PR_CTRL,  PR_READY, PR_RESULT, PR_BEAT, PR_FAIL};
+
+#define SMALL (64u << 10) /* bytes: what a hostile input may make us allocate */
+
+/* Decodes `body` (copied to an exact-size heap block) as `type` with a fresh
+ * arena of cap `cap`; returns the result and the bytes malloc'd / the arena
+ * peak during the call. */
+static int decode(enum pr_type type, const void *body, size_t len, size_t cap, size_t *mallocd,
+                  size_t *peak) {
+  uint8_t *copy = malloc(len ? len : 1);
+  memcpy(copy, body, len);
+  struct cm_arena a;
+  struct pr_msg m;
+  cm_arena_init(&a, 1024, cap);
+  g_alloc_bytes = 0;
+  int rc = pr_msg_decode_body(type, copy, len, &a, &m);
+  if (mallocd) *mallocd = g_alloc_bytes;
+  if (peak) *peak = a.peak;
+  cm_arena_free(&a);
+  free(copy);
+  return rc;
+}
+
+static int decode_buf(enum pr_type type, const struct pr_buf *b) {
+  if (b->err) return 1; /* a test bug: make it visible as "decoded" */
+  return decode(type, b->data, b->len, 1u << 20, NULL, NULL);
+}
+
+/* The famous five bytes, and the other huge declared lengths, as the whole
+ * body and as a value of a key, against every message type. */
+TH_TEST(huge_declared_lengths_fail_small) {
+  static const uint8_t bodies[][8] = {
+      {0xdd, 0xff, 0xff, 0xff, 0xff}, /* array32 of 2^32-1 */
+      {0xdf, 0xff, 0xff, 0xff, 0xff}, /* map32 */
+      {0xdb, 0xff, 0xff, 0xff, 0xff}, /* str32 */
+      {0xc6, 0xff, 0xff, 0xff, 0xff}, /* bin32 */
+      {0xc9, 0xff, 0xff, 0xff, 0xff, 0x01}, /* ext32 */
+      {0xdc, 0xff, 0xff},             /* array16 */
+      {0xde, 0xff, 0xff},             /* map16 */
+  };
+  static const size_t lens[] = {5, 5, 5, 5, 6, 3, 3};
+  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+      for (uint8_t key = 0; key < 8; key++) {
+        uint8_t body[16];
+        size_t n = 0;
+        if (key < 7) body[n++] = 0x81, body[n++] = key; /* {key: value} */
+        memcpy(body + n, bodies[i], lens[i]);
+        n += lens[i];
+        size_t mallocd, peak;
+        int rc = decode(all_types[t], body, n, 1u << 30, &mallocd, &peak);
+        if (rc >= 0)
+          th_fail(__FILE__, __LINE__, "type %d body %zu key %d: decoded", all_types[t], i, key);
+        TH_CHECK(mallocd < SMALL);
+        TH_CHECK(peak < SMALL);
+      }
+    }
+  }
+  /* exactly the five bytes, with an unlimited arena */
+  size_t mallocd = 1, peak = 1;
+  const uint8_t five[5] = {0xdd, 0xff, 0xff, 0xff, 0xff};
+  TH_CHECK_EQ_INT(decode(PR_ADD, five, 5, 0, &mallocd, &peak), CM_ERR_PARSE); /* not a map */
+  TH_CHECK_EQ_INT(mallocd, 0);
+  TH_CHECK_EQ_INT(peak, 0);
+  /* and where an array is expected: ADD's prompt */
+  const uint8_t keyed[7] = {0x81, PR_K_ADD_PROMPT, 0xdd, 0xff, 0xff, 0xff, 0xff};
+  TH_CHECK_EQ_INT(decode(PR_ADD, keyed, 7, 0, &mallocd, &peak), CM_ERR_TOOBIG);
+  TH_CHECK_EQ_INT(mallocd, 0);
+  TH_CHECK_EQ_INT(peak, 0);
+}
+
+/* 40 nested arrays: as the body (not a map), and under an unknown key where
+ * the skipper must stop at PR_MAX_DEPTH. */
+TH_TEST(deep_nesting_fails) {
+  uint8_t body[64];
+  size_t n = 0;
+  for (int i = 0; i < 40; i++) body[n++] = 0x91;
+  body[n++] = 0x00;
+  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
+    size_t mallocd, peak;
+    TH_CHECK_EQ_INT(decode(all_types[t], body, n, 0, &mallocd, &peak), CM_ERR_PARSE);
+    TH_CHECK(mallocd < SMALL && peak < SMALL);
+  }
+  uint8_t keyed[80];
+  size_t k = 0;
+  keyed[k++] = 0x81;
+  keyed[k++] = 0x3f; /* key 63: known to no record */
+  memcpy(keyed + k, body, n);
+  k += n;
+  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
+    size_t mallocd, peak;
+    TH_CHECK_EQ_INT(decode(all_types[t], keyed, k, 0, &mallocd, &peak), CM_ERR_DEPTH);
+    TH_CHECK(mallocd < SMALL && peak < SMALL);
+  }
+  /* the same through maps: {63: {0: {0: ... }}} */
+  uint8_t maps[96];
+  size_t mn = 0;
+  maps[mn++] = 0x81;
+  maps[mn++] = 0x3f;
+  for (int i = 0; i < 40; i++) maps[mn++] = 0x81, maps[mn++] = 0x00;
+  maps[mn++] = 0xc0;
+  TH_CHECK_EQ_INT(decode(PR_STEP, maps, mn, 0, NULL, NULL), CM_ERR_DEPTH);
+  /* nesting just inside the limit is skipped, one more level is not */
+  uint8_t shallow[32];
+  size_t s = 0;
+  shallow[s++] = 0x81;
+  shallow[s++] = 0x3f;
+  /* the top-level map plus PR_MAX_DEPTH - 1 arrays: PR_MAX_DEPTH levels */
+  for (int i = 0; i < PR_MAX_DEPTH - 1; i++) shallow[s++] = 0x91;
+  shallow[s++] = 0xc0;
+  TH_CHECK_EQ_INT(decode(PR_PING, shallow, s, 0, NULL, NULL), 0);
+  shallow[2 + PR_MAX_DEPTH - 1] = 0x91;
+  shallow[2 + PR_MAX_DEPTH] = 0xc0;
+  TH_CHECK_EQ_INT(decode(PR_PING, shallow, s + 1, 0, NULL, NULL), CM_ERR_DEPTH);
+}
+
+/* A well-formed array whose elements need more memory than the arena's cap. */
+TH_TEST(arena_cap_bounds_allocation) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  pr_wr_map(&b, 3);
+  pr_wr_uint(&b, PR_K_ADD_ID), pr_wr_uint(&b, 1);
+  pr_wr_uint(&b, PR_K_ADD_MAX_TOKENS), pr_wr_uint(&b, 1);
+  pr_wr_uint(&b, PR_K_ADD_PROMPT), pr_wr_array(&b, 100000);
+  for (int i = 0; i < 100000; i++) pr_wr_uint(&b, 7);
+  TH_REQUIRE(b.err == 0);
+  size_t mallocd, peak;
+  TH_CHECK_EQ_INT(decode(PR_ADD, b.data, b.len, SMALL, &mallocd, &peak), CM_ERR_NOMEM);
+  TH_CHECK(mallocd <= SMALL + 1024 && peak <= SMALL);
+  TH_CHECK_EQ_INT(decode(PR_ADD, b.data, b.len, 1u << 20, &mallocd, &peak), 0);
+  TH_CHECK(peak >= 400000);
+  pr_buf_free(&b);
+}
+
+/* {key: <value written by fn>} as a body. */
+#define ONE(b, key, ...) \
+  do { \
+    pr_buf_reset(b); \
+    pr_wr_map((b), 1); \
+    pr_wr_uint((b), (key)); \
+    __VA_ARGS__; \
+  } while (0)
+
+TH_TEST(wrong_types_and_ranges) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  ONE(&b, PR_K_PING_NONCE, pr_wr_str(&b, "x", 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
+  ONE(&b, PR_K_PING_NONCE, pr_wr_int(&b, -1));
+  TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_RANGE);
+  ONE(&b, PR_K_PING_NONCE, pr_wr_f64(&b, 1.0));
+  TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
+  ONE(&b, PR_K_PING_NONCE, pr_wr_nil(&b));
+  TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
+  ONE(&b, PR_K_BEAT_RANK, pr_wr_uint(&b, 1ull << 32));
+  TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), CM_ERR_RANGE);
+  ONE(&b, PR_K_BEAT_RANK, pr_wr_uint(&b, UINT32_MAX));
+  TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), 0);
+  ONE(&b, PR_K_FAIL_CODE, pr_wr_int(&b, (int64_t)INT32_MIN - 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), CM_ERR_RANGE);
+  ONE(&b, PR_K_CTRL_OP, pr_wr_uint(&b, 9));
+  TH_CHECK_EQ_INT(decode_buf(PR_CTRL, &b), CM_ERR_UNKNOWN);
+  ONE(&b, PR_K_PONG_KV_USAGE, pr_wr_f64(&b, 1.5));
+  TH_CHECK_EQ_INT(decode_buf(PR_PONG, &b), CM_ERR_RANGE);
+  ONE(&b, PR_K_PONG_KV_USAGE, pr_wr_f64(&b, NAN));
+  TH_CHECK_EQ_INT(decode_buf(PR_PONG, &b), CM_ERR_RANGE);
+  ONE(&b, PR_K_PONG_KV_USAGE, pr_wr_uint(&b, 1)); /* an integer where a float goes */
+  TH_CHECK_EQ_INT(decode_buf(PR_PONG, &b), 0);
+  /* a top-level array instead of a map */
+  pr_buf_reset(&b);
+  pr_wr_array(&b, 1), pr_wr_uint(&b, 1);
+  TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
+  /* missing required keys */
+  pr_buf_reset(&b);
+  pr_wr_map(&b, 0);
+  TH_CHECK_EQ_INT(decode_buf(PR_ADD, &b), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(decode_buf(PR_ABORT, &b), 0);
+  pr_buf_free(&b);
+}
+
+/* An ADD with a sampling map holding one field. */
+static int add_with_sampling(struct pr_buf *b, uint32_t key, double v) {
+  pr_buf_reset(b);
+  pr_wr_map(b, 4);
+  pr_wr_uint(b, PR_K_ADD_ID), pr_wr_uint(b, 1);
+  pr_wr_uint(b, PR_K_ADD_MAX_TOKENS), pr_wr_uint(b, 1);
+  pr_wr_uint(b, PR_K_ADD_PROMPT), pr_wr_array(b, 1), pr_wr_uint(b, 2);
+  pr_wr_uint(b, PR_K_ADD_SAMPLING), pr_wr_map(b, 1), pr_wr_uint(b, key), pr_wr_f64(b, v);
+  return decode_buf(PR_ADD, b);
+}
+
+TH_TEST(sampling_ranges) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TEMPERATURE, 0.0), 0);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TEMPERATURE, -0.5), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TEMPERATURE, NAN), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TEMPERATURE, INFINITY), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TEMPERATURE, 1e39), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TOP_P, 0.0), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TOP_P, 1.01), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_MIN_P, -0.1), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_PRESENCE, 2.5), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_REPETITION, 0.0), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(add_with_sampling(&b, PR_K_SAMP_TOP_K, 5.0), CM_ERR_PARSE); /* float */
+  pr_buf_free(&b);
+}
+
+TH_TEST(keys_duplicate_unknown) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  pr_wr_map(&b, 2);
+  pr_wr_uint(&b, PR_K_PING_NONCE), pr_wr_uint(&b, 1);
+  pr_wr_uint(&b, PR_K_PING_NONCE), pr_wr_uint(&b, 2);
+  TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
+  /* unknown keys of every kind are skipped, values nested or not */
+  pr_buf_reset(&b);
+  pr_wr_map(&b, 6);
+  pr_wr_uint(&b, 50), pr_wr_map(&b, 1), pr_wr_str(&b, "k", 1), pr_wr_array(&b, 2),
+      pr_wr_nil(&b), pr_wr_f32(&b, 1.0f);
+  pr_wr_str(&b, "nonce", 5), pr_wr_uint(&b, 9);
+  pr_wr_int(&b, -3), pr_wr_bool(&b, 1);
+  pr_wr_uint(&b, 1ull << 40), pr_wr_str(&b, "v", 1);
+  pr_wr_uint(&b, PR_K_PING_NONCE), pr_wr_uint(&b, 77);
+  pr_wr_array(&b, 1), pr_wr_uint(&b, 0), pr_wr_uint(&b, 0); /* an array as key */
+  TH_REQUIRE(b.err == 0);
+  struct cm_arena a;
+  struct pr_msg m;
+  cm_arena_init(&a, 0, 1 << 16);
+  TH_CHECK_EQ_INT(pr_msg_decode_body(PR_PING, b.data, b.len, &a, &m), 0);
+  TH_CHECK(m.u.ping.nonce == 77);
+  cm_arena_free(&a);
+  pr_buf_free(&b);
+}
+
+TH_TEST(strings_checked) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  static const struct { const char *s; size_t n; int rc; } cases[] = {
+      {"plain", 5, 0},
+      {"caf\xc3\xa9 \xf0\x9f\x98\x80", 10, 0},
+      {"nul\0inside", 10, CM_ERR_PARSE},
+      {"\xc0\x80", 2, CM_ERR_PARSE},          /* overlong NUL */
+      {"\xed\xa0\x80", 3, CM_ERR_PARSE},      /* surrogate */
+      {"\xf4\x90\x80\x80", 4, CM_ERR_PARSE},  /* past U+10FFFF */
+      {"\xe2\x82", 2, CM_ERR_PARSE},          /* cut sequence */
+      {"\x80", 1, CM_ERR_PARSE},              /* lone continuation */
+      {"\xff", 1, CM_ERR_PARSE},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    pr_buf_reset(&b);
+    pr_wr_map(&b, 2);
+    pr_wr_uint(&b, PR_K_ERR_CODE), pr_wr_int(&b, -2);
+    pr_wr_uint(&b, PR_K_ERR_MESSAGE), pr_wr_str(&b, cases[i].s, cases[i].n);
+    int rc = decode_buf(PR_ERR, &b);
+    if (rc != cases[i].rc) th_fail(__FILE__, __LINE__, "string case %zu: rc %d", i, rc);
+  }
+  /* length limit */
+  char *big = malloc(PR_MAX_STR + 1);
+  memset(big, 'a', PR_MAX_STR + 1);
+  pr_buf_reset(&b);
+  pr_wr_map(&b, 2);
+  pr_wr_uint(&b, PR_K_FAIL_RANK), pr_wr_uint(&b, 0);
+  pr_wr_uint(&b, PR_K_FAIL_CODE), pr_wr_int(&b, -1);
+  size_t head = b.len;
+  TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), 0);
+  b.data[0] = 0x83;
+  pr_wr_uint(&b, PR_K_FAIL_MESSAGE), pr_wr_str(&b, big, PR_MAX_STR);
+  TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), 0);
+  b.len = head;
+  pr_wr_uint(&b, PR_K_FAIL_MESSAGE), pr_wr_str(&b, big, PR_MAX_STR + 1);
+  TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), CM_ERR_TOOBIG);
+  free(big);
+  pr_buf_free(&b);
+}
+
+/* Limits inside STEP / RESULT / OUT records. */
+TH_TEST(record_limits) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  /* STEP with one sequence whose `field` is written by the code after it */
+#define STEP_SEQ(field_key, ...) \
+  do { \
+    pr_buf_reset(&b); \
+    pr_wr_map(&b, 2); \
+    pr_wr_uint(&b, PR_K_STEP_ID), pr_wr_uint(&b, 1); \
+    pr_wr_uint(&b, PR_K_STEP_SEQS), pr_wr_array(&b, 1); \
+    pr_wr_map(&b, 2); \
+    pr_wr_uint(&b, PR_K_SSEQ_ID), pr_wr_uint(&b, 5); \
+    pr_wr_uint(&b, (field_key)); \
+    __VA_ARGS__; \
+  } while (0)
+  STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, PR_MAX_KV_GROUPS + 1);
+           for (int g = 0; g <= PR_MAX_KV_GROUPS; g++) pr_wr_array(&b, 0));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_TOOBIG);
+  STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, PR_MAX_KV_GROUPS);
+           for (int g = 0; g < PR_MAX_KV_GROUPS; g++) pr_wr_array(&b, 0));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), 0);
+  STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, 1); pr_wr_array(&b, 2); pr_wr_int(&b, -1);
+           pr_wr_int(&b, -2));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
+  STEP_SEQ(PR_K_SSEQ_DRAFTS, pr_wr_array(&b, PR_MAX_DRAFT + 1);
+           for (int i = 0; i <= PR_MAX_DRAFT; i++) pr_wr_uint(&b, 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_TOOBIG);
+  STEP_SEQ(PR_K_SSEQ_NUM_DRAFT, pr_wr_uint(&b, PR_MAX_DRAFT + 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
+  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, 0x10));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
+  STEP_SEQ(PR_K_SSEQ_SAMPLING, pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_SAMP_TOP_P);
+           pr_wr_f32(&b, 2.0f));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
+  /* a sequence record without its id */
+  pr_buf_reset(&b);
+  pr_wr_map(&b, 2);
+  pr_wr_uint(&b, PR_K_STEP_ID), pr_wr_uint(&b, 1);
+  pr_wr_uint(&b, PR_K_STEP_SEQS), pr_wr_array(&b, 1), pr_wr_map(&b, 0);
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
+
+  /* RESULT: more accepted drafts than tokens; logprobs that disagree */
+#define RESULT_SEQ(...) \
+  do { \
+    pr_buf_reset(&b); \
+    pr_wr_map(&b, 2); \
+    pr_wr_uint(&b, PR_K_RES_STEP), pr_wr_uint(&b, 1); \
+    pr_wr_uint(&b, PR_K_RES_SEQS), pr_wr_array(&b, 1); \
+    __VA_ARGS__; \
+  } while (0)
+  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_ACCEPTED); pr_wr_uint(&b, 2));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1);
+             pr_wr_uint(&b, PR_K_LP_SAMPLED); pr_wr_array(&b, 2); pr_wr_f32(&b, -1);
+             pr_wr_f32(&b, -1));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);
+  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1);
+             pr_wr_uint(&b, PR_K_LP_SAMPLED); pr_wr_array(&b, 1); pr_wr_f32(&b, INFINITY));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
+             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1);
+             pr_wr_uint(&b, PR_K_LP_N_TOP); pr_wr_uint(&b, PR_MAX_TOP_LOGPROBS + 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+
+  /* OUT: finish reason and stop token out of range */
+  pr_buf_reset(&b);
+  pr_wr_map(&b, 1);
+  pr_wr_uint(&b, PR_K_OUT_SEQS), pr_wr_array(&b, 1), pr_wr_map(&b, 2);
+  pr_wr_uint(&b, PR_K_OSEQ_ID), pr_wr_uint(&b, 1);
+  size_t at = b.len;
+  pr_wr_uint(&b, PR_K_OSEQ_FINISH), pr_wr_uint(&b, PR_FINISH_ERROR + 1);
+  TH_CHECK_EQ_INT(decode_buf(PR_OUT, &b), CM_ERR_RANGE);
+  b.len = at;
+  pr_wr_uint(&b, PR_K_OSEQ_STOP_TOKEN), pr_wr_int(&b, -2);
+  TH_CHECK_EQ_INT(decode_buf(PR_OUT, &b), CM_ERR_RANGE);
+  b.len = at;
+  pr_wr_uint(&b, PR_K_OSEQ_STOP_TOKEN), pr_wr_int(&b, 106);
+  TH_CHECK_EQ_INT(decode_buf(PR_OUT, &b), 0);
+
+  /* READY: rank outside the world, too many groups */
+  pr_buf_reset(&b);
+  pr_wr_map(&b, 3);
+  pr_wr_uint(&b, PR_K_READY_RANK), pr_wr_uint(&b, 2);
+  pr_wr_uint(&b, PR_K_READY_WORLD), pr_wr_uint(&b, 2);
+  pr_wr_uint(&b, PR_K_READY_GROUPS), pr_wr_array(&b, 1), pr_wr_map(&b, 1);
+  pr_wr_uint(&b, PR_K_GRP_BLOCK_TOKENS), pr_wr_uint(&b, 16);
+  TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_RANGE);
+  b.data[2] = 1; /* rank 1 */
+  TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), 0);
+  pr_buf_free(&b);
+}

@@ -1,0 +1,418 @@
+/* test-proto-codec.c — the message codec: round trips of every message type
+ * (typical, minimal, maximal), canonical re-encoding, msgpack-c's own reader
+ * agreeing with our writer, truncation at every offset, trailing bytes, and
+ * the header frame. Hostile inputs are in test-proto-bounds.c. */
+#include <math.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-arena.h"
+#include "common/cm-err.h"
+#include "proto/pr-msg.h"
+#include "tests/harness/th.h"
+#include "tests/unit/proto/pr-samples.h"
+
+#define ARENA_CAP (4u << 20) /* bytes */
+
+/* Encodes sample i into a fresh exact-size heap copy (so that ASan sees any
+ * read past its end); *len gets its size. */
+static uint8_t *encode_sample(int i, struct pr_msg *m, size_t *len, const char **name) {
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  prs_build(i, m, name);
+  int rc = pr_msg_encode(m, &b);
+  if (rc) {
+    th_fail(__FILE__, __LINE__, "%s: encode failed: %s", *name, cm_strerror(rc));
+    pr_buf_free(&b);
+    return NULL;
+  }
+  uint8_t *copy = malloc(b.len);
+  memcpy(copy, b.data, b.len);
+  *len = b.len;
+  pr_buf_free(&b);
+  return copy;
+}
+
+TH_TEST(roundtrip_every_message) {
+  TH_REQUIRE(prs_count() == 36);
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m, d, d2;
+    const char *name;
+    size_t len;
+    uint8_t *enc = encode_sample(i, &m, &len, &name);
+    TH_REQUIRE(enc != NULL);
+    struct cm_arena a;
+    cm_arena_init(&a, 4096, ARENA_CAP);
+    int rc = pr_msg_decode_body(m.type, enc, len, &a, &d);
+    if (rc) th_fail(__FILE__, __LINE__, "%s: decode: %s", name, cm_strerror(rc));
+    else if (!pr_msg_equal(&m, &d)) th_fail(__FILE__, __LINE__, "%s: round trip differs", name);
+    /* the decoded message re-encodes to the same bytes */
+    struct pr_buf b;
+    pr_buf_init(&b, 0);
+    if (!rc) {
+      TH_CHECK_EQ_INT(pr_msg_encode(&d, &b), 0);
+      TH_CHECK(b.len == len && memcmp(b.data, enc, len) == 0);
+      TH_CHECK_EQ_INT(pr_msg_decode_body(d.type, b.data, b.len, &a, &d2), 0);
+      TH_CHECK(pr_msg_equal(&d, &d2));
+    }
+    pr_buf_free(&b);
+    cm_arena_free(&a);
+    free(enc);
+  }
+}
+
+TH_TEST(roundtrip_with_header_frame) {
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m, d;
+    const char *name;
+    size_t len;
+    uint8_t hdr[PR_HDR_LEN];
+    uint8_t *enc = encode_sample(i, &m, &len, &name);
+    TH_REQUIRE(enc != NULL);
+    pr_msg_header(m.type, hdr);
+    TH_CHECK_EQ_INT(hdr[0], m.type);
+    TH_CHECK_EQ_INT(hdr[1], PR_VERSION);
+    struct cm_arena a;
+    cm_arena_init(&a, 4096, ARENA_CAP);
+    TH_CHECK_EQ_INT(pr_msg_decode(hdr, sizeof(hdr), enc, len, &a, &d), 0);
+    TH_CHECK(d.type == m.type);
+    cm_arena_free(&a);
+    free(enc);
+  }
+}
+
+/* Our writer's output is valid msgpack for msgpack-c's reader (used here on
+ * trusted bytes only): one top-level map that consumes the whole buffer. */
+TH_TEST(msgpack_c_reads_our_encoding) {
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m;
+    const char *name;
+    size_t len, off = 0;
+    uint8_t *enc = encode_sample(i, &m, &len, &name);
+    TH_REQUIRE(enc != NULL);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    msgpack_unpack_return ret = msgpack_unpack_next(&up, (const char *)enc, len, &off);
+    if (ret != MSGPACK_UNPACK_SUCCESS || off != len)
+      th_fail(__FILE__, __LINE__, "%s: msgpack-c: ret %d, off %zu of %zu", name, (int)ret, off,
+              len);
+    else TH_CHECK(up.data.type == MSGPACK_OBJECT_MAP);
+    msgpack_unpacked_destroy(&up);
+    free(enc);
+  }
+}
+
+/* Spot checks of field encodings through msgpack-c: ADD's request id (key 0)
+ * and PONG's kv usage (float64 under key 4). */
+TH_TEST(msgpack_c_sees_our_fields) {
+  struct pr_msg m;
+  const char *name;
+  size_t len, off = 0;
+  uint8_t *enc = encode_sample(2, &m, &len, &name); /* add-max */
+  TH_REQUIRE(enc != NULL);
+  TH_CHECK_EQ_STR(name, "add-max");
+  msgpack_unpacked up;
+  msgpack_unpacked_init(&up);
+  TH_REQUIRE(msgpack_unpack_next(&up, (const char *)enc, len, &off) == MSGPACK_UNPACK_SUCCESS);
+  msgpack_object_map *map = &up.data.via.map;
+  TH_CHECK_EQ_INT(map->size, 8);
+  TH_CHECK(map->ptr[0].key.type == MSGPACK_OBJECT_POSITIVE_INTEGER);
+  TH_CHECK(map->ptr[0].key.via.u64 == 0);
+  TH_CHECK(map->ptr[0].val.via.u64 == UINT64_MAX);
+  TH_CHECK(map->ptr[1].val.type == MSGPACK_OBJECT_ARRAY);
+  TH_CHECK_EQ_INT(map->ptr[1].val.via.array.size, 300);
+  msgpack_unpacked_destroy(&up);
+  free(enc);
+
+  enc = encode_sample(15, &m, &len, &name); /* pong-typical */
+  TH_REQUIRE(enc != NULL);
+  TH_CHECK_EQ_STR(name, "pong-typical");
+  off = 0;
+  msgpack_unpacked_init(&up);
+  TH_REQUIRE(msgpack_unpack_next(&up, (const char *)enc, len, &off) == MSGPACK_UNPACK_SUCCESS);
+  map = &up.data.via.map;
+  TH_CHECK(map->ptr[4].key.via.u64 == 4);
+  TH_CHECK(map->ptr[4].val.type == MSGPACK_OBJECT_FLOAT64);
+  TH_CHECK_NEAR(map->ptr[4].val.via.f64, 0.4375, 0);
+  msgpack_unpacked_destroy(&up);
+  free(enc);
+}
+
+/* Every prefix of a valid message fails cleanly; decoding the whole message
+ * afterwards still works. Large messages (over 8 KiB) are cut at every offset
+ * of their first and last 2 KiB and every 7th in between. */
+TH_TEST(truncation_at_every_offset_fails) {
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m, d;
+    const char *name;
+    size_t len;
+    uint8_t *enc = encode_sample(i, &m, &len, &name);
+    TH_REQUIRE(enc != NULL);
+    struct cm_arena a;
+    cm_arena_init(&a, 4096, ARENA_CAP);
+    int bad = 0;
+    for (size_t cut = 0; cut < len; cut++) {
+      if (len > 8192 && cut > 2048 && cut < len - 2048 && cut % 7) continue;
+      uint8_t *pre = malloc(cut ? cut : 1);
+      memcpy(pre, enc, cut);
+      int rc = pr_msg_decode_body(m.type, pre, cut, &a, &d);
+      free(pre);
+      cm_arena_reset(&a);
+      if (rc >= 0 && !bad++)
+        th_fail(__FILE__, __LINE__, "%s: prefix of %zu/%zu bytes decoded", name, cut, len);
+    }
+    TH_CHECK_EQ_INT(pr_msg_decode_body(m.type, enc, len, &a, &d), 0);
+    cm_arena_free(&a);
+    free(enc);
+  }
+}
+
+TH_TEST(trailing_bytes_fail) {
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m, d;
+    const char *name;
+    size_t len;
+    uint8_t *enc = encode_sample(i, &m, &len, &name);
+    TH_REQUIRE(enc != NULL);
+    uint8_t *more = malloc(len + 1);
+    memcpy(more, enc, len);
+    more[len] = 0x00;
+    struct cm_arena a;
+    cm_arena_init(&a, 4096, ARENA_CAP);
+    TH_CHECK_EQ_INT(pr_msg_decode_body(m.type, more, len + 1, &a, &d), CM_ERR_PARSE);
+    cm_arena_free(&a);
+    free(more);
+    free(enc);
+  }
+}
+
+TH_TEST(header_frame_checks) {
+  enum pr_type t;
+  uint8_t ok[2] = {PR_STEP, PR_VERSION};
+  TH_CHECK_EQ_INT(pr_msg_decode_header(ok, 2, &t), 0);
+  TH_CHECK(t == PR_STEP);
+  uint8_t unknown[2] = {99, PR_VERSION};
+  TH_CHECK_EQ_INT(pr_msg_decode_header(unknown, 2, &t), CM_ERR_UNKNOWN);
+  uint8_t zero[2] = {0, PR_VERSION};
+  TH_CHECK_EQ_INT(pr_msg_decode_header(zero, 2, &t), CM_ERR_UNKNOWN);
+  uint8_t version[2] = {PR_ADD, PR_VERSION + 1};
+  TH_CHECK_EQ_INT(pr_msg_decode_header(version, 2, &t), CM_ERR_VERSION);
+  uint8_t v0[2] = {PR_ADD, 0};
+  TH_CHECK_EQ_INT(pr_msg_decode_header(v0, 2, &t), CM_ERR_VERSION);
+  uint8_t three[3] = {PR_ADD, PR_VERSION, 0};
+  TH_CHECK_EQ_INT(pr_msg_decode_header(three, 3, &t), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(pr_msg_decode_header(three, 1, &t), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(pr_msg_decode_header(three, 0, &t), CM_ERR_PARSE);
+  /* every byte value: known types accepted, all others refused */
+  int known = 0;
+  for (int b = 0; b < 256; b++) {
+    uint8_t h[2] = {(uint8_t)b, PR_VERSION};
+    int rc = pr_msg_decode_header(h, 2, &t);
+    TH_CHECK(rc == 0 || rc == CM_ERR_UNKNOWN);
+    known += rc == 0;
+    TH_CHECK(pr_type_known((unsigned)b) == (rc == 0));
+  }
+  TH_CHECK_EQ_INT(known, 12);
+  /* decode_body refuses an unknown type too */
+  struct cm_arena a;
+  struct pr_msg d;
+  cm_arena_init(&a, 0, 1024);
+  uint8_t empty_map = 0x80;
+  TH_CHECK_EQ_INT(pr_msg_decode_body((enum pr_type)77, &empty_map, 1, &a, &d), CM_ERR_UNKNOWN);
+  TH_CHECK_EQ_INT(pr_msg_decode_body(PR_PING, &empty_map, 1, &a, &d), 0);
+  cm_arena_free(&a);
+  TH_CHECK_EQ_STR(pr_type_name(PR_RESULT), "RESULT");
+  TH_CHECK_EQ_STR(pr_type_name((enum pr_type)200), "?");
+}
+
+/* The encoder refuses what a decoder would refuse. */
+TH_TEST(encode_validates) {
+  struct pr_buf b;
+  struct pr_msg m;
+  pr_buf_init(&b, 0);
+  const uint32_t toks[3] = {1, 2, 3};
+  const float lps[3] = {-1, -2, -3};
+
+  pr_msg_init(&m, PR_ADD);
+  m.u.add.request_id = 1;
+  m.u.add.max_tokens = 4;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL); /* empty prompt */
+  m.u.add.prompt = (struct pr_u32s){toks, 3};
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
+  m.u.add.min_tokens = 5;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE);
+  m.u.add.min_tokens = 0;
+  m.u.add.sampling.top_p = 0.0f;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE);
+  m.u.add.sampling.top_p = 1.0f;
+  m.u.add.sampling.temperature = NAN;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE);
+  m.u.add.sampling.temperature = 0.0f;
+  m.u.add.sampling.logprobs = PR_MAX_TOP_LOGPROBS + 1;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE);
+  m.u.add.sampling.logprobs = -1;
+  m.u.add.stop_token_ids = (struct pr_u32s){NULL, 2};
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL);
+
+  struct pr_out_seq s = {.request_id = 1, .tokens = {toks, 3}, .stop_token = -1};
+  pr_msg_init(&m, PR_OUT);
+  m.u.out.seqs = &s;
+  m.u.out.n_seqs = 1;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
+  s.logprobs.sampled = (struct pr_f32s){lps, 2}; /* 2 logprobs for 3 tokens */
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL);
+  s.logprobs.sampled.n = 3;
+  s.logprobs.n_top = 1; /* top arrays missing */
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL);
+  s.logprobs.top_ids = (struct pr_u32s){toks, 3};
+  s.logprobs.top = (struct pr_f32s){lps, 3};
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
+  s.n_cached_tokens = 1; /* more cached than prompt tokens */
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE);
+
+  pr_msg_init(&m, PR_ERR);
+  m.u.err.message = "bad \xff byte";
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_PARSE);
+  m.u.err.message = NULL; /* encoded as "" */
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
+
+  pr_msg_init(&m, PR_READY);
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE); /* world size 0 */
+  pr_msg_init(&m, PR_CTRL);
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_UNKNOWN); /* op 0 */
+  m.type = (enum pr_type)99;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_UNKNOWN);
+
+  /* a buffer capped below the message size */
+  struct pr_buf small;
+  pr_buf_init(&small, 16);
+  struct pr_msg big;
+  const char *name;
+  prs_build(0, &big, &name);
+  TH_CHECK_EQ_INT(pr_msg_encode(&big, &small), CM_ERR_TOOBIG);
+  pr_buf_free(&small);
+  pr_buf_free(&b);
+}
+
+/* Step sequences carry sampling only with PR_SEQ_NEW. */
+TH_TEST(step_sampling_only_when_new) {
+  struct pr_step_seq s;
+  memset(&s, 0, sizeof(s));
+  s.seq_id = 3;
+  pr_sampling_default(&s.sampling);
+  s.sampling.temperature = 0.0f;
+  struct pr_msg m, d;
+  pr_msg_init(&m, PR_STEP);
+  m.u.step.step_id = 1;
+  m.u.step.seqs = &s;
+  m.u.step.n_seqs = 1;
+  struct pr_buf b;
+  pr_buf_init(&b, 0);
+  struct cm_arena a;
+  cm_arena_init(&a, 0, 1 << 16);
+  TH_REQUIRE(pr_msg_encode(&m, &b) == 0);
+  TH_REQUIRE(pr_msg_decode_body(PR_STEP, b.data, b.len, &a, &d) == 0);
+  TH_CHECK(d.u.step.seqs[0].sampling.temperature == 1.0f); /* not sent: default */
+  s.flags = PR_SEQ_NEW;
+  TH_REQUIRE(pr_msg_encode(&m, &b) == 0);
+  TH_REQUIRE(pr_msg_decode_body(PR_STEP, b.data, b.len, &a, &d) == 0);
+  TH_CHECK(d.u.step.seqs[0].sampling.temperature == 0.0f);
+  TH_CHECK(pr_msg_equal(&m, &d));
+  pr_buf_free(&b);
+  cm_arena_free(&a);
+}
+
+/* ---- the fuzz target's seed corpus (tests/fuzz/corpus/proto/) ----
+ * One file per sample: its type byte then its encoding; plus hostile inputs.
+ * With LMSERVE_WRITE_CORPUS=1 in the environment the files are (re)written
+ * first; either way they must match what the codec produces now. */
+
+static const struct {
+  const char *name;
+  uint8_t bytes[48];
+  size_t len;
+} nasty[] = {
+    {"nasty-five-bytes", {PR_ADD, 0xdd, 0xff, 0xff, 0xff, 0xff}, 6},
+    {"nasty-prompt-array32", {PR_ADD, 0x81, 0x01, 0xdd, 0xff, 0xff, 0xff, 0xff}, 8},
+    {"nasty-map32", {PR_STEP, 0xdf, 0xff, 0xff, 0xff, 0xff}, 6},
+    {"nasty-str32", {PR_ERR, 0x81, 0x02, 0xdb, 0xff, 0xff, 0xff, 0xff}, 8},
+    {"nasty-ext32", {PR_PING, 0x81, 0x3f, 0xc9, 0xff, 0xff, 0xff, 0xff, 0x01}, 9},
+    {"nasty-deep-arrays",
+     {PR_STEP, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91,
+      0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91,
+      0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91,
+      0x91, 0x91, 0x00},
+     42},
+    {"nasty-deep-unknown-key",
+     {PR_PING, 0x81, 0x3f, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91,
+      0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x00},
+     24},
+    {"nasty-unknown-type", {0xc8, 0x80}, 2},
+    {"nasty-duplicate-key", {PR_PING, 0x82, 0x00, 0x01, 0x00, 0x02}, 6},
+    {"nasty-never-byte", {PR_BEAT, 0x81, 0x00, 0xc1}, 4},
+    {"nasty-nan-kv-usage",
+     {PR_PONG, 0x81, 0x04, 0xcb, 0x7f, 0xf8, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}, 12},
+    {"nasty-overlong-utf8", {PR_FAIL, 0x83, 0x00, 0x00, 0x02, 0xff, 0x03, 0xa2, 0xc0, 0x80}, 10},
+    {"nasty-type-only", {PR_RESULT}, 1},
+};
+
+static int corpus_file_check(const char *dir, const char *name, const uint8_t *bytes,
+                             size_t len, int write) {
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  if (write) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(bytes, 1, len, f) != len) {
+      if (f) fclose(f);
+      th_fail(__FILE__, __LINE__, "cannot write %s", path);
+      return -1;
+    }
+    fclose(f);
+  }
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    th_fail(__FILE__, __LINE__, "corpus file %s missing (LMSERVE_WRITE_CORPUS=1 writes it)", path);
+    return -1;
+  }
+  uint8_t *got = malloc(len + 1);
+  size_t n = fread(got, 1, len + 1, f);
+  fclose(f);
+  int same = n == len && memcmp(got, bytes, len) == 0;
+  free(got);
+  if (!same) th_fail(__FILE__, __LINE__, "corpus file %s is stale", path);
+  return same ? 0 : -1;
+}
+
+TH_TEST(fuzz_corpus_is_current) {
+  char dir[1024];
+  snprintf(dir, sizeof(dir), "%s/fuzz/corpus/proto", th_tests_dir());
+  const char *w = getenv("LMSERVE_WRITE_CORPUS");
+  int write = w && strcmp(w, "1") == 0;
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m;
+    const char *name;
+    size_t len;
+    uint8_t *enc = encode_sample(i, &m, &len, &name);
+    TH_REQUIRE(enc != NULL);
+    uint8_t *file = malloc(len + 1);
+    file[0] = (uint8_t)m.type;
+    memcpy(file + 1, enc, len);
+    corpus_file_check(dir, name, file, len + 1, write);
+    free(file);
+    free(enc);
+  }
+  struct cm_arena a;
+  cm_arena_init(&a, 1024, 1u << 16);
+  for (size_t i = 0; i < sizeof(nasty) / sizeof(nasty[0]); i++) {
+    struct pr_msg d;
+    int rc = pr_msg_decode_body((enum pr_type)nasty[i].bytes[0], nasty[i].bytes + 1,
+                                nasty[i].len - 1, &a, &d);
+    if (rc >= 0) th_fail(__FILE__, __LINE__, "%s decoded", nasty[i].name);
+    TH_CHECK(a.peak < (64u << 10));
+    cm_arena_reset(&a);
+    corpus_file_check(dir, nasty[i].name, nasty[i].bytes, nasty[i].len, write);
+  }
+  cm_arena_free(&a);
+}
