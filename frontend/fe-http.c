@@ -312,7 +312,7 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
     case CK_DATA: {
       size_t k = n - i;
       if ((uint64_t)k > d->remaining) k = (size_t)d->remaining;
-      if (d->total + k > out_cap) return ck_fail(d, "chunked body too large", CM_ERR_TOOBIG);
+      if (w + k > out_cap) return ck_fail(d, "chunked body too large", CM_ERR_TOOBIG);
       memmove(out + w, in + i, k);
       w += k;
       i += k;

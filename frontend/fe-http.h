@@ -81,8 +81,9 @@ struct fe_http_chunked {
 void fe_http_chunked_init(struct fe_http_chunked *d);
 
 /* Decodes in[0..n). Data bytes are copied (memmove) to out, which may
- * alias the input as long as out <= in: output never overtakes input. At
- * most out_cap data bytes are written; *out_len receives the number written.
+ * alias the input as long as out <= in: output never overtakes input. This
+ * call writes at most out_cap data bytes (pass the room left under the body
+ * limit); *out_len receives the number written.
  * Returns the number of input bytes consumed (stopping right after the
  * final CRLF once d->done is set, so what follows is the next request), or
  * CM_ERR_PARSE for a malformed body, CM_ERR_TOOBIG when the data would pass

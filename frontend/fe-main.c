@@ -1,11 +1,153 @@
-/* fe-main.c — the `lmserve frontend` subcommand (not implemented yet). */
+/* fe-main.c — the `lmserve frontend` subcommand: parses flags, runs the
+ * HTTP server on a libuv loop, prints the URL once it listens, and drains on
+ * SIGINT/SIGTERM (new requests get 503, requests in progress may finish
+ * until --drain-timeout, then the process exits 0).
+ *
+ * Until the serving path is connected, generation routes validate each
+ * request fully and answer 503 "engine not ready", and /health is 503. */
 #include "frontend/fe-main.h"
 
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/cm-args.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "frontend/fe-route.h"
+#include "frontend/fe-server.h"
+
+#define TAG "fe"
+
+struct fe_app {
+  uv_loop_t *loop;
+  struct fe_server *srv;
+  struct fe_router *router;
+  uv_signal_t sigint, sigterm;
+  uv_timer_t drain_timer;
+  uint64_t drain_ns;          /* --drain-timeout */
+  uint64_t drain_deadline_ns; /* monotonic */
+  int stopping;
+};
+
+static void close_cb(uv_handle_t *h) { (void)h; }
+
+static void app_stop(struct fe_app *a) {
+  if (a->stopping) return;
+  a->stopping = 1;
+  fe_server_destroy(a->srv);
+  uv_close((uv_handle_t *)&a->sigint, close_cb);
+  uv_close((uv_handle_t *)&a->sigterm, close_cb);
+  uv_close((uv_handle_t *)&a->drain_timer, close_cb);
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+  struct fe_app *a = t->data;
+  if (fe_server_busy(a->srv) == 0) {
+    cm_info(TAG, "drained; exiting");
+    app_stop(a);
+  } else if (cm_time_ns() >= a->drain_deadline_ns) {
+    cm_warn(TAG, "drain timeout: aborting %d request(s) in progress", fe_server_busy(a->srv));
+    app_stop(a);
+  }
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  struct fe_app *a = s->data;
+  if (fe_server_draining(a->srv)) {
+    cm_warn(TAG, "second signal: stopping now");
+    app_stop(a);
+    return;
+  }
+  cm_info(TAG, "%s: draining (new requests get 503)", signum == SIGINT ? "SIGINT" : "SIGTERM");
+  fe_server_drain(a->srv);
+  a->drain_deadline_ns = cm_time_ns() + a->drain_ns;
+  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 20);
+}
 
 int fe_frontend_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve frontend: not implemented yet\n");
-  return 2;
+  const char *host = "127.0.0.1", *api_key = NULL, *model = "default", *scheduler = NULL;
+  int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
+  uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
+  double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
+  struct cm_opt opts[] = {
+      {"host", CM_OPT_STR, &host, "ADDR", "IPv4 or IPv6 address to listen on (default 127.0.0.1)", 0, 0, 0, 0, NULL},
+      {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535, 0, 0, NULL},
+      {"api-key", CM_OPT_STR, &api_key, "KEY", "require Authorization: Bearer KEY (also LMSERVE_API_KEY)", 0, 0, 0, 0, NULL},
+      {"served-model-name", CM_OPT_STR, &model, "NAME", "model name clients use (default 'default')", 0, 0, 0, 0, NULL},
+      {"max-model-len", CM_OPT_INT, &max_model_len, "N", "context length in tokens (default 8192)", 1, INT32_MAX, 0, 0, NULL},
+      {"scheduler", CM_OPT_STR, &scheduler, "ENDPOINT", "scheduler endpoint (ipc:// or tcp://)", 0, 0, 0, 0, NULL},
+      {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES", "largest request body (default 32M); more is 413", 0, 0, 0, 0, NULL},
+      {"max-header-size", CM_OPT_SIZE, &max_header_bytes, "BYTES", "largest request head (default 16K); more is 431", 0, 0, 0, 0, NULL},
+      {"max-headers", CM_OPT_INT, &max_headers, "N", "most header fields per request (default 100)", 1, 10000, 0, 0, NULL},
+      {"max-connections", CM_OPT_INT, &max_conns, "N", "most open connections (default 4096)", 1, 1000000, 0, 0, NULL},
+      {"header-timeout", CM_OPT_DOUBLE, &header_timeout, "S", "seconds to receive a request head (default 10)", 0, 0, 0.001, 3600, NULL},
+      {"body-timeout", CM_OPT_DOUBLE, &body_timeout, "S", "seconds between reads of a body (default 30)", 0, 0, 0.001, 3600, NULL},
+      {"idle-timeout", CM_OPT_DOUBLE, &idle_timeout, "S", "keep-alive idle seconds (default 5)", 0, 0, 0.001, 3600, NULL},
+      {"drain-timeout", CM_OPT_DOUBLE, &drain_timeout, "S", "seconds requests may finish after SIGTERM (default 30)", 0, 0, 0, 3600, NULL},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve frontend", "run the HTTP frontend role alone", opts, argc, argv, 1,
+                         NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc < 0) return 2;
+  if (!api_key) api_key = getenv("LMSERVE_API_KEY");
+  if (!*model) {
+    fprintf(stderr, "lmserve frontend: --served-model-name must not be empty\n");
+    return 2;
+  }
+  if (max_header_bytes < 256 || max_body > (1ull << 34)) {
+    fprintf(stderr, "lmserve frontend: --max-header-size must be >= 256 and --max-body-size <= 16G\n");
+    return 2;
+  }
+
+  struct fe_app app;
+  memset(&app, 0, sizeof(app));
+  app.loop = uv_default_loop();
+  struct fe_route_config rcfg = {api_key, model, max_model_len};
+  if ((rc = fe_router_create(&rcfg, &app.router)) != 0) {
+    fprintf(stderr, "lmserve frontend: %s\n", cm_strerror(rc));
+    return 1;
+  }
+  struct fe_server_limits lim;
+  fe_server_limits_default(&lim);
+  lim.max_body_bytes = max_body;
+  lim.max_header_bytes = max_header_bytes;
+  lim.max_headers = (size_t)max_headers;
+  lim.max_connections = (int)max_conns;
+  lim.header_timeout_ms = (uint32_t)(header_timeout * 1000 + 0.5);
+  lim.body_timeout_ms = (uint32_t)(body_timeout * 1000 + 0.5);
+  lim.idle_timeout_ms = (uint32_t)(idle_timeout * 1000 + 0.5);
+  if ((rc = fe_server_create(app.loop, host, (int)port, &lim, fe_router_handle, app.router, &app.srv)) != 0) {
+    uv_run(app.loop, UV_RUN_DEFAULT); /* lets the failed listener close */
+    fe_router_destroy(app.router);
+    uv_loop_close(app.loop);
+    return 1;
+  }
+  uv_signal_init(app.loop, &app.sigint);
+  uv_signal_init(app.loop, &app.sigterm);
+  app.sigint.data = app.sigterm.data = &app;
+  uv_signal_start(&app.sigint, on_signal, SIGINT);
+  uv_signal_start(&app.sigterm, on_signal, SIGTERM);
+  uv_timer_init(app.loop, &app.drain_timer);
+  app.drain_timer.data = &app;
+  app.drain_ns = (uint64_t)(drain_timeout * 1e9);
+
+  if (scheduler)
+    cm_info(TAG, "scheduler endpoint %s: generation answers 503 until the engine is connected", scheduler);
+  int bound = fe_server_port(app.srv);
+  int v6 = strchr(host, ':') != NULL;
+  printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model, (long long)max_model_len);
+  printf("http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", bound);
+  fflush(stdout);
+  cm_info(TAG, "listening on %s port %d", host, bound);
+
+  uv_run(app.loop, UV_RUN_DEFAULT); /* until drained and every handle is closed */
+  fe_router_destroy(app.router);
+  int close_rc = uv_loop_close(app.loop);
+  if (close_rc != 0) cm_warn(TAG, "event loop closed with handles open: %s", uv_strerror(close_rc));
+  return 0;
 }

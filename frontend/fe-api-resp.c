@@ -1,0 +1,202 @@
+/* fe-api-resp.c — OpenAI response and stream-chunk JSON (see fe-api-resp.h). */
+#include "frontend/fe-api-resp.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/cm-time.h"
+
+void fe_api_make_id(char *out, size_t size, const char *prefix) {
+  static const char hex[] = "0123456789abcdef";
+  unsigned char r[16];
+  if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+    uint64_t t = cm_time_ns() ^ cm_time_wall_ns();
+    for (size_t i = 0; i < sizeof(r); i++) r[i] = (unsigned char)(t >> (i % 8 * 8)) ^ (unsigned char)(i * 131);
+  }
+  size_t o = (size_t)snprintf(out, size, "%s", prefix);
+  for (size_t i = 0; i < sizeof(r) && o + 2 < size; i++) {
+    out[o++] = hex[r[i] >> 4];
+    out[o++] = hex[r[i] & 15];
+  }
+  out[o < size ? o : size - 1] = 0;
+}
+
+static void head(struct fe_buf *b, const struct fe_api_resp_meta *m, const char *object) {
+  fe_buf_puts(b, "{\"id\":");
+  fe_buf_json_str(b, m->id, strlen(m->id));
+  fe_buf_puts(b, ",\"object\":\"");
+  fe_buf_puts(b, object);
+  fe_buf_puts(b, "\",\"created\":");
+  fe_buf_i64(b, m->created);
+  fe_buf_puts(b, ",\"model\":");
+  fe_buf_json_str(b, m->model, strlen(m->model));
+  fe_buf_puts(b, ",\"choices\":[");
+}
+
+static void usage(struct fe_buf *b, const struct fe_api_usage *u) {
+  fe_buf_puts(b, "\"usage\":{\"prompt_tokens\":");
+  fe_buf_i64(b, u->prompt_tokens);
+  fe_buf_puts(b, ",\"total_tokens\":");
+  fe_buf_i64(b, u->prompt_tokens + u->completion_tokens);
+  fe_buf_puts(b, ",\"completion_tokens\":");
+  fe_buf_i64(b, u->completion_tokens);
+  fe_buf_puts(b, "}");
+}
+
+static void finish_reason(struct fe_buf *b, const char *fr) {
+  fe_buf_puts(b, ",\"finish_reason\":");
+  if (fr) fe_buf_json_str(b, fr, strlen(fr));
+  else fe_buf_puts(b, "null");
+}
+
+/* Completions logprobs: {"text_offset","token_logprobs","tokens","top_logprobs"}. */
+static void completion_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
+  if (!c->logprobs) {
+    fe_buf_puts(b, "null");
+    return;
+  }
+  fe_buf_puts(b, "{\"text_offset\":[");
+  size_t off = c->text_offset;
+  for (size_t i = 0; i < c->n_logprobs; i++) {
+    if (i) fe_buf_puts(b, ",");
+    fe_buf_i64(b, (int64_t)off);
+    off += c->logprobs[i].token_len;
+  }
+  fe_buf_puts(b, "],\"token_logprobs\":[");
+  for (size_t i = 0; i < c->n_logprobs; i++) {
+    if (i) fe_buf_puts(b, ",");
+    fe_buf_json_double(b, c->logprobs[i].logprob);
+  }
+  fe_buf_puts(b, "],\"tokens\":[");
+  for (size_t i = 0; i < c->n_logprobs; i++) {
+    if (i) fe_buf_puts(b, ",");
+    fe_buf_json_str(b, c->logprobs[i].token, c->logprobs[i].token_len);
+  }
+  fe_buf_puts(b, "],\"top_logprobs\":[");
+  for (size_t i = 0; i < c->n_logprobs; i++) {
+    const struct fe_api_token_logprob *t = &c->logprobs[i];
+    fe_buf_puts(b, i ? ",{" : "{");
+    for (size_t k = 0; k < t->n_top; k++) {
+      if (k) fe_buf_puts(b, ",");
+      fe_buf_json_str(b, t->top[k].token, t->top[k].token_len);
+      fe_buf_puts(b, ":");
+      fe_buf_json_double(b, t->top[k].logprob);
+    }
+    fe_buf_puts(b, "}");
+  }
+  fe_buf_puts(b, "]}");
+}
+
+static void bytes_array(struct fe_buf *b, const char *s, size_t n) {
+  fe_buf_puts(b, ",\"bytes\":[");
+  for (size_t i = 0; i < n; i++) {
+    if (i) fe_buf_puts(b, ",");
+    fe_buf_i64(b, (unsigned char)s[i]);
+  }
+  fe_buf_puts(b, "]");
+}
+
+/* Chat logprobs: {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}. */
+static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
+  if (!c->logprobs) {
+    fe_buf_puts(b, "null");
+    return;
+  }
+  fe_buf_puts(b, "{\"content\":[");
+  for (size_t i = 0; i < c->n_logprobs; i++) {
+    const struct fe_api_token_logprob *t = &c->logprobs[i];
+    fe_buf_puts(b, i ? ",{\"token\":" : "{\"token\":");
+    fe_buf_json_str(b, t->token, t->token_len);
+    fe_buf_puts(b, ",\"logprob\":");
+    fe_buf_json_double(b, t->logprob);
+    bytes_array(b, t->token, t->token_len);
+    fe_buf_puts(b, ",\"top_logprobs\":[");
+    for (size_t k = 0; k < t->n_top; k++) {
+      fe_buf_puts(b, k ? ",{\"token\":" : "{\"token\":");
+      fe_buf_json_str(b, t->top[k].token, t->top[k].token_len);
+      fe_buf_puts(b, ",\"logprob\":");
+      fe_buf_json_double(b, t->top[k].logprob);
+      bytes_array(b, t->top[k].token, t->top[k].token_len);
+      fe_buf_puts(b, "}");
+    }
+    fe_buf_puts(b, "]}");
+  }
+  fe_buf_puts(b, "]}");
+}
+
+static void completion_choice(struct fe_buf *b, const struct fe_api_choice *c) {
+  fe_buf_puts(b, "{\"index\":");
+  fe_buf_i64(b, c->index);
+  fe_buf_puts(b, ",\"text\":");
+  fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
+  fe_buf_puts(b, ",\"logprobs\":");
+  completion_logprobs(b, c);
+  finish_reason(b, c->finish_reason);
+  fe_buf_puts(b, "}");
+}
+
+int fe_api_write_completion(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                            const struct fe_api_choice *choices, size_t n,
+                            const struct fe_api_usage *u) {
+  head(b, m, "text_completion");
+  for (size_t i = 0; i < n; i++) {
+    if (i) fe_buf_puts(b, ",");
+    completion_choice(b, &choices[i]);
+  }
+  fe_buf_puts(b, "],");
+  usage(b, u);
+  return fe_buf_puts(b, "}");
+}
+
+int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                      const struct fe_api_choice *choices, size_t n, const struct fe_api_usage *u) {
+  head(b, m, "chat.completion");
+  for (size_t i = 0; i < n; i++) {
+    const struct fe_api_choice *c = &choices[i];
+    fe_buf_puts(b, i ? ",{\"index\":" : "{\"index\":");
+    fe_buf_i64(b, c->index);
+    fe_buf_puts(b, ",\"message\":{\"role\":\"assistant\",\"content\":");
+    fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
+    fe_buf_puts(b, "},\"logprobs\":");
+    chat_logprobs(b, c);
+    finish_reason(b, c->finish_reason);
+    fe_buf_puts(b, "}");
+  }
+  fe_buf_puts(b, "],");
+  usage(b, u);
+  return fe_buf_puts(b, "}");
+}
+
+int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                                  const struct fe_api_choice *c) {
+  head(b, m, "text_completion");
+  completion_choice(b, c);
+  return fe_buf_puts(b, "]}");
+}
+
+int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                            const struct fe_api_choice *c, int with_role) {
+  head(b, m, "chat.completion.chunk");
+  fe_buf_puts(b, "{\"index\":");
+  fe_buf_i64(b, c->index);
+  fe_buf_puts(b, ",\"delta\":{");
+  if (with_role) fe_buf_puts(b, "\"role\":\"assistant\"");
+  if (c->text_len || with_role) {
+    fe_buf_puts(b, with_role ? ",\"content\":" : "\"content\":");
+    fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
+  }
+  fe_buf_puts(b, "},\"logprobs\":");
+  chat_logprobs(b, c);
+  finish_reason(b, c->finish_reason);
+  return fe_buf_puts(b, "}]}");
+}
+
+int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
+                             const struct fe_api_resp_meta *m, const struct fe_api_usage *u) {
+  head(b, m, kind == FE_API_CHAT ? "chat.completion.chunk" : "text_completion");
+  fe_buf_puts(b, "],");
+  usage(b, u);
+  return fe_buf_puts(b, "}");
+}

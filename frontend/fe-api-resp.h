@@ -1,0 +1,71 @@
+/* fe-api-resp.h — OpenAI response bodies: non-streamed completion and chat
+ * completion JSON, and the JSON of each streamed (SSE) chunk. Written by
+ * hand into a reused fe_buf (no allocation at steady state); strings are
+ * escaped so the output is always valid JSON, even for token pieces that
+ * split a UTF-8 sequence. */
+#ifndef LMSERVE_FE_API_RESP_H
+#define LMSERVE_FE_API_RESP_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frontend/fe-api.h"
+#include "frontend/fe-http-buf.h"
+
+struct fe_api_top_logprob {
+  const char *token; /* the token's text (bytes) */
+  size_t token_len;  /* bytes */
+  float logprob;
+};
+
+struct fe_api_token_logprob {
+  const char *token;
+  size_t token_len; /* bytes */
+  float logprob;
+  const struct fe_api_top_logprob *top; /* (n_top) most likely tokens at this step */
+  size_t n_top;
+};
+
+struct fe_api_choice {
+  int index;
+  const char *text;                            /* generated text (or this chunk's delta) */
+  size_t text_len;                             /* bytes */
+  const char *finish_reason;                   /* "stop", "length", "abort"; NULL: null */
+  const struct fe_api_token_logprob *logprobs; /* (n_logprobs); NULL: "logprobs": null */
+  size_t n_logprobs;
+  size_t text_offset;                          /* bytes of text before this chunk (completions) */
+};
+
+struct fe_api_usage {
+  int64_t prompt_tokens;     /* tokens */
+  int64_t completion_tokens; /* tokens, all choices together */
+};
+
+struct fe_api_resp_meta {
+  const char *id;    /* "cmpl-..." or "chatcmpl-..." */
+  int64_t created;   /* Unix seconds */
+  const char *model;
+};
+
+/* Writes a random request id with the given prefix ("cmpl-", "chatcmpl-")
+ * into out (at least 48 bytes). */
+void fe_api_make_id(char *out, size_t size, const char *prefix);
+
+/* A whole non-streamed response body: /v1/completions or /v1/chat/completions. */
+int fe_api_write_completion(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                            const struct fe_api_choice *choices, size_t n,
+                            const struct fe_api_usage *u);
+int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                      const struct fe_api_choice *choices, size_t n, const struct fe_api_usage *u);
+
+/* The JSON of one streamed chunk for one choice (no "data: " framing).
+ * Chat: with_role adds "role":"assistant" to the delta (the first chunk of
+ * each choice); text_len 0 and no finish reason gives an empty delta. */
+int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                                  const struct fe_api_choice *c);
+int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
+                            const struct fe_api_choice *c, int with_role);
+/* The final usage chunk: "choices": [] and "usage". */
+int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
+                             const struct fe_api_resp_meta *m, const struct fe_api_usage *u);
+
+#endif

@@ -1,0 +1,170 @@
+/* fe-http-buf.c — the response byte buffer (see fe-http-buf.h). */
+#include "frontend/fe-http-buf.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+
+#define FE_BUF_DEFAULT_CAP ((size_t)64 << 20) /* bytes */
+
+void fe_buf_init(struct fe_buf *b, size_t cap) {
+  memset(b, 0, sizeof(*b));
+  b->cap = cap ? cap : FE_BUF_DEFAULT_CAP;
+}
+
+void fe_buf_free(struct fe_buf *b) {
+  free(b->data);
+  size_t cap = b->cap;
+  memset(b, 0, sizeof(*b));
+  b->cap = cap;
+}
+
+void fe_buf_reset(struct fe_buf *b) {
+  b->len = 0;
+  b->err = 0;
+  if (b->data) b->data[0] = 0;
+}
+
+int fe_buf_reserve(struct fe_buf *b, size_t extra) {
+  if (b->err) return b->err;
+  if (extra > b->cap || b->len + extra + 1 > b->cap) return b->err = CM_ERR_NOMEM;
+  size_t need = b->len + extra + 1;
+  if (need <= b->size) return 0;
+  size_t ns = b->size ? b->size : 256;
+  while (ns < need) ns *= 2;
+  if (ns > b->cap) ns = b->cap;
+  char *p = realloc(b->data, ns);
+  if (!p) return b->err = CM_ERR_NOMEM;
+  b->data = p;
+  b->size = ns;
+  return 0;
+}
+
+int fe_buf_append(struct fe_buf *b, const void *p, size_t n) {
+  int rc = fe_buf_reserve(b, n);
+  if (rc) return rc;
+  if (n) memcpy(b->data + b->len, p, n);
+  b->len += n;
+  b->data[b->len] = 0;
+  return 0;
+}
+
+int fe_buf_puts(struct fe_buf *b, const char *s) { return fe_buf_append(b, s, strlen(s)); }
+
+int fe_buf_printf(struct fe_buf *b, const char *fmt, ...) {
+  if (b->err) return b->err;
+  va_list ap;
+  va_start(ap, fmt);
+  char small[256];
+  int n = vsnprintf(small, sizeof(small), fmt, ap);
+  va_end(ap);
+  if (n < 0) return b->err = CM_ERR_INVAL;
+  if ((size_t)n < sizeof(small)) return fe_buf_append(b, small, (size_t)n);
+  int rc = fe_buf_reserve(b, (size_t)n);
+  if (rc) return rc;
+  va_start(ap, fmt);
+  vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  b->len += (size_t)n;
+  return 0;
+}
+
+int fe_buf_i64(struct fe_buf *b, int64_t v) {
+  char tmp[24];
+  char *e = tmp + sizeof(tmp), *p = e;
+  uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+  do {
+    *--p = (char)('0' + u % 10);
+    u /= 10;
+  } while (u);
+  if (v < 0) *--p = '-';
+  return fe_buf_append(b, p, (size_t)(e - p));
+}
+
+int fe_buf_json_double(struct fe_buf *b, double v) {
+  if (isnan(v) || (isinf(v) && v > 0)) return fe_buf_puts(b, "null");
+  if (isinf(v)) return fe_buf_puts(b, "-9999.0");
+  return fe_buf_printf(b, "%.9g", v);
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned char c = s[0];
+  size_t k;
+  uint32_t cp;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) k = 2, cp = c & 0x1f;
+  else if (c >= 0xe0 && c <= 0xef) k = 3, cp = c & 0x0f;
+  else if (c >= 0xf0 && c <= 0xf4) k = 4, cp = c & 0x07;
+  else return 0;
+  if (k > n) return 0;
+  for (size_t i = 1; i < k; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+    return 0;
+  return k;
+}
+
+int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  /* worst case: every byte becomes \u00XX (6) or U+FFFD (3) */
+  int rc = fe_buf_reserve(b, n * 6 + 2);
+  if (rc) return rc;
+  char *o = b->data + b->len;
+  *o++ = '"';
+  const unsigned char *u = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    unsigned char c = u[i];
+    if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+      *o++ = (char)c;
+      i++;
+      continue;
+    }
+    if (c < 0x80) {
+      *o++ = '\\';
+      switch (c) {
+      case '"': *o++ = '"'; break;
+      case '\\': *o++ = '\\'; break;
+      case '\n': *o++ = 'n'; break;
+      case '\r': *o++ = 'r'; break;
+      case '\t': *o++ = 't'; break;
+      case '\b': *o++ = 'b'; break;
+      case '\f': *o++ = 'f'; break;
+      default:
+        *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hex[c >> 4], *o++ = hex[c & 15];
+      }
+      i++;
+      continue;
+    }
+    size_t k = utf8_len(u + i, n - i);
+    if (k == 0) {
+      memcpy(o, "\xef\xbf\xbd", 3);
+      o += 3;
+      i++;
+    } else {
+      memcpy(o, u + i, k);
+      o += k;
+      i += k;
+    }
+  }
+  *o++ = '"';
+  b->len = (size_t)(o - b->data);
+  b->data[b->len] = 0;
+  return 0;
+}
+
+char *fe_buf_steal(struct fe_buf *b, size_t *len) {
+  char *p = b->data;
+  if (len) *len = b->len;
+  if (!p) p = calloc(1, 1);
+  b->data = NULL;
+  b->len = b->size = 0;
+  b->err = 0;
+  return p;
+}

@@ -1,0 +1,67 @@
+/* fe-http-metrics.h — a small Prometheus metrics registry: counters,
+ * gauges and histograms with fixed buckets, rendered in the Prometheus text
+ * format (0.0.4) for GET /metrics. Every series carries the registry's
+ * model_name label, as vLLM's do.
+ *
+ * Metrics are registered once at start-up and then updated by id with no
+ * allocation. The registry is not thread-safe: update it from the loop
+ * thread. */
+#ifndef LMSERVE_FE_HTTP_METRICS_H
+#define LMSERVE_FE_HTTP_METRICS_H
+#include <stddef.h>
+
+#include "frontend/fe-http-buf.h"
+
+struct fe_metrics;
+
+enum fe_metric_kind { FE_METRIC_COUNTER, FE_METRIC_GAUGE, FE_METRIC_HISTOGRAM };
+
+#define FE_METRICS_MAX 64        /* metrics per registry */
+#define FE_METRIC_MAX_BUCKETS 32 /* finite bucket bounds per histogram */
+
+/* Creates an empty registry whose series are labelled model_name="...". */
+int fe_metrics_create(const char *model_name, struct fe_metrics **out);
+void fe_metrics_destroy(struct fe_metrics *m);
+
+/* Registers a metric. `name` is the full exposed name ("lmserve:prompt_tokens_total"
+ * for a counter: counters must end in _total). Histogram bounds must be
+ * strictly increasing; +Inf is implicit. Returns the id (>= 0) or a
+ * negative cm_err (CM_ERR_INVAL for a bad name or bounds, CM_ERR_FULL). */
+int fe_metrics_add(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
+                   const char *help, const double *bounds, size_t n_bounds);
+int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_ERR_NOENT */
+
+void fe_metrics_inc(struct fe_metrics *m, int id, double v);     /* counter, v >= 0 */
+void fe_metrics_set(struct fe_metrics *m, int id, double v);     /* gauge */
+void fe_metrics_observe(struct fe_metrics *m, int id, double v); /* histogram */
+double fe_metrics_value(const struct fe_metrics *m, int id);     /* counter/gauge value, histogram sum */
+double fe_metrics_count(const struct fe_metrics *m, int id);     /* histogram observations */
+
+/* Appends the whole registry in Prometheus text format. */
+int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *out);
+
+/* The ids of the standard lmserve metrics (DESIGN.md, "HTTP API"). */
+struct fe_metric_ids {
+  int num_requests_running;          /* gauge */
+  int num_requests_waiting;          /* gauge */
+  int kv_cache_usage_perc;           /* gauge, 0..1 */
+  int prompt_tokens;                 /* counter, tokens */
+  int generation_tokens;             /* counter, tokens */
+  int time_to_first_token_seconds;   /* histogram, s */
+  int inter_token_latency_seconds;   /* histogram, s */
+  int e2e_request_latency_seconds;   /* histogram, s */
+  int prefix_cache_queries;          /* counter, tokens */
+  int prefix_cache_hits;             /* counter, tokens */
+  int spec_decode_num_drafts;        /* counter */
+  int spec_decode_num_draft_tokens;  /* counter, tokens */
+  int spec_decode_num_accepted_tokens; /* counter, tokens */
+  int request_success;               /* counter: requests finished */
+  int http_requests;                 /* counter: HTTP requests answered */
+  int http_client_errors;            /* counter: 4xx answers */
+  int http_server_errors;            /* counter: 5xx answers */
+};
+
+/* Registers the standard metrics and fills `ids`. Returns 0 or a cm_err. */
+int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids);
+
+#endif

@@ -1,0 +1,234 @@
+/* fe-route.c — routes, auth and the engine-free answers (see fe-route.h). */
+#include "frontend/fe-route.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-time.h"
+#include "frontend/fe-api-error.h"
+#include "frontend/fe-http-buf.h"
+#include "lmserve-config.h"
+
+struct fe_router {
+  struct fe_route_config cfg;
+  char *api_key;
+  char *model_name;
+  struct fe_engine_hooks hooks;
+  struct fe_metrics *metrics;
+  struct fe_metric_ids ids;
+  struct fe_buf models_body;  /* GET /v1/models, built once */
+  struct fe_buf version_body; /* GET /version */
+  struct fe_buf scratch;      /* /metrics and other bodies */
+};
+
+typedef void (*route_fn)(struct fe_router *r, struct fe_conn *c, const char *body, size_t len);
+
+struct route {
+  const char *method;
+  const char *path;
+  route_fn fn;
+  int open; /* needs no API key */
+  enum fe_api_kind kind;
+};
+
+static void count_status(struct fe_router *r, int status) {
+  fe_metrics_inc(r->metrics, r->ids.http_requests, 1);
+  if (status >= 400 && status < 500) fe_metrics_inc(r->metrics, r->ids.http_client_errors, 1);
+  if (status >= 500) fe_metrics_inc(r->metrics, r->ids.http_server_errors, 1);
+}
+
+static void reply(struct fe_router *r, struct fe_conn *c, int status, const char *ctype,
+                  const char *extra, const char *body, size_t len) {
+  count_status(r, status);
+  fe_conn_respond(c, status, ctype, extra, body, len);
+}
+
+static void reply_error(struct fe_router *r, struct fe_conn *c, int status, const char *msg,
+                        const char *param) {
+  count_status(r, status);
+  fe_conn_respond_error(c, status, msg, param);
+}
+
+static void on_health(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
+  if (r->hooks.ready && r->hooks.ready(r->hooks.ud)) reply(r, c, 200, "application/json", NULL, "", 0);
+  else reply_error(r, c, 503, "engine not ready", NULL);
+}
+
+static void on_version(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
+  reply(r, c, 200, "application/json", NULL, r->version_body.data, r->version_body.len);
+}
+
+static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
+  reply(r, c, 200, "application/json", NULL, r->models_body.data, r->models_body.len);
+}
+
+static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
+  fe_buf_reset(&r->scratch);
+  count_status(r, 200); /* counted before rendering so the answer includes itself */
+  if (fe_metrics_render(r->metrics, &r->scratch) != 0) {
+    fe_conn_respond_error(c, 500, "metrics too large to render", NULL);
+    return;
+  }
+  fe_conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, r->scratch.data,
+                  r->scratch.len);
+}
+
+static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
+                      enum fe_api_kind kind) {
+  struct fe_api_config acfg = {r->model_name, r->cfg.max_model_len};
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_request(kind, body, len, &acfg, &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  const char *why = NULL;
+  if (r->hooks.submit) {
+    fe_metrics_inc(r->metrics, r->ids.http_requests, 1); /* the engine answers it */
+    struct fe_api_request *owned = malloc(sizeof(*owned));
+    if (owned) {
+      *owned = req;
+      if (r->hooks.submit(r->hooks.ud, c, owned, &why) == 0) return;
+      fe_api_request_free(owned);
+      free(owned);
+    } else {
+      fe_api_request_free(&req);
+    }
+    fe_conn_respond_error(c, 503, why ? why : "engine not ready", NULL);
+    return;
+  }
+  fe_api_request_free(&req);
+  reply_error(r, c, 503, "engine not ready", NULL);
+}
+
+static void on_completions(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_engine(r, c, b, n, FE_API_COMPLETION);
+}
+static void on_chat(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_engine(r, c, b, n, FE_API_CHAT);
+}
+static void on_tokenize(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_engine(r, c, b, n, FE_API_TOKENIZE);
+}
+static void on_detokenize(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_engine(r, c, b, n, FE_API_DETOKENIZE);
+}
+
+static const struct route routes[] = {
+    {"GET", "/health", on_health, 1, 0},
+    {"GET", "/version", on_version, 0, 0},
+    {"GET", "/v1/models", on_models, 0, 0},
+    {"GET", "/metrics", on_metrics, 0, 0},
+    {"POST", "/v1/completions", on_completions, 0, 0},
+    {"POST", "/v1/chat/completions", on_chat, 0, 0},
+    {"POST", "/tokenize", on_tokenize, 0, 0},
+    {"POST", "/detokenize", on_detokenize, 0, 0},
+};
+#define N_ROUTES (sizeof(routes) / sizeof(routes[0]))
+
+int fe_route_auth_ok(const char *h, size_t len, const char *key) {
+  /* "Bearer" (any case), one or more spaces, the key */
+  if (len < 7 || !fe_http_str_eq_nocase(h, 6, "bearer") || h[6] != ' ') return 0;
+  size_t i = 6;
+  while (i < len && h[i] == ' ') i++;
+  const unsigned char *got = (const unsigned char *)h + i;
+  size_t n = len - i, k = strlen(key);
+  /* constant time in the key: every byte of the key is compared whatever
+   * the input, and the length difference is folded into the result */
+  unsigned diff = (unsigned)(n ^ k);
+  for (size_t j = 0; j < k; j++) diff |= (unsigned)(((j < n) ? got[j] : 0) ^ (unsigned char)key[j]);
+  return diff == 0;
+}
+
+static int path_is(const struct fe_http_request *req, const char *p) {
+  return req->path_len == strlen(p) && memcmp(req->path, p, req->path_len) == 0;
+}
+
+void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request *req,
+                      const char *body, size_t body_len) {
+  struct fe_router *r = ud;
+  const struct route *path_match = NULL;
+  for (size_t i = 0; i < N_ROUTES; i++) {
+    if (!path_is(req, routes[i].path)) continue;
+    path_match = &routes[i];
+    if (req->method_len != strlen(routes[i].method) ||
+        memcmp(req->method, routes[i].method, req->method_len) != 0)
+      continue;
+    if (!routes[i].open && r->api_key) {
+      const struct fe_http_header *h = fe_http_find_header(req, "authorization");
+      if (!h || !fe_route_auth_ok(h->value, h->value_len, r->api_key)) {
+        count_status(r, 401);
+        struct fe_buf *b = &r->scratch;
+        fe_buf_reset(b);
+        fe_api_error_body(b, 401, "invalid or missing API key (Authorization: Bearer KEY)", NULL);
+        fe_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n", b->data, b->len);
+        return;
+      }
+    }
+    routes[i].fn(r, c, body, body_len);
+    return;
+  }
+  if (path_match) {
+    char allow[64];
+    snprintf(allow, sizeof(allow), "Allow: %s\r\n", path_match->method);
+    count_status(r, 405);
+    struct fe_buf *b = &r->scratch;
+    fe_buf_reset(b);
+    fe_api_error_body(b, 405, "method not allowed", NULL);
+    fe_conn_respond(c, 405, "application/json", allow, b->data, b->len);
+    return;
+  }
+  reply_error(r, c, 404, "not found", NULL);
+}
+
+static char *dup_or_null(const char *s) { return s && *s ? strdup(s) : NULL; }
+
+int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out) {
+  struct fe_router *r = calloc(1, sizeof(*r));
+  if (!r) return CM_ERR_NOMEM;
+  r->cfg = *cfg;
+  r->api_key = dup_or_null(cfg->api_key);
+  r->model_name = strdup(cfg->model_name);
+  fe_buf_init(&r->models_body, 0);
+  fe_buf_init(&r->version_body, 0);
+  fe_buf_init(&r->scratch, 0);
+  int rc = CM_ERR_NOMEM;
+  if (!r->model_name || (cfg->api_key && *cfg->api_key && !r->api_key)) goto fail;
+  if ((rc = fe_metrics_create(cfg->model_name, &r->metrics)) != 0) goto fail;
+  if ((rc = fe_metrics_register_standard(r->metrics, &r->ids)) != 0) goto fail;
+  int64_t created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
+  struct fe_buf *b = &r->models_body;
+  fe_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
+  fe_buf_i64(b, created);
+  fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
+  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
+  fe_buf_i64(b, cfg->max_model_len);
+  fe_buf_puts(b, ",\"permission\":[]}]}");
+  fe_buf_puts(&r->version_body, "{\"version\":\"" LMSERVE_VERSION "\"}");
+  if ((rc = b->err ? b->err : r->version_body.err) != 0) goto fail;
+  *out = r;
+  return 0;
+fail:
+  fe_router_destroy(r);
+  return rc;
+}
+
+void fe_router_destroy(struct fe_router *r) {
+  if (!r) return;
+  fe_metrics_destroy(r->metrics);
+  fe_buf_free(&r->models_body);
+  fe_buf_free(&r->version_body);
+  fe_buf_free(&r->scratch);
+  free(r->api_key);
+  free(r->model_name);
+  free(r);
+}
+
+void fe_router_set_hooks(struct fe_router *r, const struct fe_engine_hooks *hooks) { r->hooks = *hooks; }
+struct fe_metrics *fe_router_metrics(struct fe_router *r) { return r->metrics; }
+const struct fe_metric_ids *fe_router_metric_ids(const struct fe_router *r) { return &r->ids; }

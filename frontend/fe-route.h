@@ -1,0 +1,56 @@
+/* fe-route.h — the frontend's HTTP routes (DESIGN.md, "HTTP API"): auth,
+ * dispatch by method and path, and the answers that need no engine.
+ *
+ *   GET  /health               200 once the engine's ready hook says so, 503 before
+ *   GET  /version              {"version": "..."}
+ *   GET  /v1/models            the served model with its max_model_len
+ *   GET  /metrics              Prometheus text
+ *   POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
+ *                              validated here, then handed to the engine's
+ *                              submit hook (503 "engine not ready" without one)
+ *
+ * Unknown paths are 404, a known path with the wrong method is 405 (with
+ * Allow). With an API key every route but /health needs
+ * `Authorization: Bearer KEY` (compared in constant time), else 401. */
+#ifndef LMSERVE_FE_ROUTE_H
+#define LMSERVE_FE_ROUTE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frontend/fe-api.h"
+#include "frontend/fe-http-metrics.h"
+#include "frontend/fe-server.h"
+
+struct fe_router;
+
+/* What the serving path plugs in. Every member may be NULL. */
+struct fe_engine_hooks {
+  /* 1 when a round trip to the scheduler and workers succeeded lately. */
+  int (*ready)(void *ud);
+  /* Takes a validated request: on 0 it owns *req (free it with
+   * fe_api_request_free) and answers `c` later; on a negative cm_err the
+   * router answers 503 with `why` (or a generic message) and frees req. */
+  int (*submit)(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why);
+  void *ud;
+};
+
+struct fe_route_config {
+  const char *api_key;     /* NULL or "": no auth */
+  const char *model_name;  /* the served model's name */
+  int64_t max_model_len;   /* tokens */
+};
+
+int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out);
+void fe_router_destroy(struct fe_router *r);
+void fe_router_set_hooks(struct fe_router *r, const struct fe_engine_hooks *hooks);
+struct fe_metrics *fe_router_metrics(struct fe_router *r);
+const struct fe_metric_ids *fe_router_metric_ids(const struct fe_router *r);
+
+/* The fe_server request callback; `ud` is the router. */
+void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request *req,
+                      const char *body, size_t body_len);
+
+/* Constant-time check of an Authorization header value against the key. */
+int fe_route_auth_ok(const char *header, size_t len, const char *key);
+
+#endif

@@ -1,0 +1,664 @@
+/* fe-server.c — the HTTP/1.1 server on libuv (see fe-server.h): accepting,
+ * per-connection read buffers, request framing, limits and timeouts, the
+ * write queue with backpressure, and graceful close. */
+#include "frontend/fe-server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "frontend/fe-api-error.h"
+#include "frontend/fe-http-buf.h"
+
+#define TAG "http"
+#define FE_LINGER_MS 1000u     /* ms to drain a closing connection's input */
+#define FE_READ_CHUNK 16384u   /* bytes: the least room offered to a read */
+
+enum conn_state {
+  ST_HEAD,         /* reading a request head */
+  ST_BODY_CL,      /* reading a Content-Length body */
+  ST_BODY_CHUNKED, /* reading a chunked body */
+  ST_BUSY,         /* the handler owns the request */
+  ST_CLOSING,      /* answer sent, shutting down */
+};
+
+enum timer_mode { TM_NONE, TM_IDLE, TM_HEAD, TM_BODY, TM_LINGER };
+
+struct fe_conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_write_t wreq;
+  uv_shutdown_t sreq;
+  struct fe_server *srv;
+  struct fe_conn *prev, *next;
+
+  char *rbuf;   /* bytes read and not yet consumed: [0, rlen) */
+  size_t rlen;  /* bytes */
+  size_t rsize; /* bytes allocated */
+  size_t rcap;  /* bytes: the most rsize may grow to */
+
+  enum conn_state state;
+  struct fe_http_request req;
+  struct fe_http_header *hdrs; /* (max_headers) */
+  size_t head_len;             /* bytes of the current request's head */
+  size_t body_need;            /* bytes of a Content-Length body */
+  size_t body_len;             /* bytes of chunked body decoded so far */
+  size_t scan;                 /* offset of the next undecoded chunked byte */
+  size_t consumed;             /* bytes of rbuf the busy request occupies */
+  struct fe_http_chunked ck;
+  int minor, keep_alive;
+
+  enum timer_mode timer_mode;
+  int busy;        /* handed to the handler, answer not finished */
+  int streaming;   /* a streamed answer has begun */
+  int chunked_out; /* the streamed answer uses chunked coding */
+  int closed;      /* uv_close called */
+  int close_after; /* close once the queued bytes are written */
+  int handles;     /* open libuv handles */
+  int reading;
+  int in_process;
+  int shut;        /* uv_shutdown issued */
+  void (*abort_cb)(void *ud);
+  void *abort_ud;
+
+  struct fe_buf pend; /* bytes queued, not yet handed to libuv */
+  struct fe_buf fly;  /* bytes of the write in flight */
+  int writing;
+};
+
+struct fe_server {
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  struct fe_server_limits lim;
+  fe_server_request_cb cb;
+  void *ud;
+  struct fe_conn *conns;
+  int n_conns, n_busy;
+  int draining, destroying, listener_open;
+  int port;
+  struct fe_buf scratch; /* error bodies */
+};
+
+void fe_server_limits_default(struct fe_server_limits *l) {
+  l->max_header_bytes = 16 << 10;
+  l->max_headers = 100;
+  l->max_body_bytes = 32 << 20;
+  l->header_timeout_ms = 10000;
+  l->body_timeout_ms = 30000;
+  l->idle_timeout_ms = 5000;
+  l->max_connections = 4096;
+  l->write_high_water = 256 << 10;
+  l->write_hard_limit = 16 << 20;
+}
+
+static void process(struct fe_conn *c);
+static void conn_close(struct fe_conn *c, int abort_request);
+
+/* ---- lifetime ------------------------------------------------------------ */
+
+static void server_maybe_free(struct fe_server *s) {
+  if (!s->destroying || s->n_conns || s->listener_open) return;
+  fe_buf_free(&s->scratch);
+  free(s);
+}
+
+static void conn_maybe_free(struct fe_conn *c) {
+  if (c->handles || c->busy) return;
+  struct fe_server *s = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  s->n_conns--;
+  fe_buf_free(&c->pend);
+  fe_buf_free(&c->fly);
+  free(c->rbuf);
+  free(c->hdrs);
+  free(c);
+  server_maybe_free(s);
+}
+
+static void on_handle_close(uv_handle_t *h) {
+  struct fe_conn *c = h->data;
+  c->handles--;
+  conn_maybe_free(c);
+}
+
+static void conn_close(struct fe_conn *c, int abort_request) {
+  if (c->closed) return;
+  c->closed = 1;
+  c->state = ST_CLOSING;
+  if (c->busy && c->abort_cb && abort_request) {
+    void (*cb)(void *) = c->abort_cb;
+    c->abort_cb = NULL;
+    cb(c->abort_ud);
+  }
+  uv_close((uv_handle_t *)&c->tcp, on_handle_close);
+  uv_close((uv_handle_t *)&c->timer, on_handle_close);
+}
+
+/* ---- timers ---------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t);
+
+static void set_timer(struct fe_conn *c, enum timer_mode mode) {
+  if (c->closed) return;
+  uint64_t ms = 0;
+  switch (mode) {
+  case TM_IDLE: ms = c->srv->lim.idle_timeout_ms; break;
+  case TM_HEAD: ms = c->srv->lim.header_timeout_ms; break;
+  case TM_BODY: ms = c->srv->lim.body_timeout_ms; break;
+  case TM_LINGER: ms = FE_LINGER_MS; break;
+  case TM_NONE: break;
+  }
+  c->timer_mode = mode;
+  uv_timer_stop(&c->timer);
+  if (mode != TM_NONE) uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+static size_t queued(const struct fe_conn *c) { return c->pend.len + c->fly.len; }
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+
+static void start_reading(struct fe_conn *c) {
+  if (c->reading || c->closed) return;
+  if (c->state != ST_CLOSING &&
+      (queued(c) > c->srv->lim.write_high_water || c->rlen >= c->rcap))
+    return;
+  if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = 1;
+}
+
+static void stop_reading(struct fe_conn *c) {
+  if (!c->reading || c->closed) return;
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  c->reading = 0;
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  struct fe_conn *c = req->data;
+  if (status < 0) conn_close(c, 1);
+}
+
+/* Sends FIN, then reads and discards until EOF or a short linger timer: an
+ * immediate close with unread input would reset the connection and could
+ * destroy the answer in flight. */
+static void begin_close(struct fe_conn *c) {
+  if (c->closed || c->shut) return;
+  c->shut = 1;
+  c->state = ST_CLOSING;
+  c->sreq.data = c;
+  if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
+    conn_close(c, 1);
+    return;
+  }
+  set_timer(c, TM_LINGER);
+  start_reading(c);
+}
+
+static void flush(struct fe_conn *c);
+
+static void on_write(uv_write_t *w, int status) {
+  struct fe_conn *c = w->data;
+  c->writing = 0;
+  fe_buf_reset(&c->fly);
+  if (status < 0) {
+    conn_close(c, 1);
+    return;
+  }
+  flush(c);
+  if (!c->closed && c->state != ST_CLOSING && !c->busy) process(c);
+  if (!c->closed) start_reading(c);
+}
+
+static void flush(struct fe_conn *c) {
+  if (c->closed || c->writing) return;
+  if (c->pend.len) {
+    uv_buf_t b = uv_buf_init(c->pend.data, (unsigned)c->pend.len);
+    int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    if (n < 0 && n != UV_EAGAIN) {
+      conn_close(c, 1);
+      return;
+    }
+    if (n > 0) {
+      memmove(c->pend.data, c->pend.data + n, c->pend.len - (size_t)n);
+      c->pend.len -= (size_t)n;
+    }
+  }
+  if (c->pend.len) {
+    struct fe_buf t = c->fly;
+    c->fly = c->pend;
+    c->pend = t;
+    fe_buf_reset(&c->pend);
+    uv_buf_t b = uv_buf_init(c->fly.data, (unsigned)c->fly.len);
+    c->wreq.data = c;
+    if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
+      conn_close(c, 1);
+      return;
+    }
+    c->writing = 1;
+    return;
+  }
+  fe_buf_reset(&c->pend);
+  if (c->close_after && !c->busy) begin_close(c);
+}
+
+/* Queues bytes; closes a slow reader past the hard limit. */
+static int queue(struct fe_conn *c, const char *p, size_t n) {
+  if (c->closed) return CM_ERR_CLOSED;
+  if (fe_buf_append(&c->pend, p, n) != 0 || queued(c) > c->srv->lim.write_hard_limit) {
+    cm_warn(TAG, "closing a connection that does not read its responses (%zu bytes queued)",
+            queued(c));
+    conn_close(c, 1);
+    return CM_ERR_CLOSED;
+  }
+  if (queued(c) > c->srv->lim.write_high_water) stop_reading(c);
+  return 0;
+}
+
+/* Appends a response head to the queue. content_length < 0: streamed. */
+static int write_head(struct fe_conn *c, int status, const char *ctype, const char *extra,
+                      int64_t content_length) {
+  char head[512];
+  const char *conn_hdr = !c->keep_alive ? "Connection: close\r\n"
+                         : c->minor == 0 ? "Connection: keep-alive\r\n"
+                                         : "";
+  char len_hdr[64] = "";
+  if (content_length >= 0)
+    snprintf(len_hdr, sizeof(len_hdr), "Content-Length: %lld\r\n", (long long)content_length);
+  else if (c->chunked_out)
+    snprintf(len_hdr, sizeof(len_hdr), "Transfer-Encoding: chunked\r\n");
+  int n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\nServer: lmserve\r\nContent-Type: %s\r\n%s%s",
+                   status, fe_http_status_text(status), ctype ? ctype : "application/json",
+                   len_hdr, conn_hdr);
+  if (n < 0 || (size_t)n >= sizeof(head)) return CM_ERR_TOOBIG;
+  int rc = queue(c, head, (size_t)n);
+  if (!rc && extra) rc = queue(c, extra, strlen(extra));
+  if (!rc) rc = queue(c, "\r\n", 2);
+  return rc;
+}
+
+/* Answers a request the server rejects itself, then closes. */
+static void error_close(struct fe_conn *c, int status, const char *msg) {
+  struct fe_buf *b = &c->srv->scratch;
+  fe_buf_reset(b);
+  fe_api_error_body(b, status, msg, NULL);
+  c->keep_alive = 0;
+  c->close_after = 1;
+  c->state = ST_CLOSING;
+  set_timer(c, TM_NONE);
+  if (write_head(c, status, "application/json", NULL, (int64_t)b->len) == 0)
+    queue(c, b->data, b->len);
+  flush(c);
+}
+
+/* ---- reading and framing --------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  struct fe_conn *c = h->data;
+  if (c->state == ST_CLOSING) c->rlen = 0; /* discarding */
+  if (c->rsize - c->rlen < FE_READ_CHUNK && c->rsize < c->rcap) {
+    size_t ns = c->rsize ? c->rsize * 2 : FE_READ_CHUNK;
+    while (ns - c->rlen < FE_READ_CHUNK && ns < c->rcap) ns *= 2;
+    if (ns > c->rcap) ns = c->rcap;
+    char *p = realloc(c->rbuf, ns);
+    if (p) {
+      c->rbuf = p;
+      c->rsize = ns;
+    }
+  }
+  *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rsize - c->rlen));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  struct fe_conn *c = st->data;
+  if (nread == 0) return;
+  if (nread == UV_ENOBUFS) { /* buffer full while the handler works */
+    stop_reading(c);
+    return;
+  }
+  if (nread < 0) { /* EOF or error: the client is gone */
+    conn_close(c, 1);
+    return;
+  }
+  if (c->state == ST_CLOSING) return; /* lingering: discard */
+  c->rlen += (size_t)nread;
+  if (c->state == ST_BODY_CL || c->state == ST_BODY_CHUNKED) set_timer(c, TM_BODY);
+  if (c->rlen >= c->rcap) stop_reading(c);
+  if (!c->busy) process(c);
+}
+
+static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t consumed) {
+  c->consumed = consumed;
+  c->state = ST_BUSY;
+  c->busy = 1;
+  c->streaming = 0;
+  c->chunked_out = 0;
+  c->abort_cb = NULL;
+  c->srv->n_busy++;
+  set_timer(c, TM_NONE);
+  c->srv->cb(c->srv->ud, c, &c->req, body, len);
+}
+
+static int parse_error_status(int rc) {
+  switch (rc) {
+  case CM_ERR_TOOBIG: return 431;
+  case CM_ERR_UNSUPPORTED: return 501;
+  default: return 400;
+  }
+}
+
+static void start_body(struct fe_conn *c) {
+  const struct fe_server_limits *l = &c->srv->lim;
+  c->minor = c->req.minor_version;
+  c->keep_alive = c->req.keep_alive;
+  if (c->req.chunked) {
+    c->state = ST_BODY_CHUNKED;
+    fe_http_chunked_init(&c->ck);
+    c->body_len = 0;
+    c->scan = c->head_len;
+  } else {
+    int64_t cl = c->req.content_length < 0 ? 0 : c->req.content_length;
+    if ((uint64_t)cl > l->max_body_bytes) {
+      error_close(c, 413, "request body too large");
+      return;
+    }
+    c->state = ST_BODY_CL;
+    c->body_need = (size_t)cl;
+  }
+  int complete = c->state == ST_BODY_CL && c->rlen - c->head_len >= c->body_need;
+  if (c->req.expect_continue && c->minor == 1 && !complete)
+    queue(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+  set_timer(c, TM_BODY);
+}
+
+/* Parses and hands out as many buffered requests as the connection's state
+ * allows. */
+static void process(struct fe_conn *c) {
+  if (c->in_process) return;
+  c->in_process = 1;
+  const struct fe_server_limits *l = &c->srv->lim;
+  /* a connection whose answers are not being read gets no new requests */
+  while (!c->closed && !c->busy && c->state != ST_CLOSING && queued(c) <= l->write_high_water) {
+    if (c->state == ST_HEAD) {
+      if (c->rlen == 0) {
+        if (c->srv->draining) {
+          begin_close(c);
+          break;
+        }
+        set_timer(c, TM_IDLE);
+        break;
+      }
+      int rc = fe_http_parse_request(c->rbuf, c->rlen, &c->req, c->hdrs, l->max_headers);
+      if (rc == CM_ERR_AGAIN) {
+        if (c->rlen > l->max_header_bytes) error_close(c, 431, "request header fields too large");
+        else if (c->timer_mode != TM_HEAD) set_timer(c, TM_HEAD);
+        break;
+      }
+      if (rc < 0) {
+        int st = parse_error_status(rc);
+        if (rc == CM_ERR_UNSUPPORTED && c->req.error && strstr(c->req.error, "version")) st = 505;
+        error_close(c, st, c->req.error ? c->req.error : "malformed request");
+        break;
+      }
+      if ((size_t)rc > l->max_header_bytes) {
+        error_close(c, 431, "request header fields too large");
+        break;
+      }
+      c->head_len = (size_t)rc;
+      if (c->srv->draining) {
+        error_close(c, 503, "server is shutting down");
+        break;
+      }
+      start_body(c);
+      continue;
+    }
+    if (c->state == ST_BODY_CL) {
+      if (c->rlen - c->head_len < c->body_need) break;
+      dispatch(c, c->rbuf + c->head_len, c->body_need, c->head_len + c->body_need);
+      continue;
+    }
+    if (c->state == ST_BODY_CHUNKED) {
+      size_t got = 0;
+      int64_t used = fe_http_chunked_decode(&c->ck, c->rbuf + c->scan, c->rlen - c->scan,
+                                            c->rbuf + c->head_len + c->body_len,
+                                            l->max_body_bytes - c->body_len, &got);
+      if (used < 0) {
+        error_close(c, used == CM_ERR_TOOBIG ? 413 : 400, c->ck.error);
+        break;
+      }
+      c->body_len += got;
+      c->scan += (size_t)used;
+      if (c->ck.done) {
+        dispatch(c, c->rbuf + c->head_len, c->body_len, c->scan);
+        continue;
+      }
+      size_t dst = c->head_len + c->body_len; /* compact: drop the framing */
+      memmove(c->rbuf + dst, c->rbuf + c->scan, c->rlen - c->scan);
+      c->rlen -= c->scan - dst;
+      c->scan = dst;
+      break;
+    }
+    break;
+  }
+  c->in_process = 0;
+}
+
+/* The handler finished its answer: release the request's bytes and go on
+ * with the next pipelined request. */
+static void finish(struct fe_conn *c) {
+  CM_ASSERT(c->busy);
+  c->busy = 0;
+  c->srv->n_busy--;
+  c->abort_cb = NULL;
+  if (c->closed) {
+    conn_maybe_free(c);
+    return;
+  }
+  memmove(c->rbuf, c->rbuf + c->consumed, c->rlen - c->consumed);
+  c->rlen -= c->consumed;
+  c->consumed = 0;
+  c->state = ST_HEAD;
+  if (!c->keep_alive || c->srv->draining) {
+    c->close_after = 1;
+    c->state = ST_CLOSING;
+  }
+  flush(c);
+  if (c->closed) return;
+  if (c->state != ST_CLOSING) process(c);
+  if (!c->closed) start_reading(c);
+}
+
+/* ---- answering ------------------------------------------------------------- */
+
+int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
+                    const char *extra_headers, const char *body, size_t len) {
+  CM_ASSERT(c->busy && !c->streaming);
+  int rc = CM_ERR_CLOSED;
+  if (!c->closed) {
+    if (c->srv->draining) c->keep_alive = 0;
+    rc = write_head(c, status, content_type, extra_headers, (int64_t)len);
+    if (!rc && len) rc = queue(c, body, len);
+  }
+  finish(c);
+  return rc;
+}
+
+int fe_conn_respond_error(struct fe_conn *c, int status, const char *message, const char *param) {
+  struct fe_buf *b = &c->srv->scratch;
+  fe_buf_reset(b);
+  fe_api_error_body(b, status, message, param);
+  return fe_conn_respond(c, status, "application/json", NULL, b->data, b->len);
+}
+
+int fe_conn_stream_begin(struct fe_conn *c, int status, const char *content_type,
+                         const char *extra_headers) {
+  CM_ASSERT(c->busy && !c->streaming);
+  c->streaming = 1;
+  if (c->closed) return CM_ERR_CLOSED;
+  c->chunked_out = c->minor == 1;
+  if (!c->chunked_out || c->srv->draining) c->keep_alive = 0;
+  int rc = write_head(c, status, content_type, extra_headers, -1);
+  if (!rc) flush(c);
+  return c->closed ? CM_ERR_CLOSED : rc;
+}
+
+int fe_conn_stream_write(struct fe_conn *c, const char *data, size_t len) {
+  CM_ASSERT(c->busy && c->streaming);
+  if (c->closed) return CM_ERR_CLOSED;
+  if (len == 0) return 0; /* an empty chunk would end the body */
+  int rc = 0;
+  if (c->chunked_out) {
+    char size[24];
+    int n = snprintf(size, sizeof(size), "%zx\r\n", len);
+    rc = queue(c, size, (size_t)n);
+    if (!rc) rc = queue(c, data, len);
+    if (!rc) rc = queue(c, "\r\n", 2);
+  } else {
+    rc = queue(c, data, len);
+  }
+  if (!rc) flush(c);
+  return c->closed ? CM_ERR_CLOSED : rc;
+}
+
+int fe_conn_stream_end(struct fe_conn *c) {
+  CM_ASSERT(c->busy && c->streaming);
+  int rc = CM_ERR_CLOSED;
+  if (!c->closed) rc = c->chunked_out ? queue(c, "0\r\n\r\n", 5) : 0;
+  c->streaming = 0;
+  finish(c);
+  return rc;
+}
+
+void fe_conn_set_abort_cb(struct fe_conn *c, void (*cb)(void *ud), void *ud) {
+  c->abort_cb = cb;
+  c->abort_ud = ud;
+}
+
+int fe_conn_closed(const struct fe_conn *c) { return c->closed; }
+size_t fe_conn_write_queued(const struct fe_conn *c) { return queued(c); }
+
+/* ---- the listener ---------------------------------------------------------- */
+
+static void on_connection(uv_stream_t *ls, int status) {
+  struct fe_server *s = ls->data;
+  if (status < 0) {
+    cm_warn(TAG, "accept failed: %s", uv_strerror(status));
+    return;
+  }
+  struct fe_conn *c = calloc(1, sizeof(*c));
+  struct fe_http_header *h = calloc(s->lim.max_headers, sizeof(*h));
+  if (!c || !h || uv_tcp_init(s->loop, &c->tcp) != 0) {
+    cm_error(TAG, "out of memory accepting a connection");
+    free(c);
+    free(h);
+    return;
+  }
+  c->srv = s;
+  c->hdrs = h;
+  c->handles = 1;
+  c->tcp.data = c;
+  uv_timer_init(s->loop, &c->timer);
+  c->timer.data = c;
+  c->handles = 2;
+  c->rcap = s->lim.max_header_bytes + s->lim.max_body_bytes + 2 * FE_READ_CHUNK;
+  c->keep_alive = 1;
+  c->minor = 1;
+  fe_buf_init(&c->pend, 0);
+  fe_buf_init(&c->fly, 0);
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  s->conns = c;
+  s->n_conns++;
+  if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+    conn_close(c, 0);
+    return;
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  if (s->n_conns > s->lim.max_connections) {
+    error_close(c, 503, "too many connections");
+    return;
+  }
+  set_timer(c, TM_HEAD);
+  start_reading(c);
+}
+
+static void on_timer(uv_timer_t *t) {
+  struct fe_conn *c = t->data;
+  switch (c->timer_mode) {
+  case TM_IDLE:
+  case TM_LINGER: conn_close(c, 0); break;
+  case TM_HEAD:
+    if (c->rlen == 0) conn_close(c, 0); /* connected and sent nothing */
+    else error_close(c, 408, "timed out reading the request head");
+    break;
+  case TM_BODY: error_close(c, 408, "timed out reading the request body"); break;
+  case TM_NONE: break;
+  }
+}
+
+int fe_server_create(uv_loop_t *loop, const char *host, int port,
+                     const struct fe_server_limits *limits, fe_server_request_cb cb, void *ud,
+                     struct fe_server **out) {
+  struct sockaddr_storage addr;
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
+      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
+    cm_error(TAG, "invalid listen address '%s' (an IPv4 or IPv6 literal)", host);
+    return CM_ERR_INVAL;
+  }
+  struct fe_server *s = calloc(1, sizeof(*s));
+  if (!s) return CM_ERR_NOMEM;
+  s->loop = loop;
+  s->lim = *limits;
+  s->cb = cb;
+  s->ud = ud;
+  fe_buf_init(&s->scratch, 0);
+  uv_tcp_init(loop, &s->listener);
+  s->listener.data = s;
+  s->listener_open = 1;
+  int rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
+  if (rc) {
+    cm_error(TAG, "cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+    s->destroying = 1;
+    fe_server_destroy(s);
+    return CM_ERR_IO;
+  }
+  struct sockaddr_storage bound;
+  int blen = sizeof(bound);
+  uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &blen);
+  s->port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
+                                        : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+  *out = s;
+  return 0;
+}
+
+int fe_server_port(const struct fe_server *s) { return s->port; }
+int fe_server_draining(const struct fe_server *s) { return s->draining; }
+int fe_server_busy(const struct fe_server *s) { return s->n_busy; }
+int fe_server_connections(const struct fe_server *s) { return s->n_conns; }
+
+void fe_server_drain(struct fe_server *s) {
+  s->draining = 1;
+  for (struct fe_conn *c = s->conns, *n; c; c = n) {
+    n = c->next;
+    if (!c->busy && c->state == ST_HEAD && c->rlen == 0) begin_close(c);
+  }
+}
+
+static void on_listener_close(uv_handle_t *h) {
+  struct fe_server *s = h->data;
+  s->listener_open = 0;
+  server_maybe_free(s);
+}
+
+void fe_server_destroy(struct fe_server *s) {
+  s->destroying = 1;
+  for (struct fe_conn *c = s->conns; c; c = c->next) conn_close(c, 1);
+  if (!uv_is_closing((uv_handle_t *)&s->listener))
+    uv_close((uv_handle_t *)&s->listener, on_listener_close);
+}

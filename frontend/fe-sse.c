@@ -1,0 +1,75 @@
+/* fe-sse.c — OpenAI streaming over server-sent events (see fe-sse.h). */
+#include "frontend/fe-sse.h"
+
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-api-error.h"
+
+#define SSE_BUF_CAP ((size_t)8 << 20) /* bytes: one chunk's JSON at most */
+
+int fe_sse_frame(struct fe_buf *out, const char *json, size_t len) {
+  fe_buf_puts(out, "data: ");
+  fe_buf_append(out, json, len);
+  return fe_buf_puts(out, "\n\n");
+}
+
+/* Sends what is in s->buf (built after the "data: " prefix) as one event. */
+static int send_event(struct fe_sse_stream *s) {
+  if (fe_buf_puts(&s->buf, "\n\n") != 0) return CM_ERR_NOMEM;
+  return fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+}
+
+int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api_request *r,
+                 const char *id_prefix, int64_t created) {
+  memset(s, 0, sizeof(*s));
+  s->conn = c;
+  s->kind = r->kind;
+  s->n = r->n;
+  s->include_usage = r->include_usage;
+  fe_api_make_id(s->id, sizeof(s->id), id_prefix);
+  s->meta.id = s->id;
+  s->meta.created = created;
+  s->meta.model = r->model;
+  fe_buf_init(&s->buf, SSE_BUF_CAP);
+  return fe_conn_stream_begin(c, 200, "text/event-stream",
+                              "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+}
+
+int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
+  if (fe_conn_closed(s->conn)) return CM_ERR_CLOSED;
+  if (choice->index < 0 || choice->index >= s->n) return CM_ERR_RANGE;
+  fe_buf_reset(&s->buf);
+  fe_buf_puts(&s->buf, "data: ");
+  if (s->kind == FE_API_CHAT) {
+    int first = !s->role_sent[choice->index];
+    s->role_sent[choice->index] = 1;
+    fe_api_write_chat_chunk(&s->buf, &s->meta, choice, first);
+  } else {
+    fe_api_write_completion_chunk(&s->buf, &s->meta, choice);
+  }
+  return send_event(s);
+}
+
+int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message) {
+  fe_buf_reset(&s->buf);
+  fe_buf_puts(&s->buf, "data: ");
+  fe_api_error_body(&s->buf, status, message, NULL);
+  return send_event(s);
+}
+
+int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
+  int rc = 0;
+  if (!fe_conn_closed(s->conn)) {
+    if (s->include_usage && u) {
+      fe_buf_reset(&s->buf);
+      fe_buf_puts(&s->buf, "data: ");
+      fe_api_write_usage_chunk(&s->buf, s->kind, &s->meta, u);
+      rc = send_event(s);
+    }
+    if (!rc) rc = fe_conn_stream_write(s->conn, "data: [DONE]\n\n", 14);
+  }
+  int rc2 = fe_conn_stream_end(s->conn);
+  fe_buf_free(&s->buf);
+  return rc ? rc : rc2;
+}

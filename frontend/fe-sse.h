@@ -1,0 +1,46 @@
+/* fe-sse.h — a server-sent-events stream of OpenAI chunks on one
+ * connection: `data: {...}\n\n` per chunk, chat deltas with the assistant
+ * role first, a final chunk per choice with its finish_reason, a usage chunk
+ * when stream_options.include_usage was set, then `data: [DONE]\n\n`.
+ *
+ * The serving path creates one per streamed request and feeds it deltas as
+ * tokens are detokenized. Each call returns CM_ERR_CLOSED once the client is
+ * gone; the serving path then aborts the request (the connection's abort
+ * callback fires as well) and still calls fe_sse_end() to release it. */
+#ifndef LMSERVE_FE_SSE_H
+#define LMSERVE_FE_SSE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frontend/fe-api-resp.h"
+#include "frontend/fe-api.h"
+#include "frontend/fe-http-buf.h"
+#include "frontend/fe-server.h"
+
+struct fe_sse_stream {
+  struct fe_conn *conn;
+  enum fe_api_kind kind;       /* FE_API_COMPLETION or FE_API_CHAT */
+  struct fe_api_resp_meta meta;
+  char id[64];
+  int n;                       /* choices */
+  int include_usage;
+  uint8_t role_sent[FE_API_MAX_N]; /* chat: the role delta went out for choice i */
+  struct fe_buf buf;           /* reused for every chunk */
+};
+
+/* Starts the stream (200, text/event-stream) for request `r`. */
+int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api_request *r,
+                 const char *id_prefix, int64_t created);
+/* Sends one choice's new text (and its logprobs); finish_reason set on the
+ * choice's last chunk. */
+int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice);
+/* Sends an error event (OpenAI envelope) for a failure mid-stream. */
+int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message);
+/* Sends the usage chunk (when asked for; u may be NULL otherwise) and
+ * [DONE], ends the response and frees the stream's buffer. */
+int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u);
+
+/* Frames a JSON payload as one SSE event ("data: " + json + "\n\n"). */
+int fe_sse_frame(struct fe_buf *out, const char *json, size_t len);
+
+#endif
