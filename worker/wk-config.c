@@ -1,0 +1,498 @@
+/* wk-config.c — config.json / generation_config.json parsing and the
+ * per-layer plan (layer kinds, head dims, KV sharing) of Gemma 3 / Gemma 4. */
+#include "worker/wk-config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+
+static int cfg_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int cfg_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+const char *wk_arch_name(enum wk_arch arch) {
+  switch (arch) {
+  case WK_ARCH_GEMMA3: return "gemma3";
+  case WK_ARCH_GEMMA4: return "gemma4";
+  case WK_ARCH_GEMMA4_ASSISTANT: return "gemma4_assistant";
+  }
+  return "?";
+}
+
+int wk_read_file(const char *path, size_t cap, char **out, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return errno == ENOENT ? CM_ERR_NOENT : CM_ERR_IO;
+  size_t n = 0, c = 4096;
+  char *buf = malloc(c + 1);
+  if (!buf) {
+    fclose(f);
+    return CM_ERR_NOMEM;
+  }
+  for (;;) {
+    if (n == c) {
+      if (c >= cap) {
+        free(buf);
+        fclose(f);
+        return CM_ERR_TOOBIG;
+      }
+      c = CM_MIN(c * 2, cap);
+      char *nb = realloc(buf, c + 1);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return CM_ERR_NOMEM;
+      }
+      buf = nb;
+    }
+    size_t r = fread(buf + n, 1, c - n, f);
+    n += r;
+    if (r == 0) break;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return CM_ERR_IO;
+  }
+  buf[n] = 0;
+  *out = buf;
+  if (len) *len = n;
+  return CM_OK;
+}
+
+/* ---- typed field readers ------------------------------------------------- */
+
+/* Integer field: absent -> def (or error when required). */
+static int get_int(const json_t *o, const char *key, int required, long long def, long long lo,
+                   long long hi, long long *out, char *err, size_t errlen) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) {
+    if (required) return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s missing", key);
+    *out = def;
+    return 0;
+  }
+  long long x;
+  if (json_is_integer(v)) {
+    x = json_integer_value(v);
+  } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+             fabs(json_real_value(v)) < 9e15) {
+    x = (long long)json_real_value(v);
+  } else {
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not an integer", key);
+  }
+  if (x < lo || x > hi)
+    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %lld outside [%lld, %lld]", key,
+                    x, lo, hi);
+  *out = x;
+  return 0;
+}
+
+static int get_num(const json_t *o, const char *key, double def, double lo, double hi,
+                   double *out, char *err, size_t errlen) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) {
+    *out = def;
+    return 0;
+  }
+  if (!json_is_number(v))
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a number", key);
+  double x = json_number_value(v);
+  if (!(x >= lo && x <= hi))
+    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %g outside [%g, %g]", key, x,
+                    lo, hi);
+  *out = x;
+  return 0;
+}
+
+static int get_bool(const json_t *o, const char *key, int def, int *out, char *err,
+                    size_t errlen) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) {
+    *out = def;
+    return 0;
+  }
+  if (!json_is_boolean(v))
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a boolean", key);
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* eos_token_id: an integer or a list of integers. */
+static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, char *err,
+                   size_t errlen) {
+  const json_t *v = json_object_get(o, "eos_token_id");
+  if (!v || json_is_null(v)) return 0;
+  int n = 0;
+  if (json_is_integer(v)) {
+    cfg->eos_ids[n++] = (int)json_integer_value(v);
+  } else if (json_is_array(v)) {
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) {
+      if (!json_is_integer(e))
+        return cfg_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id[%zu] is not an integer", file,
+                        i);
+      if (n < WK_MAX_EOS) cfg->eos_ids[n++] = (int)json_integer_value(e);
+    }
+  } else {
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id is not an integer or list", file);
+  }
+  for (int i = 0; i < n; i++)
+    if (cfg->eos_ids[i] < 0 || cfg->eos_ids[i] >= cfg->vocab)
+      return cfg_fail(err, errlen, CM_ERR_RANGE, "%s: eos_token_id %d outside the vocabulary",
+                      file, cfg->eos_ids[i]);
+  cfg->n_eos = n;
+  return 0;
+}
+
+/* One rope_parameters entry (newer configs). */
+static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim,
+                            struct wk_rope *r, char *err, size_t errlen) {
+  if (!json_is_object(e))
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: rope_parameters.%s is not an object",
+                    kind_name);
+  const json_t *t = json_object_get(e, "rope_type");
+  if (!t) t = json_object_get(e, "type");
+  const char *type = t && json_is_string(t) ? json_string_value(t) : "default";
+  int rc;
+  double partial = 1.0;
+  if ((rc = get_num(e, "rope_theta", r->theta, 1.0, 1e12, &r->theta, err, errlen))) return rc;
+  if ((rc = get_num(e, "factor", 1.0, 1e-3, 1e6, &r->factor, err, errlen))) return rc;
+  if ((rc = get_num(e, "partial_rotary_factor", 1.0, 0.0, 1.0, &partial, err, errlen))) return rc;
+  if (!strcmp(type, "default") || !strcmp(type, "linear")) {
+    if (!strcmp(type, "default")) r->factor = 1.0;
+    if (partial != 1.0)
+      return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                      "config.json: rope_parameters.%s: partial_rotary_factor with rope_type "
+                      "\"%s\" is not supported",
+                      kind_name, type);
+    r->rot_pairs = head_dim / 2;
+  } else if (!strcmp(type, "proportional")) {
+    /* The first partial * head_dim / 2 pairs rotate with exponents over the
+     * whole head dim; the rest are the identity. */
+    r->rot_pairs = (int)floor(partial * head_dim / 2.0);
+  } else {
+    return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                    "config.json: rope_parameters.%s.rope_type \"%s\" is not supported", kind_name,
+                    type);
+  }
+  return 0;
+}
+
+static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_layer_kind *kinds,
+                             char *err, size_t errlen) {
+  const json_t *lt = json_object_get(tc, "layer_types");
+  if (lt && !json_is_null(lt)) {
+    if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
+      return cfg_fail(err, errlen, CM_ERR_SHAPE,
+                      "config.json: layer_types must list %d entries (num_hidden_layers)",
+                      cfg->n_layers);
+    for (int i = 0; i < cfg->n_layers; i++) {
+      const json_t *e = json_array_get(lt, (size_t)i);
+      const char *s = json_is_string(e) ? json_string_value(e) : "";
+      if (!strcmp(s, "sliding_attention")) kinds[i] = WK_LAYER_SLIDING;
+      else if (!strcmp(s, "full_attention")) kinds[i] = WK_LAYER_FULL;
+      else
+        return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                        "config.json: layer_types[%d] \"%s\" is not supported", i, s);
+    }
+    return 0;
+  }
+  long long pattern;
+  int rc = get_int(tc, "sliding_window_pattern", 0, 6, 1, 1000, &pattern, err, errlen);
+  if (rc) return rc;
+  for (int i = 0; i < cfg->n_layers; i++)
+    kinds[i] = ((i + 1) % pattern) == 0 ? WK_LAYER_FULL : WK_LAYER_SLIDING;
+  if (cfg->arch != WK_ARCH_GEMMA3) kinds[cfg->n_layers - 1] = WK_LAYER_FULL;
+  return 0;
+}
+
+static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t errlen) {
+  struct wk_rope *sl = &cfg->rope[WK_LAYER_SLIDING], *fu = &cfg->rope[WK_LAYER_FULL];
+  int gemma4 = cfg->arch != WK_ARCH_GEMMA3;
+  /* defaults */
+  sl->theta = 10000.0;
+  sl->factor = 1.0;
+  sl->rot_pairs = cfg->head_dim / 2;
+  fu->theta = 1000000.0;
+  fu->factor = 1.0;
+  fu->rot_pairs = gemma4 ? (int)floor(0.25 * cfg->global_head_dim / 2.0) : cfg->global_head_dim / 2;
+  const json_t *rp = json_object_get(tc, "rope_parameters");
+  int rc;
+  if (rp && json_is_object(rp) && (json_object_get(rp, "sliding_attention") ||
+                                   json_object_get(rp, "full_attention"))) {
+    const json_t *e;
+    if ((e = json_object_get(rp, "sliding_attention")) &&
+        (rc = parse_rope_entry(e, "sliding_attention", cfg->head_dim, sl, err, errlen)))
+      return rc;
+    if ((e = json_object_get(rp, "full_attention")) &&
+        (rc = parse_rope_entry(e, "full_attention", cfg->global_head_dim, fu, err, errlen)))
+      return rc;
+    return 0;
+  }
+  if (rp && json_is_object(rp)) { /* one entry for every layer */
+    if ((rc = parse_rope_entry(rp, "*", cfg->head_dim, sl, err, errlen))) return rc;
+    *fu = *sl;
+    fu->rot_pairs = fu->rot_pairs * cfg->global_head_dim / cfg->head_dim;
+    return 0;
+  }
+  /* older generation */
+  if ((rc = get_num(tc, "rope_theta", fu->theta, 1.0, 1e12, &fu->theta, err, errlen))) return rc;
+  if ((rc = get_num(tc, "rope_local_base_freq", sl->theta, 1.0, 1e12, &sl->theta, err, errlen)))
+    return rc;
+  const json_t *rs = json_object_get(tc, "rope_scaling");
+  if (rs && json_is_object(rs)) {
+    if ((rc = parse_rope_entry(rs, "rope_scaling", cfg->global_head_dim, &(struct wk_rope){0},
+                               err, errlen)))
+      return rc;
+    const json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    if (t && json_is_string(t) && !strcmp(json_string_value(t), "linear"))
+      if ((rc = get_num(rs, "factor", 1.0, 1e-3, 1e6, &fu->factor, err, errlen))) return rc;
+  }
+  return 0;
+}
+
+/* Derives the per-layer plan once every scalar field is known. */
+static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds, char *err,
+                       size_t errlen) {
+  int L = cfg->n_layers;
+  int first_shared = L - cfg->n_kv_shared;
+  int assistant = cfg->arch == WK_ARCH_GEMMA4_ASSISTANT;
+  for (int i = 0; i < L; i++) {
+    struct wk_layer_cfg *l = &cfg->layers[i];
+    l->kind = kinds[i];
+    l->head_dim = l->kind == WK_LAYER_FULL ? cfg->global_head_dim : cfg->head_dim;
+    l->k_eq_v = cfg->k_eq_v && l->kind == WK_LAYER_FULL;
+    l->n_kv_heads = l->k_eq_v && cfg->n_global_kv_heads ? cfg->n_global_kv_heads : cfg->n_kv_heads;
+    if (cfg->n_heads % l->n_kv_heads)
+      return cfg_fail(err, errlen, CM_ERR_INVAL,
+                      "config.json: layer %d: %d heads are not a multiple of %d KV heads", i,
+                      cfg->n_heads, l->n_kv_heads);
+    l->kv_shared = i >= first_shared;
+    l->kv_source = i;
+    if (assistant) {
+      l->kv_source = -1;
+    } else if (l->kv_shared) {
+      l->kv_source = -1;
+      for (int j = first_shared - 1; j >= 0; j--)
+        if (kinds[j] == l->kind) {
+          l->kv_source = j;
+          break;
+        }
+      if (l->kv_source < 0)
+        return cfg_fail(err, errlen, CM_ERR_INVAL,
+                        "config.json: KV-shared layer %d has no earlier %s layer to read", i,
+                        l->kind == WK_LAYER_FULL ? "full" : "sliding");
+    }
+    l->ffn_dim = cfg->ffn * (cfg->double_wide_mlp && l->kv_shared && first_shared > 0 ? 2 : 1);
+  }
+  return 0;
+}
+
+int wk_config_last_storing_layer(const struct wk_config *cfg, enum wk_layer_kind kind) {
+  for (int j = cfg->n_layers - cfg->n_kv_shared - 1; j >= 0; j--)
+    if (cfg->layers[j].kind == kind) return j;
+  return -1;
+}
+
+static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cfg, char *err,
+                      size_t errlen) {
+  long long v;
+  int rc;
+#define INT_FIELD(key, req, def, lo, hi, dst) \
+  do { \
+    if ((rc = get_int(tc, key, req, def, lo, hi, &v, err, errlen))) return rc; \
+    dst = (int)v; \
+  } while (0)
+  INT_FIELD("vocab_size", 1, 0, 1, 1 << 22, cfg->vocab);
+  INT_FIELD("hidden_size", 1, 0, 1, 65536, cfg->hidden);
+  INT_FIELD("intermediate_size", 1, 0, 1, 1 << 20, cfg->ffn);
+  INT_FIELD("num_hidden_layers", 1, 0, 1, WK_MAX_LAYERS, cfg->n_layers);
+  INT_FIELD("num_attention_heads", 1, 0, 1, 1024, cfg->n_heads);
+  INT_FIELD("num_key_value_heads", 0, cfg->n_heads, 1, 1024, cfg->n_kv_heads);
+  INT_FIELD("head_dim", 0, cfg->hidden / cfg->n_heads, 2, 512, cfg->head_dim);
+  INT_FIELD("global_head_dim", 0, cfg->head_dim, 2, 512, cfg->global_head_dim);
+  INT_FIELD("num_global_key_value_heads", 0, 0, 0, 1024, cfg->n_global_kv_heads);
+  INT_FIELD("sliding_window", 0, 4096, 1, 1 << 24, cfg->sliding_window);
+  INT_FIELD("max_position_embeddings", 0, 131072, 1, 1 << 24, cfg->max_pos);
+  INT_FIELD("num_kv_shared_layers", 0, 0, 0, cfg->n_layers, cfg->n_kv_shared);
+  INT_FIELD("hidden_size_per_layer_input", 0, 0, 0, 65536, cfg->ple_dim);
+  INT_FIELD("vocab_size_per_layer_input", 0, cfg->vocab, 0, 1 << 22, cfg->ple_vocab);
+  INT_FIELD("bos_token_id", 0, 2, 0, cfg->vocab - 1, cfg->bos_id);
+  INT_FIELD("pad_token_id", 0, 0, 0, cfg->vocab - 1, cfg->pad_id);
+  if (cfg->head_dim % 2 || cfg->global_head_dim % 2)
+    return cfg_fail(err, errlen, CM_ERR_INVAL, "config.json: head dims must be even");
+  if (cfg->arch == WK_ARCH_GEMMA3 && json_object_get(tc, "global_head_dim"))
+    cfg->global_head_dim = cfg->head_dim; /* not a Gemma 3 field */
+  if ((rc = get_num(tc, "rms_norm_eps", 1e-6, 0.0, 1.0, &cfg->eps, err, errlen))) return rc;
+  double qpas;
+  if ((rc = get_num(tc, "query_pre_attn_scalar", cfg->head_dim, 1e-6, 1e9, &qpas, err, errlen)))
+    return rc;
+  cfg->attn_scale = cfg->arch == WK_ARCH_GEMMA3 ? 1.0 / sqrt(qpas) : 1.0;
+  if ((rc = get_num(tc, "attn_logit_softcapping", 0.0, 0.0, 1e9, &cfg->attn_softcap, err, errlen)))
+    return rc;
+  if ((rc = get_num(tc, "final_logit_softcapping", 0.0, 0.0, 1e9, &cfg->final_softcap, err,
+                    errlen)))
+    return rc;
+  if ((rc = get_bool(tc, "attention_k_eq_v", 0, &cfg->k_eq_v, err, errlen))) return rc;
+  if ((rc = get_bool(tc, "use_double_wide_mlp", 0, &cfg->double_wide_mlp, err, errlen))) return rc;
+  if ((rc = get_bool(tc, "enable_moe_block", 0, &cfg->moe, err, errlen))) return rc;
+  int tie_root = 1;
+  if ((rc = get_bool(root, "tie_word_embeddings", 1, &tie_root, err, errlen))) return rc;
+  if ((rc = get_bool(tc, "tie_word_embeddings", tie_root, &cfg->tie_embeddings, err, errlen)))
+    return rc;
+  if (cfg->moe) {
+    INT_FIELD("num_experts", 1, 0, 1, 4096, cfg->n_experts);
+    INT_FIELD("top_k_experts", 1, 0, 1, cfg->n_experts, cfg->top_k_experts);
+    INT_FIELD("moe_intermediate_size", 1, 0, 1, 1 << 20, cfg->moe_ffn);
+  }
+  if (cfg->ple_dim && cfg->ple_vocab < 1)
+    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: vocab_size_per_layer_input is 0");
+  const json_t *act = json_object_get(tc, "hidden_activation");
+  if (!act) act = json_object_get(tc, "hidden_act");
+  if (act && json_is_string(act) && strcmp(json_string_value(act), "gelu_pytorch_tanh") &&
+      strcmp(json_string_value(act), "gelu_tanh"))
+    return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                    "config.json: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)",
+                    json_string_value(act));
+  if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT && cfg->n_kv_shared == 0)
+    cfg->n_kv_shared = cfg->n_layers; /* every assistant layer reads the target */
+#undef INT_FIELD
+  enum wk_layer_kind kinds[WK_MAX_LAYERS];
+  if ((rc = parse_layer_types(tc, cfg, kinds, err, errlen))) return rc;
+  if ((rc = parse_rope(tc, cfg, err, errlen))) return rc;
+  if ((rc = get_eos(tc, cfg, "config.json", err, errlen))) return rc;
+  if (!cfg->n_eos && (rc = get_eos(root, cfg, "config.json", err, errlen))) return rc;
+  if (!cfg->n_eos) {
+    cfg->eos_ids[0] = 1 < cfg->vocab ? 1 : 0;
+    cfg->n_eos = 1;
+  }
+  return plan_layers(cfg, kinds, err, errlen);
+}
+
+int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err,
+                    size_t errlen) {
+  memset(cfg, 0, sizeof(*cfg));
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root)
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: line %d column %d: %s", jerr.line,
+                    jerr.column, jerr.text);
+  int rc = 0;
+  if (!json_is_object(root)) {
+    rc = cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: not a JSON object");
+    goto done;
+  }
+  const json_t *mt = json_object_get(root, "model_type");
+  if (!mt || !json_is_string(mt)) {
+    rc = cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: model_type missing");
+    goto done;
+  }
+  const char *type = json_string_value(mt);
+  snprintf(cfg->model_type, sizeof(cfg->model_type), "%s", type);
+  const json_t *tc = root;
+  int nested = 0;
+  if (!strcmp(type, "gemma3_text")) {
+    cfg->arch = WK_ARCH_GEMMA3;
+  } else if (!strcmp(type, "gemma3")) {
+    cfg->arch = WK_ARCH_GEMMA3;
+    nested = 1;
+  } else if (!strcmp(type, "gemma4_text")) {
+    cfg->arch = WK_ARCH_GEMMA4;
+  } else if (!strcmp(type, "gemma4")) {
+    cfg->arch = WK_ARCH_GEMMA4;
+    nested = 1;
+  } else if (!strcmp(type, "gemma4_assistant")) {
+    cfg->arch = WK_ARCH_GEMMA4_ASSISTANT;
+    nested = 1;
+  } else {
+    rc = cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                  "config.json: model_type \"%s\" is not supported (gemma3_text, gemma3, "
+                  "gemma4_text, gemma4, gemma4_assistant)",
+                  type);
+    goto done;
+  }
+  if (nested) {
+    tc = json_object_get(root, "text_config");
+    if (!tc || !json_is_object(tc)) {
+      rc = cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: text_config missing for %s", type);
+      goto done;
+    }
+  }
+  if ((rc = parse_text(root, tc, cfg, err, errlen))) goto done;
+  if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT) {
+    long long v;
+    if ((rc = get_int(root, "backbone_hidden_size", 1, 0, 1, 65536, &v, err, errlen))) goto done;
+    cfg->backbone_hidden = (int)v;
+    if ((rc = get_bool(root, "use_ordered_embeddings", 0, &cfg->use_ordered_embeddings, err,
+                       errlen)))
+      goto done;
+    if ((rc = get_int(root, "num_centroids", 0, 2048, 1, 1 << 20, &v, err, errlen))) goto done;
+    cfg->num_centroids = (int)v;
+    if ((rc = get_int(root, "centroid_intermediate_top_k", 0, 32, 1, cfg->num_centroids, &v, err,
+                      errlen)))
+      goto done;
+    cfg->centroid_top_k = (int)v;
+    if (cfg->use_ordered_embeddings && cfg->vocab % cfg->num_centroids) {
+      rc = cfg_fail(err, errlen, CM_ERR_INVAL,
+                    "config.json: vocab_size %d is not a multiple of num_centroids %d", cfg->vocab,
+                    cfg->num_centroids);
+      goto done;
+    }
+  }
+done:
+  json_decref(root);
+  return rc;
+}
+
+int wk_config_parse_generation(const char *text, size_t len, struct wk_config *cfg, char *err,
+                               size_t errlen) {
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, 0, &jerr);
+  if (!root)
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: line %d column %d: %s",
+                    jerr.line, jerr.column, jerr.text);
+  int rc = 0;
+  if (!json_is_object(root))
+    rc = cfg_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: not a JSON object");
+  else
+    rc = get_eos(root, cfg, "generation_config.json", err, errlen);
+  json_decref(root);
+  return rc;
+}
+
+int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/config.json", dir);
+  char *text = NULL;
+  size_t len = 0;
+  int rc = wk_read_file(path, 16u << 20, &text, &len);
+  if (rc) return cfg_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  rc = wk_config_parse(text, len, cfg, err, errlen);
+  free(text);
+  if (rc) return rc;
+  snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+  rc = wk_read_file(path, 16u << 20, &text, &len);
+  if (rc == CM_ERR_NOENT) return 0;
+  if (rc) return cfg_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  rc = wk_config_parse_generation(text, len, cfg, err, errlen);
+  free(text);
+  return rc;
+}

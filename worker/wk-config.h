@@ -1,0 +1,128 @@
+/* wk-config.h — a model's architecture, parsed from Hugging Face config.json.
+ *
+ * Accepted model_type values and where their fields live:
+ *   gemma3_text        top level (Gemma3ForCausalLM checkpoints)
+ *   gemma3             text settings nested under "text_config" (multimodal)
+ *   gemma4_text        top level
+ *   gemma4             nested under "text_config"
+ *   gemma4_assistant   MTP draft model: "backbone_hidden_size",
+ *                      "use_ordered_embeddings", "num_centroids",
+ *                      "centroid_intermediate_top_k" at top level, the stack
+ *                      under "text_config" (every layer KV-shared)
+ *
+ * Both generations of fields are read:
+ *   older: "sliding_window_pattern", "rope_theta", "rope_local_base_freq",
+ *          "rope_scaling" {"rope_type"|"type": "linear", "factor"}
+ *   newer: "layer_types" ["sliding_attention"|"full_attention", ...],
+ *          "rope_parameters" {"sliding_attention": {...}, "full_attention": {...}}
+ *          each {"rope_type": "default"|"linear"|"proportional", "rope_theta",
+ *          "factor", "partial_rotary_factor"}
+ * Other fields: vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+ * num_attention_heads, num_key_value_heads, head_dim, global_head_dim,
+ * num_global_key_value_heads, query_pre_attn_scalar, sliding_window,
+ * max_position_embeddings, rms_norm_eps, attn_logit_softcapping,
+ * final_logit_softcapping, attention_k_eq_v, num_kv_shared_layers,
+ * use_double_wide_mlp, hidden_size_per_layer_input, vocab_size_per_layer_input,
+ * enable_moe_block, num_experts, top_k_experts, moe_intermediate_size,
+ * hidden_activation, tie_word_embeddings, eos_token_id, bos_token_id,
+ * pad_token_id. Anything structural that is missing or out of range is an
+ * error naming the field; the per-layer plan (wk_layer_cfg) is derived here. */
+#ifndef LMSERVE_WK_CONFIG_H
+#define LMSERVE_WK_CONFIG_H
+#include <stddef.h>
+
+#define WK_MAX_LAYERS 256
+#define WK_MAX_EOS 8
+
+enum wk_arch {
+  WK_ARCH_GEMMA3 = 1,
+  WK_ARCH_GEMMA4 = 2,
+  WK_ARCH_GEMMA4_ASSISTANT = 3,
+};
+
+enum wk_layer_kind {
+  WK_LAYER_SLIDING = 0,
+  WK_LAYER_FULL = 1,
+};
+
+/* RoPE of one layer kind. inv_freq[i] = factor^-1 * theta^(-2i/head_dim) for
+ * i < rot_pairs, 0 (identity) for rot_pairs <= i < head_dim/2. */
+struct wk_rope {
+  double theta;
+  double factor;  /* linear scaling (positions / factor); 1 = none */
+  int rot_pairs;  /* rotated frequency pairs; head_dim/2 = full RoPE */
+};
+
+/* What one decoder layer looks like. */
+struct wk_layer_cfg {
+  enum wk_layer_kind kind;
+  int head_dim;    /* elements per attention head */
+  int n_kv_heads;  /* key/value heads (num_global_key_value_heads on k_eq_v layers) */
+  int k_eq_v;      /* 1: no v_proj, V = v_norm(raw K projection) */
+  int kv_shared;   /* 1: computes Q only, reads kv_source's cache */
+  int kv_source;   /* layer whose K/V this layer attends to (itself when storing);
+                      -1 for an assistant layer (reads the target model's cache) */
+  int ffn_dim;     /* MLP intermediate width (2x on double-wide shared layers) */
+};
+
+struct wk_config {
+  enum wk_arch arch;
+  char model_type[32];
+  int vocab;             /* tokens */
+  int hidden;            /* residual width */
+  int ffn;               /* intermediate_size */
+  int n_layers;
+  int n_heads;           /* query heads */
+  int n_kv_heads;        /* num_key_value_heads */
+  int head_dim;          /* sliding (and Gemma 3) head dim */
+  int global_head_dim;   /* full-layer head dim (Gemma 4), else head_dim */
+  int n_global_kv_heads; /* for attention_k_eq_v full layers; 0 = n_kv_heads */
+  int sliding_window;    /* tokens a sliding query sees (itself included) */
+  int max_pos;           /* max_position_embeddings */
+  double eps;            /* rms_norm_eps */
+  double attn_scale;     /* query_pre_attn_scalar^-0.5 (Gemma 3) or 1.0 (Gemma 4) */
+  double attn_softcap;   /* 0 = none */
+  double final_softcap;  /* 0 = none */
+  struct wk_rope rope[2]; /* by enum wk_layer_kind */
+  int k_eq_v;            /* attention_k_eq_v */
+  int n_kv_shared;       /* num_kv_shared_layers */
+  int double_wide_mlp;
+  int ple_dim;           /* hidden_size_per_layer_input; 0 = no PLE */
+  int ple_vocab;         /* vocab_size_per_layer_input */
+  int moe;               /* enable_moe_block */
+  int n_experts, top_k_experts, moe_ffn;
+  int tie_embeddings;
+  int bos_id, pad_id;
+  int eos_ids[WK_MAX_EOS];
+  int n_eos;
+  /* gemma4_assistant only */
+  int backbone_hidden;
+  int use_ordered_embeddings;
+  int num_centroids;
+  int centroid_top_k;
+  struct wk_layer_cfg layers[WK_MAX_LAYERS];
+};
+
+/* Parses config.json text (`len` bytes). On error returns a negative cm_err
+ * and writes a one-line reason to err ("config.json: hidden_size missing"). */
+int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen);
+
+/* Reads DIR/config.json and, when present, DIR/generation_config.json (its
+ * eos_token_id list replaces the config's). */
+int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen);
+
+/* Adds eos ids from generation_config.json text (replacing the list). */
+int wk_config_parse_generation(const char *text, size_t len, struct wk_config *cfg, char *err,
+                               size_t errlen);
+
+/* Index of the last non-shared layer of `kind` before the first KV-shared
+ * layer, or -1. */
+int wk_config_last_storing_layer(const struct wk_config *cfg, enum wk_layer_kind kind);
+
+const char *wk_arch_name(enum wk_arch arch);
+
+/* Reads a whole small file into a malloc'd NUL-terminated buffer (cap bytes
+ * at most). Returns 0, CM_ERR_NOENT, CM_ERR_IO or CM_ERR_TOOBIG. */
+int wk_read_file(const char *path, size_t cap, char **out, size_t *len);
+
+#endif

@@ -1,0 +1,277 @@
+/* wk-forward.c — the Gemma 3 / Gemma 4 forward pass over a ragged batch,
+ * written against the kernel backend table (kernels/kn-backend.h).
+ *
+ * Per layer (transformers' Gemma3/Gemma4 DecoderLayer):
+ *   h = input_norm(x); q = RoPE(q_norm(h Wq))
+ *   storing layers: k = RoPE(k_norm(h Wk)); v = h Wv (or raw h Wk with
+ *     attention_k_eq_v); Gemma 4: v = v_norm(v) (weightless); write K/V pages
+ *   attn over the pages of the layer it reads (its own, or its KV source's)
+ *   x += post_attn_norm(attn Wo)
+ *   m = down(gelu_tanh(gate(h')) * up(h')) with h' = pre_ffn_norm(x)
+ *   MoE: m = post_ffn_norm_1(m) + post_ffn_norm_2(experts(pre_ffn_norm_2(x)))
+ *        routed by softmax top-k of (norm(x) * scale * H^-0.5) Wr
+ *   x += post_ffn_norm(m)
+ *   PLE: x += post_ple_norm(ple_proj(gelu_tanh(ple_gate(x)) * ple[:, i]))
+ *   x *= layer_scalar
+ * then final norm, tied head, optional final softcap. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "worker/wk-model-impl.h"
+#include "worker/wk-model.h"
+
+static int fw_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fw_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* Runs a kernel call; on failure reports the op, the layer and the code. */
+#define K(call) \
+  do { \
+    int rc_ = (call); \
+    if (rc_) \
+      return fw_fail(err, errlen, rc_, "forward: layer %d: %s failed: %s", layer, #call, \
+                     cm_strerror(rc_)); \
+  } while (0)
+
+static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
+  const struct wk_kv_spec *kv = &m->kv;
+  const struct wk_kv_group *G = &kv->groups[kv->layer_group[layer]];
+  struct kn_kv_view v = {
+      .pool = m->pool,
+      .page_bytes = kv->page_bytes,
+      .n_pages = m->n_pages,
+      .k_off = kv->layer_k_off[layer],
+      .v_off = kv->layer_v_off[layer],
+      .block_tokens = G->block_tokens,
+      .n_kv_heads = G->n_kv_heads,
+      .head_dim = G->head_dim,
+      .dtype = kv->dtype,
+  };
+  return v;
+}
+
+/* Checks the batch and fills ids, positions, slot mappings and the
+ * per-group attention descriptors. Returns T (tokens) or a negative cm_err. */
+static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
+                   size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  if (!b || b->n_seqs < 1 || !b->seqs)
+    return fw_fail(err, errlen, CM_ERR_INVAL, "forward: empty batch");
+  if (b->n_seqs > m->max_seqs)
+    return fw_fail(err, errlen, CM_ERR_TOOBIG, "forward: %d sequences (at most %d)", b->n_seqs,
+                   m->max_seqs);
+  int T = 0, R = 0;
+  for (int s = 0; s < b->n_seqs; s++) {
+    const struct wk_seq_input *q = &b->seqs[s];
+    if (q->n_tokens < 1 || !q->tokens || q->pos0 < 0 || q->pos0 > (1 << 30) ||
+        q->n_out < 0 || q->n_out > q->n_tokens)
+      return fw_fail(err, errlen, CM_ERR_INVAL,
+                     "forward: sequence %d: bad token count, position or output count", s);
+    if (q->n_tokens > m->max_T - T)
+      return fw_fail(err, errlen, CM_ERR_TOOBIG, "forward: more than %d tokens in one batch",
+                     m->max_T);
+    for (int j = 0; j < q->n_tokens; j++) {
+      int32_t id = q->tokens[j];
+      if (id < 0 || id >= c->vocab || (c->ple_dim && id >= c->ple_vocab))
+        return fw_fail(err, errlen, CM_ERR_RANGE,
+                       "forward: sequence %d: token id %d outside the vocabulary (%d)", s, id,
+                       c->vocab);
+      m->ids[T + j] = id;
+      m->pos[T + j] = q->pos0 + j;
+    }
+    for (int j = 0; j < q->n_out; j++) m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
+    for (int g = 0; g < m->kv.n_groups; g++) {
+      const struct wk_kv_group *G = &m->kv.groups[g];
+      int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
+      for (int j = 0; j < q->n_tokens; j++) {
+        int p = q->pos0 + j, blk = p / G->block_tokens;
+        int32_t page = blk < q->n_blocks[g] && q->block_tables[g] ? q->block_tables[g][blk] : -1;
+        if (page < 0 || page >= m->n_pages)
+          return fw_fail(err, errlen, CM_ERR_RANGE,
+                         "forward: sequence %d: KV group %d has no valid block for position %d", s,
+                         g, p);
+        slots[T + j] = page * G->block_tokens + p % G->block_tokens;
+      }
+      struct kn_attn_seq *a = &m->aseq[(size_t)g * (size_t)m->max_seqs + (size_t)s];
+      a->q_begin = T;
+      a->n_q = q->n_tokens;
+      a->pos0 = q->pos0;
+      a->block_table = q->block_tables[g];
+      a->n_blocks = q->n_blocks[g];
+      a->bidir = NULL;
+      a->n_bidir = 0;
+    }
+    T += q->n_tokens;
+    R += q->n_out;
+  }
+  *n_out = R;
+  return T;
+}
+
+/* MoE block for T rows: m->o2 = experts(pre_ffn_norm_2(x)) with top-k routing
+ * on norm(x). Experts are added per token in ascending expert order. */
+static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int layer, char *err,
+                     size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  struct kn_backend *be = m->be;
+  int H = c->hidden, E = c->n_experts, I = c->moe_ffn, k = c->top_k_experts;
+  float eps = (float)c->eps;
+  K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->router_scale, KN_DTYPE_F32, eps, KN_NORM_MUL_W));
+  K(kn_scale(be, m->h, m->h, (float)(1.0 / sqrt((double)H)), (size_t)T * H));
+  K(kn_matmul(be, m->router_logits, E, m->h, H, w->router.p, w->router.dt, T, E, H, 0));
+  K(kn_router_topk(be, m->moe_ids, m->moe_w, m->router_logits, E, T, E, k, w->expert_scale));
+  K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->pre_ffn_norm2, KN_DTYPE_F32, eps, m->norm_mode));
+  K(kn_memset(be, m->o2, 0, sizeof(float) * (size_t)T * H));
+  size_t esz = kn_dtype_size(w->experts_gate_up.dt), dsz = kn_dtype_size(w->experts_down.dt);
+  for (int t = 0; t < T; t++) {
+    int32_t *ids = m->moe_ids + (size_t)t * k;
+    float *wt = m->moe_w + (size_t)t * k;
+    for (int a = 1; a < k; a++) /* ascending expert index, weights alongside */
+      for (int j = a; j > 0 && ids[j - 1] > ids[j]; j--) {
+        int32_t ti = ids[j];
+        ids[j] = ids[j - 1];
+        ids[j - 1] = ti;
+        float tw = wt[j];
+        wt[j] = wt[j - 1];
+        wt[j - 1] = tw;
+      }
+    for (int j = 0; j < k; j++) {
+      int e = ids[j];
+      if (e < 0 || e >= E) return fw_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
+      const char *gu = (const char *)w->experts_gate_up.p + (size_t)e * 2 * I * H * esz;
+      const char *dn = (const char *)w->experts_down.p + (size_t)e * H * I * dsz;
+      K(kn_matmul(be, m->ex_h, 2 * I, m->h + (size_t)t * H, H, gu, w->experts_gate_up.dt, 1,
+                  2 * I, H, 0));
+      K(kn_gelu_mul(be, m->ex_h, I, m->ex_h, I, m->ex_h + I, I, 1, I));
+      K(kn_matmul(be, m->ex_y, H, m->ex_h, I, dn, w->experts_down.dt, 1, H, I, 0));
+      K(kn_scale(be, m->ex_y, m->ex_y, wt[j], (size_t)H));
+      K(kn_add(be, m->o2 + (size_t)t * H, m->o2 + (size_t)t * H, m->ex_y, (size_t)H));
+    }
+  }
+  return 0;
+}
+
+static int run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
+                     size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  const struct wk_layer_cfg *l = &c->layers[layer];
+  const struct wk_layer_w *w = &m->layers[layer];
+  struct kn_backend *be = m->be;
+  int H = c->hidden, nh = c->n_heads, D = l->head_dim, qd = nh * D;
+  int kvh = l->n_kv_heads, kvd = kvh * D, F = l->ffn_dim;
+  float eps = (float)c->eps;
+  enum kn_norm_mode nm = m->norm_mode;
+  const float *inv_freq = m->inv_freq[l->kind];
+  size_t TH = (size_t)T * H;
+
+  /* attention */
+  K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->in_norm, KN_DTYPE_F32, eps, nm));
+  K(kn_matmul(be, m->q, qd, m->h, H, w->wq.p, w->wq.dt, T, qd, H, 0));
+  K(kn_rmsnorm(be, m->q, D, m->q, D, T * nh, D, w->q_norm, KN_DTYPE_F32, eps, nm));
+  K(kn_rope(be, m->q, qd, T, nh, D, m->pos, inv_freq));
+  int g = m->kv.layer_group[layer];
+  struct kn_kv_view view = layer_view(m, layer);
+  const int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
+  if (!l->kv_shared) {
+    K(kn_matmul(be, m->k, kvd, m->h, H, w->wk.p, w->wk.dt, T, kvd, H, 0));
+    if (l->k_eq_v) K(kn_copy_rows(be, m->v, kvd, m->k, kvd, T, kvd));
+    else K(kn_matmul(be, m->v, kvd, m->h, H, w->wv.p, w->wv.dt, T, kvd, H, 0));
+    K(kn_rmsnorm(be, m->k, D, m->k, D, T * kvh, D, w->k_norm, KN_DTYPE_F32, eps, nm));
+    K(kn_rope(be, m->k, kvd, T, kvh, D, m->pos, inv_freq));
+    if (c->arch != WK_ARCH_GEMMA3)
+      K(kn_rmsnorm(be, m->v, D, m->v, D, T * kvh, D, NULL, KN_DTYPE_F32, eps, KN_NORM_NO_W));
+    K(kn_kv_write(be, &view, slots, m->k, kvd, m->v, kvd, T));
+  }
+  int window = l->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
+  K(kn_attention(be, m->attn, qd, m->q, qd, &view, m->aseq + (size_t)g * (size_t)m->max_seqs,
+                 n_seqs, nh, window, (float)c->attn_scale, (float)c->attn_softcap));
+  K(kn_matmul(be, m->o, H, m->attn, qd, w->wo.p, w->wo.dt, T, H, qd, 0));
+  K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_attn_norm, KN_DTYPE_F32, eps, nm));
+  K(kn_add(be, m->x, m->x, m->o, TH));
+
+  /* MLP (+ MoE) */
+  K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->pre_ffn_norm, KN_DTYPE_F32, eps, nm));
+  K(kn_matmul(be, m->gate, F, m->h, H, w->w_gate.p, w->w_gate.dt, T, F, H, 0));
+  K(kn_matmul(be, m->up, F, m->h, H, w->w_up.p, w->w_up.dt, T, F, H, 0));
+  K(kn_gelu_mul(be, m->gate, F, m->gate, F, m->up, F, T, F));
+  K(kn_matmul(be, m->o, H, m->gate, F, w->w_down.p, w->w_down.dt, T, H, F, 0));
+  if (c->moe) {
+    K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm1, KN_DTYPE_F32, eps, nm));
+    int rc = moe_block(m, w, T, layer, err, errlen);
+    if (rc) return rc;
+    K(kn_rmsnorm(be, m->o2, H, m->o2, H, T, H, w->post_ffn_norm2, KN_DTYPE_F32, eps, nm));
+    K(kn_add(be, m->o, m->o, m->o2, TH));
+  }
+  K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm, KN_DTYPE_F32, eps, nm));
+  K(kn_add(be, m->x, m->x, m->o, TH));
+
+  /* per-layer embeddings */
+  if (c->ple_dim) {
+    int P = c->ple_dim, LP = c->n_layers * P;
+    K(kn_matmul(be, m->g_small, P, m->x, H, w->ple_gate.p, w->ple_gate.dt, T, P, H, 0));
+    K(kn_gelu_mul(be, m->g_small, P, m->g_small, P, m->ple + (size_t)layer * P, LP, T, P));
+    K(kn_matmul(be, m->o2, H, m->g_small, P, w->ple_proj.p, w->ple_proj.dt, T, H, P, 0));
+    K(kn_rmsnorm(be, m->o2, H, m->o2, H, T, H, w->ple_post_norm, KN_DTYPE_F32, eps, nm));
+    K(kn_add(be, m->x, m->x, m->o2, TH));
+  }
+  if (c->arch != WK_ARCH_GEMMA3) K(kn_scale(be, m->x, m->x, w->layer_scalar, TH));
+  return 0;
+}
+
+int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  struct kn_backend *be = m->be;
+  int R = 0, layer = -1;
+  int T = prepare(m, b, &R, err, errlen);
+  if (T < 0) return T;
+  int H = c->hidden, V = c->vocab;
+
+  K(kn_embed(be, m->x, H, m->embed.p, m->embed.dt, V, H, m->ids, T, m->embed_scale));
+  if (c->ple_dim) {
+    int P = c->ple_dim, LP = c->n_layers * P;
+    size_t n = (size_t)T * LP;
+    K(kn_embed(be, m->ple_tmp, LP, m->ple_embed.p, m->ple_embed.dt, c->ple_vocab, LP, m->ids, T,
+               m->ple_embed_scale));
+    K(kn_matmul(be, m->ple, LP, m->x, H, m->ple_model_proj.p, m->ple_model_proj.dt, T, LP, H, 0));
+    K(kn_scale(be, m->ple, m->ple, (float)(1.0 / sqrt((double)H)), n));
+    K(kn_rmsnorm(be, m->ple, P, m->ple, P, T * c->n_layers, P, m->ple_proj_norm, KN_DTYPE_F32,
+                 (float)c->eps, m->norm_mode));
+    K(kn_add(be, m->ple, m->ple, m->ple_tmp, n));
+    K(kn_scale(be, m->ple, m->ple, (float)M_SQRT1_2, n));
+  }
+  for (layer = 0; layer < c->n_layers; layer++) {
+    int rc = run_layer(m, layer, T, b->n_seqs, err, errlen);
+    if (rc) return rc;
+  }
+  layer = -1;
+  for (int start = 0; start < R; start += m->max_out) {
+    int n = CM_MIN(m->max_out, R - start);
+    for (int r = 0; r < n; r++)
+      K(kn_copy_rows(be, m->sel + (size_t)r * H, H, m->x + (size_t)m->out_rows[start + r] * H, H,
+                     1, H));
+    K(kn_rmsnorm(be, m->sel, H, m->sel, H, n, H, m->final_norm, KN_DTYPE_F32, (float)c->eps,
+                 m->norm_mode));
+    if (b->hidden)
+      K(kn_download(be, b->hidden + (size_t)start * H, m->sel, sizeof(float) * (size_t)n * H));
+    if (b->logits) {
+      K(kn_matmul(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H, 0));
+      if (c->final_softcap > 0)
+        K(kn_softcap(be, m->logits, m->logits, (float)c->final_softcap, (size_t)n * V));
+      K(kn_download(be, b->logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)n * V));
+    }
+  }
+  K(kn_sync(be));
+  return 0;
+}

@@ -1,0 +1,421 @@
+/* wk-model.c — loading a checkpoint onto a backend: binding and checking
+ * every tensor the forward pass reads, RoPE tables, the physical KV pool and
+ * the scratch buffers (sized once here; the forward pass allocates nothing). */
+#include "worker/wk-model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "worker/wk-model-impl.h"
+
+struct binder {
+  struct wk_model *m;
+  char *err;
+  size_t errlen;
+  int rc;
+};
+
+static int ld_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int ld_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void *wk_model_alloc(struct wk_model *m, size_t bytes) {
+  if (m->n_owned == m->cap_owned) {
+    int nc = m->cap_owned ? m->cap_owned * 2 : 64;
+    void **no = realloc(m->owned, sizeof(void *) * (size_t)nc);
+    if (!no) return NULL;
+    m->owned = no;
+    m->cap_owned = nc;
+  }
+  void *p = kn_alloc(m->be, bytes ? bytes : 64);
+  if (p) m->owned[m->n_owned++] = p;
+  return p;
+}
+
+static int is_cpu(const struct wk_model *m) {
+  return !strncmp(kn_backend_name(m->be), "cpu", 3);
+}
+
+/* Backend-resident copy of checkpoint bytes (the mmap itself on the CPU). */
+static const void *place(struct wk_model *m, const void *data, size_t bytes) {
+  if (is_cpu(m)) return data;
+  void *p = wk_model_alloc(m, bytes);
+  if (p && kn_upload(m->be, p, data, bytes)) return NULL;
+  return p;
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+  size_t len = (size_t)snprintf(buf, n, "[");
+  for (int d = 0; d < ndim && len < n; d++)
+    len += (size_t)snprintf(buf + len, n - len, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (len < n) snprintf(buf + len, n - len, "]");
+}
+
+/* Looks a tensor up and checks its shape (d2 < 0: 2-D, d1 < 0: 1-D). */
+static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0, int64_t d1,
+                                      int64_t d2, const char *name) {
+  if (b->rc) return NULL;
+  const struct wk_tensor *t = wk_st_find(b->m->st, name);
+  if (!t) {
+    if (required)
+      b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: tensor %s missing", b->m->dir, name);
+    return NULL;
+  }
+  int64_t want[3] = {d0, d1, d2};
+  int nd = d1 < 0 ? 1 : d2 < 0 ? 2 : 3;
+  int ok = t->ndim == nd;
+  for (int d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
+  if (!ok) {
+    char got[96], exp[96];
+    shape_str(got, sizeof(got), t->ndim, t->shape);
+    shape_str(exp, sizeof(exp), nd, want);
+    b->rc = ld_fail(b->err, b->errlen, CM_ERR_SHAPE, "%s: tensor %s has shape %s, expected %s",
+                    t->file, name, got, exp);
+    return NULL;
+  }
+  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
+    b->rc = ld_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", t->file, name,
+                    t->dtype_name);
+    return NULL;
+  }
+  return t;
+}
+
+static void bind_mat(struct binder *b, struct wk_w *w, int required, int64_t d0, int64_t d1,
+                     int64_t d2, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static void bind_mat(struct binder *b, struct wk_w *w, int required, int64_t d0, int64_t d1,
+                     int64_t d2, const char *fmt, ...) {
+  char name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof(name), fmt, ap);
+  va_end(ap);
+  const struct wk_tensor *t = lookup(b, required, d0, d1, d2, name);
+  w->p = NULL;
+  if (!t) return;
+  w->dt = (enum kn_dtype)t->dtype;
+  w->p = place(b->m, t->data, t->nbytes);
+  if (!w->p) b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s", name);
+  b->m->weight_bytes += t->nbytes;
+}
+
+/* A 1-D tensor of n elements converted to f32 in backend memory. */
+static const float *bind_vec(struct binder *b, int required, int64_t n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static const float *bind_vec(struct binder *b, int required, int64_t n, const char *fmt, ...) {
+  char name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof(name), fmt, ap);
+  va_end(ap);
+  const struct wk_tensor *t = lookup(b, required, n, -1, -1, name);
+  if (!t) return NULL;
+  float *host = malloc(sizeof(float) * (size_t)n);
+  float *dev = wk_model_alloc(b->m, sizeof(float) * (size_t)n);
+  if (!host || !dev) {
+    free(host);
+    b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
+    return NULL;
+  }
+  for (int64_t i = 0; i < n; i++) host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, (size_t)i);
+  if (kn_upload(b->m->be, dev, host, sizeof(float) * (size_t)n))
+    b->rc = ld_fail(b->err, b->errlen, CM_ERR_DEVICE, "upload of %s failed", name);
+  free(host);
+  b->m->weight_bytes += t->nbytes;
+  return dev;
+}
+
+/* "model.language_model." (multimodal), "language_model.model." (older
+ * multimodal), "model." (CausalLM) or "" (bare text model). */
+static const char *find_prefix(const struct wk_st *st) {
+  static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
+  char name[128];
+  for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
+    snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
+    if (wk_st_find(st, name)) return prefixes[i];
+  }
+  return NULL;
+}
+
+static float round_to(enum kn_dtype dt, double v) {
+  if (dt == KN_DTYPE_BF16) return kn_bf16_to_f32(kn_f32_to_bf16((float)v));
+  if (dt == KN_DTYPE_F16) return kn_f16_to_f32(kn_f32_to_f16((float)v));
+  return (float)v;
+}
+
+static int bind_all(struct wk_model *m, char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  struct binder b = {m, err, errlen, 0};
+  const char *P = find_prefix(m->st);
+  if (!P)
+    return ld_fail(err, errlen, CM_ERR_NOENT,
+                   "%s: no embed_tokens.weight under model.language_model., model. or the root",
+                   m->dir);
+  int H = c->hidden, L = c->n_layers, V = c->vocab;
+  bind_mat(&b, &m->embed, 1, V, H, -1, "%sembed_tokens.weight", P);
+  if (c->tie_embeddings) {
+    m->lm_head = m->embed;
+  } else {
+    bind_mat(&b, &m->lm_head, 1, V, H, -1, "lm_head.weight");
+  }
+  m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
+  if (c->ple_dim) {
+    int LP = L * c->ple_dim;
+    bind_mat(&b, &m->ple_embed, 1, c->ple_vocab, LP, -1, "%sembed_tokens_per_layer.weight", P);
+    bind_mat(&b, &m->ple_model_proj, 1, LP, H, -1, "%sper_layer_model_projection.weight", P);
+    m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
+  }
+  m->layers = calloc((size_t)L, sizeof(*m->layers));
+  if (!m->layers) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  int gemma4 = c->arch != WK_ARCH_GEMMA3;
+  for (int i = 0; i < L && !b.rc; i++) {
+    const struct wk_layer_cfg *l = &c->layers[i];
+    struct wk_layer_w *w = &m->layers[i];
+    int D = l->head_dim, qd = c->n_heads * D, kvd = l->n_kv_heads * D, F = l->ffn_dim;
+    char lp[160];
+    snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
+    bind_mat(&b, &w->wq, 1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
+    bind_mat(&b, &w->wo, 1, H, qd, -1, "%sself_attn.o_proj.weight", lp);
+    w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
+    if (!l->kv_shared) {
+      bind_mat(&b, &w->wk, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      if (!l->k_eq_v) bind_mat(&b, &w->wv, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+      w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
+    }
+    w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
+    w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
+    w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
+    w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
+    bind_mat(&b, &w->w_gate, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
+    bind_mat(&b, &w->w_up, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_mat(&b, &w->w_down, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    if (c->moe) {
+      int E = c->n_experts, I = c->moe_ffn;
+      bind_mat(&b, &w->router, 1, E, H, -1, "%srouter.proj.weight", lp);
+      w->router_scale = bind_vec(&b, 1, H, "%srouter.scale", lp);
+      w->expert_scale = bind_vec(&b, 1, E, "%srouter.per_expert_scale", lp);
+      bind_mat(&b, &w->experts_gate_up, 1, E, 2 * I, H, "%sexperts.gate_up_proj", lp);
+      bind_mat(&b, &w->experts_down, 1, E, H, I, "%sexperts.down_proj", lp);
+      w->pre_ffn_norm2 = bind_vec(&b, 1, H, "%spre_feedforward_layernorm_2.weight", lp);
+      w->post_ffn_norm1 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_1.weight", lp);
+      w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
+    }
+    if (c->ple_dim) {
+      bind_mat(&b, &w->ple_gate, 1, c->ple_dim, H, -1, "%sper_layer_input_gate.weight", lp);
+      bind_mat(&b, &w->ple_proj, 1, H, c->ple_dim, -1, "%sper_layer_projection.weight", lp);
+      w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
+    }
+    w->layer_scalar = 1.0f;
+    if (gemma4 && !b.rc) {
+      char name[200];
+      snprintf(name, sizeof(name), "%slayer_scalar", lp);
+      const struct wk_tensor *t = lookup(&b, 0, 1, -1, -1, name);
+      if (t) w->layer_scalar = kn_load_f32(t->data, (enum kn_dtype)t->dtype, 0);
+    }
+  }
+  if (b.rc) return b.rc;
+  m->norm_mode = gemma4 ? KN_NORM_MUL_W : KN_NORM_MUL_ONE_PLUS_W;
+  m->embed_scale = round_to(m->embed.dt, sqrt((double)H));
+  if (c->ple_dim) m->ple_embed_scale = round_to(m->ple_embed.dt, sqrt((double)c->ple_dim));
+  /* bytes per decode token: every matrix once plus one row of each table */
+  uint64_t table = (uint64_t)V * H * kn_dtype_size(m->embed.dt);
+  m->bytes_per_token = m->weight_bytes - table + (uint64_t)H * kn_dtype_size(m->embed.dt);
+  if (c->tie_embeddings) m->bytes_per_token += table; /* the tied head reads it all */
+  if (c->ple_dim) {
+    uint64_t row = (uint64_t)L * c->ple_dim * kn_dtype_size(m->ple_embed.dt);
+    m->bytes_per_token -= (uint64_t)c->ple_vocab * row - row;
+  }
+  if (c->moe)
+    for (int i = 0; i < L; i++) {
+      uint64_t ex = (uint64_t)c->n_experts * 3 * c->moe_ffn * H * kn_dtype_size(m->layers[i].experts_down.dt);
+      m->bytes_per_token -= ex - ex / c->n_experts * c->top_k_experts;
+    }
+  return 0;
+}
+
+/* inv_freq[i] = theta^(-2i/D) / factor for i < rot_pairs, else 0 (identity),
+ * computed in f32 as transformers does. */
+static int build_rope(struct wk_model *m) {
+  for (int kind = 0; kind < 2; kind++) {
+    const struct wk_rope *r = &m->cfg.rope[kind];
+    int D = kind == WK_LAYER_FULL ? m->cfg.global_head_dim : m->cfg.head_dim;
+    float host[KN_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < D / 2; i++) {
+      if (i < r->rot_pairs) {
+        float e = (float)(2 * i) / (float)D;
+        float f = 1.0f / powf((float)r->theta, e);
+        host[i] = f / (float)r->factor;
+      } else {
+        host[i] = 0.0f;
+      }
+    }
+    m->inv_freq[kind] = wk_model_alloc(m, sizeof(float) * (size_t)(D / 2));
+    if (!m->inv_freq[kind] || kn_upload(m->be, m->inv_freq[kind], host, sizeof(float) * (size_t)(D / 2)))
+      return CM_ERR_NOMEM;
+  }
+  return 0;
+}
+
+static int alloc_scratch(struct wk_model *m) {
+  const struct wk_config *c = &m->cfg;
+  size_t T = (size_t)m->max_T;
+  int Dmax = 0, kvd = 0, F = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    Dmax = CM_MAX(Dmax, c->layers[i].head_dim);
+    kvd = CM_MAX(kvd, c->layers[i].n_kv_heads * c->layers[i].head_dim);
+    F = CM_MAX(F, c->layers[i].ffn_dim);
+  }
+  size_t H = (size_t)c->hidden, LP = (size_t)c->n_layers * (size_t)c->ple_dim;
+  size_t f = sizeof(float);
+  m->max_out = (int)CM_MIN(T, CM_MAX((size_t)1, ((size_t)64 << 20) / ((size_t)c->vocab * f)));
+#define A(field, n) \
+  do { \
+    if (!(m->field = wk_model_alloc(m, (n) * f))) return CM_ERR_NOMEM; \
+  } while (0)
+  A(x, T * H);
+  A(h, T * H);
+  A(o, T * H);
+  A(o2, T * H);
+  A(q, T * (size_t)c->n_heads * (size_t)Dmax);
+  A(attn, T * (size_t)c->n_heads * (size_t)Dmax);
+  A(k, T * (size_t)kvd);
+  A(v, T * (size_t)kvd);
+  A(gate, T * (size_t)F);
+  A(up, T * (size_t)F);
+  if (LP) {
+    A(ple, T * LP);
+    A(ple_tmp, T * LP);
+    A(g_small, T * (size_t)c->ple_dim);
+  }
+  if (c->moe) {
+    A(router_logits, T * (size_t)c->n_experts);
+    A(ex_h, 2 * (size_t)c->moe_ffn);
+    A(ex_y, H);
+  }
+  A(sel, (size_t)m->max_out * H);
+  A(logits, (size_t)m->max_out * (size_t)c->vocab);
+#undef A
+  int G = CM_MAX(m->kv.n_groups, 1);
+  m->ids = malloc(sizeof(int32_t) * T);
+  m->pos = malloc(sizeof(int32_t) * T);
+  m->out_rows = malloc(sizeof(int32_t) * T);
+  m->slots = malloc(sizeof(int32_t) * T * (size_t)G);
+  m->aseq = calloc((size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
+  int k = c->moe ? c->top_k_experts : 1;
+  m->moe_ids = malloc(sizeof(int32_t) * T * (size_t)k);
+  m->moe_w = malloc(sizeof(float) * T * (size_t)k);
+  if (!m->ids || !m->pos || !m->out_rows || !m->slots || !m->aseq || !m->moe_ids || !m->moe_w)
+    return CM_ERR_NOMEM;
+  return 0;
+}
+
+/* Reads every page of the checkpoint once so the first step does not pay
+ * the page faults; reports progress for big checkpoints. */
+static void prefault(struct wk_model *m, int quiet) {
+  uint64_t total = wk_st_data_bytes(m->st), done = 0, next = total / 10;
+  int loud = !quiet && total > (512ull << 20);
+  volatile unsigned char sink = 0;
+  for (int i = 0; i < wk_st_count(m->st); i++) {
+    const struct wk_tensor *t = wk_st_get(m->st, i);
+    const unsigned char *p = t->data;
+    for (size_t off = 0; off < t->nbytes; off += 4096) sink ^= p[off];
+    done += t->nbytes;
+    if (loud && done >= next && total) {
+      fprintf(stderr, "lmserve: loading %s: %3d%% (%.2f / %.2f GB)\n", m->dir,
+              (int)(100.0 * (double)done / (double)total), (double)done / 1e9, (double)total / 1e9);
+      next = done + total / 10;
+    }
+  }
+  (void)sink;
+}
+
+int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
+                  struct wk_model **out, char *err, size_t errlen) {
+  struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
+  struct wk_model *m = calloc(1, sizeof(*m));
+  if (!m) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  m->be = be;
+  snprintf(m->dir, sizeof(m->dir), "%s", dir);
+  int rc = wk_config_load(dir, &m->cfg, err, errlen);
+  if (rc) goto fail;
+  if (m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) {
+    rc = ld_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: a gemma4_assistant checkpoint runs only as a draft model of its target",
+                 dir);
+    goto fail;
+  }
+  if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
+  if ((rc = bind_all(m, err, errlen))) goto fail;
+  m->max_T = o.max_batch_tokens > 0 ? o.max_batch_tokens : 512;
+  m->max_seqs = o.max_seqs > 0 ? o.max_seqs : 64;
+  enum kn_dtype kvdt = m->embed.dt == KN_DTYPE_F32 ? KN_DTYPE_F32 : KN_DTYPE_BF16;
+  if (o.kv_dtype > 0) kvdt = (enum kn_dtype)(o.kv_dtype - 1);
+  if ((rc = wk_kv_spec_build(&m->cfg, kvdt, o.block_tokens, &m->kv))) {
+    rc = ld_fail(err, errlen, rc, "%s: cannot plan the KV cache (%s)", dir, cm_strerror(rc));
+    goto fail;
+  }
+  int kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : 8192;
+  for (int g = 0; g < m->kv.n_groups; g++) m->n_pages += wk_kv_blocks_for(&m->kv, g, kv_tokens);
+  if (m->n_pages) {
+    m->pool = wk_model_alloc(m, (size_t)m->n_pages * m->kv.page_bytes);
+    if (!m->pool) {
+      rc = ld_fail(err, errlen, CM_ERR_NOMEM, "cannot allocate a KV pool of %d pages x %zu bytes",
+                   m->n_pages, m->kv.page_bytes);
+      goto fail;
+    }
+    kn_memset(be, m->pool, 0, (size_t)m->n_pages * m->kv.page_bytes);
+  }
+  if ((rc = build_rope(m)) || (rc = alloc_scratch(m))) {
+    rc = ld_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
+    goto fail;
+  }
+  prefault(m, o.quiet);
+  if (!o.quiet)
+    cm_info("wk", "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights, KV %zu B/token",
+            dir, m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab,
+            (double)m->weight_bytes / 1e6, wk_kv_bytes_per_token(&m->kv));
+  *out = m;
+  return 0;
+fail:
+  wk_model_free(m);
+  return rc;
+}
+
+void wk_model_free(struct wk_model *m) {
+  if (!m) return;
+  for (int i = 0; i < m->n_owned; i++) kn_free(m->be, m->owned[i]);
+  free(m->owned);
+  free(m->layers);
+  free(m->ids);
+  free(m->pos);
+  free(m->out_rows);
+  free(m->slots);
+  free(m->aseq);
+  free(m->moe_ids);
+  free(m->moe_w);
+  wk_st_close(m->st);
+  free(m);
+}
+
+const struct wk_config *wk_model_config(const struct wk_model *m) { return &m->cfg; }
+const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m) { return &m->kv; }
+int wk_model_n_pages(const struct wk_model *m) { return m->n_pages; }
+int wk_model_max_batch_tokens(const struct wk_model *m) { return m->max_T; }
+int wk_model_max_seqs(const struct wk_model *m) { return m->max_seqs; }
+uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m) { return m->bytes_per_token; }
+uint64_t wk_model_weight_bytes(const struct wk_model *m) { return m->weight_bytes; }

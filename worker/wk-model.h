@@ -1,0 +1,83 @@
+/* wk-model.h — the model runtime: load a Gemma 3 / Gemma 4 checkpoint onto a
+ * kernel backend, own the physical KV pool, and run the forward pass over a
+ * ragged batch of sequences.
+ *
+ *   struct wk_model *m;
+ *   wk_model_load(dir, be, &opts, &m, err, sizeof err);
+ *   const struct wk_kv_spec *kv = wk_model_kv_spec(m);   // groups, page size
+ *   ... the caller owns block tables (pages 0 .. wk_model_n_pages(m)-1) ...
+ *   wk_model_forward(m, &batch, err, sizeof err);        // logits for requested rows
+ *   wk_model_free(m);
+ *
+ * A forward call takes, per sequence, the token ids to run, the absolute
+ * position of the first one and one block table per KV group covering every
+ * position up to the last token. It writes those tokens' K/V into the pages
+ * and returns logits (after the final softcap) and, when asked, the
+ * final-normed hidden states of the last `n_out` tokens of each sequence,
+ * in sequence order. Scratch memory is sized once at load for
+ * opts.max_batch_tokens / opts.max_seqs: nothing is allocated per step.
+ *
+ * On the CPU backend the result rows of a sequence are bit-identical however
+ * it is batched or its prompt chunked (see kernels/kn-backend.h). */
+#ifndef LMSERVE_WK_MODEL_H
+#define LMSERVE_WK_MODEL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kn-backend.h"
+#include "worker/wk-config.h"
+#include "worker/wk-kv.h"
+
+struct wk_model;
+
+struct wk_model_opts {
+  int max_batch_tokens; /* tokens per forward call; 0 = 512 */
+  int max_seqs;         /* sequences per forward call; 0 = 64 */
+  int kv_tokens;        /* pool capacity in tokens of the largest group; 0 = 8192 */
+  int block_tokens;     /* positions per page of the largest group; 0 = 16 */
+  int kv_dtype;         /* -1 / 0 default: f32 for f32 weights, bf16 otherwise;
+                           else 1 + enum kn_dtype (1 = f32, 3 = bf16) */
+  int quiet;            /* 1: no progress lines on stderr */
+};
+
+/* Loads DIR (config.json, safetensors, generation_config.json). `be` must
+ * outlive the model. Returns 0 or a negative cm_err with a one-line reason
+ * naming the file and tensor in err. */
+int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
+                  struct wk_model **out, char *err, size_t errlen);
+void wk_model_free(struct wk_model *m);
+
+const struct wk_config *wk_model_config(const struct wk_model *m);
+const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m);
+int wk_model_n_pages(const struct wk_model *m);  /* pages in the physical pool */
+int wk_model_max_batch_tokens(const struct wk_model *m);
+int wk_model_max_seqs(const struct wk_model *m);
+/* Bytes of weights read for one decode token (every matrix once, plus one
+ * embedding row per table). */
+uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m);
+uint64_t wk_model_weight_bytes(const struct wk_model *m);
+
+/* One sequence of a batch (host memory; not retained after the call). */
+struct wk_seq_input {
+  const int32_t *tokens;   /* [n_tokens] */
+  int n_tokens;            /* >= 1 */
+  int pos0;                /* absolute position of tokens[0] */
+  const int32_t *block_tables[WK_MAX_KV_GROUPS]; /* per KV group: page ids */
+  int n_blocks[WK_MAX_KV_GROUPS];
+  int n_out;               /* outputs for its last n_out tokens (0..n_tokens) */
+};
+
+struct wk_batch {
+  const struct wk_seq_input *seqs;
+  int n_seqs;
+  float *logits; /* host [sum n_out, vocab] or NULL */
+  float *hidden; /* host [sum n_out, hidden] final-normed states, or NULL */
+};
+
+/* Runs the batch. Returns 0, or CM_ERR_INVAL / CM_ERR_RANGE / CM_ERR_TOOBIG
+ * for a bad batch (token id outside the vocabulary, too many tokens, a
+ * missing or out-of-pool block) with the reason in err; the model stays
+ * usable. */
+int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,409 @@
+/* wk-safetensors.c — bounded safetensors header parsing over mmap'd files,
+ * sharded checkpoints via model.safetensors.index.json, and the header
+ * writer used by make-tiny-model. */
+#include "worker/wk-safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "worker/wk-config.h"
+
+struct st_map {
+  void *base;       /* mmap'd region, or NULL for wk_st_open_mem */
+  size_t len;       /* bytes */
+  char *fname;      /* base name */
+};
+
+struct wk_st {
+  struct st_map *maps;
+  int n_maps;
+  struct wk_tensor *t; /* sorted by name after open */
+  int n, cap;
+  void **copies;       /* aligned copies of misaligned tensors */
+  int n_copies;
+  uint64_t bytes;
+};
+
+static int st_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int st_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+const char *wk_st_dtype_name(enum wk_st_dtype dt) {
+  static const char *names[] = {"F32", "F16", "BF16", "I64", "I32", "?"};
+  return (unsigned)dt <= WK_ST_OTHER ? names[dt] : "?";
+}
+
+size_t wk_st_dtype_size(enum wk_st_dtype dt) {
+  static const size_t sizes[] = {4, 2, 2, 8, 4, 0};
+  return (unsigned)dt <= WK_ST_OTHER ? sizes[dt] : 0;
+}
+
+static enum wk_st_dtype dtype_from_name(const char *s) {
+  for (int i = 0; i < WK_ST_OTHER; i++)
+    if (!strcmp(s, wk_st_dtype_name((enum wk_st_dtype)i))) return (enum wk_st_dtype)i;
+  return WK_ST_OTHER;
+}
+
+static int cmp_tensor(const void *a, const void *b) {
+  return strcmp(((const struct wk_tensor *)a)->name, ((const struct wk_tensor *)b)->name);
+}
+
+void wk_st_close(struct wk_st *st) {
+  if (!st) return;
+  for (int i = 0; i < st->n; i++) free((char *)st->t[i].name);
+  free(st->t);
+  for (int i = 0; i < st->n_copies; i++) free(st->copies[i]);
+  free(st->copies);
+  for (int i = 0; i < st->n_maps; i++) {
+    if (st->maps[i].base) munmap(st->maps[i].base, st->maps[i].len);
+    free(st->maps[i].fname);
+  }
+  free(st->maps);
+  free(st);
+}
+
+/* Parses one file image `buf[len]` and appends its tensors. */
+static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, const char *fname,
+                    char *err, size_t errlen) {
+  if (len < 8) return st_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", fname);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
+  if (hlen > WK_ST_MAX_HEADER)
+    return st_fail(err, errlen, CM_ERR_TOOBIG, "%s: header of %llu bytes is too large", fname,
+                   (unsigned long long)hlen);
+  if (hlen > len - 8)
+    return st_fail(err, errlen, CM_ERR_TRUNC, "%s: header length %llu passes the end of the file",
+                   fname, (unsigned long long)hlen);
+  const unsigned char *data = buf + 8 + hlen;
+  size_t data_len = len - 8 - (size_t)hlen;
+  json_error_t jerr;
+  json_t *root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root)
+    return st_fail(err, errlen, CM_ERR_PARSE, "%s: header JSON: %s (column %d)", fname, jerr.text,
+                   jerr.column);
+  int rc = 0;
+  if (!json_is_object(root)) {
+    rc = st_fail(err, errlen, CM_ERR_PARSE, "%s: header is not a JSON object", fname);
+    goto done;
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach(root, key, val) {
+    if (!strcmp(key, "__metadata__")) continue;
+    if (!json_is_object(val)) {
+      rc = st_fail(err, errlen, CM_ERR_PARSE, "%s: tensor %s: entry is not an object", fname, key);
+      goto done;
+    }
+    const json_t *dt = json_object_get(val, "dtype"), *sh = json_object_get(val, "shape"),
+                 *off = json_object_get(val, "data_offsets");
+    if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off) ||
+        json_array_size(off) != 2) {
+      rc = st_fail(err, errlen, CM_ERR_PARSE, "%s: tensor %s: dtype, shape or data_offsets missing",
+                   fname, key);
+      goto done;
+    }
+    struct wk_tensor t = {0};
+    snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", json_string_value(dt));
+    t.dtype = dtype_from_name(json_string_value(dt));
+    size_t nd = json_array_size(sh);
+    if (nd > WK_ST_MAX_DIMS) {
+      rc = st_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: %zu dimensions (at most %d)", fname,
+                   key, nd, WK_ST_MAX_DIMS);
+      goto done;
+    }
+    t.ndim = (int)nd;
+    uint64_t count = 1;
+    for (size_t d = 0; d < nd; d++) {
+      const json_t *e = json_array_get(sh, d);
+      json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
+      if (v < 0 || v > ((json_int_t)1 << 40)) {
+        rc = st_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: bad shape entry %zu", fname, key, d);
+        goto done;
+      }
+      t.shape[d] = v;
+      if (v && count > UINT64_MAX / (uint64_t)v) {
+        rc = st_fail(err, errlen, CM_ERR_TOOBIG, "%s: tensor %s: shape overflows", fname, key);
+        goto done;
+      }
+      count *= (uint64_t)v;
+    }
+    const json_t *b0 = json_array_get(off, 0), *b1 = json_array_get(off, 1);
+    json_int_t o0 = json_is_integer(b0) ? json_integer_value(b0) : -1;
+    json_int_t o1 = json_is_integer(b1) ? json_integer_value(b1) : -1;
+    if (o0 < 0 || o1 < o0 || (uint64_t)o1 > data_len) {
+      rc = st_fail(err, errlen, CM_ERR_RANGE,
+                   "%s: tensor %s: data_offsets [%lld, %lld] outside the %zu data bytes", fname,
+                   key, (long long)o0, (long long)o1, data_len);
+      goto done;
+    }
+    t.nbytes = (size_t)(o1 - o0);
+    size_t esz = wk_st_dtype_size(t.dtype);
+    if (esz) {
+      if (count > UINT64_MAX / esz || count * esz != t.nbytes) {
+        rc = st_fail(err, errlen, CM_ERR_SHAPE,
+                     "%s: tensor %s: %zu data bytes do not match its shape and dtype %s", fname,
+                     key, t.nbytes, t.dtype_name);
+        goto done;
+      }
+    }
+    t.data = data + o0;
+    if (esz && ((uintptr_t)t.data % esz) && t.nbytes) {
+      void *copy = malloc(t.nbytes);
+      void **nc = realloc(st->copies, sizeof(void *) * (size_t)(st->n_copies + 1));
+      if (!copy || !nc) {
+        free(copy);
+        if (nc) st->copies = nc;
+        rc = st_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
+        goto done;
+      }
+      st->copies = nc;
+      memcpy(copy, t.data, t.nbytes);
+      st->copies[st->n_copies++] = copy;
+      t.data = copy;
+    }
+    t.file = fname;
+    if (st->n == st->cap) {
+      int nc = st->cap ? st->cap * 2 : 64;
+      struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
+      if (!nt) {
+        rc = st_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
+        goto done;
+      }
+      st->t = nt;
+      st->cap = nc;
+    }
+    t.name = strdup(key);
+    if (!t.name) {
+      rc = st_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
+      goto done;
+    }
+    st->t[st->n++] = t;
+    st->bytes += t.nbytes;
+  }
+done:
+  json_decref(root);
+  return rc;
+}
+
+static int st_finish(struct wk_st *st, char *err, size_t errlen) {
+  qsort(st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
+  for (int i = 1; i < st->n; i++)
+    if (!strcmp(st->t[i].name, st->t[i - 1].name))
+      return st_fail(err, errlen, CM_ERR_INVAL, "tensor %s appears in both %s and %s",
+                     st->t[i].name, st->t[i - 1].file, st->t[i].file);
+  return 0;
+}
+
+static int st_add_map(struct wk_st *st, void *base, size_t len, const char *fname) {
+  struct st_map *nm = realloc(st->maps, sizeof(*nm) * (size_t)(st->n_maps + 1));
+  if (!nm) return CM_ERR_NOMEM;
+  st->maps = nm;
+  nm[st->n_maps].base = base;
+  nm[st->n_maps].len = len;
+  nm[st->n_maps].fname = strdup(fname);
+  if (!nm[st->n_maps].fname) return CM_ERR_NOMEM;
+  st->n_maps++;
+  return 0;
+}
+
+/* mmaps `path` and parses it into st. */
+static int st_map_file(struct wk_st *st, const char *path, char *err, size_t errlen) {
+  const char *slash = strrchr(path, '/');
+  const char *fname = slash ? slash + 1 : path;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return st_fail(err, errlen, errno == ENOENT ? CM_ERR_NOENT : CM_ERR_IO, "%s: %s", path,
+                   strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return st_fail(err, errlen, CM_ERR_IO, "%s: not a regular file", path);
+  }
+  size_t len = (size_t)sb.st_size;
+  if (len < 8) {
+    close(fd);
+    return st_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", path);
+  }
+  void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return st_fail(err, errlen, CM_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+  int rc = st_add_map(st, base, len, fname);
+  if (rc) {
+    munmap(base, len);
+    return st_fail(err, errlen, rc, "%s: out of memory", path);
+  }
+  return st_parse(st, base, len, st->maps[st->n_maps - 1].fname, err, errlen);
+}
+
+int wk_st_open_file(const char *path, struct wk_st **out, char *err, size_t errlen) {
+  struct wk_st *st = calloc(1, sizeof(*st));
+  if (!st) return st_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  int rc = st_map_file(st, path, err, errlen);
+  if (!rc) rc = st_finish(st, err, errlen);
+  if (rc) {
+    wk_st_close(st);
+    return rc;
+  }
+  *out = st;
+  return 0;
+}
+
+int wk_st_open_mem(const void *buf, size_t len, const char *name, struct wk_st **out, char *err,
+                   size_t errlen) {
+  struct wk_st *st = calloc(1, sizeof(*st));
+  if (!st) return st_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  int rc = st_add_map(st, NULL, 0, name);
+  if (!rc) rc = st_parse(st, buf, len, st->maps[0].fname, err, errlen);
+  if (!rc) rc = st_finish(st, err, errlen);
+  if (rc) {
+    wk_st_close(st);
+    return rc;
+  }
+  *out = st;
+  return 0;
+}
+
+/* A shard name from the index must be a plain file name in the directory. */
+static int shard_name_ok(const char *s) {
+  size_t n = strlen(s);
+  return n > 0 && n < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+  char *text = NULL;
+  size_t len = 0;
+  int rc = wk_read_file(path, 64u << 20, &text, &len);
+  if (rc == CM_ERR_NOENT) {
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (access(path, F_OK))
+      return st_fail(err, errlen, CM_ERR_NOENT,
+                     "%s: neither model.safetensors nor model.safetensors.index.json found", dir);
+    return wk_st_open_file(path, out, err, errlen);
+  }
+  if (rc) return st_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, 0, &jerr);
+  free(text);
+  if (!root)
+    return st_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: line %d: %s",
+                   jerr.line, jerr.text);
+  struct wk_st *st = NULL;
+  const json_t *wm = json_object_get(root, "weight_map");
+  if (!json_is_object(wm)) {
+    rc = st_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: weight_map missing");
+    goto fail;
+  }
+  st = calloc(1, sizeof(*st));
+  if (!st) {
+    rc = st_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    goto fail;
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)wm, key, val) {
+    const char *f = json_is_string(val) ? json_string_value(val) : "";
+    if (!shard_name_ok(f)) {
+      rc = st_fail(err, errlen, CM_ERR_INVAL,
+                   "model.safetensors.index.json: tensor %s: bad shard name \"%s\"", key, f);
+      goto fail;
+    }
+    int seen = 0;
+    for (int i = 0; i < st->n_maps && !seen; i++) seen = !strcmp(st->maps[i].fname, f);
+    if (seen) continue;
+    snprintf(path, sizeof(path), "%s/%s", dir, f);
+    if ((rc = st_map_file(st, path, err, errlen))) goto fail;
+  }
+  if ((rc = st_finish(st, err, errlen))) goto fail;
+  json_object_foreach((json_t *)wm, key, val) {
+    const struct wk_tensor *t = wk_st_find(st, key);
+    if (!t || strcmp(t->file, json_string_value(val))) {
+      rc = st_fail(err, errlen, CM_ERR_NOENT,
+                   "model.safetensors.index.json: tensor %s is not in %s", key,
+                   json_string_value(val));
+      goto fail;
+    }
+  }
+  json_decref(root);
+  *out = st;
+  return 0;
+fail:
+  wk_st_close(st);
+  json_decref(root);
+  return rc;
+}
+
+const struct wk_tensor *wk_st_find(const struct wk_st *st, const char *name) {
+  struct wk_tensor key = {.name = name};
+  return bsearch(&key, st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
+}
+
+int wk_st_count(const struct wk_st *st) { return st->n; }
+
+const struct wk_tensor *wk_st_get(const struct wk_st *st, int i) {
+  return i >= 0 && i < st->n ? &st->t[i] : NULL;
+}
+
+uint64_t wk_st_data_bytes(const struct wk_st *st) { return st->bytes; }
+
+/* ---- writer --------------------------------------------------------------- */
+
+int wk_st_write_header(FILE *f, const struct wk_st_entry *e, int n) {
+  json_t *root = json_object();
+  if (!root) return CM_ERR_NOMEM;
+  int rc = 0;
+  json_object_set_new(root, "__metadata__", json_pack("{s:s}", "format", "pt"));
+  uint64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    size_t esz = wk_st_dtype_size(e[i].dtype);
+    if (!esz || e[i].ndim < 0 || e[i].ndim > WK_ST_MAX_DIMS) {
+      rc = CM_ERR_INVAL;
+      goto done;
+    }
+    uint64_t bytes = esz;
+    json_t *shape = json_array();
+    for (int d = 0; d < e[i].ndim; d++) {
+      bytes *= (uint64_t)e[i].shape[d];
+      json_array_append_new(shape, json_integer(e[i].shape[d]));
+    }
+    json_t *ent = json_object();
+    json_object_set_new(ent, "dtype", json_string(wk_st_dtype_name(e[i].dtype)));
+    json_object_set_new(ent, "shape", shape);
+    json_object_set_new(ent, "data_offsets",
+                        json_pack("[I,I]", (json_int_t)off, (json_int_t)(off + bytes)));
+    json_object_set_new(root, e[i].name, ent);
+    off += bytes;
+  }
+  char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  if (!s) {
+    rc = CM_ERR_NOMEM;
+    goto done;
+  }
+  size_t len = strlen(s), padded = (len + 7) & ~(size_t)7;
+  unsigned char hdr[8];
+  for (int i = 0; i < 8; i++) hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  if (fwrite(hdr, 1, 8, f) != 8 || fwrite(s, 1, len, f) != len) rc = CM_ERR_IO;
+  for (size_t i = len; i < padded && !rc; i++)
+    if (fputc(' ', f) == EOF) rc = CM_ERR_IO;
+  free(s);
+done:
+  json_decref(root);
+  return rc;
+}

@@ -1,0 +1,425 @@
+/* wk-tiny-spec.c — generated checkpoints: config.json text, tensor lists
+ * with their initialisers, and the seeded writer.
+ *
+ * Weights are scaled so activations stay near unit RMS: linear weights
+ * N(0, 1/fan_in), embeddings N(0, 9/hidden) (logits of a few units through
+ * the tied head), Gemma 4 norm weights 1 +- 0.1, Gemma 3 ones 0 +- 0.1 (they
+ * act as 1 + w), layer scalars in [0.7, 1]. */
+#include "worker/wk-tiny-spec.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "kernels/kn-dtype.h"
+
+static int ts_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int ts_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void wk_tiny_spec_free(struct wk_tiny_spec *s) {
+  free(s->config_json);
+  free(s->generation_json);
+  free(s->tensors);
+  memset(s, 0, sizeof(*s));
+}
+
+static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim,
+               int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+
+static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim,
+               int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
+  if (s->n_tensors == s->cap) {
+    int nc = s->cap ? s->cap * 2 : 64;
+    struct wk_tensor_spec *nt = realloc(s->tensors, sizeof(*nt) * (size_t)nc);
+    if (!nt) return CM_ERR_NOMEM;
+    s->tensors = nt;
+    s->cap = nc;
+  }
+  struct wk_tensor_spec *t = &s->tensors[s->n_tensors++];
+  memset(t, 0, sizeof(*t));
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->name, sizeof(t->name), fmt, ap);
+  va_end(ap);
+  t->init = init;
+  t->a = a;
+  t->b = b;
+  t->e.dtype = init == WK_INIT_PERMUTATION ? WK_ST_I64 : WK_ST_BF16;
+  t->e.ndim = ndim;
+  t->e.shape[0] = d0;
+  t->e.shape[1] = d1;
+  t->e.shape[2] = d2;
+  return 0;
+}
+
+#define LIN(out, in, ...) add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)(in)), 0, 2, out, in, 0, __VA_ARGS__)
+#define NORM(d, ...) add(s, WK_INIT_AROUND, 0.1, norm_center, 1, d, 0, 0, __VA_ARGS__)
+
+/* The tensors of one decoder stack (model.layers.*, model.norm, embeddings). */
+static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embed_rows) {
+  int H = c->hidden, rc = 0;
+  double norm_center = c->arch == WK_ARCH_GEMMA3 ? 0.0 : 1.0;
+  rc |= add(s, WK_INIT_NORMAL, 3.0 / sqrt((double)H), 0, 2, embed_rows, H, 0,
+            "model.embed_tokens.weight");
+  if (c->ple_dim) {
+    int LP = c->n_layers * c->ple_dim;
+    rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)c->ple_dim), 0, 2, c->ple_vocab, LP, 0,
+              "model.embed_tokens_per_layer.weight");
+    rc |= LIN(LP, H, "model.per_layer_model_projection.weight");
+    rc |= NORM(c->ple_dim, "model.per_layer_projection_norm.weight");
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    const struct wk_layer_cfg *l = &c->layers[i];
+    int qd = c->n_heads * l->head_dim, kvd = l->n_kv_heads * l->head_dim;
+    const char *p = "model.layers";
+    rc |= NORM(H, "%s.%d.input_layernorm.weight", p, i);
+    rc |= LIN(qd, H, "%s.%d.self_attn.q_proj.weight", p, i);
+    rc |= NORM(l->head_dim, "%s.%d.self_attn.q_norm.weight", p, i);
+    if (!l->kv_shared) {
+      rc |= LIN(kvd, H, "%s.%d.self_attn.k_proj.weight", p, i);
+      if (!l->k_eq_v) rc |= LIN(kvd, H, "%s.%d.self_attn.v_proj.weight", p, i);
+      rc |= NORM(l->head_dim, "%s.%d.self_attn.k_norm.weight", p, i);
+    }
+    rc |= LIN(H, qd, "%s.%d.self_attn.o_proj.weight", p, i);
+    rc |= NORM(H, "%s.%d.post_attention_layernorm.weight", p, i);
+    rc |= NORM(H, "%s.%d.pre_feedforward_layernorm.weight", p, i);
+    rc |= LIN(l->ffn_dim, H, "%s.%d.mlp.gate_proj.weight", p, i);
+    rc |= LIN(l->ffn_dim, H, "%s.%d.mlp.up_proj.weight", p, i);
+    rc |= LIN(H, l->ffn_dim, "%s.%d.mlp.down_proj.weight", p, i);
+    rc |= NORM(H, "%s.%d.post_feedforward_layernorm.weight", p, i);
+    if (c->moe) {
+      int E = c->n_experts, I = c->moe_ffn;
+      rc |= LIN(E, H, "%s.%d.router.proj.weight", p, i);
+      rc |= NORM(H, "%s.%d.router.scale", p, i);
+      rc |= add(s, WK_INIT_UNIFORM, 0.5, 1.5, 1, E, 0, 0, "%s.%d.router.per_expert_scale", p, i);
+      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)H), 0, 3, E, 2 * I, H,
+                "%s.%d.experts.gate_up_proj", p, i);
+      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)I), 0, 3, E, H, I,
+                "%s.%d.experts.down_proj", p, i);
+      rc |= NORM(H, "%s.%d.pre_feedforward_layernorm_2.weight", p, i);
+      rc |= NORM(H, "%s.%d.post_feedforward_layernorm_1.weight", p, i);
+      rc |= NORM(H, "%s.%d.post_feedforward_layernorm_2.weight", p, i);
+    }
+    if (c->ple_dim) {
+      rc |= LIN(c->ple_dim, H, "%s.%d.per_layer_input_gate.weight", p, i);
+      rc |= LIN(H, c->ple_dim, "%s.%d.per_layer_projection.weight", p, i);
+      rc |= NORM(H, "%s.%d.post_per_layer_input_norm.weight", p, i);
+    }
+    if (c->arch != WK_ARCH_GEMMA3)
+      rc |= add(s, WK_INIT_UNIFORM, 0.7, 1.0, 1, 1, 0, 0, "%s.%d.layer_scalar", p, i);
+  }
+  rc |= NORM(H, "model.norm.weight");
+  return rc ? CM_ERR_NOMEM : 0;
+}
+
+static json_t *int_list(const int *v, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+  return a;
+}
+
+static json_t *layer_types(const int *full, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++)
+    json_array_append_new(a, json_string(full[i] ? "full_attention" : "sliding_attention"));
+  return a;
+}
+
+static json_t *gemma4_text_config(int V, int H, int F, int L, int nh, int nkv, int hd, int ghd,
+                                  int ngkv, int kev, int window, const int *full, int shared,
+                                  int dwide, int ple, int moe) {
+  json_t *t = json_object();
+  json_object_set_new(t, "model_type", json_string("gemma4_text"));
+  json_object_set_new(t, "vocab_size", json_integer(V));
+  json_object_set_new(t, "hidden_size", json_integer(H));
+  json_object_set_new(t, "intermediate_size", json_integer(F));
+  json_object_set_new(t, "num_hidden_layers", json_integer(L));
+  json_object_set_new(t, "num_attention_heads", json_integer(nh));
+  json_object_set_new(t, "num_key_value_heads", json_integer(nkv));
+  json_object_set_new(t, "head_dim", json_integer(hd));
+  json_object_set_new(t, "global_head_dim", json_integer(ghd));
+  json_object_set_new(t, "num_global_key_value_heads", ngkv ? json_integer(ngkv) : json_null());
+  json_object_set_new(t, "attention_k_eq_v", json_boolean(kev));
+  json_object_set_new(t, "sliding_window", json_integer(window));
+  json_object_set_new(t, "layer_types", layer_types(full, L));
+  json_object_set_new(t, "num_kv_shared_layers", json_integer(shared));
+  json_object_set_new(t, "use_double_wide_mlp", json_boolean(dwide));
+  json_object_set_new(t, "hidden_size_per_layer_input", json_integer(ple));
+  json_object_set_new(t, "vocab_size_per_layer_input", json_integer(ple ? V : 0));
+  json_object_set_new(t, "enable_moe_block", json_boolean(moe));
+  json_object_set_new(t, "num_experts", moe ? json_integer(4) : json_null());
+  json_object_set_new(t, "top_k_experts", moe ? json_integer(2) : json_null());
+  json_object_set_new(t, "moe_intermediate_size", moe ? json_integer(32) : json_null());
+  json_object_set_new(t, "max_position_embeddings", json_integer(8192));
+  json_object_set_new(t, "rms_norm_eps", json_real(1e-6));
+  json_object_set_new(t, "final_logit_softcapping", json_real(30.0));
+  json_object_set_new(t, "hidden_activation", json_string("gelu_pytorch_tanh"));
+  json_object_set_new(t, "tie_word_embeddings", json_true());
+  json_object_set_new(t, "attention_bias", json_false());
+  json_object_set_new(t, "pad_token_id", json_integer(0));
+  json_object_set_new(t, "bos_token_id", json_integer(2));
+  json_object_set_new(t, "eos_token_id", int_list((const int[]){1, 106}, V > 106 ? 2 : 1));
+  json_object_set_new(
+      t, "rope_parameters",
+      json_pack("{s:{s:s,s:f},s:{s:s,s:f,s:f}}", "sliding_attention", "rope_type", "default",
+                "rope_theta", 10000.0, "full_attention", "rope_type", "proportional",
+                "partial_rotary_factor", 0.25, "rope_theta", 1000000.0));
+  return t;
+}
+
+/* Parses our own config text back so that tensor shapes follow the exact
+ * per-layer plan the loader will derive. */
+static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen) {
+  s->config_json = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  json_decref(root);
+  if (!s->config_json) return ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  struct wk_config *c = malloc(sizeof(*c));
+  if (!c) return ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  int rc = wk_config_parse(s->config_json, strlen(s->config_json), c, err, errlen);
+  if (!rc) {
+    snprintf(s->model_type, sizeof(s->model_type), "%s", c->model_type);
+    s->vocab = c->vocab;
+    rc = add_stack(s, c, c->vocab);
+    if (!rc && c->arch == WK_ARCH_GEMMA4_ASSISTANT) {
+      int h = c->hidden, B = c->backbone_hidden;
+      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
+      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, B, h, 0, "post_projection.weight");
+      if (c->use_ordered_embeddings) {
+        rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, c->num_centroids, h, 0,
+                  "masked_embedding.centroids.weight");
+        rc |= add(s, WK_INIT_PERMUTATION, 0, 0, 1, c->vocab, 0, 0,
+                  "masked_embedding.token_ordering");
+      }
+      if (rc) rc = ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    }
+  }
+  char gen[128];
+  int n = c->n_eos;
+  if (!rc) {
+    int len = snprintf(gen, sizeof(gen), "{\n  \"bos_token_id\": %d,\n  \"eos_token_id\": [", c->bos_id);
+    for (int i = 0; i < n; i++)
+      len += snprintf(gen + len, sizeof(gen) - (size_t)len, "%s%d", i ? ", " : "", c->eos_ids[i]);
+    snprintf(gen + len, sizeof(gen) - (size_t)len, "]\n}\n");
+    s->generation_json = strdup(gen);
+    if (!s->generation_json) rc = ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  }
+  free(c);
+  return rc;
+}
+
+int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
+                       size_t errlen) {
+  memset(s, 0, sizeof(*s));
+  int V = o->vocab;
+  json_t *root;
+  if (!strcmp(o->arch, "gemma4")) {
+    if (strcmp(o->preset, "tiny"))
+      return ts_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known for gemma4 (tiny)",
+                     o->preset);
+    /* 6 layers: sliding, sliding, full, sliding | shared sliding, shared full */
+    static const int full[6] = {0, 0, 1, 0, 0, 1};
+    root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
+                              o->sliding_window ? o->sliding_window : 64, full, 2, 1, 8, o->moe);
+    json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
+  } else if (!strcmp(o->arch, "gemma3")) {
+    int H, F, L, nh, nkv, hd, win, pattern;
+    if (!strcmp(o->preset, "tiny")) {
+      H = 64, F = 128, L = 6, nh = 4, nkv = 2, hd = 32, win = 64, pattern = 3;
+    } else if (!strcmp(o->preset, "270m")) {
+      H = 640, F = 2048, L = 18, nh = 4, nkv = 1, hd = 256, win = 512, pattern = 6;
+    } else {
+      return ts_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known (tiny, 270m)",
+                     o->preset);
+    }
+    if (o->sliding_window) win = o->sliding_window;
+    int full[WK_MAX_LAYERS];
+    for (int i = 0; i < L; i++) full[i] = (i + 1) % pattern == 0;
+    root = json_object();
+    json_object_set_new(root, "architectures", json_pack("[s]", "Gemma3ForCausalLM"));
+    json_object_set_new(root, "model_type", json_string("gemma3_text"));
+    json_object_set_new(root, "vocab_size", json_integer(V));
+    json_object_set_new(root, "hidden_size", json_integer(H));
+    json_object_set_new(root, "intermediate_size", json_integer(F));
+    json_object_set_new(root, "num_hidden_layers", json_integer(L));
+    json_object_set_new(root, "num_attention_heads", json_integer(nh));
+    json_object_set_new(root, "num_key_value_heads", json_integer(nkv));
+    json_object_set_new(root, "head_dim", json_integer(hd));
+    json_object_set_new(root, "query_pre_attn_scalar", json_integer(hd));
+    json_object_set_new(root, "sliding_window", json_integer(win));
+    json_object_set_new(root, "sliding_window_pattern", json_integer(pattern));
+    json_object_set_new(root, "layer_types", layer_types(full, L));
+    json_object_set_new(root, "rope_theta", json_real(1000000.0));
+    json_object_set_new(root, "rope_local_base_freq", json_real(10000.0));
+    json_object_set_new(root, "rope_scaling", json_null());
+    json_object_set_new(root, "max_position_embeddings", json_integer(32768));
+    json_object_set_new(root, "rms_norm_eps", json_real(1e-6));
+    json_object_set_new(root, "final_logit_softcapping", json_null());
+    json_object_set_new(root, "attn_logit_softcapping", json_null());
+    json_object_set_new(root, "hidden_activation", json_string("gelu_pytorch_tanh"));
+    json_object_set_new(root, "tie_word_embeddings", json_true());
+    json_object_set_new(root, "pad_token_id", json_integer(0));
+    json_object_set_new(root, "bos_token_id", json_integer(2));
+    json_object_set_new(root, "eos_token_id", int_list((const int[]){1, 106}, V > 106 ? 2 : 1));
+  } else {
+    return ts_fail(err, errlen, CM_ERR_INVAL, "unknown arch \"%s\"", o->arch);
+  }
+  int rc = finish(s, root, err, errlen);
+  if (rc) wk_tiny_spec_free(s);
+  return rc;
+}
+
+int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, char *err,
+                           size_t errlen) {
+  memset(s, 0, sizeof(*s));
+  if (t->arch != WK_ARCH_GEMMA4)
+    return ts_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "the target must be a gemma4 model (got model_type \"%s\")", t->model_type);
+  int sl = wk_config_last_storing_layer(t, WK_LAYER_SLIDING);
+  int fl = wk_config_last_storing_layer(t, WK_LAYER_FULL);
+  if (sl < 0 || fl < 0)
+    return ts_fail(err, errlen, CM_ERR_INVAL,
+                   "the target needs a storing sliding and a storing full layer");
+  static const int full[4] = {0, 0, 0, 1};
+  int h = 32, nh = 4;
+  int kvh = t->layers[sl].n_kv_heads, gkvh = t->layers[fl].n_kv_heads;
+  if (nh % kvh || nh % gkvh) nh = kvh * gkvh;
+  json_t *text = gemma4_text_config(t->vocab, h, 64, 4, nh, kvh, t->head_dim, t->global_head_dim,
+                                    t->k_eq_v ? gkvh : 0, t->k_eq_v, t->sliding_window, full, 4, 0,
+                                    0, 0);
+  json_object_set_new(text, "final_logit_softcapping", json_null());
+  json_t *root = json_object();
+  json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4AssistantForCausalLM"));
+  json_object_set_new(root, "model_type", json_string("gemma4_assistant"));
+  json_object_set_new(root, "backbone_hidden_size", json_integer(t->hidden));
+  int C = t->vocab % 2048 == 0 && t->vocab >= 2048 * 128 ? 2048 : 0;
+  if (!C)
+    for (C = 64; C > 1 && t->vocab % C; C /= 2) {
+    }
+  json_object_set_new(root, "use_ordered_embeddings", json_boolean(C > 1));
+  json_object_set_new(root, "num_centroids", json_integer(C > 1 ? C : 2048));
+  json_object_set_new(root, "centroid_intermediate_top_k", json_integer(C >= 32 ? 32 : 1));
+  json_object_set_new(root, "tie_word_embeddings", json_true());
+  json_object_set_new(root, "text_config", text);
+  int rc = finish(s, root, err, errlen);
+  if (rc) wk_tiny_spec_free(s);
+  return rc;
+}
+
+/* ---- writer: deterministic random numbers (splitmix64 + Box-Muller) ------- */
+
+struct rng {
+  uint64_t s;
+};
+
+static uint64_t rng_next(struct rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(struct rng *r) { /* (0, 1) */
+  return ((double)(rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static double rng_normal(struct rng *r) {
+  double u = rng_unit(r), v = rng_unit(r);
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* Fills and writes one tensor in chunks (no whole-tensor buffer). */
+static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, int index,
+                        enum wk_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
+  struct rng r = {seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull + 1};
+  uint64_t n = 1;
+  for (int d = 0; d < t->e.ndim; d++) n *= (uint64_t)t->e.shape[d];
+  if (t->init == WK_INIT_PERMUTATION) {
+    int64_t *p = malloc(sizeof(int64_t) * (n ? n : 1));
+    if (!p) return CM_ERR_NOMEM;
+    for (uint64_t i = 0; i < n; i++) p[i] = (int64_t)i;
+    for (uint64_t i = n; i > 1; i--) { /* Fisher-Yates */
+      uint64_t j = rng_next(&r) % i;
+      int64_t tmp = p[i - 1];
+      p[i - 1] = p[j];
+      p[j] = tmp;
+    }
+    int rc = fwrite(p, sizeof(int64_t), n, f) == n ? 0 : CM_ERR_IO;
+    free(p);
+    return rc;
+  }
+  size_t esz = wk_st_dtype_size(dt);
+  for (uint64_t done = 0; done < n;) {
+    size_t m = (size_t)CM_MIN(n - done, (uint64_t)chunk);
+    for (size_t i = 0; i < m; i++) {
+      double v;
+      switch (t->init) {
+      case WK_INIT_NORMAL: v = rng_normal(&r) * t->a; break;
+      case WK_INIT_AROUND: v = t->b + rng_normal(&r) * t->a; break;
+      default: v = t->a + (t->b - t->a) * rng_unit(&r); break; /* WK_INIT_UNIFORM */
+      }
+      if (dt == WK_ST_F32) buf32[i] = (float)v;
+      else if (dt == WK_ST_F16) buf16[i] = kn_f32_to_f16((float)v);
+      else buf16[i] = kn_f32_to_bf16((float)v);
+    }
+    const void *src = dt == WK_ST_F32 ? (const void *)buf32 : (const void *)buf16;
+    if (fwrite(src, esz, m, f) != m) return CM_ERR_IO;
+    done += m;
+  }
+  return 0;
+}
+
+static int write_text(const char *dir, const char *name, const char *text) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  if (!f) return CM_ERR_IO;
+  size_t n = strlen(text);
+  int rc = fwrite(text, 1, n, f) == n ? 0 : CM_ERR_IO;
+  if (fclose(f)) rc = CM_ERR_IO;
+  return rc;
+}
+
+int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
+                  enum wk_st_dtype dt) {
+  if (dt != WK_ST_F32 && dt != WK_ST_F16 && dt != WK_ST_BF16) return CM_ERR_INVAL;
+  int rc = write_text(dir, "config.json", s->config_json);
+  if (!rc && s->generation_json) rc = write_text(dir, "generation_config.json", s->generation_json);
+  if (rc) return rc;
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+  FILE *f = fopen(path, "wb");
+  if (!f) return CM_ERR_IO;
+  enum { CHUNK = 1 << 16 };
+  struct wk_st_entry *e = calloc((size_t)s->n_tensors, sizeof(*e));
+  uint16_t *b16 = malloc(CHUNK * sizeof(uint16_t));
+  float *b32 = malloc(CHUNK * sizeof(float));
+  rc = e && b16 && b32 ? 0 : CM_ERR_NOMEM;
+  for (int i = 0; i < s->n_tensors && !rc; i++) {
+    e[i] = s->tensors[i].e;
+    e[i].name = s->tensors[i].name;
+    if (s->tensors[i].init != WK_INIT_PERMUTATION) e[i].dtype = dt;
+  }
+  if (!rc) rc = wk_st_write_header(f, e, s->n_tensors);
+  for (int i = 0; i < s->n_tensors && !rc; i++)
+    rc = write_tensor(f, &s->tensors[i], seed, i, e[i].dtype, b16, b32, CHUNK);
+  free(e);
+  free(b16);
+  free(b32);
+  if (fclose(f) && !rc) rc = CM_ERR_IO;
+  return rc;
+}

@@ -1,0 +1,58 @@
+/* wk-tiny-spec.h — the shapes, configs and seeded random weights of
+ * generated checkpoints (`lmserve make-tiny-model`, and tests that need a
+ * model on disk). The Hugging Face field and tensor names used are listed at
+ * the top of tools/tl-make-tiny-model.c. */
+#ifndef LMSERVE_WK_TINY_SPEC_H
+#define LMSERVE_WK_TINY_SPEC_H
+#include <stdint.h>
+
+#include "worker/wk-config.h"
+#include "worker/wk-safetensors.h"
+
+enum wk_init {
+  WK_INIT_NORMAL = 0,      /* N(0, a^2) */
+  WK_INIT_AROUND = 1,      /* b + N(0, a^2) (norm weights) */
+  WK_INIT_UNIFORM = 2,     /* U(a, b) */
+  WK_INIT_PERMUTATION = 3, /* a random permutation of 0..n-1, I64 */
+};
+
+struct wk_tensor_spec {
+  char name[160];
+  struct wk_st_entry e; /* e.name is set when written */
+  enum wk_init init;
+  double a, b;
+};
+
+struct wk_tiny_spec {
+  char model_type[32];
+  int vocab;                      /* tokens */
+  char *config_json;              /* malloc'd config.json text */
+  char *generation_json;          /* malloc'd generation_config.json text, or NULL */
+  struct wk_tensor_spec *tensors; /* in file order */
+  int n_tensors, cap;
+};
+
+/* Options of a generated gemma3 / gemma4 model. */
+struct wk_tiny_opts {
+  const char *arch;   /* "gemma3" | "gemma4" */
+  const char *preset; /* "tiny" | "270m" (gemma3 only) */
+  int vocab;          /* tokens; 262144 matches the Gemma tokenizer */
+  int moe;            /* gemma4: MoE block in every layer */
+  int sliding_window; /* 0 = the preset's (64 for tiny) */
+};
+
+int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
+                       size_t errlen);
+/* A gemma4_assistant paired with the target's config (backbone hidden size,
+ * vocabulary, KV heads and head dims per layer type). */
+int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *target, char *err,
+                           size_t errlen);
+void wk_tiny_spec_free(struct wk_tiny_spec *s);
+
+/* Writes config.json, generation_config.json and model.safetensors (weights
+ * of dtype dt: WK_ST_BF16, WK_ST_F16 or WK_ST_F32) into the existing
+ * directory `dir`. Each tensor's values depend only on (seed, its index). */
+int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
+                  enum wk_st_dtype dt);
+
+#endif
