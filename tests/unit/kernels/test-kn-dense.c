@@ -92,7 +92,7 @@ static void check_matmul_invariance(enum kn_cpu_isa isa) {
                      0);
           if (!kt_bits_equal(batch, alone + (size_t)start * N, (size_t)T * N))
             th_fail(__FILE__, __LINE__, "%s matmul %s K=%d: rows %d..%d differ in a batch of %d",
-                    kn_cpu_isa_name(isa), kn_dtype_name(wdts[d]), K, start, start + T - 1, T);
+                    kn_backend_name(be1), kn_dtype_name(wdts[d]), K, start, start + T - 1, T);
         }
       }
       /* matmul_rows computes the same elements with the same arithmetic */

@@ -1,0 +1,369 @@
+/* test-kn-attn.c — the paged KV cache and attention: the page layout of
+ * kv_write, closed forms (one key returns V, a zero query averages the visible
+ * V), SIMD against reference over a grid of head dims, windows, GQA ratios,
+ * KV dtypes, ragged batches and block tables with holes, and bit-exact batch
+ * and chunking invariance. */
+#include <math.h>
+#include <stdio.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "tests/unit/kernels/kn-test-util.h"
+
+/* A pool and one layer's view into it; K/V of every position of every
+ * sequence are kept in plain arrays too, for closed-form checks. */
+struct kt_cache {
+  struct kn_kv_view view;
+  int n_seq, len;        /* sequences, positions each */
+  int32_t *bt;           /* [n_seq, n_blocks] block tables */
+  int n_blocks;
+  float *k, *v;          /* [n_seq, len, kvh, D] */
+};
+
+/* Fills a pool of pages for n_seq sequences of len positions, pages handed out
+ * in a shuffled order, the layer's K and V at offsets inside the pages behind
+ * another layer's space (so offsets are exercised). */
+static void cache_init(struct kt_cache *c, struct kn_backend *be, int n_seq, int len, int kvh,
+                       int D, int block_tokens, enum kn_dtype dt) {
+  memset(c, 0, sizeof(*c));
+  size_t elt = kn_dtype_size(dt);
+  size_t blk = (size_t)block_tokens * kvh * D * elt;
+  c->n_seq = n_seq;
+  c->len = len;
+  c->n_blocks = (len + block_tokens - 1) / block_tokens;
+  int n_pages = n_seq * c->n_blocks + 3;
+  c->view = (struct kn_kv_view){.page_bytes = 4 * blk + 64, .n_pages = n_pages,
+                                .k_off = 2 * blk + 32, .v_off = 32, .block_tokens = block_tokens,
+                                .n_kv_heads = kvh, .head_dim = D, .dtype = dt};
+  c->view.pool = kn_alloc(be, (size_t)n_pages * c->view.page_bytes);
+  TH_REQUIRE(c->view.pool);
+  memset(c->view.pool, 0xff, (size_t)n_pages * c->view.page_bytes); /* NaN everywhere */
+  int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_pages);
+  TH_REQUIRE(perm);
+  for (int i = 0; i < n_pages; i++) perm[i] = i;
+  for (int i = n_pages - 1; i > 0; i--) {
+    int j = kt_int(i + 1);
+    int32_t t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  c->bt = malloc(sizeof(int32_t) * (size_t)n_seq * c->n_blocks);
+  TH_REQUIRE(c->bt);
+  for (int i = 0; i < n_seq * c->n_blocks; i++) c->bt[i] = perm[i];
+  free(perm);
+  size_t row = (size_t)kvh * D;
+  c->k = kt_rand_f32((size_t)n_seq * len * row, 1.0f);
+  c->v = kt_rand_f32((size_t)n_seq * len * row, 1.0f);
+  if (dt == KN_DTYPE_BF16) /* keep the plain copies equal to what the cache holds */
+    for (size_t i = 0; i < (size_t)n_seq * len * row; i++) {
+      c->k[i] = kn_bf16_to_f32(kn_f32_to_bf16(c->k[i]));
+      c->v[i] = kn_bf16_to_f32(kn_f32_to_bf16(c->v[i]));
+    }
+  int32_t *slots = malloc(sizeof(int32_t) * (size_t)len);
+  TH_REQUIRE(slots);
+  for (int s = 0; s < n_seq; s++) {
+    for (int p = 0; p < len; p++)
+      slots[p] = c->bt[s * c->n_blocks + p / block_tokens] * block_tokens + p % block_tokens;
+    TH_REQUIRE(kn_kv_write(be, &c->view, slots, c->k + (size_t)s * len * row, (ptrdiff_t)row,
+                           c->v + (size_t)s * len * row, (ptrdiff_t)row, len) == 0);
+  }
+  free(slots);
+}
+
+static void cache_free(struct kt_cache *c, struct kn_backend *be) {
+  kn_free(be, c->view.pool);
+  free(c->bt);
+  free(c->k);
+  free(c->v);
+}
+
+static struct kn_attn_seq seq_of(const struct kt_cache *c, int s, int q_begin, int pos0, int n_q) {
+  return (struct kn_attn_seq){.q_begin = q_begin, .n_q = n_q, .pos0 = pos0,
+                              .block_table = c->bt + s * c->n_blocks, .n_blocks = c->n_blocks};
+}
+
+/* ---- layout ------------------------------------------------------------- */
+
+TH_TEST(kv_write_page_layout) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(10);
+  for (int bf = 0; bf < 2; bf++) {
+    enum kn_dtype dt = bf ? KN_DTYPE_BF16 : KN_DTYPE_F32;
+    struct kt_cache c;
+    cache_init(&c, be, 2, 21, 2, 8, 5, dt);
+    size_t elt = kn_dtype_size(dt);
+    int ok = 1;
+    for (int s = 0; s < 2; s++)
+      for (int p = 0; p < 21; p++)
+        for (int h = 0; h < 2; h++)
+          for (int d = 0; d < 8; d++) {
+            int32_t page = c.bt[s * c.n_blocks + p / 5];
+            size_t at = (size_t)page * c.view.page_bytes +
+                        ((size_t)(p % 5) * 2 + (size_t)h) * 8 * elt + (size_t)d * elt;
+            const char *pool = c.view.pool;
+            size_t i = (((size_t)s * 21 + p) * 2 + h) * 8 + d;
+            ok &= kn_load_f32(pool + at + c.view.k_off, dt, 0) == c.k[i];
+            ok &= kn_load_f32(pool + at + c.view.v_off, dt, 0) == c.v[i];
+          }
+    TH_CHECK(ok);
+    /* negative slots are skipped; a slot past the pool is an error */
+    int32_t slots[2] = {-1, c.view.n_pages * 5};
+    float kv[32] = {0};
+    TH_CHECK_EQ_INT(kn_kv_write(be, &c.view, slots, kv, 16, kv, 16, 1), 0);
+    TH_CHECK_EQ_INT(kn_kv_write(be, &c.view, slots, kv, 16, kv, 16, 2), CM_ERR_RANGE);
+    cache_free(&c, be);
+  }
+  kn_backend_destroy(be);
+}
+
+/* ---- closed forms ------------------------------------------------------- */
+
+TH_TEST(attention_closed_forms) {
+  struct kn_backend *bes[2] = {kt_backend(KN_CPU_ISA_REF, 1), kt_backend(KN_CPU_ISA_AVX512, 2)};
+  kt_seed(11);
+  for (int b = 0; b < 2; b++) {
+    struct kn_backend *be = bes[b];
+    int D = 64, kvh = 2, H = 4, len = 40;
+    struct kt_cache c;
+    cache_init(&c, be, 1, len, kvh, D, 16, KN_DTYPE_F32);
+    size_t row = (size_t)H * D;
+    float *q = kt_rand_f32(row * len, 2.0f);
+    float *out = kt_guarded(row * len);
+    /* one key: the output is that key's V, exactly */
+    struct kn_attn_seq s = seq_of(&c, 0, 0, 0, 1);
+    TH_REQUIRE(kn_attention(be, out, (ptrdiff_t)row, q, (ptrdiff_t)row, &c.view, &s, 1, H, 0,
+                            0.125f, 0.0f) == 0);
+    for (int h = 0; h < H; h++) TH_CHECK(kt_bits_equal(out + h * D, c.v + (h / 2) * D, (size_t)D));
+    TH_CHECK(kt_is_sentinel(out + row)); /* row 1 was not asked for */
+    /* a zero query averages the visible values: causal, window 5, bidir [20, 30) */
+    memset(q, 0, sizeof(float) * row * len);
+    for (int mode = 0; mode < 3; mode++) {
+      int window = mode == 1 ? 5 : 0;
+      int32_t range[2] = {20, 30};
+      s = seq_of(&c, 0, 0, 0, len);
+      if (mode == 2) {
+        s.bidir = range;
+        s.n_bidir = 1;
+      }
+      TH_REQUIRE(kn_attention(be, out, (ptrdiff_t)row, q, (ptrdiff_t)row, &c.view, &s, 1, H,
+                              window, 1.0f, 0.0f) == 0);
+      double worst = 0.0;
+      for (int p = 0; p < len; p++) {
+        int lo = window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0, hi = p;
+        if (mode == 2 && p >= 20 && p < 30) hi = 29;
+        for (int h = 0; h < H; h++)
+          for (int d = 0; d < D; d++) {
+            double m = 0.0;
+            for (int j = lo; j <= hi; j++) m += c.v[((size_t)j * kvh + h / 2) * D + d];
+            m /= hi - lo + 1;
+            double e = fabs(out[(size_t)p * row + (size_t)h * D + d] - m);
+            if (e > worst) worst = e;
+          }
+      }
+      if (!(worst < 2e-6)) th_fail(__FILE__, __LINE__, "mean of visible V: mode %d err %g", mode, worst);
+    }
+    TH_CHECK(kt_guards_ok(out, row * len));
+    free(q);
+    kt_guarded_free(out);
+    cache_free(&c, be);
+  }
+  kn_backend_destroy(bes[0]);
+  kn_backend_destroy(bes[1]);
+}
+
+/* ---- SIMD against reference over a grid ------------------------------------ */
+
+static void grid_case(struct kn_backend *ref, struct kn_backend *simd, int D, int H, int kvh,
+                      int window, int block_tokens, enum kn_dtype dt, float softcap) {
+  /* three sequences: a prefill chunk in the middle of a prompt, a decode, a
+   * prefill from 0 with an image range; rows interleaved with a gap row */
+  int len = 75;
+  struct kt_cache c;
+  cache_init(&c, ref, 3, len, kvh, D, block_tokens, dt);
+  struct kn_attn_seq seqs[3] = {seq_of(&c, 0, 0, 30, 37), seq_of(&c, 1, 38, 74, 1),
+                                seq_of(&c, 2, 39, 0, 36)};
+  int32_t range[2] = {10, 18};
+  seqs[2].bidir = range;
+  seqs[2].n_bidir = 1;
+  /* blocks wholly out of every window become holes */
+  if (window)
+    for (int s = 0; s < 2; s++) {
+      int lo = seqs[s].pos0 - window + 1;
+      for (int b = 0; b < c.n_blocks; b++)
+        if ((b + 1) * block_tokens - 1 < lo) c.bt[s * c.n_blocks + b] = -1;
+    }
+  int T = 75;
+  ptrdiff_t ldq = (ptrdiff_t)H * D + 8, ldo = (ptrdiff_t)H * D + 3;
+  float *q = kt_rand_f32((size_t)T * ldq, 1.0f);
+  size_t n_out = (size_t)(T - 1) * ldo + (size_t)H * D;
+  float *a = kt_guarded(n_out), *b = kt_guarded(n_out);
+  float scale = 1.0f / sqrtf((float)D) * 4.0f;
+  TH_REQUIRE(kn_attention(ref, a, ldo, q, ldq, &c.view, seqs, 3, H, window, scale, softcap) == 0);
+  TH_REQUIRE(kn_attention(simd, b, ldo, q, ldq, &c.view, seqs, 3, H, window, scale, softcap) == 0);
+  TH_CHECK(kt_guards_ok(a, n_out) && kt_guards_ok(b, n_out));
+  TH_CHECK(kt_is_sentinel(a + 37 * ldo) && kt_is_sentinel(b + 37 * ldo)); /* the gap row */
+  double worst = 0.0;
+  for (int t = 0; t < T; t++) {
+    if (t == 37) continue;
+    double e = kt_nmse(b + t * ldo, a + t * ldo, (size_t)H * D);
+    if (!kt_all_finite(a + t * ldo, (size_t)H * D)) e = INFINITY;
+    if (e > worst) worst = e;
+    TH_CHECK(kt_is_sentinel(b + t * ldo + H * D)); /* row padding untouched */
+  }
+  if (getenv("KT_VERBOSE"))
+    printf("attn D=%d H=%d kvh=%d W=%d bt=%d %s cap=%g nmse %g\n", D, H, kvh, window, block_tokens,
+           kn_dtype_name(dt), softcap, worst);
+  if (!(worst < 1e-12))
+    th_fail(__FILE__, __LINE__, "attention D=%d H=%d kvh=%d W=%d bt=%d %s: nmse %g", D, H, kvh,
+            window, block_tokens, kn_dtype_name(dt), worst);
+  free(q);
+  kt_guarded_free(a);
+  kt_guarded_free(b);
+  cache_free(&c, ref);
+}
+
+TH_TEST(attention_simd_matches_reference) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2), *simd = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(12);
+  static const int dims[] = {64, 256, 512, 40};
+  static const int gqa[][2] = {{1, 1}, {4, 1}, {8, 2}, {12, 1}};
+  static const int windows[] = {0, 7, 32};
+  for (size_t di = 0; di < CM_ARRAY_LEN(dims); di++)
+    for (size_t gi = 0; gi < CM_ARRAY_LEN(gqa); gi++)
+      for (size_t wi = 0; wi < CM_ARRAY_LEN(windows); wi++) {
+        /* keep the grid quick: the widest heads only with the small groups */
+        if (dims[di] == 512 && gqa[gi][0] > 4) continue;
+        int bt = (di + gi + wi) % 2 ? 16 : 5;
+        enum kn_dtype dt = (di + wi) % 2 ? KN_DTYPE_BF16 : KN_DTYPE_F32;
+        float cap = wi == 1 && gi == 1 ? 50.0f : 0.0f;
+        grid_case(ref, simd, dims[di], gqa[gi][0], gqa[gi][1], windows[wi], bt, dt, cap);
+      }
+  kn_backend_destroy(ref);
+  kn_backend_destroy(simd);
+}
+
+/* ---- invariance ---------------------------------------------------------- */
+
+/* A 70-token prompt attended in one chunk, in uneven chunks and token by token,
+ * alone or batched with other sequences: identical bits. */
+static void check_attn_invariance(enum kn_cpu_isa isa, int D, int window, enum kn_dtype dt) {
+  struct kn_backend *be1 = kt_backend(isa, 1), *be2 = kt_backend(isa, 2);
+  int len = 70, H = 4, kvh = 2;
+  struct kt_cache c;
+  cache_init(&c, be1, 2, len, kvh, D, 16, dt);
+  ptrdiff_t ld = (ptrdiff_t)H * D;
+  float *q = kt_rand_f32((size_t)len * ld * 2, 1.0f);
+  float *one = malloc(sizeof(float) * (size_t)len * ld);
+  float *part = malloc(sizeof(float) * (size_t)len * ld * 2);
+  TH_REQUIRE(one && part);
+  int32_t range[2] = {40, 48}; /* an image inside the third chunk */
+  struct kn_attn_seq s = seq_of(&c, 0, 0, 0, len);
+  s.bidir = range;
+  s.n_bidir = 1;
+  TH_REQUIRE(kn_attention(be2, one, ld, q, ld, &c.view, &s, 1, H, window, 0.1f, 0.0f) == 0);
+
+  /* chunks [0, 23), [23, 33), [33, 70) */
+  static const int cuts[] = {0, 23, 33, 70};
+  memset(part, 0, sizeof(float) * (size_t)len * ld);
+  for (int i = 0; i + 1 < (int)CM_ARRAY_LEN(cuts); i++) {
+    struct kn_attn_seq cs = s;
+    cs.pos0 = cuts[i];
+    cs.n_q = cuts[i + 1] - cuts[i];
+    cs.q_begin = 0;
+    TH_REQUIRE(kn_attention(i & 1 ? be1 : be2, part + cuts[i] * ld, ld, q + cuts[i] * ld, ld,
+                            &c.view, &cs, 1, H, window, 0.1f, 0.0f) == 0);
+  }
+  TH_CHECK(kt_bits_equal(part, one, (size_t)len * ld));
+
+  /* token by token (the image tokens as one chunk, as the scheduler sends them) */
+  memset(part, 0, sizeof(float) * (size_t)len * ld);
+  for (int p = 0; p < len;) {
+    struct kn_attn_seq cs = s;
+    cs.pos0 = p;
+    cs.n_q = p == 40 ? 8 : 1;
+    cs.q_begin = 0;
+    TH_REQUIRE(kn_attention(be1, part + p * ld, ld, q + p * ld, ld, &c.view, &cs, 1, H, window,
+                            0.1f, 0.0f) == 0);
+    p += cs.n_q;
+  }
+  TH_CHECK(kt_bits_equal(part, one, (size_t)len * ld));
+
+  /* batched: sequence 1's full prompt first, then sequence 0's chunks as decodes */
+  struct kn_attn_seq batch[4] = {seq_of(&c, 1, 0, 0, len), s, s, s};
+  batch[1].q_begin = len;
+  batch[1].pos0 = 0;
+  batch[1].n_q = 33;
+  batch[2].q_begin = len + 33;
+  batch[2].pos0 = 33;
+  batch[2].n_q = 36;
+  batch[3].q_begin = len + 69;
+  batch[3].pos0 = 69;
+  batch[3].n_q = 1;
+  float *qb = malloc(sizeof(float) * (size_t)len * ld * 2);
+  TH_REQUIRE(qb);
+  memcpy(qb, q + len * ld, sizeof(float) * (size_t)len * ld);
+  memcpy(qb + len * ld, q, sizeof(float) * (size_t)len * ld);
+  TH_REQUIRE(kn_attention(be2, part, ld, qb, ld, &c.view, batch, 4, H, window, 0.1f, 0.0f) == 0);
+  if (!kt_bits_equal(part + len * ld, one, (size_t)len * ld))
+    th_fail(__FILE__, __LINE__, "%s D=%d W=%d %s: batched rows differ", kn_backend_name(be2), D,
+            window, kn_dtype_name(dt));
+  free(qb);
+  free(q);
+  free(one);
+  free(part);
+  cache_free(&c, be1);
+  kn_backend_destroy(be1);
+  kn_backend_destroy(be2);
+}
+
+TH_TEST(attention_chunking_and_batch_invariant) {
+  kt_seed(13);
+  check_attn_invariance(KN_CPU_ISA_AVX512, 64, 0, KN_DTYPE_F32);
+  check_attn_invariance(KN_CPU_ISA_AVX512, 256, 20, KN_DTYPE_BF16);
+  check_attn_invariance(KN_CPU_ISA_AVX512, 512, 0, KN_DTYPE_F32);
+  check_attn_invariance(KN_CPU_ISA_REF, 64, 20, KN_DTYPE_F32);
+}
+
+/* ---- bad input ------------------------------------------------------------ */
+
+TH_TEST(attention_bad_tables_are_errors) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 1);
+  kt_seed(14);
+  struct kt_cache c;
+  cache_init(&c, be, 1, 40, 1, 64, 16, KN_DTYPE_F32);
+  float q[4 * 64], out[4 * 64];
+  memset(q, 0, sizeof(q));
+  struct kn_attn_seq s = seq_of(&c, 0, 0, 39, 1);
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &c.view, &s, 1, 4, 0, 1.0f, 0.0f), 0);
+  struct kn_kv_view two = c.view;
+  two.n_kv_heads = 2; /* 3 query heads cannot share 2 kv heads */
+  TH_CHECK_EQ_INT(kn_attention(be, out, 192, q, 192, &two, &s, 1, 3, 0, 1.0f, 0.0f), CM_ERR_SHAPE);
+  s.n_blocks = 2; /* position 39 needs block 2 */
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &c.view, &s, 1, 4, 0, 1.0f, 0.0f),
+                  CM_ERR_RANGE);
+  s.n_blocks = c.n_blocks;
+  int32_t saved = c.bt[0];
+  c.bt[0] = c.view.n_pages; /* outside the pool */
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &c.view, &s, 1, 4, 0, 1.0f, 0.0f),
+                  CM_ERR_RANGE);
+  c.bt[0] = -1; /* a hole a full-attention query needs */
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &c.view, &s, 1, 4, 0, 1.0f, 0.0f),
+                  CM_ERR_RANGE);
+  /* ... but not one a window of 8 leaves behind */
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &c.view, &s, 1, 4, 8, 1.0f, 0.0f), 0);
+  c.bt[0] = saved;
+  struct kn_kv_view wide = c.view;
+  wide.head_dim = 1024;
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &wide, &s, 1, 4, 0, 1.0f, 0.0f),
+                  CM_ERR_UNSUPPORTED);
+  struct kn_kv_view off = c.view;
+  off.k_off = off.page_bytes - 8; /* the layer's block would cross the page */
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &off, &s, 1, 4, 0, 1.0f, 0.0f), CM_ERR_INVAL);
+  int32_t bad_range[2] = {30, 20};
+  s.bidir = bad_range;
+  s.n_bidir = 1;
+  TH_CHECK_EQ_INT(kn_attention(be, out, 256, q, 256, &c.view, &s, 1, 4, 0, 1.0f, 0.0f),
+                  CM_ERR_INVAL);
+  cache_free(&c, be);
+  kn_backend_destroy(be);
+}
