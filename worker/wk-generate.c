@@ -1,11 +1,170 @@
-/* wk-generate.c — the `lmserve generate` subcommand (not implemented yet). */
-#include "worker/wk-main.h"
-
+/* wk-generate.c — `lmserve generate`: offline greedy generation in one
+ * process (no sockets), through the paged KV pool and block tables as the
+ * server drives the model.
+ *
+ * stdout: line 1 is the generated ids as a JSON array, line 2 the decoded
+ * text (special tokens skipped) when the model directory has a tokenizer,
+ * else an empty line. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-args.h"
+#include "common/cm-err.h"
+#include "frontend/fe-tokenizer.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "worker/wk-greedy.h"
+#include "worker/wk-main.h"
+#include "worker/wk-model.h"
+
+/* "1,2,3", "1 2 3" or "[1, 2, 3]" -> ids (malloc'd). */
+static int parse_ids(const char *s, int32_t **out, int *n) {
+  size_t cap = 16;
+  int32_t *ids = malloc(sizeof(int32_t) * cap);
+  if (!ids) return CM_ERR_NOMEM;
+  int k = 0;
+  const char *p = s;
+  while (*p) {
+    if (*p == '[' || *p == ']' || *p == ',' || *p == ' ' || *p == '\n' || *p == '\t') {
+      p++;
+      continue;
+    }
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 0 || v > INT32_MAX) {
+      free(ids);
+      return CM_ERR_PARSE;
+    }
+    if ((size_t)k == cap) {
+      cap *= 2;
+      int32_t *ni = realloc(ids, sizeof(int32_t) * cap);
+      if (!ni) {
+        free(ids);
+        return CM_ERR_NOMEM;
+      }
+      ids = ni;
+    }
+    ids[k++] = (int32_t)v;
+    p = end;
+  }
+  *out = ids;
+  *n = k;
+  return 0;
+}
 
 int wk_generate_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve generate: not implemented yet\n");
-  return 2;
+  const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL;
+  int64_t max_tokens = 16, chunk = 0, threads = 0;
+  int ignore_eos = 0;
+  const struct cm_opt opts[] = {
+      {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory (config.json, safetensors)"},
+      {"prompt", CM_OPT_STR, &prompt, "TEXT", "prompt text (needs DIR/tokenizer.json; adds BOS)"},
+      {"prompt-ids", CM_OPT_STR, &prompt_ids, "IDS", "prompt token ids: \"2,651,1234\" or a JSON array"},
+      {"max-tokens", CM_OPT_INT, &max_tokens, "N", "tokens to generate (default 16)", 1, 1 << 20},
+      {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk size in tokens (default: whole prompt)", 0, 1 << 20},
+      {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {"kv-dtype", CM_OPT_STR, &kv_dtype, "T", "KV cache dtype: f32 | bf16 (default: f32 for f32 weights, else bf16)"},
+      {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve generate", "offline greedy generation in one process", opts,
+                         argc, argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc) return 2;
+  if (!model || (!prompt == !prompt_ids)) {
+    fprintf(stderr, "lmserve generate: --model DIR and exactly one of --prompt / --prompt-ids are required\n");
+    return 2;
+  }
+  int kvdt = 0;
+  if (kv_dtype) {
+    if (!strcmp(kv_dtype, "f32")) kvdt = 1 + KN_DTYPE_F32;
+    else if (!strcmp(kv_dtype, "bf16")) kvdt = 1 + KN_DTYPE_BF16;
+    else {
+      fprintf(stderr, "lmserve generate: --kv-dtype must be f32 or bf16\n");
+      return 2;
+    }
+  }
+  char err[512] = "";
+  struct fe_tok *tok = NULL;
+  int32_t *ids = NULL, *gen = NULL;
+  int n_ids = 0, status = 1;
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL;
+  struct wk_page_alloc pa = {0};
+  char tpath[4200];
+  snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", model);
+  FILE *tf = fopen(tpath, "rb");
+  if (tf) {
+    fclose(tf);
+    if ((rc = fe_tok_load(tpath, &tok, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve generate: %s\n", err);
+      goto done;
+    }
+  }
+  if (prompt) {
+    if (!tok) {
+      fprintf(stderr, "lmserve generate: --prompt needs %s (use --prompt-ids)\n", tpath);
+      status = 2;
+      goto done;
+    }
+    size_t n = 0, cap = 0;
+    if ((rc = fe_tok_encode(tok, NULL, prompt, strlen(prompt), FE_TOK_DEFAULT, &ids, &n, &cap))) {
+      fprintf(stderr, "lmserve generate: cannot tokenize the prompt: %s\n", cm_strerror(rc));
+      goto done;
+    }
+    n_ids = (int)n;
+  } else if (parse_ids(prompt_ids, &ids, &n_ids) || n_ids == 0) {
+    fprintf(stderr, "lmserve generate: --prompt-ids: expected a list of token ids\n");
+    status = 2;
+    goto done;
+  }
+  if ((rc = kn_cpu_backend_create((int)threads, &be))) {
+    fprintf(stderr, "lmserve generate: cannot create the CPU backend: %s\n", cm_strerror(rc));
+    goto done;
+  }
+  int batch = chunk > 0 ? (int)chunk : n_ids;
+  struct wk_model_opts mo = {
+      .max_batch_tokens = batch,
+      .max_seqs = 1,
+      .kv_tokens = n_ids + (int)max_tokens + 1,
+      .kv_dtype = kvdt,
+  };
+  if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve generate: %s\n", err);
+    goto done;
+  }
+  if ((rc = wk_page_alloc_init(&pa, wk_model_n_pages(m)))) goto done;
+  gen = malloc(sizeof(int32_t) * (size_t)max_tokens);
+  if (!gen) goto done;
+  int n_gen = 0;
+  struct wk_greedy_opts go = {.chunk = (int)chunk, .max_new = (int)max_tokens, .stop_at_eos = !ignore_eos};
+  if ((rc = wk_greedy_generate(m, &pa, ids, n_ids, &go, gen, &n_gen, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve generate: %s\n", err);
+    goto done;
+  }
+  printf("[");
+  for (int i = 0; i < n_gen; i++) printf("%s%d", i ? ", " : "", gen[i]);
+  printf("]\n");
+  if (tok) {
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    if ((rc = fe_tok_decode(tok, gen, (size_t)n_gen, 1, &text, &len, &cap))) {
+      fprintf(stderr, "lmserve generate: cannot decode: %s\n", cm_strerror(rc));
+      free(text);
+      goto done;
+    }
+    fwrite(text, 1, len, stdout);
+    free(text);
+  }
+  printf("\n");
+  fflush(stdout);
+  status = 0;
+done:
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  kn_backend_destroy(be);
+  fe_tok_free(tok);
+  free(ids);
+  free(gen);
+  return status;
 }

@@ -74,7 +74,7 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
 static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embed_rows) {
   int H = c->hidden, rc = 0;
   double norm_center = c->arch == WK_ARCH_GEMMA3 ? 0.0 : 1.0;
-  rc |= add(s, WK_INIT_NORMAL, 3.0 / sqrt((double)H), 0, 2, embed_rows, H, 0,
+  rc |= add(s, WK_INIT_NORMAL, 0.5 / sqrt((double)H), 0, 2, embed_rows, H, 0,
             "model.embed_tokens.weight");
   if (c->ple_dim) {
     int LP = c->n_layers * c->ple_dim;

@@ -1,0 +1,32 @@
+/* wk-greedy.h — greedy generation for one sequence on a loaded model, with
+ * its prompt prefilled in chunks, through the paged KV pool and per-group
+ * block tables exactly as the serving path drives wk_model_forward.
+ * Used by `lmserve generate`, the benchmark and the tests. */
+#ifndef LMSERVE_WK_GREEDY_H
+#define LMSERVE_WK_GREEDY_H
+#include <stdint.h>
+
+#include "worker/wk-kv.h"
+#include "worker/wk-model.h"
+
+struct wk_greedy_opts {
+  int chunk;        /* prefill chunk in tokens; 0 = the whole prompt at once
+                       (capped by the model's max batch tokens) */
+  int max_new;      /* tokens to generate */
+  int stop_at_eos;  /* 1: stop after an eos id of the config */
+  float *logits;    /* optional host [max_new, vocab]: the logits each new
+                       token was chosen from */
+};
+
+/* Runs prompt[0..n_prompt) then decodes greedily (argmax, first index on
+ * ties). Pages come from `pa` and are returned before the call ends.
+ * out: [max_new]; *n_gen receives the count. Returns 0 or a negative cm_err
+ * with the reason in err. */
+int wk_greedy_generate(struct wk_model *m, struct wk_page_alloc *pa, const int32_t *prompt,
+                       int n_prompt, const struct wk_greedy_opts *o, int32_t *out, int *n_gen,
+                       char *err, size_t errlen);
+
+/* Index of the largest of v[0..n) (first on ties; NaN never wins). */
+int32_t wk_argmax(const float *v, int n);
+
+#endif
