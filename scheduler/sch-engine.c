@@ -1,0 +1,248 @@
+/* sch-engine.c — the engine's life cycle: configuration, admission of requests, aborts,
+ * statistics and the invariant check. Planning and applying results: sch-planner.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "scheduler/sch-engine-impl.h"
+
+__attribute__((format(printf, 3, 4))) static int set_err(char *err, size_t err_len, const char *fmt,
+                                                         ...) {
+  if (err && err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return CM_ERR_INVAL;
+}
+
+void sch_engine_config_default(struct sch_engine_config *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->num_groups = 1;
+  cfg->groups[0].block_tokens = 16;
+  cfg->groups[0].window = 0;
+  cfg->max_num_seqs = 256;
+  cfg->max_num_batched_tokens = 8192;
+  cfg->max_waiting = 4096;
+  cfg->enable_prefix_caching = true;
+  cfg->hash_key = 0x6c6d73657276652dull;
+}
+
+static int check_config(const struct sch_engine_config *c, char *err, size_t err_len) {
+  if (c->num_blocks <= 0) return set_err(err, err_len, "num_blocks must be positive");
+  if (c->num_groups < 1 || c->num_groups > SCH_MAX_GROUPS)
+    return set_err(err, err_len, "num_groups must be 1..%d", SCH_MAX_GROUPS);
+  for (int32_t g = 0; g < c->num_groups; g++)
+    if (c->groups[g].block_tokens < 1 || c->groups[g].block_tokens > 4096 ||
+        c->groups[g].window < 0)
+      return set_err(err, err_len, "KV group %d: bad block size %d or window %d", (int)g,
+                     (int)c->groups[g].block_tokens, (int)c->groups[g].window);
+  if (c->max_num_seqs < 1 || c->max_num_seqs > (1 << 20))
+    return set_err(err, err_len, "max_num_seqs must be 1..%d", 1 << 20);
+  if (c->max_model_len < 1) return set_err(err, err_len, "max_model_len must be positive");
+  if (c->num_spec_tokens < 0 || c->num_spec_tokens > 64)
+    return set_err(err, err_len, "num_spec_tokens must be 0..64");
+  if (c->max_num_batched_tokens < 1 + c->num_spec_tokens)
+    return set_err(err, err_len, "max_num_batched_tokens must hold one decode with its drafts");
+  if (c->max_waiting < 0) return set_err(err, err_len, "max_waiting must not be negative");
+  if (c->num_eos_ids < 0 || c->num_eos_ids > SCH_MAX_EOS_IDS)
+    return set_err(err, err_len, "at most %d eos ids", SCH_MAX_EOS_IDS);
+  if (c->vocab_size < 0) return set_err(err, err_len, "vocab_size must not be negative");
+  return 0;
+}
+
+int sch_engine_create(const struct sch_engine_config *cfg, struct sch_engine **out, char *err,
+                      size_t err_len) {
+  *out = NULL;
+  int rc = check_config(cfg, err, err_len);
+  if (rc) return rc;
+  int32_t maxbt = 0;
+  for (int32_t g = 0; g < cfg->num_groups; g++)
+    maxbt = CM_MAX(maxbt, cfg->groups[g].block_tokens);
+  struct sch_engine *e = calloc(1, sizeof(*e));
+  if (!e) return CM_ERR_NOMEM;
+  e->cfg = *cfg;
+  int32_t ns = cfg->max_num_seqs;
+  rc = sch_block_pool_create(cfg->num_blocks, maxbt, &e->pool);
+  if (rc) goto fail;
+  rc = sch_kv_create(e->pool, cfg->groups, cfg->num_groups, cfg->enable_prefix_caching,
+                     cfg->hash_key, &e->kv);
+  if (rc) goto fail;
+  rc = sch_queue_init(&e->q, ns, ns + CM_MAX(cfg->max_waiting, 1));
+  if (rc) goto fail;
+  rc = CM_ERR_NOMEM;
+  e->gone_cap = ns;
+  e->plan_seqs = calloc((size_t)ns, sizeof(*e->plan_seqs));
+  e->plan_reqs = calloc((size_t)ns, sizeof(*e->plan_reqs));
+  e->gone[0] = calloc((size_t)ns, sizeof(uint64_t));
+  e->gone[1] = calloc((size_t)ns, sizeof(uint64_t));
+  e->preempted = calloc((size_t)ns, sizeof(uint64_t));
+  e->outs = calloc((size_t)ns, sizeof(*e->outs));
+  e->out_tokens = calloc((size_t)ns * (size_t)(cfg->num_spec_tokens + 1), sizeof(int32_t));
+  if (!e->plan_seqs || !e->plan_reqs || !e->gone[0] || !e->gone[1] || !e->preempted || !e->outs ||
+      !e->out_tokens)
+    goto fail;
+  *out = e;
+  return 0;
+fail:
+  if (rc == CM_ERR_INVAL) set_err(err, err_len, "invalid KV configuration");
+  sch_engine_destroy(e);
+  return rc;
+}
+
+void sch_engine_destroy(struct sch_engine *e) {
+  if (!e) return;
+  while (e->q.num_running > 0)
+    sch_engine_drop(e, e->q.running[e->q.num_running - 1]);
+  while (e->q.wait_head)
+    sch_engine_drop(e, e->q.wait_head);
+  sch_queue_free(&e->q);
+  sch_kv_destroy(e->kv);
+  sch_block_pool_destroy(e->pool);
+  free(e->plan_seqs);
+  free(e->plan_reqs);
+  free(e->gone[0]);
+  free(e->gone[1]);
+  free(e->preempted);
+  free(e->outs);
+  free(e->out_tokens);
+  free(e);
+}
+
+/* ---- requests ------------------------------------------------------------------- */
+
+int sch_engine_add(struct sch_engine *e, const struct sch_request_params *p, char *err,
+                   size_t err_len) {
+  if (err && err_len) err[0] = '\0';
+  if (sch_queue_find(&e->q, p->id)) {
+    set_err(err, err_len, "request id %llu is already in use", (unsigned long long)p->id);
+    return CM_ERR_INVAL;
+  }
+  if (e->q.num_waiting >= e->cfg.max_waiting) {
+    set_err(err, err_len, "the queue is full (%d requests waiting)", (int)e->q.num_waiting);
+    return CM_ERR_FULL;
+  }
+  struct sch_request *r;
+  int rc = sch_request_create(&e->cfg, e->kv, p, &r, err, err_len);
+  if (rc) return rc;
+  r->arrival_seq = e->next_arrival++;
+  sch_queue_map_add(&e->q, r);
+  sch_queue_wait_insert(&e->q, r);
+  return 0;
+}
+
+void sch_engine_note_gone(struct sch_engine *e, uint64_t id) {
+  int32_t c = e->gone_cur;
+  CM_ASSERT(e->gone_num[c] < e->gone_cap);
+  e->gone[c][e->gone_num[c]++] = id;
+}
+
+void sch_engine_drop(struct sch_engine *e, struct sch_request *r) {
+  if (r->state == SCH_REQ_RUNNING) {
+    sch_kv_free(e->kv, &r->kv);
+    sch_queue_run_remove(&e->q, r);
+  } else {
+    sch_queue_wait_remove(&e->q, r);
+  }
+  if (r->in_worker) sch_engine_note_gone(e, r->id);
+  if (e->in_flight && r->sched_step == e->step_id && r->plan_index >= 0)
+    e->plan_reqs[r->plan_index] = NULL;
+  r->state = SCH_REQ_FINISHED;
+  sch_queue_map_remove(&e->q, r);
+  sch_request_destroy(r);
+}
+
+int sch_engine_abort(struct sch_engine *e, uint64_t id) {
+  struct sch_request *r = sch_queue_find(&e->q, id);
+  if (!r) return CM_ERR_NOENT;
+  sch_engine_drop(e, r);
+  return 0;
+}
+
+/* ---- stats and checks ----------------------------------------------------------- */
+
+void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st) {
+  memset(st, 0, sizeof(*st));
+  st->num_running = e->q.num_running;
+  st->num_waiting = e->q.num_waiting;
+  st->kv_usage = sch_block_pool_usage(e->pool);
+  st->num_blocks = sch_block_pool_num_blocks(e->pool);
+  st->num_blocks_used = sch_block_pool_num_used(e->pool);
+  st->num_blocks_cached_free = sch_block_pool_num_cached_free(e->pool);
+  sch_kv_counters(e->kv, &st->prefix_queries, &st->prefix_hits);
+  st->num_preemptions = e->num_preemptions;
+  st->num_evictions = sch_block_pool_num_evictions(e->pool);
+  st->num_steps = e->step_id;
+  st->spec_num_drafts = e->spec_drafts;
+  st->spec_num_draft_tokens = e->spec_draft_tokens;
+  st->spec_num_accepted_tokens = e->spec_accepted;
+}
+
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      snprintf(err, err_len, __VA_ARGS__);                                                         \
+      rc = CM_ERR_STATE;                                                                           \
+      goto out;                                                                                    \
+    }                                                                                              \
+  } while (0)
+
+int sch_engine_check(const struct sch_engine *e, char *err, size_t err_len) {
+  int rc = sch_block_pool_check(e->pool, err, err_len);
+  if (rc) return rc;
+  int32_t nb = sch_block_pool_num_blocks(e->pool), ng = e->cfg.num_groups;
+  int32_t *refs = calloc((size_t)nb, sizeof(*refs));
+  if (!refs) return CM_ERR_NOMEM;
+  CHECK(e->q.num_running <= e->cfg.max_num_seqs, "%d running > max_num_seqs",
+        (int)e->q.num_running);
+  CHECK(e->q.num_running + e->q.num_waiting == e->q.num_live, "%d running + %d waiting != %d live",
+        (int)e->q.num_running, (int)e->q.num_waiting, (int)e->q.num_live);
+  for (int32_t i = 0; i < e->q.num_running; i++) {
+    const struct sch_request *r = e->q.running[i];
+    CHECK(r->state == SCH_REQ_RUNNING && r->run_index == i,
+          "running[%d] is request %llu in "
+          "state %d",
+          (int)i, (unsigned long long)r->id, (int)r->state);
+    CHECK(r->num_computed >= 0 && r->num_computed <= r->num_tokens && r->num_tokens <= r->cap,
+          "request %llu: computed %d, tokens %d, cap %d", (unsigned long long)r->id,
+          (int)r->num_computed, (int)r->num_tokens, (int)r->cap);
+    for (int32_t g = 0; g < ng; g++) {
+      int32_t bt = e->cfg.groups[g].block_tokens;
+      const struct sch_kv_seq *s = &r->kv;
+      if (!e->in_flight)
+        CHECK(s->len[g] == (r->num_computed + bt - 1) / bt,
+              "request %llu group %d: %d blocks for %d computed tokens", (unsigned long long)r->id,
+              (int)g, (int)s->len[g], (int)r->num_computed);
+      for (int32_t j = 0; j < s->len[g]; j++) {
+        int32_t id = s->table[g][j];
+        if (id == SCH_BLOCK_HOLE) {
+          CHECK(e->cfg.groups[g].window > 0 && j < s->first_live[g],
+                "request %llu group %d: hole at %d", (unsigned long long)r->id, (int)g, (int)j);
+          continue;
+        }
+        CHECK(id >= 0 && id < nb, "request %llu: block id %d", (unsigned long long)r->id, (int)id);
+        refs[id]++;
+      }
+    }
+  }
+  for (const struct sch_request *r = e->q.wait_head; r; r = r->next) {
+    CHECK(r->state == SCH_REQ_WAITING || r->state == SCH_REQ_PREEMPTED,
+          "waiting request %llu in state %d", (unsigned long long)r->id, (int)r->state);
+    CHECK(r->num_computed == 0 && sch_kv_seq_num_blocks(&r->kv, ng) == 0 && r->kv.len[0] == 0,
+          "waiting request %llu holds KV", (unsigned long long)r->id);
+    CHECK(!r->next || r->priority < r->next->priority ||
+              (r->priority == r->next->priority && r->arrival_seq < r->next->arrival_seq),
+          "waiting queue out of order at %llu", (unsigned long long)r->id);
+  }
+  for (int32_t id = 0; id < nb; id++)
+    CHECK(refs[id] == sch_block_pool_refcount(e->pool, id),
+          "block %d: %d tables hold it, refcount %d", (int)id, (int)refs[id],
+          (int)sch_block_pool_refcount(e->pool, id));
+out:
+  free(refs);
+  return rc;
+}

@@ -1,0 +1,194 @@
+/* sch-engine.h — the scheduler's engine: request queues, continuous batching under a
+ * token budget, chunked prefill, the KV block manager (per-group block tables, prefix
+ * caching, sliding-window freeing), preemption by recompute, aborts and the slot
+ * bookkeeping of speculative decoding. Pure logic: no sockets, threads or tensors; the
+ * `lmserve scheduler` process drives it:
+ *
+ *   sch_engine_create(&cfg, &e);              // cfg from flags + the workers' READY
+ *   sch_engine_add(e, &params, err, len);     // ADD from a frontend (or an ERR back)
+ *   loop:
+ *     sch_engine_plan_step(e, &plan);         // -> STEP to the workers
+ *     if (plan.num_seqs > 0) {
+ *       ... RESULT from rank 0 ...
+ *       sch_engine_apply(e, results, n, &outs);   // -> OUT to the frontends
+ *     }
+ *   sch_engine_abort(e, id);                  // ABORT, any state, any time
+ *
+ * Plan and apply alternate: a plan with sequences puts a step in flight, and the next
+ * plan is refused (CM_ERR_STATE) until its results are applied. Blocks released in
+ * between (aborts) are handed out only by a later plan, which the workers run after the
+ * step in flight. A plan's pointers stay valid until the next plan_step, or for one
+ * sequence until its request is aborted or finishes; outputs until the next apply.
+ *
+ * Policy: the waiting queue is ordered by (priority, arrival): lower priority values
+ * first, FCFS among equals, and it never skips its head (a request that does not fit yet
+ * blocks those behind it rather than starving). Each step schedules the running
+ * requests' decode tokens first, then the running prefills, then admits from the
+ * waiting queue (only when no preemption happened this step), chunking every prefill to
+ * the tokens left in the budget. When the pool runs dry, the running request with the
+ * largest (priority, admission order) that is not yet scheduled this step — under FCFS,
+ * the most recently admitted — is preempted: its blocks are released (cached ones stay
+ * in the LRU list), and it returns to the waiting queue in its arrival place with its
+ * generated tokens appended to the prompt to recompute. */
+#ifndef LMSERVE_SCH_ENGINE_H
+#define LMSERVE_SCH_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "scheduler/sch-kv.h"
+
+#define SCH_MAX_EOS_IDS        16
+#define SCH_MAX_STOP_IDS       64
+#define SCH_MAX_SAMPLING_BYTES 65536
+
+struct sch_engine_config {
+  int32_t num_blocks;                             /* pages in the KV pool (the workers' READY) */
+  int32_t num_groups;                             /* KV-cache groups, 1..SCH_MAX_GROUPS */
+  struct sch_kv_group_cfg groups[SCH_MAX_GROUPS]; /* tokens per block and window each */
+  int32_t max_num_seqs;                           /* running requests at most */
+  int32_t max_num_batched_tokens;   /* tokens per step (prefill + decode + draft slots) */
+  int32_t max_model_len;            /* prompt + generated, tokens */
+  int32_t max_waiting;              /* queued requests at most; beyond: CM_ERR_FULL */
+  int32_t num_spec_tokens;          /* draft slots K per decode (0 = no speculation) */
+  int32_t vocab_size;               /* token ids must be < this; 0 = unchecked */
+  int32_t eos_ids[SCH_MAX_EOS_IDS]; /* the model's end-of-sequence ids */
+  int32_t num_eos_ids;
+  bool enable_prefix_caching;
+  uint64_t hash_key; /* seeds the block content hash */
+};
+
+/* Fills the defaults vLLM users expect: 16-token blocks, one full group, 256 seqs,
+ * 8192 tokens per step, 4096 waiting, prefix caching on. num_blocks and max_model_len
+ * must still be set. */
+void sch_engine_config_default(struct sch_engine_config *cfg);
+
+struct sch_request_params {
+  uint64_t id;           /* unique among live requests */
+  const int32_t *prompt; /* [prompt_len] token ids (copied) */
+  int32_t prompt_len;
+  int32_t max_tokens;            /* >= 1 */
+  const int32_t *stop_token_ids; /* [num_stop_token_ids] extra stop ids (copied) */
+  int32_t num_stop_token_ids;
+  bool ignore_eos;
+  int32_t priority;     /* lower runs first; 0 for plain FCFS */
+  const void *sampling; /* [sampling_len] opaque, copied, given to workers */
+  size_t sampling_len;
+};
+
+enum sch_finish {
+  SCH_FINISH_NONE = 0,
+  SCH_FINISH_STOP = 1,   /* an eos or stop id was generated (it is in the output) */
+  SCH_FINISH_LENGTH = 2, /* max_tokens or max_model_len reached */
+};
+
+/* One sequence of a step. */
+struct sch_plan_seq {
+  uint64_t req_id;
+  const int32_t *tokens; /* [num_tokens] ids to run at positions start_pos.. */
+  int32_t num_tokens;
+  int32_t start_pos;    /* position of tokens[0] */
+  int32_t num_draft;    /* draft slots after the tokens: positions start_pos +
+                           num_tokens .. + num_draft - 1 have blocks; the workers
+                           draft and verify that many tokens */
+  bool sample;          /* samples after the last token (false for a non-final
+                           prefill chunk, which returns no result) */
+  bool is_new;          /* first step the workers see it (or first after a
+                           preemption): set up per-sequence state */
+  int32_t num_prompt;   /* prompt tokens */
+  int32_t num_cached;   /* prefix-cache hit at first admission, tokens */
+  const void *sampling; /* [sampling_len] as given to sch_engine_add */
+  size_t sampling_len;
+  const int32_t *block_table[SCH_MAX_GROUPS]; /* [num_blocks[g]] ids or SCH_BLOCK_HOLE;
+                                                 entry i holds positions [i*bt, (i+1)*bt) */
+  int32_t num_blocks[SCH_MAX_GROUPS];
+};
+
+struct sch_plan {
+  uint64_t step_id;
+  int32_t num_seqs;
+  const struct sch_plan_seq *seqs; /* [num_seqs] */
+  int32_t num_tokens;              /* scheduled tokens incl. draft slots (<= budget) */
+  int32_t num_finished;
+  const uint64_t *finished; /* [num_finished] ids the workers may forget:
+                               finished or aborted since the last plan */
+  int32_t num_preempted;
+  const uint64_t *preempted; /* [num_preempted] preempted by this plan: forget
+                                them too; they come back with is_new */
+};
+
+/* Rank 0's answer for one sampling sequence: the target's accepted draft tokens then
+ * its own token (1 + accepted tokens; exactly 1 without drafts). */
+struct sch_seq_result {
+  uint64_t req_id;
+  const int32_t *tokens; /* [num_tokens] */
+  int32_t num_tokens;    /* 1 .. 1 + num_draft */
+};
+
+struct sch_output {
+  uint64_t req_id;
+  const int32_t *new_tokens; /* [num_new] tokens appended this step */
+  int32_t num_new;
+  enum sch_finish finish; /* SCH_FINISH_NONE while it goes on */
+  int32_t num_prompt;     /* prompt tokens */
+  int32_t num_generated;  /* generated so far, tokens */
+  int32_t num_cached;     /* prefix-cache hit at first admission, tokens */
+};
+
+struct sch_outputs {
+  int32_t num;
+  const struct sch_output *items; /* [num] */
+};
+
+struct sch_engine_stats {
+  int32_t num_running; /* admitted: prefilling or decoding */
+  int32_t num_waiting; /* queued, preempted ones included */
+  double kv_usage;     /* used blocks / all blocks, 0..1 */
+  int32_t num_blocks;
+  int32_t num_blocks_used;
+  int32_t num_blocks_cached_free; /* free blocks still holding cached prefixes */
+  uint64_t prefix_queries;        /* prompt tokens looked up in the prefix cache */
+  uint64_t prefix_hits;           /* of those, found, tokens */
+  uint64_t num_preemptions;
+  uint64_t num_evictions; /* cached blocks reused for new content */
+  uint64_t num_steps;
+  uint64_t spec_num_drafts; /* decode steps with draft slots */
+  uint64_t spec_num_draft_tokens;
+  uint64_t spec_num_accepted_tokens;
+};
+
+struct sch_engine;
+
+/* Validates cfg (CM_ERR_INVAL with a message in err) and builds the engine. */
+int sch_engine_create(const struct sch_engine_config *cfg, struct sch_engine **out, char *err,
+                      size_t err_len);
+void sch_engine_destroy(struct sch_engine *e);
+
+/* Queues a request. Errors, with a message for the client in err: CM_ERR_INVAL (bad
+ * params, duplicate id), CM_ERR_TOOBIG (can never fit: longer than max_model_len or
+ * more KV blocks than the whole pool), CM_ERR_FULL (waiting queue full), CM_ERR_NOMEM. */
+int sch_engine_add(struct sch_engine *e, const struct sch_request_params *params, char *err,
+                   size_t err_len);
+/* Drops a request in any state and returns all its blocks. CM_ERR_NOENT if unknown. */
+int sch_engine_abort(struct sch_engine *e, uint64_t id);
+
+/* Builds the next step into *plan. CM_ERR_STATE while a step is in flight. A plan with
+ * no sequence puts nothing in flight (it may still list finished ids). */
+int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan);
+/* Applies rank 0's results of the step in flight: one result per sampling sequence that
+ * is still alive (results for requests not in the step, such as aborted ones, are
+ * ignored). Appends tokens, checks the
+ * stop conditions, registers full blocks in the prefix cache, releases the slots of
+ * rejected drafts and the blocks of finished requests. All or nothing: CM_ERR_INVAL
+ * (a missing, duplicate or malformed result) changes nothing. */
+int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results, int32_t num,
+                     struct sch_outputs *outs);
+void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st);
+
+/* Verifies every invariant of queues, tables and pool (refcount of each block = the
+ * tables holding it; no block both free and held; waiting requests hold nothing).
+ * O(blocks + table entries), for tests and debugging: 0 or CM_ERR_STATE with err. */
+int sch_engine_check(const struct sch_engine *e, char *err, size_t err_len);
+
+#endif

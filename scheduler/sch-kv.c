@@ -1,0 +1,299 @@
+/* sch-kv.c — per-sequence KV block tables: allocation per group, sliding-window
+ * freeing with holes, prefix-cache lookup and registration, rollback. */
+#include "scheduler/sch-kv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "scheduler/sch-hash.h"
+
+struct sch_kv {
+  struct sch_block_pool *pool; /* borrowed */
+  struct sch_kv_group_cfg groups[SCH_MAX_GROUPS];
+  int32_t ngroups;
+  int32_t align;      /* lcm of the groups' block sizes, tokens: prefix hits are multiples */
+  int prefix_caching; /* 0 = off */
+  uint64_t hash_key;
+  uint64_t queries; /* prompt tokens looked up, tokens */
+  uint64_t hits;    /* of those, found in the cache, tokens */
+};
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+int sch_kv_create(struct sch_block_pool *pool, const struct sch_kv_group_cfg *groups,
+                  int32_t ngroups, int prefix_caching, uint64_t hash_key, struct sch_kv **out) {
+  *out = NULL;
+  if (!pool || !groups || ngroups <= 0 || ngroups > SCH_MAX_GROUPS) return CM_ERR_INVAL;
+  int64_t align = 1;
+  for (int32_t g = 0; g < ngroups; g++) {
+    if (groups[g].block_tokens <= 0 || groups[g].block_tokens > 4096 || groups[g].window < 0)
+      return CM_ERR_INVAL;
+    align = align / gcd64(align, groups[g].block_tokens) * groups[g].block_tokens;
+    if (align > (1 << 20)) return CM_ERR_INVAL;
+  }
+  struct sch_kv *kv = calloc(1, sizeof(*kv));
+  if (!kv) return CM_ERR_NOMEM;
+  kv->pool = pool;
+  memcpy(kv->groups, groups, (size_t)ngroups * sizeof(*groups));
+  kv->ngroups = ngroups;
+  kv->align = (int32_t)align;
+  kv->prefix_caching = prefix_caching != 0;
+  kv->hash_key = hash_key;
+  *out = kv;
+  return 0;
+}
+
+void sch_kv_destroy(struct sch_kv *kv) {
+  free(kv);
+}
+
+int32_t sch_kv_num_groups(const struct sch_kv *kv) {
+  return kv->ngroups;
+}
+const struct sch_kv_group_cfg *sch_kv_group(const struct sch_kv *kv, int32_t g) {
+  CM_ASSERT(g >= 0 && g < kv->ngroups);
+  return &kv->groups[g];
+}
+struct sch_block_pool *sch_kv_pool(struct sch_kv *kv) {
+  return kv->pool;
+}
+
+static int32_t ceil_div(int64_t a, int64_t b) {
+  return (int32_t)((a + b - 1) / b);
+}
+
+int sch_kv_seq_init(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens) {
+  memset(seq, 0, sizeof(*seq));
+  if (max_tokens <= 0) return CM_ERR_INVAL;
+  size_t entries = 0;
+  for (int32_t g = 0; g < kv->ngroups; g++)
+    entries += (size_t)ceil_div(max_tokens, kv->groups[g].block_tokens);
+  /* hashes first (8-byte aligned), then the tables */
+  char *mem = malloc(entries * (sizeof(uint64_t) + sizeof(int32_t)));
+  if (!mem) return CM_ERR_NOMEM;
+  seq->mem = mem;
+  uint64_t *h = (uint64_t *)mem;
+  int32_t *t = (int32_t *)(h + entries);
+  for (int32_t g = 0; g < kv->ngroups; g++) {
+    int32_t cap = ceil_div(max_tokens, kv->groups[g].block_tokens);
+    seq->cap[g] = cap;
+    seq->hash[g] = h;
+    seq->table[g] = t;
+    h += cap;
+    t += cap;
+  }
+  seq->max_tokens = max_tokens;
+  return 0;
+}
+
+void sch_kv_seq_release(struct sch_kv_seq *seq) {
+  for (int32_t g = 0; g < SCH_MAX_GROUPS; g++)
+    CM_ASSERT(seq->len[g] == 0);
+  free(seq->mem);
+  memset(seq, 0, sizeof(*seq));
+}
+
+int64_t sch_kv_worst_case_blocks(const struct sch_kv *kv, int64_t max_len, int64_t step_tokens) {
+  int64_t total = 0;
+  for (int32_t g = 0; g < kv->ngroups; g++) {
+    int64_t bt = kv->groups[g].block_tokens, w = kv->groups[g].window;
+    int64_t full = (max_len + bt - 1) / bt;
+    if (w > 0) {
+      /* live span: the window behind the first query plus the step's own positions;
+       * a span of m positions touches at most ceil(m / bt) + 1 blocks */
+      int64_t m = w - 1 + step_tokens;
+      int64_t live = (m + bt - 1) / bt + 1;
+      if (live < full) full = live;
+    }
+    total += full;
+  }
+  return total;
+}
+
+int32_t sch_kv_seq_num_blocks(const struct sch_kv_seq *seq, int32_t ngroups) {
+  int32_t n = 0;
+  for (int32_t g = 0; g < ngroups; g++)
+    for (int32_t i = seq->first_live[g]; i < seq->len[g]; i++)
+      if (seq->table[g][i] != SCH_BLOCK_HOLE) n++;
+  return n;
+}
+
+/* ---- windows and hashes --------------------------------------------------------- */
+
+/* First block index that a query at q0 (or later) can still see in group g. */
+static int32_t first_live_index(const struct sch_kv *kv, int32_t g, int32_t q0) {
+  int32_t w = kv->groups[g].window;
+  if (w == 0) return 0;
+  int64_t lo = (int64_t)q0 - w + 1;
+  return lo <= 0 ? 0 : (int32_t)(lo / kv->groups[g].block_tokens);
+}
+
+static void free_window(struct sch_kv *kv, struct sch_kv_seq *seq, int32_t g, int32_t q0) {
+  int32_t fl = first_live_index(kv, g, q0);
+  if (fl > seq->len[g]) fl = seq->len[g];
+  for (int32_t i = seq->first_live[g]; i < fl; i++) {
+    if (seq->table[g][i] != SCH_BLOCK_HOLE) sch_block_pool_unref(kv->pool, seq->table[g][i]);
+    seq->table[g][i] = SCH_BLOCK_HOLE;
+  }
+  if (fl > seq->first_live[g]) seq->first_live[g] = fl;
+}
+
+/* Makes hash[g][0..nblocks) valid; tokens must hold nblocks * bt ids. */
+static void ensure_hashes(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t g,
+                          const int32_t *tokens, int32_t nblocks) {
+  int32_t bt = kv->groups[g].block_tokens;
+  CM_ASSERT(nblocks <= seq->cap[g]);
+  for (int32_t i = seq->num_hashed[g]; i < nblocks; i++) {
+    uint64_t parent = i > 0 ? seq->hash[g][i - 1] : 0;
+    seq->hash[g][i] = sch_hash_block(kv->hash_key, parent, g, tokens + (size_t)i * bt, bt);
+  }
+  if (nblocks > seq->num_hashed[g]) seq->num_hashed[g] = nblocks;
+}
+
+static int32_t lookup_block(const struct sch_kv *kv, const struct sch_kv_seq *seq, int32_t g,
+                            const int32_t *tokens, int32_t i) {
+  int32_t bt = kv->groups[g].block_tokens;
+  uint64_t parent = i > 0 ? seq->hash[g][i - 1] : 0;
+  return sch_block_pool_lookup(kv->pool, seq->hash[g][i], parent, g, tokens + (size_t)i * bt, bt);
+}
+
+/* ---- prefix match, allocate ----------------------------------------------------- */
+
+int32_t sch_kv_prefix_match(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *tokens,
+                            int32_t ntok) {
+  CM_ASSERT(seq->len[0] == 0);
+  if (!kv->prefix_caching || ntok <= 1) return 0;
+  int32_t h = (ntok - 1) / kv->align * kv->align; /* the last prompt token always runs */
+  for (int32_t g = 0; g < kv->ngroups && h > 0; g++) {
+    int32_t bt = kv->groups[g].block_tokens, nb = h / bt, i = 0;
+    ensure_hashes(kv, seq, g, tokens, nb);
+    while (i < nb && lookup_block(kv, seq, g, tokens, i) >= 0)
+      i++;
+    if (i * bt < h) h = i * bt / kv->align * kv->align;
+  }
+  return h;
+}
+
+/* Blocks the pool must give for allocate(q0, end), after dead blocks were released. */
+static int32_t blocks_needed(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *tokens,
+                             int fresh, int32_t q0, int32_t end) {
+  int32_t need = 0;
+  for (int32_t g = 0; g < kv->ngroups; g++) {
+    int32_t bt = kv->groups[g].block_tokens, fl = first_live_index(kv, g, q0);
+    int32_t start = fresh ? q0 / bt : seq->len[g], stop = ceil_div(end, bt);
+    int32_t from = start > fl ? start : fl;
+    if (stop > from) need += stop - from;
+    if (fresh) /* prefix hits leave the LRU list: they count against what is available */
+      for (int32_t i = fl; i < q0 / bt; i++) {
+        int32_t id = lookup_block(kv, seq, g, tokens, i);
+        CM_ASSERT(id >= 0); /* prefix_match just found it */
+        if (sch_block_pool_is_cached_free(kv->pool, id)) need++;
+      }
+  }
+  return need;
+}
+
+int sch_kv_allocate(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *tokens, int32_t q0,
+                    int32_t end) {
+  CM_ASSERT(q0 >= 0 && q0 < end && end <= seq->max_tokens);
+  int fresh = seq->len[0] == 0;
+  CM_ASSERT(!fresh || q0 == 0 || kv->prefix_caching);
+  if (!fresh)
+    for (int32_t g = 0; g < kv->ngroups; g++)
+      free_window(kv, seq, g, q0);
+  if (blocks_needed(kv, seq, tokens, fresh, q0, end) > sch_block_pool_num_available(kv->pool))
+    return CM_ERR_FULL;
+  for (int32_t g = 0; g < kv->ngroups; g++) {
+    int32_t bt = kv->groups[g].block_tokens, fl = first_live_index(kv, g, q0);
+    int32_t *t = seq->table[g];
+    if (fresh) {
+      /* prefix hits first, so that allocating new blocks cannot evict them */
+      int32_t nb = q0 / bt;
+      for (int32_t i = 0; i < nb; i++) {
+        if (i < fl) {
+          t[i] = SCH_BLOCK_HOLE;
+          continue;
+        }
+        t[i] = lookup_block(kv, seq, g, tokens, i);
+        sch_block_pool_ref(kv->pool, t[i]);
+      }
+      seq->len[g] = nb;
+      seq->first_live[g] = fl < nb ? fl : nb;
+      seq->num_registered[g] = nb;
+    }
+    int32_t stop = ceil_div(end, bt);
+    CM_ASSERT(stop <= seq->cap[g]);
+    for (int32_t i = seq->len[g]; i < stop; i++) {
+      if (i < fl) {
+        t[i] = SCH_BLOCK_HOLE;
+        continue;
+      }
+      t[i] = sch_block_pool_alloc(kv->pool);
+      CM_ASSERT(t[i] >= 0); /* counted above */
+    }
+    if (stop > seq->len[g]) seq->len[g] = stop;
+    if (seq->first_live[g] < fl && fl <= seq->len[g]) seq->first_live[g] = fl;
+  }
+  return 0;
+}
+
+/* ---- commit, rollback, free ----------------------------------------------------- */
+
+void sch_kv_commit(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *tokens,
+                   int32_t num_computed) {
+  if (!kv->prefix_caching) return;
+  for (int32_t g = 0; g < kv->ngroups; g++) {
+    int32_t bt = kv->groups[g].block_tokens, nfull = num_computed / bt;
+    if (nfull > seq->len[g]) nfull = seq->len[g];
+    if (nfull <= seq->num_registered[g]) continue;
+    ensure_hashes(kv, seq, g, tokens, nfull);
+    for (int32_t i = seq->num_registered[g]; i < nfull; i++) {
+      int32_t id = seq->table[g][i];
+      if (id == SCH_BLOCK_HOLE || sch_block_pool_is_hashed(kv->pool, id)) continue;
+      uint64_t parent = i > 0 ? seq->hash[g][i - 1] : 0;
+      /* CM_ERR_STATE: another block already holds this content; this one stays private */
+      (void)sch_block_pool_set_hash(kv->pool, id, seq->hash[g][i], parent, g,
+                                    tokens + (size_t)i * bt, bt);
+    }
+    seq->num_registered[g] = nfull;
+  }
+}
+
+void sch_kv_rollback(struct sch_kv *kv, struct sch_kv_seq *seq, int32_t keep) {
+  for (int32_t g = 0; g < kv->ngroups; g++) {
+    int32_t nb = ceil_div(keep, kv->groups[g].block_tokens);
+    for (int32_t i = seq->len[g] - 1; i >= nb; i--) {
+      if (seq->table[g][i] != SCH_BLOCK_HOLE) sch_block_pool_unref(kv->pool, seq->table[g][i]);
+      seq->table[g][i] = SCH_BLOCK_HOLE;
+    }
+    if (seq->len[g] > nb) seq->len[g] = nb;
+    if (seq->first_live[g] > seq->len[g]) seq->first_live[g] = seq->len[g];
+    if (seq->num_registered[g] > seq->len[g]) seq->num_registered[g] = seq->len[g];
+  }
+}
+
+void sch_kv_free(struct sch_kv *kv, struct sch_kv_seq *seq) {
+  sch_kv_rollback(kv, seq, 0);
+}
+
+/* ---- counters ------------------------------------------------------------------- */
+
+void sch_kv_count_query(struct sch_kv *kv, int64_t queried, int64_t hit) {
+  if (!kv->prefix_caching) return;
+  kv->queries += (uint64_t)queried;
+  kv->hits += (uint64_t)hit;
+}
+
+void sch_kv_counters(const struct sch_kv *kv, uint64_t *queries, uint64_t *hits) {
+  *queries = kv->queries;
+  *hits = kv->hits;
+}

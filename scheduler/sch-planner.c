@@ -1,0 +1,245 @@
+/* sch-planner.c — the step planner: continuous batching of decodes and chunked prefills
+ * under the token budget and the running cap, KV allocation for every group,
+ * preemption by recompute, and applying the sampled tokens of a step (stop conditions,
+ * prefix-cache registration, rollback of rejected drafts). Nothing here allocates: the
+ * plan and the outputs live in buffers sized at create. */
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "scheduler/sch-engine-impl.h"
+
+/* ---- plan ----------------------------------------------------------------------- */
+
+static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t n, int32_t k,
+                    bool is_new) {
+  CM_ASSERT(e->plan_num < e->cfg.max_num_seqs);
+  int32_t idx = e->plan_num++;
+  struct sch_plan_seq *s = &e->plan_seqs[idx];
+  memset(s, 0, sizeof(*s));
+  s->req_id = r->id;
+  s->tokens = r->tokens + r->num_computed;
+  s->num_tokens = n;
+  s->start_pos = r->num_computed;
+  s->num_draft = k;
+  s->sample = r->num_computed + n == r->num_tokens;
+  s->is_new = is_new;
+  s->num_prompt = r->num_prompt;
+  s->num_cached = r->num_cached;
+  s->sampling = r->sampling;
+  s->sampling_len = r->sampling_len;
+  for (int32_t g = 0; g < e->cfg.num_groups; g++) {
+    s->block_table[g] = r->kv.table[g];
+    s->num_blocks[g] = r->kv.len[g];
+  }
+  e->plan_reqs[idx] = r;
+  r->sched_step = e->step_id;
+  r->sched_tokens = n;
+  r->sched_draft = k;
+  r->plan_index = idx;
+}
+
+/* The running request to preempt: not yet scheduled this step, lowest priority (largest
+ * value), most recently admitted among equals. */
+static struct sch_request *pick_victim(struct sch_engine *e) {
+  struct sch_request *v = NULL;
+  for (int32_t i = 0; i < e->q.num_running; i++) {
+    struct sch_request *r = e->q.running[i];
+    if (r->sched_step == e->step_id) continue;
+    if (!v || r->priority > v->priority ||
+        (r->priority == v->priority && r->admit_seq > v->admit_seq))
+      v = r;
+  }
+  return v;
+}
+
+/* Preemption by recompute: every block goes back (cached ones to the LRU list, where a
+ * later prefix match may find them), and the request waits again with its generated
+ * tokens part of what it recomputes. */
+static void preempt(struct sch_engine *e, struct sch_request *r) {
+  sch_kv_free(e->kv, &r->kv);
+  sch_queue_run_remove(&e->q, r);
+  r->num_computed = 0;
+  r->state = SCH_REQ_PREEMPTED;
+  r->num_preemptions++;
+  if (r->in_worker) {
+    CM_ASSERT(e->num_preempted < e->cfg.max_num_seqs);
+    e->preempted[e->num_preempted++] = r->id;
+    r->in_worker = false;
+  }
+  sch_queue_wait_insert(&e->q, r);
+  e->num_preemptions++;
+}
+
+/* Draft slots for a decode: at most K, what the budget leaves, and no more than the
+ * tokens the request may still generate after this step's own. */
+static int32_t draft_slots(const struct sch_engine *e, const struct sch_request *r,
+                           int32_t budget) {
+  int32_t k = e->cfg.num_spec_tokens;
+  k = CM_MIN(k, budget - 1);
+  k = CM_MIN(k, r->max_tokens - sch_request_num_generated(r) - 1);
+  return k > 0 ? k : 0;
+}
+
+/* Schedules the running requests: pass 0 the decodes, pass 1 the prefills. Returns
+ * whether any request was preempted. */
+static bool schedule_running(struct sch_engine *e, int32_t *budget) {
+  bool preempted = false;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int32_t i = 0; i<e->q.num_running && * budget> 0; i++) {
+      struct sch_request *r = e->q.running[i];
+      if (r->sched_step == e->step_id) continue;
+      int32_t remaining = r->num_tokens - r->num_computed;
+      CM_ASSERT(remaining >= 1);
+      bool decode = remaining == 1;
+      if (decode != (pass == 0)) continue;
+      int32_t n = CM_MIN(remaining, *budget);
+      int32_t k = decode ? draft_slots(e, r, *budget) : 0;
+      while (sch_kv_allocate(e->kv, &r->kv, r->tokens, r->num_computed, r->num_computed + n + k) !=
+             0) {
+        struct sch_request *v = pick_victim(e);
+        CM_ASSERT(v != NULL); /* r itself is a candidate */
+        int32_t vi = v->run_index;
+        preempt(e, v);
+        preempted = true;
+        /* the pool is dry even for r alone: stop scheduling running requests */
+        if (v == r) return true;
+        if (vi < i) i--;
+      }
+      add_seq(e, r, n, k, false);
+      *budget -= n + k;
+    }
+  }
+  return preempted;
+}
+
+/* Admits waiting requests in queue order while the budget, the running cap and the
+ * pool allow; the head that does not fit blocks the rest (FCFS). */
+static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
+  while (*budget > 0 && e->q.num_running < e->cfg.max_num_seqs && e->q.wait_head) {
+    struct sch_request *r = e->q.wait_head;
+    int32_t h = sch_kv_prefix_match(e->kv, &r->kv, r->tokens, r->num_tokens);
+    int32_t n = CM_MIN(r->num_tokens - h, *budget);
+    if (sch_kv_allocate(e->kv, &r->kv, r->tokens, h, h + n) != 0) return;
+    if (!r->counted) {
+      sch_kv_count_query(e->kv, r->num_tokens, h);
+      r->num_cached = h;
+      r->counted = true;
+    }
+    r->num_computed = h;
+    sch_queue_wait_remove(&e->q, r);
+    r->state = SCH_REQ_RUNNING;
+    r->admit_seq = e->next_admit++;
+    sch_queue_run_push(&e->q, r);
+    r->in_worker = true;
+    add_seq(e, r, n, 0, true);
+    *budget -= n;
+  }
+}
+
+int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan) {
+  memset(plan, 0, sizeof(*plan));
+  if (e->in_flight) return CM_ERR_STATE;
+  e->step_id++;
+  e->plan_num = 0;
+  e->num_preempted = 0;
+  int32_t budget = e->cfg.max_num_batched_tokens;
+  if (!schedule_running(e, &budget)) schedule_waiting(e, &budget);
+
+  plan->step_id = e->step_id;
+  plan->num_seqs = e->plan_num;
+  plan->seqs = e->plan_seqs;
+  plan->num_tokens = e->cfg.max_num_batched_tokens - budget;
+  int32_t c = e->gone_cur;
+  plan->finished = e->gone[c];
+  plan->num_finished = e->gone_num[c];
+  e->gone_cur = c ^ 1;
+  e->gone_num[e->gone_cur] = 0;
+  plan->preempted = e->preempted;
+  plan->num_preempted = e->num_preempted;
+  e->in_flight = e->plan_num > 0;
+  return 0;
+}
+
+/* ---- apply ---------------------------------------------------------------------- */
+
+static void clear_results(struct sch_engine *e) {
+  for (int32_t i = 0; i < e->plan_num; i++)
+    if (e->plan_reqs[i]) e->plan_reqs[i]->result = NULL;
+}
+
+/* Matches results to the plan's sampling sequences; CM_ERR_INVAL if any is malformed,
+ * duplicated or missing. */
+static int match_results(struct sch_engine *e, const struct sch_seq_result *results, int32_t num) {
+  clear_results(e);
+  for (int32_t j = 0; j < num; j++) {
+    const struct sch_seq_result *res = &results[j];
+    struct sch_request *r = sch_queue_find(&e->q, res->req_id);
+    if (!r || r->state != SCH_REQ_RUNNING || r->sched_step != e->step_id) continue;
+    const struct sch_plan_seq *s = &e->plan_seqs[r->plan_index];
+    if (!s->sample || r->result || !res->tokens || res->num_tokens < 1 ||
+        res->num_tokens > 1 + r->sched_draft)
+      goto bad;
+    for (int32_t t = 0; t < res->num_tokens; t++)
+      if (res->tokens[t] < 0 || (e->cfg.vocab_size > 0 && res->tokens[t] >= e->cfg.vocab_size))
+        goto bad;
+    r->result = res;
+  }
+  for (int32_t i = 0; i < e->plan_num; i++)
+    if (e->plan_reqs[i] && e->plan_seqs[i].sample && !e->plan_reqs[i]->result) goto bad;
+  return 0;
+bad:
+  clear_results(e);
+  return CM_ERR_INVAL;
+}
+
+int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results, int32_t num,
+                     struct sch_outputs *outs) {
+  outs->num = 0;
+  outs->items = e->outs;
+  if (!e->in_flight) return CM_ERR_STATE;
+  if (num < 0 || (num > 0 && !results)) return CM_ERR_INVAL;
+  int rc = match_results(e, results, num);
+  if (rc) return rc;
+  int32_t ntok = 0;
+  for (int32_t i = 0; i < e->plan_num; i++) {
+    struct sch_request *r = e->plan_reqs[i];
+    if (!r) continue; /* aborted while in flight */
+    r->num_computed += r->sched_tokens;
+    enum sch_finish fin = SCH_FINISH_NONE;
+    if (e->plan_seqs[i].sample) {
+      const struct sch_seq_result *res = r->result;
+      int32_t accepted = res->num_tokens - 1, before = r->num_tokens;
+      int32_t k = sch_request_append(r, res->tokens, res->num_tokens, &e->cfg, &fin);
+      int32_t *dst = e->out_tokens + ntok;
+      memcpy(dst, r->tokens + before, (size_t)k * sizeof(*dst));
+      ntok += k;
+      /* the KV of accepted drafts was written at the positions after the step's token;
+       * a stop inside the accepted run cuts them */
+      r->num_computed = CM_MIN(r->num_computed + accepted, r->num_tokens);
+      if (r->sched_draft > 0) {
+        e->spec_drafts++;
+        e->spec_draft_tokens += (uint64_t)r->sched_draft;
+        e->spec_accepted += (uint64_t)accepted;
+      }
+      struct sch_output *o = &e->outs[outs->num++];
+      o->req_id = r->id;
+      o->new_tokens = dst;
+      o->num_new = k;
+      o->finish = fin;
+      o->num_prompt = r->num_prompt;
+      o->num_generated = sch_request_num_generated(r);
+      o->num_cached = r->num_cached;
+    }
+    r->result = NULL;
+    sch_kv_commit(e->kv, &r->kv, r->tokens, r->num_computed);
+    if (fin != SCH_FINISH_NONE) {
+      sch_engine_drop(e, r);
+      continue;
+    }
+    if (r->sched_draft > 0) sch_kv_rollback(e->kv, &r->kv, r->num_computed);
+    r->sched_tokens = r->sched_draft = 0;
+  }
+  e->in_flight = false;
+  return 0;
+}

@@ -1,0 +1,126 @@
+/* sch-request.c — admission checks, construction and stop conditions of a request. */
+#include "scheduler/sch-request.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+
+__attribute__((format(printf, 4, 5))) static int fail_msg(int rc, char *err, size_t err_len,
+                                                          const char *fmt, ...) {
+  if (err && err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
+int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv *kv,
+                       const struct sch_request_params *p, struct sch_request **out, char *err,
+                       size_t err_len) {
+  *out = NULL;
+  if (err && err_len) err[0] = '\0';
+  if (p->prompt_len <= 0 || !p->prompt)
+    return fail_msg(CM_ERR_INVAL, err, err_len, "the prompt is empty");
+  if (p->max_tokens < 1)
+    return fail_msg(CM_ERR_INVAL, err, err_len, "max_tokens must be at least 1, got %d",
+                    (int)p->max_tokens);
+  for (int32_t i = 0; i < p->prompt_len; i++)
+    if (p->prompt[i] < 0 || (cfg->vocab_size > 0 && p->prompt[i] >= cfg->vocab_size))
+      return fail_msg(CM_ERR_INVAL, err, err_len,
+                      "prompt token %d has id %d, outside the vocabulary of %d", (int)i,
+                      (int)p->prompt[i], (int)cfg->vocab_size);
+  int64_t total = (int64_t)p->prompt_len + p->max_tokens;
+  if (total > cfg->max_model_len)
+    return fail_msg(CM_ERR_TOOBIG, err, err_len,
+                    "this model's maximum context length is %lld tokens, but the request "
+                    "asks for %lld (%d in the prompt plus max_tokens)",
+                    (long long)cfg->max_model_len, (long long)total, (int)p->prompt_len);
+  int64_t step = (int64_t)cfg->max_num_batched_tokens + cfg->num_spec_tokens;
+  int64_t need = sch_kv_worst_case_blocks(kv, total, step);
+  if (need > cfg->num_blocks)
+    return fail_msg(CM_ERR_TOOBIG, err, err_len,
+                    "the request needs %lld KV cache blocks for %lld tokens but the whole "
+                    "cache has %lld",
+                    (long long)need, (long long)total, (long long)cfg->num_blocks);
+  if (p->num_stop_token_ids < 0 || p->num_stop_token_ids > SCH_MAX_STOP_IDS ||
+      (p->num_stop_token_ids > 0 && !p->stop_token_ids))
+    return fail_msg(CM_ERR_TOOBIG, err, err_len, "%d stop token ids given, at most %d are allowed",
+                    (int)p->num_stop_token_ids, SCH_MAX_STOP_IDS);
+  if (p->sampling_len > SCH_MAX_SAMPLING_BYTES || (p->sampling_len > 0 && !p->sampling))
+    return fail_msg(CM_ERR_TOOBIG, err, err_len,
+                    "sampling parameters take %zu bytes, at most %d are allowed", p->sampling_len,
+                    SCH_MAX_SAMPLING_BYTES);
+
+  struct sch_request *r = calloc(1, sizeof(*r));
+  if (!r) goto nomem;
+  r->cap = (int32_t)total;
+  r->tokens = malloc((size_t)total * sizeof(*r->tokens));
+  r->stop_ids = malloc((size_t)(p->num_stop_token_ids + 1) * sizeof(*r->stop_ids));
+  r->sampling = malloc(p->sampling_len + 1);
+  if (!r->tokens || !r->stop_ids || !r->sampling) goto nomem;
+  if (sch_kv_seq_init(kv, &r->kv, r->cap) != 0) goto nomem;
+  memcpy(r->tokens, p->prompt, (size_t)p->prompt_len * sizeof(*r->tokens));
+  if (p->num_stop_token_ids > 0)
+    memcpy(r->stop_ids, p->stop_token_ids, (size_t)p->num_stop_token_ids * sizeof(int32_t));
+  if (p->sampling_len > 0) memcpy(r->sampling, p->sampling, p->sampling_len);
+  r->id = p->id;
+  r->state = SCH_REQ_WAITING;
+  r->num_prompt = r->num_tokens = p->prompt_len;
+  r->max_tokens = p->max_tokens;
+  r->priority = p->priority;
+  r->num_stop = p->num_stop_token_ids;
+  r->ignore_eos = p->ignore_eos;
+  r->sampling_len = p->sampling_len;
+  r->run_index = -1;
+  r->plan_index = -1;
+  *out = r;
+  return 0;
+nomem:
+  if (r) {
+    free(r->tokens);
+    free(r->stop_ids);
+    free(r->sampling);
+    free(r);
+  }
+  return fail_msg(CM_ERR_NOMEM, err, err_len, "out of memory");
+}
+
+void sch_request_destroy(struct sch_request *r) {
+  if (!r) return;
+  sch_kv_seq_release(&r->kv);
+  free(r->tokens);
+  free(r->stop_ids);
+  free(r->sampling);
+  free(r);
+}
+
+static bool is_stop(const struct sch_request *r, const struct sch_engine_config *cfg, int32_t t) {
+  if (!r->ignore_eos)
+    for (int32_t i = 0; i < cfg->num_eos_ids; i++)
+      if (cfg->eos_ids[i] == t) return true;
+  for (int32_t i = 0; i < r->num_stop; i++)
+    if (r->stop_ids[i] == t) return true;
+  return false;
+}
+
+int32_t sch_request_append(struct sch_request *r, const int32_t *tokens, int32_t n,
+                           const struct sch_engine_config *cfg, enum sch_finish *finish) {
+  *finish = SCH_FINISH_NONE;
+  int32_t k = 0;
+  while (k < n && *finish == SCH_FINISH_NONE) {
+    CM_ASSERT(r->num_tokens < r->cap);
+    int32_t t = tokens[k++];
+    r->tokens[r->num_tokens++] = t;
+    if (is_stop(r, cfg, t))
+      *finish = SCH_FINISH_STOP;
+    else if (sch_request_num_generated(r) >= r->max_tokens || r->num_tokens >= cfg->max_model_len)
+      *finish = SCH_FINISH_LENGTH;
+  }
+  return k;
+}

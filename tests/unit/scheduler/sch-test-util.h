@@ -1,0 +1,78 @@
+/* sch-test-util.h — a fake rank 0 for scheduler tests: answers a plan with tokens that
+ * depend only on the sequence's content (the previous token and its position), so a
+ * request's output is the same however it is batched, chunked, preempted or drafted,
+ * and a test can compute the expected output on its own. */
+#ifndef LMSERVE_SCH_TEST_UTIL_H
+#define LMSERVE_SCH_TEST_UTIL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "scheduler/sch-engine.h"
+#include "tests/harness/th.h"
+
+#define FAKE_MAX_SEQS   256
+#define FAKE_MAX_TOKENS 65
+
+/* The "model": next token after prev at position pos, in 10..1009 (0..9 are left for
+ * eos / stop ids a test chooses). */
+static inline int32_t fake_next(int32_t prev, int32_t pos) {
+  uint32_t x = (uint32_t)prev * 2654435761u ^ (uint32_t)pos * 40503u;
+  x ^= x >> 13;
+  x *= 0x5bd1e995u;
+  x ^= x >> 15;
+  return (int32_t)(x % 1000u) + 10;
+}
+
+/* Expected output of a prompt: n tokens continuing it. */
+static inline void fake_expected(const int32_t *prompt, int32_t plen, int32_t n, int32_t *out) {
+  int32_t prev = prompt[plen - 1];
+  for (int32_t i = 0; i < n; i++)
+    out[i] = prev = fake_next(prev, plen + i);
+}
+
+struct fake_worker {
+  int32_t toks[FAKE_MAX_SEQS][FAKE_MAX_TOKENS];
+  struct sch_seq_result res[FAKE_MAX_SEQS];
+  int32_t num;
+  uint64_t rng;
+};
+
+static inline uint64_t fake_rand(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* Results for every sampling sequence. With drafts, a random number of them is
+ * "accepted" (accept_all: all of them): the answer is then that many continuation
+ * tokens plus the bonus one, exactly what plain decoding would produce. */
+static inline void fake_answer(struct fake_worker *w, const struct sch_plan *plan, int accept_all) {
+  w->num = 0;
+  for (int32_t i = 0; i < plan->num_seqs; i++) {
+    const struct sch_plan_seq *s = &plan->seqs[i];
+    if (!s->sample) continue;
+    TH_REQUIRE(w->num < FAKE_MAX_SEQS && s->num_draft + 1 <= FAKE_MAX_TOKENS);
+    int32_t a =
+        accept_all ? s->num_draft : (int32_t)(fake_rand(&w->rng) % (uint64_t)(s->num_draft + 1));
+    int32_t prev = s->tokens[s->num_tokens - 1], pos = s->start_pos + s->num_tokens;
+    for (int32_t j = 0; j <= a; j++)
+      w->toks[w->num][j] = prev = fake_next(prev, pos + j);
+    w->res[w->num].req_id = s->req_id;
+    w->res[w->num].tokens = w->toks[w->num];
+    w->res[w->num].num_tokens = a + 1;
+    w->num++;
+  }
+}
+
+static inline void check_engine(const struct sch_engine *e, const char *file, int line) {
+  char err[512];
+  if (sch_engine_check(e, err, sizeof(err)) != 0) {
+    th_fail(file, line, "engine check: %s", err);
+    th_stop();
+  }
+}
+#define CHECK_ENGINE(e) check_engine((e), __FILE__, __LINE__)
+
+#endif

@@ -1,0 +1,357 @@
+/* test-engine.c — preemption by recompute, aborts in every state, admission limits,
+ * stop conditions, speculative-decoding slots and rollback, result validation. */
+#include <stdio.h>
+
+#include "common/cm-err.h"
+#include "scheduler/sch-engine.h"
+#include "tests/harness/th.h"
+#include "tests/unit/scheduler/sch-test-util.h"
+
+static struct sch_engine *engine(int32_t blocks, int32_t bt, int32_t budget, int32_t seqs,
+                                 int32_t max_len, int caching, int32_t spec) {
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  c.num_blocks = blocks;
+  c.groups[0].block_tokens = bt;
+  c.max_num_batched_tokens = budget;
+  c.max_num_seqs = seqs;
+  c.max_model_len = max_len;
+  c.enable_prefix_caching = caching;
+  c.num_spec_tokens = spec;
+  c.num_eos_ids = 1;
+  c.eos_ids[0] = 1;
+  c.vocab_size = 2000;
+  c.max_waiting = 8;
+  struct sch_engine *e = NULL;
+  char err[256];
+  int rc = sch_engine_create(&c, &e, err, sizeof(err));
+  if (rc) th_fail(__FILE__, __LINE__, "create: %s", err);
+  return e;
+}
+
+static int add(struct sch_engine *e, uint64_t id, const int32_t *prompt, int32_t n,
+               int32_t max_tokens, char *err, size_t err_len) {
+  struct sch_request_params p = {0};
+  p.id = id;
+  p.prompt = prompt;
+  p.prompt_len = n;
+  p.max_tokens = max_tokens;
+  return sch_engine_add(e, &p, err, err_len);
+}
+
+static int32_t P1[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+static int32_t P2[8] = {21, 22, 23, 24, 25, 26, 27, 28};
+
+/* Generated tokens per request id (ids 1..4). */
+struct sink {
+  int32_t toks[5][64];
+  int32_t n[5];
+  enum sch_finish fin[5];
+};
+
+static void collect(struct sink *s, const struct sch_outputs *o) {
+  for (int32_t i = 0; i < o->num; i++) {
+    const struct sch_output *x = &o->items[i];
+    TH_REQUIRE(x->req_id >= 1 && x->req_id <= 4);
+    for (int32_t j = 0; j < x->num_new; j++)
+      s->toks[x->req_id][s->n[x->req_id]++] = x->new_tokens[j];
+    s->fin[x->req_id] = x->finish;
+    TH_CHECK_EQ_INT(x->num_generated, s->n[x->req_id]);
+  }
+}
+
+static void run_step(struct sch_engine *e, struct sch_plan *plan, struct fake_worker *w,
+                     struct sink *s, int accept_all) {
+  struct sch_outputs o;
+  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
+  CHECK_ENGINE(e);
+  if (plan->num_seqs == 0) return;
+  fake_answer(w, plan, accept_all);
+  TH_REQUIRE(sch_engine_apply(e, w->res, w->num, &o) == 0);
+  CHECK_ENGINE(e);
+  collect(s, &o);
+}
+
+static void preemption_case(int caching) {
+  /* 8 blocks of 4 tokens; each request grows to 8 + 16 = 24 tokens (6 blocks) */
+  struct sch_engine *e = engine(8, 4, 64, 4, 64, caching, 0);
+  struct fake_worker w = {.rng = 3};
+  struct sink s = {0};
+  struct sch_plan plan;
+  char err[256];
+  TH_REQUIRE(add(e, 1, P1, 8, 16, err, sizeof(err)) == 0);
+  TH_REQUIRE(add(e, 2, P2, 8, 16, err, sizeof(err)) == 0);
+  int preempted_at = -1;
+  for (int step = 0; step < 100; step++) {
+    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+    CHECK_ENGINE(e);
+    if (plan.num_preempted > 0) {
+      TH_CHECK_EQ_INT(plan.num_preempted, 1);
+      TH_CHECK_EQ_INT(plan.preempted[0], 2); /* the most recently admitted */
+      TH_CHECK_EQ_INT(plan.num_seqs, 1);
+      TH_CHECK_EQ_INT(plan.seqs[0].req_id, 1);
+      if (preempted_at < 0) {
+        preempted_at = step;
+        /* generated token g runs at position 7 + g: the 9th needs a 5th block each */
+        TH_CHECK_EQ_INT(s.n[2], 9);
+      }
+    }
+    for (int32_t i = 0; i < plan.num_seqs; i++) {
+      const struct sch_plan_seq *q = &plan.seqs[i];
+      if (q->req_id == 2 && q->is_new && preempted_at >= 0) {
+        /* recompute: prompt + the 9 generated tokens, minus what the cache still had */
+        TH_CHECK_EQ_INT(q->start_pos + q->num_tokens, 17);
+        if (!caching) TH_CHECK_EQ_INT(q->start_pos, 0);
+        for (int32_t j = 0; j < q->num_tokens; j++) {
+          int32_t pos = q->start_pos + j;
+          TH_CHECK_EQ_INT(q->tokens[j], pos < 8 ? P2[pos] : s.toks[2][pos - 8]);
+        }
+        TH_CHECK(q->sample);
+      }
+    }
+    if (plan.num_seqs == 0) break;
+    struct sch_outputs o;
+    fake_answer(&w, &plan, 1);
+    TH_REQUIRE(sch_engine_apply(e, w.res, w.num, &o) == 0);
+    CHECK_ENGINE(e);
+    collect(&s, &o);
+  }
+  TH_CHECK(preempted_at > 0);
+  int32_t want[16];
+  fake_expected(P1, 8, 16, want);
+  TH_CHECK_EQ_INT(s.n[1], 16);
+  for (int i = 0; i < 16; i++)
+    TH_CHECK_EQ_INT(s.toks[1][i], want[i]);
+  fake_expected(P2, 8, 16, want);
+  TH_CHECK_EQ_INT(s.n[2], 16);
+  for (int i = 0; i < 16; i++)
+    TH_CHECK_EQ_INT(s.toks[2][i], want[i]);
+  TH_CHECK(s.fin[1] == SCH_FINISH_LENGTH && s.fin[2] == SCH_FINISH_LENGTH);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK(st.num_preemptions >= 1);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  TH_CHECK_NEAR(st.kv_usage, 0.0, 1e-12);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(preemption_recomputes_without_cache) {
+  preemption_case(0);
+}
+TH_TEST(preemption_recomputes_with_cache) {
+  preemption_case(1);
+}
+
+TH_TEST(abort_in_every_state_returns_every_block) {
+  struct sch_engine *e = engine(64, 4, 20, 3, 64, 1, 0);
+  struct fake_worker w = {.rng = 5};
+  struct sink s = {0};
+  struct sch_plan plan;
+  char err[256];
+  int32_t big[40];
+  for (int i = 0; i < 40; i++)
+    big[i] = 500 + i;
+  TH_REQUIRE(add(e, 1, P1, 8, 30, err, sizeof(err)) == 0);  /* decoding */
+  TH_REQUIRE(add(e, 3, P2, 8, 5, err, sizeof(err)) == 0);   /* decoding, then in flight */
+  TH_REQUIRE(add(e, 2, big, 40, 5, err, sizeof(err)) == 0); /* mid-prefill */
+  run_step(e, &plan, &w, &s, 1);
+  TH_REQUIRE(add(e, 4, P2, 6, 5, err, sizeof(err)) == 0); /* waiting (cap 3) */
+  run_step(e, &plan, &w, &s, 1);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running, 3);
+  TH_CHECK_EQ_INT(st.num_waiting, 1);
+  TH_CHECK(st.num_blocks_used > 0);
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 4), 0); /* waiting */
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 4), CM_ERR_NOENT);
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 2), 0); /* running, mid-prefill */
+  CHECK_ENGINE(e);
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.num_finished, 1);
+  TH_CHECK_EQ_INT(plan.finished[0], 2);
+  fake_answer(&w, &plan, 1);
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 3), 0); /* in flight: its result is ignored */
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 1), 0);
+  struct sch_outputs o;
+  TH_CHECK_EQ_INT(sch_engine_apply(e, w.res, w.num, &o), 0);
+  TH_CHECK_EQ_INT(o.num, 0);
+  CHECK_ENGINE(e);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running + st.num_waiting, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.num_finished, 2);
+  sch_engine_destroy(e);
+
+  /* a preempted request, waiting to be recomputed */
+  e = engine(8, 4, 64, 4, 64, 1, 0);
+  memset(&s, 0, sizeof(s));
+  TH_REQUIRE(add(e, 1, P1, 8, 16, err, sizeof(err)) == 0);
+  TH_REQUIRE(add(e, 2, P2, 8, 16, err, sizeof(err)) == 0);
+  uint64_t pre = 0;
+  for (int i = 0; i < 40 && st.num_preemptions == 0; i++) {
+    run_step(e, &plan, &w, &s, 1);
+    sch_engine_stats(e, &st);
+  }
+  TH_REQUIRE(st.num_preemptions == 1 && st.num_waiting == 1);
+  pre = 2;
+  TH_CHECK_EQ_INT(sch_engine_abort(e, pre), 0);
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 1), 0);
+  CHECK_ENGINE(e);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  TH_CHECK_NEAR(st.kv_usage, 0.0, 1e-12);
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.num_finished, 1); /* only 1 was still in the workers */
+  TH_CHECK_EQ_INT(plan.finished[0], 1);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(admission_rejects_the_impossible) {
+  struct sch_engine *e = engine(8, 4, 64, 4, 64, 1, 0);
+  char err[256];
+  int32_t p[64] = {0};
+  TH_CHECK_EQ_INT(add(e, 1, p, 60, 5, err, sizeof(err)), CM_ERR_TOOBIG);
+  TH_CHECK(strstr(err, "maximum context length is 64") != NULL);
+  /* fits max_model_len but needs 10 blocks of a pool of 8 */
+  TH_CHECK_EQ_INT(add(e, 1, p, 30, 10, err, sizeof(err)), CM_ERR_TOOBIG);
+  TH_CHECK(strstr(err, "10 KV cache blocks") != NULL);
+  TH_CHECK_EQ_INT(add(e, 1, p, 0, 5, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(add(e, 1, p, 4, 0, err, sizeof(err)), CM_ERR_INVAL);
+  p[2] = -4;
+  TH_CHECK_EQ_INT(add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL);
+  p[2] = 2000; /* vocab_size 2000 */
+  TH_CHECK_EQ_INT(add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "vocabulary") != NULL);
+  p[2] = 1999;
+  TH_CHECK_EQ_INT(add(e, 1, p, 28, 4, err, sizeof(err)), 0);           /* exactly 8 blocks */
+  TH_CHECK_EQ_INT(add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL); /* duplicate id */
+  struct sch_request_params rp = {.id = 9, .prompt = p, .prompt_len = 4, .max_tokens = 4};
+  rp.num_stop_token_ids = SCH_MAX_STOP_IDS + 1;
+  rp.stop_token_ids = p;
+  TH_CHECK_EQ_INT(sch_engine_add(e, &rp, err, sizeof(err)), CM_ERR_TOOBIG);
+  for (uint64_t id = 2; id <= 8; id++)
+    TH_CHECK_EQ_INT(add(e, id, p, 4, 4, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(add(e, 100, p, 4, 4, err, sizeof(err)), CM_ERR_FULL); /* max_waiting 8 */
+  CHECK_ENGINE(e);
+  sch_engine_destroy(e);
+
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  TH_CHECK_EQ_INT(sch_engine_create(&c, &e, err, sizeof(err)), CM_ERR_INVAL); /* no blocks */
+  c.num_blocks = 10;
+  c.max_model_len = 100;
+  c.groups[0].block_tokens = 0;
+  TH_CHECK_EQ_INT(sch_engine_create(&c, &e, err, sizeof(err)), CM_ERR_INVAL);
+  c.groups[0].block_tokens = 16;
+  c.num_groups = SCH_MAX_GROUPS + 1;
+  TH_CHECK_EQ_INT(sch_engine_create(&c, &e, err, sizeof(err)), CM_ERR_INVAL);
+}
+
+/* Plans one step and answers request 1 with the given tokens. */
+static struct sch_outputs answer(struct sch_engine *e, const int32_t *toks, int32_t n) {
+  struct sch_plan plan;
+  struct sch_outputs o = {0};
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_REQUIRE(plan.num_seqs == 1 && plan.seqs[0].sample);
+  struct sch_seq_result r = {.req_id = plan.seqs[0].req_id, .tokens = toks, .num_tokens = n};
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  CHECK_ENGINE(e);
+  return o;
+}
+
+TH_TEST(stop_conditions) {
+  struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 0);
+  char err[256];
+  int32_t t;
+  TH_REQUIRE(add(e, 1, P1, 8, 10, err, sizeof(err)) == 0);
+  t = 50;
+  struct sch_outputs o = answer(e, &t, 1);
+  TH_CHECK(o.num == 1 && o.items[0].finish == SCH_FINISH_NONE);
+  t = 1; /* eos */
+  o = answer(e, &t, 1);
+  TH_CHECK(o.num == 1 && o.items[0].finish == SCH_FINISH_STOP && o.items[0].new_tokens[0] == 1);
+  TH_CHECK_EQ_INT(o.items[0].num_generated, 2);
+
+  struct sch_request_params p = {.id = 2, .prompt = P1, .prompt_len = 8, .max_tokens = 3};
+  int32_t stop = 77;
+  p.ignore_eos = true;
+  p.stop_token_ids = &stop;
+  p.num_stop_token_ids = 1;
+  TH_REQUIRE(sch_engine_add(e, &p, err, sizeof(err)) == 0);
+  t = 1;
+  o = answer(e, &t, 1);
+  TH_CHECK(o.items[0].finish == SCH_FINISH_NONE); /* eos ignored */
+  t = 77;
+  o = answer(e, &t, 1);
+  TH_CHECK(o.items[0].finish == SCH_FINISH_STOP);
+
+  p.id = 3;
+  p.num_stop_token_ids = 0;
+  TH_REQUIRE(sch_engine_add(e, &p, err, sizeof(err)) == 0);
+  for (int i = 0; i < 3; i++) {
+    t = 1;
+    o = answer(e, &t, 1);
+    TH_CHECK_EQ_INT(o.items[0].finish, i < 2 ? SCH_FINISH_NONE : SCH_FINISH_LENGTH);
+  }
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running + st.num_waiting + st.num_blocks_used, 0);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(spec_decode_reserves_and_rolls_back) {
+  struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 3);
+  char err[256];
+  TH_REQUIRE(add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
+  struct sch_plan plan;
+  struct sch_outputs o;
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0); /* no drafts on a prefill */
+  int32_t t[4] = {40, 41, 42, 43};
+  struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1};
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  /* decode at 7 with 3 draft slots: positions 7..10 -> blocks 0..2 */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 7);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[0], 3);
+  TH_CHECK_EQ_INT(plan.num_tokens, 4);
+  /* too many tokens for 3 drafts: refused, nothing changes */
+  r.num_tokens = 5;
+  TH_CHECK_EQ_INT(sch_engine_apply(e, &r, 1, &o), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(sch_engine_apply(e, &r, 0, &o), CM_ERR_INVAL); /* missing */
+  struct sch_seq_result dup[2] = {{1, t, 1}, {1, t, 1}};
+  TH_CHECK_EQ_INT(sch_engine_apply(e, dup, 2, &o), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(sch_engine_plan_step(e, &plan), CM_ERR_STATE); /* still in flight */
+  /* nothing accepted: the bonus token only; position 7 computed, block 2 released */
+  r.num_tokens = 1;
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  TH_CHECK_EQ_INT(sch_engine_apply(e, &r, 1, &o), CM_ERR_STATE);
+  CHECK_ENGINE(e);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 2);
+  /* decode at 8 (block 2): 3 slots again; all accepted -> 4 tokens, computed 12 */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+  r.num_tokens = 4;
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  TH_CHECK(o.num == 1 && o.items[0].num_new == 4 && o.items[0].num_generated == 6);
+  CHECK_ENGINE(e);
+  /* 2 tokens left to generate: only 1 draft slot */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 1);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 12);
+  int32_t eos_run[2] = {1, 60};
+  r.tokens = eos_run;
+  r.num_tokens = 2; /* the accepted draft is eos: the bonus token is cut */
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  TH_CHECK(o.num == 1 && o.items[0].num_new == 1 && o.items[0].finish == SCH_FINISH_STOP);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.spec_num_drafts, 3);
+  TH_CHECK_EQ_INT(st.spec_num_draft_tokens, 7);
+  TH_CHECK_EQ_INT(st.spec_num_accepted_tokens, 0 + 3 + 1);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  sch_engine_destroy(e);
+}

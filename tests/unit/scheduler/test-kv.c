@@ -1,0 +1,204 @@
+/* test-kv.c — sch_kv: block tables per group, sliding-window freeing with holes,
+ * prefix matching across groups, rollback, worst-case sizing. */
+#include "common/cm-err.h"
+#include "scheduler/sch-block-pool.h"
+#include "scheduler/sch-kv.h"
+#include "tests/harness/th.h"
+
+struct fixture {
+  struct sch_block_pool *pool;
+  struct sch_kv *kv;
+};
+
+static void setup(struct fixture *f, int32_t nblocks, const struct sch_kv_group_cfg *g, int32_t ng,
+                  int caching) {
+  int32_t maxbt = 0;
+  for (int32_t i = 0; i < ng; i++)
+    maxbt = g[i].block_tokens > maxbt ? g[i].block_tokens : maxbt;
+  TH_REQUIRE(sch_block_pool_create(nblocks, maxbt, &f->pool) == 0);
+  TH_REQUIRE(sch_kv_create(f->pool, g, ng, caching, 42, &f->kv) == 0);
+}
+
+static void teardown(struct fixture *f) {
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f->pool), 0);
+  sch_kv_destroy(f->kv);
+  sch_block_pool_destroy(f->pool);
+}
+
+TH_TEST(kv_full_group_grows_by_blocks) {
+  struct fixture f;
+  struct sch_kv_group_cfg g[1] = {{4, 0}};
+  setup(&f, 7, g, 1, 0);
+  struct sch_kv_seq s;
+  int32_t toks[32];
+  for (int i = 0; i < 32; i++)
+    toks[i] = i;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 32) == 0);
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 0, 5), 0);
+  TH_CHECK_EQ_INT(s.len[0], 2);
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 5, 8), 0);
+  TH_CHECK_EQ_INT(s.len[0], 2);
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 8, 9), 0);
+  TH_CHECK_EQ_INT(s.len[0], 3);
+  /* all or nothing: positions [0, 32) need 8 blocks, the pool has 7 */
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 9, 32), CM_ERR_FULL);
+  TH_CHECK_EQ_INT(s.len[0], 3);
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 3);
+  sch_kv_free(f.kv, &s);
+  sch_kv_seq_release(&s);
+  teardown(&f);
+}
+
+TH_TEST(kv_sliding_window_frees_with_holes) {
+  struct fixture f;
+  /* group 0 full attention, 4 tokens per block; group 1 sliding W = 6, 2 per block */
+  struct sch_kv_group_cfg g[2] = {{4, 0}, {2, 6}};
+  setup(&f, 64, g, 2, 0);
+  struct sch_kv_seq s;
+  int32_t toks[40] = {0};
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 40) == 0);
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 0, 10), 0);
+  TH_CHECK_EQ_INT(s.len[0], 3);
+  TH_CHECK_EQ_INT(s.len[1], 5);
+  /* next query at 10 sees keys 5..10: sliding blocks 0 (0-1) and 1 (2-3) are dead,
+   * block 2 (4-5) still holds position 5 */
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 10, 11), 0);
+  TH_CHECK_EQ_INT(s.len[1], 6);
+  TH_CHECK_EQ_INT(s.table[1][0], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
+  TH_CHECK(s.table[1][2] >= 0);
+  TH_CHECK_EQ_INT(s.len[0], 3);
+  for (int i = 0; i < 3; i++)
+    TH_CHECK(s.table[0][i] >= 0);
+  TH_CHECK_EQ_INT(sch_kv_seq_num_blocks(&s, 2), 3 + 4);
+  /* query at 13 sees 8..13: blocks 2 and 3 go */
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 13, 14), 0);
+  TH_CHECK_EQ_INT(s.table[1][2], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s.table[1][3], SCH_BLOCK_HOLE);
+  TH_CHECK(s.table[1][4] >= 0);
+  TH_CHECK_EQ_INT(s.len[1], 7);
+  TH_CHECK_EQ_INT(sch_kv_seq_num_blocks(&s, 2), 4 + 3);
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 7);
+  /* a big chunk far ahead: blocks wholly behind the chunk's first query window are
+   * holes from the start, never allocated */
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 14, 40), 0);
+  TH_CHECK_EQ_INT(s.len[1], 20);
+  TH_CHECK_EQ_INT(s.len[0], 10);
+  sch_kv_free(f.kv, &s);
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 0);
+  sch_kv_seq_release(&s);
+  teardown(&f);
+}
+
+TH_TEST(kv_rollback_releases_draft_blocks) {
+  struct fixture f;
+  struct sch_kv_group_cfg g[1] = {{4, 0}};
+  setup(&f, 16, g, 1, 0);
+  struct sch_kv_seq s;
+  int32_t toks[32] = {0};
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 32) == 0);
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 0, 7), 0); /* prompt 7 */
+  /* decode at 7 with 5 draft slots: positions 7..12 -> blocks 0..3 */
+  TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 7, 13), 0);
+  TH_CHECK_EQ_INT(s.len[0], 4);
+  /* one draft accepted: positions 7 and 8 hold valid KV, keep 9 positions */
+  sch_kv_rollback(f.kv, &s, 9);
+  TH_CHECK_EQ_INT(s.len[0], 3);
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 3);
+  sch_kv_rollback(f.kv, &s, 8);
+  TH_CHECK_EQ_INT(s.len[0], 2);
+  sch_kv_free(f.kv, &s);
+  sch_kv_seq_release(&s);
+  teardown(&f);
+}
+
+/* Runs a "sequence" of ntok tokens through the cache: allocate, commit, free. */
+static void run_and_cache(struct fixture *f, const int32_t *toks, int32_t ntok) {
+  struct sch_kv_seq s;
+  TH_REQUIRE(sch_kv_seq_init(f->kv, &s, ntok) == 0);
+  int32_t h = sch_kv_prefix_match(f->kv, &s, toks, ntok);
+  TH_REQUIRE(sch_kv_allocate(f->kv, &s, toks, h, ntok) == 0);
+  sch_kv_commit(f->kv, &s, toks, ntok);
+  sch_kv_free(f->kv, &s);
+  sch_kv_seq_release(&s);
+}
+
+TH_TEST(kv_prefix_match_across_groups) {
+  struct fixture f;
+  struct sch_kv_group_cfg g[2] = {{4, 0}, {2, 0}};
+  setup(&f, 64, g, 2, 1);
+  int32_t a[20], b[20];
+  for (int i = 0; i < 20; i++)
+    a[i] = b[i] = 100 + i;
+  b[13] = 7;                /* b shares a's first 13 tokens */
+  run_and_cache(&f, a, 19); /* registers 4 full blocks of group 0, 9 of group 1 */
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 0);
+  TH_CHECK_EQ_INT(sch_block_pool_num_cached_free(f.pool), 4 + 9);
+  struct sch_kv_seq s;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 20) == 0);
+  /* a itself again: capped at 19 - 1 = 18 -> 16 (group 0 has 4 blocks) */
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 20), 16);
+  sch_kv_seq_release(&s);
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 20) == 0);
+  /* b: 13 shared tokens -> group 0 gives 12, group 1 gives 12 */
+  int32_t h = sch_kv_prefix_match(f.kv, &s, b, 20);
+  TH_CHECK_EQ_INT(h, 12);
+  TH_REQUIRE(sch_kv_allocate(f.kv, &s, b, h, 20) == 0);
+  /* 3 + 6 blocks revived from the LRU list, 2 + 4 new */
+  TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 3 + 6 + 2 + 4);
+  TH_CHECK_EQ_INT(s.num_registered[0], 3);
+  /* the very last prompt token always runs: a prompt of exactly 4 cached tokens */
+  struct sch_kv_seq t;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &t, 8) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &t, a, 4), 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &t, a, 5), 4);
+  sch_kv_seq_release(&t);
+  sch_kv_free(f.kv, &s);
+  sch_kv_seq_release(&s);
+  teardown(&f);
+}
+
+TH_TEST(kv_prefix_needs_whole_chain_and_caching_on) {
+  struct fixture f;
+  struct sch_kv_group_cfg g[2] = {{4, 0}, {4, 4}};
+  setup(&f, 64, g, 2, 1);
+  int32_t a[16];
+  for (int i = 0; i < 16; i++)
+    a[i] = i * 3;
+  run_and_cache(&f, a, 16);
+  struct sch_kv_seq s;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 16) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 16), 12);
+  /* taking the hit: the sliding group's dead blocks (window 4 at query 12: block 2 holds
+   * 9..11 and stays) are holes, not revived */
+  TH_REQUIRE(sch_kv_allocate(f.kv, &s, a, 12, 16) == 0);
+  TH_CHECK_EQ_INT(s.table[1][0], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
+  TH_CHECK(s.table[1][2] >= 0);
+  TH_CHECK(s.table[0][0] >= 0);
+  sch_kv_free(f.kv, &s);
+  sch_kv_seq_release(&s);
+  teardown(&f);
+
+  setup(&f, 64, g, 2, 0);
+  run_and_cache(&f, a, 16);
+  TH_CHECK_EQ_INT(sch_block_pool_num_cached_free(f.pool), 0);
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 16) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 16), 0);
+  sch_kv_seq_release(&s);
+  uint64_t q, hits;
+  sch_kv_count_query(f.kv, 16, 0);
+  sch_kv_counters(f.kv, &q, &hits);
+  TH_CHECK_EQ_INT(q, 0); /* caching off: nothing counted */
+  teardown(&f);
+}
+
+TH_TEST(kv_worst_case_blocks) {
+  struct fixture f;
+  struct sch_kv_group_cfg g[2] = {{16, 0}, {16, 512}};
+  setup(&f, 8, g, 2, 1);
+  /* full: ceil(1000/16) = 63; sliding: min(63, ceil((511 + 64) / 16) + 1 = 37) */
+  TH_CHECK_EQ_INT(sch_kv_worst_case_blocks(f.kv, 1000, 64), 63 + 37);
+  TH_CHECK_EQ_INT(sch_kv_worst_case_blocks(f.kv, 100, 64), 7 + 7);
+  teardown(&f);
+}

@@ -1,0 +1,282 @@
+/* test-planner.c — hand-checked scheduling scenarios: budget splitting, chunked prefill,
+ * decode + prefill mixing, the running cap, sliding-window holes in the plan, prefix
+ * hits and counters, preemption and recompute, stop conditions. */
+#include <stdio.h>
+
+#include "common/cm-err.h"
+#include "scheduler/sch-engine.h"
+#include "tests/harness/th.h"
+#include "tests/unit/scheduler/sch-test-util.h"
+
+static struct sch_engine *make_engine(int32_t blocks, int32_t bt, int32_t budget, int32_t seqs,
+                                      int32_t max_len) {
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  c.num_blocks = blocks;
+  c.groups[0].block_tokens = bt;
+  c.max_num_batched_tokens = budget;
+  c.max_num_seqs = seqs;
+  c.max_model_len = max_len;
+  c.num_eos_ids = 1;
+  c.eos_ids[0] = 1;
+  struct sch_engine *e = NULL;
+  char err[256];
+  int rc = sch_engine_create(&c, &e, err, sizeof(err));
+  if (rc) th_fail(__FILE__, __LINE__, "create: %s", err);
+  return e;
+}
+
+static int add_req(struct sch_engine *e, uint64_t id, const int32_t *prompt, int32_t n,
+                   int32_t max_tokens) {
+  struct sch_request_params p = {0};
+  p.id = id;
+  p.prompt = prompt;
+  p.prompt_len = n;
+  p.max_tokens = max_tokens;
+  char err[256];
+  return sch_engine_add(e, &p, err, sizeof(err));
+}
+
+static const struct sch_plan_seq *find_seq(const struct sch_plan *p, uint64_t id) {
+  for (int32_t i = 0; i < p->num_seqs; i++)
+    if (p->seqs[i].req_id == id) return &p->seqs[i];
+  return NULL;
+}
+
+/* One step with the fake worker; returns the outputs. */
+static struct sch_outputs step(struct sch_engine *e, struct sch_plan *plan, struct fake_worker *w) {
+  struct sch_outputs outs = {0};
+  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
+  CHECK_ENGINE(e);
+  if (plan->num_seqs > 0) {
+    fake_answer(w, plan, 1);
+    TH_REQUIRE(sch_engine_apply(e, w->res, w->num, &outs) == 0);
+  }
+  CHECK_ENGINE(e);
+  return outs;
+}
+
+static int32_t prompt_buf[4096];
+static const int32_t *seq_prompt(int32_t n, int32_t base) {
+  for (int32_t i = 0; i < n; i++)
+    prompt_buf[i] = base + i;
+  return prompt_buf;
+}
+
+TH_TEST(chunked_prefill_splits_the_budget) {
+  struct sch_engine *e = make_engine(64, 4, 8, 4, 64);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  TH_REQUIRE(add_req(e, 1, seq_prompt(20, 100), 20, 3) == 0);
+  struct sch_outputs o = step(e, &plan, &w);
+  TH_CHECK_EQ_INT(plan.num_seqs, 1);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 0);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 8);
+  TH_CHECK(!plan.seqs[0].sample);
+  TH_CHECK(plan.seqs[0].is_new);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[0], 2);
+  TH_CHECK_EQ_INT(plan.seqs[0].tokens[0], 100);
+  TH_CHECK_EQ_INT(o.num, 0);
+  o = step(e, &plan, &w);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 8);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 8);
+  TH_CHECK_EQ_INT(plan.seqs[0].tokens[0], 108);
+  TH_CHECK(!plan.seqs[0].is_new);
+  TH_CHECK(!plan.seqs[0].sample);
+  o = step(e, &plan, &w);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 16);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 4);
+  TH_CHECK(plan.seqs[0].sample);
+  TH_CHECK_EQ_INT(plan.num_tokens, 4);
+  TH_REQUIRE(o.num == 1);
+  int32_t want[3];
+  fake_expected(seq_prompt(20, 100), 20, 3, want);
+  TH_CHECK_EQ_INT(o.items[0].num_new, 1);
+  TH_CHECK_EQ_INT(o.items[0].new_tokens[0], want[0]);
+  TH_CHECK_EQ_INT(o.items[0].finish, SCH_FINISH_NONE);
+  o = step(e, &plan, &w); /* decode */
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 20);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 1);
+  TH_CHECK_EQ_INT(plan.seqs[0].tokens[0], want[0]);
+  TH_CHECK_EQ_INT(o.items[0].new_tokens[0], want[1]);
+  o = step(e, &plan, &w);
+  TH_CHECK_EQ_INT(o.items[0].new_tokens[0], want[2]);
+  TH_CHECK_EQ_INT(o.items[0].finish, SCH_FINISH_LENGTH);
+  TH_CHECK_EQ_INT(o.items[0].num_generated, 3);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running + st.num_waiting, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  /* the next plan tells the workers to forget the finished request */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.num_seqs, 0);
+  TH_REQUIRE(plan.num_finished == 1);
+  TH_CHECK_EQ_INT(plan.finished[0], 1);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(decodes_mix_with_prefill_chunks) {
+  struct sch_engine *e = make_engine(64, 4, 8, 4, 64);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  TH_REQUIRE(add_req(e, 1, seq_prompt(5, 100), 5, 10) == 0);
+  TH_REQUIRE(add_req(e, 2, seq_prompt(5, 200), 5, 10) == 0);
+  step(e, &plan, &w); /* both prompts: 5 + 3 tokens */
+  TH_CHECK_EQ_INT(plan.num_seqs, 2);
+  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 5);
+  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 3);
+  TH_CHECK(!find_seq(&plan, 2)->sample);
+  TH_REQUIRE(add_req(e, 3, seq_prompt(30, 300), 30, 10) == 0);
+  step(e, &plan, &w);
+  /* decode of 1 first, then the rest of 2's prompt, then 3's first chunk */
+  TH_REQUIRE(plan.num_seqs == 3);
+  TH_CHECK_EQ_INT(plan.seqs[0].req_id, 1);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 1);
+  TH_CHECK_EQ_INT(plan.seqs[1].req_id, 2);
+  TH_CHECK_EQ_INT(plan.seqs[1].num_tokens, 2);
+  TH_CHECK(plan.seqs[1].sample);
+  TH_CHECK_EQ_INT(plan.seqs[2].req_id, 3);
+  TH_CHECK_EQ_INT(plan.seqs[2].num_tokens, 5);
+  TH_CHECK_EQ_INT(plan.num_tokens, 8);
+  step(e, &plan, &w);
+  /* two decodes come first, 3's prefill gets the 6 tokens left */
+  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 1);
+  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 1);
+  TH_CHECK_EQ_INT(find_seq(&plan, 3)->num_tokens, 6);
+  TH_CHECK_EQ_INT(find_seq(&plan, 3)->start_pos, 5);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(max_num_seqs_caps_running) {
+  struct sch_engine *e = make_engine(64, 4, 64, 2, 64);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  TH_REQUIRE(add_req(e, 1, seq_prompt(3, 100), 3, 2) == 0);
+  TH_REQUIRE(add_req(e, 2, seq_prompt(3, 200), 3, 5) == 0);
+  TH_REQUIRE(add_req(e, 3, seq_prompt(3, 300), 3, 5) == 0);
+  step(e, &plan, &w);
+  TH_CHECK_EQ_INT(plan.num_seqs, 2);
+  TH_CHECK(find_seq(&plan, 3) == NULL);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running, 2);
+  TH_CHECK_EQ_INT(st.num_waiting, 1);
+  struct sch_outputs o = step(e, &plan, &w); /* 1 finishes here */
+  TH_CHECK(find_seq(&plan, 3) == NULL);
+  TH_CHECK(o.num == 2 && o.items[0].req_id == 1 && o.items[0].finish == SCH_FINISH_LENGTH);
+  step(e, &plan, &w);
+  TH_CHECK(find_seq(&plan, 3) != NULL && find_seq(&plan, 3)->is_new);
+  TH_CHECK_EQ_INT(plan.num_finished, 1);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(sliding_window_holes_reach_the_plan) {
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  c.num_blocks = 64;
+  c.num_groups = 2;
+  c.groups[0] = (struct sch_kv_group_cfg){4, 0};
+  c.groups[1] = (struct sch_kv_group_cfg){4, 8};
+  c.max_num_batched_tokens = 16;
+  c.max_num_seqs = 4;
+  c.max_model_len = 128;
+  struct sch_engine *e;
+  char err[128];
+  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  TH_REQUIRE(add_req(e, 1, seq_prompt(40, 10), 40, 8) == 0);
+  step(e, &plan, &w); /* positions 0..15 */
+  TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[1], 4);
+  step(e, &plan, &w); /* 16..31: query 16 sees 9..16 -> sliding blocks 0, 1 dead */
+  const struct sch_plan_seq *s = &plan.seqs[0];
+  TH_CHECK_EQ_INT(s->num_blocks[0], 8);
+  TH_CHECK_EQ_INT(s->num_blocks[1], 8);
+  TH_CHECK_EQ_INT(s->block_table[1][0], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s->block_table[1][1], SCH_BLOCK_HOLE);
+  for (int i = 2; i < 8; i++)
+    TH_CHECK(s->block_table[1][i] >= 0);
+  for (int i = 0; i < 8; i++)
+    TH_CHECK(s->block_table[0][i] >= 0);
+  step(e, &plan, &w); /* 32..39 + sample: query 32 sees 25..32 -> blocks < 6 dead */
+  s = &plan.seqs[0];
+  for (int i = 0; i < 6; i++)
+    TH_CHECK_EQ_INT(s->block_table[1][i], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s->num_blocks[1], 10);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 10 + 4);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(prefix_hit_on_repeated_prompt) {
+  struct sch_engine *e = make_engine(64, 16, 64, 4, 128);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  int32_t p[40];
+  for (int i = 0; i < 40; i++)
+    p[i] = 50 + i;
+  TH_REQUIRE(add_req(e, 1, p, 40, 2) == 0);
+  step(e, &plan, &w);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_cached, 0);
+  step(e, &plan, &w); /* finishes: its 2 full blocks stay cached */
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_cached_free, 2);
+  TH_CHECK_EQ_INT(st.prefix_queries, 40);
+  TH_CHECK_EQ_INT(st.prefix_hits, 0);
+  TH_REQUIRE(add_req(e, 2, p, 40, 5) == 0);
+  struct sch_outputs o = step(e, &plan, &w);
+  TH_REQUIRE(plan.num_seqs == 1);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 32);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 8);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_cached, 32);
+  TH_CHECK(plan.seqs[0].is_new);
+  int32_t want[2];
+  fake_expected(p, 40, 2, want);
+  TH_CHECK(o.num == 1 && o.items[0].new_tokens[0] == want[0] && o.items[0].num_cached == 32);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.prefix_queries, 80);
+  TH_CHECK_EQ_INT(st.prefix_hits, 32);
+  TH_CHECK_EQ_INT(st.num_blocks_cached_free, 0);
+  /* a third identical request shares the blocks while 2 still holds them */
+  TH_REQUIRE(add_req(e, 3, p, 40, 2) == 0);
+  o = step(e, &plan, &w);
+  const struct sch_plan_seq *s2 = find_seq(&plan, 2), *s3 = find_seq(&plan, 3);
+  TH_REQUIRE(s2 && s3);
+  TH_CHECK_EQ_INT(s3->num_cached, 32);
+  TH_CHECK_EQ_INT(s3->block_table[0][0], s2->block_table[0][0]);
+  TH_CHECK_EQ_INT(s3->block_table[0][1], s2->block_table[0][1]);
+  TH_CHECK(s3->block_table[0][2] != s2->block_table[0][2]);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.prefix_hits, 64);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(prefix_caching_off_counts_nothing) {
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  c.num_blocks = 64;
+  c.max_model_len = 128;
+  c.enable_prefix_caching = false;
+  struct sch_engine *e;
+  char err[128];
+  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  int32_t p[40];
+  for (int i = 0; i < 40; i++)
+    p[i] = 50 + i;
+  for (uint64_t id = 1; id <= 2; id++) {
+    TH_REQUIRE(add_req(e, id, p, 40, 1) == 0);
+    step(e, &plan, &w);
+    TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 0);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 40);
+  }
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.prefix_queries, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_cached_free, 0);
+  sch_engine_destroy(e);
+}
