@@ -2,6 +2,7 @@
 #include "frontend/fe-http-metrics.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,7 +125,15 @@ static void put_num(struct fe_buf *b, double v) {
   if (isinf(v)) fe_buf_puts(b, v > 0 ? "+Inf" : "-Inf");
   else if (isnan(v)) fe_buf_puts(b, "NaN");
   else if (v == floor(v) && fabs(v) < 1e15) fe_buf_printf(b, "%.1f", v);
-  else fe_buf_printf(b, "%.17g", v);
+  else {
+    /* the shortest form that reads back exactly ("0.005", not 0.005000000000000001) */
+    char tmp[40];
+    for (int prec = 15; prec <= 17; prec++) {
+      snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
+      if (strtod(tmp, NULL) == v) break;
+    }
+    fe_buf_puts(b, tmp);
+  }
 }
 
 int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *b) {

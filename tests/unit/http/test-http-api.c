@@ -1,0 +1,248 @@
+/* test-http-api.c — OpenAI request validation: a matrix of bad inputs (each
+ * must be a 400/404 naming the right field), good requests parsed into the
+ * right struct values, and the prompt-length check. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "frontend/fe-api.h"
+#include "tests/harness/th.h"
+
+static const struct fe_api_config cfg = {"gemma", 100};
+
+struct bad_case {
+  enum fe_api_kind kind;
+  const char *body;
+  int status;
+  const char *param; /* "" for none */
+};
+
+#define C FE_API_COMPLETION
+#define H FE_API_CHAT
+static const struct bad_case bad[] = {
+    {C, "", 400, ""},
+    {C, "{", 400, ""},
+    {C, "{\"prompt\":\"a\",}", 400, ""},
+    {C, "[1,2]", 400, ""},
+    {C, "\"str\"", 400, ""},
+    {C, "{\"prompt\":\"a\",\"prompt\":\"b\"}", 400, ""},
+    {C, "{}", 400, "prompt"},
+    {C, "{\"prompt\":null}", 400, "prompt"},
+    {C, "{\"prompt\":5}", 400, "prompt"},
+    {C, "{\"prompt\":[]}", 400, "prompt"},
+    {C, "{\"prompt\":[[]]}", 400, "prompt"},
+    {C, "{\"prompt\":[1,-2]}", 400, "prompt"},
+    {C, "{\"prompt\":[1,\"a\"]}", 400, "prompt"},
+    {C, "{\"prompt\":[\"a\",1]}", 400, "prompt"},
+    {C, "{\"prompt\":[1,2.5]}", 400, "prompt"},
+    {C, "{\"prompt\":[3000000000]}", 400, "prompt"},
+    {C, "{\"prompt\":\"a\",\"model\":\"other\"}", 404, "model"},
+    {C, "{\"prompt\":\"a\",\"model\":7}", 400, "model"},
+    {C, "{\"prompt\":\"a\",\"max_tokens\":-1}", 400, "max_tokens"},
+    {C, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens"},
+    {C, "{\"prompt\":\"a\",\"max_tokens\":\"5\"}", 400, "max_tokens"},
+    {C, "{\"prompt\":\"a\",\"max_tokens\":5.5}", 400, "max_tokens"},
+    {C, "{\"prompt\":\"a\",\"max_tokens\":true}", 400, "max_tokens"},
+    {C, "{\"prompt\":\"a\",\"temperature\":-0.1}", 400, "temperature"},
+    {C, "{\"prompt\":\"a\",\"temperature\":2.01}", 400, "temperature"},
+    {C, "{\"prompt\":\"a\",\"temperature\":\"hot\"}", 400, "temperature"},
+    {C, "{\"prompt\":\"a\",\"top_p\":1.5}", 400, "top_p"},
+    {C, "{\"prompt\":\"a\",\"top_p\":0}", 400, "top_p"},
+    {C, "{\"prompt\":\"a\",\"top_k\":-2}", 400, "top_k"},
+    {C, "{\"prompt\":\"a\",\"min_p\":1.1}", 400, "min_p"},
+    {C, "{\"prompt\":\"a\",\"presence_penalty\":2.5}", 400, "presence_penalty"},
+    {C, "{\"prompt\":\"a\",\"frequency_penalty\":-3}", 400, "frequency_penalty"},
+    {C, "{\"prompt\":\"a\",\"repetition_penalty\":0}", 400, "repetition_penalty"},
+    {C, "{\"prompt\":\"a\",\"repetition_penalty\":2.5}", 400, "repetition_penalty"},
+    {C, "{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed"},
+    {C, "{\"prompt\":\"a\",\"n\":0}", 400, "n"},
+    {C, "{\"prompt\":[\"a\",\"b\"],\"n\":2}", 400, "n"},
+    {C, "{\"prompt\":\"a\",\"n\":2,\"best_of\":3}", 400, "best_of"},
+    {C, "{\"prompt\":\"a\",\"stop\":5}", 400, "stop"},
+    {C, "{\"prompt\":\"a\",\"stop\":[\"x\",5]}", 400, "stop"},
+    {C, "{\"prompt\":\"a\",\"stop\":[\"\"]}", 400, "stop"},
+    {C, "{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}", 400, "stop"},
+    {C, "{\"prompt\":\"a\",\"stop_token_ids\":[-1]}", 400, "stop_token_ids"},
+    {C, "{\"prompt\":\"a\",\"stop_token_ids\":7}", 400, "stop_token_ids"},
+    {C, "{\"prompt\":\"a\",\"logprobs\":21}", 400, "logprobs"},
+    {C, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs"},
+    {C, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
+    {C, "{\"prompt\":\"a\",\"stream\":\"yes\"}", 400, "stream"},
+    {C, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options"},
+    {C, "{\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400, "stream_options.include_usage"},
+    {C, "{\"prompt\":\"a\",\"ignore_eos\":1}", 400, "ignore_eos"},
+    {C, "{\"prompt\":\"a\",\"user\":5}", 400, "user"},
+    {C, "{\"prompt\":\"a\",\"suffix\":\"x\"}", 400, "suffix"},
+    {C, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias"},
+    {C, "{\"prompt\":\"a\",\"max_tokens\":5,\"min_tokens\":6}", 400, "min_tokens"},
+    {C, "{\"prompt\":[1,2,3],\"max_tokens\":98}", 400, "max_tokens"},
+    {C, "{\"prompt\":[[1],[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100]]}", 400, "prompt"},
+    {H, "{}", 400, "messages"},
+    {H, "{\"messages\":[]}", 400, "messages"},
+    {H, "{\"messages\":{}}", 400, "messages"},
+    {H, "{\"messages\":[5]}", 400, "messages[0]"},
+    {H, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role"},
+    {H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}", 400, "messages[0].role"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\"}]}", 400, "messages[1].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":null}]}", 400, "messages[0].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400, "messages[0].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400, "messages[0].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}", 400, "logprobs"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":3}", 400, "top_logprobs"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_completion_tokens\":-5}", 400, "max_completion_tokens"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\"}]}", 400, "tools"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"model\":\"nope\"}", 404, "model"},
+    {FE_API_TOKENIZE, "{}", 400, "prompt"},
+    {FE_API_TOKENIZE, "{\"prompt\":\"a\",\"add_special_tokens\":\"no\"}", 400, "add_special_tokens"},
+    {FE_API_DETOKENIZE, "{\"tokens\":\"abc\"}", 400, "tokens"},
+    {FE_API_DETOKENIZE, "{\"tokens\":[1,-1]}", 400, "tokens"},
+};
+
+TH_TEST(api_bad_matrix) {
+  for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+    struct fe_api_request r;
+    struct fe_api_error e;
+    int rc = fe_api_parse_request(bad[i].kind, bad[i].body, strlen(bad[i].body), &cfg, &r, &e);
+    if (rc == 0) {
+      th_fail(__FILE__, __LINE__, "bad[%zu] accepted: %s", i, bad[i].body);
+      fe_api_request_free(&r);
+      continue;
+    }
+    if (e.status != bad[i].status || strcmp(e.param, bad[i].param) != 0 || !e.message[0])
+      th_fail(__FILE__, __LINE__, "bad[%zu] %s: got %d param '%s' (%s)", i, bad[i].body, e.status, e.param,
+              e.message);
+  }
+}
+
+/* Bytes that are not JSON at all, including NULs and truncations of a good body. */
+TH_TEST(api_garbage_and_truncation) {
+  const char *good = "{\"model\":\"gemma\",\"prompt\":\"hello\",\"max_tokens\":5,\"stop\":[\"x\"]}";
+  size_t n = strlen(good);
+  for (size_t k = 0; k < n; k++) {
+    struct fe_api_request r;
+    struct fe_api_error e;
+    int rc = fe_api_parse_request(FE_API_COMPLETION, good, k, &cfg, &r, &e);
+    TH_CHECK(rc < 0 && e.status == 400);
+  }
+  static const char nul[] = "{\"prompt\":\"a\0b\"}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, nul, sizeof(nul) - 1, &cfg, &r, &e) < 0);
+  static const char esc0[] = "{\"prompt\":\"a\\u0000b\"}";
+  TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, esc0, sizeof(esc0) - 1, &cfg, &r, &e) < 0);
+  /* deep nesting must be refused, not recursed into without bound */
+  size_t depth = 100000;
+  char *deep = malloc(2 * depth + 16);
+  TH_REQUIRE(deep);
+  size_t o = 0;
+  o += (size_t)sprintf(deep, "{\"prompt\":");
+  for (size_t i = 0; i < depth; i++) deep[o++] = '[';
+  for (size_t i = 0; i < depth; i++) deep[o++] = ']';
+  deep[o++] = '}';
+  TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, deep, o, &cfg, &r, &e) < 0 && e.status == 400);
+  free(deep);
+}
+
+TH_TEST(api_completion_good) {
+  const char *b = "{\"model\":\"gemma\",\"prompt\":[\"ab\",\"cd\"],\"max_tokens\":7,\"temperature\":0,"
+                  "\"top_p\":0.5,\"top_k\":0,\"min_p\":0.1,\"presence_penalty\":-2,\"frequency_penalty\":2,"
+                  "\"repetition_penalty\":1.2,\"seed\":-42,\"stop\":\"##\",\"stop_token_ids\":[1,106],"
+                  "\"logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                  "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  int rc = fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+  TH_CHECK_EQ_STR(r.model, "gemma");
+  TH_CHECK_EQ_INT(r.n_prompts, 2);
+  TH_CHECK_EQ_STR(r.prompts[1].text, "cd");
+  TH_CHECK_EQ_INT(r.max_tokens, 7);
+  TH_CHECK_NEAR(r.temperature, 0, 0);
+  TH_CHECK_NEAR(r.top_p, 0.5, 0);
+  TH_CHECK_EQ_INT(r.top_k, -1);
+  TH_CHECK_NEAR(r.min_p, 0.1, 1e-12);
+  TH_CHECK_NEAR(r.presence_penalty, -2, 0);
+  TH_CHECK_NEAR(r.repetition_penalty, 1.2, 1e-12);
+  TH_CHECK(r.has_seed && r.seed == -42);
+  TH_CHECK_EQ_INT(r.n_stop, 1);
+  TH_CHECK_EQ_STR(r.stop[0], "##");
+  TH_CHECK(r.n_stop_token_ids == 2 && r.stop_token_ids[1] == 106);
+  TH_CHECK_EQ_INT(r.logprobs, 3);
+  TH_CHECK(r.stream && r.include_usage && r.ignore_eos);
+  TH_CHECK_EQ_INT(r.n, 1);
+  fe_api_request_free(&r);
+
+  /* defaults; the model may be omitted; token-id prompts */
+  const char *d = "{\"prompt\":[[5,6],[7]]}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, d, strlen(d), &cfg, &r, &e) == 0);
+  TH_CHECK_EQ_INT(r.n_prompts, 2);
+  TH_CHECK(r.prompts[0].n_ids == 2 && r.prompts[0].ids[1] == 6 && r.prompts[0].text == NULL);
+  TH_CHECK_EQ_INT(r.max_tokens, -1);
+  TH_CHECK_NEAR(r.temperature, 1, 0);
+  TH_CHECK_EQ_INT(r.top_k, -1);
+  TH_CHECK_EQ_INT(r.logprobs, -1);
+  TH_CHECK(!r.stream && !r.has_seed && r.n == 1);
+  fe_api_request_free(&r);
+  const char *one = "{\"prompt\":[5,6,7],\"top_k\":40,\"n\":3,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, one, strlen(one), &cfg, &r, &e) == 0);
+  TH_CHECK(r.n_prompts == 1 && r.prompts[0].n_ids == 3);
+  TH_CHECK(r.top_k == 40 && r.n == 3 && r.n_stop == 5);
+  fe_api_request_free(&r);
+}
+
+TH_TEST(api_chat_good) {
+  const char *b = "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+                  "{\"role\":\"assistant\",\"content\":null},{\"role\":\"developer\",\"content\":\"x\"}],"
+                  "\"max_tokens\":3,\"max_completion_tokens\":9,\"logprobs\":true,\"top_logprobs\":2}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  int rc = fe_api_parse_request(FE_API_CHAT, b, strlen(b), &cfg, &r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+  TH_CHECK_EQ_INT(r.n_messages, 4);
+  TH_CHECK_EQ_INT(r.messages[0].role, FE_API_ROLE_SYSTEM);
+  TH_CHECK_EQ_STR(r.messages[1].content, "a\nb");
+  TH_CHECK_EQ_INT(r.messages[2].role, FE_API_ROLE_ASSISTANT);
+  TH_CHECK_EQ_STR(r.messages[2].content, "");
+  TH_CHECK_EQ_INT(r.messages[3].role, FE_API_ROLE_SYSTEM);
+  TH_CHECK_EQ_INT(r.max_tokens, 9);
+  TH_CHECK_EQ_INT(r.logprobs, 2);
+  TH_CHECK_EQ_INT(r.add_generation_prompt, 1);
+  TH_CHECK_EQ_INT(r.add_special_tokens, 0);
+  fe_api_request_free(&r);
+  const char *t = "{\"prompt\":\"hi\",\"add_special_tokens\":false}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_TOKENIZE, t, strlen(t), &cfg, &r, &e) == 0);
+  TH_CHECK(r.n_prompts == 1 && r.add_special_tokens == 0);
+  fe_api_request_free(&r);
+  const char *dt = "{\"tokens\":[2,3,4]}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_DETOKENIZE, dt, strlen(dt), &cfg, &r, &e) == 0);
+  TH_CHECK(r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == 4);
+  fe_api_request_free(&r);
+}
+
+TH_TEST(api_prompt_len) {
+  struct fe_api_request r;
+  struct fe_api_error e;
+  const char *b = "{\"prompt\":\"x\",\"max_tokens\":10}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e) == 0);
+  int64_t mt = 0;
+  TH_CHECK_EQ_INT(fe_api_check_prompt_len(&r, 90, 100, &mt, &e), 0);
+  TH_CHECK_EQ_INT(mt, 10);
+  TH_CHECK_EQ_INT(fe_api_check_prompt_len(&r, 91, 100, &mt, &e), CM_ERR_RANGE);
+  TH_CHECK_EQ_INT(e.status, 400);
+  TH_CHECK_EQ_STR(e.param, "max_tokens");
+  TH_CHECK(strstr(e.message, "100") && strstr(e.message, "101") && strstr(e.message, "91"));
+  TH_CHECK_EQ_INT(fe_api_check_prompt_len(&r, 100, 100, &mt, &e), CM_ERR_RANGE);
+  TH_CHECK_EQ_STR(e.param, "prompt");
+  TH_CHECK(strstr(e.message, "100 input tokens") != NULL);
+  r.max_tokens = -1;
+  TH_CHECK_EQ_INT(fe_api_check_prompt_len(&r, 30, 100, &mt, &e), 0);
+  TH_CHECK_EQ_INT(mt, 70);
+  fe_api_request_free(&r);
+}

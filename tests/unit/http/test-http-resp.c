@@ -1,0 +1,227 @@
+/* test-http-resp.c — response shapes (parsed back with Jansson), SSE
+ * framing, JSON escaping, the error envelope, the metrics registry's text
+ * format and the API-key check. */
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-api-error.h"
+#include "frontend/fe-api-resp.h"
+#include "frontend/fe-http-buf.h"
+#include "frontend/fe-http-metrics.h"
+#include "frontend/fe-route.h"
+#include "frontend/fe-sse.h"
+#include "tests/harness/th.h"
+
+static json_t *parse(const struct fe_buf *b) {
+  json_error_t e;
+  json_t *j = json_loadb(b->data, b->len, 0, &e);
+  if (!j) th_fail(__FILE__, __LINE__, "invalid JSON (%s): %s", e.text, b->data);
+  return j;
+}
+
+static const struct fe_api_top_logprob top[2] = {{"a", 1, -0.1f}, {"b", 1, -2.5f}};
+static const struct fe_api_token_logprob lps[2] = {{"Hel", 3, -0.25f, top, 2}, {"lo", 2, -1.0f, top, 1}};
+static const struct fe_api_resp_meta meta = {"cmpl-1", 1700000000, "gemma"};
+
+TH_TEST(resp_completion_shape) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_choice ch[2] = {{0, "Hello", 5, "length", lps, 2, 0}, {1, "x\"y\n", 4, "stop", NULL, 0, 0}};
+  struct fe_api_usage u = {7, 6};
+  TH_REQUIRE(fe_api_write_completion(&b, &meta, ch, 2, &u) == 0);
+  json_t *j = parse(&b);
+  TH_REQUIRE(j);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "text_completion");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "id")), "cmpl-1");
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(j, "created")), 1700000000);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "model")), "gemma");
+  json_t *u_ = json_object_get(j, "usage");
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(u_, "prompt_tokens")), 7);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(u_, "completion_tokens")), 6);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(u_, "total_tokens")), 13);
+  json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *c1 = json_array_get(json_object_get(j, "choices"), 1);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(c0, "text")), "Hello");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(c0, "finish_reason")), "length");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(c1, "text")), "x\"y\n");
+  TH_CHECK(json_is_null(json_object_get(c1, "logprobs")));
+  json_t *lp = json_object_get(c0, "logprobs");
+  TH_CHECK_EQ_STR(json_string_value(json_array_get(json_object_get(lp, "tokens"), 1)), "lo");
+  TH_CHECK_NEAR(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 0)), -0.25, 1e-6);
+  TH_CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 3);
+  json_t *t0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+  TH_CHECK_NEAR(json_real_value(json_object_get(t0, "b")), -2.5, 1e-6);
+  json_decref(j);
+  fe_buf_free(&b);
+}
+
+TH_TEST(resp_chat_shape) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_choice ch = {0, "Hello", 5, "stop", lps, 2, 0};
+  struct fe_api_usage u = {3, 2};
+  struct fe_api_resp_meta m = {"chatcmpl-9", 5, "gemma"};
+  TH_REQUIRE(fe_api_write_chat(&b, &m, &ch, 1, &u) == 0);
+  json_t *j = parse(&b);
+  TH_REQUIRE(j);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "chat.completion");
+  json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *msg = json_object_get(c0, "message");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(msg, "role")), "assistant");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(msg, "content")), "Hello");
+  json_t *content = json_object_get(json_object_get(c0, "logprobs"), "content");
+  TH_CHECK_EQ_INT(json_array_size(content), 2);
+  json_t *e0 = json_array_get(content, 0);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(e0, "token")), "Hel");
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(e0, "bytes")), 3);
+  TH_CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(e0, "bytes"), 0)), 'H');
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(e0, "top_logprobs")), 2);
+  json_decref(j);
+  fe_buf_free(&b);
+}
+
+TH_TEST(resp_stream_chunks) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_choice first = {0, "", 0, NULL, NULL, 0, 0};
+  TH_REQUIRE(fe_api_write_chat_chunk(&b, &meta, &first, 1) == 0);
+  json_t *j = parse(&b);
+  TH_REQUIRE(j);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+  json_t *d = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(d, "role")), "assistant");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(d, "content")), "");
+  json_decref(j);
+  fe_buf_reset(&b);
+  struct fe_api_choice last = {0, "", 0, "stop", NULL, 0, 0};
+  TH_REQUIRE(fe_api_write_chat_chunk(&b, &meta, &last, 0) == 0);
+  j = parse(&b);
+  json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+  TH_CHECK_EQ_INT(json_object_size(json_object_get(c0, "delta")), 0);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(c0, "finish_reason")), "stop");
+  json_decref(j);
+  fe_buf_reset(&b);
+  struct fe_api_usage u = {4, 9};
+  TH_REQUIRE(fe_api_write_usage_chunk(&b, FE_API_COMPLETION, &meta, &u) == 0);
+  j = parse(&b);
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(j, "choices")), 0);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")), 13);
+  json_decref(j);
+  fe_buf_reset(&b);
+  struct fe_api_choice mid = {2, "tok", 3, NULL, NULL, 0, 0};
+  TH_REQUIRE(fe_api_write_completion_chunk(&b, &meta, &mid) == 0);
+  j = parse(&b);
+  c0 = json_array_get(json_object_get(j, "choices"), 0);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(c0, "index")), 2);
+  TH_CHECK(json_is_null(json_object_get(c0, "finish_reason")));
+  json_decref(j);
+  fe_buf_reset(&b);
+  TH_REQUIRE(fe_sse_frame(&b, "{}", 2) == 0);
+  TH_CHECK_EQ_STR(b.data, "data: {}\n\n");
+  fe_buf_free(&b);
+}
+
+TH_TEST(resp_json_escaping) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  /* control bytes, a split UTF-8 sequence, an overlong form, a surrogate, valid é */
+  static const char s[] = "a\x01\t\"\\\xe2\x82 \xc0\xaf \xed\xa0\x80 \xc3\xa9";
+  TH_REQUIRE(fe_buf_json_str(&b, s, sizeof(s) - 1) == 0);
+  json_error_t e;
+  json_t *j = json_loadb(b.data, b.len, JSON_DECODE_ANY, &e);
+  TH_REQUIRE(j != NULL);
+  TH_CHECK(strstr(json_string_value(j), "\xc3\xa9") != NULL);
+  TH_CHECK(strstr(json_string_value(j), "\xef\xbf\xbd") != NULL);
+  json_decref(j);
+  fe_buf_reset(&b);
+  fe_buf_json_double(&b, -INFINITY);
+  fe_buf_puts(&b, ",");
+  fe_buf_json_double(&b, NAN);
+  TH_CHECK_EQ_STR(b.data, "-9999.0,null");
+  fe_buf_free(&b);
+  /* the cap holds */
+  fe_buf_init(&b, 64);
+  TH_CHECK(fe_buf_puts(&b, "0123456789012345678901234567890123456789") == 0);
+  TH_CHECK(fe_buf_puts(&b, "0123456789012345678901234567890123456789") == CM_ERR_NOMEM);
+  TH_CHECK(fe_buf_puts(&b, "x") == CM_ERR_NOMEM); /* sticky */
+  fe_buf_free(&b);
+}
+
+TH_TEST(resp_error_envelope) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  fe_api_error_body(&b, 404, "The model `x` does not exist.", "model");
+  json_t *j = parse(&b);
+  TH_REQUIRE(j);
+  json_t *e = json_object_get(j, "error");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "message")), "The model `x` does not exist.");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "type")), "NotFoundError");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "param")), "model");
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(e, "code")), 404);
+  json_decref(j);
+  fe_buf_reset(&b);
+  fe_api_error_body(&b, 400, "bad", NULL);
+  j = parse(&b);
+  TH_CHECK(json_is_null(json_object_get(json_object_get(j, "error"), "param")));
+  json_decref(j);
+  fe_buf_free(&b);
+}
+
+TH_TEST(metrics_registry) {
+  struct fe_metrics *m;
+  TH_REQUIRE(fe_metrics_create("ge\"m", &m) == 0);
+  struct fe_metric_ids ids;
+  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  fe_metrics_inc(m, ids.prompt_tokens, 12);
+  fe_metrics_inc(m, ids.prompt_tokens, -5); /* ignored: counters only go up */
+  fe_metrics_set(m, ids.kv_cache_usage_perc, 0.25);
+  fe_metrics_observe(m, ids.time_to_first_token_seconds, 0.003);
+  fe_metrics_observe(m, ids.time_to_first_token_seconds, 0.5);
+  fe_metrics_observe(m, ids.time_to_first_token_seconds, 1e9);
+  TH_CHECK_NEAR(fe_metrics_value(m, ids.prompt_tokens), 12, 0);
+  TH_CHECK_NEAR(fe_metrics_count(m, ids.time_to_first_token_seconds), 3, 0);
+  TH_CHECK(fe_metrics_add(m, FE_METRIC_COUNTER, "lmserve:no_suffix", "x", NULL, 0) == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "bad name", "x", NULL, 0) == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "lmserve:num_requests_running", "dup", NULL, 0) == CM_ERR_INVAL);
+  double bad_b[] = {1, 1};
+  TH_CHECK(fe_metrics_add(m, FE_METRIC_HISTOGRAM, "lmserve:h", "x", bad_b, 2) == CM_ERR_INVAL);
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  static const char *const want[] = {
+      "# TYPE lmserve:prompt_tokens_total counter\n",
+      "lmserve:prompt_tokens_total{model_name=\"ge\\\"m\"} 12.0\n",
+      "lmserve:kv_cache_usage_perc{model_name=\"ge\\\"m\"} 0.25\n",
+      "# TYPE lmserve:time_to_first_token_seconds histogram\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.001\"} 0.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.005\"} 1.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.5\"} 2.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"2560.0\"} 2.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"+Inf\"} 3.0\n",
+      "lmserve:time_to_first_token_seconds_count{model_name=\"ge\\\"m\"} 3.0\n",
+      "lmserve:num_requests_running", "lmserve:num_requests_waiting", "lmserve:generation_tokens_total",
+      "lmserve:inter_token_latency_seconds_bucket", "lmserve:e2e_request_latency_seconds_sum",
+      "lmserve:prefix_cache_queries_total", "lmserve:prefix_cache_hits_total",
+      "lmserve:spec_decode_num_drafts_total", "lmserve:spec_decode_num_draft_tokens_total",
+      "lmserve:spec_decode_num_accepted_tokens_total",
+  };
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    if (!strstr(b.data, want[i])) th_fail(__FILE__, __LINE__, "metrics text lacks: %s", want[i]);
+  fe_buf_free(&b);
+  fe_metrics_destroy(m);
+}
+
+TH_TEST(route_auth) {
+  const char *k = "sk-secret";
+  TH_CHECK(fe_route_auth_ok("Bearer sk-secret", 16, k));
+  TH_CHECK(fe_route_auth_ok("bearer  sk-secret", 17, k));
+  TH_CHECK(!fe_route_auth_ok("Bearer sk-secreT", 16, k));
+  TH_CHECK(!fe_route_auth_ok("Bearer sk-secret2", 17, k));
+  TH_CHECK(!fe_route_auth_ok("Bearer sk-secre", 15, k));
+  TH_CHECK(!fe_route_auth_ok("Bearer ", 7, k));
+  TH_CHECK(!fe_route_auth_ok("Basic sk-secret", 15, k));
+  TH_CHECK(!fe_route_auth_ok("sk-secret", 9, k));
+  TH_CHECK(!fe_route_auth_ok("Bearersk-secret", 15, k));
+}
