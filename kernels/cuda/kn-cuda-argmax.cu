@@ -1,0 +1,65 @@
+/* kn-cuda-argmax.cu — greedy sampling on the device: per row of logits[T, V],
+ * the index of the maximum (first on ties, NaN never wins, a row of NaN gives
+ * index 0 and value NaN) and the maximum itself. One block per row. */
+#include <math.h>
+
+#include "kernels/cuda/kn-cuda-dev.cuh"
+
+#define ARGMAX_THREADS 256
+#define ARGMAX_NONE 0x7fffffff /* index of "nothing seen yet" (or only NaN) */
+
+/* Does candidate (bv, bi) beat (av, ai)? */
+__device__ __forceinline__ bool beats(float bv, int bi, float av, int ai) {
+  if (bi == ARGMAX_NONE) return false;
+  if (ai == ARGMAX_NONE) return true;
+  return bv > av || (bv == av && bi < ai);
+}
+
+__global__ void argmax_kernel(int32_t *ids, float *maxv, const float *logits, ptrdiff_t ld, int V) {
+  __shared__ float sv[ARGMAX_THREADS / 32];
+  __shared__ int si[ARGMAX_THREADS / 32];
+  const float *row = logits + (ptrdiff_t)blockIdx.x * ld;
+  float bv = 0.0f;
+  int bi = ARGMAX_NONE;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    float x = row[i];
+    if (!isnan(x) && (bi == ARGMAX_NONE || x > bv)) { /* i grows: strict > keeps the first */
+      bv = x;
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (beats(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[w] = bv;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < (int)(blockDim.x >> 5); k++)
+      if (beats(sv[k], si[k], bv, bi)) {
+        bv = sv[k];
+        bi = si[k];
+      }
+    if (bi == ARGMAX_NONE) {
+      ids[blockIdx.x] = 0;
+      maxv[blockIdx.x] = row[0];
+    } else {
+      ids[blockIdx.x] = bi;
+      maxv[blockIdx.x] = bv;
+    }
+  }
+}
+
+extern "C" cudaError_t kn_cuda_launch_argmax(cudaStream_t s, int32_t *ids, float *maxv,
+                                             const float *logits, ptrdiff_t ld, int T, int V) {
+  argmax_kernel<<<dim3((unsigned)T), ARGMAX_THREADS, 0, s>>>(ids, maxv, logits, ld, V);
+  return cudaGetLastError();
+}

@@ -1,0 +1,146 @@
+/* kn-cuda-attn.c — host side of paged attention: turns the ragged batch of
+ * sequences into one descriptor per query row (its visible key interval and
+ * where its block table lies), stages descriptors and block tables in one
+ * pinned reservation, picks the key split (flash decoding) so that small
+ * batches with long contexts still fill the device, and launches.
+ *
+ * Visible keys form an interval: a query at position p sees [p - window + 1, p]
+ * (or [0, p] without a window), and every bidirectional range [b, e) that
+ * contains p also contains p, so their union with the causal interval is one
+ * interval [lo, hi]. The kernels therefore need no per-key mask. */
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "kernels/cuda/kn-cuda-impl.h"
+
+#define ATTN_MAX_CHUNK 8    /* query heads per block (ATTN_GROUP in the kernel) */
+#define ATTN_TILE 32        /* keys per tile; split lengths are multiples of it */
+#define ATTN_MIN_SPLIT 256  /* keys: below this a split costs more than it gains */
+#define ATTN_BLOCKS_PER_SM 4
+
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Visible key interval of the query at position p of seq s. */
+static void key_interval(const struct kn_attn_seq *s, int window, int p, int *lo, int *hi) {
+  int l = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+  int h = p;
+  for (int r = 0; r < s->n_bidir; r++) {
+    int b = s->bidir[2 * r], e = s->bidir[2 * r + 1];
+    if (b < e && p >= b && p < e) {
+      if (b < l) l = b;
+      if (e - 1 > h) h = e - 1;
+    }
+  }
+  *lo = l;
+  *hi = h;
+}
+
+/* Blocks of seq s that its queries can reach: entries [0, return value). */
+static int blocks_needed(const struct kn_attn_seq *s, int window, int block_tokens) {
+  int max_hi = 0;
+  for (int i = 0; i < s->n_q; i++) {
+    int lo, hi;
+    key_interval(s, window, s->pos0 + i, &lo, &hi);
+    if (hi > max_hi) max_hi = hi;
+  }
+  return max_hi / block_tokens + 1;
+}
+
+int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
+                         int n_seqs, int n_heads, int window, float scale, float softcap) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+
+  /* pass 1: sizes */
+  long long n_rows = 0, n_tab = 0;
+  for (int i = 0; i < n_seqs; i++) {
+    if (seqs[i].n_q <= 0) continue;
+    n_rows += seqs[i].n_q;
+    n_tab += blocks_needed(&seqs[i], window, view->block_tokens);
+  }
+  if (n_rows == 0) return 0;
+  if (n_rows > INT32_MAX || n_tab > INT32_MAX) return CM_ERR_UNSUPPORTED;
+
+  size_t tab_bytes = align16((size_t)n_tab * sizeof(int32_t));
+  size_t row_bytes = (size_t)n_rows * sizeof(struct kn_cuda_attn_row);
+  void *host, *dev;
+  err = kn_cuda_stage_alloc(c, tab_bytes + row_bytes, &host, &dev);
+  if (err) return err;
+  int32_t *tab_h = host;
+  struct kn_cuda_attn_row *rows_h = (struct kn_cuda_attn_row *)((char *)host + tab_bytes);
+
+  /* pass 2: descriptors and tables */
+  int r = 0, off = 0, max_len = 1;
+  for (int i = 0; i < n_seqs; i++) {
+    const struct kn_attn_seq *s = &seqs[i];
+    if (s->n_q <= 0) continue;
+    int nb = blocks_needed(s, window, view->block_tokens);
+    /* entries no query can see may be -1 and are never read; the needed ones
+     * were checked by kn-backend.c. Blocks beyond n_blocks are out of reach. */
+    int have = nb < s->n_blocks ? nb : s->n_blocks;
+    memcpy(tab_h + off, s->block_table, (size_t)have * sizeof(int32_t));
+    for (int b = have; b < nb; b++) tab_h[off + b] = -1;
+    for (int j = 0; j < s->n_q; j++, r++) {
+      struct kn_cuda_attn_row *row = &rows_h[r];
+      row->q_row = s->q_begin + j;
+      row->pos = s->pos0 + j;
+      key_interval(s, window, row->pos, &row->lo, &row->hi);
+      row->bt_off = off;
+      if (row->hi - row->lo + 1 > max_len) max_len = row->hi - row->lo + 1;
+    }
+    off += nb;
+  }
+  err = kn_cuda_stage_push(c, host, dev, tab_bytes + row_bytes);
+  if (err) return err;
+
+  struct kn_cuda_attn_args a;
+  memset(&a, 0, sizeof(a));
+  a.out = out;
+  a.ldo = ldo;
+  a.q = q;
+  a.ldq = ldq;
+  a.pool = view->pool;
+  a.page_bytes = view->page_bytes;
+  a.k_off = view->k_off;
+  a.v_off = view->v_off;
+  a.block_tokens = view->block_tokens;
+  a.n_kv_heads = view->n_kv_heads;
+  a.head_dim = view->head_dim;
+  a.n_heads = n_heads;
+  a.group = n_heads / view->n_kv_heads;
+  a.n_chunks = (a.group + ATTN_MAX_CHUNK - 1) / ATTN_MAX_CHUNK;
+  a.chunk = (a.group + a.n_chunks - 1) / a.n_chunks;
+  a.scale = scale;
+  a.softcap = softcap;
+  a.tables = dev;
+  a.rows = (const struct kn_cuda_attn_row *)((const char *)dev + tab_bytes);
+  a.n_rows = (int)n_rows;
+  if ((long long)a.n_kv_heads * a.n_chunks > 65535) return CM_ERR_UNSUPPORTED;
+
+  /* split the keys when the (row, head chunk) blocks alone do not fill the GPU */
+  long long items = n_rows * a.n_kv_heads * a.n_chunks;
+  long long want = ((long long)c->n_sm * ATTN_BLOCKS_PER_SM + items - 1) / items;
+  long long by_len = (max_len + ATTN_MIN_SPLIT - 1) / ATTN_MIN_SPLIT;
+  long long n_split = want < by_len ? want : by_len;
+  if (n_split < 1) n_split = 1;
+  long long split_len = (max_len + n_split - 1) / n_split;
+  split_len = (split_len + ATTN_TILE - 1) / ATTN_TILE * ATTN_TILE;
+  n_split = (max_len + split_len - 1) / split_len;
+  if (n_split > 65535) return CM_ERR_UNSUPPORTED;
+  a.split_len = (int)split_len;
+  a.n_split = (int)n_split;
+  if (n_split > 1) {
+    size_t parts = (size_t)n_rows * (size_t)n_heads * (size_t)n_split;
+    size_t acc_bytes = parts * (size_t)view->head_dim * sizeof(float);
+    void *scratch;
+    err = kn_cuda_scratch(c, acc_bytes + parts * 2 * sizeof(float), &scratch);
+    if (err) return err;
+    a.part_acc = scratch;
+    a.part_ml = (float *)((char *)scratch + acc_bytes);
+  }
+  KN_CUDA_CHECK(kn_cuda_launch_attention(c->stream, &a, view->dtype));
+  return 0;
+}

@@ -1,0 +1,291 @@
+/* kn-cuda-backend.c — the CUDA backend's handle: device discovery, creation
+ * and teardown, the memory hooks (cudaMalloc / cudaMemcpyAsync on the
+ * backend's stream), the pinned staging ring for host index arrays, the
+ * device scratch, error conversion, and the ops table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "kernels/cuda/kn-cuda-impl.h"
+#include "kernels/cuda/kn-cuda.h"
+#include "kernels/kn-backend-impl.h"
+
+#define KN_CUDA_STAGE_SEG_MIN ((size_t)1 << 20) /* bytes per segment to start with */
+#define KN_CUDA_ALIGN 256                        /* bytes: staging and scratch alignment */
+
+static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* ---- errors ------------------------------------------------------------- */
+
+int kn_cuda_fail(cudaError_t e, const char *expr, const char *file, int line) {
+  cm_error("cuda", "%s:%d: %s failed: %s (%s)", file, line, expr, cudaGetErrorName(e),
+           cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? CM_ERR_NOMEM : CM_ERR_DEVICE;
+}
+
+int kn_cublas_fail(cublasStatus_t st, const char *expr, const char *file, int line) {
+  cm_error("cuda", "%s:%d: %s failed: %s", file, line, expr, cublasGetStatusString(st));
+  if (st == CUBLAS_STATUS_ALLOC_FAILED) return CM_ERR_NOMEM;
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_ARCH_MISMATCH)
+    return CM_ERR_UNSUPPORTED;
+  if (st == CUBLAS_STATUS_INVALID_VALUE) return CM_ERR_INVAL;
+  return CM_ERR_DEVICE;
+}
+
+int kn_cuda_device_count(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError(); /* no driver / no device: not an error for the caller */
+    cm_debug("cuda", "no CUDA device: %s", cudaGetErrorString(e));
+    return 0;
+  }
+  return n;
+}
+
+int kn_cuda_enter(struct kn_cuda_ctx *c) {
+  KN_CUDA_CHECK(cudaSetDevice(c->device));
+  return 0;
+}
+
+/* ---- staging ring ------------------------------------------------------- */
+
+static void stage_release(struct kn_cuda_ctx *c) {
+  if (c->stage_host) (void)cudaFreeHost(c->stage_host);
+  if (c->stage_dev) (void)cudaFree(c->stage_dev);
+  c->stage_host = NULL;
+  c->stage_dev = NULL;
+}
+
+/* (Re)creates the ring with segments of seg_bytes; the stream must be idle. */
+static int stage_init(struct kn_cuda_ctx *c, size_t seg_bytes) {
+  stage_release(c);
+  size_t total = seg_bytes * KN_CUDA_STAGE_SEGS;
+  KN_CUDA_CHECK(cudaHostAlloc((void **)&c->stage_host, total, cudaHostAllocDefault));
+  KN_CUDA_CHECK(cudaMalloc((void **)&c->stage_dev, total));
+  c->seg_bytes = seg_bytes;
+  c->seg = 0;
+  c->seg_used = 0;
+  for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++) c->seg_pending[i] = 0;
+  return 0;
+}
+
+int kn_cuda_stage_alloc(struct kn_cuda_ctx *c, size_t bytes, void **host, void **dev) {
+  size_t need = align_up(bytes ? bytes : 1, 16);
+  if (need > c->seg_bytes) {
+    /* a request bigger than a segment: wait for everything, grow the ring */
+    size_t seg = c->seg_bytes;
+    while (seg < need) seg *= 2;
+    KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    int err = stage_init(c, seg);
+    if (err) return err;
+  } else if (c->seg_used + need > c->seg_bytes) {
+    /* leave the current segment (its copies are queued), enter the next */
+    KN_CUDA_CHECK(cudaEventRecord(c->seg_done[c->seg], c->stream));
+    c->seg_pending[c->seg] = 1;
+    c->seg = (c->seg + 1) % KN_CUDA_STAGE_SEGS;
+    c->seg_used = 0;
+    if (c->seg_pending[c->seg]) {
+      KN_CUDA_CHECK(cudaEventSynchronize(c->seg_done[c->seg]));
+      c->seg_pending[c->seg] = 0;
+    }
+  }
+  size_t off = (size_t)c->seg * c->seg_bytes + c->seg_used;
+  c->seg_used += need;
+  *host = c->stage_host + off;
+  *dev = c->stage_dev + off;
+  return 0;
+}
+
+int kn_cuda_stage_push(struct kn_cuda_ctx *c, const void *host, void *dev, size_t bytes) {
+  KN_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
+  return 0;
+}
+
+int kn_cuda_stage(struct kn_cuda_ctx *c, const void *src, size_t bytes, void **dev) {
+  void *h;
+  int err = kn_cuda_stage_alloc(c, bytes, &h, dev);
+  if (err) return err;
+  memcpy(h, src, bytes);
+  return kn_cuda_stage_push(c, h, *dev, bytes);
+}
+
+/* ---- scratch and result buffers ----------------------------------------- */
+
+int kn_cuda_scratch(struct kn_cuda_ctx *c, size_t bytes, void **dev) {
+  if (bytes > c->scratch_bytes) {
+    size_t want = align_up(bytes + bytes / 4, KN_CUDA_ALIGN); /* headroom against regrowth */
+    KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));           /* earlier ops may still read it */
+    if (c->scratch) KN_CUDA_CHECK(cudaFree(c->scratch));
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    KN_CUDA_CHECK(cudaMalloc(&c->scratch, want));
+    c->scratch_bytes = want;
+  }
+  *dev = c->scratch;
+  return 0;
+}
+
+int kn_cuda_result_host(struct kn_cuda_ctx *c, size_t bytes, void **host) {
+  if (bytes > c->result_bytes) {
+    size_t want = align_up(bytes, 4096);
+    KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (c->result_host) KN_CUDA_CHECK(cudaFreeHost(c->result_host));
+    c->result_host = NULL;
+    c->result_bytes = 0;
+    KN_CUDA_CHECK(cudaHostAlloc(&c->result_host, want, cudaHostAllocDefault));
+    c->result_bytes = want;
+  }
+  *host = c->result_host;
+  return 0;
+}
+
+/* ---- memory hooks --------------------------------------------------------- */
+
+static void *cuda_alloc(void *ctx, size_t bytes) {
+  struct kn_cuda_ctx *c = ctx;
+  void *p = NULL;
+  if (kn_cuda_enter(c)) return NULL;
+  cudaError_t e = cudaMalloc(&p, bytes); /* 256-byte aligned */
+  if (e != cudaSuccess) {
+    cm_error("cuda", "cudaMalloc(%zu bytes) failed: %s", bytes, cudaGetErrorString(e));
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_free(void *ctx, void *p) {
+  struct kn_cuda_ctx *c = ctx;
+  if (kn_cuda_enter(c)) return;
+  cudaError_t e = cudaFree(p); /* synchronises: no op still reads p */
+  if (e != cudaSuccess) cm_error("cuda", "cudaFree failed: %s", cudaGetErrorString(e));
+}
+
+static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  /* from pageable memory the call returns once src has been read: the caller
+   * may reuse src at once */
+  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+  return 0;
+}
+
+static int cuda_download(void *ctx, void *dst, const void *src, size_t bytes) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+  return 0;
+}
+
+static int cuda_memset(void *ctx, void *dst, int v, size_t bytes) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(cudaMemsetAsync(dst, v, bytes, c->stream));
+  return 0;
+}
+
+static int cuda_sync(void *ctx) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+/* ---- lifetime ------------------------------------------------------------- */
+
+static void cuda_destroy(void *ctx) {
+  struct kn_cuda_ctx *c = ctx;
+  if (!c) return;
+  if (cudaSetDevice(c->device) == cudaSuccess && c->stream)
+    (void)cudaStreamSynchronize(c->stream);
+  stage_release(c);
+  for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
+    if (c->seg_done[i]) (void)cudaEventDestroy(c->seg_done[i]);
+  if (c->scratch) (void)cudaFree(c->scratch);
+  if (c->result_host) (void)cudaFreeHost(c->result_host);
+  if (c->blas) (void)cublasDestroy(c->blas);
+  if (c->stream) (void)cudaStreamDestroy(c->stream);
+  free(c);
+}
+
+static const struct kn_backend_ops cuda_ops = {
+  .name = "cuda",
+  .destroy = cuda_destroy,
+  .alloc = cuda_alloc,
+  .free = cuda_free,
+  .upload = cuda_upload,
+  .download = cuda_download,
+  .copy = cuda_copy,
+  .memset = cuda_memset,
+  .sync = cuda_sync,
+  .embed = kn_cuda_op_embed,
+  .rmsnorm = kn_cuda_op_rmsnorm,
+  .matmul = kn_cuda_op_matmul,
+  .matmul_rows = kn_cuda_op_matmul_rows,
+  .rope = kn_cuda_op_rope,
+  .gelu_mul = kn_cuda_op_gelu_mul,
+  .add = kn_cuda_op_add,
+  .mul = kn_cuda_op_mul,
+  .scale = kn_cuda_op_scale,
+  .softcap = kn_cuda_op_softcap,
+  .copy_rows = kn_cuda_op_copy_rows,
+  .argmax = kn_cuda_op_argmax,
+  .router_topk = kn_cuda_op_router_topk,
+  .kv_write = kn_cuda_op_kv_write,
+  .attention = kn_cuda_op_attention,
+};
+
+struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
+  int err = 0;
+  struct kn_cuda_ctx *c = NULL;
+  struct kn_backend *be = NULL;
+  int n = kn_cuda_device_count();
+  if (device < 0 || device >= n) {
+    cm_error("cuda", "device %d requested, %d visible", device, n);
+    err = CM_ERR_INVAL;
+    goto fail;
+  }
+  c = calloc(1, sizeof(*c));
+  if (!c) {
+    err = CM_ERR_NOMEM;
+    goto fail;
+  }
+  c->device = device;
+  KN_CUDA_CHECK_GOTO(cudaSetDevice(device), err, fail);
+  KN_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device),
+                     err, fail);
+  KN_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, fail);
+  KN_CUBLAS_CHECK_GOTO(cublasCreate(&c->blas), err, fail);
+  KN_CUBLAS_CHECK_GOTO(cublasSetStream(c->blas, c->stream), err, fail);
+  for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
+    KN_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->seg_done[i], cudaEventDisableTiming), err,
+                       fail);
+  err = stage_init(c, KN_CUDA_STAGE_SEG_MIN);
+  if (err) goto fail;
+  be = kn_backend_wrap(&cuda_ops, c);
+  if (!be) {
+    err = CM_ERR_NOMEM;
+    goto fail;
+  }
+  cm_debug("cuda", "backend on device %d (%d SMs)", device, c->n_sm);
+  if (err_out) *err_out = 0;
+  return be;
+fail:
+  cuda_destroy(c);
+  if (err_out) *err_out = err;
+  return NULL;
+}

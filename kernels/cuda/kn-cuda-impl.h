@@ -1,0 +1,208 @@
+/* kn-cuda-impl.h — inside the CUDA backend: the context, the error-check
+ * macros (one per foreign error domain, NCCL checks.h style), the pinned
+ * staging ring and device scratch, and the extern "C" launchers that the
+ * .cu files export (one .cu per op).
+ *
+ * This header is read by both the C glue (kn-cuda-*.c) and nvcc (*.cu); the
+ * launchers take only plain C types and return a cudaError_t from
+ * cudaGetLastError() after the launch, which the C side checks. */
+#ifndef LMSERVE_KN_CUDA_IMPL_H
+#define LMSERVE_KN_CUDA_IMPL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/kn-backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- launchers (the .cu files) ------------------------------------------ */
+
+/* One query row of an attention call as the device sees it (staged). */
+struct kn_cuda_attn_row {
+  int32_t q_row;  /* row of q / out */
+  int32_t pos;    /* absolute position of the query */
+  int32_t lo, hi; /* visible key positions [lo, hi] (an interval: see kn-cuda-attn.c) */
+  int32_t bt_off; /* offset of its sequence's block table in the staged tables */
+};
+
+/* Everything the attention kernels need (passed by value). */
+struct kn_cuda_attn_args {
+  float *out;
+  ptrdiff_t ldo;
+  const float *q;
+  ptrdiff_t ldq;
+  const char *pool;           /* device; n_pages * page_bytes bytes */
+  size_t page_bytes, k_off, v_off;
+  int block_tokens, n_kv_heads, head_dim;
+  int n_heads, group;         /* query heads; group = n_heads / n_kv_heads */
+  int n_chunks, chunk;        /* head chunks per kv head, heads per chunk (<= 8) */
+  float scale, softcap;
+  const struct kn_cuda_attn_row *rows; /* device, [n_rows] */
+  const int32_t *tables;      /* device, concatenated block tables */
+  int n_rows;
+  int split_len;              /* keys per split (multiple of 32) */
+  int n_split;                /* splits in the grid; 1 writes out directly */
+  float *part_acc;            /* device, [n_rows, n_heads, n_split, head_dim] */
+  float *part_ml;             /* device, [n_rows, n_heads, n_split, 2]: max, sum */
+};
+
+cudaError_t kn_cuda_launch_embed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table,
+                                 enum kn_dtype tdt, int H, const int32_t *ids, int T,
+                                 float scale);
+cudaError_t kn_cuda_launch_rmsnorm(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                   ptrdiff_t ldx, int rows, int d, const void *w,
+                                   enum kn_dtype wdt, float eps, enum kn_norm_mode mode);
+cudaError_t kn_cuda_launch_rope(cudaStream_t s, float *x, ptrdiff_t ldx, int T, int heads, int D,
+                                const int32_t *pos, const float *inv_freq);
+cudaError_t kn_cuda_launch_gelu_mul(cudaStream_t s, float *out, ptrdiff_t ldo, const float *gate,
+                                    ptrdiff_t ldg, const float *up, ptrdiff_t ldu, int T, int N);
+enum kn_cuda_eltwise { KN_CUDA_ADD, KN_CUDA_MUL, KN_CUDA_SCALE, KN_CUDA_SOFTCAP };
+/* out = a op b (ADD, MUL) or a op s (SCALE: a * s, SOFTCAP: tanh(a / s) * s). */
+cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltwise op, float *out,
+                                   const float *a, const float *b, float s, size_t n);
+/* dst[n] (dtype dt: F16 or BF16) = src[n] rounded to nearest even. */
+cudaError_t kn_cuda_launch_narrow(cudaStream_t s, void *dst, enum kn_dtype dt, const float *src,
+                                  ptrdiff_t lds, int rows, int cols);
+/* dst[j, :] = w[rows[j], :] for j < n_rows; rows of row_bytes bytes (a multiple of 2). */
+cudaError_t kn_cuda_launch_gather_rows(cudaStream_t s, void *dst, const void *w, size_t row_bytes,
+                                       const int32_t *rows, int n_rows);
+cudaError_t kn_cuda_launch_kv_write(cudaStream_t s, const struct kn_kv_view *view,
+                                    const int32_t *slots, const float *k, ptrdiff_t ldk,
+                                    const float *v, ptrdiff_t ldv, int T);
+cudaError_t kn_cuda_launch_attention(cudaStream_t s, const struct kn_cuda_attn_args *a,
+                                     enum kn_dtype kv_dtype);
+/* ids[T], maxv[T] (device) = argmax of each row. */
+cudaError_t kn_cuda_launch_argmax(cudaStream_t s, int32_t *ids, float *maxv, const float *logits,
+                                  ptrdiff_t ld, int T, int V);
+/* ids[T, k], weights[T, k] (device); E <= KN_CUDA_TOPK_MAX_E. */
+#define KN_CUDA_TOPK_MAX_E 4096
+cudaError_t kn_cuda_launch_router_topk(cudaStream_t s, int32_t *ids, float *weights,
+                                       const float *logits, ptrdiff_t ld, int T, int E, int k,
+                                       const float *expert_scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- the backend context (C side only) ---------------------------------- */
+#ifndef __CUDACC__
+#include <cublas_v2.h>
+
+#define KN_CUDA_STAGE_SEGS 4 /* segments of the pinned staging ring */
+
+struct kn_cuda_ctx {
+  int device;
+  int n_sm; /* streaming multiprocessors */
+  cudaStream_t stream;
+  cublasHandle_t blas;
+
+  /* Staging ring for host index arrays: KN_CUDA_STAGE_SEGS segments of
+   * seg_bytes each, pinned on the host and mirrored on the device. A segment is
+   * reused only after the event recorded when it was left has completed. */
+  unsigned char *stage_host; /* pinned, KN_CUDA_STAGE_SEGS * seg_bytes bytes */
+  unsigned char *stage_dev;  /* device, same size */
+  size_t seg_bytes;          /* bytes per segment */
+  int seg;                   /* current segment */
+  size_t seg_used;           /* bytes used in the current segment */
+  cudaEvent_t seg_done[KN_CUDA_STAGE_SEGS];
+  int seg_pending[KN_CUDA_STAGE_SEGS]; /* seg_done[i] recorded and not yet waited for */
+
+  /* Device scratch shared by the ops (converted activations, gathered rows,
+   * attention partials, reduction results); stream order makes reuse safe. */
+  void *scratch;
+  size_t scratch_bytes;
+
+  /* Pinned host buffer for results copied back (argmax, top-k). */
+  void *result_host;
+  size_t result_bytes;
+};
+
+/* Converts a failed CUDA / cuBLAS call into a cm_err code, logging where. */
+int kn_cuda_fail(cudaError_t e, const char *expr, const char *file, int line);
+int kn_cublas_fail(cublasStatus_t st, const char *expr, const char *file, int line);
+
+#define KN_CUDA_CHECK(call) \
+  do { \
+    cudaError_t kn_e_ = (call); \
+    if (kn_e_ != cudaSuccess) return kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#define KN_CUDA_CHECK_GOTO(call, err, label) \
+  do { \
+    cudaError_t kn_e_ = (call); \
+    if (kn_e_ != cudaSuccess) { \
+      (err) = kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__); \
+      goto label; \
+    } \
+  } while (0)
+
+#define KN_CUBLAS_CHECK(call) \
+  do { \
+    cublasStatus_t kn_s_ = (call); \
+    if (kn_s_ != CUBLAS_STATUS_SUCCESS) return kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#define KN_CUBLAS_CHECK_GOTO(call, err, label) \
+  do { \
+    cublasStatus_t kn_s_ = (call); \
+    if (kn_s_ != CUBLAS_STATUS_SUCCESS) { \
+      (err) = kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__); \
+      goto label; \
+    } \
+  } while (0)
+
+/* Makes ctx's device current in the calling thread (0 or cm_err). */
+int kn_cuda_enter(struct kn_cuda_ctx *c);
+
+/* Reserves bytes (16-byte aligned) in the staging ring: *host is where to
+ * write them, *dev where the device will read them once kn_cuda_stage_push
+ * has been called. Waits only when a segment from the previous lap is still in
+ * flight. 0 or cm_err. */
+int kn_cuda_stage_alloc(struct kn_cuda_ctx *c, size_t bytes, void **host, void **dev);
+/* Issues the host -> device copy of a reservation on the stream. */
+int kn_cuda_stage_push(struct kn_cuda_ctx *c, const void *host, void *dev, size_t bytes);
+/* alloc + memcpy + push: *dev receives the device copy of src[bytes]. */
+int kn_cuda_stage(struct kn_cuda_ctx *c, const void *src, size_t bytes, void **dev);
+
+/* Device scratch of at least bytes (grows, synchronising, when too small). */
+int kn_cuda_scratch(struct kn_cuda_ctx *c, size_t bytes, void **dev);
+/* Pinned host buffer of at least bytes for results. */
+int kn_cuda_result_host(struct kn_cuda_ctx *c, size_t bytes, void **host);
+
+/* Op glue (kn-cuda-ops.c, kn-cuda-gemm.c, kn-cuda-attn.c). */
+int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                     int H, const int32_t *ids, int T, float scale);
+int kn_cuda_op_rmsnorm(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                       int rows, int d, const void *w, enum kn_dtype wdt, float eps,
+                       enum kn_norm_mode mode);
+int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
+                    const int32_t *pos, const float *inv_freq);
+int kn_cuda_op_gelu_mul(void *ctx, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
+                        const float *up, ptrdiff_t ldu, int T, int N);
+int kn_cuda_op_add(void *ctx, float *out, const float *a, const float *b, size_t n);
+int kn_cuda_op_mul(void *ctx, float *out, const float *a, const float *b, size_t n);
+int kn_cuda_op_scale(void *ctx, float *out, const float *a, float s, size_t n);
+int kn_cuda_op_softcap(void *ctx, float *out, const float *a, float cap, size_t n);
+int kn_cuda_op_copy_rows(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                         int rows, int cols);
+int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
+                      int T, int V);
+int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
+                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                        const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
+int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                      const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
+int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows,
+                           int n_rows, int T);
+int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
+                         int n_seqs, int n_heads, int window, float scale, float softcap);
+#endif /* !__CUDACC__ */
+
+#endif

@@ -1,0 +1,146 @@
+/* kn-cuda-ops.c — host side of the CUDA backend's small ops: stage the host
+ * index arrays (token ids, positions, slot mappings), launch the kernel on
+ * the backend's stream, and for the reductions whose results belong to the
+ * host (argmax, router top-k) copy them back through a pinned buffer and
+ * wait. Arguments arrive validated by kn-backend.c. */
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "kernels/cuda/kn-cuda-impl.h"
+
+int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                     int H, const int32_t *ids, int T, float scale) {
+  struct kn_cuda_ctx *c = ctx;
+  void *ids_d;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_stage(c, ids, (size_t)T * sizeof(int32_t), &ids_d);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_embed(c->stream, out, ldo, table, tdt, H, ids_d, T, scale));
+  return 0;
+}
+
+int kn_cuda_op_rmsnorm(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                       int rows, int d, const void *w, enum kn_dtype wdt, float eps,
+                       enum kn_norm_mode mode) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_rmsnorm(c->stream, out, ldo, x, ldx, rows, d, w, wdt, eps, mode));
+  return 0;
+}
+
+int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
+                    const int32_t *pos, const float *inv_freq) {
+  struct kn_cuda_ctx *c = ctx;
+  void *pos_d;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_stage(c, pos, (size_t)T * sizeof(int32_t), &pos_d);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_rope(c->stream, x, ldx, T, heads, D, pos_d, inv_freq));
+  return 0;
+}
+
+int kn_cuda_op_gelu_mul(void *ctx, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
+                        const float *up, ptrdiff_t ldu, int T, int N) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_gelu_mul(c->stream, out, ldo, gate, ldg, up, ldu, T, N));
+  return 0;
+}
+
+static int eltwise(void *ctx, enum kn_cuda_eltwise op, float *out, const float *a, const float *b,
+                   float s, size_t n) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_eltwise(c->stream, op, out, a, b, s, n));
+  return 0;
+}
+
+int kn_cuda_op_add(void *ctx, float *out, const float *a, const float *b, size_t n) {
+  return eltwise(ctx, KN_CUDA_ADD, out, a, b, 0.0f, n);
+}
+
+int kn_cuda_op_mul(void *ctx, float *out, const float *a, const float *b, size_t n) {
+  return eltwise(ctx, KN_CUDA_MUL, out, a, b, 0.0f, n);
+}
+
+int kn_cuda_op_scale(void *ctx, float *out, const float *a, float s, size_t n) {
+  return eltwise(ctx, KN_CUDA_SCALE, out, a, NULL, s, n);
+}
+
+int kn_cuda_op_softcap(void *ctx, float *out, const float *a, float cap, size_t n) {
+  return eltwise(ctx, KN_CUDA_SOFTCAP, out, a, NULL, cap, n);
+}
+
+int kn_cuda_op_copy_rows(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                         int rows, int cols) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  size_t width = (size_t)cols * sizeof(float);
+  /* a single row may come with any stride; cudaMemcpy2D wants pitch >= width */
+  size_t dp = rows == 1 ? width : (size_t)ldd * sizeof(float);
+  size_t sp = rows == 1 ? width : (size_t)lds * sizeof(float);
+  KN_CUDA_CHECK(cudaMemcpy2DAsync(dst, dp, src, sp, width, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                  c->stream));
+  return 0;
+}
+
+int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                        const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
+  struct kn_cuda_ctx *c = ctx;
+  void *slots_d;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_stage(c, slot_mapping, (size_t)T * sizeof(int32_t), &slots_d);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_kv_write(c->stream, view, slots_d, k, ldk, v, ldv, T));
+  return 0;
+}
+
+/* ---- reductions with host results ----------------------------------------- */
+
+int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
+                      int T, int V) {
+  struct kn_cuda_ctx *c = ctx;
+  size_t n = (size_t)T;
+  void *dev, *host;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_scratch(c, n * 8, &dev);
+  if (!err) err = kn_cuda_result_host(c, n * 8, &host);
+  if (err) return err;
+  int32_t *ids_d = dev;
+  float *max_d = (float *)(ids_d + n); /* ids then maxima, contiguous: one copy back */
+  KN_CUDA_CHECK(kn_cuda_launch_argmax(c->stream, ids_d, max_d, logits, ld, T, V));
+  KN_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * 8, cudaMemcpyDeviceToHost, c->stream));
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  memcpy(ids, host, n * sizeof(int32_t));
+  if (max_out) memcpy(max_out, (const int32_t *)host + n, n * sizeof(float));
+  return 0;
+}
+
+int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
+                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale) {
+  struct kn_cuda_ctx *c = ctx;
+  if (E > KN_CUDA_TOPK_MAX_E) {
+    cm_debug("cuda", "router_topk: %d experts (at most %d)", E, KN_CUDA_TOPK_MAX_E);
+    return CM_ERR_UNSUPPORTED;
+  }
+  size_t n = (size_t)T * (size_t)k;
+  void *dev, *host;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_scratch(c, n * 8, &dev);
+  if (!err) err = kn_cuda_result_host(c, n * 8, &host);
+  if (err) return err;
+  int32_t *ids_d = dev;
+  float *w_d = (float *)(ids_d + n);
+  KN_CUDA_CHECK(
+      kn_cuda_launch_router_topk(c->stream, ids_d, w_d, logits, ld, T, E, k, expert_scale));
+  KN_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * 8, cudaMemcpyDeviceToHost, c->stream));
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  memcpy(ids, host, n * sizeof(int32_t));
+  memcpy(weights, (const int32_t *)host + n, n * sizeof(float));
+  return 0;
+}

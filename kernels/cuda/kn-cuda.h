@@ -1,0 +1,28 @@
+/* kn-cuda.h — the CUDA kernel backend: the kn-backend.h ops on one NVIDIA
+ * device, on one stream per backend, with cuBLAS for the dense GEMMs.
+ *
+ * Memory hooks are cudaMalloc / cudaFree / cudaMemcpyAsync on the backend's
+ * stream, so kn_alloc'd pointers are device memory. Host index arrays (token
+ * ids, positions, slot mappings, block tables, sequence descriptors) are
+ * staged through a pinned ring buffer; ops stay asynchronous except those
+ * whose results land in host memory (kn_download, kn_argmax, kn_router_topk),
+ * which wait for the stream.
+ *
+ * This header is plain C and builds without CUDA: when the build has no CUDA
+ * (LMSERVE_HAVE_CUDA == 0) the functions below are not compiled at all, so
+ * guard calls with `#if LMSERVE_HAVE_CUDA` (lmserve-config.h). */
+#ifndef LMSERVE_KN_CUDA_H
+#define LMSERVE_KN_CUDA_H
+#include "kernels/kn-backend.h"
+
+/* Number of CUDA devices visible to this process; 0 when there is no device,
+ * no driver, or the runtime fails to initialise (never an error). */
+int kn_cuda_device_count(void);
+
+/* Creates a CUDA backend on device `device` (0 <= device < kn_cuda_device_count()).
+ * Returns the backend (destroy with kn_backend_destroy), or NULL with *err
+ * (when err is not NULL) set to CM_ERR_INVAL (bad device index),
+ * CM_ERR_DEVICE (CUDA / cuBLAS initialisation failed) or CM_ERR_NOMEM. */
+struct kn_backend *kn_cuda_backend_create(int device, int *err);
+
+#endif
