@@ -51,7 +51,7 @@ void pr_msg_init(struct pr_msg *m, enum pr_type type) {
 
 int pr_dec_key(struct pr_rd *r, uint64_t *seen, int level, uint32_t *key) {
   uint64_t k;
-  PR_TRY(pr_rd_key(r, &k));
+  PR_TRY(pr_rd_key(r, PR_MAX_DEPTH - level, &k));
   if (k >= 64) {
     *key = PR_KEY_NONE;
     return pr_dec_skip(r, level);

@@ -257,11 +257,11 @@ int pr_rd_skip(struct pr_rd *r, int depth) {
   }
 }
 
-int pr_rd_key(struct pr_rd *r, uint64_t *key) {
+int pr_rd_key(struct pr_rd *r, int depth, uint64_t *key) {
   int rc = pr_rd_uint(r, UINT32_MAX, key);
   if (rc == CM_ERR_PARSE || rc == CM_ERR_RANGE) {
     *key = UINT64_MAX;
-    return pr_rd_skip(r, PR_MAX_DEPTH);
+    return pr_rd_skip(r, depth);
   }
   return rc;
 }

@@ -49,8 +49,9 @@ int pr_rd_str(struct pr_rd *r, const char **s, uint32_t *n);
 /* Skips one value of any type, nested at most `depth` levels. */
 int pr_rd_skip(struct pr_rd *r, int depth);
 /* Reads a map key: an unsigned integer < 2^32 in *key (returns 0), or any other
- * value, which is skipped and *key set to UINT64_MAX (unknown). */
-int pr_rd_key(struct pr_rd *r, uint64_t *key);
+ * value, which is skipped (nested at most `depth` levels) and *key set to
+ * UINT64_MAX (unknown). */
+int pr_rd_key(struct pr_rd *r, int depth, uint64_t *key);
 
 /* ---- writer ---- */
 void pr_wr_uint(struct pr_buf *b, uint64_t v);

@@ -21,7 +21,18 @@
  *
  * Conventions: token ids are u32; request/sequence ids u64; times are wall-clock
  * nanoseconds since the Unix epoch (cm_time_wall_ns) unless a field says "ns
- * duration"; a struct pr_*s slice with n == 0 may have v == NULL. */
+ * duration"; a struct pr_*s slice with n == 0 may have v == NULL.
+ *
+ * Sending: pr_msg_init(&m, PR_STEP), fill m.u.step (slices and record arrays
+ * borrow the caller's memory, nothing is copied until encoding), then
+ * pr_sock_send() (pr-zmq.h) or pr_msg_encode() into a reused struct pr_buf.
+ *
+ * Receiving: one arena per socket, e.g. cm_arena_init(&a, 1 << 20, 256 << 20);
+ * per message pr_sock_recv(..., &a, ...) or pr_msg_decode(), use the message,
+ * cm_arena_reset(&a). A first chunk as large as a usual message means no
+ * allocation per message. Size the cap for the largest legitimate message:
+ * decoded u32 arrays take up to 4 bytes per encoded byte, records more; past
+ * the cap decoding fails with CM_ERR_NOMEM instead of growing. */
 #ifndef LMSERVE_PR_MSG_H
 #define LMSERVE_PR_MSG_H
 #include <stdbool.h>

@@ -237,3 +237,21 @@ TH_TEST(writer_cap_and_reuse) {
   TH_CHECK_EQ_INT(pr_rd_left(&r), 0);
   pr_buf_free(&b);
 }
+
+TH_TEST(map_keys) {
+  struct pr_rd r;
+  uint64_t k;
+  static const uint8_t keys[] = {0x07, 0xa1, 'x', 0xff, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0, 0x92, 0x01, 0x02};
+  pr_rd_init(&r, keys, sizeof(keys));
+  TH_CHECK_EQ_INT(pr_rd_key(&r, 4, &k), 0);
+  TH_CHECK(k == 7);
+  TH_CHECK_EQ_INT(pr_rd_key(&r, 4, &k), 0); /* a string key: skipped, unknown */
+  TH_CHECK(k == UINT64_MAX);
+  TH_CHECK_EQ_INT(pr_rd_key(&r, 4, &k), 0); /* negative */
+  TH_CHECK(k == UINT64_MAX);
+  TH_CHECK_EQ_INT(pr_rd_key(&r, 4, &k), 0); /* >= 2^32 */
+  TH_CHECK(k == UINT64_MAX);
+  TH_CHECK_EQ_INT(pr_rd_key(&r, 0, &k), CM_ERR_DEPTH); /* an array, no depth left */
+  TH_CHECK_EQ_INT(pr_rd_key(&r, 1, &k), 0);
+  TH_CHECK_EQ_INT(pr_rd_left(&r), 0);
+}

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/cm-err.h"
@@ -224,5 +225,82 @@ TH_TEST(endpoint_naming) {
   unsetenv("LMSERVE_RUNTIME_DIR");
   unlink(file);
   rmdir(dir);
+  rmdir(base);
+}
+
+/* A ROUTER in a child process echoes every message back to its sender; the
+ * parent's DEALER sends every sample over ipc and checks the echoes. */
+TH_TEST(dealer_router_across_processes) {
+  char base[] = "/tmp/lmserve-proto-proc-XXXXXX";
+  TH_REQUIRE(mkdtemp(base) != NULL);
+  char dir[256], ep[300];
+  TH_REQUIRE(pr_runtime_dir(base, dir, sizeof(dir)) == 0);
+  TH_REQUIRE(pr_endpoint(dir, "echo", ep, sizeof(ep)) == 0);
+  int ready[2];
+  TH_REQUIRE(pipe(ready) == 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  TH_REQUIRE(pid >= 0);
+  if (pid == 0) {
+    /* child: its own context, created after the fork */
+    close(ready[0]);
+    void *ctx = zmq_ctx_new();
+    struct pr_sock *r = NULL;
+    struct cm_arena a;
+    int status = 1;
+    cm_arena_init(&a, 1 << 16, 8u << 20);
+    if (!ctx || pr_sock_open(ctx, ZMQ_ROUTER, 0, &r) || pr_sock_set_timeouts(r, 10000, 10000) ||
+        pr_sock_bind(r, ep))
+      _exit(2);
+    if (write(ready[1], "x", 1) != 1) _exit(3);
+    for (int i = 0; i < prs_count(); i++) {
+      struct pr_msg m;
+      struct pr_rid from;
+      if (pr_sock_recv(r, &from, &m, &a, 0) || pr_sock_send(r, &from, &m, 0)) goto out;
+      cm_arena_reset(&a);
+    }
+    status = 0;
+  out:
+    pr_sock_close(r);
+    cm_arena_free(&a);
+    zmq_ctx_term(ctx);
+    _exit(status);
+  }
+  close(ready[1]);
+  char c;
+  TH_REQUIRE(read(ready[0], &c, 1) == 1);
+  close(ready[0]);
+  void *ctx = zmq_ctx_new();
+  struct pr_sock *d;
+  TH_REQUIRE(pr_sock_open(ctx, ZMQ_DEALER, 0, &d) == 0);
+  TH_REQUIRE(pr_sock_set_timeouts(d, 10000, 10000) == 0);
+  TH_REQUIRE(pr_sock_connect(d, ep) == 0);
+  struct cm_arena a;
+  cm_arena_init(&a, 1 << 16, 8u << 20);
+  int echoed = 0;
+  for (int i = 0; i < prs_count(); i++) {
+    struct pr_msg m, got;
+    const char *name;
+    prs_build(i, &m, &name);
+    if (pr_sock_send(d, NULL, &m, 0) != 0) break;
+    int rc = pr_sock_recv(d, NULL, &got, &a, 0);
+    if (rc) {
+      th_fail(__FILE__, __LINE__, "%s: echo: %s", name, cm_strerror(rc));
+      break;
+    }
+    if (!pr_msg_equal(&m, &got)) th_fail(__FILE__, __LINE__, "%s: echo differs", name);
+    echoed++;
+    cm_arena_reset(&a);
+  }
+  TH_CHECK_EQ_INT(echoed, prs_count());
+  int st = -1;
+  TH_CHECK(waitpid(pid, &st, 0) == pid);
+  TH_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  cm_arena_free(&a);
+  pr_sock_close(d);
+  zmq_ctx_term(ctx);
+  char path[400];
+  snprintf(path, sizeof(path), "%s/echo.sock", dir);
+  unlink(path);
   rmdir(base);
 }
