@@ -29,7 +29,9 @@ const char *pr_type_name(enum pr_type t) {
   return "?";
 }
 
-bool pr_type_known(unsigned t) { return t <= 0xff && pr_type_name((enum pr_type)t)[0] != '?'; }
+bool pr_type_known(unsigned t) {
+  return t <= 0xff && pr_type_name((enum pr_type)t)[0] != '?';
+}
 
 void pr_sampling_default(struct pr_sampling *s) {
   memset(s, 0, sizeof(*s));
@@ -62,7 +64,9 @@ int pr_dec_key(struct pr_rd *r, uint64_t *seen, int level, uint32_t *key) {
   return 0;
 }
 
-int pr_dec_skip(struct pr_rd *r, int level) { return pr_rd_skip(r, PR_MAX_DEPTH - level); }
+int pr_dec_skip(struct pr_rd *r, int level) {
+  return pr_rd_skip(r, PR_MAX_DEPTH - level);
+}
 
 int pr_dec_records(struct cm_arena *a, uint32_t n, size_t size, void **out) {
   *out = NULL;
@@ -78,7 +82,8 @@ int pr_dec_u32s(struct pr_rd *r, struct cm_arena *a, uint32_t max_n, struct pr_u
   if (n > max_n) return CM_ERR_TOOBIG;
   PR_TRY(pr_dec_records(a, n, sizeof(uint32_t), &mem));
   uint32_t *v = mem;
-  for (uint32_t i = 0; i < n; i++) PR_TRY(pr_rd_u32(r, &v[i]));
+  for (uint32_t i = 0; i < n; i++)
+    PR_TRY(pr_rd_u32(r, &v[i]));
   out->v = v;
   out->n = n;
   return 0;
@@ -90,7 +95,8 @@ int pr_dec_u64s(struct pr_rd *r, struct cm_arena *a, struct pr_u64s *out) {
   PR_TRY(pr_rd_array(r, &n));
   PR_TRY(pr_dec_records(a, n, sizeof(uint64_t), &mem));
   uint64_t *v = mem;
-  for (uint32_t i = 0; i < n; i++) PR_TRY(pr_rd_u64(r, &v[i]));
+  for (uint32_t i = 0; i < n; i++)
+    PR_TRY(pr_rd_u64(r, &v[i]));
   out->v = v;
   out->n = n;
   return 0;
@@ -142,10 +148,14 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
   if (c < 0x80) return 1;
   size_t len;
   uint32_t cp, min;
-  if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1f, min = 0x80;
-  else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0f, min = 0x800;
-  else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07, min = 0x10000;
-  else return 0;
+  if ((c & 0xe0) == 0xc0)
+    len = 2, cp = c & 0x1f, min = 0x80;
+  else if ((c & 0xf0) == 0xe0)
+    len = 3, cp = c & 0x0f, min = 0x800;
+  else if ((c & 0xf8) == 0xf0)
+    len = 4, cp = c & 0x07, min = 0x10000;
+  else
+    return 0;
   if (n < len) return 0;
   for (size_t i = 1; i < len; i++) {
     if ((s[i] & 0xc0) != 0x80) return 0;
@@ -237,25 +247,31 @@ int pr_dec_logprobs(struct pr_rd *r, struct cm_arena *a, int level, struct pr_lo
 
 void pr_enc_u32s(struct pr_buf *b, struct pr_u32s s) {
   pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++) pr_wr_uint(b, s.v[i]);
+  for (uint32_t i = 0; i < s.n; i++)
+    pr_wr_uint(b, s.v[i]);
 }
 
 void pr_enc_u64s(struct pr_buf *b, struct pr_u64s s) {
   pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++) pr_wr_uint(b, s.v[i]);
+  for (uint32_t i = 0; i < s.n; i++)
+    pr_wr_uint(b, s.v[i]);
 }
 
 void pr_enc_i32s(struct pr_buf *b, struct pr_i32s s) {
   pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++) pr_wr_int(b, s.v[i]);
+  for (uint32_t i = 0; i < s.n; i++)
+    pr_wr_int(b, s.v[i]);
 }
 
 void pr_enc_f32s(struct pr_buf *b, struct pr_f32s s) {
   pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++) pr_wr_f32(b, s.v[i]);
+  for (uint32_t i = 0; i < s.n; i++)
+    pr_wr_f32(b, s.v[i]);
 }
 
-void pr_enc_str(struct pr_buf *b, const char *s) { pr_wr_str(b, s ? s : "", s ? strlen(s) : 0); }
+void pr_enc_str(struct pr_buf *b, const char *s) {
+  pr_wr_str(b, s ? s : "", s ? strlen(s) : 0);
+}
 
 void pr_enc_sampling(struct pr_buf *b, const struct pr_sampling *s) {
   pr_wr_map(b, s->has_seed ? 10 : 9);
@@ -282,7 +298,9 @@ void pr_enc_logprobs(struct pr_buf *b, const struct pr_logprobs *lp) {
 /* ======================================================================== */
 /* validation helpers                                                        */
 
-static bool in(float x, float lo, float hi) { return x >= lo && x <= hi; }
+static bool in(float x, float lo, float hi) {
+  return x >= lo && x <= hi;
+}
 
 int pr_check_sampling(const struct pr_sampling *s) {
   if (!in(s->temperature, 0.0f, FLT_MAX)) return CM_ERR_RANGE;
@@ -296,7 +314,9 @@ int pr_check_sampling(const struct pr_sampling *s) {
   return 0;
 }
 
-int pr_check_slice(const void *v, uint32_t n) { return n && !v ? CM_ERR_INVAL : 0; }
+int pr_check_slice(const void *v, uint32_t n) {
+  return n && !v ? CM_ERR_INVAL : 0;
+}
 
 int pr_check_logprobs(const struct pr_logprobs *lp, uint32_t n_tokens) {
   PR_TRY(pr_check_slice(lp->sampled.v, lp->sampled.n));

@@ -34,13 +34,17 @@ static int mkdir_p(char *path) {
 int pr_runtime_dir(const char *base, char *out, size_t out_len) {
   const char *env;
   int n;
-  if (base && *base) n = snprintf(out, out_len, "%s", base);
-  else if ((env = getenv("LMSERVE_RUNTIME_DIR")) && *env) n = snprintf(out, out_len, "%s", env);
+  if (base && *base)
+    n = snprintf(out, out_len, "%s", base);
+  else if ((env = getenv("LMSERVE_RUNTIME_DIR")) && *env)
+    n = snprintf(out, out_len, "%s", env);
   else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
     n = snprintf(out, out_len, "%s/lmserve", env);
-  else n = snprintf(out, out_len, "/tmp/lmserve-%u", (unsigned)geteuid());
+  else
+    n = snprintf(out, out_len, "/tmp/lmserve-%u", (unsigned)geteuid());
   if (n < 0 || (size_t)n >= out_len) return CM_ERR_TOOBIG;
-  while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+  while (n > 1 && out[n - 1] == '/')
+    out[--n] = 0;
   if (out[0] != '/') {
     cm_error("pr", "runtime directory %s: not an absolute path", out);
     return CM_ERR_INVAL;
@@ -64,7 +68,9 @@ int pr_runtime_dir(const char *base, char *out, size_t out_len) {
   return 0;
 }
 
-static int has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+static int has_prefix(const char *s, const char *p) {
+  return strncmp(s, p, strlen(p)) == 0;
+}
 
 int pr_endpoint(const char *dir, const char *name, char *out, size_t out_len) {
   int n;
@@ -72,7 +78,8 @@ int pr_endpoint(const char *dir, const char *name, char *out, size_t out_len) {
   if (has_prefix(name, "tcp://") || has_prefix(name, "ipc://") || has_prefix(name, "inproc://")) {
     n = snprintf(out, out_len, "%s", name);
     if (n < 0 || (size_t)n >= out_len) return CM_ERR_TOOBIG;
-    if (has_prefix(name, "ipc://") && strlen(name) - 6 >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    if (has_prefix(name, "ipc://") &&
+        strlen(name) - 6 >= sizeof(((struct sockaddr_un *)0)->sun_path))
       return CM_ERR_TOOBIG;
     return 0;
   }

@@ -13,7 +13,8 @@
 
 static uint64_t be(const uint8_t *p, int n) {
   uint64_t v = 0;
-  for (int i = 0; i < n; i++) v = v << 8 | p[i];
+  for (int i = 0; i < n; i++)
+    v = v << 8 | p[i];
   return v;
 }
 
@@ -45,26 +46,35 @@ static int rd_anyint(struct pr_rd *r, int *neg, uint64_t *mag) {
     return 0;
   }
   switch (c) {
-  case 0xcc: case 0xcd: case 0xce: case 0xcf:
+  case 0xcc:
+  case 0xcd:
+  case 0xce:
+  case 0xcf:
     r->p++;
     if ((rc = take(r, 1 << (c - 0xcc), &v))) return rc;
     *mag = v;
     return 0;
-  case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+  case 0xd0:
+  case 0xd1:
+  case 0xd2:
+  case 0xd3: {
     int n = 1 << (c - 0xd0);
     r->p++;
     if ((rc = take(r, n, &v))) return rc;
     int64_t s;
-    if (n == 1) s = (int8_t)v;
-    else if (n == 2) s = (int16_t)v;
-    else if (n == 4) s = (int32_t)v;
-    else s = (int64_t)v;
+    if (n == 1)
+      s = (int8_t)v;
+    else if (n == 2)
+      s = (int16_t)v;
+    else if (n == 4)
+      s = (int32_t)v;
+    else
+      s = (int64_t)v;
     *neg = s < 0;
     *mag = (uint64_t)s;
     return 0;
   }
-  default:
-    return CM_ERR_PARSE;
+  default: return CM_ERR_PARSE;
   }
 }
 
@@ -103,7 +113,9 @@ range:
   return CM_ERR_RANGE;
 }
 
-int pr_rd_u64(struct pr_rd *r, uint64_t *out) { return pr_rd_uint(r, UINT64_MAX, out); }
+int pr_rd_u64(struct pr_rd *r, uint64_t *out) {
+  return pr_rd_uint(r, UINT64_MAX, out);
+}
 
 int pr_rd_u32(struct pr_rd *r, uint32_t *out) {
   uint64_t v;
@@ -169,10 +181,14 @@ static int rd_len(struct pr_rd *r, uint8_t fix_lo, uint8_t fix_mask, uint8_t b8,
     return 0;
   }
   r->p++;
-  if (b8 && c == b8) rc = take(r, 1, n);
-  else if (c == b16) rc = take(r, 2, n);
-  else if (c == b32) rc = take(r, 4, n);
-  else rc = CM_ERR_PARSE;
+  if (b8 && c == b8)
+    rc = take(r, 1, n);
+  else if (c == b16)
+    rc = take(r, 2, n);
+  else if (c == b32)
+    rc = take(r, 4, n);
+  else
+    rc = CM_ERR_PARSE;
   if (rc) r->p = start;
   return rc;
 }
@@ -239,21 +255,32 @@ int pr_rd_skip(struct pr_rd *r, int depth) {
   }
   r->p++;
   switch (c) {
-  case 0xc4: case 0xc5: case 0xc6: /* bin 8/16/32 */
+  case 0xc4:
+  case 0xc5:
+  case 0xc6: /* bin 8/16/32 */
     if ((rc = take(r, 1 << (c - 0xc4), &v))) return rc;
     return skip_bytes(r, v);
-  case 0xc7: case 0xc8: case 0xc9: /* ext 8/16/32: length, type, data */
+  case 0xc7:
+  case 0xc8:
+  case 0xc9: /* ext 8/16/32: length, type, data */
     if ((rc = take(r, 1 << (c - 0xc7), &v))) return rc;
     return skip_bytes(r, v + 1);
   case 0xca: return skip_bytes(r, 4);
   case 0xcb: return skip_bytes(r, 8);
-  case 0xcc: case 0xcd: case 0xce: case 0xcf: return skip_bytes(r, 1u << (c - 0xcc));
-  case 0xd0: case 0xd1: case 0xd2: case 0xd3: return skip_bytes(r, 1u << (c - 0xd0));
-  case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: /* fixext: type + 1..16 */
-    return skip_bytes(r, 1 + (1u << (c - 0xd4)));
-  default: /* 0xc1 */
-    r->p--;
-    return CM_ERR_PARSE;
+  case 0xcc:
+  case 0xcd:
+  case 0xce:
+  case 0xcf: return skip_bytes(r, 1u << (c - 0xcc));
+  case 0xd0:
+  case 0xd1:
+  case 0xd2:
+  case 0xd3: return skip_bytes(r, 1u << (c - 0xd0));
+  case 0xd4:
+  case 0xd5:
+  case 0xd6:
+  case 0xd7:
+  case 0xd8: /* fixext: type + 1..16 */ return skip_bytes(r, 1 + (1u << (c - 0xd4)));
+  default: /* 0xc1 */ r->p--; return CM_ERR_PARSE;
   }
 }
 

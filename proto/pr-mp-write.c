@@ -35,7 +35,8 @@ static uint8_t *reserve(struct pr_buf *b, size_t n) {
   }
   if (b->len + n > b->cap) {
     size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + n) cap = cap > b->max / 2 ? b->max : cap * 2;
+    while (cap < b->len + n)
+      cap = cap > b->max / 2 ? b->max : cap * 2;
     uint8_t *d = realloc(b->data, cap);
     if (!d) {
       b->err = CM_ERR_NOMEM;
@@ -54,24 +55,36 @@ static void put(struct pr_buf *b, uint8_t c, uint64_t v, int n) {
   uint8_t *p = reserve(b, 1 + (size_t)n);
   if (!p) return;
   p[0] = c;
-  for (int i = 0; i < n; i++) p[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
+  for (int i = 0; i < n; i++)
+    p[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
 }
 
 void pr_wr_uint(struct pr_buf *b, uint64_t v) {
-  if (v <= 0x7f) put(b, (uint8_t)v, 0, 0);
-  else if (v <= UINT8_MAX) put(b, 0xcc, v, 1);
-  else if (v <= UINT16_MAX) put(b, 0xcd, v, 2);
-  else if (v <= UINT32_MAX) put(b, 0xce, v, 4);
-  else put(b, 0xcf, v, 8);
+  if (v <= 0x7f)
+    put(b, (uint8_t)v, 0, 0);
+  else if (v <= UINT8_MAX)
+    put(b, 0xcc, v, 1);
+  else if (v <= UINT16_MAX)
+    put(b, 0xcd, v, 2);
+  else if (v <= UINT32_MAX)
+    put(b, 0xce, v, 4);
+  else
+    put(b, 0xcf, v, 8);
 }
 
 void pr_wr_int(struct pr_buf *b, int64_t v) {
-  if (v >= 0) pr_wr_uint(b, (uint64_t)v);
-  else if (v >= -32) put(b, (uint8_t)(int8_t)v, 0, 0);
-  else if (v >= INT8_MIN) put(b, 0xd0, (uint8_t)(int8_t)v, 1);
-  else if (v >= INT16_MIN) put(b, 0xd1, (uint16_t)(int16_t)v, 2);
-  else if (v >= INT32_MIN) put(b, 0xd2, (uint32_t)(int32_t)v, 4);
-  else put(b, 0xd3, (uint64_t)v, 8);
+  if (v >= 0)
+    pr_wr_uint(b, (uint64_t)v);
+  else if (v >= -32)
+    put(b, (uint8_t)(int8_t)v, 0, 0);
+  else if (v >= INT8_MIN)
+    put(b, 0xd0, (uint8_t)(int8_t)v, 1);
+  else if (v >= INT16_MIN)
+    put(b, 0xd1, (uint16_t)(int16_t)v, 2);
+  else if (v >= INT32_MIN)
+    put(b, 0xd2, (uint32_t)(int32_t)v, 4);
+  else
+    put(b, 0xd3, (uint64_t)v, 8);
 }
 
 void pr_wr_f32(struct pr_buf *b, float v) {
@@ -86,20 +99,30 @@ void pr_wr_f64(struct pr_buf *b, double v) {
   put(b, 0xcb, u, 8);
 }
 
-void pr_wr_bool(struct pr_buf *b, int v) { put(b, v ? 0xc3 : 0xc2, 0, 0); }
+void pr_wr_bool(struct pr_buf *b, int v) {
+  put(b, v ? 0xc3 : 0xc2, 0, 0);
+}
 
-void pr_wr_nil(struct pr_buf *b) { put(b, 0xc0, 0, 0); }
+void pr_wr_nil(struct pr_buf *b) {
+  put(b, 0xc0, 0, 0);
+}
 
 void pr_wr_array(struct pr_buf *b, uint32_t n) {
-  if (n <= 15) put(b, (uint8_t)(0x90 | n), 0, 0);
-  else if (n <= UINT16_MAX) put(b, 0xdc, n, 2);
-  else put(b, 0xdd, n, 4);
+  if (n <= 15)
+    put(b, (uint8_t)(0x90 | n), 0, 0);
+  else if (n <= UINT16_MAX)
+    put(b, 0xdc, n, 2);
+  else
+    put(b, 0xdd, n, 4);
 }
 
 void pr_wr_map(struct pr_buf *b, uint32_t n) {
-  if (n <= 15) put(b, (uint8_t)(0x80 | n), 0, 0);
-  else if (n <= UINT16_MAX) put(b, 0xde, n, 2);
-  else put(b, 0xdf, n, 4);
+  if (n <= 15)
+    put(b, (uint8_t)(0x80 | n), 0, 0);
+  else if (n <= UINT16_MAX)
+    put(b, 0xde, n, 2);
+  else
+    put(b, 0xdf, n, 4);
 }
 
 void pr_wr_str(struct pr_buf *b, const char *s, size_t n) {
@@ -107,10 +130,14 @@ void pr_wr_str(struct pr_buf *b, const char *s, size_t n) {
     if (!b->err) b->err = CM_ERR_TOOBIG;
     return;
   }
-  if (n <= 31) put(b, (uint8_t)(0xa0 | n), 0, 0);
-  else if (n <= UINT8_MAX) put(b, 0xd9, n, 1);
-  else if (n <= UINT16_MAX) put(b, 0xda, n, 2);
-  else put(b, 0xdb, n, 4);
+  if (n <= 31)
+    put(b, (uint8_t)(0xa0 | n), 0, 0);
+  else if (n <= UINT8_MAX)
+    put(b, 0xd9, n, 1);
+  else if (n <= UINT16_MAX)
+    put(b, 0xda, n, 2);
+  else
+    put(b, 0xdb, n, 4);
   uint8_t *p = reserve(b, n);
   if (p && n) memcpy(p, s, n);
 }

@@ -29,7 +29,9 @@ static inline void pr_rd_init(struct pr_rd *r, const void *buf, size_t len) {
   r->p = (const uint8_t *)buf;
   r->end = r->p + len;
 }
-static inline size_t pr_rd_left(const struct pr_rd *r) { return (size_t)(r->end - r->p); }
+static inline size_t pr_rd_left(const struct pr_rd *r) {
+  return (size_t)(r->end - r->p);
+}
 
 /* Unsigned integer of any msgpack int encoding in [0, max]. */
 int pr_rd_uint(struct pr_rd *r, uint64_t max, uint64_t *out);

@@ -7,7 +7,7 @@
 
 #include "proto/pr-msg.h"
 
-#define EQ(f) (a->f == b->f)
+#define EQ(f)  (a->f == b->f)
 #define FEQ(f) (memcmp(&a->f, &b->f, sizeof(float)) == 0)
 
 static bool slice_eq(const void *x, const void *y, uint32_t nx, uint32_t ny, size_t elem) {
@@ -37,14 +37,13 @@ static bool logprobs_eq(const struct pr_logprobs *a, const struct pr_logprobs *b
 
 static bool add_eq(const struct pr_add *a, const struct pr_add *b) {
   return EQ(request_id) && SEQ(prompt) && sampling_eq(&a->sampling, &b->sampling) &&
-         EQ(max_tokens) && EQ(min_tokens) && SEQ(stop_token_ids) && EQ(priority) &&
-         EQ(arrival_ns);
+         EQ(max_tokens) && EQ(min_tokens) && SEQ(stop_token_ids) && EQ(priority) && EQ(arrival_ns);
 }
 
 static bool out_seq_eq(const struct pr_out_seq *a, const struct pr_out_seq *b) {
-  return EQ(request_id) && SEQ(tokens) && logprobs_eq(&a->logprobs, &b->logprobs) &&
-         EQ(finish) && EQ(stop_token) && EQ(n_prompt_tokens) && EQ(n_cached_tokens) &&
-         EQ(queued_ns) && EQ(scheduled_ns) && EQ(first_token_ns);
+  return EQ(request_id) && SEQ(tokens) && logprobs_eq(&a->logprobs, &b->logprobs) && EQ(finish) &&
+         EQ(stop_token) && EQ(n_prompt_tokens) && EQ(n_cached_tokens) && EQ(queued_ns) &&
+         EQ(scheduled_ns) && EQ(first_token_ns);
 }
 
 static bool out_eq(const struct pr_out *a, const struct pr_out *b) {
@@ -57,10 +56,9 @@ static bool out_eq(const struct pr_out *a, const struct pr_out *b) {
 static bool pong_eq(const struct pr_pong *a, const struct pr_pong *b) {
   return EQ(nonce) && EQ(ping_send_ns) && EQ(num_running) && EQ(num_waiting) &&
          memcmp(&a->kv_usage, &b->kv_usage, sizeof(double)) == 0 && EQ(workers_ready) &&
-         EQ(world_size) && EQ(max_model_len) && EQ(prefix_cache_queries) &&
-         EQ(prefix_cache_hits) && EQ(num_preemptions) && EQ(spec_num_drafts) &&
-         EQ(spec_num_draft_tokens) && EQ(spec_num_accepted_tokens) && EQ(prompt_tokens) &&
-         EQ(generation_tokens);
+         EQ(world_size) && EQ(max_model_len) && EQ(prefix_cache_queries) && EQ(prefix_cache_hits) &&
+         EQ(num_preemptions) && EQ(spec_num_drafts) && EQ(spec_num_draft_tokens) &&
+         EQ(spec_num_accepted_tokens) && EQ(prompt_tokens) && EQ(generation_tokens);
 }
 
 static bool step_seq_eq(const struct pr_step_seq *a, const struct pr_step_seq *b) {
@@ -93,8 +91,8 @@ static bool ready_eq(const struct pr_ready *a, const struct pr_ready *b) {
 }
 
 static bool result_seq_eq(const struct pr_result_seq *a, const struct pr_result_seq *b) {
-  return EQ(seq_id) && SEQ(tokens) && EQ(num_accepted) &&
-         logprobs_eq(&a->logprobs, &b->logprobs) && SEQ(drafts);
+  return EQ(seq_id) && SEQ(tokens) && EQ(num_accepted) && logprobs_eq(&a->logprobs, &b->logprobs) &&
+         SEQ(drafts);
 }
 
 static bool result_eq(const struct pr_result *a, const struct pr_result *b) {

@@ -128,7 +128,8 @@ static void enc_out_seq(struct pr_buf *b, const struct pr_out_seq *s) {
 void pr_enc_out(struct pr_buf *b, const struct pr_out *m) {
   pr_wr_map(b, 1);
   pr_wr_uint(b, PR_K_OUT_SEQS), pr_wr_array(b, m->n_seqs);
-  for (uint32_t i = 0; i < m->n_seqs; i++) enc_out_seq(b, &m->seqs[i]);
+  for (uint32_t i = 0; i < m->n_seqs; i++)
+    enc_out_seq(b, &m->seqs[i]);
 }
 
 static int dec_out_seq(struct pr_rd *r, struct cm_arena *a, struct pr_out_seq *s) {
@@ -142,9 +143,7 @@ static int dec_out_seq(struct pr_rd *r, struct cm_arena *a, struct pr_out_seq *s
     case PR_KEY_NONE: break;
     case PR_K_OSEQ_ID: PR_TRY(pr_rd_u64(r, &s->request_id)); break;
     case PR_K_OSEQ_TOKENS: PR_TRY(pr_dec_u32s(r, a, UINT32_MAX, &s->tokens)); break;
-    case PR_K_OSEQ_LOGPROBS:
-      PR_TRY(pr_dec_logprobs(r, a, PR_LVL_REC + 1, &s->logprobs));
-      break;
+    case PR_K_OSEQ_LOGPROBS: PR_TRY(pr_dec_logprobs(r, a, PR_LVL_REC + 1, &s->logprobs)); break;
     case PR_K_OSEQ_FINISH:
       PR_TRY(pr_rd_uint(r, PR_FINISH_ERROR, &v));
       s->finish = (uint8_t)v;
@@ -176,7 +175,8 @@ int pr_dec_out(struct pr_rd *r, struct cm_arena *a, struct pr_out *m) {
       PR_TRY(pr_rd_array(r, &m->n_seqs));
       PR_TRY(pr_dec_records(a, m->n_seqs, sizeof(*m->seqs), &mem));
       m->seqs = mem;
-      for (uint32_t j = 0; j < m->n_seqs; j++) PR_TRY(dec_out_seq(r, a, &m->seqs[j]));
+      for (uint32_t j = 0; j < m->n_seqs; j++)
+        PR_TRY(dec_out_seq(r, a, &m->seqs[j]));
       break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
     }
@@ -224,7 +224,9 @@ int pr_dec_err(struct pr_rd *r, struct cm_arena *a, struct pr_err *m) {
   return seen & PR_BIT(PR_K_ERR_CODE) ? 0 : CM_ERR_PARSE;
 }
 
-int pr_check_err(const struct pr_err *m) { return pr_check_str(m->message); }
+int pr_check_err(const struct pr_err *m) {
+  return pr_check_str(m->message);
+}
 
 /* ======================================================================== */
 /* PONG: a flat record of counters, encoded in key order                     */
@@ -250,8 +252,10 @@ void pr_enc_pong(struct pr_buf *b, const struct pr_pong *m) {
   pr_wr_map(b, PR_K_PONG__COUNT);
   for (uint32_t k = 0; k < PR_K_PONG__COUNT; k++) {
     pr_wr_uint(b, k);
-    if (k == PR_K_PONG_KV_USAGE) pr_wr_f64(b, m->kv_usage);
-    else pr_wr_uint(b, u[k]);
+    if (k == PR_K_PONG_KV_USAGE)
+      pr_wr_f64(b, m->kv_usage);
+    else
+      pr_wr_uint(b, u[k]);
   }
 }
 

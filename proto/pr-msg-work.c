@@ -22,7 +22,8 @@ static void enc_step_seq(struct pr_buf *b, const struct pr_step_seq *s) {
   pr_wr_uint(b, PR_K_SSEQ_DRAFTS), pr_enc_u32s(b, s->draft_tokens);
   pr_wr_uint(b, PR_K_SSEQ_NUM_DRAFT), pr_wr_uint(b, s->num_draft);
   pr_wr_uint(b, PR_K_SSEQ_TABLES), pr_wr_array(b, s->n_groups);
-  for (uint32_t g = 0; g < s->n_groups; g++) pr_enc_i32s(b, s->block_tables[g]);
+  for (uint32_t g = 0; g < s->n_groups; g++)
+    pr_enc_i32s(b, s->block_tables[g]);
   if (samp) pr_wr_uint(b, PR_K_SSEQ_SAMPLING), pr_enc_sampling(b, &s->sampling);
 }
 
@@ -30,7 +31,8 @@ void pr_enc_step(struct pr_buf *b, const struct pr_step *m) {
   pr_wr_map(b, 3);
   pr_wr_uint(b, PR_K_STEP_ID), pr_wr_uint(b, m->step_id);
   pr_wr_uint(b, PR_K_STEP_SEQS), pr_wr_array(b, m->n_seqs);
-  for (uint32_t i = 0; i < m->n_seqs; i++) enc_step_seq(b, &m->seqs[i]);
+  for (uint32_t i = 0; i < m->n_seqs; i++)
+    enc_step_seq(b, &m->seqs[i]);
   pr_wr_uint(b, PR_K_STEP_FREE), pr_enc_u64s(b, m->free_ids);
 }
 
@@ -60,7 +62,8 @@ static int dec_step_seq(struct pr_rd *r, struct cm_arena *a, struct pr_step_seq 
       if (s->n_groups > PR_MAX_KV_GROUPS) return CM_ERR_TOOBIG;
       PR_TRY(pr_dec_records(a, s->n_groups, sizeof(*s->block_tables), &mem));
       s->block_tables = mem;
-      for (uint32_t g = 0; g < s->n_groups; g++) PR_TRY(pr_dec_blocks(r, a, &s->block_tables[g]));
+      for (uint32_t g = 0; g < s->n_groups; g++)
+        PR_TRY(pr_dec_blocks(r, a, &s->block_tables[g]));
       break;
     case PR_K_SSEQ_SAMPLING: PR_TRY(pr_dec_sampling(r, PR_LVL_REC + 1, &s->sampling)); break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_REC)); break;
@@ -83,7 +86,8 @@ int pr_dec_step(struct pr_rd *r, struct cm_arena *a, struct pr_step *m) {
       PR_TRY(pr_rd_array(r, &m->n_seqs));
       PR_TRY(pr_dec_records(a, m->n_seqs, sizeof(*m->seqs), &mem));
       m->seqs = mem;
-      for (uint32_t j = 0; j < m->n_seqs; j++) PR_TRY(dec_step_seq(r, a, &m->seqs[j]));
+      for (uint32_t j = 0; j < m->n_seqs; j++)
+        PR_TRY(dec_step_seq(r, a, &m->seqs[j]));
       break;
     case PR_K_STEP_FREE: PR_TRY(pr_dec_u64s(r, a, &m->free_ids)); break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
@@ -207,7 +211,8 @@ int pr_dec_ready(struct pr_rd *r, struct cm_arena *a, struct pr_ready *m) {
       if (m->n_groups > PR_MAX_KV_GROUPS) return CM_ERR_TOOBIG;
       PR_TRY(pr_dec_records(a, m->n_groups, sizeof(*m->groups), &mem));
       m->groups = mem;
-      for (uint32_t g = 0; g < m->n_groups; g++) PR_TRY(dec_kv_group(r, &m->groups[g]));
+      for (uint32_t g = 0; g < m->n_groups; g++)
+        PR_TRY(dec_kv_group(r, &m->groups[g]));
       break;
     case PR_K_READY_VOCAB: PR_TRY(pr_rd_u32(r, &m->vocab_size)); break;
     case PR_K_READY_MAX_LEN: PR_TRY(pr_rd_u32(r, &m->max_model_len)); break;
@@ -251,7 +256,8 @@ void pr_enc_result(struct pr_buf *b, const struct pr_result *m) {
   pr_wr_uint(b, PR_K_RES_RANK), pr_wr_uint(b, m->rank);
   pr_wr_uint(b, PR_K_RES_STEP), pr_wr_uint(b, m->step_id);
   pr_wr_uint(b, PR_K_RES_SEQS), pr_wr_array(b, m->n_seqs);
-  for (uint32_t i = 0; i < m->n_seqs; i++) enc_result_seq(b, &m->seqs[i]);
+  for (uint32_t i = 0; i < m->n_seqs; i++)
+    enc_result_seq(b, &m->seqs[i]);
 }
 
 static int dec_result_seq(struct pr_rd *r, struct cm_arena *a, struct pr_result_seq *s) {
@@ -264,9 +270,7 @@ static int dec_result_seq(struct pr_rd *r, struct cm_arena *a, struct pr_result_
     case PR_K_RSEQ_ID: PR_TRY(pr_rd_u64(r, &s->seq_id)); break;
     case PR_K_RSEQ_TOKENS: PR_TRY(pr_dec_u32s(r, a, PR_MAX_DRAFT + 1, &s->tokens)); break;
     case PR_K_RSEQ_ACCEPTED: PR_TRY(pr_rd_u32(r, &s->num_accepted)); break;
-    case PR_K_RSEQ_LOGPROBS:
-      PR_TRY(pr_dec_logprobs(r, a, PR_LVL_REC + 1, &s->logprobs));
-      break;
+    case PR_K_RSEQ_LOGPROBS: PR_TRY(pr_dec_logprobs(r, a, PR_LVL_REC + 1, &s->logprobs)); break;
     case PR_K_RSEQ_DRAFTS: PR_TRY(pr_dec_u32s(r, a, PR_MAX_DRAFT, &s->drafts)); break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_REC)); break;
     }
@@ -288,7 +292,8 @@ int pr_dec_result(struct pr_rd *r, struct cm_arena *a, struct pr_result *m) {
       PR_TRY(pr_rd_array(r, &m->n_seqs));
       PR_TRY(pr_dec_records(a, m->n_seqs, sizeof(*m->seqs), &mem));
       m->seqs = mem;
-      for (uint32_t j = 0; j < m->n_seqs; j++) PR_TRY(dec_result_seq(r, a, &m->seqs[j]));
+      for (uint32_t j = 0; j < m->n_seqs; j++)
+        PR_TRY(dec_result_seq(r, a, &m->seqs[j]));
       break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
     }
@@ -368,4 +373,6 @@ int pr_dec_fail(struct pr_rd *r, struct cm_arena *a, struct pr_fail *m) {
   return (seen & required) == required ? 0 : CM_ERR_PARSE;
 }
 
-int pr_check_fail(const struct pr_fail *m) { return pr_check_str(m->message); }
+int pr_check_fail(const struct pr_fail *m) {
+  return pr_check_str(m->message);
+}

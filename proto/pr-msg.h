@@ -41,14 +41,14 @@
 
 #include "common/cm-arena.h"
 
-#define PR_VERSION 1             /* protocol version carried in frame 0 */
-#define PR_HDR_LEN 2             /* bytes of frame 0 */
-#define PR_MAX_DEPTH 16          /* msgpack nesting levels a decoder accepts */
-#define PR_MAX_STR 4096          /* bytes of a message string (ERR, FAIL, CTRL text) */
-#define PR_MAX_TOP_LOGPROBS 64   /* top-k logprob entries per token */
-#define PR_MAX_KV_GROUPS 16      /* KV-cache groups (block tables per sequence) */
-#define PR_MAX_DRAFT 64          /* draft tokens per sequence and step */
-#define PR_MAX_MSG_DEFAULT (64u << 20) /* bytes; default ZMQ_MAXMSGSIZE and encode cap */
+#define PR_VERSION          1           /* protocol version carried in frame 0 */
+#define PR_HDR_LEN          2           /* bytes of frame 0 */
+#define PR_MAX_DEPTH        16          /* msgpack nesting levels a decoder accepts */
+#define PR_MAX_STR          4096        /* bytes of a message string (ERR, FAIL, CTRL text) */
+#define PR_MAX_TOP_LOGPROBS 64          /* top-k logprob entries per token */
+#define PR_MAX_KV_GROUPS    16          /* KV-cache groups (block tables per sequence) */
+#define PR_MAX_DRAFT        64          /* draft tokens per sequence and step */
+#define PR_MAX_MSG_DEFAULT  (64u << 20) /* bytes; default ZMQ_MAXMSGSIZE and encode cap */
 
 enum pr_type {
   /* frontend -> scheduler */
@@ -70,10 +70,22 @@ enum pr_type {
 };
 
 /* ---- slices: decoded ones live in the decode arena --------------------- */
-struct pr_u32s { const uint32_t *v; uint32_t n; };
-struct pr_u64s { const uint64_t *v; uint32_t n; };
-struct pr_i32s { const int32_t *v; uint32_t n; };
-struct pr_f32s { const float *v; uint32_t n; };
+struct pr_u32s {
+  const uint32_t *v;
+  uint32_t n;
+};
+struct pr_u64s {
+  const uint64_t *v;
+  uint32_t n;
+};
+struct pr_i32s {
+  const int32_t *v;
+  uint32_t n;
+};
+struct pr_f32s {
+  const float *v;
+  uint32_t n;
+};
 
 /* ---- shared records ------------------------------------------------------ */
 
@@ -89,17 +101,17 @@ struct pr_sampling {
   float repetition_penalty; /* (0, 100]; 1 = off */
   uint64_t seed;            /* valid when has_seed */
   bool has_seed;
-  int32_t logprobs;         /* top logprobs per token, -1 = none, 0 = only the sampled token's */
+  int32_t logprobs; /* top logprobs per token, -1 = none, 0 = only the sampled token's */
   bool ignore_eos;
 };
 
 /* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)
  * or sampled.n == n_tokens and top_ids.n == top.n == n_tokens * n_top. */
 struct pr_logprobs {
-  uint32_t n_top;          /* top entries per token, <= PR_MAX_TOP_LOGPROBS */
-  struct pr_f32s sampled;  /* (n_tokens) logprob of each sampled token; nats, <= 0 or -inf */
-  struct pr_u32s top_ids;  /* (n_tokens, n_top) token ids, best first */
-  struct pr_f32s top;      /* (n_tokens, n_top) their logprobs */
+  uint32_t n_top;         /* top entries per token, <= PR_MAX_TOP_LOGPROBS */
+  struct pr_f32s sampled; /* (n_tokens) logprob of each sampled token; nats, <= 0 or -inf */
+  struct pr_u32s top_ids; /* (n_tokens, n_top) token ids, best first */
+  struct pr_f32s top;     /* (n_tokens, n_top) their logprobs */
 };
 
 enum pr_finish {
@@ -112,8 +124,8 @@ enum pr_finish {
 
 /* ---- frontend -> scheduler ----------------------------------------------- */
 struct pr_add {
-  uint64_t request_id;           /* unique per frontend connection (ROUTER peer) */
-  struct pr_u32s prompt;         /* (n_prompt) prompt token ids, n >= 1 */
+  uint64_t request_id;   /* unique per frontend connection (ROUTER peer) */
+  struct pr_u32s prompt; /* (n_prompt) prompt token ids, n >= 1 */
   struct pr_sampling sampling;
   uint32_t max_tokens;           /* tokens to generate at most, >= 1 */
   uint32_t min_tokens;           /* tokens before EOS/stop ids count, <= max_tokens */
@@ -157,22 +169,22 @@ struct pr_err {
 };
 
 struct pr_pong {
-  uint64_t nonce;                   /* from the PING */
-  uint64_t ping_send_ns;            /* from the PING, for round-trip time */
-  uint32_t num_running;             /* requests */
-  uint32_t num_waiting;             /* requests */
-  double kv_usage;                  /* fraction of KV blocks in use, [0, 1] */
-  uint32_t workers_ready;           /* ranks that reported READY */
-  uint32_t world_size;              /* ranks expected */
-  uint32_t max_model_len;           /* tokens; 0 until the workers are ready */
-  uint64_t prefix_cache_queries;    /* tokens looked up (cumulative) */
-  uint64_t prefix_cache_hits;       /* tokens found (cumulative) */
-  uint64_t num_preemptions;         /* cumulative */
-  uint64_t spec_num_drafts;         /* cumulative */
-  uint64_t spec_num_draft_tokens;   /* cumulative */
-  uint64_t spec_num_accepted_tokens;/* cumulative */
-  uint64_t prompt_tokens;           /* cumulative, computed prompt tokens */
-  uint64_t generation_tokens;       /* cumulative */
+  uint64_t nonce;                    /* from the PING */
+  uint64_t ping_send_ns;             /* from the PING, for round-trip time */
+  uint32_t num_running;              /* requests */
+  uint32_t num_waiting;              /* requests */
+  double kv_usage;                   /* fraction of KV blocks in use, [0, 1] */
+  uint32_t workers_ready;            /* ranks that reported READY */
+  uint32_t world_size;               /* ranks expected */
+  uint32_t max_model_len;            /* tokens; 0 until the workers are ready */
+  uint64_t prefix_cache_queries;     /* tokens looked up (cumulative) */
+  uint64_t prefix_cache_hits;        /* tokens found (cumulative) */
+  uint64_t num_preemptions;          /* cumulative */
+  uint64_t spec_num_drafts;          /* cumulative */
+  uint64_t spec_num_draft_tokens;    /* cumulative */
+  uint64_t spec_num_accepted_tokens; /* cumulative */
+  uint64_t prompt_tokens;            /* cumulative, computed prompt tokens */
+  uint64_t generation_tokens;        /* cumulative */
 };
 
 /* ---- scheduler -> workers ------------------------------------------------ */
@@ -200,10 +212,10 @@ struct pr_step_seq {
 };
 
 struct pr_step {
-  uint64_t step_id;           /* increasing */
-  struct pr_step_seq *seqs;   /* (n_seqs) */
+  uint64_t step_id;         /* increasing */
+  struct pr_step_seq *seqs; /* (n_seqs) */
   uint32_t n_seqs;
-  struct pr_u64s free_ids;    /* sequences whose worker-side state can be dropped */
+  struct pr_u64s free_ids; /* sequences whose worker-side state can be dropped */
 };
 
 enum pr_ctrl_op {
@@ -229,14 +241,14 @@ struct pr_kv_group {
 
 struct pr_ready {
   uint32_t rank;
-  uint32_t world_size;          /* >= 1, rank < world_size */
-  uint64_t kv_blocks;           /* blocks in this rank's pool */
-  struct pr_kv_group *groups;   /* (n_groups) */
-  uint32_t n_groups;            /* 1..PR_MAX_KV_GROUPS */
+  uint32_t world_size;        /* >= 1, rank < world_size */
+  uint64_t kv_blocks;         /* blocks in this rank's pool */
+  struct pr_kv_group *groups; /* (n_groups) */
+  uint32_t n_groups;          /* 1..PR_MAX_KV_GROUPS */
   uint32_t vocab_size;
-  uint32_t max_model_len;       /* tokens */
+  uint32_t max_model_len; /* tokens */
   struct pr_u32s eos_ids;
-  uint32_t max_draft;           /* drafts the assistant model proposes, 0 = none */
+  uint32_t max_draft; /* drafts the assistant model proposes, 0 = none */
 };
 
 struct pr_result_seq {
@@ -262,9 +274,9 @@ struct pr_beat {
 
 struct pr_fail {
   uint32_t rank;
-  uint64_t step_id;     /* 0 when not during a step */
-  int32_t code;         /* negative cm_err code */
-  const char *message;  /* as in struct pr_err */
+  uint64_t step_id;    /* 0 when not during a step */
+  int32_t code;        /* negative cm_err code */
+  const char *message; /* as in struct pr_err */
 };
 
 /* One decoded or to-be-encoded message. */

@@ -92,7 +92,9 @@ int pr_sock_set_timeouts(struct pr_sock *s, int recv_ms, int send_ms) {
   return 0;
 }
 
-void *pr_sock_zmq(struct pr_sock *s) { return s->zs; }
+void *pr_sock_zmq(struct pr_sock *s) {
+  return s->zs;
+}
 
 int pr_sock_fd(struct pr_sock *s, int *fd) {
   size_t len = sizeof(*fd);
@@ -121,8 +123,7 @@ int pr_sock_send(struct pr_sock *s, const struct pr_rid *to, const struct pr_msg
   /* ZeroMQ queues a multipart message atomically: once the first frame is
    * accepted the others are too, so a later EAGAIN cannot split it. */
   PR_ZMQ_CHECK(zmq_send(s->zs, hdr, sizeof(hdr), flags | ZMQ_SNDMORE));
-  PR_ZMQ_CHECK(zmq_send(s->zs, s->buf.data ? (void *)s->buf.data : (void *)hdr, s->buf.len,
-                        flags));
+  PR_ZMQ_CHECK(zmq_send(s->zs, s->buf.data ? (void *)s->buf.data : (void *)hdr, s->buf.len, flags));
   return 0;
 }
 
@@ -133,12 +134,13 @@ static int recv_frame(void *zs, zmq_msg_t *f, int flags, int *more) {
   return 0;
 }
 
-int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out,
-                 struct cm_arena *arena, int flags) {
+int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out, struct cm_arena *arena,
+                 int flags) {
   zmq_msg_t f[3]; /* [rid,] header, body */
   int nf = 0, more = 1, rc = 0, extra = 0;
   int want = s->type == ZMQ_ROUTER ? 3 : 2;
-  for (int i = 0; i < 3; i++) zmq_msg_init(&f[i]);
+  for (int i = 0; i < 3; i++)
+    zmq_msg_init(&f[i]);
 
   /* only the first frame may block or say "nothing yet": the others of a
    * multipart message are already here */
@@ -176,6 +178,7 @@ int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out,
                      zmq_msg_size(&f[i + 1]), arena, out);
   if (rc) cm_warn("pr", "refused a message: %s", cm_strerror(rc));
 done:
-  for (int j = 0; j < 3; j++) zmq_msg_close(&f[j]);
+  for (int j = 0; j < 3; j++)
+    zmq_msg_close(&f[j]);
   return rc;
 }

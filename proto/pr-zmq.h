@@ -31,33 +31,33 @@ int pr_zmq_err(int zmq_errno);
  * message, then returns the cm_err code from the enclosing function. The
  * expected conditions (EAGAIN, EINTR, EHOSTUNREACH: a ROUTER peer that left)
  * log at debug level only. The _GOTO form stores the code in `res` and jumps. */
-#define PR_ZMQ_LOG_(call, e) \
-  do { \
-    if ((e) != EAGAIN && (e) != EINTR && (e) != EHOSTUNREACH) \
-      cm_error("pr", "%s:%d: %s: %s", __FILE__, __LINE__, #call, zmq_strerror(e)); \
-    else \
-      cm_debug("pr", "%s:%d: %s: %s", __FILE__, __LINE__, #call, zmq_strerror(e)); \
+#define PR_ZMQ_LOG_(call, e)                                                                       \
+  do {                                                                                             \
+    if ((e) != EAGAIN && (e) != EINTR && (e) != EHOSTUNREACH)                                      \
+      cm_error("pr", "%s:%d: %s: %s", __FILE__, __LINE__, #call, zmq_strerror(e));                 \
+    else                                                                                           \
+      cm_debug("pr", "%s:%d: %s: %s", __FILE__, __LINE__, #call, zmq_strerror(e));                 \
   } while (0)
-#define PR_ZMQ_CHECK(call) \
-  do { \
-    if ((call) == -1) { \
-      int pr_ze_ = zmq_errno(); \
-      PR_ZMQ_LOG_(call, pr_ze_); \
-      return pr_zmq_err(pr_ze_); \
-    } \
+#define PR_ZMQ_CHECK(call)                                                                         \
+  do {                                                                                             \
+    if ((call) == -1) {                                                                            \
+      int pr_ze_ = zmq_errno();                                                                    \
+      PR_ZMQ_LOG_(call, pr_ze_);                                                                   \
+      return pr_zmq_err(pr_ze_);                                                                   \
+    }                                                                                              \
   } while (0)
-#define PR_ZMQ_CHECK_GOTO(call, res, label) \
-  do { \
-    if ((call) == -1) { \
-      int pr_ze_ = zmq_errno(); \
-      PR_ZMQ_LOG_(call, pr_ze_); \
-      (res) = pr_zmq_err(pr_ze_); \
-      goto label; \
-    } \
+#define PR_ZMQ_CHECK_GOTO(call, res, label)                                                        \
+  do {                                                                                             \
+    if ((call) == -1) {                                                                            \
+      int pr_ze_ = zmq_errno();                                                                    \
+      PR_ZMQ_LOG_(call, pr_ze_);                                                                   \
+      (res) = pr_zmq_err(pr_ze_);                                                                  \
+      goto label;                                                                                  \
+    }                                                                                              \
   } while (0)
 
 #define PR_DONTWAIT ZMQ_DONTWAIT
-#define PR_RID_MAX 255 /* bytes; ZeroMQ's routing-id limit */
+#define PR_RID_MAX  255 /* bytes; ZeroMQ's routing-id limit */
 
 /* A ROUTER peer's routing id. */
 struct pr_rid {
@@ -78,7 +78,7 @@ int pr_sock_connect(struct pr_sock *s, const char *endpoint);
 int pr_sock_set_rid(struct pr_sock *s, const void *id, size_t len);
 /* Sets ZMQ_RCVTIMEO / ZMQ_SNDTIMEO in ms (-1 = block); a timeout gives CM_ERR_AGAIN. */
 int pr_sock_set_timeouts(struct pr_sock *s, int recv_ms, int send_ms);
-void *pr_sock_zmq(struct pr_sock *s); /* the raw zmq socket */
+void *pr_sock_zmq(struct pr_sock *s);               /* the raw zmq socket */
 int pr_sock_fd(struct pr_sock *s, int *fd);         /* ZMQ_FD, for uv_poll_t */
 int pr_sock_events(struct pr_sock *s, int *events); /* ZMQ_EVENTS: ZMQ_POLLIN|ZMQ_POLLOUT */
 
@@ -92,8 +92,8 @@ int pr_sock_send(struct pr_sock *s, const struct pr_rid *to, const struct pr_msg
  * gets the sender (pass it back to pr_sock_send to reply); it is filled even
  * when decoding fails, so the sender can be told. Errors: CM_ERR_AGAIN,
  * CM_ERR_PARSE for a wrong frame count, and any pr_msg_decode error. */
-int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out,
-                 struct cm_arena *arena, int flags);
+int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out, struct cm_arena *arena,
+                 int flags);
 
 /* ---- endpoints (pr-endpoint.c) ---- */
 

@@ -39,16 +39,20 @@ static void fill_storage(void) {
     top[i] = -(float)i * 0.125f;
   }
   top[3] = -INFINITY;
-  for (size_t i = 0; i < sizeof(lp) / sizeof(lp[0]); i++) lp[i] = -0.5f * (float)i;
+  for (size_t i = 0; i < sizeof(lp) / sizeof(lp[0]); i++)
+    lp[i] = -0.5f * (float)i;
   lp[2] = -INFINITY;
   for (int g = 0; g < PR_MAX_KV_GROUPS; g++)
-    for (int i = 0; i < BIG; i++) blocks[g][i] = i % 5 == 0 ? -1 : g * 100000 + i;
+    for (int i = 0; i < BIG; i++)
+      blocks[g][i] = i % 5 == 0 ? -1 : g * 100000 + i;
   blocks[0][BIG - 1] = INT32_MAX;
   /* UTF-8: ASCII, 2-, 3- and 4-byte sequences, to exactly PR_MAX_STR bytes */
   const char *piece = "ab\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"; /* 12 bytes */
   size_t n = 0;
-  while (n + 12 <= PR_MAX_STR) memcpy(longstr + n, piece, 12), n += 12;
-  while (n < PR_MAX_STR) longstr[n++] = 'z';
+  while (n + 12 <= PR_MAX_STR)
+    memcpy(longstr + n, piece, 12), n += 12;
+  while (n < PR_MAX_STR)
+    longstr[n++] = 'z';
   longstr[n] = 0;
 }
 
@@ -144,7 +148,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
   case PR_ERR:
     m->u.err.request_id = v == 2 ? UINT64_MAX : 9;
     m->u.err.code = v == 2 ? INT32_MIN : -2;
-    m->u.err.message = v == 0 ? "prompt is longer than the model (\xe2\x80\x9c" "9000\xe2\x80\x9d)"
+    m->u.err.message = v == 0   ? "prompt is longer than the model (\xe2\x80\x9c"
+                                  "9000\xe2\x80\x9d)"
                        : v == 1 ? ""
                                 : longstr;
     break;
@@ -190,8 +195,10 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     sseqs[0].flags = PR_SEQ_NEW | PR_SEQ_PREFILL | PR_SEQ_SAMPLE;
     sseqs[0].tokens = (struct pr_u32s){tok, v == 2 ? BIG : 40};
     sseqs[0].num_draft = v == 2 ? PR_MAX_DRAFT : 3;
-    if (v == 2) sampling_max(&sseqs[0].sampling);
-    else sampling_typical(&sseqs[0].sampling);
+    if (v == 2)
+      sampling_max(&sseqs[0].sampling);
+    else
+      sampling_typical(&sseqs[0].sampling);
     sseqs[1].flags = PR_SEQ_SAMPLE | (v == 2 ? PR_SEQ_FINISHED : 0);
     sseqs[1].start_pos = v == 2 ? UINT32_MAX : 57;
     sseqs[1].tokens = (struct pr_u32s){tok, 1};
@@ -212,7 +219,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->n_groups = v == 2 ? PR_MAX_KV_GROUPS : v == 0 ? 2 : 1;
     r->groups = groups;
     for (uint32_t g = 0; g < r->n_groups; g++) {
-      groups[g] = (struct pr_kv_group){.block_tokens = 16, .n_layers = 7 + g,
+      groups[g] = (struct pr_kv_group){.block_tokens = 16,
+                                       .n_layers = 7 + g,
                                        .bytes_per_token = 2048u * (g + 1),
                                        .sliding_window = g % 2 ? 0 : 512};
     }
@@ -254,7 +262,9 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
   }
 }
 
-int prs_count(void) { return (int)(sizeof(types) / sizeof(types[0])) * NV; }
+int prs_count(void) {
+  return (int)(sizeof(types) / sizeof(types[0])) * NV;
+}
 
 void prs_build(int i, struct pr_msg *m, const char **name) {
   static char label[64];

@@ -69,13 +69,13 @@ static int decode_buf(enum pr_type type, const struct pr_buf *b) {
  * body and as a value of a key, against every message type. */
 TH_TEST(huge_declared_lengths_fail_small) {
   static const uint8_t bodies[][8] = {
-      {0xdd, 0xff, 0xff, 0xff, 0xff}, /* array32 of 2^32-1 */
-      {0xdf, 0xff, 0xff, 0xff, 0xff}, /* map32 */
-      {0xdb, 0xff, 0xff, 0xff, 0xff}, /* str32 */
-      {0xc6, 0xff, 0xff, 0xff, 0xff}, /* bin32 */
+      {0xdd, 0xff, 0xff, 0xff, 0xff},       /* array32 of 2^32-1 */
+      {0xdf, 0xff, 0xff, 0xff, 0xff},       /* map32 */
+      {0xdb, 0xff, 0xff, 0xff, 0xff},       /* str32 */
+      {0xc6, 0xff, 0xff, 0xff, 0xff},       /* bin32 */
       {0xc9, 0xff, 0xff, 0xff, 0xff, 0x01}, /* ext32 */
-      {0xdc, 0xff, 0xff},             /* array16 */
-      {0xde, 0xff, 0xff},             /* map16 */
+      {0xdc, 0xff, 0xff},                   /* array16 */
+      {0xde, 0xff, 0xff},                   /* map16 */
   };
   static const size_t lens[] = {5, 5, 5, 5, 6, 3, 3};
   for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
@@ -113,7 +113,8 @@ TH_TEST(huge_declared_lengths_fail_small) {
 TH_TEST(deep_nesting_fails) {
   uint8_t body[64];
   size_t n = 0;
-  for (int i = 0; i < 40; i++) body[n++] = 0x91;
+  for (int i = 0; i < 40; i++)
+    body[n++] = 0x91;
   body[n++] = 0x00;
   for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
     size_t mallocd, peak;
@@ -136,7 +137,8 @@ TH_TEST(deep_nesting_fails) {
   size_t mn = 0;
   maps[mn++] = 0x81;
   maps[mn++] = 0x3f;
-  for (int i = 0; i < 40; i++) maps[mn++] = 0x81, maps[mn++] = 0x00;
+  for (int i = 0; i < 40; i++)
+    maps[mn++] = 0x81, maps[mn++] = 0x00;
   maps[mn++] = 0xc0;
   TH_CHECK_EQ_INT(decode(PR_STEP, maps, mn, 0, NULL, NULL), CM_ERR_DEPTH);
   /* nesting just inside the limit is skipped, one more level is not */
@@ -145,7 +147,8 @@ TH_TEST(deep_nesting_fails) {
   shallow[s++] = 0x81;
   shallow[s++] = 0x3f;
   /* the top-level map plus PR_MAX_DEPTH - 1 arrays: PR_MAX_DEPTH levels */
-  for (int i = 0; i < PR_MAX_DEPTH - 1; i++) shallow[s++] = 0x91;
+  for (int i = 0; i < PR_MAX_DEPTH - 1; i++)
+    shallow[s++] = 0x91;
   shallow[s++] = 0xc0;
   TH_CHECK_EQ_INT(decode(PR_PING, shallow, s, 0, NULL, NULL), 0);
   shallow[2 + PR_MAX_DEPTH - 1] = 0x91;
@@ -161,7 +164,8 @@ TH_TEST(arena_cap_bounds_allocation) {
   pr_wr_uint(&b, PR_K_ADD_ID), pr_wr_uint(&b, 1);
   pr_wr_uint(&b, PR_K_ADD_MAX_TOKENS), pr_wr_uint(&b, 1);
   pr_wr_uint(&b, PR_K_ADD_PROMPT), pr_wr_array(&b, 100000);
-  for (int i = 0; i < 100000; i++) pr_wr_uint(&b, 7);
+  for (int i = 0; i < 100000; i++)
+    pr_wr_uint(&b, 7);
   TH_REQUIRE(b.err == 0);
   size_t mallocd, peak;
   TH_CHECK_EQ_INT(decode(PR_ADD, b.data, b.len, SMALL, &mallocd, &peak), CM_ERR_NOMEM);
@@ -172,12 +176,12 @@ TH_TEST(arena_cap_bounds_allocation) {
 }
 
 /* {key: <value written by fn>} as a body. */
-#define ONE(b, key, ...) \
-  do { \
-    pr_buf_reset(b); \
-    pr_wr_map((b), 1); \
-    pr_wr_uint((b), (key)); \
-    __VA_ARGS__; \
+#define ONE(b, key, ...)                                                                           \
+  do {                                                                                             \
+    pr_buf_reset(b);                                                                               \
+    pr_wr_map((b), 1);                                                                             \
+    pr_wr_uint((b), (key));                                                                        \
+    __VA_ARGS__;                                                                                   \
   } while (0)
 
 TH_TEST(wrong_types_and_ranges) {
@@ -257,8 +261,8 @@ TH_TEST(keys_duplicate_unknown) {
   /* unknown keys of every kind are skipped, values nested or not */
   pr_buf_reset(&b);
   pr_wr_map(&b, 6);
-  pr_wr_uint(&b, 50), pr_wr_map(&b, 1), pr_wr_str(&b, "k", 1), pr_wr_array(&b, 2),
-      pr_wr_nil(&b), pr_wr_f32(&b, 1.0f);
+  pr_wr_uint(&b, 50), pr_wr_map(&b, 1), pr_wr_str(&b, "k", 1), pr_wr_array(&b, 2), pr_wr_nil(&b),
+      pr_wr_f32(&b, 1.0f);
   pr_wr_str(&b, "nonce", 5), pr_wr_uint(&b, 9);
   pr_wr_int(&b, -3), pr_wr_bool(&b, 1);
   pr_wr_uint(&b, 1ull << 40), pr_wr_str(&b, "v", 1);
@@ -277,15 +281,19 @@ TH_TEST(keys_duplicate_unknown) {
 TH_TEST(strings_checked) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  static const struct { const char *s; size_t n; int rc; } cases[] = {
+  static const struct {
+    const char *s;
+    size_t n;
+    int rc;
+  } cases[] = {
       {"plain", 5, 0},
       {"caf\xc3\xa9 \xf0\x9f\x98\x80", 10, 0},
       {"nul\0inside", 10, CM_ERR_PARSE},
-      {"\xc0\x80", 2, CM_ERR_PARSE},          /* overlong NUL */
-      {"\xed\xa0\x80", 3, CM_ERR_PARSE},      /* surrogate */
-      {"\xf4\x90\x80\x80", 4, CM_ERR_PARSE},  /* past U+10FFFF */
-      {"\xe2\x82", 2, CM_ERR_PARSE},          /* cut sequence */
-      {"\x80", 1, CM_ERR_PARSE},              /* lone continuation */
+      {"\xc0\x80", 2, CM_ERR_PARSE},         /* overlong NUL */
+      {"\xed\xa0\x80", 3, CM_ERR_PARSE},     /* surrogate */
+      {"\xf4\x90\x80\x80", 4, CM_ERR_PARSE}, /* past U+10FFFF */
+      {"\xe2\x82", 2, CM_ERR_PARSE},         /* cut sequence */
+      {"\x80", 1, CM_ERR_PARSE},             /* lone continuation */
       {"\xff", 1, CM_ERR_PARSE},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -320,16 +328,16 @@ TH_TEST(record_limits) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
   /* STEP with one sequence whose `field` is written by the code after it */
-#define STEP_SEQ(field_key, ...) \
-  do { \
-    pr_buf_reset(&b); \
-    pr_wr_map(&b, 2); \
-    pr_wr_uint(&b, PR_K_STEP_ID), pr_wr_uint(&b, 1); \
-    pr_wr_uint(&b, PR_K_STEP_SEQS), pr_wr_array(&b, 1); \
-    pr_wr_map(&b, 2); \
-    pr_wr_uint(&b, PR_K_SSEQ_ID), pr_wr_uint(&b, 5); \
-    pr_wr_uint(&b, (field_key)); \
-    __VA_ARGS__; \
+#define STEP_SEQ(field_key, ...)                                                                   \
+  do {                                                                                             \
+    pr_buf_reset(&b);                                                                              \
+    pr_wr_map(&b, 2);                                                                              \
+    pr_wr_uint(&b, PR_K_STEP_ID), pr_wr_uint(&b, 1);                                               \
+    pr_wr_uint(&b, PR_K_STEP_SEQS), pr_wr_array(&b, 1);                                            \
+    pr_wr_map(&b, 2);                                                                              \
+    pr_wr_uint(&b, PR_K_SSEQ_ID), pr_wr_uint(&b, 5);                                               \
+    pr_wr_uint(&b, (field_key));                                                                   \
+    __VA_ARGS__;                                                                                   \
   } while (0)
   STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, PR_MAX_KV_GROUPS + 1);
            for (int g = 0; g <= PR_MAX_KV_GROUPS; g++) pr_wr_array(&b, 0));
@@ -358,13 +366,13 @@ TH_TEST(record_limits) {
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
 
   /* RESULT: more accepted drafts than tokens; logprobs that disagree */
-#define RESULT_SEQ(...) \
-  do { \
-    pr_buf_reset(&b); \
-    pr_wr_map(&b, 2); \
-    pr_wr_uint(&b, PR_K_RES_STEP), pr_wr_uint(&b, 1); \
-    pr_wr_uint(&b, PR_K_RES_SEQS), pr_wr_array(&b, 1); \
-    __VA_ARGS__; \
+#define RESULT_SEQ(...)                                                                            \
+  do {                                                                                             \
+    pr_buf_reset(&b);                                                                              \
+    pr_wr_map(&b, 2);                                                                              \
+    pr_wr_uint(&b, PR_K_RES_STEP), pr_wr_uint(&b, 1);                                              \
+    pr_wr_uint(&b, PR_K_RES_SEQS), pr_wr_array(&b, 1);                                             \
+    __VA_ARGS__;                                                                                   \
   } while (0)
   RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
              pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
@@ -372,19 +380,18 @@ TH_TEST(record_limits) {
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
   RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
              pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1);
-             pr_wr_uint(&b, PR_K_LP_SAMPLED); pr_wr_array(&b, 2); pr_wr_f32(&b, -1);
-             pr_wr_f32(&b, -1));
+             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_LP_SAMPLED);
+             pr_wr_array(&b, 2); pr_wr_f32(&b, -1); pr_wr_f32(&b, -1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);
   RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
              pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1);
-             pr_wr_uint(&b, PR_K_LP_SAMPLED); pr_wr_array(&b, 1); pr_wr_f32(&b, INFINITY));
+             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_LP_SAMPLED);
+             pr_wr_array(&b, 1); pr_wr_f32(&b, INFINITY));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
   RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
              pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1);
-             pr_wr_uint(&b, PR_K_LP_N_TOP); pr_wr_uint(&b, PR_MAX_TOP_LOGPROBS + 1));
+             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_LP_N_TOP);
+             pr_wr_uint(&b, PR_MAX_TOP_LOGPROBS + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
 
   /* OUT: finish reason and stop token out of range */

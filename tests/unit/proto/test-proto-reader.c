@@ -9,16 +9,17 @@
 #include "proto/pr-mp.h"
 #include "tests/harness/th.h"
 
-static const int64_t ints[] = {0,         1,          31,        127,        128,
-                               255,       256,        65535,     65536,      4294967295ll,
-                               4294967296ll, INT64_MAX, -1,       -32,        -33,
-                               -128,      -129,       -32768,    -32769,     INT32_MIN,
-                               (int64_t)INT32_MIN - 1, INT64_MIN};
+static const int64_t ints[] = {
+    0,        1,     31,           127,          128,       255,       256,
+    65535,    65536, 4294967295ll, 4294967296ll, INT64_MAX, -1,        -32,
+    -33,      -128,  -129,         -32768,       -32769,    INT32_MIN, (int64_t)INT32_MIN - 1,
+    INT64_MIN};
 
 TH_TEST(integers_every_width) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) pr_wr_int(&b, ints[i]);
+  for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
+    pr_wr_int(&b, ints[i]);
   pr_wr_uint(&b, UINT64_MAX);
   TH_REQUIRE(b.err == 0);
   struct pr_rd r;
@@ -150,30 +151,31 @@ TH_TEST(containers_checked_against_bytes_left) {
 TH_TEST(skip_every_format) {
   /* one value of each kind; skipping them all ends exactly at the end */
   static const uint8_t vals[] = {
-      0x05,                               /* fixint */
-      0xe5,                               /* negative fixint */
-      0xc0, 0xc2, 0xc3,                   /* nil false true */
-      0x92, 0x01, 0xa1, 'x',              /* fixarray */
-      0x81, 0x01, 0x80,                   /* fixmap */
-      0xa2, 'h', 'i',                     /* fixstr */
-      0xc4, 0x02, 0xaa, 0xbb,             /* bin8 */
-      0xc5, 0x00, 0x01, 0xcc,             /* bin16 */
-      0xc6, 0x00, 0x00, 0x00, 0x00,       /* bin32 empty */
-      0xc7, 0x01, 0x05, 0xee,             /* ext8 */
-      0xc8, 0x00, 0x00, 0x05,             /* ext16 empty */
-      0xc9, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01, /* ext32 */
-      0xca, 0, 0, 0, 0,                   /* float32 */
-      0xcb, 0, 0, 0, 0, 0, 0, 0, 0,       /* float64 */
-      0xcc, 1, 0xcd, 1, 2, 0xce, 1, 2, 3, 4, 0xcf, 1, 2, 3, 4, 5, 6, 7, 8,
-      0xd0, 1, 0xd1, 1, 2, 0xd2, 1, 2, 3, 4, 0xd3, 1, 2, 3, 4, 5, 6, 7, 8,
-      0xd4, 1, 1,                         /* fixext1 */
-      0xd5, 1, 1, 2,                      /* fixext2 */
-      0xd6, 1, 1, 2, 3, 4,                /* fixext4 */
-      0xd7, 1, 1, 2, 3, 4, 5, 6, 7, 8,    /* fixext8 */
-      0xd8, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, /* fixext16 */
-      0xd9, 1, 'a', 0xda, 0, 1, 'b', 0xdb, 0, 0, 0, 1, 'c',
-      0xdc, 0, 1, 0xc0, 0xdd, 0, 0, 0, 1, 0xc0,
-      0xde, 0, 1, 0xc0, 0xc0, 0xdf, 0, 0, 0, 1, 0xc0, 0xc0,
+      0x05,                                              /* fixint */
+      0xe5,                                              /* negative fixint */
+      0xc0, 0xc2, 0xc3,                                  /* nil false true */
+      0x92, 0x01, 0xa1, 'x',                             /* fixarray */
+      0x81, 0x01, 0x80,                                  /* fixmap */
+      0xa2, 'h',  'i',                                   /* fixstr */
+      0xc4, 0x02, 0xaa, 0xbb,                            /* bin8 */
+      0xc5, 0x00, 0x01, 0xcc,                            /* bin16 */
+      0xc6, 0x00, 0x00, 0x00, 0x00,                      /* bin32 empty */
+      0xc7, 0x01, 0x05, 0xee,                            /* ext8 */
+      0xc8, 0x00, 0x00, 0x05,                            /* ext16 empty */
+      0xc9, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01,          /* ext32 */
+      0xca, 0,    0,    0,    0,                         /* float32 */
+      0xcb, 0,    0,    0,    0,    0,    0,    0,    0, /* float64 */
+      0xcc, 1,    0xcd, 1,    2,    0xce, 1,    2,    3,    4,    0xcf, 1,  2,    3,
+      4,    5,    6,    7,    8,    0xd0, 1,    0xd1, 1,    2,    0xd2, 1,  2,    3,
+      4,    0xd3, 1,    2,    3,    4,    5,    6,    7,    8,    0xd4, 1,  1, /* fixext1 */
+      0xd5, 1,    1,    2,                                                     /* fixext2 */
+      0xd6, 1,    1,    2,    3,    4,                                         /* fixext4 */
+      0xd7, 1,    1,    2,    3,    4,    5,    6,    7,    8,                 /* fixext8 */
+      0xd8, 1,    1,    2,    3,    4,    5,    6,    7,    8,    9,    10, 11,   12,
+      13,   14,   15,   16, /* fixext16 */
+      0xd9, 1,    'a',  0xda, 0,    1,    'b',  0xdb, 0,    0,    0,    1,  'c',  0xdc,
+      0,    1,    0xc0, 0xdd, 0,    0,    0,    1,    0xc0, 0xde, 0,    1,  0xc0, 0xc0,
+      0xdf, 0,    0,    0,    1,    0xc0, 0xc0,
   };
   struct pr_rd r;
   pr_rd_init(&r, vals, sizeof(vals));
@@ -181,8 +183,8 @@ TH_TEST(skip_every_format) {
   while (pr_rd_left(&r) > 0) {
     int rc = pr_rd_skip(&r, 4);
     if (rc) {
-      th_fail(__FILE__, __LINE__, "skip %d at offset %zu: %s", count,
-              (size_t)(r.p - vals), cm_strerror(rc));
+      th_fail(__FILE__, __LINE__, "skip %d at offset %zu: %s", count, (size_t)(r.p - vals),
+              cm_strerror(rc));
       break;
     }
     count++;
@@ -225,7 +227,8 @@ TH_TEST(writer_cap_and_reuse) {
   memset(s, 'q', sizeof(s));
   pr_buf_init(&b, 0);
   const size_t lens[] = {0, 31, 32, 255, 256, 65535, 65536};
-  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) pr_wr_str(&b, s, lens[i]);
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
+    pr_wr_str(&b, s, lens[i]);
   struct pr_rd r;
   pr_rd_init(&r, b.data, b.len);
   for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
@@ -241,7 +244,8 @@ TH_TEST(writer_cap_and_reuse) {
 TH_TEST(map_keys) {
   struct pr_rd r;
   uint64_t k;
-  static const uint8_t keys[] = {0x07, 0xa1, 'x', 0xff, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0, 0x92, 0x01, 0x02};
+  static const uint8_t keys[] = {0x07, 0xa1, 'x', 0xff, 0xcf, 0,    0,    0,
+                                 1,    0,    0,   0,    0,    0x92, 0x01, 0x02};
   pr_rd_init(&r, keys, sizeof(keys));
   TH_CHECK_EQ_INT(pr_rd_key(&r, 4, &k), 0);
   TH_CHECK(k == 7);

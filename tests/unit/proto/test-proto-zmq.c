@@ -126,8 +126,7 @@ TH_TEST(malformed_frames_refused) {
   cm_arena_init(&a, 1024, 1u << 16);
   struct pr_msg m;
   struct pr_rid from;
-  const int want[] = {CM_ERR_PARSE, CM_ERR_PARSE, CM_ERR_VERSION, CM_ERR_UNKNOWN, CM_ERR_PARSE,
-                      0};
+  const int want[] = {CM_ERR_PARSE, CM_ERR_PARSE, CM_ERR_VERSION, CM_ERR_UNKNOWN, CM_ERR_PARSE, 0};
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
     from.len = 0;
     int rc = pr_sock_recv(p.router, &from, &m, &a, 0);
@@ -172,7 +171,8 @@ TH_TEST(router_mandatory_and_options) {
   m.u.add.request_id = 1;
   m.u.add.max_tokens = 1;
   m.u.add.prompt = (struct pr_u32s){toks, 300000};
-  for (int i = 0; i < 300000; i++) toks[i] = 100000;
+  for (int i = 0; i < 300000; i++)
+    toks[i] = 100000;
   TH_CHECK_EQ_INT(pr_sock_send(p.dealer, NULL, &m, 0), CM_ERR_TOOBIG);
   TH_CHECK_EQ_INT(pr_sock_set_rid(p.dealer, "", 0), CM_ERR_INVAL);
   pair_close(&p);
