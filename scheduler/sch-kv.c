@@ -212,24 +212,25 @@ int sch_kv_allocate(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *to
       free_window(kv, seq, g, q0);
   if (blocks_needed(kv, seq, tokens, fresh, q0, end) > sch_block_pool_num_available(kv->pool))
     return CM_ERR_FULL;
+  /* prefix hits of every group first, so that allocating new blocks cannot evict them */
+  for (int32_t g = 0; fresh && g < kv->ngroups; g++) {
+    int32_t bt = kv->groups[g].block_tokens, fl = first_live_index(kv, g, q0), nb = q0 / bt;
+    int32_t *t = seq->table[g];
+    for (int32_t i = 0; i < nb; i++) {
+      if (i < fl) {
+        t[i] = SCH_BLOCK_HOLE;
+        continue;
+      }
+      t[i] = lookup_block(kv, seq, g, tokens, i);
+      sch_block_pool_ref(kv->pool, t[i]);
+    }
+    seq->len[g] = nb;
+    seq->first_live[g] = fl < nb ? fl : nb;
+    seq->num_registered[g] = nb;
+  }
   for (int32_t g = 0; g < kv->ngroups; g++) {
     int32_t bt = kv->groups[g].block_tokens, fl = first_live_index(kv, g, q0);
     int32_t *t = seq->table[g];
-    if (fresh) {
-      /* prefix hits first, so that allocating new blocks cannot evict them */
-      int32_t nb = q0 / bt;
-      for (int32_t i = 0; i < nb; i++) {
-        if (i < fl) {
-          t[i] = SCH_BLOCK_HOLE;
-          continue;
-        }
-        t[i] = lookup_block(kv, seq, g, tokens, i);
-        sch_block_pool_ref(kv->pool, t[i]);
-      }
-      seq->len[g] = nb;
-      seq->first_live[g] = fl < nb ? fl : nb;
-      seq->num_registered[g] = nb;
-    }
     int32_t stop = ceil_div(end, bt);
     CM_ASSERT(stop <= seq->cap[g]);
     for (int32_t i = seq->len[g]; i < stop; i++) {

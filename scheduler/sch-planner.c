@@ -82,34 +82,40 @@ static int32_t draft_slots(const struct sch_engine *e, const struct sch_request 
 }
 
 /* Schedules the running requests: pass 0 the decodes, pass 1 the prefills. Returns
- * whether any request was preempted. */
-static bool schedule_running(struct sch_engine *e, int32_t *budget) {
+ * whether any request was preempted. A step is never empty while requests run: the last
+ * unscheduled one, beside scheduled ones, preempts only itself, and alone it fits
+ * (admission checked that it fits the whole pool). */
+static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
   bool preempted = false;
+  int32_t budget = *budget_io;
   for (int pass = 0; pass < 2; pass++) {
-    for (int32_t i = 0; i<e->q.num_running && * budget> 0; i++) {
+    for (int32_t i = 0; i < e->q.num_running && budget > 0; i++) {
       struct sch_request *r = e->q.running[i];
       if (r->sched_step == e->step_id) continue;
       int32_t remaining = r->num_tokens - r->num_computed;
       CM_ASSERT(remaining >= 1);
       bool decode = remaining == 1;
       if (decode != (pass == 0)) continue;
-      int32_t n = CM_MIN(remaining, *budget);
-      int32_t k = decode ? draft_slots(e, r, *budget) : 0;
-      while (sch_kv_allocate(e->kv, &r->kv, r->tokens, r->num_computed, r->num_computed + n + k) !=
-             0) {
+      int32_t n = CM_MIN(remaining, budget);
+      int32_t k = decode ? draft_slots(e, r, budget) : 0;
+      int32_t end = r->num_computed + n + k;
+      bool self = false;
+      while (!self && sch_kv_allocate(e->kv, &r->kv, r->tokens, r->num_computed, end) != 0) {
         struct sch_request *v = pick_victim(e);
         CM_ASSERT(v != NULL); /* r itself is a candidate */
         int32_t vi = v->run_index;
         preempt(e, v);
         preempted = true;
-        /* the pool is dry even for r alone: stop scheduling running requests */
-        if (v == r) return true;
-        if (vi < i) i--;
+        if (vi <= i) i--;
+        /* r had the weakest claim: the others keep their blocks and the loop goes on */
+        self = v == r;
       }
+      if (self) continue;
       add_seq(e, r, n, k, false);
-      *budget -= n + k;
+      budget -= n + k;
     }
   }
+  *budget_io = budget;
   return preempted;
 }
 

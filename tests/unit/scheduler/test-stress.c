@@ -1,0 +1,289 @@
+/* test-stress.c — randomized scheduling: thousands of steps with random arrivals,
+ * prompt lengths (many sharing prefixes), stop conditions, aborts in every state (also
+ * while a step is in flight) and speculative results with random acceptance, over small
+ * pools that force preemption. After every plan and every apply it checks the engine's
+ * invariants and the plan's promises; at the end every request that was not aborted
+ * must have produced exactly the tokens plain decoding gives, and the pool must be
+ * empty again. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/cm-err.h"
+#include "scheduler/sch-engine-impl.h"
+#include "tests/harness/th.h"
+#include "tests/unit/scheduler/sch-test-util.h"
+
+#define MAX_REQS 4096
+#define MAX_LEN  128
+
+struct tracked {
+  uint64_t id;
+  int32_t prompt[MAX_LEN];
+  int32_t plen, max_tokens, stop_id;
+  bool ignore_eos, live, aborted, finished;
+  int32_t out[MAX_LEN];
+  int32_t nout;
+  enum sch_finish fin;
+  int64_t arrived, done; /* steps */
+};
+
+struct stress {
+  struct sch_engine *e;
+  struct sch_engine_config cfg;
+  struct tracked *reqs; /* [MAX_REQS], index = id - 1 */
+  int32_t nreqs;
+  uint64_t rng;
+  int64_t steps, rejected, aborted_inflight;
+  int32_t prefixes[4][MAX_LEN];
+};
+
+static uint64_t rnd(struct stress *s, uint64_t n) {
+  return fake_rand(&s->rng) % n;
+}
+
+static bool is_eos(const struct sch_engine_config *c, int32_t t) {
+  for (int32_t i = 0; i < c->num_eos_ids; i++)
+    if (c->eos_ids[i] == t) return true;
+  return false;
+}
+
+/* What plain decoding produces for r, and why it ends. */
+static int32_t expected(const struct stress *s, const struct tracked *r, int32_t *out,
+                        enum sch_finish *fin) {
+  int32_t prev = r->prompt[r->plen - 1], n = 0;
+  *fin = SCH_FINISH_LENGTH;
+  while (n < r->max_tokens) {
+    int32_t t = fake_next(prev, r->plen + n);
+    out[n++] = prev = t;
+    if ((!r->ignore_eos && is_eos(&s->cfg, t)) || t == r->stop_id) {
+      *fin = SCH_FINISH_STOP;
+      break;
+    }
+  }
+  return n;
+}
+
+static void arrive(struct stress *s) {
+  if (s->nreqs >= MAX_REQS) return;
+  struct tracked *r = &s->reqs[s->nreqs];
+  memset(r, 0, sizeof(*r));
+  r->id = (uint64_t)s->nreqs + 1;
+  r->plen = 1 + (int32_t)rnd(s, 70);
+  int32_t shared = rnd(s, 3) ? (int32_t)rnd(s, (uint64_t)r->plen + 1) : 0;
+  const int32_t *pre = s->prefixes[rnd(s, 4)];
+  for (int32_t i = 0; i < r->plen; i++)
+    r->prompt[i] = i < shared ? pre[i] : 10 + (int32_t)rnd(s, 1000);
+  r->max_tokens = 1 + (int32_t)rnd(s, rnd(s, 4) ? 20 : 60);
+  r->ignore_eos = rnd(s, 4) == 0;
+  r->stop_id = rnd(s, 3) == 0 ? 10 + (int32_t)rnd(s, 1000) : -1;
+  struct sch_request_params p = {0};
+  p.id = r->id;
+  p.prompt = r->prompt;
+  p.prompt_len = r->plen;
+  p.max_tokens = r->max_tokens;
+  p.ignore_eos = r->ignore_eos;
+  p.stop_token_ids = &r->stop_id;
+  p.num_stop_token_ids = r->stop_id >= 0;
+  p.priority = s->cfg.max_waiting > 100 ? (int32_t)rnd(s, 3) : 0;
+  char err[256];
+  int rc = sch_engine_add(s->e, &p, err, sizeof(err));
+  if (rc == CM_ERR_TOOBIG || rc == CM_ERR_FULL) {
+    TH_CHECK(rc == CM_ERR_FULL || r->plen + r->max_tokens > s->cfg.max_model_len ||
+             strstr(err, "KV cache blocks") != NULL);
+    s->rejected++;
+    return;
+  }
+  TH_REQUIRE(rc == 0);
+  r->live = true;
+  r->arrived = s->steps;
+  s->nreqs++;
+}
+
+static void abort_random(struct stress *s, bool inflight) {
+  if (s->nreqs == 0) return;
+  struct tracked *r = &s->reqs[rnd(s, (uint64_t)s->nreqs)];
+  if (!r->live) return;
+  TH_CHECK_EQ_INT(sch_engine_abort(s->e, r->id), 0);
+  r->live = false;
+  r->aborted = true;
+  s->aborted_inflight += inflight;
+}
+
+/* The plan's promises: budget and cap, tables that cover what runs, and no block that
+ * one sequence writes is shared with another table or holds cached content. */
+static void check_plan(struct stress *s, const struct sch_plan *plan) {
+  const struct sch_engine_config *c = &s->cfg;
+  TH_CHECK(plan->num_tokens <= c->max_num_batched_tokens);
+  TH_CHECK(plan->num_seqs <= c->max_num_seqs);
+  int32_t total = 0;
+  for (int32_t i = 0; i < plan->num_seqs; i++) {
+    const struct sch_plan_seq *q = &plan->seqs[i];
+    struct tracked *r = &s->reqs[q->req_id - 1];
+    TH_REQUIRE(r->live);
+    total += q->num_tokens + q->num_draft;
+    int32_t end = q->start_pos + q->num_tokens + q->num_draft;
+    TH_CHECK(q->num_tokens >= 1 && end <= r->plen + r->max_tokens);
+    TH_CHECK(q->num_draft == 0 || (q->num_tokens == 1 && q->sample));
+    /* the tokens to run are the request's own: prompt, then what it generated */
+    for (int32_t j = 0; j < q->num_tokens; j++) {
+      int32_t pos = q->start_pos + j;
+      int32_t want = pos < r->plen ? r->prompt[pos] : r->out[pos - r->plen];
+      if (q->tokens[j] != want) {
+        th_fail(__FILE__, __LINE__, "request %llu position %d: token %d, want %d",
+                (unsigned long long)q->req_id, (int)pos, (int)q->tokens[j], (int)want);
+        th_stop();
+      }
+    }
+    for (int32_t g = 0; g < c->num_groups; g++) {
+      int32_t bt = c->groups[g].block_tokens, w = c->groups[g].window;
+      TH_REQUIRE(q->num_blocks[g] * bt >= end);
+      int32_t lo = w > 0 ? q->start_pos - w + 1 : 0;
+      if (lo < 0) lo = 0;
+      for (int32_t b = lo / bt; b < q->num_blocks[g]; b++) {
+        int32_t id = q->block_table[g][b];
+        TH_REQUIRE(id >= 0);
+        if ((b + 1) * bt <= q->start_pos) continue; /* read only */
+        /* written this step: private and not registered as cached content */
+        TH_CHECK_EQ_INT(sch_block_pool_refcount(s->e->pool, id), 1);
+        TH_CHECK(!sch_block_pool_is_hashed(s->e->pool, id) || (b + 1) * bt <= q->start_pos);
+      }
+    }
+  }
+  TH_CHECK_EQ_INT(total, plan->num_tokens);
+}
+
+static void take_outputs(struct stress *s, const struct sch_outputs *o) {
+  for (int32_t i = 0; i < o->num; i++) {
+    const struct sch_output *x = &o->items[i];
+    struct tracked *r = &s->reqs[x->req_id - 1];
+    TH_REQUIRE(r->live && r->nout + x->num_new <= r->max_tokens);
+    memcpy(r->out + r->nout, x->new_tokens, (size_t)x->num_new * sizeof(int32_t));
+    r->nout += x->num_new;
+    TH_CHECK_EQ_INT(x->num_generated, r->nout);
+    if (x->finish != SCH_FINISH_NONE) {
+      r->live = false;
+      r->finished = true;
+      r->fin = x->finish;
+      r->done = s->steps;
+    }
+  }
+}
+
+static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
+  struct stress s;
+  memset(&s, 0, sizeof(s));
+  s.cfg = *cfg;
+  s.rng = seed;
+  s.reqs = calloc(MAX_REQS, sizeof(*s.reqs));
+  TH_REQUIRE(s.reqs != NULL);
+  for (int p = 0; p < 4; p++)
+    for (int i = 0; i < MAX_LEN; i++)
+      s.prefixes[p][i] = 10 + (int32_t)rnd(&s, 1000);
+  char err[256];
+  TH_REQUIRE(sch_engine_create(cfg, &s.e, err, sizeof(err)) == 0);
+  struct fake_worker *w = calloc(1, sizeof(*w));
+  TH_REQUIRE(w != NULL);
+  w->rng = seed * 7 + 1;
+  int64_t idle = 0, max_wait = 0;
+  for (s.steps = 0; s.steps < steps * 10; s.steps++) {
+    bool arrivals = s.steps < steps;
+    if (arrivals)
+      if (rnd(&s, 5) < 2) arrive(&s);
+    if (arrivals && rnd(&s, 10) == 0) abort_random(&s, false);
+    struct sch_plan plan;
+    TH_REQUIRE(sch_engine_plan_step(s.e, &plan) == 0);
+    CHECK_ENGINE(s.e);
+    check_plan(&s, &plan);
+    struct sch_engine_stats st;
+    sch_engine_stats(s.e, &st);
+    if (plan.num_seqs == 0) {
+      /* nothing runs only when nothing is left */
+      TH_REQUIRE(st.num_running == 0 && st.num_waiting == 0);
+      if (!arrivals && ++idle > 2) break;
+      continue;
+    }
+    fake_answer(w, &plan, 0);
+    if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
+    struct sch_outputs o;
+    TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
+    CHECK_ENGINE(s.e);
+    take_outputs(&s, &o);
+  }
+  struct sch_engine_stats st;
+  sch_engine_stats(s.e, &st);
+  TH_CHECK_EQ_INT(st.num_running + st.num_waiting, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  TH_CHECK_NEAR(st.kv_usage, 0.0, 1e-12);
+  int32_t want[MAX_LEN];
+  int64_t finished = 0;
+  for (int32_t i = 0; i < s.nreqs; i++) {
+    struct tracked *r = &s.reqs[i];
+    TH_CHECK(!r->live); /* nobody starves: everything ended */
+    if (r->aborted) continue;
+    finished++;
+    enum sch_finish fin;
+    int32_t n = expected(&s, r, want, &fin);
+    if (n != r->nout || memcmp(want, r->out, (size_t)n * sizeof(int32_t)) != 0 || fin != r->fin) {
+      th_fail(__FILE__, __LINE__, "request %llu: %d tokens (finish %d), want %d (finish %d)",
+              (unsigned long long)r->id, (int)r->nout, (int)r->fin, (int)n, (int)fin);
+      break;
+    }
+    if (r->done - r->arrived > max_wait) max_wait = r->done - r->arrived;
+  }
+  printf("  seed %llu: %d requests (%lld finished, %lld rejected), %lld steps, %llu "
+         "preemptions, prefix hits %llu/%llu tokens, %llu evictions, drafts %llu accepted "
+         "%llu/%llu, longest request %lld steps\n",
+         (unsigned long long)seed, (int)s.nreqs, (long long)finished, (long long)s.rejected,
+         (long long)s.steps, (unsigned long long)st.num_preemptions,
+         (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
+         (unsigned long long)st.num_evictions, (unsigned long long)st.spec_num_drafts,
+         (unsigned long long)st.spec_num_accepted_tokens,
+         (unsigned long long)st.spec_num_draft_tokens, (long long)max_wait);
+  TH_CHECK(finished > 0);
+  sch_engine_destroy(s.e);
+  free(w);
+  free(s.reqs);
+}
+
+static void base_config(struct sch_engine_config *c) {
+  sch_engine_config_default(c);
+  c->num_blocks = 48;
+  c->groups[0].block_tokens = 4;
+  c->max_num_seqs = 8;
+  c->max_num_batched_tokens = 24;
+  c->max_model_len = MAX_LEN;
+  c->max_waiting = 64;
+  c->vocab_size = 1010;
+  c->num_eos_ids = 3;
+  c->eos_ids[0] = 10;
+  c->eos_ids[1] = 500;
+  c->eos_ids[2] = 1000;
+}
+
+TH_TEST(stress_full_attention_prefix_cache) {
+  struct sch_engine_config c;
+  base_config(&c);
+  run(&c, 1, 1500);
+}
+
+TH_TEST(stress_sliding_and_full_groups_with_drafts) {
+  struct sch_engine_config c;
+  base_config(&c);
+  c.num_groups = 2;
+  c.groups[0] = (struct sch_kv_group_cfg){8, 0};
+  c.groups[1] = (struct sch_kv_group_cfg){4, 12};
+  c.num_blocks = 64;
+  c.num_spec_tokens = 3;
+  run(&c, 2, 1500);
+}
+
+TH_TEST(stress_no_cache_priorities_tiny_pool) {
+  struct sch_engine_config c;
+  base_config(&c);
+  c.enable_prefix_caching = false;
+  c.num_blocks = 20;
+  c.max_waiting = 200; /* turns on random priorities */
+  c.num_spec_tokens = 2;
+  c.max_num_seqs = 5;
+  run(&c, 3, 1500);
+}
