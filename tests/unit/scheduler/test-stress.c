@@ -27,6 +27,11 @@ struct tracked {
   int64_t arrived, done; /* steps */
 };
 
+/* What a KV slot holds: the token whose key/value was written, and its position. */
+struct slot {
+  int32_t tok, pos;
+};
+
 struct stress {
   struct sch_engine *e;
   struct sch_engine_config cfg;
@@ -35,6 +40,9 @@ struct stress {
   uint64_t rng;
   int64_t steps, rejected, aborted_inflight;
   int32_t prefixes[4][MAX_LEN];
+  struct slot *kv; /* [num_blocks, maxbt] the fake workers' KV memory */
+  int32_t maxbt;
+  int64_t kv_reads; /* key positions verified */
 };
 
 static uint64_t rnd(struct stress *s, uint64_t n) {
@@ -152,6 +160,63 @@ static void check_plan(struct stress *s, const struct sch_plan *plan) {
   TH_CHECK_EQ_INT(total, plan->num_tokens);
 }
 
+static int32_t true_token(const struct tracked *r, int32_t pos) {
+  return pos < r->plen ? r->prompt[pos] : r->out[pos - r->plen];
+}
+
+static struct slot *slot_of(struct stress *s, const struct sch_plan_seq *q, int32_t g,
+                            int32_t pos) {
+  int32_t bt = s->cfg.groups[g].block_tokens;
+  TH_REQUIRE(pos / bt < q->num_blocks[g]);
+  int32_t id = q->block_table[g][pos / bt];
+  TH_REQUIRE(id >= 0 && id < s->cfg.num_blocks);
+  return &s->kv[(size_t)id * (size_t)s->maxbt + (size_t)(pos % bt)];
+}
+
+/* Plays the workers' KV memory: first every sequence's attention reads the keys before
+ * its step (all of them for a full group, the window for a sliding one) through its
+ * tables and checks each holds the right token at the right position — so shared prefix
+ * blocks, holes, rollbacks and recomputes are all checked by content — then the step
+ * writes its tokens and its drafts (accepted ones true, rejected ones garbage). */
+static void simulate_kv(struct stress *s, const struct sch_plan *plan,
+                        const struct fake_worker *w) {
+  for (int32_t i = 0; i < plan->num_seqs; i++) {
+    const struct sch_plan_seq *q = &plan->seqs[i];
+    const struct tracked *r = &s->reqs[q->req_id - 1];
+    for (int32_t g = 0; g < s->cfg.num_groups; g++) {
+      int32_t win = s->cfg.groups[g].window;
+      int32_t lo = win > 0 && q->start_pos - win + 1 > 0 ? q->start_pos - win + 1 : 0;
+      for (int32_t p = lo; p < q->start_pos; p++) {
+        const struct slot *sl = slot_of(s, q, g, p);
+        if (sl->pos != p || sl->tok != true_token(r, p)) {
+          th_fail(__FILE__, __LINE__,
+                  "request %llu group %d: key %d holds token %d of position %d, want %d",
+                  (unsigned long long)q->req_id, (int)g, (int)p, (int)sl->tok, (int)sl->pos,
+                  (int)true_token(r, p));
+          th_stop();
+        }
+      }
+      s->kv_reads += q->start_pos - lo;
+    }
+  }
+  for (int32_t i = 0; i < plan->num_seqs; i++) {
+    const struct sch_plan_seq *q = &plan->seqs[i];
+    const struct sch_seq_result *res = NULL;
+    for (int32_t j = 0; j < w->num; j++)
+      if (w->res[j].req_id == q->req_id) res = &w->res[j];
+    for (int32_t g = 0; g < s->cfg.num_groups; g++) {
+      for (int32_t j = 0; j < q->num_tokens; j++)
+        *slot_of(s, q, g, q->start_pos + j) = (struct slot){q->tokens[j], q->start_pos + j};
+      for (int32_t d = 1; d <= q->num_draft; d++) {
+        TH_REQUIRE(res != NULL);
+        int32_t pos = q->start_pos + q->num_tokens - 1 + d;
+        int32_t tok = d < res->num_tokens ? res->tokens[d - 1] : -7;
+        *slot_of(s, q, g, pos) = (struct slot){tok, pos};
+      }
+    }
+  }
+}
+
 static void take_outputs(struct stress *s, const struct sch_outputs *o) {
   for (int32_t i = 0; i < o->num; i++) {
     const struct sch_output *x = &o->items[i];
@@ -181,6 +246,12 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
       s.prefixes[p][i] = 10 + (int32_t)rnd(&s, 1000);
   char err[256];
   TH_REQUIRE(sch_engine_create(cfg, &s.e, err, sizeof(err)) == 0);
+  for (int32_t g = 0; g < cfg->num_groups; g++)
+    if (cfg->groups[g].block_tokens > s.maxbt) s.maxbt = cfg->groups[g].block_tokens;
+  s.kv = malloc((size_t)cfg->num_blocks * (size_t)s.maxbt * sizeof(*s.kv));
+  TH_REQUIRE(s.kv != NULL);
+  for (size_t i = 0; i < (size_t)cfg->num_blocks * (size_t)s.maxbt; i++)
+    s.kv[i] = (struct slot){-1, -1};
   struct fake_worker *w = calloc(1, sizeof(*w));
   TH_REQUIRE(w != NULL);
   w->rng = seed * 7 + 1;
@@ -203,6 +274,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
       continue;
     }
     fake_answer(w, &plan, 0);
+    simulate_kv(&s, &plan, w);
     if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
     struct sch_outputs o;
     TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
@@ -232,17 +304,18 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
   }
   printf("  seed %llu: %d requests (%lld finished, %lld rejected), %lld steps, %llu "
          "preemptions, prefix hits %llu/%llu tokens, %llu evictions, drafts %llu accepted "
-         "%llu/%llu, longest request %lld steps\n",
+         "%llu/%llu, longest request %lld steps, %lld keys verified\n",
          (unsigned long long)seed, (int)s.nreqs, (long long)finished, (long long)s.rejected,
          (long long)s.steps, (unsigned long long)st.num_preemptions,
          (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
          (unsigned long long)st.num_evictions, (unsigned long long)st.spec_num_drafts,
          (unsigned long long)st.spec_num_accepted_tokens,
-         (unsigned long long)st.spec_num_draft_tokens, (long long)max_wait);
+         (unsigned long long)st.spec_num_draft_tokens, (long long)max_wait, (long long)s.kv_reads);
   TH_CHECK(finished > 0);
   sch_engine_destroy(s.e);
   free(w);
   free(s.reqs);
+  free(s.kv);
 }
 
 static void base_config(struct sch_engine_config *c) {
