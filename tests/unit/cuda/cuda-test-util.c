@@ -1,0 +1,115 @@
+/* cuda-test-util.c — helpers for the CUDA op tests (see cuda-test-util.h). */
+#include "tests/unit/cuda/cuda-test-util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "kernels/cuda/kn-cuda.h"
+#include "tests/harness/th.h"
+
+static char g_skip_why[160];
+
+void ct_open(struct ct_env *e, uint64_t seed) {
+  memset(e, 0, sizeof(*e));
+  int n = kn_cuda_device_count();
+  if (n <= 0) {
+    snprintf(g_skip_why, sizeof(g_skip_why),
+             "no CUDA device visible: %d devices (the CPU oracle comparison needs one)", n);
+    TH_SKIP(g_skip_why);
+  }
+  e->rng = seed * 0x9e3779b97f4a7c15ull + 1;
+  TH_REQUIRE(kn_cpu_backend_create(0, &e->cpu) == 0);
+  int err = 0;
+  e->gpu = kn_cuda_backend_create(0, &err);
+  if (!e->gpu) th_fail(__FILE__, __LINE__, "kn_cuda_backend_create: %s", cm_strerror(err));
+  TH_REQUIRE(e->gpu != NULL);
+}
+
+void ct_close(struct ct_env *e) {
+  kn_backend_destroy(e->gpu);
+  kn_backend_destroy(e->cpu);
+  e->gpu = e->cpu = NULL;
+}
+
+static uint64_t next(struct ct_env *e) {
+  /* xorshift64* */
+  e->rng ^= e->rng >> 12;
+  e->rng ^= e->rng << 25;
+  e->rng ^= e->rng >> 27;
+  return e->rng * 0x2545f4914f6cdd1dull;
+}
+
+float ct_rand(struct ct_env *e, float amp) {
+  double u = (double)(next(e) >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+  return (float)((2.0 * u - 1.0) * amp);
+}
+
+int ct_rand_int(struct ct_env *e, int n) { return (int)(next(e) % (uint64_t)n); }
+
+void ct_fill(struct ct_env *e, float *x, size_t n, float amp) {
+  for (size_t i = 0; i < n; i++) x[i] = ct_rand(e, amp);
+}
+
+void *ct_weights(struct ct_env *e, enum kn_dtype dt, size_t n, float amp) {
+  void *w = malloc(n * kn_dtype_size(dt) + 1);
+  TH_REQUIRE(w != NULL);
+  for (size_t i = 0; i < n; i++) kn_store_f32(w, dt, i, ct_rand(e, amp));
+  return w;
+}
+
+void *ct_up(struct ct_env *e, const void *host, size_t bytes) {
+  void *d = kn_alloc(e->gpu, bytes);
+  TH_REQUIRE(d != NULL);
+  TH_REQUIRE(kn_upload(e->gpu, d, host, bytes) == 0);
+  return d;
+}
+
+void ct_down(struct ct_env *e, void *host, const void *dev, size_t bytes) {
+  TH_REQUIRE(kn_download(e->gpu, host, dev, bytes) == 0);
+}
+
+float *ct_sentinel(size_t n) {
+  float *x = malloc((n ? n : 1) * sizeof(float));
+  TH_REQUIRE(x != NULL);
+  for (size_t i = 0; i < n; i++) x[i] = -12345.0f - (float)(i % 97);
+  return x;
+}
+
+void ct_compare_at(const char *file, int line, const char *what, const float *ref,
+                   const float *got, int rows, int cols, ptrdiff_t ld, size_t total, double tol) {
+  double num = 0.0, den = 0.0;
+  long long nonfinite = 0, outside = 0;
+  size_t first_outside = 0;
+  unsigned char *valid = calloc(total ? total : 1, 1);
+  TH_REQUIRE(valid != NULL);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) {
+      size_t i = (size_t)r * (size_t)ld + (size_t)c;
+      if (i >= total) continue;
+      valid[i] = 1;
+      double a = ref[i], b = got[i];
+      if (!isfinite(a) || !isfinite(b)) {
+        /* both non-finite of the same kind is agreement */
+        if (!((isnan(a) && isnan(b)) || (isinf(a) && a == b))) nonfinite++;
+        continue;
+      }
+      num += (a - b) * (a - b);
+      den += a * a;
+    }
+  for (size_t i = 0; i < total; i++)
+    if (!valid[i] && memcmp(&ref[i], &got[i], sizeof(float)) != 0) {
+      if (!outside) first_outside = i;
+      outside++;
+    }
+  free(valid);
+  double nmse = den > 0.0 ? num / den : num;
+  if (!(nmse <= tol) || nonfinite || outside)
+    th_fail(file, line,
+            "%s: nmse %.3g (tol %.3g), %lld non-finite mismatches, %lld elements outside "
+            "[%d x %d] changed (first at %zu)",
+            what, nmse, tol, nonfinite, outside, rows, cols, first_outside);
+}
