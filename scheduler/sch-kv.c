@@ -168,19 +168,47 @@ static int32_t lookup_block(const struct sch_kv *kv, const struct sch_kv_seq *se
 
 /* ---- prefix match, allocate ----------------------------------------------------- */
 
+/* The longest hit x <= h (h a multiple of the group's block size) that group g can
+ * serve: a full group needs every block before x, a sliding group only the blocks that
+ * the first query (at x) still sees, [first_live(x), x / bt). */
+static int32_t group_hit(struct sch_kv *kv, struct sch_kv_seq *seq, int32_t g,
+                         const int32_t *tokens, int32_t h) {
+  int32_t bt = kv->groups[g].block_tokens, nb = h / bt;
+  ensure_hashes(kv, seq, g, tokens, nb);
+  if (kv->groups[g].window == 0) {
+    int32_t i = 0;
+    while (i < nb && lookup_block(kv, seq, g, tokens, i) >= 0)
+      i++;
+    return i * bt;
+  }
+  /* from the right: a missing block j rules out every end above it whose window holds
+   * it, which (first_live growing with the end) is every end above it */
+  int32_t e = nb;
+  while (e > 0) {
+    int32_t fl = first_live_index(kv, g, e * bt), j = e - 1;
+    while (j >= fl && lookup_block(kv, seq, g, tokens, j) >= 0)
+      j--;
+    if (j < fl) return e * bt;
+    e = j;
+  }
+  return 0;
+}
+
 int32_t sch_kv_prefix_match(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *tokens,
                             int32_t ntok) {
   CM_ASSERT(seq->len[0] == 0);
   if (!kv->prefix_caching || ntok <= 1) return 0;
   int32_t h = (ntok - 1) / kv->align * kv->align; /* the last prompt token always runs */
-  for (int32_t g = 0; g < kv->ngroups && h > 0; g++) {
-    int32_t bt = kv->groups[g].block_tokens, nb = h / bt, i = 0;
-    ensure_hashes(kv, seq, g, tokens, nb);
-    while (i < nb && lookup_block(kv, seq, g, tokens, i) >= 0)
-      i++;
-    if (i * bt < h) h = i * bt / kv->align * kv->align;
+  /* a sliding group's answer is not monotone in h: iterate to the fixed point, where
+   * every group serves h (h only shrinks, so this ends) */
+  for (;;) {
+    int32_t before = h;
+    for (int32_t g = 0; g < kv->ngroups && h > 0; g++) {
+      int32_t x = group_hit(kv, seq, g, tokens, h);
+      if (x < h) h = x / kv->align * kv->align;
+    }
+    if (h == before || h == 0) return h;
   }
-  return h;
 }
 
 /* Blocks the pool must give for allocate(q0, end), after dead blocks were released. */

@@ -12,15 +12,14 @@
  * window W when its last position < q0 - W + 1, q0 being the next query position.
  *
  * Prefix caching. A full, computed block is content-hashed (parent hash, group, token
- * ids; sch-hash.h) and registered in the pool; a new sequence reuses the longest chain
- * of registered blocks from position 0. Policy for sliding groups: a sliding group
- * counts a hit only on a fully-cached chain from position 0, exactly like a full group
- * (blocks that fell out of the window are not re-acquired: they become holes at once).
- * This keeps the hit length monotone and the lookup one pass per group. The cost is a
- * missed hit when a sequence's out-of-window sliding blocks were evicted while its
- * in-window ones survived: released earlier, they sit nearer the LRU head. The hit
- * length is a multiple of every group's block size and leaves at least one prompt token
- * to compute, so the last prompt token always runs and produces logits. */
+ * ids; sch-hash.h) and registered in the pool. A new sequence reuses the longest prefix
+ * that every group can serve: a full-attention group needs all of its blocks before the
+ * hit, a sliding group only those its first query still sees (the window); the ones
+ * before are holes and are not revived. So a shared prompt still hits after the LRU
+ * evicted its sliding group's old blocks, which out-of-window release puts first in line
+ * (vLLM's hybrid managers do the same). The hit length is a multiple of every group's
+ * block size and leaves at least one prompt token to compute, so the last prompt token
+ * always runs and produces logits. */
 #ifndef LMSERVE_SCH_KV_H
 #define LMSERVE_SCH_KV_H
 

@@ -1,5 +1,7 @@
 /* test-kv.c — sch_kv: block tables per group, sliding-window freeing with holes,
  * prefix matching across groups, rollback, worst-case sizing. */
+#include <string.h>
+
 #include "common/cm-err.h"
 #include "scheduler/sch-block-pool.h"
 #include "scheduler/sch-kv.h"
@@ -158,7 +160,7 @@ TH_TEST(kv_prefix_match_across_groups) {
   teardown(&f);
 }
 
-TH_TEST(kv_prefix_needs_whole_chain_and_caching_on) {
+TH_TEST(kv_prefix_with_sliding_group_and_caching_off) {
   struct fixture f;
   struct sch_kv_group_cfg g[2] = {{4, 0}, {4, 4}};
   setup(&f, 64, g, 2, 1);
@@ -190,6 +192,56 @@ TH_TEST(kv_prefix_needs_whole_chain_and_caching_on) {
   sch_kv_count_query(f.kv, 16, 0);
   sch_kv_counters(f.kv, &q, &hits);
   TH_CHECK_EQ_INT(q, 0); /* caching off: nothing counted */
+  teardown(&f);
+}
+
+TH_TEST(kv_prefix_sliding_group_needs_only_its_window) {
+  struct fixture f;
+  struct sch_kv_group_cfg g[2] = {{4, 0}, {4, 4}};
+  setup(&f, 8, g, 2, 1);
+  int32_t a[16];
+  for (int i = 0; i < 16; i++)
+    a[i] = 7 + i;
+  /* run a in four chunks: the sliding group releases blocks 0 and 1 on the way, so
+   * they are the oldest on the LRU list after the sequence ends */
+  struct sch_kv_seq s;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 16) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 16), 0);
+  for (int32_t q0 = 0; q0 < 16; q0 += 4) {
+    TH_REQUIRE(sch_kv_allocate(f.kv, &s, a, q0, q0 + 4) == 0);
+    sch_kv_commit(f.kv, &s, a, q0 + 4);
+  }
+  TH_CHECK_EQ_INT(s.table[1][0], SCH_BLOCK_HOLE); /* released: the entries are holes now */
+  TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s.first_live[1], 2);
+  sch_kv_free(f.kv, &s);
+  sch_kv_seq_release(&s);
+  TH_CHECK_EQ_INT(sch_block_pool_num_cached_free(f.pool), 8);
+  /* two new blocks evict the two oldest cached ones: the sliding group's blocks 0, 1 */
+  int32_t x = sch_block_pool_alloc(f.pool), y = sch_block_pool_alloc(f.pool);
+  TH_REQUIRE(x >= 0 && y >= 0);
+  TH_CHECK_EQ_INT(sch_block_pool_num_evictions(f.pool), 2);
+  /* the full group still has blocks 0..2 and the window of a query at 12 (keys 9..11)
+   * lies in sliding block 2: the hit is 12 tokens */
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 16) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 16), 12);
+  TH_REQUIRE(sch_kv_allocate(f.kv, &s, a, 12, 16) == 0);
+  TH_CHECK_EQ_INT(s.table[1][0], SCH_BLOCK_HOLE);
+  TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
+  TH_CHECK(s.table[1][2] >= 0 && s.table[1][3] >= 0);
+  TH_CHECK_EQ_INT(sch_block_pool_num_available(f.pool), 0);
+  sch_kv_free(f.kv, &s);
+  sch_kv_seq_release(&s);
+  /* a prompt that diverges inside sliding block 2: the window at 12 misses, and at 8
+   * (keys 5..7, block 1) it misses too: no hit */
+  int32_t b[16];
+  memcpy(b, a, sizeof(b));
+  b[10] = 999;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 16) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, b, 16), 0);
+  sch_kv_seq_release(&s);
+  sch_block_pool_unref(f.pool, x);
+  sch_block_pool_unref(f.pool, y);
   teardown(&f);
 }
 

@@ -336,7 +336,7 @@ static void base_config(struct sch_engine_config *c) {
 TH_TEST(stress_full_attention_prefix_cache) {
   struct sch_engine_config c;
   base_config(&c);
-  run(&c, 1, 1500);
+  run(&c, 1, 3000);
 }
 
 TH_TEST(stress_sliding_and_full_groups_with_drafts) {
@@ -347,7 +347,7 @@ TH_TEST(stress_sliding_and_full_groups_with_drafts) {
   c.groups[1] = (struct sch_kv_group_cfg){4, 12};
   c.num_blocks = 64;
   c.num_spec_tokens = 3;
-  run(&c, 2, 1500);
+  run(&c, 2, 3000);
 }
 
 TH_TEST(stress_no_cache_priorities_tiny_pool) {
@@ -358,5 +358,17 @@ TH_TEST(stress_no_cache_priorities_tiny_pool) {
   c.max_waiting = 200; /* turns on random priorities */
   c.num_spec_tokens = 2;
   c.max_num_seqs = 5;
-  run(&c, 3, 1500);
+  run(&c, 3, 3000);
+}
+
+TH_TEST(stress_sliding_groups_tight_pool_prefix_cache) {
+  struct sch_engine_config c;
+  base_config(&c);
+  c.num_groups = 3;
+  c.groups[0] = (struct sch_kv_group_cfg){4, 0};
+  c.groups[1] = (struct sch_kv_group_cfg){4, 9};
+  c.groups[2] = (struct sch_kv_group_cfg){2, 5};
+  c.num_blocks = 72;
+  c.num_spec_tokens = 1;
+  run(&c, 4, 3000);
 }
