@@ -47,13 +47,13 @@ static uint64_t read_plain(const uint64_t *p, size_t n) {
   return s0 ^ s1;
 }
 
-static void bw_run(void *arg, int ith, int nth) {
+#define BW_UNIT (1 << 17) /* words (1 MiB) per unit */
+
+static void bw_run(void *arg, long long u0, long long u1, int ith) {
   struct bw_task *t = arg;
-  long long b, e;
-  kn_cpu_split((long long)t->n, ith, nth, 64, &b, &e);
-  if (e <= b) return;
-  t->sums[ith] = t->avx2 ? read_avx2(t->buf + b, (size_t)(e - b))
-                         : read_plain(t->buf + b, (size_t)(e - b));
+  size_t b = (size_t)u0 * BW_UNIT, e = (size_t)u1 * BW_UNIT;
+  if (e > t->n) e = t->n;
+  t->sums[ith] ^= t->avx2 ? read_avx2(t->buf + b, e - b) : read_plain(t->buf + b, e - b);
 }
 
 double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) {
@@ -77,7 +77,7 @@ double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) {
   uint64_t sink = 0;
   for (int pass = 0; pass < 4; pass++) {
     uint64_t t0 = cm_time_ns();
-    kn_cpu_pool_run(pool, n_threads, bw_run, &t);
+    kn_cpu_pool_run(pool, (long long)((t.n + BW_UNIT - 1) / BW_UNIT), 1, bw_run, &t);
     uint64_t dt = cm_time_ns() - t0;
     for (int i = 0; i < n_threads; i++) sink ^= t.sums[i];
     double gbs = dt ? (double)bytes / (double)dt : 0.0;

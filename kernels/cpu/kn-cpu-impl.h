@@ -28,17 +28,18 @@
 /* ---- thread pool (kn-cpu-pool.c) ---------------------------------------- */
 
 struct kn_cpu_pool;
-/* Runs share ith of nth (0 <= ith < nth). */
-typedef void (*kn_cpu_task_fn)(void *arg, int ith, int nth);
+/* Runs units [u0, u1) of a task on thread ith (0 = the caller; indexes
+ * per-thread scratch). */
+typedef void (*kn_cpu_task_fn)(void *arg, long long u0, long long u1, int ith);
 
 int kn_cpu_pool_create(int n_threads, struct kn_cpu_pool **out);
 void kn_cpu_pool_destroy(struct kn_cpu_pool *pool);
 int kn_cpu_pool_threads(const struct kn_cpu_pool *pool);
-/* Runs fn on min(nth, threads) threads, the caller being thread 0; returns
- * when all shares are done. */
-void kn_cpu_pool_run(struct kn_cpu_pool *pool, int nth, kn_cpu_task_fn fn, void *arg);
-/* Part ith of nth of [0, n), boundaries multiples of align. */
-void kn_cpu_split(long long n, int ith, int nth, long long align, long long *b, long long *e);
+/* Runs units [0, n_units) of fn, claimed grain at a time by the caller and
+ * the workers; returns when all are done. grain >= n_units runs everything
+ * on the caller. */
+void kn_cpu_pool_run(struct kn_cpu_pool *pool, long long n_units, long long grain,
+                     kn_cpu_task_fn fn, void *arg);
 
 /* ---- kernel table ----------------------------------------------------- */
 

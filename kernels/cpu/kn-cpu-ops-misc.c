@@ -51,12 +51,11 @@ struct rope_task {
   const float *inv_freq;
 };
 
-static void rope_run(void *arg, int ith, int nth) {
+static void rope_run(void *arg, long long b, long long e, int ith) {
   struct rope_task *r = arg;
   const int half = r->D / 2;
   float cs[KN_MAX_HEAD_DIM / 2], sn[KN_MAX_HEAD_DIM / 2];
-  long long b, e;
-  kn_cpu_split(r->T, ith, nth, 1, &b, &e);
+  (void)ith;
   for (long long t = b; t < e; t++) {
     float fp = (float)r->pos[t];
     for (int i = 0; i < half; i++) {
@@ -84,8 +83,7 @@ int kn_cpu_op_rope(void *p, float *x, ptrdiff_t ldx, int T, int heads, int D, co
   struct kn_cpu_ctx *ctx = p;
   if (D > KN_MAX_HEAD_DIM) return CM_ERR_UNSUPPORTED;
   struct rope_task r = {x, ldx, T, heads, D, pos, inv_freq};
-  int nth = (double)T * heads * D < (1 << 16) ? 1 : ctx->n_threads;
-  kn_cpu_pool_run(ctx->pool, nth, rope_run, &r);
+  kn_cpu_pool_run(ctx->pool, T, (double)T * heads * D < (1 << 16) ? T : 4, rope_run, &r);
   return 0;
 }
 

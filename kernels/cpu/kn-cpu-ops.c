@@ -6,7 +6,6 @@
  * attention hands out (sequence, query, kv head) items. Arguments were
  * validated by kn-backend.c. */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,9 +20,10 @@
 /* Input rows per tile block. */
 #define TILE_T_BLOCK 64
 
-static int threads_for(const struct kn_cpu_ctx *ctx, double work) {
-  if (work < PAR_MIN_WORK) return 1;
-  return ctx->n_threads;
+/* Units per claim: all of them (run on the caller) when the whole op is
+ * smaller than PAR_MIN_WORK, else `grain`. */
+static long long grain_for(double work, long long n_units, long long grain) {
+  return work < PAR_MIN_WORK ? n_units : grain;
 }
 
 /* ---- matmul ------------------------------------------------------------- */
@@ -37,21 +37,16 @@ struct mm_task {
   const char *w; /* [N, K] */
   enum kn_dtype dt;
   int T, N, K, acc;
-  int chunk;       /* output features per work unit */
-  int tile;        /* widen + tile_f32 instead of matvec */
-  _Atomic int next; /* next unit */
+  int chunk; /* output features per work unit */
+  int tile;  /* widen + tile_f32 instead of matvec */
 };
 
-static void mm_run(void *arg, int ith, int nth) {
+static void mm_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   size_t row_bytes = (size_t)m->K * kn_dtype_size(m->dt);
-  int units = (m->N + m->chunk - 1) / m->chunk;
-  (void)nth;
-  for (;;) {
-    int u = atomic_fetch_add_explicit(&m->next, 1, memory_order_relaxed);
-    if (u >= units) break;
-    int n0 = u * m->chunk;
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * m->chunk;
     int n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
     const char *w = m->w + (size_t)n0 * row_bytes;
     if (!m->tile) {
@@ -81,7 +76,7 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
   }
   struct mm_task m = {.ctx = ctx, .out = out, .ldo = ldo, .in = in, .ldi = ldi, .w = w,
                       .dt = wdt, .T = T, .N = N, .K = K, .acc = accumulate};
-  int nth = threads_for(ctx, (double)T * N * K);
+  int nth = ctx->n_threads;
   m.tile = T >= ctx->dsp.tile_min_t;
   if (m.tile) {
     long long c = TILE_CHUNK_BYTES / (4LL * K);
@@ -94,8 +89,8 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
     int c = (N + nth * 8 - 1) / (nth * 8);
     m.chunk = c < 16 ? 16 : (c + 3) & ~3;
   }
-  atomic_init(&m.next, 0);
-  kn_cpu_pool_run(ctx->pool, nth, mm_run, &m);
+  long long units = (N + m.chunk - 1) / m.chunk;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_run, &m);
   return 0;
 }
 
@@ -111,10 +106,9 @@ struct mm_rows_task {
   const int32_t *rows;
 };
 
-static void mm_rows_run(void *arg, int ith, int nth) {
+static void mm_rows_run(void *arg, long long b, long long e, int ith) {
   struct mm_rows_task *m = arg;
-  long long b, e;
-  kn_cpu_split(m->n_rows, ith, nth, 1, &b, &e);
+  (void)ith;
   size_t row_bytes = (size_t)m->K * kn_dtype_size(m->dt);
   for (long long j = b; j < e; j++)
     m->ctx->dsp.matvec[m->dt](m->out + j, m->ldo, m->in, m->ldi,
@@ -130,7 +124,8 @@ static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, 
     return 0;
   }
   struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows};
-  kn_cpu_pool_run(ctx->pool, threads_for(ctx, (double)T * n_rows * K), mm_rows_run, &m);
+  kn_cpu_pool_run(ctx->pool, n_rows, grain_for((double)T * n_rows * K, n_rows, 16), mm_rows_run,
+                  &m);
   return 0;
 }
 
@@ -154,11 +149,13 @@ struct rows_task {
 
 enum { ROWS_NORM, ROWS_GELU, ROWS_COPY };
 
-static void rows_run(void *arg, int ith, int nth) {
+/* Rows per claim: about 16K elements. */
+static long long rows_grain(int d) { return d >= 16384 ? 1 : 16384 / d; }
+
+static void rows_run(void *arg, long long b, long long e, int ith) {
   struct rows_task *r = arg;
   const struct kn_cpu_dsp *dsp = &r->ctx->dsp;
-  long long b, e;
-  kn_cpu_split(r->rows, ith, nth, 1, &b, &e);
+  (void)ith;
   for (long long i = b; i < e; i++) {
     float *o = r->out + i * r->ldo;
     const float *x = r->a + i * r->lda;
@@ -176,7 +173,7 @@ static int cpu_rmsnorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdi
   struct kn_cpu_ctx *ctx = p;
   struct rows_task r = {.ctx = ctx, .op = ROWS_NORM, .out = out, .ldo = ldo, .a = x, .lda = ldx,
                         .rows = rows, .d = d, .w = w, .wdt = wdt, .eps = eps, .mode = mode};
-  kn_cpu_pool_run(ctx->pool, threads_for(ctx, (double)rows * d), rows_run, &r);
+  kn_cpu_pool_run(ctx->pool, rows, grain_for((double)rows * d, rows, rows_grain(d)), rows_run, &r);
   return 0;
 }
 
@@ -185,7 +182,7 @@ static int cpu_gelu_mul(void *p, float *out, ptrdiff_t ldo, const float *gate, p
   struct kn_cpu_ctx *ctx = p;
   struct rows_task r = {.ctx = ctx, .op = ROWS_GELU, .out = out, .ldo = ldo, .a = gate,
                         .lda = ldg, .b = up, .ldb = ldu, .rows = T, .d = N};
-  kn_cpu_pool_run(ctx->pool, threads_for(ctx, 8.0 * T * N), rows_run, &r);
+  kn_cpu_pool_run(ctx->pool, T, grain_for(8.0 * T * N, T, rows_grain(N)), rows_run, &r);
   return 0;
 }
 
@@ -194,7 +191,7 @@ static int cpu_copy_rows(void *p, float *dst, ptrdiff_t ldd, const float *src, p
   struct kn_cpu_ctx *ctx = p;
   struct rows_task r = {.ctx = ctx, .op = ROWS_COPY, .out = dst, .ldo = ldd, .a = src,
                         .lda = lds, .rows = rows, .d = cols};
-  kn_cpu_pool_run(ctx->pool, 1, rows_run, &r);
+  kn_cpu_pool_run(ctx->pool, rows, rows, rows_run, &r);
   return 0;
 }
 
@@ -211,13 +208,15 @@ struct flat_task {
 
 enum { FLAT_ADD, FLAT_MUL, FLAT_SCALE, FLAT_SOFTCAP };
 
-static void flat_run(void *arg, int ith, int nth) {
+#define FLAT_UNIT 4096 /* elements per unit */
+
+static void flat_run(void *arg, long long u0, long long u1, int ith) {
   struct flat_task *f = arg;
   const struct kn_cpu_dsp *dsp = &f->ctx->dsp;
-  long long b, e;
-  kn_cpu_split((long long)f->n, ith, nth, 64, &b, &e);
-  if (e <= b) return;
-  size_t n = (size_t)(e - b);
+  (void)ith;
+  size_t b = (size_t)u0 * FLAT_UNIT, e = (size_t)u1 * FLAT_UNIT;
+  if (e > f->n) e = f->n;
+  size_t n = e - b;
   switch (f->op) {
   case FLAT_ADD: dsp->add(f->out + b, f->a + b, f->b + b, n); break;
   case FLAT_MUL: dsp->mul(f->out + b, f->a + b, f->b + b, n); break;
@@ -229,7 +228,8 @@ static void flat_run(void *arg, int ith, int nth) {
 static int flat(struct kn_cpu_ctx *ctx, int op, float *out, const float *a, const float *b,
                 float s, size_t n, double cost) {
   struct flat_task f = {ctx, op, out, a, b, s, n};
-  kn_cpu_pool_run(ctx->pool, threads_for(ctx, cost * (double)n), flat_run, &f);
+  long long units = (long long)((n + FLAT_UNIT - 1) / FLAT_UNIT);
+  kn_cpu_pool_run(ctx->pool, units, grain_for(cost * (double)n, units, 4), flat_run, &f);
   return 0;
 }
 
@@ -252,19 +252,14 @@ struct attn_task {
   struct kn_cpu_ctx *ctx;
   struct kn_cpu_attn_job job;
   int n_seqs;
-  long long n_items;
-  _Atomic long long next;
 };
 
-static void attn_run(void *arg, int ith, int nth) {
+static void attn_run(void *arg, long long u0, long long u1, int ith) {
   struct attn_task *a = arg;
   const long long *start = a->ctx->seq_items;
   int n_kv = a->job.view->n_kv_heads;
   (void)ith;
-  (void)nth;
-  for (;;) {
-    long long it = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
-    if (it >= a->n_items) break;
+  for (long long it = u0; it < u1; it++) {
     int lo = 0, hi = a->n_seqs - 1; /* last sequence whose start <= it */
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
@@ -297,10 +292,8 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
   ctx->seq_items[n_seqs] = items;
   struct attn_task a = {.ctx = ctx,
                         .job = {out, ldo, q, ldq, view, seqs, n_heads, window, scale, softcap},
-                        .n_seqs = n_seqs,
-                        .n_items = items};
-  atomic_init(&a.next, 0);
-  kn_cpu_pool_run(ctx->pool, threads_for(ctx, work), attn_run, &a);
+                        .n_seqs = n_seqs};
+  kn_cpu_pool_run(ctx->pool, items, grain_for(work, items, 1), attn_run, &a);
   return 0;
 }
 

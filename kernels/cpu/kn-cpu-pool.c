@@ -1,11 +1,15 @@
 /* kn-cpu-pool.c — the CPU backend's persistent thread pool.
  *
  * n_threads - 1 worker threads plus the calling thread (index 0) run one task
- * at a time: kn_cpu_pool_run() publishes (fn, arg, nth), bumps a generation
- * counter, runs share 0 itself and waits until every worker has acknowledged.
+ * at a time. A task is n_units units of work claimed `grain` at a time from an
+ * atomic counter, by the caller and by whichever workers have woken up: on a
+ * busy machine a worker that is not scheduled in time simply takes no part,
+ * instead of stalling the caller. Once the caller finds no unit left it closes
+ * the task (workers can no longer enter) and waits only for those inside.
  * Waiting spins briefly (ops of a decode step follow each other within
  * microseconds) and then sleeps on a condition variable, so an idle server
- * burns no CPU. Workers with index >= nth acknowledge without running. */
+ * burns no CPU. Which thread runs a unit never changes its result: kernels
+ * compute each output element within one unit. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -17,23 +21,26 @@
 #define POOL_SPIN_NS 200000ull /* how long a waiter spins before sleeping */
 
 struct kn_cpu_pool {
-  int n_threads; /* including the caller */
+  int n_threads;      /* including the caller */
   pthread_t *threads; /* [n_threads - 1] */
   int n_started;
 
   pthread_mutex_t mu;
   pthread_cond_t work_cv; /* workers sleep here for a new generation */
-  pthread_cond_t done_cv; /* the caller sleeps here for pending == 0 */
+  pthread_cond_t done_cv; /* the caller sleeps here for the last worker to leave */
 
   _Atomic uint64_t gen; /* bumped once per task */
-  _Atomic int pending;  /* workers that have not acknowledged this task */
+  _Atomic uint32_t state; /* POOL_CLOSED bit | number of workers inside the task */
   _Atomic int stop;
 
-  /* the current task; written before gen is bumped */
+  /* the current task; written while the task is closed, before it opens */
   kn_cpu_task_fn fn;
   void *arg;
-  int nth;
+  long long n_units, grain;
+  _Atomic long long next; /* next unclaimed unit */
 };
+
+#define POOL_CLOSED 0x80000000u
 
 struct worker_arg {
   struct kn_cpu_pool *pool;
@@ -64,6 +71,37 @@ static uint64_t wait_generation(struct kn_cpu_pool *pool, uint64_t seen) {
   return g;
 }
 
+/* Claims and runs units until none are left. */
+static void run_units(struct kn_cpu_pool *pool, int ith) {
+  for (;;) {
+    long long u = atomic_fetch_add_explicit(&pool->next, pool->grain, memory_order_relaxed);
+    if (u >= pool->n_units) break;
+    long long e = u + pool->grain < pool->n_units ? u + pool->grain : pool->n_units;
+    pool->fn(pool->arg, u, e, ith);
+  }
+}
+
+/* Enters the open task, if any: 1 when entered. A task closes once the
+ * caller has found no unit left, so a late worker never holds it up. */
+static int try_join(struct kn_cpu_pool *pool) {
+  uint32_t s = atomic_load_explicit(&pool->state, memory_order_acquire);
+  while (!(s & POOL_CLOSED)) {
+    if (atomic_compare_exchange_weak_explicit(&pool->state, &s, s + 1, memory_order_acq_rel,
+                                              memory_order_acquire))
+      return 1;
+  }
+  return 0;
+}
+
+static void leave(struct kn_cpu_pool *pool) {
+  uint32_t s = atomic_fetch_sub_explicit(&pool->state, 1, memory_order_acq_rel) - 1;
+  if (s == POOL_CLOSED) { /* closed and we were the last one inside */
+    pthread_mutex_lock(&pool->mu);
+    pthread_cond_signal(&pool->done_cv);
+    pthread_mutex_unlock(&pool->mu);
+  }
+}
+
 static void *worker_main(void *p) {
   struct worker_arg wa = *(struct worker_arg *)p;
   free(p);
@@ -72,11 +110,9 @@ static void *worker_main(void *p) {
   for (;;) {
     seen = wait_generation(pool, seen);
     if (atomic_load_explicit(&pool->stop, memory_order_acquire)) break;
-    if (wa.ith < pool->nth) pool->fn(pool->arg, wa.ith, pool->nth);
-    pthread_mutex_lock(&pool->mu);
-    if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1)
-      pthread_cond_signal(&pool->done_cv);
-    pthread_mutex_unlock(&pool->mu);
+    if (!try_join(pool)) continue;
+    run_units(pool, wa.ith);
+    leave(pool);
   }
   return NULL;
 }
@@ -87,6 +123,7 @@ int kn_cpu_pool_create(int n_threads, struct kn_cpu_pool **out) {
   struct kn_cpu_pool *pool = calloc(1, sizeof(*pool));
   if (!pool) return CM_ERR_NOMEM;
   pool->n_threads = n_threads;
+  atomic_init(&pool->state, POOL_CLOSED);
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->work_cv, NULL);
   pthread_cond_init(&pool->done_cv, NULL);
@@ -129,43 +166,41 @@ void kn_cpu_pool_destroy(struct kn_cpu_pool *pool) {
 
 int kn_cpu_pool_threads(const struct kn_cpu_pool *pool) { return pool->n_threads; }
 
-void kn_cpu_pool_run(struct kn_cpu_pool *pool, int nth, kn_cpu_task_fn fn, void *arg) {
-  if (nth > pool->n_threads) nth = pool->n_threads;
-  if (nth <= 1 || pool->n_started == 0) {
-    fn(arg, 0, 1);
+void kn_cpu_pool_run(struct kn_cpu_pool *pool, long long n_units, long long grain,
+                     kn_cpu_task_fn fn, void *arg) {
+  if (n_units <= 0) return;
+  if (grain < 1) grain = 1;
+  if (grain >= n_units || pool->n_started == 0) {
+    fn(arg, 0, n_units, 0);
     return;
   }
+  /* the previous task is closed and empty: publish, open, wake */
   pool->fn = fn;
   pool->arg = arg;
-  pool->nth = nth;
-  atomic_store_explicit(&pool->pending, pool->n_started, memory_order_release);
+  pool->n_units = n_units;
+  pool->grain = grain;
+  atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+  atomic_store_explicit(&pool->state, 0, memory_order_release);
   pthread_mutex_lock(&pool->mu);
   atomic_fetch_add_explicit(&pool->gen, 1, memory_order_acq_rel);
   pthread_cond_broadcast(&pool->work_cv);
   pthread_mutex_unlock(&pool->mu);
 
-  fn(arg, 0, nth);
+  run_units(pool, 0);
 
+  /* close; wait for the workers inside to finish their claimed units */
+  uint32_t s = atomic_fetch_or_explicit(&pool->state, POOL_CLOSED, memory_order_acq_rel);
+  if (s == 0) return;
   uint64_t t0 = cm_time_ns();
-  for (unsigned i = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) != 0; i++) {
+  for (unsigned i = 0; atomic_load_explicit(&pool->state, memory_order_acquire) != POOL_CLOSED;
+       i++) {
     cpu_relax();
     if ((i & 255) == 255 && cm_time_ns() - t0 > POOL_SPIN_NS) {
       pthread_mutex_lock(&pool->mu);
-      while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)
+      while (atomic_load_explicit(&pool->state, memory_order_acquire) != POOL_CLOSED)
         pthread_cond_wait(&pool->done_cv, &pool->mu);
       pthread_mutex_unlock(&pool->mu);
       break;
     }
   }
-}
-
-/* Splits [0, n) into nth nearly equal parts aligned to `align`; part ith is
- * [*b, *e). */
-void kn_cpu_split(long long n, int ith, int nth, long long align, long long *b, long long *e) {
-  long long units = (n + align - 1) / align;
-  long long per = units / nth, extra = units % nth;
-  long long ub = ith * per + (ith < extra ? ith : extra);
-  long long ue = ub + per + (ith < extra ? 1 : 0);
-  *b = ub * align < n ? ub * align : n;
-  *e = ue * align < n ? ue * align : n;
 }

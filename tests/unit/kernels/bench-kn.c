@@ -1,0 +1,124 @@
+/* bench-kn.c — micro-benchmark of the CPU backend: streaming read bandwidth,
+ * bf16/f16/f32 matvec (T = 1) on gemma-3-270m-shaped matrices against it, the
+ * matmul at prefill sizes, and decode attention.
+ *
+ *   bench-kn [threads] [seconds-per-case]
+ *
+ * Not part of the test suite (meson `benchmark`); numbers go to stdout. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-time.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "kernels/kn-backend.h"
+
+static double secs_per_case = 0.5;
+
+static void *rand_weights(enum kn_dtype dt, size_t n) {
+  void *p = malloc(n * kn_dtype_size(dt));
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
+  uint32_t s = 12345;
+  for (size_t i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    kn_store_f32(p, dt, i, ((float)(s >> 8) / 16777216.0f - 0.5f) * 0.1f);
+  }
+  return p;
+}
+
+/* Seconds per call of a matmul T x [N, K]. */
+static double time_matmul(struct kn_backend *be, enum kn_dtype dt, const void *w, int T, int N,
+                          int K, float *in, float *out) {
+  int reps = 0;
+  (void)kn_matmul(be, out, N, in, K, w, dt, T, N, K, 0); /* warm up */
+  double t0 = cm_time_s(), t;
+  do {
+    if (kn_matmul(be, out, N, in, K, w, dt, T, N, K, 0)) {
+      fprintf(stderr, "matmul failed\n");
+      exit(1);
+    }
+    reps++;
+    t = cm_time_s() - t0;
+  } while (t < secs_per_case);
+  return t / reps;
+}
+
+int main(int argc, char **argv) {
+  int threads = argc > 1 ? atoi(argv[1]) : 0;
+  if (argc > 2) secs_per_case = atof(argv[2]);
+  struct kn_backend *be = NULL;
+  if (kn_cpu_backend_create(threads, &be)) return 1;
+  double bw = kn_cpu_measure_bandwidth(0, threads);
+  printf("backend %s, threads %d\n", kn_backend_name(be), threads);
+  printf("read bandwidth: %.1f GB/s\n", bw);
+
+  /* gemma-3-270m: hidden 640, 4 heads x 256, 1 kv head, intermediate 2048, vocab 262144 */
+  static const struct {
+    const char *name;
+    int N, K;
+  } mats[] = {{"q_proj", 1024, 640},   {"k_proj", 256, 640},  {"o_proj", 640, 1024},
+              {"gate_proj", 2048, 640}, {"down_proj", 640, 2048}, {"lm_head", 262144, 640}};
+  float *in = rand_weights(KN_DTYPE_F32, (size_t)512 * 2048);
+  float *out = malloc(sizeof(float) * (size_t)262144 * 64);
+  if (!out) return 1;
+  for (int d = 0; d < 3; d++) {
+    enum kn_dtype dt = d == 0 ? KN_DTYPE_BF16 : d == 1 ? KN_DTYPE_F16 : KN_DTYPE_F32;
+    for (size_t m = 0; m < sizeof(mats) / sizeof(mats[0]); m++) {
+      if (dt == KN_DTYPE_F32 && mats[m].N > 100000) continue;
+      void *w = rand_weights(dt, (size_t)mats[m].N * mats[m].K);
+      double bytes = (double)mats[m].N * mats[m].K * kn_dtype_size(dt);
+      double s = time_matmul(be, dt, w, 1, mats[m].N, mats[m].K, in, out);
+      printf("matvec %-4s %-9s [%6d x %4d] T=1: %8.1f us  %6.1f GB/s  (%3.0f%% of read bandwidth)\n",
+             kn_dtype_name(dt), mats[m].name, mats[m].N, mats[m].K, s * 1e6, bytes / s / 1e9,
+             100.0 * bytes / s / 1e9 / bw);
+      free(w);
+    }
+  }
+  /* a decode step's weight stream: 18 layers of q,k,v,o,gate,up,down + lm_head */
+  {
+    enum kn_dtype dt = KN_DTYPE_BF16;
+    void *wq = rand_weights(dt, (size_t)18 * 1024 * 640), *wk = rand_weights(dt, (size_t)18 * 256 * 640);
+    void *wo = rand_weights(dt, (size_t)18 * 640 * 1024), *wg = rand_weights(dt, (size_t)18 * 2048 * 640);
+    void *wu = rand_weights(dt, (size_t)18 * 2048 * 640), *wd = rand_weights(dt, (size_t)18 * 640 * 2048);
+    void *lm = rand_weights(dt, (size_t)262144 * 640);
+    double bytes = 2.0 * (18.0 * (1024 * 640 + 2 * 256 * 640 + 640 * 1024 + 3 * 2048 * 640) +
+                          262144.0 * 640);
+    int reps = 0;
+    double t0 = cm_time_s(), t;
+    do {
+      for (int l = 0; l < 18; l++) {
+        size_t o1 = (size_t)l * 1024 * 640, o2 = (size_t)l * 256 * 640, o3 = (size_t)l * 2048 * 640;
+        kn_matmul(be, out, 1024, in, 640, (uint16_t *)wq + o1, dt, 1, 1024, 640, 0);
+        kn_matmul(be, out, 256, in, 640, (uint16_t *)wk + o2, dt, 1, 256, 640, 0);
+        kn_matmul(be, out, 256, in, 640, (uint16_t *)wk + o2, dt, 1, 256, 640, 0);
+        kn_matmul(be, out, 640, in, 1024, (uint16_t *)wo + o1, dt, 1, 640, 1024, 0);
+        kn_matmul(be, out, 2048, in, 640, (uint16_t *)wg + o3, dt, 1, 2048, 640, 0);
+        kn_matmul(be, out, 2048, in, 640, (uint16_t *)wu + o3, dt, 1, 2048, 640, 0);
+        kn_matmul(be, out, 640, in, 2048, (uint16_t *)wd + o3, dt, 1, 640, 2048, 0);
+      }
+      kn_matmul(be, out, 262144, in, 640, lm, dt, 1, 262144, 640, 0);
+      reps++;
+      t = cm_time_s() - t0;
+    } while (t < 2 * secs_per_case);
+    double s = t / reps;
+    printf("decode weight stream (270m-shaped, bf16, %.0f MB): %.2f ms/token, %.1f GB/s "
+           "(%.0f%% of read bandwidth)\n",
+           bytes / 1e6, s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / 1e9 / bw);
+    free(wq), free(wk), free(wo), free(wg), free(wu), free(wd), free(lm);
+  }
+  /* prefill-sized matmuls */
+  for (int T = 8; T <= 512; T *= 8) {
+    void *w = rand_weights(KN_DTYPE_BF16, (size_t)2048 * 640);
+    double s = time_matmul(be, KN_DTYPE_BF16, w, T, 2048, 640, in, out);
+    printf("matmul bf16 [2048 x 640] T=%d: %.1f us, %.1f GFLOP/s\n", T, s * 1e6,
+           2.0 * T * 2048 * 640 / s / 1e9);
+    free(w);
+  }
+  free(in);
+  free(out);
+  kn_backend_destroy(be);
+  return 0;
+}
