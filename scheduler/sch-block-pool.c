@@ -245,6 +245,21 @@ int sch_block_pool_set_hash(struct sch_block_pool *p, int32_t id, uint64_t hash,
   return 0;
 }
 
+void sch_block_pool_forget_cached(struct sch_block_pool *p) {
+  while (p->lru_head >= 0) {
+    int32_t id = p->lru_head;
+    struct sch_block *b = &p->blocks[id];
+    lru_remove(p, id);
+    hash_unlink(p, id);
+    b->state = BLK_FREE;
+    b->next = p->free_head;
+    p->free_head = id;
+    p->num_free++;
+  }
+  for (int32_t id = 0; id < p->num_blocks; id++)
+    if (p->blocks[id].ntok > 0) hash_unlink(p, id);
+}
+
 /* ---- consistency check ---------------------------------------------------------- */
 
 #define CHECK(cond, ...)                                                                           \

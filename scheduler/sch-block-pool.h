@@ -61,6 +61,10 @@ int32_t sch_block_pool_lookup(const struct sch_block_pool *p, uint64_t hash, uin
 int sch_block_pool_set_hash(struct sch_block_pool *p, int32_t id, uint64_t hash, uint64_t parent,
                             int32_t group, const int32_t *tokens, int32_t n);
 
+/* Forgets all cached content (the workers lost their KV memory): cached-free blocks go
+ * back to the free list and held blocks lose their hash. */
+void sch_block_pool_forget_cached(struct sch_block_pool *p);
+
 /* Consistency check of every list, count and hash chain (tests and debug builds):
  * returns 0 or CM_ERR_STATE with a description in err. O(N). */
 int sch_block_pool_check(const struct sch_block_pool *p, char *err, size_t err_len);

@@ -15,7 +15,8 @@
  *   sch_engine_abort(e, id);                  // ABORT, any state, any time
  *
  * Plan and apply alternate: a plan with sequences puts a step in flight, and the next
- * plan is refused (CM_ERR_STATE) until its results are applied. Blocks released in
+ * plan is refused (CM_ERR_STATE) until its results are applied (or the step is declared
+ * failed). Blocks released in
  * between (aborts) are handed out only by a later plan, which the workers run after the
  * step in flight. A plan's pointers stay valid until the next plan_step, or for one
  * sequence until its request is aborted or finishes; outputs until the next apply.
@@ -184,6 +185,14 @@ int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan);
  * (a missing, duplicate or malformed result) changes nothing. */
 int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results, int32_t num,
                      struct sch_outputs *outs);
+/* The step in flight will never be answered (a worker failed it) but the KV cache
+ * survives: its sequences are preempted (they recompute, from the prefix cache where it
+ * still holds their blocks) and named in the next plan's finished list. */
+void sch_engine_step_failed(struct sch_engine *e);
+/* The workers lost their KV cache (a restart): the step in flight is dropped, every
+ * running request is preempted and the prefix cache is emptied. */
+void sch_engine_reset_kv(struct sch_engine *e);
+
 void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st);
 
 /* Verifies every invariant of queues, tables and pool (refcount of each block = the

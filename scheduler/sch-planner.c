@@ -55,18 +55,21 @@ static struct sch_request *pick_victim(struct sch_engine *e) {
 
 /* Preemption by recompute: every block goes back (cached ones to the LRU list, where a
  * later prefix match may find them), and the request waits again with its generated
- * tokens part of what it recomputes. */
-static void preempt(struct sch_engine *e, struct sch_request *r) {
+ * tokens part of what it recomputes. The workers learn it from the plan being built
+ * (in_plan) or else from the next plan's finished list. */
+static void preempt(struct sch_engine *e, struct sch_request *r, bool in_plan) {
   sch_kv_free(e->kv, &r->kv);
   sch_queue_run_remove(&e->q, r);
   r->num_computed = 0;
   r->state = SCH_REQ_PREEMPTED;
   r->num_preemptions++;
-  if (r->in_worker) {
+  if (r->in_worker && in_plan) {
     CM_ASSERT(e->num_preempted < e->cfg.max_num_seqs);
     e->preempted[e->num_preempted++] = r->id;
-    r->in_worker = false;
+  } else if (r->in_worker) {
+    sch_engine_note_gone(e, r->id);
   }
+  r->in_worker = false;
   sch_queue_wait_insert(&e->q, r);
   e->num_preemptions++;
 }
@@ -104,7 +107,7 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
         struct sch_request *v = pick_victim(e);
         CM_ASSERT(v != NULL); /* r itself is a candidate */
         int32_t vi = v->run_index;
-        preempt(e, v);
+        preempt(e, v, true);
         preempted = true;
         if (vi <= i) i--;
         /* r had the weakest claim: the others keep their blocks and the loop goes on */
@@ -248,4 +251,26 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
   }
   e->in_flight = false;
   return 0;
+}
+
+/* ---- failures ------------------------------------------------------------------- */
+
+void sch_engine_step_failed(struct sch_engine *e) {
+  if (!e->in_flight) return;
+  for (int32_t i = 0; i < e->plan_num; i++) {
+    struct sch_request *r = e->plan_reqs[i];
+    if (!r) continue;
+    e->plan_reqs[i] = NULL;
+    r->sched_tokens = r->sched_draft = 0;
+    preempt(e, r, false);
+  }
+  e->plan_num = 0;
+  e->in_flight = false;
+}
+
+void sch_engine_reset_kv(struct sch_engine *e) {
+  sch_engine_step_failed(e);
+  while (e->q.num_running > 0)
+    preempt(e, e->q.running[e->q.num_running - 1], false);
+  sch_block_pool_forget_cached(e->pool);
 }

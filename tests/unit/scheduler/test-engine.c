@@ -355,3 +355,66 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   TH_CHECK_EQ_INT(st.num_blocks_used, 0);
   sch_engine_destroy(e);
 }
+
+TH_TEST(failed_step_and_lost_kv_recompute) {
+  struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 2);
+  struct fake_worker w = {.rng = 9};
+  struct sink s = {0};
+  struct sch_plan plan;
+  struct sch_outputs o;
+  char err[256];
+  TH_REQUIRE(add(e, 1, P1, 8, 12, err, sizeof(err)) == 0);
+  TH_REQUIRE(add(e, 2, P2, 8, 12, err, sizeof(err)) == 0);
+  run_step(e, &plan, &w, &s, 0);
+  run_step(e, &plan, &w, &s, 0);
+  /* a step that never comes back */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_REQUIRE(plan.num_seqs == 2);
+  sch_engine_step_failed(e);
+  CHECK_ENGINE(e);
+  TH_CHECK_EQ_INT(sch_engine_apply(e, NULL, 0, &o), CM_ERR_STATE);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running, 0);
+  TH_CHECK_EQ_INT(st.num_waiting, 2);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  TH_CHECK(st.num_blocks_cached_free > 0); /* the prompts' blocks stay cached */
+  uint64_t hits = st.prefix_hits;
+  /* the next plan tells the workers to forget both and sets them up anew */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_CHECK_EQ_INT(plan.num_finished, 2);
+  TH_REQUIRE(plan.num_seqs == 2);
+  TH_CHECK(plan.seqs[0].is_new && plan.seqs[1].is_new);
+  TH_CHECK(plan.seqs[0].start_pos >= 8); /* recomputed from the cached prompt blocks */
+  fake_answer(&w, &plan, 0);
+  TH_REQUIRE(sch_engine_apply(e, w.res, w.num, &o) == 0);
+  collect(&s, &o);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.prefix_hits, hits); /* counted once per request */
+  run_step(e, &plan, &w, &s, 0);
+  /* the workers restarted: nothing cached survives */
+  sch_engine_reset_kv(e);
+  CHECK_ENGINE(e);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_running, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_used + st.num_blocks_cached_free, 0);
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+  TH_REQUIRE(plan.num_seqs == 2);
+  TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 0);
+  TH_CHECK_EQ_INT(plan.seqs[1].start_pos, 0);
+  fake_answer(&w, &plan, 0);
+  TH_REQUIRE(sch_engine_apply(e, w.res, w.num, &o) == 0);
+  collect(&s, &o);
+  for (int i = 0; i < 40 && (s.fin[1] == SCH_FINISH_NONE || s.fin[2] == SCH_FINISH_NONE); i++)
+    run_step(e, &plan, &w, &s, 0);
+  int32_t want[12];
+  fake_expected(P1, 8, 12, want);
+  TH_CHECK_EQ_INT(s.n[1], 12);
+  for (int i = 0; i < 12; i++)
+    TH_CHECK_EQ_INT(s.toks[1][i], want[i]);
+  fake_expected(P2, 8, 12, want);
+  TH_CHECK_EQ_INT(s.n[2], 12);
+  for (int i = 0; i < 12; i++)
+    TH_CHECK_EQ_INT(s.toks[2][i], want[i]);
+  sch_engine_destroy(e);
+}

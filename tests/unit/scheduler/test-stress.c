@@ -38,7 +38,7 @@ struct stress {
   struct tracked *reqs; /* [MAX_REQS], index = id - 1 */
   int32_t nreqs;
   uint64_t rng;
-  int64_t steps, rejected, aborted_inflight;
+  int64_t steps, rejected, aborted_inflight, failed, resets;
   int32_t prefixes[4][MAX_LEN];
   struct slot *kv; /* [num_blocks, maxbt] the fake workers' KV memory */
   int32_t maxbt;
@@ -275,6 +275,20 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
     }
     fake_answer(w, &plan, 0);
     simulate_kv(&s, &plan, w);
+    if (arrivals && rnd(&s, 300) == 0) {
+      /* a worker failed the step; rarely it restarted and its KV memory is gone */
+      if (rnd(&s, 4) == 0) {
+        sch_engine_reset_kv(s.e);
+        for (size_t i = 0; i < (size_t)cfg->num_blocks * (size_t)s.maxbt; i++)
+          s.kv[i] = (struct slot){-1, -1};
+        s.resets++;
+      } else {
+        sch_engine_step_failed(s.e);
+        s.failed++;
+      }
+      CHECK_ENGINE(s.e);
+      continue;
+    }
     if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
     struct sch_outputs o;
     TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
@@ -304,13 +318,15 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
   }
   printf("  seed %llu: %d requests (%lld finished, %lld rejected), %lld steps, %llu "
          "preemptions, prefix hits %llu/%llu tokens, %llu evictions, drafts %llu accepted "
-         "%llu/%llu, longest request %lld steps, %lld keys verified\n",
+         "%llu/%llu, longest request %lld steps, %lld keys verified, %lld failed steps, %lld KV "
+         "resets\n",
          (unsigned long long)seed, (int)s.nreqs, (long long)finished, (long long)s.rejected,
          (long long)s.steps, (unsigned long long)st.num_preemptions,
          (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
          (unsigned long long)st.num_evictions, (unsigned long long)st.spec_num_drafts,
          (unsigned long long)st.spec_num_accepted_tokens,
-         (unsigned long long)st.spec_num_draft_tokens, (long long)max_wait, (long long)s.kv_reads);
+         (unsigned long long)st.spec_num_draft_tokens, (long long)max_wait, (long long)s.kv_reads,
+         (long long)s.failed, (long long)s.resets);
   TH_CHECK(finished > 0);
   sch_engine_destroy(s.e);
   free(w);
