@@ -29,7 +29,8 @@ enum timer_mode { TM_NONE, TM_IDLE, TM_HEAD, TM_BODY, TM_LINGER };
 
 struct fe_conn {
   uv_tcp_t tcp;
-  uv_timer_t timer;
+  uv_timer_t timer;  /* request and keep-alive timeouts */
+  uv_timer_t wtimer; /* write stall: no progress while over high water */
   uv_write_t wreq;
   uv_shutdown_t sreq;
   struct fe_server *srv;
@@ -137,6 +138,7 @@ static void conn_close(struct fe_conn *c, int abort_request) {
   }
   uv_close((uv_handle_t *)&c->tcp, on_handle_close);
   uv_close((uv_handle_t *)&c->timer, on_handle_close);
+  uv_close((uv_handle_t *)&c->wtimer, on_handle_close);
 }
 
 /* ---- timers ---------------------------------------------------------------- */
@@ -202,6 +204,22 @@ static void begin_close(struct fe_conn *c) {
 
 static void flush(struct fe_conn *c);
 
+static void on_write_stall(uv_timer_t *t) {
+  struct fe_conn *c = t->data;
+  cm_warn(TAG, "closing a connection that stopped reading its responses (%zu bytes queued)", queued(c));
+  conn_close(c, 1);
+}
+
+/* Over high water, the client must keep reading: each write that completes
+ * restarts the stall timer, and falling below high water stops it. */
+static void watch_stall(struct fe_conn *c) {
+  if (c->closed) return;
+  if (queued(c) > c->srv->lim.write_high_water)
+    uv_timer_start(&c->wtimer, on_write_stall, c->srv->lim.body_timeout_ms, 0);
+  else
+    uv_timer_stop(&c->wtimer);
+}
+
 static void on_write(uv_write_t *w, int status) {
   struct fe_conn *c = w->data;
   c->writing = 0;
@@ -211,6 +229,7 @@ static void on_write(uv_write_t *w, int status) {
     return;
   }
   flush(c);
+  watch_stall(c);
   if (!c->closed && c->state != ST_CLOSING && !c->busy) process(c);
   if (!c->closed) start_reading(c);
 }
@@ -241,6 +260,7 @@ static void flush(struct fe_conn *c) {
       return;
     }
     c->writing = 1;
+    if (!uv_is_active((uv_handle_t *)&c->wtimer)) watch_stall(c);
     return;
   }
   fe_buf_reset(&c->pend);
@@ -256,7 +276,11 @@ static int queue(struct fe_conn *c, const char *p, size_t n) {
     conn_close(c, 1);
     return CM_ERR_CLOSED;
   }
-  if (queued(c) > c->srv->lim.write_high_water) stop_reading(c);
+  if (queued(c) > c->srv->lim.write_high_water) {
+    stop_reading(c);
+    if (!uv_is_active((uv_handle_t *)&c->wtimer))
+      uv_timer_start(&c->wtimer, on_write_stall, c->srv->lim.body_timeout_ms, 0);
+  }
   return 0;
 }
 
@@ -372,7 +396,7 @@ static void start_body(struct fe_conn *c) {
   }
   int complete = c->state == ST_BODY_CL && c->rlen - c->head_len >= c->body_need;
   if (c->req.expect_continue && c->minor == 1 && !complete)
-    queue(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    if (queue(c, "HTTP/1.1 100 Continue\r\n\r\n", 25) == 0) flush(c);
   set_timer(c, TM_BODY);
 }
 
@@ -563,8 +587,10 @@ static void on_connection(uv_stream_t *ls, int status) {
   c->handles = 1;
   c->tcp.data = c;
   uv_timer_init(s->loop, &c->timer);
+  uv_timer_init(s->loop, &c->wtimer);
   c->timer.data = c;
-  c->handles = 2;
+  c->wtimer.data = c;
+  c->handles = 3;
   c->rcap = s->lim.max_header_bytes + s->lim.max_body_bytes + 2 * FE_READ_CHUNK;
   c->keep_alive = 1;
   c->minor = 1;
