@@ -1,0 +1,259 @@
+/* test-wk-model.c — the forward pass through the paged KV pool on the CPU
+ * backend: bit-exact logits whether a prompt runs in one chunk, several or
+ * token by token; batch invariance; sliding-window crossing; bad batches. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
+#include "worker/wk-greedy.h"
+#include "worker/wk-model.h"
+
+#define NP 150 /* prompt tokens: crosses the tiny models' 64-token window twice */
+
+struct fixture {
+  char dir[256];
+  struct kn_backend *be;
+  struct wk_model *m;
+  struct wk_page_alloc pa;
+  int V;
+};
+
+static int setup(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt) {
+  memset(f, 0, sizeof(*f));
+  if (wkt_make_model(f->dir, sizeof(f->dir), arch, moe, 0, dt, 7)) return -1;
+  if (kn_cpu_backend_create(2, &f->be)) return -1;
+  struct wk_model_opts o = {.max_batch_tokens = 256, .max_seqs = 4, .kv_tokens = 1024, .quiet = 1};
+  char err[256];
+  if (wk_model_load(f->dir, f->be, &o, &f->m, err, sizeof(err))) {
+    fprintf(stderr, "load: %s\n", err);
+    return -1;
+  }
+  f->V = wk_model_config(f->m)->vocab;
+  return wk_page_alloc_init(&f->pa, wk_model_n_pages(f->m));
+}
+
+static void teardown(struct fixture *f) {
+  wk_page_alloc_free(&f->pa);
+  wk_model_free(f->m);
+  kn_backend_destroy(f->be);
+  wkt_rmdir(f->dir);
+}
+
+static void make_prompt(int32_t *p, int n, int V, uint32_t seed) {
+  for (int i = 0; i < n; i++) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = (int32_t)((seed >> 8) % (uint32_t)V);
+  }
+  p[0] = 2;
+}
+
+/* A sequence in progress: its tokens, blocks, and how far it has run. */
+struct seq {
+  const int32_t *tokens;
+  int n, done;
+  struct wk_seq_blocks blk;
+  float *logits; /* [n, V] every position's logits */
+};
+
+/* Runs one step in which every unfinished sequence runs its next `chunk`
+ * tokens, all in one batch. */
+static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
+  struct wk_seq_input in[4];
+  int k = 0, rows = 0;
+  static float out[256 * 512];
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f->m);
+  int idx[4];
+  for (int i = 0; i < ns; i++) {
+    if (s[i].done == s[i].n) continue;
+    int n = s[i].n - s[i].done < chunk ? s[i].n - s[i].done : chunk;
+    if (wk_seq_blocks_reserve(&s[i].blk, kv, &f->pa, s[i].done + n)) return -1;
+    memset(&in[k], 0, sizeof(in[k]));
+    in[k].tokens = s[i].tokens + s[i].done;
+    in[k].n_tokens = n;
+    in[k].pos0 = s[i].done;
+    in[k].n_out = n;
+    for (int g = 0; g < kv->n_groups; g++) {
+      in[k].block_tables[g] = s[i].blk.table[g];
+      in[k].n_blocks[g] = s[i].blk.n[g];
+    }
+    idx[k++] = i;
+  }
+  struct wk_batch b = {.seqs = in, .n_seqs = k, .logits = out};
+  char err[256];
+  int rc = wk_model_forward(f->m, &b, err, sizeof(err));
+  if (rc) {
+    fprintf(stderr, "forward: %s\n", err);
+    return rc;
+  }
+  for (int j = 0; j < k; j++) {
+    struct seq *q = &s[idx[j]];
+    memcpy(q->logits + (size_t)q->done * f->V, out + (size_t)rows * f->V,
+           sizeof(float) * (size_t)in[j].n_tokens * f->V);
+    rows += in[j].n_tokens;
+    q->done += in[j].n_tokens;
+  }
+  return 0;
+}
+
+static int run_all(struct fixture *f, struct seq *s, int ns, int chunk) {
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < ns; i++) left |= s[i].done < s[i].n;
+    if (!left) return 0;
+    if (step(f, s, ns, chunk)) return -1;
+  }
+}
+
+static void release(struct fixture *f, struct seq *s, int ns) {
+  for (int i = 0; i < ns; i++) {
+    wk_seq_blocks_release(&s[i].blk, wk_model_kv_spec(f->m), &f->pa);
+    free(s[i].logits);
+  }
+}
+
+static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dtype dt) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, arch, moe, dt) == 0);
+  int32_t pa[NP], pb[40], pc[90];
+  make_prompt(pa, NP, f.V, 1);
+  make_prompt(pb, 40, f.V, 2);
+  make_prompt(pc, 90, f.V, 3);
+  size_t bytes = sizeof(float) * (size_t)NP * f.V;
+  int chunks[] = {NP, 7, 1, 64};
+  float *ref = NULL;
+  for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+    struct seq s = {.tokens = pa, .n = NP, .logits = calloc(1, bytes)};
+    TH_REQUIRE(run_all(&f, &s, 1, chunks[c]) == 0);
+    if (!ref) {
+      ref = malloc(bytes);
+      memcpy(ref, s.logits, bytes);
+    } else if (memcmp(ref, s.logits, bytes)) {
+      th_fail(__FILE__, __LINE__, "%s: chunk %d logits differ from one-shot", arch, chunks[c]);
+    }
+    release(&f, &s, 1);
+  }
+  /* the same sequence batched with two others, in 32-token steps */
+  struct seq s3[3] = {
+      {.tokens = pb, .n = 40, .logits = calloc(1, sizeof(float) * 40 * (size_t)f.V)},
+      {.tokens = pa, .n = NP, .logits = calloc(1, bytes)},
+      {.tokens = pc, .n = 90, .logits = calloc(1, sizeof(float) * 90 * (size_t)f.V)},
+  };
+  TH_REQUIRE(run_all(&f, s3, 3, 32) == 0);
+  if (memcmp(ref, s3[1].logits, bytes))
+    th_fail(__FILE__, __LINE__, "%s: batched logits differ from alone", arch);
+  /* sane values: finite, not constant, distinct argmax across positions */
+  int distinct = 0;
+  const struct wk_config *c = wk_model_config(f.m);
+  for (int p = 0; p < NP; p++) {
+    const float *row = ref + (size_t)p * f.V;
+    for (int v = 0; v < f.V; v++) {
+      TH_REQUIRE(isfinite(row[v]));
+      if (c->final_softcap > 0) TH_REQUIRE(fabsf(row[v]) <= (float)c->final_softcap);
+    }
+    if (p && wk_argmax(row, f.V) != wk_argmax(row - f.V, f.V)) distinct++;
+  }
+  TH_CHECK(distinct > NP / 2);
+  release(&f, s3, 3);
+  TH_CHECK_EQ_INT(f.pa.n_free, f.pa.n_pages);
+  free(ref);
+  teardown(&f);
+}
+
+TH_TEST(gemma4_chunked_batched_bit_exact) { check_chunking_and_batching("gemma4", 0, WK_ST_BF16); }
+TH_TEST(gemma4_moe_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma4", 1, WK_ST_F32);
+}
+TH_TEST(gemma3_chunked_batched_bit_exact) { check_chunking_and_batching("gemma3", 0, WK_ST_BF16); }
+
+/* Greedy continuations agree for every chunking, and the window matters:
+ * a model whose only change is a wider window continues differently. */
+TH_TEST(greedy_chunking_and_window) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  int32_t p[NP], g1[24], g2[24];
+  make_prompt(p, NP, f.V, 5);
+  char err[256];
+  int n1 = 0, n2 = 0;
+  struct wk_greedy_opts o = {.chunk = 0, .max_new = 24};
+  TH_REQUIRE(wk_greedy_generate(f.m, &f.pa, p, NP, &o, g1, &n1, err, sizeof(err)) == 0);
+  o.chunk = 5;
+  TH_REQUIRE(wk_greedy_generate(f.m, &f.pa, p, NP, &o, g2, &n2, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(n1, 24);
+  TH_CHECK(n1 == n2 && !memcmp(g1, g2, sizeof(int32_t) * (size_t)n1));
+  teardown(&f);
+
+  char dir[256];
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 4096, WK_ST_BF16, 7) == 0);
+  struct kn_backend *be = NULL;
+  kn_cpu_backend_create(2, &be);
+  struct wk_model *m = NULL;
+  struct wk_model_opts mo = {.max_batch_tokens = 256, .max_seqs = 1, .kv_tokens = 512, .quiet = 1};
+  TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
+  struct wk_page_alloc pa;
+  wk_page_alloc_init(&pa, wk_model_n_pages(m));
+  o.chunk = 0;
+  TH_REQUIRE(wk_greedy_generate(m, &pa, p, NP, &o, g2, &n2, err, sizeof(err)) == 0);
+  TH_CHECK(memcmp(g1, g2, sizeof(int32_t) * 24) != 0);
+  /* a prompt shorter than both windows sees the same keys: same tokens */
+  int32_t g3[8], g4[8];
+  int n3, n4;
+  o.max_new = 8;
+  TH_REQUIRE(wk_greedy_generate(m, &pa, p, 30, &o, g3, &n3, err, sizeof(err)) == 0);
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(wk_greedy_generate(f.m, &f.pa, p, 30, &o, g4, &n4, err, sizeof(err)) == 0);
+  TH_CHECK(!memcmp(g3, g4, sizeof(g3)));
+  teardown(&f);
+}
+
+TH_TEST(bad_batches_are_refused) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
+  struct wk_seq_blocks blk = {0};
+  TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 8) == 0);
+  int32_t toks[8] = {2, 5, 6, 7, 8, 9, 10, 11};
+  struct wk_seq_input s = {.tokens = toks, .n_tokens = 8, .pos0 = 0, .n_out = 1};
+  for (int g = 0; g < kv->n_groups; g++) {
+    s.block_tables[g] = blk.table[g];
+    s.n_blocks[g] = blk.n[g];
+  }
+  static float logits[512];
+  struct wk_batch b = {.seqs = &s, .n_seqs = 1, .logits = logits};
+  char err[256];
+  toks[3] = 512;
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_RANGE);
+  TH_CHECK(strstr(err, "512") != NULL);
+  toks[3] = -1;
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_RANGE);
+  toks[3] = 7;
+  s.pos0 = 100; /* no block for these positions */
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_RANGE);
+  s.pos0 = 0;
+  int32_t bad = 1 << 30;
+  s.block_tables[0] = &bad;
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_RANGE);
+  s.block_tables[0] = blk.table[0];
+  s.n_out = 9;
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_INVAL);
+  s.n_out = 1;
+  struct wk_seq_input many[5];
+  for (int i = 0; i < 5; i++) many[i] = s;
+  struct wk_batch b5 = {.seqs = many, .n_seqs = 5, .logits = logits};
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b5, err, sizeof(err)), CM_ERR_TOOBIG);
+  /* still usable, and deterministic */
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), 0);
+  static float again[512];
+  b.logits = again;
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), 0);
+  TH_CHECK(!memcmp(logits, again, sizeof(again)));
+  wk_seq_blocks_release(&blk, kv, &f.pa);
+  teardown(&f);
+}
