@@ -94,67 +94,69 @@ DEF_MATVEC(f32, float, ld_f32, ld_f32_tail)
 DEF_MATVEC(f16, uint16_t, kn_avx2_f16, kn_avx2_f16_tail)
 DEF_MATVEC(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail)
 
-/* ---- tile kernel: f32 weights, 4 tokens x 2 features per tile ----------- */
+/* ---- tile kernel: f32 weights, 4 tokens x 3 features per tile ----------- */
+
+/* One step of a 4 x 3 tile: three weight vectors against four token vectors. */
+#define TILE_STEP(LOADW, LOADX, OFF)                                                              \
+  do {                                                                                            \
+    __m256 va = LOADW(wa + (OFF)), vb = LOADW(wb + (OFF)), vc = LOADW(wc + (OFF)), xv;            \
+    xv = LOADX(x0 + (OFF));                                                                       \
+    a0 = _mm256_fmadd_ps(va, xv, a0);                                                             \
+    b0 = _mm256_fmadd_ps(vb, xv, b0);                                                             \
+    c0 = _mm256_fmadd_ps(vc, xv, c0);                                                             \
+    xv = LOADX(x1 + (OFF));                                                                       \
+    a1 = _mm256_fmadd_ps(va, xv, a1);                                                             \
+    b1 = _mm256_fmadd_ps(vb, xv, b1);                                                             \
+    c1 = _mm256_fmadd_ps(vc, xv, c1);                                                             \
+    xv = LOADX(x2 + (OFF));                                                                       \
+    a2 = _mm256_fmadd_ps(va, xv, a2);                                                             \
+    b2 = _mm256_fmadd_ps(vb, xv, b2);                                                             \
+    c2 = _mm256_fmadd_ps(vc, xv, c2);                                                             \
+    xv = LOADX(x3 + (OFF));                                                                       \
+    a3 = _mm256_fmadd_ps(va, xv, a3);                                                             \
+    b3 = _mm256_fmadd_ps(vb, xv, b3);                                                             \
+    c3 = _mm256_fmadd_ps(vc, xv, c3);                                                             \
+  } while (0)
 
 KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                              const void *wv, int K, int T, int n, int acc) {
   const float *w = wv;
   const int K8 = K & ~7, r = K - K8;
   const __m256i mask = kn_avx2_mask(r);
+#define LDU(p) _mm256_loadu_ps(p)
+#define LDM(p) _mm256_maskload_ps((p), mask)
   int j = 0;
-  for (; j + 2 <= n; j += 2) {
-    const float *wa = w + (size_t)j * K, *wb = wa + K;
+  for (; j + 3 <= n; j += 3) {
+    const float *wa = w + (size_t)j * K, *wb = wa + K, *wc = wb + K;
     int t = 0;
     for (; t + 4 <= T; t += 4) {
       const float *x0 = in + (ptrdiff_t)t * ldi, *x1 = x0 + ldi, *x2 = x1 + ldi, *x3 = x2 + ldi;
-      __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0,
-             b3 = a0;
-      for (int k = 0; k < K8; k += 8) {
-        __m256 va = _mm256_loadu_ps(wa + k), vb = _mm256_loadu_ps(wb + k), xv;
-        xv = _mm256_loadu_ps(x0 + k);
-        a0 = _mm256_fmadd_ps(va, xv, a0);
-        b0 = _mm256_fmadd_ps(vb, xv, b0);
-        xv = _mm256_loadu_ps(x1 + k);
-        a1 = _mm256_fmadd_ps(va, xv, a1);
-        b1 = _mm256_fmadd_ps(vb, xv, b1);
-        xv = _mm256_loadu_ps(x2 + k);
-        a2 = _mm256_fmadd_ps(va, xv, a2);
-        b2 = _mm256_fmadd_ps(vb, xv, b2);
-        xv = _mm256_loadu_ps(x3 + k);
-        a3 = _mm256_fmadd_ps(va, xv, a3);
-        b3 = _mm256_fmadd_ps(vb, xv, b3);
-      }
-      if (r) {
-        __m256 va = _mm256_maskload_ps(wa + K8, mask), vb = _mm256_maskload_ps(wb + K8, mask), xv;
-        xv = _mm256_maskload_ps(x0 + K8, mask);
-        a0 = _mm256_fmadd_ps(va, xv, a0);
-        b0 = _mm256_fmadd_ps(vb, xv, b0);
-        xv = _mm256_maskload_ps(x1 + K8, mask);
-        a1 = _mm256_fmadd_ps(va, xv, a1);
-        b1 = _mm256_fmadd_ps(vb, xv, b1);
-        xv = _mm256_maskload_ps(x2 + K8, mask);
-        a2 = _mm256_fmadd_ps(va, xv, a2);
-        b2 = _mm256_fmadd_ps(vb, xv, b2);
-        xv = _mm256_maskload_ps(x3 + K8, mask);
-        a3 = _mm256_fmadd_ps(va, xv, a3);
-        b3 = _mm256_fmadd_ps(vb, xv, b3);
-      }
+      __m256 a0 = _mm256_setzero_ps(), b0 = a0, c0 = a0, a1 = a0, b1 = a0, c1 = a0, a2 = a0,
+             b2 = a0, c2 = a0, a3 = a0, b3 = a0, c3 = a0;
+      for (int k = 0; k < K8; k += 8) TILE_STEP(LDU, LDU, k);
+      if (r) TILE_STEP(LDM, LDM, K8);
       float *o = out + (ptrdiff_t)t * ldo + j;
       put(o, kn_avx2_hsum(a0), acc);
       put(o + 1, kn_avx2_hsum(b0), acc);
+      put(o + 2, kn_avx2_hsum(c0), acc);
       o += ldo;
       put(o, kn_avx2_hsum(a1), acc);
       put(o + 1, kn_avx2_hsum(b1), acc);
+      put(o + 2, kn_avx2_hsum(c1), acc);
       o += ldo;
       put(o, kn_avx2_hsum(a2), acc);
       put(o + 1, kn_avx2_hsum(b2), acc);
+      put(o + 2, kn_avx2_hsum(c2), acc);
       o += ldo;
       put(o, kn_avx2_hsum(a3), acc);
       put(o + 1, kn_avx2_hsum(b3), acc);
+      put(o + 2, kn_avx2_hsum(c3), acc);
     }
     if (t < T) matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, wa, K,
-                          T - t, 2, acc);
+                          T - t, 3, acc);
   }
+#undef LDU
+#undef LDM
   if (j < n) matvec_f32(out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc);
 }
 

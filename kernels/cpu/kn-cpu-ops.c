@@ -80,7 +80,7 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
   m.tile = T >= ctx->dsp.tile_min_t;
   if (m.tile) {
     long long c = TILE_CHUNK_BYTES / (4LL * K);
-    c = c < 4 ? 4 : c > 64 ? 64 : c & ~3LL;
+    c = c < 3 ? 3 : c > 63 ? 63 : c - c % 3;
     m.chunk = (int)c;
     if (wdt != KN_DTYPE_F32 && kn_cpu_ctx_scratch(ctx, (size_t)m.chunk * (size_t)K))
       return CM_ERR_NOMEM;
