@@ -207,7 +207,8 @@ int sch_engine_check(const struct sch_engine *e, char *err, size_t err_len) {
           "running[%d] is request %llu in "
           "state %d",
           (int)i, (unsigned long long)r->id, (int)r->state);
-    CHECK(r->num_computed >= 0 && r->num_computed <= r->num_tokens && r->num_tokens <= r->cap,
+    CHECK(r->num_computed >= 0 && r->num_computed <= r->num_tokens && r->num_tokens <= r->cap &&
+              r->cap <= r->max_len,
           "request %llu: computed %d, tokens %d, cap %d", (unsigned long long)r->id,
           (int)r->num_computed, (int)r->num_tokens, (int)r->cap);
     for (int32_t g = 0; g < ng; g++) {

@@ -71,28 +71,44 @@ static int32_t ceil_div(int64_t a, int64_t b) {
   return (int32_t)((a + b - 1) / b);
 }
 
-int sch_kv_seq_init(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens) {
-  memset(seq, 0, sizeof(*seq));
-  if (max_tokens <= 0) return CM_ERR_INVAL;
+/* Lays out tables able to cover max_tokens positions in one allocation, copying what
+ * the sequence holds so far. */
+static int seq_layout(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens) {
   size_t entries = 0;
   for (int32_t g = 0; g < kv->ngroups; g++)
     entries += (size_t)ceil_div(max_tokens, kv->groups[g].block_tokens);
   /* hashes first (8-byte aligned), then the tables */
   char *mem = malloc(entries * (sizeof(uint64_t) + sizeof(int32_t)));
   if (!mem) return CM_ERR_NOMEM;
-  seq->mem = mem;
   uint64_t *h = (uint64_t *)mem;
   int32_t *t = (int32_t *)(h + entries);
   for (int32_t g = 0; g < kv->ngroups; g++) {
     int32_t cap = ceil_div(max_tokens, kv->groups[g].block_tokens);
+    if (seq->mem) {
+      memcpy(h, seq->hash[g], (size_t)seq->num_hashed[g] * sizeof(*h));
+      memcpy(t, seq->table[g], (size_t)seq->len[g] * sizeof(*t));
+    }
     seq->cap[g] = cap;
     seq->hash[g] = h;
     seq->table[g] = t;
     h += cap;
     t += cap;
   }
+  free(seq->mem);
+  seq->mem = mem;
   seq->max_tokens = max_tokens;
   return 0;
+}
+
+int sch_kv_seq_init(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens) {
+  memset(seq, 0, sizeof(*seq));
+  if (max_tokens <= 0) return CM_ERR_INVAL;
+  return seq_layout(kv, seq, max_tokens);
+}
+
+int sch_kv_seq_reserve(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens) {
+  if (max_tokens <= seq->max_tokens) return 0;
+  return seq_layout(kv, seq, max_tokens);
 }
 
 void sch_kv_seq_release(struct sch_kv_seq *seq) {

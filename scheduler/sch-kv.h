@@ -60,9 +60,12 @@ int32_t sch_kv_num_groups(const struct sch_kv *kv);
 const struct sch_kv_group_cfg *sch_kv_group(const struct sch_kv *kv, int32_t g);
 struct sch_block_pool *sch_kv_pool(struct sch_kv *kv);
 
-/* Tables able to cover max_tokens positions (the request's prompt + max_tokens).
+/* Tables able to cover max_tokens positions (grown later with sch_kv_seq_reserve).
  * Returns 0 or CM_ERR_NOMEM. The sequence holds no block afterwards. */
 int sch_kv_seq_init(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens);
+/* Grows the tables to cover max_tokens positions (a no-op when they already do); they
+ * move, so pointers into them taken before are stale. 0 or CM_ERR_NOMEM (unchanged). */
+int sch_kv_seq_reserve(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t max_tokens);
 /* Frees the tables' memory; the sequence must hold no block (see sch_kv_free). */
 void sch_kv_seq_release(struct sch_kv_seq *seq);
 

@@ -102,6 +102,8 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
       int32_t n = CM_MIN(remaining, budget);
       int32_t k = decode ? draft_slots(e, r, budget) : 0;
       int32_t end = r->num_computed + n + k;
+      /* room for the step's positions and for the tokens apply will append */
+      if (sch_request_reserve(r, e->kv, end + 1) != 0) continue; /* out of memory: skip */
       bool self = false;
       while (!self && sch_kv_allocate(e->kv, &r->kv, r->tokens, r->num_computed, end) != 0) {
         struct sch_request *v = pick_victim(e);
@@ -127,6 +129,7 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
 static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
   while (*budget > 0 && e->q.num_running < e->cfg.max_num_seqs && e->q.wait_head) {
     struct sch_request *r = e->q.wait_head;
+    if (sch_request_reserve(r, e->kv, r->num_tokens + 1) != 0) return; /* out of memory */
     int32_t h = sch_kv_prefix_match(e->kv, &r->kv, r->tokens, r->num_tokens);
     int32_t n = CM_MIN(r->num_tokens - h, *budget);
     if (sch_kv_allocate(e->kv, &r->kv, r->tokens, h, h + n) != 0) return;

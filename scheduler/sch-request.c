@@ -9,6 +9,9 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 
+/* Tokens of room after the prompt that a new request starts with. */
+#define SCH_REQUEST_HEADROOM 16
+
 __attribute__((format(printf, 4, 5))) static int fail_msg(int rc, char *err, size_t err_len,
                                                           const char *fmt, ...) {
   if (err && err_len) {
@@ -59,8 +62,9 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
 
   struct sch_request *r = calloc(1, sizeof(*r));
   if (!r) goto nomem;
-  r->cap = (int32_t)total;
-  r->tokens = malloc((size_t)total * sizeof(*r->tokens));
+  r->max_len = (int32_t)total;
+  r->cap = (int32_t)CM_MIN(total, (int64_t)p->prompt_len + SCH_REQUEST_HEADROOM);
+  r->tokens = malloc((size_t)r->cap * sizeof(*r->tokens));
   r->stop_ids = malloc((size_t)(p->num_stop_token_ids + 1) * sizeof(*r->stop_ids));
   r->sampling = malloc(p->sampling_len + 1);
   if (!r->tokens || !r->stop_ids || !r->sampling) goto nomem;
@@ -89,6 +93,19 @@ nomem:
     free(r);
   }
   return fail_msg(CM_ERR_NOMEM, err, err_len, "out of memory");
+}
+
+int sch_request_reserve(struct sch_request *r, const struct sch_kv *kv, int32_t ntokens) {
+  if (ntokens > r->max_len) ntokens = r->max_len;
+  if (ntokens <= r->cap) return 0;
+  int32_t want =
+      (int32_t)CM_MIN((int64_t)r->max_len, CM_MAX((int64_t)ntokens, 2 * (int64_t)r->cap));
+  int32_t *t = realloc(r->tokens, (size_t)want * sizeof(*t));
+  if (!t) return CM_ERR_NOMEM;
+  r->tokens = t;
+  if (sch_kv_seq_reserve(kv, &r->kv, want) != 0) return CM_ERR_NOMEM;
+  r->cap = want;
+  return 0;
 }
 
 void sch_request_destroy(struct sch_request *r) {

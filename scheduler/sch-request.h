@@ -2,9 +2,12 @@
  * (prompt, then generated), how far its KV is computed, its stop conditions, its place
  * in the queues and its KV block tables.
  *
- * The token buffer is sized once at admission (prompt + max_tokens), so nothing is
- * allocated per token. The sampling parameters are an opaque blob copied at admission
- * and handed to the workers unchanged: the scheduler reads only the stop fields. */
+ * The token buffer and the KV tables start with the prompt plus a little headroom and
+ * grow by doubling (up to prompt + max_tokens) when the planner reserves room for a
+ * step, never while results are applied: a queued request with a huge max_tokens costs
+ * only its prompt, and nothing is allocated per token. The sampling parameters are an opaque blob
+ * copied at admission and handed to the workers unchanged: the scheduler reads only the stop
+ * fields. */
 #ifndef LMSERVE_SCH_REQUEST_H
 #define LMSERVE_SCH_REQUEST_H
 
@@ -26,7 +29,8 @@ struct sch_request {
   uint64_t id;
   enum sch_req_state state;
   int32_t *tokens;      /* [cap] prompt ids, then generated ids */
-  int32_t cap;          /* prompt + max_tokens, tokens */
+  int32_t cap;          /* tokens the buffer (and the KV tables) hold now; grows */
+  int32_t max_len;      /* prompt + max_tokens: the most it will ever need, tokens */
   int32_t num_prompt;   /* tokens */
   int32_t num_tokens;   /* prompt + generated, tokens */
   int32_t max_tokens;   /* generated tokens allowed */
@@ -65,6 +69,9 @@ struct sch_request {
 int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv *kv,
                        const struct sch_request_params *params, struct sch_request **out, char *err,
                        size_t err_len);
+/* Makes the token buffer and the KV tables hold ntokens (capped at max_len), doubling.
+ * 0 or CM_ERR_NOMEM (then nothing changed that matters: the request still works). */
+int sch_request_reserve(struct sch_request *r, const struct sch_kv *kv, int32_t ntokens);
 /* Frees the request; it must hold no block. */
 void sch_request_destroy(struct sch_request *r);
 

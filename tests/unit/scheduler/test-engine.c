@@ -1,9 +1,10 @@
 /* test-engine.c — preemption by recompute, aborts in every state, admission limits,
- * stop conditions, speculative-decoding slots and rollback, result validation. */
+ * stop conditions, speculative-decoding slots and rollback, result validation, failure
+ * recovery, memory growth. (It looks inside the engine: sch-engine-impl.h.) */
 #include <stdio.h>
 
 #include "common/cm-err.h"
-#include "scheduler/sch-engine.h"
+#include "scheduler/sch-engine-impl.h"
 #include "tests/harness/th.h"
 #include "tests/unit/scheduler/sch-test-util.h"
 
@@ -44,7 +45,7 @@ static int32_t P2[8] = {21, 22, 23, 24, 25, 26, 27, 28};
 
 /* Generated tokens per request id (ids 1..4). */
 struct sink {
-  int32_t toks[5][64];
+  int32_t toks[5][128];
   int32_t n[5];
   enum sch_finish fin[5];
 };
@@ -53,6 +54,7 @@ static void collect(struct sink *s, const struct sch_outputs *o) {
   for (int32_t i = 0; i < o->num; i++) {
     const struct sch_output *x = &o->items[i];
     TH_REQUIRE(x->req_id >= 1 && x->req_id <= 4);
+    TH_REQUIRE(s->n[x->req_id] + x->num_new <= 128);
     for (int32_t j = 0; j < x->num_new; j++)
       s->toks[x->req_id][s->n[x->req_id]++] = x->new_tokens[j];
     s->fin[x->req_id] = x->finish;
@@ -416,5 +418,35 @@ TH_TEST(failed_step_and_lost_kv_recompute) {
   TH_CHECK_EQ_INT(s.n[2], 12);
   for (int i = 0; i < 12; i++)
     TH_CHECK_EQ_INT(s.toks[2][i], want[i]);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(queued_requests_cost_only_their_prompt) {
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  c.num_blocks = 70000;
+  c.max_model_len = 1 << 20;
+  c.max_num_batched_tokens = 64;
+  struct sch_engine *e;
+  char err[256];
+  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  TH_REQUIRE(add(e, 1, P1, 8, (1 << 20) - 8, err, sizeof(err)) == 0);
+  struct sch_request *r = sch_queue_find(&e->q, 1);
+  TH_REQUIRE(r != NULL);
+  TH_CHECK(r->cap <= 8 + 16);
+  TH_CHECK(r->kv.max_tokens <= 8 + 16);
+  TH_CHECK_EQ_INT(r->max_len, 1 << 20);
+  /* it grows by doubling as it decodes */
+  struct fake_worker w = {.rng = 1};
+  struct sink s = {0};
+  struct sch_plan plan;
+  for (int i = 0; i < 100; i++)
+    run_step(e, &plan, &w, &s, 1);
+  TH_CHECK_EQ_INT(s.n[1], 100);
+  TH_CHECK(r->cap >= 108 && r->cap <= 2 * 109);
+  int32_t want[100];
+  fake_expected(P1, 8, 100, want);
+  for (int i = 0; i < 100; i++)
+    TH_CHECK_EQ_INT(s.toks[1][i], want[i]);
   sch_engine_destroy(e);
 }
