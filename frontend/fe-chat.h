@@ -1,0 +1,40 @@
+/* fe-chat.h — chat templates: turn OpenAI-style messages into the prompt
+ * text a checkpoint expects, by rendering its Jinja chat_template
+ * (fe-jinja.h) the way Hugging Face's apply_chat_template does.
+ *
+ * The template comes from a model directory's chat_template.jinja when
+ * present, else from tokenizer_config.json's "chat_template" (a string, or
+ * a list of {name, template} where "default" is used). It is parsed once at
+ * load: an unsupported construct fails the load, not a request.
+ *
+ * Render variables: messages, add_generation_prompt, every
+ * tokenizer_config.json entry whose key ends in "_token" (bos_token,
+ * eos_token, pad_token, ...; AddedToken objects give their "content"),
+ * and any extra variables the caller passes (tools, documents, ...).
+ *
+ * The rendered text already holds <bos>: encode it with
+ * FE_TOK_MATCH_SPECIAL only (no FE_TOK_ADD_SPECIAL), as vLLM does. */
+#ifndef LMSERVE_FE_CHAT_H
+#define LMSERVE_FE_CHAT_H
+#include <jansson.h>
+#include <stddef.h>
+
+struct fe_chat;
+
+/* `path`: a model directory or a tokenizer_config.json file. */
+int fe_chat_load(const char *path, struct fe_chat **out, char *errbuf, size_t errlen);
+/* From a template string and a tokenizer_config-like object (may be NULL)
+ * supplying the *_token variables. */
+int fe_chat_from_string(const char *tmpl, size_t len, json_t *config, struct fe_chat **out,
+                        char *errbuf, size_t errlen);
+void fe_chat_free(struct fe_chat *c);
+
+/* Renders `messages` (a JSON array of objects with "role" and "content":
+ * a string, a list of parts like {"type": "text", "text": ...}, or null).
+ * `extra` (object or NULL) adds variables. *out is malloc'd, NUL
+ * terminated. Bad messages or a template's raise_exception give
+ * CM_ERR_INVAL and the message in errbuf (a client error). */
+int fe_chat_render(const struct fe_chat *c, json_t *messages, int add_generation_prompt,
+                   json_t *extra, char **out, size_t *out_len, char *errbuf, size_t errlen);
+
+#endif

@@ -1,0 +1,635 @@
+/* fe-jinja-parse.c — the Jinja parser: tokens to a syntax tree, checking
+ * every statement, filter, test, method and global name against what the
+ * evaluator implements, so an unsupported template fails at load time.
+ *
+ * Node layout by kind (struct jk_node):
+ *   BLOCK items | TEXT s,n | OUT a | IF a=cond b=then c=else | FOR s=var
+ *   s2=second var (or NULL) a=iterable b=body c=else d=filter | SET s=name
+ *   s2=attribute (ns.attr) a=value or b=body | LIST items | DICT items as
+ *   key,value pairs | NAME s | ATTR a.s | INDEX a[b] | SLICE a[b:c:d] |
+ *   CALL a(items, kw) fn=global or method | FILTER a|s(items, kw) fn |
+ *   TEST a is [not (i=1)] s(items) fn | NOT/NEG/POS a | BIN a s b |
+ *   COND a if b else c
+ * Precedence follows Jinja: if-else < or < and < not < comparisons < + - <
+ * ~ < * / // % < unary - + < postfix (. [] () | is). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-jinja-impl.h"
+
+static const char *const filter_names[JF__N] = {
+    "trim", "length", "count", "upper", "lower", "capitalize", "title", "first", "last", "join",
+    "default", "d", "tojson", "string", "int", "float", "list", "replace", "safe", "reverse",
+    "abs", "items", "dictsort"};
+static const char *const test_names[JT__N] = {
+    "defined", "undefined", "none", "string", "number", "integer", "float", "boolean",
+    "iterable", "mapping", "sequence", "true", "false", "even", "odd", "divisibleby", "eq",
+    "equalto", "==", "ne", "!="};
+static const char *const method_names[JM__N] = {
+    "strip", "lstrip", "rstrip", "split", "startswith", "endswith", "upper", "lower", "title",
+    "capitalize", "replace", "items", "keys", "values", "get"};
+static const char *const global_names[JG__N] = {"raise_exception", "namespace", "range"};
+
+static int find_name(const char *const *names, int n, const char *s, size_t len) {
+  for (int i = 0; i < n; i++)
+    if (strlen(names[i]) == len && !memcmp(names[i], s, len)) return i;
+  return -1;
+}
+int jk_filter_id(const char *s, size_t n) { return find_name(filter_names, JF__N, s, n); }
+int jk_test_id(const char *s, size_t n) { return find_name(test_names, JT__N, s, n); }
+int jk_method_id(const char *s, size_t n) { return find_name(method_names, JM__N, s, n); }
+int jk_global_id(const char *s, size_t n) { return find_name(global_names, JG__N, s, n); }
+
+struct ps {
+  struct jk_token *t;
+  size_t n, pos;
+  struct cm_arena *arena;
+  char *err;
+  size_t errlen;
+  int depth;
+  int loops; /* enclosing for loops (break / continue need one) */
+};
+
+__attribute__((format(printf, 2, 3))) static int ps_err(struct ps *p, const char *fmt, ...) {
+  if (p->err && p->errlen) {
+    int k = snprintf(p->err, p->errlen, "template line %d: ", p->t[p->pos].line);
+    va_list ap;
+    va_start(ap, fmt);
+    if (k > 0 && (size_t)k < p->errlen) vsnprintf(p->err + k, p->errlen - (size_t)k, fmt, ap);
+    va_end(ap);
+  }
+  return CM_ERR_PARSE;
+}
+
+static struct jk_token *cur(struct ps *p) { return &p->t[p->pos]; }
+static int is_op(struct ps *p, const char *op) {
+  struct jk_token *t = cur(p);
+  return t->kind == JK_OP && t->n == strlen(op) && !memcmp(t->s, op, t->n);
+}
+static int is_name(struct ps *p, const char *name) {
+  struct jk_token *t = cur(p);
+  return t->kind == JK_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
+}
+static int is_name_at(struct ps *p, size_t off, const char *name) {
+  if (p->pos + off >= p->n) return 0;
+  struct jk_token *t = &p->t[p->pos + off];
+  return t->kind == JK_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
+}
+static int accept_op(struct ps *p, const char *op) {
+  if (!is_op(p, op)) return 0;
+  p->pos++;
+  return 1;
+}
+static int accept_name(struct ps *p, const char *name) {
+  if (!is_name(p, name)) return 0;
+  p->pos++;
+  return 1;
+}
+
+static struct jk_node *node(struct ps *p, enum jk_node_kind kind) {
+  struct jk_node *nd = cm_arena_calloc(p->arena, 1, sizeof *nd);
+  if (nd) {
+    nd->kind = kind;
+    nd->line = cur(p)->line;
+  }
+  return nd;
+}
+
+static int add_item(struct ps *p, struct jk_node *nd, struct jk_node *it) {
+  /* grow by doubling into the arena (old arrays are left behind) */
+  if ((nd->n_items & (nd->n_items - 1)) == 0) {
+    size_t nc = nd->n_items ? nd->n_items * 2 : 1;
+    struct jk_node **ni = cm_arena_alloc(p->arena, nc * sizeof *ni);
+    if (!ni) return CM_ERR_NOMEM;
+    if (nd->n_items) memcpy(ni, nd->items, nd->n_items * sizeof *ni);
+    nd->items = ni;
+  }
+  nd->items[nd->n_items++] = it;
+  return 0;
+}
+
+static int parse_expr(struct ps *p, struct jk_node **out);
+
+/* (args, kw=args) after the opening parenthesis was consumed */
+static int parse_args(struct ps *p, struct jk_node *nd) {
+  const char *kn[32];
+  size_t kl[32];
+  struct jk_node *kv[32];
+  size_t nk = 0;
+  int rc;
+  while (!accept_op(p, ")")) {
+    if (nd->n_items + nk && !accept_op(p, ",")) return ps_err(p, "expected ',' or ')'");
+    if (accept_op(p, ")")) break;
+    if (cur(p)->kind == JK_NAME && p->pos + 1 < p->n && p->t[p->pos + 1].kind == JK_OP &&
+        p->t[p->pos + 1].n == 1 && p->t[p->pos + 1].s[0] == '=') {
+      if (nk == 32) return ps_err(p, "too many keyword arguments");
+      kn[nk] = cur(p)->s;
+      kl[nk] = cur(p)->n;
+      p->pos += 2;
+      if ((rc = parse_expr(p, &kv[nk]))) return rc;
+      nk++;
+    } else {
+      struct jk_node *a;
+      if (nk) return ps_err(p, "positional argument after a keyword argument");
+      if ((rc = parse_expr(p, &a)) || (rc = add_item(p, nd, a))) return rc;
+    }
+  }
+  if (nk) {
+    nd->kw_names = cm_arena_alloc(p->arena, nk * sizeof *nd->kw_names);
+    nd->kw_lens = cm_arena_alloc(p->arena, nk * sizeof *nd->kw_lens);
+    nd->kw_vals = cm_arena_alloc(p->arena, nk * sizeof *nd->kw_vals);
+    if (!nd->kw_names || !nd->kw_lens || !nd->kw_vals) return CM_ERR_NOMEM;
+    memcpy(nd->kw_names, kn, nk * sizeof *kn);
+    memcpy(nd->kw_lens, kl, nk * sizeof *kl);
+    memcpy(nd->kw_vals, kv, nk * sizeof *kv);
+    nd->n_kw = nk;
+  }
+  return 0;
+}
+
+static int parse_primary(struct ps *p, struct jk_node **out) {
+  struct jk_token *t = cur(p);
+  struct jk_node *nd = NULL;
+  int rc;
+  if (t->kind == JK_STRING) {
+    if (!(nd = node(p, JN_STR))) return CM_ERR_NOMEM;
+    nd->s = t->s;
+    nd->n = t->n;
+    p->pos++;
+    /* adjacent literals concatenate, as in Python */
+    while (cur(p)->kind == JK_STRING) {
+      char *s = cm_arena_alloc(p->arena, nd->n + cur(p)->n + 1);
+      if (!s) return CM_ERR_NOMEM;
+      memcpy(s, nd->s, nd->n);
+      memcpy(s + nd->n, cur(p)->s, cur(p)->n + 1);
+      nd->s = s;
+      nd->n += cur(p)->n;
+      p->pos++;
+    }
+  } else if (t->kind == JK_INT || t->kind == JK_FLOAT) {
+    if (!(nd = node(p, t->kind == JK_INT ? JN_INT : JN_FLOAT))) return CM_ERR_NOMEM;
+    nd->i = t->i;
+    nd->f = t->f;
+    p->pos++;
+  } else if (t->kind == JK_NAME) {
+    if (is_name(p, "true") || is_name(p, "True") || is_name(p, "false") || is_name(p, "False")) {
+      if (!(nd = node(p, JN_BOOL))) return CM_ERR_NOMEM;
+      nd->i = t->s[0] == 't' || t->s[0] == 'T';
+    } else if (is_name(p, "none") || is_name(p, "None")) {
+      if (!(nd = node(p, JN_NONE))) return CM_ERR_NOMEM;
+    } else {
+      if (!(nd = node(p, JN_NAME))) return CM_ERR_NOMEM;
+      nd->s = t->s;
+      nd->n = t->n;
+    }
+    p->pos++;
+  } else if (accept_op(p, "(")) {
+    if ((rc = parse_expr(p, &nd))) return rc;
+    if (!accept_op(p, ")")) return ps_err(p, "expected ')'");
+  } else if (accept_op(p, "[")) {
+    if (!(nd = node(p, JN_LIST))) return CM_ERR_NOMEM;
+    while (!accept_op(p, "]")) {
+      struct jk_node *e;
+      if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or ']'");
+      if (accept_op(p, "]")) break;
+      if ((rc = parse_expr(p, &e)) || (rc = add_item(p, nd, e))) return rc;
+    }
+  } else if (accept_op(p, "{")) {
+    if (!(nd = node(p, JN_DICT))) return CM_ERR_NOMEM;
+    while (!accept_op(p, "}")) {
+      struct jk_node *k, *v;
+      if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or '}'");
+      if (accept_op(p, "}")) break;
+      if ((rc = parse_expr(p, &k))) return rc;
+      if (!accept_op(p, ":")) return ps_err(p, "expected ':' in a dict literal");
+      if ((rc = parse_expr(p, &v)) || (rc = add_item(p, nd, k)) || (rc = add_item(p, nd, v)))
+        return rc;
+    }
+  } else {
+    return ps_err(p, "expected an expression");
+  }
+  *out = nd;
+  return 0;
+}
+
+static int parse_postfix(struct ps *p, struct jk_node **io) {
+  int rc;
+  for (;;) {
+    struct jk_node *base = *io, *nd;
+    if (accept_op(p, ".")) {
+      if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after '.'");
+      if (!(nd = node(p, JN_ATTR))) return CM_ERR_NOMEM;
+      nd->a = base;
+      nd->s = cur(p)->s;
+      nd->n = cur(p)->n;
+      p->pos++;
+    } else if (accept_op(p, "[")) {
+      struct jk_node *x[3] = {0};
+      int k = 0, colon = 0;
+      for (;;) {
+        if (is_op(p, ":")) {
+          if (++k > 2) return ps_err(p, "bad slice");
+          colon = 1;
+          p->pos++;
+        } else if (is_op(p, "]")) {
+          p->pos++;
+          break;
+        } else {
+          if (x[k]) return ps_err(p, "expected ']'");
+          if ((rc = parse_expr(p, &x[k]))) return rc;
+        }
+      }
+      if (!(nd = node(p, colon ? JN_SLICE : JN_INDEX))) return CM_ERR_NOMEM;
+      if (!colon && !x[0]) return ps_err(p, "empty subscript");
+      nd->a = base;
+      nd->b = x[0];
+      nd->c = x[1];
+      nd->d = x[2];
+    } else if (accept_op(p, "(")) {
+      if (!(nd = node(p, JN_CALL))) return CM_ERR_NOMEM;
+      nd->a = base;
+      if (base->kind == JN_NAME) {
+        if ((nd->fn = jk_global_id(base->s, base->n)) < 0)
+          return ps_err(p, "unknown function '%.*s'", (int)base->n, base->s);
+      } else if (base->kind == JN_ATTR) {
+        if ((nd->fn = jk_method_id(base->s, base->n)) < 0)
+          return ps_err(p, "unsupported method '%.*s'", (int)base->n, base->s);
+      } else {
+        return ps_err(p, "only functions and methods can be called");
+      }
+      if ((rc = parse_args(p, nd))) return rc;
+    } else {
+      return 0;
+    }
+    *io = nd;
+  }
+}
+
+/* filters and tests bind to the postfix expression before them */
+static int parse_filters(struct ps *p, struct jk_node **io) {
+  int rc;
+  for (;;) {
+    struct jk_node *nd;
+    if (accept_op(p, "|")) {
+      if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a filter name");
+      if (!(nd = node(p, JN_FILTER))) return CM_ERR_NOMEM;
+      nd->s = cur(p)->s;
+      nd->n = cur(p)->n;
+      if ((nd->fn = jk_filter_id(nd->s, nd->n)) < 0)
+        return ps_err(p, "unsupported filter '%.*s'", (int)nd->n, nd->s);
+      p->pos++;
+      nd->a = *io;
+      if (accept_op(p, "(") && (rc = parse_args(p, nd))) return rc;
+    } else if (accept_name(p, "is")) {
+      if (!(nd = node(p, JN_TEST))) return CM_ERR_NOMEM;
+      nd->i = accept_name(p, "not");
+      struct jk_token *t = cur(p);
+      if (t->kind != JK_NAME && !(t->kind == JK_OP && (is_op(p, "==") || is_op(p, "!="))))
+        return ps_err(p, "expected a test name");
+      if ((nd->fn = jk_test_id(t->s, t->n)) < 0)
+        return ps_err(p, "unsupported test '%.*s'", (int)t->n, t->s);
+      p->pos++;
+      nd->a = *io;
+      if (accept_op(p, "(")) {
+        if ((rc = parse_args(p, nd))) return rc;
+      } else if (nd->fn == JT_DIVISIBLEBY || nd->fn == JT_EQ || nd->fn == JT_EQUALTO ||
+                 nd->fn == JT_EQEQ || nd->fn == JT_NE || nd->fn == JT_NEQ) {
+        struct jk_node *arg;
+        if ((rc = parse_primary(p, &arg)) || (rc = parse_postfix(p, &arg)) ||
+            (rc = add_item(p, nd, arg)))
+          return rc;
+      }
+    } else {
+      return 0;
+    }
+    *io = nd;
+  }
+}
+
+static int parse_unary(struct ps *p, struct jk_node **out) {
+  int rc;
+  if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "expression nested too deeply");
+  if (is_op(p, "-") || is_op(p, "+")) {
+    struct jk_node *nd = node(p, is_op(p, "-") ? JN_NEG : JN_POS);
+    if (!nd) return CM_ERR_NOMEM;
+    p->pos++;
+    if ((rc = parse_unary(p, &nd->a))) return rc;
+    *out = nd;
+  } else {
+    if ((rc = parse_primary(p, out)) || (rc = parse_postfix(p, out)) ||
+        (rc = parse_filters(p, out)))
+      return rc;
+  }
+  p->depth--;
+  return 0;
+}
+
+static int bin(struct ps *p, const char *op, struct jk_node *a, struct jk_node *b,
+               struct jk_node **out) {
+  struct jk_node *nd = node(p, JN_BIN);
+  if (!nd) return CM_ERR_NOMEM;
+  nd->s = op;
+  nd->n = strlen(op);
+  nd->a = a;
+  nd->b = b;
+  *out = nd;
+  return 0;
+}
+
+typedef int (*level_fn)(struct ps *, struct jk_node **);
+
+/* One left-associative level of binary operators. */
+static int parse_level(struct ps *p, struct jk_node **out, level_fn next,
+                       const char *const *ops, size_t n_ops) {
+  int rc = next(p, out);
+  while (!rc) {
+    const char *op = NULL;
+    for (size_t k = 0; k < n_ops && !op; k++)
+      if (is_op(p, ops[k])) op = ops[k];
+    if (!op) return 0;
+    p->pos++;
+    struct jk_node *rhs;
+    if ((rc = next(p, &rhs))) return rc;
+    rc = bin(p, op, *out, rhs, out);
+  }
+  return rc;
+}
+
+static int parse_mul(struct ps *p, struct jk_node **out) {
+  static const char *const ops[] = {"*", "//", "/", "%"};
+  return parse_level(p, out, parse_unary, ops, 4);
+}
+static int parse_concat(struct ps *p, struct jk_node **out) {
+  static const char *const ops[] = {"~"};
+  return parse_level(p, out, parse_mul, ops, 1);
+}
+static int parse_add(struct ps *p, struct jk_node **out) {
+  static const char *const ops[] = {"+", "-"};
+  return parse_level(p, out, parse_concat, ops, 2);
+}
+
+static int parse_compare(struct ps *p, struct jk_node **out) {
+  static const char *const ops[] = {"==", "!=", "<=", ">=", "<", ">"};
+  int rc = parse_add(p, out);
+  while (!rc) {
+    const char *op = NULL;
+    for (size_t k = 0; k < 6 && !op; k++)
+      if (is_op(p, ops[k])) op = ops[k];
+    if (!op && is_name(p, "in")) op = "in";
+    if (!op && is_name(p, "not") && is_name_at(p, 1, "in")) {
+      op = "notin";
+      p->pos++;
+    }
+    if (!op) return 0;
+    p->pos++;
+    struct jk_node *rhs;
+    if ((rc = parse_add(p, &rhs))) return rc;
+    rc = bin(p, op, *out, rhs, out);
+  }
+  return rc;
+}
+
+static int parse_not(struct ps *p, struct jk_node **out) {
+  if (is_name(p, "not")) {
+    struct jk_node *nd = node(p, JN_NOT);
+    if (!nd) return CM_ERR_NOMEM;
+    p->pos++;
+    if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "expression nested too deeply");
+    int rc = parse_not(p, &nd->a);
+    p->depth--;
+    *out = nd;
+    return rc;
+  }
+  return parse_compare(p, out);
+}
+
+static int parse_and(struct ps *p, struct jk_node **out) {
+  int rc = parse_not(p, out);
+  while (!rc && accept_name(p, "and")) {
+    struct jk_node *rhs;
+    if ((rc = parse_not(p, &rhs))) return rc;
+    rc = bin(p, "and", *out, rhs, out);
+  }
+  return rc;
+}
+
+static int parse_or(struct ps *p, struct jk_node **out) {
+  int rc = parse_and(p, out);
+  while (!rc && accept_name(p, "or")) {
+    struct jk_node *rhs;
+    if ((rc = parse_and(p, &rhs))) return rc;
+    rc = bin(p, "or", *out, rhs, out);
+  }
+  return rc;
+}
+
+static int parse_expr(struct ps *p, struct jk_node **out) {
+  int rc = parse_or(p, out);
+  if (rc || !is_name(p, "if")) return rc;
+  /* a if cond else b (else optional: undefined) */
+  p->pos++;
+  struct jk_node *nd = node(p, JN_COND);
+  if (!nd) return CM_ERR_NOMEM;
+  nd->a = *out;
+  if ((rc = parse_or(p, &nd->b))) return rc;
+  if (accept_name(p, "else") && (rc = parse_expr(p, &nd->c))) return rc;
+  *out = nd;
+  return 0;
+}
+
+/* ---- statements ------------------------------------------------------------ */
+
+static int expect_stmt_end(struct ps *p) {
+  if (cur(p)->kind != JK_STMT_END) return ps_err(p, "expected '%%}'");
+  p->pos++;
+  return 0;
+}
+
+/* Parses statements until a {% name %} whose name is in `ends` (NULL-
+ * terminated) and leaves the cursor on that name; at top level (ends NULL)
+ * until the end. */
+static int parse_block(struct ps *p, const char *const *ends, struct jk_node **out);
+
+static int parse_if(struct ps *p, struct jk_node **out) {
+  static const char *const ends[] = {"elif", "else", "endif", NULL};
+  struct jk_node *nd = node(p, JN_IF);
+  int rc;
+  if (!nd) return CM_ERR_NOMEM;
+  if ((rc = parse_expr(p, &nd->a)) || (rc = expect_stmt_end(p)) ||
+      (rc = parse_block(p, ends, &nd->b)))
+    return rc;
+  if (accept_name(p, "elif")) {
+    struct jk_node *blk = node(p, JN_BLOCK), *inner;
+    if (!blk) return CM_ERR_NOMEM;
+    if ((rc = parse_if(p, &inner)) || (rc = add_item(p, blk, inner))) return rc;
+    nd->c = blk;
+    *out = nd;
+    return 0; /* the innermost if consumed endif */
+  }
+  if (accept_name(p, "else")) {
+    static const char *const ends2[] = {"endif", NULL};
+    if ((rc = expect_stmt_end(p)) || (rc = parse_block(p, ends2, &nd->c))) return rc;
+  }
+  if (!accept_name(p, "endif")) return ps_err(p, "expected endif");
+  *out = nd;
+  return expect_stmt_end(p);
+}
+
+static int parse_for(struct ps *p, struct jk_node **out) {
+  static const char *const ends[] = {"else", "endfor", NULL};
+  struct jk_node *nd = node(p, JN_FOR);
+  int rc;
+  if (!nd) return CM_ERR_NOMEM;
+  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a loop variable");
+  nd->s = cur(p)->s;
+  nd->n = cur(p)->n;
+  p->pos++;
+  if (accept_op(p, ",")) {
+    if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a second loop variable");
+    nd->s2 = cur(p)->s;
+    nd->n2 = cur(p)->n;
+    p->pos++;
+  }
+  if (!accept_name(p, "in")) return ps_err(p, "expected 'in'");
+  /* the iterable may not use a bare conditional (its 'if' filters items) */
+  if ((rc = parse_or(p, &nd->a))) return rc;
+  if (accept_name(p, "if") && (rc = parse_or(p, &nd->d))) return rc;
+  if (accept_name(p, "recursive")) return ps_err(p, "recursive loops are not supported");
+  if ((rc = expect_stmt_end(p))) return rc;
+  p->loops++;
+  rc = parse_block(p, ends, &nd->b);
+  p->loops--;
+  if (rc) return rc;
+  if (accept_name(p, "else")) {
+    static const char *const ends2[] = {"endfor", NULL};
+    if ((rc = expect_stmt_end(p)) || (rc = parse_block(p, ends2, &nd->c))) return rc;
+  }
+  if (!accept_name(p, "endfor")) return ps_err(p, "expected endfor");
+  *out = nd;
+  return expect_stmt_end(p);
+}
+
+static int parse_set(struct ps *p, struct jk_node **out) {
+  struct jk_node *nd = node(p, JN_SET);
+  int rc;
+  if (!nd) return CM_ERR_NOMEM;
+  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after set");
+  nd->s = cur(p)->s;
+  nd->n = cur(p)->n;
+  p->pos++;
+  if (accept_op(p, ".")) {
+    if (cur(p)->kind != JK_NAME) return ps_err(p, "expected an attribute name");
+    nd->s2 = cur(p)->s;
+    nd->n2 = cur(p)->n;
+    p->pos++;
+  }
+  if (is_op(p, ",")) return ps_err(p, "tuple assignment is not supported");
+  if (accept_op(p, "=")) {
+    if ((rc = parse_expr(p, &nd->a))) return rc;
+    *out = nd;
+    return expect_stmt_end(p);
+  }
+  static const char *const ends[] = {"endset", NULL};
+  if ((rc = expect_stmt_end(p)) || (rc = parse_block(p, ends, &nd->b))) return rc;
+  p->pos++; /* endset */
+  *out = nd;
+  return expect_stmt_end(p);
+}
+
+static int parse_stmt(struct ps *p, struct jk_node **out) {
+  struct jk_token *t = cur(p);
+  if (t->kind != JK_NAME) return ps_err(p, "expected a statement name");
+  p->pos++;
+  if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "statements nested too deeply");
+  int rc;
+  if (t->n == 2 && !memcmp(t->s, "if", 2)) {
+    rc = parse_if(p, out);
+  } else if (t->n == 3 && !memcmp(t->s, "for", 3)) {
+    rc = parse_for(p, out);
+  } else if (t->n == 3 && !memcmp(t->s, "set", 3)) {
+    rc = parse_set(p, out);
+  } else if ((t->n == 5 && !memcmp(t->s, "break", 5)) ||
+             (t->n == 8 && !memcmp(t->s, "continue", 8))) {
+    if (!p->loops) return ps_err(p, "'%.*s' outside a loop", (int)t->n, t->s);
+    if (!(*out = node(p, t->n == 5 ? JN_BREAK : JN_CONTINUE))) return CM_ERR_NOMEM;
+    rc = expect_stmt_end(p);
+  } else if ((t->n == 10 && !memcmp(t->s, "generation", 10)) ||
+             (t->n == 13 && !memcmp(t->s, "endgeneration", 13))) {
+    /* assistant-mask markers: no output of their own */
+    if (!(*out = node(p, JN_BLOCK))) return CM_ERR_NOMEM;
+    rc = expect_stmt_end(p);
+  } else {
+    p->pos--;
+    return ps_err(p, "unsupported statement '%.*s'", (int)t->n, t->s);
+  }
+  p->depth--;
+  return rc;
+}
+
+static int parse_block(struct ps *p, const char *const *ends, struct jk_node **out) {
+  struct jk_node *blk = node(p, JN_BLOCK);
+  int rc;
+  if (!blk) return CM_ERR_NOMEM;
+  for (;;) {
+    struct jk_token *t = cur(p);
+    struct jk_node *nd = NULL;
+    if (t->kind == JK_EOF) {
+      if (ends) return ps_err(p, "unexpected end of template (missing %s)", ends[0]);
+      break;
+    }
+    if (t->kind == JK_TEXT) {
+      if (!(nd = node(p, JN_TEXT))) return CM_ERR_NOMEM;
+      nd->s = t->s;
+      nd->n = t->n;
+      p->pos++;
+    } else if (t->kind == JK_EXPR_BEGIN) {
+      p->pos++;
+      if (!(nd = node(p, JN_OUT))) return CM_ERR_NOMEM;
+      if ((rc = parse_expr(p, &nd->a))) return rc;
+      if (cur(p)->kind != JK_EXPR_END) return ps_err(p, "expected '}}'");
+      p->pos++;
+    } else if (t->kind == JK_STMT_BEGIN) {
+      p->pos++;
+      for (size_t k = 0; ends && ends[k]; k++)
+        if (is_name(p, ends[k])) {
+          *out = blk;
+          return 0;
+        }
+      if ((rc = parse_stmt(p, &nd))) return rc;
+    } else {
+      return ps_err(p, "unexpected token");
+    }
+    if ((rc = add_item(p, blk, nd))) return rc;
+  }
+  *out = blk;
+  return 0;
+}
+
+int fe_jinja_parse(const char *src, size_t len, struct fe_jinja **out, char *errbuf,
+                   size_t errlen) {
+  struct fe_jinja *t = calloc(1, sizeof *t);
+  if (!t) return CM_ERR_NOMEM;
+  if (errbuf && errlen) errbuf[0] = 0;
+  cm_arena_init(&t->arena, 64 * 1024, 64u << 20);
+  struct ps p = {.arena = &t->arena, .err = errbuf, .errlen = errlen};
+  /* tokens and nodes point into the source: keep our own copy */
+  char *copy = cm_arena_strndup(&t->arena, src, len);
+  int rc = copy ? jk_lex(copy, len, &t->arena, &p.t, &p.n, errbuf, errlen) : CM_ERR_NOMEM;
+  if (!rc) rc = parse_block(&p, NULL, &t->root);
+  if (rc) {
+    if (rc == CM_ERR_NOMEM && errbuf && errlen) snprintf(errbuf, errlen, "template too large");
+    fe_jinja_free(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+void fe_jinja_free(struct fe_jinja *t) {
+  if (!t) return;
+  cm_arena_free(&t->arena);
+  free(t);
+}

