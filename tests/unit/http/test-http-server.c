@@ -1,0 +1,258 @@
+/* test-http-server.c — fe_server with an in-process handler that answers
+ * asynchronously: SSE streams (chat and completion chunks, usage, [DONE])
+ * written from a timer, chunked framing on HTTP/1.1 and close-delimited on
+ * HTTP/1.0, and the abort callback when the client goes away mid-stream.
+ * The loop runs on the test's main thread; a client thread drives it. */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-api.h"
+#include "frontend/fe-server.h"
+#include "frontend/fe-sse.h"
+#include "tests/harness/th.h"
+
+struct stream_job {
+  uv_timer_t timer;
+  struct fe_sse_stream sse;
+  struct fe_api_request req;
+  int sent;
+  int aborted;
+  int hang; /* never finish on its own: wait for the client to go away */
+};
+
+struct fixture {
+  uv_loop_t loop;
+  uv_async_t stop;
+  struct fe_server *srv;
+  int port;
+  int aborts;    /* abort callbacks seen */
+  int finished;  /* streams ended */
+};
+
+static struct fixture fx;
+
+static void job_closed(uv_handle_t *h) {
+  struct stream_job *j = h->data;
+  fe_api_request_free(&j->req);
+  free(j);
+}
+
+static void job_end(struct stream_job *j) {
+  struct fe_api_usage u = {3, (int64_t)j->sent};
+  fe_sse_end(&j->sse, &u);
+  fx.finished++;
+  uv_timer_stop(&j->timer);
+  uv_close((uv_handle_t *)&j->timer, job_closed);
+}
+
+static void on_abort(void *ud) {
+  struct stream_job *j = ud;
+  j->aborted = 1;
+  __atomic_add_fetch(&fx.aborts, 1, __ATOMIC_SEQ_CST);
+}
+
+static void on_tick(uv_timer_t *t) {
+  struct stream_job *j = t->data;
+  if (j->aborted) { /* the client left: finish to release the connection */
+    job_end(j);
+    return;
+  }
+  if (j->hang) {
+    struct fe_api_choice c = {0, ".", 1, NULL, NULL, 0, 0};
+    fe_sse_send(&j->sse, &c);
+    return;
+  }
+  static const char *const words[] = {"Hel", "lo", " wor", "ld"};
+  if (j->sent < 4) {
+    struct fe_api_choice c = {0, words[j->sent], strlen(words[j->sent]), NULL, NULL, 0, 0};
+    TH_CHECK(fe_sse_send(&j->sse, &c) == 0);
+    j->sent++;
+    return;
+  }
+  struct fe_api_choice last = {0, "", 0, "stop", NULL, 0, 0};
+  fe_sse_send(&j->sse, &last);
+  job_end(j);
+}
+
+static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *req, const char *body,
+                    size_t len) {
+  (void)ud;
+  enum fe_api_kind kind = req->path_len == 5 && !memcmp(req->path, "/chat", 5) ? FE_API_CHAT : FE_API_COMPLETION;
+  if (req->path_len == 5 && !memcmp(req->path, "/hang", 5)) kind = FE_API_COMPLETION;
+  struct fe_api_config cfg = {"m", 100};
+  struct stream_job *j = calloc(1, sizeof(*j));
+  struct fe_api_error err;
+  if (!j || fe_api_parse_request(kind, body, len, &cfg, &j->req, &err) != 0) {
+    free(j);
+    fe_conn_respond_error(c, 400, "bad test request", NULL);
+    return;
+  }
+  j->hang = req->path_len == 5 && !memcmp(req->path, "/hang", 5);
+  fe_conn_set_abort_cb(c, on_abort, j);
+  fe_sse_begin(&j->sse, c, &j->req, kind == FE_API_CHAT ? "chatcmpl-" : "cmpl-", 1700000000);
+  uv_timer_init(&fx.loop, &j->timer);
+  j->timer.data = j;
+  uv_timer_start(&j->timer, on_tick, 2, 2);
+}
+
+static void on_stop(uv_async_t *a) {
+  fe_server_destroy(fx.srv);
+  uv_close((uv_handle_t *)a, NULL);
+}
+
+/* ---- client side (its own thread) ---------------------------------------- */
+
+static int dial(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)fx.port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Reads until EOF or until `until` appears; returns a malloc'd string. */
+static char *read_until(int fd, const char *until) {
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  for (;;) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 5000) <= 0) break;
+    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
+    if (k <= 0) break;
+    n += (size_t)k;
+    b[n] = 0;
+    if (until && strstr(b, until)) break;
+  }
+  b[n] = 0;
+  return b;
+}
+
+static void send_req(int fd, const char *path, const char *version, const char *body) {
+  char req[1024];
+  int n = snprintf(req, sizeof(req), "POST %s HTTP/%s\r\nHost: t\r\nContent-Length: %zu\r\n\r\n%s", path,
+                   version, strlen(body), body);
+  send(fd, req, (size_t)n, MSG_NOSIGNAL);
+}
+
+/* Collects the JSON payloads of the "data: " events of a (de-chunked or
+ * raw) body; chunk-size lines are skipped because they never start with
+ * "data: ". */
+static int events(const char *s, json_t **out, int max, int *done) {
+  int n = 0;
+  *done = 0;
+  for (const char *p = strstr(s, "data: "); p; p = strstr(p + 6, "data: ")) {
+    const char *e = strstr(p, "\n\n");
+    if (!e) break;
+    if (!strncmp(p + 6, "[DONE]", 6)) {
+      *done = 1;
+      continue;
+    }
+    if (n < max) out[n++] = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
+  }
+  return n;
+}
+
+static char client_result[256];
+
+static void *client(void *arg) {
+  (void)arg;
+  client_result[0] = 0;
+  /* 1: chat stream on HTTP/1.1 with usage */
+  int fd = dial();
+  send_req(fd, "/chat", "1.1",
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+  char *b = read_until(fd, "0\r\n\r\n");
+  json_t *ev[16];
+  int done = 0, n = events(b, ev, 16, &done);
+  const char *fail = NULL;
+  if (!strstr(b, "HTTP/1.1 200") || !strstr(b, "Transfer-Encoding: chunked") || !strstr(b, "text/event-stream"))
+    fail = "chat: bad head";
+  else if (n != 6 || !done)
+    fail = "chat: want 6 events and [DONE]";
+  else {
+    json_t *d0 = json_object_get(json_array_get(json_object_get(ev[0], "choices"), 0), "delta");
+    json_t *d1 = json_object_get(json_array_get(json_object_get(ev[1], "choices"), 0), "delta");
+    json_t *c4 = json_array_get(json_object_get(ev[4], "choices"), 0);
+    if (!json_is_string(json_object_get(d0, "role")) || strcmp(json_string_value(json_object_get(d0, "content")), "Hel"))
+      fail = "chat: first delta lacks role or content";
+    else if (json_object_get(d1, "role") || strcmp(json_string_value(json_object_get(d1, "content")), "lo"))
+      fail = "chat: later delta has a role";
+    else if (!json_is_string(json_object_get(c4, "finish_reason")))
+      fail = "chat: last choice chunk lacks finish_reason";
+    else if (json_array_size(json_object_get(ev[5], "choices")) != 0 ||
+             json_integer_value(json_object_get(json_object_get(ev[5], "usage"), "total_tokens")) != 7)
+      fail = "chat: bad usage chunk";
+    else if (strcmp(json_string_value(json_object_get(ev[0], "object")), "chat.completion.chunk"))
+      fail = "chat: bad object";
+  }
+  for (int i = 0; i < n; i++) json_decref(ev[i]);
+  free(b);
+  /* 2: the same connection is kept alive: a completion stream without usage */
+  if (!fail) {
+    send_req(fd, "/cmpl", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
+    b = read_until(fd, "0\r\n\r\n");
+    n = events(b, ev, 16, &done);
+    if (n != 5 || !done) fail = "completion: want 5 events and [DONE]";
+    else if (strcmp(json_string_value(json_object_get(ev[0], "object")), "text_completion"))
+      fail = "completion: bad object";
+    for (int i = 0; i < n; i++) json_decref(ev[i]);
+    free(b);
+  }
+  close(fd);
+  /* 3: HTTP/1.0: no chunking, the body ends when the server closes */
+  if (!fail) {
+    fd = dial();
+    send_req(fd, "/cmpl", "1.0", "{\"prompt\":\"x\",\"stream\":true}");
+    b = read_until(fd, NULL);
+    n = events(b, ev, 16, &done);
+    if (strstr(b, "chunked") || n != 5 || !done) fail = "http/1.0 stream: want close-delimited events";
+    for (int i = 0; i < n; i++) json_decref(ev[i]);
+    free(b);
+    close(fd);
+  }
+  /* 4: a client that leaves mid-stream fires the abort callback */
+  if (!fail) {
+    fd = dial();
+    send_req(fd, "/hang", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
+    b = read_until(fd, "data: ");
+    free(b);
+    close(fd);
+    for (int i = 0; i < 200 && __atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) == 0; i++) usleep(10000);
+    if (__atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) != 1) fail = "no abort callback after disconnect";
+  }
+  if (fail) snprintf(client_result, sizeof(client_result), "%s", fail);
+  uv_async_send(&fx.stop);
+  return NULL;
+}
+
+TH_TEST(server_sse_streams_and_abort) {
+  memset(&fx, 0, sizeof(fx));
+  TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
+  struct fe_server_limits lim;
+  fe_server_limits_default(&lim);
+  TH_REQUIRE(fe_server_create(&fx.loop, "127.0.0.1", 0, &lim, handler, NULL, &fx.srv) == 0);
+  fx.port = fe_server_port(fx.srv);
+  uv_async_init(&fx.loop, &fx.stop, on_stop);
+  pthread_t th;
+  TH_REQUIRE(pthread_create(&th, NULL, client, NULL) == 0);
+  uv_run(&fx.loop, UV_RUN_DEFAULT);
+  pthread_join(th, NULL);
+  if (client_result[0]) th_fail(__FILE__, __LINE__, "%s", client_result);
+  TH_CHECK_EQ_INT(fx.aborts, 1);
+  TH_CHECK_EQ_INT(fx.finished, 4);
+  TH_CHECK_EQ_INT(uv_loop_close(&fx.loop), 0);
+}
