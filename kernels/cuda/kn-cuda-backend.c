@@ -158,7 +158,9 @@ static void *cuda_alloc(void *ctx, size_t bytes) {
 static void cuda_free(void *ctx, void *p) {
   struct kn_cuda_ctx *c = ctx;
   if (kn_cuda_enter(c)) return;
-  cudaError_t e = cudaFree(p); /* synchronises: no op still reads p */
+  /* ops queued on the stream may still read p: let them finish first */
+  cudaError_t e = cudaStreamSynchronize(c->stream);
+  if (e == cudaSuccess) e = cudaFree(p);
   if (e != cudaSuccess) cm_error("cuda", "cudaFree failed: %s", cudaGetErrorString(e));
 }
 
