@@ -16,10 +16,10 @@
  *
  * Plan and apply alternate: a plan with sequences puts a step in flight, and the next
  * plan is refused (CM_ERR_STATE) until its results are applied (or the step is declared
- * failed). Blocks released in
- * between (aborts) are handed out only by a later plan, which the workers run after the
- * step in flight. A plan's pointers stay valid until the next plan_step, or for one
- * sequence until its request is aborted or finishes; outputs until the next apply.
+ * failed). Blocks released in between (aborts) are handed out only by a later plan,
+ * which the workers run after the step in flight. A plan's pointers stay valid until
+ * the next plan_step, or for one sequence until its request is aborted or finishes;
+ * outputs until the next apply.
  *
  * Policy: the waiting queue is ordered by (priority, arrival): lower priority values
  * first, FCFS among equals, and it never skips its head (a request that does not fit yet
@@ -30,7 +30,13 @@
  * largest (priority, admission order) that is not yet scheduled this step — under FCFS,
  * the most recently admitted — is preempted: its blocks are released (cached ones stay
  * in the LRU list), and it returns to the waiting queue in its arrival place with its
- * generated tokens appended to the prompt to recompute. */
+ * generated tokens appended to the prompt to recompute. Priority orders admission and
+ * picks victims; it does not preempt a running request to admit a waiting one.
+ *
+ * Speculative decoding: a decode gets up to num_spec_tokens draft slots (fewer near
+ * max_tokens or the budget's end); the workers draft into them and verify; the result
+ * carries the accepted drafts plus one token, and the slots of rejected drafts are
+ * released (rolled back) when the result is applied. */
 #ifndef LMSERVE_SCH_ENGINE_H
 #define LMSERVE_SCH_ENGINE_H
 
