@@ -48,7 +48,9 @@ static int check_config(const struct sch_engine_config *c, char *err, size_t err
     return set_err(err, err_len, "num_spec_tokens must be 0..64");
   if (c->max_num_batched_tokens < 1 + c->num_spec_tokens)
     return set_err(err, err_len, "max_num_batched_tokens must hold one decode with its drafts");
-  if (c->max_waiting < 0) return set_err(err, err_len, "max_waiting must not be negative");
+  if (c->max_waiting < 1) return set_err(err, err_len, "max_waiting must be at least 1");
+  if (c->long_prefill_threshold < 0)
+    return set_err(err, err_len, "long_prefill_threshold must not be negative");
   if (c->num_eos_ids < 0 || c->num_eos_ids > SCH_MAX_EOS_IDS)
     return set_err(err, err_len, "at most %d eos ids", SCH_MAX_EOS_IDS);
   if (c->vocab_size < 0) return set_err(err, err_len, "vocab_size must not be negative");
@@ -72,7 +74,7 @@ int sch_engine_create(const struct sch_engine_config *cfg, struct sch_engine **o
   rc = sch_kv_create(e->pool, cfg->groups, cfg->num_groups, cfg->enable_prefix_caching,
                      cfg->hash_key, &e->kv);
   if (rc) goto fail;
-  rc = sch_queue_init(&e->q, ns, ns + CM_MAX(cfg->max_waiting, 1));
+  rc = sch_queue_init(&e->q, ns, ns + cfg->max_waiting);
   if (rc) goto fail;
   rc = CM_ERR_NOMEM;
   e->gone_cap = ns;

@@ -59,6 +59,9 @@ struct sch_engine_config {
   int32_t max_model_len;            /* prompt + generated, tokens */
   int32_t max_waiting;              /* queued requests at most; beyond: CM_ERR_FULL */
   int32_t num_spec_tokens;          /* draft slots K per decode (0 = no speculation) */
+  int32_t long_prefill_threshold;   /* a prefill chunk takes at most this many tokens of a
+                                      step, so that short prompts beside a long one start
+                                      soon (0 = no limit) */
   int32_t vocab_size;               /* token ids must be < this; 0 = unchecked */
   int32_t eos_ids[SCH_MAX_EOS_IDS]; /* the model's end-of-sequence ids */
   int32_t num_eos_ids;

@@ -84,6 +84,13 @@ static int32_t draft_slots(const struct sch_engine *e, const struct sch_request 
   return k > 0 ? k : 0;
 }
 
+/* Tokens one prefill chunk may take: what the budget leaves, within the threshold.
+ * (A decode's single token is within any threshold.) */
+static int32_t prefill_cap(const struct sch_engine *e, int32_t budget) {
+  int32_t t = e->cfg.long_prefill_threshold;
+  return t > 0 && t < budget ? t : budget;
+}
+
 /* Schedules the running requests: pass 0 the decodes, pass 1 the prefills. Returns
  * whether any request was preempted. A step is never empty while requests run: the last
  * unscheduled one, beside scheduled ones, preempts only itself, and alone it fits
@@ -99,7 +106,7 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
       CM_ASSERT(remaining >= 1);
       bool decode = remaining == 1;
       if (decode != (pass == 0)) continue;
-      int32_t n = CM_MIN(remaining, budget);
+      int32_t n = CM_MIN(remaining, prefill_cap(e, budget));
       int32_t k = decode ? draft_slots(e, r, budget) : 0;
       int32_t end = r->num_computed + n + k;
       /* room for the step's positions and for the tokens apply will append */
@@ -131,7 +138,7 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
     struct sch_request *r = e->q.wait_head;
     if (sch_request_reserve(r, e->kv, r->num_tokens + 1) != 0) return; /* out of memory */
     int32_t h = sch_kv_prefix_match(e->kv, &r->kv, r->tokens, r->num_tokens);
-    int32_t n = CM_MIN(r->num_tokens - h, *budget);
+    int32_t n = CM_MIN(r->num_tokens - h, prefill_cap(e, *budget));
     if (sch_kv_allocate(e->kv, &r->kv, r->tokens, h, h + n) != 0) return;
     if (!r->counted) {
       sch_kv_count_query(e->kv, r->num_tokens, h);

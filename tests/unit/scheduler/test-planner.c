@@ -280,3 +280,38 @@ TH_TEST(prefix_caching_off_counts_nothing) {
   TH_CHECK_EQ_INT(st.num_blocks_cached_free, 0);
   sch_engine_destroy(e);
 }
+
+TH_TEST(long_prefill_threshold_lets_short_prompts_in) {
+  struct sch_engine_config c;
+  sch_engine_config_default(&c);
+  c.num_blocks = 64;
+  c.groups[0].block_tokens = 4;
+  c.max_num_batched_tokens = 16;
+  c.max_model_len = 64;
+  c.long_prefill_threshold = 8;
+  struct sch_engine *e;
+  char err[128];
+  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
+  TH_REQUIRE(add_req(e, 1, seq_prompt(40, 100), 40, 2) == 0);
+  TH_REQUIRE(add_req(e, 2, seq_prompt(5, 300), 5, 2) == 0);
+  step(e, &plan, &w);
+  TH_REQUIRE(plan.num_seqs == 2);
+  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8);
+  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 5);
+  TH_CHECK(find_seq(&plan, 2)->sample);
+  step(e, &plan, &w);
+  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8); /* 15 tokens left, capped at 8 */
+  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 1);
+  sch_engine_destroy(e);
+  /* without the threshold the long prompt takes the whole budget first */
+  c.long_prefill_threshold = 0;
+  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  TH_REQUIRE(add_req(e, 1, seq_prompt(40, 100), 40, 2) == 0);
+  TH_REQUIRE(add_req(e, 2, seq_prompt(5, 300), 5, 2) == 0);
+  step(e, &plan, &w);
+  TH_REQUIRE(plan.num_seqs == 1);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 16);
+  sch_engine_destroy(e);
+}
