@@ -46,7 +46,50 @@ KN_AVX2 static inline void PREFETCH(const char *p, size_t bytes) {
         t2 = LOAD_TAIL(w2 + K8, r);                                                              \
         t3 = LOAD_TAIL(w3 + K8, r);                                                              \
       }                                                                                          \
-      for (int t = 0; t < T; t++) {                                                              \
+      int t = 0;                                                                                 \
+      for (; t + 2 <= T; t += 2) { /* two tokens share each widened weight vector */             \
+        const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;                                  \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                               \
+        for (int k = 0; k < K8; k += 8) {                                                        \
+          __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k), wr;                   \
+          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));             \
+          wr = LOAD(w0 + k);                                                                     \
+          a0 = _mm256_fmadd_ps(wr, xv, a0);                                                      \
+          b0 = _mm256_fmadd_ps(wr, yv, b0);                                                      \
+          wr = LOAD(w1 + k);                                                                     \
+          a1 = _mm256_fmadd_ps(wr, xv, a1);                                                      \
+          b1 = _mm256_fmadd_ps(wr, yv, b1);                                                      \
+          wr = LOAD(w2 + k);                                                                     \
+          a2 = _mm256_fmadd_ps(wr, xv, a2);                                                      \
+          b2 = _mm256_fmadd_ps(wr, yv, b2);                                                      \
+          wr = LOAD(w3 + k);                                                                     \
+          a3 = _mm256_fmadd_ps(wr, xv, a3);                                                      \
+          b3 = _mm256_fmadd_ps(wr, yv, b3);                                                      \
+        }                                                                                        \
+        if (r) {                                                                                 \
+          __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);   \
+          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                      \
+          b0 = _mm256_fmadd_ps(t0, yv, b0);                                                      \
+          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                      \
+          b1 = _mm256_fmadd_ps(t1, yv, b1);                                                      \
+          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                      \
+          b2 = _mm256_fmadd_ps(t2, yv, b2);                                                      \
+          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                      \
+          b3 = _mm256_fmadd_ps(t3, yv, b3);                                                      \
+        }                                                                                        \
+        float *o = out + (ptrdiff_t)t * ldo + j;                                                 \
+        put(o + 0, kn_avx2_hsum(a0), acc);                                                       \
+        put(o + 1, kn_avx2_hsum(a1), acc);                                                       \
+        put(o + 2, kn_avx2_hsum(a2), acc);                                                       \
+        put(o + 3, kn_avx2_hsum(a3), acc);                                                       \
+        o += ldo;                                                                                \
+        put(o + 0, kn_avx2_hsum(b0), acc);                                                       \
+        put(o + 1, kn_avx2_hsum(b1), acc);                                                       \
+        put(o + 2, kn_avx2_hsum(b2), acc);                                                       \
+        put(o + 3, kn_avx2_hsum(b3), acc);                                                       \
+      }                                                                                          \
+      for (; t < T; t++) {                                                                       \
         const float *x = in + (ptrdiff_t)t * ldi;                                                \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
         for (int k = 0; k < K8; k += 8) {                                                        \

@@ -118,6 +118,19 @@ int main(int argc, char **argv) {
            bytes / 1e6, s * 1e3, bytes / s / 1e9, 100.0 * bytes / s / 1e9 / bw);
     free(wq), free(wk), free(wo), free(wg), free(wu), free(wd), free(lm);
   }
+  /* small decode batches over a matrix larger than the last-level cache */
+  {
+    int N = 65536, K = 640;
+    void *w = rand_weights(KN_DTYPE_BF16, (size_t)N * K);
+    static const int Ts[] = {1, 2, 4, 7, 8, 16};
+    for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
+      double s = time_matmul(be, KN_DTYPE_BF16, w, Ts[i], N, K, in, out);
+      printf("matmul bf16 [%d x %d] T=%2d: %8.1f us  %5.1f GB/s of weights, %.1f GFLOP/s per "
+             "CPU-second\n", N, K, Ts[i], s * 1e6, (double)N * K * 2 / s / 1e9,
+             2.0 * Ts[i] * N * K / last_cpu_per_call / 1e9);
+    }
+    free(w);
+  }
   /* prefill-sized matmuls */
   for (int T = 8; T <= 512; T *= 8) {
     void *w = rand_weights(KN_DTYPE_BF16, (size_t)2048 * 640);
