@@ -83,6 +83,8 @@ struct sch_request_params {
   int32_t num_stop_token_ids;
   bool ignore_eos;
   int32_t priority;     /* lower runs first; 0 for plain FCFS */
+  uint64_t arrival_ns;  /* when the request arrived (cm_time_ns clock); 0 = now. Echoed in
+                           outputs for latency metrics; order is by add() call */
   const void *sampling; /* [sampling_len] opaque, copied, given to workers */
   size_t sampling_len;
 };
@@ -144,6 +146,7 @@ struct sch_output {
   int32_t num_prompt;     /* prompt tokens */
   int32_t num_generated;  /* generated so far, tokens */
   int32_t num_cached;     /* prefix-cache hit at first admission, tokens */
+  uint64_t arrival_ns;    /* as given to sch_engine_add */
 };
 
 struct sch_outputs {

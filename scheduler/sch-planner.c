@@ -249,6 +249,7 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
       o->num_prompt = r->num_prompt;
       o->num_generated = sch_request_num_generated(r);
       o->num_cached = r->num_cached;
+      o->arrival_ns = r->arrival_ns;
     }
     r->result = NULL;
     sch_kv_commit(e->kv, &r->kv, r->tokens, r->num_computed);

@@ -8,6 +8,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-time.h"
 
 /* Tokens of room after the prompt that a new request starts with. */
 #define SCH_REQUEST_HEADROOM 16
@@ -78,6 +79,7 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   r->num_prompt = r->num_tokens = p->prompt_len;
   r->max_tokens = p->max_tokens;
   r->priority = p->priority;
+  r->arrival_ns = p->arrival_ns ? p->arrival_ns : cm_time_ns();
   r->num_stop = p->num_stop_token_ids;
   r->ignore_eos = p->ignore_eos;
   r->sampling_len = p->sampling_len;

@@ -38,6 +38,7 @@ struct sch_request {
   int32_t num_cached;   /* prefix-cache hit at first admission, tokens */
   int32_t priority;     /* lower runs first */
   uint64_t arrival_seq; /* order of arrival (FCFS) */
+  uint64_t arrival_ns;  /* arrival time, cm_time_ns clock */
   uint64_t admit_seq;   /* order of the latest admission to running */
   int32_t *stop_ids;    /* [num_stop] ids that end generation (besides eos) */
   int32_t num_stop;

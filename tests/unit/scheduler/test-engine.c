@@ -275,7 +275,8 @@ TH_TEST(stop_conditions) {
   TH_CHECK(o.num == 1 && o.items[0].finish == SCH_FINISH_STOP && o.items[0].new_tokens[0] == 1);
   TH_CHECK_EQ_INT(o.items[0].num_generated, 2);
 
-  struct sch_request_params p = {.id = 2, .prompt = P1, .prompt_len = 8, .max_tokens = 3};
+  struct sch_request_params p = {
+      .id = 2, .prompt = P1, .prompt_len = 8, .max_tokens = 3, .arrival_ns = 12345};
   int32_t stop = 77;
   p.ignore_eos = true;
   p.stop_token_ids = &stop;
@@ -284,6 +285,7 @@ TH_TEST(stop_conditions) {
   t = 1;
   o = answer(e, &t, 1);
   TH_CHECK(o.items[0].finish == SCH_FINISH_NONE); /* eos ignored */
+  TH_CHECK_EQ_INT(o.items[0].arrival_ns, 12345);
   t = 77;
   o = answer(e, &t, 1);
   TH_CHECK(o.items[0].finish == SCH_FINISH_STOP);
