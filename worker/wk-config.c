@@ -233,8 +233,13 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
   fu->theta = 1000000.0;
   fu->factor = 1.0;
   fu->rot_pairs = gemma4 ? (int)floor(0.25 * cfg->global_head_dim / 2.0) : cfg->global_head_dim / 2;
-  const json_t *rp = json_object_get(tc, "rope_parameters");
   int rc;
+  /* top-level thetas (older generation; newer Gemma 3 checkpoints keep them
+   * beside rope_parameters entries that omit rope_theta) */
+  if ((rc = get_num(tc, "rope_theta", fu->theta, 1.0, 1e12, &fu->theta, err, errlen))) return rc;
+  if ((rc = get_num(tc, "rope_local_base_freq", sl->theta, 1.0, 1e12, &sl->theta, err, errlen)))
+    return rc;
+  const json_t *rp = json_object_get(tc, "rope_parameters");
   if (rp && json_is_object(rp) && (json_object_get(rp, "sliding_attention") ||
                                    json_object_get(rp, "full_attention"))) {
     const json_t *e;
@@ -252,10 +257,7 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
     fu->rot_pairs = fu->rot_pairs * cfg->global_head_dim / cfg->head_dim;
     return 0;
   }
-  /* older generation */
-  if ((rc = get_num(tc, "rope_theta", fu->theta, 1.0, 1e12, &fu->theta, err, errlen))) return rc;
-  if ((rc = get_num(tc, "rope_local_base_freq", sl->theta, 1.0, 1e12, &sl->theta, err, errlen)))
-    return rc;
+  /* older generation: rope_scaling applies to full layers */
   const json_t *rs = json_object_get(tc, "rope_scaling");
   if (rs && json_is_object(rs)) {
     if ((rc = parse_rope_entry(rs, "rope_scaling", cfg->global_head_dim, &(struct wk_rope){0},

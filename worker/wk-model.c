@@ -328,7 +328,7 @@ static int alloc_scratch(struct wk_model *m) {
  * the page faults; reports progress for big checkpoints. */
 static void prefault(struct wk_model *m, int quiet) {
   uint64_t total = wk_st_data_bytes(m->st), done = 0, next = total / 10;
-  int loud = !quiet && total > (512ull << 20);
+  int loud = !quiet && total > (256ull << 20);
   volatile unsigned char sink = 0;
   for (int i = 0; i < wk_st_count(m->st); i++) {
     const struct wk_tensor *t = wk_st_get(m->st, i);

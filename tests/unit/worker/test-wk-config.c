@@ -241,3 +241,22 @@ TH_TEST(config_generation_eos) {
   TH_CHECK_EQ_INT(wk_config_parse_generation(range, strlen(range), &c, err, sizeof(err)),
                   CM_ERR_RANGE);
 }
+
+/* Newer Gemma 3 checkpoints keep the thetas at the top level and
+ * rope_parameters entries without rope_theta. */
+TH_TEST(config_gemma3_rope_parameters_without_theta) {
+  const char *j =
+      "{\"model_type\":\"gemma3_text\",\"vocab_size\":1000,\"hidden_size\":64,"
+      "\"intermediate_size\":128,\"num_hidden_layers\":6,\"num_attention_heads\":4,"
+      "\"head_dim\":16,\"rope_theta\":1000000,\"rope_local_base_freq\":10000,"
+      "\"rope_parameters\":{\"full_attention\":{\"factor\":8.0,\"rope_type\":\"linear\"},"
+      "\"sliding_attention\":{\"rope_type\":\"default\"}}}";
+  struct wk_config c;
+  char err[256] = "";
+  TH_REQUIRE(parse(j, &c, err) == 0);
+  TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].theta, 1e6, 0);
+  TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].factor, 8.0, 0);
+  TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].theta, 1e4, 0);
+  TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].factor, 1.0, 0);
+  TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 8);
+}
