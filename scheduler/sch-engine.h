@@ -1,8 +1,9 @@
 /* sch-engine.h — the scheduler's engine: request queues, continuous batching under a
  * token budget, chunked prefill, the KV block manager (per-group block tables, prefix
  * caching, sliding-window freeing), preemption by recompute, aborts and the slot
- * bookkeeping of speculative decoding. Pure logic: no sockets, threads or tensors; the
- * `lmserve scheduler` process drives it:
+ * bookkeeping of speculative decoding. Pure logic: no sockets, threads or tensors, and
+ * not thread-safe (one thread drives an engine); the `lmserve scheduler` process
+ * drives it:
  *
  *   sch_engine_create(&cfg, &e);              // cfg from flags + the workers' READY
  *   sch_engine_add(e, &params, err, len);     // ADD from a frontend (or an ERR back)

@@ -217,6 +217,40 @@ static void simulate_kv(struct stress *s, const struct sch_plan *plan,
   }
 }
 
+/* Feeds apply a corrupted copy of the results (one missing, too many tokens, a token
+ * out of the vocabulary, a duplicate): each must be refused and change nothing. */
+static void bad_results(struct stress *s, const struct sch_plan *plan,
+                        const struct fake_worker *w) {
+  static struct sch_seq_result bad[FAKE_MAX_SEQS + 1];
+  static int32_t toks[FAKE_MAX_TOKENS + 1];
+  int32_t victim = -1;
+  for (int32_t j = 0; j < w->num && victim < 0; j++)
+    if (s->reqs[w->res[j].req_id - 1].live) victim = j;
+  if (victim < 0) return;
+  int32_t n = w->num, kind = (int32_t)rnd(s, 4), draft = 0;
+  memcpy(bad, w->res, (size_t)n * sizeof(*bad));
+  for (int32_t i = 0; i < plan->num_seqs; i++)
+    if (plan->seqs[i].req_id == bad[victim].req_id) draft = plan->seqs[i].num_draft;
+  memcpy(toks, bad[victim].tokens, (size_t)bad[victim].num_tokens * sizeof(int32_t));
+  switch (kind) {
+  case 0: bad[victim] = bad[--n]; break;
+  case 1:
+    toks[draft + 1] = 42;
+    bad[victim].tokens = toks;
+    bad[victim].num_tokens = draft + 2;
+    break;
+  case 2:
+    toks[0] = rnd(s, 2) ? -1 : s->cfg.vocab_size;
+    bad[victim].tokens = toks;
+    break;
+  default: bad[n++] = bad[victim]; break;
+  }
+  struct sch_outputs o;
+  TH_CHECK_EQ_INT(sch_engine_apply(s->e, bad, n, &o), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(o.num, 0);
+  CHECK_ENGINE(s->e);
+}
+
 static void take_outputs(struct stress *s, const struct sch_outputs *o) {
   for (int32_t i = 0; i < o->num; i++) {
     const struct sch_output *x = &o->items[i];
@@ -290,6 +324,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
       continue;
     }
     if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
+    if (rnd(&s, 10) == 0) bad_results(&s, &plan, w);
     struct sch_outputs o;
     TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
     CHECK_ENGINE(s.e);
