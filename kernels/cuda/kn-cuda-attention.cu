@@ -1,207 +1,225 @@
 /* kn-cuda-attention.cu — paged attention for a ragged batch of prefill chunks
  * and decodes, flash-decoding style (split-K).
  *
- * Grid: x = query row (one per query token of the batch), y = kv head x head
- * chunk (up to ATTN_GROUP query heads of one GQA group share each K/V read),
- * z = key split. A block walks its split of the row's visible key interval
- * [lo, hi] in tiles of ATTN_TILE keys with an online softmax, reading K and V
- * straight from the pages (f32 or bf16). With one split it writes the output;
- * otherwise it leaves (max, sum, acc) partials that attn_combine_kernel merges.
+ * Grid: x = tile (up to qt consecutive query rows of one sequence),
+ * y = kv head x head chunk, z = key split. A block serves NS "slots", each a
+ * (query row, query head) pair of the same kv head, so every K / V row it
+ * reads from the pages (f32 or bf16) is used NS times: decodes fill the slots
+ * with the GQA group's heads, prefill chunks with several query rows too.
+ * It walks its split of the tile's key interval in tiles of ATTN_TILE keys
+ * with an online softmax per slot (keys outside a slot's own interval score
+ * -inf). With one split it writes the output; otherwise it leaves
+ * (max, sum, acc) partials that attn_combine_kernel merges per (row, head).
  *
- * Shapes: q[T, n_heads, D] (token stride ldq), out likewise (ldo),
- * D <= 512 (ATTN_THREADS * DC elements per thread, DC <= 4). */
+ * Shapes: q[T, n_heads, D] (token stride ldq), out likewise (ldo), D <= 512:
+ * thread t owns output elements t + c * ATTN_THREADS, c < ATTN_DC. */
 #include <math.h>
 
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
 #define ATTN_THREADS 128 /* 4 warps */
 #define ATTN_WARPS (ATTN_THREADS / 32)
-#define ATTN_TILE 32  /* keys per tile; a multiple of ATTN_WARPS */
-#define ATTN_GROUP 8  /* query heads per block at most */
+#define ATTN_TILE 32 /* keys per tile */
 #define ATTN_MAX_D 512
+#define ATTN_DC (ATTN_MAX_D / ATTN_THREADS)
 
-/* Byte offset of key position `pos`'s row for kv head kvh within the pool
- * (add k_off or v_off). */
-__device__ __forceinline__ size_t kv_row_offset(const struct kn_cuda_attn_args &a, int bt_off,
-                                                int pos, int kvh, size_t elt) {
-  int page = a.tables[bt_off + pos / a.block_tokens];
-  int slot = pos % a.block_tokens;
-  return (size_t)page * a.page_bytes +
-         ((size_t)slot * (size_t)a.n_kv_heads + (size_t)kvh) * (size_t)a.head_dim * elt;
-}
-
-template <typename KT, int DC>
+template <typename KT, int NS>
 __global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct kn_cuda_attn_args a) {
-  __shared__ float qs[ATTN_GROUP][ATTN_MAX_D]; /* the block's query heads */
-  __shared__ float ps[ATTN_GROUP][ATTN_TILE];  /* scores, then probabilities */
-  __shared__ size_t kbase[ATTN_TILE];          /* pool byte offsets of the tile's rows */
-  __shared__ float m_s[ATTN_GROUP], l_s[ATTN_GROUP], corr_s[ATTN_GROUP];
+  __shared__ float qs[NS][ATTN_MAX_D];  /* the slots' query vectors */
+  __shared__ float ps[NS][ATTN_TILE];   /* scores, then probabilities */
+  __shared__ size_t kbase[ATTN_TILE];   /* pool byte offsets of the tile's rows */
+  __shared__ int s_lo[NS], s_hi[NS];    /* each slot's visible keys (empty if unused) */
+  __shared__ float m_s[NS], l_s[NS], corr_s[NS];
 
-  const struct kn_cuda_attn_row row = a.rows[blockIdx.x];
+  const struct kn_cuda_attn_tile tile = a.tiles[blockIdx.x];
   const int kvh = blockIdx.y / a.n_chunks;
   const int g0 = (blockIdx.y % a.n_chunks) * a.chunk;
   const int gn = min(a.chunk, a.group - g0);
-  const int head0 = kvh * a.group + g0;
   const int D = a.head_dim;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const size_t elt = sizeof(KT);
 
-  int k_begin = row.lo + (int)blockIdx.z * a.split_len;
-  if (k_begin > row.hi) return; /* this row has fewer splits; combine knows */
-  int k_end = min(row.hi + 1, k_begin + a.split_len);
+  int k_begin = tile.lo + (int)blockIdx.z * a.split_len;
+  if (k_begin > tile.hi) return; /* this tile has fewer splits; combine knows */
+  int k_end = min(tile.hi + 1, k_begin + a.split_len);
 
-  for (int i = tid; i < ATTN_GROUP * D; i += ATTN_THREADS) {
-    int g = i / D, d = i % D;
-    qs[g][d] = g < gn ? a.q[(ptrdiff_t)row.q_row * a.ldq + (ptrdiff_t)(head0 + g) * D + d] : 0.0f;
+  /* slot s = qi * chunk + g: query row tile.r0 + qi, head kvh * group + g0 + g */
+  for (int i = tid; i < NS * D; i += ATTN_THREADS) {
+    int s = i / D, d = i % D, qi = s / a.chunk, g = s % a.chunk;
+    float v = 0.0f;
+    if (qi < tile.nq && g < gn) {
+      const struct kn_cuda_attn_row *r = &a.rows[tile.r0 + qi];
+      v = a.q[(ptrdiff_t)r->q_row * a.ldq + (ptrdiff_t)(kvh * a.group + g0 + g) * D + d];
+    }
+    qs[s][d] = v;
   }
-  if (tid < ATTN_GROUP) {
+  if (tid < NS) {
+    int qi = tid / a.chunk, g = tid % a.chunk;
+    bool used = qi < tile.nq && g < gn;
+    s_lo[tid] = used ? a.rows[tile.r0 + qi].lo : 1;
+    s_hi[tid] = used ? a.rows[tile.r0 + qi].hi : 0;
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.0f;
   }
-  float acc[ATTN_GROUP][DC];
+  const int bt_off = a.rows[tile.r0].bt_off;
+  float acc[NS][ATTN_DC];
 #pragma unroll
-  for (int g = 0; g < ATTN_GROUP; g++)
+  for (int s = 0; s < NS; s++)
 #pragma unroll
-    for (int c = 0; c < DC; c++) acc[g][c] = 0.0f;
+    for (int c = 0; c < ATTN_DC; c++) acc[s][c] = 0.0f;
 
   for (int t0 = k_begin; t0 < k_end; t0 += ATTN_TILE) {
     const int nk = min(ATTN_TILE, k_end - t0);
-    if (tid < nk) kbase[tid] = kv_row_offset(a, row.bt_off, t0 + tid, kvh, elt);
+    if (tid < nk) {
+      int pos = t0 + tid;
+      int page = a.tables[bt_off + pos / a.block_tokens];
+      int slot = pos % a.block_tokens;
+      kbase[tid] = (size_t)page * a.page_bytes +
+                   ((size_t)slot * (size_t)a.n_kv_heads + (size_t)kvh) * (size_t)D * elt;
+    }
     __syncthreads();
 
     /* scores: warp w takes keys w, w + ATTN_WARPS, ...; lanes split D */
     for (int j = warp; j < nk; j += ATTN_WARPS) {
       const KT *kp = (const KT *)(a.pool + kbase[j] + a.k_off);
-      float part[ATTN_GROUP];
+      float part[NS];
 #pragma unroll
-      for (int g = 0; g < ATTN_GROUP; g++) part[g] = 0.0f;
+      for (int s = 0; s < NS; s++) part[s] = 0.0f;
       for (int d = lane; d < D; d += 32) {
         float kv = kn_load(kp, d);
 #pragma unroll
-        for (int g = 0; g < ATTN_GROUP; g++) part[g] = fmaf(qs[g][d], kv, part[g]);
+        for (int s = 0; s < NS; s++) part[s] = fmaf(qs[s][d], kv, part[s]);
       }
+      const int pos = t0 + j;
 #pragma unroll
-      for (int g = 0; g < ATTN_GROUP; g++) {
-        float sc = kn_warp_sum(part[g]) * a.scale;
+      for (int s = 0; s < NS; s++) {
+        float sc = kn_warp_sum(part[s]) * a.scale;
         if (a.softcap > 0.0f) sc = tanhf(sc / a.softcap) * a.softcap;
-        if (lane == 0) ps[g][j] = sc;
+        if (lane == 0) ps[s][j] = pos >= s_lo[s] && pos <= s_hi[s] ? sc : -INFINITY;
       }
     }
     __syncthreads();
 
-    /* online softmax: one thread per query head */
-    if (tid < gn) {
+    /* online softmax: one thread per slot */
+    if (tid < NS) {
       float mold = m_s[tid], mx = mold;
       for (int j = 0; j < nk; j++) mx = fmaxf(mx, ps[tid][j]);
-      float corr = mold == -INFINITY ? 0.0f : expf(mold - mx);
-      float sum = 0.0f;
-      for (int j = 0; j < nk; j++) {
-        float e = expf(ps[tid][j] - mx);
-        ps[tid][j] = e;
-        sum += e;
+      if (mx == -INFINITY) { /* nothing visible yet: stay empty */
+        for (int j = 0; j < nk; j++) ps[tid][j] = 0.0f;
+        corr_s[tid] = 1.0f;
+      } else {
+        float corr = mold == -INFINITY ? 0.0f : expf(mold - mx);
+        float sum = 0.0f;
+        for (int j = 0; j < nk; j++) {
+          float e = expf(ps[tid][j] - mx); /* 0 for -inf */
+          ps[tid][j] = e;
+          sum += e;
+        }
+        l_s[tid] = l_s[tid] * corr + sum;
+        m_s[tid] = mx;
+        corr_s[tid] = corr;
       }
-      l_s[tid] = l_s[tid] * corr + sum;
-      m_s[tid] = mx;
-      corr_s[tid] = corr;
     }
     __syncthreads();
 
-    /* acc = acc * corr + p · V; thread tid owns elements tid + c * ATTN_THREADS */
+    /* acc = acc * corr + p · V */
 #pragma unroll
-    for (int g = 0; g < ATTN_GROUP; g++) {
-      float cr = g < gn ? corr_s[g] : 0.0f;
+    for (int s = 0; s < NS; s++) {
+      float cr = corr_s[s];
 #pragma unroll
-      for (int c = 0; c < DC; c++) acc[g][c] *= cr;
+      for (int c = 0; c < ATTN_DC; c++) acc[s][c] *= cr;
     }
     for (int j = 0; j < nk; j++) {
       const KT *vp = (const KT *)(a.pool + kbase[j] + a.v_off);
 #pragma unroll
-      for (int c = 0; c < DC; c++) {
+      for (int c = 0; c < ATTN_DC; c++) {
         int d = tid + c * ATTN_THREADS;
         if (d < D) {
           float vv = kn_load(vp, d);
 #pragma unroll
-          for (int g = 0; g < ATTN_GROUP; g++) acc[g][c] = fmaf(ps[g][j], vv, acc[g][c]);
+          for (int s = 0; s < NS; s++) acc[s][c] = fmaf(ps[s][j], vv, acc[s][c]);
         }
       }
     }
     __syncthreads(); /* ps and kbase are rewritten by the next tile */
   }
 
-  if (a.n_split == 1) {
 #pragma unroll
-    for (int g = 0; g < ATTN_GROUP; g++) {
-      if (g >= gn) break;
-      float inv = l_s[g] > 0.0f ? 1.0f / l_s[g] : 0.0f;
-      float *o = a.out + (ptrdiff_t)row.q_row * a.ldo + (ptrdiff_t)(head0 + g) * D;
+  for (int s = 0; s < NS; s++) {
+    int qi = s / a.chunk, g = s % a.chunk;
+    if (qi >= tile.nq || g >= gn) continue;
+    int r = tile.r0 + qi;
+    int head = kvh * a.group + g0 + g;
+    if (a.n_split == 1) {
+      float inv = l_s[s] > 0.0f ? 1.0f / l_s[s] : 0.0f;
+      float *o = a.out + (ptrdiff_t)a.rows[r].q_row * a.ldo + (ptrdiff_t)head * D;
 #pragma unroll
-      for (int c = 0; c < DC; c++) {
+      for (int c = 0; c < ATTN_DC; c++) {
         int d = tid + c * ATTN_THREADS;
-        if (d < D) o[d] = acc[g][c] * inv;
+        if (d < D) o[d] = acc[s][c] * inv;
       }
-    }
-  } else {
-#pragma unroll
-    for (int g = 0; g < ATTN_GROUP; g++) {
-      if (g >= gn) break;
-      size_t idx = ((size_t)blockIdx.x * a.n_heads + (size_t)(head0 + g)) * a.n_split + blockIdx.z;
+    } else {
+      size_t idx = ((size_t)r * a.n_heads + (size_t)head) * a.n_split + blockIdx.z;
       float *pa = a.part_acc + idx * (size_t)D;
 #pragma unroll
-      for (int c = 0; c < DC; c++) {
+      for (int c = 0; c < ATTN_DC; c++) {
         int d = tid + c * ATTN_THREADS;
-        if (d < D) pa[d] = acc[g][c];
+        if (d < D) pa[d] = acc[s][c];
       }
       if (tid == 0) {
-        a.part_ml[2 * idx] = m_s[g];
-        a.part_ml[2 * idx + 1] = l_s[g];
+        a.part_ml[2 * idx] = m_s[s];
+        a.part_ml[2 * idx + 1] = l_s[s];
       }
     }
   }
 }
 
-/* Merges the splits of one (row, head): grid x = row, y = head. */
+/* Merges the splits of one (tile, head): grid x = tile, y = head. */
 __global__ void attn_combine_kernel(const struct kn_cuda_attn_args a) {
-  const struct kn_cuda_attn_row row = a.rows[blockIdx.x];
+  const struct kn_cuda_attn_tile tile = a.tiles[blockIdx.x];
   const int h = blockIdx.y, D = a.head_dim;
-  const int ns = (row.hi - row.lo) / a.split_len + 1; /* splits this row used */
-  const size_t base = ((size_t)blockIdx.x * a.n_heads + (size_t)h) * a.n_split;
-  float M = -INFINITY;
-  for (int s = 0; s < ns; s++) M = fmaxf(M, a.part_ml[2 * (base + s)]);
-  float L = 0.0f;
-  for (int s = 0; s < ns; s++) {
-    float m = a.part_ml[2 * (base + s)];
-    if (m != -INFINITY) L += expf(m - M) * a.part_ml[2 * (base + s) + 1];
-  }
-  float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  float *o = a.out + (ptrdiff_t)row.q_row * a.ldo + (ptrdiff_t)h * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = 0.0f;
+  const int ns = (tile.hi - tile.lo) / a.split_len + 1; /* splits this tile used */
+  for (int qi = 0; qi < tile.nq; qi++) {
+    const int r = tile.r0 + qi;
+    const size_t base = ((size_t)r * a.n_heads + (size_t)h) * a.n_split;
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, a.part_ml[2 * (base + s)]);
+    float L = 0.0f;
     for (int s = 0; s < ns; s++) {
       float m = a.part_ml[2 * (base + s)];
-      if (m != -INFINITY) v += expf(m - M) * a.part_acc[(base + s) * (size_t)D + d];
+      if (m != -INFINITY) L += expf(m - M) * a.part_ml[2 * (base + s) + 1];
     }
-    o[d] = v * inv;
+    float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    float *o = a.out + (ptrdiff_t)a.rows[r].q_row * a.ldo + (ptrdiff_t)h * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float v = 0.0f;
+      for (int s = 0; s < ns; s++) {
+        float m = a.part_ml[2 * (base + s)];
+        if (m != -INFINITY) v += expf(m - M) * a.part_acc[(base + s) * (size_t)D + d];
+      }
+      o[d] = v * inv;
+    }
   }
 }
 
 template <typename KT>
 static void launch_split(cudaStream_t s, const struct kn_cuda_attn_args *a, dim3 grid) {
-  int dc = (a->head_dim + ATTN_THREADS - 1) / ATTN_THREADS;
-  switch (dc) {
+  switch (a->slots) {
   case 1: attn_split_kernel<KT, 1><<<grid, ATTN_THREADS, 0, s>>>(*a); break;
   case 2: attn_split_kernel<KT, 2><<<grid, ATTN_THREADS, 0, s>>>(*a); break;
-  case 3: attn_split_kernel<KT, 3><<<grid, ATTN_THREADS, 0, s>>>(*a); break;
-  default: attn_split_kernel<KT, 4><<<grid, ATTN_THREADS, 0, s>>>(*a); break;
+  case 4: attn_split_kernel<KT, 4><<<grid, ATTN_THREADS, 0, s>>>(*a); break;
+  default: attn_split_kernel<KT, 8><<<grid, ATTN_THREADS, 0, s>>>(*a); break;
   }
 }
 
 extern "C" cudaError_t kn_cuda_launch_attention(cudaStream_t s, const struct kn_cuda_attn_args *a,
                                                 enum kn_dtype kv_dtype) {
-  if (a->head_dim > ATTN_MAX_D || a->chunk > ATTN_GROUP || a->chunk < 1 ||
-      a->split_len % ATTN_TILE)
+  bool slots_ok = a->slots == 1 || a->slots == 2 || a->slots == 4 || a->slots == 8;
+  if (a->head_dim > ATTN_MAX_D || !slots_ok || a->chunk < 1 || a->qt < 1 ||
+      a->qt * a->chunk > a->slots || a->split_len % ATTN_TILE)
     return cudaErrorInvalidValue;
-  /* rows go on grid x (2^31 - 1), kv heads x chunks on y and splits on z (65535) */
-  dim3 grid((unsigned)a->n_rows, (unsigned)(a->n_kv_heads * a->n_chunks), (unsigned)a->n_split);
+  /* tiles go on grid x (2^31 - 1), kv heads x chunks on y and splits on z (65535) */
+  dim3 grid((unsigned)a->n_tiles, (unsigned)(a->n_kv_heads * a->n_chunks), (unsigned)a->n_split);
   switch (kv_dtype) {
   case KN_DTYPE_F32: launch_split<float>(s, a, grid); break;
   case KN_DTYPE_BF16: launch_split<__nv_bfloat16>(s, a, grid); break;
@@ -209,6 +227,6 @@ extern "C" cudaError_t kn_cuda_launch_attention(cudaStream_t s, const struct kn_
   }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || a->n_split == 1) return e;
-  attn_combine_kernel<<<dim3((unsigned)a->n_rows, (unsigned)a->n_heads), 128, 0, s>>>(*a);
+  attn_combine_kernel<<<dim3((unsigned)a->n_tiles, (unsigned)a->n_heads), 128, 0, s>>>(*a);
   return cudaGetLastError();
 }

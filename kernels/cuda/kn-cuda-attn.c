@@ -1,6 +1,7 @@
 /* kn-cuda-attn.c — host side of paged attention: turns the ragged batch of
  * sequences into one descriptor per query row (its visible key interval and
- * where its block table lies), stages descriptors and block tables in one
+ * where its block table lies) and tiles of consecutive rows of a sequence
+ * that one block serves together, stages tables, rows and tiles in one
  * pinned reservation, picks the key split (flash decoding) so that small
  * batches with long contexts still fill the device, and launches.
  *
@@ -14,7 +15,7 @@
 #include "common/cm-log.h"
 #include "kernels/cuda/kn-cuda-impl.h"
 
-#define ATTN_MAX_CHUNK 8    /* query heads per block (ATTN_GROUP in the kernel) */
+#define ATTN_MAX_CHUNK 8    /* (row, head) slots per block at most */
 #define ATTN_TILE 32        /* keys per tile; split lengths are multiples of it */
 #define ATTN_MIN_SPLIT 256  /* keys: below this a split costs more than it gains */
 #define ATTN_BLOCKS_PER_SM 4
@@ -47,6 +48,13 @@ static int blocks_needed(const struct kn_attn_seq *s, int window, int block_toke
   return max_hi / block_tokens + 1;
 }
 
+/* Smallest of 1, 2, 4, 8 that is >= n (n <= 8). */
+static int pow2_slots(int n) {
+  int s = 1;
+  while (s < n) s *= 2;
+  return s;
+}
+
 int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
                          const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
                          int n_seqs, int n_heads, int window, float scale, float softcap) {
@@ -54,32 +62,48 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   int err = kn_cuda_enter(c);
   if (err) return err;
 
+  /* slots per block: the GQA group's heads (in chunks of at most 8), and for
+   * prefill chunks as many query rows as fit beside them */
+  int group = n_heads / view->n_kv_heads;
+  int n_chunks = (group + ATTN_MAX_CHUNK - 1) / ATTN_MAX_CHUNK;
+  int chunk = (group + n_chunks - 1) / n_chunks;
+  int max_nq = 0;
+  for (int i = 0; i < n_seqs; i++)
+    if (seqs[i].n_q > max_nq) max_nq = seqs[i].n_q;
+  int slots = max_nq > 1 ? ATTN_MAX_CHUNK : pow2_slots(chunk);
+  int qt = slots / chunk;
+
   /* pass 1: sizes */
-  long long n_rows = 0, n_tab = 0;
+  long long n_rows = 0, n_tab = 0, n_tiles = 0;
   for (int i = 0; i < n_seqs; i++) {
     if (seqs[i].n_q <= 0) continue;
     n_rows += seqs[i].n_q;
+    n_tiles += (seqs[i].n_q + qt - 1) / qt;
     n_tab += blocks_needed(&seqs[i], window, view->block_tokens);
   }
   if (n_rows == 0) return 0;
   if (n_rows > INT32_MAX || n_tab > INT32_MAX) return CM_ERR_UNSUPPORTED;
+  if ((long long)view->n_kv_heads * n_chunks > 65535) return CM_ERR_UNSUPPORTED;
 
   size_t tab_bytes = align16((size_t)n_tab * sizeof(int32_t));
-  size_t row_bytes = (size_t)n_rows * sizeof(struct kn_cuda_attn_row);
+  size_t row_bytes = align16((size_t)n_rows * sizeof(struct kn_cuda_attn_row));
+  size_t tile_bytes = (size_t)n_tiles * sizeof(struct kn_cuda_attn_tile);
   void *host, *dev;
-  err = kn_cuda_stage_alloc(c, tab_bytes + row_bytes, &host, &dev);
+  err = kn_cuda_stage_alloc(c, tab_bytes + row_bytes + tile_bytes, &host, &dev);
   if (err) return err;
   int32_t *tab_h = host;
   struct kn_cuda_attn_row *rows_h = (struct kn_cuda_attn_row *)((char *)host + tab_bytes);
+  struct kn_cuda_attn_tile *tiles_h =
+      (struct kn_cuda_attn_tile *)((char *)host + tab_bytes + row_bytes);
 
-  /* pass 2: descriptors and tables */
-  int r = 0, off = 0, max_len = 1;
+  /* pass 2: tables, row descriptors, tiles */
+  int r = 0, ti = 0, off = 0, max_len = 1;
   for (int i = 0; i < n_seqs; i++) {
     const struct kn_attn_seq *s = &seqs[i];
     if (s->n_q <= 0) continue;
     int nb = blocks_needed(s, window, view->block_tokens);
     /* entries no query can see may be -1 and are never read; the needed ones
-     * were checked by kn-backend.c. Blocks beyond n_blocks are out of reach. */
+     * were checked by kn-backend.c */
     int have = nb < s->n_blocks ? nb : s->n_blocks;
     memcpy(tab_h + off, s->block_table, (size_t)have * sizeof(int32_t));
     for (int b = have; b < nb; b++) tab_h[off + b] = -1;
@@ -89,11 +113,22 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
       row->pos = s->pos0 + j;
       key_interval(s, window, row->pos, &row->lo, &row->hi);
       row->bt_off = off;
-      if (row->hi - row->lo + 1 > max_len) max_len = row->hi - row->lo + 1;
+      if (j % qt == 0) {
+        struct kn_cuda_attn_tile *t = &tiles_h[ti++];
+        t->r0 = r;
+        t->nq = 0;
+        t->lo = row->lo;
+        t->hi = row->hi;
+      }
+      struct kn_cuda_attn_tile *t = &tiles_h[ti - 1];
+      t->nq++;
+      if (row->lo < t->lo) t->lo = row->lo;
+      if (row->hi > t->hi) t->hi = row->hi;
+      if (t->hi - t->lo + 1 > max_len) max_len = t->hi - t->lo + 1;
     }
     off += nb;
   }
-  err = kn_cuda_stage_push(c, host, dev, tab_bytes + row_bytes);
+  err = kn_cuda_stage_push(c, host, dev, tab_bytes + row_bytes + tile_bytes);
   if (err) return err;
 
   struct kn_cuda_attn_args a;
@@ -110,18 +145,21 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   a.n_kv_heads = view->n_kv_heads;
   a.head_dim = view->head_dim;
   a.n_heads = n_heads;
-  a.group = n_heads / view->n_kv_heads;
-  a.n_chunks = (a.group + ATTN_MAX_CHUNK - 1) / ATTN_MAX_CHUNK;
-  a.chunk = (a.group + a.n_chunks - 1) / a.n_chunks;
+  a.group = group;
+  a.n_chunks = n_chunks;
+  a.chunk = chunk;
+  a.qt = qt;
+  a.slots = slots;
   a.scale = scale;
   a.softcap = softcap;
   a.tables = dev;
   a.rows = (const struct kn_cuda_attn_row *)((const char *)dev + tab_bytes);
+  a.tiles = (const struct kn_cuda_attn_tile *)((const char *)dev + tab_bytes + row_bytes);
   a.n_rows = (int)n_rows;
-  if ((long long)a.n_kv_heads * a.n_chunks > 65535) return CM_ERR_UNSUPPORTED;
+  a.n_tiles = (int)n_tiles;
 
-  /* split the keys when the (row, head chunk) blocks alone do not fill the GPU */
-  long long items = n_rows * a.n_kv_heads * a.n_chunks;
+  /* split the keys when the (tile, head chunk) blocks alone do not fill the GPU */
+  long long items = n_tiles * view->n_kv_heads * n_chunks;
   long long want = ((long long)c->n_sm * ATTN_BLOCKS_PER_SM + items - 1) / items;
   long long by_len = (max_len + ATTN_MIN_SPLIT - 1) / ATTN_MIN_SPLIT;
   long long n_split = want < by_len ? want : by_len;

@@ -29,7 +29,16 @@ struct kn_cuda_attn_row {
   int32_t bt_off; /* offset of its sequence's block table in the staged tables */
 };
 
-/* Everything the attention kernels need (passed by value). */
+/* Consecutive query rows of one sequence that one block serves together,
+ * sharing each K / V read (staged). */
+struct kn_cuda_attn_tile {
+  int32_t r0, nq; /* rows [r0, r0 + nq) of the row descriptors */
+  int32_t lo, hi; /* union of their key intervals */
+};
+
+/* Everything the attention kernels need (passed by value). A block serves
+ * `slots` (query row, query head) pairs: qt rows of a tile times the `chunk`
+ * heads of one head chunk of one kv head's group. */
 struct kn_cuda_attn_args {
   float *out;
   ptrdiff_t ldo;
@@ -39,11 +48,14 @@ struct kn_cuda_attn_args {
   size_t page_bytes, k_off, v_off;
   int block_tokens, n_kv_heads, head_dim;
   int n_heads, group;         /* query heads; group = n_heads / n_kv_heads */
-  int n_chunks, chunk;        /* head chunks per kv head, heads per chunk (<= 8) */
+  int n_chunks, chunk;        /* head chunks per kv head, heads per chunk */
+  int qt;                     /* query rows per tile; qt * chunk <= slots */
+  int slots;                  /* (row, head) pairs per block: 1, 2, 4 or 8 */
   float scale, softcap;
-  const struct kn_cuda_attn_row *rows; /* device, [n_rows] */
+  const struct kn_cuda_attn_row *rows;   /* device, [n_rows] */
+  const struct kn_cuda_attn_tile *tiles; /* device, [n_tiles] */
   const int32_t *tables;      /* device, concatenated block tables */
-  int n_rows;
+  int n_rows, n_tiles;
   int split_len;              /* keys per split (multiple of 32) */
   int n_split;                /* splits in the grid; 1 writes out directly */
   float *part_acc;            /* device, [n_rows, n_heads, n_split, head_dim] */

@@ -118,6 +118,12 @@ static const struct attn_case k_cases[] = {
   {"tiny dims", 8, 2, 1, 4, KN_DTYPE_F32, 0, 0.0f, 2, {{5, 0}, {1, 9}}},
   {"odd head dim window bf16", 80, 6, 3, 16, KN_DTYPE_BF16, 20, 0.0f, 2, {{30, 10}, {1, 90}}},
   {"d384 mqa f32", 384, 4, 1, 16, KN_DTYPE_F32, 0, 0.0f, 2, {{3, 50}, {1, 33}}},
+  /* decode-only batches: blocks carry just the group's heads (1, 2, 4 or 8 slots) */
+  {"decodes gqa2 window 1024 bf16", 256, 8, 4, 16, KN_DTYPE_BF16, 1024, 0.0f, 4,
+   {{1, 5000}, {1, 40}, {1, 1023}, {1, 1024}}},
+  {"decodes mha f32", 128, 4, 4, 16, KN_DTYPE_F32, 0, 0.0f, 2, {{1, 300}, {1, 0}}},
+  {"decodes gqa4 d512 bf16", 512, 8, 2, 16, KN_DTYPE_BF16, 0, 0.0f, 2, {{1, 2000}, {1, 100}}},
+  {"decodes gqa6 softcap f32", 64, 12, 2, 16, KN_DTYPE_F32, 0, 20.0f, 2, {{1, 700}, {1, 3}}},
 };
 
 /* Highest key position seq s can reach (its queries' causal and bidir keys). */
