@@ -426,7 +426,8 @@ TH_TEST(failed_step_and_lost_kv_recompute) {
 TH_TEST(queued_requests_cost_only_their_prompt) {
   struct sch_engine_config c;
   sch_engine_config_default(&c);
-  c.num_blocks = 70000;
+  c.num_blocks = 5000;
+  c.groups[0].block_tokens = 256;
   c.max_model_len = 1 << 20;
   c.max_num_batched_tokens = 64;
   struct sch_engine *e;
