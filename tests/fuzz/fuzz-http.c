@@ -1,16 +1,35 @@
-/* fuzz-http.c — fuzz target for the HTTP request parser and the chunked
- * decoder: the input is a stream of pipelined requests, parsed the way the
- * server does (head, then a body by Content-Length or chunked), and each
- * head is also re-parsed from every shorter prefix's point of view. */
+/* fuzz-http.c — fuzz target for the frontend's decoders of untrusted
+ * bytes: the input is a stream of pipelined requests, parsed the way the
+ * server does (head, then a body by Content-Length or chunked; a head is
+ * also checked against its shorter prefixes), and every body goes through
+ * the OpenAI request validator as each of the four request kinds. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "frontend/fe-api.h"
 #include "frontend/fe-http.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Validation either succeeds with sane fields or fails with a 4xx. */
+static void validate(const char *body, size_t len) {
+  static const struct fe_api_config cfg = {"m", 64};
+  for (int k = FE_API_COMPLETION; k <= FE_API_DETOKENIZE; k++) {
+    struct fe_api_request r;
+    struct fe_api_error e;
+    if (fe_api_parse_request((enum fe_api_kind)k, body, len, &cfg, &r, &e) != 0) {
+      CM_ASSERT(e.status >= 400 && e.status < 500 && e.message[0]);
+      continue;
+    }
+    CM_ASSERT(r.n >= 1 && r.temperature >= 0 && r.temperature <= 2 && r.top_p > 0 && r.top_p <= 1);
+    CM_ASSERT(r.top_k == -1 || r.top_k >= 1);
+    for (size_t i = 0; i < r.n_prompts; i++) CM_ASSERT(r.prompts[i].text || r.prompts[i].ids);
+    fe_api_request_free(&r);
+  }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const char *buf = (const char *)data;
@@ -50,8 +69,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       }
       CM_ASSERT(total == d.total);
       if (!d.done) break;
+      validate(body, total);
     } else if (r.content_length > 0) {
       if ((uint64_t)r.content_length > size - pos) break;
+      validate(buf + pos, (size_t)r.content_length);
       pos += (size_t)r.content_length;
     }
   }
