@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""make_fixtures.py — golden fixtures for lmserve's model runtime, made with
+Hugging Face transformers (the reference implementation) in float32.
+
+For each small random configuration below it builds transformers' own
+Gemma3ForCausalLM / Gemma4ForCausalLM, re-initialises the weights so that
+activations are far from zero, saves the checkpoint in Hugging Face layout,
+and records:
+
+  tests/fixtures/models/NAME/config.json            (save_pretrained)
+  tests/fixtures/models/NAME/model.safetensors      (float32 weights)
+  tests/fixtures/models/NAME/golden.safetensors     input_ids [T] (I64),
+                                                    logits [T, V] (F32, every
+                                                    prompt position, after the
+                                                    final softcap),
+                                                    greedy [N] (I64, greedy
+                                                    continuation, no eos stop)
+
+The C test tests/unit/worker/test-wk-golden.c compares lmserve's forward pass
+with these (max |logit error| < 1e-3 of the logit range; greedy tokens exact;
+prompt in one chunk, in several, and token by token) and skips loudly when
+they are absent.
+
+Needs torch and transformers (5.x, which has Gemma 4). Run from the source
+tree root:   python3 tests/reference/make_fixtures.py [--out tests/fixtures/models]
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+VOCAB = 512
+PROMPT_LEN = 48      # crosses the 16-token sliding window of every config
+GREEDY_TOKENS = 16
+SEED = 1234
+
+
+def gemma3_config():
+    from transformers import Gemma3TextConfig
+
+    layer_types = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(6)]
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+        sliding_window=16, layer_types=layer_types, max_position_embeddings=512,
+        rms_norm_eps=1e-6, final_logit_softcapping=None, attn_logit_softcapping=None,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1,
+    )
+    try:  # transformers 5: RoPE per layer type
+        return Gemma3TextConfig(
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            **common)
+    except TypeError:  # older generation of fields
+        return Gemma3TextConfig(rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                rope_scaling={"rope_type": "linear", "factor": 2.0}, **common)
+
+
+def gemma4_config(moe):
+    from transformers import Gemma4TextConfig
+
+    layer_types = ["sliding_attention", "sliding_attention", "full_attention",
+                   "sliding_attention", "sliding_attention", "full_attention"]
+    extra = {}
+    if moe:
+        extra = dict(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                     moe_intermediate_size=32)
+    return Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=16,
+        layer_types=layer_types, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+        final_logit_softcapping=30.0, max_position_embeddings=512, rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0},
+        },
+        **extra)
+
+
+def reinit(model, gemma3):
+    """Weights with unit-scale activations: linear N(0, 1/fan_in), norms
+    around their neutral value, router scales and layer scalars spread."""
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if not p.is_floating_point():
+                continue
+            if name.endswith("layer_scalar"):
+                p.copy_(0.7 + 0.3 * torch.rand(p.shape, generator=g))
+            elif name.endswith("per_expert_scale"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            elif name.endswith("router.scale") or ("norm" in name and p.dim() == 1):
+                center = 0.0 if gemma3 else 1.0
+                p.copy_(center + 0.1 * torch.randn(p.shape, generator=g))
+            elif p.dim() >= 2:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+            # other 1-D buffers (rotary tables, embed scales) stay as built
+
+
+def build(name, out_dir):
+    torch.manual_seed(SEED)
+    if name == "gemma3":
+        from transformers import Gemma3ForCausalLM
+        cfg = gemma3_config()
+        model = Gemma3ForCausalLM(cfg)
+    else:
+        from transformers import Gemma4ForCausalLM
+        cfg = gemma4_config(moe=(name == "gemma4-moe"))
+        model = Gemma4ForCausalLM(cfg)
+    cfg._attn_implementation = "eager"
+    model = model.float().eval()
+    reinit(model, name == "gemma3")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+    gen = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(3, VOCAB, (PROMPT_LEN,), generator=gen)
+    ids[0] = 2  # <bos>
+    with torch.no_grad():
+        logits = model(input_ids=ids[None], use_cache=False).logits[0].float()
+        seq = ids.clone()
+        greedy = []
+        for _ in range(GREEDY_TOKENS):  # full recompute: no cache involved
+            nxt = int(model(input_ids=seq[None], use_cache=False).logits[0, -1].argmax())
+            greedy.append(nxt)
+            seq = torch.cat([seq, torch.tensor([nxt])])
+
+    path = os.path.join(out_dir, name)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        p = os.path.join(path, extra)
+        if os.path.exists(p):
+            os.remove(p)
+    save_file({
+        "input_ids": ids.to(torch.int64).contiguous(),
+        "logits": logits.contiguous(),
+        "greedy": torch.tensor(greedy, dtype=torch.int64),
+    }, os.path.join(path, "golden.safetensors"))
+    with open(os.path.join(path, "config.json")) as f:
+        mt = json.load(f).get("model_type")
+    print(f"{path}: {mt}, prompt {PROMPT_LEN}, logits {tuple(logits.shape)}, greedy {greedy}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join("tests", "fixtures", "models"))
+    ap.add_argument("--only", choices=["gemma3", "gemma4", "gemma4-moe"], action="append")
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    for name in args.only or ["gemma3", "gemma4", "gemma4-moe"]:
+        build(name, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+/* test-wk-golden.c — lmserve's forward pass against Hugging Face
+ * transformers' own Gemma3ForCausalLM / Gemma4ForCausalLM, through fixtures
+ * made by tests/reference/make_fixtures.py (float32 weights, the logits of
+ * every prompt position, the greedy continuation). Per fixture: max |logit
+ * error| < 1e-3 of the logit range and the exact greedy tokens, with the
+ * prompt run in one chunk, in 5-token chunks and token by token.
+ * Without fixtures each test skips, saying how to make them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/kn-cpu.h"
+#include "tests/harness/th.h"
+#include "worker/wk-greedy.h"
+#include "worker/wk-model.h"
+#include "worker/wk-safetensors.h"
+
+static void golden(const char *name) {
+  char dir[4096], path[4200], why[4400];
+  snprintf(dir, sizeof(dir), "%s/fixtures/models/%s", th_tests_dir(), name);
+  snprintf(path, sizeof(path), "%s/golden.safetensors", dir);
+  if (access(path, R_OK)) {
+    snprintf(why, sizeof(why),
+             "NO GOLDEN FIXTURES at %s: run `python3 tests/reference/make_fixtures.py` on a "
+             "machine with torch + transformers 5 and commit tests/fixtures/models/",
+             dir);
+    TH_SKIP(why);
+  }
+  char err[512] = "";
+  struct wk_st *g = NULL;
+  TH_REQUIRE(wk_st_open_file(path, &g, err, sizeof(err)) == 0);
+  const struct wk_tensor *ti = wk_st_find(g, "input_ids"), *tl = wk_st_find(g, "logits"),
+                         *tg = wk_st_find(g, "greedy");
+  TH_REQUIRE(ti && tl && tg && ti->dtype == WK_ST_I64 && tl->dtype == WK_ST_F32 &&
+             tg->dtype == WK_ST_I64 && tl->ndim == 2);
+  int T = (int)ti->shape[0], V = (int)tl->shape[1], N = (int)tg->shape[0];
+  TH_REQUIRE(tl->shape[0] == T);
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)T), *want_greedy = malloc(sizeof(int32_t) * (size_t)N);
+  for (int i = 0; i < T; i++) ids[i] = (int32_t)((const int64_t *)ti->data)[i];
+  for (int i = 0; i < N; i++) want_greedy[i] = (int32_t)((const int64_t *)tg->data)[i];
+  const float *want = tl->data;
+
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct wk_model *m = NULL;
+  struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T + N + 1,
+                             .kv_dtype = 1 + KN_DTYPE_F32, .quiet = 1};
+  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", name, err);
+    th_stop();
+  }
+  TH_REQUIRE(wk_model_config(m)->vocab == V);
+  struct wk_page_alloc pa;
+  wk_page_alloc_init(&pa, wk_model_n_pages(m));
+  float *got = malloc(sizeof(float) * (size_t)T * V);
+  double lo = 1e300, hi = -1e300;
+  for (size_t i = 0; i < (size_t)T * V; i++) {
+    lo = want[i] < lo ? want[i] : lo;
+    hi = want[i] > hi ? want[i] : hi;
+  }
+  const int chunks[] = {T, 5, 1};
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+    struct wk_seq_blocks blk = {0};
+    for (int p = 0; p < T; p += chunks[c]) {
+      int n = chunks[c] < T - p ? chunks[c] : T - p;
+      TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, p + n) == 0);
+      struct wk_seq_input s = {.tokens = ids + p, .n_tokens = n, .pos0 = p, .n_out = n};
+      for (int gi = 0; gi < kv->n_groups; gi++) {
+        s.block_tables[gi] = blk.table[gi];
+        s.n_blocks[gi] = blk.n[gi];
+      }
+      struct wk_batch b = {.seqs = &s, .n_seqs = 1, .logits = got + (size_t)p * V};
+      TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
+    }
+    wk_seq_blocks_release(&blk, kv, &pa);
+    double maxerr = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+      double e = fabs((double)got[i] - want[i]);
+      maxerr = e > maxerr ? e : maxerr;
+    }
+    fprintf(stderr, "%s: chunk %d: max |logit error| %.3g, logit range %.3g\n", name, chunks[c],
+            maxerr, hi - lo);
+    if (!(maxerr < 1e-3 * (hi - lo)))
+      th_fail(__FILE__, __LINE__, "%s: chunk %d: max |logit error| %g >= 1e-3 x range %g", name,
+              chunks[c], maxerr, hi - lo);
+    int32_t *gen = malloc(sizeof(int32_t) * (size_t)N);
+    int n_gen = 0;
+    struct wk_greedy_opts go = {.chunk = chunks[c], .max_new = N};
+    TH_REQUIRE(wk_greedy_generate(m, &pa, ids, T, &go, gen, &n_gen, err, sizeof(err)) == 0);
+    if (n_gen != N || memcmp(gen, want_greedy, sizeof(int32_t) * (size_t)N)) {
+      char a[512] = "", b2[512] = "";
+      for (int i = 0; i < n_gen; i++) snprintf(a + strlen(a), sizeof(a) - strlen(a), " %d", gen[i]);
+      for (int i = 0; i < N; i++)
+        snprintf(b2 + strlen(b2), sizeof(b2) - strlen(b2), " %d", want_greedy[i]);
+      th_fail(__FILE__, __LINE__, "%s: chunk %d: greedy [%s ] != transformers [%s ]", name,
+              chunks[c], a, b2);
+    }
+    free(gen);
+  }
+  free(got);
+  free(ids);
+  free(want_greedy);
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  kn_backend_destroy(be);
+  wk_st_close(g);
+}
+
+TH_TEST(golden_gemma3) { golden("gemma3"); }
+TH_TEST(golden_gemma4) { golden("gemma4"); }
+TH_TEST(golden_gemma4_moe) { golden("gemma4-moe"); }
