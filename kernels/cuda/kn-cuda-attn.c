@@ -59,7 +59,8 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
                          const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
                          int n_seqs, int n_heads, int window, float scale, float softcap) {
   struct kn_cuda_ctx *c = ctx;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_check_view(view);
+  if (!err) err = kn_cuda_enter(c);
   if (err) return err;
 
   /* slots per block: the GQA group's heads (in chunks of at most 8), and for

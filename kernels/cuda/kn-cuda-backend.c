@@ -49,6 +49,15 @@ int kn_cuda_enter(struct kn_cuda_ctx *c) {
   return 0;
 }
 
+int kn_cuda_check_view(const struct kn_kv_view *v) {
+  size_t elt = kn_dtype_size(v->dtype);
+  if (v->page_bytes % elt || v->k_off % elt || v->v_off % elt || (uintptr_t)v->pool % elt) {
+    cm_debug("cuda", "kv view not aligned to %zu-byte elements", elt);
+    return CM_ERR_INVAL;
+  }
+  return 0;
+}
+
 /* ---- staging ring ------------------------------------------------------- */
 
 static void stage_release(struct kn_cuda_ctx *c) {

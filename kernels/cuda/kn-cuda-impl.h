@@ -185,6 +185,10 @@ int kn_cuda_scratch(struct kn_cuda_ctx *c, size_t bytes, void **dev);
 /* Pinned host buffer of at least bytes for results. */
 int kn_cuda_result_host(struct kn_cuda_ctx *c, size_t bytes, void **host);
 
+/* 0 when every K / V element of the view is aligned to its size (a
+ * misaligned device access would poison the CUDA context), else CM_ERR_INVAL. */
+int kn_cuda_check_view(const struct kn_kv_view *v);
+
 /* Op glue (kn-cuda-ops.c, kn-cuda-gemm.c, kn-cuda-attn.c). */
 int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
                      int H, const int32_t *ids, int T, float scale);

@@ -93,7 +93,8 @@ int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t 
                         const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
   struct kn_cuda_ctx *c = ctx;
   void *slots_d;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_check_view(view);
+  if (!err) err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_stage(c, slot_mapping, (size_t)T * sizeof(int32_t), &slots_d);
   if (err) return err;
   KN_CUDA_CHECK(kn_cuda_launch_kv_write(c->stream, view, slots_d, k, ldk, v, ldv, T));

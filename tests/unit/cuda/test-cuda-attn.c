@@ -234,9 +234,9 @@ TH_TEST(cuda_attention) {
   ct_close(&e);
 }
 
-/* The same batch twice: once as written, once with every sequence's block
- * table pointing at a missing page — refused with CM_ERR_RANGE and nothing
- * written. */
+/* Bad block tables (a page outside the pool, a missing entry) and
+ * misaligned views are refused with an error code and leave the stream
+ * usable; the same call with a good table then runs. */
 TH_TEST(cuda_attention_rejects_missing_page) {
   struct ct_env e;
   ct_open(&e, 22);
@@ -258,6 +258,13 @@ TH_TEST(cuda_attention_rejects_missing_page) {
   table[1] = -1;
   TH_CHECK_EQ_INT(kn_attention(e.gpu, out, 64, q, 64, &v, &s, 1, 1, 0, 1.0f, 0.0f), CM_ERR_RANGE);
   table[1] = 2;
+  /* an f32 view whose offsets are not whole floats is refused, not run */
+  struct kn_kv_view odd = v;
+  odd.k_off = 2;
+  int32_t slot0 = 0;
+  TH_CHECK_EQ_INT(kn_attention(e.gpu, out, 64, q, 64, &odd, &s, 1, 1, 0, 1.0f, 0.0f),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_kv_write(e.gpu, &odd, &slot0, q, 64, q, 64, 1), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_memset(e.gpu, v.pool, 0, (size_t)v.n_pages * v.page_bytes), 0);
   TH_CHECK_EQ_INT(kn_memset(e.gpu, q, 0, 2 * 64 * sizeof(float)), 0);
   TH_CHECK_EQ_INT(kn_attention(e.gpu, out, 64, q, 64, &v, &s, 1, 1, 0, 1.0f, 0.0f), 0);
