@@ -25,7 +25,10 @@
  * Batch invariance: on the CPU backend every output row is computed with a
  * fixed reduction order that depends only on that row's inputs (and, for
  * attention, on absolute positions): the same bits whatever the batch size T,
- * the other rows of the call, the thread count or how a prompt was chunked. */
+ * the other rows of the call, the thread count or how a prompt was chunked.
+ *
+ * Threads: a backend handle is used by one thread at a time (ops run their
+ * own worker threads inside); separate handles are independent. */
 #ifndef LMSERVE_KN_BACKEND_H
 #define LMSERVE_KN_BACKEND_H
 #include <stddef.h>
@@ -39,7 +42,7 @@ struct kn_backend;
 
 /* Destroys a backend made by a kn_*_backend_create(); NULL is a no-op. */
 void kn_backend_destroy(struct kn_backend *be);
-/* "cpu", "cpu-ref", "cuda". */
+/* "cpu-ref", "cpu-avx2" (the CPU backend and its kernel set), "cuda". */
 const char *kn_backend_name(const struct kn_backend *be);
 
 /* Backend memory, 64-byte aligned, uninitialised. NULL on failure or bytes == 0. */

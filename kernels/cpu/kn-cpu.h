@@ -1,10 +1,13 @@
 /* kn-cpu.h — the CPU kernel backend: a reference C version of every op, SIMD
- * versions (AVX2+FMA, AVX-512) chosen at run time, multithreaded over output
+ * versions (AVX2 + FMA + F16C) chosen at run time, multithreaded over output
  * rows with a small persistent thread pool.
  *
- * LMSERVE_KERNELS=ref in the environment forces the reference versions
- * (checked when the backend is created). Memory hooks are the identity: any
- * host memory is backend memory. */
+ * LMSERVE_KERNELS=ref (or avx2) in the environment caps the kernel set when a
+ * backend is created; ref forces the reference versions. Memory hooks are the
+ * identity: any host memory is backend memory.
+ *
+ * KN_CPU_ISA_AVX512 is accepted as a request but has no kernel table of its
+ * own yet: processors with AVX-512 run the AVX2 kernels. */
 #ifndef LMSERVE_KN_CPU_H
 #define LMSERVE_KN_CPU_H
 #include "kernels/kn-backend.h"
