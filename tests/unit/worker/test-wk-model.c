@@ -257,3 +257,47 @@ TH_TEST(bad_batches_are_refused) {
   wk_seq_blocks_release(&blk, kv, &f.pa);
   teardown(&f);
 }
+
+/* The scheduler frees sliding-window blocks that no query can see any more
+ * (their table entries become -1): logits must not change. */
+TH_TEST(sliding_blocks_freed_out_of_window) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
+  int32_t p[NP];
+  make_prompt(p, NP, f.V, 9);
+  size_t bytes = sizeof(float) * (size_t)NP * f.V;
+  struct seq s = {.tokens = p, .n = NP, .logits = calloc(1, bytes)};
+  TH_REQUIRE(run_all(&f, &s, 1, 8) == 0);
+  float *ref = s.logits;
+  struct wk_seq_blocks blk = {0};
+  float *got = calloc(1, bytes);
+  int freed = 0;
+  char err[256];
+  for (int pos = 0; pos < NP; pos += 8) {
+    int n = NP - pos < 8 ? NP - pos : 8;
+    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, pos + n) == 0);
+    struct wk_seq_input in = {.tokens = p + pos, .n_tokens = n, .pos0 = pos, .n_out = n};
+    int32_t tables[WK_MAX_KV_GROUPS][64];
+    for (int g = 0; g < kv->n_groups; g++) {
+      const struct wk_kv_group *G = &kv->groups[g];
+      TH_REQUIRE(blk.n[g] <= 64);
+      for (int b = 0; b < blk.n[g]; b++) {
+        int last = b * G->block_tokens + G->block_tokens - 1;
+        int dead = G->window > 0 && last < pos - G->window + 1;
+        tables[g][b] = dead ? -1 : blk.table[g][b];
+        freed += dead;
+      }
+      in.block_tables[g] = tables[g];
+      in.n_blocks[g] = blk.n[g];
+    }
+    struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = got + (size_t)pos * f.V};
+    TH_REQUIRE(wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
+  }
+  TH_CHECK(freed > 0);
+  TH_CHECK(memcmp(ref, got, bytes) == 0);
+  wk_seq_blocks_release(&blk, kv, &f.pa);
+  free(got);
+  release(&f, &s, 1);
+  teardown(&f);
+}
