@@ -28,8 +28,10 @@ int fe_api_error_body(struct fe_buf *b, int status, const char *message, const c
   fe_buf_puts(b, ",\"type\":\"");
   fe_buf_puts(b, fe_api_error_type(status));
   fe_buf_puts(b, "\",\"param\":");
-  if (param) fe_buf_json_str(b, param, strlen(param));
-  else fe_buf_puts(b, "null");
+  if (param)
+    fe_buf_json_str(b, param, strlen(param));
+  else
+    fe_buf_puts(b, "null");
   fe_buf_puts(b, ",\"code\":");
   fe_buf_i64(b, status);
   return fe_buf_puts(b, "}}");

@@ -14,8 +14,8 @@ struct pctx {
   struct fe_api_error *err;
 };
 
-__attribute__((format(printf, 4, 5))) static int fail(struct pctx *p, int status,
-                                                      const char *param, const char *fmt, ...) {
+__attribute__((format(printf, 4, 5))) static int fail(struct pctx *p, int status, const char *param,
+                                                      const char *fmt, ...) {
   p->err->status = status;
   snprintf(p->err->param, sizeof(p->err->param), "%s", param ? param : "");
   va_list ap;
@@ -52,7 +52,8 @@ static int get_number(struct pctx *p, json_t *o, const char *key, double lo, int
                       int hi_open, double *out) {
   json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_number(v)) return fail(p, 400, key, "'%s' must be a number, not %s", key, type_name(v));
+  if (!json_is_number(v))
+    return fail(p, 400, key, "'%s' must be a number, not %s", key, type_name(v));
   double x = json_number_value(v);
   if ((lo_open ? x <= lo : x < lo) || (hi_open ? x >= hi : x > hi))
     return fail(p, 400, key, "'%s' must be in %s%g, %g%s, got %g", key, lo_open ? "(" : "[", lo, hi,
@@ -69,7 +70,8 @@ static int get_int(struct pctx *p, json_t *o, const char *key, int64_t lo, int64
     return fail(p, 400, key, "'%s' must be an integer, not %s", key, type_name(v));
   int64_t x = json_integer_value(v);
   if (x < lo || x > hi)
-    return fail(p, 400, key, "'%s' must be in [%" PRId64 ", %" PRId64 "], got %" PRId64, key, lo, hi, x);
+    return fail(p, 400, key, "'%s' must be in [%" PRId64 ", %" PRId64 "], got %" PRId64, key, lo,
+                hi, x);
   *out = x;
   if (present) *present = 1;
   return 0;
@@ -78,7 +80,8 @@ static int get_int(struct pctx *p, json_t *o, const char *key, int64_t lo, int64
 static int get_bool(struct pctx *p, json_t *o, const char *key, int *out) {
   json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_boolean(v)) return fail(p, 400, key, "'%s' must be a boolean, not %s", key, type_name(v));
+  if (!json_is_boolean(v))
+    return fail(p, 400, key, "'%s' must be a boolean, not %s", key, type_name(v));
   *out = json_is_true(v);
   return 0;
 }
@@ -92,14 +95,16 @@ static const char *dup_str(struct pctx *p, json_t *s, size_t *len) {
 /* ---- prompts and messages ------------------------------------------------- */
 
 /* An array of token ids into *ids / *n. */
-static int token_ids(struct pctx *p, json_t *arr, const char *param, const int32_t **ids, size_t *n) {
+static int token_ids(struct pctx *p, json_t *arr, const char *param, const int32_t **ids,
+                     size_t *n) {
   size_t k = json_array_size(arr);
   int32_t *v = cm_arena_alloc(&p->r->arena, (k ? k : 1) * sizeof(int32_t));
   if (!v) return nomem(p);
   for (size_t i = 0; i < k; i++) {
     json_t *e = json_array_get(arr, i);
     if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-      return fail(p, 400, param, "'%s' must hold token ids (integers >= 0); item %zu is not", param, i);
+      return fail(p, 400, param, "'%s' must hold token ids (integers >= 0); item %zu is not", param,
+                  i);
     v[i] = (int32_t)json_integer_value(e);
   }
   *ids = v;
@@ -116,12 +121,14 @@ static int parse_prompt(struct pctx *p, json_t *body) {
                (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)));
   if (json_is_array(v) && !nested) np = 1; /* one prompt as token ids */
   if (!json_is_string(v) && !json_is_array(v))
-    return fail(p, 400, "prompt", "'prompt' must be a string, an array of strings or token ids, not %s",
+    return fail(p, 400, "prompt",
+                "'prompt' must be a string, an array of strings or token ids, not %s",
                 type_name(v));
   if (json_is_array(v) && json_array_size(v) == 0)
     return fail(p, 400, "prompt", "'prompt' must not be empty");
   if (np > FE_API_MAX_PROMPTS)
-    return fail(p, 400, "prompt", "at most %d prompts per request, got %zu", FE_API_MAX_PROMPTS, np);
+    return fail(p, 400, "prompt", "at most %d prompts per request, got %zu", FE_API_MAX_PROMPTS,
+                np);
   r->prompts = cm_arena_calloc(&r->arena, np, sizeof(*r->prompts));
   if (!r->prompts) return nomem(p);
   r->n_prompts = np;
@@ -131,12 +138,13 @@ static int parse_prompt(struct pctx *p, json_t *body) {
     if (json_is_string(e)) {
       if (!(pr->text = dup_str(p, e, &pr->text_len))) return nomem(p);
     } else if (json_is_array(e)) {
-      if (json_array_size(e) == 0) return fail(p, 400, "prompt", "a token-id prompt must not be empty");
+      if (json_array_size(e) == 0)
+        return fail(p, 400, "prompt", "a token-id prompt must not be empty");
       int rc = token_ids(p, e, "prompt", &pr->ids, &pr->n_ids);
       if (rc) return rc;
     } else {
-      return fail(p, 400, "prompt", "prompt %zu must be a string or an array of token ids, not %s", i,
-                  type_name(e));
+      return fail(p, 400, "prompt", "prompt %zu must be a string or an array of token ids, not %s",
+                  i, type_name(e));
     }
   }
   return 0;
@@ -155,7 +163,8 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
     return 0;
   }
   if (!json_is_array(c))
-    return fail(p, 400, param, "'%s' must be a string or a list of text parts, not %s", param, type_name(c));
+    return fail(p, 400, param, "'%s' must be a string or a list of text parts, not %s", param,
+                type_name(c));
   size_t total = 0, n = json_array_size(c);
   for (size_t k = 0; k < n; k++) {
     json_t *part = json_array_get(c, k), *type = json_object_get(part, "type");
@@ -165,7 +174,8 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
     if (strcmp(json_string_value(type), "text") != 0)
       return fail(p, 400, param, "content part type '%s' is not supported (only 'text')",
                   json_string_value(type));
-    if (!json_is_string(text)) return fail(p, 400, param, "text part %zu of '%s' needs a string 'text'", k, param);
+    if (!json_is_string(text))
+      return fail(p, 400, param, "text part %zu of '%s' needs a string 'text'", k, param);
     total += json_string_length(text) + (k ? 1 : 0);
   }
   char *s = cm_arena_alloc(&p->r->arena, total + 1);
@@ -187,7 +197,8 @@ static int parse_messages(struct pctx *p, json_t *body) {
   struct fe_api_request *r = p->r;
   json_t *v = json_object_get(body, "messages");
   if (!v || json_is_null(v)) return fail(p, 400, "messages", "'messages' is required");
-  if (!json_is_array(v)) return fail(p, 400, "messages", "'messages' must be an array, not %s", type_name(v));
+  if (!json_is_array(v))
+    return fail(p, 400, "messages", "'messages' must be an array, not %s", type_name(v));
   size_t n = json_array_size(v);
   if (n == 0) return fail(p, 400, "messages", "'messages' must not be empty");
   r->messages = cm_arena_calloc(&r->arena, n, sizeof(*r->messages));
@@ -197,15 +208,20 @@ static int parse_messages(struct pctx *p, json_t *body) {
     json_t *m = json_array_get(v, i);
     char param[64];
     snprintf(param, sizeof(param), "messages[%zu]", i);
-    if (!json_is_object(m)) return fail(p, 400, param, "'%s' must be an object, not %s", param, type_name(m));
+    if (!json_is_object(m))
+      return fail(p, 400, param, "'%s' must be an object, not %s", param, type_name(m));
     json_t *role = json_object_get(m, "role");
     snprintf(param, sizeof(param), "messages[%zu].role", i);
     if (!json_is_string(role)) return fail(p, 400, param, "'%s' must be a string", param);
     const char *rs = json_string_value(role);
-    if (!strcmp(rs, "system") || !strcmp(rs, "developer")) r->messages[i].role = FE_API_ROLE_SYSTEM;
-    else if (!strcmp(rs, "user")) r->messages[i].role = FE_API_ROLE_USER;
-    else if (!strcmp(rs, "assistant")) r->messages[i].role = FE_API_ROLE_ASSISTANT;
-    else return fail(p, 400, param, "unsupported role '%.40s' (system, user or assistant)", rs);
+    if (!strcmp(rs, "system") || !strcmp(rs, "developer"))
+      r->messages[i].role = FE_API_ROLE_SYSTEM;
+    else if (!strcmp(rs, "user"))
+      r->messages[i].role = FE_API_ROLE_USER;
+    else if (!strcmp(rs, "assistant"))
+      r->messages[i].role = FE_API_ROLE_ASSISTANT;
+    else
+      return fail(p, 400, param, "unsupported role '%.40s' (system, user or assistant)", rs);
     json_t *c = json_object_get(m, "content");
     if (!c) {
       snprintf(param, sizeof(param), "messages[%zu].content", i);
@@ -225,13 +241,16 @@ static int parse_stop(struct pctx *p, json_t *body) {
   if (v && !json_is_null(v)) {
     size_t n = json_is_string(v) ? 1 : json_is_array(v) ? json_array_size(v) : 0;
     if (!json_is_string(v) && !json_is_array(v))
-      return fail(p, 400, "stop", "'stop' must be a string or an array of strings, not %s", type_name(v));
-    if (n > FE_API_MAX_STOP) return fail(p, 400, "stop", "at most %d stop strings, got %zu", FE_API_MAX_STOP, n);
+      return fail(p, 400, "stop", "'stop' must be a string or an array of strings, not %s",
+                  type_name(v));
+    if (n > FE_API_MAX_STOP)
+      return fail(p, 400, "stop", "at most %d stop strings, got %zu", FE_API_MAX_STOP, n);
     r->stop = cm_arena_calloc(&r->arena, n ? n : 1, sizeof(char *));
     if (!r->stop) return nomem(p);
     for (size_t i = 0; i < n; i++) {
       json_t *e = json_is_string(v) ? v : json_array_get(v, i);
-      if (!json_is_string(e)) return fail(p, 400, "stop", "stop item %zu must be a string, not %s", i, type_name(e));
+      if (!json_is_string(e))
+        return fail(p, 400, "stop", "stop item %zu must be a string, not %s", i, type_name(e));
       if (json_string_length(e) == 0) return fail(p, 400, "stop", "stop strings must not be empty");
       if (!(r->stop[i] = dup_str(p, e, NULL))) return nomem(p);
     }
@@ -239,7 +258,8 @@ static int parse_stop(struct pctx *p, json_t *body) {
   }
   v = json_object_get(body, "stop_token_ids");
   if (v && !json_is_null(v)) {
-    if (!json_is_array(v)) return fail(p, 400, "stop_token_ids", "'stop_token_ids' must be an array of integers");
+    if (!json_is_array(v))
+      return fail(p, 400, "stop_token_ids", "'stop_token_ids' must be an array of integers");
     if (json_array_size(v) > FE_API_MAX_STOP_TOKEN_IDS)
       return fail(p, 400, "stop_token_ids", "at most %d stop token ids", FE_API_MAX_STOP_TOKEN_IDS);
     const int32_t *ids;
@@ -257,14 +277,16 @@ static int reject_unsupported(struct pctx *p, json_t *body) {
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
         !(json_is_object(v) && json_object_size(v) == 0) &&
-        !(json_is_string(v) && !strcmp(keys[i], "tool_choice") && !strcmp(json_string_value(v), "none")))
+        !(json_is_string(v) && !strcmp(keys[i], "tool_choice") &&
+          !strcmp(json_string_value(v), "none")))
       return fail(p, 400, keys[i], "'%s' is not supported", keys[i]);
   }
   json_t *rf = json_object_get(body, "response_format");
   if (rf && !json_is_null(rf)) {
     json_t *t = json_object_get(rf, "type");
     if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-      return fail(p, 400, "response_format", "only response_format {\"type\": \"text\"} is supported");
+      return fail(p, 400, "response_format",
+                  "only response_format {\"type\": \"text\"} is supported");
   }
   return 0;
 }
@@ -279,7 +301,8 @@ static int parse_sampling(struct pctx *p, json_t *body) {
     return rc;
   if ((rc = get_int(p, body, "min_tokens", 0, INT32_MAX, &r->min_tokens, NULL))) return rc;
   if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
-    return fail(p, 400, "min_tokens", "'min_tokens' (%" PRId64 ") must not exceed max_tokens (%" PRId64 ")",
+    return fail(p, 400, "min_tokens",
+                "'min_tokens' (%" PRId64 ") must not exceed max_tokens (%" PRId64 ")",
                 r->min_tokens, r->max_tokens);
   if ((rc = get_number(p, body, "temperature", 0, 0, 2, 0, &r->temperature))) return rc;
   if ((rc = get_number(p, body, "top_p", 0, 1, 1, 0, &r->top_p))) return rc;
@@ -288,8 +311,10 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   r->top_k = x == 0 ? -1 : (int32_t)x; /* 0 means off, as in vLLM */
   if ((rc = get_number(p, body, "min_p", 0, 0, 1, 0, &r->min_p))) return rc;
   if ((rc = get_number(p, body, "presence_penalty", -2, 0, 2, 0, &r->presence_penalty))) return rc;
-  if ((rc = get_number(p, body, "frequency_penalty", -2, 0, 2, 0, &r->frequency_penalty))) return rc;
-  if ((rc = get_number(p, body, "repetition_penalty", 0, 1, 2, 0, &r->repetition_penalty))) return rc;
+  if ((rc = get_number(p, body, "frequency_penalty", -2, 0, 2, 0, &r->frequency_penalty)))
+    return rc;
+  if ((rc = get_number(p, body, "repetition_penalty", 0, 1, 2, 0, &r->repetition_penalty)))
+    return rc;
   if ((rc = get_int(p, body, "seed", INT64_MIN, INT64_MAX, &r->seed, &r->has_seed))) return rc;
   x = 1;
   if ((rc = get_int(p, body, "n", 1, FE_API_MAX_N, &x, NULL))) return rc;
@@ -297,7 +322,8 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   int64_t best_of = r->n;
   if ((rc = get_int(p, body, "best_of", 1, FE_API_MAX_N, &best_of, &present))) return rc;
   if (best_of != r->n)
-    return fail(p, 400, "best_of", "'best_of' must equal n (%d): best_of > n is not supported", r->n);
+    return fail(p, 400, "best_of", "'best_of' must equal n (%d): best_of > n is not supported",
+                r->n);
   if (r->n > 1 && r->n_prompts > 1)
     return fail(p, 400, "n", "n > 1 is supported with a single prompt only");
   if ((rc = parse_stop(p, body))) return rc;
@@ -322,7 +348,8 @@ static int parse_output(struct pctx *p, json_t *body) {
     int want = 0, top_present = 0;
     int64_t top = 0;
     if ((rc = get_bool(p, body, "logprobs", &want))) return rc;
-    if ((rc = get_int(p, body, "top_logprobs", 0, FE_API_MAX_LOGPROBS, &top, &top_present))) return rc;
+    if ((rc = get_int(p, body, "top_logprobs", 0, FE_API_MAX_LOGPROBS, &top, &top_present)))
+      return rc;
     if (top_present && top > 0 && !want)
       return fail(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
     r->logprobs = want ? (int)top : -1;
@@ -331,8 +358,10 @@ static int parse_output(struct pctx *p, json_t *body) {
   json_t *so = json_object_get(body, "stream_options");
   if (so && !json_is_null(so)) {
     if (!r->stream)
-      return fail(p, 400, "stream_options", "'stream_options' is only allowed when 'stream' is true");
-    if (!json_is_object(so)) return fail(p, 400, "stream_options", "'stream_options' must be an object");
+      return fail(p, 400, "stream_options",
+                  "'stream_options' is only allowed when 'stream' is true");
+    if (!json_is_object(so))
+      return fail(p, 400, "stream_options", "'stream_options' must be an object");
     if ((rc = get_bool(p, so, "include_usage", &r->include_usage))) {
       snprintf(p->err->param, sizeof(p->err->param), "stream_options.include_usage");
       return rc;
@@ -349,7 +378,8 @@ static int parse_model(struct pctx *p, json_t *body, const struct fe_api_config 
     p->r->model = cfg->model_name;
     return 0;
   }
-  if (!json_is_string(v)) return fail(p, 400, "model", "'model' must be a string, not %s", type_name(v));
+  if (!json_is_string(v))
+    return fail(p, 400, "model", "'model' must be a string, not %s", type_name(v));
   if (strcmp(json_string_value(v), cfg->model_name) != 0)
     return fail(p, 404, "model", "The model `%.200s` does not exist.", json_string_value(v));
   p->r->model = cfg->model_name;
@@ -388,13 +418,15 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
       if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
     } else {
       json_t *pr = json_object_get(body, "prompt");
-      if (!json_is_string(pr)) return fail(p, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+      if (!json_is_string(pr))
+        return fail(p, 400, "prompt", "'prompt' (a string) or 'messages' is required");
       if ((rc = parse_prompt(p, body))) return rc;
     }
     return get_bool(p, body, "add_special_tokens", &r->add_special_tokens);
   case FE_API_DETOKENIZE: {
     json_t *t = json_object_get(body, "tokens");
-    if (!json_is_array(t)) return fail(p, 400, "tokens", "'tokens' (an array of token ids) is required");
+    if (!json_is_array(t))
+      return fail(p, 400, "tokens", "'tokens' (an array of token ids) is required");
     r->prompts = cm_arena_calloc(&r->arena, 1, sizeof(*r->prompts));
     if (!r->prompts) return nomem(p);
     r->n_prompts = 1;
@@ -407,7 +439,8 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   for (size_t i = 0; cfg->max_model_len > 0 && i < r->n_prompts; i++) {
     if (!r->prompts[i].ids) continue;
     int64_t mt;
-    if ((rc = fe_api_check_prompt_len(r, (int64_t)r->prompts[i].n_ids, cfg->max_model_len, &mt, p->err)))
+    if ((rc = fe_api_check_prompt_len(r, (int64_t)r->prompts[i].n_ids, cfg->max_model_len, &mt,
+                                      p->err)))
       return rc;
   }
   return 0;
@@ -423,8 +456,8 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
-    fail(&p, 400, NULL, "invalid JSON in the request body: %s (line %d, column %d)", je.text, je.line,
-         je.column);
+    fail(&p, 400, NULL, "invalid JSON in the request body: %s (line %d, column %d)", je.text,
+         je.line, je.column);
     return CM_ERR_PARSE;
   }
   if (!json_is_object(root)) {
@@ -457,7 +490,8 @@ int fe_api_check_prompt_len(const struct fe_api_request *r, int64_t n_prompt_tok
   if (n_prompt_tokens >= max_model_len) {
     snprintf(err->param, sizeof(err->param), "%s", what);
     snprintf(err->message, sizeof(err->message),
-             "This model's maximum context length is %" PRId64 " tokens. However, your request has %" PRId64
+             "This model's maximum context length is %" PRId64
+             " tokens. However, your request has %" PRId64
              " input tokens. Please reduce the length of the input %s.",
              max_model_len, n_prompt_tokens, what);
     return CM_ERR_RANGE;
@@ -465,10 +499,12 @@ int fe_api_check_prompt_len(const struct fe_api_request *r, int64_t n_prompt_tok
   if (r->max_tokens > 0 && n_prompt_tokens + r->max_tokens > max_model_len) {
     snprintf(err->param, sizeof(err->param), "max_tokens");
     snprintf(err->message, sizeof(err->message),
-             "This model's maximum context length is %" PRId64 " tokens. However, you requested %" PRId64
-             " tokens (%" PRId64 " in the %s, %" PRId64 " in the completion). Please reduce the length of the "
+             "This model's maximum context length is %" PRId64
+             " tokens. However, you requested %" PRId64 " tokens (%" PRId64 " in the %s, %" PRId64
+             " in the completion). Please reduce the length of the "
              "%s or completion.",
-             max_model_len, n_prompt_tokens + r->max_tokens, n_prompt_tokens, what, r->max_tokens, what);
+             max_model_len, n_prompt_tokens + r->max_tokens, n_prompt_tokens, what, r->max_tokens,
+             what);
     return CM_ERR_RANGE;
   }
   err->status = 0;

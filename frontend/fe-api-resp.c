@@ -13,7 +13,8 @@ void fe_api_make_id(char *out, size_t size, const char *prefix) {
   unsigned char r[16];
   if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
     uint64_t t = cm_time_ns() ^ cm_time_wall_ns();
-    for (size_t i = 0; i < sizeof(r); i++) r[i] = (unsigned char)(t >> (i % 8 * 8)) ^ (unsigned char)(i * 131);
+    for (size_t i = 0; i < sizeof(r); i++)
+      r[i] = (unsigned char)(t >> (i % 8 * 8)) ^ (unsigned char)(i * 131);
   }
   size_t o = (size_t)snprintf(out, size, "%s", prefix);
   for (size_t i = 0; i < sizeof(r) && o + 2 < size; i++) {
@@ -47,8 +48,10 @@ static void usage(struct fe_buf *b, const struct fe_api_usage *u) {
 
 static void finish_reason(struct fe_buf *b, const char *fr) {
   fe_buf_puts(b, ",\"finish_reason\":");
-  if (fr) fe_buf_json_str(b, fr, strlen(fr));
-  else fe_buf_puts(b, "null");
+  if (fr)
+    fe_buf_json_str(b, fr, strlen(fr));
+  else
+    fe_buf_puts(b, "null");
 }
 
 /* Completions logprobs: {"text_offset","token_logprobs","tokens","top_logprobs"}. */

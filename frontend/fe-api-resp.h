@@ -32,7 +32,7 @@ struct fe_api_choice {
   const char *finish_reason;                   /* "stop", "length", "abort"; NULL: null */
   const struct fe_api_token_logprob *logprobs; /* (n_logprobs); NULL: "logprobs": null */
   size_t n_logprobs;
-  size_t text_offset;                          /* bytes of text before this chunk (completions) */
+  size_t text_offset; /* bytes of text before this chunk (completions) */
 };
 
 struct fe_api_usage {
@@ -41,8 +41,8 @@ struct fe_api_usage {
 };
 
 struct fe_api_resp_meta {
-  const char *id;    /* "cmpl-..." or "chatcmpl-..." */
-  int64_t created;   /* Unix seconds */
+  const char *id;  /* "cmpl-..." or "chatcmpl-..." */
+  int64_t created; /* Unix seconds */
   const char *model;
 };
 

@@ -14,75 +14,75 @@
 
 #include "common/cm-arena.h"
 
-#define FE_API_MAX_STOP 16           /* stop strings per request */
-#define FE_API_MAX_STOP_TOKEN_IDS 64 /* stop token ids per request */
-#define FE_API_MAX_LOGPROBS 20       /* top logprobs per token */
-#define FE_API_MAX_N 128             /* choices per request */
-#define FE_API_MAX_PROMPTS 256       /* prompts in one completions request */
+#define FE_API_MAX_STOP           16  /* stop strings per request */
+#define FE_API_MAX_STOP_TOKEN_IDS 64  /* stop token ids per request */
+#define FE_API_MAX_LOGPROBS       20  /* top logprobs per token */
+#define FE_API_MAX_N              128 /* choices per request */
+#define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
 
 enum fe_api_kind {
-  FE_API_COMPLETION,  /* POST /v1/completions */
-  FE_API_CHAT,        /* POST /v1/chat/completions */
-  FE_API_TOKENIZE,    /* POST /tokenize: prompt or messages */
-  FE_API_DETOKENIZE,  /* POST /detokenize: tokens in prompts[0].ids */
+  FE_API_COMPLETION, /* POST /v1/completions */
+  FE_API_CHAT,       /* POST /v1/chat/completions */
+  FE_API_TOKENIZE,   /* POST /tokenize: prompt or messages */
+  FE_API_DETOKENIZE, /* POST /detokenize: tokens in prompts[0].ids */
 };
 
 enum fe_api_role { FE_API_ROLE_SYSTEM, FE_API_ROLE_USER, FE_API_ROLE_ASSISTANT };
 
 struct fe_api_prompt {
-  const char *text;     /* NUL-terminated; NULL when given as token ids */
-  size_t text_len;      /* bytes */
-  const int32_t *ids;   /* (n_ids) token ids; NULL when given as text */
-  size_t n_ids;         /* tokens */
+  const char *text;   /* NUL-terminated; NULL when given as token ids */
+  size_t text_len;    /* bytes */
+  const int32_t *ids; /* (n_ids) token ids; NULL when given as text */
+  size_t n_ids;       /* tokens */
 };
 
 struct fe_api_message {
   enum fe_api_role role;
-  const char *content;  /* NUL-terminated; text parts joined with "\n" */
-  size_t content_len;   /* bytes */
+  const char *content; /* NUL-terminated; text parts joined with "\n" */
+  size_t content_len;  /* bytes */
 };
 
 struct fe_api_request {
   enum fe_api_kind kind;
-  const char *model;                 /* the served model's name (validated) */
-  struct fe_api_prompt *prompts;     /* (n_prompts) completions, tokenize, detokenize */
+  const char *model;             /* the served model's name (validated) */
+  struct fe_api_prompt *prompts; /* (n_prompts) completions, tokenize, detokenize */
   size_t n_prompts;
-  struct fe_api_message *messages;   /* (n_messages) chat, tokenize */
+  struct fe_api_message *messages; /* (n_messages) chat, tokenize */
   size_t n_messages;
-  int64_t max_tokens;                /* tokens; -1: up to the context limit */
-  int64_t min_tokens;                /* tokens; 0 by default */
-  double temperature;                /* [0, 2]; default 1 */
-  double top_p;                      /* (0, 1]; default 1 */
-  int32_t top_k;                     /* -1 (off) or >= 1 */
-  double min_p;                      /* [0, 1]; default 0 */
-  double presence_penalty;           /* [-2, 2] */
-  double frequency_penalty;          /* [-2, 2] */
-  double repetition_penalty;         /* (0, 2]; default 1 */
+  int64_t max_tokens;        /* tokens; -1: up to the context limit */
+  int64_t min_tokens;        /* tokens; 0 by default */
+  double temperature;        /* [0, 2]; default 1 */
+  double top_p;              /* (0, 1]; default 1 */
+  int32_t top_k;             /* -1 (off) or >= 1 */
+  double min_p;              /* [0, 1]; default 0 */
+  double presence_penalty;   /* [-2, 2] */
+  double frequency_penalty;  /* [-2, 2] */
+  double repetition_penalty; /* (0, 2]; default 1 */
   int has_seed;
   int64_t seed;
-  const char **stop;                 /* (n_stop) NUL-terminated stop strings */
+  const char **stop; /* (n_stop) NUL-terminated stop strings */
   size_t n_stop;
-  int32_t *stop_token_ids;           /* (n_stop_token_ids) */
+  int32_t *stop_token_ids; /* (n_stop_token_ids) */
   size_t n_stop_token_ids;
-  int n;                             /* choices, >= 1 */
-  int logprobs;                      /* top logprobs per token; -1: no logprobs */
+  int n;        /* choices, >= 1 */
+  int logprobs; /* top logprobs per token; -1: no logprobs */
   int stream;
-  int include_usage;                 /* stream_options.include_usage */
+  int include_usage; /* stream_options.include_usage */
   int ignore_eos;
-  int add_generation_prompt;         /* chat / tokenize with messages; default 1 */
-  int add_special_tokens;            /* tokenize; default 1 (completions), 0 (chat) */
-  struct cm_arena arena;             /* owns every pointer above */
+  int add_generation_prompt; /* chat / tokenize with messages; default 1 */
+  int add_special_tokens;    /* tokenize; default 1 (completions), 0 (chat) */
+  struct cm_arena arena;     /* owns every pointer above */
 };
 
 struct fe_api_error {
-  int status;        /* HTTP status: 400, 404, ... */
-  char param[64];    /* offending field ("top_p", "messages[2].role"), "" for none */
+  int status;     /* HTTP status: 400, 404, ... */
+  char param[64]; /* offending field ("top_p", "messages[2].role"), "" for none */
   char message[320];
 };
 
 struct fe_api_config {
-  const char *model_name;    /* the served model; requests may also omit "model" */
-  int64_t max_model_len;     /* tokens; 0: unknown (no length checks) */
+  const char *model_name; /* the served model; requests may also omit "model" */
+  int64_t max_model_len;  /* tokens; 0: unknown (no length checks) */
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a

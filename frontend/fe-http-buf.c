@@ -35,7 +35,8 @@ int fe_buf_reserve(struct fe_buf *b, size_t extra) {
   size_t need = b->len + extra + 1;
   if (need <= b->size) return 0;
   size_t ns = b->size ? b->size : 256;
-  while (ns < need) ns *= 2;
+  while (ns < need)
+    ns *= 2;
   if (ns > b->cap) ns = b->cap;
   char *p = realloc(b->data, ns);
   if (!p) return b->err = CM_ERR_NOMEM;
@@ -53,7 +54,9 @@ int fe_buf_append(struct fe_buf *b, const void *p, size_t n) {
   return 0;
 }
 
-int fe_buf_puts(struct fe_buf *b, const char *s) { return fe_buf_append(b, s, strlen(s)); }
+int fe_buf_puts(struct fe_buf *b, const char *s) {
+  return fe_buf_append(b, s, strlen(s));
+}
 
 int fe_buf_printf(struct fe_buf *b, const char *fmt, ...) {
   if (b->err) return b->err;
@@ -97,16 +100,21 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
   size_t k;
   uint32_t cp;
   if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) k = 2, cp = c & 0x1f;
-  else if (c >= 0xe0 && c <= 0xef) k = 3, cp = c & 0x0f;
-  else if (c >= 0xf0 && c <= 0xf4) k = 4, cp = c & 0x07;
-  else return 0;
+  if (c >= 0xc2 && c <= 0xdf)
+    k = 2, cp = c & 0x1f;
+  else if (c >= 0xe0 && c <= 0xef)
+    k = 3, cp = c & 0x0f;
+  else if (c >= 0xf0 && c <= 0xf4)
+    k = 4, cp = c & 0x07;
+  else
+    return 0;
   if (k > n) return 0;
   for (size_t i = 1; i < k; i++) {
     if ((s[i] & 0xc0) != 0x80) return 0;
     cp = cp << 6 | (s[i] & 0x3f);
   }
-  if ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+  if ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+      (k == 4 && (cp < 0x10000 || cp > 0x10ffff)))
     return 0;
   return k;
 }
@@ -136,8 +144,7 @@ int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n) {
       case '\t': *o++ = 't'; break;
       case '\b': *o++ = 'b'; break;
       case '\f': *o++ = 'f'; break;
-      default:
-        *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hex[c >> 4], *o++ = hex[c & 15];
+      default: *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hex[c >> 4], *o++ = hex[c & 15];
       }
       i++;
       continue;

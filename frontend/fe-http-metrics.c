@@ -13,11 +13,11 @@ struct fe_metric {
   enum fe_metric_kind kind;
   char name[96];
   char help[160];
-  double value;                                /* counter/gauge value; histogram sum */
+  double value; /* counter/gauge value; histogram sum */
   size_t n_bounds;
-  double bounds[FE_METRIC_MAX_BUCKETS];        /* finite upper bounds, increasing */
-  double counts[FE_METRIC_MAX_BUCKETS + 1];    /* per bucket (not cumulative); last is +Inf */
-  double count;                                /* histogram observations */
+  double bounds[FE_METRIC_MAX_BUCKETS];     /* finite upper bounds, increasing */
+  double counts[FE_METRIC_MAX_BUCKETS + 1]; /* per bucket (not cumulative); last is +Inf */
+  double count;                             /* histogram observations */
 };
 
 struct fe_metrics {
@@ -48,7 +48,9 @@ int fe_metrics_create(const char *model_name, struct fe_metrics **out) {
   return 0;
 }
 
-void fe_metrics_destroy(struct fe_metrics *m) { free(m); }
+void fe_metrics_destroy(struct fe_metrics *m) {
+  free(m);
+}
 
 static int valid_name(const char *s) {
   if (!*s || (*s >= '0' && *s <= '9')) return 0;
@@ -61,10 +63,12 @@ static int valid_name(const char *s) {
 
 int fe_metrics_add(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
                    const char *help, const double *bounds, size_t n_bounds) {
-  if (!valid_name(name) || strlen(name) >= sizeof(m->m[0].name) || strlen(help) >= sizeof(m->m[0].help))
+  if (!valid_name(name) || strlen(name) >= sizeof(m->m[0].name) ||
+      strlen(help) >= sizeof(m->m[0].help))
     return CM_ERR_INVAL;
   size_t nl = strlen(name);
-  if (kind == FE_METRIC_COUNTER && (nl < 6 || strcmp(name + nl - 6, "_total") != 0)) return CM_ERR_INVAL;
+  if (kind == FE_METRIC_COUNTER && (nl < 6 || strcmp(name + nl - 6, "_total") != 0))
+    return CM_ERR_INVAL;
   if (kind == FE_METRIC_HISTOGRAM) {
     if (n_bounds == 0 || n_bounds > FE_METRIC_MAX_BUCKETS) return CM_ERR_INVAL;
     for (size_t i = 0; i < n_bounds; i++)
@@ -99,13 +103,16 @@ void fe_metrics_inc(struct fe_metrics *m, int id, double v) {
   if (v > 0) get(m, id, FE_METRIC_COUNTER)->value += v;
 }
 
-void fe_metrics_set(struct fe_metrics *m, int id, double v) { get(m, id, FE_METRIC_GAUGE)->value = v; }
+void fe_metrics_set(struct fe_metrics *m, int id, double v) {
+  get(m, id, FE_METRIC_GAUGE)->value = v;
+}
 
 void fe_metrics_observe(struct fe_metrics *m, int id, double v) {
   struct fe_metric *x = get(m, id, FE_METRIC_HISTOGRAM);
   if (isnan(v)) return;
   size_t b = 0;
-  while (b < x->n_bounds && v > x->bounds[b]) b++;
+  while (b < x->n_bounds && v > x->bounds[b])
+    b++;
   x->counts[b] += 1;
   x->count += 1;
   x->value += v;
@@ -122,9 +129,12 @@ double fe_metrics_count(const struct fe_metrics *m, int id) {
 }
 
 static void put_num(struct fe_buf *b, double v) {
-  if (isinf(v)) fe_buf_puts(b, v > 0 ? "+Inf" : "-Inf");
-  else if (isnan(v)) fe_buf_puts(b, "NaN");
-  else if (v == floor(v) && fabs(v) < 1e15) fe_buf_printf(b, "%.1f", v);
+  if (isinf(v))
+    fe_buf_puts(b, v > 0 ? "+Inf" : "-Inf");
+  else if (isnan(v))
+    fe_buf_puts(b, "NaN");
+  else if (v == floor(v) && fabs(v) < 1e15)
+    fe_buf_printf(b, "%.1f", v);
   else {
     /* the shortest form that reads back exactly ("0.005", not 0.005000000000000001) */
     char tmp[40];
@@ -166,12 +176,14 @@ int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *b) {
 }
 
 /* Buckets as vLLM uses them for the same metrics (seconds). */
-static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                                      1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-static const double itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                                     0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
-static const double e2e_buckets[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
-                                     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                      0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                      20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                     0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                     5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids) {
   struct {
@@ -181,23 +193,43 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
     const double *b;
     size_t nb;
   } t[] = {
-      {&ids->num_requests_running, FE_METRIC_GAUGE, "lmserve:num_requests_running", "Requests running on the engine.", NULL, 0},
-      {&ids->num_requests_waiting, FE_METRIC_GAUGE, "lmserve:num_requests_waiting", "Requests waiting to be scheduled.", NULL, 0},
-      {&ids->kv_cache_usage_perc, FE_METRIC_GAUGE, "lmserve:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent.", NULL, 0},
-      {&ids->prompt_tokens, FE_METRIC_COUNTER, "lmserve:prompt_tokens_total", "Prefill tokens processed.", NULL, 0},
-      {&ids->generation_tokens, FE_METRIC_COUNTER, "lmserve:generation_tokens_total", "Generation tokens produced.", NULL, 0},
-      {&ids->time_to_first_token_seconds, FE_METRIC_HISTOGRAM, "lmserve:time_to_first_token_seconds", "Time to first token in seconds.", ttft_buckets, CM_ARRAY_LEN(ttft_buckets)},
-      {&ids->inter_token_latency_seconds, FE_METRIC_HISTOGRAM, "lmserve:inter_token_latency_seconds", "Inter-token latency in seconds.", itl_buckets, CM_ARRAY_LEN(itl_buckets)},
-      {&ids->e2e_request_latency_seconds, FE_METRIC_HISTOGRAM, "lmserve:e2e_request_latency_seconds", "End-to-end request latency in seconds.", e2e_buckets, CM_ARRAY_LEN(e2e_buckets)},
-      {&ids->prefix_cache_queries, FE_METRIC_COUNTER, "lmserve:prefix_cache_queries_total", "Prefix-cache queries, in tokens.", NULL, 0},
-      {&ids->prefix_cache_hits, FE_METRIC_COUNTER, "lmserve:prefix_cache_hits_total", "Prefix-cache hits, in tokens.", NULL, 0},
-      {&ids->spec_decode_num_drafts, FE_METRIC_COUNTER, "lmserve:spec_decode_num_drafts_total", "Speculative-decoding drafts.", NULL, 0},
-      {&ids->spec_decode_num_draft_tokens, FE_METRIC_COUNTER, "lmserve:spec_decode_num_draft_tokens_total", "Draft tokens proposed.", NULL, 0},
-      {&ids->spec_decode_num_accepted_tokens, FE_METRIC_COUNTER, "lmserve:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", NULL, 0},
-      {&ids->request_success, FE_METRIC_COUNTER, "lmserve:request_success_total", "Generation requests finished.", NULL, 0},
-      {&ids->http_requests, FE_METRIC_COUNTER, "lmserve:http_requests_total", "HTTP requests answered.", NULL, 0},
-      {&ids->http_client_errors, FE_METRIC_COUNTER, "lmserve:http_client_errors_total", "HTTP requests answered with a 4xx status.", NULL, 0},
-      {&ids->http_server_errors, FE_METRIC_COUNTER, "lmserve:http_server_errors_total", "HTTP requests answered with a 5xx status.", NULL, 0},
+      {&ids->num_requests_running, FE_METRIC_GAUGE, "lmserve:num_requests_running",
+       "Requests running on the engine.", NULL, 0},
+      {&ids->num_requests_waiting, FE_METRIC_GAUGE, "lmserve:num_requests_waiting",
+       "Requests waiting to be scheduled.", NULL, 0},
+      {&ids->kv_cache_usage_perc, FE_METRIC_GAUGE, "lmserve:kv_cache_usage_perc",
+       "KV-cache usage, 1 means 100 percent.", NULL, 0},
+      {&ids->prompt_tokens, FE_METRIC_COUNTER, "lmserve:prompt_tokens_total",
+       "Prefill tokens processed.", NULL, 0},
+      {&ids->generation_tokens, FE_METRIC_COUNTER, "lmserve:generation_tokens_total",
+       "Generation tokens produced.", NULL, 0},
+      {&ids->time_to_first_token_seconds, FE_METRIC_HISTOGRAM,
+       "lmserve:time_to_first_token_seconds", "Time to first token in seconds.", ttft_buckets,
+       CM_ARRAY_LEN(ttft_buckets)},
+      {&ids->inter_token_latency_seconds, FE_METRIC_HISTOGRAM,
+       "lmserve:inter_token_latency_seconds", "Inter-token latency in seconds.", itl_buckets,
+       CM_ARRAY_LEN(itl_buckets)},
+      {&ids->e2e_request_latency_seconds, FE_METRIC_HISTOGRAM,
+       "lmserve:e2e_request_latency_seconds", "End-to-end request latency in seconds.", e2e_buckets,
+       CM_ARRAY_LEN(e2e_buckets)},
+      {&ids->prefix_cache_queries, FE_METRIC_COUNTER, "lmserve:prefix_cache_queries_total",
+       "Prefix-cache queries, in tokens.", NULL, 0},
+      {&ids->prefix_cache_hits, FE_METRIC_COUNTER, "lmserve:prefix_cache_hits_total",
+       "Prefix-cache hits, in tokens.", NULL, 0},
+      {&ids->spec_decode_num_drafts, FE_METRIC_COUNTER, "lmserve:spec_decode_num_drafts_total",
+       "Speculative-decoding drafts.", NULL, 0},
+      {&ids->spec_decode_num_draft_tokens, FE_METRIC_COUNTER,
+       "lmserve:spec_decode_num_draft_tokens_total", "Draft tokens proposed.", NULL, 0},
+      {&ids->spec_decode_num_accepted_tokens, FE_METRIC_COUNTER,
+       "lmserve:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", NULL, 0},
+      {&ids->request_success, FE_METRIC_COUNTER, "lmserve:request_success_total",
+       "Generation requests finished.", NULL, 0},
+      {&ids->http_requests, FE_METRIC_COUNTER, "lmserve:http_requests_total",
+       "HTTP requests answered.", NULL, 0},
+      {&ids->http_client_errors, FE_METRIC_COUNTER, "lmserve:http_client_errors_total",
+       "HTTP requests answered with a 4xx status.", NULL, 0},
+      {&ids->http_server_errors, FE_METRIC_COUNTER, "lmserve:http_server_errors_total",
+       "HTTP requests answered with a 5xx status.", NULL, 0},
   };
   for (size_t i = 0; i < CM_ARRAY_LEN(t); i++) {
     int id = fe_metrics_add(m, t[i].kind, t[i].name, t[i].help, t[i].b, t[i].nb);

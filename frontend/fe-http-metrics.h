@@ -16,7 +16,7 @@ struct fe_metrics;
 
 enum fe_metric_kind { FE_METRIC_COUNTER, FE_METRIC_GAUGE, FE_METRIC_HISTOGRAM };
 
-#define FE_METRICS_MAX 64        /* metrics per registry */
+#define FE_METRICS_MAX        64 /* metrics per registry */
 #define FE_METRIC_MAX_BUCKETS 32 /* finite bucket bounds per histogram */
 
 /* Creates an empty registry whose series are labelled model_name="...". */
@@ -34,31 +34,32 @@ int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_E
 void fe_metrics_inc(struct fe_metrics *m, int id, double v);     /* counter, v >= 0 */
 void fe_metrics_set(struct fe_metrics *m, int id, double v);     /* gauge */
 void fe_metrics_observe(struct fe_metrics *m, int id, double v); /* histogram */
-double fe_metrics_value(const struct fe_metrics *m, int id);     /* counter/gauge value, histogram sum */
-double fe_metrics_count(const struct fe_metrics *m, int id);     /* histogram observations */
+double fe_metrics_value(const struct fe_metrics *m,
+                        int id); /* counter/gauge value, histogram sum */
+double fe_metrics_count(const struct fe_metrics *m, int id); /* histogram observations */
 
 /* Appends the whole registry in Prometheus text format. */
 int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *out);
 
 /* The ids of the standard lmserve metrics (DESIGN.md, "HTTP API"). */
 struct fe_metric_ids {
-  int num_requests_running;          /* gauge */
-  int num_requests_waiting;          /* gauge */
-  int kv_cache_usage_perc;           /* gauge, 0..1 */
-  int prompt_tokens;                 /* counter, tokens */
-  int generation_tokens;             /* counter, tokens */
-  int time_to_first_token_seconds;   /* histogram, s */
-  int inter_token_latency_seconds;   /* histogram, s */
-  int e2e_request_latency_seconds;   /* histogram, s */
-  int prefix_cache_queries;          /* counter, tokens */
-  int prefix_cache_hits;             /* counter, tokens */
-  int spec_decode_num_drafts;        /* counter */
-  int spec_decode_num_draft_tokens;  /* counter, tokens */
+  int num_requests_running;            /* gauge */
+  int num_requests_waiting;            /* gauge */
+  int kv_cache_usage_perc;             /* gauge, 0..1 */
+  int prompt_tokens;                   /* counter, tokens */
+  int generation_tokens;               /* counter, tokens */
+  int time_to_first_token_seconds;     /* histogram, s */
+  int inter_token_latency_seconds;     /* histogram, s */
+  int e2e_request_latency_seconds;     /* histogram, s */
+  int prefix_cache_queries;            /* counter, tokens */
+  int prefix_cache_hits;               /* counter, tokens */
+  int spec_decode_num_drafts;          /* counter */
+  int spec_decode_num_draft_tokens;    /* counter, tokens */
   int spec_decode_num_accepted_tokens; /* counter, tokens */
-  int request_success;               /* counter: requests finished */
-  int http_requests;                 /* counter: HTTP requests answered */
-  int http_client_errors;            /* counter: 4xx answers */
-  int http_server_errors;            /* counter: 5xx answers */
+  int request_success;                 /* counter: requests finished */
+  int http_requests;                   /* counter: HTTP requests answered */
+  int http_client_errors;              /* counter: 4xx answers */
+  int http_server_errors;              /* counter: 5xx answers */
 };
 
 /* Registers the standard metrics and fills `ids`. Returns 0 or a cm_err. */

@@ -15,9 +15,13 @@ static int is_tchar(unsigned char c) {
 }
 
 /* field-value bytes: HTAB, SP, VCHAR, obs-text */
-static int is_field_byte(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
+static int is_field_byte(unsigned char c) {
+  return c == '\t' || (c >= 0x20 && c != 0x7f);
+}
 
-static unsigned char lower(unsigned char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+static unsigned char lower(unsigned char c) {
+  return c >= 'A' && c <= 'Z' ? c + 32 : c;
+}
 
 int fe_http_str_eq_nocase(const char *s, size_t n, const char *lit) {
   size_t m = strlen(lit);
@@ -60,7 +64,8 @@ static int next_line(const char *buf, size_t len, size_t pos, size_t *start, siz
 
 static int parse_request_line(const char *line, size_t n, struct fe_http_request *req) {
   size_t i = 0;
-  while (i < n && is_tchar((unsigned char)line[i])) i++;
+  while (i < n && is_tchar((unsigned char)line[i]))
+    i++;
   if (i == 0 || i >= n || line[i] != ' ') {
     req->error = "malformed request line (method)";
     return CM_ERR_PARSE;
@@ -68,7 +73,8 @@ static int parse_request_line(const char *line, size_t n, struct fe_http_request
   req->method = line;
   req->method_len = i;
   size_t t0 = ++i;
-  while (i < n && (unsigned char)line[i] > 0x20 && (unsigned char)line[i] < 0x7f) i++;
+  while (i < n && (unsigned char)line[i] > 0x20 && (unsigned char)line[i] < 0x7f)
+    i++;
   if (i == t0 || i >= n || line[i] != ' ') {
     req->error = "malformed request line (target)";
     return CM_ERR_PARSE;
@@ -79,8 +85,8 @@ static int parse_request_line(const char *line, size_t n, struct fe_http_request
   req->path = req->target;
   req->path_len = q ? (size_t)(q - req->target) : req->target_len;
   i++;
-  if (n - i != 8 || memcmp(line + i, "HTTP/", 5) != 0 || line[i + 6] != '.' ||
-      line[i + 5] < '0' || line[i + 5] > '9' || line[i + 7] < '0' || line[i + 7] > '9') {
+  if (n - i != 8 || memcmp(line + i, "HTTP/", 5) != 0 || line[i + 6] != '.' || line[i + 5] < '0' ||
+      line[i + 5] > '9' || line[i + 7] < '0' || line[i + 7] > '9') {
     req->error = "malformed request line (version)";
     return CM_ERR_PARSE;
   }
@@ -108,9 +114,11 @@ static int parse_content_length(const char *v, size_t n, int64_t *out) {
 static void scan_connection(const char *v, size_t n, int *close_, int *keep) {
   size_t i = 0;
   while (i < n) {
-    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
+    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+      i++;
     size_t s = i;
-    while (i < n && v[i] != ',' && v[i] != ' ' && v[i] != '\t') i++;
+    while (i < n && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
+      i++;
     if (fe_http_str_eq_nocase(v + s, i - s, "close")) *close_ = 1;
     if (fe_http_str_eq_nocase(v + s, i - s, "keep-alive")) *keep = 1;
   }
@@ -180,7 +188,8 @@ int fe_http_parse_request(const char *buf, size_t len, struct fe_http_request *r
       return CM_ERR_PARSE;
     }
     size_t i = 0;
-    while (i < n && is_tchar((unsigned char)line[i])) i++;
+    while (i < n && is_tchar((unsigned char)line[i]))
+      i++;
     if (i == 0 || i >= n || line[i] != ':') {
       req->error = "malformed header field name";
       return CM_ERR_PARSE;
@@ -193,7 +202,8 @@ int fe_http_parse_request(const char *buf, size_t len, struct fe_http_request *r
     h->name = line;
     h->name_len = i;
     i++;
-    while (i < n && (line[i] == ' ' || line[i] == '\t')) i++;
+    while (i < n && (line[i] == ' ' || line[i] == '\t'))
+      i++;
     size_t v0 = i, vend = i;
     for (; i < n; i++) {
       unsigned char c = (unsigned char)line[i];
@@ -277,7 +287,8 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
     case CK_SIZE: {
       int h = hexval(c);
       if (h >= 0) {
-        if (d->remaining >= CK_SIZE_MAX >> 4) return ck_fail(d, "chunk size too large", CM_ERR_TOOBIG);
+        if (d->remaining >= CK_SIZE_MAX >> 4)
+          return ck_fail(d, "chunk size too large", CM_ERR_TOOBIG);
         d->remaining = d->remaining << 4 | (uint64_t)h;
         d->saw_digit = 1;
       } else if (!d->saw_digit) {
@@ -297,9 +308,12 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
       break;
     }
     case CK_EXT:
-      if (c == '\r') d->state = CK_SIZE_CR;
-      else if (c == '\n') ck_size_line_done(d);
-      else if (!is_field_byte(c)) return ck_fail(d, "control character in a chunk extension", CM_ERR_PARSE);
+      if (c == '\r')
+        d->state = CK_SIZE_CR;
+      else if (c == '\n')
+        ck_size_line_done(d);
+      else if (!is_field_byte(c))
+        return ck_fail(d, "control character in a chunk extension", CM_ERR_PARSE);
       else if (++d->line_len > FE_HTTP_CHUNK_LINE_MAX)
         return ck_fail(d, "chunk size line too long", CM_ERR_TOOBIG);
       i++;
@@ -323,9 +337,12 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
       break;
     }
     case CK_DATA_CR:
-      if (c == '\r') d->state = CK_DATA_LF;
-      else if (c == '\n') d->state = CK_SIZE;
-      else return ck_fail(d, "missing CRLF after chunk data", CM_ERR_PARSE);
+      if (c == '\r')
+        d->state = CK_DATA_LF;
+      else if (c == '\n')
+        d->state = CK_SIZE;
+      else
+        return ck_fail(d, "missing CRLF after chunk data", CM_ERR_PARSE);
       i++;
       break;
     case CK_DATA_LF:
@@ -334,19 +351,27 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
       i++;
       break;
     case CK_TRAILER:
-      if (c == '\r') d->state = CK_END_CR;
-      else if (c == '\n') d->done = 1;
+      if (c == '\r')
+        d->state = CK_END_CR;
+      else if (c == '\n')
+        d->done = 1;
       else if (c == ' ' || c == '\t' || !is_field_byte(c))
         return ck_fail(d, "malformed trailer field", CM_ERR_PARSE);
-      else d->state = CK_TRAILER_LINE;
-      if (++d->trailer_len > FE_HTTP_TRAILER_MAX) return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
+      else
+        d->state = CK_TRAILER_LINE;
+      if (++d->trailer_len > FE_HTTP_TRAILER_MAX)
+        return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
       i++;
       break;
     case CK_TRAILER_LINE:
-      if (c == '\r') d->state = CK_TRAILER_CR;
-      else if (c == '\n') d->state = CK_TRAILER;
-      else if (!is_field_byte(c)) return ck_fail(d, "control character in a trailer", CM_ERR_PARSE);
-      if (++d->trailer_len > FE_HTTP_TRAILER_MAX) return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
+      if (c == '\r')
+        d->state = CK_TRAILER_CR;
+      else if (c == '\n')
+        d->state = CK_TRAILER;
+      else if (!is_field_byte(c))
+        return ck_fail(d, "control character in a trailer", CM_ERR_PARSE);
+      if (++d->trailer_len > FE_HTTP_TRAILER_MAX)
+        return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
       i++;
       break;
     case CK_TRAILER_CR:
@@ -359,8 +384,7 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
       d->done = 1;
       i++;
       break;
-    default:
-      return ck_fail(d, "decoder in a bad state", CM_ERR_STATE);
+    default: return ck_fail(d, "decoder in a bad state", CM_ERR_STATE);
     }
   }
   return (int64_t)i;

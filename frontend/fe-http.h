@@ -20,8 +20,8 @@
 #include <stdint.h>
 
 struct fe_http_header {
-  const char *name; /* points into the caller's buffer; not NUL-terminated */
-  size_t name_len;  /* bytes */
+  const char *name;  /* points into the caller's buffer; not NUL-terminated */
+  size_t name_len;   /* bytes */
   const char *value; /* surrounding whitespace trimmed */
   size_t value_len;  /* bytes */
 };
@@ -33,7 +33,7 @@ struct fe_http_request {
   size_t target_len;
   const char *path; /* target up to '?', no query */
   size_t path_len;
-  int minor_version; /* HTTP/1.<minor_version>: 0 or 1 */
+  int minor_version;              /* HTTP/1.<minor_version>: 0 or 1 */
   struct fe_http_header *headers; /* the caller's array */
   size_t n_headers;
   /* derived from the headers */
@@ -64,18 +64,18 @@ int fe_http_str_eq_nocase(const char *s, size_t n, const char *lit);
 /* ---- chunked transfer coding ------------------------------------------ */
 
 /* Limits on the parts of a chunked body that are not data. */
-#define FE_HTTP_CHUNK_LINE_MAX 4096u  /* bytes: size line with extensions */
-#define FE_HTTP_TRAILER_MAX 8192u     /* bytes: all trailer fields together */
+#define FE_HTTP_CHUNK_LINE_MAX 4096u /* bytes: size line with extensions */
+#define FE_HTTP_TRAILER_MAX    8192u /* bytes: all trailer fields together */
 
 struct fe_http_chunked {
-  int state;           /* internal */
-  int saw_digit;       /* internal */
-  uint64_t remaining;  /* bytes of the current chunk's data still to come */
-  size_t line_len;     /* bytes of the current size or trailer line so far */
-  size_t trailer_len;  /* bytes of trailers so far */
-  uint64_t total;      /* bytes of data decoded so far */
-  int done;            /* 1 once the last chunk and trailers are consumed */
-  const char *error;   /* static text naming the problem after an error */
+  int state;          /* internal */
+  int saw_digit;      /* internal */
+  uint64_t remaining; /* bytes of the current chunk's data still to come */
+  size_t line_len;    /* bytes of the current size or trailer line so far */
+  size_t trailer_len; /* bytes of trailers so far */
+  uint64_t total;     /* bytes of data decoded so far */
+  int done;           /* 1 once the last chunk and trailers are consumed */
+  const char *error;  /* static text naming the problem after an error */
 };
 
 void fe_http_chunked_init(struct fe_http_chunked *d);

@@ -33,7 +33,9 @@ struct fe_app {
   int stopping;
 };
 
-static void close_cb(uv_handle_t *h) { (void)h; }
+static void close_cb(uv_handle_t *h) {
+  (void)h;
+}
 
 static void app_stop(struct fe_app *a) {
   if (a->stopping) return;
@@ -74,24 +76,38 @@ int fe_frontend_main(int argc, char **argv) {
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   struct cm_opt opts[] = {
-      {"host", CM_OPT_STR, &host, "ADDR", "IPv4 or IPv6 address to listen on (default 127.0.0.1)", 0, 0, 0, 0, NULL},
-      {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535, 0, 0, NULL},
-      {"api-key", CM_OPT_STR, &api_key, "KEY", "require Authorization: Bearer KEY (also LMSERVE_API_KEY)", 0, 0, 0, 0, NULL},
-      {"served-model-name", CM_OPT_STR, &model, "NAME", "model name clients use (default 'default')", 0, 0, 0, 0, NULL},
-      {"max-model-len", CM_OPT_INT, &max_model_len, "N", "context length in tokens (default 8192)", 1, INT32_MAX, 0, 0, NULL},
-      {"scheduler", CM_OPT_STR, &scheduler, "ENDPOINT", "scheduler endpoint (ipc:// or tcp://)", 0, 0, 0, 0, NULL},
-      {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES", "largest request body (default 32M); more is 413", 0, 0, 0, 0, NULL},
-      {"max-header-size", CM_OPT_SIZE, &max_header_bytes, "BYTES", "largest request head (default 16K); more is 431", 0, 0, 0, 0, NULL},
-      {"max-headers", CM_OPT_INT, &max_headers, "N", "most header fields per request (default 100)", 1, 10000, 0, 0, NULL},
-      {"max-connections", CM_OPT_INT, &max_conns, "N", "most open connections (default 4096)", 1, 1000000, 0, 0, NULL},
-      {"header-timeout", CM_OPT_DOUBLE, &header_timeout, "S", "seconds to receive a request head (default 10)", 0, 0, 0.001, 3600, NULL},
-      {"body-timeout", CM_OPT_DOUBLE, &body_timeout, "S", "seconds between reads of a body (default 30)", 0, 0, 0.001, 3600, NULL},
-      {"idle-timeout", CM_OPT_DOUBLE, &idle_timeout, "S", "keep-alive idle seconds (default 5)", 0, 0, 0.001, 3600, NULL},
-      {"drain-timeout", CM_OPT_DOUBLE, &drain_timeout, "S", "seconds requests may finish after SIGTERM (default 30)", 0, 0, 0, 3600, NULL},
+      {"host", CM_OPT_STR, &host, "ADDR", "IPv4 or IPv6 address to listen on (default 127.0.0.1)",
+       0, 0, 0, 0, NULL},
+      {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535, 0,
+       0, NULL},
+      {"api-key", CM_OPT_STR, &api_key, "KEY",
+       "require Authorization: Bearer KEY (also LMSERVE_API_KEY)", 0, 0, 0, 0, NULL},
+      {"served-model-name", CM_OPT_STR, &model, "NAME",
+       "model name clients use (default 'default')", 0, 0, 0, 0, NULL},
+      {"max-model-len", CM_OPT_INT, &max_model_len, "N", "context length in tokens (default 8192)",
+       1, INT32_MAX, 0, 0, NULL},
+      {"scheduler", CM_OPT_STR, &scheduler, "ENDPOINT", "scheduler endpoint (ipc:// or tcp://)", 0,
+       0, 0, 0, NULL},
+      {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES",
+       "largest request body (default 32M); more is 413", 0, 0, 0, 0, NULL},
+      {"max-header-size", CM_OPT_SIZE, &max_header_bytes, "BYTES",
+       "largest request head (default 16K); more is 431", 0, 0, 0, 0, NULL},
+      {"max-headers", CM_OPT_INT, &max_headers, "N", "most header fields per request (default 100)",
+       1, 10000, 0, 0, NULL},
+      {"max-connections", CM_OPT_INT, &max_conns, "N", "most open connections (default 4096)", 1,
+       1000000, 0, 0, NULL},
+      {"header-timeout", CM_OPT_DOUBLE, &header_timeout, "S",
+       "seconds to receive a request head (default 10)", 0, 0, 0.001, 3600, NULL},
+      {"body-timeout", CM_OPT_DOUBLE, &body_timeout, "S",
+       "seconds between reads of a body (default 30)", 0, 0, 0.001, 3600, NULL},
+      {"idle-timeout", CM_OPT_DOUBLE, &idle_timeout, "S", "keep-alive idle seconds (default 5)", 0,
+       0, 0.001, 3600, NULL},
+      {"drain-timeout", CM_OPT_DOUBLE, &drain_timeout, "S",
+       "seconds requests may finish after SIGTERM (default 30)", 0, 0, 0, 3600, NULL},
       {0},
   };
-  int rc = cm_args_parse("lmserve frontend", "run the HTTP frontend role alone", opts, argc, argv, 1,
-                         NULL, 0, NULL);
+  int rc = cm_args_parse("lmserve frontend", "run the HTTP frontend role alone", opts, argc, argv,
+                         1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
   if (!api_key) api_key = getenv("LMSERVE_API_KEY");
@@ -100,7 +116,8 @@ int fe_frontend_main(int argc, char **argv) {
     return 2;
   }
   if (max_header_bytes < 256 || max_body > (1ull << 34)) {
-    fprintf(stderr, "lmserve frontend: --max-header-size must be >= 256 and --max-body-size <= 16G\n");
+    fprintf(stderr,
+            "lmserve frontend: --max-header-size must be >= 256 and --max-body-size <= 16G\n");
     return 2;
   }
 
@@ -121,7 +138,8 @@ int fe_frontend_main(int argc, char **argv) {
   lim.header_timeout_ms = (uint32_t)(header_timeout * 1000 + 0.5);
   lim.body_timeout_ms = (uint32_t)(body_timeout * 1000 + 0.5);
   lim.idle_timeout_ms = (uint32_t)(idle_timeout * 1000 + 0.5);
-  if ((rc = fe_server_create(app.loop, host, (int)port, &lim, fe_router_handle, app.router, &app.srv)) != 0) {
+  if ((rc = fe_server_create(app.loop, host, (int)port, &lim, fe_router_handle, app.router,
+                             &app.srv)) != 0) {
     uv_run(app.loop, UV_RUN_DEFAULT); /* lets the failed listener close */
     fe_router_destroy(app.router);
     uv_loop_close(app.loop);
@@ -137,10 +155,12 @@ int fe_frontend_main(int argc, char **argv) {
   app.drain_ns = (uint64_t)(drain_timeout * 1e9);
 
   if (scheduler)
-    cm_info(TAG, "scheduler endpoint %s: generation answers 503 until the engine is connected", scheduler);
+    cm_info(TAG, "scheduler endpoint %s: generation answers 503 until the engine is connected",
+            scheduler);
   int bound = fe_server_port(app.srv);
   int v6 = strchr(host, ':') != NULL;
-  printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model, (long long)max_model_len);
+  printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model,
+         (long long)max_model_len);
   printf("http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", bound);
   fflush(stdout);
   cm_info(TAG, "listening on %s port %d", host, bound);

@@ -52,8 +52,10 @@ static void reply_error(struct fe_router *r, struct fe_conn *c, int status, cons
 }
 
 static void on_health(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
-  if (r->hooks.ready && r->hooks.ready(r->hooks.ud)) reply(r, c, 200, "application/json", NULL, "", 0);
-  else reply_error(r, c, 503, "engine not ready", NULL);
+  if (r->hooks.ready && r->hooks.ready(r->hooks.ud))
+    reply(r, c, 200, "application/json", NULL, "", 0);
+  else
+    reply_error(r, c, 503, "engine not ready", NULL);
 }
 
 static void on_version(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
@@ -132,13 +134,15 @@ int fe_route_auth_ok(const char *h, size_t len, const char *key) {
   /* "Bearer" (any case), one or more spaces, the key */
   if (len < 7 || !fe_http_str_eq_nocase(h, 6, "bearer") || h[6] != ' ') return 0;
   size_t i = 6;
-  while (i < len && h[i] == ' ') i++;
+  while (i < len && h[i] == ' ')
+    i++;
   const unsigned char *got = (const unsigned char *)h + i;
   size_t n = len - i, k = strlen(key);
   /* constant time in the key: every byte of the key is compared whatever
    * the input, and the length difference is folded into the result */
   unsigned diff = (unsigned)(n ^ k);
-  for (size_t j = 0; j < k; j++) diff |= (unsigned)(((j < n) ? got[j] : 0) ^ (unsigned char)key[j]);
+  for (size_t j = 0; j < k; j++)
+    diff |= (unsigned)(((j < n) ? got[j] : 0) ^ (unsigned char)key[j]);
   return diff == 0;
 }
 
@@ -163,7 +167,8 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
         struct fe_buf *b = &r->scratch;
         fe_buf_reset(b);
         fe_api_error_body(b, 401, "invalid or missing API key (Authorization: Bearer KEY)", NULL);
-        fe_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n", b->data, b->len);
+        fe_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n", b->data,
+                        b->len);
         return;
       }
     }
@@ -183,7 +188,9 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
   reply_error(r, c, 404, "not found", NULL);
 }
 
-static char *dup_or_null(const char *s) { return s && *s ? strdup(s) : NULL; }
+static char *dup_or_null(const char *s) {
+  return s && *s ? strdup(s) : NULL;
+}
 
 int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out) {
   struct fe_router *r = calloc(1, sizeof(*r));
@@ -229,6 +236,12 @@ void fe_router_destroy(struct fe_router *r) {
   free(r);
 }
 
-void fe_router_set_hooks(struct fe_router *r, const struct fe_engine_hooks *hooks) { r->hooks = *hooks; }
-struct fe_metrics *fe_router_metrics(struct fe_router *r) { return r->metrics; }
-const struct fe_metric_ids *fe_router_metric_ids(const struct fe_router *r) { return &r->ids; }
+void fe_router_set_hooks(struct fe_router *r, const struct fe_engine_hooks *hooks) {
+  r->hooks = *hooks;
+}
+struct fe_metrics *fe_router_metrics(struct fe_router *r) {
+  return r->metrics;
+}
+const struct fe_metric_ids *fe_router_metric_ids(const struct fe_router *r) {
+  return &r->ids;
+}

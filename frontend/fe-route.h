@@ -35,9 +35,9 @@ struct fe_engine_hooks {
 };
 
 struct fe_route_config {
-  const char *api_key;     /* NULL or "": no auth */
-  const char *model_name;  /* the served model's name */
-  int64_t max_model_len;   /* tokens */
+  const char *api_key;    /* NULL or "": no auth */
+  const char *model_name; /* the served model's name */
+  int64_t max_model_len;  /* tokens */
 };
 
 int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out);

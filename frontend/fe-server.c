@@ -13,9 +13,9 @@
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-http-buf.h"
 
-#define TAG "http"
-#define FE_LINGER_MS 1000u     /* ms to drain a closing connection's input */
-#define FE_READ_CHUNK 16384u   /* bytes: the least room offered to a read */
+#define TAG           "http"
+#define FE_LINGER_MS  1000u  /* ms to drain a closing connection's input */
+#define FE_READ_CHUNK 16384u /* bytes: the least room offered to a read */
 
 enum conn_state {
   ST_HEAD,         /* reading a request head */
@@ -61,7 +61,7 @@ struct fe_conn {
   int handles;     /* open libuv handles */
   int reading;
   int in_process;
-  int shut;        /* uv_shutdown issued */
+  int shut; /* uv_shutdown issued */
   void (*abort_cb)(void *ud);
   void *abort_ud;
 
@@ -109,8 +109,10 @@ static void server_maybe_free(struct fe_server *s) {
 static void conn_maybe_free(struct fe_conn *c) {
   if (c->handles || c->busy) return;
   struct fe_server *s = c->srv;
-  if (c->prev) c->prev->next = c->next;
-  else s->conns = c->next;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   s->n_conns--;
   fe_buf_free(&c->pend);
@@ -162,15 +164,16 @@ static void set_timer(struct fe_conn *c, enum timer_mode mode) {
 
 /* ---- writing --------------------------------------------------------------- */
 
-static size_t queued(const struct fe_conn *c) { return c->pend.len + c->fly.len; }
+static size_t queued(const struct fe_conn *c) {
+  return c->pend.len + c->fly.len;
+}
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
 
 static void start_reading(struct fe_conn *c) {
   if (c->reading || c->closed) return;
-  if (c->state != ST_CLOSING &&
-      (queued(c) > c->srv->lim.write_high_water || c->rlen >= c->rcap))
+  if (c->state != ST_CLOSING && (queued(c) > c->srv->lim.write_high_water || c->rlen >= c->rcap))
     return;
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = 1;
 }
@@ -206,7 +209,8 @@ static void flush(struct fe_conn *c);
 
 static void on_write_stall(uv_timer_t *t) {
   struct fe_conn *c = t->data;
-  cm_warn(TAG, "closing a connection that stopped reading its responses (%zu bytes queued)", queued(c));
+  cm_warn(TAG, "closing a connection that stopped reading its responses (%zu bytes queued)",
+          queued(c));
   conn_close(c, 1);
 }
 
@@ -288,7 +292,7 @@ static int queue(struct fe_conn *c, const char *p, size_t n) {
 static int write_head(struct fe_conn *c, int status, const char *ctype, const char *extra,
                       int64_t content_length) {
   char head[512];
-  const char *conn_hdr = !c->keep_alive ? "Connection: close\r\n"
+  const char *conn_hdr = !c->keep_alive  ? "Connection: close\r\n"
                          : c->minor == 0 ? "Connection: keep-alive\r\n"
                                          : "";
   char len_hdr[64] = "";
@@ -296,9 +300,9 @@ static int write_head(struct fe_conn *c, int status, const char *ctype, const ch
     snprintf(len_hdr, sizeof(len_hdr), "Content-Length: %lld\r\n", (long long)content_length);
   else if (c->chunked_out)
     snprintf(len_hdr, sizeof(len_hdr), "Transfer-Encoding: chunked\r\n");
-  int n = snprintf(head, sizeof(head), "HTTP/1.1 %d %s\r\nServer: lmserve\r\nContent-Type: %s\r\n%s%s",
-                   status, fe_http_status_text(status), ctype ? ctype : "application/json",
-                   len_hdr, conn_hdr);
+  int n = snprintf(
+      head, sizeof(head), "HTTP/1.1 %d %s\r\nServer: lmserve\r\nContent-Type: %s\r\n%s%s", status,
+      fe_http_status_text(status), ctype ? ctype : "application/json", len_hdr, conn_hdr);
   if (n < 0 || (size_t)n >= sizeof(head)) return CM_ERR_TOOBIG;
   int rc = queue(c, head, (size_t)n);
   if (!rc && extra) rc = queue(c, extra, strlen(extra));
@@ -327,7 +331,8 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   if (c->state == ST_CLOSING) c->rlen = 0; /* discarding */
   if (c->rsize - c->rlen < FE_READ_CHUNK && c->rsize < c->rcap) {
     size_t ns = c->rsize ? c->rsize * 2 : FE_READ_CHUNK;
-    while (ns - c->rlen < FE_READ_CHUNK && ns < c->rcap) ns *= 2;
+    while (ns - c->rlen < FE_READ_CHUNK && ns < c->rcap)
+      ns *= 2;
     if (ns > c->rcap) ns = c->rcap;
     char *p = realloc(c->rbuf, ns);
     if (p) {
@@ -419,8 +424,10 @@ static void process(struct fe_conn *c) {
       }
       int rc = fe_http_parse_request(c->rbuf, c->rlen, &c->req, c->hdrs, l->max_headers);
       if (rc == CM_ERR_AGAIN) {
-        if (c->rlen > l->max_header_bytes) error_close(c, 431, "request header fields too large");
-        else if (c->timer_mode != TM_HEAD) set_timer(c, TM_HEAD);
+        if (c->rlen > l->max_header_bytes)
+          error_close(c, 431, "request header fields too large");
+        else if (c->timer_mode != TM_HEAD)
+          set_timer(c, TM_HEAD);
         break;
       }
       if (rc < 0) {
@@ -563,8 +570,12 @@ void fe_conn_set_abort_cb(struct fe_conn *c, void (*cb)(void *ud), void *ud) {
   c->abort_ud = ud;
 }
 
-int fe_conn_closed(const struct fe_conn *c) { return c->closed; }
-size_t fe_conn_write_queued(const struct fe_conn *c) { return queued(c); }
+int fe_conn_closed(const struct fe_conn *c) {
+  return c->closed;
+}
+size_t fe_conn_write_queued(const struct fe_conn *c) {
+  return queued(c);
+}
 
 /* ---- the listener ---------------------------------------------------------- */
 
@@ -619,8 +630,10 @@ static void on_timer(uv_timer_t *t) {
   case TM_IDLE:
   case TM_LINGER: conn_close(c, 0); break;
   case TM_HEAD:
-    if (c->rlen == 0) conn_close(c, 0); /* connected and sent nothing */
-    else error_close(c, 408, "timed out reading the request head");
+    if (c->rlen == 0)
+      conn_close(c, 0); /* connected and sent nothing */
+    else
+      error_close(c, 408, "timed out reading the request head");
     break;
   case TM_BODY: error_close(c, 408, "timed out reading the request body"); break;
   case TM_NONE: break;
@@ -663,10 +676,18 @@ int fe_server_create(uv_loop_t *loop, const char *host, int port,
   return 0;
 }
 
-int fe_server_port(const struct fe_server *s) { return s->port; }
-int fe_server_draining(const struct fe_server *s) { return s->draining; }
-int fe_server_busy(const struct fe_server *s) { return s->n_busy; }
-int fe_server_connections(const struct fe_server *s) { return s->n_conns; }
+int fe_server_port(const struct fe_server *s) {
+  return s->port;
+}
+int fe_server_draining(const struct fe_server *s) {
+  return s->draining;
+}
+int fe_server_busy(const struct fe_server *s) {
+  return s->n_busy;
+}
+int fe_server_connections(const struct fe_server *s) {
+  return s->n_conns;
+}
 
 void fe_server_drain(struct fe_server *s) {
   s->draining = 1;
@@ -684,7 +705,8 @@ static void on_listener_close(uv_handle_t *h) {
 
 void fe_server_destroy(struct fe_server *s) {
   s->destroying = 1;
-  for (struct fe_conn *c = s->conns; c; c = c->next) conn_close(c, 1);
+  for (struct fe_conn *c = s->conns; c; c = c->next)
+    conn_close(c, 1);
   if (!uv_is_closing((uv_handle_t *)&s->listener))
     uv_close((uv_handle_t *)&s->listener, on_listener_close);
 }

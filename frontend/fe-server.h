@@ -32,16 +32,16 @@ struct fe_server;
 struct fe_conn;
 
 struct fe_server_limits {
-  size_t max_header_bytes;   /* bytes of a request head; more is 431 */
-  size_t max_headers;        /* header fields per request; more is 431 */
-  size_t max_body_bytes;     /* bytes of a decoded body; more is 413 */
+  size_t max_header_bytes;    /* bytes of a request head; more is 431 */
+  size_t max_headers;         /* header fields per request; more is 431 */
+  size_t max_body_bytes;      /* bytes of a decoded body; more is 413 */
   uint32_t header_timeout_ms; /* from a request's first byte to its full head; 408 */
-  uint32_t body_timeout_ms;  /* longest wait between two reads of a body (408), and
-                                longest write stall while over write_high_water */
-  uint32_t idle_timeout_ms;  /* keep-alive: idle connection is closed after this */
-  int max_connections;       /* more are answered 503 and closed */
-  size_t write_high_water;   /* bytes queued: stop reading the connection */
-  size_t write_hard_limit;   /* bytes queued: close the slow reader */
+  uint32_t body_timeout_ms;   /* longest wait between two reads of a body (408), and
+                                 longest write stall while over write_high_water */
+  uint32_t idle_timeout_ms;   /* keep-alive: idle connection is closed after this */
+  int max_connections;        /* more are answered 503 and closed */
+  size_t write_high_water;    /* bytes queued: stop reading the connection */
+  size_t write_hard_limit;    /* bytes queued: close the slow reader */
 };
 
 /* Defaults: 16 KiB head, 100 fields, 32 MiB body, 10 s head, 30 s body,

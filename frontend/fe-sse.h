@@ -19,13 +19,13 @@
 
 struct fe_sse_stream {
   struct fe_conn *conn;
-  enum fe_api_kind kind;       /* FE_API_COMPLETION or FE_API_CHAT */
+  enum fe_api_kind kind; /* FE_API_COMPLETION or FE_API_CHAT */
   struct fe_api_resp_meta meta;
   char id[64];
-  int n;                       /* choices */
+  int n; /* choices */
   int include_usage;
   uint8_t role_sent[FE_API_MAX_N]; /* chat: the role delta went out for choice i */
-  struct fe_buf buf;           /* reused for every chunk */
+  struct fe_buf buf;               /* reused for every chunk */
 };
 
 /* Starts the stream (200, text/event-stream) for request `r`. */

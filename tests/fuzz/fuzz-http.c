@@ -26,7 +26,8 @@ static void validate(const char *body, size_t len) {
     }
     CM_ASSERT(r.n >= 1 && r.temperature >= 0 && r.temperature <= 2 && r.top_p > 0 && r.top_p <= 1);
     CM_ASSERT(r.top_k == -1 || r.top_k >= 1);
-    for (size_t i = 0; i < r.n_prompts; i++) CM_ASSERT(r.prompts[i].text || r.prompts[i].ids);
+    for (size_t i = 0; i < r.n_prompts; i++)
+      CM_ASSERT(r.prompts[i].text || r.prompts[i].ids);
     fe_api_request_free(&r);
   }
 }

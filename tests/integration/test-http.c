@@ -81,7 +81,9 @@ static void server_start_with(struct server *s, const char *api_key, const char 
   TH_REQUIRE(s->port > 0);
 }
 
-static void server_start(struct server *s, const char *api_key) { server_start_with(s, api_key, "0.6"); }
+static void server_start(struct server *s, const char *api_key) {
+  server_start_with(s, api_key, "0.6");
+}
 
 /* SIGTERM must make it drain and exit 0 promptly. */
 static void server_stop(struct server *s) {
@@ -130,7 +132,9 @@ static int send_all(struct conn *c, const char *p, size_t n) {
   return 0;
 }
 
-static int send_str(struct conn *c, const char *s) { return send_all(c, s, strlen(s)); }
+static int send_str(struct conn *c, const char *s) {
+  return send_all(c, s, strlen(s));
+}
 
 /* Reads more bytes; 0 on EOF, -1 on timeout or error, else bytes read. */
 static ssize_t fill(struct conn *c, int timeout_ms) {
@@ -156,7 +160,8 @@ static const char *find_header(const struct resp *r, const char *name) {
     const char *l = p + 2;
     if (!strncasecmp(l, name, nl) && l[nl] == ':') {
       const char *s = l + nl + 1;
-      while (*s == ' ') s++;
+      while (*s == ' ')
+        s++;
       const char *e = strstr(s, "\r\n");
       size_t n = e ? (size_t)(e - s) : strlen(s);
       if (n >= sizeof(v)) n = sizeof(v) - 1;
@@ -238,7 +243,7 @@ static int do_req(struct conn *c, const char *req, struct resp *r) {
 }
 
 #define GET(path, key) "GET " path " HTTP/1.1\r\nHost: t\r\n" key "\r\n"
-#define KEY "Authorization: Bearer sekret\r\n"
+#define KEY            "Authorization: Bearer sekret\r\n"
 
 static void check_alive(struct server *s) {
   struct conn c;
@@ -249,8 +254,10 @@ static void check_alive(struct server *s) {
 }
 
 static void post(char *out, size_t size, const char *path, const char *body) {
-  snprintf(out, size, "POST %s HTTP/1.1\r\nHost: t\r\n" KEY "Content-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n%s", path, strlen(body), body);
+  snprintf(out, size,
+           "POST %s HTTP/1.1\r\nHost: t\r\n" KEY "Content-Type: application/json\r\n"
+           "Content-Length: %zu\r\n\r\n%s",
+           path, strlen(body), body);
 }
 
 /* ---- tests -------------------------------------------------------------------- */
@@ -294,7 +301,8 @@ TH_TEST(http_routes_keepalive) {
   TH_REQUIRE(do_req(&c, req, &r) == 0);
   TH_CHECK_EQ_INT(r.status, 404);
   TH_CHECK(strstr(r.body, "\"code\":404") && strstr(r.body, "big"));
-  post(req, sizeof(req), "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":-3}");
+  post(req, sizeof(req), "/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":-3}");
   TH_REQUIRE(do_req(&c, req, &r) == 0);
   TH_CHECK_EQ_INT(r.status, 400);
   post(req, sizeof(req), "/v1/chat/completions", "{not json");
@@ -304,7 +312,9 @@ TH_TEST(http_routes_keepalive) {
   TH_REQUIRE(do_req(&c, req, &r) == 0);
   TH_CHECK_EQ_INT(r.status, 400);
   TH_CHECK(strstr(r.body, "512") && strstr(r.body, "603"));
-  post(req, sizeof(req), "/v1/chat/completions", "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}");
+  post(
+      req, sizeof(req), "/v1/chat/completions",
+      "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}");
   TH_REQUIRE(do_req(&c, req, &r) == 0);
   TH_CHECK_EQ_INT(r.status, 503); /* valid, but no engine yet */
   TH_CHECK(strstr(r.body, "engine not ready") != NULL);
@@ -317,7 +327,9 @@ TH_TEST(http_routes_keepalive) {
   TH_REQUIRE(do_req(&c, GET("/metrics", KEY), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
   TH_CHECK(strstr(r.body, "# TYPE lmserve:prompt_tokens_total counter") != NULL);
-  TH_CHECK(strstr(r.body, "lmserve:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}") != NULL);
+  TH_CHECK(strstr(r.body,
+                  "lmserve:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}") !=
+           NULL);
   TH_CHECK(strstr(r.body, "lmserve:http_client_errors_total{model_name=\"tiny\"}") != NULL);
   conn_close(&c);
   server_stop(&s);
@@ -331,18 +343,23 @@ TH_TEST(http_pipelining_and_chunked) {
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   const char *body = "{\"prompt\":\"x\",\"n\":0}";
   char all[4096];
-  int n = snprintf(all, sizeof(all),
-                   GET("/version", KEY) GET("/nope", KEY)
-                   "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY "Content-Length: %zu\r\n\r\n%s"
-                   "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY "Transfer-Encoding: chunked\r\n\r\n"
-                   "5\r\n{\"pro\r\nb;ext=1\r\nmpt\":\"x\",\"n\r\n4\r\n\":0}\r\n0\r\n\r\n" GET("/v1/models", KEY),
-                   strlen(body), body);
+  int n = snprintf(
+      all, sizeof(all),
+      GET("/version", KEY) GET(
+          "/nope", KEY) "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY
+                        "Content-Length: %zu\r\n\r\n%s"
+                        "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY
+                        "Transfer-Encoding: chunked\r\n\r\n"
+                        "5\r\n{\"pro\r\nb;ext=1\r\nmpt\":\"x\",\"n\r\n4\r\n\":0}\r\n0\r\n\r\n" GET(
+                            "/v1/models", KEY),
+      strlen(body), body);
   /* the whole batch in one write, then again one byte per write */
   for (int pass = 0; pass < 2; pass++) {
     if (pass == 0) {
       TH_REQUIRE(send_all(&c, all, (size_t)n) == 0);
     } else {
-      for (int i = 0; i < n; i++) TH_REQUIRE(send_all(&c, all + i, 1) == 0);
+      for (int i = 0; i < n; i++)
+        TH_REQUIRE(send_all(&c, all + i, 1) == 0);
     }
     struct resp r;
     static const int want[] = {200, 404, 400, 400, 200};
@@ -355,8 +372,10 @@ TH_TEST(http_pipelining_and_chunked) {
   }
   /* Expect: 100-continue gets the interim answer before the body */
   char head[512];
-  snprintf(head, sizeof(head), "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY
-           "Expect: 100-continue\r\nContent-Length: %zu\r\n\r\n", strlen(body));
+  snprintf(head, sizeof(head),
+           "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY
+           "Expect: 100-continue\r\nContent-Length: %zu\r\n\r\n",
+           strlen(body));
   TH_REQUIRE(send_str(&c, head) == 0);
   struct resp r;
   TH_REQUIRE(read_resp(&c, &r, 5000) == 0);
@@ -378,7 +397,8 @@ static void expect_reject(struct server *s, const char *req, size_t len, int wan
   int rc = read_resp(&c, &r, 5000);
   TH_CHECK_EQ_INT(rc, 0);
   if (rc == 0) {
-    if (r.status != want) th_fail(__FILE__, __LINE__, "want %d, got %d: %.80s", want, r.status, req);
+    if (r.status != want)
+      th_fail(__FILE__, __LINE__, "want %d, got %d: %.80s", want, r.status, req);
     TH_CHECK(strstr(r.body, "\"error\"") != NULL);
     TH_CHECK(find_header(&r, "Connection") && !strcasecmp(find_header(&r, "Connection"), "close"));
   }
@@ -393,10 +413,12 @@ TH_TEST(http_limits) {
   server_start(&s, "sekret");
   char big[16384];
   /* 413: declared body over --max-body-size */
-  snprintf(big, sizeof(big), "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY "Content-Length: 5000\r\n\r\n");
+  snprintf(big, sizeof(big),
+           "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY "Content-Length: 5000\r\n\r\n");
   expect_reject(&s, big, strlen(big), 413);
   /* 413: a chunked body that grows past it */
-  int n = snprintf(big, sizeof(big), "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY
+  int n = snprintf(big, sizeof(big),
+                   "POST /v1/completions HTTP/1.1\r\nHost: t\r\n" KEY
                    "Transfer-Encoding: chunked\r\n\r\n1400\r\n");
   memset(big + n, 'a', 5200);
   expect_reject(&s, big, (size_t)n + 5200, 413);
@@ -408,13 +430,16 @@ TH_TEST(http_limits) {
   expect_reject(&s, big, (size_t)n, 431);
   /* 431: more fields than --max-headers */
   n = snprintf(big, sizeof(big), "GET /version HTTP/1.1\r\nHost: t\r\n");
-  for (int i = 0; i < 25; i++) n += snprintf(big + n, sizeof(big) - (size_t)n, "X-%d: v\r\n", i);
+  for (int i = 0; i < 25; i++)
+    n += snprintf(big + n, sizeof(big) - (size_t)n, "X-%d: v\r\n", i);
   n += snprintf(big + n, sizeof(big) - (size_t)n, "\r\n");
   expect_reject(&s, big, (size_t)n, 431);
   /* 400: request smuggling shapes and garbage */
   static const char *const bad400[] = {
-      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n0\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: "
+      "4\r\n\r\nabcd",
       "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: -3\r\n\r\n",
       "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
       "GET /version HTTP/1.1\r\nHost: t\r\nX: a\r\n folded\r\n\r\n",
@@ -424,7 +449,8 @@ TH_TEST(http_limits) {
   };
   for (size_t i = 0; i < sizeof(bad400) / sizeof(bad400[0]); i++)
     expect_reject(&s, bad400[i], strlen(bad400[i]), 400);
-  static const char *const te = "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n";
+  static const char *const te =
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n";
   expect_reject(&s, te, strlen(te), 501);
   static const char *const v2 = "GET / HTTP/2.0\r\nHost: t\r\n\r\n";
   expect_reject(&s, v2, strlen(v2), 505);
@@ -470,7 +496,9 @@ TH_TEST(http_slowloris_and_idle) {
   conn_close(&c);
   /* a body slower than --body-timeout: 408 */
   TH_REQUIRE(conn_open(&c, s.port) == 0);
-  TH_REQUIRE(send_str(&c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{") == 0);
+  TH_REQUIRE(
+      send_str(&c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{") ==
+      0);
   TH_REQUIRE(read_resp(&c, &r, 3000) == 0);
   TH_CHECK_EQ_INT(r.status, 408);
   conn_close(&c);
@@ -504,7 +532,8 @@ TH_TEST(http_10_and_connection_close) {
   conn_close(&c);
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   TH_REQUIRE(do_req(&c, "GET /version HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", &r) == 0);
-  TH_CHECK(find_header(&r, "Connection") && !strcasecmp(find_header(&r, "Connection"), "keep-alive"));
+  TH_CHECK(find_header(&r, "Connection") &&
+           !strcasecmp(find_header(&r, "Connection"), "keep-alive"));
   TH_REQUIRE(do_req(&c, "GET /version HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
   conn_close(&c);
@@ -533,16 +562,17 @@ static size_t send_until_blocked(struct conn *c, const char *all, size_t n) {
 /* Requests padded near --max-header-size, so that a few thousand of them
  * outgrow what the kernel's socket buffers absorb. */
 #define PADDED_GET "GET /v1/models HTTP/1.1\r\nHost: t\r\nX-Pad: " PAD "\r\n\r\n"
-#define PAD16 "pppppppppppppppp"
-#define PAD128 PAD16 PAD16 PAD16 PAD16 PAD16 PAD16 PAD16 PAD16
-#define PAD PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128
+#define PAD16      "pppppppppppppppp"
+#define PAD128     PAD16 PAD16 PAD16 PAD16 PAD16 PAD16 PAD16 PAD16
+#define PAD        PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128 PAD128
 
 static char *many_requests(size_t count, size_t *len) {
   const char *one = PADDED_GET;
   size_t n1 = strlen(one);
   char *all = malloc(n1 * count);
   if (!all) return NULL;
-  for (size_t i = 0; i < count; i++) memcpy(all + i * n1, one, n1);
+  for (size_t i = 0; i < count; i++)
+    memcpy(all + i * n1, one, n1);
   *len = n1 * count;
   return all;
 }
@@ -560,10 +590,11 @@ TH_TEST(http_backpressure) {
   char *all = many_requests(12000, &total);
   TH_REQUIRE(all);
   size_t sent = send_until_blocked(&c, all, total);
-  check_alive(&s);        /* others are served meanwhile */
+  check_alive(&s); /* others are served meanwhile */
   size_t want = sent / n1, seen = 0;
   struct resp r;
-  while (seen < want && read_resp(&c, &r, 5000) == 0 && r.status == 200) seen++;
+  while (seen < want && read_resp(&c, &r, 5000) == 0 && r.status == 200)
+    seen++;
   TH_CHECK_EQ_INT(seen, want);
   TH_CHECK(want > 1000);
   free(all);
@@ -591,7 +622,8 @@ TH_TEST(http_slow_reader_dropped) {
   usleep(2000000);
   size_t want = sent / n1, seen = 0;
   struct resp r;
-  while (seen < want && read_resp(&c, &r, 3000) == 0) seen++;
+  while (seen < want && read_resp(&c, &r, 3000) == 0)
+    seen++;
   TH_CHECK(seen < want);
   free(all);
   conn_close(&c);

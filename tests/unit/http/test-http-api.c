@@ -62,7 +62,10 @@ static const struct bad_case bad[] = {
     {C, "{\"prompt\":\"a\",\"stop\":5}", 400, "stop"},
     {C, "{\"prompt\":\"a\",\"stop\":[\"x\",5]}", 400, "stop"},
     {C, "{\"prompt\":\"a\",\"stop\":[\"\"]}", 400, "stop"},
-    {C, "{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}", 400, "stop"},
+    {C,
+     "{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\","
+     "\"11\",\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+     400, "stop"},
     {C, "{\"prompt\":\"a\",\"stop_token_ids\":[-1]}", 400, "stop_token_ids"},
     {C, "{\"prompt\":\"a\",\"stop_token_ids\":7}", 400, "stop_token_ids"},
     {C, "{\"prompt\":\"a\",\"logprobs\":21}", 400, "logprobs"},
@@ -70,34 +73,54 @@ static const struct bad_case bad[] = {
     {C, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
     {C, "{\"prompt\":\"a\",\"stream\":\"yes\"}", 400, "stream"},
     {C, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options"},
-    {C, "{\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400, "stream_options.include_usage"},
+    {C, "{\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400,
+     "stream_options.include_usage"},
     {C, "{\"prompt\":\"a\",\"ignore_eos\":1}", 400, "ignore_eos"},
     {C, "{\"prompt\":\"a\",\"user\":5}", 400, "user"},
     {C, "{\"prompt\":\"a\",\"suffix\":\"x\"}", 400, "suffix"},
     {C, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias"},
     {C, "{\"prompt\":\"a\",\"max_tokens\":5,\"min_tokens\":6}", 400, "min_tokens"},
     {C, "{\"prompt\":[1,2,3],\"max_tokens\":98}", 400, "max_tokens"},
-    {C, "{\"prompt\":[[1],[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100]]}", 400, "prompt"},
+    {C,
+     "{\"prompt\":[[1],[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,"
+     "29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,"
+     "60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,"
+     "91,92,93,94,95,96,97,98,99,100]]}",
+     400, "prompt"},
     {H, "{}", 400, "messages"},
     {H, "{\"messages\":[]}", 400, "messages"},
     {H, "{\"messages\":{}}", 400, "messages"},
     {H, "{\"messages\":[5]}", 400, "messages[0]"},
     {H, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role"},
     {H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}", 400, "messages[0].role"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\"}]}", 400, "messages[1].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\"}]}", 400,
+     "messages[1].content"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages[0].content"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":null}]}", 400, "messages[0].content"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400, "messages[0].content"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400, "messages[0].content"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+     400, "messages[0].content"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
+     "messages[0].content"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}", 400, "logprobs"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":3}", 400, "top_logprobs"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_completion_tokens\":-5}", 400, "max_completion_tokens"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\"}]}", 400, "tools"},
-    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":3}", 400,
+     "top_logprobs"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"top_logprobs\":21}",
+     400, "top_logprobs"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_completion_tokens\":-5}", 400,
+     "max_completion_tokens"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\"}]}",
+     400, "tools"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"response_format\":{\"type\":\"json_"
+     "object\"}}",
+     400, "response_format"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"model\":\"nope\"}", 404, "model"},
     {FE_API_TOKENIZE, "{}", 400, "prompt"},
-    {FE_API_TOKENIZE, "{\"prompt\":\"a\",\"add_special_tokens\":\"no\"}", 400, "add_special_tokens"},
+    {FE_API_TOKENIZE, "{\"prompt\":\"a\",\"add_special_tokens\":\"no\"}", 400,
+     "add_special_tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":\"abc\"}", 400, "tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":[1,-1]}", 400, "tokens"},
 };
@@ -113,8 +136,8 @@ TH_TEST(api_bad_matrix) {
       continue;
     }
     if (e.status != bad[i].status || strcmp(e.param, bad[i].param) != 0 || !e.message[0])
-      th_fail(__FILE__, __LINE__, "bad[%zu] %s: got %d param '%s' (%s)", i, bad[i].body, e.status, e.param,
-              e.message);
+      th_fail(__FILE__, __LINE__, "bad[%zu] %s: got %d param '%s' (%s)", i, bad[i].body, e.status,
+              e.param, e.message);
   }
 }
 
@@ -140,19 +163,22 @@ TH_TEST(api_garbage_and_truncation) {
   TH_REQUIRE(deep);
   size_t o = 0;
   o += (size_t)sprintf(deep, "{\"prompt\":");
-  for (size_t i = 0; i < depth; i++) deep[o++] = '[';
-  for (size_t i = 0; i < depth; i++) deep[o++] = ']';
+  for (size_t i = 0; i < depth; i++)
+    deep[o++] = '[';
+  for (size_t i = 0; i < depth; i++)
+    deep[o++] = ']';
   deep[o++] = '}';
   TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, deep, o, &cfg, &r, &e) < 0 && e.status == 400);
   free(deep);
 }
 
 TH_TEST(api_completion_good) {
-  const char *b = "{\"model\":\"gemma\",\"prompt\":[\"ab\",\"cd\"],\"max_tokens\":7,\"temperature\":0,"
-                  "\"top_p\":0.5,\"top_k\":0,\"min_p\":0.1,\"presence_penalty\":-2,\"frequency_penalty\":2,"
-                  "\"repetition_penalty\":1.2,\"seed\":-42,\"stop\":\"##\",\"stop_token_ids\":[1,106],"
-                  "\"logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-                  "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null}";
+  const char *b =
+      "{\"model\":\"gemma\",\"prompt\":[\"ab\",\"cd\"],\"max_tokens\":7,\"temperature\":0,"
+      "\"top_p\":0.5,\"top_k\":0,\"min_p\":0.1,\"presence_penalty\":-2,\"frequency_penalty\":2,"
+      "\"repetition_penalty\":1.2,\"seed\":-42,\"stop\":\"##\",\"stop_token_ids\":[1,106],"
+      "\"logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+      "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null}";
   struct fe_api_request r;
   struct fe_api_error e;
   int rc = fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e);
@@ -188,7 +214,8 @@ TH_TEST(api_completion_good) {
   TH_CHECK_EQ_INT(r.logprobs, -1);
   TH_CHECK(!r.stream && !r.has_seed && r.n == 1);
   fe_api_request_free(&r);
-  const char *one = "{\"prompt\":[5,6,7],\"top_k\":40,\"n\":3,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}";
+  const char *one =
+      "{\"prompt\":[5,6,7],\"top_k\":40,\"n\":3,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}";
   TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, one, strlen(one), &cfg, &r, &e) == 0);
   TH_CHECK(r.n_prompts == 1 && r.prompts[0].n_ids == 3);
   TH_CHECK(r.top_k == 40 && r.n == 3 && r.n_stop == 5);
@@ -196,10 +223,12 @@ TH_TEST(api_completion_good) {
 }
 
 TH_TEST(api_chat_good) {
-  const char *b = "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
-                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
-                  "{\"role\":\"assistant\",\"content\":null},{\"role\":\"developer\",\"content\":\"x\"}],"
-                  "\"max_tokens\":3,\"max_completion_tokens\":9,\"logprobs\":true,\"top_logprobs\":2}";
+  const char *b =
+      "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+      "\"text\":\"b\"}]},"
+      "{\"role\":\"assistant\",\"content\":null},{\"role\":\"developer\",\"content\":\"x\"}],"
+      "\"max_tokens\":3,\"max_completion_tokens\":9,\"logprobs\":true,\"top_logprobs\":2}";
   struct fe_api_request r;
   struct fe_api_error e;
   int rc = fe_api_parse_request(FE_API_CHAT, b, strlen(b), &cfg, &r, &e);

@@ -32,7 +32,9 @@ static struct guarded guard(const char *s, size_t n) {
   return g;
 }
 
-static void unguard(struct guarded *g) { munmap(g->map, g->map_len); }
+static void unguard(struct guarded *g) {
+  munmap(g->map, g->map_len);
+}
 
 static int parse_guarded(const char *s, size_t n, struct fe_http_request *req,
                          struct fe_http_header *h, size_t maxh) {
@@ -61,8 +63,10 @@ static const struct case_ good[] = {
 };
 
 static const struct case_ bad[] = {
-    {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", CM_ERR_PARSE},
-    {"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", CM_ERR_PARSE},
+    {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+     CM_ERR_PARSE},
+    {"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+     CM_ERR_PARSE},
     {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", CM_ERR_PARSE},
     {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", CM_ERR_PARSE},
     {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n", CM_ERR_PARSE},
@@ -72,7 +76,9 @@ static const struct case_ bad[] = {
     {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x10\r\n\r\n", CM_ERR_PARSE},
     {"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", CM_ERR_UNSUPPORTED},
     {"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", CM_ERR_UNSUPPORTED},
-    {"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", CM_ERR_PARSE},
+    {"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: "
+     "chunked\r\n\r\n",
+     CM_ERR_PARSE},
     {"GET / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", CM_ERR_PARSE},
     {"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n", CM_ERR_PARSE},
     {"GET / HTTP/1.1\r\nHost: a\r\nX-A: b\rc\r\n\r\n", CM_ERR_PARSE},
@@ -101,7 +107,8 @@ TH_TEST(http_parse_good_table) {
   for (size_t i = 0; i < CM_ARRAY_LEN(good); i++) {
     size_t n = strlen(good[i].in);
     int rc = parse_guarded(good[i].in, n, &req, h, 16);
-    if (rc != (int)n) th_fail(__FILE__, __LINE__, "good[%zu] rc %d (%s)", i, rc, req.error ? req.error : "");
+    if (rc != (int)n)
+      th_fail(__FILE__, __LINE__, "good[%zu] rc %d (%s)", i, rc, req.error ? req.error : "");
   }
 }
 
@@ -230,7 +237,8 @@ static int64_t decode_split(const char *s, size_t n, size_t cut, char *out, size
   size_t ends[2] = {cut, n};
   for (int part = 0; part < 2 && !d->done; part++) {
     struct guarded g = guard(s + pos, ends[part] - pos);
-    int64_t used = fe_http_chunked_decode(d, g.data, ends[part] - pos, out + total, cap - total, &got);
+    int64_t used =
+        fe_http_chunked_decode(d, g.data, ends[part] - pos, out + total, cap - total, &got);
     unguard(&g);
     if (used < 0) return used;
     total += got;
@@ -262,9 +270,17 @@ TH_TEST(http_chunked_every_split) {
     }
   }
   static const char *const badc[] = {
-      "x\r\n", "\r\n", "-1\r\n", "5\r\nhelloX\r\n", "5\r\nhello\r\r\n", "3\rabc",
-      "fffffffffffffffffff\r\n", "0\r\n bad\r\n\r\n", "0\r\nA: \x01\r\n\r\n",
-      "1;\x01\r\nx\r\n", "0\r\n\rX",
+      "x\r\n",
+      "\r\n",
+      "-1\r\n",
+      "5\r\nhelloX\r\n",
+      "5\r\nhello\r\r\n",
+      "3\rabc",
+      "fffffffffffffffffff\r\n",
+      "0\r\n bad\r\n\r\n",
+      "0\r\nA: \x01\r\n\r\n",
+      "1;\x01\r\nx\r\n",
+      "0\r\n\rX",
   };
   for (size_t i = 0; i < CM_ARRAY_LEN(badc); i++) {
     size_t n = strlen(badc[i]);

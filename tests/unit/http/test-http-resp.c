@@ -22,13 +22,15 @@ static json_t *parse(const struct fe_buf *b) {
 }
 
 static const struct fe_api_top_logprob top[2] = {{"a", 1, -0.1f}, {"b", 1, -2.5f}};
-static const struct fe_api_token_logprob lps[2] = {{"Hel", 3, -0.25f, top, 2}, {"lo", 2, -1.0f, top, 1}};
+static const struct fe_api_token_logprob lps[2] = {{"Hel", 3, -0.25f, top, 2},
+                                                   {"lo", 2, -1.0f, top, 1}};
 static const struct fe_api_resp_meta meta = {"cmpl-1", 1700000000, "gemma"};
 
 TH_TEST(resp_completion_shape) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
-  struct fe_api_choice ch[2] = {{0, "Hello", 5, "length", lps, 2, 0}, {1, "x\"y\n", 4, "stop", NULL, 0, 0}};
+  struct fe_api_choice ch[2] = {{0, "Hello", 5, "length", lps, 2, 0},
+                                {1, "x\"y\n", 4, "stop", NULL, 0, 0}};
   struct fe_api_usage u = {7, 6};
   TH_REQUIRE(fe_api_write_completion(&b, &meta, ch, 2, &u) == 0);
   json_t *j = parse(&b);
@@ -49,7 +51,8 @@ TH_TEST(resp_completion_shape) {
   TH_CHECK(json_is_null(json_object_get(c1, "logprobs")));
   json_t *lp = json_object_get(c0, "logprobs");
   TH_CHECK_EQ_STR(json_string_value(json_array_get(json_object_get(lp, "tokens"), 1)), "lo");
-  TH_CHECK_NEAR(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 0)), -0.25, 1e-6);
+  TH_CHECK_NEAR(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 0)), -0.25,
+                1e-6);
   TH_CHECK_EQ_INT(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 3);
   json_t *t0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
   TH_CHECK_NEAR(json_real_value(json_object_get(t0, "b")), -2.5, 1e-6);
@@ -107,7 +110,8 @@ TH_TEST(resp_stream_chunks) {
   TH_REQUIRE(fe_api_write_usage_chunk(&b, FE_API_COMPLETION, &meta, &u) == 0);
   j = parse(&b);
   TH_CHECK_EQ_INT(json_array_size(json_object_get(j, "choices")), 0);
-  TH_CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")), 13);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "total_tokens")),
+                  13);
   json_decref(j);
   fe_buf_reset(&b);
   struct fe_api_choice mid = {2, "tok", 3, NULL, NULL, 0, 0};
@@ -156,7 +160,8 @@ TH_TEST(resp_error_envelope) {
   json_t *j = parse(&b);
   TH_REQUIRE(j);
   json_t *e = json_object_get(j, "error");
-  TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "message")), "The model `x` does not exist.");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "message")),
+                  "The model `x` does not exist.");
   TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "type")), "NotFoundError");
   TH_CHECK_EQ_STR(json_string_value(json_object_get(e, "param")), "model");
   TH_CHECK_EQ_INT(json_integer_value(json_object_get(e, "code")), 404);
@@ -184,7 +189,8 @@ TH_TEST(metrics_registry) {
   TH_CHECK_NEAR(fe_metrics_count(m, ids.time_to_first_token_seconds), 3, 0);
   TH_CHECK(fe_metrics_add(m, FE_METRIC_COUNTER, "lmserve:no_suffix", "x", NULL, 0) == CM_ERR_INVAL);
   TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "bad name", "x", NULL, 0) == CM_ERR_INVAL);
-  TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "lmserve:num_requests_running", "dup", NULL, 0) == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "lmserve:num_requests_running", "dup", NULL, 0) ==
+           CM_ERR_INVAL);
   double bad_b[] = {1, 1};
   TH_CHECK(fe_metrics_add(m, FE_METRIC_HISTOGRAM, "lmserve:h", "x", bad_b, 2) == CM_ERR_INVAL);
   struct fe_buf b;
@@ -201,10 +207,15 @@ TH_TEST(metrics_registry) {
       "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"2560.0\"} 2.0\n",
       "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"+Inf\"} 3.0\n",
       "lmserve:time_to_first_token_seconds_count{model_name=\"ge\\\"m\"} 3.0\n",
-      "lmserve:num_requests_running", "lmserve:num_requests_waiting", "lmserve:generation_tokens_total",
-      "lmserve:inter_token_latency_seconds_bucket", "lmserve:e2e_request_latency_seconds_sum",
-      "lmserve:prefix_cache_queries_total", "lmserve:prefix_cache_hits_total",
-      "lmserve:spec_decode_num_drafts_total", "lmserve:spec_decode_num_draft_tokens_total",
+      "lmserve:num_requests_running",
+      "lmserve:num_requests_waiting",
+      "lmserve:generation_tokens_total",
+      "lmserve:inter_token_latency_seconds_bucket",
+      "lmserve:e2e_request_latency_seconds_sum",
+      "lmserve:prefix_cache_queries_total",
+      "lmserve:prefix_cache_hits_total",
+      "lmserve:spec_decode_num_drafts_total",
+      "lmserve:spec_decode_num_draft_tokens_total",
       "lmserve:spec_decode_num_accepted_tokens_total",
   };
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)

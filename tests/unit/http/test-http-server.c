@@ -34,8 +34,8 @@ struct fixture {
   uv_async_t stop;
   struct fe_server *srv;
   int port;
-  int aborts;    /* abort callbacks seen */
-  int finished;  /* streams ended */
+  int aborts;   /* abort callbacks seen */
+  int finished; /* streams ended */
 };
 
 static struct fixture fx;
@@ -83,10 +83,11 @@ static void on_tick(uv_timer_t *t) {
   job_end(j);
 }
 
-static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *req, const char *body,
-                    size_t len) {
+static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *req,
+                    const char *body, size_t len) {
   (void)ud;
-  enum fe_api_kind kind = req->path_len == 5 && !memcmp(req->path, "/chat", 5) ? FE_API_CHAT : FE_API_COMPLETION;
+  enum fe_api_kind kind =
+      req->path_len == 5 && !memcmp(req->path, "/chat", 5) ? FE_API_CHAT : FE_API_COMPLETION;
   if (req->path_len == 5 && !memcmp(req->path, "/hang", 5)) kind = FE_API_COMPLETION;
   struct fe_api_config cfg = {"m", 100};
   struct stream_job *j = calloc(1, sizeof(*j));
@@ -143,8 +144,8 @@ static char *read_until(int fd, const char *until) {
 
 static void send_req(int fd, const char *path, const char *version, const char *body) {
   char req[1024];
-  int n = snprintf(req, sizeof(req), "POST %s HTTP/%s\r\nHost: t\r\nContent-Length: %zu\r\n\r\n%s", path,
-                   version, strlen(body), body);
+  int n = snprintf(req, sizeof(req), "POST %s HTTP/%s\r\nHost: t\r\nContent-Length: %zu\r\n\r\n%s",
+                   path, version, strlen(body), body);
   send(fd, req, (size_t)n, MSG_NOSIGNAL);
 }
 
@@ -174,12 +175,14 @@ static void *client(void *arg) {
   /* 1: chat stream on HTTP/1.1 with usage */
   int fd = dial();
   send_req(fd, "/chat", "1.1",
-           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,\"stream_"
+           "options\":{\"include_usage\":true}}");
   char *b = read_until(fd, "0\r\n\r\n");
   json_t *ev[16];
   int done = 0, n = events(b, ev, 16, &done);
   const char *fail = NULL;
-  if (!strstr(b, "HTTP/1.1 200") || !strstr(b, "Transfer-Encoding: chunked") || !strstr(b, "text/event-stream"))
+  if (!strstr(b, "HTTP/1.1 200") || !strstr(b, "Transfer-Encoding: chunked") ||
+      !strstr(b, "text/event-stream"))
     fail = "chat: bad head";
   else if (n != 6 || !done)
     fail = "chat: want 6 events and [DONE]";
@@ -187,29 +190,35 @@ static void *client(void *arg) {
     json_t *d0 = json_object_get(json_array_get(json_object_get(ev[0], "choices"), 0), "delta");
     json_t *d1 = json_object_get(json_array_get(json_object_get(ev[1], "choices"), 0), "delta");
     json_t *c4 = json_array_get(json_object_get(ev[4], "choices"), 0);
-    if (!json_is_string(json_object_get(d0, "role")) || strcmp(json_string_value(json_object_get(d0, "content")), "Hel"))
+    if (!json_is_string(json_object_get(d0, "role")) ||
+        strcmp(json_string_value(json_object_get(d0, "content")), "Hel"))
       fail = "chat: first delta lacks role or content";
-    else if (json_object_get(d1, "role") || strcmp(json_string_value(json_object_get(d1, "content")), "lo"))
+    else if (json_object_get(d1, "role") ||
+             strcmp(json_string_value(json_object_get(d1, "content")), "lo"))
       fail = "chat: later delta has a role";
     else if (!json_is_string(json_object_get(c4, "finish_reason")))
       fail = "chat: last choice chunk lacks finish_reason";
     else if (json_array_size(json_object_get(ev[5], "choices")) != 0 ||
-             json_integer_value(json_object_get(json_object_get(ev[5], "usage"), "total_tokens")) != 7)
+             json_integer_value(json_object_get(json_object_get(ev[5], "usage"), "total_tokens")) !=
+                 7)
       fail = "chat: bad usage chunk";
     else if (strcmp(json_string_value(json_object_get(ev[0], "object")), "chat.completion.chunk"))
       fail = "chat: bad object";
   }
-  for (int i = 0; i < n; i++) json_decref(ev[i]);
+  for (int i = 0; i < n; i++)
+    json_decref(ev[i]);
   free(b);
   /* 2: the same connection is kept alive: a completion stream without usage */
   if (!fail) {
     send_req(fd, "/cmpl", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd, "0\r\n\r\n");
     n = events(b, ev, 16, &done);
-    if (n != 5 || !done) fail = "completion: want 5 events and [DONE]";
+    if (n != 5 || !done)
+      fail = "completion: want 5 events and [DONE]";
     else if (strcmp(json_string_value(json_object_get(ev[0], "object")), "text_completion"))
       fail = "completion: bad object";
-    for (int i = 0; i < n; i++) json_decref(ev[i]);
+    for (int i = 0; i < n; i++)
+      json_decref(ev[i]);
     free(b);
   }
   close(fd);
@@ -219,8 +228,10 @@ static void *client(void *arg) {
     send_req(fd, "/cmpl", "1.0", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd, NULL);
     n = events(b, ev, 16, &done);
-    if (strstr(b, "chunked") || n != 5 || !done) fail = "http/1.0 stream: want close-delimited events";
-    for (int i = 0; i < n; i++) json_decref(ev[i]);
+    if (strstr(b, "chunked") || n != 5 || !done)
+      fail = "http/1.0 stream: want close-delimited events";
+    for (int i = 0; i < n; i++)
+      json_decref(ev[i]);
     free(b);
     close(fd);
   }
@@ -231,8 +242,10 @@ static void *client(void *arg) {
     b = read_until(fd, "data: ");
     free(b);
     close(fd);
-    for (int i = 0; i < 200 && __atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) == 0; i++) usleep(10000);
-    if (__atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) != 1) fail = "no abort callback after disconnect";
+    for (int i = 0; i < 200 && __atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) == 0; i++)
+      usleep(10000);
+    if (__atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) != 1)
+      fail = "no abort callback after disconnect";
   }
   if (fail) snprintf(client_result, sizeof(client_result), "%s", fail);
   uv_async_send(&fx.stop);
