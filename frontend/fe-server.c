@@ -1,7 +1,9 @@
-/* fe-server.c — the HTTP/1.1 server on libuv (see fe-server.h): accepting,
+/* fe-server.c — the connections of the HTTP/1.1 server (see fe-server.h):
  * per-connection read buffers, request framing, limits and timeouts, the
- * write queue with backpressure, and graceful close. */
+ * write queue with backpressure, answering, and graceful close. The
+ * listener and the server's lifetime are in fe-server-listen.c. */
 #include "frontend/fe-server.h"
+#include "frontend/fe-server-impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,98 +15,10 @@
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-http-buf.h"
 
-#define TAG           "http"
-#define FE_LINGER_MS  1000u  /* ms to drain a closing connection's input */
-#define FE_READ_CHUNK 16384u /* bytes: the least room offered to a read */
-
-enum conn_state {
-  ST_HEAD,         /* reading a request head */
-  ST_BODY_CL,      /* reading a Content-Length body */
-  ST_BODY_CHUNKED, /* reading a chunked body */
-  ST_BUSY,         /* the handler owns the request */
-  ST_CLOSING,      /* answer sent, shutting down */
-};
-
-enum timer_mode { TM_NONE, TM_IDLE, TM_HEAD, TM_BODY, TM_LINGER };
-
-struct fe_conn {
-  uv_tcp_t tcp;
-  uv_timer_t timer;  /* request and keep-alive timeouts */
-  uv_timer_t wtimer; /* write stall: no progress while over high water */
-  uv_write_t wreq;
-  uv_shutdown_t sreq;
-  struct fe_server *srv;
-  struct fe_conn *prev, *next;
-
-  char *rbuf;   /* bytes read and not yet consumed: [0, rlen) */
-  size_t rlen;  /* bytes */
-  size_t rsize; /* bytes allocated */
-  size_t rcap;  /* bytes: the most rsize may grow to */
-
-  enum conn_state state;
-  struct fe_http_request req;
-  struct fe_http_header *hdrs; /* (max_headers) */
-  size_t head_len;             /* bytes of the current request's head */
-  size_t body_need;            /* bytes of a Content-Length body */
-  size_t body_len;             /* bytes of chunked body decoded so far */
-  size_t scan;                 /* offset of the next undecoded chunked byte */
-  size_t consumed;             /* bytes of rbuf the busy request occupies */
-  struct fe_http_chunked ck;
-  int minor, keep_alive;
-
-  enum timer_mode timer_mode;
-  int busy;        /* handed to the handler, answer not finished */
-  int streaming;   /* a streamed answer has begun */
-  int chunked_out; /* the streamed answer uses chunked coding */
-  int closed;      /* uv_close called */
-  int close_after; /* close once the queued bytes are written */
-  int handles;     /* open libuv handles */
-  int reading;
-  int in_process;
-  int shut; /* uv_shutdown issued */
-  void (*abort_cb)(void *ud);
-  void *abort_ud;
-
-  struct fe_buf pend; /* bytes queued, not yet handed to libuv */
-  struct fe_buf fly;  /* bytes of the write in flight */
-  int writing;
-};
-
-struct fe_server {
-  uv_loop_t *loop;
-  uv_tcp_t listener;
-  struct fe_server_limits lim;
-  fe_server_request_cb cb;
-  void *ud;
-  struct fe_conn *conns;
-  int n_conns, n_busy;
-  int draining, destroying, listener_open;
-  int port;
-  struct fe_buf scratch; /* error bodies */
-};
-
-void fe_server_limits_default(struct fe_server_limits *l) {
-  l->max_header_bytes = 16 << 10;
-  l->max_headers = 100;
-  l->max_body_bytes = 32 << 20;
-  l->header_timeout_ms = 10000;
-  l->body_timeout_ms = 30000;
-  l->idle_timeout_ms = 5000;
-  l->max_connections = 4096;
-  l->write_high_water = 256 << 10;
-  l->write_hard_limit = 16 << 20;
-}
-
 static void process(struct fe_conn *c);
 static void conn_close(struct fe_conn *c, int abort_request);
 
 /* ---- lifetime ------------------------------------------------------------ */
-
-static void server_maybe_free(struct fe_server *s) {
-  if (!s->destroying || s->n_conns || s->listener_open) return;
-  fe_buf_free(&s->scratch);
-  free(s);
-}
 
 static void conn_maybe_free(struct fe_conn *c) {
   if (c->handles || c->busy) return;
@@ -120,7 +34,7 @@ static void conn_maybe_free(struct fe_conn *c) {
   free(c->rbuf);
   free(c->hdrs);
   free(c);
-  server_maybe_free(s);
+  fe_server__maybe_free(s);
 }
 
 static void on_handle_close(uv_handle_t *h) {
@@ -577,14 +491,26 @@ size_t fe_conn_write_queued(const struct fe_conn *c) {
   return queued(c);
 }
 
-/* ---- the listener ---------------------------------------------------------- */
+/* ---- timeouts and accepting -------------------------------------------------- */
 
-static void on_connection(uv_stream_t *ls, int status) {
-  struct fe_server *s = ls->data;
-  if (status < 0) {
-    cm_warn(TAG, "accept failed: %s", uv_strerror(status));
-    return;
+static void on_timer(uv_timer_t *t) {
+  struct fe_conn *c = t->data;
+  switch (c->timer_mode) {
+  case TM_IDLE:
+  case TM_LINGER: conn_close(c, 0); break;
+  case TM_HEAD:
+    if (c->rlen == 0)
+      conn_close(c, 0); /* connected and sent nothing */
+    else
+      error_close(c, 408, "timed out reading the request head");
+    break;
+  case TM_BODY: error_close(c, 408, "timed out reading the request body"); break;
+  case TM_NONE: break;
   }
+}
+
+/* Accepts one connection from the listener and starts reading it. */
+void fe_conn__accept(struct fe_server *s, uv_stream_t *ls) {
   struct fe_conn *c = calloc(1, sizeof(*c));
   struct fe_http_header *h = calloc(s->lim.max_headers, sizeof(*h));
   if (!c || !h || uv_tcp_init(s->loop, &c->tcp) != 0) {
@@ -624,89 +550,9 @@ static void on_connection(uv_stream_t *ls, int status) {
   start_reading(c);
 }
 
-static void on_timer(uv_timer_t *t) {
-  struct fe_conn *c = t->data;
-  switch (c->timer_mode) {
-  case TM_IDLE:
-  case TM_LINGER: conn_close(c, 0); break;
-  case TM_HEAD:
-    if (c->rlen == 0)
-      conn_close(c, 0); /* connected and sent nothing */
-    else
-      error_close(c, 408, "timed out reading the request head");
-    break;
-  case TM_BODY: error_close(c, 408, "timed out reading the request body"); break;
-  case TM_NONE: break;
-  }
+void fe_conn__close(struct fe_conn *c, int abort_request) {
+  conn_close(c, abort_request);
 }
-
-int fe_server_create(uv_loop_t *loop, const char *host, int port,
-                     const struct fe_server_limits *limits, fe_server_request_cb cb, void *ud,
-                     struct fe_server **out) {
-  struct sockaddr_storage addr;
-  if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
-      uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
-    cm_error(TAG, "invalid listen address '%s' (an IPv4 or IPv6 literal)", host);
-    return CM_ERR_INVAL;
-  }
-  struct fe_server *s = calloc(1, sizeof(*s));
-  if (!s) return CM_ERR_NOMEM;
-  s->loop = loop;
-  s->lim = *limits;
-  s->cb = cb;
-  s->ud = ud;
-  fe_buf_init(&s->scratch, 0);
-  uv_tcp_init(loop, &s->listener);
-  s->listener.data = s;
-  s->listener_open = 1;
-  int rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0);
-  if (!rc) rc = uv_listen((uv_stream_t *)&s->listener, 1024, on_connection);
-  if (rc) {
-    cm_error(TAG, "cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
-    s->destroying = 1;
-    fe_server_destroy(s);
-    return CM_ERR_IO;
-  }
-  struct sockaddr_storage bound;
-  int blen = sizeof(bound);
-  uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &blen);
-  s->port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
-                                        : ntohs(((struct sockaddr_in *)&bound)->sin_port);
-  *out = s;
-  return 0;
-}
-
-int fe_server_port(const struct fe_server *s) {
-  return s->port;
-}
-int fe_server_draining(const struct fe_server *s) {
-  return s->draining;
-}
-int fe_server_busy(const struct fe_server *s) {
-  return s->n_busy;
-}
-int fe_server_connections(const struct fe_server *s) {
-  return s->n_conns;
-}
-
-void fe_server_drain(struct fe_server *s) {
-  s->draining = 1;
-  for (struct fe_conn *c = s->conns, *n; c; c = n) {
-    n = c->next;
-    if (!c->busy && c->state == ST_HEAD && c->rlen == 0) begin_close(c);
-  }
-}
-
-static void on_listener_close(uv_handle_t *h) {
-  struct fe_server *s = h->data;
-  s->listener_open = 0;
-  server_maybe_free(s);
-}
-
-void fe_server_destroy(struct fe_server *s) {
-  s->destroying = 1;
-  for (struct fe_conn *c = s->conns; c; c = c->next)
-    conn_close(c, 1);
-  if (!uv_is_closing((uv_handle_t *)&s->listener))
-    uv_close((uv_handle_t *)&s->listener, on_listener_close);
+void fe_conn__begin_close(struct fe_conn *c) {
+  begin_close(c);
 }

@@ -1,0 +1,90 @@
+/* fe-server-impl.h — the insides of fe-server.h's server and connection,
+ * shared by fe-server.c (connections) and fe-server-listen.c (listener,
+ * lifetime). Nothing outside those two files includes it. */
+#ifndef LMSERVE_FE_SERVER_IMPL_H
+#define LMSERVE_FE_SERVER_IMPL_H
+#include <stddef.h>
+#include <uv.h>
+
+#include "frontend/fe-http-buf.h"
+#include "frontend/fe-http.h"
+#include "frontend/fe-server.h"
+
+#define TAG           "http"
+#define FE_LINGER_MS  1000u  /* ms to drain a closing connection's input */
+#define FE_READ_CHUNK 16384u /* bytes: the least room offered to a read */
+
+enum conn_state {
+  ST_HEAD,         /* reading a request head */
+  ST_BODY_CL,      /* reading a Content-Length body */
+  ST_BODY_CHUNKED, /* reading a chunked body */
+  ST_BUSY,         /* the handler owns the request */
+  ST_CLOSING,      /* answer sent, shutting down */
+};
+
+enum timer_mode { TM_NONE, TM_IDLE, TM_HEAD, TM_BODY, TM_LINGER };
+
+struct fe_conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;  /* request and keep-alive timeouts */
+  uv_timer_t wtimer; /* write stall: no progress while over high water */
+  uv_write_t wreq;
+  uv_shutdown_t sreq;
+  struct fe_server *srv;
+  struct fe_conn *prev, *next;
+
+  char *rbuf;   /* bytes read and not yet consumed: [0, rlen) */
+  size_t rlen;  /* bytes */
+  size_t rsize; /* bytes allocated */
+  size_t rcap;  /* bytes: the most rsize may grow to */
+
+  enum conn_state state;
+  struct fe_http_request req;
+  struct fe_http_header *hdrs; /* (max_headers) */
+  size_t head_len;             /* bytes of the current request's head */
+  size_t body_need;            /* bytes of a Content-Length body */
+  size_t body_len;             /* bytes of chunked body decoded so far */
+  size_t scan;                 /* offset of the next undecoded chunked byte */
+  size_t consumed;             /* bytes of rbuf the busy request occupies */
+  struct fe_http_chunked ck;
+  int minor, keep_alive;
+
+  enum timer_mode timer_mode;
+  int busy;        /* handed to the handler, answer not finished */
+  int streaming;   /* a streamed answer has begun */
+  int chunked_out; /* the streamed answer uses chunked coding */
+  int closed;      /* uv_close called */
+  int close_after; /* close once the queued bytes are written */
+  int handles;     /* open libuv handles */
+  int reading;
+  int in_process;
+  int shut; /* uv_shutdown issued */
+  void (*abort_cb)(void *ud);
+  void *abort_ud;
+
+  struct fe_buf pend; /* bytes queued, not yet handed to libuv */
+  struct fe_buf fly;  /* bytes of the write in flight */
+  int writing;
+};
+
+struct fe_server {
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  struct fe_server_limits lim;
+  fe_server_request_cb cb;
+  void *ud;
+  struct fe_conn *conns;
+  int n_conns, n_busy;
+  int draining, destroying, listener_open;
+  int port;
+  struct fe_buf scratch; /* error bodies */
+};
+
+/* fe-server.c */
+void fe_conn__accept(struct fe_server *s, uv_stream_t *listener);
+void fe_conn__close(struct fe_conn *c, int abort_request);
+void fe_conn__begin_close(struct fe_conn *c);
+/* fe-server-listen.c: frees the server once destroyed and empty */
+void fe_server__maybe_free(struct fe_server *s);
+
+#endif
