@@ -91,6 +91,17 @@ static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, cha
       m->ids[T + j] = id;
       m->pos[T + j] = q->pos0 + j;
     }
+    if (q->n_bidir < 0 || (q->n_bidir > 0 && !q->bidir))
+      return fw_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad bidirectional ranges", s);
+    for (int r = 0; r < q->n_bidir; r++) {
+      int b0 = q->bidir[2 * r], b1 = q->bidir[2 * r + 1];
+      int meets = b0 < q->pos0 + q->n_tokens && b1 > q->pos0;
+      if (b0 < 0 || b1 <= b0 || (meets && (b0 < q->pos0 || b1 > q->pos0 + q->n_tokens)))
+        return fw_fail(err, errlen, CM_ERR_INVAL,
+                       "forward: sequence %d: bidirectional range [%d, %d) must lie inside one "
+                       "step's tokens [%d, %d)",
+                       s, b0, b1, q->pos0, q->pos0 + q->n_tokens);
+    }
     for (int j = 0; j < q->n_out; j++) m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
     for (int g = 0; g < m->kv.n_groups; g++) {
       const struct wk_kv_group *G = &m->kv.groups[g];
@@ -110,8 +121,8 @@ static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, cha
       a->pos0 = q->pos0;
       a->block_table = q->block_tables[g];
       a->n_blocks = q->n_blocks[g];
-      a->bidir = NULL;
-      a->n_bidir = 0;
+      a->bidir = q->n_bidir ? q->bidir : NULL;
+      a->n_bidir = q->n_bidir;
     }
     T += q->n_tokens;
     R += q->n_out;

@@ -65,6 +65,10 @@ struct wk_seq_input {
   const int32_t *block_tables[WK_MAX_KV_GROUPS]; /* per KV group: page ids */
   int n_blocks[WK_MAX_KV_GROUPS];
   int n_out;               /* outputs for its last n_out tokens (0..n_tokens) */
+  const int32_t *bidir;    /* [n_bidir, 2] absolute position ranges [begin, end) attended
+                              bidirectionally (an image's tokens), or NULL; a range that
+                              meets this step's tokens must lie wholly inside them */
+  int n_bidir;
 };
 
 struct wk_batch {

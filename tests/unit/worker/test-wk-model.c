@@ -301,3 +301,56 @@ TH_TEST(sliding_blocks_freed_out_of_window) {
   release(&f, &s, 1);
   teardown(&f);
 }
+
+/* An image's token range attends bidirectionally: positions before it are
+ * unchanged, positions inside it change, and the result is the same when
+ * the range runs in a chunk of its own. A range split across steps is
+ * refused. */
+TH_TEST(bidirectional_image_range) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma3", 0, WK_ST_F32) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
+  enum { N = 40 };
+  int32_t p[N];
+  make_prompt(p, N, f.V, 4);
+  int32_t range[2] = {10, 20};
+  static float causal[N * 512], bidir[N * 512], chunked[N * 512];
+  char err[256];
+  float *outs[3] = {causal, bidir, chunked};
+  for (int run = 0; run < 3; run++) {
+    struct wk_seq_blocks blk = {0};
+    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, N) == 0);
+    int cuts[4] = {0, N, N, N};
+    if (run == 2) cuts[1] = 10, cuts[2] = 20;
+    for (int c = 0; c < 3 && cuts[c] < N; c++) {
+      struct wk_seq_input in = {.tokens = p + cuts[c], .n_tokens = cuts[c + 1] - cuts[c],
+                                .pos0 = cuts[c], .n_out = cuts[c + 1] - cuts[c]};
+      if (run) in.bidir = range, in.n_bidir = 1;
+      for (int g = 0; g < kv->n_groups; g++) {
+        in.block_tables[g] = blk.table[g];
+        in.n_blocks[g] = blk.n[g];
+      }
+      struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = outs[run] + (size_t)cuts[c] * f.V};
+      TH_REQUIRE(wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
+    }
+    wk_seq_blocks_release(&blk, kv, &f.pa);
+  }
+  size_t row = sizeof(float) * (size_t)f.V;
+  TH_CHECK(memcmp(causal, bidir, 10 * row) == 0);
+  TH_CHECK(memcmp(causal + 10 * f.V, bidir + 10 * f.V, row) != 0);
+  TH_CHECK(memcmp(bidir, chunked, (size_t)N * row) == 0);
+  /* a range crossing a step boundary */
+  struct wk_seq_blocks blk = {0};
+  TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, N) == 0);
+  struct wk_seq_input in = {.tokens = p, .n_tokens = 15, .pos0 = 0, .n_out = 1, .bidir = range,
+                            .n_bidir = 1};
+  for (int g = 0; g < kv->n_groups; g++) {
+    in.block_tables[g] = blk.table[g];
+    in.n_blocks[g] = blk.n[g];
+  }
+  struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = causal};
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "[10, 20)") != NULL);
+  wk_seq_blocks_release(&blk, kv, &f.pa);
+  teardown(&f);
+}
