@@ -6,7 +6,7 @@
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
 #define ARGMAX_THREADS 256
-#define ARGMAX_NONE 0x7fffffff /* index of "nothing seen yet" (or only NaN) */
+#define ARGMAX_NONE    0x7fffffff /* index of "nothing seen yet" (or only NaN) */
 
 /* Does candidate (bv, bi) beat (av, ai)? */
 __device__ __forceinline__ bool beats(float bv, int bi, float av, int ai) {

@@ -18,17 +18,18 @@
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
 #define ATTN_THREADS 128 /* 4 warps */
-#define ATTN_WARPS (ATTN_THREADS / 32)
-#define ATTN_TILE 32 /* keys per tile */
-#define ATTN_MAX_D 512
-#define ATTN_DC (ATTN_MAX_D / ATTN_THREADS)
+#define ATTN_WARPS   (ATTN_THREADS / 32)
+#define ATTN_TILE    32 /* keys per tile */
+#define ATTN_MAX_D   512
+#define ATTN_DC      (ATTN_MAX_D / ATTN_THREADS)
 
 template <typename KT, int NS>
-__global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct kn_cuda_attn_args a) {
-  __shared__ float qs[NS][ATTN_MAX_D];  /* the slots' query vectors */
-  __shared__ float ps[NS][ATTN_TILE];   /* scores, then probabilities */
-  __shared__ size_t kbase[ATTN_TILE];   /* pool byte offsets of the tile's rows */
-  __shared__ int s_lo[NS], s_hi[NS];    /* each slot's visible keys (empty if unused) */
+__global__ void __launch_bounds__(ATTN_THREADS)
+    attn_split_kernel(const struct kn_cuda_attn_args a) {
+  __shared__ float qs[NS][ATTN_MAX_D]; /* the slots' query vectors */
+  __shared__ float ps[NS][ATTN_TILE];  /* scores, then probabilities */
+  __shared__ size_t kbase[ATTN_TILE];  /* pool byte offsets of the tile's rows */
+  __shared__ int s_lo[NS], s_hi[NS];   /* each slot's visible keys (empty if unused) */
   __shared__ float m_s[NS], l_s[NS], corr_s[NS];
 
   const struct kn_cuda_attn_tile tile = a.tiles[blockIdx.x];
@@ -66,7 +67,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct k
 #pragma unroll
   for (int s = 0; s < NS; s++)
 #pragma unroll
-    for (int c = 0; c < ATTN_DC; c++) acc[s][c] = 0.0f;
+    for (int c = 0; c < ATTN_DC; c++)
+      acc[s][c] = 0.0f;
 
   for (int t0 = k_begin; t0 < k_end; t0 += ATTN_TILE) {
     const int nk = min(ATTN_TILE, k_end - t0);
@@ -84,11 +86,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct k
       const KT *kp = (const KT *)(a.pool + kbase[j] + a.k_off);
       float part[NS];
 #pragma unroll
-      for (int s = 0; s < NS; s++) part[s] = 0.0f;
+      for (int s = 0; s < NS; s++)
+        part[s] = 0.0f;
       for (int d = lane; d < D; d += 32) {
         float kv = kn_load(kp, d);
 #pragma unroll
-        for (int s = 0; s < NS; s++) part[s] = fmaf(qs[s][d], kv, part[s]);
+        for (int s = 0; s < NS; s++)
+          part[s] = fmaf(qs[s][d], kv, part[s]);
       }
       const int pos = t0 + j;
 #pragma unroll
@@ -103,9 +107,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct k
     /* online softmax: one thread per slot */
     if (tid < NS) {
       float mold = m_s[tid], mx = mold;
-      for (int j = 0; j < nk; j++) mx = fmaxf(mx, ps[tid][j]);
+      for (int j = 0; j < nk; j++)
+        mx = fmaxf(mx, ps[tid][j]);
       if (mx == -INFINITY) { /* nothing visible yet: stay empty */
-        for (int j = 0; j < nk; j++) ps[tid][j] = 0.0f;
+        for (int j = 0; j < nk; j++)
+          ps[tid][j] = 0.0f;
         corr_s[tid] = 1.0f;
       } else {
         float corr = mold == -INFINITY ? 0.0f : expf(mold - mx);
@@ -127,7 +133,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct k
     for (int s = 0; s < NS; s++) {
       float cr = corr_s[s];
 #pragma unroll
-      for (int c = 0; c < ATTN_DC; c++) acc[s][c] *= cr;
+      for (int c = 0; c < ATTN_DC; c++)
+        acc[s][c] *= cr;
     }
     for (int j = 0; j < nk; j++) {
       const KT *vp = (const KT *)(a.pool + kbase[j] + a.v_off);
@@ -137,7 +144,8 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_split_kernel(const struct k
         if (d < D) {
           float vv = kn_load(vp, d);
 #pragma unroll
-          for (int s = 0; s < NS; s++) acc[s][c] = fmaf(ps[s][j], vv, acc[s][c]);
+          for (int s = 0; s < NS; s++)
+            acc[s][c] = fmaf(ps[s][j], vv, acc[s][c]);
         }
       }
     }
@@ -183,7 +191,8 @@ __global__ void attn_combine_kernel(const struct kn_cuda_attn_args a) {
     const int r = tile.r0 + qi;
     const size_t base = ((size_t)r * a.n_heads + (size_t)h) * a.n_split;
     float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, a.part_ml[2 * (base + s)]);
+    for (int s = 0; s < ns; s++)
+      M = fmaxf(M, a.part_ml[2 * (base + s)]);
     float L = 0.0f;
     for (int s = 0; s < ns; s++) {
       float m = a.part_ml[2 * (base + s)];

@@ -15,12 +15,14 @@
 #include "common/cm-log.h"
 #include "kernels/cuda/kn-cuda-impl.h"
 
-#define ATTN_MAX_CHUNK 8    /* (row, head) slots per block at most */
-#define ATTN_TILE 32        /* keys per tile; split lengths are multiples of it */
-#define ATTN_MIN_SPLIT 256  /* keys: below this a split costs more than it gains */
+#define ATTN_MAX_CHUNK     8   /* (row, head) slots per block at most */
+#define ATTN_TILE          32  /* keys per tile; split lengths are multiples of it */
+#define ATTN_MIN_SPLIT     256 /* keys: below this a split costs more than it gains */
 #define ATTN_BLOCKS_PER_SM 4
 
-static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+static size_t align16(size_t n) {
+  return (n + 15) & ~(size_t)15;
+}
 
 /* Visible key interval of the query at position p of seq s. */
 static void key_interval(const struct kn_attn_seq *s, int window, int p, int *lo, int *hi) {
@@ -51,13 +53,14 @@ static int blocks_needed(const struct kn_attn_seq *s, int window, int block_toke
 /* Smallest of 1, 2, 4, 8 that is >= n (n <= 8). */
 static int pow2_slots(int n) {
   int s = 1;
-  while (s < n) s *= 2;
+  while (s < n)
+    s *= 2;
   return s;
 }
 
 int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
-                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
-                         int n_seqs, int n_heads, int window, float scale, float softcap) {
+                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
+                         int n_heads, int window, float scale, float softcap) {
   struct kn_cuda_ctx *c = ctx;
   int err = kn_cuda_check_view(view);
   if (!err) err = kn_cuda_enter(c);
@@ -107,7 +110,8 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
      * were checked by kn-backend.c */
     int have = nb < s->n_blocks ? nb : s->n_blocks;
     memcpy(tab_h + off, s->block_table, (size_t)have * sizeof(int32_t));
-    for (int b = have; b < nb; b++) tab_h[off + b] = -1;
+    for (int b = have; b < nb; b++)
+      tab_h[off + b] = -1;
     for (int j = 0; j < s->n_q; j++, r++) {
       struct kn_cuda_attn_row *row = &rows_h[r];
       row->q_row = s->q_begin + j;

@@ -12,9 +12,11 @@
 #include "kernels/kn-backend-impl.h"
 
 #define KN_CUDA_STAGE_SEG_MIN ((size_t)1 << 20) /* bytes per segment to start with */
-#define KN_CUDA_ALIGN 256                        /* bytes: staging and scratch alignment */
+#define KN_CUDA_ALIGN         256               /* bytes: staging and scratch alignment */
 
-static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+static size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -76,7 +78,8 @@ static int stage_init(struct kn_cuda_ctx *c, size_t seg_bytes) {
   c->seg_bytes = seg_bytes;
   c->seg = 0;
   c->seg_used = 0;
-  for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++) c->seg_pending[i] = 0;
+  for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
+    c->seg_pending[i] = 0;
   return 0;
 }
 
@@ -85,7 +88,8 @@ int kn_cuda_stage_alloc(struct kn_cuda_ctx *c, size_t bytes, void **host, void *
   if (need > c->seg_bytes) {
     /* a request bigger than a segment: wait for everything, grow the ring */
     size_t seg = c->seg_bytes;
-    while (seg < need) seg *= 2;
+    while (seg < need)
+      seg *= 2;
     KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     int err = stage_init(c, seg);
     if (err) return err;
@@ -125,7 +129,7 @@ int kn_cuda_stage(struct kn_cuda_ctx *c, const void *src, size_t bytes, void **d
 int kn_cuda_scratch(struct kn_cuda_ctx *c, size_t bytes, void **dev) {
   if (bytes > c->scratch_bytes) {
     size_t want = align_up(bytes + bytes / 4, KN_CUDA_ALIGN); /* headroom against regrowth */
-    KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));           /* earlier ops may still read it */
+    KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));          /* earlier ops may still read it */
     if (c->scratch) KN_CUDA_CHECK(cudaFree(c->scratch));
     c->scratch = NULL;
     c->scratch_bytes = 0;
@@ -221,8 +225,7 @@ static int cuda_sync(void *ctx) {
 static void cuda_destroy(void *ctx) {
   struct kn_cuda_ctx *c = ctx;
   if (!c) return;
-  if (cudaSetDevice(c->device) == cudaSuccess && c->stream)
-    (void)cudaStreamSynchronize(c->stream);
+  if (cudaSetDevice(c->device) == cudaSuccess && c->stream) (void)cudaStreamSynchronize(c->stream);
   stage_release(c);
   for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
     if (c->seg_done[i]) (void)cudaEventDestroy(c->seg_done[i]);
@@ -234,30 +237,30 @@ static void cuda_destroy(void *ctx) {
 }
 
 static const struct kn_backend_ops cuda_ops = {
-  .name = "cuda",
-  .destroy = cuda_destroy,
-  .alloc = cuda_alloc,
-  .free = cuda_free,
-  .upload = cuda_upload,
-  .download = cuda_download,
-  .copy = cuda_copy,
-  .memset = cuda_memset,
-  .sync = cuda_sync,
-  .embed = kn_cuda_op_embed,
-  .rmsnorm = kn_cuda_op_rmsnorm,
-  .matmul = kn_cuda_op_matmul,
-  .matmul_rows = kn_cuda_op_matmul_rows,
-  .rope = kn_cuda_op_rope,
-  .gelu_mul = kn_cuda_op_gelu_mul,
-  .add = kn_cuda_op_add,
-  .mul = kn_cuda_op_mul,
-  .scale = kn_cuda_op_scale,
-  .softcap = kn_cuda_op_softcap,
-  .copy_rows = kn_cuda_op_copy_rows,
-  .argmax = kn_cuda_op_argmax,
-  .router_topk = kn_cuda_op_router_topk,
-  .kv_write = kn_cuda_op_kv_write,
-  .attention = kn_cuda_op_attention,
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .memset = cuda_memset,
+    .sync = cuda_sync,
+    .embed = kn_cuda_op_embed,
+    .rmsnorm = kn_cuda_op_rmsnorm,
+    .matmul = kn_cuda_op_matmul,
+    .matmul_rows = kn_cuda_op_matmul_rows,
+    .rope = kn_cuda_op_rope,
+    .gelu_mul = kn_cuda_op_gelu_mul,
+    .add = kn_cuda_op_add,
+    .mul = kn_cuda_op_mul,
+    .scale = kn_cuda_op_scale,
+    .softcap = kn_cuda_op_softcap,
+    .copy_rows = kn_cuda_op_copy_rows,
+    .argmax = kn_cuda_op_argmax,
+    .router_topk = kn_cuda_op_router_topk,
+    .kv_write = kn_cuda_op_kv_write,
+    .attention = kn_cuda_op_attention,
 };
 
 struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
@@ -277,8 +280,8 @@ struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
   }
   c->device = device;
   KN_CUDA_CHECK_GOTO(cudaSetDevice(device), err, fail);
-  KN_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device),
-                     err, fail);
+  KN_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device), err,
+                     fail);
   KN_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, fail);
   KN_CUBLAS_CHECK_GOTO(cublasCreate(&c->blas), err, fail);
   KN_CUBLAS_CHECK_GOTO(cublasSetStream(c->blas, c->stream), err, fail);

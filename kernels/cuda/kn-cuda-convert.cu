@@ -19,9 +19,7 @@ extern "C" cudaError_t kn_cuda_launch_narrow(cudaStream_t s, void *dst, enum kn_
   size_t n = (size_t)rows * (size_t)cols;
   unsigned grid = kn_grid(n, 256, 65535);
   switch (dt) {
-  case KN_DTYPE_F16:
-    narrow_kernel<<<grid, 256, 0, s>>>((__half *)dst, src, lds, rows, cols);
-    break;
+  case KN_DTYPE_F16: narrow_kernel<<<grid, 256, 0, s>>>((__half *)dst, src, lds, rows, cols); break;
   case KN_DTYPE_BF16:
     narrow_kernel<<<grid, 256, 0, s>>>((__nv_bfloat16 *)dst, src, lds, rows, cols);
     break;
@@ -36,7 +34,8 @@ __global__ void gather_rows_kernel(uint16_t *dst, const uint16_t *w, size_t unit
                                    const int32_t *rows) {
   const uint16_t *src = w + (size_t)rows[blockIdx.x] * units;
   uint16_t *d = dst + (size_t)blockIdx.x * units;
-  for (size_t i = threadIdx.x; i < units; i += blockDim.x) d[i] = src[i];
+  for (size_t i = threadIdx.x; i < units; i += blockDim.x)
+    d[i] = src[i];
 }
 
 extern "C" cudaError_t kn_cuda_launch_gather_rows(cudaStream_t s, void *dst, const void *w,

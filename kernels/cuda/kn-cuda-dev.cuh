@@ -13,26 +13,36 @@
 #include <cuda_fp16.h>
 
 /* Element i of a tensor of element type T, widened to f32 (exact). */
-__device__ __forceinline__ float kn_load(const float *p, size_t i) { return p[i]; }
-__device__ __forceinline__ float kn_load(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float kn_load(const float *p, size_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float kn_load(const __half *p, size_t i) {
+  return __half2float(p[i]);
+}
 __device__ __forceinline__ float kn_load(const __nv_bfloat16 *p, size_t i) {
   return __bfloat162float(p[i]);
 }
 
 /* Stores f32 v as element i, rounding to nearest even. */
-__device__ __forceinline__ void kn_store(float *p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void kn_store(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ void kn_store(float *p, size_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void kn_store(__half *p, size_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
 __device__ __forceinline__ void kn_store(__nv_bfloat16 *p, size_t i, float v) {
   p[i] = __float2bfloat16_rn(v);
 }
 
 __device__ __forceinline__ float kn_warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
 __device__ __forceinline__ float kn_warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

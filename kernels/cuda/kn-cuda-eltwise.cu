@@ -18,9 +18,8 @@ __global__ void eltwise_kernel(int op, float *out, const float *a, const float *
   }
 }
 
-extern "C" cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltwise op,
-                                              float *out, const float *a, const float *b, float s,
-                                              size_t n) {
+extern "C" cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltwise op, float *out,
+                                              const float *a, const float *b, float s, size_t n) {
   eltwise_kernel<<<kn_grid(n, 256, 65535), 256, 0, st>>>((int)op, out, a, b, s, n);
   return cudaGetLastError();
 }

@@ -9,7 +9,8 @@ __global__ void embed_kernel(float *out, ptrdiff_t ldo, const T *table, int H, c
   int t = blockIdx.x;
   const T *row = table + (size_t)ids[t] * (size_t)H;
   float *o = out + (ptrdiff_t)t * ldo;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = kn_load(row, i) * scale;
+  for (int i = threadIdx.x; i < H; i += blockDim.x)
+    o[i] = kn_load(row, i) * scale;
 }
 
 extern "C" cudaError_t kn_cuda_launch_embed(cudaStream_t s, float *out, ptrdiff_t ldo,

@@ -16,13 +16,14 @@
 #include "common/cm-err.h"
 #include "kernels/cuda/kn-cuda-impl.h"
 
-static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+static size_t align256(size_t n) {
+  return (n + 255) & ~(size_t)255;
+}
 
 /* The GEMM proper; w16 (when not NULL) is scratch for the narrowed input,
  * T * K elements of wdt. */
 static int gemm(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate,
-                void *w16) {
+                const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate, void *w16) {
   /* cuBLAS wants ld >= the row length even for a single row */
   if (T == 1) {
     ldo = N;
@@ -69,8 +70,8 @@ int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptr
 }
 
 int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows,
-                           int n_rows, int T) {
+                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
+                           int T) {
   struct kn_cuda_ctx *c = ctx;
   int err = kn_cuda_enter(c);
   if (err) return err;

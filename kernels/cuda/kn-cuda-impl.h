@@ -44,30 +44,29 @@ struct kn_cuda_attn_args {
   ptrdiff_t ldo;
   const float *q;
   ptrdiff_t ldq;
-  const char *pool;           /* device; n_pages * page_bytes bytes */
+  const char *pool; /* device; n_pages * page_bytes bytes */
   size_t page_bytes, k_off, v_off;
   int block_tokens, n_kv_heads, head_dim;
-  int n_heads, group;         /* query heads; group = n_heads / n_kv_heads */
-  int n_chunks, chunk;        /* head chunks per kv head, heads per chunk */
-  int qt;                     /* query rows per tile; qt * chunk <= slots */
-  int slots;                  /* (row, head) pairs per block: 1, 2, 4 or 8 */
+  int n_heads, group;  /* query heads; group = n_heads / n_kv_heads */
+  int n_chunks, chunk; /* head chunks per kv head, heads per chunk */
+  int qt;              /* query rows per tile; qt * chunk <= slots */
+  int slots;           /* (row, head) pairs per block: 1, 2, 4 or 8 */
   float scale, softcap;
   const struct kn_cuda_attn_row *rows;   /* device, [n_rows] */
   const struct kn_cuda_attn_tile *tiles; /* device, [n_tiles] */
-  const int32_t *tables;      /* device, concatenated block tables */
+  const int32_t *tables;                 /* device, concatenated block tables */
   int n_rows, n_tiles;
-  int split_len;              /* keys per split (multiple of 32) */
-  int n_split;                /* splits in the grid; 1 writes out directly */
-  float *part_acc;            /* device, [n_rows, n_heads, n_split, head_dim] */
-  float *part_ml;             /* device, [n_rows, n_heads, n_split, 2]: max, sum */
+  int split_len;   /* keys per split (multiple of 32) */
+  int n_split;     /* splits in the grid; 1 writes out directly */
+  float *part_acc; /* device, [n_rows, n_heads, n_split, head_dim] */
+  float *part_ml;  /* device, [n_rows, n_heads, n_split, 2]: max, sum */
 };
 
 cudaError_t kn_cuda_launch_embed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table,
-                                 enum kn_dtype tdt, int H, const int32_t *ids, int T,
-                                 float scale);
+                                 enum kn_dtype tdt, int H, const int32_t *ids, int T, float scale);
 cudaError_t kn_cuda_launch_rmsnorm(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
-                                   ptrdiff_t ldx, int rows, int d, const void *w,
-                                   enum kn_dtype wdt, float eps, enum kn_norm_mode mode);
+                                   ptrdiff_t ldx, int rows, int d, const void *w, enum kn_dtype wdt,
+                                   float eps, enum kn_norm_mode mode);
 cudaError_t kn_cuda_launch_rope(cudaStream_t s, float *x, ptrdiff_t ldx, int T, int heads, int D,
                                 const int32_t *pos, const float *inv_freq);
 cudaError_t kn_cuda_launch_gelu_mul(cudaStream_t s, float *out, ptrdiff_t ldo, const float *gate,
@@ -137,34 +136,34 @@ struct kn_cuda_ctx {
 int kn_cuda_fail(cudaError_t e, const char *expr, const char *file, int line);
 int kn_cublas_fail(cublasStatus_t st, const char *expr, const char *file, int line);
 
-#define KN_CUDA_CHECK(call) \
-  do { \
-    cudaError_t kn_e_ = (call); \
-    if (kn_e_ != cudaSuccess) return kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__); \
+#define KN_CUDA_CHECK(call)                                                                        \
+  do {                                                                                             \
+    cudaError_t kn_e_ = (call);                                                                    \
+    if (kn_e_ != cudaSuccess) return kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__);               \
   } while (0)
 
-#define KN_CUDA_CHECK_GOTO(call, err, label) \
-  do { \
-    cudaError_t kn_e_ = (call); \
-    if (kn_e_ != cudaSuccess) { \
-      (err) = kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__); \
-      goto label; \
-    } \
+#define KN_CUDA_CHECK_GOTO(call, err, label)                                                       \
+  do {                                                                                             \
+    cudaError_t kn_e_ = (call);                                                                    \
+    if (kn_e_ != cudaSuccess) {                                                                    \
+      (err) = kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__);                                      \
+      goto label;                                                                                  \
+    }                                                                                              \
   } while (0)
 
-#define KN_CUBLAS_CHECK(call) \
-  do { \
-    cublasStatus_t kn_s_ = (call); \
-    if (kn_s_ != CUBLAS_STATUS_SUCCESS) return kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__); \
+#define KN_CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                             \
+    cublasStatus_t kn_s_ = (call);                                                                 \
+    if (kn_s_ != CUBLAS_STATUS_SUCCESS) return kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__);   \
   } while (0)
 
-#define KN_CUBLAS_CHECK_GOTO(call, err, label) \
-  do { \
-    cublasStatus_t kn_s_ = (call); \
-    if (kn_s_ != CUBLAS_STATUS_SUCCESS) { \
-      (err) = kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__); \
-      goto label; \
-    } \
+#define KN_CUBLAS_CHECK_GOTO(call, err, label)                                                     \
+  do {                                                                                             \
+    cublasStatus_t kn_s_ = (call);                                                                 \
+    if (kn_s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+      (err) = kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__);                                    \
+      goto label;                                                                                  \
+    }                                                                                              \
   } while (0)
 
 /* Makes ctx's device current in the calling thread (0 or cm_err). */
@@ -195,8 +194,8 @@ int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, en
 int kn_cuda_op_rmsnorm(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                        int rows, int d, const void *w, enum kn_dtype wdt, float eps,
                        enum kn_norm_mode mode);
-int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
-                    const int32_t *pos, const float *inv_freq);
+int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
+                    const float *inv_freq);
 int kn_cuda_op_gelu_mul(void *ctx, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
                         const float *up, ptrdiff_t ldu, int T, int N);
 int kn_cuda_op_add(void *ctx, float *out, const float *a, const float *b, size_t n);
@@ -214,11 +213,11 @@ int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t 
 int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                       const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
 int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows,
-                           int n_rows, int T);
+                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
+                           int T);
 int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
-                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
-                         int n_seqs, int n_heads, int window, float scale, float softcap);
+                         const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
+                         int n_heads, int window, float scale, float softcap);
 #endif /* !__CUDACC__ */
 
 #endif

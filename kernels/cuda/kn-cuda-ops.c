@@ -30,8 +30,8 @@ int kn_cuda_op_rmsnorm(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptr
   return 0;
 }
 
-int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
-                    const int32_t *pos, const float *inv_freq) {
+int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
+                    const float *inv_freq) {
   struct kn_cuda_ctx *c = ctx;
   void *pos_d;
   int err = kn_cuda_enter(c);

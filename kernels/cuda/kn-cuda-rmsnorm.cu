@@ -11,13 +11,16 @@ __global__ void rmsnorm_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdif
   const float *xr = x + (ptrdiff_t)blockIdx.x * ldx;
   float *o = out + (ptrdiff_t)blockIdx.x * ldo;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  for (int i = threadIdx.x; i < d; i += blockDim.x)
+    ss = fmaf(xr[i], xr[i], ss);
   ss = kn_block_sum(ss, sh);
   float r = rsqrtf(ss / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float y = xr[i] * r;
-    if (mode == KN_NORM_MUL_W) y *= kn_load(w, i);
-    else if (mode == KN_NORM_MUL_ONE_PLUS_W) y *= 1.0f + kn_load(w, i);
+    if (mode == KN_NORM_MUL_W)
+      y *= kn_load(w, i);
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
+      y *= 1.0f + kn_load(w, i);
     o[i] = y;
   }
 }

@@ -26,6 +26,6 @@ extern "C" cudaError_t kn_cuda_launch_rope(cudaStream_t s, float *x, ptrdiff_t l
   int hd = D / 2;
   unsigned threads = hd >= 256 ? 256 : hd >= 128 ? 128 : hd >= 64 ? 64 : 32;
   rope_kernel<<<dim3((unsigned)T * (unsigned)heads), dim3(threads), 0, s>>>(x, ldx, heads, D, pos,
-                                                                          inv_freq);
+                                                                            inv_freq);
   return cudaGetLastError();
 }

@@ -9,7 +9,7 @@
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
 #define TOPK_THREADS 128
-#define TOPK_NONE 0x7fffffff
+#define TOPK_NONE    0x7fffffff
 
 /* Does candidate (bv, bi) beat (av, ai) in the selection order: numbers
  * before NaN, larger first, lower index on ties? TOPK_NONE never wins. */
@@ -26,8 +26,8 @@ __device__ __forceinline__ bool topk_beats(float bv, int bi, float av, int ai) {
 __global__ void topk_kernel(int32_t *ids, float *weights, const float *logits, ptrdiff_t ld, int E,
                             int k, const float *expert_scale) {
   extern __shared__ float shm[];
-  float *sl = shm;                                /* [E] logits */
-  float *p = shm + E;                             /* [E] softmax numerators */
+  float *sl = shm;                                       /* [E] logits */
+  float *p = shm + E;                                    /* [E] softmax numerators */
   unsigned char *taken = (unsigned char *)(shm + 2 * E); /* [E] */
   __shared__ float sh[33];
   __shared__ float wv[TOPK_THREADS / 32];
@@ -47,7 +47,8 @@ __global__ void topk_kernel(int32_t *ids, float *weights, const float *logits, p
   if (lane == 0) sh[w] = mx;
   __syncthreads();
   mx = sh[0];
-  for (int i = 1; i < nw; i++) mx = fmaxf(mx, sh[i]);
+  for (int i = 1; i < nw; i++)
+    mx = fmaxf(mx, sh[i]);
   __syncthreads();
   float sum = 0.0f;
   for (int i = threadIdx.x; i < E; i += blockDim.x) {
@@ -107,6 +108,6 @@ extern "C" cudaError_t kn_cuda_launch_router_topk(cudaStream_t s, int32_t *ids, 
   if (E > KN_CUDA_TOPK_MAX_E) return cudaErrorInvalidValue;
   size_t shm = (size_t)E * (2 * sizeof(float) + 1);
   topk_kernel<<<dim3((unsigned)T), TOPK_THREADS, shm, s>>>(ids, weights, logits, ld, E, k,
-                                                            expert_scale);
+                                                           expert_scale);
   return cudaGetLastError();
 }

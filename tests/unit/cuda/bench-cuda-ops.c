@@ -12,13 +12,13 @@
 #include "kernels/cuda/kn-cuda.h"
 #include "kernels/kn-backend.h"
 
-#define CHECK(x) \
-  do { \
-    int rc_ = (x); \
-    if (rc_) { \
-      fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #x, rc_); \
-      exit(1); \
-    } \
+#define CHECK(x)                                                                                   \
+  do {                                                                                             \
+    int rc_ = (x);                                                                                 \
+    if (rc_) {                                                                                     \
+      fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #x, rc_);                      \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static struct kn_backend *g_be;
@@ -49,7 +49,8 @@ static double time_it(bench_fn fn, void *arg) {
   int reps = 1;
   for (;;) {
     uint64_t t0 = cm_time_ns();
-    for (int i = 0; i < reps; i++) fn(arg);
+    for (int i = 0; i < reps; i++)
+      fn(arg);
     CHECK(kn_sync(g_be));
     double s = (double)(cm_time_ns() - t0) * 1e-9;
     if (s > 0.2 || reps >= 1 << 14) return s / reps;
@@ -69,8 +70,8 @@ struct attn_bench {
 
 static void attn_run(void *p) {
   struct attn_bench *b = p;
-  CHECK(kn_attention(g_be, b->out, b->ld, b->q, b->ld, &b->view, b->seqs, b->n_seqs, b->n_heads,
-                     0, 0.0625f, 0.0f));
+  CHECK(kn_attention(g_be, b->out, b->ld, b->q, b->ld, &b->view, b->seqs, b->n_seqs, b->n_heads, 0,
+                     0.0625f, 0.0f));
 }
 
 /* B sequences of context L each running n_q query tokens (1: decode). */
@@ -97,7 +98,8 @@ static void bench_attention(const char *what, int B, int L, int n_q, int n_heads
   b.seqs = calloc((size_t)B, sizeof(*b.seqs));
   int32_t *tables = malloc((size_t)B * blocks * sizeof(int32_t));
   if (!b.out || !b.seqs || !tables) exit(1);
-  for (int i = 0; i < B * blocks; i++) tables[i] = (int32_t)((i * 7919L) % (B * blocks));
+  for (int i = 0; i < B * blocks; i++)
+    tables[i] = (int32_t)((i * 7919L) % (B * blocks));
   for (int s = 0; s < B; s++) {
     b.seqs[s].q_begin = s * n_q;
     b.seqs[s].n_q = n_q;
@@ -108,7 +110,8 @@ static void bench_attention(const char *what, int B, int L, int n_q, int n_heads
   double t = time_it(attn_run, &b);
   double kv_bytes = (double)B * L * n_kv * D * 2 * 2; /* K and V, bf16 */
   double flops = 4.0 * B * n_heads * D * ((double)n_q * L - (double)n_q * (n_q - 1) / 2);
-  printf("attention %-28s B=%-4d L=%-6d n_q=%-5d H=%d/%d D=%d: %9.1f us  %7.0f GB/s KV  %6.1f TFLOP/s\n",
+  printf("attention %-28s B=%-4d L=%-6d n_q=%-5d H=%d/%d D=%d: %9.1f us  %7.0f GB/s KV  %6.1f "
+         "TFLOP/s\n",
          what, B, L, n_q, n_heads, n_kv, D, t * 1e6, kv_bytes / t * 1e-9, flops / t * 1e-12);
   kn_free(g_be, b.view.pool);
   kn_free(g_be, b.q);

@@ -48,16 +48,20 @@ float ct_rand(struct ct_env *e, float amp) {
   return (float)((2.0 * u - 1.0) * amp);
 }
 
-int ct_rand_int(struct ct_env *e, int n) { return (int)(next(e) % (uint64_t)n); }
+int ct_rand_int(struct ct_env *e, int n) {
+  return (int)(next(e) % (uint64_t)n);
+}
 
 void ct_fill(struct ct_env *e, float *x, size_t n, float amp) {
-  for (size_t i = 0; i < n; i++) x[i] = ct_rand(e, amp);
+  for (size_t i = 0; i < n; i++)
+    x[i] = ct_rand(e, amp);
 }
 
 void *ct_weights(struct ct_env *e, enum kn_dtype dt, size_t n, float amp) {
   void *w = malloc(n * kn_dtype_size(dt) + 1);
   TH_REQUIRE(w != NULL);
-  for (size_t i = 0; i < n; i++) kn_store_f32(w, dt, i, ct_rand(e, amp));
+  for (size_t i = 0; i < n; i++)
+    kn_store_f32(w, dt, i, ct_rand(e, amp));
   return w;
 }
 
@@ -75,12 +79,13 @@ void ct_down(struct ct_env *e, void *host, const void *dev, size_t bytes) {
 float *ct_sentinel(size_t n) {
   float *x = malloc((n ? n : 1) * sizeof(float));
   TH_REQUIRE(x != NULL);
-  for (size_t i = 0; i < n; i++) x[i] = -12345.0f - (float)(i % 97);
+  for (size_t i = 0; i < n; i++)
+    x[i] = -12345.0f - (float)(i % 97);
   return x;
 }
 
-void ct_compare_at(const char *file, int line, const char *what, const float *ref,
-                   const float *got, int rows, int cols, ptrdiff_t ld, size_t total, double tol) {
+void ct_compare_at(const char *file, int line, const char *what, const float *ref, const float *got,
+                   int rows, int cols, ptrdiff_t ld, size_t total, double tol) {
   double num = 0.0, den = 0.0;
   long long nonfinite = 0, outside = 0;
   size_t first_outside = 0;

@@ -35,9 +35,9 @@ void ct_down(struct ct_env *e, void *host, const void *dev, size_t bytes);
  * total): the NMSE of the valid elements must be <= tol, a non-finite value
  * in got must match a non-finite one in ref, and every element outside the
  * valid region must be bit-identical. Reports failures with `what`. */
-void ct_compare_at(const char *file, int line, const char *what, const float *ref,
-                   const float *got, int rows, int cols, ptrdiff_t ld, size_t total, double tol);
-#define ct_compare(what, ref, got, rows, cols, ld, total, tol) \
+void ct_compare_at(const char *file, int line, const char *what, const float *ref, const float *got,
+                   int rows, int cols, ptrdiff_t ld, size_t total, double tol);
+#define ct_compare(what, ref, got, rows, cols, ld, total, tol)                                     \
   ct_compare_at(__FILE__, __LINE__, (what), (ref), (got), (rows), (cols), (ld), (total), (tol))
 
 /* Buffer of n floats filled with a sentinel pattern (malloc'd). */

@@ -45,13 +45,15 @@ TH_TEST(cuda_kv_write) {
           enum { T = 40 };
           int row = v.n_kv_heads * v.head_dim;
           ptrdiff_t ld = row + 5;
-          float *k = malloc((size_t)T * ld * sizeof(float)), *vv = malloc((size_t)T * ld * sizeof(float));
+          float *k = malloc((size_t)T * ld * sizeof(float)),
+                *vv = malloc((size_t)T * ld * sizeof(float));
           TH_REQUIRE(k && vv);
           ct_fill(&e, k, (size_t)T * ld, 3.0f);
           ct_fill(&e, vv, (size_t)T * ld, 3.0f);
           int32_t slots[T];
           int n_slots = v.n_pages * v.block_tokens;
-          for (int t = 0; t < T; t++) slots[t] = (t * 37 + 11) % n_slots; /* distinct */
+          for (int t = 0; t < T; t++)
+            slots[t] = (t * 37 + 11) % n_slots; /* distinct */
           slots[3] = -1;
           slots[17] = -5;
           slots[T - 1] = n_slots - 1;
@@ -66,7 +68,8 @@ TH_TEST(cuda_kv_write) {
           TH_CHECK_EQ_INT(kn_kv_write(e.gpu, &v, slots, k_d, ld, v_d, ld, T), CM_ERR_RANGE);
           ct_down(&e, got, pool_d, pool_bytes);
           size_t diff = 0;
-          for (size_t i = 0; i < pool_bytes; i++) diff += pool[i] != got[i];
+          for (size_t i = 0; i < pool_bytes; i++)
+            diff += pool[i] != got[i];
           if (diff)
             th_fail(__FILE__, __LINE__, "kv_write kv=%d D=%d %s k_only=%d: %zu bytes differ",
                     v.n_kv_heads, v.head_dim, kn_dtype_name(v.dtype), k_only, diff);
@@ -99,6 +102,7 @@ struct attn_case {
   struct seq_spec seqs[8];
 };
 
+/* clang-format off */
 static const struct attn_case k_cases[] = {
   {"small mha f32", 64, 4, 4, 16, KN_DTYPE_F32, 0, 0.0f, 3, {{1, 10}, {20, 0}, {1, 100}}},
   {"d256 gqa2 window bf16 softcap", 256, 8, 4, 16, KN_DTYPE_BF16, 32, 50.0f, 3,
@@ -125,6 +129,7 @@ static const struct attn_case k_cases[] = {
   {"decodes gqa4 d512 bf16", 512, 8, 2, 16, KN_DTYPE_BF16, 0, 0.0f, 2, {{1, 2000}, {1, 100}}},
   {"decodes gqa6 softcap f32", 64, 12, 2, 16, KN_DTYPE_F32, 0, 20.0f, 2, {{1, 700}, {1, 3}}},
 };
+/* clang-format on */
 
 /* Highest key position seq s can reach (its queries' causal and bidir keys). */
 static int seq_max_key(const struct seq_spec *s) {
@@ -156,7 +161,8 @@ static void attn_case_run(struct ct_env *e, const struct attn_case *c) {
   int32_t *perm = malloc((size_t)v.n_pages * sizeof(int32_t));
   int32_t *tables = malloc((size_t)total_blocks * sizeof(int32_t));
   TH_REQUIRE(perm && tables);
-  for (int i = 0; i < v.n_pages; i++) perm[i] = i;
+  for (int i = 0; i < v.n_pages; i++)
+    perm[i] = i;
   for (int i = v.n_pages - 1; i > 0; i--) {
     int j = ct_rand_int(e, i + 1);
     int32_t t = perm[i];
@@ -168,12 +174,14 @@ static void attn_case_run(struct ct_env *e, const struct attn_case *c) {
   for (int i = 0; i < c->n_seqs; i++) {
     const struct seq_spec *s = &c->seqs[i];
     int32_t *bt = tables + off;
-    for (int b = 0; b < n_blocks[i]; b++) bt[b] = perm[off + b];
+    for (int b = 0; b < n_blocks[i]; b++)
+      bt[b] = perm[off + b];
     bt[n_blocks[i] - 1] = -1; /* past every key: never read */
     if (c->window > 0 && s->n_bidir == 0) {
       /* blocks wholly before the first query's window are freed: holes */
       int first = s->pos0 - c->window + 1;
-      for (int b = 0; (b + 1) * c->bt - 1 < first; b++) bt[b] = -1;
+      for (int b = 0; (b + 1) * c->bt - 1 < first; b++)
+        bt[b] = -1;
     }
     seqs[i].q_begin = rows;
     seqs[i].n_q = s->n_q;
@@ -190,7 +198,8 @@ static void attn_case_run(struct ct_env *e, const struct attn_case *c) {
   unsigned char *pool = malloc(pool_bytes);
   TH_REQUIRE(pool);
   size_t n_elt = pool_bytes / elt;
-  for (size_t i = 0; i < n_elt; i++) kn_store_f32(pool, c->dt, i, ct_rand(e, 1.0f));
+  for (size_t i = 0; i < n_elt; i++)
+    kn_store_f32(pool, c->dt, i, ct_rand(e, 1.0f));
   int width = c->n_heads * c->D;
   ptrdiff_t ldq = width + 8, ldo = width + 4;
   size_t tq = (size_t)rows * ldq, to = (size_t)rows * ldo;
@@ -230,7 +239,8 @@ static void attn_case_run(struct ct_env *e, const struct attn_case *c) {
 TH_TEST(cuda_attention) {
   struct ct_env e;
   ct_open(&e, 21);
-  for (size_t i = 0; i < CM_ARRAY_LEN(k_cases); i++) attn_case_run(&e, &k_cases[i]);
+  for (size_t i = 0; i < CM_ARRAY_LEN(k_cases); i++)
+    attn_case_run(&e, &k_cases[i]);
   ct_close(&e);
 }
 
@@ -250,7 +260,8 @@ TH_TEST(cuda_attention_rejects_missing_page) {
   v.v_off = 16 * 64 * 4;
   v.page_bytes = 2 * v.v_off;
   v.pool = kn_alloc(e.gpu, (size_t)v.n_pages * v.page_bytes);
-  float *q = kn_alloc(e.gpu, 2 * 64 * sizeof(float)), *out = kn_alloc(e.gpu, 2 * 64 * sizeof(float));
+  float *q = kn_alloc(e.gpu, 2 * 64 * sizeof(float)),
+        *out = kn_alloc(e.gpu, 2 * 64 * sizeof(float));
   TH_REQUIRE(v.pool && q && out);
   int32_t table[2] = {1, 7}; /* page 7 is outside the pool */
   struct kn_attn_seq s = {0, 1, 20, table, 2, NULL, 0};
@@ -262,8 +273,7 @@ TH_TEST(cuda_attention_rejects_missing_page) {
   struct kn_kv_view odd = v;
   odd.k_off = 2;
   int32_t slot0 = 0;
-  TH_CHECK_EQ_INT(kn_attention(e.gpu, out, 64, q, 64, &odd, &s, 1, 1, 0, 1.0f, 0.0f),
-                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_attention(e.gpu, out, 64, q, 64, &odd, &s, 1, 1, 0, 1.0f, 0.0f), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_kv_write(e.gpu, &odd, &slot0, q, 64, q, 64, 1), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_memset(e.gpu, v.pool, 0, (size_t)v.n_pages * v.page_bytes), 0);
   TH_CHECK_EQ_INT(kn_memset(e.gpu, q, 0, 2 * 64 * sizeof(float)), 0);
@@ -271,7 +281,8 @@ TH_TEST(cuda_attention_rejects_missing_page) {
   float back[64];
   ct_down(&e, back, out, sizeof(back));
   int bad = 0;
-  for (int i = 0; i < 64; i++) bad += back[i] != 0.0f; /* zero V averaged: zero */
+  for (int i = 0; i < 64; i++)
+    bad += back[i] != 0.0f; /* zero V averaged: zero */
   TH_CHECK_EQ_INT(bad, 0);
   kn_free(e.gpu, v.pool);
   kn_free(e.gpu, q);

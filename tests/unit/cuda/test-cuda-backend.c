@@ -48,7 +48,8 @@ TH_TEST(cuda_memory_hooks_roundtrip) {
   enum { N = 1 << 20 };
   unsigned char *h = malloc(N), *back = malloc(N);
   TH_REQUIRE(h && back);
-  for (int i = 0; i < N; i++) h[i] = (unsigned char)(i * 131 + 7);
+  for (int i = 0; i < N; i++)
+    h[i] = (unsigned char)(i * 131 + 7);
   unsigned char *a = kn_alloc(be, N), *b = kn_alloc(be, N);
   TH_REQUIRE(a && b);
   TH_CHECK(((uintptr_t)a & 63) == 0);
@@ -81,7 +82,8 @@ TH_TEST(cuda_staging_ring_wraps_and_grows) {
   TH_REQUIRE(be != NULL);
   enum { V = 1000, H = 4, OPS = 3000, BIG = 600000 };
   float table[V * H];
-  for (int i = 0; i < V * H; i++) table[i] = (float)i;
+  for (int i = 0; i < V * H; i++)
+    table[i] = (float)i;
   float *tab_d = kn_alloc(be, sizeof(table));
   float *out_d = kn_alloc(be, (size_t)OPS * 64 * sizeof(float));
   float *big_d = kn_alloc(be, (size_t)BIG * H * sizeof(float));
@@ -92,17 +94,20 @@ TH_TEST(cuda_staging_ring_wraps_and_grows) {
   int32_t small[64];
   for (int op = 0; op < OPS; op++) {
     int n = 1 + op % 64;
-    for (int t = 0; t < n; t++) small[t] = (op * 7 + t) % V;
+    for (int t = 0; t < n; t++)
+      small[t] = (op * 7 + t) % V;
     /* one row per op: row op of out_d holds ids[0]'s embedding */
-    TH_REQUIRE(kn_embed(be, out_d + (size_t)op * 64, 1, tab_d, KN_DTYPE_F32, V, 1, small, n,
-                        1.0f) == 0);
+    TH_REQUIRE(
+        kn_embed(be, out_d + (size_t)op * 64, 1, tab_d, KN_DTYPE_F32, V, 1, small, n, 1.0f) == 0);
     if (op % 1000 == 999) {
-      for (int t = 0; t < BIG; t++) ids[t] = (t * 13 + op) % V;
+      for (int t = 0; t < BIG; t++)
+        ids[t] = (t * 13 + op) % V;
       TH_REQUIRE(kn_embed(be, big_d, H, tab_d, KN_DTYPE_F32, V, H, ids, BIG, 2.0f) == 0);
       TH_REQUIRE(kn_download(be, back, big_d, (size_t)BIG * H * sizeof(float)) == 0);
       int bad = 0;
       for (int t = 0; t < BIG; t++)
-        for (int j = 0; j < H; j++) bad += back[(size_t)t * H + j] != 2.0f * table[ids[t] * H + j];
+        for (int j = 0; j < H; j++)
+          bad += back[(size_t)t * H + j] != 2.0f * table[ids[t] * H + j];
       TH_CHECK_EQ_INT(bad, 0);
     }
   }
@@ -113,7 +118,8 @@ TH_TEST(cuda_staging_ring_wraps_and_grows) {
   for (int op = 0; op < OPS; op++) {
     int n = 1 + op % 64;
     /* ldo = 1 with H = 1: token t lands at element t of the op's row */
-    for (int t = 0; t < n; t++) bad += rows[(size_t)op * 64 + t] != table[((op * 7 + t) % V) * H];
+    for (int t = 0; t < n; t++)
+      bad += rows[(size_t)op * 64 + t] != table[((op * 7 + t) % V) * H];
   }
   TH_CHECK_EQ_INT(bad, 0);
   free(rows);

@@ -35,7 +35,8 @@ TH_TEST(cuda_embed) {
         size_t total = (size_t)T * (size_t)ldo;
         void *table = ct_weights(&e, dt, (size_t)vocab * H, 2.0f);
         int32_t ids[33];
-        for (int t = 0; t < T; t++) ids[t] = ct_rand_int(&e, vocab);
+        for (int t = 0; t < T; t++)
+          ids[t] = ct_rand_int(&e, vocab);
         ids[0] = vocab - 1;
         float *ref = ct_sentinel(total), *got = ct_sentinel(total);
         void *table_d = ct_up(&e, table, (size_t)vocab * H * kn_dtype_size(dt));
@@ -139,8 +140,8 @@ static void matmul_case(struct ct_env *e, enum kn_dtype dt, int T, int N, int K,
 TH_TEST(cuda_matmul) {
   struct ct_env e;
   ct_open(&e, 3);
-  static const int shapes[][3] = {{1, 1, 1},     {1, 64, 256},   {7, 33, 100},  {64, 256, 512},
-                                  {130, 300, 257}, {48, 1024, 1536}, {3, 5, 0},   {1, 2560, 640}};
+  static const int shapes[][3] = {{1, 1, 1},       {1, 64, 256},     {7, 33, 100}, {64, 256, 512},
+                                  {130, 300, 257}, {48, 1024, 1536}, {3, 5, 0},    {1, 2560, 640}};
   for (size_t di = 0; di < 3; di++)
     for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
       for (int acc = 0; acc < 2; acc++) {
@@ -160,7 +161,8 @@ TH_TEST(cuda_matmul_rows) {
     for (size_t ci = 0; ci < CM_ARRAY_LEN(cases); ci++) {
       int T = cases[ci][0], n = cases[ci][1], K = cases[ci][2];
       int32_t rows[64];
-      for (int j = 0; j < n; j++) rows[j] = ct_rand_int(&e, n_w); /* repeats allowed */
+      for (int j = 0; j < n; j++)
+        rows[j] = ct_rand_int(&e, n_w); /* repeats allowed */
       rows[0] = n_w - 1;
       matmul_case(&e, k_wdts[di], T, n, K, 0, K + 2, n + 3, n_w, rows);
     }
@@ -184,7 +186,8 @@ TH_TEST(cuda_rope) {
         ct_fill(&e, x, total, 2.0f);
         for (int i = 0; i < D / 2; i++) /* last quarter zero: partial rotary */
           inv[i] = i >= D * 3 / 8 && D >= 8 ? 0.0f : powf(10000.0f, -2.0f * i / D);
-        for (int t = 0; t < T; t++) pos[t] = ct_rand_int(&e, 200000);
+        for (int t = 0; t < T; t++)
+          pos[t] = ct_rand_int(&e, 200000);
         pos[0] = 0;
         float *x_d = ct_up(&e, x, total * sizeof(float));
         float *inv_d = ct_up(&e, inv, (size_t)(D / 2) * sizeof(float));
@@ -217,7 +220,8 @@ TH_TEST(cuda_gelu_mul) {
         ct_fill(&e, g, total, 5.0f);
         ct_fill(&e, u, total, 2.0f);
         float *ref = alias ? g : ct_sentinel(total), *got = ct_sentinel(total);
-        float *g_d = ct_up(&e, g, total * sizeof(float)), *u_d = ct_up(&e, u, total * sizeof(float));
+        float *g_d = ct_up(&e, g, total * sizeof(float)),
+              *u_d = ct_up(&e, u, total * sizeof(float));
         float *o_d = alias ? g_d : ct_up(&e, got, total * sizeof(float));
         TH_CHECK(kn_gelu_mul(e.gpu, o_d, ld, g_d, ld, u_d, ld, T, N) == 0);
         TH_CHECK(kn_gelu_mul(e.cpu, ref, ld, g, ld, u, ld, T, N) == 0);
@@ -330,11 +334,14 @@ TH_TEST(cuda_argmax) {
           int a = ct_rand_int(&e, V), b = ct_rand_int(&e, V);
           row[a] = row[b] = 50.0f;
         } else if (kind == 2) { /* NaN never wins */
-          for (int i = 0; i < V; i += 3) row[i] = NAN;
+          for (int i = 0; i < V; i += 3)
+            row[i] = NAN;
         } else if (kind == 3) { /* all NaN: index 0 */
-          for (int i = 0; i < V; i++) row[i] = NAN;
+          for (int i = 0; i < V; i++)
+            row[i] = NAN;
         } else if (kind == 4) {
-          for (int i = 0; i < V; i++) row[i] = -INFINITY;
+          for (int i = 0; i < V; i++)
+            row[i] = -INFINITY;
         }
       }
       int32_t ids_c[64], ids_g[64];
@@ -348,7 +355,8 @@ TH_TEST(cuda_argmax) {
                   (int)ids_c[t], max_c[t], (int)ids_g[t], max_g[t]);
       }
       TH_CHECK(kn_argmax(e.gpu, ids_g, NULL, x_d, ld, T, V) == 0); /* max_out may be NULL */
-      for (int t = 0; t < T; t++) TH_CHECK_EQ_INT(ids_g[t], ids_c[t]);
+      for (int t = 0; t < T; t++)
+        TH_CHECK_EQ_INT(ids_g[t], ids_c[t]);
       kn_free(e.gpu, x_d);
       free(x);
     }
@@ -370,7 +378,8 @@ TH_TEST(cuda_router_topk) {
           float *x = malloc(total * sizeof(float)), sc[128];
           TH_REQUIRE(x);
           ct_fill(&e, x, total, 4.0f);
-          for (int i = 0; i < E; i++) sc[i] = 0.5f + (float)i / E;
+          for (int i = 0; i < E; i++)
+            sc[i] = 0.5f + (float)i / E;
           if (T > 1) {
             x[ld + 1] = x[ld + 2] = 9.0f; /* a tie: lower index first */
             x[2 * ld] = NAN;              /* NaN is never taken while a number is left */
@@ -382,7 +391,8 @@ TH_TEST(cuda_router_topk) {
           TH_CHECK(kn_router_topk(e.cpu, ids_c, w_c, x, ld, T, E, k, scaled ? sc : NULL) == 0);
           TH_CHECK(kn_router_topk(e.gpu, ids_g, w_g, x_d, ld, T, E, k, scaled ? sc_d : NULL) == 0);
           int bad = 0;
-          for (int i = 0; i < T * k; i++) bad += ids_c[i] != ids_g[i];
+          for (int i = 0; i < T * k; i++)
+            bad += ids_c[i] != ids_g[i];
           if (bad)
             th_fail(__FILE__, __LINE__, "router_topk T=%d E=%d k=%d: %d ids differ", T, E, k, bad);
           char what[80];
