@@ -354,3 +354,49 @@ TH_TEST(bidirectional_image_range) {
   wk_seq_blocks_release(&blk, kv, &f.pa);
   teardown(&f);
 }
+
+/* A multimodal-style checkpoint (model_type gemma4 with text_config, tensors
+ * under model.language_model.) loads and computes the same logits. */
+TH_TEST(multimodal_prefix_and_nested_config) {
+  char plain[256], mm[256], err[256];
+  struct wk_tiny_spec s;
+  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
+  TH_REQUIRE(wkt_tmpdir(plain, sizeof(plain)) == 0 && wkt_tmpdir(mm, sizeof(mm)) == 0);
+  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, plain, 3, WK_ST_BF16) == 0);
+  for (int i = 0; i < s.n_tensors; i++) {
+    char tmp[160];
+    TH_REQUIRE(!strncmp(s.tensors[i].name, "model.", 6));
+    snprintf(tmp, sizeof(tmp), "model.language_model.%s", s.tensors[i].name + 6);
+    memcpy(s.tensors[i].name, tmp, sizeof(tmp));
+  }
+  size_t n = strlen(s.config_json) + 64;
+  char *nested = malloc(n);
+  snprintf(nested, n, "{\"model_type\": \"gemma4\", \"text_config\": %s}", s.config_json);
+  free(s.config_json);
+  s.config_json = nested;
+  TH_REQUIRE(wk_tiny_write(&s, mm, 3, WK_ST_BF16) == 0);
+  wk_tiny_spec_free(&s);
+  static float out[2][512];
+  for (int k = 0; k < 2; k++) {
+    struct kn_backend *be = NULL;
+    kn_cpu_backend_create(1, &be);
+    struct wk_model *m = NULL;
+    struct wk_model_opts mo = {.max_batch_tokens = 32, .max_seqs = 1, .kv_tokens = 64, .quiet = 1};
+    TH_REQUIRE(wk_model_load(k ? mm : plain, be, &mo, &m, err, sizeof(err)) == 0);
+    TH_CHECK_EQ_STR(wk_model_config(m)->model_type, k ? "gemma4" : "gemma4_text");
+    struct wk_page_alloc pa;
+    wk_page_alloc_init(&pa, wk_model_n_pages(m));
+    int32_t toks[20], gen[1];
+    make_prompt(toks, 20, 512, 8);
+    int ng;
+    struct wk_greedy_opts go = {.max_new = 1, .logits = out[k]};
+    TH_REQUIRE(wk_greedy_generate(m, &pa, toks, 20, &go, gen, &ng, err, sizeof(err)) == 0);
+    wk_page_alloc_free(&pa);
+    wk_model_free(m);
+    kn_backend_destroy(be);
+  }
+  TH_CHECK(memcmp(out[0], out[1], sizeof(out[0])) == 0);
+  wkt_rmdir(plain);
+  wkt_rmdir(mm);
+}
