@@ -26,12 +26,15 @@ struct stream_job {
   struct fe_api_request req;
   int sent;
   int aborted;
-  int hang; /* never finish on its own: wait for the client to go away */
+  int hang;    /* never finish on its own: wait for the client to go away */
+  int n_words; /* deltas before the final chunk */
 };
 
 struct fixture {
   uv_loop_t loop;
   uv_async_t stop;
+  uv_async_t drain;
+  int drained; /* fe_server_drain was called */
   struct fe_server *srv;
   int port;
   int aborts;   /* abort callbacks seen */
@@ -72,8 +75,9 @@ static void on_tick(uv_timer_t *t) {
     return;
   }
   static const char *const words[] = {"Hel", "lo", " wor", "ld"};
-  if (j->sent < 4) {
-    struct fe_api_choice c = {0, words[j->sent], strlen(words[j->sent]), NULL, NULL, 0, 0};
+  if (j->sent < j->n_words) {
+    const char *w = j->n_words == 4 ? words[j->sent] : "w";
+    struct fe_api_choice c = {0, w, strlen(w), NULL, NULL, 0, 0};
     TH_CHECK(fe_sse_send(&j->sse, &c) == 0);
     j->sent++;
     return;
@@ -98,6 +102,7 @@ static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *r
     return;
   }
   j->hang = req->path_len == 5 && !memcmp(req->path, "/hang", 5);
+  j->n_words = req->path_len == 5 && !memcmp(req->path, "/slow", 5) ? 200 : 4;
   fe_conn_set_abort_cb(c, on_abort, j);
   fe_sse_begin(&j->sse, c, &j->req, kind == FE_API_CHAT ? "chatcmpl-" : "cmpl-", 1700000000);
   uv_timer_init(&fx.loop, &j->timer);
@@ -105,7 +110,14 @@ static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *r
   uv_timer_start(&j->timer, on_tick, 2, 2);
 }
 
+static void on_drain(uv_async_t *a) {
+  fe_server_drain(fx.srv);
+  __atomic_store_n(&fx.drained, 1, __ATOMIC_SEQ_CST);
+  uv_close((uv_handle_t *)a, NULL);
+}
+
 static void on_stop(uv_async_t *a) {
+  if (!uv_is_closing((uv_handle_t *)&fx.drain)) uv_close((uv_handle_t *)&fx.drain, NULL);
   fe_server_destroy(fx.srv);
   uv_close((uv_handle_t *)a, NULL);
 }
@@ -247,12 +259,35 @@ static void *client(void *arg) {
     if (__atomic_load_n(&fx.aborts, __ATOMIC_SEQ_CST) != 1)
       fail = "no abort callback after disconnect";
   }
+  /* 5: draining: a stream in progress runs to its end (then its
+   * connection closes); a new request gets 503 with Connection: close */
+  if (!fail) {
+    fd = dial();
+    send_req(fd, "/slow", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
+    b = read_until(fd, "data: ");
+    free(b);
+    uv_async_send(&fx.drain);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&fx.drained, __ATOMIC_SEQ_CST); i++)
+      usleep(1000);
+    int fd2 = dial();
+    send_req(fd2, "/cmpl", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
+    b = read_until(fd2, NULL);
+    if (!strstr(b, "HTTP/1.1 503") || !strstr(b, "Connection: close"))
+      fail = "drain: a new request was not answered 503";
+    free(b);
+    close(fd2);
+    b = read_until(fd, NULL); /* EOF: the server closes after the stream */
+    if (!fail && (!strstr(b, "data: [DONE]") || !strstr(b, "\r\n0\r\n\r\n")))
+      fail = "drain: the stream in progress did not finish";
+    free(b);
+    close(fd);
+  }
   if (fail) snprintf(client_result, sizeof(client_result), "%s", fail);
   uv_async_send(&fx.stop);
   return NULL;
 }
 
-TH_TEST(server_sse_streams_and_abort) {
+TH_TEST(server_sse_streams_abort_and_drain) {
   memset(&fx, 0, sizeof(fx));
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_server_limits lim;
@@ -260,12 +295,13 @@ TH_TEST(server_sse_streams_and_abort) {
   TH_REQUIRE(fe_server_create(&fx.loop, "127.0.0.1", 0, &lim, handler, NULL, &fx.srv) == 0);
   fx.port = fe_server_port(fx.srv);
   uv_async_init(&fx.loop, &fx.stop, on_stop);
+  uv_async_init(&fx.loop, &fx.drain, on_drain);
   pthread_t th;
   TH_REQUIRE(pthread_create(&th, NULL, client, NULL) == 0);
   uv_run(&fx.loop, UV_RUN_DEFAULT);
   pthread_join(th, NULL);
   if (client_result[0]) th_fail(__FILE__, __LINE__, "%s", client_result);
   TH_CHECK_EQ_INT(fx.aborts, 1);
-  TH_CHECK_EQ_INT(fx.finished, 4);
+  TH_CHECK_EQ_INT(fx.finished, 5);
   TH_CHECK_EQ_INT(uv_loop_close(&fx.loop), 0);
 }
