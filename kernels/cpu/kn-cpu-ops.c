@@ -17,8 +17,9 @@
 #define PAR_MIN_WORK (1 << 15)
 /* Bytes of widened f32 weights per tile chunk (fits L2 with the inputs). */
 #define TILE_CHUNK_BYTES (128 * 1024)
-/* Input rows per tile block. */
-#define TILE_T_BLOCK 64
+/* Bytes of input rows per tile block: the block stays in L1 while the
+ * chunk's weight rows stream past it from L2. */
+#define TILE_X_BYTES (8 * 1024)
 
 /* Units per claim: all of them (run on the caller) when the whole op is
  * smaller than PAR_MIN_WORK, else `grain`. */
@@ -59,8 +60,10 @@ static void mm_run(void *arg, long long u0, long long u1, int ith) {
       dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
       wf = buf;
     }
-    for (int t0 = 0; t0 < m->T; t0 += TILE_T_BLOCK) {
-      int tb = m->T - t0 < TILE_T_BLOCK ? m->T - t0 : TILE_T_BLOCK;
+    int tblk = TILE_X_BYTES / (4 * m->K);
+    tblk = tblk < 4 ? 4 : tblk & ~3;
+    for (int t0 = 0; t0 < m->T; t0 += tblk) {
+      int tb = m->T - t0 < tblk ? m->T - t0 : tblk;
       dsp->tile_f32(m->out + (ptrdiff_t)t0 * m->ldo + n0, m->ldo, m->in + (ptrdiff_t)t0 * m->ldi,
                     m->ldi, wf, m->K, tb, n, m->acc);
     }
