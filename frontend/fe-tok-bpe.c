@@ -5,8 +5,9 @@
  * are the word's characters (or their <0xXX> byte tokens with byte_fallback,
  * or unk), kept in a doubly linked list; a binary min-heap holds candidate
  * merges ordered by (rank, position); a popped candidate is applied only if
- * its left symbol is still alive, still has a right neighbour and that pair
- * still merges into the same token. Cost O(n log n) per word, no allocation
+ * its two symbols still hold the ids it was made from (Hugging Face checks
+ * the merged id instead: the same test, since a symbol's id only changes by
+ * growing into a longer string). Cost O(n log n) per word, no allocation
  * once the state's scratch has grown to the longest word seen. */
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,15 @@ static size_t utf8_len(unsigned char c) {
   return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
 
+/* The id of one character: a table for the BMP, the hash beyond it. */
+static int32_t cl_lookup(const struct fe_tok *tok, const char *s, size_t cl) {
+  const unsigned char *u = (const unsigned char *)s;
+  if (cl == 1) return tok->bmp_id[u[0]];
+  if (cl == 2) return tok->bmp_id[(u[0] & 0x1Fu) << 6 | (u[1] & 0x3Fu)];
+  if (cl == 3) return tok->bmp_id[(u[0] & 0x0Fu) << 12 | (u[1] & 0x3Fu) << 6 | (u[2] & 0x3Fu)];
+  return fe_tok_vocab_get(tok, s, cl);
+}
+
 static int have_bytes(const struct fe_tok *tok, const char *s, size_t n) {
   for (size_t k = 0; k < n; k++)
     if (tok->byte_id[(unsigned char)s[k]] < 0) return 0;
@@ -130,7 +140,7 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
   for (size_t i = 0; i < len;) {
     size_t cl = utf8_len((unsigned char)w[i]);
     if (cl > len - i) cl = len - i;
-    int32_t id = fe_tok_vocab_get(tok, w + i, cl);
+    int32_t id = cl_lookup(tok, w + i, cl);
     if (id >= 0) {
       sy[n++] = (struct fe_tok_sym){.id = id, .len = (int32_t)cl};
       last_unk = 0;
@@ -155,15 +165,16 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
   size_t hn = 0;
   for (int32_t i = 0; i + 1 < n; i++) {
     const struct fe_tok_merge *m = fe_tok_merge_get(tok, sy[i].id, sy[i + 1].id);
-    if (m) heap_push(st->heap, &hn, (struct fe_tok_heap_ent){m->rank, i, m->result});
+    if (m)
+      heap_push(st->heap, &hn,
+                (struct fe_tok_heap_ent){m->rank, i, sy[i].id, sy[i + 1].id, m->result});
   }
   while (hn) {
     struct fe_tok_heap_ent top = heap_pop(st->heap, &hn);
     struct fe_tok_sym *a = &sy[top.pos];
-    if (a->len == 0 || a->next < 0) continue;
+    if (a->len == 0 || a->next < 0 || a->id != top.left) continue;
     struct fe_tok_sym *b = &sy[a->next];
-    const struct fe_tok_merge *m = fe_tok_merge_get(tok, a->id, b->id);
-    if (!m || m->result != top.result) continue;
+    if (b->id != top.right) continue;
     a->id = top.result;
     a->len += b->len;
     b->len = 0;
@@ -171,11 +182,15 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
     if (b->next >= 0) sy[b->next].prev = top.pos;
     if (a->prev >= 0) {
       const struct fe_tok_merge *pm = fe_tok_merge_get(tok, sy[a->prev].id, a->id);
-      if (pm) heap_push(st->heap, &hn, (struct fe_tok_heap_ent){pm->rank, a->prev, pm->result});
+      if (pm)
+        heap_push(st->heap, &hn, (struct fe_tok_heap_ent){pm->rank, a->prev, sy[a->prev].id,
+                                                          a->id, pm->result});
     }
     if (a->next >= 0) {
       const struct fe_tok_merge *nm = fe_tok_merge_get(tok, a->id, sy[a->next].id);
-      if (nm) heap_push(st->heap, &hn, (struct fe_tok_heap_ent){nm->rank, top.pos, nm->result});
+      if (nm)
+        heap_push(st->heap, &hn, (struct fe_tok_heap_ent){nm->rank, top.pos, a->id,
+                                                          sy[a->next].id, nm->result});
     }
   }
   for (int32_t i = 0; i < n; i = sy[i].next) {
@@ -215,8 +230,40 @@ static void cache_put(struct fe_tok_state *st, uint64_t h, const char *w, size_t
   st->cache_used++;
 }
 
+static int bpe_cached(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+                      size_t *n_ids, size_t *cap);
+
+/* 1 when a pre-token may be cut at byte p (the start of a run of the
+ * marker after another character, spanned by no cross token). */
+static int can_cut(const struct fe_tok *tok, const char *w, size_t len, size_t p) {
+  const size_t ml = tok->marker_len;
+  if (p < ml || p + ml > len || memcmp(w + p, tok->marker, ml) || !memcmp(w + p - ml, tok->marker, ml))
+    return 0;
+  for (int c = 0; c < tok->n_cross; c++) {
+    size_t k = tok->cross_off[c], tl = tok->tok_len[tok->cross_id[c]];
+    if (p >= k && p - k + tl <= len && !memcmp(w + p - k, tok->blob + tok->tok_off[tok->cross_id[c]], tl))
+      return 0;
+  }
+  return 1;
+}
+
 int fe_tok_bpe_word(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
                     size_t *n_ids, size_t *cap) {
+  const struct fe_tok *tok = st->tok;
+  if (!tok->marker || len <= FE_TOK_CACHE_MAX_WORD / 4) return bpe_cached(st, w, len, ids, n_ids, cap);
+  size_t start = 0;
+  const char m0 = tok->marker[0];
+  for (size_t p = 1; p < len; p++) {
+    if (w[p] != m0 || !can_cut(tok, w, len, p)) continue;
+    int rc = bpe_cached(st, w + start, p - start, ids, n_ids, cap);
+    if (rc) return rc;
+    start = p;
+  }
+  return bpe_cached(st, w + start, len - start, ids, n_ids, cap);
+}
+
+static int bpe_cached(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+                      size_t *n_ids, size_t *cap) {
   const struct fe_tok *tok = st->tok;
   if (len == 0) return 0;
   if (tok->ignore_merges) {

@@ -68,6 +68,19 @@ struct fe_tok {
 
   int32_t byte_id[256];          /* id of "<0xXX>", -1 when absent */
   int16_t *byte_of;              /* (n_ids) byte value of a byte token, else -1 */
+  int32_t *bmp_id;               /* (0x10000) model id of each one-character token in the
+                                  * Basic Multilingual Plane, -1 when not in the vocab */
+
+  /* Word splitting inside a pre-token, for the word cache: with a
+   * normalizer Replace(" " -> M), a pre-token may be cut before each run of
+   * M that follows another character, unless a vocab token spans that
+   * point ("cross" tokens like ">▁</"); no merge can cross a cut, so the
+   * result equals BPE over the whole pre-token. */
+  const char *marker;            /* M (the normalizer's replacement), NULL: no cuts */
+  size_t marker_len;             /* bytes */
+  int32_t cross_id[64];          /* tokens holding M right after another character */
+  uint32_t cross_off[64];        /* byte offset of that M in the token */
+  int n_cross;
 
   /* model */
   int32_t unk;                   /* -1 none */
@@ -107,8 +120,11 @@ struct fe_tok_sym {
   int32_t len;         /* bytes covered; 0 once merged away */
 };
 
+/* A candidate merge of the symbol at `pos` with its right neighbour; it is
+ * stale once either symbol's id changed (ids only ever grow into longer
+ * strings, so equal ids mean the same pair). */
 struct fe_tok_heap_ent {
-  int32_t rank, pos, result;
+  int32_t rank, pos, left, right, result;
 };
 
 struct fe_tok_state {

@@ -193,9 +193,13 @@ static int ld_merges(struct ld *l, const char *text, size_t len) {
   char *cat = NULL, *first = NULL;
   size_t catcap = 0, firstcap = 0;
   int rc;
-  /* count roughly first to size the table: one entry per ',' at most + 1 */
+  /* size the table from the commas: one per entry ("a b" strings) or two
+   * ([a, b] pairs) */
   size_t est = 1;
   for (size_t i = 0; i < len; i++) est += text[i] == ',';
+  const char *first_el = text + 1;
+  while (first_el < text + len && (*first_el == ' ' || *first_el == '\n')) first_el++;
+  if (first_el < text + len && *first_el == '[') est = est / 2 + 1;
   uint64_t hsize = 1024;
   while (hsize < est * 2) hsize *= 2;
   tok->mhash = malloc(hsize * sizeof *tok->mhash);
@@ -536,11 +540,25 @@ static int ld_added(struct ld *l, json_t *arr) {
   return 0;
 }
 
-static void ld_bytes(struct fe_tok *tok) {
+static int ld_bytes(struct fe_tok *tok) {
   static const char hex[] = "0123456789ABCDEF";
+  tok->bmp_id = malloc(0x10000 * sizeof *tok->bmp_id);
+  if (!tok->bmp_id) return CM_ERR_NOMEM;
+  memset(tok->bmp_id, 0xff, 0x10000 * sizeof *tok->bmp_id);
   for (int b = 0; b < 256; b++) {
     char s[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
     tok->byte_id[b] = fe_tok_vocab_get(tok, s, 6);
+  }
+  /* one-character tokens of the BMP, for the BPE's first step */
+  for (int32_t id = 0; id < tok->n_ids; id++) {
+    const unsigned char *u = (const unsigned char *)tok->blob + tok->tok_off[id];
+    uint32_t n = tok->tok_len[id], cp;
+    if (n == 1 && u[0] < 0x80) cp = u[0];
+    else if (n == 2 && (u[0] & 0xE0) == 0xC0) cp = (u[0] & 0x1Fu) << 6 | (u[1] & 0x3Fu);
+    else if (n == 3 && (u[0] & 0xF0) == 0xE0)
+      cp = (u[0] & 0x0Fu) << 12 | (u[1] & 0x3Fu) << 6 | (u[2] & 0x3Fu);
+    else continue;
+    if (fe_tok_vocab_get(tok, (const char *)u, n) == id) tok->bmp_id[cp] = id;
   }
   /* the decoder's rule: any token spelled <0xHH> (either case) is a byte */
   for (int32_t id = 0; id < tok->n_ids; id++) {
@@ -560,6 +578,28 @@ static void ld_bytes(struct fe_tok *tok) {
       tok->tok_flags[id] |= FE_TOKF_BYTE;
     }
   }
+  return 0;
+}
+
+/* Finds where pre-tokens may be cut for the word cache (see fe-tok-impl.h). */
+static void ld_cross(struct fe_tok *tok) {
+  tok->marker = NULL;
+  if (tok->n_norm != 1 || tok->ignore_merges || tok->norm[0].to_len == 0) return;
+  const char *m = tok->norm[0].to;
+  size_t ml = tok->norm[0].to_len;
+  for (int32_t id = 0; id < tok->n_ids; id++) {
+    const char *s = tok->blob + tok->tok_off[id];
+    size_t n = tok->tok_len[id];
+    for (size_t k = 1; k + ml <= n; k++) {
+      if (memcmp(s + k, m, ml)) continue;
+      if (k >= ml && !memcmp(s + k - ml, m, ml)) continue; /* inside a run of M */
+      if (tok->n_cross == (int)(sizeof tok->cross_id / sizeof tok->cross_id[0])) return;
+      tok->cross_id[tok->n_cross] = id;
+      tok->cross_off[tok->n_cross++] = (uint32_t)k;
+    }
+  }
+  tok->marker = m;
+  tok->marker_len = ml;
 }
 
 /* ---- the file ------------------------------------------------------------- */
@@ -706,6 +746,7 @@ void fe_tok_free(struct fe_tok *tok) {
   free(tok->tok_len);
   free(tok->tok_flags);
   free(tok->byte_of);
+  free(tok->bmp_id);
   free(tok->vhash);
   free(tok->mhash);
   free(tok->trie);
@@ -773,7 +814,8 @@ int fe_tok_load(const char *path, struct fe_tok **out, char *errbuf, size_t errl
       rc = ld_err(&l, CM_ERR_PARSE, "id %d has no token (ids must be dense)", id);
       goto fail;
     }
-  ld_bytes(tok);
+  if ((rc = ld_bytes(tok))) goto fail;
+  ld_cross(tok);
   tok->bos = fe_tok_find(tok, "<bos>", 5);
   if (tok->bos < 0) tok->bos = fe_tok_find(tok, "<s>", 3);
   if (tok->bos < 0 && tok->n_post_pre == 1) tok->bos = tok->post_pre[0];
