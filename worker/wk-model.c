@@ -4,6 +4,7 @@
 #include "worker/wk-model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,6 +372,15 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
   }
   int kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : 8192;
   for (int g = 0; g < m->kv.n_groups; g++) m->n_pages += wk_kv_blocks_for(&m->kv, g, kv_tokens);
+  if (o.kv_bytes > 0 && m->kv.n_groups) {
+    uint64_t pages = o.kv_bytes / m->kv.page_bytes;
+    if (pages < 1 || pages > INT32_MAX / 4096) {
+      rc = ld_fail(err, errlen, CM_ERR_RANGE, "KV pool of %llu bytes: pages of %zu bytes give %llu pages",
+                   (unsigned long long)o.kv_bytes, m->kv.page_bytes, (unsigned long long)pages);
+      goto fail;
+    }
+    m->n_pages = (int)pages;
+  }
   if (m->n_pages) {
     m->pool = wk_model_alloc(m, (size_t)m->n_pages * m->kv.page_bytes);
     if (!m->pool) {

@@ -33,7 +33,9 @@ struct wk_model;
 struct wk_model_opts {
   int max_batch_tokens; /* tokens per forward call; 0 = 512 */
   int max_seqs;         /* sequences per forward call; 0 = 64 */
-  int kv_tokens;        /* pool capacity in tokens of the largest group; 0 = 8192 */
+  int kv_tokens;        /* pool capacity: pages for this many tokens in every group; 0 = 8192 */
+  uint64_t kv_bytes;    /* pool size in bytes (rounded down to whole pages); overrides
+                           kv_tokens when > 0 */
   int block_tokens;     /* positions per page of the largest group; 0 = 16 */
   int kv_dtype;         /* -1 / 0 default: f32 for f32 weights, bf16 otherwise;
                            else 1 + enum kn_dtype (1 = f32, 3 = bf16) */

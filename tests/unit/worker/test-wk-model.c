@@ -400,3 +400,27 @@ TH_TEST(multimodal_prefix_and_nested_config) {
   wkt_rmdir(plain);
   wkt_rmdir(mm);
 }
+
+TH_TEST(kv_pool_sized_in_bytes) {
+  char dir[256], err[256];
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 0, WK_ST_BF16, 1) == 0);
+  struct kn_backend *be = NULL;
+  kn_cpu_backend_create(1, &be);
+  struct wk_model *m = NULL;
+  struct wk_model_opts mo = {.kv_tokens = 100, .quiet = 1};
+  TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  int want = 0;
+  for (int g = 0; g < kv->n_groups; g++) want += wk_kv_blocks_for(kv, g, 100);
+  TH_CHECK_EQ_INT(wk_model_n_pages(m), want);
+  size_t page = kv->page_bytes;
+  wk_model_free(m);
+  mo.kv_bytes = 10 * page + page / 2;
+  TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(wk_model_n_pages(m), 10);
+  wk_model_free(m);
+  mo.kv_bytes = page / 2;
+  TH_CHECK_EQ_INT(wk_model_load(dir, be, &mo, &m, err, sizeof(err)), CM_ERR_RANGE);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
