@@ -24,12 +24,12 @@ struct kn_backend_ops {
   int (*memset)(void *ctx, void *dst, int c, size_t bytes);
   int (*sync)(void *ctx);
 
-  int (*embed)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
-               int H, const int32_t *ids, int T, float scale);
+  int (*embed)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt, int H,
+               const int32_t *ids, int T, float scale);
   int (*rmsnorm)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int rows,
                  int d, const void *w, enum kn_dtype wdt, float eps, enum kn_norm_mode mode);
-  int (*matmul)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
+  int (*matmul)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *w,
+                enum kn_dtype wdt, int T, int N, int K, int accumulate);
   int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                      const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
                      int T);
@@ -41,12 +41,12 @@ struct kn_backend_ops {
   int (*mul)(void *ctx, float *out, const float *a, const float *b, size_t n);
   int (*scale)(void *ctx, float *out, const float *a, float s, size_t n);
   int (*softcap)(void *ctx, float *out, const float *a, float cap, size_t n);
-  int (*copy_rows)(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
-                   int rows, int cols);
-  int (*argmax)(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
-                int T, int V);
-  int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits,
-                     ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+  int (*copy_rows)(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds, int rows,
+                   int cols);
+  int (*argmax)(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld, int T,
+                int V);
+  int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits, ptrdiff_t ld,
+                     int T, int E, int k, const float *expert_scale);
   int (*kv_write)(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
                   const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
   int (*attention)(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,

@@ -11,7 +11,7 @@
 #include "kernels/kn-backend-impl.h"
 
 /* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
-#define KN_CALL(name, ...) \
+#define KN_CALL(name, ...)                                                                         \
   (be->ops->name ? be->ops->name(be->ctx, __VA_ARGS__) : CM_ERR_UNSUPPORTED)
 
 struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) {
@@ -28,7 +28,9 @@ void kn_backend_destroy(struct kn_backend *be) {
   free(be);
 }
 
-const char *kn_backend_name(const struct kn_backend *be) { return be ? be->ops->name : "none"; }
+const char *kn_backend_name(const struct kn_backend *be) {
+  return be ? be->ops->name : "none";
+}
 
 /* ---- memory ------------------------------------------------------------- */
 
@@ -81,8 +83,8 @@ static int valid_ld(ptrdiff_t ld, int rows, int cols) {
 
 /* ---- dense ops ---------------------------------------------------------- */
 
-int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
-             enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale) {
+int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+             int vocab, int H, const int32_t *ids, int T, float scale) {
   if (!be || T < 0 || H < 0 || vocab < 0) return CM_ERR_INVAL;
   if (T == 0 || H == 0) return 0;
   if (!out || !table || !ids || !valid_ld(ldo, T, H)) return CM_ERR_INVAL;
@@ -122,9 +124,9 @@ int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
   return KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
 }
 
-int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
-                   ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int n_w, int K,
-                   const int32_t *rows, int n_rows, int T) {
+int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                   const void *w, enum kn_dtype wdt, int n_w, int K, const int32_t *rows,
+                   int n_rows, int T) {
   if (!be || T < 0 || n_rows < 0 || K < 0 || n_w < 0) return CM_ERR_INVAL;
   if (T == 0 || n_rows == 0) return 0;
   if (!out || !rows || !valid_ld(ldo, T, n_rows)) return CM_ERR_INVAL;
@@ -145,8 +147,8 @@ int kn_rope(struct kn_backend *be, float *x, ptrdiff_t ldx, int T, int heads, in
   return KN_CALL(rope, x, ldx, T, heads, D, pos, inv_freq);
 }
 
-int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *gate,
-                ptrdiff_t ldg, const float *up, ptrdiff_t ldu, int T, int N) {
+int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
+                const float *up, ptrdiff_t ldu, int T, int N) {
   if (!be || T < 0 || N < 0) return CM_ERR_INVAL;
   if (T == 0 || N == 0) return 0;
   if (!out || !gate || !up) return CM_ERR_INVAL;
@@ -174,12 +176,11 @@ int kn_softcap(struct kn_backend *be, float *out, const float *a, float cap, siz
   return n ? KN_CALL(softcap, out, a, cap, n) : 0;
 }
 
-int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src,
-                 ptrdiff_t lds, int rows, int cols) {
+int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                 int rows, int cols) {
   if (!be || rows < 0 || cols < 0) return CM_ERR_INVAL;
   if (rows == 0 || cols == 0) return 0;
-  if (!dst || !src || !valid_ld(ldd, rows, cols) || !valid_ld(lds, rows, cols))
-    return CM_ERR_INVAL;
+  if (!dst || !src || !valid_ld(ldd, rows, cols) || !valid_ld(lds, rows, cols)) return CM_ERR_INVAL;
   return KN_CALL(copy_rows, dst, ldd, src, lds, rows, cols);
 }
 
@@ -236,8 +237,7 @@ int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int3
 
 /* Checks one sequence of an attention call: its rows, and that every block
  * some query of it can see holds a page of the pool. */
-static int check_attn_seq(const struct kn_attn_seq *s, const struct kn_kv_view *view,
-                          int window) {
+static int check_attn_seq(const struct kn_attn_seq *s, const struct kn_kv_view *view, int window) {
   if (s->q_begin < 0 || s->n_q < 0 || s->pos0 < 0) return CM_ERR_INVAL;
   if (s->n_q == 0) return 0;
   if ((long long)s->pos0 + s->n_q > INT32_MAX) return CM_ERR_RANGE;
@@ -269,9 +269,9 @@ static int check_attn_seq(const struct kn_attn_seq *s, const struct kn_kv_view *
   return 0;
 }
 
-int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q,
-                 ptrdiff_t ldq, const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
-                 int n_seqs, int n_heads, int window, float scale, float softcap) {
+int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                 const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
+                 int n_heads, int window, float scale, float softcap) {
   if (!be || n_seqs < 0 || n_heads <= 0 || window < 0) return CM_ERR_INVAL;
   int err = valid_view(view);
   if (err) return err;
@@ -289,6 +289,5 @@ int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *
   }
   if (rows == 0) return 0;
   if (!valid_ld(ldo, rows, row) || !valid_ld(ldq, rows, row)) return CM_ERR_INVAL;
-  return KN_CALL(attention, out, ldo, q, ldq, view, seqs, n_seqs, n_heads, window, scale,
-                            softcap);
+  return KN_CALL(attention, out, ldo, q, ldq, view, seqs, n_seqs, n_heads, window, scale, softcap);
 }

@@ -62,13 +62,13 @@ int kn_sync(struct kn_backend *be);
 /* out[T, H] (row stride ldo) = table[ids[t], :] * scale.
  * table: [vocab, H] of dtype tdt (backend memory); ids: [T] host.
  * An id outside [0, vocab) gives CM_ERR_RANGE (nothing written). */
-int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
-             enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale);
+int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+             int vocab, int H, const int32_t *ids, int T, float scale);
 
 enum kn_norm_mode {
-  KN_NORM_MUL_W = 0,         /* Gemma 4: x * rsqrt(mean(x^2) + eps) * w */
+  KN_NORM_MUL_W = 0,          /* Gemma 4: x * rsqrt(mean(x^2) + eps) * w */
   KN_NORM_MUL_ONE_PLUS_W = 1, /* Gemma 3: x * rsqrt(mean(x^2) + eps) * (1 + w) */
-  KN_NORM_NO_W = 2,          /* weightless: x * rsqrt(mean(x^2) + eps) */
+  KN_NORM_NO_W = 2,           /* weightless: x * rsqrt(mean(x^2) + eps) */
 };
 
 /* RMSNorm of `rows` rows of d elements, in f32:
@@ -89,9 +89,9 @@ int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
 /* Like kn_matmul over a subset of W's rows: out[T, n] = in[T, K] · W[rows[j], :]^T
  * for j < n_rows. rows: [n_rows] host; W has n_w rows; a row id outside
  * [0, n_w) gives CM_ERR_RANGE. Same per-element arithmetic as kn_matmul. */
-int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
-                   ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int n_w, int K,
-                   const int32_t *rows, int n_rows, int T);
+int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                   const void *w, enum kn_dtype wdt, int n_w, int K, const int32_t *rows,
+                   int n_rows, int T);
 
 /* RoPE, rotate-half form, in place on x[T, heads, D] (token stride ldx floats,
  * heads contiguous with stride D). For pair i < D/2 of each head:
@@ -106,8 +106,8 @@ int kn_rope(struct kn_backend *be, float *x, ptrdiff_t ldx, int T, int heads, in
 /* out[T, N] = gelu_tanh(gate[T, N]) * up[T, N], each with its own row stride.
  * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
  * out may alias gate or up (same stride). */
-int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *gate,
-                ptrdiff_t ldg, const float *up, ptrdiff_t ldu, int T, int N);
+int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
+                const float *up, ptrdiff_t ldu, int T, int N);
 
 /* Elementwise over n contiguous floats; out may alias any input. */
 int kn_add(struct kn_backend *be, float *out, const float *a, const float *b, size_t n);
@@ -118,8 +118,8 @@ int kn_softcap(struct kn_backend *be, float *out, const float *a, float cap, siz
 
 /* 2-D f32 copy: dst[rows, cols] (stride ldd) = src[rows, cols] (stride lds)
  * (concatenations, slices of fused projections). Must not overlap. */
-int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src,
-                 ptrdiff_t lds, int rows, int cols);
+int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                 int rows, int cols);
 
 /* ---- reductions whose results go to the host ------------------------------ */
 
@@ -175,8 +175,8 @@ struct kn_attn_seq {
                                  pos / block_tokens holds position pos. Entries
                                  no query can see (out of window) may be -1. */
   int n_blocks;
-  const int32_t *bidir;       /* [n_bidir, 2] ranges [begin, end) of absolute
-                                 positions attended bidirectionally, or NULL */
+  const int32_t *bidir; /* [n_bidir, 2] ranges [begin, end) of absolute
+                           positions attended bidirectionally, or NULL */
   int n_bidir;
 };
 
@@ -190,8 +190,8 @@ struct kn_attn_seq {
  * softcap > 0 applies tanh(s / softcap) * softcap to the scaled scores.
  * A needed block-table entry that is missing or outside the pool gives
  * CM_ERR_RANGE. Rows of out not covered by any sequence are left untouched. */
-int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q,
-                 ptrdiff_t ldq, const struct kn_kv_view *view, const struct kn_attn_seq *seqs,
-                 int n_seqs, int n_heads, int window, float scale, float softcap);
+int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                 const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
+                 int n_heads, int window, float scale, float softcap);
 
 #endif

@@ -50,7 +50,9 @@ static inline float kn_f32_from_bits(uint32_t u) {
 
 /* ---- bf16 -------------------------------------------------------------- */
 
-static inline float kn_bf16_to_f32(uint16_t h) { return kn_f32_from_bits((uint32_t)h << 16); }
+static inline float kn_bf16_to_f32(uint16_t h) {
+  return kn_f32_from_bits((uint32_t)h << 16);
+}
 
 static inline uint16_t kn_f32_to_bf16(float f) {
   uint32_t u = kn_f32_bits(f);

@@ -32,7 +32,8 @@ KN_AVX2 static inline float dot_qk(const float *q, const void *k, int D, int bf1
     a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 16), kv_ld(k, d + 16, bf16), a2);
     a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 24), kv_ld(k, d + 24, bf16), a3);
   }
-  for (; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_ld(k, d, bf16), a0);
+  for (; d < D; d += 8)
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_ld(k, d, bf16), a0);
   return kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
@@ -53,7 +54,8 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
     q[g] = job->q + (ptrdiff_t)row * job->ldq + (ptrdiff_t)(kvh * group + g0 + g) * D;
     m[g] = -INFINITY;
     l[g] = 0.0f;
-    for (int d = 0; d < D; d += 8) _mm256_store_ps(&acc[g][d], _mm256_setzero_ps());
+    for (int d = 0; d < D; d += 8)
+      _mm256_store_ps(&acc[g][d], _mm256_setzero_ps());
   }
 
   for (int b = lo - lo % KN_ATTN_BLOCK; b <= hi; b += KN_ATTN_BLOCK) {
@@ -61,7 +63,8 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
     for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
       int j = b + jj;
       if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) {
-        for (int g = 0; g < ng; g++) s[g][jj] = -INFINITY;
+        for (int g = 0; g < ng; g++)
+          s[g][jj] = -INFINITY;
         continue;
       }
       any = 1;
@@ -130,7 +133,9 @@ void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_se
   const int bf16 = view->dtype == KN_DTYPE_BF16;
   for (int g0 = 0; g0 < group; g0 += KN_ATTN_MAX_GROUP) {
     int ng = group - g0 < KN_ATTN_MAX_GROUP ? group - g0 : KN_ATTN_MAX_GROUP;
-    if (bf16) attn_group(job, seq, i, kvh, g0, ng, 1);
-    else attn_group(job, seq, i, kvh, g0, ng, 0);
+    if (bf16)
+      attn_group(job, seq, i, kvh, g0, ng, 1);
+    else
+      attn_group(job, seq, i, kvh, g0, ng, 0);
   }
 }

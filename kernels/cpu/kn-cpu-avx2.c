@@ -14,7 +14,9 @@
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
-static inline void put(float *o, float s, int acc) { *o = acc ? *o + s : s; }
+static inline void put(float *o, float s, int acc) {
+  *o = acc ? *o + s : s;
+}
 
 /* ---- matvec: T small, weights in their own dtype ------------------------ */
 
@@ -25,110 +27,113 @@ static inline void put(float *o, float s, int acc) { *o = acc ? *o + s : s; }
 #define MATVEC_PF_BYTES 8192
 
 KN_AVX2 static inline void PREFETCH(const char *p, size_t bytes) {
-  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+  for (size_t b = 0; b < bytes; b += 64)
+    _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
 /* Defines matvec_<SUF>: 4 weight rows at a time, each read from memory once
  * per call (later tokens hit L1), then the leftover rows one by one. */
-#define DEF_MATVEC(SUF, TYPE, LOAD, LOAD_TAIL)                                                   \
-  KN_AVX2 static void matvec_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,   \
-                                   const void *wv, int K, int T, int n, int acc) {              \
-    const TYPE *w = wv;                                                                          \
-    const int K8 = K & ~7, r = K - K8;                                                           \
-    const __m256i mask = kn_avx2_mask(r);                                                        \
-    int j = 0;                                                                                   \
-    for (; j + 4 <= n; j += 4) {                                                                 \
-      const TYPE *w0 = w + (size_t)j * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;             \
-      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                                \
-      if (r) {                                                                                   \
-        t0 = LOAD_TAIL(w0 + K8, r);                                                              \
-        t1 = LOAD_TAIL(w1 + K8, r);                                                              \
-        t2 = LOAD_TAIL(w2 + K8, r);                                                              \
-        t3 = LOAD_TAIL(w3 + K8, r);                                                              \
-      }                                                                                          \
-      int t = 0;                                                                                 \
-      for (; t + 2 <= T; t += 2) { /* two tokens share each widened weight vector */             \
-        const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;                                  \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                               \
-        for (int k = 0; k < K8; k += 8) {                                                        \
-          __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k), wr;                   \
-          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));             \
-          wr = LOAD(w0 + k);                                                                     \
-          a0 = _mm256_fmadd_ps(wr, xv, a0);                                                      \
-          b0 = _mm256_fmadd_ps(wr, yv, b0);                                                      \
-          wr = LOAD(w1 + k);                                                                     \
-          a1 = _mm256_fmadd_ps(wr, xv, a1);                                                      \
-          b1 = _mm256_fmadd_ps(wr, yv, b1);                                                      \
-          wr = LOAD(w2 + k);                                                                     \
-          a2 = _mm256_fmadd_ps(wr, xv, a2);                                                      \
-          b2 = _mm256_fmadd_ps(wr, yv, b2);                                                      \
-          wr = LOAD(w3 + k);                                                                     \
-          a3 = _mm256_fmadd_ps(wr, xv, a3);                                                      \
-          b3 = _mm256_fmadd_ps(wr, yv, b3);                                                      \
-        }                                                                                        \
-        if (r) {                                                                                 \
-          __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);   \
-          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                      \
-          b0 = _mm256_fmadd_ps(t0, yv, b0);                                                      \
-          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                      \
-          b1 = _mm256_fmadd_ps(t1, yv, b1);                                                      \
-          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                      \
-          b2 = _mm256_fmadd_ps(t2, yv, b2);                                                      \
-          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                      \
-          b3 = _mm256_fmadd_ps(t3, yv, b3);                                                      \
-        }                                                                                        \
-        float *o = out + (ptrdiff_t)t * ldo + j;                                                 \
-        put(o + 0, kn_avx2_hsum(a0), acc);                                                       \
-        put(o + 1, kn_avx2_hsum(a1), acc);                                                       \
-        put(o + 2, kn_avx2_hsum(a2), acc);                                                       \
-        put(o + 3, kn_avx2_hsum(a3), acc);                                                       \
-        o += ldo;                                                                                \
-        put(o + 0, kn_avx2_hsum(b0), acc);                                                       \
-        put(o + 1, kn_avx2_hsum(b1), acc);                                                       \
-        put(o + 2, kn_avx2_hsum(b2), acc);                                                       \
-        put(o + 3, kn_avx2_hsum(b3), acc);                                                       \
-      }                                                                                          \
-      for (; t < T; t++) {                                                                       \
-        const float *x = in + (ptrdiff_t)t * ldi;                                                \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
-        for (int k = 0; k < K8; k += 8) {                                                        \
-          __m256 xv = _mm256_loadu_ps(x + k);                                                    \
-          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));             \
-          a0 = _mm256_fmadd_ps(LOAD(w0 + k), xv, a0);                                            \
-          a1 = _mm256_fmadd_ps(LOAD(w1 + k), xv, a1);                                            \
-          a2 = _mm256_fmadd_ps(LOAD(w2 + k), xv, a2);                                            \
-          a3 = _mm256_fmadd_ps(LOAD(w3 + k), xv, a3);                                            \
-        }                                                                                        \
-        if (r) {                                                                                 \
-          __m256 xv = _mm256_maskload_ps(x + K8, mask);                                          \
-          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                      \
-          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                      \
-          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                      \
-          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                      \
-        }                                                                                        \
-        float *o = out + (ptrdiff_t)t * ldo + j;                                                 \
-        put(o + 0, kn_avx2_hsum(a0), acc);                                                       \
-        put(o + 1, kn_avx2_hsum(a1), acc);                                                       \
-        put(o + 2, kn_avx2_hsum(a2), acc);                                                       \
-        put(o + 3, kn_avx2_hsum(a3), acc);                                                       \
-      }                                                                                          \
-    }                                                                                            \
-    for (; j < n; j++) {                                                                         \
-      const TYPE *w0 = w + (size_t)j * K;                                                        \
-      __m256 t0 = r ? LOAD_TAIL(w0 + K8, r) : _mm256_setzero_ps();                               \
-      for (int t = 0; t < T; t++) {                                                              \
-        const float *x = in + (ptrdiff_t)t * ldi;                                                \
-        __m256 a0 = _mm256_setzero_ps();                                                         \
-        for (int k = 0; k < K8; k += 8)                                                          \
-          a0 = _mm256_fmadd_ps(LOAD(w0 + k), _mm256_loadu_ps(x + k), a0);                        \
-        if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);                   \
-        put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);                                \
-      }                                                                                          \
-    }                                                                                            \
+#define DEF_MATVEC(SUF, TYPE, LOAD, LOAD_TAIL)                                                     \
+  KN_AVX2 static void matvec_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,      \
+                                   const void *wv, int K, int T, int n, int acc) {                 \
+    const TYPE *w = wv;                                                                            \
+    const int K8 = K & ~7, r = K - K8;                                                             \
+    const __m256i mask = kn_avx2_mask(r);                                                          \
+    int j = 0;                                                                                     \
+    for (; j + 4 <= n; j += 4) {                                                                   \
+      const TYPE *w0 = w + (size_t)j * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;                \
+      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                                  \
+      if (r) {                                                                                     \
+        t0 = LOAD_TAIL(w0 + K8, r);                                                                \
+        t1 = LOAD_TAIL(w1 + K8, r);                                                                \
+        t2 = LOAD_TAIL(w2 + K8, r);                                                                \
+        t3 = LOAD_TAIL(w3 + K8, r);                                                                \
+      }                                                                                            \
+      int t = 0;                                                                                   \
+      for (; t + 2 <= T; t += 2) { /* two tokens share each widened weight vector */               \
+        const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;                                    \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                                 \
+        for (int k = 0; k < K8; k += 8) {                                                          \
+          __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k), wr;                     \
+          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));               \
+          wr = LOAD(w0 + k);                                                                       \
+          a0 = _mm256_fmadd_ps(wr, xv, a0);                                                        \
+          b0 = _mm256_fmadd_ps(wr, yv, b0);                                                        \
+          wr = LOAD(w1 + k);                                                                       \
+          a1 = _mm256_fmadd_ps(wr, xv, a1);                                                        \
+          b1 = _mm256_fmadd_ps(wr, yv, b1);                                                        \
+          wr = LOAD(w2 + k);                                                                       \
+          a2 = _mm256_fmadd_ps(wr, xv, a2);                                                        \
+          b2 = _mm256_fmadd_ps(wr, yv, b2);                                                        \
+          wr = LOAD(w3 + k);                                                                       \
+          a3 = _mm256_fmadd_ps(wr, xv, a3);                                                        \
+          b3 = _mm256_fmadd_ps(wr, yv, b3);                                                        \
+        }                                                                                          \
+        if (r) {                                                                                   \
+          __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);     \
+          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                        \
+          b0 = _mm256_fmadd_ps(t0, yv, b0);                                                        \
+          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                        \
+          b1 = _mm256_fmadd_ps(t1, yv, b1);                                                        \
+          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                        \
+          b2 = _mm256_fmadd_ps(t2, yv, b2);                                                        \
+          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                        \
+          b3 = _mm256_fmadd_ps(t3, yv, b3);                                                        \
+        }                                                                                          \
+        float *o = out + (ptrdiff_t)t * ldo + j;                                                   \
+        put(o + 0, kn_avx2_hsum(a0), acc);                                                         \
+        put(o + 1, kn_avx2_hsum(a1), acc);                                                         \
+        put(o + 2, kn_avx2_hsum(a2), acc);                                                         \
+        put(o + 3, kn_avx2_hsum(a3), acc);                                                         \
+        o += ldo;                                                                                  \
+        put(o + 0, kn_avx2_hsum(b0), acc);                                                         \
+        put(o + 1, kn_avx2_hsum(b1), acc);                                                         \
+        put(o + 2, kn_avx2_hsum(b2), acc);                                                         \
+        put(o + 3, kn_avx2_hsum(b3), acc);                                                         \
+      }                                                                                            \
+      for (; t < T; t++) {                                                                         \
+        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
+        for (int k = 0; k < K8; k += 8) {                                                          \
+          __m256 xv = _mm256_loadu_ps(x + k);                                                      \
+          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));               \
+          a0 = _mm256_fmadd_ps(LOAD(w0 + k), xv, a0);                                              \
+          a1 = _mm256_fmadd_ps(LOAD(w1 + k), xv, a1);                                              \
+          a2 = _mm256_fmadd_ps(LOAD(w2 + k), xv, a2);                                              \
+          a3 = _mm256_fmadd_ps(LOAD(w3 + k), xv, a3);                                              \
+        }                                                                                          \
+        if (r) {                                                                                   \
+          __m256 xv = _mm256_maskload_ps(x + K8, mask);                                            \
+          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                        \
+          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                        \
+          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                        \
+          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                        \
+        }                                                                                          \
+        float *o = out + (ptrdiff_t)t * ldo + j;                                                   \
+        put(o + 0, kn_avx2_hsum(a0), acc);                                                         \
+        put(o + 1, kn_avx2_hsum(a1), acc);                                                         \
+        put(o + 2, kn_avx2_hsum(a2), acc);                                                         \
+        put(o + 3, kn_avx2_hsum(a3), acc);                                                         \
+      }                                                                                            \
+    }                                                                                              \
+    for (; j < n; j++) {                                                                           \
+      const TYPE *w0 = w + (size_t)j * K;                                                          \
+      __m256 t0 = r ? LOAD_TAIL(w0 + K8, r) : _mm256_setzero_ps();                                 \
+      for (int t = 0; t < T; t++) {                                                                \
+        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
+        __m256 a0 = _mm256_setzero_ps();                                                           \
+        for (int k = 0; k < K8; k += 8)                                                            \
+          a0 = _mm256_fmadd_ps(LOAD(w0 + k), _mm256_loadu_ps(x + k), a0);                          \
+        if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);                     \
+        put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);                                  \
+      }                                                                                            \
+    }                                                                                              \
   }
 
-KN_AVX2 static inline __m256 ld_f32(const float *p) { return _mm256_loadu_ps(p); }
+KN_AVX2 static inline __m256 ld_f32(const float *p) {
+  return _mm256_loadu_ps(p);
+}
 KN_AVX2 static inline __m256 ld_f32_tail(const float *p, int r) {
   return _mm256_maskload_ps(p, kn_avx2_mask(r));
 }
@@ -140,25 +145,25 @@ DEF_MATVEC(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail)
 /* ---- tile kernel: f32 weights, 4 tokens x 3 features per tile ----------- */
 
 /* One step of a 4 x 3 tile: three weight vectors against four token vectors. */
-#define TILE_STEP(LOADW, LOADX, OFF)                                                              \
-  do {                                                                                            \
-    __m256 va = LOADW(wa + (OFF)), vb = LOADW(wb + (OFF)), vc = LOADW(wc + (OFF)), xv;            \
-    xv = LOADX(x0 + (OFF));                                                                       \
-    a0 = _mm256_fmadd_ps(va, xv, a0);                                                             \
-    b0 = _mm256_fmadd_ps(vb, xv, b0);                                                             \
-    c0 = _mm256_fmadd_ps(vc, xv, c0);                                                             \
-    xv = LOADX(x1 + (OFF));                                                                       \
-    a1 = _mm256_fmadd_ps(va, xv, a1);                                                             \
-    b1 = _mm256_fmadd_ps(vb, xv, b1);                                                             \
-    c1 = _mm256_fmadd_ps(vc, xv, c1);                                                             \
-    xv = LOADX(x2 + (OFF));                                                                       \
-    a2 = _mm256_fmadd_ps(va, xv, a2);                                                             \
-    b2 = _mm256_fmadd_ps(vb, xv, b2);                                                             \
-    c2 = _mm256_fmadd_ps(vc, xv, c2);                                                             \
-    xv = LOADX(x3 + (OFF));                                                                       \
-    a3 = _mm256_fmadd_ps(va, xv, a3);                                                             \
-    b3 = _mm256_fmadd_ps(vb, xv, b3);                                                             \
-    c3 = _mm256_fmadd_ps(vc, xv, c3);                                                             \
+#define TILE_STEP(LOADW, LOADX, OFF)                                                               \
+  do {                                                                                             \
+    __m256 va = LOADW(wa + (OFF)), vb = LOADW(wb + (OFF)), vc = LOADW(wc + (OFF)), xv;             \
+    xv = LOADX(x0 + (OFF));                                                                        \
+    a0 = _mm256_fmadd_ps(va, xv, a0);                                                              \
+    b0 = _mm256_fmadd_ps(vb, xv, b0);                                                              \
+    c0 = _mm256_fmadd_ps(vc, xv, c0);                                                              \
+    xv = LOADX(x1 + (OFF));                                                                        \
+    a1 = _mm256_fmadd_ps(va, xv, a1);                                                              \
+    b1 = _mm256_fmadd_ps(vb, xv, b1);                                                              \
+    c1 = _mm256_fmadd_ps(vc, xv, c1);                                                              \
+    xv = LOADX(x2 + (OFF));                                                                        \
+    a2 = _mm256_fmadd_ps(va, xv, a2);                                                              \
+    b2 = _mm256_fmadd_ps(vb, xv, b2);                                                              \
+    c2 = _mm256_fmadd_ps(vc, xv, c2);                                                              \
+    xv = LOADX(x3 + (OFF));                                                                        \
+    a3 = _mm256_fmadd_ps(va, xv, a3);                                                              \
+    b3 = _mm256_fmadd_ps(vb, xv, b3);                                                              \
+    c3 = _mm256_fmadd_ps(vc, xv, c3);                                                              \
   } while (0)
 
 KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
@@ -176,7 +181,8 @@ KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff
       const float *x0 = in + (ptrdiff_t)t * ldi, *x1 = x0 + ldi, *x2 = x1 + ldi, *x3 = x2 + ldi;
       __m256 a0 = _mm256_setzero_ps(), b0 = a0, c0 = a0, a1 = a0, b1 = a0, c1 = a0, a2 = a0,
              b2 = a0, c2 = a0, a3 = a0, b3 = a0, c3 = a0;
-      for (int k = 0; k < K8; k += 8) TILE_STEP(LDU, LDU, k);
+      for (int k = 0; k < K8; k += 8)
+        TILE_STEP(LDU, LDU, k);
       if (r) TILE_STEP(LDM, LDM, K8);
       float *o = out + (ptrdiff_t)t * ldo + j;
       put(o, kn_avx2_hsum(a0), acc);
@@ -195,8 +201,9 @@ KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff
       put(o + 1, kn_avx2_hsum(b3), acc);
       put(o + 2, kn_avx2_hsum(c3), acc);
     }
-    if (t < T) matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, wa, K,
-                          T - t, 3, acc);
+    if (t < T)
+      matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, wa, K, T - t, 3,
+                 acc);
   }
 #undef LDU
 #undef LDM
@@ -207,10 +214,13 @@ KN_AVX2 static void widen_avx2(float *dst, const void *src, enum kn_dtype dt, si
   size_t i = 0;
   const uint16_t *s = src;
   if (dt == KN_DTYPE_BF16)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, kn_avx2_bf16(s + i));
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, kn_avx2_bf16(s + i));
   else if (dt == KN_DTYPE_F16)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, kn_avx2_f16(s + i));
-  for (; i < n; i++) dst[i] = kn_load_f32(src, dt, i);
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, kn_avx2_f16(s + i));
+  for (; i < n; i++)
+    dst[i] = kn_load_f32(src, dt, i);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------ */
@@ -238,14 +248,18 @@ KN_AVX2 static void rmsnorm_avx2(float *out, const float *x, int d, const void *
   int i = 0;
   for (; i < d8; i += 8) {
     __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), rv);
-    if (mode == KN_NORM_MUL_W) y = _mm256_mul_ps(y, ld_w(w, wdt, i));
-    else if (mode == KN_NORM_MUL_ONE_PLUS_W) y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, i)));
+    if (mode == KN_NORM_MUL_W)
+      y = _mm256_mul_ps(y, ld_w(w, wdt, i));
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
+      y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, i)));
     _mm256_storeu_ps(out + i, y);
   }
   for (; i < d; i++) {
     float y = x[i] * rs;
-    if (mode == KN_NORM_MUL_W) y *= kn_load_f32(w, wdt, (size_t)i);
-    else if (mode == KN_NORM_MUL_ONE_PLUS_W) y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
+    if (mode == KN_NORM_MUL_W)
+      y *= kn_load_f32(w, wdt, (size_t)i);
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
+      y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
     out[i] = y;
   }
 }
@@ -265,8 +279,8 @@ KN_AVX2 static inline __m256 gelu8(__m256 g) {
 KN_AVX2 static void gelu_mul_avx2(float *out, const float *gate, const float *up, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(gate + i)),
-                                            _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(out + i,
+                     _mm256_mul_ps(gelu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
   if (i < n) { /* the tail through the same vector code, so every element gets the same bits */
     float g[8] = {0}, u[8] = {0}, o[8];
     memcpy(g, gate + i, (size_t)(n - i) * 4);
@@ -289,8 +303,9 @@ KN_AVX2 static inline __m256 tanh8(__m256 y) {
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
   __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), y, y);
   __m256 e = kn_avx2_exp(_mm256_add_ps(ay, ay));
-  __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f),
-                             _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  __m256 big =
+      _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                    _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
   big = _mm256_or_ps(big, _mm256_and_ps(y, sign));
   return _mm256_blendv_ps(big, small, _mm256_cmp_ps(ay, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
 }
@@ -314,21 +329,25 @@ KN_AVX2 static void add_avx2(float *out, const float *a, const float *b, size_t 
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  for (; i < n; i++) out[i] = a[i] + b[i];
+  for (; i < n; i++)
+    out[i] = a[i] + b[i];
 }
 
 KN_AVX2 static void mul_avx2(float *out, const float *a, const float *b, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  for (; i < n; i++) out[i] = a[i] * b[i];
+  for (; i < n; i++)
+    out[i] = a[i] * b[i];
 }
 
 KN_AVX2 static void scale_avx2(float *out, const float *a, float s, size_t n) {
   __m256 sv = _mm256_set1_ps(s);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), sv));
-  for (; i < n; i++) out[i] = a[i] * s;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), sv));
+  for (; i < n; i++)
+    out[i] = a[i] * s;
 }
 
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,

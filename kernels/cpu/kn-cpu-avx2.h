@@ -82,8 +82,10 @@ KN_AVX2 static inline __m256 kn_avx2_exp(__m256 x) {
   __m256i ni = _mm256_cvtps_epi32(n);
   __m256i n1 = _mm256_srai_epi32(ni, 1);
   __m256i n2 = _mm256_sub_epi32(ni, n1);
-  __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
-  __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+  __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+  __m256 s2 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
   __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), over);
   y = _mm256_andnot_ps(under, y);

@@ -19,7 +19,8 @@ static void cpu_destroy(void *p) {
   struct kn_cpu_ctx *ctx = p;
   if (!ctx) return;
   kn_cpu_pool_destroy(ctx->pool);
-  for (int i = 0; i < KN_CPU_MAX_THREADS; i++) free(ctx->scratch[i]);
+  for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
+    free(ctx->scratch[i]);
   free(ctx->seq_items);
   free(ctx);
 }
@@ -96,9 +97,12 @@ static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
   const char *s = getenv("LMSERVE_KERNELS");
   if (!s || !*s) return isa;
   enum kn_cpu_isa cap;
-  if (!strcasecmp(s, "ref")) cap = KN_CPU_ISA_REF;
-  else if (!strcasecmp(s, "avx2")) cap = KN_CPU_ISA_AVX2;
-  else if (!strcasecmp(s, "avx512")) cap = KN_CPU_ISA_AVX512;
+  if (!strcasecmp(s, "ref"))
+    cap = KN_CPU_ISA_REF;
+  else if (!strcasecmp(s, "avx2"))
+    cap = KN_CPU_ISA_AVX2;
+  else if (!strcasecmp(s, "avx512"))
+    cap = KN_CPU_ISA_AVX512;
   else {
     cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512: ignored", s);
     return isa;

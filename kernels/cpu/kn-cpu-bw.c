@@ -32,7 +32,8 @@ KN_AVX2 static uint64_t read_avx2(const uint64_t *p, size_t n) {
   uint64_t out[4];
   _mm256_storeu_si256((__m256i *)out, a);
   uint64_t s = out[0] ^ out[1] ^ out[2] ^ out[3];
-  for (; i < n; i++) s ^= p[i];
+  for (; i < n; i++)
+    s ^= p[i];
   return s;
 }
 
@@ -79,7 +80,8 @@ double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) {
     uint64_t t0 = cm_time_ns();
     kn_cpu_pool_run(pool, (long long)((t.n + BW_UNIT - 1) / BW_UNIT), 1, bw_run, &t);
     uint64_t dt = cm_time_ns() - t0;
-    for (int i = 0; i < n_threads; i++) sink ^= t.sums[i];
+    for (int i = 0; i < n_threads; i++)
+      sink ^= t.sums[i];
     double gbs = dt ? (double)bytes / (double)dt : 0.0;
     if (gbs > best) best = gbs;
   }

@@ -119,8 +119,8 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops);
 /* Ops without a kernel-table entry (kn-cpu-ops-misc.c); ctx is the kn_cpu_ctx. */
 int kn_cpu_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
                     int H, const int32_t *ids, int T, float scale);
-int kn_cpu_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
-                   const int32_t *pos, const float *inv_freq);
+int kn_cpu_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
+                   const float *inv_freq);
 int kn_cpu_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
                      int T, int V);
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,

@@ -13,8 +13,8 @@
 
 /* ---- embedding ---------------------------------------------------------- */
 
-int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
-                    int H, const int32_t *ids, int T, float scale) {
+int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt, int H,
+                    const int32_t *ids, int T, float scale) {
   (void)p;
   size_t row_bytes = (size_t)H * kn_dtype_size(tdt);
   for (int t = 0; t < T; t++) {
@@ -23,17 +23,20 @@ int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum 
     switch (tdt) {
     case KN_DTYPE_BF16: {
       const uint16_t *r = row;
-      for (int i = 0; i < H; i++) o[i] = kn_bf16_to_f32(r[i]) * scale;
+      for (int i = 0; i < H; i++)
+        o[i] = kn_bf16_to_f32(r[i]) * scale;
       break;
     }
     case KN_DTYPE_F16: {
       const uint16_t *r = row;
-      for (int i = 0; i < H; i++) o[i] = kn_f16_to_f32(r[i]) * scale;
+      for (int i = 0; i < H; i++)
+        o[i] = kn_f16_to_f32(r[i]) * scale;
       break;
     }
     default: {
       const float *r = row;
-      for (int i = 0; i < H; i++) o[i] = r[i] * scale;
+      for (int i = 0; i < H; i++)
+        o[i] = r[i] * scale;
       break;
     }
     }
@@ -112,8 +115,8 @@ int kn_cpu_op_argmax(void *p, int32_t *ids, float *max_out, const float *logits,
 
 /* ---- MoE router --------------------------------------------------------- */
 
-int kn_cpu_op_router_topk(void *p, int32_t *ids, float *weights, const float *logits,
-                          ptrdiff_t ld, int T, int E, int k, const float *expert_scale) {
+int kn_cpu_op_router_topk(void *p, int32_t *ids, float *weights, const float *logits, ptrdiff_t ld,
+                          int T, int E, int k, const float *expert_scale) {
   (void)p;
   for (int t = 0; t < T; t++) {
     const float *row = logits + (ptrdiff_t)t * ld;
@@ -123,14 +126,16 @@ int kn_cpu_op_router_topk(void *p, int32_t *ids, float *weights, const float *lo
     for (int e = 0; e < E; e++)
       if (row[e] > mx) mx = row[e];
     double sum = 0.0;
-    for (int e = 0; e < E; e++) sum += exp((double)row[e] - mx);
+    for (int e = 0; e < E; e++)
+      sum += exp((double)row[e] - mx);
     /* selection: k passes, each taking the largest not yet taken (lower index on ties);
      * NaN logits are never taken while a number is left */
     for (int j = 0; j < k; j++) {
       int best = -1;
       for (int e = 0; e < E; e++) {
         int taken = 0;
-        for (int i = 0; i < j; i++) taken |= id[i] == e;
+        for (int i = 0; i < j; i++)
+          taken |= id[i] == e;
         if (taken) continue;
         if (best < 0 || row[e] > row[best] || (row[best] != row[best] && row[e] == row[e]))
           best = e;

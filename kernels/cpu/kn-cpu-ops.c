@@ -74,11 +74,21 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
                       const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
   struct kn_cpu_ctx *ctx = p;
   if (K == 0) {
-    for (int t = 0; t < T && !accumulate; t++) memset(out + (ptrdiff_t)t * ldo, 0, N * 4u);
+    for (int t = 0; t < T && !accumulate; t++)
+      memset(out + (ptrdiff_t)t * ldo, 0, N * 4u);
     return 0;
   }
-  struct mm_task m = {.ctx = ctx, .out = out, .ldo = ldo, .in = in, .ldi = ldi, .w = w,
-                      .dt = wdt, .T = T, .N = N, .K = K, .acc = accumulate};
+  struct mm_task m = {.ctx = ctx,
+                      .out = out,
+                      .ldo = ldo,
+                      .in = in,
+                      .ldi = ldi,
+                      .w = w,
+                      .dt = wdt,
+                      .T = T,
+                      .N = N,
+                      .K = K,
+                      .acc = accumulate};
   int nth = ctx->n_threads;
   m.tile = T >= ctx->dsp.tile_min_t;
   if (m.tile) {
@@ -119,11 +129,12 @@ static void mm_rows_run(void *arg, long long b, long long e, int ith) {
 }
 
 static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows,
-                           int n_rows, int T) {
+                           const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
+                           int T) {
   struct kn_cpu_ctx *ctx = p;
   if (K == 0) {
-    for (int t = 0; t < T; t++) memset(out + (ptrdiff_t)t * ldo, 0, n_rows * 4u);
+    for (int t = 0; t < T; t++)
+      memset(out + (ptrdiff_t)t * ldo, 0, n_rows * 4u);
     return 0;
   }
   struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows};
@@ -153,7 +164,9 @@ struct rows_task {
 enum { ROWS_NORM, ROWS_GELU, ROWS_COPY };
 
 /* Rows per claim: about 16K elements. */
-static long long rows_grain(int d) { return d >= 16384 ? 1 : 16384 / d; }
+static long long rows_grain(int d) {
+  return d >= 16384 ? 1 : 16384 / d;
+}
 
 static void rows_run(void *arg, long long b, long long e, int ith) {
   struct rows_task *r = arg;
@@ -170,12 +183,21 @@ static void rows_run(void *arg, long long b, long long e, int ith) {
   }
 }
 
-static int cpu_rmsnorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
-                       int rows, int d, const void *w, enum kn_dtype wdt, float eps,
-                       enum kn_norm_mode mode) {
+static int cpu_rmsnorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int rows,
+                       int d, const void *w, enum kn_dtype wdt, float eps, enum kn_norm_mode mode) {
   struct kn_cpu_ctx *ctx = p;
-  struct rows_task r = {.ctx = ctx, .op = ROWS_NORM, .out = out, .ldo = ldo, .a = x, .lda = ldx,
-                        .rows = rows, .d = d, .w = w, .wdt = wdt, .eps = eps, .mode = mode};
+  struct rows_task r = {.ctx = ctx,
+                        .op = ROWS_NORM,
+                        .out = out,
+                        .ldo = ldo,
+                        .a = x,
+                        .lda = ldx,
+                        .rows = rows,
+                        .d = d,
+                        .w = w,
+                        .wdt = wdt,
+                        .eps = eps,
+                        .mode = mode};
   kn_cpu_pool_run(ctx->pool, rows, grain_for((double)rows * d, rows, rows_grain(d)), rows_run, &r);
   return 0;
 }
@@ -183,8 +205,16 @@ static int cpu_rmsnorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdi
 static int cpu_gelu_mul(void *p, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
                         const float *up, ptrdiff_t ldu, int T, int N) {
   struct kn_cpu_ctx *ctx = p;
-  struct rows_task r = {.ctx = ctx, .op = ROWS_GELU, .out = out, .ldo = ldo, .a = gate,
-                        .lda = ldg, .b = up, .ldb = ldu, .rows = T, .d = N};
+  struct rows_task r = {.ctx = ctx,
+                        .op = ROWS_GELU,
+                        .out = out,
+                        .ldo = ldo,
+                        .a = gate,
+                        .lda = ldg,
+                        .b = up,
+                        .ldb = ldu,
+                        .rows = T,
+                        .d = N};
   kn_cpu_pool_run(ctx->pool, T, grain_for(8.0 * T * N, T, rows_grain(N)), rows_run, &r);
   return 0;
 }
@@ -192,8 +222,14 @@ static int cpu_gelu_mul(void *p, float *out, ptrdiff_t ldo, const float *gate, p
 static int cpu_copy_rows(void *p, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
                          int rows, int cols) {
   struct kn_cpu_ctx *ctx = p;
-  struct rows_task r = {.ctx = ctx, .op = ROWS_COPY, .out = dst, .ldo = ldd, .a = src,
-                        .lda = lds, .rows = rows, .d = cols};
+  struct rows_task r = {.ctx = ctx,
+                        .op = ROWS_COPY,
+                        .out = dst,
+                        .ldo = ldd,
+                        .a = src,
+                        .lda = lds,
+                        .rows = rows,
+                        .d = cols};
   kn_cpu_pool_run(ctx->pool, rows, rows, rows_run, &r);
   return 0;
 }
@@ -228,8 +264,8 @@ static void flat_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
-static int flat(struct kn_cpu_ctx *ctx, int op, float *out, const float *a, const float *b,
-                float s, size_t n, double cost) {
+static int flat(struct kn_cpu_ctx *ctx, int op, float *out, const float *a, const float *b, float s,
+                size_t n, double cost) {
   struct flat_task f = {ctx, op, out, a, b, s, n};
   long long units = (long long)((n + FLAT_UNIT - 1) / FLAT_UNIT);
   kn_cpu_pool_run(ctx->pool, units, grain_for(cost * (double)n, units, 4), flat_run, &f);
@@ -266,8 +302,10 @@ static void attn_run(void *arg, long long u0, long long u1, int ith) {
     int lo = 0, hi = a->n_seqs - 1; /* last sequence whose start <= it */
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
-      if (start[mid] <= it) lo = mid;
-      else hi = mid - 1;
+      if (start[mid] <= it)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     long long local = it - start[lo];
     a->ctx->dsp.attn(&a->job, &a->job.seqs[lo], (int)(local / n_kv), (int)(local % n_kv));
@@ -315,9 +353,11 @@ static int cpu_kv_write(void *p, const struct kn_kv_view *view, const int32_t *s
       if (!src) continue;
       src += (ptrdiff_t)t * (which ? ldv : ldk);
       char *dst = page + (which ? view->v_off : view->k_off) + off;
-      if (view->dtype == KN_DTYPE_F32) memcpy(dst, src, n * sizeof(float));
+      if (view->dtype == KN_DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
       else
-        for (size_t i = 0; i < n; i++) kn_store_f32(dst, view->dtype, i, src[i]);
+        for (size_t i = 0; i < n; i++)
+          kn_store_f32(dst, view->dtype, i, src[i]);
     }
   }
   return 0;

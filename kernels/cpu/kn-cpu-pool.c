@@ -29,7 +29,7 @@ struct kn_cpu_pool {
   pthread_cond_t work_cv; /* workers sleep here for a new generation */
   pthread_cond_t done_cv; /* the caller sleeps here for the last worker to leave */
 
-  _Atomic uint64_t gen; /* bumped once per task */
+  _Atomic uint64_t gen;   /* bumped once per task */
   _Atomic uint32_t state; /* POOL_CLOSED bit | number of workers inside the task */
   _Atomic int stop;
 
@@ -156,7 +156,8 @@ void kn_cpu_pool_destroy(struct kn_cpu_pool *pool) {
   atomic_fetch_add_explicit(&pool->gen, 1, memory_order_acq_rel);
   pthread_cond_broadcast(&pool->work_cv);
   pthread_mutex_unlock(&pool->mu);
-  for (int i = 0; i < pool->n_started; i++) pthread_join(pool->threads[i], NULL);
+  for (int i = 0; i < pool->n_started; i++)
+    pthread_join(pool->threads[i], NULL);
   free(pool->threads);
   pthread_mutex_destroy(&pool->mu);
   pthread_cond_destroy(&pool->work_cv);
@@ -164,7 +165,9 @@ void kn_cpu_pool_destroy(struct kn_cpu_pool *pool) {
   free(pool);
 }
 
-int kn_cpu_pool_threads(const struct kn_cpu_pool *pool) { return pool->n_threads; }
+int kn_cpu_pool_threads(const struct kn_cpu_pool *pool) {
+  return pool->n_threads;
+}
 
 void kn_cpu_pool_run(struct kn_cpu_pool *pool, long long n_units, long long grain,
                      kn_cpu_task_fn fn, void *arg) {

@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int N, K;
-  } mats[] = {{"q_proj", 1024, 640},   {"k_proj", 256, 640},  {"o_proj", 640, 1024},
+  } mats[] = {{"q_proj", 1024, 640},    {"k_proj", 256, 640},     {"o_proj", 640, 1024},
               {"gate_proj", 2048, 640}, {"down_proj", 640, 2048}, {"lm_head", 262144, 640}};
   float *in = rand_weights(KN_DTYPE_F32, (size_t)512 * 2048);
   float *out = malloc(sizeof(float) * (size_t)262144 * 64);
@@ -80,21 +80,25 @@ int main(int argc, char **argv) {
       void *w = rand_weights(dt, (size_t)mats[m].N * mats[m].K);
       double bytes = (double)mats[m].N * mats[m].K * kn_dtype_size(dt);
       double s = time_matmul(be, dt, w, 1, mats[m].N, mats[m].K, in, out);
-      printf("matvec %-4s %-9s [%6d x %4d] T=1: %8.1f us  %6.1f GB/s  (%3.0f%% of read bandwidth)\n",
-             kn_dtype_name(dt), mats[m].name, mats[m].N, mats[m].K, s * 1e6, bytes / s / 1e9,
-             100.0 * bytes / s / 1e9 / bw);
+      printf(
+          "matvec %-4s %-9s [%6d x %4d] T=1: %8.1f us  %6.1f GB/s  (%3.0f%% of read bandwidth)\n",
+          kn_dtype_name(dt), mats[m].name, mats[m].N, mats[m].K, s * 1e6, bytes / s / 1e9,
+          100.0 * bytes / s / 1e9 / bw);
       free(w);
     }
   }
   /* a decode step's weight stream: 18 layers of q,k,v,o,gate,up,down + lm_head */
   {
     enum kn_dtype dt = KN_DTYPE_BF16;
-    void *wq = rand_weights(dt, (size_t)18 * 1024 * 640), *wk = rand_weights(dt, (size_t)18 * 256 * 640);
-    void *wo = rand_weights(dt, (size_t)18 * 640 * 1024), *wg = rand_weights(dt, (size_t)18 * 2048 * 640);
-    void *wu = rand_weights(dt, (size_t)18 * 2048 * 640), *wd = rand_weights(dt, (size_t)18 * 640 * 2048);
+    void *wq = rand_weights(dt, (size_t)18 * 1024 * 640),
+         *wk = rand_weights(dt, (size_t)18 * 256 * 640);
+    void *wo = rand_weights(dt, (size_t)18 * 640 * 1024),
+         *wg = rand_weights(dt, (size_t)18 * 2048 * 640);
+    void *wu = rand_weights(dt, (size_t)18 * 2048 * 640),
+         *wd = rand_weights(dt, (size_t)18 * 640 * 2048);
     void *lm = rand_weights(dt, (size_t)262144 * 640);
-    double bytes = 2.0 * (18.0 * (1024 * 640 + 2 * 256 * 640 + 640 * 1024 + 3 * 2048 * 640) +
-                          262144.0 * 640);
+    double bytes =
+        2.0 * (18.0 * (1024 * 640 + 2 * 256 * 640 + 640 * 1024 + 3 * 2048 * 640) + 262144.0 * 640);
     int reps = 0;
     double t0 = cm_time_s(), t;
     do {
@@ -126,7 +130,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
       double s = time_matmul(be, KN_DTYPE_BF16, w, Ts[i], N, K, in, out);
       printf("matmul bf16 [%d x %d] T=%2d: %8.1f us  %5.1f GB/s of weights, %.1f GFLOP/s per "
-             "CPU-second\n", N, K, Ts[i], s * 1e6, (double)N * K * 2 / s / 1e9,
+             "CPU-second\n",
+             N, K, Ts[i], s * 1e6, (double)N * K * 2 / s / 1e9,
              2.0 * Ts[i] * N * K / last_cpu_per_call / 1e9);
     }
     free(w);

@@ -16,7 +16,9 @@
 
 static uint64_t kt_state = 0x9e3779b97f4a7c15ull;
 
-static inline void kt_seed(uint64_t s) { kt_state = s * 0x9e3779b97f4a7c15ull + 1; }
+static inline void kt_seed(uint64_t s) {
+  kt_state = s * 0x9e3779b97f4a7c15ull + 1;
+}
 
 static inline uint64_t kt_next(void) {
   kt_state ^= kt_state >> 12;
@@ -26,15 +28,20 @@ static inline uint64_t kt_next(void) {
 }
 
 /* Uniform in [-1, 1). */
-static inline float kt_uniform(void) { return (float)((kt_next() >> 40) * (2.0 / 16777216.0) - 1.0); }
+static inline float kt_uniform(void) {
+  return (float)((kt_next() >> 40) * (2.0 / 16777216.0) - 1.0);
+}
 
-static inline int kt_int(int n) { return (int)(kt_next() % (uint64_t)n); }
+static inline int kt_int(int n) {
+  return (int)(kt_next() % (uint64_t)n);
+}
 
 /* n random values in [-amp, amp) stored as dtype dt (malloc'd). */
 static inline void *kt_rand_tensor(enum kn_dtype dt, size_t n, float amp) {
   void *p = malloc(n * kn_dtype_size(dt) + 64);
   TH_REQUIRE(p);
-  for (size_t i = 0; i < n; i++) kn_store_f32(p, dt, i, kt_uniform() * amp);
+  for (size_t i = 0; i < n; i++)
+    kn_store_f32(p, dt, i, kt_uniform() * amp);
   return p;
 }
 
@@ -44,7 +51,7 @@ static inline float *kt_rand_f32(size_t n, float amp) {
 
 /* ---- sentinel-guarded outputs ------------------------------------------- */
 
-#define KT_GUARD 64 /* floats of sentinel before and after */
+#define KT_GUARD    64         /* floats of sentinel before and after */
 #define KT_SENTINEL 0x7fc0dead /* a NaN pattern no kernel produces */
 
 /* n floats of usable space between two sentinel zones; the usable space is
@@ -52,7 +59,8 @@ static inline float *kt_rand_f32(size_t n, float amp) {
 static inline float *kt_guarded(size_t n) {
   uint32_t *p = malloc((n + 2 * KT_GUARD) * sizeof(float));
   TH_REQUIRE(p);
-  for (size_t i = 0; i < n + 2 * KT_GUARD; i++) p[i] = KT_SENTINEL;
+  for (size_t i = 0; i < n + 2 * KT_GUARD; i++)
+    p[i] = KT_SENTINEL;
   return (float *)(p + KT_GUARD);
 }
 

@@ -14,10 +14,10 @@
  * sequence are kept in plain arrays too, for closed-form checks. */
 struct kt_cache {
   struct kn_kv_view view;
-  int n_seq, len;        /* sequences, positions each */
-  int32_t *bt;           /* [n_seq, n_blocks] block tables */
+  int n_seq, len; /* sequences, positions each */
+  int32_t *bt;    /* [n_seq, n_blocks] block tables */
   int n_blocks;
-  float *k, *v;          /* [n_seq, len, kvh, D] */
+  float *k, *v; /* [n_seq, len, kvh, D] */
 };
 
 /* Fills a pool of pages for n_seq sequences of len positions, pages handed out
@@ -32,15 +32,21 @@ static void cache_init(struct kt_cache *c, struct kn_backend *be, int n_seq, int
   c->len = len;
   c->n_blocks = (len + block_tokens - 1) / block_tokens;
   int n_pages = n_seq * c->n_blocks + 3;
-  c->view = (struct kn_kv_view){.page_bytes = 4 * blk + 64, .n_pages = n_pages,
-                                .k_off = 2 * blk + 32, .v_off = 32, .block_tokens = block_tokens,
-                                .n_kv_heads = kvh, .head_dim = D, .dtype = dt};
+  c->view = (struct kn_kv_view){.page_bytes = 4 * blk + 64,
+                                .n_pages = n_pages,
+                                .k_off = 2 * blk + 32,
+                                .v_off = 32,
+                                .block_tokens = block_tokens,
+                                .n_kv_heads = kvh,
+                                .head_dim = D,
+                                .dtype = dt};
   c->view.pool = kn_alloc(be, (size_t)n_pages * c->view.page_bytes);
   TH_REQUIRE(c->view.pool);
   memset(c->view.pool, 0xff, (size_t)n_pages * c->view.page_bytes); /* NaN everywhere */
   int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_pages);
   TH_REQUIRE(perm);
-  for (int i = 0; i < n_pages; i++) perm[i] = i;
+  for (int i = 0; i < n_pages; i++)
+    perm[i] = i;
   for (int i = n_pages - 1; i > 0; i--) {
     int j = kt_int(i + 1);
     int32_t t = perm[i];
@@ -49,7 +55,8 @@ static void cache_init(struct kt_cache *c, struct kn_backend *be, int n_seq, int
   }
   c->bt = malloc(sizeof(int32_t) * (size_t)n_seq * c->n_blocks);
   TH_REQUIRE(c->bt);
-  for (int i = 0; i < n_seq * c->n_blocks; i++) c->bt[i] = perm[i];
+  for (int i = 0; i < n_seq * c->n_blocks; i++)
+    c->bt[i] = perm[i];
   free(perm);
   size_t row = (size_t)kvh * D;
   c->k = kt_rand_f32((size_t)n_seq * len * row, 1.0f);
@@ -78,8 +85,11 @@ static void cache_free(struct kt_cache *c, struct kn_backend *be) {
 }
 
 static struct kn_attn_seq seq_of(const struct kt_cache *c, int s, int q_begin, int pos0, int n_q) {
-  return (struct kn_attn_seq){.q_begin = q_begin, .n_q = n_q, .pos0 = pos0,
-                              .block_table = c->bt + s * c->n_blocks, .n_blocks = c->n_blocks};
+  return (struct kn_attn_seq){.q_begin = q_begin,
+                              .n_q = n_q,
+                              .pos0 = pos0,
+                              .block_table = c->bt + s * c->n_blocks,
+                              .n_blocks = c->n_blocks};
 }
 
 /* ---- layout ------------------------------------------------------------- */
@@ -133,7 +143,8 @@ TH_TEST(attention_closed_forms) {
     struct kn_attn_seq s = seq_of(&c, 0, 0, 0, 1);
     TH_REQUIRE(kn_attention(be, out, (ptrdiff_t)row, q, (ptrdiff_t)row, &c.view, &s, 1, H, 0,
                             0.125f, 0.0f) == 0);
-    for (int h = 0; h < H; h++) TH_CHECK(kt_bits_equal(out + h * D, c.v + (h / 2) * D, (size_t)D));
+    for (int h = 0; h < H; h++)
+      TH_CHECK(kt_bits_equal(out + h * D, c.v + (h / 2) * D, (size_t)D));
     TH_CHECK(kt_is_sentinel(out + row)); /* row 1 was not asked for */
     /* a zero query averages the visible values: causal, window 5, bidir [20, 30) */
     memset(q, 0, sizeof(float) * row * len);
@@ -145,8 +156,8 @@ TH_TEST(attention_closed_forms) {
         s.bidir = range;
         s.n_bidir = 1;
       }
-      TH_REQUIRE(kn_attention(be, out, (ptrdiff_t)row, q, (ptrdiff_t)row, &c.view, &s, 1, H,
-                              window, 1.0f, 0.0f) == 0);
+      TH_REQUIRE(kn_attention(be, out, (ptrdiff_t)row, q, (ptrdiff_t)row, &c.view, &s, 1, H, window,
+                              1.0f, 0.0f) == 0);
       double worst = 0.0;
       for (int p = 0; p < len; p++) {
         int lo = window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0, hi = p;
@@ -154,13 +165,15 @@ TH_TEST(attention_closed_forms) {
         for (int h = 0; h < H; h++)
           for (int d = 0; d < D; d++) {
             double m = 0.0;
-            for (int j = lo; j <= hi; j++) m += c.v[((size_t)j * kvh + h / 2) * D + d];
+            for (int j = lo; j <= hi; j++)
+              m += c.v[((size_t)j * kvh + h / 2) * D + d];
             m /= hi - lo + 1;
             double e = fabs(out[(size_t)p * row + (size_t)h * D + d] - m);
             if (e > worst) worst = e;
           }
       }
-      if (!(worst < 2e-6)) th_fail(__FILE__, __LINE__, "mean of visible V: mode %d err %g", mode, worst);
+      if (!(worst < 2e-6))
+        th_fail(__FILE__, __LINE__, "mean of visible V: mode %d err %g", mode, worst);
     }
     TH_CHECK(kt_guards_ok(out, row * len));
     free(q);
@@ -225,7 +238,7 @@ static void grid_case(struct kn_backend *ref, struct kn_backend *simd, int D, in
 TH_TEST(attention_simd_matches_reference) {
   struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2), *simd = kt_backend(KN_CPU_ISA_AVX512, 2);
   kt_seed(12);
-  static const int dims[] = {64, 256, 512, 40};
+  static const int dims[] = {64, 256, 512, 40, 36}; /* 36: not a multiple of 8 */
   static const int gqa[][2] = {{1, 1}, {4, 1}, {8, 2}, {12, 1}};
   static const int windows[] = {0, 7, 32};
   for (size_t di = 0; di < CM_ARRAY_LEN(dims); di++)

@@ -8,6 +8,11 @@
 #include "common/cm-err.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
+/* gelu_tanh written out from its definition, in double. */
+static double gelu_closed_form(double g) {
+  return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
+}
+
 static const enum kn_dtype wdts[] = {KN_DTYPE_F32, KN_DTYPE_F16, KN_DTYPE_BF16};
 
 /* ---- matmul ------------------------------------------------------------- */
@@ -39,13 +44,15 @@ static void check_matmul(struct kn_backend *ref, struct kn_backend *simd, enum k
     if (e > worst) worst = e;
     if (!kt_all_finite(a, (size_t)N)) worst = INFINITY;
     if (t + 1 < T)
-      for (int j = N; j < ldo; j++) gaps_ok &= kt_is_sentinel(a + j) && kt_is_sentinel(b + j);
+      for (int j = N; j < ldo; j++)
+        gaps_ok &= kt_is_sentinel(a + j) && kt_is_sentinel(b + j);
   }
   TH_CHECK(gaps_ok);
-  if (getenv("KT_VERBOSE")) printf("matmul %s T=%d N=%d K=%d nmse %g\n", kn_dtype_name(dt), T, N, K, worst);
+  if (getenv("KT_VERBOSE"))
+    printf("matmul %s T=%d N=%d K=%d nmse %g\n", kn_dtype_name(dt), T, N, K, worst);
   if (!(worst < 1e-12))
-    th_fail(__FILE__, __LINE__, "matmul %s T=%d N=%d K=%d acc=%d: nmse %g", kn_dtype_name(dt), T,
-            N, K, accumulate, worst);
+    th_fail(__FILE__, __LINE__, "matmul %s T=%d N=%d K=%d acc=%d: nmse %g", kn_dtype_name(dt), T, N,
+            K, accumulate, worst);
   free(in);
   free(w);
   kt_guarded_free(o_ref);
@@ -54,8 +61,8 @@ static void check_matmul(struct kn_backend *ref, struct kn_backend *simd, enum k
 
 TH_TEST(matmul_simd_matches_reference) {
   struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2), *simd = kt_backend(KN_CPU_ISA_AVX512, 2);
-  static const int shapes[][3] = {{1, 1, 1},   {1, 7, 5},    {1, 64, 640}, {3, 33, 17},
-                                  {8, 9, 64},  {9, 64, 31},  {37, 50, 72}, {64, 130, 256},
+  static const int shapes[][3] = {{1, 1, 1},      {1, 7, 5},   {1, 64, 640}, {3, 33, 17},
+                                  {8, 9, 64},     {9, 64, 31}, {37, 50, 72}, {64, 130, 256},
                                   {1, 300, 1000}, {70, 5, 9}};
   kt_seed(1);
   for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
@@ -83,8 +90,8 @@ static void check_matmul_invariance(enum kn_cpu_isa isa) {
       float *batch = malloc((size_t)Tmax * N * sizeof(float));
       TH_REQUIRE(alone && batch);
       for (int t = 0; t < Tmax; t++)
-        TH_REQUIRE(kn_matmul(be1, alone + (size_t)t * N, N, in + (size_t)t * K, K, w, wdts[d], 1,
-                             N, K, 0) == 0);
+        TH_REQUIRE(kn_matmul(be1, alone + (size_t)t * N, N, in + (size_t)t * K, K, w, wdts[d], 1, N,
+                             K, 0) == 0);
       for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++) {
         int T = Ts[ti];
         for (int start = 0; start + T <= Tmax; start += T) {
@@ -110,8 +117,12 @@ static void check_matmul_invariance(enum kn_cpu_isa isa) {
   kn_backend_destroy(be2);
 }
 
-TH_TEST(matmul_batch_invariant_simd) { check_matmul_invariance(KN_CPU_ISA_AVX512); }
-TH_TEST(matmul_batch_invariant_ref) { check_matmul_invariance(KN_CPU_ISA_REF); }
+TH_TEST(matmul_batch_invariant_simd) {
+  check_matmul_invariance(KN_CPU_ISA_AVX512);
+}
+TH_TEST(matmul_batch_invariant_ref) {
+  check_matmul_invariance(KN_CPU_ISA_REF);
+}
 
 TH_TEST(matmul_reference_closed_form) {
   struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1);
@@ -207,6 +218,25 @@ TH_TEST(elementwise_ops) {
     kt_guarded_free(r);
     kt_guarded_free(s);
   }
+  /* gelu_mul over strided [T, N] rows: every row as the reference, gaps untouched */
+  {
+    int T = 5, N = 37, ldg = 80, ldu = 90, ldo = 41;
+    float *g = kt_rand_f32((size_t)T * ldg, 6.0f), *u = kt_rand_f32((size_t)T * ldu, 2.0f);
+    size_t n = (size_t)(T - 1) * ldo + N;
+    float *r = kt_guarded(n), *s = kt_guarded(n);
+    TH_REQUIRE(kn_gelu_mul(ref, r, ldo, g, ldg, u, ldu, T, N) == 0);
+    TH_REQUIRE(kn_gelu_mul(simd, s, ldo, g, ldg, u, ldu, T, N) == 0);
+    TH_CHECK(kt_guards_ok(r, n) && kt_guards_ok(s, n));
+    for (int t = 0; t < T; t++) {
+      TH_CHECK(kt_nmse(s + t * ldo, r + t * ldo, (size_t)N) < 1e-12);
+      if (t + 1 < T) TH_CHECK(kt_is_sentinel(s + t * ldo + N) && kt_is_sentinel(r + t * ldo + N));
+      TH_CHECK_NEAR(r[t * ldo], gelu_closed_form(g[t * ldg]) * u[t * ldu], 1e-6);
+    }
+    free(g);
+    free(u);
+    kt_guarded_free(r);
+    kt_guarded_free(s);
+  }
   /* hand values of gelu_tanh: 0 -> 0, large -> identity, very negative -> 0 */
   float g[4] = {0.0f, 10.0f, -10.0f, 1.0f}, u[4] = {1, 1, 1, 1}, o[4];
   TH_REQUIRE(kn_gelu_mul(simd, o, 4, g, 4, u, 4, 1, 4) == 0);
@@ -281,7 +311,7 @@ TH_TEST(router_topk_hand_values) {
   TH_CHECK_NEAR(w[2], 0.2, 1e-6);
   float scale[5] = {1, 2, 3, 0.5f, 1};
   TH_REQUIRE(kn_router_topk(be, ids, w, l, 5, 1, 5, 2, scale) == 0);
-  TH_CHECK_NEAR(w[0], 1.0, 1e-6); /* 0.5 * 2 */
+  TH_CHECK_NEAR(w[0], 1.0, 1e-6);  /* 0.5 * 2 */
   TH_CHECK_NEAR(w[1], 0.25, 1e-6); /* 0.5 * 0.5 */
   TH_CHECK_EQ_INT(kn_router_topk(be, ids, w, l, 5, 1, 5, 6, NULL), CM_ERR_INVAL);
   kn_backend_destroy(be);

@@ -1,8 +1,8 @@
 /* test-kn-dtype.c — the scalar f16 / bf16 conversions of kn-dtype.h: exact
  * widening, round-to-nearest-even narrowing (checked against the processor's
  * F16C conversion where present and against hand values), specials. */
-#include <immintrin.h>
 #include <float.h>
+#include <immintrin.h>
 #include <math.h>
 
 #include "kernels/kn-dtype.h"
@@ -22,8 +22,10 @@ TH_TEST(f16_round_trip_all_values) {
     float f = kn_f16_to_f32((uint16_t)h);
     uint16_t back = kn_f32_to_f16(f);
     int is_nan = ((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff);
-    if (is_nan) bad += !isnan(f) || ((back & 0x7c00) != 0x7c00) || !(back & 0x3ff);
-    else bad += back != h;
+    if (is_nan)
+      bad += !isnan(f) || ((back & 0x7c00) != 0x7c00) || !(back & 0x3ff);
+    else
+      bad += back != h;
   }
   TH_CHECK_EQ_INT(bad, 0);
   TH_CHECK(kn_f16_to_f32(0x3c00) == 1.0f);
@@ -41,7 +43,7 @@ TH_TEST(f16_narrowing_hand_values) {
   TH_CHECK_EQ_INT(kn_f32_to_f16(1e10f), 0x7c00);
   TH_CHECK_EQ_INT(kn_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* tie to even zero */
   TH_CHECK_EQ_INT(kn_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
-  TH_CHECK_EQ_INT(kn_f32_to_f16(ldexpf(3.0f, -25)), 0x0002); /* 1.5 ulp ties to even 2 */
+  TH_CHECK_EQ_INT(kn_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);        /* 1.5 ulp ties to even 2 */
   TH_CHECK_EQ_INT(kn_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie: even */
   TH_CHECK_EQ_INT(kn_f32_to_f16(1.0f + ldexpf(3.0f, -11)), 0x3c02);
   TH_CHECK_EQ_INT(kn_f32_to_f16(-0.0f), 0x8000);
@@ -96,8 +98,9 @@ TH_TEST(bf16_conversions) {
     uint16_t b = kn_f32_to_bf16(f);
     double lo = kn_bf16_to_f32((uint16_t)(u >> 16)), hi = kn_bf16_to_f32((uint16_t)((u >> 16) + 1));
     double dl = f - lo, dh = hi - f;
-    uint16_t want = dl < dh ? (uint16_t)(u >> 16) : dl > dh ? (uint16_t)((u >> 16) + 1)
-                  : (((u >> 16) & 1) ? (uint16_t)((u >> 16) + 1) : (uint16_t)(u >> 16));
+    uint16_t want = dl < dh   ? (uint16_t)(u >> 16)
+                    : dl > dh ? (uint16_t)((u >> 16) + 1)
+                              : (((u >> 16) & 1) ? (uint16_t)((u >> 16) + 1) : (uint16_t)(u >> 16));
     bad += b != want;
   }
   TH_CHECK_EQ_INT(bad, 0);

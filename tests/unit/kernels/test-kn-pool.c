@@ -19,7 +19,8 @@ struct count_task {
 static void count_units(void *arg, long long u0, long long u1, int ith) {
   struct count_task *c = arg;
   if (ith < 0 || ith >= c->n_threads) atomic_store(&c->bad_ith, 1);
-  for (long long u = u0; u < u1; u++) atomic_fetch_add(&c->hits[u], 1);
+  for (long long u = u0; u < u1; u++)
+    atomic_fetch_add(&c->hits[u], 1);
 }
 
 static void run_counted(struct kn_cpu_pool *pool, int threads, long long n, long long grain) {
@@ -28,7 +29,8 @@ static void run_counted(struct kn_cpu_pool *pool, int threads, long long n, long
   TH_REQUIRE(c.hits);
   kn_cpu_pool_run(pool, n, grain, count_units, &c);
   long long wrong = 0;
-  for (long long u = 0; u < n; u++) wrong += atomic_load(&c.hits[u]) != 1;
+  for (long long u = 0; u < n; u++)
+    wrong += atomic_load(&c.hits[u]) != 1;
   if (wrong)
     th_fail(__FILE__, __LINE__, "%d threads, %lld units, grain %lld: %lld units not run once",
             threads, n, grain, wrong);
@@ -42,7 +44,8 @@ TH_TEST(pool_runs_every_unit_once) {
     struct kn_cpu_pool *pool = NULL;
     TH_REQUIRE(kn_cpu_pool_create(threads[i], &pool) == 0);
     TH_CHECK_EQ_INT(kn_cpu_pool_threads(pool), threads[i]);
-    for (int rep = 0; rep < 300; rep++) run_counted(pool, threads[i], 1 + rep % 37, 1 + rep % 3);
+    for (int rep = 0; rep < 300; rep++)
+      run_counted(pool, threads[i], 1 + rep % 37, 1 + rep % 3);
     run_counted(pool, threads[i], 100000, 7);
     run_counted(pool, threads[i], 5, 5); /* one claim: runs on the caller */
     cm_time_sleep_ns(1000000);           /* workers go to sleep; a task must wake them */
