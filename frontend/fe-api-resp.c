@@ -203,3 +203,22 @@ int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
   usage(b, u);
   return fe_buf_puts(b, "}");
 }
+
+int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len) {
+  fe_buf_puts(b, "{\"count\":");
+  fe_buf_i64(b, (int64_t)n);
+  fe_buf_puts(b, ",\"max_model_len\":");
+  fe_buf_i64(b, max_model_len);
+  fe_buf_puts(b, ",\"tokens\":[");
+  for (size_t i = 0; i < n; i++) {
+    if (i) fe_buf_puts(b, ",");
+    fe_buf_i64(b, ids[i]);
+  }
+  return fe_buf_puts(b, "]}");
+}
+
+int fe_api_write_detokenize(struct fe_buf *b, const char *text, size_t len) {
+  fe_buf_puts(b, "{\"prompt\":");
+  fe_buf_json_str(b, text, len);
+  return fe_buf_puts(b, "}");
+}

@@ -68,4 +68,10 @@ int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
                              const struct fe_api_resp_meta *m, const struct fe_api_usage *u);
 
+/* POST /tokenize's answer, as vLLM gives it:
+ * {"count":N,"max_model_len":M,"tokens":[...]}. */
+int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len);
+/* POST /detokenize's answer: {"prompt":"..."}. */
+int fe_api_write_detokenize(struct fe_buf *b, const char *text, size_t len);
+
 #endif

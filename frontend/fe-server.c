@@ -433,11 +433,16 @@ int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
   return rc;
 }
 
-int fe_conn_respond_error(struct fe_conn *c, int status, const char *message, const char *param) {
+int fe_conn_respond_error_hdr(struct fe_conn *c, int status, const char *message, const char *param,
+                              const char *extra_headers) {
   struct fe_buf *b = &c->srv->scratch;
   fe_buf_reset(b);
   fe_api_error_body(b, status, message, param);
-  return fe_conn_respond(c, status, "application/json", NULL, b->data, b->len);
+  return fe_conn_respond(c, status, "application/json", extra_headers, b->data, b->len);
+}
+
+int fe_conn_respond_error(struct fe_conn *c, int status, const char *message, const char *param) {
+  return fe_conn_respond_error_hdr(c, status, message, param, NULL);
 }
 
 int fe_conn_stream_begin(struct fe_conn *c, int status, const char *content_type,

@@ -77,6 +77,9 @@ int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len);
 /* An OpenAI error envelope response (see fe-api-error.h). */
 int fe_conn_respond_error(struct fe_conn *c, int status, const char *message, const char *param);
+/* The same with extra header lines, e.g. "Retry-After: 1\r\n" on a 429. */
+int fe_conn_respond_error_hdr(struct fe_conn *c, int status, const char *message, const char *param,
+                              const char *extra_headers);
 /* Starts a streamed response: chunked on HTTP/1.1, delimited by closing the
  * connection on HTTP/1.0. */
 int fe_conn_stream_begin(struct fe_conn *c, int status, const char *content_type,

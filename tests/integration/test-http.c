@@ -402,7 +402,7 @@ static void expect_reject(struct server *s, const char *req, size_t len, int wan
     TH_CHECK(strstr(r.body, "\"error\"") != NULL);
     TH_CHECK(find_header(&r, "Connection") && !strcasecmp(find_header(&r, "Connection"), "close"));
   }
-  TH_CHECK(closed_by_server(&c, 3000));
+  TH_CHECK(closed_by_server(&c, 6000));
   conn_close(&c);
   check_alive(s);
 }
@@ -480,26 +480,26 @@ TH_TEST(http_slowloris_and_idle) {
     struct pollfd pf = {c.fd, POLLIN, 0};
     if (poll(&pf, 1, 100) > 0) break;
   }
-  got = read_resp(&c, &r, 3000);
+  got = read_resp(&c, &r, 6000);
   double dt = now_s() - t0;
   TH_CHECK_EQ_INT(got, 0);
   TH_CHECK_EQ_INT(r.status, 408);
-  TH_CHECK(dt >= 0.5 && dt < 2.5);
-  TH_CHECK(closed_by_server(&c, 3000));
+  TH_CHECK(dt >= 0.5 && dt < 6.0);
+  TH_CHECK(closed_by_server(&c, 6000));
   conn_close(&c);
   /* a connection that sends nothing is closed after the header timeout */
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   t0 = now_s();
-  TH_CHECK(closed_by_server(&c, 3000));
+  TH_CHECK(closed_by_server(&c, 6000));
   dt = now_s() - t0;
-  TH_CHECK(dt >= 0.5 && dt < 2.5);
+  TH_CHECK(dt >= 0.5 && dt < 6.0);
   conn_close(&c);
   /* a body slower than --body-timeout: 408 */
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   TH_REQUIRE(
       send_str(&c, "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{") ==
       0);
-  TH_REQUIRE(read_resp(&c, &r, 3000) == 0);
+  TH_REQUIRE(read_resp(&c, &r, 6000) == 0);
   TH_CHECK_EQ_INT(r.status, 408);
   conn_close(&c);
   /* keep-alive: an idle connection closes after --idle-timeout 0.8 s, and
@@ -511,9 +511,9 @@ TH_TEST(http_slowloris_and_idle) {
   usleep(300000);
   TH_REQUIRE(do_req(&c, GET("/version", ""), &r) == 0); /* still open at 0.3 s */
   t0 = now_s();
-  TH_CHECK(closed_by_server(&c, 3000));
+  TH_CHECK(closed_by_server(&c, 6000));
   dt = now_s() - t0;
-  TH_CHECK(dt >= 0.7 && dt < 2.5);
+  TH_CHECK(dt >= 0.7 && dt < 6.0);
   conn_close(&c);
   check_alive(&s);
   server_stop(&s);
@@ -528,7 +528,7 @@ TH_TEST(http_10_and_connection_close) {
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   TH_REQUIRE(do_req(&c, "GET /version HTTP/1.0\r\n\r\n", &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
-  TH_CHECK(closed_by_server(&c, 3000));
+  TH_CHECK(closed_by_server(&c, 6000));
   conn_close(&c);
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   TH_REQUIRE(do_req(&c, "GET /version HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", &r) == 0);
@@ -540,7 +540,7 @@ TH_TEST(http_10_and_connection_close) {
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   TH_REQUIRE(do_req(&c, "GET /version HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
-  TH_CHECK(closed_by_server(&c, 3000));
+  TH_CHECK(closed_by_server(&c, 6000));
   conn_close(&c);
   server_stop(&s);
 }
@@ -622,7 +622,7 @@ TH_TEST(http_slow_reader_dropped) {
   usleep(2000000);
   size_t want = sent / n1, seen = 0;
   struct resp r;
-  while (seen < want && read_resp(&c, &r, 3000) == 0)
+  while (seen < want && read_resp(&c, &r, 6000) == 0)
     seen++;
   TH_CHECK(seen < want);
   free(all);

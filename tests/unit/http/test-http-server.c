@@ -93,6 +93,10 @@ static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *r
   enum fe_api_kind kind =
       req->path_len == 5 && !memcmp(req->path, "/chat", 5) ? FE_API_CHAT : FE_API_COMPLETION;
   if (req->path_len == 5 && !memcmp(req->path, "/hang", 5)) kind = FE_API_COMPLETION;
+  if (req->path_len == 5 && !memcmp(req->path, "/busy", 5)) {
+    fe_conn_respond_error_hdr(c, 429, "queue full", NULL, "Retry-After: 1\r\n");
+    return;
+  }
   struct fe_api_config cfg = {"m", 100};
   struct stream_job *j = calloc(1, sizeof(*j));
   struct fe_api_error err;
@@ -231,6 +235,15 @@ static void *client(void *arg) {
       fail = "completion: bad object";
     for (int i = 0; i < n; i++)
       json_decref(ev[i]);
+    free(b);
+  }
+  /* and a 429 with Retry-After on it */
+  if (!fail) {
+    send_req(fd, "/busy", "1.1", "{}");
+    b = read_until(fd, "}}");
+    if (!strstr(b, "HTTP/1.1 429") || !strstr(b, "Retry-After: 1\r\n") ||
+        !strstr(b, "\"code\":429"))
+      fail = "429: bad answer";
     free(b);
   }
   close(fd);
