@@ -380,3 +380,61 @@ TH_TEST(attention_bad_tables_are_errors) {
   cache_free(&c, be);
   kn_backend_destroy(be);
 }
+
+/* Random, mostly malformed descriptors (as a corrupted step plan would carry):
+ * every call either succeeds or returns an error, and never reads outside the
+ * pool or writes outside the rows it was given (ASan watches the pool, the
+ * guards watch the output). */
+TH_TEST(attention_random_descriptors_never_escape) {
+  struct kn_backend *bes[2] = {kt_backend(KN_CPU_ISA_REF, 2), kt_backend(KN_CPU_ISA_AVX512, 2)};
+  kt_seed(15);
+  int D = 16, kvh = 1, H = 2, rows = 24;
+  struct kt_cache c;
+  cache_init(&c, bes[0], 2, 40, kvh, D, 8, KN_DTYPE_F32);
+  ptrdiff_t ld = (ptrdiff_t)H * D;
+  float *q = kt_rand_f32((size_t)rows * ld, 1.0f);
+  float *out = kt_guarded((size_t)rows * ld);
+  int32_t tables[2][8], bidir[2][4];
+  int ok = 0, errors = 0;
+  for (int it = 0; it < 3000; it++) {
+    struct kn_attn_seq seqs[2];
+    int n_seqs = 1 + kt_int(2);
+    for (int s = 0; s < n_seqs; s++) {
+      int n_q = kt_int(6);
+      seqs[s] = (struct kn_attn_seq){.q_begin = kt_int(rows - n_q + 1) - (kt_int(50) == 0),
+                                     .n_q = n_q - (kt_int(50) == 0),
+                                     .pos0 = kt_int(70) - (kt_int(50) == 0),
+                                     .block_table = tables[s],
+                                     .n_blocks = kt_int(9)};
+      for (int b = 0; b < 8; b++)
+        tables[s][b] = kt_int(3) ? c.bt[b % c.n_blocks] : kt_int(c.view.n_pages + 4) - 2;
+      if (kt_int(3) == 0) {
+        seqs[s].bidir = bidir[s];
+        seqs[s].n_bidir = 1 + kt_int(2);
+        for (int i = 0; i < 4; i++)
+          bidir[s][i] = kt_int(80) - 5;
+      }
+    }
+    int window = kt_int(4) ? kt_int(40) : -1;
+    int rc = kn_attention(bes[it & 1], out, ld, q, ld, &c.view, seqs, n_seqs, H, window, 0.3f,
+                          kt_int(4) ? 0.0f : 20.0f);
+    if (rc == 0)
+      ok++;
+    else if (rc == CM_ERR_RANGE || rc == CM_ERR_INVAL)
+      errors++;
+    else
+      th_fail(__FILE__, __LINE__, "unexpected return %d", rc);
+    int32_t slots[4];
+    for (int i = 0; i < 4; i++)
+      slots[i] = kt_int(c.view.n_pages * 8 + 20) - 10;
+    rc = kn_kv_write(bes[it & 1], &c.view, slots, q, D, q, D, 4);
+    TH_CHECK(rc == 0 || rc == CM_ERR_RANGE);
+  }
+  TH_CHECK(kt_guards_ok(out, (size_t)rows * ld));
+  TH_CHECK(ok > 100 && errors > 100); /* both outcomes were exercised */
+  free(q);
+  kt_guarded_free(out);
+  cache_free(&c, bes[0]);
+  kn_backend_destroy(bes[0]);
+  kn_backend_destroy(bes[1]);
+}
