@@ -11,8 +11,9 @@
 #include "frontend/fe-server.h"
 
 #define TAG           "http"
-#define FE_LINGER_MS  1000u  /* ms to drain a closing connection's input */
-#define FE_READ_CHUNK 16384u /* bytes: the least room offered to a read */
+#define FE_LINGER_MS  1000u             /* ms to drain a closing connection's input */
+#define FE_READ_CHUNK 16384u            /* bytes: the least room offered to a read */
+#define FE_KEEP_WBUF  ((size_t)1 << 20) /* bytes: larger write buffers are freed once empty */
 
 enum conn_state {
   ST_HEAD,         /* reading a request head */

@@ -142,6 +142,7 @@ static void on_write(uv_write_t *w, int status) {
   struct fe_conn *c = w->data;
   c->writing = 0;
   fe_buf_reset(&c->fly);
+  if (c->fly.size > FE_KEEP_WBUF) fe_buf_free(&c->fly); /* a large answer went out */
   if (status < 0) {
     conn_close(c, 1);
     return;
@@ -182,6 +183,7 @@ static void flush(struct fe_conn *c) {
     return;
   }
   fe_buf_reset(&c->pend);
+  if (c->pend.size > FE_KEEP_WBUF) fe_buf_free(&c->pend);
   if (c->close_after && !c->busy) begin_close(c);
 }
 
@@ -408,6 +410,14 @@ static void finish(struct fe_conn *c) {
   c->rlen -= c->consumed;
   c->consumed = 0;
   c->state = ST_HEAD;
+  /* give back what a large body needed, so idle connections stay small */
+  if (c->rsize > 4 * FE_READ_CHUNK && c->rlen <= FE_READ_CHUNK) {
+    char *p = realloc(c->rbuf, 2 * FE_READ_CHUNK);
+    if (p) {
+      c->rbuf = p;
+      c->rsize = 2 * FE_READ_CHUNK;
+    }
+  }
   if (!c->keep_alive || c->srv->draining) {
     c->close_after = 1;
     c->state = ST_CLOSING;
