@@ -252,6 +252,35 @@ TH_TEST(elementwise_ops) {
   kn_backend_destroy(simd);
 }
 
+/* Elementwise results do not depend on where an element sits in the call
+ * (vector body or tail, which thread): a row alone equals the same row inside
+ * a longer, differently aligned call, bit for bit. */
+TH_TEST(elementwise_batch_invariant) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(7);
+  int V = 1003, T = 70;
+  float *x = kt_rand_f32((size_t)T * V, 40.0f), *u = kt_rand_f32((size_t)T * V, 1.0f);
+  float *all = malloc(sizeof(float) * (size_t)T * V), *one = malloc(sizeof(float) * V);
+  TH_REQUIRE(all && one);
+  TH_REQUIRE(kn_softcap(be, all, x, 30.0f, (size_t)T * V) == 0);
+  int bad = 0;
+  for (int t = 0; t < T; t += 7) {
+    TH_REQUIRE(kn_softcap(be, one, x + (size_t)t * V, 30.0f, (size_t)V) == 0);
+    bad += !kt_bits_equal(one, all + (size_t)t * V, (size_t)V);
+  }
+  TH_REQUIRE(kn_gelu_mul(be, all, V, x, V, u, V, T, V) == 0);
+  for (int t = 0; t < T; t += 7) {
+    TH_REQUIRE(kn_gelu_mul(be, one, V, x + (size_t)t * V, V, u + (size_t)t * V, V, 1, V) == 0);
+    bad += !kt_bits_equal(one, all + (size_t)t * V, (size_t)V);
+  }
+  TH_CHECK_EQ_INT(bad, 0);
+  free(x);
+  free(u);
+  free(all);
+  free(one);
+  kn_backend_destroy(be);
+}
+
 /* ---- embedding, copy_rows ------------------------------------------------ */
 
 TH_TEST(embed_gathers_and_scales) {
