@@ -76,7 +76,7 @@ int fe_frontend_main(int argc, char **argv) {
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   struct cm_opt opts[] = {
-      {"host", CM_OPT_STR, &host, "ADDR", "IPv4 or IPv6 address to listen on (default 127.0.0.1)",
+      {"host", CM_OPT_STR, &host, "ADDR", "address or host name to listen on (default 127.0.0.1)",
        0, 0, 0, 0, NULL},
       {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535, 0,
        0, NULL},

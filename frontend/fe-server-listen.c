@@ -1,6 +1,8 @@
 /* fe-server-listen.c — the HTTP server's listener and lifetime: limits,
  * binding, accepting, draining and destruction (see fe-server.h). */
+#include <netdb.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/cm-err.h"
 #include "common/cm-log.h"
@@ -40,8 +42,25 @@ int fe_server_create(uv_loop_t *loop, const char *host, int port,
   struct sockaddr_storage addr;
   if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
       uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
-    cm_error(TAG, "invalid listen address '%s' (an IPv4 or IPv6 literal)", host);
-    return CM_ERR_INVAL;
+    /* a name such as "localhost": its first address */
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int gai = getaddrinfo(host, NULL, &hints, &res);
+    if (gai != 0 || !res || res->ai_addrlen > sizeof(addr)) {
+      cm_error(TAG, "cannot resolve listen address '%s': %s", host,
+               gai ? gai_strerror(gai) : "no address");
+      if (res) freeaddrinfo(res);
+      return CM_ERR_INVAL;
+    }
+    memcpy(&addr, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (addr.ss_family == AF_INET6)
+      ((struct sockaddr_in6 *)&addr)->sin6_port = htons((uint16_t)port);
+    else
+      ((struct sockaddr_in *)&addr)->sin_port = htons((uint16_t)port);
   }
   struct fe_server *s = calloc(1, sizeof(*s));
   if (!s) return CM_ERR_NOMEM;

@@ -630,3 +630,29 @@ TH_TEST(http_slow_reader_dropped) {
   check_alive(&s);
   server_stop(&s);
 }
+
+/* Flag mistakes exit 2 and a taken port exits 1, each with a clear line. */
+TH_TEST(http_cli_errors) {
+  th_proc_init(60);
+  char *out = NULL, *err = NULL;
+  char *a1[] = {bin(), "frontend", "--port", "99999", NULL};
+  TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 10000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "--port") != NULL);
+  free(out);
+  free(err);
+  char *a2[] = {bin(), "frontend", "--max-body-size", "lots", NULL};
+  TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 10000, &out, &err), 2);
+  free(out);
+  free(err);
+  struct server s;
+  server_start(&s, NULL);
+  char port[16];
+  snprintf(port, sizeof(port), "%d", s.port);
+  char *a3[] = {bin(), "frontend", "--port", port, NULL};
+  TH_CHECK_EQ_INT(th_run(a3, NULL, NULL, 0, 10000, &out, &err), 1);
+  TH_CHECK(err && strstr(err, "address already in use") != NULL);
+  free(out);
+  free(err);
+  check_alive(&s);
+  server_stop(&s);
+}
