@@ -84,6 +84,10 @@ static int get_int(const json_t *o, const char *key, int required, long long def
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) {
     if (required) return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s missing", key);
+    if (def < lo || def > hi)
+      return cfg_fail(err, errlen, CM_ERR_RANGE,
+                      "config.json: %s missing and its default %lld is outside [%lld, %lld]", key,
+                      def, lo, hi);
     *out = def;
     return 0;
   }
@@ -337,7 +341,7 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   INT_FIELD("num_kv_shared_layers", 0, 0, 0, cfg->n_layers, cfg->n_kv_shared);
   INT_FIELD("hidden_size_per_layer_input", 0, 0, 0, 65536, cfg->ple_dim);
   INT_FIELD("vocab_size_per_layer_input", 0, cfg->vocab, 0, 1 << 22, cfg->ple_vocab);
-  INT_FIELD("bos_token_id", 0, 2, 0, cfg->vocab - 1, cfg->bos_id);
+  INT_FIELD("bos_token_id", 0, CM_MIN(2, cfg->vocab - 1), 0, cfg->vocab - 1, cfg->bos_id);
   INT_FIELD("pad_token_id", 0, 0, 0, cfg->vocab - 1, cfg->pad_id);
   if (cfg->head_dim % 2 || cfg->global_head_dim % 2)
     return cfg_fail(err, errlen, CM_ERR_INVAL, "config.json: head dims must be even");
@@ -448,7 +452,8 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
       goto done;
     if ((rc = get_int(root, "num_centroids", 0, 2048, 1, 1 << 20, &v, err, errlen))) goto done;
     cfg->num_centroids = (int)v;
-    if ((rc = get_int(root, "centroid_intermediate_top_k", 0, 32, 1, cfg->num_centroids, &v, err,
+    if ((rc = get_int(root, "centroid_intermediate_top_k", 0, CM_MIN(32, cfg->num_centroids), 1,
+                      cfg->num_centroids, &v, err,
                       errlen)))
       goto done;
     cfg->centroid_top_k = (int)v;

@@ -217,6 +217,10 @@ TH_TEST(config_errors_name_the_field) {
        "\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":1,"
        "\"num_kv_shared_layers\":2}",
        CM_ERR_INVAL, "KV-shared"},
+      /* head_dim derived as hidden / heads = 0 (found by fuzzing) */
+      {"{\"model_type\":\"gemma4_text\",\"vocab_size\":10,\"hidden_size\":1,"
+       "\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2}",
+       CM_ERR_RANGE, "head_dim"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     err[0] = 0;
