@@ -157,8 +157,11 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
   for (size_t i = 0; i < N_ROUTES; i++) {
     if (!path_is(req, routes[i].path)) continue;
     path_match = &routes[i];
-    if (req->method_len != strlen(routes[i].method) ||
-        memcmp(req->method, routes[i].method, req->method_len) != 0)
+    /* HEAD is GET without the body (the server drops it) */
+    int head =
+        req->method_len == 4 && !memcmp(req->method, "HEAD", 4) && !strcmp(routes[i].method, "GET");
+    if (!head && (req->method_len != strlen(routes[i].method) ||
+                  memcmp(req->method, routes[i].method, req->method_len) != 0))
       continue;
     if (!routes[i].open && r->api_key) {
       const struct fe_http_header *h = fe_http_find_header(req, "authorization");

@@ -54,6 +54,7 @@ struct fe_conn {
   int busy;        /* handed to the handler, answer not finished */
   int streaming;   /* a streamed answer has begun */
   int chunked_out; /* the streamed answer uses chunked coding */
+  int head_only;   /* a HEAD request: the answer carries no body */
   int closed;      /* uv_close called */
   int close_after; /* close once the queued bytes are written */
   int handles;     /* open libuv handles */

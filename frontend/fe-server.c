@@ -283,6 +283,7 @@ static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t con
   c->busy = 1;
   c->streaming = 0;
   c->chunked_out = 0;
+  c->head_only = c->req.method_len == 4 && memcmp(c->req.method, "HEAD", 4) == 0;
   c->abort_cb = NULL;
   c->srv->n_busy++;
   set_timer(c, TM_NONE);
@@ -437,7 +438,7 @@ int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
   if (!c->closed) {
     if (c->srv->draining) c->keep_alive = 0;
     rc = write_head(c, status, content_type, extra_headers, (int64_t)len);
-    if (!rc && len) rc = queue(c, body, len);
+    if (!rc && len && !c->head_only) rc = queue(c, body, len);
   }
   finish(c);
   return rc;

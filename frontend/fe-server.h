@@ -72,7 +72,8 @@ void fe_server_destroy(struct fe_server *s);
 /* ---- answering a request ------------------------------------------------ */
 
 /* A complete response with a Content-Length body (copied). `extra_headers`
- * is NULL or "Name: value\r\n" lines. Returns 0 or CM_ERR_CLOSED. */
+ * is NULL or "Name: value\r\n" lines. Returns 0 or CM_ERR_CLOSED. The body
+ * is left out (its length kept) when the request was HEAD. */
 int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len);
 /* An OpenAI error envelope response (see fe-api-error.h). */

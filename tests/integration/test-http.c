@@ -273,6 +273,15 @@ TH_TEST(http_routes_keepalive) {
   TH_REQUIRE(do_req(&c, GET("/health", ""), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 503);
   TH_CHECK(strstr(r.body, "\"error\"") && strstr(r.body, "\"code\":503"));
+  /* HEAD: the same status and Content-Length, no body; the connection
+   * goes on (a body would be read as the next answer) */
+  TH_REQUIRE(send_str(&c, "HEAD /health HTTP/1.1\r\nHost: t\r\n\r\n") == 0);
+  char *e;
+  while (!(e = memmem(c.buf, c.len, "\r\n\r\n", 4)))
+    TH_REQUIRE(fill(&c, 5000) > 0);
+  TH_CHECK(strncmp(c.buf, "HTTP/1.1 503", 12) == 0);
+  TH_CHECK(memmem(c.buf, c.len, "Content-Length: 9", 17) != NULL);
+  consume(&c, (size_t)(e - c.buf) + 4);
   TH_REQUIRE(do_req(&c, GET("/v1/models", ""), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 401);
   TH_CHECK(strstr(r.body, "\"code\":401") != NULL);
