@@ -29,11 +29,16 @@ uint64_t fe_tok_hash(const char *s, size_t len) {
 }
 
 int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len) {
-  uint32_t h = (uint32_t)fe_tok_hash(s, len) & tok->vmask;
+  uint64_t hash = fe_tok_hash(s, len);
+  uint32_t h = (uint32_t)hash & tok->vmask;
+  uint32_t tag = fe_tok_vtag(hash, len);
   for (;;) {
-    int32_t id = tok->vhash[h];
-    if (id < 0) return -1;
-    if (tok->tok_len[id] == len && !memcmp(tok->blob + tok->tok_off[id], s, len)) return id;
+    uint64_t e = tok->vhash[h];
+    if (!e) return -1;
+    int32_t id = (int32_t)(uint32_t)e - 1;
+    if ((uint32_t)(e >> 32) == tag && tok->tok_len[id] == len &&
+        !memcmp(tok->blob + tok->tok_off[id], s, len))
+      return id;
     h = (h + 1) & tok->vmask;
   }
 }

@@ -55,7 +55,8 @@ struct fe_tok {
   int32_t n_ids;              /* ids are [0, n_ids) */
   int32_t n_model;            /* entries in the model vocab */
 
-  int32_t *vhash;             /* (vmask + 1) model-vocab ids by string hash; -1 empty */
+  uint64_t *vhash;            /* (vmask + 1) model vocab by string hash:
+                               * fe_tok_vtag() << 32 | (id + 1); 0 = empty */
   uint32_t vmask;
   struct fe_tok_merge *mhash; /* (mmask + 1) merges by id pair */
   uint64_t mmask;
@@ -148,6 +149,11 @@ struct fe_tok_state {
 #define FE_TOK_CACHE_MAX_WORD 96     /* bytes; longer words are not cached */
 
 uint64_t fe_tok_hash(const char *s, size_t len);
+/* A vocab slot's tag: 24 bits of the hash and the length (capped at 255),
+ * so most mismatches are rejected without touching the strings. */
+static inline uint32_t fe_tok_vtag(uint64_t hash, size_t len) {
+  return (uint32_t)(hash >> 40) << 8 | (uint32_t)(len < 255 ? len : 255);
+}
 int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len);
 const struct fe_tok_merge *fe_tok_merge_get(const struct fe_tok *tok, int32_t a, int32_t b);
 

@@ -3,6 +3,7 @@
  * \uXXXX escapes (with surrogate pairs) are decoded to UTF-8. */
 #include "frontend/fe-tok-json.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -230,11 +231,15 @@ int fe_tj_null(struct fe_tj *t) {
 
 static int tj_skip_string(struct fe_tj *t) {
   const char *q = t->p + 1;
-  while (q < t->end && *q != '"') {
-    if (*q == '\\') q++;
+  for (;;) {
+    q = q < t->end ? memchr(q, '"', (size_t)(t->end - q)) : NULL;
+    if (!q) return tj_fail(t);
+    /* escaped when preceded by an odd number of backslashes */
+    size_t bs = 0;
+    while (q - bs > t->p + 1 && q[-1 - (ptrdiff_t)bs] == '\\') bs++;
+    if (!(bs & 1)) break;
     q++;
   }
-  if (q >= t->end) return tj_fail(t);
   t->p = q + 1;
   return 0;
 }

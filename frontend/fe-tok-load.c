@@ -133,7 +133,7 @@ static int ld_ids(struct ld *l, int32_t n_ids) {
   if (!tok->tok_off || !tok->tok_len || !tok->tok_flags || !tok->byte_of || !tok->vhash)
     return CM_ERR_NOMEM;
   tok->vmask = hsize - 1;
-  memset(tok->vhash, 0xff, hsize * sizeof *tok->vhash);
+  memset(tok->vhash, 0, hsize * sizeof *tok->vhash);
   for (int32_t i = 0; i < n_ids; i++) tok->byte_of[i] = -1;
   for (size_t i = 0; i < l->n_v; i++) {
     int32_t id = l->v_id[i];
@@ -143,14 +143,17 @@ static int ld_ids(struct ld *l, int32_t n_ids) {
     tok->tok_len[id] = l->v_len[i];
     tok->tok_flags[id] = FE_TOKF_PRESENT;
     const char *s = tok->blob + l->v_off[i];
-    uint32_t h = (uint32_t)fe_tok_hash(s, l->v_len[i]) & tok->vmask;
-    while (tok->vhash[h] >= 0) {
-      int32_t o = tok->vhash[h];
-      if (tok->tok_len[o] == l->v_len[i] && !memcmp(tok->blob + tok->tok_off[o], s, l->v_len[i]))
+    uint64_t hash = fe_tok_hash(s, l->v_len[i]);
+    uint32_t h = (uint32_t)hash & tok->vmask;
+    while (tok->vhash[h]) {
+      uint64_t e = tok->vhash[h];
+      int32_t o = (int32_t)(uint32_t)e - 1;
+      if ((uint32_t)(e >> 32) == fe_tok_vtag(hash, l->v_len[i]) && tok->tok_len[o] == l->v_len[i] &&
+          !memcmp(tok->blob + tok->tok_off[o], s, l->v_len[i]))
         return ld_err(l, CM_ERR_PARSE, "model.vocab: \"%.40s\" appears twice", s);
       h = (h + 1) & tok->vmask;
     }
-    tok->vhash[h] = id;
+    tok->vhash[h] = (uint64_t)fe_tok_vtag(hash, l->v_len[i]) << 32 | (uint32_t)(id + 1);
   }
   tok->n_model = (int32_t)l->n_v;
   return 0;
