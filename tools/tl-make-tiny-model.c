@@ -52,9 +52,9 @@
 #include "common/cm-err.h"
 #include "lmserve-config.h"
 #include "tools/tl-main.h"
-#include "worker/wk-tiny-spec.h"
 #include "worker/wk-config.h"
 #include "worker/wk-safetensors.h"
+#include "worker/wk-tiny-spec.h"
 
 /* ---- files ---------------------------------------------------------------- */
 
@@ -101,11 +101,15 @@ static int copy_tokenizer(const char *src, const char *out) {
   } else {
     snprintf(dir, sizeof(dir), "%s", src);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof(dir), ".");
+    if (slash)
+      *slash = 0;
+    else
+      snprintf(dir, sizeof(dir), ".");
   }
-  if (S_ISDIR(sb.st_mode)) snprintf(from, sizeof(from), "%s/tokenizer.json", dir);
-  else snprintf(from, sizeof(from), "%s", src);
+  if (S_ISDIR(sb.st_mode))
+    snprintf(from, sizeof(from), "%s/tokenizer.json", dir);
+  else
+    snprintf(from, sizeof(from), "%s", src);
   snprintf(to, sizeof(to), "%s/tokenizer.json", out);
   int rc = copy_file(from, to);
   if (rc) return rc;
@@ -143,8 +147,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     return 2;
   }
   enum wk_st_dtype dt = WK_ST_BF16;
-  if (!strcmp(dtype, "f32")) dt = WK_ST_F32;
-  else if (!strcmp(dtype, "f16")) dt = WK_ST_F16;
+  if (!strcmp(dtype, "f32"))
+    dt = WK_ST_F32;
+  else if (!strcmp(dtype, "f16"))
+    dt = WK_ST_F16;
   else if (strcmp(dtype, "bf16")) {
     fprintf(stderr, "lmserve make-tiny-model: --dtype must be bf16, f16 or f32\n");
     return 2;
@@ -166,7 +172,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     struct wk_tiny_opts o = {.arch = arch, .preset = preset, .vocab = (int)vocab, .moe = moe};
     rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
-    fprintf(stderr, "lmserve make-tiny-model: unknown --arch '%s' (gemma3, gemma4, gemma4-assistant)\n",
+    fprintf(stderr,
+            "lmserve make-tiny-model: unknown --arch '%s' (gemma3, gemma4, gemma4-assistant)\n",
             arch);
     return 2;
   }
@@ -188,8 +195,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
            src && *src ? src : LMSERVE_SOURCE_DIR);
   const char *tsrc = tokenizer ? tokenizer : defdir;
   if (spec.vocab != 262144 && !tokenizer) {
-    fprintf(stderr, "lmserve make-tiny-model: vocab %d is not the Gemma tokenizer's: no tokenizer written\n",
-            spec.vocab);
+    fprintf(
+        stderr,
+        "lmserve make-tiny-model: vocab %d is not the Gemma tokenizer's: no tokenizer written\n",
+        spec.vocab);
   } else if ((rc = copy_tokenizer(tsrc, out))) {
     if (tokenizer) {
       fprintf(stderr, "lmserve make-tiny-model: cannot copy the tokenizer from %s: %s\n", tsrc,

@@ -68,7 +68,8 @@ int wk_bench_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve bench model: CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }
-  struct wk_model_opts mo = {.max_batch_tokens = (int)CM_MIN(chunk, prompt), .max_seqs = 1,
+  struct wk_model_opts mo = {.max_batch_tokens = (int)CM_MIN(chunk, prompt),
+                             .max_seqs = 1,
                              .kv_tokens = (int)(prompt + decode + 1)};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
@@ -79,7 +80,8 @@ int wk_bench_model_main(int argc, char **argv) {
   logits = malloc(sizeof(float) * (size_t)c->vocab);
   if (!toks || !logits || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto done;
   uint32_t s = 12345;
-  for (int i = 0; i < prompt; i++) toks[i] = (int32_t)(((s = s * 1664525u + 1013904223u) >> 8) % (uint32_t)c->vocab);
+  for (int i = 0; i < prompt; i++)
+    toks[i] = (int32_t)(((s = s * 1664525u + 1013904223u) >> 8) % (uint32_t)c->vocab);
   toks[0] = c->bos_id;
   /* warm-up: one short step (thread pool start, first touches) */
   if ((rc = run(m, &pa, &blk, toks, 1, 0, NULL, err, sizeof(err)))) goto fail_run;
@@ -106,14 +108,15 @@ int wk_bench_model_main(int argc, char **argv) {
   double bound_tps = bw > 0 ? bw * 1e9 / bpt : 0;
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   if (json) {
-    printf("{\"model\":\"%s\",\"model_type\":\"%s\",\"backend\":\"%s\",\"isa\":\"%s\","
-           "\"weight_bytes\":%llu,\"weight_bytes_per_token\":%.0f,\"prompt_tokens\":%lld,"
-           "\"prefill_tokens_per_s\":%.2f,\"decode_tokens\":%lld,\"decode_tokens_per_s\":%.3f,"
-           "\"bandwidth_gb_s\":%.2f,\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
-           "\"kv_groups\":[",
-           model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
-           (unsigned long long)wk_model_weight_bytes(m), bpt, (long long)prompt, prefill_tps,
-           (long long)decode, decode_tps, bw, bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0);
+    printf(
+        "{\"model\":\"%s\",\"model_type\":\"%s\",\"backend\":\"%s\",\"isa\":\"%s\","
+        "\"weight_bytes\":%llu,\"weight_bytes_per_token\":%.0f,\"prompt_tokens\":%lld,"
+        "\"prefill_tokens_per_s\":%.2f,\"decode_tokens\":%lld,\"decode_tokens_per_s\":%.3f,"
+        "\"bandwidth_gb_s\":%.2f,\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
+        "\"kv_groups\":[",
+        model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
+        (unsigned long long)wk_model_weight_bytes(m), bpt, (long long)prompt, prefill_tps,
+        (long long)decode, decode_tps, bw, bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0);
     for (int g = 0; g < kv->n_groups; g++) {
       const struct wk_kv_group *G = &kv->groups[g];
       printf("%s{\"kind\":\"%s\",\"head_dim\":%d,\"kv_heads\":%d,\"layers\":%d,"

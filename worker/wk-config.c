@@ -107,8 +107,8 @@ static int get_int(const json_t *o, const char *key, int required, long long def
   return 0;
 }
 
-static int get_num(const json_t *o, const char *key, double def, double lo, double hi,
-                   double *out, char *err, size_t errlen) {
+static int get_num(const json_t *o, const char *key, double def, double lo, double hi, double *out,
+                   char *err, size_t errlen) {
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) {
     *out = def;
@@ -118,14 +118,13 @@ static int get_num(const json_t *o, const char *key, double def, double lo, doub
     return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a number", key);
   double x = json_number_value(v);
   if (!(x >= lo && x <= hi))
-    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %g outside [%g, %g]", key, x,
-                    lo, hi);
+    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %g outside [%g, %g]", key, x, lo,
+                    hi);
   *out = x;
   return 0;
 }
 
-static int get_bool(const json_t *o, const char *key, int def, int *out, char *err,
-                    size_t errlen) {
+static int get_bool(const json_t *o, const char *key, int def, int *out, char *err, size_t errlen) {
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) {
     *out = def;
@@ -159,15 +158,15 @@ static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, cha
   }
   for (int i = 0; i < n; i++)
     if (cfg->eos_ids[i] < 0 || cfg->eos_ids[i] >= cfg->vocab)
-      return cfg_fail(err, errlen, CM_ERR_RANGE, "%s: eos_token_id %d outside the vocabulary",
-                      file, cfg->eos_ids[i]);
+      return cfg_fail(err, errlen, CM_ERR_RANGE, "%s: eos_token_id %d outside the vocabulary", file,
+                      cfg->eos_ids[i]);
   cfg->n_eos = n;
   return 0;
 }
 
 /* One rope_parameters entry (newer configs). */
-static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim,
-                            struct wk_rope *r, char *err, size_t errlen) {
+static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim, struct wk_rope *r,
+                            char *err, size_t errlen) {
   if (!json_is_object(e))
     return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: rope_parameters.%s is not an object",
                     kind_name);
@@ -210,8 +209,10 @@ static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_la
     for (int i = 0; i < cfg->n_layers; i++) {
       const json_t *e = json_array_get(lt, (size_t)i);
       const char *s = json_is_string(e) ? json_string_value(e) : "";
-      if (!strcmp(s, "sliding_attention")) kinds[i] = WK_LAYER_SLIDING;
-      else if (!strcmp(s, "full_attention")) kinds[i] = WK_LAYER_FULL;
+      if (!strcmp(s, "sliding_attention"))
+        kinds[i] = WK_LAYER_SLIDING;
+      else if (!strcmp(s, "full_attention"))
+        kinds[i] = WK_LAYER_FULL;
       else
         return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
                         "config.json: layer_types[%d] \"%s\" is not supported", i, s);
@@ -244,8 +245,8 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
   if ((rc = get_num(tc, "rope_local_base_freq", sl->theta, 1.0, 1e12, &sl->theta, err, errlen)))
     return rc;
   const json_t *rp = json_object_get(tc, "rope_parameters");
-  if (rp && json_is_object(rp) && (json_object_get(rp, "sliding_attention") ||
-                                   json_object_get(rp, "full_attention"))) {
+  if (rp && json_is_object(rp) &&
+      (json_object_get(rp, "sliding_attention") || json_object_get(rp, "full_attention"))) {
     const json_t *e;
     if ((e = json_object_get(rp, "sliding_attention")) &&
         (rc = parse_rope_entry(e, "sliding_attention", cfg->head_dim, sl, err, errlen)))
@@ -264,8 +265,8 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
   /* older generation: rope_scaling applies to full layers */
   const json_t *rs = json_object_get(tc, "rope_scaling");
   if (rs && json_is_object(rs)) {
-    if ((rc = parse_rope_entry(rs, "rope_scaling", cfg->global_head_dim, &(struct wk_rope){0},
-                               err, errlen)))
+    if ((rc = parse_rope_entry(rs, "rope_scaling", cfg->global_head_dim, &(struct wk_rope){0}, err,
+                               errlen)))
       return rc;
     const json_t *t = json_object_get(rs, "rope_type");
     if (!t) t = json_object_get(rs, "type");
@@ -322,10 +323,10 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
                       size_t errlen) {
   long long v;
   int rc;
-#define INT_FIELD(key, req, def, lo, hi, dst) \
-  do { \
-    if ((rc = get_int(tc, key, req, def, lo, hi, &v, err, errlen))) return rc; \
-    dst = (int)v; \
+#define INT_FIELD(key, req, def, lo, hi, dst)                                                      \
+  do {                                                                                             \
+    if ((rc = get_int(tc, key, req, def, lo, hi, &v, err, errlen))) return rc;                     \
+    dst = (int)v;                                                                                  \
   } while (0)
   INT_FIELD("vocab_size", 1, 0, 1, 1 << 22, cfg->vocab);
   INT_FIELD("hidden_size", 1, 0, 1, 65536, cfg->hidden);
@@ -354,8 +355,8 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   cfg->attn_scale = cfg->arch == WK_ARCH_GEMMA3 ? 1.0 / sqrt(qpas) : 1.0;
   if ((rc = get_num(tc, "attn_logit_softcapping", 0.0, 0.0, 1e9, &cfg->attn_softcap, err, errlen)))
     return rc;
-  if ((rc = get_num(tc, "final_logit_softcapping", 0.0, 0.0, 1e9, &cfg->final_softcap, err,
-                    errlen)))
+  if ((rc =
+           get_num(tc, "final_logit_softcapping", 0.0, 0.0, 1e9, &cfg->final_softcap, err, errlen)))
     return rc;
   if ((rc = get_bool(tc, "attention_k_eq_v", 0, &cfg->k_eq_v, err, errlen))) return rc;
   if ((rc = get_bool(tc, "use_double_wide_mlp", 0, &cfg->double_wide_mlp, err, errlen))) return rc;
@@ -393,8 +394,7 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   return plan_layers(cfg, kinds, err, errlen);
 }
 
-int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err,
-                    size_t errlen) {
+int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen) {
   memset(cfg, 0, sizeof(*cfg));
   json_error_t jerr;
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -453,8 +453,7 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
     if ((rc = get_int(root, "num_centroids", 0, 2048, 1, 1 << 20, &v, err, errlen))) goto done;
     cfg->num_centroids = (int)v;
     if ((rc = get_int(root, "centroid_intermediate_top_k", 0, CM_MIN(32, cfg->num_centroids), 1,
-                      cfg->num_centroids, &v, err,
-                      errlen)))
+                      cfg->num_centroids, &v, err, errlen)))
       goto done;
     cfg->centroid_top_k = (int)v;
     if (cfg->use_ordered_embeddings && cfg->vocab % cfg->num_centroids) {

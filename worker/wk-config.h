@@ -32,7 +32,7 @@
 #include <stddef.h>
 
 #define WK_MAX_LAYERS 256
-#define WK_MAX_EOS 8
+#define WK_MAX_EOS    8
 
 enum wk_arch {
   WK_ARCH_GEMMA3 = 1,
@@ -49,47 +49,47 @@ enum wk_layer_kind {
  * i < rot_pairs, 0 (identity) for rot_pairs <= i < head_dim/2. */
 struct wk_rope {
   double theta;
-  double factor;  /* linear scaling (positions / factor); 1 = none */
-  int rot_pairs;  /* rotated frequency pairs; head_dim/2 = full RoPE */
+  double factor; /* linear scaling (positions / factor); 1 = none */
+  int rot_pairs; /* rotated frequency pairs; head_dim/2 = full RoPE */
 };
 
 /* What one decoder layer looks like. */
 struct wk_layer_cfg {
   enum wk_layer_kind kind;
-  int head_dim;    /* elements per attention head */
-  int n_kv_heads;  /* key/value heads (num_global_key_value_heads on k_eq_v layers) */
-  int k_eq_v;      /* 1: no v_proj, V = v_norm(raw K projection) */
-  int kv_shared;   /* 1: computes Q only, reads kv_source's cache */
-  int kv_source;   /* layer whose K/V this layer attends to (itself when storing);
-                      -1 for an assistant layer (reads the target model's cache) */
-  int ffn_dim;     /* MLP intermediate width (2x on double-wide shared layers) */
+  int head_dim;   /* elements per attention head */
+  int n_kv_heads; /* key/value heads (num_global_key_value_heads on k_eq_v layers) */
+  int k_eq_v;     /* 1: no v_proj, V = v_norm(raw K projection) */
+  int kv_shared;  /* 1: computes Q only, reads kv_source's cache */
+  int kv_source;  /* layer whose K/V this layer attends to (itself when storing);
+                     -1 for an assistant layer (reads the target model's cache) */
+  int ffn_dim;    /* MLP intermediate width (2x on double-wide shared layers) */
 };
 
 struct wk_config {
   enum wk_arch arch;
   char model_type[32];
-  int vocab;             /* tokens */
-  int hidden;            /* residual width */
-  int ffn;               /* intermediate_size */
+  int vocab;  /* tokens */
+  int hidden; /* residual width */
+  int ffn;    /* intermediate_size */
   int n_layers;
-  int n_heads;           /* query heads */
-  int n_kv_heads;        /* num_key_value_heads */
-  int head_dim;          /* sliding (and Gemma 3) head dim */
-  int global_head_dim;   /* full-layer head dim (Gemma 4), else head_dim */
-  int n_global_kv_heads; /* for attention_k_eq_v full layers; 0 = n_kv_heads */
-  int sliding_window;    /* tokens a sliding query sees (itself included) */
-  int max_pos;           /* max_position_embeddings */
-  double eps;            /* rms_norm_eps */
-  double attn_scale;     /* query_pre_attn_scalar^-0.5 (Gemma 3) or 1.0 (Gemma 4) */
-  double attn_softcap;   /* 0 = none */
-  double final_softcap;  /* 0 = none */
+  int n_heads;            /* query heads */
+  int n_kv_heads;         /* num_key_value_heads */
+  int head_dim;           /* sliding (and Gemma 3) head dim */
+  int global_head_dim;    /* full-layer head dim (Gemma 4), else head_dim */
+  int n_global_kv_heads;  /* for attention_k_eq_v full layers; 0 = n_kv_heads */
+  int sliding_window;     /* tokens a sliding query sees (itself included) */
+  int max_pos;            /* max_position_embeddings */
+  double eps;             /* rms_norm_eps */
+  double attn_scale;      /* query_pre_attn_scalar^-0.5 (Gemma 3) or 1.0 (Gemma 4) */
+  double attn_softcap;    /* 0 = none */
+  double final_softcap;   /* 0 = none */
   struct wk_rope rope[2]; /* by enum wk_layer_kind */
-  int k_eq_v;            /* attention_k_eq_v */
-  int n_kv_shared;       /* num_kv_shared_layers */
+  int k_eq_v;             /* attention_k_eq_v */
+  int n_kv_shared;        /* num_kv_shared_layers */
   int double_wide_mlp;
-  int ple_dim;           /* hidden_size_per_layer_input; 0 = no PLE */
-  int ple_vocab;         /* vocab_size_per_layer_input */
-  int moe;               /* enable_moe_block */
+  int ple_dim;   /* hidden_size_per_layer_input; 0 = no PLE */
+  int ple_vocab; /* vocab_size_per_layer_input */
+  int moe;       /* enable_moe_block */
   int n_experts, top_k_experts, moe_ffn;
   int tie_embeddings;
   int bos_id, pad_id;

@@ -37,12 +37,12 @@ static int fw_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
 }
 
 /* Runs a kernel call; on failure reports the op, the layer and the code. */
-#define K(call) \
-  do { \
-    int rc_ = (call); \
-    if (rc_) \
-      return fw_fail(err, errlen, rc_, "forward: layer %d: %s failed: %s", layer, #call, \
-                     cm_strerror(rc_)); \
+#define K(call)                                                                                    \
+  do {                                                                                             \
+    int rc_ = (call);                                                                              \
+    if (rc_)                                                                                       \
+      return fw_fail(err, errlen, rc_, "forward: layer %d: %s failed: %s", layer, #call,           \
+                     cm_strerror(rc_));                                                            \
   } while (0)
 
 static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
@@ -75,8 +75,8 @@ static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, cha
   int T = 0, R = 0;
   for (int s = 0; s < b->n_seqs; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
-    if (q->n_tokens < 1 || !q->tokens || q->pos0 < 0 || q->pos0 > (1 << 30) ||
-        q->n_out < 0 || q->n_out > q->n_tokens)
+    if (q->n_tokens < 1 || !q->tokens || q->pos0 < 0 || q->pos0 > (1 << 30) || q->n_out < 0 ||
+        q->n_out > q->n_tokens)
       return fw_fail(err, errlen, CM_ERR_INVAL,
                      "forward: sequence %d: bad token count, position or output count", s);
     if (q->n_tokens > m->max_T - T)
@@ -92,7 +92,8 @@ static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, cha
       m->pos[T + j] = q->pos0 + j;
     }
     if (q->n_bidir < 0 || (q->n_bidir > 0 && !q->bidir))
-      return fw_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad bidirectional ranges", s);
+      return fw_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad bidirectional ranges",
+                     s);
     for (int r = 0; r < q->n_bidir; r++) {
       int b0 = q->bidir[2 * r], b1 = q->bidir[2 * r + 1];
       int meets = b0 < q->pos0 + q->n_tokens && b1 > q->pos0;
@@ -102,7 +103,8 @@ static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, cha
                        "step's tokens [%d, %d)",
                        s, b0, b1, q->pos0, q->pos0 + q->n_tokens);
     }
-    for (int j = 0; j < q->n_out; j++) m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
+    for (int j = 0; j < q->n_out; j++)
+      m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
     for (int g = 0; g < m->kv.n_groups; g++) {
       const struct wk_kv_group *G = &m->kv.groups[g];
       int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
@@ -163,8 +165,8 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
       if (e < 0 || e >= E) return fw_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
       const char *gu = (const char *)w->experts_gate_up.p + (size_t)e * 2 * I * H * esz;
       const char *dn = (const char *)w->experts_down.p + (size_t)e * H * I * dsz;
-      K(kn_matmul(be, m->ex_h, 2 * I, m->h + (size_t)t * H, H, gu, w->experts_gate_up.dt, 1,
-                  2 * I, H, 0));
+      K(kn_matmul(be, m->ex_h, 2 * I, m->h + (size_t)t * H, H, gu, w->experts_gate_up.dt, 1, 2 * I,
+                  H, 0));
       K(kn_gelu_mul(be, m->ex_h, I, m->ex_h, I, m->ex_h + I, I, 1, I));
       K(kn_matmul(be, m->ex_y, H, m->ex_h, I, dn, w->experts_down.dt, 1, H, I, 0));
       K(kn_scale(be, m->ex_y, m->ex_y, wt[j], (size_t)H));
@@ -174,8 +176,7 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
   return 0;
 }
 
-static int run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
-                     size_t errlen) {
+static int run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err, size_t errlen) {
   const struct wk_config *c = &m->cfg;
   const struct wk_layer_cfg *l = &c->layers[layer];
   const struct wk_layer_w *w = &m->layers[layer];
@@ -197,8 +198,10 @@ static int run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err
   const int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
   if (!l->kv_shared) {
     K(kn_matmul(be, m->k, kvd, m->h, H, w->wk.p, w->wk.dt, T, kvd, H, 0));
-    if (l->k_eq_v) K(kn_copy_rows(be, m->v, kvd, m->k, kvd, T, kvd));
-    else K(kn_matmul(be, m->v, kvd, m->h, H, w->wv.p, w->wv.dt, T, kvd, H, 0));
+    if (l->k_eq_v)
+      K(kn_copy_rows(be, m->v, kvd, m->k, kvd, T, kvd));
+    else
+      K(kn_matmul(be, m->v, kvd, m->h, H, w->wv.p, w->wv.dt, T, kvd, H, 0));
     K(kn_rmsnorm(be, m->k, D, m->k, D, T * kvh, D, w->k_norm, KN_DTYPE_F32, eps, nm));
     K(kn_rope(be, m->k, kvd, T, kvh, D, m->pos, inv_freq));
     if (c->arch != WK_ARCH_GEMMA3)
@@ -270,8 +273,8 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
   for (int start = 0; start < R; start += m->max_out) {
     int n = CM_MIN(m->max_out, R - start);
     for (int r = 0; r < n; r++)
-      K(kn_copy_rows(be, m->sel + (size_t)r * H, H, m->x + (size_t)m->out_rows[start + r] * H, H,
-                     1, H));
+      K(kn_copy_rows(be, m->sel + (size_t)r * H, H, m->x + (size_t)m->out_rows[start + r] * H, H, 1,
+                     H));
     K(kn_rmsnorm(be, m->sel, H, m->sel, H, n, H, m->final_norm, KN_DTYPE_F32, (float)c->eps,
                  m->norm_mode));
     if (b->hidden)

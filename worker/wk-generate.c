@@ -59,26 +59,33 @@ int wk_generate_main(int argc, char **argv) {
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"prompt", CM_OPT_STR, &prompt, "TEXT", "prompt text (needs DIR/tokenizer.json; adds BOS)"},
-      {"prompt-ids", CM_OPT_STR, &prompt_ids, "IDS", "prompt token ids: \"2,651,1234\" or a JSON array"},
+      {"prompt-ids", CM_OPT_STR, &prompt_ids, "IDS",
+       "prompt token ids: \"2,651,1234\" or a JSON array"},
       {"max-tokens", CM_OPT_INT, &max_tokens, "N", "tokens to generate (default 16)", 1, 1 << 20},
-      {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk size in tokens (default: whole prompt)", 0, 1 << 20},
+      {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk size in tokens (default: whole prompt)", 0,
+       1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
-      {"kv-dtype", CM_OPT_STR, &kv_dtype, "T", "KV cache dtype: f32 | bf16 (default: f32 for f32 weights, else bf16)"},
+      {"kv-dtype", CM_OPT_STR, &kv_dtype, "T",
+       "KV cache dtype: f32 | bf16 (default: f32 for f32 weights, else bf16)"},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {0},
   };
-  int rc = cm_args_parse("lmserve generate", "offline greedy generation in one process", opts,
-                         argc, argv, 1, NULL, 0, NULL);
+  int rc = cm_args_parse("lmserve generate", "offline greedy generation in one process", opts, argc,
+                         argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
   if (!model || (!prompt == !prompt_ids)) {
-    fprintf(stderr, "lmserve generate: --model DIR and exactly one of --prompt / --prompt-ids are required\n");
+    fprintf(
+        stderr,
+        "lmserve generate: --model DIR and exactly one of --prompt / --prompt-ids are required\n");
     return 2;
   }
   int kvdt = 0;
   if (kv_dtype) {
-    if (!strcmp(kv_dtype, "f32")) kvdt = 1 + KN_DTYPE_F32;
-    else if (!strcmp(kv_dtype, "bf16")) kvdt = 1 + KN_DTYPE_BF16;
+    if (!strcmp(kv_dtype, "f32"))
+      kvdt = 1 + KN_DTYPE_F32;
+    else if (!strcmp(kv_dtype, "bf16"))
+      kvdt = 1 + KN_DTYPE_BF16;
     else {
       fprintf(stderr, "lmserve generate: --kv-dtype must be f32 or bf16\n");
       return 2;
@@ -137,13 +144,15 @@ int wk_generate_main(int argc, char **argv) {
   gen = malloc(sizeof(int32_t) * (size_t)max_tokens);
   if (!gen) goto done;
   int n_gen = 0;
-  struct wk_greedy_opts go = {.chunk = (int)chunk, .max_new = (int)max_tokens, .stop_at_eos = !ignore_eos};
+  struct wk_greedy_opts go = {
+      .chunk = (int)chunk, .max_new = (int)max_tokens, .stop_at_eos = !ignore_eos};
   if ((rc = wk_greedy_generate(m, &pa, ids, n_ids, &go, gen, &n_gen, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: %s\n", err);
     goto done;
   }
   printf("[");
-  for (int i = 0; i < n_gen; i++) printf("%s%d", i ? ", " : "", gen[i]);
+  for (int i = 0; i < n_gen; i++)
+    printf("%s%d", i ? ", " : "", gen[i]);
   printf("]\n");
   if (tok) {
     char *text = NULL;

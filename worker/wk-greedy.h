@@ -10,12 +10,12 @@
 #include "worker/wk-model.h"
 
 struct wk_greedy_opts {
-  int chunk;        /* prefill chunk in tokens; 0 = the whole prompt at once
-                       (capped by the model's max batch tokens) */
-  int max_new;      /* tokens to generate */
-  int stop_at_eos;  /* 1: stop after an eos id of the config */
-  float *logits;    /* optional host [max_new, vocab]: the logits each new
-                       token was chosen from */
+  int chunk;       /* prefill chunk in tokens; 0 = the whole prompt at once
+                      (capped by the model's max batch tokens) */
+  int max_new;     /* tokens to generate */
+  int stop_at_eos; /* 1: stop after an eos id of the config */
+  float *logits;   /* optional host [max_new, vocab]: the logits each new
+                      token was chosen from */
 };
 
 /* Runs prompt[0..n_prompt) then decodes greedily (argmax, first index on

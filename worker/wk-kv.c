@@ -25,8 +25,7 @@ int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block
     int g;
     for (g = 0; g < out->n_groups; g++) {
       const struct wk_kv_group *G = &out->groups[g];
-      if (G->kind == l->kind && G->head_dim == l->head_dim && G->n_kv_heads == l->n_kv_heads)
-        break;
+      if (G->kind == l->kind && G->head_dim == l->head_dim && G->n_kv_heads == l->n_kv_heads) break;
     }
     if (g == out->n_groups) {
       if (g == WK_MAX_KV_GROUPS) return CM_ERR_UNSUPPORTED;
@@ -44,7 +43,8 @@ int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block
   }
   if (out->n_groups == 0) return 0;
   size_t max_bpt = 0;
-  for (int g = 0; g < out->n_groups; g++) max_bpt = CM_MAX(max_bpt, out->groups[g].bytes_per_token);
+  for (int g = 0; g < out->n_groups; g++)
+    max_bpt = CM_MAX(max_bpt, out->groups[g].bytes_per_token);
   out->page_bytes = max_bpt * (size_t)block_tokens;
   for (int g = 0; g < out->n_groups; g++) {
     struct wk_kv_group *G = &out->groups[g];
@@ -73,7 +73,8 @@ int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block
 
 size_t wk_kv_bytes_per_token(const struct wk_kv_spec *s) {
   size_t b = 0;
-  for (int g = 0; g < s->n_groups; g++) b += s->groups[g].bytes_per_token;
+  for (int g = 0; g < s->n_groups; g++)
+    b += s->groups[g].bytes_per_token;
   return b;
 }
 
@@ -90,7 +91,8 @@ int wk_page_alloc_init(struct wk_page_alloc *a, int n_pages) {
   a->free_list = malloc(sizeof(int32_t) * (size_t)(n_pages ? n_pages : 1));
   if (!a->free_list) return CM_ERR_NOMEM;
   /* hand out low page ids first */
-  for (int i = 0; i < n_pages; i++) a->free_list[i] = n_pages - 1 - i;
+  for (int i = 0; i < n_pages; i++)
+    a->free_list[i] = n_pages - 1 - i;
   a->n_free = a->n_pages = n_pages;
   return 0;
 }
@@ -132,7 +134,8 @@ int wk_seq_blocks_reserve(struct wk_seq_blocks *b, const struct wk_kv_spec *s,
 void wk_seq_blocks_release(struct wk_seq_blocks *b, const struct wk_kv_spec *s,
                            struct wk_page_alloc *a) {
   for (int g = 0; g < s->n_groups; g++) {
-    for (int i = 0; i < b->n[g]; i++) wk_page_alloc_put(a, b->table[g][i]);
+    for (int i = 0; i < b->n[g]; i++)
+      wk_page_alloc_put(a, b->table[g][i]);
     free(b->table[g]);
   }
   memset(b, 0, sizeof(*b));

@@ -28,23 +28,23 @@
 
 struct wk_kv_group {
   enum wk_layer_kind kind;
-  int head_dim;           /* elements per head */
+  int head_dim; /* elements per head */
   int n_kv_heads;
-  int window;             /* sliding window in tokens; 0 for full attention */
-  int n_layers;           /* storing layers in this group */
+  int window;                /* sliding window in tokens; 0 for full attention */
+  int n_layers;              /* storing layers in this group */
   int layers[WK_MAX_LAYERS]; /* their indices, ascending */
-  size_t bytes_per_token; /* K and V of all its storing layers, bytes */
-  int block_tokens;       /* positions per page */
+  size_t bytes_per_token;    /* K and V of all its storing layers, bytes */
+  int block_tokens;          /* positions per page */
 };
 
 struct wk_kv_spec {
-  enum kn_dtype dtype;     /* KN_DTYPE_F32 or KN_DTYPE_BF16 */
+  enum kn_dtype dtype; /* KN_DTYPE_F32 or KN_DTYPE_BF16 */
   int n_groups;
   struct wk_kv_group groups[WK_MAX_KV_GROUPS];
-  size_t page_bytes;       /* bytes per physical page */
+  size_t page_bytes; /* bytes per physical page */
   int n_layers;
-  int layer_group[WK_MAX_LAYERS];  /* group each layer reads (its source's for shared layers);
-                                      -1 for an assistant layer (reads the target) */
+  int layer_group[WK_MAX_LAYERS];    /* group each layer reads (its source's for shared layers);
+                                        -1 for an assistant layer (reads the target) */
   size_t layer_k_off[WK_MAX_LAYERS]; /* bytes within a page of the layer it reads */
   size_t layer_v_off[WK_MAX_LAYERS];
 };

@@ -4,8 +4,8 @@
 #include "worker/wk-model.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +79,8 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
   int64_t want[3] = {d0, d1, d2};
   int nd = d1 < 0 ? 1 : d2 < 0 ? 2 : 3;
   int ok = t->ndim == nd;
-  for (int d = 0; ok && d < nd; d++) ok = t->shape[d] == want[d];
+  for (int d = 0; ok && d < nd; d++)
+    ok = t->shape[d] == want[d];
   if (!ok) {
     char got[96], exp[96];
     shape_str(got, sizeof(got), t->ndim, t->shape);
@@ -133,7 +134,8 @@ static const float *bind_vec(struct binder *b, int required, int64_t n, const ch
     b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
     return NULL;
   }
-  for (int64_t i = 0; i < n; i++) host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, (size_t)i);
+  for (int64_t i = 0; i < n; i++)
+    host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, (size_t)i);
   if (kn_upload(b->m->be, dev, host, sizeof(float) * (size_t)n))
     b->rc = ld_fail(b->err, b->errlen, CM_ERR_DEVICE, "upload of %s failed", name);
   free(host);
@@ -243,7 +245,8 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   }
   if (c->moe)
     for (int i = 0; i < L; i++) {
-      uint64_t ex = (uint64_t)c->n_experts * 3 * c->moe_ffn * H * kn_dtype_size(m->layers[i].experts_down.dt);
+      uint64_t ex =
+          (uint64_t)c->n_experts * 3 * c->moe_ffn * H * kn_dtype_size(m->layers[i].experts_down.dt);
       m->bytes_per_token -= ex - ex / c->n_experts * c->top_k_experts;
     }
   return 0;
@@ -266,7 +269,8 @@ static int build_rope(struct wk_model *m) {
       }
     }
     m->inv_freq[kind] = wk_model_alloc(m, sizeof(float) * (size_t)(D / 2));
-    if (!m->inv_freq[kind] || kn_upload(m->be, m->inv_freq[kind], host, sizeof(float) * (size_t)(D / 2)))
+    if (!m->inv_freq[kind] ||
+        kn_upload(m->be, m->inv_freq[kind], host, sizeof(float) * (size_t)(D / 2)))
       return CM_ERR_NOMEM;
   }
   return 0;
@@ -284,9 +288,9 @@ static int alloc_scratch(struct wk_model *m) {
   size_t H = (size_t)c->hidden, LP = (size_t)c->n_layers * (size_t)c->ple_dim;
   size_t f = sizeof(float);
   m->max_out = (int)CM_MIN(T, CM_MAX((size_t)1, ((size_t)64 << 20) / ((size_t)c->vocab * f)));
-#define A(field, n) \
-  do { \
-    if (!(m->field = wk_model_alloc(m, (n) * f))) return CM_ERR_NOMEM; \
+#define A(field, n)                                                                                \
+  do {                                                                                             \
+    if (!(m->field = wk_model_alloc(m, (n)*f))) return CM_ERR_NOMEM;                               \
   } while (0)
   A(x, T * H);
   A(h, T * H);
@@ -334,7 +338,8 @@ static void prefault(struct wk_model *m, int quiet) {
   for (int i = 0; i < wk_st_count(m->st); i++) {
     const struct wk_tensor *t = wk_st_get(m->st, i);
     const unsigned char *p = t->data;
-    for (size_t off = 0; off < t->nbytes; off += 4096) sink ^= p[off];
+    for (size_t off = 0; off < t->nbytes; off += 4096)
+      sink ^= p[off];
     done += t->nbytes;
     if (loud && done >= next && total) {
       fprintf(stderr, "lmserve: loading %s: %3d%% (%.2f / %.2f GB)\n", m->dir,
@@ -356,8 +361,7 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
   if (rc) goto fail;
   if (m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) {
     rc = ld_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: a gemma4_assistant checkpoint runs only as a draft model of its target",
-                 dir);
+                 "%s: a gemma4_assistant checkpoint runs only as a draft model of its target", dir);
     goto fail;
   }
   if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
@@ -371,11 +375,13 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
     goto fail;
   }
   int kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : 8192;
-  for (int g = 0; g < m->kv.n_groups; g++) m->n_pages += wk_kv_blocks_for(&m->kv, g, kv_tokens);
+  for (int g = 0; g < m->kv.n_groups; g++)
+    m->n_pages += wk_kv_blocks_for(&m->kv, g, kv_tokens);
   if (o.kv_bytes > 0 && m->kv.n_groups) {
     uint64_t pages = o.kv_bytes / m->kv.page_bytes;
     if (pages < 1 || pages > INT32_MAX / 4096) {
-      rc = ld_fail(err, errlen, CM_ERR_RANGE, "KV pool of %llu bytes: pages of %zu bytes give %llu pages",
+      rc = ld_fail(err, errlen, CM_ERR_RANGE,
+                   "KV pool of %llu bytes: pages of %zu bytes give %llu pages",
                    (unsigned long long)o.kv_bytes, m->kv.page_bytes, (unsigned long long)pages);
       goto fail;
     }
@@ -396,7 +402,8 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
   }
   prefault(m, o.quiet);
   if (!o.quiet)
-    cm_info("wk", "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights, KV %zu B/token",
+    cm_info("wk",
+            "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights, KV %zu B/token",
             dir, m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab,
             (double)m->weight_bytes / 1e6, wk_kv_bytes_per_token(&m->kv));
   *out = m;
@@ -408,7 +415,8 @@ fail:
 
 void wk_model_free(struct wk_model *m) {
   if (!m) return;
-  for (int i = 0; i < m->n_owned; i++) kn_free(m->be, m->owned[i]);
+  for (int i = 0; i < m->n_owned; i++)
+    kn_free(m->be, m->owned[i]);
   free(m->owned);
   free(m->layers);
   free(m->ids);
@@ -422,10 +430,24 @@ void wk_model_free(struct wk_model *m) {
   free(m);
 }
 
-const struct wk_config *wk_model_config(const struct wk_model *m) { return &m->cfg; }
-const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m) { return &m->kv; }
-int wk_model_n_pages(const struct wk_model *m) { return m->n_pages; }
-int wk_model_max_batch_tokens(const struct wk_model *m) { return m->max_T; }
-int wk_model_max_seqs(const struct wk_model *m) { return m->max_seqs; }
-uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m) { return m->bytes_per_token; }
-uint64_t wk_model_weight_bytes(const struct wk_model *m) { return m->weight_bytes; }
+const struct wk_config *wk_model_config(const struct wk_model *m) {
+  return &m->cfg;
+}
+const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m) {
+  return &m->kv;
+}
+int wk_model_n_pages(const struct wk_model *m) {
+  return m->n_pages;
+}
+int wk_model_max_batch_tokens(const struct wk_model *m) {
+  return m->max_T;
+}
+int wk_model_max_seqs(const struct wk_model *m) {
+  return m->max_seqs;
+}
+uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m) {
+  return m->bytes_per_token;
+}
+uint64_t wk_model_weight_bytes(const struct wk_model *m) {
+  return m->weight_bytes;
+}

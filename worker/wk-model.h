@@ -51,7 +51,7 @@ void wk_model_free(struct wk_model *m);
 
 const struct wk_config *wk_model_config(const struct wk_model *m);
 const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m);
-int wk_model_n_pages(const struct wk_model *m);  /* pages in the physical pool */
+int wk_model_n_pages(const struct wk_model *m); /* pages in the physical pool */
 int wk_model_max_batch_tokens(const struct wk_model *m);
 int wk_model_max_seqs(const struct wk_model *m);
 /* Bytes of weights read for one decode token (every matrix once, plus one
@@ -61,15 +61,15 @@ uint64_t wk_model_weight_bytes(const struct wk_model *m);
 
 /* One sequence of a batch (host memory; not retained after the call). */
 struct wk_seq_input {
-  const int32_t *tokens;   /* [n_tokens] */
-  int n_tokens;            /* >= 1 */
-  int pos0;                /* absolute position of tokens[0] */
+  const int32_t *tokens;                         /* [n_tokens] */
+  int n_tokens;                                  /* >= 1 */
+  int pos0;                                      /* absolute position of tokens[0] */
   const int32_t *block_tables[WK_MAX_KV_GROUPS]; /* per KV group: page ids */
   int n_blocks[WK_MAX_KV_GROUPS];
-  int n_out;               /* outputs for its last n_out tokens (0..n_tokens) */
-  const int32_t *bidir;    /* [n_bidir, 2] absolute position ranges [begin, end) attended
-                              bidirectionally (an image's tokens), or NULL; a range that
-                              meets this step's tokens must lie wholly inside them */
+  int n_out;            /* outputs for its last n_out tokens (0..n_tokens) */
+  const int32_t *bidir; /* [n_bidir, 2] absolute position ranges [begin, end) attended
+                           bidirectionally (an image's tokens), or NULL; a range that
+                           meets this step's tokens must lie wholly inside them */
   int n_bidir;
 };
 

@@ -17,9 +17,9 @@
 #include "worker/wk-config.h"
 
 struct st_map {
-  void *base;       /* mmap'd region, or NULL for wk_st_open_mem */
-  size_t len;       /* bytes */
-  char *fname;      /* base name */
+  void *base;  /* mmap'd region, or NULL for wk_st_open_mem */
+  size_t len;  /* bytes */
+  char *fname; /* base name */
 };
 
 struct wk_st {
@@ -27,7 +27,7 @@ struct wk_st {
   int n_maps;
   struct wk_tensor *t; /* sorted by name after open */
   int n, cap;
-  void **copies;       /* aligned copies of misaligned tensors */
+  void **copies; /* aligned copies of misaligned tensors */
   int n_copies;
   uint64_t bytes;
 };
@@ -66,9 +66,11 @@ static int cmp_tensor(const void *a, const void *b) {
 
 void wk_st_close(struct wk_st *st) {
   if (!st) return;
-  for (int i = 0; i < st->n; i++) free((char *)st->t[i].name);
+  for (int i = 0; i < st->n; i++)
+    free((char *)st->t[i].name);
   free(st->t);
-  for (int i = 0; i < st->n_copies; i++) free(st->copies[i]);
+  for (int i = 0; i < st->n_copies; i++)
+    free(st->copies[i]);
   free(st->copies);
   for (int i = 0; i < st->n_maps; i++) {
     if (st->maps[i].base) munmap(st->maps[i].base, st->maps[i].len);
@@ -83,7 +85,8 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
                     char *err, size_t errlen) {
   if (len < 8) return st_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", fname);
   uint64_t hlen = 0;
-  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
+  for (int i = 7; i >= 0; i--)
+    hlen = (hlen << 8) | buf[i];
   if (hlen > WK_ST_MAX_HEADER)
     return st_fail(err, errlen, CM_ERR_TOOBIG, "%s: header of %llu bytes is too large", fname,
                    (unsigned long long)hlen);
@@ -133,7 +136,8 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
       const json_t *e = json_array_get(sh, d);
       json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
       if (v < 0 || v > ((json_int_t)1 << 40)) {
-        rc = st_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: bad shape entry %zu", fname, key, d);
+        rc =
+            st_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: bad shape entry %zu", fname, key, d);
         goto done;
       }
       t.shape[d] = v;
@@ -242,7 +246,8 @@ static int st_map_file(struct wk_st *st, const char *path, char *err, size_t err
   }
   void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
-  if (base == MAP_FAILED) return st_fail(err, errlen, CM_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+  if (base == MAP_FAILED)
+    return st_fail(err, errlen, CM_ERR_IO, "%s: mmap: %s", path, strerror(errno));
   int rc = st_add_map(st, base, len, fname);
   if (rc) {
     munmap(base, len);
@@ -326,7 +331,8 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
       goto fail;
     }
     int seen = 0;
-    for (int i = 0; i < st->n_maps && !seen; i++) seen = !strcmp(st->maps[i].fname, f);
+    for (int i = 0; i < st->n_maps && !seen; i++)
+      seen = !strcmp(st->maps[i].fname, f);
     if (seen) continue;
     snprintf(path, sizeof(path), "%s/%s", dir, f);
     if ((rc = st_map_file(st, path, err, errlen))) goto fail;
@@ -335,9 +341,9 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
   json_object_foreach((json_t *)wm, key, val) {
     const struct wk_tensor *t = wk_st_find(st, key);
     if (!t || strcmp(t->file, json_string_value(val))) {
-      rc = st_fail(err, errlen, CM_ERR_NOENT,
-                   "model.safetensors.index.json: tensor %s is not in %s", key,
-                   json_string_value(val));
+      rc =
+          st_fail(err, errlen, CM_ERR_NOENT, "model.safetensors.index.json: tensor %s is not in %s",
+                  key, json_string_value(val));
       goto fail;
     }
   }
@@ -355,13 +361,17 @@ const struct wk_tensor *wk_st_find(const struct wk_st *st, const char *name) {
   return bsearch(&key, st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
 }
 
-int wk_st_count(const struct wk_st *st) { return st->n; }
+int wk_st_count(const struct wk_st *st) {
+  return st->n;
+}
 
 const struct wk_tensor *wk_st_get(const struct wk_st *st, int i) {
   return i >= 0 && i < st->n ? &st->t[i] : NULL;
 }
 
-uint64_t wk_st_data_bytes(const struct wk_st *st) { return st->bytes; }
+uint64_t wk_st_data_bytes(const struct wk_st *st) {
+  return st->bytes;
+}
 
 /* ---- writer --------------------------------------------------------------- */
 
@@ -398,7 +408,8 @@ int wk_st_write_header(FILE *f, const struct wk_st_entry *e, int n) {
   }
   size_t len = strlen(s), padded = (len + 7) & ~(size_t)7;
   unsigned char hdr[8];
-  for (int i = 0; i < 8; i++) hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    hdr[i] = (unsigned char)((uint64_t)padded >> (8 * i));
   if (fwrite(hdr, 1, 8, f) != 8 || fwrite(s, 1, len, f) != len) rc = CM_ERR_IO;
   for (size_t i = len; i < padded && !rc; i++)
     if (fputc(' ', f) == EOF) rc = CM_ERR_IO;

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define WK_ST_MAX_DIMS 4
+#define WK_ST_MAX_DIMS   4
 #define WK_ST_MAX_HEADER (256u << 20) /* bytes */
 
 enum wk_st_dtype {
@@ -29,13 +29,13 @@ enum wk_st_dtype {
 };
 
 struct wk_tensor {
-  const char *name;      /* NUL-terminated, owned by the wk_st */
-  const char *file;      /* base name of the file holding it */
+  const char *name; /* NUL-terminated, owned by the wk_st */
+  const char *file; /* base name of the file holding it */
   enum wk_st_dtype dtype;
-  char dtype_name[8];    /* as written in the header ("BF16", "F8_E4M3", ...) */
+  char dtype_name[8]; /* as written in the header ("BF16", "F8_E4M3", ...) */
   int ndim;
   int64_t shape[WK_ST_MAX_DIMS];
-  const void *data;      /* mmap'd (or aligned copy), nbytes long */
+  const void *data; /* mmap'd (or aligned copy), nbytes long */
   size_t nbytes;
 };
 
@@ -57,7 +57,7 @@ void wk_st_close(struct wk_st *st);
 const struct wk_tensor *wk_st_find(const struct wk_st *st, const char *name);
 int wk_st_count(const struct wk_st *st);
 const struct wk_tensor *wk_st_get(const struct wk_st *st, int i); /* sorted by name */
-uint64_t wk_st_data_bytes(const struct wk_st *st); /* sum of tensor bytes */
+uint64_t wk_st_data_bytes(const struct wk_st *st);                /* sum of tensor bytes */
 
 const char *wk_st_dtype_name(enum wk_st_dtype dt);
 size_t wk_st_dtype_size(enum wk_st_dtype dt);

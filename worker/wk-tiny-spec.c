@@ -37,12 +37,11 @@ void wk_tiny_spec_free(struct wk_tiny_spec *s) {
   memset(s, 0, sizeof(*s));
 }
 
-static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim,
-               int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...)
-    __attribute__((format(printf, 9, 10)));
+static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim, int64_t d0,
+               int64_t d1, int64_t d2, const char *fmt, ...) __attribute__((format(printf, 9, 10)));
 
-static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim,
-               int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
+static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim, int64_t d0,
+               int64_t d1, int64_t d2, const char *fmt, ...) {
   if (s->n_tensors == s->cap) {
     int nc = s->cap ? s->cap * 2 : 64;
     struct wk_tensor_spec *nt = realloc(s->tensors, sizeof(*nt) * (size_t)nc);
@@ -67,7 +66,8 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
   return 0;
 }
 
-#define LIN(out, in, ...) add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)(in)), 0, 2, out, in, 0, __VA_ARGS__)
+#define LIN(out, in, ...)                                                                          \
+  add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)(in)), 0, 2, out, in, 0, __VA_ARGS__)
 #define NORM(d, ...) add(s, WK_INIT_AROUND, 0.1, norm_center, 1, d, 0, 0, __VA_ARGS__)
 
 /* The tensors of one decoder stack (model.layers.*, model.norm, embeddings). */
@@ -109,8 +109,8 @@ static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embe
       rc |= add(s, WK_INIT_UNIFORM, 0.5, 1.5, 1, E, 0, 0, "%s.%d.router.per_expert_scale", p, i);
       rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)H), 0, 3, E, 2 * I, H,
                 "%s.%d.experts.gate_up_proj", p, i);
-      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)I), 0, 3, E, H, I,
-                "%s.%d.experts.down_proj", p, i);
+      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)I), 0, 3, E, H, I, "%s.%d.experts.down_proj",
+                p, i);
       rc |= NORM(H, "%s.%d.pre_feedforward_layernorm_2.weight", p, i);
       rc |= NORM(H, "%s.%d.post_feedforward_layernorm_1.weight", p, i);
       rc |= NORM(H, "%s.%d.post_feedforward_layernorm_2.weight", p, i);
@@ -129,7 +129,8 @@ static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embe
 
 static json_t *int_list(const int *v, int n) {
   json_t *a = json_array();
-  for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+  for (int i = 0; i < n; i++)
+    json_array_append_new(a, json_integer(v[i]));
   return a;
 }
 
@@ -174,11 +175,11 @@ static json_t *gemma4_text_config(int V, int H, int F, int L, int nh, int nkv, i
   json_object_set_new(t, "pad_token_id", json_integer(0));
   json_object_set_new(t, "bos_token_id", json_integer(2));
   json_object_set_new(t, "eos_token_id", int_list((const int[]){1, 106}, V > 106 ? 2 : 1));
-  json_object_set_new(
-      t, "rope_parameters",
-      json_pack("{s:{s:s,s:f},s:{s:s,s:f,s:f}}", "sliding_attention", "rope_type", "default",
-                "rope_theta", 10000.0, "full_attention", "rope_type", "proportional",
-                "partial_rotary_factor", 0.25, "rope_theta", 1000000.0));
+  json_object_set_new(t, "rope_parameters",
+                      json_pack("{s:{s:s,s:f},s:{s:s,s:f,s:f}}", "sliding_attention", "rope_type",
+                                "default", "rope_theta", 10000.0, "full_attention", "rope_type",
+                                "proportional", "partial_rotary_factor", 0.25, "rope_theta",
+                                1000000.0));
   return t;
 }
 
@@ -202,8 +203,8 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
       if (c->use_ordered_embeddings) {
         rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, c->num_centroids, h, 0,
                   "masked_embedding.centroids.weight");
-        rc |= add(s, WK_INIT_PERMUTATION, 0, 0, 1, c->vocab, 0, 0,
-                  "masked_embedding.token_ordering");
+        rc |=
+            add(s, WK_INIT_PERMUTATION, 0, 0, 1, c->vocab, 0, 0, "masked_embedding.token_ordering");
       }
       if (rc) rc = ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     }
@@ -211,7 +212,8 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
   char gen[128];
   int n = c->n_eos;
   if (!rc) {
-    int len = snprintf(gen, sizeof(gen), "{\n  \"bos_token_id\": %d,\n  \"eos_token_id\": [", c->bos_id);
+    int len =
+        snprintf(gen, sizeof(gen), "{\n  \"bos_token_id\": %d,\n  \"eos_token_id\": [", c->bos_id);
     for (int i = 0; i < n; i++)
       len += snprintf(gen + len, sizeof(gen) - (size_t)len, "%s%d", i ? ", " : "", c->eos_ids[i]);
     snprintf(gen + len, sizeof(gen) - (size_t)len, "]\n}\n");
@@ -248,7 +250,8 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     }
     if (o->sliding_window) win = o->sliding_window;
     int full[WK_MAX_LAYERS];
-    for (int i = 0; i < L; i++) full[i] = (i + 1) % pattern == 0;
+    for (int i = 0; i < L; i++)
+      full[i] = (i + 1) % pattern == 0;
     root = json_object();
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma3ForCausalLM"));
     json_object_set_new(root, "model_type", json_string("gemma3_text"));
@@ -298,9 +301,9 @@ int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, ch
   int h = 32, nh = 4;
   int kvh = t->layers[sl].n_kv_heads, gkvh = t->layers[fl].n_kv_heads;
   if (nh % kvh || nh % gkvh) nh = kvh * gkvh;
-  json_t *text = gemma4_text_config(t->vocab, h, 64, 4, nh, kvh, t->head_dim, t->global_head_dim,
-                                    t->k_eq_v ? gkvh : 0, t->k_eq_v, t->sliding_window, full, 4, 0,
-                                    0, 0);
+  json_t *text =
+      gemma4_text_config(t->vocab, h, 64, 4, nh, kvh, t->head_dim, t->global_head_dim,
+                         t->k_eq_v ? gkvh : 0, t->k_eq_v, t->sliding_window, full, 4, 0, 0, 0);
   json_object_set_new(text, "final_logit_softcapping", json_null());
   json_t *root = json_object();
   json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4AssistantForCausalLM"));
@@ -347,11 +350,13 @@ static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, 
                         enum wk_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
   struct rng r = {seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull + 1};
   uint64_t n = 1;
-  for (int d = 0; d < t->e.ndim; d++) n *= (uint64_t)t->e.shape[d];
+  for (int d = 0; d < t->e.ndim; d++)
+    n *= (uint64_t)t->e.shape[d];
   if (t->init == WK_INIT_PERMUTATION) {
     int64_t *p = malloc(sizeof(int64_t) * (n ? n : 1));
     if (!p) return CM_ERR_NOMEM;
-    for (uint64_t i = 0; i < n; i++) p[i] = (int64_t)i;
+    for (uint64_t i = 0; i < n; i++)
+      p[i] = (int64_t)i;
     for (uint64_t i = n; i > 1; i--) { /* Fisher-Yates */
       uint64_t j = rng_next(&r) % i;
       int64_t tmp = p[i - 1];
@@ -372,9 +377,12 @@ static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, 
       case WK_INIT_AROUND: v = t->b + rng_normal(&r) * t->a; break;
       default: v = t->a + (t->b - t->a) * rng_unit(&r); break; /* WK_INIT_UNIFORM */
       }
-      if (dt == WK_ST_F32) buf32[i] = (float)v;
-      else if (dt == WK_ST_F16) buf16[i] = kn_f32_to_f16((float)v);
-      else buf16[i] = kn_f32_to_bf16((float)v);
+      if (dt == WK_ST_F32)
+        buf32[i] = (float)v;
+      else if (dt == WK_ST_F16)
+        buf16[i] = kn_f32_to_f16((float)v);
+      else
+        buf16[i] = kn_f32_to_bf16((float)v);
     }
     const void *src = dt == WK_ST_F32 ? (const void *)buf32 : (const void *)buf16;
     if (fwrite(src, esz, m, f) != m) return CM_ERR_IO;

@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const struct wk_tensor *t = wk_st_get(st, i);
         size_t esz = wk_st_dtype_size(t->dtype);
         uint64_t count = 1;
-        for (int d = 0; d < t->ndim; d++) count *= (uint64_t)t->shape[d];
+        for (int d = 0; d < t->ndim; d++)
+          count *= (uint64_t)t->shape[d];
         if (esz && count * esz != t->nbytes) abort();
         if (t->nbytes) {
           const uint8_t *p = t->data;

@@ -36,8 +36,8 @@ static void cleanup(void) {
 static int lm(char **out, char **err, const char *a1, const char *a2, const char *a3,
               const char *a4, const char *a5, const char *a6, const char *a7, const char *a8,
               const char *a9) {
-  char *argv[] = {bin(), (char *)a1, (char *)a2, (char *)a3, (char *)a4, (char *)a5, (char *)a6,
-                  (char *)a7, (char *)a8, (char *)a9, NULL};
+  char *argv[] = {bin(),      (char *)a1, (char *)a2, (char *)a3, (char *)a4, (char *)a5,
+                  (char *)a6, (char *)a7, (char *)a8, (char *)a9, NULL};
   *out = *err = NULL;
   return th_run(argv, NULL, NULL, 0, 120000, out, err);
 }
@@ -58,11 +58,14 @@ TH_TEST(make_tiny_model_is_deterministic) {
   snprintf(m2, sizeof(m2), "%s/m2", d);
   snprintf(m3, sizeof(m3), "%s/m3", d);
   char *out, *err;
-  TH_CHECK_EQ_INT(lm(&out, &err, "make-tiny-model", "--out", m1, "--vocab", "512", "--seed", "3", 0, 0), 0);
+  TH_CHECK_EQ_INT(
+      lm(&out, &err, "make-tiny-model", "--out", m1, "--vocab", "512", "--seed", "3", 0, 0), 0);
   free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "make-tiny-model", "--out", m2, "--vocab", "512", "--seed", "3", 0, 0), 0);
+  TH_CHECK_EQ_INT(
+      lm(&out, &err, "make-tiny-model", "--out", m2, "--vocab", "512", "--seed", "3", 0, 0), 0);
   free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "make-tiny-model", "--out", m3, "--vocab", "512", "--seed", "4", 0, 0), 0);
+  TH_CHECK_EQ_INT(
+      lm(&out, &err, "make-tiny-model", "--out", m3, "--vocab", "512", "--seed", "4", 0, 0), 0);
   TH_CHECK(strstr(err, "no tokenizer") != NULL); /* vocab 512 is not the Gemma tokenizer's */
   free(out), free(err);
   snprintf(f1, sizeof(f1), "%s/model.safetensors", m1);
@@ -83,22 +86,28 @@ TH_TEST(generate_ids_and_chunking) {
   char m[300];
   snprintf(m, sizeof(m), "%s/g3", d);
   char *out, *err;
-  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--arch", "gemma3", "--out", m, "--vocab", "512", 0, 0) == 0);
+  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--arch", "gemma3", "--out", m, "--vocab", "512", 0,
+                0) == 0);
   free(out), free(err);
   /* 100 prompt ids: crosses the 64-token sliding window */
   char ids[1024] = "[2";
-  for (int i = 1; i < 100; i++) snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), ",%d", (i * 37) % 500 + 3);
+  for (int i = 1; i < 100; i++)
+    snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), ",%d", (i * 37) % 500 + 3);
   strcat(ids, "]");
   char *o1, *o2, *o3;
-  TH_REQUIRE(lm(&o1, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12", "--ignore-eos", 0) == 0);
+  TH_REQUIRE(lm(&o1, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+                "--ignore-eos", 0) == 0);
   free(err);
-  TH_REQUIRE(lm(&o2, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12", "--chunk=7", "--ignore-eos") == 0);
+  TH_REQUIRE(lm(&o2, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+                "--chunk=7", "--ignore-eos") == 0);
   free(err);
-  TH_REQUIRE(lm(&o3, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12", "--chunk=1", "--ignore-eos") == 0);
+  TH_REQUIRE(lm(&o3, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+                "--chunk=1", "--ignore-eos") == 0);
   free(err);
   TH_CHECK(o1[0] == '[' && strchr(o1, ']') && strchr(o1, '\n'));
   int commas = 0;
-  for (char *p = o1; *p && *p != '\n'; p++) commas += *p == ',';
+  for (char *p = o1; *p && *p != '\n'; p++)
+    commas += *p == ',';
   TH_CHECK_EQ_INT(commas, 11);
   /* the same tokens however the prompt is chunked */
   TH_CHECK_EQ_STR(o1, o2);
@@ -129,7 +138,8 @@ TH_TEST(generate_text_with_tokenizer_and_assistant) {
   } else {
     fprintf(stderr, "note: the Gemma tokenizer is not installed; --prompt not exercised\n");
   }
-  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--arch", "gemma4-assistant", "--target", m, "--out", a, 0, 0) == 0);
+  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--arch", "gemma4-assistant", "--target", m, "--out",
+                a, 0, 0) == 0);
   free(out), free(err);
   char cfg[400];
   snprintf(cfg, sizeof(cfg), "%s/config.json", a);
@@ -162,7 +172,9 @@ TH_TEST(generate_errors) {
   TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", m, "--prompt", "hi", 0, 0, 0, 0), 2);
   TH_CHECK(strstr(err, "tokenizer.json") != NULL);
   free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", "/nonexistent-dir", "--prompt-ids", "2", 0, 0, 0, 0), 1);
+  TH_CHECK_EQ_INT(
+      lm(&out, &err, "generate", "--model", "/nonexistent-dir", "--prompt-ids", "2", 0, 0, 0, 0),
+      1);
   TH_CHECK(strstr(err, "config.json") != NULL);
   free(out), free(err);
   TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", m, "--prompt-ids", "x", 0, 0, 0, 0), 2);

@@ -99,8 +99,10 @@ TH_TEST(config_gemma4_e2b_plan) {
       TH_CHECK_EQ_INT(c.layers[i].head_dim, full ? 512 : 256);
       TH_CHECK_EQ_INT(c.layers[i].kv_shared, i >= 15);
       TH_CHECK_EQ_INT(c.layers[i].ffn_dim, i >= 15 ? 12288 : 6144);
-      if (i >= 15) TH_CHECK_EQ_INT(c.layers[i].kv_source, full ? 14 : 13);
-      else TH_CHECK_EQ_INT(c.layers[i].kv_source, i);
+      if (i >= 15)
+        TH_CHECK_EQ_INT(c.layers[i].kv_source, full ? 14 : 13);
+      else
+        TH_CHECK_EQ_INT(c.layers[i].kv_source, i);
     }
     TH_CHECK_EQ_INT(wk_config_last_storing_layer(&c, WK_LAYER_SLIDING), 13);
     TH_CHECK_EQ_INT(wk_config_last_storing_layer(&c, WK_LAYER_FULL), 14);

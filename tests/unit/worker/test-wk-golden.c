@@ -37,16 +37,22 @@ static void golden(const char *name) {
              tg->dtype == WK_ST_I64 && tl->ndim == 2);
   int T = (int)ti->shape[0], V = (int)tl->shape[1], N = (int)tg->shape[0];
   TH_REQUIRE(tl->shape[0] == T);
-  int32_t *ids = malloc(sizeof(int32_t) * (size_t)T), *want_greedy = malloc(sizeof(int32_t) * (size_t)N);
-  for (int i = 0; i < T; i++) ids[i] = (int32_t)((const int64_t *)ti->data)[i];
-  for (int i = 0; i < N; i++) want_greedy[i] = (int32_t)((const int64_t *)tg->data)[i];
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)T),
+          *want_greedy = malloc(sizeof(int32_t) * (size_t)N);
+  for (int i = 0; i < T; i++)
+    ids[i] = (int32_t)((const int64_t *)ti->data)[i];
+  for (int i = 0; i < N; i++)
+    want_greedy[i] = (int32_t)((const int64_t *)tg->data)[i];
   const float *want = tl->data;
 
   struct kn_backend *be = NULL;
   TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
   struct wk_model *m = NULL;
-  struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T + N + 1,
-                             .kv_dtype = 1 + KN_DTYPE_F32, .quiet = 1};
+  struct wk_model_opts mo = {.max_batch_tokens = T,
+                             .max_seqs = 1,
+                             .kv_tokens = T + N + 1,
+                             .kv_dtype = 1 + KN_DTYPE_F32,
+                             .quiet = 1};
   if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "%s: %s", name, err);
     th_stop();
@@ -92,7 +98,8 @@ static void golden(const char *name) {
     TH_REQUIRE(wk_greedy_generate(m, &pa, ids, T, &go, gen, &n_gen, err, sizeof(err)) == 0);
     if (n_gen != N || memcmp(gen, want_greedy, sizeof(int32_t) * (size_t)N)) {
       char a[512] = "", b2[512] = "";
-      for (int i = 0; i < n_gen; i++) snprintf(a + strlen(a), sizeof(a) - strlen(a), " %d", gen[i]);
+      for (int i = 0; i < n_gen; i++)
+        snprintf(a + strlen(a), sizeof(a) - strlen(a), " %d", gen[i]);
       for (int i = 0; i < N; i++)
         snprintf(b2 + strlen(b2), sizeof(b2) - strlen(b2), " %d", want_greedy[i]);
       th_fail(__FILE__, __LINE__, "%s: chunk %d: greedy [%s ] != transformers [%s ]", name,
@@ -109,6 +116,12 @@ static void golden(const char *name) {
   wk_st_close(g);
 }
 
-TH_TEST(golden_gemma3) { golden("gemma3"); }
-TH_TEST(golden_gemma4) { golden("gemma4"); }
-TH_TEST(golden_gemma4_moe) { golden("gemma4-moe"); }
+TH_TEST(golden_gemma3) {
+  golden("gemma3");
+}
+TH_TEST(golden_gemma4) {
+  golden("gemma4");
+}
+TH_TEST(golden_gemma4_moe) {
+  golden("gemma4-moe");
+}

@@ -102,7 +102,8 @@ static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
 static int run_all(struct fixture *f, struct seq *s, int ns, int chunk) {
   for (;;) {
     int left = 0;
-    for (int i = 0; i < ns; i++) left |= s[i].done < s[i].n;
+    for (int i = 0; i < ns; i++)
+      left |= s[i].done < s[i].n;
     if (!left) return 0;
     if (step(f, s, ns, chunk)) return -1;
   }
@@ -163,11 +164,15 @@ static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dt
   teardown(&f);
 }
 
-TH_TEST(gemma4_chunked_batched_bit_exact) { check_chunking_and_batching("gemma4", 0, WK_ST_BF16); }
+TH_TEST(gemma4_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma4", 0, WK_ST_BF16);
+}
 TH_TEST(gemma4_moe_chunked_batched_bit_exact) {
   check_chunking_and_batching("gemma4", 1, WK_ST_F32);
 }
-TH_TEST(gemma3_chunked_batched_bit_exact) { check_chunking_and_batching("gemma3", 0, WK_ST_BF16); }
+TH_TEST(gemma3_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma3", 0, WK_ST_BF16);
+}
 
 /* Greedy continuations agree for every chunking, and the window matters:
  * a model whose only change is a wider window continues differently. */
@@ -245,7 +250,8 @@ TH_TEST(bad_batches_are_refused) {
   TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_INVAL);
   s.n_out = 1;
   struct wk_seq_input many[5];
-  for (int i = 0; i < 5; i++) many[i] = s;
+  for (int i = 0; i < 5; i++)
+    many[i] = s;
   struct wk_batch b5 = {.seqs = many, .n_seqs = 5, .logits = logits};
   TH_CHECK_EQ_INT(wk_model_forward(f.m, &b5, err, sizeof(err)), CM_ERR_TOOBIG);
   /* still usable, and deterministic */
@@ -323,8 +329,10 @@ TH_TEST(bidirectional_image_range) {
     int cuts[4] = {0, N, N, N};
     if (run == 2) cuts[1] = 10, cuts[2] = 20;
     for (int c = 0; c < 3 && cuts[c] < N; c++) {
-      struct wk_seq_input in = {.tokens = p + cuts[c], .n_tokens = cuts[c + 1] - cuts[c],
-                                .pos0 = cuts[c], .n_out = cuts[c + 1] - cuts[c]};
+      struct wk_seq_input in = {.tokens = p + cuts[c],
+                                .n_tokens = cuts[c + 1] - cuts[c],
+                                .pos0 = cuts[c],
+                                .n_out = cuts[c + 1] - cuts[c]};
       if (run) in.bidir = range, in.n_bidir = 1;
       for (int g = 0; g < kv->n_groups; g++) {
         in.block_tables[g] = blk.table[g];
@@ -342,8 +350,8 @@ TH_TEST(bidirectional_image_range) {
   /* a range crossing a step boundary */
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, N) == 0);
-  struct wk_seq_input in = {.tokens = p, .n_tokens = 15, .pos0 = 0, .n_out = 1, .bidir = range,
-                            .n_bidir = 1};
+  struct wk_seq_input in = {
+      .tokens = p, .n_tokens = 15, .pos0 = 0, .n_out = 1, .bidir = range, .n_bidir = 1};
   for (int g = 0; g < kv->n_groups; g++) {
     in.block_tables[g] = blk.table[g];
     in.n_blocks[g] = blk.n[g];
@@ -411,7 +419,8 @@ TH_TEST(kv_pool_sized_in_bytes) {
   TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   int want = 0;
-  for (int g = 0; g < kv->n_groups; g++) want += wk_kv_blocks_for(kv, g, 100);
+  for (int g = 0; g < kv->n_groups; g++)
+    want += wk_kv_blocks_for(kv, g, 100);
   TH_CHECK_EQ_INT(wk_model_n_pages(m), want);
   size_t page = kv->page_bytes;
   wk_model_free(m);

@@ -31,7 +31,8 @@ static double *W(const struct ref *r, const char *name) {
   if (!t) return NULL;
   size_t n = t->nbytes / wk_st_dtype_size(t->dtype);
   double *d = malloc(sizeof(double) * n);
-  for (size_t i = 0; i < n; i++) d[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
+  for (size_t i = 0; i < n; i++)
+    d[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
   return d;
 }
 
@@ -39,7 +40,8 @@ static double *W(const struct ref *r, const char *name) {
 static void linear(double *y, const double *w, const double *x, int n, int k) {
   for (int i = 0; i < n; i++) {
     double s = 0;
-    for (int j = 0; j < k; j++) s += w[(size_t)i * k + j] * x[j];
+    for (int j = 0; j < k; j++)
+      s += w[(size_t)i * k + j] * x[j];
     y[i] = s;
   }
 }
@@ -47,9 +49,11 @@ static void linear(double *y, const double *w, const double *x, int n, int k) {
 /* mode 0: * w, 1: * (1 + w), 2: no weight */
 static void rmsnorm(double *x, int d, const double *w, int mode, double eps) {
   double ss = 0;
-  for (int i = 0; i < d; i++) ss += x[i] * x[i];
+  for (int i = 0; i < d; i++)
+    ss += x[i] * x[i];
   double r = 1.0 / sqrt(ss / d + eps);
-  for (int i = 0; i < d; i++) x[i] = x[i] * r * (mode == 2 ? 1.0 : mode == 1 ? 1.0 + w[i] : w[i]);
+  for (int i = 0; i < d; i++)
+    x[i] = x[i] * r * (mode == 2 ? 1.0 : mode == 1 ? 1.0 + w[i] : w[i]);
 }
 
 static double gelu(double g) {
@@ -75,20 +79,25 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
   double *x = calloc((size_t)T * H, sizeof(double));
   double *E = W(r, "embed_tokens.weight");
   enum kn_dtype edt = (enum kn_dtype)wk_st_find(r->st, "model.embed_tokens.weight")->dtype;
-  double es = edt == KN_DTYPE_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16((float)sqrt(H))) : (float)sqrt(H);
+  double es =
+      edt == KN_DTYPE_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16((float)sqrt(H))) : (float)sqrt(H);
   for (int t = 0; t < T; t++)
-    for (int i = 0; i < H; i++) x[(size_t)t * H + i] = E[(size_t)ids[t] * H + i] * es;
+    for (int i = 0; i < H; i++)
+      x[(size_t)t * H + i] = E[(size_t)ids[t] * H + i] * es;
   double *ple = NULL;
   if (P) {
-    double *PE = W(r, "embed_tokens_per_layer.weight"), *PM = W(r, "per_layer_model_projection.weight");
+    double *PE = W(r, "embed_tokens_per_layer.weight"),
+           *PM = W(r, "per_layer_model_projection.weight");
     double *PN = W(r, "per_layer_projection_norm.weight");
     ple = malloc(sizeof(double) * (size_t)T * L * P);
-    double ps = edt == KN_DTYPE_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16((float)sqrt(P))) : (float)sqrt(P);
+    double ps =
+        edt == KN_DTYPE_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16((float)sqrt(P))) : (float)sqrt(P);
     for (int t = 0; t < T; t++) {
       double *pt = ple + (size_t)t * L * P;
       linear(pt, PM, x + (size_t)t * H, L * P, H);
       for (int l = 0; l < L; l++) {
-        for (int p = 0; p < P; p++) pt[l * P + p] /= sqrt(H);
+        for (int p = 0; p < P; p++)
+          pt[l * P + p] /= sqrt(H);
         rmsnorm(pt + l * P, P, PN, 0, eps);
         for (int p = 0; p < P; p++)
           pt[l * P + p] = (pt[l * P + p] + PE[(size_t)ids[t] * L * P + l * P + p] * ps) / sqrt(2.0);
@@ -109,8 +118,10 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
     double *qn = LW("self_attn.q_norm.weight"), *wk = LW("self_attn.k_proj.weight");
     double *wv = LW("self_attn.v_proj.weight"), *kn = LW("self_attn.k_norm.weight");
     double *wo = LW("self_attn.o_proj.weight"), *pan = LW("post_attention_layernorm.weight");
-    double *pfn = LW("pre_feedforward_layernorm.weight"), *pofn = LW("post_feedforward_layernorm.weight");
-    double *wg = LW("mlp.gate_proj.weight"), *wu = LW("mlp.up_proj.weight"), *wd = LW("mlp.down_proj.weight");
+    double *pfn = LW("pre_feedforward_layernorm.weight"),
+           *pofn = LW("post_feedforward_layernorm.weight");
+    double *wg = LW("mlp.gate_proj.weight"), *wu = LW("mlp.up_proj.weight"),
+           *wd = LW("mlp.down_proj.weight");
     double *q = malloc(sizeof(double) * (size_t)T * nh * D);
     if (!lc->kv_shared) {
       K[l] = malloc(sizeof(double) * (size_t)T * kvh * D);
@@ -127,8 +138,10 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
       if (!lc->kv_shared) {
         double *k = K[l] + (size_t)t * kvh * D, *v = Vc[l] + (size_t)t * kvh * D;
         linear(k, wk, h, kvh * D, H);
-        if (lc->k_eq_v) memcpy(v, k, sizeof(double) * kvh * D);
-        else linear(v, wv, h, kvh * D, H);
+        if (lc->k_eq_v)
+          memcpy(v, k, sizeof(double) * kvh * D);
+        else
+          linear(v, wv, h, kvh * D, H);
         for (int j = 0; j < kvh; j++) {
           rmsnorm(k + j * D, D, kn, nm, eps);
           rope(k + j * D, D, t, &c->rope[lc->kind]);
@@ -148,25 +161,29 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
           sc[j] = -1e300;
           if (win && j <= t - win) continue;
           double s = 0;
-          for (int d = 0; d < D; d++) s += qv[d] * K[src][((size_t)j * kvh + kh) * D + d];
+          for (int d = 0; d < D; d++)
+            s += qv[d] * K[src][((size_t)j * kvh + kh) * D + d];
           s *= c->attn_scale;
           if (c->attn_softcap > 0) s = tanh(s / c->attn_softcap) * c->attn_softcap;
           sc[j] = s;
           if (s > mx) mx = s;
         }
         double z = 0;
-        for (int j = 0; j <= t; j++) z += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
+        for (int j = 0; j <= t; j++)
+          z += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
         for (int d = 0; d < D; d++) {
           double acc = 0;
           for (int j = 0; j <= t; j++)
-            if (sc[j] > -1e299) acc += exp(sc[j] - mx) / z * Vc[src][((size_t)j * kvh + kh) * D + d];
+            if (sc[j] > -1e299)
+              acc += exp(sc[j] - mx) / z * Vc[src][((size_t)j * kvh + kh) * D + d];
           att[hh * D + d] = acc;
         }
       }
       double *o = tmp + 2 * 65536, *xt = x + (size_t)t * H;
       linear(o, wo, att, H, nh * D);
       rmsnorm(o, H, pan, nm, eps);
-      for (int i = 0; i < H; i++) xt[i] += o[i];
+      for (int i = 0; i < H; i++)
+        xt[i] += o[i];
     }
     for (int t = 0; t < T; t++) {
       double *xt = x + (size_t)t * H, *o = tmp, *g = tmp + 65536, *u = tmp + 2 * 65536;
@@ -174,10 +191,12 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
       rmsnorm(h, H, pfn, nm, eps);
       linear(g, wg, h, F, H);
       linear(u, wu, h, F, H);
-      for (int i = 0; i < F; i++) g[i] = gelu(g[i]) * u[i];
+      for (int i = 0; i < F; i++)
+        g[i] = gelu(g[i]) * u[i];
       linear(o, wd, g, H, F);
       if (c->moe) {
-        double *n1 = LW("post_feedforward_layernorm_1.weight"), *n2 = LW("post_feedforward_layernorm_2.weight");
+        double *n1 = LW("post_feedforward_layernorm_1.weight"),
+               *n2 = LW("post_feedforward_layernorm_2.weight");
         double *pn2 = LW("pre_feedforward_layernorm_2.weight"), *rp = LW("router.proj.weight");
         double *rs = LW("router.scale"), *pes = LW("router.per_expert_scale");
         double *gu = LW("experts.gate_up_proj"), *dn = LW("experts.down_proj");
@@ -186,11 +205,14 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
         double rn[4096], lg[256], pr[256], acc[4096] = {0}, hh2[4096], ex[8192], y[4096];
         memcpy(rn, xt, sizeof(double) * H);
         rmsnorm(rn, H, NULL, 2, eps);
-        for (int i = 0; i < H; i++) rn[i] = rn[i] * rs[i] / sqrt(H);
+        for (int i = 0; i < H; i++)
+          rn[i] = rn[i] * rs[i] / sqrt(H);
         linear(lg, rp, rn, NE, H);
         double mx = lg[0], z = 0;
-        for (int e = 1; e < NE; e++) mx = lg[e] > mx ? lg[e] : mx;
-        for (int e = 0; e < NE; e++) z += (pr[e] = exp(lg[e] - mx));
+        for (int e = 1; e < NE; e++)
+          mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = 0; e < NE; e++)
+          z += (pr[e] = exp(lg[e] - mx));
         int chosen[256] = {0};
         double tw[256], tsum = 0;
         int sel[256];
@@ -212,30 +234,37 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
           if (j == k) continue;
           double wgt = tw[j] / tsum * pes[e];
           linear(ex, gu + (size_t)e * 2 * I * H, hh2, 2 * I, H);
-          for (int i = 0; i < I; i++) ex[i] = gelu(ex[i]) * ex[I + i];
+          for (int i = 0; i < I; i++)
+            ex[i] = gelu(ex[i]) * ex[I + i];
           linear(y, dn + (size_t)e * H * I, ex, H, I);
-          for (int i = 0; i < H; i++) acc[i] += y[i] * wgt;
+          for (int i = 0; i < H; i++)
+            acc[i] += y[i] * wgt;
         }
         rmsnorm(acc, H, n2, 0, eps);
-        for (int i = 0; i < H; i++) o[i] += acc[i];
+        for (int i = 0; i < H; i++)
+          o[i] += acc[i];
         free(n1), free(n2), free(pn2), free(rp), free(rs), free(pes), free(gu), free(dn);
       }
       rmsnorm(o, H, pofn, nm, eps);
-      for (int i = 0; i < H; i++) xt[i] += o[i];
+      for (int i = 0; i < H; i++)
+        xt[i] += o[i];
       if (P) {
         double *pg = LW("per_layer_input_gate.weight"), *pp = LW("per_layer_projection.weight");
         double *pn = LW("post_per_layer_input_norm.weight");
         double gg[1024];
         linear(gg, pg, xt, P, H);
-        for (int i = 0; i < P; i++) gg[i] = gelu(gg[i]) * ple[((size_t)t * L + l) * P + i];
+        for (int i = 0; i < P; i++)
+          gg[i] = gelu(gg[i]) * ple[((size_t)t * L + l) * P + i];
         linear(o, pp, gg, H, P);
         rmsnorm(o, H, pn, 0, eps);
-        for (int i = 0; i < H; i++) xt[i] += o[i];
+        for (int i = 0; i < H; i++)
+          xt[i] += o[i];
         free(pg), free(pp), free(pn);
       }
       double *ls = LW("layer_scalar");
       if (ls)
-        for (int i = 0; i < H; i++) xt[i] *= ls[0];
+        for (int i = 0; i < H; i++)
+          xt[i] *= ls[0];
       free(ls);
     }
 #undef LW
@@ -249,9 +278,11 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
     linear(logits + (size_t)t * V, E, h, V, H);
     if (c->final_softcap > 0)
       for (int v = 0; v < V; v++)
-        logits[(size_t)t * V + v] = tanh(logits[(size_t)t * V + v] / c->final_softcap) * c->final_softcap;
+        logits[(size_t)t * V + v] =
+            tanh(logits[(size_t)t * V + v] / c->final_softcap) * c->final_softcap;
   }
-  for (int l = 0; l < L; l++) free(K[l]), free(Vc[l]);
+  for (int l = 0; l < L; l++)
+    free(K[l]), free(Vc[l]);
   free(K), free(Vc), free(h), free(tmp), free(x), free(E), free(ple), free(fnw);
 }
 
@@ -267,7 +298,8 @@ static void compare(const char *arch, int moe, int T) {
   int V = c->vocab;
   int32_t *ids = malloc(sizeof(int32_t) * T);
   uint32_t s = 99;
-  for (int t = 0; t < T; t++) ids[t] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % V;
+  for (int t = 0; t < T; t++)
+    ids[t] = (int32_t)((s = s * 1664525u + 1013904223u) >> 8) % V;
   ids[0] = 2;
   struct wk_page_alloc pa;
   wk_page_alloc_init(&pa, wk_model_n_pages(m));
@@ -313,6 +345,12 @@ static void compare(const char *arch, int moe, int T) {
   wkt_rmdir(dir);
 }
 
-TH_TEST(reference_gemma4) { compare("gemma4", 0, 140); }
-TH_TEST(reference_gemma4_moe) { compare("gemma4", 1, 70); }
-TH_TEST(reference_gemma3) { compare("gemma3", 0, 140); }
+TH_TEST(reference_gemma4) {
+  compare("gemma4", 0, 140);
+}
+TH_TEST(reference_gemma4_moe) {
+  compare("gemma4", 1, 70);
+}
+TH_TEST(reference_gemma3) {
+  compare("gemma3", 0, 140);
+}

@@ -17,7 +17,8 @@ static unsigned char *image(const char *header, size_t data, size_t *len) {
   size_t h = strlen(header);
   *len = 8 + h + data;
   unsigned char *b = calloc(1, *len);
-  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)h >> (8 * i));
+  for (int i = 0; i < 8; i++)
+    b[i] = (unsigned char)((uint64_t)h >> (8 * i));
   memcpy(b + 8, header, h);
   return b;
 }
@@ -100,7 +101,8 @@ TH_TEST(st_hostile_headers) {
   TH_CHECK_EQ_INT(wk_st_open_mem(past, 4, "x", &st, err, sizeof(err)), CM_ERR_TRUNC);
   /* an unknown dtype is kept (refused only when a model binds it) */
   size_t len;
-  unsigned char *b = image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
+  unsigned char *b =
+      image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
   TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(wk_st_find(st, "t")->dtype, WK_ST_OTHER);
   wk_st_close(st);
@@ -189,7 +191,9 @@ static void int_norm(struct wk_tiny_spec *s) {
   find_spec(s, "model.norm.weight")->init = WK_INIT_PERMUTATION;
   find_spec(s, "model.norm.weight")->e.dtype = WK_ST_I64;
 }
-static void nothing(struct wk_tiny_spec *s) { (void)s; }
+static void nothing(struct wk_tiny_spec *s) {
+  (void)s;
+}
 
 TH_TEST(model_load_errors_name_the_tensor) {
   char err[512] = "";

@@ -18,9 +18,10 @@ static inline int wkt_tmpdir(char *buf, size_t n) {
 
 /* Removes a directory made by wkt_tmpdir and the files in it. */
 static inline void wkt_rmdir(const char *dir) {
-  static const char *names[] = {"config.json", "generation_config.json", "model.safetensors",
-                                "model.safetensors.index.json", "a.safetensors",
-                                "b.safetensors", "tokenizer.json", "tokenizer_config.json"};
+  static const char *names[] = {"config.json",       "generation_config.json",
+                                "model.safetensors", "model.safetensors.index.json",
+                                "a.safetensors",     "b.safetensors",
+                                "tokenizer.json",    "tokenizer_config.json"};
   char p[4200];
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
     snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
@@ -34,8 +35,8 @@ static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe,
                                  enum wk_st_dtype dt, uint64_t seed) {
   if (wkt_tmpdir(dir, n)) return -1;
   struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = arch, .preset = "tiny", .vocab = 512, .moe = moe,
-                           .sliding_window = window};
+  struct wk_tiny_opts o = {
+      .arch = arch, .preset = "tiny", .vocab = 512, .moe = moe, .sliding_window = window};
   char err[256];
   if (wk_tiny_spec_build(&s, &o, err, sizeof(err))) return -1;
   int rc = wk_tiny_write(&s, dir, seed, dt);
