@@ -161,8 +161,7 @@ struct kn_kv_view {
  * into the pages: token t goes to page slot_mapping[t] / block_tokens, slot
  * slot_mapping[t] % block_tokens; slot_mapping[t] < 0 skips the token.
  * slot_mapping: [T] host. A page outside the pool gives CM_ERR_RANGE (nothing
- * written). v may be NULL (K only; for attention_k_eq_v layers pass the same
- * tensor as k and v instead). */
+ * written). v may be NULL: only K is written. */
 int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int32_t *slot_mapping,
                 const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
 
