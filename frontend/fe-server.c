@@ -513,6 +513,12 @@ static void on_timer(uv_timer_t *t) {
   struct fe_conn *c = t->data;
   switch (c->timer_mode) {
   case TM_IDLE:
+    if (queued(c)) { /* still sending the last answer: not idle yet */
+      set_timer(c, TM_IDLE);
+      break;
+    }
+    conn_close(c, 0);
+    break;
   case TM_LINGER: conn_close(c, 0); break;
   case TM_HEAD:
     if (c->rlen == 0)
