@@ -82,8 +82,7 @@ int pr_dec_u32s(struct pr_rd *r, struct cm_arena *a, uint32_t max_n, struct pr_u
   if (n > max_n) return CM_ERR_TOOBIG;
   PR_TRY(pr_dec_records(a, n, sizeof(uint32_t), &mem));
   uint32_t *v = mem;
-  for (uint32_t i = 0; i < n; i++)
-    PR_TRY(pr_rd_u32(r, &v[i]));
+  PR_TRY(pr_rd_u32_array(r, v, n));
   out->v = v;
   out->n = n;
   return 0;
@@ -95,8 +94,7 @@ int pr_dec_u64s(struct pr_rd *r, struct cm_arena *a, struct pr_u64s *out) {
   PR_TRY(pr_rd_array(r, &n));
   PR_TRY(pr_dec_records(a, n, sizeof(uint64_t), &mem));
   uint64_t *v = mem;
-  for (uint32_t i = 0; i < n; i++)
-    PR_TRY(pr_rd_u64(r, &v[i]));
+  PR_TRY(pr_rd_u64_array(r, v, n));
   out->v = v;
   out->n = n;
   return 0;
@@ -108,11 +106,7 @@ int pr_dec_blocks(struct pr_rd *r, struct cm_arena *a, struct pr_i32s *out) {
   PR_TRY(pr_rd_array(r, &n));
   PR_TRY(pr_dec_records(a, n, sizeof(int32_t), &mem));
   int32_t *v = mem;
-  for (uint32_t i = 0; i < n; i++) {
-    int64_t x;
-    PR_TRY(pr_rd_int(r, -1, INT32_MAX, &x));
-    v[i] = (int32_t)x;
-  }
+  PR_TRY(pr_rd_i32_array(r, -1, v, n));
   out->v = v;
   out->n = n;
   return 0;
@@ -133,7 +127,15 @@ int pr_dec_logprob_f32s(struct pr_rd *r, struct cm_arena *a, struct pr_f32s *out
   PR_TRY(pr_dec_records(a, n, sizeof(float), &mem));
   float *v = mem;
   for (uint32_t i = 0; i < n; i++) {
-    PR_TRY(pr_dec_f32(r, &v[i]));
+    if (pr_rd_left(r) >= 5 && r->p[0] == 0xca) { /* the usual float32: inline */
+      uint32_t u =
+          (uint32_t)r->p[1] << 24 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 8 | r->p[4];
+      memcpy(&v[i], &u, sizeof(float));
+      if (isnan(v[i])) return CM_ERR_RANGE;
+      r->p += 5;
+    } else {
+      PR_TRY(pr_dec_f32(r, &v[i]));
+    }
     if (v[i] == INFINITY) return CM_ERR_RANGE;
   }
   out->v = v;
@@ -246,27 +248,19 @@ int pr_dec_logprobs(struct pr_rd *r, struct cm_arena *a, int level, struct pr_lo
 /* encode helpers                                                            */
 
 void pr_enc_u32s(struct pr_buf *b, struct pr_u32s s) {
-  pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++)
-    pr_wr_uint(b, s.v[i]);
+  pr_wr_u32_array(b, s.v, s.n);
 }
 
 void pr_enc_u64s(struct pr_buf *b, struct pr_u64s s) {
-  pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++)
-    pr_wr_uint(b, s.v[i]);
+  pr_wr_u64_array(b, s.v, s.n);
 }
 
 void pr_enc_i32s(struct pr_buf *b, struct pr_i32s s) {
-  pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++)
-    pr_wr_int(b, s.v[i]);
+  pr_wr_i32_array(b, s.v, s.n);
 }
 
 void pr_enc_f32s(struct pr_buf *b, struct pr_f32s s) {
-  pr_wr_array(b, s.n);
-  for (uint32_t i = 0; i < s.n; i++)
-    pr_wr_f32(b, s.v[i]);
+  pr_wr_f32_array(b, s.v, s.n);
 }
 
 void pr_enc_str(struct pr_buf *b, const char *s) {

@@ -292,3 +292,75 @@ int pr_rd_key(struct pr_rd *r, int depth, uint64_t *key) {
   }
   return rc;
 }
+
+/* ---- arrays with a fast path for the usual encodings ---- */
+
+/* Takes an unsigned integer in fixint/uint8/16/32/64 form at *pp when the
+ * bytes are there; returns 0 (nothing consumed) for anything else. */
+static inline int fast_uint(const uint8_t **pp, const uint8_t *end, uint64_t *v) {
+  const uint8_t *p = *pp;
+  if (p >= end) return 0;
+  uint8_t c = *p;
+  size_t left = (size_t)(end - p);
+  if (c <= 0x7f) {
+    *v = c;
+    *pp = p + 1;
+  } else if (c == 0xcd && left >= 3) {
+    *v = (uint64_t)p[1] << 8 | p[2];
+    *pp = p + 3;
+  } else if (c == 0xce && left >= 5) {
+    *v = be(p + 1, 4);
+    *pp = p + 5;
+  } else if (c == 0xcc && left >= 2) {
+    *v = p[1];
+    *pp = p + 2;
+  } else if (c == 0xcf && left >= 9) {
+    *v = be(p + 1, 8);
+    *pp = p + 9;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+int pr_rd_u32_array(struct pr_rd *r, uint32_t *v, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *p = r->p;
+    uint64_t x;
+    if (fast_uint(&p, r->end, &x) && x <= UINT32_MAX) {
+      v[i] = (uint32_t)x;
+      r->p = p;
+    } else {
+      int rc = pr_rd_u32(r, &v[i]); /* the exact error, nothing consumed */
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+int pr_rd_u64_array(struct pr_rd *r, uint64_t *v, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (!fast_uint(&r->p, r->end, &v[i])) {
+      int rc = pr_rd_u64(r, &v[i]);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+int pr_rd_i32_array(struct pr_rd *r, int32_t min, int32_t *v, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *p = r->p;
+    uint64_t x;
+    if (fast_uint(&p, r->end, &x) && x <= INT32_MAX && (int64_t)x >= min) {
+      v[i] = (int32_t)x;
+      r->p = p;
+    } else {
+      int64_t s;
+      int rc = pr_rd_int(r, min, INT32_MAX, &s);
+      if (rc) return rc;
+      v[i] = (int32_t)s;
+    }
+  }
+  return 0;
+}

@@ -141,3 +141,113 @@ void pr_wr_str(struct pr_buf *b, const char *s, size_t n) {
   uint8_t *p = reserve(b, n);
   if (p && n) memcpy(p, s, n);
 }
+
+/* ---- arrays: reserve the worst case once, write in place, keep what was used */
+
+/* Shortest encoding of v at p; returns the end. */
+static uint8_t *raw_uint(uint8_t *p, uint64_t v) {
+  if (v <= 0x7f) {
+    *p++ = (uint8_t)v;
+  } else if (v <= UINT8_MAX) {
+    *p++ = 0xcc;
+    *p++ = (uint8_t)v;
+  } else if (v <= UINT16_MAX) {
+    *p++ = 0xcd;
+    *p++ = (uint8_t)(v >> 8);
+    *p++ = (uint8_t)v;
+  } else if (v <= UINT32_MAX) {
+    *p++ = 0xce;
+    for (int s = 24; s >= 0; s -= 8)
+      *p++ = (uint8_t)(v >> s);
+  } else {
+    *p++ = 0xcf;
+    for (int s = 56; s >= 0; s -= 8)
+      *p++ = (uint8_t)(v >> s);
+  }
+  return p;
+}
+
+/* Room for `worst` bytes written in place, or NULL when that would pass the
+ * buffer's cap (the caller then writes element by element, which fails only
+ * when the real size does not fit). */
+static uint8_t *begin_inplace(struct pr_buf *b, size_t worst) {
+  if (b->err || worst > b->max || b->len > b->max - worst) return NULL;
+  size_t len = b->len;
+  uint8_t *p = reserve(b, worst);
+  if (p) b->len = len;
+  return p;
+}
+
+void pr_wr_u32_array(struct pr_buf *b, const uint32_t *v, uint32_t n) {
+  pr_wr_array(b, n);
+  uint8_t *p = begin_inplace(b, (size_t)n * 5);
+  if (!p) {
+    for (uint32_t i = 0; i < n; i++)
+      pr_wr_uint(b, v[i]);
+    return;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    p = raw_uint(p, v[i]);
+  b->len = (size_t)(p - b->data);
+}
+
+void pr_wr_u64_array(struct pr_buf *b, const uint64_t *v, uint32_t n) {
+  pr_wr_array(b, n);
+  uint8_t *p = begin_inplace(b, (size_t)n * 9);
+  if (!p) {
+    for (uint32_t i = 0; i < n; i++)
+      pr_wr_uint(b, v[i]);
+    return;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    p = raw_uint(p, v[i]);
+  b->len = (size_t)(p - b->data);
+}
+
+void pr_wr_i32_array(struct pr_buf *b, const int32_t *v, uint32_t n) {
+  pr_wr_array(b, n);
+  uint8_t *p = begin_inplace(b, (size_t)n * 5);
+  if (!p) {
+    for (uint32_t i = 0; i < n; i++)
+      pr_wr_int(b, v[i]);
+    return;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    int32_t x = v[i];
+    if (x >= 0) {
+      p = raw_uint(p, (uint32_t)x);
+    } else if (x >= -32) {
+      *p++ = (uint8_t)(int8_t)x;
+    } else if (x >= INT8_MIN) {
+      *p++ = 0xd0;
+      *p++ = (uint8_t)(int8_t)x;
+    } else if (x >= INT16_MIN) {
+      *p++ = 0xd1;
+      *p++ = (uint8_t)((uint16_t)(int16_t)x >> 8);
+      *p++ = (uint8_t)(uint16_t)(int16_t)x;
+    } else {
+      *p++ = 0xd2;
+      for (int s = 24; s >= 0; s -= 8)
+        *p++ = (uint8_t)((uint32_t)x >> s);
+    }
+  }
+  b->len = (size_t)(p - b->data);
+}
+
+void pr_wr_f32_array(struct pr_buf *b, const float *v, uint32_t n) {
+  pr_wr_array(b, n);
+  uint8_t *p = begin_inplace(b, (size_t)n * 5);
+  if (!p) {
+    for (uint32_t i = 0; i < n; i++)
+      pr_wr_f32(b, v[i]);
+    return;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &v[i], sizeof(u));
+    *p++ = 0xca;
+    for (int s = 24; s >= 0; s -= 8)
+      *p++ = (uint8_t)(u >> s);
+  }
+  b->len = (size_t)(p - b->data);
+}

@@ -55,6 +55,13 @@ int pr_rd_skip(struct pr_rd *r, int depth);
  * UINT64_MAX (unknown). */
 int pr_rd_key(struct pr_rd *r, int depth, uint64_t *key);
 
+/* Arrays of n numbers (the array header already read), into v[0..n):
+ * unsigned < 2^32, unsigned, and signed in [min, INT32_MAX]. A fast path
+ * takes the usual encodings without a call per element. */
+int pr_rd_u32_array(struct pr_rd *r, uint32_t *v, uint32_t n);
+int pr_rd_u64_array(struct pr_rd *r, uint64_t *v, uint32_t n);
+int pr_rd_i32_array(struct pr_rd *r, int32_t min, int32_t *v, uint32_t n);
+
 /* ---- writer ---- */
 void pr_wr_uint(struct pr_buf *b, uint64_t v);
 void pr_wr_int(struct pr_buf *b, int64_t v);
@@ -65,5 +72,10 @@ void pr_wr_nil(struct pr_buf *b);
 void pr_wr_array(struct pr_buf *b, uint32_t n);
 void pr_wr_map(struct pr_buf *b, uint32_t n);
 void pr_wr_str(struct pr_buf *b, const char *s, size_t n);
+/* Whole arrays (header and elements), shortest encoding per element. */
+void pr_wr_u32_array(struct pr_buf *b, const uint32_t *v, uint32_t n);
+void pr_wr_u64_array(struct pr_buf *b, const uint64_t *v, uint32_t n);
+void pr_wr_i32_array(struct pr_buf *b, const int32_t *v, uint32_t n);
+void pr_wr_f32_array(struct pr_buf *b, const float *v, uint32_t n); /* float32 each */
 
 #endif

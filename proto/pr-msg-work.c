@@ -102,6 +102,7 @@ int pr_check_step(const struct pr_step *m) {
   for (uint32_t i = 0; i < m->n_seqs; i++) {
     const struct pr_step_seq *s = &m->seqs[i];
     if (s->flags & ~(uint32_t)PR_SEQ_FLAGS_ALL) return CM_ERR_RANGE;
+    if ((s->flags & PR_SEQ_NEW) && (s->flags & PR_SEQ_APPEND_BLOCKS)) return CM_ERR_INVAL;
     PR_TRY(pr_check_slice(s->tokens.v, s->tokens.n));
     PR_TRY(pr_check_slice(s->draft_tokens.v, s->draft_tokens.n));
     PR_TRY(pr_check_slice(s->block_tables, s->n_groups));

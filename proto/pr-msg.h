@@ -189,12 +189,14 @@ struct pr_pong {
 
 /* ---- scheduler -> workers ------------------------------------------------ */
 enum pr_seq_flags {
-  PR_SEQ_NEW = 1u << 0,      /* first step of this sequence (or first after preemption):
-                              * the worker (re)creates its state; sampling is valid */
-  PR_SEQ_SAMPLE = 1u << 1,   /* sample a token after this step's last position */
-  PR_SEQ_PREFILL = 1u << 2,  /* tokens are a prompt chunk */
-  PR_SEQ_FINISHED = 1u << 3, /* last step: free worker-side state after it */
-  PR_SEQ_FLAGS_ALL = 0xfu,
+  PR_SEQ_NEW = 1u << 0,           /* first step of this sequence (or first after preemption):
+                                   * the worker (re)creates its state; sampling is valid */
+  PR_SEQ_SAMPLE = 1u << 1,        /* sample a token after this step's last position */
+  PR_SEQ_PREFILL = 1u << 2,       /* tokens are a prompt chunk */
+  PR_SEQ_FINISHED = 1u << 3,      /* last step: free worker-side state after it */
+  PR_SEQ_APPEND_BLOCKS = 1u << 4, /* block_tables hold only blocks appended to the tables
+                                   * the worker already has (not with PR_SEQ_NEW) */
+  PR_SEQ_FLAGS_ALL = 0x1fu,
 };
 
 struct pr_step_seq {
@@ -205,10 +207,12 @@ struct pr_step_seq {
   struct pr_u32s draft_tokens;  /* drafts to verify, run after `tokens` at positions
                                  * start_pos + tokens.n ..; <= PR_MAX_DRAFT */
   uint32_t num_draft;           /* drafts to propose after this step (K), <= PR_MAX_DRAFT */
-  struct pr_i32s *block_tables; /* (n_groups) full table of block ids per KV group;
-                                 * -1 = no block (freed by the sliding window) */
+  struct pr_i32s *block_tables; /* (n_groups) block ids per KV group, logical block order:
+                                 * the whole table, or with PR_SEQ_APPEND_BLOCKS only the
+                                 * new blocks (n_groups 0 = none this step); -1 = no block
+                                 * (freed by the sliding window) */
   uint32_t n_groups;            /* <= PR_MAX_KV_GROUPS */
-  struct pr_sampling sampling;
+  struct pr_sampling sampling;  /* sent and valid only with PR_SEQ_NEW */
 };
 
 struct pr_step {

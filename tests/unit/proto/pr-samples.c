@@ -199,7 +199,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
       sampling_max(&sseqs[0].sampling);
     else
       sampling_typical(&sseqs[0].sampling);
-    sseqs[1].flags = PR_SEQ_SAMPLE | (v == 2 ? PR_SEQ_FINISHED : 0);
+    sseqs[1].flags = PR_SEQ_SAMPLE | (v == 2 ? PR_SEQ_FINISHED : PR_SEQ_APPEND_BLOCKS);
     sseqs[1].start_pos = v == 2 ? UINT32_MAX : 57;
     sseqs[1].tokens = (struct pr_u32s){tok, 1};
     sseqs[1].draft_tokens = (struct pr_u32s){tok + 1, v == 2 ? PR_MAX_DRAFT : 3};

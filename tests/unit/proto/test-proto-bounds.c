@@ -353,8 +353,12 @@ TH_TEST(record_limits) {
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_TOOBIG);
   STEP_SEQ(PR_K_SSEQ_NUM_DRAFT, pr_wr_uint(&b, PR_MAX_DRAFT + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
-  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, 0x10));
+  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, 0x20));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
+  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, PR_SEQ_NEW | PR_SEQ_APPEND_BLOCKS));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_INVAL);
+  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, PR_SEQ_SAMPLE | PR_SEQ_APPEND_BLOCKS));
+  TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), 0);
   STEP_SEQ(PR_K_SSEQ_SAMPLING, pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_SAMP_TOP_P);
            pr_wr_f32(&b, 2.0f));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);

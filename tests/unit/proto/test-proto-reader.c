@@ -259,3 +259,75 @@ TH_TEST(map_keys) {
   TH_CHECK_EQ_INT(pr_rd_key(&r, 1, &k), 0);
   TH_CHECK_EQ_INT(pr_rd_left(&r), 0);
 }
+
+/* The array readers take every integer encoding, fast path or not, and
+ * refuse out-of-range elements; the array writers match the element writers
+ * byte for byte. */
+TH_TEST(number_arrays) {
+  static const uint8_t mixed[] = {0x05, 0xcc, 0xc8, 0xcd, 0x01, 0x00, 0xce, 0, 1, 0,    0,
+                                  0xcf, 0,    0,    0,    0,    0,    0,    0, 9, 0xd0, 0x07,
+                                  0xd3, 0,    0,    0,    0,    0,    0,    0, 3};
+  uint32_t u[7];
+  struct pr_rd r;
+  pr_rd_init(&r, mixed, sizeof(mixed));
+  TH_REQUIRE(pr_rd_u32_array(&r, u, 7) == 0);
+  const uint32_t want[7] = {5, 200, 256, 65536, 9, 7, 3};
+  TH_CHECK(memcmp(u, want, sizeof(want)) == 0);
+  TH_CHECK_EQ_INT(pr_rd_left(&r), 0);
+  uint64_t w[7];
+  pr_rd_init(&r, mixed, sizeof(mixed));
+  TH_REQUIRE(pr_rd_u64_array(&r, w, 7) == 0);
+  TH_CHECK(w[3] == 65536 && w[6] == 3);
+  /* -1 allowed for block ids, -2 refused where it stands */
+  static const uint8_t blocks[] = {0xff, 0x10, 0xfe};
+  int32_t b[3];
+  pr_rd_init(&r, blocks, sizeof(blocks));
+  TH_CHECK_EQ_INT(pr_rd_i32_array(&r, -1, b, 3), CM_ERR_RANGE);
+  TH_CHECK(b[0] == -1 && b[1] == 16);
+  TH_CHECK(r.p == blocks + 2);
+  static const uint8_t too_big[] = {0x01, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0};
+  pr_rd_init(&r, too_big, sizeof(too_big));
+  TH_CHECK_EQ_INT(pr_rd_u32_array(&r, u, 2), CM_ERR_RANGE);
+  TH_CHECK(r.p == too_big + 1);
+  static const uint8_t i32_big[] = {0xce, 0x80, 0, 0, 0};
+  pr_rd_init(&r, i32_big, sizeof(i32_big));
+  TH_CHECK_EQ_INT(pr_rd_i32_array(&r, -1, b, 1), CM_ERR_RANGE);
+  for (size_t n = 0; n < sizeof(mixed); n++) { /* cut anywhere: never reads past */
+    pr_rd_init(&r, mixed, n);
+    TH_CHECK(pr_rd_u32_array(&r, u, 7) < 0);
+  }
+  /* writers: whole-array and per-element forms agree */
+  static const int32_t iv[] = {-1,   0,      127,    128,       -32,       -33,   -128,
+                               -129, -32768, -32769, INT32_MIN, INT32_MAX, 65535, 65536};
+  static const uint32_t uv[] = {0, 127, 128, 255, 256, 65535, 65536, UINT32_MAX};
+  static const uint64_t lv[] = {0, 1, UINT32_MAX, (uint64_t)UINT32_MAX + 1, UINT64_MAX};
+  static const float fv[] = {0.0f, -1.5f, -INFINITY, 3.25e-20f};
+  struct pr_buf x, y;
+  pr_buf_init(&x, 0);
+  pr_buf_init(&y, 0);
+  pr_wr_i32_array(&x, iv, 14), pr_wr_u32_array(&x, uv, 8), pr_wr_u64_array(&x, lv, 5);
+  pr_wr_f32_array(&x, fv, 4);
+  pr_wr_array(&y, 14);
+  for (int i = 0; i < 14; i++)
+    pr_wr_int(&y, iv[i]);
+  pr_wr_array(&y, 8);
+  for (int i = 0; i < 8; i++)
+    pr_wr_uint(&y, uv[i]);
+  pr_wr_array(&y, 5);
+  for (int i = 0; i < 5; i++)
+    pr_wr_uint(&y, lv[i]);
+  pr_wr_array(&y, 4);
+  for (int i = 0; i < 4; i++)
+    pr_wr_f32(&y, fv[i]);
+  TH_CHECK(x.err == 0 && y.err == 0);
+  TH_CHECK(x.len == y.len && memcmp(x.data, y.data, x.len) == 0);
+  /* near the cap the array writers fall back to element by element */
+  struct pr_buf z;
+  pr_buf_init(&z, 10);
+  pr_wr_u32_array(&z, uv, 5); /* 1 + 1+1+2+2+3 = 10 bytes: fits only exactly */
+  TH_CHECK_EQ_INT(z.err, 0);
+  TH_CHECK_EQ_INT(z.len, 10);
+  pr_buf_free(&x);
+  pr_buf_free(&y);
+  pr_buf_free(&z);
+}
