@@ -120,22 +120,21 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
 }
 
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                      int kvh);
+                      int kvh, int g0, int ng);
 
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                      int kvh) {
+                      int kvh, int g0, int ng) {
   const struct kn_kv_view *view = job->view;
   if (view->head_dim & 7) {
-    kn_cpu_attn_ref(job, seq, i, kvh);
+    kn_cpu_attn_ref(job, seq, i, kvh, g0, ng);
     return;
   }
-  const int group = job->n_heads / view->n_kv_heads;
   const int bf16 = view->dtype == KN_DTYPE_BF16;
-  for (int g0 = 0; g0 < group; g0 += KN_ATTN_MAX_GROUP) {
-    int ng = group - g0 < KN_ATTN_MAX_GROUP ? group - g0 : KN_ATTN_MAX_GROUP;
+  for (int g = g0; g < g0 + ng; g += KN_ATTN_MAX_GROUP) {
+    int n = g0 + ng - g < KN_ATTN_MAX_GROUP ? g0 + ng - g : KN_ATTN_MAX_GROUP;
     if (bf16)
-      attn_group(job, seq, i, kvh, g0, ng, 1);
+      attn_group(job, seq, i, kvh, g, n, 1);
     else
-      attn_group(job, seq, i, kvh, g0, ng, 0);
+      attn_group(job, seq, i, kvh, g, n, 0);
   }
 }

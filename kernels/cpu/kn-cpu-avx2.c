@@ -351,7 +351,7 @@ KN_AVX2 static void scale_avx2(float *out, const float *a, float s, size_t n) {
 }
 
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                      int kvh);
+                      int kvh, int g0, int ng);
 
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AVX2;

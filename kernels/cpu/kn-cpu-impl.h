@@ -62,10 +62,11 @@ struct kn_cpu_attn_job {
   float softcap;
 };
 
-/* Computes the query heads of kv head kvh for query i (0 <= i < n_q) of
- * sequence seq. */
+/* Computes query heads g0 .. g0 + ng - 1 of kv head kvh's GQA group for
+ * query i (0 <= i < n_q) of sequence seq. Each head's arithmetic is the same
+ * whichever heads share the call. */
 typedef void (*kn_cpu_attn_fn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                               int i, int kvh);
+                               int i, int kvh, int g0, int ng);
 
 struct kn_cpu_dsp {
   enum kn_cpu_isa isa;
@@ -129,7 +130,7 @@ int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *
 /* Reference pieces other files reuse. */
 float kn_cpu_gelu_tanh_ref(float g);
 void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                     int kvh);
+                     int kvh, int g0, int ng);
 
 /* Key range [*lo, *hi] (inclusive) a query at absolute position p of seq may
  * see, and whether key position j is visible to it. */

@@ -291,6 +291,8 @@ struct attn_task {
   struct kn_cpu_ctx *ctx;
   struct kn_cpu_attn_job job;
   int n_seqs;
+  int hsplit; /* head chunks per (query, kv head) item */
+  int hper;   /* query heads per chunk */
 };
 
 static void attn_run(void *arg, long long u0, long long u1, int ith) {
@@ -308,7 +310,12 @@ static void attn_run(void *arg, long long u0, long long u1, int ith) {
         hi = mid - 1;
     }
     long long local = it - start[lo];
-    a->ctx->dsp.attn(&a->job, &a->job.seqs[lo], (int)(local / n_kv), (int)(local % n_kv));
+    int hc = (int)(local % a->hsplit);
+    local /= a->hsplit;
+    int g0 = hc * a->hper, group = a->job.n_heads / n_kv;
+    int ng = group - g0 < a->hper ? group - g0 : a->hper;
+    if (ng > 0)
+      a->ctx->dsp.attn(&a->job, &a->job.seqs[lo], (int)(local / n_kv), (int)(local % n_kv), g0, ng);
   }
 }
 
@@ -323,17 +330,31 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
     ctx->seq_items = s;
     ctx->seq_items_cap = cap;
   }
+  /* Few (query, kv head) items, as in a single-sequence decode with one kv
+   * head: split each GQA group's heads over the threads too (each head's
+   * arithmetic does not depend on its neighbours). */
+  long long base = 0;
+  for (int i = 0; i < n_seqs; i++)
+    base += (long long)seqs[i].n_q * view->n_kv_heads;
+  int group = n_heads / view->n_kv_heads, hsplit = 1;
+  if (base < 2LL * ctx->n_threads) {
+    long long want = (2LL * ctx->n_threads + base - 1) / (base ? base : 1);
+    hsplit = want < group ? (int)want : group;
+  }
+  int hper = (group + hsplit - 1) / hsplit;
   long long items = 0;
   double work = 0;
   for (int i = 0; i < n_seqs; i++) {
     ctx->seq_items[i] = items;
-    items += (long long)seqs[i].n_q * view->n_kv_heads;
+    items += (long long)seqs[i].n_q * view->n_kv_heads * hsplit;
     work += (double)seqs[i].n_q * n_heads * view->head_dim * (seqs[i].pos0 + seqs[i].n_q);
   }
   ctx->seq_items[n_seqs] = items;
   struct attn_task a = {.ctx = ctx,
                         .job = {out, ldo, q, ldq, view, seqs, n_heads, window, scale, softcap},
-                        .n_seqs = n_seqs};
+                        .n_seqs = n_seqs,
+                        .hsplit = hsplit,
+                        .hper = hper};
   kn_cpu_pool_run(ctx->pool, items, grain_for(work, items, 1), attn_run, &a);
   return 0;
 }

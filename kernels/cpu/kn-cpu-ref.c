@@ -119,7 +119,7 @@ void kn_cpu_attn_range(const struct kn_attn_seq *seq, int window, int p, int *lo
 }
 
 void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                     int kvh) {
+                     int kvh, int g0, int ng) {
   const struct kn_kv_view *view = job->view;
   const int D = view->head_dim;
   const int group = job->n_heads / view->n_kv_heads;
@@ -128,7 +128,7 @@ void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq
   int lo, hi;
   kn_cpu_attn_range(seq, job->window, p, &lo, &hi);
 
-  for (int g = 0; g < group; g++) {
+  for (int g = g0; g < g0 + ng; g++) {
     int h = kvh * group + g;
     const float *q = job->q + (ptrdiff_t)row * job->ldq + (ptrdiff_t)h * D;
     float *out = job->out + (ptrdiff_t)row * job->ldo + (ptrdiff_t)h * D;
