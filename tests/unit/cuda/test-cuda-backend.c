@@ -80,25 +80,25 @@ TH_TEST(cuda_staging_ring_wraps_and_grows) {
   need_device();
   struct kn_backend *be = kn_cuda_backend_create(0, NULL);
   TH_REQUIRE(be != NULL);
-  enum { V = 1000, H = 4, OPS = 3000, BIG = 600000 };
+  enum { V = 1000, H = 4, OPS = 3000, ROW = 4096, BIG = 600000 };
   float table[V * H];
   for (int i = 0; i < V * H; i++)
     table[i] = (float)i;
   float *tab_d = kn_alloc(be, sizeof(table));
-  float *out_d = kn_alloc(be, (size_t)OPS * 64 * sizeof(float));
+  float *out_d = kn_alloc(be, (size_t)OPS * ROW * sizeof(float));
   float *big_d = kn_alloc(be, (size_t)BIG * H * sizeof(float));
   int32_t *ids = malloc((size_t)BIG * sizeof(int32_t));
   float *back = malloc((size_t)BIG * H * sizeof(float));
   TH_REQUIRE(tab_d && out_d && big_d && ids && back);
   TH_CHECK_EQ_INT(kn_upload(be, tab_d, table, sizeof(table)), 0);
-  int32_t small[64];
+  static int32_t small[ROW];
   for (int op = 0; op < OPS; op++) {
-    int n = 1 + op % 64;
+    int n = 1 + (op % 64) * 64; /* up to 16 KiB of ids: ~24 MiB staged in all */
     for (int t = 0; t < n; t++)
       small[t] = (op * 7 + t) % V;
-    /* one row per op: row op of out_d holds ids[0]'s embedding */
+    /* H = 1 views the table as [V * 4, 1]; ldo = 1 puts token t at element t of row op */
     TH_REQUIRE(
-        kn_embed(be, out_d + (size_t)op * 64, 1, tab_d, KN_DTYPE_F32, V, 1, small, n, 1.0f) == 0);
+        kn_embed(be, out_d + (size_t)op * ROW, 1, tab_d, KN_DTYPE_F32, V, 1, small, n, 1.0f) == 0);
     if (op % 1000 == 999) {
       for (int t = 0; t < BIG; t++)
         ids[t] = (t * 13 + op) % V;
@@ -111,15 +111,14 @@ TH_TEST(cuda_staging_ring_wraps_and_grows) {
       TH_CHECK_EQ_INT(bad, 0);
     }
   }
-  float *rows = malloc((size_t)OPS * 64 * sizeof(float));
+  float *rows = malloc((size_t)OPS * ROW * sizeof(float));
   TH_REQUIRE(rows);
-  TH_CHECK_EQ_INT(kn_download(be, rows, out_d, (size_t)OPS * 64 * sizeof(float)), 0);
+  TH_CHECK_EQ_INT(kn_download(be, rows, out_d, (size_t)OPS * ROW * sizeof(float)), 0);
   int bad = 0;
   for (int op = 0; op < OPS; op++) {
-    int n = 1 + op % 64;
-    /* ldo = 1 with H = 1: token t lands at element t of the op's row */
+    int n = 1 + (op % 64) * 64;
     for (int t = 0; t < n; t++)
-      bad += rows[(size_t)op * 64 + t] != table[((op * 7 + t) % V) * H];
+      bad += rows[(size_t)op * ROW + t] != table[(op * 7 + t) % V];
   }
   TH_CHECK_EQ_INT(bad, 0);
   free(rows);

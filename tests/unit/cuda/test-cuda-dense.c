@@ -18,7 +18,7 @@ static const enum kn_dtype k_wdts[] = {KN_DTYPE_F32, KN_DTYPE_F16, KN_DTYPE_BF16
 /* Tolerance of a GEMM with weights of type dt: half-precision GEMMs round
  * the activations to the weights' type first. */
 static double gemm_tol(enum kn_dtype dt) {
-  return dt == KN_DTYPE_F32 ? 1e-10 : dt == KN_DTYPE_F16 ? 1e-6 : 3e-5;
+  return dt == KN_DTYPE_F32 ? 1e-9 : dt == KN_DTYPE_F16 ? 1e-6 : 3e-5;
 }
 
 TH_TEST(cuda_embed) {
