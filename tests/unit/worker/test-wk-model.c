@@ -11,6 +11,7 @@
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
+#include "worker/wk-safetensors.h"
 
 #define NP 150 /* prompt tokens: crosses the tiny models' 64-token window twice */
 
@@ -432,4 +433,44 @@ TH_TEST(kv_pool_sized_in_bytes) {
   TH_CHECK_EQ_INT(wk_model_load(dir, be, &mo, &m, err, sizeof(err)), CM_ERR_RANGE);
   kn_backend_destroy(be);
   wkt_rmdir(dir);
+}
+
+/* The final-normed hidden states come back beside the logits: for Gemma 3
+ * (tied head, no softcap) logits = hidden . embed_tokens rows. */
+TH_TEST(hidden_states_output) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma3", 0, WK_ST_BF16) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
+  int H = wk_model_config(f.m)->hidden;
+  int32_t p[12];
+  make_prompt(p, 12, f.V, 6);
+  struct wk_seq_blocks blk = {0};
+  TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 12) == 0);
+  struct wk_seq_input in = {.tokens = p, .n_tokens = 12, .n_out = 3};
+  for (int g = 0; g < kv->n_groups; g++) {
+    in.block_tables[g] = blk.table[g];
+    in.n_blocks[g] = blk.n[g];
+  }
+  static float logits[3 * 512], hidden[3 * 64];
+  struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = logits, .hidden = hidden};
+  char err[256];
+  TH_REQUIRE(H == 64 && wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
+  struct wk_st *st = NULL;
+  TH_REQUIRE(wk_st_open_dir(f.dir, &st, err, sizeof(err)) == 0);
+  const struct wk_tensor *E = wk_st_find(st, "model.embed_tokens.weight");
+  TH_REQUIRE(E && E->dtype == WK_ST_BF16);
+  double maxerr = 0;
+  for (int r = 0; r < 3; r++)
+    for (int v = 0; v < f.V; v++) {
+      double s = 0;
+      for (int i = 0; i < H; i++)
+        s += (double)hidden[r * H + i] *
+             kn_bf16_to_f32(((const uint16_t *)E->data)[(size_t)v * H + i]);
+      double e = fabs(s - logits[r * f.V + v]);
+      maxerr = e > maxerr ? e : maxerr;
+    }
+  TH_CHECK(maxerr < 1e-4);
+  wk_st_close(st);
+  wk_seq_blocks_release(&blk, kv, &f.pa);
+  teardown(&f);
 }
