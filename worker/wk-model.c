@@ -338,13 +338,15 @@ static void prefault(struct wk_model *m, int quiet) {
   for (int i = 0; i < wk_st_count(m->st); i++) {
     const struct wk_tensor *t = wk_st_get(m->st, i);
     const unsigned char *p = t->data;
-    for (size_t off = 0; off < t->nbytes; off += 4096)
+    for (size_t off = 0; off < t->nbytes; off += 4096) {
       sink ^= p[off];
-    done += t->nbytes;
-    if (loud && done >= next && total) {
-      fprintf(stderr, "lmserve: loading %s: %3d%% (%.2f / %.2f GB)\n", m->dir,
-              (int)(100.0 * (double)done / (double)total), (double)done / 1e9, (double)total / 1e9);
-      next = done + total / 10;
+      done += CM_MIN((size_t)4096, t->nbytes - off);
+      if (loud && done >= next) {
+        fprintf(stderr, "lmserve: loading %s: %3d%% (%.2f / %.2f GB)\n", m->dir,
+                (int)(100.0 * (double)done / (double)total), (double)done / 1e9,
+                (double)total / 1e9);
+        next = done + total / 10;
+      }
     }
   }
   (void)sink;
