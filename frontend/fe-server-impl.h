@@ -55,6 +55,7 @@ struct fe_conn {
   int streaming;   /* a streamed answer has begun */
   int chunked_out; /* the streamed answer uses chunked coding */
   int head_only;   /* a HEAD request: the answer carries no body */
+  int head_stale;  /* rbuf moved since the head was parsed: req's pointers are stale */
   int closed;      /* uv_close called */
   int close_after; /* close once the queued bytes are written */
   int handles;     /* open libuv handles */

@@ -254,6 +254,7 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
     if (p) {
       c->rbuf = p;
       c->rsize = ns;
+      c->head_stale = 1; /* the head's pointers may point into the old block */
     }
   }
   *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rsize - c->rlen));
@@ -278,6 +279,11 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
 }
 
 static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t consumed) {
+  if (c->head_stale) { /* the buffer grew while the body arrived: point into it again */
+    int rc = fe_http_parse_request(c->rbuf, c->head_len, &c->req, c->hdrs, c->srv->lim.max_headers);
+    CM_ASSERT(rc == (int)c->head_len);
+    c->head_stale = 0;
+  }
   c->consumed = consumed;
   c->state = ST_BUSY;
   c->busy = 1;
@@ -358,6 +364,7 @@ static void process(struct fe_conn *c) {
         break;
       }
       c->head_len = (size_t)rc;
+      c->head_stale = 0;
       if (c->srv->draining) {
         error_close(c, 503, "server is shutting down");
         break;

@@ -85,6 +85,14 @@ static void server_start(struct server *s, const char *api_key) {
   server_start_with(s, api_key, "0.6");
 }
 
+/* Copies what the server wrote to stderr into the test's log. */
+static void dump_server_stderr(struct server *s) {
+  size_t n = 0;
+  char *e = th_read_all(s->p.err_fd, 2000, &n);
+  if (e && n) fprintf(stderr, "---- server stderr ----\n%s\n-----------------------\n", e);
+  free(e);
+}
+
 /* SIGTERM must make it drain and exit 0 promptly. */
 static void server_stop(struct server *s) {
   th_proc_signal(&s->p, SIGTERM);
@@ -93,6 +101,7 @@ static void server_stop(struct server *s) {
   if (rc == 0) {
     TH_CHECK(WIFEXITED(s->p.status));
     TH_CHECK_EQ_INT(WEXITSTATUS(s->p.status), 0);
+    if (!WIFEXITED(s->p.status) || WEXITSTATUS(s->p.status) != 0) dump_server_stderr(s);
   }
   th_proc_stop(&s->p, 1000);
 }
@@ -662,6 +671,72 @@ TH_TEST(http_cli_errors) {
   TH_CHECK(err && strstr(err, "address already in use") != NULL);
   free(out);
   free(err);
+  check_alive(&s);
+  server_stop(&s);
+}
+
+/* Random damage to valid request streams, sent in random pieces over many
+ * connections, some reset abruptly mid-request: the server must stay up
+ * and keep answering (under ASan this also checks its memory safety). */
+TH_TEST(http_random_damage) {
+  th_proc_init(getenv("LMSERVE_TEST_DAMAGE_ITERS") ? 0 : 90);
+  struct server s;
+  server_start(&s, NULL);
+  static const char *const seeds[] = {
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 27\r\n\r\n{\"prompt\":\"hi\",\"n\":2}     "
+      "GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n",
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "10\r\n{\"messages\":[{\"\r\n1e\r\nrole\":\"user\",\"content\":\"x\"}]}\r\n0\r\n\r\n",
+      "GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /metrics HTTP/1.1\r\nHost: t\r\n"
+      "Expect: 100-continue\r\n\r\n",
+  };
+  /* LMSERVE_TEST_DAMAGE_SEED / _ITERS run other or longer sequences */
+  const char *seed_env = getenv("LMSERVE_TEST_DAMAGE_SEED");
+  const char *iters_env = getenv("LMSERVE_TEST_DAMAGE_ITERS");
+  uint64_t rng = seed_env ? strtoull(seed_env, NULL, 0) : 0x9e3779b97f4a7c15ull;
+  int iters = iters_env ? atoi(iters_env) : 300;
+  char buf[1024];
+  for (int it = 0; it < iters; it++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    const char *seed = seeds[(rng >> 33) % 3];
+    size_t n = strlen(seed);
+    memcpy(buf, seed, n);
+    int edits = (int)((rng >> 40) % 4);
+    for (int e = 0; e < edits; e++) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      size_t at = (size_t)(rng >> 20) % n;
+      switch ((rng >> 50) % 4) {
+      case 0: buf[at] ^= (char)(1u << ((rng >> 8) % 8)); break; /* flip a bit */
+      case 1: n = at + 1; break;                                   /* truncate */
+      case 2: buf[at] = "\r\n: 0\x00\x7f"[(rng >> 12) % 7]; break; /* a framing byte */
+      default:                                                     /* duplicate a span */
+        if (n + 40 < sizeof(buf)) {
+          memmove(buf + at + 40, buf + at, n - at);
+          n += 40;
+        }
+      }
+    }
+    struct conn c;
+    if (conn_open(&c, s.port) != 0) {
+      th_fail(__FILE__, __LINE__, "connect failed at iteration %d", it);
+      dump_server_stderr(&s);
+      break;
+    }
+    /* in two pieces, cut at a random place */
+    size_t cut = n ? (size_t)(rng >> 7) % n : 0;
+    send_all(&c, buf, cut);
+    send_all(&c, buf + cut, n - cut);
+    if (rng & 1) { /* read whatever comes, briefly */
+      struct resp r;
+      while (read_resp(&c, &r, 50) == 0) {
+      }
+    }
+    if (rng & 2) { /* reset instead of closing */
+      struct linger lg = {1, 0};
+      setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    }
+    conn_close(&c);
+  }
   check_alive(&s);
   server_stop(&s);
 }
