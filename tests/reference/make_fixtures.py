@@ -113,15 +113,13 @@ def reinit(model, gemma3):
 def build(name, out_dir):
     torch.manual_seed(SEED)
     if name == "gemma3":
-        from transformers import Gemma3ForCausalLM
+        from transformers import Gemma3ForCausalLM as cls
         cfg = gemma3_config()
-        model = Gemma3ForCausalLM(cfg)
     else:
-        from transformers import Gemma4ForCausalLM
+        from transformers import Gemma4ForCausalLM as cls
         cfg = gemma4_config(moe=(name == "gemma4-moe"))
-        model = Gemma4ForCausalLM(cfg)
-    cfg._attn_implementation = "eager"
-    model = model.float().eval()
+    cfg._attn_implementation = "eager"  # plain softmax attention in float32
+    model = cls(cfg).float().eval()
     reinit(model, name == "gemma3")
     if hasattr(model, "tie_weights"):
         model.tie_weights()
@@ -140,7 +138,12 @@ def build(name, out_dir):
 
     path = os.path.join(out_dir, name)
     os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    except TypeError:  # releases where safetensors is the only format
+        model.save_pretrained(path)
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+        sys.exit(f"{path}: save_pretrained wrote no model.safetensors")
     for extra in ("generation_config.json",):
         p = os.path.join(path, extra)
         if os.path.exists(p):
