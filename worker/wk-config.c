@@ -277,8 +277,63 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
 }
 
 /* Derives the per-layer plan once every scalar field is known. */
-static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds, char *err,
-                       size_t errlen) {
+/* Per-layer overrides from "per_layer_config" (0 = none). */
+struct overrides {
+  int head_dim[WK_MAX_LAYERS];
+  int n_kv_heads[WK_MAX_LAYERS];
+};
+
+/* Newer Gemma 4 configs may carry "per_layer_config": {"<layer index>" or
+ * "<layer type>": {"head_dim", "num_key_value_heads"}} instead of (or beside)
+ * global_head_dim / num_global_key_value_heads. */
+static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum wk_layer_kind *kinds,
+                           struct overrides *ov, char *err, size_t errlen) {
+  memset(ov, 0, sizeof(*ov));
+  const json_t *plc = json_object_get(tc, "per_layer_config");
+  if (!plc || json_is_null(plc)) return 0;
+  if (!json_is_object(plc))
+    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: per_layer_config is not an object");
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)plc, key, val) {
+    int first = 0, last = -1, kind = -1;
+    if (!strcmp(key, "full_attention"))
+      kind = WK_LAYER_FULL;
+    else if (!strcmp(key, "sliding_attention"))
+      kind = WK_LAYER_SLIDING;
+    else {
+      char *end;
+      long i = strtol(key, &end, 10);
+      if (end == key || *end || i < 0 || i >= cfg->n_layers)
+        return cfg_fail(err, errlen, CM_ERR_PARSE,
+                        "config.json: per_layer_config key \"%s\" is not a layer", key);
+      first = last = (int)i;
+    }
+    if (kind >= 0) last = cfg->n_layers - 1;
+    if (!json_is_object(val))
+      return cfg_fail(err, errlen, CM_ERR_PARSE,
+                      "config.json: per_layer_config.%s is not an object", key);
+    long long hd, kv;
+    int rc;
+    if ((rc = get_int(val, "head_dim", 0, 0, 0, 512, &hd, err, errlen)) ||
+        (rc = get_int(val, "num_key_value_heads", 0, 0, 0, 1024, &kv, err, errlen)))
+      return rc;
+    if (hd % 2)
+      return cfg_fail(err, errlen, CM_ERR_INVAL, "config.json: per_layer_config.%s.head_dim is odd",
+                      key);
+    for (int i = first; i <= last; i++) {
+      if (kind >= 0 && (int)kinds[i] != kind) continue;
+      if (hd) ov->head_dim[i] = (int)hd;
+      if (kv) ov->n_kv_heads[i] = (int)kv;
+      if (hd && kinds[i] == WK_LAYER_FULL && !json_object_get(tc, "global_head_dim"))
+        cfg->global_head_dim = (int)hd;
+    }
+  }
+  return 0;
+}
+
+static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds,
+                       const struct overrides *ov, char *err, size_t errlen) {
   int L = cfg->n_layers;
   int first_shared = L - cfg->n_kv_shared;
   int assistant = cfg->arch == WK_ARCH_GEMMA4_ASSISTANT;
@@ -286,8 +341,15 @@ static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds, c
     struct wk_layer_cfg *l = &cfg->layers[i];
     l->kind = kinds[i];
     l->head_dim = l->kind == WK_LAYER_FULL ? cfg->global_head_dim : cfg->head_dim;
+    if (ov->head_dim[i] && ov->head_dim[i] != l->head_dim)
+      return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                      "config.json: per_layer_config: layer %d head_dim %d differs from the other "
+                      "%s layers' %d",
+                      i, ov->head_dim[i], l->kind == WK_LAYER_FULL ? "full" : "sliding",
+                      l->head_dim);
     l->k_eq_v = cfg->k_eq_v && l->kind == WK_LAYER_FULL;
     l->n_kv_heads = l->k_eq_v && cfg->n_global_kv_heads ? cfg->n_global_kv_heads : cfg->n_kv_heads;
+    if (ov->n_kv_heads[i]) l->n_kv_heads = ov->n_kv_heads[i];
     if (cfg->n_heads % l->n_kv_heads)
       return cfg_fail(err, errlen, CM_ERR_INVAL,
                       "config.json: layer %d: %d heads are not a multiple of %d KV heads", i,
@@ -383,7 +445,9 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
     cfg->n_kv_shared = cfg->n_layers; /* every assistant layer reads the target */
 #undef INT_FIELD
   enum wk_layer_kind kinds[WK_MAX_LAYERS];
+  struct overrides ov;
   if ((rc = parse_layer_types(tc, cfg, kinds, err, errlen))) return rc;
+  if ((rc = parse_per_layer(tc, cfg, kinds, &ov, err, errlen))) return rc;
   if ((rc = parse_rope(tc, cfg, err, errlen))) return rc;
   if ((rc = get_eos(tc, cfg, "config.json", err, errlen))) return rc;
   if (!cfg->n_eos && (rc = get_eos(root, cfg, "config.json", err, errlen))) return rc;
@@ -391,7 +455,7 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
     cfg->eos_ids[0] = 1 < cfg->vocab ? 1 : 0;
     cfg->n_eos = 1;
   }
-  return plan_layers(cfg, kinds, err, errlen);
+  return plan_layers(cfg, kinds, &ov, err, errlen);
 }
 
 int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen) {

@@ -266,3 +266,39 @@ TH_TEST(config_gemma3_rope_parameters_without_theta) {
   TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].factor, 1.0, 0);
   TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 8);
 }
+
+/* Newer Gemma 4 configs: per-layer head dims and KV heads under
+ * "per_layer_config" (by layer index or by layer type). */
+TH_TEST(config_gemma4_per_layer_config) {
+  const char *j = "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
+                  "\"intermediate_size\":128,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+                  "\"num_key_value_heads\":2,\"head_dim\":32,\"attention_k_eq_v\":true,"
+                  "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+                  "\"full_attention\"],\"per_layer_config\":{\"1\":{\"head_dim\":64,"
+                  "\"num_key_value_heads\":1},\"3\":{\"head_dim\":64,\"num_key_value_heads\":1}}}";
+  struct wk_config c;
+  char err[256] = "";
+  TH_REQUIRE(parse(j, &c, err) == 0);
+  TH_CHECK_EQ_INT(c.global_head_dim, 64);
+  TH_CHECK_EQ_INT(c.layers[1].head_dim, 64);
+  TH_CHECK_EQ_INT(c.layers[1].n_kv_heads, 1);
+  TH_CHECK_EQ_INT(c.layers[0].head_dim, 32);
+  TH_CHECK_EQ_INT(c.layers[0].n_kv_heads, 2);
+  TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 8);
+  const char *by_type =
+      "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
+      "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+      "\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
+      "\"per_layer_config\":{\"full_attention\":{\"head_dim\":128}}}";
+  TH_REQUIRE(parse(by_type, &c, err) == 0);
+  TH_CHECK_EQ_INT(c.layers[1].head_dim, 128);
+  const char *mixed = "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
+                      "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                      "\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
+                      "\"per_layer_config\":{\"0\":{\"head_dim\":16}}}";
+  TH_CHECK_EQ_INT(parse(mixed, &c, err), CM_ERR_UNSUPPORTED);
+  const char *bad = "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
+                    "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                    "\"per_layer_config\":{\"7\":{}}}";
+  TH_CHECK_EQ_INT(parse(bad, &c, err), CM_ERR_PARSE);
+}
