@@ -34,7 +34,8 @@ struct server {
 
 /* Starts the frontend on a free port with short limits; reads the port
  * from the "listening on http://127.0.0.1:PORT" line. */
-static void server_start_with(struct server *s, const char *api_key, const char *body_timeout) {
+static void server_start_with(struct server *s, const char *api_key, const char *body_timeout,
+                              const char *max_conns) {
   char *argv[32];
   int a = 0;
   argv[a++] = bin();
@@ -61,6 +62,10 @@ static void server_start_with(struct server *s, const char *api_key, const char 
     argv[a++] = "--api-key";
     argv[a++] = (char *)api_key;
   }
+  if (max_conns) {
+    argv[a++] = "--max-connections";
+    argv[a++] = (char *)max_conns;
+  }
   argv[a] = NULL;
   memset(s, 0, sizeof(*s));
   TH_REQUIRE(th_proc_spawn(&s->p, argv, NULL, 1) == 0);
@@ -82,7 +87,7 @@ static void server_start_with(struct server *s, const char *api_key, const char 
 }
 
 static void server_start(struct server *s, const char *api_key) {
-  server_start_with(s, api_key, "0.6");
+  server_start_with(s, api_key, "0.6", NULL);
 }
 
 /* Copies what the server wrote to stderr into the test's log. */
@@ -601,7 +606,7 @@ static char *many_requests(size_t count, size_t *len) {
 TH_TEST(http_backpressure) {
   th_proc_init(60);
   struct server s;
-  server_start_with(&s, NULL, "5");
+  server_start_with(&s, NULL, "5", NULL);
   struct conn c;
   TH_REQUIRE(conn_open(&c, s.port) == 0);
   size_t n1 = strlen(PADDED_GET), total;
@@ -683,7 +688,8 @@ TH_TEST(http_random_damage) {
   struct server s;
   server_start(&s, NULL);
   static const char *const seeds[] = {
-      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 27\r\n\r\n{\"prompt\":\"hi\",\"n\":2}     "
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: "
+      "27\r\n\r\n{\"prompt\":\"hi\",\"n\":2}     "
       "GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n",
       "POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
       "10\r\n{\"messages\":[{\"\r\n1e\r\nrole\":\"user\",\"content\":\"x\"}]}\r\n0\r\n\r\n",
@@ -706,7 +712,7 @@ TH_TEST(http_random_damage) {
       rng = rng * 6364136223846793005ull + 1442695040888963407ull;
       size_t at = (size_t)(rng >> 20) % n;
       switch ((rng >> 50) % 4) {
-      case 0: buf[at] ^= (char)(1u << ((rng >> 8) % 8)); break; /* flip a bit */
+      case 0: buf[at] ^= (char)(1u << ((rng >> 8) % 8)); break;    /* flip a bit */
       case 1: n = at + 1; break;                                   /* truncate */
       case 2: buf[at] = "\r\n: 0\x00\x7f"[(rng >> 12) % 7]; break; /* a framing byte */
       default:                                                     /* duplicate a span */
@@ -738,5 +744,39 @@ TH_TEST(http_random_damage) {
     conn_close(&c);
   }
   check_alive(&s);
+  server_stop(&s);
+}
+
+/* Past --max-connections a new connection gets 503 and is closed; once one
+ * closes, a new one is served again. */
+TH_TEST(http_max_connections) {
+  th_proc_init(60);
+  struct server s;
+  server_start_with(&s, NULL, "0.6", "3");
+  struct conn c[4];
+  struct resp r;
+  for (int i = 0; i < 3; i++) {
+    TH_REQUIRE(conn_open(&c[i], s.port) == 0);
+    TH_REQUIRE(do_req(&c[i], GET("/version", ""), &r) == 0);
+    TH_CHECK_EQ_INT(r.status, 200);
+  }
+  TH_REQUIRE(conn_open(&c[3], s.port) == 0);
+  TH_REQUIRE(read_resp(&c[3], &r, 5000) == 0);
+  TH_CHECK_EQ_INT(r.status, 503);
+  TH_CHECK(strstr(r.body, "too many connections") != NULL);
+  TH_CHECK(closed_by_server(&c[3], 6000));
+  conn_close(&c[3]);
+  conn_close(&c[0]);
+  /* the server notices the closes soon: retry for a while */
+  int status = 0;
+  for (int tries = 0; tries < 50 && status != 200; tries++) {
+    usleep(100000);
+    TH_REQUIRE(conn_open(&c[3], s.port) == 0);
+    if (do_req(&c[3], GET("/version", ""), &r) == 0) status = r.status;
+    if (status != 200) conn_close(&c[3]);
+  }
+  TH_CHECK_EQ_INT(status, 200);
+  for (int i = 1; i < 4; i++)
+    conn_close(&c[i]);
   server_stop(&s);
 }
