@@ -48,7 +48,7 @@ static void app_stop(struct fe_app *a) {
 
 static void on_drain_tick(uv_timer_t *t) {
   struct fe_app *a = t->data;
-  if (fe_server_busy(a->srv) == 0) {
+  if (fe_server_busy(a->srv) == 0 && fe_server_writing(a->srv) == 0) {
     cm_info(TAG, "drained; exiting");
     app_stop(a);
   } else if (cm_time_ns() >= a->drain_deadline_ns) {

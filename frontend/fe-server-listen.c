@@ -102,6 +102,13 @@ int fe_server_connections(const struct fe_server *s) {
   return s->n_conns;
 }
 
+int fe_server_writing(const struct fe_server *s) {
+  int n = 0;
+  for (const struct fe_conn *c = s->conns; c; c = c->next)
+    n += !c->closed && (c->pend.len || c->fly.len);
+  return n;
+}
+
 void fe_server_drain(struct fe_server *s) {
   s->draining = 1;
   for (struct fe_conn *c = s->conns, *n; c; c = n) {

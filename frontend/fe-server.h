@@ -64,6 +64,8 @@ int fe_server_draining(const struct fe_server *s);
 /* Requests handed to the handler and not yet finished. */
 int fe_server_busy(const struct fe_server *s);
 int fe_server_connections(const struct fe_server *s);
+/* Connections with answer bytes still queued (not yet handed to the kernel). */
+int fe_server_writing(const struct fe_server *s);
 /* Closes the listener and every connection (aborting requests in
  * progress), then frees the server once libuv has closed every handle:
  * run the loop after this. */
