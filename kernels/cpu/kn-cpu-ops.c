@@ -15,6 +15,8 @@
 
 /* Below this much work (multiply-adds or elements) an op runs on one thread. */
 #define PAR_MIN_WORK (1 << 15)
+/* Bytes of weights per matvec work unit. */
+#define MATVEC_UNIT_BYTES (256 * 1024)
 /* Bytes of widened f32 weights per tile chunk (fits L2 with the inputs). */
 #define TILE_CHUNK_BYTES (128 * 1024)
 /* Bytes of input rows per tile block: the block stays in L1 while the
@@ -98,9 +100,14 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
     if (wdt != KN_DTYPE_F32 && kn_cpu_ctx_scratch(ctx, (size_t)m.chunk * (size_t)K))
       return CM_ERR_NOMEM;
   } else {
-    /* ~8 units per thread for balance on a shared machine, multiples of 4 */
-    int c = (N + nth * 8 - 1) / (nth * 8);
-    m.chunk = c < 16 ? 16 : (c + 3) & ~3;
+    /* Units of about MATVEC_UNIT_BYTES of weights: small enough that a thread
+     * preempted mid-unit (the machine may be shared) delays the op little,
+     * but at least 4 units per thread; multiples of 4 rows. */
+    long long row_bytes = (long long)K * (long long)kn_dtype_size(wdt);
+    long long c = MATVEC_UNIT_BYTES / row_bytes, cap = (N + nth * 4 - 1) / (nth * 4);
+    if (c > cap) c = cap;
+    if (c < 16) c = 16;
+    m.chunk = (int)((c + 3) & ~3LL);
   }
   long long units = (N + m.chunk - 1) / m.chunk;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_run, &m);
