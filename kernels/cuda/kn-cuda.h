@@ -8,6 +8,9 @@
  * whose results land in host memory (kn_download, kn_argmax, kn_router_topk),
  * which wait for the stream.
  *
+ * A backend is used by one thread at a time (any thread: each op makes the
+ * backend's device current). See kernels/cuda/README.md for the contract.
+ *
  * This header is plain C and builds without CUDA: when the build has no CUDA
  * (LMSERVE_HAVE_CUDA == 0) the functions below are not compiled at all, so
  * guard calls with `#if LMSERVE_HAVE_CUDA` (lmserve-config.h). */
