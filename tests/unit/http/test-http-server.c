@@ -341,3 +341,129 @@ TH_TEST(server_sse_streams_abort_and_drain) {
   TH_CHECK_EQ_INT(fx.finished, 6);
   TH_CHECK_EQ_INT(uv_loop_close(&fx.loop), 0);
 }
+
+/* ---- the router with an engine plugged into its hooks ------------------------ */
+
+#include "frontend/fe-api-resp.h"
+#include "frontend/fe-route.h"
+
+static int hook_submits;
+
+static int hook_ready(void *ud) {
+  (void)ud;
+  return 1;
+}
+
+/* Answers at once with a canned completion; refuses the prompt "fail". */
+static int hook_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why) {
+  (void)ud;
+  hook_submits++;
+  if (req->kind == FE_API_COMPLETION && req->prompts[0].text &&
+      !strcmp(req->prompts[0].text, "fail")) {
+    *why = "queue full";
+    return CM_ERR_FULL;
+  }
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_resp_meta m = {"cmpl-x", 1, req->model};
+  struct fe_api_choice ch = {0, "ok", 2, "length", NULL, 0, 0};
+  struct fe_api_usage u = {5, req->max_tokens};
+  if (req->kind == FE_API_CHAT)
+    fe_api_write_chat(&b, &m, &ch, 1, &u);
+  else
+    fe_api_write_completion(&b, &m, &ch, 1, &u);
+  fe_conn_respond(c, 200, "application/json", NULL, b.data, b.len);
+  fe_buf_free(&b);
+  fe_api_request_free(req);
+  free(req);
+  return 0;
+}
+
+static char router_result[256];
+
+static int ask(int fd, const char *req, const char *until, char **out) {
+  send(fd, req, strlen(req), MSG_NOSIGNAL);
+  *out = read_until(fd, until);
+  int status = 0;
+  sscanf(*out, "HTTP/1.1 %d", &status);
+  return status;
+}
+
+static void *router_client(void *arg) {
+  (void)arg;
+  const char *fail = NULL;
+  int fd = dial();
+  char *b = NULL;
+  if (ask(fd, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n", "\r\n\r\n", &b) != 200)
+    fail = "health: want 200 once ready";
+  /* /health carries no body: read only the head */
+  free(b);
+  b = NULL;
+  close(fd);
+  fd = dial();
+  static const char body[] = "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":7}";
+  char req[512];
+  snprintf(req, sizeof(req),
+           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
+           "%zu\r\n\r\n%s",
+           strlen(body), body);
+  if (!fail && (ask(fd, req, "}}", &b) != 200 || !strstr(b, "\"text\":\"ok\"") ||
+                !strstr(b, "\"total_tokens\":12") || !strstr(b, "\"model\":\"m\"")))
+    fail = "completion through the submit hook";
+  free(b);
+  b = NULL;
+  static const char bad[] = "{\"prompt\":\"hi\",\"max_tokens\":-7}";
+  snprintf(req, sizeof(req),
+           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
+           "%zu\r\n\r\n%s",
+           strlen(bad), bad);
+  if (!fail && (ask(fd, req, "}}", &b) != 400 || !strstr(b, "max_tokens")))
+    fail = "bad request must not reach the hook";
+  free(b);
+  b = NULL;
+  static const char refused[] = "{\"prompt\":\"fail\"}";
+  snprintf(req, sizeof(req),
+           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
+           "%zu\r\n\r\n%s",
+           strlen(refused), refused);
+  if (!fail && (ask(fd, req, "}}", &b) != 503 || !strstr(b, "queue full")))
+    fail = "a refused submit is 503 with its reason";
+  free(b);
+  b = NULL;
+  close(fd);
+  if (fail) snprintf(router_result, sizeof(router_result), "%s", fail);
+  uv_async_send(&fx.stop);
+  return NULL;
+}
+
+static void on_router_stop(uv_async_t *a) {
+  fe_server_destroy(fx.srv);
+  uv_close((uv_handle_t *)a, NULL);
+}
+
+TH_TEST(router_engine_hooks) {
+  memset(&fx, 0, sizeof(fx));
+  hook_submits = 0;
+  TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
+  struct fe_route_config rc = {"k", "m", 100};
+  struct fe_router *router;
+  TH_REQUIRE(fe_router_create(&rc, &router) == 0);
+  struct fe_engine_hooks hooks = {hook_ready, hook_submit, NULL};
+  fe_router_set_hooks(router, &hooks);
+  struct fe_server_limits lim;
+  fe_server_limits_default(&lim);
+  TH_REQUIRE(fe_server_create(&fx.loop, "127.0.0.1", 0, &lim, fe_router_handle, router, &fx.srv) ==
+             0);
+  fx.port = fe_server_port(fx.srv);
+  uv_async_init(&fx.loop, &fx.stop, on_router_stop);
+  pthread_t th;
+  TH_REQUIRE(pthread_create(&th, NULL, router_client, NULL) == 0);
+  uv_run(&fx.loop, UV_RUN_DEFAULT);
+  pthread_join(th, NULL);
+  if (router_result[0]) th_fail(__FILE__, __LINE__, "%s", router_result);
+  TH_CHECK_EQ_INT(hook_submits, 2);
+  const struct fe_metric_ids *ids = fe_router_metric_ids(router);
+  TH_CHECK(fe_metrics_value(fe_router_metrics(router), ids->http_client_errors) >= 1);
+  fe_router_destroy(router);
+  TH_CHECK_EQ_INT(uv_loop_close(&fx.loop), 0);
+}
