@@ -90,15 +90,20 @@ static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, 
   if (r->hooks.submit) {
     fe_metrics_inc(r->metrics, r->ids.http_requests, 1); /* the engine answers it */
     struct fe_api_request *owned = malloc(sizeof(*owned));
+    int rc = CM_ERR_NOMEM;
     if (owned) {
       *owned = req;
-      if (r->hooks.submit(r->hooks.ud, c, owned, &why) == 0) return;
+      if ((rc = r->hooks.submit(r->hooks.ud, c, owned, &why)) == 0) return;
       fe_api_request_free(owned);
       free(owned);
     } else {
       fe_api_request_free(&req);
     }
-    fe_conn_respond_error(c, 503, why ? why : "engine not ready", NULL);
+    if (rc == CM_ERR_FULL) /* the queue is full: the client may retry shortly */
+      fe_conn_respond_error_hdr(c, 429, why ? why : "too many requests", NULL,
+                                "Retry-After: 1\r\n");
+    else
+      fe_conn_respond_error(c, 503, why ? why : "engine not ready", NULL);
     return;
   }
   fe_api_request_free(&req);

@@ -29,7 +29,8 @@ struct fe_engine_hooks {
   int (*ready)(void *ud);
   /* Takes a validated request: on 0 it owns *req (free it with
    * fe_api_request_free) and answers `c` later; on a negative cm_err the
-   * router answers 503 with `why` (or a generic message) and frees req. */
+   * router answers with `why` (or a generic message) and frees req:
+   * CM_ERR_FULL is 429 with Retry-After, anything else 503. */
   int (*submit)(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why);
   void *ud;
 };

@@ -426,8 +426,9 @@ static void *router_client(void *arg) {
            "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
            "%zu\r\n\r\n%s",
            strlen(refused), refused);
-  if (!fail && (ask(fd, req, "}}", &b) != 503 || !strstr(b, "queue full")))
-    fail = "a refused submit is 503 with its reason";
+  if (!fail && (ask(fd, req, "}}", &b) != 429 || !strstr(b, "queue full") ||
+                !strstr(b, "Retry-After: 1\r\n")))
+    fail = "a submit refused for a full queue is 429 with Retry-After and its reason";
   free(b);
   b = NULL;
   close(fd);
