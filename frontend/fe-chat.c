@@ -81,8 +81,9 @@ int fe_chat_load(const char *path, struct fe_chat **out, char *errbuf, size_t er
   json_error_t je;
   json_t *cfg = json_load_file(cfg_path, 0, &je);
   if (!cfg) {
-    if (errbuf) snprintf(errbuf, errlen, "%s: %s", cfg_path, je.text);
-    return CM_ERR_PARSE;
+    int missing = stat(cfg_path, &sb) != 0;
+    if (errbuf) snprintf(errbuf, errlen, "%s: %s", cfg_path, missing ? "no such file" : je.text);
+    return missing ? CM_ERR_NOENT : CM_ERR_PARSE;
   }
   int rc;
   size_t len = 0;

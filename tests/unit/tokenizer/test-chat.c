@@ -164,3 +164,39 @@ TH_TEST(jinja_render_errors_and_limits) {
     TH_CHECK(out == NULL);
   }
 }
+
+TH_TEST(chat_load_forms) {
+  /* a model directory: chat_template.jinja wins over tokenizer_config.json,
+   * AddedToken objects give their content */
+  struct fe_chat *c = NULL;
+  char err[256], *out = NULL;
+  size_t len;
+  TH_REQUIRE(fe_chat_load(tt_fixture("gemma4-dir"), &c, err, sizeof err) == 0);
+  json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                            " {\"role\": \"user\", \"content\": \"Hi\"}]", 0, NULL);
+  TH_REQUIRE(fe_chat_render(c, msgs, 1, NULL, &out, &len, err, sizeof err) == 0);
+  TH_CHECK_EQ_STR(out, "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n");
+  free(out);
+  fe_chat_free(c);
+  /* a list of named templates: "default" is used */
+  TH_REQUIRE(fe_chat_load(tt_fixture("list-template/tokenizer_config.json"), &c, err, sizeof err) == 0);
+  TH_REQUIRE(fe_chat_render(c, msgs, 0, NULL, &out, &len, err, sizeof err) == 0);
+  TH_CHECK_EQ_STR(out, "<s>[system] Be brief.\n[user] Hi\n");
+  free(out);
+  /* extra variables reach the template */
+  fe_chat_free(c);
+  TH_REQUIRE(fe_chat_from_string("{{ tools | length }}", 20, NULL, &c, err, sizeof err) == 0);
+  json_t *extra = json_loads("{\"tools\": [{\"name\": \"f\"}, {\"name\": \"g\"}]}", 0, NULL);
+  TH_REQUIRE(fe_chat_render(c, msgs, 0, extra, &out, &len, err, sizeof err) == 0);
+  TH_CHECK_EQ_STR(out, "2");
+  free(out);
+  fe_chat_free(c);
+  json_decref(extra);
+  json_decref(msgs);
+  /* no template at all, or a broken one: refused at load */
+  TH_CHECK_EQ_INT(fe_chat_load(tt_fixture("tiny"), &c, err, sizeof err), CM_ERR_NOENT);
+  TH_CHECK_EQ_INT(fe_chat_load(tt_fixture("tiny/tokenizer.json"), &c, err, sizeof err),
+                  CM_ERR_NOENT); /* valid JSON, but no chat_template */
+  TH_CHECK_EQ_INT(fe_chat_from_string("{% bad %}", 9, NULL, &c, err, sizeof err), CM_ERR_PARSE);
+  TH_CHECK(strstr(err, "unsupported statement 'bad'") != NULL);
+}
