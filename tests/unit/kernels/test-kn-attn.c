@@ -244,7 +244,9 @@ TH_TEST(attention_simd_matches_reference) {
   for (size_t di = 0; di < CM_ARRAY_LEN(dims); di++)
     for (size_t gi = 0; gi < CM_ARRAY_LEN(gqa); gi++)
       for (size_t wi = 0; wi < CM_ARRAY_LEN(windows); wi++) {
-        /* keep the grid quick: the widest heads only with the small groups */
+        /* keep the grid quick (it runs under ASan too): the wide heads with
+         * fewer groups and windows, both KV dtypes and block sizes still */
+        if (dims[di] >= 256 && (gqa[gi][0] > 8 || wi == 2)) continue;
         if (dims[di] == 512 && gqa[gi][0] > 4) continue;
         int bt = (di + gi + wi) % 2 ? 16 : 5;
         enum kn_dtype dt = (di + wi) % 2 ? KN_DTYPE_BF16 : KN_DTYPE_F32;
