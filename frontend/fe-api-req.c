@@ -328,6 +328,12 @@ static int parse_sampling(struct pctx *p, json_t *body) {
     return fail(p, 400, "n", "n > 1 is supported with a single prompt only");
   if ((rc = parse_stop(p, body))) return rc;
   if ((rc = get_bool(p, body, "ignore_eos", &r->ignore_eos))) return rc;
+  if ((rc = get_bool(p, body, "skip_special_tokens", &r->skip_special_tokens))) return rc;
+  if ((rc = get_bool(p, body, "include_stop_str_in_output", &r->include_stop_str_in_output)))
+    return rc;
+  x = 0;
+  if ((rc = get_int(p, body, "priority", INT32_MIN, INT32_MAX, &x, NULL))) return rc;
+  r->priority = (int32_t)x;
   json_t *user = json_object_get(body, "user");
   if (user && !json_is_null(user) && !json_is_string(user))
     return fail(p, 400, "user", "'user' must be a string");
@@ -397,6 +403,7 @@ static void set_defaults(struct fe_api_request *r, enum fe_api_kind kind) {
   r->logprobs = -1;
   r->add_generation_prompt = 1;
   r->add_special_tokens = kind != FE_API_CHAT;
+  r->skip_special_tokens = 1;
 }
 
 static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {

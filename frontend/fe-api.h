@@ -69,9 +69,12 @@ struct fe_api_request {
   int stream;
   int include_usage; /* stream_options.include_usage */
   int ignore_eos;
-  int add_generation_prompt; /* chat / tokenize with messages; default 1 */
-  int add_special_tokens;    /* tokenize; default 1 (completions), 0 (chat) */
-  struct cm_arena arena;     /* owns every pointer above */
+  int add_generation_prompt;      /* chat / tokenize with messages; default 1 */
+  int add_special_tokens;         /* tokenize; default 1 (completions), 0 (chat) */
+  int skip_special_tokens;        /* detokenization drops special tokens; default 1 */
+  int include_stop_str_in_output; /* keep the matched stop string; default 0 */
+  int32_t priority;               /* scheduling priority as in vLLM: lower first; default 0 */
+  struct cm_arena arena;          /* owns every pointer above */
 };
 
 struct fe_api_error {

@@ -76,6 +76,8 @@ static const struct bad_case bad[] = {
     {C, "{\"prompt\":\"a\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400,
      "stream_options.include_usage"},
     {C, "{\"prompt\":\"a\",\"ignore_eos\":1}", 400, "ignore_eos"},
+    {C, "{\"prompt\":\"a\",\"priority\":1.5}", 400, "priority"},
+    {C, "{\"prompt\":\"a\",\"skip_special_tokens\":\"no\"}", 400, "skip_special_tokens"},
     {C, "{\"prompt\":\"a\",\"user\":5}", 400, "user"},
     {C, "{\"prompt\":\"a\",\"suffix\":\"x\"}", 400, "suffix"},
     {C, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias"},
@@ -178,7 +180,8 @@ TH_TEST(api_completion_good) {
       "\"top_p\":0.5,\"top_k\":0,\"min_p\":0.1,\"presence_penalty\":-2,\"frequency_penalty\":2,"
       "\"repetition_penalty\":1.2,\"seed\":-42,\"stop\":\"##\",\"stop_token_ids\":[1,106],"
       "\"logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
-      "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null}";
+      "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null,"
+      "\"skip_special_tokens\":false,\"include_stop_str_in_output\":true,\"priority\":-3}";
   struct fe_api_request r;
   struct fe_api_error e;
   int rc = fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e);
@@ -201,6 +204,7 @@ TH_TEST(api_completion_good) {
   TH_CHECK_EQ_INT(r.logprobs, 3);
   TH_CHECK(r.stream && r.include_usage && r.ignore_eos);
   TH_CHECK_EQ_INT(r.n, 1);
+  TH_CHECK(r.skip_special_tokens == 0 && r.include_stop_str_in_output == 1 && r.priority == -3);
   fe_api_request_free(&r);
 
   /* defaults; the model may be omitted; token-id prompts */
@@ -213,6 +217,7 @@ TH_TEST(api_completion_good) {
   TH_CHECK_EQ_INT(r.top_k, -1);
   TH_CHECK_EQ_INT(r.logprobs, -1);
   TH_CHECK(!r.stream && !r.has_seed && r.n == 1);
+  TH_CHECK(r.skip_special_tokens == 1 && r.include_stop_str_in_output == 0 && r.priority == 0);
   fe_api_request_free(&r);
   const char *one =
       "{\"prompt\":[5,6,7],\"top_k\":40,\"n\":3,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}";
