@@ -12,7 +12,7 @@
 
 /* ---- tokens ------------------------------------------------------------- */
 
-enum jk_tok {
+enum fe_jk_tok {
   JK_TEXT,       /* literal template text: s, n */
   JK_EXPR_BEGIN, /* {{ */
   JK_EXPR_END,   /* }} */
@@ -26,8 +26,8 @@ enum jk_tok {
   JK_EOF,
 };
 
-struct jk_token {
-  enum jk_tok kind;
+struct fe_jk_token {
+  enum fe_jk_tok kind;
   const char *s; /* into the source or the template arena */
   size_t n;      /* bytes */
   int64_t i;
@@ -37,12 +37,12 @@ struct jk_token {
 
 /* Splits src into tokens (applying whitespace control, trim_blocks and
  * lstrip_blocks); the token array lives in `arena`. */
-int jk_lex(const char *src, size_t len, struct cm_arena *arena, struct jk_token **toks,
+int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_token **toks,
            size_t *n_toks, char *err, size_t errlen);
 
 /* ---- syntax tree ---------------------------------------------------------- */
 
-enum jk_node_kind {
+enum fe_jk_node_kind {
   /* statements */
   JN_BLOCK, JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE,
   /* expressions */
@@ -50,59 +50,59 @@ enum jk_node_kind {
   JN_SLICE, JN_CALL, JN_FILTER, JN_TEST, JN_NOT, JN_NEG, JN_POS, JN_BIN, JN_COND,
 };
 
-struct jk_node {
-  enum jk_node_kind kind;
+struct fe_jk_node {
+  enum fe_jk_node_kind kind;
   int line;
   const char *s, *s2; /* names, strings, operators */
   size_t n, n2;       /* bytes */
   int64_t i;          /* int literal, bool, negated test */
   double f;
-  struct jk_node *a, *b, *c, *d; /* children by kind (see fe-jinja-parse.c) */
-  struct jk_node **items;        /* statements, arguments, list / dict elements */
+  struct fe_jk_node *a, *b, *c, *d; /* children by kind (see fe-jinja-parse.c) */
+  struct fe_jk_node **items;        /* statements, arguments, list / dict elements */
   size_t n_items;
   const char **kw_names;         /* keyword arguments of calls / filters */
   size_t *kw_lens;
-  struct jk_node **kw_vals;
+  struct fe_jk_node **kw_vals;
   size_t n_kw;
   int fn;                        /* resolved builtin for filters / tests / calls */
 };
 
 struct fe_jinja {
   struct cm_arena arena; /* tokens and nodes */
-  struct jk_node *root;  /* JN_BLOCK */
+  struct fe_jk_node *root;  /* JN_BLOCK */
 };
 
 /* Builtins, resolved at parse time (an unknown name is a parse error). */
-enum jk_filter {
+enum fe_jk_filter {
   JF_TRIM, JF_LENGTH, JF_COUNT, JF_UPPER, JF_LOWER, JF_CAPITALIZE, JF_TITLE, JF_FIRST, JF_LAST,
   JF_JOIN, JF_DEFAULT, JF_D, JF_TOJSON, JF_STRING, JF_INT, JF_FLOAT, JF_LIST, JF_REPLACE,
   JF_SAFE, JF_REVERSE, JF_ABS, JF_ITEMS, JF_DICTSORT, JF__N
 };
-enum jk_test {
+enum fe_jk_test {
   JT_DEFINED, JT_UNDEFINED, JT_NONE, JT_STRING, JT_NUMBER, JT_INTEGER, JT_FLOAT, JT_BOOLEAN,
   JT_ITERABLE, JT_MAPPING, JT_SEQUENCE, JT_TRUE, JT_FALSE, JT_EVEN, JT_ODD, JT_DIVISIBLEBY,
   JT_EQ, JT_EQUALTO, JT_EQEQ, JT_NE, JT_NEQ, JT__N
 };
-enum jk_method {
+enum fe_jk_method {
   JM_STRIP, JM_LSTRIP, JM_RSTRIP, JM_SPLIT, JM_STARTSWITH, JM_ENDSWITH, JM_UPPER, JM_LOWER,
   JM_TITLE, JM_CAPITALIZE, JM_REPLACE, JM_ITEMS, JM_KEYS, JM_VALUES, JM_GET, JM__N
 };
-enum jk_global { JG_RAISE_EXCEPTION, JG_NAMESPACE, JG_RANGE, JG__N };
+enum fe_jk_global { JG_RAISE_EXCEPTION, JG_NAMESPACE, JG_RANGE, JG__N };
 
-int jk_filter_id(const char *s, size_t n);
-int jk_test_id(const char *s, size_t n);
-int jk_method_id(const char *s, size_t n);
-int jk_global_id(const char *s, size_t n);
+int fe_jk_filter_id(const char *s, size_t n);
+int fe_jk_test_id(const char *s, size_t n);
+int fe_jk_method_id(const char *s, size_t n);
+int fe_jk_global_id(const char *s, size_t n);
 
 /* ---- values ------------------------------------------------------------------ */
 
-enum jv_kind { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_FUNC };
+enum fe_jv_kind { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_FUNC };
 
-struct jv_list;
-struct jv_dict;
+struct fe_jv_list;
+struct fe_jv_dict;
 
-struct jv {
-  enum jv_kind kind;
+struct fe_jv {
+  enum fe_jv_kind kind;
   union {
     int b;
     int64_t i;
@@ -111,80 +111,80 @@ struct jv {
       const char *s;
       size_t n; /* bytes */
     } str;
-    struct jv_list *list;
-    struct jv_dict *dict;
+    struct fe_jv_list *list;
+    struct fe_jv_dict *dict;
     int fn; /* JV_FUNC: a global id */
   } u;
 };
 
-struct jv_list {
-  struct jv *items;
+struct fe_jv_list {
+  struct fe_jv *items;
   size_t n, cap;
 };
 
-struct jv_dict { /* insertion ordered, string keys */
+struct fe_jv_dict { /* insertion ordered, string keys */
   const char **keys;
   size_t *klens;
-  struct jv *vals;
+  struct fe_jv *vals;
   size_t n, cap;
   int is_namespace; /* attributes may be assigned */
 };
 
-struct jv jv_str(const char *s, size_t n);
-struct jv jv_int(int64_t i);
-struct jv jv_bool(int b);
-struct jv *jv_dict_get(const struct jv_dict *d, const char *k, size_t kn);
-int jv_dict_set(struct cm_arena *a, struct jv_dict *d, const char *k, size_t kn, struct jv v);
-int jv_list_push(struct cm_arena *a, struct jv_list *l, struct jv v);
-int jv_truthy(struct jv v);
-int jv_equal(struct jv a, struct jv b);
+struct fe_jv fe_jv_str(const char *s, size_t n);
+struct fe_jv fe_jv_int(int64_t i);
+struct fe_jv fe_jv_bool(int b);
+struct fe_jv *fe_jv_dict_get(const struct fe_jv_dict *d, const char *k, size_t kn);
+int fe_jv_dict_set(struct cm_arena *a, struct fe_jv_dict *d, const char *k, size_t kn, struct fe_jv v);
+int fe_jv_list_push(struct cm_arena *a, struct fe_jv_list *l, struct fe_jv v);
+int fe_jv_truthy(struct fe_jv v);
+int fe_jv_equal(struct fe_jv a, struct fe_jv b);
 /* Converts JSON to a value in the arena. */
-int jv_from_json(struct cm_arena *a, json_t *j, struct jv *out, int depth);
+int fe_jv_from_json(struct cm_arena *a, json_t *j, struct fe_jv *out, int depth);
 
 /* A growable output string (malloc'd, capped). */
-struct jv_buf {
+struct fe_jv_buf {
   char *p;
   size_t n, cap, max; /* bytes */
 };
-int jv_buf_put(struct jv_buf *b, const char *s, size_t n);
+int fe_jv_buf_put(struct fe_jv_buf *b, const char *s, size_t n);
 /* Appends v as Jinja prints it (Python str()). */
-int jv_print(struct jv_buf *b, struct jv v);
+int fe_jv_print(struct fe_jv_buf *b, struct fe_jv v);
 /* Appends v as Python repr() (strings quoted). */
-int jv_repr(struct jv_buf *b, struct jv v);
+int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v);
 /* Appends v as JSON (json.dumps, ensure_ascii=False); indent < 0: one line. */
-int jv_tojson(struct jv_buf *b, struct jv v, int indent, int depth);
+int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth);
 
 /* ---- evaluation (fe-jinja-eval.c, fe-jinja-builtins.c) ------------------------ */
 
-struct jk_frame {
-  struct jv_dict vars;
-  struct jk_frame *up;
+struct fe_jk_frame {
+  struct fe_jv_dict vars;
+  struct fe_jk_frame *up;
 };
 
-struct jk_ev {
+struct fe_jk_ev {
   struct cm_arena *a;   /* every value of the render */
-  struct jv_buf *out;
+  struct fe_jv_buf *out;
   char *err;
   size_t errlen;
-  struct jk_frame *top; /* innermost scope */
+  struct fe_jk_frame *top; /* innermost scope */
   long iters;           /* loop iterations so far */
   int depth;
   int ctl;              /* 1: break, 2: continue pending */
 };
 
-int jk_eval(struct jk_ev *e, const struct jk_node *n, struct jv *out);
-int jk_err(struct jk_ev *e, const struct jk_node *n, int code, const char *fmt, ...)
+int fe_jk_eval(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
+int fe_jk_err(struct fe_jk_ev *e, const struct fe_jk_node *n, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Prints v into an arena string. */
-int jk_to_string(struct jk_ev *e, struct jv v, struct jv *out);
+int fe_jk_to_string(struct fe_jk_ev *e, struct fe_jv v, struct fe_jv *out);
 /* The items a for loop visits (list items, dict keys, string characters). */
-int jk_iterate(struct jk_ev *e, const struct jk_node *n, struct jv v, struct jv *list);
-size_t jk_cp_count(const char *s, size_t n);
-size_t jk_cp_offset(const char *s, size_t n, size_t k);
-int jk_filter(struct jk_ev *e, const struct jk_node *n, struct jv v, struct jv *out);
-int jk_test(struct jk_ev *e, const struct jk_node *n, struct jv v, int *res);
+int fe_jk_iterate(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *list);
+size_t fe_jk_cp_count(const char *s, size_t n);
+size_t fe_jk_cp_offset(const char *s, size_t n, size_t k);
+int fe_jk_filter(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *out);
+int fe_jk_test(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, int *res);
 /* A call of a global function or a method (n->kind == JN_CALL). */
-int jk_call(struct jk_ev *e, const struct jk_node *n, struct jv *out);
+int fe_jk_call(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
 
 #define JK_MAX_DEPTH 64             /* expression / statement nesting */
 #define JK_MAX_OUTPUT (16u << 20)   /* bytes of rendered text */

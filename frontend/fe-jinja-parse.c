@@ -2,7 +2,7 @@
  * every statement, filter, test, method and global name against what the
  * evaluator implements, so an unsupported template fails at load time.
  *
- * Node layout by kind (struct jk_node):
+ * Node layout by kind (struct fe_jk_node):
  *   BLOCK items | TEXT s,n | OUT a | IF a=cond b=then c=else | FOR s=var
  *   s2=second var (or NULL) a=iterable b=body c=else d=filter | SET s=name
  *   s2=attribute (ns.attr) a=value or b=body | LIST items | DICT items as
@@ -38,13 +38,13 @@ static int find_name(const char *const *names, int n, const char *s, size_t len)
     if (strlen(names[i]) == len && !memcmp(names[i], s, len)) return i;
   return -1;
 }
-int jk_filter_id(const char *s, size_t n) { return find_name(filter_names, JF__N, s, n); }
-int jk_test_id(const char *s, size_t n) { return find_name(test_names, JT__N, s, n); }
-int jk_method_id(const char *s, size_t n) { return find_name(method_names, JM__N, s, n); }
-int jk_global_id(const char *s, size_t n) { return find_name(global_names, JG__N, s, n); }
+int fe_jk_filter_id(const char *s, size_t n) { return find_name(filter_names, JF__N, s, n); }
+int fe_jk_test_id(const char *s, size_t n) { return find_name(test_names, JT__N, s, n); }
+int fe_jk_method_id(const char *s, size_t n) { return find_name(method_names, JM__N, s, n); }
+int fe_jk_global_id(const char *s, size_t n) { return find_name(global_names, JG__N, s, n); }
 
 struct ps {
-  struct jk_token *t;
+  struct fe_jk_token *t;
   size_t n, pos;
   struct cm_arena *arena;
   char *err;
@@ -64,18 +64,18 @@ __attribute__((format(printf, 2, 3))) static int ps_err(struct ps *p, const char
   return CM_ERR_PARSE;
 }
 
-static struct jk_token *cur(struct ps *p) { return &p->t[p->pos]; }
+static struct fe_jk_token *cur(struct ps *p) { return &p->t[p->pos]; }
 static int is_op(struct ps *p, const char *op) {
-  struct jk_token *t = cur(p);
+  struct fe_jk_token *t = cur(p);
   return t->kind == JK_OP && t->n == strlen(op) && !memcmp(t->s, op, t->n);
 }
 static int is_name(struct ps *p, const char *name) {
-  struct jk_token *t = cur(p);
+  struct fe_jk_token *t = cur(p);
   return t->kind == JK_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
 }
 static int is_name_at(struct ps *p, size_t off, const char *name) {
   if (p->pos + off >= p->n) return 0;
-  struct jk_token *t = &p->t[p->pos + off];
+  struct fe_jk_token *t = &p->t[p->pos + off];
   return t->kind == JK_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
 }
 static int accept_op(struct ps *p, const char *op) {
@@ -89,8 +89,8 @@ static int accept_name(struct ps *p, const char *name) {
   return 1;
 }
 
-static struct jk_node *node(struct ps *p, enum jk_node_kind kind) {
-  struct jk_node *nd = cm_arena_calloc(p->arena, 1, sizeof *nd);
+static struct fe_jk_node *node(struct ps *p, enum fe_jk_node_kind kind) {
+  struct fe_jk_node *nd = cm_arena_calloc(p->arena, 1, sizeof *nd);
   if (nd) {
     nd->kind = kind;
     nd->line = cur(p)->line;
@@ -98,11 +98,11 @@ static struct jk_node *node(struct ps *p, enum jk_node_kind kind) {
   return nd;
 }
 
-static int add_item(struct ps *p, struct jk_node *nd, struct jk_node *it) {
+static int add_item(struct ps *p, struct fe_jk_node *nd, struct fe_jk_node *it) {
   /* grow by doubling into the arena (old arrays are left behind) */
   if ((nd->n_items & (nd->n_items - 1)) == 0) {
     size_t nc = nd->n_items ? nd->n_items * 2 : 1;
-    struct jk_node **ni = cm_arena_alloc(p->arena, nc * sizeof *ni);
+    struct fe_jk_node **ni = cm_arena_alloc(p->arena, nc * sizeof *ni);
     if (!ni) return CM_ERR_NOMEM;
     if (nd->n_items) memcpy(ni, nd->items, nd->n_items * sizeof *ni);
     nd->items = ni;
@@ -111,13 +111,13 @@ static int add_item(struct ps *p, struct jk_node *nd, struct jk_node *it) {
   return 0;
 }
 
-static int parse_expr(struct ps *p, struct jk_node **out);
+static int parse_expr(struct ps *p, struct fe_jk_node **out);
 
 /* (args, kw=args) after the opening parenthesis was consumed */
-static int parse_args(struct ps *p, struct jk_node *nd) {
+static int parse_args(struct ps *p, struct fe_jk_node *nd) {
   const char *kn[32];
   size_t kl[32];
-  struct jk_node *kv[32];
+  struct fe_jk_node *kv[32];
   size_t nk = 0;
   int rc;
   while (!accept_op(p, ")")) {
@@ -132,7 +132,7 @@ static int parse_args(struct ps *p, struct jk_node *nd) {
       if ((rc = parse_expr(p, &kv[nk]))) return rc;
       nk++;
     } else {
-      struct jk_node *a;
+      struct fe_jk_node *a;
       if (nk) return ps_err(p, "positional argument after a keyword argument");
       if ((rc = parse_expr(p, &a)) || (rc = add_item(p, nd, a))) return rc;
     }
@@ -150,9 +150,9 @@ static int parse_args(struct ps *p, struct jk_node *nd) {
   return 0;
 }
 
-static int parse_primary(struct ps *p, struct jk_node **out) {
-  struct jk_token *t = cur(p);
-  struct jk_node *nd = NULL;
+static int parse_primary(struct ps *p, struct fe_jk_node **out) {
+  struct fe_jk_token *t = cur(p);
+  struct fe_jk_node *nd = NULL;
   int rc;
   if (t->kind == JK_STRING) {
     if (!(nd = node(p, JN_STR))) return CM_ERR_NOMEM;
@@ -192,7 +192,7 @@ static int parse_primary(struct ps *p, struct jk_node **out) {
   } else if (accept_op(p, "[")) {
     if (!(nd = node(p, JN_LIST))) return CM_ERR_NOMEM;
     while (!accept_op(p, "]")) {
-      struct jk_node *e;
+      struct fe_jk_node *e;
       if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or ']'");
       if (accept_op(p, "]")) break;
       if ((rc = parse_expr(p, &e)) || (rc = add_item(p, nd, e))) return rc;
@@ -200,7 +200,7 @@ static int parse_primary(struct ps *p, struct jk_node **out) {
   } else if (accept_op(p, "{")) {
     if (!(nd = node(p, JN_DICT))) return CM_ERR_NOMEM;
     while (!accept_op(p, "}")) {
-      struct jk_node *k, *v;
+      struct fe_jk_node *k, *v;
       if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or '}'");
       if (accept_op(p, "}")) break;
       if ((rc = parse_expr(p, &k))) return rc;
@@ -215,10 +215,10 @@ static int parse_primary(struct ps *p, struct jk_node **out) {
   return 0;
 }
 
-static int parse_postfix(struct ps *p, struct jk_node **io) {
+static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
   int rc;
   for (;;) {
-    struct jk_node *base = *io, *nd;
+    struct fe_jk_node *base = *io, *nd;
     if (accept_op(p, ".")) {
       if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after '.'");
       if (!(nd = node(p, JN_ATTR))) return CM_ERR_NOMEM;
@@ -227,7 +227,7 @@ static int parse_postfix(struct ps *p, struct jk_node **io) {
       nd->n = cur(p)->n;
       p->pos++;
     } else if (accept_op(p, "[")) {
-      struct jk_node *x[3] = {0};
+      struct fe_jk_node *x[3] = {0};
       int k = 0, colon = 0;
       for (;;) {
         if (is_op(p, ":")) {
@@ -252,10 +252,10 @@ static int parse_postfix(struct ps *p, struct jk_node **io) {
       if (!(nd = node(p, JN_CALL))) return CM_ERR_NOMEM;
       nd->a = base;
       if (base->kind == JN_NAME) {
-        if ((nd->fn = jk_global_id(base->s, base->n)) < 0)
+        if ((nd->fn = fe_jk_global_id(base->s, base->n)) < 0)
           return ps_err(p, "unknown function '%.*s'", (int)base->n, base->s);
       } else if (base->kind == JN_ATTR) {
-        if ((nd->fn = jk_method_id(base->s, base->n)) < 0)
+        if ((nd->fn = fe_jk_method_id(base->s, base->n)) < 0)
           return ps_err(p, "unsupported method '%.*s'", (int)base->n, base->s);
       } else {
         return ps_err(p, "only functions and methods can be called");
@@ -269,16 +269,16 @@ static int parse_postfix(struct ps *p, struct jk_node **io) {
 }
 
 /* filters and tests bind to the postfix expression before them */
-static int parse_filters(struct ps *p, struct jk_node **io) {
+static int parse_filters(struct ps *p, struct fe_jk_node **io) {
   int rc;
   for (;;) {
-    struct jk_node *nd;
+    struct fe_jk_node *nd;
     if (accept_op(p, "|")) {
       if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a filter name");
       if (!(nd = node(p, JN_FILTER))) return CM_ERR_NOMEM;
       nd->s = cur(p)->s;
       nd->n = cur(p)->n;
-      if ((nd->fn = jk_filter_id(nd->s, nd->n)) < 0)
+      if ((nd->fn = fe_jk_filter_id(nd->s, nd->n)) < 0)
         return ps_err(p, "unsupported filter '%.*s'", (int)nd->n, nd->s);
       p->pos++;
       nd->a = *io;
@@ -286,10 +286,10 @@ static int parse_filters(struct ps *p, struct jk_node **io) {
     } else if (accept_name(p, "is")) {
       if (!(nd = node(p, JN_TEST))) return CM_ERR_NOMEM;
       nd->i = accept_name(p, "not");
-      struct jk_token *t = cur(p);
+      struct fe_jk_token *t = cur(p);
       if (t->kind != JK_NAME && !(t->kind == JK_OP && (is_op(p, "==") || is_op(p, "!="))))
         return ps_err(p, "expected a test name");
-      if ((nd->fn = jk_test_id(t->s, t->n)) < 0)
+      if ((nd->fn = fe_jk_test_id(t->s, t->n)) < 0)
         return ps_err(p, "unsupported test '%.*s'", (int)t->n, t->s);
       p->pos++;
       nd->a = *io;
@@ -297,7 +297,7 @@ static int parse_filters(struct ps *p, struct jk_node **io) {
         if ((rc = parse_args(p, nd))) return rc;
       } else if (nd->fn == JT_DIVISIBLEBY || nd->fn == JT_EQ || nd->fn == JT_EQUALTO ||
                  nd->fn == JT_EQEQ || nd->fn == JT_NE || nd->fn == JT_NEQ) {
-        struct jk_node *arg;
+        struct fe_jk_node *arg;
         if ((rc = parse_primary(p, &arg)) || (rc = parse_postfix(p, &arg)) ||
             (rc = add_item(p, nd, arg)))
           return rc;
@@ -309,11 +309,11 @@ static int parse_filters(struct ps *p, struct jk_node **io) {
   }
 }
 
-static int parse_unary(struct ps *p, struct jk_node **out) {
+static int parse_unary(struct ps *p, struct fe_jk_node **out) {
   int rc;
   if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "expression nested too deeply");
   if (is_op(p, "-") || is_op(p, "+")) {
-    struct jk_node *nd = node(p, is_op(p, "-") ? JN_NEG : JN_POS);
+    struct fe_jk_node *nd = node(p, is_op(p, "-") ? JN_NEG : JN_POS);
     if (!nd) return CM_ERR_NOMEM;
     p->pos++;
     if ((rc = parse_unary(p, &nd->a))) return rc;
@@ -327,9 +327,9 @@ static int parse_unary(struct ps *p, struct jk_node **out) {
   return 0;
 }
 
-static int bin(struct ps *p, const char *op, struct jk_node *a, struct jk_node *b,
-               struct jk_node **out) {
-  struct jk_node *nd = node(p, JN_BIN);
+static int bin(struct ps *p, const char *op, struct fe_jk_node *a, struct fe_jk_node *b,
+               struct fe_jk_node **out) {
+  struct fe_jk_node *nd = node(p, JN_BIN);
   if (!nd) return CM_ERR_NOMEM;
   nd->s = op;
   nd->n = strlen(op);
@@ -339,10 +339,10 @@ static int bin(struct ps *p, const char *op, struct jk_node *a, struct jk_node *
   return 0;
 }
 
-typedef int (*level_fn)(struct ps *, struct jk_node **);
+typedef int (*level_fn)(struct ps *, struct fe_jk_node **);
 
 /* One left-associative level of binary operators. */
-static int parse_level(struct ps *p, struct jk_node **out, level_fn next,
+static int parse_level(struct ps *p, struct fe_jk_node **out, level_fn next,
                        const char *const *ops, size_t n_ops) {
   int rc = next(p, out);
   while (!rc) {
@@ -351,27 +351,27 @@ static int parse_level(struct ps *p, struct jk_node **out, level_fn next,
       if (is_op(p, ops[k])) op = ops[k];
     if (!op) return 0;
     p->pos++;
-    struct jk_node *rhs;
+    struct fe_jk_node *rhs;
     if ((rc = next(p, &rhs))) return rc;
     rc = bin(p, op, *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_mul(struct ps *p, struct jk_node **out) {
+static int parse_mul(struct ps *p, struct fe_jk_node **out) {
   static const char *const ops[] = {"*", "//", "/", "%"};
   return parse_level(p, out, parse_unary, ops, 4);
 }
-static int parse_concat(struct ps *p, struct jk_node **out) {
+static int parse_concat(struct ps *p, struct fe_jk_node **out) {
   static const char *const ops[] = {"~"};
   return parse_level(p, out, parse_mul, ops, 1);
 }
-static int parse_add(struct ps *p, struct jk_node **out) {
+static int parse_add(struct ps *p, struct fe_jk_node **out) {
   static const char *const ops[] = {"+", "-"};
   return parse_level(p, out, parse_concat, ops, 2);
 }
 
-static int parse_compare(struct ps *p, struct jk_node **out) {
+static int parse_compare(struct ps *p, struct fe_jk_node **out) {
   static const char *const ops[] = {"==", "!=", "<=", ">=", "<", ">"};
   int rc = parse_add(p, out);
   while (!rc) {
@@ -385,16 +385,16 @@ static int parse_compare(struct ps *p, struct jk_node **out) {
     }
     if (!op) return 0;
     p->pos++;
-    struct jk_node *rhs;
+    struct fe_jk_node *rhs;
     if ((rc = parse_add(p, &rhs))) return rc;
     rc = bin(p, op, *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_not(struct ps *p, struct jk_node **out) {
+static int parse_not(struct ps *p, struct fe_jk_node **out) {
   if (is_name(p, "not")) {
-    struct jk_node *nd = node(p, JN_NOT);
+    struct fe_jk_node *nd = node(p, JN_NOT);
     if (!nd) return CM_ERR_NOMEM;
     p->pos++;
     if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "expression nested too deeply");
@@ -406,32 +406,32 @@ static int parse_not(struct ps *p, struct jk_node **out) {
   return parse_compare(p, out);
 }
 
-static int parse_and(struct ps *p, struct jk_node **out) {
+static int parse_and(struct ps *p, struct fe_jk_node **out) {
   int rc = parse_not(p, out);
   while (!rc && accept_name(p, "and")) {
-    struct jk_node *rhs;
+    struct fe_jk_node *rhs;
     if ((rc = parse_not(p, &rhs))) return rc;
     rc = bin(p, "and", *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_or(struct ps *p, struct jk_node **out) {
+static int parse_or(struct ps *p, struct fe_jk_node **out) {
   int rc = parse_and(p, out);
   while (!rc && accept_name(p, "or")) {
-    struct jk_node *rhs;
+    struct fe_jk_node *rhs;
     if ((rc = parse_and(p, &rhs))) return rc;
     rc = bin(p, "or", *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_expr(struct ps *p, struct jk_node **out) {
+static int parse_expr(struct ps *p, struct fe_jk_node **out) {
   int rc = parse_or(p, out);
   if (rc || !is_name(p, "if")) return rc;
   /* a if cond else b (else optional: undefined) */
   p->pos++;
-  struct jk_node *nd = node(p, JN_COND);
+  struct fe_jk_node *nd = node(p, JN_COND);
   if (!nd) return CM_ERR_NOMEM;
   nd->a = *out;
   if ((rc = parse_or(p, &nd->b))) return rc;
@@ -451,18 +451,18 @@ static int expect_stmt_end(struct ps *p) {
 /* Parses statements until a {% name %} whose name is in `ends` (NULL-
  * terminated) and leaves the cursor on that name; at top level (ends NULL)
  * until the end. */
-static int parse_block(struct ps *p, const char *const *ends, struct jk_node **out);
+static int parse_block(struct ps *p, const char *const *ends, struct fe_jk_node **out);
 
-static int parse_if(struct ps *p, struct jk_node **out) {
+static int parse_if(struct ps *p, struct fe_jk_node **out) {
   static const char *const ends[] = {"elif", "else", "endif", NULL};
-  struct jk_node *nd = node(p, JN_IF);
+  struct fe_jk_node *nd = node(p, JN_IF);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if ((rc = parse_expr(p, &nd->a)) || (rc = expect_stmt_end(p)) ||
       (rc = parse_block(p, ends, &nd->b)))
     return rc;
   if (accept_name(p, "elif")) {
-    struct jk_node *blk = node(p, JN_BLOCK), *inner;
+    struct fe_jk_node *blk = node(p, JN_BLOCK), *inner;
     if (!blk) return CM_ERR_NOMEM;
     if ((rc = parse_if(p, &inner)) || (rc = add_item(p, blk, inner))) return rc;
     nd->c = blk;
@@ -478,9 +478,9 @@ static int parse_if(struct ps *p, struct jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_for(struct ps *p, struct jk_node **out) {
+static int parse_for(struct ps *p, struct fe_jk_node **out) {
   static const char *const ends[] = {"else", "endfor", NULL};
-  struct jk_node *nd = node(p, JN_FOR);
+  struct fe_jk_node *nd = node(p, JN_FOR);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a loop variable");
@@ -512,8 +512,8 @@ static int parse_for(struct ps *p, struct jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_set(struct ps *p, struct jk_node **out) {
-  struct jk_node *nd = node(p, JN_SET);
+static int parse_set(struct ps *p, struct fe_jk_node **out) {
+  struct fe_jk_node *nd = node(p, JN_SET);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after set");
@@ -539,8 +539,8 @@ static int parse_set(struct ps *p, struct jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_stmt(struct ps *p, struct jk_node **out) {
-  struct jk_token *t = cur(p);
+static int parse_stmt(struct ps *p, struct fe_jk_node **out) {
+  struct fe_jk_token *t = cur(p);
   if (t->kind != JK_NAME) return ps_err(p, "expected a statement name");
   p->pos++;
   if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "statements nested too deeply");
@@ -569,13 +569,13 @@ static int parse_stmt(struct ps *p, struct jk_node **out) {
   return rc;
 }
 
-static int parse_block(struct ps *p, const char *const *ends, struct jk_node **out) {
-  struct jk_node *blk = node(p, JN_BLOCK);
+static int parse_block(struct ps *p, const char *const *ends, struct fe_jk_node **out) {
+  struct fe_jk_node *blk = node(p, JN_BLOCK);
   int rc;
   if (!blk) return CM_ERR_NOMEM;
   for (;;) {
-    struct jk_token *t = cur(p);
-    struct jk_node *nd = NULL;
+    struct fe_jk_token *t = cur(p);
+    struct fe_jk_node *nd = NULL;
     if (t->kind == JK_EOF) {
       if (ends) return ps_err(p, "unexpected end of template (missing %s)", ends[0]);
       break;
@@ -617,7 +617,7 @@ int fe_jinja_parse(const char *src, size_t len, struct fe_jinja **out, char *err
   struct ps p = {.arena = &t->arena, .err = errbuf, .errlen = errlen};
   /* tokens and nodes point into the source: keep our own copy */
   char *copy = cm_arena_strndup(&t->arena, src, len);
-  int rc = copy ? jk_lex(copy, len, &t->arena, &p.t, &p.n, errbuf, errlen) : CM_ERR_NOMEM;
+  int rc = copy ? fe_jk_lex(copy, len, &t->arena, &p.t, &p.n, errbuf, errlen) : CM_ERR_NOMEM;
   if (!rc) rc = parse_block(&p, NULL, &t->root);
   if (rc) {
     if (rc == CM_ERR_NOMEM && errbuf && errlen) snprintf(errbuf, errlen, "template too large");

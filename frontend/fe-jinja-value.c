@@ -10,31 +10,31 @@
 #include "common/cm-err.h"
 #include "frontend/fe-jinja-impl.h"
 
-struct jv jv_str(const char *s, size_t n) {
-  struct jv v = {.kind = JV_STR};
+struct fe_jv fe_jv_str(const char *s, size_t n) {
+  struct fe_jv v = {.kind = JV_STR};
   v.u.str.s = s;
   v.u.str.n = n;
   return v;
 }
-struct jv jv_int(int64_t i) {
-  struct jv v = {.kind = JV_INT};
+struct fe_jv fe_jv_int(int64_t i) {
+  struct fe_jv v = {.kind = JV_INT};
   v.u.i = i;
   return v;
 }
-struct jv jv_bool(int b) {
-  struct jv v = {.kind = JV_BOOL};
+struct fe_jv fe_jv_bool(int b) {
+  struct fe_jv v = {.kind = JV_BOOL};
   v.u.b = b != 0;
   return v;
 }
 
-struct jv *jv_dict_get(const struct jv_dict *d, const char *k, size_t kn) {
+struct fe_jv *fe_jv_dict_get(const struct fe_jv_dict *d, const char *k, size_t kn) {
   for (size_t i = 0; i < d->n; i++)
     if (d->klens[i] == kn && !memcmp(d->keys[i], k, kn)) return &d->vals[i];
   return NULL;
 }
 
-int jv_dict_set(struct cm_arena *a, struct jv_dict *d, const char *k, size_t kn, struct jv v) {
-  struct jv *old = jv_dict_get(d, k, kn);
+int fe_jv_dict_set(struct cm_arena *a, struct fe_jv_dict *d, const char *k, size_t kn, struct fe_jv v) {
+  struct fe_jv *old = fe_jv_dict_get(d, k, kn);
   if (old) {
     *old = v;
     return 0;
@@ -43,7 +43,7 @@ int jv_dict_set(struct cm_arena *a, struct jv_dict *d, const char *k, size_t kn,
     size_t nc = d->cap ? d->cap * 2 : 8;
     const char **nk = cm_arena_alloc(a, nc * sizeof *nk);
     size_t *nl = cm_arena_alloc(a, nc * sizeof *nl);
-    struct jv *nv = cm_arena_alloc(a, nc * sizeof *nv);
+    struct fe_jv *nv = cm_arena_alloc(a, nc * sizeof *nv);
     if (!nk || !nl || !nv) return CM_ERR_NOMEM;
     if (d->n) {
       memcpy(nk, d->keys, d->n * sizeof *nk);
@@ -62,10 +62,10 @@ int jv_dict_set(struct cm_arena *a, struct jv_dict *d, const char *k, size_t kn,
   return 0;
 }
 
-int jv_list_push(struct cm_arena *a, struct jv_list *l, struct jv v) {
+int fe_jv_list_push(struct cm_arena *a, struct fe_jv_list *l, struct fe_jv v) {
   if (l->n == l->cap) {
     size_t nc = l->cap ? l->cap * 2 : 8;
-    struct jv *ni = cm_arena_alloc(a, nc * sizeof *ni);
+    struct fe_jv *ni = cm_arena_alloc(a, nc * sizeof *ni);
     if (!ni) return CM_ERR_NOMEM;
     if (l->n) memcpy(ni, l->items, l->n * sizeof *ni);
     l->items = ni;
@@ -75,7 +75,7 @@ int jv_list_push(struct cm_arena *a, struct jv_list *l, struct jv v) {
   return 0;
 }
 
-int jv_truthy(struct jv v) {
+int fe_jv_truthy(struct fe_jv v) {
   switch (v.kind) {
   case JV_BOOL: return v.u.b;
   case JV_INT: return v.u.i != 0;
@@ -88,7 +88,7 @@ int jv_truthy(struct jv v) {
   }
 }
 
-int jv_equal(struct jv a, struct jv b) {
+int fe_jv_equal(struct fe_jv a, struct fe_jv b) {
   int an = a.kind == JV_INT || a.kind == JV_FLOAT || a.kind == JV_BOOL;
   int bn = b.kind == JV_INT || b.kind == JV_FLOAT || b.kind == JV_BOOL;
   if (an && bn) {
@@ -106,13 +106,13 @@ int jv_equal(struct jv a, struct jv b) {
   case JV_LIST:
     if (a.u.list->n != b.u.list->n) return 0;
     for (size_t i = 0; i < a.u.list->n; i++)
-      if (!jv_equal(a.u.list->items[i], b.u.list->items[i])) return 0;
+      if (!fe_jv_equal(a.u.list->items[i], b.u.list->items[i])) return 0;
     return 1;
   case JV_DICT:
     if (a.u.dict->n != b.u.dict->n) return 0;
     for (size_t i = 0; i < a.u.dict->n; i++) {
-      struct jv *o = jv_dict_get(b.u.dict, a.u.dict->keys[i], a.u.dict->klens[i]);
-      if (!o || !jv_equal(a.u.dict->vals[i], *o)) return 0;
+      struct fe_jv *o = fe_jv_dict_get(b.u.dict, a.u.dict->keys[i], a.u.dict->klens[i]);
+      if (!o || !fe_jv_equal(a.u.dict->vals[i], *o)) return 0;
     }
     return 1;
   case JV_FUNC: return a.u.fn == b.u.fn;
@@ -120,44 +120,44 @@ int jv_equal(struct jv a, struct jv b) {
   }
 }
 
-int jv_from_json(struct cm_arena *a, json_t *j, struct jv *out, int depth) {
+int fe_jv_from_json(struct cm_arena *a, json_t *j, struct fe_jv *out, int depth) {
   if (depth > JK_MAX_DEPTH) return CM_ERR_DEPTH;
   int rc;
   switch (json_typeof(j)) {
-  case JSON_NULL: *out = (struct jv){.kind = JV_NONE}; return 0;
-  case JSON_TRUE: *out = jv_bool(1); return 0;
-  case JSON_FALSE: *out = jv_bool(0); return 0;
-  case JSON_INTEGER: *out = jv_int(json_integer_value(j)); return 0;
+  case JSON_NULL: *out = (struct fe_jv){.kind = JV_NONE}; return 0;
+  case JSON_TRUE: *out = fe_jv_bool(1); return 0;
+  case JSON_FALSE: *out = fe_jv_bool(0); return 0;
+  case JSON_INTEGER: *out = fe_jv_int(json_integer_value(j)); return 0;
   case JSON_REAL:
-    *out = (struct jv){.kind = JV_FLOAT};
+    *out = (struct fe_jv){.kind = JV_FLOAT};
     out->u.f = json_real_value(j);
     return 0;
-  case JSON_STRING: *out = jv_str(json_string_value(j), json_string_length(j)); return 0;
+  case JSON_STRING: *out = fe_jv_str(json_string_value(j), json_string_length(j)); return 0;
   case JSON_ARRAY: {
-    struct jv_list *l = cm_arena_calloc(a, 1, sizeof *l);
+    struct fe_jv_list *l = cm_arena_calloc(a, 1, sizeof *l);
     if (!l) return CM_ERR_NOMEM;
     size_t i;
     json_t *e;
     json_array_foreach(j, i, e) {
-      struct jv v;
-      if ((rc = jv_from_json(a, e, &v, depth + 1)) || (rc = jv_list_push(a, l, v))) return rc;
+      struct fe_jv v;
+      if ((rc = fe_jv_from_json(a, e, &v, depth + 1)) || (rc = fe_jv_list_push(a, l, v))) return rc;
     }
-    *out = (struct jv){.kind = JV_LIST};
+    *out = (struct fe_jv){.kind = JV_LIST};
     out->u.list = l;
     return 0;
   }
   case JSON_OBJECT: {
-    struct jv_dict *d = cm_arena_calloc(a, 1, sizeof *d);
+    struct fe_jv_dict *d = cm_arena_calloc(a, 1, sizeof *d);
     if (!d) return CM_ERR_NOMEM;
     const char *k;
     json_t *e;
     json_object_foreach(j, k, e) {
-      struct jv v;
-      if ((rc = jv_from_json(a, e, &v, depth + 1)) ||
-          (rc = jv_dict_set(a, d, k, strlen(k), v)))
+      struct fe_jv v;
+      if ((rc = fe_jv_from_json(a, e, &v, depth + 1)) ||
+          (rc = fe_jv_dict_set(a, d, k, strlen(k), v)))
         return rc;
     }
-    *out = (struct jv){.kind = JV_DICT};
+    *out = (struct fe_jv){.kind = JV_DICT};
     out->u.dict = d;
     return 0;
   }
@@ -167,7 +167,7 @@ int jv_from_json(struct cm_arena *a, json_t *j, struct jv *out, int depth) {
 
 /* ---- output ------------------------------------------------------------------ */
 
-int jv_buf_put(struct jv_buf *b, const char *s, size_t n) {
+int fe_jv_buf_put(struct fe_jv_buf *b, const char *s, size_t n) {
   if (b->n + n + 1 > b->cap) {
     if (b->n + n + 1 > b->max) return CM_ERR_TOOBIG;
     size_t nc = b->cap ? b->cap * 2 : 1024;
@@ -183,10 +183,10 @@ int jv_buf_put(struct jv_buf *b, const char *s, size_t n) {
   return 0;
 }
 
-static int put_s(struct jv_buf *b, const char *s) { return jv_buf_put(b, s, strlen(s)); }
+static int put_s(struct fe_jv_buf *b, const char *s) { return fe_jv_buf_put(b, s, strlen(s)); }
 
 /* Python's float repr: the shortest digits that read back the same. */
-static int put_float(struct jv_buf *b, double f, int json) {
+static int put_float(struct fe_jv_buf *b, double f, int json) {
   char s[40];
   if (isnan(f)) return put_s(b, json ? "NaN" : "nan");
   if (isinf(f)) return put_s(b, f > 0 ? (json ? "Infinity" : "inf") : (json ? "-Infinity" : "-inf"));
@@ -199,7 +199,7 @@ static int put_float(struct jv_buf *b, double f, int json) {
   return put_s(b, s);
 }
 
-int jv_print(struct jv_buf *b, struct jv v) {
+int fe_jv_print(struct fe_jv_buf *b, struct fe_jv v) {
   char s[32];
   switch (v.kind) {
   case JV_UNDEF: return 0;
@@ -209,19 +209,19 @@ int jv_print(struct jv_buf *b, struct jv v) {
     snprintf(s, sizeof s, "%lld", (long long)v.u.i);
     return put_s(b, s);
   case JV_FLOAT: return put_float(b, v.u.f, 0);
-  case JV_STR: return jv_buf_put(b, v.u.str.s, v.u.str.n);
-  default: return jv_repr(b, v);
+  case JV_STR: return fe_jv_buf_put(b, v.u.str.s, v.u.str.n);
+  default: return fe_jv_repr(b, v);
   }
 }
 
-int jv_repr(struct jv_buf *b, struct jv v) {
+int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v) {
   int rc = 0;
   if (v.kind == JV_STR) {
     /* Python prefers single quotes unless the string has one and no double */
     int sq = memchr(v.u.str.s, '\'', v.u.str.n) != NULL;
     int dq = memchr(v.u.str.s, '"', v.u.str.n) != NULL;
     char q = sq && !dq ? '"' : '\'';
-    rc = jv_buf_put(b, &q, 1);
+    rc = fe_jv_buf_put(b, &q, 1);
     for (size_t i = 0; i < v.u.str.n && !rc; i++) {
       unsigned char c = (unsigned char)v.u.str.s[i];
       char e[8];
@@ -233,13 +233,13 @@ int jv_repr(struct jv_buf *b, struct jv v) {
       else e[0] = (char)c, e[1] = 0;
       rc = put_s(b, e);
     }
-    return rc ? rc : jv_buf_put(b, &q, 1);
+    return rc ? rc : fe_jv_buf_put(b, &q, 1);
   }
   if (v.kind == JV_LIST) {
     rc = put_s(b, "[");
     for (size_t i = 0; i < v.u.list->n && !rc; i++) {
       if (i) rc = put_s(b, ", ");
-      if (!rc) rc = jv_repr(b, v.u.list->items[i]);
+      if (!rc) rc = fe_jv_repr(b, v.u.list->items[i]);
     }
     return rc ? rc : put_s(b, "]");
   }
@@ -247,18 +247,18 @@ int jv_repr(struct jv_buf *b, struct jv v) {
     rc = put_s(b, v.u.dict->is_namespace ? "<Namespace {" : "{");
     for (size_t i = 0; i < v.u.dict->n && !rc; i++) {
       if (i) rc = put_s(b, ", ");
-      if (!rc) rc = jv_repr(b, jv_str(v.u.dict->keys[i], v.u.dict->klens[i]));
+      if (!rc) rc = fe_jv_repr(b, fe_jv_str(v.u.dict->keys[i], v.u.dict->klens[i]));
       if (!rc) rc = put_s(b, ": ");
-      if (!rc) rc = jv_repr(b, v.u.dict->vals[i]);
+      if (!rc) rc = fe_jv_repr(b, v.u.dict->vals[i]);
     }
     return rc ? rc : put_s(b, v.u.dict->is_namespace ? "}>" : "}");
   }
   if (v.kind == JV_UNDEF) return 0;
   if (v.kind == JV_FUNC) return put_s(b, "<function>");
-  return jv_print(b, v);
+  return fe_jv_print(b, v);
 }
 
-static int put_json_str(struct jv_buf *b, const char *s, size_t n) {
+static int put_json_str(struct fe_jv_buf *b, const char *s, size_t n) {
   int rc = put_s(b, "\"");
   for (size_t i = 0; i < n && !rc; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -277,20 +277,20 @@ static int put_json_str(struct jv_buf *b, const char *s, size_t n) {
   return rc ? rc : put_s(b, "\"");
 }
 
-static int put_indent(struct jv_buf *b, int indent, int depth) {
+static int put_indent(struct fe_jv_buf *b, int indent, int depth) {
   int rc = put_s(b, "\n");
   for (int i = 0; i < indent * depth && !rc; i++) rc = put_s(b, " ");
   return rc;
 }
 
-int jv_tojson(struct jv_buf *b, struct jv v, int indent, int depth) {
+int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth) {
   int rc = 0;
   if (depth > JK_MAX_DEPTH) return CM_ERR_DEPTH;
   switch (v.kind) {
   case JV_UNDEF:
   case JV_NONE: return put_s(b, "null");
   case JV_BOOL: return put_s(b, v.u.b ? "true" : "false");
-  case JV_INT: return jv_print(b, v);
+  case JV_INT: return fe_jv_print(b, v);
   case JV_FLOAT: return put_float(b, v.u.f, 1);
   case JV_STR: return put_json_str(b, v.u.str.s, v.u.str.n);
   case JV_LIST:
@@ -299,7 +299,7 @@ int jv_tojson(struct jv_buf *b, struct jv v, int indent, int depth) {
     for (size_t i = 0; i < v.u.list->n && !rc; i++) {
       if (i) rc = put_s(b, indent >= 0 ? "," : ", ");
       if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
-      if (!rc) rc = jv_tojson(b, v.u.list->items[i], indent, depth + 1);
+      if (!rc) rc = fe_jv_tojson(b, v.u.list->items[i], indent, depth + 1);
     }
     if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
     return rc ? rc : put_s(b, "]");
@@ -311,7 +311,7 @@ int jv_tojson(struct jv_buf *b, struct jv v, int indent, int depth) {
       if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
       if (!rc) rc = put_json_str(b, v.u.dict->keys[i], v.u.dict->klens[i]);
       if (!rc) rc = put_s(b, ": ");
-      if (!rc) rc = jv_tojson(b, v.u.dict->vals[i], indent, depth + 1);
+      if (!rc) rc = fe_jv_tojson(b, v.u.dict->vals[i], indent, depth + 1);
     }
     if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
     return rc ? rc : put_s(b, "}");
