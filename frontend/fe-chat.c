@@ -138,6 +138,9 @@ int fe_chat_render(const struct fe_chat *c, json_t *messages, int add_generation
   }
   json_t *vars = json_deep_copy(c->tokens);
   if (!vars) return CM_ERR_NOMEM;
+  /* as Hugging Face passes them: tools and documents are None unless given */
+  json_object_set_new(vars, "tools", json_null());
+  json_object_set_new(vars, "documents", json_null());
   if (json_is_object(extra)) json_object_update(vars, extra);
   json_object_set(vars, "messages", messages);
   json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));

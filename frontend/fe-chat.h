@@ -10,7 +10,8 @@
  * Render variables: messages, add_generation_prompt, every
  * tokenizer_config.json entry whose key ends in "_token" (bos_token,
  * eos_token, pad_token, ...; AddedToken objects give their "content"),
- * and any extra variables the caller passes (tools, documents, ...).
+ * tools and documents (null unless given, as Hugging Face passes None),
+ * and any extra variables the caller passes.
  *
  * The rendered text already holds <bos>: encode it with
  * FE_TOK_MATCH_SPECIAL only (no FE_TOK_ADD_SPECIAL), as vLLM does. */

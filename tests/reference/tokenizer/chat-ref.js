@@ -6,8 +6,8 @@
 // `string` test and `~`) and prints
 //   { "<case name>": "<rendered text>" | { "error": "<message>" } }
 // Variables, as Hugging Face passes them: messages, add_generation_prompt,
-// every *_token entry of the Gemma tokenizer_config.json, and the case's
-// "extra" object. A case names its template: "gemma3" (the real Gemma
+// every *_token entry of the Gemma tokenizer_config.json, tools and
+// documents (null unless given), and the case's "extra" object. A case names its template: "gemma3" (the real Gemma
 // chat_template) or a file next to the cases file.
 // @huggingface/jinja is looked up in node_modules and in .cache/node-ref.
 // Usage: node chat-ref.js CASES.json
@@ -40,7 +40,7 @@ for (const c of cases) {
     : fs.readFileSync(path.join(path.dirname(file), c.template), "utf8");
   try {
     out[c.name] = new Template(src).render({
-      ...tokens, ...(c.extra || {}), messages: c.messages,
+      ...tokens, tools: null, documents: null, ...(c.extra || {}), messages: c.messages,
       add_generation_prompt: c.add_generation_prompt,
     });
   } catch (e) {
