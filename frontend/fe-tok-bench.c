@@ -207,14 +207,15 @@ static const char *find_script(const char *given) {
 int fe_bench_tokenizer_main(int argc, char **argv) {
   const char *path = NULL, *corpus_path = NULL, *script = NULL;
   int64_t repeat = 3;
-  int no_node = 0;
+  int use_node = 1;
   const struct cm_opt opts[] = {
       {"tokenizer", CM_OPT_STR, &path, "PATH", "tokenizer.json or a model directory"},
       {"corpus", CM_OPT_STR, &corpus_path, "FILE", "UTF-8 text (default: 1 MiB generated)"},
       {"repeat", CM_OPT_INT, &repeat, "N", "runs per measurement; the best counts", 1, 100},
       {"node-script", CM_OPT_STR, &script, "FILE", "bench-ref.js (default: found from "
        "$LMSERVE_SOURCE_DIR or the current directory)"},
-      {"no-node", CM_OPT_BOOL, &no_node, NULL, "skip the @lenml/tokenizers comparison"},
+      {"node", CM_OPT_BOOL, &use_node, NULL,
+       "also measure @lenml/tokenizers under node (default); --no-node: skip"},
       {0},
   };
   int rc = cm_args_parse("lmserve bench tokenizer", "tokenizer load time and encode throughput",
@@ -299,7 +300,7 @@ int fe_bench_tokenizer_main(int argc, char **argv) {
   printf("detok      %.1f ns/token streaming (%zu bytes)\n", stream * 1e9 / (double)(n ? n : 1),
          streamed);
   status = roundtrip ? 0 : 1;
-  if (no_node) goto done;
+  if (!use_node) goto done;
   const char *js = find_script(script);
   if (!js) {
     printf("reference  skipped: bench-ref.js not found (run from the source tree or set "

@@ -65,11 +65,11 @@ static int load(const char *path, struct fe_tok **tok) {
 
 int fe_tokenize_main(int argc, char **argv) {
   const char *path = NULL;
-  int no_special = 0;
+  int special = 1;
   const struct cm_opt opts[] = {
       {"tokenizer", CM_OPT_STR, &path, "PATH", "tokenizer.json or a model directory"},
-      {"no-special", CM_OPT_BOOL, &no_special, NULL,
-       "no BOS, and special-token text is encoded as plain text"},
+      {"special", CM_OPT_BOOL, &special, NULL,
+       "add BOS and match special-token text (default); --no-special: neither"},
       {0},
   };
   const char *summary = "reads UTF-8 text on stdin, prints its token ids as a JSON array";
@@ -90,7 +90,7 @@ int fe_tokenize_main(int argc, char **argv) {
     fprintf(stderr, "lmserve tokenize: cannot read stdin\n");
     goto out;
   }
-  rc = fe_tok_encode(tok, NULL, text, len, no_special ? 0 : FE_TOK_DEFAULT, &ids, &n, &cap);
+  rc = fe_tok_encode(tok, NULL, text, len, special ? FE_TOK_DEFAULT : 0, &ids, &n, &cap);
   if (rc == CM_ERR_INVAL) {
     fprintf(stderr, "lmserve tokenize: input is not valid UTF-8\n");
     goto out;
