@@ -49,13 +49,17 @@ static void check_doc(const struct fe_tok *tok, struct fe_tok_state *st, const c
   const char *want = json_string_value(json_object_get(exp, "decoded"));
   if (!want || strlen(want) != out_len || memcmp(want, out, out_len))
     th_fail(__FILE__, __LINE__, "%s: decode differs from the reference", name);
-  TH_CHECK(out_len == len + 5 && !memcmp(out, "<bos>", 5) && !memcmp(out + 5, text, len));
+  /* the input comes back after "<bos>", unless it holds "▁" itself (which
+   * the decoder turns into " ", as Hugging Face's does) */
+  const int has_marker = memmem(text, len, "\xe2\x96\x81", 3) != NULL;
+  TH_CHECK(has_marker ||
+           (out_len == len + 5 && !memcmp(out, "<bos>", 5) && !memcmp(out + 5, text, len)));
   /* no special tokens: no BOS, "<bos>" text is plain text */
   TH_CHECK_EQ_INT(fe_tok_encode(tok, st, text, len, 0, &ids, &n, &cap), 0);
   if (!ids_equal(json_object_get(exp, "ids_no_special"), ids, n, &diff))
     th_fail(__FILE__, __LINE__, "%s: ids_no_special differ at %zu", name, diff);
   TH_CHECK_EQ_INT(fe_tok_decode(tok, ids, n, 1, &out, &out_len, &out_cap), 0);
-  TH_CHECK(out_len == len && !memcmp(out, text, len));
+  TH_CHECK(has_marker || (out_len == len && !memcmp(out, text, len)));
   free(out);
   free(ids);
   free(ids2);
@@ -67,7 +71,7 @@ TH_TEST(tok_conformance_fixtures) {
   json_error_t je;
   json_t *all = json_load_file(tt_fixture("expected.json"), 0, &je);
   TH_REQUIRE(json_is_object(all));
-  TH_CHECK(json_object_size(all) >= 15);
+  TH_CHECK(json_object_size(all) >= 16);
   struct fe_tok_state *st;
   TH_REQUIRE(fe_tok_state_create(tok, &st) == 0);
   const char *name;
