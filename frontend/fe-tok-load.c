@@ -150,40 +150,115 @@ static int ld_ids(struct fe_tok_ld *l, int32_t n_ids) {
 
 /* ---- model.merges --------------------------------------------------------- */
 
-static int ld_merge_add(struct fe_tok_ld *l, int32_t rank, const char *a, size_t na, const char *b,
-                        size_t nb, char **cat, size_t *catcap) {
-  struct fe_tok *tok = l->tok;
-  int32_t ia = fe_tok_vocab_get(tok, a, na), ib = fe_tok_vocab_get(tok, b, nb);
-  if (ia < 0 || ib < 0)
-    return fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.*s\" is not in the vocab", rank,
-                  (int)(ia < 0 ? (na < 40 ? na : 40) : (nb < 40 ? nb : 40)), ia < 0 ? a : b);
-  if (na + nb > *catcap) {
-    size_t nc = (na + nb) * 2;
-    char *c = realloc(*cat, nc);
-    if (!c) return CM_ERR_NOMEM;
-    *cat = c;
-    *catcap = nc;
+/* Merges are resolved in batches so that the cache misses of their vocab
+ * lookups overlap: hash all keys and prefetch their slots, then the
+ * candidate ids' string offsets, then the strings, then verify. */
+#define FE_TOK_MBATCH 64
+
+struct mbatch {
+  int n;
+  int32_t rank[FE_TOK_MBATCH];
+  size_t off[FE_TOK_MBATCH], na[FE_TOK_MBATCH], nb[FE_TOK_MBATCH]; /* bytes; a then b in pool */
+  uint64_t hash[FE_TOK_MBATCH][3];  /* a, b, a+b */
+  int32_t cand[FE_TOK_MBATCH][3];   /* probable id (first slot), -1 unknown */
+  char *pool;
+  size_t pool_len, pool_cap; /* bytes */
+};
+
+static int mb_add(struct mbatch *b, int32_t rank, const char *x, size_t nx, const char *y,
+                  size_t ny) {
+  if (b->pool_len + nx + ny > b->pool_cap) {
+    size_t nc = (b->pool_cap ? b->pool_cap : 4096) * 2;
+    while (nc < b->pool_len + nx + ny) nc *= 2;
+    char *np = realloc(b->pool, nc);
+    if (!np) return CM_ERR_NOMEM;
+    b->pool = np;
+    b->pool_cap = nc;
   }
-  memcpy(*cat, a, na);
-  memcpy(*cat + na, b, nb);
-  int32_t r = fe_tok_vocab_get(tok, *cat, na + nb);
-  if (r < 0)
-    return fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: the merged token is not in the vocab",
-                  rank);
-  uint64_t key = (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib;
-  uint64_t h = fe_tok_hash((const char *)&key, sizeof key) & tok->mmask;
-  while (tok->mhash[h].key != UINT64_MAX && tok->mhash[h].key != key) h = (h + 1) & tok->mmask;
-  tok->mhash[h].key = key; /* a repeated pair keeps the later rank, as HF's map does */
-  tok->mhash[h].rank = rank;
-  tok->mhash[h].result = r;
+  int i = b->n++;
+  b->rank[i] = rank;
+  b->off[i] = b->pool_len;
+  b->na[i] = nx;
+  b->nb[i] = ny;
+  memcpy(b->pool + b->pool_len, x, nx);
+  memcpy(b->pool + b->pool_len + nx, y, ny);
+  b->pool_len += nx + ny;
+  return 0;
+}
+
+static void mb_key(const struct mbatch *b, int i, int k, const char **s, size_t *n) {
+  *s = b->pool + b->off[i] + (k == 1 ? b->na[i] : 0);
+  *n = k == 0 ? b->na[i] : k == 1 ? b->nb[i] : b->na[i] + b->nb[i];
+}
+
+static int mb_flush(struct fe_tok_ld *l, struct mbatch *b) {
+  struct fe_tok *tok = l->tok;
+  const char *s;
+  size_t n;
+  for (int i = 0; i < b->n; i++)
+    for (int k = 0; k < 3; k++) {
+      mb_key(b, i, k, &s, &n);
+      b->hash[i][k] = fe_tok_hash(s, n);
+      __builtin_prefetch(&tok->vhash[(uint32_t)b->hash[i][k] & tok->vmask]);
+    }
+  for (int i = 0; i < b->n; i++)
+    for (int k = 0; k < 3; k++) {
+      mb_key(b, i, k, &s, &n);
+      uint64_t e = tok->vhash[(uint32_t)b->hash[i][k] & tok->vmask];
+      b->cand[i][k] = -1;
+      if (e && (uint32_t)(e >> 32) == fe_tok_vtag(b->hash[i][k], n)) {
+        int32_t id = (int32_t)(uint32_t)e - 1;
+        b->cand[i][k] = id;
+        __builtin_prefetch(&tok->tok_off[id]);
+        __builtin_prefetch(&tok->tok_len[id]);
+      }
+    }
+  for (int i = 0; i < b->n; i++)
+    for (int k = 0; k < 3; k++)
+      if (b->cand[i][k] >= 0) __builtin_prefetch(tok->blob + tok->tok_off[b->cand[i][k]]);
+  int32_t ids[FE_TOK_MBATCH][3];
+  for (int i = 0; i < b->n; i++) {
+    for (int k = 0; k < 3; k++) {
+      mb_key(b, i, k, &s, &n);
+      int32_t c = b->cand[i][k];
+      if (c >= 0 && tok->tok_len[c] == n && !memcmp(tok->blob + tok->tok_off[c], s, n))
+        ids[i][k] = c;
+      else
+        ids[i][k] = fe_tok_vocab_get(tok, s, n); /* collisions and longer probes */
+    }
+    if (ids[i][0] < 0 || ids[i][1] < 0) {
+      int k = ids[i][0] < 0 ? 0 : 1;
+      mb_key(b, i, k, &s, &n);
+      return fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.*s\" is not in the vocab",
+                           b->rank[i], (int)(n < 40 ? n : 40), s);
+    }
+    if (ids[i][2] < 0)
+      return fe_tok_ld_err(l, CM_ERR_PARSE,
+                           "model.merges[%d]: the merged token is not in the vocab", b->rank[i]);
+    uint64_t key = (uint64_t)(uint32_t)ids[i][0] << 32 | (uint32_t)ids[i][1];
+    b->hash[i][0] = fe_tok_hash((const char *)&key, sizeof key) & tok->mmask;
+    __builtin_prefetch(&tok->mhash[b->hash[i][0]], 1);
+  }
+  /* in rank order: a repeated pair keeps the later rank, as HF's map does */
+  for (int i = 0; i < b->n; i++) {
+    uint64_t key = (uint64_t)(uint32_t)ids[i][0] << 32 | (uint32_t)ids[i][1];
+    uint64_t h = b->hash[i][0];
+    while (tok->mhash[h].key != UINT64_MAX && tok->mhash[h].key != key) h = (h + 1) & tok->mmask;
+    tok->mhash[h].key = key;
+    tok->mhash[h].rank = b->rank[i];
+    tok->mhash[h].result = ids[i][2];
+  }
+  b->n = 0;
+  b->pool_len = 0;
   return 0;
 }
 
 static int ld_merges(struct fe_tok_ld *l, const char *text, size_t len) {
   struct fe_tok *tok = l->tok;
   struct fe_tj t;
-  char *cat = NULL, *first = NULL;
-  size_t catcap = 0, firstcap = 0;
+  struct mbatch mb = {0};
+  char *first = NULL;
+  size_t firstcap = 0;
   int rc;
   /* size the table from the commas: one per entry ("a b" strings) or two
    * ([a, b] pairs) */
@@ -212,8 +287,7 @@ static int ld_merges(struct fe_tok_ld *l, const char *text, size_t len) {
         rc = fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.40s\" is not two tokens", rank, s);
         goto out;
       }
-      rc = ld_merge_add(l, rank, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp - s) - 1, &cat,
-                        &catcap);
+      rc = mb_add(&mb, rank, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp - s) - 1);
     } else {
       size_t n1;
       if ((rc = fe_tj_expect(&t, '[')) || (rc = fe_tj_string(&t, &s, &n1))) goto parse;
@@ -230,15 +304,16 @@ static int ld_merges(struct fe_tok_ld *l, const char *text, size_t len) {
       if ((rc = fe_tj_expect(&t, ',')) || (rc = fe_tj_string(&t, &s, &n)) ||
           (rc = fe_tj_expect(&t, ']')))
         goto parse;
-      rc = ld_merge_add(l, rank, first, n1, s, n, &cat, &catcap);
+      rc = mb_add(&mb, rank, first, n1, s, n);
     }
+    if (!rc && mb.n == FE_TOK_MBATCH) rc = mb_flush(l, &mb);
     if (rc) goto out;
     rank++;
   } while ((rc = fe_tj_more(&t, ']')) == 1);
   if (rc < 0) goto parse;
 done:
+  if ((rc = mb_flush(l, &mb))) goto out;
   tok->n_merges = rank;
-  rc = 0;
   goto out;
 parse:
   if (rc != CM_ERR_NOMEM)
@@ -246,7 +321,7 @@ parse:
                 t.err_off);
 out:
   fe_tj_free(&t);
-  free(cat);
+  free(mb.pool);
   free(first);
   return rc;
 }
