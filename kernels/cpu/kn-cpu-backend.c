@@ -3,6 +3,9 @@
  * buffers and the memory-bandwidth probe. The ops are in kn-cpu-ops.c. */
 #include <pthread.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -70,9 +73,12 @@ int kn_cpu_ctx_scratch(struct kn_cpu_ctx *ctx, size_t n) {
 
 int kn_cpu_has_avx2(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
+  /* F16C is read from CPUID leaf 1 (ECX bit 29): clang 14's
+   * __builtin_cpu_supports does not know the "f16c" name. */
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29))) return 0;
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
   return 0;
 #endif
