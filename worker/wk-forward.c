@@ -64,8 +64,8 @@ static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
 
 /* Checks the batch and fills ids, positions, slot mappings and the
  * per-group attention descriptors. Returns T (tokens) or a negative cm_err. */
-static int prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
-                   size_t errlen) {
+int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
+                  size_t errlen) {
   const struct wk_config *c = &m->cfg;
   if (!b || b->n_seqs < 1 || !b->seqs)
     return fw_fail(err, errlen, CM_ERR_INVAL, "forward: empty batch");
@@ -176,7 +176,7 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
   return 0;
 }
 
-static int run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err, size_t errlen) {
+int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err, size_t errlen) {
   const struct wk_config *c = &m->cfg;
   const struct wk_layer_cfg *l = &c->layers[layer];
   const struct wk_layer_w *w = &m->layers[layer];
@@ -248,7 +248,7 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
   const struct wk_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int R = 0, layer = -1;
-  int T = prepare(m, b, &R, err, errlen);
+  int T = wk_fw_prepare(m, b, &R, err, errlen);
   if (T < 0) return T;
   int H = c->hidden, V = c->vocab;
 
@@ -266,7 +266,7 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
     K(kn_scale(be, m->ple, m->ple, (float)M_SQRT1_2, n));
   }
   for (layer = 0; layer < c->n_layers; layer++) {
-    int rc = run_layer(m, layer, T, b->n_seqs, err, errlen);
+    int rc = wk_fw_run_layer(m, layer, T, b->n_seqs, err, errlen);
     if (rc) return rc;
   }
   layer = -1;

@@ -92,9 +92,33 @@ struct wk_model {
   int32_t *moe_ids;         /* [T, k] */
   float *moe_w;             /* [T, k] */
   int32_t *out_rows;        /* [T] row index of each output */
+
+  /* Gemma 4 MTP assistant only (target != NULL) */
+  struct wk_model *target;    /* whose embedding and KV pages the draft reads */
+  struct wk_w pre_proj;       /* [h, 2B] */
+  struct wk_w post_proj;      /* [B, h] */
+  struct wk_w centroids;      /* [C, h] when use_ordered_embeddings */
+  int32_t *token_ordering;    /* host [V]: C groups of V / C token ids */
+  float *cat;                 /* [T, 2B] concat(target embedding, h_in) */
+  float *hout;                /* [T, B] */
+  float *cent;                /* [1, C] centroid logits of one row */
+  float *cand_logits;         /* [1, top_k * V / C] */
+  float *host_cent;           /* host [C] */
+  int32_t *cand;              /* host [top_k * V / C] candidate token ids */
+  struct wk_seq_input *dseqs; /* host [max_seqs] */
 };
 
 /* Allocates backend memory owned by the model (freed with it). */
 void *wk_model_alloc(struct wk_model *m, size_t bytes);
+
+/* wk-forward.c: checks a batch and fills ids, positions, slots and attention
+ * descriptors (returns T or a negative cm_err); runs one decoder layer. */
+int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
+                  size_t errlen);
+int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err, size_t errlen);
+
+/* wk-model.c: the shared loader; target != NULL loads a gemma4_assistant. */
+int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
+                     struct wk_model *target, struct wk_model **out, char *err, size_t errlen);
 
 #endif

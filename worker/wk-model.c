@@ -352,8 +352,86 @@ static void prefault(struct wk_model *m, int quiet) {
   (void)sink;
 }
 
-int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
-                  struct wk_model **out, char *err, size_t errlen) {
+/* The assistant's own tensors, its checks against the target, and its view
+ * of the target's KV pages: draft layer i reads the target's last storing
+ * layer of its kind. */
+static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg, *tc = &t->cfg;
+  struct binder b = {m, err, errlen, 0};
+  if (tc->arch != WK_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
+    return ld_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: the assistant (vocab %d, backbone hidden %d) does not fit the target %s "
+                   "(%s, vocab %d, hidden %d)",
+                   m->dir, c->vocab, c->backbone_hidden, t->dir, tc->model_type, tc->vocab,
+                   tc->hidden);
+  int h = c->hidden, B = c->backbone_hidden;
+  bind_mat(&b, &m->pre_proj, 1, h, 2 * (int64_t)B, -1, "pre_projection.weight");
+  bind_mat(&b, &m->post_proj, 1, B, h, -1, "post_projection.weight");
+  if (c->use_ordered_embeddings) {
+    bind_mat(&b, &m->centroids, 1, c->num_centroids, h, -1, "masked_embedding.centroids.weight");
+    const struct wk_tensor *o = wk_st_find(m->st, "masked_embedding.token_ordering");
+    if (!b.rc && (!o || o->ndim != 1 || o->shape[0] != c->vocab ||
+                  (o->dtype != WK_ST_I64 && o->dtype != WK_ST_I32)))
+      b.rc = ld_fail(err, errlen, CM_ERR_SHAPE,
+                     "%s: tensor masked_embedding.token_ordering missing or not [%d] integers",
+                     m->dir, c->vocab);
+    if (!b.rc) {
+      m->token_ordering = malloc(sizeof(int32_t) * (size_t)c->vocab);
+      if (!m->token_ordering) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+      for (int i = 0; i < c->vocab; i++) {
+        int64_t v =
+            o->dtype == WK_ST_I64 ? ((const int64_t *)o->data)[i] : ((const int32_t *)o->data)[i];
+        if (v < 0 || v >= c->vocab)
+          return ld_fail(err, errlen, CM_ERR_RANGE,
+                         "%s: masked_embedding.token_ordering[%d] = %lld outside the vocabulary",
+                         m->dir, i, (long long)v);
+        m->token_ordering[i] = (int32_t)v;
+      }
+    }
+  }
+  if (b.rc) return b.rc;
+  m->kv = t->kv;
+  m->kv.n_layers = c->n_layers;
+  for (int i = 0; i < c->n_layers; i++) {
+    const struct wk_layer_cfg *l = &c->layers[i];
+    int src = wk_config_last_storing_layer(tc, l->kind);
+    if (src < 0 || tc->layers[src].head_dim != l->head_dim ||
+        tc->layers[src].n_kv_heads != l->n_kv_heads)
+      return ld_fail(err, errlen, CM_ERR_INVAL,
+                     "%s: draft layer %d (%s, head dim %d, %d KV heads) has no matching storing "
+                     "layer in the target",
+                     m->dir, i, l->kind == WK_LAYER_FULL ? "full" : "sliding", l->head_dim,
+                     l->n_kv_heads);
+    m->kv.layer_group[i] = t->kv.layer_group[src];
+    m->kv.layer_k_off[i] = t->kv.layer_k_off[src];
+    m->kv.layer_v_off[i] = t->kv.layer_v_off[src];
+  }
+  m->pool = t->pool;
+  m->n_pages = t->n_pages;
+  m->target = t;
+  return 0;
+}
+
+static int alloc_draft_scratch(struct wk_model *m) {
+  const struct wk_config *c = &m->cfg;
+  size_t T = (size_t)m->max_T, B = (size_t)c->backbone_hidden, f = sizeof(float);
+  if (!(m->cat = wk_model_alloc(m, T * 2 * B * f)) || !(m->hout = wk_model_alloc(m, T * B * f)))
+    return CM_ERR_NOMEM;
+  m->dseqs = calloc((size_t)m->max_seqs, sizeof(*m->dseqs));
+  if (!m->dseqs) return CM_ERR_NOMEM;
+  if (c->use_ordered_embeddings) {
+    size_t n_cand = (size_t)c->centroid_top_k * (size_t)(c->vocab / c->num_centroids);
+    m->cent = wk_model_alloc(m, (size_t)c->num_centroids * f);
+    m->cand_logits = wk_model_alloc(m, n_cand * f);
+    m->host_cent = malloc((size_t)c->num_centroids * f);
+    m->cand = malloc(n_cand * sizeof(int32_t));
+    if (!m->cent || !m->cand_logits || !m->host_cent || !m->cand) return CM_ERR_NOMEM;
+  }
+  return 0;
+}
+
+int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
+                     struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
   struct wk_model *m = calloc(1, sizeof(*m));
   if (!m) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
@@ -361,15 +439,28 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
   int rc = wk_config_load(dir, &m->cfg, err, errlen);
   if (rc) goto fail;
-  if (m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) {
+  if ((m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
     rc = ld_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: a gemma4_assistant checkpoint runs only as a draft model of its target", dir);
+                 target ? "%s: not a gemma4_assistant checkpoint"
+                        : "%s: a gemma4_assistant checkpoint runs only as a draft model of its "
+                          "target",
+                 dir);
     goto fail;
   }
   if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
   if ((rc = bind_all(m, err, errlen))) goto fail;
   m->max_T = o.max_batch_tokens > 0 ? o.max_batch_tokens : 512;
   m->max_seqs = o.max_seqs > 0 ? o.max_seqs : 64;
+  if (target) {
+    if ((rc = bind_assistant(m, target, err, errlen))) goto fail;
+    if ((rc = build_rope(m)) || (rc = alloc_scratch(m)) || (rc = alloc_draft_scratch(m))) {
+      rc = ld_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
+      goto fail;
+    }
+    prefault(m, o.quiet);
+    *out = m;
+    return 0;
+  }
   enum kn_dtype kvdt = m->embed.dt == KN_DTYPE_F32 ? KN_DTYPE_F32 : KN_DTYPE_BF16;
   if (o.kv_dtype > 0) kvdt = (enum kn_dtype)(o.kv_dtype - 1);
   if ((rc = wk_kv_spec_build(&m->cfg, kvdt, o.block_tokens, &m->kv))) {
@@ -415,8 +506,17 @@ fail:
   return rc;
 }
 
+int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
+                  struct wk_model **out, char *err, size_t errlen) {
+  return wk_model_load_as(dir, be, opts, NULL, out, err, errlen);
+}
+
 void wk_model_free(struct wk_model *m) {
   if (!m) return;
+  free(m->token_ordering);
+  free(m->host_cent);
+  free(m->cand);
+  free(m->dseqs);
   for (int i = 0; i < m->n_owned; i++)
     kn_free(m->be, m->owned[i]);
   free(m->owned);

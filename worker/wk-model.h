@@ -86,4 +86,35 @@ struct wk_batch {
  * usable. */
 int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen);
 
+/* ---- Gemma 4 MTP assistant (draft model) ----------------------------------
+ *
+ * A draft model is loaded against its target (which must outlive it): it
+ * owns no KV cache, and draft layer i attends to the pages of the target's
+ * last storing layer of its kind. One draft step, per sequence:
+ *   e = target_embed(token) * sqrt(B); x = pre_projection([e, h_in]);
+ *   the Q-only layers at the constant position `pos`; d = norm(x);
+ *   h_out = post_projection(d) (the next step's h_in); the drafted token is
+ *   argmax of d . embed (or, with use_ordered_embeddings, of the top
+ *   centroids' candidate tokens only).
+ * The first h_in is the target's final-normed hidden state (wk_batch.hidden)
+ * at the last accepted position p, and every step of a round runs at p with
+ * the target's block tables as they are. */
+
+int wk_draft_load(const char *dir, struct wk_model *target, const struct wk_model_opts *opts,
+                  struct wk_model **out, char *err, size_t errlen);
+
+struct wk_draft_input {
+  int32_t token; /* the token entering this step */
+  int pos;       /* last accepted position p (its K/V are in the target's pages) */
+  const int32_t *block_tables[WK_MAX_KV_GROUPS]; /* the target's tables */
+  int n_blocks[WK_MAX_KV_GROUPS];
+  const float *h_in; /* host [backbone_hidden] */
+};
+
+/* Runs one draft step for n sequences: tokens_out [n] (host), h_out [n, B]
+ * (host), logits [n, vocab] (host, optional: the dense d . embed logits).
+ * Returns 0 or a negative cm_err with the reason in err. */
+int wk_draft_step(struct wk_model *d, const struct wk_draft_input *in, int n, int32_t *tokens_out,
+                  float *h_out, float *logits, char *err, size_t errlen);
+
 #endif
