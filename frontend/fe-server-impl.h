@@ -81,6 +81,8 @@ struct fe_server {
   int draining, destroying, listener_open;
   int port;
   struct fe_buf scratch; /* error bodies */
+  char date[64];         /* "Date: ...\r\n" for the current second */
+  int64_t date_s;        /* Unix second `date` was made for */
 };
 
 /* fe-server.c */

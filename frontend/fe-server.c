@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -205,6 +206,18 @@ static int queue(struct fe_conn *c, const char *p, size_t n) {
 }
 
 /* Appends a response head to the queue. content_length < 0: streamed. */
+/* The Date header (RFC 9110 §6.6.1), rebuilt at most once a second. */
+static const char *date_header(struct fe_server *s) {
+  time_t now = time(NULL);
+  if ((int64_t)now != s->date_s) {
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(s->date, sizeof(s->date), "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+    s->date_s = (int64_t)now;
+  }
+  return s->date;
+}
+
 static int write_head(struct fe_conn *c, int status, const char *ctype, const char *extra,
                       int64_t content_length) {
   char head[512];
@@ -216,9 +229,10 @@ static int write_head(struct fe_conn *c, int status, const char *ctype, const ch
     snprintf(len_hdr, sizeof(len_hdr), "Content-Length: %lld\r\n", (long long)content_length);
   else if (c->chunked_out)
     snprintf(len_hdr, sizeof(len_hdr), "Transfer-Encoding: chunked\r\n");
-  int n = snprintf(
-      head, sizeof(head), "HTTP/1.1 %d %s\r\nServer: lmserve\r\nContent-Type: %s\r\n%s%s", status,
-      fe_http_status_text(status), ctype ? ctype : "application/json", len_hdr, conn_hdr);
+  int n = snprintf(head, sizeof(head),
+                   "HTTP/1.1 %d %s\r\nServer: lmserve\r\n%sContent-Type: %s\r\n%s%s", status,
+                   fe_http_status_text(status), date_header(c->srv),
+                   ctype ? ctype : "application/json", len_hdr, conn_hdr);
   if (n < 0 || (size_t)n >= sizeof(head)) return CM_ERR_TOOBIG;
   int rc = queue(c, head, (size_t)n);
   if (!rc && extra) rc = queue(c, extra, strlen(extra));

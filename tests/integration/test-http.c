@@ -307,6 +307,7 @@ TH_TEST(http_routes_keepalive) {
            strstr(r.body, "\"max_model_len\":512") && strstr(r.body, "\"object\":\"model\""));
   TH_REQUIRE(do_req(&c, GET("/version", KEY), &r) == 0);
   TH_CHECK(r.status == 200 && strstr(r.body, "\"version\"") != NULL);
+  TH_CHECK(find_header(&r, "Date") && strstr(find_header(&r, "Date"), " GMT") != NULL);
   TH_REQUIRE(do_req(&c, GET("/nope", KEY), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 404);
   TH_CHECK(strstr(r.body, "\"code\":404") != NULL);
