@@ -59,7 +59,8 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
   }
 
   for (int b = lo - lo % KN_ATTN_BLOCK; b <= hi; b += KN_ATTN_BLOCK) {
-    int any = 0;
+    const void *vp[KN_ATTN_BLOCK]; /* V of the visible keys of the block, in order */
+    int vj[KN_ATTN_BLOCK], n_vis = 0;
     for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
       int j = b + jj;
       if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) {
@@ -67,7 +68,8 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
           s[g][jj] = -INFINITY;
         continue;
       }
-      any = 1;
+      vp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 1);
+      vj[n_vis++] = jj;
       const void *k = kn_cpu_kv_addr(view, seq, j, kvh, 0);
       for (int g = 0; g < ng; g++) {
         float sc = dot_qk(q[g], k, D, bf16) * job->scale;
@@ -75,7 +77,7 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
         s[g][jj] = sc;
       }
     }
-    if (!any) continue;
+    if (!n_vis) continue;
     for (int g = 0; g < ng; g++) {
       __m256 v0 = _mm256_load_ps(&s[g][0]), v1 = _mm256_load_ps(&s[g][8]);
       __m256 v2 = _mm256_load_ps(&s[g][16]), v3 = _mm256_load_ps(&s[g][24]);
@@ -93,20 +95,65 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
       _mm256_store_ps(&s[g][24], v3);
       float bsum = kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
       l[g] = l[g] * corr + bsum;
-      __m256 cv = _mm256_set1_ps(corr);
-      for (int d = 0; d < D; d += 8)
-        _mm256_store_ps(&acc[g][d], _mm256_mul_ps(_mm256_load_ps(&acc[g][d]), cv));
       m[g] = mnew;
-    }
-    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
-      int j = b + jj;
-      if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) continue;
-      const void *v = kn_cpu_kv_addr(view, seq, j, kvh, 1);
-      for (int g = 0; g < ng; g++) {
-        __m256 pv = _mm256_set1_ps(s[g][jj]);
-        for (int d = 0; d < D; d += 8)
-          _mm256_store_ps(&acc[g][d],
-                          _mm256_fmadd_ps(pv, kv_ld(v, d, bf16), _mm256_load_ps(&acc[g][d])));
+      /* acc = acc * corr, then acc += p_j v_j over the visible keys in position
+       * order; 64 (or 32, 8) dims at a time stay in registers across the keys */
+      const __m256 cv = _mm256_set1_ps(corr);
+      const float *pg = s[g];
+      float *ag = acc[g];
+      int d = 0;
+      for (; d + 64 <= D; d += 64) { /* eight independent chains */
+        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ag + d), cv);
+        __m256 a1 = _mm256_mul_ps(_mm256_load_ps(ag + d + 8), cv);
+        __m256 a2 = _mm256_mul_ps(_mm256_load_ps(ag + d + 16), cv);
+        __m256 a3 = _mm256_mul_ps(_mm256_load_ps(ag + d + 24), cv);
+        __m256 a4 = _mm256_mul_ps(_mm256_load_ps(ag + d + 32), cv);
+        __m256 a5 = _mm256_mul_ps(_mm256_load_ps(ag + d + 40), cv);
+        __m256 a6 = _mm256_mul_ps(_mm256_load_ps(ag + d + 48), cv);
+        __m256 a7 = _mm256_mul_ps(_mm256_load_ps(ag + d + 56), cv);
+        for (int n = 0; n < n_vis; n++) {
+          __m256 pv = _mm256_set1_ps(pg[vj[n]]);
+          const void *v = vp[n];
+          a0 = _mm256_fmadd_ps(pv, kv_ld(v, d, bf16), a0);
+          a1 = _mm256_fmadd_ps(pv, kv_ld(v, d + 8, bf16), a1);
+          a2 = _mm256_fmadd_ps(pv, kv_ld(v, d + 16, bf16), a2);
+          a3 = _mm256_fmadd_ps(pv, kv_ld(v, d + 24, bf16), a3);
+          a4 = _mm256_fmadd_ps(pv, kv_ld(v, d + 32, bf16), a4);
+          a5 = _mm256_fmadd_ps(pv, kv_ld(v, d + 40, bf16), a5);
+          a6 = _mm256_fmadd_ps(pv, kv_ld(v, d + 48, bf16), a6);
+          a7 = _mm256_fmadd_ps(pv, kv_ld(v, d + 56, bf16), a7);
+        }
+        _mm256_store_ps(ag + d, a0);
+        _mm256_store_ps(ag + d + 8, a1);
+        _mm256_store_ps(ag + d + 16, a2);
+        _mm256_store_ps(ag + d + 24, a3);
+        _mm256_store_ps(ag + d + 32, a4);
+        _mm256_store_ps(ag + d + 40, a5);
+        _mm256_store_ps(ag + d + 48, a6);
+        _mm256_store_ps(ag + d + 56, a7);
+      }
+      for (; d + 32 <= D; d += 32) {
+        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ag + d), cv);
+        __m256 a1 = _mm256_mul_ps(_mm256_load_ps(ag + d + 8), cv);
+        __m256 a2 = _mm256_mul_ps(_mm256_load_ps(ag + d + 16), cv);
+        __m256 a3 = _mm256_mul_ps(_mm256_load_ps(ag + d + 24), cv);
+        for (int n = 0; n < n_vis; n++) {
+          __m256 pv = _mm256_set1_ps(pg[vj[n]]);
+          a0 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d, bf16), a0);
+          a1 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d + 8, bf16), a1);
+          a2 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d + 16, bf16), a2);
+          a3 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d + 24, bf16), a3);
+        }
+        _mm256_store_ps(ag + d, a0);
+        _mm256_store_ps(ag + d + 8, a1);
+        _mm256_store_ps(ag + d + 16, a2);
+        _mm256_store_ps(ag + d + 24, a3);
+      }
+      for (; d < D; d += 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ag + d), cv);
+        for (int n = 0; n < n_vis; n++)
+          a0 = _mm256_fmadd_ps(_mm256_set1_ps(pg[vj[n]]), kv_ld(vp[n], d, bf16), a0);
+        _mm256_store_ps(ag + d, a0);
       }
     }
   }

@@ -151,6 +151,46 @@ int main(int argc, char **argv) {
            s * 1e6, 2.0 * T * 2048 * 640 / s / 1e9, 2.0 * T * 2048 * 640 / last_cpu_per_call / 1e9);
     free(w);
   }
+  /* attention, 4 query heads on 1 kv head of 256 dims (270m-shaped), f32 KV:
+   * a 512-token prefill chunk, and one decode at 4096 tokens of context */
+  {
+    int D = 256, H = 4, bt = 16, len = 4096;
+    struct kn_kv_view view = {.page_bytes = (size_t)bt * D * 4 * 2,
+                              .n_pages = len / bt,
+                              .k_off = 0,
+                              .v_off = (size_t)bt * D * 4,
+                              .block_tokens = bt,
+                              .n_kv_heads = 1,
+                              .head_dim = D,
+                              .dtype = KN_DTYPE_F32};
+    view.pool = rand_weights(KN_DTYPE_F32, view.page_bytes / 4 * (size_t)view.n_pages);
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)view.n_pages);
+    float *q = rand_weights(KN_DTYPE_F32, (size_t)512 * H * D);
+    if (!table) return 1;
+    for (int i = 0; i < view.n_pages; i++)
+      table[i] = i;
+    struct kn_attn_seq pre = {
+        .q_begin = 0, .n_q = 512, .pos0 = 0, .block_table = table, .n_blocks = view.n_pages};
+    struct kn_attn_seq dec = {
+        .q_begin = 0, .n_q = 1, .pos0 = len - 1, .block_table = table, .n_blocks = view.n_pages};
+    for (int c = 0; c < 2; c++) {
+      const struct kn_attn_seq *sq = c ? &dec : &pre;
+      int reps = 0;
+      double t0 = cm_time_s(), t, c0 = cpu_s();
+      do {
+        kn_attention(be, out, H * D, q, H * D, &view, sq, 1, H, 0, 0.0625f, 0.0f);
+        reps++;
+        t = cm_time_s() - t0;
+      } while (t < secs_per_case);
+      double flops = c ? 4.0 * H * D * len : 4.0 * H * D * 512.0 * 513.0 / 2.0;
+      printf("attention %s: %.1f us, %.1f GFLOP/s (%.1f per CPU-second)\n",
+             c ? "decode at 4096 keys" : "prefill 512 tokens", t / reps * 1e6,
+             flops * reps / t / 1e9, flops * reps / (cpu_s() - c0) / 1e9);
+    }
+    free(view.pool);
+    free(table);
+    free(q);
+  }
   free(in);
   free(out);
   kn_backend_destroy(be);
