@@ -8,8 +8,9 @@
  * in position order. Everything depends only on p, the keys and the query, so
  * a row gets the same bits alone or batched, and whether its prompt was
  * attended in one chunk, several, or token by token. The query heads of a GQA
- * group share each K/V load. Head dims that are not a multiple of 8 use the
- * reference kernel. */
+ * group share each K load; V is accumulated with 64 dims of a head in
+ * registers across the block's visible keys. Head dims that are not a
+ * multiple of 8 use the reference kernel. */
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
