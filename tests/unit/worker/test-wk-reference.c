@@ -70,8 +70,18 @@ static void rope(double *x, int D, int pos, const struct wk_rope *r) {
   }
 }
 
-/* logits[T, V] for prompt ids[T] at positions 0..T-1. */
-static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *logits) {
+/* What a draft step needs from the target's reference run. */
+struct ref_keep {
+  double **K, **V;    /* [L] per storing layer: [T, kv heads, D] */
+  double hlast[4096]; /* final-normed hidden state of the last position */
+  double *E;          /* target embedding [V, H] */
+  double es;          /* its scale */
+};
+
+/* logits[T, V] for prompt ids[T] at positions 0..T-1; with keep, the K/V
+ * caches, the last hidden state and the embedding are handed over. */
+static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *logits,
+                        struct ref_keep *keep) {
   const struct wk_config *c = r->c;
   int H = c->hidden, L = c->n_layers, nh = c->n_heads, P = c->ple_dim, V = c->vocab;
   int g4 = c->arch != WK_ARCH_GEMMA3, nm = g4 ? 0 : 1;
@@ -275,14 +285,20 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
   for (int t = 0; t < T; t++) {
     memcpy(h, x + (size_t)t * H, sizeof(double) * H);
     rmsnorm(h, H, fnw, nm, eps);
+    if (keep && t == T - 1) memcpy(keep->hlast, h, sizeof(double) * H);
     linear(logits + (size_t)t * V, E, h, V, H);
     if (c->final_softcap > 0)
       for (int v = 0; v < V; v++)
         logits[(size_t)t * V + v] =
             tanh(logits[(size_t)t * V + v] / c->final_softcap) * c->final_softcap;
   }
-  for (int l = 0; l < L; l++)
-    free(K[l]), free(Vc[l]);
+  if (keep) {
+    keep->K = K, keep->V = Vc, keep->E = E, keep->es = es;
+    K = Vc = NULL, E = NULL;
+  } else {
+    for (int l = 0; l < L; l++)
+      free(K[l]), free(Vc[l]);
+  }
   free(K), free(Vc), free(h), free(tmp), free(x), free(E), free(ple), free(fnw);
 }
 
@@ -317,7 +333,7 @@ static void compare(const char *arch, int moe, int T) {
   TH_REQUIRE(wk_st_open_dir(dir, &r.st, err, sizeof(err)) == 0);
   snprintf(r.prefix, sizeof(r.prefix), "model.");
   double *want = malloc(sizeof(double) * (size_t)T * V);
-  ref_forward(&r, ids, T, want);
+  ref_forward(&r, ids, T, want, NULL);
   double lo = 1e300, hi = -1e300, maxerr = 0;
   int argmax_same = 0;
   for (int t = 0; t < T; t++) {
@@ -353,4 +369,162 @@ TH_TEST(reference_gemma4_moe) {
 }
 TH_TEST(reference_gemma3) {
   compare("gemma3", 0, 140);
+}
+
+/* One draft step of the assistant `a` (its own tensors, no prefix beyond
+ * "model." for the stack) at position p over the target's kept K/V:
+ * h_out[B] and dense logits[V]. */
+static void ref_draft(const struct ref *a, const struct wk_config *tc, const struct ref_keep *k,
+                      int32_t tok, int p, double *h_out, double *logits) {
+  const struct wk_config *c = a->c;
+  int h = c->hidden, B = c->backbone_hidden, nh = c->n_heads, V = c->vocab;
+  double eps = c->eps;
+  struct ref root = *a;
+  root.prefix[0] = 0;
+  double *pre = W(&root, "pre_projection.weight"), *post = W(&root, "post_projection.weight");
+  double cat[8192], x[4096], hh[4096], q[8192], att[8192], o[4096], g[65536], u[65536];
+  for (int i = 0; i < B; i++)
+    cat[i] = k->E[(size_t)tok * B + i] * k->es, cat[B + i] = k->hlast[i];
+  linear(x, pre, cat, h, 2 * B);
+  for (int l = 0; l < c->n_layers; l++) {
+    const struct wk_layer_cfg *lc = &c->layers[l];
+    int D = lc->head_dim, kvh = lc->n_kv_heads, F = lc->ffn_dim;
+    int src = wk_config_last_storing_layer(tc, lc->kind);
+    int win = lc->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
+    char f[128];
+#define AW(name) (snprintf(f, sizeof(f), "layers.%d.%s", l, name), W(a, f))
+    double *in = AW("input_layernorm.weight"), *wq = AW("self_attn.q_proj.weight");
+    double *qn = AW("self_attn.q_norm.weight"), *wo = AW("self_attn.o_proj.weight");
+    double *pan = AW("post_attention_layernorm.weight"),
+           *pfn = AW("pre_feedforward_layernorm.weight");
+    double *pofn = AW("post_feedforward_layernorm.weight"), *wg = AW("mlp.gate_proj.weight");
+    double *wu = AW("mlp.up_proj.weight"), *wd = AW("mlp.down_proj.weight"),
+           *ls = AW("layer_scalar");
+#undef AW
+    memcpy(hh, x, sizeof(double) * h);
+    rmsnorm(hh, h, in, 0, eps);
+    linear(q, wq, hh, nh * D, h);
+    for (int hd = 0; hd < nh; hd++) {
+      rmsnorm(q + hd * D, D, qn, 0, eps);
+      rope(q + hd * D, D, p, &c->rope[lc->kind]);
+      int kh = hd / (nh / kvh);
+      double sc[4096], mx = -1e300, z = 0;
+      for (int j = 0; j <= p; j++) {
+        sc[j] = -1e300;
+        if (win && j <= p - win) continue;
+        double s = 0;
+        for (int d = 0; d < D; d++)
+          s += q[hd * D + d] * k->K[src][((size_t)j * kvh + kh) * D + d];
+        sc[j] = s * c->attn_scale;
+        mx = sc[j] > mx ? sc[j] : mx;
+      }
+      for (int j = 0; j <= p; j++)
+        z += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
+      for (int d = 0; d < D; d++) {
+        double acc = 0;
+        for (int j = 0; j <= p; j++)
+          if (sc[j] > -1e299)
+            acc += exp(sc[j] - mx) / z * k->V[src][((size_t)j * kvh + kh) * D + d];
+        att[hd * D + d] = acc;
+      }
+    }
+    linear(o, wo, att, h, nh * D);
+    rmsnorm(o, h, pan, 0, eps);
+    for (int i = 0; i < h; i++)
+      x[i] += o[i];
+    memcpy(hh, x, sizeof(double) * h);
+    rmsnorm(hh, h, pfn, 0, eps);
+    linear(g, wg, hh, F, h);
+    linear(u, wu, hh, F, h);
+    for (int i = 0; i < F; i++)
+      g[i] = gelu(g[i]) * u[i];
+    linear(o, wd, g, h, F);
+    rmsnorm(o, h, pofn, 0, eps);
+    for (int i = 0; i < h; i++)
+      x[i] = (x[i] + o[i]) * (ls ? ls[0] : 1.0);
+    free(in), free(wq), free(qn), free(wo), free(pan), free(pfn), free(pofn), free(wg), free(wu);
+    free(wd), free(ls);
+  }
+  double *fn = W(a, "norm.weight"), *E = W(a, "embed_tokens.weight");
+  rmsnorm(x, h, fn, 0, eps);
+  linear(h_out, post, x, B, h);
+  linear(logits, E, x, V, h);
+  free(pre), free(post), free(fn), free(E);
+}
+
+/* The draft step against the dense reference: the assistant's h_out and
+ * dense logits from the target's prompt K/V, hidden state and embedding. */
+TH_TEST(reference_draft_step) {
+  enum { T = 90 };
+  char tdir[256], adir[256], err[256];
+  TH_REQUIRE(wkt_make_model(tdir, sizeof(tdir), "gemma4", 0, 0, WK_ST_F32, 21) == 0);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct wk_model *t = NULL, *d = NULL;
+  struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
+  TH_REQUIRE(wk_model_load(tdir, be, &mo, &t, err, sizeof(err)) == 0);
+  struct wk_tiny_spec s;
+  TH_REQUIRE(wk_tiny_spec_assistant(&s, wk_model_config(t), err, sizeof(err)) == 0);
+  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && wk_tiny_write(&s, adir, 22, WK_ST_F32) == 0);
+  wk_tiny_spec_free(&s);
+  TH_REQUIRE(wk_draft_load(adir, t, &mo, &d, err, sizeof(err)) == 0);
+  const struct wk_config *tc = wk_model_config(t), *ac = wk_model_config(d);
+  int V = tc->vocab, B = ac->backbone_hidden;
+  int32_t ids[T];
+  uint32_t x = 5;
+  for (int i = 0; i < T; i++)
+    ids[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % V);
+  struct wk_page_alloc pa;
+  wk_page_alloc_init(&pa, wk_model_n_pages(t));
+  struct wk_seq_blocks blk = {0};
+  TH_REQUIRE(wk_seq_blocks_reserve(&blk, wk_model_kv_spec(t), &pa, T) == 0);
+  struct wk_seq_input in = {.tokens = ids, .n_tokens = T, .n_out = 1};
+  for (int g = 0; g < wk_model_kv_spec(t)->n_groups; g++) {
+    in.block_tables[g] = blk.table[g];
+    in.n_blocks[g] = blk.n[g];
+  }
+  static float tl[512], th[64], hout[64], dl[512];
+  struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = tl, .hidden = th};
+  TH_REQUIRE(wk_model_forward(t, &b, err, sizeof(err)) == 0);
+  int32_t tok = wk_argmax(tl, V), drafted;
+  struct wk_draft_input di = {.token = tok, .pos = T - 1, .h_in = th};
+  for (int g = 0; g < wk_model_kv_spec(t)->n_groups; g++) {
+    di.block_tables[g] = blk.table[g];
+    di.n_blocks[g] = blk.n[g];
+  }
+  TH_REQUIRE(wk_draft_step(d, &di, 1, &drafted, hout, dl, err, sizeof(err)) == 0);
+
+  struct ref rt = {.c = tc}, ra = {.c = ac};
+  TH_REQUIRE(wk_st_open_dir(tdir, &rt.st, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_st_open_dir(adir, &ra.st, err, sizeof(err)) == 0);
+  snprintf(rt.prefix, sizeof(rt.prefix), "model.");
+  snprintf(ra.prefix, sizeof(ra.prefix), "model.");
+  double *want = malloc(sizeof(double) * (size_t)T * V);
+  struct ref_keep keep;
+  ref_forward(&rt, ids, T, want, &keep);
+  for (int i = 0; i < B; i++)
+    keep.hlast[i] = th[i]; /* the same h_in as the runtime's */
+  double wh[4096], wl[512], eh = 0, el = 0, lo = 1e300, hi = -1e300;
+  ref_draft(&ra, tc, &keep, tok, T - 1, wh, wl);
+  for (int i = 0; i < B; i++)
+    eh = fmax(eh, fabs(wh[i] - hout[i]));
+  for (int v = 0; v < V; v++) {
+    el = fmax(el, fabs(wl[v] - dl[v]));
+    lo = fmin(lo, wl[v]), hi = fmax(hi, wl[v]);
+  }
+  fprintf(stderr, "draft: max |h_out err| %.3g, max |logit err| %.3g over a range of %.3g\n", eh,
+          el, hi - lo);
+  TH_CHECK(eh < 2e-3 && el < 5e-4 * (hi - lo)); /* f32 kernels vs double */
+  for (int l = 0; l < tc->n_layers; l++)
+    free(keep.K[l]), free(keep.V[l]);
+  free(keep.K), free(keep.V), free(keep.E), free(want);
+  wk_st_close(rt.st);
+  wk_st_close(ra.st);
+  wk_seq_blocks_release(&blk, wk_model_kv_spec(t), &pa);
+  wk_page_alloc_free(&pa);
+  wk_model_free(d);
+  wk_model_free(t);
+  kn_backend_destroy(be);
+  wkt_rmdir(tdir);
+  wkt_rmdir(adir);
 }
