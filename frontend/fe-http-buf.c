@@ -121,49 +121,51 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
 
 int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n) {
   static const char hex[] = "0123456789abcdef";
-  /* worst case: every byte becomes \u00XX (6) or U+FFFD (3) */
-  int rc = fe_buf_reserve(b, n * 6 + 2);
-  if (rc) return rc;
-  char *o = b->data + b->len;
-  *o++ = '"';
   const unsigned char *u = (const unsigned char *)s;
+  if (fe_buf_append(b, "\"", 1)) return b->err;
+  /* in blocks, reserving the worst case of each: every byte becomes
+   * \u00XX (6) or U+FFFD (3); a UTF-8 sequence may run 3 bytes past */
   for (size_t i = 0; i < n;) {
-    unsigned char c = u[i];
-    if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-      *o++ = (char)c;
-      i++;
-      continue;
-    }
-    if (c < 0x80) {
-      *o++ = '\\';
-      switch (c) {
-      case '"': *o++ = '"'; break;
-      case '\\': *o++ = '\\'; break;
-      case '\n': *o++ = 'n'; break;
-      case '\r': *o++ = 'r'; break;
-      case '\t': *o++ = 't'; break;
-      case '\b': *o++ = 'b'; break;
-      case '\f': *o++ = 'f'; break;
-      default: *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hex[c >> 4], *o++ = hex[c & 15];
+    size_t end = n - i > 4096 ? i + 4096 : n;
+    if (fe_buf_reserve(b, (end - i + 3) * 6 + 1)) return b->err;
+    char *o = b->data + b->len;
+    while (i < end) {
+      unsigned char c = u[i];
+      if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+        *o++ = (char)c;
+        i++;
+        continue;
       }
-      i++;
-      continue;
+      if (c < 0x80) {
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        default: *o++ = 'u', *o++ = '0', *o++ = '0', *o++ = hex[c >> 4], *o++ = hex[c & 15];
+        }
+        i++;
+        continue;
+      }
+      size_t k = utf8_len(u + i, n - i);
+      if (k == 0) {
+        memcpy(o, "\xef\xbf\xbd", 3);
+        o += 3;
+        i++;
+      } else {
+        memcpy(o, u + i, k);
+        o += k;
+        i += k;
+      }
     }
-    size_t k = utf8_len(u + i, n - i);
-    if (k == 0) {
-      memcpy(o, "\xef\xbf\xbd", 3);
-      o += 3;
-      i++;
-    } else {
-      memcpy(o, u + i, k);
-      o += k;
-      i += k;
-    }
+    b->len = (size_t)(o - b->data);
+    b->data[b->len] = 0;
   }
-  *o++ = '"';
-  b->len = (size_t)(o - b->data);
-  b->data[b->len] = 0;
-  return 0;
+  return fe_buf_append(b, "\"", 1);
 }
 
 char *fe_buf_steal(struct fe_buf *b, size_t *len) {

@@ -157,6 +157,19 @@ TH_TEST(resp_json_escaping) {
   fe_buf_json_double(&b, NAN);
   TH_CHECK_EQ_STR(b.data, "-9999.0,null");
   fe_buf_free(&b);
+  /* a long string needs no more room than its escaped size */
+  fe_buf_init(&b, 1 << 20);
+  char *big = malloc(600000);
+  TH_REQUIRE(big);
+  for (size_t i = 0; i < 600000; i++)
+    big[i] = (char)("ab\"\n\xc3\xa9"[i % 6]);
+  TH_REQUIRE(fe_buf_json_str(&b, big, 600000) == 0);
+  j = json_loadb(b.data, b.len, JSON_DECODE_ANY, &e);
+  TH_REQUIRE(j != NULL);
+  TH_CHECK(json_string_length(j) == 600000 && memcmp(json_string_value(j), big, 600000) == 0);
+  json_decref(j);
+  free(big);
+  fe_buf_free(&b);
   /* the cap holds */
   fe_buf_init(&b, 64);
   TH_CHECK(fe_buf_puts(&b, "0123456789012345678901234567890123456789") == 0);
