@@ -1,0 +1,142 @@
+/* sch-server-impl.h — the scheduler server's state, shared by its files:
+ * sch-server.c (sockets, loop, frontend messages), sch-server-work.c (workers:
+ * READY, heartbeats, failures, STEP and RESULT) and sch-server-reqs.c (the table
+ * of live requests). Not for use outside scheduler/sch-server*.c. */
+#ifndef LMSERVE_SCH_SERVER_IMPL_H
+#define LMSERVE_SCH_SERVER_IMPL_H
+
+#include "common/cm-arena.h"
+#include "proto/pr-msg.h"
+#include "proto/pr-zmq.h"
+#include "scheduler/sch-engine.h"
+#include "scheduler/sch-server.h"
+
+#define SCH_SRV_TAG        "sch"
+#define SCH_SRV_MAX_FRONTS 256      /* frontends known at once */
+#define SCH_SRV_MAX_RANKS  1024     /* world size at most */
+#define SCH_SRV_SLOT_BITS  24       /* low bits of an engine id: the request slot */
+#define SCH_SRV_MAX_SLOTS  (1 << 20) /* live requests at most */
+
+/* A frontend (ROUTER peer on the frontend socket). */
+struct sch_front {
+  struct pr_rid rid;
+  bool used;
+  int32_t num_live; /* requests it owns */
+};
+
+/* One live request. */
+struct sch_req {
+  uint64_t eid;        /* engine id: (serial << SCH_SRV_SLOT_BITS) | slot; 0 = free slot */
+  uint64_t request_id; /* the frontend's id */
+  int32_t front;       /* index into fronts[] */
+  int32_t next;        /* next slot in the same key bucket, -1 = end */
+  int32_t logprobs;    /* from the sampling params: -1 = none */
+  uint32_t num_prompt; /* tokens */
+  uint64_t queued_ns, scheduled_ns, first_token_ns; /* wall clock, 0 = not yet */
+  int32_t result;      /* index of its result in the RESULT being applied, -1 = none */
+  uint32_t num_drafts; /* drafts proposed by the last RESULT */
+  uint32_t drafts[PR_MAX_DRAFT];
+};
+
+/* The request table: slots addressed by engine id, and buckets by (front, request_id). */
+struct sch_reqs {
+  struct sch_req *slots; /* [cap] */
+  int32_t cap, num_live;
+  int32_t *free_list; /* [cap] free slot indices, a stack */
+  int32_t num_free;
+  int32_t *buckets; /* [nbuckets] first slot per key hash, -1 = empty */
+  int32_t nbuckets; /* power of two */
+  uint64_t serial;  /* grows per request; keeps engine ids unique */
+};
+
+int sch_reqs_init(struct sch_reqs *t, int32_t cap);
+void sch_reqs_free(struct sch_reqs *t);
+/* A new slot for (front, request_id), or NULL when the table is full. */
+struct sch_req *sch_reqs_add(struct sch_reqs *t, int32_t front, uint64_t request_id);
+struct sch_req *sch_reqs_find(struct sch_reqs *t, int32_t front, uint64_t request_id);
+struct sch_req *sch_reqs_by_eid(struct sch_reqs *t, uint64_t eid);
+void sch_reqs_remove(struct sch_reqs *t, struct sch_req *r);
+
+/* A worker rank. */
+struct sch_rank {
+  struct pr_rid rid;
+  bool known;           /* rid is valid */
+  bool ready;           /* sent an agreeing READY and has not failed since */
+  uint64_t last_seen_ns; /* monotonic, last message from it */
+  uint64_t kv_blocks, last_step_id;
+  uint32_t max_model_len; /* tokens, from its READY */
+};
+
+/* What the ranks agreed on (from READY). */
+struct sch_model_info {
+  int32_t num_groups;
+  struct sch_kv_group_cfg groups[SCH_MAX_GROUPS];
+  uint32_t vocab_size, max_model_len, max_draft;
+  int32_t num_eos;
+  int32_t eos[SCH_MAX_EOS_IDS];
+  int64_t num_blocks; /* min over the ranks' kv_blocks (set when service starts) */
+};
+
+struct sch_server {
+  struct sch_server_config cfg;
+  void *zctx;
+  struct pr_sock *front_sock, *work_sock;
+  struct cm_arena front_arena, work_arena;
+
+  struct sch_front fronts[SCH_SRV_MAX_FRONTS];
+  struct sch_reqs reqs;
+
+  struct sch_rank *ranks; /* [world_size] */
+  int32_t num_ready;
+  bool have_info;              /* info holds the first READY's facts */
+  struct sch_model_info info;  /* the agreed facts */
+  struct sch_engine *engine;   /* NULL until all ranks are ready the first time */
+  struct sch_model_info engine_info; /* what the engine was built from */
+  bool serving;                /* all ranks ready and the engine built */
+  uint64_t hash_key;
+  uint64_t rng; /* splitmix64 state for seeds */
+
+  /* the step in flight */
+  bool plan_idle; /* the last plan was empty: plan again only after a change */
+  bool in_flight;
+  uint64_t step_id;
+  uint64_t step_sent_ns; /* monotonic */
+
+  /* ids to hand to the workers as free_ids with the next STEP */
+  uint64_t *pending_free;
+  uint32_t num_pending_free, cap_pending_free;
+
+  /* reusable buffers for STEP and OUT (no allocation per step once grown) */
+  struct pr_buf step_buf;         /* STEP body, encoded once for every rank */
+  struct pr_step_seq *step_seqs;  /* [cap_seqs] */
+  struct pr_i32s *step_tables;    /* [cap_seqs * SCH_MAX_GROUPS] */
+  struct sch_seq_result *results; /* [cap_seqs] */
+  struct pr_out_seq *outs;        /* [cap_outs] */
+  int32_t *out_order;             /* [cap_outs] */
+  int32_t cap_seqs, cap_outs;
+
+  /* cumulative */
+  uint64_t prompt_tokens, generation_tokens;
+  uint64_t num_steps, step_ns_sched; /* scheduler-side ns: plan+encode+decode+apply+OUT */
+  uint64_t step_ns_round;           /* ns from STEP sent to RESULT received */
+};
+
+/* sch-server.c */
+uint64_t sch_srv_random(struct sch_server *s);
+void sch_srv_send_err(struct sch_server *s, int32_t front, uint64_t request_id, int code,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Sends one OUT holding outs[0..n) to the frontend; on failure aborts its requests. */
+void sch_srv_send_out(struct sch_server *s, int32_t front, struct pr_out_seq *outs, uint32_t n);
+/* Drops a request from the engine (when it is there) and the table. */
+void sch_srv_drop(struct sch_server *s, struct sch_req *r, bool in_engine);
+
+/* sch-server-work.c */
+int sch_srv_work_init(struct sch_server *s);
+void sch_srv_work_free(struct sch_server *s);
+void sch_srv_work_recv(struct sch_server *s);    /* drains the worker socket */
+void sch_srv_work_check(struct sch_server *s);   /* heartbeat timeouts */
+void sch_srv_work_step(struct sch_server *s);    /* plans and sends a step when idle */
+void sch_srv_work_shutdown(struct sch_server *s); /* CTRL shutdown to every known rank */
+bool sch_srv_has_work(struct sch_server *s);
+
+#endif

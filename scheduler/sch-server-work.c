@@ -1,0 +1,524 @@
+/* sch-server-work.c — the scheduler server's worker side: READY (agreement between
+ * ranks, then the engine), heartbeats and failures, and the step cycle: plan, one STEP
+ * encoded once and sent to every rank, RESULT from rank 0, apply, one OUT per
+ * frontend. One step is in flight at a time. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "scheduler/sch-server-impl.h"
+
+#define TAG SCH_SRV_TAG
+
+int sch_srv_work_init(struct sch_server *s) {
+  int32_t n = s->cfg.max_num_seqs;
+  s->ranks = calloc((size_t)s->cfg.world_size, sizeof(*s->ranks));
+  s->step_seqs = calloc((size_t)n, sizeof(*s->step_seqs));
+  s->step_tables = calloc((size_t)n * SCH_MAX_GROUPS, sizeof(*s->step_tables));
+  s->results = calloc((size_t)n, sizeof(*s->results));
+  s->outs = calloc((size_t)n, sizeof(*s->outs));
+  s->out_order = calloc((size_t)n, sizeof(*s->out_order));
+  s->cap_pending_free = 1024;
+  s->pending_free = malloc(s->cap_pending_free * sizeof(*s->pending_free));
+  pr_buf_init(&s->step_buf, PR_MAX_MSG_DEFAULT);
+  s->cap_seqs = s->cap_outs = n;
+  if (!s->ranks || !s->step_seqs || !s->step_tables || !s->results || !s->outs ||
+      !s->out_order || !s->pending_free)
+    return CM_ERR_NOMEM;
+  return 0;
+}
+
+void sch_srv_work_free(struct sch_server *s) {
+  sch_engine_destroy(s->engine);
+  s->engine = NULL;
+  free(s->ranks);
+  free(s->step_seqs);
+  free(s->step_tables);
+  free(s->results);
+  free(s->outs);
+  free(s->out_order);
+  free(s->pending_free);
+  pr_buf_free(&s->step_buf);
+}
+
+bool sch_srv_has_work(struct sch_server *s) {
+  if (!s->engine) return false;
+  struct sch_engine_stats st;
+  sch_engine_stats(s->engine, &st);
+  return st.num_running + st.num_waiting > 0;
+}
+
+/* ---- failures ---------------------------------------------------------------- */
+
+/* Rank r is gone or broken: the step in flight fails, every live request gets ERR and
+ * is dropped, the KV cache counts as lost, and service stops until all ranks are READY
+ * again. */
+static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why) {
+  cm_error(TAG, "worker rank %d failed: %s", (int)r, why);
+  if (s->ranks[r].ready) {
+    s->ranks[r].ready = false;
+    s->num_ready--;
+  }
+  if (!s->serving) return;
+  s->serving = false;
+  if (s->in_flight) {
+    sch_engine_step_failed(s->engine);
+    s->in_flight = false;
+  }
+  int32_t n = 0;
+  for (int32_t i = 0; i < s->reqs.cap; i++) {
+    struct sch_req *q = &s->reqs.slots[i];
+    if (!q->eid) continue;
+    int32_t front = q->front;
+    uint64_t id = q->request_id;
+    sch_srv_drop(s, q, true);
+    sch_srv_send_err(s, front, id, code < 0 ? code : CM_ERR_IO, "worker rank %d failed: %s",
+                     (int)r, why);
+    n++;
+  }
+  sch_engine_reset_kv(s->engine);
+  cm_warn(TAG, "service stopped (%d of %d ranks ready); %d requests failed", (int)s->num_ready,
+          (int)s->cfg.world_size, (int)n);
+}
+
+/* ---- READY --------------------------------------------------------------------- */
+
+static bool info_agrees(const struct sch_model_info *a, const struct sch_model_info *b) {
+  if (a->num_groups != b->num_groups || a->vocab_size != b->vocab_size ||
+      a->max_draft != b->max_draft || a->num_eos != b->num_eos)
+    return false;
+  for (int32_t g = 0; g < a->num_groups; g++)
+    if (a->groups[g].block_tokens != b->groups[g].block_tokens ||
+        a->groups[g].window != b->groups[g].window)
+      return false;
+  return memcmp(a->eos, b->eos, (size_t)a->num_eos * sizeof(a->eos[0])) == 0;
+}
+
+static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, char *why,
+                           size_t len) {
+  memset(o, 0, sizeof(*o));
+  if (m->n_groups < 1 || m->n_groups > SCH_MAX_GROUPS)
+    return snprintf(why, len, "%u KV groups (1..%d supported)", m->n_groups, SCH_MAX_GROUPS), -1;
+  if (m->eos_ids.n > SCH_MAX_EOS_IDS)
+    return snprintf(why, len, "%u eos ids (at most %d)", m->eos_ids.n, SCH_MAX_EOS_IDS), -1;
+  if (m->kv_blocks < 1 || m->vocab_size < 1 || m->vocab_size > INT32_MAX || m->max_model_len < 1)
+    return snprintf(why, len, "kv_blocks, vocab_size and max_model_len must be >= 1"), -1;
+  o->num_groups = (int32_t)m->n_groups;
+  for (uint32_t g = 0; g < m->n_groups; g++) {
+    const struct pr_kv_group *k = &m->groups[g];
+    if (k->block_tokens < 1 || k->block_tokens > (1u << 20) || k->sliding_window > INT32_MAX)
+      return snprintf(why, len, "group %u: block_tokens %u / window %u", g, k->block_tokens,
+                      k->sliding_window),
+             -1;
+    o->groups[g].block_tokens = (int32_t)k->block_tokens;
+    o->groups[g].window = (int32_t)k->sliding_window;
+  }
+  o->vocab_size = m->vocab_size;
+  o->max_model_len = m->max_model_len;
+  o->max_draft = m->max_draft;
+  o->num_eos = (int32_t)m->eos_ids.n;
+  for (uint32_t i = 0; i < m->eos_ids.n; i++) {
+    if (m->eos_ids.v[i] >= m->vocab_size)
+      return snprintf(why, len, "eos id %u outside the vocabulary", m->eos_ids.v[i]), -1;
+    o->eos[i] = (int32_t)m->eos_ids.v[i];
+  }
+  return 0;
+}
+
+static void start_service(struct sch_server *s) {
+  struct sch_model_info want = s->info;
+  uint64_t blocks = UINT64_MAX;
+  uint32_t mml = UINT32_MAX;
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    blocks = CM_MIN(blocks, s->ranks[r].kv_blocks);
+    mml = CM_MIN(mml, s->ranks[r].max_model_len);
+  }
+  if (s->cfg.max_model_len > 0) mml = CM_MIN(mml, (uint32_t)s->cfg.max_model_len);
+  want.max_model_len = CM_MIN(mml, (uint32_t)INT32_MAX);
+  want.num_blocks = (int64_t)CM_MIN(blocks, (uint64_t)INT32_MAX);
+  if (!s->engine || !info_agrees(&want, &s->engine_info) ||
+      want.num_blocks != s->engine_info.num_blocks ||
+      want.max_model_len != s->engine_info.max_model_len) {
+    CM_ASSERT(s->reqs.num_live == 0);
+    struct sch_engine_config ec;
+    sch_engine_config_default(&ec);
+    ec.num_blocks = (int32_t)want.num_blocks;
+    ec.num_groups = want.num_groups;
+    memcpy(ec.groups, want.groups, sizeof(ec.groups));
+    ec.max_num_seqs = s->cfg.max_num_seqs;
+    ec.max_num_batched_tokens = s->cfg.max_num_batched_tokens;
+    ec.max_model_len = (int32_t)want.max_model_len;
+    ec.max_waiting = s->cfg.max_waiting;
+    ec.num_spec_tokens = (int32_t)CM_MIN((uint32_t)s->cfg.num_spec_tokens, want.max_draft);
+    if (ec.num_spec_tokens < s->cfg.num_spec_tokens)
+      cm_warn(TAG, "workers propose at most %u drafts: %d speculative tokens instead of %d",
+              want.max_draft, (int)ec.num_spec_tokens, (int)s->cfg.num_spec_tokens);
+    ec.vocab_size = (int32_t)want.vocab_size;
+    memcpy(ec.eos_ids, want.eos, sizeof(ec.eos_ids));
+    ec.num_eos_ids = want.num_eos;
+    ec.enable_prefix_caching = s->cfg.enable_prefix_caching;
+    ec.hash_key = s->hash_key;
+    char err[256] = "";
+    struct sch_engine *e = NULL;
+    int rc = sch_engine_create(&ec, &e, err, sizeof(err));
+    if (rc) {
+      cm_error(TAG, "cannot build the engine from the workers' READY: %s", err);
+      return;
+    }
+    sch_engine_destroy(s->engine);
+    s->engine = e;
+    s->engine_info = want;
+  }
+  s->serving = true;
+  cm_info(TAG, "serving: %d rank(s), %lld KV blocks, %d group(s), vocab %u, max_model_len %u",
+          (int)s->cfg.world_size, (long long)want.num_blocks, (int)want.num_groups,
+          want.vocab_size, want.max_model_len);
+}
+
+static void on_ready(struct sch_server *s, const struct pr_rid *from, const struct pr_ready *m) {
+  char why[256];
+  if (m->world_size != (uint32_t)s->cfg.world_size || m->rank >= m->world_size) {
+    cm_error(TAG, "READY from rank %u of %u refused: this scheduler expects world size %d",
+             m->rank, m->world_size, (int)s->cfg.world_size);
+    return;
+  }
+  int32_t r = (int32_t)m->rank;
+  struct sch_model_info info;
+  if (info_from_ready(m, &info, why, sizeof(why))) {
+    cm_error(TAG, "READY from rank %d refused: %s", (int)r, why);
+    return;
+  }
+  if (s->ranks[r].ready) fail_rank(s, r, CM_ERR_CLOSED, "restarted (a second READY)");
+  if (s->num_ready > 0 && !info_agrees(&info, &s->info)) {
+    cm_error(TAG, "READY from rank %d refused: its groups, vocabulary, eos ids or drafts differ "
+                  "from the other ranks'", (int)r);
+    return;
+  }
+  if (s->num_ready == 0) s->info = info;
+  struct sch_rank *k = &s->ranks[r];
+  k->rid = *from;
+  k->known = k->ready = true;
+  k->last_seen_ns = cm_time_ns();
+  k->kv_blocks = m->kv_blocks;
+  k->max_model_len = m->max_model_len;
+  s->num_ready++;
+  cm_info(TAG, "worker rank %d ready: %llu KV blocks, %u group(s) (%d of %d ready)", (int)r,
+          (unsigned long long)m->kv_blocks, m->n_groups, (int)s->num_ready,
+          (int)s->cfg.world_size);
+  if (s->num_ready == s->cfg.world_size) start_service(s);
+}
+
+/* ---- RESULT -> apply -> OUT --------------------------------------------------- */
+
+static int grow_outs(struct sch_server *s, int32_t n) {
+  if (n <= s->cap_outs) return 0;
+  struct pr_out_seq *o = realloc(s->outs, (size_t)n * sizeof(*o));
+  if (!o) return CM_ERR_NOMEM;
+  s->outs = o;
+  int32_t *ord = realloc(s->out_order, (size_t)n * sizeof(*ord));
+  if (!ord) return CM_ERR_NOMEM;
+  s->out_order = ord;
+  s->cap_outs = n;
+  return 0;
+}
+
+static void fill_logprobs(const struct pr_result_seq *rs, int32_t n, struct pr_logprobs *lp) {
+  memset(lp, 0, sizeof(*lp));
+  if (!rs || rs->logprobs.sampled.n < (uint32_t)n || n == 0) return;
+  lp->n_top = rs->logprobs.n_top;
+  lp->sampled = (struct pr_f32s){rs->logprobs.sampled.v, (uint32_t)n};
+  if (lp->n_top) {
+    lp->top_ids = (struct pr_u32s){rs->logprobs.top_ids.v, (uint32_t)n * lp->n_top};
+    lp->top = (struct pr_f32s){rs->logprobs.top.v, (uint32_t)n * lp->n_top};
+  }
+}
+
+/* Sends the outputs of one applied step, one OUT per frontend. */
+static void send_outputs(struct sch_server *s, const struct pr_result *res,
+                         const struct sch_outputs *outs) {
+  if (outs->num == 0) return;
+  if (grow_outs(s, outs->num)) {
+    cm_error(TAG, "out of memory for %d outputs", (int)outs->num);
+    return;
+  }
+  uint64_t wall = cm_time_wall_ns();
+  int32_t n = 0;
+  for (int32_t i = 0; i < outs->num; i++) {
+    const struct sch_output *o = &outs->items[i];
+    struct sch_req *r = sch_reqs_by_eid(&s->reqs, o->req_id);
+    if (!r) continue;
+    struct pr_out_seq *q = &s->outs[n];
+    memset(q, 0, sizeof(*q));
+    q->request_id = r->request_id;
+    q->tokens = (struct pr_u32s){(const uint32_t *)o->new_tokens, (uint32_t)o->num_new};
+    if (r->logprobs >= 0 && r->result >= 0)
+      fill_logprobs(&res->seqs[r->result], o->num_new, &q->logprobs);
+    q->finish = o->finish == SCH_FINISH_STOP     ? PR_FINISH_STOP
+                : o->finish == SCH_FINISH_LENGTH ? PR_FINISH_LENGTH
+                                                 : PR_FINISH_NONE;
+    q->stop_token = o->finish == SCH_FINISH_STOP && o->num_new > 0
+                        ? (int64_t)o->new_tokens[o->num_new - 1]
+                        : -1;
+    q->n_prompt_tokens = r->num_prompt;
+    q->n_cached_tokens = (uint32_t)(o->num_cached > 0 ? o->num_cached : 0);
+    if (o->num_new > 0 && r->first_token_ns == 0) r->first_token_ns = wall;
+    q->queued_ns = r->queued_ns;
+    q->scheduled_ns = r->scheduled_ns;
+    q->first_token_ns = r->first_token_ns;
+    s->generation_tokens += (uint64_t)o->num_new;
+    s->out_order[n] = r->front;
+    n++;
+    /* finished: the engine has already let it go */
+    if (o->finish != SCH_FINISH_NONE) sch_srv_drop(s, r, false);
+  }
+  /* one OUT per frontend: gather each frontend's outputs into a run in place (there
+   * are few frontends, so the quadratic worst case is the number of frontends times
+   * the outputs) and send it */
+  int32_t start = 0;
+  while (start < n) {
+    int32_t f = s->out_order[start], end = start + 1;
+    for (int32_t j = start + 1; j < n; j++) {
+      if (s->out_order[j] != f) continue;
+      struct pr_out_seq t = s->outs[end];
+      s->outs[end] = s->outs[j];
+      s->outs[j] = t;
+      int32_t tf = s->out_order[end];
+      s->out_order[end] = s->out_order[j];
+      s->out_order[j] = tf;
+      end++;
+    }
+    sch_srv_send_out(s, f, &s->outs[start], (uint32_t)(end - start));
+    start = end;
+  }
+}
+
+static void on_result(struct sch_server *s, int32_t rank, const struct pr_result *m,
+                      uint64_t t_recv) {
+  if (rank != 0) {
+    cm_warn(TAG, "RESULT from rank %d dropped: only rank 0 answers steps", (int)rank);
+    return;
+  }
+  if (!s->in_flight || m->step_id != s->step_id) {
+    cm_warn(TAG, "RESULT for step %llu dropped: step %llu is %s", (unsigned long long)m->step_id,
+            (unsigned long long)s->step_id, s->in_flight ? "in flight" : "not in flight");
+    return;
+  }
+  if (m->n_seqs > (uint32_t)s->cap_seqs) {
+    fail_rank(s, 0, CM_ERR_INVAL, "RESULT with more sequences than a step has");
+    return;
+  }
+  s->step_ns_round += cm_time_ns() - s->step_sent_ns;
+  for (uint32_t i = 0; i < m->n_seqs; i++) {
+    const struct pr_result_seq *rs = &m->seqs[i];
+    for (uint32_t j = 0; j < rs->tokens.n; j++)
+      if (rs->tokens.v[j] >= s->engine_info.vocab_size) {
+        fail_rank(s, 0, CM_ERR_RANGE, "RESULT holds a token outside the vocabulary");
+        return;
+      }
+    s->results[i] = (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v,
+                                            (int32_t)rs->tokens.n};
+  }
+  struct sch_outputs outs;
+  int rc = sch_engine_apply(s->engine, s->results, (int32_t)m->n_seqs, &outs);
+  if (rc) {
+    fail_rank(s, 0, rc, "RESULT does not match its step");
+    return;
+  }
+  s->in_flight = false;
+  s->plan_idle = false;
+  for (uint32_t i = 0; i < m->n_seqs; i++) {
+    struct sch_req *r = sch_reqs_by_eid(&s->reqs, m->seqs[i].seq_id);
+    if (!r) continue;
+    r->result = (int32_t)i;
+    uint32_t nd = CM_MIN(m->seqs[i].drafts.n, (uint32_t)PR_MAX_DRAFT);
+    if (nd) memcpy(r->drafts, m->seqs[i].drafts.v, nd * sizeof(uint32_t));
+    r->num_drafts = nd;
+  }
+  send_outputs(s, m, &outs);
+  for (uint32_t i = 0; i < m->n_seqs; i++) {
+    struct sch_req *r = sch_reqs_by_eid(&s->reqs, m->seqs[i].seq_id);
+    if (r) r->result = -1;
+  }
+  s->num_steps++;
+  s->step_ns_sched += cm_time_ns() - t_recv;
+}
+
+/* ---- receiving ------------------------------------------------------------------ */
+
+static int32_t rank_of(struct sch_server *s, const struct pr_rid *rid) {
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    const struct sch_rank *k = &s->ranks[r];
+    if (k->known && k->rid.len == rid->len && memcmp(k->rid.id, rid->id, rid->len) == 0) return r;
+  }
+  return -1;
+}
+
+void sch_srv_work_recv(struct sch_server *s) {
+  for (;;) {
+    struct pr_rid from = {0};
+    struct pr_msg m;
+    cm_arena_reset(&s->work_arena);
+    uint64_t t0 = cm_time_ns();
+    int rc = pr_sock_recv(s->work_sock, &from, &m, &s->work_arena, PR_DONTWAIT);
+    if (rc == CM_ERR_AGAIN || rc == CM_ERR_CLOSED) return;
+    int32_t r = rank_of(s, &from);
+    if (rc) {
+      cm_warn(TAG, "worker socket: bad message from %s dropped: %s",
+              r >= 0 ? "a known rank" : "an unknown peer", cm_strerror(rc));
+      continue;
+    }
+    if (m.type == PR_READY) {
+      on_ready(s, &from, &m.u.ready);
+      continue;
+    }
+    if (r < 0) {
+      cm_warn(TAG, "worker socket: %s from a peer that sent no READY; dropped",
+              pr_type_name(m.type));
+      continue;
+    }
+    s->ranks[r].last_seen_ns = cm_time_ns();
+    switch (m.type) {
+    case PR_RESULT: on_result(s, r, &m.u.result, t0); break;
+    case PR_BEAT: s->ranks[r].last_step_id = m.u.beat.last_step_id; break;
+    case PR_FAIL: {
+      char why[PR_MAX_STR + 64];
+      snprintf(why, sizeof(why), "%s", m.u.fail.message ? m.u.fail.message : "(no message)");
+      fail_rank(s, r, m.u.fail.code, why);
+      break;
+    }
+    default:
+      cm_warn(TAG, "worker rank %d: %s is not a worker message; dropped", (int)r,
+              pr_type_name(m.type));
+      break;
+    }
+  }
+}
+
+void sch_srv_work_check(struct sch_server *s) {
+  uint64_t now = cm_time_ns(), limit = (uint64_t)s->cfg.worker_timeout_ms * 1000000ull;
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    struct sch_rank *k = &s->ranks[r];
+    if (k->ready && now - k->last_seen_ns > limit) {
+      char why[96];
+      snprintf(why, sizeof(why), "no heartbeat for %.1f s", (double)(now - k->last_seen_ns) / 1e9);
+      fail_rank(s, r, CM_ERR_TIMEOUT, why);
+    }
+  }
+}
+
+/* ---- STEP ------------------------------------------------------------------------ */
+
+static int pending_free_add(struct sch_server *s, const uint64_t *ids, int32_t n) {
+  if (n <= 0) return 0;
+  if (s->num_pending_free + (uint32_t)n > s->cap_pending_free) {
+    uint32_t cap = CM_MAX(s->cap_pending_free * 2, s->num_pending_free + (uint32_t)n);
+    uint64_t *p = realloc(s->pending_free, cap * sizeof(*p));
+    if (!p) return CM_ERR_NOMEM;
+    s->pending_free = p;
+    s->cap_pending_free = cap;
+  }
+  memcpy(s->pending_free + s->num_pending_free, ids, (size_t)n * sizeof(*ids));
+  s->num_pending_free += (uint32_t)n;
+  return 0;
+}
+
+/* Sends the encoded STEP in step_buf to every rank; 0 or the first failing rank + 1. */
+static int32_t send_step(struct sch_server *s) {
+  uint8_t hdr[PR_HDR_LEN];
+  pr_msg_header(PR_STEP, hdr);
+  void *z = pr_sock_zmq(s->work_sock);
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    const struct sch_rank *k = &s->ranks[r];
+    if (zmq_send(z, k->rid.id, k->rid.len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(z, hdr, sizeof(hdr), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(z, s->step_buf.data, s->step_buf.len, ZMQ_DONTWAIT) < 0)
+      return r + 1;
+  }
+  return 0;
+}
+
+void sch_srv_work_step(struct sch_server *s) {
+  if (!s->serving || s->in_flight) return;
+  uint64_t t0 = cm_time_ns();
+  struct sch_plan plan;
+  int rc = sch_engine_plan_step(s->engine, &plan);
+  if (rc) {
+    cm_error(TAG, "planning failed: %s", cm_strerror(rc));
+    return;
+  }
+  if (pending_free_add(s, plan.finished, plan.num_finished) ||
+      pending_free_add(s, plan.preempted, plan.num_preempted))
+    cm_warn(TAG, "out of memory for free ids; some worker-side state lingers");
+  /* an empty plan with work queued (nothing fits now) waits for the next change
+   * (an ADD, an ABORT, a RESULT) instead of planning in a busy loop */
+  s->plan_idle = plan.num_seqs == 0;
+  if (plan.num_seqs == 0) return; /* free ids wait for the next STEP */
+  CM_ASSERT(plan.num_seqs <= s->cap_seqs);
+  uint64_t wall = cm_time_wall_ns();
+  for (int32_t i = 0; i < plan.num_seqs; i++) {
+    const struct sch_plan_seq *p = &plan.seqs[i];
+    struct pr_step_seq *q = &s->step_seqs[i];
+    struct sch_req *r = sch_reqs_by_eid(&s->reqs, p->req_id);
+    CM_ASSERT(r != NULL);
+    memset(q, 0, sizeof(*q));
+    q->seq_id = p->req_id;
+    q->flags = (p->is_new ? PR_SEQ_NEW : 0) | (p->sample ? PR_SEQ_SAMPLE : 0) |
+               (p->num_tokens > 1 || p->start_pos < p->num_prompt ? PR_SEQ_PREFILL : 0);
+    q->start_pos = (uint32_t)p->start_pos;
+    q->tokens = (struct pr_u32s){(const uint32_t *)p->tokens, (uint32_t)p->num_tokens};
+    uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
+    q->draft_tokens = (struct pr_u32s){r->drafts, nd};
+    q->num_draft = (uint32_t)p->num_draft;
+    q->block_tables = &s->step_tables[i * SCH_MAX_GROUPS];
+    q->n_groups = (uint32_t)s->engine_info.num_groups;
+    for (int32_t g = 0; g < s->engine_info.num_groups; g++)
+      q->block_tables[g] = (struct pr_i32s){p->block_table[g], (uint32_t)p->num_blocks[g]};
+    if (p->is_new && p->sampling_len == sizeof(struct pr_sampling))
+      memcpy(&q->sampling, p->sampling, sizeof(q->sampling));
+    else
+      pr_sampling_default(&q->sampling);
+    if (p->start_pos < p->num_prompt)
+      s->prompt_tokens += (uint64_t)CM_MIN(p->num_tokens, p->num_prompt - p->start_pos);
+    if (r->scheduled_ns == 0) r->scheduled_ns = wall;
+  }
+  struct pr_msg m;
+  pr_msg_init(&m, PR_STEP);
+  m.u.step.step_id = plan.step_id;
+  m.u.step.seqs = s->step_seqs;
+  m.u.step.n_seqs = (uint32_t)plan.num_seqs;
+  m.u.step.free_ids = (struct pr_u64s){s->pending_free, s->num_pending_free};
+  s->step_id = plan.step_id;
+  s->in_flight = true;
+  if ((rc = pr_msg_encode(&m, &s->step_buf))) {
+    /* nothing a worker did: our own plan does not encode (too big for a message) */
+    cm_error(TAG, "step %llu does not encode: %s", (unsigned long long)plan.step_id,
+             cm_strerror(rc));
+    fail_rank(s, 0, rc, "the scheduler could not encode a step");
+    return;
+  }
+  int32_t bad = send_step(s);
+  if (bad) {
+    fail_rank(s, bad - 1, CM_ERR_CLOSED, "cannot take a STEP");
+    return;
+  }
+  /* consumed drafts are not verified twice */
+  for (int32_t i = 0; i < plan.num_seqs; i++) {
+    struct sch_req *r = sch_reqs_by_eid(&s->reqs, plan.seqs[i].req_id);
+    if (r) r->num_drafts = 0;
+  }
+  s->num_pending_free = 0;
+  s->step_sent_ns = cm_time_ns();
+  s->step_ns_sched += s->step_sent_ns - t0;
+}
+
+void sch_srv_work_shutdown(struct sch_server *s) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_CTRL);
+  m.u.ctrl.op = PR_CTRL_SHUTDOWN;
+  for (int32_t r = 0; s->ranks && r < s->cfg.world_size; r++)
+    if (s->ranks[r].known) (void)pr_sock_send(s->work_sock, &s->ranks[r].rid, &m, PR_DONTWAIT);
+}

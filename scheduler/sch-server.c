@@ -1,0 +1,352 @@
+/* sch-server.c — the scheduler server's sockets and loop, and what frontends ask:
+ * ADD (into the engine, or an ERR back), ABORT, PING (PONG with the engine's stats).
+ * Frontend sends never block: a frontend that cannot take its OUT or ERR loses its
+ * requests (aborted, with a log line) rather than stalling everyone else. The worker
+ * side (READY, STEP, RESULT, failures) is in sch-server-work.c. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "scheduler/sch-server-impl.h"
+
+#define TAG SCH_SRV_TAG
+
+/* Messages taken from the frontend socket per loop turn, so that a flood of ADDs
+ * cannot starve the step loop. */
+#define FRONT_BATCH 1024
+
+void sch_server_config_default(struct sch_server_config *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->world_size = 1;
+  cfg->max_num_seqs = 256;
+  cfg->max_num_batched_tokens = 8192;
+  cfg->max_waiting = 4096;
+  cfg->enable_prefix_caching = true;
+  cfg->worker_timeout_ms = 10000;
+}
+
+uint64_t sch_srv_random(struct sch_server *s) {
+  uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t seed_entropy(void) {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+    v = cm_time_wall_ns() ^ ((uint64_t)getpid() << 32) ^ cm_time_ns();
+  return v;
+}
+
+/* ---- frontends ------------------------------------------------------------ */
+
+static bool rid_eq(const struct pr_rid *a, const struct pr_rid *b) {
+  return a->len == b->len && memcmp(a->id, b->id, a->len) == 0;
+}
+
+/* The index of the frontend with this routing id, added when new; -1 when the table is
+ * full of frontends that still own requests. */
+static int32_t front_index(struct sch_server *s, const struct pr_rid *rid) {
+  int32_t unused = -1, idle = -1;
+  for (int32_t i = 0; i < SCH_SRV_MAX_FRONTS; i++) {
+    struct sch_front *f = &s->fronts[i];
+    if (f->used && rid_eq(&f->rid, rid)) return i;
+    if (unused < 0 && !f->used) unused = i;
+    if (idle < 0 && f->used && f->num_live == 0) idle = i;
+  }
+  /* an idle frontend's entry is taken only when none is unused: it gets a new one
+   * with its next message */
+  int32_t spare = unused >= 0 ? unused : idle;
+  if (spare < 0) return -1;
+  struct sch_front *f = &s->fronts[spare];
+  f->rid = *rid;
+  f->used = true;
+  f->num_live = 0;
+  return spare;
+}
+
+void sch_srv_drop(struct sch_server *s, struct sch_req *r, bool in_engine) {
+  if (in_engine && s->engine) {
+    int rc = sch_engine_abort(s->engine, r->eid);
+    CM_ASSERT(rc == 0 || rc == CM_ERR_NOENT);
+  }
+  s->fronts[r->front].num_live--;
+  sch_reqs_remove(&s->reqs, r);
+}
+
+/* Aborts every request of a frontend that stopped taking messages. */
+static void front_lost(struct sch_server *s, int32_t front, int rc, const char *what) {
+  int32_t n = 0;
+  for (int32_t i = 0; i < s->reqs.cap && s->fronts[front].num_live > 0; i++) {
+    struct sch_req *r = &s->reqs.slots[i];
+    if (r->eid && r->front == front) {
+      sch_srv_drop(s, r, true);
+      n++;
+    }
+  }
+  cm_warn(TAG, "frontend %d cannot take %s (%s): aborted its %d requests", (int)front, what,
+          cm_strerror(rc), (int)n);
+}
+
+void sch_srv_send_err(struct sch_server *s, int32_t front, uint64_t request_id, int code,
+                      const char *fmt, ...) {
+  char text[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+  struct pr_msg m;
+  pr_msg_init(&m, PR_ERR);
+  m.u.err.request_id = request_id;
+  m.u.err.code = code < 0 ? code : CM_ERR_INVAL;
+  m.u.err.message = text;
+  int rc = pr_sock_send(s->front_sock, &s->fronts[front].rid, &m, PR_DONTWAIT);
+  if (rc) front_lost(s, front, rc, "ERR");
+}
+
+void sch_srv_send_out(struct sch_server *s, int32_t front, struct pr_out_seq *outs, uint32_t n) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_OUT);
+  m.u.out.seqs = outs;
+  m.u.out.n_seqs = n;
+  int rc = pr_sock_send(s->front_sock, &s->fronts[front].rid, &m, PR_DONTWAIT);
+  if (rc) front_lost(s, front, rc, "OUT");
+}
+
+static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) {
+  if (!s->serving) {
+    sch_srv_send_err(s, front, a->request_id, CM_ERR_AGAIN, "workers not ready (%d of %d)",
+                     (int)s->num_ready, (int)s->cfg.world_size);
+    return;
+  }
+  if (sch_reqs_find(&s->reqs, front, a->request_id)) {
+    sch_srv_send_err(s, front, a->request_id, CM_ERR_INVAL, "request id %llu is already live",
+                     (unsigned long long)a->request_id);
+    return;
+  }
+  struct sch_req *r = sch_reqs_add(&s->reqs, front, a->request_id);
+  if (!r) {
+    sch_srv_send_err(s, front, a->request_id, CM_ERR_FULL, "too many live requests (%d)",
+                     (int)s->reqs.cap);
+    return;
+  }
+  s->fronts[front].num_live++;
+  struct pr_sampling sp = a->sampling;
+  if (!sp.has_seed) {
+    /* a seed per request keeps its sampling reproducible across preemption and steps */
+    sp.seed = sch_srv_random(s);
+    sp.has_seed = true;
+  }
+  r->logprobs = sp.logprobs;
+  r->num_prompt = a->prompt.n;
+  r->queued_ns = cm_time_wall_ns();
+  /* token ids are u32 on the wire; one above INT32_MAX reads as negative and the
+   * engine refuses it like any id outside the vocabulary */
+  struct sch_request_params p = {
+      .id = r->eid,
+      .prompt = (const int32_t *)a->prompt.v,
+      .prompt_len = (int32_t)a->prompt.n,
+      .max_tokens = a->max_tokens > INT32_MAX ? INT32_MAX : (int32_t)a->max_tokens,
+      .stop_token_ids = (const int32_t *)a->stop_token_ids.v,
+      .num_stop_token_ids = (int32_t)a->stop_token_ids.n,
+      .ignore_eos = sp.ignore_eos,
+      .priority = a->priority,
+      .arrival_ns = 0,
+      .sampling = &sp,
+      .sampling_len = sizeof(sp),
+  };
+  for (uint32_t i = 0; i < a->stop_token_ids.n; i++) {
+    if (a->stop_token_ids.v[i] >= s->info.vocab_size) {
+      sch_srv_drop(s, r, false);
+      sch_srv_send_err(s, front, a->request_id, CM_ERR_INVAL,
+                       "stop token id %u is outside the vocabulary (%u)",
+                       (unsigned)a->stop_token_ids.v[i], (unsigned)s->info.vocab_size);
+      return;
+    }
+  }
+  char err[256] = "";
+  int rc = sch_engine_add(s->engine, &p, err, sizeof(err));
+  if (rc) {
+    sch_srv_drop(s, r, false);
+    sch_srv_send_err(s, front, a->request_id, rc, "%s", err[0] ? err : cm_strerror(rc));
+    return;
+  }
+  s->plan_idle = false;
+  cm_debug(TAG, "request %llu of frontend %d: engine id %llu, %u prompt tokens",
+           (unsigned long long)a->request_id, (int)front, (unsigned long long)r->eid,
+           (unsigned)a->prompt.n);
+}
+
+static void on_abort(struct sch_server *s, int32_t front, const struct pr_abort *a) {
+  for (uint32_t i = 0; i < a->request_ids.n; i++) {
+    struct sch_req *r = sch_reqs_find(&s->reqs, front, a->request_ids.v[i]);
+    if (r) sch_srv_drop(s, r, true);
+  }
+  s->plan_idle = false;
+}
+
+static void on_ping(struct sch_server *s, int32_t front, const struct pr_ping *p) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_PONG);
+  struct pr_pong *o = &m.u.pong;
+  o->nonce = p->nonce;
+  o->ping_send_ns = p->send_ns;
+  o->workers_ready = (uint32_t)s->num_ready;
+  o->world_size = (uint32_t)s->cfg.world_size;
+  if (s->engine) {
+    struct sch_engine_stats st;
+    sch_engine_stats(s->engine, &st);
+    o->num_running = (uint32_t)st.num_running;
+    o->num_waiting = (uint32_t)st.num_waiting;
+    o->kv_usage = st.kv_usage < 0 ? 0 : st.kv_usage > 1 ? 1 : st.kv_usage;
+    o->prefix_cache_queries = st.prefix_queries;
+    o->prefix_cache_hits = st.prefix_hits;
+    o->num_preemptions = st.num_preemptions;
+    o->spec_num_drafts = st.spec_num_drafts;
+    o->spec_num_draft_tokens = st.spec_num_draft_tokens;
+    o->spec_num_accepted_tokens = st.spec_num_accepted_tokens;
+  }
+  if (s->serving) o->max_model_len = s->engine_info.max_model_len;
+  o->prompt_tokens = s->prompt_tokens;
+  o->generation_tokens = s->generation_tokens;
+  int rc = pr_sock_send(s->front_sock, &s->fronts[front].rid, &m, PR_DONTWAIT);
+  if (rc) front_lost(s, front, rc, "PONG");
+}
+
+/* Takes up to FRONT_BATCH messages from the frontend socket. */
+static int front_recv(struct sch_server *s) {
+  for (int i = 0; i < FRONT_BATCH; i++) {
+    struct pr_rid from = {0};
+    struct pr_msg m;
+    cm_arena_reset(&s->front_arena);
+    int rc = pr_sock_recv(s->front_sock, &from, &m, &s->front_arena, PR_DONTWAIT);
+    if (rc == CM_ERR_AGAIN) return 0;
+    if (rc == CM_ERR_CLOSED) return rc;
+    if (from.len == 0) {
+      cm_warn(TAG, "frontend socket: a message without a routing id (%s)", cm_strerror(rc));
+      continue;
+    }
+    int32_t front = front_index(s, &from);
+    if (front < 0) {
+      cm_warn(TAG, "frontend socket: too many frontends with live requests; message dropped");
+      continue;
+    }
+    if (rc) {
+      cm_warn(TAG, "frontend %d: bad message dropped: %s", (int)front, cm_strerror(rc));
+      sch_srv_send_err(s, front, 0, rc, "bad message: %s", cm_strerror(rc));
+      continue;
+    }
+    switch (m.type) {
+    case PR_ADD: on_add(s, front, &m.u.add); break;
+    case PR_ABORT: on_abort(s, front, &m.u.abort); break;
+    case PR_PING: on_ping(s, front, &m.u.ping); break;
+    default:
+      cm_warn(TAG, "frontend %d: %s is not a frontend message; dropped", (int)front,
+              pr_type_name(m.type));
+      sch_srv_send_err(s, front, 0, CM_ERR_UNKNOWN, "%s is not a frontend message",
+                       pr_type_name(m.type));
+      break;
+    }
+  }
+  return 0;
+}
+
+/* ---- lifecycle -------------------------------------------------------------- */
+
+int sch_server_create(const struct sch_server_config *cfg, struct sch_server **out) {
+  *out = NULL;
+  if (cfg->world_size < 1 || cfg->world_size > SCH_SRV_MAX_RANKS || cfg->max_num_seqs < 1 ||
+      cfg->max_num_batched_tokens < 1 || cfg->max_waiting < 1 || !cfg->frontend_endpoint ||
+      !cfg->worker_endpoint || cfg->worker_timeout_ms == 0) {
+    cm_error(TAG, "invalid scheduler configuration");
+    return CM_ERR_INVAL;
+  }
+  struct sch_server *s = calloc(1, sizeof(*s));
+  if (!s) return CM_ERR_NOMEM;
+  int rc = CM_ERR_NOMEM;
+  s->cfg = *cfg;
+  s->rng = seed_entropy();
+  s->hash_key = sch_srv_random(s);
+  cm_arena_init(&s->front_arena, 1 << 16, 256u << 20);
+  cm_arena_init(&s->work_arena, 1 << 16, 256u << 20);
+  if ((rc = sch_reqs_init(&s->reqs, cfg->max_num_seqs + cfg->max_waiting))) goto fail;
+  if ((rc = sch_srv_work_init(s))) goto fail;
+  rc = CM_ERR_IO;
+  if (!(s->zctx = zmq_ctx_new())) goto fail;
+  if ((rc = pr_sock_open(s->zctx, ZMQ_ROUTER, 0, &s->front_sock))) goto fail;
+  if ((rc = pr_sock_open(s->zctx, ZMQ_ROUTER, 0, &s->work_sock))) goto fail;
+  if ((rc = pr_sock_bind(s->front_sock, cfg->frontend_endpoint))) {
+    cm_error(TAG, "cannot bind the frontend endpoint %s", cfg->frontend_endpoint);
+    goto fail;
+  }
+  if ((rc = pr_sock_bind(s->work_sock, cfg->worker_endpoint))) {
+    cm_error(TAG, "cannot bind the worker endpoint %s", cfg->worker_endpoint);
+    goto fail;
+  }
+  cm_info(TAG, "model %s: frontends on %s, workers on %s, waiting for %d rank(s)",
+          cfg->model_dir ? cfg->model_dir : "(unnamed)", cfg->frontend_endpoint,
+          cfg->worker_endpoint, (int)cfg->world_size);
+  *out = s;
+  return 0;
+fail:
+  sch_server_destroy(s);
+  return rc;
+}
+
+void sch_server_destroy(struct sch_server *s) {
+  if (!s) return;
+  if (s->work_sock) sch_srv_work_shutdown(s);
+  for (int32_t i = 0; s->front_sock && i < s->reqs.cap; i++) {
+    struct sch_req *r = &s->reqs.slots[i];
+    if (!r->eid) continue;
+    int32_t front = r->front;
+    uint64_t id = r->request_id;
+    sch_srv_drop(s, r, true);
+    sch_srv_send_err(s, front, id, CM_ERR_CLOSED, "scheduler shutting down");
+  }
+  if (s->num_steps)
+    cm_info(TAG, "%llu steps; per step %.1f us in the scheduler, %.1f us round trip",
+            (unsigned long long)s->num_steps, (double)s->step_ns_sched / 1e3 / (double)s->num_steps,
+            (double)s->step_ns_round / 1e3 / (double)s->num_steps);
+  pr_sock_close(s->front_sock);
+  pr_sock_close(s->work_sock);
+  if (s->zctx) zmq_ctx_term(s->zctx);
+  sch_srv_work_free(s);
+  sch_reqs_free(&s->reqs);
+  cm_arena_free(&s->front_arena);
+  cm_arena_free(&s->work_arena);
+  free(s);
+}
+
+int sch_server_run(struct sch_server *s, volatile sig_atomic_t *stop) {
+  zmq_pollitem_t items[2] = {
+      {pr_sock_zmq(s->front_sock), 0, ZMQ_POLLIN, 0},
+      {pr_sock_zmq(s->work_sock), 0, ZMQ_POLLIN, 0},
+  };
+  while (!*stop) {
+    long timeout_ms = 100; /* heartbeat checks and the stop flag */
+    if (s->serving && !s->in_flight && !s->plan_idle && sch_srv_has_work(s)) timeout_ms = 0;
+    if (zmq_poll(items, 2, timeout_ms) < 0) {
+      int e = zmq_errno();
+      if (e == EINTR) continue;
+      cm_error(TAG, "zmq_poll: %s", zmq_strerror(e));
+      return pr_zmq_err(e);
+    }
+    sch_srv_work_recv(s);
+    int rc = front_recv(s);
+    if (rc) return rc;
+    sch_srv_work_check(s);
+    sch_srv_work_step(s);
+  }
+  return 0;
+}
