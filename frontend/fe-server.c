@@ -188,12 +188,19 @@ static void flush(struct fe_conn *c) {
   if (c->close_after && !c->busy) begin_close(c);
 }
 
-/* Queues bytes; closes a slow reader past the hard limit. */
+/* Queues bytes. The hard limit is checked before appending, so one large
+ * answer always fits (up to the buffer's own cap) and only answers piling
+ * up behind a reader that does not read close the connection. */
 static int queue(struct fe_conn *c, const char *p, size_t n) {
   if (c->closed) return CM_ERR_CLOSED;
-  if (fe_buf_append(&c->pend, p, n) != 0 || queued(c) > c->srv->lim.write_hard_limit) {
+  if (queued(c) > c->srv->lim.write_hard_limit) {
     cm_warn(TAG, "closing a connection that does not read its responses (%zu bytes queued)",
             queued(c));
+    conn_close(c, 1);
+    return CM_ERR_CLOSED;
+  }
+  if (fe_buf_append(&c->pend, p, n) != 0) {
+    cm_warn(TAG, "closing a connection: an answer of %zu bytes does not fit its buffer", n);
     conn_close(c, 1);
     return CM_ERR_CLOSED;
   }

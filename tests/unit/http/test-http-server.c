@@ -93,6 +93,18 @@ static void handler(void *ud, struct fe_conn *c, const struct fe_http_request *r
   enum fe_api_kind kind =
       req->path_len == 5 && !memcmp(req->path, "/chat", 5) ? FE_API_CHAT : FE_API_COMPLETION;
   if (req->path_len == 5 && !memcmp(req->path, "/hang", 5)) kind = FE_API_COMPLETION;
+  if (req->path_len == 6 && !memcmp(req->path, "/large", 6)) { /* past write_hard_limit */
+    size_t n = (size_t)20 << 20;
+    char *big = malloc(n);
+    if (!big) {
+      fe_conn_respond_error(c, 500, "out of memory", NULL);
+      return;
+    }
+    memset(big, 'z', n);
+    fe_conn_respond(c, 200, "text/plain", NULL, big, n);
+    free(big);
+    return;
+  }
   if (req->path_len == 5 && !memcmp(req->path, "/busy", 5)) {
     fe_conn_respond_error_hdr(c, 429, "queue full", NULL, "Retry-After: 1\r\n");
     return;
@@ -156,6 +168,20 @@ static char *read_until(int fd, const char *until) {
   }
   b[n] = 0;
   return b;
+}
+
+/* Reads and counts bytes until `want` arrived or the peer stops sending. */
+static size_t read_count(int fd, size_t want) {
+  char buf[65536];
+  size_t got = 0;
+  while (got < want) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 5000) <= 0) break;
+    ssize_t k = recv(fd, buf, sizeof(buf), 0);
+    if (k <= 0) break;
+    got += (size_t)k;
+  }
+  return got;
 }
 
 static void send_req(int fd, const char *path, const char *version, const char *body) {
@@ -259,6 +285,12 @@ static void *client(void *arg) {
     for (int i = 0; i < n; i++)
       json_decref(ev[i]);
     free(b);
+  }
+  /* one answer larger than write_hard_limit goes out whole */
+  if (!fail) {
+    send_req(fd, "/large", "1.1", "{}");
+    size_t want = ((size_t)20 << 20) + 100; /* body + head */
+    if (read_count(fd, want) < want) fail = "large answer: cut short";
   }
   /* and a 429 with Retry-After on it */
   if (!fail) {
