@@ -3,7 +3,7 @@
  *
  * Shares never split an output element: matmul splits output features (and
  * token blocks), norms and elementwise ops split rows or flat ranges,
- * attention hands out (sequence, query, kv head) items. Arguments were
+ * attention hands out (sequence, query, kv head, head chunk) items. Arguments were
  * validated by kn-backend.c. */
 #include <math.h>
 #include <stdlib.h>
