@@ -1,11 +1,384 @@
-/* wk-main.c — the `lmserve worker` subcommand (not implemented yet). */
-#include "worker/wk-main.h"
-
+/* wk-main.c — the `lmserve worker` process: creates the kernel backend,
+ * loads the model (and the assistant model for speculative decoding),
+ * connects a DEALER socket to the scheduler, announces itself with READY and
+ * then serves STEP plans (wk-role.h) until CTRL shutdown or SIGTERM.
+ *
+ * Heartbeats: a forward pass can take longer than the scheduler's heartbeat
+ * period, and the step cannot be interrupted between layers, so a second
+ * thread sends BEAT once a second. Both threads use the one DEALER socket
+ * (the scheduler knows a rank by its routing id, so a second socket would be
+ * a stranger to it); a mutex serialises every call on it, which also gives
+ * ZeroMQ the memory barrier it asks for when a socket changes threads. The
+ * main thread holds the mutex only while it polls (at most 100 ms) or
+ * sends, never during a step.
+ *
+ * Exit codes: 0 after CTRL shutdown or SIGTERM/SIGINT, 2 for bad flags or
+ * an unsupported configuration, 1 when the model or the socket fails. */
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cm-args.h"
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "lmserve-config.h"
+#include "proto/pr-zmq.h"
+#include "worker/wk-main.h"
+#include "worker/wk-model.h"
+#include "worker/wk-role.h"
+#if LMSERVE_HAVE_CUDA
+#include "kernels/cuda/kn-cuda.h"
+#endif
+
+#define TAG          "worker"
+#define BEAT_MS      1000 /* heartbeat period */
+#define POLL_MS      100  /* how long the main thread holds the socket per poll */
+#define TERM_GRACE_S 3    /* after SIGTERM, a step still running this long ends the process */
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+struct wk_proc {
+  uint32_t rank;
+  struct pr_sock *sock;
+  pthread_mutex_t mu;       /* guards sock */
+  uint64_t last_step;       /* last finished step id (atomic access) */
+  int quit;                 /* set by the main thread when it leaves (atomic access) */
+  pthread_mutex_t quit_mu;  /* with quit_cv: wakes the beat thread */
+  pthread_cond_t quit_cv;
+};
+
+static int send_locked(struct wk_proc *p, const struct pr_msg *m) {
+  pthread_mutex_lock(&p->mu);
+  int rc = pr_sock_send(p->sock, NULL, m, 0);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char *why) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_FAIL);
+  m.u.fail.rank = p->rank;
+  m.u.fail.step_id = step_id;
+  m.u.fail.code = code < 0 ? code : CM_ERR_INVAL;
+  m.u.fail.message = why;
+  int rc = send_locked(p, &m);
+  if (rc) cm_error(TAG, "cannot send FAIL: %s", cm_strerror(rc));
+}
+
+/* The heartbeat thread: BEAT every BEAT_MS, until quit. After SIGTERM it
+ * also ends the process when the main thread is stuck in a long step. */
+static void *beat_main(void *arg) {
+  struct wk_proc *p = arg;
+  uint64_t stop_seen = 0;
+  pthread_mutex_lock(&p->quit_mu);
+  while (!__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) {
+    struct pr_msg m;
+    pr_msg_init(&m, PR_BEAT);
+    m.u.beat.rank = p->rank;
+    m.u.beat.last_step_id = __atomic_load_n(&p->last_step, __ATOMIC_ACQUIRE);
+    m.u.beat.time_ns = cm_time_wall_ns();
+    pthread_mutex_unlock(&p->quit_mu);
+    pthread_mutex_lock(&p->mu);
+    (void)pr_sock_send(p->sock, NULL, &m, PR_DONTWAIT);
+    pthread_mutex_unlock(&p->mu);
+    if (g_stop) {
+      uint64_t now = cm_time_ns();
+      if (!stop_seen) stop_seen = now;
+      if (now - stop_seen > (uint64_t)TERM_GRACE_S * 1000000000ull) {
+        cm_info(TAG, "stopping during a long step");
+        _exit(0);
+      }
+    }
+    pthread_mutex_lock(&p->quit_mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += BEAT_MS / 1000;
+    ts.tv_nsec += (long)(BEAT_MS % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    if (!__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE))
+      pthread_cond_timedwait(&p->quit_cv, &p->quit_mu, &ts);
+  }
+  pthread_mutex_unlock(&p->quit_mu);
+  return NULL;
+}
+
+static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uint32_t max_draft) {
+  const struct wk_config *c = wk_model_config(m);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  struct pr_kv_group groups[WK_MAX_KV_GROUPS];
+  uint32_t eos[WK_MAX_EOS];
+  for (int g = 0; g < kv->n_groups; g++) {
+    groups[g] = (struct pr_kv_group){
+        .block_tokens = (uint32_t)kv->groups[g].block_tokens,
+        .n_layers = (uint32_t)kv->groups[g].n_layers,
+        .bytes_per_token = kv->groups[g].bytes_per_token,
+        .sliding_window = (uint32_t)kv->groups[g].window,
+    };
+  }
+  for (int i = 0; i < c->n_eos; i++)
+    eos[i] = (uint32_t)c->eos_ids[i];
+  struct pr_msg msg;
+  pr_msg_init(&msg, PR_READY);
+  struct pr_ready *r = &msg.u.ready;
+  r->rank = p->rank;
+  r->world_size = world;
+  r->kv_blocks = (uint64_t)wk_model_n_pages(m);
+  r->groups = groups;
+  r->n_groups = (uint32_t)kv->n_groups;
+  r->vocab_size = (uint32_t)c->vocab;
+  r->max_model_len = (uint32_t)c->max_pos;
+  r->eos_ids.v = eos;
+  r->eos_ids.n = (uint32_t)c->n_eos;
+  r->max_draft = max_draft;
+  return send_locked(p, &msg);
+}
+
+/* Receives one message, waiting at most POLL_MS. CM_ERR_AGAIN: nothing. */
+static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
+  pthread_mutex_lock(&p->mu);
+  zmq_pollitem_t it = {.socket = pr_sock_zmq(p->sock), .events = ZMQ_POLLIN};
+  int n = zmq_poll(&it, 1, POLL_MS);
+  int rc = CM_ERR_AGAIN;
+  if (n > 0) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+/* The serving loop. Returns the exit status. */
+static int serve(struct wk_proc *p, struct wk_role *role) {
+  struct cm_arena arena;
+  cm_arena_init(&arena, 1u << 20, 512u << 20);
+  char err[512];
+  int status = 0;
+  while (!g_stop) {
+    struct pr_msg m;
+    cm_arena_reset(&arena);
+    int rc = recv_one(p, &m, &arena);
+    if (rc == CM_ERR_AGAIN) continue;
+    if (rc == CM_ERR_CLOSED) {
+      cm_error(TAG, "scheduler socket closed");
+      status = 1;
+      break;
+    }
+    if (rc) {
+      snprintf(err, sizeof(err), "malformed message from the scheduler: %s", cm_strerror(rc));
+      cm_warn(TAG, "%s", err);
+      send_fail(p, 0, rc, err);
+      continue;
+    }
+    if (m.type == PR_CTRL) {
+      if (m.u.ctrl.op == PR_CTRL_SHUTDOWN) {
+        cm_info(TAG, "shutdown requested by the scheduler");
+        break;
+      }
+      cm_warn(TAG, "CTRL op %u is not supported by this worker; ignored", m.u.ctrl.op);
+      continue;
+    }
+    if (m.type != PR_STEP) {
+      cm_warn(TAG, "unexpected %s message from the scheduler; ignored", pr_type_name(m.type));
+      continue;
+    }
+    struct pr_msg res;
+    err[0] = 0;
+    rc = wk_role_step(role, &m.u.step, &res, err, sizeof(err));
+    __atomic_store_n(&p->last_step, m.u.step.step_id, __ATOMIC_RELEASE);
+    if (rc) {
+      cm_warn(TAG, "step %llu refused: %s", (unsigned long long)m.u.step.step_id, err);
+      send_fail(p, m.u.step.step_id, rc, err[0] ? err : cm_strerror(rc));
+      continue;
+    }
+    if (p->rank == 0 && (rc = send_locked(p, &res))) {
+      cm_error(TAG, "cannot send RESULT: %s", cm_strerror(rc));
+      if (rc == CM_ERR_CLOSED) {
+        status = 1;
+        break;
+      }
+    }
+  }
+  cm_arena_free(&arena);
+  return status;
+}
+
+static int make_backend(const char *device, int threads, struct kn_backend **be) {
+  if (!device || !strcmp(device, "cpu")) {
+    int rc = kn_cpu_backend_create(threads, be);
+    if (rc) fprintf(stderr, "lmserve worker: cannot create the CPU backend: %s\n", cm_strerror(rc));
+    return rc ? 1 : 0;
+  }
+  if (strcmp(device, "cuda")) {
+    fprintf(stderr, "lmserve worker: --device must be cpu or cuda (got '%s')\n", device);
+    return 2;
+  }
+#if LMSERVE_HAVE_CUDA
+  if (kn_cuda_device_count() < 1) {
+    fprintf(stderr, "lmserve worker: --device cuda: no CUDA device is visible\n");
+    return 2;
+  }
+  int e = 0;
+  *be = kn_cuda_backend_create(0, &e);
+  if (!*be) {
+    fprintf(stderr, "lmserve worker: cannot create the CUDA backend: %s\n", cm_strerror(e));
+    return 1;
+  }
+  return 0;
+#else
+  fprintf(stderr, "lmserve worker: --device cuda: this build has no CUDA support\n");
+  return 2;
+#endif
+}
 
 int wk_worker_main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  fprintf(stderr, "lmserve worker: not implemented yet\n");
-  return 2;
+  const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
+  int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
+          spec_k = 0;
+  uint64_t kv_bytes = 512ull << 20;
+  int spec_k_seen = 0;
+  const struct cm_opt opts[] = {
+      {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
+      {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT", "scheduler's worker endpoint (ipc:// or "
+                                                       "tcp://)"},
+      {"rank", CM_OPT_INT, &rank, "R", "tensor-parallel rank (0)", 0, 1023},
+      {"world-size", CM_OPT_INT, &world, "N", "tensor-parallel ranks (1)", 1, 1024},
+      {"kv-cache-memory", CM_OPT_SIZE, &kv_bytes, "BYTES", "KV cache pool size (512M)"},
+      {"block-size", CM_OPT_INT, &block, "N", "tokens per KV block of the largest group (16)", 1,
+       1024},
+      {"max-num-batched-tokens", CM_OPT_INT, &max_batched, "N", "tokens per step (2048)", 1,
+       1 << 20},
+      {"max-num-seqs", CM_OPT_INT, &max_seqs, "N", "sequences per step (64)", 1, 65536},
+      {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cpu)"},
+      {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
+      {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K", "drafts per step (with "
+                                                           "--speculative-model; 3)",
+       1, PR_MAX_DRAFT, 0, 0, &spec_k_seen},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve worker", "one worker rank: runs the scheduler's step plans",
+                         opts, argc, argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc) return 2;
+  cm_log_init_from_env();
+  if (!model_dir || !endpoint) {
+    fprintf(stderr, "lmserve worker: --model DIR and --scheduler ENDPOINT are required\n");
+    return 2;
+  }
+  if (world > 1) {
+    fprintf(stderr, "lmserve worker: --world-size %lld: tensor parallelism is not supported yet "
+                    "(use --world-size 1)\n", (long long)world);
+    return 2;
+  }
+  if (rank >= world) {
+    fprintf(stderr, "lmserve worker: --rank %lld must be below --world-size %lld\n",
+            (long long)rank, (long long)world);
+    return 2;
+  }
+  if (spec_k_seen && !spec_dir) {
+    fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
+    return 2;
+  }
+  if (spec_dir && !spec_k_seen) spec_k = 3;
+  if (!spec_dir) spec_k = 0;
+
+  int status = 1;
+  char err[512] = "";
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL, *draft = NULL;
+  struct wk_role *role = NULL;
+  void *zctx = NULL;
+  struct wk_proc p = {.rank = (uint32_t)rank};
+  pthread_t beat;
+  int have_beat = 0;
+  pthread_mutex_init(&p.mu, NULL);
+  pthread_mutex_init(&p.quit_mu, NULL);
+  pthread_cond_init(&p.quit_cv, NULL);
+
+  struct sigaction sa = {0};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+
+  if ((status = make_backend(device, (int)threads, &be))) goto done;
+  status = 1;
+  struct wk_model_opts mo = {
+      .max_batch_tokens = (int)(max_batched + max_seqs * spec_k),
+      .max_seqs = (int)max_seqs,
+      .kv_bytes = kv_bytes,
+      .block_tokens = (int)block,
+      .quiet = 1,
+  };
+  if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve worker: %s\n", err);
+    goto done;
+  }
+  if (spec_dir && (rc = wk_draft_load(spec_dir, m, &mo, &draft, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
+    goto done;
+  }
+  struct wk_role_opts ro = {.max_seqs = (int)max_seqs, .max_draft = (int)spec_k,
+                            .rank = (uint32_t)rank};
+  if ((rc = wk_role_create(m, draft, &ro, &role))) {
+    fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));
+    goto done;
+  }
+  if (!(zctx = zmq_ctx_new())) goto done;
+  char rid[64];
+  int rid_len = snprintf(rid, sizeof(rid), "worker-%lld-%ld", (long long)rank, (long)getpid());
+  if ((rc = pr_sock_open(zctx, ZMQ_DEALER, 0, &p.sock)) ||
+      (rc = pr_sock_set_rid(p.sock, rid, (size_t)rid_len)) ||
+      (rc = pr_sock_connect(p.sock, endpoint))) {
+    fprintf(stderr, "lmserve worker: cannot connect to %s: %s\n", endpoint, cm_strerror(rc));
+    goto done;
+  }
+  if ((rc = send_ready(&p, m, (uint32_t)world, (uint32_t)spec_k))) {
+    fprintf(stderr, "lmserve worker: cannot send READY: %s\n", cm_strerror(rc));
+    goto done;
+  }
+  cm_info(TAG, "rank %lld ready: %d KV pages, %d groups, connected to %s", (long long)rank,
+          wk_model_n_pages(m), wk_model_kv_spec(m)->n_groups, endpoint);
+  /* the beat thread must not take the signals: the main thread's polls see EINTR */
+  sigset_t block_set, old_set;
+  sigemptyset(&block_set);
+  sigaddset(&block_set, SIGTERM);
+  sigaddset(&block_set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &block_set, &old_set);
+  have_beat = pthread_create(&beat, NULL, beat_main, &p) == 0;
+  pthread_sigmask(SIG_SETMASK, &old_set, NULL);
+  if (!have_beat) {
+    fprintf(stderr, "lmserve worker: cannot start the heartbeat thread\n");
+    goto done;
+  }
+  status = serve(&p, role);
+done:
+  if (have_beat) {
+    pthread_mutex_lock(&p.quit_mu);
+    __atomic_store_n(&p.quit, 1, __ATOMIC_RELEASE);
+    pthread_cond_signal(&p.quit_cv);
+    pthread_mutex_unlock(&p.quit_mu);
+    pthread_join(beat, NULL);
+  }
+  pr_sock_close(p.sock);
+  if (zctx) zmq_ctx_term(zctx);
+  wk_role_destroy(role);
+  wk_model_free(draft);
+  wk_model_free(m);
+  kn_backend_destroy(be);
+  pthread_cond_destroy(&p.quit_cv);
+  pthread_mutex_destroy(&p.quit_mu);
+  pthread_mutex_destroy(&p.mu);
+  return status;
 }

@@ -1,0 +1,501 @@
+/* wk-role.c — executes STEP plans: per-sequence state, checking a step,
+ * building the ragged batch, one forward pass, sampling / draft
+ * verification, draft proposals, and the RESULT message (see wk-role.h). */
+#include "worker/wk-role.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+
+#define TOPN WK_MAX_LOGPROBS /* top logprobs kept per produced token */
+
+/* ---- per-sequence state ------------------------------------------------------ */
+
+struct rseq {
+  uint64_t id;
+  int used;
+  struct wk_sampling_params sp;
+  struct wk_penalty_state pen;
+  int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
+  int n_bt[WK_MAX_KV_GROUPS];
+  int cap_bt[WK_MAX_KV_GROUPS];
+};
+
+struct wk_role {
+  struct wk_model *model, *draft;
+  int max_seqs, max_draft, max_T, vocab, hidden, n_groups, n_pages, max_pos;
+  uint32_t rank;
+  int max_blocks[WK_MAX_KV_GROUPS]; /* blocks a table may hold: covers max_pos */
+  struct rseq *seqs;                /* [cap_seqs] */
+  int cap_seqs;
+  /* per-step scratch, sized at create */
+  struct rseq **cur;          /* [max_seqs] state of each step sequence */
+  struct wk_seq_input *in;    /* [max_seqs] */
+  int32_t *toks;              /* [max_T] tokens then drafts, per sequence */
+  int *row0;                  /* [max_seqs] first logits row of each sequence, -1 none */
+  float *logits;              /* [max_rows, vocab] */
+  float *hid;                 /* [max_rows, hidden] final-normed states, or NULL */
+  int max_rows;               /* rows of logits: sampled tokens + verified drafts */
+  struct wk_sampler *sampler;
+  /* draft proposal scratch (when draft != NULL) */
+  struct wk_draft_input *din; /* [max_seqs] */
+  int *dseq;                  /* [max_seqs] step index of each drafting sequence */
+  int32_t *dtok;              /* [max_seqs] */
+  float *hbuf[2];             /* [max_seqs, hidden] h_in / h_out, swapped per draft step */
+  /* RESULT buffers */
+  struct pr_result_seq *rs; /* [max_seqs] */
+  uint32_t *rtok;           /* [max_seqs, PR_MAX_DRAFT + 1] */
+  float *rlp;               /* [max_seqs, PR_MAX_DRAFT + 1] sampled logprobs */
+  uint32_t *rtop_ids;       /* [max_seqs, PR_MAX_DRAFT + 1, TOPN] */
+  float *rtop;              /* [max_seqs, PR_MAX_DRAFT + 1, TOPN] */
+  uint32_t *rdraft;         /* [max_seqs, PR_MAX_DRAFT] */
+};
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static struct rseq *seq_find(struct wk_role *r, uint64_t id) {
+  for (int i = 0; i < r->cap_seqs; i++)
+    if (r->seqs[i].used && r->seqs[i].id == id) return &r->seqs[i];
+  return NULL;
+}
+
+static void seq_drop(struct wk_role *r, struct rseq *q) {
+  (void)r;
+  q->used = 0;
+  wk_penalty_reset(&q->pen);
+  for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
+    q->n_bt[g] = 0;
+}
+
+/* A free slot (memory of earlier sequences is reused). */
+static struct rseq *seq_slot(struct wk_role *r) {
+  for (int i = 0; i < r->cap_seqs; i++)
+    if (!r->seqs[i].used) return &r->seqs[i];
+  return NULL;
+}
+
+static int table_put(struct rseq *q, int g, const int32_t *ids, int n, int append) {
+  int base = append ? q->n_bt[g] : 0;
+  if (base + n > q->cap_bt[g]) {
+    int cap = CM_MAX(16, q->cap_bt[g]);
+    while (cap < base + n)
+      cap *= 2;
+    int32_t *t = realloc(q->bt[g], sizeof(int32_t) * (size_t)cap);
+    if (!t) return CM_ERR_NOMEM;
+    q->bt[g] = t;
+    q->cap_bt[g] = cap;
+  }
+  if (n) memcpy(q->bt[g] + base, ids, sizeof(int32_t) * (size_t)n);
+  q->n_bt[g] = base + n;
+  return 0;
+}
+
+/* ---- create / destroy -------------------------------------------------------- */
+
+int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct wk_role_opts *o,
+                   struct wk_role **out) {
+  if (!model || !o || o->max_seqs < 1 || o->max_draft < 0 || o->max_draft > PR_MAX_DRAFT ||
+      (o->max_draft > 0 && !draft))
+    return CM_ERR_INVAL;
+  struct wk_role *r = calloc(1, sizeof(*r));
+  if (!r) return CM_ERR_NOMEM;
+  const struct wk_config *c = wk_model_config(model);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(model);
+  r->model = model;
+  r->draft = draft;
+  r->rank = o->rank;
+  r->max_seqs = CM_MIN(o->max_seqs, wk_model_max_seqs(model));
+  r->max_draft = o->max_draft;
+  r->max_T = wk_model_max_batch_tokens(model);
+  r->vocab = c->vocab;
+  r->hidden = c->hidden;
+  r->n_groups = kv->n_groups;
+  r->n_pages = wk_model_n_pages(model);
+  r->max_pos = c->max_pos > 0 ? c->max_pos : (1 << 30);
+  for (int g = 0; g < kv->n_groups; g++)
+    r->max_blocks[g] = r->max_pos / kv->groups[g].block_tokens + 2;
+  r->max_rows = CM_MIN(r->max_seqs * (1 + r->max_draft), r->max_T);
+  /* states outlive a step while the scheduler keeps preempted or queued
+   * sequences around: room for several steps' worth */
+  r->cap_seqs = 4 * r->max_seqs + 64;
+  size_t S = (size_t)r->max_seqs, D1 = PR_MAX_DRAFT + 1;
+  r->seqs = calloc((size_t)r->cap_seqs, sizeof(*r->seqs));
+  r->cur = calloc(S, sizeof(*r->cur));
+  r->in = calloc(S, sizeof(*r->in));
+  r->toks = malloc(sizeof(int32_t) * (size_t)r->max_T);
+  r->row0 = malloc(sizeof(int) * S);
+  r->logits = malloc(sizeof(float) * (size_t)r->max_rows * (size_t)r->vocab);
+  r->sampler = wk_sampler_create(r->vocab);
+  r->rs = calloc(S, sizeof(*r->rs));
+  r->rtok = malloc(sizeof(uint32_t) * S * D1);
+  r->rlp = malloc(sizeof(float) * S * D1);
+  r->rtop_ids = malloc(sizeof(uint32_t) * S * D1 * TOPN);
+  r->rtop = malloc(sizeof(float) * S * D1 * TOPN);
+  r->rdraft = malloc(sizeof(uint32_t) * S * PR_MAX_DRAFT);
+  int ok = r->seqs && r->cur && r->in && r->toks && r->row0 && r->logits && r->sampler && r->rs &&
+           r->rtok && r->rlp && r->rtop_ids && r->rtop && r->rdraft;
+  if (ok && draft) {
+    r->hid = malloc(sizeof(float) * (size_t)r->max_rows * (size_t)r->hidden);
+    r->din = calloc(S, sizeof(*r->din));
+    r->dseq = malloc(sizeof(int) * S);
+    r->dtok = malloc(sizeof(int32_t) * S);
+    r->hbuf[0] = malloc(sizeof(float) * S * (size_t)r->hidden);
+    r->hbuf[1] = malloc(sizeof(float) * S * (size_t)r->hidden);
+    ok = r->hid && r->din && r->dseq && r->dtok && r->hbuf[0] && r->hbuf[1];
+  }
+  if (!ok) {
+    wk_role_destroy(r);
+    return CM_ERR_NOMEM;
+  }
+  for (int i = 0; i < r->cap_seqs; i++)
+    wk_penalty_init(&r->seqs[i].pen);
+  *out = r;
+  return 0;
+}
+
+void wk_role_destroy(struct wk_role *r) {
+  if (!r) return;
+  for (int i = 0; r->seqs && i < r->cap_seqs; i++) {
+    wk_penalty_free(&r->seqs[i].pen);
+    for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
+      free(r->seqs[i].bt[g]);
+  }
+  free(r->seqs);
+  free(r->cur);
+  free(r->in);
+  free(r->toks);
+  free(r->row0);
+  free(r->logits);
+  free(r->hid);
+  wk_sampler_destroy(r->sampler);
+  free(r->din);
+  free(r->dseq);
+  free(r->dtok);
+  free(r->hbuf[0]);
+  free(r->hbuf[1]);
+  free(r->rs);
+  free(r->rtok);
+  free(r->rlp);
+  free(r->rtop_ids);
+  free(r->rtop);
+  free(r->rdraft);
+  free(r);
+}
+
+int wk_role_n_seqs(const struct wk_role *r) {
+  int n = 0;
+  for (int i = 0; i < r->cap_seqs; i++)
+    n += r->seqs[i].used;
+  return n;
+}
+
+void wk_role_sampling(const struct pr_sampling *in, uint64_t fallback_seed,
+                      struct wk_sampling_params *out) {
+  wk_sampling_params_default(out);
+  out->temperature = in->temperature;
+  out->top_k = in->top_k > 0 ? in->top_k : 0;
+  out->top_p = in->top_p;
+  out->min_p = in->min_p;
+  out->presence_penalty = in->presence_penalty;
+  out->frequency_penalty = in->frequency_penalty;
+  out->repetition_penalty = in->repetition_penalty;
+  out->seed = in->has_seed ? in->seed : fallback_seed;
+  out->n_logprobs = in->logprobs < 0 ? -1 : CM_MIN(in->logprobs, WK_MAX_LOGPROBS);
+}
+
+/* A splitmix64 mix: the seed of a request that gave none. */
+static uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* ---- checking a step (nothing changes until it passes) ------------------------- */
+
+static int check_step(struct wk_role *r, const struct pr_step *st, char *err, size_t errlen) {
+  if (st->n_seqs > (uint32_t)r->max_seqs)
+    return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
+                (unsigned long long)st->step_id, st->n_seqs, r->max_seqs);
+  int64_t T = 0, rows = 0, n_new = 0;
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    unsigned long long id = (unsigned long long)s->seq_id;
+    for (uint32_t j = 0; j < i; j++)
+      if (st->seqs[j].seq_id == s->seq_id)
+        return fail(err, errlen, CM_ERR_INVAL, "sequence %llu appears twice in one step", id);
+    if (s->flags & ~(uint32_t)PR_SEQ_FLAGS_ALL)
+      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: unknown flags 0x%x", id, s->flags);
+    int is_new = !!(s->flags & PR_SEQ_NEW), append = !!(s->flags & PR_SEQ_APPEND_BLOCKS);
+    if (is_new && append)
+      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: APPEND_BLOCKS with NEW", id);
+    struct rseq *q = seq_find(r, s->seq_id);
+    if (!is_new && !q)
+      return fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step)", id);
+    if (is_new && !q) n_new++;
+    uint32_t nt = s->tokens.n + s->draft_tokens.n;
+    if (nt == 0) return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: no tokens", id);
+    if ((uint64_t)s->start_pos + nt > (uint64_t)r->max_pos)
+      return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: positions up to %llu exceed the model "
+                  "length %d", id, (unsigned long long)s->start_pos + nt, r->max_pos);
+    T += nt;
+    if (T > r->max_T)
+      return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
+                  (unsigned long long)st->step_id, r->max_T);
+    for (uint32_t j = 0; j < s->tokens.n; j++)
+      if (s->tokens.v[j] >= (uint32_t)r->vocab)
+        return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: token id %u outside the vocabulary "
+                    "(%d)", id, s->tokens.v[j], r->vocab);
+    for (uint32_t j = 0; j < s->draft_tokens.n; j++)
+      if (s->draft_tokens.v[j] >= (uint32_t)r->vocab)
+        return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: draft id %u outside the vocabulary "
+                    "(%d)", id, s->draft_tokens.v[j], r->vocab);
+    if (s->draft_tokens.n > (uint32_t)r->max_draft || s->num_draft > (uint32_t)r->max_draft)
+      return fail(err, errlen, CM_ERR_UNSUPPORTED, "sequence %llu: %u drafts to verify, %u to "
+                  "propose; this worker drafts at most %d", id, s->draft_tokens.n, s->num_draft,
+                  r->max_draft);
+    if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
+      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
+    if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
+    if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
+      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: %u block tables (the model has %d KV "
+                  "groups)", id, s->n_groups, r->n_groups);
+    if (is_new && s->n_groups == 0)
+      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: NEW without block tables", id);
+    for (uint32_t g = 0; g < s->n_groups; g++) {
+      const struct pr_i32s *t = &s->block_tables[g];
+      int64_t have = append && q ? q->n_bt[g] : 0;
+      if (have + t->n > r->max_blocks[g])
+        return fail(err, errlen, CM_ERR_TOOBIG, "sequence %llu: group %u table of %lld blocks "
+                    "(at most %d)", id, g, (long long)(have + t->n), r->max_blocks[g]);
+      for (uint32_t j = 0; j < t->n; j++)
+        if (t->v[j] < -1 || t->v[j] >= r->n_pages)
+          return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: group %u block %d outside the "
+                      "pool (%d pages)", id, g, t->v[j], r->n_pages);
+    }
+  }
+  if (rows > r->max_rows)
+    return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %lld sampled rows (at most %d)",
+                (unsigned long long)st->step_id, (long long)rows, r->max_rows);
+  int free_slots = 0;
+  for (int i = 0; i < r->cap_seqs; i++) {
+    if (!r->seqs[i].used) {
+      free_slots++;
+      continue;
+    }
+    for (uint32_t j = 0; j < st->free_ids.n; j++)
+      if (st->free_ids.v[j] == r->seqs[i].id) {
+        free_slots++;
+        break;
+      }
+  }
+  if (n_new > free_slots)
+    return fail(err, errlen, CM_ERR_FULL, "no room for %lld new sequences (%d states held)",
+                (long long)n_new, wk_role_n_seqs(r));
+  return 0;
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+/* Applies NEW / tables / prompt penalties, and fills the batch. */
+static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_batch *b, char *err,
+                      size_t errlen) {
+  for (uint32_t j = 0; j < st->free_ids.n; j++) {
+    struct rseq *q = seq_find(r, st->free_ids.v[j]);
+    if (q) seq_drop(r, q);
+  }
+  int T = 0, rows = 0, want_hidden = 0;
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    struct rseq *q = seq_find(r, s->seq_id);
+    if (s->flags & PR_SEQ_NEW) {
+      if (q) seq_drop(r, q);
+      q = seq_slot(r);
+      CM_ASSERT(q); /* check_step counted the free slots */
+      q->used = 1;
+      q->id = s->seq_id;
+      wk_role_sampling(&s->sampling, mix64(s->seq_id ^ (uint64_t)(uintptr_t)r), &q->sp);
+    }
+    CM_ASSERT(q);
+    r->cur[i] = q;
+    int append = !!(s->flags & PR_SEQ_APPEND_BLOCKS);
+    for (uint32_t g = 0; g < s->n_groups; g++)
+      if (table_put(q, (int)g, s->block_tables[g].v, (int)s->block_tables[g].n, append))
+        return fail(err, errlen, CM_ERR_NOMEM, "out of memory for block tables");
+    int32_t *t = r->toks + T;
+    for (uint32_t j = 0; j < s->tokens.n; j++)
+      t[j] = (int32_t)s->tokens.v[j];
+    for (uint32_t j = 0; j < s->draft_tokens.n; j++)
+      t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
+    if ((s->flags & PR_SEQ_PREFILL) && s->tokens.n &&
+        wk_penalty_add_prompt(&q->pen, t, (int)s->tokens.n))
+      return fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
+    struct wk_seq_input *in = &r->in[i];
+    memset(in, 0, sizeof(*in));
+    in->tokens = t;
+    in->n_tokens = (int)(s->tokens.n + s->draft_tokens.n);
+    in->pos0 = (int)s->start_pos;
+    for (int g = 0; g < r->n_groups; g++) {
+      in->block_tables[g] = q->bt[g];
+      in->n_blocks[g] = q->n_bt[g];
+    }
+    r->row0[i] = -1;
+    if (s->flags & PR_SEQ_SAMPLE) {
+      in->n_out = 1 + (int)s->draft_tokens.n;
+      r->row0[i] = rows;
+      rows += in->n_out;
+      if (s->num_draft) want_hidden = 1;
+    }
+    T += in->n_tokens;
+  }
+  b->seqs = r->in;
+  b->n_seqs = (int)st->n_seqs;
+  b->logits = rows ? r->logits : NULL;
+  b->hidden = want_hidden ? r->hid : NULL;
+  return 0;
+}
+
+/* Samples (or verifies drafts then samples) for step sequence i; fills rs. */
+static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
+                      struct pr_result_seq *rs, int *last_row) {
+  struct rseq *q = r->cur[i];
+  size_t D1 = PR_MAX_DRAFT + 1;
+  uint32_t *tok = r->rtok + (size_t)i * D1;
+  float *lp = r->rlp + (size_t)i * D1;
+  uint32_t *top_ids = r->rtop_ids + (size_t)i * D1 * TOPN;
+  float *top = r->rtop + (size_t)i * D1 * TOPN;
+  int n_top = q->sp.n_logprobs > 0 ? q->sp.n_logprobs : 0;
+  uint32_t n = 0, accepted = 0;
+  int rc = 0, row = r->row0[i];
+  for (uint32_t k = 0; k <= s->draft_tokens.n; k++, row++) {
+    float *lg = r->logits + (size_t)row * (size_t)r->vocab;
+    uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
+    struct wk_sample_result out;
+    int acc = 0;
+    if (k < s->draft_tokens.n)
+      rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter,
+                            (int32_t)s->draft_tokens.v[k], &acc, &out);
+    else
+      rc = wk_sample(r->sampler, lg, &q->sp, &q->pen, counter, &out);
+    if (rc) return rc;
+    tok[n] = (uint32_t)out.token;
+    if (q->sp.n_logprobs >= 0) {
+      lp[n] = out.logprob;
+      for (int j = 0; j < n_top; j++) {
+        int have = j < out.n_top;
+        top_ids[(size_t)n * (size_t)n_top + (size_t)j] = have ? (uint32_t)out.top_ids[j] : 0;
+        top[(size_t)n * (size_t)n_top + (size_t)j] = have ? out.top_logprobs[j] : -INFINITY;
+      }
+    }
+    n++;
+    if ((rc = wk_penalty_add_output(&q->pen, out.token))) return rc;
+    if (k < s->draft_tokens.n && !acc) break;
+    if (k < s->draft_tokens.n) accepted++;
+  }
+  *last_row = r->row0[i] + (int)accepted;
+  memset(rs, 0, sizeof(*rs));
+  rs->seq_id = s->seq_id;
+  rs->tokens.v = tok;
+  rs->tokens.n = n;
+  rs->num_accepted = accepted;
+  if (q->sp.n_logprobs >= 0) {
+    rs->logprobs.n_top = (uint32_t)n_top;
+    rs->logprobs.sampled.v = lp;
+    rs->logprobs.sampled.n = n;
+    rs->logprobs.top_ids.v = top_ids;
+    rs->logprobs.top_ids.n = n * (uint32_t)n_top;
+    rs->logprobs.top.v = top;
+    rs->logprobs.top.n = n * (uint32_t)n_top;
+  }
+  return 0;
+}
+
+/* Runs the assistant for every sequence that asked for drafts: up to the
+ * largest num_draft steps at the last accepted position, each sequence
+ * keeping its own first num_draft proposals. */
+static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int *last_row,
+                          char *err, size_t errlen) {
+  int nd = 0;
+  uint32_t kmax = 0;
+  size_t H = (size_t)r->hidden;
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    if (!(s->flags & PR_SEQ_SAMPLE) || !s->num_draft) continue;
+    struct rseq *q = r->cur[i];
+    struct wk_draft_input *d = &r->din[nd];
+    memset(d, 0, sizeof(*d));
+    r->dseq[nd] = (int)i;
+    d->token = (int32_t)r->rtok[(size_t)i * (PR_MAX_DRAFT + 1) + r->rs[i].tokens.n - 1];
+    d->pos = (int)(s->start_pos + s->tokens.n + r->rs[i].num_accepted) - 1;
+    for (int g = 0; g < r->n_groups; g++) {
+      d->block_tables[g] = q->bt[g];
+      d->n_blocks[g] = q->n_bt[g];
+    }
+    memcpy(r->hbuf[0] + (size_t)nd * H, r->hid + (size_t)last_row[i] * H, sizeof(float) * H);
+    r->rs[i].drafts.v = r->rdraft + (size_t)i * PR_MAX_DRAFT;
+    r->rs[i].drafts.n = s->num_draft;
+    kmax = CM_MAX(kmax, s->num_draft);
+    nd++;
+  }
+  for (uint32_t k = 0; k < kmax; k++) {
+    float *hin = r->hbuf[k & 1], *hout = r->hbuf[(k + 1) & 1];
+    for (int j = 0; j < nd; j++)
+      r->din[j].h_in = hin + (size_t)j * H;
+    int rc = wk_draft_step(r->draft, r->din, nd, r->dtok, hout, NULL, err, errlen);
+    if (rc) return rc;
+    for (int j = 0; j < nd; j++) {
+      int i = r->dseq[j];
+      if (k < st->seqs[i].num_draft) r->rdraft[(size_t)i * PR_MAX_DRAFT + k] = (uint32_t)r->dtok[j];
+      r->din[j].token = r->dtok[j];
+    }
+  }
+  return 0;
+}
+
+int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res, char *err,
+                 size_t errlen) {
+  int rc = check_step(r, st, err, errlen);
+  if (rc) return rc;
+  struct wk_batch b = {0};
+  pr_msg_init(res, PR_RESULT);
+  res->u.result.rank = r->rank;
+  res->u.result.step_id = st->step_id;
+  res->u.result.seqs = r->rs;
+  if ((rc = apply_step(r, st, &b, err, errlen))) return rc;
+  if (b.n_seqs && (rc = wk_model_forward(r->model, &b, err, errlen))) return rc;
+  int n_res = 0;
+  int *last_row = r->row0; /* reused: row0 is read before last_row is written for each i */
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    if (!(s->flags & PR_SEQ_SAMPLE)) continue;
+    int lr = 0;
+    if ((rc = sample_seq(r, s, (int)i, &r->rs[i], &lr)))
+      return fail(err, errlen, rc, "sequence %llu: sampling failed: %s",
+                  (unsigned long long)s->seq_id, cm_strerror(rc));
+    last_row[i] = lr;
+  }
+  if (r->draft && (rc = propose_drafts(r, st, last_row, err, errlen))) return rc;
+  /* compact the sampled sequences' results in step order */
+  for (uint32_t i = 0; i < st->n_seqs; i++)
+    if (st->seqs[i].flags & PR_SEQ_SAMPLE) {
+      if ((int)i != n_res) r->rs[n_res] = r->rs[i];
+      n_res++;
+    }
+  res->u.result.n_seqs = (uint32_t)n_res;
+  for (uint32_t i = 0; i < st->n_seqs; i++)
+    if (st->seqs[i].flags & PR_SEQ_FINISHED) seq_drop(r, r->cur[i]);
+  return 0;
+}

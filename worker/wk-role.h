@@ -1,0 +1,68 @@
+/* wk-role.h — the step executor of `lmserve worker`: turns one STEP plan from
+ * the scheduler (proto/pr-msg.h) into one forward pass over a ragged batch,
+ * samples on rank 0 and fills the RESULT message.
+ *
+ *   struct wk_role *r;
+ *   wk_role_create(model, draft_or_NULL, &opts, &r);
+ *   for each STEP: rc = wk_role_step(r, &msg.u.step, &result, err, sizeof err);
+ *                  rc == 0: send `result` (PR_RESULT); else send FAIL with err.
+ *   wk_role_destroy(r);
+ *
+ * Per-sequence worker state lives here: sampling parameters (from the step
+ * that carries PR_SEQ_NEW), penalty state (prompt tokens from PR_SEQ_PREFILL
+ * chunks, counts of sampled tokens) and one block table per KV group
+ * (replaced, or extended with PR_SEQ_APPEND_BLOCKS). State is dropped for
+ * ids in free_ids and after a step that flags PR_SEQ_FINISHED.
+ *
+ * A bad step (unknown sequence without NEW, token ids outside the
+ * vocabulary, blocks outside the pool, too many tokens or sequences, draft
+ * requests the worker cannot serve) is refused as a whole, before any state
+ * changes, with a negative cm_err and a one-line reason; the executor stays
+ * usable. Nothing is allocated per step except when a block table outgrows
+ * its capacity (amortised doubling).
+ *
+ * Seeded draws use the absolute position of the token being produced as the
+ * counter (start_pos + tokens run before it), so a request's tokens do not
+ * depend on batching, chunking or preemption.
+ *
+ * The result message borrows the executor's buffers: it stays valid until
+ * the next wk_role_step call. */
+#ifndef LMSERVE_WK_ROLE_H
+#define LMSERVE_WK_ROLE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/pr-msg.h"
+#include "worker/wk-model.h"
+#include "worker/wk-sampler.h"
+
+struct wk_role;
+
+struct wk_role_opts {
+  int max_seqs;  /* sequences per step (--max-num-seqs), >= 1 */
+  int max_draft; /* drafts per sequence and step (K); 0 without an assistant model */
+  uint32_t rank; /* copied into RESULT */
+};
+
+/* `model` (and `draft` when not NULL) must outlive the executor. Returns 0 or
+ * CM_ERR_NOMEM / CM_ERR_INVAL. */
+int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct wk_role_opts *o,
+                   struct wk_role **out);
+void wk_role_destroy(struct wk_role *r);
+
+/* Runs one step. On success fills *res (type PR_RESULT; one entry per
+ * sequence flagged PR_SEQ_SAMPLE, in step order) and returns 0. On failure
+ * returns a negative cm_err with the reason in err; state for the step's
+ * sequences is unchanged when the step was refused before the forward pass. */
+int wk_role_step(struct wk_role *r, const struct pr_step *step, struct pr_msg *res, char *err,
+                 size_t errlen);
+
+/* Sequences with worker-side state (for tests and logs). */
+int wk_role_n_seqs(const struct wk_role *r);
+
+/* Converts wire sampling parameters to the sampler's (seed chosen from
+ * `fallback_seed` when the request has none). */
+void wk_role_sampling(const struct pr_sampling *in, uint64_t fallback_seed,
+                      struct wk_sampling_params *out);
+
+#endif
