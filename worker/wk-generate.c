@@ -53,8 +53,8 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 }
 
 int wk_generate_main(int argc, char **argv) {
-  const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL;
-  int64_t max_tokens = 16, chunk = 0, threads = 0;
+  const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL;
+  int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3;
   int ignore_eos = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory (config.json, safetensors)"},
@@ -68,6 +68,9 @@ int wk_generate_main(int argc, char **argv) {
       {"kv-dtype", CM_OPT_STR, &kv_dtype, "T",
        "KV cache dtype: f32 | bf16 (default: f32 for f32 weights, else bf16)"},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
+      {"draft", CM_OPT_STR, &draft, "DIR",
+       "speculative decoding with this gemma4_assistant checkpoint (same output)"},
+      {"draft-tokens", CM_OPT_INT, &draft_tokens, "K", "draft tokens per round (default 3)", 1, 64},
       {0},
   };
   int rc = cm_args_parse("lmserve generate", "offline greedy generation in one process", opts, argc,
@@ -96,7 +99,7 @@ int wk_generate_main(int argc, char **argv) {
   int32_t *ids = NULL, *gen = NULL;
   int n_ids = 0, status = 1;
   struct kn_backend *be = NULL;
-  struct wk_model *m = NULL;
+  struct wk_model *m = NULL, *dm = NULL;
   struct wk_page_alloc pa = {0};
   char tpath[4200];
   snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", model);
@@ -130,14 +133,19 @@ int wk_generate_main(int argc, char **argv) {
     goto done;
   }
   int batch = chunk > 0 ? (int)chunk : n_ids;
+  if (draft && batch < draft_tokens + 1) batch = (int)draft_tokens + 1;
   struct wk_model_opts mo = {
       .max_batch_tokens = batch,
       .max_seqs = 1,
-      .kv_tokens = n_ids + (int)max_tokens + 1,
+      .kv_tokens = n_ids + (int)max_tokens + (int)draft_tokens + 2,
       .kv_dtype = kvdt,
   };
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: %s\n", err);
+    goto done;
+  }
+  if (draft && (rc = wk_draft_load(draft, m, &mo, &dm, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve generate: --draft: %s\n", err);
     goto done;
   }
   if ((rc = wk_page_alloc_init(&pa, wk_model_n_pages(m)))) goto done;
@@ -146,10 +154,19 @@ int wk_generate_main(int argc, char **argv) {
   int n_gen = 0;
   struct wk_greedy_opts go = {
       .chunk = (int)chunk, .max_new = (int)max_tokens, .stop_at_eos = !ignore_eos};
-  if ((rc = wk_greedy_generate(m, &pa, ids, n_ids, &go, gen, &n_gen, err, sizeof(err)))) {
+  int drafted = 0, accepted = 0;
+  if (dm)
+    rc = wk_greedy_generate_spec(m, dm, &pa, ids, n_ids, &go, (int)draft_tokens, gen, &n_gen,
+                                 &drafted, &accepted, err, sizeof(err));
+  else
+    rc = wk_greedy_generate(m, &pa, ids, n_ids, &go, gen, &n_gen, err, sizeof(err));
+  if (rc) {
     fprintf(stderr, "lmserve generate: %s\n", err);
     goto done;
   }
+  if (dm)
+    fprintf(stderr, "lmserve generate: %d draft tokens proposed, %d accepted (%.1f%%)\n", drafted,
+            accepted, drafted ? 100.0 * accepted / drafted : 0.0);
   printf("[");
   for (int i = 0; i < n_gen; i++)
     printf("%s%d", i ? ", " : "", gen[i]);
@@ -170,6 +187,7 @@ int wk_generate_main(int argc, char **argv) {
   status = 0;
 done:
   wk_page_alloc_free(&pa);
+  wk_model_free(dm);
   wk_model_free(m);
   kn_backend_destroy(be);
   fe_tok_free(tok);

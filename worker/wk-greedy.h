@@ -26,6 +26,29 @@ int wk_greedy_generate(struct wk_model *m, struct wk_page_alloc *pa, const int32
                        int n_prompt, const struct wk_greedy_opts *o, int32_t *out, int *n_gen,
                        char *err, size_t errlen);
 
+/* Greedy generation with speculative decoding: each round the draft model
+ * proposes k tokens (all at the last accepted position), the target verifies
+ * them in one step and keeps the longest prefix equal to its own argmax, plus
+ * its own next token. The tokens are exactly wk_greedy_generate's (on the
+ * CPU backend: bit-identical logits however positions are batched).
+ * *drafted / *accepted count proposed and accepted draft tokens. */
+int wk_greedy_generate_spec(struct wk_model *m, struct wk_model *draft, struct wk_page_alloc *pa,
+                            const int32_t *prompt, int n_prompt, const struct wk_greedy_opts *o,
+                            int k, int32_t *out, int *n_gen, int *drafted, int *accepted, char *err,
+                            size_t errlen);
+
+/* Proposes kk draft tokens (drafts[0..kk)) after `token`, the last emitted
+ * token, given the last accepted position p (its K/V are in blk's pages) and
+ * its final-normed hidden state h (host [hidden]). */
+typedef int (*wk_propose_fn)(void *ctx, const struct wk_seq_blocks *blk, int32_t token, int p,
+                             const float *h, int kk, int32_t *drafts, char *err, size_t errlen);
+
+/* wk_greedy_generate_spec with any proposer (tests use an oracle). */
+int wk_greedy_generate_spec_fn(struct wk_model *m, struct wk_page_alloc *pa, const int32_t *prompt,
+                               int n_prompt, const struct wk_greedy_opts *o, int k,
+                               wk_propose_fn propose, void *ctx, int32_t *out, int *n_gen,
+                               int *drafted, int *accepted, char *err, size_t errlen);
+
 /* Index of the largest of v[0..n) (first on ties; NaN never wins). */
 int32_t wk_argmax(const float *v, int n);
 

@@ -150,6 +150,18 @@ TH_TEST(generate_text_with_tokenizer_and_assistant) {
   buf[n] = 0;
   fclose(f);
   TH_CHECK(strstr(buf, "\"gemma4_assistant\"") && strstr(buf, "\"backbone_hidden_size\": 64"));
+  /* speculative decoding with the assistant gives the same tokens */
+  char dflag[400];
+  snprintf(dflag, sizeof(dflag), "--draft=%s", a);
+  char *plain, *spec;
+  TH_REQUIRE(lm(&plain, &err, "generate", "--model", m, "--prompt-ids", "2,100,200,300,400",
+                "--max-tokens", "12", "--ignore-eos", 0) == 0);
+  free(err);
+  TH_REQUIRE(lm(&spec, &err, "generate", "--model", m, "--prompt-ids", "2,100,200,300,400",
+                "--max-tokens=12", "--ignore-eos", dflag, "--draft-tokens=3") == 0);
+  TH_CHECK(strstr(err, "draft tokens proposed") != NULL);
+  TH_CHECK_EQ_STR(plain, spec);
+  free(plain), free(spec), free(err);
   /* the assistant is not a standalone model: a clear error, no crash */
   TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", a, "--prompt-ids", "2,3", 0, 0, 0, 0), 1);
   TH_CHECK(strstr(err, "draft model") != NULL);

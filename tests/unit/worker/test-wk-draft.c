@@ -223,3 +223,89 @@ TH_TEST(draft_load_errors) {
   wkt_rmdir(g4);
   wkt_rmdir(adir);
 }
+
+/* Speculative greedy decoding gives exactly the tokens (and bit-identical
+ * logits) of plain greedy decoding, for several draft lengths. */
+TH_TEST(speculative_greedy_equals_greedy) {
+  struct rig r;
+  TH_REQUIRE(setup(&r, 1) == 0);
+  int32_t p[NP];
+  uint32_t x = 77;
+  for (int i = 0; i < NP; i++)
+    p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
+  enum { N = 24 };
+  int32_t want[N], got[N];
+  static float wl[N * 512], gl[N * 512];
+  int nw, ng, drafted, accepted;
+  char err[256];
+  struct wk_greedy_opts o = {.chunk = 32, .max_new = N, .logits = wl};
+  TH_REQUIRE(wk_greedy_generate(r.t, &r.pa, p, NP, &o, want, &nw, err, sizeof(err)) == 0);
+  TH_REQUIRE(nw == N);
+  for (int k = 1; k <= 4; k++) {
+    o.logits = gl;
+    memset(gl, 0, sizeof(gl));
+    TH_REQUIRE(wk_greedy_generate_spec(r.t, r.d, &r.pa, p, NP, &o, k, got, &ng, &drafted, &accepted,
+                                       err, sizeof(err)) == 0);
+    TH_CHECK_EQ_INT(ng, N);
+    TH_CHECK(!memcmp(want, got, sizeof(want)));
+    TH_CHECK(!memcmp(wl, gl, sizeof(wl)));
+    TH_CHECK(drafted > 0 && accepted >= 0 && accepted <= drafted);
+    fprintf(stderr, "k=%d: %d drafted, %d accepted\n", k, drafted, accepted);
+  }
+  teardown(&r);
+}
+
+/* An oracle proposer that knows the greedy answer and proposes a varying
+ * number of right tokens followed by wrong ones: every acceptance length,
+ * the bonus token and overwritten rejected positions are exercised. */
+struct oracle {
+  const int32_t *want;
+  int n_want, calls;
+};
+
+static int oracle_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t token, int p,
+                          const float *h, int kk, int32_t *drafts, char *err, size_t errlen) {
+  struct oracle *o = vctx;
+  int i = p - (NP - 1); /* token == want[i] */
+  if (i < 0 || i >= o->n_want || o->want[i] != token) {
+    snprintf(err, errlen, "oracle: unexpected state at position %d", p);
+    return CM_ERR_STATE;
+  }
+  int good = o->calls++ % (kk + 1);
+  for (int q = 0; q < kk; q++) {
+    int idx = i + 1 + q;
+    int32_t right = idx < o->n_want ? o->want[idx] : 3;
+    drafts[q] = q < good ? right : (right + 1) % 512;
+  }
+  return 0;
+}
+
+TH_TEST(speculative_acceptance_paths) {
+  struct rig r;
+  TH_REQUIRE(setup(&r, 1) == 0);
+  int32_t p[NP];
+  uint32_t x = 78;
+  for (int i = 0; i < NP; i++)
+    p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
+  enum { N = 30 };
+  int32_t want[N], got[N];
+  static float wl[N * 512], gl[N * 512];
+  int nw, ng, drafted, accepted;
+  char err[256];
+  struct wk_greedy_opts o = {.max_new = N, .logits = wl};
+  TH_REQUIRE(wk_greedy_generate(r.t, &r.pa, p, NP, &o, want, &nw, err, sizeof(err)) == 0);
+  for (int k = 1; k <= 5; k++) {
+    struct oracle orc = {want, N, 0};
+    o.logits = gl;
+    TH_REQUIRE(wk_greedy_generate_spec_fn(r.t, &r.pa, p, NP, &o, k, oracle_propose, &orc, got, &ng,
+                                          &drafted, &accepted, err, sizeof(err)) == 0);
+    TH_CHECK_EQ_INT(ng, N);
+    TH_CHECK(!memcmp(want, got, sizeof(want)));
+    TH_CHECK(!memcmp(wl, gl, sizeof(wl)));
+    TH_CHECK(accepted > 0 && accepted < drafted);
+    fprintf(stderr, "oracle k=%d: %d drafted, %d accepted, %d rounds\n", k, drafted, accepted,
+            orc.calls);
+  }
+  TH_CHECK_EQ_INT(r.pa.n_free, r.pa.n_pages - (r.blk[0].n[0] + r.blk[0].n[1]) * 2);
+  teardown(&r);
+}
