@@ -2,6 +2,9 @@
  * process (no sockets), through the paged KV pool and block tables as the
  * server drives the model.
  *
+ * With --draft DIR, a gemma4_assistant proposes tokens that the target
+ * verifies (greedy speculative decoding: the same tokens).
+ *
  * stdout: line 1 is the generated ids as a JSON array, line 2 the decoded
  * text (special tokens skipped) when the model directory has a tokenizer,
  * else an empty line. */
