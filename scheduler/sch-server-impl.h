@@ -12,9 +12,9 @@
 #include "scheduler/sch-server.h"
 
 #define SCH_SRV_TAG        "sch"
-#define SCH_SRV_MAX_FRONTS 256      /* frontends known at once */
-#define SCH_SRV_MAX_RANKS  1024     /* world size at most */
-#define SCH_SRV_SLOT_BITS  24       /* low bits of an engine id: the request slot */
+#define SCH_SRV_MAX_FRONTS 256       /* frontends known at once */
+#define SCH_SRV_MAX_RANKS  1024      /* world size at most */
+#define SCH_SRV_SLOT_BITS  24        /* low bits of an engine id: the request slot */
 #define SCH_SRV_MAX_SLOTS  (1 << 20) /* live requests at most */
 
 /* A frontend (ROUTER peer on the frontend socket). */
@@ -60,8 +60,8 @@ void sch_reqs_remove(struct sch_reqs *t, struct sch_req *r);
 /* A worker rank. */
 struct sch_rank {
   struct pr_rid rid;
-  bool known;           /* rid is valid */
-  bool ready;           /* sent an agreeing READY and has not failed since */
+  bool known;            /* rid is valid */
+  bool ready;            /* sent an agreeing READY and has not failed since */
   uint64_t last_seen_ns; /* monotonic, last message from it */
   uint64_t kv_blocks, last_step_id;
   uint32_t max_model_len; /* tokens, from its READY */
@@ -88,11 +88,11 @@ struct sch_server {
 
   struct sch_rank *ranks; /* [world_size] */
   int32_t num_ready;
-  bool have_info;              /* info holds the first READY's facts */
-  struct sch_model_info info;  /* the agreed facts */
-  struct sch_engine *engine;   /* NULL until all ranks are ready the first time */
+  bool have_info;                    /* info holds the first READY's facts */
+  struct sch_model_info info;        /* the agreed facts */
+  struct sch_engine *engine;         /* NULL until all ranks are ready the first time */
   struct sch_model_info engine_info; /* what the engine was built from */
-  bool serving;                /* all ranks ready and the engine built */
+  bool serving;                      /* all ranks ready and the engine built */
   uint64_t hash_key;
   uint64_t rng; /* splitmix64 state for seeds */
 
@@ -117,8 +117,10 @@ struct sch_server {
 
   /* cumulative */
   uint64_t prompt_tokens, generation_tokens;
-  uint64_t num_steps, step_ns_sched; /* scheduler-side ns: plan+encode+decode+apply+OUT */
-  uint64_t step_ns_round;           /* ns from STEP sent to RESULT received */
+  uint64_t num_steps;
+  uint64_t step_ns_plan;  /* ns in plan + STEP encode + send */
+  uint64_t step_ns_apply; /* ns in RESULT decode + apply + OUT encode + send */
+  uint64_t step_ns_round; /* ns from STEP sent to RESULT received */
 };
 
 /* sch-server.c */
@@ -133,9 +135,9 @@ void sch_srv_drop(struct sch_server *s, struct sch_req *r, bool in_engine);
 /* sch-server-work.c */
 int sch_srv_work_init(struct sch_server *s);
 void sch_srv_work_free(struct sch_server *s);
-void sch_srv_work_recv(struct sch_server *s);    /* drains the worker socket */
-void sch_srv_work_check(struct sch_server *s);   /* heartbeat timeouts */
-void sch_srv_work_step(struct sch_server *s);    /* plans and sends a step when idle */
+void sch_srv_work_recv(struct sch_server *s);     /* drains the worker socket */
+void sch_srv_work_check(struct sch_server *s);    /* heartbeat timeouts */
+void sch_srv_work_step(struct sch_server *s);     /* plans and sends a step when idle */
 void sch_srv_work_shutdown(struct sch_server *s); /* CTRL shutdown to every known rank */
 bool sch_srv_has_work(struct sch_server *s);
 

@@ -23,7 +23,8 @@ int sch_reqs_init(struct sch_reqs *t, int32_t cap) {
   memset(t, 0, sizeof(*t));
   if (cap < 1 || cap > SCH_SRV_MAX_SLOTS) return CM_ERR_INVAL;
   int32_t nb = 1;
-  while (nb < cap) nb <<= 1;
+  while (nb < cap)
+    nb <<= 1;
   t->slots = calloc((size_t)cap, sizeof(*t->slots));
   t->free_list = malloc((size_t)cap * sizeof(*t->free_list));
   t->buckets = malloc((size_t)nb * sizeof(*t->buckets));
@@ -33,9 +34,11 @@ int sch_reqs_init(struct sch_reqs *t, int32_t cap) {
   }
   t->cap = cap;
   t->nbuckets = nb;
-  for (int32_t i = 0; i < nb; i++) t->buckets[i] = -1;
+  for (int32_t i = 0; i < nb; i++)
+    t->buckets[i] = -1;
   /* hand out low slots first */
-  for (int32_t i = 0; i < cap; i++) t->free_list[i] = cap - 1 - i;
+  for (int32_t i = 0; i < cap; i++)
+    t->free_list[i] = cap - 1 - i;
   t->num_free = cap;
   return 0;
 }

@@ -26,8 +26,8 @@ int sch_srv_work_init(struct sch_server *s) {
   s->pending_free = malloc(s->cap_pending_free * sizeof(*s->pending_free));
   pr_buf_init(&s->step_buf, PR_MAX_MSG_DEFAULT);
   s->cap_seqs = s->cap_outs = n;
-  if (!s->ranks || !s->step_seqs || !s->step_tables || !s->results || !s->outs ||
-      !s->out_order || !s->pending_free)
+  if (!s->ranks || !s->step_seqs || !s->step_tables || !s->results || !s->outs || !s->out_order ||
+      !s->pending_free)
     return CM_ERR_NOMEM;
   return 0;
 }
@@ -76,8 +76,8 @@ static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why
     int32_t front = q->front;
     uint64_t id = q->request_id;
     sch_srv_drop(s, q, true);
-    sch_srv_send_err(s, front, id, code < 0 ? code : CM_ERR_IO, "worker rank %d failed: %s",
-                     (int)r, why);
+    sch_srv_send_err(s, front, id, code < 0 ? code : CM_ERR_IO, "worker rank %d failed: %s", (int)r,
+                     why);
     n++;
   }
   sch_engine_reset_kv(s->engine);
@@ -175,15 +175,15 @@ static void start_service(struct sch_server *s) {
   }
   s->serving = true;
   cm_info(TAG, "serving: %d rank(s), %lld KV blocks, %d group(s), vocab %u, max_model_len %u",
-          (int)s->cfg.world_size, (long long)want.num_blocks, (int)want.num_groups,
-          want.vocab_size, want.max_model_len);
+          (int)s->cfg.world_size, (long long)want.num_blocks, (int)want.num_groups, want.vocab_size,
+          want.max_model_len);
 }
 
 static void on_ready(struct sch_server *s, const struct pr_rid *from, const struct pr_ready *m) {
   char why[256];
   if (m->world_size != (uint32_t)s->cfg.world_size || m->rank >= m->world_size) {
-    cm_error(TAG, "READY from rank %u of %u refused: this scheduler expects world size %d",
-             m->rank, m->world_size, (int)s->cfg.world_size);
+    cm_error(TAG, "READY from rank %u of %u refused: this scheduler expects world size %d", m->rank,
+             m->world_size, (int)s->cfg.world_size);
     return;
   }
   int32_t r = (int32_t)m->rank;
@@ -194,8 +194,10 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   }
   if (s->ranks[r].ready) fail_rank(s, r, CM_ERR_CLOSED, "restarted (a second READY)");
   if (s->num_ready > 0 && !info_agrees(&info, &s->info)) {
-    cm_error(TAG, "READY from rank %d refused: its groups, vocabulary, eos ids or drafts differ "
-                  "from the other ranks'", (int)r);
+    cm_error(TAG,
+             "READY from rank %d refused: its groups, vocabulary, eos ids or drafts differ "
+             "from the other ranks'",
+             (int)r);
     return;
   }
   if (s->num_ready == 0) s->info = info;
@@ -207,8 +209,7 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   k->max_model_len = m->max_model_len;
   s->num_ready++;
   cm_info(TAG, "worker rank %d ready: %llu KV blocks, %u group(s) (%d of %d ready)", (int)r,
-          (unsigned long long)m->kv_blocks, m->n_groups, (int)s->num_ready,
-          (int)s->cfg.world_size);
+          (unsigned long long)m->kv_blocks, m->n_groups, (int)s->num_ready, (int)s->cfg.world_size);
   if (s->num_ready == s->cfg.world_size) start_service(s);
 }
 
@@ -319,8 +320,8 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
         fail_rank(s, 0, CM_ERR_RANGE, "RESULT holds a token outside the vocabulary");
         return;
       }
-    s->results[i] = (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v,
-                                            (int32_t)rs->tokens.n};
+    s->results[i] =
+        (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n};
   }
   struct sch_outputs outs;
   int rc = sch_engine_apply(s->engine, s->results, (int32_t)m->n_seqs, &outs);
@@ -344,7 +345,7 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
     if (r) r->result = -1;
   }
   s->num_steps++;
-  s->step_ns_sched += cm_time_ns() - t_recv;
+  s->step_ns_apply += cm_time_ns() - t_recv;
 }
 
 /* ---- receiving ------------------------------------------------------------------ */
@@ -512,7 +513,7 @@ void sch_srv_work_step(struct sch_server *s) {
   }
   s->num_pending_free = 0;
   s->step_sent_ns = cm_time_ns();
-  s->step_ns_sched += s->step_sent_ns - t0;
+  s->step_ns_plan += s->step_sent_ns - t0;
 }
 
 void sch_srv_work_shutdown(struct sch_server *s) {

@@ -314,10 +314,16 @@ void sch_server_destroy(struct sch_server *s) {
     sch_srv_drop(s, r, true);
     sch_srv_send_err(s, front, id, CM_ERR_CLOSED, "scheduler shutting down");
   }
-  if (s->num_steps)
-    cm_info(TAG, "%llu steps; per step %.1f us in the scheduler, %.1f us round trip",
-            (unsigned long long)s->num_steps, (double)s->step_ns_sched / 1e3 / (double)s->num_steps,
-            (double)s->step_ns_round / 1e3 / (double)s->num_steps);
+  if (s->num_steps) {
+    double n = (double)s->num_steps;
+    cm_info(TAG,
+            "%llu steps; per step in the scheduler %.1f us (plan+send %.1f, result+apply+OUT "
+            "%.1f); STEP to RESULT %.1f us",
+            (unsigned long long)s->num_steps,
+            (double)(s->step_ns_plan + s->step_ns_apply) / 1e3 / n,
+            (double)s->step_ns_plan / 1e3 / n, (double)s->step_ns_apply / 1e3 / n,
+            (double)s->step_ns_round / 1e3 / n);
+  }
   pr_sock_close(s->front_sock);
   pr_sock_close(s->work_sock);
   if (s->zctx) zmq_ctx_term(s->zctx);

@@ -38,9 +38,9 @@ struct slot {
 struct fseq {
   uint64_t id;
   bool used;
-  uint32_t ntok;              /* tokens in KV: history[0..ntok) */
+  uint32_t ntok; /* tokens in KV: history[0..ntok) */
   uint32_t history[SCH_FAKE_MAXLEN + 128];
-  int64_t last_sampled;       /* -1 = none */
+  int64_t last_sampled; /* -1 = none */
   struct pr_sampling sampling;
 };
 
@@ -48,7 +48,7 @@ struct fake {
   uint32_t rank, world, max_draft;
   uint64_t blocks, fail_at_step;
   int slow_ms;
-  struct slot *kv; /* [blocks][MAX_BT] */
+  struct slot *kv;   /* [blocks][MAX_BT] */
   struct fseq *seqs; /* [MAX_SEQS] */
   struct pr_sock *sock;
   char why[512];
@@ -133,33 +133,42 @@ static int read_kv(struct fake *f, const struct pr_step_seq *s, const struct fse
 static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s, uint32_t ri,
                    bool *sampled) {
   *sampled = false;
-  if (s->n_groups != NGROUPS) return BAD("seq %llu: %u block tables", (unsigned long long)s->seq_id, s->n_groups);
+  if (s->n_groups != NGROUPS)
+    return BAD("seq %llu: %u block tables", (unsigned long long)s->seq_id, s->n_groups);
   if (s->tokens.n == 0) return BAD("seq %llu: no tokens", (unsigned long long)s->seq_id);
   uint32_t end = s->start_pos + s->tokens.n + s->draft_tokens.n;
-  if (end > SCH_FAKE_MAXLEN) return BAD("seq %llu: runs to position %u", (unsigned long long)s->seq_id, end);
+  if (end > SCH_FAKE_MAXLEN)
+    return BAD("seq %llu: runs to position %u", (unsigned long long)s->seq_id, end);
   struct fseq *q;
   if (s->flags & PR_SEQ_NEW) {
     if (!(q = create(f, s->seq_id))) return BAD("too many sequences");
-    if (!s->sampling.has_seed) return BAD("seq %llu: NEW without a seed", (unsigned long long)s->seq_id);
+    if (!s->sampling.has_seed)
+      return BAD("seq %llu: NEW without a seed", (unsigned long long)s->seq_id);
     q->sampling = s->sampling;
     /* a prefix-cache hit: the context before start_pos is already in the blocks */
     for (uint32_t p = 0; p < s->start_pos; p++) {
       struct slot *sl = slot_at(f, s, 0, p);
       if (!sl) return -1;
       if (sl->pos != (int32_t)p)
-        return BAD("seq %llu: cached position %u holds position %d", (unsigned long long)s->seq_id, p, sl->pos);
+        return BAD("seq %llu: cached position %u holds position %d", (unsigned long long)s->seq_id,
+                   p, sl->pos);
       q->history[p] = (uint32_t)sl->tok;
     }
     q->ntok = s->start_pos;
   } else {
-    if (!(q = find(f, s->seq_id))) return BAD("seq %llu: unknown and not NEW", (unsigned long long)s->seq_id);
+    if (!(q = find(f, s->seq_id)))
+      return BAD("seq %llu: unknown and not NEW", (unsigned long long)s->seq_id);
     if (s->start_pos != q->ntok)
-      return BAD("seq %llu: starts at %u, has %u tokens", (unsigned long long)s->seq_id, s->start_pos, q->ntok);
-    if (!(s->flags & PR_SEQ_PREFILL) && q->last_sampled >= 0 && s->tokens.v[0] != (uint32_t)q->last_sampled)
-      return BAD("seq %llu: decodes token %u, sampled %lld", (unsigned long long)s->seq_id, s->tokens.v[0], (long long)q->last_sampled);
+      return BAD("seq %llu: starts at %u, has %u tokens", (unsigned long long)s->seq_id,
+                 s->start_pos, q->ntok);
+    if (!(s->flags & PR_SEQ_PREFILL) && q->last_sampled >= 0 &&
+        s->tokens.v[0] != (uint32_t)q->last_sampled)
+      return BAD("seq %llu: decodes token %u, sampled %lld", (unsigned long long)s->seq_id,
+                 s->tokens.v[0], (long long)q->last_sampled);
   }
   for (uint32_t i = 0; i < s->tokens.n; i++) {
-    if (s->tokens.v[i] >= SCH_FAKE_VOCAB) return BAD("token %u outside the vocabulary", s->tokens.v[i]);
+    if (s->tokens.v[i] >= SCH_FAKE_VOCAB)
+      return BAD("token %u outside the vocabulary", s->tokens.v[i]);
     q->history[s->start_pos + i] = s->tokens.v[i];
     if (write_kv(f, s, s->start_pos + i, s->tokens.v[i])) return -1;
   }
@@ -188,7 +197,8 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
   q->last_sampled = next;
   rs->tokens = (struct pr_u32s){f->rtok[ri], n};
   if (q->sampling.logprobs >= 0) {
-    for (uint32_t i = 0; i < n; i++) f->rlp[ri][i] = -(float)(f->rtok[ri][i] % 10) / 10.0f;
+    for (uint32_t i = 0; i < n; i++)
+      f->rlp[ri][i] = -(float)(f->rtok[ri][i] % 10) / 10.0f;
     rs->logprobs.sampled = (struct pr_f32s){f->rlp[ri], n};
   }
   /* propose the model's true continuation, with the last draft wrong on odd steps */
@@ -210,7 +220,8 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
 }
 
 static void send_fail(struct fake *f, uint64_t step_id, const char *why) {
-  fprintf(stderr, "sch-fake-worker rank %u: step %llu: %s\n", f->rank, (unsigned long long)step_id, why);
+  fprintf(stderr, "sch-fake-worker rank %u: step %llu: %s\n", f->rank, (unsigned long long)step_id,
+          why);
   struct pr_msg m;
   pr_msg_init(&m, PR_FAIL);
   m.u.fail = (struct pr_fail){f->rank, step_id, CM_ERR_STATE, why};
@@ -232,7 +243,8 @@ static void on_step(struct fake *f, const struct pr_step *st) {
   uint32_t nr = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     bool sampled;
-    if (run_seq(f, st->step_id, &st->seqs[i], nr, &sampled)) return send_fail(f, st->step_id, f->why);
+    if (run_seq(f, st->step_id, &st->seqs[i], nr, &sampled))
+      return send_fail(f, st->step_id, f->why);
     if (sampled) nr++;
   }
   if (f->rank != 0) return;
@@ -254,7 +266,8 @@ int main(int argc, char **argv) {
       {"beat-ms", CM_OPT_INT, &beat_ms, "MS", "heartbeat period", 1, 60000, 0, 0, NULL},
       {"max-draft", CM_OPT_INT, &max_draft, "K", "drafts proposed", 0, PR_MAX_DRAFT, 0, 0, NULL},
       {"slow-ms", CM_OPT_INT, &slow_ms, "MS", "sleep per step", 0, 10000, 0, 0, NULL},
-      {"fail-at-step", CM_OPT_INT, &fail_at, "S", "answer FAIL from this step on, once", 0, INT32_MAX, 0, 0, NULL},
+      {"fail-at-step", CM_OPT_INT, &fail_at, "S", "answer FAIL from this step on, once", 0,
+       INT32_MAX, 0, 0, NULL},
       {0},
   };
   int rc = cm_args_parse("sch-fake-worker", "fake worker rank", opts, argc, argv, 1, NULL, 0, NULL);
@@ -272,17 +285,20 @@ int main(int argc, char **argv) {
   f->kv = malloc((size_t)blocks * MAX_BT * sizeof(*f->kv));
   f->seqs = calloc(MAX_SEQS, sizeof(*f->seqs));
   if (!f->kv || !f->seqs) return 1;
-  for (size_t i = 0; i < (size_t)blocks * MAX_BT; i++) f->kv[i] = (struct slot){-1, -1};
+  for (size_t i = 0; i < (size_t)blocks * MAX_BT; i++)
+    f->kv[i] = (struct slot){-1, -1};
   void *ctx = zmq_ctx_new();
-  if ((rc = pr_sock_open(ctx, ZMQ_DEALER, 0, &f->sock)) || (rc = pr_sock_connect(f->sock, ep))) return 1;
+  if ((rc = pr_sock_open(ctx, ZMQ_DEALER, 0, &f->sock)) || (rc = pr_sock_connect(f->sock, ep)))
+    return 1;
 
   struct pr_kv_group groups[NGROUPS];
-  for (int g = 0; g < NGROUPS; g++) groups[g] = (struct pr_kv_group){k_bt[g], 1, 64, k_win[g]};
+  for (int g = 0; g < NGROUPS; g++)
+    groups[g] = (struct pr_kv_group){k_bt[g], 1, 64, k_win[g]};
   uint32_t eos[1] = {SCH_FAKE_EOS};
   struct pr_msg m;
   pr_msg_init(&m, PR_READY);
-  m.u.ready = (struct pr_ready){f->rank, f->world, f->blocks, groups, NGROUPS, SCH_FAKE_VOCAB,
-                                SCH_FAKE_MAXLEN, {eos, 1}, f->max_draft};
+  m.u.ready = (struct pr_ready){f->rank,        f->world,        f->blocks, groups,      NGROUPS,
+                                SCH_FAKE_VOCAB, SCH_FAKE_MAXLEN, {eos, 1},  f->max_draft};
   if ((rc = pr_sock_send(f->sock, NULL, &m, 0))) return 1;
 
   struct cm_arena arena;

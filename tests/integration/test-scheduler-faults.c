@@ -1,0 +1,197 @@
+/* test-scheduler-faults.c — the `lmserve scheduler` process when things go wrong: a
+ * worker killed mid-generation (heartbeat timeout: running requests get ERR, PONG shows
+ * the rank missing, a new worker restores service), a worker's FAIL, and garbage or
+ * misdirected messages on both sockets. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-time.h"
+#include "tests/harness/th.h"
+#include "tests/integration/sch-test-client.h"
+
+static struct treq g_reqs[MAXR];
+
+TH_TEST(sched_worker_death_and_recovery) {
+  th_proc_init(30);
+  struct env e;
+  const char *wx[] = {"--slow-ms", "3", NULL};
+  env_start(&e, 1, NULL, wx);
+  struct client c;
+  client_open(&e, &c, g_reqs, 3);
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  for (int i = 0; i < 3; i++) {
+    make_req(&g_reqs[i], 1 + (uint64_t)i, 30, 400);
+    g_reqs[i].ignore_eos = true;
+    send_add(&c, &g_reqs[i]);
+  }
+  while (g_reqs[0].nout == 0)
+    pump(&c, 100);
+  th_proc_signal(&e.workers[0], SIGKILL);
+  th_proc_stop(&e.workers[0], 100);
+  wait_done(&c, 10000); /* the 1.5 s heartbeat timeout fails them */
+  for (int i = 0; i < 3; i++) {
+    TH_CHECK(g_reqs[i].err_code < 0);
+    TH_CHECK(strstr(g_reqs[i].err, "worker rank 0 failed") != NULL);
+  }
+  ping(&c);
+  TH_CHECK_EQ_INT(c.pong.workers_ready, 0);
+  TH_CHECK_EQ_INT(c.pong.world_size, 1);
+  TH_CHECK_EQ_INT(c.pong.num_running, 0);
+  /* no service meanwhile: an ADD gets ERR at once */
+  make_req(&g_reqs[0], 50, 5, 5);
+  c.nreqs = 1;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 5000);
+  TH_CHECK_EQ_INT(g_reqs[0].err_code, CM_ERR_AGAIN);
+  /* a new worker restores service */
+  start_worker(&e, 0, NULL);
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  make_req(&g_reqs[0], 51, 30, 20);
+  g_reqs[0].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 10000);
+  check_req(&g_reqs[0]);
+  client_close(&c);
+  env_stop(&e);
+}
+
+TH_TEST(sched_worker_fail_message) {
+  th_proc_init(30);
+  struct env e;
+  const char *wx[] = {"--fail-at-step", "5", NULL};
+  env_start(&e, 1, NULL, wx);
+  struct client c;
+  client_open(&e, &c, g_reqs, 2);
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  make_req(&g_reqs[0], 1, 10, 100);
+  g_reqs[0].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 10000);
+  TH_CHECK_EQ_INT(g_reqs[0].err_code, CM_ERR_STATE);
+  TH_CHECK(strstr(g_reqs[0].err, "worker rank 0 failed: injected failure") != NULL);
+  ping(&c);
+  TH_CHECK_EQ_INT(c.pong.workers_ready, 0);
+  client_close(&c);
+  env_stop(&e);
+}
+
+/* Raw frames on a socket, bypassing the codec. */
+static void send_raw(void *zs, const void *a, size_t na, const void *b, size_t nb) {
+  zmq_send(zs, a, na, b ? ZMQ_SNDMORE : 0);
+  if (b) zmq_send(zs, b, nb, 0);
+}
+
+TH_TEST(sched_garbage_on_both_sockets) {
+  th_proc_init(30);
+  struct env e;
+  env_start(&e, 1, NULL, NULL);
+  struct client c;
+  client_open(&e, &c, g_reqs, 1);
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  struct pr_sock *gf, *gw;
+  TH_REQUIRE(pr_sock_open(e.ctx, ZMQ_DEALER, 0, &gf) == 0);
+  TH_REQUIRE(pr_sock_open(e.ctx, ZMQ_DEALER, 0, &gw) == 0);
+  TH_REQUIRE(pr_sock_connect(gf, e.fe) == 0);
+  TH_REQUIRE(pr_sock_connect(gw, e.we) == 0);
+  uint8_t hdr_add[2] = {PR_ADD, PR_VERSION}, hdr_bad[2] = {200, PR_VERSION};
+  uint8_t hdr_old[2] = {PR_PING, 99}, hdr_step[2] = {PR_STEP, PR_VERSION};
+  uint8_t hdr_res[2] = {PR_RESULT, PR_VERSION}, hdr_ready[2] = {PR_READY, PR_VERSION};
+  uint8_t bomb[] = {0xdd, 0xff, 0xff, 0xff, 0xff}, junk[64];
+  for (int i = 0; i < 64; i++)
+    junk[i] = (uint8_t)rnd(256);
+  void *sockets[2] = {pr_sock_zmq(gf), pr_sock_zmq(gw)};
+  for (int k = 0; k < 2; k++) {
+    void *z = sockets[k];
+    send_raw(z, junk, sizeof(junk), NULL, 0);
+    send_raw(z, hdr_add, 2, bomb, sizeof(bomb));
+    send_raw(z, hdr_bad, 2, junk, sizeof(junk));
+    send_raw(z, hdr_old, 2, junk, 3);
+    send_raw(z, hdr_step, 2, junk, sizeof(junk));
+    send_raw(z, hdr_res, 2, bomb, sizeof(bomb));
+    send_raw(z, hdr_ready, 2, junk, sizeof(junk));
+    zmq_send(z, hdr_add, 2, ZMQ_SNDMORE);
+    zmq_send(z, junk, 4, ZMQ_SNDMORE);
+    zmq_send(z, junk, 4, 0);
+  }
+  /* well-formed messages in the wrong direction or from strangers */
+  struct pr_msg m;
+  pr_msg_init(&m, PR_STEP);
+  TH_CHECK(pr_sock_send(gf, NULL, &m, 0) == 0);
+  pr_msg_init(&m, PR_RESULT);
+  m.u.result.step_id = 1;
+  TH_CHECK(pr_sock_send(gw, NULL, &m, 0) == 0);
+  pr_msg_init(&m, PR_ADD);
+  uint32_t p = 5;
+  m.u.add.request_id = 1;
+  m.u.add.prompt = (struct pr_u32s){&p, 1};
+  m.u.add.max_tokens = 1;
+  TH_CHECK(pr_sock_send(gw, NULL, &m, 0) == 0);
+  /* a READY that disagrees with the world size */
+  struct pr_kv_group g = {16, 1, 64, 0};
+  pr_msg_init(&m, PR_READY);
+  m.u.ready = (struct pr_ready){0, 3, 10, &g, 1, 10, 100, {NULL, 0}, 0};
+  TH_CHECK(pr_sock_send(gw, NULL, &m, 0) == 0);
+  /* the frontend that sent garbage gets ERRs with request id 0 */
+  int errs = 0;
+  uint64_t end = cm_time_ns() + 3000000000ull;
+  cm_time_sleep_ns(200000000);
+  struct cm_arena a;
+  cm_arena_init(&a, 1 << 16, 1 << 24);
+  while (cm_time_ns() < end && errs < 3) {
+    zmq_pollitem_t it = {pr_sock_zmq(gf), 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 100) <= 0) continue;
+    cm_arena_reset(&a);
+    if (pr_sock_recv(gf, NULL, &m, &a, PR_DONTWAIT) == 0 && m.type == PR_ERR) {
+      TH_CHECK_EQ_INT(m.u.err.request_id, 0);
+      errs++;
+    }
+  }
+  TH_CHECK(errs >= 3);
+  cm_arena_free(&a);
+  pr_sock_close(gf);
+  pr_sock_close(gw);
+  /* still alive and serving */
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 5000);
+  make_req(&g_reqs[0], 9, 12, 15);
+  g_reqs[0].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 10000);
+  check_req(&g_reqs[0]);
+  client_close(&c);
+  env_stop(&e);
+}
+
+TH_TEST(sched_frontend_gone) {
+  th_proc_init(30);
+  struct env e;
+  const char *wx[] = {"--slow-ms", "2", NULL};
+  env_start(&e, 1, NULL, wx);
+  static struct treq gone[4];
+  struct client c, g;
+  client_open(&e, &c, g_reqs, 1);
+  client_open(&e, &g, gone, 4);
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  for (int i = 0; i < 4; i++) {
+    make_req(&gone[i], 1 + (uint64_t)i, 20, 400);
+    gone[i].ignore_eos = true;
+    send_add(&g, &gone[i]);
+  }
+  while (gone[3].nout == 0) pump(&g, 100);
+  /* the frontend vanishes without ABORT: its OUTs cannot be delivered, so the
+   * scheduler aborts its requests and frees their blocks */
+  client_close(&g);
+  PING_UNTIL(&c, c.pong.num_running == 0 && c.pong.kv_usage == 0, 10000);
+  make_req(&g_reqs[0], 1, 20, 10); /* the same id from another frontend is fine */
+  g_reqs[0].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 10000);
+  check_req(&g_reqs[0]);
+  client_close(&c);
+  env_stop(&e);
+}
