@@ -1,0 +1,56 @@
+/* test-http-client.h — what the HTTP integration tests share: starting
+ * `lmserve frontend` with short limits on a free port, and a small blocking
+ * HTTP/1.1 client (keep-alive, pipelining, Content-Length and chunked
+ * answers) written for the tests. */
+#ifndef LMSERVE_TEST_HTTP_CLIENT_H
+#define LMSERVE_TEST_HTTP_CLIENT_H
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "tests/harness/th-proc.h"
+
+/* a running `lmserve frontend` */
+struct server {
+  struct th_proc p;
+  int port; /* the port it printed */
+};
+
+/* one client connection with its receive buffer */
+struct conn {
+  int fd;
+  char buf[1 << 16]; /* received, not yet consumed */
+  size_t len;
+};
+
+/* one parsed answer (chunked bodies de-chunked) */
+struct resp {
+  int status;
+  char head[4096];
+  char body[65536];
+  size_t body_len;
+};
+
+#define GET(path, key) "GET " path " HTTP/1.1\r\nHost: t\r\n" key "\r\n"
+#define KEY            "Authorization: Bearer sekret\r\n"
+
+char *hc_bin(void);
+void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
+                          const char *max_conns);
+void hc_server_start(struct server *s, const char *api_key);
+void hc_dump_server_stderr(struct server *s);
+void hc_server_stop(struct server *s);
+int hc_conn_open(struct conn *c, int port);
+void hc_conn_close(struct conn *c);
+int hc_send_all(struct conn *c, const char *p, size_t n);
+int hc_send_str(struct conn *c, const char *s);
+ssize_t hc_fill(struct conn *c, int timeout_ms);
+const char *hc_find_header(const struct resp *r, const char *name);
+void hc_consume(struct conn *c, size_t n);
+int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms);
+int hc_closed_by_server(struct conn *c, int timeout_ms);
+int hc_do_req(struct conn *c, const char *req, struct resp *r);
+void hc_check_alive(struct server *s);
+void hc_post(char *out, size_t size, const char *path, const char *body);
+double hc_now_s(void);
+
+#endif
