@@ -375,7 +375,7 @@ TH_TEST(reference_gemma3) {
  * "model." for the stack) at position p over the target's kept K/V:
  * h_out[B] and dense logits[V]. */
 static void ref_draft(const struct ref *a, const struct wk_config *tc, const struct ref_keep *k,
-                      int32_t tok, int p, double *h_out, double *logits) {
+                      int32_t tok, int p, double *h_out, double *logits, int32_t *ordered) {
   const struct wk_config *c = a->c;
   int h = c->hidden, B = c->backbone_hidden, nh = c->n_heads, V = c->vocab;
   double eps = c->eps;
@@ -449,6 +449,24 @@ static void ref_draft(const struct ref *a, const struct wk_config *tc, const str
   rmsnorm(x, h, fn, 0, eps);
   linear(h_out, post, x, B, h);
   linear(logits, E, x, V, h);
+  *ordered = -1;
+  if (c->use_ordered_embeddings) { /* top centroids, then argmax over their tokens */
+    double *cw = W(&root, "masked_embedding.centroids.weight"), cl[4096];
+    const struct wk_tensor *to = wk_st_find(a->st, "masked_embedding.token_ordering");
+    int C = c->num_centroids, per = V / C;
+    linear(cl, cw, x, C, h);
+    for (int j = 0; j < c->centroid_top_k; j++) {
+      int best = 0;
+      for (int i = 1; i < C; i++)
+        if (cl[i] > cl[best]) best = i;
+      for (int e = 0; e < per; e++) {
+        int32_t id = (int32_t)((const int64_t *)to->data)[best * per + e];
+        if (*ordered < 0 || logits[id] > logits[*ordered]) *ordered = id;
+      }
+      cl[best] = -1e300;
+    }
+    free(cw);
+  }
   free(pre), free(post), free(fn), free(E);
 }
 
@@ -505,7 +523,10 @@ TH_TEST(reference_draft_step) {
   for (int i = 0; i < B; i++)
     keep.hlast[i] = th[i]; /* the same h_in as the runtime's */
   double wh[4096], wl[512], eh = 0, el = 0, lo = 1e300, hi = -1e300;
-  ref_draft(&ra, tc, &keep, tok, T - 1, wh, wl);
+  int32_t want_tok;
+  ref_draft(&ra, tc, &keep, tok, T - 1, wh, wl, &want_tok);
+  TH_CHECK(ac->use_ordered_embeddings && want_tok >= 0);
+  TH_CHECK_EQ_INT(drafted, want_tok);
   for (int i = 0; i < B; i++)
     eh = fmax(eh, fabs(wh[i] - hout[i]));
   for (int v = 0; v < V; v++) {
