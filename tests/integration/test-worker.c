@@ -1,0 +1,203 @@
+/* test-worker.c — `lmserve worker` as a real process against a fake
+ * scheduler (a ROUTER bound on an ipc endpoint in a temp dir): READY fields,
+ * greedy STEP output equal to `lmserve generate`, chunked prefill, batching
+ * invariance, seeded sampling, logprobs, malformed steps answered with FAIL,
+ * heartbeats, CTRL shutdown and SIGTERM. The fake scheduler is wk-test-sched.c. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "lmserve-config.h"
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+#include "tests/integration/wk-test-sched.h"
+
+#define NGEN 8 /* tokens generated per greedy check */
+
+static const uint32_t k_prompt_a[] = {2, 651, 1234, 99, 7, 3000, 42, 17, 555, 8};
+static const uint32_t k_prompt_b[] = {2, 9, 4444, 123, 77};
+
+/* ---- the READY / greedy / batching / sampling walk on one worker ------------------ */
+
+/* Runs `n` sequences to NGEN tokens each, all in the same steps; prompt
+ * chunks of `chunk` tokens (0 = whole prompt). */
+static void run_together(struct wts *w, struct wts_seq *seqs, int n, int chunk) {
+  for (int i = 0; i < n; i++)
+    wts_seq_begin(w, &seqs[i]);
+  for (int guard = 0; guard < 200; guard++) {
+    int busy = 0;
+    for (int i = 0; i < n; i++)
+      busy |= seqs[i].n_out < NGEN;
+    if (!busy) return;
+    TH_REQUIRE(wts_step_run(w, seqs, n, chunk, NGEN) == 0);
+  }
+  TH_REQUIRE(!"too many steps");
+}
+
+static void check_tokens(const uint32_t *a, int na, const uint32_t *b, int nb) {
+  TH_CHECK_EQ_INT(na, nb);
+  for (int i = 0; i < na && i < nb; i++)
+    if (a[i] != b[i]) {
+      th_fail(__FILE__, __LINE__, "token %d: %u != %u", i, a[i], b[i]);
+      return;
+    }
+}
+
+TH_TEST(worker_gemma4_steps) {
+  th_proc_init(120);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma4", "m4") == 0);
+  TH_REQUIRE(wts_start(&w, w.model, NULL) == 0);
+  /* READY agrees with the model */
+  TH_CHECK_EQ_INT(w.ready.rank, 0);
+  TH_CHECK_EQ_INT(w.ready.world_size, 1);
+  TH_CHECK_EQ_INT(w.ready.vocab_size, 262144);
+  TH_CHECK_EQ_INT(w.ready.max_model_len, 8192);
+  TH_CHECK_EQ_INT(w.ready.max_draft, 0);
+  TH_CHECK_EQ_INT(w.ready.n_groups, 2);
+  TH_CHECK(w.ready.kv_blocks > 8);
+  int n_sliding = 0, layers = 0;
+  for (uint32_t g = 0; g < w.ready.n_groups; g++) {
+    n_sliding += w.groups[g].sliding_window == 64;
+    layers += (int)w.groups[g].n_layers;
+    TH_CHECK(w.groups[g].bytes_per_token > 0);
+    TH_CHECK(w.groups[g].block_tokens >= 1);
+  }
+  TH_CHECK_EQ_INT(n_sliding, 1);
+  TH_CHECK_EQ_INT(layers, 4); /* 6 layers, the last 2 share the cache of earlier ones */
+  TH_CHECK_EQ_INT(w.n_eos, 2);
+  TH_CHECK(w.eos[0] == 1 || w.eos[1] == 1);
+  TH_CHECK(w.eos[0] == 106 || w.eos[1] == 106);
+
+  /* greedy: one prefill + decodes equals `lmserve generate` */
+  uint32_t ref_a[NGEN], ref_b[NGEN];
+  TH_REQUIRE(wts_generate(&w, k_prompt_a, 10, NGEN, ref_a) == NGEN);
+  TH_REQUIRE(wts_generate(&w, k_prompt_b, 5, NGEN, ref_b) == NGEN);
+  struct wts_seq s[2];
+  wts_seq_init(&s[0], 1, k_prompt_a, 10, -1);
+  run_together(&w, s, 1, 0);
+  check_tokens(s[0].out, s[0].n_out, ref_a, NGEN);
+  /* the same prompt in chunks of 3 (tables appended as the sequence grows) */
+  wts_seq_init(&s[0], 2, k_prompt_a, 10, -1);
+  run_together(&w, s, 1, 3);
+  check_tokens(s[0].out, s[0].n_out, ref_a, NGEN);
+  /* two sequences in the same steps */
+  wts_seq_init(&s[0], 3, k_prompt_a, 10, -1);
+  wts_seq_init(&s[1], 4, k_prompt_b, 5, -1);
+  run_together(&w, s, 2, 4);
+  check_tokens(s[0].out, s[0].n_out, ref_a, NGEN);
+  check_tokens(s[1].out, s[1].n_out, ref_b, NGEN);
+
+  /* seeded sampling at temperature 1: repeatable alone and batched */
+  uint32_t alone[NGEN];
+  wts_seq_init(&s[0], 5, k_prompt_a, 10, 42);
+  run_together(&w, s, 1, 0);
+  memcpy(alone, s[0].out, sizeof(alone));
+  wts_seq_init(&s[0], 6, k_prompt_a, 10, 42);
+  run_together(&w, s, 1, 0);
+  check_tokens(s[0].out, s[0].n_out, alone, NGEN);
+  wts_seq_init(&s[0], 7, k_prompt_b, 5, 42);
+  wts_seq_init(&s[1], 8, k_prompt_a, 10, 42);
+  run_together(&w, s, 2, 3);
+  check_tokens(s[1].out, s[1].n_out, alone, NGEN);
+  /* another seed draws other tokens (262144 near-uniform choices) */
+  wts_seq_init(&s[0], 9, k_prompt_a, 10, 43);
+  run_together(&w, s, 1, 0);
+  TH_CHECK(memcmp(s[0].out, alone, sizeof(alone)) != 0);
+  TH_CHECK(memcmp(alone, ref_a, sizeof(alone)) != 0);
+
+  /* logprobs: greedy token is the top entry, raw logprobs <= 0 */
+  wts_seq_init(&s[0], 10, k_prompt_b, 5, -1);
+  s[0].logprobs = 3;
+  run_together(&w, s, 1, 0);
+  check_tokens(s[0].out, s[0].n_out, ref_b, NGEN);
+  TH_CHECK_EQ_INT(s[0].n_top, 3);
+  for (int i = 0; i < NGEN; i++) {
+    TH_CHECK(s[0].lp[i] <= 0);
+    TH_CHECK(s[0].top_ids[i][0] == s[0].out[i]);
+    TH_CHECK(s[0].top[i][0] == s[0].lp[i]);
+    TH_CHECK(s[0].top[i][1] <= s[0].top[i][0] && s[0].top[i][2] <= s[0].top[i][1]);
+  }
+  TH_CHECK_EQ_INT(w.n_fail, 0);
+
+  /* malformed steps: FAIL with a reason, and the worker serves the next one */
+  for (int kind = 0; kind < WTS_BAD_KINDS; kind++) {
+    int code = 0;
+    char why[256] = "";
+    TH_CHECK(wts_bad_step(&w, kind, &code, why, sizeof(why)) == 0);
+    TH_CHECK(code < 0);
+    TH_CHECK(why[0] != 0);
+    fprintf(stderr, "bad step %d: %d %s\n", kind, code, why);
+    wts_seq_init(&s[0], 100 + (uint64_t)kind, k_prompt_b, 5, -1);
+    run_together(&w, s, 1, 0);
+    check_tokens(s[0].out, s[0].n_out, ref_b, NGEN);
+  }
+  /* a message that is not msgpack at all */
+  TH_CHECK(wts_send_garbage(&w) == 0);
+  wts_seq_init(&s[0], 200, k_prompt_a, 10, -1);
+  run_together(&w, s, 1, 0);
+  check_tokens(s[0].out, s[0].n_out, ref_a, NGEN);
+
+  /* heartbeats while idle */
+  int beats = w.n_beats;
+  wts_idle(&w, 2500);
+  TH_CHECK(w.n_beats - beats >= 2);
+  TH_CHECK(w.last_beat_step == w.next_step - 1);
+
+  /* CTRL shutdown: exit 0 */
+  TH_CHECK(wts_shutdown(&w) == 0);
+  TH_CHECK(th_proc_wait(&w.proc, 10000) == 0);
+  TH_CHECK(WIFEXITED(w.proc.status) && WEXITSTATUS(w.proc.status) == 0);
+  wts_close(&w);
+}
+
+TH_TEST(worker_gemma3_greedy_and_sigterm) {
+  th_proc_init(90);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma3", "m3") == 0);
+  TH_REQUIRE(wts_start(&w, w.model, NULL) == 0);
+  TH_CHECK(w.ready.n_groups >= 1);
+  uint32_t ref[NGEN];
+  TH_REQUIRE(wts_generate(&w, k_prompt_a, 10, NGEN, ref) == NGEN);
+  struct wts_seq s[2];
+  wts_seq_init(&s[0], 1, k_prompt_a, 10, -1);
+  wts_seq_init(&s[1], 2, k_prompt_b, 5, 7);
+  run_together(&w, s, 2, 4);
+  check_tokens(s[0].out, s[0].n_out, ref, NGEN);
+  th_proc_signal(&w.proc, SIGTERM);
+  TH_CHECK(th_proc_wait(&w.proc, 10000) == 0);
+  TH_CHECK(WIFEXITED(w.proc.status) && WEXITSTATUS(w.proc.status) == 0);
+  wts_close(&w);
+}
+
+TH_TEST(worker_refuses_bad_flags) {
+  th_proc_init(60);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma3", "m3b") == 0);
+  char *out = NULL, *err = NULL;
+  char *a1[] = {wts_bin(), "worker", "--model", w.model, "--scheduler", w.endpoint,
+                "--world-size", "2", NULL};
+  TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 30000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "tensor parallelism is not supported"));
+  free(out);
+  free(err);
+  char *a2[] = {wts_bin(), "worker", "--model", "/nonexistent-model-dir", "--scheduler",
+                w.endpoint, NULL};
+  TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 30000, &out, &err), 1);
+  TH_CHECK(err && strstr(err, "nonexistent-model-dir"));
+  free(out);
+  free(err);
+#if !LMSERVE_HAVE_CUDA
+  char *a3[] = {wts_bin(), "worker", "--model", w.model, "--scheduler", w.endpoint, "--device",
+                "cuda", NULL};
+  TH_CHECK_EQ_INT(th_run(a3, NULL, NULL, 0, 30000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "no CUDA support"));
+  free(out);
+  free(err);
+#endif
+  wts_close(&w);
+}

@@ -1,0 +1,370 @@
+/* wk-test-sched.c — the fake scheduler of the worker's integration tests
+ * (see wk-test-sched.h). */
+#include "tests/integration/wk-test-sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "common/cm-time.h"
+#include "tests/harness/th.h"
+
+static char g_tmp[256];
+
+static void cleanup(void) {
+  if (!g_tmp[0]) return;
+  char cmd[400];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
+  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", g_tmp);
+}
+
+char *wts_bin(void) {
+  char *b = getenv("LMSERVE_BIN");
+  return b ? b : "build/tools/lmserve";
+}
+
+int wts_model(struct wts *w, const char *arch, const char *name) {
+  memset(w, 0, sizeof(*w));
+  if (!g_tmp[0]) {
+    const char *t = getenv("TMPDIR");
+    snprintf(g_tmp, sizeof(g_tmp), "%s/lmserve-wk-XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(g_tmp)) return -1;
+    atexit(cleanup);
+  }
+  snprintf(w->model, sizeof(w->model), "%s/%s", g_tmp, name);
+  snprintf(w->endpoint, sizeof(w->endpoint), "ipc://%s/%s.sock", g_tmp, name);
+  char *argv[] = {wts_bin(), "make-tiny-model", "--arch", (char *)arch, "--out", w->model,
+                  "--seed", "1", NULL};
+  char *out = NULL, *err = NULL;
+  int rc = th_run(argv, NULL, NULL, 0, 60000, &out, &err);
+  if (rc) fprintf(stderr, "make-tiny-model: %d %s\n", rc, err ? err : "");
+  free(out);
+  free(err);
+  return rc ? -1 : 0;
+}
+
+/* Receives one message of type `want` (or FAIL when want is RESULT) within
+ * ms; heartbeats are counted on the way. 0 or -1 (timeout). */
+static int recv_want(struct wts *w, enum pr_type want, int ms, struct pr_msg *m) {
+  uint64_t end = cm_time_ns() + (uint64_t)ms * 1000000ull;
+  while (cm_time_ns() < end) {
+    struct pr_rid from;
+    cm_arena_reset(&w->arena);
+    int rc = pr_sock_recv(w->sock, &from, m, &w->arena, 0);
+    if (rc == CM_ERR_AGAIN) continue;
+    if (rc) {
+      fprintf(stderr, "fake scheduler: bad message: %s\n", cm_strerror(rc));
+      return -1;
+    }
+    if (m->type == PR_BEAT) {
+      w->n_beats++;
+      w->last_beat_step = m->u.beat.last_step_id;
+      if (want != PR_BEAT) continue;
+    }
+    if (m->type == PR_READY) w->rid = from;
+    if (m->type == PR_FAIL) {
+      w->n_fail++;
+      fprintf(stderr, "fake scheduler: FAIL step %llu: %s\n",
+              (unsigned long long)m->u.fail.step_id, m->u.fail.message);
+    }
+    if (m->type == want || (want == PR_RESULT && m->type == PR_FAIL)) return 0;
+  }
+  return -1;
+}
+
+int wts_start(struct wts *w, const char *model, char *const *extra) {
+  cm_arena_init(&w->arena, 1u << 16, 64u << 20);
+  w->next_step = 1;
+  if (!(w->ctx = zmq_ctx_new())) return -1;
+  if (pr_sock_open(w->ctx, ZMQ_ROUTER, 0, &w->sock) || pr_sock_bind(w->sock, w->endpoint) ||
+      pr_sock_set_timeouts(w->sock, 200, 5000))
+    return -1;
+  char *argv[40] = {wts_bin(), "worker", "--model", (char *)model, "--scheduler", w->endpoint,
+                    "--kv-cache-memory", "4M", "--block-size", "16",
+                    "--max-num-batched-tokens", "64", "--max-num-seqs", "8", "--threads", "1"};
+  int n = 16;
+  for (int i = 0; extra && extra[i] && n < 38; i++)
+    argv[n++] = extra[i];
+  argv[n] = NULL;
+  if (th_proc_spawn(&w->proc, argv, NULL, 0)) return -1;
+  w->started = 1;
+  struct pr_msg m;
+  if (recv_want(w, PR_READY, 60000, &m)) return -1;
+  w->ready = m.u.ready;
+  for (uint32_t g = 0; g < m.u.ready.n_groups && g < PR_MAX_KV_GROUPS; g++)
+    w->groups[g] = m.u.ready.groups[g];
+  w->ready.groups = w->groups;
+  w->n_eos = (int)(m.u.ready.eos_ids.n < 16 ? m.u.ready.eos_ids.n : 16);
+  for (int i = 0; i < w->n_eos; i++)
+    w->eos[i] = m.u.ready.eos_ids.v[i];
+  w->ready.eos_ids.v = w->eos;
+  w->page_used = calloc(w->ready.kv_blocks, 1);
+  return w->page_used ? 0 : -1;
+}
+
+void wts_close(struct wts *w) {
+  if (w->started) th_proc_stop(&w->proc, 2000);
+  w->started = 0;
+  pr_sock_close(w->sock);
+  w->sock = NULL;
+  if (w->ctx) zmq_ctx_term(w->ctx);
+  w->ctx = NULL;
+  cm_arena_free(&w->arena);
+  free(w->page_used);
+  w->page_used = NULL;
+}
+
+int wts_generate(struct wts *w, const uint32_t *prompt, int n, int max_tokens, uint32_t *out) {
+  char ids[2048] = "", mt[16];
+  size_t len = 0;
+  for (int i = 0; i < n; i++)
+    len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", i ? "," : "", prompt[i]);
+  snprintf(mt, sizeof(mt), "%d", max_tokens);
+  char *argv[] = {wts_bin(), "generate", "--model", w->model, "--prompt-ids", ids,
+                  "--max-tokens", mt, "--ignore-eos", "--threads", "1", NULL};
+  char *o = NULL, *e = NULL;
+  int rc = th_run(argv, NULL, NULL, 0, 60000, &o, &e);
+  int k = -1;
+  if (rc == 0 && o && o[0] == '[') {
+    k = 0;
+    char *p = o + 1;
+    while (*p && *p != ']' && k < max_tokens) {
+      char *end;
+      unsigned long v = strtoul(p, &end, 10);
+      if (end == p) break;
+      out[k++] = (uint32_t)v;
+      p = end;
+      while (*p == ',' || *p == ' ')
+        p++;
+    }
+  } else {
+    fprintf(stderr, "generate: %d %s\n", rc, e ? e : "");
+  }
+  free(o);
+  free(e);
+  return k;
+}
+
+void wts_seq_init(struct wts_seq *s, uint64_t id, const uint32_t *prompt, int n, int64_t seed) {
+  memset(s, 0, sizeof(*s));
+  s->id = id;
+  s->prompt = prompt;
+  s->n_prompt = n;
+  s->seed = seed;
+  s->logprobs = -1;
+}
+
+void wts_seq_begin(struct wts *w, struct wts_seq *s) {
+  (void)w;
+  s->pos = s->n_out = 0;
+  s->done = 0;
+  memset(s->n_bt, 0, sizeof(s->n_bt));
+  memset(s->sent_bt, 0, sizeof(s->sent_bt));
+}
+
+static int32_t page_get(struct wts *w) {
+  for (uint64_t i = 0; i < w->ready.kv_blocks; i++)
+    if (!w->page_used[i]) {
+      w->page_used[i] = 1;
+      return (int32_t)i;
+    }
+  return -1;
+}
+
+static void seq_release(struct wts *w, struct wts_seq *s) {
+  for (uint32_t g = 0; g < w->ready.n_groups; g++)
+    for (int j = 0; j < s->n_bt[g]; j++)
+      w->page_used[s->bt[g][j]] = 0;
+  memset(s->n_bt, 0, sizeof(s->n_bt));
+}
+
+/* Grows s's tables to cover positions [0, n_tok). */
+static int seq_reserve(struct wts *w, struct wts_seq *s, int n_tok) {
+  for (uint32_t g = 0; g < w->ready.n_groups; g++) {
+    int need = (n_tok + (int)w->groups[g].block_tokens - 1) / (int)w->groups[g].block_tokens;
+    while (s->n_bt[g] < need) {
+      if (s->n_bt[g] == WTS_MAX_BT) return -1;
+      int32_t p = page_get(w);
+      if (p < 0) return -1;
+      s->bt[g][s->n_bt[g]++] = p;
+    }
+  }
+  return 0;
+}
+
+int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen) {
+  struct pr_step_seq ss[16];
+  struct pr_i32s tabs[16][PR_MAX_KV_GROUPS];
+  struct wts_seq *who[16];
+  uint32_t toks[16];
+  int k = 0;
+  for (int i = 0; i < n && k < 16; i++) {
+    struct wts_seq *s = &seqs[i];
+    if (s->done) continue;
+    struct pr_step_seq *q = &ss[k];
+    memset(q, 0, sizeof(*q));
+    pr_sampling_default(&q->sampling);
+    q->seq_id = s->id;
+    q->start_pos = (uint32_t)s->pos;
+    if (s->pos < s->n_prompt) {
+      int c = chunk > 0 ? chunk : s->n_prompt;
+      if (c > s->n_prompt - s->pos) c = s->n_prompt - s->pos;
+      q->tokens.v = s->prompt + s->pos;
+      q->tokens.n = (uint32_t)c;
+      q->flags |= PR_SEQ_PREFILL;
+      if (s->pos == 0) q->flags |= PR_SEQ_NEW;
+      if (s->pos + c == s->n_prompt) q->flags |= PR_SEQ_SAMPLE;
+    } else {
+      toks[k] = s->out[s->n_out - 1];
+      q->tokens.v = &toks[k];
+      q->tokens.n = 1;
+      q->flags |= PR_SEQ_SAMPLE;
+    }
+    if ((q->flags & PR_SEQ_SAMPLE) && s->n_out + 1 >= ngen) q->flags |= PR_SEQ_FINISHED;
+    if (seq_reserve(w, s, s->pos + (int)q->tokens.n)) return -1;
+    int grew = 0;
+    for (uint32_t g = 0; g < w->ready.n_groups; g++) {
+      int from = (q->flags & PR_SEQ_NEW) ? 0 : s->sent_bt[g];
+      tabs[k][g].v = s->bt[g] + from;
+      tabs[k][g].n = (uint32_t)(s->n_bt[g] - from);
+      grew |= s->n_bt[g] > s->sent_bt[g];
+      s->sent_bt[g] = s->n_bt[g];
+    }
+    if ((q->flags & PR_SEQ_NEW) || grew) {
+      q->block_tables = tabs[k];
+      q->n_groups = w->ready.n_groups;
+      if (!(q->flags & PR_SEQ_NEW)) q->flags |= PR_SEQ_APPEND_BLOCKS;
+    }
+    if (q->flags & PR_SEQ_NEW) {
+      q->sampling.temperature = s->seed >= 0 ? 1.0f : 0.0f;
+      q->sampling.has_seed = s->seed >= 0;
+      q->sampling.seed = s->seed >= 0 ? (uint64_t)s->seed : 0;
+      q->sampling.logprobs = s->logprobs;
+    }
+    s->pos += (int)q->tokens.n;
+    who[k++] = s;
+  }
+  if (!k) return 0;
+  struct pr_msg m;
+  pr_msg_init(&m, PR_STEP);
+  m.u.step.step_id = w->next_step++;
+  m.u.step.seqs = ss;
+  m.u.step.n_seqs = (uint32_t)k;
+  if (pr_sock_send(w->sock, &w->rid, &m, 0)) return -1;
+  struct pr_msg r;
+  if (recv_want(w, PR_RESULT, 30000, &r) || r.type != PR_RESULT ||
+      r.u.result.step_id != m.u.step.step_id)
+    return -1;
+  for (uint32_t j = 0; j < r.u.result.n_seqs; j++) {
+    const struct pr_result_seq *rs = &r.u.result.seqs[j];
+    struct wts_seq *s = NULL;
+    for (int i = 0; i < k; i++)
+      if (who[i]->id == rs->seq_id) s = who[i];
+    if (!s || rs->tokens.n != 1) return -1;
+    if (s->n_out < WTS_MAX_OUT) {
+      int o = s->n_out;
+      s->out[o] = rs->tokens.v[0];
+      if (rs->logprobs.sampled.n == 1) {
+        s->lp[o] = rs->logprobs.sampled.v[0];
+        s->n_top = (int)rs->logprobs.n_top;
+        for (uint32_t t = 0; t < rs->logprobs.n_top && t < WTS_MAX_TOP; t++) {
+          s->top_ids[o][t] = rs->logprobs.top_ids.v[t];
+          s->top[o][t] = rs->logprobs.top.v[t];
+        }
+      }
+      s->n_out++;
+    }
+    if (s->n_out >= ngen) {
+      s->done = 1;
+      seq_release(w, s);
+    }
+  }
+  return 0;
+}
+
+int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len) {
+  static const uint32_t toks[100] = {2, 3, 4};
+  uint32_t bad_tok[2] = {2, 0};
+  int32_t pages[PR_MAX_KV_GROUPS][4];
+  struct pr_i32s tabs[PR_MAX_KV_GROUPS];
+  for (uint32_t g = 0; g < w->ready.n_groups; g++) {
+    for (int j = 0; j < 4; j++)
+      pages[g][j] = (int32_t)(g * 4 + (uint32_t)j);
+    tabs[g].v = pages[g];
+    tabs[g].n = 4;
+  }
+  struct pr_step_seq q;
+  memset(&q, 0, sizeof(q));
+  pr_sampling_default(&q.sampling);
+  q.seq_id = 9000 + (uint64_t)kind;
+  q.flags = PR_SEQ_NEW | PR_SEQ_PREFILL | PR_SEQ_SAMPLE;
+  q.tokens.v = toks;
+  q.tokens.n = 3;
+  q.block_tables = tabs;
+  q.n_groups = w->ready.n_groups;
+  switch (kind) {
+  case 0: /* token id outside the vocabulary */
+    bad_tok[1] = w->ready.vocab_size + 5;
+    q.tokens.v = bad_tok;
+    q.tokens.n = 2;
+    break;
+  case 1: /* unknown sequence, no NEW */
+    q.flags = PR_SEQ_SAMPLE;
+    q.n_groups = 0;
+    q.block_tables = NULL;
+    q.start_pos = 3;
+    break;
+  case 2: /* a block outside the pool */
+    pages[0][0] = (int32_t)w->ready.kv_blocks + 10;
+    break;
+  case 3: /* more tokens than a step holds */
+    q.tokens.n = 100;
+    break;
+  case 4: /* drafts from a worker without an assistant model */
+    q.num_draft = 2;
+    break;
+  default: /* positions past the model length */
+    q.start_pos = w->ready.max_model_len - 1;
+    break;
+  }
+  struct pr_msg m;
+  pr_msg_init(&m, PR_STEP);
+  m.u.step.step_id = w->next_step++;
+  m.u.step.seqs = &q;
+  m.u.step.n_seqs = 1;
+  if (pr_sock_send(w->sock, &w->rid, &m, 0)) return -1;
+  struct pr_msg r;
+  if (recv_want(w, PR_RESULT, 30000, &r) || r.type != PR_FAIL ||
+      r.u.fail.step_id != m.u.step.step_id)
+    return -1;
+  *code = r.u.fail.code;
+  snprintf(why, why_len, "%s", r.u.fail.message);
+  return 0;
+}
+
+int wts_send_garbage(struct wts *w) {
+  void *z = pr_sock_zmq(w->sock);
+  uint8_t hdr[PR_HDR_LEN];
+  pr_msg_header(PR_STEP, hdr);
+  uint8_t body[3] = {0xc1, 0xdd, 0xff};
+  if (zmq_send(z, w->rid.id, w->rid.len, ZMQ_SNDMORE) < 0 ||
+      zmq_send(z, hdr, sizeof(hdr), ZMQ_SNDMORE) < 0 || zmq_send(z, body, sizeof(body), 0) < 0)
+    return -1;
+  struct pr_msg r;
+  if (recv_want(w, PR_RESULT, 30000, &r) || r.type != PR_FAIL) return -1;
+  return r.u.fail.code < 0 ? 0 : -1;
+}
+
+void wts_idle(struct wts *w, int ms) {
+  struct pr_msg m;
+  (void)recv_want(w, PR_PING, ms, &m); /* never comes: counts beats until ms */
+}
+
+int wts_shutdown(struct wts *w) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_CTRL);
+  m.u.ctrl.op = PR_CTRL_SHUTDOWN;
+  return pr_sock_send(w->sock, &w->rid, &m, 0) ? -1 : 0;
+}
