@@ -118,9 +118,10 @@ struct sch_server {
   /* cumulative */
   uint64_t prompt_tokens, generation_tokens;
   uint64_t num_steps;
-  uint64_t step_ns_plan;  /* ns in plan + STEP encode + send */
-  uint64_t step_ns_apply; /* ns in RESULT decode + apply + OUT encode + send */
-  uint64_t step_ns_round; /* ns from STEP sent to RESULT received */
+  uint64_t step_ns_plan;   /* ns in plan + STEP encode + send */
+  uint64_t step_ns_apply;  /* ns in RESULT decode + apply + OUT encode + send */
+  uint64_t step_ns_engine; /* ns of those inside sch_engine_plan_step / _apply */
+  uint64_t step_ns_round;  /* ns from STEP sent to RESULT received */
 };
 
 /* sch-server.c */

@@ -324,7 +324,9 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
         (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n};
   }
   struct sch_outputs outs;
+  uint64_t te = cm_time_ns();
   int rc = sch_engine_apply(s->engine, s->results, (int32_t)m->n_seqs, &outs);
+  s->step_ns_engine += cm_time_ns() - te;
   if (rc) {
     fail_rank(s, 0, rc, "RESULT does not match its step");
     return;
@@ -447,6 +449,7 @@ void sch_srv_work_step(struct sch_server *s) {
   uint64_t t0 = cm_time_ns();
   struct sch_plan plan;
   int rc = sch_engine_plan_step(s->engine, &plan);
+  uint64_t t_planned = cm_time_ns();
   if (rc) {
     cm_error(TAG, "planning failed: %s", cm_strerror(rc));
     return;
@@ -458,6 +461,7 @@ void sch_srv_work_step(struct sch_server *s) {
    * (an ADD, an ABORT, a RESULT) instead of planning in a busy loop */
   s->plan_idle = plan.num_seqs == 0;
   if (plan.num_seqs == 0) return; /* free ids wait for the next STEP */
+  s->step_ns_engine += t_planned - t0;
   CM_ASSERT(plan.num_seqs <= s->cap_seqs);
   uint64_t wall = cm_time_wall_ns();
   for (int32_t i = 0; i < plan.num_seqs; i++) {

@@ -318,11 +318,11 @@ void sch_server_destroy(struct sch_server *s) {
     double n = (double)s->num_steps;
     cm_info(TAG,
             "%llu steps; per step in the scheduler %.1f us (plan+send %.1f, result+apply+OUT "
-            "%.1f); STEP to RESULT %.1f us",
+            "%.1f; engine plan+apply %.1f); STEP to RESULT %.1f us",
             (unsigned long long)s->num_steps,
             (double)(s->step_ns_plan + s->step_ns_apply) / 1e3 / n,
             (double)s->step_ns_plan / 1e3 / n, (double)s->step_ns_apply / 1e3 / n,
-            (double)s->step_ns_round / 1e3 / n);
+            (double)s->step_ns_engine / 1e3 / n, (double)s->step_ns_round / 1e3 / n);
   }
   pr_sock_close(s->front_sock);
   pr_sock_close(s->work_sock);

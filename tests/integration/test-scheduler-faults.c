@@ -182,7 +182,8 @@ TH_TEST(sched_frontend_gone) {
     gone[i].ignore_eos = true;
     send_add(&g, &gone[i]);
   }
-  while (gone[3].nout == 0) pump(&g, 100);
+  while (gone[3].nout == 0)
+    pump(&g, 100);
   /* the frontend vanishes without ABORT: its OUTs cannot be delivered, so the
    * scheduler aborts its requests and frees their blocks */
   client_close(&g);
@@ -194,4 +195,85 @@ TH_TEST(sched_frontend_gone) {
   check_req(&g_reqs[0]);
   client_close(&c);
   env_stop(&e);
+}
+
+TH_TEST(sched_cli_errors) {
+  th_proc_init(30);
+  char *out = NULL, *err = NULL;
+  const char *b = getenv("LMSERVE_BIN") ? getenv("LMSERVE_BIN") : "build/tools/lmserve";
+  char *help[] = {(char *)b, "scheduler", "--help", NULL};
+  TH_CHECK_EQ_INT(th_run(help, NULL, NULL, 0, 10000, &out, &err), 0);
+  TH_CHECK(out && strstr(out, "--worker-endpoint") && strstr(out, "--enable-prefix-caching"));
+  free(out);
+  free(err);
+  char *noep[] = {(char *)b, "scheduler", "--world-size", "1", NULL};
+  TH_CHECK_EQ_INT(th_run(noep, NULL, NULL, 0, 10000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "--frontend-endpoint") != NULL);
+  free(out);
+  free(err);
+  char *badn[] = {(char *)b,
+                  "scheduler",
+                  "--frontend-endpoint",
+                  "ipc:///tmp/x-f.sock",
+                  "--worker-endpoint",
+                  "ipc:///tmp/x-w.sock",
+                  "--world-size",
+                  "0",
+                  NULL};
+  TH_CHECK_EQ_INT(th_run(badn, NULL, NULL, 0, 10000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "world-size") != NULL);
+  free(out);
+  free(err);
+  char *badname[] = {
+      (char *)b, "scheduler", "--frontend-endpoint", "no/slashes", "--worker-endpoint", "w", NULL};
+  TH_CHECK_EQ_INT(th_run(badname, NULL, NULL, 0, 10000, &out, &err), 2);
+  free(out);
+  free(err);
+  /* an endpoint that cannot be bound: exit 1 with a message, no crash */
+  char *nobind[] = {(char *)b,
+                    "scheduler",
+                    "--frontend-endpoint",
+                    "tcp://256.1.1.1:5",
+                    "--worker-endpoint",
+                    "ipc:///tmp/lmserve-schtest-nobind-w.sock",
+                    NULL};
+  TH_CHECK_EQ_INT(th_run(nobind, NULL, NULL, 0, 10000, &out, &err), 1);
+  TH_CHECK(err && strstr(err, "cannot bind") != NULL);
+  free(out);
+  free(err);
+}
+
+/* Bare endpoint names become ipc sockets in the runtime directory. */
+TH_TEST(sched_bare_endpoint_names) {
+  th_proc_init(30);
+  char dir[64], fe[120], we[120], envv[100];
+  snprintf(dir, sizeof(dir), "/tmp/lmserve-schtest-rt-%d", (int)getpid());
+  snprintf(envv, sizeof(envv), "LMSERVE_RUNTIME_DIR=%s", dir);
+  snprintf(fe, sizeof(fe), "ipc://%s/front.sock", dir);
+  snprintf(we, sizeof(we), "ipc://%s/work.sock", dir);
+  const char *b = getenv("LMSERVE_BIN") ? getenv("LMSERVE_BIN") : "build/tools/lmserve";
+  char *argv[] = {(char *)b, "scheduler", "--frontend-endpoint", "front", "--worker-endpoint",
+                  "work",    NULL};
+  char *envp[] = {envv, NULL};
+  struct env e;
+  memset(&e, 0, sizeof(e));
+  e.world = 1;
+  snprintf(e.fe, sizeof(e.fe), "%s", fe);
+  snprintf(e.we, sizeof(e.we), "%s", we);
+  TH_REQUIRE(th_proc_spawn(&e.sched, argv, envp, 0) == 0);
+  start_worker(&e, 0, NULL);
+  e.ctx = zmq_ctx_new();
+  struct client c;
+  client_open(&e, &c, g_reqs, 1);
+  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  make_req(&g_reqs[0], 1, 9, 9);
+  g_reqs[0].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 10000);
+  check_req(&g_reqs[0]);
+  client_close(&c);
+  env_stop(&e);
+  unlink(fe + 6);
+  unlink(we + 6);
+  rmdir(dir);
 }
