@@ -313,19 +313,21 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
     return;
   }
   s->step_ns_round += cm_time_ns() - s->step_sent_ns;
+  int32_t nres = 0;
   for (uint32_t i = 0; i < m->n_seqs; i++) {
     const struct pr_result_seq *rs = &m->seqs[i];
+    if (rs->tokens.n == 0) continue; /* a sequence that sampled nothing (a prefill chunk) */
     for (uint32_t j = 0; j < rs->tokens.n; j++)
       if (rs->tokens.v[j] >= s->engine_info.vocab_size) {
         fail_rank(s, 0, CM_ERR_RANGE, "RESULT holds a token outside the vocabulary");
         return;
       }
-    s->results[i] =
+    s->results[nres++] =
         (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n};
   }
   struct sch_outputs outs;
   uint64_t te = cm_time_ns();
-  int rc = sch_engine_apply(s->engine, s->results, (int32_t)m->n_seqs, &outs);
+  int rc = sch_engine_apply(s->engine, s->results, nres, &outs);
   s->step_ns_engine += cm_time_ns() - te;
   if (rc) {
     fail_rank(s, 0, rc, "RESULT does not match its step");

@@ -9,7 +9,8 @@
  * FAIL (and logged), so the scheduler reports it to the test as an ERR.
  *
  *   sch-fake-worker --endpoint EP [--rank R] [--world-size N] [--blocks B]
- *                   [--beat-ms MS] [--max-draft K] [--slow-ms MS] [--fail-at-step S] */
+ *                   [--beat-ms MS] [--max-draft K] [--slow-ms MS] [--fail-at-step S]
+ *                   [--empty-results] */
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -48,8 +49,9 @@ struct fake {
   uint32_t rank, world, max_draft;
   uint64_t blocks, fail_at_step;
   int slow_ms;
-  struct slot *kv;   /* [blocks][MAX_BT] */
-  struct fseq *seqs; /* [MAX_SEQS] */
+  bool empty_results; /* also list non-sampling sequences, with no tokens */
+  struct slot *kv;    /* [blocks][MAX_BT] */
+  struct fseq *seqs;  /* [MAX_SEQS] */
   struct pr_sock *sock;
   char why[512];
   /* RESULT buffers */
@@ -245,7 +247,12 @@ static void on_step(struct fake *f, const struct pr_step *st) {
     bool sampled;
     if (run_seq(f, st->step_id, &st->seqs[i], nr, &sampled))
       return send_fail(f, st->step_id, f->why);
-    if (sampled) nr++;
+    if (sampled) {
+      nr++;
+    } else if (f->empty_results) {
+      memset(&f->rs[nr], 0, sizeof(f->rs[nr]));
+      f->rs[nr++].seq_id = st->seqs[i].seq_id;
+    }
   }
   if (f->rank != 0) return;
   struct pr_msg m;
@@ -257,6 +264,7 @@ static void on_step(struct fake *f, const struct pr_step *st) {
 
 int main(int argc, char **argv) {
   const char *ep = NULL;
+  int empty_results = 0;
   int64_t rank = 0, world = 1, blocks = 256, beat_ms = 200, max_draft = 0, slow_ms = 0, fail_at = 0;
   struct cm_opt opts[] = {
       {"endpoint", CM_OPT_STR, &ep, "EP", "scheduler worker endpoint", 0, 0, 0, 0, NULL},
@@ -266,6 +274,8 @@ int main(int argc, char **argv) {
       {"beat-ms", CM_OPT_INT, &beat_ms, "MS", "heartbeat period", 1, 60000, 0, 0, NULL},
       {"max-draft", CM_OPT_INT, &max_draft, "K", "drafts proposed", 0, PR_MAX_DRAFT, 0, 0, NULL},
       {"slow-ms", CM_OPT_INT, &slow_ms, "MS", "sleep per step", 0, 10000, 0, 0, NULL},
+      {"empty-results", CM_OPT_BOOL, &empty_results, NULL,
+       "list non-sampling sequences in RESULT with no tokens", 0, 0, 0, 0, NULL},
       {"fail-at-step", CM_OPT_INT, &fail_at, "S", "answer FAIL from this step on, once", 0,
        INT32_MAX, 0, 0, NULL},
       {0},
@@ -281,6 +291,7 @@ int main(int argc, char **argv) {
   f->blocks = (uint64_t)blocks;
   f->max_draft = (uint32_t)max_draft;
   f->slow_ms = (int)slow_ms;
+  f->empty_results = empty_results != 0;
   f->fail_at_step = (uint64_t)fail_at;
   f->kv = malloc((size_t)blocks * MAX_BT * sizeof(*f->kv));
   f->seqs = calloc(MAX_SEQS, sizeof(*f->seqs));
