@@ -16,7 +16,7 @@
 
 static const char *kind_name(struct fe_jv v) {
   static const char *const names[] = {"undefined", "none", "bool", "int", "float",
-                                      "string", "list", "dict", "function"};
+                                      "string", "list", "dict", "function", "macro"};
   return names[v.kind];
 }
 
@@ -527,6 +527,7 @@ static int call_method(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe
 
 int fe_jk_call(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out) {
   if (n->a->kind == JN_ATTR) return call_method(e, n, out);
+  if (n->fn < 0) return fe_jk_call_macro(e, n, out);
   struct fe_jv a0, a1, a2;
   int rc;
   switch ((enum fe_jk_global)n->fn) {

@@ -497,6 +497,12 @@ static int exec_block(struct fe_jk_ev *e, const struct fe_jk_node *blk) {
       break;
     case JN_FOR: rc = exec_for(e, n); break;
     case JN_SET: rc = exec_set(e, n); break;
+    case JN_MACRO: {
+      struct fe_jv mv = {.kind = JV_MACRO};
+      mv.u.macro = n;
+      rc = fe_jv_dict_set(e->a, &e->top->vars, n->s, n->n, mv);
+      break;
+    }
     case JN_BREAK: e->ctl = 1; break;
     case JN_CONTINUE: e->ctl = 2; break;
     case JN_BLOCK: rc = exec_block(e, n); break;
@@ -505,6 +511,76 @@ static int exec_block(struct fe_jk_ev *e, const struct fe_jk_node *blk) {
     if (rc == CM_ERR_TOOBIG && e->err && !e->err[0])
       rc = fe_jk_err(e, n, CM_ERR_TOOBIG, "output larger than %u bytes", JK_MAX_OUTPUT);
   }
+  return rc;
+}
+
+int fe_jk_call_macro(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out) {
+  const struct fe_jk_node *callee = n->a;
+  struct fe_jv *mv = lookup(e, callee->s, callee->n);
+  if (!mv || mv->kind != JV_MACRO)
+    return fe_jk_err(e, n, CM_ERR_INVAL, "'%.*s' is not defined as a macro here",
+                     (int)callee->n, callee->s);
+  const struct fe_jk_node *m = mv->u.macro;
+  if (n->n_items > m->n_items)
+    return fe_jk_err(e, n, CM_ERR_INVAL, "macro '%.*s' takes %zu arguments", (int)m->n,
+                     m->s, m->n_items);
+  /* arguments are evaluated in the caller's scope */
+  struct fe_jk_frame *f = cm_arena_calloc(e->a, 1, sizeof *f);
+  if (!f) return CM_ERR_NOMEM;
+  int rc;
+  for (size_t i = 0; i < m->n_items; i++) {
+    const struct fe_jk_node *param = m->items[i];
+    struct fe_jv v = UNDEF;
+    if (i < n->n_items) {
+      if ((rc = fe_jk_eval(e, n->items[i], &v))) return rc;
+    } else {
+      size_t k = 0;
+      while (k < n->n_kw && !(n->kw_lens[k] == param->n && !memcmp(n->kw_names[k], param->s, param->n)))
+        k++;
+      if (k < n->n_kw) rc = fe_jk_eval(e, n->kw_vals[k], &v);
+      else rc = param->a ? fe_jk_eval(e, param->a, &v) : 0;
+      if (rc) return rc;
+    }
+    if ((rc = fe_jv_dict_set(e->a, &f->vars, param->s, param->n, v))) return rc;
+  }
+  for (size_t k = 0; k < n->n_kw; k++) {
+    size_t i = 0;
+    while (i < m->n_items && !(m->items[i]->n == n->kw_lens[k] &&
+                               !memcmp(m->items[i]->s, n->kw_names[k], n->kw_lens[k])))
+      i++;
+    if (i == m->n_items)
+      return fe_jk_err(e, n, CM_ERR_INVAL, "macro '%.*s' has no parameter '%.*s'", (int)m->n,
+                       m->s, (int)n->kw_lens[k], n->kw_names[k]);
+  }
+  /* the body sees its arguments and the template's globals */
+  struct fe_jk_frame *globals = e->top;
+  while (globals->up) globals = globals->up;
+  f->up = globals;
+  struct fe_jk_frame *saved_top = e->top;
+  if (e->macro_depth >= JK_MAX_MACRO_DEPTH)
+    return fe_jk_err(e, n, CM_ERR_DEPTH, "macros nested deeper than %d", JK_MAX_MACRO_DEPTH);
+  /* a macro's text is bounded by what its caller may still write */
+  struct fe_jv_buf *saved_out = e->out, tmp = {.max = e->out->max - e->out->n};
+  int saved_ctl = e->ctl;
+  e->top = f;
+  e->out = &tmp;
+  e->ctl = 0;
+  e->macro_depth++;
+  rc = exec_block(e, m->b);
+  e->macro_depth--;
+  e->top = saved_top;
+  e->out = saved_out;
+  e->ctl = saved_ctl;
+  if (!rc) {
+    char *s = cm_arena_alloc(e->a, tmp.n + 1);
+    if (!s) rc = CM_ERR_NOMEM;
+    else {
+      if (tmp.n) memcpy(s, tmp.p, tmp.n);
+      s[tmp.n] = 0;
+      *out = fe_jv_str(s, tmp.n);
+    }
+  }
+  free(tmp.p);
   return rc;
 }
 

@@ -44,7 +44,7 @@ int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_
 
 enum fe_jk_node_kind {
   /* statements */
-  JN_BLOCK, JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE,
+  JN_BLOCK, JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE, JN_MACRO,
   /* expressions */
   JN_STR, JN_INT, JN_FLOAT, JN_BOOL, JN_NONE, JN_LIST, JN_DICT, JN_NAME, JN_ATTR, JN_INDEX,
   JN_SLICE, JN_CALL, JN_FILTER, JN_TEST, JN_NOT, JN_NEG, JN_POS, JN_BIN, JN_COND,
@@ -64,7 +64,8 @@ struct fe_jk_node {
   size_t *kw_lens;
   struct fe_jk_node **kw_vals;
   size_t n_kw;
-  int fn;                        /* resolved builtin for filters / tests / calls */
+  int fn;                        /* resolved builtin for filters / tests / calls;
+                                  * -1 on a call: a macro of the template */
 };
 
 struct fe_jinja {
@@ -96,7 +97,9 @@ int fe_jk_global_id(const char *s, size_t n);
 
 /* ---- values ------------------------------------------------------------------ */
 
-enum fe_jv_kind { JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_FUNC };
+enum fe_jv_kind {
+  JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_FUNC, JV_MACRO
+};
 
 struct fe_jv_list;
 struct fe_jv_dict;
@@ -114,6 +117,7 @@ struct fe_jv {
     struct fe_jv_list *list;
     struct fe_jv_dict *dict;
     int fn; /* JV_FUNC: a global id */
+    const struct fe_jk_node *macro; /* JV_MACRO: its JN_MACRO node */
   } u;
 };
 
@@ -170,6 +174,7 @@ struct fe_jk_ev {
   long iters;           /* loop iterations so far */
   int depth;
   int ctl;              /* 1: break, 2: continue pending */
+  int macro_depth;      /* nested macro calls */
 };
 
 int fe_jk_eval(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
@@ -183,12 +188,16 @@ size_t fe_jk_cp_count(const char *s, size_t n);
 size_t fe_jk_cp_offset(const char *s, size_t n, size_t k);
 int fe_jk_filter(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *out);
 int fe_jk_test(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, int *res);
+/* A call of a macro of the template (n->fn < 0): its body rendered with the
+ * arguments bound, in a scope that sees only the template's globals. */
+int fe_jk_call_macro(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
 /* A call of a global function or a method (n->kind == JN_CALL). */
 int fe_jk_call(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
 
 #define JK_MAX_DEPTH 64             /* expression / statement nesting */
 #define JK_MAX_OUTPUT (16u << 20)   /* bytes of rendered text */
 #define JK_MAX_ARENA (256u << 20)   /* bytes of values per render */
+#define JK_MAX_MACRO_DEPTH 16      /* nested macro calls */
 #define JK_MAX_ITERS 1000000        /* loop iterations per render */
 
 #endif

@@ -5,7 +5,8 @@
  * Node layout by kind (struct fe_jk_node):
  *   BLOCK items | TEXT s,n | OUT a | IF a=cond b=then c=else | FOR s=var
  *   s2=second var (or NULL) a=iterable b=body c=else d=filter | SET s=name
- *   s2=attribute (ns.attr) a=value or b=body | LIST items | DICT items as
+ *   s2=attribute (ns.attr) a=value or b=body | MACRO s=name items=parameter
+ *   NAMEs (each a=default or NULL) b=body | LIST items | DICT items as
  *   key,value pairs | NAME s | ATTR a.s | INDEX a[b] | SLICE a[b:c:d] |
  *   CALL a(items, kw) fn=global or method | FILTER a|s(items, kw) fn |
  *   TEST a is [not (i=1)] s(items) fn | NOT/NEG/POS a | BIN a s b |
@@ -51,6 +52,8 @@ struct ps {
   size_t errlen;
   int depth;
   int loops; /* enclosing for loops (break / continue need one) */
+  struct fe_jk_node *calls;  /* items: calls of names that are not globals */
+  struct fe_jk_node *macros; /* items: the JN_MACRO nodes */
 };
 
 __attribute__((format(printf, 2, 3))) static int ps_err(struct ps *p, const char *fmt, ...) {
@@ -252,8 +255,9 @@ static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
       if (!(nd = node(p, JN_CALL))) return CM_ERR_NOMEM;
       nd->a = base;
       if (base->kind == JN_NAME) {
-        if ((nd->fn = fe_jk_global_id(base->s, base->n)) < 0)
-          return ps_err(p, "unknown function '%.*s'", (int)base->n, base->s);
+        /* a global, or a macro (checked once the whole template is read) */
+        nd->fn = fe_jk_global_id(base->s, base->n);
+        if (nd->fn < 0 && (rc = add_item(p, p->calls, nd))) return rc;
       } else if (base->kind == JN_ATTR) {
         if ((nd->fn = fe_jk_method_id(base->s, base->n)) < 0)
           return ps_err(p, "unsupported method '%.*s'", (int)base->n, base->s);
@@ -539,6 +543,37 @@ static int parse_set(struct ps *p, struct fe_jk_node **out) {
   return expect_stmt_end(p);
 }
 
+static int parse_macro(struct ps *p, struct fe_jk_node **out) {
+  static const char *const ends[] = {"endmacro", NULL};
+  struct fe_jk_node *nd = node(p, JN_MACRO);
+  int rc;
+  if (!nd) return CM_ERR_NOMEM;
+  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a macro name");
+  nd->s = cur(p)->s;
+  nd->n = cur(p)->n;
+  p->pos++;
+  if (!accept_op(p, "(")) return ps_err(p, "expected '(' after the macro name");
+  while (!accept_op(p, ")")) {
+    if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or ')'");
+    if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a parameter name");
+    struct fe_jk_node *param = node(p, JN_NAME);
+    if (!param) return CM_ERR_NOMEM;
+    param->s = cur(p)->s;
+    param->n = cur(p)->n;
+    p->pos++;
+    if (accept_op(p, "=") && (rc = parse_expr(p, &param->a))) return rc;
+    if ((rc = add_item(p, nd, param))) return rc;
+  }
+  int loops = p->loops;
+  p->loops = 0; /* break / continue do not reach out of a macro */
+  if ((rc = expect_stmt_end(p)) || (rc = parse_block(p, ends, &nd->b))) return rc;
+  p->loops = loops;
+  p->pos++; /* endmacro */
+  if ((rc = add_item(p, p->macros, nd))) return rc;
+  *out = nd;
+  return expect_stmt_end(p);
+}
+
 static int parse_stmt(struct ps *p, struct fe_jk_node **out) {
   struct fe_jk_token *t = cur(p);
   if (t->kind != JK_NAME) return ps_err(p, "expected a statement name");
@@ -551,6 +586,8 @@ static int parse_stmt(struct ps *p, struct fe_jk_node **out) {
     rc = parse_for(p, out);
   } else if (t->n == 3 && !memcmp(t->s, "set", 3)) {
     rc = parse_set(p, out);
+  } else if (t->n == 5 && !memcmp(t->s, "macro", 5)) {
+    rc = parse_macro(p, out);
   } else if ((t->n == 5 && !memcmp(t->s, "break", 5)) ||
              (t->n == 8 && !memcmp(t->s, "continue", 8))) {
     if (!p->loops) return ps_err(p, "'%.*s' outside a loop", (int)t->n, t->s);
@@ -618,7 +655,24 @@ int fe_jinja_parse(const char *src, size_t len, struct fe_jinja **out, char *err
   /* tokens and nodes point into the source: keep our own copy */
   char *copy = cm_arena_strndup(&t->arena, src, len);
   int rc = copy ? fe_jk_lex(copy, len, &t->arena, &p.t, &p.n, errbuf, errlen) : CM_ERR_NOMEM;
+  if (!rc && (!(p.calls = node(&p, JN_BLOCK)) || !(p.macros = node(&p, JN_BLOCK))))
+    rc = CM_ERR_NOMEM;
   if (!rc) rc = parse_block(&p, NULL, &t->root);
+  /* every call of a non-global must name a macro of this template */
+  for (size_t i = 0; !rc && i < p.calls->n_items; i++) {
+    const struct fe_jk_node *callee = p.calls->items[i]->a;
+    int found = 0;
+    for (size_t k = 0; k < p.macros->n_items && !found; k++)
+      found = p.macros->items[k]->n == callee->n &&
+              !memcmp(p.macros->items[k]->s, callee->s, callee->n);
+    if (!found && errbuf && errlen) {
+      snprintf(errbuf, errlen, "template line %d: unknown function '%.*s'",
+               p.calls->items[i]->line, (int)callee->n, callee->s);
+      rc = CM_ERR_PARSE;
+    } else if (!found) {
+      rc = CM_ERR_PARSE;
+    }
+  }
   if (rc) {
     if (rc == CM_ERR_NOMEM && errbuf && errlen) snprintf(errbuf, errlen, "template too large");
     fe_jinja_free(t);

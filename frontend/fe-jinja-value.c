@@ -83,7 +83,8 @@ int fe_jv_truthy(struct fe_jv v) {
   case JV_STR: return v.u.str.n != 0;
   case JV_LIST: return v.u.list->n != 0;
   case JV_DICT: return v.u.dict->n != 0;
-  case JV_FUNC: return 1;
+  case JV_FUNC:
+  case JV_MACRO: return 1;
   default: return 0;
   }
 }
@@ -116,6 +117,7 @@ int fe_jv_equal(struct fe_jv a, struct fe_jv b) {
     }
     return 1;
   case JV_FUNC: return a.u.fn == b.u.fn;
+  case JV_MACRO: return a.u.macro == b.u.macro;
   default: return 0;
   }
 }
@@ -254,7 +256,7 @@ int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v) {
     return rc ? rc : put_s(b, v.u.dict->is_namespace ? "}>" : "}");
   }
   if (v.kind == JV_UNDEF) return 0;
-  if (v.kind == JV_FUNC) return put_s(b, "<function>");
+  if (v.kind == JV_FUNC || v.kind == JV_MACRO) return put_s(b, "<function>");
   return fe_jv_print(b, v);
 }
 
@@ -315,7 +317,8 @@ int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth) {
     }
     if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
     return rc ? rc : put_s(b, "}");
-  case JV_FUNC: return put_s(b, "null");
+  case JV_FUNC:
+  case JV_MACRO: return put_s(b, "null");
   }
   return 0;
 }

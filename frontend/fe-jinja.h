@@ -8,7 +8,9 @@
  *   statements  if / elif / else / endif; for x in e [if cond] / else /
  *               endfor, with tuple targets (for k, v in d.items()); break,
  *               continue; set x = e, set ns.attr = e, set x %}..{% endset;
- *               generation / endgeneration (no-ops)
+ *               macro m(a, b=default) / endmacro, called as m(x, b=y) (the
+ *               body sees its arguments and the template's globals; no
+ *               caller / varargs); generation / endgeneration (no-ops)
  *   expressions literals (strings, ints, floats, true/false/none and their
  *               Python spellings, lists, dicts), names, a.b, a[b], slices
  *               a[i:j:k], calls, unary not / - / +, binary or and == != < <=
@@ -26,9 +28,9 @@
  *   globals     raise_exception(msg), namespace(k=v, ...), range(...)
  *   loop        loop.index, index0, revindex, revindex0, first, last, length,
  *               previtem, nextitem
- * Anything else (macros, include, extends, call, unknown filters / tests /
- * methods / globals, unknown statements) is refused when the template is
- * loaded, with the line number. Undefined names print as "" and are false;
+ * Anything else (include, import, extends, block, call, filter blocks,
+ * unknown filters / tests / methods / functions, unknown statements) is
+ * refused when the template is loaded, with the line number. Undefined names print as "" and are false;
  * an attribute or item of an undefined value is a render error.
  *
  * Rendering allocates only from the call's arena (capped) and caps output

@@ -59,7 +59,9 @@ TH_TEST(jinja_parse_refusals) {
   static const struct {
     const char *src, *msg;
   } cases[] = {
-      {"{% macro m() %}x{% endmacro %}", "unsupported statement 'macro'"},
+      {"{% call m() %}x{% endcall %}", "unsupported statement 'call'"},
+      {"{% macro m() %}x{% endmacro %}{{ n() }}", "unknown function 'n'"},
+      {"{% macro m(a, 1) %}{% endmacro %}", "expected a parameter name"},
       {"a\n{% include 'x' %}", "line 2: unsupported statement 'include'"},
       {"{{ x | wordwrap }}", "unsupported filter 'wordwrap'"},
       {"{{ x is sameas y }}", "unsupported test 'sameas'"},
@@ -126,6 +128,11 @@ TH_TEST(jinja_render_semantics) {
       {"{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}", "{\"d\": {\"b\": 2, \"a\": 1}}",
        "a1b2"},
       {"{{ \"it's\" }} {{ ['it\\'s'] }}", "{}", "it's [\"it's\"]"},
+      {"{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
+       "{{ greet('a') }} {{ greet('b', punct='?') }} {{ greet(name='c') }}", "{}",
+       "Hi a! Hi b? Hi c!"},
+      {"{% set g = 'G' %}{% macro m() %}{{ g }}{{ l is defined }}{% endmacro %}"
+       "{% for l in [5] %}{{ m() }}{% endfor %}", "{}", "GFalse"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out = NULL, err[256] = "";
@@ -154,6 +161,11 @@ TH_TEST(jinja_render_errors_and_limits) {
        "output larger", CM_ERR_TOOBIG},
       {"{% for x in none %}{% endfor %}", "none", CM_ERR_INVAL},
       {"{% set n.a = 1 %}", "not a namespace", CM_ERR_INVAL},
+      {"{% macro r(n) %}{{ r(n) }}{% endmacro %}{{ r(1) }}", "macros nested deeper",
+       CM_ERR_DEPTH},
+      {"{{ later() }}{% macro later() %}x{% endmacro %}", "not defined as a macro", CM_ERR_INVAL},
+      {"{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", "takes 1 arguments", CM_ERR_INVAL},
+      {"{% macro m(a) %}{% endmacro %}{{ m(b=1) }}", "no parameter 'b'", CM_ERR_INVAL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *out = NULL, err[256] = "";
