@@ -174,6 +174,64 @@ TH_TEST(worker_gemma3_greedy_and_sigterm) {
   wts_close(&w);
 }
 
+/* ---- speculative decoding with the MTP assistant ----------------------------------- */
+
+#define NSPEC 16
+
+TH_TEST(worker_speculative_greedy) {
+  th_proc_init(120);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma4", "m4s") == 0);
+  char assistant[500];
+  snprintf(assistant, sizeof(assistant), "%s-assistant", w.model);
+  char *mk[] = {wts_bin(), "make-tiny-model", "--arch", "gemma4-assistant", "--target", w.model,
+                "--out", assistant, "--seed", "1", NULL};
+  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 60000, NULL, NULL) == 0);
+  char *extra[] = {"--speculative-model", assistant, "--num-speculative-tokens", "3", NULL};
+  TH_REQUIRE(wts_start(&w, w.model, extra) == 0);
+  TH_CHECK_EQ_INT(w.ready.max_draft, 3);
+  uint32_t ref[NSPEC];
+  TH_REQUIRE(wts_generate(&w, k_prompt_a, 10, NSPEC, ref) == NSPEC);
+
+  /* the worker's own drafts: greedy output is exactly the plain greedy output */
+  struct wts_seq s;
+  uint32_t drafts[3], next[3];
+  int acc = 0, total_acc = 0, steps = 0;
+  wts_seq_init(&s, 1, k_prompt_a, 10, -1);
+  TH_REQUIRE(wts_spec_step(&w, &s, 3, NULL, 0, drafts, &acc) == 0);
+  while (s.n_out < NSPEC && steps < 40) {
+    TH_REQUIRE(wts_spec_step(&w, &s, 3, drafts, 3, next, &acc) == 0);
+    memcpy(drafts, next, sizeof(drafts));
+    total_acc += acc;
+    steps++;
+  }
+  fprintf(stderr, "speculative: %d steps, %d drafts accepted\n", steps, total_acc);
+  TH_REQUIRE(s.n_out >= NSPEC);
+  check_tokens(s.out, NSPEC, ref, NSPEC);
+  wts_seq_end(&w, &s);
+
+  /* drafts that are the true continuation are all accepted, plus one more */
+  wts_seq_init(&s, 2, k_prompt_a, 10, -1);
+  TH_REQUIRE(wts_spec_step(&w, &s, 3, NULL, 0, next, &acc) == 0);
+  TH_CHECK_EQ_INT(s.n_out, 1);
+  TH_REQUIRE(wts_spec_step(&w, &s, 3, ref + 1, 3, next, &acc) == 0);
+  TH_CHECK_EQ_INT(acc, 3);
+  TH_CHECK_EQ_INT(s.n_out, 5);
+  /* a wrong first draft is rejected and replaced by the greedy token */
+  uint32_t wrong[3] = {(ref[5] + 1) % 262144, ref[6], ref[7]};
+  TH_REQUIRE(wts_spec_step(&w, &s, 3, wrong, 3, next, &acc) == 0);
+  TH_CHECK_EQ_INT(acc, 0);
+  TH_CHECK_EQ_INT(s.n_out, 6);
+  /* and the sequence goes on from the right place */
+  TH_REQUIRE(wts_spec_step(&w, &s, 3, ref + 6, 2, next, &acc) == 0);
+  TH_CHECK_EQ_INT(acc, 2);
+  TH_CHECK_EQ_INT(s.n_out, 9);
+  check_tokens(s.out, s.n_out, ref, 9);
+  wts_seq_end(&w, &s);
+  TH_CHECK_EQ_INT(w.n_fail, 0);
+  wts_close(&w);
+}
+
 TH_TEST(worker_refuses_bad_flags) {
   th_proc_init(60);
   struct wts w;

@@ -284,6 +284,65 @@ int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen
   return 0;
 }
 
+void wts_seq_end(struct wts *w, struct wts_seq *s) { seq_release(w, s); }
+
+int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *drafts, int n_drafts,
+                  uint32_t *drafts_out, int *n_accepted) {
+  struct pr_step_seq q;
+  struct pr_i32s tabs[PR_MAX_KV_GROUPS];
+  uint32_t last;
+  memset(&q, 0, sizeof(q));
+  pr_sampling_default(&q.sampling);
+  q.seq_id = s->id;
+  q.start_pos = (uint32_t)s->pos;
+  q.num_draft = (uint32_t)k;
+  q.flags = PR_SEQ_SAMPLE;
+  if (s->pos == 0) {
+    q.tokens.v = s->prompt;
+    q.tokens.n = (uint32_t)s->n_prompt;
+    q.flags |= PR_SEQ_NEW | PR_SEQ_PREFILL;
+    q.sampling.temperature = s->seed >= 0 ? 1.0f : 0.0f;
+    q.sampling.has_seed = s->seed >= 0;
+    q.sampling.seed = s->seed >= 0 ? (uint64_t)s->seed : 0;
+  } else {
+    last = s->out[s->n_out - 1];
+    q.tokens.v = &last;
+    q.tokens.n = 1;
+    q.draft_tokens.v = drafts;
+    q.draft_tokens.n = (uint32_t)n_drafts;
+  }
+  if (seq_reserve(w, s, s->pos + (int)q.tokens.n + n_drafts)) return -1;
+  for (uint32_t g = 0; g < w->ready.n_groups; g++) {
+    int from = s->pos == 0 ? 0 : s->sent_bt[g];
+    tabs[g].v = s->bt[g] + from;
+    tabs[g].n = (uint32_t)(s->n_bt[g] - from);
+    s->sent_bt[g] = s->n_bt[g];
+  }
+  q.block_tables = tabs;
+  q.n_groups = w->ready.n_groups;
+  if (s->pos) q.flags |= PR_SEQ_APPEND_BLOCKS;
+  struct pr_msg m;
+  pr_msg_init(&m, PR_STEP);
+  m.u.step.step_id = w->next_step++;
+  m.u.step.seqs = &q;
+  m.u.step.n_seqs = 1;
+  if (pr_sock_send(w->sock, &w->rid, &m, 0)) return -1;
+  struct pr_msg r;
+  if (recv_want(w, PR_RESULT, 30000, &r) || r.type != PR_RESULT || r.u.result.n_seqs != 1)
+    return -1;
+  const struct pr_result_seq *rs = &r.u.result.seqs[0];
+  if (rs->seq_id != s->id || rs->tokens.n != rs->num_accepted + 1 ||
+      rs->num_accepted > (uint32_t)n_drafts || rs->drafts.n != (uint32_t)k)
+    return -1;
+  for (uint32_t i = 0; i < rs->tokens.n && s->n_out < WTS_MAX_OUT; i++)
+    s->out[s->n_out++] = rs->tokens.v[i];
+  for (int i = 0; i < k; i++)
+    drafts_out[i] = rs->drafts.v[i];
+  s->pos += (int)q.tokens.n + (int)rs->num_accepted;
+  *n_accepted = (int)rs->num_accepted;
+  return 0;
+}
+
 int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len) {
   static const uint32_t toks[100] = {2, 3, 4};
   uint32_t bad_tok[2] = {2, 0};

@@ -72,6 +72,15 @@ void wts_seq_begin(struct wts *w, struct wts_seq *s);
  * carries FINISHED. 0, or -1 when the worker answered FAIL or nothing. */
 int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen);
 
+/* One speculative STEP for s alone: the prompt (first call) or the last
+ * token plus `drafts` to verify; asks for k new drafts. Appends the
+ * accepted drafts and the next token to s->out; the proposals go to
+ * drafts_out (k entries). 0 or -1 (FAIL, no answer, bad RESULT). */
+int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *drafts, int n_drafts,
+                  uint32_t *drafts_out, int *n_accepted);
+/* Returns s's pages to the test's allocator. */
+void wts_seq_end(struct wts *w, struct wts_seq *s);
+
 /* Sends a malformed STEP of `kind` (0..WTS_BAD_KINDS-1) and waits for its
  * FAIL: 0 and the code and reason, or -1. */
 int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len);
