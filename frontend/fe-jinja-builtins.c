@@ -252,6 +252,47 @@ static int dict_items(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_
   return rc;
 }
 
+int fe_jk_filter(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *out);
+
+/* map / select / reject / selectattr / rejectattr; the filter or test
+ * they apply was resolved at parse time into n->b. */
+static int higher_order(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v,
+                        struct fe_jv *out) {
+  struct fe_jv items, attr = UNDEF, dflt = UNDEF;
+  int rc;
+  if ((rc = fe_jk_iterate(e, n, v, &items))) return rc;
+  int by_attr = n->fn == JF_SELECTATTR || n->fn == JF_REJECTATTR;
+  if (by_attr && (rc = fe_jk_eval(e, n->items[0], &attr))) return rc;
+  if (n->fn == JF_MAP && !n->b &&
+      ((rc = arg(e, n, 99, "attribute", UNDEF, &attr)) || (rc = arg(e, n, 99, "default", UNDEF, &dflt))))
+    return rc;
+  if ((by_attr || (n->fn == JF_MAP && !n->b)) && (rc = want(e, n, attr, JV_STR, "attribute")))
+    return rc;
+  *out = mk_list(e);
+  if (!out->u.list) return CM_ERR_NOMEM;
+  for (size_t i = 0; i < items.u.list->n; i++) {
+    struct fe_jv it = items.u.list->items[i], x = it;
+    if (attr.kind == JV_STR) {
+      struct fe_jv *f = it.kind == JV_DICT ? fe_jv_dict_get(it.u.dict, attr.u.str.s, attr.u.str.n) : NULL;
+      x = f ? *f : dflt;
+    }
+    if (n->fn == JF_MAP) {
+      if (n->b && (rc = fe_jk_filter(e, n->b, it, &x))) return rc;
+      if ((rc = fe_jv_list_push(e->a, out->u.list, x))) return rc;
+      continue;
+    }
+    int keep;
+    if (n->b) {
+      if ((rc = fe_jk_test(e, n->b, x, &keep))) return rc;
+    } else {
+      keep = fe_jv_truthy(x);
+    }
+    if (n->fn == JF_REJECT || n->fn == JF_REJECTATTR) keep = !keep;
+    if (keep && (rc = fe_jv_list_push(e->a, out->u.list, it))) return rc;
+  }
+  return 0;
+}
+
 /* ---- filters --------------------------------------------------------------------- */
 
 int fe_jk_filter(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *out) {
@@ -376,6 +417,12 @@ int fe_jk_filter(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v,
   case JF_ITEMS:
   case JF_DICTSORT:
     return dict_items(e, n, v, 0, n->fn == JF_DICTSORT, out);
+  case JF_MAP:
+  case JF_SELECT:
+  case JF_REJECT:
+  case JF_SELECTATTR:
+  case JF_REJECTATTR:
+    return higher_order(e, n, v, out);
   case JF__N: break;
   }
   return fe_jk_err(e, n, CM_ERR_UNSUPPORTED, "filter not implemented");

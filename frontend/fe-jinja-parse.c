@@ -24,7 +24,7 @@
 static const char *const filter_names[JF__N] = {
     "trim", "length", "count", "upper", "lower", "capitalize", "title", "first", "last", "join",
     "default", "d", "tojson", "string", "int", "float", "list", "replace", "safe", "reverse",
-    "abs", "items", "dictsort"};
+    "abs", "items", "dictsort", "map", "select", "reject", "selectattr", "rejectattr"};
 static const char *const test_names[JT__N] = {
     "defined", "undefined", "none", "string", "number", "integer", "float", "boolean",
     "iterable", "mapping", "sequence", "true", "false", "even", "odd", "divisibleby", "eq",
@@ -272,6 +272,54 @@ static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
   }
 }
 
+/* map / select / reject / selectattr / rejectattr name a filter or a test
+ * by a string literal: resolve it now into a node in nd->b that applies it
+ * with the remaining arguments, so an unknown name fails at load time. */
+static int resolve_higher_order(struct ps *p, struct fe_jk_node *nd) {
+  size_t name_at;
+  int is_test;
+  switch (nd->fn) {
+  case JF_MAP:
+    for (size_t k = 0; k < nd->n_kw; k++)
+      if (nd->kw_lens[k] == 9 && !memcmp(nd->kw_names[k], "attribute", 9)) return 0;
+    name_at = 0, is_test = 0;
+    break;
+  case JF_SELECT:
+  case JF_REJECT: name_at = 0, is_test = 1; break;
+  case JF_SELECTATTR:
+  case JF_REJECTATTR:
+    if (nd->n_items < 1) return ps_err(p, "%.*s needs an attribute name", (int)nd->n, nd->s);
+    name_at = 1, is_test = 1;
+    break;
+  default: return 0;
+  }
+  if (nd->n_items <= name_at) {
+    if (!is_test) return ps_err(p, "map needs a filter name or attribute=");
+    return 0; /* no test: truthiness */
+  }
+  const struct fe_jk_node *name = nd->items[name_at];
+  if (name->kind != JN_STR)
+    return ps_err(p, "%.*s: the %s name must be a string literal", (int)nd->n, nd->s,
+                  is_test ? "test" : "filter");
+  struct fe_jk_node *app = node(p, is_test ? JN_TEST : JN_FILTER);
+  if (!app) return CM_ERR_NOMEM;
+  app->s = name->s;
+  app->n = name->n;
+  app->fn = is_test ? fe_jk_test_id(name->s, name->n) : fe_jk_filter_id(name->s, name->n);
+  if (app->fn < 0)
+    return ps_err(p, "unsupported %s '%.*s'", is_test ? "test" : "filter", (int)name->n, name->s);
+  for (size_t k = name_at + 1; k < nd->n_items; k++) {
+    int rc = add_item(p, app, nd->items[k]);
+    if (rc) return rc;
+  }
+  if (!is_test) {
+    app->kw_names = nd->kw_names, app->kw_lens = nd->kw_lens;
+    app->kw_vals = nd->kw_vals, app->n_kw = nd->n_kw;
+  }
+  nd->b = app;
+  return 0;
+}
+
 /* filters and tests bind to the postfix expression before them */
 static int parse_filters(struct ps *p, struct fe_jk_node **io) {
   int rc;
@@ -287,6 +335,7 @@ static int parse_filters(struct ps *p, struct fe_jk_node **io) {
       p->pos++;
       nd->a = *io;
       if (accept_op(p, "(") && (rc = parse_args(p, nd))) return rc;
+      if ((rc = resolve_higher_order(p, nd))) return rc;
     } else if (accept_name(p, "is")) {
       if (!(nd = node(p, JN_TEST))) return CM_ERR_NOMEM;
       nd->i = accept_name(p, "not");

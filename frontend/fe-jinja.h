@@ -18,7 +18,10 @@
  *               (e | f(args)) and tests (e is [not] t(args))
  *   filters     trim, length/count, upper, lower, capitalize, title, first,
  *               last, join, default/d, tojson (indent=), string, int, float,
- *               list, replace, safe, reverse, abs, items, dictsort (keys)
+ *               list, replace, safe, reverse, abs, items, dictsort (keys),
+ *               map('filter', ...) / map(attribute='a', default=x),
+ *               select / reject('test', ...), selectattr / rejectattr('a',
+ *               'test', ...) (filter and test names must be literals)
  *   tests       defined, undefined, none, string, number, integer, float,
  *               boolean, iterable, mapping, sequence, true, false, even, odd,
  *               divisibleby, eq/equalto/==, ne/!=

@@ -60,6 +60,9 @@ TH_TEST(jinja_parse_refusals) {
     const char *src, *msg;
   } cases[] = {
       {"{% call m() %}x{% endcall %}", "unsupported statement 'call'"},
+      {"{{ x | map('nosuchfilter') }}", "unsupported filter 'nosuchfilter'"},
+      {"{{ x | selectattr('a', 'nosuchtest') }}", "unsupported test 'nosuchtest'"},
+      {"{{ x | select(t) }}", "must be a string literal"},
       {"{% macro m() %}x{% endmacro %}{{ n() }}", "unknown function 'n'"},
       {"{% macro m(a, 1) %}{% endmacro %}", "expected a parameter name"},
       {"a\n{% include 'x' %}", "line 2: unsupported statement 'include'"},
@@ -128,6 +131,10 @@ TH_TEST(jinja_render_semantics) {
       {"{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}", "{\"d\": {\"b\": 2, \"a\": 1}}",
        "a1b2"},
       {"{{ \"it's\" }} {{ ['it\\'s'] }}", "{}", "it's [\"it's\"]"},
+      {"{{ [' a ', 'b '] | map('trim') | join('|') }} {{ [1, 2, 3, 4] | select('even') | list }}"
+       " {{ [0, 1, '', 'x'] | reject | list }} {{ [{'a': 1}, {}] | map(attribute='a', default=0)"
+       " | list }} {{ [{'a': 1}, {'a': 2}] | rejectattr('a', 'odd') | list }}", "{}",
+       "a|b [2, 4] [0, ''] [1, 0] [{'a': 2}]"},
       {"{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
        "{{ greet('a') }} {{ greet('b', punct='?') }} {{ greet(name='c') }}", "{}",
        "Hi a! Hi b? Hi c!"},
