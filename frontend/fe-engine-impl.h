@@ -1,0 +1,152 @@
+/* fe-engine-impl.h — the serving path's structs, shared by fe-engine.c
+ * (socket, PING/PONG, dispatch), fe-engine-req.c (submit: tokenize, ADD)
+ * and fe-engine-out.c (OUT/ERR: text, stop strings, answers). Not for use
+ * outside fe-engine*.c. */
+#ifndef LMSERVE_FE_ENGINE_IMPL_H
+#define LMSERVE_FE_ENGINE_IMPL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/cm-arena.h"
+#include "frontend/fe-api-resp.h"
+#include "frontend/fe-api.h"
+#include "frontend/fe-chat.h"
+#include "frontend/fe-detok.h"
+#include "frontend/fe-engine.h"
+#include "frontend/fe-http-buf.h"
+#include "frontend/fe-http-metrics.h"
+#include "frontend/fe-sse.h"
+#include "frontend/fe-stop.h"
+#include "frontend/fe-tokenizer.h"
+#include "proto/pr-msg.h"
+#include "proto/pr-zmq.h"
+
+#define FE_ENG_MAX_EOS 8 /* eos ids from generation_config.json */
+
+/* One logprob entry of a generated token. */
+struct fe_eng_lp {
+  int32_t id;     /* sampled token */
+  float logprob;  /* nats */
+  uint32_t top_i; /* index of its first top entry in choice.top_ids / top_lps */
+  uint32_t n_top; /* top entries */
+};
+
+/* One choice = one scheduler request id. */
+struct fe_eng_choice {
+  struct fe_eng_req *req;
+  uint64_t id;    /* scheduler request id */
+  int index;      /* choice index in the response */
+  int prompt_i;   /* which prompt of the request */
+  int live;       /* the scheduler still runs it (no final OUT, no ABORT sent) */
+  int done;       /* finished: finish_reason is set */
+  const char *finish_reason;
+  struct fe_detok *detok;
+  struct fe_stop *stop;
+  struct fe_buf text;     /* non-streamed: all released text; streamed: this OUT's delta */
+  size_t text_sent;       /* bytes of text sent before (completions text_offset) */
+  int64_t n_gen;          /* tokens generated */
+  uint64_t last_ns;       /* monotonic time of the last OUT with tokens */
+  struct fe_eng_lp *lps;  /* (n_lps) logprobs of the tokens (non-streamed: all; streamed:
+                           * this OUT's) */
+  size_t n_lps, cap_lps;
+  int32_t *top_ids; /* (n_top_all) top entries behind lps */
+  float *top_lps;   /* (n_top_all) nats */
+  size_t n_top_all, cap_top;
+};
+
+struct fe_eng_req {
+  struct fe_engine *e;
+  struct fe_conn *conn;
+  struct fe_api_request *api;
+  struct fe_eng_choice *ch; /* (n_ch) = n_prompts * n */
+  int n_ch;
+  int n_done;
+  int64_t *n_prompt;       /* (api->n_prompts) prompt tokens of each prompt */
+  int64_t prompt_total;    /* tokens over all prompts */
+  int stream;
+  int sse_on;              /* the SSE stream has begun */
+  int busy;                /* an OUT is being processed: defer frees */
+  int gone;                /* the client left while busy */
+  int fail_status;         /* set while busy: fail once the OUT is processed */
+  char fail_msg[256];
+  struct fe_sse_stream sse;
+  char id[64];
+  int64_t created;         /* Unix seconds */
+  uint64_t start_ns;       /* monotonic */
+  int first_token_seen;
+  struct fe_eng_req *prev, *next;
+};
+
+struct fe_engine {
+  uv_loop_t *loop;
+  struct fe_router *router;
+  struct fe_metrics *metrics; /* NULL: no metrics */
+  struct fe_metric_ids mid;
+  struct fe_engine_config cfg;
+  char *model_name;
+  char *scheduler;
+  char *model_dir;
+
+  struct fe_tok *tok;
+  struct fe_tok_state *tok_st;
+  struct fe_chat *chat; /* NULL when the model has no chat template */
+  int32_t eos[FE_ENG_MAX_EOS];
+  int n_eos;
+
+  void *zctx;
+  struct pr_sock *sock;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  int handles_open;
+  struct cm_arena rx_arena;
+  int pumping, repump;
+
+  uint64_t next_id;     /* scheduler request ids */
+  uint64_t ping_nonce;
+  uint64_t last_pong_ns;  /* monotonic; 0: none yet */
+  uint64_t created_ns;    /* monotonic */
+  int workers_ok;         /* last PONG: workers_ready == world_size > 0 */
+  int64_t pong_max_model_len;
+  struct pr_pong last_pong; /* cumulative counters seen last */
+  int have_pong;
+
+  /* request id -> choice: open addressing, linear probing */
+  struct fe_eng_choice **map; /* (map_cap) */
+  size_t map_cap, map_n;
+
+  struct fe_eng_req *reqs; /* in flight */
+  int n_reqs;
+
+  /* scratch, reused */
+  int32_t *ids;
+  size_t n_ids, cap_ids;
+  uint32_t *stop_ids; /* (cap) stop ids sent in ADD */
+  size_t cap_stop_ids;
+  char *dec;
+  size_t dec_cap;
+  struct fe_buf out;
+  struct fe_buf tmp;
+};
+
+/* fe-engine.c */
+int fe_eng_send(struct fe_engine *e, const struct pr_msg *m);
+void fe_eng_pump(struct fe_engine *e);
+int fe_eng_map_put(struct fe_engine *e, struct fe_eng_choice *c);
+struct fe_eng_choice *fe_eng_map_get(struct fe_engine *e, uint64_t id);
+void fe_eng_map_del(struct fe_engine *e, uint64_t id);
+
+/* fe-engine-req.c */
+int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why);
+void fe_eng_req_free(struct fe_eng_req *r);
+
+/* fe-engine-out.c */
+void fe_eng_on_out(struct fe_engine *e, const struct pr_out *o);
+void fe_eng_on_err(struct fe_engine *e, const struct pr_err *er);
+/* Fails every choice of r (ABORTs live ones) and answers the error. */
+void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const char *param);
+void fe_eng_on_client_abort(void *ud);
+/* Sends ABORT for the live choices of r. */
+void fe_eng_abort_live(struct fe_eng_req *r);
+
+#endif

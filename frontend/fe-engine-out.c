@@ -1,0 +1,411 @@
+/* fe-engine-out.c — what comes back from the scheduler: OUT messages
+ * turned into text per choice (incremental detokenization, stop strings,
+ * logprobs), SSE chunks or one JSON answer once every choice finished,
+ * ERR mapped to HTTP statuses, client disconnects turned into ABORTs, and
+ * the per-request metrics (TTFT, inter-token latency, e2e, token totals). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "frontend/fe-engine-impl.h"
+
+#define TAG "fe-engine"
+
+static void m_inc(struct fe_engine *e, int id, double v) {
+  if (e->metrics) fe_metrics_inc(e->metrics, id, v);
+}
+static void m_obs(struct fe_engine *e, int id, double v) {
+  if (e->metrics) fe_metrics_observe(e->metrics, id, v);
+}
+
+/* ---- aborts and failures --------------------------------------------------- */
+
+void fe_eng_abort_live(struct fe_eng_req *r) {
+  uint64_t ids[FE_API_MAX_N];
+  uint32_t n = 0;
+  for (int k = 0; k < r->n_ch; k++) {
+    if (!r->ch[k].live) continue;
+    r->ch[k].live = 0;
+    ids[n++] = r->ch[k].id;
+  }
+  if (!n) return;
+  struct pr_msg m;
+  pr_msg_init(&m, PR_ABORT);
+  m.u.abort.request_ids.v = ids;
+  m.u.abort.request_ids.n = n;
+  int rc = fe_eng_send(r->e, &m);
+  if (rc) cm_warn(TAG, "ABORT of %u request(s) not sent: %s", (unsigned)n, cm_strerror(rc));
+}
+
+static void stream_begin(struct fe_eng_req *r) {
+  if (r->sse_on) return;
+  r->sse_on = 1;
+  const char *prefix = r->api->kind == FE_API_CHAT ? "chatcmpl-" : "cmpl-";
+  fe_sse_begin(&r->sse, r->conn, r->api, prefix, r->created);
+  r->sse.n = r->n_ch; /* several prompts: n per prompt */
+  if (r->api->kind != FE_API_CHAT) return;
+  for (int k = 0; k < r->n_ch; k++) { /* the role first, with empty content, as vLLM does */
+    struct fe_api_choice c = {k, "", 0, NULL, NULL, 0, 0};
+    fe_sse_send(&r->sse, &c);
+  }
+}
+
+void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const char *param) {
+  struct fe_engine *e = r->e;
+  if (r->busy) { /* inside OUT processing: the caller fails it afterwards */
+    if (!r->fail_status) {
+      r->fail_status = status;
+      snprintf(r->fail_msg, sizeof(r->fail_msg), "%s", msg);
+    }
+    return;
+  }
+  fe_eng_abort_live(r);
+  m_inc(e, status >= 500 ? e->mid.http_server_errors : e->mid.http_client_errors, 1);
+  if (r->sse_on) {
+    fe_sse_send_error(&r->sse, status, msg);
+    fe_sse_end(&r->sse, NULL);
+  } else {
+    fe_conn_respond_error(r->conn, status, msg, param);
+  }
+  fe_eng_req_free(r);
+}
+
+void fe_eng_on_client_abort(void *ud) {
+  struct fe_eng_req *r = ud;
+  if (r->busy) {
+    r->gone = 1;
+    return;
+  }
+  cm_debug(TAG, "client left: aborting %d choice(s)", r->n_ch);
+  fe_eng_abort_live(r);
+  if (r->sse_on)
+    fe_sse_end(&r->sse, NULL);
+  else
+    fe_conn_respond_error(r->conn, 499, "client closed the request", NULL);
+  fe_eng_req_free(r);
+}
+
+static int err_status(int code) {
+  switch (code) {
+  case CM_ERR_INVAL:
+  case CM_ERR_RANGE:
+  case CM_ERR_TOOBIG:
+  case CM_ERR_PARSE:
+  case CM_ERR_UNSUPPORTED: return 400;
+  case CM_ERR_FULL: return 429;
+  case CM_ERR_AGAIN:
+  case CM_ERR_CLOSED:
+  case CM_ERR_TIMEOUT: return 503;
+  default: return 500;
+  }
+}
+
+void fe_eng_on_err(struct fe_engine *e, const struct pr_err *er) {
+  struct fe_eng_choice *ch = er->request_id ? fe_eng_map_get(e, er->request_id) : NULL;
+  if (!ch || ch->done) {
+    cm_warn(TAG, "scheduler error (request %llu): %s: %s", (unsigned long long)er->request_id,
+            cm_strerror(er->code), er->message);
+    return;
+  }
+  ch->live = 0;
+  fe_eng_req_fail(ch->req, err_status(er->code), er->message, NULL);
+}
+
+/* ---- text and logprobs ------------------------------------------------------- */
+
+static int lp_push(struct fe_eng_choice *ch, int32_t id, const struct pr_logprobs *lp, uint32_t t) {
+  if (ch->n_lps == ch->cap_lps) {
+    size_t cap = ch->cap_lps ? ch->cap_lps * 2 : 64;
+    struct fe_eng_lp *p = realloc(ch->lps, cap * sizeof(*p));
+    if (!p) return CM_ERR_NOMEM;
+    ch->lps = p;
+    ch->cap_lps = cap;
+  }
+  uint32_t nt = lp->n_top;
+  if (ch->n_top_all + nt > ch->cap_top) {
+    size_t cap = ch->cap_top ? ch->cap_top * 2 : 256;
+    while (cap < ch->n_top_all + nt)
+      cap *= 2;
+    int32_t *a = realloc(ch->top_ids, cap * sizeof(*a));
+    if (!a) return CM_ERR_NOMEM;
+    ch->top_ids = a;
+    float *b = realloc(ch->top_lps, cap * sizeof(*b));
+    if (!b) return CM_ERR_NOMEM;
+    ch->top_lps = b;
+    ch->cap_top = cap;
+  }
+  struct fe_eng_lp *x = &ch->lps[ch->n_lps++];
+  x->id = id;
+  x->logprob = lp->sampled.v[t];
+  x->top_i = (uint32_t)ch->n_top_all;
+  x->n_top = nt;
+  for (uint32_t j = 0; j < nt; j++) {
+    ch->top_ids[ch->n_top_all] = (int32_t)lp->top_ids.v[(size_t)t * nt + j];
+    ch->top_lps[ch->n_top_all++] = lp->top.v[(size_t)t * nt + j];
+  }
+  return 0;
+}
+
+/* Feeds detokenized text through the stop matcher into ch->text. Returns 1
+ * when a stop string matched. */
+static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
+  const char *o = NULL;
+  size_t ol = 0;
+  int hit = -1;
+  if (fe_stop_push(ch->stop, piece, len, &o, &ol, &hit) != 0) return 0;
+  fe_buf_append(&ch->text, o, ol);
+  if (hit < 0) return 0;
+  if (ch->req->api->include_stop_str_in_output)
+    fe_buf_puts(&ch->text, ch->req->api->stop[hit]);
+  return 1;
+}
+
+/* End of the token stream: whatever detok and stop held back. */
+static int flush_text(struct fe_eng_choice *ch) {
+  const char *p = NULL;
+  size_t n = 0;
+  if (fe_detok_flush(ch->detok, &p, &n) == 0 && n && feed(ch, p, n)) return 1;
+  if (fe_stop_flush(ch->stop, &p, &n) == 0) fe_buf_append(&ch->text, p, n);
+  return 0;
+}
+
+/* Builds the OpenAI logprobs of ch->lps[0..n_lps) in e->tmp (token texts)
+ * and the arrays *tl / *tops (malloc'd; the caller frees both). */
+static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch,
+                          struct fe_api_token_logprob **tl, struct fe_api_top_logprob **tops,
+                          struct fe_buf *txt) {
+  *tl = NULL;
+  *tops = NULL;
+  if (!ch->n_lps) return 0;
+  size_t n_top = 0;
+  for (size_t i = 0; i < ch->n_lps; i++)
+    n_top += ch->lps[i].n_top;
+  size_t n_ids = ch->n_lps + n_top;
+  size_t *off = malloc((n_ids + 1) * sizeof(*off));
+  *tl = calloc(ch->n_lps, sizeof(**tl));
+  *tops = n_top ? calloc(n_top, sizeof(**tops)) : NULL;
+  if (!off || !*tl || (n_top && !*tops)) {
+    free(off);
+    return CM_ERR_NOMEM;
+  }
+  /* texts first (the buffer may move), pointers after */
+  size_t k = 0;
+  char piece[256];
+  for (size_t i = 0; i < ch->n_lps; i++) {
+    for (uint32_t j = 0; j <= ch->lps[i].n_top; j++) {
+      int32_t id = j == 0 ? ch->lps[i].id : ch->top_ids[ch->lps[i].top_i + j - 1];
+      size_t len = 0;
+      if (fe_tok_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0) len = 0;
+      off[k++] = txt->len;
+      fe_buf_append(txt, piece, len);
+    }
+  }
+  off[k] = txt->len;
+  if (txt->err) {
+    free(off);
+    return txt->err;
+  }
+  k = 0;
+  size_t t = 0;
+  for (size_t i = 0; i < ch->n_lps; i++) {
+    struct fe_api_token_logprob *x = &(*tl)[i];
+    x->token = txt->data + off[k];
+    x->token_len = off[k + 1] - off[k];
+    x->logprob = ch->lps[i].logprob;
+    k++;
+    x->top = *tops ? *tops + t : NULL;
+    x->n_top = ch->lps[i].n_top;
+    for (uint32_t j = 0; j < ch->lps[i].n_top; j++, t++, k++) {
+      (*tops)[t].token = txt->data + off[k];
+      (*tops)[t].token_len = off[k + 1] - off[k];
+      (*tops)[t].logprob = ch->top_lps[ch->lps[i].top_i + j];
+    }
+  }
+  free(off);
+  return 0;
+}
+
+/* ---- answers ------------------------------------------------------------------ */
+
+static void usage_of(const struct fe_eng_req *r, struct fe_api_usage *u) {
+  u->prompt_tokens = r->prompt_total;
+  u->completion_tokens = 0;
+  for (int k = 0; k < r->n_ch; k++)
+    u->completion_tokens += r->ch[k].n_gen;
+}
+
+static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
+  struct fe_engine *e = r->e;
+  struct fe_api_choice c = {ch->index, ch->text.data ? ch->text.data : "", ch->text.len,
+                            ch->done ? ch->finish_reason : NULL, NULL, 0, ch->text_sent};
+  struct fe_api_token_logprob *tl = NULL;
+  struct fe_api_top_logprob *tops = NULL;
+  fe_buf_reset(&e->tmp);
+  if (r->api->logprobs >= 0 && build_logprobs(e, ch, &tl, &tops, &e->tmp) == 0 && tl) {
+    c.logprobs = tl;
+    c.n_logprobs = ch->n_lps;
+  }
+  stream_begin(r);
+  fe_sse_send(&r->sse, &c);
+  free(tl);
+  free(tops);
+  ch->text_sent += ch->text.len;
+}
+
+static void complete(struct fe_eng_req *r) {
+  struct fe_engine *e = r->e;
+  struct fe_api_usage u;
+  usage_of(r, &u);
+  m_obs(e, e->mid.e2e_request_latency_seconds, (double)(cm_time_ns() - r->start_ns) / 1e9);
+  m_inc(e, e->mid.request_success, 1);
+  m_inc(e, e->mid.prompt_tokens, (double)r->prompt_total);
+  if (r->stream) {
+    stream_begin(r);
+    fe_sse_end(&r->sse, r->api->include_usage ? &u : NULL);
+    fe_eng_req_free(r);
+    return;
+  }
+  struct fe_api_choice *cs = calloc((size_t)r->n_ch, sizeof(*cs));
+  struct fe_api_token_logprob **tls = calloc((size_t)r->n_ch, sizeof(*tls));
+  struct fe_api_top_logprob **tops = calloc((size_t)r->n_ch, sizeof(*tops));
+  struct fe_buf *txt = calloc((size_t)r->n_ch, sizeof(*txt));
+  int rc = cs && tls && tops && txt ? 0 : CM_ERR_NOMEM;
+  for (int k = 0; k < r->n_ch && !rc; k++) {
+    struct fe_eng_choice *ch = &r->ch[k];
+    fe_buf_init(&txt[k], 0);
+    cs[k].index = k;
+    cs[k].text = ch->text.data ? ch->text.data : "";
+    cs[k].text_len = ch->text.len;
+    cs[k].finish_reason = ch->finish_reason;
+    if (r->api->logprobs >= 0) {
+      rc = build_logprobs(e, ch, &tls[k], &tops[k], &txt[k]);
+      cs[k].logprobs = tls[k];
+      cs[k].n_logprobs = tls[k] ? ch->n_lps : 0;
+    }
+  }
+  struct fe_buf *b = &e->out;
+  fe_buf_reset(b);
+  struct fe_api_resp_meta meta = {r->id, r->created, r->api->model};
+  if (!rc) {
+    if (r->api->kind == FE_API_CHAT)
+      rc = fe_api_write_chat(b, &meta, cs, (size_t)r->n_ch, &u);
+    else
+      rc = fe_api_write_completion(b, &meta, cs, (size_t)r->n_ch, &u);
+  }
+  if (!rc && !b->err)
+    fe_conn_respond(r->conn, 200, "application/json", NULL, b->data, b->len);
+  else
+    fe_conn_respond_error(r->conn, 500, "response too large to build", NULL);
+  for (int k = 0; tls && tops && txt && k < r->n_ch; k++) {
+    free(tls[k]);
+    free(tops[k]);
+    fe_buf_free(&txt[k]);
+  }
+  free(cs);
+  free(tls);
+  free(tops);
+  free(txt);
+  fe_eng_req_free(r);
+}
+
+static const char *finish_name(uint8_t f) {
+  switch (f) {
+  case PR_FINISH_STOP: return "stop";
+  case PR_FINISH_LENGTH: return "length";
+  default: return "abort";
+  }
+}
+
+static int is_stop_id(const struct fe_engine *e, const struct fe_api_request *q, int64_t id) {
+  for (int i = 0; i < e->n_eos; i++)
+    if (e->eos[i] == id) return 1;
+  for (size_t i = 0; i < q->n_stop_token_ids; i++)
+    if (q->stop_token_ids[i] == id) return 1;
+  return 0;
+}
+
+/* One sequence of an OUT for choice `ch` of request r (r->busy is set). */
+static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s) {
+  struct fe_eng_req *r = ch->req;
+  uint64_t now = cm_time_ns();
+  if (r->stream) { /* chunks carry deltas */
+    fe_buf_reset(&ch->text);
+    ch->n_lps = 0;
+    ch->n_top_all = 0;
+  }
+  if (s->tokens.n) {
+    if (!r->first_token_seen) {
+      r->first_token_seen = 1;
+      m_obs(e, e->mid.time_to_first_token_seconds, (double)(now - r->start_ns) / 1e9);
+    } else if (ch->n_gen > 0) {
+      m_obs(e, e->mid.inter_token_latency_seconds,
+            (double)(now - ch->last_ns) / 1e9 / (double)s->tokens.n);
+    }
+    ch->last_ns = now;
+    m_inc(e, e->mid.generation_tokens, (double)s->tokens.n);
+  }
+  int want_lp = r->api->logprobs >= 0 && s->logprobs.sampled.n == s->tokens.n;
+  int hit = 0; /* a stop string matched */
+  for (uint32_t t = 0; t < s->tokens.n && !hit; t++) {
+    int32_t id = (int32_t)s->tokens.v[t];
+    ch->n_gen++;
+    if (want_lp) lp_push(ch, id, &s->logprobs, t);
+    /* the EOS / stop id that ended the sequence is not part of the text */
+    if (s->finish == PR_FINISH_STOP && t + 1 == s->tokens.n && s->stop_token == id &&
+        is_stop_id(e, r->api, id))
+      continue;
+    const char *piece = NULL;
+    size_t len = 0;
+    if (fe_detok_push(ch->detok, id, &piece, &len) != 0) {
+      cm_warn(TAG, "request %llu: token id %d outside the vocabulary; dropped",
+              (unsigned long long)ch->id, (int)id);
+      continue;
+    }
+    if (len) hit = feed(ch, piece, len);
+  }
+  int finished = s->finish != PR_FINISH_NONE;
+  if (finished) ch->live = 0;
+  if (!hit && finished) {
+    if (s->finish == PR_FINISH_ERROR) {
+      fe_eng_req_fail(r, 500, "generation failed in the engine", NULL);
+      return;
+    }
+    hit = flush_text(ch);
+  }
+  if (hit || finished) {
+    if (hit && ch->live) { /* the scheduler would go on: stop it */
+      struct pr_msg m;
+      pr_msg_init(&m, PR_ABORT);
+      m.u.abort.request_ids.v = &ch->id;
+      m.u.abort.request_ids.n = 1;
+      ch->live = 0;
+      int rc = fe_eng_send(e, &m);
+      if (rc) cm_warn(TAG, "ABORT not sent: %s", cm_strerror(rc));
+    }
+    ch->done = 1;
+    ch->finish_reason = hit ? "stop" : finish_name(s->finish);
+    r->n_done++;
+  }
+  if (r->stream && (ch->text.len || ch->n_lps || ch->done)) send_chunk(r, ch);
+}
+
+void fe_eng_on_out(struct fe_engine *e, const struct pr_out *o) {
+  for (uint32_t i = 0; i < o->n_seqs; i++) {
+    const struct pr_out_seq *s = &o->seqs[i];
+    struct fe_eng_choice *ch = fe_eng_map_get(e, s->request_id);
+    if (!ch || ch->done) continue; /* finished or aborted here already */
+    struct fe_eng_req *r = ch->req;
+    r->busy = 1;
+    on_seq(e, ch, s);
+    r->busy = 0;
+    if (r->gone)
+      fe_eng_on_client_abort(r);
+    else if (r->fail_status)
+      fe_eng_req_fail(r, r->fail_status, r->fail_msg, NULL);
+    else if (r->n_done == r->n_ch)
+      complete(r);
+  }
+}

@@ -1,0 +1,342 @@
+/* fe-engine.c — the serving path's engine: model files (tokenizer, chat
+ * template, EOS ids), the DEALER socket to the scheduler polled on the
+ * libuv loop, PING/PONG (readiness, load metrics), message dispatch, and
+ * the request-id map (see fe-engine.h). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
+#include "frontend/fe-engine-impl.h"
+
+#define TAG "fe-engine"
+
+/* ---- request-id map ------------------------------------------------------ */
+
+static size_t map_slot(uint64_t id, size_t cap) {
+  uint64_t h = id * 0x9e3779b97f4a7c15ull;
+  return (size_t)(h >> 17) & (cap - 1);
+}
+
+int fe_eng_map_put(struct fe_engine *e, struct fe_eng_choice *c) {
+  if ((e->map_n + 1) * 2 > e->map_cap) { /* keep the load under 1/2 */
+    size_t cap = e->map_cap ? e->map_cap * 2 : 256;
+    struct fe_eng_choice **m = calloc(cap, sizeof(*m));
+    if (!m) return CM_ERR_NOMEM;
+    for (size_t i = 0; i < e->map_cap; i++) {
+      if (!e->map[i]) continue;
+      size_t j = map_slot(e->map[i]->id, cap);
+      while (m[j])
+        j = (j + 1) & (cap - 1);
+      m[j] = e->map[i];
+    }
+    free(e->map);
+    e->map = m;
+    e->map_cap = cap;
+  }
+  size_t j = map_slot(c->id, e->map_cap);
+  while (e->map[j])
+    j = (j + 1) & (e->map_cap - 1);
+  e->map[j] = c;
+  e->map_n++;
+  return 0;
+}
+
+struct fe_eng_choice *fe_eng_map_get(struct fe_engine *e, uint64_t id) {
+  if (!e->map_cap) return NULL;
+  for (size_t j = map_slot(id, e->map_cap); e->map[j]; j = (j + 1) & (e->map_cap - 1))
+    if (e->map[j]->id == id) return e->map[j];
+  return NULL;
+}
+
+void fe_eng_map_del(struct fe_engine *e, uint64_t id) {
+  if (!e->map_cap) return;
+  size_t mask = e->map_cap - 1, j = map_slot(id, e->map_cap);
+  while (e->map[j] && e->map[j]->id != id)
+    j = (j + 1) & mask;
+  if (!e->map[j]) return;
+  e->map[j] = NULL;
+  e->map_n--;
+  /* backward-shift deletion: re-place the rest of the cluster */
+  for (size_t k = (j + 1) & mask; e->map[k]; k = (k + 1) & mask) {
+    struct fe_eng_choice *c = e->map[k];
+    e->map[k] = NULL;
+    size_t s = map_slot(c->id, e->map_cap);
+    while (e->map[s])
+      s = (s + 1) & mask;
+    e->map[s] = c;
+  }
+}
+
+/* ---- socket ---------------------------------------------------------------- */
+
+int fe_eng_send(struct fe_engine *e, const struct pr_msg *m) {
+  int rc = pr_sock_send(e->sock, NULL, m, PR_DONTWAIT);
+  /* the fd is edge-triggered: a send may have consumed the readable edge */
+  fe_eng_pump(e);
+  return rc;
+}
+
+static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
+  e->last_pong_ns = cm_time_ns();
+  e->workers_ok = p->world_size > 0 && p->workers_ready == p->world_size;
+  if (p->max_model_len) e->pong_max_model_len = p->max_model_len;
+  if (e->metrics) {
+    struct fe_metrics *m = e->metrics;
+    fe_metrics_set(m, e->mid.num_requests_running, p->num_running);
+    fe_metrics_set(m, e->mid.num_requests_waiting, p->num_waiting);
+    fe_metrics_set(m, e->mid.kv_cache_usage_perc, p->kv_usage);
+    /* PONG counters are cumulative at the scheduler: add what is new (a
+     * restarted scheduler starts again from 0) */
+#define DELTA(field, id)                                                                           \
+  do {                                                                                             \
+    uint64_t prev_ = e->have_pong ? e->last_pong.field : 0;                                        \
+    uint64_t d_ = p->field >= prev_ ? p->field - prev_ : p->field;                                 \
+    if (d_) fe_metrics_inc(m, e->mid.id, (double)d_);                                              \
+  } while (0)
+    DELTA(prefix_cache_queries, prefix_cache_queries);
+    DELTA(prefix_cache_hits, prefix_cache_hits);
+    DELTA(spec_num_drafts, spec_decode_num_drafts);
+    DELTA(spec_num_draft_tokens, spec_decode_num_draft_tokens);
+    DELTA(spec_num_accepted_tokens, spec_decode_num_accepted_tokens);
+#undef DELTA
+  }
+  e->last_pong = *p;
+  e->have_pong = 1;
+}
+
+static void dispatch(struct fe_engine *e, const struct pr_msg *m) {
+  switch (m->type) {
+  case PR_PONG: on_pong(e, &m->u.pong); break;
+  case PR_OUT: fe_eng_on_out(e, &m->u.out); break;
+  case PR_ERR: fe_eng_on_err(e, &m->u.err); break;
+  default: cm_warn(TAG, "scheduler sent %s, not a frontend message; dropped", pr_type_name(m->type));
+  }
+}
+
+void fe_eng_pump(struct fe_engine *e) {
+  if (!e->sock) return;
+  if (e->pumping) { /* a send from inside dispatch: the outer loop drains again */
+    e->repump = 1;
+    return;
+  }
+  e->pumping = 1;
+  do {
+    e->repump = 0;
+    for (;;) {
+      int ev = 0;
+      if (pr_sock_events(e->sock, &ev) != 0 || !(ev & ZMQ_POLLIN)) break;
+      struct pr_msg m;
+      cm_arena_reset(&e->rx_arena);
+      int rc = pr_sock_recv(e->sock, NULL, &m, &e->rx_arena, PR_DONTWAIT);
+      if (rc == CM_ERR_AGAIN) break;
+      if (rc == CM_ERR_CLOSED) break;
+      if (rc) {
+        cm_warn(TAG, "bad message from the scheduler dropped: %s", cm_strerror(rc));
+        continue;
+      }
+      dispatch(e, &m);
+    }
+  } while (e->repump);
+  e->pumping = 0;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  fe_eng_pump(h->data);
+}
+
+static void fail_all(struct fe_engine *e, int status, const char *msg) {
+  while (e->reqs)
+    fe_eng_req_fail(e->reqs, status, msg, NULL); /* unlinks and frees the request */
+}
+
+static void on_timer(uv_timer_t *t) {
+  struct fe_engine *e = t->data;
+  uint64_t now = cm_time_ns();
+  uint64_t since = e->last_pong_ns ? e->last_pong_ns : e->created_ns;
+  if (e->reqs && now - since > (uint64_t)e->cfg.dead_ms * 1000000ull) {
+    cm_error(TAG, "no answer from the scheduler for %.1f s: failing %d request(s)",
+             (double)(now - since) / 1e9, e->n_reqs);
+    fail_all(e, 503, "the engine stopped answering");
+  }
+  struct pr_msg m;
+  pr_msg_init(&m, PR_PING);
+  m.u.ping.nonce = ++e->ping_nonce;
+  m.u.ping.send_ns = cm_time_wall_ns();
+  int rc = fe_eng_send(e, &m);
+  if (rc && rc != CM_ERR_AGAIN) cm_debug(TAG, "PING: %s", cm_strerror(rc));
+}
+
+/* ---- model files --------------------------------------------------------- */
+
+static void load_eos(struct fe_engine *e) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/generation_config.json", e->model_dir);
+  json_error_t je;
+  json_t *root = json_load_file(path, 0, &je);
+  if (root) {
+    json_t *v = json_object_get(root, "eos_token_id");
+    if (json_is_integer(v)) {
+      e->eos[e->n_eos++] = (int32_t)json_integer_value(v);
+    } else if (json_is_array(v)) {
+      size_t i;
+      json_t *x;
+      json_array_foreach(v, i, x) {
+        if (json_is_integer(x) && e->n_eos < FE_ENG_MAX_EOS)
+          e->eos[e->n_eos++] = (int32_t)json_integer_value(x);
+      }
+    }
+    json_decref(root);
+  }
+  int32_t n_vocab = fe_tok_n_vocab(e->tok);
+  int k = 0;
+  for (int i = 0; i < e->n_eos; i++) /* drop ids the tokenizer does not have */
+    if (e->eos[i] >= 0 && e->eos[i] < n_vocab) e->eos[k++] = e->eos[i];
+  e->n_eos = k;
+  if (e->n_eos == 0 && fe_tok_eos(e->tok) >= 0) e->eos[e->n_eos++] = fe_tok_eos(e->tok);
+}
+
+static void close_cb(uv_handle_t *h) {
+  struct fe_engine *e = h->data;
+  e->handles_open--;
+}
+
+/* ---- lifecycle ------------------------------------------------------------- */
+
+int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_engine_config *cfg,
+                     struct fe_engine **out) {
+  struct fe_engine *e = calloc(1, sizeof(*e));
+  if (!e) return CM_ERR_NOMEM;
+  char err[512] = "";
+  int rc = CM_ERR_NOMEM;
+  e->loop = loop;
+  e->router = router;
+  e->cfg = *cfg;
+  if (!e->cfg.ping_ms) e->cfg.ping_ms = 500;
+  if (!e->cfg.ready_ms) e->cfg.ready_ms = 2000;
+  if (!e->cfg.dead_ms) e->cfg.dead_ms = 10000;
+  e->created_ns = cm_time_ns();
+  e->next_id = 1;
+  fe_buf_init(&e->out, 0);
+  fe_buf_init(&e->tmp, 0);
+  cm_arena_init(&e->rx_arena, 1u << 16, 256u << 20);
+  e->model_name = strdup(cfg->model_name ? cfg->model_name : "default");
+  e->scheduler = strdup(cfg->scheduler ? cfg->scheduler : "");
+  e->model_dir = strdup(cfg->model_dir ? cfg->model_dir : "");
+  if (!e->model_name || !e->scheduler || !e->model_dir) goto fail;
+  e->cfg.model_name = e->model_name;
+  e->cfg.scheduler = e->scheduler;
+  e->cfg.model_dir = e->model_dir;
+  if (router) {
+    e->metrics = fe_router_metrics(router);
+    e->mid = *fe_router_metric_ids(router);
+  }
+  if (!*e->model_dir || !*e->scheduler) {
+    cm_error(TAG, "the engine needs a model directory and a scheduler endpoint");
+    rc = CM_ERR_INVAL;
+    goto fail;
+  }
+  if ((rc = fe_tok_load(cfg->model_dir, &e->tok, err, sizeof(err))) != 0) {
+    cm_error(TAG, "%s: tokenizer: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
+    goto fail;
+  }
+  if ((rc = fe_tok_state_create(e->tok, &e->tok_st)) != 0) goto fail;
+  err[0] = 0;
+  rc = fe_chat_load(cfg->model_dir, &e->chat, err, sizeof(err));
+  if (rc == CM_ERR_NOENT) {
+    cm_warn(TAG, "%s: no chat template; chat completions will be refused", cfg->model_dir);
+    e->chat = NULL;
+  } else if (rc) {
+    cm_error(TAG, "%s: chat template: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
+    goto fail;
+  }
+  load_eos(e);
+
+  rc = CM_ERR_IO;
+  if (!(e->zctx = zmq_ctx_new())) goto fail;
+  if ((rc = pr_sock_open(e->zctx, ZMQ_DEALER, 0, &e->sock)) != 0) goto fail;
+  if ((rc = pr_sock_connect(e->sock, e->scheduler)) != 0) {
+    cm_error(TAG, "cannot connect to the scheduler at %s: %s", e->scheduler, cm_strerror(rc));
+    goto fail;
+  }
+  int fd = -1;
+  if ((rc = pr_sock_fd(e->sock, &fd)) != 0) goto fail;
+  if (uv_poll_init(loop, &e->poll, fd) != 0) {
+    rc = CM_ERR_IO;
+    goto fail;
+  }
+  e->poll.data = e;
+  e->handles_open++;
+  uv_timer_init(loop, &e->timer);
+  e->timer.data = e;
+  e->handles_open++;
+  uv_poll_start(&e->poll, UV_READABLE, on_poll);
+  uv_timer_start(&e->timer, on_timer, 0, e->cfg.ping_ms);
+  uv_unref((uv_handle_t *)&e->poll);
+  uv_unref((uv_handle_t *)&e->timer);
+  cm_info(TAG, "scheduler %s; %d EOS id(s); chat template %s", e->scheduler, e->n_eos,
+          e->chat ? "loaded" : "absent");
+  *out = e;
+  return 0;
+fail:
+  fe_engine_destroy(e);
+  return rc;
+}
+
+void fe_engine_destroy(struct fe_engine *e) {
+  if (!e) return;
+  fail_all(e, 503, "the frontend is shutting down");
+  if (e->handles_open) {
+    uv_close((uv_handle_t *)&e->poll, close_cb);
+    uv_close((uv_handle_t *)&e->timer, close_cb);
+    while (e->handles_open)
+      uv_run(e->loop, UV_RUN_ONCE);
+  }
+  pr_sock_close(e->sock);
+  if (e->zctx) zmq_ctx_term(e->zctx);
+  cm_arena_free(&e->rx_arena);
+  fe_chat_free(e->chat);
+  fe_tok_state_free(e->tok_st);
+  fe_tok_free(e->tok);
+  free(e->map);
+  free(e->ids);
+  free(e->stop_ids);
+  free(e->dec);
+  fe_buf_free(&e->out);
+  fe_buf_free(&e->tmp);
+  free(e->model_name);
+  free(e->scheduler);
+  free(e->model_dir);
+  free(e);
+}
+
+/* ---- hooks and queries ------------------------------------------------------ */
+
+int fe_engine_ready(const struct fe_engine *e) {
+  return e->last_pong_ns && e->workers_ok &&
+         cm_time_ns() - e->last_pong_ns <= (uint64_t)e->cfg.ready_ms * 1000000ull;
+}
+
+int64_t fe_engine_max_model_len(const struct fe_engine *e) {
+  return e->pong_max_model_len ? e->pong_max_model_len : e->cfg.max_model_len;
+}
+
+int fe_engine_in_flight(const struct fe_engine *e) {
+  return e->n_reqs;
+}
+
+static int hook_ready(void *ud) {
+  return fe_engine_ready(ud);
+}
+
+void fe_engine_hooks_get(struct fe_engine *e, struct fe_engine_hooks *out) {
+  memset(out, 0, sizeof(*out));
+  out->ready = hook_ready;
+  out->submit = fe_eng_submit;
+  out->ud = e;
+}

