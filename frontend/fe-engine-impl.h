@@ -67,7 +67,8 @@ struct fe_eng_req {
   int stream;
   int sse_on;              /* the SSE stream has begun */
   int busy;                /* an OUT is being processed: defer frees */
-  int gone;                /* the client left while busy */
+  int gone;                /* the client left while busy or answering */
+  int answering;           /* the final answer is being written: defer frees */
   int fail_status;         /* set while busy: fail once the OUT is processed */
   char fail_msg[256];
   struct fe_sse_stream sse;
@@ -148,5 +149,7 @@ void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const ch
 void fe_eng_on_client_abort(void *ud);
 /* Sends ABORT for the live choices of r. */
 void fe_eng_abort_live(struct fe_eng_req *r);
+/* Drops r's choices from the id map: later OUT / ERR for them are ignored. */
+void fe_eng_req_unmap(struct fe_eng_req *r);
 
 #endif

@@ -62,6 +62,10 @@ void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const ch
     }
     return;
   }
+  if (r->answering) return; /* failed again from inside its own answer */
+  r->answering = 1;
+  /* sending ABORT receives too: nothing more may reach this request */
+  fe_eng_req_unmap(r);
   fe_eng_abort_live(r);
   m_inc(e, status >= 500 ? e->mid.http_server_errors : e->mid.http_client_errors, 1);
   if (r->sse_on) {
@@ -75,11 +79,13 @@ void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const ch
 
 void fe_eng_on_client_abort(void *ud) {
   struct fe_eng_req *r = ud;
-  if (r->busy) {
+  if (r->busy || r->answering) { /* the code that holds r frees it */
     r->gone = 1;
     return;
   }
   cm_debug(TAG, "client left: aborting %d choice(s)", r->n_ch);
+  r->answering = 1;
+  fe_eng_req_unmap(r);
   fe_eng_abort_live(r);
   if (r->sse_on)
     fe_sse_end(&r->sse, NULL);
@@ -257,6 +263,8 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
 
 static void complete(struct fe_eng_req *r) {
   struct fe_engine *e = r->e;
+  r->answering = 1; /* a client that leaves while we write changes nothing here */
+  fe_eng_req_unmap(r);
   struct fe_api_usage u;
   usage_of(r, &u);
   m_obs(e, e->mid.e2e_request_latency_seconds, (double)(cm_time_ns() - r->start_ns) / 1e9);

@@ -319,6 +319,11 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   return 0;
 }
 
+void fe_eng_req_unmap(struct fe_eng_req *r) {
+  for (int k = 0; k < r->n_ch; k++)
+    if (r->ch[k].id) fe_eng_map_del(r->e, r->ch[k].id);
+}
+
 void fe_eng_req_free(struct fe_eng_req *r) {
   struct fe_engine *e = r->e;
   if (r->prev)
