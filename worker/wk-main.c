@@ -10,7 +10,11 @@
  * a stranger to it); a mutex serialises every call on it, which also gives
  * ZeroMQ the memory barrier it asks for when a socket changes threads. The
  * main thread holds the mutex only while it polls (at most 100 ms) or
- * sends, never during a step.
+ * sends, never during a step. Mutexes are not fair, so a beat thread that
+ * waits for the lock while the main thread polls in a loop could starve:
+ * instead, whoever holds the socket sends the BEAT once a second is due
+ * (the main thread after each poll while idle, the beat thread while a
+ * step runs), and both read the time of the last one from last_beat_ns.
  *
  * Exit codes: 0 after CTRL shutdown or SIGTERM/SIGINT, 2 for bad flags or
  * an unsupported configuration, 1 when the model or the socket fails. */
@@ -38,6 +42,7 @@
 
 #define TAG          "worker"
 #define BEAT_MS      1000 /* heartbeat period */
+#define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock */
 #define POLL_MS      100  /* how long the main thread holds the socket per poll */
 #define TERM_GRACE_S 3    /* after SIGTERM, a step still running this long ends the process */
 
@@ -53,6 +58,7 @@ struct wk_proc {
   struct pr_sock *sock;
   pthread_mutex_t mu;       /* guards sock */
   uint64_t last_step;       /* last finished step id (atomic access) */
+  uint64_t last_beat_ns;    /* cm_time_ns of the last BEAT sent (atomic access) */
   int quit;                 /* set by the main thread when it leaves (atomic access) */
   pthread_mutex_t quit_mu;  /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
@@ -76,22 +82,36 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
   if (rc) cm_error(TAG, "cannot send FAIL: %s", cm_strerror(rc));
 }
 
-/* The heartbeat thread: BEAT every BEAT_MS, until quit. After SIGTERM it
- * also ends the process when the main thread is stuck in a long step. */
+static int beat_due(struct wk_proc *p) {
+  uint64_t last = __atomic_load_n(&p->last_beat_ns, __ATOMIC_ACQUIRE);
+  return cm_time_ns() - last >= (uint64_t)BEAT_MS * 1000000ull;
+}
+
+/* Sends a BEAT; the caller holds p->mu. */
+static void beat_send_locked(struct wk_proc *p) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_BEAT);
+  m.u.beat.rank = p->rank;
+  m.u.beat.last_step_id = __atomic_load_n(&p->last_step, __ATOMIC_ACQUIRE);
+  m.u.beat.time_ns = cm_time_wall_ns();
+  (void)pr_sock_send(p->sock, NULL, &m, PR_DONTWAIT);
+  __atomic_store_n(&p->last_beat_ns, cm_time_ns(), __ATOMIC_RELEASE);
+}
+
+/* The heartbeat thread: a BEAT whenever one is due and the main thread has
+ * not sent it (it is in a step), until quit. After SIGTERM it also ends the
+ * process when the main thread is stuck in a long step. */
 static void *beat_main(void *arg) {
   struct wk_proc *p = arg;
   uint64_t stop_seen = 0;
   pthread_mutex_lock(&p->quit_mu);
   while (!__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) {
-    struct pr_msg m;
-    pr_msg_init(&m, PR_BEAT);
-    m.u.beat.rank = p->rank;
-    m.u.beat.last_step_id = __atomic_load_n(&p->last_step, __ATOMIC_ACQUIRE);
-    m.u.beat.time_ns = cm_time_wall_ns();
     pthread_mutex_unlock(&p->quit_mu);
-    pthread_mutex_lock(&p->mu);
-    (void)pr_sock_send(p->sock, NULL, &m, PR_DONTWAIT);
-    pthread_mutex_unlock(&p->mu);
+    if (beat_due(p)) {
+      pthread_mutex_lock(&p->mu);
+      if (beat_due(p)) beat_send_locked(p);
+      pthread_mutex_unlock(&p->mu);
+    }
     if (g_stop) {
       uint64_t now = cm_time_ns();
       if (!stop_seen) stop_seen = now;
@@ -103,8 +123,7 @@ static void *beat_main(void *arg) {
     pthread_mutex_lock(&p->quit_mu);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += BEAT_MS / 1000;
-    ts.tv_nsec += (long)(BEAT_MS % 1000) * 1000000L;
+    ts.tv_nsec += (long)BEAT_CHECK_MS * 1000000L;
     if (ts.tv_nsec >= 1000000000L) {
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000L;
@@ -154,6 +173,7 @@ static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
   int n = zmq_poll(&it, 1, POLL_MS);
   int rc = CM_ERR_AGAIN;
   if (n > 0) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
+  if (beat_due(p)) beat_send_locked(p);
   pthread_mutex_unlock(&p->mu);
   return rc;
 }

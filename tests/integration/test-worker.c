@@ -228,6 +228,26 @@ TH_TEST(worker_speculative_greedy) {
   TH_CHECK_EQ_INT(s.n_out, 9);
   check_tokens(s.out, s.n_out, ref, 9);
   wts_seq_end(&w, &s);
+
+  /* temperature 1 with a seed: rejection sampling over the same drafts
+   * gives the same tokens on a repeat */
+  uint32_t first[NSPEC];
+  for (int rep = 0; rep < 2; rep++) {
+    wts_seq_init(&s, 10 + (uint64_t)rep, k_prompt_b, 5, 77);
+    TH_REQUIRE(wts_spec_step(&w, &s, 3, NULL, 0, drafts, &acc) == 0);
+    steps = 0;
+    while (s.n_out < NSPEC && steps < 40) {
+      TH_REQUIRE(wts_spec_step(&w, &s, 3, drafts, 3, next, &acc) == 0);
+      memcpy(drafts, next, sizeof(drafts));
+      steps++;
+    }
+    TH_REQUIRE(s.n_out >= NSPEC);
+    if (rep == 0)
+      memcpy(first, s.out, sizeof(first));
+    else
+      check_tokens(s.out, NSPEC, first, NSPEC);
+    wts_seq_end(&w, &s);
+  }
   TH_CHECK_EQ_INT(w.n_fail, 0);
   wts_close(&w);
 }
