@@ -243,8 +243,11 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
     if (is_new && append)
       return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: APPEND_BLOCKS with NEW", id);
     struct rseq *q = seq_find(r, s->seq_id);
+    for (uint32_t j = 0; q && j < st->free_ids.n; j++)
+      if (st->free_ids.v[j] == s->seq_id) q = NULL; /* dropped before the step runs */
     if (!is_new && !q)
-      return fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step)", id);
+      return fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step, or freed)",
+                  id);
     if (is_new && !q) n_new++;
     uint32_t nt = s->tokens.n + s->draft_tokens.n;
     if (nt == 0) return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: no tokens", id);
@@ -311,12 +314,16 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
 /* ---- the step ---------------------------------------------------------------------- */
 
 /* Applies NEW / tables / prompt penalties, and fills the batch. */
-static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_batch *b, char *err,
-                      size_t errlen) {
+static void drop_freed(struct wk_role *r, const struct pr_step *st) {
   for (uint32_t j = 0; j < st->free_ids.n; j++) {
     struct rseq *q = seq_find(r, st->free_ids.v[j]);
     if (q) seq_drop(r, q);
   }
+}
+
+static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_batch *b, char *err,
+                      size_t errlen) {
+  drop_freed(r, st);
   int T = 0, rows = 0, want_hidden = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
@@ -468,7 +475,10 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
 int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res, char *err,
                  size_t errlen) {
   int rc = check_step(r, st, err, errlen);
-  if (rc) return rc;
+  if (rc) {
+    drop_freed(r, st); /* the scheduler has let go of them whatever else the step holds */
+    return rc;
+  }
   struct wk_batch b = {0};
   pr_msg_init(res, PR_RESULT);
   res->u.result.rank = r->rank;

@@ -384,15 +384,36 @@ int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len) 
   case 4: /* drafts from a worker without an assistant model */
     q.num_draft = 2;
     break;
-  default: /* positions past the model length */
+  case 5: /* positions past the model length */
     q.start_pos = w->ready.max_model_len - 1;
     break;
+  default: { /* a live sequence that the same step frees */
+    struct pr_msg first;
+    pr_msg_init(&first, PR_STEP);
+    q.flags = PR_SEQ_NEW | PR_SEQ_PREFILL;
+    first.u.step.step_id = w->next_step++;
+    first.u.step.seqs = &q;
+    first.u.step.n_seqs = 1;
+    struct pr_msg r0;
+    if (pr_sock_send(w->sock, &w->rid, &first, 0) || recv_want(w, PR_RESULT, 30000, &r0) ||
+        r0.type != PR_RESULT || r0.u.result.n_seqs != 0)
+      return -1;
+    q.flags = PR_SEQ_SAMPLE;
+    q.start_pos = 3;
+    q.n_groups = 0;
+    q.block_tables = NULL;
+    break;
+  }
   }
   struct pr_msg m;
   pr_msg_init(&m, PR_STEP);
   m.u.step.step_id = w->next_step++;
   m.u.step.seqs = &q;
   m.u.step.n_seqs = 1;
+  if (kind == 6) {
+    m.u.step.free_ids.v = &q.seq_id;
+    m.u.step.free_ids.n = 1;
+  }
   if (pr_sock_send(w->sock, &w->rid, &m, 0)) return -1;
   struct pr_msg r;
   if (recv_want(w, PR_RESULT, 30000, &r) || r.type != PR_FAIL ||
@@ -400,6 +421,13 @@ int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len) 
     return -1;
   *code = r.u.fail.code;
   snprintf(why, why_len, "%s", r.u.fail.message);
+  if (kind == 6) { /* the refused step still freed it: unknown on its own now */
+    m.u.step.step_id = w->next_step++;
+    m.u.step.free_ids.n = 0;
+    if (pr_sock_send(w->sock, &w->rid, &m, 0) || recv_want(w, PR_RESULT, 30000, &r) ||
+        r.type != PR_FAIL || !strstr(r.u.fail.message, "unknown"))
+      return -1;
+  }
   return 0;
 }
 

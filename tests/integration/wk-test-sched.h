@@ -14,7 +14,7 @@
 #define WTS_MAX_OUT  64 /* tokens a test sequence generates at most */
 #define WTS_MAX_BT   64 /* blocks per group table */
 #define WTS_MAX_TOP  8
-#define WTS_BAD_KINDS 6
+#define WTS_BAD_KINDS 7
 
 struct wts {
   char model[400];    /* checkpoint dir made by wts_model */
