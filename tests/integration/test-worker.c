@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-time.h"
 #include "lmserve-config.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
@@ -249,6 +250,46 @@ TH_TEST(worker_speculative_greedy) {
     wts_seq_end(&w, &s);
   }
   TH_CHECK_EQ_INT(w.n_fail, 0);
+  wts_close(&w);
+}
+
+/* ---- heartbeats while a step runs ------------------------------------------------------ */
+
+TH_TEST(worker_beats_during_a_long_step) {
+  th_proc_init(120);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma4", "m4l") == 0);
+  /* the reference kernels and one thread make a long prefill take a few
+   * seconds */
+  char *env[] = {"LMSERVE_KERNELS=ref", NULL};
+  char *extra[] = {"--max-num-batched-tokens", "2048", NULL};
+  w.env = env;
+  TH_REQUIRE(wts_start(&w, w.model, extra) == 0);
+#ifdef __SANITIZE_ADDRESS__
+  enum { NP = 300 }; /* ASan makes a step of reference kernels ten times slower */
+#else
+  enum { NP = 1500 };
+#endif
+  static uint32_t prompt[NP];
+  prompt[0] = 2;
+  for (int i = 1; i < NP; i++)
+    prompt[i] = 10 + (uint32_t)i * 37u % 200000u;
+  wts_idle(&w, 1200); /* the beat after READY */
+  struct wts_seq s;
+  wts_seq_init(&s, 1, prompt, NP, -1);
+  wts_seq_begin(&w, &s);
+  int beats = w.n_beats;
+  uint64_t t0 = cm_time_ns();
+  TH_REQUIRE(wts_step_run(&w, &s, 1, 0, 1) == 0);
+  double secs = (double)(cm_time_ns() - t0) / 1e9;
+  int during = w.n_beats - beats;
+  fprintf(stderr, "%d-token step: %.2f s, %d beats during it\n", NP, secs, during);
+  TH_CHECK_EQ_INT(s.n_out, 1);
+  if (secs < 1.5) {
+    wts_close(&w);
+    TH_SKIP("the step was too short to check heartbeats during it");
+  }
+  TH_CHECK(during >= 1 && during >= (int)secs - 1);
   wts_close(&w);
 }
 

@@ -88,7 +88,7 @@ int wts_start(struct wts *w, const char *model, char *const *extra) {
   for (int i = 0; extra && extra[i] && n < 38; i++)
     argv[n++] = extra[i];
   argv[n] = NULL;
-  if (th_proc_spawn(&w->proc, argv, NULL, 0)) return -1;
+  if (th_proc_spawn(&w->proc, argv, w->env, 0)) return -1;
   w->started = 1;
   struct pr_msg m;
   if (recv_want(w, PR_READY, 60000, &m)) return -1;
