@@ -40,11 +40,11 @@
 #include "kernels/cuda/kn-cuda.h"
 #endif
 
-#define TAG          "worker"
-#define BEAT_MS      1000 /* heartbeat period */
-#define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock */
-#define POLL_MS      100  /* how long the main thread holds the socket per poll */
-#define TERM_GRACE_S 3    /* after SIGTERM, a step still running this long ends the process */
+#define TAG           "worker"
+#define BEAT_MS       1000 /* heartbeat period */
+#define BEAT_CHECK_MS 100  /* how often the beat thread looks at the clock */
+#define POLL_MS       100  /* how long the main thread holds the socket per poll */
+#define TERM_GRACE_S  3    /* after SIGTERM, a step still running this long ends the process */
 
 static volatile sig_atomic_t g_stop;
 
@@ -56,11 +56,11 @@ static void on_signal(int sig) {
 struct wk_proc {
   uint32_t rank;
   struct pr_sock *sock;
-  pthread_mutex_t mu;       /* guards sock */
-  uint64_t last_step;       /* last finished step id (atomic access) */
-  uint64_t last_beat_ns;    /* cm_time_ns of the last BEAT sent (atomic access) */
-  int quit;                 /* set by the main thread when it leaves (atomic access) */
-  pthread_mutex_t quit_mu;  /* with quit_cv: wakes the beat thread */
+  pthread_mutex_t mu;      /* guards sock */
+  uint64_t last_step;      /* last finished step id (atomic access) */
+  uint64_t last_beat_ns;   /* cm_time_ns of the last BEAT sent (atomic access) */
+  int quit;                /* set by the main thread when it leaves (atomic access) */
+  pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
 };
 
@@ -269,8 +269,9 @@ int wk_worker_main(int argc, char **argv) {
   int spec_k_seen = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
-      {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT", "scheduler's worker endpoint (ipc:// or "
-                                                       "tcp://)"},
+      {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
+       "scheduler's worker endpoint (ipc:// or "
+       "tcp://)"},
       {"rank", CM_OPT_INT, &rank, "R", "tensor-parallel rank (0)", 0, 1023},
       {"world-size", CM_OPT_INT, &world, "N", "tensor-parallel ranks (1)", 1, 1024},
       {"kv-cache-memory", CM_OPT_SIZE, &kv_bytes, "BYTES", "KV cache pool size (512M)"},
@@ -282,13 +283,14 @@ int wk_worker_main(int argc, char **argv) {
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cpu)"},
       {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
-      {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K", "drafts per step (with "
-                                                           "--speculative-model; 3)",
+      {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
+       "drafts per step (with "
+       "--speculative-model; 3)",
        1, PR_MAX_DRAFT, 0, 0, &spec_k_seen},
       {0},
   };
-  int rc = cm_args_parse("lmserve worker", "one worker rank: runs the scheduler's step plans",
-                         opts, argc, argv, 1, NULL, 0, NULL);
+  int rc = cm_args_parse("lmserve worker", "one worker rank: runs the scheduler's step plans", opts,
+                         argc, argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
   cm_log_init_from_env();
@@ -297,8 +299,10 @@ int wk_worker_main(int argc, char **argv) {
     return 2;
   }
   if (world > 1) {
-    fprintf(stderr, "lmserve worker: --world-size %lld: tensor parallelism is not supported yet "
-                    "(use --world-size 1)\n", (long long)world);
+    fprintf(stderr,
+            "lmserve worker: --world-size %lld: tensor parallelism is not supported yet "
+            "(use --world-size 1)\n",
+            (long long)world);
     return 2;
   }
   if (rank >= world) {
@@ -349,8 +353,8 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
     goto done;
   }
-  struct wk_role_opts ro = {.max_seqs = (int)max_seqs, .max_draft = (int)spec_k,
-                            .rank = (uint32_t)rank};
+  struct wk_role_opts ro = {
+      .max_seqs = (int)max_seqs, .max_draft = (int)spec_k, .rank = (uint32_t)rank};
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));
     goto done;

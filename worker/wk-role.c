@@ -34,13 +34,13 @@ struct wk_role {
   struct rseq *seqs;                /* [cap_seqs] */
   int cap_seqs;
   /* per-step scratch, sized at create */
-  struct rseq **cur;          /* [max_seqs] state of each step sequence */
-  struct wk_seq_input *in;    /* [max_seqs] */
-  int32_t *toks;              /* [max_T] tokens then drafts, per sequence */
-  int *row0;                  /* [max_seqs] first logits row of each sequence, -1 none */
-  float *logits;              /* [max_rows, vocab] */
-  float *hid;                 /* [max_rows, hidden] final-normed states, or NULL */
-  int max_rows;               /* rows of logits: sampled tokens + verified drafts */
+  struct rseq **cur;       /* [max_seqs] state of each step sequence */
+  struct wk_seq_input *in; /* [max_seqs] */
+  int32_t *toks;           /* [max_T] tokens then drafts, per sequence */
+  int *row0;               /* [max_seqs] first logits row of each sequence, -1 none */
+  float *logits;           /* [max_rows, vocab] */
+  float *hid;              /* [max_rows, hidden] final-normed states, or NULL */
+  int max_rows;            /* rows of logits: sampled tokens + verified drafts */
   struct wk_sampler *sampler;
   /* draft proposal scratch (when draft != NULL) */
   struct wk_draft_input *din; /* [max_seqs] */
@@ -252,42 +252,55 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
     uint32_t nt = s->tokens.n + s->draft_tokens.n;
     if (nt == 0) return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: no tokens", id);
     if ((uint64_t)s->start_pos + nt > (uint64_t)r->max_pos)
-      return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: positions up to %llu exceed the model "
-                  "length %d", id, (unsigned long long)s->start_pos + nt, r->max_pos);
+      return fail(err, errlen, CM_ERR_RANGE,
+                  "sequence %llu: positions up to %llu exceed the model "
+                  "length %d",
+                  id, (unsigned long long)s->start_pos + nt, r->max_pos);
     T += nt;
     if (T > r->max_T)
       return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
                   (unsigned long long)st->step_id, r->max_T);
     for (uint32_t j = 0; j < s->tokens.n; j++)
       if (s->tokens.v[j] >= (uint32_t)r->vocab)
-        return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: token id %u outside the vocabulary "
-                    "(%d)", id, s->tokens.v[j], r->vocab);
+        return fail(err, errlen, CM_ERR_RANGE,
+                    "sequence %llu: token id %u outside the vocabulary "
+                    "(%d)",
+                    id, s->tokens.v[j], r->vocab);
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       if (s->draft_tokens.v[j] >= (uint32_t)r->vocab)
-        return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: draft id %u outside the vocabulary "
-                    "(%d)", id, s->draft_tokens.v[j], r->vocab);
+        return fail(err, errlen, CM_ERR_RANGE,
+                    "sequence %llu: draft id %u outside the vocabulary "
+                    "(%d)",
+                    id, s->draft_tokens.v[j], r->vocab);
     if (s->draft_tokens.n > (uint32_t)r->max_draft || s->num_draft > (uint32_t)r->max_draft)
-      return fail(err, errlen, CM_ERR_UNSUPPORTED, "sequence %llu: %u drafts to verify, %u to "
-                  "propose; this worker drafts at most %d", id, s->draft_tokens.n, s->num_draft,
-                  r->max_draft);
+      return fail(err, errlen, CM_ERR_UNSUPPORTED,
+                  "sequence %llu: %u drafts to verify, %u to "
+                  "propose; this worker drafts at most %d",
+                  id, s->draft_tokens.n, s->num_draft, r->max_draft);
     if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
       return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
     if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
     if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
-      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: %u block tables (the model has %d KV "
-                  "groups)", id, s->n_groups, r->n_groups);
+      return fail(err, errlen, CM_ERR_INVAL,
+                  "sequence %llu: %u block tables (the model has %d KV "
+                  "groups)",
+                  id, s->n_groups, r->n_groups);
     if (is_new && s->n_groups == 0)
       return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: NEW without block tables", id);
     for (uint32_t g = 0; g < s->n_groups; g++) {
       const struct pr_i32s *t = &s->block_tables[g];
       int64_t have = append && q ? q->n_bt[g] : 0;
       if (have + t->n > r->max_blocks[g])
-        return fail(err, errlen, CM_ERR_TOOBIG, "sequence %llu: group %u table of %lld blocks "
-                    "(at most %d)", id, g, (long long)(have + t->n), r->max_blocks[g]);
+        return fail(err, errlen, CM_ERR_TOOBIG,
+                    "sequence %llu: group %u table of %lld blocks "
+                    "(at most %d)",
+                    id, g, (long long)(have + t->n), r->max_blocks[g]);
       for (uint32_t j = 0; j < t->n; j++)
         if (t->v[j] < -1 || t->v[j] >= r->n_pages)
-          return fail(err, errlen, CM_ERR_RANGE, "sequence %llu: group %u block %d outside the "
-                      "pool (%d pages)", id, g, t->v[j], r->n_pages);
+          return fail(err, errlen, CM_ERR_RANGE,
+                      "sequence %llu: group %u block %d outside the "
+                      "pool (%d pages)",
+                      id, g, t->v[j], r->n_pages);
     }
   }
   if (rows > r->max_rows)
@@ -393,8 +406,8 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     struct wk_sample_result out;
     int acc = 0;
     if (k < s->draft_tokens.n)
-      rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter,
-                            (int32_t)s->draft_tokens.v[k], &acc, &out);
+      rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
+                            &acc, &out);
     else
       rc = wk_sample(r->sampler, lg, &q->sp, &q->pen, counter, &out);
     if (rc) return rc;

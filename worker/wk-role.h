@@ -18,8 +18,8 @@
  * vocabulary, blocks outside the pool, too many tokens or sequences, draft
  * requests the worker cannot serve) is refused as a whole, before any state
  * changes (except that free_ids are still dropped), with a negative cm_err
- * and a one-line reason; the executor stays usable. Nothing is allocated per step except when a block table outgrows
- * its capacity (amortised doubling).
+ * and a one-line reason; the executor stays usable. Nothing is allocated per step except when a
+ * block table outgrows its capacity (amortised doubling).
  *
  * Seeded draws use the absolute position of the token being produced as the
  * counter (start_pos + tokens run before it), so a request's tokens do not

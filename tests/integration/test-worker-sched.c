@@ -45,20 +45,43 @@ static int env_start(struct env *e, const char *name, int spec) {
   char assistant[500];
   snprintf(assistant, sizeof(assistant), "%s-assistant", e->w.model);
   if (spec) {
-    char *mk[] = {wts_bin(), "make-tiny-model", "--arch", "gemma4-assistant", "--target",
-                  e->w.model, "--out", assistant, "--seed", "1", NULL};
+    char *mk[] = {wts_bin(),  "make-tiny-model", "--arch",  "gemma4-assistant", "--target",
+                  e->w.model, "--out",           assistant, "--seed",           "1",
+                  NULL};
     if (th_run(mk, NULL, NULL, 0, 60000, NULL, NULL)) return -1;
   }
   snprintf(e->front, sizeof(e->front), "%s-front.sock", e->w.endpoint);
   snprintf(e->work, sizeof(e->work), "%s-work.sock", e->w.endpoint);
-  char *sa[] = {wts_bin(), "scheduler", "--model", e->w.model, "--frontend-endpoint", e->front,
-                "--worker-endpoint", e->work, "--max-num-seqs", "4",
-                "--max-num-batched-tokens", "16", "--num-speculative-tokens", spec ? "3" : "0",
+  char *sa[] = {wts_bin(),
+                "scheduler",
+                "--model",
+                e->w.model,
+                "--frontend-endpoint",
+                e->front,
+                "--worker-endpoint",
+                e->work,
+                "--max-num-seqs",
+                "4",
+                "--max-num-batched-tokens",
+                "16",
+                "--num-speculative-tokens",
+                spec ? "3" : "0",
                 NULL};
   if (th_proc_spawn(&e->sched, sa, NULL, 0)) return -1;
-  char *wa[24] = {wts_bin(), "worker", "--model", e->w.model, "--scheduler", e->work,
-                  "--kv-cache-memory", "4M", "--max-num-batched-tokens", "16",
-                  "--max-num-seqs", "4", "--threads", "1"};
+  char *wa[24] = {wts_bin(),
+                  "worker",
+                  "--model",
+                  e->w.model,
+                  "--scheduler",
+                  e->work,
+                  "--kv-cache-memory",
+                  "4M",
+                  "--max-num-batched-tokens",
+                  "16",
+                  "--max-num-seqs",
+                  "4",
+                  "--threads",
+                  "1"};
   if (spec) {
     wa[14] = "--speculative-model";
     wa[15] = assistant;
@@ -193,9 +216,13 @@ static void greedy_case(int spec) {
   env_stop(&e);
 }
 
-TH_TEST(scheduler_and_worker_greedy) { greedy_case(0); }
+TH_TEST(scheduler_and_worker_greedy) {
+  greedy_case(0);
+}
 
-TH_TEST(scheduler_and_worker_speculative_greedy) { greedy_case(1); }
+TH_TEST(scheduler_and_worker_speculative_greedy) {
+  greedy_case(1);
+}
 
 TH_TEST(scheduler_and_worker_seeded) {
   th_proc_init(150);

@@ -35,8 +35,8 @@ int wts_model(struct wts *w, const char *arch, const char *name) {
   }
   snprintf(w->model, sizeof(w->model), "%s/%s", g_tmp, name);
   snprintf(w->endpoint, sizeof(w->endpoint), "ipc://%s/%s.sock", g_tmp, name);
-  char *argv[] = {wts_bin(), "make-tiny-model", "--arch", (char *)arch, "--out", w->model,
-                  "--seed", "1", NULL};
+  char *argv[] = {wts_bin(), "make-tiny-model", "--arch", (char *)arch, "--out",
+                  w->model,  "--seed",          "1",      NULL};
   char *out = NULL, *err = NULL;
   int rc = th_run(argv, NULL, NULL, 0, 60000, &out, &err);
   if (rc) fprintf(stderr, "make-tiny-model: %d %s\n", rc, err ? err : "");
@@ -66,8 +66,8 @@ static int recv_want(struct wts *w, enum pr_type want, int ms, struct pr_msg *m)
     if (m->type == PR_READY) w->rid = from;
     if (m->type == PR_FAIL) {
       w->n_fail++;
-      fprintf(stderr, "fake scheduler: FAIL step %llu: %s\n",
-              (unsigned long long)m->u.fail.step_id, m->u.fail.message);
+      fprintf(stderr, "fake scheduler: FAIL step %llu: %s\n", (unsigned long long)m->u.fail.step_id,
+              m->u.fail.message);
     }
     if (m->type == want || (want == PR_RESULT && m->type == PR_FAIL)) return 0;
   }
@@ -81,9 +81,22 @@ int wts_start(struct wts *w, const char *model, char *const *extra) {
   if (pr_sock_open(w->ctx, ZMQ_ROUTER, 0, &w->sock) || pr_sock_bind(w->sock, w->endpoint) ||
       pr_sock_set_timeouts(w->sock, 200, 5000))
     return -1;
-  char *argv[40] = {wts_bin(), "worker", "--model", (char *)model, "--scheduler", w->endpoint,
-                    "--kv-cache-memory", "4M", "--block-size", "16",
-                    "--max-num-batched-tokens", "64", "--max-num-seqs", "8", "--threads", "1"};
+  char *argv[40] = {wts_bin(),
+                    "worker",
+                    "--model",
+                    (char *)model,
+                    "--scheduler",
+                    w->endpoint,
+                    "--kv-cache-memory",
+                    "4M",
+                    "--block-size",
+                    "16",
+                    "--max-num-batched-tokens",
+                    "64",
+                    "--max-num-seqs",
+                    "8",
+                    "--threads",
+                    "1"};
   int n = 16;
   for (int i = 0; extra && extra[i] && n < 38; i++)
     argv[n++] = extra[i];
@@ -122,8 +135,9 @@ int wts_generate(struct wts *w, const uint32_t *prompt, int n, int max_tokens, u
   for (int i = 0; i < n; i++)
     len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", i ? "," : "", prompt[i]);
   snprintf(mt, sizeof(mt), "%d", max_tokens);
-  char *argv[] = {wts_bin(), "generate", "--model", w->model, "--prompt-ids", ids,
-                  "--max-tokens", mt, "--ignore-eos", "--threads", "1", NULL};
+  char *argv[] = {
+      wts_bin(),      "generate",  "--model", w->model, "--prompt-ids", ids, "--max-tokens", mt,
+      "--ignore-eos", "--threads", "1",       NULL};
   char *o = NULL, *e = NULL;
   int rc = th_run(argv, NULL, NULL, 0, 60000, &o, &e);
   int k = -1;
@@ -284,7 +298,9 @@ int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen
   return 0;
 }
 
-void wts_seq_end(struct wts *w, struct wts_seq *s) { seq_release(w, s); }
+void wts_seq_end(struct wts *w, struct wts_seq *s) {
+  seq_release(w, s);
+}
 
 int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *drafts, int n_drafts,
                   uint32_t *drafts_out, int *n_accepted) {
@@ -375,18 +391,10 @@ int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len) 
     q.block_tables = NULL;
     q.start_pos = 3;
     break;
-  case 2: /* a block outside the pool */
-    pages[0][0] = (int32_t)w->ready.kv_blocks + 10;
-    break;
-  case 3: /* more tokens than a step holds */
-    q.tokens.n = 100;
-    break;
-  case 4: /* drafts from a worker without an assistant model */
-    q.num_draft = 2;
-    break;
-  case 5: /* positions past the model length */
-    q.start_pos = w->ready.max_model_len - 1;
-    break;
+  case 2: /* a block outside the pool */ pages[0][0] = (int32_t)w->ready.kv_blocks + 10; break;
+  case 3: /* more tokens than a step holds */ q.tokens.n = 100; break;
+  case 4: /* drafts from a worker without an assistant model */ q.num_draft = 2; break;
+  case 5: /* positions past the model length */ q.start_pos = w->ready.max_model_len - 1; break;
   default: { /* a live sequence that the same step frees */
     struct pr_msg first;
     pr_msg_init(&first, PR_STEP);

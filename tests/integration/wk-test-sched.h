@@ -11,9 +11,9 @@
 #include "proto/pr-zmq.h"
 #include "tests/harness/th-proc.h"
 
-#define WTS_MAX_OUT  64 /* tokens a test sequence generates at most */
-#define WTS_MAX_BT   128 /* blocks per group table */
-#define WTS_MAX_TOP  8
+#define WTS_MAX_OUT   64  /* tokens a test sequence generates at most */
+#define WTS_MAX_BT    128 /* blocks per group table */
+#define WTS_MAX_TOP   8
 #define WTS_BAD_KINDS 7
 
 struct wts {
@@ -25,7 +25,7 @@ struct wts {
   struct pr_rid rid; /* the worker's routing id, from READY */
   struct th_proc proc;
   int started;
-  char *const *env; /* extra "K=V" entries for the worker, or NULL */
+  char *const *env;      /* extra "K=V" entries for the worker, or NULL */
   struct pr_ready ready; /* groups / eos_ids point into the arrays below */
   struct pr_kv_group groups[PR_MAX_KV_GROUPS];
   uint32_t eos[16];
