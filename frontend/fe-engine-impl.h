@@ -35,20 +35,20 @@ struct fe_eng_lp {
 /* One choice = one scheduler request id. */
 struct fe_eng_choice {
   struct fe_eng_req *req;
-  uint64_t id;    /* scheduler request id */
-  int index;      /* choice index in the response */
-  int prompt_i;   /* which prompt of the request */
-  int live;       /* the scheduler still runs it (no final OUT, no ABORT sent) */
-  int done;       /* finished: finish_reason is set */
+  uint64_t id;  /* scheduler request id */
+  int index;    /* choice index in the response */
+  int prompt_i; /* which prompt of the request */
+  int live;     /* the scheduler still runs it (no final OUT, no ABORT sent) */
+  int done;     /* finished: finish_reason is set */
   const char *finish_reason;
   struct fe_detok *detok;
   struct fe_stop *stop;
-  struct fe_buf text;     /* non-streamed: all released text; streamed: this OUT's delta */
-  size_t text_sent;       /* bytes of text sent before (completions text_offset) */
-  int64_t n_gen;          /* tokens generated */
-  uint64_t last_ns;       /* monotonic time of the last OUT with tokens */
-  struct fe_eng_lp *lps;  /* (n_lps) logprobs of the tokens (non-streamed: all; streamed:
-                           * this OUT's) */
+  struct fe_buf text;    /* non-streamed: all released text; streamed: this OUT's delta */
+  size_t text_sent;      /* bytes of text sent before (completions text_offset) */
+  int64_t n_gen;         /* tokens generated */
+  uint64_t last_ns;      /* monotonic time of the last OUT with tokens */
+  struct fe_eng_lp *lps; /* (n_lps) logprobs of the tokens (non-streamed: all; streamed:
+                          * this OUT's) */
   size_t n_lps, cap_lps;
   int32_t *top_ids; /* (n_top_all) top entries behind lps */
   float *top_lps;   /* (n_top_all) nats */
@@ -62,19 +62,19 @@ struct fe_eng_req {
   struct fe_eng_choice *ch; /* (n_ch) = n_prompts * n */
   int n_ch;
   int n_done;
-  int64_t *n_prompt;       /* (api->n_prompts) prompt tokens of each prompt */
-  int64_t prompt_total;    /* tokens over all prompts */
+  int64_t *n_prompt;    /* (api->n_prompts) prompt tokens of each prompt */
+  int64_t prompt_total; /* tokens over all prompts */
   int stream;
-  int sse_on;              /* the SSE stream has begun */
-  int busy;                /* an OUT is being processed: defer frees */
-  int gone;                /* the client left while busy or answering */
-  int answering;           /* the final answer is being written: defer frees */
-  int fail_status;         /* set while busy: fail once the OUT is processed */
+  int sse_on;      /* the SSE stream has begun */
+  int busy;        /* an OUT is being processed: defer frees */
+  int gone;        /* the client left while busy or answering */
+  int answering;   /* the final answer is being written: defer frees */
+  int fail_status; /* set while busy: fail once the OUT is processed */
   char fail_msg[256];
   struct fe_sse_stream sse;
   char id[64];
-  int64_t created;         /* Unix seconds */
-  uint64_t start_ns;       /* monotonic */
+  int64_t created;   /* Unix seconds */
+  uint64_t start_ns; /* monotonic */
   int first_token_seen;
   struct fe_eng_req *prev, *next;
 };
@@ -103,11 +103,11 @@ struct fe_engine {
   struct cm_arena rx_arena;
   int pumping, repump;
 
-  uint64_t next_id;     /* scheduler request ids */
+  uint64_t next_id; /* scheduler request ids */
   uint64_t ping_nonce;
-  uint64_t last_pong_ns;  /* monotonic; 0: none yet */
-  uint64_t created_ns;    /* monotonic */
-  int workers_ok;         /* last PONG: workers_ready == world_size > 0 */
+  uint64_t last_pong_ns; /* monotonic; 0: none yet */
+  uint64_t created_ns;   /* monotonic */
+  int workers_ok;        /* last PONG: workers_ready == world_size > 0 */
   int64_t pong_max_model_len;
   struct pr_pong last_pong; /* cumulative counters seen last */
   int have_pong;

@@ -164,8 +164,7 @@ static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
   if (fe_stop_push(ch->stop, piece, len, &o, &ol, &hit) != 0) return 0;
   fe_buf_append(&ch->text, o, ol);
   if (hit < 0) return 0;
-  if (ch->req->api->include_stop_str_in_output)
-    fe_buf_puts(&ch->text, ch->req->api->stop[hit]);
+  if (ch->req->api->include_stop_str_in_output) fe_buf_puts(&ch->text, ch->req->api->stop[hit]);
   return 1;
 }
 
@@ -245,8 +244,10 @@ static void usage_of(const struct fe_eng_req *r, struct fe_api_usage *u) {
 
 static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   struct fe_engine *e = r->e;
-  struct fe_api_choice c = {ch->index, ch->text.data ? ch->text.data : "", ch->text.len,
-                            ch->done ? ch->finish_reason : NULL, NULL, 0, ch->text_sent};
+  struct fe_api_choice c = {ch->index,    ch->text.data ? ch->text.data : "",
+                            ch->text.len, ch->done ? ch->finish_reason : NULL,
+                            NULL,         0,
+                            ch->text_sent};
   struct fe_api_token_logprob *tl = NULL;
   struct fe_api_top_logprob *tops = NULL;
   fe_buf_reset(&e->tmp);

@@ -53,8 +53,8 @@ static int render_chat(struct fe_engine *e, const struct fe_api_request *req, ch
       return CM_ERR_NOMEM;
     }
   }
-  int rc = fe_chat_render(e->chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf,
-                          errlen);
+  int rc =
+      fe_chat_render(e->chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf, errlen);
   json_decref(msgs);
   return rc;
 }
@@ -107,13 +107,14 @@ static int prompt_ids(struct fe_engine *e, const struct fe_api_request *req, siz
 }
 
 /* POST /tokenize and /detokenize. */
-static void answer_tokens(struct fe_engine *e, struct fe_conn *c, const struct fe_api_request *req) {
+static void answer_tokens(struct fe_engine *e, struct fe_conn *c,
+                          const struct fe_api_request *req) {
   char err[320] = "";
   struct fe_buf *b = &e->out;
   fe_buf_reset(b);
   if (req->kind == FE_API_TOKENIZE) {
-    int rc = req->n_messages || req->n_prompts ? prompt_ids(e, req, 0, err, sizeof(err))
-                                               : CM_ERR_INVAL;
+    int rc =
+        req->n_messages || req->n_prompts ? prompt_ids(e, req, 0, err, sizeof(err)) : CM_ERR_INVAL;
     if (rc) {
       answer_error(e, c, rc == CM_ERR_NOMEM ? 500 : 400, err[0] ? err : cm_strerror(rc), NULL);
       return;
@@ -122,8 +123,8 @@ static void answer_tokens(struct fe_engine *e, struct fe_conn *c, const struct f
   } else {
     const struct fe_api_prompt *p = req->n_prompts ? &req->prompts[0] : NULL;
     size_t len = 0;
-    int rc = p ? fe_tok_decode(e->tok, p->ids, p->n_ids, 0, &e->dec, &len, &e->dec_cap)
-               : CM_ERR_INVAL;
+    int rc =
+        p ? fe_tok_decode(e->tok, p->ids, p->n_ids, 0, &e->dec, &len, &e->dec_cap) : CM_ERR_INVAL;
     if (rc) {
       answer_error(e, c, rc == CM_ERR_NOMEM ? 500 : 400,
                    rc == CM_ERR_RANGE ? "a token id is outside the vocabulary"
@@ -206,8 +207,8 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   size_t n_prompts = req->kind == FE_API_CHAT ? 1 : req->n_prompts;
   if (n_prompts == 0 || n_prompts * (size_t)req->n > FE_API_MAX_N) {
     char msg[160];
-    snprintf(msg, sizeof(msg), "n times the number of prompts must be 1..%d, not %zu",
-             FE_API_MAX_N, n_prompts * (size_t)req->n);
+    snprintf(msg, sizeof(msg), "n times the number of prompts must be 1..%d, not %zu", FE_API_MAX_N,
+             n_prompts * (size_t)req->n);
     answer_error(e, c, 400, msg, "n");
     fe_api_request_free(req);
     free(req);

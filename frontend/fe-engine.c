@@ -113,7 +113,8 @@ static void dispatch(struct fe_engine *e, const struct pr_msg *m) {
   case PR_PONG: on_pong(e, &m->u.pong); break;
   case PR_OUT: fe_eng_on_out(e, &m->u.out); break;
   case PR_ERR: fe_eng_on_err(e, &m->u.err); break;
-  default: cm_warn(TAG, "scheduler sent %s, not a frontend message; dropped", pr_type_name(m->type));
+  default:
+    cm_warn(TAG, "scheduler sent %s, not a frontend message; dropped", pr_type_name(m->type));
   }
 }
 

@@ -216,8 +216,8 @@ static void setup(uint32_t dead_ms) {
   snprintf(fx.sock_path, sizeof(fx.sock_path), "/tmp/lmserve-te-%d-%d.sock", (int)getpid(),
            serial++);
   snprintf(fx.endpoint, sizeof(fx.endpoint), "ipc://%s", fx.sock_path);
-  TH_REQUIRE(te_sched_start(fx.endpoint, fx.script, fx.n_script, fe_tok_eos(fx.tok), 64,
-                            &fx.sched) == 0);
+  TH_REQUIRE(
+      te_sched_start(fx.endpoint, fx.script, fx.n_script, fe_tok_eos(fx.tok), 64, &fx.sched) == 0);
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_route_config rc = {NULL, "tiny", 8192};
   TH_REQUIRE(fe_router_create(&rc, &fx.router) == 0);
@@ -228,8 +228,8 @@ static void setup(uint32_t dead_ms) {
   fe_router_set_hooks(fx.router, &h);
   struct fe_server_limits lim;
   fe_server_limits_default(&lim);
-  TH_REQUIRE(fe_server_create(&fx.loop, "127.0.0.1", 0, &lim, fe_router_handle, fx.router,
-                              &fx.srv) == 0);
+  TH_REQUIRE(
+      fe_server_create(&fx.loop, "127.0.0.1", 0, &lim, fe_router_handle, fx.router, &fx.srv) == 0);
   fx.port = fe_server_port(fx.srv);
   uv_async_init(&fx.loop, &fx.stop, on_stop);
   TH_REQUIRE(pthread_create(&fx.th, NULL, loop_thread, NULL) == 0);
@@ -310,8 +310,7 @@ TH_TEST(engine_completion_json) {
   TH_CHECK_EQ_INT(jint(j, "max_model_len"), 64);
   json_decref(j);
   char body[256];
-  snprintf(body, sizeof(body), "{\"tokens\":[%d,%d,%d]}", fx.script[0], fx.script[1],
-           fx.script[2]);
+  snprintf(body, sizeof(body), "{\"tokens\":[%d,%d,%d]}", fx.script[0], fx.script[1], fx.script[2]);
   char want3[256];
   decode_script(3, want3, sizeof(want3));
   TH_CHECK_EQ_INT(http_json("/detokenize", body, &j), 200);
@@ -353,13 +352,30 @@ TH_TEST(engine_completion_stream) {
     const char *t = jstr(ev[i], "choices.0.text");
     TH_CHECK(t != NULL);
     if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
-    if (i < n - 2) TH_CHECK(json_is_null(json_object_get(
-                       json_array_get(json_object_get(ev[i], "choices"), 0), "finish_reason")));
+    if (i < n - 2)
+      TH_CHECK(json_is_null(
+          json_object_get(json_array_get(json_object_get(ev[i], "choices"), 0), "finish_reason")));
   }
   TH_CHECK_EQ_STR(text, want_all);
   TH_CHECK_EQ_STR(jstr(ev[n - 2], "choices.0.finish_reason"), "stop");
   TH_CHECK_EQ_INT(json_array_size(json_object_get(ev[n - 1], "choices")), 0);
   TH_CHECK_EQ_INT(jint(ev[n - 1], "usage.completion_tokens"), fx.n_script + 1);
+  free_events(ev, n);
+  free(b);
+
+  /* logprobs ride on the chunk of their tokens: one token per OUT here */
+  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
+                       "{\"prompt\":\"Hi\",\"stream\":true,\"max_tokens\":4,\"logprobs\":1}", &b),
+                  200);
+  n = sse_events(b, ev, 128, &done);
+  TH_CHECK(done);
+  TH_CHECK_EQ_INT(n, 4);
+  int n_lp = 0;
+  for (int i = 0; i < n; i++) {
+    json_t *lp = json_object_get(json_array_get(json_object_get(ev[i], "choices"), 0), "logprobs");
+    n_lp += (int)json_array_size(json_object_get(lp, "token_logprobs"));
+  }
+  TH_CHECK_EQ_INT(n_lp, 4);
   free_events(ev, n);
   free(b);
   teardown();
@@ -531,9 +547,9 @@ TH_TEST(engine_errors) {
   json_decref(j);
   /* mid-stream failure: an error event, then [DONE] */
   char *b = NULL;
-  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
-                       "{\"prompt\":\"Hi\",\"max_tokens\":11,\"stream\":true}", &b),
-                  200);
+  TH_CHECK_EQ_INT(
+      http("POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":11,\"stream\":true}", &b),
+      200);
   json_t *ev[16];
   int done = 0, n = sse_events(b, ev, 16, &done);
   TH_CHECK(done);
