@@ -279,6 +279,10 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
                   id, s->draft_tokens.n, s->num_draft, r->max_draft);
     if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
       return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
+    if (s->tokens.n == 0 && s->draft_tokens.n)
+      /* the first draft is checked against the logits of the token before it */
+      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
+                  id);
     if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
     if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
       return fail(err, errlen, CM_ERR_INVAL,

@@ -251,6 +251,13 @@ TH_TEST(worker_speculative_greedy) {
     wts_seq_end(&w, &s);
   }
   TH_CHECK_EQ_INT(w.n_fail, 0);
+
+  /* drafts need the token before them in the same step */
+  int code = 0;
+  char why[256] = "";
+  TH_CHECK(wts_bad_step(&w, 7, &code, why, sizeof(why)) == 0);
+  TH_CHECK_EQ_INT(code, CM_ERR_INVAL);
+  TH_CHECK(strstr(why, "before them") != NULL);
   wts_close(&w);
 }
 

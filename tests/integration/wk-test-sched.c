@@ -394,6 +394,11 @@ int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len) 
   case 2: /* a block outside the pool */ pages[0][0] = (int32_t)w->ready.kv_blocks + 10; break;
   case 3: /* more tokens than a step holds */ q.tokens.n = 100; break;
   case 4: /* drafts from a worker without an assistant model */ q.num_draft = 2; break;
+  case 7: /* drafts with no token before them (needs an assistant model) */
+    q.tokens.n = 0;
+    q.draft_tokens.v = toks;
+    q.draft_tokens.n = 2;
+    break;
   case 5: /* positions past the model length */ q.start_pos = w->ready.max_model_len - 1; break;
   default: { /* a live sequence that the same step frees */
     struct pr_msg first;

@@ -82,7 +82,8 @@ int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *draft
 /* Returns s's pages to the test's allocator. */
 void wts_seq_end(struct wts *w, struct wts_seq *s);
 
-/* Sends a malformed STEP of `kind` (0..WTS_BAD_KINDS-1) and waits for its
+/* Sends a malformed STEP of `kind` (0..WTS_BAD_KINDS-1; 7: drafts with no
+ * token before them, for a worker with an assistant) and waits for its
  * FAIL: 0 and the code and reason, or -1. */
 int wts_bad_step(struct wts *w, int kind, int *code, char *why, size_t why_len);
 /* Sends a message whose body is not msgpack; waits for FAIL. 0 or -1. */
