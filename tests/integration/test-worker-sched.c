@@ -26,6 +26,9 @@ struct req {
   int64_t seed; /* -1 greedy */
   uint32_t out[NGEN + 8];
   int n_out;
+  int logprobs; /* -1 none */
+  int lp_ok;    /* OUT entries whose logprobs matched their tokens */
+  int lp_bad;
   int finish;
   int err;
 };
@@ -122,6 +125,7 @@ static void req_init(struct req *r, uint64_t id, int n_prompt, uint32_t salt, in
   r->id = id;
   r->n_prompt = n_prompt;
   r->seed = seed;
+  r->logprobs = -1;
   r->prompt[0] = 2;
   for (int i = 1; i < n_prompt; i++)
     r->prompt[i] = (uint32_t)((salt * 7919u + (uint32_t)i * 104729u) % 200000u) + 10;
@@ -138,6 +142,7 @@ static int send_add(struct env *e, const struct req *r) {
   m.u.add.sampling.temperature = r->seed >= 0 ? 1.0f : 0.0f;
   m.u.add.sampling.has_seed = r->seed >= 0;
   m.u.add.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : 0;
+  m.u.add.sampling.logprobs = r->logprobs;
   m.u.add.arrival_ns = cm_time_wall_ns();
   return pr_sock_send(e->sock, NULL, &m, 0);
 }
@@ -169,6 +174,18 @@ static int run_reqs(struct env *e, struct req *rs, int n) {
         if (r->id != o->request_id || r->finish || r->err) continue;
         for (uint32_t t = 0; t < o->tokens.n && r->n_out < NGEN + 8; t++)
           r->out[r->n_out++] = o->tokens.v[t];
+        if (r->logprobs >= 0 && o->tokens.n) {
+          /* greedy: the sampled token is the best of the raw distribution */
+          const struct pr_logprobs *l = &o->logprobs;
+          int ok = l->sampled.n == o->tokens.n && l->n_top == (uint32_t)r->logprobs;
+          for (uint32_t t = 0; ok && t < o->tokens.n; t++)
+            ok = l->sampled.v[t] <= 0 && l->top_ids.v[t * l->n_top] == o->tokens.v[t] &&
+                 l->top.v[t * l->n_top] == l->sampled.v[t];
+          if (ok)
+            r->lp_ok++;
+          else
+            r->lp_bad++;
+        }
         if (o->finish) {
           r->finish = o->finish;
           left--;
@@ -199,6 +216,7 @@ static void greedy_case(int spec) {
   static const int lens[NREQ] = {10, 25, 5, 25};
   for (int i = 0; i < NREQ; i++)
     req_init(&rs[i], 100 + (uint64_t)i, lens[i], i == 3 ? 1 : (uint32_t)i, -1);
+  rs[0].logprobs = 2;
   uint32_t ref[NREQ][NGEN];
   for (int i = 0; i < NREQ; i++)
     TH_REQUIRE(wts_generate(&e.w, rs[i].prompt, rs[i].n_prompt, NGEN, ref[i]) == NGEN);
@@ -208,6 +226,8 @@ static void greedy_case(int spec) {
   TH_REQUIRE(run_reqs(&e, rs, NREQ) == 0);
   for (int i = 0; i < NREQ; i++)
     check_same(&rs[i], ref[i], NGEN);
+  TH_CHECK(rs[0].lp_ok > 0);
+  TH_CHECK_EQ_INT(rs[0].lp_bad, 0);
   /* the same prompt again alone, after the others are done */
   struct req again;
   req_init(&again, 200, lens[1], 1, -1);

@@ -111,6 +111,15 @@ TH_TEST(worker_gemma4_steps) {
   TH_CHECK(memcmp(s[0].out, alone, sizeof(alone)) != 0);
   TH_CHECK(memcmp(alone, ref_a, sizeof(alone)) != 0);
 
+  /* temperature 1 with top-k 1, or with min-p 1, keeps only the best token */
+  wts_seq_init(&s[0], 11, k_prompt_a, 10, 42);
+  s[0].top_k = 1;
+  wts_seq_init(&s[1], 12, k_prompt_b, 5, 42);
+  s[1].min_p = 1.0f;
+  run_together(&w, s, 2, 4);
+  check_tokens(s[0].out, s[0].n_out, ref_a, NGEN);
+  check_tokens(s[1].out, s[1].n_out, ref_b, NGEN);
+
   /* logprobs: greedy token is the top entry, raw logprobs <= 0 */
   wts_seq_init(&s[0], 10, k_prompt_b, 5, -1);
   s[0].logprobs = 3;

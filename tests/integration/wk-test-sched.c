@@ -256,6 +256,8 @@ int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen
       q->sampling.has_seed = s->seed >= 0;
       q->sampling.seed = s->seed >= 0 ? (uint64_t)s->seed : 0;
       q->sampling.logprobs = s->logprobs;
+      q->sampling.top_k = s->top_k;
+      q->sampling.min_p = s->min_p;
     }
     s->pos += (int)q->tokens.n;
     who[k++] = s;

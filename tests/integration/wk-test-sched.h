@@ -42,6 +42,8 @@ struct wts_seq {
   int n_prompt;
   int64_t seed; /* -1: greedy; else temperature 1 with this seed */
   int logprobs; /* -1: none */
+  int top_k;    /* 0: off */
+  float min_p;  /* 0: off */
   int pos;      /* tokens the worker has run */
   int n_out;
   uint32_t out[WTS_MAX_OUT];
