@@ -105,6 +105,26 @@ TH_TEST(worker_gemma4_steps) {
   wts_seq_init(&s[1], 8, k_prompt_a, 10, 42);
   run_together(&w, s, 2, 3);
   check_tokens(s[1].out, s[1].n_out, alone, NGEN);
+  /* preemption by recompute: the sequence stops after 4 tokens, comes back
+   * NEW with prompt + those tokens as its prefill, and goes on with the
+   * same draws (the counter is the absolute position) */
+  {
+    struct wts_seq p;
+    wts_seq_init(&p, 14, k_prompt_a, 10, 42);
+    wts_seq_begin(&w, &p);
+    for (int g = 0; g < 20 && p.n_out < 4; g++)
+      TH_REQUIRE(wts_step_run(&w, &p, 1, 0, 4) == 0);
+    check_tokens(p.out, p.n_out, alone, 4);
+    uint32_t again_prompt[14];
+    memcpy(again_prompt, k_prompt_a, sizeof(k_prompt_a));
+    memcpy(again_prompt + 10, p.out, 4 * sizeof(uint32_t));
+    wts_seq_init(&p, 14, again_prompt, 14, 42);
+    wts_seq_begin(&w, &p);
+    for (int g = 0; g < 20 && p.n_out < NGEN - 4; g++)
+      TH_REQUIRE(wts_step_run(&w, &p, 1, 5, NGEN - 4) == 0);
+    check_tokens(p.out, p.n_out, alone + 4, NGEN - 4);
+  }
+
   /* another seed draws other tokens (262144 near-uniform choices) */
   wts_seq_init(&s[0], 9, k_prompt_a, 10, 43);
   run_together(&w, s, 1, 0);
