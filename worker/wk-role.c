@@ -330,7 +330,7 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
 
 /* ---- the step ---------------------------------------------------------------------- */
 
-/* Applies NEW / tables / prompt penalties, and fills the batch. */
+/* Drops the state of the sequences in free_ids. */
 static void drop_freed(struct wk_role *r, const struct pr_step *st) {
   for (uint32_t j = 0; j < st->free_ids.n; j++) {
     struct rseq *q = seq_find(r, st->free_ids.v[j]);
@@ -338,6 +338,7 @@ static void drop_freed(struct wk_role *r, const struct pr_step *st) {
   }
 }
 
+/* Applies frees, NEW, block tables and prompt penalties, and fills the batch. */
 static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_batch *b, char *err,
                       size_t errlen) {
   drop_freed(r, st);
