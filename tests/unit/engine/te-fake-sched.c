@@ -16,7 +16,7 @@
 struct live {
   uint64_t id;
   uint32_t pos, max_tokens;
-  int forever, err_after, logprobs;
+  int forever, err_after, logprobs, junk;
 };
 
 struct te_sched {
@@ -90,6 +90,7 @@ static void on_msg(struct te_sched *s, const struct pr_msg *m) {
       l->max_tokens = a->max_tokens;
       l->forever = a->max_tokens == 50;
       l->err_after = a->max_tokens == 11 ? 2 : -1;
+      l->junk = a->max_tokens == 13;
       l->logprobs = a->sampling.logprobs;
     }
   } else if (m->type == PR_ABORT) {
@@ -118,6 +119,30 @@ static void tick(struct te_sched *s) {
       send_err(s, l->id, CM_ERR_DEVICE, "fake: failed mid-stream");
       s->live[k--] = s->live[--s->n_live];
       continue;
+    }
+    if (l->junk && l->pos == 0) { /* what a confused scheduler might send */
+      uint32_t bad = 999999999u;
+      struct pr_out_seq j[2];
+      memset(j, 0, sizeof(j));
+      j[0].request_id = l->id; /* a token outside the vocabulary */
+      j[0].tokens.v = &bad;
+      j[0].tokens.n = 1;
+      j[0].stop_token = -1;
+      j[1].request_id = 424242; /* a request nobody sent */
+      j[1].tokens.v = &bad;
+      j[1].tokens.n = 1;
+      j[1].stop_token = -1;
+      j[1].finish = PR_FINISH_STOP;
+      struct pr_msg jm;
+      pr_msg_init(&jm, PR_OUT);
+      jm.u.out.seqs = j;
+      jm.u.out.n_seqs = 2;
+      pr_sock_send(s->sock, &s->peer, &jm, 0);
+      send_err(s, 0, CM_ERR_PARSE, "fake: about no request");
+      send_err(s, 434343, CM_ERR_INVAL, "fake: about an unknown request");
+      struct pr_msg step;
+      pr_msg_init(&step, PR_BEAT); /* not a frontend message */
+      pr_sock_send(s->sock, &s->peer, &step, 0);
     }
     struct pr_out_seq *o = &seqs[n];
     memset(o, 0, sizeof(*o));

@@ -5,6 +5,8 @@
  *   7     ERR CM_ERR_INVAL ("fake: refused")
  *   9     ERR CM_ERR_DEVICE ("fake: device lost")
  *   11    two tokens, then ERR CM_ERR_DEVICE
+ *   13    first junk (a token outside the vocabulary, an OUT and an ERR
+ *         for unknown ids, an ERR about no request, a BEAT), then the script
  *   50    tokens forever, until ABORT
  *   else  the script up to max_tokens (finish "length"), or the script and
  *         EOS as the last token (finish "stop") when it is shorter

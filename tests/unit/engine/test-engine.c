@@ -557,6 +557,13 @@ TH_TEST(engine_errors) {
   TH_CHECK_EQ_STR(jstr(ev[n - 1], "error.message"), "fake: failed mid-stream");
   free_events(ev, n);
   free(b);
+  /* junk from the scheduler is dropped; the request still completes */
+  char want4[256];
+  decode_script(4, want4, sizeof(want4));
+  TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":13}", &j), 200);
+  const char *txt = jstr(j, "choices.0.text");
+  TH_CHECK(txt && strncmp(txt, want4, strlen(want4)) == 0);
+  json_decref(j);
   /* and it still serves */
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":2}", &j), 200);
   json_decref(j);
