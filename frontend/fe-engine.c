@@ -80,7 +80,20 @@ int fe_eng_send(struct fe_engine *e, const struct pr_msg *m) {
   return rc;
 }
 
+static void fail_all(struct fe_engine *e, int status, const char *msg) {
+  while (e->reqs)
+    fe_eng_req_fail(e->reqs, status, msg, NULL); /* unlinks and frees the request */
+}
+
 static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
+  /* the scheduler's totals only grow: smaller ones mean a new scheduler
+   * answers on the endpoint, and the requests in flight died with the old */
+  if (e->have_pong && e->reqs &&
+      (p->generation_tokens < e->last_pong.generation_tokens ||
+       p->prompt_tokens < e->last_pong.prompt_tokens)) {
+    cm_error(TAG, "the scheduler restarted: failing %d request(s) in flight", e->n_reqs);
+    fail_all(e, 503, "the engine restarted; the request was lost");
+  }
   e->last_pong_ns = cm_time_ns();
   e->workers_ok = p->world_size > 0 && p->workers_ready == p->world_size;
   if (p->max_model_len) e->pong_max_model_len = p->max_model_len;
@@ -149,11 +162,6 @@ static void on_poll(uv_poll_t *h, int status, int events) {
   (void)status;
   (void)events;
   fe_eng_pump(h->data);
-}
-
-static void fail_all(struct fe_engine *e, int status, const char *msg) {
-  while (e->reqs)
-    fe_eng_req_fail(e->reqs, status, msg, NULL); /* unlinks and frees the request */
 }
 
 static void on_timer(uv_timer_t *t) {

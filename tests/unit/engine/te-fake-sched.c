@@ -25,6 +25,7 @@ struct te_sched {
   pthread_t th;
   pthread_mutex_t mu;
   int stop, mute;
+  uint64_t gen_total; /* PONG generation_tokens */
   struct pr_rid peer;
   int have_peer;
   int32_t script[256];
@@ -61,6 +62,7 @@ static void on_msg(struct te_sched *s, const struct pr_msg *m) {
     o.u.pong.kv_usage = 0.25;
     o.u.pong.prefix_cache_queries = 100;
     o.u.pong.prefix_cache_hits = 40;
+    o.u.pong.generation_tokens = __atomic_load_n(&s->gen_total, __ATOMIC_SEQ_CST);
     pr_sock_send(s->sock, &s->peer, &o, 0);
   } else if (m->type == PR_ADD) {
     const struct pr_add *a = &m->u.add;
@@ -253,6 +255,10 @@ void te_sched_stop(struct te_sched *s) {
 
 void te_sched_mute(struct te_sched *s, int mute) {
   __atomic_store_n(&s->mute, mute, __ATOMIC_SEQ_CST);
+}
+
+void te_sched_set_gen_total(struct te_sched *s, uint64_t v) {
+  __atomic_store_n(&s->gen_total, v, __ATOMIC_SEQ_CST);
 }
 
 int te_sched_adds(struct te_sched *s, struct te_add *out, int max) {

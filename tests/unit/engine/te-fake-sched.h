@@ -37,6 +37,9 @@ int te_sched_start(const char *endpoint, const int32_t *script, int n, int32_t e
 void te_sched_stop(struct te_sched *s);
 /* 1: ignore every message from now on (an engine that stopped answering). */
 void te_sched_mute(struct te_sched *s, int mute);
+/* The generation_tokens total PONGs report (a smaller one reads as a
+ * restarted scheduler). */
+void te_sched_set_gen_total(struct te_sched *s, uint64_t v);
 /* Copies the ADDs seen so far; returns how many. */
 int te_sched_adds(struct te_sched *s, struct te_add *out, int max);
 /* 1 when an ABORT named `id`. */

@@ -5,7 +5,8 @@
  * HTTP client checks completions and chat, streamed and not, n > 1 with
  * seeds, stop strings across token pieces (and the ABORT they send),
  * usage, logprobs, ERR mapping, /tokenize and /detokenize, metrics, a
- * client that disconnects (ABORT), and an engine that stops answering. */
+ * client that disconnects (ABORT), an engine that stops answering, and one
+ * that restarts under a request. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -621,5 +622,23 @@ TH_TEST(engine_gone) {
     if (st != 200) cm_time_sleep_ns(20000000);
   }
   TH_CHECK_EQ_INT(st, 200);
+  teardown();
+}
+
+TH_TEST(engine_restarted) {
+  setup(0);
+  te_sched_set_gen_total(fx.sched, 1000);
+  cm_time_sleep_ns(200000000); /* a few PONGs with the total */
+  int fd = dial();
+  TH_REQUIRE(fd >= 0);
+  send_req(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50}");
+  cm_time_sleep_ns(100000000);
+  te_sched_set_gen_total(fx.sched, 0); /* a new scheduler on the endpoint */
+  char *b = NULL;
+  TH_CHECK_EQ_INT(read_resp(fd, &b), 503);
+  TH_CHECK(strstr(b, "restarted") != NULL);
+  free(b);
+  close(fd);
+  TH_CHECK_EQ_INT(fe_engine_in_flight(fx.eng), 0);
   teardown();
 }
