@@ -3,8 +3,9 @@
  * SIGINT/SIGTERM (new requests get 503, requests in progress may finish
  * until --drain-timeout, then the process exits 0).
  *
- * Until the serving path is connected, generation routes validate each
- * request fully and answer 503 "engine not ready", and /health is 503. */
+ * With --scheduler (and --model for the tokenizer and chat template) the
+ * serving path (fe-engine.h) answers generation routes and /health; without
+ * it they answer 503 "engine not ready". */
 #include "frontend/fe-main.h"
 
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
+#include "frontend/fe-engine.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-server.h"
 
@@ -72,6 +74,8 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = "default", *scheduler = NULL;
+  const char *model_dir = NULL;
+  struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
@@ -88,6 +92,9 @@ int fe_frontend_main(int argc, char **argv) {
        1, INT32_MAX, 0, 0, NULL},
       {"scheduler", CM_OPT_STR, &scheduler, "ENDPOINT", "scheduler endpoint (ipc:// or tcp://)", 0,
        0, 0, 0, NULL},
+      {"model", CM_OPT_STR, &model_dir, "DIR",
+       "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler)", 0, 0, 0,
+       0, NULL},
       {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES",
        "largest request body (default 32M); more is 413", 0, 0, 0, 0, NULL},
       {"max-header-size", CM_OPT_SIZE, &max_header_bytes, "BYTES",
@@ -129,6 +136,19 @@ int fe_frontend_main(int argc, char **argv) {
     fprintf(stderr, "lmserve frontend: %s\n", cm_strerror(rc));
     return 1;
   }
+  if (scheduler) {
+    struct fe_engine_config ecfg = {model_dir, scheduler, model, max_model_len, 0, 0, 0};
+    if (!model_dir || (rc = fe_engine_create(app.loop, app.router, &ecfg, &engine)) != 0) {
+      fprintf(stderr, "lmserve frontend: %s\n",
+              model_dir ? "cannot start the serving path (see the log)"
+                        : "--scheduler needs --model DIR");
+      fe_router_destroy(app.router);
+      return model_dir ? 1 : 2;
+    }
+    struct fe_engine_hooks hooks;
+    fe_engine_hooks_get(engine, &hooks);
+    fe_router_set_hooks(app.router, &hooks);
+  }
   struct fe_server_limits lim;
   fe_server_limits_default(&lim);
   lim.max_body_bytes = max_body;
@@ -141,6 +161,7 @@ int fe_frontend_main(int argc, char **argv) {
   if ((rc = fe_server_create(app.loop, host, (int)port, &lim, fe_router_handle, app.router,
                              &app.srv)) != 0) {
     uv_run(app.loop, UV_RUN_DEFAULT); /* lets the failed listener close */
+    fe_engine_destroy(engine);
     fe_router_destroy(app.router);
     uv_loop_close(app.loop);
     return 1;
@@ -154,9 +175,6 @@ int fe_frontend_main(int argc, char **argv) {
   app.drain_timer.data = &app;
   app.drain_ns = (uint64_t)(drain_timeout * 1e9);
 
-  if (scheduler)
-    cm_info(TAG, "scheduler endpoint %s: generation answers 503 until the engine is connected",
-            scheduler);
   int bound = fe_server_port(app.srv);
   int v6 = strchr(host, ':') != NULL;
   printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model,
@@ -166,6 +184,7 @@ int fe_frontend_main(int argc, char **argv) {
   cm_info(TAG, "listening on %s port %d", host, bound);
 
   uv_run(app.loop, UV_RUN_DEFAULT); /* until drained and every handle is closed */
+  fe_engine_destroy(engine);        /* its handles do not keep the loop alive */
   fe_router_destroy(app.router);
   int close_rc = uv_loop_close(app.loop);
   if (close_rc != 0) cm_warn(TAG, "event loop closed with handles open: %s", uv_strerror(close_rc));
