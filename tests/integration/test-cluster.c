@@ -1,0 +1,197 @@
+/* test-cluster.c — the three roles run alone, as deploy/docker-compose.yml
+ * places them: `lmserve frontend`, `lmserve scheduler` and `lmserve worker`
+ * as separate processes talking ZeroMQ over tcp:// (loopback here, the
+ * compose network there), started in the worst order (frontend first,
+ * scheduler last). Checks that /health is 503 until the scheduler and its
+ * worker answer, then 200; that a greedy completion through the cluster
+ * equals `lmserve generate`; and that SIGTERM stops every role cleanly. */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+#include "tests/integration/test-http-client.h"
+
+static char tmp[256];
+
+static void cleanup(void) {
+  if (!tmp[0]) return;
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
+}
+
+/* Three distinct loopback TCP ports nobody listens on right now: all are held
+ * open until all are chosen, so the kernel cannot hand one out twice. */
+static int free_ports(int *ports, int n) {
+  int fds[8];
+  for (int i = 0; i < n; i++) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    ports[i] = -1;
+    if (fds[i] >= 0 && bind(fds[i], (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fds[i], (struct sockaddr *)&a, &len) == 0)
+      ports[i] = ntohs(a.sin_port);
+  }
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    if (fds[i] >= 0) close(fds[i]);
+    ok &= ports[i] > 0;
+  }
+  return ok ? 0 : -1;
+}
+
+/* Waits for a line containing `needle` on the child's stdout. */
+static int wait_line(struct th_proc *p, const char *needle, int timeout_ms) {
+  char line[4096] = "";
+  size_t got = 0;
+  while (!strstr(line, needle) && got < sizeof(line) - 1) {
+    struct pollfd pf = {p->out_fd, POLLIN, 0};
+    if (poll(&pf, 1, timeout_ms) <= 0) return -1;
+    ssize_t k = read(p->out_fd, line + got, sizeof(line) - 1 - got);
+    if (k <= 0) return -1;
+    got += (size_t)k;
+    line[got] = 0;
+  }
+  return strstr(line, needle) ? 0 : -1;
+}
+
+/* One request on a fresh connection; the answer lands in *r. */
+static int request(int port, const char *req, struct resp *r) {
+  struct conn c;
+  if (hc_conn_open(&c, port) != 0) return -1;
+  int rc = hc_do_req(&c, req, r);
+  hc_conn_close(&c);
+  return rc;
+}
+
+static int health(int port) {
+  static struct resp r;
+  return request(port, GET("/health", ""), &r) == 0 ? r.status : -1;
+}
+
+TH_TEST(cluster_over_tcp) {
+  th_proc_init(280);
+  atexit(cleanup);
+  const char *t = getenv("TMPDIR");
+  snprintf(tmp, sizeof(tmp), "%s/lmserve-cluster-XXXXXX", t && *t ? t : "/tmp");
+  TH_REQUIRE(mkdtemp(tmp));
+  char model[300];
+  snprintf(model, sizeof(model), "%s/m", tmp);
+  char *out = NULL, *err = NULL;
+  char *mk[] = {hc_bin(), "make-tiny-model", "--arch", "gemma4", "--out",
+                model,    "--seed",          "5",      NULL};
+  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 120000, &out, &err) == 0);
+  free(out), free(err);
+  char tokpath[400];
+  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
+  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+
+  char *gen[] = {hc_bin(),         "generate",     "--model", model, "--prompt-ids",
+                 "2,818,5279,563", "--max-tokens", "6",       NULL};
+  TH_REQUIRE(th_run(gen, NULL, NULL, 0, 120000, &out, &err) == 0);
+  char ids[512];
+  TH_REQUIRE(sscanf(out, "[%511[^]]]", ids) == 1);
+  free(out), free(err);
+
+  int ports[3];
+  TH_REQUIRE(free_ports(ports, 3) == 0);
+  char http_s[16], fe_ep[64], wk_ep[64];
+  snprintf(http_s, sizeof(http_s), "%d", ports[0]);
+  snprintf(fe_ep, sizeof(fe_ep), "tcp://127.0.0.1:%d", ports[1]);
+  snprintf(wk_ep, sizeof(wk_ep), "tcp://127.0.0.1:%d", ports[2]);
+
+  /* the frontend first: it serves 503 until a scheduler answers */
+  char *fe[] = {hc_bin(), "frontend",  "--model", model,  "--scheduler",     fe_ep,
+                "--host", "127.0.0.1", "--port",  http_s, "--drain-timeout", "5",
+                NULL};
+  struct th_proc pf, pw, ps;
+  TH_REQUIRE(th_proc_spawn(&pf, fe, NULL, 1) == 0);
+  TH_REQUIRE(wait_line(&pf, "listening on", 60000) == 0);
+  TH_CHECK_EQ_INT(health(ports[0]), 503);
+
+  /* the worker connects to a scheduler that does not exist yet */
+  char *wk[] = {hc_bin(),
+                "worker",
+                "--model",
+                model,
+                "--scheduler",
+                wk_ep,
+                "--rank",
+                "0",
+                "--world-size",
+                "1",
+                "--max-num-seqs",
+                "64",
+                "--max-num-batched-tokens",
+                "2048",
+                "--kv-cache-memory",
+                "64M",
+                "--threads",
+                "1",
+                NULL};
+  TH_REQUIRE(th_proc_spawn(&pw, wk, NULL, 0) == 0);
+  char *sc[] = {hc_bin(),
+                "scheduler",
+                "--model",
+                model,
+                "--frontend-endpoint",
+                fe_ep,
+                "--worker-endpoint",
+                wk_ep,
+                "--world-size",
+                "1",
+                "--max-num-seqs",
+                "64",
+                "--max-num-batched-tokens",
+                "2048",
+                NULL};
+  TH_REQUIRE(th_proc_spawn(&ps, sc, NULL, 0) == 0);
+
+  int st = -1;
+  for (int i = 0; i < 1200 && (st = health(ports[0])) != 200; i++)
+    usleep(100000);
+  TH_REQUIRE(st == 200);
+
+  /* greedy through the cluster == generate */
+  char body[600], req[1024];
+  snprintf(body, sizeof(body), "{\"tokens\":[%s]}", ids);
+  hc_post(req, sizeof(req), "/detokenize", body);
+  static struct resp r;
+  TH_REQUIRE(request(ports[0], req, &r) == 0 && r.status == 200);
+  json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+  char want[1024] = "";
+  json_t *pr = json_object_get(j, "prompt");
+  if (json_is_string(pr)) snprintf(want, sizeof(want), "%s", json_string_value(pr));
+  json_decref(j);
+  TH_CHECK(want[0] != 0);
+  hc_post(req, sizeof(req), "/v1/completions",
+          "{\"prompt\":[2,818,5279,563],\"max_tokens\":6,\"temperature\":0}");
+  TH_REQUIRE(request(ports[0], req, &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  j = json_loadb(r.body, r.body_len, 0, NULL);
+  json_t *text = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
+  TH_CHECK_EQ_STR(json_is_string(text) ? json_string_value(text) : "(none)", want);
+  json_decref(j);
+
+  /* each role stops on SIGTERM by itself */
+  struct th_proc *roles[] = {&pf, &ps, &pw};
+  for (int i = 0; i < 3; i++) {
+    th_proc_signal(roles[i], SIGTERM);
+    TH_CHECK_EQ_INT(th_proc_wait(roles[i], 30000), 0);
+    TH_CHECK(roles[i]->exited && WIFEXITED(roles[i]->status));
+    th_proc_stop(roles[i], 1000);
+  }
+}
