@@ -16,6 +16,63 @@
 #include "worker/wk-main.h"
 #include "worker/wk-model.h"
 
+/* The KV plan: one entry per group, then the total (JSON: the fields that
+ * follow the opening object's other members, without the closing brace). */
+static void print_kv(const struct wk_kv_spec *kv, int json) {
+  if (json) {
+    printf("\"kv_groups\":[");
+    for (int g = 0; g < kv->n_groups; g++) {
+      const struct wk_kv_group *G = &kv->groups[g];
+      printf("%s{\"kind\":\"%s\",\"head_dim\":%d,\"kv_heads\":%d,\"layers\":%d,"
+             "\"bytes_per_token\":%zu,\"block_tokens\":%d}",
+             g ? "," : "", G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim,
+             G->n_kv_heads, G->n_layers, G->bytes_per_token, G->block_tokens);
+    }
+    printf("],\"kv_bytes_per_token\":%zu", wk_kv_bytes_per_token(kv));
+    return;
+  }
+  for (int g = 0; g < kv->n_groups; g++) {
+    const struct wk_kv_group *G = &kv->groups[g];
+    printf("kv group %d %s, head dim %d x %d KV heads, %d storing layers: %zu bytes/token, %d "
+           "tokens/page\n",
+           g, G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim, G->n_kv_heads,
+           G->n_layers, G->bytes_per_token, G->block_tokens);
+  }
+  printf("kv total   %zu bytes/token (%s), page %zu bytes\n", wk_kv_bytes_per_token(kv),
+         kn_dtype_name(kv->dtype), kv->page_bytes);
+}
+
+/* --kv-only: the KV plan from config.json alone (no weights needed), bf16
+ * pages of 16 tokens as the server lays them out. */
+static int kv_only(const char *dir, int json) {
+  static struct wk_config c; /* large: per-layer tables */
+  struct wk_kv_spec kv;
+  char err[512] = "";
+  int rc = wk_config_load(dir, &c, err, sizeof(err));
+  if (rc) {
+    fprintf(stderr, "lmserve bench model: %s\n", err);
+    return 1;
+  }
+  if ((rc = wk_kv_spec_build(&c, KN_DTYPE_BF16, 16, &kv))) {
+    fprintf(stderr, "lmserve bench model: KV plan of %s: %s\n", dir, cm_strerror(rc));
+    return 1;
+  }
+  int storing = 0;
+  for (int g = 0; g < kv.n_groups; g++)
+    storing += kv.groups[g].n_layers;
+  if (json) {
+    printf("{\"model\":\"%s\",\"model_type\":\"%s\",\"layers\":%d,\"kv_storing_layers\":%d,", dir,
+           c.model_type, c.n_layers, storing);
+    print_kv(&kv, 1);
+    printf("}\n");
+  } else {
+    printf("model      %s (%s, %d layers, %d of them store KV, %d KV-shared)\n", dir, c.model_type,
+           c.n_layers, storing, c.n_kv_shared);
+    print_kv(&kv, 0);
+  }
+  return 0;
+}
+
 /* Runs n tokens at pos0 (one forward); logits of the last when asked. */
 static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_blocks *blk,
                const int32_t *toks, int n, int pos0, float *logits, char *err, size_t errlen) {
@@ -37,7 +94,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 int wk_bench_model_main(int argc, char **argv) {
   const char *model = NULL;
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256;
-  int json = 0;
+  int json = 0, kvo = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory"},
       {"prompt-tokens", CM_OPT_INT, &prompt, "N", "prefill length (default 256)", 1, 1 << 20},
@@ -45,6 +102,7 @@ int wk_bench_model_main(int argc, char **argv) {
       {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk in tokens (default 256)", 1, 1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
+      {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -56,6 +114,7 @@ int wk_bench_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve bench model: --model DIR is required\n");
     return 2;
   }
+  if (kvo) return kv_only(model, json);
   char err[512] = "";
   int status = 1;
   struct kn_backend *be = NULL;
@@ -112,19 +171,12 @@ int wk_bench_model_main(int argc, char **argv) {
         "{\"model\":\"%s\",\"model_type\":\"%s\",\"backend\":\"%s\",\"isa\":\"%s\","
         "\"weight_bytes\":%llu,\"weight_bytes_per_token\":%.0f,\"prompt_tokens\":%lld,"
         "\"prefill_tokens_per_s\":%.2f,\"decode_tokens\":%lld,\"decode_tokens_per_s\":%.3f,"
-        "\"bandwidth_gb_s\":%.2f,\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
-        "\"kv_groups\":[",
+        "\"bandwidth_gb_s\":%.2f,\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,",
         model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
         (unsigned long long)wk_model_weight_bytes(m), bpt, (long long)prompt, prefill_tps,
         (long long)decode, decode_tps, bw, bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0);
-    for (int g = 0; g < kv->n_groups; g++) {
-      const struct wk_kv_group *G = &kv->groups[g];
-      printf("%s{\"kind\":\"%s\",\"head_dim\":%d,\"kv_heads\":%d,\"layers\":%d,"
-             "\"bytes_per_token\":%zu,\"block_tokens\":%d}",
-             g ? "," : "", G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim,
-             G->n_kv_heads, G->n_layers, G->bytes_per_token, G->block_tokens);
-    }
-    printf("],\"kv_bytes_per_token\":%zu}\n", wk_kv_bytes_per_token(kv));
+    print_kv(kv, 1);
+    printf("}\n");
   } else {
     printf("model      %s (%s, %d layers, hidden %d, vocab %d, %.1f MB of weights)\n", model,
            c->model_type, c->n_layers, c->hidden, c->vocab, (double)wk_model_weight_bytes(m) / 1e6);
@@ -137,15 +189,7 @@ int wk_bench_model_main(int argc, char **argv) {
     printf("bound      %.2f MB of weights read per decode token -> %.2f tokens/s at that "
            "bandwidth; achieved %.1f%%\n",
            bpt / 1e6, bound_tps, bound_tps > 0 ? 100.0 * decode_tps / bound_tps : 0.0);
-    for (int g = 0; g < kv->n_groups; g++) {
-      const struct wk_kv_group *G = &kv->groups[g];
-      printf("kv group %d %s, head dim %d x %d KV heads, %d storing layers: %zu bytes/token, %d "
-             "tokens/page\n",
-             g, G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim, G->n_kv_heads,
-             G->n_layers, G->bytes_per_token, G->block_tokens);
-    }
-    printf("kv total   %zu bytes/token (%s), page %zu bytes\n", wk_kv_bytes_per_token(kv),
-           kn_dtype_name(kv->dtype), kv->page_bytes);
+    print_kv(kv, 0);
   }
   status = 0;
   goto done;
