@@ -343,9 +343,14 @@ static int hook_ready(void *ud) {
   return fe_engine_ready(ud);
 }
 
+static int64_t hook_max_model_len(void *ud) {
+  return fe_engine_max_model_len(ud);
+}
+
 void fe_engine_hooks_get(struct fe_engine *e, struct fe_engine_hooks *out) {
   memset(out, 0, sizeof(*out));
   out->ready = hook_ready;
   out->submit = fe_eng_submit;
+  out->max_model_len = hook_max_model_len;
   out->ud = e;
 }

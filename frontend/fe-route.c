@@ -18,7 +18,7 @@ struct fe_router {
   struct fe_engine_hooks hooks;
   struct fe_metrics *metrics;
   struct fe_metric_ids ids;
-  struct fe_buf models_body;  /* GET /v1/models, built once */
+  int64_t created;            /* GET /v1/models: seconds since the epoch */
   struct fe_buf version_body; /* GET /version */
   struct fe_buf scratch;      /* /metrics and other bodies */
 };
@@ -62,8 +62,29 @@ static void on_version(struct fe_router *r, struct fe_conn *c, const char *body,
   reply(r, c, 200, "application/json", NULL, r->version_body.data, r->version_body.len);
 }
 
+/* The context length in force: the engine's when it knows one. */
+static int64_t max_model_len(struct fe_router *r) {
+  int64_t n = r->hooks.max_model_len ? r->hooks.max_model_len(r->hooks.ud) : 0;
+  return n > 0 ? n : r->cfg.max_model_len;
+}
+
 static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
-  reply(r, c, 200, "application/json", NULL, r->models_body.data, r->models_body.len);
+  struct fe_buf *b = &r->scratch;
+  fe_buf_reset(b);
+  fe_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
+  fe_buf_i64(b, r->created);
+  fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
+  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
+  fe_buf_i64(b, max_model_len(r));
+  fe_buf_puts(b, ",\"permission\":[]}]}");
+  if (b->err) {
+    reply_error(r, c, 500, "out of memory", NULL);
+    return;
+  }
+  reply(r, c, 200, "application/json", NULL, b->data, b->len);
 }
 
 static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
@@ -79,7 +100,7 @@ static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body,
 
 static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
                       enum fe_api_kind kind) {
-  struct fe_api_config acfg = {r->model_name, r->cfg.max_model_len};
+  struct fe_api_config acfg = {r->model_name, max_model_len(r)};
   struct fe_api_request req;
   struct fe_api_error err;
   if (fe_api_parse_request(kind, body, len, &acfg, &req, &err) != 0) {
@@ -206,26 +227,15 @@ int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out) 
   r->cfg = *cfg;
   r->api_key = dup_or_null(cfg->api_key);
   r->model_name = strdup(cfg->model_name);
-  fe_buf_init(&r->models_body, 0);
   fe_buf_init(&r->version_body, 0);
   fe_buf_init(&r->scratch, 0);
   int rc = CM_ERR_NOMEM;
   if (!r->model_name || (cfg->api_key && *cfg->api_key && !r->api_key)) goto fail;
   if ((rc = fe_metrics_create(cfg->model_name, &r->metrics)) != 0) goto fail;
   if ((rc = fe_metrics_register_standard(r->metrics, &r->ids)) != 0) goto fail;
-  int64_t created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
-  struct fe_buf *b = &r->models_body;
-  fe_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
-  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
-  fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
-  fe_buf_i64(b, created);
-  fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
-  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
-  fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
-  fe_buf_i64(b, cfg->max_model_len);
-  fe_buf_puts(b, ",\"permission\":[]}]}");
+  r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
   fe_buf_puts(&r->version_body, "{\"version\":\"" LMSERVE_VERSION "\"}");
-  if ((rc = b->err ? b->err : r->version_body.err) != 0) goto fail;
+  if ((rc = r->version_body.err) != 0) goto fail;
   *out = r;
   return 0;
 fail:
@@ -236,7 +246,6 @@ fail:
 void fe_router_destroy(struct fe_router *r) {
   if (!r) return;
   fe_metrics_destroy(r->metrics);
-  fe_buf_free(&r->models_body);
   fe_buf_free(&r->version_body);
   fe_buf_free(&r->scratch);
   free(r->api_key);

@@ -3,7 +3,8 @@
  *
  *   GET  /health               200 once the engine's ready hook says so, 503 before
  *   GET  /version              {"version": "..."}
- *   GET  /v1/models            the served model with its max_model_len
+ *   GET  /v1/models            the served model with its max_model_len (the
+ *                              engine's once it reported one)
  *   GET  /metrics              Prometheus text
  *   POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize
  *                              validated here, then handed to the engine's
@@ -33,6 +34,9 @@ struct fe_engine_hooks {
    * CM_ERR_FULL is 429 with Retry-After, anything else 503. */
   int (*submit)(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why);
   void *ud;
+  /* The context length the engine enforces (tokens), for /v1/models and
+   * the router's length checks; NULL or <= 0: the configured one. */
+  int64_t (*max_model_len)(void *ud);
 };
 
 struct fe_route_config {
