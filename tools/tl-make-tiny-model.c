@@ -123,7 +123,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
   const char *dtype = "bf16";
   int64_t seed = 1, vocab = 262144;
-  int moe = 0;
+  int moe = 0, echo = 0, agree = 0;
   const struct cm_opt opts[] = {
       {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
       {"out", CM_OPT_STR, &out, "DIR", "output directory (created)"},
@@ -135,6 +135,11 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
       {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},
+      {"echo", CM_OPT_BOOL, &echo, NULL,
+       "gemma4: rigged so that the next greedy token is the current one (with --agree: "
+       "speculative-decoding tests and benchmarks)"},
+      {"agree", CM_OPT_BOOL, &agree, NULL,
+       "gemma4-assistant: drafts that reproduce an --echo target's greedy tokens"},
       {0},
   };
   int rc = cm_args_parse("lmserve make-tiny-model",
@@ -157,6 +162,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   }
   struct wk_tiny_spec spec = {0};
   char err[512] = "";
+  if (agree && strcmp(arch, "gemma4-assistant")) {
+    fprintf(stderr, "lmserve make-tiny-model: --agree is for --arch gemma4-assistant\n");
+    return 2;
+  }
   if (!strcmp(arch, "gemma4-assistant")) {
     if (!target) {
       fprintf(stderr, "lmserve make-tiny-model: --arch gemma4-assistant needs --target DIR\n");
@@ -167,9 +176,15 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --target: %s\n", err);
       return 1;
     }
-    rc = wk_tiny_spec_assistant(&spec, &tcfg, err, sizeof(err));
+    rc = agree ? wk_tiny_spec_assistant_agreeing(&spec, &tcfg, err, sizeof(err))
+               : wk_tiny_spec_assistant(&spec, &tcfg, err, sizeof(err));
   } else if (!strcmp(arch, "gemma3") || !strcmp(arch, "gemma4")) {
-    struct wk_tiny_opts o = {.arch = arch, .preset = preset, .vocab = (int)vocab, .moe = moe};
+    if (echo && strcmp(arch, "gemma4")) {
+      fprintf(stderr, "lmserve make-tiny-model: --echo is for --arch gemma4\n");
+      return 2;
+    }
+    struct wk_tiny_opts o = {
+        .arch = arch, .preset = preset, .vocab = (int)vocab, .moe = moe, .echo = echo};
     rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,

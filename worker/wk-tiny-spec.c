@@ -183,6 +183,47 @@ static json_t *gemma4_text_config(int V, int H, int F, int L, int nh, int nkv, i
   return t;
 }
 
+/* Centroids of a generated assistant's ordered embedding for a vocabulary
+ * (1: none). */
+static int n_centroids(int vocab) {
+  int C = vocab % 2048 == 0 && vocab >= 2048 * 128 ? 2048 : 0;
+  if (!C)
+    for (C = 64; C > 1 && vocab % C; C /= 2) {
+    }
+  return C;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The rigged pair (wk_tiny_spec_assistant_agreeing): rewrites initialisers. */
+static void rig_tensors(struct wk_tiny_spec *s, const struct wk_config *c) {
+  int per = c->vocab / n_centroids(c->vocab);
+  for (int i = 0; i < s->n_tensors; i++) {
+    struct wk_tensor_spec *t = &s->tensors[i];
+    if (ends_with(t->name, "post_attention_layernorm.weight") ||
+        ends_with(t->name, "post_feedforward_layernorm.weight") ||
+        ends_with(t->name, "post_per_layer_input_norm.weight")) {
+      t->init = WK_INIT_AROUND;
+      t->a = t->b = 0;
+    } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
+      t->init = WK_INIT_CLUSTERED;
+      t->a = 0.5 / sqrt(2.0 * (double)t->e.shape[1]);
+      t->per = per;
+    } else if (s->rig == 2 && !strcmp(t->name, "pre_projection.weight")) {
+      t->init = WK_INIT_EYE;
+    } else if (s->rig == 2 && !strcmp(t->name, "masked_embedding.centroids.weight")) {
+      t->init = WK_INIT_CENTROIDS;
+      t->a = 1.0 / sqrt((double)t->e.shape[1]);
+      t->per = per;
+    } else if (s->rig == 2 && !strcmp(t->name, "masked_embedding.token_ordering")) {
+      t->init = WK_INIT_ARANGE;
+    }
+  }
+}
+
 /* Parses our own config text back so that tensor shapes follow the exact
  * per-layer plan the loader will derive. */
 static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen) {
@@ -208,6 +249,7 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
       }
       if (rc) rc = ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     }
+    if (!rc && s->rig) rig_tensors(s, c);
   }
   char gen[128];
   int n = c->n_eos;
@@ -238,6 +280,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
                               o->sliding_window ? o->sliding_window : 64, full, 2, 1, 8, o->moe);
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
+    s->rig = o->echo ? 1 : 0;
   } else if (!strcmp(o->arch, "gemma3")) {
     int H, F, L, nh, nkv, hd, win, pattern;
     if (!strcmp(o->preset, "tiny")) {
@@ -286,8 +329,8 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
   return rc;
 }
 
-int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, char *err,
-                           size_t errlen) {
+static int assistant(struct wk_tiny_spec *s, const struct wk_config *t, int agree, char *err,
+                     size_t errlen) {
   memset(s, 0, sizeof(*s));
   if (t->arch != WK_ARCH_GEMMA4)
     return ts_fail(err, errlen, CM_ERR_UNSUPPORTED,
@@ -298,7 +341,7 @@ int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, ch
     return ts_fail(err, errlen, CM_ERR_INVAL,
                    "the target needs a storing sliding and a storing full layer");
   static const int full[4] = {0, 0, 0, 1};
-  int h = 32, nh = 4;
+  int h = agree ? t->hidden : 32, nh = 4;
   int kvh = t->layers[sl].n_kv_heads, gkvh = t->layers[fl].n_kv_heads;
   if (nh % kvh || nh % gkvh) nh = kvh * gkvh;
   json_t *text =
@@ -309,18 +352,26 @@ int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, ch
   json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4AssistantForCausalLM"));
   json_object_set_new(root, "model_type", json_string("gemma4_assistant"));
   json_object_set_new(root, "backbone_hidden_size", json_integer(t->hidden));
-  int C = t->vocab % 2048 == 0 && t->vocab >= 2048 * 128 ? 2048 : 0;
-  if (!C)
-    for (C = 64; C > 1 && t->vocab % C; C /= 2) {
-    }
+  int C = n_centroids(t->vocab);
   json_object_set_new(root, "use_ordered_embeddings", json_boolean(C > 1));
   json_object_set_new(root, "num_centroids", json_integer(C > 1 ? C : 2048));
   json_object_set_new(root, "centroid_intermediate_top_k", json_integer(C >= 32 ? 32 : 1));
   json_object_set_new(root, "tie_word_embeddings", json_true());
   json_object_set_new(root, "text_config", text);
+  s->rig = agree ? 2 : 0;
   int rc = finish(s, root, err, errlen);
   if (rc) wk_tiny_spec_free(s);
   return rc;
+}
+
+int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, char *err,
+                           size_t errlen) {
+  return assistant(s, t, 0, err, errlen);
+}
+
+int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct wk_config *t, char *err,
+                                    size_t errlen) {
+  return assistant(s, t, 1, err, errlen);
 }
 
 /* ---- writer: deterministic random numbers (splitmix64 + Box-Muller) ------- */
@@ -367,14 +418,36 @@ static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, 
     free(p);
     return rc;
   }
+  if (t->init == WK_INIT_ARANGE) {
+    for (uint64_t i = 0; i < n; i++) {
+      int64_t v = (int64_t)i;
+      if (fwrite(&v, sizeof(v), 1, f) != 1) return CM_ERR_IO;
+    }
+    return 0;
+  }
   size_t esz = wk_st_dtype_size(dt);
+  /* clustered rows: u from a stream per cluster, r from a stream per row,
+   * both fixed whatever the seed (the target and its agreeing assistant
+   * write the same values) */
+  uint64_t cols = t->e.ndim == 2 ? (uint64_t)t->e.shape[1] : 1;
+  struct rng ru = {0}, rr = {0};
   for (uint64_t done = 0; done < n;) {
     size_t m = (size_t)CM_MIN(n - done, (uint64_t)chunk);
     for (size_t i = 0; i < m; i++) {
       double v;
+      uint64_t row = (done + i) / cols, col = (done + i) % cols;
+      if (col == 0) {
+        uint64_t cl =
+            t->init == WK_INIT_CLUSTERED ? row / (uint64_t)(t->per > 0 ? t->per : 1) : row;
+        ru.s = 0x5eed0c105e7ull ^ (cl * 0x9e3779b97f4a7c15ull);
+        rr.s = 0x5eed0a0e5ull ^ (row * 0xd1b54a32d192ed03ull);
+      }
       switch (t->init) {
       case WK_INIT_NORMAL: v = rng_normal(&r) * t->a; break;
       case WK_INIT_AROUND: v = t->b + rng_normal(&r) * t->a; break;
+      case WK_INIT_CLUSTERED: v = t->a * (rng_normal(&ru) + rng_normal(&rr)); break;
+      case WK_INIT_CENTROIDS: v = t->a * rng_normal(&ru); break;
+      case WK_INIT_EYE: v = row == col ? 1.0 : 0.0; break;
       default: v = t->a + (t->b - t->a) * rng_unit(&r); break; /* WK_INIT_UNIFORM */
       }
       if (dt == WK_ST_F32)
@@ -420,7 +493,8 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   for (int i = 0; i < s->n_tensors && !rc; i++) {
     e[i] = s->tensors[i].e;
     e[i].name = s->tensors[i].name;
-    if (s->tensors[i].init != WK_INIT_PERMUTATION) e[i].dtype = dt;
+    if (s->tensors[i].init != WK_INIT_PERMUTATION && s->tensors[i].init != WK_INIT_ARANGE)
+      e[i].dtype = dt;
   }
   if (!rc) rc = wk_st_write_header(f, e, s->n_tensors);
   for (int i = 0; i < s->n_tensors && !rc; i++)

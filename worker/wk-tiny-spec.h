@@ -14,6 +14,11 @@ enum wk_init {
   WK_INIT_AROUND = 1,      /* b + N(0, a^2) (norm weights) */
   WK_INIT_UNIFORM = 2,     /* U(a, b) */
   WK_INIT_PERMUTATION = 3, /* a random permutation of 0..n-1, I64 */
+  WK_INIT_CLUSTERED = 4,   /* rows [V, H]: a * (u[v / per] + r[v]), u and r N(0, 1) drawn from
+                            * a fixed stream (not the file's seed): the same in every file */
+  WK_INIT_CENTROIDS = 5,   /* rows [V / per, H]: the u of WK_INIT_CLUSTERED, times a */
+  WK_INIT_EYE = 6,         /* [out, in]: 1 where out == in, else 0 */
+  WK_INIT_ARANGE = 7,      /* 0, 1, .. n-1 (I64) */
 };
 
 struct wk_tensor_spec {
@@ -21,6 +26,7 @@ struct wk_tensor_spec {
   struct wk_st_entry e; /* e.name is set when written */
   enum wk_init init;
   double a, b;
+  int per; /* WK_INIT_CLUSTERED / WK_INIT_CENTROIDS: rows per cluster */
 };
 
 struct wk_tiny_spec {
@@ -30,6 +36,7 @@ struct wk_tiny_spec {
   char *generation_json;          /* malloc'd generation_config.json text, or NULL */
   struct wk_tensor_spec *tensors; /* in file order */
   int n_tensors, cap;
+  int rig; /* 0; 1: echo target; 2: assistant agreeing with one */
 };
 
 /* Options of a generated gemma3 / gemma4 model. */
@@ -39,6 +46,7 @@ struct wk_tiny_opts {
   int vocab;          /* tokens; 262144 matches the Gemma tokenizer */
   int moe;            /* gemma4: MoE block in every layer */
   int sliding_window; /* 0 = the preset's (64 for tiny) */
+  int echo;           /* gemma4: see wk_tiny_spec_assistant_agreeing */
 };
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
@@ -47,6 +55,20 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
  * vocabulary, KV heads and head dims per layer type). */
 int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *target, char *err,
                            size_t errlen);
+/* A rigged pair for speculative-decoding tests and benchmarks. An `echo`
+ * target (wk_tiny_opts.echo) has every layer's post norms (attention, MLP,
+ * per-layer input) at zero, so its residual stream is the scaled embedding
+ * of the current token whatever the context, and a clustered embedding
+ * (rows near one of V / per cluster directions, per as the assistant's
+ * ordered embedding): its greedy next token is the current token (the
+ * largest self-similarity). The agreeing assistant has hidden size = the
+ * target's, pre_projection = [I 0] (the embedding half), zero post norms, the
+ * same clustered embedding, the cluster directions as centroids and the
+ * identity token ordering: its drafts reproduce the echo target's greedy
+ * tokens. All of the compute of both models still runs; only the values are
+ * rigged. */
+int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct wk_config *target,
+                                    char *err, size_t errlen);
 void wk_tiny_spec_free(struct wk_tiny_spec *s);
 
 /* Writes config.json, generation_config.json and model.safetensors (weights
