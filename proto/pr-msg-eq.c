@@ -79,7 +79,8 @@ static bool step_eq(const struct pr_step *a, const struct pr_step *b) {
 
 static bool ready_eq(const struct pr_ready *a, const struct pr_ready *b) {
   if (!(EQ(rank) && EQ(world_size) && EQ(kv_blocks) && EQ(n_groups) && EQ(vocab_size) &&
-        EQ(max_model_len) && SEQ(eos_ids) && EQ(max_draft)))
+        EQ(max_model_len) && SEQ(eos_ids) && EQ(max_draft) && EQ(max_num_seqs) &&
+        EQ(max_num_batched_tokens)))
     return false;
   for (uint32_t g = 0; g < a->n_groups; g++) {
     const struct pr_kv_group *x = &a->groups[g], *y = &b->groups[g];

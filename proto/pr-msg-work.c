@@ -158,7 +158,7 @@ int pr_check_ctrl(const struct pr_ctrl *m) {
 /* READY                                                                     */
 
 void pr_enc_ready(struct pr_buf *b, const struct pr_ready *m) {
-  pr_wr_map(b, 8);
+  pr_wr_map(b, 10);
   pr_wr_uint(b, PR_K_READY_RANK), pr_wr_uint(b, m->rank);
   pr_wr_uint(b, PR_K_READY_WORLD), pr_wr_uint(b, m->world_size);
   pr_wr_uint(b, PR_K_READY_BLOCKS), pr_wr_uint(b, m->kv_blocks);
@@ -175,6 +175,8 @@ void pr_enc_ready(struct pr_buf *b, const struct pr_ready *m) {
   pr_wr_uint(b, PR_K_READY_MAX_LEN), pr_wr_uint(b, m->max_model_len);
   pr_wr_uint(b, PR_K_READY_EOS), pr_enc_u32s(b, m->eos_ids);
   pr_wr_uint(b, PR_K_READY_MAX_DRAFT), pr_wr_uint(b, m->max_draft);
+  pr_wr_uint(b, PR_K_READY_MAX_SEQS), pr_wr_uint(b, m->max_num_seqs);
+  pr_wr_uint(b, PR_K_READY_MAX_TOKENS), pr_wr_uint(b, m->max_num_batched_tokens);
 }
 
 static int dec_kv_group(struct pr_rd *r, struct pr_kv_group *g) {
@@ -222,6 +224,8 @@ int pr_dec_ready(struct pr_rd *r, struct cm_arena *a, struct pr_ready *m) {
       PR_TRY(pr_rd_uint(r, PR_MAX_DRAFT, &v));
       m->max_draft = (uint32_t)v;
       break;
+    case PR_K_READY_MAX_SEQS: PR_TRY(pr_rd_u32(r, &m->max_num_seqs)); break;
+    case PR_K_READY_MAX_TOKENS: PR_TRY(pr_rd_u32(r, &m->max_num_batched_tokens)); break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
     }
   }

@@ -253,6 +253,10 @@ struct pr_ready {
   uint32_t max_model_len; /* tokens */
   struct pr_u32s eos_ids;
   uint32_t max_draft; /* drafts the assistant model proposes, 0 = none */
+  /* the largest step this rank takes; 0 = not said (the scheduler's own
+   * limits stand) */
+  uint32_t max_num_seqs;           /* sequences per step */
+  uint32_t max_num_batched_tokens; /* tokens per step, drafts included */
 };
 
 struct pr_result_seq {

@@ -64,7 +64,8 @@ struct sch_rank {
   bool ready;            /* sent an agreeing READY and has not failed since */
   uint64_t last_seen_ns; /* monotonic, last message from it */
   uint64_t kv_blocks, last_step_id;
-  uint32_t max_model_len; /* tokens, from its READY */
+  uint32_t max_model_len;                        /* tokens, from its READY */
+  uint32_t max_num_seqs, max_num_batched_tokens; /* largest step it takes; 0 = not said */
 };
 
 /* What the ranks agreed on (from READY). */

@@ -129,6 +129,25 @@ static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, c
   return 0;
 }
 
+/* A step must fit every rank's scratch: the engine's limits are the smaller
+ * of the scheduler's flags and what each rank said it takes (0: not said). */
+static void clamp_to_ranks(const struct sch_server *s, struct sch_engine_config *ec) {
+  int32_t seqs = ec->max_num_seqs, toks = ec->max_num_batched_tokens;
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    const struct sch_rank *k = &s->ranks[r];
+    if (k->max_num_seqs > 0 && k->max_num_seqs < (uint32_t)seqs) seqs = (int32_t)k->max_num_seqs;
+    if (k->max_num_batched_tokens > 0 && k->max_num_batched_tokens < (uint32_t)toks)
+      toks = (int32_t)k->max_num_batched_tokens;
+  }
+  if (seqs != ec->max_num_seqs || toks != ec->max_num_batched_tokens)
+    cm_warn(TAG,
+            "the workers take at most %d sequences and %d tokens per step: "
+            "--max-num-seqs %d and --max-num-batched-tokens %d lowered to those",
+            (int)seqs, (int)toks, (int)ec->max_num_seqs, (int)ec->max_num_batched_tokens);
+  ec->max_num_seqs = seqs;
+  ec->max_num_batched_tokens = toks;
+}
+
 static void start_service(struct sch_server *s) {
   struct sch_model_info want = s->info;
   uint64_t blocks = UINT64_MAX;
@@ -151,6 +170,7 @@ static void start_service(struct sch_server *s) {
     memcpy(ec.groups, want.groups, sizeof(ec.groups));
     ec.max_num_seqs = s->cfg.max_num_seqs;
     ec.max_num_batched_tokens = s->cfg.max_num_batched_tokens;
+    clamp_to_ranks(s, &ec);
     ec.max_model_len = (int32_t)want.max_model_len;
     ec.max_waiting = s->cfg.max_waiting;
     ec.num_spec_tokens = (int32_t)CM_MIN((uint32_t)s->cfg.num_spec_tokens, want.max_draft);
@@ -207,6 +227,8 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   k->last_seen_ns = cm_time_ns();
   k->kv_blocks = m->kv_blocks;
   k->max_model_len = m->max_model_len;
+  k->max_num_seqs = m->max_num_seqs;
+  k->max_num_batched_tokens = m->max_num_batched_tokens;
   s->num_ready++;
   cm_info(TAG, "worker rank %d ready: %llu KV blocks, %u group(s) (%d of %d ready)", (int)r,
           (unsigned long long)m->kv_blocks, m->n_groups, (int)s->num_ready, (int)s->cfg.world_size);

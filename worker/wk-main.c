@@ -135,7 +135,10 @@ static void *beat_main(void *arg) {
   return NULL;
 }
 
-static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uint32_t max_draft) {
+/* READY: the model's KV layout and vocabulary, and the largest step this
+ * rank was sized for (max_seqs sequences, max_tokens tokens with drafts). */
+static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uint32_t max_draft,
+                      uint32_t max_seqs, uint32_t max_tokens) {
   const struct wk_config *c = wk_model_config(m);
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   struct pr_kv_group groups[WK_MAX_KV_GROUPS];
@@ -163,6 +166,8 @@ static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uin
   r->eos_ids.v = eos;
   r->eos_ids.n = (uint32_t)c->n_eos;
   r->max_draft = max_draft;
+  r->max_num_seqs = max_seqs;
+  r->max_num_batched_tokens = max_tokens;
   return send_locked(p, &msg);
 }
 
@@ -368,7 +373,8 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: cannot connect to %s: %s\n", endpoint, cm_strerror(rc));
     goto done;
   }
-  if ((rc = send_ready(&p, m, (uint32_t)world, (uint32_t)spec_k))) {
+  if ((rc = send_ready(&p, m, (uint32_t)world, (uint32_t)spec_k, (uint32_t)max_seqs,
+                       (uint32_t)max_batched))) {
     fprintf(stderr, "lmserve worker: cannot send READY: %s\n", cm_strerror(rc));
     goto done;
   }

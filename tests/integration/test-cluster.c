@@ -4,7 +4,10 @@
  * compose network there), started in the worst order (frontend first,
  * scheduler last). Checks that /health is 503 until the scheduler and its
  * worker answer, then 200; that a greedy completion through the cluster
- * equals `lmserve generate`; and that SIGTERM stops every role cleanly. */
+ * equals `lmserve generate`; that a worker sized smaller than the
+ * scheduler's limits (left at their defaults) still serves a burst of
+ * concurrent requests, because the scheduler plans within what the worker's
+ * READY says it takes; and that SIGTERM stops every role cleanly. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -166,7 +169,7 @@ TH_TEST(cluster_over_tcp) {
   TH_REQUIRE(st == 200);
 
   /* greedy through the cluster == generate */
-  char body[600], req[1024];
+  char body[1024], req[1400];
   snprintf(body, sizeof(body), "{\"tokens\":[%s]}", ids);
   hc_post(req, sizeof(req), "/detokenize", body);
   static struct resp r;
@@ -185,6 +188,33 @@ TH_TEST(cluster_over_tcp) {
   json_t *text = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
   TH_CHECK_EQ_STR(json_is_string(text) ? json_string_value(text) : "(none)", want);
   json_decref(j);
+
+  /* a burst larger than the worker's step: 8 requests of ~40 prompt tokens
+   * against 3 sequences and 48 tokens per step */
+  enum { BURST = 8 };
+  static struct conn cs[BURST];
+  char prompt[512];
+  int pl = snprintf(prompt, sizeof(prompt), "[2");
+  for (int i = 0; i < 40; i++)
+    pl += snprintf(prompt + pl, sizeof(prompt) - (size_t)pl, ",%d", 1000 + 37 * i);
+  snprintf(prompt + pl, sizeof(prompt) - (size_t)pl, "]");
+  for (int i = 0; i < BURST; i++) {
+    snprintf(body, sizeof(body), "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0}", prompt,
+             4 + i);
+    hc_post(req, sizeof(req), "/v1/completions", body);
+    TH_REQUIRE(hc_conn_open(&cs[i], ports[0]) == 0);
+    TH_REQUIRE(hc_send_str(&cs[i], req) == 0);
+  }
+  for (int i = 0; i < BURST; i++) {
+    TH_CHECK(hc_read_resp(&cs[i], &r, 60000) == 0);
+    TH_CHECK_EQ_INT(r.status, 200);
+    j = json_loadb(r.body, r.body_len, 0, NULL);
+    json_t *u = json_object_get(json_object_get(j, "usage"), "completion_tokens");
+    TH_CHECK_EQ_INT(json_integer_value(u), 4 + i);
+    json_decref(j);
+    hc_conn_close(&cs[i]);
+  }
+  TH_CHECK_EQ_INT(health(ports[0]), 200);
 
   /* each role stops on SIGTERM by itself */
   struct th_proc *roles[] = {&pf, &ps, &pw};

@@ -229,6 +229,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->max_model_len = v == 2 ? UINT32_MAX : 32768;
     r->eos_ids = (struct pr_u32s){tok, v == 0 ? 2 : v == 1 ? 0 : BIG};
     r->max_draft = v == 2 ? PR_MAX_DRAFT : v == 0 ? 4 : 0;
+    r->max_num_seqs = v == 2 ? UINT32_MAX : v == 0 ? 64 : 0;
+    r->max_num_batched_tokens = v == 2 ? UINT32_MAX : v == 0 ? 2048 : 0;
     break;
   }
   case PR_RESULT: {
