@@ -116,6 +116,13 @@ static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
     DELTA(spec_num_draft_tokens, spec_decode_num_draft_tokens);
     DELTA(spec_num_accepted_tokens, spec_decode_num_accepted_tokens);
 #undef DELTA
+    for (uint32_t i = 0; i < p->n_spec_pos && i < PR_MAX_DRAFT; i++) {
+      uint64_t prev =
+          e->have_pong && i < e->last_pong.n_spec_pos ? e->last_pong.spec_accepted_per_pos[i] : 0;
+      uint64_t d = p->spec_accepted_per_pos[i] >= prev ? p->spec_accepted_per_pos[i] - prev
+                                                       : p->spec_accepted_per_pos[i];
+      if (d) fe_metrics_inc_at(m, e->mid.spec_decode_num_accepted_tokens_per_pos, i, (double)d);
+    }
   }
   e->last_pong = *p;
   e->have_pong = 1;

@@ -18,6 +18,8 @@ struct fe_metric {
   double bounds[FE_METRIC_MAX_BUCKETS];     /* finite upper bounds, increasing */
   double counts[FE_METRIC_MAX_BUCKETS + 1]; /* per bucket (not cumulative); last is +Inf */
   double count;                             /* histogram observations */
+  char label[32];                           /* indexed counter: its label; else "" */
+  size_t n_index;                           /* indexed counter: series rendered */
 };
 
 struct fe_metrics {
@@ -94,6 +96,15 @@ int fe_metrics_find(const struct fe_metrics *m, const char *name) {
   return CM_ERR_NOENT;
 }
 
+int fe_metrics_add_indexed(struct fe_metrics *m, const char *name, const char *help,
+                           const char *label) {
+  if (!valid_name(label) || strchr(label, ':') || strlen(label) >= sizeof(m->m[0].label))
+    return CM_ERR_INVAL;
+  int id = fe_metrics_add(m, FE_METRIC_COUNTER, name, help, NULL, 0);
+  if (id >= 0) strcpy(m->m[id].label, label);
+  return id;
+}
+
 static struct fe_metric *get(struct fe_metrics *m, int id, enum fe_metric_kind kind) {
   CM_ASSERT(id >= 0 && (size_t)id < m->n && m->m[id].kind == kind);
   return &m->m[id];
@@ -101,6 +112,20 @@ static struct fe_metric *get(struct fe_metrics *m, int id, enum fe_metric_kind k
 
 void fe_metrics_inc(struct fe_metrics *m, int id, double v) {
   if (v > 0) get(m, id, FE_METRIC_COUNTER)->value += v;
+}
+
+void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v) {
+  struct fe_metric *x = get(m, id, FE_METRIC_COUNTER);
+  CM_ASSERT(x->label[0]);
+  if (!(v > 0) || index > FE_METRIC_MAX_BUCKETS) return;
+  x->counts[index] += v;
+  x->value += v;
+  if (index + 1 > x->n_index) x->n_index = index + 1;
+}
+
+double fe_metrics_value_at(const struct fe_metrics *m, int id, size_t index) {
+  CM_ASSERT(id >= 0 && (size_t)id < m->n);
+  return index <= FE_METRIC_MAX_BUCKETS ? m->m[id].counts[index] : 0;
 }
 
 void fe_metrics_set(struct fe_metrics *m, int id, double v) {
@@ -151,6 +176,14 @@ int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *b) {
   for (size_t i = 0; i < m->n; i++) {
     const struct fe_metric *x = &m->m[i];
     fe_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name, kinds[x->kind]);
+    if (x->label[0]) {
+      for (size_t k = 0; k < x->n_index; k++) {
+        fe_buf_printf(b, "%s{%s,%s=\"%zu\"} ", x->name, m->label, x->label, k);
+        put_num(b, x->counts[k]);
+        fe_buf_puts(b, "\n");
+      }
+      continue;
+    }
     if (x->kind != FE_METRIC_HISTOGRAM) {
       fe_buf_printf(b, "%s{%s} ", x->name, m->label);
       put_num(b, x->value);
@@ -236,5 +269,9 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
     if (id < 0) return id;
     *t[i].id = id;
   }
+  int id = fe_metrics_add_indexed(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
+                                  "Draft tokens accepted, by position in the draft.", "position");
+  if (id < 0) return id;
+  ids->spec_decode_num_accepted_tokens_per_pos = id;
   return 0;
 }

@@ -30,6 +30,14 @@ void fe_metrics_destroy(struct fe_metrics *m);
 int fe_metrics_add(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
                    const char *help, const double *bounds, size_t n_bounds);
 int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_ERR_NOENT */
+/* Registers a counter family with one extra label taking the values 0, 1, ..
+ * FE_METRIC_MAX_BUCKETS (vLLM's spec_decode_num_accepted_tokens_per_pos and
+ * its `position`). A series is rendered once its index has been counted (up
+ * to the largest index counted so far). Id or a negative cm_err. */
+int fe_metrics_add_indexed(struct fe_metrics *m, const char *name, const char *help,
+                           const char *label);
+void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v); /* v >= 0 */
+double fe_metrics_value_at(const struct fe_metrics *m, int id, size_t index);
 
 void fe_metrics_inc(struct fe_metrics *m, int id, double v);     /* counter, v >= 0 */
 void fe_metrics_set(struct fe_metrics *m, int id, double v);     /* gauge */
@@ -43,23 +51,24 @@ int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *out);
 
 /* The ids of the standard lmserve metrics (DESIGN.md, "HTTP API"). */
 struct fe_metric_ids {
-  int num_requests_running;            /* gauge */
-  int num_requests_waiting;            /* gauge */
-  int kv_cache_usage_perc;             /* gauge, 0..1 */
-  int prompt_tokens;                   /* counter, tokens */
-  int generation_tokens;               /* counter, tokens */
-  int time_to_first_token_seconds;     /* histogram, s */
-  int inter_token_latency_seconds;     /* histogram, s */
-  int e2e_request_latency_seconds;     /* histogram, s */
-  int prefix_cache_queries;            /* counter, tokens */
-  int prefix_cache_hits;               /* counter, tokens */
-  int spec_decode_num_drafts;          /* counter */
-  int spec_decode_num_draft_tokens;    /* counter, tokens */
-  int spec_decode_num_accepted_tokens; /* counter, tokens */
-  int request_success;                 /* counter: requests finished */
-  int http_requests;                   /* counter: HTTP requests answered */
-  int http_client_errors;              /* counter: 4xx answers */
-  int http_server_errors;              /* counter: 5xx answers */
+  int num_requests_running;                    /* gauge */
+  int num_requests_waiting;                    /* gauge */
+  int kv_cache_usage_perc;                     /* gauge, 0..1 */
+  int prompt_tokens;                           /* counter, tokens */
+  int generation_tokens;                       /* counter, tokens */
+  int time_to_first_token_seconds;             /* histogram, s */
+  int inter_token_latency_seconds;             /* histogram, s */
+  int e2e_request_latency_seconds;             /* histogram, s */
+  int prefix_cache_queries;                    /* counter, tokens */
+  int prefix_cache_hits;                       /* counter, tokens */
+  int spec_decode_num_drafts;                  /* counter */
+  int spec_decode_num_draft_tokens;            /* counter, tokens */
+  int spec_decode_num_accepted_tokens;         /* counter, tokens */
+  int spec_decode_num_accepted_tokens_per_pos; /* indexed counter (position), tokens */
+  int request_success;                         /* counter: requests finished */
+  int http_requests;                           /* counter: HTTP requests answered */
+  int http_client_errors;                      /* counter: 4xx answers */
+  int http_server_errors;                      /* counter: 5xx answers */
 };
 
 /* Registers the standard metrics and fills `ids`. Returns 0 or a cm_err. */

@@ -58,7 +58,10 @@ static bool pong_eq(const struct pr_pong *a, const struct pr_pong *b) {
          memcmp(&a->kv_usage, &b->kv_usage, sizeof(double)) == 0 && EQ(workers_ready) &&
          EQ(world_size) && EQ(max_model_len) && EQ(prefix_cache_queries) && EQ(prefix_cache_hits) &&
          EQ(num_preemptions) && EQ(spec_num_drafts) && EQ(spec_num_draft_tokens) &&
-         EQ(spec_num_accepted_tokens) && EQ(prompt_tokens) && EQ(generation_tokens);
+         EQ(spec_num_accepted_tokens) && EQ(prompt_tokens) && EQ(generation_tokens) &&
+         EQ(n_spec_pos) &&
+         !memcmp(a->spec_accepted_per_pos, b->spec_accepted_per_pos,
+                 sizeof(uint64_t) * (a->n_spec_pos < PR_MAX_DRAFT ? a->n_spec_pos : PR_MAX_DRAFT));
 }
 
 static bool step_seq_eq(const struct pr_step_seq *a, const struct pr_step_seq *b) {

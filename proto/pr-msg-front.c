@@ -254,6 +254,9 @@ void pr_enc_pong(struct pr_buf *b, const struct pr_pong *m) {
     pr_wr_uint(b, k);
     if (k == PR_K_PONG_KV_USAGE)
       pr_wr_f64(b, m->kv_usage);
+    else if (k == PR_K_PONG_SPEC_ACCEPTED_POS)
+      pr_wr_u64_array(b, m->spec_accepted_per_pos,
+                      m->n_spec_pos < PR_MAX_DRAFT ? m->n_spec_pos : PR_MAX_DRAFT);
     else
       pr_wr_uint(b, u[k]);
   }
@@ -283,6 +286,11 @@ int pr_dec_pong(struct pr_rd *r, struct cm_arena *a, struct pr_pong *m) {
     case PR_K_PONG_SPEC_ACCEPTED: PR_TRY(pr_rd_u64(r, &m->spec_num_accepted_tokens)); break;
     case PR_K_PONG_PROMPT_TOKENS: PR_TRY(pr_rd_u64(r, &m->prompt_tokens)); break;
     case PR_K_PONG_GEN_TOKENS: PR_TRY(pr_rd_u64(r, &m->generation_tokens)); break;
+    case PR_K_PONG_SPEC_ACCEPTED_POS:
+      PR_TRY(pr_rd_array(r, &m->n_spec_pos));
+      if (m->n_spec_pos > PR_MAX_DRAFT) return CM_ERR_TOOBIG;
+      PR_TRY(pr_rd_u64_array(r, m->spec_accepted_per_pos, m->n_spec_pos));
+      break;
     default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
     }
   }

@@ -185,6 +185,10 @@ struct pr_pong {
   uint64_t spec_num_accepted_tokens; /* cumulative */
   uint64_t prompt_tokens;            /* cumulative, computed prompt tokens */
   uint64_t generation_tokens;        /* cumulative */
+  /* cumulative accepted draft tokens by position in the draft (0 = first);
+   * entries 0 .. n_spec_pos-1, n_spec_pos <= PR_MAX_DRAFT */
+  uint32_t n_spec_pos;
+  uint64_t spec_accepted_per_pos[PR_MAX_DRAFT];
 };
 
 /* ---- scheduler -> workers ------------------------------------------------ */

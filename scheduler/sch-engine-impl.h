@@ -40,6 +40,7 @@ struct sch_engine {
   uint64_t next_admit;
   uint64_t num_preemptions;
   uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+  uint64_t spec_accepted_pos[SCH_MAX_SPEC_TOKENS]; /* see sch_engine_stats */
 };
 
 /* Records that the workers may forget request id (it left the running set). */

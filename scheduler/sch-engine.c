@@ -44,7 +44,7 @@ static int check_config(const struct sch_engine_config *c, char *err, size_t err
   if (c->max_num_seqs < 1 || c->max_num_seqs > (1 << 20))
     return set_err(err, err_len, "max_num_seqs must be 1..%d", 1 << 20);
   if (c->max_model_len < 1) return set_err(err, err_len, "max_model_len must be positive");
-  if (c->num_spec_tokens < 0 || c->num_spec_tokens > 64)
+  if (c->num_spec_tokens < 0 || c->num_spec_tokens > SCH_MAX_SPEC_TOKENS)
     return set_err(err, err_len, "num_spec_tokens must be 0..64");
   if (c->max_num_batched_tokens < 1 + c->num_spec_tokens)
     return set_err(err, err_len, "max_num_batched_tokens must hold one decode with its drafts");
@@ -182,6 +182,7 @@ void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st) {
   st->spec_num_drafts = e->spec_drafts;
   st->spec_num_draft_tokens = e->spec_draft_tokens;
   st->spec_num_accepted_tokens = e->spec_accepted;
+  memcpy(st->spec_accepted_per_pos, e->spec_accepted_pos, sizeof(st->spec_accepted_per_pos));
 }
 
 #define CHECK(cond, ...)                                                                           \

@@ -49,6 +49,7 @@
 
 #define SCH_MAX_EOS_IDS        16
 #define SCH_MAX_STOP_IDS       64
+#define SCH_MAX_SPEC_TOKENS    64 /* num_spec_tokens limit */
 #define SCH_MAX_SAMPLING_BYTES 65536
 
 struct sch_engine_config {
@@ -170,6 +171,9 @@ struct sch_engine_stats {
   uint64_t spec_num_drafts; /* decode steps with draft slots */
   uint64_t spec_num_draft_tokens;
   uint64_t spec_num_accepted_tokens;
+  /* accepted drafts by position in the draft (0 = the first draft token): a
+   * step that accepts a drafts adds 1 at positions 0 .. a-1 */
+  uint64_t spec_accepted_per_pos[SCH_MAX_SPEC_TOKENS];
 };
 
 struct sch_engine;

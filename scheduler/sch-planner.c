@@ -240,6 +240,8 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
         e->spec_drafts++;
         e->spec_draft_tokens += (uint64_t)r->sched_draft;
         e->spec_accepted += (uint64_t)accepted;
+        for (int32_t p = 0; p < accepted && p < SCH_MAX_SPEC_TOKENS; p++)
+          e->spec_accepted_pos[p]++;
       }
       struct sch_output *o = &e->outs[outs->num++];
       o->req_id = r->id;

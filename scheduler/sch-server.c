@@ -215,6 +215,11 @@ static void on_ping(struct sch_server *s, int32_t front, const struct pr_ping *p
     o->spec_num_drafts = st.spec_num_drafts;
     o->spec_num_draft_tokens = st.spec_num_draft_tokens;
     o->spec_num_accepted_tokens = st.spec_num_accepted_tokens;
+    for (uint32_t i = 0; i < SCH_MAX_SPEC_TOKENS && i < PR_MAX_DRAFT; i++)
+      if (st.spec_accepted_per_pos[i]) {
+        o->spec_accepted_per_pos[i] = st.spec_accepted_per_pos[i];
+        o->n_spec_pos = i + 1;
+      }
   }
   if (s->serving) o->max_model_len = s->engine_info.max_model_len;
   o->prompt_tokens = s->prompt_tokens;

@@ -38,10 +38,10 @@ struct bs_config {
 
 struct bs_result {
   int ok;
-  double start, ttft, e2e;  /* seconds */
-  int out_tokens;           /* from usage, else chunk count */
+  double start, ttft, e2e; /* seconds */
+  int out_tokens;          /* from usage, else chunk count */
   int prompt_tokens;
-  double *itl;              /* seconds between chunks */
+  double *itl; /* seconds between chunks */
   int n_itl, cap_itl;
   char err[160];
 };
@@ -51,7 +51,7 @@ struct bs_shared {
   struct bs_result *res;
   double *start_at; /* seconds from t0 at which request i may start */
   double t0;
-  int next;         /* next request index to take */
+  int next; /* next request index to take */
   pthread_mutex_t mu;
 };
 
@@ -90,7 +90,8 @@ struct bs_buf {
 static int buf_reserve(struct bs_buf *b, size_t extra) {
   if (b->n + extra + 1 <= b->cap) return 0;
   size_t cap = b->cap ? b->cap * 2 : 8192;
-  while (cap < b->n + extra + 1) cap *= 2;
+  while (cap < b->n + extra + 1)
+    cap *= 2;
   char *p = realloc(b->p, cap);
   if (!p) return -1;
   b->p = p;
@@ -110,8 +111,8 @@ static void itl_push(struct bs_result *r, double v) {
 }
 
 /* Handles one SSE event payload (the text after "data: "). */
-static void on_event(struct bs_result *r, const char *data, size_t len, double now,
-                     double *last, int *chunks) {
+static void on_event(struct bs_result *r, const char *data, size_t len, double now, double *last,
+                     int *chunks) {
   if (len == 6 && !memcmp(data, "[DONE]", 6)) return;
   json_error_t jerr;
   json_t *j = json_loadb(data, len, 0, &jerr);
@@ -157,9 +158,9 @@ static void run_request(const struct bs_config *c, int idx, struct bs_result *r)
     /* skip the first 256 ids (specials, bytes) so prompts look like text */
     json_array_append_new(ids, json_integer(256 + (json_int_t)(s % (uint64_t)(c->vocab - 256))));
   }
-  json_t *j = json_pack("{s:s, s:o, s:I, s:b, s:b, s:{s:b}, s:f}", "model", c->model, "prompt",
-                        ids, "max_tokens", (json_int_t)c->output_len, "ignore_eos", 1, "stream",
-                        1, "stream_options", "include_usage", 1, "temperature", 0.0);
+  json_t *j = json_pack("{s:s, s:o, s:I, s:b, s:b, s:{s:b}, s:f}", "model", c->model, "prompt", ids,
+                        "max_tokens", (json_int_t)c->output_len, "ignore_eos", 1, "stream", 1,
+                        "stream_options", "include_usage", 1, "temperature", 0.0);
   body = json_dumps(j, JSON_COMPACT);
   json_decref(j);
   if (!body) {
@@ -169,10 +170,11 @@ static void run_request(const struct bs_config *c, int idx, struct bs_result *r)
   size_t blen = strlen(body);
   char auth[600] = "";
   if (c->api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c->api_key);
-  if (asprintf(&req,
-               "POST %s/v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
-               "%sContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
-               c->base_path, c->host, c->port, auth, blen, body) < 0) {
+  if (asprintf(
+          &req,
+          "POST %s/v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+          "%sContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+          c->base_path, c->host, c->port, auth, blen, body) < 0) {
     req = NULL;
     snprintf(r->err, sizeof(r->err), "out of memory");
     goto out;
@@ -263,7 +265,8 @@ static void stats_line(const char *name, double *v, int n, double scale, const c
   }
   qsort(v, (size_t)n, sizeof(double), cmp_double);
   double sum = 0;
-  for (int i = 0; i < n; i++) sum += v[i];
+  for (int i = 0; i < n; i++)
+    sum += v[i];
   double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   int p99i = (int)ceil(0.99 * n) - 1;
   if (p99i < 0) p99i = 0;
@@ -281,6 +284,23 @@ static double metric_sum(const char *text, const char *name) {
       const char *sp = p + nl;
       if (*sp == '{') sp = strchr(sp, '}');
       if (sp) total += strtod(sp + 1, NULL);
+    }
+    p = eol ? eol + 1 : NULL;
+  }
+  return total;
+}
+
+/* Sum of the series of `name` carrying the label text `label` ("position=\"0\""); -1
+ * when there is none. */
+static double metric_labelled(const char *text, const char *name, const char *label) {
+  double total = -1;
+  size_t nl = strlen(name);
+  for (const char *p = text; p && *p;) {
+    const char *eol = strchr(p, '\n');
+    if (*p != '#' && !strncmp(p, name, nl) && p[nl] == '{') {
+      const char *end = strchr(p + nl, '}'), *l = strstr(p + nl, label);
+      if (end && l && l < end && (l[-1] == '{' || l[-1] == ','))
+        total = (total < 0 ? 0 : total) + strtod(end + 1, NULL);
     }
     p = eol ? eol + 1 : NULL;
   }
@@ -332,7 +352,8 @@ static int parse_url(struct bs_config *c) {
   if (slash) {
     snprintf(c->base_path, sizeof(c->base_path), "%s", slash);
     size_t bl = strlen(c->base_path);
-    while (bl && c->base_path[bl - 1] == '/') c->base_path[--bl] = 0;
+    while (bl && c->base_path[bl - 1] == '/')
+      c->base_path[--bl] = 0;
     if (bl >= 3 && !strcmp(c->base_path + bl - 3, "/v1")) c->base_path[bl - 3] = 0;
   }
   return 0;
@@ -361,12 +382,11 @@ int tl_bench_serve_main(int argc, char **argv) {
       {"request-rate", CM_OPT_DOUBLE, &c.rate, "R", "requests/s, Poisson (0 = all at once)", 0, 0,
        0, 1e9},
       {"seed", CM_OPT_INT, &c.seed, "N", "prompt and arrival seed (0)", 0, INT64_MAX},
-      {"vocab-size", CM_OPT_INT, &c.vocab, "V", "random prompt ids are < V (262144)", 257,
-       1 << 30},
+      {"vocab-size", CM_OPT_INT, &c.vocab, "V", "random prompt ids are < V (262144)", 257, 1 << 30},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench serve", "Load-test a running server.", opts, argc, argv,
-                         1, NULL, 0, NULL);
+  int rc = cm_args_parse("lmserve bench serve", "Load-test a running server.", opts, argc, argv, 1,
+                         NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
   if (parse_url(&c) != 0) {
@@ -385,8 +405,9 @@ int tl_bench_serve_main(int argc, char **argv) {
     }
     char req[2048], auth[600] = "";
     if (c.api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c.api_key);
-    snprintf(req, sizeof(req), "GET %s/v1/models HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
-             c.base_path, c.host, auth);
+    snprintf(req, sizeof(req),
+             "GET %s/v1/models HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n", c.base_path,
+             c.host, auth);
     struct bs_buf b = {0};
     if (write_all(fd, req, strlen(req)) == 0) {
       for (;;) {
@@ -399,9 +420,11 @@ int tl_bench_serve_main(int argc, char **argv) {
     close(fd);
     const char *bodyp = b.p ? strstr(b.p, "\r\n\r\n") : NULL;
     json_t *j = bodyp ? json_loads(bodyp + 4, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
-    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+    const char *id =
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
     if (!id) {
-      fprintf(stderr, "lmserve bench serve: could not read a model name from %s/v1/models\n", c.url);
+      fprintf(stderr, "lmserve bench serve: could not read a model name from %s/v1/models\n",
+              c.url);
       json_decref(j);
       free(b.p);
       return 1;
@@ -434,8 +457,10 @@ int tl_bench_serve_main(int argc, char **argv) {
   pthread_mutex_init(&sh.mu, NULL);
   sh.t0 = cm_time_s();
   int nthreads = (int)(c.concurrency < c.num_prompts ? c.concurrency : c.num_prompts);
-  for (int i = 0; i < nthreads; i++) pthread_create(&th[i], NULL, client_thread, &sh);
-  for (int i = 0; i < nthreads; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < nthreads; i++)
+    pthread_create(&th[i], NULL, client_thread, &sh);
+  for (int i = 0; i < nthreads; i++)
+    pthread_join(th[i], NULL);
   double dur = cm_time_s() - sh.t0;
   char *m1 = fetch_metrics(&c);
 
@@ -445,7 +470,8 @@ int tl_bench_serve_main(int argc, char **argv) {
   double *tpot = calloc((size_t)c.num_prompts, sizeof(double));
   double *e2e = calloc((size_t)c.num_prompts, sizeof(double));
   size_t n_itl_all = 0;
-  for (int64_t i = 0; i < c.num_prompts; i++) n_itl_all += (size_t)sh.res[i].n_itl;
+  for (int64_t i = 0; i < c.num_prompts; i++)
+    n_itl_all += (size_t)sh.res[i].n_itl;
   double *itl = calloc(n_itl_all + 1, sizeof(double));
   int n_tpot = 0, n_itl = 0;
   const char *first_err = NULL;
@@ -462,7 +488,8 @@ int tl_bench_serve_main(int argc, char **argv) {
     in_tok += r->prompt_tokens ? r->prompt_tokens : c.input_len;
     out_tok += r->out_tokens;
     if (r->out_tokens > 1) tpot[n_tpot++] = (r->e2e - r->ttft) / (r->out_tokens - 1);
-    for (int k = 0; k < r->n_itl; k++) itl[n_itl++] = r->itl[k];
+    for (int k = 0; k < r->n_itl; k++)
+      itl[n_itl++] = r->itl[k];
   }
   printf("============ Serving Benchmark Result ============\n");
   printf("%-40s %d\n", "Successful requests:", ok);
@@ -489,10 +516,24 @@ int tl_bench_serve_main(int argc, char **argv) {
                metric_sum(m0, "lmserve:spec_decode_num_drafts_total");
     double a = metric_sum(m1, "lmserve:spec_decode_num_accepted_tokens_total") -
                metric_sum(m0, "lmserve:spec_decode_num_accepted_tokens_total");
-    if (d > 0) printf("%-40s %.2f\n", "Mean acceptance length:", 1.0 + a / d);
+    if (d > 0) {
+      printf("%-40s %.2f\n", "Mean acceptance length:", 1.0 + a / d);
+      /* vLLM's per-position view: of the drafts, the share whose i-th token was accepted */
+      static const char *const pname = "lmserve:spec_decode_num_accepted_tokens_per_pos_total";
+      printf("%-40s", "Acceptance rate by position:");
+      for (int i = 0; i < 64; i++) {
+        char label[32];
+        snprintf(label, sizeof(label), "position=\"%d\"", i);
+        double v1 = metric_labelled(m1, pname, label), v0 = metric_labelled(m0, pname, label);
+        if (v1 < 0) break;
+        printf(" %.3f", (v1 - (v0 < 0 ? 0 : v0)) / d);
+      }
+      printf("\n");
+    }
   }
   printf("==================================================\n");
-  for (int64_t i = 0; i < c.num_prompts; i++) free(sh.res[i].itl);
+  for (int64_t i = 0; i < c.num_prompts; i++)
+    free(sh.res[i].itl);
   free(sh.res);
   free(sh.start_at);
   free(th);

@@ -249,6 +249,42 @@ TH_TEST(metrics_registry) {
   fe_metrics_destroy(m);
 }
 
+/* The per-position counter: series appear as positions are counted. */
+TH_TEST(metrics_indexed_counter) {
+  struct fe_metrics *m;
+  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
+  struct fe_metric_ids ids;
+  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  int id = ids.spec_decode_num_accepted_tokens_per_pos;
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  TH_CHECK(
+      strstr(b.data, "# TYPE lmserve:spec_decode_num_accepted_tokens_per_pos_total counter\n"));
+  TH_CHECK(!strstr(b.data, "position="));
+  fe_buf_free(&b);
+  fe_metrics_inc_at(m, id, 0, 5);
+  fe_metrics_inc_at(m, id, 2, 3);
+  fe_metrics_inc_at(m, id, 2, 1);
+  fe_metrics_inc_at(m, id, 1, -1);   /* ignored */
+  fe_metrics_inc_at(m, id, 4000, 1); /* beyond the family: ignored */
+  TH_CHECK_NEAR(fe_metrics_value_at(m, id, 2), 4, 0);
+  TH_CHECK_NEAR(fe_metrics_value(m, id), 9, 0);
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  const char *pre = "lmserve:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"g\",";
+  char want[3][160];
+  snprintf(want[0], sizeof(want[0]), "%sposition=\"0\"} 5.0\n", pre);
+  snprintf(want[1], sizeof(want[1]), "%sposition=\"1\"} 0.0\n", pre);
+  snprintf(want[2], sizeof(want[2]), "%sposition=\"2\"} 4.0\n", pre);
+  for (int i = 0; i < 3; i++)
+    if (!strstr(b.data, want[i])) th_fail(__FILE__, __LINE__, "metrics text lacks: %s", want[i]);
+  TH_CHECK(!strstr(b.data, "position=\"3\""));
+  fe_buf_free(&b);
+  TH_CHECK(fe_metrics_add_indexed(m, "lmserve:x_total", "x", "bad label") == CM_ERR_INVAL);
+  fe_metrics_destroy(m);
+}
+
 TH_TEST(route_auth) {
   const char *k = "sk-secret";
   TH_CHECK(fe_route_auth_ok("Bearer sk-secret", 16, k));

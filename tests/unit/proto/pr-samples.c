@@ -172,6 +172,9 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     p->spec_num_accepted_tokens = big - 8;
     p->prompt_tokens = big - 9;
     p->generation_tokens = big - 10;
+    p->n_spec_pos = v == 2 ? PR_MAX_DRAFT : 3;
+    for (uint32_t i = 0; i < p->n_spec_pos; i++)
+      p->spec_accepted_per_pos[i] = big - 11 - i;
     break;
   }
   case PR_STEP: {
