@@ -126,41 +126,17 @@ TH_TEST(cluster_over_tcp) {
   TH_CHECK_EQ_INT(health(ports[0]), 503);
 
   /* the worker connects to a scheduler that does not exist yet */
-  char *wk[] = {hc_bin(),
-                "worker",
-                "--model",
-                model,
-                "--scheduler",
-                wk_ep,
-                "--rank",
-                "0",
-                "--world-size",
-                "1",
-                "--max-num-seqs",
-                "64",
-                "--max-num-batched-tokens",
-                "2048",
-                "--kv-cache-memory",
-                "64M",
-                "--threads",
-                "1",
-                NULL};
+  /* clang-format off */
+  char *wk[] = {hc_bin(), "worker", "--model", model, "--scheduler", wk_ep, "--rank", "0",
+                "--world-size", "1", "--max-num-seqs", "3", "--max-num-batched-tokens", "48",
+                "--kv-cache-memory", "64M", "--threads", "1", NULL};
+  /* clang-format on */
   TH_REQUIRE(th_proc_spawn(&pw, wk, NULL, 0) == 0);
-  char *sc[] = {hc_bin(),
-                "scheduler",
-                "--model",
-                model,
-                "--frontend-endpoint",
-                fe_ep,
-                "--worker-endpoint",
-                wk_ep,
-                "--world-size",
-                "1",
-                "--max-num-seqs",
-                "64",
-                "--max-num-batched-tokens",
-                "2048",
-                NULL};
+  /* the scheduler keeps its default limits (256 sequences, 8192 tokens) */
+  /* clang-format off */
+  char *sc[] = {hc_bin(), "scheduler", "--model", model, "--frontend-endpoint", fe_ep,
+                "--worker-endpoint", wk_ep, "--world-size", "1", NULL};
+  /* clang-format on */
   TH_REQUIRE(th_proc_spawn(&ps, sc, NULL, 0) == 0);
 
   int st = -1;
