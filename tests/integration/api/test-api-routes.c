@@ -1,0 +1,318 @@
+/* test-api-routes.c — every route of `lmserve serve` on a tiny Gemma 4 whose
+ * config says max_position_embeddings = 640 (serve gets no --max-model-len,
+ * so the engine's limit must be the one reported): /health, /version,
+ * /v1/models, /metrics, /tokenize, /detokenize, /v1/completions and
+ * /v1/chat/completions, non-streamed and streamed (the same greedy text
+ * both ways, usage last, [DONE]), n > 1, and seeded sampling that repeats. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+#include "tests/integration/api/api-serve.h"
+
+#define MAX_POS 640
+#define NAME    "tiny-gemma"
+
+static struct as_server g_srv;
+
+static const char *or_empty(const char *s) {
+  return s ? s : "";
+}
+
+static struct as_server *server(void) {
+  if (!g_srv.port) {
+    th_proc_init(600);
+    as_start(&g_srv, MAX_POS, (char *[]){"--served-model-name", NAME, NULL});
+  }
+  return &g_srv;
+}
+
+/* POSTs `body` and returns the answer's JSON (status checked). */
+static json_t *post_json(const char *path, const char *body, int want_status) {
+  struct as_resp r;
+  as_post(server(), path, body, &r);
+  if (r.status != want_status) fprintf(stderr, "POST %s %s: %d %s\n", path, body, r.status, r.body);
+  TH_CHECK_EQ_INT(r.status, want_status);
+  json_t *j = as_json(&r);
+  as_resp_free(&r);
+  return j;
+}
+
+/* POSTs a streaming request; the text of choice `index` into out, usage
+ * (when asked) into *usage. Returns the number of events (-1: bad). */
+static int post_stream(const char *path, const char *body, int index, char *out, size_t size,
+                       json_t **usage) {
+  struct as_resp r;
+  TH_CHECK_EQ_INT(as_post(server(), path, body, &r), 200);
+  char ctype[128] = "";
+  as_header(&r, "Content-Type", ctype, sizeof(ctype));
+  TH_CHECK(strncmp(ctype, "text/event-stream", 17) == 0);
+  int n = as_sse_text(r.body, index, out, size, usage);
+  if (n < 0) fprintf(stderr, "bad SSE body: %s\n", r.body);
+  as_resp_free(&r);
+  return n;
+}
+
+TH_TEST(api_info_routes) {
+  struct as_server *s = server();
+  struct as_resp r;
+  TH_CHECK_EQ_INT(as_get(s, "/health", &r), 200);
+  as_resp_free(&r);
+
+  TH_CHECK_EQ_INT(as_get(s, "/version", &r), 200);
+  json_t *j = as_json(&r);
+  json_t *v = json_object_get(j, "version");
+  TH_CHECK(json_is_string(v) && json_string_length(v) > 0);
+  json_decref(j);
+  as_resp_free(&r);
+
+  /* the engine's context length (from the model's config), not a default */
+  TH_CHECK_EQ_INT(as_get(s, "/v1/models", &r), 200);
+  j = as_json(&r);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "list");
+  json_t *m = json_array_get(json_object_get(j, "data"), 0);
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(j, "data")), 1);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(m, "id")), NAME);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(m, "object")), "model");
+  TH_CHECK(json_is_integer(json_object_get(m, "created")));
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(m, "max_model_len")), MAX_POS);
+  json_decref(j);
+  as_resp_free(&r);
+
+  TH_CHECK_EQ_INT(as_get(s, "/metrics", &r), 200);
+  char ctype[128] = "";
+  as_header(&r, "Content-Type", ctype, sizeof(ctype));
+  TH_CHECK(strncmp(ctype, "text/plain", 10) == 0);
+  static const char *const names[] = {"num_requests_running",
+                                      "num_requests_waiting",
+                                      "kv_cache_usage_perc",
+                                      "prompt_tokens_total",
+                                      "generation_tokens_total",
+                                      "time_to_first_token_seconds",
+                                      "inter_token_latency_seconds",
+                                      "e2e_request_latency_seconds",
+                                      "prefix_cache_queries",
+                                      "prefix_cache_hits",
+                                      "spec_decode_num_drafts",
+                                      "spec_decode_num_draft_tokens",
+                                      "spec_decode_num_accepted_tokens"};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    char want[160];
+    snprintf(want, sizeof(want), "\nlmserve:%s", names[i]);
+    if (!strstr(r.body, want)) th_fail(__FILE__, __LINE__, "/metrics lacks lmserve:%s", names[i]);
+  }
+  TH_CHECK(strstr(r.body, "# TYPE lmserve:num_requests_running gauge") != NULL);
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT((long long)as_metric(s, "lmserve:num_requests_running"), 0);
+}
+
+TH_TEST(api_tokenize_detokenize) {
+  json_t *j = post_json("/tokenize", "{\"prompt\":\"Hello world\"}", 200);
+  json_t *toks = json_object_get(j, "tokens");
+  TH_CHECK(json_array_size(toks) >= 2);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(j, "count")), json_array_size(toks));
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(j, "max_model_len")), MAX_POS);
+  TH_CHECK_EQ_INT(json_integer_value(json_array_get(toks, 0)), 2); /* <bos> */
+  char *ids = json_dumps(toks, JSON_COMPACT);
+  char body[512];
+  snprintf(body, sizeof(body), "{\"tokens\":%s}", ids);
+  free(ids);
+  json_decref(j);
+  j = post_json("/detokenize", body, 200);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "prompt")), "<bos>Hello world");
+  json_decref(j);
+
+  /* without special tokens: no <bos>, one id fewer */
+  j = post_json("/tokenize", "{\"prompt\":\"Hello world\",\"add_special_tokens\":false}", 200);
+  TH_CHECK(json_integer_value(json_array_get(json_object_get(j, "tokens"), 0)) != 2);
+  json_decref(j);
+
+  /* messages go through the chat template: more ids than the text alone */
+  j = post_json("/tokenize", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello world\"}]}",
+                200);
+  TH_CHECK(json_integer_value(json_object_get(j, "count")) > 4);
+  json_decref(j);
+}
+
+TH_TEST(api_completions) {
+  const char *req = "{\"model\":\"" NAME "\",\"prompt\":\"The quick brown fox\",\"max_tokens\":8,"
+                    "\"temperature\":0,\"ignore_eos\":true";
+  char body[1024];
+  snprintf(body, sizeof(body), "%s}", req);
+  json_t *j = post_json("/v1/completions", body, 200);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "text_completion");
+  TH_CHECK(!strncmp(or_empty(json_string_value(json_object_get(j, "id"))), "cmpl-", 5));
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "model")), NAME);
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(j, "choices")), 1);
+  TH_CHECK_EQ_STR(as_jstr(j, "choices", 0, "finish_reason"), "length");
+  char text[2048] = "";
+  snprintf(text, sizeof(text), "%s", or_empty(as_jstr(j, "choices", 0, "text")));
+  TH_CHECK(text[0] != 0);
+  json_t *tk = post_json("/tokenize", "{\"prompt\":\"The quick brown fox\"}", 200);
+  long long n_prompt = json_integer_value(json_object_get(tk, "count"));
+  json_decref(tk);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"), n_prompt);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "completion_tokens"), 8);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "total_tokens"), n_prompt + 8);
+  json_decref(j);
+
+  /* streamed: the same greedy text, usage in a last chunk of its own */
+  snprintf(body, sizeof(body), "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+           req);
+  char streamed[2048];
+  json_t *usage = NULL;
+  int n = post_stream("/v1/completions", body, 0, streamed, sizeof(streamed), &usage);
+  TH_CHECK(n >= 2);
+  TH_CHECK_EQ_STR(streamed, text);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(usage, "completion_tokens")), 8);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(usage, "prompt_tokens")), n_prompt);
+  json_decref(usage);
+
+  /* without include_usage no chunk carries usage */
+  snprintf(body, sizeof(body), "%s,\"stream\":true}", req);
+  n = post_stream("/v1/completions", body, 0, streamed, sizeof(streamed), &usage);
+  TH_CHECK(n >= 1);
+  TH_CHECK(usage == NULL);
+  json_decref(usage);
+  TH_CHECK_EQ_STR(streamed, text);
+}
+
+TH_TEST(api_chat) {
+#define MSGS                                                                                       \
+  "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Name a "      \
+  "colour.\"}]"
+  const char *req = "{\"messages\":" MSGS ",\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true";
+  char body[1024];
+  snprintf(body, sizeof(body), "%s}", req);
+  json_t *j = post_json("/v1/chat/completions", body, 200);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "chat.completion");
+  TH_CHECK(!strncmp(or_empty(json_string_value(json_object_get(j, "id"))), "chatcmpl-", 9));
+  json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(msg, "role")), "assistant");
+  char content[2048] = "";
+  snprintf(content, sizeof(content), "%s",
+           or_empty(json_string_value(json_object_get(msg, "content"))));
+  TH_CHECK(content[0] != 0);
+  TH_CHECK_EQ_STR(as_jstr(j, "choices", 0, "finish_reason"), "length");
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "completion_tokens"), 6);
+  /* the prompt is the rendered template, as /tokenize renders it */
+  json_t *tk = post_json("/tokenize", "{\"messages\":" MSGS "}", 200);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"),
+                  json_integer_value(json_object_get(tk, "count")));
+  json_decref(tk);
+  json_decref(j);
+
+  /* streamed: the role first, then the same greedy content */
+  snprintf(body, sizeof(body), "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+           req);
+  struct as_resp r;
+  TH_CHECK_EQ_INT(as_post(server(), "/v1/chat/completions", body, &r), 200);
+  const char *first = strstr(r.body, "data: ");
+  TH_CHECK(first && strstr(first, "\"role\":\"assistant\"") &&
+           strstr(first, "\"role\":\"assistant\"") < strstr(first, "\n\n"));
+  TH_CHECK(strstr(r.body, "\"object\":\"chat.completion.chunk\"") != NULL);
+  char streamed[2048];
+  json_t *usage = NULL;
+  TH_CHECK(as_sse_text(r.body, 0, streamed, sizeof(streamed), &usage) >= 2);
+  TH_CHECK_EQ_STR(streamed, content);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(usage, "completion_tokens")), 6);
+  json_decref(usage);
+  as_resp_free(&r);
+}
+
+/* The text of every choice of a non-streamed answer, and their count. */
+static int choice_texts(json_t *j, int chat, char texts[][512], int max) {
+  json_t *ch = json_object_get(j, "choices");
+  int n = (int)json_array_size(ch);
+  for (int i = 0; i < n && i < max; i++) {
+    json_t *c = json_array_get(ch, (size_t)i);
+    int idx = (int)json_integer_value(json_object_get(c, "index"));
+    TH_CHECK(idx >= 0 && idx < max);
+    if (idx < 0 || idx >= max) continue;
+    json_t *t = chat ? json_object_get(json_object_get(c, "message"), "content")
+                     : json_object_get(c, "text");
+    snprintf(texts[idx], 512, "%s", or_empty(json_string_value(t)));
+    TH_CHECK(json_is_string(json_object_get(c, "finish_reason")));
+  }
+  return n;
+}
+
+TH_TEST(api_n_and_seed) {
+  /* n = 3 sampled with a seed: three choices, not all the same, and the
+   * same three again for the same seed, streamed or not */
+  const char *req = "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":1.0,"
+                    "\"ignore_eos\":true,\"n\":3,\"seed\":1234";
+  char body[1024];
+  snprintf(body, sizeof(body), "%s}", req);
+  char a[3][512] = {{0}}, b[3][512] = {{0}};
+  json_t *j = post_json("/v1/completions", body, 200);
+  TH_CHECK_EQ_INT(choice_texts(j, 0, a, 3), 3);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "completion_tokens"), 30);
+  json_decref(j);
+  TH_CHECK(strcmp(a[0], a[1]) || strcmp(a[1], a[2]));
+  j = post_json("/v1/completions", body, 200);
+  TH_CHECK_EQ_INT(choice_texts(j, 0, b, 3), 3);
+  json_decref(j);
+  for (int i = 0; i < 3; i++)
+    TH_CHECK_EQ_STR(b[i], a[i]);
+  snprintf(body, sizeof(body), "%s,\"stream\":true}", req);
+  struct as_resp r;
+  TH_CHECK_EQ_INT(as_post(server(), "/v1/completions", body, &r), 200);
+  for (int i = 0; i < 3; i++) {
+    char t[512];
+    TH_CHECK(as_sse_text(r.body, i, t, sizeof(t), NULL) > 0);
+    TH_CHECK_EQ_STR(t, a[i]);
+  }
+  as_resp_free(&r);
+
+  /* another seed samples other text */
+  snprintf(body, sizeof(body),
+           "{\"prompt\":\"Once upon a time\",\"max_tokens\":10,\"temperature\":1.0,"
+           "\"ignore_eos\":true,\"seed\":4321}");
+  j = post_json("/v1/completions", body, 200);
+  TH_CHECK(choice_texts(j, 0, b, 3) == 1);
+  TH_CHECK(strcmp(b[0], a[0]) != 0);
+  json_decref(j);
+
+  /* chat, n = 2, seeded: repeats too */
+  const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],"
+                     "\"max_tokens\":8,\"temperature\":0.8,\"top_p\":0.95,\"n\":2,\"seed\":7,"
+                     "\"ignore_eos\":true}";
+  j = post_json("/v1/chat/completions", chat, 200);
+  TH_CHECK_EQ_INT(choice_texts(j, 1, a, 2), 2);
+  json_decref(j);
+  j = post_json("/v1/chat/completions", chat, 200);
+  TH_CHECK_EQ_INT(choice_texts(j, 1, b, 2), 2);
+  json_decref(j);
+  for (int i = 0; i < 2; i++) {
+    TH_CHECK(a[i][0] != 0);
+    TH_CHECK_EQ_STR(b[i], a[i]);
+  }
+
+  /* greedy n = 2: both choices are the greedy text */
+  j = post_json("/v1/completions",
+                "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,\"n\":2,"
+                "\"ignore_eos\":true}",
+                200);
+  TH_CHECK_EQ_INT(choice_texts(j, 0, a, 2), 2);
+  TH_CHECK_EQ_STR(a[1], a[0]);
+  json_decref(j);
+}
+
+TH_TEST(api_engine_length_limit) {
+  /* the limit the engine reports is the one enforced, naming both numbers */
+  json_t *j = post_json("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":700}", 400);
+  const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+  TH_CHECK(msg && strstr(msg, "640") && strstr(msg, "702"));
+  json_decref(j);
+  TH_CHECK(!isnan(as_metric(server(), "lmserve:generation_tokens_total")));
+  TH_CHECK(as_metric(server(), "lmserve:generation_tokens_total") > 0);
+}
+
+TH_TEST(api_routes_stop) {
+  as_stop(server());
+}
