@@ -124,6 +124,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   const char *dtype = "bf16";
   int64_t seed = 1, vocab = 262144;
   int moe = 0, echo = 0, agree = 0;
+  double echo_leak = 0;
   const struct cm_opt opts[] = {
       {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
       {"out", CM_OPT_STR, &out, "DIR", "output directory (created)"},
@@ -138,6 +139,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"echo", CM_OPT_BOOL, &echo, NULL,
        "gemma4: rigged so that the next greedy token is the current one (with --agree: "
        "speculative-decoding tests and benchmarks)"},
+      {"echo-leak", CM_OPT_DOUBLE, &echo_leak, "X",
+       "with --echo: post norms at X instead of 0, so that the context moves some greedy "
+       "tokens off the echo (partial agreement; default 0)",
+       0, 0, 0, 10},
       {"agree", CM_OPT_BOOL, &agree, NULL,
        "gemma4-assistant: drafts that reproduce an --echo target's greedy tokens"},
       {0},
@@ -183,8 +188,12 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --echo is for --arch gemma4\n");
       return 2;
     }
-    struct wk_tiny_opts o = {
-        .arch = arch, .preset = preset, .vocab = (int)vocab, .moe = moe, .echo = echo};
+    struct wk_tiny_opts o = {.arch = arch,
+                             .preset = preset,
+                             .vocab = (int)vocab,
+                             .moe = moe,
+                             .echo = echo,
+                             .echo_leak = echo_leak};
     rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,

@@ -207,7 +207,8 @@ static void rig_tensors(struct wk_tiny_spec *s, const struct wk_config *c) {
         ends_with(t->name, "post_feedforward_layernorm.weight") ||
         ends_with(t->name, "post_per_layer_input_norm.weight")) {
       t->init = WK_INIT_AROUND;
-      t->a = t->b = 0;
+      t->a = 0;
+      t->b = s->rig == 1 ? s->rig_leak : 0;
     } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
       t->init = WK_INIT_CLUSTERED;
       t->a = 0.5 / sqrt(2.0 * (double)t->e.shape[1]);
@@ -281,6 +282,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
                               o->sliding_window ? o->sliding_window : 64, full, 2, 1, 8, o->moe);
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
+    s->rig_leak = o->echo_leak;
   } else if (!strcmp(o->arch, "gemma3")) {
     int H, F, L, nh, nkv, hd, win, pattern;
     if (!strcmp(o->preset, "tiny")) {

@@ -36,7 +36,8 @@ struct wk_tiny_spec {
   char *generation_json;          /* malloc'd generation_config.json text, or NULL */
   struct wk_tensor_spec *tensors; /* in file order */
   int n_tensors, cap;
-  int rig; /* 0; 1: echo target; 2: assistant agreeing with one */
+  int rig;         /* 0; 1: echo target; 2: assistant agreeing with one */
+  double rig_leak; /* echo target: its post norms' weight (0: a pure echo) */
 };
 
 /* Options of a generated gemma3 / gemma4 model. */
@@ -47,6 +48,9 @@ struct wk_tiny_opts {
   int moe;            /* gemma4: MoE block in every layer */
   int sliding_window; /* 0 = the preset's (64 for tiny) */
   int echo;           /* gemma4: see wk_tiny_spec_assistant_agreeing */
+  double echo_leak;   /* echo: post norms at this weight instead of 0, so that the
+                       * context moves some greedy tokens off the echo (an
+                       * assistant that agrees only partly) */
 };
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
