@@ -94,6 +94,7 @@ struct fe_engine {
   struct fe_chat *chat; /* NULL when the model has no chat template */
   int32_t eos[FE_ENG_MAX_EOS];
   int n_eos;
+  int32_t n_vocab; /* ids a prompt may hold: the tokenizer's, capped by config.json's vocab_size */
 
   void *zctx;
   struct pr_sock *sock;

@@ -81,7 +81,7 @@ static int prompt_ids(struct fe_engine *e, const struct fe_api_request *req, siz
   }
   const struct fe_api_prompt *p = &req->prompts[pi];
   if (p->ids) {
-    int32_t nv = fe_tok_n_vocab(e->tok);
+    int32_t nv = e->n_vocab;
     for (size_t i = 0; i < p->n_ids; i++) {
       if (p->ids[i] < 0 || p->ids[i] >= nv) {
         snprintf(errbuf, errlen, "token id %d is outside the vocabulary (0..%d)", (int)p->ids[i],

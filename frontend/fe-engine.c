@@ -217,6 +217,21 @@ static void load_eos(struct fe_engine *e) {
   if (e->n_eos == 0 && fe_tok_eos(e->tok) >= 0) e->eos[e->n_eos++] = fe_tok_eos(e->tok);
 }
 
+/* The tokenizer may know more ids than the model embeds (Gemma's lists
+ * <image_soft_token> past the text vocabulary): prompt ids are checked
+ * against config.json's vocab_size (top level or text_config) too. */
+static void load_vocab(struct fe_engine *e) {
+  e->n_vocab = fe_tok_n_vocab(e->tok);
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/config.json", e->model_dir);
+  json_t *root = json_load_file(path, 0, NULL);
+  json_t *v = json_object_get(root, "vocab_size");
+  if (!json_is_integer(v)) v = json_object_get(json_object_get(root, "text_config"), "vocab_size");
+  if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) < e->n_vocab)
+    e->n_vocab = (int32_t)json_integer_value(v);
+  json_decref(root);
+}
+
 static void close_cb(uv_handle_t *h) {
   struct fe_engine *e = h->data;
   e->handles_open--;
@@ -272,6 +287,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     goto fail;
   }
   load_eos(e);
+  load_vocab(e);
 
   rc = CM_ERR_IO;
   if (!(e->zctx = zmq_ctx_new())) goto fail;
