@@ -112,6 +112,10 @@ static int try_start(struct as_server *s, char *const extra[]) {
                     s->model,          "--port", port,
                     "--drain-timeout", "20"};
   int a = 11;
+  if (s->api_key) {
+    argv[a++] = "--api-key";
+    argv[a++] = (char *)s->api_key;
+  }
   for (int i = 0; extra && extra[i] && a < 46; i++)
     argv[a++] = extra[i];
   argv[a] = NULL;
@@ -408,6 +412,15 @@ double as_metric(const struct as_server *s, const char *name) {
     }
   }
   as_resp_free(&r);
+  return v;
+}
+
+double as_metric_wait(const struct as_server *s, const char *name, double want, int timeout_ms) {
+  double v = as_metric(s, name);
+  for (int waited = 0; v != want && waited < timeout_ms; waited += 100) {
+    usleep(100 * 1000);
+    v = as_metric(s, name);
+  }
   return v;
 }
 

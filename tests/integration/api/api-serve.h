@@ -88,6 +88,10 @@ int as_sse_text(const char *body, int index, char *out, size_t size, json_t **us
 /* The value of a /metrics sample `name{...}` (NaN when absent). */
 double as_metric(const struct as_server *s, const char *name);
 
+/* Polls that sample until it equals `want` or timeout_ms passed (the
+ * engine's gauges reach the frontend with its PINGs); returns the last. */
+double as_metric_wait(const struct as_server *s, const char *name, double want, int timeout_ms);
+
 /* Checks OpenAI's error envelope: status, and {"error":{"message":non-empty
  * string,"type":string,"param":(param or null),"code":status}}. Logs the body
  * and fails the test (at the caller's line) when it is not so. */
