@@ -47,6 +47,8 @@ struct kn_backend_ops {
                 int V);
   int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits, ptrdiff_t ld,
                      int T, int E, int k, const float *expert_scale);
+  int (*sample)(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld, int T,
+                int V, const struct kn_sample_params *params);
   int (*kv_write)(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
                   const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
   int (*attention)(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,

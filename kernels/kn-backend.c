@@ -200,6 +200,27 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
   return KN_CALL(router_topk, ids, weights, logits, ld, T, E, k, expert_scale);
 }
 
+/* ---- sampling ------------------------------------------------------------- */
+
+int kn_sample_params_check(const struct kn_sample_params *p) {
+  if (!p || !(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) ||
+      !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0) ||
+      p->n_logprobs > KN_SAMPLE_MAX_LOGPROBS || p->n_pen < 0 ||
+      (p->n_pen > 0 && (!p->pen_ids || !p->pen_counts)))
+    return CM_ERR_INVAL;
+  return 0;
+}
+
+int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
+              int T, int V, const struct kn_sample_params *params) {
+  if (!be || T < 0 || V <= 0) return CM_ERR_INVAL;
+  if (T == 0) return 0;
+  if (!out || !logits || !params || !valid_ld(ld, T, V)) return CM_ERR_INVAL;
+  for (int t = 0; t < T; t++)
+    if (kn_sample_params_check(&params[t])) return CM_ERR_INVAL;
+  return KN_CALL(sample, out, logits, ld, T, V, params);
+}
+
 /* ---- KV cache and attention --------------------------------------------- */
 
 static int valid_view(const struct kn_kv_view *v) {

@@ -136,6 +136,69 @@ int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *
 int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const float *logits,
                    ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
 
+/* ---- sampling ------------------------------------------------------------ */
+
+#define KN_SAMPLE_MAX_LOGPROBS 20
+
+/* Sampling parameters of one logits row (host memory). Processing order (as
+ * vLLM's sampler): repetition / frequency / presence penalties on the raw
+ * logits, then temperature (greedy below 1e-5: the argmax of the penalised
+ * logits), min-p, top-k, top-p, renormalise, draw. */
+struct kn_sample_params {
+  float temperature;        /* >= 0; < 1e-5 = greedy */
+  int top_k;                /* <= 0 or >= V: off */
+  float top_p;              /* (0, 1]; 1 = off */
+  float min_p;              /* [0, 1]; 0 = off */
+  float presence_penalty;   /* subtracted once from tokens generated before; 0 = off */
+  float frequency_penalty;  /* subtracted per generation of the token; 0 = off */
+  float repetition_penalty; /* > 0; 1 = off: l > 0 ? l / r : l * r for prompt and output tokens */
+  uint64_t seed;            /* the request's seed */
+  uint64_t counter;         /* index of the token being sampled: the draw's counter */
+  int n_logprobs;           /* -1: none; 0: the sampled token's; k <= 20: also the top k */
+  /* Penalty state: the tokens seen so far, each once, with how often it was
+   * generated (0 = in the prompt only). Entries with an id < 0 or >= V are
+   * skipped (an open-addressing table may be passed as is). */
+  const int32_t *pen_ids;    /* [n_pen] host */
+  const int32_t *pen_counts; /* [n_pen] host */
+  int n_pen;
+};
+
+/* What kn_sample returns per row (host memory). Logprobs are those of the
+ * RAW model distribution (log-softmax of the logits before any processing),
+ * as vLLM reports them by default. */
+struct kn_sample_out {
+  int32_t token;
+  float logprob;                           /* raw logprob of token (n_logprobs >= 0), else 0 */
+  int n_top;                               /* entries in top_ids / top_logprobs: n_logprobs or 0 */
+  int32_t top_ids[KN_SAMPLE_MAX_LOGPROBS]; /* largest raw logits first, lower id on ties */
+  float top_logprobs[KN_SAMPLE_MAX_LOGPROBS];
+};
+
+/* 0 when p is valid (temperature >= 0, top_p in (0, 1], min_p in [0, 1],
+ * repetition_penalty > 0, n_logprobs <= KN_SAMPLE_MAX_LOGPROBS, the penalty
+ * arrays present when n_pen > 0), else CM_ERR_INVAL. */
+int kn_sample_params_check(const struct kn_sample_params *p);
+
+/* Samples one token per row of logits[T, V] (stride ld, backend memory, left
+ * unchanged) with params[T] (host); out[T] (host). Waits for the result.
+ *
+ * What is guaranteed across backends:
+ *   - greedy rows: exactly kn_argmax of the penalised logits (the penalties
+ *     are the same float operations everywhere);
+ *   - random rows: a draw from the filtered distribution (the candidate set
+ *     after min-p / top-k / top-p and its renormalised probabilities), which
+ *     agrees with the CPU's within float rounding of the sums (a token at the
+ *     top-p boundary may differ); the draw itself is backend-specific but
+ *     depends only on (seed, counter, logits, params): the same on one device
+ *     whatever the batch;
+ *   - logprobs: the raw log-softmax within float rounding; top ids exact
+ *     except at ties.
+ * The CPU backend's draw is the worker sampler's (worker/wk-sampler.h): one
+ * uniform from (seed, counter) walked down the cumulative distribution.
+ * A row whose logits are all NaN or -inf after processing gives CM_ERR_INVAL. */
+int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
+              int T, int V, const struct kn_sample_params *params);
+
 /* ---- paged KV cache and attention --------------------------------------- */
 
 /* Where one layer's K and V live in the physical pool. The pool is n_pages

@@ -14,6 +14,7 @@
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/cpu/kn-cpu-sample.h"
 #include "kernels/kn-backend-impl.h"
 
 /* ---- memory hooks ------------------------------------------------------- */
@@ -25,6 +26,7 @@ static void cpu_destroy(void *p) {
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     free(ctx->scratch[i]);
   free(ctx->seq_items);
+  kn_cpu_sampler_destroy(ctx->sampler);
   free(ctx);
 }
 

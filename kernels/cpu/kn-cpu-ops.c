@@ -11,6 +11,7 @@
 
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/cpu/kn-cpu-sample.h"
 #include "kernels/kn-backend-impl.h"
 
 /* Below this much work (multiply-adds or elements) an op runs on one thread. */
@@ -405,6 +406,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->copy_rows = cpu_copy_rows;
   ops->argmax = kn_cpu_op_argmax;
   ops->router_topk = kn_cpu_op_router_topk;
+  ops->sample = kn_cpu_op_sample;
   ops->kv_write = cpu_kv_write;
   ops->attention = cpu_attention;
 }

@@ -1,0 +1,327 @@
+/* kn-cpu-sample.c — the host sampling math (see kn-cpu-sample.h) and the CPU
+ * backend's kn_sample op on top of it. */
+#include "kernels/cpu/kn-cpu-sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+
+struct kn_cand {
+  float l; /* processed logit */
+  int32_t id;
+};
+
+struct kn_cpu_sampler {
+  int vocab;
+  struct kn_cand *cand; /* [vocab] candidate scratch */
+  int32_t *ids;         /* [vocab] final distribution ids */
+  float *probs;         /* [vocab] final distribution probabilities */
+  float *raw;           /* [vocab] copy of the raw logits, when logprobs are asked */
+  float *work;          /* [vocab] the op's processed copy of a row */
+};
+
+struct kn_cpu_sampler *kn_cpu_sampler_create(int vocab) {
+  if (vocab <= 0) return NULL;
+  struct kn_cpu_sampler *s = calloc(1, sizeof(*s));
+  if (!s) return NULL;
+  s->vocab = vocab;
+  s->cand = malloc((size_t)vocab * sizeof(*s->cand));
+  s->ids = malloc((size_t)vocab * sizeof(int32_t));
+  s->probs = malloc((size_t)vocab * sizeof(float));
+  s->raw = malloc((size_t)vocab * sizeof(float));
+  s->work = malloc((size_t)vocab * sizeof(float));
+  if (!s->cand || !s->ids || !s->probs || !s->raw || !s->work) {
+    kn_cpu_sampler_destroy(s);
+    return NULL;
+  }
+  return s;
+}
+
+void kn_cpu_sampler_destroy(struct kn_cpu_sampler *s) {
+  if (!s) return;
+  free(s->cand);
+  free(s->ids);
+  free(s->probs);
+  free(s->raw);
+  free(s->work);
+  free(s);
+}
+
+int kn_cpu_sampler_vocab(const struct kn_cpu_sampler *s) {
+  return s->vocab;
+}
+
+/* ---- counter-based random numbers ------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+double kn_cpu_sample_uniform(uint64_t seed, uint64_t counter, uint32_t stream) {
+  uint64_t z = splitmix64(splitmix64(seed) ^ (counter * 4 + stream) * 0xD1B54A32D192ED03ull);
+  return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- penalties ----------------------------------------------------------------- */
+
+static void apply_penalties(float *logits, int vocab, const struct kn_sample_params *p) {
+  int rep = p->repetition_penalty != 1.0f;
+  int freq = p->frequency_penalty != 0.0f, pres = p->presence_penalty != 0.0f;
+  if (!rep && !freq && !pres) return;
+  for (int i = 0; i < p->n_pen; i++) {
+    int32_t id = p->pen_ids[i];
+    if (id < 0 || id >= vocab) continue;
+    float l = logits[id];
+    if (rep) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+    if (p->pen_counts[i] > 0) {
+      l -= p->frequency_penalty * (float)p->pen_counts[i];
+      if (pres) l -= p->presence_penalty;
+    }
+    logits[id] = l;
+  }
+}
+
+/* ---- raw logprobs ---------------------------------------------------------------- */
+
+/* log-softmax of the unprocessed logits; top n best first. */
+static void raw_logprobs(const float *logits, int vocab, int n, struct kn_sample_out *out) {
+  float m = -INFINITY;
+  for (int i = 0; i < vocab; i++)
+    if (logits[i] > m) m = logits[i];
+  double z = 0;
+  for (int i = 0; i < vocab; i++)
+    z += exp((double)(logits[i] - m));
+  float lse = m + (float)log(z);
+  out->logprob = logits[out->token] - lse;
+  out->n_top = 0;
+  for (int i = 0; i < vocab && n > 0; i++) {
+    float l = logits[i];
+    int k = out->n_top;
+    if (k == n && l <= out->top_logprobs[n - 1]) continue;
+    if (k < n)
+      out->n_top++;
+    else
+      k = n - 1;
+    /* insertion: ties keep the lower id first */
+    while (k > 0 && out->top_logprobs[k - 1] < l) {
+      out->top_logprobs[k] = out->top_logprobs[k - 1];
+      out->top_ids[k] = out->top_ids[k - 1];
+      k--;
+    }
+    out->top_logprobs[k] = l;
+    out->top_ids[k] = i;
+  }
+  for (int k = 0; k < out->n_top; k++)
+    out->top_logprobs[k] -= lse;
+}
+
+const float *kn_cpu_sample_save_raw(struct kn_cpu_sampler *s, const float *logits,
+                                    const struct kn_sample_params *p) {
+  if (p->n_logprobs < 0) return NULL;
+  memcpy(s->raw, logits, (size_t)s->vocab * sizeof(float));
+  return s->raw;
+}
+
+void kn_cpu_sample_logprobs(const struct kn_cpu_sampler *s, const float *raw,
+                            const struct kn_sample_params *p, struct kn_sample_out *out) {
+  out->n_top = 0;
+  out->logprob = 0;
+  if (raw && p->n_logprobs >= 0) raw_logprobs(raw, s->vocab, p->n_logprobs, out);
+}
+
+/* ---- the filtered distribution ---------------------------------------------------- */
+
+static int cand_desc(const void *a, const void *b) {
+  const struct kn_cand *x = a, *y = b;
+  if (x->l != y->l) return x->l > y->l ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* min-heap on l (then larger id is "smaller", so ties keep lower ids) */
+static int heap_less(const struct kn_cand *a, const struct kn_cand *b) {
+  return a->l < b->l || (a->l == b->l && a->id > b->id);
+}
+
+static void heap_sift_down(struct kn_cand *h, int n, int i) {
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < n && heap_less(&h[l], &h[m])) m = l;
+    if (r < n && heap_less(&h[r], &h[m])) m = r;
+    if (m == i) return;
+    struct kn_cand t = h[i];
+    h[i] = h[m];
+    h[m] = t;
+    i = m;
+  }
+}
+
+/* The k largest of the logits >= cut, sorted; returns how many. */
+static int gather_top_k(struct kn_cand *h, const float *logits, int V, float cut, int topk) {
+  int n = 0;
+  for (int i = 0; i < V; i++) {
+    float l = logits[i];
+    if (!(l >= cut)) continue;
+    struct kn_cand c = {l, i};
+    if (n < topk) {
+      h[n++] = c;
+      if (n == topk)
+        for (int j = topk / 2 - 1; j >= 0; j--)
+          heap_sift_down(h, n, j);
+    } else if (heap_less(&h[0], &c)) {
+      h[0] = c;
+      heap_sift_down(h, n, 0);
+    }
+  }
+  qsort(h, (size_t)n, sizeof(*h), cand_desc);
+  return n;
+}
+
+/* The logits >= cut_minp with mass (relative to z) reaching top_p, sorted:
+ * gathered above a falling threshold. Returns how many. */
+static int gather_top_p(struct kn_cand *c, const float *logits, int V, float m, float cut_minp,
+                        double z, float top_p) {
+  int n = 0;
+  for (float drop = 8.0f;; drop *= 2.0f) {
+    float cut = m - drop;
+    if (cut < cut_minp) cut = cut_minp;
+    n = 0;
+    double mass = 0;
+    for (int i = 0; i < V; i++)
+      if (logits[i] >= cut) {
+        c[n++] = (struct kn_cand){logits[i], i};
+        mass += exp((double)(logits[i] - m));
+      }
+    if (mass / z >= (double)top_p || cut == cut_minp || drop > 1e4f) break;
+  }
+  qsort(c, (size_t)n, sizeof(*c), cand_desc);
+  return n;
+}
+
+int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_sample_params *p,
+                       const int32_t **ids_out, const float **probs_out, int *n_out) {
+  int rc = kn_sample_params_check(p);
+  if (rc) return rc;
+  const int V = s->vocab;
+  apply_penalties(logits, V, p);
+  if (p->temperature < 1e-5f) {
+    kn_cpu_op_argmax(NULL, &s->ids[0], NULL, logits, V, 1, V);
+    s->probs[0] = 1.0f;
+    *ids_out = s->ids;
+    *probs_out = s->probs;
+    *n_out = 1;
+    return 0;
+  }
+  float inv_t = 1.0f / p->temperature;
+  float m = -INFINITY;
+  for (int i = 0; i < V; i++) {
+    logits[i] *= inv_t;
+    if (logits[i] > m) m = logits[i];
+  }
+  if (!isfinite(m)) return CM_ERR_INVAL; /* all -inf or NaN logits */
+  float cut_minp = p->min_p > 0 ? m + logf(p->min_p) : -INFINITY;
+  int topk = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
+  int n = 0, sorted = 0;
+  double zc = 0; /* normaliser of the candidate set's probabilities */
+
+  if (topk) {
+    n = gather_top_k(s->cand, logits, V, cut_minp, topk);
+    sorted = 1;
+    for (int i = 0; i < n; i++)
+      zc += exp((double)(s->cand[i].l - m));
+  } else {
+    for (int i = 0; i < V; i++)
+      if (logits[i] >= cut_minp) zc += exp((double)(logits[i] - m));
+    if (p->top_p < 1.0f) {
+      n = gather_top_p(s->cand, logits, V, m, cut_minp, zc, p->top_p);
+      sorted = 1;
+    } else {
+      for (int i = 0; i < V; i++)
+        if (logits[i] >= cut_minp) s->cand[n++] = (struct kn_cand){logits[i], i};
+    }
+  }
+  if (n == 0) return CM_ERR_INVAL;
+
+  /* top-p over the (sorted) candidates, then renormalise what is kept */
+  int keep = n;
+  if (sorted && p->top_p < 1.0f) {
+    double cum = 0;
+    for (int i = 0; i < n; i++) {
+      if (cum >= (double)p->top_p * zc) {
+        keep = i;
+        break;
+      }
+      cum += exp((double)(s->cand[i].l - m));
+    }
+    if (keep < 1) keep = 1;
+  }
+  double zk = 0;
+  for (int i = 0; i < keep; i++)
+    zk += exp((double)(s->cand[i].l - m));
+  for (int i = 0; i < keep; i++) {
+    s->ids[i] = s->cand[i].id;
+    s->probs[i] = (float)(exp((double)(s->cand[i].l - m)) / zk);
+  }
+  *ids_out = s->ids;
+  *probs_out = s->probs;
+  *n_out = keep;
+  return 0;
+}
+
+int32_t kn_cpu_sample_draw(const int32_t *ids, const float *probs, int n, double u, int skip,
+                           double skip_p) {
+  double target = u * (1.0 - skip_p), cum = 0;
+  int last = -1;
+  for (int i = 0; i < n; i++) {
+    if (i == skip || probs[i] <= 0) continue;
+    cum += probs[i];
+    last = i;
+    if (target < cum) return ids[i];
+  }
+  return last >= 0 ? ids[last] : ids[0];
+}
+
+/* ---- one row, and the backend op ---------------------------------------------------- */
+
+/* Samples from work[vocab] (processed in place); raw: the unprocessed logits
+ * for logprobs (or NULL). */
+static int sample_row(struct kn_cpu_sampler *s, float *work, const float *raw,
+                      const struct kn_sample_params *p, struct kn_sample_out *out) {
+  const int32_t *ids;
+  const float *probs;
+  int n;
+  int rc = kn_cpu_sample_dist(s, work, p, &ids, &probs, &n);
+  if (rc) return rc;
+  out->token = n == 1 ? ids[0]
+                      : kn_cpu_sample_draw(ids, probs, n,
+                                           kn_cpu_sample_uniform(p->seed, p->counter, 0), -1, 0);
+  kn_cpu_sample_logprobs(s, raw, p, out);
+  return 0;
+}
+
+int kn_cpu_sample_row(struct kn_cpu_sampler *s, float *logits, const struct kn_sample_params *p,
+                      struct kn_sample_out *out) {
+  return sample_row(s, logits, kn_cpu_sample_save_raw(s, logits, p), p, out);
+}
+
+int kn_cpu_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld, int T,
+                     int V, const struct kn_sample_params *params) {
+  struct kn_cpu_ctx *c = ctx;
+  if (!c->sampler || kn_cpu_sampler_vocab(c->sampler) != V) {
+    kn_cpu_sampler_destroy(c->sampler);
+    if (!(c->sampler = kn_cpu_sampler_create(V))) return CM_ERR_NOMEM;
+  }
+  struct kn_cpu_sampler *s = c->sampler;
+  for (int t = 0; t < T; t++) {
+    const float *row = logits + (ptrdiff_t)t * ld;
+    memcpy(s->work, row, (size_t)V * sizeof(float));
+    int rc = sample_row(s, s->work, params[t].n_logprobs >= 0 ? row : NULL, &params[t], &out[t]);
+    if (rc) return rc;
+  }
+  return 0;
+}
