@@ -308,8 +308,8 @@ int as_header(const struct as_resp *r, const char *name, char *out, size_t size)
   return 0;
 }
 
-int as_post_many(const struct as_server *s, const char *path, int n, const char *const bodies[],
-                 struct as_resp out[]) {
+int as_post_many(const struct as_server *s, int n, const char *const paths[],
+                 const char *const bodies[], struct as_resp out[]) {
   int *fd = calloc((size_t)n, sizeof(*fd));
   char **buf = calloc((size_t)n, sizeof(*buf));
   size_t *len = calloc((size_t)n, sizeof(*len)), *cap = calloc((size_t)n, sizeof(*cap));
@@ -317,7 +317,7 @@ int as_post_many(const struct as_server *s, const char *path, int n, const char 
   TH_REQUIRE(fd && buf && len && cap && pf);
   int open = 0;
   for (int i = 0; i < n; i++)
-    if ((fd[i] = send_request(s, "POST", path, NULL, bodies[i])) >= 0) open++;
+    if ((fd[i] = send_request(s, "POST", paths[i], NULL, bodies[i])) >= 0) open++;
   while (open > 0) {
     for (int i = 0; i < n; i++)
       pf[i] = (struct pollfd){fd[i], POLLIN, 0}; /* fd -1 is ignored */

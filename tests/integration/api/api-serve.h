@@ -69,10 +69,10 @@ int as_header(const struct as_resp *r, const char *name, char *out, size_t size)
 int as_connect(const struct as_server *s);
 int as_read_answer(int fd, struct as_resp *r);
 
-/* n POSTs of bodies[i] to `path`, all sent before any answer is read,
+/* n POSTs of bodies[i] to paths[i], all sent before any answer is read,
  * answered concurrently. Returns how many got an answer. */
-int as_post_many(const struct as_server *s, const char *path, int n, const char *const bodies[],
-                 struct as_resp out[]);
+int as_post_many(const struct as_server *s, int n, const char *const paths[],
+                 const char *const bodies[], struct as_resp out[]);
 
 /* Opens a POST whose answer streams and reads until the first SSE event
  * arrived; returns the socket (the test closes it) or -1. */
