@@ -259,6 +259,7 @@ static const struct kn_backend_ops cuda_ops = {
     .copy_rows = kn_cuda_op_copy_rows,
     .argmax = kn_cuda_op_argmax,
     .router_topk = kn_cuda_op_router_topk,
+    .sample = kn_cuda_op_sample,
     .kv_write = kn_cuda_op_kv_write,
     .attention = kn_cuda_op_attention,
 };

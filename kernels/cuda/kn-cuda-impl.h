@@ -95,6 +95,27 @@ cudaError_t kn_cuda_launch_router_topk(cudaStream_t s, int32_t *ids, float *weig
                                        const float *logits, ptrdiff_t ld, int T, int E, int k,
                                        const float *expert_scale);
 
+/* One row of a kn_sample call as the device sees it (staged). */
+struct kn_cuda_sample_row {
+  float inv_t;     /* 1 / temperature (the host's float division); 0 = greedy */
+  float log_min_p; /* logf(min_p) on the host (the CPU's cut); -inf = off */
+  float top_p;     /* 1 = off */
+  int32_t top_k;   /* 0 = off (also when >= V) */
+  int32_t n_logprobs;
+  int32_t pen_off, n_pen; /* this row's entries in the staged penalty arrays */
+  float presence, frequency, repetition;
+  uint64_t seed, counter;
+};
+/* out[T] (device) = one sampled token (and raw logprobs) per row of
+ * logits[T, V]. With pen_ids (device, the rows' entries concatenated; ids in
+ * [0, V), each once per row) the penalised entries are written into work
+ * (device, [T, V] holding a copy of the rows, ldw == V) first; without,
+ * work == logits and ldw == ld. A row with nothing finite gets token -1. */
+cudaError_t kn_cuda_launch_sample(cudaStream_t s, struct kn_sample_out *out, const float *logits,
+                                  ptrdiff_t ld, float *work, ptrdiff_t ldw, int T, int V,
+                                  const struct kn_cuda_sample_row *rows, const int32_t *pen_ids,
+                                  const int32_t *pen_counts);
+
 #ifdef __cplusplus
 }
 #endif
@@ -208,6 +229,8 @@ int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logi
                       int T, int V);
 int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                            ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
+                      int T, int V, const struct kn_sample_params *params);
 int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
                         const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
 int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,

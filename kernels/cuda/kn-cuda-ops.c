@@ -3,6 +3,7 @@
  * the backend's stream, and for the reductions whose results belong to the
  * host (argmax, router top-k) copy them back through a pinned buffer and
  * wait. Arguments arrive validated by kn-backend.c. */
+#include <math.h>
 #include <string.h>
 
 #include "common/cm-err.h"
@@ -143,5 +144,101 @@ int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float 
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   memcpy(ids, host, n * sizeof(int32_t));
   memcpy(weights, (const int32_t *)host + n, n * sizeof(float));
+  return 0;
+}
+
+/* ---- sampling ---------------------------------------------------------------- */
+
+static int penalised(const struct kn_sample_params *p) {
+  return p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+         p->presence_penalty != 0.0f;
+}
+
+/* Stages the penalty entries of the penalised rows (ids in [0, V) only),
+ * setting rows[t].pen_off / n_pen; *ids_d stays NULL when there are none. */
+static int stage_penalties(struct kn_cuda_ctx *c, const struct kn_sample_params *p, int T, int V,
+                           struct kn_cuda_sample_row *rows, int32_t **ids_d, int32_t **counts_d) {
+  size_t n = 0;
+  for (int t = 0; t < T; t++)
+    if (penalised(&p[t]))
+      for (int j = 0; j < p[t].n_pen; j++)
+        n += p[t].pen_ids[j] >= 0 && p[t].pen_ids[j] < V;
+  *ids_d = *counts_d = NULL;
+  if (n == 0) return 0;
+  void *h, *d;
+  int err = kn_cuda_stage_alloc(c, 2 * n * sizeof(int32_t), &h, &d);
+  if (err) return err;
+  int32_t *ids = h, *counts = ids + n;
+  size_t k = 0;
+  for (int t = 0; t < T; t++) {
+    rows[t].pen_off = (int32_t)k;
+    if (penalised(&p[t]))
+      for (int j = 0; j < p[t].n_pen; j++)
+        if (p[t].pen_ids[j] >= 0 && p[t].pen_ids[j] < V) {
+          ids[k] = p[t].pen_ids[j];
+          counts[k++] = p[t].pen_counts[j];
+        }
+    rows[t].n_pen = (int32_t)k - rows[t].pen_off;
+  }
+  *ids_d = d;
+  *counts_d = (int32_t *)d + n;
+  return kn_cuda_stage_push(c, h, d, 2 * n * sizeof(int32_t));
+}
+
+int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
+                      int T, int V, const struct kn_sample_params *params) {
+  struct kn_cuda_ctx *c = ctx;
+  size_t rows_bytes = (size_t)T * sizeof(struct kn_cuda_sample_row);
+  void *rows_h, *rows_d;
+  int32_t *pen_ids_d, *pen_counts_d;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_stage_alloc(c, rows_bytes, &rows_h, &rows_d);
+  if (err) return err;
+  struct kn_cuda_sample_row *rows = rows_h;
+  for (int t = 0; t < T; t++) {
+    const struct kn_sample_params *p = &params[t];
+    struct kn_cuda_sample_row *r = &rows[t];
+    memset(r, 0, sizeof(*r));
+    r->inv_t = p->temperature < 1e-5f ? 0.0f : 1.0f / p->temperature;
+    r->log_min_p = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
+    r->top_p = p->top_p;
+    r->top_k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
+    r->n_logprobs = p->n_logprobs < 0 ? -1 : p->n_logprobs;
+    r->presence = p->presence_penalty;
+    r->frequency = p->frequency_penalty;
+    r->repetition = p->repetition_penalty;
+    r->seed = p->seed;
+    r->counter = p->counter;
+  }
+  if ((err = stage_penalties(c, params, T, V, rows, &pen_ids_d, &pen_counts_d))) return err;
+  if ((err = kn_cuda_stage_push(c, rows_h, rows_d, rows_bytes))) return err;
+
+  /* scratch: the results, then (with penalties) a copy of the rows to process */
+  size_t out_bytes = ((size_t)T * sizeof(struct kn_sample_out) + 255) / 256 * 256;
+  size_t work_bytes = pen_ids_d ? (size_t)T * (size_t)V * sizeof(float) : 0;
+  void *dev, *host;
+  if ((err = kn_cuda_scratch(c, out_bytes + work_bytes, &dev))) return err;
+  if ((err = kn_cuda_result_host(c, (size_t)T * sizeof(struct kn_sample_out), &host))) return err;
+  struct kn_sample_out *out_d = dev;
+  float *work = (float *)logits;
+  ptrdiff_t ldw = ld;
+  if (pen_ids_d) {
+    work = (float *)((unsigned char *)dev + out_bytes);
+    ldw = V;
+    KN_CUDA_CHECK(cudaMemcpy2DAsync(
+        work, (size_t)V * sizeof(float), logits, (size_t)(T == 1 ? V : ld) * sizeof(float),
+        (size_t)V * sizeof(float), (size_t)T, cudaMemcpyDeviceToDevice, c->stream));
+  }
+  KN_CUDA_CHECK(kn_cuda_launch_sample(c->stream, out_d, logits, ld, work, ldw, T, V, rows_d,
+                                      pen_ids_d, pen_counts_d));
+  KN_CUDA_CHECK(cudaMemcpyAsync(host, out_d, (size_t)T * sizeof(struct kn_sample_out),
+                                cudaMemcpyDeviceToHost, c->stream));
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  memcpy(out, host, (size_t)T * sizeof(struct kn_sample_out));
+  for (int t = 0; t < T; t++)
+    if (out[t].token < 0) {
+      cm_debug("cuda", "sample: row %d has nothing finite to sample from", t);
+      return CM_ERR_INVAL;
+    }
   return 0;
 }
