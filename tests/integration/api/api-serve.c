@@ -424,6 +424,15 @@ double as_metric_wait(const struct as_server *s, const char *name, double want, 
   return v;
 }
 
+double as_metric_wait_min(const struct as_server *s, const char *name, double min, int timeout_ms) {
+  double v = as_metric(s, name);
+  for (int waited = 0; !(v >= min) && waited < timeout_ms; waited += 100) {
+    usleep(100 * 1000);
+    v = as_metric(s, name);
+  }
+  return v;
+}
+
 void as_check_error_at(const char *file, int line, const struct as_resp *r, int status,
                        const char *param) {
   json_t *j = as_json(r);

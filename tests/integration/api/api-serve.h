@@ -91,6 +91,8 @@ double as_metric(const struct as_server *s, const char *name);
 /* Polls that sample until it equals `want` or timeout_ms passed (the
  * engine's gauges reach the frontend with its PINGs); returns the last. */
 double as_metric_wait(const struct as_server *s, const char *name, double want, int timeout_ms);
+/* The same until the sample is at least `min` (counters). */
+double as_metric_wait_min(const struct as_server *s, const char *name, double min, int timeout_ms);
 
 /* Checks OpenAI's error envelope: status, and {"error":{"message":non-empty
  * string,"type":string,"param":(param or null),"code":status}}. Logs the body
