@@ -1,0 +1,236 @@
+/* test-kn-sample.c — the CPU backend's kn_sample op, the oracle of the
+ * device versions: argument checks, the logits left untouched, greedy rows
+ * equal to kn_argmax of the penalised logits, rows independent of their batch,
+ * seeded reproducibility, a chi-square of seeded draws against the processed
+ * distribution, and raw logprobs against a double-precision log-softmax. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-sample.h"
+#include "tests/unit/kernels/kn-test-util.h"
+
+static struct kn_sample_params params_default(void) {
+  struct kn_sample_params p;
+  memset(&p, 0, sizeof(p));
+  p.temperature = 1.0f;
+  p.top_p = 1.0f;
+  p.repetition_penalty = 1.0f;
+  p.n_logprobs = -1;
+  return p;
+}
+
+static struct kn_backend *cpu(void) {
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  return be;
+}
+
+TH_TEST(sample_rejects_bad_arguments) {
+  struct kn_backend *be = cpu();
+  float x[16] = {0};
+  struct kn_sample_out o, o2[2];
+  struct kn_sample_params p = params_default(), p2[2] = {params_default(), params_default()};
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, 8, 1, 8, &p), 0);
+  TH_CHECK_EQ_INT(kn_sample(be, o2, x, 8, 2, 8, p2), 0);
+  TH_CHECK_EQ_INT(kn_sample(be, o2, x, 7, 2, 8, p2), CM_ERR_INVAL); /* ld < V */
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, 8, 0, 8, &p), 0);
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, 8, 1, 0, &p), CM_ERR_INVAL);
+  struct kn_sample_params bad[6];
+  for (int i = 0; i < 6; i++)
+    bad[i] = params_default();
+  bad[0].temperature = -1.0f;
+  bad[1].top_p = 0.0f;
+  bad[2].min_p = 1.5f;
+  bad[3].repetition_penalty = 0.0f;
+  bad[4].n_logprobs = KN_SAMPLE_MAX_LOGPROBS + 1;
+  bad[5].n_pen = 2; /* arrays missing */
+  for (int i = 0; i < 6; i++)
+    TH_CHECK_EQ_INT(kn_sample(be, &o, x, 8, 1, 8, &bad[i]), CM_ERR_INVAL);
+  /* nothing finite to sample from */
+  float ninf[4] = {-INFINITY, -INFINITY, NAN, -INFINITY};
+  TH_CHECK_EQ_INT(kn_sample(be, &o, ninf, 4, 1, 4, &p), CM_ERR_INVAL);
+  kn_backend_destroy(be);
+}
+
+/* Greedy rows with penalties: the argmax of the penalised logits, computed
+ * here by hand; the input rows stay as they were. */
+TH_TEST(sample_greedy_is_argmax_of_penalised) {
+  struct kn_backend *be = cpu();
+  enum { T = 6, V = 3000, LD = 3011 };
+  kt_seed(5);
+  float *x = malloc(sizeof(float) * T * LD), *keep = malloc(sizeof(float) * T * LD);
+  float *pen = malloc(sizeof(float) * V);
+  TH_REQUIRE(x && keep && pen);
+  for (int i = 0; i < T * LD; i++)
+    x[i] = 4.0f * kt_uniform();
+  memcpy(keep, x, sizeof(float) * T * LD);
+  struct kn_sample_params p[T];
+  struct kn_sample_out o[T];
+  int32_t ids[T][4], counts[T][4];
+  for (int t = 0; t < T; t++) {
+    p[t] = params_default();
+    p[t].temperature = 0.0f;
+    p[t].repetition_penalty = 1.0f + 0.2f * (float)t;
+    p[t].frequency_penalty = 0.3f * (float)(t % 3);
+    p[t].presence_penalty = t & 1 ? 1.5f : 0.0f;
+    int32_t best;
+    TH_CHECK(kn_argmax(be, &best, NULL, x + (ptrdiff_t)t * LD, LD, 1, V) == 0);
+    /* penalise the leader and a few others (one seen only in the prompt) */
+    int32_t cand[4] = {best, (best + 7) % V, (best + 100) % V, -1};
+    for (int j = 0; j < 4; j++) {
+      ids[t][j] = cand[j];
+      counts[t][j] = j == 1 ? 0 : j + 1;
+    }
+    p[t].pen_ids = ids[t];
+    p[t].pen_counts = counts[t];
+    p[t].n_pen = 4;
+  }
+  TH_REQUIRE(kn_sample(be, o, x, LD, T, V, p) == 0);
+  TH_CHECK(memcmp(x, keep, sizeof(float) * T * LD) == 0);
+  for (int t = 0; t < T; t++) {
+    memcpy(pen, x + (ptrdiff_t)t * LD, sizeof(float) * V);
+    for (int j = 0; j < 3; j++) {
+      float l = pen[ids[t][j]], r = p[t].repetition_penalty;
+      if (r != 1.0f) l = l > 0 ? l / r : l * r;
+      if (counts[t][j] > 0) {
+        l -= p[t].frequency_penalty * (float)counts[t][j];
+        if (p[t].presence_penalty != 0.0f) l -= p[t].presence_penalty;
+      }
+      pen[ids[t][j]] = l;
+    }
+    int32_t want;
+    TH_CHECK(kn_argmax(be, &want, NULL, pen, V, 1, V) == 0);
+    TH_CHECK_EQ_INT(o[t].token, want);
+  }
+  free(x);
+  free(keep);
+  free(pen);
+  kn_backend_destroy(be);
+}
+
+/* Random rows: a row's token depends on its seed and counter only, not on
+ * the other rows of the call; the same seed gives the same token. */
+TH_TEST(sample_seeded_rows_are_batch_invariant) {
+  struct kn_backend *be = cpu();
+  enum { T = 16, V = 500 };
+  kt_seed(9);
+  float *x = malloc(sizeof(float) * T * V);
+  TH_REQUIRE(x);
+  for (int i = 0; i < T * V; i++)
+    x[i] = 3.0f * kt_uniform();
+  struct kn_sample_params p[T];
+  struct kn_sample_out all[T], one, again[T];
+  for (int t = 0; t < T; t++) {
+    p[t] = params_default();
+    p[t].temperature = 0.8f;
+    p[t].top_k = t % 4 ? 40 : 0;
+    p[t].top_p = t % 3 ? 0.9f : 1.0f;
+    p[t].min_p = t % 5 ? 0.02f : 0.0f;
+    p[t].seed = 1000 + (uint64_t)t;
+    p[t].counter = 7;
+  }
+  TH_REQUIRE(kn_sample(be, all, x, V, T, V, p) == 0);
+  TH_REQUIRE(kn_sample(be, again, x, V, T, V, p) == 0);
+  int differ = 0;
+  for (int t = 0; t < T; t++) {
+    TH_REQUIRE(kn_sample(be, &one, x + (ptrdiff_t)t * V, V, 1, V, &p[t]) == 0);
+    TH_CHECK_EQ_INT(one.token, all[t].token);
+    TH_CHECK_EQ_INT(again[t].token, all[t].token);
+    p[t].seed += 1; /* another seed changes some draws */
+    TH_REQUIRE(kn_sample(be, &one, x + (ptrdiff_t)t * V, V, 1, V, &p[t]) == 0);
+    differ += one.token != all[t].token;
+  }
+  TH_CHECK(differ > 0);
+  free(x);
+  kn_backend_destroy(be);
+}
+
+/* Draws with many seeds follow the processed distribution (kn_cpu_sample_dist). */
+TH_TEST(sample_draws_follow_the_distribution) {
+  struct kn_backend *be = cpu();
+  enum { V = 40, N = 20000 };
+  float x[V], work[V];
+  for (int i = 0; i < V; i++)
+    x[i] = 0.15f * (float)((i * 7) % V) - 2.0f;
+  struct kn_sample_params p = params_default();
+  p.temperature = 0.9f;
+  p.top_k = 25;
+  p.top_p = 0.95f;
+  struct kn_cpu_sampler *s = kn_cpu_sampler_create(V);
+  TH_REQUIRE(s);
+  const int32_t *ids;
+  const float *probs;
+  int n;
+  memcpy(work, x, sizeof(x));
+  TH_REQUIRE(kn_cpu_sample_dist(s, work, &p, &ids, &probs, &n) == 0);
+  TH_CHECK(n > 2 && n <= 25);
+  double expect[V] = {0};
+  for (int i = 0; i < n; i++)
+    expect[ids[i]] = (double)probs[i] * N;
+  int hist[V] = {0};
+  for (int k = 0; k < N; k++) {
+    struct kn_sample_out o;
+    p.seed = (uint64_t)k;
+    TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+    TH_REQUIRE(o.token >= 0 && o.token < V);
+    hist[o.token]++;
+  }
+  double chi2 = 0;
+  int df = -1, outside = 0;
+  for (int i = 0; i < V; i++) {
+    if (expect[i] == 0) {
+      outside += hist[i];
+      continue;
+    }
+    chi2 += (hist[i] - expect[i]) * (hist[i] - expect[i]) / expect[i];
+    df++;
+  }
+  TH_CHECK_EQ_INT(outside, 0);
+  /* far beyond the 99.9th percentile for these degrees of freedom */
+  if (chi2 > df + 6.0 * sqrt(2.0 * df) + 10)
+    th_fail(__FILE__, __LINE__, "chi-square %.1f with %d degrees of freedom", chi2, df);
+  kn_cpu_sampler_destroy(s);
+  kn_backend_destroy(be);
+}
+
+TH_TEST(sample_raw_logprobs) {
+  struct kn_backend *be = cpu();
+  enum { V = 1000 };
+  kt_seed(3);
+  float x[V];
+  for (int i = 0; i < V; i++)
+    x[i] = 5.0f * kt_uniform();
+  struct kn_sample_params p = params_default();
+  p.temperature = 0.5f;
+  p.repetition_penalty = 1.4f; /* processing must not change the raw logprobs */
+  int32_t pid[1] = {3}, pc[1] = {2};
+  p.pen_ids = pid;
+  p.pen_counts = pc;
+  p.n_pen = 1;
+  p.n_logprobs = 5;
+  p.seed = 11;
+  struct kn_sample_out o;
+  TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+  double m = -INFINITY, z = 0;
+  for (int i = 0; i < V; i++)
+    m = fmax(m, x[i]);
+  for (int i = 0; i < V; i++)
+    z += exp(x[i] - m);
+  double lse = m + log(z);
+  TH_CHECK_NEAR(o.logprob, x[o.token] - lse, 1e-5);
+  TH_CHECK_EQ_INT(o.n_top, 5);
+  for (int j = 0; j < 5; j++) {
+    int better = 0; /* rank of top_ids[j] among the raw logits */
+    for (int i = 0; i < V; i++)
+      better += x[i] > x[o.top_ids[j]];
+    TH_CHECK_EQ_INT(better, j);
+    TH_CHECK_NEAR(o.top_logprobs[j], x[o.top_ids[j]] - lse, 1e-5);
+  }
+  p.n_logprobs = -1;
+  TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+  TH_CHECK_EQ_INT(o.n_top, 0);
+  kn_backend_destroy(be);
+}
