@@ -138,6 +138,9 @@ struct sch_seq_result {
   uint64_t req_id;
   const int32_t *tokens; /* [num_tokens] */
   int32_t num_tokens;    /* 1 .. 1 + num_draft */
+  int32_t num_verified;  /* drafts the workers verified (<= num_draft; fewer when fewer
+                          * had been proposed, as in the first decode after a prefill):
+                          * what the spec_* counters count */
 };
 
 struct sch_output {

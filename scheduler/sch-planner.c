@@ -236,11 +236,13 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
       /* the KV of accepted drafts was written at the positions after the step's token;
        * a stop inside the accepted run cuts them */
       r->num_computed = CM_MIN(r->num_computed + accepted, r->num_tokens);
-      if (r->sched_draft > 0) {
+      int32_t verified = CM_MIN(res->num_verified, r->sched_draft);
+      if (verified > 0) {
+        int32_t acc = CM_MIN(accepted, verified);
         e->spec_drafts++;
-        e->spec_draft_tokens += (uint64_t)r->sched_draft;
-        e->spec_accepted += (uint64_t)accepted;
-        for (int32_t p = 0; p < accepted && p < SCH_MAX_SPEC_TOKENS; p++)
+        e->spec_draft_tokens += (uint64_t)verified;
+        e->spec_accepted += (uint64_t)acc;
+        for (int32_t p = 0; p < acc && p < SCH_MAX_SPEC_TOKENS; p++)
           e->spec_accepted_pos[p]++;
       }
       struct sch_output *o = &e->outs[outs->num++];

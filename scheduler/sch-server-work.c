@@ -344,8 +344,10 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
         fail_rank(s, 0, CM_ERR_RANGE, "RESULT holds a token outside the vocabulary");
         return;
       }
+    const struct sch_req *rq = sch_reqs_by_eid(&s->reqs, rs->seq_id);
     s->results[nres++] =
-        (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n};
+        (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n,
+                                rq ? (int32_t)rq->num_verifying : 0};
   }
   struct sch_outputs outs;
   uint64_t te = cm_time_ns();
@@ -501,6 +503,7 @@ void sch_srv_work_step(struct sch_server *s) {
     q->tokens = (struct pr_u32s){(const uint32_t *)p->tokens, (uint32_t)p->num_tokens};
     uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
     q->draft_tokens = (struct pr_u32s){r->drafts, nd};
+    r->num_verifying = nd;
     q->num_draft = (uint32_t)p->num_draft;
     q->block_tables = &s->step_tables[i * SCH_MAX_GROUPS];
     q->n_groups = (uint32_t)s->engine_info.num_groups;

@@ -313,8 +313,9 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
   TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0); /* no drafts on a prefill */
   int32_t t[4] = {40, 41, 42, 43};
-  struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1};
+  struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0};
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  r.num_verified = 3;
   /* decode at 7 with 3 draft slots: positions 7..10 -> blocks 0..2 */
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 7);
@@ -350,13 +351,50 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   int32_t eos_run[2] = {1, 60};
   r.tokens = eos_run;
   r.num_tokens = 2; /* the accepted draft is eos: the bonus token is cut */
+  r.num_verified = 1;
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
   TH_CHECK(o.num == 1 && o.items[0].num_new == 1 && o.items[0].finish == SCH_FINISH_STOP);
   sch_engine_stats(e, &st);
   TH_CHECK_EQ_INT(st.spec_num_drafts, 3);
   TH_CHECK_EQ_INT(st.spec_num_draft_tokens, 7);
   TH_CHECK_EQ_INT(st.spec_num_accepted_tokens, 0 + 3 + 1);
+  /* by position: the run of 3 counts at 0, 1, 2; the run of 1 at 0 */
+  TH_CHECK_EQ_INT(st.spec_accepted_per_pos[0], 2);
+  TH_CHECK_EQ_INT(st.spec_accepted_per_pos[1], 1);
+  TH_CHECK_EQ_INT(st.spec_accepted_per_pos[2], 1);
+  TH_CHECK_EQ_INT(st.spec_accepted_per_pos[3], 0);
   TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  sch_engine_destroy(e);
+}
+
+/* Draft slots the workers had no drafts for (the first decode after a
+ * prefill: the prefill step proposes none) are not counted as drafts. */
+TH_TEST(spec_counters_count_verified_drafts_only) {
+  struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 3);
+  char err[256];
+  TH_REQUIRE(add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
+  struct sch_plan plan;
+  struct sch_outputs o;
+  int32_t t[4] = {40, 41, 42, 43};
+  struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0};
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* prefill */
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* 3 slots, nothing to verify yet */
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.spec_num_drafts, 0);
+  TH_CHECK_EQ_INT(st.spec_num_draft_tokens, 0);
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* 2 of 3 slots verified, both taken */
+  r.num_tokens = 3;
+  r.num_verified = 2;
+  TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.spec_num_drafts, 1);
+  TH_CHECK_EQ_INT(st.spec_num_draft_tokens, 2);
+  TH_CHECK_EQ_INT(st.spec_num_accepted_tokens, 2);
+  TH_CHECK_EQ_INT(st.spec_accepted_per_pos[1], 1);
   sch_engine_destroy(e);
 }
 
