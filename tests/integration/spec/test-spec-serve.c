@@ -1,0 +1,435 @@
+/* test-spec-serve.c — speculative decoding with the Gemma 4 MTP assistant
+ * through `lmserve serve`, driven over HTTP.
+ *
+ *   - greedy answers with speculation on (K = 1, 3, 5) are identical, token
+ *     for token (text, logprobs' tokens and values, finish reason, usage), to
+ *     those with it off, for 32 concurrent requests of mixed lengths, several
+ *     of whose prompts are longer than the model's sliding window; the pair
+ *     used (make-tiny-model --echo --echo-leak with an --agree assistant)
+ *     accepts some drafts and rejects others, so every acceptance length
+ *     occurs; the spec_decode_* counters are consistent (per position too) and
+ *     the KV pool is back at zero usage once the requests are done;
+ *   - an assistant that agrees with its target (--echo / --agree) has its
+ *     drafts accepted: acceptance length about K + 1 and about K + 1 times
+ *     fewer target steps than tokens. */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+
+static char *bin(void) {
+  char *b = getenv("LMSERVE_BIN");
+  return b ? b : "build/tools/lmserve";
+}
+
+static char tmp[256];
+
+static void cleanup(void) {
+  if (!tmp[0]) return;
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
+}
+
+static int make_tmp(void) {
+  atexit(cleanup);
+  const char *t = getenv("TMPDIR");
+  snprintf(tmp, sizeof(tmp), "%s/lmserve-spec-XXXXXX", t && *t ? t : "/tmp");
+  return mkdtemp(tmp) ? 0 : -1;
+}
+
+/* lmserve make-tiny-model ARGS... --out tmp/NAME into path[300]. */
+static int make_model(char *path, const char *name, char *const *args) {
+  snprintf(path, 300, "%s/%s", tmp, name);
+  char *argv[16] = {bin(), "make-tiny-model"};
+  int n = 2;
+  for (int i = 0; args[i] && n < 12; i++)
+    argv[n++] = args[i];
+  argv[n++] = "--out";
+  argv[n++] = path;
+  argv[n] = NULL;
+  char *out = NULL, *err = NULL;
+  int rc = th_run(argv, NULL, NULL, 0, 120000, &out, &err);
+  if (rc) fprintf(stderr, "make-tiny-model %s: %s\n", name, err ? err : "");
+  free(out), free(err);
+  return rc;
+}
+
+/* A TCP port nobody listens on right now. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+/* One request on a fresh connection (Connection: close); returns the status
+ * and the body (malloc'd; the answers here are not chunked). */
+static int http(int port, const char *method, const char *path, const char *body, char **out) {
+  *out = NULL;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  char head[512];
+  size_t blen = body ? strlen(body) : 0;
+  int hn = snprintf(head, sizeof(head),
+                    "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: "
+                    "application/json\r\nContent-Length: %zu\r\n\r\n",
+                    method, path, blen);
+  send(fd, head, (size_t)hn, MSG_NOSIGNAL);
+  if (blen) send(fd, body, blen, MSG_NOSIGNAL);
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  for (;;) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 240000) <= 0) break;
+    if (n + 4096 > cap) b = realloc(b, cap *= 2);
+    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
+    if (k <= 0) break;
+    n += (size_t)k;
+  }
+  close(fd);
+  b[n] = 0;
+  int status = -1;
+  sscanf(b, "HTTP/1.%*d %d", &status);
+  char *hend = strstr(b, "\r\n\r\n");
+  *out = strdup(hend ? hend + 4 : "");
+  free(b);
+  return status;
+}
+
+/* ---- the server --------------------------------------------------------------- */
+
+struct srv {
+  struct th_proc p;
+  int port;
+};
+
+/* lmserve serve on `model`, speculating with `assistant` (NULL: none). */
+static int srv_start(struct srv *s, const char *model, const char *assistant, int k) {
+  s->port = free_port();
+  if (s->port <= 0) return -1;
+  char port_s[16], k_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", s->port);
+  snprintf(k_s, sizeof(k_s), "%d", k);
+  char *argv[20] = {bin(),     "serve",       "--port",          port_s,
+                    "--model", (char *)model, "--drain-timeout", "10"};
+  int n = 8;
+  if (assistant) {
+    argv[n++] = "--speculative-model";
+    argv[n++] = (char *)assistant;
+    argv[n++] = "--num-speculative-tokens";
+    argv[n++] = k_s;
+  }
+  argv[n] = NULL;
+  char *env[] = {"LMSERVE_LOG=warn", NULL};
+  if (th_proc_spawn(&s->p, argv, env, 1)) return -1;
+  /* serve prints its URL line once the whole stack is ready */
+  char line[4096] = "";
+  size_t got = 0;
+  while (!strstr(line, "lmserve: serving") && got < sizeof(line) - 1) {
+    struct pollfd pf = {s->p.out_fd, POLLIN, 0};
+    if (poll(&pf, 1, 240000) <= 0) break;
+    ssize_t r = read(s->p.out_fd, line + got, sizeof(line) - 1 - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+    line[got] = 0;
+  }
+  if (!strstr(line, "lmserve: serving")) {
+    th_proc_stop(&s->p, 2000);
+    return -1;
+  }
+  return 0;
+}
+
+static void srv_stop(struct srv *s) {
+  th_proc_stop(&s->p, 20000);
+}
+
+/* The sum of the series of `name` (whose labels contain `label` when given);
+ * -1 when there is none. */
+static double metric(const char *text, const char *name, const char *label) {
+  double total = -1;
+  size_t nl = strlen(name);
+  for (const char *p = text; p && *p;) {
+    const char *eol = strchr(p, '\n');
+    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
+      const char *v = p + nl, *end = p[nl] == '{' ? strchr(p + nl, '}') : v;
+      const char *l = label ? strstr(p + nl, label) : NULL;
+      if (end && (!label || (l && l < end)))
+        total = (total < 0 ? 0 : total) + strtod(end + (end == v ? 0 : 1), NULL);
+    }
+    p = eol ? eol + 1 : NULL;
+  }
+  return total;
+}
+
+/* The engine's gauges and spec_decode_* counters reach /metrics with the
+ * scheduler's PONG, every 500 ms: once the answers are in, waits (up to 30 s)
+ * until no request runs, the KV pool is empty and those values have stayed
+ * the same over two reads more than two PONG periods apart. Returns the last
+ * /metrics text (malloc'd) and *idle. */
+static char *wait_idle(struct srv *s, int *idle) {
+  static const char *const names[] = {
+      "lmserve:num_requests_running",
+      "lmserve:num_requests_waiting",
+      "lmserve:kv_cache_usage_perc",
+      "lmserve:spec_decode_num_drafts_total",
+      "lmserve:spec_decode_num_draft_tokens_total",
+      "lmserve:spec_decode_num_accepted_tokens_total",
+      "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
+  };
+  enum { NN = sizeof(names) / sizeof(names[0]) };
+  double prev[NN];
+  int have_prev = 0;
+  char *m = NULL;
+  *idle = 0;
+  for (int i = 0; i < 25; i++) {
+    usleep(1200000);
+    free(m);
+    if (http(s->port, "GET", "/metrics", NULL, &m) != 200) continue;
+    double v[NN];
+    for (int j = 0; j < NN; j++)
+      v[j] = metric(m, names[j], NULL);
+    int zero = v[0] == 0 && v[1] == 0 && v[2] == 0;
+    if (zero && have_prev && !memcmp(v, prev, sizeof(v))) {
+      *idle = 1;
+      break;
+    }
+    memcpy(prev, v, sizeof(v));
+    have_prev = zero;
+  }
+  return m;
+}
+
+/* ---- concurrent requests ---------------------------------------------------- */
+
+#define NREQ 32
+
+struct job {
+  int port;
+  char body[4096];
+  int status;
+  char *answer; /* choices[0] and usage, canonical JSON (malloc'd) */
+};
+
+static void *run_job(void *arg) {
+  struct job *j = arg;
+  char *b = NULL;
+  j->status = http(j->port, "POST", "/v1/completions", j->body, &b);
+  json_t *r = b ? json_loads(b, 0, NULL) : NULL;
+  free(b);
+  if (r) {
+    json_t *keep =
+        json_pack("{s:O?,s:O?}", "choice", json_array_get(json_object_get(r, "choices"), 0),
+                  "usage", json_object_get(r, "usage"));
+    j->answer = keep ? json_dumps(keep, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+    json_decref(keep);
+    json_decref(r);
+  }
+  return NULL;
+}
+
+/* Runs all n jobs at once. */
+static void run_all(struct job *jobs, int n, int port) {
+  pthread_t th[NREQ];
+  for (int i = 0; i < n; i++) {
+    jobs[i].port = port;
+    jobs[i].status = -1;
+    free(jobs[i].answer);
+    jobs[i].answer = NULL;
+    TH_REQUIRE(pthread_create(&th[i], NULL, run_job, &jobs[i]) == 0);
+  }
+  for (int i = 0; i < n; i++)
+    pthread_join(th[i], NULL);
+}
+
+/* Request i: a prompt of 3 .. 152 ids (the tiny model's window is 64), 6 .. 22
+ * greedy tokens, logprobs of the chosen token. */
+static void build_jobs(struct job *jobs, int n) {
+  uint32_t x = 12345;
+  for (int i = 0; i < n; i++) {
+    int len = 3 + (i * 37) % 150, max_tokens = 6 + (i * 7) % 17;
+    char *p = jobs[i].body;
+    size_t cap = sizeof(jobs[i].body);
+    int o = snprintf(p, cap, "{\"prompt\":[2");
+    for (int t = 1; t < len; t++) {
+      x = x * 1664525u + 1013904223u;
+      o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
+    }
+    snprintf(p + o, cap - (size_t)o,
+             "],\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false}", max_tokens);
+    jobs[i].answer = NULL;
+  }
+}
+
+/* Checks the spec_decode_* counters of a run with K draft tokens. */
+static void check_spec_metrics(const char *m, int k, double *drafts_out, double *accepted_out) {
+  double drafts = metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
+  double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  double accepted = metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
+  fprintf(stderr, "K=%d: %.0f drafts, %.0f draft tokens, %.0f accepted, acceptance length %.2f\n",
+          k, drafts, tokens, accepted, drafts > 0 ? 1 + accepted / drafts : 0);
+  TH_CHECK(drafts > 0);
+  TH_CHECK(tokens >= drafts && tokens <= k * drafts);
+  TH_CHECK(accepted >= 0 && accepted <= tokens);
+  /* per position: each accepted run of a counts once at positions 0 .. a-1 */
+  double sum = 0, prev = drafts;
+  for (int pos = 0; pos < 70; pos++) {
+    char label[32];
+    snprintf(label, sizeof(label), "position=\"%d\"", pos);
+    double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
+    if (v < 0) break;
+    TH_CHECK(pos < k);
+    TH_CHECK(v <= prev);
+    prev = v;
+    sum += v;
+  }
+  TH_CHECK_NEAR(sum, accepted, 0);
+  *drafts_out = drafts;
+  *accepted_out = accepted;
+}
+
+TH_TEST(spec_greedy_equals_plain_through_serve) {
+  th_proc_init(1500);
+  TH_REQUIRE(make_tmp() == 0);
+  char model[300], assistant[300];
+  TH_REQUIRE(make_model(model, "m",
+                        (char *[]){"--arch", "gemma4", "--echo", "--echo-leak", "0.25", NULL}) ==
+             0);
+  char tokpath[400];
+  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
+  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  TH_REQUIRE(make_model(assistant, "a",
+                        (char *[]){"--arch", "gemma4-assistant", "--agree", "--target", model,
+                                   NULL}) == 0);
+  static struct job ref[NREQ], got[NREQ];
+  build_jobs(ref, NREQ);
+  build_jobs(got, NREQ);
+
+  /* the reference: speculation off */
+  struct srv s;
+  TH_REQUIRE(srv_start(&s, model, NULL, 0) == 0);
+  run_all(ref, NREQ, s.port);
+  int idle;
+  char *m = wait_idle(&s, &idle);
+  TH_CHECK(idle);
+  TH_CHECK(metric(m, "lmserve:spec_decode_num_drafts_total", NULL) == 0);
+  free(m);
+  srv_stop(&s);
+  for (int i = 0; i < NREQ; i++) {
+    TH_CHECK_EQ_INT(ref[i].status, 200);
+    TH_REQUIRE(ref[i].answer != NULL);
+  }
+
+  static const int ks[] = {1, 3, 5};
+  double accepted_any = 0, rejected_any = 0;
+  for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+    int k = ks[ki];
+    TH_REQUIRE(srv_start(&s, model, assistant, k) == 0);
+    run_all(got, NREQ, s.port);
+    m = wait_idle(&s, &idle);
+    TH_CHECK(idle); /* every KV block is back */
+    int same = 0;
+    for (int i = 0; i < NREQ; i++) {
+      TH_CHECK_EQ_INT(got[i].status, 200);
+      if (got[i].answer && !strcmp(got[i].answer, ref[i].answer))
+        same++;
+      else
+        fprintf(stderr, "K=%d request %d:\n  want %s\n  got  %s\n", k, i, ref[i].answer,
+                got[i].answer ? got[i].answer : "(none)");
+    }
+    TH_CHECK_EQ_INT(same, NREQ);
+    double drafts, accepted;
+    check_spec_metrics(m, k, &drafts, &accepted);
+    double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+    accepted_any += accepted;
+    rejected_any += tokens - accepted;
+    free(m);
+    srv_stop(&s);
+  }
+  /* the pair accepts some drafts and rejects others */
+  TH_CHECK(accepted_any > 0);
+  TH_CHECK(rejected_any > 0);
+  for (int i = 0; i < NREQ; i++) {
+    free(ref[i].answer);
+    free(got[i].answer);
+  }
+}
+
+TH_TEST(spec_agreeing_assistant_is_accepted) {
+  th_proc_init(600);
+  TH_REQUIRE(make_tmp() == 0);
+  char model[300], assistant[300];
+  TH_REQUIRE(make_model(model, "e", (char *[]){"--arch", "gemma4", "--echo", NULL}) == 0);
+  char tokpath[400];
+  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
+  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  TH_REQUIRE(make_model(assistant, "ea",
+                        (char *[]){"--arch", "gemma4-assistant", "--agree", "--target", model,
+                                   NULL}) == 0);
+  enum { N = 4, MAXTOK = 41, K = 3 };
+  static struct job jobs[NREQ];
+  build_jobs(jobs, N);
+  for (int i = 0; i < N; i++) { /* a fixed length, past any end-of-sequence id */
+    char *tail = strstr(jobs[i].body, "\"max_tokens\"");
+    snprintf(tail, sizeof(jobs[i].body) - (size_t)(tail - jobs[i].body),
+             "\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", MAXTOK);
+  }
+  struct srv s;
+  TH_REQUIRE(srv_start(&s, model, assistant, K) == 0);
+  run_all(jobs, N, s.port);
+  int idle;
+  char *m = wait_idle(&s, &idle);
+  TH_CHECK(idle);
+  for (int i = 0; i < N; i++) {
+    TH_CHECK_EQ_INT(jobs[i].status, 200);
+    TH_CHECK(jobs[i].answer && strstr(jobs[i].answer, "\"completion_tokens\":41"));
+    free(jobs[i].answer);
+  }
+  double drafts, accepted;
+  check_spec_metrics(m, K, &drafts, &accepted);
+  double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  /* acceptance about K: all drafts taken (a draft slot cut short near
+   * max_tokens is not proposed at all) */
+  TH_CHECK(accepted >= 0.95 * tokens);
+  TH_CHECK(1 + accepted / drafts >= 1 + 0.9 * K);
+  /* fewer target steps: after the prefill's token, one step per K + 1
+   * tokens instead of one per token */
+  int plain_steps = N * (MAXTOK - 1), spec_bound = N * ((MAXTOK - 1 + K) / (K + 1) + 1);
+  fprintf(stderr, "%.0f target decode steps with drafts (plain decoding: %d)\n", drafts,
+          plain_steps);
+  TH_CHECK(drafts <= spec_bound);
+  TH_CHECK(drafts < plain_steps / 2);
+  /* every position of the draft was accepted about equally often */
+  for (int pos = 0; pos < K; pos++) {
+    char label[32];
+    snprintf(label, sizeof(label), "position=\"%d\"", pos);
+    double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
+    TH_CHECK(v >= 0.9 * drafts);
+  }
+  free(m);
+  srv_stop(&s);
+}
