@@ -1,0 +1,58 @@
+/* test-api-openai.c — the official `openai` npm client against `lmserve
+ * serve`: starts serve (with an API key and --max-model-len) on a tiny
+ * Gemma 4, runs api-openai.mjs under node against it, and kills serve
+ * whatever happens (th-proc: process groups, PR_SET_PDEATHSIG, the
+ * watchdog). Skips, loudly, when node or node_modules/openai is missing
+ * (tools/setup installs both). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+#include "tests/integration/api/api-serve.h"
+
+#define KEY     "sdk-test-key"
+#define NAME    "tiny"
+#define MAX_LEN "256"
+
+TH_TEST(api_openai_client) {
+  th_proc_init(900);
+  char *ver[] = {"node", "--version", NULL};
+  char *out = NULL, *err = NULL;
+  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
+  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
+  free(out), free(err);
+  if (rc != 0) TH_SKIP("no `node` on PATH: the openai client conformance test did not run");
+  if (major < 18) TH_SKIP("node older than 18: the openai client conformance test did not run");
+  const char *src = getenv("TH_SOURCE_DIR");
+  char pkg[1024], script[1024];
+  snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
+  snprintf(script, sizeof(script), "%s/integration/api/api-openai.mjs", th_tests_dir());
+  if (access(pkg, R_OK) != 0)
+    TH_SKIP("node_modules/openai is missing (run tools/setup): the openai client conformance "
+            "test did not run");
+  TH_REQUIRE(access(script, R_OK) == 0);
+
+  struct as_server s = {.api_key = KEY};
+  as_start(&s, 0, (char *[]){"--served-model-name", NAME, "--max-model-len", MAX_LEN, NULL});
+  char url[96], key[64], model[64], len[64];
+  snprintf(url, sizeof(url), "LMSERVE_URL=http://127.0.0.1:%d/v1", s.port);
+  snprintf(key, sizeof(key), "LMSERVE_KEY=%s", KEY);
+  snprintf(model, sizeof(model), "LMSERVE_MODEL=%s", NAME);
+  snprintf(len, sizeof(len), "LMSERVE_MAX_LEN=%s", MAX_LEN);
+  char *env[] = {url, key, model, len, "NO_COLOR=1", NULL};
+  /* node's output goes straight into the test log */
+  char *argv[] = {"node", "--test-reporter=spec", script, NULL};
+  struct th_proc node;
+  TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
+  rc = th_proc_wait(&node, 600000);
+  TH_CHECK_EQ_INT(rc, 0);
+  TH_CHECK(node.exited && WIFEXITED(node.status));
+  if (node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) != 0)
+    th_fail(__FILE__, __LINE__, "api-openai.mjs failed (exit %d)", WEXITSTATUS(node.status));
+  th_proc_stop(&node, 1000);
+  as_stop(&s);
+}
