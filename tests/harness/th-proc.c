@@ -1,14 +1,17 @@
 /* th-proc.c — child processes for integration tests (see th-proc.h). */
 #include "tests/harness/th-proc.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -288,4 +291,19 @@ int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t
   if (err) *err = eb;
   else free(eb);
   return rc;
+}
+
+int th_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
 }

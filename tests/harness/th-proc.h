@@ -49,4 +49,8 @@ char *th_read_all(int fd, int timeout_ms, size_t *len);
 int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t stdin_len,
            int timeout_ms, char **out, char **err);
 
+/* A loopback TCP port nobody listens on right now (for servers that need
+ * a port number up front; another process may still take it), or -1. */
+int th_free_port(void);
+
 #endif

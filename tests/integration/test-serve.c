@@ -36,21 +36,6 @@ static void cleanup(void) {
   if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
 }
 
-/* A TCP port nobody listens on right now. */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 /* One request on a fresh connection (Connection: close); returns the
  * status and the de-chunked body (malloc'd). */
 static int http(int port, const char *method, const char *path, const char *body, char **out) {
@@ -168,7 +153,7 @@ TH_TEST(serve_end_to_end) {
   for (const char *p = ids; *p; p++)
     n_gen += *p == ',';
 
-  int port = free_port();
+  int port = th_free_port();
   TH_REQUIRE(port > 0);
   char port_s[16];
   snprintf(port_s, sizeof(port_s), "%d", port);

@@ -71,21 +71,6 @@ static void make_model(struct as_server *s, int max_pos) {
   json_decref(cfg);
 }
 
-/* A TCP port nobody listens on right now. */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 static void dump_log(const struct as_server *s) {
   FILE *f = fopen(s->log, "r");
   if (!f) return;
@@ -101,7 +86,7 @@ static void dump_log(const struct as_server *s) {
 
 /* Starts serve once; 0 when it printed its URL. */
 static int try_start(struct as_server *s, char *const extra[]) {
-  s->port = free_port();
+  s->port = th_free_port();
   TH_REQUIRE(s->port > 0);
   char port[16], logenv[340];
   snprintf(port, sizeof(port), "%d", s->port);
