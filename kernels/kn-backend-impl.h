@@ -23,6 +23,7 @@ struct kn_backend_ops {
   int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   int (*memset)(void *ctx, void *dst, int c, size_t bytes);
   int (*sync)(void *ctx);
+  int (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes); /* NULL: unsupported */
 
   int (*embed)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt, int H,
                const int32_t *ids, int T, float scale);

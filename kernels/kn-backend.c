@@ -68,6 +68,11 @@ int kn_sync(struct kn_backend *be) {
   return be->ops->sync(be->ctx);
 }
 
+int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes) {
+  if (!be || !free_bytes || !total_bytes) return CM_ERR_INVAL;
+  return KN_CALL(mem_info, free_bytes, total_bytes);
+}
+
 /* ---- validation helpers ------------------------------------------------- */
 
 static int valid_weight_dtype(enum kn_dtype dt) {

@@ -56,6 +56,10 @@ int kn_copy(struct kn_backend *be, void *dst, const void *src, size_t bytes);
 int kn_memset(struct kn_backend *be, void *dst, int c, size_t bytes);
 /* Waits until every op issued so far has finished (no-op on CPU). */
 int kn_sync(struct kn_backend *be);
+/* Device memory: *free_bytes and *total_bytes of the backend's device (what
+ * other processes hold counts as in use). CM_ERR_UNSUPPORTED on backends
+ * whose memory is the host's (CPU). */
+int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes);
 
 /* ---- dense ops ---------------------------------------------------------- */
 

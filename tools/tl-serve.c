@@ -50,6 +50,8 @@ struct tl_serve {
   int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
   int64_t ready_timeout_s, drain_timeout_s;
   uint64_t kv_bytes;
+  double gpu_mem_util; /* CUDA workers: share of device memory (KV pool sized from the rest) */
+  int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
   int prefix_caching;
   /* state */
   char run_dir[PATH_MAX];   /* 0700 folder holding the ipc:// endpoints */
@@ -89,6 +91,14 @@ static void argv_add_u64(struct tl_argv *a, const char *flag, unsigned long long
   CM_ASSERT(a->n_nums < TL_MAX_ARGS);
   char *num = a->nums[a->n_nums++];
   snprintf(num, sizeof(a->nums[0]), "%llu", v);
+  argv_add(a, flag);
+  argv_add(a, num);
+}
+
+static void argv_add_double(struct tl_argv *a, const char *flag, double v) {
+  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
+  char *num = a->nums[a->n_nums++];
+  snprintf(num, sizeof(a->nums[0]), "%.17g", v);
   argv_add(a, flag);
   argv_add(a, num);
 }
@@ -267,7 +277,9 @@ static int start_roles(struct tl_serve *s) {
     argv_add(&a, s->ep_work);
     argv_add_int(&a, "--rank", r);
     argv_add_int(&a, "--world-size", s->tp);
-    argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
+    int cuda = s->device && !strcmp(s->device, "cuda");
+    if (s->kv_seen || !cuda) argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
+    if (cuda) argv_add_double(&a, "--gpu-memory-utilization", s->gpu_mem_util);
     argv_add_int(&a, "--block-size", s->block_size);
     argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
     argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
@@ -358,6 +370,7 @@ int tl_serve_main(int argc, char **argv) {
       .ready_timeout_s = 600,
       .drain_timeout_s = 30,
       .kv_bytes = 512ull << 20,
+      .gpu_mem_util = 0.9,
       .prefix_caching = 1,
   };
   const struct cm_opt opts[] = {
@@ -369,7 +382,11 @@ int tl_serve_main(int argc, char **argv) {
       {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1, 4096},
       {"max-num-batched-tokens", CM_OPT_INT, &s.max_batched, "N", "token budget per step (2048)", 1, 1 << 20},
       {"max-model-len", CM_OPT_INT, &s.max_model_len, "N", "context length limit (model's own)", 1, 1 << 24},
-      {"kv-cache-memory", CM_OPT_SIZE, &s.kv_bytes, "BYTES", "KV cache pool size per worker (512M)"},
+      {"kv-cache-memory", CM_OPT_SIZE, &s.kv_bytes, "BYTES",
+       "KV cache pool size per worker (CPU: 512M; CUDA: from --gpu-memory-utilization)", 0, 0, 0, 0,
+       &s.kv_seen},
+      {"gpu-memory-utilization", CM_OPT_DOUBLE, &s.gpu_mem_util, "F",
+       "CUDA: share of each device's memory for weights, scratch and KV cache, in (0, 1] (0.9)"},
       {"block-size", CM_OPT_INT, &s.block_size, "N", "tokens per KV page of the largest group (16)", 1, 1024},
       {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL, "automatic prefix caching (on)"},
       {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks (1)", 1, 8},
@@ -385,6 +402,11 @@ int tl_serve_main(int argc, char **argv) {
                          1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
+  if (!(s.gpu_mem_util > 0.0 && s.gpu_mem_util <= 1.0)) {
+    fprintf(stderr, "lmserve serve: --gpu-memory-utilization must be in (0, 1] (got %g)\n",
+            s.gpu_mem_util);
+    return 2;
+  }
 
   if (s.model) {
     if (!realpath(s.model, s.model_dir)) {

@@ -140,3 +140,14 @@ void wk_seq_blocks_release(struct wk_seq_blocks *b, const struct wk_kv_spec *s,
   }
   memset(b, 0, sizeof(*b));
 }
+
+int wk_kv_bytes_for_util(double util, uint64_t total, uint64_t free, uint64_t *kv_bytes) {
+  *kv_bytes = 0;
+  if (!(util > 0.0 && util <= 1.0) || free > total) return CM_ERR_INVAL;
+  uint64_t used = total - free;
+  /* total * util in integer bytes, exact for util = 1 */
+  uint64_t budget = util >= 1.0 ? total : (uint64_t)((double)total * util);
+  if (budget <= used) return CM_ERR_NOMEM;
+  *kv_bytes = budget - used;
+  return 0;
+}

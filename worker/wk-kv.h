@@ -61,6 +61,14 @@ size_t wk_kv_bytes_per_token(const struct wk_kv_spec *s);
 /* Blocks group g needs to hold positions [0, n_tokens). */
 int wk_kv_blocks_for(const struct wk_kv_spec *s, int g, int n_tokens);
 
+/* KV pool bytes under a device memory utilisation target (vLLM's
+ * --gpu-memory-utilization): total * util - (total - free), i.e. what is left
+ * of the budget once everything already on the device (weights, scratch,
+ * other processes) is counted. Returns 0 with *kv_bytes, CM_ERR_INVAL for
+ * util outside (0, 1] or free > total, CM_ERR_NOMEM when the memory in use
+ * already exceeds the budget (*kv_bytes = 0). */
+int wk_kv_bytes_for_util(double util, uint64_t total, uint64_t free, uint64_t *kv_bytes);
+
 /* ---- a simple page allocator (for generate, bench and tests; the
  *      scheduler keeps its own block manager) ---------------------------- */
 

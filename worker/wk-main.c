@@ -270,8 +270,9 @@ int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0;
-  uint64_t kv_bytes = 512ull << 20;
-  int spec_k_seen = 0;
+  uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
+  double mem_util = 0.9;
+  int spec_k_seen = 0, kv_seen = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -279,7 +280,10 @@ int wk_worker_main(int argc, char **argv) {
        "tcp://)"},
       {"rank", CM_OPT_INT, &rank, "R", "tensor-parallel rank (0)", 0, 1023},
       {"world-size", CM_OPT_INT, &world, "N", "tensor-parallel ranks (1)", 1, 1024},
-      {"kv-cache-memory", CM_OPT_SIZE, &kv_bytes, "BYTES", "KV cache pool size (512M)"},
+      {"kv-cache-memory", CM_OPT_SIZE, &kv_bytes, "BYTES",
+       "KV cache pool size (CPU: 512M; CUDA: from --gpu-memory-utilization)", 0, 0, 0, 0, &kv_seen},
+      {"gpu-memory-utilization", CM_OPT_DOUBLE, &mem_util, "F",
+       "CUDA: share of device memory for weights, scratch and the KV cache, in (0, 1] (0.9)"},
       {"block-size", CM_OPT_INT, &block, "N", "tokens per KV block of the largest group (16)", 1,
        1024},
       {"max-num-batched-tokens", CM_OPT_INT, &max_batched, "N", "tokens per step (2048)", 1,
@@ -315,6 +319,15 @@ int wk_worker_main(int argc, char **argv) {
             (long long)rank, (long long)world);
     return 2;
   }
+  if (!(mem_util > 0.0 && mem_util <= 1.0)) {
+    fprintf(stderr, "lmserve worker: --gpu-memory-utilization must be in (0, 1] (got %g)\n",
+            mem_util);
+    return 2;
+  }
+  if (kv_seen && kv_bytes == 0) {
+    fprintf(stderr, "lmserve worker: --kv-cache-memory must be more than 0 bytes\n");
+    return 2;
+  }
   if (spec_k_seen && !spec_dir) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
@@ -346,7 +359,12 @@ int wk_worker_main(int argc, char **argv) {
   struct wk_model_opts mo = {
       .max_batch_tokens = (int)(max_batched + max_seqs * spec_k),
       .max_seqs = (int)max_seqs,
-      .kv_bytes = kv_bytes,
+      /* an explicit pool size wins; else the CPU keeps its fixed default and
+       * a device sizes the pool from what the weights leave */
+      .kv_bytes = kv_seen                             ? kv_bytes
+                  : device && !strcmp(device, "cuda") ? 0
+                                                      : 512ull << 20,
+      .mem_util = mem_util,
       .block_tokens = (int)block,
       .quiet = 1,
   };

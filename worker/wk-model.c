@@ -430,6 +430,30 @@ static int alloc_draft_scratch(struct wk_model *m) {
   return 0;
 }
 
+/* Sets o->kv_bytes from the device memory left under o->mem_util. */
+static int size_pool(struct wk_model *m, struct wk_model_opts *o, char *err, size_t errlen) {
+  size_t free_b = 0, total_b = 0;
+  int rc = kn_mem_info(m->be, &free_b, &total_b);
+  if (rc)
+    return ld_fail(err, errlen, rc,
+                   "a memory utilisation target needs a device backend (%s backend: %s); "
+                   "give the KV pool size instead",
+                   kn_backend_name(m->be), cm_strerror(rc));
+  rc = wk_kv_bytes_for_util(o->mem_util, total_b, free_b, &o->kv_bytes);
+  if (rc)
+    return ld_fail(err, errlen, rc,
+                   "no device memory left for the KV cache: %.2f of %.2f GiB is %.2f GiB, and "
+                   "%.2f GiB are in use after the weights",
+                   o->mem_util, (double)total_b / (1 << 30),
+                   o->mem_util * (double)total_b / (1 << 30),
+                   (double)(total_b - free_b) / (1 << 30));
+  if (!o->quiet)
+    cm_info("wk", "KV pool: %.2f GiB (%.2f of %.2f GiB, %.2f GiB in use)",
+            (double)o->kv_bytes / (1 << 30), o->mem_util, (double)total_b / (1 << 30),
+            (double)(total_b - free_b) / (1 << 30));
+  return 0;
+}
+
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
                      struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
@@ -467,6 +491,13 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     rc = ld_fail(err, errlen, rc, "%s: cannot plan the KV cache (%s)", dir, cm_strerror(rc));
     goto fail;
   }
+  /* scratch first: a pool sized from the memory left must see it in use */
+  if ((rc = build_rope(m)) || (rc = alloc_scratch(m))) {
+    rc = ld_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
+    goto fail;
+  }
+  if (o.kv_bytes == 0 && o.mem_util > 0 && m->kv.n_groups && (rc = size_pool(m, &o, err, errlen)))
+    goto fail;
   int kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : 8192;
   for (int g = 0; g < m->kv.n_groups; g++)
     m->n_pages += wk_kv_blocks_for(&m->kv, g, kv_tokens);
@@ -488,10 +519,6 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
       goto fail;
     }
     kn_memset(be, m->pool, 0, (size_t)m->n_pages * m->kv.page_bytes);
-  }
-  if ((rc = build_rope(m)) || (rc = alloc_scratch(m))) {
-    rc = ld_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
-    goto fail;
   }
   prefault(m, o.quiet);
   if (!o.quiet)

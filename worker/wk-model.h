@@ -36,6 +36,9 @@ struct wk_model_opts {
   int kv_tokens;        /* pool capacity: pages for this many tokens in every group; 0 = 8192 */
   uint64_t kv_bytes;    /* pool size in bytes (rounded down to whole pages); overrides
                            kv_tokens when > 0 */
+  double mem_util;      /* > 0 with kv_bytes == 0: the pool takes what is left of
+                           device memory * mem_util once the weights and scratch are
+                           allocated (wk_kv_bytes_for_util; backends with kn_mem_info) */
   int block_tokens;     /* positions per page of the largest group; 0 = 16 */
   int kv_dtype;         /* -1 / 0 default: f32 for f32 weights, bf16 otherwise;
                            else 1 + enum kn_dtype (1 = f32, 3 = bf16) */

@@ -220,6 +220,14 @@ static int cuda_sync(void *ctx) {
   return 0;
 }
 
+static int cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+  return 0;
+}
+
 /* ---- lifetime ------------------------------------------------------------- */
 
 static void cuda_destroy(void *ctx) {
@@ -246,6 +254,7 @@ static const struct kn_backend_ops cuda_ops = {
     .copy = cuda_copy,
     .memset = cuda_memset,
     .sync = cuda_sync,
+    .mem_info = cuda_mem_info,
     .embed = kn_cuda_op_embed,
     .rmsnorm = kn_cuda_op_rmsnorm,
     .matmul = kn_cuda_op_matmul,
