@@ -22,6 +22,8 @@ struct binder {
   int rc;
 };
 
+#define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
+
 static int ld_fail(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int ld_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
@@ -447,6 +449,9 @@ static int size_pool(struct wk_model *m, struct wk_model_opts *o, char *err, siz
                    o->mem_util, (double)total_b / (1 << 30),
                    o->mem_util * (double)total_b / (1 << 30),
                    (double)(total_b - free_b) / (1 << 30));
+  /* a small model on a large device: stay within the page ids the pool allows */
+  uint64_t cap = (uint64_t)WK_MAX_PAGES * m->kv.page_bytes;
+  if (o->kv_bytes > cap) o->kv_bytes = cap;
   if (!o->quiet)
     cm_info("wk", "KV pool: %.2f GiB (%.2f of %.2f GiB, %.2f GiB in use)",
             (double)o->kv_bytes / (1 << 30), o->mem_util, (double)total_b / (1 << 30),
@@ -503,7 +508,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     m->n_pages += wk_kv_blocks_for(&m->kv, g, kv_tokens);
   if (o.kv_bytes > 0 && m->kv.n_groups) {
     uint64_t pages = o.kv_bytes / m->kv.page_bytes;
-    if (pages < 1 || pages > INT32_MAX / 4096) {
+    if (pages < 1 || pages > WK_MAX_PAGES) {
       rc = ld_fail(err, errlen, CM_ERR_RANGE,
                    "KV pool of %llu bytes: pages of %zu bytes give %llu pages",
                    (unsigned long long)o.kv_bytes, m->kv.page_bytes, (unsigned long long)pages);
