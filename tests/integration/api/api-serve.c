@@ -71,17 +71,31 @@ static void make_model(struct as_server *s, int max_pos) {
   json_decref(cfg);
 }
 
+/* Copies the end of serve's log to stderr; fails the test when any of
+ * its processes reported a sanitizer error (ASan builds). */
 static void dump_log(const struct as_server *s) {
   FILE *f = fopen(s->log, "r");
   if (!f) return;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, n > 6000 ? n - 6000 : 0, SEEK_SET);
-  char buf[6001];
-  size_t k = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[k] = 0;
+  size_t n = 0, k;
+  char *all = NULL, chunk[65536];
+  while ((k = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+    all = realloc(all, n + k + 1);
+    TH_REQUIRE(all != NULL);
+    memcpy(all + n, chunk, k);
+    n += k;
+  }
   fclose(f);
-  fprintf(stderr, "---- end of serve's log (%s) ----\n%s\n----\n", s->log, buf);
+  if (!all) return;
+  all[n] = 0;
+  static const char *const bad[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                                    "runtime error:"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    const char *hit = strstr(all, bad[i]);
+    if (hit) th_fail(__FILE__, __LINE__, "serve's log reports a sanitizer error:\n%.4000s", hit);
+  }
+  fprintf(stderr, "---- end of serve's log (%s) ----\n%s\n----\n", s->log,
+          n > 6000 ? all + n - 6000 : all);
+  free(all);
 }
 
 /* Starts serve once; 0 when it printed its URL. */
