@@ -350,6 +350,44 @@ KN_AVX2 static void scale_avx2(float *out, const float *a, float s, size_t n) {
     out[i] = a[i] * s;
 }
 
+/* First index of the largest non-NaN value (kn_cpu_argmax_row_ref's answer):
+ * one pass for the maximum (max_ps returns its second operand when the first
+ * is NaN, so NaNs never enter the running maxima), one for the first index
+ * equal to it. A vocabulary-sized row per sampled token makes this worth
+ * the two passes. */
+KN_AVX2 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out) {
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(row + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(row + i + 8), m1);
+    m2 = _mm256_max_ps(_mm256_loadu_ps(row + i + 16), m2);
+    m3 = _mm256_max_ps(_mm256_loadu_ps(row + i + 24), m3);
+  }
+  for (; i + 8 <= n; i += 8)
+    m0 = _mm256_max_ps(_mm256_loadu_ps(row + i), m0);
+  float m = kn_avx2_hmax(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  for (; i < n; i++)
+    if (row[i] > m) m = row[i];
+  /* the first index equal to the maximum (all NaN: none) */
+  __m256 mv = _mm256_set1_ps(m);
+  for (i = 0; i + 8 <= n; i += 8) {
+    int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), mv, _CMP_EQ_OQ));
+    if (bits) {
+      i += __builtin_ctz((unsigned)bits);
+      if (max_out) *max_out = row[i];
+      return i;
+    }
+  }
+  for (; i < n; i++)
+    if (row[i] == m) {
+      if (max_out) *max_out = row[i];
+      return i;
+    }
+  if (max_out) *max_out = NAN;
+  return -1;
+}
+
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng);
 

@@ -126,6 +126,11 @@ int kn_cpu_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, 
                    const float *inv_freq);
 int kn_cpu_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
                      int T, int V);
+/* First index of the largest non-NaN of row[0..n) (ties: the first; -0 and +0
+ * are equal) and its value in *max_out; -1 and NaN when every entry is NaN.
+ * The AVX2 version needs kn_cpu_has_avx2() and gives the same answers. */
+int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out);
+int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out);
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
 

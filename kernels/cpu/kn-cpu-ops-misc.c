@@ -92,23 +92,34 @@ int kn_cpu_op_rope(void *p, float *x, ptrdiff_t ldx, int T, int heads, int D, co
 
 /* ---- argmax ------------------------------------------------------------- */
 
+int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out) {
+  int best = -1;
+  float bv = 0.0f;
+  for (int i = 0; i < n; i++) {
+    float v = row[i];
+    if (v != v) continue; /* NaN never wins */
+    if (best < 0 || v > bv) {
+      best = i;
+      bv = v;
+    }
+  }
+  if (max_out) *max_out = best < 0 ? NAN : bv;
+  return best;
+}
+
 int kn_cpu_op_argmax(void *p, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
                      int T, int V) {
   (void)p;
+  /* both versions give the same index and value; the choice is cached */
+  static int avx2 = -1;
+  int a = __atomic_load_n(&avx2, __ATOMIC_RELAXED);
+  if (a < 0) __atomic_store_n(&avx2, a = kn_cpu_has_avx2(), __ATOMIC_RELAXED);
   for (int t = 0; t < T; t++) {
     const float *row = logits + (ptrdiff_t)t * ld;
-    int best = -1;
-    float bv = 0.0f;
-    for (int i = 0; i < V; i++) {
-      float v = row[i];
-      if (v != v) continue; /* NaN never wins */
-      if (best < 0 || v > bv) {
-        best = i;
-        bv = v;
-      }
-    }
+    float mx;
+    int best = a ? kn_cpu_argmax_row_avx2(row, V, &mx) : kn_cpu_argmax_row_ref(row, V, &mx);
     ids[t] = best < 0 ? 0 : best;
-    if (max_out) max_out[t] = best < 0 ? NAN : bv;
+    if (max_out) max_out[t] = mx;
   }
   return 0;
 }
