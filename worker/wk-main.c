@@ -272,7 +272,7 @@ int wk_worker_main(int argc, char **argv) {
           spec_k = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
   double mem_util = 0.9;
-  int spec_k_seen = 0, kv_seen = 0;
+  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -291,6 +291,8 @@ int wk_worker_main(int argc, char **argv) {
       {"max-num-seqs", CM_OPT_INT, &max_seqs, "N", "sequences per step (64)", 1, 65536},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cpu)"},
+      {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
+       "sample with the backend's kn_sample: only token ids leave the device (on for cuda)"},
       {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "drafts per step (with "
@@ -377,7 +379,11 @@ int wk_worker_main(int argc, char **argv) {
     goto done;
   }
   struct wk_role_opts ro = {
-      .max_seqs = (int)max_seqs, .max_draft = (int)spec_k, .rank = (uint32_t)rank};
+      .max_seqs = (int)max_seqs,
+      .max_draft = (int)spec_k,
+      .rank = (uint32_t)rank,
+      .device_sampling = dev_sampling >= 0 ? dev_sampling : device && !strcmp(device, "cuda"),
+  };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));
     goto done;

@@ -81,6 +81,12 @@ struct wk_batch {
   int n_seqs;
   float *logits; /* host [sum n_out, vocab] or NULL */
   float *hidden; /* host [sum n_out, hidden] final-normed states, or NULL */
+  /* Sampling on the backend instead of returning logits (then logits is
+   * ignored): sample[sum n_out] (host) are the rows' parameters, the tokens
+   * and raw logprobs land in sampled[sum n_out] (host); only those leave the
+   * device. See kn_sample for what differs from the CPU's draws. */
+  const struct kn_sample_params *sample;
+  struct kn_sample_out *sampled;
 };
 
 /* Runs the batch. Returns 0, or CM_ERR_INVAL / CM_ERR_RANGE / CM_ERR_TOOBIG

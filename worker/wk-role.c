@@ -42,6 +42,9 @@ struct wk_role {
   float *hid;              /* [max_rows, hidden] final-normed states, or NULL */
   int max_rows;            /* rows of logits: sampled tokens + verified drafts */
   struct wk_sampler *sampler;
+  struct kn_sample_params *kp; /* [max_rows] rows sampled on the backend, or NULL */
+  struct kn_sample_out *ko;    /* [max_rows] their results */
+  int dev_step;                /* the current step samples on the backend */
   /* draft proposal scratch (when draft != NULL) */
   struct wk_draft_input *din; /* [max_seqs] */
   int *dseq;                  /* [max_seqs] step index of each drafting sequence */
@@ -147,6 +150,11 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   r->rdraft = malloc(sizeof(uint32_t) * S * PR_MAX_DRAFT);
   int ok = r->seqs && r->cur && r->in && r->toks && r->row0 && r->logits && r->sampler && r->rs &&
            r->rtok && r->rlp && r->rtop_ids && r->rtop && r->rdraft;
+  if (ok && o->device_sampling) {
+    r->kp = calloc((size_t)r->max_rows, sizeof(*r->kp));
+    r->ko = calloc((size_t)r->max_rows, sizeof(*r->ko));
+    ok = r->kp && r->ko;
+  }
   if (ok && draft) {
     r->hid = malloc(sizeof(float) * (size_t)r->max_rows * (size_t)r->hidden);
     r->din = calloc(S, sizeof(*r->din));
@@ -181,6 +189,8 @@ void wk_role_destroy(struct wk_role *r) {
   free(r->logits);
   free(r->hid);
   wk_sampler_destroy(r->sampler);
+  free(r->kp);
+  free(r->ko);
   free(r->din);
   free(r->dseq);
   free(r->dtok);
@@ -343,6 +353,10 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
                       size_t errlen) {
   drop_freed(r, st);
   int T = 0, rows = 0, want_hidden = 0;
+  /* drafts to verify need the whole distribution on the host */
+  int dev = r->kp != NULL;
+  for (uint32_t i = 0; i < st->n_seqs; i++)
+    if (st->seqs[i].draft_tokens.n) dev = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     struct rseq *q = seq_find(r, s->seq_id);
@@ -381,6 +395,8 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     if (s->flags & PR_SEQ_SAMPLE) {
       in->n_out = 1 + (int)s->draft_tokens.n;
       r->row0[i] = rows;
+      if (dev)
+        wk_sampling_to_kn(&q->sp, &q->pen, (uint64_t)s->start_pos + s->tokens.n, &r->kp[rows]);
       rows += in->n_out;
       if (s->num_draft) want_hidden = 1;
     }
@@ -388,7 +404,10 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   }
   b->seqs = r->in;
   b->n_seqs = (int)st->n_seqs;
-  b->logits = rows ? r->logits : NULL;
+  b->logits = rows && !dev ? r->logits : NULL;
+  b->sample = dev ? r->kp : NULL;
+  b->sampled = rows && dev ? r->ko : NULL;
+  r->dev_step = dev;
   b->hidden = want_hidden ? r->hid : NULL;
   return 0;
 }
@@ -410,7 +429,9 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
     struct wk_sample_result out;
     int acc = 0;
-    if (k < s->draft_tokens.n)
+    if (r->dev_step)
+      wk_sample_result_from_kn(&r->ko[row], &out);
+    else if (k < s->draft_tokens.n)
       rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
                             &acc, &out);
     else

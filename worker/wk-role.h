@@ -39,9 +39,11 @@
 struct wk_role;
 
 struct wk_role_opts {
-  int max_seqs;  /* sequences per step (--max-num-seqs), >= 1 */
-  int max_draft; /* drafts per sequence and step (K); 0 without an assistant model */
-  uint32_t rank; /* copied into RESULT */
+  int max_seqs;        /* sequences per step (--max-num-seqs), >= 1 */
+  int max_draft;       /* drafts per sequence and step (K); 0 without an assistant model */
+  uint32_t rank;       /* copied into RESULT */
+  int device_sampling; /* 1: steps without drafts to verify sample with kn_sample on the
+                          model's backend (CUDA: only token ids leave the device) */
 };
 
 /* `model` (and `draft` when not NULL) must outlive the executor. Returns 0 or

@@ -125,9 +125,8 @@ void wk_sampler_destroy(struct wk_sampler *s) {
   free(s);
 }
 
-/* The kernels' row parameters for p, penalty state st (or NULL) and counter. */
-static void to_kn(const struct wk_sampling_params *p, const struct wk_penalty_state *st,
-                  uint64_t counter, struct kn_sample_params *k) {
+void wk_sampling_to_kn(const struct wk_sampling_params *p, const struct wk_penalty_state *st,
+                       uint64_t counter, struct kn_sample_params *k) {
   memset(k, 0, sizeof(*k));
   k->temperature = p->temperature;
   k->top_k = p->top_k;
@@ -146,7 +145,7 @@ static void to_kn(const struct wk_sampling_params *p, const struct wk_penalty_st
   }
 }
 
-static void from_kn(const struct kn_sample_out *k, struct wk_sample_result *out) {
+void wk_sample_result_from_kn(const struct kn_sample_out *k, struct wk_sample_result *out) {
   out->token = k->token;
   out->logprob = k->logprob;
   out->n_top = k->n_top;
@@ -160,7 +159,7 @@ int wk_sampler_dist(struct wk_sampler *s, float *logits, const struct wk_samplin
                     const struct wk_penalty_state *st, const int32_t **ids_out,
                     const float **probs_out, int *n_out) {
   struct kn_sample_params kp;
-  to_kn(p, st, 0, &kp);
+  wk_sampling_to_kn(p, st, 0, &kp);
   return kn_cpu_sample_dist(s->k, logits, &kp, ids_out, probs_out, n_out);
 }
 
@@ -169,9 +168,9 @@ int wk_sample(struct wk_sampler *s, float *logits, const struct wk_sampling_para
               struct wk_sample_result *out) {
   struct kn_sample_params kp;
   struct kn_sample_out ko;
-  to_kn(p, st, token_index, &kp);
+  wk_sampling_to_kn(p, st, token_index, &kp);
   int rc = kn_cpu_sample_row(s->k, logits, &kp, &ko);
-  if (rc == 0) from_kn(&ko, out);
+  if (rc == 0) wk_sample_result_from_kn(&ko, out);
   return rc;
 }
 
@@ -180,7 +179,7 @@ int wk_sample_verify(struct wk_sampler *s, float *logits, const struct wk_sampli
                      int *accepted, struct wk_sample_result *out) {
   struct kn_sample_params kp;
   struct kn_sample_out ko;
-  to_kn(p, st, token_index, &kp);
+  wk_sampling_to_kn(p, st, token_index, &kp);
   const float *raw = kn_cpu_sample_save_raw(s->k, logits, &kp);
   const int32_t *ids;
   const float *probs;
@@ -203,7 +202,7 @@ int wk_sample_verify(struct wk_sampler *s, float *logits, const struct wk_sampli
           kn_cpu_sample_draw(ids, probs, n, wk_sampler_uniform(p->seed, token_index, 2), at, pd);
     }
     kn_cpu_sample_logprobs(s->k, raw, &kp, &ko);
-    from_kn(&ko, out);
+    wk_sample_result_from_kn(&ko, out);
   }
   return rc;
 }

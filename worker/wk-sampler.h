@@ -18,6 +18,8 @@
 #define LMSERVE_WK_SAMPLER_H
 #include <stdint.h>
 
+#include "kernels/kn-backend.h"
+
 #define WK_MAX_LOGPROBS 20
 
 struct wk_sampling_params {
@@ -92,6 +94,13 @@ int wk_sampler_dist(struct wk_sampler *s, float *logits, const struct wk_samplin
 int wk_sample_verify(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
                      const struct wk_penalty_state *st, uint64_t token_index, int32_t draft,
                      int *accepted, struct wk_sample_result *out);
+
+/* The kernels' row parameters (kn_sample) for p, penalty state st (or NULL,
+ * borrowed: valid until st changes) and the draw's counter; and a kernel
+ * result as a sampler result. */
+void wk_sampling_to_kn(const struct wk_sampling_params *p, const struct wk_penalty_state *st,
+                       uint64_t token_index, struct kn_sample_params *k);
+void wk_sample_result_from_kn(const struct kn_sample_out *k, struct wk_sample_result *out);
 
 /* The uniform draw in [0, 1) for (seed, token_index, stream); exposed for tests. */
 double wk_sampler_uniform(uint64_t seed, uint64_t token_index, uint32_t stream);

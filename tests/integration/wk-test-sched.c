@@ -258,6 +258,10 @@ int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen
       q->sampling.logprobs = s->logprobs;
       q->sampling.top_k = s->top_k;
       q->sampling.min_p = s->min_p;
+      if (s->penalty > 0) {
+        q->sampling.repetition_penalty = 1.0f + s->penalty;
+        q->sampling.frequency_penalty = q->sampling.presence_penalty = s->penalty;
+      }
     }
     s->pos += (int)q->tokens.n;
     who[k++] = s;

@@ -44,6 +44,7 @@ struct wts_seq {
   int logprobs; /* -1: none */
   int top_k;    /* 0: off */
   float min_p;  /* 0: off */
+  float penalty; /* 0: off; else repetition 1 + penalty, frequency = presence = penalty */
   int pos;      /* tokens the worker has run */
   int n_out;
   uint32_t out[WTS_MAX_OUT];
