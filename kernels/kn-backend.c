@@ -5,6 +5,7 @@
  * slot mappings, block tables, bidirectional ranges) is checked here and
  * returned as a negative cm_err, so backends only see valid calls. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/cm-err.h"
 #include "common/cm-log.h"
@@ -206,6 +207,14 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
 }
 
 /* ---- sampling ------------------------------------------------------------- */
+
+void kn_sample_params_default(struct kn_sample_params *p) {
+  memset(p, 0, sizeof(*p));
+  p->temperature = 1.0f;
+  p->top_p = 1.0f;
+  p->repetition_penalty = 1.0f;
+  p->n_logprobs = -1;
+}
 
 int kn_sample_params_check(const struct kn_sample_params *p) {
   if (!p || !(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) ||

@@ -178,6 +178,10 @@ struct kn_sample_out {
   float top_logprobs[KN_SAMPLE_MAX_LOGPROBS];
 };
 
+/* Fills p with "off" for everything: temperature 1, no filters, no
+ * penalties, no logprobs, seed and counter 0. */
+void kn_sample_params_default(struct kn_sample_params *p);
+
 /* 0 when p is valid (temperature >= 0, top_p in (0, 1], min_p in [0, 1],
  * repetition_penalty > 0, n_logprobs <= KN_SAMPLE_MAX_LOGPROBS, the penalty
  * arrays present when n_pen > 0), else CM_ERR_INVAL. */

@@ -127,7 +127,7 @@ void wk_sampler_destroy(struct wk_sampler *s) {
 
 void wk_sampling_to_kn(const struct wk_sampling_params *p, const struct wk_penalty_state *st,
                        uint64_t counter, struct kn_sample_params *k) {
-  memset(k, 0, sizeof(*k));
+  kn_sample_params_default(k);
   k->temperature = p->temperature;
   k->top_k = p->top_k;
   k->top_p = p->top_p;

@@ -307,3 +307,17 @@ int th_free_port(void) {
   close(fd);
   return port;
 }
+
+int th_proc_wait_output(struct th_proc *p, const char *needle, int timeout_ms) {
+  char seen[4096] = "";
+  size_t got = 0;
+  while (!strstr(seen, needle) && got < sizeof(seen) - 1) {
+    struct pollfd pf = {p->out_fd, POLLIN, 0};
+    if (poll(&pf, 1, timeout_ms) <= 0) return -1;
+    ssize_t k = read(p->out_fd, seen + got, sizeof(seen) - 1 - got);
+    if (k <= 0) return -1;
+    got += (size_t)k;
+    seen[got] = 0;
+  }
+  return strstr(seen, needle) ? 0 : -1;
+}

@@ -49,6 +49,10 @@ char *th_read_all(int fd, int timeout_ms, size_t *len);
 int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t stdin_len,
            int timeout_ms, char **out, char **err);
 
+/* Reads a captured child's stdout until `needle` appears (within the first
+ * 4 KiB), EOF or timeout_ms without output: 0 when it appeared, else -1. */
+int th_proc_wait_output(struct th_proc *p, const char *needle, int timeout_ms);
+
 /* A loopback TCP port nobody listens on right now (for servers that need
  * a port number up front; another process may still take it), or -1. */
 int th_free_port(void);

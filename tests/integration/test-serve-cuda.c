@@ -7,7 +7,6 @@
  * outside (0, 1]. The GPU part skips loudly without a visible device. */
 #include <jansson.h>
 #include <math.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,17 +85,7 @@ static void serve_answers(const char *model, const char *device, json_t **answer
                 NULL};
   struct th_proc p;
   TH_REQUIRE(th_proc_spawn(&p, sv, NULL, 1) == 0);
-  char line[4096] = "";
-  size_t got = 0;
-  while (!strstr(line, "lmserve: serving") && got < sizeof(line) - 1) {
-    struct pollfd pf = {p.out_fd, POLLIN, 0};
-    if (poll(&pf, 1, 120000) <= 0) break;
-    ssize_t k = read(p.out_fd, line + got, sizeof(line) - 1 - got);
-    if (k <= 0) break;
-    got += (size_t)k;
-    line[got] = 0;
-  }
-  if (!strstr(line, "lmserve: serving")) {
+  if (th_proc_wait_output(&p, "lmserve: serving", 120000) != 0) {
     th_proc_stop(&p, 2000);
     th_fail(__FILE__, __LINE__, "serve --device %s printed no URL", device);
     th_stop();

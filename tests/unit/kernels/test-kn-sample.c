@@ -14,11 +14,7 @@
 
 static struct kn_sample_params params_default(void) {
   struct kn_sample_params p;
-  memset(&p, 0, sizeof(p));
-  p.temperature = 1.0f;
-  p.top_p = 1.0f;
-  p.repetition_penalty = 1.0f;
-  p.n_logprobs = -1;
+  kn_sample_params_default(&p);
   return p;
 }
 
