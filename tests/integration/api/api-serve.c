@@ -120,17 +120,7 @@ static int try_start(struct as_server *s, char *const extra[]) {
   argv[a] = NULL;
   char *env[] = {logenv, NULL};
   TH_REQUIRE(th_proc_spawn(&s->p, argv, env, 1) == 0);
-  char line[4096] = "";
-  size_t got = 0;
-  while (!strstr(line, "lmserve: serving") && got < sizeof(line) - 1) {
-    struct pollfd pf = {s->p.out_fd, POLLIN, 0};
-    if (poll(&pf, 1, AS_POLL_MS) <= 0) break;
-    ssize_t k = read(s->p.out_fd, line + got, sizeof(line) - 1 - got);
-    if (k <= 0) break;
-    got += (size_t)k;
-    line[got] = 0;
-  }
-  if (strstr(line, "lmserve: serving")) return 0;
+  if (th_proc_wait_output(&s->p, "lmserve: serving", AS_POLL_MS) == 0) return 0;
   th_proc_stop(&s->p, 5000);
   return -1;
 }
