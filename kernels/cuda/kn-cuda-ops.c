@@ -149,69 +149,69 @@ int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float 
 
 /* ---- sampling ---------------------------------------------------------------- */
 
+/* the penalty arrays staged right after the row descriptors stay aligned */
+_Static_assert(sizeof(struct kn_cuda_sample_row) % 8 == 0, "row descriptors of 8-byte multiples");
+
 static int penalised(const struct kn_sample_params *p) {
   return p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
          p->presence_penalty != 0.0f;
 }
 
-/* Stages the penalty entries of the penalised rows (ids in [0, V) only),
- * setting rows[t].pen_off / n_pen; *ids_d stays NULL when there are none. */
-static int stage_penalties(struct kn_cuda_ctx *c, const struct kn_sample_params *p, int T, int V,
-                           struct kn_cuda_sample_row *rows, int32_t **ids_d, int32_t **counts_d) {
+/* Penalty entries of the penalised rows that kn_sample stages (ids in [0, V)). */
+static size_t count_penalties(const struct kn_sample_params *p, int T, int V) {
   size_t n = 0;
   for (int t = 0; t < T; t++)
     if (penalised(&p[t]))
       for (int j = 0; j < p[t].n_pen; j++)
         n += p[t].pen_ids[j] >= 0 && p[t].pen_ids[j] < V;
-  *ids_d = *counts_d = NULL;
-  if (n == 0) return 0;
-  void *h, *d;
-  int err = kn_cuda_stage_alloc(c, 2 * n * sizeof(int32_t), &h, &d);
-  if (err) return err;
-  int32_t *ids = h, *counts = ids + n;
-  size_t k = 0;
-  for (int t = 0; t < T; t++) {
-    rows[t].pen_off = (int32_t)k;
-    if (penalised(&p[t]))
-      for (int j = 0; j < p[t].n_pen; j++)
-        if (p[t].pen_ids[j] >= 0 && p[t].pen_ids[j] < V) {
-          ids[k] = p[t].pen_ids[j];
-          counts[k++] = p[t].pen_counts[j];
-        }
-    rows[t].n_pen = (int32_t)k - rows[t].pen_off;
-  }
-  *ids_d = d;
-  *counts_d = (int32_t *)d + n;
-  return kn_cuda_stage_push(c, h, d, 2 * n * sizeof(int32_t));
+  return n;
+}
+
+/* The device's view of row t, its penalty entries appended at ids / counts
+ * from *k on (advancing *k). */
+static void fill_row(const struct kn_sample_params *p, int V, struct kn_cuda_sample_row *r,
+                     int32_t *ids, int32_t *counts, size_t *k) {
+  memset(r, 0, sizeof(*r));
+  r->inv_t = p->temperature < 1e-5f ? 0.0f : 1.0f / p->temperature;
+  r->log_min_p = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
+  r->top_p = p->top_p;
+  r->top_k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
+  r->n_logprobs = p->n_logprobs < 0 ? -1 : p->n_logprobs;
+  r->presence = p->presence_penalty;
+  r->frequency = p->frequency_penalty;
+  r->repetition = p->repetition_penalty;
+  r->seed = p->seed;
+  r->counter = p->counter;
+  r->pen_off = (int32_t)*k;
+  if (penalised(p))
+    for (int j = 0; j < p->n_pen; j++)
+      if (p->pen_ids[j] >= 0 && p->pen_ids[j] < V) {
+        ids[*k] = p->pen_ids[j];
+        counts[(*k)++] = p->pen_counts[j];
+      }
+  r->n_pen = (int32_t)*k - r->pen_off;
 }
 
 int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
                       int T, int V, const struct kn_sample_params *params) {
   struct kn_cuda_ctx *c = ctx;
+  /* one staging reservation: the row descriptors, then the penalty ids and counts */
+  size_t n_pen = count_penalties(params, T, V);
   size_t rows_bytes = (size_t)T * sizeof(struct kn_cuda_sample_row);
-  void *rows_h, *rows_d;
-  int32_t *pen_ids_d, *pen_counts_d;
+  size_t bytes = rows_bytes + 2 * n_pen * sizeof(int32_t);
+  void *h, *d;
   int err = kn_cuda_enter(c);
-  if (!err) err = kn_cuda_stage_alloc(c, rows_bytes, &rows_h, &rows_d);
+  if (!err) err = kn_cuda_stage_alloc(c, bytes, &h, &d);
   if (err) return err;
-  struct kn_cuda_sample_row *rows = rows_h;
-  for (int t = 0; t < T; t++) {
-    const struct kn_sample_params *p = &params[t];
-    struct kn_cuda_sample_row *r = &rows[t];
-    memset(r, 0, sizeof(*r));
-    r->inv_t = p->temperature < 1e-5f ? 0.0f : 1.0f / p->temperature;
-    r->log_min_p = p->min_p > 0 ? logf(p->min_p) : -INFINITY;
-    r->top_p = p->top_p;
-    r->top_k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
-    r->n_logprobs = p->n_logprobs < 0 ? -1 : p->n_logprobs;
-    r->presence = p->presence_penalty;
-    r->frequency = p->frequency_penalty;
-    r->repetition = p->repetition_penalty;
-    r->seed = p->seed;
-    r->counter = p->counter;
-  }
-  if ((err = stage_penalties(c, params, T, V, rows, &pen_ids_d, &pen_counts_d))) return err;
-  if ((err = kn_cuda_stage_push(c, rows_h, rows_d, rows_bytes))) return err;
+  struct kn_cuda_sample_row *rows = h;
+  int32_t *ids = (int32_t *)((unsigned char *)h + rows_bytes), *counts = ids + n_pen;
+  size_t k = 0;
+  for (int t = 0; t < T; t++)
+    fill_row(&params[t], V, &rows[t], ids, counts, &k);
+  if ((err = kn_cuda_stage_push(c, h, d, bytes))) return err;
+  const struct kn_cuda_sample_row *rows_d = d;
+  int32_t *pen_ids_d = n_pen ? (int32_t *)((unsigned char *)d + rows_bytes) : NULL;
+  int32_t *pen_counts_d = n_pen ? pen_ids_d + n_pen : NULL;
 
   /* scratch: the results, then (with penalties) a copy of the rows to process */
   size_t out_bytes = ((size_t)T * sizeof(struct kn_sample_out) + 255) / 256 * 256;
