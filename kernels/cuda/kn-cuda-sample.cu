@@ -280,8 +280,8 @@ __device__ void select_boundary(const row_ctx &c, int level, int V, uint32_t r,
     s.r = (uint32_t)s.tie_r;
   }
   __syncthreads();
-  *tk = key;
   if (s.tie_r < 0) {
+    *tk = key;
     *ti = NONE_ID;
     return;
   }
@@ -298,6 +298,8 @@ __device__ void select_boundary(const row_ctx &c, int level, int V, uint32_t r,
     __syncthreads();
     mask |= 255u << shift;
   }
+  /* written last: tk / ti may be fields of the row_ctx the passes read */
+  *tk = key;
   *ti = (int)s.prefix;
 }
 
