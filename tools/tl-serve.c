@@ -35,7 +35,7 @@
 #include "tools/tl-main.h"
 
 #define TL_MAX_CHILDREN 16
-#define TL_MAX_ARGS 64
+#define TL_MAX_ARGS     64
 
 struct tl_child {
   const char *role; /* "worker", "scheduler", "frontend" */
@@ -54,7 +54,7 @@ struct tl_serve {
   int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
   int prefix_caching;
   /* state */
-  char run_dir[PATH_MAX];   /* 0700 folder holding the ipc:// endpoints */
+  char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
   char ep_front[PATH_MAX + 16], ep_work[PATH_MAX + 16];
   char model_dir[PATH_MAX + 64];
   struct tl_child children[TL_MAX_CHILDREN];
@@ -63,7 +63,9 @@ struct tl_serve {
 
 static volatile sig_atomic_t g_stop_signal;
 
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
+static void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
 
 /* ---- argv building ------------------------------------------------------- */
 
@@ -174,8 +176,7 @@ static int n_alive(const struct tl_serve *s, const char *role) {
 
 static void signal_role(struct tl_serve *s, const char *role, int sig) {
   for (int i = 0; i < s->n_children; i++)
-    if (s->children[i].pid > 0 && !strcmp(s->children[i].role, role))
-      kill(s->children[i].pid, sig);
+    if (s->children[i].pid > 0 && !strcmp(s->children[i].role, role)) kill(s->children[i].pid, sig);
 }
 
 static void wait_role(struct tl_serve *s, const char *role, double timeout_s) {
@@ -277,9 +278,11 @@ static int start_roles(struct tl_serve *s) {
     argv_add(&a, s->ep_work);
     argv_add_int(&a, "--rank", r);
     argv_add_int(&a, "--world-size", s->tp);
-    int cuda = s->device && !strcmp(s->device, "cuda");
-    if (s->kv_seen || !cuda) argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
-    if (cuda) argv_add_double(&a, "--gpu-memory-utilization", s->gpu_mem_util);
+    /* no --device: the worker takes CUDA when a GPU is visible, and then
+     * sizes its pool from --gpu-memory-utilization unless a size was given */
+    int cpu = s->device && !strcmp(s->device, "cpu");
+    if (s->kv_seen || cpu) argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
+    if (!cpu) argv_add_double(&a, "--gpu-memory-utilization", s->gpu_mem_util);
     argv_add_int(&a, "--block-size", s->block_size);
     argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
     argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
@@ -374,32 +377,40 @@ int tl_serve_main(int argc, char **argv) {
       .prefix_caching = 1,
   };
   const struct cm_opt opts[] = {
-      {"model", CM_OPT_STR, &s.model, "DIR", "checkpoint folder (default: the embedded tiny Gemma 4)"},
+      {"model", CM_OPT_STR, &s.model, "DIR",
+       "checkpoint folder (default: the embedded tiny Gemma 4)"},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
       {"served-model-name", CM_OPT_STR, &s.served_name, "NAME", "model name in the API"},
-      {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1, 4096},
-      {"max-num-batched-tokens", CM_OPT_INT, &s.max_batched, "N", "token budget per step (2048)", 1, 1 << 20},
-      {"max-model-len", CM_OPT_INT, &s.max_model_len, "N", "context length limit (model's own)", 1, 1 << 24},
+      {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1,
+       4096},
+      {"max-num-batched-tokens", CM_OPT_INT, &s.max_batched, "N", "token budget per step (2048)", 1,
+       1 << 20},
+      {"max-model-len", CM_OPT_INT, &s.max_model_len, "N", "context length limit (model's own)", 1,
+       1 << 24},
       {"kv-cache-memory", CM_OPT_SIZE, &s.kv_bytes, "BYTES",
        "KV cache pool size per worker (CPU: 512M; CUDA: from --gpu-memory-utilization)", 0, 0, 0, 0,
        &s.kv_seen},
       {"gpu-memory-utilization", CM_OPT_DOUBLE, &s.gpu_mem_util, "F",
        "CUDA: share of each device's memory for weights, scratch and KV cache, in (0, 1] (0.9)"},
-      {"block-size", CM_OPT_INT, &s.block_size, "N", "tokens per KV page of the largest group (16)", 1, 1024},
-      {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL, "automatic prefix caching (on)"},
+      {"block-size", CM_OPT_INT, &s.block_size, "N", "tokens per KV page of the largest group (16)",
+       1, 1024},
+      {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL,
+       "automatic prefix caching (on)"},
       {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks (1)", 1, 8},
       {"device", CM_OPT_STR, &s.device, "cpu|cuda", "worker backend (cuda when a GPU is visible)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
-      {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)", 1, 86400},
-      {"drain-timeout", CM_OPT_INT, &s.drain_timeout_s, "S", "seconds running requests get on shutdown (30)", 0, 86400},
+      {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
+       1, 86400},
+      {"drain-timeout", CM_OPT_INT, &s.drain_timeout_s, "S",
+       "seconds running requests get on shutdown (30)", 0, 86400},
       {0},
   };
-  int rc = cm_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv,
-                         1, NULL, 0, NULL);
+  int rc = cm_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv, 1,
+                         NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
   if (!(s.gpu_mem_util > 0.0 && s.gpu_mem_util <= 1.0)) {
@@ -454,8 +465,8 @@ int tl_serve_main(int argc, char **argv) {
     }
     goto out;
   }
-  printf("lmserve: serving %s at http://%s:%lld/v1\n", s.model ? s.model_dir : "the default tiny Gemma 4",
-         s.host, (long long)s.port);
+  printf("lmserve: serving %s at http://%s:%lld/v1\n",
+         s.model ? s.model_dir : "the default tiny Gemma 4", s.host, (long long)s.port);
   fflush(stdout);
 
   while (!g_stop_signal) {

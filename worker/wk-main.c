@@ -238,6 +238,15 @@ static int serve(struct wk_proc *p, struct wk_role *role) {
   return status;
 }
 
+/* The backend when --device is not given: CUDA where this build has it and a
+ * GPU is visible, else the CPU. */
+static const char *default_device(void) {
+#if LMSERVE_HAVE_CUDA
+  if (kn_cuda_device_count() > 0) return "cuda";
+#endif
+  return "cpu";
+}
+
 static int make_backend(const char *device, int threads, struct kn_backend **be) {
   if (!device || !strcmp(device, "cpu")) {
     int rc = kn_cpu_backend_create(threads, be);
@@ -290,7 +299,7 @@ int wk_worker_main(int argc, char **argv) {
        1 << 20},
       {"max-num-seqs", CM_OPT_INT, &max_seqs, "N", "sequences per step (64)", 1, 65536},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
-      {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cpu)"},
+      {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cuda when a GPU is visible)"},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device (on for cuda)"},
       {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
@@ -356,6 +365,7 @@ int wk_worker_main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
 
+  if (!device) device = default_device();
   if ((status = make_backend(device, (int)threads, &be))) goto done;
   status = 1;
   struct wk_model_opts mo = {
