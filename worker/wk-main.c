@@ -238,9 +238,12 @@ static int serve(struct wk_proc *p, struct wk_role *role) {
   return status;
 }
 
-/* The backend when --device is not given: CUDA where this build has it and a
- * GPU is visible, else the CPU. */
+/* The backend when --device is not given: $LMSERVE_DEVICE when set (the test
+ * suite pins the CPU, whose results are exact), else CUDA where this build
+ * has it and a GPU is visible, else the CPU. */
 static const char *default_device(void) {
+  const char *env = getenv("LMSERVE_DEVICE");
+  if (env && *env) return env;
 #if LMSERVE_HAVE_CUDA
   if (kn_cuda_device_count() > 0) return "cuda";
 #endif
