@@ -304,7 +304,8 @@ int wk_worker_main(int argc, char **argv) {
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cuda when a GPU is visible)"},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
-       "sample with the backend's kn_sample: only token ids leave the device (on for cuda)"},
+       "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
+       "(on)"},
       {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "drafts per step (with "
@@ -395,7 +396,7 @@ int wk_worker_main(int argc, char **argv) {
       .max_seqs = (int)max_seqs,
       .max_draft = (int)spec_k,
       .rank = (uint32_t)rank,
-      .device_sampling = dev_sampling >= 0 ? dev_sampling : device && !strcmp(device, "cuda"),
+      .device_sampling = dev_sampling != 0,
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));

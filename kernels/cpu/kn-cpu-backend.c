@@ -26,7 +26,8 @@ static void cpu_destroy(void *p) {
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     free(ctx->scratch[i]);
   free(ctx->seq_items);
-  kn_cpu_sampler_destroy(ctx->sampler);
+  for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
+    kn_cpu_sampler_destroy(ctx->samplers[i]);
   free(ctx);
 }
 

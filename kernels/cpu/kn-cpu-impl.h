@@ -109,8 +109,9 @@ struct kn_cpu_ctx {
   /* attention: first work item of each sequence, [n_seqs + 1] */
   long long *seq_items;
   int seq_items_cap;
-  /* kn_sample scratch for one vocabulary (kn-cpu-sample.c), made on first use */
-  struct kn_cpu_sampler *sampler;
+  /* kn_sample scratch for one vocabulary, one per pool thread (rows are
+   * sampled in parallel; kn-cpu-sample.c), made on first use */
+  struct kn_cpu_sampler *samplers[KN_CPU_MAX_THREADS];
 };
 
 /* Makes every thread's scratch hold at least n floats; 0 or CM_ERR_NOMEM. */

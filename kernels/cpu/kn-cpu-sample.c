@@ -309,19 +309,57 @@ int kn_cpu_sample_row(struct kn_cpu_sampler *s, float *logits, const struct kn_s
   return sample_row(s, logits, kn_cpu_sample_save_raw(s, logits, p), p, out);
 }
 
+/* Greedy with no penalty to apply: the token is the argmax of the row as it
+ * is, so the row needs no private copy. */
+static int plain_greedy(const struct kn_sample_params *p) {
+  return p->temperature < 1e-5f && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+         p->presence_penalty == 0.0f;
+}
+
+struct sample_job {
+  struct kn_cpu_ctx *c;
+  struct kn_sample_out *out;
+  const float *logits;
+  ptrdiff_t ld;
+  const struct kn_sample_params *params;
+  int rc; /* the first error any thread met (0: none) */
+};
+
+/* Rows [t0, t1) on pool thread ith, with that thread's sampler. Each row's
+ * result depends on the row alone, whichever thread takes it. */
+static void sample_run(void *arg, long long t0, long long t1, int ith) {
+  struct sample_job *j = arg;
+  struct kn_cpu_sampler *s = j->c->samplers[ith];
+  for (long long t = t0; t < t1; t++) {
+    const float *row = j->logits + t * j->ld;
+    const struct kn_sample_params *p = &j->params[t];
+    struct kn_sample_out *o = &j->out[t];
+    int rc;
+    if (plain_greedy(p)) {
+      if (!(rc = kn_sample_params_check(p))) {
+        kn_cpu_op_argmax(NULL, &o->token, NULL, row, s->vocab, 1, s->vocab);
+        kn_cpu_sample_logprobs(s, p->n_logprobs >= 0 ? row : NULL, p, o);
+      }
+    } else {
+      memcpy(s->work, row, (size_t)s->vocab * sizeof(float));
+      rc = sample_row(s, s->work, p->n_logprobs >= 0 ? row : NULL, p, o);
+    }
+    if (rc) {
+      int none = 0;
+      __atomic_compare_exchange_n(&j->rc, &none, rc, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+  }
+}
+
 int kn_cpu_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld, int T,
                      int V, const struct kn_sample_params *params) {
   struct kn_cpu_ctx *c = ctx;
-  if (!c->sampler || kn_cpu_sampler_vocab(c->sampler) != V) {
-    kn_cpu_sampler_destroy(c->sampler);
-    if (!(c->sampler = kn_cpu_sampler_create(V))) return CM_ERR_NOMEM;
+  for (int i = 0; i < c->n_threads && i < KN_CPU_MAX_THREADS; i++) {
+    if (c->samplers[i] && kn_cpu_sampler_vocab(c->samplers[i]) == V) continue;
+    kn_cpu_sampler_destroy(c->samplers[i]);
+    if (!(c->samplers[i] = kn_cpu_sampler_create(V))) return CM_ERR_NOMEM;
   }
-  struct kn_cpu_sampler *s = c->sampler;
-  for (int t = 0; t < T; t++) {
-    const float *row = logits + (ptrdiff_t)t * ld;
-    memcpy(s->work, row, (size_t)V * sizeof(float));
-    int rc = sample_row(s, s->work, params[t].n_logprobs >= 0 ? row : NULL, &params[t], &out[t]);
-    if (rc) return rc;
-  }
-  return 0;
+  struct sample_job j = {c, out, logits, ld, params, 0};
+  kn_cpu_pool_run(c->pool, T, 1, sample_run, &j);
+  return j.rc;
 }

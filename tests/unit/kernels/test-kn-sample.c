@@ -145,6 +145,54 @@ TH_TEST(sample_seeded_rows_are_batch_invariant) {
 }
 
 /* Draws with many seeds follow the processed distribution (kn_cpu_sample_dist). */
+/* The CPU op samples rows in parallel: a pool of 4 threads gives every row
+ * (greedy with and without penalties, random, with logprobs) the same answer
+ * bit for bit as one thread does. */
+TH_TEST(sample_threads_agree) {
+  struct kn_backend *one = cpu(), *four = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(4, &four) == 0);
+  enum { T = 24, V = 3000 };
+  kt_seed(11);
+  float *x = malloc(sizeof(float) * T * V);
+  TH_REQUIRE(x);
+  for (int i = 0; i < T * V; i++)
+    x[i] = 4.0f * kt_uniform();
+  static const int32_t pen_ids[] = {5, 17, 2999, 40};
+  static const int32_t pen_counts[] = {1, 0, 3, 2};
+  struct kn_sample_params p[T];
+  struct kn_sample_out a[T], b[T];
+  for (int t = 0; t < T; t++) {
+    p[t] = params_default();
+    p[t].temperature = t % 3 == 0 ? 0.0f : 0.7f;
+    p[t].repetition_penalty = t % 4 == 1 ? 1.3f : 1.0f;
+    p[t].frequency_penalty = t % 6 == 3 ? 0.5f : 0.0f;
+    p[t].pen_ids = pen_ids;
+    p[t].pen_counts = pen_counts;
+    p[t].n_pen = 4;
+    p[t].top_k = t % 5 == 2 ? 20 : 0;
+    p[t].n_logprobs = t % 2 ? 5 : -1;
+    p[t].seed = 77 + (uint64_t)t;
+    p[t].counter = (uint64_t)t;
+  }
+  TH_REQUIRE(kn_sample(one, a, x, V, T, V, p) == 0);
+  TH_REQUIRE(kn_sample(four, b, x, V, T, V, p) == 0);
+  for (int t = 0; t < T; t++) {
+    TH_CHECK_EQ_INT(b[t].token, a[t].token);
+    TH_CHECK(memcmp(&b[t].logprob, &a[t].logprob, sizeof(float)) == 0);
+    TH_CHECK_EQ_INT(b[t].n_top, a[t].n_top);
+    for (int k = 0; k < a[t].n_top; k++) {
+      TH_CHECK_EQ_INT(b[t].top_ids[k], a[t].top_ids[k]);
+      TH_CHECK(memcmp(&b[t].top_logprobs[k], &a[t].top_logprobs[k], sizeof(float)) == 0);
+    }
+  }
+  /* a bad row among good ones is still refused */
+  p[T / 2].top_p = 2.0f;
+  TH_CHECK(kn_sample(four, b, x, V, T, V, p) != 0);
+  free(x);
+  kn_backend_destroy(one);
+  kn_backend_destroy(four);
+}
+
 TH_TEST(sample_draws_follow_the_distribution) {
   struct kn_backend *be = cpu();
   enum { V = 40, N = 20000 };
