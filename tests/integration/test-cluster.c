@@ -8,15 +8,11 @@
  * scheduler's limits (left at their defaults) still serves a burst of
  * concurrent requests, because the scheduler plans within what the worker's
  * READY says it takes; and that SIGTERM stops every role cleanly. */
-#include <arpa/inet.h>
 #include <jansson.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,42 +29,19 @@ static void cleanup(void) {
   if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
 }
 
-/* Three distinct loopback TCP ports nobody listens on right now: all are held
- * open until all are chosen, so the kernel cannot hand one out twice. */
+/* n distinct loopback ports nobody listens on right now. */
 static int free_ports(int *ports, int n) {
-  int fds[8];
   for (int i = 0; i < n; i++) {
-    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    ports[i] = -1;
-    if (fds[i] >= 0 && bind(fds[i], (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(fds[i], (struct sockaddr *)&a, &len) == 0)
-      ports[i] = ntohs(a.sin_port);
+    int again = 1;
+    for (int tries = 0; again && tries < 20; tries++) {
+      ports[i] = th_free_port();
+      again = ports[i] <= 0;
+      for (int k = 0; k < i; k++)
+        again |= ports[k] == ports[i];
+    }
+    if (again) return -1;
   }
-  int ok = 1;
-  for (int i = 0; i < n; i++) {
-    if (fds[i] >= 0) close(fds[i]);
-    ok &= ports[i] > 0;
-  }
-  return ok ? 0 : -1;
-}
-
-/* Waits for a line containing `needle` on the child's stdout. */
-static int wait_line(struct th_proc *p, const char *needle, int timeout_ms) {
-  char line[4096] = "";
-  size_t got = 0;
-  while (!strstr(line, needle) && got < sizeof(line) - 1) {
-    struct pollfd pf = {p->out_fd, POLLIN, 0};
-    if (poll(&pf, 1, timeout_ms) <= 0) return -1;
-    ssize_t k = read(p->out_fd, line + got, sizeof(line) - 1 - got);
-    if (k <= 0) return -1;
-    got += (size_t)k;
-    line[got] = 0;
-  }
-  return strstr(line, needle) ? 0 : -1;
+  return 0;
 }
 
 /* One request on a fresh connection; the answer lands in *r. */
@@ -122,7 +95,7 @@ TH_TEST(cluster_over_tcp) {
                 NULL};
   struct th_proc pf, pw, ps;
   TH_REQUIRE(th_proc_spawn(&pf, fe, NULL, 1) == 0);
-  TH_REQUIRE(wait_line(&pf, "listening on", 60000) == 0);
+  TH_REQUIRE(th_proc_wait_output(&pf, "listening on", 60000) == 0);
   TH_CHECK_EQ_INT(health(ports[0]), 503);
 
   /* the worker connects to a scheduler that does not exist yet */
