@@ -437,12 +437,14 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
           plain_steps);
   TH_CHECK(drafts <= spec_bound);
   TH_CHECK(drafts < plain_steps / 2);
-  /* every position of the draft was accepted about equally often */
+  /* every position of the draft accepted (nearly) every time it was drafted:
+   * position 0 in every draft, later ones in all but each request's last
+   * draft, which max_tokens may cut short */
   for (int pos = 0; pos < K; pos++) {
     char label[32];
     snprintf(label, sizeof(label), "position=\"%d\"", pos);
     double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
-    TH_CHECK(v >= 0.9 * drafts);
+    TH_CHECK(v >= 0.9 * (pos == 0 ? drafts : drafts - N));
   }
   free(m);
   srv_stop(&s);
