@@ -302,12 +302,16 @@ KN_AVX2 static inline __m256 tanh8(__m256 y) {
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
   __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), y, y);
+  __m256 is_small = _mm256_cmp_ps(ay, _mm256_set1_ps(0.625f), _CMP_LT_OQ);
+  /* every lane small (the common case: softcapped logits of a few units):
+   * the blend below would return `small` as it is */
+  if (_mm256_movemask_ps(is_small) == 0xff) return small;
   __m256 e = kn_avx2_exp(_mm256_add_ps(ay, ay));
   __m256 big =
       _mm256_sub_ps(_mm256_set1_ps(1.0f),
                     _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
   big = _mm256_or_ps(big, _mm256_and_ps(y, sign));
-  return _mm256_blendv_ps(big, small, _mm256_cmp_ps(ay, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+  return _mm256_blendv_ps(big, small, is_small);
 }
 
 KN_AVX2 static void softcap_avx2(float *out, const float *a, float cap, size_t n) {
