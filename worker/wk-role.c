@@ -348,15 +348,31 @@ static void drop_freed(struct wk_role *r, const struct pr_step *st) {
   }
 }
 
+/* Whether sequence s's drafts can be verified from backend-sampled rows:
+ * greedy without penalties, where verification is "the draft is the row's
+ * argmax" (wk_sample_verify's greedy rule) and each row's token is the argmax
+ * whatever the drafts before it. Other requests need the whole distribution
+ * on the host (rejection sampling, penalties that grow along the drafts). */
+static int verify_on_backend(struct wk_role *r, const struct pr_step_seq *s) {
+  struct wk_sampling_params sp;
+  const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
+  if (q)
+    sp = q->sp;
+  else
+    wk_role_sampling(&s->sampling, 0, &sp);
+  return sp.temperature < 1e-5f && sp.presence_penalty == 0 && sp.frequency_penalty == 0 &&
+         sp.repetition_penalty == 1;
+}
+
 /* Applies frees, NEW, block tables and prompt penalties, and fills the batch. */
 static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_batch *b, char *err,
                       size_t errlen) {
   drop_freed(r, st);
   int T = 0, rows = 0, want_hidden = 0;
-  /* drafts to verify need the whole distribution on the host */
+  /* drafts to verify need the whole distribution on the host, but greedy ones */
   int dev = r->kp != NULL;
-  for (uint32_t i = 0; i < st->n_seqs; i++)
-    if (st->seqs[i].draft_tokens.n) dev = 0;
+  for (uint32_t i = 0; i < st->n_seqs && dev; i++)
+    if (st->seqs[i].draft_tokens.n && !verify_on_backend(r, &st->seqs[i])) dev = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     struct rseq *q = seq_find(r, s->seq_id);
@@ -395,8 +411,10 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     if (s->flags & PR_SEQ_SAMPLE) {
       in->n_out = 1 + (int)s->draft_tokens.n;
       r->row0[i] = rows;
-      if (dev)
-        wk_sampling_to_kn(&q->sp, &q->pen, (uint64_t)s->start_pos + s->tokens.n, &r->kp[rows]);
+      if (dev) /* one row per token sampled: the step's own, then one per draft */
+        for (int k = 0; k < in->n_out; k++)
+          wk_sampling_to_kn(&q->sp, &q->pen, (uint64_t)s->start_pos + s->tokens.n + (uint64_t)k,
+                            &r->kp[rows + k]);
       rows += in->n_out;
       if (s->num_draft) want_hidden = 1;
     }
@@ -429,9 +447,10 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
     struct wk_sample_result out;
     int acc = 0;
-    if (r->dev_step)
+    if (r->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
       wk_sample_result_from_kn(&r->ko[row], &out);
-    else if (k < s->draft_tokens.n)
+      acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
+    } else if (k < s->draft_tokens.n)
       rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
                             &acc, &out);
     else
