@@ -34,6 +34,25 @@ int wk_draft_load(const char *dir, struct wk_model *target, const struct wk_mode
   return wk_model_load_as(dir, target->be, opts, target, out, err, errlen);
 }
 
+/* The k largest of v[0..n) by one pass with insertion into out[0..k), largest
+ * first, equal values in index order, NaN never taken: the order the
+ * selection below makes. Returns how many were found. */
+static int top_k_in_order(const float *v, int n, int k, int *out) {
+  int have = 0;
+  for (int i = 0; i < n; i++) {
+    float x = v[i];
+    if (x != x) continue;
+    if (have == k && !(x > v[out[have - 1]])) continue;
+    int j = have < k ? have++ : have - 1; /* full: the smallest drops out */
+    while (j > 0 && x > v[out[j - 1]]) {
+      out[j] = out[j - 1];
+      j--;
+    }
+    out[j] = i;
+  }
+  return have;
+}
+
 /* Token of row t with ordered embeddings: the top centroid_top_k centroids
  * of d (ties: lower index), their candidate ids, argmax of d . embed over
  * them (first candidate on ties). */
@@ -45,6 +64,15 @@ static int ordered_token(struct wk_model *m, const float *d, int32_t *tok, char 
   K(kn_matmul(be, m->cent, C, d, h, m->centroids.p, m->centroids.dt, 1, C, h, 0));
   K(kn_download(be, m->host_cent, m->cent, sizeof(float) * (size_t)C));
   int n = 0;
+  enum { FAST_K = 64 };
+  if (k <= FAST_K) {
+    int top[FAST_K], found = top_k_in_order(m->host_cent, C, k, top);
+    for (int j = 0; j < found; j++) {
+      memcpy(m->cand + n, m->token_ordering + (size_t)top[j] * per, sizeof(int32_t) * (size_t)per);
+      n += per;
+    }
+    k = 0; /* done: the loop below is for larger k */
+  }
   for (int j = 0; j < k; j++) { /* selection of the k largest, in order */
     int best = -1;
     for (int i = 0; i < C; i++) {
