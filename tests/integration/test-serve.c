@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -34,65 +35,6 @@ static void cleanup(void) {
   char cmd[600];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
   if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
-}
-
-/* One request on a fresh connection (Connection: close); returns the
- * status and the de-chunked body (malloc'd). */
-static int http(int port, const char *method, const char *path, const char *body, char **out) {
-  *out = calloc(1, 1);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  char head[512];
-  size_t blen = body ? strlen(body) : 0;
-  int hn = snprintf(head, sizeof(head),
-                    "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: "
-                    "application/json\r\nContent-Length: %zu\r\n\r\n",
-                    method, path, blen);
-  send(fd, head, (size_t)hn, MSG_NOSIGNAL);
-  if (blen) send(fd, body, blen, MSG_NOSIGNAL);
-  size_t cap = 1 << 16, n = 0;
-  char *b = malloc(cap);
-  for (;;) {
-    struct pollfd pf = {fd, POLLIN, 0};
-    if (poll(&pf, 1, 60000) <= 0) break;
-    if (n + 4096 > cap) b = realloc(b, cap *= 2);
-    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
-    if (k <= 0) break;
-    n += (size_t)k;
-  }
-  close(fd);
-  b[n] = 0;
-  int status = -1;
-  sscanf(b, "HTTP/1.%*d %d", &status);
-  char *hend = strstr(b, "\r\n\r\n");
-  if (hend) {
-    free(*out);
-    *out = calloc(1, n + 1);
-    const char *p = hend + 4;
-    const char *te = strstr(b, "Transfer-Encoding: chunked");
-    if (te && te < hend) {
-      size_t o = 0;
-      while (p < b + n) {
-        unsigned long len = strtoul(p, NULL, 16);
-        const char *d = strstr(p, "\r\n");
-        if (!d || len == 0) break;
-        memcpy(*out + o, d + 2, len);
-        o += len;
-        p = d + 2 + len + 2;
-      }
-    } else {
-      memcpy(*out, p, (size_t)(b + n - p));
-    }
-  }
-  free(b);
-  return status;
 }
 
 /* Processes whose command line mentions `needle`, other than us. */
@@ -177,13 +119,13 @@ TH_TEST(serve_end_to_end) {
   }
 
   char *b = NULL;
-  TH_CHECK_EQ_INT(http(port, "GET", "/health", NULL, &b), 200);
+  TH_CHECK_EQ_INT(th_http(port, "GET", "/health", NULL, 60000, &b), 200);
   free(b);
 
   /* the reference text: what the frontend's tokenizer makes of those ids */
   char body[1024];
   snprintf(body, sizeof(body), "{\"tokens\":[%s]}", ids);
-  TH_CHECK_EQ_INT(http(port, "POST", "/detokenize", body, &b), 200);
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/detokenize", body, 60000, &b), 200);
   json_t *j = json_loads(b, 0, NULL);
   free(b);
   char want[1024] = "";
@@ -194,7 +136,7 @@ TH_TEST(serve_end_to_end) {
 
   /* greedy completion == generate */
   const char *req = "{\"prompt\":[2,9259,1902],\"max_tokens\":8,\"temperature\":0}";
-  TH_CHECK_EQ_INT(http(port, "POST", "/v1/completions", req, &b), 200);
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions", req, 60000, &b), 200);
   j = json_loads(b, 0, NULL);
   free(b);
   TH_CHECK_EQ_STR(jstr(j, "choices", 0, "text"), want);
@@ -205,10 +147,10 @@ TH_TEST(serve_end_to_end) {
   json_decref(j);
 
   /* streamed, with usage */
-  TH_CHECK_EQ_INT(http(port, "POST", "/v1/completions",
-                       "{\"prompt\":[2,9259,1902],\"max_tokens\":8,\"temperature\":0,\"stream\":"
-                       "true,\"stream_options\":{\"include_usage\":true}}",
-                       &b),
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions",
+                          "{\"prompt\":[2,9259,1902],\"max_tokens\":8,\"temperature\":0,\"stream\":"
+                          "true,\"stream_options\":{\"include_usage\":true}}",
+                          60000, &b),
                   200);
   char text[1024] = "";
   int usage_ok = 0, done = 0;
@@ -233,21 +175,23 @@ TH_TEST(serve_end_to_end) {
   TH_CHECK_EQ_STR(text, want);
 
   /* a bad request is a 400 and the server goes on */
-  TH_CHECK_EQ_INT(http(port, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"top_p\":7}", &b),
+  TH_CHECK_EQ_INT(
+      th_http(port, "POST", "/v1/completions", "{\"prompt\":\"hi\",\"top_p\":7}", 60000, &b), 400);
+  free(b);
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions", "{\"prompt\":[2,9259,1902", 60000, &b),
                   400);
   free(b);
-  TH_CHECK_EQ_INT(http(port, "POST", "/v1/completions", "{\"prompt\":[2,9259,1902", &b), 400);
-  free(b);
-  TH_CHECK_EQ_INT(http(port, "POST", "/v1/chat/completions",
-                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4}",
-                       &b),
-                  200);
+  TH_CHECK_EQ_INT(
+      th_http(port, "POST", "/v1/chat/completions",
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4}", 60000,
+              &b),
+      200);
   j = json_loads(b, 0, NULL);
   free(b);
   json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
   TH_CHECK(json_is_string(json_object_get(msg, "content")));
   json_decref(j);
-  TH_CHECK_EQ_INT(http(port, "GET", "/health", NULL, &b), 200);
+  TH_CHECK_EQ_INT(th_http(port, "GET", "/health", NULL, 60000, &b), 200);
   free(b);
 
   /* SIGTERM: everything stops, nothing is left */

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -64,62 +65,6 @@ static int make_model(char *path, const char *name, char *const *args) {
   return rc;
 }
 
-/* A TCP port nobody listens on right now. */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
-/* One request on a fresh connection (Connection: close); returns the status
- * and the body (malloc'd; the answers here are not chunked). */
-static int http(int port, const char *method, const char *path, const char *body, char **out) {
-  *out = NULL;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  char head[512];
-  size_t blen = body ? strlen(body) : 0;
-  int hn = snprintf(head, sizeof(head),
-                    "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: "
-                    "application/json\r\nContent-Length: %zu\r\n\r\n",
-                    method, path, blen);
-  send(fd, head, (size_t)hn, MSG_NOSIGNAL);
-  if (blen) send(fd, body, blen, MSG_NOSIGNAL);
-  size_t cap = 1 << 16, n = 0;
-  char *b = malloc(cap);
-  for (;;) {
-    struct pollfd pf = {fd, POLLIN, 0};
-    if (poll(&pf, 1, 240000) <= 0) break;
-    if (n + 4096 > cap) b = realloc(b, cap *= 2);
-    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
-    if (k <= 0) break;
-    n += (size_t)k;
-  }
-  close(fd);
-  b[n] = 0;
-  int status = -1;
-  sscanf(b, "HTTP/1.%*d %d", &status);
-  char *hend = strstr(b, "\r\n\r\n");
-  *out = strdup(hend ? hend + 4 : "");
-  free(b);
-  return status;
-}
-
 /* ---- the server --------------------------------------------------------------- */
 
 struct srv {
@@ -129,7 +74,7 @@ struct srv {
 
 /* lmserve serve on `model`, speculating with `assistant` (NULL: none). */
 static int srv_start(struct srv *s, const char *model, const char *assistant, int k) {
-  s->port = free_port();
+  s->port = th_free_port();
   if (s->port <= 0) return -1;
   char port_s[16], k_s[16];
   snprintf(port_s, sizeof(port_s), "%d", s->port);
@@ -209,7 +154,7 @@ static char *wait_idle(struct srv *s, int *idle) {
   for (int i = 0; i < 25; i++) {
     usleep(1200000);
     free(m);
-    if (http(s->port, "GET", "/metrics", NULL, &m) != 200) continue;
+    if (th_http(s->port, "GET", "/metrics", NULL, 240000, &m) != 200) continue;
     double v[NN];
     for (int j = 0; j < NN; j++)
       v[j] = metric(m, names[j], NULL);
@@ -249,7 +194,7 @@ struct job {
 static void *run_job(void *arg) {
   struct job *j = arg;
   char *b = NULL;
-  j->status = http(j->port, "POST", "/v1/completions", j->body, &b);
+  j->status = th_http(j->port, "POST", "/v1/completions", j->body, 240000, &b);
   json_t *r = b ? json_loads(b, 0, NULL) : NULL;
   free(b);
   if (r) {

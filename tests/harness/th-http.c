@@ -1,0 +1,70 @@
+/* th-http.c — see th-http.h. */
+#include "tests/harness/th-http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
+            char **out) {
+  *out = calloc(1, 1);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  char head[512];
+  size_t blen = body ? strlen(body) : 0;
+  int hn = snprintf(head, sizeof(head),
+                    "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: "
+                    "application/json\r\nContent-Length: %zu\r\n\r\n",
+                    method, path, blen);
+  send(fd, head, (size_t)hn, MSG_NOSIGNAL);
+  if (blen) send(fd, body, blen, MSG_NOSIGNAL);
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  for (;;) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, timeout_ms) <= 0) break;
+    if (n + 4096 > cap) b = realloc(b, cap *= 2);
+    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
+    if (k <= 0) break;
+    n += (size_t)k;
+  }
+  close(fd);
+  b[n] = 0;
+  int status = -1;
+  sscanf(b, "HTTP/1.%*d %d", &status);
+  char *hend = strstr(b, "\r\n\r\n");
+  if (hend) {
+    free(*out);
+    *out = calloc(1, n + 1);
+    const char *p = hend + 4;
+    const char *te = strstr(b, "Transfer-Encoding: chunked");
+    if (te && te < hend) {
+      size_t o = 0;
+      while (p < b + n) {
+        unsigned long len = strtoul(p, NULL, 16);
+        const char *d = strstr(p, "\r\n");
+        if (!d || len == 0) break;
+        memcpy(*out + o, d + 2, len);
+        o += len;
+        p = d + 2 + len + 2;
+      }
+    } else {
+      memcpy(*out, p, (size_t)(b + n - p));
+    }
+  }
+  free(b);
+  return status;
+}

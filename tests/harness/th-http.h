@@ -1,0 +1,14 @@
+/* th-http.h — one HTTP/1.1 request on a fresh loopback connection, for the
+ * integration tests that drive a whole server (richer clients live beside
+ * the tests that need keep-alive, pipelining or streams). */
+#ifndef LMSERVE_TH_HTTP_H
+#define LMSERVE_TH_HTTP_H
+
+/* Sends `method path` with `body` (JSON, may be NULL) and Connection: close
+ * to 127.0.0.1:port, reads the answer until the server closes it or
+ * timeout_ms passes without data. Returns the status (-1: no answer) and in
+ * *out the body, de-chunked (malloc'd, always set; the caller frees it). */
+int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
+            char **out);
+
+#endif
