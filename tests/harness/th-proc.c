@@ -60,7 +60,8 @@ void th_proc_init(unsigned timeout_s) {
     done = 1;
     atexit(kill_all);
     int sigs[] = {SIGINT, SIGTERM, SIGALRM, SIGSEGV, SIGABRT, SIGBUS, SIGHUP};
-    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) signal(sigs[i], on_signal);
+    for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+      signal(sigs[i], on_signal);
     signal(SIGPIPE, SIG_IGN);
   }
   if (timeout_s) alarm(timeout_s);
@@ -87,7 +88,8 @@ int th_proc_spawn(struct th_proc *p, char *const argv[], char *const env[], int 
       dup2(out[1], 1);
       dup2(err[1], 2);
     }
-    for (int i = 0; env && env[i]; i++) putenv(env[i]);
+    for (int i = 0; env && env[i]; i++)
+      putenv(env[i]);
     execvp(argv[0], argv);
     fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -198,7 +200,8 @@ int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t
     dup2(in[0], 0);
     dup2(outp[1], 1);
     dup2(errp[1], 2);
-    for (int i = 0; env && env[i]; i++) putenv(env[i]);
+    for (int i = 0; env && env[i]; i++)
+      putenv(env[i]);
     execvp(argv[0], argv);
     fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -257,8 +260,10 @@ int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t
         *n += (size_t)k;
       } else if (k == 0 || errno != EINTR) {
         close(pf[idx].fd);
-        if (w == 0) ofd = -1;
-        else efd = -1;
+        if (w == 0)
+          ofd = -1;
+        else
+          efd = -1;
       }
     }
   }
@@ -286,10 +291,14 @@ int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t
     }
   }
   untrack(pid);
-  if (out) *out = ob;
-  else free(ob);
-  if (err) *err = eb;
-  else free(eb);
+  if (out)
+    *out = ob;
+  else
+    free(ob);
+  if (err)
+    *err = eb;
+  else
+    free(eb);
   return rc;
 }
 
@@ -320,4 +329,62 @@ int th_proc_wait_output(struct th_proc *p, const char *needle, int timeout_ms) {
     seen[got] = 0;
   }
   return strstr(seen, needle) ? 0 : -1;
+}
+
+/* ---- temporary folders and the tiny model --------------------------------- */
+
+static char tmpdirs[8][256];
+
+static void tmpdirs_remove(void) {
+  for (int i = 0; i < 8; i++) {
+    if (!tmpdirs[i][0]) continue;
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%.255s'", tmpdirs[i]);
+    if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmpdirs[i]);
+    tmpdirs[i][0] = 0;
+  }
+}
+
+int th_tmpdir(const char *name, char *dir, size_t size) {
+  int slot = 0;
+  while (slot < 8 && tmpdirs[slot][0])
+    slot++;
+  if (slot == 8) return -1;
+  const char *t = getenv("TMPDIR");
+  int n = snprintf(tmpdirs[slot], sizeof(tmpdirs[slot]), "%s/lmserve-%s-XXXXXX",
+                   t && *t ? t : "/tmp", name);
+  if (n < 0 || (size_t)n >= sizeof(tmpdirs[slot]) || !mkdtemp(tmpdirs[slot])) {
+    tmpdirs[slot][0] = 0;
+    return -1;
+  }
+  static int registered;
+  if (!registered++) atexit(tmpdirs_remove);
+  n = snprintf(dir, size, "%s", tmpdirs[slot]);
+  return n < 0 || (size_t)n >= size ? -1 : 0;
+}
+
+int th_tiny_gemma4(const char *dir, int seed, char *out, size_t size) {
+  int n = snprintf(out, size, "%s/m", dir);
+  if (n < 0 || (size_t)n >= size) return -1;
+  const char *bin = getenv("LMSERVE_BIN");
+  char seed_s[16];
+  snprintf(seed_s, sizeof(seed_s), "%d", seed);
+  char *argv[] = {(char *)(bin ? bin : "build/tools/lmserve"),
+                  "make-tiny-model",
+                  "--arch",
+                  "gemma4",
+                  "--seed",
+                  seed_s,
+                  "--out",
+                  out,
+                  NULL};
+  char *so = NULL, *se = NULL;
+  int rc = th_run(argv, NULL, NULL, 0, 120000, &so, &se);
+  if (rc) fprintf(stderr, "make-tiny-model: exit %d: %s\n", rc, se ? se : "");
+  free(so);
+  free(se);
+  if (rc) return -1;
+  char tok[1100];
+  snprintf(tok, sizeof(tok), "%s/tokenizer.json", out);
+  return access(tok, R_OK) == 0 ? 0 : 1;
 }

@@ -12,11 +12,11 @@
 #include <sys/types.h>
 
 struct th_proc {
-  pid_t pid;       /* 0 when not running */
-  int status;      /* wait status once reaped */
-  int exited;      /* 1 once reaped */
-  int out_fd;      /* read end of the child's stdout when captured, else -1 */
-  int err_fd;      /* read end of the child's stderr when captured, else -1 */
+  pid_t pid;  /* 0 when not running */
+  int status; /* wait status once reaped */
+  int exited; /* 1 once reaped */
+  int out_fd; /* read end of the child's stdout when captured, else -1 */
+  int err_fd; /* read end of the child's stderr when captured, else -1 */
 };
 
 /* Installs the kill-on-exit handlers and a watchdog of `timeout_s` seconds
@@ -56,5 +56,15 @@ int th_proc_wait_output(struct th_proc *p, const char *needle, int timeout_ms);
 /* A loopback TCP port nobody listens on right now (for servers that need
  * a port number up front; another process may still take it), or -1. */
 int th_free_port(void);
+
+/* A fresh folder $TMPDIR/lmserve-NAME-XXXXXX (mode 0700), removed with all it
+ * holds when the test exits; its path in dir (size bytes). 0 or -1. */
+int th_tmpdir(const char *name, char *dir, size_t size);
+
+/* `lmserve make-tiny-model --arch gemma4 --seed SEED --out DIR/m` with
+ * $LMSERVE_BIN; the model's path in out (size bytes). 0; 1 when the model has
+ * no tokenizer.json (the set-up has not run: the caller skips); -1 when it
+ * could not be made. */
+int th_tiny_gemma4(const char *dir, int seed, char *out, size_t size);
 
 #endif

@@ -20,15 +20,6 @@
 #include "tests/harness/th.h"
 #include "tests/integration/test-http-client.h"
 
-static char tmp[256];
-
-static void cleanup(void) {
-  if (!tmp[0]) return;
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
-}
-
 /* n distinct loopback ports nobody listens on right now. */
 static int free_ports(int *ports, int n) {
   for (int i = 0; i < n; i++) {
@@ -60,21 +51,12 @@ static int health(int port) {
 
 TH_TEST(cluster_over_tcp) {
   th_proc_init(280);
-  atexit(cleanup);
-  const char *t = getenv("TMPDIR");
-  snprintf(tmp, sizeof(tmp), "%s/lmserve-cluster-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(tmp));
-  char model[300];
-  snprintf(model, sizeof(model), "%s/m", tmp);
+  char tmp[256], model[300];
+  TH_REQUIRE(th_tmpdir("cluster", tmp, sizeof(tmp)) == 0);
+  int mk = th_tiny_gemma4(tmp, 5, model, sizeof(model));
+  TH_REQUIRE(mk >= 0);
+  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
   char *out = NULL, *err = NULL;
-  char *mk[] = {hc_bin(), "make-tiny-model", "--arch", "gemma4", "--out",
-                model,    "--seed",          "5",      NULL};
-  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 120000, &out, &err) == 0);
-  free(out), free(err);
-  char tokpath[400];
-  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
-  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-
   char *gen[] = {hc_bin(),         "generate",     "--model", model, "--prompt-ids",
                  "2,818,5279,563", "--max-tokens", "6",       NULL};
   TH_REQUIRE(th_run(gen, NULL, NULL, 0, 120000, &out, &err) == 0);

@@ -26,15 +26,6 @@
 static const char *const k_prompts[N_PROMPTS] = {"2,9259,1902", "2,106,1645,108", "2,651",
                                                  "2,818,5279,563,496,1401,529"};
 
-static char tmp[256];
-
-static void cleanup(void) {
-  if (!tmp[0]) return;
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
-}
-
 TH_TEST(serve_cuda_rejects_bad_utilisation) {
   th_proc_init(60);
   const char *bad[] = {"0", "1.5", "-0.2"};
@@ -156,20 +147,11 @@ TH_TEST(serve_cuda_greedy_equals_cpu) {
 #endif
   if (n_dev <= 0) TH_SKIP("no CUDA device visible (or a build without CUDA): serve --device cuda");
   th_proc_init(280);
-  atexit(cleanup);
-  const char *t = getenv("TMPDIR");
-  snprintf(tmp, sizeof(tmp), "%s/lmserve-serve-cuda-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(tmp));
-  char model[300];
-  snprintf(model, sizeof(model), "%s/m", tmp);
-  char *out = NULL, *err = NULL;
-  char *mk[] = {hc_bin(), "make-tiny-model", "--arch", "gemma4", "--out",
-                model,    "--seed",          "1",      NULL};
-  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 120000, &out, &err) == 0);
-  free(out), free(err);
-  char tokpath[400];
-  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
-  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  char tmp[256], model[300];
+  TH_REQUIRE(th_tmpdir("serve-cuda", tmp, sizeof(tmp)) == 0);
+  int mk = th_tiny_gemma4(tmp, 1, model, sizeof(model));
+  TH_REQUIRE(mk >= 0);
+  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
 
   json_t *cpu[N_PROMPTS] = {0}, *gpu[N_PROMPTS] = {0};
   serve_answers(model, "cpu", cpu);

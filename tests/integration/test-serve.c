@@ -28,15 +28,6 @@ static char *bin(void) {
   return b ? b : "build/tools/lmserve";
 }
 
-static char tmp[256];
-
-static void cleanup(void) {
-  if (!tmp[0]) return;
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
-}
-
 /* Processes whose command line mentions `needle`, other than us. */
 static int procs_with(const char *needle) {
   DIR *d = opendir("/proc");
@@ -70,19 +61,12 @@ static const char *jstr(json_t *o, const char *k1, size_t i, const char *k2) {
 
 TH_TEST(serve_end_to_end) {
   th_proc_init(280);
-  atexit(cleanup);
-  const char *t = getenv("TMPDIR");
-  snprintf(tmp, sizeof(tmp), "%s/lmserve-serve-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(tmp));
-  char model[300];
-  snprintf(model, sizeof(model), "%s/m", tmp);
+  char tmp[256], model[300];
+  TH_REQUIRE(th_tmpdir("serve", tmp, sizeof(tmp)) == 0);
+  int mk = th_tiny_gemma4(tmp, 1, model, sizeof(model));
+  TH_REQUIRE(mk >= 0);
+  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
   char *out = NULL, *err = NULL;
-  char *mk[] = {bin(), "make-tiny-model", "--arch", "gemma4", "--out", model, "--seed", "1", NULL};
-  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 120000, &out, &err) == 0);
-  free(out), free(err);
-  char tokpath[400];
-  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
-  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
 
   /* the reference: offline greedy generation of the same prompt ids */
   char *gen[] = {bin(),         "generate",     "--model", model, "--prompt-ids",

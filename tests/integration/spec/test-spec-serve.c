@@ -34,18 +34,8 @@ static char *bin(void) {
 
 static char tmp[256];
 
-static void cleanup(void) {
-  if (!tmp[0]) return;
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
-}
-
 static int make_tmp(void) {
-  atexit(cleanup);
-  const char *t = getenv("TMPDIR");
-  snprintf(tmp, sizeof(tmp), "%s/lmserve-spec-XXXXXX", t && *t ? t : "/tmp");
-  return mkdtemp(tmp) ? 0 : -1;
+  return th_tmpdir("spec", tmp, sizeof(tmp));
 }
 
 /* lmserve make-tiny-model ARGS... --out tmp/NAME into path[300]. */
