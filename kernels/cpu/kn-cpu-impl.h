@@ -110,7 +110,8 @@ struct kn_cpu_ctx {
   long long *seq_items;
   int seq_items_cap;
   /* kn_sample scratch for one vocabulary, one per pool thread (rows are
-   * sampled in parallel; kn-cpu-sample.c), made on first use */
+   * sampled in parallel; kn-cpu-sample.c), made by its thread when a row
+   * first needs one */
   struct kn_cpu_sampler *samplers[KN_CPU_MAX_THREADS];
 };
 

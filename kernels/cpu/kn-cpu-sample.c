@@ -321,15 +321,19 @@ struct sample_job {
   struct kn_sample_out *out;
   const float *logits;
   ptrdiff_t ld;
+  int V;
   const struct kn_sample_params *params;
   int rc; /* the first error any thread met (0: none) */
 };
 
-/* Rows [t0, t1) on pool thread ith, with that thread's sampler. Each row's
- * result depends on the row alone, whichever thread takes it. */
+/* Rows [t0, t1) on pool thread ith. Each row's result depends on the row
+ * alone, whichever thread takes it. A thread makes its sampler (about 24
+ * bytes per vocabulary entry) the first time it meets a row that needs one:
+ * greedy rows without penalties need none, so a many-core machine serving
+ * greedy requests holds no per-thread scratch. */
 static void sample_run(void *arg, long long t0, long long t1, int ith) {
   struct sample_job *j = arg;
-  struct kn_cpu_sampler *s = j->c->samplers[ith];
+  struct kn_cpu_sampler **sp = &j->c->samplers[ith];
   for (long long t = t0; t < t1; t++) {
     const float *row = j->logits + t * j->ld;
     const struct kn_sample_params *p = &j->params[t];
@@ -337,12 +341,22 @@ static void sample_run(void *arg, long long t0, long long t1, int ith) {
     int rc;
     if (plain_greedy(p)) {
       if (!(rc = kn_sample_params_check(p))) {
-        kn_cpu_op_argmax(NULL, &o->token, NULL, row, s->vocab, 1, s->vocab);
-        kn_cpu_sample_logprobs(s, p->n_logprobs >= 0 ? row : NULL, p, o);
+        kn_cpu_op_argmax(NULL, &o->token, NULL, row, j->V, 1, j->V);
+        o->n_top = 0;
+        o->logprob = 0;
+        if (p->n_logprobs >= 0) raw_logprobs(row, j->V, p->n_logprobs, o);
       }
     } else {
-      memcpy(s->work, row, (size_t)s->vocab * sizeof(float));
-      rc = sample_row(s, s->work, p->n_logprobs >= 0 ? row : NULL, p, o);
+      if (*sp && (*sp)->vocab != j->V) {
+        kn_cpu_sampler_destroy(*sp);
+        *sp = NULL;
+      }
+      if (!*sp && !(*sp = kn_cpu_sampler_create(j->V))) {
+        rc = CM_ERR_NOMEM;
+      } else {
+        memcpy((*sp)->work, row, (size_t)j->V * sizeof(float));
+        rc = sample_row(*sp, (*sp)->work, p->n_logprobs >= 0 ? row : NULL, p, o);
+      }
     }
     if (rc) {
       int none = 0;
@@ -353,13 +367,7 @@ static void sample_run(void *arg, long long t0, long long t1, int ith) {
 
 int kn_cpu_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld, int T,
                      int V, const struct kn_sample_params *params) {
-  struct kn_cpu_ctx *c = ctx;
-  for (int i = 0; i < c->n_threads && i < KN_CPU_MAX_THREADS; i++) {
-    if (c->samplers[i] && kn_cpu_sampler_vocab(c->samplers[i]) == V) continue;
-    kn_cpu_sampler_destroy(c->samplers[i]);
-    if (!(c->samplers[i] = kn_cpu_sampler_create(V))) return CM_ERR_NOMEM;
-  }
-  struct sample_job j = {c, out, logits, ld, params, 0};
-  kn_cpu_pool_run(c->pool, T, 1, sample_run, &j);
+  struct sample_job j = {ctx, out, logits, ld, V, params, 0};
+  kn_cpu_pool_run(j.c->pool, T, 1, sample_run, &j);
   return j.rc;
 }

@@ -170,7 +170,7 @@ TH_TEST(sample_threads_agree) {
     p[t].pen_counts = pen_counts;
     p[t].n_pen = 4;
     p[t].top_k = t % 5 == 2 ? 20 : 0;
-    p[t].n_logprobs = t % 2 ? 5 : -1;
+    p[t].n_logprobs = t % 2 ? 5 : t % 12 == 0 ? 3 : -1; /* rows 0, 12: greedy, logprobs */
     p[t].seed = 77 + (uint64_t)t;
     p[t].counter = (uint64_t)t;
   }
