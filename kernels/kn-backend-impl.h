@@ -31,6 +31,9 @@ struct kn_backend_ops {
                  int d, const void *w, enum kn_dtype wdt, float eps, enum kn_norm_mode mode);
   int (*matmul)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *w,
                 enum kn_dtype wdt, int T, int N, int K, int accumulate);
+  /* matmul then softcap of every output; NULL: kn_matmul_softcap runs the two */
+  int (*matmul_softcap)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                        const void *w, enum kn_dtype wdt, int T, int N, int K, float cap);
   int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                      const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
                      int T);

@@ -130,6 +130,24 @@ int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
   return KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
 }
 
+int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
+                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                      float cap) {
+  if (!be || T < 0 || N < 0 || K < 0 || !(cap > 0.0f)) return CM_ERR_INVAL;
+  if (T == 0 || N == 0) return 0;
+  if (!out || !valid_ld(ldo, T, N)) return CM_ERR_INVAL;
+  if (K > 0 && (!in || !w || !valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (be->ops->matmul_softcap)
+    return KN_CALL(matmul_softcap, out, ldo, in, ldi, w, wdt, T, N, K, cap);
+  int rc = KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, 0);
+  if (rc) return rc;
+  if (ldo == N) return KN_CALL(softcap, out, out, cap, (size_t)T * (size_t)N);
+  for (int t = 0; t < T && !rc; t++)
+    rc = KN_CALL(softcap, out + (ptrdiff_t)t * ldo, out + (ptrdiff_t)t * ldo, cap, (size_t)N);
+  return rc;
+}
+
 int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                    const void *w, enum kn_dtype wdt, int n_w, int K, const int32_t *rows,
                    int n_rows, int T) {

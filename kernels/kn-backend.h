@@ -90,6 +90,14 @@ int kn_rmsnorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x,
 int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
               const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
 
+/* out[T, N] = tanh(o / cap) * cap for o = in[T, K] · W[N, K]^T (cap > 0): the
+ * vocabulary head with its final softcap. The same bits as kn_matmul followed
+ * by kn_softcap on the rows; a backend may do both while the outputs are in
+ * cache instead of in two passes over T x N floats. */
+int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
+                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                      float cap);
+
 /* Like kn_matmul over a subset of W's rows: out[T, n] = in[T, K] · W[rows[j], :]^T
  * for j < n_rows. rows: [n_rows] host; W has n_w rows; a row id outside
  * [0, n_w) gives CM_ERR_RANGE. Same per-element arithmetic as kn_matmul. */

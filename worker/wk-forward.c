@@ -280,9 +280,11 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
     if (b->hidden)
       K(kn_download(be, b->hidden + (size_t)start * H, m->sel, sizeof(float) * (size_t)n * H));
     if (b->logits || b->sampled) {
-      K(kn_matmul(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H, 0));
       if (c->final_softcap > 0)
-        K(kn_softcap(be, m->logits, m->logits, (float)c->final_softcap, (size_t)n * V));
+        K(kn_matmul_softcap(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H,
+                            (float)c->final_softcap));
+      else
+        K(kn_matmul(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H, 0));
       if (b->sampled)
         K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
       else

@@ -87,8 +87,19 @@ int kn_cpu_has_avx2(void) {
 #endif
 }
 
+int kn_cpu_has_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  /* libgcc's check includes the OS saving the zmm state (XCR0) */
+  if (!kn_cpu_has_avx2()) return 0;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return 0;
+#endif
+}
+
 enum kn_cpu_isa kn_cpu_isa_detect(void) {
-  /* AVX-512 processors run the AVX2 kernels: the AVX-512 table is not built. */
+  if (kn_cpu_has_avx512()) return KN_CPU_ISA_AVX512;
   return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
 }
 
@@ -161,6 +172,7 @@ int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_back
   ctx->n_threads = n_threads;
   kn_cpu_dsp_init_ref(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
   int err = kn_cpu_pool_create(n_threads, &ctx->pool);
   if (err) goto fail;
   *out = kn_backend_wrap(&cpu_ops_isa[ctx->dsp.isa], ctx);

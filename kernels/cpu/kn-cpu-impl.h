@@ -73,11 +73,17 @@ struct kn_cpu_dsp {
   /* Small T: reads W in its own dtype, each weight row once per call. */
   kn_cpu_dot_fn matvec[KN_DTYPE__COUNT];
   /* Large T: f32 weights in tiles; other dtypes are widened into a scratch
-   * buffer first (exact), then tiled. Same arithmetic per element as matvec. */
+   * buffer first (exact), then tiled. Same arithmetic per element as matvec.
+   * With pack set, tile_f32 takes the rows as pack left them (every dtype,
+   * f32 included, is packed first) instead of plain f32 rows. */
   kn_cpu_dot_fn tile_f32;
-  int tile_min_t; /* T from which matmul uses widen + tile_f32 */
+  int tile_min_t;  /* T from which matmul uses widen (or pack) + tile_f32 */
+  int tile_min_tk; /* ... provided T * K is at least this (0: any) */
   /* Widens n elements of dtype dt to f32 (exact). */
   void (*widen)(float *dst, const void *src, enum kn_dtype dt, size_t n);
+  /* Widens n rows of K elements into tile_f32's layout at dst, which holds
+   * kn_cpu_packed_floats(K, n) floats; NULL: plain widened rows. */
+  void (*pack)(float *dst, const void *src, enum kn_dtype dt, int K, int n);
 
   /* One row of d elements. */
   void (*rmsnorm)(float *out, const float *x, int d, const void *w, enum kn_dtype wdt, float eps,
@@ -91,10 +97,21 @@ struct kn_cpu_dsp {
   kn_cpu_attn_fn attn;
 };
 
+/* Features per group of the AVX-512 packed layout (kn-cpu-avx512.c). */
+#define KN_PACK_GROUP 8
+/* Floats of n packed rows of K elements. */
+static inline size_t kn_cpu_packed_floats(int K, int n) {
+  return (size_t)(n + KN_PACK_GROUP - 1) / KN_PACK_GROUP * KN_PACK_GROUP * (size_t)((K + 7) / 8) *
+         8;
+}
+
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* Override with AVX2+FMA+F16C versions (call only when the processor has them). */
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx2(void);
+/* Then with AVX-512 F/DQ/BW/VL versions of some (on top of the AVX2 table). */
+void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_avx512(void);
 
 /* ---- the backend context ------------------------------------------------ */
 
@@ -130,9 +147,11 @@ int kn_cpu_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logit
                      int T, int V);
 /* First index of the largest non-NaN of row[0..n) (ties: the first; -0 and +0
  * are equal) and its value in *max_out; -1 and NaN when every entry is NaN.
- * The AVX2 version needs kn_cpu_has_avx2() and gives the same answers. */
+ * The AVX2 (AVX-512) version needs kn_cpu_has_avx2() (kn_cpu_has_avx512())
+ * and gives the same answers. */
 int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out);
+int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out);
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
 

@@ -23,6 +23,8 @@
 /* Bytes of input rows per tile block: the block stays in L1 while the
  * chunk's weight rows stream past it from L2. */
 #define TILE_X_BYTES (8 * 1024)
+/* Bytes of packed f32 weights per chunk when the table packs. */
+#define PACK_CHUNK_BYTES (32 * 1024)
 
 /* Units per claim: all of them (run on the caller) when the whole op is
  * smaller than PAR_MIN_WORK, else `grain`. */
@@ -41,9 +43,19 @@ struct mm_task {
   const char *w; /* [N, K] */
   enum kn_dtype dt;
   int T, N, K, acc;
+  float cap; /* > 0: softcap each unit's outputs while they are in cache */
   int chunk; /* output features per work unit */
   int tile;  /* widen + tile_f32 instead of matvec */
 };
+
+/* Softcaps outputs [n0, n0 + n) of every token: elementwise, so the same
+ * bits as one softcap over the whole rows afterwards. */
+static void cap_unit(const struct mm_task *m, int n0, int n) {
+  for (int t = 0; t < m->T; t++) {
+    float *o = m->out + (ptrdiff_t)t * m->ldo + n0;
+    m->ctx->dsp.softcap(o, o, m->cap, (size_t)n);
+  }
+}
 
 static void mm_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
@@ -55,30 +67,37 @@ static void mm_run(void *arg, long long u0, long long u1, int ith) {
     const char *w = m->w + (size_t)n0 * row_bytes;
     if (!m->tile) {
       dsp->matvec[m->dt](m->out + n0, m->ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
+      if (m->cap > 0.0f) cap_unit(m, n0, n);
       continue;
     }
     const float *wf = (const float *)w;
-    if (m->dt != KN_DTYPE_F32) {
+    if (dsp->pack) {
+      float *buf = m->ctx->scratch[ith];
+      dsp->pack(buf, w, m->dt, m->K, n);
+      wf = buf;
+    } else if (m->dt != KN_DTYPE_F32) {
       float *buf = m->ctx->scratch[ith];
       dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
       wf = buf;
     }
     int tblk = TILE_X_BYTES / (4 * m->K);
-    tblk = tblk < 4 ? 4 : tblk & ~3;
+    tblk = tblk < 12 ? 12 : tblk - tblk % 12; /* a multiple of the 4- and 6-token tiles */
     for (int t0 = 0; t0 < m->T; t0 += tblk) {
       int tb = m->T - t0 < tblk ? m->T - t0 : tblk;
       dsp->tile_f32(m->out + (ptrdiff_t)t0 * m->ldo + n0, m->ldo, m->in + (ptrdiff_t)t0 * m->ldi,
                     m->ldi, wf, m->K, tb, n, m->acc);
     }
+    if (m->cap > 0.0f) cap_unit(m, n0, n);
   }
 }
 
-static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                      const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
-  struct kn_cpu_ctx *ctx = p;
+static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+              const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate, float cap) {
   if (K == 0) {
-    for (int t = 0; t < T && !accumulate; t++)
+    for (int t = 0; t < T && !accumulate; t++) {
       memset(out + (ptrdiff_t)t * ldo, 0, N * 4u);
+      if (cap > 0.0f) ctx->dsp.softcap(out + (ptrdiff_t)t * ldo, out + (ptrdiff_t)t * ldo, cap, N);
+    }
     return 0;
   }
   struct mm_task m = {.ctx = ctx,
@@ -91,10 +110,17 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
                       .T = T,
                       .N = N,
                       .K = K,
-                      .acc = accumulate};
+                      .acc = accumulate,
+                      .cap = cap};
   int nth = ctx->n_threads;
-  m.tile = T >= ctx->dsp.tile_min_t;
-  if (m.tile) {
+  m.tile = T >= ctx->dsp.tile_min_t && (long long)T * K >= ctx->dsp.tile_min_tk;
+  if (m.tile && ctx->dsp.pack) {
+    /* groups of packed rows about PACK_CHUNK_BYTES together (L1) */
+    long long c = PACK_CHUNK_BYTES / (4LL * K);
+    c = c < KN_PACK_GROUP ? KN_PACK_GROUP : c > 256 ? 256 : c - c % KN_PACK_GROUP;
+    m.chunk = (int)c;
+    if (kn_cpu_ctx_scratch(ctx, kn_cpu_packed_floats(K, m.chunk))) return CM_ERR_NOMEM;
+  } else if (m.tile) {
     long long c = TILE_CHUNK_BYTES / (4LL * K);
     c = c < 3 ? 3 : c > 63 ? 63 : c - c % 3;
     m.chunk = (int)c;
@@ -105,14 +131,24 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
      * preempted mid-unit (the machine may be shared) delays the op little,
      * but at least 4 units per thread; multiples of 4 rows. */
     long long row_bytes = (long long)K * (long long)kn_dtype_size(wdt);
-    long long c = MATVEC_UNIT_BYTES / row_bytes, cap = (N + nth * 4 - 1) / (nth * 4);
-    if (c > cap) c = cap;
+    long long c = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
+    if (c > most) c = most;
     if (c < 16) c = 16;
     m.chunk = (int)((c + 3) & ~3LL);
   }
   long long units = (N + m.chunk - 1) / m.chunk;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_run, &m);
   return 0;
+}
+
+static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                      const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, 0.0f);
+}
+
+static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                              const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
+  return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
 }
 
 struct mm_rows_task {
@@ -403,6 +439,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->mul = cpu_mul;
   ops->scale = cpu_scale;
   ops->softcap = cpu_softcap;
+  ops->matmul_softcap = cpu_matmul_softcap;
   ops->copy_rows = cpu_copy_rows;
   ops->argmax = kn_cpu_op_argmax;
   ops->router_topk = kn_cpu_op_router_topk;

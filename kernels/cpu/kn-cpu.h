@@ -1,13 +1,11 @@
 /* kn-cpu.h — the CPU kernel backend: a reference C version of every op, SIMD
- * versions (AVX2 + FMA + F16C) chosen at run time, multithreaded over output
- * rows with a small persistent thread pool.
+ * versions (AVX2 + FMA + F16C, and AVX-512 for the matmuls, softcap and
+ * argmax) chosen at run time, multithreaded over output rows with a small
+ * persistent thread pool. The AVX2 and AVX-512 tables give the same bits.
  *
- * LMSERVE_KERNELS=ref (or avx2) in the environment caps the kernel set when a
- * backend is created; ref forces the reference versions. Memory hooks are the
- * identity: any host memory is backend memory.
- *
- * KN_CPU_ISA_AVX512 is accepted as a request but has no kernel table of its
- * own yet: processors with AVX-512 run the AVX2 kernels. */
+ * LMSERVE_KERNELS=ref (or avx2, avx512) in the environment caps the kernel
+ * set when a backend is created; ref forces the reference versions. Memory
+ * hooks are the identity: any host memory is backend memory. */
 #ifndef LMSERVE_KN_CPU_H
 #define LMSERVE_KN_CPU_H
 #include "kernels/kn-backend.h"
@@ -15,7 +13,7 @@
 enum kn_cpu_isa {
   KN_CPU_ISA_REF = 0,    /* plain C */
   KN_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-  KN_CPU_ISA_AVX512 = 2, /* AVX-512 F/BW/VL (+ BF16 where present) */
+  KN_CPU_ISA_AVX512 = 2, /* AVX-512 F/DQ/BW/VL over the AVX2 table */
 };
 
 /* Creates a CPU backend with n_threads threads in total (the calling thread

@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
   } mats[] = {{"q_proj", 1024, 640},    {"k_proj", 256, 640},     {"o_proj", 640, 1024},
               {"gate_proj", 2048, 640}, {"down_proj", 640, 2048}, {"lm_head", 262144, 640}};
   float *in = rand_weights(KN_DTYPE_F32, (size_t)512 * 2048);
-  float *out = malloc(sizeof(float) * (size_t)262144 * 64);
+  float *out = malloc(sizeof(float) * (size_t)262144 * 64); /* up to 64 vocabulary rows */
   if (!out) return 1;
   for (int d = 0; d < 3; d++) {
     enum kn_dtype dt = d == 0 ? KN_DTYPE_BF16 : d == 1 ? KN_DTYPE_F16 : KN_DTYPE_F32;
@@ -140,6 +140,30 @@ int main(int argc, char **argv) {
              "CPU-second\n",
              N, K, Ts[i], s * 1e6, (double)N * K * 2 / s / 1e9,
              2.0 * Ts[i] * N * K / last_cpu_per_call / 1e9);
+    }
+    free(w);
+  }
+  /* the tiny default model's head: a decode batch of T rows against the tied
+   * [262144 x 64] bf16 embedding, then the final softcap and argmax */
+  {
+    int N = 262144, K = 64;
+    void *w = rand_weights(KN_DTYPE_BF16, (size_t)N * K);
+    static const int Ts[] = {1, 2, 4, 8, 16, 32};
+    int32_t ids[32];
+    for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
+      int T = Ts[i];
+      double s = time_matmul(be, KN_DTYPE_BF16, w, T, N, K, in, out);
+      double c0 = cm_time_s();
+      int reps = 0;
+      do {
+        kn_matmul_softcap(be, out, N, in, K, w, KN_DTYPE_BF16, T, N, K, 30.0f);
+        kn_argmax(be, ids, NULL, out, N, T, N);
+        reps++;
+      } while (cm_time_s() - c0 < secs_per_case);
+      double sa = (cm_time_s() - c0) / reps;
+      printf("tiny head bf16 [%d x %d] T=%2d: matmul %7.1f us (%5.1f GMAC/s); with softcap and "
+             "argmax %7.1f us, %6.1f us per row\n",
+             N, K, T, s * 1e6, (double)T * N * K / s / 1e9, sa * 1e6, sa * 1e6 / T);
     }
     free(w);
   }

@@ -124,6 +124,48 @@ TH_TEST(matmul_batch_invariant_ref) {
   check_matmul_invariance(KN_CPU_ISA_REF);
 }
 
+/* kn_matmul_softcap is kn_matmul then kn_softcap of the rows, bit for bit,
+ * on every path (matvec, tiles, edges) and both kernel sets; strided rows
+ * keep their gaps. */
+TH_TEST(matmul_softcap_is_matmul_then_softcap) {
+  static const int shapes[][3] = {{1, 47, 64},  {3, 33, 17},   {4, 260, 64}, {12, 47, 64},
+                                  {37, 50, 72}, {32, 300, 64}, {2, 9, 0}};
+  kt_seed(11);
+  for (int isa = 0; isa < 2; isa++) {
+    struct kn_backend *be = kt_backend(isa ? KN_CPU_ISA_AVX512 : KN_CPU_ISA_REF, 2);
+    for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+      for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++) {
+        int T = shapes[si][0], N = shapes[si][1], K = shapes[si][2], ldo = N + 3;
+        float *in = kt_rand_f32((size_t)T * (K + 1), 4.0f);
+        void *w = kt_rand_tensor(wdts[d], (size_t)N * (K + 1), 2.0f);
+        size_t n = (size_t)(T - 1) * ldo + N;
+        float *a = kt_guarded(n), *b = kt_guarded(n);
+        TH_REQUIRE(kn_matmul(be, a, ldo, in, K, w, wdts[d], T, N, K, 0) == 0);
+        for (int t = 0; t < T; t++)
+          TH_REQUIRE(kn_softcap(be, a + (size_t)t * ldo, a + (size_t)t * ldo, 1.5f, (size_t)N) ==
+                     0);
+        TH_REQUIRE(kn_matmul_softcap(be, b, ldo, in, K, w, wdts[d], T, N, K, 1.5f) == 0);
+        TH_CHECK(kt_guards_ok(a, n) && kt_guards_ok(b, n));
+        for (int t = 0; t < T; t++) {
+          if (!kt_bits_equal(a + (size_t)t * ldo, b + (size_t)t * ldo, (size_t)N))
+            th_fail(__FILE__, __LINE__, "%s %s T=%d N=%d K=%d: row %d differs", kn_backend_name(be),
+                    kn_dtype_name(wdts[d]), T, N, K, t);
+          if (t + 1 < T) TH_CHECK(kt_is_sentinel(b + (size_t)t * ldo + N));
+        }
+        /* saturated: |o| far above the cap gives +-cap */
+        TH_CHECK(fabsf(b[0]) <= 1.5f);
+        free(in);
+        free(w);
+        kt_guarded_free(a);
+        kt_guarded_free(b);
+      }
+    float o;
+    TH_CHECK_EQ_INT(kn_matmul_softcap(be, &o, 1, &o, 1, &o, KN_DTYPE_F32, 1, 1, 1, 0.0f),
+                    CM_ERR_INVAL);
+    kn_backend_destroy(be);
+  }
+}
+
 TH_TEST(matmul_reference_closed_form) {
   struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1);
   /* [[1,2],[3,4]] x W rows (1,0),(0,1),(1,1) */
