@@ -113,6 +113,19 @@ KN_AVX512 static inline void put8(float *o, __m256 s, __mmask8 m, int acc) {
  * ldo, lanes om), WB(p, b) giving pair p's block b as a zmm (the two 8-lane
  * halves of features 2p and 2p+1). Blocks past K / 8 exist only in packed
  * weights (zero-padded); the token side of such a block is a masked load. */
+/* One k-block of a tile: the 4 pairs' block b against TT tokens' block b
+ * (XL: a full or a masked token load). */
+#define TILE_KSTEP(TT, WB, XL)                                                                     \
+  do {                                                                                             \
+    __m512 w0 = WB(0, b), w1 = WB(1, b), w2 = WB(2, b), w3 = WB(3, b);                             \
+    _Pragma("GCC unroll 8") for (int t = 0; t < TT; t++) {                                         \
+      __m512 xv = XL(in + t * ldi, b);                                                             \
+      a[0][t] = _mm512_fmadd_ps(w0, xv, a[0][t]);                                                  \
+      a[1][t] = _mm512_fmadd_ps(w1, xv, a[1][t]);                                                  \
+      a[2][t] = _mm512_fmadd_ps(w2, xv, a[2][t]);                                                  \
+      a[3][t] = _mm512_fmadd_ps(w3, xv, a[3][t]);                                                  \
+    }                                                                                              \
+  } while (0)
 #define TILE_BODY(TT, WB)                                                                          \
   const int KB = (K + 7) / 8, KF = K / 8;                                                          \
   const __mmask8 xm = (__mmask8)((1u << (K & 7)) - 1);                                             \
@@ -120,26 +133,9 @@ KN_AVX512 static inline void put8(float *o, __m256 s, __mmask8 m, int acc) {
   _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)                                              \
       _Pragma("GCC unroll 8") for (int t = 0; t < TT; t++) a[p][t] = _mm512_setzero_ps();          \
   int b = 0;                                                                                       \
-  for (; b < KF; b++) {                                                                            \
-    __m512 w0 = WB(0, b), w1 = WB(1, b), w2 = WB(2, b), w3 = WB(3, b);                             \
-    _Pragma("GCC unroll 8") for (int t = 0; t < TT; t++) {                                         \
-      __m512 xv = XB(in + t * ldi, b);                                                             \
-      a[0][t] = _mm512_fmadd_ps(w0, xv, a[0][t]);                                                  \
-      a[1][t] = _mm512_fmadd_ps(w1, xv, a[1][t]);                                                  \
-      a[2][t] = _mm512_fmadd_ps(w2, xv, a[2][t]);                                                  \
-      a[3][t] = _mm512_fmadd_ps(w3, xv, a[3][t]);                                                  \
-    }                                                                                              \
-  }                                                                                                \
-  if (b < KB) {                                                                                    \
-    __m512 w0 = WB(0, b), w1 = WB(1, b), w2 = WB(2, b), w3 = WB(3, b);                             \
-    _Pragma("GCC unroll 8") for (int t = 0; t < TT; t++) {                                         \
-      __m512 xv = XT(in + t * ldi, b);                                                             \
-      a[0][t] = _mm512_fmadd_ps(w0, xv, a[0][t]);                                                  \
-      a[1][t] = _mm512_fmadd_ps(w1, xv, a[1][t]);                                                  \
-      a[2][t] = _mm512_fmadd_ps(w2, xv, a[2][t]);                                                  \
-      a[3][t] = _mm512_fmadd_ps(w3, xv, a[3][t]);                                                  \
-    }                                                                                              \
-  }                                                                                                \
+  for (; b < KF; b++)                                                                              \
+    TILE_KSTEP(TT, WB, XB);                                                                        \
+  if (b < KB) TILE_KSTEP(TT, WB, XT);                                                              \
   _Pragma("GCC unroll 8") for (int t = 0; t < TT; t++)                                             \
       put8(out + t * ldo, reduce8(a[0][t], a[1][t], a[2][t], a[3][t]), om, acc)
 
