@@ -167,6 +167,9 @@ DEF_MATVEC(f32, float, ld_f32, ld_f32_tail)
 DEF_MATVEC(f16, uint16_t, kn_avx2_f16, kn_avx2_f16_tail)
 DEF_MATVEC(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail)
 
+const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT] = {
+    [KN_DTYPE_F32] = matvec_f32, [KN_DTYPE_F16] = matvec_f16, [KN_DTYPE_BF16] = matvec_bf16};
+
 /* ---- tile kernel: f32 weights, 4 tokens x 3 features per tile ----------- */
 
 /* One step of a 4 x 3 tile: three weight vectors against four token vectors. */
@@ -422,10 +425,10 @@ void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_se
 
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AVX2;
-  dsp->matvec[KN_DTYPE_F32] = matvec_f32;
-  dsp->matvec[KN_DTYPE_F16] = matvec_f16;
-  dsp->matvec[KN_DTYPE_BF16] = matvec_bf16;
+  for (int d = 0; d < KN_DTYPE__COUNT; d++)
+    if (kn_cpu_matvec_avx2[d]) dsp->matvec[d] = kn_cpu_matvec_avx2[d];
   dsp->tile_f32 = tile_f32;
+  dsp->tile_tokens = 4;
   dsp->tile_min_t = 16; /* widen + tile beats the two-token matvec from about here */
   dsp->widen = widen_avx2;
   dsp->rmsnorm = rmsnorm_avx2;

@@ -220,11 +220,8 @@ DEF_MV_ALL(f16, uint16_t)
         }                                                                                          \
       }                                                                                            \
     }                                                                                              \
-    if (j < n) avx2_matvec[DT](out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc);        \
+    if (j < n) kn_cpu_matvec_avx2[DT](out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc); \
   }
-
-/* The AVX2 table's matvecs, saved before this table overrides them. */
-static kn_cpu_dot_fn avx2_matvec[KN_DTYPE__COUNT];
 
 DEF_MATVEC512(f32, float, KN_DTYPE_F32)
 DEF_MATVEC512(bf16, uint16_t, KN_DTYPE_BF16)
@@ -357,13 +354,12 @@ KN_AVX512 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out) 
 
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AVX512;
-  for (int d = 0; d < KN_DTYPE__COUNT; d++)
-    if (!avx2_matvec[d]) avx2_matvec[d] = dsp->matvec[d];
   dsp->matvec[KN_DTYPE_F32] = matvec512_f32;
   dsp->matvec[KN_DTYPE_BF16] = matvec512_bf16;
   dsp->matvec[KN_DTYPE_F16] = matvec512_f16;
   dsp->pack = pack_avx512;
   dsp->tile_f32 = tile_packed;
+  dsp->tile_tokens = 6;
   /* pack + tile once a packed row serves enough tokens to repay its packing:
    * measured on [2048 x 640] (tile from T = 8) and the [262144 x 64] head
    * (widening in registers is faster up to T = 64 at least) */

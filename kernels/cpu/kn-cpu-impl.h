@@ -79,6 +79,7 @@ struct kn_cpu_dsp {
   kn_cpu_dot_fn tile_f32;
   int tile_min_t;  /* T from which matmul uses widen (or pack) + tile_f32 */
   int tile_min_tk; /* ... provided T * K is at least this (0: any) */
+  int tile_tokens; /* tokens per tile_f32 register tile (token blocks are multiples) */
   /* Widens n elements of dtype dt to f32 (exact). */
   void (*widen)(float *dst, const void *src, enum kn_dtype dt, size_t n);
   /* Widens n rows of K elements into tile_f32's layout at dst, which holds
@@ -109,6 +110,8 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* Override with AVX2+FMA+F16C versions (call only when the processor has them). */
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx2(void);
+/* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
+extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
 /* Then with AVX-512 F/DQ/BW/VL versions of some (on top of the AVX2 table). */
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx512(void);

@@ -81,7 +81,8 @@ static void mm_run(void *arg, long long u0, long long u1, int ith) {
       wf = buf;
     }
     int tblk = TILE_X_BYTES / (4 * m->K);
-    tblk = tblk < 12 ? 12 : tblk - tblk % 12; /* a multiple of the 4- and 6-token tiles */
+    int tt = dsp->tile_tokens;
+    tblk = tblk < tt ? tt : tblk - tblk % tt;
     for (int t0 = 0; t0 < m->T; t0 += tblk) {
       int tb = m->T - t0 < tblk ? m->T - t0 : tblk;
       dsp->tile_f32(m->out + (ptrdiff_t)t0 * m->ldo + n0, m->ldo, m->in + (ptrdiff_t)t0 * m->ldi,

@@ -170,6 +170,7 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp) {
   dsp->matvec[KN_DTYPE_BF16] = dot_ref_bf16;
   dsp->tile_f32 = dot_ref_f32;
   dsp->tile_min_t = 1 << 30; /* the reference never widens */
+  dsp->tile_tokens = 1;
   dsp->widen = widen_ref;
   dsp->rmsnorm = rmsnorm_ref;
   dsp->gelu_mul = gelu_mul_ref;
