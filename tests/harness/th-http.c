@@ -11,10 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
-            char **out) {
-  *out = calloc(1, 1);
+int th_http_connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
   struct sockaddr_in a = {0};
   a.sin_family = AF_INET;
   a.sin_port = htons((uint16_t)port);
@@ -23,6 +22,14 @@ int th_http(int port, const char *method, const char *path, const char *body, in
     close(fd);
     return -1;
   }
+  return fd;
+}
+
+int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
+            char **out) {
+  *out = calloc(1, 1);
+  int fd = th_http_connect(port);
+  if (fd < 0) return -1;
   char head[512];
   size_t blen = body ? strlen(body) : 0;
   int hn = snprintf(head, sizeof(head),

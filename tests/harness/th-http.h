@@ -8,6 +8,9 @@
  * to 127.0.0.1:port, reads the answer until the server closes it or
  * timeout_ms passes without data. Returns the status (-1: no answer) and in
  * *out the body, de-chunked (malloc'd, always set; the caller frees it). */
+/* A TCP connection to 127.0.0.1:port: the socket, or -1. */
+int th_http_connect(int port);
+
 int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
             char **out);
 

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/harness/th-http.h"
 #include "tests/harness/th.h"
 
 #define AS_POLL_MS  180000 /* longest silence an answer may have */
@@ -148,20 +149,6 @@ void as_stop(struct as_server *s) {
 
 /* ---- HTTP ---------------------------------------------------------------------- */
 
-static int connect_to(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 static int send_all(int fd, const char *p, size_t n) {
   while (n) {
     ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
@@ -175,7 +162,7 @@ static int send_all(int fd, const char *p, size_t n) {
 /* Connects and sends the whole request; returns the socket or -1. */
 static int send_request(const struct as_server *s, const char *method, const char *path,
                         const char *headers, const char *body) {
-  int fd = connect_to(s->port);
+  int fd = th_http_connect(s->port);
   if (fd < 0) return -1;
   char auth[300] = "";
   if (!headers && s->api_key)
@@ -244,7 +231,7 @@ static int read_some(int fd, char **buf, size_t *n, size_t *cap) {
 }
 
 int as_connect(const struct as_server *s) {
-  return connect_to(s->port);
+  return th_http_connect(s->port);
 }
 
 int as_read_answer(int fd, struct as_resp *r) {

@@ -1,8 +1,8 @@
 /* test-cuda-dense.c — the CUDA backend's dense ops against the CPU oracle on
  * random inputs over a grid of shapes, dtypes and strides: embedding,
  * RMSNorm (three forms, in place), matmul (f32 / f16 / bf16 weights,
- * accumulate, K = 0), row-subset matmul, RoPE, GELU gating, elementwise ops,
- * copy_rows, argmax and the router's top-k. Skips loudly without a device. */
+ * accumulate, K = 0), the head with its softcap, row-subset matmul, RoPE, GELU gating, elementwise
+ * ops, copy_rows, argmax and the router's top-k. Skips loudly without a device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +149,43 @@ TH_TEST(cuda_matmul) {
         matmul_case(&e, k_wdts[di], T, N, K, acc, K + 3, N + 1, 0, NULL);
         if (T == 1) matmul_case(&e, k_wdts[di], T, N, K, acc, 0, 1, 0, NULL); /* any ld, 1 row */
       }
+  ct_close(&e);
+}
+
+/* The head with its softcap (the backend-neutral matmul + softcap path on
+ * CUDA) against the CPU's fused one, over strided rows. */
+TH_TEST(cuda_matmul_softcap) {
+  struct ct_env e;
+  ct_open(&e, 5);
+  static const int shapes[][3] = {{1, 4096, 64}, {4, 1000, 64}, {33, 257, 100}};
+  for (size_t di = 0; di < 3; di++)
+    for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++) {
+      int T = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+      ptrdiff_t ldo = N + 3;
+      size_t ti = (size_t)T * K, to = (size_t)(T - 1) * ldo + N;
+      float *in = malloc(ti * sizeof(float));
+      TH_REQUIRE(in);
+      ct_fill(&e, in, ti, 4.0f);
+      void *w = ct_weights(&e, k_wdts[di], (size_t)N * K, 1.0f);
+      float *ref = ct_sentinel(to), *got = ct_sentinel(to);
+      float *in_d = ct_up(&e, in, ti * sizeof(float));
+      void *w_d = ct_up(&e, w, (size_t)N * K * kn_dtype_size(k_wdts[di]));
+      float *out_d = ct_up(&e, got, to * sizeof(float));
+      TH_CHECK(kn_matmul_softcap(e.cpu, ref, ldo, in, K, w, k_wdts[di], T, N, K, 5.0f) == 0);
+      TH_CHECK(kn_matmul_softcap(e.gpu, out_d, ldo, in_d, K, w_d, k_wdts[di], T, N, K, 5.0f) == 0);
+      ct_down(&e, got, out_d, to * sizeof(float));
+      char what[96];
+      snprintf(what, sizeof(what), "matmul_softcap %s T=%d N=%d K=%d", kn_dtype_name(k_wdts[di]), T,
+               N, K);
+      ct_compare(what, ref, got, T, N, ldo, to, gemm_tol(k_wdts[di]));
+      kn_free(e.gpu, in_d);
+      kn_free(e.gpu, w_d);
+      kn_free(e.gpu, out_d);
+      free(in);
+      free(w);
+      free(ref);
+      free(got);
+    }
   ct_close(&e);
 }
 

@@ -27,6 +27,7 @@
 #include "frontend/fe-server.h"
 #include "frontend/fe-tokenizer.h"
 #include "te-fake-sched.h"
+#include "tests/harness/th-http.h"
 #include "tests/harness/th.h"
 
 #define SCRIPT " Hello world, stop here. The end"
@@ -61,19 +62,6 @@ static void *loop_thread(void *arg) {
 }
 
 /* ---- HTTP client ------------------------------------------------------------ */
-
-static int dial(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)fx.port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 static void send_req(int fd, const char *method, const char *path, const char *body) {
   char head[512];
@@ -126,7 +114,7 @@ static int read_resp(int fd, char **body) {
 }
 
 static int http(const char *method, const char *path, const char *body, char **resp) {
-  int fd = dial();
+  int fd = th_http_connect(fx.port);
   if (fd < 0) {
     *resp = calloc(1, 1);
     return -1;
@@ -578,7 +566,7 @@ TH_TEST(engine_errors) {
 
 TH_TEST(engine_client_disconnect) {
   setup(0);
-  int fd = dial();
+  int fd = th_http_connect(fx.port);
   TH_REQUIRE(fd >= 0);
   send_req(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50,\"stream\":true}");
   char buf[4096];
@@ -633,7 +621,7 @@ TH_TEST(engine_restarted) {
   setup(0);
   te_sched_set_gen_total(fx.sched, 1000);
   cm_time_sleep_ns(200000000); /* a few PONGs with the total */
-  int fd = dial();
+  int fd = th_http_connect(fx.port);
   TH_REQUIRE(fd >= 0);
   send_req(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50}");
   cm_time_sleep_ns(100000000);
