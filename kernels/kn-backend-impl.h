@@ -34,6 +34,10 @@ struct kn_backend_ops {
   /* matmul then softcap of every output; NULL: kn_matmul_softcap runs the two */
   int (*matmul_softcap)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                         const void *w, enum kn_dtype wdt, int T, int N, int K, float cap);
+  /* argmax of matmul (softcapped when cap > 0) per row, the outputs not
+   * written anywhere; NULL: kn_matmul_argmax runs them through its scratch */
+  int (*matmul_argmax)(void *ctx, int32_t *ids, float *max_out, const float *in, ptrdiff_t ldi,
+                       const void *w, enum kn_dtype wdt, int T, int N, int K, float cap);
   int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                      const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
                      int T);

@@ -148,6 +148,21 @@ int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const fl
   return rc;
 }
 
+int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
+                     ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                     float cap, float *scratch) {
+  if (!be || T < 0 || N <= 0 || K < 0 || !(cap >= 0.0f)) return CM_ERR_INVAL;
+  if (T == 0) return 0;
+  if (!ids || (K > 0 && (!in || !w || !valid_ld(ldi, T, K)))) return CM_ERR_INVAL;
+  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (be->ops->matmul_argmax)
+    return KN_CALL(matmul_argmax, ids, max_out, in, ldi, w, wdt, T, N, K, cap);
+  if (!scratch) return CM_ERR_INVAL;
+  int rc = cap > 0.0f ? kn_matmul_softcap(be, scratch, N, in, ldi, w, wdt, T, N, K, cap)
+                      : kn_matmul(be, scratch, N, in, ldi, w, wdt, T, N, K, 0);
+  return rc ? rc : kn_argmax(be, ids, max_out, scratch, N, T, N);
+}
+
 int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                    const void *w, enum kn_dtype wdt, int n_w, int K, const int32_t *rows,
                    int n_rows, int T) {
@@ -241,6 +256,11 @@ int kn_sample_params_check(const struct kn_sample_params *p) {
       (p->n_pen > 0 && (!p->pen_ids || !p->pen_counts)))
     return CM_ERR_INVAL;
   return 0;
+}
+
+int kn_sample_is_argmax(const struct kn_sample_params *p) {
+  return !kn_sample_params_check(p) && p->temperature < 1e-5f && p->repetition_penalty == 1.0f &&
+         p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs < 0;
 }
 
 int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,

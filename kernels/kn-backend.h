@@ -98,6 +98,16 @@ int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const fl
                       ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
                       float cap);
 
+/* ids[t] (host) = kn_argmax of row t of in[T, K] · W[N, K]^T, softcapped
+ * first when cap > 0, and max_out[t] (host, may be NULL) its maximum: the
+ * same answers as kn_matmul or kn_matmul_softcap followed by kn_argmax, for
+ * greedy decoding. A backend may find each row's maximum while the outputs
+ * are in cache, without writing them; one that does not computes them into
+ * scratch ([T, N], stride N, backend memory), which is left undefined. */
+int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
+                     ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                     float cap, float *scratch);
+
 /* Like kn_matmul over a subset of W's rows: out[T, n] = in[T, K] · W[rows[j], :]^T
  * for j < n_rows. rows: [n_rows] host; W has n_w rows; a row id outside
  * [0, n_w) gives CM_ERR_RANGE. Same per-element arithmetic as kn_matmul. */
@@ -194,6 +204,11 @@ void kn_sample_params_default(struct kn_sample_params *p);
  * repetition_penalty > 0, n_logprobs <= KN_SAMPLE_MAX_LOGPROBS, the penalty
  * arrays present when n_pen > 0), else CM_ERR_INVAL. */
 int kn_sample_params_check(const struct kn_sample_params *p);
+
+/* 1 when kn_sample's answer for a row with params p is its kn_argmax and
+ * nothing else (valid, greedy, no penalty, no logprobs): the token
+ * kn_matmul_argmax finds, with logprob 0 and no top entries. */
+int kn_sample_is_argmax(const struct kn_sample_params *p);
 
 /* Samples one token per row of logits[T, V] (stride ld, backend memory, left
  * unchanged) with params[T] (host); out[T] (host). Waits for the result.

@@ -136,10 +136,14 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
   K(kn_download(be, h_out, m->hout, sizeof(float) * (size_t)T * B));
   for (int start = 0; start < T && (logits || !c->use_ordered_embeddings); start += m->max_out) {
     int rows = CM_MIN(m->max_out, T - start);
-    K(kn_matmul(be, m->logits, V, m->h + (size_t)start * h, h, m->lm_head.p, m->lm_head.dt, rows, V,
-                h, 0));
-    if (logits)
-      K(kn_download(be, logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)rows * V));
+    const float *hs = m->h + (size_t)start * h;
+    if (!logits) { /* tokens only: the argmax straight from the head */
+      K(kn_matmul_argmax(be, tokens_out + start, NULL, hs, h, m->lm_head.p, m->lm_head.dt, rows, V,
+                         h, 0.0f, m->logits));
+      continue;
+    }
+    K(kn_matmul(be, m->logits, V, hs, h, m->lm_head.p, m->lm_head.dt, rows, V, h, 0));
+    K(kn_download(be, logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)rows * V));
     if (!c->use_ordered_embeddings)
       K(kn_argmax(be, tokens_out + start, NULL, m->logits, V, rows, V));
   }

@@ -244,6 +244,13 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   return 0;
 }
 
+/* Whether all n rows sample their argmax (kn_sample_is_argmax). */
+static int all_argmax(const struct kn_sample_params *p, int n) {
+  for (int r = 0; r < n; r++)
+    if (!kn_sample_is_argmax(&p[r])) return 0;
+  return 1;
+}
+
 int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
   const struct wk_config *c = &m->cfg;
   struct kn_backend *be = m->be;
@@ -279,7 +286,17 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
                  m->norm_mode));
     if (b->hidden)
       K(kn_download(be, b->hidden + (size_t)start * H, m->sel, sizeof(float) * (size_t)n * H));
-    if (b->logits || b->sampled) {
+    if (b->sampled && all_argmax(b->sample + start, n)) {
+      /* greedy rows: the tokens straight from the head, no logits written */
+      K(kn_matmul_argmax(be, m->head_ids, NULL, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H,
+                         c->final_softcap > 0 ? (float)c->final_softcap : 0.0f, m->logits));
+      for (int r = 0; r < n; r++) {
+        struct kn_sample_out *o = &b->sampled[start + r];
+        o->token = m->head_ids[r];
+        o->logprob = 0.0f;
+        o->n_top = 0;
+      }
+    } else if (b->logits || b->sampled) {
       if (c->final_softcap > 0)
         K(kn_matmul_softcap(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H,
                             (float)c->final_softcap));

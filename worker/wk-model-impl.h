@@ -92,6 +92,7 @@ struct wk_model {
   int32_t *moe_ids;         /* [T, k] */
   float *moe_w;             /* [T, k] */
   int32_t *out_rows;        /* [T] row index of each output */
+  int32_t *head_ids;        /* [max_out] greedy tokens straight from the head */
 
   /* Gemma 4 MTP assistant only (target != NULL) */
   struct wk_model *target;    /* whose embedding and KV pages the draft reads */

@@ -321,12 +321,13 @@ static int alloc_scratch(struct wk_model *m) {
   m->ids = malloc(sizeof(int32_t) * T);
   m->pos = malloc(sizeof(int32_t) * T);
   m->out_rows = malloc(sizeof(int32_t) * T);
+  m->head_ids = malloc(sizeof(int32_t) * (size_t)m->max_out);
   m->slots = malloc(sizeof(int32_t) * T * (size_t)G);
   m->aseq = calloc((size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
   int k = c->moe ? c->top_k_experts : 1;
   m->moe_ids = malloc(sizeof(int32_t) * T * (size_t)k);
   m->moe_w = malloc(sizeof(float) * T * (size_t)k);
-  if (!m->ids || !m->pos || !m->out_rows || !m->slots || !m->aseq || !m->moe_ids || !m->moe_w)
+  if (!m->ids || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq || !m->moe_ids || !m->moe_w)
     return CM_ERR_NOMEM;
   return 0;
 }
@@ -556,6 +557,7 @@ void wk_model_free(struct wk_model *m) {
   free(m->ids);
   free(m->pos);
   free(m->out_rows);
+  free(m->head_ids);
   free(m->slots);
   free(m->aseq);
   free(m->moe_ids);

@@ -25,6 +25,8 @@ static void cpu_destroy(void *p) {
   kn_cpu_pool_destroy(ctx->pool);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     free(ctx->scratch[i]);
+  free(ctx->xt);
+  free(ctx->best);
   free(ctx->seq_items);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     kn_cpu_sampler_destroy(ctx->samplers[i]);

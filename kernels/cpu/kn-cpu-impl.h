@@ -85,6 +85,15 @@ struct kn_cpu_dsp {
   /* Widens n rows of K elements into tile_f32's layout at dst, which holds
    * kn_cpu_packed_floats(K, n) floats; NULL: plain widened rows. */
   void (*pack)(float *dst, const void *src, enum kn_dtype dt, int K, int n);
+  /* Many tokens, short rows (kn-cpu-avx512.c; NULL: none): out rows [0, n)
+   * of w against the T tokens in xt, the inputs as kn_cpu_tok_inputs lays
+   * them out; wbuf holds 16 * Kp floats (Kp: K rounded up to 8). Adds to out
+   * when acc, then softcaps when cap > 0. Used from T = tok_min_t when K is
+   * at most tok_max_k. Same arithmetic per element as matvec. */
+  void (*tok_mm)(float *out, ptrdiff_t ldo, const float *xt, int T, const void *w,
+                 enum kn_dtype dt, int K, int n, int acc, float cap, float *wbuf);
+  int tok_min_t;
+  int tok_max_k;
 
   /* One row of d elements. */
   void (*rmsnorm)(float *out, const float *x, int d, const void *w, enum kn_dtype wdt, float eps,
@@ -118,6 +127,12 @@ int kn_cpu_has_avx512(void);
 
 /* ---- the backend context ------------------------------------------------ */
 
+/* A row's first maximum within one work unit (id -1: every entry NaN). */
+struct kn_cpu_best {
+  float max;
+  int32_t id;
+};
+
 struct kn_cpu_ctx {
   int n_threads;
   struct kn_cpu_dsp dsp;
@@ -126,6 +141,12 @@ struct kn_cpu_ctx {
    * before a task is dispatched: scratch[i] holds scratch_floats floats */
   float *scratch[KN_CPU_MAX_THREADS];
   size_t scratch_floats;
+  /* the inputs of the matmul in flight, transposed for tok_mm */
+  float *xt;
+  size_t xt_floats;
+  /* matmul_argmax: each work unit's row maxima */
+  struct kn_cpu_best *best;
+  size_t best_cap;
   /* attention: first work item of each sequence, [n_seqs + 1] */
   long long *seq_items;
   int seq_items_cap;
@@ -153,6 +174,8 @@ int kn_cpu_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logit
  * The AVX2 (AVX-512) version needs kn_cpu_has_avx2() (kn_cpu_has_avx512())
  * and gives the same answers. */
 int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out);
+/* The best of the three this processor runs. */
+int kn_cpu_argmax_row(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out);
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,

@@ -107,9 +107,7 @@ int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out) {
   return best;
 }
 
-int kn_cpu_op_argmax(void *p, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
-                     int T, int V) {
-  (void)p;
+int kn_cpu_argmax_row(const float *row, int n, float *max_out) {
   /* every version gives the same index and value; the choice is cached */
   static int level = -1;
   int a = __atomic_load_n(&level, __ATOMIC_RELAXED);
@@ -117,12 +115,17 @@ int kn_cpu_op_argmax(void *p, int32_t *ids, float *max_out, const float *logits,
     a = kn_cpu_has_avx512() ? 2 : kn_cpu_has_avx2() ? 1 : 0;
     __atomic_store_n(&level, a, __ATOMIC_RELAXED);
   }
+  return a == 2   ? kn_cpu_argmax_row_avx512(row, n, max_out)
+         : a == 1 ? kn_cpu_argmax_row_avx2(row, n, max_out)
+                  : kn_cpu_argmax_row_ref(row, n, max_out);
+}
+
+int kn_cpu_op_argmax(void *p, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
+                     int T, int V) {
+  (void)p;
   for (int t = 0; t < T; t++) {
-    const float *row = logits + (ptrdiff_t)t * ld;
     float mx;
-    int best = a == 2   ? kn_cpu_argmax_row_avx512(row, V, &mx)
-               : a == 1 ? kn_cpu_argmax_row_avx2(row, V, &mx)
-                        : kn_cpu_argmax_row_ref(row, V, &mx);
+    int best = kn_cpu_argmax_row(logits + (ptrdiff_t)t * ld, V, &mx);
     ids[t] = best < 0 ? 0 : best;
     if (max_out) max_out[t] = mx;
   }

@@ -43,53 +43,124 @@ struct mm_task {
   const char *w; /* [N, K] */
   enum kn_dtype dt;
   int T, N, K, acc;
-  float cap; /* > 0: softcap each unit's outputs while they are in cache */
-  int chunk; /* output features per work unit */
-  int tile;  /* widen + tile_f32 instead of matvec */
+  float cap;    /* > 0: softcap each unit's outputs while they are in cache */
+  int chunk;    /* output features per work unit */
+  int tile;     /* widen + tile_f32 instead of matvec */
+  int tok;      /* tok_mm over ctx->xt instead of either */
+  size_t wbuf;  /* floats of per-thread scratch the unit's kernels use */
+  ptrdiff_t ldu;           /* argmax: the row stride of a unit's outputs */
+  struct kn_cpu_best *best; /* argmax: [units, T] each unit's row maxima */
 };
 
-/* Softcaps outputs [n0, n0 + n) of every token: elementwise, so the same
- * bits as one softcap over the whole rows afterwards. */
-static void cap_unit(const struct mm_task *m, int n0, int n) {
+/* Softcaps outputs [0, n) of every token at out (stride ldo): elementwise, so
+ * the same bits as one softcap over the whole rows afterwards. */
+static void cap_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n) {
   for (int t = 0; t < m->T; t++) {
-    float *o = m->out + (ptrdiff_t)t * m->ldo + n0;
+    float *o = out + (ptrdiff_t)t * ldo;
     m->ctx->dsp.softcap(o, o, m->cap, (size_t)n);
   }
 }
 
+/* Computes outputs [n0, n0 + n) of every token into out (stride ldo; out[0]
+ * is feature n0), softcapped when m->cap > 0. */
+static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, int n, int ith) {
+  const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
+  const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
+  float *buf = m->ctx->scratch[ith];
+  if (m->tok) {
+    dsp->tok_mm(out, ldo, m->ctx->xt, m->T, w, m->dt, m->K, n, m->acc, m->cap, buf);
+    return;
+  }
+  if (!m->tile) {
+    dsp->matvec[m->dt](out, ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
+    if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
+    return;
+  }
+  const float *wf = (const float *)w;
+  if (dsp->pack) {
+    dsp->pack(buf, w, m->dt, m->K, n);
+    wf = buf;
+  } else if (m->dt != KN_DTYPE_F32) {
+    dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
+    wf = buf;
+  }
+  int tblk = TILE_X_BYTES / (4 * m->K);
+  int tt = dsp->tile_tokens;
+  tblk = tblk < tt ? tt : tblk - tblk % tt;
+  for (int t0 = 0; t0 < m->T; t0 += tblk) {
+    int tb = m->T - t0 < tblk ? m->T - t0 : tblk;
+    dsp->tile_f32(out + (ptrdiff_t)t0 * ldo, ldo, m->in + (ptrdiff_t)t0 * m->ldi, m->ldi, wf, m->K,
+                  tb, n, m->acc);
+  }
+  if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
+}
+
 static void mm_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
-  const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
-  size_t row_bytes = (size_t)m->K * kn_dtype_size(m->dt);
   for (long long u = u0; u < u1; u++) {
     int n0 = (int)u * m->chunk;
-    int n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
-    const char *w = m->w + (size_t)n0 * row_bytes;
-    if (!m->tile) {
-      dsp->matvec[m->dt](m->out + n0, m->ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
-      if (m->cap > 0.0f) cap_unit(m, n0, n);
-      continue;
-    }
-    const float *wf = (const float *)w;
-    if (dsp->pack) {
-      float *buf = m->ctx->scratch[ith];
-      dsp->pack(buf, w, m->dt, m->K, n);
-      wf = buf;
-    } else if (m->dt != KN_DTYPE_F32) {
-      float *buf = m->ctx->scratch[ith];
-      dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
-      wf = buf;
-    }
-    int tblk = TILE_X_BYTES / (4 * m->K);
-    int tt = dsp->tile_tokens;
-    tblk = tblk < tt ? tt : tblk - tblk % tt;
-    for (int t0 = 0; t0 < m->T; t0 += tblk) {
-      int tb = m->T - t0 < tblk ? m->T - t0 : tblk;
-      dsp->tile_f32(m->out + (ptrdiff_t)t0 * m->ldo + n0, m->ldo, m->in + (ptrdiff_t)t0 * m->ldi,
-                    m->ldi, wf, m->K, tb, n, m->acc);
-    }
-    if (m->cap > 0.0f) cap_unit(m, n0, n);
+    mm_unit(m, m->out + n0, m->ldo, n0, m->N - n0 < m->chunk ? m->N - n0 : m->chunk, ith);
   }
+}
+
+/* Lays the T x K inputs out for tok_mm in ctx->xt: per group of 16 tokens,
+ * K rounded up to 8 rows of 16 floats (token t of the group in lane t), zero
+ * past K and past T. */
+static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, int T, int K) {
+  const int Kp = (K + 7) & ~7, G = (T + 15) / 16;
+  size_t need = (size_t)G * (size_t)Kp * 16;
+  if (need > ctx->xt_floats) {
+    float *p = aligned_alloc(64, need * sizeof(float));
+    if (!p) return CM_ERR_NOMEM;
+    free(ctx->xt);
+    ctx->xt = p;
+    ctx->xt_floats = need;
+  }
+  for (int g = 0; g < G; g++) {
+    float *xg = ctx->xt + (size_t)g * Kp * 16;
+    for (int k = 0; k < Kp; k++)
+      for (int l = 0; l < 16; l++) {
+        int t = 16 * g + l;
+        xg[(size_t)k * 16 + l] = t < T && k < K ? in[(ptrdiff_t)t * ldi + k] : 0.0f;
+      }
+  }
+  return 0;
+}
+
+/* Chooses the kernels and the work units of m (T, N > 0, K > 0 set) and
+ * readies what they need: the transposed inputs, m->wbuf. */
+static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m) {
+  const int T = m->T, N = m->N, K = m->K, nth = ctx->n_threads;
+  const struct kn_cpu_dsp *dsp = &ctx->dsp;
+  m->tok = dsp->tok_mm && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
+  m->tile = !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
+  m->wbuf = 0;
+  /* matvec units: about MATVEC_UNIT_BYTES of weights, small enough that a
+   * thread preempted mid-unit (the machine may be shared) delays the op
+   * little, but at least 4 units per thread */
+  long long row_bytes = (long long)K * (long long)kn_dtype_size(m->dt);
+  long long mv = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
+  if (mv > most) mv = most;
+  if (m->tok) {
+    int rc = tok_inputs(ctx, m->in, m->ldi, T, K);
+    if (rc) return rc;
+    m->wbuf = (size_t)16 * (size_t)((K + 7) & ~7);
+    m->chunk = (int)((mv + 15) & ~15LL); /* whole blocks of 16 rows */
+  } else if (m->tile && dsp->pack) {
+    /* groups of packed rows about PACK_CHUNK_BYTES together (L1) */
+    long long c = PACK_CHUNK_BYTES / (4LL * K);
+    c = c < KN_PACK_GROUP ? KN_PACK_GROUP : c > 256 ? 256 : c - c % KN_PACK_GROUP;
+    m->chunk = (int)c;
+    m->wbuf = kn_cpu_packed_floats(K, m->chunk);
+  } else if (m->tile) {
+    long long c = TILE_CHUNK_BYTES / (4LL * K);
+    c = c < 3 ? 3 : c > 63 ? 63 : c - c % 3;
+    m->chunk = (int)c;
+    if (m->dt != KN_DTYPE_F32) m->wbuf = (size_t)m->chunk * (size_t)K;
+  } else {
+    m->chunk = (int)((mv < 16 ? 16 : mv + 3) & ~3LL); /* multiples of 4 rows */
+  }
+  return 0;
 }
 
 static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
@@ -113,30 +184,8 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
                       .K = K,
                       .acc = accumulate,
                       .cap = cap};
-  int nth = ctx->n_threads;
-  m.tile = T >= ctx->dsp.tile_min_t && (long long)T * K >= ctx->dsp.tile_min_tk;
-  if (m.tile && ctx->dsp.pack) {
-    /* groups of packed rows about PACK_CHUNK_BYTES together (L1) */
-    long long c = PACK_CHUNK_BYTES / (4LL * K);
-    c = c < KN_PACK_GROUP ? KN_PACK_GROUP : c > 256 ? 256 : c - c % KN_PACK_GROUP;
-    m.chunk = (int)c;
-    if (kn_cpu_ctx_scratch(ctx, kn_cpu_packed_floats(K, m.chunk))) return CM_ERR_NOMEM;
-  } else if (m.tile) {
-    long long c = TILE_CHUNK_BYTES / (4LL * K);
-    c = c < 3 ? 3 : c > 63 ? 63 : c - c % 3;
-    m.chunk = (int)c;
-    if (wdt != KN_DTYPE_F32 && kn_cpu_ctx_scratch(ctx, (size_t)m.chunk * (size_t)K))
-      return CM_ERR_NOMEM;
-  } else {
-    /* Units of about MATVEC_UNIT_BYTES of weights: small enough that a thread
-     * preempted mid-unit (the machine may be shared) delays the op little,
-     * but at least 4 units per thread; multiples of 4 rows. */
-    long long row_bytes = (long long)K * (long long)kn_dtype_size(wdt);
-    long long c = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
-    if (c > most) c = most;
-    if (c < 16) c = 16;
-    m.chunk = (int)((c + 3) & ~3LL);
-  }
+  int rc = mm_plan(ctx, &m);
+  if (rc || (rc = kn_cpu_ctx_scratch(ctx, m.wbuf))) return rc;
   long long units = (N + m.chunk - 1) / m.chunk;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_run, &m);
   return 0;
@@ -150,6 +199,71 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
 static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                               const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
+}
+
+/* ---- matmul then argmax -------------------------------------------------- */
+
+/* Each unit computes its outputs into the thread's scratch (after the
+ * kernels' own part, rows padded so they do not alias in L1), takes each
+ * token's first maximum there, and the caller merges the units in order: the
+ * first unit holding the overall maximum has its first index. The outputs
+ * never reach memory beyond L2. */
+static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
+  struct mm_task *m = arg;
+  float *ub = m->ctx->scratch[ith] + ((m->wbuf + 15) & ~(size_t)15);
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * m->chunk, n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
+    mm_unit(m, ub, m->ldu, n0, n, ith);
+    for (int t = 0; t < m->T; t++) {
+      struct kn_cpu_best *b = &m->best[u * m->T + t];
+      int i = kn_cpu_argmax_row(ub + (ptrdiff_t)t * m->ldu, n, &b->max);
+      b->id = i < 0 ? -1 : n0 + i;
+    }
+  }
+}
+
+static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float *in, ptrdiff_t ldi,
+                             const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
+  struct kn_cpu_ctx *ctx = p;
+  if (K == 0) { /* every output is 0 (softcapped: 0) */
+    for (int t = 0; t < T; t++) {
+      ids[t] = 0;
+      if (max_out) max_out[t] = 0.0f;
+    }
+    return 0;
+  }
+  struct mm_task m = {
+      .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
+  int rc = mm_plan(ctx, &m);
+  if (rc) return rc;
+  m.ldu = ((ptrdiff_t)m.chunk + 15) / 16 * 16 + 16;
+  long long units = (N + m.chunk - 1) / m.chunk;
+  size_t n_best = (size_t)units * (size_t)T;
+  if (n_best > ctx->best_cap) {
+    struct kn_cpu_best *nb = malloc(n_best * sizeof(*nb));
+    if (!nb) return CM_ERR_NOMEM;
+    free(ctx->best);
+    ctx->best = nb;
+    ctx->best_cap = n_best;
+  }
+  m.best = ctx->best;
+  if ((rc = kn_cpu_ctx_scratch(ctx, ((m.wbuf + 15) & ~(size_t)15) + (size_t)T * (size_t)m.ldu)))
+    return rc;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_argmax_run, &m);
+  for (int t = 0; t < T; t++) {
+    int32_t id = -1;
+    float mx = NAN;
+    for (long long u = 0; u < units; u++) {
+      const struct kn_cpu_best *b = &m.best[u * T + t];
+      if (b->id >= 0 && (id < 0 || b->max > mx)) {
+        id = b->id;
+        mx = b->max;
+      }
+    }
+    ids[t] = id < 0 ? 0 : id; /* as kn_cpu_op_argmax: a row of NaN gives 0 */
+    if (max_out) max_out[t] = mx;
+  }
+  return 0;
 }
 
 struct mm_rows_task {
@@ -441,6 +555,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->scale = cpu_scale;
   ops->softcap = cpu_softcap;
   ops->matmul_softcap = cpu_matmul_softcap;
+  ops->matmul_argmax = cpu_matmul_argmax;
   ops->copy_rows = cpu_copy_rows;
   ops->argmax = kn_cpu_op_argmax;
   ops->router_topk = kn_cpu_op_router_topk;

@@ -294,6 +294,69 @@ TH_TEST(elementwise_ops) {
   kn_backend_destroy(simd);
 }
 
+/* kn_matmul_argmax gives kn_matmul(_softcap) then kn_argmax's answers (index
+ * and maximum, bit for bit) on every path: matvec, tiles, 16 tokens across
+ * the lanes, several work units, both kernel sets, with and without the
+ * softcap. Rows 3 and N - 2 are the same weights scaled up so that they tie
+ * for the maximum in different units (the first must win); a NaN weight
+ * makes feature 1 NaN for every token, and one token's inputs are NaN (its
+ * answer: 0 and NaN, as kn_argmax gives for a row of NaN). */
+static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, int N, int K,
+                                float cap) {
+  float *in = kt_rand_f32((size_t)T * (K + 2), 1.0f);
+  void *w = kt_rand_tensor(dt, (size_t)N * K, 0.5f);
+  for (int k = 0; k < K; k++) {
+    float v = 3.0f * kn_load_f32(w, dt, (size_t)3 * K + k);
+    kn_store_f32(w, dt, (size_t)3 * K + k, v);
+    kn_store_f32(w, dt, (size_t)(N - 2) * K + k, v);
+  }
+  if (N > 1 && K > 0) kn_store_f32(w, dt, (size_t)K + K / 2, NAN);
+  if (T > 2)
+    for (int k = 0; k < K; k++)
+      in[(size_t)2 * (K + 2) + k] = NAN;
+  float *logits = malloc(sizeof(float) * (size_t)T * N), *scratch = malloc(sizeof(float) * (size_t)T * N);
+  int32_t *ids_a = malloc(sizeof(int32_t) * T), *ids_b = malloc(sizeof(int32_t) * T);
+  float *max_a = malloc(sizeof(float) * T), *max_b = malloc(sizeof(float) * T);
+  TH_REQUIRE(logits && scratch && ids_a && ids_b && max_a && max_b);
+  if (cap > 0.0f)
+    TH_REQUIRE(kn_matmul_softcap(be, logits, N, in, K + 2, w, dt, T, N, K, cap) == 0);
+  else
+    TH_REQUIRE(kn_matmul(be, logits, N, in, K + 2, w, dt, T, N, K, 0) == 0);
+  TH_REQUIRE(kn_argmax(be, ids_a, max_a, logits, N, T, N) == 0);
+  TH_REQUIRE(kn_matmul_argmax(be, ids_b, max_b, in, K + 2, w, dt, T, N, K, cap, scratch) == 0);
+  for (int t = 0; t < T; t++) {
+    int same_max = isnan(max_a[t]) ? isnan(max_b[t]) : kt_bits_equal(&max_a[t], &max_b[t], 1);
+    if (ids_a[t] != ids_b[t] || !same_max)
+      th_fail(__FILE__, __LINE__, "%s %s T=%d N=%d K=%d cap=%g: token %d gives %d (%g), not %d (%g)",
+              kn_backend_name(be), kn_dtype_name(dt), T, N, K, cap, t, ids_b[t], max_b[t], ids_a[t],
+              max_a[t]);
+  }
+  free(in);
+  free(w);
+  free(logits);
+  free(scratch);
+  free(ids_a);
+  free(ids_b);
+  free(max_a);
+  free(max_b);
+}
+
+TH_TEST(matmul_argmax_is_matmul_then_argmax) {
+  static const int shapes[][3] = {{1, 47, 64},   {3, 33, 17},   {8, 260, 64},   {16, 47, 64},
+                                  {32, 9000, 64}, {37, 300, 67}, {20, 700, 640}, {4, 5, 0},
+                                  {1, 40000, 64}};
+  kt_seed(12);
+  for (int isa = 0; isa < 2; isa++) {
+    struct kn_backend *be = kt_backend(isa ? KN_CPU_ISA_AVX512 : KN_CPU_ISA_REF, 2);
+    for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+      for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
+        for (int c = 0; c < 2; c++)
+          check_matmul_argmax(be, wdts[d], shapes[si][0], shapes[si][1], shapes[si][2],
+                              c ? 30.0f : 0.0f);
+    kn_backend_destroy(be);
+  }
+}
+
 /* Elementwise results do not depend on where an element sits in the call
  * (vector body or tail, which thread): a row alone equals the same row inside
  * a longer, differently aligned call, bit for bit. */
