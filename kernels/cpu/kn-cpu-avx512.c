@@ -449,6 +449,18 @@ KN_AVX512 static void tok_put(float *out, ptrdiff_t ldo, const float *s, int row
  * stride Kp floats, zero from K to Kp. */
 KN_AVX512 static void tok_widen(float *dst, const void *w, enum kn_dtype dt, int K, int Kp,
                                 int rows) {
+  if (dt != KN_DTYPE_F32 && K % 16 == 0) { /* 16 at a time, the rows back to back */
+    const uint16_t *src = w;
+    for (int r = 0; r < rows; r++)
+      for (int k = 0; k < K; k += 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(src + (size_t)r * K + k));
+        __m512 f = dt == KN_DTYPE_F16
+                       ? _mm512_cvtph_ps(v)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+        _mm512_store_ps(dst + (size_t)r * Kp + k, f);
+      }
+    return;
+  }
   const int KF = K / 8, r8 = K & 7;
   for (int r = 0; r < rows; r++) {
     size_t at = (size_t)r * K;
@@ -493,6 +505,63 @@ KN_AVX512 static void tok_mm(float *out, ptrdiff_t ldo, const float *xt, int T, 
   }
 }
 
+/* kn_cpu_dsp.tok_argmax: rows [0, n) of w against the T tokens of xt, each
+ * token's first maximum (softcapped when cap > 0) as feature n0 + row into
+ * best[T], without writing the outputs: each lane keeps its token's running
+ * maximum over the rows in order (strictly greater replaces, so the first
+ * index stays; NaN never enters; the first non-NaN enters even at -inf). */
+KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *xt, int T,
+                                 const void *w, enum kn_dtype dt, int K, int n, float cap,
+                                 float *wbuf) {
+  const int Kp = (K + 7) & ~7, G = (T + 15) / 16;
+  /* rows per widened block: up to 48, about 12 KB of f32 weights (L1) */
+  int blk = 3072 / Kp / 3 * 3;
+  blk = blk < 3 ? 3 : blk > 48 ? 48 : blk;
+  const size_t es = kn_dtype_size(dt);
+  float *bv = wbuf + (((size_t)blk * Kp + 15) & ~(size_t)15); /* [G, 16] running maxima */
+  int32_t *bi = (int32_t *)(bv + (size_t)G * 16); /* [G, 16] their features, -1: none */
+  for (int g = 0; g < G; g++) {
+    _mm512_store_ps(bv + 16 * g, _mm512_set1_ps(-INFINITY));
+    _mm512_store_si512((__m512i *)(bi + 16 * g), _mm512_set1_epi32(-1));
+  }
+  const __m512 cv = _mm512_set1_ps(cap), ic = _mm512_set1_ps(1.0f / cap);
+  _Alignas(64) float s[3 * 16];
+  for (int j = 0; j < n; j += blk) {
+    const int rows = n - j < blk ? n - j : blk;
+    tok_widen(wbuf, (const char *)w + (size_t)j * K * es, dt, K, Kp, rows);
+    for (int g = 0; g < G; g++) {
+      const float *xg = xt + (size_t)g * Kp * 16;
+      __m512 v_best = _mm512_load_ps(bv + 16 * g);
+      __m512i i_best = _mm512_load_si512((const __m512i *)(bi + 16 * g));
+      for (int r = 0; r < rows; r += 3) {
+        int nr = rows - r < 3 ? rows - r : 3;
+        const float *wr = wbuf + (size_t)r * Kp;
+        if (nr == 3)
+          tok_rows3(s, xg, wr, Kp);
+        else if (nr == 2)
+          tok_rows2(s, xg, wr, Kp);
+        else
+          tok_rows1(s, xg, wr, Kp);
+        for (int q = 0; q < nr; q++) {
+          __m512 v = _mm512_load_ps(s + 16 * q);
+          if (cap > 0.0f) v = _mm512_mul_ps(tanh16(_mm512_mul_ps(v, ic)), cv);
+          __mmask16 none = _mm512_cmpeq_epi32_mask(i_best, _mm512_set1_epi32(-1));
+          __mmask16 take = _mm512_cmp_ps_mask(v, v_best, _CMP_GT_OQ) |
+                           (none & _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q));
+          v_best = _mm512_mask_mov_ps(v_best, take, v);
+          i_best = _mm512_mask_mov_epi32(i_best, take, _mm512_set1_epi32(n0 + j + r + q));
+        }
+      }
+      _mm512_store_ps(bv + 16 * g, v_best);
+      _mm512_store_si512((__m512i *)(bi + 16 * g), i_best);
+    }
+  }
+  for (int t = 0; t < T; t++) {
+    best[t].max = bv[t];
+    best[t].id = bi[t];
+  }
+}
+
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AVX512;
   dsp->matvec[KN_DTYPE_F32] = matvec512_f32;
@@ -508,6 +577,7 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->tile_min_tk = 4096;
   dsp->softcap = softcap_avx512;
   dsp->tok_mm = tok_mm;
+  dsp->tok_argmax = tok_argmax;
   dsp->tok_min_t = 16;
   dsp->tok_max_k = 512;
 }

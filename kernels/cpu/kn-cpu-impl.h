@@ -43,6 +43,19 @@ void kn_cpu_pool_run(struct kn_cpu_pool *pool, long long n_units, long long grai
 
 /* ---- kernel table ----------------------------------------------------- */
 
+/* A row's first maximum within one work unit (id -1: every entry NaN). */
+struct kn_cpu_best {
+  float max;
+  int32_t id;
+};
+
+/* Floats of scratch tok_argmax needs (kn-cpu-avx512.c): up to 48 widened
+ * rows and the running maxima of every group of 16 tokens. */
+static inline size_t kn_cpu_tok_argmax_floats(int K, int T) {
+  return (size_t)48 * (size_t)((K + 7) & ~7) + 16 + (size_t)2 * 16 * (size_t)((T + 15) / 16);
+}
+
+
 /* out[t * ldo + j] {=, +=} dot(in[t * ldi + 0..K), W row j) for t < T, j < n,
  * where W row j starts at w + j * K elements of the kernel's dtype. */
 typedef void (*kn_cpu_dot_fn)(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
@@ -92,6 +105,11 @@ struct kn_cpu_dsp {
    * at most tok_max_k. Same arithmetic per element as matvec. */
   void (*tok_mm)(float *out, ptrdiff_t ldo, const float *xt, int T, const void *w,
                  enum kn_dtype dt, int K, int n, int acc, float cap, float *wbuf);
+  /* With tok_mm: each token's first maximum over rows [0, n) of w
+   * (softcapped when cap > 0), as feature n0 + row, into best[T], the
+   * outputs not written; wbuf holds kn_cpu_tok_argmax_floats(K, T). */
+  void (*tok_argmax)(struct kn_cpu_best *best, int n0, const float *xt, int T, const void *w,
+                     enum kn_dtype dt, int K, int n, float cap, float *wbuf);
   int tok_min_t;
   int tok_max_k;
 
@@ -126,12 +144,6 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx512(void);
 
 /* ---- the backend context ------------------------------------------------ */
-
-/* A row's first maximum within one work unit (id -1: every entry NaN). */
-struct kn_cpu_best {
-  float max;
-  int32_t id;
-};
 
 struct kn_cpu_ctx {
   int n_threads;

@@ -211,8 +211,15 @@ static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *i
 static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
   float *ub = m->ctx->scratch[ith] + ((m->wbuf + 15) & ~(size_t)15);
+  const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   for (long long u = u0; u < u1; u++) {
     int n0 = (int)u * m->chunk, n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
+    if (m->tok && dsp->tok_argmax) {
+      const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
+      dsp->tok_argmax(m->best + u * m->T, n0, m->ctx->xt, m->T, w, m->dt, m->K, n, m->cap,
+                      m->ctx->scratch[ith]);
+      continue;
+    }
     mm_unit(m, ub, m->ldu, n0, n, ith);
     for (int t = 0; t < m->T; t++) {
       struct kn_cpu_best *b = &m->best[u * m->T + t];
@@ -247,8 +254,9 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
     ctx->best_cap = n_best;
   }
   m.best = ctx->best;
-  if ((rc = kn_cpu_ctx_scratch(ctx, ((m.wbuf + 15) & ~(size_t)15) + (size_t)T * (size_t)m.ldu)))
-    return rc;
+  size_t need = ((m.wbuf + 15) & ~(size_t)15) + (size_t)T * (size_t)m.ldu;
+  if (m.tok && ctx->dsp.tok_argmax) need = kn_cpu_tok_argmax_floats(K, T);
+  if ((rc = kn_cpu_ctx_scratch(ctx, need))) return rc;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_argmax_run, &m);
   for (int t = 0; t < T; t++) {
     int32_t id = -1;

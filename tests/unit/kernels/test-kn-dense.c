@@ -297,10 +297,11 @@ TH_TEST(elementwise_ops) {
 /* kn_matmul_argmax gives kn_matmul(_softcap) then kn_argmax's answers (index
  * and maximum, bit for bit) on every path: matvec, tiles, 16 tokens across
  * the lanes, several work units, both kernel sets, with and without the
- * softcap. Rows 3 and N - 2 are the same weights scaled up so that they tie
- * for the maximum in different units (the first must win); a NaN weight
- * makes feature 1 NaN for every token, and one token's inputs are NaN (its
- * answer: 0 and NaN, as kn_argmax gives for a row of NaN). */
+ * softcap. Rows 3, 5 and N - 2 are the same weights scaled up so that they
+ * tie for the maximum within a unit and across units (the first must win); a
+ * NaN weight makes feature 0 NaN for every token (a unit's first row), and
+ * one token's inputs are NaN (its answer: 0 and NaN, as kn_argmax gives for a
+ * row of NaN). */
 static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, int N, int K,
                                 float cap) {
   float *in = kt_rand_f32((size_t)T * (K + 2), 1.0f);
@@ -309,8 +310,9 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
     float v = 3.0f * kn_load_f32(w, dt, (size_t)3 * K + k);
     kn_store_f32(w, dt, (size_t)3 * K + k, v);
     kn_store_f32(w, dt, (size_t)(N - 2) * K + k, v);
+    if (N > 8) kn_store_f32(w, dt, (size_t)5 * K + k, v);
   }
-  if (N > 1 && K > 0) kn_store_f32(w, dt, (size_t)K + K / 2, NAN);
+  if (K > 0) kn_store_f32(w, dt, (size_t)K / 2, NAN);
   if (T > 2)
     for (int k = 0; k < K; k++)
       in[(size_t)2 * (K + 2) + k] = NAN;
@@ -344,7 +346,7 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
 TH_TEST(matmul_argmax_is_matmul_then_argmax) {
   static const int shapes[][3] = {{1, 47, 64},   {3, 33, 17},   {8, 260, 64},   {16, 47, 64},
                                   {32, 9000, 64}, {37, 300, 67}, {20, 700, 640}, {4, 5, 0},
-                                  {1, 40000, 64}};
+                                  {1, 40000, 64}, {20, 500, 88}, {64, 3000, 512}};
   kt_seed(12);
   for (int isa = 0; isa < 2; isa++) {
     struct kn_backend *be = kt_backend(isa ? KN_CPU_ISA_AVX512 : KN_CPU_ISA_REF, 2);
