@@ -509,7 +509,12 @@ KN_AVX512 static void tok_mm(float *out, ptrdiff_t ldo, const float *xt, int T, 
  * token's first maximum (softcapped when cap > 0) as feature n0 + row into
  * best[T], without writing the outputs: each lane keeps its token's running
  * maximum over the rows in order (strictly greater replaces, so the first
- * index stays; NaN never enters; the first non-NaN enters even at -inf). */
+ * index stays; NaN never enters; the first non-NaN enters even at -inf).
+ *
+ * The softcap is monotone non-decreasing (tanh16 is, over every float:
+ * test-kn-dense checks all of them), so an output whose raw value is not
+ * above the raw value of its lane's maximum cannot replace it: most rows
+ * need no softcap at all, only the comparison of the raw values. */
 KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *xt, int T,
                                  const void *w, enum kn_dtype dt, int K, int n, float cap,
                                  float *wbuf) {
@@ -517,23 +522,41 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
   /* rows per widened block: up to 48, about 12 KB of f32 weights (L1) */
   int blk = 3072 / Kp / 3 * 3;
   blk = blk < 3 ? 3 : blk > 48 ? 48 : blk;
-  const size_t es = kn_dtype_size(dt);
-  float *bv = wbuf + (((size_t)blk * Kp + 15) & ~(size_t)15); /* [G, 16] running maxima */
-  int32_t *bi = (int32_t *)(bv + (size_t)G * 16); /* [G, 16] their features, -1: none */
+  const size_t es = kn_dtype_size(dt), row_bytes = (size_t)K * es;
+  /* per group of 16 tokens: the maxima (softcapped), their raw values and
+   * their features (-1: none yet) */
+  float *bv = wbuf + (((size_t)blk * Kp + 15) & ~(size_t)15);
+  float *br = bv + (size_t)G * 16;
+  int32_t *bi = (int32_t *)(br + (size_t)G * 16);
   for (int g = 0; g < G; g++) {
     _mm512_store_ps(bv + 16 * g, _mm512_set1_ps(-INFINITY));
+    _mm512_store_ps(br + 16 * g, _mm512_set1_ps(-INFINITY));
     _mm512_store_si512((__m512i *)(bi + 16 * g), _mm512_set1_epi32(-1));
   }
   const __m512 cv = _mm512_set1_ps(cap), ic = _mm512_set1_ps(1.0f / cap);
+  const __m512i no_id = _mm512_set1_epi32(-1);
   _Alignas(64) float s[3 * 16];
   for (int j = 0; j < n; j += blk) {
     const int rows = n - j < blk ? n - j : blk;
-    tok_widen(wbuf, (const char *)w + (size_t)j * K * es, dt, K, Kp, rows);
+    const char *wj = (const char *)w + (size_t)j * row_bytes;
+    /* the next block arrives from L3 while this one is computed, a few lines
+     * per call of tok_rows (all at once would stall on the fill buffers) */
+    const char *pf = wj + (size_t)rows * row_bytes;
+    size_t pf_left = j + rows < n ? (size_t)(n - j - rows < blk ? n - j - rows : blk) * row_bytes : 0;
+    size_t pf_step = (pf_left / (size_t)(G * ((rows + 2) / 3)) + 64) & ~(size_t)63;
+    tok_widen(wbuf, wj, dt, K, Kp, rows);
     for (int g = 0; g < G; g++) {
       const float *xg = xt + (size_t)g * Kp * 16;
-      __m512 v_best = _mm512_load_ps(bv + 16 * g);
+      __m512 v_best = _mm512_load_ps(bv + 16 * g), r_best = _mm512_load_ps(br + 16 * g);
       __m512i i_best = _mm512_load_si512((const __m512i *)(bi + 16 * g));
       for (int r = 0; r < rows; r += 3) {
+        for (size_t o = 0; o < pf_step && o < pf_left; o += 64)
+          _mm_prefetch(pf + o, _MM_HINT_T0);
+        if (pf_left) {
+          size_t d = pf_step < pf_left ? pf_step : pf_left;
+          pf += d;
+          pf_left -= d;
+        }
         int nr = rows - r < 3 ? rows - r : 3;
         const float *wr = wbuf + (size_t)r * Kp;
         if (nr == 3)
@@ -543,16 +566,20 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
         else
           tok_rows1(s, xg, wr, Kp);
         for (int q = 0; q < nr; q++) {
-          __m512 v = _mm512_load_ps(s + 16 * q);
-          if (cap > 0.0f) v = _mm512_mul_ps(tanh16(_mm512_mul_ps(v, ic)), cv);
-          __mmask16 none = _mm512_cmpeq_epi32_mask(i_best, _mm512_set1_epi32(-1));
-          __mmask16 take = _mm512_cmp_ps_mask(v, v_best, _CMP_GT_OQ) |
+          __m512 v = _mm512_load_ps(s + 16 * q), vc = v;
+          __mmask16 none = _mm512_cmpeq_epi32_mask(i_best, no_id);
+          __mmask16 cand = _mm512_cmp_ps_mask(v, r_best, _CMP_GT_OQ) |
                            (none & _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q));
-          v_best = _mm512_mask_mov_ps(v_best, take, v);
+          if (!cand) continue;
+          if (cap > 0.0f) vc = _mm512_mul_ps(tanh16(_mm512_mul_ps(v, ic)), cv);
+          __mmask16 take = cand & (_mm512_cmp_ps_mask(vc, v_best, _CMP_GT_OQ) | none);
+          v_best = _mm512_mask_mov_ps(v_best, take, vc);
+          r_best = _mm512_mask_mov_ps(r_best, take, v);
           i_best = _mm512_mask_mov_epi32(i_best, take, _mm512_set1_epi32(n0 + j + r + q));
         }
       }
       _mm512_store_ps(bv + 16 * g, v_best);
+      _mm512_store_ps(br + 16 * g, r_best);
       _mm512_store_si512((__m512i *)(bi + 16 * g), i_best);
     }
   }

@@ -50,9 +50,10 @@ struct kn_cpu_best {
 };
 
 /* Floats of scratch tok_argmax needs (kn-cpu-avx512.c): up to 48 widened
- * rows and the running maxima of every group of 16 tokens. */
+ * rows and the running maxima (softcapped and raw) and their features of
+ * every group of 16 tokens. */
 static inline size_t kn_cpu_tok_argmax_floats(int K, int T) {
-  return (size_t)48 * (size_t)((K + 7) & ~7) + 16 + (size_t)2 * 16 * (size_t)((T + 15) / 16);
+  return (size_t)48 * (size_t)((K + 7) & ~7) + 16 + (size_t)3 * 16 * (size_t)((T + 15) / 16);
 }
 
 

@@ -299,9 +299,11 @@ TH_TEST(elementwise_ops) {
  * the lanes, several work units, both kernel sets, with and without the
  * softcap. Rows 3, 5 and N - 2 are the same weights scaled up so that they
  * tie for the maximum within a unit and across units (the first must win); a
- * NaN weight makes feature 0 NaN for every token (a unit's first row), and
- * one token's inputs are NaN (its answer: 0 and NaN, as kn_argmax gives for a
- * row of NaN). */
+ * NaN weight makes feature 0 NaN for every token (a unit's first row);
+ * token 1's outputs are large (softcapped, many tie at the cap with different
+ * raw values), token 2's are all NaN (its answer: 0 and NaN, as kn_argmax
+ * gives for a row of NaN), token 3's are NaN but for -inf at feature 7 and
+ * the rare +inf. */
 static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, int N, int K,
                                 float cap) {
   float *in = kt_rand_f32((size_t)T * (K + 2), 1.0f);
@@ -313,9 +315,14 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
     if (N > 8) kn_store_f32(w, dt, (size_t)5 * K + k, v);
   }
   if (K > 0) kn_store_f32(w, dt, (size_t)K / 2, NAN);
-  if (T > 2)
+  if (N > 8) /* row 7 all negative: -inf for token 3 */
     for (int k = 0; k < K; k++)
-      in[(size_t)2 * (K + 2) + k] = NAN;
+      kn_store_f32(w, dt, (size_t)7 * K + k, -0.25f - fabsf(kn_load_f32(w, dt, (size_t)7 * K + k)));
+  for (int k = 0; k < K; k++) {
+    if (T > 1) in[(size_t)1 * (K + 2) + k] *= 1e4f; /* softcapped: many ties at +-cap */
+    if (T > 2) in[(size_t)2 * (K + 2) + k] = NAN;
+    if (T > 3) in[(size_t)3 * (K + 2) + k] = INFINITY; /* NaN (mixed signs) or +-inf */
+  }
   float *logits = malloc(sizeof(float) * (size_t)T * N), *scratch = malloc(sizeof(float) * (size_t)T * N);
   int32_t *ids_a = malloc(sizeof(int32_t) * T), *ids_b = malloc(sizeof(int32_t) * T);
   float *max_a = malloc(sizeof(float) * T), *max_b = malloc(sizeof(float) * T);
@@ -357,6 +364,44 @@ TH_TEST(matmul_argmax_is_matmul_then_argmax) {
                               c ? 30.0f : 0.0f);
     kn_backend_destroy(be);
   }
+}
+
+/* The AVX-512 softcap is monotone non-decreasing over every float (matmul's
+ * greedy head skips the softcap of outputs whose raw value is not above the
+ * raw value of the maximum so far, kn-cpu-avx512.c tok_argmax): every
+ * non-negative float in order with cap 1 (so the kernel's tanh sees the value
+ * itself), and negative ones mirror them exactly. */
+TH_TEST(softcap_is_monotone) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 1);
+  const uint32_t chunk = 1u << 20, end = 0x7f800000u; /* +inf */
+  uint32_t *bits = malloc(sizeof(uint32_t) * chunk);
+  float *x = malloc(sizeof(float) * chunk), *y = malloc(sizeof(float) * chunk);
+  TH_REQUIRE(bits && x && y);
+  float prev = 0.0f;
+  uint32_t bad = 0, first_bad = 0, odd_bad = 0;
+  for (uint32_t b0 = 0; b0 <= end; b0 += chunk) {
+    uint32_t n = end - b0 + 1 < chunk ? end - b0 + 1 : chunk;
+    for (uint32_t i = 0; i < n; i++)
+      bits[i] = b0 + i;
+    memcpy(x, bits, sizeof(float) * n);
+    TH_REQUIRE(kn_softcap(be, y, x, 1.0f, n) == 0);
+    for (uint32_t i = 0; i < n; i++) {
+      if (y[i] < prev && !bad++) first_bad = b0 + i;
+      prev = y[i];
+    }
+    for (uint32_t i = 0; i < n; i += 4099) /* odd: f(-x) = -f(x) */
+      x[i] = -x[i];
+    TH_REQUIRE(kn_softcap(be, x, x, 1.0f, n) == 0);
+    for (uint32_t i = 0; i < n; i += 4099)
+      odd_bad += x[i] != -y[i];
+  }
+  if (bad) th_fail(__FILE__, __LINE__, "softcap decreases at %u floats, first at 0x%08x", bad, first_bad);
+  TH_CHECK_EQ_INT((int)odd_bad, 0);
+  TH_CHECK(prev == 1.0f);
+  free(bits);
+  free(x);
+  free(y);
+  kn_backend_destroy(be);
 }
 
 /* Elementwise results do not depend on where an element sits in the call
