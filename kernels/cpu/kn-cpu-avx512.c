@@ -353,19 +353,20 @@ KN_AVX512 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out) 
   return -1;
 }
 
-/* ---- many tokens, short rows: 16 tokens across the lanes ---------------- */
+/* ---- the greedy head: 16 tokens across the lanes ----------------------- */
 
-/* For T >= 16 and short rows (the tiny model's [262144 x 64] head at 32
- * decode tokens) the reductions above cost as much as the dot products. Here
- * lane t of accumulator l holds token t's canonical lane l (the products of
- * k = 8b + l): each fma is the one the AVX2 matvec does for that token and
- * lane, with the weight broadcast, and the fixed lane reduction is seven
- * vertical adds for 16 tokens. The inputs come transposed (xt: per group of
- * 16 tokens, Kp = K rounded up to 8 rows of 16 floats, zero past K and past
- * T), the weights of 16 rows at a time are widened into a small buffer with
- * their own zero tail, and each 16 x 16 block of results is transposed back
- * to token rows; the softcap, when asked, is applied there, per lane as
- * softcap_avx512 does it. */
+/* kn_matmul_argmax for T >= 16 and short rows (the tiny model's [262144 x 64]
+ * head at 32 decode tokens), where the per-output reductions of the tiles
+ * above cost as much as the dot products. Here lane t of accumulator l holds
+ * token t's canonical lane l (the products of k = 8b + l): each fma is the
+ * one the AVX2 matvec does for that token and lane, with the weight
+ * broadcast, and the fixed lane reduction is seven vertical adds for 16
+ * tokens. The inputs come transposed (xt: per group of 16 tokens, Kp = K
+ * rounded up to 8 rows of 16 floats, zero past K and past T) and blocks of
+ * weight rows are widened into a small buffer with their own zero tail. The
+ * results stay in registers: each token's lane keeps its running maximum.
+ * (As a plain matmul this layout loses to the tiles: the results would have
+ * to be transposed back to token rows.) */
 
 KN_AVX512 static inline __m512 lane_sum(const __m512 a[8]) {
   return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
@@ -380,7 +381,9 @@ KN_AVX512 static inline __m512 lane_sum(const __m512 a[8]) {
 /* s[r * 16 + t] = dot(weight row r, token t of the group) for J rows at w
  * (row stride Kp floats) against the group's transposed inputs xg. */
 #define DEF_TOK_ROWS(J)                                                                            \
-  KN_AVX512 __attribute__((noinline)) static void tok_rows##J(float *s, const float *xg, const float *w, int Kp) {           \
+  /* not inlined: in the caller the compiler would spill accumulators */                          \
+  KN_AVX512 __attribute__((noinline)) static void tok_rows##J(float *s, const float *xg,           \
+                                                              const float *w, int Kp) {            \
     __m512 a[J][8];                                                                                \
     _Pragma("GCC unroll 3") for (int r = 0; r < J; r++)                                            \
         _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) a[r][l] = _mm512_setzero_ps();         \
@@ -397,53 +400,6 @@ KN_AVX512 static inline __m512 lane_sum(const __m512 a[8]) {
 DEF_TOK_ROWS(1)
 DEF_TOK_ROWS(2)
 DEF_TOK_ROWS(3)
-
-/* c[j] = lanes j of r[0..15] (a 16 x 16 transpose). */
-KN_AVX512 static void transpose16(__m512 c[16], const __m512 r[16]) {
-  __m512 a[16], b[16];
-  for (int p = 0; p < 8; p++) {
-    a[2 * p] = _mm512_unpacklo_ps(r[2 * p], r[2 * p + 1]);
-    a[2 * p + 1] = _mm512_unpackhi_ps(r[2 * p], r[2 * p + 1]);
-  }
-  /* b[4u + v], 128-bit lane q: rows 4u .. 4u + 3 of column 4q + v */
-  for (int u = 0; u < 4; u++) {
-    __m512d lo = _mm512_castps_pd(a[4 * u]), hi = _mm512_castps_pd(a[4 * u + 1]);
-    __m512d lo2 = _mm512_castps_pd(a[4 * u + 2]), hi2 = _mm512_castps_pd(a[4 * u + 3]);
-    b[4 * u] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, lo2));
-    b[4 * u + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, lo2));
-    b[4 * u + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi, hi2));
-    b[4 * u + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi, hi2));
-  }
-  /* c[4q + v], 128-bit lane u: b[4u + v]'s lane q */
-  for (int v = 0; v < 4; v++) {
-    __m512 e0 = _mm512_shuffle_f32x4(b[v], b[4 + v], 0x88);
-    __m512 e1 = _mm512_shuffle_f32x4(b[v], b[4 + v], 0xdd);
-    __m512 e2 = _mm512_shuffle_f32x4(b[8 + v], b[12 + v], 0x88);
-    __m512 e3 = _mm512_shuffle_f32x4(b[8 + v], b[12 + v], 0xdd);
-    c[v] = _mm512_shuffle_f32x4(e0, e2, 0x88);
-    c[8 + v] = _mm512_shuffle_f32x4(e0, e2, 0xdd);
-    c[4 + v] = _mm512_shuffle_f32x4(e1, e3, 0x88);
-    c[12 + v] = _mm512_shuffle_f32x4(e1, e3, 0xdd);
-  }
-}
-
-/* Writes s[r * 16 + t] to out[t * ldo + r] for t < tn, r < rows: added to
- * what is there when acc, then softcapped when cap > 0. */
-KN_AVX512 static void tok_put(float *out, ptrdiff_t ldo, const float *s, int rows, int tn, int acc,
-                              float cap) {
-  __m512 r[16], c[16];
-  for (int i = 0; i < 16; i++)
-    r[i] = _mm512_load_ps(s + i * 16);
-  transpose16(c, r);
-  const __mmask16 m = (__mmask16)((1u << rows) - 1);
-  const __m512 cv = _mm512_set1_ps(cap), ic = _mm512_set1_ps(1.0f / cap);
-  for (int t = 0; t < tn; t++) {
-    __m512 v = c[t];
-    if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out + t * ldo), v);
-    if (cap > 0.0f) v = _mm512_mul_ps(tanh16(_mm512_mul_ps(v, ic)), cv);
-    _mm512_mask_storeu_ps(out + t * ldo, m, v);
-  }
-}
 
 /* Rows r of the weights (K elements of dt each) widened to f32 at dst, row
  * stride Kp floats, zero from K to Kp. */
@@ -469,39 +425,6 @@ KN_AVX512 static void tok_widen(float *dst, const void *w, enum kn_dtype dt, int
     for (; b < KF; b++)
       _mm256_store_ps(d + 8 * b, ld8(w, dt, at + 8 * (size_t)b));
     if (r8) _mm256_store_ps(d + 8 * b, ld8_tail(w, dt, at + 8 * (size_t)b, r8));
-  }
-}
-
-/* kn_cpu_dsp.tok_mm: rows [0, n) of w against the T tokens of xt. */
-KN_AVX512 static void tok_mm(float *out, ptrdiff_t ldo, const float *xt, int T, const void *w,
-                             enum kn_dtype dt, int K, int n, int acc, float cap, float *wbuf) {
-  const int Kp = (K + 7) & ~7, G = (T + 15) / 16;
-  const size_t es = kn_dtype_size(dt);
-  _Alignas(64) float s[16 * 16];
-  for (int j = 0; j < n; j += 16) {
-    const int rows = n - j < 16 ? n - j : 16;
-    const char *wj = (const char *)w + (size_t)j * K * es;
-    /* the next 16 rows are fetched from L3 while these are computed, a few
-     * lines per call of tok_rows (all at once would stall on the fill
-     * buffers) */
-    const char *pf = wj + (size_t)16 * K * es;
-    size_t pf_left = j + 16 < n ? (size_t)(n - j - 16 < 16 ? n - j - 16 : 16) * K * es : 0;
-    size_t pf_step = (pf_left / (size_t)(G * ((rows + 2) / 3)) + 63) & ~(size_t)63;
-    tok_widen(wbuf, wj, dt, K, Kp, rows);
-    if (rows < 16) memset(s + rows * 16, 0, sizeof(float) * 16 * (size_t)(16 - rows));
-    for (int g = 0; g < G; g++) {
-      const float *xg = xt + (size_t)g * Kp * 16;
-      int r = 0;
-      for (; r + 3 <= rows; r += 3) {
-        for (size_t o = 0; o < pf_step && pf_left; o += 64, pf += 64, pf_left -= pf_left < 64 ? pf_left : 64)
-          _mm_prefetch(pf, _MM_HINT_T0);
-        tok_rows3(s + r * 16, xg, wbuf + (size_t)r * Kp, Kp);
-      }
-      if (rows - r == 2) tok_rows2(s + r * 16, xg, wbuf + (size_t)r * Kp, Kp);
-      if (rows - r == 1) tok_rows1(s + r * 16, xg, wbuf + (size_t)r * Kp, Kp);
-      const int tn = T - 16 * g < 16 ? T - 16 * g : 16;
-      tok_put(out + (ptrdiff_t)16 * g * ldo + j, ldo, s, rows, tn, acc, cap);
-    }
   }
 }
 
@@ -565,9 +488,14 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
           tok_rows2(s, xg, wr, Kp);
         else
           tok_rows1(s, xg, wr, Kp);
+        /* the usual case, once the lanes have maxima: no row above them */
+        __mmask16 none = _mm512_cmpeq_epi32_mask(i_best, no_id), above = 0;
+        for (int q = 0; q < nr; q++)
+          above |= _mm512_cmp_ps_mask(_mm512_load_ps(s + 16 * q), r_best, _CMP_GT_OQ);
+        if (!(none | above)) continue;
         for (int q = 0; q < nr; q++) {
           __m512 v = _mm512_load_ps(s + 16 * q), vc = v;
-          __mmask16 none = _mm512_cmpeq_epi32_mask(i_best, no_id);
+          none = _mm512_cmpeq_epi32_mask(i_best, no_id);
           __mmask16 cand = _mm512_cmp_ps_mask(v, r_best, _CMP_GT_OQ) |
                            (none & _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q));
           if (!cand) continue;
@@ -603,7 +531,6 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->tile_min_t = 8;
   dsp->tile_min_tk = 4096;
   dsp->softcap = softcap_avx512;
-  dsp->tok_mm = tok_mm;
   dsp->tok_argmax = tok_argmax;
   dsp->tok_min_t = 16;
   dsp->tok_max_k = 512;

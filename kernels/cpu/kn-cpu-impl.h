@@ -99,16 +99,12 @@ struct kn_cpu_dsp {
   /* Widens n rows of K elements into tile_f32's layout at dst, which holds
    * kn_cpu_packed_floats(K, n) floats; NULL: plain widened rows. */
   void (*pack)(float *dst, const void *src, enum kn_dtype dt, int K, int n);
-  /* Many tokens, short rows (kn-cpu-avx512.c; NULL: none): out rows [0, n)
-   * of w against the T tokens in xt, the inputs as kn_cpu_tok_inputs lays
-   * them out; wbuf holds 16 * Kp floats (Kp: K rounded up to 8). Adds to out
-   * when acc, then softcaps when cap > 0. Used from T = tok_min_t when K is
-   * at most tok_max_k. Same arithmetic per element as matvec. */
-  void (*tok_mm)(float *out, ptrdiff_t ldo, const float *xt, int T, const void *w,
-                 enum kn_dtype dt, int K, int n, int acc, float cap, float *wbuf);
-  /* With tok_mm: each token's first maximum over rows [0, n) of w
-   * (softcapped when cap > 0), as feature n0 + row, into best[T], the
-   * outputs not written; wbuf holds kn_cpu_tok_argmax_floats(K, T). */
+  /* The greedy head (kn-cpu-avx512.c; NULL: none): each token's first
+   * maximum over rows [0, n) of w against the T tokens in xt (the inputs as
+   * kn-cpu-ops.c's tok_inputs lays them out), softcapped when cap > 0, as
+   * feature n0 + row into best[T]; the outputs are not written. wbuf holds
+   * kn_cpu_tok_argmax_floats(K, T). Used from T = tok_min_t when K is at
+   * most tok_max_k; same arithmetic per output as matvec. */
   void (*tok_argmax)(struct kn_cpu_best *best, int n0, const float *xt, int T, const void *w,
                      enum kn_dtype dt, int K, int n, float cap, float *wbuf);
   int tok_min_t;
@@ -154,7 +150,7 @@ struct kn_cpu_ctx {
    * before a task is dispatched: scratch[i] holds scratch_floats floats */
   float *scratch[KN_CPU_MAX_THREADS];
   size_t scratch_floats;
-  /* the inputs of the matmul in flight, transposed for tok_mm */
+  /* the inputs of the matmul_argmax in flight, transposed for tok_argmax */
   float *xt;
   size_t xt_floats;
   /* matmul_argmax: each work unit's row maxima */

@@ -46,7 +46,7 @@ struct mm_task {
   float cap;    /* > 0: softcap each unit's outputs while they are in cache */
   int chunk;    /* output features per work unit */
   int tile;     /* widen + tile_f32 instead of matvec */
-  int tok;      /* tok_mm over ctx->xt instead of either */
+  int tok;      /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
   size_t wbuf;  /* floats of per-thread scratch the unit's kernels use */
   ptrdiff_t ldu;           /* argmax: the row stride of a unit's outputs */
   struct kn_cpu_best *best; /* argmax: [units, T] each unit's row maxima */
@@ -67,10 +67,6 @@ static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, 
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
   float *buf = m->ctx->scratch[ith];
-  if (m->tok) {
-    dsp->tok_mm(out, ldo, m->ctx->xt, m->T, w, m->dt, m->K, n, m->acc, m->cap, buf);
-    return;
-  }
   if (!m->tile) {
     dsp->matvec[m->dt](out, ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
     if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
@@ -103,7 +99,7 @@ static void mm_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
-/* Lays the T x K inputs out for tok_mm in ctx->xt: per group of 16 tokens,
+/* Lays the T x K inputs out for tok_argmax in ctx->xt: per group of 16 tokens,
  * K rounded up to 8 rows of 16 floats (token t of the group in lane t), zero
  * past K and past T. */
 static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, int T, int K) {
@@ -127,12 +123,13 @@ static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, in
   return 0;
 }
 
-/* Chooses the kernels and the work units of m (T, N > 0, K > 0 set) and
- * readies what they need: the transposed inputs, m->wbuf. */
-static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m) {
+/* Chooses the kernels and the work units of m (T, N > 0, K > 0 set; argmax:
+ * for matmul_argmax) and readies what they need: the transposed inputs,
+ * m->wbuf. */
+static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   const int T = m->T, N = m->N, K = m->K, nth = ctx->n_threads;
   const struct kn_cpu_dsp *dsp = &ctx->dsp;
-  m->tok = dsp->tok_mm && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
+  m->tok = argmax && dsp->tok_argmax && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
   m->tile = !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
   m->wbuf = 0;
   /* matvec units: about MATVEC_UNIT_BYTES of weights, small enough that a
@@ -144,8 +141,8 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m) {
   if (m->tok) {
     int rc = tok_inputs(ctx, m->in, m->ldi, T, K);
     if (rc) return rc;
-    m->wbuf = (size_t)16 * (size_t)((K + 7) & ~7);
-    m->chunk = (int)((mv + 15) & ~15LL); /* whole blocks of 16 rows */
+    m->wbuf = kn_cpu_tok_argmax_floats(K, T);
+    m->chunk = (int)((mv + 15) & ~15LL);
   } else if (m->tile && dsp->pack) {
     /* groups of packed rows about PACK_CHUNK_BYTES together (L1) */
     long long c = PACK_CHUNK_BYTES / (4LL * K);
@@ -184,7 +181,7 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
                       .K = K,
                       .acc = accumulate,
                       .cap = cap};
-  int rc = mm_plan(ctx, &m);
+  int rc = mm_plan(ctx, &m, 0);
   if (rc || (rc = kn_cpu_ctx_scratch(ctx, m.wbuf))) return rc;
   long long units = (N + m.chunk - 1) / m.chunk;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_run, &m);
@@ -203,18 +200,19 @@ static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *i
 
 /* ---- matmul then argmax -------------------------------------------------- */
 
-/* Each unit computes its outputs into the thread's scratch (after the
- * kernels' own part, rows padded so they do not alias in L1), takes each
- * token's first maximum there, and the caller merges the units in order: the
- * first unit holding the overall maximum has its first index. The outputs
- * never reach memory beyond L2. */
+/* Each unit finds each token's first maximum over its rows: tok_argmax with
+ * the outputs in registers, or else the matmul's own kernels into the
+ * thread's scratch (after their part, rows padded so they do not alias in L1)
+ * and argmax rows there. The caller merges the units in order: the first unit
+ * holding the overall maximum has its first index. No output reaches memory
+ * beyond L2. */
 static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
   float *ub = m->ctx->scratch[ith] + ((m->wbuf + 15) & ~(size_t)15);
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   for (long long u = u0; u < u1; u++) {
     int n0 = (int)u * m->chunk, n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
-    if (m->tok && dsp->tok_argmax) {
+    if (m->tok) {
       const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
       dsp->tok_argmax(m->best + u * m->T, n0, m->ctx->xt, m->T, w, m->dt, m->K, n, m->cap,
                       m->ctx->scratch[ith]);
@@ -241,7 +239,7 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
   }
   struct mm_task m = {
       .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
-  int rc = mm_plan(ctx, &m);
+  int rc = mm_plan(ctx, &m, 1);
   if (rc) return rc;
   m.ldu = ((ptrdiff_t)m.chunk + 15) / 16 * 16 + 16;
   long long units = (N + m.chunk - 1) / m.chunk;
@@ -254,8 +252,7 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
     ctx->best_cap = n_best;
   }
   m.best = ctx->best;
-  size_t need = ((m.wbuf + 15) & ~(size_t)15) + (size_t)T * (size_t)m.ldu;
-  if (m.tok && ctx->dsp.tok_argmax) need = kn_cpu_tok_argmax_floats(K, T);
+  size_t need = m.tok ? m.wbuf : ((m.wbuf + 15) & ~(size_t)15) + (size_t)T * (size_t)m.ldu;
   if ((rc = kn_cpu_ctx_scratch(ctx, need))) return rc;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_argmax_run, &m);
   for (int t = 0; t < T; t++) {
