@@ -381,7 +381,7 @@ KN_AVX512 static inline __m512 lane_sum(const __m512 a[8]) {
 /* s[r * 16 + t] = dot(weight row r, token t of the group) for J rows at w
  * (row stride Kp floats) against the group's transposed inputs xg. */
 #define DEF_TOK_ROWS(J)                                                                            \
-  /* not inlined: in the caller the compiler would spill accumulators */                          \
+  /* not inlined: in the caller the compiler would spill accumulators */                           \
   KN_AVX512 __attribute__((noinline)) static void tok_rows##J(float *s, const float *xg,           \
                                                               const float *w, int Kp) {            \
     __m512 a[J][8];                                                                                \
@@ -395,7 +395,8 @@ KN_AVX512 static inline __m512 lane_sum(const __m512 a[8]) {
             _mm512_fmadd_ps(_mm512_set1_ps(w[(size_t)r * Kp + k + l]), xv, a[r][l]);               \
       }                                                                                            \
     }                                                                                              \
-    _Pragma("GCC unroll 3") for (int r = 0; r < J; r++) _mm512_store_ps(s + r * 16, lane_sum(a[r])); \
+    _Pragma("GCC unroll 3") for (int r = 0; r < J; r++)                                            \
+        _mm512_store_ps(s + r * 16, lane_sum(a[r]));                                               \
   }
 DEF_TOK_ROWS(1)
 DEF_TOK_ROWS(2)
@@ -465,7 +466,8 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
     /* the next block arrives from L3 while this one is computed, a few lines
      * per call of tok_rows (all at once would stall on the fill buffers) */
     const char *pf = wj + (size_t)rows * row_bytes;
-    size_t pf_left = j + rows < n ? (size_t)(n - j - rows < blk ? n - j - rows : blk) * row_bytes : 0;
+    size_t pf_left =
+        j + rows < n ? (size_t)(n - j - rows < blk ? n - j - rows : blk) * row_bytes : 0;
     size_t pf_step = (pf_left / (size_t)(G * ((rows + 2) / 3)) + 64) & ~(size_t)63;
     tok_widen(wbuf, wj, dt, K, Kp, rows);
     for (int g = 0; g < G; g++) {

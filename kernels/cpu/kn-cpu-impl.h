@@ -56,7 +56,6 @@ static inline size_t kn_cpu_tok_argmax_floats(int K, int T) {
   return (size_t)48 * (size_t)((K + 7) & ~7) + 16 + (size_t)3 * 16 * (size_t)((T + 15) / 16);
 }
 
-
 /* out[t * ldo + j] {=, +=} dot(in[t * ldi + 0..K), W row j) for t < T, j < n,
  * where W row j starts at w + j * K elements of the kernel's dtype. */
 typedef void (*kn_cpu_dot_fn)(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,

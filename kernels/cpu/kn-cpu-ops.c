@@ -43,12 +43,12 @@ struct mm_task {
   const char *w; /* [N, K] */
   enum kn_dtype dt;
   int T, N, K, acc;
-  float cap;    /* > 0: softcap each unit's outputs while they are in cache */
-  int chunk;    /* output features per work unit */
-  int tile;     /* widen + tile_f32 instead of matvec */
-  int tok;      /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
-  size_t wbuf;  /* floats of per-thread scratch the unit's kernels use */
-  ptrdiff_t ldu;           /* argmax: the row stride of a unit's outputs */
+  float cap;                /* > 0: softcap each unit's outputs while they are in cache */
+  int chunk;                /* output features per work unit */
+  int tile;                 /* widen + tile_f32 instead of matvec */
+  int tok;                  /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
+  size_t wbuf;              /* floats of per-thread scratch the unit's kernels use */
+  ptrdiff_t ldu;            /* argmax: the row stride of a unit's outputs */
   struct kn_cpu_best *best; /* argmax: [units, T] each unit's row maxima */
 };
 

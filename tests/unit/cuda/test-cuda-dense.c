@@ -189,6 +189,49 @@ TH_TEST(cuda_matmul_softcap) {
   ct_close(&e);
 }
 
+/* kn_matmul_argmax on a backend without a fused version: the product (and
+ * softcap) into the caller's scratch, then kn_argmax; the same answers as
+ * those calls made one by one on the GPU. */
+TH_TEST(cuda_matmul_argmax) {
+  struct ct_env e;
+  ct_open(&e, 6);
+  static const int shapes[][3] = {{1, 4096, 64}, {32, 5000, 64}, {3, 257, 100}};
+  for (size_t di = 0; di < 3; di++)
+    for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
+      for (int c = 0; c < 2; c++) {
+        int T = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        float cap = c ? 30.0f : 0.0f;
+        size_t ti = (size_t)T * K, to = (size_t)T * N;
+        float *in = malloc(ti * sizeof(float)), *zeros = calloc(to, sizeof(float));
+        TH_REQUIRE(in && zeros);
+        ct_fill(&e, in, ti, 4.0f);
+        void *w = ct_weights(&e, k_wdts[di], (size_t)N * K, 1.0f);
+        float *in_d = ct_up(&e, in, ti * sizeof(float));
+        void *w_d = ct_up(&e, w, (size_t)N * K * kn_dtype_size(k_wdts[di]));
+        float *out_d = ct_up(&e, zeros, to * sizeof(float));
+        float *scratch_d = ct_up(&e, zeros, to * sizeof(float));
+        int32_t ids_a[32], ids_b[32];
+        float max_a[32], max_b[32];
+        if (c)
+          TH_CHECK(kn_matmul_softcap(e.gpu, out_d, N, in_d, K, w_d, k_wdts[di], T, N, K, cap) == 0);
+        else
+          TH_CHECK(kn_matmul(e.gpu, out_d, N, in_d, K, w_d, k_wdts[di], T, N, K, 0) == 0);
+        TH_CHECK(kn_argmax(e.gpu, ids_a, max_a, out_d, N, T, N) == 0);
+        TH_CHECK(kn_matmul_argmax(e.gpu, ids_b, max_b, in_d, K, w_d, k_wdts[di], T, N, K, cap,
+                                  scratch_d) == 0);
+        for (int t = 0; t < T; t++)
+          TH_CHECK(ids_a[t] == ids_b[t] && max_a[t] == max_b[t]);
+        kn_free(e.gpu, in_d);
+        kn_free(e.gpu, w_d);
+        kn_free(e.gpu, out_d);
+        kn_free(e.gpu, scratch_d);
+        free(in);
+        free(zeros);
+        free(w);
+      }
+  ct_close(&e);
+}
+
 TH_TEST(cuda_matmul_rows) {
   struct ct_env e;
   ct_open(&e, 4);

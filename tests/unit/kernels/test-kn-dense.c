@@ -323,7 +323,8 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
     if (T > 2) in[(size_t)2 * (K + 2) + k] = NAN;
     if (T > 3) in[(size_t)3 * (K + 2) + k] = INFINITY; /* NaN (mixed signs) or +-inf */
   }
-  float *logits = malloc(sizeof(float) * (size_t)T * N), *scratch = malloc(sizeof(float) * (size_t)T * N);
+  float *logits = malloc(sizeof(float) * (size_t)T * N),
+        *scratch = malloc(sizeof(float) * (size_t)T * N);
   int32_t *ids_a = malloc(sizeof(int32_t) * T), *ids_b = malloc(sizeof(int32_t) * T);
   float *max_a = malloc(sizeof(float) * T), *max_b = malloc(sizeof(float) * T);
   TH_REQUIRE(logits && scratch && ids_a && ids_b && max_a && max_b);
@@ -336,7 +337,8 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
   for (int t = 0; t < T; t++) {
     int same_max = isnan(max_a[t]) ? isnan(max_b[t]) : kt_bits_equal(&max_a[t], &max_b[t], 1);
     if (ids_a[t] != ids_b[t] || !same_max)
-      th_fail(__FILE__, __LINE__, "%s %s T=%d N=%d K=%d cap=%g: token %d gives %d (%g), not %d (%g)",
+      th_fail(__FILE__, __LINE__,
+              "%s %s T=%d N=%d K=%d cap=%g: token %d gives %d (%g), not %d (%g)",
               kn_backend_name(be), kn_dtype_name(dt), T, N, K, cap, t, ids_b[t], max_b[t], ids_a[t],
               max_a[t]);
   }
@@ -351,7 +353,7 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
 }
 
 TH_TEST(matmul_argmax_is_matmul_then_argmax) {
-  static const int shapes[][3] = {{1, 47, 64},   {3, 33, 17},   {8, 260, 64},   {16, 47, 64},
+  static const int shapes[][3] = {{1, 47, 64},    {3, 33, 17},   {8, 260, 64},   {16, 47, 64},
                                   {32, 9000, 64}, {37, 300, 67}, {20, 700, 640}, {4, 5, 0},
                                   {1, 40000, 64}, {20, 500, 88}, {64, 3000, 512}};
   kt_seed(12);
@@ -395,7 +397,8 @@ TH_TEST(softcap_is_monotone) {
     for (uint32_t i = 0; i < n; i += 4099)
       odd_bad += x[i] != -y[i];
   }
-  if (bad) th_fail(__FILE__, __LINE__, "softcap decreases at %u floats, first at 0x%08x", bad, first_bad);
+  if (bad)
+    th_fail(__FILE__, __LINE__, "softcap decreases at %u floats, first at 0x%08x", bad, first_bad);
   TH_CHECK_EQ_INT((int)odd_bad, 0);
   TH_CHECK(prev == 1.0f);
   free(bits);
