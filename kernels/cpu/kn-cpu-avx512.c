@@ -535,5 +535,5 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->softcap = softcap_avx512;
   dsp->tok_argmax = tok_argmax;
   dsp->tok_min_t = 16;
-  dsp->tok_max_k = 512;
+  dsp->tok_max_k = 1280;
 }

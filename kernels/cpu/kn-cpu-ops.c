@@ -18,6 +18,8 @@
 #define PAR_MIN_WORK (1 << 15)
 /* Bytes of weights per matvec work unit. */
 #define MATVEC_UNIT_BYTES (256 * 1024)
+/* Output features per matmul_argmax unit at most (whole chunks). */
+#define ARGMAX_UNIT_ROWS 2048
 /* Bytes of widened f32 weights per tile chunk (fits L2 with the inputs). */
 #define TILE_CHUNK_BYTES (128 * 1024)
 /* Bytes of input rows per tile block: the block stays in L1 while the
@@ -48,6 +50,7 @@ struct mm_task {
   int tile;                 /* widen + tile_f32 instead of matvec */
   int tok;                  /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
   size_t wbuf;              /* floats of per-thread scratch the unit's kernels use */
+  int achunk;               /* argmax: output features per unit, whole chunks */
   ptrdiff_t ldu;            /* argmax: the row stride of a unit's outputs */
   struct kn_cpu_best *best; /* argmax: [units, T] each unit's row maxima */
 };
@@ -211,14 +214,15 @@ static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
   float *ub = m->ctx->scratch[ith] + ((m->wbuf + 15) & ~(size_t)15);
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   for (long long u = u0; u < u1; u++) {
-    int n0 = (int)u * m->chunk, n = m->N - n0 < m->chunk ? m->N - n0 : m->chunk;
+    int n0 = (int)u * m->achunk, n = m->N - n0 < m->achunk ? m->N - n0 : m->achunk;
     if (m->tok) {
       const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
       dsp->tok_argmax(m->best + u * m->T, n0, m->ctx->xt, m->T, w, m->dt, m->K, n, m->cap,
                       m->ctx->scratch[ith]);
       continue;
     }
-    mm_unit(m, ub, m->ldu, n0, n, ith);
+    for (int c0 = 0; c0 < n; c0 += m->chunk)
+      mm_unit(m, ub + c0, m->ldu, n0 + c0, n - c0 < m->chunk ? n - c0 : m->chunk, ith);
     for (int t = 0; t < m->T; t++) {
       struct kn_cpu_best *b = &m->best[u * m->T + t];
       int i = kn_cpu_argmax_row(ub + (ptrdiff_t)t * m->ldu, n, &b->max);
@@ -241,8 +245,13 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
       .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
   int rc = mm_plan(ctx, &m, 1);
   if (rc) return rc;
-  m.ldu = ((ptrdiff_t)m.chunk + 15) / 16 * 16 + 16;
-  long long units = (N + m.chunk - 1) / m.chunk;
+  /* units of whole chunks, about ARGMAX_UNIT_ROWS or fewer (4 per thread):
+   * the tile path's chunks are a few rows, too few to merge one by one */
+  int nth = ctx->n_threads, most = (N + nth * 4 - 1) / (nth * 4);
+  int per = (most < ARGMAX_UNIT_ROWS ? most : ARGMAX_UNIT_ROWS) / m.chunk;
+  m.achunk = m.tok ? m.chunk : m.chunk * (per < 1 ? 1 : per);
+  m.ldu = ((ptrdiff_t)m.achunk + 15) / 16 * 16 + 16;
+  long long units = (N + m.achunk - 1) / m.achunk;
   size_t n_best = (size_t)units * (size_t)T;
   if (n_best > ctx->best_cap) {
     struct kn_cpu_best *nb = malloc(n_best * sizeof(*nb));

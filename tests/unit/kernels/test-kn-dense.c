@@ -353,9 +353,10 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
 }
 
 TH_TEST(matmul_argmax_is_matmul_then_argmax) {
-  static const int shapes[][3] = {{1, 47, 64},    {3, 33, 17},   {8, 260, 64},   {16, 47, 64},
-                                  {32, 9000, 64}, {37, 300, 67}, {20, 700, 640}, {4, 5, 0},
-                                  {1, 40000, 64}, {20, 500, 88}, {64, 3000, 512}};
+  static const int shapes[][3] = {{1, 47, 64},    {3, 33, 17},   {8, 260, 64},    {16, 47, 64},
+                                  {32, 9000, 64}, {37, 300, 67}, {20, 700, 640},  {4, 5, 0},
+                                  {1, 40000, 64}, {20, 500, 88}, {64, 3000, 512}, {12, 3000, 640},
+                                  {16, 300, 1152}};
   kt_seed(12);
   for (int isa = 0; isa < 2; isa++) {
     struct kn_backend *be = kt_backend(isa ? KN_CPU_ISA_AVX512 : KN_CPU_ISA_REF, 2);
