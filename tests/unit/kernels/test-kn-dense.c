@@ -551,6 +551,19 @@ TH_TEST(bad_arguments_are_errors) {
                   CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_softcap(be, o, a, 0.0f, 4), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_argmax(be, (int32_t *)o, NULL, a, 4, 1, 0), CM_ERR_INVAL);
+  int32_t ids[2];
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, NULL, NULL, a, 4, a, KN_DTYPE_F32, 2, 4, 4, 0.0f, o),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 4, a, KN_DTYPE_F32, 2, 0, 4, 0.0f, o),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 4, a, KN_DTYPE_F32, 2, 4, 4, -1.0f, o),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 4, a, KN_DTYPE_F32, 2, 4, 4, NAN, o),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 2, a, KN_DTYPE_F32, 2, 4, 4, 0.0f, o),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 4, a, (enum kn_dtype)7, 2, 4, 4, 0.0f, o),
+                  CM_ERR_UNSUPPORTED);
   TH_CHECK(kn_alloc(be, 0) == NULL);
   void *p = kn_alloc(be, 100);
   TH_CHECK(p && ((uintptr_t)p & 63) == 0);
