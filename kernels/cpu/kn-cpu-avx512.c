@@ -12,7 +12,6 @@
  * a batch (here) agree bit for bit. softcap and argmax do per lane what the
  * AVX2 versions do, 16 lanes at a time. */
 #include <math.h>
-#include <string.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
