@@ -25,11 +25,7 @@ int th_http_connect(int port) {
   return fd;
 }
 
-int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
-            char **out) {
-  *out = calloc(1, 1);
-  int fd = th_http_connect(port);
-  if (fd < 0) return -1;
+void th_http_send(int fd, const char *method, const char *path, const char *body) {
   char head[512];
   size_t blen = body ? strlen(body) : 0;
   int hn = snprintf(head, sizeof(head),
@@ -38,6 +34,9 @@ int th_http(int port, const char *method, const char *path, const char *body, in
                     method, path, blen);
   send(fd, head, (size_t)hn, MSG_NOSIGNAL);
   if (blen) send(fd, body, blen, MSG_NOSIGNAL);
+}
+
+int th_http_read(int fd, int timeout_ms, char **out) {
   size_t cap = 1 << 16, n = 0;
   char *b = malloc(cap);
   for (;;) {
@@ -48,14 +47,12 @@ int th_http(int port, const char *method, const char *path, const char *body, in
     if (k <= 0) break;
     n += (size_t)k;
   }
-  close(fd);
   b[n] = 0;
   int status = -1;
   sscanf(b, "HTTP/1.%*d %d", &status);
+  *out = calloc(1, n + 1);
   char *hend = strstr(b, "\r\n\r\n");
   if (hend) {
-    free(*out);
-    *out = calloc(1, n + 1);
     const char *p = hend + 4;
     const char *te = strstr(b, "Transfer-Encoding: chunked");
     if (te && te < hend) {
@@ -73,5 +70,18 @@ int th_http(int port, const char *method, const char *path, const char *body, in
     }
   }
   free(b);
+  return status;
+}
+
+int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
+            char **out) {
+  int fd = th_http_connect(port);
+  if (fd < 0) {
+    *out = calloc(1, 1);
+    return -1;
+  }
+  th_http_send(fd, method, path, body);
+  int status = th_http_read(fd, timeout_ms, out);
+  close(fd);
   return status;
 }

@@ -4,13 +4,19 @@
 #ifndef LMSERVE_TH_HTTP_H
 #define LMSERVE_TH_HTTP_H
 
-/* Sends `method path` with `body` (JSON, may be NULL) and Connection: close
- * to 127.0.0.1:port, reads the answer until the server closes it or
- * timeout_ms passes without data. Returns the status (-1: no answer) and in
- * *out the body, de-chunked (malloc'd, always set; the caller frees it). */
 /* A TCP connection to 127.0.0.1:port: the socket, or -1. */
 int th_http_connect(int port);
 
+/* Sends `method path` with `body` (JSON, may be NULL) and Connection: close
+ * on fd. */
+void th_http_send(int fd, const char *method, const char *path, const char *body);
+
+/* Reads fd until the server closes it or timeout_ms passes without data.
+ * Returns the status (-1: no answer) and in *out the body, de-chunked
+ * (malloc'd, always set; the caller frees it). Leaves fd open. */
+int th_http_read(int fd, int timeout_ms, char **out);
+
+/* th_http_send on a fresh connection to port, then th_http_read; closes it. */
 int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
             char **out);
 

@@ -63,66 +63,8 @@ static void *loop_thread(void *arg) {
 
 /* ---- HTTP client ------------------------------------------------------------ */
 
-static void send_req(int fd, const char *method, const char *path, const char *body) {
-  char head[512];
-  size_t blen = body ? strlen(body) : 0;
-  int n = snprintf(head, sizeof(head),
-                   "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: "
-                   "application/json\r\nContent-Length: %zu\r\n\r\n",
-                   method, path, blen);
-  send(fd, head, (size_t)n, MSG_NOSIGNAL);
-  if (blen) send(fd, body, blen, MSG_NOSIGNAL);
-}
-
-/* Reads to EOF; returns the status and a malloc'd, de-chunked body. */
-static int read_resp(int fd, char **body) {
-  size_t cap = 1 << 16, n = 0;
-  char *b = malloc(cap);
-  for (;;) {
-    struct pollfd pf = {fd, POLLIN, 0};
-    if (poll(&pf, 1, 10000) <= 0) break;
-    if (n + 4096 > cap) b = realloc(b, cap *= 2);
-    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
-    if (k <= 0) break;
-    n += (size_t)k;
-  }
-  b[n] = 0;
-  int status = 0;
-  sscanf(b, "HTTP/1.%*d %d", &status);
-  char *hend = strstr(b, "\r\n\r\n");
-  char *out = calloc(1, n + 1);
-  if (hend) {
-    const char *p = hend + 4;
-    if (strstr(b, "Transfer-Encoding: chunked") && strstr(b, "Transfer-Encoding: chunked") < hend) {
-      size_t o = 0;
-      for (;;) {
-        unsigned long len = strtoul(p, NULL, 16);
-        const char *d = strstr(p, "\r\n");
-        if (!d || len == 0) break;
-        memcpy(out + o, d + 2, len);
-        o += len;
-        p = d + 2 + len + 2;
-        if (p >= b + n) break;
-      }
-    } else {
-      memcpy(out, p, (size_t)(b + n - p));
-    }
-  }
-  free(b);
-  *body = out;
-  return status;
-}
-
 static int http(const char *method, const char *path, const char *body, char **resp) {
-  int fd = th_http_connect(fx.port);
-  if (fd < 0) {
-    *resp = calloc(1, 1);
-    return -1;
-  }
-  send_req(fd, method, path, body);
-  int st = read_resp(fd, resp);
-  close(fd);
-  return st;
+  return th_http(fx.port, method, path, body, 10000, resp);
 }
 
 static int http_json(const char *path, const char *body, json_t **out) {
@@ -568,7 +510,8 @@ TH_TEST(engine_client_disconnect) {
   setup(0);
   int fd = th_http_connect(fx.port);
   TH_REQUIRE(fd >= 0);
-  send_req(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50,\"stream\":true}");
+  th_http_send(fd, "POST", "/v1/completions",
+               "{\"prompt\":\"Hi\",\"max_tokens\":50,\"stream\":true}");
   char buf[4096];
   struct pollfd pf = {fd, POLLIN, 0};
   TH_REQUIRE(poll(&pf, 1, 5000) == 1);
@@ -623,11 +566,11 @@ TH_TEST(engine_restarted) {
   cm_time_sleep_ns(200000000); /* a few PONGs with the total */
   int fd = th_http_connect(fx.port);
   TH_REQUIRE(fd >= 0);
-  send_req(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50}");
+  th_http_send(fd, "POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":50}");
   cm_time_sleep_ns(100000000);
   te_sched_set_gen_total(fx.sched, 0); /* a new scheduler on the endpoint */
   char *b = NULL;
-  TH_CHECK_EQ_INT(read_resp(fd, &b), 503);
+  TH_CHECK_EQ_INT(th_http_read(fd, 10000, &b), 503);
   TH_CHECK(strstr(b, "restarted") != NULL);
   free(b);
   close(fd);
