@@ -1,5 +1,6 @@
 /* kn-cpu-avx512.c — AVX-512 (F/DQ/BW/VL) versions of the kernels where the
- * wider registers pay: the batched matmul (pack + tile), softcap and argmax.
+ * wider registers pay: the batched matmul (pack + tile), softcap, argmax,
+ * and the greedy head of kn_matmul_argmax (16 tokens across the lanes, below).
  * Everything else keeps the AVX2 table (kn_cpu_dsp_init_avx2 runs first).
  *
  * Same bits as the AVX2 table. The matmul follows the canonical dot product
