@@ -1,5 +1,7 @@
-/* cm-err.c — names for lmserve's error codes. */
+/* cm-err.c — names for lmserve's error codes and the one error-reporting helper. */
 #include "common/cm-err.h"
+
+#include <stdio.h>
 
 const char *cm_strerror(int err) {
   switch (err) {
@@ -25,4 +27,17 @@ const char *cm_strerror(int err) {
   case CM_ERR_RANGE: return "out of range";
   default: return "unknown error";
   }
+}
+
+int cm_vfail(char *err, size_t errlen, int code, const char *fmt, va_list ap) {
+  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+  return code;
+}
+
+int cm_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  cm_vfail(err, errlen, code, fmt, ap);
+  va_end(ap);
+  return code;
 }

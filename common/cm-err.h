@@ -5,6 +5,9 @@
 #ifndef LMSERVE_CM_ERR_H
 #define LMSERVE_CM_ERR_H
 
+#include <stdarg.h>
+#include <stddef.h>
+
 enum cm_err {
   CM_OK = 0,
   CM_ERR_NOMEM = -1,      /* allocation failed or a size cap was hit */
@@ -31,5 +34,14 @@ enum cm_err {
 
 /* A static, human-readable name for an error code ("invalid argument"). */
 const char *cm_strerror(int err);
+
+/* The one way to report an error with a message: formats into err[errlen] (when err is
+ * non-NULL and errlen > 0; the text is always NUL-terminated, truncated to fit) and
+ * returns code, so that a failing path reads `return cm_fail(err, errlen, CM_ERR_X, ...)`.
+ * cm_vfail is the same over a va_list (for wrappers that add context). */
+int cm_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int cm_vfail(char *err, size_t errlen, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 #endif

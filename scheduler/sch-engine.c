@@ -1,6 +1,5 @@
 /* sch-engine.c — the engine's life cycle: configuration, admission of requests, aborts,
  * statistics and the invariant check. Planning and applying results: sch-planner.c. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,17 +7,6 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "scheduler/sch-engine-impl.h"
-
-__attribute__((format(printf, 3, 4))) static int set_err(char *err, size_t err_len, const char *fmt,
-                                                         ...) {
-  if (err && err_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-  }
-  return CM_ERR_INVAL;
-}
 
 void sch_engine_config_default(struct sch_engine_config *cfg) {
   memset(cfg, 0, sizeof(*cfg));
@@ -33,27 +21,27 @@ void sch_engine_config_default(struct sch_engine_config *cfg) {
 }
 
 static int check_config(const struct sch_engine_config *c, char *err, size_t err_len) {
-  if (c->num_blocks <= 0) return set_err(err, err_len, "num_blocks must be positive");
+  if (c->num_blocks <= 0) return cm_fail(err, err_len, CM_ERR_INVAL, "num_blocks must be positive");
   if (c->num_groups < 1 || c->num_groups > SCH_MAX_GROUPS)
-    return set_err(err, err_len, "num_groups must be 1..%d", SCH_MAX_GROUPS);
+    return cm_fail(err, err_len, CM_ERR_INVAL, "num_groups must be 1..%d", SCH_MAX_GROUPS);
   for (int32_t g = 0; g < c->num_groups; g++)
     if (c->groups[g].block_tokens < 1 || c->groups[g].block_tokens > 4096 ||
         c->groups[g].window < 0)
-      return set_err(err, err_len, "KV group %d: bad block size %d or window %d", (int)g,
+      return cm_fail(err, err_len, CM_ERR_INVAL, "KV group %d: bad block size %d or window %d", (int)g,
                      (int)c->groups[g].block_tokens, (int)c->groups[g].window);
   if (c->max_num_seqs < 1 || c->max_num_seqs > (1 << 20))
-    return set_err(err, err_len, "max_num_seqs must be 1..%d", 1 << 20);
-  if (c->max_model_len < 1) return set_err(err, err_len, "max_model_len must be positive");
+    return cm_fail(err, err_len, CM_ERR_INVAL, "max_num_seqs must be 1..%d", 1 << 20);
+  if (c->max_model_len < 1) return cm_fail(err, err_len, CM_ERR_INVAL, "max_model_len must be positive");
   if (c->num_spec_tokens < 0 || c->num_spec_tokens > SCH_MAX_SPEC_TOKENS)
-    return set_err(err, err_len, "num_spec_tokens must be 0..64");
+    return cm_fail(err, err_len, CM_ERR_INVAL, "num_spec_tokens must be 0..64");
   if (c->max_num_batched_tokens < 1 + c->num_spec_tokens)
-    return set_err(err, err_len, "max_num_batched_tokens must hold one decode with its drafts");
-  if (c->max_waiting < 1) return set_err(err, err_len, "max_waiting must be at least 1");
+    return cm_fail(err, err_len, CM_ERR_INVAL, "max_num_batched_tokens must hold one decode with its drafts");
+  if (c->max_waiting < 1) return cm_fail(err, err_len, CM_ERR_INVAL, "max_waiting must be at least 1");
   if (c->long_prefill_threshold < 0)
-    return set_err(err, err_len, "long_prefill_threshold must not be negative");
+    return cm_fail(err, err_len, CM_ERR_INVAL, "long_prefill_threshold must not be negative");
   if (c->num_eos_ids < 0 || c->num_eos_ids > SCH_MAX_EOS_IDS)
-    return set_err(err, err_len, "at most %d eos ids", SCH_MAX_EOS_IDS);
-  if (c->vocab_size < 0) return set_err(err, err_len, "vocab_size must not be negative");
+    return cm_fail(err, err_len, CM_ERR_INVAL, "at most %d eos ids", SCH_MAX_EOS_IDS);
+  if (c->vocab_size < 0) return cm_fail(err, err_len, CM_ERR_INVAL, "vocab_size must not be negative");
   return 0;
 }
 
@@ -91,7 +79,7 @@ int sch_engine_create(const struct sch_engine_config *cfg, struct sch_engine **o
   *out = e;
   return 0;
 fail:
-  if (rc == CM_ERR_INVAL) set_err(err, err_len, "invalid KV configuration");
+  if (rc == CM_ERR_INVAL) cm_fail(err, err_len, CM_ERR_INVAL, "invalid KV configuration");
   sch_engine_destroy(e);
   return rc;
 }
@@ -121,11 +109,11 @@ int sch_engine_add(struct sch_engine *e, const struct sch_request_params *p, cha
                    size_t err_len) {
   if (err && err_len) err[0] = '\0';
   if (sch_queue_find(&e->q, p->id)) {
-    set_err(err, err_len, "request id %llu is already in use", (unsigned long long)p->id);
+    cm_fail(err, err_len, CM_ERR_INVAL, "request id %llu is already in use", (unsigned long long)p->id);
     return CM_ERR_INVAL;
   }
   if (e->q.num_waiting >= e->cfg.max_waiting) {
-    set_err(err, err_len, "the queue is full (%d requests waiting)", (int)e->q.num_waiting);
+    cm_fail(err, err_len, CM_ERR_INVAL, "the queue is full (%d requests waiting)", (int)e->q.num_waiting);
     return CM_ERR_FULL;
   }
   struct sch_request *r;

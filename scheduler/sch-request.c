@@ -1,7 +1,6 @@
 /* sch-request.c — admission checks, construction and stop conditions of a request. */
 #include "scheduler/sch-request.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,52 +12,37 @@
 /* Tokens of room after the prompt that a new request starts with. */
 #define SCH_REQUEST_HEADROOM 16
 
-__attribute__((format(printf, 4, 5))) static int fail_msg(int rc, char *err, size_t err_len,
-                                                          const char *fmt, ...) {
-  if (err && err_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-  }
-  return rc;
-}
-
 int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv *kv,
                        const struct sch_request_params *p, struct sch_request **out, char *err,
                        size_t err_len) {
   *out = NULL;
   if (err && err_len) err[0] = '\0';
   if (p->prompt_len <= 0 || !p->prompt)
-    return fail_msg(CM_ERR_INVAL, err, err_len, "the prompt is empty");
+    return cm_fail(err, err_len, CM_ERR_INVAL, "the prompt is empty");
   if (p->max_tokens < 1)
-    return fail_msg(CM_ERR_INVAL, err, err_len, "max_tokens must be at least 1, got %d",
+    return cm_fail(err, err_len, CM_ERR_INVAL, "max_tokens must be at least 1, got %d",
                     (int)p->max_tokens);
   for (int32_t i = 0; i < p->prompt_len; i++)
     if (p->prompt[i] < 0 || (cfg->vocab_size > 0 && p->prompt[i] >= cfg->vocab_size))
-      return fail_msg(CM_ERR_INVAL, err, err_len,
-                      "prompt token %d has id %d, outside the vocabulary of %d", (int)i,
+      return cm_fail(err, err_len, CM_ERR_INVAL, "prompt token %d has id %d, outside the vocabulary of %d", (int)i,
                       (int)p->prompt[i], (int)cfg->vocab_size);
   int64_t total = (int64_t)p->prompt_len + p->max_tokens;
   if (total > cfg->max_model_len)
-    return fail_msg(CM_ERR_TOOBIG, err, err_len,
-                    "this model's maximum context length is %lld tokens, but the request "
+    return cm_fail(err, err_len, CM_ERR_TOOBIG, "this model's maximum context length is %lld tokens, but the request "
                     "asks for %lld (%d in the prompt plus max_tokens)",
                     (long long)cfg->max_model_len, (long long)total, (int)p->prompt_len);
   int64_t step = (int64_t)cfg->max_num_batched_tokens + cfg->num_spec_tokens;
   int64_t need = sch_kv_worst_case_blocks(kv, total, step);
   if (need > cfg->num_blocks)
-    return fail_msg(CM_ERR_TOOBIG, err, err_len,
-                    "the request needs %lld KV cache blocks for %lld tokens but the whole "
+    return cm_fail(err, err_len, CM_ERR_TOOBIG, "the request needs %lld KV cache blocks for %lld tokens but the whole "
                     "cache has %lld",
                     (long long)need, (long long)total, (long long)cfg->num_blocks);
   if (p->num_stop_token_ids < 0 || p->num_stop_token_ids > SCH_MAX_STOP_IDS ||
       (p->num_stop_token_ids > 0 && !p->stop_token_ids))
-    return fail_msg(CM_ERR_TOOBIG, err, err_len, "%d stop token ids given, at most %d are allowed",
+    return cm_fail(err, err_len, CM_ERR_TOOBIG, "%d stop token ids given, at most %d are allowed",
                     (int)p->num_stop_token_ids, SCH_MAX_STOP_IDS);
   if (p->sampling_len > SCH_MAX_SAMPLING_BYTES || (p->sampling_len > 0 && !p->sampling))
-    return fail_msg(CM_ERR_TOOBIG, err, err_len,
-                    "sampling parameters take %zu bytes, at most %d are allowed", p->sampling_len,
+    return cm_fail(err, err_len, CM_ERR_TOOBIG, "sampling parameters take %zu bytes, at most %d are allowed", p->sampling_len,
                     SCH_MAX_SAMPLING_BYTES);
 
   struct sch_request *r = calloc(1, sizeof(*r));
@@ -94,7 +78,7 @@ nomem:
     free(r->sampling);
     free(r);
   }
-  return fail_msg(CM_ERR_NOMEM, err, err_len, "out of memory");
+  return cm_fail(err, err_len, CM_ERR_NOMEM, "out of memory");
 }
 
 int sch_request_reserve(struct sch_request *r, const struct sch_kv *kv, int32_t ntokens) {

@@ -5,26 +5,12 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
-
-static int cfg_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int cfg_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 const char *wk_arch_name(enum wk_arch arch) {
   switch (arch) {
@@ -83,9 +69,9 @@ static int get_int(const json_t *o, const char *key, int required, long long def
                    long long hi, long long *out, char *err, size_t errlen) {
   const json_t *v = json_object_get(o, key);
   if (!v || json_is_null(v)) {
-    if (required) return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s missing", key);
+    if (required) return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s missing", key);
     if (def < lo || def > hi)
-      return cfg_fail(err, errlen, CM_ERR_RANGE,
+      return cm_fail(err, errlen, CM_ERR_RANGE,
                       "config.json: %s missing and its default %lld is outside [%lld, %lld]", key,
                       def, lo, hi);
     *out = def;
@@ -98,10 +84,10 @@ static int get_int(const json_t *o, const char *key, int required, long long def
              fabs(json_real_value(v)) < 9e15) {
     x = (long long)json_real_value(v);
   } else {
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not an integer", key);
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not an integer", key);
   }
   if (x < lo || x > hi)
-    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %lld outside [%lld, %lld]", key,
+    return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %lld outside [%lld, %lld]", key,
                     x, lo, hi);
   *out = x;
   return 0;
@@ -115,10 +101,10 @@ static int get_num(const json_t *o, const char *key, double def, double lo, doub
     return 0;
   }
   if (!json_is_number(v))
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a number", key);
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a number", key);
   double x = json_number_value(v);
   if (!(x >= lo && x <= hi))
-    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %g outside [%g, %g]", key, x, lo,
+    return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %g outside [%g, %g]", key, x, lo,
                     hi);
   *out = x;
   return 0;
@@ -131,7 +117,7 @@ static int get_bool(const json_t *o, const char *key, int def, int *out, char *e
     return 0;
   }
   if (!json_is_boolean(v))
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a boolean", key);
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not a boolean", key);
   *out = json_is_true(v);
   return 0;
 }
@@ -149,16 +135,16 @@ static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, cha
     const json_t *e;
     json_array_foreach(v, i, e) {
       if (!json_is_integer(e))
-        return cfg_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id[%zu] is not an integer", file,
+        return cm_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id[%zu] is not an integer", file,
                         i);
       if (n < WK_MAX_EOS) cfg->eos_ids[n++] = (int)json_integer_value(e);
     }
   } else {
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id is not an integer or list", file);
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id is not an integer or list", file);
   }
   for (int i = 0; i < n; i++)
     if (cfg->eos_ids[i] < 0 || cfg->eos_ids[i] >= cfg->vocab)
-      return cfg_fail(err, errlen, CM_ERR_RANGE, "%s: eos_token_id %d outside the vocabulary", file,
+      return cm_fail(err, errlen, CM_ERR_RANGE, "%s: eos_token_id %d outside the vocabulary", file,
                       cfg->eos_ids[i]);
   cfg->n_eos = n;
   return 0;
@@ -168,7 +154,7 @@ static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, cha
 static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim, struct wk_rope *r,
                             char *err, size_t errlen) {
   if (!json_is_object(e))
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: rope_parameters.%s is not an object",
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: rope_parameters.%s is not an object",
                     kind_name);
   const json_t *t = json_object_get(e, "rope_type");
   if (!t) t = json_object_get(e, "type");
@@ -181,7 +167,7 @@ static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim
   if (!strcmp(type, "default") || !strcmp(type, "linear")) {
     if (!strcmp(type, "default")) r->factor = 1.0;
     if (partial != 1.0)
-      return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                       "config.json: rope_parameters.%s: partial_rotary_factor with rope_type "
                       "\"%s\" is not supported",
                       kind_name, type);
@@ -191,7 +177,7 @@ static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim
      * whole head dim; the rest are the identity. */
     r->rot_pairs = (int)floor(partial * head_dim / 2.0);
   } else {
-    return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                     "config.json: rope_parameters.%s.rope_type \"%s\" is not supported", kind_name,
                     type);
   }
@@ -203,7 +189,7 @@ static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_la
   const json_t *lt = json_object_get(tc, "layer_types");
   if (lt && !json_is_null(lt)) {
     if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
-      return cfg_fail(err, errlen, CM_ERR_SHAPE,
+      return cm_fail(err, errlen, CM_ERR_SHAPE,
                       "config.json: layer_types must list %d entries (num_hidden_layers)",
                       cfg->n_layers);
     for (int i = 0; i < cfg->n_layers; i++) {
@@ -214,7 +200,7 @@ static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_la
       else if (!strcmp(s, "full_attention"))
         kinds[i] = WK_LAYER_FULL;
       else
-        return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+        return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                         "config.json: layer_types[%d] \"%s\" is not supported", i, s);
     }
     return 0;
@@ -292,7 +278,7 @@ static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum w
   const json_t *plc = json_object_get(tc, "per_layer_config");
   if (!plc || json_is_null(plc)) return 0;
   if (!json_is_object(plc))
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: per_layer_config is not an object");
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: per_layer_config is not an object");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)plc, key, val) {
@@ -305,13 +291,13 @@ static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum w
       char *end;
       long i = strtol(key, &end, 10);
       if (end == key || *end || i < 0 || i >= cfg->n_layers)
-        return cfg_fail(err, errlen, CM_ERR_PARSE,
+        return cm_fail(err, errlen, CM_ERR_PARSE,
                         "config.json: per_layer_config key \"%s\" is not a layer", key);
       first = last = (int)i;
     }
     if (kind >= 0) last = cfg->n_layers - 1;
     if (!json_is_object(val))
-      return cfg_fail(err, errlen, CM_ERR_PARSE,
+      return cm_fail(err, errlen, CM_ERR_PARSE,
                       "config.json: per_layer_config.%s is not an object", key);
     long long hd, kv;
     int rc;
@@ -319,7 +305,7 @@ static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum w
         (rc = get_int(val, "num_key_value_heads", 0, 0, 0, 1024, &kv, err, errlen)))
       return rc;
     if (hd % 2)
-      return cfg_fail(err, errlen, CM_ERR_INVAL, "config.json: per_layer_config.%s.head_dim is odd",
+      return cm_fail(err, errlen, CM_ERR_INVAL, "config.json: per_layer_config.%s.head_dim is odd",
                       key);
     for (int i = first; i <= last; i++) {
       if (kind >= 0 && (int)kinds[i] != kind) continue;
@@ -342,7 +328,7 @@ static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds,
     l->kind = kinds[i];
     l->head_dim = l->kind == WK_LAYER_FULL ? cfg->global_head_dim : cfg->head_dim;
     if (ov->head_dim[i] && ov->head_dim[i] != l->head_dim)
-      return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                       "config.json: per_layer_config: layer %d head_dim %d differs from the other "
                       "%s layers' %d",
                       i, ov->head_dim[i], l->kind == WK_LAYER_FULL ? "full" : "sliding",
@@ -351,7 +337,7 @@ static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds,
     l->n_kv_heads = l->k_eq_v && cfg->n_global_kv_heads ? cfg->n_global_kv_heads : cfg->n_kv_heads;
     if (ov->n_kv_heads[i]) l->n_kv_heads = ov->n_kv_heads[i];
     if (cfg->n_heads % l->n_kv_heads)
-      return cfg_fail(err, errlen, CM_ERR_INVAL,
+      return cm_fail(err, errlen, CM_ERR_INVAL,
                       "config.json: layer %d: %d heads are not a multiple of %d KV heads", i,
                       cfg->n_heads, l->n_kv_heads);
     l->kv_shared = i >= first_shared;
@@ -366,7 +352,7 @@ static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds,
           break;
         }
       if (l->kv_source < 0)
-        return cfg_fail(err, errlen, CM_ERR_INVAL,
+        return cm_fail(err, errlen, CM_ERR_INVAL,
                         "config.json: KV-shared layer %d has no earlier %s layer to read", i,
                         l->kind == WK_LAYER_FULL ? "full" : "sliding");
     }
@@ -407,7 +393,7 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   INT_FIELD("bos_token_id", 0, CM_MIN(2, cfg->vocab - 1), 0, cfg->vocab - 1, cfg->bos_id);
   INT_FIELD("pad_token_id", 0, 0, 0, cfg->vocab - 1, cfg->pad_id);
   if (cfg->head_dim % 2 || cfg->global_head_dim % 2)
-    return cfg_fail(err, errlen, CM_ERR_INVAL, "config.json: head dims must be even");
+    return cm_fail(err, errlen, CM_ERR_INVAL, "config.json: head dims must be even");
   if (cfg->arch == WK_ARCH_GEMMA3 && json_object_get(tc, "global_head_dim"))
     cfg->global_head_dim = cfg->head_dim; /* not a Gemma 3 field */
   if ((rc = get_num(tc, "rms_norm_eps", 1e-6, 0.0, 1.0, &cfg->eps, err, errlen))) return rc;
@@ -433,12 +419,12 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
     INT_FIELD("moe_intermediate_size", 1, 0, 1, 1 << 20, cfg->moe_ffn);
   }
   if (cfg->ple_dim && cfg->ple_vocab < 1)
-    return cfg_fail(err, errlen, CM_ERR_RANGE, "config.json: vocab_size_per_layer_input is 0");
+    return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: vocab_size_per_layer_input is 0");
   const json_t *act = json_object_get(tc, "hidden_activation");
   if (!act) act = json_object_get(tc, "hidden_act");
   if (act && json_is_string(act) && strcmp(json_string_value(act), "gelu_pytorch_tanh") &&
       strcmp(json_string_value(act), "gelu_tanh"))
-    return cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                     "config.json: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)",
                     json_string_value(act));
   if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT && cfg->n_kv_shared == 0)
@@ -463,16 +449,16 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
   json_error_t jerr;
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: line %d column %d: %s", jerr.line,
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: line %d column %d: %s", jerr.line,
                     jerr.column, jerr.text);
   int rc = 0;
   if (!json_is_object(root)) {
-    rc = cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: not a JSON object");
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "config.json: not a JSON object");
     goto done;
   }
   const json_t *mt = json_object_get(root, "model_type");
   if (!mt || !json_is_string(mt)) {
-    rc = cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: model_type missing");
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "config.json: model_type missing");
     goto done;
   }
   const char *type = json_string_value(mt);
@@ -493,7 +479,7 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
     cfg->arch = WK_ARCH_GEMMA4_ASSISTANT;
     nested = 1;
   } else {
-    rc = cfg_fail(err, errlen, CM_ERR_UNSUPPORTED,
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                   "config.json: model_type \"%s\" is not supported (gemma3_text, gemma3, "
                   "gemma4_text, gemma4, gemma4_assistant)",
                   type);
@@ -502,7 +488,7 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
   if (nested) {
     tc = json_object_get(root, "text_config");
     if (!tc || !json_is_object(tc)) {
-      rc = cfg_fail(err, errlen, CM_ERR_PARSE, "config.json: text_config missing for %s", type);
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "config.json: text_config missing for %s", type);
       goto done;
     }
   }
@@ -521,7 +507,7 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
       goto done;
     cfg->centroid_top_k = (int)v;
     if (cfg->use_ordered_embeddings && cfg->vocab % cfg->num_centroids) {
-      rc = cfg_fail(err, errlen, CM_ERR_INVAL,
+      rc = cm_fail(err, errlen, CM_ERR_INVAL,
                     "config.json: vocab_size %d is not a multiple of num_centroids %d", cfg->vocab,
                     cfg->num_centroids);
       goto done;
@@ -537,11 +523,11 @@ int wk_config_parse_generation(const char *text, size_t len, struct wk_config *c
   json_error_t jerr;
   json_t *root = json_loadb(text, len, 0, &jerr);
   if (!root)
-    return cfg_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: line %d column %d: %s",
+    return cm_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: line %d column %d: %s",
                     jerr.line, jerr.column, jerr.text);
   int rc = 0;
   if (!json_is_object(root))
-    rc = cfg_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: not a JSON object");
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: not a JSON object");
   else
     rc = get_eos(root, cfg, "generation_config.json", err, errlen);
   json_decref(root);
@@ -554,14 +540,14 @@ int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t err
   char *text = NULL;
   size_t len = 0;
   int rc = wk_read_file(path, 16u << 20, &text, &len);
-  if (rc) return cfg_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
   rc = wk_config_parse(text, len, cfg, err, errlen);
   free(text);
   if (rc) return rc;
   snprintf(path, sizeof(path), "%s/generation_config.json", dir);
   rc = wk_read_file(path, 16u << 20, &text, &len);
   if (rc == CM_ERR_NOENT) return 0;
-  if (rc) return cfg_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
   rc = wk_config_parse_generation(text, len, cfg, err, errlen);
   free(text);
   return rc;

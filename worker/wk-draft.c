@@ -1,7 +1,6 @@
 /* wk-draft.c — one step of the Gemma 4 MTP assistant (draft model) for a
  * batch of sequences, reading the target's embedding and KV pages (see
  * wk-model.h and MODELS.md). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -10,27 +9,15 @@
 #include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
 
-static int dr_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int dr_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 #define K(call)                                                                                    \
   do {                                                                                             \
     int rc_ = (call);                                                                              \
-    if (rc_) return dr_fail(err, errlen, rc_, "draft: %s failed: %s", #call, cm_strerror(rc_));    \
+    if (rc_) return cm_fail(err, errlen, rc_, "draft: %s failed: %s", #call, cm_strerror(rc_));    \
   } while (0)
 
 int wk_draft_load(const char *dir, struct wk_model *target, const struct wk_model_opts *opts,
                   struct wk_model **out, char *err, size_t errlen) {
-  if (!target) return dr_fail(err, errlen, CM_ERR_INVAL, "%s: a draft model needs its target", dir);
+  if (!target) return cm_fail(err, errlen, CM_ERR_INVAL, "%s: a draft model needs its target", dir);
   return wk_model_load_as(dir, target->be, opts, target, out, err, errlen);
 }
 
@@ -85,7 +72,7 @@ static int ordered_token(struct wk_model *m, const float *d, int32_t *tok, char 
     n += per;
     m->host_cent[best] = __builtin_nanf(""); /* chosen: excluded from later rounds */
   }
-  if (!n) return dr_fail(err, errlen, CM_ERR_RANGE, "draft: centroid logits are all NaN");
+  if (!n) return cm_fail(err, errlen, CM_ERR_RANGE, "draft: centroid logits are all NaN");
   K(kn_matmul_rows(be, m->cand_logits, n, d, h, m->lm_head.p, m->lm_head.dt, c->vocab, h, m->cand,
                    n, 1));
   int32_t j;
@@ -96,9 +83,9 @@ static int ordered_token(struct wk_model *m, const float *d, int32_t *tok, char 
 
 int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, int32_t *tokens_out,
                   float *h_out, float *logits, char *err, size_t errlen) {
-  if (!m->target) return dr_fail(err, errlen, CM_ERR_INVAL, "draft: not a draft model");
+  if (!m->target) return cm_fail(err, errlen, CM_ERR_INVAL, "draft: not a draft model");
   if (n < 1 || n > m->max_seqs || n > m->max_T || !in || !tokens_out || !h_out)
-    return dr_fail(err, errlen, CM_ERR_INVAL, "draft: bad batch of %d sequences", n);
+    return cm_fail(err, errlen, CM_ERR_INVAL, "draft: bad batch of %d sequences", n);
   const struct wk_config *c = &m->cfg;
   const struct wk_model *t = m->target;
   struct kn_backend *be = m->be;
@@ -114,7 +101,7 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
       q->block_tables[g] = in[s].block_tables[g];
       q->n_blocks[g] = in[s].n_blocks[g];
     }
-    if (!in[s].h_in) return dr_fail(err, errlen, CM_ERR_INVAL, "draft: sequence %d has no h_in", s);
+    if (!in[s].h_in) return cm_fail(err, errlen, CM_ERR_INVAL, "draft: sequence %d has no h_in", s);
   }
   struct wk_batch b = {.seqs = m->dseqs, .n_seqs = n};
   int R = 0, T = wk_fw_prepare(m, &b, &R, err, errlen);

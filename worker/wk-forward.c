@@ -15,7 +15,6 @@
  *   x *= layer_scalar
  * then final norm, tied head, optional final softcap. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,24 +23,12 @@
 #include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
 
-static int fw_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fw_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* Runs a kernel call; on failure reports the op, the layer and the code. */
 #define K(call)                                                                                    \
   do {                                                                                             \
     int rc_ = (call);                                                                              \
     if (rc_)                                                                                       \
-      return fw_fail(err, errlen, rc_, "forward: layer %d: %s failed: %s", layer, #call,           \
+      return cm_fail(err, errlen, rc_, "forward: layer %d: %s failed: %s", layer, #call,           \
                      cm_strerror(rc_));                                                            \
   } while (0)
 
@@ -68,37 +55,37 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
                   size_t errlen) {
   const struct wk_config *c = &m->cfg;
   if (!b || b->n_seqs < 1 || !b->seqs)
-    return fw_fail(err, errlen, CM_ERR_INVAL, "forward: empty batch");
+    return cm_fail(err, errlen, CM_ERR_INVAL, "forward: empty batch");
   if (b->n_seqs > m->max_seqs)
-    return fw_fail(err, errlen, CM_ERR_TOOBIG, "forward: %d sequences (at most %d)", b->n_seqs,
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "forward: %d sequences (at most %d)", b->n_seqs,
                    m->max_seqs);
   int T = 0, R = 0;
   for (int s = 0; s < b->n_seqs; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
     if (q->n_tokens < 1 || !q->tokens || q->pos0 < 0 || q->pos0 > (1 << 30) || q->n_out < 0 ||
         q->n_out > q->n_tokens)
-      return fw_fail(err, errlen, CM_ERR_INVAL,
+      return cm_fail(err, errlen, CM_ERR_INVAL,
                      "forward: sequence %d: bad token count, position or output count", s);
     if (q->n_tokens > m->max_T - T)
-      return fw_fail(err, errlen, CM_ERR_TOOBIG, "forward: more than %d tokens in one batch",
+      return cm_fail(err, errlen, CM_ERR_TOOBIG, "forward: more than %d tokens in one batch",
                      m->max_T);
     for (int j = 0; j < q->n_tokens; j++) {
       int32_t id = q->tokens[j];
       if (id < 0 || id >= c->vocab || (c->ple_dim && id >= c->ple_vocab))
-        return fw_fail(err, errlen, CM_ERR_RANGE,
+        return cm_fail(err, errlen, CM_ERR_RANGE,
                        "forward: sequence %d: token id %d outside the vocabulary (%d)", s, id,
                        c->vocab);
       m->ids[T + j] = id;
       m->pos[T + j] = q->pos0 + j;
     }
     if (q->n_bidir < 0 || (q->n_bidir > 0 && !q->bidir))
-      return fw_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad bidirectional ranges",
+      return cm_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad bidirectional ranges",
                      s);
     for (int r = 0; r < q->n_bidir; r++) {
       int b0 = q->bidir[2 * r], b1 = q->bidir[2 * r + 1];
       int meets = b0 < q->pos0 + q->n_tokens && b1 > q->pos0;
       if (b0 < 0 || b1 <= b0 || (meets && (b0 < q->pos0 || b1 > q->pos0 + q->n_tokens)))
-        return fw_fail(err, errlen, CM_ERR_INVAL,
+        return cm_fail(err, errlen, CM_ERR_INVAL,
                        "forward: sequence %d: bidirectional range [%d, %d) must lie inside one "
                        "step's tokens [%d, %d)",
                        s, b0, b1, q->pos0, q->pos0 + q->n_tokens);
@@ -112,7 +99,7 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
         int p = q->pos0 + j, blk = p / G->block_tokens;
         int32_t page = blk < q->n_blocks[g] && q->block_tables[g] ? q->block_tables[g][blk] : -1;
         if (page < 0 || page >= m->n_pages)
-          return fw_fail(err, errlen, CM_ERR_RANGE,
+          return cm_fail(err, errlen, CM_ERR_RANGE,
                          "forward: sequence %d: KV group %d has no valid block for position %d", s,
                          g, p);
         slots[T + j] = page * G->block_tokens + p % G->block_tokens;
@@ -162,7 +149,7 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
       }
     for (int j = 0; j < k; j++) {
       int e = ids[j];
-      if (e < 0 || e >= E) return fw_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
+      if (e < 0 || e >= E) return cm_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
       const char *gu = (const char *)w->experts_gate_up.p + (size_t)e * 2 * I * H * esz;
       const char *dn = (const char *)w->experts_down.p + (size_t)e * H * I * dsz;
       K(kn_matmul(be, m->ex_h, 2 * I, m->h + (size_t)t * H, H, gu, w->experts_gate_up.dt, 1, 2 * I,

@@ -24,18 +24,6 @@ struct binder {
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
 
-static int ld_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int ld_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 void *wk_model_alloc(struct wk_model *m, size_t bytes) {
   if (m->n_owned == m->cap_owned) {
     int nc = m->cap_owned ? m->cap_owned * 2 : 64;
@@ -75,7 +63,7 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
   const struct wk_tensor *t = wk_st_find(b->m->st, name);
   if (!t) {
     if (required)
-      b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: tensor %s missing", b->m->dir, name);
+      b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: tensor %s missing", b->m->dir, name);
     return NULL;
   }
   int64_t want[3] = {d0, d1, d2};
@@ -87,12 +75,12 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
     char got[96], exp[96];
     shape_str(got, sizeof(got), t->ndim, t->shape);
     shape_str(exp, sizeof(exp), nd, want);
-    b->rc = ld_fail(b->err, b->errlen, CM_ERR_SHAPE, "%s: tensor %s has shape %s, expected %s",
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_SHAPE, "%s: tensor %s has shape %s, expected %s",
                     t->file, name, got, exp);
     return NULL;
   }
   if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
-    b->rc = ld_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", t->file, name,
                     t->dtype_name);
     return NULL;
@@ -114,7 +102,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, int required, int64_t d0,
   if (!t) return;
   w->dt = (enum kn_dtype)t->dtype;
   w->p = place(b->m, t->data, t->nbytes);
-  if (!w->p) b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s", name);
+  if (!w->p) b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s", name);
   b->m->weight_bytes += t->nbytes;
 }
 
@@ -133,13 +121,13 @@ static const float *bind_vec(struct binder *b, int required, int64_t n, const ch
   float *dev = wk_model_alloc(b->m, sizeof(float) * (size_t)n);
   if (!host || !dev) {
     free(host);
-    b->rc = ld_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
     return NULL;
   }
   for (int64_t i = 0; i < n; i++)
     host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, (size_t)i);
   if (kn_upload(b->m->be, dev, host, sizeof(float) * (size_t)n))
-    b->rc = ld_fail(b->err, b->errlen, CM_ERR_DEVICE, "upload of %s failed", name);
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_DEVICE, "upload of %s failed", name);
   free(host);
   b->m->weight_bytes += t->nbytes;
   return dev;
@@ -168,7 +156,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   struct binder b = {m, err, errlen, 0};
   const char *P = find_prefix(m->st);
   if (!P)
-    return ld_fail(err, errlen, CM_ERR_NOENT,
+    return cm_fail(err, errlen, CM_ERR_NOENT,
                    "%s: no embed_tokens.weight under model.language_model., model. or the root",
                    m->dir);
   int H = c->hidden, L = c->n_layers, V = c->vocab;
@@ -186,7 +174,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
   m->layers = calloc((size_t)L, sizeof(*m->layers));
-  if (!m->layers) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (!m->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int gemma4 = c->arch != WK_ARCH_GEMMA3;
   for (int i = 0; i < L && !b.rc; i++) {
     const struct wk_layer_cfg *l = &c->layers[i];
@@ -362,7 +350,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
   const struct wk_config *c = &m->cfg, *tc = &t->cfg;
   struct binder b = {m, err, errlen, 0};
   if (tc->arch != WK_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
-    return ld_fail(err, errlen, CM_ERR_INVAL,
+    return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: the assistant (vocab %d, backbone hidden %d) does not fit the target %s "
                    "(%s, vocab %d, hidden %d)",
                    m->dir, c->vocab, c->backbone_hidden, t->dir, tc->model_type, tc->vocab,
@@ -375,17 +363,17 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
     const struct wk_tensor *o = wk_st_find(m->st, "masked_embedding.token_ordering");
     if (!b.rc && (!o || o->ndim != 1 || o->shape[0] != c->vocab ||
                   (o->dtype != WK_ST_I64 && o->dtype != WK_ST_I32)))
-      b.rc = ld_fail(err, errlen, CM_ERR_SHAPE,
+      b.rc = cm_fail(err, errlen, CM_ERR_SHAPE,
                      "%s: tensor masked_embedding.token_ordering missing or not [%d] integers",
                      m->dir, c->vocab);
     if (!b.rc) {
       m->token_ordering = malloc(sizeof(int32_t) * (size_t)c->vocab);
-      if (!m->token_ordering) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+      if (!m->token_ordering) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
       for (int i = 0; i < c->vocab; i++) {
         int64_t v =
             o->dtype == WK_ST_I64 ? ((const int64_t *)o->data)[i] : ((const int32_t *)o->data)[i];
         if (v < 0 || v >= c->vocab)
-          return ld_fail(err, errlen, CM_ERR_RANGE,
+          return cm_fail(err, errlen, CM_ERR_RANGE,
                          "%s: masked_embedding.token_ordering[%d] = %lld outside the vocabulary",
                          m->dir, i, (long long)v);
         m->token_ordering[i] = (int32_t)v;
@@ -400,7 +388,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
     int src = wk_config_last_storing_layer(tc, l->kind);
     if (src < 0 || tc->layers[src].head_dim != l->head_dim ||
         tc->layers[src].n_kv_heads != l->n_kv_heads)
-      return ld_fail(err, errlen, CM_ERR_INVAL,
+      return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: draft layer %d (%s, head dim %d, %d KV heads) has no matching storing "
                      "layer in the target",
                      m->dir, i, l->kind == WK_LAYER_FULL ? "full" : "sliding", l->head_dim,
@@ -438,13 +426,13 @@ static int size_pool(struct wk_model *m, struct wk_model_opts *o, char *err, siz
   size_t free_b = 0, total_b = 0;
   int rc = kn_mem_info(m->be, &free_b, &total_b);
   if (rc)
-    return ld_fail(err, errlen, rc,
+    return cm_fail(err, errlen, rc,
                    "a memory utilisation target needs a device backend (%s backend: %s); "
                    "give the KV pool size instead",
                    kn_backend_name(m->be), cm_strerror(rc));
   rc = wk_kv_bytes_for_util(o->mem_util, total_b, free_b, &o->kv_bytes);
   if (rc)
-    return ld_fail(err, errlen, rc,
+    return cm_fail(err, errlen, rc,
                    "no device memory left for the KV cache: %.2f of %.2f GiB is %.2f GiB, and "
                    "%.2f GiB are in use after the weights",
                    o->mem_util, (double)total_b / (1 << 30),
@@ -464,13 +452,13 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
                      struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
   struct wk_model *m = calloc(1, sizeof(*m));
-  if (!m) return ld_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (!m) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   m->be = be;
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
   int rc = wk_config_load(dir, &m->cfg, err, errlen);
   if (rc) goto fail;
   if ((m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
-    rc = ld_fail(err, errlen, CM_ERR_UNSUPPORTED,
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  target ? "%s: not a gemma4_assistant checkpoint"
                         : "%s: a gemma4_assistant checkpoint runs only as a draft model of its "
                           "target",
@@ -484,7 +472,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if (target) {
     if ((rc = bind_assistant(m, target, err, errlen))) goto fail;
     if ((rc = build_rope(m)) || (rc = alloc_scratch(m)) || (rc = alloc_draft_scratch(m))) {
-      rc = ld_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
+      rc = cm_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
       goto fail;
     }
     prefault(m, o.quiet);
@@ -494,12 +482,12 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   enum kn_dtype kvdt = m->embed.dt == KN_DTYPE_F32 ? KN_DTYPE_F32 : KN_DTYPE_BF16;
   if (o.kv_dtype > 0) kvdt = (enum kn_dtype)(o.kv_dtype - 1);
   if ((rc = wk_kv_spec_build(&m->cfg, kvdt, o.block_tokens, &m->kv))) {
-    rc = ld_fail(err, errlen, rc, "%s: cannot plan the KV cache (%s)", dir, cm_strerror(rc));
+    rc = cm_fail(err, errlen, rc, "%s: cannot plan the KV cache (%s)", dir, cm_strerror(rc));
     goto fail;
   }
   /* scratch first: a pool sized from the memory left must see it in use */
   if ((rc = build_rope(m)) || (rc = alloc_scratch(m))) {
-    rc = ld_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
+    rc = cm_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
     goto fail;
   }
   if (o.kv_bytes == 0 && o.mem_util > 0 && m->kv.n_groups && (rc = size_pool(m, &o, err, errlen)))
@@ -510,7 +498,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if (o.kv_bytes > 0 && m->kv.n_groups) {
     uint64_t pages = o.kv_bytes / m->kv.page_bytes;
     if (pages < 1 || pages > WK_MAX_PAGES) {
-      rc = ld_fail(err, errlen, CM_ERR_RANGE,
+      rc = cm_fail(err, errlen, CM_ERR_RANGE,
                    "KV pool of %llu bytes: pages of %zu bytes give %llu pages",
                    (unsigned long long)o.kv_bytes, m->kv.page_bytes, (unsigned long long)pages);
       goto fail;
@@ -520,7 +508,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if (m->n_pages) {
     m->pool = wk_model_alloc(m, (size_t)m->n_pages * m->kv.page_bytes);
     if (!m->pool) {
-      rc = ld_fail(err, errlen, CM_ERR_NOMEM, "cannot allocate a KV pool of %d pages x %zu bytes",
+      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "cannot allocate a KV pool of %d pages x %zu bytes",
                    m->n_pages, m->kv.page_bytes);
       goto fail;
     }

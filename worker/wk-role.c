@@ -59,16 +59,6 @@ struct wk_role {
   uint32_t *rdraft;         /* [max_seqs, PR_MAX_DRAFT] */
 };
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 static struct rseq *seq_find(struct wk_role *r, uint64_t id) {
   for (int i = 0; i < r->cap_seqs; i++)
     if (r->seqs[i].used && r->seqs[i].id == id) return &r->seqs[i];
@@ -238,7 +228,7 @@ static uint64_t mix64(uint64_t x) {
 
 static int check_step(struct wk_role *r, const struct pr_step *st, char *err, size_t errlen) {
   if (st->n_seqs > (uint32_t)r->max_seqs)
-    return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
                 (unsigned long long)st->step_id, st->n_seqs, r->max_seqs);
   int64_t T = 0, rows = 0, n_new = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
@@ -246,79 +236,79 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
     unsigned long long id = (unsigned long long)s->seq_id;
     for (uint32_t j = 0; j < i; j++)
       if (st->seqs[j].seq_id == s->seq_id)
-        return fail(err, errlen, CM_ERR_INVAL, "sequence %llu appears twice in one step", id);
+        return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu appears twice in one step", id);
     if (s->flags & ~(uint32_t)PR_SEQ_FLAGS_ALL)
-      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: unknown flags 0x%x", id, s->flags);
+      return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: unknown flags 0x%x", id, s->flags);
     int is_new = !!(s->flags & PR_SEQ_NEW), append = !!(s->flags & PR_SEQ_APPEND_BLOCKS);
     if (is_new && append)
-      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: APPEND_BLOCKS with NEW", id);
+      return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: APPEND_BLOCKS with NEW", id);
     struct rseq *q = seq_find(r, s->seq_id);
     for (uint32_t j = 0; q && j < st->free_ids.n; j++)
       if (st->free_ids.v[j] == s->seq_id) q = NULL; /* dropped before the step runs */
     if (!is_new && !q)
-      return fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step, or freed)",
+      return cm_fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step, or freed)",
                   id);
     if (is_new && !q) n_new++;
     uint32_t nt = s->tokens.n + s->draft_tokens.n;
-    if (nt == 0) return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: no tokens", id);
+    if (nt == 0) return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: no tokens", id);
     if ((uint64_t)s->start_pos + nt > (uint64_t)r->max_pos)
-      return fail(err, errlen, CM_ERR_RANGE,
+      return cm_fail(err, errlen, CM_ERR_RANGE,
                   "sequence %llu: positions up to %llu exceed the model "
                   "length %d",
                   id, (unsigned long long)s->start_pos + nt, r->max_pos);
     T += nt;
     if (T > r->max_T)
-      return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
+      return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
                   (unsigned long long)st->step_id, r->max_T);
     for (uint32_t j = 0; j < s->tokens.n; j++)
       if (s->tokens.v[j] >= (uint32_t)r->vocab)
-        return fail(err, errlen, CM_ERR_RANGE,
+        return cm_fail(err, errlen, CM_ERR_RANGE,
                     "sequence %llu: token id %u outside the vocabulary "
                     "(%d)",
                     id, s->tokens.v[j], r->vocab);
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       if (s->draft_tokens.v[j] >= (uint32_t)r->vocab)
-        return fail(err, errlen, CM_ERR_RANGE,
+        return cm_fail(err, errlen, CM_ERR_RANGE,
                     "sequence %llu: draft id %u outside the vocabulary "
                     "(%d)",
                     id, s->draft_tokens.v[j], r->vocab);
     if (s->draft_tokens.n > (uint32_t)r->max_draft || s->num_draft > (uint32_t)r->max_draft)
-      return fail(err, errlen, CM_ERR_UNSUPPORTED,
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                   "sequence %llu: %u drafts to verify, %u to "
                   "propose; this worker drafts at most %d",
                   id, s->draft_tokens.n, s->num_draft, r->max_draft);
     if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
-      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
+      return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
     if (s->tokens.n == 0 && s->draft_tokens.n)
       /* the first draft is checked against the logits of the token before it */
-      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
+      return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
                   id);
     if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
     if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
-      return fail(err, errlen, CM_ERR_INVAL,
+      return cm_fail(err, errlen, CM_ERR_INVAL,
                   "sequence %llu: %u block tables (the model has %d KV "
                   "groups)",
                   id, s->n_groups, r->n_groups);
     if (is_new && s->n_groups == 0)
-      return fail(err, errlen, CM_ERR_INVAL, "sequence %llu: NEW without block tables", id);
+      return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: NEW without block tables", id);
     for (uint32_t g = 0; g < s->n_groups; g++) {
       const struct pr_i32s *t = &s->block_tables[g];
       int64_t have = append && q ? q->n_bt[g] : 0;
       if (have + t->n > r->max_blocks[g])
-        return fail(err, errlen, CM_ERR_TOOBIG,
+        return cm_fail(err, errlen, CM_ERR_TOOBIG,
                     "sequence %llu: group %u table of %lld blocks "
                     "(at most %d)",
                     id, g, (long long)(have + t->n), r->max_blocks[g]);
       for (uint32_t j = 0; j < t->n; j++)
         if (t->v[j] < -1 || t->v[j] >= r->n_pages)
-          return fail(err, errlen, CM_ERR_RANGE,
+          return cm_fail(err, errlen, CM_ERR_RANGE,
                       "sequence %llu: group %u block %d outside the "
                       "pool (%d pages)",
                       id, g, t->v[j], r->n_pages);
     }
   }
   if (rows > r->max_rows)
-    return fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %lld sampled rows (at most %d)",
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %lld sampled rows (at most %d)",
                 (unsigned long long)st->step_id, (long long)rows, r->max_rows);
   int free_slots = 0;
   for (int i = 0; i < r->cap_seqs; i++) {
@@ -333,7 +323,7 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       }
   }
   if (n_new > free_slots)
-    return fail(err, errlen, CM_ERR_FULL, "no room for %lld new sequences (%d states held)",
+    return cm_fail(err, errlen, CM_ERR_FULL, "no room for %lld new sequences (%d states held)",
                 (long long)n_new, wk_role_n_seqs(r));
   return 0;
 }
@@ -389,7 +379,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     int append = !!(s->flags & PR_SEQ_APPEND_BLOCKS);
     for (uint32_t g = 0; g < s->n_groups; g++)
       if (table_put(q, (int)g, s->block_tables[g].v, (int)s->block_tables[g].n, append))
-        return fail(err, errlen, CM_ERR_NOMEM, "out of memory for block tables");
+        return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for block tables");
     int32_t *t = r->toks + T;
     for (uint32_t j = 0; j < s->tokens.n; j++)
       t[j] = (int32_t)s->tokens.v[j];
@@ -397,7 +387,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
     if ((s->flags & PR_SEQ_PREFILL) && s->tokens.n &&
         wk_penalty_add_prompt(&q->pen, t, (int)s->tokens.n))
-      return fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
+      return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
     struct wk_seq_input *in = &r->in[i];
     memset(in, 0, sizeof(*in));
     in->tokens = t;
@@ -551,7 +541,7 @@ int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res
     if (!(s->flags & PR_SEQ_SAMPLE)) continue;
     int lr = 0;
     if ((rc = sample_seq(r, s, (int)i, &r->rs[i], &lr)))
-      return fail(err, errlen, rc, "sequence %llu: sampling failed: %s",
+      return cm_fail(err, errlen, rc, "sequence %llu: sampling failed: %s",
                   (unsigned long long)s->seq_id, cm_strerror(rc));
     last_row[i] = lr;
   }

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -31,18 +30,6 @@ struct wk_st {
   int n_copies;
   uint64_t bytes;
 };
-
-static int st_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int st_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 const char *wk_st_dtype_name(enum wk_st_dtype dt) {
   static const char *names[] = {"F32", "F16", "BF16", "I64", "I32", "?"};
@@ -83,26 +70,26 @@ void wk_st_close(struct wk_st *st) {
 /* Parses one file image `buf[len]` and appends its tensors. */
 static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, const char *fname,
                     char *err, size_t errlen) {
-  if (len < 8) return st_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", fname);
+  if (len < 8) return cm_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", fname);
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--)
     hlen = (hlen << 8) | buf[i];
   if (hlen > WK_ST_MAX_HEADER)
-    return st_fail(err, errlen, CM_ERR_TOOBIG, "%s: header of %llu bytes is too large", fname,
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "%s: header of %llu bytes is too large", fname,
                    (unsigned long long)hlen);
   if (hlen > len - 8)
-    return st_fail(err, errlen, CM_ERR_TRUNC, "%s: header length %llu passes the end of the file",
+    return cm_fail(err, errlen, CM_ERR_TRUNC, "%s: header length %llu passes the end of the file",
                    fname, (unsigned long long)hlen);
   const unsigned char *data = buf + 8 + hlen;
   size_t data_len = len - 8 - (size_t)hlen;
   json_error_t jerr;
   json_t *root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
-    return st_fail(err, errlen, CM_ERR_PARSE, "%s: header JSON: %s (column %d)", fname, jerr.text,
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: header JSON: %s (column %d)", fname, jerr.text,
                    jerr.column);
   int rc = 0;
   if (!json_is_object(root)) {
-    rc = st_fail(err, errlen, CM_ERR_PARSE, "%s: header is not a JSON object", fname);
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: header is not a JSON object", fname);
     goto done;
   }
   const char *key;
@@ -110,14 +97,14 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
   json_object_foreach(root, key, val) {
     if (!strcmp(key, "__metadata__")) continue;
     if (!json_is_object(val)) {
-      rc = st_fail(err, errlen, CM_ERR_PARSE, "%s: tensor %s: entry is not an object", fname, key);
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: tensor %s: entry is not an object", fname, key);
       goto done;
     }
     const json_t *dt = json_object_get(val, "dtype"), *sh = json_object_get(val, "shape"),
                  *off = json_object_get(val, "data_offsets");
     if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(off) ||
         json_array_size(off) != 2) {
-      rc = st_fail(err, errlen, CM_ERR_PARSE, "%s: tensor %s: dtype, shape or data_offsets missing",
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: tensor %s: dtype, shape or data_offsets missing",
                    fname, key);
       goto done;
     }
@@ -126,7 +113,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
     t.dtype = dtype_from_name(json_string_value(dt));
     size_t nd = json_array_size(sh);
     if (nd > WK_ST_MAX_DIMS) {
-      rc = st_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: %zu dimensions (at most %d)", fname,
+      rc = cm_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: %zu dimensions (at most %d)", fname,
                    key, nd, WK_ST_MAX_DIMS);
       goto done;
     }
@@ -137,12 +124,12 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
       json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
       if (v < 0 || v > ((json_int_t)1 << 40)) {
         rc =
-            st_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: bad shape entry %zu", fname, key, d);
+            cm_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: bad shape entry %zu", fname, key, d);
         goto done;
       }
       t.shape[d] = v;
       if (v && count > UINT64_MAX / (uint64_t)v) {
-        rc = st_fail(err, errlen, CM_ERR_TOOBIG, "%s: tensor %s: shape overflows", fname, key);
+        rc = cm_fail(err, errlen, CM_ERR_TOOBIG, "%s: tensor %s: shape overflows", fname, key);
         goto done;
       }
       count *= (uint64_t)v;
@@ -151,7 +138,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
     json_int_t o0 = json_is_integer(b0) ? json_integer_value(b0) : -1;
     json_int_t o1 = json_is_integer(b1) ? json_integer_value(b1) : -1;
     if (o0 < 0 || o1 < o0 || (uint64_t)o1 > data_len) {
-      rc = st_fail(err, errlen, CM_ERR_RANGE,
+      rc = cm_fail(err, errlen, CM_ERR_RANGE,
                    "%s: tensor %s: data_offsets [%lld, %lld] outside the %zu data bytes", fname,
                    key, (long long)o0, (long long)o1, data_len);
       goto done;
@@ -160,7 +147,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
     size_t esz = wk_st_dtype_size(t.dtype);
     if (esz) {
       if (count > UINT64_MAX / esz || count * esz != t.nbytes) {
-        rc = st_fail(err, errlen, CM_ERR_SHAPE,
+        rc = cm_fail(err, errlen, CM_ERR_SHAPE,
                      "%s: tensor %s: %zu data bytes do not match its shape and dtype %s", fname,
                      key, t.nbytes, t.dtype_name);
         goto done;
@@ -173,7 +160,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
       if (!copy || !nc) {
         free(copy);
         if (nc) st->copies = nc;
-        rc = st_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
+        rc = cm_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
         goto done;
       }
       st->copies = nc;
@@ -186,7 +173,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
       int nc = st->cap ? st->cap * 2 : 64;
       struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
       if (!nt) {
-        rc = st_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
+        rc = cm_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
         goto done;
       }
       st->t = nt;
@@ -194,7 +181,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
     }
     t.name = strdup(key);
     if (!t.name) {
-      rc = st_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
+      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
       goto done;
     }
     st->t[st->n++] = t;
@@ -209,7 +196,7 @@ static int st_finish(struct wk_st *st, char *err, size_t errlen) {
   qsort(st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
   for (int i = 1; i < st->n; i++)
     if (!strcmp(st->t[i].name, st->t[i - 1].name))
-      return st_fail(err, errlen, CM_ERR_INVAL, "tensor %s appears in both %s and %s",
+      return cm_fail(err, errlen, CM_ERR_INVAL, "tensor %s appears in both %s and %s",
                      st->t[i].name, st->t[i - 1].file, st->t[i].file);
   return 0;
 }
@@ -232,33 +219,33 @@ static int st_map_file(struct wk_st *st, const char *path, char *err, size_t err
   const char *fname = slash ? slash + 1 : path;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return st_fail(err, errlen, errno == ENOENT ? CM_ERR_NOENT : CM_ERR_IO, "%s: %s", path,
+    return cm_fail(err, errlen, errno == ENOENT ? CM_ERR_NOENT : CM_ERR_IO, "%s: %s", path,
                    strerror(errno));
   struct stat sb;
   if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
     close(fd);
-    return st_fail(err, errlen, CM_ERR_IO, "%s: not a regular file", path);
+    return cm_fail(err, errlen, CM_ERR_IO, "%s: not a regular file", path);
   }
   size_t len = (size_t)sb.st_size;
   if (len < 8) {
     close(fd);
-    return st_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", path);
+    return cm_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", path);
   }
   void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (base == MAP_FAILED)
-    return st_fail(err, errlen, CM_ERR_IO, "%s: mmap: %s", path, strerror(errno));
+    return cm_fail(err, errlen, CM_ERR_IO, "%s: mmap: %s", path, strerror(errno));
   int rc = st_add_map(st, base, len, fname);
   if (rc) {
     munmap(base, len);
-    return st_fail(err, errlen, rc, "%s: out of memory", path);
+    return cm_fail(err, errlen, rc, "%s: out of memory", path);
   }
   return st_parse(st, base, len, st->maps[st->n_maps - 1].fname, err, errlen);
 }
 
 int wk_st_open_file(const char *path, struct wk_st **out, char *err, size_t errlen) {
   struct wk_st *st = calloc(1, sizeof(*st));
-  if (!st) return st_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (!st) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int rc = st_map_file(st, path, err, errlen);
   if (!rc) rc = st_finish(st, err, errlen);
   if (rc) {
@@ -272,7 +259,7 @@ int wk_st_open_file(const char *path, struct wk_st **out, char *err, size_t errl
 int wk_st_open_mem(const void *buf, size_t len, const char *name, struct wk_st **out, char *err,
                    size_t errlen) {
   struct wk_st *st = calloc(1, sizeof(*st));
-  if (!st) return st_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (!st) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int rc = st_add_map(st, NULL, 0, name);
   if (!rc) rc = st_parse(st, buf, len, st->maps[0].fname, err, errlen);
   if (!rc) rc = st_finish(st, err, errlen);
@@ -299,26 +286,26 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
   if (rc == CM_ERR_NOENT) {
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     if (access(path, F_OK))
-      return st_fail(err, errlen, CM_ERR_NOENT,
+      return cm_fail(err, errlen, CM_ERR_NOENT,
                      "%s: neither model.safetensors nor model.safetensors.index.json found", dir);
     return wk_st_open_file(path, out, err, errlen);
   }
-  if (rc) return st_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
   json_error_t jerr;
   json_t *root = json_loadb(text, len, 0, &jerr);
   free(text);
   if (!root)
-    return st_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: line %d: %s",
+    return cm_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: line %d: %s",
                    jerr.line, jerr.text);
   struct wk_st *st = NULL;
   const json_t *wm = json_object_get(root, "weight_map");
   if (!json_is_object(wm)) {
-    rc = st_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: weight_map missing");
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: weight_map missing");
     goto fail;
   }
   st = calloc(1, sizeof(*st));
   if (!st) {
-    rc = st_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     goto fail;
   }
   const char *key;
@@ -326,7 +313,7 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
   json_object_foreach((json_t *)wm, key, val) {
     const char *f = json_is_string(val) ? json_string_value(val) : "";
     if (!shard_name_ok(f)) {
-      rc = st_fail(err, errlen, CM_ERR_INVAL,
+      rc = cm_fail(err, errlen, CM_ERR_INVAL,
                    "model.safetensors.index.json: tensor %s: bad shard name \"%s\"", key, f);
       goto fail;
     }
@@ -342,7 +329,7 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
     const struct wk_tensor *t = wk_st_find(st, key);
     if (!t || strcmp(t->file, json_string_value(val))) {
       rc =
-          st_fail(err, errlen, CM_ERR_NOENT, "model.safetensors.index.json: tensor %s is not in %s",
+          cm_fail(err, errlen, CM_ERR_NOENT, "model.safetensors.index.json: tensor %s is not in %s",
                   key, json_string_value(val));
       goto fail;
     }

@@ -18,18 +18,6 @@
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
 
-static int ts_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int ts_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 void wk_tiny_spec_free(struct wk_tiny_spec *s) {
   free(s->config_json);
   free(s->generation_json);
@@ -230,9 +218,9 @@ static void rig_tensors(struct wk_tiny_spec *s, const struct wk_config *c) {
 static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen) {
   s->config_json = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(root);
-  if (!s->config_json) return ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (!s->config_json) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct wk_config *c = malloc(sizeof(*c));
-  if (!c) return ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int rc = wk_config_parse(s->config_json, strlen(s->config_json), c, err, errlen);
   if (!rc) {
     snprintf(s->model_type, sizeof(s->model_type), "%s", c->model_type);
@@ -248,7 +236,7 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
         rc |=
             add(s, WK_INIT_PERMUTATION, 0, 0, 1, c->vocab, 0, 0, "masked_embedding.token_ordering");
       }
-      if (rc) rc = ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+      if (rc) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     }
     if (!rc && s->rig) rig_tensors(s, c);
   }
@@ -261,7 +249,7 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
       len += snprintf(gen + len, sizeof(gen) - (size_t)len, "%s%d", i ? ", " : "", c->eos_ids[i]);
     snprintf(gen + len, sizeof(gen) - (size_t)len, "]\n}\n");
     s->generation_json = strdup(gen);
-    if (!s->generation_json) rc = ts_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    if (!s->generation_json) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   }
   free(c);
   return rc;
@@ -274,7 +262,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
   json_t *root;
   if (!strcmp(o->arch, "gemma4")) {
     if (strcmp(o->preset, "tiny"))
-      return ts_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known for gemma4 (tiny)",
+      return cm_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known for gemma4 (tiny)",
                      o->preset);
     /* 6 layers: sliding, sliding, full, sliding | shared sliding, shared full */
     static const int full[6] = {0, 0, 1, 0, 0, 1};
@@ -290,7 +278,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     } else if (!strcmp(o->preset, "270m")) {
       H = 640, F = 2048, L = 18, nh = 4, nkv = 1, hd = 256, win = 512, pattern = 6;
     } else {
-      return ts_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known (tiny, 270m)",
+      return cm_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known (tiny, 270m)",
                      o->preset);
     }
     if (o->sliding_window) win = o->sliding_window;
@@ -324,7 +312,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     json_object_set_new(root, "bos_token_id", json_integer(2));
     json_object_set_new(root, "eos_token_id", int_list((const int[]){1, 106}, V > 106 ? 2 : 1));
   } else {
-    return ts_fail(err, errlen, CM_ERR_INVAL, "unknown arch \"%s\"", o->arch);
+    return cm_fail(err, errlen, CM_ERR_INVAL, "unknown arch \"%s\"", o->arch);
   }
   int rc = finish(s, root, err, errlen);
   if (rc) wk_tiny_spec_free(s);
@@ -335,12 +323,12 @@ static int assistant(struct wk_tiny_spec *s, const struct wk_config *t, int agre
                      size_t errlen) {
   memset(s, 0, sizeof(*s));
   if (t->arch != WK_ARCH_GEMMA4)
-    return ts_fail(err, errlen, CM_ERR_UNSUPPORTED,
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "the target must be a gemma4 model (got model_type \"%s\")", t->model_type);
   int sl = wk_config_last_storing_layer(t, WK_LAYER_SLIDING);
   int fl = wk_config_last_storing_layer(t, WK_LAYER_FULL);
   if (sl < 0 || fl < 0)
-    return ts_fail(err, errlen, CM_ERR_INVAL,
+    return cm_fail(err, errlen, CM_ERR_INVAL,
                    "the target needs a storing sliding and a storing full layer");
   static const int full[4] = {0, 0, 0, 1};
   int h = agree ? t->hidden : 32, nh = 4;
