@@ -11,14 +11,14 @@
 #include "common/cm-arena.h"
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
-#include "frontend/fe-chat.h"
-#include "frontend/fe-detok.h"
+#include "tokenizer/tk-chat.h"
+#include "tokenizer/tk-detok.h"
 #include "frontend/fe-engine.h"
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-http-metrics.h"
 #include "frontend/fe-sse.h"
-#include "frontend/fe-stop.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-stop.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "proto/pr-msg.h"
 #include "proto/pr-zmq.h"
 
@@ -41,8 +41,8 @@ struct fe_eng_choice {
   int live;     /* the scheduler still runs it (no final OUT, no ABORT sent) */
   int done;     /* finished: finish_reason is set */
   const char *finish_reason;
-  struct fe_detok *detok;
-  struct fe_stop *stop;
+  struct tk_detok *detok;
+  struct tk_stop *stop;
   struct fe_buf text;    /* non-streamed: all released text; streamed: this OUT's delta */
   size_t text_sent;      /* bytes of text sent before (completions text_offset) */
   int64_t n_gen;         /* tokens generated */
@@ -89,9 +89,9 @@ struct fe_engine {
   char *scheduler;
   char *model_dir;
 
-  struct fe_tok *tok;
-  struct fe_tok_state *tok_st;
-  struct fe_chat *chat; /* NULL when the model has no chat template */
+  struct tk_tokenizer *tok;
+  struct tk_state *tok_st;
+  struct tk_chat *chat; /* NULL when the model has no chat template */
   int32_t eos[FE_ENG_MAX_EOS];
   int n_eos;
   int32_t n_vocab; /* ids a prompt may hold: the tokenizer's, capped by config.json's vocab_size */

@@ -161,7 +161,7 @@ static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
   const char *o = NULL;
   size_t ol = 0;
   int hit = -1;
-  if (fe_stop_push(ch->stop, piece, len, &o, &ol, &hit) != 0) return 0;
+  if (tk_stop_push(ch->stop, piece, len, &o, &ol, &hit) != 0) return 0;
   fe_buf_append(&ch->text, o, ol);
   if (hit < 0) return 0;
   if (ch->req->api->include_stop_str_in_output) fe_buf_puts(&ch->text, ch->req->api->stop[hit]);
@@ -172,8 +172,8 @@ static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
 static int flush_text(struct fe_eng_choice *ch) {
   const char *p = NULL;
   size_t n = 0;
-  if (fe_detok_flush(ch->detok, &p, &n) == 0 && n && feed(ch, p, n)) return 1;
-  if (fe_stop_flush(ch->stop, &p, &n) == 0) fe_buf_append(&ch->text, p, n);
+  if (tk_detok_flush(ch->detok, &p, &n) == 0 && n && feed(ch, p, n)) return 1;
+  if (tk_stop_flush(ch->stop, &p, &n) == 0) fe_buf_append(&ch->text, p, n);
   return 0;
 }
 
@@ -203,7 +203,7 @@ static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch,
     for (uint32_t j = 0; j <= ch->lps[i].n_top; j++) {
       int32_t id = j == 0 ? ch->lps[i].id : ch->top_ids[ch->lps[i].top_i + j - 1];
       size_t len = 0;
-      if (fe_tok_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0) len = 0;
+      if (tk_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0) len = 0;
       off[k++] = txt->len;
       fe_buf_append(txt, piece, len);
     }
@@ -368,7 +368,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
       continue;
     const char *piece = NULL;
     size_t len = 0;
-    if (fe_detok_push(ch->detok, id, &piece, &len) != 0) {
+    if (tk_detok_push(ch->detok, id, &piece, &len) != 0) {
       cm_warn(TAG, "request %llu: token id %d outside the vocabulary; dropped",
               (unsigned long long)ch->id, (int)id);
       continue;

@@ -54,7 +54,7 @@ static int render_chat(struct fe_engine *e, const struct fe_api_request *req, ch
     }
   }
   int rc =
-      fe_chat_render(e->chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf, errlen);
+      tk_chat_render(e->chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf, errlen);
   json_decref(msgs);
   return rc;
 }
@@ -73,8 +73,8 @@ static int prompt_ids(struct fe_engine *e, const struct fe_api_request *req, siz
       return rc;
     }
     /* the template writes <bos> itself: no post-processor unless asked */
-    unsigned fl = FE_TOK_MATCH_SPECIAL | (req->add_special_tokens ? FE_TOK_ADD_SPECIAL : 0);
-    rc = fe_tok_encode(e->tok, e->tok_st, text, len, fl, &e->ids, &e->n_ids, &e->cap_ids);
+    unsigned fl = TK_MATCH_SPECIAL | (req->add_special_tokens ? TK_ADD_SPECIAL : 0);
+    rc = tk_encode(e->tok, e->tok_st, text, len, fl, &e->ids, &e->n_ids, &e->cap_ids);
     free(text);
     if (rc == CM_ERR_INVAL) snprintf(errbuf, errlen, "the rendered chat is not valid UTF-8");
     return rc;
@@ -99,8 +99,8 @@ static int prompt_ids(struct fe_engine *e, const struct fe_api_request *req, siz
     e->n_ids = p->n_ids;
     return 0;
   }
-  unsigned fl = FE_TOK_MATCH_SPECIAL | (req->add_special_tokens ? FE_TOK_ADD_SPECIAL : 0);
-  int rc = fe_tok_encode(e->tok, e->tok_st, p->text ? p->text : "", p->text ? p->text_len : 0, fl,
+  unsigned fl = TK_MATCH_SPECIAL | (req->add_special_tokens ? TK_ADD_SPECIAL : 0);
+  int rc = tk_encode(e->tok, e->tok_st, p->text ? p->text : "", p->text ? p->text_len : 0, fl,
                          &e->ids, &e->n_ids, &e->cap_ids);
   if (rc == CM_ERR_INVAL) snprintf(errbuf, errlen, "the prompt is not valid UTF-8");
   return rc;
@@ -124,7 +124,7 @@ static void answer_tokens(struct fe_engine *e, struct fe_conn *c,
     const struct fe_api_prompt *p = req->n_prompts ? &req->prompts[0] : NULL;
     size_t len = 0;
     int rc =
-        p ? fe_tok_decode(e->tok, p->ids, p->n_ids, 0, &e->dec, &len, &e->dec_cap) : CM_ERR_INVAL;
+        p ? tk_decode(e->tok, p->ids, p->n_ids, 0, &e->dec, &len, &e->dec_cap) : CM_ERR_INVAL;
     if (rc) {
       answer_error(e, c, rc == CM_ERR_NOMEM ? 500 : 400,
                    rc == CM_ERR_RANGE ? "a token id is outside the vocabulary"
@@ -182,13 +182,13 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   ch->prompt_i = prompt_i;
   ch->id = e->next_id++;
   fe_buf_init(&ch->text, 0);
-  int rc = fe_detok_create(e->tok, r->api->skip_special_tokens, &ch->detok);
+  int rc = tk_detok_create(e->tok, r->api->skip_special_tokens, &ch->detok);
   if (rc) return rc;
   const struct fe_api_request *q = r->api;
   size_t lens[FE_API_MAX_STOP];
   for (size_t i = 0; i < q->n_stop && i < FE_API_MAX_STOP; i++)
     lens[i] = strlen(q->stop[i]);
-  if ((rc = fe_stop_create(q->stop, lens, q->n_stop, &ch->stop))) return rc;
+  if ((rc = tk_stop_create(q->stop, lens, q->n_stop, &ch->stop))) return rc;
   return fe_eng_map_put(e, ch);
 }
 
@@ -336,8 +336,8 @@ void fe_eng_req_free(struct fe_eng_req *r) {
   for (int k = 0; k < r->n_ch; k++) {
     struct fe_eng_choice *ch = &r->ch[k];
     if (ch->id) fe_eng_map_del(e, ch->id);
-    fe_detok_free(ch->detok);
-    fe_stop_free(ch->stop);
+    tk_detok_free(ch->detok);
+    tk_stop_free(ch->stop);
     fe_buf_free(&ch->text);
     free(ch->lps);
     free(ch->top_ids);

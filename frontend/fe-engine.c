@@ -209,19 +209,19 @@ static void load_eos(struct fe_engine *e) {
     }
     json_decref(root);
   }
-  int32_t n_vocab = fe_tok_n_vocab(e->tok);
+  int32_t n_vocab = tk_n_vocab(e->tok);
   int k = 0;
   for (int i = 0; i < e->n_eos; i++) /* drop ids the tokenizer does not have */
     if (e->eos[i] >= 0 && e->eos[i] < n_vocab) e->eos[k++] = e->eos[i];
   e->n_eos = k;
-  if (e->n_eos == 0 && fe_tok_eos(e->tok) >= 0) e->eos[e->n_eos++] = fe_tok_eos(e->tok);
+  if (e->n_eos == 0 && tk_eos(e->tok) >= 0) e->eos[e->n_eos++] = tk_eos(e->tok);
 }
 
 /* The tokenizer may know more ids than the model embeds (Gemma's lists
  * <image_soft_token> past the text vocabulary): prompt ids are checked
  * against config.json's vocab_size (top level or text_config) too. */
 static void load_vocab(struct fe_engine *e) {
-  e->n_vocab = fe_tok_n_vocab(e->tok);
+  e->n_vocab = tk_n_vocab(e->tok);
   char path[4096];
   snprintf(path, sizeof(path), "%s/config.json", e->model_dir);
   json_t *root = json_load_file(path, 0, NULL);
@@ -272,13 +272,13 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     rc = CM_ERR_INVAL;
     goto fail;
   }
-  if ((rc = fe_tok_load(cfg->model_dir, &e->tok, err, sizeof(err))) != 0) {
+  if ((rc = tk_load(cfg->model_dir, &e->tok, err, sizeof(err))) != 0) {
     cm_error(TAG, "%s: tokenizer: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
-  if ((rc = fe_tok_state_create(e->tok, &e->tok_st)) != 0) goto fail;
+  if ((rc = tk_state_create(e->tok, &e->tok_st)) != 0) goto fail;
   err[0] = 0;
-  rc = fe_chat_load(cfg->model_dir, &e->chat, err, sizeof(err));
+  rc = tk_chat_load(cfg->model_dir, &e->chat, err, sizeof(err));
   if (rc == CM_ERR_NOENT) {
     cm_warn(TAG, "%s: no chat template; chat completions will be refused", cfg->model_dir);
     e->chat = NULL;
@@ -332,9 +332,9 @@ void fe_engine_destroy(struct fe_engine *e) {
   pr_sock_close(e->sock);
   if (e->zctx) zmq_ctx_term(e->zctx);
   cm_arena_free(&e->rx_arena);
-  fe_chat_free(e->chat);
-  fe_tok_state_free(e->tok_st);
-  fe_tok_free(e->tok);
+  tk_chat_free(e->chat);
+  tk_state_free(e->tok_st);
+  tk_free(e->tok);
   free(e->map);
   free(e->ids);
   free(e->stop_ids);

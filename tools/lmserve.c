@@ -22,9 +22,9 @@ static const struct subcommand subcommands[] = {
     {"frontend", fe_frontend_main, "run the HTTP frontend role alone"},
     {"scheduler", sch_main, "run the scheduler role alone"},
     {"worker", wk_worker_main, "run one worker (tensor-parallel rank) alone"},
-    {"generate", wk_generate_main, "offline generation in one process (tests, demos)"},
-    {"tokenize", fe_tokenize_main, "text on stdin -> token ids (JSON array)"},
-    {"detokenize", fe_detokenize_main, "token ids (JSON array) on stdin -> text"},
+    {"generate", tl_generate_main, "offline generation in one process (tests, demos)"},
+    {"tokenize", tl_tokenize_main, "text on stdin -> token ids (JSON array)"},
+    {"detokenize", tl_detokenize_main, "token ids (JSON array) on stdin -> text"},
     {"bench", tl_bench_main, "benchmarks: bench model | bench serve"},
     {"make-tiny-model", tl_make_tiny_model_main, "write a small random-weight checkpoint"},
 };

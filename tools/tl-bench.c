@@ -3,17 +3,15 @@
 #include <string.h>
 
 #include "common/cm-assert.h"
-#include "frontend/fe-main.h"
 #include "tools/tl-main.h"
-#include "worker/wk-main.h"
 
 static const struct {
   const char *name;
   int (*fn)(int argc, char **argv);
   const char *help;
 } benches[] = {
-    {"model", wk_bench_model_main, "prefill and decode tokens/s of one model, memory bandwidth"},
-    {"tokenizer", fe_bench_tokenizer_main, "tokenizer load time and encode throughput"},
+    {"model", tl_bench_model_main, "prefill and decode tokens/s of one model, memory bandwidth"},
+    {"tokenizer", tl_bench_tokenizer_main, "tokenizer load time and encode throughput"},
     {"serve", tl_bench_serve_main, "load generator against a running server (like vllm bench serve)"},
 };
 

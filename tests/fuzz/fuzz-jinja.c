@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "frontend/fe-jinja.h"
+#include "tokenizer/tk-jinja.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -21,13 +21,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         " \"add_generation_prompt\": true, \"bos_token\": \"<bos>\", \"eos_token\": \"<eos>\","
         " \"n\": 3, \"f\": 0.5, \"d\": {\"k\": [1, null, false]}}",
         0, NULL);
-  struct fe_jinja *t = NULL;
+  struct tk_jinja *t = NULL;
   char err[256];
-  if (fe_jinja_parse((const char *)data, size, &t, err, sizeof err) == 0) {
+  if (tk_jinja_parse((const char *)data, size, &t, err, sizeof err) == 0) {
     char *out = NULL;
     size_t len = 0;
-    if (fe_jinja_render(t, vars, &out, &len, err, sizeof err) == 0) free(out);
-    fe_jinja_free(t);
+    if (tk_jinja_render(t, vars, &out, &len, err, sizeof err) == 0) free(out);
+    tk_jinja_free(t);
   }
   return 0;
 }

@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "frontend/fe-detok.h"
-#include "frontend/fe-stop.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-detok.h"
+#include "tokenizer/tk-stop.h"
+#include "tokenizer/tk-tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -38,8 +38,8 @@ static const char tiny_json[] =
     " \"a\\u2581\": 13 BYTES},"
     " \"merges\": [\"a b\", \"\\u2581 a\", \"\\u2581a b\", \"\\u2581 \\u2581\", \"a \\u2581\", \"a\\u2581 b\"]}}";
 
-static struct fe_tok *tiny(void) {
-  static struct fe_tok *tok;
+static struct tk_tokenizer *tiny(void) {
+  static struct tk_tokenizer *tok;
   if (tok) return tok;
   /* the 256 byte tokens, then write the file once */
   size_t cap = sizeof tiny_json + 256 * 24;
@@ -54,7 +54,7 @@ static struct fe_tok *tiny(void) {
     if (write(fd, json, strlen(json)) < 0) abort();
     close(fd);
     char err[256];
-    if (fe_tok_load(path, &tok, err, sizeof err)) {
+    if (tk_load(path, &tok, err, sizeof err)) {
       fprintf(stderr, "fuzz-tok: %s\n", err);
       abort();
     }
@@ -69,14 +69,14 @@ static void load_bytes(const uint8_t *data, size_t size) {
   int fd = mkstemp(path);
   if (fd < 0) return;
   if (write(fd, data, size) == (ssize_t)size) {
-    struct fe_tok *t = NULL;
+    struct tk_tokenizer *t = NULL;
     char err[256];
-    if (fe_tok_load(path, &t, err, sizeof err) == 0) {
+    if (tk_load(path, &t, err, sizeof err) == 0) {
       int32_t *ids = NULL;
       size_t n = 0, cap = 0;
-      fe_tok_encode(t, NULL, "a b  c\n<bos>", 12, FE_TOK_DEFAULT, &ids, &n, &cap);
+      tk_encode(t, NULL, "a b  c\n<bos>", 12, TK_DEFAULT, &ids, &n, &cap);
       free(ids);
-      fe_tok_free(t);
+      tk_free(t);
     }
   }
   close(fd);
@@ -89,59 +89,59 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     load_bytes(data + 1, size - 1);
     return 0;
   }
-  struct fe_tok *tok = tiny();
+  struct tk_tokenizer *tok = tiny();
   const char *text = (const char *)data + 1;
   size_t len = size - 1;
   int32_t *ids = NULL;
   size_t n = 0, cap = 0, dl = 0, dc = 0;
   char *full = NULL;
-  for (unsigned flags = 0; flags <= FE_TOK_DEFAULT; flags += FE_TOK_DEFAULT) {
-    int rc = fe_tok_encode(tok, NULL, text, len, flags, &ids, &n, &cap);
+  for (unsigned flags = 0; flags <= TK_DEFAULT; flags += TK_DEFAULT) {
+    int rc = tk_encode(tok, NULL, text, len, flags, &ids, &n, &cap);
     if (rc) {
-      if (fe_utf8_valid(text, len)) abort(); /* valid text must encode */
+      if (tk_utf8_valid(text, len)) abort(); /* valid text must encode */
       break;
     }
     for (int skip = 0; skip < 2; skip++) {
-      if (fe_tok_decode(tok, ids, n, skip, &full, &dl, &dc)) abort();
+      if (tk_decode(tok, ids, n, skip, &full, &dl, &dc)) abort();
       /* round trip, except that text holding "▁" itself decodes it as " " */
       if (!skip && flags == 0 && !memmem(text, len, "\xe2\x96\x81", 3) &&
           (dl != len || memcmp(full, text, len)))
         abort();
-      struct fe_detok *d;
-      if (fe_detok_create(tok, skip, &d)) abort();
+      struct tk_detok *d;
+      if (tk_detok_create(tok, skip, &d)) abort();
       char *acc = malloc(dl + 1);
       size_t al = 0;
       const char *p;
       size_t pl;
       for (size_t i = 0; i <= n; i++) {
-        if (i < n ? fe_detok_push(d, ids[i], &p, &pl) : fe_detok_flush(d, &p, &pl)) abort();
+        if (i < n ? tk_detok_push(d, ids[i], &p, &pl) : tk_detok_flush(d, &p, &pl)) abort();
         if (al + pl > dl) abort();
         memcpy(acc + al, p, pl);
         al += pl;
       }
       if (al != dl || memcmp(acc, full, dl)) abort();
-      fe_detok_free(d);
+      tk_detok_free(d);
       /* stop strings over the streamed text, cut in 3-byte pieces */
       const char *stops[] = {"ab", "\n\n", " a "};
       size_t lens[] = {2, 2, 3};
-      struct fe_stop *s;
-      if (fe_stop_create(stops, lens, 3, &s)) abort();
+      struct tk_stop *s;
+      if (tk_stop_create(stops, lens, 3, &s)) abort();
       size_t out_len = 0;
       int hit = -1;
       for (size_t i = 0; i < al && hit < 0; i += 3) {
         const char *o;
         size_t ol;
-        fe_stop_push(s, acc + i, al - i < 3 ? al - i : 3, &o, &ol, &hit);
+        tk_stop_push(s, acc + i, al - i < 3 ? al - i : 3, &o, &ol, &hit);
         out_len += ol;
       }
       if (hit < 0) {
         const char *o;
         size_t ol;
-        fe_stop_flush(s, &o, &ol);
+        tk_stop_flush(s, &o, &ol);
         out_len += ol;
         if (out_len != al) abort();
       }
-      fe_stop_free(s);
+      tk_stop_free(s);
       free(acc);
     }
   }

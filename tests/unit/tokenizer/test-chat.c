@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-chat.h"
-#include "frontend/fe-jinja.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-chat.h"
+#include "tokenizer/tk-jinja.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tests/harness/th.h"
 #include "tt-util.h"
 
@@ -27,32 +27,32 @@ TH_TEST(chat_matches_reference) {
 }
 
 TH_TEST(chat_gemma3_prompt_tokens) {
-  const struct fe_tok *tok = tt_gemma();
-  struct fe_chat *c = NULL;
+  const struct tk_tokenizer *tok = tt_gemma();
+  struct tk_chat *c = NULL;
   char err[256], *out = NULL;
   size_t len;
-  TH_REQUIRE(fe_chat_load(tt_gemma_dir(), &c, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_load(tt_gemma_dir(), &c, err, sizeof err) == 0);
   json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"Hi\"}]", 0, NULL);
-  TH_REQUIRE(fe_chat_render(c, msgs, 1, NULL, &out, &len, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_render(c, msgs, 1, NULL, &out, &len, err, sizeof err) == 0);
   int32_t *ids = NULL;
   size_t n = 0, cap = 0;
   /* the template writes <bos> itself: encode without the post-processor */
-  TH_REQUIRE(fe_tok_encode(tok, NULL, out, len, FE_TOK_MATCH_SPECIAL, &ids, &n, &cap) == 0);
+  TH_REQUIRE(tk_encode(tok, NULL, out, len, TK_MATCH_SPECIAL, &ids, &n, &cap) == 0);
   TH_CHECK(n >= 6 && ids[0] == 2 && ids[1] == 105 && ids[n - 3] == 105);
   free(out);
   /* bad messages are client errors */
   json_t *bad = json_loads("[{\"content\": \"no role\"}]", 0, NULL);
-  TH_CHECK_EQ_INT(fe_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(tk_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
   json_decref(bad);
   bad = json_loads("{\"role\": \"user\"}", 0, NULL);
-  TH_CHECK_EQ_INT(fe_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(tk_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
   json_decref(bad);
   bad = json_loads("[{\"role\": \"user\", \"content\": 5}]", 0, NULL);
-  TH_CHECK_EQ_INT(fe_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(tk_chat_render(c, bad, 1, NULL, &out, &len, err, sizeof err), CM_ERR_INVAL);
   json_decref(bad);
   free(ids);
   json_decref(msgs);
-  fe_chat_free(c);
+  tk_chat_free(c);
 }
 
 TH_TEST(jinja_parse_refusals) {
@@ -80,13 +80,13 @@ TH_TEST(jinja_parse_refusals) {
       {"{% set a, b = 1, 2 %}", "tuple assignment"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    struct fe_jinja *t = NULL;
+    struct tk_jinja *t = NULL;
     char err[256] = "";
-    int rc = fe_jinja_parse(cases[i].src, strlen(cases[i].src), &t, err, sizeof err);
+    int rc = tk_jinja_parse(cases[i].src, strlen(cases[i].src), &t, err, sizeof err);
     if (rc != CM_ERR_PARSE || !strstr(err, cases[i].msg))
       th_fail(__FILE__, __LINE__, "case %zu: rc %d \"%s\" (want \"%s\")", i, rc, err,
               cases[i].msg);
-    fe_jinja_free(t);
+    tk_jinja_free(t);
   }
   /* deep nesting is refused, not a stack overflow */
   char deep[4096];
@@ -94,20 +94,20 @@ TH_TEST(jinja_parse_refusals) {
   n += (size_t)snprintf(deep, sizeof deep, "{{ ");
   for (int i = 0; i < 1000; i++) deep[n++] = '(';
   deep[n] = 0;
-  struct fe_jinja *t = NULL;
+  struct tk_jinja *t = NULL;
   char err[256];
-  TH_CHECK_EQ_INT(fe_jinja_parse(deep, n, &t, err, sizeof err), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(tk_jinja_parse(deep, n, &t, err, sizeof err), CM_ERR_PARSE);
 }
 
 static int render(const char *src, const char *vars, char **out, char *err, size_t errlen) {
-  struct fe_jinja *t = NULL;
-  int rc = fe_jinja_parse(src, strlen(src), &t, err, errlen);
+  struct tk_jinja *t = NULL;
+  int rc = tk_jinja_parse(src, strlen(src), &t, err, errlen);
   if (rc) return rc;
   json_t *v = json_loads(vars, 0, NULL);
   size_t len;
-  rc = fe_jinja_render(t, v, out, &len, err, errlen);
+  rc = tk_jinja_render(t, v, out, &len, err, errlen);
   json_decref(v);
-  fe_jinja_free(t);
+  tk_jinja_free(t);
   return rc;
 }
 
@@ -187,35 +187,35 @@ TH_TEST(jinja_render_errors_and_limits) {
 TH_TEST(chat_load_forms) {
   /* a model directory: chat_template.jinja wins over tokenizer_config.json,
    * AddedToken objects give their content */
-  struct fe_chat *c = NULL;
+  struct tk_chat *c = NULL;
   char err[256], *out = NULL;
   size_t len;
-  TH_REQUIRE(fe_chat_load(tt_fixture("gemma4-dir"), &c, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_load(tt_fixture("gemma4-dir"), &c, err, sizeof err) == 0);
   json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"Be brief.\"},"
                             " {\"role\": \"user\", \"content\": \"Hi\"}]", 0, NULL);
-  TH_REQUIRE(fe_chat_render(c, msgs, 1, NULL, &out, &len, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_render(c, msgs, 1, NULL, &out, &len, err, sizeof err) == 0);
   TH_CHECK_EQ_STR(out, "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n");
   free(out);
-  fe_chat_free(c);
+  tk_chat_free(c);
   /* a list of named templates: "default" is used */
-  TH_REQUIRE(fe_chat_load(tt_fixture("list-template/tokenizer_config.json"), &c, err, sizeof err) == 0);
-  TH_REQUIRE(fe_chat_render(c, msgs, 0, NULL, &out, &len, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_load(tt_fixture("list-template/tokenizer_config.json"), &c, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_render(c, msgs, 0, NULL, &out, &len, err, sizeof err) == 0);
   TH_CHECK_EQ_STR(out, "<s>[system] Be brief.\n[user] Hi\n");
   free(out);
   /* extra variables reach the template */
-  fe_chat_free(c);
-  TH_REQUIRE(fe_chat_from_string("{{ tools | length }}", 20, NULL, &c, err, sizeof err) == 0);
+  tk_chat_free(c);
+  TH_REQUIRE(tk_chat_from_string("{{ tools | length }}", 20, NULL, &c, err, sizeof err) == 0);
   json_t *extra = json_loads("{\"tools\": [{\"name\": \"f\"}, {\"name\": \"g\"}]}", 0, NULL);
-  TH_REQUIRE(fe_chat_render(c, msgs, 0, extra, &out, &len, err, sizeof err) == 0);
+  TH_REQUIRE(tk_chat_render(c, msgs, 0, extra, &out, &len, err, sizeof err) == 0);
   TH_CHECK_EQ_STR(out, "2");
   free(out);
-  fe_chat_free(c);
+  tk_chat_free(c);
   json_decref(extra);
   json_decref(msgs);
   /* no template at all, or a broken one: refused at load */
-  TH_CHECK_EQ_INT(fe_chat_load(tt_fixture("tiny"), &c, err, sizeof err), CM_ERR_NOENT);
-  TH_CHECK_EQ_INT(fe_chat_load(tt_fixture("tiny/tokenizer.json"), &c, err, sizeof err),
+  TH_CHECK_EQ_INT(tk_chat_load(tt_fixture("tiny"), &c, err, sizeof err), CM_ERR_NOENT);
+  TH_CHECK_EQ_INT(tk_chat_load(tt_fixture("tiny/tokenizer.json"), &c, err, sizeof err),
                   CM_ERR_NOENT); /* valid JSON, but no chat_template */
-  TH_CHECK_EQ_INT(fe_chat_from_string("{% bad %}", 9, NULL, &c, err, sizeof err), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(tk_chat_from_string("{% bad %}", 9, NULL, &c, err, sizeof err), CM_ERR_PARSE);
   TH_CHECK(strstr(err, "unsupported statement 'bad'") != NULL);
 }

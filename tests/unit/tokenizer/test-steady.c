@@ -1,14 +1,14 @@
 /* test-steady.c — streaming has no allocation per token in steady state:
- * after a short warm-up, pushing thousands of ids through fe_detok and the
- * pieces through fe_stop makes no malloc / calloc / realloc call. The
+ * after a short warm-up, pushing thousands of ids through tk_detok and the
+ * pieces through tk_stop makes no malloc / calloc / realloc call. The
  * allocator is counted by wrapping glibc's entry points, so the test only
  * runs in builds without AddressSanitizer (which owns malloc there). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend/fe-detok.h"
-#include "frontend/fe-stop.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-detok.h"
+#include "tokenizer/tk-stop.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tests/harness/th.h"
 #include "tt-util.h"
 
@@ -48,41 +48,41 @@ void *realloc(void *p, size_t n) {
 
 TH_TEST(stream_no_alloc_steady_state) {
   if (!TT_COUNT_ALLOCS) TH_SKIP("allocation counting needs a build without AddressSanitizer");
-  const struct fe_tok *tok = tt_gemma();
+  const struct tk_tokenizer *tok = tt_gemma();
   size_t len;
   char *text = tt_read_file(tt_fixture("corpus/long-runs.txt"), &len);
   char *more = tt_read_file(tt_fixture("corpus/mixed.txt"), NULL);
   TH_REQUIRE(text && more);
   int32_t *ids = NULL;
   size_t n = 0, cap = 0;
-  TH_REQUIRE(fe_tok_encode(tok, NULL, text, len, FE_TOK_DEFAULT, &ids, &n, &cap) == 0);
+  TH_REQUIRE(tk_encode(tok, NULL, text, len, TK_DEFAULT, &ids, &n, &cap) == 0);
   TH_REQUIRE(n > 500);
   TH_REQUIRE(n_allocs > 0); /* the counter sees this library's allocations */
-  struct fe_detok *d;
-  struct fe_stop *s;
+  struct tk_detok *d;
+  struct tk_stop *s;
   const char *stops[] = {"never appears here", "\x01\x02"};
   size_t lens[] = {18, 2};
-  TH_REQUIRE(fe_detok_create(tok, 1, &d) == 0);
-  TH_REQUIRE(fe_stop_create(stops, lens, 2, &s) == 0);
+  TH_REQUIRE(tk_detok_create(tok, 1, &d) == 0);
+  TH_REQUIRE(tk_stop_create(stops, lens, 2, &s) == 0);
   const char *p, *o;
   size_t pl, ol;
   int hit;
   for (size_t i = 0; i < 100; i++) { /* warm-up */
-    fe_detok_push(d, ids[i], &p, &pl);
-    fe_stop_push(s, p, pl, &o, &ol, &hit);
+    tk_detok_push(d, ids[i], &p, &pl);
+    tk_stop_push(s, p, pl, &o, &ol, &hit);
   }
   long before = n_allocs;
   size_t total = 0;
   for (size_t i = 100; i < n; i++) {
-    TH_CHECK_EQ_INT(fe_detok_push(d, ids[i], &p, &pl), 0);
-    TH_CHECK_EQ_INT(fe_stop_push(s, p, pl, &o, &ol, &hit), 0);
+    TH_CHECK_EQ_INT(tk_detok_push(d, ids[i], &p, &pl), 0);
+    TH_CHECK_EQ_INT(tk_stop_push(s, p, pl, &o, &ol, &hit), 0);
     total += ol;
   }
   long during = n_allocs - before;
   TH_CHECK_EQ_INT(during, 0);
   TH_CHECK(total > 1000);
-  fe_stop_free(s);
-  fe_detok_free(d);
+  tk_stop_free(s);
+  tk_detok_free(d);
   free(ids);
   free(text);
   free(more);

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 #include "tt-util.h"
@@ -101,7 +101,7 @@ static int same_ids(json_t *arr, const int32_t *ids, size_t n) {
 }
 
 static int compare_dir(const char *dir, json_t *ref) {
-  const struct fe_tok *tok = tt_gemma();
+  const struct tk_tokenizer *tok = tt_gemma();
   const char *name;
   json_t *exp;
   int docs = 0;
@@ -114,14 +114,14 @@ static int compare_dir(const char *dir, json_t *ref) {
     int32_t *ids = NULL;
     size_t n = 0, cap = 0, ol = 0, oc = 0;
     char *out = NULL;
-    TH_CHECK_EQ_INT(fe_tok_encode(tok, NULL, text, len, FE_TOK_DEFAULT, &ids, &n, &cap), 0);
+    TH_CHECK_EQ_INT(tk_encode(tok, NULL, text, len, TK_DEFAULT, &ids, &n, &cap), 0);
     if (!same_ids(json_object_get(exp, "ids"), ids, n))
       th_fail(__FILE__, __LINE__, "%s: ids differ from the live reference", path);
-    TH_CHECK_EQ_INT(fe_tok_decode(tok, ids, n, 0, &out, &ol, &oc), 0);
+    TH_CHECK_EQ_INT(tk_decode(tok, ids, n, 0, &out, &ol, &oc), 0);
     const char *want = json_string_value(json_object_get(exp, "decoded"));
     if (!want || strlen(want) != ol || memcmp(want, out, ol))
       th_fail(__FILE__, __LINE__, "%s: decode differs from the live reference", path);
-    TH_CHECK_EQ_INT(fe_tok_encode(tok, NULL, text, len, 0, &ids, &n, &cap), 0);
+    TH_CHECK_EQ_INT(tk_encode(tok, NULL, text, len, 0, &ids, &n, &cap), 0);
     if (!same_ids(json_object_get(exp, "ids_no_special"), ids, n))
       th_fail(__FILE__, __LINE__, "%s: ids_no_special differ from the live reference", path);
     free(out);

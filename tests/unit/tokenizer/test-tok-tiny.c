@@ -9,36 +9,36 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tests/harness/th.h"
 #include "tt-util.h"
 
-static struct fe_tok *load_tiny(void) {
-  struct fe_tok *tok = NULL;
+static struct tk_tokenizer *load_tiny(void) {
+  struct tk_tokenizer *tok = NULL;
   char err[256];
-  int rc = fe_tok_load(tt_fixture("tiny"), &tok, err, sizeof err); /* a directory */
+  int rc = tk_load(tt_fixture("tiny"), &tok, err, sizeof err); /* a directory */
   if (rc) th_fail(__FILE__, __LINE__, "tiny: %s", err);
   return tok;
 }
 
-static size_t enc(struct fe_tok *tok, const char *s, unsigned flags, int32_t *out, size_t max) {
+static size_t enc(struct tk_tokenizer *tok, const char *s, unsigned flags, int32_t *out, size_t max) {
   int32_t *ids = NULL;
   size_t n = 0, cap = 0;
-  if (fe_tok_encode(tok, NULL, s, strlen(s), flags, &ids, &n, &cap)) n = 0;
+  if (tk_encode(tok, NULL, s, strlen(s), flags, &ids, &n, &cap)) n = 0;
   for (size_t i = 0; i < n && i < max; i++) out[i] = ids[i];
   free(ids);
   return n;
 }
 
-#define ID(s) fe_tok_find(tok, s, strlen(s))
+#define ID(s) tk_find(tok, s, strlen(s))
 
 TH_TEST(tiny_bpe) {
-  struct fe_tok *tok = load_tiny();
+  struct tk_tokenizer *tok = load_tiny();
   TH_REQUIRE(tok);
   int32_t ids[32];
   /* " abc": (a,b) has the lowest rank, then (ab,c); "▁"+"abc" is no merge,
    * so the "▁abc" token is never reached */
-  TH_CHECK_EQ_INT(enc(tok, " abc", FE_TOK_DEFAULT, ids, 32), 3);
+  TH_CHECK_EQ_INT(enc(tok, " abc", TK_DEFAULT, ids, 32), 3);
   TH_CHECK(ids[0] == 2 && ids[1] == ID("\xe2\x96\x81") && ids[2] == ID("abc"));
   /* "abcbc": (a,b) ranks before (b,c): ab, then abc, then b c -> bc */
   TH_CHECK_EQ_INT(enc(tok, "abcbc", 0, ids, 32), 2);
@@ -52,7 +52,7 @@ TH_TEST(tiny_bpe) {
   /* added tokens split the text; special ones only with MATCH_SPECIAL */
   TH_CHECK_EQ_INT(enc(tok, "a<eos>b\nc", 0, ids, 32), 9);
   TH_CHECK(ids[1] == ID("<0x3C>") && ids[7] == ID("\n"));
-  TH_CHECK_EQ_INT(enc(tok, "a<eos>b\nc", FE_TOK_MATCH_SPECIAL, ids, 32), 5);
+  TH_CHECK_EQ_INT(enc(tok, "a<eos>b\nc", TK_MATCH_SPECIAL, ids, 32), 5);
   TH_CHECK(ids[0] == ID("a") && ids[1] == 1 && ids[2] == ID("b") && ids[3] == ID("\n"));
   /* MergedWithPrevious split on " " happens after " " -> "▁": a no-op, so
    * "▁▁" can merge across what were two spaces */
@@ -62,15 +62,15 @@ TH_TEST(tiny_bpe) {
   char *out = NULL;
   size_t ol = 0, oc = 0;
   int32_t seq[] = {2, ID("\xe2\x96\x81" "ab"), ID("<0xE4>"), ID("<0xB8>"), ID("<0xAD>"), ID("c"), 1};
-  TH_REQUIRE(fe_tok_decode(tok, seq, 7, 1, &out, &ol, &oc) == 0);
+  TH_REQUIRE(tk_decode(tok, seq, 7, 1, &out, &ol, &oc) == 0);
   TH_CHECK_EQ_STR(out, " ab\xe4\xb8\xad" "c");
-  TH_REQUIRE(fe_tok_decode(tok, seq, 7, 0, &out, &ol, &oc) == 0);
+  TH_REQUIRE(tk_decode(tok, seq, 7, 0, &out, &ol, &oc) == 0);
   TH_CHECK_EQ_STR(out, "<bos> ab\xe4\xb8\xad" "c<eos>");
   int32_t badrun[] = {ID("<0xE4>"), ID("<0xB8>"), ID("c"), ID("<0xFF>")};
-  TH_REQUIRE(fe_tok_decode(tok, badrun, 4, 0, &out, &ol, &oc) == 0);
+  TH_REQUIRE(tk_decode(tok, badrun, 4, 0, &out, &ol, &oc) == 0);
   TH_CHECK_EQ_STR(out, "\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd");
   free(out);
-  fe_tok_free(tok);
+  tk_free(tok);
 }
 
 /* Writes the tiny tokenizer with one edit applied and tries to load it. */
@@ -92,9 +92,9 @@ static int load_edited(const char *from, const char *to, char *err, size_t errle
   fputs(at + strlen(from), f);
   fclose(f);
   free(src);
-  struct fe_tok *tok = NULL;
-  int rc = fe_tok_load(path, &tok, err, errlen);
-  fe_tok_free(tok);
+  struct tk_tokenizer *tok = NULL;
+  int rc = tk_load(path, &tok, err, errlen);
+  tk_free(tok);
   unlink(path);
   return rc;
 }
@@ -131,8 +131,8 @@ TH_TEST(tiny_refusals) {
               rc, cases[i].code, err, cases[i].names);
   }
   char err[256];
-  struct fe_tok *tok = NULL;
-  TH_CHECK_EQ_INT(fe_tok_load("/nonexistent/tokenizer.json", &tok, err, sizeof err), CM_ERR_NOENT);
+  struct tk_tokenizer *tok = NULL;
+  TH_CHECK_EQ_INT(tk_load("/nonexistent/tokenizer.json", &tok, err, sizeof err), CM_ERR_NOENT);
   TH_CHECK(tok == NULL && strstr(err, "/nonexistent") != NULL);
-  TH_CHECK_EQ_INT(fe_tok_load(tt_fixture("corpus/empty.txt"), &tok, err, sizeof err), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(tk_load(tt_fixture("corpus/empty.txt"), &tok, err, sizeof err), CM_ERR_PARSE);
 }

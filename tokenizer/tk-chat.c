@@ -1,6 +1,6 @@
-/* fe-chat.c — loading a checkpoint's chat template and rendering messages
- * with it (see fe-chat.h). */
-#include "frontend/fe-chat.h"
+/* tk-chat.c — loading a checkpoint's chat template and rendering messages
+ * with it (see tk-chat.h). */
+#include "tokenizer/tk-chat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,16 +8,16 @@
 #include <sys/stat.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-jinja.h"
+#include "tokenizer/tk-jinja.h"
 
-struct fe_chat {
-  struct fe_jinja *tmpl;
+struct tk_chat {
+  struct tk_jinja *tmpl;
   json_t *tokens; /* {"bos_token": "<bos>", ...} */
 };
 
-void fe_chat_free(struct fe_chat *c) {
+void tk_chat_free(struct tk_chat *c) {
   if (!c) return;
-  fe_jinja_free(c->tmpl);
+  tk_jinja_free(c->tmpl);
   json_decref(c->tokens);
   free(c);
 }
@@ -37,14 +37,14 @@ static json_t *special_tokens(json_t *config) {
   return out;
 }
 
-int fe_chat_from_string(const char *tmpl, size_t len, json_t *config, struct fe_chat **out,
+int tk_chat_from_string(const char *tmpl, size_t len, json_t *config, struct tk_chat **out,
                         char *errbuf, size_t errlen) {
-  struct fe_chat *c = calloc(1, sizeof *c);
+  struct tk_chat *c = calloc(1, sizeof *c);
   if (!c) return CM_ERR_NOMEM;
-  int rc = fe_jinja_parse(tmpl, len, &c->tmpl, errbuf, errlen);
+  int rc = tk_jinja_parse(tmpl, len, &c->tmpl, errbuf, errlen);
   if (!rc && !(c->tokens = special_tokens(config))) rc = CM_ERR_NOMEM;
   if (rc) {
-    fe_chat_free(c);
+    tk_chat_free(c);
     return rc;
   }
   *out = c;
@@ -71,7 +71,7 @@ static char *read_file(const char *path, size_t *len) {
   return buf;
 }
 
-int fe_chat_load(const char *path, struct fe_chat **out, char *errbuf, size_t errlen) {
+int tk_chat_load(const char *path, struct tk_chat **out, char *errbuf, size_t errlen) {
   char cfg_path[4096], jinja_path[4096];
   struct stat sb;
   int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
@@ -109,13 +109,13 @@ int fe_chat_load(const char *path, struct fe_chat **out, char *errbuf, size_t er
     tmpl = json_string_value(ct);
     len = json_string_length(ct);
   }
-  rc = fe_chat_from_string(tmpl, len, cfg, out, errbuf, errlen);
+  rc = tk_chat_from_string(tmpl, len, cfg, out, errbuf, errlen);
   free(file_tmpl);
   json_decref(cfg);
   return rc;
 }
 
-int fe_chat_render(const struct fe_chat *c, json_t *messages, int add_generation_prompt,
+int tk_chat_render(const struct tk_chat *c, json_t *messages, int add_generation_prompt,
                    json_t *extra, char **out, size_t *out_len, char *errbuf, size_t errlen) {
   *out = NULL;
   *out_len = 0;
@@ -144,7 +144,7 @@ int fe_chat_render(const struct fe_chat *c, json_t *messages, int add_generation
   if (json_is_object(extra)) json_object_update(vars, extra);
   json_object_set(vars, "messages", messages);
   json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
-  int rc = fe_jinja_render(c->tmpl, vars, out, out_len, errbuf, errlen);
+  int rc = tk_jinja_render(c->tmpl, vars, out, out_len, errbuf, errlen);
   json_decref(vars);
   return rc;
 }

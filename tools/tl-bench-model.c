@@ -1,4 +1,4 @@
-/* wk-bench.c — `lmserve bench model`: prefill and single-sequence decode
+/* tl-bench-model.c — `lmserve bench model`: prefill and single-sequence decode
  * throughput of one model on the CPU backend, the machine's measured memory
  * bandwidth, the bandwidth bound of decoding (weight bytes read per token /
  * bandwidth) and the fraction of it achieved, and the KV bytes per token of
@@ -13,7 +13,7 @@
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "worker/wk-greedy.h"
-#include "worker/wk-main.h"
+#include "tools/tl-main.h"
 #include "worker/wk-model.h"
 
 /* The KV plan: one entry per group, then the total (JSON: the fields that
@@ -91,7 +91,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
   return wk_model_forward(m, &b, err, errlen);
 }
 
-int wk_bench_model_main(int argc, char **argv) {
+int tl_bench_model_main(int argc, char **argv) {
   const char *model = NULL;
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256;
   int json = 0, kvo = 0;

@@ -1,4 +1,4 @@
-/* fe-jinja.h — a small Jinja template engine for chat templates.
+/* tk-jinja.h — a small Jinja template engine for chat templates.
  *
  * Supported (what the Gemma 3 / Gemma 4 chat templates and the usual
  * Hugging Face chat templates use), with trim_blocks and lstrip_blocks on,
@@ -39,24 +39,24 @@
  * Rendering allocates only from the call's arena (capped) and caps output
  * and loop iterations, so a hostile template or request cannot exhaust
  * memory. */
-#ifndef LMSERVE_FE_JINJA_H
-#define LMSERVE_FE_JINJA_H
+#ifndef LMSERVE_TK_JINJA_H
+#define LMSERVE_TK_JINJA_H
 #include <jansson.h>
 #include <stddef.h>
 
-struct fe_jinja;
+struct tk_jinja;
 
 /* Parses a template. On error returns a negative cm_err and a message with
  * the line number in errbuf. */
-int fe_jinja_parse(const char *src, size_t len, struct fe_jinja **out, char *errbuf,
+int tk_jinja_parse(const char *src, size_t len, struct tk_jinja **out, char *errbuf,
                    size_t errlen);
-void fe_jinja_free(struct fe_jinja *t);
+void tk_jinja_free(struct tk_jinja *t);
 
 /* Renders with the variables of `vars` (a JSON object: strings, numbers,
  * booleans, null, arrays, objects). *out is malloc'd and NUL terminated;
  * the caller frees it. Errors (raise_exception, type errors, limits):
  * negative cm_err and the message in errbuf. */
-int fe_jinja_render(const struct fe_jinja *t, json_t *vars, char **out, size_t *out_len,
+int tk_jinja_render(const struct tk_jinja *t, json_t *vars, char **out, size_t *out_len,
                     char *errbuf, size_t errlen);
 
 #endif

@@ -1,36 +1,36 @@
-/* fe-tok.c — the tokenizer pipeline: added-token matching, normalizer,
+/* tk-tokenizer.c — the tokenizer pipeline: added-token matching, normalizer,
  * pre-tokenizer, BPE per word, post-processor; and decoding (Replace,
- * ByteFallback, Fuse). Loading is in fe-tok-load.c, the BPE model in
- * fe-tok-bpe.c. */
+ * ByteFallback, Fuse). Loading is in tk-load.c, the BPE model in
+ * tk-bpe.c. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-tok-impl.h"
+#include "tokenizer/tk-impl.h"
 
 /* ---- accessors ---------------------------------------------------------- */
 
-int32_t fe_tok_n_vocab(const struct fe_tok *tok) { return tok->n_ids; }
-int32_t fe_tok_bos(const struct fe_tok *tok) { return tok->bos; }
-int32_t fe_tok_eos(const struct fe_tok *tok) { return tok->eos; }
-int32_t fe_tok_pad(const struct fe_tok *tok) { return tok->pad; }
-int32_t fe_tok_unk(const struct fe_tok *tok) { return tok->unk; }
+int32_t tk_n_vocab(const struct tk_tokenizer *tok) { return tok->n_ids; }
+int32_t tk_bos(const struct tk_tokenizer *tok) { return tok->bos; }
+int32_t tk_eos(const struct tk_tokenizer *tok) { return tok->eos; }
+int32_t tk_pad(const struct tk_tokenizer *tok) { return tok->pad; }
+int32_t tk_unk(const struct tk_tokenizer *tok) { return tok->unk; }
 
-int fe_tok_is_special(const struct fe_tok *tok, int32_t id) {
-  return id >= 0 && id < tok->n_ids && (tok->tok_flags[id] & FE_TOKF_SPECIAL) != 0;
+int tk_is_special(const struct tk_tokenizer *tok, int32_t id) {
+  return id >= 0 && id < tok->n_ids && (tok->tok_flags[id] & TK_TOKF_SPECIAL) != 0;
 }
 
-int fe_tok_byte_value(const struct fe_tok *tok, int32_t id) {
+int tk_byte_value(const struct tk_tokenizer *tok, int32_t id) {
   return id >= 0 && id < tok->n_ids ? tok->byte_of[id] : -1;
 }
 
-const char *fe_tok_token_str(const struct fe_tok *tok, int32_t id, size_t *len) {
+const char *tk_token_str(const struct tk_tokenizer *tok, int32_t id, size_t *len) {
   if (id < 0 || id >= tok->n_ids) return NULL;
   *len = tok->tok_len[id];
   return tok->blob + tok->tok_off[id];
 }
 
-int32_t fe_tok_find(const struct fe_tok *tok, const char *s, size_t len) {
+int32_t tk_find(const struct tk_tokenizer *tok, const char *s, size_t len) {
   /* added tokens first (they may lie outside the model vocab) */
   int32_t node = len ? tok->trie_root[(unsigned char)s[0]] : -1;
   for (size_t i = 1; node >= 0 && i < len; i++) {
@@ -39,12 +39,12 @@ int32_t fe_tok_find(const struct fe_tok *tok, const char *s, size_t len) {
     node = ch;
   }
   if (node >= 0 && tok->trie[node].id >= 0) return tok->trie[node].id;
-  return fe_tok_vocab_get(tok, s, len);
+  return tk_vocab_get(tok, s, len);
 }
 
 /* ---- UTF-8 ----------------------------------------------------------------- */
 
-int fe_utf8_valid(const char *str, size_t len) {
+int tk_utf8_valid(const char *str, size_t len) {
   const unsigned char *s = (const unsigned char *)str;
   size_t i = 0;
   while (i < len) {
@@ -84,7 +84,7 @@ static int grow_chars(char **p, size_t *cap, size_t need) {
 }
 
 /* Applies one Replace to src into *dst; returns the new length or < 0. */
-static long replace_into(const struct fe_tok_replace *r, const char *src, size_t n, char **dst,
+static long replace_into(const struct tk_replace *r, const char *src, size_t n, char **dst,
                          size_t *cap) {
   size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n + 1;
   if (grow_chars(dst, cap, bound)) return CM_ERR_NOMEM;
@@ -121,9 +121,9 @@ static const char *find_lit(const char *s, size_t n, const char *pat, size_t pn)
 
 /* Normalizes and pre-tokenizes one segment between added tokens and runs
  * BPE on each word. */
-static int encode_segment(struct fe_tok_state *st, const char *s, size_t n, int32_t **ids,
+static int encode_segment(struct tk_state *st, const char *s, size_t n, int32_t **ids,
                           size_t *n_ids, size_t *cap) {
-  const struct fe_tok *tok = st->tok;
+  const struct tk_tokenizer *tok = st->tok;
   if (!n) return 0;
   for (int k = 0; k < tok->n_norm; k++) {
     char **dst = (k & 1) ? &st->norm2 : &st->norm;
@@ -133,7 +133,7 @@ static int encode_segment(struct fe_tok_state *st, const char *s, size_t n, int3
     s = *dst;
     n = (size_t)r;
   }
-  if (tok->split == FE_SPLIT_NONE) return fe_tok_bpe_word(st, s, n, ids, n_ids, cap);
+  if (tok->split == TK_SPLIT_NONE) return tk_bpe_word(st, s, n, ids, n_ids, cap);
   size_t start = 0, i = 0;
   const size_t pn = tok->split_len;
   int rc = 0;
@@ -142,39 +142,39 @@ static int encode_segment(struct fe_tok_state *st, const char *s, size_t n, int3
     if (!hit) break;
     size_t at = (size_t)(hit - s);
     switch (tok->split) {
-    case FE_SPLIT_MERGED_PREV:
-      rc = fe_tok_bpe_word(st, s + start, at + pn - start, ids, n_ids, cap);
+    case TK_SPLIT_MERGED_PREV:
+      rc = tk_bpe_word(st, s + start, at + pn - start, ids, n_ids, cap);
       start = at + pn;
       break;
-    case FE_SPLIT_MERGED_NEXT:
-      rc = fe_tok_bpe_word(st, s + start, at - start, ids, n_ids, cap);
+    case TK_SPLIT_MERGED_NEXT:
+      rc = tk_bpe_word(st, s + start, at - start, ids, n_ids, cap);
       start = at;
       break;
-    case FE_SPLIT_ISOLATED:
-      rc = fe_tok_bpe_word(st, s + start, at - start, ids, n_ids, cap);
-      if (!rc) rc = fe_tok_bpe_word(st, s + at, pn, ids, n_ids, cap);
+    case TK_SPLIT_ISOLATED:
+      rc = tk_bpe_word(st, s + start, at - start, ids, n_ids, cap);
+      if (!rc) rc = tk_bpe_word(st, s + at, pn, ids, n_ids, cap);
       start = at + pn;
       break;
     default: /* removed */
-      rc = fe_tok_bpe_word(st, s + start, at - start, ids, n_ids, cap);
+      rc = tk_bpe_word(st, s + start, at - start, ids, n_ids, cap);
       start = at + pn;
       break;
     }
     i = at + pn;
   }
-  if (!rc && start < n) rc = fe_tok_bpe_word(st, s + start, n - start, ids, n_ids, cap);
+  if (!rc && start < n) rc = tk_bpe_word(st, s + start, n - start, ids, n_ids, cap);
   return rc;
 }
 
 /* Longest added token starting at s (leftmost-longest is then a left to
  * right scan); returns its byte length and id, or 0. */
-static size_t match_added(const struct fe_tok *tok, const char *s, size_t n, int match_special,
+static size_t match_added(const struct tk_tokenizer *tok, const char *s, size_t n, int match_special,
                           int32_t *id) {
   int32_t node = tok->trie_root[(unsigned char)s[0]];
   size_t best = 0;
   for (size_t i = 1; node >= 0; i++) {
     int32_t t = tok->trie[node].id;
-    if (t >= 0 && (match_special || !(tok->tok_flags[t] & FE_TOKF_SPECIAL))) {
+    if (t >= 0 && (match_special || !(tok->tok_flags[t] & TK_TOKF_SPECIAL))) {
       best = i;
       *id = t;
     }
@@ -186,17 +186,17 @@ static size_t match_added(const struct fe_tok *tok, const char *s, size_t n, int
   return best;
 }
 
-int fe_tok_encode(const struct fe_tok *tok, struct fe_tok_state *st, const char *text, size_t len,
+int tk_encode(const struct tk_tokenizer *tok, struct tk_state *st, const char *text, size_t len,
                   unsigned flags, int32_t **ids, size_t *n_ids, size_t *cap) {
-  struct fe_tok_state local = {.tok = tok};
+  struct tk_state local = {.tok = tok};
   int rc = 0;
   *n_ids = 0;
-  if (!fe_utf8_valid(text, len)) return CM_ERR_INVAL;
+  if (!tk_utf8_valid(text, len)) return CM_ERR_INVAL;
   if (!st) st = &local;
-  if (flags & FE_TOK_ADD_SPECIAL)
+  if (flags & TK_ADD_SPECIAL)
     for (int i = 0; i < tok->n_post_pre && !rc; i++)
-      rc = fe_tok_ids_push(ids, n_ids, cap, tok->post_pre[i]);
-  const int ms = (flags & FE_TOK_MATCH_SPECIAL) != 0;
+      rc = tk_ids_push(ids, n_ids, cap, tok->post_pre[i]);
+  const int ms = (flags & TK_MATCH_SPECIAL) != 0;
   size_t seg = 0, i = 0;
   while (i < len && !rc) {
     int32_t id;
@@ -206,14 +206,14 @@ int fe_tok_encode(const struct fe_tok *tok, struct fe_tok_state *st, const char 
       continue;
     }
     rc = encode_segment(st, text + seg, i - seg, ids, n_ids, cap);
-    if (!rc) rc = fe_tok_ids_push(ids, n_ids, cap, id);
+    if (!rc) rc = tk_ids_push(ids, n_ids, cap, id);
     i += m;
     seg = i;
   }
   if (!rc) rc = encode_segment(st, text + seg, len - seg, ids, n_ids, cap);
-  if (flags & FE_TOK_ADD_SPECIAL)
+  if (flags & TK_ADD_SPECIAL)
     for (int k = 0; k < tok->n_post_suf && !rc; k++)
-      rc = fe_tok_ids_push(ids, n_ids, cap, tok->post_suf[k]);
+      rc = tk_ids_push(ids, n_ids, cap, tok->post_suf[k]);
   if (st == &local) {
     free(local.norm);
     free(local.norm2);
@@ -225,7 +225,7 @@ int fe_tok_encode(const struct fe_tok *tok, struct fe_tok_state *st, const char 
 
 /* ---- decode -------------------------------------------------------------------- */
 
-int fe_tok_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+int tk_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
   if (grow_chars(buf, cap, *len + n + 1)) return CM_ERR_NOMEM;
   memcpy(*buf + *len, s, n);
   *len += n;
@@ -233,13 +233,13 @@ int fe_tok_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n
   return 0;
 }
 
-int fe_tok_piece_append(const struct fe_tok *tok, int32_t id, char **buf, size_t *len,
+int tk_piece_append(const struct tk_tokenizer *tok, int32_t id, char **buf, size_t *len,
                         size_t *cap) {
   const char *s = tok->blob + tok->tok_off[id];
   size_t n = tok->tok_len[id];
   if (tok->n_dec == 1) {
     /* the common case (Gemma: "▁" -> " "), straight into the output */
-    const struct fe_tok_replace *r = &tok->dec[0];
+    const struct tk_replace *r = &tok->dec[0];
     size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n;
     if (grow_chars(buf, cap, *len + bound + 1)) return CM_ERR_NOMEM;
     char *dst = *buf + *len;
@@ -250,7 +250,7 @@ int fe_tok_piece_append(const struct fe_tok *tok, int32_t id, char **buf, size_t
     (*buf)[*len] = 0;
     return 0;
   }
-  if (tok->n_dec == 0) return fe_tok_buf_put(buf, len, cap, s, n);
+  if (tok->n_dec == 0) return tk_buf_put(buf, len, cap, s, n);
   /* several Replace steps: ping-pong through two temporaries */
   char *a = NULL, *b = NULL;
   size_t ac = 0, bc = 0;
@@ -262,22 +262,22 @@ int fe_tok_piece_append(const struct fe_tok *tok, int32_t id, char **buf, size_t
     if (w < 0) rc = (int)w;
     else s = *dst, n = (size_t)w;
   }
-  if (!rc) rc = fe_tok_buf_put(buf, len, cap, s, n);
+  if (!rc) rc = tk_buf_put(buf, len, cap, s, n);
   free(a);
   free(b);
   return rc;
 }
 
-int fe_tok_bytes_append(const uint8_t *run, size_t n, char **buf, size_t *len, size_t *cap) {
-  if (fe_utf8_valid((const char *)run, n)) return fe_tok_buf_put(buf, len, cap, (const char *)run, n);
+int tk_bytes_append(const uint8_t *run, size_t n, char **buf, size_t *len, size_t *cap) {
+  if (tk_utf8_valid((const char *)run, n)) return tk_buf_put(buf, len, cap, (const char *)run, n);
   for (size_t i = 0; i < n; i++) {
-    int rc = fe_tok_buf_put(buf, len, cap, "\xEF\xBF\xBD", 3);
+    int rc = tk_buf_put(buf, len, cap, "\xEF\xBF\xBD", 3);
     if (rc) return rc;
   }
   return 0;
 }
 
-int fe_tok_decode(const struct fe_tok *tok, const int32_t *ids, size_t n, int skip_special,
+int tk_decode(const struct tk_tokenizer *tok, const int32_t *ids, size_t n, int skip_special,
                   char **out, size_t *out_len, size_t *cap) {
   char *run = NULL; /* the pending run of byte-fallback bytes */
   size_t nrun = 0, runcap = 0;
@@ -291,36 +291,36 @@ int fe_tok_decode(const struct fe_tok *tok, const int32_t *ids, size_t n, int sk
       rc = CM_ERR_RANGE;
       break;
     }
-    if (skip_special && (tok->tok_flags[id] & FE_TOKF_SPECIAL)) continue;
+    if (skip_special && (tok->tok_flags[id] & TK_TOKF_SPECIAL)) continue;
     if (!tok->has_decoder) {
-      if (!first) rc = fe_tok_buf_put(out, out_len, cap, " ", 1);
-      if (!rc) rc = fe_tok_buf_put(out, out_len, cap, tok->blob + tok->tok_off[id],
+      if (!first) rc = tk_buf_put(out, out_len, cap, " ", 1);
+      if (!rc) rc = tk_buf_put(out, out_len, cap, tok->blob + tok->tok_off[id],
                                    tok->tok_len[id]);
       first = 0;
       continue;
     }
     if (tok->dec_byte_fallback && tok->byte_of[id] >= 0) {
       char b = (char)tok->byte_of[id];
-      rc = fe_tok_buf_put(&run, &nrun, &runcap, &b, 1);
+      rc = tk_buf_put(&run, &nrun, &runcap, &b, 1);
       continue;
     }
     if (nrun) {
-      rc = fe_tok_bytes_append((const uint8_t *)run, nrun, out, out_len, cap);
+      rc = tk_bytes_append((const uint8_t *)run, nrun, out, out_len, cap);
       nrun = 0;
     }
-    if (!rc) rc = fe_tok_piece_append(tok, id, out, out_len, cap);
+    if (!rc) rc = tk_piece_append(tok, id, out, out_len, cap);
   }
-  if (!rc && nrun) rc = fe_tok_bytes_append((const uint8_t *)run, nrun, out, out_len, cap);
+  if (!rc && nrun) rc = tk_bytes_append((const uint8_t *)run, nrun, out, out_len, cap);
   free(run);
   return rc;
 }
 
-int fe_tok_token_to_piece(const struct fe_tok *tok, int32_t id, char *buf, size_t buflen,
+int tk_token_to_piece(const struct tk_tokenizer *tok, int32_t id, char *buf, size_t buflen,
                           size_t *len) {
   if (id < 0 || id >= tok->n_ids) return CM_ERR_RANGE;
   char *tmp = NULL;
   size_t n = 0, cap = 0;
-  int rc = fe_tok_piece_append(tok, id, &tmp, &n, &cap);
+  int rc = tk_piece_append(tok, id, &tmp, &n, &cap);
   if (!rc && n + 1 > buflen) rc = CM_ERR_TOOBIG;
   if (!rc) {
     memcpy(buf, tmp, n);

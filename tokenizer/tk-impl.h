@@ -1,68 +1,68 @@
-/* fe-tok-impl.h — the tokenizer's internal layout, shared by fe-tok-load.c
- * (building it from tokenizer.json), fe-tok-bpe.c (the BPE model) and
- * fe-tok.c (the encode / decode pipeline). Not part of the public API. */
-#ifndef LMSERVE_FE_TOK_IMPL_H
-#define LMSERVE_FE_TOK_IMPL_H
+/* tk-impl.h — the tokenizer's internal layout, shared by tk-load.c
+ * (building it from tokenizer.json), tk-bpe.c (the BPE model) and
+ * tk-tokenizer.c (the encode / decode pipeline). Not part of the public API. */
+#ifndef LMSERVE_TK_IMPL_H
+#define LMSERVE_TK_IMPL_H
 #include <stddef.h>
 #include <stdint.h>
 
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-tokenizer.h"
 
-#define FE_TOK_MAX_REPLACE 8   /* normalizer / decoder Replace steps */
-#define FE_TOK_MAX_POST 8      /* special tokens before / after sequence A */
+#define TK_MAX_REPLACE 8   /* normalizer / decoder Replace steps */
+#define TK_MAX_POST 8      /* special tokens before / after sequence A */
 
 enum {
-  FE_TOKF_PRESENT = 1 << 0, /* the id has a string */
-  FE_TOKF_ADDED = 1 << 1,   /* an added token (matched before the model) */
-  FE_TOKF_SPECIAL = 1 << 2, /* an added token marked special */
-  FE_TOKF_BYTE = 1 << 3,    /* a byte-fallback token "<0xXX>" */
+  TK_TOKF_PRESENT = 1 << 0, /* the id has a string */
+  TK_TOKF_ADDED = 1 << 1,   /* an added token (matched before the model) */
+  TK_TOKF_SPECIAL = 1 << 2, /* an added token marked special */
+  TK_TOKF_BYTE = 1 << 3,    /* a byte-fallback token "<0xXX>" */
 };
 
-enum fe_tok_split {
-  FE_SPLIT_NONE = 0,
-  FE_SPLIT_REMOVED,
-  FE_SPLIT_ISOLATED,
-  FE_SPLIT_MERGED_PREV,
-  FE_SPLIT_MERGED_NEXT,
+enum tk_split {
+  TK_SPLIT_NONE = 0,
+  TK_SPLIT_REMOVED,
+  TK_SPLIT_ISOLATED,
+  TK_SPLIT_MERGED_PREV,
+  TK_SPLIT_MERGED_NEXT,
 };
 
-struct fe_tok_replace {
+struct tk_replace {
   char *from, *to; /* NUL-terminated literal strings; from non-empty */
   size_t from_len, to_len; /* bytes */
 };
 
 /* One merge rule in the open-addressing table keyed by the id pair. */
-struct fe_tok_merge {
+struct tk_merge {
   uint64_t key;   /* (uint64)left_id << 32 | right_id; UINT64_MAX = empty */
   int32_t rank;   /* position in the merges list; lower merges first */
   int32_t result; /* id of left+right */
 };
 
 /* Byte trie of the added tokens, for leftmost-longest matching. */
-struct fe_tok_trie_node {
+struct tk_trie_node {
   int32_t child;   /* first child node, -1 none */
   int32_t sibling; /* next sibling, -1 none */
   int32_t id;      /* token ending here, -1 none */
   uint8_t byte;    /* edge label from the parent */
 };
 
-struct fe_tok {
+struct tk_tokenizer {
   char *blob;                 /* all token strings, back to back */
   size_t blob_len, blob_cap;  /* bytes */
   uint32_t *tok_off;          /* (n_ids) offset of each id's string in blob */
   uint32_t *tok_len;          /* (n_ids) bytes */
-  uint8_t *tok_flags;         /* (n_ids) FE_TOKF_* */
+  uint8_t *tok_flags;         /* (n_ids) TK_TOKF_* */
   int32_t n_ids;              /* ids are [0, n_ids) */
   int32_t n_model;            /* entries in the model vocab */
 
   uint64_t *vhash;            /* (vmask + 1) model vocab by string hash:
-                               * fe_tok_vtag() << 32 | (id + 1); 0 = empty */
+                               * tk_vtag() << 32 | (id + 1); 0 = empty */
   uint32_t vmask;
-  struct fe_tok_merge *mhash; /* (mmask + 1) merges by id pair */
+  struct tk_merge *mhash; /* (mmask + 1) merges by id pair */
   uint64_t mmask;
   int32_t n_merges;
 
-  struct fe_tok_trie_node *trie; /* node 0 is the root */
+  struct tk_trie_node *trie; /* node 0 is the root */
   int32_t n_trie, cap_trie;
   int32_t trie_root[256];        /* root's child for each first byte, -1 none */
   int32_t n_added;
@@ -88,17 +88,17 @@ struct fe_tok {
   int fuse_unk, byte_fallback, ignore_merges;
 
   /* normalizer: Replace steps in order */
-  struct fe_tok_replace norm[FE_TOK_MAX_REPLACE];
+  struct tk_replace norm[TK_MAX_REPLACE];
   int n_norm;
   /* pre-tokenizer Split on a literal */
-  enum fe_tok_split split;
+  enum tk_split split;
   char *split_pat;
   size_t split_len; /* bytes */
   /* post-processor (single): ids before and after sequence A */
-  int32_t post_pre[FE_TOK_MAX_POST], post_suf[FE_TOK_MAX_POST];
+  int32_t post_pre[TK_MAX_POST], post_suf[TK_MAX_POST];
   int n_post_pre, n_post_suf;
   /* decoder */
-  struct fe_tok_replace dec[FE_TOK_MAX_REPLACE];
+  struct tk_replace dec[TK_MAX_REPLACE];
   int n_dec;
   int dec_byte_fallback;
   int has_decoder;       /* 0: decode joins token strings with " " (HF's default) */
@@ -107,7 +107,7 @@ struct fe_tok {
 };
 
 /* One cached word: its ids live in the state's cache pool. */
-struct fe_tok_cache_ent {
+struct tk_cache_ent {
   uint64_t hash;   /* 0 = empty */
   uint32_t w_off;  /* word bytes in the pool (bytes) */
   uint32_t w_len;
@@ -115,7 +115,7 @@ struct fe_tok_cache_ent {
   uint32_t i_len;
 };
 
-struct fe_tok_sym {
+struct tk_sym {
   int32_t id;          /* current token id */
   int32_t prev, next;  /* neighbour symbols, -1 at the ends */
   int32_t len;         /* bytes covered; 0 once merged away */
@@ -124,20 +124,20 @@ struct fe_tok_sym {
 /* A candidate merge of the symbol at `pos` with its right neighbour; it is
  * stale once either symbol's id changed (ids only ever grow into longer
  * strings, so equal ids mean the same pair). */
-struct fe_tok_heap_ent {
+struct tk_heap_ent {
   int32_t rank, pos, left, right, result;
 };
 
-struct fe_tok_state {
-  const struct fe_tok *tok;
+struct tk_state {
+  const struct tk_tokenizer *tok;
   char *norm, *norm2;      /* normalized segment scratch (two for chained Replace) */
   size_t norm_cap, norm2_cap; /* bytes */
-  struct fe_tok_sym *syms; /* BPE symbols scratch */
+  struct tk_sym *syms; /* BPE symbols scratch */
   size_t syms_cap;
-  struct fe_tok_heap_ent *heap;
+  struct tk_heap_ent *heap;
   size_t heap_cap;
   /* word cache: open addressing, cleared wholesale when full */
-  struct fe_tok_cache_ent *cache; /* (FE_TOK_CACHE_SLOTS) */
+  struct tk_cache_ent *cache; /* (TK_CACHE_SLOTS) */
   uint32_t cache_used;
   char *cache_words;       /* word bytes pool */
   uint32_t cw_len, cw_cap;
@@ -145,29 +145,29 @@ struct fe_tok_state {
   uint32_t ci_len, ci_cap;
 };
 
-#define FE_TOK_CACHE_SLOTS 16384u    /* power of two */
-#define FE_TOK_CACHE_MAX_WORD 96     /* bytes; longer words are not cached */
+#define TK_CACHE_SLOTS 16384u    /* power of two */
+#define TK_CACHE_MAX_WORD 96     /* bytes; longer words are not cached */
 
-uint64_t fe_tok_hash(const char *s, size_t len);
+uint64_t tk_hash(const char *s, size_t len);
 /* A vocab slot's tag: 24 bits of the hash and the length (capped at 255),
  * so most mismatches are rejected without touching the strings. */
-static inline uint32_t fe_tok_vtag(uint64_t hash, size_t len) {
+static inline uint32_t tk_vtag(uint64_t hash, size_t len) {
   return (uint32_t)(hash >> 40) << 8 | (uint32_t)(len < 255 ? len : 255);
 }
-int32_t fe_tok_vocab_get(const struct fe_tok *tok, const char *s, size_t len);
-const struct fe_tok_merge *fe_tok_merge_get(const struct fe_tok *tok, int32_t a, int32_t b);
+int32_t tk_vocab_get(const struct tk_tokenizer *tok, const char *s, size_t len);
+const struct tk_merge *tk_merge_get(const struct tk_tokenizer *tok, int32_t a, int32_t b);
 
 /* Runs the BPE model on one pre-tokenized word; appends ids. */
-int fe_tok_bpe_word(struct fe_tok_state *st, const char *w, size_t len, int32_t **ids,
+int tk_bpe_word(struct tk_state *st, const char *w, size_t len, int32_t **ids,
                     size_t *n_ids, size_t *cap);
 /* Appends the text of token `id` after the decoder's Replace steps to a
  * growable buffer (not NUL terminated). */
-int fe_tok_piece_append(const struct fe_tok *tok, int32_t id, char **buf, size_t *len,
+int tk_piece_append(const struct tk_tokenizer *tok, int32_t id, char **buf, size_t *len,
                         size_t *cap);
 /* Appends a run of byte-fallback bytes as the ByteFallback decoder does: as
  * is when the whole run is valid UTF-8, else one U+FFFD per byte. */
-int fe_tok_bytes_append(const uint8_t *run, size_t n, char **buf, size_t *len, size_t *cap);
-int fe_tok_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
-int fe_tok_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id);
+int tk_bytes_append(const uint8_t *run, size_t n, char **buf, size_t *len, size_t *cap);
+int tk_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+int tk_ids_push(int32_t **ids, size_t *n_ids, size_t *cap, int32_t id);
 
 #endif

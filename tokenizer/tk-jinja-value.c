@@ -1,4 +1,4 @@
-/* fe-jinja-value.c — Jinja values: construction from JSON, dicts and lists
+/* tk-jinja-value.c — Jinja values: construction from JSON, dicts and lists
  * in the render arena, truthiness, equality, and the three ways a value is
  * written out: print (Python str), repr, and tojson (Python json.dumps with
  * ensure_ascii=False). */
@@ -8,33 +8,33 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-jinja-impl.h"
+#include "tokenizer/tk-jinja-impl.h"
 
-struct fe_jv fe_jv_str(const char *s, size_t n) {
-  struct fe_jv v = {.kind = JV_STR};
+struct tk_jv tk_jv_str(const char *s, size_t n) {
+  struct tk_jv v = {.kind = JV_STR};
   v.u.str.s = s;
   v.u.str.n = n;
   return v;
 }
-struct fe_jv fe_jv_int(int64_t i) {
-  struct fe_jv v = {.kind = JV_INT};
+struct tk_jv tk_jv_int(int64_t i) {
+  struct tk_jv v = {.kind = JV_INT};
   v.u.i = i;
   return v;
 }
-struct fe_jv fe_jv_bool(int b) {
-  struct fe_jv v = {.kind = JV_BOOL};
+struct tk_jv tk_jv_bool(int b) {
+  struct tk_jv v = {.kind = JV_BOOL};
   v.u.b = b != 0;
   return v;
 }
 
-struct fe_jv *fe_jv_dict_get(const struct fe_jv_dict *d, const char *k, size_t kn) {
+struct tk_jv *tk_jv_dict_get(const struct tk_jv_dict *d, const char *k, size_t kn) {
   for (size_t i = 0; i < d->n; i++)
     if (d->klens[i] == kn && !memcmp(d->keys[i], k, kn)) return &d->vals[i];
   return NULL;
 }
 
-int fe_jv_dict_set(struct cm_arena *a, struct fe_jv_dict *d, const char *k, size_t kn, struct fe_jv v) {
-  struct fe_jv *old = fe_jv_dict_get(d, k, kn);
+int tk_jv_dict_set(struct cm_arena *a, struct tk_jv_dict *d, const char *k, size_t kn, struct tk_jv v) {
+  struct tk_jv *old = tk_jv_dict_get(d, k, kn);
   if (old) {
     *old = v;
     return 0;
@@ -43,7 +43,7 @@ int fe_jv_dict_set(struct cm_arena *a, struct fe_jv_dict *d, const char *k, size
     size_t nc = d->cap ? d->cap * 2 : 8;
     const char **nk = cm_arena_alloc(a, nc * sizeof *nk);
     size_t *nl = cm_arena_alloc(a, nc * sizeof *nl);
-    struct fe_jv *nv = cm_arena_alloc(a, nc * sizeof *nv);
+    struct tk_jv *nv = cm_arena_alloc(a, nc * sizeof *nv);
     if (!nk || !nl || !nv) return CM_ERR_NOMEM;
     if (d->n) {
       memcpy(nk, d->keys, d->n * sizeof *nk);
@@ -62,10 +62,10 @@ int fe_jv_dict_set(struct cm_arena *a, struct fe_jv_dict *d, const char *k, size
   return 0;
 }
 
-int fe_jv_list_push(struct cm_arena *a, struct fe_jv_list *l, struct fe_jv v) {
+int tk_jv_list_push(struct cm_arena *a, struct tk_jv_list *l, struct tk_jv v) {
   if (l->n == l->cap) {
     size_t nc = l->cap ? l->cap * 2 : 8;
-    struct fe_jv *ni = cm_arena_alloc(a, nc * sizeof *ni);
+    struct tk_jv *ni = cm_arena_alloc(a, nc * sizeof *ni);
     if (!ni) return CM_ERR_NOMEM;
     if (l->n) memcpy(ni, l->items, l->n * sizeof *ni);
     l->items = ni;
@@ -75,7 +75,7 @@ int fe_jv_list_push(struct cm_arena *a, struct fe_jv_list *l, struct fe_jv v) {
   return 0;
 }
 
-int fe_jv_truthy(struct fe_jv v) {
+int tk_jv_truthy(struct tk_jv v) {
   switch (v.kind) {
   case JV_BOOL: return v.u.b;
   case JV_INT: return v.u.i != 0;
@@ -89,7 +89,7 @@ int fe_jv_truthy(struct fe_jv v) {
   }
 }
 
-int fe_jv_equal(struct fe_jv a, struct fe_jv b) {
+int tk_jv_equal(struct tk_jv a, struct tk_jv b) {
   int an = a.kind == JV_INT || a.kind == JV_FLOAT || a.kind == JV_BOOL;
   int bn = b.kind == JV_INT || b.kind == JV_FLOAT || b.kind == JV_BOOL;
   if (an && bn) {
@@ -107,13 +107,13 @@ int fe_jv_equal(struct fe_jv a, struct fe_jv b) {
   case JV_LIST:
     if (a.u.list->n != b.u.list->n) return 0;
     for (size_t i = 0; i < a.u.list->n; i++)
-      if (!fe_jv_equal(a.u.list->items[i], b.u.list->items[i])) return 0;
+      if (!tk_jv_equal(a.u.list->items[i], b.u.list->items[i])) return 0;
     return 1;
   case JV_DICT:
     if (a.u.dict->n != b.u.dict->n) return 0;
     for (size_t i = 0; i < a.u.dict->n; i++) {
-      struct fe_jv *o = fe_jv_dict_get(b.u.dict, a.u.dict->keys[i], a.u.dict->klens[i]);
-      if (!o || !fe_jv_equal(a.u.dict->vals[i], *o)) return 0;
+      struct tk_jv *o = tk_jv_dict_get(b.u.dict, a.u.dict->keys[i], a.u.dict->klens[i]);
+      if (!o || !tk_jv_equal(a.u.dict->vals[i], *o)) return 0;
     }
     return 1;
   case JV_FUNC: return a.u.fn == b.u.fn;
@@ -122,44 +122,44 @@ int fe_jv_equal(struct fe_jv a, struct fe_jv b) {
   }
 }
 
-int fe_jv_from_json(struct cm_arena *a, json_t *j, struct fe_jv *out, int depth) {
+int tk_jv_from_json(struct cm_arena *a, json_t *j, struct tk_jv *out, int depth) {
   if (depth > JK_MAX_DEPTH) return CM_ERR_DEPTH;
   int rc;
   switch (json_typeof(j)) {
-  case JSON_NULL: *out = (struct fe_jv){.kind = JV_NONE}; return 0;
-  case JSON_TRUE: *out = fe_jv_bool(1); return 0;
-  case JSON_FALSE: *out = fe_jv_bool(0); return 0;
-  case JSON_INTEGER: *out = fe_jv_int(json_integer_value(j)); return 0;
+  case JSON_NULL: *out = (struct tk_jv){.kind = JV_NONE}; return 0;
+  case JSON_TRUE: *out = tk_jv_bool(1); return 0;
+  case JSON_FALSE: *out = tk_jv_bool(0); return 0;
+  case JSON_INTEGER: *out = tk_jv_int(json_integer_value(j)); return 0;
   case JSON_REAL:
-    *out = (struct fe_jv){.kind = JV_FLOAT};
+    *out = (struct tk_jv){.kind = JV_FLOAT};
     out->u.f = json_real_value(j);
     return 0;
-  case JSON_STRING: *out = fe_jv_str(json_string_value(j), json_string_length(j)); return 0;
+  case JSON_STRING: *out = tk_jv_str(json_string_value(j), json_string_length(j)); return 0;
   case JSON_ARRAY: {
-    struct fe_jv_list *l = cm_arena_calloc(a, 1, sizeof *l);
+    struct tk_jv_list *l = cm_arena_calloc(a, 1, sizeof *l);
     if (!l) return CM_ERR_NOMEM;
     size_t i;
     json_t *e;
     json_array_foreach(j, i, e) {
-      struct fe_jv v;
-      if ((rc = fe_jv_from_json(a, e, &v, depth + 1)) || (rc = fe_jv_list_push(a, l, v))) return rc;
+      struct tk_jv v;
+      if ((rc = tk_jv_from_json(a, e, &v, depth + 1)) || (rc = tk_jv_list_push(a, l, v))) return rc;
     }
-    *out = (struct fe_jv){.kind = JV_LIST};
+    *out = (struct tk_jv){.kind = JV_LIST};
     out->u.list = l;
     return 0;
   }
   case JSON_OBJECT: {
-    struct fe_jv_dict *d = cm_arena_calloc(a, 1, sizeof *d);
+    struct tk_jv_dict *d = cm_arena_calloc(a, 1, sizeof *d);
     if (!d) return CM_ERR_NOMEM;
     const char *k;
     json_t *e;
     json_object_foreach(j, k, e) {
-      struct fe_jv v;
-      if ((rc = fe_jv_from_json(a, e, &v, depth + 1)) ||
-          (rc = fe_jv_dict_set(a, d, k, strlen(k), v)))
+      struct tk_jv v;
+      if ((rc = tk_jv_from_json(a, e, &v, depth + 1)) ||
+          (rc = tk_jv_dict_set(a, d, k, strlen(k), v)))
         return rc;
     }
-    *out = (struct fe_jv){.kind = JV_DICT};
+    *out = (struct tk_jv){.kind = JV_DICT};
     out->u.dict = d;
     return 0;
   }
@@ -169,7 +169,7 @@ int fe_jv_from_json(struct cm_arena *a, json_t *j, struct fe_jv *out, int depth)
 
 /* ---- output ------------------------------------------------------------------ */
 
-int fe_jv_buf_put(struct fe_jv_buf *b, const char *s, size_t n) {
+int tk_jv_buf_put(struct tk_jv_buf *b, const char *s, size_t n) {
   if (b->n + n + 1 > b->cap) {
     if (b->n + n + 1 > b->max) return CM_ERR_TOOBIG;
     size_t nc = b->cap ? b->cap * 2 : 1024;
@@ -185,10 +185,10 @@ int fe_jv_buf_put(struct fe_jv_buf *b, const char *s, size_t n) {
   return 0;
 }
 
-static int put_s(struct fe_jv_buf *b, const char *s) { return fe_jv_buf_put(b, s, strlen(s)); }
+static int put_s(struct tk_jv_buf *b, const char *s) { return tk_jv_buf_put(b, s, strlen(s)); }
 
 /* Python's float repr: the shortest digits that read back the same. */
-static int put_float(struct fe_jv_buf *b, double f, int json) {
+static int put_float(struct tk_jv_buf *b, double f, int json) {
   char s[40];
   if (isnan(f)) return put_s(b, json ? "NaN" : "nan");
   if (isinf(f)) return put_s(b, f > 0 ? (json ? "Infinity" : "inf") : (json ? "-Infinity" : "-inf"));
@@ -201,7 +201,7 @@ static int put_float(struct fe_jv_buf *b, double f, int json) {
   return put_s(b, s);
 }
 
-int fe_jv_print(struct fe_jv_buf *b, struct fe_jv v) {
+int tk_jv_print(struct tk_jv_buf *b, struct tk_jv v) {
   char s[32];
   switch (v.kind) {
   case JV_UNDEF: return 0;
@@ -211,19 +211,19 @@ int fe_jv_print(struct fe_jv_buf *b, struct fe_jv v) {
     snprintf(s, sizeof s, "%lld", (long long)v.u.i);
     return put_s(b, s);
   case JV_FLOAT: return put_float(b, v.u.f, 0);
-  case JV_STR: return fe_jv_buf_put(b, v.u.str.s, v.u.str.n);
-  default: return fe_jv_repr(b, v);
+  case JV_STR: return tk_jv_buf_put(b, v.u.str.s, v.u.str.n);
+  default: return tk_jv_repr(b, v);
   }
 }
 
-int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v) {
+int tk_jv_repr(struct tk_jv_buf *b, struct tk_jv v) {
   int rc = 0;
   if (v.kind == JV_STR) {
     /* Python prefers single quotes unless the string has one and no double */
     int sq = memchr(v.u.str.s, '\'', v.u.str.n) != NULL;
     int dq = memchr(v.u.str.s, '"', v.u.str.n) != NULL;
     char q = sq && !dq ? '"' : '\'';
-    rc = fe_jv_buf_put(b, &q, 1);
+    rc = tk_jv_buf_put(b, &q, 1);
     for (size_t i = 0; i < v.u.str.n && !rc; i++) {
       unsigned char c = (unsigned char)v.u.str.s[i];
       char e[8];
@@ -235,13 +235,13 @@ int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v) {
       else e[0] = (char)c, e[1] = 0;
       rc = put_s(b, e);
     }
-    return rc ? rc : fe_jv_buf_put(b, &q, 1);
+    return rc ? rc : tk_jv_buf_put(b, &q, 1);
   }
   if (v.kind == JV_LIST) {
     rc = put_s(b, "[");
     for (size_t i = 0; i < v.u.list->n && !rc; i++) {
       if (i) rc = put_s(b, ", ");
-      if (!rc) rc = fe_jv_repr(b, v.u.list->items[i]);
+      if (!rc) rc = tk_jv_repr(b, v.u.list->items[i]);
     }
     return rc ? rc : put_s(b, "]");
   }
@@ -249,18 +249,18 @@ int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v) {
     rc = put_s(b, v.u.dict->is_namespace ? "<Namespace {" : "{");
     for (size_t i = 0; i < v.u.dict->n && !rc; i++) {
       if (i) rc = put_s(b, ", ");
-      if (!rc) rc = fe_jv_repr(b, fe_jv_str(v.u.dict->keys[i], v.u.dict->klens[i]));
+      if (!rc) rc = tk_jv_repr(b, tk_jv_str(v.u.dict->keys[i], v.u.dict->klens[i]));
       if (!rc) rc = put_s(b, ": ");
-      if (!rc) rc = fe_jv_repr(b, v.u.dict->vals[i]);
+      if (!rc) rc = tk_jv_repr(b, v.u.dict->vals[i]);
     }
     return rc ? rc : put_s(b, v.u.dict->is_namespace ? "}>" : "}");
   }
   if (v.kind == JV_UNDEF) return 0;
   if (v.kind == JV_FUNC || v.kind == JV_MACRO) return put_s(b, "<function>");
-  return fe_jv_print(b, v);
+  return tk_jv_print(b, v);
 }
 
-static int put_json_str(struct fe_jv_buf *b, const char *s, size_t n) {
+static int put_json_str(struct tk_jv_buf *b, const char *s, size_t n) {
   int rc = put_s(b, "\"");
   for (size_t i = 0; i < n && !rc; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -279,20 +279,20 @@ static int put_json_str(struct fe_jv_buf *b, const char *s, size_t n) {
   return rc ? rc : put_s(b, "\"");
 }
 
-static int put_indent(struct fe_jv_buf *b, int indent, int depth) {
+static int put_indent(struct tk_jv_buf *b, int indent, int depth) {
   int rc = put_s(b, "\n");
   for (int i = 0; i < indent * depth && !rc; i++) rc = put_s(b, " ");
   return rc;
 }
 
-int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth) {
+int tk_jv_tojson(struct tk_jv_buf *b, struct tk_jv v, int indent, int depth) {
   int rc = 0;
   if (depth > JK_MAX_DEPTH) return CM_ERR_DEPTH;
   switch (v.kind) {
   case JV_UNDEF:
   case JV_NONE: return put_s(b, "null");
   case JV_BOOL: return put_s(b, v.u.b ? "true" : "false");
-  case JV_INT: return fe_jv_print(b, v);
+  case JV_INT: return tk_jv_print(b, v);
   case JV_FLOAT: return put_float(b, v.u.f, 1);
   case JV_STR: return put_json_str(b, v.u.str.s, v.u.str.n);
   case JV_LIST:
@@ -301,7 +301,7 @@ int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth) {
     for (size_t i = 0; i < v.u.list->n && !rc; i++) {
       if (i) rc = put_s(b, indent >= 0 ? "," : ", ");
       if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
-      if (!rc) rc = fe_jv_tojson(b, v.u.list->items[i], indent, depth + 1);
+      if (!rc) rc = tk_jv_tojson(b, v.u.list->items[i], indent, depth + 1);
     }
     if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
     return rc ? rc : put_s(b, "]");
@@ -313,7 +313,7 @@ int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth) {
       if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
       if (!rc) rc = put_json_str(b, v.u.dict->keys[i], v.u.dict->klens[i]);
       if (!rc) rc = put_s(b, ": ");
-      if (!rc) rc = fe_jv_tojson(b, v.u.dict->vals[i], indent, depth + 1);
+      if (!rc) rc = tk_jv_tojson(b, v.u.dict->vals[i], indent, depth + 1);
     }
     if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
     return rc ? rc : put_s(b, "}");

@@ -1,4 +1,4 @@
-/* fe-tokenize-cli.c — `lmserve tokenize` and `lmserve detokenize`.
+/* tl-tokenize.c — `lmserve tokenize` and `lmserve detokenize`.
  *
  *   lmserve tokenize --tokenizer PATH [--no-special] < text
  *     prints one line: a JSON array of ids. By default this is Hugging
@@ -19,8 +19,8 @@
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
-#include "frontend/fe-main.h"
-#include "frontend/fe-tokenizer.h"
+#include "tools/tl-main.h"
+#include "tokenizer/tk-tokenizer.h"
 
 #define FE_CLI_MAX_INPUT ((size_t)1 << 30) /* bytes read from stdin at most */
 
@@ -56,14 +56,14 @@ static char *read_stdin(size_t *len) {
   return buf;
 }
 
-static int load(const char *path, struct fe_tok **tok) {
+static int load(const char *path, struct tk_tokenizer **tok) {
   char err[512];
-  int rc = fe_tok_load(path, tok, err, sizeof err);
+  int rc = tk_load(path, tok, err, sizeof err);
   if (rc) fprintf(stderr, "lmserve: cannot load tokenizer: %s (%s)\n", err, cm_strerror(rc));
   return rc;
 }
 
-int fe_tokenize_main(int argc, char **argv) {
+int tl_tokenize_main(int argc, char **argv) {
   const char *path = NULL;
   int special = 1;
   const struct cm_opt opts[] = {
@@ -80,7 +80,7 @@ int fe_tokenize_main(int argc, char **argv) {
     fprintf(stderr, "lmserve tokenize: --tokenizer PATH is required\n");
     return 2;
   }
-  struct fe_tok *tok = NULL;
+  struct tk_tokenizer *tok = NULL;
   if (load(path, &tok)) return 1;
   size_t len = 0, n = 0, cap = 0;
   int32_t *ids = NULL;
@@ -90,7 +90,7 @@ int fe_tokenize_main(int argc, char **argv) {
     fprintf(stderr, "lmserve tokenize: cannot read stdin\n");
     goto out;
   }
-  rc = fe_tok_encode(tok, NULL, text, len, special ? FE_TOK_DEFAULT : 0, &ids, &n, &cap);
+  rc = tk_encode(tok, NULL, text, len, special ? TK_DEFAULT : 0, &ids, &n, &cap);
   if (rc == CM_ERR_INVAL) {
     fprintf(stderr, "lmserve tokenize: input is not valid UTF-8\n");
     goto out;
@@ -106,11 +106,11 @@ int fe_tokenize_main(int argc, char **argv) {
 out:
   free(text);
   free(ids);
-  fe_tok_free(tok);
+  tk_free(tok);
   return status;
 }
 
-int fe_detokenize_main(int argc, char **argv) {
+int tl_detokenize_main(int argc, char **argv) {
   const char *path = NULL;
   int skip = 0;
   const struct cm_opt opts[] = {
@@ -126,7 +126,7 @@ int fe_detokenize_main(int argc, char **argv) {
     fprintf(stderr, "lmserve detokenize: --tokenizer PATH is required\n");
     return 2;
   }
-  struct fe_tok *tok = NULL;
+  struct tk_tokenizer *tok = NULL;
   if (load(path, &tok)) return 1;
   int status = 1;
   size_t len = 0, n = 0, out_len = 0, out_cap = 0;
@@ -151,14 +151,14 @@ int fe_detokenize_main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     json_t *v = json_array_get(arr, i);
     json_int_t id = json_integer_value(v);
-    if (!json_is_integer(v) || id < 0 || id >= fe_tok_n_vocab(tok)) {
+    if (!json_is_integer(v) || id < 0 || id >= tk_n_vocab(tok)) {
       fprintf(stderr, "lmserve detokenize: element %zu is not an id in [0, %d)\n", i,
-              fe_tok_n_vocab(tok));
+              tk_n_vocab(tok));
       goto done;
     }
     ids[i] = (int32_t)id;
   }
-  rc = fe_tok_decode(tok, ids, n, skip, &out, &out_len, &out_cap);
+  rc = tk_decode(tok, ids, n, skip, &out, &out_len, &out_cap);
   if (rc) {
     fprintf(stderr, "lmserve detokenize: %s\n", cm_strerror(rc));
     goto done;
@@ -169,6 +169,6 @@ done:
   free(text);
   free(ids);
   free(out);
-  fe_tok_free(tok);
+  tk_free(tok);
   return status;
 }

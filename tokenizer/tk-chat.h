@@ -1,6 +1,6 @@
-/* fe-chat.h — chat templates: turn OpenAI-style messages into the prompt
+/* tk-chat.h — chat templates: turn OpenAI-style messages into the prompt
  * text a checkpoint expects, by rendering its Jinja chat_template
- * (fe-jinja.h) the way Hugging Face's apply_chat_template does.
+ * (tk-jinja.h) the way Hugging Face's apply_chat_template does.
  *
  * The template comes from a model directory's chat_template.jinja when
  * present, else from tokenizer_config.json's "chat_template" (a string, or
@@ -14,28 +14,28 @@
  * and any extra variables the caller passes.
  *
  * The rendered text already holds <bos>: encode it with
- * FE_TOK_MATCH_SPECIAL only (no FE_TOK_ADD_SPECIAL), as vLLM does. */
-#ifndef LMSERVE_FE_CHAT_H
-#define LMSERVE_FE_CHAT_H
+ * TK_MATCH_SPECIAL only (no TK_ADD_SPECIAL), as vLLM does. */
+#ifndef LMSERVE_TK_CHAT_H
+#define LMSERVE_TK_CHAT_H
 #include <jansson.h>
 #include <stddef.h>
 
-struct fe_chat;
+struct tk_chat;
 
 /* `path`: a model directory or a tokenizer_config.json file. */
-int fe_chat_load(const char *path, struct fe_chat **out, char *errbuf, size_t errlen);
+int tk_chat_load(const char *path, struct tk_chat **out, char *errbuf, size_t errlen);
 /* From a template string and a tokenizer_config-like object (may be NULL)
  * supplying the *_token variables. */
-int fe_chat_from_string(const char *tmpl, size_t len, json_t *config, struct fe_chat **out,
+int tk_chat_from_string(const char *tmpl, size_t len, json_t *config, struct tk_chat **out,
                         char *errbuf, size_t errlen);
-void fe_chat_free(struct fe_chat *c);
+void tk_chat_free(struct tk_chat *c);
 
 /* Renders `messages` (a JSON array of objects with "role" and "content":
  * a string, a list of parts like {"type": "text", "text": ...}, or null).
  * `extra` (object or NULL) adds variables. *out is malloc'd, NUL
  * terminated. Bad messages or a template's raise_exception give
  * CM_ERR_INVAL and the message in errbuf (a client error). */
-int fe_chat_render(const struct fe_chat *c, json_t *messages, int add_generation_prompt,
+int tk_chat_render(const struct tk_chat *c, json_t *messages, int add_generation_prompt,
                    json_t *extra, char **out, size_t *out_len, char *errbuf, size_t errlen);
 
 #endif

@@ -1,8 +1,8 @@
-/* fe-jinja-parse.c — the Jinja parser: tokens to a syntax tree, checking
+/* tk-jinja-parse.c — the Jinja parser: tokens to a syntax tree, checking
  * every statement, filter, test, method and global name against what the
  * evaluator implements, so an unsupported template fails at load time.
  *
- * Node layout by kind (struct fe_jk_node):
+ * Node layout by kind (struct tk_jk_node):
  *   BLOCK items | TEXT s,n | OUT a | IF a=cond b=then c=else | FOR s=var
  *   s2=second var (or NULL) a=iterable b=body c=else d=filter | SET s=name
  *   s2=attribute (ns.attr) a=value or b=body | MACRO s=name items=parameter
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-jinja-impl.h"
+#include "tokenizer/tk-jinja-impl.h"
 
 static const char *const filter_names[JF__N] = {
     "trim", "length", "count", "upper", "lower", "capitalize", "title", "first", "last", "join",
@@ -39,21 +39,21 @@ static int find_name(const char *const *names, int n, const char *s, size_t len)
     if (strlen(names[i]) == len && !memcmp(names[i], s, len)) return i;
   return -1;
 }
-int fe_jk_filter_id(const char *s, size_t n) { return find_name(filter_names, JF__N, s, n); }
-int fe_jk_test_id(const char *s, size_t n) { return find_name(test_names, JT__N, s, n); }
-int fe_jk_method_id(const char *s, size_t n) { return find_name(method_names, JM__N, s, n); }
-int fe_jk_global_id(const char *s, size_t n) { return find_name(global_names, JG__N, s, n); }
+int tk_jk_filter_id(const char *s, size_t n) { return find_name(filter_names, JF__N, s, n); }
+int tk_jk_test_id(const char *s, size_t n) { return find_name(test_names, JT__N, s, n); }
+int tk_jk_method_id(const char *s, size_t n) { return find_name(method_names, JM__N, s, n); }
+int tk_jk_global_id(const char *s, size_t n) { return find_name(global_names, JG__N, s, n); }
 
 struct ps {
-  struct fe_jk_token *t;
+  struct tk_jk_token *t;
   size_t n, pos;
   struct cm_arena *arena;
   char *err;
   size_t errlen;
   int depth;
   int loops; /* enclosing for loops (break / continue need one) */
-  struct fe_jk_node *calls;  /* items: calls of names that are not globals */
-  struct fe_jk_node *macros; /* items: the JN_MACRO nodes */
+  struct tk_jk_node *calls;  /* items: calls of names that are not globals */
+  struct tk_jk_node *macros; /* items: the JN_MACRO nodes */
 };
 
 __attribute__((format(printf, 2, 3))) static int ps_err(struct ps *p, const char *fmt, ...) {
@@ -67,18 +67,18 @@ __attribute__((format(printf, 2, 3))) static int ps_err(struct ps *p, const char
   return CM_ERR_PARSE;
 }
 
-static struct fe_jk_token *cur(struct ps *p) { return &p->t[p->pos]; }
+static struct tk_jk_token *cur(struct ps *p) { return &p->t[p->pos]; }
 static int is_op(struct ps *p, const char *op) {
-  struct fe_jk_token *t = cur(p);
+  struct tk_jk_token *t = cur(p);
   return t->kind == JK_OP && t->n == strlen(op) && !memcmp(t->s, op, t->n);
 }
 static int is_name(struct ps *p, const char *name) {
-  struct fe_jk_token *t = cur(p);
+  struct tk_jk_token *t = cur(p);
   return t->kind == JK_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
 }
 static int is_name_at(struct ps *p, size_t off, const char *name) {
   if (p->pos + off >= p->n) return 0;
-  struct fe_jk_token *t = &p->t[p->pos + off];
+  struct tk_jk_token *t = &p->t[p->pos + off];
   return t->kind == JK_NAME && t->n == strlen(name) && !memcmp(t->s, name, t->n);
 }
 static int accept_op(struct ps *p, const char *op) {
@@ -92,8 +92,8 @@ static int accept_name(struct ps *p, const char *name) {
   return 1;
 }
 
-static struct fe_jk_node *node(struct ps *p, enum fe_jk_node_kind kind) {
-  struct fe_jk_node *nd = cm_arena_calloc(p->arena, 1, sizeof *nd);
+static struct tk_jk_node *node(struct ps *p, enum tk_jk_node_kind kind) {
+  struct tk_jk_node *nd = cm_arena_calloc(p->arena, 1, sizeof *nd);
   if (nd) {
     nd->kind = kind;
     nd->line = cur(p)->line;
@@ -101,11 +101,11 @@ static struct fe_jk_node *node(struct ps *p, enum fe_jk_node_kind kind) {
   return nd;
 }
 
-static int add_item(struct ps *p, struct fe_jk_node *nd, struct fe_jk_node *it) {
+static int add_item(struct ps *p, struct tk_jk_node *nd, struct tk_jk_node *it) {
   /* grow by doubling into the arena (old arrays are left behind) */
   if ((nd->n_items & (nd->n_items - 1)) == 0) {
     size_t nc = nd->n_items ? nd->n_items * 2 : 1;
-    struct fe_jk_node **ni = cm_arena_alloc(p->arena, nc * sizeof *ni);
+    struct tk_jk_node **ni = cm_arena_alloc(p->arena, nc * sizeof *ni);
     if (!ni) return CM_ERR_NOMEM;
     if (nd->n_items) memcpy(ni, nd->items, nd->n_items * sizeof *ni);
     nd->items = ni;
@@ -114,13 +114,13 @@ static int add_item(struct ps *p, struct fe_jk_node *nd, struct fe_jk_node *it) 
   return 0;
 }
 
-static int parse_expr(struct ps *p, struct fe_jk_node **out);
+static int parse_expr(struct ps *p, struct tk_jk_node **out);
 
 /* (args, kw=args) after the opening parenthesis was consumed */
-static int parse_args(struct ps *p, struct fe_jk_node *nd) {
+static int parse_args(struct ps *p, struct tk_jk_node *nd) {
   const char *kn[32];
   size_t kl[32];
-  struct fe_jk_node *kv[32];
+  struct tk_jk_node *kv[32];
   size_t nk = 0;
   int rc;
   while (!accept_op(p, ")")) {
@@ -135,7 +135,7 @@ static int parse_args(struct ps *p, struct fe_jk_node *nd) {
       if ((rc = parse_expr(p, &kv[nk]))) return rc;
       nk++;
     } else {
-      struct fe_jk_node *a;
+      struct tk_jk_node *a;
       if (nk) return ps_err(p, "positional argument after a keyword argument");
       if ((rc = parse_expr(p, &a)) || (rc = add_item(p, nd, a))) return rc;
     }
@@ -153,9 +153,9 @@ static int parse_args(struct ps *p, struct fe_jk_node *nd) {
   return 0;
 }
 
-static int parse_primary(struct ps *p, struct fe_jk_node **out) {
-  struct fe_jk_token *t = cur(p);
-  struct fe_jk_node *nd = NULL;
+static int parse_primary(struct ps *p, struct tk_jk_node **out) {
+  struct tk_jk_token *t = cur(p);
+  struct tk_jk_node *nd = NULL;
   int rc;
   if (t->kind == JK_STRING) {
     if (!(nd = node(p, JN_STR))) return CM_ERR_NOMEM;
@@ -195,7 +195,7 @@ static int parse_primary(struct ps *p, struct fe_jk_node **out) {
   } else if (accept_op(p, "[")) {
     if (!(nd = node(p, JN_LIST))) return CM_ERR_NOMEM;
     while (!accept_op(p, "]")) {
-      struct fe_jk_node *e;
+      struct tk_jk_node *e;
       if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or ']'");
       if (accept_op(p, "]")) break;
       if ((rc = parse_expr(p, &e)) || (rc = add_item(p, nd, e))) return rc;
@@ -203,7 +203,7 @@ static int parse_primary(struct ps *p, struct fe_jk_node **out) {
   } else if (accept_op(p, "{")) {
     if (!(nd = node(p, JN_DICT))) return CM_ERR_NOMEM;
     while (!accept_op(p, "}")) {
-      struct fe_jk_node *k, *v;
+      struct tk_jk_node *k, *v;
       if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or '}'");
       if (accept_op(p, "}")) break;
       if ((rc = parse_expr(p, &k))) return rc;
@@ -218,10 +218,10 @@ static int parse_primary(struct ps *p, struct fe_jk_node **out) {
   return 0;
 }
 
-static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
+static int parse_postfix(struct ps *p, struct tk_jk_node **io) {
   int rc;
   for (;;) {
-    struct fe_jk_node *base = *io, *nd;
+    struct tk_jk_node *base = *io, *nd;
     if (accept_op(p, ".")) {
       if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after '.'");
       if (!(nd = node(p, JN_ATTR))) return CM_ERR_NOMEM;
@@ -230,7 +230,7 @@ static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
       nd->n = cur(p)->n;
       p->pos++;
     } else if (accept_op(p, "[")) {
-      struct fe_jk_node *x[3] = {0};
+      struct tk_jk_node *x[3] = {0};
       int k = 0, colon = 0;
       for (;;) {
         if (is_op(p, ":")) {
@@ -256,10 +256,10 @@ static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
       nd->a = base;
       if (base->kind == JN_NAME) {
         /* a global, or a macro (checked once the whole template is read) */
-        nd->fn = fe_jk_global_id(base->s, base->n);
+        nd->fn = tk_jk_global_id(base->s, base->n);
         if (nd->fn < 0 && (rc = add_item(p, p->calls, nd))) return rc;
       } else if (base->kind == JN_ATTR) {
-        if ((nd->fn = fe_jk_method_id(base->s, base->n)) < 0)
+        if ((nd->fn = tk_jk_method_id(base->s, base->n)) < 0)
           return ps_err(p, "unsupported method '%.*s'", (int)base->n, base->s);
       } else {
         return ps_err(p, "only functions and methods can be called");
@@ -275,7 +275,7 @@ static int parse_postfix(struct ps *p, struct fe_jk_node **io) {
 /* map / select / reject / selectattr / rejectattr name a filter or a test
  * by a string literal: resolve it now into a node in nd->b that applies it
  * with the remaining arguments, so an unknown name fails at load time. */
-static int resolve_higher_order(struct ps *p, struct fe_jk_node *nd) {
+static int resolve_higher_order(struct ps *p, struct tk_jk_node *nd) {
   size_t name_at;
   int is_test;
   switch (nd->fn) {
@@ -297,15 +297,15 @@ static int resolve_higher_order(struct ps *p, struct fe_jk_node *nd) {
     if (!is_test) return ps_err(p, "map needs a filter name or attribute=");
     return 0; /* no test: truthiness */
   }
-  const struct fe_jk_node *name = nd->items[name_at];
+  const struct tk_jk_node *name = nd->items[name_at];
   if (name->kind != JN_STR)
     return ps_err(p, "%.*s: the %s name must be a string literal", (int)nd->n, nd->s,
                   is_test ? "test" : "filter");
-  struct fe_jk_node *app = node(p, is_test ? JN_TEST : JN_FILTER);
+  struct tk_jk_node *app = node(p, is_test ? JN_TEST : JN_FILTER);
   if (!app) return CM_ERR_NOMEM;
   app->s = name->s;
   app->n = name->n;
-  app->fn = is_test ? fe_jk_test_id(name->s, name->n) : fe_jk_filter_id(name->s, name->n);
+  app->fn = is_test ? tk_jk_test_id(name->s, name->n) : tk_jk_filter_id(name->s, name->n);
   if (app->fn < 0)
     return ps_err(p, "unsupported %s '%.*s'", is_test ? "test" : "filter", (int)name->n, name->s);
   for (size_t k = name_at + 1; k < nd->n_items; k++) {
@@ -321,16 +321,16 @@ static int resolve_higher_order(struct ps *p, struct fe_jk_node *nd) {
 }
 
 /* filters and tests bind to the postfix expression before them */
-static int parse_filters(struct ps *p, struct fe_jk_node **io) {
+static int parse_filters(struct ps *p, struct tk_jk_node **io) {
   int rc;
   for (;;) {
-    struct fe_jk_node *nd;
+    struct tk_jk_node *nd;
     if (accept_op(p, "|")) {
       if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a filter name");
       if (!(nd = node(p, JN_FILTER))) return CM_ERR_NOMEM;
       nd->s = cur(p)->s;
       nd->n = cur(p)->n;
-      if ((nd->fn = fe_jk_filter_id(nd->s, nd->n)) < 0)
+      if ((nd->fn = tk_jk_filter_id(nd->s, nd->n)) < 0)
         return ps_err(p, "unsupported filter '%.*s'", (int)nd->n, nd->s);
       p->pos++;
       nd->a = *io;
@@ -339,10 +339,10 @@ static int parse_filters(struct ps *p, struct fe_jk_node **io) {
     } else if (accept_name(p, "is")) {
       if (!(nd = node(p, JN_TEST))) return CM_ERR_NOMEM;
       nd->i = accept_name(p, "not");
-      struct fe_jk_token *t = cur(p);
+      struct tk_jk_token *t = cur(p);
       if (t->kind != JK_NAME && !(t->kind == JK_OP && (is_op(p, "==") || is_op(p, "!="))))
         return ps_err(p, "expected a test name");
-      if ((nd->fn = fe_jk_test_id(t->s, t->n)) < 0)
+      if ((nd->fn = tk_jk_test_id(t->s, t->n)) < 0)
         return ps_err(p, "unsupported test '%.*s'", (int)t->n, t->s);
       p->pos++;
       nd->a = *io;
@@ -350,7 +350,7 @@ static int parse_filters(struct ps *p, struct fe_jk_node **io) {
         if ((rc = parse_args(p, nd))) return rc;
       } else if (nd->fn == JT_DIVISIBLEBY || nd->fn == JT_EQ || nd->fn == JT_EQUALTO ||
                  nd->fn == JT_EQEQ || nd->fn == JT_NE || nd->fn == JT_NEQ) {
-        struct fe_jk_node *arg;
+        struct tk_jk_node *arg;
         if ((rc = parse_primary(p, &arg)) || (rc = parse_postfix(p, &arg)) ||
             (rc = add_item(p, nd, arg)))
           return rc;
@@ -362,11 +362,11 @@ static int parse_filters(struct ps *p, struct fe_jk_node **io) {
   }
 }
 
-static int parse_unary(struct ps *p, struct fe_jk_node **out) {
+static int parse_unary(struct ps *p, struct tk_jk_node **out) {
   int rc;
   if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "expression nested too deeply");
   if (is_op(p, "-") || is_op(p, "+")) {
-    struct fe_jk_node *nd = node(p, is_op(p, "-") ? JN_NEG : JN_POS);
+    struct tk_jk_node *nd = node(p, is_op(p, "-") ? JN_NEG : JN_POS);
     if (!nd) return CM_ERR_NOMEM;
     p->pos++;
     if ((rc = parse_unary(p, &nd->a))) return rc;
@@ -380,9 +380,9 @@ static int parse_unary(struct ps *p, struct fe_jk_node **out) {
   return 0;
 }
 
-static int bin(struct ps *p, const char *op, struct fe_jk_node *a, struct fe_jk_node *b,
-               struct fe_jk_node **out) {
-  struct fe_jk_node *nd = node(p, JN_BIN);
+static int bin(struct ps *p, const char *op, struct tk_jk_node *a, struct tk_jk_node *b,
+               struct tk_jk_node **out) {
+  struct tk_jk_node *nd = node(p, JN_BIN);
   if (!nd) return CM_ERR_NOMEM;
   nd->s = op;
   nd->n = strlen(op);
@@ -392,10 +392,10 @@ static int bin(struct ps *p, const char *op, struct fe_jk_node *a, struct fe_jk_
   return 0;
 }
 
-typedef int (*level_fn)(struct ps *, struct fe_jk_node **);
+typedef int (*level_fn)(struct ps *, struct tk_jk_node **);
 
 /* One left-associative level of binary operators. */
-static int parse_level(struct ps *p, struct fe_jk_node **out, level_fn next,
+static int parse_level(struct ps *p, struct tk_jk_node **out, level_fn next,
                        const char *const *ops, size_t n_ops) {
   int rc = next(p, out);
   while (!rc) {
@@ -404,27 +404,27 @@ static int parse_level(struct ps *p, struct fe_jk_node **out, level_fn next,
       if (is_op(p, ops[k])) op = ops[k];
     if (!op) return 0;
     p->pos++;
-    struct fe_jk_node *rhs;
+    struct tk_jk_node *rhs;
     if ((rc = next(p, &rhs))) return rc;
     rc = bin(p, op, *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_mul(struct ps *p, struct fe_jk_node **out) {
+static int parse_mul(struct ps *p, struct tk_jk_node **out) {
   static const char *const ops[] = {"*", "//", "/", "%"};
   return parse_level(p, out, parse_unary, ops, 4);
 }
-static int parse_concat(struct ps *p, struct fe_jk_node **out) {
+static int parse_concat(struct ps *p, struct tk_jk_node **out) {
   static const char *const ops[] = {"~"};
   return parse_level(p, out, parse_mul, ops, 1);
 }
-static int parse_add(struct ps *p, struct fe_jk_node **out) {
+static int parse_add(struct ps *p, struct tk_jk_node **out) {
   static const char *const ops[] = {"+", "-"};
   return parse_level(p, out, parse_concat, ops, 2);
 }
 
-static int parse_compare(struct ps *p, struct fe_jk_node **out) {
+static int parse_compare(struct ps *p, struct tk_jk_node **out) {
   static const char *const ops[] = {"==", "!=", "<=", ">=", "<", ">"};
   int rc = parse_add(p, out);
   while (!rc) {
@@ -438,16 +438,16 @@ static int parse_compare(struct ps *p, struct fe_jk_node **out) {
     }
     if (!op) return 0;
     p->pos++;
-    struct fe_jk_node *rhs;
+    struct tk_jk_node *rhs;
     if ((rc = parse_add(p, &rhs))) return rc;
     rc = bin(p, op, *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_not(struct ps *p, struct fe_jk_node **out) {
+static int parse_not(struct ps *p, struct tk_jk_node **out) {
   if (is_name(p, "not")) {
-    struct fe_jk_node *nd = node(p, JN_NOT);
+    struct tk_jk_node *nd = node(p, JN_NOT);
     if (!nd) return CM_ERR_NOMEM;
     p->pos++;
     if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "expression nested too deeply");
@@ -459,32 +459,32 @@ static int parse_not(struct ps *p, struct fe_jk_node **out) {
   return parse_compare(p, out);
 }
 
-static int parse_and(struct ps *p, struct fe_jk_node **out) {
+static int parse_and(struct ps *p, struct tk_jk_node **out) {
   int rc = parse_not(p, out);
   while (!rc && accept_name(p, "and")) {
-    struct fe_jk_node *rhs;
+    struct tk_jk_node *rhs;
     if ((rc = parse_not(p, &rhs))) return rc;
     rc = bin(p, "and", *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_or(struct ps *p, struct fe_jk_node **out) {
+static int parse_or(struct ps *p, struct tk_jk_node **out) {
   int rc = parse_and(p, out);
   while (!rc && accept_name(p, "or")) {
-    struct fe_jk_node *rhs;
+    struct tk_jk_node *rhs;
     if ((rc = parse_and(p, &rhs))) return rc;
     rc = bin(p, "or", *out, rhs, out);
   }
   return rc;
 }
 
-static int parse_expr(struct ps *p, struct fe_jk_node **out) {
+static int parse_expr(struct ps *p, struct tk_jk_node **out) {
   int rc = parse_or(p, out);
   if (rc || !is_name(p, "if")) return rc;
   /* a if cond else b (else optional: undefined) */
   p->pos++;
-  struct fe_jk_node *nd = node(p, JN_COND);
+  struct tk_jk_node *nd = node(p, JN_COND);
   if (!nd) return CM_ERR_NOMEM;
   nd->a = *out;
   if ((rc = parse_or(p, &nd->b))) return rc;
@@ -504,18 +504,18 @@ static int expect_stmt_end(struct ps *p) {
 /* Parses statements until a {% name %} whose name is in `ends` (NULL-
  * terminated) and leaves the cursor on that name; at top level (ends NULL)
  * until the end. */
-static int parse_block(struct ps *p, const char *const *ends, struct fe_jk_node **out);
+static int parse_block(struct ps *p, const char *const *ends, struct tk_jk_node **out);
 
-static int parse_if(struct ps *p, struct fe_jk_node **out) {
+static int parse_if(struct ps *p, struct tk_jk_node **out) {
   static const char *const ends[] = {"elif", "else", "endif", NULL};
-  struct fe_jk_node *nd = node(p, JN_IF);
+  struct tk_jk_node *nd = node(p, JN_IF);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if ((rc = parse_expr(p, &nd->a)) || (rc = expect_stmt_end(p)) ||
       (rc = parse_block(p, ends, &nd->b)))
     return rc;
   if (accept_name(p, "elif")) {
-    struct fe_jk_node *blk = node(p, JN_BLOCK), *inner;
+    struct tk_jk_node *blk = node(p, JN_BLOCK), *inner;
     if (!blk) return CM_ERR_NOMEM;
     if ((rc = parse_if(p, &inner)) || (rc = add_item(p, blk, inner))) return rc;
     nd->c = blk;
@@ -531,9 +531,9 @@ static int parse_if(struct ps *p, struct fe_jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_for(struct ps *p, struct fe_jk_node **out) {
+static int parse_for(struct ps *p, struct tk_jk_node **out) {
   static const char *const ends[] = {"else", "endfor", NULL};
-  struct fe_jk_node *nd = node(p, JN_FOR);
+  struct tk_jk_node *nd = node(p, JN_FOR);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a loop variable");
@@ -565,8 +565,8 @@ static int parse_for(struct ps *p, struct fe_jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_set(struct ps *p, struct fe_jk_node **out) {
-  struct fe_jk_node *nd = node(p, JN_SET);
+static int parse_set(struct ps *p, struct tk_jk_node **out) {
+  struct tk_jk_node *nd = node(p, JN_SET);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after set");
@@ -592,9 +592,9 @@ static int parse_set(struct ps *p, struct fe_jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_macro(struct ps *p, struct fe_jk_node **out) {
+static int parse_macro(struct ps *p, struct tk_jk_node **out) {
   static const char *const ends[] = {"endmacro", NULL};
-  struct fe_jk_node *nd = node(p, JN_MACRO);
+  struct tk_jk_node *nd = node(p, JN_MACRO);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
   if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a macro name");
@@ -605,7 +605,7 @@ static int parse_macro(struct ps *p, struct fe_jk_node **out) {
   while (!accept_op(p, ")")) {
     if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or ')'");
     if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a parameter name");
-    struct fe_jk_node *param = node(p, JN_NAME);
+    struct tk_jk_node *param = node(p, JN_NAME);
     if (!param) return CM_ERR_NOMEM;
     param->s = cur(p)->s;
     param->n = cur(p)->n;
@@ -623,8 +623,8 @@ static int parse_macro(struct ps *p, struct fe_jk_node **out) {
   return expect_stmt_end(p);
 }
 
-static int parse_stmt(struct ps *p, struct fe_jk_node **out) {
-  struct fe_jk_token *t = cur(p);
+static int parse_stmt(struct ps *p, struct tk_jk_node **out) {
+  struct tk_jk_token *t = cur(p);
   if (t->kind != JK_NAME) return ps_err(p, "expected a statement name");
   p->pos++;
   if (++p->depth > JK_MAX_DEPTH) return ps_err(p, "statements nested too deeply");
@@ -655,13 +655,13 @@ static int parse_stmt(struct ps *p, struct fe_jk_node **out) {
   return rc;
 }
 
-static int parse_block(struct ps *p, const char *const *ends, struct fe_jk_node **out) {
-  struct fe_jk_node *blk = node(p, JN_BLOCK);
+static int parse_block(struct ps *p, const char *const *ends, struct tk_jk_node **out) {
+  struct tk_jk_node *blk = node(p, JN_BLOCK);
   int rc;
   if (!blk) return CM_ERR_NOMEM;
   for (;;) {
-    struct fe_jk_token *t = cur(p);
-    struct fe_jk_node *nd = NULL;
+    struct tk_jk_token *t = cur(p);
+    struct tk_jk_node *nd = NULL;
     if (t->kind == JK_EOF) {
       if (ends) return ps_err(p, "unexpected end of template (missing %s)", ends[0]);
       break;
@@ -694,22 +694,22 @@ static int parse_block(struct ps *p, const char *const *ends, struct fe_jk_node 
   return 0;
 }
 
-int fe_jinja_parse(const char *src, size_t len, struct fe_jinja **out, char *errbuf,
+int tk_jinja_parse(const char *src, size_t len, struct tk_jinja **out, char *errbuf,
                    size_t errlen) {
-  struct fe_jinja *t = calloc(1, sizeof *t);
+  struct tk_jinja *t = calloc(1, sizeof *t);
   if (!t) return CM_ERR_NOMEM;
   if (errbuf && errlen) errbuf[0] = 0;
   cm_arena_init(&t->arena, 64 * 1024, 64u << 20);
   struct ps p = {.arena = &t->arena, .err = errbuf, .errlen = errlen};
   /* tokens and nodes point into the source: keep our own copy */
   char *copy = cm_arena_strndup(&t->arena, src, len);
-  int rc = copy ? fe_jk_lex(copy, len, &t->arena, &p.t, &p.n, errbuf, errlen) : CM_ERR_NOMEM;
+  int rc = copy ? tk_jk_lex(copy, len, &t->arena, &p.t, &p.n, errbuf, errlen) : CM_ERR_NOMEM;
   if (!rc && (!(p.calls = node(&p, JN_BLOCK)) || !(p.macros = node(&p, JN_BLOCK))))
     rc = CM_ERR_NOMEM;
   if (!rc) rc = parse_block(&p, NULL, &t->root);
   /* every call of a non-global must name a macro of this template */
   for (size_t i = 0; !rc && i < p.calls->n_items; i++) {
-    const struct fe_jk_node *callee = p.calls->items[i]->a;
+    const struct tk_jk_node *callee = p.calls->items[i]->a;
     int found = 0;
     for (size_t k = 0; k < p.macros->n_items && !found; k++)
       found = p.macros->items[k]->n == callee->n &&
@@ -724,14 +724,14 @@ int fe_jinja_parse(const char *src, size_t len, struct fe_jinja **out, char *err
   }
   if (rc) {
     if (rc == CM_ERR_NOMEM && errbuf && errlen) snprintf(errbuf, errlen, "template too large");
-    fe_jinja_free(t);
+    tk_jinja_free(t);
     return rc;
   }
   *out = t;
   return 0;
 }
 
-void fe_jinja_free(struct fe_jinja *t) {
+void tk_jinja_free(struct tk_jinja *t) {
   if (!t) return;
   cm_arena_free(&t->arena);
   free(t);

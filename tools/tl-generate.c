@@ -1,4 +1,4 @@
-/* wk-generate.c — `lmserve generate`: offline greedy generation in one
+/* tl-generate.c — `lmserve generate`: offline greedy generation in one
  * process (no sockets), through the paged KV pool and block tables as the
  * server drives the model.
  *
@@ -14,10 +14,10 @@
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "worker/wk-greedy.h"
-#include "worker/wk-main.h"
+#include "tools/tl-main.h"
 #include "worker/wk-model.h"
 
 /* "1,2,3", "1 2 3" or "[1, 2, 3]" -> ids (malloc'd). */
@@ -55,7 +55,7 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
   return 0;
 }
 
-int wk_generate_main(int argc, char **argv) {
+int tl_generate_main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL;
   int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3;
   int ignore_eos = 0;
@@ -98,7 +98,7 @@ int wk_generate_main(int argc, char **argv) {
     }
   }
   char err[512] = "";
-  struct fe_tok *tok = NULL;
+  struct tk_tokenizer *tok = NULL;
   int32_t *ids = NULL, *gen = NULL;
   int n_ids = 0, status = 1;
   struct kn_backend *be = NULL;
@@ -109,7 +109,7 @@ int wk_generate_main(int argc, char **argv) {
   FILE *tf = fopen(tpath, "rb");
   if (tf) {
     fclose(tf);
-    if ((rc = fe_tok_load(tpath, &tok, err, sizeof(err)))) {
+    if ((rc = tk_load(tpath, &tok, err, sizeof(err)))) {
       fprintf(stderr, "lmserve generate: %s\n", err);
       goto done;
     }
@@ -121,7 +121,7 @@ int wk_generate_main(int argc, char **argv) {
       goto done;
     }
     size_t n = 0, cap = 0;
-    if ((rc = fe_tok_encode(tok, NULL, prompt, strlen(prompt), FE_TOK_DEFAULT, &ids, &n, &cap))) {
+    if ((rc = tk_encode(tok, NULL, prompt, strlen(prompt), TK_DEFAULT, &ids, &n, &cap))) {
       fprintf(stderr, "lmserve generate: cannot tokenize the prompt: %s\n", cm_strerror(rc));
       goto done;
     }
@@ -177,7 +177,7 @@ int wk_generate_main(int argc, char **argv) {
   if (tok) {
     char *text = NULL;
     size_t len = 0, cap = 0;
-    if ((rc = fe_tok_decode(tok, gen, (size_t)n_gen, 1, &text, &len, &cap))) {
+    if ((rc = tk_decode(tok, gen, (size_t)n_gen, 1, &text, &len, &cap))) {
       fprintf(stderr, "lmserve generate: cannot decode: %s\n", cm_strerror(rc));
       free(text);
       goto done;
@@ -193,7 +193,7 @@ done:
   wk_model_free(dm);
   wk_model_free(m);
   kn_backend_destroy(be);
-  fe_tok_free(tok);
+  tk_free(tok);
   free(ids);
   free(gen);
   return status;

@@ -1,7 +1,7 @@
-/* fe-tok-json.c — the in-place JSON pull scanner used to load tokenizer.json
- * quickly (see fe-tok-json.h). Strings are checked for valid escapes;
+/* tk-json.c — the in-place JSON pull scanner used to load tokenizer.json
+ * quickly (see tk-json.h). Strings are checked for valid escapes;
  * \uXXXX escapes (with surrogate pairs) are decoded to UTF-8. */
-#include "frontend/fe-tok-json.h"
+#include "tokenizer/tk-json.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -9,42 +9,42 @@
 
 #include "common/cm-err.h"
 
-void fe_tj_init(struct fe_tj *t, const char *text, size_t len) {
+void tk_json_init(struct tk_json *t, const char *text, size_t len) {
   memset(t, 0, sizeof *t);
   t->start = text;
   t->p = text;
   t->end = text + len;
 }
 
-void fe_tj_free(struct fe_tj *t) {
+void tk_json_free(struct tk_json *t) {
   free(t->sbuf);
   t->sbuf = NULL;
   t->scap = 0;
 }
 
-static int tj_fail(struct fe_tj *t) {
+static int tj_fail(struct tk_json *t) {
   if (!t->err_off) t->err_off = (size_t)(t->p - t->start);
   return CM_ERR_PARSE;
 }
 
-static void tj_ws(struct fe_tj *t) {
+static void tj_ws(struct tk_json *t) {
   while (t->p < t->end && (*t->p == ' ' || *t->p == '\n' || *t->p == '\r' || *t->p == '\t'))
     t->p++;
 }
 
-char fe_tj_peek(struct fe_tj *t) {
+char tk_json_peek(struct tk_json *t) {
   tj_ws(t);
   return t->p < t->end ? *t->p : 0;
 }
 
-int fe_tj_expect(struct fe_tj *t, char c) {
+int tk_json_expect(struct tk_json *t, char c) {
   tj_ws(t);
   if (t->p >= t->end || *t->p != c) return tj_fail(t);
   t->p++;
   return 0;
 }
 
-int fe_tj_more(struct fe_tj *t, char close) {
+int tk_json_more(struct tk_json *t, char close) {
   tj_ws(t);
   if (t->p >= t->end) return tj_fail(t);
   if (*t->p == ',') {
@@ -95,7 +95,7 @@ static size_t tj_put_utf8(char *o, uint32_t cp) {
   return 4;
 }
 
-int fe_tj_string(struct fe_tj *t, const char **s, size_t *len) {
+int tk_json_string(struct tk_json *t, const char **s, size_t *len) {
   tj_ws(t);
   if (t->p >= t->end || *t->p != '"') return tj_fail(t);
   const char *q = t->p + 1;
@@ -196,7 +196,7 @@ int fe_tj_string(struct fe_tj *t, const char **s, size_t *len) {
   return 0;
 }
 
-int fe_tj_int(struct fe_tj *t, int64_t *v) {
+int tk_json_int(struct tk_json *t, int64_t *v) {
   tj_ws(t);
   const char *q = t->p;
   int neg = 0;
@@ -220,7 +220,7 @@ int fe_tj_int(struct fe_tj *t, int64_t *v) {
   return 0;
 }
 
-int fe_tj_null(struct fe_tj *t) {
+int tk_json_null(struct tk_json *t) {
   tj_ws(t);
   if (t->end - t->p >= 4 && !memcmp(t->p, "null", 4)) {
     t->p += 4;
@@ -229,7 +229,7 @@ int fe_tj_null(struct fe_tj *t) {
   return 0;
 }
 
-static int tj_skip_string(struct fe_tj *t) {
+static int tj_skip_string(struct tk_json *t) {
   const char *q = t->p + 1;
   for (;;) {
     q = q < t->end ? memchr(q, '"', (size_t)(t->end - q)) : NULL;
@@ -246,8 +246,8 @@ static int tj_skip_string(struct fe_tj *t) {
 
 /* Skips a value iteratively: strings are skipped as a whole, brackets are
  * counted against a small stack so mismatches are caught. */
-int fe_tj_skip(struct fe_tj *t, const char **vstart, size_t *vlen) {
-  char stack[FE_TJ_MAX_DEPTH];
+int tk_json_skip(struct tk_json *t, const char **vstart, size_t *vlen) {
+  char stack[TK_JSON_MAX_DEPTH];
   int depth = 0;
   tj_ws(t);
   const char *s0 = t->p;
@@ -258,7 +258,7 @@ int fe_tj_skip(struct fe_tj *t, const char **vstart, size_t *vlen) {
     if (c == '"') {
       if (tj_skip_string(t)) return CM_ERR_PARSE;
     } else if (c == '{' || c == '[') {
-      if (depth == FE_TJ_MAX_DEPTH) return tj_fail(t);
+      if (depth == TK_JSON_MAX_DEPTH) return tj_fail(t);
       stack[depth++] = c == '{' ? '}' : ']';
       t->p++;
     } else if (c == '}' || c == ']') {

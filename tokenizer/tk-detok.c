@@ -1,14 +1,14 @@
-/* fe-detok.c — streaming detokenization (see fe-detok.h). It mirrors
- * fe_tok_decode() step for step, but returns the text as it becomes final. */
-#include "frontend/fe-detok.h"
+/* tk-detok.c — streaming detokenization (see tk-detok.h). It mirrors
+ * tk_decode() step for step, but returns the text as it becomes final. */
+#include "tokenizer/tk-detok.h"
 
 #include <stdlib.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-tok-impl.h"
+#include "tokenizer/tk-impl.h"
 
-struct fe_detok {
-  const struct fe_tok *tok;
+struct tk_detok {
+  const struct tk_tokenizer *tok;
   int skip_special;
   int first;        /* no token emitted yet (for the decoder-less " " join) */
   char *out;        /* the piece returned by the last call */
@@ -17,8 +17,8 @@ struct fe_detok {
   size_t run_len, run_cap; /* bytes */
 };
 
-int fe_detok_create(const struct fe_tok *tok, int skip_special, struct fe_detok **out) {
-  struct fe_detok *d = calloc(1, sizeof *d);
+int tk_detok_create(const struct tk_tokenizer *tok, int skip_special, struct tk_detok **out) {
+  struct tk_detok *d = calloc(1, sizeof *d);
   if (!d) return CM_ERR_NOMEM;
   d->tok = tok;
   d->skip_special = skip_special;
@@ -29,7 +29,7 @@ int fe_detok_create(const struct fe_tok *tok, int skip_special, struct fe_detok 
   d->out = malloc(d->out_cap);
   d->run = malloc(d->run_cap);
   if (!d->out || !d->run) {
-    fe_detok_free(d);
+    tk_detok_free(d);
     return CM_ERR_NOMEM;
   }
   d->out[0] = 0;
@@ -37,58 +37,58 @@ int fe_detok_create(const struct fe_tok *tok, int skip_special, struct fe_detok 
   return 0;
 }
 
-void fe_detok_free(struct fe_detok *d) {
+void tk_detok_free(struct tk_detok *d) {
   if (!d) return;
   free(d->out);
   free(d->run);
   free(d);
 }
 
-void fe_detok_reset(struct fe_detok *d) {
+void tk_detok_reset(struct tk_detok *d) {
   d->first = 1;
   d->out_len = 0;
   d->run_len = 0;
   d->out[0] = 0;
 }
 
-size_t fe_detok_pending(const struct fe_detok *d) { return d->run_len; }
+size_t tk_detok_pending(const struct tk_detok *d) { return d->run_len; }
 
-static int flush_run(struct fe_detok *d) {
+static int flush_run(struct tk_detok *d) {
   if (!d->run_len) return 0;
-  int rc = fe_tok_bytes_append((const uint8_t *)d->run, d->run_len, &d->out, &d->out_len,
+  int rc = tk_bytes_append((const uint8_t *)d->run, d->run_len, &d->out, &d->out_len,
                                &d->out_cap);
   d->run_len = 0;
   return rc;
 }
 
-int fe_detok_push(struct fe_detok *d, int32_t id, const char **piece, size_t *len) {
-  const struct fe_tok *tok = d->tok;
+int tk_detok_push(struct tk_detok *d, int32_t id, const char **piece, size_t *len) {
+  const struct tk_tokenizer *tok = d->tok;
   int rc = 0;
   d->out_len = 0;
   d->out[0] = 0;
   *piece = d->out;
   *len = 0;
   if (id < 0 || id >= tok->n_ids) return CM_ERR_RANGE;
-  if (d->skip_special && (tok->tok_flags[id] & FE_TOKF_SPECIAL)) return 0;
+  if (d->skip_special && (tok->tok_flags[id] & TK_TOKF_SPECIAL)) return 0;
   if (!tok->has_decoder) {
-    if (!d->first) rc = fe_tok_buf_put(&d->out, &d->out_len, &d->out_cap, " ", 1);
+    if (!d->first) rc = tk_buf_put(&d->out, &d->out_len, &d->out_cap, " ", 1);
     if (!rc)
-      rc = fe_tok_buf_put(&d->out, &d->out_len, &d->out_cap, tok->blob + tok->tok_off[id],
+      rc = tk_buf_put(&d->out, &d->out_len, &d->out_cap, tok->blob + tok->tok_off[id],
                           tok->tok_len[id]);
     d->first = 0;
   } else if (tok->dec_byte_fallback && tok->byte_of[id] >= 0) {
     char b = (char)tok->byte_of[id];
-    rc = fe_tok_buf_put(&d->run, &d->run_len, &d->run_cap, &b, 1);
+    rc = tk_buf_put(&d->run, &d->run_len, &d->run_cap, &b, 1);
   } else {
     rc = flush_run(d);
-    if (!rc) rc = fe_tok_piece_append(tok, id, &d->out, &d->out_len, &d->out_cap);
+    if (!rc) rc = tk_piece_append(tok, id, &d->out, &d->out_len, &d->out_cap);
   }
   *piece = d->out;
   *len = d->out_len;
   return rc;
 }
 
-int fe_detok_flush(struct fe_detok *d, const char **piece, size_t *len) {
+int tk_detok_flush(struct tk_detok *d, const char **piece, size_t *len) {
   d->out_len = 0;
   d->out[0] = 0;
   int rc = flush_run(d);

@@ -1,4 +1,4 @@
-/* fe-tok-bench.c — `lmserve bench tokenizer`: tokenizer load time, encode
+/* tl-bench-tok.c — `lmserve bench tokenizer`: tokenizer load time, encode
  * throughput on a 1 MiB mixed corpus (generated from a fixed seed unless
  * --corpus is given), decode and streaming-detokenize speed, and the same
  * encode measured with @lenml/tokenizers under node when available
@@ -15,10 +15,11 @@
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
+#include "common/cm-proc.h"
 #include "common/cm-time.h"
-#include "frontend/fe-detok.h"
-#include "frontend/fe-main.h"
-#include "frontend/fe-tokenizer.h"
+#include "tokenizer/tk-detok.h"
+#include "tools/tl-main.h"
+#include "tokenizer/tk-tokenizer.h"
 
 #define BENCH_CORPUS_BYTES (1u << 20)
 
@@ -172,18 +173,17 @@ static char *read_file(const char *path, size_t *len) {
 
 /* ---- the node reference --------------------------------------------------------- */
 
-/* Runs bench-ref.js on the corpus file; fills the numbers or returns -1. */
+/* Runs bench-ref.js on the corpus file under node (spawned directly, no shell); fills the
+ * numbers or returns -1. */
 static int run_node(const char *script, const char *corpus, int repeat, double *load_s,
                     double *encode_s, double *mbps, long *n_tokens, unsigned long *checksum) {
-  char cmd[8192];
-  snprintf(cmd, sizeof cmd, "node '%s' '%s' %d 2>&1", script, corpus, repeat);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  char line[4096] = "";
-  char *got = fgets(line, sizeof line, p);
-  int st = pclose(p);
-  if (!got || st != 0) {
-    fprintf(stderr, "node reference failed: %s", line);
+  char reps[16], line[4096];
+  snprintf(reps, sizeof reps, "%d", repeat);
+  char *const argv[] = {"node", (char *)script, (char *)corpus, reps, NULL};
+  int st = cm_run_capture(argv, line, sizeof line);
+  if (st != 0) {
+    fprintf(stderr, "node reference failed (%s): %s\n",
+            st < 0 ? cm_strerror(st) : "non-zero exit", line);
     return -1;
   }
   /* {"load_s":..,"encode_s":..,"mb_per_s":..,"n_tokens":..,"checksum":..} */
@@ -204,7 +204,7 @@ static const char *find_script(const char *given) {
   return access(buf, R_OK) == 0 ? buf : NULL;
 }
 
-int fe_bench_tokenizer_main(int argc, char **argv) {
+int tl_bench_tokenizer_main(int argc, char **argv) {
   const char *path = NULL, *corpus_path = NULL, *script = NULL;
   int64_t repeat = 3;
   int use_node = 1;
@@ -232,19 +232,19 @@ int fe_bench_tokenizer_main(int argc, char **argv) {
     fprintf(stderr, "lmserve bench tokenizer: cannot read %s\n", corpus_path ? corpus_path : "corpus");
     return 1;
   }
-  struct fe_tok *tok = NULL;
-  struct fe_tok_state *st = NULL;
-  struct fe_detok *dt = NULL;
+  struct tk_tokenizer *tok = NULL;
+  struct tk_state *st = NULL;
+  struct tk_detok *dt = NULL;
   int32_t *ids = NULL;
   char *out = NULL, tmpl[] = "/tmp/lmserve-tokbench-XXXXXX", err[512];
   int status = 1, tmp_fd = -1;
   size_t n = 0, cap = 0, out_len = 0, out_cap = 0;
   double load_best = 1e30, load_sum = 0;
   for (int r = 0; r < repeat; r++) {
-    fe_tok_free(tok);
+    tk_free(tok);
     tok = NULL;
     double t0 = cm_time_s();
-    if ((rc = fe_tok_load(path, &tok, err, sizeof err))) {
+    if ((rc = tk_load(path, &tok, err, sizeof err))) {
       fprintf(stderr, "lmserve bench tokenizer: %s\n", err);
       goto done;
     }
@@ -252,28 +252,28 @@ int fe_bench_tokenizer_main(int argc, char **argv) {
     load_sum += dt_s;
     if (dt_s < load_best) load_best = dt_s;
   }
-  if (fe_tok_state_create(tok, &st) || fe_detok_create(tok, 0, &dt)) goto done;
+  if (tk_state_create(tok, &st) || tk_detok_create(tok, 0, &dt)) goto done;
   double t0 = cm_time_s();
-  if ((rc = fe_tok_encode(tok, st, text, len, FE_TOK_DEFAULT, &ids, &n, &cap))) {
+  if ((rc = tk_encode(tok, st, text, len, TK_DEFAULT, &ids, &n, &cap))) {
     fprintf(stderr, "lmserve bench tokenizer: encode failed: %s\n", cm_strerror(rc));
     goto done;
   }
   double cold = cm_time_s() - t0, warm = 1e30;
   for (int r = 0; r < repeat; r++) {
     t0 = cm_time_s();
-    fe_tok_encode(tok, st, text, len, FE_TOK_DEFAULT, &ids, &n, &cap);
+    tk_encode(tok, st, text, len, TK_DEFAULT, &ids, &n, &cap);
     double d = cm_time_s() - t0;
     if (d < warm) warm = d;
   }
   double nocache = 1e30;
   for (int r = 0; r < repeat; r++) {
     t0 = cm_time_s();
-    fe_tok_encode(tok, NULL, text, len, FE_TOK_DEFAULT, &ids, &n, &cap);
+    tk_encode(tok, NULL, text, len, TK_DEFAULT, &ids, &n, &cap);
     double d = cm_time_s() - t0;
     if (d < nocache) nocache = d;
   }
   t0 = cm_time_s();
-  fe_tok_decode(tok, ids, n, 0, &out, &out_len, &out_cap);
+  tk_decode(tok, ids, n, 0, &out, &out_len, &out_cap);
   double dec = cm_time_s() - t0;
   int roundtrip = out_len == len + 5 && !memcmp(out + 5, text, len);
   t0 = cm_time_s();
@@ -281,7 +281,7 @@ int fe_bench_tokenizer_main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     const char *piece;
     size_t pl;
-    fe_detok_push(dt, ids[i], &piece, &pl);
+    tk_detok_push(dt, ids[i], &piece, &pl);
     streamed += pl;
   }
   double stream = cm_time_s() - t0;
@@ -331,8 +331,8 @@ done:
   free(text);
   free(ids);
   free(out);
-  fe_detok_free(dt);
-  fe_tok_state_free(st);
-  fe_tok_free(tok);
+  tk_detok_free(dt);
+  tk_state_free(st);
+  tk_free(tok);
   return status;
 }

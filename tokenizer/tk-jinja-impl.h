@@ -1,18 +1,18 @@
-/* fe-jinja-impl.h — internals of the Jinja engine shared by its lexer
- * (fe-jinja-lex.c), parser (fe-jinja-parse.c), values (fe-jinja-value.c)
- * and evaluator (fe-jinja-eval.c). Not a public header. */
-#ifndef LMSERVE_FE_JINJA_IMPL_H
-#define LMSERVE_FE_JINJA_IMPL_H
+/* tk-jinja-impl.h — internals of the Jinja engine shared by its lexer
+ * (tk-jinja-lex.c), parser (tk-jinja-parse.c), values (tk-jinja-value.c)
+ * and evaluator (tk-jinja-eval.c). Not a public header. */
+#ifndef LMSERVE_TK_JINJA_IMPL_H
+#define LMSERVE_TK_JINJA_IMPL_H
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/cm-arena.h"
-#include "frontend/fe-jinja.h"
+#include "tokenizer/tk-jinja.h"
 
 /* ---- tokens ------------------------------------------------------------- */
 
-enum fe_jk_tok {
+enum tk_jk_tok {
   JK_TEXT,       /* literal template text: s, n */
   JK_EXPR_BEGIN, /* {{ */
   JK_EXPR_END,   /* }} */
@@ -26,8 +26,8 @@ enum fe_jk_tok {
   JK_EOF,
 };
 
-struct fe_jk_token {
-  enum fe_jk_tok kind;
+struct tk_jk_token {
+  enum tk_jk_tok kind;
   const char *s; /* into the source or the template arena */
   size_t n;      /* bytes */
   int64_t i;
@@ -37,12 +37,12 @@ struct fe_jk_token {
 
 /* Splits src into tokens (applying whitespace control, trim_blocks and
  * lstrip_blocks); the token array lives in `arena`. */
-int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_token **toks,
+int tk_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct tk_jk_token **toks,
            size_t *n_toks, char *err, size_t errlen);
 
 /* ---- syntax tree ---------------------------------------------------------- */
 
-enum fe_jk_node_kind {
+enum tk_jk_node_kind {
   /* statements */
   JN_BLOCK, JN_TEXT, JN_OUT, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE, JN_MACRO,
   /* expressions */
@@ -50,63 +50,63 @@ enum fe_jk_node_kind {
   JN_SLICE, JN_CALL, JN_FILTER, JN_TEST, JN_NOT, JN_NEG, JN_POS, JN_BIN, JN_COND,
 };
 
-struct fe_jk_node {
-  enum fe_jk_node_kind kind;
+struct tk_jk_node {
+  enum tk_jk_node_kind kind;
   int line;
   const char *s, *s2; /* names, strings, operators */
   size_t n, n2;       /* bytes */
   int64_t i;          /* int literal, bool, negated test */
   double f;
-  struct fe_jk_node *a, *b, *c, *d; /* children by kind (see fe-jinja-parse.c) */
-  struct fe_jk_node **items;        /* statements, arguments, list / dict elements */
+  struct tk_jk_node *a, *b, *c, *d; /* children by kind (see tk-jinja-parse.c) */
+  struct tk_jk_node **items;        /* statements, arguments, list / dict elements */
   size_t n_items;
   const char **kw_names;         /* keyword arguments of calls / filters */
   size_t *kw_lens;
-  struct fe_jk_node **kw_vals;
+  struct tk_jk_node **kw_vals;
   size_t n_kw;
   int fn;                        /* resolved builtin for filters / tests / calls;
                                   * -1 on a call: a macro of the template */
 };
 
-struct fe_jinja {
+struct tk_jinja {
   struct cm_arena arena; /* tokens and nodes */
-  struct fe_jk_node *root;  /* JN_BLOCK */
+  struct tk_jk_node *root;  /* JN_BLOCK */
 };
 
 /* Builtins, resolved at parse time (an unknown name is a parse error). */
-enum fe_jk_filter {
+enum tk_jk_filter {
   JF_TRIM, JF_LENGTH, JF_COUNT, JF_UPPER, JF_LOWER, JF_CAPITALIZE, JF_TITLE, JF_FIRST, JF_LAST,
   JF_JOIN, JF_DEFAULT, JF_D, JF_TOJSON, JF_STRING, JF_INT, JF_FLOAT, JF_LIST, JF_REPLACE,
   JF_SAFE, JF_REVERSE, JF_ABS, JF_ITEMS, JF_DICTSORT, JF_MAP, JF_SELECT, JF_REJECT,
   JF_SELECTATTR, JF_REJECTATTR, JF__N
 };
-enum fe_jk_test {
+enum tk_jk_test {
   JT_DEFINED, JT_UNDEFINED, JT_NONE, JT_STRING, JT_NUMBER, JT_INTEGER, JT_FLOAT, JT_BOOLEAN,
   JT_ITERABLE, JT_MAPPING, JT_SEQUENCE, JT_TRUE, JT_FALSE, JT_EVEN, JT_ODD, JT_DIVISIBLEBY,
   JT_EQ, JT_EQUALTO, JT_EQEQ, JT_NE, JT_NEQ, JT__N
 };
-enum fe_jk_method {
+enum tk_jk_method {
   JM_STRIP, JM_LSTRIP, JM_RSTRIP, JM_SPLIT, JM_STARTSWITH, JM_ENDSWITH, JM_UPPER, JM_LOWER,
   JM_TITLE, JM_CAPITALIZE, JM_REPLACE, JM_ITEMS, JM_KEYS, JM_VALUES, JM_GET, JM__N
 };
-enum fe_jk_global { JG_RAISE_EXCEPTION, JG_NAMESPACE, JG_RANGE, JG__N };
+enum tk_jk_global { JG_RAISE_EXCEPTION, JG_NAMESPACE, JG_RANGE, JG__N };
 
-int fe_jk_filter_id(const char *s, size_t n);
-int fe_jk_test_id(const char *s, size_t n);
-int fe_jk_method_id(const char *s, size_t n);
-int fe_jk_global_id(const char *s, size_t n);
+int tk_jk_filter_id(const char *s, size_t n);
+int tk_jk_test_id(const char *s, size_t n);
+int tk_jk_method_id(const char *s, size_t n);
+int tk_jk_global_id(const char *s, size_t n);
 
 /* ---- values ------------------------------------------------------------------ */
 
-enum fe_jv_kind {
+enum tk_jv_kind {
   JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT, JV_FUNC, JV_MACRO
 };
 
-struct fe_jv_list;
-struct fe_jv_dict;
+struct tk_jv_list;
+struct tk_jv_dict;
 
-struct fe_jv {
-  enum fe_jv_kind kind;
+struct tk_jv {
+  enum tk_jv_kind kind;
   union {
     int b;
     int64_t i;
@@ -115,85 +115,85 @@ struct fe_jv {
       const char *s;
       size_t n; /* bytes */
     } str;
-    struct fe_jv_list *list;
-    struct fe_jv_dict *dict;
+    struct tk_jv_list *list;
+    struct tk_jv_dict *dict;
     int fn; /* JV_FUNC: a global id */
-    const struct fe_jk_node *macro; /* JV_MACRO: its JN_MACRO node */
+    const struct tk_jk_node *macro; /* JV_MACRO: its JN_MACRO node */
   } u;
 };
 
-struct fe_jv_list {
-  struct fe_jv *items;
+struct tk_jv_list {
+  struct tk_jv *items;
   size_t n, cap;
 };
 
-struct fe_jv_dict { /* insertion ordered, string keys */
+struct tk_jv_dict { /* insertion ordered, string keys */
   const char **keys;
   size_t *klens;
-  struct fe_jv *vals;
+  struct tk_jv *vals;
   size_t n, cap;
   int is_namespace; /* attributes may be assigned */
 };
 
-struct fe_jv fe_jv_str(const char *s, size_t n);
-struct fe_jv fe_jv_int(int64_t i);
-struct fe_jv fe_jv_bool(int b);
-struct fe_jv *fe_jv_dict_get(const struct fe_jv_dict *d, const char *k, size_t kn);
-int fe_jv_dict_set(struct cm_arena *a, struct fe_jv_dict *d, const char *k, size_t kn, struct fe_jv v);
-int fe_jv_list_push(struct cm_arena *a, struct fe_jv_list *l, struct fe_jv v);
-int fe_jv_truthy(struct fe_jv v);
-int fe_jv_equal(struct fe_jv a, struct fe_jv b);
+struct tk_jv tk_jv_str(const char *s, size_t n);
+struct tk_jv tk_jv_int(int64_t i);
+struct tk_jv tk_jv_bool(int b);
+struct tk_jv *tk_jv_dict_get(const struct tk_jv_dict *d, const char *k, size_t kn);
+int tk_jv_dict_set(struct cm_arena *a, struct tk_jv_dict *d, const char *k, size_t kn, struct tk_jv v);
+int tk_jv_list_push(struct cm_arena *a, struct tk_jv_list *l, struct tk_jv v);
+int tk_jv_truthy(struct tk_jv v);
+int tk_jv_equal(struct tk_jv a, struct tk_jv b);
 /* Converts JSON to a value in the arena. */
-int fe_jv_from_json(struct cm_arena *a, json_t *j, struct fe_jv *out, int depth);
+int tk_jv_from_json(struct cm_arena *a, json_t *j, struct tk_jv *out, int depth);
 
 /* A growable output string (malloc'd, capped). */
-struct fe_jv_buf {
+struct tk_jv_buf {
   char *p;
   size_t n, cap, max; /* bytes */
 };
-int fe_jv_buf_put(struct fe_jv_buf *b, const char *s, size_t n);
+int tk_jv_buf_put(struct tk_jv_buf *b, const char *s, size_t n);
 /* Appends v as Jinja prints it (Python str()). */
-int fe_jv_print(struct fe_jv_buf *b, struct fe_jv v);
+int tk_jv_print(struct tk_jv_buf *b, struct tk_jv v);
 /* Appends v as Python repr() (strings quoted). */
-int fe_jv_repr(struct fe_jv_buf *b, struct fe_jv v);
+int tk_jv_repr(struct tk_jv_buf *b, struct tk_jv v);
 /* Appends v as JSON (json.dumps, ensure_ascii=False); indent < 0: one line. */
-int fe_jv_tojson(struct fe_jv_buf *b, struct fe_jv v, int indent, int depth);
+int tk_jv_tojson(struct tk_jv_buf *b, struct tk_jv v, int indent, int depth);
 
-/* ---- evaluation (fe-jinja-eval.c, fe-jinja-builtins.c) ------------------------ */
+/* ---- evaluation (tk-jinja-eval.c, tk-jinja-builtins.c) ------------------------ */
 
-struct fe_jk_frame {
-  struct fe_jv_dict vars;
-  struct fe_jk_frame *up;
+struct tk_jk_frame {
+  struct tk_jv_dict vars;
+  struct tk_jk_frame *up;
 };
 
-struct fe_jk_ev {
+struct tk_jk_ev {
   struct cm_arena *a;   /* every value of the render */
-  struct fe_jv_buf *out;
+  struct tk_jv_buf *out;
   char *err;
   size_t errlen;
-  struct fe_jk_frame *top; /* innermost scope */
+  struct tk_jk_frame *top; /* innermost scope */
   long iters;           /* loop iterations so far */
   int depth;
   int ctl;              /* 1: break, 2: continue pending */
   int macro_depth;      /* nested macro calls */
 };
 
-int fe_jk_eval(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
-int fe_jk_err(struct fe_jk_ev *e, const struct fe_jk_node *n, int code, const char *fmt, ...)
+int tk_jk_eval(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv *out);
+int tk_jk_err(struct tk_jk_ev *e, const struct tk_jk_node *n, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Prints v into an arena string. */
-int fe_jk_to_string(struct fe_jk_ev *e, struct fe_jv v, struct fe_jv *out);
+int tk_jk_to_string(struct tk_jk_ev *e, struct tk_jv v, struct tk_jv *out);
 /* The items a for loop visits (list items, dict keys, string characters). */
-int fe_jk_iterate(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *list);
-size_t fe_jk_cp_count(const char *s, size_t n);
-size_t fe_jk_cp_offset(const char *s, size_t n, size_t k);
-int fe_jk_filter(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, struct fe_jv *out);
-int fe_jk_test(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv v, int *res);
+int tk_jk_iterate(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv v, struct tk_jv *list);
+size_t tk_jk_cp_count(const char *s, size_t n);
+size_t tk_jk_cp_offset(const char *s, size_t n, size_t k);
+int tk_jk_filter(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv v, struct tk_jv *out);
+int tk_jk_test(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv v, int *res);
 /* A call of a macro of the template (n->fn < 0): its body rendered with the
  * arguments bound, in a scope that sees only the template's globals. */
-int fe_jk_call_macro(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
+int tk_jk_call_macro(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv *out);
 /* A call of a global function or a method (n->kind == JN_CALL). */
-int fe_jk_call(struct fe_jk_ev *e, const struct fe_jk_node *n, struct fe_jv *out);
+int tk_jk_call(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv *out);
 
 #define JK_MAX_DEPTH 64             /* expression / statement nesting */
 #define JK_MAX_OUTPUT (16u << 20)   /* bytes of rendered text */

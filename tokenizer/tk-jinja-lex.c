@@ -1,4 +1,4 @@
-/* fe-jinja-lex.c — the Jinja lexer: template text and tags to tokens.
+/* tk-jinja-lex.c — the Jinja lexer: template text and tags to tokens.
  *
  * Whitespace rules, as Hugging Face compiles chat templates
  * (trim_blocks=True, lstrip_blocks=True):
@@ -14,13 +14,13 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-jinja-impl.h"
+#include "tokenizer/tk-jinja-impl.h"
 
 struct lx {
   const char *src, *p, *end;
   int line;
   struct cm_arena *arena;
-  struct fe_jk_token *toks;
+  struct tk_jk_token *toks;
   size_t n, cap;
   char *err;
   size_t errlen;
@@ -31,10 +31,10 @@ static int lx_err(struct lx *l, const char *what) {
   return CM_ERR_PARSE;
 }
 
-static int lx_push(struct lx *l, struct fe_jk_token t) {
+static int lx_push(struct lx *l, struct tk_jk_token t) {
   if (l->n == l->cap) {
     size_t nc = l->cap ? l->cap * 2 : 256;
-    struct fe_jk_token *nt = cm_arena_alloc(l->arena, nc * sizeof *nt);
+    struct tk_jk_token *nt = cm_arena_alloc(l->arena, nc * sizeof *nt);
     if (!nt) return CM_ERR_NOMEM;
     if (l->n) memcpy(nt, l->toks, l->n * sizeof *nt);
     l->toks = nt;
@@ -58,7 +58,7 @@ static void count_lines(struct lx *l, const char *from, const char *to) {
 }
 
 /* The previous token if it is text (for stripping before a tag). */
-static struct fe_jk_token *prev_text(struct lx *l) {
+static struct tk_jk_token *prev_text(struct lx *l) {
   return l->n && l->toks[l->n - 1].kind == JK_TEXT ? &l->toks[l->n - 1] : NULL;
 }
 
@@ -93,7 +93,7 @@ static int lx_string(struct lx *l) {
   o[n] = 0;
   count_lines(l, start, l->p);
   l->p++;
-  return lx_push(l, (struct fe_jk_token){.kind = JK_STRING, .s = o, .n = n});
+  return lx_push(l, (struct tk_jk_token){.kind = JK_STRING, .s = o, .n = n});
 }
 
 static int lx_number(struct lx *l) {
@@ -119,7 +119,7 @@ static int lx_number(struct lx *l) {
   if (n >= sizeof buf) return lx_err(l, "number too long");
   memcpy(buf, s, n);
   buf[n] = 0;
-  struct fe_jk_token t = {.kind = is_float ? JK_FLOAT : JK_INT};
+  struct tk_jk_token t = {.kind = is_float ? JK_FLOAT : JK_INT};
   if (is_float) t.f = strtod(buf, NULL);
   else t.i = strtoll(buf, NULL, 10);
   return lx_push(l, t);
@@ -138,7 +138,7 @@ static int lx_tag(struct lx *l, char closer, int *strip_after) {
       if (dash || (c == closer && l->end - l->p >= 2 && l->p[1] == '}')) {
         l->p += dash ? 3 : 2;
         *strip_after = dash;
-        return lx_push(l, (struct fe_jk_token){.kind = closer == '%' ? JK_STMT_END : JK_EXPR_END});
+        return lx_push(l, (struct tk_jk_token){.kind = closer == '%' ? JK_STMT_END : JK_EXPR_END});
       }
     }
     if (c == '\'' || c == '"') {
@@ -148,7 +148,7 @@ static int lx_tag(struct lx *l, char closer, int *strip_after) {
     } else if (is_ident(c, 1)) {
       const char *s = l->p;
       while (l->p < l->end && is_ident(*l->p, 0)) l->p++;
-      if ((rc = lx_push(l, (struct fe_jk_token){.kind = JK_NAME, .s = s, .n = (size_t)(l->p - s)})))
+      if ((rc = lx_push(l, (struct tk_jk_token){.kind = JK_NAME, .s = s, .n = (size_t)(l->p - s)})))
         return rc;
     } else {
       static const char *const two[] = {"==", "!=", "<=", ">=", "//", "**"};
@@ -159,13 +159,13 @@ static int lx_tag(struct lx *l, char closer, int *strip_after) {
       if (!n) return lx_err(l, "unexpected character in a tag");
       if (c == '(' || c == '[' || c == '{') depth++;
       if ((c == ')' || c == ']' || c == '}') && depth > 0) depth--;
-      if ((rc = lx_push(l, (struct fe_jk_token){.kind = JK_OP, .s = l->p, .n = n}))) return rc;
+      if ((rc = lx_push(l, (struct tk_jk_token){.kind = JK_OP, .s = l->p, .n = n}))) return rc;
       l->p += n;
     }
   }
 }
 
-int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_token **toks,
+int tk_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct tk_jk_token **toks,
            size_t *n_toks, char *err, size_t errlen) {
   struct lx l = {.src = src, .p = src, .end = src + len, .line = 1, .arena = arena,
                  .err = err, .errlen = errlen};
@@ -182,7 +182,7 @@ int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_
     if (strip_next)
       while (ts < te && is_space(*ts)) ts++;
     strip_next = 0;
-    if (ts < te && (rc = lx_push(&l, (struct fe_jk_token){.kind = JK_TEXT, .s = ts,
+    if (ts < te && (rc = lx_push(&l, (struct tk_jk_token){.kind = JK_TEXT, .s = ts,
                                                          .n = (size_t)(te - ts)})))
       return rc;
     count_lines(&l, l.p, t);
@@ -190,7 +190,7 @@ int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_
     if (t >= l.end) break;
     char kind = t[1];
     l.p = t + 2;
-    struct fe_jk_token *pt = prev_text(&l);
+    struct tk_jk_token *pt = prev_text(&l);
     if (l.p < l.end && *l.p == '-') {
       l.p++;
       if (pt) {
@@ -218,7 +218,7 @@ int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_
       count_lines(&l, l.p, e);
       l.p = e + 2;
     } else {
-      if ((rc = lx_push(&l, (struct fe_jk_token){.kind = kind == '%' ? JK_STMT_BEGIN
+      if ((rc = lx_push(&l, (struct tk_jk_token){.kind = kind == '%' ? JK_STMT_BEGIN
                                                                   : JK_EXPR_BEGIN})))
         return rc;
       if ((rc = lx_tag(&l, kind == '%' ? '%' : '}', &strip_after))) return rc;
@@ -229,7 +229,7 @@ int fe_jk_lex(const char *src, size_t len, struct cm_arena *arena, struct fe_jk_
       l.line++;
     }
   }
-  if ((rc = lx_push(&l, (struct fe_jk_token){.kind = JK_EOF}))) return rc;
+  if ((rc = lx_push(&l, (struct tk_jk_token){.kind = JK_EOF}))) return rc;
   *toks = l.toks;
   *n_toks = l.n;
   return 0;

@@ -1,8 +1,8 @@
-/* fe-detok.h — incremental (streaming) detokenization, one object per request.
+/* tk-detok.h — incremental (streaming) detokenization, one object per request.
  *
  * Ids are pushed one at a time as the model produces them; each push returns
  * only text that is final: the concatenation of every piece (and the flush)
- * equals fe_tok_decode() of all ids with the same skip_special. Text is never
+ * equals tk_decode() of all ids with the same skip_special. Text is never
  * cut inside a UTF-8 character: a run of byte-fallback tokens (<0xE4><0xB8>
  * <0xAD> for "中") is held back until a token that is not a byte ends it,
  * because Hugging Face's ByteFallback decoder judges the whole run at once
@@ -11,25 +11,25 @@
  *
  * No allocation in steady state: the object keeps its buffers and reuses
  * them; a piece stays valid until the next push / flush / reset. */
-#ifndef LMSERVE_FE_DETOK_H
-#define LMSERVE_FE_DETOK_H
+#ifndef LMSERVE_TK_DETOK_H
+#define LMSERVE_TK_DETOK_H
 #include <stddef.h>
 #include <stdint.h>
 
-struct fe_tok;
-struct fe_detok;
+struct tk_tokenizer;
+struct tk_detok;
 
-int fe_detok_create(const struct fe_tok *tok, int skip_special, struct fe_detok **out);
-void fe_detok_free(struct fe_detok *d);
+int tk_detok_create(const struct tk_tokenizer *tok, int skip_special, struct tk_detok **out);
+void tk_detok_free(struct tk_detok *d);
 /* Starts a new stream with the same settings (keeps the buffers). */
-void fe_detok_reset(struct fe_detok *d);
+void tk_detok_reset(struct tk_detok *d);
 
 /* Feeds one id. *piece / *len receive the newly final text (possibly empty,
  * NUL terminated). Returns 0, CM_ERR_RANGE for an invalid id, CM_ERR_NOMEM. */
-int fe_detok_push(struct fe_detok *d, int32_t id, const char **piece, size_t *len);
+int tk_detok_push(struct tk_detok *d, int32_t id, const char **piece, size_t *len);
 /* Ends the stream: returns whatever was held back. */
-int fe_detok_flush(struct fe_detok *d, const char **piece, size_t *len);
+int tk_detok_flush(struct tk_detok *d, const char **piece, size_t *len);
 /* Bytes currently held back (a pending byte-fallback run). */
-size_t fe_detok_pending(const struct fe_detok *d);
+size_t tk_detok_pending(const struct tk_detok *d);
 
 #endif

@@ -1,11 +1,11 @@
-/* fe-stop.c — the stop-string matcher (see fe-stop.h).
+/* tk-stop.c — the stop-string matcher (see tk-stop.h).
  *
  * The object keeps `buf`: the held-back tail followed by the newest piece.
  * A push searches buf for the earliest complete stop string (a stop could
  * only start in the old tail or the new piece, both in buf), then keeps
  * back the longest suffix that is a proper prefix of a stop string. Work
  * per push is O((tail + piece) * total stop bytes), tails are short. */
-#include "frontend/fe-stop.h"
+#include "tokenizer/tk-stop.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@
 
 #include "common/cm-err.h"
 
-struct fe_stop {
+struct tk_stop {
   char **stops;
   size_t *lens;     /* bytes */
   size_t n, max_len;
@@ -25,15 +25,15 @@ struct fe_stop {
   int done;
 };
 
-int fe_stop_create(const char *const *stops, const size_t *lens, size_t n, struct fe_stop **out) {
-  struct fe_stop *s = calloc(1, sizeof *s);
+int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struct tk_stop **out) {
+  struct tk_stop *s = calloc(1, sizeof *s);
   if (!s) return CM_ERR_NOMEM;
   s->stops = calloc(n ? n : 1, sizeof *s->stops);
   s->lens = calloc(n ? n : 1, sizeof *s->lens);
   if (!s->stops || !s->lens) goto nomem;
   for (size_t i = 0; i < n; i++) {
     if (!lens[i]) {
-      fe_stop_free(s);
+      tk_stop_free(s);
       return CM_ERR_INVAL;
     }
     s->stops[i] = malloc(lens[i]);
@@ -52,11 +52,11 @@ int fe_stop_create(const char *const *stops, const size_t *lens, size_t n, struc
   *out = s;
   return 0;
 nomem:
-  fe_stop_free(s);
+  tk_stop_free(s);
   return CM_ERR_NOMEM;
 }
 
-void fe_stop_free(struct fe_stop *s) {
+void tk_stop_free(struct tk_stop *s) {
   if (!s) return;
   for (size_t i = 0; i < s->n; i++) free(s->stops[i]);
   free(s->stops);
@@ -66,14 +66,14 @@ void fe_stop_free(struct fe_stop *s) {
   free(s);
 }
 
-void fe_stop_reset(struct fe_stop *s) {
+void tk_stop_reset(struct tk_stop *s) {
   s->buf_len = 0;
   s->held = 0;
   s->done = 0;
 }
 
-size_t fe_stop_pending(const struct fe_stop *s) { return s->buf_len; }
-size_t fe_stop_max_len(const struct fe_stop *s) { return s->max_len; }
+size_t tk_stop_pending(const struct tk_stop *s) { return s->buf_len; }
+size_t tk_stop_max_len(const struct tk_stop *s) { return s->max_len; }
 
 static int grow(char **p, size_t *cap, size_t need) {
   if (need <= *cap) return 0;
@@ -87,7 +87,7 @@ static int grow(char **p, size_t *cap, size_t need) {
 }
 
 /* Sets *out to buf[0, n) and keeps buf[n, buf_len) as the new tail. */
-static int release(struct fe_stop *s, size_t n, const char **out, size_t *out_len) {
+static int release(struct tk_stop *s, size_t n, const char **out, size_t *out_len) {
   if (grow(&s->out, &s->out_cap, n + 1)) return CM_ERR_NOMEM;
   memcpy(s->out, s->buf, n);
   s->out[n] = 0;
@@ -98,7 +98,7 @@ static int release(struct fe_stop *s, size_t n, const char **out, size_t *out_le
   return 0;
 }
 
-int fe_stop_push(struct fe_stop *s, const char *piece, size_t len, const char **out,
+int tk_stop_push(struct tk_stop *s, const char *piece, size_t len, const char **out,
                  size_t *out_len, int *hit) {
   *hit = -1;
   *out = "";
@@ -141,7 +141,7 @@ int fe_stop_push(struct fe_stop *s, const char *piece, size_t len, const char **
   return release(s, s->buf_len - keep, out, out_len);
 }
 
-int fe_stop_flush(struct fe_stop *s, const char **out, size_t *out_len) {
+int tk_stop_flush(struct tk_stop *s, const char **out, size_t *out_len) {
   *out = "";
   *out_len = 0;
   if (s->done) return 0;

@@ -1,4 +1,4 @@
-/* fe-tokenizer.h — the frontend's tokenizer: Hugging Face tokenizer.json (BPE).
+/* tk-tokenizer.h — the tokenizer library: Hugging Face tokenizer.json (BPE).
  *
  * Supported tokenizer.json (everything else is refused at load time with a
  * clear error naming the field, and CM_ERR_UNSUPPORTED):
@@ -20,74 +20,74 @@
  * follows Hugging Face's decode(ids, skip_special_tokens).
  *
  * Thread safety: a loaded tokenizer is immutable except for its word cache;
- * use one fe_tok_state per thread (encode takes one) or NULL for a private,
+ * use one tk_state per thread (encode takes one) or NULL for a private,
  * cache-less call. */
-#ifndef LMSERVE_FE_TOKENIZER_H
-#define LMSERVE_FE_TOKENIZER_H
+#ifndef LMSERVE_TK_TOKENIZER_H
+#define LMSERVE_TK_TOKENIZER_H
 #include <stddef.h>
 #include <stdint.h>
 
-struct fe_tok;        /* a loaded tokenizer (opaque, immutable) */
-struct fe_tok_state;  /* per-thread scratch and word cache for encode */
+struct tk_tokenizer;        /* a loaded tokenizer (opaque, immutable) */
+struct tk_state;  /* per-thread scratch and word cache for encode */
 
 /* Loads `path`: a tokenizer.json file or a directory holding one. On error
  * returns a negative cm_err and, when errbuf is given, a one-line reason
  * ("tokenizer.json: model.type \"WordPiece\" is not supported"). */
-int fe_tok_load(const char *path, struct fe_tok **out, char *errbuf, size_t errlen);
-void fe_tok_free(struct fe_tok *tok);
+int tk_load(const char *path, struct tk_tokenizer **out, char *errbuf, size_t errlen);
+void tk_free(struct tk_tokenizer *tok);
 
 /* Number of ids (vocab plus added tokens beyond it); valid ids are [0, n). */
-int32_t fe_tok_n_vocab(const struct fe_tok *tok);
+int32_t tk_n_vocab(const struct tk_tokenizer *tok);
 
 /* Special ids; -1 when the tokenizer has none. eos is "<eos>" when present. */
-int32_t fe_tok_bos(const struct fe_tok *tok);
-int32_t fe_tok_eos(const struct fe_tok *tok);
-int32_t fe_tok_pad(const struct fe_tok *tok);
-int32_t fe_tok_unk(const struct fe_tok *tok);
+int32_t tk_bos(const struct tk_tokenizer *tok);
+int32_t tk_eos(const struct tk_tokenizer *tok);
+int32_t tk_pad(const struct tk_tokenizer *tok);
+int32_t tk_unk(const struct tk_tokenizer *tok);
 /* Id of an exact token string (vocab or added), or -1. */
-int32_t fe_tok_find(const struct fe_tok *tok, const char *s, size_t len);
+int32_t tk_find(const struct tk_tokenizer *tok, const char *s, size_t len);
 /* 1 when `id` is an added token marked special (skipped by skip_special). */
-int fe_tok_is_special(const struct fe_tok *tok, int32_t id);
+int tk_is_special(const struct tk_tokenizer *tok, int32_t id);
 /* Byte value 0..255 when `id` is a byte-fallback token "<0xXX>", else -1. */
-int fe_tok_byte_value(const struct fe_tok *tok, int32_t id);
+int tk_byte_value(const struct tk_tokenizer *tok, int32_t id);
 
 /* The raw token string of `id` (e.g. "▁Hello", "<0x0A>", "<bos>"), not NUL
  * terminated; NULL for an invalid id. */
-const char *fe_tok_token_str(const struct fe_tok *tok, int32_t id, size_t *len);
+const char *tk_token_str(const struct tk_tokenizer *tok, int32_t id, size_t *len);
 
 /* Per-thread state: scratch buffers and a word cache (bounded). */
-int fe_tok_state_create(const struct fe_tok *tok, struct fe_tok_state **out);
-void fe_tok_state_free(struct fe_tok_state *st);
+int tk_state_create(const struct tk_tokenizer *tok, struct tk_state **out);
+void tk_state_free(struct tk_state *st);
 
 enum {
-  FE_TOK_ADD_SPECIAL = 1 << 0,   /* run the post-processor (BOS) */
-  FE_TOK_MATCH_SPECIAL = 1 << 1, /* match special added tokens in the text */
-  FE_TOK_DEFAULT = FE_TOK_ADD_SPECIAL | FE_TOK_MATCH_SPECIAL, /* = HF encode(text) */
+  TK_ADD_SPECIAL = 1 << 0,   /* run the post-processor (BOS) */
+  TK_MATCH_SPECIAL = 1 << 1, /* match special added tokens in the text */
+  TK_DEFAULT = TK_ADD_SPECIAL | TK_MATCH_SPECIAL, /* = HF encode(text) */
 };
 
 /* Encodes `len` bytes of UTF-8 `text`. Ids are appended to *ids (a malloc'd
  * array of capacity *cap, grown with realloc; may start NULL/0); *n_ids is
- * set to the count. Without FE_TOK_MATCH_SPECIAL, added tokens marked
+ * set to the count. Without TK_MATCH_SPECIAL, added tokens marked
  * special are not matched (their text is encoded as ordinary text, like
  * Hugging Face's split_special_tokens=True); non-special added tokens are
  * always matched. Returns 0, CM_ERR_INVAL for invalid UTF-8, CM_ERR_NOMEM. */
-int fe_tok_encode(const struct fe_tok *tok, struct fe_tok_state *st, const char *text, size_t len,
+int tk_encode(const struct tk_tokenizer *tok, struct tk_state *st, const char *text, size_t len,
                   unsigned flags, int32_t **ids, size_t *n_ids, size_t *cap);
 
 /* Decodes ids to text like Hugging Face's decode(ids, skip_special_tokens).
  * The result is written to *out (malloc'd, grown with realloc, capacity
  * *cap; NUL terminated), its length in *out_len. Returns 0, CM_ERR_RANGE for
  * an id outside [0, n_vocab), CM_ERR_NOMEM. */
-int fe_tok_decode(const struct fe_tok *tok, const int32_t *ids, size_t n, int skip_special,
+int tk_decode(const struct tk_tokenizer *tok, const int32_t *ids, size_t n, int skip_special,
                   char **out, size_t *out_len, size_t *cap);
 
 /* The text one token contributes after the decoder's per-token steps
  * (Replace), without byte fallback: "<0x41>" stays as is. For streaming use
- * fe_detok (fe-detok.h), which also handles byte-fallback runs. */
-int fe_tok_token_to_piece(const struct fe_tok *tok, int32_t id, char *buf, size_t buflen,
+ * tk_detok (tk-detok.h), which also handles byte-fallback runs. */
+int tk_token_to_piece(const struct tk_tokenizer *tok, int32_t id, char *buf, size_t buflen,
                           size_t *len);
 
 /* 1 when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
-int fe_utf8_valid(const char *s, size_t len);
+int tk_utf8_valid(const char *s, size_t len);
 
 #endif

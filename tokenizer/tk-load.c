@@ -1,10 +1,10 @@
-/* fe-tok-load.c — builds a struct fe_tok from a Hugging Face tokenizer.json.
+/* tk-load.c — builds a struct tk_tokenizer from a Hugging Face tokenizer.json.
  *
- * The file is read whole and scanned in place (fe-tok-json.h): the model's
+ * The file is read whole and scanned in place (tk-json.h): the model's
  * vocab and merges stream straight into hash tables; the small sections
  * (normalizer, pre_tokenizer, post_processor, decoder, added_tokens) go
- * through Jansson (fe-tok-conf.c). Anything this tokenizer does not
- * implement is refused with a message naming the field (see fe-tokenizer.h
+ * through Jansson (tk-conf.c). Anything this tokenizer does not
+ * implement is refused with a message naming the field (see tk-tokenizer.h
  * for what is supported). */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,10 +17,10 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "frontend/fe-tok-json.h"
-#include "frontend/fe-tok-load.h"
+#include "tokenizer/tk-json.h"
+#include "tokenizer/tk-load.h"
 
-int fe_tok_ld_err(struct fe_tok_ld *l, int code, const char *fmt, ...) {
+int tk_ld_err(struct tk_ld *l, int code, const char *fmt, ...) {
   if (l->err && l->errlen) {
     int n = snprintf(l->err, l->errlen, "tokenizer.json: ");
     if (n > 0 && (size_t)n < l->errlen) {
@@ -33,7 +33,7 @@ int fe_tok_ld_err(struct fe_tok_ld *l, int code, const char *fmt, ...) {
   return code;
 }
 
-int fe_tok_blob_add(struct fe_tok *tok, const char *s, size_t len, uint32_t *off) {
+int tk_blob_add(struct tk_tokenizer *tok, const char *s, size_t len, uint32_t *off) {
   if (tok->blob_len + len + 1 > UINT32_MAX) return CM_ERR_TOOBIG;
   if (tok->blob_len + len + 1 > tok->blob_cap) {
     size_t nc = tok->blob_cap ? tok->blob_cap * 2 : 1 << 20;
@@ -52,26 +52,26 @@ int fe_tok_blob_add(struct fe_tok *tok, const char *s, size_t len, uint32_t *off
 
 /* ---- model.vocab ---------------------------------------------------------- */
 
-static int ld_vocab(struct fe_tok_ld *l, const char *text, size_t len) {
-  struct fe_tok *tok = l->tok;
-  struct fe_tj t;
+static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
+  struct tk_tokenizer *tok = l->tok;
+  struct tk_json t;
   int rc;
-  fe_tj_init(&t, text, len);
-  if ((rc = fe_tj_expect(&t, '{'))) goto parse;
-  if (fe_tj_peek(&t) == '}') {
-    fe_tj_free(&t);
-    return fe_tok_ld_err(l, CM_ERR_PARSE, "model.vocab is empty");
+  tk_json_init(&t, text, len);
+  if ((rc = tk_json_expect(&t, '{'))) goto parse;
+  if (tk_json_peek(&t) == '}') {
+    tk_json_free(&t);
+    return tk_ld_err(l, CM_ERR_PARSE, "model.vocab is empty");
   }
   do {
     const char *s;
     size_t n;
     int64_t id;
-    if ((rc = fe_tj_string(&t, &s, &n)) || (rc = fe_tj_expect(&t, ':')) ||
-        (rc = fe_tj_int(&t, &id)))
+    if ((rc = tk_json_string(&t, &s, &n)) || (rc = tk_json_expect(&t, ':')) ||
+        (rc = tk_json_int(&t, &id)))
       goto parse;
     if (id < 0 || id >= (1 << 24)) {
-      fe_tj_free(&t);
-      return fe_tok_ld_err(l, CM_ERR_RANGE, "model.vocab: id %lld of \"%.40s\" out of range",
+      tk_json_free(&t);
+      return tk_ld_err(l, CM_ERR_RANGE, "model.vocab: id %lld of \"%.40s\" out of range",
                     (long long)id, s);
     }
     if (l->n_v == l->cap_v) {
@@ -83,34 +83,34 @@ static int ld_vocab(struct fe_tok_ld *l, const char *text, size_t len) {
       int32_t *c = realloc(l->v_id, nc * sizeof *c);
       if (c) l->v_id = c;
       if (!a || !b || !c) {
-        fe_tj_free(&t);
+        tk_json_free(&t);
         return CM_ERR_NOMEM;
       }
       l->cap_v = nc;
     }
     uint32_t off;
-    if ((rc = fe_tok_blob_add(tok, s, n, &off))) {
-      fe_tj_free(&t);
+    if ((rc = tk_blob_add(tok, s, n, &off))) {
+      tk_json_free(&t);
       return rc;
     }
     l->v_off[l->n_v] = off;
     l->v_len[l->n_v] = (uint32_t)n;
     l->v_id[l->n_v] = (int32_t)id;
     l->n_v++;
-  } while ((rc = fe_tj_more(&t, '}')) == 1);
+  } while ((rc = tk_json_more(&t, '}')) == 1);
   if (rc < 0) goto parse;
-  fe_tj_free(&t);
+  tk_json_free(&t);
   return 0;
 parse:
-  fe_tj_free(&t);
+  tk_json_free(&t);
   if (rc == CM_ERR_NOMEM) return rc;
-  return fe_tok_ld_err(l, CM_ERR_PARSE, "model.vocab: malformed JSON near byte %zu of the section",
+  return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: malformed JSON near byte %zu of the section",
                 t.err_off);
 }
 
 /* Sizes the id tables for ids [0, n_ids) and fills in the model vocab. */
-static int ld_ids(struct fe_tok_ld *l, int32_t n_ids) {
-  struct fe_tok *tok = l->tok;
+static int ld_ids(struct tk_ld *l, int32_t n_ids) {
+  struct tk_tokenizer *tok = l->tok;
   tok->n_ids = n_ids;
   tok->tok_off = calloc((size_t)n_ids, sizeof *tok->tok_off);
   tok->tok_len = calloc((size_t)n_ids, sizeof *tok->tok_len);
@@ -126,23 +126,23 @@ static int ld_ids(struct fe_tok_ld *l, int32_t n_ids) {
   for (int32_t i = 0; i < n_ids; i++) tok->byte_of[i] = -1;
   for (size_t i = 0; i < l->n_v; i++) {
     int32_t id = l->v_id[i];
-    if (tok->tok_flags[id] & FE_TOKF_PRESENT)
-      return fe_tok_ld_err(l, CM_ERR_PARSE, "model.vocab: id %d appears twice", id);
+    if (tok->tok_flags[id] & TK_TOKF_PRESENT)
+      return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: id %d appears twice", id);
     tok->tok_off[id] = l->v_off[i];
     tok->tok_len[id] = l->v_len[i];
-    tok->tok_flags[id] = FE_TOKF_PRESENT;
+    tok->tok_flags[id] = TK_TOKF_PRESENT;
     const char *s = tok->blob + l->v_off[i];
-    uint64_t hash = fe_tok_hash(s, l->v_len[i]);
+    uint64_t hash = tk_hash(s, l->v_len[i]);
     uint32_t h = (uint32_t)hash & tok->vmask;
     while (tok->vhash[h]) {
       uint64_t e = tok->vhash[h];
       int32_t o = (int32_t)(uint32_t)e - 1;
-      if ((uint32_t)(e >> 32) == fe_tok_vtag(hash, l->v_len[i]) && tok->tok_len[o] == l->v_len[i] &&
+      if ((uint32_t)(e >> 32) == tk_vtag(hash, l->v_len[i]) && tok->tok_len[o] == l->v_len[i] &&
           !memcmp(tok->blob + tok->tok_off[o], s, l->v_len[i]))
-        return fe_tok_ld_err(l, CM_ERR_PARSE, "model.vocab: \"%.40s\" appears twice", s);
+        return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: \"%.40s\" appears twice", s);
       h = (h + 1) & tok->vmask;
     }
-    tok->vhash[h] = (uint64_t)fe_tok_vtag(hash, l->v_len[i]) << 32 | (uint32_t)(id + 1);
+    tok->vhash[h] = (uint64_t)tk_vtag(hash, l->v_len[i]) << 32 | (uint32_t)(id + 1);
   }
   tok->n_model = (int32_t)l->n_v;
   return 0;
@@ -153,14 +153,14 @@ static int ld_ids(struct fe_tok_ld *l, int32_t n_ids) {
 /* Merges are resolved in batches so that the cache misses of their vocab
  * lookups overlap: hash all keys and prefetch their slots, then the
  * candidate ids' string offsets, then the strings, then verify. */
-#define FE_TOK_MBATCH 64
+#define TK_MBATCH 64
 
 struct mbatch {
   int n;
-  int32_t rank[FE_TOK_MBATCH];
-  size_t off[FE_TOK_MBATCH], na[FE_TOK_MBATCH], nb[FE_TOK_MBATCH]; /* bytes; a then b in pool */
-  uint64_t hash[FE_TOK_MBATCH][3];  /* a, b, a+b */
-  int32_t cand[FE_TOK_MBATCH][3];   /* probable id (first slot), -1 unknown */
+  int32_t rank[TK_MBATCH];
+  size_t off[TK_MBATCH], na[TK_MBATCH], nb[TK_MBATCH]; /* bytes; a then b in pool */
+  uint64_t hash[TK_MBATCH][3];  /* a, b, a+b */
+  int32_t cand[TK_MBATCH][3];   /* probable id (first slot), -1 unknown */
   char *pool;
   size_t pool_len, pool_cap; /* bytes */
 };
@@ -191,14 +191,14 @@ static void mb_key(const struct mbatch *b, int i, int k, const char **s, size_t 
   *n = k == 0 ? b->na[i] : k == 1 ? b->nb[i] : b->na[i] + b->nb[i];
 }
 
-static int mb_flush(struct fe_tok_ld *l, struct mbatch *b) {
-  struct fe_tok *tok = l->tok;
+static int mb_flush(struct tk_ld *l, struct mbatch *b) {
+  struct tk_tokenizer *tok = l->tok;
   const char *s;
   size_t n;
   for (int i = 0; i < b->n; i++)
     for (int k = 0; k < 3; k++) {
       mb_key(b, i, k, &s, &n);
-      b->hash[i][k] = fe_tok_hash(s, n);
+      b->hash[i][k] = tk_hash(s, n);
       __builtin_prefetch(&tok->vhash[(uint32_t)b->hash[i][k] & tok->vmask]);
     }
   for (int i = 0; i < b->n; i++)
@@ -206,7 +206,7 @@ static int mb_flush(struct fe_tok_ld *l, struct mbatch *b) {
       mb_key(b, i, k, &s, &n);
       uint64_t e = tok->vhash[(uint32_t)b->hash[i][k] & tok->vmask];
       b->cand[i][k] = -1;
-      if (e && (uint32_t)(e >> 32) == fe_tok_vtag(b->hash[i][k], n)) {
+      if (e && (uint32_t)(e >> 32) == tk_vtag(b->hash[i][k], n)) {
         int32_t id = (int32_t)(uint32_t)e - 1;
         b->cand[i][k] = id;
         __builtin_prefetch(&tok->tok_off[id]);
@@ -216,7 +216,7 @@ static int mb_flush(struct fe_tok_ld *l, struct mbatch *b) {
   for (int i = 0; i < b->n; i++)
     for (int k = 0; k < 3; k++)
       if (b->cand[i][k] >= 0) __builtin_prefetch(tok->blob + tok->tok_off[b->cand[i][k]]);
-  int32_t ids[FE_TOK_MBATCH][3];
+  int32_t ids[TK_MBATCH][3];
   for (int i = 0; i < b->n; i++) {
     for (int k = 0; k < 3; k++) {
       mb_key(b, i, k, &s, &n);
@@ -224,19 +224,19 @@ static int mb_flush(struct fe_tok_ld *l, struct mbatch *b) {
       if (c >= 0 && tok->tok_len[c] == n && !memcmp(tok->blob + tok->tok_off[c], s, n))
         ids[i][k] = c;
       else
-        ids[i][k] = fe_tok_vocab_get(tok, s, n); /* collisions and longer probes */
+        ids[i][k] = tk_vocab_get(tok, s, n); /* collisions and longer probes */
     }
     if (ids[i][0] < 0 || ids[i][1] < 0) {
       int k = ids[i][0] < 0 ? 0 : 1;
       mb_key(b, i, k, &s, &n);
-      return fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.*s\" is not in the vocab",
+      return tk_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.*s\" is not in the vocab",
                            b->rank[i], (int)(n < 40 ? n : 40), s);
     }
     if (ids[i][2] < 0)
-      return fe_tok_ld_err(l, CM_ERR_PARSE,
+      return tk_ld_err(l, CM_ERR_PARSE,
                            "model.merges[%d]: the merged token is not in the vocab", b->rank[i]);
     uint64_t key = (uint64_t)(uint32_t)ids[i][0] << 32 | (uint32_t)ids[i][1];
-    b->hash[i][0] = fe_tok_hash((const char *)&key, sizeof key) & tok->mmask;
+    b->hash[i][0] = tk_hash((const char *)&key, sizeof key) & tok->mmask;
     __builtin_prefetch(&tok->mhash[b->hash[i][0]], 1);
   }
   /* in rank order: a repeated pair keeps the later rank, as HF's map does */
@@ -253,9 +253,9 @@ static int mb_flush(struct fe_tok_ld *l, struct mbatch *b) {
   return 0;
 }
 
-static int ld_merges(struct fe_tok_ld *l, const char *text, size_t len) {
-  struct fe_tok *tok = l->tok;
-  struct fe_tj t;
+static int ld_merges(struct tk_ld *l, const char *text, size_t len) {
+  struct tk_tokenizer *tok = l->tok;
+  struct tk_json t;
   struct mbatch mb = {0};
   char *first = NULL;
   size_t firstcap = 0;
@@ -273,24 +273,24 @@ static int ld_merges(struct fe_tok_ld *l, const char *text, size_t len) {
   if (!tok->mhash) return CM_ERR_NOMEM;
   tok->mmask = hsize - 1;
   for (uint64_t i = 0; i < hsize; i++) tok->mhash[i].key = UINT64_MAX;
-  fe_tj_init(&t, text, len);
-  if ((rc = fe_tj_expect(&t, '['))) goto parse;
+  tk_json_init(&t, text, len);
+  if ((rc = tk_json_expect(&t, '['))) goto parse;
   int32_t rank = 0;
-  if (fe_tj_peek(&t) == ']') goto done;
+  if (tk_json_peek(&t) == ']') goto done;
   do {
     const char *s;
     size_t n;
-    if (fe_tj_peek(&t) == '"') {
-      if ((rc = fe_tj_string(&t, &s, &n))) goto parse;
+    if (tk_json_peek(&t) == '"') {
+      if ((rc = tk_json_string(&t, &s, &n))) goto parse;
       const char *sp = memchr(s, ' ', n);
       if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp - s) - 1)) {
-        rc = fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.40s\" is not two tokens", rank, s);
+        rc = tk_ld_err(l, CM_ERR_PARSE, "model.merges[%d]: \"%.40s\" is not two tokens", rank, s);
         goto out;
       }
       rc = mb_add(&mb, rank, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp - s) - 1);
     } else {
       size_t n1;
-      if ((rc = fe_tj_expect(&t, '[')) || (rc = fe_tj_string(&t, &s, &n1))) goto parse;
+      if ((rc = tk_json_expect(&t, '[')) || (rc = tk_json_string(&t, &s, &n1))) goto parse;
       if (n1 + 1 > firstcap) {
         char *f = realloc(first, n1 + 64);
         if (!f) {
@@ -301,15 +301,15 @@ static int ld_merges(struct fe_tok_ld *l, const char *text, size_t len) {
         firstcap = n1 + 64;
       }
       memcpy(first, s, n1);
-      if ((rc = fe_tj_expect(&t, ',')) || (rc = fe_tj_string(&t, &s, &n)) ||
-          (rc = fe_tj_expect(&t, ']')))
+      if ((rc = tk_json_expect(&t, ',')) || (rc = tk_json_string(&t, &s, &n)) ||
+          (rc = tk_json_expect(&t, ']')))
         goto parse;
       rc = mb_add(&mb, rank, first, n1, s, n);
     }
-    if (!rc && mb.n == FE_TOK_MBATCH) rc = mb_flush(l, &mb);
+    if (!rc && mb.n == TK_MBATCH) rc = mb_flush(l, &mb);
     if (rc) goto out;
     rank++;
-  } while ((rc = fe_tj_more(&t, ']')) == 1);
+  } while ((rc = tk_json_more(&t, ']')) == 1);
   if (rc < 0) goto parse;
 done:
   if ((rc = mb_flush(l, &mb))) goto out;
@@ -317,10 +317,10 @@ done:
   goto out;
 parse:
   if (rc != CM_ERR_NOMEM)
-    rc = fe_tok_ld_err(l, CM_ERR_PARSE, "model.merges: malformed JSON near byte %zu of the section",
+    rc = tk_ld_err(l, CM_ERR_PARSE, "model.merges: malformed JSON near byte %zu of the section",
                 t.err_off);
 out:
-  fe_tj_free(&t);
+  tk_json_free(&t);
   free(mb.pool);
   free(first);
   return rc;
@@ -328,7 +328,7 @@ out:
 
 /* ---- the file ------------------------------------------------------------- */
 
-static int ld_read_file(struct fe_tok_ld *l, const char *path, char **buf, size_t *len) {
+static int ld_read_file(struct tk_ld *l, const char *path, char **buf, size_t *len) {
   struct stat sb;
   char *full = NULL;
   if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
@@ -347,7 +347,7 @@ static int ld_read_file(struct fe_tok_ld *l, const char *path, char **buf, size_
     goto out;
   }
   if (sb.st_size > (off_t)1 << 31) {
-    rc = fe_tok_ld_err(l, CM_ERR_TOOBIG, "file larger than 2 GiB");
+    rc = tk_ld_err(l, CM_ERR_TOOBIG, "file larger than 2 GiB");
     goto out;
   }
   *len = (size_t)sb.st_size;
@@ -361,7 +361,7 @@ static int ld_read_file(struct fe_tok_ld *l, const char *path, char **buf, size_
     ssize_t r = read(fd, *buf + got, *len - got);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      rc = fe_tok_ld_err(l, CM_ERR_IO, "read failed");
+      rc = tk_ld_err(l, CM_ERR_IO, "read failed");
       goto out;
     }
     got += (size_t)r;
@@ -380,61 +380,61 @@ struct span {
 
 /* Scans the top-level object and the model object, recording the raw
  * span of each section we use. */
-static int ld_scan(struct fe_tok_ld *l, const char *buf, size_t len, struct span *sec, struct span *vocab,
+static int ld_scan(struct tk_ld *l, const char *buf, size_t len, struct span *sec, struct span *vocab,
                    struct span *merges, struct span *model_rest) {
   static const char *const names[] = {"added_tokens", "normalizer", "pre_tokenizer",
                                       "post_processor", "decoder"};
-  struct fe_tj t;
+  struct tk_json t;
   int rc;
-  fe_tj_init(&t, buf, len);
-  if ((rc = fe_tj_expect(&t, '{'))) goto parse;
-  if (fe_tj_peek(&t) == '}') goto parse;
+  tk_json_init(&t, buf, len);
+  if ((rc = tk_json_expect(&t, '{'))) goto parse;
+  if (tk_json_peek(&t) == '}') goto parse;
   do {
     const char *k;
     size_t kn;
-    if ((rc = fe_tj_string(&t, &k, &kn)) || (rc = fe_tj_expect(&t, ':'))) goto parse;
+    if ((rc = tk_json_string(&t, &k, &kn)) || (rc = tk_json_expect(&t, ':'))) goto parse;
     struct span *dst = NULL;
     for (size_t i = 0; i < 5; i++)
       if (!strcmp(k, names[i])) dst = &sec[i];
     if (strcmp(k, "model")) {
       const char *vs;
       size_t vn;
-      if ((rc = fe_tj_skip(&t, &vs, &vn))) goto parse;
+      if ((rc = tk_json_skip(&t, &vs, &vn))) goto parse;
       if (dst) *dst = (struct span){vs, vn};
       continue;
     }
     /* model: stream past vocab and merges, keep the scalar options */
-    if ((rc = fe_tj_expect(&t, '{'))) goto parse;
+    if ((rc = tk_json_expect(&t, '{'))) goto parse;
     model_rest->s = t.p - 1;
-    if (fe_tj_peek(&t) != '}') {
+    if (tk_json_peek(&t) != '}') {
       do {
         const char *mk;
         size_t mn;
-        if ((rc = fe_tj_string(&t, &mk, &mn)) || (rc = fe_tj_expect(&t, ':'))) goto parse;
+        if ((rc = tk_json_string(&t, &mk, &mn)) || (rc = tk_json_expect(&t, ':'))) goto parse;
         struct span *md = !strcmp(mk, "vocab") ? vocab : !strcmp(mk, "merges") ? merges : NULL;
         const char *vs;
         size_t vn;
-        if ((rc = fe_tj_skip(&t, &vs, &vn))) goto parse;
+        if ((rc = tk_json_skip(&t, &vs, &vn))) goto parse;
         if (md) *md = (struct span){vs, vn};
-      } while ((rc = fe_tj_more(&t, '}')) == 1);
+      } while ((rc = tk_json_more(&t, '}')) == 1);
       if (rc < 0) goto parse;
     } else {
       t.p++;
     }
     model_rest->n = (size_t)(t.p - model_rest->s);
-  } while ((rc = fe_tj_more(&t, '}')) == 1);
+  } while ((rc = tk_json_more(&t, '}')) == 1);
   if (rc < 0) goto parse;
-  fe_tj_free(&t);
+  tk_json_free(&t);
   return 0;
 parse:
-  fe_tj_free(&t);
+  tk_json_free(&t);
   if (rc == CM_ERR_NOMEM) return rc;
-  return fe_tok_ld_err(l, CM_ERR_PARSE, "malformed JSON near byte %zu", t.err_off);
+  return tk_ld_err(l, CM_ERR_PARSE, "malformed JSON near byte %zu", t.err_off);
 }
 
 /* The model object without vocab and merges, for its scalar options: a
  * compact copy with those two values replaced by 0. */
-static json_t *ld_model_scalars(struct fe_tok_ld *l, struct span rest, struct span vocab,
+static json_t *ld_model_scalars(struct tk_ld *l, struct span rest, struct span vocab,
                                 struct span merges, int *rc) {
   char *copy = malloc(rest.n + 1);
   if (!copy) {
@@ -458,12 +458,12 @@ static json_t *ld_model_scalars(struct fe_tok_ld *l, struct span rest, struct sp
   }
   memcpy(copy + n, p, (size_t)(rest.s + rest.n - p));
   n += (size_t)(rest.s + rest.n - p);
-  json_t *m = fe_tok_ld_section(l, copy, n, "model", rc);
+  json_t *m = tk_ld_section(l, copy, n, "model", rc);
   free(copy);
   return m;
 }
 
-void fe_tok_free(struct fe_tok *tok) {
+void tk_free(struct tk_tokenizer *tok) {
   if (!tok) return;
   free(tok->blob);
   free(tok->tok_off);
@@ -486,8 +486,8 @@ void fe_tok_free(struct fe_tok *tok) {
   free(tok);
 }
 
-int fe_tok_load(const char *path, struct fe_tok **out, char *errbuf, size_t errlen) {
-  struct fe_tok_ld l = {.err = errbuf, .errlen = errlen};
+int tk_load(const char *path, struct tk_tokenizer **out, char *errbuf, size_t errlen) {
+  struct tk_ld l = {.err = errbuf, .errlen = errlen};
   char *buf = NULL;
   size_t len = 0;
   json_t *js[5] = {0}, *model = NULL;
@@ -497,55 +497,55 @@ int fe_tok_load(const char *path, struct fe_tok **out, char *errbuf, size_t errl
   if (errbuf && errlen) errbuf[0] = 0;
   l.tok = calloc(1, sizeof *l.tok);
   if (!l.tok) return CM_ERR_NOMEM;
-  struct fe_tok *tok = l.tok;
+  struct tk_tokenizer *tok = l.tok;
   memset(tok->trie_root, 0xff, sizeof tok->trie_root);
   if ((rc = ld_read_file(&l, path, &buf, &len))) goto fail;
   if ((rc = ld_scan(&l, buf, len, sec, &vocab, &merges, &rest))) goto fail;
   if (!rest.n) {
-    rc = fe_tok_ld_err(&l, CM_ERR_PARSE, "no \"model\" object");
+    rc = tk_ld_err(&l, CM_ERR_PARSE, "no \"model\" object");
     goto fail;
   }
   if (!(model = ld_model_scalars(&l, rest, vocab, merges, &rc))) goto fail;
   const char *mtype = json_string_value(json_object_get(model, "type"));
   if (!mtype || strcmp(mtype, "BPE")) {
-    rc = fe_tok_ld_err(&l, CM_ERR_UNSUPPORTED, "model.type \"%s\" is not supported (only BPE)",
+    rc = tk_ld_err(&l, CM_ERR_UNSUPPORTED, "model.type \"%s\" is not supported (only BPE)",
                 mtype ? mtype : "(missing)");
     goto fail;
   }
   if (!vocab.n) {
-    rc = fe_tok_ld_err(&l, CM_ERR_PARSE, "model.vocab is missing");
+    rc = tk_ld_err(&l, CM_ERR_PARSE, "model.vocab is missing");
     goto fail;
   }
   static const char *const names[] = {"added_tokens", "normalizer", "pre_tokenizer",
                                       "post_processor", "decoder"};
   for (int i = 0; i < 5; i++) {
     if (!sec[i].n) js[i] = i == 0 ? json_array() : json_null();
-    else if (!(js[i] = fe_tok_ld_section(&l, sec[i].s, sec[i].n, names[i], &rc))) goto fail;
+    else if (!(js[i] = tk_ld_section(&l, sec[i].s, sec[i].n, names[i], &rc))) goto fail;
   }
   if ((rc = ld_vocab(&l, vocab.s, vocab.n))) goto fail;
   int32_t max_id = -1;
   for (size_t i = 0; i < l.n_v; i++)
     if (l.v_id[i] > max_id) max_id = l.v_id[i];
-  if ((rc = fe_tok_ld_added_max(&l, js[0], &max_id))) goto fail;
+  if ((rc = tk_ld_added_max(&l, js[0], &max_id))) goto fail;
   if ((rc = ld_ids(&l, max_id + 1))) goto fail;
   if (merges.n && (rc = ld_merges(&l, merges.s, merges.n))) goto fail;
-  if ((rc = fe_tok_ld_model_opts(&l, model)) || (rc = fe_tok_ld_added(&l, js[0])) ||
-      (rc = fe_tok_ld_normalizer(&l, js[1])) || (rc = fe_tok_ld_pre_tokenizer(&l, js[2])) ||
-      (rc = fe_tok_ld_post_processor(&l, js[3])) || (rc = fe_tok_ld_decoder(&l, js[4])))
+  if ((rc = tk_ld_model_opts(&l, model)) || (rc = tk_ld_added(&l, js[0])) ||
+      (rc = tk_ld_normalizer(&l, js[1])) || (rc = tk_ld_pre_tokenizer(&l, js[2])) ||
+      (rc = tk_ld_post_processor(&l, js[3])) || (rc = tk_ld_decoder(&l, js[4])))
     goto fail;
   for (int32_t id = 0; id < tok->n_ids; id++)
-    if (!(tok->tok_flags[id] & FE_TOKF_PRESENT)) {
-      rc = fe_tok_ld_err(&l, CM_ERR_PARSE, "id %d has no token (ids must be dense)", id);
+    if (!(tok->tok_flags[id] & TK_TOKF_PRESENT)) {
+      rc = tk_ld_err(&l, CM_ERR_PARSE, "id %d has no token (ids must be dense)", id);
       goto fail;
     }
-  if ((rc = fe_tok_ld_bytes(tok))) goto fail;
-  fe_tok_ld_cross(tok);
-  tok->bos = fe_tok_find(tok, "<bos>", 5);
-  if (tok->bos < 0) tok->bos = fe_tok_find(tok, "<s>", 3);
+  if ((rc = tk_ld_bytes(tok))) goto fail;
+  tk_ld_cross(tok);
+  tok->bos = tk_find(tok, "<bos>", 5);
+  if (tok->bos < 0) tok->bos = tk_find(tok, "<s>", 3);
   if (tok->bos < 0 && tok->n_post_pre == 1) tok->bos = tok->post_pre[0];
-  tok->eos = fe_tok_find(tok, "<eos>", 5);
-  if (tok->eos < 0) tok->eos = fe_tok_find(tok, "</s>", 4);
-  tok->pad = fe_tok_find(tok, "<pad>", 5);
+  tok->eos = tk_find(tok, "<eos>", 5);
+  if (tok->eos < 0) tok->eos = tk_find(tok, "</s>", 4);
+  tok->pad = tk_find(tok, "<pad>", 5);
   rc = 0;
   *out = tok;
   tok = NULL;
@@ -556,6 +556,6 @@ fail:
   free(l.v_off);
   free(l.v_len);
   free(l.v_id);
-  fe_tok_free(tok);
+  tk_free(tok);
   return rc;
 }
