@@ -48,7 +48,7 @@ static int ordered_token(struct wk_model *m, const float *d, int32_t *tok, char 
   const struct wk_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int C = c->num_centroids, k = c->centroid_top_k, per = c->vocab / C, h = c->hidden;
-  K(kn_matmul(be, m->cent, C, d, h, m->centroids.p, m->centroids.dt, 1, C, h, 0));
+  K(wk_linear(m, m->cent, C, d, h, &m->centroids, 1));
   K(kn_download(be, m->host_cent, m->cent, sizeof(float) * (size_t)C));
   int n = 0;
   enum { FAST_K = 64 };
@@ -111,7 +111,7 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
   K(kn_embed(be, m->cat, 2 * B, t->embed.p, t->embed.dt, V, B, m->ids, T, t->embed_scale));
   for (int s = 0; s < n; s++)
     K(kn_upload(be, m->cat + (size_t)s * 2 * B + B, in[s].h_in, sizeof(float) * (size_t)B));
-  K(kn_matmul(be, m->x, h, m->cat, 2 * B, m->pre_proj.p, m->pre_proj.dt, T, h, 2 * B, 0));
+  K(wk_linear(m, m->x, h, m->cat, 2 * B, &m->pre_proj, T));
   for (int layer = 0; layer < c->n_layers; layer++) {
     int rc = wk_fw_run_layer(m, layer, T, n, err, errlen);
     if (rc) return rc;
@@ -119,7 +119,7 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
   /* d = norm(x); h_out = post_projection(d) */
   K(kn_rmsnorm(be, m->h, h, m->x, h, T, h, m->final_norm, KN_DTYPE_F32, (float)c->eps,
                m->norm_mode));
-  K(kn_matmul(be, m->hout, B, m->h, h, m->post_proj.p, m->post_proj.dt, T, B, h, 0));
+  K(wk_linear(m, m->hout, B, m->h, h, &m->post_proj, T));
   K(kn_download(be, h_out, m->hout, sizeof(float) * (size_t)T * B));
   for (int start = 0; start < T && (logits || !c->use_ordered_embeddings); start += m->max_out) {
     int rows = CM_MIN(m->max_out, T - start);
@@ -129,7 +129,7 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
                          h, 0.0f, m->logits));
       continue;
     }
-    K(kn_matmul(be, m->logits, V, hs, h, m->lm_head.p, m->lm_head.dt, rows, V, h, 0));
+    K(wk_linear(m, m->logits, V, hs, h, &m->lm_head, rows));
     K(kn_download(be, logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)rows * V));
     if (!c->use_ordered_embeddings)
       K(kn_argmax(be, tokens_out + start, NULL, m->logits, V, rows, V));

@@ -49,6 +49,19 @@ static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
   return v;
 }
 
+int wk_linear(struct wk_model *m, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+              const struct wk_w *w, int T) {
+  return kn_matmul(m->be, out, ldo, in, ldi, w->p, w->dt, T, w->rows, w->cols, 0);
+}
+
+/* Matrix e of a stack of expert matrices, as a weight of its own. */
+static struct wk_w expert_mat(const struct wk_w *w, int e) {
+  struct wk_w x = *w;
+  x.p = (const char *)w->p + (size_t)e * (size_t)w->rows * (size_t)w->cols * kn_dtype_size(w->dt);
+  x.n_mat = 1;
+  return x;
+}
+
 /* Checks the batch and fills ids, positions, slot mappings and the
  * per-group attention descriptors. Returns T (tokens) or a negative cm_err. */
 int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
@@ -130,11 +143,10 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
   float eps = (float)c->eps;
   K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->router_scale, KN_DTYPE_F32, eps, KN_NORM_MUL_W));
   K(kn_scale(be, m->h, m->h, (float)(1.0 / sqrt((double)H)), (size_t)T * H));
-  K(kn_matmul(be, m->router_logits, E, m->h, H, w->router.p, w->router.dt, T, E, H, 0));
+  K(wk_linear(m, m->router_logits, E, m->h, H, &w->router, T));
   K(kn_router_topk(be, m->moe_ids, m->moe_w, m->router_logits, E, T, E, k, w->expert_scale));
   K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->pre_ffn_norm2, KN_DTYPE_F32, eps, m->norm_mode));
   K(kn_memset(be, m->o2, 0, sizeof(float) * (size_t)T * H));
-  size_t esz = kn_dtype_size(w->experts_gate_up.dt), dsz = kn_dtype_size(w->experts_down.dt);
   for (int t = 0; t < T; t++) {
     int32_t *ids = m->moe_ids + (size_t)t * k;
     float *wt = m->moe_w + (size_t)t * k;
@@ -150,12 +162,10 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
     for (int j = 0; j < k; j++) {
       int e = ids[j];
       if (e < 0 || e >= E) return cm_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
-      const char *gu = (const char *)w->experts_gate_up.p + (size_t)e * 2 * I * H * esz;
-      const char *dn = (const char *)w->experts_down.p + (size_t)e * H * I * dsz;
-      K(kn_matmul(be, m->ex_h, 2 * I, m->h + (size_t)t * H, H, gu, w->experts_gate_up.dt, 1, 2 * I,
-                  H, 0));
+      struct wk_w gu = expert_mat(&w->experts_gate_up, e), dn = expert_mat(&w->experts_down, e);
+      K(wk_linear(m, m->ex_h, 2 * I, m->h + (size_t)t * H, H, &gu, 1));
       K(kn_gelu_mul(be, m->ex_h, I, m->ex_h, I, m->ex_h + I, I, 1, I));
-      K(kn_matmul(be, m->ex_y, H, m->ex_h, I, dn, w->experts_down.dt, 1, H, I, 0));
+      K(wk_linear(m, m->ex_y, H, m->ex_h, I, &dn, 1));
       K(kn_scale(be, m->ex_y, m->ex_y, wt[j], (size_t)H));
       K(kn_add(be, m->o2 + (size_t)t * H, m->o2 + (size_t)t * H, m->ex_y, (size_t)H));
     }
@@ -177,18 +187,18 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
 
   /* attention */
   K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->in_norm, KN_DTYPE_F32, eps, nm));
-  K(kn_matmul(be, m->q, qd, m->h, H, w->wq.p, w->wq.dt, T, qd, H, 0));
+  K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
   K(kn_rmsnorm(be, m->q, D, m->q, D, T * nh, D, w->q_norm, KN_DTYPE_F32, eps, nm));
   K(kn_rope(be, m->q, qd, T, nh, D, m->pos, inv_freq));
   int g = m->kv.layer_group[layer];
   struct kn_kv_view view = layer_view(m, layer);
   const int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
   if (!l->kv_shared) {
-    K(kn_matmul(be, m->k, kvd, m->h, H, w->wk.p, w->wk.dt, T, kvd, H, 0));
+    K(wk_linear(m, m->k, kvd, m->h, H, &w->wk, T));
     if (l->k_eq_v)
       K(kn_copy_rows(be, m->v, kvd, m->k, kvd, T, kvd));
     else
-      K(kn_matmul(be, m->v, kvd, m->h, H, w->wv.p, w->wv.dt, T, kvd, H, 0));
+      K(wk_linear(m, m->v, kvd, m->h, H, &w->wv, T));
     K(kn_rmsnorm(be, m->k, D, m->k, D, T * kvh, D, w->k_norm, KN_DTYPE_F32, eps, nm));
     K(kn_rope(be, m->k, kvd, T, kvh, D, m->pos, inv_freq));
     if (c->arch != WK_ARCH_GEMMA3)
@@ -198,16 +208,16 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   int window = l->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
   K(kn_attention(be, m->attn, qd, m->q, qd, &view, m->aseq + (size_t)g * (size_t)m->max_seqs,
                  n_seqs, nh, window, (float)c->attn_scale, (float)c->attn_softcap));
-  K(kn_matmul(be, m->o, H, m->attn, qd, w->wo.p, w->wo.dt, T, H, qd, 0));
+  K(wk_linear(m, m->o, H, m->attn, qd, &w->wo, T));
   K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_attn_norm, KN_DTYPE_F32, eps, nm));
   K(kn_add(be, m->x, m->x, m->o, TH));
 
   /* MLP (+ MoE) */
   K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->pre_ffn_norm, KN_DTYPE_F32, eps, nm));
-  K(kn_matmul(be, m->gate, F, m->h, H, w->w_gate.p, w->w_gate.dt, T, F, H, 0));
-  K(kn_matmul(be, m->up, F, m->h, H, w->w_up.p, w->w_up.dt, T, F, H, 0));
+  K(wk_linear(m, m->gate, F, m->h, H, &w->w_gate, T));
+  K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));
   K(kn_gelu_mul(be, m->gate, F, m->gate, F, m->up, F, T, F));
-  K(kn_matmul(be, m->o, H, m->gate, F, w->w_down.p, w->w_down.dt, T, H, F, 0));
+  K(wk_linear(m, m->o, H, m->gate, F, &w->w_down, T));
   if (c->moe) {
     K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm1, KN_DTYPE_F32, eps, nm));
     int rc = moe_block(m, w, T, layer, err, errlen);
@@ -221,9 +231,9 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   /* per-layer embeddings */
   if (c->ple_dim) {
     int P = c->ple_dim, LP = c->n_layers * P;
-    K(kn_matmul(be, m->g_small, P, m->x, H, w->ple_gate.p, w->ple_gate.dt, T, P, H, 0));
+    K(wk_linear(m, m->g_small, P, m->x, H, &w->ple_gate, T));
     K(kn_gelu_mul(be, m->g_small, P, m->g_small, P, m->ple + (size_t)layer * P, LP, T, P));
-    K(kn_matmul(be, m->o2, H, m->g_small, P, w->ple_proj.p, w->ple_proj.dt, T, H, P, 0));
+    K(wk_linear(m, m->o2, H, m->g_small, P, &w->ple_proj, T));
     K(kn_rmsnorm(be, m->o2, H, m->o2, H, T, H, w->ple_post_norm, KN_DTYPE_F32, eps, nm));
     K(kn_add(be, m->x, m->x, m->o2, TH));
   }
@@ -252,7 +262,7 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
     size_t n = (size_t)T * LP;
     K(kn_embed(be, m->ple_tmp, LP, m->ple_embed.p, m->ple_embed.dt, c->ple_vocab, LP, m->ids, T,
                m->ple_embed_scale));
-    K(kn_matmul(be, m->ple, LP, m->x, H, m->ple_model_proj.p, m->ple_model_proj.dt, T, LP, H, 0));
+    K(wk_linear(m, m->ple, LP, m->x, H, &m->ple_model_proj, T));
     K(kn_scale(be, m->ple, m->ple, (float)(1.0 / sqrt((double)H)), n));
     K(kn_rmsnorm(be, m->ple, P, m->ple, P, T * c->n_layers, P, m->ple_proj_norm, KN_DTYPE_F32,
                  (float)c->eps, m->norm_mode));
@@ -288,7 +298,7 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
         K(kn_matmul_softcap(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H,
                             (float)c->final_softcap));
       else
-        K(kn_matmul(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H, 0));
+        K(wk_linear(m, m->logits, V, m->sel, H, &m->lm_head, n));
       if (b->sampled)
         K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
       else

@@ -6,10 +6,30 @@
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 
-/* A weight matrix or table in backend memory. */
+/* How a weight splits over tensor-parallel ranks (Megatron layout). The shape a
+ * rank holds follows from the rule alone, so the forward pass needs no rank tests. */
+enum wk_shard {
+  WK_SHARD_FULL = 0, /* every rank holds all of it (router, PLE, draft projections) */
+  WK_SHARD_ROWS,     /* output rows split: Q/K/V (by head), gate/up, vocab-parallel
+                        embedding and head; each rank computes its own slice of outputs */
+  WK_SHARD_COLS,     /* input columns split: O and down; each rank's output is a
+                        partial sum, all-reduced over the ranks */
+};
+
+/* A weight matrix (or a stack of n_mat matrices, the MoE experts) in backend memory:
+ * this rank's slice of it, described once at load time. */
 struct wk_w {
-  const void *p; /* NULL when absent */
+  const void *p; /* NULL when absent; [n_mat, rows, cols] row-major */
   enum kn_dtype dt;
+  int rows, cols;      /* this rank's shape of one matrix (rows = outputs) */
+  int n_mat;           /* 1, or E for a stack of expert matrices */
+  enum wk_shard shard; /* how the full tensor was split */
+  int off;             /* first row (ROWS) or column (COLS) of the full tensor held here */
+};
+
+/* A model's place in its tensor-parallel group. */
+struct wk_split {
+  int rank, world; /* tensor-parallel rank, world size (1: no split) */
 };
 
 struct wk_layer_w {
@@ -37,6 +57,7 @@ struct wk_layer_w {
 
 struct wk_model {
   struct kn_backend *be;
+  struct wk_split tp; /* this model's tensor-parallel rank and world size */
   struct wk_config cfg;
   struct wk_kv_spec kv;
   struct wk_st *st;
@@ -108,6 +129,11 @@ struct wk_model {
   int32_t *cand;              /* host [top_k * V / C] candidate token ids */
   struct wk_seq_input *dseqs; /* host [max_seqs] */
 };
+
+/* out[T, w->rows] = in[T, w->cols] . W^T: the one entry point of every dense weight
+ * (wk-forward.c); the shape comes from the weight, never from the caller. */
+int wk_linear(struct wk_model *m, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+              const struct wk_w *w, int T);
 
 /* Allocates backend memory owned by the model (freed with it). */
 void *wk_model_alloc(struct wk_model *m, size_t bytes);

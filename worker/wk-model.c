@@ -88,19 +88,25 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
   return t;
 }
 
-static void bind_mat(struct binder *b, struct wk_w *w, int required, int64_t d0, int64_t d1,
-                     int64_t d2, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static void bind_mat(struct binder *b, struct wk_w *w, int required, int64_t d0, int64_t d1,
-                     int64_t d2, const char *fmt, ...) {
+/* Binds a weight of full shape [d0, d1] (d2 < 0) or a stack [d0, d1, d2] of d0
+ * matrices, and records its shape and tensor-parallel shard rule. */
+static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, int required,
+                     int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, int required,
+                     int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
   char name[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
   const struct wk_tensor *t = lookup(b, required, d0, d1, d2, name);
-  w->p = NULL;
+  *w = (struct wk_w){.shard = shard};
   if (!t) return;
   w->dt = (enum kn_dtype)t->dtype;
+  w->n_mat = d2 < 0 ? 1 : (int)d0;
+  w->rows = (int)(d2 < 0 ? d0 : d1);
+  w->cols = (int)(d2 < 0 ? d1 : d2);
   w->p = place(b->m, t->data, t->nbytes);
   if (!w->p) b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s", name);
   b->m->weight_bytes += t->nbytes;
@@ -160,17 +166,19 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
                    "%s: no embed_tokens.weight under model.language_model., model. or the root",
                    m->dir);
   int H = c->hidden, L = c->n_layers, V = c->vocab;
-  bind_mat(&b, &m->embed, 1, V, H, -1, "%sembed_tokens.weight", P);
+  bind_mat(&b, &m->embed, WK_SHARD_ROWS, 1, V, H, -1, "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
     m->lm_head = m->embed;
   } else {
-    bind_mat(&b, &m->lm_head, 1, V, H, -1, "lm_head.weight");
+    bind_mat(&b, &m->lm_head, WK_SHARD_ROWS, 1, V, H, -1, "lm_head.weight");
   }
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
   if (c->ple_dim) {
     int LP = L * c->ple_dim;
-    bind_mat(&b, &m->ple_embed, 1, c->ple_vocab, LP, -1, "%sembed_tokens_per_layer.weight", P);
-    bind_mat(&b, &m->ple_model_proj, 1, LP, H, -1, "%sper_layer_model_projection.weight", P);
+    bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, 1, c->ple_vocab, LP, -1,
+             "%sembed_tokens_per_layer.weight", P);
+    bind_mat(&b, &m->ple_model_proj, WK_SHARD_FULL, 1, LP, H, -1,
+             "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
   m->layers = calloc((size_t)L, sizeof(*m->layers));
@@ -182,35 +190,39 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     int D = l->head_dim, qd = c->n_heads * D, kvd = l->n_kv_heads * D, F = l->ffn_dim;
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
-    bind_mat(&b, &w->wq, 1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
-    bind_mat(&b, &w->wo, 1, H, qd, -1, "%sself_attn.o_proj.weight", lp);
+    bind_mat(&b, &w->wq, WK_SHARD_ROWS, 1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
+    bind_mat(&b, &w->wo, WK_SHARD_COLS, 1, H, qd, -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_mat(&b, &w->wk, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
-      if (!l->k_eq_v) bind_mat(&b, &w->wv, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+      bind_mat(&b, &w->wk, WK_SHARD_ROWS, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      if (!l->k_eq_v)
+        bind_mat(&b, &w->wv, WK_SHARD_ROWS, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
     w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
     w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
     w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
-    bind_mat(&b, &w->w_gate, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
-    bind_mat(&b, &w->w_up, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_mat(&b, &w->w_down, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_mat(&b, &w->w_gate, WK_SHARD_ROWS, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
+    bind_mat(&b, &w->w_up, WK_SHARD_ROWS, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_mat(&b, &w->w_down, WK_SHARD_COLS, 1, H, F, -1, "%smlp.down_proj.weight", lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
-      bind_mat(&b, &w->router, 1, E, H, -1, "%srouter.proj.weight", lp);
+      bind_mat(&b, &w->router, WK_SHARD_FULL, 1, E, H, -1, "%srouter.proj.weight", lp);
       w->router_scale = bind_vec(&b, 1, H, "%srouter.scale", lp);
       w->expert_scale = bind_vec(&b, 1, E, "%srouter.per_expert_scale", lp);
-      bind_mat(&b, &w->experts_gate_up, 1, E, 2 * I, H, "%sexperts.gate_up_proj", lp);
-      bind_mat(&b, &w->experts_down, 1, E, H, I, "%sexperts.down_proj", lp);
+      bind_mat(&b, &w->experts_gate_up, WK_SHARD_ROWS, 1, E, 2 * I, H, "%sexperts.gate_up_proj",
+               lp);
+      bind_mat(&b, &w->experts_down, WK_SHARD_COLS, 1, E, H, I, "%sexperts.down_proj", lp);
       w->pre_ffn_norm2 = bind_vec(&b, 1, H, "%spre_feedforward_layernorm_2.weight", lp);
       w->post_ffn_norm1 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_1.weight", lp);
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
     }
     if (c->ple_dim) {
-      bind_mat(&b, &w->ple_gate, 1, c->ple_dim, H, -1, "%sper_layer_input_gate.weight", lp);
-      bind_mat(&b, &w->ple_proj, 1, H, c->ple_dim, -1, "%sper_layer_projection.weight", lp);
+      bind_mat(&b, &w->ple_gate, WK_SHARD_FULL, 1, c->ple_dim, H, -1,
+               "%sper_layer_input_gate.weight", lp);
+      bind_mat(&b, &w->ple_proj, WK_SHARD_FULL, 1, H, c->ple_dim, -1,
+               "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
     w->layer_scalar = 1.0f;
@@ -356,10 +368,11 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
                    m->dir, c->vocab, c->backbone_hidden, t->dir, tc->model_type, tc->vocab,
                    tc->hidden);
   int h = c->hidden, B = c->backbone_hidden;
-  bind_mat(&b, &m->pre_proj, 1, h, 2 * (int64_t)B, -1, "pre_projection.weight");
-  bind_mat(&b, &m->post_proj, 1, B, h, -1, "post_projection.weight");
+  bind_mat(&b, &m->pre_proj, WK_SHARD_FULL, 1, h, 2 * (int64_t)B, -1, "pre_projection.weight");
+  bind_mat(&b, &m->post_proj, WK_SHARD_FULL, 1, B, h, -1, "post_projection.weight");
   if (c->use_ordered_embeddings) {
-    bind_mat(&b, &m->centroids, 1, c->num_centroids, h, -1, "masked_embedding.centroids.weight");
+    bind_mat(&b, &m->centroids, WK_SHARD_FULL, 1, c->num_centroids, h, -1,
+             "masked_embedding.centroids.weight");
     const struct wk_tensor *o = wk_st_find(m->st, "masked_embedding.token_ordering");
     if (!b.rc && (!o || o->ndim != 1 || o->shape[0] != c->vocab ||
                   (o->dtype != WK_ST_I64 && o->dtype != WK_ST_I32)))
