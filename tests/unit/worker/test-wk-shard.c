@@ -1,0 +1,98 @@
+/* test-wk-shard.c — per-rank shapes under tensor parallelism: heads, KV heads
+ * (split or replicated), MLP and expert widths, vocabulary rows, and the refusals
+ * that name the dimension which cannot be split. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "tests/harness/th.h"
+#include "worker/wk-config.h"
+#include "worker/wk-shard.h"
+
+/* A gemma3_text config with the given head counts, widths and vocabulary. */
+static void make(struct wk_config *c, int nh, int kvh, int ffn, int vocab) {
+  char json[1024], err[256] = "";
+  snprintf(json, sizeof json,
+           "{\"model_type\":\"gemma3_text\",\"vocab_size\":%d,\"hidden_size\":640,"
+           "\"intermediate_size\":%d,\"num_hidden_layers\":6,\"num_attention_heads\":%d,"
+           "\"num_key_value_heads\":%d,\"head_dim\":256,\"query_pre_attn_scalar\":256,"
+           "\"sliding_window\":512,\"sliding_window_pattern\":6,\"max_position_embeddings\":32768,"
+           "\"rms_norm_eps\":1e-06}",
+           vocab, ffn, nh, kvh);
+  int rc = wk_config_parse(json, strlen(json), c, err, sizeof err);
+  if (rc) th_fail(__FILE__, __LINE__, "config: %s", err);
+}
+
+TH_TEST(shard_world_one_is_the_full_model) {
+  struct wk_config c, l;
+  struct wk_shard_plan p;
+  char err[256];
+  make(&c, 4, 1, 2048, 262144);
+  TH_REQUIRE(wk_config_shard(&c, 0, 1, &l, &p, err, sizeof err) == 0);
+  TH_CHECK(!memcmp(&c, &l, sizeof c));
+  TH_CHECK_EQ_INT(p.vocab0, 0);
+  TH_CHECK_EQ_INT(p.vocab_n, 262144);
+}
+
+TH_TEST(shard_one_kv_head_is_replicated) {
+  struct wk_config c, l;
+  struct wk_shard_plan p;
+  char err[256];
+  make(&c, 4, 1, 2048, 262144); /* gemma-3-270m's heads */
+  for (int w = 2; w <= 4; w *= 2)
+    for (int r = 0; r < w; r++) {
+      TH_REQUIRE(wk_config_shard(&c, r, w, &l, &p, err, sizeof err) == 0);
+      TH_CHECK_EQ_INT(l.n_heads, 4 / w);
+      TH_CHECK_EQ_INT(p.q_head0, r * (4 / w));
+      TH_CHECK_EQ_INT(p.vocab_n, 262144 / w);
+      TH_CHECK_EQ_INT(p.vocab0, r * (262144 / w));
+      for (int i = 0; i < c.n_layers; i++) {
+        TH_CHECK_EQ_INT(l.layers[i].n_kv_heads, 1);
+        TH_CHECK_EQ_INT(p.kv_head0[i], 0);
+        TH_CHECK_EQ_INT(l.layers[i].ffn_dim, 2048 / w);
+        TH_CHECK_EQ_INT(l.layers[i].head_dim, c.layers[i].head_dim);
+      }
+    }
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 8, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "num_attention_heads = 4") != NULL);
+}
+
+TH_TEST(shard_kv_heads_split_or_shared_by_groups) {
+  struct wk_config c, l;
+  struct wk_shard_plan p;
+  char err[256];
+  make(&c, 8, 4, 4096, 262144);
+  /* size 2: two KV heads each */
+  for (int r = 0; r < 2; r++) {
+    TH_REQUIRE(wk_config_shard(&c, r, 2, &l, &p, err, sizeof err) == 0);
+    TH_CHECK_EQ_INT(l.layers[0].n_kv_heads, 2);
+    TH_CHECK_EQ_INT(p.kv_head0[0], 2 * r);
+  }
+  /* size 8: one query head each; query head q reads KV head q / 2 */
+  for (int r = 0; r < 8; r++) {
+    TH_REQUIRE(wk_config_shard(&c, r, 8, &l, &p, err, sizeof err) == 0);
+    TH_CHECK_EQ_INT(l.n_heads, 1);
+    TH_CHECK_EQ_INT(l.layers[3].n_kv_heads, 1);
+    TH_CHECK_EQ_INT(p.kv_head0[3], r / 2);
+  }
+  make(&c, 6, 3, 4096, 262144);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 1, 2, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "3 key/value heads") != NULL);
+}
+
+TH_TEST(shard_refusals_name_the_dimension) {
+  struct wk_config c, l;
+  struct wk_shard_plan p;
+  char err[256];
+  make(&c, 4, 1, 2048, 262145);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 2, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "vocab_size = 262145") != NULL);
+  make(&c, 4, 1, 2050, 262144);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 4, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "intermediate_size = 2050") != NULL);
+  make(&c, 4, 1, 2048, 262144);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 2, 2, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, -1, 2, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 0, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, WK_MAX_TP + 1, &l, &p, err, sizeof err), CM_ERR_INVAL);
+}

@@ -1,0 +1,78 @@
+/* wk-shard.c — a model's per-rank shapes under tensor parallelism (see wk-shard.h). */
+#include "worker/wk-shard.h"
+
+#include "common/cm-err.h"
+
+/* The KV heads rank r holds of a layer with kvh KV heads and nh query heads. */
+static int kv_split(int nh, int kvh, int rank, int world, int *head0, int *n) {
+  if (kvh >= world) {
+    if (kvh % world) return -1;
+    *n = kvh / world;
+    *head0 = rank * *n;
+    return 0;
+  }
+  if (world % kvh) return -1;
+  /* each rank's query heads [rank * nh/world, ...) lie within one KV head's group of
+   * nh/kvh query heads, since nh/world divides nh/kvh */
+  *n = 1;
+  *head0 = rank * (nh / world) / (nh / kvh);
+  return 0;
+}
+
+int wk_config_shard(const struct wk_config *full, int rank, int world, struct wk_config *local,
+                    struct wk_shard_plan *plan, char *err, size_t errlen) {
+  if (world < 1 || world > WK_MAX_TP)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "tensor-parallel size %d: must be 1..%d", world,
+                   WK_MAX_TP);
+  if (rank < 0 || rank >= world)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "rank %d outside the tensor-parallel group of %d",
+                   rank, world);
+  *local = *full;
+  *plan = (struct wk_shard_plan){.rank = rank, .world = world, .vocab_n = full->vocab};
+  if (world == 1) return 0;
+  const struct wk_config *c = full;
+  const char *what = c->model_type;
+  if (c->n_heads % world)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: num_attention_heads = %d cannot be split over a tensor-parallel size of "
+                   "%d",
+                   what, c->n_heads, world);
+  if (c->vocab % world)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: vocab_size = %d cannot be split over a tensor-parallel size of %d (the "
+                   "embedding and head are vocab-parallel)",
+                   what, c->vocab, world);
+  if (c->moe && c->moe_ffn % world)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: moe_intermediate_size = %d cannot be split over a tensor-parallel size of "
+                   "%d",
+                   what, c->moe_ffn, world);
+  local->n_heads = c->n_heads / world;
+  plan->q_head0 = rank * local->n_heads;
+  plan->vocab_n = c->vocab / world;
+  plan->vocab0 = rank * plan->vocab_n;
+  if (c->moe) local->moe_ffn = c->moe_ffn / world;
+  for (int i = 0; i < c->n_layers; i++) {
+    const struct wk_layer_cfg *l = &c->layers[i];
+    int n = 0, h0 = 0;
+    if (kv_split(c->n_heads, l->n_kv_heads, rank, world, &h0, &n))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "%s: layer %d has %d key/value heads: a tensor-parallel size of %d must "
+                     "divide them or be a multiple of them",
+                     what, i, l->n_kv_heads, world);
+    if (l->ffn_dim % world)
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "%s: layer %d: intermediate_size = %d cannot be split over a "
+                     "tensor-parallel size of %d",
+                     what, i, l->ffn_dim, world);
+    local->layers[i].n_kv_heads = n;
+    local->layers[i].ffn_dim = l->ffn_dim / world;
+    plan->kv_head0[i] = h0;
+  }
+  /* the summary fields follow layer 0's sliding / full layers */
+  local->ffn = c->ffn / world;
+  local->n_kv_heads = c->n_kv_heads >= world ? c->n_kv_heads / world : 1;
+  if (c->n_global_kv_heads)
+    local->n_global_kv_heads = c->n_global_kv_heads >= world ? c->n_global_kv_heads / world : 1;
+  return 0;
+}
