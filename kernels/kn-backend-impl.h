@@ -11,9 +11,11 @@
 #ifndef LMSERVE_KN_BACKEND_IMPL_H
 #define LMSERVE_KN_BACKEND_IMPL_H
 #include "kernels/kn-backend.h"
+#include "kernels/kn-registry.h"
 
 struct kn_backend_ops {
-  const char *name;
+  const char *name; /* for logs: kn_backend_name */
+  unsigned caps;    /* KN_CAP_* (kn-backend.h) */
   void (*destroy)(void *ctx);
 
   void *(*alloc)(void *ctx, size_t bytes);
@@ -72,5 +74,33 @@ struct kn_backend {
 /* Wraps ops + ctx into a backend handle (malloc'd); NULL on failure (the
  * caller then still owns ctx). */
 struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx);
+
+/* ---- the registry (kn-registry.h) ----------------------------------------- */
+
+/* One entry of the registry: how a backend is named, found usable, and made. */
+struct kn_backend_reg {
+  const char *name;    /* what --device takes: "cpu", "cuda" */
+  const char *summary; /* one line for listings */
+  int priority;        /* the automatic choice takes the usable entry with the
+                          highest priority (the earlier one on a tie) */
+  unsigned caps;       /* KN_CAP_* of every backend that create makes */
+  /* 0 when a backend can be made here, else a negative cm_err with the
+   * reason in why[whylen] ("no CUDA device is visible"). Cheap enough to
+   * call once per process; never aborts. */
+  int (*probe)(char *why, size_t whylen);
+  /* Makes a backend with o (never NULL); 0 and *out, or a negative cm_err
+   * with the reason in err[errlen]. Called only after probe said 0. */
+  int (*create)(const struct kn_backend_opts *o, struct kn_backend **out, char *err, size_t errlen);
+};
+
+/* The entries each backend defines (kernels/cpu, kernels/cuda). */
+extern const struct kn_backend_reg kn_cpu_backend_reg;
+extern const struct kn_backend_reg kn_cuda_backend_reg;
+
+/* kn_backend_choose over an explicit table of n entries (the registry's own
+ * choice is this over the built-in table; tests pass tables of their own).
+ * name NULL, "" or "auto" is the automatic choice; no environment is read. */
+int kn_backend_choose_from(const struct kn_backend_reg *const *table, int n, const char *name,
+                           const struct kn_backend_reg **out, char *err, size_t errlen);
 
 #endif

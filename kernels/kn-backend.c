@@ -33,6 +33,14 @@ const char *kn_backend_name(const struct kn_backend *be) {
   return be ? be->ops->name : "none";
 }
 
+unsigned kn_backend_caps(const struct kn_backend *be) {
+  return be ? be->ops->caps : 0;
+}
+
+int kn_backend_has(const struct kn_backend *be, unsigned caps) {
+  return be && (be->ops->caps & caps) == caps;
+}
+
 /* ---- memory ------------------------------------------------------------- */
 
 void *kn_alloc(struct kn_backend *be, size_t bytes) {

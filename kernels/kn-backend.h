@@ -40,10 +40,35 @@ struct kn_backend;
 
 /* ---- lifetime and memory ------------------------------------------------ */
 
-/* Destroys a backend made by a kn_*_backend_create(); NULL is a no-op. */
+/* Destroys a backend made by kn_backend_open (kn-registry.h) or a
+ * kn_*_backend_create(); NULL is a no-op. */
 void kn_backend_destroy(struct kn_backend *be);
-/* "cpu-ref", "cpu-avx2" (the CPU backend and its kernel set), "cuda". */
+/* For logs and metrics only: "cpu-ref", "cpu-avx2", "cpu-avx512" (the CPU
+ * backend and its kernel set), "cuda". Behaviour is chosen by capability
+ * (kn_backend_has), never by this name. */
 const char *kn_backend_name(const struct kn_backend *be);
+
+/* What a backend can do, as bits of kn_backend_caps(). A registered backend
+ * (kn-registry.h) announces the same bits before it is created. */
+enum kn_backend_cap {
+  /* Backend memory is the process's host memory: kn_alloc'd pointers are
+   * ordinary pointers and any host buffer (an mmap'd checkpoint) may be
+   * passed where backend memory is expected. Without it, backend memory is a
+   * device's, reached only through kn_upload / kn_download, and kn_mem_info
+   * reports how much of it is free. */
+  KN_CAP_HOST_MEMORY = 1u << 0,
+  /* kn_sample runs on the backend itself, where the logits are: only token
+   * ids and logprobs come back to the host. */
+  KN_CAP_SAMPLE = 1u << 1,
+  /* Collectives across the ranks of a tensor-parallel group (all-reduce).
+   * No backend has them yet. */
+  KN_CAP_ALLREDUCE = 1u << 2,
+};
+
+/* The KN_CAP_* bits of be (0 for NULL). */
+unsigned kn_backend_caps(const struct kn_backend *be);
+/* 1 when be has every bit of caps, else 0. */
+int kn_backend_has(const struct kn_backend *be, unsigned caps);
 
 /* Backend memory, 64-byte aligned, uninitialised. NULL on failure or bytes == 0. */
 void *kn_alloc(struct kn_backend *be, size_t bytes);

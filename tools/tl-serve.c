@@ -28,8 +28,10 @@
 #include "common/cm-args.h"
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-fs.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
+#include "kernels/kn-registry.h"
 #include "lmserve-config.h"
 #include "tools/tl-http-probe.h"
 #include "tools/tl-main.h"
@@ -218,12 +220,13 @@ static int ensure_default_model(struct tl_serve *s) {
   snprintf(probe, sizeof(probe), "%s/config.json", s->model_dir);
   if (access(probe, R_OK) == 0) return 0;
 
-  char tmp[PATH_MAX + 128], cmd[4 * PATH_MAX];
+  char tmp[PATH_MAX + 128], models[PATH_MAX + 16];
   snprintf(tmp, sizeof(tmp), "%s.tmp-%d", s->model_dir, (int)getpid());
-  snprintf(cmd, sizeof(cmd), "mkdir -p '%s/models'", base);
-  if (system(cmd) != 0) {
-    cm_error("serve", "cannot create the model cache folder %s/models", base);
-    return CM_ERR_IO;
+  snprintf(models, sizeof(models), "%s/models", base);
+  int rc = cm_mkdir_p(models, 0777); /* as mkdir -p: the umask decides */
+  if (rc) {
+    cm_error("serve", "cannot create the model cache folder %s: %s", models, strerror(errno));
+    return rc;
   }
   cm_info("serve", "creating the default tiny Gemma 4 model in %s", s->model_dir);
   char tok[PATH_MAX];
@@ -253,8 +256,7 @@ static int ensure_default_model(struct tl_serve *s) {
   }
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     cm_error("serve", "make-tiny-model failed; cannot create the default model");
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-    if (system(cmd) != 0) cm_warn("serve", "could not remove %s", tmp);
+    if (cm_rmtree(tmp)) cm_warn("serve", "could not remove %s: %s", tmp, strerror(errno));
     return CM_ERR_IO;
   }
   if (rename(tmp, s->model_dir) != 0 && access(probe, R_OK) != 0) {
@@ -278,11 +280,14 @@ static int start_roles(struct tl_serve *s) {
     argv_add(&a, s->ep_work);
     argv_add_int(&a, "--rank", r);
     argv_add_int(&a, "--world-size", s->tp);
-    /* no --device: the worker takes CUDA when a GPU is visible, and then
-     * sizes its pool from --gpu-memory-utilization unless a size was given */
-    int cpu = s->device && !strcmp(s->device, "cpu");
-    if (s->kv_seen || cpu) argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
-    if (!cpu) argv_add_double(&a, "--gpu-memory-utilization", s->gpu_mem_util);
+    argv_add_int(&a, "--local-rank", r); /* every rank runs on this host */
+    /* a backend on host memory takes the fixed pool size; one on a device
+     * sizes its pool from --gpu-memory-utilization unless a size was given.
+     * No --device (or auto): the worker chooses, CUDA when a GPU is visible */
+    const struct kn_backend_reg *reg = s->device ? kn_backend_reg_find(s->device) : NULL;
+    int host_mem = reg && (kn_backend_reg_caps(reg) & KN_CAP_HOST_MEMORY);
+    if (s->kv_seen || host_mem) argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
+    if (!host_mem) argv_add_double(&a, "--gpu-memory-utilization", s->gpu_mem_util);
     argv_add_int(&a, "--block-size", s->block_size);
     argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
     argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
@@ -399,7 +404,8 @@ int tl_serve_main(int argc, char **argv) {
       {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL,
        "automatic prefix caching (on)"},
       {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks (1)", 1, 8},
-      {"device", CM_OPT_STR, &s.device, "cpu|cuda", "worker backend (cuda when a GPU is visible)"},
+      {"device", CM_OPT_STR, &s.device, "auto|cpu|cuda",
+       "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},

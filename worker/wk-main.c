@@ -30,15 +30,11 @@
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
-#include "kernels/cpu/kn-cpu.h"
-#include "lmserve-config.h"
+#include "kernels/kn-registry.h"
 #include "proto/pr-zmq.h"
 #include "worker/wk-main.h"
 #include "worker/wk-model.h"
 #include "worker/wk-role.h"
-#if LMSERVE_HAVE_CUDA
-#include "kernels/cuda/kn-cuda.h"
-#endif
 
 #define TAG           "worker"
 #define BEAT_MS       1000 /* heartbeat period */
@@ -238,53 +234,45 @@ static int serve(struct wk_proc *p, struct wk_role *role) {
   return status;
 }
 
-/* The backend when --device is not given: $LMSERVE_DEVICE when set (the test
- * suite pins the CPU, whose results are exact), else CUDA where this build
- * has it and a GPU is visible, else the CPU. */
-static const char *default_device(void) {
-  const char *env = getenv("LMSERVE_DEVICE");
-  if (env && *env) return env;
-#if LMSERVE_HAVE_CUDA
-  if (kn_cuda_device_count() > 0) return "cuda";
-#endif
-  return "cpu";
-}
-
-static int make_backend(const char *device, int threads, struct kn_backend **be) {
-  if (!device || !strcmp(device, "cpu")) {
-    int rc = kn_cpu_backend_create(threads, be);
-    if (rc) fprintf(stderr, "lmserve worker: cannot create the CPU backend: %s\n", cm_strerror(rc));
-    return rc ? 1 : 0;
-  }
-  if (strcmp(device, "cuda")) {
-    fprintf(stderr, "lmserve worker: --device must be cpu or cuda (got '%s')\n", device);
+/* Creates the kernel backend through the registry: --device NAME, else
+ * $LMSERVE_DEVICE (the test suite pins the CPU, whose results are exact),
+ * else the first usable backend in preference order (CUDA where this build
+ * has it and a GPU is visible, else the CPU). Returns 0, 2 for a name that
+ * is unknown or cannot run here, 1 when creation fails. */
+static int make_backend(const char *device, const struct kn_backend_opts *o,
+                        struct kn_backend **be) {
+  char err[512];
+  const struct kn_backend_reg *reg;
+  if (kn_backend_choose(device, &reg, err, sizeof(err))) {
+    fprintf(stderr, "lmserve worker: %s%s\n", device ? "--device: " : "", err);
     return 2;
   }
-#if LMSERVE_HAVE_CUDA
-  if (kn_cuda_device_count() < 1) {
-    fprintf(stderr, "lmserve worker: --device cuda: no CUDA device is visible\n");
-    return 2;
-  }
-  int e = 0;
-  *be = kn_cuda_backend_create(0, &e);
-  if (!*be) {
-    fprintf(stderr, "lmserve worker: cannot create the CUDA backend: %s\n", cm_strerror(e));
+  if (kn_backend_reg_create(reg, o, be, err, sizeof(err))) {
+    fprintf(stderr, "lmserve worker: %s\n", err);
     return 1;
   }
   return 0;
-#else
-  fprintf(stderr, "lmserve worker: --device cuda: this build has no CUDA support\n");
-  return 2;
-#endif
+}
+
+/* This rank's index among the ranks on its host: --local-rank, else
+ * $LOCAL_RANK (as torchrun sets it), else the global rank. -1 when
+ * $LOCAL_RANK is not a number in [0, 1023]. */
+static int local_rank_of(int64_t flag, int seen, int64_t rank) {
+  if (seen) return (int)flag;
+  const char *env = getenv("LOCAL_RANK");
+  if (!env || !*env) return (int)rank;
+  int64_t v;
+  if (cm_parse_i64(env, &v) || v < 0 || v > 1023) return -1;
+  return (int)v;
 }
 
 int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
-          spec_k = 0;
+          spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
   double mem_util = 0.9;
-  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1;
+  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -292,6 +280,10 @@ int wk_worker_main(int argc, char **argv) {
        "tcp://)"},
       {"rank", CM_OPT_INT, &rank, "R", "tensor-parallel rank (0)", 0, 1023},
       {"world-size", CM_OPT_INT, &world, "N", "tensor-parallel ranks (1)", 1, 1024},
+      {"local-rank", CM_OPT_INT, &local_rank, "R",
+       "this rank's index on its host; a GPU rank runs on device R modulo the devices visible "
+       "($LOCAL_RANK, else --rank)",
+       0, 1023, 0, 0, &local_rank_seen},
       {"kv-cache-memory", CM_OPT_SIZE, &kv_bytes, "BYTES",
        "KV cache pool size (CPU: 512M; CUDA: from --gpu-memory-utilization)", 0, 0, 0, 0, &kv_seen},
       {"gpu-memory-utilization", CM_OPT_DOUBLE, &mem_util, "F",
@@ -302,7 +294,8 @@ int wk_worker_main(int argc, char **argv) {
        1 << 20},
       {"max-num-seqs", CM_OPT_INT, &max_seqs, "N", "sequences per step (64)", 1, 65536},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
-      {"device", CM_OPT_STR, &device, "cpu|cuda", "kernel backend (cuda when a GPU is visible)"},
+      {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
+       "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},
@@ -347,6 +340,15 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
   }
+  struct kn_backend_opts bo = {
+      .n_threads = (int)threads,
+      .local_rank = local_rank_of(local_rank, local_rank_seen, rank),
+  };
+  if (bo.local_rank < 0) {
+    fprintf(stderr, "lmserve worker: LOCAL_RANK=%s is not a rank in [0, 1023]\n",
+            getenv("LOCAL_RANK"));
+    return 2;
+  }
   if (spec_dir && !spec_k_seen) spec_k = 3;
   if (!spec_dir) spec_k = 0;
 
@@ -369,17 +371,16 @@ int wk_worker_main(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
 
-  if (!device) device = default_device();
-  if ((status = make_backend(device, (int)threads, &be))) goto done;
+  if ((status = make_backend(device, &bo, &be))) goto done;
   status = 1;
   struct wk_model_opts mo = {
       .max_batch_tokens = (int)(max_batched + max_seqs * spec_k),
       .max_seqs = (int)max_seqs,
-      /* an explicit pool size wins; else the CPU keeps its fixed default and
-       * a device sizes the pool from what the weights leave */
-      .kv_bytes = kv_seen                             ? kv_bytes
-                  : device && !strcmp(device, "cuda") ? 0
-                                                      : 512ull << 20,
+      /* an explicit pool size wins; else a backend on host memory keeps its
+       * fixed default and a device sizes the pool from what the weights leave */
+      .kv_bytes = kv_seen                                  ? kv_bytes
+                  : kn_backend_has(be, KN_CAP_HOST_MEMORY) ? 512ull << 20
+                                                           : 0,
       .mem_util = mem_util,
       .block_tokens = (int)block,
       .quiet = 1,
@@ -392,11 +393,14 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
     goto done;
   }
+  if (dev_sampling == 1 && !kn_backend_has(be, KN_CAP_SAMPLE))
+    cm_warn(TAG, "--device-sampling: the %s backend cannot sample: sampling on the host",
+            kn_backend_name(be));
   struct wk_role_opts ro = {
       .max_seqs = (int)max_seqs,
       .max_draft = (int)spec_k,
       .rank = (uint32_t)rank,
-      .device_sampling = dev_sampling != 0,
+      .device_sampling = dev_sampling != 0 && kn_backend_has(be, KN_CAP_SAMPLE),
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));

@@ -37,13 +37,10 @@ void *wk_model_alloc(struct wk_model *m, size_t bytes) {
   return p;
 }
 
-static int is_cpu(const struct wk_model *m) {
-  return !strncmp(kn_backend_name(m->be), "cpu", 3);
-}
-
-/* Backend-resident copy of checkpoint bytes (the mmap itself on the CPU). */
+/* Backend-resident copy of checkpoint bytes (the mmap itself where backend
+ * memory is the host's). */
 static const void *place(struct wk_model *m, const void *data, size_t bytes) {
-  if (is_cpu(m)) return data;
+  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) return data;
   void *p = wk_model_alloc(m, bytes);
   if (p && kn_upload(m->be, p, data, bytes)) return NULL;
   return p;

@@ -1,6 +1,6 @@
 /* kn-cpu-backend.c — the CPU backend's handle: creation (instruction set
  * choice, thread pool), memory hooks (the identity on host memory), scratch
- * buffers and the memory-bandwidth probe. The ops are in kn-cpu-ops.c. */
+ * buffers and the registry entry "cpu". The ops are in kn-cpu-ops.c. */
 #include <pthread.h>
 #include <stdint.h>
 #if defined(__x86_64__)
@@ -139,6 +139,7 @@ static const char *const cpu_names[] = {"cpu-ref", "cpu-avx2", "cpu-avx512"};
 static struct kn_backend_ops cpu_ops_isa[3];
 
 static void fill_ops_once(void) {
+  cpu_ops.caps = KN_CPU_CAPS;
   cpu_ops.destroy = cpu_destroy;
   cpu_ops.alloc = cpu_alloc;
   cpu_ops.free = cpu_free;
@@ -192,3 +193,27 @@ fail:
 int kn_cpu_backend_create(int n_threads, struct kn_backend **out) {
   return kn_cpu_backend_create_isa(n_threads, KN_CPU_ISA_AVX512, out);
 }
+
+/* ---- registry entry ------------------------------------------------------- */
+
+static int cpu_reg_probe(char *why, size_t whylen) {
+  (void)why;
+  (void)whylen;
+  return 0; /* the reference kernels run everywhere */
+}
+
+static int cpu_reg_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
+                          size_t errlen) {
+  int rc = kn_cpu_backend_create(o->n_threads, out);
+  if (rc) return cm_fail(err, errlen, rc, "cannot create the CPU backend: %s", cm_strerror(rc));
+  return 0;
+}
+
+const struct kn_backend_reg kn_cpu_backend_reg = {
+    .name = "cpu",
+    .summary = "host processor (reference kernels, AVX2 / AVX-512 where present)",
+    .priority = KN_CPU_PRIORITY,
+    .caps = KN_CPU_CAPS,
+    .probe = cpu_reg_probe,
+    .create = cpu_reg_create,
+};

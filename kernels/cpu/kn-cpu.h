@@ -10,6 +10,11 @@
 #define LMSERVE_KN_CPU_H
 #include "kernels/kn-backend.h"
 
+/* What the CPU backend can do (kn-backend.h): its memory is the host's and
+ * kn_sample runs in place; the registry's automatic choice takes it last. */
+#define KN_CPU_CAPS     (KN_CAP_HOST_MEMORY | KN_CAP_SAMPLE)
+#define KN_CPU_PRIORITY 10
+
 enum kn_cpu_isa {
   KN_CPU_ISA_REF = 0,    /* plain C */
   KN_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */

@@ -1,7 +1,8 @@
 /* kn-cuda-backend.c — the CUDA backend's handle: device discovery, creation
  * and teardown, the memory hooks (cudaMalloc / cudaMemcpyAsync on the
  * backend's stream), the pinned staging ring for host index arrays, the
- * device scratch, error conversion, and the ops table. */
+ * device scratch, error conversion, the ops table and the registry entry
+ * "cuda" (which picks the device from the rank's local index). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,6 +247,7 @@ static void cuda_destroy(void *ctx) {
 
 static const struct kn_backend_ops cuda_ops = {
     .name = "cuda",
+    .caps = KN_CUDA_CAPS,
     .destroy = cuda_destroy,
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -313,3 +315,34 @@ fail:
   if (err_out) *err_out = err;
   return NULL;
 }
+
+/* ---- registry entry ------------------------------------------------------- */
+
+static int cuda_reg_probe(char *why, size_t whylen) {
+  if (kn_cuda_device_count() < 1)
+    return cm_fail(why, whylen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
+  return 0;
+}
+
+static int cuda_reg_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
+                           size_t errlen) {
+  int n = kn_cuda_device_count();
+  if (n < 1) return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
+  int device = kn_cuda_device_for_rank(o->local_rank, n);
+  cm_info("cuda", "local rank %d: device %d of %d visible", o->local_rank, device, n);
+  int rc = 0;
+  *out = kn_cuda_backend_create(device, &rc);
+  if (!*out)
+    return cm_fail(err, errlen, rc ? rc : CM_ERR_DEVICE, "cannot create the CUDA backend: %s",
+                   cm_strerror(rc ? rc : CM_ERR_DEVICE));
+  return 0;
+}
+
+const struct kn_backend_reg kn_cuda_backend_reg = {
+    .name = "cuda",
+    .summary = "NVIDIA GPU (cuBLAS and the kernels of kernels/cuda)",
+    .priority = KN_CUDA_PRIORITY,
+    .caps = KN_CUDA_CAPS,
+    .probe = cuda_reg_probe,
+    .create = cuda_reg_create,
+};

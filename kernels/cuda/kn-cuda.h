@@ -18,6 +18,12 @@
 #define LMSERVE_KN_CUDA_H
 #include "kernels/kn-backend.h"
 
+/* What the CUDA backend can do (kn-backend.h): device memory, kn_sample on
+ * the device; the registry's automatic choice prefers it to the CPU. These
+ * two are plain constants, usable in builds without CUDA. */
+#define KN_CUDA_CAPS     (KN_CAP_SAMPLE)
+#define KN_CUDA_PRIORITY 100
+
 /* Number of CUDA devices visible to this process; 0 when there is no device,
  * no driver, or the runtime fails to initialise (never an error). */
 int kn_cuda_device_count(void);
@@ -27,5 +33,13 @@ int kn_cuda_device_count(void);
  * (when err is not NULL) set to CM_ERR_INVAL (bad device index),
  * CM_ERR_DEVICE (CUDA / cuBLAS initialisation failed) or CM_ERR_NOMEM. */
 struct kn_backend *kn_cuda_backend_create(int device, int *err);
+
+/* The device a rank with local index local_rank (>= 0) runs on among n_dev
+ * (>= 1) visible devices: local_rank modulo n_dev, so that ranks spread over
+ * the devices of their host as torchrun's LOCAL_RANK does. Plain arithmetic,
+ * compiled in every build. */
+static inline int kn_cuda_device_for_rank(int local_rank, int n_dev) {
+  return n_dev > 0 && local_rank >= 0 ? local_rank % n_dev : 0;
+}
 
 #endif

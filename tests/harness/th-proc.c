@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cm-fs.h"
+
 #define TH_MAX_CHILDREN 64
 
 static volatile pid_t g_children[TH_MAX_CHILDREN];
@@ -338,9 +340,8 @@ static char tmpdirs[8][256];
 static void tmpdirs_remove(void) {
   for (int i = 0; i < 8; i++) {
     if (!tmpdirs[i][0]) continue;
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%.255s'", tmpdirs[i]);
-    if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmpdirs[i]);
+    if (cm_rmtree(tmpdirs[i]))
+      fprintf(stderr, "cleanup of %s failed: %s\n", tmpdirs[i], strerror(errno));
     tmpdirs[i][0] = 0;
   }
 }

@@ -1,11 +1,13 @@
 /* test-generate.c — `lmserve make-tiny-model` and `lmserve generate` as real
  * processes: deterministic checkpoints, the stdout format, chunked prefill
  * giving the same tokens, the assistant checkpoint, and clear errors. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cm-fs.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -27,9 +29,7 @@ static const char *tmpdir(void) {
 
 static void cleanup(void) {
   if (!tmp[0]) return;
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
-  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", tmp);
+  if (cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
 }
 
 /* Runs lmserve with args; returns the exit code; out/err malloc'd. */

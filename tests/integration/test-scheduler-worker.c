@@ -3,6 +3,7 @@
  * together (chunked prefill, batched decode) produce exactly what `lmserve generate`
  * produces alone, a repeated prompt is served from the prefix cache with the same
  * output, and a seeded random request is reproducible alone and in a batch. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-fs.h"
 #include "common/cm-time.h"
 #include "tests/harness/th.h"
 #include "tests/integration/sch-test-client.h"
@@ -21,9 +23,7 @@ static char g_tmp[128];
 
 static void cleanup(void) {
   if (!g_tmp[0]) return;
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+  if (cm_rmtree(g_tmp) != 0) fprintf(stderr, "could not remove %s: %s\n", g_tmp, strerror(errno));
 }
 
 static char *lmserve_bin(void) {

@@ -2,12 +2,14 @@
  * (see wk-test-sched.h). */
 #include "tests/integration/wk-test-sched.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-fs.h"
 #include "common/cm-time.h"
 #include "tests/harness/th.h"
 
@@ -15,9 +17,7 @@ static char g_tmp[256];
 
 static void cleanup(void) {
   if (!g_tmp[0]) return;
-  char cmd[400];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
-  if (system(cmd)) fprintf(stderr, "cleanup of %s failed\n", g_tmp);
+  if (cm_rmtree(g_tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", g_tmp, strerror(errno));
 }
 
 char *wts_bin(void) {

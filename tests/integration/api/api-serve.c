@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/cm-fs.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th.h"
 
@@ -27,9 +28,8 @@ static char g_dirs[AS_MAX_DIRS][256];
 static void remove_dirs(void) {
   for (int i = 0; i < AS_MAX_DIRS; i++) {
     if (!g_dirs[i][0]) continue;
-    char cmd[sizeof(g_dirs) + 16];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_dirs[i]);
-    if (system(cmd)) fprintf(stderr, "api-serve: could not remove %s\n", g_dirs[i]);
+    if (cm_rmtree(g_dirs[i]))
+      fprintf(stderr, "api-serve: could not remove %s: %s\n", g_dirs[i], strerror(errno));
   }
 }
 
