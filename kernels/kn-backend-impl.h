@@ -64,11 +64,19 @@ struct kn_backend_ops {
   int (*attention)(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
                    const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
                    int n_heads, int window, float scale, float softcap);
+
+  /* collectives (KN_CAP_ALLREDUCE; kn-backend.h): the public wrappers check the
+   * arguments and that the backend has joined a group before they call these */
+  int (*comm_id_new)(void *ctx, struct kn_comm_id *id);
+  int (*comm_join)(void *ctx, const struct kn_comm_id *id, int rank, int world, int timeout_ms);
+  int (*all_reduce_sum)(void *ctx, float *buf, size_t n);
+  int (*all_gather)(void *ctx, const void *mine, size_t bytes, void *all);
 };
 
 struct kn_backend {
   const struct kn_backend_ops *ops;
-  void *ctx; /* owned; ops->destroy frees it */
+  void *ctx;      /* owned; ops->destroy frees it */
+  int comm_world; /* ranks of the group joined by kn_comm_join; 0: none yet */
 };
 
 /* Wraps ops + ctx into a backend handle (malloc'd); NULL on failure (the

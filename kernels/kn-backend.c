@@ -95,6 +95,47 @@ static int valid_ld(ptrdiff_t ld, int rows, int cols) {
   return rows <= 1 || ld >= cols;
 }
 
+/* ---- collectives ---------------------------------------------------------- */
+
+int kn_comm_id_new(struct kn_backend *be, struct kn_comm_id *id) {
+  if (!be || !id) return CM_ERR_INVAL;
+  memset(id, 0, sizeof(*id));
+  return KN_CALL(comm_id_new, id);
+}
+
+int kn_comm_join(struct kn_backend *be, const struct kn_comm_id *id, int rank, int world,
+                 int timeout_ms) {
+  if (!be || world < 1 || rank < 0 || rank >= world || timeout_ms < 1) return CM_ERR_INVAL;
+  if (be->comm_world) return CM_ERR_STATE; /* one group per backend */
+  if (world == 1) {
+    be->comm_world = 1;
+    return 0;
+  }
+  if (!id) return CM_ERR_INVAL;
+  int rc = KN_CALL(comm_join, id, rank, world, timeout_ms);
+  if (!rc) be->comm_world = world;
+  return rc;
+}
+
+int kn_comm_world(const struct kn_backend *be) {
+  return be && be->comm_world > 1 ? be->comm_world : 1;
+}
+
+int kn_all_reduce_sum(struct kn_backend *be, float *buf, size_t n) {
+  if (!be) return CM_ERR_INVAL;
+  if (n == 0 || kn_comm_world(be) == 1) return 0;
+  if (!buf) return CM_ERR_INVAL;
+  return KN_CALL(all_reduce_sum, buf, n);
+}
+
+int kn_all_gather(struct kn_backend *be, const void *mine, size_t bytes, void *all) {
+  if (!be) return CM_ERR_INVAL;
+  if (bytes == 0) return 0;
+  if (!mine || !all) return CM_ERR_INVAL;
+  if (kn_comm_world(be) == 1) return kn_copy(be, all, mine, bytes);
+  return KN_CALL(all_gather, mine, bytes, all);
+}
+
 /* ---- dense ops ---------------------------------------------------------- */
 
 int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
@@ -104,7 +145,7 @@ int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table
   if (!out || !table || !ids || !valid_ld(ldo, T, H)) return CM_ERR_INVAL;
   if (!valid_weight_dtype(tdt)) return CM_ERR_UNSUPPORTED;
   for (int t = 0; t < T; t++) {
-    if (ids[t] < 0 || ids[t] >= vocab) {
+    if (ids[t] < -1 || ids[t] >= vocab) {
       cm_debug("kn", "embed: token id %d outside [0, %d)", (int)ids[t], vocab);
       return CM_ERR_RANGE;
     }

@@ -60,8 +60,8 @@ enum kn_backend_cap {
   /* kn_sample runs on the backend itself, where the logits are: only token
    * ids and logprobs come back to the host. */
   KN_CAP_SAMPLE = 1u << 1,
-  /* Collectives across the ranks of a tensor-parallel group (all-reduce).
-   * No backend has them yet. */
+  /* Collectives across the ranks of a tensor-parallel group: kn_comm_join,
+   * kn_all_reduce_sum, kn_all_gather. */
   KN_CAP_ALLREDUCE = 1u << 2,
 };
 
@@ -86,11 +86,40 @@ int kn_sync(struct kn_backend *be);
  * whose memory is the host's (CPU). */
 int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes);
 
+/* ---- collectives (KN_CAP_ALLREDUCE) -------------------------------------- */
+
+/* What joins the ranks of one tensor-parallel group: made by rank 0 with
+ * kn_comm_id_new and handed to every rank (the scheduler relays it in a DIST
+ * message; no shared file system). Opaque bytes: the CPU backend's shared
+ * memory segment name, or NCCL's unique id. */
+#define KN_COMM_ID_BYTES 128
+struct kn_comm_id {
+  unsigned char bytes[KN_COMM_ID_BYTES];
+};
+
+/* Makes a fresh id for a new group (rank 0 only). */
+int kn_comm_id_new(struct kn_backend *be, struct kn_comm_id *id);
+/* Joins be to the group of `world` ranks named by id as `rank`. Every rank calls it;
+ * it returns once the group is formed, or CM_ERR_TIMEOUT after timeout_ms. A
+ * collective that a peer never joins (it died or stopped) fails within timeout_ms as
+ * well, and every collective after a failure fails at once: the caller reports it
+ * and exits. world 1 needs no id. A backend joins one group, once. */
+int kn_comm_join(struct kn_backend *be, const struct kn_comm_id *id, int rank, int world,
+                 int timeout_ms);
+/* Ranks in be's group (1 when it joined none). */
+int kn_comm_world(const struct kn_backend *be);
+/* buf[n] (backend memory) = its sum over the group's ranks, in place; the same bits
+ * on every rank. A no-op in a group of one. */
+int kn_all_reduce_sum(struct kn_backend *be, float *buf, size_t n);
+/* all[world][bytes] (backend memory) = every rank's mine[bytes], in rank order. */
+int kn_all_gather(struct kn_backend *be, const void *mine, size_t bytes, void *all);
+
 /* ---- dense ops ---------------------------------------------------------- */
 
 /* out[T, H] (row stride ldo) = table[ids[t], :] * scale.
  * table: [vocab, H] of dtype tdt (backend memory); ids: [T] host.
- * An id outside [0, vocab) gives CM_ERR_RANGE (nothing written). */
+ * An id of -1 gives a zero row (on a vocab-parallel rank, a token whose row another
+ * rank holds); any other id outside [0, vocab) gives CM_ERR_RANGE (nothing written). */
 int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
              int vocab, int H, const int32_t *ids, int T, float scale);
 

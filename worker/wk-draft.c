@@ -108,7 +108,12 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
   if (T < 0) return T;
   CM_ASSERT(T == n && R == n);
   /* x = pre_projection([target_embed(tok) * sqrt(B), h_in]) */
-  K(kn_embed(be, m->cat, 2 * B, t->embed.p, t->embed.dt, V, B, m->ids, T, t->embed_scale));
+  if (m->plan.world == 1) {
+    K(kn_embed(be, m->cat, 2 * B, t->embed.p, t->embed.dt, V, B, m->ids, T, t->embed_scale));
+  } else { /* the target's vocab-parallel embedding: contiguous rows, then into cat */
+    K(wk_embed_tokens(m, m->hout, &t->embed, t->embed_scale, T));
+    K(kn_copy_rows(be, m->cat, 2 * B, m->hout, B, T, B));
+  }
   for (int s = 0; s < n; s++)
     K(kn_upload(be, m->cat + (size_t)s * 2 * B + B, in[s].h_in, sizeof(float) * (size_t)B));
   K(wk_linear(m, m->x, h, m->cat, 2 * B, &m->pre_proj, T));

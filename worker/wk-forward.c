@@ -184,6 +184,7 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   enum kn_norm_mode nm = m->norm_mode;
   const float *inv_freq = m->inv_freq[l->kind];
   size_t TH = (size_t)T * H;
+  int tp = m->plan.world > 1;
 
   /* attention */
   K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->in_norm, KN_DTYPE_F32, eps, nm));
@@ -209,6 +210,7 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   K(kn_attention(be, m->attn, qd, m->q, qd, &view, m->aseq + (size_t)g * (size_t)m->max_seqs,
                  n_seqs, nh, window, (float)c->attn_scale, (float)c->attn_softcap));
   K(wk_linear(m, m->o, H, m->attn, qd, &w->wo, T));
+  if (tp) K(kn_all_reduce_sum(be, m->o, TH)); /* O is split by input columns */
   K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_attn_norm, KN_DTYPE_F32, eps, nm));
   K(kn_add(be, m->x, m->x, m->o, TH));
 
@@ -218,10 +220,12 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));
   K(kn_gelu_mul(be, m->gate, F, m->gate, F, m->up, F, T, F));
   K(wk_linear(m, m->o, H, m->gate, F, &w->w_down, T));
+  if (tp) K(kn_all_reduce_sum(be, m->o, TH)); /* down is split by input columns */
   if (c->moe) {
     K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm1, KN_DTYPE_F32, eps, nm));
     int rc = moe_block(m, w, T, layer, err, errlen);
     if (rc) return rc;
+    if (tp) K(kn_all_reduce_sum(be, m->o2, TH)); /* each expert's width is split */
     K(kn_rmsnorm(be, m->o2, H, m->o2, H, T, H, w->post_ffn_norm2, KN_DTYPE_F32, eps, nm));
     K(kn_add(be, m->o, m->o, m->o2, TH));
   }
@@ -241,6 +245,65 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err,
   return 0;
 }
 
+int wk_embed_tokens(struct wk_model *m, float *out, const struct wk_w *table, float scale, int T) {
+  struct kn_backend *be = m->be;
+  const struct wk_shard_plan *p = &m->plan;
+  int H = table->cols;
+  if (p->world == 1)
+    return kn_embed(be, out, H, table->p, table->dt, table->rows, H, m->ids, T, scale);
+  for (int t = 0; t < T; t++) {
+    int32_t id = m->ids[t] - (int32_t)table->off;
+    m->ids_local[t] = id >= 0 && id < table->rows ? id : -1; /* another rank's row */
+  }
+  int rc = kn_embed(be, out, H, table->p, table->dt, table->rows, H, m->ids_local, T, scale);
+  return rc ? rc : kn_all_reduce_sum(be, out, (size_t)T * (size_t)H);
+}
+
+/* The greedy head of a vocab-parallel rank: every rank's (maximum, argmax) for rows
+ * [0, n) gathered, and the first maximum over the ranks in vocabulary order (ranks hold
+ * ascending slices), so the token is the one the whole head's argmax would give. A
+ * NaN never wins; all-NaN rows give 0, as kn_argmax does. */
+static int merge_argmax(struct wk_model *m, int n) {
+  struct kn_backend *be = m->be;
+  int world = m->plan.world;
+  struct wk_pair *mine = m->pairs_host, *all = m->pairs_host + m->max_out;
+  for (int r = 0; r < n; r++)
+    mine[r] = (struct wk_pair){m->head_max[r], m->head_ids[r] + (int32_t)m->lm_head.off};
+  size_t bytes = sizeof(struct wk_pair) * (size_t)n;
+  int rc = kn_upload(be, m->pairs, mine, bytes);
+  if (!rc) rc = kn_all_gather(be, m->pairs, bytes, m->pairs_all);
+  if (!rc) rc = kn_download(be, all, m->pairs_all, bytes * (size_t)world);
+  if (rc) return rc;
+  for (int r = 0; r < n; r++) {
+    int32_t best = 0;
+    float bv = 0.0f;
+    int found = 0;
+    for (int k = 0; k < world; k++) {
+      const struct wk_pair *q = &all[(size_t)k * (size_t)n + (size_t)r];
+      if (q->max != q->max) continue;
+      if (!found || q->max > bv) {
+        best = q->id;
+        bv = q->max;
+        found = 1;
+      }
+    }
+    m->head_ids[r] = best;
+  }
+  return 0;
+}
+
+/* logits[n, V] from the vocab-parallel head's per-rank [n, V / world] slices. */
+static int gather_logits(struct wk_model *m, int n) {
+  struct kn_backend *be = m->be;
+  int world = m->plan.world, vn = m->lm_head.rows, V = vn * world;
+  size_t bytes = sizeof(float) * (size_t)n * (size_t)vn;
+  int rc = kn_all_gather(be, m->logits, bytes, m->gathered);
+  for (int k = 0; k < world && !rc; k++)
+    rc = kn_copy_rows(be, m->logits + (size_t)k * (size_t)vn, V,
+                      m->gathered + (size_t)k * (size_t)n * (size_t)vn, vn, n, vn);
+  return rc;
+}
+
 /* Whether all n rows sample their argmax (kn_sample_is_argmax). */
 static int all_argmax(const struct kn_sample_params *p, int n) {
   for (int r = 0; r < n; r++)
@@ -254,9 +317,10 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
   int R = 0, layer = -1;
   int T = wk_fw_prepare(m, b, &R, err, errlen);
   if (T < 0) return T;
-  int H = c->hidden, V = c->vocab;
+  int H = c->hidden, V = c->vocab, Vl = m->lm_head.rows; /* vocabulary, this rank's rows */
+  int tp = m->plan.world > 1;
 
-  K(kn_embed(be, m->x, H, m->embed.p, m->embed.dt, V, H, m->ids, T, m->embed_scale));
+  K(wk_embed_tokens(m, m->x, &m->embed, m->embed_scale, T));
   if (c->ple_dim) {
     int P = c->ple_dim, LP = c->n_layers * P;
     size_t n = (size_t)T * LP;
@@ -283,10 +347,12 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
                  m->norm_mode));
     if (b->hidden)
       K(kn_download(be, b->hidden + (size_t)start * H, m->sel, sizeof(float) * (size_t)n * H));
+    float cap = c->final_softcap > 0 ? (float)c->final_softcap : 0.0f;
     if (b->sampled && all_argmax(b->sample + start, n)) {
       /* greedy rows: the tokens straight from the head, no logits written */
-      K(kn_matmul_argmax(be, m->head_ids, NULL, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H,
-                         c->final_softcap > 0 ? (float)c->final_softcap : 0.0f, m->logits));
+      K(kn_matmul_argmax(be, m->head_ids, tp ? m->head_max : NULL, m->sel, H, m->lm_head.p,
+                         m->lm_head.dt, n, Vl, H, cap, m->logits));
+      if (tp) K(merge_argmax(m, n));
       for (int r = 0; r < n; r++) {
         struct kn_sample_out *o = &b->sampled[start + r];
         o->token = m->head_ids[r];
@@ -294,11 +360,12 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
         o->n_top = 0;
       }
     } else if (b->logits || b->sampled) {
-      if (c->final_softcap > 0)
-        K(kn_matmul_softcap(be, m->logits, V, m->sel, H, m->lm_head.p, m->lm_head.dt, n, V, H,
-                            (float)c->final_softcap));
+      if (cap > 0)
+        K(kn_matmul_softcap(be, m->logits, Vl, m->sel, H, m->lm_head.p, m->lm_head.dt, n, Vl, H,
+                            cap));
       else
-        K(wk_linear(m, m->logits, V, m->sel, H, &m->lm_head, n));
+        K(wk_linear(m, m->logits, Vl, m->sel, H, &m->lm_head, n));
+      if (tp) K(gather_logits(m, n));
       if (b->sampled)
         K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
       else

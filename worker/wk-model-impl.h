@@ -5,6 +5,7 @@
 #include "kernels/kn-backend.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
+#include "worker/wk-shard.h"
 
 /* How a weight splits over tensor-parallel ranks (Megatron layout). The shape a
  * rank holds follows from the rule alone, so the forward pass needs no rank tests. */
@@ -16,6 +17,12 @@ enum wk_shard {
                         partial sum, all-reduced over the ranks */
 };
 
+/* One rank's greedy answer for one row: its maximum and where (full-vocabulary id). */
+struct wk_pair {
+  float max;
+  int32_t id;
+};
+
 /* A weight matrix (or a stack of n_mat matrices, the MoE experts) in backend memory:
  * this rank's slice of it, described once at load time. */
 struct wk_w {
@@ -25,11 +32,6 @@ struct wk_w {
   int n_mat;           /* 1, or E for a stack of expert matrices */
   enum wk_shard shard; /* how the full tensor was split */
   int off;             /* first row (ROWS) or column (COLS) of the full tensor held here */
-};
-
-/* A model's place in its tensor-parallel group. */
-struct wk_split {
-  int rank, world; /* tensor-parallel rank, world size (1: no split) */
 };
 
 struct wk_layer_w {
@@ -57,8 +59,9 @@ struct wk_layer_w {
 
 struct wk_model {
   struct kn_backend *be;
-  struct wk_split tp; /* this model's tensor-parallel rank and world size */
-  struct wk_config cfg;
+  struct wk_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
+  struct wk_config full;     /* the checkpoint's config */
+  struct wk_shard_plan plan; /* this rank's place in its tensor-parallel group */
   struct wk_kv_spec kv;
   struct wk_st *st;
   char dir[1024];
@@ -114,6 +117,13 @@ struct wk_model {
   float *moe_w;             /* [T, k] */
   int32_t *out_rows;        /* [T] row index of each output */
   int32_t *head_ids;        /* [max_out] greedy tokens straight from the head */
+  /* tensor parallelism (plan.world > 1) only */
+  int32_t *ids_local;         /* [T] ids in this rank's vocabulary rows, -1 elsewhere */
+  float *head_max;            /* [max_out] this rank's greedy maxima */
+  struct wk_pair *pairs_host; /* [max_out * (1 + world)]: mine, then everyone's */
+  struct wk_pair *pairs;      /* backend [max_out] */
+  struct wk_pair *pairs_all;  /* backend [world, max_out] */
+  float *gathered;            /* backend [world, max_out, V / world] head slices */
 
   /* Gemma 4 MTP assistant only (target != NULL) */
   struct wk_model *target;    /* whose embedding and KV pages the draft reads */
@@ -134,6 +144,10 @@ struct wk_model {
  * (wk-forward.c); the shape comes from the weight, never from the caller. */
 int wk_linear(struct wk_model *m, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
               const struct wk_w *w, int T);
+
+/* out[T, table->cols] = table rows of m->ids[0, T) * scale; on a vocab-parallel rank the
+ * rows it holds, all-reduced with the other ranks' (wk-forward.c). */
+int wk_embed_tokens(struct wk_model *m, float *out, const struct wk_w *table, float scale, int T);
 
 /* Allocates backend memory owned by the model (freed with it). */
 void *wk_model_alloc(struct wk_model *m, size_t bytes);

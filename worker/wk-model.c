@@ -85,13 +85,45 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
   return t;
 }
 
+/* The part of a weight a rank binds: n rows (WK_SHARD_ROWS) or columns (COLS) from
+ * off; halves = 2 for a stack of two row blocks split alike (the experts' fused
+ * gate_up: gate rows [off, off + n) and up rows [I + off, I + off + n)). n = 0: all. */
+struct cut {
+  int off, n, halves;
+};
+
+/* This rank's [n_mat, rows, cols] slice of a [n_mat, R, C] tensor, gathered into new
+ * backend memory (a column slice, or rows from both halves, are not contiguous). */
+static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
+                          struct cut cut, int n_mat, int R, int C) {
+  size_t esz = kn_dtype_size((enum kn_dtype)t->dtype);
+  int rows = shard == WK_SHARD_ROWS ? cut.n * cut.halves : R;
+  int cols = shard == WK_SHARD_COLS ? cut.n : C;
+  size_t row_bytes = (size_t)cols * esz, bytes = (size_t)n_mat * (size_t)rows * row_bytes;
+  unsigned char *host = malloc(bytes ? bytes : 1);
+  if (!host) return NULL;
+  const unsigned char *src = t->data;
+  for (int e = 0; e < n_mat; e++)
+    for (int r = 0; r < rows; r++) {
+      int sr = r, sc = 0;
+      if (shard == WK_SHARD_ROWS) sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
+      if (shard == WK_SHARD_COLS) sc = cut.off;
+      memcpy(host + ((size_t)e * rows + (size_t)r) * row_bytes,
+             src + (((size_t)e * R + (size_t)sr) * (size_t)C + (size_t)sc) * esz, row_bytes);
+    }
+  void *p = wk_model_alloc(b->m, bytes);
+  if (p && kn_upload(b->m->be, p, host, bytes)) p = NULL;
+  free(host);
+  return p;
+}
+
 /* Binds a weight of full shape [d0, d1] (d2 < 0) or a stack [d0, d1, d2] of d0
- * matrices, and records its shape and tensor-parallel shard rule. */
-static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, int required,
-                     int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, int required,
-                     int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
+ * matrices: this rank's cut of it under its shard rule, with its shape. */
+static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, struct cut cut,
+                     int required, int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, struct cut cut,
+                     int required, int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
   char name[256];
   va_list ap;
   va_start(ap, fmt);
@@ -102,11 +134,22 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, int 
   if (!t) return;
   w->dt = (enum kn_dtype)t->dtype;
   w->n_mat = d2 < 0 ? 1 : (int)d0;
-  w->rows = (int)(d2 < 0 ? d0 : d1);
-  w->cols = (int)(d2 < 0 ? d1 : d2);
-  w->p = place(b->m, t->data, t->nbytes);
+  int R = (int)(d2 < 0 ? d0 : d1), C = (int)(d2 < 0 ? d1 : d2);
+  if (cut.halves < 1) cut.halves = 1;
+  int whole = shard == WK_SHARD_FULL || cut.n == 0 ||
+              (shard == WK_SHARD_ROWS ? cut.n * cut.halves == R : cut.n == C);
+  w->rows = whole || shard != WK_SHARD_ROWS ? R : cut.n * cut.halves;
+  w->cols = whole || shard != WK_SHARD_COLS ? C : cut.n;
+  w->off = whole ? 0 : cut.off;
+  size_t bytes = (size_t)w->n_mat * (size_t)w->rows * (size_t)w->cols * kn_dtype_size(w->dt);
+  if (whole)
+    w->p = place(b->m, t->data, t->nbytes);
+  else if (shard == WK_SHARD_ROWS && cut.halves == 1 && w->n_mat == 1) /* contiguous rows */
+    w->p = place(b->m, (const char *)t->data + (size_t)cut.off * bytes / (size_t)cut.n, bytes);
+  else
+    w->p = gather(b, t, shard, cut, w->n_mat, R, C);
   if (!w->p) b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s", name);
-  b->m->weight_bytes += t->nbytes;
+  b->m->weight_bytes += bytes;
 }
 
 /* A 1-D tensor of n elements converted to f32 in backend memory. */
@@ -155,7 +198,8 @@ static float round_to(enum kn_dtype dt, double v) {
 }
 
 static int bind_all(struct wk_model *m, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct wk_config *c = &m->full, *lc = &m->cfg;
+  const struct wk_shard_plan *sp = &m->plan;
   struct binder b = {m, err, errlen, 0};
   const char *P = find_prefix(m->st);
   if (!P)
@@ -163,18 +207,24 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
                    "%s: no embed_tokens.weight under model.language_model., model. or the root",
                    m->dir);
   int H = c->hidden, L = c->n_layers, V = c->vocab;
-  bind_mat(&b, &m->embed, WK_SHARD_ROWS, 1, V, H, -1, "%sembed_tokens.weight", P);
+  /* the assistant's own table is only its head, replicated so that every rank drafts the
+   * same tokens from the same (all-reduced) hidden state */
+  int assistant = c->arch == WK_ARCH_GEMMA4_ASSISTANT;
+  struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
+  bind_mat(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+           "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
     m->lm_head = m->embed;
   } else {
-    bind_mat(&b, &m->lm_head, WK_SHARD_ROWS, 1, V, H, -1, "lm_head.weight");
+    bind_mat(&b, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+             "lm_head.weight");
   }
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
   if (c->ple_dim) {
     int LP = L * c->ple_dim;
-    bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, 1, c->ple_vocab, LP, -1,
+    bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_vocab, LP, -1,
              "%sembed_tokens_per_layer.weight", P);
-    bind_mat(&b, &m->ple_model_proj, WK_SHARD_FULL, 1, LP, H, -1,
+    bind_mat(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
              "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
@@ -185,40 +235,48 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     const struct wk_layer_cfg *l = &c->layers[i];
     struct wk_layer_w *w = &m->layers[i];
     int D = l->head_dim, qd = c->n_heads * D, kvd = l->n_kv_heads * D, F = l->ffn_dim;
+    int lF = lc->layers[i].ffn_dim, lkv = lc->layers[i].n_kv_heads;
+    struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->rank * lF, lF, 1};
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
-    bind_mat(&b, &w->wq, WK_SHARD_ROWS, 1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
-    bind_mat(&b, &w->wo, WK_SHARD_COLS, 1, H, qd, -1, "%sself_attn.o_proj.weight", lp);
+    bind_mat(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
+             -1, "%sself_attn.q_proj.weight", lp);
+    bind_mat(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
+             -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_mat(&b, &w->wk, WK_SHARD_ROWS, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      bind_mat(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
       if (!l->k_eq_v)
-        bind_mat(&b, &w->wv, WK_SHARD_ROWS, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+        bind_mat(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
     w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
     w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
     w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
-    bind_mat(&b, &w->w_gate, WK_SHARD_ROWS, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
-    bind_mat(&b, &w->w_up, WK_SHARD_ROWS, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_mat(&b, &w->w_down, WK_SHARD_COLS, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_mat(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
+    bind_mat(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_mat(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
-      bind_mat(&b, &w->router, WK_SHARD_FULL, 1, E, H, -1, "%srouter.proj.weight", lp);
+      bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
+               lp);
       w->router_scale = bind_vec(&b, 1, H, "%srouter.scale", lp);
       w->expert_scale = bind_vec(&b, 1, E, "%srouter.per_expert_scale", lp);
-      bind_mat(&b, &w->experts_gate_up, WK_SHARD_ROWS, 1, E, 2 * I, H, "%sexperts.gate_up_proj",
-               lp);
-      bind_mat(&b, &w->experts_down, WK_SHARD_COLS, 1, E, H, I, "%sexperts.down_proj", lp);
+      bind_mat(&b, &w->experts_gate_up, WK_SHARD_ROWS,
+               (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 2}, 1, E, 2 * I, H,
+               "%sexperts.gate_up_proj", lp);
+      bind_mat(&b, &w->experts_down, WK_SHARD_COLS,
+               (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 1}, 1, E, H, I,
+               "%sexperts.down_proj", lp);
       w->pre_ffn_norm2 = bind_vec(&b, 1, H, "%spre_feedforward_layernorm_2.weight", lp);
       w->post_ffn_norm1 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_1.weight", lp);
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
     }
     if (c->ple_dim) {
-      bind_mat(&b, &w->ple_gate, WK_SHARD_FULL, 1, c->ple_dim, H, -1,
+      bind_mat(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
                "%sper_layer_input_gate.weight", lp);
-      bind_mat(&b, &w->ple_proj, WK_SHARD_FULL, 1, H, c->ple_dim, -1,
+      bind_mat(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
                "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
@@ -235,7 +293,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   m->embed_scale = round_to(m->embed.dt, sqrt((double)H));
   if (c->ple_dim) m->ple_embed_scale = round_to(m->ple_embed.dt, sqrt((double)c->ple_dim));
   /* bytes per decode token: every matrix once plus one row of each table */
-  uint64_t table = (uint64_t)V * H * kn_dtype_size(m->embed.dt);
+  uint64_t table = (uint64_t)m->embed.rows * H * kn_dtype_size(m->embed.dt);
   m->bytes_per_token = m->weight_bytes - table + (uint64_t)H * kn_dtype_size(m->embed.dt);
   if (c->tie_embeddings) m->bytes_per_token += table; /* the tied head reads it all */
   if (c->ple_dim) {
@@ -244,8 +302,8 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   }
   if (c->moe)
     for (int i = 0; i < L; i++) {
-      uint64_t ex =
-          (uint64_t)c->n_experts * 3 * c->moe_ffn * H * kn_dtype_size(m->layers[i].experts_down.dt);
+      uint64_t ex = (uint64_t)c->n_experts * 3 * lc->moe_ffn * H *
+                    kn_dtype_size(m->layers[i].experts_down.dt);
       m->bytes_per_token -= ex - ex / c->n_experts * c->top_k_experts;
     }
   return 0;
@@ -313,6 +371,17 @@ static int alloc_scratch(struct wk_model *m) {
   }
   A(sel, (size_t)m->max_out * H);
   A(logits, (size_t)m->max_out * (size_t)c->vocab);
+  int world = m->plan.world;
+  if (world > 1) {
+    A(gathered, (size_t)m->max_out * (size_t)c->vocab);
+    size_t pb = sizeof(struct wk_pair) * (size_t)m->max_out;
+    if (!(m->pairs = wk_model_alloc(m, pb)) || !(m->pairs_all = wk_model_alloc(m, pb * world)))
+      return CM_ERR_NOMEM;
+    m->ids_local = malloc(sizeof(int32_t) * T);
+    m->head_max = malloc(sizeof(float) * (size_t)m->max_out);
+    m->pairs_host = malloc(pb * (size_t)(1 + world));
+    if (!m->ids_local || !m->head_max || !m->pairs_host) return CM_ERR_NOMEM;
+  }
 #undef A
   int G = CM_MAX(m->kv.n_groups, 1);
   m->ids = malloc(sizeof(int32_t) * T);
@@ -365,10 +434,12 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
                    m->dir, c->vocab, c->backbone_hidden, t->dir, tc->model_type, tc->vocab,
                    tc->hidden);
   int h = c->hidden, B = c->backbone_hidden;
-  bind_mat(&b, &m->pre_proj, WK_SHARD_FULL, 1, h, 2 * (int64_t)B, -1, "pre_projection.weight");
-  bind_mat(&b, &m->post_proj, WK_SHARD_FULL, 1, B, h, -1, "post_projection.weight");
+  bind_mat(&b, &m->pre_proj, WK_SHARD_FULL, (struct cut){0}, 1, h, 2 * (int64_t)B, -1,
+           "pre_projection.weight");
+  bind_mat(&b, &m->post_proj, WK_SHARD_FULL, (struct cut){0}, 1, B, h, -1,
+           "post_projection.weight");
   if (c->use_ordered_embeddings) {
-    bind_mat(&b, &m->centroids, WK_SHARD_FULL, 1, c->num_centroids, h, -1,
+    bind_mat(&b, &m->centroids, WK_SHARD_FULL, (struct cut){0}, 1, c->num_centroids, h, -1,
              "masked_embedding.centroids.weight");
     const struct wk_tensor *o = wk_st_find(m->st, "masked_embedding.token_ordering");
     if (!b.rc && (!o || o->ndim != 1 || o->shape[0] != c->vocab ||
@@ -403,6 +474,11 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
                      "layer in the target",
                      m->dir, i, l->kind == WK_LAYER_FULL ? "full" : "sliding", l->head_dim,
                      l->n_kv_heads);
+    if (m->plan.kv_head0[i] != t->plan.kv_head0[src])
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "%s: draft layer %d reads KV head %d on tensor-parallel rank %d, where the "
+                     "target holds KV head %d",
+                     m->dir, i, m->plan.kv_head0[i], m->plan.rank, t->plan.kv_head0[src]);
     m->kv.layer_group[i] = t->kv.layer_group[src];
     m->kv.layer_k_off[i] = t->kv.layer_k_off[src];
     m->kv.layer_v_off[i] = t->kv.layer_v_off[src];
@@ -465,8 +541,16 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if (!m) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   m->be = be;
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
-  int rc = wk_config_load(dir, &m->cfg, err, errlen);
+  int rc = wk_config_load(dir, &m->full, err, errlen);
   if (rc) goto fail;
+  int world = o.tp_size > 0 ? o.tp_size : 1;
+  if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &m->cfg, &m->plan, err, errlen))) goto fail;
+  if (world > 1 && !kn_backend_has(be, KN_CAP_ALLREDUCE)) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "tensor-parallel size %d needs collectives, which the %s backend lacks", world,
+                 kn_backend_name(be));
+    goto fail;
+  }
   if ((m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  target ? "%s: not a gemma4_assistant checkpoint"
@@ -556,6 +640,9 @@ void wk_model_free(struct wk_model *m) {
   free(m->pos);
   free(m->out_rows);
   free(m->head_ids);
+  free(m->ids_local);
+  free(m->head_max);
+  free(m->pairs_host);
   free(m->slots);
   free(m->aseq);
   free(m->moe_ids);

@@ -43,6 +43,9 @@ struct wk_model_opts {
   int kv_dtype;         /* -1 / 0 default: f32 for f32 weights, bf16 otherwise;
                            else 1 + enum kn_dtype (1 = f32, 3 = bf16) */
   int quiet;            /* 1: no progress lines on stderr */
+  int tp_rank, tp_size; /* tensor parallelism: this rank of tp_size (0 = 1) ranks, each
+                           holding its shard (wk-shard.h); the backend must have
+                           collectives when tp_size > 1 */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json). `be` must

@@ -18,8 +18,12 @@ int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum 
   (void)p;
   size_t row_bytes = (size_t)H * kn_dtype_size(tdt);
   for (int t = 0; t < T; t++) {
-    const void *row = (const char *)table + (size_t)ids[t] * row_bytes;
     float *o = out + (ptrdiff_t)t * ldo;
+    if (ids[t] < 0) { /* a row another tensor-parallel rank holds */
+      memset(o, 0, sizeof(float) * (size_t)H);
+      continue;
+    }
+    const void *row = (const char *)table + (size_t)ids[t] * row_bytes;
     switch (tdt) {
     case KN_DTYPE_BF16: {
       const uint16_t *r = row;

@@ -1,5 +1,5 @@
 /* kn-cuda-embed.cu — token embedding lookup: out[t, :] = table[ids[t], :] * scale,
- * one block per token, the table in f32, f16 or bf16. ids are staged on the
+ * one block per token, the table in f32, f16 or bf16; id -1 is a zero row. ids are staged on the
  * device (validated on the host by kn-backend.c). */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
@@ -7,8 +7,13 @@ template <typename T>
 __global__ void embed_kernel(float *out, ptrdiff_t ldo, const T *table, int H, const int32_t *ids,
                              float scale) {
   int t = blockIdx.x;
-  const T *row = table + (size_t)ids[t] * (size_t)H;
   float *o = out + (ptrdiff_t)t * ldo;
+  if (ids[t] < 0) { /* a row another tensor-parallel rank holds */
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+      o[i] = 0.0f;
+    return;
+  }
+  const T *row = table + (size_t)ids[t] * (size_t)H;
   for (int i = threadIdx.x; i < H; i += blockDim.x)
     o[i] = kn_load(row, i) * scale;
 }

@@ -456,8 +456,18 @@ TH_TEST(embed_gathers_and_scales) {
     TH_CHECK(kt_is_sentinel(o + H)); /* the gap between rows is untouched */
     int32_t bad[2] = {1, 50};
     TH_CHECK_EQ_INT(kn_embed(be, o, ld, table, wdts[dt], V, H, bad, 2, 1.0f), CM_ERR_RANGE);
-    bad[1] = -1;
+    bad[1] = -2;
     TH_CHECK_EQ_INT(kn_embed(be, o, ld, table, wdts[dt], V, H, bad, 2, 1.0f), CM_ERR_RANGE);
+    /* -1: a row another tensor-parallel rank holds, written as zeros */
+    int32_t part[2] = {-1, 7};
+    for (int h = 0; h < H; h++)
+      o[h] = 9.0f;
+    TH_REQUIRE(kn_embed(be, o, ld, table, wdts[dt], V, H, part, 2, 2.0f) == 0);
+    for (int h = 0; h < H; h++) {
+      TH_CHECK(o[h] == 0.0f);
+      TH_CHECK(o[ld + h] == kn_load_f32(table, wdts[dt], (size_t)7 * H + h) * 2.0f);
+    }
+    TH_CHECK(kt_guards_ok(o, n));
     free(table);
     kt_guarded_free(o);
   }
