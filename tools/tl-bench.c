@@ -13,6 +13,7 @@ static const struct {
     {"model", tl_bench_model_main, "prefill and decode tokens/s of one model, memory bandwidth"},
     {"tokenizer", tl_bench_tokenizer_main, "tokenizer load time and encode throughput"},
     {"serve", tl_bench_serve_main, "load generator against a running server (like vllm bench serve)"},
+    {"coll", tl_bench_coll_main, "all-reduce latency of CPU tensor-parallel ranks (shared memory)"},
 };
 
 int tl_bench_main(int argc, char **argv) {
@@ -25,6 +26,7 @@ int tl_bench_main(int argc, char **argv) {
   }
   for (size_t i = 0; i < CM_ARRAY_LEN(benches); i++)
     if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve)\n", argv[1]);
+  fprintf(stderr, "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve, coll)\n",
+          argv[1]);
   return 2;
 }
