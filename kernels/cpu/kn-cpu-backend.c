@@ -15,6 +15,7 @@
 #include "common/cm-log.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/cpu/kn-cpu-sample.h"
+#include "kernels/cpu/kn-cpu-shm.h"
 #include "kernels/kn-backend-impl.h"
 
 /* ---- memory hooks ------------------------------------------------------- */
@@ -22,6 +23,7 @@
 static void cpu_destroy(void *p) {
   struct kn_cpu_ctx *ctx = p;
   if (!ctx) return;
+  kn_shm_comm_destroy(ctx->comm);
   kn_cpu_pool_destroy(ctx->pool);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     free(ctx->scratch[i]);
@@ -149,6 +151,7 @@ static void fill_ops_once(void) {
   cpu_ops.memset = cpu_memset;
   cpu_ops.sync = cpu_sync;
   kn_cpu_ops_fill(&cpu_ops);
+  kn_cpu_comm_fill(&cpu_ops);
   for (int i = 0; i < 3; i++) {
     cpu_ops_isa[i] = cpu_ops;
     cpu_ops_isa[i].name = cpu_names[i];

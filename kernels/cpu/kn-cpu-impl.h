@@ -162,6 +162,8 @@ struct kn_cpu_ctx {
    * sampled in parallel; kn-cpu-sample.c), made by its thread when a row
    * first needs one */
   struct kn_cpu_sampler *samplers[KN_CPU_MAX_THREADS];
+  /* the tensor-parallel group joined by kn_comm_join (kn-cpu-comm.c), or NULL */
+  struct kn_shm_comm *comm;
 };
 
 /* Makes every thread's scratch hold at least n floats; 0 or CM_ERR_NOMEM. */
@@ -169,6 +171,8 @@ int kn_cpu_ctx_scratch(struct kn_cpu_ctx *ctx, size_t n);
 /* Fills ops with the CPU ops (kn-cpu-ops.c), all but the memory hooks. */
 struct kn_backend_ops;
 void kn_cpu_ops_fill(struct kn_backend_ops *ops);
+/* Fills ops with the collectives over shared memory (kn-cpu-comm.c). */
+void kn_cpu_comm_fill(struct kn_backend_ops *ops);
 
 /* Ops without a kernel-table entry (kn-cpu-ops-misc.c); ctx is the kn_cpu_ctx. */
 int kn_cpu_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,

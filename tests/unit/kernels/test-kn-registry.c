@@ -186,11 +186,11 @@ TH_TEST(registry_capabilities) {
   unsigned c = kn_backend_reg_caps(cpu);
   TH_CHECK(c & KN_CAP_HOST_MEMORY);
   TH_CHECK(c & KN_CAP_SAMPLE);
-  TH_CHECK(!(c & KN_CAP_ALLREDUCE)); /* no collectives yet */
+  TH_CHECK(c & KN_CAP_ALLREDUCE); /* shared-memory collectives */
   unsigned g = kn_backend_reg_caps(cuda);
   TH_CHECK(!(g & KN_CAP_HOST_MEMORY));
   TH_CHECK(g & KN_CAP_SAMPLE);
-  TH_CHECK(!(g & KN_CAP_ALLREDUCE));
+  TH_CHECK(!(g & KN_CAP_ALLREDUCE)); /* NCCL is not wired yet */
   TH_CHECK_EQ_INT(kn_backend_reg_caps(NULL), 0);
 
   /* a backend made through the entry has the entry's capabilities */
@@ -201,8 +201,9 @@ TH_TEST(registry_capabilities) {
   TH_CHECK_EQ_INT(kn_backend_caps(be), c);
   TH_CHECK(kn_backend_has(be, KN_CAP_HOST_MEMORY));
   TH_CHECK(kn_backend_has(be, KN_CAP_HOST_MEMORY | KN_CAP_SAMPLE));
-  TH_CHECK(!kn_backend_has(be, KN_CAP_ALLREDUCE));
-  TH_CHECK(!kn_backend_has(be, KN_CAP_SAMPLE | KN_CAP_ALLREDUCE));
+  TH_CHECK(kn_backend_has(be, KN_CAP_ALLREDUCE));
+  TH_CHECK(kn_backend_has(be, KN_CAP_SAMPLE | KN_CAP_ALLREDUCE));
+  TH_CHECK(!kn_backend_has(be, KN_CAP_SAMPLE | (1u << 30)));
   TH_CHECK(kn_backend_has(be, 0));
   /* host memory: no device to report on */
   size_t fb, tb;

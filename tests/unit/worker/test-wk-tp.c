@@ -1,0 +1,241 @@
+/* test-wk-tp.c — tensor parallelism at the model level: the tiny Gemma 3, Gemma 4
+ * and Gemma 4 MoE checkpoints run by 2 and 4 ranks (separate processes joined by the
+ * CPU backend's shared-memory collectives) give the logits of one rank within
+ * 1e-3 of their range (the all-reduce sums in another order), and the same greedy
+ * tokens from the vocab-parallel head's merged (max, argmax) pairs, where a token may
+ * differ only at a near-tie of the single-rank logits. Also: sizes that cannot split
+ * a dimension are refused at load with its name. */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
+#include "worker/wk-greedy.h"
+#include "worker/wk-kv.h"
+#include "worker/wk-model.h"
+
+#define NA    48 /* tokens of the first prompt */
+#define NB    20 /* tokens of the second */
+#define CHUNK 16
+#define MAXV  512
+
+struct result {
+  float logits[(NA + NB) * MAXV]; /* every position's logits: a's rows, then b's */
+  int32_t greedy[NA + NB];        /* the head's greedy token at every position */
+};
+
+static void make_prompt(int32_t *p, int n, int V, uint32_t seed) {
+  for (int i = 0; i < n; i++) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = (int32_t)((seed >> 8) % (uint32_t)V);
+  }
+  p[0] = 2;
+}
+
+/* Both prompts in one batch, CHUNK tokens a step, every position's logits; then the
+ * same again through fresh blocks with greedy sampling at every position. */
+static int run(struct wk_model *m, struct result *r, int V) {
+  int32_t pa[NA], pb[NB];
+  make_prompt(pa, NA, V, 11);
+  make_prompt(pb, NB, V, 12);
+  const int32_t *toks[2] = {pa, pb};
+  int lens[2] = {NA, NB}, row0[2] = {0, NA};
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  static float out[2 * CHUNK * MAXV];
+  struct kn_sample_out so[2 * CHUNK];
+  struct kn_sample_params sp[2 * CHUNK];
+  memset(sp, 0, sizeof sp);
+  for (int i = 0; i < 2 * CHUNK; i++) {
+    sp[i].top_p = 1.0f;
+    sp[i].repetition_penalty = 1.0f;
+    sp[i].n_logprobs = -1;
+  }
+  char err[256];
+  for (int pass = 0; pass < 2; pass++) {
+    struct wk_page_alloc pa_;
+    if (wk_page_alloc_init(&pa_, wk_model_n_pages(m))) return -1;
+    struct wk_seq_blocks blk[2];
+    memset(blk, 0, sizeof blk);
+    for (int done = 0; done < NA; done += CHUNK) {
+      struct wk_seq_input in[2];
+      int k = 0;
+      for (int s = 0; s < 2; s++) {
+        if (done >= lens[s]) continue;
+        int n = lens[s] - done < CHUNK ? lens[s] - done : CHUNK;
+        if (wk_seq_blocks_reserve(&blk[s], kv, &pa_, done + n)) return -1;
+        memset(&in[k], 0, sizeof in[k]);
+        in[k].tokens = toks[s] + done;
+        in[k].n_tokens = n;
+        in[k].pos0 = done;
+        in[k].n_out = n;
+        for (int g = 0; g < kv->n_groups; g++) {
+          in[k].block_tables[g] = blk[s].table[g];
+          in[k].n_blocks[g] = blk[s].n[g];
+        }
+        k++;
+      }
+      struct wk_batch b = {.seqs = in, .n_seqs = k};
+      if (pass == 0)
+        b.logits = out;
+      else
+        b.sampled = so, b.sample = sp;
+      int rc = wk_model_forward(m, &b, err, sizeof err);
+      if (rc) {
+        fprintf(stderr, "forward: %s\n", err);
+        return rc;
+      }
+      int row = 0;
+      for (int j = 0; j < k; j++) {
+        int s = in[j].tokens == pa + done ? 0 : 1;
+        for (int t = 0; t < in[j].n_tokens; t++, row++) {
+          int pos = row0[s] + done + t;
+          if (pass == 0)
+            memcpy(r->logits + (size_t)pos * V, out + (size_t)row * V, sizeof(float) * (size_t)V);
+          else
+            r->greedy[pos] = so[row].token;
+        }
+      }
+    }
+    for (int s = 0; s < 2; s++)
+      wk_seq_blocks_release(&blk[s], kv, &pa_);
+    wk_page_alloc_free(&pa_);
+  }
+  return 0;
+}
+
+static int load(const char *dir, struct kn_backend *be, int rank, int world, struct wk_model **m,
+                char *err, size_t errlen) {
+  struct wk_model_opts o = {.max_batch_tokens = 2 * CHUNK,
+                            .max_seqs = 2,
+                            .kv_tokens = 256,
+                            .quiet = 1,
+                            .tp_rank = rank,
+                            .tp_size = world,
+                            .kv_dtype = 1 /* f32 */};
+  return wk_model_load(dir, be, &o, m, err, errlen);
+}
+
+/* One rank's process: joins the group, loads its shard, runs; rank 0 writes the
+ * result to `path`. Exits 0 on success. */
+static _Noreturn void rank_main(const char *dir, const struct kn_comm_id *id, int rank, int world,
+                                const char *path) {
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL;
+  char err[256];
+  int rc = kn_cpu_backend_create(1, &be);
+  if (!rc) rc = kn_comm_join(be, id, rank, world, 10000);
+  if (!rc) rc = load(dir, be, rank, world, &m, err, sizeof err);
+  if (rc) fprintf(stderr, "rank %d: %s\n", rank, cm_strerror(rc));
+  static struct result r;
+  if (!rc) rc = run(m, &r, wk_model_config(m)->vocab);
+  if (!rc && rank == 0) {
+    FILE *f = fopen(path, "wb");
+    rc = !f || fwrite(&r, sizeof r, 1, f) != 1;
+    if (f) fclose(f);
+  }
+  wk_model_free(m);
+  kn_backend_destroy(be);
+  _exit(rc ? 1 : 0);
+}
+
+static void check_tp(const char *arch, int moe) {
+  char dir[512];
+  TH_REQUIRE(wkt_make_model(dir, sizeof dir, arch, moe, 0, WK_ST_BF16, 5) == 0);
+  static struct result ref, got;
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL;
+  char err[256] = "";
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  TH_REQUIRE(load(dir, be, 0, 1, &m, err, sizeof err) == 0);
+  int V = wk_model_config(m)->vocab;
+  TH_REQUIRE(V <= MAXV);
+  TH_REQUIRE(run(m, &ref, V) == 0);
+  wk_model_free(m);
+  float lo = INFINITY, hi = -INFINITY;
+  for (size_t i = 0; i < (size_t)(NA + NB) * (size_t)V; i++) {
+    lo = fminf(lo, ref.logits[i]);
+    hi = fmaxf(hi, ref.logits[i]);
+  }
+  for (int world = 2; world <= 4; world *= 2) {
+    struct kn_comm_id id;
+    TH_REQUIRE(kn_comm_id_new(be, &id) == 0);
+    char path[600];
+    snprintf(path, sizeof path, "%s/tp-result", dir);
+    pid_t pids[4];
+    for (int r = 0; r < world; r++) {
+      pids[r] = fork();
+      TH_REQUIRE(pids[r] >= 0);
+      if (pids[r] == 0) rank_main(dir, &id, r, world, path);
+    }
+    int ok = 1;
+    for (int r = 0; r < world; r++) {
+      int st = 0;
+      waitpid(pids[r], &st, 0);
+      if (!WIFEXITED(st) || WEXITSTATUS(st)) ok = 0;
+    }
+    if (!ok) {
+      th_fail(__FILE__, __LINE__, "%s: a rank of %d failed", arch, world);
+      continue;
+    }
+    FILE *f = fopen(path, "rb");
+    TH_REQUIRE(f && fread(&got, sizeof got, 1, f) == 1);
+    fclose(f);
+    unlink(path);
+    float worst = 0;
+    for (size_t i = 0; i < (size_t)(NA + NB) * (size_t)V; i++)
+      worst = fmaxf(worst, fabsf(got.logits[i] - ref.logits[i]));
+    if (!(worst <= 1e-3f * (hi - lo)))
+      th_fail(__FILE__, __LINE__, "%s at size %d: logits differ by %g (range %g)", arch, world,
+              (double)worst, (double)(hi - lo));
+    int flips = 0;
+    for (int p = 0; p < NA + NB; p++) {
+      const float *row = ref.logits + (size_t)p * V;
+      int32_t best = wk_argmax(row, V);
+      if (got.greedy[p] == best) continue;
+      /* a near-tie of the single-rank logits may flip */
+      float gap = row[best] - row[got.greedy[p]];
+      if (gap < 1e-3f * (hi - lo))
+        flips++;
+      else
+        th_fail(__FILE__, __LINE__, "%s at size %d: position %d: greedy %d, expected %d (gap %g)",
+                arch, world, p, got.greedy[p], best, (double)gap);
+    }
+    TH_CHECK(flips <= 2);
+  }
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+TH_TEST(tp_gemma3_matches_one_rank) {
+  check_tp("gemma3", 0);
+}
+
+TH_TEST(tp_gemma4_matches_one_rank) {
+  check_tp("gemma4", 0);
+}
+
+TH_TEST(tp_gemma4_moe_matches_one_rank) {
+  check_tp("gemma4", 1);
+}
+
+TH_TEST(tp_refuses_what_cannot_split) {
+  char dir[512], err[256] = "";
+  TH_REQUIRE(wkt_make_model(dir, sizeof dir, "gemma3", 0, 0, WK_ST_BF16, 5) == 0);
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  /* 4 query heads over 8 ranks */
+  TH_CHECK_EQ_INT(load(dir, be, 0, 8, &m, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "num_attention_heads") != NULL);
+  TH_CHECK_EQ_INT(load(dir, be, 3, 2, &m, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(m == NULL);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
