@@ -4,6 +4,7 @@
  * This executable is linked with -Wl,--wrap=malloc,calloc,realloc so the
  * tests can count the bytes our code asks the C library for. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -439,5 +440,43 @@ TH_TEST(record_limits) {
   TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_RANGE);
   b.data[2] = 1; /* rank 1 */
   TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), 0);
+  /* the group without block_tokens: its default 0 is outside the bounds */
+  b.data[b.len - 2] = PR_K_GRP_LAYERS;
+  TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_RANGE);
   pr_buf_free(&b);
+}
+
+/* The decoder holds absent numbers to their bounds but leaves an absent
+ * nested record at its defaults unchecked: those defaults must validate, in
+ * every record reachable from a message. */
+static void nested_defaults_validate(const struct pr_rec *rec) {
+  for (uint32_t k = 0; k < rec->n_fields; k++) {
+    const struct pr_field *f = &rec->fields[k];
+    if (f->type == PR_FT_REC) {
+      union {
+        max_align_t align;
+        uint8_t bytes[1024];
+      } mem;
+      TH_REQUIRE(f->sub->size <= sizeof(mem));
+      memset(&mem, 0, sizeof(mem));
+      pr_rec_defaults(f->sub, &mem);
+      if (pr_rec_put(NULL, f->sub, &mem) != 0)
+        th_fail(__FILE__, __LINE__, "key %u: the defaults of its record do not validate", k);
+      nested_defaults_validate(f->sub);
+    } else if (f->type == PR_FT_ARRAY && f->elem->type == PR_FT_REC) {
+      nested_defaults_validate(f->elem->sub);
+    }
+  }
+}
+
+TH_TEST(nested_record_defaults_validate) {
+  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
+    const struct pr_rec *rec = pr_rec_of(all_types[t]);
+    TH_REQUIRE(rec != NULL);
+    nested_defaults_validate(rec);
+  }
+  struct pr_sampling s;
+  pr_sampling_default(&s);
+  TH_CHECK(s.temperature == 1.0f && s.top_p == 1.0f && s.repetition_penalty == 1.0f);
+  TH_CHECK(s.logprobs == -1 && s.top_k == 0 && !s.has_seed);
 }
