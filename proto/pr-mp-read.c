@@ -5,23 +5,17 @@
  * 8/16/32, c7-c9 ext 8/16/32, ca/cb float 32/64, cc-cf uint 8..64, d0-d3 int
  * 8..64, d4-d8 fixext 1..16, d9-db str 8/16/32, dc/dd array 16/32, de/df map
  * 16/32, e0-ff negative fixint. Multi-byte values are big-endian. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "common/cm-err.h"
 #include "proto/pr-mp.h"
 
-static uint64_t be(const uint8_t *p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; i++)
-    v = v << 8 | p[i];
-  return v;
-}
-
 /* Consumes `n` bytes of payload after the format byte, into *v (big-endian). */
 static int take(struct pr_rd *r, int n, uint64_t *v) {
   if (pr_rd_left(r) < (size_t)n) return CM_ERR_TRUNC;
-  *v = be(r->p, n);
+  *v = pr_be(r->p, n);
   r->p += n;
   return 0;
 }
@@ -156,6 +150,15 @@ int pr_rd_f64(struct pr_rd *r, double *out) {
   int neg;
   if ((rc = rd_anyint(r, &neg, &v))) return rc;
   *out = neg ? (double)(int64_t)v : (double)v;
+  return 0;
+}
+
+int pr_rd_f32(struct pr_rd *r, float *out) {
+  double d;
+  int rc = pr_rd_f64(r, &d);
+  if (rc) return rc;
+  if (isnan(d) || (isfinite(d) && fabs(d) > FLT_MAX)) return CM_ERR_RANGE;
+  *out = (float)d;
   return 0;
 }
 
@@ -295,39 +298,11 @@ int pr_rd_key(struct pr_rd *r, int depth, uint64_t *key) {
 
 /* ---- arrays with a fast path for the usual encodings ---- */
 
-/* Takes an unsigned integer in fixint/uint8/16/32/64 form at *pp when the
- * bytes are there; returns 0 (nothing consumed) for anything else. */
-static inline int fast_uint(const uint8_t **pp, const uint8_t *end, uint64_t *v) {
-  const uint8_t *p = *pp;
-  if (p >= end) return 0;
-  uint8_t c = *p;
-  size_t left = (size_t)(end - p);
-  if (c <= 0x7f) {
-    *v = c;
-    *pp = p + 1;
-  } else if (c == 0xcd && left >= 3) {
-    *v = (uint64_t)p[1] << 8 | p[2];
-    *pp = p + 3;
-  } else if (c == 0xce && left >= 5) {
-    *v = be(p + 1, 4);
-    *pp = p + 5;
-  } else if (c == 0xcc && left >= 2) {
-    *v = p[1];
-    *pp = p + 2;
-  } else if (c == 0xcf && left >= 9) {
-    *v = be(p + 1, 8);
-    *pp = p + 9;
-  } else {
-    return 0;
-  }
-  return 1;
-}
-
 int pr_rd_u32_array(struct pr_rd *r, uint32_t *v, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *p = r->p;
     uint64_t x;
-    if (fast_uint(&p, r->end, &x) && x <= UINT32_MAX) {
+    if (pr_rd_fast_uint(&p, r->end, &x) && x <= UINT32_MAX) {
       v[i] = (uint32_t)x;
       r->p = p;
     } else {
@@ -340,7 +315,7 @@ int pr_rd_u32_array(struct pr_rd *r, uint32_t *v, uint32_t n) {
 
 int pr_rd_u64_array(struct pr_rd *r, uint64_t *v, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) {
-    if (!fast_uint(&r->p, r->end, &v[i])) {
+    if (!pr_rd_fast_uint(&r->p, r->end, &v[i])) {
       int rc = pr_rd_u64(r, &v[i]);
       if (rc) return rc;
     }
@@ -352,7 +327,7 @@ int pr_rd_i32_array(struct pr_rd *r, int32_t min, int32_t *v, uint32_t n) {
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *p = r->p;
     uint64_t x;
-    if (fast_uint(&p, r->end, &x) && x <= INT32_MAX && (int64_t)x >= min) {
+    if (pr_rd_fast_uint(&p, r->end, &x) && x <= INT32_MAX && (int64_t)x >= min) {
       v[i] = (int32_t)x;
       r->p = p;
     } else {
@@ -360,6 +335,21 @@ int pr_rd_i32_array(struct pr_rd *r, int32_t min, int32_t *v, uint32_t n) {
       int rc = pr_rd_int(r, min, INT32_MAX, &s);
       if (rc) return rc;
       v[i] = (int32_t)s;
+    }
+  }
+  return 0;
+}
+
+int pr_rd_f32_array(struct pr_rd *r, float *v, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (pr_rd_left(r) >= 5 && r->p[0] == 0xca) { /* the usual float32: inline */
+      uint32_t u = (uint32_t)pr_be(r->p + 1, 4);
+      memcpy(&v[i], &u, sizeof(float));
+      if (isnan(v[i])) return CM_ERR_RANGE;
+      r->p += 5;
+    } else {
+      int rc = pr_rd_f32(r, &v[i]);
+      if (rc) return rc;
     }
   }
   return 0;

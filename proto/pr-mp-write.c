@@ -1,8 +1,11 @@
-/* pr-mp-write.c — struct pr_buf and the msgpack writer (see pr-mp.h).
+/* pr-mp-write.c — struct pr_buf, the growable buffer behind msgpack-c's
+ * packer (see pr-mp.h), and pr_pack_numbers, the one thing the packer lacks:
+ * whole arrays of numbers without a callback per element.
  *
- * Integers take their shortest encoding; floats keep their width (float32 for
- * float fields so that a round trip is exact). The buffer grows by doubling up
- * to `max` bytes and is reused across messages. */
+ * The buffer grows by doubling up to `max` bytes and is reused across
+ * messages; the first failed write (CM_ERR_TOOBIG past `max`, CM_ERR_NOMEM)
+ * sticks in `err` and turns later writes into no-ops until pr_buf_reset. */
+#include <msgpack.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,228 +29,59 @@ void pr_buf_free(struct pr_buf *b) {
   b->err = 0;
 }
 
-/* Makes room for `n` more bytes; returns a pointer to them or NULL (err set). */
-static uint8_t *reserve(struct pr_buf *b, size_t n) {
-  if (b->err) return NULL;
-  if (n > b->max || b->len > b->max - n) {
-    b->err = CM_ERR_TOOBIG;
-    return NULL;
-  }
-  if (b->len + n > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + n)
-      cap = cap > b->max / 2 ? b->max : cap * 2;
-    uint8_t *d = realloc(b->data, cap);
-    if (!d) {
-      b->err = CM_ERR_NOMEM;
-      return NULL;
+int pr_buf_grow(struct pr_buf *b, size_t n) {
+  if (b->err) return b->err;
+  if (n > b->max || b->len > b->max - n) return b->err = CM_ERR_TOOBIG;
+  if (b->len + n <= b->cap) return 0;
+  size_t cap = b->cap ? b->cap : 256;
+  if (cap > b->max) cap = b->max; /* cap <= max: room within cap is room within max */
+  while (cap < b->len + n)
+    cap = cap > b->max / 2 ? b->max : cap * 2;
+  uint8_t *d = realloc(b->data, cap);
+  if (!d) return b->err = CM_ERR_NOMEM;
+  b->data = d;
+  b->cap = cap;
+  return 0;
+}
+
+/* The packer's callback for a chunk: appends at a cursor with room known to
+ * be there. Seen at the call site, it compiles to a plain store per value. */
+static int cursor_write(void *data, const char *p, size_t n) {
+  uint8_t **cur = data;
+  memcpy(*cur, p, n);
+  *cur += n;
+  return 0;
+}
+
+#define CHUNK 256 /* values packed between two checks of the buffer's room */
+
+/* v[i .. end) through the cursor packer */
+#define PACK_EACH(T, pack)                                                                         \
+  for (uint32_t j = i; j < end; j++)                                                               \
+  pack(&pk, ((const T *)v)[j])
+
+void pr_pack_numbers(struct pr_buf *b, enum pr_num kind, const void *v, uint32_t n) {
+  const size_t worst = kind == PR_NUM_U64 ? 9 : 5; /* bytes of one packed value */
+  uint8_t tmp[CHUNK * 9], *cur;
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, b, pr_buf_write);
+  msgpack_pack_array(&pk, n);
+  msgpack_packer_init(&pk, &cur, cursor_write);
+  for (uint32_t i = 0; i < n; i += CHUNK) {
+    uint32_t end = n - i < CHUNK ? n : i + CHUNK;
+    /* straight into the buffer when the worst case fits, else by the stack */
+    int direct = !b->err && b->cap - b->len >= (end - i) * worst;
+    uint8_t *start = direct ? b->data + b->len : tmp;
+    cur = start;
+    switch (kind) {
+    case PR_NUM_U32: PACK_EACH(uint32_t, msgpack_pack_uint32); break;
+    case PR_NUM_U64: PACK_EACH(uint64_t, msgpack_pack_uint64); break;
+    case PR_NUM_I32: PACK_EACH(int32_t, msgpack_pack_int32); break;
+    case PR_NUM_F32: PACK_EACH(float, msgpack_pack_float); break;
     }
-    b->data = d;
-    b->cap = cap;
+    if (direct)
+      b->len += (size_t)(cur - start);
+    else
+      pr_buf_write(b, (const char *)tmp, (size_t)(cur - tmp));
   }
-  uint8_t *p = b->data + b->len;
-  b->len += n;
-  return p;
-}
-
-/* Format byte `c` followed by `n` big-endian bytes of v. */
-static void put(struct pr_buf *b, uint8_t c, uint64_t v, int n) {
-  uint8_t *p = reserve(b, 1 + (size_t)n);
-  if (!p) return;
-  p[0] = c;
-  for (int i = 0; i < n; i++)
-    p[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
-}
-
-void pr_wr_uint(struct pr_buf *b, uint64_t v) {
-  if (v <= 0x7f)
-    put(b, (uint8_t)v, 0, 0);
-  else if (v <= UINT8_MAX)
-    put(b, 0xcc, v, 1);
-  else if (v <= UINT16_MAX)
-    put(b, 0xcd, v, 2);
-  else if (v <= UINT32_MAX)
-    put(b, 0xce, v, 4);
-  else
-    put(b, 0xcf, v, 8);
-}
-
-void pr_wr_int(struct pr_buf *b, int64_t v) {
-  if (v >= 0)
-    pr_wr_uint(b, (uint64_t)v);
-  else if (v >= -32)
-    put(b, (uint8_t)(int8_t)v, 0, 0);
-  else if (v >= INT8_MIN)
-    put(b, 0xd0, (uint8_t)(int8_t)v, 1);
-  else if (v >= INT16_MIN)
-    put(b, 0xd1, (uint16_t)(int16_t)v, 2);
-  else if (v >= INT32_MIN)
-    put(b, 0xd2, (uint32_t)(int32_t)v, 4);
-  else
-    put(b, 0xd3, (uint64_t)v, 8);
-}
-
-void pr_wr_f32(struct pr_buf *b, float v) {
-  uint32_t u;
-  memcpy(&u, &v, sizeof(u));
-  put(b, 0xca, u, 4);
-}
-
-void pr_wr_f64(struct pr_buf *b, double v) {
-  uint64_t u;
-  memcpy(&u, &v, sizeof(u));
-  put(b, 0xcb, u, 8);
-}
-
-void pr_wr_bool(struct pr_buf *b, int v) {
-  put(b, v ? 0xc3 : 0xc2, 0, 0);
-}
-
-void pr_wr_nil(struct pr_buf *b) {
-  put(b, 0xc0, 0, 0);
-}
-
-void pr_wr_array(struct pr_buf *b, uint32_t n) {
-  if (n <= 15)
-    put(b, (uint8_t)(0x90 | n), 0, 0);
-  else if (n <= UINT16_MAX)
-    put(b, 0xdc, n, 2);
-  else
-    put(b, 0xdd, n, 4);
-}
-
-void pr_wr_map(struct pr_buf *b, uint32_t n) {
-  if (n <= 15)
-    put(b, (uint8_t)(0x80 | n), 0, 0);
-  else if (n <= UINT16_MAX)
-    put(b, 0xde, n, 2);
-  else
-    put(b, 0xdf, n, 4);
-}
-
-void pr_wr_str(struct pr_buf *b, const char *s, size_t n) {
-  if (n > UINT32_MAX) {
-    if (!b->err) b->err = CM_ERR_TOOBIG;
-    return;
-  }
-  if (n <= 31)
-    put(b, (uint8_t)(0xa0 | n), 0, 0);
-  else if (n <= UINT8_MAX)
-    put(b, 0xd9, n, 1);
-  else if (n <= UINT16_MAX)
-    put(b, 0xda, n, 2);
-  else
-    put(b, 0xdb, n, 4);
-  uint8_t *p = reserve(b, n);
-  if (p && n) memcpy(p, s, n);
-}
-
-/* ---- arrays: reserve the worst case once, write in place, keep what was used */
-
-/* Shortest encoding of v at p; returns the end. */
-static uint8_t *raw_uint(uint8_t *p, uint64_t v) {
-  if (v <= 0x7f) {
-    *p++ = (uint8_t)v;
-  } else if (v <= UINT8_MAX) {
-    *p++ = 0xcc;
-    *p++ = (uint8_t)v;
-  } else if (v <= UINT16_MAX) {
-    *p++ = 0xcd;
-    *p++ = (uint8_t)(v >> 8);
-    *p++ = (uint8_t)v;
-  } else if (v <= UINT32_MAX) {
-    *p++ = 0xce;
-    for (int s = 24; s >= 0; s -= 8)
-      *p++ = (uint8_t)(v >> s);
-  } else {
-    *p++ = 0xcf;
-    for (int s = 56; s >= 0; s -= 8)
-      *p++ = (uint8_t)(v >> s);
-  }
-  return p;
-}
-
-/* Room for `worst` bytes written in place, or NULL when that would pass the
- * buffer's cap (the caller then writes element by element, which fails only
- * when the real size does not fit). */
-static uint8_t *begin_inplace(struct pr_buf *b, size_t worst) {
-  if (b->err || worst > b->max || b->len > b->max - worst) return NULL;
-  size_t len = b->len;
-  uint8_t *p = reserve(b, worst);
-  if (p) b->len = len;
-  return p;
-}
-
-void pr_wr_u32_array(struct pr_buf *b, const uint32_t *v, uint32_t n) {
-  pr_wr_array(b, n);
-  uint8_t *p = begin_inplace(b, (size_t)n * 5);
-  if (!p) {
-    for (uint32_t i = 0; i < n; i++)
-      pr_wr_uint(b, v[i]);
-    return;
-  }
-  for (uint32_t i = 0; i < n; i++)
-    p = raw_uint(p, v[i]);
-  b->len = (size_t)(p - b->data);
-}
-
-void pr_wr_u64_array(struct pr_buf *b, const uint64_t *v, uint32_t n) {
-  pr_wr_array(b, n);
-  uint8_t *p = begin_inplace(b, (size_t)n * 9);
-  if (!p) {
-    for (uint32_t i = 0; i < n; i++)
-      pr_wr_uint(b, v[i]);
-    return;
-  }
-  for (uint32_t i = 0; i < n; i++)
-    p = raw_uint(p, v[i]);
-  b->len = (size_t)(p - b->data);
-}
-
-void pr_wr_i32_array(struct pr_buf *b, const int32_t *v, uint32_t n) {
-  pr_wr_array(b, n);
-  uint8_t *p = begin_inplace(b, (size_t)n * 5);
-  if (!p) {
-    for (uint32_t i = 0; i < n; i++)
-      pr_wr_int(b, v[i]);
-    return;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    int32_t x = v[i];
-    if (x >= 0) {
-      p = raw_uint(p, (uint32_t)x);
-    } else if (x >= -32) {
-      *p++ = (uint8_t)(int8_t)x;
-    } else if (x >= INT8_MIN) {
-      *p++ = 0xd0;
-      *p++ = (uint8_t)(int8_t)x;
-    } else if (x >= INT16_MIN) {
-      *p++ = 0xd1;
-      *p++ = (uint8_t)((uint16_t)(int16_t)x >> 8);
-      *p++ = (uint8_t)(uint16_t)(int16_t)x;
-    } else {
-      *p++ = 0xd2;
-      for (int s = 24; s >= 0; s -= 8)
-        *p++ = (uint8_t)((uint32_t)x >> s);
-    }
-  }
-  b->len = (size_t)(p - b->data);
-}
-
-void pr_wr_f32_array(struct pr_buf *b, const float *v, uint32_t n) {
-  pr_wr_array(b, n);
-  uint8_t *p = begin_inplace(b, (size_t)n * 5);
-  if (!p) {
-    for (uint32_t i = 0; i < n; i++)
-      pr_wr_f32(b, v[i]);
-    return;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, &v[i], sizeof(u));
-    *p++ = 0xca;
-    for (int s = 24; s >= 0; s -= 8)
-      *p++ = (uint8_t)(u >> s);
-  }
-  b->len = (size_t)(p - b->data);
 }

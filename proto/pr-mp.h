@@ -6,8 +6,10 @@
  * numbers. msgpack-c's unpacker is never used on received bytes: it trusts
  * declared lengths (5 bytes `dd ff ff ff ff` make it reserve ~96 GB).
  *
- * The writer appends to a struct pr_buf with a sticky error, so encoders can
- * write a whole message and check once at the end.
+ * Writing is msgpack-c's packer (msgpack_packer, <msgpack.h>) with
+ * pr_buf_write as its callback: it appends to a struct pr_buf with a sticky
+ * error, so an encoder writes a whole message and checks once at the end.
+ * pr_pack_numbers adds what the packer lacks, whole arrays of numbers.
  *
  * Reader errors: CM_ERR_TRUNC (input ends early), CM_ERR_PARSE (wrong type or
  * a byte that is not msgpack), CM_ERR_RANGE (number out of the asked range),
@@ -15,8 +17,10 @@
  * than what is left or than a caller's limit). */
 #ifndef LMSERVE_PR_MP_H
 #define LMSERVE_PR_MP_H
+#include <msgpack.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "proto/pr-msg.h"
 
@@ -31,6 +35,43 @@ static inline void pr_rd_init(struct pr_rd *r, const void *buf, size_t len) {
 }
 static inline size_t pr_rd_left(const struct pr_rd *r) {
   return (size_t)(r->end - r->p);
+}
+
+/* n bytes at p, big-endian */
+static inline uint64_t pr_be(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* The fast path of the integer readers, inline: takes an unsigned integer in
+ * fixint/uint8/16/32/64 form at *pp when the bytes are there; returns 0
+ * (nothing consumed) for anything else, which the full readers then judge. */
+static inline int pr_rd_fast_uint(const uint8_t **pp, const uint8_t *end, uint64_t *v) {
+  const uint8_t *p = *pp;
+  if (p >= end) return 0;
+  uint8_t c = *p;
+  size_t left = (size_t)(end - p);
+  if (c <= 0x7f) {
+    *v = c;
+    *pp = p + 1;
+  } else if (c == 0xcd && left >= 3) {
+    *v = (uint64_t)p[1] << 8 | p[2];
+    *pp = p + 3;
+  } else if (c == 0xce && left >= 5) {
+    *v = pr_be(p + 1, 4);
+    *pp = p + 5;
+  } else if (c == 0xcc && left >= 2) {
+    *v = p[1];
+    *pp = p + 2;
+  } else if (c == 0xcf && left >= 9) {
+    *v = pr_be(p + 1, 8);
+    *pp = p + 9;
+  } else {
+    return 0;
+  }
+  return 1;
 }
 
 /* Unsigned integer of any msgpack int encoding in [0, max]. */
@@ -55,27 +96,54 @@ int pr_rd_skip(struct pr_rd *r, int depth);
  * UINT64_MAX (unknown). */
 int pr_rd_key(struct pr_rd *r, int depth, uint64_t *key);
 
+/* A float: any msgpack number within float's range, or +-inf; NaN and
+ * finite values beyond FLT_MAX are refused (CM_ERR_RANGE). */
+int pr_rd_f32(struct pr_rd *r, float *out);
+
 /* Arrays of n numbers (the array header already read), into v[0..n):
- * unsigned < 2^32, unsigned, and signed in [min, INT32_MAX]. A fast path
- * takes the usual encodings without a call per element. */
+ * unsigned < 2^32, unsigned, signed in [min, INT32_MAX], and floats as
+ * pr_rd_f32 reads them. A fast path takes the usual encodings without a
+ * call per element. */
 int pr_rd_u32_array(struct pr_rd *r, uint32_t *v, uint32_t n);
 int pr_rd_u64_array(struct pr_rd *r, uint64_t *v, uint32_t n);
 int pr_rd_i32_array(struct pr_rd *r, int32_t min, int32_t *v, uint32_t n);
+int pr_rd_f32_array(struct pr_rd *r, float *v, uint32_t n);
 
-/* ---- writer ---- */
-void pr_wr_uint(struct pr_buf *b, uint64_t v);
-void pr_wr_int(struct pr_buf *b, int64_t v);
-void pr_wr_f32(struct pr_buf *b, float v);
-void pr_wr_f64(struct pr_buf *b, double v);
-void pr_wr_bool(struct pr_buf *b, int v);
-void pr_wr_nil(struct pr_buf *b);
-void pr_wr_array(struct pr_buf *b, uint32_t n);
-void pr_wr_map(struct pr_buf *b, uint32_t n);
-void pr_wr_str(struct pr_buf *b, const char *s, size_t n);
-/* Whole arrays (header and elements), shortest encoding per element. */
-void pr_wr_u32_array(struct pr_buf *b, const uint32_t *v, uint32_t n);
-void pr_wr_u64_array(struct pr_buf *b, const uint64_t *v, uint32_t n);
-void pr_wr_i32_array(struct pr_buf *b, const int32_t *v, uint32_t n);
-void pr_wr_f32_array(struct pr_buf *b, const float *v, uint32_t n); /* float32 each */
+/* ---- writing: msgpack-c's packer into a struct pr_buf ---- */
+
+/* Room for n more bytes (growth up to b->max), or the sticky error. */
+int pr_buf_grow(struct pr_buf *b, size_t n);
+
+/* A msgpack_packer_write callback that appends to the struct pr_buf `data`:
+ *   msgpack_packer pk;
+ *   msgpack_packer_init(&pk, &buf, pr_buf_write);
+ *   msgpack_pack_map(&pk, 1); ...
+ * then check buf.err once. Inline so that a packer whose callback is known
+ * at the call site costs no call per value. */
+static inline int pr_buf_write(void *data, const char *p, size_t n) {
+  struct pr_buf *b = (struct pr_buf *)data;
+  if (b->err || b->cap - b->len < n || !b->data) {
+    int rc = pr_buf_grow(b, n);
+    if (rc) return rc;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+  return 0;
+}
+
+/* A packer writing into the struct pr_buf *b, as one expression (for tests
+ * that write msgpack by hand): msgpack_pack_map(PR_PACKER(&buf), 2). */
+#define PR_PACKER(b) (&(msgpack_packer){(void *)(b), pr_buf_write})
+
+/* What the packer lacks: a whole array of numbers (header and elements, the
+ * shortest encoding of each integer, float32 for floats) written by chunks
+ * instead of one callback per element. */
+enum pr_num {
+  PR_NUM_U32, /* uint32_t */
+  PR_NUM_U64, /* uint64_t */
+  PR_NUM_I32, /* int32_t */
+  PR_NUM_F32, /* float */
+};
+void pr_pack_numbers(struct pr_buf *b, enum pr_num kind, const void *v, uint32_t n);
 
 #endif

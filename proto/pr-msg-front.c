@@ -1,304 +1,148 @@
-/* pr-msg-front.c — codec of the messages between frontend and scheduler:
- * ADD, ABORT, PING (frontend -> scheduler) and OUT, ERR, PONG (back).
- * Each message has an encoder, a bounded decoder and a validator; the key
- * tables are in pr-codec.h. */
+/* pr-msg-front.c — the records of the messages between frontend and
+ * scheduler: ADD, ABORT, PING (frontend -> scheduler) and OUT, ERR, PONG
+ * (back), and the two records other messages share, sampling parameters and
+ * logprobs. Each is a table of fields (pr-codec.h: key, type, bounds, offset)
+ * plus, where fields depend on each other, a check; the walkers in
+ * pr-encode.c, pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
+#include <float.h>
 #include <math.h>
-#include <string.h>
 
 #include "common/cm-err.h"
 #include "proto/pr-codec.h"
 
 /* ======================================================================== */
-/* ADD                                                                       */
+/* shared records                                                            */
 
-void pr_enc_add(struct pr_buf *b, const struct pr_add *m) {
-  pr_wr_map(b, 8);
-  pr_wr_uint(b, PR_K_ADD_ID), pr_wr_uint(b, m->request_id);
-  pr_wr_uint(b, PR_K_ADD_PROMPT), pr_enc_u32s(b, m->prompt);
-  pr_wr_uint(b, PR_K_ADD_SAMPLING), pr_enc_sampling(b, &m->sampling);
-  pr_wr_uint(b, PR_K_ADD_MAX_TOKENS), pr_wr_uint(b, m->max_tokens);
-  pr_wr_uint(b, PR_K_ADD_MIN_TOKENS), pr_wr_uint(b, m->min_tokens);
-  pr_wr_uint(b, PR_K_ADD_STOP_IDS), pr_enc_u32s(b, m->stop_token_ids);
-  pr_wr_uint(b, PR_K_ADD_PRIORITY), pr_wr_int(b, m->priority);
-  pr_wr_uint(b, PR_K_ADD_ARRIVAL), pr_wr_uint(b, m->arrival_ns);
+/* Ranges are closed; (0, x] is written [FLT_TRUE_MIN, x]. */
+static const struct pr_field sampling_fields[] = {
+    [PR_K_SAMP_TEMPERATURE] = {PR_FLOAT(sampling, temperature, 0, FLT_MAX), .def = 1},
+    [PR_K_SAMP_TOP_P] = {PR_FLOAT(sampling, top_p, FLT_TRUE_MIN, 1), .def = 1},
+    [PR_K_SAMP_TOP_K] = {PR_INT(sampling, top_k, -1, INT32_MAX)},
+    [PR_K_SAMP_MIN_P] = {PR_FLOAT(sampling, min_p, 0, 1)},
+    [PR_K_SAMP_PRESENCE] = {PR_FLOAT(sampling, presence_penalty, -2, 2)},
+    [PR_K_SAMP_FREQUENCY] = {PR_FLOAT(sampling, frequency_penalty, -2, 2)},
+    [PR_K_SAMP_REPETITION] = {PR_FLOAT(sampling, repetition_penalty, FLT_TRUE_MIN, 100), .def = 1},
+    [PR_K_SAMP_SEED] = {PR_U(sampling, seed), PR_WHEN(PR_IF_FLAG, sampling, has_seed)},
+    [PR_K_SAMP_LOGPROBS] = {PR_INT(sampling, logprobs, -1, PR_MAX_TOP_LOGPROBS), .def = -1},
+    [PR_K_SAMP_IGNORE_EOS] = {PR_BOOL(sampling, ignore_eos)},
+};
+const struct pr_rec pr_rec_sampling = PR_REC(sampling, sampling_fields, NULL);
+
+/* Logprob values: any float but NaN and +inf. */
+static const struct pr_field logprobs_fields[] = {
+    [PR_K_LP_N_TOP] = {PR_UINT(logprobs, n_top, PR_MAX_TOP_LOGPROBS)},
+    [PR_K_LP_SAMPLED] = {PR_F32S(logprobs, sampled, -INFINITY, FLT_MAX)},
+    [PR_K_LP_TOP_IDS] = {PR_U32S(logprobs, top_ids, UINT32_MAX)},
+    [PR_K_LP_TOP] = {PR_F32S(logprobs, top, -INFINITY, FLT_MAX)},
+};
+
+/* Empty, or n_top entries per sampled token; agreement with the token count
+ * is the enclosing record's to check (pr_check_lp_tokens). */
+static int check_logprobs(const void *rec) {
+  const struct pr_logprobs *lp = rec;
+  if (lp->sampled.n == 0) return lp->n_top || lp->top_ids.n || lp->top.n ? CM_ERR_INVAL : 0;
+  uint64_t want = (uint64_t)lp->sampled.n * lp->n_top;
+  return lp->top_ids.n == want && lp->top.n == want ? 0 : CM_ERR_INVAL;
+}
+const struct pr_rec pr_rec_logprobs = PR_REC(logprobs, logprobs_fields, check_logprobs);
+
+int pr_check_lp_tokens(const struct pr_logprobs *lp, uint32_t n_tokens) {
+  return lp->sampled.n == 0 || lp->sampled.n == n_tokens ? 0 : CM_ERR_INVAL;
 }
 
-int pr_dec_add(struct pr_rd *r, struct cm_arena *a, struct pr_add *m) {
-  const uint64_t required =
-      PR_BIT(PR_K_ADD_ID) | PR_BIT(PR_K_ADD_PROMPT) | PR_BIT(PR_K_ADD_MAX_TOKENS);
-  uint64_t seen = 0;
-  uint32_t n, k;
-  int pr_rc_loop;
-  PR_MAP_FOR(r, PR_LVL_TOP, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_ADD_ID: PR_TRY(pr_rd_u64(r, &m->request_id)); break;
-    case PR_K_ADD_PROMPT: PR_TRY(pr_dec_u32s(r, a, UINT32_MAX, &m->prompt)); break;
-    case PR_K_ADD_SAMPLING: PR_TRY(pr_dec_sampling(r, PR_LVL_SUB, &m->sampling)); break;
-    case PR_K_ADD_MAX_TOKENS: PR_TRY(pr_rd_u32(r, &m->max_tokens)); break;
-    case PR_K_ADD_MIN_TOKENS: PR_TRY(pr_rd_u32(r, &m->min_tokens)); break;
-    case PR_K_ADD_STOP_IDS: PR_TRY(pr_dec_u32s(r, a, UINT32_MAX, &m->stop_token_ids)); break;
-    case PR_K_ADD_PRIORITY: PR_TRY(pr_rd_i32(r, &m->priority)); break;
-    case PR_K_ADD_ARRIVAL: PR_TRY(pr_rd_u64(r, &m->arrival_ns)); break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
-    }
-  }
-  return (seen & required) == required ? 0 : CM_ERR_PARSE;
-}
+/* ======================================================================== */
+/* ADD, ABORT, PING                                                          */
 
-int pr_check_add(const struct pr_add *m) {
-  PR_TRY(pr_check_slice(m->prompt.v, m->prompt.n));
-  PR_TRY(pr_check_slice(m->stop_token_ids.v, m->stop_token_ids.n));
+static const struct pr_field add_fields[] = {
+    [PR_K_ADD_ID] = {PR_U(add, request_id), .flags = PR_F_REQ},
+    [PR_K_ADD_PROMPT] = {PR_U32S(add, prompt, UINT32_MAX), .flags = PR_F_REQ},
+    [PR_K_ADD_SAMPLING] = {PR_SUB(add, sampling, pr_rec_sampling)},
+    [PR_K_ADD_MAX_TOKENS] = {PR_UINT(add, max_tokens, UINT32_MAX), .min = 1, .flags = PR_F_REQ},
+    [PR_K_ADD_MIN_TOKENS] = {PR_U(add, min_tokens)},
+    [PR_K_ADD_STOP_IDS] = {PR_U32S(add, stop_token_ids, UINT32_MAX)},
+    [PR_K_ADD_PRIORITY] = {PR_I(add, priority)},
+    [PR_K_ADD_ARRIVAL] = {PR_U(add, arrival_ns)},
+};
+
+static int check_add(const void *rec) {
+  const struct pr_add *m = rec;
   if (m->prompt.n == 0) return CM_ERR_INVAL;
-  if (m->max_tokens == 0 || m->min_tokens > m->max_tokens) return CM_ERR_RANGE;
-  return pr_check_sampling(&m->sampling);
+  return m->min_tokens > m->max_tokens ? CM_ERR_RANGE : 0;
 }
+const struct pr_rec pr_rec_add = PR_REC(add, add_fields, check_add);
+
+static const struct pr_field abort_fields[] = {
+    [PR_K_ABORT_IDS] = {PR_U64S(abort, request_ids)},
+};
+const struct pr_rec pr_rec_abort = PR_REC(abort, abort_fields, NULL);
+
+static const struct pr_field ping_fields[] = {
+    [PR_K_PING_NONCE] = {PR_U(ping, nonce)},
+    [PR_K_PING_SEND] = {PR_U(ping, send_ns)},
+};
+const struct pr_rec pr_rec_ping = PR_REC(ping, ping_fields, NULL);
 
 /* ======================================================================== */
-/* ABORT, PING                                                               */
+/* OUT, ERR, PONG                                                            */
 
-void pr_enc_abort(struct pr_buf *b, const struct pr_abort *m) {
-  pr_wr_map(b, 1);
-  pr_wr_uint(b, PR_K_ABORT_IDS), pr_enc_u64s(b, m->request_ids);
+static const struct pr_field out_seq_fields[] = {
+    [PR_K_OSEQ_ID] = {PR_U(out_seq, request_id), .flags = PR_F_REQ},
+    [PR_K_OSEQ_TOKENS] = {PR_U32S(out_seq, tokens, UINT32_MAX)},
+    [PR_K_OSEQ_LOGPROBS] = {PR_SUB(out_seq, logprobs, pr_rec_logprobs),
+                            PR_WHEN(PR_IF_NONZERO, out_seq, logprobs.sampled.n)},
+    [PR_K_OSEQ_FINISH] = {PR_UINT(out_seq, finish, PR_FINISH_ERROR)},
+    [PR_K_OSEQ_STOP_TOKEN] = {PR_INT(out_seq, stop_token, -1, UINT32_MAX), .def = -1},
+    [PR_K_OSEQ_N_PROMPT] = {PR_U(out_seq, n_prompt_tokens)},
+    [PR_K_OSEQ_N_CACHED] = {PR_U(out_seq, n_cached_tokens)},
+    [PR_K_OSEQ_QUEUED] = {PR_U(out_seq, queued_ns)},
+    [PR_K_OSEQ_SCHEDULED] = {PR_U(out_seq, scheduled_ns)},
+    [PR_K_OSEQ_FIRST_TOKEN] = {PR_U(out_seq, first_token_ns)},
+};
+
+static int check_out_seq(const void *rec) {
+  const struct pr_out_seq *s = rec;
+  PR_TRY(pr_check_lp_tokens(&s->logprobs, s->tokens.n));
+  return s->n_cached_tokens > s->n_prompt_tokens ? CM_ERR_RANGE : 0;
 }
+static const struct pr_rec out_seq_rec = PR_REC(out_seq, out_seq_fields, check_out_seq);
 
-int pr_dec_abort(struct pr_rd *r, struct cm_arena *a, struct pr_abort *m) {
-  uint64_t seen = 0;
-  uint32_t n, k;
-  int pr_rc_loop;
-  PR_MAP_FOR(r, PR_LVL_TOP, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_ABORT_IDS: PR_TRY(pr_dec_u64s(r, a, &m->request_ids)); break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
-    }
-  }
-  return 0;
+static const struct pr_field out_fields[] = {
+    [PR_K_OUT_SEQS] = {PR_ARRAY(out, seqs, n_seqs, UINT32_MAX, PR_ELEM_REC(out_seq_rec))},
+};
+const struct pr_rec pr_rec_out = PR_REC(out, out_fields, NULL);
+
+/* The message is never NULL after decoding ("" when absent); NULL is sent as "". */
+static const struct pr_field err_fields[] = {
+    [PR_K_ERR_ID] = {PR_U(err, request_id)},
+    [PR_K_ERR_CODE] = {PR_I(err, code), .flags = PR_F_REQ},
+    [PR_K_ERR_MESSAGE] = {PR_STR(err, message)},
+};
+const struct pr_rec pr_rec_err = PR_REC(err, err_fields, NULL);
+
+/* A flat record of counters. spec_accepted_per_pos sends at most its
+ * capacity (PR_MAX_DRAFT) entries whatever n_spec_pos says. */
+static const struct pr_field pong_fields[] = {
+    [PR_K_PONG_NONCE] = {PR_U(pong, nonce)},
+    [PR_K_PONG_PING_SEND] = {PR_U(pong, ping_send_ns)},
+    [PR_K_PONG_RUNNING] = {PR_U(pong, num_running)},
+    [PR_K_PONG_WAITING] = {PR_U(pong, num_waiting)},
+    [PR_K_PONG_KV_USAGE] = {PR_FLOAT(pong, kv_usage, 0, 1)},
+    [PR_K_PONG_WORKERS_READY] = {PR_U(pong, workers_ready)},
+    [PR_K_PONG_WORLD_SIZE] = {PR_U(pong, world_size)},
+    [PR_K_PONG_MAX_MODEL_LEN] = {PR_U(pong, max_model_len)},
+    [PR_K_PONG_PC_QUERIES] = {PR_U(pong, prefix_cache_queries)},
+    [PR_K_PONG_PC_HITS] = {PR_U(pong, prefix_cache_hits)},
+    [PR_K_PONG_PREEMPTIONS] = {PR_U(pong, num_preemptions)},
+    [PR_K_PONG_SPEC_DRAFTS] = {PR_U(pong, spec_num_drafts)},
+    [PR_K_PONG_SPEC_DRAFT_TOKENS] = {PR_U(pong, spec_num_draft_tokens)},
+    [PR_K_PONG_SPEC_ACCEPTED] = {PR_U(pong, spec_num_accepted_tokens)},
+    [PR_K_PONG_PROMPT_TOKENS] = {PR_U(pong, prompt_tokens)},
+    [PR_K_PONG_GEN_TOKENS] = {PR_U(pong, generation_tokens)},
+    [PR_K_PONG_SPEC_ACCEPTED_POS] = {PR_INLINE_U64S(pong, spec_accepted_per_pos, n_spec_pos)},
+};
+
+static int check_pong(const void *rec) {
+  const struct pr_pong *m = rec;
+  return m->workers_ready > m->world_size ? CM_ERR_RANGE : 0;
 }
-
-int pr_check_abort(const struct pr_abort *m) {
-  return pr_check_slice(m->request_ids.v, m->request_ids.n);
-}
-
-void pr_enc_ping(struct pr_buf *b, const struct pr_ping *m) {
-  pr_wr_map(b, 2);
-  pr_wr_uint(b, PR_K_PING_NONCE), pr_wr_uint(b, m->nonce);
-  pr_wr_uint(b, PR_K_PING_SEND), pr_wr_uint(b, m->send_ns);
-}
-
-int pr_dec_ping(struct pr_rd *r, struct cm_arena *a, struct pr_ping *m) {
-  uint64_t seen = 0;
-  uint32_t n, k;
-  int pr_rc_loop;
-  (void)a;
-  PR_MAP_FOR(r, PR_LVL_TOP, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_PING_NONCE: PR_TRY(pr_rd_u64(r, &m->nonce)); break;
-    case PR_K_PING_SEND: PR_TRY(pr_rd_u64(r, &m->send_ns)); break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
-    }
-  }
-  return 0;
-}
-
-int pr_check_ping(const struct pr_ping *m) {
-  (void)m;
-  return 0;
-}
-
-/* ======================================================================== */
-/* OUT                                                                       */
-
-static void enc_out_seq(struct pr_buf *b, const struct pr_out_seq *s) {
-  bool lp = s->logprobs.sampled.n > 0;
-  pr_wr_map(b, lp ? 10 : 9);
-  pr_wr_uint(b, PR_K_OSEQ_ID), pr_wr_uint(b, s->request_id);
-  pr_wr_uint(b, PR_K_OSEQ_TOKENS), pr_enc_u32s(b, s->tokens);
-  if (lp) pr_wr_uint(b, PR_K_OSEQ_LOGPROBS), pr_enc_logprobs(b, &s->logprobs);
-  pr_wr_uint(b, PR_K_OSEQ_FINISH), pr_wr_uint(b, s->finish);
-  pr_wr_uint(b, PR_K_OSEQ_STOP_TOKEN), pr_wr_int(b, s->stop_token);
-  pr_wr_uint(b, PR_K_OSEQ_N_PROMPT), pr_wr_uint(b, s->n_prompt_tokens);
-  pr_wr_uint(b, PR_K_OSEQ_N_CACHED), pr_wr_uint(b, s->n_cached_tokens);
-  pr_wr_uint(b, PR_K_OSEQ_QUEUED), pr_wr_uint(b, s->queued_ns);
-  pr_wr_uint(b, PR_K_OSEQ_SCHEDULED), pr_wr_uint(b, s->scheduled_ns);
-  pr_wr_uint(b, PR_K_OSEQ_FIRST_TOKEN), pr_wr_uint(b, s->first_token_ns);
-}
-
-void pr_enc_out(struct pr_buf *b, const struct pr_out *m) {
-  pr_wr_map(b, 1);
-  pr_wr_uint(b, PR_K_OUT_SEQS), pr_wr_array(b, m->n_seqs);
-  for (uint32_t i = 0; i < m->n_seqs; i++)
-    enc_out_seq(b, &m->seqs[i]);
-}
-
-static int dec_out_seq(struct pr_rd *r, struct cm_arena *a, struct pr_out_seq *s) {
-  uint64_t seen = 0, v;
-  uint32_t n, k;
-  int64_t x;
-  int pr_rc_loop;
-  s->stop_token = -1;
-  PR_MAP_FOR(r, PR_LVL_REC, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_OSEQ_ID: PR_TRY(pr_rd_u64(r, &s->request_id)); break;
-    case PR_K_OSEQ_TOKENS: PR_TRY(pr_dec_u32s(r, a, UINT32_MAX, &s->tokens)); break;
-    case PR_K_OSEQ_LOGPROBS: PR_TRY(pr_dec_logprobs(r, a, PR_LVL_REC + 1, &s->logprobs)); break;
-    case PR_K_OSEQ_FINISH:
-      PR_TRY(pr_rd_uint(r, PR_FINISH_ERROR, &v));
-      s->finish = (uint8_t)v;
-      break;
-    case PR_K_OSEQ_STOP_TOKEN:
-      PR_TRY(pr_rd_int(r, -1, UINT32_MAX, &x));
-      s->stop_token = x;
-      break;
-    case PR_K_OSEQ_N_PROMPT: PR_TRY(pr_rd_u32(r, &s->n_prompt_tokens)); break;
-    case PR_K_OSEQ_N_CACHED: PR_TRY(pr_rd_u32(r, &s->n_cached_tokens)); break;
-    case PR_K_OSEQ_QUEUED: PR_TRY(pr_rd_u64(r, &s->queued_ns)); break;
-    case PR_K_OSEQ_SCHEDULED: PR_TRY(pr_rd_u64(r, &s->scheduled_ns)); break;
-    case PR_K_OSEQ_FIRST_TOKEN: PR_TRY(pr_rd_u64(r, &s->first_token_ns)); break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_REC)); break;
-    }
-  }
-  return seen & PR_BIT(PR_K_OSEQ_ID) ? 0 : CM_ERR_PARSE;
-}
-
-int pr_dec_out(struct pr_rd *r, struct cm_arena *a, struct pr_out *m) {
-  uint64_t seen = 0;
-  uint32_t n, k;
-  int pr_rc_loop;
-  void *mem;
-  PR_MAP_FOR(r, PR_LVL_TOP, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_OUT_SEQS:
-      PR_TRY(pr_rd_array(r, &m->n_seqs));
-      PR_TRY(pr_dec_records(a, m->n_seqs, sizeof(*m->seqs), &mem));
-      m->seqs = mem;
-      for (uint32_t j = 0; j < m->n_seqs; j++)
-        PR_TRY(dec_out_seq(r, a, &m->seqs[j]));
-      break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
-    }
-  }
-  return 0;
-}
-
-int pr_check_out(const struct pr_out *m) {
-  PR_TRY(pr_check_slice(m->seqs, m->n_seqs));
-  for (uint32_t i = 0; i < m->n_seqs; i++) {
-    const struct pr_out_seq *s = &m->seqs[i];
-    PR_TRY(pr_check_slice(s->tokens.v, s->tokens.n));
-    PR_TRY(pr_check_logprobs(&s->logprobs, s->tokens.n));
-    if (s->finish > PR_FINISH_ERROR) return CM_ERR_RANGE;
-    if (s->stop_token < -1 || s->stop_token > (int64_t)UINT32_MAX) return CM_ERR_RANGE;
-    if (s->n_cached_tokens > s->n_prompt_tokens) return CM_ERR_RANGE;
-  }
-  return 0;
-}
-
-/* ======================================================================== */
-/* ERR                                                                       */
-
-void pr_enc_err(struct pr_buf *b, const struct pr_err *m) {
-  pr_wr_map(b, 3);
-  pr_wr_uint(b, PR_K_ERR_ID), pr_wr_uint(b, m->request_id);
-  pr_wr_uint(b, PR_K_ERR_CODE), pr_wr_int(b, m->code);
-  pr_wr_uint(b, PR_K_ERR_MESSAGE), pr_enc_str(b, m->message);
-}
-
-int pr_dec_err(struct pr_rd *r, struct cm_arena *a, struct pr_err *m) {
-  uint64_t seen = 0;
-  uint32_t n, k;
-  int pr_rc_loop;
-  m->message = "";
-  PR_MAP_FOR(r, PR_LVL_TOP, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_ERR_ID: PR_TRY(pr_rd_u64(r, &m->request_id)); break;
-    case PR_K_ERR_CODE: PR_TRY(pr_rd_i32(r, &m->code)); break;
-    case PR_K_ERR_MESSAGE: PR_TRY(pr_dec_str(r, a, &m->message)); break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
-    }
-  }
-  return seen & PR_BIT(PR_K_ERR_CODE) ? 0 : CM_ERR_PARSE;
-}
-
-int pr_check_err(const struct pr_err *m) {
-  return pr_check_str(m->message);
-}
-
-/* ======================================================================== */
-/* PONG: a flat record of counters, encoded in key order                     */
-
-void pr_enc_pong(struct pr_buf *b, const struct pr_pong *m) {
-  const uint64_t u[PR_K_PONG__COUNT] = {
-      [PR_K_PONG_NONCE] = m->nonce,
-      [PR_K_PONG_PING_SEND] = m->ping_send_ns,
-      [PR_K_PONG_RUNNING] = m->num_running,
-      [PR_K_PONG_WAITING] = m->num_waiting,
-      [PR_K_PONG_WORKERS_READY] = m->workers_ready,
-      [PR_K_PONG_WORLD_SIZE] = m->world_size,
-      [PR_K_PONG_MAX_MODEL_LEN] = m->max_model_len,
-      [PR_K_PONG_PC_QUERIES] = m->prefix_cache_queries,
-      [PR_K_PONG_PC_HITS] = m->prefix_cache_hits,
-      [PR_K_PONG_PREEMPTIONS] = m->num_preemptions,
-      [PR_K_PONG_SPEC_DRAFTS] = m->spec_num_drafts,
-      [PR_K_PONG_SPEC_DRAFT_TOKENS] = m->spec_num_draft_tokens,
-      [PR_K_PONG_SPEC_ACCEPTED] = m->spec_num_accepted_tokens,
-      [PR_K_PONG_PROMPT_TOKENS] = m->prompt_tokens,
-      [PR_K_PONG_GEN_TOKENS] = m->generation_tokens,
-  };
-  pr_wr_map(b, PR_K_PONG__COUNT);
-  for (uint32_t k = 0; k < PR_K_PONG__COUNT; k++) {
-    pr_wr_uint(b, k);
-    if (k == PR_K_PONG_KV_USAGE)
-      pr_wr_f64(b, m->kv_usage);
-    else if (k == PR_K_PONG_SPEC_ACCEPTED_POS)
-      pr_wr_u64_array(b, m->spec_accepted_per_pos,
-                      m->n_spec_pos < PR_MAX_DRAFT ? m->n_spec_pos : PR_MAX_DRAFT);
-    else
-      pr_wr_uint(b, u[k]);
-  }
-}
-
-int pr_dec_pong(struct pr_rd *r, struct cm_arena *a, struct pr_pong *m) {
-  uint64_t seen = 0;
-  uint32_t n, k;
-  int pr_rc_loop;
-  (void)a;
-  PR_MAP_FOR(r, PR_LVL_TOP, seen, n, i, k) {
-    switch (k) {
-    case PR_KEY_NONE: break;
-    case PR_K_PONG_NONCE: PR_TRY(pr_rd_u64(r, &m->nonce)); break;
-    case PR_K_PONG_PING_SEND: PR_TRY(pr_rd_u64(r, &m->ping_send_ns)); break;
-    case PR_K_PONG_RUNNING: PR_TRY(pr_rd_u32(r, &m->num_running)); break;
-    case PR_K_PONG_WAITING: PR_TRY(pr_rd_u32(r, &m->num_waiting)); break;
-    case PR_K_PONG_KV_USAGE: PR_TRY(pr_rd_f64(r, &m->kv_usage)); break;
-    case PR_K_PONG_WORKERS_READY: PR_TRY(pr_rd_u32(r, &m->workers_ready)); break;
-    case PR_K_PONG_WORLD_SIZE: PR_TRY(pr_rd_u32(r, &m->world_size)); break;
-    case PR_K_PONG_MAX_MODEL_LEN: PR_TRY(pr_rd_u32(r, &m->max_model_len)); break;
-    case PR_K_PONG_PC_QUERIES: PR_TRY(pr_rd_u64(r, &m->prefix_cache_queries)); break;
-    case PR_K_PONG_PC_HITS: PR_TRY(pr_rd_u64(r, &m->prefix_cache_hits)); break;
-    case PR_K_PONG_PREEMPTIONS: PR_TRY(pr_rd_u64(r, &m->num_preemptions)); break;
-    case PR_K_PONG_SPEC_DRAFTS: PR_TRY(pr_rd_u64(r, &m->spec_num_drafts)); break;
-    case PR_K_PONG_SPEC_DRAFT_TOKENS: PR_TRY(pr_rd_u64(r, &m->spec_num_draft_tokens)); break;
-    case PR_K_PONG_SPEC_ACCEPTED: PR_TRY(pr_rd_u64(r, &m->spec_num_accepted_tokens)); break;
-    case PR_K_PONG_PROMPT_TOKENS: PR_TRY(pr_rd_u64(r, &m->prompt_tokens)); break;
-    case PR_K_PONG_GEN_TOKENS: PR_TRY(pr_rd_u64(r, &m->generation_tokens)); break;
-    case PR_K_PONG_SPEC_ACCEPTED_POS:
-      PR_TRY(pr_rd_array(r, &m->n_spec_pos));
-      if (m->n_spec_pos > PR_MAX_DRAFT) return CM_ERR_TOOBIG;
-      PR_TRY(pr_rd_u64_array(r, m->spec_accepted_per_pos, m->n_spec_pos));
-      break;
-    default: PR_TRY(pr_dec_skip(r, PR_LVL_TOP)); break;
-    }
-  }
-  return 0;
-}
-
-int pr_check_pong(const struct pr_pong *m) {
-  if (!(m->kv_usage >= 0.0 && m->kv_usage <= 1.0)) return CM_ERR_RANGE;
-  if (m->workers_ready > m->world_size) return CM_ERR_RANGE;
-  return 0;
-}
+const struct pr_rec pr_rec_pong = PR_REC(pong, pong_fields, check_pong);

@@ -2,9 +2,14 @@
  *
  * Every ZeroMQ message is multipart:
  *   frame 0: 2 bytes = { message type (enum pr_type), protocol version (PR_VERSION) }
- *   frame 1: a msgpack map with small unsigned integer keys (the PR_K_* tables in
+ *   frame 1: a msgpack map with small unsigned integer keys (the PR_K_* keys in
  *            pr-codec.h); nested records are maps too, arrays are msgpack arrays.
  * No raw frames follow in version 1: a receiver rejects extra frames.
+ *
+ * Each message (and each record nested in one) is described once, as a table
+ * of its fields — key, type, bounds, offset into the structs below — in
+ * pr-msg-front.c and pr-msg-work.c; one encoder (msgpack-c's packer), one
+ * bounded decoder, the validator and pr_msg_equal walk those tables.
  *
  * Decoding is bounded: every declared array/map/string length is checked against
  * the bytes left before anything is allocated, nesting is capped at PR_MAX_DEPTH,
@@ -16,8 +21,8 @@
  * code (CM_ERR_PARSE, _TRUNC, _RANGE, _DEPTH, _TOOBIG, _UNKNOWN, _VERSION,
  * _NOMEM when the arena cap is hit) and never aborts.
  *
- * Encoding checks the same invariants (pr_msg_validate) so that we never send
- * what a peer would refuse, and writes into a reusable struct pr_buf.
+ * Encoding checks the same bounds and invariants (pr_msg_validate) so that we
+ * never send what a peer would refuse, and writes into a reusable struct pr_buf.
  *
  * Conventions: token ids are u32; request/sequence ids u64; times are wall-clock
  * nanoseconds since the Unix epoch (cm_time_wall_ns) unless a field says "ns

@@ -4,6 +4,7 @@
  * This executable is linked with -Wl,--wrap=malloc,calloc,realloc so the
  * tests can count the bytes our code asks the C library for. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,12 +161,13 @@ TH_TEST(deep_nesting_fails) {
 TH_TEST(arena_cap_bounds_allocation) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  pr_wr_map(&b, 3);
-  pr_wr_uint(&b, PR_K_ADD_ID), pr_wr_uint(&b, 1);
-  pr_wr_uint(&b, PR_K_ADD_MAX_TOKENS), pr_wr_uint(&b, 1);
-  pr_wr_uint(&b, PR_K_ADD_PROMPT), pr_wr_array(&b, 100000);
+  msgpack_packer *pk = PR_PACKER(&b);
+  msgpack_pack_map(pk, 3);
+  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, 100000);
   for (int i = 0; i < 100000; i++)
-    pr_wr_uint(&b, 7);
+    msgpack_pack_uint64(pk, 7);
   TH_REQUIRE(b.err == 0);
   size_t mallocd, peak;
   TH_CHECK_EQ_INT(decode(PR_ADD, b.data, b.len, SMALL, &mallocd, &peak), CM_ERR_NOMEM);
@@ -175,47 +177,48 @@ TH_TEST(arena_cap_bounds_allocation) {
   pr_buf_free(&b);
 }
 
-/* {key: <value written by fn>} as a body. */
+/* {key: <value written by the code after it>} as a body, through the caller's pk. */
 #define ONE(b, key, ...)                                                                           \
   do {                                                                                             \
     pr_buf_reset(b);                                                                               \
-    pr_wr_map((b), 1);                                                                             \
-    pr_wr_uint((b), (key));                                                                        \
+    msgpack_pack_map(pk, 1);                                                                       \
+    msgpack_pack_uint64(pk, (key));                                                                \
     __VA_ARGS__;                                                                                   \
   } while (0)
 
 TH_TEST(wrong_types_and_ranges) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  ONE(&b, PR_K_PING_NONCE, pr_wr_str(&b, "x", 1));
+  msgpack_packer *pk = PR_PACKER(&b);
+  ONE(&b, PR_K_PING_NONCE, msgpack_pack_str_with_body(pk, "x", 1));
   TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
-  ONE(&b, PR_K_PING_NONCE, pr_wr_int(&b, -1));
+  ONE(&b, PR_K_PING_NONCE, msgpack_pack_int64(pk, -1));
   TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_RANGE);
-  ONE(&b, PR_K_PING_NONCE, pr_wr_f64(&b, 1.0));
+  ONE(&b, PR_K_PING_NONCE, msgpack_pack_double(pk, 1.0));
   TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
-  ONE(&b, PR_K_PING_NONCE, pr_wr_nil(&b));
+  ONE(&b, PR_K_PING_NONCE, msgpack_pack_nil(pk));
   TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
-  ONE(&b, PR_K_BEAT_RANK, pr_wr_uint(&b, 1ull << 32));
+  ONE(&b, PR_K_BEAT_RANK, msgpack_pack_uint64(pk, 1ull << 32));
   TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), CM_ERR_RANGE);
-  ONE(&b, PR_K_BEAT_RANK, pr_wr_uint(&b, UINT32_MAX));
+  ONE(&b, PR_K_BEAT_RANK, msgpack_pack_uint64(pk, UINT32_MAX));
   TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), 0);
-  ONE(&b, PR_K_FAIL_CODE, pr_wr_int(&b, (int64_t)INT32_MIN - 1));
+  ONE(&b, PR_K_FAIL_CODE, msgpack_pack_int64(pk, (int64_t)INT32_MIN - 1));
   TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), CM_ERR_RANGE);
-  ONE(&b, PR_K_CTRL_OP, pr_wr_uint(&b, 9));
+  ONE(&b, PR_K_CTRL_OP, msgpack_pack_uint64(pk, 9));
   TH_CHECK_EQ_INT(decode_buf(PR_CTRL, &b), CM_ERR_UNKNOWN);
-  ONE(&b, PR_K_PONG_KV_USAGE, pr_wr_f64(&b, 1.5));
+  ONE(&b, PR_K_PONG_KV_USAGE, msgpack_pack_double(pk, 1.5));
   TH_CHECK_EQ_INT(decode_buf(PR_PONG, &b), CM_ERR_RANGE);
-  ONE(&b, PR_K_PONG_KV_USAGE, pr_wr_f64(&b, NAN));
+  ONE(&b, PR_K_PONG_KV_USAGE, msgpack_pack_double(pk, NAN));
   TH_CHECK_EQ_INT(decode_buf(PR_PONG, &b), CM_ERR_RANGE);
-  ONE(&b, PR_K_PONG_KV_USAGE, pr_wr_uint(&b, 1)); /* an integer where a float goes */
+  ONE(&b, PR_K_PONG_KV_USAGE, msgpack_pack_uint64(pk, 1)); /* an integer where a float goes */
   TH_CHECK_EQ_INT(decode_buf(PR_PONG, &b), 0);
   /* a top-level array instead of a map */
   pr_buf_reset(&b);
-  pr_wr_array(&b, 1), pr_wr_uint(&b, 1);
+  msgpack_pack_array(pk, 1), msgpack_pack_uint64(pk, 1);
   TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
   /* missing required keys */
   pr_buf_reset(&b);
-  pr_wr_map(&b, 0);
+  msgpack_pack_map(pk, 0);
   TH_CHECK_EQ_INT(decode_buf(PR_ADD, &b), CM_ERR_PARSE);
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
   TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_PARSE);
@@ -225,12 +228,14 @@ TH_TEST(wrong_types_and_ranges) {
 
 /* An ADD with a sampling map holding one field. */
 static int add_with_sampling(struct pr_buf *b, uint32_t key, double v) {
+  msgpack_packer *pk = PR_PACKER(b);
   pr_buf_reset(b);
-  pr_wr_map(b, 4);
-  pr_wr_uint(b, PR_K_ADD_ID), pr_wr_uint(b, 1);
-  pr_wr_uint(b, PR_K_ADD_MAX_TOKENS), pr_wr_uint(b, 1);
-  pr_wr_uint(b, PR_K_ADD_PROMPT), pr_wr_array(b, 1), pr_wr_uint(b, 2);
-  pr_wr_uint(b, PR_K_ADD_SAMPLING), pr_wr_map(b, 1), pr_wr_uint(b, key), pr_wr_f64(b, v);
+  msgpack_pack_map(pk, 4);
+  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, 1), msgpack_pack_uint64(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_ADD_SAMPLING), msgpack_pack_map(pk, 1), msgpack_pack_uint64(pk, key),
+      msgpack_pack_double(pk, v);
   return decode_buf(PR_ADD, b);
 }
 
@@ -254,20 +259,22 @@ TH_TEST(sampling_ranges) {
 TH_TEST(keys_duplicate_unknown) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  pr_wr_map(&b, 2);
-  pr_wr_uint(&b, PR_K_PING_NONCE), pr_wr_uint(&b, 1);
-  pr_wr_uint(&b, PR_K_PING_NONCE), pr_wr_uint(&b, 2);
+  msgpack_packer *pk = PR_PACKER(&b);
+  msgpack_pack_map(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_PING_NONCE), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_PING_NONCE), msgpack_pack_uint64(pk, 2);
   TH_CHECK_EQ_INT(decode_buf(PR_PING, &b), CM_ERR_PARSE);
   /* unknown keys of every kind are skipped, values nested or not */
   pr_buf_reset(&b);
-  pr_wr_map(&b, 6);
-  pr_wr_uint(&b, 50), pr_wr_map(&b, 1), pr_wr_str(&b, "k", 1), pr_wr_array(&b, 2), pr_wr_nil(&b),
-      pr_wr_f32(&b, 1.0f);
-  pr_wr_str(&b, "nonce", 5), pr_wr_uint(&b, 9);
-  pr_wr_int(&b, -3), pr_wr_bool(&b, 1);
-  pr_wr_uint(&b, 1ull << 40), pr_wr_str(&b, "v", 1);
-  pr_wr_uint(&b, PR_K_PING_NONCE), pr_wr_uint(&b, 77);
-  pr_wr_array(&b, 1), pr_wr_uint(&b, 0), pr_wr_uint(&b, 0); /* an array as key */
+  msgpack_pack_map(pk, 6);
+  msgpack_pack_uint64(pk, 50), msgpack_pack_map(pk, 1), msgpack_pack_str_with_body(pk, "k", 1),
+      msgpack_pack_array(pk, 2), msgpack_pack_nil(pk), msgpack_pack_float(pk, 1.0f);
+  msgpack_pack_str_with_body(pk, "nonce", 5), msgpack_pack_uint64(pk, 9);
+  msgpack_pack_int64(pk, -3), msgpack_pack_true(pk);
+  msgpack_pack_uint64(pk, 1ull << 40), msgpack_pack_str_with_body(pk, "v", 1);
+  msgpack_pack_uint64(pk, PR_K_PING_NONCE), msgpack_pack_uint64(pk, 77);
+  msgpack_pack_array(pk, 1), msgpack_pack_uint64(pk, 0),
+      msgpack_pack_uint64(pk, 0); /* an array as key */
   TH_REQUIRE(b.err == 0);
   struct cm_arena a;
   struct pr_msg m;
@@ -281,6 +288,7 @@ TH_TEST(keys_duplicate_unknown) {
 TH_TEST(strings_checked) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
+  msgpack_packer *pk = PR_PACKER(&b);
   static const struct {
     const char *s;
     size_t n;
@@ -298,9 +306,10 @@ TH_TEST(strings_checked) {
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     pr_buf_reset(&b);
-    pr_wr_map(&b, 2);
-    pr_wr_uint(&b, PR_K_ERR_CODE), pr_wr_int(&b, -2);
-    pr_wr_uint(&b, PR_K_ERR_MESSAGE), pr_wr_str(&b, cases[i].s, cases[i].n);
+    msgpack_pack_map(pk, 2);
+    msgpack_pack_uint64(pk, PR_K_ERR_CODE), msgpack_pack_int64(pk, -2);
+    msgpack_pack_uint64(pk, PR_K_ERR_MESSAGE),
+        msgpack_pack_str_with_body(pk, cases[i].s, cases[i].n);
     int rc = decode_buf(PR_ERR, &b);
     if (rc != cases[i].rc) th_fail(__FILE__, __LINE__, "string case %zu: rc %d", i, rc);
   }
@@ -308,16 +317,16 @@ TH_TEST(strings_checked) {
   char *big = malloc(PR_MAX_STR + 1);
   memset(big, 'a', PR_MAX_STR + 1);
   pr_buf_reset(&b);
-  pr_wr_map(&b, 2);
-  pr_wr_uint(&b, PR_K_FAIL_RANK), pr_wr_uint(&b, 0);
-  pr_wr_uint(&b, PR_K_FAIL_CODE), pr_wr_int(&b, -1);
+  msgpack_pack_map(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_FAIL_RANK), msgpack_pack_uint64(pk, 0);
+  msgpack_pack_uint64(pk, PR_K_FAIL_CODE), msgpack_pack_int64(pk, -1);
   size_t head = b.len;
   TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), 0);
   b.data[0] = 0x83;
-  pr_wr_uint(&b, PR_K_FAIL_MESSAGE), pr_wr_str(&b, big, PR_MAX_STR);
+  msgpack_pack_uint64(pk, PR_K_FAIL_MESSAGE), msgpack_pack_str_with_body(pk, big, PR_MAX_STR);
   TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), 0);
   b.len = head;
-  pr_wr_uint(&b, PR_K_FAIL_MESSAGE), pr_wr_str(&b, big, PR_MAX_STR + 1);
+  msgpack_pack_uint64(pk, PR_K_FAIL_MESSAGE), msgpack_pack_str_with_body(pk, big, PR_MAX_STR + 1);
   TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), CM_ERR_TOOBIG);
   free(big);
   pr_buf_free(&b);
@@ -327,101 +336,147 @@ TH_TEST(strings_checked) {
 TH_TEST(record_limits) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
+  msgpack_packer *pk = PR_PACKER(&b);
   /* STEP with one sequence whose `field` is written by the code after it */
 #define STEP_SEQ(field_key, ...)                                                                   \
   do {                                                                                             \
     pr_buf_reset(&b);                                                                              \
-    pr_wr_map(&b, 2);                                                                              \
-    pr_wr_uint(&b, PR_K_STEP_ID), pr_wr_uint(&b, 1);                                               \
-    pr_wr_uint(&b, PR_K_STEP_SEQS), pr_wr_array(&b, 1);                                            \
-    pr_wr_map(&b, 2);                                                                              \
-    pr_wr_uint(&b, PR_K_SSEQ_ID), pr_wr_uint(&b, 5);                                               \
-    pr_wr_uint(&b, (field_key));                                                                   \
+    msgpack_pack_map(pk, 2);                                                                       \
+    msgpack_pack_uint64(pk, PR_K_STEP_ID), msgpack_pack_uint64(pk, 1);                             \
+    msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1);                            \
+    msgpack_pack_map(pk, 2);                                                                       \
+    msgpack_pack_uint64(pk, PR_K_SSEQ_ID), msgpack_pack_uint64(pk, 5);                             \
+    msgpack_pack_uint64(pk, (field_key));                                                          \
     __VA_ARGS__;                                                                                   \
   } while (0)
-  STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, PR_MAX_KV_GROUPS + 1);
-           for (int g = 0; g <= PR_MAX_KV_GROUPS; g++) pr_wr_array(&b, 0));
+  STEP_SEQ(PR_K_SSEQ_TABLES, msgpack_pack_array(pk, PR_MAX_KV_GROUPS + 1);
+           for (int g = 0; g <= PR_MAX_KV_GROUPS; g++) msgpack_pack_array(pk, 0));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_TOOBIG);
-  STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, PR_MAX_KV_GROUPS);
-           for (int g = 0; g < PR_MAX_KV_GROUPS; g++) pr_wr_array(&b, 0));
+  STEP_SEQ(PR_K_SSEQ_TABLES, msgpack_pack_array(pk, PR_MAX_KV_GROUPS);
+           for (int g = 0; g < PR_MAX_KV_GROUPS; g++) msgpack_pack_array(pk, 0));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), 0);
-  STEP_SEQ(PR_K_SSEQ_TABLES, pr_wr_array(&b, 1); pr_wr_array(&b, 2); pr_wr_int(&b, -1);
-           pr_wr_int(&b, -2));
+  STEP_SEQ(PR_K_SSEQ_TABLES, msgpack_pack_array(pk, 1); msgpack_pack_array(pk, 2);
+           msgpack_pack_int64(pk, -1); msgpack_pack_int64(pk, -2));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
-  STEP_SEQ(PR_K_SSEQ_DRAFTS, pr_wr_array(&b, PR_MAX_DRAFT + 1);
-           for (int i = 0; i <= PR_MAX_DRAFT; i++) pr_wr_uint(&b, 1));
+  STEP_SEQ(PR_K_SSEQ_DRAFTS, msgpack_pack_array(pk, PR_MAX_DRAFT + 1);
+           for (int i = 0; i <= PR_MAX_DRAFT; i++) msgpack_pack_uint64(pk, 1));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_TOOBIG);
-  STEP_SEQ(PR_K_SSEQ_NUM_DRAFT, pr_wr_uint(&b, PR_MAX_DRAFT + 1));
+  STEP_SEQ(PR_K_SSEQ_NUM_DRAFT, msgpack_pack_uint64(pk, PR_MAX_DRAFT + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
-  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, 0x20));
+  STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, 0x20));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
-  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, PR_SEQ_NEW | PR_SEQ_APPEND_BLOCKS));
+  STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, PR_SEQ_NEW | PR_SEQ_APPEND_BLOCKS));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_INVAL);
-  STEP_SEQ(PR_K_SSEQ_FLAGS, pr_wr_uint(&b, PR_SEQ_SAMPLE | PR_SEQ_APPEND_BLOCKS));
+  STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, PR_SEQ_SAMPLE | PR_SEQ_APPEND_BLOCKS));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), 0);
-  STEP_SEQ(PR_K_SSEQ_SAMPLING, pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_SAMP_TOP_P);
-           pr_wr_f32(&b, 2.0f));
+  STEP_SEQ(PR_K_SSEQ_SAMPLING, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_SAMP_TOP_P);
+           msgpack_pack_float(pk, 2.0f));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
   /* a sequence record without its id */
   pr_buf_reset(&b);
-  pr_wr_map(&b, 2);
-  pr_wr_uint(&b, PR_K_STEP_ID), pr_wr_uint(&b, 1);
-  pr_wr_uint(&b, PR_K_STEP_SEQS), pr_wr_array(&b, 1), pr_wr_map(&b, 0);
+  msgpack_pack_map(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_STEP_ID), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 0);
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
 
   /* RESULT: more accepted drafts than tokens; logprobs that disagree */
 #define RESULT_SEQ(...)                                                                            \
   do {                                                                                             \
     pr_buf_reset(&b);                                                                              \
-    pr_wr_map(&b, 2);                                                                              \
-    pr_wr_uint(&b, PR_K_RES_STEP), pr_wr_uint(&b, 1);                                              \
-    pr_wr_uint(&b, PR_K_RES_SEQS), pr_wr_array(&b, 1);                                             \
+    msgpack_pack_map(pk, 2);                                                                       \
+    msgpack_pack_uint64(pk, PR_K_RES_STEP), msgpack_pack_uint64(pk, 1);                            \
+    msgpack_pack_uint64(pk, PR_K_RES_SEQS), msgpack_pack_array(pk, 1);                             \
     __VA_ARGS__;                                                                                   \
   } while (0)
-  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_ACCEPTED); pr_wr_uint(&b, 2));
+  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
+             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
+             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_RSEQ_ACCEPTED); msgpack_pack_uint64(pk, 2));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
-  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_LP_SAMPLED);
-             pr_wr_array(&b, 2); pr_wr_f32(&b, -1); pr_wr_f32(&b, -1));
+  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
+             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
+             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_LP_SAMPLED); msgpack_pack_array(pk, 2);
+             msgpack_pack_float(pk, -1); msgpack_pack_float(pk, -1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);
-  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_LP_SAMPLED);
-             pr_wr_array(&b, 1); pr_wr_f32(&b, INFINITY));
+  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
+             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
+             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_LP_SAMPLED); msgpack_pack_array(pk, 1);
+             msgpack_pack_float(pk, INFINITY));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
-  RESULT_SEQ(pr_wr_map(&b, 3); pr_wr_uint(&b, PR_K_RSEQ_ID); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_TOKENS); pr_wr_array(&b, 1); pr_wr_uint(&b, 1);
-             pr_wr_uint(&b, PR_K_RSEQ_LOGPROBS); pr_wr_map(&b, 1); pr_wr_uint(&b, PR_K_LP_N_TOP);
-             pr_wr_uint(&b, PR_MAX_TOP_LOGPROBS + 1));
+  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
+             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
+             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
+             msgpack_pack_uint64(pk, PR_K_LP_N_TOP);
+             msgpack_pack_uint64(pk, PR_MAX_TOP_LOGPROBS + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
 
   /* OUT: finish reason and stop token out of range */
   pr_buf_reset(&b);
-  pr_wr_map(&b, 1);
-  pr_wr_uint(&b, PR_K_OUT_SEQS), pr_wr_array(&b, 1), pr_wr_map(&b, 2);
-  pr_wr_uint(&b, PR_K_OSEQ_ID), pr_wr_uint(&b, 1);
+  msgpack_pack_map(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_OUT_SEQS), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_OSEQ_ID), msgpack_pack_uint64(pk, 1);
   size_t at = b.len;
-  pr_wr_uint(&b, PR_K_OSEQ_FINISH), pr_wr_uint(&b, PR_FINISH_ERROR + 1);
+  msgpack_pack_uint64(pk, PR_K_OSEQ_FINISH), msgpack_pack_uint64(pk, PR_FINISH_ERROR + 1);
   TH_CHECK_EQ_INT(decode_buf(PR_OUT, &b), CM_ERR_RANGE);
   b.len = at;
-  pr_wr_uint(&b, PR_K_OSEQ_STOP_TOKEN), pr_wr_int(&b, -2);
+  msgpack_pack_uint64(pk, PR_K_OSEQ_STOP_TOKEN), msgpack_pack_int64(pk, -2);
   TH_CHECK_EQ_INT(decode_buf(PR_OUT, &b), CM_ERR_RANGE);
   b.len = at;
-  pr_wr_uint(&b, PR_K_OSEQ_STOP_TOKEN), pr_wr_int(&b, 106);
+  msgpack_pack_uint64(pk, PR_K_OSEQ_STOP_TOKEN), msgpack_pack_int64(pk, 106);
   TH_CHECK_EQ_INT(decode_buf(PR_OUT, &b), 0);
 
   /* READY: rank outside the world, too many groups */
   pr_buf_reset(&b);
-  pr_wr_map(&b, 3);
-  pr_wr_uint(&b, PR_K_READY_RANK), pr_wr_uint(&b, 2);
-  pr_wr_uint(&b, PR_K_READY_WORLD), pr_wr_uint(&b, 2);
-  pr_wr_uint(&b, PR_K_READY_GROUPS), pr_wr_array(&b, 1), pr_wr_map(&b, 1);
-  pr_wr_uint(&b, PR_K_GRP_BLOCK_TOKENS), pr_wr_uint(&b, 16);
+  msgpack_pack_map(pk, 3);
+  msgpack_pack_uint64(pk, PR_K_READY_RANK), msgpack_pack_uint64(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_READY_WORLD), msgpack_pack_uint64(pk, 2);
+  msgpack_pack_uint64(pk, PR_K_READY_GROUPS), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_GRP_BLOCK_TOKENS), msgpack_pack_uint64(pk, 16);
   TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_RANGE);
   b.data[2] = 1; /* rank 1 */
   TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), 0);
+  /* the group without block_tokens: its default 0 is outside the bounds */
+  b.data[b.len - 2] = PR_K_GRP_LAYERS;
+  TH_CHECK_EQ_INT(decode_buf(PR_READY, &b), CM_ERR_RANGE);
   pr_buf_free(&b);
+}
+
+/* The decoder holds absent numbers to their bounds but leaves an absent
+ * nested record at its defaults unchecked: those defaults must validate, in
+ * every record reachable from a message. */
+static void nested_defaults_validate(const struct pr_rec *rec) {
+  for (uint32_t k = 0; k < rec->n_fields; k++) {
+    const struct pr_field *f = &rec->fields[k];
+    if (f->type == PR_FT_REC) {
+      union {
+        max_align_t align;
+        uint8_t bytes[1024];
+      } mem;
+      TH_REQUIRE(f->sub->size <= sizeof(mem));
+      memset(&mem, 0, sizeof(mem));
+      pr_rec_defaults(f->sub, &mem);
+      if (pr_rec_put(NULL, f->sub, &mem) != 0)
+        th_fail(__FILE__, __LINE__, "key %u: the defaults of its record do not validate", k);
+      nested_defaults_validate(f->sub);
+    } else if (f->type == PR_FT_ARRAY && f->elem->type == PR_FT_REC) {
+      nested_defaults_validate(f->elem->sub);
+    }
+  }
+}
+
+TH_TEST(nested_record_defaults_validate) {
+  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
+    const struct pr_rec *rec = pr_rec_of(all_types[t]);
+    TH_REQUIRE(rec != NULL);
+    nested_defaults_validate(rec);
+  }
+  struct pr_sampling s;
+  pr_sampling_default(&s);
+  TH_CHECK(s.temperature == 1.0f && s.top_p == 1.0f && s.repetition_penalty == 1.0f);
+  TH_CHECK(s.logprobs == -1 && s.top_k == 0 && !s.has_seed);
 }

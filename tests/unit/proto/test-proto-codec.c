@@ -1,6 +1,6 @@
 /* test-proto-codec.c — the message codec: round trips of every message type
  * (typical, minimal, maximal), canonical re-encoding, msgpack-c's own reader
- * agreeing with our writer, truncation at every offset, trailing bytes, and
+ * agreeing with our encoder, truncation at every offset, trailing bytes, and
  * the header frame. Hostile inputs are in test-proto-bounds.c. */
 #include <math.h>
 #include <msgpack.h>
@@ -85,7 +85,7 @@ TH_TEST(roundtrip_with_header_frame) {
   }
 }
 
-/* Our writer's output is valid msgpack for msgpack-c's reader (used here on
+/* Our encoder's output is valid msgpack for msgpack-c's reader (used here on
  * trusted bytes only): one top-level map that consumes the whole buffer. */
 TH_TEST(msgpack_c_reads_our_encoding) {
   for (int i = 0; i < prs_count(); i++) {

@@ -1,7 +1,8 @@
 /* test-proto-reader.c — the msgpack primitives in pr-mp.h: every integer
- * width and sign through writer and reader, non-canonical encodings, range
- * refusals that leave the reader where it was, floats, containers checked
- * against the bytes left, and skipping every format byte. */
+ * width and sign through msgpack-c's packer (into a struct pr_buf) and our
+ * reader, non-canonical encodings, range refusals that leave the reader where
+ * it was, floats, containers checked against the bytes left, skipping every
+ * format byte, the buffer's cap, and pr_pack_numbers. */
 #include <math.h>
 #include <string.h>
 
@@ -18,9 +19,10 @@ static const int64_t ints[] = {
 TH_TEST(integers_every_width) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
+  msgpack_packer *pk = PR_PACKER(&b);
   for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
-    pr_wr_int(&b, ints[i]);
-  pr_wr_uint(&b, UINT64_MAX);
+    msgpack_pack_int64(pk, ints[i]);
+  msgpack_pack_uint64(pk, UINT64_MAX);
   TH_REQUIRE(b.err == 0);
   struct pr_rd r;
   pr_rd_init(&r, b.data, b.len);
@@ -36,7 +38,8 @@ TH_TEST(integers_every_width) {
   TH_CHECK_EQ_INT(pr_rd_u64(&r, &u), CM_ERR_TRUNC);
   /* shortest forms */
   pr_buf_reset(&b);
-  pr_wr_uint(&b, 127), pr_wr_uint(&b, 128), pr_wr_int(&b, -32), pr_wr_int(&b, -33);
+  msgpack_pack_uint64(pk, 127), msgpack_pack_uint64(pk, 128), msgpack_pack_int64(pk, -32),
+      msgpack_pack_int64(pk, -33);
   static const uint8_t want[] = {0x7f, 0xcc, 0x80, 0xe0, 0xd0, 0xdf};
   TH_CHECK(b.len == sizeof(want) && memcmp(b.data, want, sizeof(want)) == 0);
   pr_buf_free(&b);
@@ -86,8 +89,10 @@ TH_TEST(integers_noncanonical_and_ranges) {
 TH_TEST(floats_and_bools) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  pr_wr_f32(&b, 0.1f), pr_wr_f64(&b, 0.1), pr_wr_int(&b, -7), pr_wr_f32(&b, -INFINITY);
-  pr_wr_bool(&b, 1), pr_wr_bool(&b, 0), pr_wr_nil(&b);
+  msgpack_packer *pk = PR_PACKER(&b);
+  msgpack_pack_float(pk, 0.1f), msgpack_pack_double(pk, 0.1), msgpack_pack_int64(pk, -7),
+      msgpack_pack_float(pk, -INFINITY);
+  msgpack_pack_true(pk), msgpack_pack_false(pk), msgpack_pack_nil(pk);
   struct pr_rd r;
   double d;
   int t;
@@ -214,11 +219,12 @@ TH_TEST(skip_every_format) {
 TH_TEST(writer_cap_and_reuse) {
   struct pr_buf b;
   pr_buf_init(&b, 8);
-  pr_wr_str(&b, "12345678", 8); /* 9 bytes with its header */
+  msgpack_packer *pk = PR_PACKER(&b);
+  msgpack_pack_str_with_body(pk, "12345678", 8); /* 9 bytes with its header */
   TH_CHECK_EQ_INT(b.err, CM_ERR_TOOBIG);
   pr_buf_reset(&b);
   TH_CHECK_EQ_INT(b.err, 0);
-  pr_wr_str(&b, "1234567", 7);
+  msgpack_pack_str_with_body(pk, "1234567", 7);
   TH_CHECK_EQ_INT(b.err, 0);
   TH_CHECK_EQ_INT(b.len, 8);
   pr_buf_free(&b);
@@ -228,7 +234,7 @@ TH_TEST(writer_cap_and_reuse) {
   pr_buf_init(&b, 0);
   const size_t lens[] = {0, 31, 32, 255, 256, 65535, 65536};
   for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
-    pr_wr_str(&b, s, lens[i]);
+    msgpack_pack_str_with_body(pk, s, lens[i]);
   struct pr_rd r;
   pr_rd_init(&r, b.data, b.len);
   for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
@@ -261,8 +267,8 @@ TH_TEST(map_keys) {
 }
 
 /* The array readers take every integer encoding, fast path or not, and
- * refuse out-of-range elements; the array writers match the element writers
- * byte for byte. */
+ * refuse out-of-range elements; pr_pack_numbers matches the packer's
+ * element by element form byte for byte. */
 TH_TEST(number_arrays) {
   static const uint8_t mixed[] = {0x05, 0xcc, 0xc8, 0xcd, 0x01, 0x00, 0xce, 0, 1, 0,    0,
                                   0xcf, 0,    0,    0,    0,    0,    0,    0, 9, 0xd0, 0x07,
@@ -296,7 +302,7 @@ TH_TEST(number_arrays) {
     pr_rd_init(&r, mixed, n);
     TH_CHECK(pr_rd_u32_array(&r, u, 7) < 0);
   }
-  /* writers: whole-array and per-element forms agree */
+  /* whole arrays and element by element agree */
   static const int32_t iv[] = {-1,   0,      127,    128,       -32,       -33,   -128,
                                -129, -32768, -32769, INT32_MIN, INT32_MAX, 65535, 65536};
   static const uint32_t uv[] = {0, 127, 128, 255, 256, 65535, 65536, UINT32_MAX};
@@ -305,26 +311,28 @@ TH_TEST(number_arrays) {
   struct pr_buf x, y;
   pr_buf_init(&x, 0);
   pr_buf_init(&y, 0);
-  pr_wr_i32_array(&x, iv, 14), pr_wr_u32_array(&x, uv, 8), pr_wr_u64_array(&x, lv, 5);
-  pr_wr_f32_array(&x, fv, 4);
-  pr_wr_array(&y, 14);
+  msgpack_packer *pk_y = PR_PACKER(&y);
+  pr_pack_numbers(&x, PR_NUM_I32, iv, 14), pr_pack_numbers(&x, PR_NUM_U32, uv, 8),
+      pr_pack_numbers(&x, PR_NUM_U64, lv, 5);
+  pr_pack_numbers(&x, PR_NUM_F32, fv, 4);
+  msgpack_pack_array(pk_y, 14);
   for (int i = 0; i < 14; i++)
-    pr_wr_int(&y, iv[i]);
-  pr_wr_array(&y, 8);
+    msgpack_pack_int64(pk_y, iv[i]);
+  msgpack_pack_array(pk_y, 8);
   for (int i = 0; i < 8; i++)
-    pr_wr_uint(&y, uv[i]);
-  pr_wr_array(&y, 5);
+    msgpack_pack_uint64(pk_y, uv[i]);
+  msgpack_pack_array(pk_y, 5);
   for (int i = 0; i < 5; i++)
-    pr_wr_uint(&y, lv[i]);
-  pr_wr_array(&y, 4);
+    msgpack_pack_uint64(pk_y, lv[i]);
+  msgpack_pack_array(pk_y, 4);
   for (int i = 0; i < 4; i++)
-    pr_wr_f32(&y, fv[i]);
+    msgpack_pack_float(pk_y, fv[i]);
   TH_CHECK(x.err == 0 && y.err == 0);
   TH_CHECK(x.len == y.len && memcmp(x.data, y.data, x.len) == 0);
-  /* near the cap the array writers fall back to element by element */
+  /* near the cap pr_pack_numbers goes by the stack and still fits exactly */
   struct pr_buf z;
   pr_buf_init(&z, 10);
-  pr_wr_u32_array(&z, uv, 5); /* 1 + 1+1+2+2+3 = 10 bytes: fits only exactly */
+  pr_pack_numbers(&z, PR_NUM_U32, uv, 5); /* 1 + 1+1+2+2+3 = 10 bytes: fits only exactly */
   TH_CHECK_EQ_INT(z.err, 0);
   TH_CHECK_EQ_INT(z.len, 10);
   pr_buf_free(&x);
