@@ -121,13 +121,15 @@ enum {
   PR_K_READY_EOS,
   PR_K_READY_MAX_DRAFT,
   PR_K_READY_MAX_SEQS,
-  PR_K_READY_MAX_TOKENS
+  PR_K_READY_MAX_TOKENS,
+  PR_K_READY_SHARD_SUM
 };
 enum { PR_K_GRP_BLOCK_TOKENS, PR_K_GRP_LAYERS, PR_K_GRP_BYTES, PR_K_GRP_WINDOW };
 enum { PR_K_RES_RANK, PR_K_RES_STEP, PR_K_RES_SEQS };
 enum { PR_K_RSEQ_ID, PR_K_RSEQ_TOKENS, PR_K_RSEQ_ACCEPTED, PR_K_RSEQ_LOGPROBS, PR_K_RSEQ_DRAFTS };
 enum { PR_K_BEAT_RANK, PR_K_BEAT_STEP, PR_K_BEAT_TIME };
 enum { PR_K_FAIL_RANK, PR_K_FAIL_STEP, PR_K_FAIL_CODE, PR_K_FAIL_MESSAGE };
+enum { PR_K_DIST_RANK, PR_K_DIST_WORLD, PR_K_DIST_ID };
 
 /* ---- field descriptors ---- */
 
@@ -341,7 +343,7 @@ extern const struct pr_rec pr_rec_sampling, pr_rec_logprobs;
 extern const struct pr_rec pr_rec_add, pr_rec_abort, pr_rec_ping, pr_rec_out, pr_rec_err,
     pr_rec_pong;
 extern const struct pr_rec pr_rec_step, pr_rec_ctrl, pr_rec_ready, pr_rec_result, pr_rec_beat,
-    pr_rec_fail;
+    pr_rec_fail, pr_rec_dist;
 
 /* ---- the walkers ---- */
 

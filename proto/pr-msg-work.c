@@ -1,8 +1,8 @@
 /* pr-msg-work.c — the records of the messages between scheduler and
- * workers: STEP, CTRL (scheduler -> workers) and READY, RESULT, BEAT, FAIL
- * (back). Each is a table of fields (pr-codec.h: key, type, bounds, offset)
- * plus, where fields depend on each other, a check; the walkers in
- * pr-encode.c, pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
+ * workers: STEP, CTRL (scheduler -> workers), READY, RESULT, BEAT, FAIL
+ * (back) and DIST (both ways, at start-up). Each is a table of fields (pr-codec.h: key, type,
+ * bounds, offset) plus, where fields depend on each other, a check; the walkers in pr-encode.c,
+ * pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
 #include "common/cm-err.h"
 #include "proto/pr-codec.h"
 
@@ -69,6 +69,7 @@ static const struct pr_field ready_fields[] = {
     [PR_K_READY_MAX_DRAFT] = {PR_UINT(ready, max_draft, PR_MAX_DRAFT)},
     [PR_K_READY_MAX_SEQS] = {PR_U(ready, max_num_seqs)},
     [PR_K_READY_MAX_TOKENS] = {PR_U(ready, max_num_batched_tokens)},
+    [PR_K_READY_SHARD_SUM] = {PR_U(ready, shard_sum)},
 };
 
 static int check_ready(const void *rec) {
@@ -118,3 +119,18 @@ static const struct pr_field fail_fields[] = {
     [PR_K_FAIL_MESSAGE] = {PR_STR(fail, message)},
 };
 const struct pr_rec pr_rec_fail = PR_REC(fail, fail_fields, NULL);
+
+/* ======================================================================== */
+/* DIST                                                                      */
+
+static const struct pr_field dist_fields[] = {
+    [PR_K_DIST_RANK] = {PR_U(dist, rank), .flags = PR_F_REQ},
+    [PR_K_DIST_WORLD] = {PR_UINT(dist, world_size, UINT32_MAX), .min = 1, .flags = PR_F_REQ},
+    [PR_K_DIST_ID] = {PR_U32S(dist, comm_id, PR_MAX_COMM_ID)},
+};
+
+static int check_dist(const void *rec) {
+  const struct pr_dist *m = rec;
+  return m->rank >= m->world_size ? CM_ERR_RANGE : 0;
+}
+const struct pr_rec pr_rec_dist = PR_REC(dist, dist_fields, check_dist);

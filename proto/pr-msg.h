@@ -72,6 +72,8 @@ enum pr_type {
   PR_RESULT = 49,
   PR_BEAT = 50,
   PR_FAIL = 51,
+  /* scheduler <-> workers, at start-up */
+  PR_DIST = 52,
 };
 
 /* ---- slices: decoded ones live in the decode arena --------------------- */
@@ -266,6 +268,9 @@ struct pr_ready {
    * limits stand) */
   uint32_t max_num_seqs;           /* sequences per step */
   uint32_t max_num_batched_tokens; /* tokens per step, drafts included */
+  /* checksum of the model's config and this rank's shard shapes: the ranks of one
+   * tensor-parallel group must agree (0 = not said) */
+  uint64_t shard_sum;
 };
 
 struct pr_result_seq {
@@ -296,6 +301,18 @@ struct pr_fail {
   const char *message; /* as in struct pr_err */
 };
 
+/* DIST: how the ranks of a tensor-parallel group find each other. Every rank sends
+ * one when it starts: rank 0 with the group's id (its backend's kn_comm_id: a
+ * shared-memory segment name, or NCCL's unique id), the others with an empty id (a
+ * request). The scheduler answers every rank that asked with rank 0's id, as soon as
+ * it has it; nothing else (no shared file system) carries it. */
+#define PR_MAX_COMM_ID 32 /* uint32 words: 128 bytes */
+struct pr_dist {
+  uint32_t rank;
+  uint32_t world_size;    /* >= 1, rank < world_size */
+  struct pr_u32s comm_id; /* <= PR_MAX_COMM_ID words; empty: a request */
+};
+
 /* One decoded or to-be-encoded message. */
 struct pr_msg {
   enum pr_type type;
@@ -312,6 +329,7 @@ struct pr_msg {
     struct pr_result result;
     struct pr_beat beat;
     struct pr_fail fail;
+    struct pr_dist dist;
   } u;
 };
 

@@ -8,8 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const enum pr_type types[] = {PR_ADD,  PR_ABORT, PR_PING,  PR_OUT,    PR_ERR,  PR_PONG,
-                                     PR_STEP, PR_CTRL,  PR_READY, PR_RESULT, PR_BEAT, PR_FAIL};
+static const enum pr_type types[] = {PR_ADD,  PR_ABORT, PR_PING, PR_OUT,   PR_ERR,
+                                     PR_PONG, PR_STEP,  PR_CTRL, PR_READY, PR_RESULT,
+                                     PR_BEAT, PR_FAIL,  PR_DIST};
 static const char *const variants[] = {"typical", "minimal", "max"};
 
 enum { NV = 3, BIG = 300 /* entries in the "large" arrays: past the 16-bit array header */ };
@@ -234,6 +235,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->max_draft = v == 2 ? PR_MAX_DRAFT : v == 0 ? 4 : 0;
     r->max_num_seqs = v == 2 ? UINT32_MAX : v == 0 ? 64 : 0;
     r->max_num_batched_tokens = v == 2 ? UINT32_MAX : v == 0 ? 2048 : 0;
+    r->shard_sum = v == 2 ? UINT64_MAX : v == 0 ? 0x9e3779b97f4a7c15ull : 0;
     break;
   }
   case PR_RESULT: {
@@ -263,6 +265,11 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     m->u.fail.step_id = v == 2 ? UINT64_MAX : 8;
     m->u.fail.code = v == 2 ? INT32_MIN : -18;
     m->u.fail.message = v == 0 ? "CUDA out of memory" : v == 1 ? "" : longstr;
+    break;
+  case PR_DIST:
+    m->u.dist.rank = v == 2 ? UINT32_MAX - 1 : v == 0 ? 1 : 0;
+    m->u.dist.world_size = v == 2 ? UINT32_MAX : v == 0 ? 2 : 1;
+    if (v != 1) m->u.dist.comm_id = (struct pr_u32s){tok, v == 2 ? PR_MAX_COMM_ID : 8};
     break;
   }
 }

@@ -37,8 +37,9 @@ void *__wrap_realloc(void *p, size_t n) {
   return __real_realloc(p, n);
 }
 
-static const enum pr_type all_types[] = {PR_ADD,  PR_ABORT, PR_PING,  PR_OUT,    PR_ERR,  PR_PONG,
-                                         PR_STEP, PR_CTRL,  PR_READY, PR_RESULT, PR_BEAT, PR_FAIL};
+static const enum pr_type all_types[] = {PR_ADD,  PR_ABORT, PR_PING, PR_OUT,   PR_ERR,
+                                         PR_PONG, PR_STEP,  PR_CTRL, PR_READY, PR_RESULT,
+                                         PR_BEAT, PR_FAIL,  PR_DIST};
 
 #define SMALL (64u << 10) /* bytes: what a hostile input may make us allocate */
 
