@@ -94,16 +94,18 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes);
  * memory segment name, or NCCL's unique id. */
 #define KN_COMM_ID_BYTES 128
 struct kn_comm_id {
-  unsigned char bytes[KN_COMM_ID_BYTES];
+  _Alignas(8) unsigned char bytes[KN_COMM_ID_BYTES];
 };
 
 /* Makes a fresh id for a new group (rank 0 only). */
 int kn_comm_id_new(struct kn_backend *be, struct kn_comm_id *id);
 /* Joins be to the group of `world` ranks named by id as `rank`. Every rank calls it;
- * it returns once the group is formed, or CM_ERR_TIMEOUT after timeout_ms. A
- * collective that a peer never joins (it died or stopped) fails within timeout_ms as
- * well, and every collective after a failure fails at once: the caller reports it
- * and exits. world 1 needs no id. A backend joins one group, once. */
+ * it returns once the group is formed, or CM_ERR_TIMEOUT after timeout_ms (ranks load
+ * their weights at different speeds: give them time). A collective that a peer never
+ * joins (it died or stopped) fails within KN_COMM_CALL_TIMEOUT_MS, and every
+ * collective after a failure fails at once: the caller reports it and exits. world 1
+ * needs no id. A backend joins one group, once. */
+#define KN_COMM_CALL_TIMEOUT_MS 1000
 int kn_comm_join(struct kn_backend *be, const struct kn_comm_id *id, int rank, int world,
                  int timeout_ms);
 /* Ranks in be's group (1 when it joined none). */

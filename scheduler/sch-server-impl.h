@@ -77,10 +77,21 @@ struct sch_model_info {
   int32_t num_eos;
   int32_t eos[SCH_MAX_EOS_IDS];
   int64_t num_blocks; /* min over the ranks' kv_blocks (set when service starts) */
+  uint64_t shard_sum; /* the model and shard shapes every rank of the group must have */
+};
+
+/* The tensor-parallel group's comm id (DIST): offered by rank 0, relayed to every
+ * rank that asked. */
+struct sch_dist {
+  uint32_t id[PR_MAX_COMM_ID];
+  uint32_t n;             /* words of id; 0: rank 0 has not offered one yet */
+  struct pr_rid *waiting; /* [world_size]: who asked, by rank */
+  bool *asked;            /* [world_size] */
 };
 
 struct sch_server {
   struct sch_server_config cfg;
+  struct sch_dist dist;
   void *zctx;
   struct pr_sock *front_sock, *work_sock;
   struct cm_arena front_arena, work_arena;

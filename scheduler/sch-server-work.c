@@ -17,6 +17,8 @@
 int sch_srv_work_init(struct sch_server *s) {
   int32_t n = s->cfg.max_num_seqs;
   s->ranks = calloc((size_t)s->cfg.world_size, sizeof(*s->ranks));
+  s->dist.waiting = calloc((size_t)s->cfg.world_size, sizeof(*s->dist.waiting));
+  s->dist.asked = calloc((size_t)s->cfg.world_size, sizeof(*s->dist.asked));
   s->step_seqs = calloc((size_t)n, sizeof(*s->step_seqs));
   s->step_tables = calloc((size_t)n * SCH_MAX_GROUPS, sizeof(*s->step_tables));
   s->results = calloc((size_t)n, sizeof(*s->results));
@@ -26,8 +28,8 @@ int sch_srv_work_init(struct sch_server *s) {
   s->pending_free = malloc(s->cap_pending_free * sizeof(*s->pending_free));
   pr_buf_init(&s->step_buf, PR_MAX_MSG_DEFAULT);
   s->cap_seqs = s->cap_outs = n;
-  if (!s->ranks || !s->step_seqs || !s->step_tables || !s->results || !s->outs || !s->out_order ||
-      !s->pending_free)
+  if (!s->ranks || !s->dist.waiting || !s->dist.asked || !s->step_seqs || !s->step_tables ||
+      !s->results || !s->outs || !s->out_order || !s->pending_free)
     return CM_ERR_NOMEM;
   return 0;
 }
@@ -36,6 +38,8 @@ void sch_srv_work_free(struct sch_server *s) {
   sch_engine_destroy(s->engine);
   s->engine = NULL;
   free(s->ranks);
+  free(s->dist.waiting);
+  free(s->dist.asked);
   free(s->step_seqs);
   free(s->step_tables);
   free(s->results);
@@ -95,7 +99,8 @@ static bool info_agrees(const struct sch_model_info *a, const struct sch_model_i
     if (a->groups[g].block_tokens != b->groups[g].block_tokens ||
         a->groups[g].window != b->groups[g].window)
       return false;
-  return memcmp(a->eos, b->eos, (size_t)a->num_eos * sizeof(a->eos[0])) == 0;
+  return a->shard_sum == b->shard_sum &&
+         memcmp(a->eos, b->eos, (size_t)a->num_eos * sizeof(a->eos[0])) == 0;
 }
 
 static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, char *why,
@@ -120,6 +125,7 @@ static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, c
   o->vocab_size = m->vocab_size;
   o->max_model_len = m->max_model_len;
   o->max_draft = m->max_draft;
+  o->shard_sum = m->shard_sum;
   o->num_eos = (int32_t)m->eos_ids.n;
   for (uint32_t i = 0; i < m->eos_ids.n; i++) {
     if (m->eos_ids.v[i] >= m->vocab_size)
@@ -215,8 +221,8 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   if (s->ranks[r].ready) fail_rank(s, r, CM_ERR_CLOSED, "restarted (a second READY)");
   if (s->num_ready > 0 && !info_agrees(&info, &s->info)) {
     cm_error(TAG,
-             "READY from rank %d refused: its groups, vocabulary, eos ids or drafts differ "
-             "from the other ranks'",
+             "READY from rank %d refused: its groups, vocabulary, eos ids, drafts or model "
+             "shard checksum differ from the other ranks'",
              (int)r);
     return;
   }
@@ -376,6 +382,43 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
   s->step_ns_apply += cm_time_ns() - t_recv;
 }
 
+/* ---- DIST ------------------------------------------------------------------------ */
+
+/* Sends rank 0's comm id to every rank that asked for it. */
+static void dist_answer(struct sch_server *s) {
+  struct sch_dist *d = &s->dist;
+  if (!d->n) return;
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    if (!d->asked[r]) continue;
+    struct pr_msg m;
+    pr_msg_init(&m, PR_DIST);
+    m.u.dist.rank = (uint32_t)r;
+    m.u.dist.world_size = (uint32_t)s->cfg.world_size;
+    m.u.dist.comm_id = (struct pr_u32s){d->id, d->n};
+    int rc = pr_sock_send(s->work_sock, &d->waiting[r], &m, 0);
+    if (rc) cm_warn(TAG, "cannot send DIST to rank %d: %s", (int)r, cm_strerror(rc));
+    d->asked[r] = false;
+  }
+}
+
+static void on_dist(struct sch_server *s, const struct pr_rid *from, const struct pr_dist *m) {
+  if (m->world_size != (uint32_t)s->cfg.world_size || m->rank >= m->world_size) {
+    cm_error(TAG, "DIST from rank %u of %u refused: this scheduler expects world size %d", m->rank,
+             m->world_size, (int)s->cfg.world_size);
+    return;
+  }
+  struct sch_dist *d = &s->dist;
+  if (m->rank == 0 && m->comm_id.n > 0) { /* a new group (a restarted rank 0 makes a new id) */
+    memcpy(d->id, m->comm_id.v, sizeof(uint32_t) * m->comm_id.n);
+    d->n = m->comm_id.n;
+    cm_info(TAG, "rank 0 offered the tensor-parallel group's id; relaying it");
+  } else if (m->comm_id.n == 0) {
+    d->waiting[m->rank] = *from;
+    d->asked[m->rank] = true;
+  }
+  dist_answer(s);
+}
+
 /* ---- receiving ------------------------------------------------------------------ */
 
 static int32_t rank_of(struct sch_server *s, const struct pr_rid *rid) {
@@ -402,6 +445,10 @@ void sch_srv_work_recv(struct sch_server *s) {
     }
     if (m.type == PR_READY) {
       on_ready(s, &from, &m.u.ready);
+      continue;
+    }
+    if (m.type == PR_DIST) {
+      on_dist(s, &from, &m.u.dist);
       continue;
     }
     if (r < 0) {

@@ -164,6 +164,7 @@ static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uin
   r->max_draft = max_draft;
   r->max_num_seqs = max_seqs;
   r->max_num_batched_tokens = max_tokens;
+  r->shard_sum = wk_model_shard_sum(m);
   return send_locked(p, &msg);
 }
 
@@ -179,8 +180,60 @@ static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
   return rc;
 }
 
+/* Forms the tensor-parallel group: rank 0 makes the group's id and offers it to the
+ * scheduler in a DIST; the others ask with an empty DIST and wait for the scheduler to
+ * relay it. Then every rank joins the backend's group (which returns once all have).
+ * Returns 0 or a negative cm_err with the reason in err. */
+static int join_group(struct wk_proc *p, struct kn_backend *be, uint32_t world, int timeout_ms,
+                      char *err, size_t errlen) {
+  struct kn_comm_id id;
+  struct pr_msg m;
+  pr_msg_init(&m, PR_DIST);
+  m.u.dist.rank = p->rank;
+  m.u.dist.world_size = world;
+  int rc;
+  if (p->rank == 0) {
+    if ((rc = kn_comm_id_new(be, &id)))
+      return cm_fail(err, errlen, rc, "cannot make the group's id: %s", cm_strerror(rc));
+    m.u.dist.comm_id = (struct pr_u32s){(uint32_t *)(void *)id.bytes, PR_MAX_COMM_ID};
+  }
+  if ((rc = send_locked(p, &m)))
+    return cm_fail(err, errlen, rc, "cannot send DIST: %s", cm_strerror(rc));
+  if (p->rank != 0) { /* wait for the scheduler's answer */
+    struct cm_arena arena;
+    cm_arena_init(&arena, 4096, 1u << 20);
+    uint64_t deadline = cm_time_ns() + (uint64_t)timeout_ms * 1000000ull;
+    rc = CM_ERR_TIMEOUT;
+    while (!g_stop && cm_time_ns() < deadline) {
+      cm_arena_reset(&arena);
+      struct pr_msg in;
+      int r = recv_one(p, &in, &arena);
+      if (r == CM_ERR_AGAIN) continue;
+      if (r) {
+        rc = r;
+        break;
+      }
+      if (in.type != PR_DIST || in.u.dist.comm_id.n != PR_MAX_COMM_ID) {
+        cm_warn(TAG, "%s while waiting for the group's id; ignored", pr_type_name(in.type));
+        continue;
+      }
+      memcpy(id.bytes, in.u.dist.comm_id.v, sizeof(id.bytes));
+      rc = 0;
+      break;
+    }
+    cm_arena_free(&arena);
+    if (rc)
+      return cm_fail(err, errlen, rc, "no tensor-parallel group id from the scheduler: %s",
+                     cm_strerror(rc));
+  }
+  if ((rc = kn_comm_join(be, &id, (int)p->rank, (int)world, timeout_ms)))
+    return cm_fail(err, errlen, rc, "cannot join the tensor-parallel group of %u: %s", world,
+                   cm_strerror(rc));
+  return 0;
+}
+
 /* The serving loop. Returns the exit status. */
-static int serve(struct wk_proc *p, struct wk_role *role) {
+static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world) {
   struct cm_arena arena;
   cm_arena_init(&arena, 1u << 20, 512u << 20);
   char err[512];
@@ -220,6 +273,12 @@ static int serve(struct wk_proc *p, struct wk_role *role) {
     if (rc) {
       cm_warn(TAG, "step %llu refused: %s", (unsigned long long)m.u.step.step_id, err);
       send_fail(p, m.u.step.step_id, rc, err[0] ? err : cm_strerror(rc));
+      if (world > 1 && (rc == CM_ERR_CLOSED || rc == CM_ERR_TIMEOUT)) {
+        /* a peer died or stopped: the group cannot step again */
+        cm_error(TAG, "the tensor-parallel group failed; exiting");
+        status = 1;
+        break;
+      }
       continue;
     }
     if (p->rank == 0 && (rc = send_locked(p, &res))) {
@@ -273,6 +332,7 @@ int wk_worker_main(int argc, char **argv) {
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
   double mem_util = 0.9;
   int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0;
+  int64_t join_ms = 60000;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -293,7 +353,11 @@ int wk_worker_main(int argc, char **argv) {
       {"max-num-batched-tokens", CM_OPT_INT, &max_batched, "N", "tokens per step (2048)", 1,
        1 << 20},
       {"max-num-seqs", CM_OPT_INT, &max_seqs, "N", "sequences per step (64)", 1, 65536},
-      {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {"threads", CM_OPT_INT, &threads, "N",
+       "CPU threads (default: one per core, divided among --world-size ranks)", 0, 1024},
+      {"group-timeout", CM_OPT_INT, &join_ms, "MS",
+       "how long the ranks of a tensor-parallel group wait for each other to form it (60000)", 100,
+       3600000},
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
@@ -315,13 +379,6 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --model DIR and --scheduler ENDPOINT are required\n");
     return 2;
   }
-  if (world > 1) {
-    fprintf(stderr,
-            "lmserve worker: --world-size %lld: tensor parallelism is not supported yet "
-            "(use --world-size 1)\n",
-            (long long)world);
-    return 2;
-  }
   if (rank >= world) {
     fprintf(stderr, "lmserve worker: --rank %lld must be below --world-size %lld\n",
             (long long)rank, (long long)world);
@@ -339,6 +396,10 @@ int wk_worker_main(int argc, char **argv) {
   if (spec_k_seen && !spec_dir) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
+  }
+  if (threads == 0 && world > 1) { /* each rank owns its cores: cores / N */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = cores / world > 0 ? cores / world : 1;
   }
   struct kn_backend_opts bo = {
       .n_threads = (int)threads,
@@ -384,6 +445,8 @@ int wk_worker_main(int argc, char **argv) {
       .mem_util = mem_util,
       .block_tokens = (int)block,
       .quiet = 1,
+      .tp_rank = (int)rank,
+      .tp_size = (int)world,
   };
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: %s\n", err);
@@ -415,6 +478,10 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: cannot connect to %s: %s\n", endpoint, cm_strerror(rc));
     goto done;
   }
+  if (world > 1 && (rc = join_group(&p, be, (uint32_t)world, (int)join_ms, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve worker: rank %lld: %s\n", (long long)rank, err);
+    goto done;
+  }
   if ((rc = send_ready(&p, m, (uint32_t)world, (uint32_t)spec_k, (uint32_t)max_seqs,
                        (uint32_t)max_batched))) {
     fprintf(stderr, "lmserve worker: cannot send READY: %s\n", cm_strerror(rc));
@@ -434,7 +501,7 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: cannot start the heartbeat thread\n");
     goto done;
   }
-  status = serve(&p, role);
+  status = serve(&p, role, (uint32_t)world);
 done:
   if (have_beat) {
     pthread_mutex_lock(&p.quit_mu);

@@ -672,3 +672,29 @@ uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m) {
 uint64_t wk_model_weight_bytes(const struct wk_model *m) {
   return m->weight_bytes;
 }
+
+/* FNV-1a over 64-bit words. */
+static uint64_t mix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; i++, v >>= 8)
+    h = (h ^ (v & 0xff)) * 0x100000001b3ull;
+  return h;
+}
+
+uint64_t wk_model_shard_sum(const struct wk_model *m) {
+  const struct wk_config *c = &m->cfg;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char *p = c->model_type; *p; p++)
+    h = mix(h, (unsigned char)*p);
+  h = mix(h, (uint64_t)m->plan.world);
+  int v[] = {c->vocab,   c->hidden,  c->n_layers,       c->n_heads,     c->moe ? c->n_experts : 0,
+             c->moe_ffn, c->ple_dim, c->sliding_window, m->lm_head.rows};
+  for (size_t i = 0; i < CM_ARRAY_LEN(v); i++)
+    h = mix(h, (uint64_t)(uint32_t)v[i]);
+  for (int i = 0; i < c->n_layers; i++) {
+    const struct wk_layer_cfg *l = &c->layers[i];
+    h = mix(h, (uint64_t)l->kind << 48 | (uint64_t)l->head_dim << 32 |
+                   (uint64_t)l->n_kv_heads << 16 | (uint64_t)l->kv_shared);
+    h = mix(h, (uint64_t)(uint32_t)l->ffn_dim);
+  }
+  return h;
+}

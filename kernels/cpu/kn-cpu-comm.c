@@ -42,8 +42,12 @@ static int cpu_comm_join(void *p, const struct kn_comm_id *id, int rank, int wor
   name[KN_COMM_ID_BYTES] = 0;
   int rc = kn_shm_comm_create(name, rank, world, KN_CPU_COMM_SLOT, timeout_ms, &ctx->comm, err,
                               sizeof err);
-  if (rc) cm_error("kn", "rank %d of %d cannot join %s: %s", rank, world, name, err);
-  return rc;
+  if (rc) {
+    cm_error("kn", "rank %d of %d cannot join %s: %s", rank, world, name, err);
+    return rc;
+  }
+  kn_shm_comm_set_timeout(ctx->comm, KN_COMM_CALL_TIMEOUT_MS);
+  return 0;
 }
 
 static int report(struct kn_cpu_ctx *ctx, const char *what, int rc) {
