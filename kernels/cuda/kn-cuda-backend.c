@@ -3,6 +3,7 @@
  * backend's stream), the pinned staging ring for host index arrays, the
  * device scratch, error conversion, the ops table and the registry entry
  * "cuda" (which picks the device from the rank's local index). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 #include "kernels/cuda/kn-cuda-impl.h"
 #include "kernels/cuda/kn-cuda.h"
 #include "kernels/kn-backend-impl.h"
+#include "lmserve-config.h"
 
 #define KN_CUDA_STAGE_SEG_MIN ((size_t)1 << 20) /* bytes per segment to start with */
 #define KN_CUDA_ALIGN         256               /* bytes: staging and scratch alignment */
@@ -235,6 +237,9 @@ static void cuda_destroy(void *ctx) {
   struct kn_cuda_ctx *c = ctx;
   if (!c) return;
   if (cudaSetDevice(c->device) == cudaSuccess && c->stream) (void)cudaStreamSynchronize(c->stream);
+#if LMSERVE_HAVE_NCCL
+  kn_cuda_nccl_destroy(c);
+#endif
   stage_release(c);
   for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
     if (c->seg_done[i]) (void)cudaEventDestroy(c->seg_done[i]);
@@ -245,7 +250,7 @@ static void cuda_destroy(void *ctx) {
   free(c);
 }
 
-static const struct kn_backend_ops cuda_ops = {
+static struct kn_backend_ops cuda_ops = {
     .name = "cuda",
     .caps = KN_CUDA_CAPS,
     .destroy = cuda_destroy,
@@ -275,6 +280,12 @@ static const struct kn_backend_ops cuda_ops = {
     .attention = kn_cuda_op_attention,
 };
 
+#if LMSERVE_HAVE_NCCL
+static void fill_nccl_ops(void) {
+  kn_cuda_nccl_fill(&cuda_ops);
+}
+#endif
+
 struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
   int err = 0;
   struct kn_cuda_ctx *c = NULL;
@@ -302,6 +313,10 @@ struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
                        fail);
   err = stage_init(c, KN_CUDA_STAGE_SEG_MIN);
   if (err) goto fail;
+#if LMSERVE_HAVE_NCCL
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, fill_nccl_ops);
+#endif
   be = kn_backend_wrap(&cuda_ops, c);
   if (!be) {
     err = CM_ERR_NOMEM;

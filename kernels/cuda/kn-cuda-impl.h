@@ -151,7 +151,15 @@ struct kn_cuda_ctx {
   /* Pinned host buffer for results copied back (argmax, top-k). */
   void *result_host;
   size_t result_bytes;
+
+  /* The tensor-parallel group (kn-cuda-nccl.c), or NULL. */
+  struct kn_cuda_nccl *nccl;
 };
+
+/* NCCL collectives (kn-cuda-nccl.c; only in builds with NCCL). */
+struct kn_backend_ops;
+void kn_cuda_nccl_fill(struct kn_backend_ops *ops);
+void kn_cuda_nccl_destroy(struct kn_cuda_ctx *c);
 
 /* Converts a failed CUDA / cuBLAS call into a cm_err code, logging where. */
 int kn_cuda_fail(cudaError_t e, const char *expr, const char *file, int line);

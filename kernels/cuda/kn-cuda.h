@@ -17,11 +17,17 @@
 #ifndef LMSERVE_KN_CUDA_H
 #define LMSERVE_KN_CUDA_H
 #include "kernels/kn-backend.h"
+#include "lmserve-config.h"
 
 /* What the CUDA backend can do (kn-backend.h): device memory, kn_sample on
- * the device; the registry's automatic choice prefers it to the CPU. These
- * two are plain constants, usable in builds without CUDA. */
-#define KN_CUDA_CAPS     (KN_CAP_SAMPLE)
+ * the device, collectives over NCCL where the build has NCCL; the registry's
+ * automatic choice prefers it to the CPU. These two are plain constants,
+ * usable in builds without CUDA. */
+#if LMSERVE_HAVE_NCCL
+#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_ALLREDUCE)
+#else
+#define KN_CUDA_CAPS (KN_CAP_SAMPLE)
+#endif
 #define KN_CUDA_PRIORITY 100
 
 /* Number of CUDA devices visible to this process; 0 when there is no device,

@@ -9,6 +9,7 @@
 #include "kernels/cuda/kn-cuda.h"
 #include "kernels/kn-backend-impl.h"
 #include "kernels/kn-registry.h"
+#include "lmserve-config.h"
 #include "tests/harness/th.h"
 
 TH_TEST(registry_lookup_by_name) {
@@ -190,7 +191,7 @@ TH_TEST(registry_capabilities) {
   unsigned g = kn_backend_reg_caps(cuda);
   TH_CHECK(!(g & KN_CAP_HOST_MEMORY));
   TH_CHECK(g & KN_CAP_SAMPLE);
-  TH_CHECK(!(g & KN_CAP_ALLREDUCE)); /* NCCL is not wired yet */
+  TH_CHECK(!(g & KN_CAP_ALLREDUCE) == !LMSERVE_HAVE_NCCL); /* collectives over NCCL */
   TH_CHECK_EQ_INT(kn_backend_reg_caps(NULL), 0);
 
   /* a backend made through the entry has the entry's capabilities */
