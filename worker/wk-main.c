@@ -450,6 +450,8 @@ int wk_worker_main(int argc, char **argv) {
   };
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: %s\n", err);
+    /* a model this build or this tensor-parallel size cannot run is a configuration error */
+    if (rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED) status = 2;
     goto done;
   }
   if (spec_dir && (rc = wk_draft_load(spec_dir, m, &mo, &draft, err, sizeof(err)))) {

@@ -334,3 +334,67 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
   stop(&s);
   TH_CHECK(pid_with("--rank", g4) < 0);
 }
+
+/* Start-up refusals: a size that cannot split the heads, a size over the limit, and
+ * two ranks whose models differ only in their shard shapes (the MoE variant has the
+ * same KV layout and vocabulary: only READY's shard checksum tells them apart). */
+TH_TEST(tp_start_up_refusals) {
+  char tmp[256], g4[320], moe[320];
+  int mk = setup(tmp, sizeof tmp, g4, sizeof g4);
+  TH_REQUIRE(mk >= 0);
+  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  char ep[400], fep[400];
+  snprintf(ep, sizeof ep, "ipc://%s/workers", tmp);
+  snprintf(fep, sizeof fep, "ipc://%s/frontend", tmp);
+  struct {
+    const char *world, *says;
+  } bad[] = {{"8", "num_attention_heads = 4 cannot be split"}, {"100", "must be 1..64"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *w[] = {bin(),
+                 "worker",
+                 "--model",
+                 g4,
+                 "--scheduler",
+                 ep,
+                 "--rank",
+                 "0",
+                 "--world-size",
+                 (char *)bad[i].world,
+                 NULL};
+    char *so = NULL, *se = NULL;
+    TH_CHECK_EQ_INT(th_run(w, NULL, NULL, 0, 60000, &so, &se), 2);
+    if (!se || !strstr(se, bad[i].says))
+      th_fail(__FILE__, __LINE__, "size %s: stderr says '%s'", bad[i].world, se ? se : "");
+    free(so);
+    free(se);
+  }
+  TH_REQUIRE(make_model(tmp, "moe", moe, sizeof moe, "--arch", "gemma4", "--moe", NULL) == 0);
+  char *sc[] = {
+      bin(), "scheduler", "--world-size", "2", "--worker-endpoint", ep, "--frontend-endpoint",
+      fep,   NULL};
+  char *w0[] = {bin(),    "worker", "--model",      g4,  "--scheduler", ep,
+                "--rank", "0",      "--world-size", "2", NULL};
+  char *w1[] = {bin(),    "worker", "--model",      moe, "--scheduler", ep,
+                "--rank", "1",      "--world-size", "2", NULL};
+  struct th_proc ps, p0, p1;
+  TH_REQUIRE(th_proc_spawn(&ps, sc, NULL, 1) == 0);
+  TH_REQUIRE(th_proc_spawn(&p0, w0, NULL, 0) == 0);
+  TH_REQUIRE(th_proc_spawn(&p1, w1, NULL, 0) == 0);
+  /* the scheduler logs on stderr */
+  char log[16384] = "";
+  size_t got = 0;
+  double end = now_s() + 120;
+  while (!strstr(log, "shard checksum differ") && now_s() < end && got < sizeof log - 1) {
+    struct pollfd pf = {ps.err_fd, POLLIN, 0};
+    if (poll(&pf, 1, 1000) <= 0) continue;
+    ssize_t k = read(ps.err_fd, log + got, sizeof log - 1 - got);
+    if (k <= 0) break;
+    got += (size_t)k;
+    log[got] = 0;
+  }
+  TH_CHECK(strstr(log, "shard checksum differ") != NULL);
+  TH_CHECK(strstr(log, "serving:") == NULL);
+  th_proc_stop(&p1, 2000);
+  th_proc_stop(&p0, 2000);
+  th_proc_stop(&ps, 2000);
+}
