@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
@@ -57,7 +59,7 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 
 int tl_generate_main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL;
-  int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3;
+  int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1;
   int ignore_eos = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory (config.json, safetensors)"},
@@ -74,6 +76,8 @@ int tl_generate_main(int argc, char **argv) {
       {"draft", CM_OPT_STR, &draft, "DIR",
        "speculative decoding with this gemma4_assistant checkpoint (same output)"},
       {"draft-tokens", CM_OPT_INT, &draft_tokens, "K", "draft tokens per round (default 3)", 1, 64},
+      {"tensor-parallel-size", CM_OPT_INT, &tp, "N",
+       "run the model as N ranks (processes on this host, one shard each; default 1)", 1, 64},
       {0},
   };
   int rc = cm_args_parse("lmserve generate", "offline greedy generation in one process", opts, argc,
@@ -131,8 +135,44 @@ int tl_generate_main(int argc, char **argv) {
     status = 2;
     goto done;
   }
+  /* tensor parallelism: ranks 1..N-1 are forked children that run the same steps on
+   * their shards (before any thread exists); rank 0, this process, prints */
+  int rank = 0, n_kids = 0;
+  pid_t kids[64];
+  struct kn_comm_id cid;
+  if (tp > 1) {
+    if ((rc = kn_cpu_backend_create(1, &be)) || (rc = kn_comm_id_new(be, &cid))) {
+      fprintf(stderr, "lmserve generate: cannot make a tensor-parallel group: %s\n",
+              cm_strerror(rc));
+      goto done;
+    }
+    kn_backend_destroy(be);
+    be = NULL;
+    if (threads == 0) {
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      threads = cores / tp > 0 ? cores / tp : 1;
+    }
+    fflush(NULL);
+    for (int r = 1; r < tp; r++) {
+      pid_t pid = fork();
+      if (pid < 0) {
+        fprintf(stderr, "lmserve generate: fork failed\n");
+        goto done;
+      }
+      if (pid == 0) {
+        rank = r;
+        n_kids = 0;
+        break;
+      }
+      kids[n_kids++] = pid;
+    }
+  }
   if ((rc = kn_cpu_backend_create((int)threads, &be))) {
     fprintf(stderr, "lmserve generate: cannot create the CPU backend: %s\n", cm_strerror(rc));
+    goto done;
+  }
+  if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
+    fprintf(stderr, "lmserve generate: rank %d cannot join its group: %s\n", rank, cm_strerror(rc));
     goto done;
   }
   int batch = chunk > 0 ? (int)chunk : n_ids;
@@ -142,6 +182,8 @@ int tl_generate_main(int argc, char **argv) {
       .max_seqs = 1,
       .kv_tokens = n_ids + (int)max_tokens + (int)draft_tokens + 2,
       .kv_dtype = kvdt,
+      .tp_rank = rank,
+      .tp_size = (int)tp,
   };
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: %s\n", err);
@@ -167,6 +209,10 @@ int tl_generate_main(int argc, char **argv) {
     fprintf(stderr, "lmserve generate: %s\n", err);
     goto done;
   }
+  if (rank != 0) { /* the ranks ran the same steps; rank 0 reports */
+    status = 0;
+    goto done;
+  }
   if (dm)
     fprintf(stderr, "lmserve generate: %d draft tokens proposed, %d accepted (%.1f%%)\n", drafted,
             accepted, drafted ? 100.0 * accepted / drafted : 0.0);
@@ -189,6 +235,10 @@ int tl_generate_main(int argc, char **argv) {
   fflush(stdout);
   status = 0;
 done:
+  for (int i = 0; i < n_kids; i++) { /* every rank must have succeeded */
+    int st = 0;
+    if (waitpid(kids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) status = 1;
+  }
   wk_page_alloc_free(&pa);
   wk_model_free(dm);
   wk_model_free(m);

@@ -398,3 +398,39 @@ TH_TEST(tp_start_up_refusals) {
   th_proc_stop(&p0, 2000);
   th_proc_stop(&ps, 2000);
 }
+
+/* The offline path: `lmserve generate --tensor-parallel-size N` forks its ranks and
+ * prints the same greedy ids as one process (a fixed model and prompt: no near-tie). */
+TH_TEST(tp_generate_offline_matches) {
+  char tmp[256], g4[320], g3[320];
+  int mk = setup(tmp, sizeof tmp, g4, sizeof g4);
+  TH_REQUIRE(mk >= 0);
+  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  TH_REQUIRE(make_model(tmp, "g3", g3, sizeof g3, "--arch", "gemma3", "--seed", "4") == 0);
+  const char *models[2] = {g4, g3};
+  for (int k = 0; k < 2; k++) {
+    char ref[2048] = "";
+    for (int tp = 1; tp <= 4; tp *= 2) {
+      char tp_s[8];
+      snprintf(tp_s, sizeof tp_s, "%d", tp);
+      char *gen[] = {bin(),          "generate",
+                     "--model",      (char *)models[k],
+                     "--prompt-ids", "2,9259,1902",
+                     "--max-tokens", "12",
+                     "--ignore-eos", "--tensor-parallel-size",
+                     tp_s,           NULL};
+      char *so = NULL, *se = NULL;
+      int rc = th_run(gen, NULL, NULL, 0, 180000, &so, &se);
+      TH_CHECK_EQ_INT(rc, 0);
+      char line[2048] = "";
+      if (so) sscanf(so, "%2047[^\n]", line);
+      if (tp == 1)
+        snprintf(ref, sizeof ref, "%s", line);
+      else if (strcmp(line, ref))
+        th_fail(__FILE__, __LINE__, "%s at size %d: %s, expected %s", models[k], tp, line, ref);
+      free(so);
+      free(se);
+    }
+    TH_CHECK(ref[0] == '[');
+  }
+}
