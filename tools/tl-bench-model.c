@@ -3,13 +3,17 @@
  * bandwidth, the bandwidth bound of decoding (weight bytes read per token /
  * bandwidth) and the fraction of it achieved, and the KV bytes per token of
  * each KV group. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/cm-args.h"
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "worker/wk-greedy.h"
@@ -73,27 +77,32 @@ static int kv_only(const char *dir, int json) {
   return 0;
 }
 
-/* Runs n tokens at pos0 (one forward); logits of the last when asked. */
+/* Runs n tokens at pos0 (one forward); when next is given, the greedy token after the
+ * last, the way the server takes it (the head's argmax, no logits written). */
 static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_blocks *blk,
-               const int32_t *toks, int n, int pos0, float *logits, char *err, size_t errlen) {
+               const int32_t *toks, int n, int pos0, int32_t *next, char *err, size_t errlen) {
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   int rc = wk_seq_blocks_reserve(blk, kv, pa, pos0 + n);
   if (rc) {
     snprintf(err, errlen, "KV pool exhausted");
     return rc;
   }
-  struct wk_seq_input s = {.tokens = toks, .n_tokens = n, .pos0 = pos0, .n_out = logits ? 1 : 0};
+  struct wk_seq_input s = {.tokens = toks, .n_tokens = n, .pos0 = pos0, .n_out = next ? 1 : 0};
   for (int g = 0; g < kv->n_groups; g++) {
     s.block_tables[g] = blk->table[g];
     s.n_blocks[g] = blk->n[g];
   }
-  struct wk_batch b = {.seqs = &s, .n_seqs = 1, .logits = logits};
-  return wk_model_forward(m, &b, err, errlen);
+  struct kn_sample_params greedy = {.top_p = 1.0f, .repetition_penalty = 1.0f, .n_logprobs = -1};
+  struct kn_sample_out out;
+  struct wk_batch b = {.seqs = &s, .n_seqs = 1, .sampled = next ? &out : NULL, .sample = &greedy};
+  rc = wk_model_forward(m, &b, err, errlen);
+  if (!rc && next) *next = out.token;
+  return rc;
 }
 
 int tl_bench_model_main(int argc, char **argv) {
   const char *model = NULL;
-  int64_t prompt = 256, decode = 32, threads = 0, chunk = 256;
+  int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory"},
@@ -103,6 +112,8 @@ int tl_bench_model_main(int argc, char **argv) {
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
+      {"tensor-parallel-size", CM_OPT_INT, &tp, "N",
+       "run the model as N ranks (processes on this host, threads / N each; default 1)", 1, 64},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -122,22 +133,60 @@ int tl_bench_model_main(int argc, char **argv) {
   struct wk_page_alloc pa = {0};
   struct wk_seq_blocks blk = {0};
   int32_t *toks = NULL;
-  float *logits = NULL;
+  /* tensor parallelism: ranks 1..N-1 are forked children running the same steps on their
+   * shards; rank 0 (this process) measures and prints */
+  int rank = 0, n_kids = 0, all_threads = (int)threads;
+  pid_t kids[64];
+  struct kn_comm_id cid;
+  if (all_threads == 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    all_threads = cores > 0 ? (int)cores : 1;
+  }
+  if (tp > 1) {
+    if ((rc = kn_cpu_backend_create(1, &be)) || (rc = kn_comm_id_new(be, &cid))) goto done;
+    kn_backend_destroy(be);
+    be = NULL;
+    threads = all_threads / tp > 0 ? all_threads / tp : 1;
+    fflush(NULL);
+    for (int r = 1; r < tp; r++) {
+      pid_t pid = fork();
+      if (pid < 0) goto done;
+      if (pid == 0) {
+        rank = r;
+        n_kids = 0;
+        break;
+      }
+      kids[n_kids++] = pid;
+    }
+    /* rank r on cores [r * threads, (r + 1) * threads) */
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < threads; i++)
+      CPU_SET(rank * (int)threads + i, &set);
+    if (sched_setaffinity(0, sizeof set, &set))
+      cm_warn("bench", "rank %d: cannot pin to its cores", rank);
+  }
   if ((rc = kn_cpu_backend_create((int)threads, &be))) {
     fprintf(stderr, "lmserve bench model: CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }
+  if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
+    fprintf(stderr, "lmserve bench model: rank %d cannot join its group: %s\n", rank,
+            cm_strerror(rc));
+    goto done;
+  }
   struct wk_model_opts mo = {.max_batch_tokens = (int)CM_MIN(chunk, prompt),
                              .max_seqs = 1,
-                             .kv_tokens = (int)(prompt + decode + 1)};
+                             .kv_tokens = (int)(prompt + decode + 1),
+                             .tp_rank = rank,
+                             .tp_size = (int)tp};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     goto done;
   }
   const struct wk_config *c = wk_model_config(m);
   toks = malloc(sizeof(int32_t) * (size_t)prompt);
-  logits = malloc(sizeof(float) * (size_t)c->vocab);
-  if (!toks || !logits || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto done;
+  if (!toks || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto done;
   uint32_t s = 12345;
   for (int i = 0; i < prompt; i++)
     toks[i] = (int32_t)(((s = s * 1664525u + 1013904223u) >> 8) % (uint32_t)c->vocab);
@@ -148,20 +197,22 @@ int tl_bench_model_main(int argc, char **argv) {
 
   double t0 = cm_time_s();
   int ch = (int)CM_MIN(chunk, prompt);
+  int32_t tok = 0;
   for (int p = 0; p < prompt; p += ch) {
     int n = (int)CM_MIN((int64_t)ch, prompt - p);
-    if ((rc = run(m, &pa, &blk, toks + p, n, p, p + n == prompt ? logits : NULL, err, sizeof(err))))
+    if ((rc = run(m, &pa, &blk, toks + p, n, p, p + n == prompt ? &tok : NULL, err, sizeof(err))))
       goto fail_run;
   }
   double t_prefill = cm_time_s() - t0;
-  int32_t tok = wk_argmax(logits, c->vocab);
   t0 = cm_time_s();
-  for (int i = 0; i < decode; i++) {
-    if ((rc = run(m, &pa, &blk, &tok, 1, (int)prompt + i, logits, err, sizeof(err)))) goto fail_run;
-    tok = wk_argmax(logits, c->vocab);
-  }
+  for (int i = 0; i < decode; i++)
+    if ((rc = run(m, &pa, &blk, &tok, 1, (int)prompt + i, &tok, err, sizeof(err)))) goto fail_run;
   double t_decode = cm_time_s() - t0;
-  double bw = kn_cpu_measure_bandwidth(0, (int)threads); /* GB/s */
+  if (rank != 0) { /* rank 0 reports for the group */
+    status = 0;
+    goto done;
+  }
+  double bw = kn_cpu_measure_bandwidth(0, all_threads); /* GB/s */
   double prefill_tps = (double)prompt / t_prefill, decode_tps = (double)decode / t_decode;
   double bpt = (double)wk_model_weight_bytes_per_token(m);
   double bound_tps = bw > 0 ? bw * 1e9 / bpt : 0;
@@ -171,15 +222,20 @@ int tl_bench_model_main(int argc, char **argv) {
         "{\"model\":\"%s\",\"model_type\":\"%s\",\"backend\":\"%s\",\"isa\":\"%s\","
         "\"weight_bytes\":%llu,\"weight_bytes_per_token\":%.0f,\"prompt_tokens\":%lld,"
         "\"prefill_tokens_per_s\":%.2f,\"decode_tokens\":%lld,\"decode_tokens_per_s\":%.3f,"
-        "\"bandwidth_gb_s\":%.2f,\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,",
+        "\"bandwidth_gb_s\":%.2f,\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
+        "\"tensor_parallel_size\":%lld,",
         model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
         (unsigned long long)wk_model_weight_bytes(m), bpt, (long long)prompt, prefill_tps,
-        (long long)decode, decode_tps, bw, bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0);
+        (long long)decode, decode_tps, bw, bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0,
+        (long long)tp);
     print_kv(kv, 1);
     printf("}\n");
   } else {
-    printf("model      %s (%s, %d layers, hidden %d, vocab %d, %.1f MB of weights)\n", model,
-           c->model_type, c->n_layers, c->hidden, c->vocab, (double)wk_model_weight_bytes(m) / 1e6);
+    printf("model      %s (%s, %d layers, hidden %d, vocab %d, %.1f MB of weights%s)\n", model,
+           c->model_type, c->n_layers, c->hidden, c->vocab, (double)wk_model_weight_bytes(m) / 1e6,
+           tp > 1 ? " on rank 0" : "");
+    printf("ranks      %lld (tensor parallel), %lld threads each\n", (long long)tp,
+           (long long)(tp > 1 ? threads : all_threads));
     printf("backend    %s (%s)\n", kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()));
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s (chunks of %d)\n", (long long)prompt,
            t_prefill, prefill_tps, ch);
@@ -196,11 +252,14 @@ int tl_bench_model_main(int argc, char **argv) {
 fail_run:
   fprintf(stderr, "lmserve bench model: %s\n", err);
 done:
+  for (int i = 0; i < n_kids; i++) {
+    int st = 0;
+    if (waitpid(kids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) status = 1;
+  }
   if (m) wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
   wk_page_alloc_free(&pa);
   wk_model_free(m);
   kn_backend_destroy(be);
   free(toks);
-  free(logits);
   return status;
 }
