@@ -56,6 +56,7 @@ struct wk_proc {
   uint64_t last_step;      /* last finished step id (atomic access) */
   uint64_t last_beat_ns;   /* cm_time_ns of the last BEAT sent (atomic access) */
   int quit;                /* set by the main thread when it leaves (atomic access) */
+  int announced;           /* READY was sent (atomic access) */
   pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
 };
@@ -79,6 +80,7 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
 }
 
 static int beat_due(struct wk_proc *p) {
+  if (!__atomic_load_n(&p->announced, __ATOMIC_ACQUIRE)) return 0; /* no BEAT before READY */
   uint64_t last = __atomic_load_n(&p->last_beat_ns, __ATOMIC_ACQUIRE);
   return cm_time_ns() - last >= (uint64_t)BEAT_MS * 1000000ull;
 }
@@ -489,6 +491,7 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: cannot send READY: %s\n", cm_strerror(rc));
     goto done;
   }
+  __atomic_store_n(&p.announced, 1, __ATOMIC_RELEASE);
   cm_info(TAG, "rank %lld ready: %d KV pages, %d groups, connected to %s", (long long)rank,
           wk_model_n_pages(m), wk_model_kv_spec(m)->n_groups, endpoint);
   /* the beat thread must not take the signals: the main thread's polls see EINTR */
