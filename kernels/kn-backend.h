@@ -94,7 +94,7 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes);
  * memory segment name, or NCCL's unique id. */
 #define KN_COMM_ID_BYTES 128
 struct kn_comm_id {
-  _Alignas(8) unsigned char bytes[KN_COMM_ID_BYTES];
+  unsigned char bytes[KN_COMM_ID_BYTES] __attribute__((aligned(8))); /* read as uint32 words */
 };
 
 /* Makes a fresh id for a new group (rank 0 only). */
