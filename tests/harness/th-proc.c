@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/cm-fs.h"
+#include "tests/harness/th.h"
 
 #define TH_MAX_CHILDREN 64
 
@@ -69,6 +71,24 @@ void th_proc_init(unsigned timeout_s) {
   if (timeout_s) alarm(timeout_s);
 }
 
+/* The child side of a spawn: its own process group, killed when the parent dies
+ * (and at once when it already has), stdin/stdout/stderr from fds (-1: inherited),
+ * env added to the environment, then argv[0] in place of the test's image. */
+static _Noreturn void child_exec(pid_t parent, const int fds[3], char *const argv[],
+                                 char *const env[]) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+  signal(SIGPIPE, SIG_DFL);
+  for (int i = 0; i < 3; i++)
+    if (fds[i] >= 0) dup2(fds[i], i);
+  for (int i = 0; env && env[i]; i++)
+    putenv(env[i]);
+  execvp(argv[0], argv);
+  fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
+  _exit(127);
+}
+
 int th_proc_spawn(struct th_proc *p, char *const argv[], char *const env[], int capture) {
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   memset(p, 0, sizeof(*p));
@@ -81,21 +101,7 @@ int th_proc_spawn(struct th_proc *p, char *const argv[], char *const env[], int 
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return -errno;
-  if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    signal(SIGPIPE, SIG_DFL);
-    if (capture) {
-      dup2(out[1], 1);
-      dup2(err[1], 2);
-    }
-    for (int i = 0; env && env[i]; i++)
-      putenv(env[i]);
-    execvp(argv[0], argv);
-    fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
+  if (pid == 0) child_exec(parent, (int[3]){-1, out[1], err[1]}, argv, env);
   setpgid(pid, pid);
   p->pid = pid;
   track(pid);
@@ -194,20 +200,7 @@ int th_run(char *const argv[], char *const env[], const char *stdin_data, size_t
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return -errno;
-  if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    signal(SIGPIPE, SIG_DFL);
-    dup2(in[0], 0);
-    dup2(outp[1], 1);
-    dup2(errp[1], 2);
-    for (int i = 0; env && env[i]; i++)
-      putenv(env[i]);
-    execvp(argv[0], argv);
-    fprintf(stderr, "th-proc: exec %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
+  if (pid == 0) child_exec(parent, (int[3]){in[0], outp[1], errp[1]}, argv, env);
   setpgid(pid, pid);
   track(pid);
   close(in[0]);
@@ -367,25 +360,84 @@ int th_tmpdir(const char *name, char *dir, size_t size) {
 int th_tiny_gemma4(const char *dir, int seed, char *out, size_t size) {
   int n = snprintf(out, size, "%s/m", dir);
   if (n < 0 || (size_t)n >= size) return -1;
-  const char *bin = getenv("LMSERVE_BIN");
   char seed_s[16];
   snprintf(seed_s, sizeof(seed_s), "%d", seed);
-  char *argv[] = {(char *)(bin ? bin : "build/tools/lmserve"),
-                  "make-tiny-model",
-                  "--arch",
-                  "gemma4",
-                  "--seed",
-                  seed_s,
-                  "--out",
-                  out,
-                  NULL};
-  char *so = NULL, *se = NULL;
-  int rc = th_run(argv, NULL, NULL, 0, 120000, &so, &se);
-  if (rc) fprintf(stderr, "make-tiny-model: exit %d: %s\n", rc, se ? se : "");
-  free(so);
-  free(se);
+  struct th_out o = {0};
+  int rc = th_lmserve(&o, 120000, "make-tiny-model", "--arch", "gemma4", "--seed", seed_s, "--out",
+                      out, NULL);
+  if (rc) fprintf(stderr, "make-tiny-model: exit %d: %s\n", rc, o.err ? o.err : "");
+  th_out_free(&o);
   if (rc) return -1;
   char tok[1100];
   snprintf(tok, sizeof(tok), "%s/tokenizer.json", out);
   return access(tok, R_OK) == 0 ? 0 : 1;
+}
+
+void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size) {
+  char tmp[256];
+  TH_REQUIRE(th_tmpdir(name, tmp, sizeof(tmp)) == 0);
+  int mk = th_tiny_gemma4(tmp, seed, model, size);
+  TH_REQUIRE(mk >= 0);
+  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+}
+
+/* ---- the lmserve binary ------------------------------------------------------ */
+
+char *th_lmserve_bin(void) {
+  char *b = getenv("LMSERVE_BIN");
+  return b ? b : "build/tools/lmserve";
+}
+
+void th_out_free(struct th_out *o) {
+  free(o->out);
+  free(o->err);
+  o->out = o->err = NULL;
+}
+
+int th_lmserve(struct th_out *o, int timeout_ms, ...) {
+  char *argv[TH_LMSERVE_MAX_ARGS + 2] = {th_lmserve_bin()};
+  int n = 1;
+  va_list ap;
+  va_start(ap, timeout_ms);
+  for (const char *a = va_arg(ap, const char *); a; a = va_arg(ap, const char *)) {
+    if (n > TH_LMSERVE_MAX_ARGS) {
+      va_end(ap);
+      th_fail(__FILE__, __LINE__, "th_lmserve: more than %d arguments", TH_LMSERVE_MAX_ARGS);
+      th_stop();
+    }
+    argv[n++] = (char *)a;
+  }
+  va_end(ap);
+  th_out_free(o);
+  return th_run(argv, NULL, NULL, 0, timeout_ms, &o->out, &o->err);
+}
+
+int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,
+                uint32_t *out) {
+  char ids[4096] = "", mt[16];
+  size_t len = 0;
+  for (int i = 0; i < n && len < sizeof(ids); i++)
+    len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", i ? "," : "", prompt[i]);
+  snprintf(mt, sizeof(mt), "%d", max_tokens);
+  struct th_out o = {0};
+  int rc = th_lmserve(&o, timeout_ms, "generate", "--model", model, "--prompt-ids", ids,
+                      "--max-tokens", mt, "--ignore-eos", "--threads", "1", NULL);
+  int k = -1;
+  if (rc == 0 && o.out && o.out[0] == '[') {
+    k = 0;
+    char *p = o.out + 1;
+    while (*p && *p != ']' && k < max_tokens) {
+      char *end;
+      unsigned long v = strtoul(p, &end, 10);
+      if (end == p) break;
+      out[k++] = (uint32_t)v;
+      p = end;
+      while (*p == ',' || *p == ' ')
+        p++;
+    }
+  } else {
+    fprintf(stderr, "generate: %d %s\n", rc, o.err ? o.err : "");
+  }
+  th_out_free(&o);
+  return k;
 }

@@ -9,6 +9,7 @@
 #ifndef LMSERVE_TH_PROC_H
 #define LMSERVE_TH_PROC_H
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct th_proc {
@@ -66,5 +67,32 @@ int th_tmpdir(const char *name, char *dir, size_t size);
  * no tokenizer.json (the set-up has not run: the caller skips); -1 when it
  * could not be made. */
 int th_tiny_gemma4(const char *dir, int seed, char *out, size_t size);
+
+/* th_tmpdir(name) with th_tiny_gemma4(seed) in it: the model's path in model (size
+ * bytes). Fails the test when the model cannot be made, skips it when the model has
+ * no tokenizer. */
+void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size);
+
+/* The lmserve binary under test: $LMSERVE_BIN, else build/tools/lmserve. */
+char *th_lmserve_bin(void);
+
+/* What a finished command wrote (malloc'd, NUL-terminated; NULL before any run). */
+struct th_out {
+  char *out, *err;
+};
+void th_out_free(struct th_out *o);
+
+#define TH_LMSERVE_MAX_ARGS 30
+
+/* Runs `lmserve ARG...` (the arguments end with NULL; at most TH_LMSERVE_MAX_ARGS) to
+ * completion with th_run: its result. o's previous buffers are freed first, so one
+ * th_out serves a series of runs; th_out_free it after the last. */
+int th_lmserve(struct th_out *o, int timeout_ms, ...) __attribute__((sentinel));
+
+/* `lmserve generate --model MODEL --prompt-ids PROMPT --max-tokens max_tokens --ignore-eos
+ * --threads 1` within timeout_ms: the ids it prints, in out[0..max_tokens); how many,
+ * or -1 (with what it said on stderr). */
+int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,
+                uint32_t *out);
 
 #endif

@@ -115,6 +115,18 @@ void client_close(struct client *c) {
   cm_arena_free(&c->a);
 }
 
+void env_open(struct env *e, struct client *c, int world, const char *const *sched_extra,
+              const char *const *worker_extra, struct treq *reqs, int n) {
+  env_start(e, world, sched_extra, worker_extra);
+  client_open(e, c, reqs, n);
+  PING_UNTIL(c, c->pong.workers_ready == (uint32_t)world, 10000);
+}
+
+void env_close(struct env *e, struct client *c) {
+  client_close(c);
+  env_stop(e);
+}
+
 static struct treq *find_req(struct client *c, uint64_t id) {
   for (int i = 0; i < c->nreqs; i++)
     if (c->reqs[i].id == id) return &c->reqs[i];
@@ -184,7 +196,6 @@ void ping(struct client *c) {
   TH_REQUIRE(!"no PONG within 5 s");
 }
 
-/* PINGs until `cond` holds on the PONG or timeout_ms passes. */
 void send_add(struct client *c, struct treq *r) {
   struct pr_msg m;
   pr_msg_init(&m, PR_ADD);
@@ -264,4 +275,14 @@ void check_req(const struct treq *r) {
     TH_CHECK_EQ_INT(r->stop_token, exp[n - 1]);
   else
     TH_CHECK_EQ_INT(r->stop_token, -1);
+}
+
+void serve_one(struct client *c, uint64_t id, uint32_t plen, uint32_t max_tokens) {
+  struct treq *r = &c->reqs[0];
+  make_req(r, id, plen, max_tokens);
+  r->ignore_eos = true;
+  c->nreqs = 1;
+  send_add(c, r);
+  wait_done(c, 10000);
+  check_req(r);
 }

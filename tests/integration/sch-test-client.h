@@ -57,6 +57,12 @@ void env_stop(struct env *e);
 
 void client_open(struct env *e, struct client *c, struct treq *reqs, int n);
 void client_close(struct client *c);
+/* env_start, then client_open over reqs[0..n) and PINGs until all `world` ranks are
+ * ready (10 s at most). */
+void env_open(struct env *e, struct client *c, int world, const char *const *sched_extra,
+              const char *const *worker_extra, struct treq *reqs, int n);
+/* client_close, then env_stop. */
+void env_close(struct env *e, struct client *c);
 /* Handles one message; returns its type, or 0 when none came within timeout_ms. */
 int pump(struct client *c, int timeout_ms);
 void send_msg(struct client *c, const struct pr_msg *m);
@@ -73,6 +79,9 @@ void make_req(struct treq *r, uint64_t id, uint32_t plen, uint32_t max_tokens);
 uint32_t expected(const struct treq *r, uint32_t *out, int *finish);
 /* r's outputs equal expected() and it finished the expected way without ERR. */
 void check_req(const struct treq *r);
+/* A new request in c->reqs[0], alone on c from now on (nreqs 1), ignoring eos: sent,
+ * run to its end within 10 s and checked against the model. */
+void serve_one(struct client *c, uint64_t id, uint32_t plen, uint32_t max_tokens);
 
 /* PINGs until `cond` holds on the PONG or timeout_ms passes. */
 #define PING_UNTIL(c, cond, timeout_ms)                                                            \

@@ -11,11 +11,6 @@
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
-static char *bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 static char tmp[256];
 
 static const char *tmpdir(void) {
@@ -32,15 +27,9 @@ static void cleanup(void) {
   if (cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
 }
 
-/* Runs lmserve with args; returns the exit code; out/err malloc'd. */
-static int lm(char **out, char **err, const char *a1, const char *a2, const char *a3,
-              const char *a4, const char *a5, const char *a6, const char *a7, const char *a8,
-              const char *a9) {
-  char *argv[] = {bin(),      (char *)a1, (char *)a2, (char *)a3, (char *)a4, (char *)a5,
-                  (char *)a6, (char *)a7, (char *)a8, (char *)a9, NULL};
-  *out = *err = NULL;
-  return th_run(argv, NULL, NULL, 0, 120000, out, err);
-}
+/* Runs `lmserve ARG...` (NULL-terminated) within 2 minutes: its exit code; o holds what
+ * it wrote. */
+#define lm(o, ...) th_lmserve((o), 120000, __VA_ARGS__, NULL)
 
 static int files_equal(const char *a, const char *b) {
   char cmd[1200];
@@ -57,17 +46,11 @@ TH_TEST(make_tiny_model_is_deterministic) {
   snprintf(m1, sizeof(m1), "%s/m1", d);
   snprintf(m2, sizeof(m2), "%s/m2", d);
   snprintf(m3, sizeof(m3), "%s/m3", d);
-  char *out, *err;
-  TH_CHECK_EQ_INT(
-      lm(&out, &err, "make-tiny-model", "--out", m1, "--vocab", "512", "--seed", "3", 0, 0), 0);
-  free(out), free(err);
-  TH_CHECK_EQ_INT(
-      lm(&out, &err, "make-tiny-model", "--out", m2, "--vocab", "512", "--seed", "3", 0, 0), 0);
-  free(out), free(err);
-  TH_CHECK_EQ_INT(
-      lm(&out, &err, "make-tiny-model", "--out", m3, "--vocab", "512", "--seed", "4", 0, 0), 0);
-  TH_CHECK(strstr(err, "no tokenizer") != NULL); /* vocab 512 is not the Gemma tokenizer's */
-  free(out), free(err);
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--out", m1, "--vocab", "512", "--seed", "3"), 0);
+  TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--out", m2, "--vocab", "512", "--seed", "3"), 0);
+  TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--out", m3, "--vocab", "512", "--seed", "4"), 0);
+  TH_CHECK(strstr(o.err, "no tokenizer") != NULL); /* vocab 512 is not the Gemma tokenizer's */
   snprintf(f1, sizeof(f1), "%s/model.safetensors", m1);
   snprintf(f2, sizeof(f2), "%s/model.safetensors", m2);
   snprintf(f3, sizeof(f3), "%s/model.safetensors", m3);
@@ -76,6 +59,7 @@ TH_TEST(make_tiny_model_is_deterministic) {
   snprintf(f1, sizeof(f1), "%s/config.json", m1);
   snprintf(f2, sizeof(f2), "%s/config.json", m2);
   TH_CHECK(files_equal(f1, f2));
+  th_out_free(&o);
 }
 
 TH_TEST(generate_ids_and_chunking) {
@@ -85,35 +69,34 @@ TH_TEST(generate_ids_and_chunking) {
   TH_REQUIRE(d);
   char m[300];
   snprintf(m, sizeof(m), "%s/g3", d);
-  char *out, *err;
-  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--arch", "gemma3", "--out", m, "--vocab", "512", 0,
-                0) == 0);
-  free(out), free(err);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", m, "--vocab", "512") == 0);
   /* 100 prompt ids: crosses the 64-token sliding window */
   char ids[1024] = "[2";
   for (int i = 1; i < 100; i++)
     snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), ",%d", (i * 37) % 500 + 3);
   strcat(ids, "]");
-  char *o1, *o2, *o3;
-  TH_REQUIRE(lm(&o1, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
-                "--ignore-eos", 0) == 0);
-  free(err);
-  TH_REQUIRE(lm(&o2, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+  struct th_out r1 = {0}, r2 = {0}, r3 = {0};
+  TH_REQUIRE(lm(&r1, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+                "--ignore-eos") == 0);
+  TH_REQUIRE(lm(&r2, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
                 "--chunk=7", "--ignore-eos") == 0);
-  free(err);
-  TH_REQUIRE(lm(&o3, &err, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+  TH_REQUIRE(lm(&r3, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
                 "--chunk=1", "--ignore-eos") == 0);
-  free(err);
+  const char *o1 = r1.out, *o2 = r2.out, *o3 = r3.out;
   TH_CHECK(o1[0] == '[' && strchr(o1, ']') && strchr(o1, '\n'));
   int commas = 0;
-  for (char *p = o1; *p && *p != '\n'; p++)
+  for (const char *p = o1; *p && *p != '\n'; p++)
     commas += *p == ',';
   TH_CHECK_EQ_INT(commas, 11);
   /* the same tokens however the prompt is chunked */
   TH_CHECK_EQ_STR(o1, o2);
   TH_CHECK_EQ_STR(o1, o3);
   TH_CHECK(strcmp(strchr(o1, '\n'), "\n\n") == 0); /* no tokenizer: empty second line */
-  free(o1), free(o2), free(o3);
+  th_out_free(&o);
+  th_out_free(&r1);
+  th_out_free(&r2);
+  th_out_free(&r3);
 }
 
 TH_TEST(generate_text_with_tokenizer_and_assistant) {
@@ -124,23 +107,20 @@ TH_TEST(generate_text_with_tokenizer_and_assistant) {
   char m[300], a[300];
   snprintf(m, sizeof(m), "%s/g4", d);
   snprintf(a, sizeof(a), "%s/g4-assistant", d);
-  char *out, *err;
-  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--out", m, 0, 0, 0, 0, 0, 0) == 0);
-  int have_tok = strstr(err, "no tokenizer") == NULL;
-  free(out), free(err);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--out", m) == 0);
+  int have_tok = strstr(o.err, "no tokenizer") == NULL;
   if (have_tok) {
-    TH_REQUIRE(lm(&out, &err, "generate", "--model", m, "--prompt", "The capital of France is",
-                  "--max-tokens", "8", "--ignore-eos", 0) == 0);
-    char *nl = strchr(out, '\n');
-    TH_REQUIRE(nl && out[0] == '[');
+    TH_REQUIRE(lm(&o, "generate", "--model", m, "--prompt", "The capital of France is",
+                  "--max-tokens", "8", "--ignore-eos") == 0);
+    char *nl = strchr(o.out, '\n');
+    TH_REQUIRE(nl && o.out[0] == '[');
     TH_CHECK(strlen(nl + 1) > 1); /* some decoded text */
-    free(out), free(err);
   } else {
     fprintf(stderr, "note: the Gemma tokenizer is not installed; --prompt not exercised\n");
   }
-  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--arch", "gemma4-assistant", "--target", m, "--out",
-                a, 0, 0) == 0);
-  free(out), free(err);
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4-assistant", "--target", m, "--out", a) ==
+             0);
   char cfg[400];
   snprintf(cfg, sizeof(cfg), "%s/config.json", a);
   FILE *f = fopen(cfg, "r");
@@ -153,19 +133,18 @@ TH_TEST(generate_text_with_tokenizer_and_assistant) {
   /* speculative decoding with the assistant gives the same tokens */
   char dflag[400];
   snprintf(dflag, sizeof(dflag), "--draft=%s", a);
-  char *plain, *spec;
-  TH_REQUIRE(lm(&plain, &err, "generate", "--model", m, "--prompt-ids", "2,100,200,300,400",
-                "--max-tokens", "12", "--ignore-eos", 0) == 0);
-  free(err);
-  TH_REQUIRE(lm(&spec, &err, "generate", "--model", m, "--prompt-ids", "2,100,200,300,400",
+  struct th_out plain = {0};
+  TH_REQUIRE(lm(&plain, "generate", "--model", m, "--prompt-ids", "2,100,200,300,400",
+                "--max-tokens", "12", "--ignore-eos") == 0);
+  TH_REQUIRE(lm(&o, "generate", "--model", m, "--prompt-ids", "2,100,200,300,400",
                 "--max-tokens=12", "--ignore-eos", dflag, "--draft-tokens=3") == 0);
-  TH_CHECK(strstr(err, "draft tokens proposed") != NULL);
-  TH_CHECK_EQ_STR(plain, spec);
-  free(plain), free(spec), free(err);
+  TH_CHECK(strstr(o.err, "draft tokens proposed") != NULL);
+  TH_CHECK_EQ_STR(plain.out, o.out);
+  th_out_free(&plain);
   /* the assistant is not a standalone model: a clear error, no crash */
-  TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", a, "--prompt-ids", "2,3", 0, 0, 0, 0), 1);
-  TH_CHECK(strstr(err, "draft model") != NULL);
-  free(out), free(err);
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", a, "--prompt-ids", "2,3"), 1);
+  TH_CHECK(strstr(o.err, "draft model") != NULL);
+  th_out_free(&o);
 }
 
 TH_TEST(generate_errors) {
@@ -175,23 +154,16 @@ TH_TEST(generate_errors) {
   TH_REQUIRE(d);
   char m[300];
   snprintf(m, sizeof(m), "%s/e", d);
-  char *out, *err;
-  TH_REQUIRE(lm(&out, &err, "make-tiny-model", "--out", m, "--vocab", "512", 0, 0, 0, 0) == 0);
-  free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", m, "--prompt-ids", "2,999", 0, 0, 0, 0), 1);
-  TH_CHECK(strstr(err, "999") && strstr(err, "vocabulary"));
-  free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", m, "--prompt", "hi", 0, 0, 0, 0), 2);
-  TH_CHECK(strstr(err, "tokenizer.json") != NULL);
-  free(out), free(err);
-  TH_CHECK_EQ_INT(
-      lm(&out, &err, "generate", "--model", "/nonexistent-dir", "--prompt-ids", "2", 0, 0, 0, 0),
-      1);
-  TH_CHECK(strstr(err, "config.json") != NULL);
-  free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "generate", "--model", m, "--prompt-ids", "x", 0, 0, 0, 0), 2);
-  free(out), free(err);
-  TH_CHECK_EQ_INT(lm(&out, &err, "make-tiny-model", "--arch", "llama", "--out", m, 0, 0, 0, 0), 2);
-  TH_CHECK(strstr(err, "llama") != NULL);
-  free(out), free(err);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--out", m, "--vocab", "512") == 0);
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", m, "--prompt-ids", "2,999"), 1);
+  TH_CHECK(strstr(o.err, "999") && strstr(o.err, "vocabulary"));
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", m, "--prompt", "hi"), 2);
+  TH_CHECK(strstr(o.err, "tokenizer.json") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", "/nonexistent-dir", "--prompt-ids", "2"), 1);
+  TH_CHECK(strstr(o.err, "config.json") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", m, "--prompt-ids", "x"), 2);
+  TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--arch", "llama", "--out", m), 2);
+  TH_CHECK(strstr(o.err, "llama") != NULL);
+  th_out_free(&o);
 }

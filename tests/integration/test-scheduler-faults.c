@@ -21,10 +21,8 @@ TH_TEST(sched_worker_death_and_recovery) {
   th_proc_init(30);
   struct env e;
   const char *wx[] = {"--slow-ms", "3", NULL};
-  env_start(&e, 1, NULL, wx);
   struct client c;
-  client_open(&e, &c, g_reqs, 3);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 3);
   for (int i = 0; i < 3; i++) {
     make_req(&g_reqs[i], 1 + (uint64_t)i, 30, 400);
     g_reqs[i].ignore_eos = true;
@@ -52,23 +50,16 @@ TH_TEST(sched_worker_death_and_recovery) {
   /* a new worker restores service */
   start_worker(&e, 0, NULL);
   PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
-  make_req(&g_reqs[0], 51, 30, 20);
-  g_reqs[0].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  wait_done(&c, 10000);
-  check_req(&g_reqs[0]);
-  client_close(&c);
-  env_stop(&e);
+  serve_one(&c, 51, 30, 20);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_worker_fail_message) {
   th_proc_init(30);
   struct env e;
   const char *wx[] = {"--fail-at-step", "5", NULL};
-  env_start(&e, 1, NULL, wx);
   struct client c;
-  client_open(&e, &c, g_reqs, 2);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 2);
   make_req(&g_reqs[0], 1, 10, 100);
   g_reqs[0].ignore_eos = true;
   send_add(&c, &g_reqs[0]);
@@ -77,8 +68,7 @@ TH_TEST(sched_worker_fail_message) {
   TH_CHECK(strstr(g_reqs[0].err, "worker rank 0 failed: injected failure") != NULL);
   ping(&c);
   TH_CHECK_EQ_INT(c.pong.workers_ready, 0);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 /* Raw frames on a socket, bypassing the codec. */
@@ -90,10 +80,8 @@ static void send_raw(void *zs, const void *a, size_t na, const void *b, size_t n
 TH_TEST(sched_garbage_on_both_sockets) {
   th_proc_init(30);
   struct env e;
-  env_start(&e, 1, NULL, NULL);
   struct client c;
-  client_open(&e, &c, g_reqs, 1);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, NULL, g_reqs, 1);
   struct pr_sock *gf, *gw;
   TH_REQUIRE(pr_sock_open(e.ctx, ZMQ_DEALER, 0, &gf) == 0);
   TH_REQUIRE(pr_sock_open(e.ctx, ZMQ_DEALER, 0, &gw) == 0);
@@ -158,25 +146,18 @@ TH_TEST(sched_garbage_on_both_sockets) {
   pr_sock_close(gw);
   /* still alive and serving */
   PING_UNTIL(&c, c.pong.workers_ready == 1, 5000);
-  make_req(&g_reqs[0], 9, 12, 15);
-  g_reqs[0].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  wait_done(&c, 10000);
-  check_req(&g_reqs[0]);
-  client_close(&c);
-  env_stop(&e);
+  serve_one(&c, 9, 12, 15);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_frontend_gone) {
   th_proc_init(30);
   struct env e;
   const char *wx[] = {"--slow-ms", "2", NULL};
-  env_start(&e, 1, NULL, wx);
   static struct treq gone[4];
   struct client c, g;
-  client_open(&e, &c, g_reqs, 1);
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 1);
   client_open(&e, &g, gone, 4);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
   for (int i = 0; i < 4; i++) {
     make_req(&gone[i], 1 + (uint64_t)i, 20, 400);
     gone[i].ignore_eos = true;
@@ -188,13 +169,8 @@ TH_TEST(sched_frontend_gone) {
    * scheduler aborts its requests and frees their blocks */
   client_close(&g);
   PING_UNTIL(&c, c.pong.num_running == 0 && c.pong.kv_usage == 0, 10000);
-  make_req(&g_reqs[0], 1, 20, 10); /* the same id from another frontend is fine */
-  g_reqs[0].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  wait_done(&c, 10000);
-  check_req(&g_reqs[0]);
-  client_close(&c);
-  env_stop(&e);
+  serve_one(&c, 1, 20, 10); /* the same id from another frontend is fine */
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_cli_errors) {
@@ -266,13 +242,8 @@ TH_TEST(sched_bare_endpoint_names) {
   struct client c;
   client_open(&e, &c, g_reqs, 1);
   PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
-  make_req(&g_reqs[0], 1, 9, 9);
-  g_reqs[0].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  wait_done(&c, 10000);
-  check_req(&g_reqs[0]);
-  client_close(&c);
-  env_stop(&e);
+  serve_one(&c, 1, 9, 9);
+  env_close(&e, &c);
   unlink(fe + 6);
   unlink(we + 6);
   rmdir(dir);

@@ -26,54 +26,6 @@ static void cleanup(void) {
   if (cm_rmtree(g_tmp) != 0) fprintf(stderr, "could not remove %s: %s\n", g_tmp, strerror(errno));
 }
 
-static char *lmserve_bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
-/* `lmserve generate` greedy reference: NGEN tokens, eos ignored. */
-static int generate(const char *model, const uint32_t *prompt, uint32_t n, uint32_t *out) {
-  char ids[4096] = "";
-  size_t len = 0;
-  for (uint32_t i = 0; i < n; i++)
-    len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", i ? "," : "", prompt[i]);
-  char mt[16];
-  snprintf(mt, sizeof(mt), "%d", NGEN);
-  char *argv[] = {lmserve_bin(),
-                  "generate",
-                  "--model",
-                  (char *)model,
-                  "--prompt-ids",
-                  ids,
-                  "--max-tokens",
-                  mt,
-                  "--ignore-eos",
-                  "--threads",
-                  "1",
-                  NULL};
-  char *o = NULL, *e = NULL;
-  int rc = th_run(argv, NULL, NULL, 0, 120000, &o, &e);
-  int k = -1;
-  if (rc == 0 && o && o[0] == '[') {
-    k = 0;
-    char *p = o + 1;
-    while (*p && *p != ']' && k < NGEN) {
-      char *end;
-      unsigned long v = strtoul(p, &end, 10);
-      if (end == p) break;
-      out[k++] = (uint32_t)v;
-      p = end;
-      while (*p == ',' || *p == ' ')
-        p++;
-    }
-  } else {
-    fprintf(stderr, "generate: %d %s\n", rc, e ? e : "");
-  }
-  free(o);
-  free(e);
-  return k;
-}
-
 static void add(struct client *c, struct treq *r, float temperature, bool seeded, uint64_t seed) {
   struct pr_msg m;
   pr_msg_init(&m, PR_ADD);
@@ -106,13 +58,11 @@ TH_TEST(sched_real_worker_greedy_and_seeded) {
   atexit(cleanup);
   char model[200];
   snprintf(model, sizeof(model), "%s/m4", g_tmp);
-  char *mk[] = {lmserve_bin(), "make-tiny-model", "--arch", "gemma4", "--out",
-                model,         "--seed",          "1",      NULL};
-  char *o = NULL, *e = NULL;
-  int rc = th_run(mk, NULL, NULL, 0, 120000, &o, &e);
-  if (rc) fprintf(stderr, "make-tiny-model: %d %s\n", rc, e ? e : "");
-  free(o);
-  free(e);
+  struct th_out o = {0};
+  int rc = th_lmserve(&o, 120000, "make-tiny-model", "--arch", "gemma4", "--out", model, "--seed",
+                      "1", NULL);
+  if (rc) fprintf(stderr, "make-tiny-model: %d %s\n", rc, o.err ? o.err : "");
+  th_out_free(&o);
   TH_REQUIRE(rc == 0);
 
   struct env env;
@@ -120,7 +70,7 @@ TH_TEST(sched_real_worker_greedy_and_seeded) {
   env.world = 1;
   snprintf(env.fe, sizeof(env.fe), "ipc://%s/f.sock", g_tmp);
   snprintf(env.we, sizeof(env.we), "ipc://%s/w.sock", g_tmp);
-  char *sa[] = {lmserve_bin(),
+  char *sa[] = {th_lmserve_bin(),
                 "scheduler",
                 "--model",
                 model,
@@ -137,7 +87,7 @@ TH_TEST(sched_real_worker_greedy_and_seeded) {
                 "--enable-prefix-caching",
                 NULL};
   TH_REQUIRE(th_proc_spawn(&env.sched, sa, NULL, 0) == 0);
-  char *wa[] = {lmserve_bin(),
+  char *wa[] = {th_lmserve_bin(),
                 "worker",
                 "--model",
                 model,
@@ -171,7 +121,8 @@ TH_TEST(sched_real_worker_greedy_and_seeded) {
   c.nreqs = 3;
   for (int i = 0; i < 3; i++) {
     make_req(&g_reqs[i], 1 + (uint64_t)i, plens[i], NGEN);
-    TH_REQUIRE(generate(model, g_reqs[i].prompt, g_reqs[i].plen, ref[i]) == NGEN);
+    TH_REQUIRE(th_generate(model, g_reqs[i].prompt, (int)g_reqs[i].plen, NGEN, 120000, ref[i]) ==
+               NGEN);
     add(&c, &g_reqs[i], 0.0f, false, 0);
   }
   wait_done(&c, 120000);
@@ -213,6 +164,5 @@ TH_TEST(sched_real_worker_greedy_and_seeded) {
   ping(&c);
   TH_CHECK_EQ_INT(c.pong.num_running, 0);
   TH_CHECK(c.pong.kv_usage == 0);
-  client_close(&c);
-  env_stop(&env);
+  env_close(&env, &c);
 }

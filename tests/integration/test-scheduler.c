@@ -23,10 +23,8 @@ static struct treq g_reqs[MAXR], g_reqs2[MAXR];
 TH_TEST(sched_single_request) {
   th_proc_init(30);
   struct env e;
-  env_start(&e, 1, NULL, NULL);
   struct client c;
-  client_open(&e, &c, g_reqs, 1);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, NULL, g_reqs, 1);
   TH_CHECK_EQ_INT(c.pong.world_size, 1);
   TH_CHECK_EQ_INT(c.pong.max_model_len, SCH_FAKE_MAXLEN);
   make_req(&g_reqs[0], 7, 37, 50);
@@ -43,8 +41,7 @@ TH_TEST(sched_single_request) {
   TH_CHECK(c.pong.kv_usage == 0);
   TH_CHECK_EQ_INT(c.pong.prompt_tokens, 37);
   TH_CHECK_EQ_INT(c.pong.generation_tokens, 50);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_concurrent_requests) {
@@ -52,10 +49,8 @@ TH_TEST(sched_concurrent_requests) {
   struct env e;
   /* the worker also lists the prefill chunks that sampled nothing */
   const char *wx[] = {"--empty-results", NULL};
-  env_start(&e, 1, NULL, wx);
   struct client c;
-  client_open(&e, &c, g_reqs, 32);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 32);
   for (int i = 0; i < 32; i++) {
     /* long prompts are chunked over steps (64 tokens per step) */
     make_req(&g_reqs[i], 100 + (uint64_t)i, 1 + rnd(150), 1 + rnd(60));
@@ -68,17 +63,14 @@ TH_TEST(sched_concurrent_requests) {
   ping(&c);
   TH_CHECK_EQ_INT(c.pong.num_running, 0);
   TH_CHECK(c.pong.kv_usage == 0);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_stop_conditions) {
   th_proc_init(30);
   struct env e;
-  env_start(&e, 1, NULL, NULL);
   struct client c;
-  client_open(&e, &c, g_reqs, 4);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, NULL, g_reqs, 4);
   uint32_t exp[SCH_FAKE_MAXLEN];
   int fin;
   /* a stop id: the 6th token the model makes */
@@ -112,17 +104,14 @@ TH_TEST(sched_stop_conditions) {
   TH_CHECK_EQ_INT(g_reqs[2].stop_token, SCH_FAKE_EOS);
   TH_CHECK_EQ_INT(g_reqs[3].finish, PR_FINISH_LENGTH);
   TH_CHECK_EQ_INT(g_reqs[3].nout, 300);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_rejections) {
   th_proc_init(30);
   struct env e;
-  env_start(&e, 1, NULL, NULL);
   struct client c;
-  client_open(&e, &c, g_reqs, 4);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, NULL, g_reqs, 4);
   make_req(&g_reqs[0], 1, 500, 100); /* longer than max_model_len 512 */
   make_req(&g_reqs[1], 2, 10, 10);
   g_reqs[1].prompt[3] = SCH_FAKE_VOCAB + 5; /* outside the vocabulary */
@@ -145,18 +134,15 @@ TH_TEST(sched_rejections) {
   wait_done(&c, 10000);
   ping(&c);
   TH_CHECK_EQ_INT(c.pong.num_running, 0);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_abort_frees_everything) {
   th_proc_init(30);
   struct env e;
   const char *wx[] = {"--slow-ms", "3", NULL};
-  env_start(&e, 1, NULL, wx);
   struct client c;
-  client_open(&e, &c, g_reqs, 4);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 4);
   for (int i = 0; i < 4; i++) {
     make_req(&g_reqs[i], 10 + (uint64_t)i, 40, 400);
     g_reqs[i].ignore_eos = true;
@@ -185,29 +171,16 @@ TH_TEST(sched_abort_frees_everything) {
   for (int i = 0; i < 4; i++)
     TH_CHECK(!g_reqs[i].done && g_reqs[i].nout < 400);
   /* the scheduler still serves: a new request completes */
-  make_req(&g_reqs[0], 20, 8, 5);
-  g_reqs[0].ignore_eos = true;
-  c.nreqs = 1;
-  send_add(&c, &g_reqs[0]);
-  wait_done(&c, 10000);
-  check_req(&g_reqs[0]);
-  client_close(&c);
-  env_stop(&e);
+  serve_one(&c, 20, 8, 5);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_prefix_cache_hits) {
   th_proc_init(30);
   struct env e;
-  env_start(&e, 1, NULL, NULL);
   struct client c;
-  client_open(&e, &c, g_reqs, 2);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
-  make_req(&g_reqs[0], 1, 100, 10);
-  g_reqs[0].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  c.nreqs = 1;
-  wait_done(&c, 10000);
-  check_req(&g_reqs[0]);
+  env_open(&e, &c, 1, NULL, NULL, g_reqs, 2);
+  serve_one(&c, 1, 100, 10);
   ping(&c);
   uint64_t hits0 = c.pong.prefix_cache_hits;
   g_reqs[1] = g_reqs[0];
@@ -222,8 +195,7 @@ TH_TEST(sched_prefix_cache_hits) {
   ping(&c);
   TH_CHECK(c.pong.prefix_cache_hits >= hits0 + 64);
   TH_CHECK(c.pong.prefix_cache_queries >= 200);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_speculative_decoding) {
@@ -231,10 +203,8 @@ TH_TEST(sched_speculative_decoding) {
   struct env e;
   const char *sx[] = {"--num-speculative-tokens", "3", NULL};
   const char *wx[] = {"--max-draft", "3", NULL};
-  env_start(&e, 1, sx, wx);
   struct client c;
-  client_open(&e, &c, g_reqs, 8);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, sx, wx, g_reqs, 8);
   for (int i = 0; i < 8; i++) {
     make_req(&g_reqs[i], 1 + (uint64_t)i, 1 + rnd(80), 20 + rnd(80));
     g_reqs[i].ignore_eos = i % 2;
@@ -251,18 +221,15 @@ TH_TEST(sched_speculative_decoding) {
   TH_CHECK(c.pong.spec_num_accepted_tokens > 0);
   TH_CHECK(c.pong.spec_num_accepted_tokens < c.pong.spec_num_draft_tokens);
   TH_CHECK(c.pong.kv_usage == 0);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }
 
 TH_TEST(sched_two_frontends_two_ranks) {
   th_proc_init(30);
   struct env e;
-  env_start(&e, 2, NULL, NULL);
   struct client c1, c2;
-  client_open(&e, &c1, g_reqs, 12);
+  env_open(&e, &c1, 2, NULL, NULL, g_reqs, 12);
   client_open(&e, &c2, g_reqs2, 12);
-  PING_UNTIL(&c1, c1.pong.workers_ready == 2, 10000);
   TH_CHECK_EQ_INT(c1.pong.world_size, 2);
   /* the same request ids on both frontends are different requests */
   for (int i = 0; i < 12; i++) {
@@ -287,9 +254,8 @@ TH_TEST(sched_two_frontends_two_ranks) {
     check_req(&g_reqs2[i]);
   }
   TH_CHECK_EQ_INT(c1.errs_unmatched + c2.errs_unmatched, 0);
-  client_close(&c1);
   client_close(&c2);
-  env_stop(&e);
+  env_close(&e, &c1);
 }
 
 static struct treq g_many[256];
@@ -301,10 +267,8 @@ TH_TEST(sched_batch_256) {
   struct env e;
   const char *sx[] = {"--max-num-seqs", "256", "--max-num-batched-tokens", "4096", NULL};
   const char *wx[] = {"--blocks", "8192", NULL};
-  env_start(&e, 1, sx, wx);
   struct client c;
-  client_open(&e, &c, g_many, 256);
-  PING_UNTIL(&c, c.pong.workers_ready == 1, 10000);
+  env_open(&e, &c, 1, sx, wx, g_many, 256);
   for (int i = 0; i < 256; i++) {
     make_req(&g_many[i], 1 + (uint64_t)i, 16 + rnd(100), 100);
     g_many[i].ignore_eos = true;
@@ -316,6 +280,5 @@ TH_TEST(sched_batch_256) {
   ping(&c);
   TH_CHECK_EQ_INT(c.pong.generation_tokens, 256 * 100);
   TH_CHECK(c.pong.kv_usage == 0);
-  client_close(&c);
-  env_stop(&e);
+  env_close(&e, &c);
 }

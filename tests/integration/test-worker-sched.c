@@ -46,16 +46,10 @@ static int env_start(struct env *e, const char *name, int spec) {
   memset(e, 0, sizeof(*e));
   if (wts_model(&e->w, "gemma4", name)) return -1;
   char assistant[500];
-  snprintf(assistant, sizeof(assistant), "%s-assistant", e->w.model);
-  if (spec) {
-    char *mk[] = {wts_bin(),  "make-tiny-model", "--arch",  "gemma4-assistant", "--target",
-                  e->w.model, "--out",           assistant, "--seed",           "1",
-                  NULL};
-    if (th_run(mk, NULL, NULL, 0, 60000, NULL, NULL)) return -1;
-  }
+  if (spec && wts_assistant(&e->w, assistant, sizeof(assistant))) return -1;
   snprintf(e->front, sizeof(e->front), "%s-front.sock", e->w.endpoint);
   snprintf(e->work, sizeof(e->work), "%s-work.sock", e->w.endpoint);
-  char *sa[] = {wts_bin(),
+  char *sa[] = {th_lmserve_bin(),
                 "scheduler",
                 "--model",
                 e->w.model,
@@ -71,7 +65,7 @@ static int env_start(struct env *e, const char *name, int spec) {
                 spec ? "3" : "0",
                 NULL};
   if (th_proc_spawn(&e->sched, sa, NULL, 0)) return -1;
-  char *wa[24] = {wts_bin(),
+  char *wa[24] = {th_lmserve_bin(),
                   "worker",
                   "--model",
                   e->w.model,

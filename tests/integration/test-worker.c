@@ -213,11 +213,7 @@ TH_TEST(worker_speculative_greedy) {
   struct wts w;
   TH_REQUIRE(wts_model(&w, "gemma4", "m4s") == 0);
   char assistant[500];
-  snprintf(assistant, sizeof(assistant), "%s-assistant", w.model);
-  char *mk[] = {wts_bin(), "make-tiny-model", "--arch",  "gemma4-assistant", "--target",
-                w.model,   "--out",           assistant, "--seed",           "1",
-                NULL};
-  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 60000, NULL, NULL) == 0);
+  TH_REQUIRE(wts_assistant(&w, assistant, sizeof(assistant)) == 0);
   char *extra[] = {"--speculative-model", assistant, "--num-speculative-tokens", "3", NULL};
   TH_REQUIRE(wts_start(&w, w.model, extra) == 0);
   TH_CHECK_EQ_INT(w.ready.max_draft, 3);
@@ -334,26 +330,21 @@ TH_TEST(worker_refuses_bad_flags) {
   th_proc_init(60);
   struct wts w;
   TH_REQUIRE(wts_model(&w, "gemma3", "m3b") == 0);
-  char *out = NULL, *err = NULL;
-  char *a1[] = {wts_bin(),  "worker",       "--model", w.model, "--scheduler",
-                w.endpoint, "--world-size", "2",       NULL};
-  TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 30000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "tensor parallelism is not supported"));
-  free(out);
-  free(err);
-  char *a2[] = {wts_bin(),     "worker",   "--model", "/nonexistent-model-dir",
-                "--scheduler", w.endpoint, NULL};
-  TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 30000, &out, &err), 1);
-  TH_CHECK(err && strstr(err, "nonexistent-model-dir"));
-  free(out);
-  free(err);
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                             "--world-size", "2", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "tensor parallelism is not supported"));
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", "/nonexistent-model-dir",
+                             "--scheduler", w.endpoint, NULL),
+                  1);
+  TH_CHECK(o.err && strstr(o.err, "nonexistent-model-dir"));
 #if !LMSERVE_HAVE_CUDA
-  char *a3[] = {wts_bin(),  "worker",   "--model", w.model, "--scheduler",
-                w.endpoint, "--device", "cuda",    NULL};
-  TH_CHECK_EQ_INT(th_run(a3, NULL, NULL, 0, 30000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "no CUDA support"));
-  free(out);
-  free(err);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                             "--device", "cuda", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "no CUDA support"));
 #endif
+  th_out_free(&o);
   wts_close(&w);
 }

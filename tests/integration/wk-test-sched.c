@@ -20,11 +20,6 @@ static void cleanup(void) {
   if (cm_rmtree(g_tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", g_tmp, strerror(errno));
 }
 
-char *wts_bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 int wts_model(struct wts *w, const char *arch, const char *name) {
   memset(w, 0, sizeof(*w));
   if (!g_tmp[0]) {
@@ -35,13 +30,20 @@ int wts_model(struct wts *w, const char *arch, const char *name) {
   }
   snprintf(w->model, sizeof(w->model), "%s/%s", g_tmp, name);
   snprintf(w->endpoint, sizeof(w->endpoint), "ipc://%s/%s.sock", g_tmp, name);
-  char *argv[] = {wts_bin(), "make-tiny-model", "--arch", (char *)arch, "--out",
-                  w->model,  "--seed",          "1",      NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(argv, NULL, NULL, 0, 60000, &out, &err);
-  if (rc) fprintf(stderr, "make-tiny-model: %d %s\n", rc, err ? err : "");
-  free(out);
-  free(err);
+  struct th_out o = {0};
+  int rc = th_lmserve(&o, 60000, "make-tiny-model", "--arch", arch, "--out", w->model, "--seed",
+                      "1", NULL);
+  if (rc) fprintf(stderr, "make-tiny-model: %d %s\n", rc, o.err ? o.err : "");
+  th_out_free(&o);
+  return rc ? -1 : 0;
+}
+
+int wts_assistant(const struct wts *w, char *path, size_t size) {
+  snprintf(path, size, "%s-assistant", w->model);
+  struct th_out o = {0};
+  int rc = th_lmserve(&o, 60000, "make-tiny-model", "--arch", "gemma4-assistant", "--target",
+                      w->model, "--out", path, "--seed", "1", NULL);
+  th_out_free(&o);
   return rc ? -1 : 0;
 }
 
@@ -81,7 +83,7 @@ int wts_start(struct wts *w, const char *model, char *const *extra) {
   if (pr_sock_open(w->ctx, ZMQ_ROUTER, 0, &w->sock) || pr_sock_bind(w->sock, w->endpoint) ||
       pr_sock_set_timeouts(w->sock, 200, 5000))
     return -1;
-  char *argv[40] = {wts_bin(),
+  char *argv[40] = {th_lmserve_bin(),
                     "worker",
                     "--model",
                     (char *)model,
@@ -130,35 +132,7 @@ void wts_close(struct wts *w) {
 }
 
 int wts_generate(struct wts *w, const uint32_t *prompt, int n, int max_tokens, uint32_t *out) {
-  char ids[2048] = "", mt[16];
-  size_t len = 0;
-  for (int i = 0; i < n; i++)
-    len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", i ? "," : "", prompt[i]);
-  snprintf(mt, sizeof(mt), "%d", max_tokens);
-  char *argv[] = {
-      wts_bin(),      "generate",  "--model", w->model, "--prompt-ids", ids, "--max-tokens", mt,
-      "--ignore-eos", "--threads", "1",       NULL};
-  char *o = NULL, *e = NULL;
-  int rc = th_run(argv, NULL, NULL, 0, 60000, &o, &e);
-  int k = -1;
-  if (rc == 0 && o && o[0] == '[') {
-    k = 0;
-    char *p = o + 1;
-    while (*p && *p != ']' && k < max_tokens) {
-      char *end;
-      unsigned long v = strtoul(p, &end, 10);
-      if (end == p) break;
-      out[k++] = (uint32_t)v;
-      p = end;
-      while (*p == ',' || *p == ' ')
-        p++;
-    }
-  } else {
-    fprintf(stderr, "generate: %d %s\n", rc, e ? e : "");
-  }
-  free(o);
-  free(e);
-  return k;
+  return th_generate(w->model, prompt, n, max_tokens, 60000, out);
 }
 
 void wts_seq_init(struct wts_seq *s, uint64_t id, const uint32_t *prompt, int n, int64_t seed) {

@@ -58,10 +58,12 @@ struct wts_seq {
   int done;
 };
 
-char *wts_bin(void);
 /* Makes a tiny checkpoint (`arch` gemma3 | gemma4) in the test's temp dir
  * under `name`, and names an endpoint beside it. 0 or -1. */
 int wts_model(struct wts *w, const char *arch, const char *name);
+/* Makes w's MTP assistant (`make-tiny-model --arch gemma4-assistant --target`) beside
+ * its model, at "<model>-assistant"; its path in path (size bytes). 0 or -1. */
+int wts_assistant(const struct wts *w, char *path, size_t size);
 /* Binds the ROUTER, starts the worker (extra: NULL-terminated extra args or
  * NULL) and waits for READY. 0 or -1. */
 int wts_start(struct wts *w, const char *model, char *const *extra);
