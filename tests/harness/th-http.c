@@ -2,6 +2,7 @@
 #include "tests/harness/th-http.h"
 
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
@@ -84,4 +85,24 @@ int th_http(int port, const char *method, const char *path, const char *body, in
   int status = th_http_read(fd, timeout_ms, out);
   close(fd);
   return status;
+}
+
+int th_sse_events(const char *body, json_t **out, int max, int *done) {
+  int n = 0;
+  *done = 0;
+  for (const char *p = strstr(body, "data: "); p; p = strstr(p + 6, "data: ")) {
+    const char *e = strstr(p, "\n\n");
+    if (!e) break;
+    if (!strncmp(p + 6, "[DONE]", 6)) {
+      *done = 1;
+      continue;
+    }
+    if (n < max) out[n++] = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
+  }
+  return n;
+}
+
+void th_sse_free(json_t **ev, int n) {
+  for (int i = 0; i < n; i++)
+    json_decref(ev[i]);
 }

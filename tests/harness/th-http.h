@@ -20,4 +20,12 @@ int th_http_read(int fd, int timeout_ms, char **out);
 int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
             char **out);
 
+/* The JSON payloads of the "data: " events of an SSE body (de-chunked or raw: chunk-size
+ * lines never start with "data: "), at most max of them in out (json_decref each); *done
+ * when a [DONE] event came. Returns how many. */
+struct json_t;
+int th_sse_events(const char *body, struct json_t **out, int max, int *done);
+/* json_decref of ev[0..n). */
+void th_sse_free(struct json_t **ev, int n);
+
 #endif

@@ -148,6 +148,21 @@ void th_proc_signal(struct th_proc *p, int sig) {
   if (p->pid > 0 && !p->exited) kill(-p->pid, sig);
 }
 
+int th_proc_check_exit(struct th_proc *p, int sig, int timeout_ms) {
+  if (sig) th_proc_signal(p, sig);
+  if (th_proc_wait(p, timeout_ms) != 0) {
+    th_fail(__FILE__, __LINE__, "pid %d still running after %d ms", (int)p->pid, timeout_ms);
+    return -1;
+  }
+  if (WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0) return 0;
+  if (WIFEXITED(p->status))
+    th_fail(__FILE__, __LINE__, "pid %d exited with status %d", (int)p->pid,
+            WEXITSTATUS(p->status));
+  else
+    th_fail(__FILE__, __LINE__, "pid %d ended by signal %d", (int)p->pid, WTERMSIG(p->status));
+  return 1;
+}
+
 void th_proc_stop(struct th_proc *p, int grace_ms) {
   if (p->pid > 0 && !p->exited) {
     kill(p->pid, SIGTERM);

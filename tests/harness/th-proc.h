@@ -37,6 +37,11 @@ int th_proc_wait(struct th_proc *p, int timeout_ms);
 /* Sends `sig` to the child's process group. */
 void th_proc_signal(struct th_proc *p, int sig);
 
+/* Sends `sig` (0: none) to the child's group, waits up to timeout_ms and checks (as a
+ * test check) that it exits with status 0: 0 when it did, 1 when it ended otherwise, -1
+ * when it did not end in time. */
+int th_proc_check_exit(struct th_proc *p, int sig, int timeout_ms);
+
 /* SIGTERM, wait up to grace_ms, then SIGKILL; reaps; closes pipes. */
 void th_proc_stop(struct th_proc *p, int grace_ms);
 

@@ -15,11 +15,6 @@
 
 /* ---- processes --------------------------------------------------------------- */
 
-static const char *bin(void) {
-  const char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 static void fake_path(char *out, size_t len) {
   const char *b = getenv("TH_BUILD_DIR");
   snprintf(out, len, "%s/tests/integration/sch-fake-worker", b ? b : "build");
@@ -49,7 +44,7 @@ void env_start(struct env *e, int world, const char *const *sched_extra,
   serial++;
   char worlds[16];
   snprintf(worlds, sizeof(worlds), "%d", world);
-  char *argv[40] = {(char *)bin(),
+  char *argv[40] = {th_lmserve_bin(),
                     "scheduler",
                     "--model",
                     "/nonexistent-model",
@@ -78,22 +73,11 @@ void env_start(struct env *e, int world, const char *const *sched_extra,
 }
 
 void env_stop(struct env *e) {
-  th_proc_signal(&e->sched, SIGTERM);
-  int rc = th_proc_wait(&e->sched, 5000);
-  TH_CHECK_EQ_INT(rc, 0);
-  if (rc == 0) {
-    TH_CHECK(WIFEXITED(e->sched.status));
-    TH_CHECK_EQ_INT(WEXITSTATUS(e->sched.status), 0);
-  }
+  th_proc_check_exit(&e->sched, SIGTERM, 5000);
   th_proc_stop(&e->sched, 1000);
   for (int r = 0; r < e->world; r++) {
-    if (e->workers[r].pid && !e->workers[r].exited) {
-      /* CTRL shutdown from the scheduler ends a fake worker cleanly */
-      int wrc = th_proc_wait(&e->workers[r], 3000);
-      TH_CHECK_EQ_INT(wrc, 0);
-      if (wrc == 0)
-        TH_CHECK(WIFEXITED(e->workers[r].status) && WEXITSTATUS(e->workers[r].status) == 0);
-    }
+    /* CTRL shutdown from the scheduler ends a fake worker cleanly */
+    if (e->workers[r].pid && !e->workers[r].exited) th_proc_check_exit(&e->workers[r], 0, 3000);
     th_proc_stop(&e->workers[r], 500);
   }
   zmq_ctx_term(e->ctx);

@@ -51,18 +51,14 @@ static int health(int port) {
 
 TH_TEST(cluster_over_tcp) {
   th_proc_init(280);
-  char tmp[256], model[300];
-  TH_REQUIRE(th_tmpdir("cluster", tmp, sizeof(tmp)) == 0);
-  int mk = th_tiny_gemma4(tmp, 5, model, sizeof(model));
-  TH_REQUIRE(mk >= 0);
-  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  char *out = NULL, *err = NULL;
-  char *gen[] = {hc_bin(),         "generate",     "--model", model, "--prompt-ids",
-                 "2,818,5279,563", "--max-tokens", "6",       NULL};
-  TH_REQUIRE(th_run(gen, NULL, NULL, 0, 120000, &out, &err) == 0);
+  char model[300];
+  th_tiny_gemma4_or_skip("cluster", 5, model, sizeof(model));
+  struct th_out o = {0};
+  TH_REQUIRE(th_lmserve(&o, 120000, "generate", "--model", model, "--prompt-ids", "2,818,5279,563",
+                        "--max-tokens", "6", NULL) == 0);
   char ids[512];
-  TH_REQUIRE(sscanf(out, "[%511[^]]]", ids) == 1);
-  free(out), free(err);
+  TH_REQUIRE(sscanf(o.out, "[%511[^]]]", ids) == 1);
+  th_out_free(&o);
 
   int ports[3];
   TH_REQUIRE(free_ports(ports, 3) == 0);
@@ -72,8 +68,18 @@ TH_TEST(cluster_over_tcp) {
   snprintf(wk_ep, sizeof(wk_ep), "tcp://127.0.0.1:%d", ports[2]);
 
   /* the frontend first: it serves 503 until a scheduler answers */
-  char *fe[] = {hc_bin(), "frontend",  "--model", model,  "--scheduler",     fe_ep,
-                "--host", "127.0.0.1", "--port",  http_s, "--drain-timeout", "5",
+  char *fe[] = {th_lmserve_bin(),
+                "frontend",
+                "--model",
+                model,
+                "--scheduler",
+                fe_ep,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                http_s,
+                "--drain-timeout",
+                "5",
                 NULL};
   struct th_proc pf, pw, ps;
   TH_REQUIRE(th_proc_spawn(&pf, fe, NULL, 1) == 0);
@@ -82,14 +88,14 @@ TH_TEST(cluster_over_tcp) {
 
   /* the worker connects to a scheduler that does not exist yet */
   /* clang-format off */
-  char *wk[] = {hc_bin(), "worker", "--model", model, "--scheduler", wk_ep, "--rank", "0",
+  char *wk[] = {th_lmserve_bin(), "worker", "--model", model, "--scheduler", wk_ep, "--rank", "0",
                 "--world-size", "1", "--max-num-seqs", "3", "--max-num-batched-tokens", "48",
                 "--kv-cache-memory", "64M", "--threads", "1", NULL};
   /* clang-format on */
   TH_REQUIRE(th_proc_spawn(&pw, wk, NULL, 0) == 0);
   /* the scheduler keeps its default limits (256 sequences, 8192 tokens) */
   /* clang-format off */
-  char *sc[] = {hc_bin(), "scheduler", "--model", model, "--frontend-endpoint", fe_ep,
+  char *sc[] = {th_lmserve_bin(), "scheduler", "--model", model, "--frontend-endpoint", fe_ep,
                 "--worker-endpoint", wk_ep, "--world-size", "1", NULL};
   /* clang-format on */
   TH_REQUIRE(th_proc_spawn(&ps, sc, NULL, 0) == 0);

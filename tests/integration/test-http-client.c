@@ -19,11 +19,6 @@
 #include "tests/harness/th.h"
 #include "tests/integration/test-http-client.h"
 
-char *hc_bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 /* ---- the server under test ---------------------------------------------- */
 
 /* Starts the frontend on a free port with short limits; reads the port
@@ -32,7 +27,7 @@ void hc_server_start_with(struct server *s, const char *api_key, const char *bod
                           const char *max_conns) {
   char *argv[32];
   int a = 0;
-  argv[a++] = hc_bin();
+  argv[a++] = th_lmserve_bin();
   argv[a++] = "frontend";
   argv[a++] = "--port";
   argv[a++] = "0";
@@ -94,14 +89,7 @@ void hc_dump_server_stderr(struct server *s) {
 
 /* SIGTERM must make it drain and exit 0 promptly. */
 void hc_server_stop(struct server *s) {
-  th_proc_signal(&s->p, SIGTERM);
-  int rc = th_proc_wait(&s->p, 5000);
-  TH_CHECK_EQ_INT(rc, 0);
-  if (rc == 0) {
-    TH_CHECK(WIFEXITED(s->p.status));
-    TH_CHECK_EQ_INT(WEXITSTATUS(s->p.status), 0);
-    if (!WIFEXITED(s->p.status) || WEXITSTATUS(s->p.status) != 0) hc_dump_server_stderr(s);
-  }
+  if (th_proc_check_exit(&s->p, SIGTERM, 5000) == 1) hc_dump_server_stderr(s);
   th_proc_stop(&s->p, 1000);
 }
 

@@ -33,7 +33,6 @@ struct resp {
 #define GET(path, key) "GET " path " HTTP/1.1\r\nHost: t\r\n" key "\r\n"
 #define KEY            "Authorization: Bearer sekret\r\n"
 
-char *hc_bin(void);
 void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
                           const char *max_conns);
 void hc_server_start(struct server *s, const char *api_key);

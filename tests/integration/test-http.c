@@ -256,12 +256,12 @@ TH_TEST(http_10_and_connection_close) {
 TH_TEST(http_cli_errors) {
   th_proc_init(60);
   char *out = NULL, *err = NULL;
-  char *a1[] = {hc_bin(), "frontend", "--port", "99999", NULL};
+  char *a1[] = {th_lmserve_bin(), "frontend", "--port", "99999", NULL};
   TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 10000, &out, &err), 2);
   TH_CHECK(err && strstr(err, "--port") != NULL);
   free(out);
   free(err);
-  char *a2[] = {hc_bin(), "frontend", "--max-body-size", "lots", NULL};
+  char *a2[] = {th_lmserve_bin(), "frontend", "--max-body-size", "lots", NULL};
   TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 10000, &out, &err), 2);
   free(out);
   free(err);
@@ -269,7 +269,7 @@ TH_TEST(http_cli_errors) {
   hc_server_start(&s, NULL);
   char port[16];
   snprintf(port, sizeof(port), "%d", s.port);
-  char *a3[] = {hc_bin(), "frontend", "--port", port, NULL};
+  char *a3[] = {th_lmserve_bin(), "frontend", "--port", port, NULL};
   TH_CHECK_EQ_INT(th_run(a3, NULL, NULL, 0, 10000, &out, &err), 1);
   TH_CHECK(err && strstr(err, "address already in use") != NULL);
   free(out);

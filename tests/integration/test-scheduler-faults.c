@@ -175,48 +175,24 @@ TH_TEST(sched_frontend_gone) {
 
 TH_TEST(sched_cli_errors) {
   th_proc_init(30);
-  char *out = NULL, *err = NULL;
-  const char *b = getenv("LMSERVE_BIN") ? getenv("LMSERVE_BIN") : "build/tools/lmserve";
-  char *help[] = {(char *)b, "scheduler", "--help", NULL};
-  TH_CHECK_EQ_INT(th_run(help, NULL, NULL, 0, 10000, &out, &err), 0);
-  TH_CHECK(out && strstr(out, "--worker-endpoint") && strstr(out, "--enable-prefix-caching"));
-  free(out);
-  free(err);
-  char *noep[] = {(char *)b, "scheduler", "--world-size", "1", NULL};
-  TH_CHECK_EQ_INT(th_run(noep, NULL, NULL, 0, 10000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "--frontend-endpoint") != NULL);
-  free(out);
-  free(err);
-  char *badn[] = {(char *)b,
-                  "scheduler",
-                  "--frontend-endpoint",
-                  "ipc:///tmp/x-f.sock",
-                  "--worker-endpoint",
-                  "ipc:///tmp/x-w.sock",
-                  "--world-size",
-                  "0",
-                  NULL};
-  TH_CHECK_EQ_INT(th_run(badn, NULL, NULL, 0, 10000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "world-size") != NULL);
-  free(out);
-  free(err);
-  char *badname[] = {
-      (char *)b, "scheduler", "--frontend-endpoint", "no/slashes", "--worker-endpoint", "w", NULL};
-  TH_CHECK_EQ_INT(th_run(badname, NULL, NULL, 0, 10000, &out, &err), 2);
-  free(out);
-  free(err);
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "scheduler", "--help", NULL), 0);
+  TH_CHECK(o.out && strstr(o.out, "--worker-endpoint") && strstr(o.out, "--enable-prefix-caching"));
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "scheduler", "--world-size", "1", NULL), 2);
+  TH_CHECK(o.err && strstr(o.err, "--frontend-endpoint") != NULL);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "scheduler", "--frontend-endpoint", "ipc:///tmp/x-f.sock",
+                             "--worker-endpoint", "ipc:///tmp/x-w.sock", "--world-size", "0", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "world-size") != NULL);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "scheduler", "--frontend-endpoint", "no/slashes",
+                             "--worker-endpoint", "w", NULL),
+                  2);
   /* an endpoint that cannot be bound: exit 1 with a message, no crash */
-  char *nobind[] = {(char *)b,
-                    "scheduler",
-                    "--frontend-endpoint",
-                    "tcp://256.1.1.1:5",
-                    "--worker-endpoint",
-                    "ipc:///tmp/lmserve-schtest-nobind-w.sock",
-                    NULL};
-  TH_CHECK_EQ_INT(th_run(nobind, NULL, NULL, 0, 10000, &out, &err), 1);
-  TH_CHECK(err && strstr(err, "cannot bind") != NULL);
-  free(out);
-  free(err);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "scheduler", "--frontend-endpoint", "tcp://256.1.1.1:5",
+                             "--worker-endpoint", "ipc:///tmp/lmserve-schtest-nobind-w.sock", NULL),
+                  1);
+  TH_CHECK(o.err && strstr(o.err, "cannot bind") != NULL);
+  th_out_free(&o);
 }
 
 /* Bare endpoint names become ipc sockets in the runtime directory. */
@@ -227,9 +203,9 @@ TH_TEST(sched_bare_endpoint_names) {
   snprintf(envv, sizeof(envv), "LMSERVE_RUNTIME_DIR=%s", dir);
   snprintf(fe, sizeof(fe), "ipc://%s/front.sock", dir);
   snprintf(we, sizeof(we), "ipc://%s/work.sock", dir);
-  const char *b = getenv("LMSERVE_BIN") ? getenv("LMSERVE_BIN") : "build/tools/lmserve";
-  char *argv[] = {(char *)b, "scheduler", "--frontend-endpoint", "front", "--worker-endpoint",
-                  "work",    NULL};
+  char *argv[] = {
+      th_lmserve_bin(), "scheduler", "--frontend-endpoint", "front", "--worker-endpoint",
+      "work",           NULL};
   char *envp[] = {envv, NULL};
   struct env e;
   memset(&e, 0, sizeof(e));

@@ -31,20 +31,14 @@ TH_TEST(serve_cuda_rejects_bad_utilisation) {
   const char *bad[] = {"0", "1.5", "-0.2"};
   for (int i = 0; i < 3; i++) {
     char *out = NULL, *err = NULL;
-    char *sv[] = {hc_bin(), "serve", "--gpu-memory-utilization", (char *)bad[i], NULL};
+    char *sv[] = {th_lmserve_bin(), "serve", "--gpu-memory-utilization", (char *)bad[i], NULL};
     TH_CHECK_EQ_INT(th_run(sv, NULL, NULL, 0, 10000, &out, &err), 2);
     TH_CHECK(err && strstr(err, "--gpu-memory-utilization must be in (0, 1]"));
     free(out);
     free(err);
-    char *wk[] = {hc_bin(),
-                  "worker",
-                  "--model",
-                  "m",
-                  "--scheduler",
-                  "ipc:///nowhere",
-                  "--gpu-memory-utilization",
-                  (char *)bad[i],
-                  NULL};
+    char *wk[] = {
+        th_lmserve_bin(),           "worker",       "--model", "m", "--scheduler", "ipc:///nowhere",
+        "--gpu-memory-utilization", (char *)bad[i], NULL};
     TH_CHECK_EQ_INT(th_run(wk, NULL, NULL, 0, 10000, &out, &err), 2);
     TH_CHECK(err && strstr(err, "--gpu-memory-utilization must be in (0, 1]"));
     free(out);
@@ -59,7 +53,7 @@ static void serve_answers(const char *model, const char *device, json_t **answer
   TH_REQUIRE(port > 0);
   char port_s[16];
   snprintf(port_s, sizeof(port_s), "%d", port);
-  char *sv[] = {hc_bin(),
+  char *sv[] = {th_lmserve_bin(),
                 "serve",
                 "--port",
                 port_s,
@@ -99,9 +93,7 @@ static void serve_answers(const char *model, const char *device, json_t **answer
     answers[i] = json_loadb(r.body, r.body_len, 0, NULL);
     TH_REQUIRE(answers[i]);
   }
-  th_proc_signal(&p, SIGTERM);
-  TH_CHECK_EQ_INT(th_proc_wait(&p, 60000), 0);
-  TH_CHECK(p.exited && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0);
+  th_proc_check_exit(&p, SIGTERM, 60000);
 }
 
 static json_t *logprobs_of(json_t *answer, const char *field) {
@@ -147,11 +139,8 @@ TH_TEST(serve_cuda_greedy_equals_cpu) {
 #endif
   if (n_dev <= 0) TH_SKIP("no CUDA device visible (or a build without CUDA): serve --device cuda");
   th_proc_init(280);
-  char tmp[256], model[300];
-  TH_REQUIRE(th_tmpdir("serve-cuda", tmp, sizeof(tmp)) == 0);
-  int mk = th_tiny_gemma4(tmp, 1, model, sizeof(model));
-  TH_REQUIRE(mk >= 0);
-  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  char model[300];
+  th_tiny_gemma4_or_skip("serve-cuda", 1, model, sizeof(model));
 
   json_t *cpu[N_PROMPTS] = {0}, *gpu[N_PROMPTS] = {0};
   serve_answers(model, "cpu", cpu);

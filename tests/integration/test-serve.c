@@ -23,11 +23,6 @@
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
-static char *bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 /* Processes whose command line mentions `needle`, other than us. */
 static int procs_with(const char *needle) {
   DIR *d = opendir("/proc");
@@ -61,20 +56,16 @@ static const char *jstr(json_t *o, const char *k1, size_t i, const char *k2) {
 
 TH_TEST(serve_end_to_end) {
   th_proc_init(280);
-  char tmp[256], model[300];
-  TH_REQUIRE(th_tmpdir("serve", tmp, sizeof(tmp)) == 0);
-  int mk = th_tiny_gemma4(tmp, 1, model, sizeof(model));
-  TH_REQUIRE(mk >= 0);
-  if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  char *out = NULL, *err = NULL;
+  char model[300];
+  th_tiny_gemma4_or_skip("serve", 1, model, sizeof(model));
 
   /* the reference: offline greedy generation of the same prompt ids */
-  char *gen[] = {bin(),         "generate",     "--model", model, "--prompt-ids",
-                 "2,9259,1902", "--max-tokens", "8",       NULL};
-  TH_REQUIRE(th_run(gen, NULL, NULL, 0, 120000, &out, &err) == 0);
+  struct th_out o = {0};
+  TH_REQUIRE(th_lmserve(&o, 120000, "generate", "--model", model, "--prompt-ids", "2,9259,1902",
+                        "--max-tokens", "8", NULL) == 0);
   char ids[512];
-  TH_REQUIRE(sscanf(out, "[%511[^]]]", ids) == 1);
-  free(out), free(err);
+  TH_REQUIRE(sscanf(o.out, "[%511[^]]]", ids) == 1);
+  th_out_free(&o);
   int n_gen = 1;
   for (const char *p = ids; *p; p++)
     n_gen += *p == ',';
@@ -83,7 +74,8 @@ TH_TEST(serve_end_to_end) {
   TH_REQUIRE(port > 0);
   char port_s[16];
   snprintf(port_s, sizeof(port_s), "%d", port);
-  char *sv[] = {bin(), "serve", "--port", port_s, "--model", model, "--drain-timeout", "10", NULL};
+  char *sv[] = {th_lmserve_bin(),  "serve", "--port", port_s, "--model", model,
+                "--drain-timeout", "10",    NULL};
   struct th_proc p;
   TH_REQUIRE(th_proc_spawn(&p, sv, NULL, 1) == 0);
   /* wait for serve's URL line (the frontend prints its own before it is ready) */
@@ -179,9 +171,7 @@ TH_TEST(serve_end_to_end) {
   free(b);
 
   /* SIGTERM: everything stops, nothing is left */
-  th_proc_signal(&p, SIGTERM);
-  TH_CHECK_EQ_INT(th_proc_wait(&p, 60000), 0);
-  TH_CHECK(p.exited && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0);
+  th_proc_check_exit(&p, SIGTERM, 60000);
   int left = 0;
   for (int i = 0; i < 50 && (left = procs_with(model)) != 0; i++)
     usleep(100000);

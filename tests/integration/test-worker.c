@@ -180,8 +180,7 @@ TH_TEST(worker_gemma4_steps) {
 
   /* CTRL shutdown: exit 0 */
   TH_CHECK(wts_shutdown(&w) == 0);
-  TH_CHECK(th_proc_wait(&w.proc, 10000) == 0);
-  TH_CHECK(WIFEXITED(w.proc.status) && WEXITSTATUS(w.proc.status) == 0);
+  th_proc_check_exit(&w.proc, 0, 10000);
   wts_close(&w);
 }
 
@@ -198,9 +197,7 @@ TH_TEST(worker_gemma3_greedy_and_sigterm) {
   wts_seq_init(&s[1], 2, k_prompt_b, 5, 7);
   run_together(&w, s, 2, 4);
   check_tokens(s[0].out, s[0].n_out, ref, NGEN);
-  th_proc_signal(&w.proc, SIGTERM);
-  TH_CHECK(th_proc_wait(&w.proc, 10000) == 0);
-  TH_CHECK(WIFEXITED(w.proc.status) && WEXITSTATUS(w.proc.status) == 0);
+  th_proc_check_exit(&w.proc, SIGTERM, 10000);
   wts_close(&w);
 }
 

@@ -33,11 +33,6 @@ static void remove_dirs(void) {
   }
 }
 
-char *as_bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 /* ---- the model and the server ---------------------------------------------- */
 
 static void make_model(struct as_server *s, int max_pos) {
@@ -53,12 +48,11 @@ static void make_model(struct as_server *s, int max_pos) {
     }
   snprintf(s->model, sizeof(s->model), "%s/m", s->dir);
   snprintf(s->log, sizeof(s->log), "%s/serve.log", s->dir);
-  char *mk[] = {as_bin(), "make-tiny-model", "--arch", "gemma4", "--out",
-                s->model, "--seed",          "1",      NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(mk, NULL, NULL, 0, 180000, &out, &err);
-  if (rc != 0) fprintf(stderr, "make-tiny-model: %s\n", err ? err : "");
-  free(out), free(err);
+  struct th_out o = {0};
+  int rc = th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out", s->model,
+                      "--seed", "1", NULL);
+  if (rc != 0) fprintf(stderr, "make-tiny-model: %s\n", o.err ? o.err : "");
+  th_out_free(&o);
   TH_REQUIRE(rc == 0);
   char path[400];
   snprintf(path, sizeof(path), "%s/tokenizer.json", s->model);
@@ -108,7 +102,7 @@ static int try_start(struct as_server *s, char *const extra[]) {
   snprintf(logenv, sizeof(logenv), "AS_SERVE_LOG=%s", s->log);
   /* serve's stderr goes to a file: nobody has to drain it */
   char *argv[48] = {"/bin/sh",         "-c",     "exec \"$0\" \"$@\" 2>>\"$AS_SERVE_LOG\"",
-                    as_bin(),          "serve",  "--model",
+                    th_lmserve_bin(),  "serve",  "--model",
                     s->model,          "--port", port,
                     "--drain-timeout", "20"};
   int a = 11;
@@ -139,10 +133,7 @@ void as_start(struct as_server *s, int max_pos, char *const extra[]) {
 }
 
 void as_stop(struct as_server *s) {
-  th_proc_signal(&s->p, SIGTERM);
-  int rc = th_proc_wait(&s->p, 60000);
-  TH_CHECK_EQ_INT(rc, 0);
-  TH_CHECK(s->p.exited && WIFEXITED(s->p.status) && WEXITSTATUS(s->p.status) == 0);
+  th_proc_check_exit(&s->p, SIGTERM, 60000);
   th_proc_stop(&s->p, 1000);
   dump_log(s);
 }

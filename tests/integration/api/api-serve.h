@@ -38,9 +38,6 @@ struct as_resp {
   size_t body_len; /* bytes */
 };
 
-/* Path of the lmserve binary ($LMSERVE_BIN). */
-char *as_bin(void);
-
 /* Makes the tiny model (seed 1) in a new temporary folder; with
  * max_pos > 0 its config.json says max_position_embeddings = max_pos.
  * Skips the test when the model has no Gemma tokenizer. Then starts

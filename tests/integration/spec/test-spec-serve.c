@@ -27,11 +27,6 @@
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
-static char *bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
 static char tmp[256];
 
 static int make_tmp(void) {
@@ -41,7 +36,7 @@ static int make_tmp(void) {
 /* lmserve make-tiny-model ARGS... --out tmp/NAME into path[300]. */
 static int make_model(char *path, const char *name, char *const *args) {
   snprintf(path, 300, "%s/%s", tmp, name);
-  char *argv[16] = {bin(), "make-tiny-model"};
+  char *argv[16] = {th_lmserve_bin(), "make-tiny-model"};
   int n = 2;
   for (int i = 0; args[i] && n < 12; i++)
     argv[n++] = args[i];
@@ -69,8 +64,8 @@ static int srv_start(struct srv *s, const char *model, const char *assistant, in
   char port_s[16], k_s[16];
   snprintf(port_s, sizeof(port_s), "%d", s->port);
   snprintf(k_s, sizeof(k_s), "%d", k);
-  char *argv[20] = {bin(),     "serve",       "--port",          port_s,
-                    "--model", (char *)model, "--drain-timeout", "10"};
+  char *argv[20] = {th_lmserve_bin(), "serve",       "--port",          port_s,
+                    "--model",        (char *)model, "--drain-timeout", "10"};
   int n = 8;
   if (assistant) {
     argv[n++] = "--speculative-model";

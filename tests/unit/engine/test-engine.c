@@ -75,46 +75,67 @@ static int http_json(const char *path, const char *body, json_t **out) {
   return st;
 }
 
-/* The JSON events of an SSE body; *done when [DONE] closed it. */
-static int sse_events(const char *s, json_t **out, int max, int *done) {
-  int n = 0;
-  *done = 0;
-  for (const char *p = strstr(s, "data: "); p; p = strstr(p + 6, "data: ")) {
-    const char *e = strstr(p, "\n\n");
-    if (!e) break;
-    if (!strncmp(p + 6, "[DONE]", 6)) {
-      *done = 1;
-      continue;
-    }
-    if (n < max) out[n++] = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
-  }
+/* POSTs body to path; the answer must be 200 and a stream closed by [DONE]. Its events
+ * in ev (at most max; th_sse_free them); how many. */
+static int stream(const char *path, const char *body, json_t **ev, int max) {
+  char *b = NULL;
+  TH_CHECK_EQ_INT(http("POST", path, body, &b), 200);
+  int done = 0, n = th_sse_events(b, ev, max, &done);
+  TH_CHECK(done);
+  free(b);
   return n;
 }
 
-static void free_events(json_t **ev, int n) {
-  for (int i = 0; i < n; i++)
-    json_decref(ev[i]);
+/* The value at "a.b.0.c" in o: objects by key, arrays by index (NULL when missing). */
+static json_t *jget(json_t *o, const char *path) {
+  char buf[128];
+  snprintf(buf, sizeof(buf), "%s", path);
+  json_t *cur = o;
+  for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+    cur = json_is_array(cur) ? json_array_get(cur, strtoul(tok, NULL, 10))
+                             : json_object_get(cur, tok);
+  return cur;
 }
 
 static const char *jstr(json_t *o, const char *path) {
-  /* "a.b.0.c": objects by key, arrays by index */
-  char buf[128];
-  snprintf(buf, sizeof(buf), "%s", path);
-  json_t *cur = o;
-  for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
-    cur = json_is_array(cur) ? json_array_get(cur, strtoul(tok, NULL, 10))
-                             : json_object_get(cur, tok);
-  return json_is_string(cur) ? json_string_value(cur) : NULL;
+  json_t *v = jget(o, path);
+  return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
 static long long jint(json_t *o, const char *path) {
-  char buf[128];
-  snprintf(buf, sizeof(buf), "%s", path);
-  json_t *cur = o;
-  for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
-    cur = json_is_array(cur) ? json_array_get(cur, strtoul(tok, NULL, 10))
-                             : json_object_get(cur, tok);
-  return json_is_integer(cur) ? json_integer_value(cur) : -1;
+  json_t *v = jget(o, path);
+  return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* The text of path in each of ev[0..n), joined into text[size]. */
+static void join_text(json_t **ev, int n, const char *path, char *text, size_t size) {
+  text[0] = 0;
+  for (int i = 0; i < n; i++) {
+    const char *t = jstr(ev[i], path);
+    if (t) strncat(text, t, size - strlen(text) - 1);
+  }
+}
+
+/* GET /health until it answers want (tries times, 20 ms apart): the last status. */
+static int wait_health(int want, int tries) {
+  int st = 0;
+  for (int i = 0; i < tries && st != want; i++) {
+    char *b = NULL;
+    st = http("GET", "/health", NULL, &b);
+    free(b);
+    if (st != want) cm_time_sleep_ns(20000000);
+  }
+  return st;
+}
+
+/* Whether the fake scheduler saw an ABORT for id within 2.5 s. */
+static int wait_aborted(uint64_t id) {
+  int ok = 0;
+  for (int i = 0; i < 250 && !ok; i++) {
+    ok = te_sched_aborted(fx.sched, id);
+    if (!ok) cm_time_sleep_ns(10000000);
+  }
+  return ok;
 }
 
 /* ---- fixture ----------------------------------------------------------------- */
@@ -169,14 +190,7 @@ static void setup(uint32_t dead_ms) {
   uv_async_init(&fx.loop, &fx.stop, on_stop);
   TH_REQUIRE(pthread_create(&fx.th, NULL, loop_thread, NULL) == 0);
   /* ready once a PONG came back */
-  int st = 0;
-  for (int i = 0; i < 250 && st != 200; i++) {
-    char *b = NULL;
-    st = http("GET", "/health", NULL, &b);
-    free(b);
-    if (st != 200) cm_time_sleep_ns(20000000);
-  }
-  TH_REQUIRE(st == 200);
+  TH_REQUIRE(wait_health(200, 250) == 200);
 }
 
 static void teardown(void) {
@@ -221,7 +235,7 @@ TH_TEST(engine_completion_json) {
   TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), want_all);
   TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "stop");
   TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), fx.n_script + 1); /* + EOS */
-  json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+  json_t *lp = jget(j, "choices.0.logprobs");
   TH_CHECK_EQ_INT(json_array_size(json_object_get(lp, "tokens")), fx.n_script + 1);
   TH_CHECK_EQ_INT(json_array_size(json_object_get(lp, "top_logprobs")), fx.n_script + 1);
   json_decref(j);
@@ -272,47 +286,35 @@ TH_TEST(engine_completion_stream) {
   setup(0);
   char want_all[256];
   decode_script(fx.n_script, want_all, sizeof(want_all));
-  char *b = NULL;
-  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
-                       "{\"prompt\":\"Hi\",\"stream\":true,\"stream_options\":{\"include_usage\":"
-                       "true}}",
-                       &b),
-                  200);
   json_t *ev[128];
-  int done = 0, n = sse_events(b, ev, 128, &done);
-  TH_CHECK(done);
+  int n = stream("/v1/completions",
+                 "{\"prompt\":\"Hi\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                 ev, 128);
   TH_REQUIRE(n >= 3);
   char text[512] = "";
   for (int i = 0; i < n - 1; i++) {
     const char *t = jstr(ev[i], "choices.0.text");
     TH_CHECK(t != NULL);
     if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
-    if (i < n - 2)
-      TH_CHECK(json_is_null(
-          json_object_get(json_array_get(json_object_get(ev[i], "choices"), 0), "finish_reason")));
+    if (i < n - 2) TH_CHECK(json_is_null(jget(ev[i], "choices.0.finish_reason")));
   }
   TH_CHECK_EQ_STR(text, want_all);
   TH_CHECK_EQ_STR(jstr(ev[n - 2], "choices.0.finish_reason"), "stop");
   TH_CHECK_EQ_INT(json_array_size(json_object_get(ev[n - 1], "choices")), 0);
   TH_CHECK_EQ_INT(jint(ev[n - 1], "usage.completion_tokens"), fx.n_script + 1);
-  free_events(ev, n);
-  free(b);
+  th_sse_free(ev, n);
 
   /* logprobs ride on the chunk of their tokens: one token per OUT here */
-  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
-                       "{\"prompt\":\"Hi\",\"stream\":true,\"max_tokens\":4,\"logprobs\":1}", &b),
-                  200);
-  n = sse_events(b, ev, 128, &done);
-  TH_CHECK(done);
+  n = stream("/v1/completions",
+             "{\"prompt\":\"Hi\",\"stream\":true,\"max_tokens\":4,\"logprobs\":1}", ev, 128);
   TH_CHECK_EQ_INT(n, 4);
   int n_lp = 0;
   for (int i = 0; i < n; i++) {
-    json_t *lp = json_object_get(json_array_get(json_object_get(ev[i], "choices"), 0), "logprobs");
+    json_t *lp = jget(ev[i], "choices.0.logprobs");
     n_lp += (int)json_array_size(json_object_get(lp, "token_logprobs"));
   }
   TH_CHECK_EQ_INT(n_lp, 4);
-  free_events(ev, n);
-  free(b);
+  th_sse_free(ev, n);
   teardown();
 }
 
@@ -338,29 +340,21 @@ TH_TEST(engine_chat) {
   TH_CHECK(adds[0].prompt[1] != (uint32_t)tk_bos(fx.tok));
   TH_CHECK_EQ_INT(adds[0].prompt[1], tk_find(fx.tok, "<start_of_turn>", 15));
 
-  char *b = NULL;
-  TH_CHECK_EQ_INT(http("POST", "/v1/chat/completions",
-                       "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,"
-                       "\"stream\":true}",
-                       &b),
-                  200);
   json_t *ev[64];
-  int done = 0, n = sse_events(b, ev, 64, &done);
-  TH_CHECK(done);
+  int n = stream("/v1/chat/completions",
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,"
+                 "\"stream\":true}",
+                 ev, 64);
   TH_REQUIRE(n >= 2);
   TH_CHECK_EQ_STR(jstr(ev[0], "choices.0.delta.role"), "assistant");
   TH_CHECK_EQ_STR(jstr(ev[0], "object"), "chat.completion.chunk");
-  char text[256] = "";
-  for (int i = 0; i < n; i++) {
-    const char *t = jstr(ev[i], "choices.0.delta.content");
-    if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
-  }
+  char text[256];
+  join_text(ev, n, "choices.0.delta.content", text, sizeof(text));
   TH_CHECK_EQ_STR(text, want4);
   TH_CHECK_EQ_STR(jstr(ev[n - 1], "choices.0.finish_reason"), "length");
   for (int i = 1; i < n; i++)
     TH_CHECK(jstr(ev[i], "choices.0.delta.role") == NULL);
-  free_events(ev, n);
-  free(b);
+  th_sse_free(ev, n);
   teardown();
 }
 
@@ -392,21 +386,17 @@ TH_TEST(engine_n_and_seed) {
     TH_CHECK_EQ_INT(adds[i].seed, 5 + i);
   }
   /* two prompts: two choices, streamed */
-  char *b = NULL;
-  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
-                       "{\"prompt\":[\"Hi\",\"Yo\"],\"max_tokens\":2,\"stream\":true}", &b),
-                  200);
   json_t *ev[64];
-  int done = 0, n = sse_events(b, ev, 64, &done), fin[2] = {0};
-  TH_CHECK(done);
+  int n = stream("/v1/completions", "{\"prompt\":[\"Hi\",\"Yo\"],\"max_tokens\":2,\"stream\":true}",
+                 ev, 64);
+  int fin[2] = {0};
   for (int i = 0; i < n; i++) {
     long long idx = jint(ev[i], "choices.0.index");
     TH_REQUIRE(idx >= 0 && idx < 2);
     if (jstr(ev[i], "choices.0.finish_reason")) fin[idx]++;
   }
   TH_CHECK(fin[0] == 1 && fin[1] == 1);
-  free_events(ev, n);
-  free(b);
+  th_sse_free(ev, n);
   TH_CHECK_EQ_INT(te_sched_adds(fx.sched, adds, TE_MAX_ADDS), 5);
   teardown();
 }
@@ -422,12 +412,7 @@ TH_TEST(engine_stop_strings) {
   json_decref(j);
   int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
   TH_REQUIRE(na == 1);
-  int ok = 0; /* the scheduler is told to stop */
-  for (int i = 0; i < 250 && !ok; i++) {
-    ok = te_sched_aborted(fx.sched, adds[0].id);
-    if (!ok) cm_time_sleep_ns(10000000);
-  }
-  TH_CHECK(ok);
+  TH_CHECK(wait_aborted(adds[0].id)); /* the scheduler is told to stop */
 
   TH_CHECK_EQ_INT(http_json("/v1/completions",
                             "{\"prompt\":\"Hi\",\"stop\":[\"here\"],"
@@ -437,23 +422,15 @@ TH_TEST(engine_stop_strings) {
   TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), " Hello world, stop here");
   json_decref(j);
 
-  char *b = NULL;
-  TH_CHECK_EQ_INT(http("POST", "/v1/completions",
-                       "{\"prompt\":\"Hi\",\"stop\":[\", stop\"],\"stream\":true}", &b),
-                  200);
   json_t *ev[64];
-  int done = 0, n = sse_events(b, ev, 64, &done);
-  TH_CHECK(done);
-  char text[256] = "";
-  for (int i = 0; i < n; i++) {
-    const char *t = jstr(ev[i], "choices.0.text");
-    if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
-  }
+  int n = stream("/v1/completions", "{\"prompt\":\"Hi\",\"stop\":[\", stop\"],\"stream\":true}", ev,
+                 64);
+  char text[256];
+  join_text(ev, n, "choices.0.text", text, sizeof(text));
   TH_CHECK_EQ_STR(text, " Hello world");
   TH_REQUIRE(n >= 1);
   TH_CHECK_EQ_STR(jstr(ev[n - 1], "choices.0.finish_reason"), "stop");
-  free_events(ev, n);
-  free(b);
+  th_sse_free(ev, n);
   teardown();
 }
 
@@ -481,17 +458,12 @@ TH_TEST(engine_errors) {
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":[2,999999999]}", &j), 400);
   json_decref(j);
   /* mid-stream failure: an error event, then [DONE] */
-  char *b = NULL;
-  TH_CHECK_EQ_INT(
-      http("POST", "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":11,\"stream\":true}", &b),
-      200);
   json_t *ev[16];
-  int done = 0, n = sse_events(b, ev, 16, &done);
-  TH_CHECK(done);
+  int n =
+      stream("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":11,\"stream\":true}", ev, 16);
   TH_REQUIRE(n >= 1);
   TH_CHECK_EQ_STR(jstr(ev[n - 1], "error.message"), "fake: failed mid-stream");
-  free_events(ev, n);
-  free(b);
+  th_sse_free(ev, n);
   /* junk from the scheduler is dropped; the request still completes */
   char want4[256];
   decode_script(4, want4, sizeof(want4));
@@ -519,12 +491,7 @@ TH_TEST(engine_client_disconnect) {
   close(fd);
   int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
   TH_REQUIRE(na == 1);
-  int ok = 0;
-  for (int i = 0; i < 250 && !ok; i++) {
-    ok = te_sched_aborted(fx.sched, adds[0].id);
-    if (!ok) cm_time_sleep_ns(10000000);
-  }
-  TH_CHECK(ok);
+  TH_CHECK(wait_aborted(adds[0].id));
   TH_CHECK_EQ_INT(fe_engine_in_flight(fx.eng), 0);
   teardown();
 }
@@ -536,27 +503,13 @@ TH_TEST(engine_gone) {
   json_t *j = NULL;
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3}", &j), 503);
   json_decref(j);
-  char *b = NULL;
-  int st = 0;
-  for (int i = 0; i < 200 && st != 503; i++) {
-    free(b);
-    st = http("GET", "/health", NULL, &b);
-    if (st != 503) cm_time_sleep_ns(20000000);
-  }
-  free(b);
-  TH_CHECK_EQ_INT(st, 503);
+  TH_CHECK_EQ_INT(wait_health(503, 200), 503);
   /* not ready: new requests are refused with 503 */
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3}", &j), 503);
   json_decref(j);
   /* it comes back with the PONGs */
   te_sched_mute(fx.sched, 0);
-  st = 0;
-  for (int i = 0; i < 250 && st != 200; i++) {
-    st = http("GET", "/health", NULL, &b);
-    free(b);
-    if (st != 200) cm_time_sleep_ns(20000000);
-  }
-  TH_CHECK_EQ_INT(st, 200);
+  TH_CHECK_EQ_INT(wait_health(200, 250), 200);
   teardown();
 }
 

@@ -127,6 +127,14 @@ static const struct bad_case bad[] = {
     {FE_API_DETOKENIZE, "{\"tokens\":[1,-1]}", 400, "tokens"},
 };
 
+/* Parses body as kind into r; a refusal fails the test with the parser's reason. */
+static void parse_ok(enum fe_api_kind kind, const char *body, struct fe_api_request *r) {
+  struct fe_api_error e;
+  int rc = fe_api_parse_request(kind, body, strlen(body), &cfg, r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+}
+
 TH_TEST(api_bad_matrix) {
   for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
     struct fe_api_request r;
@@ -183,10 +191,7 @@ TH_TEST(api_completion_good) {
       "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null,"
       "\"skip_special_tokens\":false,\"include_stop_str_in_output\":true,\"priority\":-3}";
   struct fe_api_request r;
-  struct fe_api_error e;
-  int rc = fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e);
-  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
-  TH_REQUIRE(rc == 0);
+  parse_ok(FE_API_COMPLETION, b, &r);
   TH_CHECK_EQ_STR(r.model, "gemma");
   TH_CHECK_EQ_INT(r.n_prompts, 2);
   TH_CHECK_EQ_STR(r.prompts[1].text, "cd");
@@ -209,7 +214,7 @@ TH_TEST(api_completion_good) {
 
   /* defaults; the model may be omitted; token-id prompts */
   const char *d = "{\"prompt\":[[5,6],[7]]}";
-  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, d, strlen(d), &cfg, &r, &e) == 0);
+  parse_ok(FE_API_COMPLETION, d, &r);
   TH_CHECK_EQ_INT(r.n_prompts, 2);
   TH_CHECK(r.prompts[0].n_ids == 2 && r.prompts[0].ids[1] == 6 && r.prompts[0].text == NULL);
   TH_CHECK_EQ_INT(r.max_tokens, -1);
@@ -221,7 +226,7 @@ TH_TEST(api_completion_good) {
   fe_api_request_free(&r);
   const char *one =
       "{\"prompt\":[5,6,7],\"top_k\":40,\"n\":3,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}";
-  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, one, strlen(one), &cfg, &r, &e) == 0);
+  parse_ok(FE_API_COMPLETION, one, &r);
   TH_CHECK(r.n_prompts == 1 && r.prompts[0].n_ids == 3);
   TH_CHECK(r.top_k == 40 && r.n == 3 && r.n_stop == 5);
   fe_api_request_free(&r);
@@ -235,10 +240,7 @@ TH_TEST(api_chat_good) {
       "{\"role\":\"assistant\",\"content\":null},{\"role\":\"developer\",\"content\":\"x\"}],"
       "\"max_tokens\":3,\"max_completion_tokens\":9,\"logprobs\":true,\"top_logprobs\":2}";
   struct fe_api_request r;
-  struct fe_api_error e;
-  int rc = fe_api_parse_request(FE_API_CHAT, b, strlen(b), &cfg, &r, &e);
-  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
-  TH_REQUIRE(rc == 0);
+  parse_ok(FE_API_CHAT, b, &r);
   TH_CHECK_EQ_INT(r.n_messages, 4);
   TH_CHECK_EQ_INT(r.messages[0].role, FE_API_ROLE_SYSTEM);
   TH_CHECK_EQ_STR(r.messages[1].content, "a\nb");
@@ -251,11 +253,11 @@ TH_TEST(api_chat_good) {
   TH_CHECK_EQ_INT(r.add_special_tokens, 0);
   fe_api_request_free(&r);
   const char *t = "{\"prompt\":\"hi\",\"add_special_tokens\":false}";
-  TH_REQUIRE(fe_api_parse_request(FE_API_TOKENIZE, t, strlen(t), &cfg, &r, &e) == 0);
+  parse_ok(FE_API_TOKENIZE, t, &r);
   TH_CHECK(r.n_prompts == 1 && r.add_special_tokens == 0);
   fe_api_request_free(&r);
   const char *dt = "{\"tokens\":[2,3,4]}";
-  TH_REQUIRE(fe_api_parse_request(FE_API_DETOKENIZE, dt, strlen(dt), &cfg, &r, &e) == 0);
+  parse_ok(FE_API_DETOKENIZE, dt, &r);
   TH_CHECK(r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == 4);
   fe_api_request_free(&r);
 }
@@ -264,7 +266,7 @@ TH_TEST(api_prompt_len) {
   struct fe_api_request r;
   struct fe_api_error e;
   const char *b = "{\"prompt\":\"x\",\"max_tokens\":10}";
-  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e) == 0);
+  parse_ok(FE_API_COMPLETION, b, &r);
   int64_t mt = 0;
   TH_CHECK_EQ_INT(fe_api_check_prompt_len(&r, 90, 100, &mt, &e), 0);
   TH_CHECK_EQ_INT(mt, 10);

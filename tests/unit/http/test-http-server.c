@@ -3,9 +3,7 @@
  * written from a timer, chunked framing on HTTP/1.1 and close-delimited on
  * HTTP/1.0, and the abort callback when the client goes away mid-stream.
  * The loop runs on the test's main thread; a client thread drives it. */
-#include <arpa/inet.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,6 +16,7 @@
 #include "frontend/fe-api.h"
 #include "frontend/fe-server.h"
 #include "frontend/fe-sse.h"
+#include "tests/harness/th-http.h"
 #include "tests/harness/th.h"
 
 struct stream_job {
@@ -140,19 +139,6 @@ static void on_stop(uv_async_t *a) {
 
 /* ---- client side (its own thread) ---------------------------------------- */
 
-static int dial(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)fx.port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /* Reads until EOF or until `until` appears; returns a malloc'd string. */
 static char *read_until(int fd, const char *until) {
   size_t cap = 1 << 16, n = 0;
@@ -191,37 +177,19 @@ static void send_req(int fd, const char *path, const char *version, const char *
   send(fd, req, (size_t)n, MSG_NOSIGNAL);
 }
 
-/* Collects the JSON payloads of the "data: " events of a (de-chunked or
- * raw) body; chunk-size lines are skipped because they never start with
- * "data: ". */
-static int events(const char *s, json_t **out, int max, int *done) {
-  int n = 0;
-  *done = 0;
-  for (const char *p = strstr(s, "data: "); p; p = strstr(p + 6, "data: ")) {
-    const char *e = strstr(p, "\n\n");
-    if (!e) break;
-    if (!strncmp(p + 6, "[DONE]", 6)) {
-      *done = 1;
-      continue;
-    }
-    if (n < max) out[n++] = json_loadb(p + 6, (size_t)(e - p - 6), 0, NULL);
-  }
-  return n;
-}
-
 static char client_result[256];
 
 static void *client(void *arg) {
   (void)arg;
   client_result[0] = 0;
   /* 1: chat stream on HTTP/1.1 with usage */
-  int fd = dial();
+  int fd = th_http_connect(fx.port);
   send_req(fd, "/chat", "1.1",
            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,\"stream_"
            "options\":{\"include_usage\":true}}");
   char *b = read_until(fd, "0\r\n\r\n");
   json_t *ev[16];
-  int done = 0, n = events(b, ev, 16, &done);
+  int done = 0, n = th_sse_events(b, ev, 16, &done);
   const char *fail = NULL;
   if (!strstr(b, "HTTP/1.1 200") || !strstr(b, "Transfer-Encoding: chunked") ||
       !strstr(b, "text/event-stream"))
@@ -247,20 +215,18 @@ static void *client(void *arg) {
     else if (strcmp(json_string_value(json_object_get(ev[0], "object")), "chat.completion.chunk"))
       fail = "chat: bad object";
   }
-  for (int i = 0; i < n; i++)
-    json_decref(ev[i]);
+  th_sse_free(ev, n);
   free(b);
   /* 2: the same connection is kept alive: a completion stream without usage */
   if (!fail) {
     send_req(fd, "/cmpl", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd, "0\r\n\r\n");
-    n = events(b, ev, 16, &done);
+    n = th_sse_events(b, ev, 16, &done);
     if (n != 5 || !done)
       fail = "completion: want 5 events and [DONE]";
     else if (strcmp(json_string_value(json_object_get(ev[0], "object")), "text_completion"))
       fail = "completion: bad object";
-    for (int i = 0; i < n; i++)
-      json_decref(ev[i]);
+    th_sse_free(ev, n);
     free(b);
   }
   /* a body large enough that the read buffer grows after the head was
@@ -280,10 +246,9 @@ static void *client(void *arg) {
     send(fd, big, (size_t)k, MSG_NOSIGNAL);
     free(big);
     b = read_until(fd, "0\r\n\r\n");
-    n = events(b, ev, 16, &done);
+    n = th_sse_events(b, ev, 16, &done);
     if (n != 5 || !done) fail = "large body: want 5 events and [DONE]";
-    for (int i = 0; i < n; i++)
-      json_decref(ev[i]);
+    th_sse_free(ev, n);
     free(b);
   }
   /* one answer larger than write_hard_limit goes out whole */
@@ -304,20 +269,19 @@ static void *client(void *arg) {
   close(fd);
   /* 3: HTTP/1.0: no chunking, the body ends when the server closes */
   if (!fail) {
-    fd = dial();
+    fd = th_http_connect(fx.port);
     send_req(fd, "/cmpl", "1.0", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd, NULL);
-    n = events(b, ev, 16, &done);
+    n = th_sse_events(b, ev, 16, &done);
     if (strstr(b, "chunked") || n != 5 || !done)
       fail = "http/1.0 stream: want close-delimited events";
-    for (int i = 0; i < n; i++)
-      json_decref(ev[i]);
+    th_sse_free(ev, n);
     free(b);
     close(fd);
   }
   /* 4: a client that leaves mid-stream fires the abort callback */
   if (!fail) {
-    fd = dial();
+    fd = th_http_connect(fx.port);
     send_req(fd, "/hang", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd, "data: ");
     free(b);
@@ -330,14 +294,14 @@ static void *client(void *arg) {
   /* 5: draining: a stream in progress runs to its end (then its
    * connection closes); a new request gets 503 with Connection: close */
   if (!fail) {
-    fd = dial();
+    fd = th_http_connect(fx.port);
     send_req(fd, "/slow", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd, "data: ");
     free(b);
     uv_async_send(&fx.drain);
     for (int i = 0; i < 2000 && !__atomic_load_n(&fx.drained, __ATOMIC_SEQ_CST); i++)
       usleep(1000);
-    int fd2 = dial();
+    int fd2 = th_http_connect(fx.port);
     send_req(fd2, "/cmpl", "1.1", "{\"prompt\":\"x\",\"stream\":true}");
     b = read_until(fd2, NULL);
     if (!strstr(b, "HTTP/1.1 503") || !strstr(b, "Connection: close"))
@@ -421,10 +385,21 @@ static int ask(int fd, const char *req, const char *until, char **out) {
   return status;
 }
 
+/* POSTs body to /v1/completions with the router's key on fd: the status; the answer in
+ * *out. */
+static int ask_completion(int fd, const char *body, char **out) {
+  char req[512];
+  snprintf(req, sizeof(req),
+           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
+           "%zu\r\n\r\n%s",
+           strlen(body), body);
+  return ask(fd, req, "}}", out);
+}
+
 static void *router_client(void *arg) {
   (void)arg;
   const char *fail = NULL;
-  int fd = dial();
+  int fd = th_http_connect(fx.port);
   char *b = NULL;
   if (ask(fd, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n", "\r\n\r\n", &b) != 200)
     fail = "health: want 200 once ready";
@@ -432,33 +407,20 @@ static void *router_client(void *arg) {
   free(b);
   b = NULL;
   close(fd);
-  fd = dial();
+  fd = th_http_connect(fx.port);
   static const char body[] = "{\"model\":\"m\",\"prompt\":\"hi\",\"max_tokens\":7}";
-  char req[512];
-  snprintf(req, sizeof(req),
-           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
-           "%zu\r\n\r\n%s",
-           strlen(body), body);
-  if (!fail && (ask(fd, req, "}}", &b) != 200 || !strstr(b, "\"text\":\"ok\"") ||
+  if (!fail && (ask_completion(fd, body, &b) != 200 || !strstr(b, "\"text\":\"ok\"") ||
                 !strstr(b, "\"total_tokens\":12") || !strstr(b, "\"model\":\"m\"")))
     fail = "completion through the submit hook";
   free(b);
   b = NULL;
   static const char bad[] = "{\"prompt\":\"hi\",\"max_tokens\":-7}";
-  snprintf(req, sizeof(req),
-           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
-           "%zu\r\n\r\n%s",
-           strlen(bad), bad);
-  if (!fail && (ask(fd, req, "}}", &b) != 400 || !strstr(b, "max_tokens")))
+  if (!fail && (ask_completion(fd, bad, &b) != 400 || !strstr(b, "max_tokens")))
     fail = "bad request must not reach the hook";
   free(b);
   b = NULL;
   static const char refused[] = "{\"prompt\":\"fail\"}";
-  snprintf(req, sizeof(req),
-           "POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer k\r\nContent-Length: "
-           "%zu\r\n\r\n%s",
-           strlen(refused), refused);
-  if (!fail && (ask(fd, req, "}}", &b) != 429 || !strstr(b, "queue full") ||
+  if (!fail && (ask_completion(fd, refused, &b) != 429 || !strstr(b, "queue full") ||
                 !strstr(b, "Retry-After: 1\r\n")))
     fail = "a submit refused for a full queue is 429 with Retry-After and its reason";
   free(b);

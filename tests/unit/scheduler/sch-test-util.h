@@ -66,6 +66,48 @@ static inline void fake_answer(struct fake_worker *w, const struct sch_plan *pla
   }
 }
 
+/* Defaults, then the sizes the scenario tests vary: `blocks` blocks of bt tokens (one
+ * full-attention group), a step budget of `budget` tokens, `seqs` running at most,
+ * max_len tokens a request. */
+static inline void fake_config(struct sch_engine_config *c, int32_t blocks, int32_t bt,
+                               int32_t budget, int32_t seqs, int32_t max_len) {
+  sch_engine_config_default(c);
+  c->num_blocks = blocks;
+  c->groups[0].block_tokens = bt;
+  c->max_num_batched_tokens = budget;
+  c->max_num_seqs = seqs;
+  c->max_model_len = max_len;
+}
+
+/* The KV groups of c: n of them, g[i] each. */
+static inline void fake_groups(struct sch_engine_config *c, const struct sch_kv_group_cfg *g,
+                               int32_t n) {
+  c->num_groups = n;
+  for (int32_t i = 0; i < n; i++)
+    c->groups[i] = g[i];
+}
+
+/* sch_engine_create; a failure fails the test (with the engine's reason) and gives NULL. */
+static inline struct sch_engine *fake_engine(const struct sch_engine_config *c) {
+  struct sch_engine *e = NULL;
+  char err[256];
+  int rc = sch_engine_create(c, &e, err, sizeof(err));
+  if (rc) th_fail(__FILE__, __LINE__, "create: %s", err);
+  return e;
+}
+
+/* Adds request id (prompt[0..n), max_tokens, no stop ids) with sch_engine_add: its result,
+ * the reason in err. */
+static inline int fake_add(struct sch_engine *e, uint64_t id, const int32_t *prompt, int32_t n,
+                           int32_t max_tokens, char *err, size_t err_len) {
+  struct sch_request_params p = {0};
+  p.id = id;
+  p.prompt = prompt;
+  p.prompt_len = n;
+  p.max_tokens = max_tokens;
+  return sch_engine_add(e, &p, err, err_len);
+}
+
 static inline void check_engine(const struct sch_engine *e, const char *file, int line) {
   char err[512];
   if (sch_engine_check(e, err, sizeof(err)) != 0) {

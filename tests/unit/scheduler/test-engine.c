@@ -11,33 +11,14 @@
 static struct sch_engine *engine(int32_t blocks, int32_t bt, int32_t budget, int32_t seqs,
                                  int32_t max_len, int caching, int32_t spec) {
   struct sch_engine_config c;
-  sch_engine_config_default(&c);
-  c.num_blocks = blocks;
-  c.groups[0].block_tokens = bt;
-  c.max_num_batched_tokens = budget;
-  c.max_num_seqs = seqs;
-  c.max_model_len = max_len;
+  fake_config(&c, blocks, bt, budget, seqs, max_len);
   c.enable_prefix_caching = caching;
   c.num_spec_tokens = spec;
   c.num_eos_ids = 1;
   c.eos_ids[0] = 1;
   c.vocab_size = 2000;
   c.max_waiting = 8;
-  struct sch_engine *e = NULL;
-  char err[256];
-  int rc = sch_engine_create(&c, &e, err, sizeof(err));
-  if (rc) th_fail(__FILE__, __LINE__, "create: %s", err);
-  return e;
-}
-
-static int add(struct sch_engine *e, uint64_t id, const int32_t *prompt, int32_t n,
-               int32_t max_tokens, char *err, size_t err_len) {
-  struct sch_request_params p = {0};
-  p.id = id;
-  p.prompt = prompt;
-  p.prompt_len = n;
-  p.max_tokens = max_tokens;
-  return sch_engine_add(e, &p, err, err_len);
+  return fake_engine(&c);
 }
 
 static int32_t P1[8] = {11, 12, 13, 14, 15, 16, 17, 18};
@@ -62,16 +43,31 @@ static void collect(struct sink *s, const struct sch_outputs *o) {
   }
 }
 
-static void run_step(struct sch_engine *e, struct sch_plan *plan, struct fake_worker *w,
-                     struct sink *s, int accept_all) {
+/* Answers the plan just made (accept_all as in fake_answer) and collects the outputs. */
+static void answer_plan(struct sch_engine *e, const struct sch_plan *plan, struct fake_worker *w,
+                        struct sink *s, int accept_all) {
   struct sch_outputs o;
-  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
-  CHECK_ENGINE(e);
-  if (plan->num_seqs == 0) return;
   fake_answer(w, plan, accept_all);
   TH_REQUIRE(sch_engine_apply(e, w->res, w->num, &o) == 0);
   CHECK_ENGINE(e);
   collect(s, &o);
+}
+
+static void run_step(struct sch_engine *e, struct sch_plan *plan, struct fake_worker *w,
+                     struct sink *s, int accept_all) {
+  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
+  CHECK_ENGINE(e);
+  if (plan->num_seqs == 0) return;
+  answer_plan(e, plan, w, s, accept_all);
+}
+
+/* Request id generated n tokens, exactly those plain decoding gives after prompt[0..8). */
+static void check_output(const struct sink *s, uint64_t id, const int32_t *prompt, int32_t n) {
+  int32_t want[128];
+  fake_expected(prompt, 8, n, want);
+  TH_CHECK_EQ_INT(s->n[id], n);
+  for (int32_t i = 0; i < n; i++)
+    TH_CHECK_EQ_INT(s->toks[id][i], want[i]);
 }
 
 static void preemption_case(int caching) {
@@ -81,8 +77,8 @@ static void preemption_case(int caching) {
   struct sink s = {0};
   struct sch_plan plan;
   char err[256];
-  TH_REQUIRE(add(e, 1, P1, 8, 16, err, sizeof(err)) == 0);
-  TH_REQUIRE(add(e, 2, P2, 8, 16, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 8, 16, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 2, P2, 8, 16, err, sizeof(err)) == 0);
   int preempted_at = -1;
   for (int step = 0; step < 100; step++) {
     TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
@@ -112,22 +108,11 @@ static void preemption_case(int caching) {
       }
     }
     if (plan.num_seqs == 0) break;
-    struct sch_outputs o;
-    fake_answer(&w, &plan, 1);
-    TH_REQUIRE(sch_engine_apply(e, w.res, w.num, &o) == 0);
-    CHECK_ENGINE(e);
-    collect(&s, &o);
+    answer_plan(e, &plan, &w, &s, 1);
   }
   TH_CHECK(preempted_at > 0);
-  int32_t want[16];
-  fake_expected(P1, 8, 16, want);
-  TH_CHECK_EQ_INT(s.n[1], 16);
-  for (int i = 0; i < 16; i++)
-    TH_CHECK_EQ_INT(s.toks[1][i], want[i]);
-  fake_expected(P2, 8, 16, want);
-  TH_CHECK_EQ_INT(s.n[2], 16);
-  for (int i = 0; i < 16; i++)
-    TH_CHECK_EQ_INT(s.toks[2][i], want[i]);
+  check_output(&s, 1, P1, 16);
+  check_output(&s, 2, P2, 16);
   TH_CHECK(s.fin[1] == SCH_FINISH_LENGTH && s.fin[2] == SCH_FINISH_LENGTH);
   struct sch_engine_stats st;
   sch_engine_stats(e, &st);
@@ -153,11 +138,11 @@ TH_TEST(abort_in_every_state_returns_every_block) {
   int32_t big[40];
   for (int i = 0; i < 40; i++)
     big[i] = 500 + i;
-  TH_REQUIRE(add(e, 1, P1, 8, 30, err, sizeof(err)) == 0);  /* decoding */
-  TH_REQUIRE(add(e, 3, P2, 8, 5, err, sizeof(err)) == 0);   /* decoding, then in flight */
-  TH_REQUIRE(add(e, 2, big, 40, 5, err, sizeof(err)) == 0); /* mid-prefill */
+  TH_REQUIRE(fake_add(e, 1, P1, 8, 30, err, sizeof(err)) == 0);  /* decoding */
+  TH_REQUIRE(fake_add(e, 3, P2, 8, 5, err, sizeof(err)) == 0);   /* decoding, then in flight */
+  TH_REQUIRE(fake_add(e, 2, big, 40, 5, err, sizeof(err)) == 0); /* mid-prefill */
   run_step(e, &plan, &w, &s, 1);
-  TH_REQUIRE(add(e, 4, P2, 6, 5, err, sizeof(err)) == 0); /* waiting (cap 3) */
+  TH_REQUIRE(fake_add(e, 4, P2, 6, 5, err, sizeof(err)) == 0); /* waiting (cap 3) */
   run_step(e, &plan, &w, &s, 1);
   struct sch_engine_stats st;
   sch_engine_stats(e, &st);
@@ -188,8 +173,8 @@ TH_TEST(abort_in_every_state_returns_every_block) {
   /* a preempted request, waiting to be recomputed */
   e = engine(8, 4, 64, 4, 64, 1, 0);
   memset(&s, 0, sizeof(s));
-  TH_REQUIRE(add(e, 1, P1, 8, 16, err, sizeof(err)) == 0);
-  TH_REQUIRE(add(e, 2, P2, 8, 16, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 8, 16, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 2, P2, 8, 16, err, sizeof(err)) == 0);
   uint64_t pre = 0;
   for (int i = 0; i < 40 && st.num_preemptions == 0; i++) {
     run_step(e, &plan, &w, &s, 1);
@@ -213,28 +198,28 @@ TH_TEST(admission_rejects_the_impossible) {
   struct sch_engine *e = engine(8, 4, 64, 4, 64, 1, 0);
   char err[256];
   int32_t p[64] = {0};
-  TH_CHECK_EQ_INT(add(e, 1, p, 60, 5, err, sizeof(err)), CM_ERR_TOOBIG);
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 60, 5, err, sizeof(err)), CM_ERR_TOOBIG);
   TH_CHECK(strstr(err, "maximum context length is 64") != NULL);
   /* fits max_model_len but needs 10 blocks of a pool of 8 */
-  TH_CHECK_EQ_INT(add(e, 1, p, 30, 10, err, sizeof(err)), CM_ERR_TOOBIG);
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 30, 10, err, sizeof(err)), CM_ERR_TOOBIG);
   TH_CHECK(strstr(err, "10 KV cache blocks") != NULL);
-  TH_CHECK_EQ_INT(add(e, 1, p, 0, 5, err, sizeof(err)), CM_ERR_INVAL);
-  TH_CHECK_EQ_INT(add(e, 1, p, 4, 0, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 0, 5, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 4, 0, err, sizeof(err)), CM_ERR_INVAL);
   p[2] = -4;
-  TH_CHECK_EQ_INT(add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL);
   p[2] = 2000; /* vocab_size 2000 */
-  TH_CHECK_EQ_INT(add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "vocabulary") != NULL);
   p[2] = 1999;
-  TH_CHECK_EQ_INT(add(e, 1, p, 28, 4, err, sizeof(err)), 0);           /* exactly 8 blocks */
-  TH_CHECK_EQ_INT(add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL); /* duplicate id */
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 28, 4, err, sizeof(err)), 0);           /* exactly 8 blocks */
+  TH_CHECK_EQ_INT(fake_add(e, 1, p, 4, 4, err, sizeof(err)), CM_ERR_INVAL); /* duplicate id */
   struct sch_request_params rp = {.id = 9, .prompt = p, .prompt_len = 4, .max_tokens = 4};
   rp.num_stop_token_ids = SCH_MAX_STOP_IDS + 1;
   rp.stop_token_ids = p;
   TH_CHECK_EQ_INT(sch_engine_add(e, &rp, err, sizeof(err)), CM_ERR_TOOBIG);
   for (uint64_t id = 2; id <= 8; id++)
-    TH_CHECK_EQ_INT(add(e, id, p, 4, 4, err, sizeof(err)), 0);
-  TH_CHECK_EQ_INT(add(e, 100, p, 4, 4, err, sizeof(err)), CM_ERR_FULL); /* max_waiting 8 */
+    TH_CHECK_EQ_INT(fake_add(e, id, p, 4, 4, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(fake_add(e, 100, p, 4, 4, err, sizeof(err)), CM_ERR_FULL); /* max_waiting 8 */
   CHECK_ENGINE(e);
   sch_engine_destroy(e);
 
@@ -266,7 +251,7 @@ TH_TEST(stop_conditions) {
   struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 0);
   char err[256];
   int32_t t;
-  TH_REQUIRE(add(e, 1, P1, 8, 10, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 8, 10, err, sizeof(err)) == 0);
   t = 50;
   struct sch_outputs o = answer(e, &t, 1);
   TH_CHECK(o.num == 1 && o.items[0].finish == SCH_FINISH_NONE);
@@ -307,7 +292,7 @@ TH_TEST(stop_conditions) {
 TH_TEST(spec_decode_reserves_and_rolls_back) {
   struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 3);
   char err[256];
-  TH_REQUIRE(add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
   struct sch_plan plan;
   struct sch_outputs o;
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
@@ -372,7 +357,7 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
 TH_TEST(spec_counters_count_verified_drafts_only) {
   struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 3);
   char err[256];
-  TH_REQUIRE(add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
   struct sch_plan plan;
   struct sch_outputs o;
   int32_t t[4] = {40, 41, 42, 43};
@@ -405,8 +390,8 @@ TH_TEST(failed_step_and_lost_kv_recompute) {
   struct sch_plan plan;
   struct sch_outputs o;
   char err[256];
-  TH_REQUIRE(add(e, 1, P1, 8, 12, err, sizeof(err)) == 0);
-  TH_REQUIRE(add(e, 2, P2, 8, 12, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 8, 12, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 2, P2, 8, 12, err, sizeof(err)) == 0);
   run_step(e, &plan, &w, &s, 0);
   run_step(e, &plan, &w, &s, 0);
   /* a step that never comes back */
@@ -428,9 +413,7 @@ TH_TEST(failed_step_and_lost_kv_recompute) {
   TH_REQUIRE(plan.num_seqs == 2);
   TH_CHECK(plan.seqs[0].is_new && plan.seqs[1].is_new);
   TH_CHECK(plan.seqs[0].start_pos >= 8); /* recomputed from the cached prompt blocks */
-  fake_answer(&w, &plan, 0);
-  TH_REQUIRE(sch_engine_apply(e, w.res, w.num, &o) == 0);
-  collect(&s, &o);
+  answer_plan(e, &plan, &w, &s, 0);
   sch_engine_stats(e, &st);
   TH_CHECK_EQ_INT(st.prefix_hits, hits); /* counted once per request */
   run_step(e, &plan, &w, &s, 0);
@@ -444,20 +427,11 @@ TH_TEST(failed_step_and_lost_kv_recompute) {
   TH_REQUIRE(plan.num_seqs == 2);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 0);
   TH_CHECK_EQ_INT(plan.seqs[1].start_pos, 0);
-  fake_answer(&w, &plan, 0);
-  TH_REQUIRE(sch_engine_apply(e, w.res, w.num, &o) == 0);
-  collect(&s, &o);
+  answer_plan(e, &plan, &w, &s, 0);
   for (int i = 0; i < 40 && (s.fin[1] == SCH_FINISH_NONE || s.fin[2] == SCH_FINISH_NONE); i++)
     run_step(e, &plan, &w, &s, 0);
-  int32_t want[12];
-  fake_expected(P1, 8, 12, want);
-  TH_CHECK_EQ_INT(s.n[1], 12);
-  for (int i = 0; i < 12; i++)
-    TH_CHECK_EQ_INT(s.toks[1][i], want[i]);
-  fake_expected(P2, 8, 12, want);
-  TH_CHECK_EQ_INT(s.n[2], 12);
-  for (int i = 0; i < 12; i++)
-    TH_CHECK_EQ_INT(s.toks[2][i], want[i]);
+  check_output(&s, 1, P1, 12);
+  check_output(&s, 2, P2, 12);
   sch_engine_destroy(e);
 }
 
@@ -468,10 +442,10 @@ TH_TEST(queued_requests_cost_only_their_prompt) {
   c.groups[0].block_tokens = 256;
   c.max_model_len = 1 << 20;
   c.max_num_batched_tokens = 64;
-  struct sch_engine *e;
+  struct sch_engine *e = fake_engine(&c);
+  TH_REQUIRE(e != NULL);
   char err[256];
-  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
-  TH_REQUIRE(add(e, 1, P1, 8, (1 << 20) - 8, err, sizeof(err)) == 0);
+  TH_REQUIRE(fake_add(e, 1, P1, 8, (1 << 20) - 8, err, sizeof(err)) == 0);
   struct sch_request *r = sch_queue_find(&e->q, 1);
   TH_REQUIRE(r != NULL);
   TH_CHECK(r->cap <= 8 + 16);
@@ -483,11 +457,7 @@ TH_TEST(queued_requests_cost_only_their_prompt) {
   struct sch_plan plan;
   for (int i = 0; i < 100; i++)
     run_step(e, &plan, &w, &s, 1);
-  TH_CHECK_EQ_INT(s.n[1], 100);
   TH_CHECK(r->cap >= 108 && r->cap <= 2 * 109);
-  int32_t want[100];
-  fake_expected(P1, 8, 100, want);
-  for (int i = 0; i < 100; i++)
-    TH_CHECK_EQ_INT(s.toks[1][i], want[i]);
+  check_output(&s, 1, P1, 100);
   sch_engine_destroy(e);
 }

@@ -27,10 +27,15 @@ static void teardown(struct fixture *f) {
   sch_block_pool_destroy(f->pool);
 }
 
+/* Frees s's blocks and its tables. */
+static void seq_end(struct fixture *f, struct sch_kv_seq *s) {
+  sch_kv_free(f->kv, s);
+  sch_kv_seq_release(s);
+}
+
 TH_TEST(kv_full_group_grows_by_blocks) {
   struct fixture f;
-  struct sch_kv_group_cfg g[1] = {{4, 0}};
-  setup(&f, 7, g, 1, 0);
+  setup(&f, 7, (const struct sch_kv_group_cfg[]){{4, 0}}, 1, 0);
   struct sch_kv_seq s;
   int32_t toks[32];
   for (int i = 0; i < 32; i++)
@@ -46,16 +51,14 @@ TH_TEST(kv_full_group_grows_by_blocks) {
   TH_CHECK_EQ_INT(sch_kv_allocate(f.kv, &s, toks, 9, 32), CM_ERR_FULL);
   TH_CHECK_EQ_INT(s.len[0], 3);
   TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 3);
-  sch_kv_free(f.kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(&f, &s);
   teardown(&f);
 }
 
 TH_TEST(kv_sliding_window_frees_with_holes) {
   struct fixture f;
   /* group 0 full attention, 4 tokens per block; group 1 sliding W = 6, 2 per block */
-  struct sch_kv_group_cfg g[2] = {{4, 0}, {2, 6}};
-  setup(&f, 64, g, 2, 0);
+  setup(&f, 64, (const struct sch_kv_group_cfg[]){{4, 0}, {2, 6}}, 2, 0);
   struct sch_kv_seq s;
   int32_t toks[40] = {0};
   TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 40) == 0);
@@ -94,8 +97,7 @@ TH_TEST(kv_sliding_window_frees_with_holes) {
 
 TH_TEST(kv_rollback_releases_draft_blocks) {
   struct fixture f;
-  struct sch_kv_group_cfg g[1] = {{4, 0}};
-  setup(&f, 16, g, 1, 0);
+  setup(&f, 16, (const struct sch_kv_group_cfg[]){{4, 0}}, 1, 0);
   struct sch_kv_seq s;
   int32_t toks[32] = {0};
   TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 32) == 0);
@@ -109,8 +111,7 @@ TH_TEST(kv_rollback_releases_draft_blocks) {
   TH_CHECK_EQ_INT(sch_block_pool_num_used(f.pool), 3);
   sch_kv_rollback(f.kv, &s, 8);
   TH_CHECK_EQ_INT(s.len[0], 2);
-  sch_kv_free(f.kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(&f, &s);
   teardown(&f);
 }
 
@@ -121,14 +122,12 @@ static void run_and_cache(struct fixture *f, const int32_t *toks, int32_t ntok) 
   int32_t h = sch_kv_prefix_match(f->kv, &s, toks, ntok);
   TH_REQUIRE(sch_kv_allocate(f->kv, &s, toks, h, ntok) == 0);
   sch_kv_commit(f->kv, &s, toks, ntok);
-  sch_kv_free(f->kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(f, &s);
 }
 
 TH_TEST(kv_prefix_match_across_groups) {
   struct fixture f;
-  struct sch_kv_group_cfg g[2] = {{4, 0}, {2, 0}};
-  setup(&f, 64, g, 2, 1);
+  setup(&f, 64, (const struct sch_kv_group_cfg[]){{4, 0}, {2, 0}}, 2, 1);
   int32_t a[20], b[20];
   for (int i = 0; i < 20; i++)
     a[i] = b[i] = 100 + i;
@@ -155,8 +154,7 @@ TH_TEST(kv_prefix_match_across_groups) {
   TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &t, a, 4), 0);
   TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &t, a, 5), 4);
   sch_kv_seq_release(&t);
-  sch_kv_free(f.kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(&f, &s);
   teardown(&f);
 }
 
@@ -178,8 +176,7 @@ TH_TEST(kv_prefix_with_sliding_group_and_caching_off) {
   TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
   TH_CHECK(s.table[1][2] >= 0);
   TH_CHECK(s.table[0][0] >= 0);
-  sch_kv_free(f.kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(&f, &s);
   teardown(&f);
 
   setup(&f, 64, g, 2, 0);
@@ -197,8 +194,7 @@ TH_TEST(kv_prefix_with_sliding_group_and_caching_off) {
 
 TH_TEST(kv_prefix_sliding_group_needs_only_its_window) {
   struct fixture f;
-  struct sch_kv_group_cfg g[2] = {{4, 0}, {4, 4}};
-  setup(&f, 8, g, 2, 1);
+  setup(&f, 8, (const struct sch_kv_group_cfg[]){{4, 0}, {4, 4}}, 2, 1);
   int32_t a[16];
   for (int i = 0; i < 16; i++)
     a[i] = 7 + i;
@@ -214,8 +210,7 @@ TH_TEST(kv_prefix_sliding_group_needs_only_its_window) {
   TH_CHECK_EQ_INT(s.table[1][0], SCH_BLOCK_HOLE); /* released: the entries are holes now */
   TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
   TH_CHECK_EQ_INT(s.first_live[1], 2);
-  sch_kv_free(f.kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(&f, &s);
   TH_CHECK_EQ_INT(sch_block_pool_num_cached_free(f.pool), 8);
   /* two new blocks evict the two oldest cached ones: the sliding group's blocks 0, 1 */
   int32_t x = sch_block_pool_alloc(f.pool), y = sch_block_pool_alloc(f.pool);
@@ -230,8 +225,7 @@ TH_TEST(kv_prefix_sliding_group_needs_only_its_window) {
   TH_CHECK_EQ_INT(s.table[1][1], SCH_BLOCK_HOLE);
   TH_CHECK(s.table[1][2] >= 0 && s.table[1][3] >= 0);
   TH_CHECK_EQ_INT(sch_block_pool_num_available(f.pool), 0);
-  sch_kv_free(f.kv, &s);
-  sch_kv_seq_release(&s);
+  seq_end(&f, &s);
   /* a prompt that diverges inside sliding block 2: the window at 12 misses, and at 8
    * (keys 5..7, block 1) it misses too: no hit */
   int32_t b[16];
@@ -247,8 +241,7 @@ TH_TEST(kv_prefix_sliding_group_needs_only_its_window) {
 
 TH_TEST(kv_worst_case_blocks) {
   struct fixture f;
-  struct sch_kv_group_cfg g[2] = {{16, 0}, {16, 512}};
-  setup(&f, 8, g, 2, 1);
+  setup(&f, 8, (const struct sch_kv_group_cfg[]){{16, 0}, {16, 512}}, 2, 1);
   /* full: ceil(1000/16) = 63; sliding: min(63, ceil((511 + 64) / 16) + 1 = 37) */
   TH_CHECK_EQ_INT(sch_kv_worst_case_blocks(f.kv, 1000, 64), 63 + 37);
   TH_CHECK_EQ_INT(sch_kv_worst_case_blocks(f.kv, 100, 64), 7 + 7);

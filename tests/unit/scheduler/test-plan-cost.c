@@ -11,17 +11,11 @@
 
 TH_TEST(plan_and_apply_cost_at_scale) {
   struct sch_engine_config c;
-  sch_engine_config_default(&c);
-  c.num_blocks = 60000;
-  c.num_groups = 2;
-  c.groups[0] = (struct sch_kv_group_cfg){16, 0};
-  c.groups[1] = (struct sch_kv_group_cfg){16, 512};
-  c.max_num_seqs = 256;
-  c.max_num_batched_tokens = 8192;
-  c.max_model_len = 4096;
-  struct sch_engine *e;
+  fake_config(&c, 60000, 16, 8192, 256, 4096);
+  fake_groups(&c, (const struct sch_kv_group_cfg[]){{16, 0}, {16, 512}}, 2);
+  struct sch_engine *e = fake_engine(&c);
+  TH_REQUIRE(e != NULL);
   char err[256];
-  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
   static int32_t prompt[1000];
   for (uint64_t id = 1; id <= 256; id++) {
     for (int i = 0; i < 1000; i++)

@@ -11,30 +11,16 @@
 static struct sch_engine *make_engine(int32_t blocks, int32_t bt, int32_t budget, int32_t seqs,
                                       int32_t max_len) {
   struct sch_engine_config c;
-  sch_engine_config_default(&c);
-  c.num_blocks = blocks;
-  c.groups[0].block_tokens = bt;
-  c.max_num_batched_tokens = budget;
-  c.max_num_seqs = seqs;
-  c.max_model_len = max_len;
+  fake_config(&c, blocks, bt, budget, seqs, max_len);
   c.num_eos_ids = 1;
   c.eos_ids[0] = 1;
-  struct sch_engine *e = NULL;
-  char err[256];
-  int rc = sch_engine_create(&c, &e, err, sizeof(err));
-  if (rc) th_fail(__FILE__, __LINE__, "create: %s", err);
-  return e;
+  return fake_engine(&c);
 }
 
 static int add_req(struct sch_engine *e, uint64_t id, const int32_t *prompt, int32_t n,
                    int32_t max_tokens) {
-  struct sch_request_params p = {0};
-  p.id = id;
-  p.prompt = prompt;
-  p.prompt_len = n;
-  p.max_tokens = max_tokens;
   char err[256];
-  return sch_engine_add(e, &p, err, sizeof(err));
+  return fake_add(e, id, prompt, n, max_tokens, err, sizeof(err));
 }
 
 static const struct sch_plan_seq *find_seq(const struct sch_plan *p, uint64_t id) {
@@ -172,17 +158,10 @@ TH_TEST(max_num_seqs_caps_running) {
 
 TH_TEST(sliding_window_holes_reach_the_plan) {
   struct sch_engine_config c;
-  sch_engine_config_default(&c);
-  c.num_blocks = 64;
-  c.num_groups = 2;
-  c.groups[0] = (struct sch_kv_group_cfg){4, 0};
-  c.groups[1] = (struct sch_kv_group_cfg){4, 8};
-  c.max_num_batched_tokens = 16;
-  c.max_num_seqs = 4;
-  c.max_model_len = 128;
-  struct sch_engine *e;
-  char err[128];
-  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  fake_config(&c, 64, 4, 16, 4, 128);
+  fake_groups(&c, (const struct sch_kv_group_cfg[]){{4, 0}, {4, 8}}, 2);
+  struct sch_engine *e = fake_engine(&c);
+  TH_REQUIRE(e != NULL);
   struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   TH_REQUIRE(add_req(e, 1, seq_prompt(40, 10), 40, 8) == 0);
@@ -213,9 +192,7 @@ TH_TEST(prefix_hit_on_repeated_prompt) {
   struct sch_engine *e = make_engine(64, 16, 64, 4, 128);
   struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
-  int32_t p[40];
-  for (int i = 0; i < 40; i++)
-    p[i] = 50 + i;
+  const int32_t *p = seq_prompt(40, 50);
   TH_REQUIRE(add_req(e, 1, p, 40, 2) == 0);
   step(e, &plan, &w);
   TH_CHECK_EQ_INT(plan.seqs[0].num_cached, 0);
@@ -260,14 +237,11 @@ TH_TEST(prefix_caching_off_counts_nothing) {
   c.num_blocks = 64;
   c.max_model_len = 128;
   c.enable_prefix_caching = false;
-  struct sch_engine *e;
-  char err[128];
-  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
+  struct sch_engine *e = fake_engine(&c);
+  TH_REQUIRE(e != NULL);
   struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
-  int32_t p[40];
-  for (int i = 0; i < 40; i++)
-    p[i] = 50 + i;
+  const int32_t *p = seq_prompt(40, 50);
   for (uint64_t id = 1; id <= 2; id++) {
     TH_REQUIRE(add_req(e, id, p, 40, 1) == 0);
     step(e, &plan, &w);
@@ -281,21 +255,22 @@ TH_TEST(prefix_caching_off_counts_nothing) {
   sch_engine_destroy(e);
 }
 
-TH_TEST(long_prefill_threshold_lets_short_prompts_in) {
-  struct sch_engine_config c;
-  sch_engine_config_default(&c);
-  c.num_blocks = 64;
-  c.groups[0].block_tokens = 4;
-  c.max_num_batched_tokens = 16;
-  c.max_model_len = 64;
-  c.long_prefill_threshold = 8;
-  struct sch_engine *e;
-  char err[128];
-  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
-  struct fake_worker w = {.rng = 1};
-  struct sch_plan plan;
+/* An engine on c with a 40-token prompt (id 1) and then a 5-token one (id 2) waiting. */
+static struct sch_engine *long_and_short(const struct sch_engine_config *c) {
+  struct sch_engine *e = fake_engine(c);
+  TH_REQUIRE(e != NULL);
   TH_REQUIRE(add_req(e, 1, seq_prompt(40, 100), 40, 2) == 0);
   TH_REQUIRE(add_req(e, 2, seq_prompt(5, 300), 5, 2) == 0);
+  return e;
+}
+
+TH_TEST(long_prefill_threshold_lets_short_prompts_in) {
+  struct sch_engine_config c;
+  fake_config(&c, 64, 4, 16, 256, 64);
+  c.long_prefill_threshold = 8;
+  struct sch_engine *e = long_and_short(&c);
+  struct fake_worker w = {.rng = 1};
+  struct sch_plan plan;
   step(e, &plan, &w);
   TH_REQUIRE(plan.num_seqs == 2);
   TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8);
@@ -307,9 +282,7 @@ TH_TEST(long_prefill_threshold_lets_short_prompts_in) {
   sch_engine_destroy(e);
   /* without the threshold the long prompt takes the whole budget first */
   c.long_prefill_threshold = 0;
-  TH_REQUIRE(sch_engine_create(&c, &e, err, sizeof(err)) == 0);
-  TH_REQUIRE(add_req(e, 1, seq_prompt(40, 100), 40, 2) == 0);
-  TH_REQUIRE(add_req(e, 2, seq_prompt(5, 300), 5, 2) == 0);
+  e = long_and_short(&c);
   step(e, &plan, &w);
   TH_REQUIRE(plan.num_seqs == 1);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 16);

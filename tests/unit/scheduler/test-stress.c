@@ -373,12 +373,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
 }
 
 static void base_config(struct sch_engine_config *c) {
-  sch_engine_config_default(c);
-  c->num_blocks = 48;
-  c->groups[0].block_tokens = 4;
-  c->max_num_seqs = 8;
-  c->max_num_batched_tokens = 24;
-  c->max_model_len = MAX_LEN;
+  fake_config(c, 48, 4, 24, 8, MAX_LEN);
   c->max_waiting = 64;
   c->long_prefill_threshold = 0;
   c->vocab_size = 1010;
@@ -397,9 +392,7 @@ TH_TEST(stress_full_attention_prefix_cache) {
 TH_TEST(stress_sliding_and_full_groups_with_drafts) {
   struct sch_engine_config c;
   base_config(&c);
-  c.num_groups = 2;
-  c.groups[0] = (struct sch_kv_group_cfg){8, 0};
-  c.groups[1] = (struct sch_kv_group_cfg){4, 12};
+  fake_groups(&c, (const struct sch_kv_group_cfg[]){{8, 0}, {4, 12}}, 2);
   c.num_blocks = 64;
   c.num_spec_tokens = 3;
   run(&c, 2, 3000);
@@ -419,10 +412,7 @@ TH_TEST(stress_no_cache_priorities_tiny_pool) {
 TH_TEST(stress_sliding_groups_tight_pool_prefix_cache) {
   struct sch_engine_config c;
   base_config(&c);
-  c.num_groups = 3;
-  c.groups[0] = (struct sch_kv_group_cfg){4, 0};
-  c.groups[1] = (struct sch_kv_group_cfg){4, 9};
-  c.groups[2] = (struct sch_kv_group_cfg){2, 5};
+  fake_groups(&c, (const struct sch_kv_group_cfg[]){{4, 0}, {4, 9}, {2, 5}}, 3);
   c.num_blocks = 72;
   c.num_spec_tokens = 1;
   c.long_prefill_threshold = 7;
