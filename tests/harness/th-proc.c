@@ -409,22 +409,44 @@ void th_out_free(struct th_out *o) {
   o->out = o->err = NULL;
 }
 
+static void argv_push(char **argv, int *n, char *a) {
+  if (*n > TH_MAX_ARGS) {
+    th_fail(__FILE__, __LINE__, "a command of more than %d arguments", TH_MAX_ARGS);
+    th_stop();
+  }
+  argv[(*n)++] = a;
+}
+
+/* argv (TH_MAX_ARGS + 2 entries) = {prog, ap's arguments up to NULL, extra's up to NULL,
+ * NULL}; more arguments than that fail the test. */
+static void build_argv(char **argv, const char *prog, va_list ap, char *const *extra) {
+  int n = 0;
+  argv_push(argv, &n, (char *)prog);
+  for (char *a; (a = va_arg(ap, char *));)
+    argv_push(argv, &n, a);
+  for (; extra && *extra; extra++)
+    argv_push(argv, &n, *extra);
+  argv[n] = NULL;
+}
+
 int th_lmserve(struct th_out *o, int timeout_ms, ...) {
-  char *argv[TH_LMSERVE_MAX_ARGS + 2] = {th_lmserve_bin()};
-  int n = 1;
+  char *argv[TH_MAX_ARGS + 2];
   va_list ap;
   va_start(ap, timeout_ms);
-  for (const char *a = va_arg(ap, const char *); a; a = va_arg(ap, const char *)) {
-    if (n > TH_LMSERVE_MAX_ARGS) {
-      va_end(ap);
-      th_fail(__FILE__, __LINE__, "th_lmserve: more than %d arguments", TH_LMSERVE_MAX_ARGS);
-      th_stop();
-    }
-    argv[n++] = (char *)a;
-  }
+  build_argv(argv, th_lmserve_bin(), ap, NULL);
   va_end(ap);
   th_out_free(o);
   return th_run(argv, NULL, NULL, 0, timeout_ms, &o->out, &o->err);
+}
+
+int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *const *extra,
+                   const char *prog, ...) {
+  char *argv[TH_MAX_ARGS + 2];
+  va_list ap;
+  va_start(ap, prog);
+  build_argv(argv, prog, ap, extra);
+  va_end(ap);
+  return th_proc_spawn(p, argv, env, capture);
 }
 
 int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,

@@ -87,12 +87,24 @@ struct th_out {
 };
 void th_out_free(struct th_out *o);
 
-#define TH_LMSERVE_MAX_ARGS 30
+/* The most arguments th_lmserve and th_proc_spawnl take (more fail the test). */
+#define TH_MAX_ARGS 40
 
-/* Runs `lmserve ARG...` (the arguments end with NULL; at most TH_LMSERVE_MAX_ARGS) to
- * completion with th_run: its result. o's previous buffers are freed first, so one
- * th_out serves a series of runs; th_out_free it after the last. */
+/* Runs `lmserve ARG...` (the arguments end with NULL) to completion with th_run: its
+ * result. o's previous buffers are freed first, so one th_out serves a series of runs;
+ * th_out_free it after the last. */
 int th_lmserve(struct th_out *o, int timeout_ms, ...) __attribute__((sentinel));
+
+/* th_proc_spawn (env, capture as there) of `PROG ARG... EXTRA...`: the arguments end with
+ * NULL, then come the NULL-terminated extra ones (extra may be NULL). */
+int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *const *extra,
+                   const char *prog, ...) __attribute__((sentinel));
+
+/* What the integration tests give a worker of the tiny model: the KV memory, block size,
+ * step budget, running cap and threads (as lmserve worker arguments). */
+#define TH_TINY_WORKER_ARGS                                                                        \
+  "--kv-cache-memory", "4M", "--block-size", "16", "--max-num-batched-tokens", "64",               \
+      "--max-num-seqs", "8", "--threads", "1"
 
 /* `lmserve generate --model MODEL --prompt-ids PROMPT --max-tokens max_tokens --ignore-eos
  * --threads 1` within timeout_ms: the ids it prints, in out[0..max_tokens); how many,

@@ -25,12 +25,8 @@ void start_worker(struct env *e, int rank, const char *const *extra) {
   fake_path(path, sizeof(path));
   snprintf(ranks, sizeof(ranks), "%d", rank);
   snprintf(worlds, sizeof(worlds), "%d", e->world);
-  char *argv[32] = {path, "--endpoint", e->we, "--rank", ranks, "--world-size", worlds};
-  int n = 7;
-  for (int i = 0; extra && extra[i] && n < 30; i++)
-    argv[n++] = (char *)extra[i];
-  argv[n] = NULL;
-  TH_REQUIRE(th_proc_spawn(&e->workers[rank], argv, NULL, 0) == 0);
+  TH_REQUIRE(th_proc_spawnl(&e->workers[rank], NULL, 0, (char *const *)extra, path, "--endpoint",
+                            e->we, "--rank", ranks, "--world-size", worlds, NULL) == 0);
 }
 
 /* Starts the scheduler (extra flags appended) and `world` fake workers. */
@@ -44,28 +40,11 @@ void env_start(struct env *e, int world, const char *const *sched_extra,
   serial++;
   char worlds[16];
   snprintf(worlds, sizeof(worlds), "%d", world);
-  char *argv[40] = {th_lmserve_bin(),
-                    "scheduler",
-                    "--model",
-                    "/nonexistent-model",
-                    "--frontend-endpoint",
-                    e->fe,
-                    "--worker-endpoint",
-                    e->we,
-                    "--world-size",
-                    worlds,
-                    "--max-num-seqs",
-                    "16",
-                    "--max-num-batched-tokens",
-                    "64",
-                    "--enable-prefix-caching",
-                    "--worker-timeout",
-                    "1.5"};
-  int n = 17;
-  for (int i = 0; sched_extra && sched_extra[i] && n < 38; i++)
-    argv[n++] = (char *)sched_extra[i];
-  argv[n] = NULL;
-  TH_REQUIRE(th_proc_spawn(&e->sched, argv, NULL, 0) == 0);
+  TH_REQUIRE(th_proc_spawnl(&e->sched, NULL, 0, (char *const *)sched_extra, th_lmserve_bin(),
+                            "scheduler", "--model", "/nonexistent-model", "--frontend-endpoint",
+                            e->fe, "--worker-endpoint", e->we, "--world-size", worlds,
+                            "--max-num-seqs", "16", "--max-num-batched-tokens", "64",
+                            "--enable-prefix-caching", "--worker-timeout", "1.5", NULL) == 0);
   for (int r = 0; r < world; r++)
     start_worker(e, r, worker_extra);
   e->ctx = zmq_ctx_new();

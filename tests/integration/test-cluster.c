@@ -35,18 +35,9 @@ static int free_ports(int *ports, int n) {
   return 0;
 }
 
-/* One request on a fresh connection; the answer lands in *r. */
-static int request(int port, const char *req, struct resp *r) {
-  struct conn c;
-  if (hc_conn_open(&c, port) != 0) return -1;
-  int rc = hc_do_req(&c, req, r);
-  hc_conn_close(&c);
-  return rc;
-}
-
 static int health(int port) {
   static struct resp r;
-  return request(port, GET("/health", ""), &r) == 0 ? r.status : -1;
+  return hc_request(port, GET("/health", ""), &r) == 0 ? r.status : -1;
 }
 
 TH_TEST(cluster_over_tcp) {
@@ -68,37 +59,22 @@ TH_TEST(cluster_over_tcp) {
   snprintf(wk_ep, sizeof(wk_ep), "tcp://127.0.0.1:%d", ports[2]);
 
   /* the frontend first: it serves 503 until a scheduler answers */
-  char *fe[] = {th_lmserve_bin(),
-                "frontend",
-                "--model",
-                model,
-                "--scheduler",
-                fe_ep,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                http_s,
-                "--drain-timeout",
-                "5",
-                NULL};
   struct th_proc pf, pw, ps;
-  TH_REQUIRE(th_proc_spawn(&pf, fe, NULL, 1) == 0);
+  TH_REQUIRE(th_proc_spawnl(&pf, NULL, 1, NULL, th_lmserve_bin(), "frontend", "--model", model,
+                            "--scheduler", fe_ep, "--host", "127.0.0.1", "--port", http_s,
+                            "--drain-timeout", "5", NULL) == 0);
   TH_REQUIRE(th_proc_wait_output(&pf, "listening on", 60000) == 0);
   TH_CHECK_EQ_INT(health(ports[0]), 503);
 
   /* the worker connects to a scheduler that does not exist yet */
-  /* clang-format off */
-  char *wk[] = {th_lmserve_bin(), "worker", "--model", model, "--scheduler", wk_ep, "--rank", "0",
-                "--world-size", "1", "--max-num-seqs", "3", "--max-num-batched-tokens", "48",
-                "--kv-cache-memory", "64M", "--threads", "1", NULL};
-  /* clang-format on */
-  TH_REQUIRE(th_proc_spawn(&pw, wk, NULL, 0) == 0);
+  TH_REQUIRE(th_proc_spawnl(&pw, NULL, 0, NULL, th_lmserve_bin(), "worker", "--model", model,
+                            "--scheduler", wk_ep, "--rank", "0", "--world-size", "1",
+                            "--max-num-seqs", "3", "--max-num-batched-tokens", "48",
+                            "--kv-cache-memory", "64M", "--threads", "1", NULL) == 0);
   /* the scheduler keeps its default limits (256 sequences, 8192 tokens) */
-  /* clang-format off */
-  char *sc[] = {th_lmserve_bin(), "scheduler", "--model", model, "--frontend-endpoint", fe_ep,
-                "--worker-endpoint", wk_ep, "--world-size", "1", NULL};
-  /* clang-format on */
-  TH_REQUIRE(th_proc_spawn(&ps, sc, NULL, 0) == 0);
+  TH_REQUIRE(th_proc_spawnl(&ps, NULL, 0, NULL, th_lmserve_bin(), "scheduler", "--model", model,
+                            "--frontend-endpoint", fe_ep, "--worker-endpoint", wk_ep,
+                            "--world-size", "1", NULL) == 0);
 
   int st = -1;
   for (int i = 0; i < 1200 && (st = health(ports[0])) != 200; i++)
@@ -110,7 +86,7 @@ TH_TEST(cluster_over_tcp) {
   snprintf(body, sizeof(body), "{\"tokens\":[%s]}", ids);
   hc_post(req, sizeof(req), "/detokenize", body);
   static struct resp r;
-  TH_REQUIRE(request(ports[0], req, &r) == 0 && r.status == 200);
+  TH_REQUIRE(hc_request(ports[0], req, &r) == 0 && r.status == 200);
   json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
   char want[1024] = "";
   json_t *pr = json_object_get(j, "prompt");
@@ -119,7 +95,7 @@ TH_TEST(cluster_over_tcp) {
   TH_CHECK(want[0] != 0);
   hc_post(req, sizeof(req), "/v1/completions",
           "{\"prompt\":[2,818,5279,563],\"max_tokens\":6,\"temperature\":0}");
-  TH_REQUIRE(request(ports[0], req, &r) == 0);
+  TH_REQUIRE(hc_request(ports[0], req, &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
   j = json_loadb(r.body, r.body_len, 0, NULL);
   json_t *text = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");

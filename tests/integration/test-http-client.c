@@ -225,6 +225,14 @@ int hc_do_req(struct conn *c, const char *req, struct resp *r) {
   return hc_read_resp(c, r, 5000);
 }
 
+int hc_request(int port, const char *req, struct resp *r) {
+  struct conn c;
+  if (hc_conn_open(&c, port) != 0) return -1;
+  int rc = hc_do_req(&c, req, r);
+  hc_conn_close(&c);
+  return rc;
+}
+
 void hc_check_alive(struct server *s) {
   struct conn c;
   TH_REQUIRE(hc_conn_open(&c, s->port) == 0);

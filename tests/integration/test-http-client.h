@@ -48,6 +48,8 @@ void hc_consume(struct conn *c, size_t n);
 int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms);
 int hc_closed_by_server(struct conn *c, int timeout_ms);
 int hc_do_req(struct conn *c, const char *req, struct resp *r);
+/* hc_do_req on a fresh connection to port (closed after): 0, or -1 (the answer in *r). */
+int hc_request(int port, const char *req, struct resp *r);
 void hc_check_alive(struct server *s);
 void hc_post(char *out, size_t size, const char *path, const char *body);
 double hc_now_s(void);

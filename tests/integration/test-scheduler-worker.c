@@ -70,45 +70,13 @@ TH_TEST(sched_real_worker_greedy_and_seeded) {
   env.world = 1;
   snprintf(env.fe, sizeof(env.fe), "ipc://%s/f.sock", g_tmp);
   snprintf(env.we, sizeof(env.we), "ipc://%s/w.sock", g_tmp);
-  char *sa[] = {th_lmserve_bin(),
-                "scheduler",
-                "--model",
-                model,
-                "--frontend-endpoint",
-                env.fe,
-                "--worker-endpoint",
-                env.we,
-                "--world-size",
-                "1",
-                "--max-num-seqs",
-                "8",
-                "--max-num-batched-tokens",
-                "64",
-                "--enable-prefix-caching",
-                NULL};
-  TH_REQUIRE(th_proc_spawn(&env.sched, sa, NULL, 0) == 0);
-  char *wa[] = {th_lmserve_bin(),
-                "worker",
-                "--model",
-                model,
-                "--scheduler",
-                env.we,
-                "--rank",
-                "0",
-                "--world-size",
-                "1",
-                "--kv-cache-memory",
-                "4M",
-                "--block-size",
-                "16",
-                "--max-num-batched-tokens",
-                "64",
-                "--max-num-seqs",
-                "8",
-                "--threads",
-                "1",
-                NULL};
-  TH_REQUIRE(th_proc_spawn(&env.workers[0], wa, NULL, 0) == 0);
+  TH_REQUIRE(th_proc_spawnl(&env.sched, NULL, 0, NULL, th_lmserve_bin(), "scheduler", "--model",
+                            model, "--frontend-endpoint", env.fe, "--worker-endpoint", env.we,
+                            "--world-size", "1", "--max-num-seqs", "8", "--max-num-batched-tokens",
+                            "64", "--enable-prefix-caching", NULL) == 0);
+  TH_REQUIRE(th_proc_spawnl(&env.workers[0], NULL, 0, NULL, th_lmserve_bin(), "worker", "--model",
+                            model, "--scheduler", env.we, "--rank", "0", "--world-size", "1",
+                            TH_TINY_WORKER_ARGS, NULL) == 0);
   env.ctx = zmq_ctx_new();
   struct client c;
   client_open(&env, &c, g_reqs, 4);

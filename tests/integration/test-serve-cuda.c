@@ -82,11 +82,7 @@ static void serve_answers(const char *model, const char *device, json_t **answer
     snprintf(body, sizeof(body),
              "{\"prompt\":[%s],\"max_tokens\":16,\"temperature\":0,\"logprobs\":2}", k_prompts[i]);
     hc_post(req, sizeof(req), "/v1/completions", body);
-    struct conn c;
-    TH_REQUIRE(hc_conn_open(&c, port) == 0);
-    int rc = hc_do_req(&c, req, &r);
-    hc_conn_close(&c);
-    TH_REQUIRE(rc == 0);
+    TH_REQUIRE(hc_request(port, req, &r) == 0);
     if (r.status != 200)
       th_fail(__FILE__, __LINE__, "--device %s prompt %d: status %d: %.300s", device, i, r.status,
               r.body);

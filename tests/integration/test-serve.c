@@ -74,22 +74,11 @@ TH_TEST(serve_end_to_end) {
   TH_REQUIRE(port > 0);
   char port_s[16];
   snprintf(port_s, sizeof(port_s), "%d", port);
-  char *sv[] = {th_lmserve_bin(),  "serve", "--port", port_s, "--model", model,
-                "--drain-timeout", "10",    NULL};
   struct th_proc p;
-  TH_REQUIRE(th_proc_spawn(&p, sv, NULL, 1) == 0);
+  TH_REQUIRE(th_proc_spawnl(&p, NULL, 1, NULL, th_lmserve_bin(), "serve", "--port", port_s,
+                            "--model", model, "--drain-timeout", "10", NULL) == 0);
   /* wait for serve's URL line (the frontend prints its own before it is ready) */
-  char line[4096] = "";
-  size_t got = 0;
-  while (!strstr(line, "lmserve: serving") && got < sizeof(line) - 1) {
-    struct pollfd pf = {p.out_fd, POLLIN, 0};
-    if (poll(&pf, 1, 120000) <= 0) break;
-    ssize_t k = read(p.out_fd, line + got, sizeof(line) - 1 - got);
-    if (k <= 0) break;
-    got += (size_t)k;
-    line[got] = 0;
-  }
-  if (!strstr(line, "lmserve: serving")) {
+  if (th_proc_wait_output(&p, "lmserve: serving", 120000) != 0) {
     th_proc_stop(&p, 2000);
     TH_REQUIRE(!"serve printed no URL");
   }

@@ -49,43 +49,17 @@ static int env_start(struct env *e, const char *name, int spec) {
   if (spec && wts_assistant(&e->w, assistant, sizeof(assistant))) return -1;
   snprintf(e->front, sizeof(e->front), "%s-front.sock", e->w.endpoint);
   snprintf(e->work, sizeof(e->work), "%s-work.sock", e->w.endpoint);
-  char *sa[] = {th_lmserve_bin(),
-                "scheduler",
-                "--model",
-                e->w.model,
-                "--frontend-endpoint",
-                e->front,
-                "--worker-endpoint",
-                e->work,
-                "--max-num-seqs",
-                "4",
-                "--max-num-batched-tokens",
-                "16",
-                "--num-speculative-tokens",
-                spec ? "3" : "0",
-                NULL};
-  if (th_proc_spawn(&e->sched, sa, NULL, 0)) return -1;
-  char *wa[24] = {th_lmserve_bin(),
-                  "worker",
-                  "--model",
-                  e->w.model,
-                  "--scheduler",
-                  e->work,
-                  "--kv-cache-memory",
-                  "4M",
-                  "--max-num-batched-tokens",
-                  "16",
-                  "--max-num-seqs",
-                  "4",
-                  "--threads",
-                  "1"};
-  if (spec) {
-    wa[14] = "--speculative-model";
-    wa[15] = assistant;
-    wa[16] = "--num-speculative-tokens";
-    wa[17] = "3";
-  }
-  if (th_proc_spawn(&e->worker, wa, NULL, 0)) return -1;
+  if (th_proc_spawnl(&e->sched, NULL, 0, NULL, th_lmserve_bin(), "scheduler", "--model", e->w.model,
+                     "--frontend-endpoint", e->front, "--worker-endpoint", e->work,
+                     "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+                     "--num-speculative-tokens", spec ? "3" : "0", NULL))
+    return -1;
+  char *drafts[] = {"--speculative-model", assistant, "--num-speculative-tokens", "3", NULL};
+  if (th_proc_spawnl(&e->worker, NULL, 0, spec ? drafts : NULL, th_lmserve_bin(), "worker",
+                     "--model", e->w.model, "--scheduler", e->work, "--kv-cache-memory", "4M",
+                     "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--threads", "1",
+                     NULL))
+    return -1;
   cm_arena_init(&e->arena, 1u << 16, 64u << 20);
   if (!(e->ctx = zmq_ctx_new())) return -1;
   if (pr_sock_open(e->ctx, ZMQ_DEALER, 0, &e->sock) || pr_sock_connect(e->sock, e->front) ||

@@ -83,27 +83,9 @@ int wts_start(struct wts *w, const char *model, char *const *extra) {
   if (pr_sock_open(w->ctx, ZMQ_ROUTER, 0, &w->sock) || pr_sock_bind(w->sock, w->endpoint) ||
       pr_sock_set_timeouts(w->sock, 200, 5000))
     return -1;
-  char *argv[40] = {th_lmserve_bin(),
-                    "worker",
-                    "--model",
-                    (char *)model,
-                    "--scheduler",
-                    w->endpoint,
-                    "--kv-cache-memory",
-                    "4M",
-                    "--block-size",
-                    "16",
-                    "--max-num-batched-tokens",
-                    "64",
-                    "--max-num-seqs",
-                    "8",
-                    "--threads",
-                    "1"};
-  int n = 16;
-  for (int i = 0; extra && extra[i] && n < 38; i++)
-    argv[n++] = extra[i];
-  argv[n] = NULL;
-  if (th_proc_spawn(&w->proc, argv, w->env, 0)) return -1;
+  if (th_proc_spawnl(&w->proc, w->env, 0, extra, th_lmserve_bin(), "worker", "--model", model,
+                     "--scheduler", w->endpoint, TH_TINY_WORKER_ARGS, NULL))
+    return -1;
   w->started = 1;
   struct pr_msg m;
   if (recv_want(w, PR_READY, 60000, &m)) return -1;

@@ -50,6 +50,24 @@ static int make_model(char *path, const char *name, char *const *args) {
   return rc;
 }
 
+/* An echo target (make-tiny-model --arch gemma4 --echo, then extra) in tmp/name and its
+ * agreeing assistant in tmp/aname, their paths in model and assistant [300]. Skips the
+ * test when the target has no Gemma tokenizer. */
+static void make_pair(char *model, const char *name, char *const *extra, char *assistant,
+                      const char *aname) {
+  TH_REQUIRE(make_tmp() == 0);
+  char *args[8] = {"--arch", "gemma4", "--echo"};
+  for (int i = 0; extra[i] && i < 4; i++)
+    args[3 + i] = extra[i];
+  TH_REQUIRE(make_model(model, name, args) == 0);
+  char tokpath[400];
+  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
+  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  TH_REQUIRE(make_model(assistant, aname,
+                        (char *[]){"--arch", "gemma4-assistant", "--agree", "--target", model,
+                                   NULL}) == 0);
+}
+
 /* ---- the server --------------------------------------------------------------- */
 
 struct srv {
@@ -64,30 +82,13 @@ static int srv_start(struct srv *s, const char *model, const char *assistant, in
   char port_s[16], k_s[16];
   snprintf(port_s, sizeof(port_s), "%d", s->port);
   snprintf(k_s, sizeof(k_s), "%d", k);
-  char *argv[20] = {th_lmserve_bin(), "serve",       "--port",          port_s,
-                    "--model",        (char *)model, "--drain-timeout", "10"};
-  int n = 8;
-  if (assistant) {
-    argv[n++] = "--speculative-model";
-    argv[n++] = (char *)assistant;
-    argv[n++] = "--num-speculative-tokens";
-    argv[n++] = k_s;
-  }
-  argv[n] = NULL;
+  char *spec[] = {"--speculative-model", (char *)assistant, "--num-speculative-tokens", k_s, NULL};
   char *env[] = {"LMSERVE_LOG=warn", NULL};
-  if (th_proc_spawn(&s->p, argv, env, 1)) return -1;
+  if (th_proc_spawnl(&s->p, env, 1, assistant ? spec : NULL, th_lmserve_bin(), "serve", "--port",
+                     port_s, "--model", model, "--drain-timeout", "10", NULL))
+    return -1;
   /* serve prints its URL line once the whole stack is ready */
-  char line[4096] = "";
-  size_t got = 0;
-  while (!strstr(line, "lmserve: serving") && got < sizeof(line) - 1) {
-    struct pollfd pf = {s->p.out_fd, POLLIN, 0};
-    if (poll(&pf, 1, 240000) <= 0) break;
-    ssize_t r = read(s->p.out_fd, line + got, sizeof(line) - 1 - got);
-    if (r <= 0) break;
-    got += (size_t)r;
-    line[got] = 0;
-  }
-  if (!strstr(line, "lmserve: serving")) {
+  if (th_proc_wait_output(&s->p, "lmserve: serving", 240000) != 0) {
     th_proc_stop(&s->p, 2000);
     return -1;
   }
@@ -256,17 +257,8 @@ static void check_spec_metrics(const char *m, int k, double *drafts_out, double 
 
 TH_TEST(spec_greedy_equals_plain_through_serve) {
   th_proc_init(1500);
-  TH_REQUIRE(make_tmp() == 0);
   char model[300], assistant[300];
-  TH_REQUIRE(make_model(model, "m",
-                        (char *[]){"--arch", "gemma4", "--echo", "--echo-leak", "0.25", NULL}) ==
-             0);
-  char tokpath[400];
-  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
-  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  TH_REQUIRE(make_model(assistant, "a",
-                        (char *[]){"--arch", "gemma4-assistant", "--agree", "--target", model,
-                                   NULL}) == 0);
+  make_pair(model, "m", (char *[]){"--echo-leak", "0.25", NULL}, assistant, "a");
   static struct job ref[NREQ], got[NREQ];
   build_jobs(ref, NREQ);
   build_jobs(got, NREQ);
@@ -323,15 +315,8 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
 
 TH_TEST(spec_agreeing_assistant_is_accepted) {
   th_proc_init(600);
-  TH_REQUIRE(make_tmp() == 0);
   char model[300], assistant[300];
-  TH_REQUIRE(make_model(model, "e", (char *[]){"--arch", "gemma4", "--echo", NULL}) == 0);
-  char tokpath[400];
-  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
-  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  TH_REQUIRE(make_model(assistant, "ea",
-                        (char *[]){"--arch", "gemma4-assistant", "--agree", "--target", model,
-                                   NULL}) == 0);
+  make_pair(model, "e", (char *[]){NULL}, assistant, "ea");
   enum { N = 4, MAXTOK = AGREE_TOKENS, K = 3 };
   static struct job jobs[NREQ];
   build_jobs(jobs, N);

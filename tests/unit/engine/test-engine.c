@@ -44,6 +44,7 @@ struct fixture {
   int port;
   int32_t script[64];
   int n_script;
+  char text[65][256]; /* text[k]: the script's first k tokens, decoded */
   char endpoint[160];
   char sock_path[128];
 };
@@ -142,14 +143,6 @@ static int wait_aborted(uint64_t id) {
 
 static char model_dir[1024];
 
-static void decode_script(int n, char *out, size_t size) {
-  char *t = NULL;
-  size_t len = 0, cap = 0;
-  TH_REQUIRE(tk_decode(fx.tok, fx.script, (size_t)n, 1, &t, &len, &cap) == 0);
-  snprintf(out, size, "%s", t);
-  free(t);
-}
-
 static void setup(uint32_t dead_ms) {
   /* the server runs in this process: a write to a client that has gone
    * (the disconnect tests) must report EPIPE, as in lmserve, not kill it */
@@ -168,6 +161,13 @@ static void setup(uint32_t dead_ms) {
   memcpy(fx.script, ids, n * sizeof(*ids));
   fx.n_script = (int)n;
   free(ids);
+  for (int k = 1; k <= fx.n_script; k++) {
+    char *t = NULL;
+    size_t len = 0, tcap = 0;
+    TH_REQUIRE(tk_decode(fx.tok, fx.script, (size_t)k, 1, &t, &len, &tcap) == 0);
+    snprintf(fx.text[k], sizeof(fx.text[k]), "%s", t);
+    free(t);
+  }
   static int serial;
   snprintf(fx.sock_path, sizeof(fx.sock_path), "/tmp/lmserve-te-%d-%d.sock", (int)getpid(),
            serial++);
@@ -211,13 +211,10 @@ static struct te_add adds[TE_MAX_ADDS];
 
 TH_TEST(engine_completion_json) {
   setup(0);
-  char want5[256], want_all[256];
-  decode_script(5, want5, sizeof(want5));
-  decode_script(fx.n_script, want_all, sizeof(want_all));
 
   json_t *j = NULL;
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":5}", &j), 200);
-  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), want5);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), fx.text[5]);
   TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "length");
   TH_CHECK_EQ_STR(jstr(j, "object"), "text_completion");
   TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), 5);
@@ -232,7 +229,7 @@ TH_TEST(engine_completion_json) {
 
   /* no max_tokens: up to the context limit the PONG gave (64) */
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"logprobs\":1}", &j), 200);
-  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), want_all);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.text"), fx.text[fx.n_script]);
   TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "stop");
   TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), fx.n_script + 1); /* + EOS */
   json_t *lp = jget(j, "choices.0.logprobs");
@@ -260,10 +257,8 @@ TH_TEST(engine_completion_json) {
   json_decref(j);
   char body[256];
   snprintf(body, sizeof(body), "{\"tokens\":[%d,%d,%d]}", fx.script[0], fx.script[1], fx.script[2]);
-  char want3[256];
-  decode_script(3, want3, sizeof(want3));
   TH_CHECK_EQ_INT(http_json("/detokenize", body, &j), 200);
-  TH_CHECK_EQ_STR(jstr(j, "prompt"), want3);
+  TH_CHECK_EQ_STR(jstr(j, "prompt"), fx.text[3]);
   json_decref(j);
   TH_CHECK_EQ_INT(http_json("/detokenize", "{\"tokens\":[999999999]}", &j), 400);
   json_decref(j);
@@ -284,8 +279,6 @@ TH_TEST(engine_completion_json) {
 
 TH_TEST(engine_completion_stream) {
   setup(0);
-  char want_all[256];
-  decode_script(fx.n_script, want_all, sizeof(want_all));
   json_t *ev[128];
   int n = stream("/v1/completions",
                  "{\"prompt\":\"Hi\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
@@ -298,7 +291,7 @@ TH_TEST(engine_completion_stream) {
     if (t) strncat(text, t, sizeof(text) - strlen(text) - 1);
     if (i < n - 2) TH_CHECK(json_is_null(jget(ev[i], "choices.0.finish_reason")));
   }
-  TH_CHECK_EQ_STR(text, want_all);
+  TH_CHECK_EQ_STR(text, fx.text[fx.n_script]);
   TH_CHECK_EQ_STR(jstr(ev[n - 2], "choices.0.finish_reason"), "stop");
   TH_CHECK_EQ_INT(json_array_size(json_object_get(ev[n - 1], "choices")), 0);
   TH_CHECK_EQ_INT(jint(ev[n - 1], "usage.completion_tokens"), fx.n_script + 1);
@@ -320,8 +313,6 @@ TH_TEST(engine_completion_stream) {
 
 TH_TEST(engine_chat) {
   setup(0);
-  char want4[256];
-  decode_script(4, want4, sizeof(want4));
   json_t *j = NULL;
   TH_CHECK_EQ_INT(http_json("/v1/chat/completions",
                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
@@ -330,7 +321,7 @@ TH_TEST(engine_chat) {
                   200);
   TH_CHECK_EQ_STR(jstr(j, "object"), "chat.completion");
   TH_CHECK_EQ_STR(jstr(j, "choices.0.message.role"), "assistant");
-  TH_CHECK_EQ_STR(jstr(j, "choices.0.message.content"), want4);
+  TH_CHECK_EQ_STR(jstr(j, "choices.0.message.content"), fx.text[4]);
   TH_CHECK_EQ_STR(jstr(j, "choices.0.finish_reason"), "length");
   json_decref(j);
   int na = te_sched_adds(fx.sched, adds, TE_MAX_ADDS);
@@ -350,7 +341,7 @@ TH_TEST(engine_chat) {
   TH_CHECK_EQ_STR(jstr(ev[0], "object"), "chat.completion.chunk");
   char text[256];
   join_text(ev, n, "choices.0.delta.content", text, sizeof(text));
-  TH_CHECK_EQ_STR(text, want4);
+  TH_CHECK_EQ_STR(text, fx.text[4]);
   TH_CHECK_EQ_STR(jstr(ev[n - 1], "choices.0.finish_reason"), "length");
   for (int i = 1; i < n; i++)
     TH_CHECK(jstr(ev[i], "choices.0.delta.role") == NULL);
@@ -360,8 +351,6 @@ TH_TEST(engine_chat) {
 
 TH_TEST(engine_n_and_seed) {
   setup(0);
-  char want3[256];
-  decode_script(3, want3, sizeof(want3));
   json_t *j = NULL;
   TH_CHECK_EQ_INT(
       http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3,\"n\":3,\"seed\":5}", &j),
@@ -373,7 +362,7 @@ TH_TEST(engine_n_and_seed) {
     long long idx = jint(json_array_get(ch, (size_t)i), "index");
     TH_REQUIRE(idx >= 0 && idx < 3);
     seen[idx]++;
-    TH_CHECK_EQ_STR(jstr(json_array_get(ch, (size_t)i), "text"), want3);
+    TH_CHECK_EQ_STR(jstr(json_array_get(ch, (size_t)i), "text"), fx.text[3]);
   }
   TH_CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 1);
   TH_CHECK_EQ_INT(jint(j, "usage.completion_tokens"), 9);
@@ -465,11 +454,9 @@ TH_TEST(engine_errors) {
   TH_CHECK_EQ_STR(jstr(ev[n - 1], "error.message"), "fake: failed mid-stream");
   th_sse_free(ev, n);
   /* junk from the scheduler is dropped; the request still completes */
-  char want4[256];
-  decode_script(4, want4, sizeof(want4));
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":13}", &j), 200);
   const char *txt = jstr(j, "choices.0.text");
-  TH_CHECK(txt && strncmp(txt, want4, strlen(want4)) == 0);
+  TH_CHECK(txt && strncmp(txt, fx.text[4], strlen(fx.text[4])) == 0);
   json_decref(j);
   /* and it still serves */
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":2}", &j), 200);

@@ -12,11 +12,17 @@ static void fill_logp(float *l, const double *p, int n) {
   for (int i = 0; i < n; i++) l[i] = (float)log(p[i]);
 }
 
+/* The default sampling parameters. */
+static struct wk_sampling_params params(void) {
+  struct wk_sampling_params p;
+  wk_sampling_params_default(&p);
+  return p;
+}
+
 TH_TEST(greedy_and_penalties) {
   struct wk_sampler *s = wk_sampler_create(6);
   TH_REQUIRE(s);
-  struct wk_sampling_params p;
-  wk_sampling_params_default(&p);
+  struct wk_sampling_params p = params();
   p.temperature = 0;
   float l[6] = {1, 3, 2, -1, 0.5f, 2.9f};
   struct wk_sample_result r;
@@ -53,8 +59,7 @@ TH_TEST(top_p_min_p_top_k_by_hand) {
   struct wk_sampler *s = wk_sampler_create(4);
   const double probs[4] = {0.15, 0.5, 0.05, 0.3};
   float l[4];
-  struct wk_sampling_params p;
-  wk_sampling_params_default(&p);
+  struct wk_sampling_params p = params();
   const int32_t *ids;
   const float *pr;
   int n;
@@ -124,8 +129,7 @@ TH_TEST(large_vocab_matches_full_sort) {
   } cases[] = {{1, 0.9f, 0, 0}, {0.7f, 0.5f, 0, 0}, {1.3f, 0.95f, 0.01f, 0}, {1, 0.8f, 0, 500},
                {1, 1, 0.3f, 0}, {0.5f, 0.99f, 0, 40}};
   for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-    struct wk_sampling_params p;
-    wk_sampling_params_default(&p);
+    struct wk_sampling_params p = params();
     p.temperature = cases[c].t;
     p.top_p = cases[c].top_p;
     p.min_p = cases[c].min_p;
@@ -192,60 +196,58 @@ static double chi2(const long *counts, const double *p, int n, long draws) {
 /* df = 7, p = 0.001 */
 #define CHI2_CRIT_7 24.32
 
+/* The target distribution of the statistical tests, and how many draws they take. */
+static const double k_probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
+#define DRAWS 100000L
+
 TH_TEST(sampling_distribution_chi_square) {
-  const double probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
   struct wk_sampler *s = wk_sampler_create(8);
-  struct wk_sampling_params p;
-  wk_sampling_params_default(&p);
+  struct wk_sampling_params p = params();
   p.seed = 7;
   long counts[8] = {0};
-  const long draws = 100000;
   float l[8];
-  for (long t = 0; t < draws; t++) {
+  for (long t = 0; t < DRAWS; t++) {
     struct wk_sample_result r;
-    fill_logp(l, probs, 8);
+    fill_logp(l, k_probs, 8);
     TH_REQUIRE(wk_sample(s, l, &p, NULL, (uint64_t)t, &r) == 0);
     counts[r.token]++;
   }
-  double x = chi2(counts, probs, 8, draws);
+  double x = chi2(counts, k_probs, 8, DRAWS);
   TH_CHECK(x < CHI2_CRIT_7);
   /* and the test can fail: the same counts against a wrong distribution */
   const double wrong[8] = {0.2, 0.3, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
-  TH_CHECK(chi2(counts, wrong, 8, draws) > CHI2_CRIT_7);
+  TH_CHECK(chi2(counts, wrong, 8, DRAWS) > CHI2_CRIT_7);
   wk_sampler_destroy(s);
 }
 
 TH_TEST(rejection_sampling_preserves_target) {
-  const double probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
   struct wk_sampler *s = wk_sampler_create(8);
-  struct wk_sampling_params p;
-  wk_sampling_params_default(&p);
+  struct wk_sampling_params p = params();
   p.seed = 99;
-  const long draws = 100000;
   float l[8];
   for (int draft = 0; draft < 8; draft += 3) {
     long counts[8] = {0}, acc = 0;
-    for (long t = 0; t < draws; t++) {
+    for (long t = 0; t < DRAWS; t++) {
       struct wk_sample_result r;
       int accepted = 0;
-      fill_logp(l, probs, 8);
+      fill_logp(l, k_probs, 8);
       TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, &accepted, &r) == 0);
       counts[r.token]++;
       acc += accepted;
       if (!accepted) TH_CHECK(r.token != draft);
     }
-    TH_CHECK(chi2(counts, probs, 8, draws) < CHI2_CRIT_7);
+    TH_CHECK(chi2(counts, k_probs, 8, DRAWS) < CHI2_CRIT_7);
     /* acceptance rate is p_target(draft) */
-    TH_CHECK_NEAR((double)acc / draws, probs[draft], 0.01);
+    TH_CHECK_NEAR((double)acc / DRAWS, k_probs[draft], 0.01);
   }
   /* greedy verification is exact */
   p.temperature = 0;
   struct wk_sample_result r;
   int accepted;
-  fill_logp(l, probs, 8);
+  fill_logp(l, k_probs, 8);
   TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, &accepted, &r) == 0);
   TH_CHECK(accepted && r.token == 0);
-  fill_logp(l, probs, 8);
+  fill_logp(l, k_probs, 8);
   TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 4, &accepted, &r) == 0);
   TH_CHECK(!accepted && r.token == 0);
   wk_sampler_destroy(s);
@@ -256,8 +258,7 @@ TH_TEST(seeded_reproducible_and_logprobs) {
   struct wk_sampler *s = wk_sampler_create(V);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   for (int i = 0; i < V; i++) orig[i] = (float)sin(i * 0.37) * 3.0f;
-  struct wk_sampling_params p;
-  wk_sampling_params_default(&p);
+  struct wk_sampling_params p = params();
   p.seed = 42;
   p.top_p = 0.9f;
   p.n_logprobs = 5;

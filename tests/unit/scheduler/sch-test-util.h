@@ -87,12 +87,14 @@ static inline void fake_groups(struct sch_engine_config *c, const struct sch_kv_
     c->groups[i] = g[i];
 }
 
-/* sch_engine_create; a failure fails the test (with the engine's reason) and gives NULL. */
+/* sch_engine_create; a failure stops the test (with the engine's reason). */
 static inline struct sch_engine *fake_engine(const struct sch_engine_config *c) {
   struct sch_engine *e = NULL;
   char err[256];
-  int rc = sch_engine_create(c, &e, err, sizeof(err));
-  if (rc) th_fail(__FILE__, __LINE__, "create: %s", err);
+  if (sch_engine_create(c, &e, err, sizeof(err)) != 0) {
+    th_fail(__FILE__, __LINE__, "create: %s", err);
+    th_stop();
+  }
   return e;
 }
 

@@ -443,7 +443,6 @@ TH_TEST(queued_requests_cost_only_their_prompt) {
   c.max_model_len = 1 << 20;
   c.max_num_batched_tokens = 64;
   struct sch_engine *e = fake_engine(&c);
-  TH_REQUIRE(e != NULL);
   char err[256];
   TH_REQUIRE(fake_add(e, 1, P1, 8, (1 << 20) - 8, err, sizeof(err)) == 0);
   struct sch_request *r = sch_queue_find(&e->q, 1);

@@ -161,7 +161,6 @@ TH_TEST(sliding_window_holes_reach_the_plan) {
   fake_config(&c, 64, 4, 16, 4, 128);
   fake_groups(&c, (const struct sch_kv_group_cfg[]){{4, 0}, {4, 8}}, 2);
   struct sch_engine *e = fake_engine(&c);
-  TH_REQUIRE(e != NULL);
   struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   TH_REQUIRE(add_req(e, 1, seq_prompt(40, 10), 40, 8) == 0);
@@ -238,7 +237,6 @@ TH_TEST(prefix_caching_off_counts_nothing) {
   c.max_model_len = 128;
   c.enable_prefix_caching = false;
   struct sch_engine *e = fake_engine(&c);
-  TH_REQUIRE(e != NULL);
   struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   const int32_t *p = seq_prompt(40, 50);
@@ -258,7 +256,6 @@ TH_TEST(prefix_caching_off_counts_nothing) {
 /* An engine on c with a 40-token prompt (id 1) and then a 5-token one (id 2) waiting. */
 static struct sch_engine *long_and_short(const struct sch_engine_config *c) {
   struct sch_engine *e = fake_engine(c);
-  TH_REQUIRE(e != NULL);
   TH_REQUIRE(add_req(e, 1, seq_prompt(40, 100), 40, 2) == 0);
   TH_REQUIRE(add_req(e, 2, seq_prompt(5, 300), 5, 2) == 0);
   return e;

@@ -383,38 +383,52 @@ static void base_config(struct sch_engine_config *c) {
   c->eos_ids[2] = 1000;
 }
 
-TH_TEST(stress_full_attention_prefix_cache) {
+/* What a test changes in base_config: the fields it leaves 0 keep the base's values. */
+struct variant {
+  int32_t blocks, max_seqs, max_waiting, spec_tokens, long_prefill_threshold;
+  bool no_prefix_cache;
+  int32_t num_groups;
+  struct sch_kv_group_cfg groups[SCH_MAX_GROUPS];
+};
+
+static void run_variant(const struct variant *v, uint64_t seed) {
   struct sch_engine_config c;
   base_config(&c);
-  run(&c, 1, 3000);
+  if (v->num_groups) fake_groups(&c, v->groups, v->num_groups);
+  if (v->blocks) c.num_blocks = v->blocks;
+  if (v->max_seqs) c.max_num_seqs = v->max_seqs;
+  if (v->max_waiting) c.max_waiting = v->max_waiting; /* over 100: random priorities */
+  if (v->spec_tokens) c.num_spec_tokens = v->spec_tokens;
+  if (v->long_prefill_threshold) c.long_prefill_threshold = v->long_prefill_threshold;
+  if (v->no_prefix_cache) c.enable_prefix_caching = false;
+  run(&c, seed, 3000);
+}
+
+TH_TEST(stress_full_attention_prefix_cache) {
+  run_variant(&(struct variant){0}, 1);
 }
 
 TH_TEST(stress_sliding_and_full_groups_with_drafts) {
-  struct sch_engine_config c;
-  base_config(&c);
-  fake_groups(&c, (const struct sch_kv_group_cfg[]){{8, 0}, {4, 12}}, 2);
-  c.num_blocks = 64;
-  c.num_spec_tokens = 3;
-  run(&c, 2, 3000);
+  run_variant(
+      &(struct variant){
+          .num_groups = 2, .groups = {{8, 0}, {4, 12}}, .blocks = 64, .spec_tokens = 3},
+      2);
 }
 
 TH_TEST(stress_no_cache_priorities_tiny_pool) {
-  struct sch_engine_config c;
-  base_config(&c);
-  c.enable_prefix_caching = false;
-  c.num_blocks = 20;
-  c.max_waiting = 200; /* turns on random priorities */
-  c.num_spec_tokens = 2;
-  c.max_num_seqs = 5;
-  run(&c, 3, 3000);
+  run_variant(&(struct variant){.no_prefix_cache = true,
+                                .blocks = 20,
+                                .max_waiting = 200,
+                                .spec_tokens = 2,
+                                .max_seqs = 5},
+              3);
 }
 
 TH_TEST(stress_sliding_groups_tight_pool_prefix_cache) {
-  struct sch_engine_config c;
-  base_config(&c);
-  fake_groups(&c, (const struct sch_kv_group_cfg[]){{4, 0}, {4, 9}, {2, 5}}, 3);
-  c.num_blocks = 72;
-  c.num_spec_tokens = 1;
-  c.long_prefill_threshold = 7;
-  run(&c, 4, 3000);
+  run_variant(&(struct variant){.num_groups = 3,
+                                .groups = {{4, 0}, {4, 9}, {2, 5}},
+                                .blocks = 72,
+                                .spec_tokens = 1,
+                                .long_prefill_threshold = 7},
+              4);
 }

@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/kn-cpu.h"
 #include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
@@ -52,21 +53,9 @@ static void check(const char *what, const float *got, const float *want, const u
 }
 
 TH_TEST(golden_gemma4_assistant) {
-  char dir[4096], tdir[4200], path[4200], why[4400];
-  snprintf(dir, sizeof(dir), "%s/fixtures/models/gemma4-assistant", th_tests_dir());
+  char dir[4096], tdir[4200], err[512] = "";
+  struct wk_st *g = wkt_golden_open("gemma4-assistant", " --only gemma4-assistant", dir);
   snprintf(tdir, sizeof(tdir), "%s/target", dir);
-  snprintf(path, sizeof(path), "%s/golden.safetensors", dir);
-  if (access(path, R_OK)) {
-    snprintf(why, sizeof(why),
-             "NO GOLDEN ASSISTANT FIXTURE at %s: run `python3 tests/reference/make_fixtures.py "
-             "--only gemma4-assistant` on a machine with torch + transformers 5 and commit "
-             "tests/fixtures/models/gemma4-assistant/",
-             dir);
-    TH_SKIP(why);
-  }
-  char err[512] = "";
-  struct wk_st *g = NULL;
-  TH_REQUIRE(wk_st_open_file(path, &g, err, sizeof(err)) == 0);
   const struct wk_tensor *ti = need(g, "input_ids", WK_ST_I64),
                          *ttl = need(g, "target_logits", WK_ST_F32),
                          *thi = need(g, "h_in", WK_ST_F32), *tti = need(g, "tokens_in", WK_ST_I64),

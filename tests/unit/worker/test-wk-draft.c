@@ -25,6 +25,13 @@ struct rig {
   int32_t next[2]; /* target's greedy next token */
 };
 
+/* A pseudo-random prompt of NP tokens below 512, from seed. */
+static void lcg_prompt(int32_t *p, uint32_t seed) {
+  uint32_t x = seed;
+  for (int i = 0; i < NP; i++)
+    p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
+}
+
 static int setup(struct rig *r, int ordered) {
   memset(r, 0, sizeof(*r));
   char err[256];
@@ -49,9 +56,7 @@ static int setup(struct rig *r, int ordered) {
   const struct wk_kv_spec *kv = wk_model_kv_spec(r->t);
   for (int q = 0; q < 2; q++) {
     int32_t p[NP];
-    uint32_t x = 17 + (uint32_t)q;
-    for (int i = 0; i < NP; i++)
-      p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
+    lcg_prompt(p, 17 + (uint32_t)q);
     if (wk_seq_blocks_reserve(&r->blk[q], kv, &r->pa, NP)) return -1;
     struct wk_seq_input in = {.tokens = p, .n_tokens = NP, .n_out = 1};
     for (int g = 0; g < kv->n_groups; g++) {
@@ -230,9 +235,7 @@ TH_TEST(speculative_greedy_equals_greedy) {
   struct rig r;
   TH_REQUIRE(setup(&r, 1) == 0);
   int32_t p[NP];
-  uint32_t x = 77;
-  for (int i = 0; i < NP; i++)
-    p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
+  lcg_prompt(p, 77);
   enum { N = 24 };
   int32_t want[N], got[N];
   static float wl[N * 512], gl[N * 512];
@@ -284,9 +287,7 @@ TH_TEST(speculative_acceptance_paths) {
   struct rig r;
   TH_REQUIRE(setup(&r, 1) == 0);
   int32_t p[NP];
-  uint32_t x = 78;
-  for (int i = 0; i < NP; i++)
-    p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
+  lcg_prompt(p, 78);
   enum { N = 30 };
   int32_t want[N], got[N];
   static float wl[N * 512], gl[N * 512];

@@ -13,24 +13,14 @@
 
 #include "kernels/cpu/kn-cpu.h"
 #include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 
 static void golden(const char *name) {
-  char dir[4096], path[4200], why[4400];
-  snprintf(dir, sizeof(dir), "%s/fixtures/models/%s", th_tests_dir(), name);
-  snprintf(path, sizeof(path), "%s/golden.safetensors", dir);
-  if (access(path, R_OK)) {
-    snprintf(why, sizeof(why),
-             "NO GOLDEN FIXTURES at %s: run `python3 tests/reference/make_fixtures.py` on a "
-             "machine with torch + transformers 5 and commit tests/fixtures/models/",
-             dir);
-    TH_SKIP(why);
-  }
-  char err[512] = "";
-  struct wk_st *g = NULL;
-  TH_REQUIRE(wk_st_open_file(path, &g, err, sizeof(err)) == 0);
+  char dir[4096], err[512] = "";
+  struct wk_st *g = wkt_golden_open(name, "", dir);
   const struct wk_tensor *ti = wk_st_find(g, "input_ids"), *tl = wk_st_find(g, "logits"),
                          *tg = wk_st_find(g, "greedy");
   TH_REQUIRE(ti && tl && tg && ti->dtype == WK_ST_I64 && tl->dtype == WK_ST_F32 &&

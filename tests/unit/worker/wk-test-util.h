@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/harness/th.h"
+#include "worker/wk-safetensors.h"
 #include "worker/wk-tiny-spec.h"
 
 /* Creates a fresh directory under $TMPDIR (or /tmp); path in buf. */
@@ -42,6 +44,29 @@ static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe,
   int rc = wk_tiny_write(&s, dir, seed, dt);
   wk_tiny_spec_free(&s);
   return rc;
+}
+
+/* Opens the golden fixture tests/fixtures/models/NAME/golden.safetensors (its folder in
+ * dir[4096]). When it is absent the test skips, saying how to make it:
+ * `make_fixtures.py ARGS`, then commit the folder. */
+static inline struct wk_st *wkt_golden_open(const char *name, const char *args, char *dir) {
+  char path[4200], why[4400];
+  snprintf(dir, 4096, "%s/fixtures/models/%s", th_tests_dir(), name);
+  snprintf(path, sizeof(path), "%s/golden.safetensors", dir);
+  if (access(path, R_OK)) {
+    snprintf(why, sizeof(why),
+             "NO GOLDEN FIXTURE at %s: run `python3 tests/reference/make_fixtures.py%s` on a "
+             "machine with torch + transformers 5 and commit tests/fixtures/models/%s",
+             dir, args, *args ? name : "");
+    TH_SKIP(why);
+  }
+  char err[512] = "";
+  struct wk_st *g = NULL;
+  if (wk_st_open_file(path, &g, err, sizeof(err)) != 0) {
+    th_fail(__FILE__, __LINE__, "%s: %s", path, err);
+    th_stop();
+  }
+  return g;
 }
 
 #endif
