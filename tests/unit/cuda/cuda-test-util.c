@@ -2,6 +2,7 @@
 #include "tests/unit/cuda/cuda-test-util.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,4 +118,47 @@ void ct_compare_at(const char *file, int line, const char *what, const float *re
             "%s: nmse %.3g (tol %.3g), %lld non-finite mismatches, %lld elements outside "
             "[%d x %d] changed (first at %zu)",
             what, nmse, tol, nonfinite, outside, rows, cols, first_outside);
+}
+
+void ct_out_init(struct ct_env *e, struct ct_out *o, size_t n, float amp) {
+  o->n = n;
+  o->ref = ct_sentinel(n);
+  o->got = ct_sentinel(n);
+  if (amp > 0) {
+    ct_fill(e, o->ref, n, amp);
+    memcpy(o->got, o->ref, n * sizeof(float));
+  }
+  o->dev = ct_up(e, o->got, n * sizeof(float));
+}
+
+void ct_out_check_at(const char *file, int line, struct ct_env *e, struct ct_out *o, int rows,
+                     int cols, ptrdiff_t ld, double tol, const char *fmt, ...) {
+  char what[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  ct_down(e, o->got, o->dev, o->n * sizeof(float));
+  ct_compare_at(file, line, what, o->ref, o->got, rows, cols, ld, o->n, tol);
+  kn_free(e->gpu, o->dev);
+  free(o->ref);
+  free(o->got);
+  o->ref = o->got = o->dev = NULL;
+}
+
+void ct_gemm_init(struct ct_env *e, struct ct_gemm *g, enum kn_dtype dt, size_t n_in, float amp,
+                  size_t n_w) {
+  g->in = malloc(n_in * sizeof(float));
+  TH_REQUIRE(g->in != NULL);
+  ct_fill(e, g->in, n_in, amp);
+  g->w = ct_weights(e, dt, n_w, 1.0f);
+  g->in_d = ct_up(e, g->in, n_in * sizeof(float));
+  g->w_d = ct_up(e, g->w, n_w * kn_dtype_size(dt));
+}
+
+void ct_gemm_free(struct ct_env *e, struct ct_gemm *g) {
+  kn_free(e->gpu, g->in_d);
+  kn_free(e->gpu, g->w_d);
+  free(g->in);
+  free(g->w);
 }

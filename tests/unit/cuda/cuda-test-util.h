@@ -43,4 +43,30 @@ void ct_compare_at(const char *file, int line, const char *what, const float *re
 /* Buffer of n floats filled with a sentinel pattern (malloc'd). */
 float *ct_sentinel(size_t n);
 
+/* An op's output on both backends: ref (the oracle's) and got (the device's, read back),
+ * n floats each, and dev, the device buffer the op writes. They start as sentinels, or
+ * (amp > 0: an op that accumulates) as the same random values in [-amp, amp). */
+struct ct_out {
+  float *ref, *got, *dev;
+  size_t n;
+};
+void ct_out_init(struct ct_env *e, struct ct_out *o, size_t n, float amp);
+/* Reads dev back into got, compares it with ref as ct_compare does (naming the case with
+ * the printf-style fmt) and frees the three buffers. */
+void ct_out_check_at(const char *file, int line, struct ct_env *e, struct ct_out *o, int rows,
+                     int cols, ptrdiff_t ld, double tol, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+#define ct_out_check(e, o, rows, cols, ld, tol, ...)                                               \
+  ct_out_check_at(__FILE__, __LINE__, (e), (o), (rows), (cols), (ld), (tol), __VA_ARGS__)
+
+/* A matmul's operands, on the host and uploaded: n_in floats of input in [-amp, amp)
+ * (filled first) and n_w weights of type dt in [-1, 1). */
+struct ct_gemm {
+  float *in, *in_d;
+  void *w, *w_d;
+};
+void ct_gemm_init(struct ct_env *e, struct ct_gemm *g, enum kn_dtype dt, size_t n_in, float amp,
+                  size_t n_w);
+void ct_gemm_free(struct ct_env *e, struct ct_gemm *g);
+
 #endif

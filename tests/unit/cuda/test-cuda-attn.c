@@ -206,32 +206,26 @@ static void attn_case_run(struct ct_env *e, const struct attn_case *c) {
   float *q = malloc(tq * sizeof(float));
   TH_REQUIRE(q);
   ct_fill(e, q, tq, 1.0f);
-  float *ref = ct_sentinel(to), *got = ct_sentinel(to);
+  struct ct_out o;
+  ct_out_init(e, &o, to, 0);
   float scale = 1.0f / sqrtf((float)c->D) * 2.0f;
 
   void *pool_d = ct_up(e, pool, pool_bytes);
   float *q_d = ct_up(e, q, tq * sizeof(float));
-  float *out_d = ct_up(e, got, to * sizeof(float));
   v.pool = pool;
-  int rc_cpu = kn_attention(e->cpu, ref, ldo, q, ldq, &v, seqs, c->n_seqs, c->n_heads, c->window,
+  int rc_cpu = kn_attention(e->cpu, o.ref, ldo, q, ldq, &v, seqs, c->n_seqs, c->n_heads, c->window,
                             scale, c->softcap);
   v.pool = pool_d;
-  int rc_gpu = kn_attention(e->gpu, out_d, ldo, q_d, ldq, &v, seqs, c->n_seqs, c->n_heads,
+  int rc_gpu = kn_attention(e->gpu, o.dev, ldo, q_d, ldq, &v, seqs, c->n_seqs, c->n_heads,
                             c->window, scale, c->softcap);
   if (rc_cpu || rc_gpu)
     th_fail(__FILE__, __LINE__, "attention %s: cpu %d, cuda %d", c->name, rc_cpu, rc_gpu);
-  ct_down(e, got, out_d, to * sizeof(float));
-  char what[128];
-  snprintf(what, sizeof(what), "attention %s", c->name);
-  ct_compare(what, ref, got, rows, width, ldo, to, 1e-9);
+  ct_out_check(e, &o, rows, width, ldo, 1e-9, "attention %s", c->name);
 
   kn_free(e->gpu, pool_d);
   kn_free(e->gpu, q_d);
-  kn_free(e->gpu, out_d);
   free(pool);
   free(q);
-  free(ref);
-  free(got);
   free(perm);
   free(tables);
 }

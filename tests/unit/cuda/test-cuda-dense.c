@@ -38,20 +38,14 @@ TH_TEST(cuda_embed) {
         for (int t = 0; t < T; t++)
           ids[t] = ct_rand_int(&e, vocab);
         ids[0] = vocab - 1;
-        float *ref = ct_sentinel(total), *got = ct_sentinel(total);
+        struct ct_out o;
+        ct_out_init(&e, &o, total, 0);
         void *table_d = ct_up(&e, table, (size_t)vocab * H * kn_dtype_size(dt));
-        float *out_d = ct_up(&e, got, total * sizeof(float));
-        TH_CHECK(kn_embed(e.cpu, ref, ldo, table, dt, vocab, H, ids, T, 1.5f) == 0);
-        TH_CHECK(kn_embed(e.gpu, out_d, ldo, table_d, dt, vocab, H, ids, T, 1.5f) == 0);
-        ct_down(&e, got, out_d, total * sizeof(float));
-        char what[96];
-        snprintf(what, sizeof(what), "embed %s H=%d T=%d", kn_dtype_name(dt), H, T);
-        ct_compare(what, ref, got, T, H, ldo, total, 0.0);
+        TH_CHECK(kn_embed(e.cpu, o.ref, ldo, table, dt, vocab, H, ids, T, 1.5f) == 0);
+        TH_CHECK(kn_embed(e.gpu, o.dev, ldo, table_d, dt, vocab, H, ids, T, 1.5f) == 0);
+        ct_out_check(&e, &o, T, H, ldo, 0.0, "embed %s H=%d T=%d", kn_dtype_name(dt), H, T);
         kn_free(e.gpu, table_d);
-        kn_free(e.gpu, out_d);
         free(table);
-        free(ref);
-        free(got);
       }
   ct_close(&e);
 }
@@ -104,37 +98,21 @@ static void matmul_case(struct ct_env *e, enum kn_dtype dt, int T, int N, int K,
   int n_out = N; /* output columns: N, or n_rows for the subset form */
   int wrows = rows ? n_w : N;
   size_t ti = (size_t)T * (size_t)(ldi > K ? ldi : K) + 1, to = (size_t)(T - 1) * ldo + n_out;
-  float *in = malloc(ti * sizeof(float));
-  TH_REQUIRE(in);
-  ct_fill(e, in, ti, 1.0f);
-  void *w = ct_weights(e, dt, (size_t)wrows * K + 1, 1.0f);
-  float *ref = ct_sentinel(to), *got = ct_sentinel(to);
-  if (accumulate) {
-    ct_fill(e, ref, to, 1.0f);
-    memcpy(got, ref, to * sizeof(float));
-  }
-  float *in_d = ct_up(e, in, ti * sizeof(float));
-  void *w_d = ct_up(e, w, ((size_t)wrows * K + 1) * kn_dtype_size(dt));
-  float *out_d = ct_up(e, got, to * sizeof(float));
+  struct ct_gemm g;
+  ct_gemm_init(e, &g, dt, ti, 1.0f, (size_t)wrows * K + 1);
+  struct ct_out o;
+  ct_out_init(e, &o, to, accumulate ? 1.0f : 0.0f);
   if (rows) {
-    TH_CHECK(kn_matmul_rows(e->cpu, ref, ldo, in, ldi, w, dt, n_w, K, rows, N, T) == 0);
-    TH_CHECK(kn_matmul_rows(e->gpu, out_d, ldo, in_d, ldi, w_d, dt, n_w, K, rows, N, T) == 0);
+    TH_CHECK(kn_matmul_rows(e->cpu, o.ref, ldo, g.in, ldi, g.w, dt, n_w, K, rows, N, T) == 0);
+    TH_CHECK(kn_matmul_rows(e->gpu, o.dev, ldo, g.in_d, ldi, g.w_d, dt, n_w, K, rows, N, T) == 0);
   } else {
-    TH_CHECK(kn_matmul(e->cpu, ref, ldo, in, ldi, w, dt, T, N, K, accumulate) == 0);
-    TH_CHECK(kn_matmul(e->gpu, out_d, ldo, in_d, ldi, w_d, dt, T, N, K, accumulate) == 0);
+    TH_CHECK(kn_matmul(e->cpu, o.ref, ldo, g.in, ldi, g.w, dt, T, N, K, accumulate) == 0);
+    TH_CHECK(kn_matmul(e->gpu, o.dev, ldo, g.in_d, ldi, g.w_d, dt, T, N, K, accumulate) == 0);
   }
-  ct_down(e, got, out_d, to * sizeof(float));
-  char what[128];
-  snprintf(what, sizeof(what), "%s %s T=%d N=%d K=%d acc=%d ldi=%td ldo=%td",
-           rows ? "matmul_rows" : "matmul", kn_dtype_name(dt), T, N, K, accumulate, ldi, ldo);
-  ct_compare(what, ref, got, T, n_out, T == 1 ? n_out : ldo, to, gemm_tol(dt));
-  kn_free(e->gpu, in_d);
-  kn_free(e->gpu, w_d);
-  kn_free(e->gpu, out_d);
-  free(in);
-  free(w);
-  free(ref);
-  free(got);
+  ct_out_check(e, &o, T, n_out, T == 1 ? n_out : ldo, gemm_tol(dt),
+               "%s %s T=%d N=%d K=%d acc=%d ldi=%td ldo=%td", rows ? "matmul_rows" : "matmul",
+               kn_dtype_name(dt), T, N, K, accumulate, ldi, ldo);
+  ct_gemm_free(e, &g);
 }
 
 TH_TEST(cuda_matmul) {
@@ -162,29 +140,16 @@ TH_TEST(cuda_matmul_softcap) {
     for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++) {
       int T = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
       ptrdiff_t ldo = N + 3;
-      size_t ti = (size_t)T * K, to = (size_t)(T - 1) * ldo + N;
-      float *in = malloc(ti * sizeof(float));
-      TH_REQUIRE(in);
-      ct_fill(&e, in, ti, 4.0f);
-      void *w = ct_weights(&e, k_wdts[di], (size_t)N * K, 1.0f);
-      float *ref = ct_sentinel(to), *got = ct_sentinel(to);
-      float *in_d = ct_up(&e, in, ti * sizeof(float));
-      void *w_d = ct_up(&e, w, (size_t)N * K * kn_dtype_size(k_wdts[di]));
-      float *out_d = ct_up(&e, got, to * sizeof(float));
-      TH_CHECK(kn_matmul_softcap(e.cpu, ref, ldo, in, K, w, k_wdts[di], T, N, K, 5.0f) == 0);
-      TH_CHECK(kn_matmul_softcap(e.gpu, out_d, ldo, in_d, K, w_d, k_wdts[di], T, N, K, 5.0f) == 0);
-      ct_down(&e, got, out_d, to * sizeof(float));
-      char what[96];
-      snprintf(what, sizeof(what), "matmul_softcap %s T=%d N=%d K=%d", kn_dtype_name(k_wdts[di]), T,
-               N, K);
-      ct_compare(what, ref, got, T, N, ldo, to, gemm_tol(k_wdts[di]));
-      kn_free(e.gpu, in_d);
-      kn_free(e.gpu, w_d);
-      kn_free(e.gpu, out_d);
-      free(in);
-      free(w);
-      free(ref);
-      free(got);
+      enum kn_dtype dt = k_wdts[di];
+      struct ct_gemm g;
+      ct_gemm_init(&e, &g, dt, (size_t)T * K, 4.0f, (size_t)N * K);
+      struct ct_out o;
+      ct_out_init(&e, &o, (size_t)(T - 1) * ldo + N, 0);
+      TH_CHECK(kn_matmul_softcap(e.cpu, o.ref, ldo, g.in, K, g.w, dt, T, N, K, 5.0f) == 0);
+      TH_CHECK(kn_matmul_softcap(e.gpu, o.dev, ldo, g.in_d, K, g.w_d, dt, T, N, K, 5.0f) == 0);
+      ct_out_check(&e, &o, T, N, ldo, gemm_tol(dt), "matmul_softcap %s T=%d N=%d K=%d",
+                   kn_dtype_name(dt), T, N, K);
+      ct_gemm_free(&e, &g);
     }
   ct_close(&e);
 }
@@ -201,33 +166,29 @@ TH_TEST(cuda_matmul_argmax) {
       for (int c = 0; c < 2; c++) {
         int T = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
         float cap = c ? 30.0f : 0.0f;
-        size_t ti = (size_t)T * K, to = (size_t)T * N;
-        float *in = malloc(ti * sizeof(float)), *zeros = calloc(to, sizeof(float));
-        TH_REQUIRE(in && zeros);
-        ct_fill(&e, in, ti, 4.0f);
-        void *w = ct_weights(&e, k_wdts[di], (size_t)N * K, 1.0f);
-        float *in_d = ct_up(&e, in, ti * sizeof(float));
-        void *w_d = ct_up(&e, w, (size_t)N * K * kn_dtype_size(k_wdts[di]));
+        enum kn_dtype dt = k_wdts[di];
+        size_t to = (size_t)T * N;
+        float *zeros = calloc(to, sizeof(float));
+        TH_REQUIRE(zeros);
+        struct ct_gemm g;
+        ct_gemm_init(&e, &g, dt, (size_t)T * K, 4.0f, (size_t)N * K);
         float *out_d = ct_up(&e, zeros, to * sizeof(float));
         float *scratch_d = ct_up(&e, zeros, to * sizeof(float));
         int32_t ids_a[32], ids_b[32];
         float max_a[32], max_b[32];
         if (c)
-          TH_CHECK(kn_matmul_softcap(e.gpu, out_d, N, in_d, K, w_d, k_wdts[di], T, N, K, cap) == 0);
+          TH_CHECK(kn_matmul_softcap(e.gpu, out_d, N, g.in_d, K, g.w_d, dt, T, N, K, cap) == 0);
         else
-          TH_CHECK(kn_matmul(e.gpu, out_d, N, in_d, K, w_d, k_wdts[di], T, N, K, 0) == 0);
+          TH_CHECK(kn_matmul(e.gpu, out_d, N, g.in_d, K, g.w_d, dt, T, N, K, 0) == 0);
         TH_CHECK(kn_argmax(e.gpu, ids_a, max_a, out_d, N, T, N) == 0);
-        TH_CHECK(kn_matmul_argmax(e.gpu, ids_b, max_b, in_d, K, w_d, k_wdts[di], T, N, K, cap,
+        TH_CHECK(kn_matmul_argmax(e.gpu, ids_b, max_b, g.in_d, K, g.w_d, dt, T, N, K, cap,
                                   scratch_d) == 0);
         for (int t = 0; t < T; t++)
           TH_CHECK(ids_a[t] == ids_b[t] && max_a[t] == max_b[t]);
-        kn_free(e.gpu, in_d);
-        kn_free(e.gpu, w_d);
         kn_free(e.gpu, out_d);
         kn_free(e.gpu, scratch_d);
-        free(in);
         free(zeros);
-        free(w);
+        ct_gemm_free(&e, &g);
       }
   ct_close(&e);
 }
@@ -380,17 +341,14 @@ TH_TEST(cuda_copy_rows) {
     float *src = malloc(ts * sizeof(float));
     TH_REQUIRE(src);
     ct_fill(&e, src, ts, 10.0f);
-    float *ref = ct_sentinel(td), *got = ct_sentinel(td);
-    float *s_d = ct_up(&e, src, ts * sizeof(float)), *d_d = ct_up(&e, got, td * sizeof(float));
-    TH_CHECK(kn_copy_rows(e.cpu, ref, ldd, src, lds, rows, cols) == 0);
-    TH_CHECK(kn_copy_rows(e.gpu, d_d, ldd, s_d, lds, rows, cols) == 0);
-    ct_down(&e, got, d_d, td * sizeof(float));
-    ct_compare("copy_rows", ref, got, rows, cols, rows == 1 ? cols : ldd, td, 0.0);
+    struct ct_out o;
+    ct_out_init(&e, &o, td, 0);
+    float *s_d = ct_up(&e, src, ts * sizeof(float));
+    TH_CHECK(kn_copy_rows(e.cpu, o.ref, ldd, src, lds, rows, cols) == 0);
+    TH_CHECK(kn_copy_rows(e.gpu, o.dev, ldd, s_d, lds, rows, cols) == 0);
+    ct_out_check(&e, &o, rows, cols, rows == 1 ? cols : ldd, 0.0, "copy_rows");
     kn_free(e.gpu, s_d);
-    kn_free(e.gpu, d_d);
     free(src);
-    free(ref);
-    free(got);
   }
   ct_close(&e);
 }

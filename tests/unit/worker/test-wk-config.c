@@ -13,6 +13,13 @@ static int parse(const char *json, struct wk_config *c, char *err) {
   return wk_config_parse(json, strlen(json), c, err, 256);
 }
 
+/* The opening fields of a text config (model type, vocabulary, widths, layers, heads);
+ * the rest of the object follows in the same string. */
+#define TEXT(type, vocab, hidden, inter, layers, heads)                                            \
+  "{\"model_type\":\"" type "\",\"vocab_size\":" #vocab ",\"hidden_size\":" #hidden                \
+  ",\"intermediate_size\":" #inter ",\"num_hidden_layers\":" #layers                               \
+  ",\"num_attention_heads\":" #heads
+
 /* gemma-3-1b's config.json (older field generation). */
 static const char *gemma3_1b =
     "{\"architectures\":[\"Gemma3ForCausalLM\"],\"model_type\":\"gemma3_text\","
@@ -44,11 +51,10 @@ TH_TEST(config_gemma3_older_fields) {
 }
 
 TH_TEST(config_gemma3_rope_scaling_and_nested) {
-  const char *j =
-      "{\"model_type\":\"gemma3\",\"text_config\":{\"model_type\":\"gemma3_text\","
-      "\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":6,"
-      "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,"
-      "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0},\"rope_theta\":1000000}}";
+  const char *j = "{\"model_type\":\"gemma3\",\"text_config\":" TEXT(
+      "gemma3_text", 1000, 64, 128, 6,
+      4) ",\"num_key_value_heads\":2,\"head_dim\":16,"
+         "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0},\"rope_theta\":1000000}}";
   struct wk_config c;
   char err[256] = "";
   TH_REQUIRE(parse(j, &c, err) == 0);
@@ -65,17 +71,17 @@ static void e2b_json(char *buf, size_t n, int nested) {
     strcat(types, (i + 1) % 5 == 0 ? "\"full_attention\"" : "\"sliding_attention\"");
   }
   char text[4096];
-  snprintf(text, sizeof(text),
-           "{\"model_type\":\"gemma4_text\",\"vocab_size\":262144,\"hidden_size\":1536,"
-           "\"intermediate_size\":6144,\"num_hidden_layers\":35,\"num_attention_heads\":8,"
-           "\"num_key_value_heads\":1,\"head_dim\":256,\"global_head_dim\":512,"
-           "\"sliding_window\":512,\"num_kv_shared_layers\":20,\"use_double_wide_mlp\":true,"
-           "\"hidden_size_per_layer_input\":256,\"vocab_size_per_layer_input\":262144,"
-           "\"final_logit_softcapping\":30.0,\"layer_types\":[%s],"
-           "\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\","
-           "\"rope_theta\":10000.0},\"full_attention\":{\"rope_type\":\"proportional\","
-           "\"partial_rotary_factor\":0.25,\"rope_theta\":1000000.0}}}",
-           types);
+  snprintf(
+      text, sizeof(text),
+      TEXT("gemma4_text", 262144, 1536, 6144, 35,
+           8) ",\"num_key_value_heads\":1,\"head_dim\":256,\"global_head_dim\":512,"
+              "\"sliding_window\":512,\"num_kv_shared_layers\":20,\"use_double_wide_mlp\":true,"
+              "\"hidden_size_per_layer_input\":256,\"vocab_size_per_layer_input\":262144,"
+              "\"final_logit_softcapping\":30.0,\"layer_types\":[%s],"
+              "\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"default\","
+              "\"rope_theta\":10000.0},\"full_attention\":{\"rope_type\":\"proportional\","
+              "\"partial_rotary_factor\":0.25,\"rope_theta\":1000000.0}}}",
+      types);
   if (nested)
     snprintf(buf, n, "{\"model_type\":\"gemma4\",\"text_config\":%s,\"vision_config\":{}}", text);
   else
@@ -158,11 +164,12 @@ TH_TEST(config_assistant_fields) {
   const char *j =
       "{\"model_type\":\"gemma4_assistant\",\"backbone_hidden_size\":1536,"
       "\"use_ordered_embeddings\":true,\"num_centroids\":2048,\"centroid_intermediate_top_k\":32,"
-      "\"text_config\":{\"model_type\":\"gemma4_text\",\"vocab_size\":262144,\"hidden_size\":256,"
-      "\"intermediate_size\":2048,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
-      "\"num_key_value_heads\":1,\"head_dim\":256,\"global_head_dim\":512,"
-      "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"sliding_attention\","
-      "\"full_attention\"],\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":0}}";
+      "\"text_config\":" TEXT(
+          "gemma4_text", 262144, 256, 2048, 4,
+          4) ",\"num_key_value_heads\":1,\"head_dim\":256,\"global_head_dim\":512,"
+             "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"sliding_attention\","
+             "\"full_attention\"],\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":"
+             "0}}";
   struct wk_config c;
   char err[256] = "";
   TH_REQUIRE(parse(j, &c, err) == 0);
@@ -196,33 +203,19 @@ TH_TEST(config_errors_name_the_field) {
       {"[1,2]", CM_ERR_PARSE, "object"},
       {"{\"hidden_size\":3}", CM_ERR_PARSE, "model_type"},
       {"{\"model_type\":\"gemma4\"}", CM_ERR_PARSE, "text_config"},
-      {"{\"model_type\":\"gemma3_text\",\"vocab_size\":10,\"hidden_size\":-4,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":1}",
-       CM_ERR_RANGE, "hidden_size"},
-      {"{\"model_type\":\"gemma4_text\",\"vocab_size\":10,\"hidden_size\":8,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":1,"
-       "\"layer_types\":[\"full_attention\"]}",
-       CM_ERR_SHAPE, "layer_types"},
-      {"{\"model_type\":\"gemma4_text\",\"vocab_size\":10,\"hidden_size\":8,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":1,"
-       "\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"yarn\"}}}",
+      {TEXT("gemma3_text", 10, -4, 8, 1, 1) "}", CM_ERR_RANGE, "hidden_size"},
+      {TEXT("gemma4_text", 10, 8, 8, 2, 1) ",\"layer_types\":[\"full_attention\"]}", CM_ERR_SHAPE,
+       "layer_types"},
+      {TEXT("gemma4_text", 10, 8, 8, 1, 1) ",\"rope_parameters\":{\"full_attention\":{"
+                                           "\"rope_type\":\"yarn\"}}}",
        CM_ERR_UNSUPPORTED, "yarn"},
-      {"{\"model_type\":\"gemma3_text\",\"vocab_size\":10,\"hidden_size\":8,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":3,"
-       "\"num_key_value_heads\":2}",
-       CM_ERR_INVAL, "multiple"},
-      {"{\"model_type\":\"gemma3_text\",\"vocab_size\":10,\"hidden_size\":8,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":1,"
-       "\"hidden_activation\":\"silu\"}",
-       CM_ERR_UNSUPPORTED, "silu"},
-      {"{\"model_type\":\"gemma4_text\",\"vocab_size\":10,\"hidden_size\":8,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":1,"
-       "\"num_kv_shared_layers\":2}",
-       CM_ERR_INVAL, "KV-shared"},
+      {TEXT("gemma3_text", 10, 8, 8, 1, 3) ",\"num_key_value_heads\":2}", CM_ERR_INVAL, "multiple"},
+      {TEXT("gemma3_text", 10, 8, 8, 1, 1) ",\"hidden_activation\":\"silu\"}", CM_ERR_UNSUPPORTED,
+       "silu"},
+      {TEXT("gemma4_text", 10, 8, 8, 2, 1) ",\"num_kv_shared_layers\":2}", CM_ERR_INVAL,
+       "KV-shared"},
       /* head_dim derived as hidden / heads = 0 (found by fuzzing) */
-      {"{\"model_type\":\"gemma4_text\",\"vocab_size\":10,\"hidden_size\":1,"
-       "\"intermediate_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2}",
-       CM_ERR_RANGE, "head_dim"},
+      {TEXT("gemma4_text", 10, 1, 8, 2, 2) "}", CM_ERR_RANGE, "head_dim"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     err[0] = 0;
@@ -252,11 +245,10 @@ TH_TEST(config_generation_eos) {
  * rope_parameters entries without rope_theta. */
 TH_TEST(config_gemma3_rope_parameters_without_theta) {
   const char *j =
-      "{\"model_type\":\"gemma3_text\",\"vocab_size\":1000,\"hidden_size\":64,"
-      "\"intermediate_size\":128,\"num_hidden_layers\":6,\"num_attention_heads\":4,"
-      "\"head_dim\":16,\"rope_theta\":1000000,\"rope_local_base_freq\":10000,"
-      "\"rope_parameters\":{\"full_attention\":{\"factor\":8.0,\"rope_type\":\"linear\"},"
-      "\"sliding_attention\":{\"rope_type\":\"default\"}}}";
+      TEXT("gemma3_text", 1000, 64, 128, 6,
+           4) ",\"head_dim\":16,\"rope_theta\":1000000,\"rope_local_base_freq\":10000,"
+              "\"rope_parameters\":{\"full_attention\":{\"factor\":8.0,\"rope_type\":\"linear\"},"
+              "\"sliding_attention\":{\"rope_type\":\"default\"}}}";
   struct wk_config c;
   char err[256] = "";
   TH_REQUIRE(parse(j, &c, err) == 0);
@@ -270,12 +262,12 @@ TH_TEST(config_gemma3_rope_parameters_without_theta) {
 /* Newer Gemma 4 configs: per-layer head dims and KV heads under
  * "per_layer_config" (by layer index or by layer type). */
 TH_TEST(config_gemma4_per_layer_config) {
-  const char *j = "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
-                  "\"intermediate_size\":128,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
-                  "\"num_key_value_heads\":2,\"head_dim\":32,\"attention_k_eq_v\":true,"
-                  "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
-                  "\"full_attention\"],\"per_layer_config\":{\"1\":{\"head_dim\":64,"
-                  "\"num_key_value_heads\":1},\"3\":{\"head_dim\":64,\"num_key_value_heads\":1}}}";
+  const char *j =
+      TEXT("gemma4_text", 100, 64, 128, 4,
+           4) ",\"num_key_value_heads\":2,\"head_dim\":32,\"attention_k_eq_v\":true,"
+              "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+              "\"full_attention\"],\"per_layer_config\":{\"1\":{\"head_dim\":64,"
+              "\"num_key_value_heads\":1},\"3\":{\"head_dim\":64,\"num_key_value_heads\":1}}}";
   struct wk_config c;
   char err[256] = "";
   TH_REQUIRE(parse(j, &c, err) == 0);
@@ -285,20 +277,16 @@ TH_TEST(config_gemma4_per_layer_config) {
   TH_CHECK_EQ_INT(c.layers[0].head_dim, 32);
   TH_CHECK_EQ_INT(c.layers[0].n_kv_heads, 2);
   TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 8);
-  const char *by_type =
-      "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
-      "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
-      "\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
-      "\"per_layer_config\":{\"full_attention\":{\"head_dim\":128}}}";
+  /* two layers, sliding then full, of head_dim 32 */
+#define TWO       TEXT("gemma4_text", 100, 64, 128, 2, 4)
+#define TWO_TYPED TWO ",\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"]"
+  const char *by_type = TWO_TYPED ",\"per_layer_config\":{\"full_attention\":{\"head_dim\":128}}}";
   TH_REQUIRE(parse(by_type, &c, err) == 0);
   TH_CHECK_EQ_INT(c.layers[1].head_dim, 128);
-  const char *mixed = "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
-                      "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
-                      "\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
-                      "\"per_layer_config\":{\"0\":{\"head_dim\":16}}}";
+  const char *mixed = TWO_TYPED ",\"per_layer_config\":{\"0\":{\"head_dim\":16}}}";
   TH_CHECK_EQ_INT(parse(mixed, &c, err), CM_ERR_UNSUPPORTED);
-  const char *bad = "{\"model_type\":\"gemma4_text\",\"vocab_size\":100,\"hidden_size\":64,"
-                    "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
-                    "\"per_layer_config\":{\"7\":{}}}";
+  const char *bad = TWO ",\"per_layer_config\":{\"7\":{}}}";
   TH_CHECK_EQ_INT(parse(bad, &c, err), CM_ERR_PARSE);
+#undef TWO_TYPED
+#undef TWO
 }
