@@ -27,6 +27,15 @@ static void cleanup(void) {
   if (cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
 }
 
+/* The test's temporary folder with name in it, in path[300]; the folder goes at exit. */
+static void tmp_path(char *path, const char *name) {
+  static int registered;
+  if (!registered++) atexit(cleanup);
+  const char *d = tmpdir();
+  TH_REQUIRE(d);
+  snprintf(path, 300, "%s/%s", d, name);
+}
+
 /* Runs `lmserve ARG...` (NULL-terminated) within 2 minutes: its exit code; o holds what
  * it wrote. */
 #define lm(o, ...) th_lmserve((o), 120000, __VA_ARGS__, NULL)
@@ -39,13 +48,10 @@ static int files_equal(const char *a, const char *b) {
 
 TH_TEST(make_tiny_model_is_deterministic) {
   th_proc_init(300);
-  atexit(cleanup);
-  const char *d = tmpdir();
-  TH_REQUIRE(d);
   char m1[300], m2[300], m3[300], f1[400], f2[400], f3[400];
-  snprintf(m1, sizeof(m1), "%s/m1", d);
-  snprintf(m2, sizeof(m2), "%s/m2", d);
-  snprintf(m3, sizeof(m3), "%s/m3", d);
+  tmp_path(m1, "m1");
+  tmp_path(m2, "m2");
+  tmp_path(m3, "m3");
   struct th_out o = {0};
   TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--out", m1, "--vocab", "512", "--seed", "3"), 0);
   TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--out", m2, "--vocab", "512", "--seed", "3"), 0);
@@ -64,11 +70,8 @@ TH_TEST(make_tiny_model_is_deterministic) {
 
 TH_TEST(generate_ids_and_chunking) {
   th_proc_init(300);
-  atexit(cleanup);
-  const char *d = tmpdir();
-  TH_REQUIRE(d);
   char m[300];
-  snprintf(m, sizeof(m), "%s/g3", d);
+  tmp_path(m, "g3");
   struct th_out o = {0};
   TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", m, "--vocab", "512") == 0);
   /* 100 prompt ids: crosses the 64-token sliding window */
@@ -101,12 +104,9 @@ TH_TEST(generate_ids_and_chunking) {
 
 TH_TEST(generate_text_with_tokenizer_and_assistant) {
   th_proc_init(300);
-  atexit(cleanup);
-  const char *d = tmpdir();
-  TH_REQUIRE(d);
   char m[300], a[300];
-  snprintf(m, sizeof(m), "%s/g4", d);
-  snprintf(a, sizeof(a), "%s/g4-assistant", d);
+  tmp_path(m, "g4");
+  tmp_path(a, "g4-assistant");
   struct th_out o = {0};
   TH_REQUIRE(lm(&o, "make-tiny-model", "--out", m) == 0);
   int have_tok = strstr(o.err, "no tokenizer") == NULL;
@@ -149,11 +149,8 @@ TH_TEST(generate_text_with_tokenizer_and_assistant) {
 
 TH_TEST(generate_errors) {
   th_proc_init(120);
-  atexit(cleanup);
-  const char *d = tmpdir();
-  TH_REQUIRE(d);
   char m[300];
-  snprintf(m, sizeof(m), "%s/e", d);
+  tmp_path(m, "e");
   struct th_out o = {0};
   TH_REQUIRE(lm(&o, "make-tiny-model", "--out", m, "--vocab", "512") == 0);
   TH_CHECK_EQ_INT(lm(&o, "generate", "--model", m, "--prompt-ids", "2,999"), 1);

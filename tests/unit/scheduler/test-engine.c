@@ -289,10 +289,16 @@ TH_TEST(stop_conditions) {
   sch_engine_destroy(e);
 }
 
-TH_TEST(spec_decode_reserves_and_rolls_back) {
+/* An engine with 3 draft slots a decode, and request 1 (7 prompt tokens, 8 to make). */
+static struct sch_engine *spec_engine(void) {
   struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 3);
   char err[256];
   TH_REQUIRE(fake_add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
+  return e;
+}
+
+TH_TEST(spec_decode_reserves_and_rolls_back) {
+  struct sch_engine *e = spec_engine();
   struct sch_plan plan;
   struct sch_outputs o;
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
@@ -355,9 +361,7 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
 /* Draft slots the workers had no drafts for (the first decode after a
  * prefill: the prefill step proposes none) are not counted as drafts. */
 TH_TEST(spec_counters_count_verified_drafts_only) {
-  struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 3);
-  char err[256];
-  TH_REQUIRE(fake_add(e, 1, P1, 7, 8, err, sizeof(err)) == 0);
+  struct sch_engine *e = spec_engine();
   struct sch_plan plan;
   struct sch_outputs o;
   int32_t t[4] = {40, 41, 42, 43};

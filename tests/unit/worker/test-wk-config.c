@@ -13,6 +13,15 @@ static int parse(const char *json, struct wk_config *c, char *err) {
   return wk_config_parse(json, strlen(json), c, err, 256);
 }
 
+/* Parses json into c; a refusal stops the test with the parser's reason. */
+static void parse_ok(const char *json, struct wk_config *c) {
+  char err[256] = "";
+  if (parse(json, c, err) != 0) {
+    th_fail(__FILE__, __LINE__, "%s", err);
+    th_stop();
+  }
+}
+
 /* The opening fields of a text config (model type, vocabulary, widths, layers, heads);
  * the rest of the object follows in the same string. */
 #define TEXT(type, vocab, hidden, inter, layers, heads)                                            \
@@ -33,8 +42,7 @@ static const char *gemma3_1b =
 
 TH_TEST(config_gemma3_older_fields) {
   struct wk_config c;
-  char err[256] = "";
-  TH_REQUIRE(parse(gemma3_1b, &c, err) == 0);
+  parse_ok(gemma3_1b, &c);
   TH_CHECK_EQ_INT(c.arch, WK_ARCH_GEMMA3);
   TH_CHECK_EQ_INT(c.n_layers, 26);
   for (int i = 0; i < 26; i++)
@@ -56,8 +64,7 @@ TH_TEST(config_gemma3_rope_scaling_and_nested) {
       4) ",\"num_key_value_heads\":2,\"head_dim\":16,"
          "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0},\"rope_theta\":1000000}}";
   struct wk_config c;
-  char err[256] = "";
-  TH_REQUIRE(parse(j, &c, err) == 0);
+  parse_ok(j, &c);
   TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].factor, 8.0, 1e-12);
   TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].factor, 1.0, 1e-12);
   TH_CHECK_NEAR(c.attn_scale, 0.25, 1e-12); /* query_pre_attn_scalar defaults to head_dim */
@@ -93,8 +100,7 @@ TH_TEST(config_gemma4_e2b_plan) {
   for (int nested = 0; nested < 2; nested++) {
     e2b_json(j, sizeof(j), nested);
     struct wk_config c;
-    char err[256] = "";
-    TH_REQUIRE(parse(j, &c, err) == 0);
+    parse_ok(j, &c);
     TH_CHECK_EQ_INT(c.arch, WK_ARCH_GEMMA4);
     TH_CHECK_NEAR(c.attn_scale, 1.0, 0);
     TH_CHECK_NEAR(c.final_softcap, 30.0, 0);
@@ -121,8 +127,7 @@ TH_TEST(kv_spec_e2b_bytes_per_token) {
   static char j[8192];
   e2b_json(j, sizeof(j), 0);
   struct wk_config c;
-  char err[256] = "";
-  TH_REQUIRE(parse(j, &c, err) == 0);
+  parse_ok(j, &c);
   struct wk_kv_spec kv;
   TH_REQUIRE(wk_kv_spec_build(&c, KN_DTYPE_BF16, 16, &kv) == 0);
   TH_REQUIRE(kv.n_groups == 2);
@@ -171,8 +176,7 @@ TH_TEST(config_assistant_fields) {
              "\"full_attention\"],\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":"
              "0}}";
   struct wk_config c;
-  char err[256] = "";
-  TH_REQUIRE(parse(j, &c, err) == 0);
+  parse_ok(j, &c);
   TH_CHECK_EQ_INT(c.arch, WK_ARCH_GEMMA4_ASSISTANT);
   TH_CHECK_EQ_INT(c.backbone_hidden, 1536);
   TH_CHECK_EQ_INT(c.use_ordered_embeddings, 1);
@@ -228,8 +232,8 @@ TH_TEST(config_errors_name_the_field) {
 
 TH_TEST(config_generation_eos) {
   struct wk_config c;
+  parse_ok(gemma3_1b, &c);
   char err[256] = "";
-  TH_REQUIRE(parse(gemma3_1b, &c, err) == 0);
   const char *g = "{\"eos_token_id\": [1, 106, 50]}";
   TH_CHECK_EQ_INT(wk_config_parse_generation(g, strlen(g), &c, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(c.n_eos, 3);
@@ -250,8 +254,7 @@ TH_TEST(config_gemma3_rope_parameters_without_theta) {
               "\"rope_parameters\":{\"full_attention\":{\"factor\":8.0,\"rope_type\":\"linear\"},"
               "\"sliding_attention\":{\"rope_type\":\"default\"}}}";
   struct wk_config c;
-  char err[256] = "";
-  TH_REQUIRE(parse(j, &c, err) == 0);
+  parse_ok(j, &c);
   TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].theta, 1e6, 0);
   TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].factor, 8.0, 0);
   TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].theta, 1e4, 0);
@@ -269,8 +272,8 @@ TH_TEST(config_gemma4_per_layer_config) {
               "\"full_attention\"],\"per_layer_config\":{\"1\":{\"head_dim\":64,"
               "\"num_key_value_heads\":1},\"3\":{\"head_dim\":64,\"num_key_value_heads\":1}}}";
   struct wk_config c;
+  parse_ok(j, &c);
   char err[256] = "";
-  TH_REQUIRE(parse(j, &c, err) == 0);
   TH_CHECK_EQ_INT(c.global_head_dim, 64);
   TH_CHECK_EQ_INT(c.layers[1].head_dim, 64);
   TH_CHECK_EQ_INT(c.layers[1].n_kv_heads, 1);
@@ -281,7 +284,7 @@ TH_TEST(config_gemma4_per_layer_config) {
 #define TWO       TEXT("gemma4_text", 100, 64, 128, 2, 4)
 #define TWO_TYPED TWO ",\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"]"
   const char *by_type = TWO_TYPED ",\"per_layer_config\":{\"full_attention\":{\"head_dim\":128}}}";
-  TH_REQUIRE(parse(by_type, &c, err) == 0);
+  parse_ok(by_type, &c);
   TH_CHECK_EQ_INT(c.layers[1].head_dim, 128);
   const char *mixed = TWO_TYPED ",\"per_layer_config\":{\"0\":{\"head_dim\":16}}}";
   TH_CHECK_EQ_INT(parse(mixed, &c, err), CM_ERR_UNSUPPORTED);
