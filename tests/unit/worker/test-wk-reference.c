@@ -80,6 +80,35 @@ struct ref_keep {
 
 /* logits[T, V] for prompt ids[T] at positions 0..T-1; with keep, the K/V
  * caches, the last hidden state and the embedding are handed over. */
+/* One query head q[D] attending over positions 0..pos of a cache K, V (kvh heads of D
+ * values a position; this head reads kv head kh): causal, keys at or before pos - win
+ * masked when win > 0, scores scaled then (softcap > 0) capped. sc: pos + 1 scratch
+ * scores. The result in out[D]. */
+static void attend(const double *qv, const double *K, const double *V, int pos, int kvh, int kh,
+                   int D, int win, double scale, double softcap, double *sc, double *out) {
+  double mx = -1e300;
+  for (int j = 0; j <= pos; j++) {
+    sc[j] = -1e300;
+    if (win && j <= pos - win) continue;
+    double s = 0;
+    for (int d = 0; d < D; d++)
+      s += qv[d] * K[((size_t)j * kvh + kh) * D + d];
+    s *= scale;
+    if (softcap > 0) s = tanh(s / softcap) * softcap;
+    sc[j] = s;
+    if (s > mx) mx = s;
+  }
+  double z = 0;
+  for (int j = 0; j <= pos; j++)
+    z += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
+  for (int d = 0; d < D; d++) {
+    double acc = 0;
+    for (int j = 0; j <= pos; j++)
+      if (sc[j] > -1e299) acc += exp(sc[j] - mx) / z * V[((size_t)j * kvh + kh) * D + d];
+    out[d] = acc;
+  }
+}
+
 static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *logits,
                         struct ref_keep *keep) {
   const struct wk_config *c = r->c;
@@ -163,32 +192,9 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
     int win = lc->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
     double *att = tmp, *sc = tmp + 65536;
     for (int t = 0; t < T; t++) {
-      for (int hh = 0; hh < nh; hh++) {
-        int kh = hh / (nh / kvh);
-        const double *qv = q + ((size_t)t * nh + hh) * D;
-        double mx = -1e300;
-        for (int j = 0; j <= t; j++) {
-          sc[j] = -1e300;
-          if (win && j <= t - win) continue;
-          double s = 0;
-          for (int d = 0; d < D; d++)
-            s += qv[d] * K[src][((size_t)j * kvh + kh) * D + d];
-          s *= c->attn_scale;
-          if (c->attn_softcap > 0) s = tanh(s / c->attn_softcap) * c->attn_softcap;
-          sc[j] = s;
-          if (s > mx) mx = s;
-        }
-        double z = 0;
-        for (int j = 0; j <= t; j++)
-          z += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
-        for (int d = 0; d < D; d++) {
-          double acc = 0;
-          for (int j = 0; j <= t; j++)
-            if (sc[j] > -1e299)
-              acc += exp(sc[j] - mx) / z * Vc[src][((size_t)j * kvh + kh) * D + d];
-          att[hh * D + d] = acc;
-        }
-      }
+      for (int hh = 0; hh < nh; hh++)
+        attend(q + ((size_t)t * nh + hh) * D, K[src], Vc[src], t, kvh, hh / (nh / kvh), D, win,
+               c->attn_scale, c->attn_softcap, sc, att + hh * D);
       double *o = tmp + 2 * 65536, *xt = x + (size_t)t * H;
       linear(o, wo, att, H, nh * D);
       rmsnorm(o, H, pan, nm, eps);
@@ -407,26 +413,9 @@ static void ref_draft(const struct ref *a, const struct wk_config *tc, const str
     for (int hd = 0; hd < nh; hd++) {
       rmsnorm(q + hd * D, D, qn, 0, eps);
       rope(q + hd * D, D, p, &c->rope[lc->kind]);
-      int kh = hd / (nh / kvh);
-      double sc[4096], mx = -1e300, z = 0;
-      for (int j = 0; j <= p; j++) {
-        sc[j] = -1e300;
-        if (win && j <= p - win) continue;
-        double s = 0;
-        for (int d = 0; d < D; d++)
-          s += q[hd * D + d] * k->K[src][((size_t)j * kvh + kh) * D + d];
-        sc[j] = s * c->attn_scale;
-        mx = sc[j] > mx ? sc[j] : mx;
-      }
-      for (int j = 0; j <= p; j++)
-        z += sc[j] > -1e299 ? exp(sc[j] - mx) : 0;
-      for (int d = 0; d < D; d++) {
-        double acc = 0;
-        for (int j = 0; j <= p; j++)
-          if (sc[j] > -1e299)
-            acc += exp(sc[j] - mx) / z * k->V[src][((size_t)j * kvh + kh) * D + d];
-        att[hd * D + d] = acc;
-      }
+      double sc[4096];
+      attend(q + hd * D, k->K[src], k->V[src], p, kvh, hd / (nh / kvh), D, win, c->attn_scale, 0,
+             sc, att + hd * D);
     }
     linear(o, wo, att, h, nh * D);
     rmsnorm(o, h, pan, 0, eps);
