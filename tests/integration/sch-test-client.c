@@ -80,6 +80,7 @@ void client_close(struct client *c) {
 
 void env_open(struct env *e, struct client *c, int world, const char *const *sched_extra,
               const char *const *worker_extra, struct treq *reqs, int n) {
+  th_proc_init(30);
   env_start(e, world, sched_extra, worker_extra);
   client_open(e, c, reqs, n);
   PING_UNTIL(c, c->pong.workers_ready == (uint32_t)world, 10000);

@@ -57,8 +57,9 @@ void env_stop(struct env *e);
 
 void client_open(struct env *e, struct client *c, struct treq *reqs, int n);
 void client_close(struct client *c);
-/* env_start, then client_open over reqs[0..n) and PINGs until all `world` ranks are
- * ready (10 s at most). */
+/* Arms the test's 30 s watchdog (th_proc_init; a test that needs longer arms it again
+ * after), env_start, then client_open over reqs[0..n) and PINGs until all `world` ranks
+ * are ready (10 s at most). */
 void env_open(struct env *e, struct client *c, int world, const char *const *sched_extra,
               const char *const *worker_extra, struct treq *reqs, int n);
 /* client_close, then env_stop. */

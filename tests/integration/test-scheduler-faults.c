@@ -18,7 +18,6 @@
 static struct treq g_reqs[MAXR];
 
 TH_TEST(sched_worker_death_and_recovery) {
-  th_proc_init(30);
   struct env e;
   const char *wx[] = {"--slow-ms", "3", NULL};
   struct client c;
@@ -55,7 +54,6 @@ TH_TEST(sched_worker_death_and_recovery) {
 }
 
 TH_TEST(sched_worker_fail_message) {
-  th_proc_init(30);
   struct env e;
   const char *wx[] = {"--fail-at-step", "5", NULL};
   struct client c;
@@ -78,7 +76,6 @@ static void send_raw(void *zs, const void *a, size_t na, const void *b, size_t n
 }
 
 TH_TEST(sched_garbage_on_both_sockets) {
-  th_proc_init(30);
   struct env e;
   struct client c;
   env_open(&e, &c, 1, NULL, NULL, g_reqs, 1);
@@ -151,7 +148,6 @@ TH_TEST(sched_garbage_on_both_sockets) {
 }
 
 TH_TEST(sched_frontend_gone) {
-  th_proc_init(30);
   struct env e;
   const char *wx[] = {"--slow-ms", "2", NULL};
   static struct treq gone[4];

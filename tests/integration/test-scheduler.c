@@ -21,7 +21,6 @@
 static struct treq g_reqs[MAXR], g_reqs2[MAXR];
 
 TH_TEST(sched_single_request) {
-  th_proc_init(30);
   struct env e;
   struct client c;
   env_open(&e, &c, 1, NULL, NULL, g_reqs, 1);
@@ -45,7 +44,6 @@ TH_TEST(sched_single_request) {
 }
 
 TH_TEST(sched_concurrent_requests) {
-  th_proc_init(30);
   struct env e;
   /* the worker also lists the prefill chunks that sampled nothing */
   const char *wx[] = {"--empty-results", NULL};
@@ -67,7 +65,6 @@ TH_TEST(sched_concurrent_requests) {
 }
 
 TH_TEST(sched_stop_conditions) {
-  th_proc_init(30);
   struct env e;
   struct client c;
   env_open(&e, &c, 1, NULL, NULL, g_reqs, 4);
@@ -108,7 +105,6 @@ TH_TEST(sched_stop_conditions) {
 }
 
 TH_TEST(sched_rejections) {
-  th_proc_init(30);
   struct env e;
   struct client c;
   env_open(&e, &c, 1, NULL, NULL, g_reqs, 4);
@@ -138,7 +134,6 @@ TH_TEST(sched_rejections) {
 }
 
 TH_TEST(sched_abort_frees_everything) {
-  th_proc_init(30);
   struct env e;
   const char *wx[] = {"--slow-ms", "3", NULL};
   struct client c;
@@ -176,7 +171,6 @@ TH_TEST(sched_abort_frees_everything) {
 }
 
 TH_TEST(sched_prefix_cache_hits) {
-  th_proc_init(30);
   struct env e;
   struct client c;
   env_open(&e, &c, 1, NULL, NULL, g_reqs, 2);
@@ -199,7 +193,6 @@ TH_TEST(sched_prefix_cache_hits) {
 }
 
 TH_TEST(sched_speculative_decoding) {
-  th_proc_init(30);
   struct env e;
   const char *sx[] = {"--num-speculative-tokens", "3", NULL};
   const char *wx[] = {"--max-draft", "3", NULL};
@@ -225,7 +218,6 @@ TH_TEST(sched_speculative_decoding) {
 }
 
 TH_TEST(sched_two_frontends_two_ranks) {
-  th_proc_init(30);
   struct env e;
   struct client c1, c2;
   env_open(&e, &c1, 2, NULL, NULL, g_reqs, 12);
@@ -263,12 +255,12 @@ static struct treq g_many[256];
 /* A full batch: 256 requests running at once over a large pool (and the scheduler's
  * per-step cost, which it logs at exit). */
 TH_TEST(sched_batch_256) {
-  th_proc_init(60);
   struct env e;
   const char *sx[] = {"--max-num-seqs", "256", "--max-num-batched-tokens", "4096", NULL};
   const char *wx[] = {"--blocks", "8192", NULL};
   struct client c;
   env_open(&e, &c, 1, sx, wx, g_many, 256);
+  th_proc_init(60);
   for (int i = 0; i < 256; i++) {
     make_req(&g_many[i], 1 + (uint64_t)i, 16 + rnd(100), 100);
     g_many[i].ignore_eos = true;

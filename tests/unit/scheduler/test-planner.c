@@ -29,14 +29,18 @@ static const struct sch_plan_seq *find_seq(const struct sch_plan *p, uint64_t id
   return NULL;
 }
 
-/* One step with the fake worker; returns the outputs. */
-static struct sch_outputs step(struct sch_engine *e, struct sch_plan *plan, struct fake_worker *w) {
+/* The fake rank answering every test's steps (it accepts every draft, so it draws no
+ * random numbers and keeps no state from one answer to the next). */
+static struct fake_worker g_rank = {.rng = 1};
+
+/* One step with the fake rank; returns the outputs. */
+static struct sch_outputs step(struct sch_engine *e, struct sch_plan *plan) {
   struct sch_outputs outs = {0};
   TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
   CHECK_ENGINE(e);
   if (plan->num_seqs > 0) {
-    fake_answer(w, plan, 1);
-    TH_REQUIRE(sch_engine_apply(e, w->res, w->num, &outs) == 0);
+    fake_answer(&g_rank, plan, 1);
+    TH_REQUIRE(sch_engine_apply(e, g_rank.res, g_rank.num, &outs) == 0);
   }
   CHECK_ENGINE(e);
   return outs;
@@ -51,10 +55,9 @@ static const int32_t *seq_prompt(int32_t n, int32_t base) {
 
 TH_TEST(chunked_prefill_splits_the_budget) {
   struct sch_engine *e = make_engine(64, 4, 8, 4, 64);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   TH_REQUIRE(add_req(e, 1, seq_prompt(20, 100), 20, 3) == 0);
-  struct sch_outputs o = step(e, &plan, &w);
+  struct sch_outputs o = step(e, &plan);
   TH_CHECK_EQ_INT(plan.num_seqs, 1);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 0);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 8);
@@ -63,13 +66,13 @@ TH_TEST(chunked_prefill_splits_the_budget) {
   TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[0], 2);
   TH_CHECK_EQ_INT(plan.seqs[0].tokens[0], 100);
   TH_CHECK_EQ_INT(o.num, 0);
-  o = step(e, &plan, &w);
+  o = step(e, &plan);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 8);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 8);
   TH_CHECK_EQ_INT(plan.seqs[0].tokens[0], 108);
   TH_CHECK(!plan.seqs[0].is_new);
   TH_CHECK(!plan.seqs[0].sample);
-  o = step(e, &plan, &w);
+  o = step(e, &plan);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 16);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 4);
   TH_CHECK(plan.seqs[0].sample);
@@ -80,12 +83,12 @@ TH_TEST(chunked_prefill_splits_the_budget) {
   TH_CHECK_EQ_INT(o.items[0].num_new, 1);
   TH_CHECK_EQ_INT(o.items[0].new_tokens[0], want[0]);
   TH_CHECK_EQ_INT(o.items[0].finish, SCH_FINISH_NONE);
-  o = step(e, &plan, &w); /* decode */
+  o = step(e, &plan); /* decode */
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 20);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 1);
   TH_CHECK_EQ_INT(plan.seqs[0].tokens[0], want[0]);
   TH_CHECK_EQ_INT(o.items[0].new_tokens[0], want[1]);
-  o = step(e, &plan, &w);
+  o = step(e, &plan);
   TH_CHECK_EQ_INT(o.items[0].new_tokens[0], want[2]);
   TH_CHECK_EQ_INT(o.items[0].finish, SCH_FINISH_LENGTH);
   TH_CHECK_EQ_INT(o.items[0].num_generated, 3);
@@ -103,17 +106,16 @@ TH_TEST(chunked_prefill_splits_the_budget) {
 
 TH_TEST(decodes_mix_with_prefill_chunks) {
   struct sch_engine *e = make_engine(64, 4, 8, 4, 64);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   TH_REQUIRE(add_req(e, 1, seq_prompt(5, 100), 5, 10) == 0);
   TH_REQUIRE(add_req(e, 2, seq_prompt(5, 200), 5, 10) == 0);
-  step(e, &plan, &w); /* both prompts: 5 + 3 tokens */
+  step(e, &plan); /* both prompts: 5 + 3 tokens */
   TH_CHECK_EQ_INT(plan.num_seqs, 2);
   TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 5);
   TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 3);
   TH_CHECK(!find_seq(&plan, 2)->sample);
   TH_REQUIRE(add_req(e, 3, seq_prompt(30, 300), 30, 10) == 0);
-  step(e, &plan, &w);
+  step(e, &plan);
   /* decode of 1 first, then the rest of 2's prompt, then 3's first chunk */
   TH_REQUIRE(plan.num_seqs == 3);
   TH_CHECK_EQ_INT(plan.seqs[0].req_id, 1);
@@ -124,7 +126,7 @@ TH_TEST(decodes_mix_with_prefill_chunks) {
   TH_CHECK_EQ_INT(plan.seqs[2].req_id, 3);
   TH_CHECK_EQ_INT(plan.seqs[2].num_tokens, 5);
   TH_CHECK_EQ_INT(plan.num_tokens, 8);
-  step(e, &plan, &w);
+  step(e, &plan);
   /* two decodes come first, 3's prefill gets the 6 tokens left */
   TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 1);
   TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 1);
@@ -135,22 +137,21 @@ TH_TEST(decodes_mix_with_prefill_chunks) {
 
 TH_TEST(max_num_seqs_caps_running) {
   struct sch_engine *e = make_engine(64, 4, 64, 2, 64);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   TH_REQUIRE(add_req(e, 1, seq_prompt(3, 100), 3, 2) == 0);
   TH_REQUIRE(add_req(e, 2, seq_prompt(3, 200), 3, 5) == 0);
   TH_REQUIRE(add_req(e, 3, seq_prompt(3, 300), 3, 5) == 0);
-  step(e, &plan, &w);
+  step(e, &plan);
   TH_CHECK_EQ_INT(plan.num_seqs, 2);
   TH_CHECK(find_seq(&plan, 3) == NULL);
   struct sch_engine_stats st;
   sch_engine_stats(e, &st);
   TH_CHECK_EQ_INT(st.num_running, 2);
   TH_CHECK_EQ_INT(st.num_waiting, 1);
-  struct sch_outputs o = step(e, &plan, &w); /* 1 finishes here */
+  struct sch_outputs o = step(e, &plan); /* 1 finishes here */
   TH_CHECK(find_seq(&plan, 3) == NULL);
   TH_CHECK(o.num == 2 && o.items[0].req_id == 1 && o.items[0].finish == SCH_FINISH_LENGTH);
-  step(e, &plan, &w);
+  step(e, &plan);
   TH_CHECK(find_seq(&plan, 3) != NULL && find_seq(&plan, 3)->is_new);
   TH_CHECK_EQ_INT(plan.num_finished, 1);
   sch_engine_destroy(e);
@@ -161,12 +162,11 @@ TH_TEST(sliding_window_holes_reach_the_plan) {
   fake_config(&c, 64, 4, 16, 4, 128);
   fake_groups(&c, (const struct sch_kv_group_cfg[]){{4, 0}, {4, 8}}, 2);
   struct sch_engine *e = fake_engine(&c);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   TH_REQUIRE(add_req(e, 1, seq_prompt(40, 10), 40, 8) == 0);
-  step(e, &plan, &w); /* positions 0..15 */
+  step(e, &plan); /* positions 0..15 */
   TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[1], 4);
-  step(e, &plan, &w); /* 16..31: query 16 sees 9..16 -> sliding blocks 0, 1 dead */
+  step(e, &plan); /* 16..31: query 16 sees 9..16 -> sliding blocks 0, 1 dead */
   const struct sch_plan_seq *s = &plan.seqs[0];
   TH_CHECK_EQ_INT(s->num_blocks[0], 8);
   TH_CHECK_EQ_INT(s->num_blocks[1], 8);
@@ -176,7 +176,7 @@ TH_TEST(sliding_window_holes_reach_the_plan) {
     TH_CHECK(s->block_table[1][i] >= 0);
   for (int i = 0; i < 8; i++)
     TH_CHECK(s->block_table[0][i] >= 0);
-  step(e, &plan, &w); /* 32..39 + sample: query 32 sees 25..32 -> blocks < 6 dead */
+  step(e, &plan); /* 32..39 + sample: query 32 sees 25..32 -> blocks < 6 dead */
   s = &plan.seqs[0];
   for (int i = 0; i < 6; i++)
     TH_CHECK_EQ_INT(s->block_table[1][i], SCH_BLOCK_HOLE);
@@ -189,13 +189,12 @@ TH_TEST(sliding_window_holes_reach_the_plan) {
 
 TH_TEST(prefix_hit_on_repeated_prompt) {
   struct sch_engine *e = make_engine(64, 16, 64, 4, 128);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   const int32_t *p = seq_prompt(40, 50);
   TH_REQUIRE(add_req(e, 1, p, 40, 2) == 0);
-  step(e, &plan, &w);
+  step(e, &plan);
   TH_CHECK_EQ_INT(plan.seqs[0].num_cached, 0);
-  step(e, &plan, &w); /* finishes: its 2 full blocks stay cached */
+  step(e, &plan); /* finishes: its 2 full blocks stay cached */
   struct sch_engine_stats st;
   sch_engine_stats(e, &st);
   TH_CHECK_EQ_INT(st.num_blocks_used, 0);
@@ -203,7 +202,7 @@ TH_TEST(prefix_hit_on_repeated_prompt) {
   TH_CHECK_EQ_INT(st.prefix_queries, 40);
   TH_CHECK_EQ_INT(st.prefix_hits, 0);
   TH_REQUIRE(add_req(e, 2, p, 40, 5) == 0);
-  struct sch_outputs o = step(e, &plan, &w);
+  struct sch_outputs o = step(e, &plan);
   TH_REQUIRE(plan.num_seqs == 1);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 32);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 8);
@@ -218,7 +217,7 @@ TH_TEST(prefix_hit_on_repeated_prompt) {
   TH_CHECK_EQ_INT(st.num_blocks_cached_free, 0);
   /* a third identical request shares the blocks while 2 still holds them */
   TH_REQUIRE(add_req(e, 3, p, 40, 2) == 0);
-  o = step(e, &plan, &w);
+  o = step(e, &plan);
   const struct sch_plan_seq *s2 = find_seq(&plan, 2), *s3 = find_seq(&plan, 3);
   TH_REQUIRE(s2 && s3);
   TH_CHECK_EQ_INT(s3->num_cached, 32);
@@ -237,12 +236,11 @@ TH_TEST(prefix_caching_off_counts_nothing) {
   c.max_model_len = 128;
   c.enable_prefix_caching = false;
   struct sch_engine *e = fake_engine(&c);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
   const int32_t *p = seq_prompt(40, 50);
   for (uint64_t id = 1; id <= 2; id++) {
     TH_REQUIRE(add_req(e, id, p, 40, 1) == 0);
-    step(e, &plan, &w);
+    step(e, &plan);
     TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 0);
     TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 40);
   }
@@ -266,21 +264,20 @@ TH_TEST(long_prefill_threshold_lets_short_prompts_in) {
   fake_config(&c, 64, 4, 16, 256, 64);
   c.long_prefill_threshold = 8;
   struct sch_engine *e = long_and_short(&c);
-  struct fake_worker w = {.rng = 1};
   struct sch_plan plan;
-  step(e, &plan, &w);
+  step(e, &plan);
   TH_REQUIRE(plan.num_seqs == 2);
   TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8);
   TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 5);
   TH_CHECK(find_seq(&plan, 2)->sample);
-  step(e, &plan, &w);
+  step(e, &plan);
   TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8); /* 15 tokens left, capped at 8 */
   TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 1);
   sch_engine_destroy(e);
   /* without the threshold the long prompt takes the whole budget first */
   c.long_prefill_threshold = 0;
   e = long_and_short(&c);
-  step(e, &plan, &w);
+  step(e, &plan);
   TH_REQUIRE(plan.num_seqs == 1);
   TH_CHECK_EQ_INT(plan.seqs[0].num_tokens, 16);
   sch_engine_destroy(e);
