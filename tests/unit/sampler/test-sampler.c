@@ -19,6 +19,16 @@ static struct wk_sampling_params params(void) {
   return p;
 }
 
+/* The default parameters with a filter: temperature t, top-p, min-p and top-k. */
+static struct wk_sampling_params filtered(float t, float top_p, float min_p, int top_k) {
+  struct wk_sampling_params p = params();
+  p.temperature = t;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.top_k = top_k;
+  return p;
+}
+
 TH_TEST(greedy_and_penalties) {
   struct wk_sampler *s = wk_sampler_create(6);
   TH_REQUIRE(s);
@@ -123,17 +133,11 @@ TH_TEST(large_vocab_matches_full_sort) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     orig[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 12.0 - 6.0);
   }
-  const struct {
-    float t, top_p, min_p;
-    int top_k;
-  } cases[] = {{1, 0.9f, 0, 0}, {0.7f, 0.5f, 0, 0}, {1.3f, 0.95f, 0.01f, 0}, {1, 0.8f, 0, 500},
-               {1, 1, 0.3f, 0}, {0.5f, 0.99f, 0, 40}};
+  const struct wk_sampling_params cases[] = {
+      filtered(1, 0.9f, 0, 0),   filtered(0.7f, 0.5f, 0, 0), filtered(1.3f, 0.95f, 0.01f, 0),
+      filtered(1, 0.8f, 0, 500), filtered(1, 1, 0.3f, 0),    filtered(0.5f, 0.99f, 0, 40)};
   for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-    struct wk_sampling_params p = params();
-    p.temperature = cases[c].t;
-    p.top_p = cases[c].top_p;
-    p.min_p = cases[c].min_p;
-    p.top_k = cases[c].top_k;
+    struct wk_sampling_params p = cases[c];
     memcpy(l, orig, V * sizeof(float));
     const int32_t *ids;
     const float *pr;
