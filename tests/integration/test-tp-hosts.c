@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cm-time.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
@@ -59,16 +60,6 @@ static struct {
   int guard_fd;            /* write end of its pipe; -1 when none */
 } g = {.guard_fd = -1};
 
-static char *bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ---- running ip ------------------------------------------------------------ */
 
@@ -289,7 +280,7 @@ static int spawn_on(int h, struct th_proc *p, char *const *args, int capture) {
     argv[n++] = "exec";
     argv[n++] = g.ns[h];
   }
-  argv[n++] = bin();
+  argv[n++] = th_lmserve_bin();
   for (int i = 0; args[i] && n < 47; i++)
     argv[n++] = args[i];
   argv[n] = NULL;
@@ -352,9 +343,9 @@ static int request(const char *addr, int port, const char *method, const char *p
 
 /* Polls /health until 200 or timeout_s; the last status. */
 static int wait_health(const char *addr, int port, int timeout_s) {
-  double end = now_s() + timeout_s;
+  double end = cm_time_s() + timeout_s;
   int st = -1;
-  while (now_s() < end) {
+  while (cm_time_s() < end) {
     char *b = NULL;
     st = request(addr, port, "GET", "/health", NULL, 5000, &b);
     free(b);
@@ -402,7 +393,7 @@ static unsigned long net_ns_of(pid_t pid) {
 }
 
 TH_TEST(tp_group_across_hosts_matches_serve) {
-  double t0 = now_s();
+  double t0 = cm_time_s();
   th_proc_init(840);
   char tmp[256], model[320];
   TH_REQUIRE(th_tmpdir("tp-hosts", tmp, sizeof tmp) == 0);
@@ -436,7 +427,7 @@ TH_TEST(tp_group_across_hosts_matches_serve) {
     TH_REQUIRE(up);
     TH_REQUIRE(rc == 0);
   }
-  double t_ref = now_s();
+  double t_ref = cm_time_s();
 
   /* the roles, each on its own host: the scheduler, both ranks, the frontend */
   struct th_proc pr[N_HOSTS];
@@ -477,7 +468,7 @@ TH_TEST(tp_group_across_hosts_matches_serve) {
     }
   else
     th_fail(__FILE__, __LINE__, "the cluster did not answer");
-  double t_cluster = now_s();
+  double t_cluster = cm_time_s();
 
   /* each role stops on SIGTERM by itself */
   static const int order[] = {H_FE, H_SC, H_R0, H_R1};
@@ -499,5 +490,5 @@ TH_TEST(tp_group_across_hosts_matches_serve) {
     }
   }
   fprintf(stderr, "tp-hosts: %s mode: reference %.1f s, cluster %.1f s, total %.1f s\n",
-          g.netns ? "namespace" : "loopback", t_ref - t0, t_cluster - t_ref, now_s() - t0);
+          g.netns ? "namespace" : "loopback", t_ref - t0, t_cluster - t_ref, cm_time_s() - t0);
 }

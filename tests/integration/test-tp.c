@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cm-time.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
@@ -24,22 +25,12 @@
 #define N_REQ   3
 #define MAX_TOK 10
 
-static char *bin(void) {
-  char *b = getenv("LMSERVE_BIN");
-  return b ? b : "build/tools/lmserve";
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* make-tiny-model ARGS... --out DIR/NAME; 0 or -1. */
 static int make_model(const char *dir, const char *name, char *out, size_t size, char *a1, char *a2,
                       char *a3, char *a4) {
   snprintf(out, size, "%s/%s", dir, name);
-  char *argv[] = {bin(), "make-tiny-model", "--out", out, a1, a2, a3, a4, NULL};
+  char *argv[] = {th_lmserve_bin(), "make-tiny-model", "--out", out, a1, a2, a3, a4, NULL};
   char *so = NULL, *se = NULL;
   int rc = th_run(argv, NULL, NULL, 0, 120000, &so, &se);
   if (rc) fprintf(stderr, "make-tiny-model: %s\n", se ? se : "");
@@ -59,7 +50,7 @@ static int start(struct server *s, const char *model, int tp, const char *spec) 
   char port_s[16], tp_s[16];
   snprintf(port_s, sizeof port_s, "%d", s->port);
   snprintf(tp_s, sizeof tp_s, "%d", tp);
-  char *sv[16] = {bin(),
+  char *sv[16] = {th_lmserve_bin(),
                   "serve",
                   "--port",
                   port_s,
@@ -278,8 +269,8 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
   /* the stream is running: some tokens have come */
   char buf[65536];
   size_t got = 0;
-  double t_end = now_s() + 60;
-  while (now_s() < t_end && got < 4096) {
+  double t_end = cm_time_s() + 60;
+  while (cm_time_s() < t_end && got < 4096) {
     struct pollfd pf = {fd, POLLIN, 0};
     if (poll(&pf, 1, 1000) <= 0) continue;
     ssize_t k = read(fd, buf + got, sizeof buf - 1 - got);
@@ -287,12 +278,12 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
     got += (size_t)k;
   }
   TH_REQUIRE(got >= 4096);
-  double t_kill = now_s();
+  double t_kill = cm_time_s();
   kill(r1, SIGKILL);
   /* the stream ends (with an error event) within 2 s */
   int ended = 0, error_seen = 0;
   got = 0;
-  while (!ended && now_s() < t_kill + 5) {
+  while (!ended && cm_time_s() < t_kill + 5) {
     struct pollfd pf = {fd, POLLIN, 0};
     if (poll(&pf, 1, 100) <= 0) continue;
     ssize_t k = read(fd, buf + got, sizeof buf - 1 - got);
@@ -309,7 +300,7 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
       got = 256;
     }
   }
-  double t_stream = now_s() - t_kill;
+  double t_stream = cm_time_s() - t_kill;
   close(fd);
   TH_CHECK(ended);
   TH_CHECK(error_seen);
@@ -317,18 +308,18 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
     th_fail(__FILE__, __LINE__, "the stream ended %.2f s after the kill", t_stream);
   /* /health stops answering 200 within 2 s */
   int health = 200;
-  while (health == 200 && now_s() < t_kill + 5) {
+  while (health == 200 && cm_time_s() < t_kill + 5) {
     char *b = NULL;
     health = th_http(s.port, "GET", "/health", NULL, 2000, &b);
     free(b);
     if (health == 200) usleep(50000);
   }
-  double t_health = now_s() - t_kill;
+  double t_health = cm_time_s() - t_kill;
   TH_CHECK(health != 200);
   if (!(t_health < 2.0))
     th_fail(__FILE__, __LINE__, "/health was 200 %.2f s after the kill", t_health);
   /* the surviving rank does not wait forever */
-  while (alive(r0) && now_s() < t_kill + 5)
+  while (alive(r0) && cm_time_s() < t_kill + 5)
     usleep(50000);
   TH_CHECK(!alive(r0));
   stop(&s);
@@ -350,7 +341,7 @@ TH_TEST(tp_start_up_refusals) {
     const char *world, *says;
   } bad[] = {{"8", "num_attention_heads = 4 cannot be split"}, {"100", "must be 1..64"}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    char *w[] = {bin(),
+    char *w[] = {th_lmserve_bin(),
                  "worker",
                  "--model",
                  g4,
@@ -370,11 +361,11 @@ TH_TEST(tp_start_up_refusals) {
   }
   TH_REQUIRE(make_model(tmp, "moe", moe, sizeof moe, "--arch", "gemma4", "--moe", NULL) == 0);
   char *sc[] = {
-      bin(), "scheduler", "--world-size", "2", "--worker-endpoint", ep, "--frontend-endpoint",
+      th_lmserve_bin(), "scheduler", "--world-size", "2", "--worker-endpoint", ep, "--frontend-endpoint",
       fep,   NULL};
-  char *w0[] = {bin(),    "worker", "--model",      g4,  "--scheduler", ep,
+  char *w0[] = {th_lmserve_bin(),    "worker", "--model",      g4,  "--scheduler", ep,
                 "--rank", "0",      "--world-size", "2", NULL};
-  char *w1[] = {bin(),    "worker", "--model",      moe, "--scheduler", ep,
+  char *w1[] = {th_lmserve_bin(),    "worker", "--model",      moe, "--scheduler", ep,
                 "--rank", "1",      "--world-size", "2", NULL};
   struct th_proc ps, p0, p1;
   TH_REQUIRE(th_proc_spawn(&ps, sc, NULL, 1) == 0);
@@ -383,8 +374,8 @@ TH_TEST(tp_start_up_refusals) {
   /* the scheduler logs on stderr */
   char log[16384] = "";
   size_t got = 0;
-  double end = now_s() + 120;
-  while (!strstr(log, "shard checksum differ") && now_s() < end && got < sizeof log - 1) {
+  double end = cm_time_s() + 120;
+  while (!strstr(log, "shard checksum differ") && cm_time_s() < end && got < sizeof log - 1) {
     struct pollfd pf = {ps.err_fd, POLLIN, 0};
     if (poll(&pf, 1, 1000) <= 0) continue;
     ssize_t k = read(ps.err_fd, log + got, sizeof log - 1 - got);
@@ -413,7 +404,7 @@ TH_TEST(tp_generate_offline_matches) {
     for (int tp = 1; tp <= 4; tp *= 2) {
       char tp_s[8];
       snprintf(tp_s, sizeof tp_s, "%d", tp);
-      char *gen[] = {bin(),          "generate",
+      char *gen[] = {th_lmserve_bin(),          "generate",
                      "--model",      (char *)models[k],
                      "--prompt-ids", "2,9259,1902",
                      "--max-tokens", "12",
