@@ -131,7 +131,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   r->toks = malloc(sizeof(int32_t) * (size_t)r->max_T);
   r->row0 = malloc(sizeof(int) * S);
   r->logits = malloc(sizeof(float) * (size_t)r->max_rows * (size_t)r->vocab);
-  r->sampler = wk_sampler_create(r->vocab);
+  (void)wk_sampler_create(r->vocab, &r->sampler); /* NULL on failure: checked below */
   r->rs = calloc(S, sizeof(*r->rs));
   r->rtok = malloc(sizeof(uint32_t) * S * D1);
   r->rlp = malloc(sizeof(float) * S * D1);

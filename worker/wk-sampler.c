@@ -109,14 +109,17 @@ int wk_penalty_add_output(struct wk_penalty_state *st, int32_t id) {
 
 /* ---- sampler ------------------------------------------------------------------- */
 
-struct wk_sampler *wk_sampler_create(int vocab) {
+int wk_sampler_create(int vocab, struct wk_sampler **out) {
+  *out = NULL;
   struct wk_sampler *s = calloc(1, sizeof(*s));
-  if (!s) return NULL;
-  if (!(s->k = kn_cpu_sampler_create(vocab))) {
+  if (!s) return CM_ERR_NOMEM;
+  int rc = kn_cpu_sampler_create(vocab, &s->k);
+  if (rc) {
     free(s);
-    return NULL;
+    return rc;
   }
-  return s;
+  *out = s;
+  return 0;
 }
 
 void wk_sampler_destroy(struct wk_sampler *s) {

@@ -66,7 +66,8 @@ struct wk_sample_result {
   float top_logprobs[WK_MAX_LOGPROBS];
 };
 
-struct wk_sampler *wk_sampler_create(int vocab);
+/* 0 and *out, or CM_ERR_INVAL (vocab <= 0) / CM_ERR_NOMEM. */
+int wk_sampler_create(int vocab, struct wk_sampler **out);
 void wk_sampler_destroy(struct wk_sampler *s);
 
 /* Samples one token from logits[vocab] (modified in place: penalties and

@@ -23,10 +23,11 @@ struct kn_cpu_sampler {
   float *work;          /* [vocab] the op's processed copy of a row */
 };
 
-struct kn_cpu_sampler *kn_cpu_sampler_create(int vocab) {
-  if (vocab <= 0) return NULL;
+int kn_cpu_sampler_create(int vocab, struct kn_cpu_sampler **out) {
+  *out = NULL;
+  if (vocab <= 0) return CM_ERR_INVAL;
   struct kn_cpu_sampler *s = calloc(1, sizeof(*s));
-  if (!s) return NULL;
+  if (!s) return CM_ERR_NOMEM;
   s->vocab = vocab;
   s->cand = malloc((size_t)vocab * sizeof(*s->cand));
   s->ids = malloc((size_t)vocab * sizeof(int32_t));
@@ -35,9 +36,10 @@ struct kn_cpu_sampler *kn_cpu_sampler_create(int vocab) {
   s->work = malloc((size_t)vocab * sizeof(float));
   if (!s->cand || !s->ids || !s->probs || !s->raw || !s->work) {
     kn_cpu_sampler_destroy(s);
-    return NULL;
+    return CM_ERR_NOMEM;
   }
-  return s;
+  *out = s;
+  return 0;
 }
 
 void kn_cpu_sampler_destroy(struct kn_cpu_sampler *s) {
@@ -351,8 +353,8 @@ static void sample_run(void *arg, long long t0, long long t1, int ith) {
         kn_cpu_sampler_destroy(*sp);
         *sp = NULL;
       }
-      if (!*sp && !(*sp = kn_cpu_sampler_create(j->V))) {
-        rc = CM_ERR_NOMEM;
+      if (!*sp && (rc = kn_cpu_sampler_create(j->V, sp))) {
+        /* rc says why */
       } else {
         memcpy((*sp)->work, row, (size_t)j->V * sizeof(float));
         rc = sample_row(*sp, (*sp)->work, p->n_logprobs >= 0 ? row : NULL, p, o);

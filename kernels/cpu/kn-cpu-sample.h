@@ -18,8 +18,9 @@
 
 struct kn_cpu_sampler;
 
-/* NULL on failure or vocab <= 0. */
-struct kn_cpu_sampler *kn_cpu_sampler_create(int vocab);
+/* Scratch for sampling rows of `vocab` logits: 0 and *out, CM_ERR_INVAL for
+ * vocab <= 0, CM_ERR_NOMEM. */
+int kn_cpu_sampler_create(int vocab, struct kn_cpu_sampler **out);
 void kn_cpu_sampler_destroy(struct kn_cpu_sampler *s);
 int kn_cpu_sampler_vocab(const struct kn_cpu_sampler *s);
 

@@ -203,7 +203,8 @@ TH_TEST(sample_draws_follow_the_distribution) {
   p.temperature = 0.9f;
   p.top_k = 25;
   p.top_p = 0.95f;
-  struct kn_cpu_sampler *s = kn_cpu_sampler_create(V);
+  struct kn_cpu_sampler *s = NULL;
+  TH_CHECK(kn_cpu_sampler_create(V, &s) == 0);
   TH_REQUIRE(s);
   const int32_t *ids;
   const float *probs;

@@ -30,7 +30,8 @@ static struct wk_sampling_params filtered(float t, float top_p, float min_p, int
 }
 
 TH_TEST(greedy_and_penalties) {
-  struct wk_sampler *s = wk_sampler_create(6);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(6, &s) == 0);
   TH_REQUIRE(s);
   struct wk_sampling_params p = params();
   p.temperature = 0;
@@ -66,7 +67,8 @@ TH_TEST(greedy_and_penalties) {
 }
 
 TH_TEST(top_p_min_p_top_k_by_hand) {
-  struct wk_sampler *s = wk_sampler_create(4);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(4, &s) == 0);
   const double probs[4] = {0.15, 0.5, 0.05, 0.3};
   float l[4];
   struct wk_sampling_params p = params();
@@ -123,7 +125,8 @@ static int ref_cmp(const void *a, const void *b) {
 
 TH_TEST(large_vocab_matches_full_sort) {
   const int V = 262144;
-  struct wk_sampler *s = wk_sampler_create(V);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(V, &s) == 0);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   struct ref_c *rc = malloc(V * sizeof(*rc));
   double *rp = malloc(V * sizeof(double));
@@ -205,7 +208,8 @@ static const double k_probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
 #define DRAWS 100000L
 
 TH_TEST(sampling_distribution_chi_square) {
-  struct wk_sampler *s = wk_sampler_create(8);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(8, &s) == 0);
   struct wk_sampling_params p = params();
   p.seed = 7;
   long counts[8] = {0};
@@ -225,7 +229,8 @@ TH_TEST(sampling_distribution_chi_square) {
 }
 
 TH_TEST(rejection_sampling_preserves_target) {
-  struct wk_sampler *s = wk_sampler_create(8);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(8, &s) == 0);
   struct wk_sampling_params p = params();
   p.seed = 99;
   float l[8];
@@ -259,7 +264,8 @@ TH_TEST(rejection_sampling_preserves_target) {
 
 TH_TEST(seeded_reproducible_and_logprobs) {
   const int V = 1000;
-  struct wk_sampler *s = wk_sampler_create(V);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(V, &s) == 0);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   for (int i = 0; i < V; i++) orig[i] = (float)sin(i * 0.37) * 3.0f;
   struct wk_sampling_params p = params();

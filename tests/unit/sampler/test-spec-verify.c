@@ -88,7 +88,8 @@ static const struct setting k_settings[] = {
 };
 
 TH_TEST(verify_keeps_the_target_distribution) {
-  struct wk_sampler *s = wk_sampler_create(V);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(V, &s) == 0);
   TH_REQUIRE(s);
   for (size_t si = 0; si < sizeof(k_settings) / sizeof(k_settings[0]); si++) {
     const struct setting *st = &k_settings[si];
@@ -140,7 +141,8 @@ TH_TEST(verify_keeps_the_target_distribution) {
  * verify d2 against row 2 (else row 2 is drawn by the next step, at the next
  * token index). The emitted pair is distributed as P x Q. */
 TH_TEST(verify_chain_pair_distribution) {
-  struct wk_sampler *s = wk_sampler_create(V);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(V, &s) == 0);
   TH_REQUIRE(s);
   static const float row1[V] = {1.5f, 1.0f, 0.2f, 0.0f, -0.5f, -1.0f, 0.5f, -2.0f};
   static const float row2[V] = {-1.0f, 0.3f, 1.1f, 0.4f, 0.0f, 0.9f, -0.3f, 0.2f};
@@ -190,7 +192,8 @@ TH_TEST(verify_chain_pair_distribution) {
 /* Greedy verification is exact: the draft is taken iff it is the argmax,
  * and the replacement is the argmax. */
 TH_TEST(verify_greedy_is_argmax) {
-  struct wk_sampler *s = wk_sampler_create(V);
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(V, &s) == 0);
   TH_REQUIRE(s);
   struct wk_sampling_params p;
   wk_sampling_params_default(&p);
