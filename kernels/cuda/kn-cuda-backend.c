@@ -286,8 +286,9 @@ static void fill_nccl_ops(void) {
 }
 #endif
 
-struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
+int kn_cuda_backend_create(int device, struct kn_backend **out) {
   int err = 0;
+  *out = NULL;
   struct kn_cuda_ctx *c = NULL;
   struct kn_backend *be = NULL;
   int n = kn_cuda_device_count();
@@ -323,12 +324,11 @@ struct kn_backend *kn_cuda_backend_create(int device, int *err_out) {
     goto fail;
   }
   cm_debug("cuda", "backend on device %d (%d SMs)", device, c->n_sm);
-  if (err_out) *err_out = 0;
-  return be;
+  *out = be;
+  return 0;
 fail:
   cuda_destroy(c);
-  if (err_out) *err_out = err;
-  return NULL;
+  return err;
 }
 
 /* ---- registry entry ------------------------------------------------------- */
@@ -345,11 +345,8 @@ static int cuda_reg_create(const struct kn_backend_opts *o, struct kn_backend **
   if (n < 1) return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
   int device = kn_cuda_device_for_rank(o->local_rank, n);
   cm_info("cuda", "local rank %d: device %d of %d visible", o->local_rank, device, n);
-  int rc = 0;
-  *out = kn_cuda_backend_create(device, &rc);
-  if (!*out)
-    return cm_fail(err, errlen, rc ? rc : CM_ERR_DEVICE, "cannot create the CUDA backend: %s",
-                   cm_strerror(rc ? rc : CM_ERR_DEVICE));
+  int rc = kn_cuda_backend_create(device, out);
+  if (rc) return cm_fail(err, errlen, rc, "cannot create the CUDA backend: %s", cm_strerror(rc));
   return 0;
 }
 

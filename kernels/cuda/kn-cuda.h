@@ -34,11 +34,10 @@
  * no driver, or the runtime fails to initialise (never an error). */
 int kn_cuda_device_count(void);
 
-/* Creates a CUDA backend on device `device` (0 <= device < kn_cuda_device_count()).
- * Returns the backend (destroy with kn_backend_destroy), or NULL with *err
- * (when err is not NULL) set to CM_ERR_INVAL (bad device index),
- * CM_ERR_DEVICE (CUDA / cuBLAS initialisation failed) or CM_ERR_NOMEM. */
-struct kn_backend *kn_cuda_backend_create(int device, int *err);
+/* Creates a CUDA backend on device `device` (0 <= device < kn_cuda_device_count()):
+ * 0 and *out (destroy with kn_backend_destroy), or CM_ERR_INVAL (bad device index),
+ * CM_ERR_DEVICE (CUDA / cuBLAS initialisation failed) or CM_ERR_NOMEM, *out NULL. */
+int kn_cuda_backend_create(int device, struct kn_backend **out);
 
 /* The device a rank with local index local_rank (>= 0) runs on among n_dev
  * (>= 1) visible devices: local_rank modulo n_dev, so that ranks spread over

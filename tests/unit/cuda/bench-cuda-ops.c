@@ -196,9 +196,8 @@ int main(void) {
     printf("SKIPPED: no CUDA device visible: %d devices\n", n);
     return 77;
   }
-  int err = 0;
-  g_be = kn_cuda_backend_create(0, &err);
-  if (!g_be) {
+  int err = kn_cuda_backend_create(0, &g_be);
+  if (err) {
     fprintf(stderr, "kn_cuda_backend_create: %d\n", err);
     return 1;
   }

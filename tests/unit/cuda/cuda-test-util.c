@@ -24,9 +24,8 @@ void ct_open(struct ct_env *e, uint64_t seed) {
   }
   e->rng = seed * 0x9e3779b97f4a7c15ull + 1;
   TH_REQUIRE(kn_cpu_backend_create(0, &e->cpu) == 0);
-  int err = 0;
-  e->gpu = kn_cuda_backend_create(0, &err);
-  if (!e->gpu) th_fail(__FILE__, __LINE__, "kn_cuda_backend_create: %s", cm_strerror(err));
+  int err = kn_cuda_backend_create(0, &e->gpu);
+  if (err) th_fail(__FILE__, __LINE__, "kn_cuda_backend_create: %s", cm_strerror(err));
   TH_REQUIRE(e->gpu != NULL);
 }
 

@@ -30,9 +30,8 @@ static void need_devices(int n) {
 
 TH_TEST(nccl_group_of_one) {
   need_devices(1);
-  int err = 0;
-  struct kn_backend *be = kn_cuda_backend_create(0, &err);
-  TH_REQUIRE(be);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
   TH_CHECK(kn_backend_has(be, KN_CAP_ALLREDUCE));
   struct kn_comm_id id;
   TH_REQUIRE(kn_comm_id_new(be, &id) == 0);
@@ -55,9 +54,8 @@ TH_TEST(nccl_group_of_one) {
 /* Rank r of 2 on device r: all-reduce and all-gather, checked; rank 1 then exits
  * (die = 1) or stays. Exit status 0 when everything held. */
 static int rank_main(const struct kn_comm_id *id, int rank, int die) {
-  int err = 0;
-  struct kn_backend *be = kn_cuda_backend_create(rank, &err);
-  if (!be || kn_comm_join(be, id, rank, 2, 30000)) return 1;
+  struct kn_backend *be = NULL;
+  if (kn_cuda_backend_create(rank, &be) || kn_comm_join(be, id, rank, 2, 30000)) return 1;
   float host[N], back[2 * N];
   for (int i = 0; i < N; i++)
     host[i] = (float)(rank + 1) * (float)i;
@@ -81,9 +79,8 @@ static int rank_main(const struct kn_comm_id *id, int rank, int die) {
 
 static void run_pair(int die) {
   need_devices(2);
-  int err = 0;
-  struct kn_backend *be = kn_cuda_backend_create(0, &err);
-  TH_REQUIRE(be);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
   struct kn_comm_id id;
   TH_REQUIRE(kn_comm_id_new(be, &id) == 0);
   kn_backend_destroy(be);
