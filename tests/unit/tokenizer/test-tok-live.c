@@ -13,9 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "tokenizer/tk-tokenizer.h"
+#include "common/cm-fs.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tt-util.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -165,9 +166,7 @@ TH_TEST(tok_live_generated_corpus) {
   json_t *ref = run_ref(dir);
   if (ref) TH_CHECK_EQ_INT(compare_dir(dir, ref), 24);
   json_decref(ref);
-  char cmd[256];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  TH_CHECK(system(cmd) == 0);
+  TH_CHECK(cm_rmtree(dir) == 0);
 }
 
 TH_TEST(chat_live_reference) {
