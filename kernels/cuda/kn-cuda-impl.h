@@ -13,6 +13,11 @@
 
 #include <cuda_runtime_api.h>
 
+#ifdef __cplusplus
+/* kn-backend.h is C11, and nvcc reads it as C++, where C11's _Alignas is
+ * spelled alignas. */
+#define _Alignas(n) alignas(n)
+#endif
 #include "kernels/kn-backend.h"
 
 #ifdef __cplusplus
