@@ -54,12 +54,9 @@ static void finish_reason(struct fe_buf *b, const char *fr) {
     fe_buf_puts(b, "null");
 }
 
-/* Completions logprobs: {"text_offset","token_logprobs","tokens","top_logprobs"}. */
+/* Completions logprobs: {"text_offset","token_logprobs","tokens","top_logprobs"}
+ * (c->logprobs is set). */
 static void completion_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
-  if (!c->logprobs) {
-    fe_buf_puts(b, "null");
-    return;
-  }
   fe_buf_puts(b, "{\"text_offset\":[");
   size_t off = c->text_offset;
   for (size_t i = 0; i < c->n_logprobs; i++) {
@@ -101,12 +98,9 @@ static void bytes_array(struct fe_buf *b, const char *s, size_t n) {
   fe_buf_puts(b, "]");
 }
 
-/* Chat logprobs: {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}. */
+/* Chat logprobs: {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}
+ * (c->logprobs is set). */
 static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
-  if (!c->logprobs) {
-    fe_buf_puts(b, "null");
-    return;
-  }
   fe_buf_puts(b, "{\"content\":[");
   for (size_t i = 0; i < c->n_logprobs; i++) {
     const struct fe_api_token_logprob *t = &c->logprobs[i];
@@ -129,15 +123,51 @@ static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
   fe_buf_puts(b, "]}");
 }
 
+/* A choice's last fields, "logprobs" (in the endpoint's form, or null) and
+ * "finish_reason", and its closing brace. */
+static void choice_end(struct fe_buf *b, const struct fe_api_choice *c,
+                       void (*logprobs)(struct fe_buf *, const struct fe_api_choice *)) {
+  fe_buf_puts(b, ",\"logprobs\":");
+  if (c->logprobs)
+    logprobs(b, c);
+  else
+    fe_buf_puts(b, "null");
+  finish_reason(b, c->finish_reason);
+  fe_buf_puts(b, "}");
+}
+
 static void completion_choice(struct fe_buf *b, const struct fe_api_choice *c) {
   fe_buf_puts(b, "{\"index\":");
   fe_buf_i64(b, c->index);
   fe_buf_puts(b, ",\"text\":");
   fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
-  fe_buf_puts(b, ",\"logprobs\":");
-  completion_logprobs(b, c);
-  finish_reason(b, c->finish_reason);
+  choice_end(b, c, completion_logprobs);
+}
+
+/* One chat choice; its text goes in "message", or in "delta" for a stream
+ * chunk, where the role is only in the first chunk and content only when
+ * there is text. */
+static void chat_choice(struct fe_buf *b, const struct fe_api_choice *c, const char *field,
+                        int with_role) {
+  fe_buf_puts(b, "{\"index\":");
+  fe_buf_i64(b, c->index);
+  fe_buf_puts(b, ",\"");
+  fe_buf_puts(b, field);
+  fe_buf_puts(b, "\":{");
+  if (with_role) fe_buf_puts(b, "\"role\":\"assistant\"");
+  if (c->text_len || with_role) {
+    fe_buf_puts(b, with_role ? ",\"content\":" : "\"content\":");
+    fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
+  }
   fe_buf_puts(b, "}");
+  choice_end(b, c, chat_logprobs);
+}
+
+/* The end of a response: the choices array closed, then usage. */
+static int tail(struct fe_buf *b, const struct fe_api_usage *u) {
+  fe_buf_puts(b, "],");
+  usage(b, u);
+  return fe_buf_puts(b, "}");
 }
 
 int fe_api_write_completion(struct fe_buf *b, const struct fe_api_resp_meta *m,
@@ -148,28 +178,17 @@ int fe_api_write_completion(struct fe_buf *b, const struct fe_api_resp_meta *m,
     if (i) fe_buf_puts(b, ",");
     completion_choice(b, &choices[i]);
   }
-  fe_buf_puts(b, "],");
-  usage(b, u);
-  return fe_buf_puts(b, "}");
+  return tail(b, u);
 }
 
 int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
                       const struct fe_api_choice *choices, size_t n, const struct fe_api_usage *u) {
   head(b, m, "chat.completion");
   for (size_t i = 0; i < n; i++) {
-    const struct fe_api_choice *c = &choices[i];
-    fe_buf_puts(b, i ? ",{\"index\":" : "{\"index\":");
-    fe_buf_i64(b, c->index);
-    fe_buf_puts(b, ",\"message\":{\"role\":\"assistant\",\"content\":");
-    fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
-    fe_buf_puts(b, "},\"logprobs\":");
-    chat_logprobs(b, c);
-    finish_reason(b, c->finish_reason);
-    fe_buf_puts(b, "}");
+    if (i) fe_buf_puts(b, ",");
+    chat_choice(b, &choices[i], "message", 1);
   }
-  fe_buf_puts(b, "],");
-  usage(b, u);
-  return fe_buf_puts(b, "}");
+  return tail(b, u);
 }
 
 int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
@@ -182,26 +201,14 @@ int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_met
 int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
                             const struct fe_api_choice *c, int with_role) {
   head(b, m, "chat.completion.chunk");
-  fe_buf_puts(b, "{\"index\":");
-  fe_buf_i64(b, c->index);
-  fe_buf_puts(b, ",\"delta\":{");
-  if (with_role) fe_buf_puts(b, "\"role\":\"assistant\"");
-  if (c->text_len || with_role) {
-    fe_buf_puts(b, with_role ? ",\"content\":" : "\"content\":");
-    fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
-  }
-  fe_buf_puts(b, "},\"logprobs\":");
-  chat_logprobs(b, c);
-  finish_reason(b, c->finish_reason);
-  return fe_buf_puts(b, "}]}");
+  chat_choice(b, c, "delta", with_role);
+  return fe_buf_puts(b, "]}");
 }
 
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
                              const struct fe_api_resp_meta *m, const struct fe_api_usage *u) {
   head(b, m, kind == FE_API_CHAT ? "chat.completion.chunk" : "text_completion");
-  fe_buf_puts(b, "],");
-  usage(b, u);
-  return fe_buf_puts(b, "}");
+  return tail(b, u);
 }
 
 int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len) {

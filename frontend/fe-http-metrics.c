@@ -153,57 +153,57 @@ double fe_metrics_count(const struct fe_metrics *m, int id) {
   return m->m[id].count;
 }
 
-static void put_num(struct fe_buf *b, double v) {
-  if (isinf(v))
-    fe_buf_puts(b, v > 0 ? "+Inf" : "-Inf");
-  else if (isnan(v))
-    fe_buf_puts(b, "NaN");
-  else if (v == floor(v) && fabs(v) < 1e15)
-    fe_buf_printf(b, "%.1f", v);
-  else {
-    /* the shortest form that reads back exactly ("0.005", not 0.005000000000000001) */
-    char tmp[40];
-    for (int prec = 15; prec <= 17; prec++) {
-      snprintf(tmp, sizeof(tmp), "%.*g", prec, v);
-      if (strtod(tmp, NULL) == v) break;
-    }
-    fe_buf_puts(b, tmp);
+/* A sample value as Prometheus text: +Inf, -Inf, NaN, "3.0" for whole
+ * numbers, else the shortest form that reads back exactly ("0.005", not
+ * 0.005000000000000001). */
+static const char *fmt_num(char tmp[40], double v) {
+  if (isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (isnan(v)) return "NaN";
+  if (v == floor(v) && fabs(v) < 1e15) {
+    snprintf(tmp, 40, "%.1f", v);
+    return tmp;
   }
+  for (int prec = 15; prec <= 17; prec++) {
+    snprintf(tmp, 40, "%.*g", prec, v);
+    if (strtod(tmp, NULL) == v) break;
+  }
+  return tmp;
+}
+
+/* One sample line: name+suffix{labels} value, where labels is the model's
+ * label and then extra (",le=\"0.5\"", or ""). */
+static void put_sample(struct fe_buf *b, const char *name, const char *suffix, const char *labels,
+                       const char *extra, double v) {
+  char num[40];
+  fe_buf_printf(b, "%s%s{%s%s} %s\n", name, suffix, labels, extra, fmt_num(num, v));
 }
 
 int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *b) {
   static const char *const kinds[] = {"counter", "gauge", "histogram"};
   for (size_t i = 0; i < m->n; i++) {
     const struct fe_metric *x = &m->m[i];
+    char extra[80], num[40];
     fe_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name, kinds[x->kind]);
     if (x->label[0]) {
       for (size_t k = 0; k < x->n_index; k++) {
-        fe_buf_printf(b, "%s{%s,%s=\"%zu\"} ", x->name, m->label, x->label, k);
-        put_num(b, x->counts[k]);
-        fe_buf_puts(b, "\n");
+        snprintf(extra, sizeof extra, ",%s=\"%zu\"", x->label, k);
+        put_sample(b, x->name, "", m->label, extra, x->counts[k]);
       }
       continue;
     }
     if (x->kind != FE_METRIC_HISTOGRAM) {
-      fe_buf_printf(b, "%s{%s} ", x->name, m->label);
-      put_num(b, x->value);
-      fe_buf_puts(b, "\n");
+      put_sample(b, x->name, "", m->label, "", x->value);
       continue;
     }
     double cum = 0;
     for (size_t k = 0; k <= x->n_bounds; k++) {
       cum += x->counts[k];
-      fe_buf_printf(b, "%s_bucket{%s,le=\"", x->name, m->label);
-      put_num(b, k < x->n_bounds ? x->bounds[k] : INFINITY);
-      fe_buf_puts(b, "\"} ");
-      put_num(b, cum);
-      fe_buf_puts(b, "\n");
+      snprintf(extra, sizeof extra, ",le=\"%s\"",
+               fmt_num(num, k < x->n_bounds ? x->bounds[k] : INFINITY));
+      put_sample(b, x->name, "_bucket", m->label, extra, cum);
     }
-    fe_buf_printf(b, "%s_sum{%s} ", x->name, m->label);
-    put_num(b, x->value);
-    fe_buf_printf(b, "\n%s_count{%s} ", x->name, m->label);
-    put_num(b, x->count);
-    fe_buf_puts(b, "\n");
+    put_sample(b, x->name, "_sum", m->label, "", x->value);
+    put_sample(b, x->name, "_count", m->label, "", x->count);
   }
   return b->err;
 }
@@ -218,6 +218,15 @@ static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2
                                      5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                      60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+/* Rows of the table below: a metric's name is its field's, a counter's
+ * with _total. */
+#define GAUGE(f, help)                                                                             \
+  { &ids->f, FE_METRIC_GAUGE, "lmserve:" #f, help, NULL, 0 }
+#define COUNTER(f, help)                                                                           \
+  { &ids->f, FE_METRIC_COUNTER, "lmserve:" #f "_total", help, NULL, 0 }
+#define HISTOGRAM(f, help, bk)                                                                     \
+  { &ids->f, FE_METRIC_HISTOGRAM, "lmserve:" #f, help, bk, CM_ARRAY_LEN(bk) }
+
 int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids) {
   struct {
     int *id;
@@ -226,43 +235,23 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
     const double *b;
     size_t nb;
   } t[] = {
-      {&ids->num_requests_running, FE_METRIC_GAUGE, "lmserve:num_requests_running",
-       "Requests running on the engine.", NULL, 0},
-      {&ids->num_requests_waiting, FE_METRIC_GAUGE, "lmserve:num_requests_waiting",
-       "Requests waiting to be scheduled.", NULL, 0},
-      {&ids->kv_cache_usage_perc, FE_METRIC_GAUGE, "lmserve:kv_cache_usage_perc",
-       "KV-cache usage, 1 means 100 percent.", NULL, 0},
-      {&ids->prompt_tokens, FE_METRIC_COUNTER, "lmserve:prompt_tokens_total",
-       "Prefill tokens processed.", NULL, 0},
-      {&ids->generation_tokens, FE_METRIC_COUNTER, "lmserve:generation_tokens_total",
-       "Generation tokens produced.", NULL, 0},
-      {&ids->time_to_first_token_seconds, FE_METRIC_HISTOGRAM,
-       "lmserve:time_to_first_token_seconds", "Time to first token in seconds.", ttft_buckets,
-       CM_ARRAY_LEN(ttft_buckets)},
-      {&ids->inter_token_latency_seconds, FE_METRIC_HISTOGRAM,
-       "lmserve:inter_token_latency_seconds", "Inter-token latency in seconds.", itl_buckets,
-       CM_ARRAY_LEN(itl_buckets)},
-      {&ids->e2e_request_latency_seconds, FE_METRIC_HISTOGRAM,
-       "lmserve:e2e_request_latency_seconds", "End-to-end request latency in seconds.", e2e_buckets,
-       CM_ARRAY_LEN(e2e_buckets)},
-      {&ids->prefix_cache_queries, FE_METRIC_COUNTER, "lmserve:prefix_cache_queries_total",
-       "Prefix-cache queries, in tokens.", NULL, 0},
-      {&ids->prefix_cache_hits, FE_METRIC_COUNTER, "lmserve:prefix_cache_hits_total",
-       "Prefix-cache hits, in tokens.", NULL, 0},
-      {&ids->spec_decode_num_drafts, FE_METRIC_COUNTER, "lmserve:spec_decode_num_drafts_total",
-       "Speculative-decoding drafts.", NULL, 0},
-      {&ids->spec_decode_num_draft_tokens, FE_METRIC_COUNTER,
-       "lmserve:spec_decode_num_draft_tokens_total", "Draft tokens proposed.", NULL, 0},
-      {&ids->spec_decode_num_accepted_tokens, FE_METRIC_COUNTER,
-       "lmserve:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", NULL, 0},
-      {&ids->request_success, FE_METRIC_COUNTER, "lmserve:request_success_total",
-       "Generation requests finished.", NULL, 0},
-      {&ids->http_requests, FE_METRIC_COUNTER, "lmserve:http_requests_total",
-       "HTTP requests answered.", NULL, 0},
-      {&ids->http_client_errors, FE_METRIC_COUNTER, "lmserve:http_client_errors_total",
-       "HTTP requests answered with a 4xx status.", NULL, 0},
-      {&ids->http_server_errors, FE_METRIC_COUNTER, "lmserve:http_server_errors_total",
-       "HTTP requests answered with a 5xx status.", NULL, 0},
+      GAUGE(num_requests_running, "Requests running on the engine."),
+      GAUGE(num_requests_waiting, "Requests waiting to be scheduled."),
+      GAUGE(kv_cache_usage_perc, "KV-cache usage, 1 means 100 percent."),
+      COUNTER(prompt_tokens, "Prefill tokens processed."),
+      COUNTER(generation_tokens, "Generation tokens produced."),
+      HISTOGRAM(time_to_first_token_seconds, "Time to first token in seconds.", ttft_buckets),
+      HISTOGRAM(inter_token_latency_seconds, "Inter-token latency in seconds.", itl_buckets),
+      HISTOGRAM(e2e_request_latency_seconds, "End-to-end request latency in seconds.", e2e_buckets),
+      COUNTER(prefix_cache_queries, "Prefix-cache queries, in tokens."),
+      COUNTER(prefix_cache_hits, "Prefix-cache hits, in tokens."),
+      COUNTER(spec_decode_num_drafts, "Speculative-decoding drafts."),
+      COUNTER(spec_decode_num_draft_tokens, "Draft tokens proposed."),
+      COUNTER(spec_decode_num_accepted_tokens, "Draft tokens accepted."),
+      COUNTER(request_success, "Generation requests finished."),
+      COUNTER(http_requests, "HTTP requests answered."),
+      COUNTER(http_client_errors, "HTTP requests answered with a 4xx status."),
+      COUNTER(http_server_errors, "HTTP requests answered with a 5xx status."),
   };
   for (size_t i = 0; i < CM_ARRAY_LEN(t); i++) {
     int id = fe_metrics_add(m, t[i].kind, t[i].name, t[i].help, t[i].b, t[i].nb);
@@ -275,3 +264,7 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
   ids->spec_decode_num_accepted_tokens_per_pos = id;
   return 0;
 }
+
+#undef GAUGE
+#undef COUNTER
+#undef HISTOGRAM

@@ -283,6 +283,7 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
   *out_len = 0;
   while (i < n && !d->done) {
     unsigned char c = (unsigned char)in[i];
+    int trailer = d->state == CK_TRAILER || d->state == CK_TRAILER_LINE;
     switch (d->state) {
     case CK_SIZE: {
       int h = hexval(c);
@@ -304,7 +305,6 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
       }
       if (d->state != CK_DATA && d->state != CK_TRAILER && ++d->line_len > FE_HTTP_CHUNK_LINE_MAX)
         return ck_fail(d, "chunk size line too long", CM_ERR_TOOBIG);
-      i++;
       break;
     }
     case CK_EXT:
@@ -316,12 +316,10 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
         return ck_fail(d, "control character in a chunk extension", CM_ERR_PARSE);
       else if (++d->line_len > FE_HTTP_CHUNK_LINE_MAX)
         return ck_fail(d, "chunk size line too long", CM_ERR_TOOBIG);
-      i++;
       break;
     case CK_SIZE_CR:
       if (c != '\n') return ck_fail(d, "bare CR in a chunk size line", CM_ERR_PARSE);
       ck_size_line_done(d);
-      i++;
       break;
     case CK_DATA: {
       size_t k = n - i;
@@ -334,7 +332,7 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
       d->remaining -= k;
       *out_len = w;
       if (d->remaining == 0) d->state = CK_DATA_CR;
-      break;
+      continue; /* consumed k bytes */
     }
     case CK_DATA_CR:
       if (c == '\r')
@@ -343,12 +341,10 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
         d->state = CK_SIZE;
       else
         return ck_fail(d, "missing CRLF after chunk data", CM_ERR_PARSE);
-      i++;
       break;
     case CK_DATA_LF:
       if (c != '\n') return ck_fail(d, "missing LF after chunk data", CM_ERR_PARSE);
       d->state = CK_SIZE;
-      i++;
       break;
     case CK_TRAILER:
       if (c == '\r')
@@ -359,9 +355,6 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
         return ck_fail(d, "malformed trailer field", CM_ERR_PARSE);
       else
         d->state = CK_TRAILER_LINE;
-      if (++d->trailer_len > FE_HTTP_TRAILER_MAX)
-        return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
-      i++;
       break;
     case CK_TRAILER_LINE:
       if (c == '\r')
@@ -370,22 +363,21 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
         d->state = CK_TRAILER;
       else if (!is_field_byte(c))
         return ck_fail(d, "control character in a trailer", CM_ERR_PARSE);
-      if (++d->trailer_len > FE_HTTP_TRAILER_MAX)
-        return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
-      i++;
       break;
     case CK_TRAILER_CR:
       if (c != '\n') return ck_fail(d, "bare CR in a trailer", CM_ERR_PARSE);
       d->state = CK_TRAILER;
-      i++;
       break;
     case CK_END_CR:
       if (c != '\n') return ck_fail(d, "bare CR after the last chunk", CM_ERR_PARSE);
       d->done = 1;
-      i++;
       break;
     default: return ck_fail(d, "decoder in a bad state", CM_ERR_STATE);
     }
+    /* the byte was one of the state's; trailer lines count against their cap */
+    if (trailer && ++d->trailer_len > FE_HTTP_TRAILER_MAX)
+      return ck_fail(d, "trailers too large", CM_ERR_TOOBIG);
+    i++;
   }
   return (int64_t)i;
 }

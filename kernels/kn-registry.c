@@ -1,8 +1,8 @@
 /* kn-registry.c — the table of kernel backends, lookup by name, the
  * automatic choice, and creation through an entry (kn-registry.h).
  *
- * The table lists "cuda" in every build: where CUDA is not compiled in, the
- * entry below stands in for kernels/cuda's and its probe says so. */
+ * The table lists "cuda" in every build; its entry is defined here, over
+ * kn-cuda.h, so that one entry serves builds with and without CUDA. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,27 +16,54 @@
 
 #define TAG "kn"
 
-#if !LMSERVE_HAVE_CUDA
-static int no_cuda_probe(char *why, size_t whylen) {
+/* ---- the CUDA entry ---------------------------------------------------------- */
+
+/* One entry for both kinds of build, through kn-cuda.h: where CUDA is not
+ * compiled in, its probe says so. */
+#if LMSERVE_HAVE_CUDA
+#define CUDA_SUMMARY "NVIDIA GPU (cuBLAS and the kernels of kernels/cuda)"
+
+static int cuda_probe(char *why, size_t whylen) {
+  if (kn_cuda_device_count() < 1)
+    return cm_fail(why, whylen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
+  return 0;
+}
+
+static int cuda_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
+                       size_t errlen) {
+  int n = kn_cuda_device_count();
+  if (n < 1) return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
+  int device = kn_cuda_device_for_rank(o->local_rank, n);
+  cm_info("cuda", "local rank %d: device %d of %d visible", o->local_rank, device, n);
+  int rc = kn_cuda_backend_create(device, out);
+  if (rc) return cm_fail(err, errlen, rc, "cannot create the CUDA backend: %s", cm_strerror(rc));
+  return 0;
+}
+#else
+#define CUDA_SUMMARY "NVIDIA GPU (not in this build)"
+
+static int cuda_probe(char *why, size_t whylen) {
   return cm_fail(why, whylen, CM_ERR_UNSUPPORTED, "this build has no CUDA support");
 }
 
-static int no_cuda_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
-                          size_t errlen) {
+static int cuda_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
+                       size_t errlen) {
   (void)o;
   *out = NULL;
-  return no_cuda_probe(err, errlen);
+  return cuda_probe(err, errlen);
 }
+#endif
 
 const struct kn_backend_reg kn_cuda_backend_reg = {
     .name = "cuda",
-    .summary = "NVIDIA GPU (not in this build)",
+    .summary = CUDA_SUMMARY,
     .priority = KN_CUDA_PRIORITY,
     .caps = KN_CUDA_CAPS,
-    .probe = no_cuda_probe,
-    .create = no_cuda_create,
+    .probe = cuda_probe,
+    .create = cuda_create,
 };
-#endif
+
+/* ---- the table --------------------------------------------------------------- */
 
 /* Highest priority first; kn_backend_choose_from does not rely on the order. */
 static const struct kn_backend_reg *const g_table[] = {

@@ -25,6 +25,16 @@ static const char *jstr(json_t *o, const char *k) {
   return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
+/* Accepts a section whose "type" is the one this tokenizer supports there
+ * (want); any other is refused naming the section and what it supports. */
+static int ld_type(struct tk_ld *l, json_t *o, const char *section, const char *want,
+                   const char *supported) {
+  const char *type = jstr(o, "type");
+  if (type && !strcmp(type, want)) return 0;
+  return tk_ld_err(l, CM_ERR_UNSUPPORTED, "%s.type \"%s\" is not supported (%s)", section,
+                   type ? type : "?", supported);
+}
+
 /* Reads a {"String": "x"} pattern; regex patterns are refused. */
 static int ld_pattern(struct tk_ld *l, json_t *o, const char *field, const char **out, size_t *len) {
   json_t *p = json_object_get(o, "pattern");
@@ -86,14 +96,12 @@ int tk_ld_normalizer(struct tk_ld *l, json_t *n) {
 int tk_ld_pre_tokenizer(struct tk_ld *l, json_t *p) {
   struct tk_tokenizer *tok = l->tok;
   if (json_is_null(p)) return 0;
-  const char *type = jstr(p, "type");
-  if (!type || strcmp(type, "Split"))
-    return tk_ld_err(l, CM_ERR_UNSUPPORTED, "pre_tokenizer.type \"%s\" is not supported (null or "
-                  "Split on a String)", type ? type : "?");
   const char *pat;
   size_t n;
-  int rc = ld_pattern(l, p, "pre_tokenizer", &pat, &n);
-  if (rc) return rc;
+  int rc;
+  if ((rc = ld_type(l, p, "pre_tokenizer", "Split", "null or Split on a String")) ||
+      (rc = ld_pattern(l, p, "pre_tokenizer", &pat, &n)))
+    return rc;
   if (json_is_true(json_object_get(p, "invert")))
     return tk_ld_err(l, CM_ERR_UNSUPPORTED, "pre_tokenizer.invert true is not supported");
   const char *b = jstr(p, "behavior");
@@ -112,10 +120,8 @@ int tk_ld_pre_tokenizer(struct tk_ld *l, json_t *p) {
 int tk_ld_post_processor(struct tk_ld *l, json_t *p) {
   struct tk_tokenizer *tok = l->tok;
   if (json_is_null(p)) return 0;
-  const char *type = jstr(p, "type");
-  if (!type || strcmp(type, "TemplateProcessing"))
-    return tk_ld_err(l, CM_ERR_UNSUPPORTED, "post_processor.type \"%s\" is not supported (null or "
-                  "TemplateProcessing)", type ? type : "?");
+  int rc = ld_type(l, p, "post_processor", "TemplateProcessing", "null or TemplateProcessing");
+  if (rc) return rc;
   json_t *single = json_object_get(p, "single"), *specials = json_object_get(p, "special_tokens");
   if (!json_is_array(single))
     return tk_ld_err(l, CM_ERR_PARSE, "post_processor.single: missing");

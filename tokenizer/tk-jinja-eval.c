@@ -28,6 +28,24 @@ int tk_jk_err(struct tk_jk_ev *e, const struct tk_jk_node *n, int code, const ch
   return code;
 }
 
+/* Moves a rendered buffer into the arena as a string value and frees the
+ * buffer, whatever came before: rc is what the rendering returned, and on
+ * an error nothing is written to *out. */
+static int buf_to_str(struct tk_jk_ev *e, int rc, struct tk_jv_buf *b, struct tk_jv *out) {
+  if (!rc) {
+    char *s = cm_arena_alloc(e->a, b->n + 1);
+    if (!s)
+      rc = CM_ERR_NOMEM;
+    else {
+      if (b->n) memcpy(s, b->p, b->n);
+      s[b->n] = 0;
+      *out = tk_jv_str(s, b->n);
+    }
+  }
+  free(b->p);
+  return rc;
+}
+
 static struct tk_jv *lookup(struct tk_jk_ev *e, const char *s, size_t n) {
   for (struct tk_jk_frame *f = e->top; f; f = f->up) {
     struct tk_jv *v = tk_jv_dict_get(&f->vars, s, n);
@@ -92,17 +110,7 @@ static int eval_slice(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_
   }
   struct tk_jv_buf buf = {.max = JK_MAX_OUTPUT};
   for (size_t i = 0; i < r.u.list->n && !rc; i++) rc = tk_jv_print(&buf, r.u.list->items[i]);
-  if (!rc) {
-    char *s = cm_arena_alloc(e->a, buf.n + 1);
-    if (!s) rc = CM_ERR_NOMEM;
-    else {
-      if (buf.n) memcpy(s, buf.p, buf.n);
-      s[buf.n] = 0;
-      *out = tk_jv_str(s, buf.n);
-    }
-  }
-  free(buf.p);
-  return rc;
+  return buf_to_str(e, rc, &buf, out);
 }
 
 static int eval_index(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_jv base, struct tk_jv key,
@@ -458,17 +466,7 @@ static int exec_set(struct tk_jk_ev *e, const struct tk_jk_node *n) {
     e->out = &tmp;
     rc = exec_block(e, n->b);
     e->out = saved;
-    if (!rc) {
-      char *s = cm_arena_alloc(e->a, tmp.n + 1);
-      if (!s) rc = CM_ERR_NOMEM;
-      else {
-        if (tmp.n) memcpy(s, tmp.p, tmp.n);
-        s[tmp.n] = 0;
-        v = tk_jv_str(s, tmp.n);
-      }
-    }
-    free(tmp.p);
-    if (rc) return rc;
+    if ((rc = buf_to_str(e, rc, &tmp, &v))) return rc;
   }
   if (n->s2) {
     struct tk_jv *ns = lookup(e, n->s, n->n);
@@ -571,17 +569,7 @@ int tk_jk_call_macro(struct tk_jk_ev *e, const struct tk_jk_node *n, struct tk_j
   e->top = saved_top;
   e->out = saved_out;
   e->ctl = saved_ctl;
-  if (!rc) {
-    char *s = cm_arena_alloc(e->a, tmp.n + 1);
-    if (!s) rc = CM_ERR_NOMEM;
-    else {
-      if (tmp.n) memcpy(s, tmp.p, tmp.n);
-      s[tmp.n] = 0;
-      *out = tk_jv_str(s, tmp.n);
-    }
-  }
-  free(tmp.p);
-  return rc;
+  return buf_to_str(e, rc, &tmp, out);
 }
 
 int tk_jinja_render(const struct tk_jinja *t, json_t *vars, char **out, size_t *out_len,

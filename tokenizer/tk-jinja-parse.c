@@ -393,17 +393,15 @@ static int bin(struct ps *p, const char *op, struct tk_jk_node *a, struct tk_jk_
 }
 
 typedef int (*level_fn)(struct ps *, struct tk_jk_node **);
+/* The operator of one level at the cursor, consumed; NULL when none is. */
+typedef const char *(*op_fn)(struct ps *);
 
-/* One left-associative level of binary operators. */
-static int parse_level(struct ps *p, struct tk_jk_node **out, level_fn next,
-                       const char *const *ops, size_t n_ops) {
+/* One left-associative level of binary operators over the next level. */
+static int parse_level(struct ps *p, struct tk_jk_node **out, level_fn next, op_fn take) {
   int rc = next(p, out);
   while (!rc) {
-    const char *op = NULL;
-    for (size_t k = 0; k < n_ops && !op; k++)
-      if (is_op(p, ops[k])) op = ops[k];
+    const char *op = take(p);
     if (!op) return 0;
-    p->pos++;
     struct tk_jk_node *rhs;
     if ((rc = next(p, &rhs))) return rc;
     rc = bin(p, op, *out, rhs, out);
@@ -411,38 +409,56 @@ static int parse_level(struct ps *p, struct tk_jk_node **out, level_fn next,
   return rc;
 }
 
-static int parse_mul(struct ps *p, struct tk_jk_node **out) {
-  static const char *const ops[] = {"*", "//", "/", "%"};
-  return parse_level(p, out, parse_unary, ops, 4);
-}
-static int parse_concat(struct ps *p, struct tk_jk_node **out) {
-  static const char *const ops[] = {"~"};
-  return parse_level(p, out, parse_mul, ops, 1);
-}
-static int parse_add(struct ps *p, struct tk_jk_node **out) {
-  static const char *const ops[] = {"+", "-"};
-  return parse_level(p, out, parse_concat, ops, 2);
+/* The first of the symbol operators ops (NULL-terminated) at the cursor. */
+static const char *take_sym(struct ps *p, const char *const *ops) {
+  for (; *ops; ops++)
+    if (is_op(p, *ops)) {
+      p->pos++;
+      return *ops;
+    }
+  return NULL;
 }
 
-static int parse_compare(struct ps *p, struct tk_jk_node **out) {
-  static const char *const ops[] = {"==", "!=", "<=", ">=", "<", ">"};
-  int rc = parse_add(p, out);
-  while (!rc) {
-    const char *op = NULL;
-    for (size_t k = 0; k < 6 && !op; k++)
-      if (is_op(p, ops[k])) op = ops[k];
-    if (!op && is_name(p, "in")) op = "in";
-    if (!op && is_name(p, "not") && is_name_at(p, 1, "in")) {
-      op = "notin";
-      p->pos++;
-    }
-    if (!op) return 0;
-    p->pos++;
-    struct tk_jk_node *rhs;
-    if ((rc = parse_add(p, &rhs))) return rc;
-    rc = bin(p, op, *out, rhs, out);
+static const char *mul_op(struct ps *p) {
+  static const char *const ops[] = {"*", "//", "/", "%", NULL};
+  return take_sym(p, ops);
+}
+static const char *concat_op(struct ps *p) {
+  static const char *const ops[] = {"~", NULL};
+  return take_sym(p, ops);
+}
+static const char *add_op(struct ps *p) {
+  static const char *const ops[] = {"+", "-", NULL};
+  return take_sym(p, ops);
+}
+static const char *compare_op(struct ps *p) {
+  static const char *const ops[] = {"==", "!=", "<=", ">=", "<", ">", NULL};
+  const char *op = take_sym(p, ops);
+  if (!op && accept_name(p, "in")) op = "in";
+  if (!op && is_name(p, "not") && is_name_at(p, 1, "in")) {
+    op = "notin";
+    p->pos += 2;
   }
-  return rc;
+  return op;
+}
+static const char *and_op(struct ps *p) {
+  return accept_name(p, "and") ? "and" : NULL;
+}
+static const char *or_op(struct ps *p) {
+  return accept_name(p, "or") ? "or" : NULL;
+}
+
+static int parse_mul(struct ps *p, struct tk_jk_node **out) {
+  return parse_level(p, out, parse_unary, mul_op);
+}
+static int parse_concat(struct ps *p, struct tk_jk_node **out) {
+  return parse_level(p, out, parse_mul, concat_op);
+}
+static int parse_add(struct ps *p, struct tk_jk_node **out) {
+  return parse_level(p, out, parse_concat, add_op);
+}
+static int parse_compare(struct ps *p, struct tk_jk_node **out) {
+  return parse_level(p, out, parse_add, compare_op);
 }
 
 static int parse_not(struct ps *p, struct tk_jk_node **out) {
@@ -460,23 +476,10 @@ static int parse_not(struct ps *p, struct tk_jk_node **out) {
 }
 
 static int parse_and(struct ps *p, struct tk_jk_node **out) {
-  int rc = parse_not(p, out);
-  while (!rc && accept_name(p, "and")) {
-    struct tk_jk_node *rhs;
-    if ((rc = parse_not(p, &rhs))) return rc;
-    rc = bin(p, "and", *out, rhs, out);
-  }
-  return rc;
+  return parse_level(p, out, parse_not, and_op);
 }
-
 static int parse_or(struct ps *p, struct tk_jk_node **out) {
-  int rc = parse_and(p, out);
-  while (!rc && accept_name(p, "or")) {
-    struct tk_jk_node *rhs;
-    if ((rc = parse_and(p, &rhs))) return rc;
-    rc = bin(p, "or", *out, rhs, out);
-  }
-  return rc;
+  return parse_level(p, out, parse_and, or_op);
 }
 
 static int parse_expr(struct ps *p, struct tk_jk_node **out) {
@@ -501,10 +504,41 @@ static int expect_stmt_end(struct ps *p) {
   return 0;
 }
 
+/* Takes the name at the cursor into *s, *n, or fails saying what was
+ * expected there ("a loop variable"). */
+static int take_name(struct ps *p, const char *what, const char **s, size_t *n) {
+  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected %s", what);
+  *s = cur(p)->s;
+  *n = cur(p)->n;
+  p->pos++;
+  return 0;
+}
+
+/* A for's or a set's target: a name into nd->s, then, after the operator
+ * sep, an optional second into nd->s2 (`for k, v in`, `set ns.x =`). */
+static int take_target(struct ps *p, struct tk_jk_node *nd, const char *what, const char *sep,
+                       const char *what2) {
+  int rc = take_name(p, what, &nd->s, &nd->n);
+  if (!rc && accept_op(p, sep)) rc = take_name(p, what2, &nd->s2, &nd->n2);
+  return rc;
+}
+
 /* Parses statements until a {% name %} whose name is in `ends` (NULL-
  * terminated) and leaves the cursor on that name; at top level (ends NULL)
  * until the end. */
 static int parse_block(struct ps *p, const char *const *ends, struct tk_jk_node **out);
+
+/* The end of an if or a for: its optional {% else %} branch into nd->c,
+ * then {% end[0] %}; *out is nd once the statement is whole. */
+static int parse_else_end(struct ps *p, const char *const *end, struct tk_jk_node *nd,
+                          struct tk_jk_node **out) {
+  int rc;
+  if (accept_name(p, "else") && ((rc = expect_stmt_end(p)) || (rc = parse_block(p, end, &nd->c))))
+    return rc;
+  if (!accept_name(p, end[0])) return ps_err(p, "expected %s", end[0]);
+  *out = nd;
+  return expect_stmt_end(p);
+}
 
 static int parse_if(struct ps *p, struct tk_jk_node **out) {
   static const char *const ends[] = {"elif", "else", "endif", NULL};
@@ -522,13 +556,8 @@ static int parse_if(struct ps *p, struct tk_jk_node **out) {
     *out = nd;
     return 0; /* the innermost if consumed endif */
   }
-  if (accept_name(p, "else")) {
-    static const char *const ends2[] = {"endif", NULL};
-    if ((rc = expect_stmt_end(p)) || (rc = parse_block(p, ends2, &nd->c))) return rc;
-  }
-  if (!accept_name(p, "endif")) return ps_err(p, "expected endif");
-  *out = nd;
-  return expect_stmt_end(p);
+  static const char *const end[] = {"endif", NULL};
+  return parse_else_end(p, end, nd, out);
 }
 
 static int parse_for(struct ps *p, struct tk_jk_node **out) {
@@ -536,16 +565,7 @@ static int parse_for(struct ps *p, struct tk_jk_node **out) {
   struct tk_jk_node *nd = node(p, JN_FOR);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
-  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a loop variable");
-  nd->s = cur(p)->s;
-  nd->n = cur(p)->n;
-  p->pos++;
-  if (accept_op(p, ",")) {
-    if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a second loop variable");
-    nd->s2 = cur(p)->s;
-    nd->n2 = cur(p)->n;
-    p->pos++;
-  }
+  if ((rc = take_target(p, nd, "a loop variable", ",", "a second loop variable"))) return rc;
   if (!accept_name(p, "in")) return ps_err(p, "expected 'in'");
   /* the iterable may not use a bare conditional (its 'if' filters items) */
   if ((rc = parse_or(p, &nd->a))) return rc;
@@ -556,29 +576,15 @@ static int parse_for(struct ps *p, struct tk_jk_node **out) {
   rc = parse_block(p, ends, &nd->b);
   p->loops--;
   if (rc) return rc;
-  if (accept_name(p, "else")) {
-    static const char *const ends2[] = {"endfor", NULL};
-    if ((rc = expect_stmt_end(p)) || (rc = parse_block(p, ends2, &nd->c))) return rc;
-  }
-  if (!accept_name(p, "endfor")) return ps_err(p, "expected endfor");
-  *out = nd;
-  return expect_stmt_end(p);
+  static const char *const end[] = {"endfor", NULL};
+  return parse_else_end(p, end, nd, out);
 }
 
 static int parse_set(struct ps *p, struct tk_jk_node **out) {
   struct tk_jk_node *nd = node(p, JN_SET);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
-  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a name after set");
-  nd->s = cur(p)->s;
-  nd->n = cur(p)->n;
-  p->pos++;
-  if (accept_op(p, ".")) {
-    if (cur(p)->kind != JK_NAME) return ps_err(p, "expected an attribute name");
-    nd->s2 = cur(p)->s;
-    nd->n2 = cur(p)->n;
-    p->pos++;
-  }
+  if ((rc = take_target(p, nd, "a name after set", ".", "an attribute name"))) return rc;
   if (is_op(p, ",")) return ps_err(p, "tuple assignment is not supported");
   if (accept_op(p, "=")) {
     if ((rc = parse_expr(p, &nd->a))) return rc;
@@ -597,19 +603,13 @@ static int parse_macro(struct ps *p, struct tk_jk_node **out) {
   struct tk_jk_node *nd = node(p, JN_MACRO);
   int rc;
   if (!nd) return CM_ERR_NOMEM;
-  if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a macro name");
-  nd->s = cur(p)->s;
-  nd->n = cur(p)->n;
-  p->pos++;
+  if ((rc = take_name(p, "a macro name", &nd->s, &nd->n))) return rc;
   if (!accept_op(p, "(")) return ps_err(p, "expected '(' after the macro name");
   while (!accept_op(p, ")")) {
     if (nd->n_items && !accept_op(p, ",")) return ps_err(p, "expected ',' or ')'");
-    if (cur(p)->kind != JK_NAME) return ps_err(p, "expected a parameter name");
     struct tk_jk_node *param = node(p, JN_NAME);
     if (!param) return CM_ERR_NOMEM;
-    param->s = cur(p)->s;
-    param->n = cur(p)->n;
-    p->pos++;
+    if ((rc = take_name(p, "a parameter name", &param->s, &param->n))) return rc;
     if (accept_op(p, "=") && (rc = parse_expr(p, &param->a))) return rc;
     if ((rc = add_item(p, nd, param))) return rc;
   }

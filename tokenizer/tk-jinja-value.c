@@ -285,8 +285,25 @@ static int put_indent(struct tk_jv_buf *b, int indent, int depth) {
   return rc;
 }
 
+/* A list or a dict as JSON: its items (a dict's as "key": value) between
+ * brackets, each on its own line when indenting. */
+static int put_json_items(struct tk_jv_buf *b, struct tk_jv v, int indent, int depth) {
+  int dict = v.kind == JV_DICT;
+  size_t n = dict ? v.u.dict->n : v.u.list->n;
+  if (!n) return put_s(b, dict ? "{}" : "[]");
+  int rc = put_s(b, dict ? "{" : "[");
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (i) rc = put_s(b, indent >= 0 ? "," : ", ");
+    if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
+    if (!rc && dict && !(rc = put_json_str(b, v.u.dict->keys[i], v.u.dict->klens[i])))
+      rc = put_s(b, ": ");
+    if (!rc) rc = tk_jv_tojson(b, dict ? v.u.dict->vals[i] : v.u.list->items[i], indent, depth + 1);
+  }
+  if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
+  return rc ? rc : put_s(b, dict ? "}" : "]");
+}
+
 int tk_jv_tojson(struct tk_jv_buf *b, struct tk_jv v, int indent, int depth) {
-  int rc = 0;
   if (depth > JK_MAX_DEPTH) return CM_ERR_DEPTH;
   switch (v.kind) {
   case JV_UNDEF:
@@ -296,27 +313,7 @@ int tk_jv_tojson(struct tk_jv_buf *b, struct tk_jv v, int indent, int depth) {
   case JV_FLOAT: return put_float(b, v.u.f, 1);
   case JV_STR: return put_json_str(b, v.u.str.s, v.u.str.n);
   case JV_LIST:
-    if (!v.u.list->n) return put_s(b, "[]");
-    rc = put_s(b, "[");
-    for (size_t i = 0; i < v.u.list->n && !rc; i++) {
-      if (i) rc = put_s(b, indent >= 0 ? "," : ", ");
-      if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
-      if (!rc) rc = tk_jv_tojson(b, v.u.list->items[i], indent, depth + 1);
-    }
-    if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
-    return rc ? rc : put_s(b, "]");
-  case JV_DICT:
-    if (!v.u.dict->n) return put_s(b, "{}");
-    rc = put_s(b, "{");
-    for (size_t i = 0; i < v.u.dict->n && !rc; i++) {
-      if (i) rc = put_s(b, indent >= 0 ? "," : ", ");
-      if (!rc && indent >= 0) rc = put_indent(b, indent, depth + 1);
-      if (!rc) rc = put_json_str(b, v.u.dict->keys[i], v.u.dict->klens[i]);
-      if (!rc) rc = put_s(b, ": ");
-      if (!rc) rc = tk_jv_tojson(b, v.u.dict->vals[i], indent, depth + 1);
-    }
-    if (!rc && indent >= 0) rc = put_indent(b, indent, depth);
-    return rc ? rc : put_s(b, "}");
+  case JV_DICT: return put_json_items(b, v, indent, depth);
   case JV_FUNC:
   case JV_MACRO: return put_s(b, "null");
   }

@@ -50,6 +50,18 @@ int tk_blob_add(struct tk_tokenizer *tok, const char *s, size_t len, uint32_t *o
   return 0;
 }
 
+/* Turns a failed scan into the load's error: a lack of memory passes
+ * through; anything else is malformed JSON at the scanner's first error,
+ * in the named section ("model.vocab"), or in the file's own structure
+ * when section is NULL. */
+static int ld_malformed(struct tk_ld *l, const struct tk_json *t, int rc, const char *section) {
+  if (rc == CM_ERR_NOMEM) return rc;
+  if (section)
+    return tk_ld_err(l, CM_ERR_PARSE, "%s: malformed JSON near byte %zu of the section", section,
+                     t->err_off);
+  return tk_ld_err(l, CM_ERR_PARSE, "malformed JSON near byte %zu", t->err_off);
+}
+
 /* ---- model.vocab ---------------------------------------------------------- */
 
 static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
@@ -98,14 +110,9 @@ static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
     l->v_id[l->n_v] = (int32_t)id;
     l->n_v++;
   } while ((rc = tk_json_more(&t, '}')) == 1);
-  if (rc < 0) goto parse;
-  tk_json_free(&t);
-  return 0;
 parse:
   tk_json_free(&t);
-  if (rc == CM_ERR_NOMEM) return rc;
-  return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: malformed JSON near byte %zu of the section",
-                t.err_off);
+  return rc < 0 ? ld_malformed(l, &t, rc, "model.vocab") : 0;
 }
 
 /* Sizes the id tables for ids [0, n_ids) and fills in the model vocab. */
@@ -316,9 +323,7 @@ done:
   tok->n_merges = rank;
   goto out;
 parse:
-  if (rc != CM_ERR_NOMEM)
-    rc = tk_ld_err(l, CM_ERR_PARSE, "model.merges: malformed JSON near byte %zu of the section",
-                t.err_off);
+  rc = ld_malformed(l, &t, rc, "model.merges");
 out:
   tk_json_free(&t);
   free(mb.pool);
@@ -388,7 +393,10 @@ static int ld_scan(struct tk_ld *l, const char *buf, size_t len, struct span *se
   int rc;
   tk_json_init(&t, buf, len);
   if ((rc = tk_json_expect(&t, '{'))) goto parse;
-  if (tk_json_peek(&t) == '}') goto parse;
+  if (tk_json_peek(&t) == '}') {
+    rc = CM_ERR_PARSE; /* an empty object has no model */
+    goto parse;
+  }
   do {
     const char *k;
     size_t kn;
@@ -423,13 +431,9 @@ static int ld_scan(struct tk_ld *l, const char *buf, size_t len, struct span *se
     }
     model_rest->n = (size_t)(t.p - model_rest->s);
   } while ((rc = tk_json_more(&t, '}')) == 1);
-  if (rc < 0) goto parse;
-  tk_json_free(&t);
-  return 0;
 parse:
   tk_json_free(&t);
-  if (rc == CM_ERR_NOMEM) return rc;
-  return tk_ld_err(l, CM_ERR_PARSE, "malformed JSON near byte %zu", t.err_off);
+  return rc < 0 ? ld_malformed(l, &t, rc, NULL) : 0;
 }
 
 /* The model object without vocab and merges, for its scalar options: a

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,28 +84,35 @@ static void argv_add(struct tl_argv *a, const char *s) {
   a->v[a->n] = NULL;
 }
 
+/* Adds `flag value`, the value formatted into the argv's own storage. */
+__attribute__((format(printf, 3, 4))) static void argv_add_fmt(struct tl_argv *a, const char *flag,
+                                                               const char *fmt, ...) {
+  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
+  char *num = a->nums[a->n_nums++];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(num, sizeof(a->nums[0]), fmt, ap);
+  va_end(ap);
+  argv_add(a, flag);
+  argv_add(a, num);
+}
+
 static void argv_add_int(struct tl_argv *a, const char *flag, long long v) {
-  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
-  char *num = a->nums[a->n_nums++];
-  snprintf(num, sizeof(a->nums[0]), "%lld", v);
-  argv_add(a, flag);
-  argv_add(a, num);
+  argv_add_fmt(a, flag, "%lld", v);
 }
 
-static void argv_add_u64(struct tl_argv *a, const char *flag, unsigned long long v) {
-  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
-  char *num = a->nums[a->n_nums++];
-  snprintf(num, sizeof(a->nums[0]), "%llu", v);
+/* Adds `flag value` when there is a value. */
+static void argv_add_str(struct tl_argv *a, const char *flag, const char *v) {
+  if (!v) return;
   argv_add(a, flag);
-  argv_add(a, num);
+  argv_add(a, v);
 }
 
-static void argv_add_double(struct tl_argv *a, const char *flag, double v) {
-  CM_ASSERT(a->n_nums < TL_MAX_ARGS);
-  char *num = a->nums[a->n_nums++];
-  snprintf(num, sizeof(a->nums[0]), "%.17g", v);
-  argv_add(a, flag);
-  argv_add(a, num);
+/* `lmserve ROLE --model DIR`, the start of every child's command line. */
+static void argv_role(struct tl_argv *a, const char *role, const struct tl_serve *s) {
+  argv_add(a, "lmserve");
+  argv_add(a, role);
+  argv_add_str(a, "--model", s->model_dir);
 }
 
 static const char *self_exe(void) {
@@ -234,16 +242,10 @@ static int ensure_default_model(struct tl_serve *s) {
   struct tl_argv a = {0};
   argv_add(&a, "lmserve");
   argv_add(&a, "make-tiny-model");
-  argv_add(&a, "--arch");
-  argv_add(&a, "gemma4");
-  argv_add(&a, "--seed");
-  argv_add(&a, "0");
-  argv_add(&a, "--out");
-  argv_add(&a, tmp);
-  if (access(tok, R_OK) == 0) {
-    argv_add(&a, "--tokenizer");
-    argv_add(&a, tok);
-  }
+  argv_add_str(&a, "--arch", "gemma4");
+  argv_add_str(&a, "--seed", "0");
+  argv_add_str(&a, "--out", tmp);
+  argv_add_str(&a, "--tokenizer", access(tok, R_OK) == 0 ? tok : NULL);
   pid_t pid = fork();
   if (pid < 0) return CM_ERR_IO;
   if (pid == 0) {
@@ -268,78 +270,56 @@ static int ensure_default_model(struct tl_serve *s) {
 
 /* ---- main ------------------------------------------------------------------ */
 
+/* What the workers and the scheduler must agree on: the group's size, the
+ * batch limits and the draft length. */
+static void argv_add_shared(struct tl_argv *a, const struct tl_serve *s) {
+  argv_add_int(a, "--world-size", s->tp);
+  argv_add_int(a, "--max-num-seqs", s->max_num_seqs);
+  argv_add_int(a, "--max-num-batched-tokens", s->max_batched);
+  if (s->spec_model) argv_add_int(a, "--num-speculative-tokens", s->spec_k);
+}
+
 static int start_roles(struct tl_serve *s) {
   int rc;
   for (int r = 0; r < (int)s->tp; r++) {
     struct tl_argv a = {0};
-    argv_add(&a, "lmserve");
-    argv_add(&a, "worker");
-    argv_add(&a, "--model");
-    argv_add(&a, s->model_dir);
-    argv_add(&a, "--scheduler");
-    argv_add(&a, s->ep_work);
+    argv_role(&a, "worker", s);
+    argv_add_str(&a, "--scheduler", s->ep_work);
+    argv_add_shared(&a, s);
     argv_add_int(&a, "--rank", r);
-    argv_add_int(&a, "--world-size", s->tp);
     argv_add_int(&a, "--local-rank", r); /* every rank runs on this host */
     /* a backend on host memory takes the fixed pool size; one on a device
      * sizes its pool from --gpu-memory-utilization unless a size was given.
      * No --device (or auto): the worker chooses, CUDA when a GPU is visible */
     const struct kn_backend_reg *reg = s->device ? kn_backend_reg_find(s->device) : NULL;
     int host_mem = reg && (kn_backend_reg_caps(reg) & KN_CAP_HOST_MEMORY);
-    if (s->kv_seen || host_mem) argv_add_u64(&a, "--kv-cache-memory", s->kv_bytes);
-    if (!host_mem) argv_add_double(&a, "--gpu-memory-utilization", s->gpu_mem_util);
+    if (s->kv_seen || host_mem)
+      argv_add_fmt(&a, "--kv-cache-memory", "%llu", (unsigned long long)s->kv_bytes);
+    if (!host_mem) argv_add_fmt(&a, "--gpu-memory-utilization", "%.17g", s->gpu_mem_util);
     argv_add_int(&a, "--block-size", s->block_size);
-    argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
-    argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
     if (s->threads > 0) argv_add_int(&a, "--threads", s->threads);
-    if (s->device) {
-      argv_add(&a, "--device");
-      argv_add(&a, s->device);
-    }
-    if (s->spec_model) {
-      argv_add(&a, "--speculative-model");
-      argv_add(&a, s->spec_model);
-      argv_add_int(&a, "--num-speculative-tokens", s->spec_k);
-    }
+    argv_add_str(&a, "--device", s->device);
+    argv_add_str(&a, "--speculative-model", s->spec_model);
     if ((rc = spawn(s, "worker", r, &a))) return rc;
   }
   struct tl_argv a = {0};
-  argv_add(&a, "lmserve");
-  argv_add(&a, "scheduler");
-  argv_add(&a, "--model");
-  argv_add(&a, s->model_dir);
-  argv_add(&a, "--frontend-endpoint");
-  argv_add(&a, s->ep_front);
-  argv_add(&a, "--worker-endpoint");
-  argv_add(&a, s->ep_work);
-  argv_add_int(&a, "--world-size", s->tp);
-  argv_add_int(&a, "--max-num-seqs", s->max_num_seqs);
-  argv_add_int(&a, "--max-num-batched-tokens", s->max_batched);
+  argv_role(&a, "scheduler", s);
+  argv_add_str(&a, "--frontend-endpoint", s->ep_front);
+  argv_add_str(&a, "--worker-endpoint", s->ep_work);
+  argv_add_shared(&a, s);
   if (s->max_model_len > 0) argv_add_int(&a, "--max-model-len", s->max_model_len);
   argv_add(&a, s->prefix_caching ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
-  if (s->spec_model) argv_add_int(&a, "--num-speculative-tokens", s->spec_k);
   if ((rc = spawn(s, "scheduler", -1, &a))) return rc;
 
   struct tl_argv f = {0};
-  argv_add(&f, "lmserve");
-  argv_add(&f, "frontend");
-  argv_add(&f, "--model");
-  argv_add(&f, s->model_dir);
-  argv_add(&f, "--scheduler");
-  argv_add(&f, s->ep_front);
-  argv_add(&f, "--host");
-  argv_add(&f, s->host);
+  argv_role(&f, "frontend", s);
+  argv_add_str(&f, "--scheduler", s->ep_front);
+  argv_add_str(&f, "--host", s->host);
   argv_add_int(&f, "--port", s->port);
   argv_add_int(&f, "--drain-timeout", s->drain_timeout_s);
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
-  if (s->api_key) {
-    argv_add(&f, "--api-key");
-    argv_add(&f, s->api_key);
-  }
-  if (s->served_name) {
-    argv_add(&f, "--served-model-name");
-    argv_add(&f, s->served_name);
-  }
+  argv_add_str(&f, "--api-key", s->api_key);
+  argv_add_str(&f, "--served-model-name", s->served_name);
   return spawn(s, "frontend", -1, &f);
 }
 

@@ -63,6 +63,28 @@ static int load(const char *path, struct tk_tokenizer **tok) {
   return rc;
 }
 
+/* What both commands begin with: the flags (--tokenizer PATH is required),
+ * the tokenizer and all of stdin. Returns -1 to go on, else the exit
+ * status (help, a usage mistake, or nothing to work on). */
+static int start(const char *prog, const char *summary, const struct cm_opt *opts, int argc,
+                 char **argv, const char *const *path, struct tk_tokenizer **tok, char **text,
+                 size_t *len) {
+  int rc = cm_args_parse(prog, summary, opts, argc, argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc < 0) return 2;
+  if (!*path) {
+    fprintf(stderr, "%s: --tokenizer PATH is required\n", prog);
+    return 2;
+  }
+  if (load(*path, tok)) return 1;
+  if (!(*text = read_stdin(len))) {
+    fprintf(stderr, "%s: cannot read stdin\n", prog);
+    tk_free(*tok);
+    return 1;
+  }
+  return -1;
+}
+
 int tl_tokenize_main(int argc, char **argv) {
   const char *path = NULL;
   int special = 1;
@@ -72,25 +94,16 @@ int tl_tokenize_main(int argc, char **argv) {
        "add BOS and match special-token text (default); --no-special: neither"},
       {0},
   };
-  const char *summary = "reads UTF-8 text on stdin, prints its token ids as a JSON array";
-  int rc = cm_args_parse("lmserve tokenize", summary, opts, argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc < 0) return 2;
-  if (!path) {
-    fprintf(stderr, "lmserve tokenize: --tokenizer PATH is required\n");
-    return 2;
-  }
   struct tk_tokenizer *tok = NULL;
-  if (load(path, &tok)) return 1;
+  char *text = NULL;
   size_t len = 0, n = 0, cap = 0;
+  int status =
+      start("lmserve tokenize", "reads UTF-8 text on stdin, prints its token ids as a JSON array",
+            opts, argc, argv, &path, &tok, &text, &len);
+  if (status >= 0) return status;
   int32_t *ids = NULL;
-  int status = 1;
-  char *text = read_stdin(&len);
-  if (!text) {
-    fprintf(stderr, "lmserve tokenize: cannot read stdin\n");
-    goto out;
-  }
-  rc = tk_encode(tok, NULL, text, len, special ? TK_DEFAULT : 0, &ids, &n, &cap);
+  status = 1;
+  int rc = tk_encode(tok, NULL, text, len, special ? TK_DEFAULT : 0, &ids, &n, &cap);
   if (rc == CM_ERR_INVAL) {
     fprintf(stderr, "lmserve tokenize: input is not valid UTF-8\n");
     goto out;
@@ -118,26 +131,17 @@ int tl_detokenize_main(int argc, char **argv) {
       {"skip-special", CM_OPT_BOOL, &skip, NULL, "leave special tokens out of the text"},
       {0},
   };
-  const char *summary = "reads a JSON array of token ids on stdin, prints the text";
-  int rc = cm_args_parse("lmserve detokenize", summary, opts, argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc < 0) return 2;
-  if (!path) {
-    fprintf(stderr, "lmserve detokenize: --tokenizer PATH is required\n");
-    return 2;
-  }
   struct tk_tokenizer *tok = NULL;
-  if (load(path, &tok)) return 1;
-  int status = 1;
+  char *text = NULL;
   size_t len = 0, n = 0, out_len = 0, out_cap = 0;
+  int status =
+      start("lmserve detokenize", "reads a JSON array of token ids on stdin, prints the text", opts,
+            argc, argv, &path, &tok, &text, &len);
+  if (status >= 0) return status;
+  status = 1;
   int32_t *ids = NULL;
   char *out = NULL;
   json_t *arr = NULL;
-  char *text = read_stdin(&len);
-  if (!text) {
-    fprintf(stderr, "lmserve detokenize: cannot read stdin\n");
-    goto done;
-  }
   json_error_t je;
   arr = json_loadb(text, len, 0, &je);
   if (!json_is_array(arr)) {
@@ -158,7 +162,7 @@ int tl_detokenize_main(int argc, char **argv) {
     }
     ids[i] = (int32_t)id;
   }
-  rc = tk_decode(tok, ids, n, skip, &out, &out_len, &out_cap);
+  int rc = tk_decode(tok, ids, n, skip, &out, &out_len, &out_cap);
   if (rc) {
     fprintf(stderr, "lmserve detokenize: %s\n", cm_strerror(rc));
     goto done;

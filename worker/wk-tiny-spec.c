@@ -129,11 +129,13 @@ static json_t *layer_types(const int *full, int n) {
   return a;
 }
 
-static json_t *gemma4_text_config(int V, int H, int F, int L, int nh, int nkv, int hd, int ghd,
-                                  int ngkv, int kev, int window, const int *full, int shared,
-                                  int dwide, int ple, int moe) {
+/* What both generated Gemma text configs hold: the sizes, the attention
+ * layout, the norm and activation, and the special token ids. Each family
+ * adds its own keys after these. */
+static json_t *text_config(const char *model_type, int V, int H, int F, int L, int nh, int nkv,
+                           int hd, int window, const int *full, int max_pos) {
   json_t *t = json_object();
-  json_object_set_new(t, "model_type", json_string("gemma4_text"));
+  json_object_set_new(t, "model_type", json_string(model_type));
   json_object_set_new(t, "vocab_size", json_integer(V));
   json_object_set_new(t, "hidden_size", json_integer(H));
   json_object_set_new(t, "intermediate_size", json_integer(F));
@@ -141,33 +143,36 @@ static json_t *gemma4_text_config(int V, int H, int F, int L, int nh, int nkv, i
   json_object_set_new(t, "num_attention_heads", json_integer(nh));
   json_object_set_new(t, "num_key_value_heads", json_integer(nkv));
   json_object_set_new(t, "head_dim", json_integer(hd));
-  json_object_set_new(t, "global_head_dim", json_integer(ghd));
-  json_object_set_new(t, "num_global_key_value_heads", ngkv ? json_integer(ngkv) : json_null());
-  json_object_set_new(t, "attention_k_eq_v", json_boolean(kev));
   json_object_set_new(t, "sliding_window", json_integer(window));
   json_object_set_new(t, "layer_types", layer_types(full, L));
-  json_object_set_new(t, "num_kv_shared_layers", json_integer(shared));
-  json_object_set_new(t, "use_double_wide_mlp", json_boolean(dwide));
-  json_object_set_new(t, "hidden_size_per_layer_input", json_integer(ple));
-  json_object_set_new(t, "vocab_size_per_layer_input", json_integer(ple ? V : 0));
-  json_object_set_new(t, "enable_moe_block", json_boolean(moe));
-  json_object_set_new(t, "num_experts", moe ? json_integer(4) : json_null());
-  json_object_set_new(t, "top_k_experts", moe ? json_integer(2) : json_null());
-  json_object_set_new(t, "moe_intermediate_size", moe ? json_integer(32) : json_null());
-  json_object_set_new(t, "max_position_embeddings", json_integer(8192));
+  json_object_set_new(t, "max_position_embeddings", json_integer(max_pos));
   json_object_set_new(t, "rms_norm_eps", json_real(1e-6));
-  json_object_set_new(t, "final_logit_softcapping", json_real(30.0));
   json_object_set_new(t, "hidden_activation", json_string("gelu_pytorch_tanh"));
   json_object_set_new(t, "tie_word_embeddings", json_true());
-  json_object_set_new(t, "attention_bias", json_false());
   json_object_set_new(t, "pad_token_id", json_integer(0));
   json_object_set_new(t, "bos_token_id", json_integer(2));
   json_object_set_new(t, "eos_token_id", int_list((const int[]){1, 106}, V > 106 ? 2 : 1));
-  json_object_set_new(t, "rope_parameters",
-                      json_pack("{s:{s:s,s:f},s:{s:s,s:f,s:f}}", "sliding_attention", "rope_type",
-                                "default", "rope_theta", 10000.0, "full_attention", "rope_type",
-                                "proportional", "partial_rotary_factor", 0.25, "rope_theta",
-                                1000000.0));
+  return t;
+}
+
+static json_t *gemma4_text_config(int V, int H, int F, int L, int nh, int nkv, int hd, int ghd,
+                                  int ngkv, int kev, int window, const int *full, int shared,
+                                  int dwide, int ple, int moe) {
+  json_t *t = text_config("gemma4_text", V, H, F, L, nh, nkv, hd, window, full, 8192);
+  json_t *rope = json_pack("{s:{s:s,s:f},s:{s:s,s:f,s:f}}", "sliding_attention", "rope_type",
+                           "default", "rope_theta", 10000.0, "full_attention", "rope_type",
+                           "proportional", "partial_rotary_factor", 0.25, "rope_theta", 1000000.0);
+  /* global (full-attention) layers, shared KV, per-layer inputs, experts */
+  json_object_update_new(
+      t, json_pack("{s:i, s:o, s:b, s:i, s:b, s:i, s:i, s:b, s:o, s:o, s:o, s:f, s:b, s:o}",
+                   "global_head_dim", ghd, "num_global_key_value_heads",
+                   ngkv ? json_integer(ngkv) : json_null(), "attention_k_eq_v", kev,
+                   "num_kv_shared_layers", shared, "use_double_wide_mlp", dwide,
+                   "hidden_size_per_layer_input", ple, "vocab_size_per_layer_input", ple ? V : 0,
+                   "enable_moe_block", moe, "num_experts", moe ? json_integer(4) : json_null(),
+                   "top_k_experts", moe ? json_integer(2) : json_null(), "moe_intermediate_size",
+                   moe ? json_integer(32) : json_null(), "final_logit_softcapping", 30.0,
+                   "attention_bias", 0, "rope_parameters", rope));
   return t;
 }
 
@@ -285,32 +290,12 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     int full[WK_MAX_LAYERS];
     for (int i = 0; i < L; i++)
       full[i] = (i + 1) % pattern == 0;
-    root = json_object();
-    json_object_set_new(root, "architectures", json_pack("[s]", "Gemma3ForCausalLM"));
-    json_object_set_new(root, "model_type", json_string("gemma3_text"));
-    json_object_set_new(root, "vocab_size", json_integer(V));
-    json_object_set_new(root, "hidden_size", json_integer(H));
-    json_object_set_new(root, "intermediate_size", json_integer(F));
-    json_object_set_new(root, "num_hidden_layers", json_integer(L));
-    json_object_set_new(root, "num_attention_heads", json_integer(nh));
-    json_object_set_new(root, "num_key_value_heads", json_integer(nkv));
-    json_object_set_new(root, "head_dim", json_integer(hd));
-    json_object_set_new(root, "query_pre_attn_scalar", json_integer(hd));
-    json_object_set_new(root, "sliding_window", json_integer(win));
-    json_object_set_new(root, "sliding_window_pattern", json_integer(pattern));
-    json_object_set_new(root, "layer_types", layer_types(full, L));
-    json_object_set_new(root, "rope_theta", json_real(1000000.0));
-    json_object_set_new(root, "rope_local_base_freq", json_real(10000.0));
-    json_object_set_new(root, "rope_scaling", json_null());
-    json_object_set_new(root, "max_position_embeddings", json_integer(32768));
-    json_object_set_new(root, "rms_norm_eps", json_real(1e-6));
-    json_object_set_new(root, "final_logit_softcapping", json_null());
-    json_object_set_new(root, "attn_logit_softcapping", json_null());
-    json_object_set_new(root, "hidden_activation", json_string("gelu_pytorch_tanh"));
-    json_object_set_new(root, "tie_word_embeddings", json_true());
-    json_object_set_new(root, "pad_token_id", json_integer(0));
-    json_object_set_new(root, "bos_token_id", json_integer(2));
-    json_object_set_new(root, "eos_token_id", int_list((const int[]){1, 106}, V > 106 ? 2 : 1));
+    root = text_config("gemma3_text", V, H, F, L, nh, nkv, hd, win, full, 32768);
+    json_object_update_new(
+        root, json_pack("{s:[s], s:i, s:i, s:f, s:f, s:n, s:n, s:n}", "architectures",
+                        "Gemma3ForCausalLM", "query_pre_attn_scalar", hd, "sliding_window_pattern",
+                        pattern, "rope_theta", 1000000.0, "rope_local_base_freq", 10000.0,
+                        "rope_scaling", "final_logit_softcapping", "attn_logit_softcapping"));
   } else {
     return cm_fail(err, errlen, CM_ERR_INVAL, "unknown arch \"%s\"", o->arch);
   }

@@ -1,8 +1,8 @@
 /* kn-cuda-backend.c — the CUDA backend's handle: device discovery, creation
  * and teardown, the memory hooks (cudaMalloc / cudaMemcpyAsync on the
  * backend's stream), the pinned staging ring for host index arrays, the
- * device scratch, error conversion, the ops table and the registry entry
- * "cuda" (which picks the device from the rank's local index). */
+ * device scratch, error conversion and the ops table (the registry entry
+ * "cuda" is kernels/kn-registry.c's). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,31 +180,31 @@ static void cuda_free(void *ctx, void *p) {
   if (e != cudaSuccess) cm_error("cuda", "cudaFree failed: %s", cudaGetErrorString(e));
 }
 
-static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes) {
-  struct kn_cuda_ctx *c = ctx;
+/* cudaMemcpyAsync on the context's stream, its device made current first. */
+static int copy_async(struct kn_cuda_ctx *c, void *dst, const void *src, size_t bytes,
+                      enum cudaMemcpyKind kind) {
   int err = kn_cuda_enter(c);
   if (err) return err;
+  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
+  return 0;
+}
+
+static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes) {
   /* from pageable memory the call returns once src has been read: the caller
    * may reuse src at once */
-  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
-  return 0;
+  return copy_async(ctx, dst, src, bytes, cudaMemcpyHostToDevice);
 }
 
 static int cuda_download(void *ctx, void *dst, const void *src, size_t bytes) {
   struct kn_cuda_ctx *c = ctx;
-  int err = kn_cuda_enter(c);
+  int err = copy_async(c, dst, src, bytes, cudaMemcpyDeviceToHost);
   if (err) return err;
-  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return 0;
 }
 
 static int cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
-  struct kn_cuda_ctx *c = ctx;
-  int err = kn_cuda_enter(c);
-  if (err) return err;
-  KN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
-  return 0;
+  return copy_async(ctx, dst, src, bytes, cudaMemcpyDeviceToDevice);
 }
 
 static int cuda_memset(void *ctx, void *dst, int v, size_t bytes) {
@@ -330,31 +330,3 @@ fail:
   cuda_destroy(c);
   return err;
 }
-
-/* ---- registry entry ------------------------------------------------------- */
-
-static int cuda_reg_probe(char *why, size_t whylen) {
-  if (kn_cuda_device_count() < 1)
-    return cm_fail(why, whylen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
-  return 0;
-}
-
-static int cuda_reg_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
-                           size_t errlen) {
-  int n = kn_cuda_device_count();
-  if (n < 1) return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "no CUDA device is visible");
-  int device = kn_cuda_device_for_rank(o->local_rank, n);
-  cm_info("cuda", "local rank %d: device %d of %d visible", o->local_rank, device, n);
-  int rc = kn_cuda_backend_create(device, out);
-  if (rc) return cm_fail(err, errlen, rc, "cannot create the CUDA backend: %s", cm_strerror(rc));
-  return 0;
-}
-
-const struct kn_backend_reg kn_cuda_backend_reg = {
-    .name = "cuda",
-    .summary = "NVIDIA GPU (cuBLAS and the kernels of kernels/cuda)",
-    .priority = KN_CUDA_PRIORITY,
-    .caps = KN_CUDA_CAPS,
-    .probe = cuda_reg_probe,
-    .create = cuda_reg_create,
-};

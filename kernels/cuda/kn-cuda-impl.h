@@ -165,35 +165,31 @@ void kn_cuda_nccl_destroy(struct kn_cuda_ctx *c);
 int kn_cuda_fail(cudaError_t e, const char *expr, const char *file, int line);
 int kn_cublas_fail(cublasStatus_t st, const char *expr, const char *file, int line);
 
-#define KN_CUDA_CHECK(call)                                                                        \
+/* The bodies of the check macros below, one pair per foreign domain: `call`
+ * returns a status of type T that is `ok` on success; a failure goes through
+ * `fail` (which logs expr, the call's text, and where), then is returned, or
+ * stored in err before a goto label. */
+#define KN_CHECK_RETURN_(T, ok, fail, call, expr)                                                  \
   do {                                                                                             \
-    cudaError_t kn_e_ = (call);                                                                    \
-    if (kn_e_ != cudaSuccess) return kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__);               \
+    T kn_st_ = (call);                                                                             \
+    if (kn_st_ != (ok)) return fail(kn_st_, expr, __FILE__, __LINE__);                             \
+  } while (0)
+#define KN_CHECK_GOTO_(T, ok, fail, call, expr, err, label)                                        \
+  do {                                                                                             \
+    T kn_st_ = (call);                                                                             \
+    if (kn_st_ != (ok)) {                                                                          \
+      (err) = fail(kn_st_, expr, __FILE__, __LINE__);                                              \
+      goto label;                                                                                  \
+    }                                                                                              \
   } while (0)
 
+#define KN_CUDA_CHECK(call) KN_CHECK_RETURN_(cudaError_t, cudaSuccess, kn_cuda_fail, call, #call)
 #define KN_CUDA_CHECK_GOTO(call, err, label)                                                       \
-  do {                                                                                             \
-    cudaError_t kn_e_ = (call);                                                                    \
-    if (kn_e_ != cudaSuccess) {                                                                    \
-      (err) = kn_cuda_fail(kn_e_, #call, __FILE__, __LINE__);                                      \
-      goto label;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
+  KN_CHECK_GOTO_(cudaError_t, cudaSuccess, kn_cuda_fail, call, #call, err, label)
 #define KN_CUBLAS_CHECK(call)                                                                      \
-  do {                                                                                             \
-    cublasStatus_t kn_s_ = (call);                                                                 \
-    if (kn_s_ != CUBLAS_STATUS_SUCCESS) return kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__);   \
-  } while (0)
-
+  KN_CHECK_RETURN_(cublasStatus_t, CUBLAS_STATUS_SUCCESS, kn_cublas_fail, call, #call)
 #define KN_CUBLAS_CHECK_GOTO(call, err, label)                                                     \
-  do {                                                                                             \
-    cublasStatus_t kn_s_ = (call);                                                                 \
-    if (kn_s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
-      (err) = kn_cublas_fail(kn_s_, #call, __FILE__, __LINE__);                                    \
-      goto label;                                                                                  \
-    }                                                                                              \
-  } while (0)
+  KN_CHECK_GOTO_(cublasStatus_t, CUBLAS_STATUS_SUCCESS, kn_cublas_fail, call, #call, err, label)
 
 /* Makes ctx's device current in the calling thread (0 or cm_err). */
 int kn_cuda_enter(struct kn_cuda_ctx *c);

@@ -104,23 +104,46 @@ int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t 
 
 /* ---- reductions with host results ----------------------------------------- */
 
+/* n ids then n floats in device scratch, contiguous so that one copy brings
+ * both back to the pinned host buffer. */
+struct id_val_result {
+  int32_t *ids_d; /* (n) */
+  float *vals_d;  /* (n) */
+  void *host;     /* n * 8 bytes */
+  size_t n;
+};
+
+static int result_begin(struct kn_cuda_ctx *c, size_t n, struct id_val_result *r) {
+  void *dev;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_scratch(c, n * 8, &dev);
+  if (!err) err = kn_cuda_result_host(c, n * 8, &r->host);
+  if (err) return err;
+  r->ids_d = dev;
+  r->vals_d = (float *)(r->ids_d + n);
+  r->n = n;
+  return 0;
+}
+
+/* After the launch: waits for it and copies the ids and (vals not NULL) the
+ * values out. */
+static int result_end(struct kn_cuda_ctx *c, const struct id_val_result *r, int32_t *ids,
+                      float *vals) {
+  KN_CUDA_CHECK(cudaMemcpyAsync(r->host, r->ids_d, r->n * 8, cudaMemcpyDeviceToHost, c->stream));
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+  memcpy(ids, r->host, r->n * sizeof(int32_t));
+  if (vals) memcpy(vals, (const int32_t *)r->host + r->n, r->n * sizeof(float));
+  return 0;
+}
+
 int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
                       int T, int V) {
   struct kn_cuda_ctx *c = ctx;
-  size_t n = (size_t)T;
-  void *dev, *host;
-  int err = kn_cuda_enter(c);
-  if (!err) err = kn_cuda_scratch(c, n * 8, &dev);
-  if (!err) err = kn_cuda_result_host(c, n * 8, &host);
+  struct id_val_result r;
+  int err = result_begin(c, (size_t)T, &r);
   if (err) return err;
-  int32_t *ids_d = dev;
-  float *max_d = (float *)(ids_d + n); /* ids then maxima, contiguous: one copy back */
-  KN_CUDA_CHECK(kn_cuda_launch_argmax(c->stream, ids_d, max_d, logits, ld, T, V));
-  KN_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * 8, cudaMemcpyDeviceToHost, c->stream));
-  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-  memcpy(ids, host, n * sizeof(int32_t));
-  if (max_out) memcpy(max_out, (const int32_t *)host + n, n * sizeof(float));
-  return 0;
+  KN_CUDA_CHECK(kn_cuda_launch_argmax(c->stream, r.ids_d, r.vals_d, logits, ld, T, V));
+  return result_end(c, &r, ids, max_out);
 }
 
 int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
@@ -130,21 +153,12 @@ int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float 
     cm_debug("cuda", "router_topk: %d experts (at most %d)", E, KN_CUDA_TOPK_MAX_E);
     return CM_ERR_UNSUPPORTED;
   }
-  size_t n = (size_t)T * (size_t)k;
-  void *dev, *host;
-  int err = kn_cuda_enter(c);
-  if (!err) err = kn_cuda_scratch(c, n * 8, &dev);
-  if (!err) err = kn_cuda_result_host(c, n * 8, &host);
+  struct id_val_result r;
+  int err = result_begin(c, (size_t)T * (size_t)k, &r);
   if (err) return err;
-  int32_t *ids_d = dev;
-  float *w_d = (float *)(ids_d + n);
   KN_CUDA_CHECK(
-      kn_cuda_launch_router_topk(c->stream, ids_d, w_d, logits, ld, T, E, k, expert_scale));
-  KN_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * 8, cudaMemcpyDeviceToHost, c->stream));
-  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-  memcpy(ids, host, n * sizeof(int32_t));
-  memcpy(weights, (const int32_t *)host + n, n * sizeof(float));
-  return 0;
+      kn_cuda_launch_router_topk(c->stream, r.ids_d, r.vals_d, logits, ld, T, E, k, expert_scale));
+  return result_end(c, &r, ids, weights);
 }
 
 /* ---- sampling ---------------------------------------------------------------- */
