@@ -425,3 +425,68 @@ TH_TEST(tp_generate_offline_matches) {
     TH_CHECK(ref[0] == '[');
   }
 }
+
+/* MTP speculation offline at sizes 1, 2 and 4 with a partly agreeing target and
+ * assistant (--echo with a leak, --agree): the same ids, and the same count of drafts
+ * proposed and accepted — the draft model, sharded like the target, proposes the same
+ * tokens at every size. */
+TH_TEST(tp_generate_speculative_sizes_2_and_4) {
+  char tmp[256], tgt[320], asst[320];
+  th_proc_init(600);
+  TH_REQUIRE(th_tmpdir("tp-spec", tmp, sizeof tmp) == 0);
+  TH_REQUIRE(make_model(tmp, "echo", tgt, sizeof tgt, "--arch", "gemma4", "--echo", NULL) == 0);
+  char *mk[] = {th_lmserve_bin(),
+                "make-tiny-model",
+                "--arch",
+                "gemma4-assistant",
+                "--agree",
+                "--target",
+                tgt,
+                "--out",
+                asst,
+                NULL};
+  snprintf(asst, sizeof asst, "%s/agree", tmp);
+  char *so = NULL, *se = NULL;
+  TH_REQUIRE(th_run(mk, NULL, NULL, 0, 120000, &so, &se) == 0);
+  free(so);
+  free(se);
+  char ref_ids[2048] = "", ref_counts[256] = "";
+  for (int tp = 1; tp <= 4; tp *= 2) {
+    char tp_s[8];
+    snprintf(tp_s, sizeof tp_s, "%d", tp);
+    char *gen[] = {th_lmserve_bin(),
+                   "generate",
+                   "--model",
+                   tgt,
+                   "--draft",
+                   asst,
+                   "--prompt-ids",
+                   "2,9259,1902",
+                   "--max-tokens",
+                   "16",
+                   "--ignore-eos",
+                   "--tensor-parallel-size",
+                   tp_s,
+                   NULL};
+    char *env[] = {"LMSERVE_LOG=error", NULL};
+    so = se = NULL;
+    TH_CHECK_EQ_INT(th_run(gen, env, NULL, 0, 180000, &so, &se), 0);
+    char ids[2048] = "", counts[256] = "";
+    if (so) sscanf(so, "%2047[^\n]", ids);
+    const char *c = se ? strstr(se, "draft tokens proposed") : NULL;
+    if (c) sscanf(c - 8 > se ? c - 8 : se, "%255[^\n]", counts);
+    if (tp == 1) {
+      snprintf(ref_ids, sizeof ref_ids, "%s", ids);
+      snprintf(ref_counts, sizeof ref_counts, "%s", counts);
+      TH_CHECK(strstr(se ? se : "", " 0 accepted") == NULL); /* the pair agrees on some */
+    } else {
+      if (strcmp(ids, ref_ids))
+        th_fail(__FILE__, __LINE__, "size %d: %s, expected %s", tp, ids, ref_ids);
+      if (strcmp(counts, ref_counts))
+        th_fail(__FILE__, __LINE__, "size %d: '%s', expected '%s'", tp, counts, ref_counts);
+    }
+    free(so);
+    free(se);
+  }
+  TH_CHECK(ref_ids[0] == '[' && ref_counts[0]);
+}
