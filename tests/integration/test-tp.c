@@ -402,7 +402,7 @@ TH_TEST(tp_generate_offline_matches) {
   for (int k = 0; k < 2; k++) {
     char ref[2048] = "";
     for (int tp = 1; tp <= 4; tp *= 2) {
-      char tp_s[8];
+      char tp_s[16];
       snprintf(tp_s, sizeof tp_s, "%d", tp);
       char *gen[] = {th_lmserve_bin(),          "generate",
                      "--model",      (char *)models[k],
@@ -452,7 +452,7 @@ TH_TEST(tp_generate_speculative_sizes_2_and_4) {
   free(se);
   char ref_ids[2048] = "", ref_counts[256] = "";
   for (int tp = 1; tp <= 4; tp *= 2) {
-    char tp_s[8];
+    char tp_s[16];
     snprintf(tp_s, sizeof tp_s, "%d", tp);
     char *gen[] = {th_lmserve_bin(),
                    "generate",
