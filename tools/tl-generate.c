@@ -102,6 +102,9 @@ int tl_generate_main(int argc, char **argv) {
     }
   }
   char err[512] = "";
+  int rank = 0, n_kids = 0; /* tensor parallelism: this process's rank, ranks it forked */
+  pid_t kids[64];
+  struct kn_comm_id cid;
   struct tk_tokenizer *tok = NULL;
   int32_t *ids = NULL, *gen = NULL;
   int n_ids = 0, status = 1;
@@ -137,9 +140,6 @@ int tl_generate_main(int argc, char **argv) {
   }
   /* tensor parallelism: ranks 1..N-1 are forked children that run the same steps on
    * their shards (before any thread exists); rank 0, this process, prints */
-  int rank = 0, n_kids = 0;
-  pid_t kids[64];
-  struct kn_comm_id cid;
   if (tp > 1) {
     if ((rc = kn_cpu_backend_create(1, &be)) || (rc = kn_comm_id_new(be, &cid))) {
       fprintf(stderr, "lmserve generate: cannot make a tensor-parallel group: %s\n",

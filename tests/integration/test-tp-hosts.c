@@ -100,6 +100,7 @@ __attribute__((format(printf, 3, 4))) static int ip(char *why, size_t whyn, cons
 }
 
 /* The guard's ip: no harness, no output, a bound of 10 s. */
+static void guard_ip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void guard_ip(const char *fmt, ...) {
   char line[512], *argv[24];
   va_list ap;
