@@ -329,9 +329,14 @@ TH_TEST(worker_refuses_bad_flags) {
   TH_REQUIRE(wts_model(&w, "gemma3", "m3b") == 0);
   struct th_out o = {0};
   TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
-                             "--world-size", "2", NULL),
+                             "--rank", "2", "--world-size", "2", NULL),
                   2);
-  TH_CHECK(o.err && strstr(o.err, "tensor parallelism is not supported"));
+  TH_CHECK(o.err && strstr(o.err, "--rank 2 must be below --world-size 2"));
+  /* 4 query heads cannot split over 8 ranks: refused before it connects */
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                             "--world-size", "8", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "num_attention_heads"));
   TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", "/nonexistent-model-dir",
                              "--scheduler", w.endpoint, NULL),
                   1);
