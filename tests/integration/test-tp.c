@@ -182,7 +182,7 @@ static void check_sizes(const char *what, const char *model, const char *spec, i
 }
 
 static int setup(char *tmp, size_t n, char *g4, size_t g4n) {
-  th_proc_init(900);
+  th_proc_init(1700);
   if (th_tmpdir("tp", tmp, n)) return -1;
   return th_tiny_gemma4(tmp, 3, g4, g4n);
 }
