@@ -22,6 +22,7 @@
 #include "common/cm-err.h"
 #include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
+#include "worker/wk-tp-sample.h"
 
 /* Runs a kernel call; on failure reports the op, the layer and the code. */
 #define K(call)                                                                                    \
@@ -304,6 +305,48 @@ static int gather_logits(struct wk_model *m, int n) {
   return rc;
 }
 
+/* Samples rows [0, n) of a vocab-parallel head from the ranks' candidate
+ * records (wk-tp-sample.h) into out[n]. Returns how many rows the records
+ * could not decide (m->tp_full[r] = 1 for each; all n when some row's params
+ * need the whole distribution, before any exchange), or a negative cm_err.
+ * Every rank decides alike: the params are the same on all ranks, and so are
+ * the gathered records. */
+static int tp_sample(struct wk_model *m, const struct kn_sample_params *p, struct kn_sample_out *out,
+                     int n) {
+  struct kn_backend *be = m->be;
+  int world = m->plan.world, vn = m->lm_head.rows, V = vn * world;
+  int fits = 1;
+  for (int r = 0; r < n; r++)
+    fits &= wk_tp_sample_fits(&p[r], V);
+  if (n <= 0) return 0;
+  memset(m->tp_full, !fits, (size_t)n);
+  if (!fits) return n;
+  const float *head = m->logits;
+  int rc = 0;
+  if (m->head_host) {
+    head = m->head_host;
+    rc = kn_download(be, m->head_host, m->logits, sizeof(float) * (size_t)n * (size_t)vn);
+  }
+  struct wk_tp_rec *mine = m->recs_host, *all = m->recs_host + m->max_out;
+  for (int r = 0; r < n && !rc; r++)
+    wk_tp_sample_local(&mine[r], head + (size_t)r * (size_t)vn, (int32_t)m->lm_head.off, vn, V,
+                       &p[r], m->tp_work);
+  size_t bytes = sizeof(struct wk_tp_rec) * (size_t)n;
+  if (!rc) rc = kn_upload(be, m->recs, mine, bytes);
+  if (!rc) rc = kn_all_gather(be, m->recs, bytes, m->recs_all);
+  if (!rc) rc = kn_download(be, all, m->recs_all, bytes * (size_t)world);
+  int undecided = 0;
+  for (int r = 0; r < n && !rc; r++) {
+    rc = wk_tp_sample_merge(all, world, n, r, V, &p[r], m->tp_scratch, &out[r]);
+    if (rc == 1) {
+      m->tp_full[r] = 1;
+      undecided++;
+      rc = 0;
+    }
+  }
+  return rc ? rc : undecided;
+}
+
 /* Whether all n rows sample their argmax (kn_sample_is_argmax). */
 static int all_argmax(const struct kn_sample_params *p, int n) {
   for (int r = 0; r < n; r++)
@@ -365,6 +408,18 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
                             cap));
       else
         K(wk_linear(m, m->logits, Vl, m->sel, H, &m->lm_head, n));
+      if (tp && b->sampled) { /* from the ranks' candidates, the full logits where needed */
+        int full = tp_sample(m, b->sample + start, b->sampled + start, n);
+        K(full < 0 ? full : 0);
+        if (full) K(gather_logits(m, n));
+        if (full == n) /* all of them: one call, its rows in parallel */
+          K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
+        for (int r = 0; r < n && full && full < n; r++)
+          if (m->tp_full[r])
+            K(kn_sample(be, b->sampled + start + r, m->logits + (size_t)r * V, V, 1, V,
+                        b->sample + start + r));
+        continue;
+      }
       if (tp) K(gather_logits(m, n));
       if (b->sampled)
         K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));

@@ -6,6 +6,7 @@
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-shard.h"
+#include "worker/wk-tp-sample.h"
 
 /* How a weight splits over tensor-parallel ranks (Megatron layout). The shape a
  * rank holds follows from the rule alone, so the forward pass needs no rank tests. */
@@ -124,6 +125,14 @@ struct wk_model {
   struct wk_pair *pairs;      /* backend [max_out] */
   struct wk_pair *pairs_all;  /* backend [world, max_out] */
   float *gathered;            /* backend [world, max_out, V / world] head slices */
+  /* sampled rows decided from the ranks' candidates (wk-tp-sample.h) */
+  struct wk_tp_rec *recs_host; /* [max_out * (1 + world)]: mine, then everyone's */
+  struct wk_tp_rec *recs;      /* backend [max_out] */
+  struct wk_tp_rec *recs_all;  /* backend [world, max_out] */
+  void *tp_scratch;            /* wk_tp_sample_scratch_bytes(world) */
+  float *tp_work;              /* [V / world] a row being processed */
+  uint8_t *tp_full;            /* [max_out] 1: the row is sampled from the gathered logits */
+  float *head_host;            /* [max_out, V / world] the slice on the host (device backends) */
 
   /* Gemma 4 MTP assistant only (target != NULL) */
   struct wk_model *target;    /* whose embedding and KV pages the draft reads */

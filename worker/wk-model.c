@@ -380,7 +380,18 @@ static int alloc_scratch(struct wk_model *m) {
     m->ids_local = malloc(sizeof(int32_t) * T);
     m->head_max = malloc(sizeof(float) * (size_t)m->max_out);
     m->pairs_host = malloc(pb * (size_t)(1 + world));
-    if (!m->ids_local || !m->head_max || !m->pairs_host) return CM_ERR_NOMEM;
+    size_t rb = sizeof(struct wk_tp_rec) * (size_t)m->max_out;
+    if (!(m->recs = wk_model_alloc(m, rb)) || !(m->recs_all = wk_model_alloc(m, rb * world)))
+      return CM_ERR_NOMEM;
+    m->recs_host = malloc(rb * (size_t)(1 + world));
+    m->tp_scratch = malloc(wk_tp_sample_scratch_bytes(world));
+    m->tp_work = malloc(f * (size_t)m->lm_head.rows);
+    m->tp_full = malloc((size_t)m->max_out);
+    if (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY))
+      m->head_host = malloc(f * (size_t)m->max_out * (size_t)m->lm_head.rows);
+    if (!m->ids_local || !m->head_max || !m->pairs_host || !m->recs_host || !m->tp_scratch ||
+        !m->tp_work || !m->tp_full || (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !m->head_host))
+      return CM_ERR_NOMEM;
   }
 #undef A
   int G = CM_MAX(m->kv.n_groups, 1);
@@ -643,6 +654,11 @@ void wk_model_free(struct wk_model *m) {
   free(m->ids_local);
   free(m->head_max);
   free(m->pairs_host);
+  free(m->recs_host);
+  free(m->tp_scratch);
+  free(m->tp_work);
+  free(m->tp_full);
+  free(m->head_host);
   free(m->slots);
   free(m->aseq);
   free(m->moe_ids);

@@ -9,11 +9,6 @@
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
-struct kn_cand {
-  float l; /* processed logit */
-  int32_t id;
-};
-
 struct kn_cpu_sampler {
   int vocab;
   struct kn_cand *cand; /* [vocab] candidate scratch */
@@ -72,13 +67,13 @@ double kn_cpu_sample_uniform(uint64_t seed, uint64_t counter, uint32_t stream) {
 
 /* ---- penalties ----------------------------------------------------------------- */
 
-static void apply_penalties(float *logits, int vocab, const struct kn_sample_params *p) {
+void kn_cpu_sample_penalise(float *logits, int32_t off, int n, const struct kn_sample_params *p) {
   int rep = p->repetition_penalty != 1.0f;
   int freq = p->frequency_penalty != 0.0f, pres = p->presence_penalty != 0.0f;
   if (!rep && !freq && !pres) return;
   for (int i = 0; i < p->n_pen; i++) {
-    int32_t id = p->pen_ids[i];
-    if (id < 0 || id >= vocab) continue;
+    int32_t id = p->pen_ids[i] - off;
+    if (p->pen_ids[i] < off || id >= n) continue;
     float l = logits[id];
     if (rep) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
     if (p->pen_counts[i] > 0) {
@@ -91,6 +86,29 @@ static void apply_penalties(float *logits, int vocab, const struct kn_sample_par
 
 /* ---- raw logprobs ---------------------------------------------------------------- */
 
+int kn_cpu_sample_top(const float *logits, int32_t off, int vocab, int n, int32_t *ids,
+                      float *vals) {
+  int have = 0;
+  for (int i = 0; i < vocab && n > 0; i++) {
+    float l = logits[i];
+    int k = have;
+    if (k == n && l <= vals[n - 1]) continue;
+    if (k < n)
+      have++;
+    else
+      k = n - 1;
+    /* insertion: ties keep the lower id first */
+    while (k > 0 && vals[k - 1] < l) {
+      vals[k] = vals[k - 1];
+      ids[k] = ids[k - 1];
+      k--;
+    }
+    vals[k] = l;
+    ids[k] = off + i;
+  }
+  return have;
+}
+
 /* log-softmax of the unprocessed logits; top n best first. */
 static void raw_logprobs(const float *logits, int vocab, int n, struct kn_sample_out *out) {
   float m = -INFINITY;
@@ -101,24 +119,7 @@ static void raw_logprobs(const float *logits, int vocab, int n, struct kn_sample
     z += exp((double)(logits[i] - m));
   float lse = m + (float)log(z);
   out->logprob = logits[out->token] - lse;
-  out->n_top = 0;
-  for (int i = 0; i < vocab && n > 0; i++) {
-    float l = logits[i];
-    int k = out->n_top;
-    if (k == n && l <= out->top_logprobs[n - 1]) continue;
-    if (k < n)
-      out->n_top++;
-    else
-      k = n - 1;
-    /* insertion: ties keep the lower id first */
-    while (k > 0 && out->top_logprobs[k - 1] < l) {
-      out->top_logprobs[k] = out->top_logprobs[k - 1];
-      out->top_ids[k] = out->top_ids[k - 1];
-      k--;
-    }
-    out->top_logprobs[k] = l;
-    out->top_ids[k] = i;
-  }
+  out->n_top = kn_cpu_sample_top(logits, 0, vocab, n, out->top_ids, out->top_logprobs);
   for (int k = 0; k < out->n_top; k++)
     out->top_logprobs[k] -= lse;
 }
@@ -139,7 +140,7 @@ void kn_cpu_sample_logprobs(const struct kn_cpu_sampler *s, const float *raw,
 
 /* ---- the filtered distribution ---------------------------------------------------- */
 
-static int cand_desc(const void *a, const void *b) {
+int kn_cand_desc(const void *a, const void *b) {
   const struct kn_cand *x = a, *y = b;
   if (x->l != y->l) return x->l > y->l ? -1 : 1;
   return x->id < y->id ? -1 : x->id > y->id;
@@ -180,7 +181,7 @@ static int gather_top_k(struct kn_cand *h, const float *logits, int V, float cut
       heap_sift_down(h, n, 0);
     }
   }
-  qsort(h, (size_t)n, sizeof(*h), cand_desc);
+  qsort(h, (size_t)n, sizeof(*h), kn_cand_desc);
   return n;
 }
 
@@ -201,7 +202,7 @@ static int gather_top_p(struct kn_cand *c, const float *logits, int V, float m, 
       }
     if (mass / z >= (double)top_p || cut == cut_minp || drop > 1e4f) break;
   }
-  qsort(c, (size_t)n, sizeof(*c), cand_desc);
+  qsort(c, (size_t)n, sizeof(*c), kn_cand_desc);
   return n;
 }
 
@@ -210,7 +211,7 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
   int rc = kn_sample_params_check(p);
   if (rc) return rc;
   const int V = s->vocab;
-  apply_penalties(logits, V, p);
+  kn_cpu_sample_penalise(logits, 0, V, p);
   if (p->temperature < 1e-5f) {
     kn_cpu_op_argmax(NULL, &s->ids[0], NULL, logits, V, 1, V);
     s->probs[0] = 1.0f;
@@ -249,30 +250,37 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
   }
   if (n == 0) return CM_ERR_INVAL;
 
-  /* top-p over the (sorted) candidates, then renormalise what is kept */
-  int keep = n;
-  if (sorted && p->top_p < 1.0f) {
+  *ids_out = s->ids;
+  *probs_out = s->probs;
+  *n_out = kn_cpu_sample_keep(s->cand, n, sorted, m, zc, p->top_p, s->ids, s->probs, NULL);
+  return 0;
+}
+
+int kn_cpu_sample_keep(const struct kn_cand *c, int n, int sorted, float m, double zc, float top_p,
+                       int32_t *ids, float *probs, int *closed) {
+  int keep = n, done = !sorted || top_p >= 1.0f;
+  if (!done) {
     double cum = 0;
     for (int i = 0; i < n; i++) {
-      if (cum >= (double)p->top_p * zc) {
+      if (cum >= (double)top_p * zc) {
         keep = i;
+        done = 1;
         break;
       }
-      cum += exp((double)(s->cand[i].l - m));
+      cum += exp((double)(c[i].l - m));
     }
+    if (!done) done = cum >= (double)top_p * zc;
     if (keep < 1) keep = 1;
   }
   double zk = 0;
   for (int i = 0; i < keep; i++)
-    zk += exp((double)(s->cand[i].l - m));
+    zk += exp((double)(c[i].l - m));
   for (int i = 0; i < keep; i++) {
-    s->ids[i] = s->cand[i].id;
-    s->probs[i] = (float)(exp((double)(s->cand[i].l - m)) / zk);
+    ids[i] = c[i].id;
+    probs[i] = (float)(exp((double)(c[i].l - m)) / zk);
   }
-  *ids_out = s->ids;
-  *probs_out = s->probs;
-  *n_out = keep;
-  return 0;
+  if (closed) *closed = done;
+  return keep;
 }
 
 int32_t kn_cpu_sample_draw(const int32_t *ids, const float *probs, int n, double u, int skip,

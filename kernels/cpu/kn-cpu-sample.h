@@ -18,6 +18,15 @@
 
 struct kn_cpu_sampler;
 
+/* One candidate token: its processed logit (penalties and temperature applied). */
+struct kn_cand {
+  float l;
+  int32_t id;
+};
+
+/* qsort order of candidates: larger l first, the lower id first on ties. */
+int kn_cand_desc(const void *a, const void *b);
+
 /* Scratch for sampling rows of `vocab` logits: 0 and *out, CM_ERR_INVAL for
  * vocab <= 0, CM_ERR_NOMEM. */
 int kn_cpu_sampler_create(int vocab, struct kn_cpu_sampler **out);
@@ -37,6 +46,26 @@ double kn_cpu_sample_uniform(uint64_t seed, uint64_t counter, uint32_t stream);
  * CM_ERR_INVAL for bad params or a row with nothing finite left. */
 int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_sample_params *p,
                        const int32_t **ids, const float **probs, int *n);
+
+/* The n largest of logits[vocab], best first and the lower
+ * id first on ties, into ids[] (off + index) / vals[]; returns how many
+ * (min(n, vocab) unless NaNs). */
+int kn_cpu_sample_top(const float *logits, int32_t off, int vocab, int n, int32_t *ids,
+                      float *vals);
+
+/* Applies p's penalties to logits[n], which hold the vocabulary entries
+ * [off, off + n) (a vocab-parallel slice; off 0 and n = vocab for a whole
+ * row). Penalty ids outside the slice are skipped. */
+void kn_cpu_sample_penalise(float *logits, int32_t off, int n, const struct kn_sample_params *p);
+
+/* The end of every distribution: top-p over the candidates c[n] (when sorted,
+ * best first, and top_p < 1), relative to zc = the candidate set's mass
+ * sum(exp(l - m)), then the kept ones renormalised into ids[] / probs[].
+ * Returns how many are kept (>= 1 for n >= 1). *closed (may be NULL): 1 when
+ * the kept mass reached top_p * zc within c (or no top-p applied), 0 when c
+ * ran out first, so that a partial candidate list cannot decide the set. */
+int kn_cpu_sample_keep(const struct kn_cand *c, int n, int sorted, float m, double zc, float top_p,
+                       int32_t *ids, float *probs, int *closed);
 
 /* Draws from ids[n] / probs[n] with uniform u by walking the cumulative
  * distribution; entry `skip` (or -1), whose mass is skip_p, is left out and

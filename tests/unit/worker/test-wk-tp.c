@@ -3,8 +3,11 @@
  * CPU backend's shared-memory collectives) give the logits of one rank within
  * 1e-3 of their range (the all-reduce sums in another order), and the same greedy
  * tokens from the vocab-parallel head's merged (max, argmax) pairs, where a token may
- * differ only at a near-tie of the single-rank logits. Also: sizes that cannot split
- * a dimension are refused at load with its name. */
+ * differ only at a near-tie of the single-rank logits. Sampled rows (greedy with
+ * logprobs, seeded top-k and top-p draws with penalties), which the ranks decide from
+ * each other's candidates without gathering the logits, give the same tokens and
+ * logprobs within 0.02. Also: sizes that cannot split a dimension are refused at
+ * load with its name. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,7 +32,30 @@
 struct result {
   float logits[(NA + NB) * MAXV]; /* every position's logits: a's rows, then b's */
   int32_t greedy[NA + NB];        /* the head's greedy token at every position */
+  int32_t sampled[NA + NB];       /* a sampled token at every position (sample_params) */
+  float logprob[NA + NB];         /* its raw logprob */
+  int32_t top1[NA + NB];          /* the first of its top logprobs */
 };
+
+static const int32_t pen_ids[] = {2, 7, 100, 130, 260, 300, 411, -1};
+static const int32_t pen_counts[] = {0, 1, 2, 1, 0, 3, 1, 0};
+
+/* Row i's params in the sampled pass: greedy with logprobs, seeded top-k, seeded
+ * top-p, each with penalties on ids spread over every rank's slice. */
+static void sample_params(struct kn_sample_params *p, int i) {
+  kn_sample_params_default(p);
+  p->n_logprobs = 2;
+  p->seed = 1000u + (uint64_t)i;
+  p->counter = (uint64_t)i;
+  p->temperature = i % 3 ? 0.9f : 0.0f;
+  if (i % 3 == 1) p->top_k = 20;
+  if (i % 3 == 2) p->top_p = 0.8f;
+  p->pen_ids = pen_ids;
+  p->pen_counts = pen_counts;
+  p->n_pen = (int)(sizeof pen_ids / sizeof pen_ids[0]);
+  p->repetition_penalty = 1.2f;
+  p->frequency_penalty = 0.3f;
+}
 
 static void make_prompt(int32_t *p, int n, int V, uint32_t seed) {
   for (int i = 0; i < n; i++) {
@@ -50,15 +76,16 @@ static int run(struct wk_model *m, struct result *r, int V) {
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   static float out[2 * CHUNK * MAXV];
   struct kn_sample_out so[2 * CHUNK];
-  struct kn_sample_params sp[2 * CHUNK];
+  struct kn_sample_params sp[2 * CHUNK], sp2[2 * CHUNK];
   memset(sp, 0, sizeof sp);
   for (int i = 0; i < 2 * CHUNK; i++) {
     sp[i].top_p = 1.0f;
     sp[i].repetition_penalty = 1.0f;
     sp[i].n_logprobs = -1;
+    sample_params(&sp2[i], i);
   }
   char err[256];
-  for (int pass = 0; pass < 2; pass++) {
+  for (int pass = 0; pass < 3; pass++) {
     struct wk_page_alloc pa_;
     if (wk_page_alloc_init(&pa_, wk_model_n_pages(m))) return -1;
     struct wk_seq_blocks blk[2];
@@ -85,7 +112,7 @@ static int run(struct wk_model *m, struct result *r, int V) {
       if (pass == 0)
         b.logits = out;
       else
-        b.sampled = so, b.sample = sp;
+        b.sampled = so, b.sample = pass == 1 ? sp : sp2;
       int rc = wk_model_forward(m, &b, err, sizeof err);
       if (rc) {
         fprintf(stderr, "forward: %s\n", err);
@@ -98,8 +125,13 @@ static int run(struct wk_model *m, struct result *r, int V) {
           int pos = row0[s] + done + t;
           if (pass == 0)
             memcpy(r->logits + (size_t)pos * V, out + (size_t)row * V, sizeof(float) * (size_t)V);
-          else
+          else if (pass == 1)
             r->greedy[pos] = so[row].token;
+          else {
+            r->sampled[pos] = so[row].token;
+            r->logprob[pos] = so[row].logprob;
+            r->top1[pos] = so[row].n_top ? so[row].top_ids[0] : -1;
+          }
         }
       }
     }
@@ -208,6 +240,19 @@ static void check_tp(const char *arch, int moe) {
                 arch, world, p, got.greedy[p], best, (double)gap);
     }
     TH_CHECK(flips <= 2);
+    int differ = 0;
+    for (int p = 0; p < NA + NB; p++) {
+      if (got.sampled[p] != ref.sampled[p] || got.top1[p] != ref.top1[p]) {
+        differ++; /* a draw at a boundary the rounding moved, or a near-tie */
+        continue;
+      }
+      if (!(fabsf(got.logprob[p] - ref.logprob[p]) <= 0.02f))
+        th_fail(__FILE__, __LINE__, "%s at size %d: position %d: logprob %g, expected %g", arch,
+                world, p, (double)got.logprob[p], (double)ref.logprob[p]);
+    }
+    if (differ > 2)
+      th_fail(__FILE__, __LINE__, "%s at size %d: %d of %d sampled tokens differ", arch, world,
+              differ, NA + NB);
   }
   kn_backend_destroy(be);
   wkt_rmdir(dir);
