@@ -77,8 +77,13 @@ static int kv_only(const char *dir, int json) {
   return 0;
 }
 
-/* Runs n tokens at pos0 (one forward); when next is given, the greedy token after the
- * last, the way the server takes it (the head's argmax, no logits written). */
+/* How the decode loop picks its tokens: greedy (the head's argmax, no logits
+ * written, the way the server takes greedy tokens) unless --temperature etc. */
+static struct kn_sample_params bm_sample = {
+    .top_p = 1.0f, .repetition_penalty = 1.0f, .n_logprobs = -1, .seed = 1};
+
+/* Runs n tokens at pos0 (one forward); when next is given, the token sampled after
+ * the last with bm_sample. */
 static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_blocks *blk,
                const int32_t *toks, int n, int pos0, int32_t *next, char *err, size_t errlen) {
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
@@ -92,9 +97,10 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
     s.block_tables[g] = blk->table[g];
     s.n_blocks[g] = blk->n[g];
   }
-  struct kn_sample_params greedy = {.top_p = 1.0f, .repetition_penalty = 1.0f, .n_logprobs = -1};
+  struct kn_sample_params p = bm_sample;
+  p.counter = (uint64_t)(pos0 + n);
   struct kn_sample_out out;
-  struct wk_batch b = {.seqs = &s, .n_seqs = 1, .sampled = next ? &out : NULL, .sample = &greedy};
+  struct wk_batch b = {.seqs = &s, .n_seqs = 1, .sampled = next ? &out : NULL, .sample = &p};
   rc = wk_model_forward(m, &b, err, errlen);
   if (!rc && next) *next = out.token;
   return rc;
@@ -104,6 +110,8 @@ int tl_bench_model_main(int argc, char **argv) {
   const char *model = NULL;
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0;
+  double temperature = 0, top_p = 1;
+  int64_t top_k = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory"},
       {"prompt-tokens", CM_OPT_INT, &prompt, "N", "prefill length (default 256)", 1, 1 << 20},
@@ -114,6 +122,10 @@ int tl_bench_model_main(int argc, char **argv) {
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
       {"tensor-parallel-size", CM_OPT_INT, &tp, "N",
        "run the model as N ranks (processes on this host, threads / N each; default 1)", 1, 64},
+      {"temperature", CM_OPT_DOUBLE, &temperature, "T",
+       "decode samples at temperature T (default 0: greedy)", 0, 0, 0, 100},
+      {"top-k", CM_OPT_INT, &top_k, "K", "sample among the K best (default 0: off)", 0, 1 << 30},
+      {"top-p", CM_OPT_DOUBLE, &top_p, "P", "nucleus sampling (default 1: off)", 0, 0, 1e-6, 1},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -126,6 +138,9 @@ int tl_bench_model_main(int argc, char **argv) {
     return 2;
   }
   if (kvo) return kv_only(model, json);
+  bm_sample.temperature = (float)temperature;
+  bm_sample.top_k = (int)top_k;
+  bm_sample.top_p = (float)top_p;
   char err[512] = "";
   int status = 1;
   struct kn_backend *be = NULL;
@@ -239,8 +254,12 @@ int tl_bench_model_main(int argc, char **argv) {
     printf("backend    %s (%s)\n", kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()));
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s (chunks of %d)\n", (long long)prompt,
            t_prefill, prefill_tps, ch);
-    printf("decode     %lld tokens in %.3f s: %.2f tokens/s (one sequence)\n", (long long)decode,
+    printf("decode     %lld tokens in %.3f s: %.2f tokens/s (one sequence, ", (long long)decode,
            t_decode, decode_tps);
+    if (temperature > 0)
+      printf("temperature %g, top-k %lld, top-p %g)\n", temperature, (long long)top_k, top_p);
+    else
+      printf("greedy)\n");
     printf("bandwidth  %.2f GB/s measured (streaming read)\n", bw);
     printf("bound      %.2f MB of weights read per decode token -> %.2f tokens/s at that "
            "bandwidth; achieved %.1f%%\n",
