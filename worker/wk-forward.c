@@ -305,6 +305,50 @@ static int gather_logits(struct wk_model *m, int n) {
   return rc;
 }
 
+/* KV-shared fast prefill. The layers from m->first_shared on write no KV, so
+ * a row's result there matters only if somebody reads it: the rows with
+ * output (out_rows, each sequence's last n_out). Keeps those rows of x, the
+ * positions and the per-layer inputs, renumbers out_rows and the attention
+ * descriptors (each sequence's queries become its last n_out tokens; keys
+ * still come from every position the earlier layers wrote), and returns the
+ * new row count; *n_seqs becomes the sequences that still have rows. Exact:
+ * every op after this point is row-wise but attention, which reads the pages. */
+static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R, int *n_seqs,
+                            char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  struct kn_backend *be = m->be;
+  int H = c->hidden, layer = m->first_shared;
+  size_t LP = (size_t)c->n_layers * (size_t)c->ple_dim;
+  int src = 0, dst = 0, kept = 0;
+  for (int s = 0; s < b->n_seqs; s++) {
+    const struct wk_seq_input *q = &b->seqs[s];
+    int n = q->n_out, from = src + q->n_tokens - n;
+    src += q->n_tokens;
+    if (!n) continue;
+    /* rows only move down (dst < from); overlapping runs go a row at a time, in order */
+    for (int r = 0, step = from - dst >= n ? n : 1; from != dst && r < n; r += step) {
+      size_t d = (size_t)(dst + r), f = (size_t)(from + r);
+      K(kn_copy_rows(be, m->x + d * H, H, m->x + f * H, H, step, H));
+      if (LP) K(kn_copy_rows(be, m->ple + d * LP, (ptrdiff_t)LP, m->ple + f * LP, (ptrdiff_t)LP, step,
+                             (int)LP));
+    }
+    memmove(m->pos + dst, m->pos + from, sizeof(int32_t) * (size_t)n);
+    for (int g = 0; g < m->kv.n_groups; g++) {
+      struct kn_attn_seq *a = m->aseq + (size_t)g * (size_t)m->max_seqs;
+      a[kept] = a[s];
+      a[kept].q_begin = dst;
+      a[kept].n_q = n;
+      a[kept].pos0 = q->pos0 + q->n_tokens - n;
+    }
+    dst += n;
+    kept++;
+  }
+  for (int r = 0; r < R; r++)
+    m->out_rows[r] = r;
+  *n_seqs = kept;
+  return dst;
+}
+
 /* Samples rows [0, n) of a vocab-parallel head from the ranks' candidate
  * records (wk-tp-sample.h) into out[n]. Returns how many rows the records
  * could not decide (m->tp_full[r] = 1 for each; all n when some row's params
@@ -376,8 +420,14 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
     K(kn_add(be, m->ple, m->ple, m->ple_tmp, n));
     K(kn_scale(be, m->ple, m->ple, (float)M_SQRT1_2, n));
   }
+  int n_seqs = b->n_seqs;
   for (layer = 0; layer < c->n_layers; layer++) {
-    int rc = wk_fw_run_layer(m, layer, T, b->n_seqs, err, errlen);
+    if (layer == m->first_shared && m->fast_prefill && R < T) {
+      T = drop_unread_rows(m, b, R, &n_seqs, err, errlen);
+      if (T < 0) return T;
+      if (T == 0) break; /* a prefill chunk with no output: nothing left to compute */
+    }
+    int rc = wk_fw_run_layer(m, layer, T, n_seqs, err, errlen);
     if (rc) return rc;
   }
   layer = -1;

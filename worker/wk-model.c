@@ -574,6 +574,10 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if ((rc = bind_all(m, err, errlen))) goto fail;
   m->max_T = o.max_batch_tokens > 0 ? o.max_batch_tokens : 512;
   m->max_seqs = o.max_seqs > 0 ? o.max_seqs : 64;
+  m->first_shared = m->cfg.n_layers;
+  while (m->first_shared > 0 && m->cfg.layers[m->first_shared - 1].kv_shared)
+    m->first_shared--;
+  m->fast_prefill = !o.no_fast_prefill;
   if (target) {
     if ((rc = bind_assistant(m, target, err, errlen))) goto fail;
     if ((rc = build_rope(m)) || (rc = alloc_scratch(m)) || (rc = alloc_draft_scratch(m))) {

@@ -46,6 +46,8 @@ struct wk_model_opts {
   int tp_rank, tp_size; /* tensor parallelism: this rank of tp_size (0 = 1) ranks, each
                            holding its shard (wk-shard.h); the backend must have
                            collectives when tp_size > 1 */
+  int no_fast_prefill;  /* 1: KV-shared layers run every row of a prefill, not only the
+                           rows whose output is read (wk_model_forward) */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json). `be` must
