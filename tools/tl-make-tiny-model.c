@@ -132,7 +132,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"seed", CM_OPT_INT, &seed, "N", "random seed (default 1)", 0, INT64_MAX},
       {"tokenizer", CM_OPT_STR, &tokenizer, "PATH",
        "tokenizer.json or its directory (default: the bundled Gemma tokenizer)"},
-      {"preset", CM_OPT_STR, &preset, "NAME", "tiny (default) | 270m (gemma-3-270m shape)"},
+      {"preset", CM_OPT_STR, &preset, "NAME", "tiny (default) | 270m (gemma-3-270m shape) | e2b (gemma-4-E2B text shape)"},
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
       {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},

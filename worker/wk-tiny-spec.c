@@ -266,13 +266,23 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
   int V = o->vocab;
   json_t *root;
   if (!strcmp(o->arch, "gemma4")) {
-    if (strcmp(o->preset, "tiny"))
-      return cm_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known for gemma4 (tiny)",
-                     o->preset);
-    /* 6 layers: sliding, sliding, full, sliding | shared sliding, shared full */
-    static const int full[6] = {0, 0, 1, 0, 0, 1};
-    root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
-                              o->sliding_window ? o->sliding_window : 64, full, 2, 1, 8, o->moe);
+    if (!strcmp(o->preset, "tiny")) {
+      /* 6 layers: sliding, sliding, full, sliding | shared sliding, shared full */
+      static const int full[6] = {0, 0, 1, 0, 0, 1};
+      root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
+                                o->sliding_window ? o->sliding_window : 64, full, 2, 1, 8, o->moe);
+    } else if (!strcmp(o->preset, "e2b")) {
+      /* Gemma 4 E2B's text shape: 35 layers, full every fifth, the last 20 KV-shared */
+      int full[35];
+      for (int i = 0; i < 35; i++)
+        full[i] = i % 5 == 4;
+      root = gemma4_text_config(V, 1536, 6144, 35, 8, 1, 256, 512, 0, 0,
+                                o->sliding_window ? o->sliding_window : 512, full, 20, 1, 256,
+                                o->moe);
+    } else {
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "preset \"%s\" is not known for gemma4 (tiny, e2b)", o->preset);
+    }
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;

@@ -43,7 +43,7 @@ struct wk_tiny_spec {
 /* Options of a generated gemma3 / gemma4 model. */
 struct wk_tiny_opts {
   const char *arch;   /* "gemma3" | "gemma4" */
-  const char *preset; /* "tiny" | "270m" (gemma3 only) */
+  const char *preset; /* "tiny" | "270m" (gemma3) | "e2b" (gemma4) */
   int vocab;          /* tokens; 262144 matches the Gemma tokenizer */
   int moe;            /* gemma4: MoE block in every layer */
   int sliding_window; /* 0 = the preset's (64 for tiny) */
