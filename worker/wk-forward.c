@@ -135,7 +135,12 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
 }
 
 /* MoE block for T rows: m->o2 = experts(pre_ffn_norm_2(x)) with top-k routing
- * on norm(x). Experts are added per token in ascending expert order. */
+ * on norm(x). Grouped by expert: the rows routed to expert e are gathered and
+ * run through its two matrices as one matmul each (a step reads each chosen
+ * expert's weights once, not once per token), then scaled by their routing
+ * weights and added to their tokens' rows. Experts go in ascending order, so
+ * each token sums its experts in ascending expert order, as one token at a time
+ * would. */
 static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int layer, char *err,
                      size_t errlen) {
   const struct wk_config *c = &m->cfg;
@@ -148,27 +153,38 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
   K(kn_router_topk(be, m->moe_ids, m->moe_w, m->router_logits, E, T, E, k, w->expert_scale));
   K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->pre_ffn_norm2, KN_DTYPE_F32, eps, m->norm_mode));
   K(kn_memset(be, m->o2, 0, sizeof(float) * (size_t)T * H));
-  for (int t = 0; t < T; t++) {
-    int32_t *ids = m->moe_ids + (size_t)t * k;
-    float *wt = m->moe_w + (size_t)t * k;
-    for (int a = 1; a < k; a++) /* ascending expert index, weights alongside */
-      for (int j = a; j > 0 && ids[j - 1] > ids[j]; j--) {
-        int32_t ti = ids[j];
-        ids[j] = ids[j - 1];
-        ids[j - 1] = ti;
-        float tw = wt[j];
-        wt[j] = wt[j - 1];
-        wt[j - 1] = tw;
-      }
-    for (int j = 0; j < k; j++) {
-      int e = ids[j];
-      if (e < 0 || e >= E) return cm_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
-      struct wk_w gu = expert_mat(&w->experts_gate_up, e), dn = expert_mat(&w->experts_down, e);
-      K(wk_linear(m, m->ex_h, 2 * I, m->h + (size_t)t * H, H, &gu, 1));
-      K(kn_gelu_mul(be, m->ex_h, I, m->ex_h, I, m->ex_h + I, I, 1, I));
-      K(wk_linear(m, m->ex_y, H, m->ex_h, I, &dn, 1));
-      K(kn_scale(be, m->ex_y, m->ex_y, wt[j], (size_t)H));
-      K(kn_add(be, m->o2 + (size_t)t * H, m->o2 + (size_t)t * H, m->ex_y, (size_t)H));
+  /* bucket the (token, weight) pairs by expert: counting sort, tokens ascending */
+  int *count = m->ex_count; /* [E + 1] */
+  memset(count, 0, sizeof(int) * (size_t)(E + 1));
+  for (int i = 0; i < T * k; i++) {
+    int e = m->moe_ids[i];
+    if (e < 0 || e >= E) return cm_fail(err, errlen, CM_ERR_RANGE, "forward: bad expert %d", e);
+    count[e + 1]++;
+  }
+  for (int e = 0; e < E; e++)
+    count[e + 1] += count[e];
+  for (int i = 0; i < T * k; i++) {
+    int at = count[m->moe_ids[i]]++;
+    m->ex_tok[at] = i / k;
+    m->ex_wt[at] = m->moe_w[i];
+  }
+  for (int e = E - 1; e >= 0; e--) /* back to each bucket's start */
+    count[e + 1] = count[e];
+  count[0] = 0;
+  for (int e = 0; e < E; e++) {
+    int n = count[e + 1] - count[e];
+    if (!n) continue;
+    const int32_t *tok = m->ex_tok + count[e];
+    const float *wt = m->ex_wt + count[e];
+    struct wk_w gu = expert_mat(&w->experts_gate_up, e), dn = expert_mat(&w->experts_down, e);
+    K(kn_embed(be, m->ex_in, H, m->h, KN_DTYPE_F32, T, H, tok, n, 1.0f)); /* gather */
+    K(wk_linear(m, m->ex_h, 2 * I, m->ex_in, H, &gu, n));
+    K(kn_gelu_mul(be, m->ex_h, 2 * I, m->ex_h, 2 * I, m->ex_h + I, 2 * I, n, I));
+    K(wk_linear(m, m->ex_y, H, m->ex_h, 2 * I, &dn, n));
+    for (int j = 0; j < n; j++) {
+      float *y = m->ex_y + (size_t)j * H, *o = m->o2 + (size_t)tok[j] * H;
+      K(kn_scale(be, y, y, wt[j], (size_t)H));
+      K(kn_add(be, o, o, y, (size_t)H));
     }
   }
   return 0;

@@ -106,8 +106,12 @@ struct wk_model {
   float *ple_tmp;       /* [T, L * P] token part */
   float *g_small;       /* [T, P] */
   float *router_logits; /* [T, E] */
-  float *ex_h;          /* [1, 2I] */
-  float *ex_y;          /* [1, H] */
+  float *ex_in;         /* [T, H] the rows routed to one expert */
+  float *ex_h;          /* [T, 2I] */
+  float *ex_y;          /* [T, H] */
+  int *ex_count;        /* [n_experts + 1] host: bucket bounds */
+  int32_t *ex_tok;      /* [T * top_k] host: tokens by expert */
+  float *ex_wt;         /* [T * top_k] host: their routing weights */
   float *sel;           /* [max_out, H] rows selected for output */
   float *logits;        /* [max_out, V] */
 

@@ -366,8 +366,13 @@ static int alloc_scratch(struct wk_model *m) {
   }
   if (c->moe) {
     A(router_logits, T * (size_t)c->n_experts);
-    A(ex_h, 2 * (size_t)c->moe_ffn);
-    A(ex_y, H);
+    A(ex_in, T * H);
+    A(ex_h, T * 2 * (size_t)c->moe_ffn);
+    A(ex_y, T * H);
+    m->ex_count = malloc(sizeof(int) * (size_t)(c->n_experts + 1));
+    m->ex_tok = malloc(sizeof(int32_t) * T * (size_t)c->top_k_experts);
+    m->ex_wt = malloc(sizeof(float) * T * (size_t)c->top_k_experts);
+    if (!m->ex_count || !m->ex_tok || !m->ex_wt) return CM_ERR_NOMEM;
   }
   A(sel, (size_t)m->max_out * H);
   A(logits, (size_t)m->max_out * (size_t)c->vocab);
@@ -662,6 +667,9 @@ void wk_model_free(struct wk_model *m) {
   free(m->tp_scratch);
   free(m->tp_work);
   free(m->tp_full);
+  free(m->ex_count);
+  free(m->ex_tok);
+  free(m->ex_wt);
   free(m->head_host);
   free(m->slots);
   free(m->aseq);
