@@ -237,7 +237,9 @@ enum pr_ctrl_op {
   PR_CTRL_SHUTDOWN = 1,      /* exit cleanly */
   PR_CTRL_PROFILE_START = 2, /* text = output path or NULL */
   PR_CTRL_PROFILE_STOP = 3,
-  PR_CTRL_OP_MAX = 3,
+  PR_CTRL_ANNOUNCE = 4, /* to a worker: send READY again, dropping every sequence's state (the
+                           scheduler does not know this rank: it restarted, or gave the rank up) */
+  PR_CTRL_OP_MAX = 4,
 };
 
 struct pr_ctrl {

@@ -451,6 +451,15 @@ void sch_srv_work_recv(struct sch_server *s) {
       on_dist(s, &from, &m.u.dist);
       continue;
     }
+    if (r < 0 && m.type == PR_BEAT) { /* a rank serving a scheduler before this one */
+      struct pr_msg ask;
+      pr_msg_init(&ask, PR_CTRL);
+      ask.u.ctrl.op = PR_CTRL_ANNOUNCE;
+      rc = pr_sock_send(s->work_sock, &from, &ask, 0);
+      cm_info(TAG, "worker socket: a rank this scheduler does not know is beating; %s",
+              rc ? "cannot ask it to announce itself" : "asked it to announce itself");
+      continue;
+    }
     if (r < 0) {
       cm_warn(TAG, "worker socket: %s from a peer that sent no READY; dropped",
               pr_type_name(m.type));

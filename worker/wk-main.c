@@ -57,6 +57,9 @@ struct wk_proc {
   uint64_t last_beat_ns;   /* cm_time_ns of the last BEAT sent (atomic access) */
   int quit;                /* set by the main thread when it leaves (atomic access) */
   int announced;           /* READY was sent (atomic access) */
+  /* what READY says (sent again when the scheduler asks: PR_CTRL_ANNOUNCE) */
+  struct wk_model *model;
+  uint32_t world, max_draft, max_seqs, max_tokens;
   pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
 };
@@ -135,8 +138,10 @@ static void *beat_main(void *arg) {
 
 /* READY: the model's KV layout and vocabulary, and the largest step this
  * rank was sized for (max_seqs sequences, max_tokens tokens with drafts). */
-static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uint32_t max_draft,
-                      uint32_t max_seqs, uint32_t max_tokens) {
+static int send_ready(struct wk_proc *p) {
+  struct wk_model *m = p->model;
+  uint32_t world = p->world, max_draft = p->max_draft, max_seqs = p->max_seqs,
+           max_tokens = p->max_tokens;
   const struct wk_config *c = wk_model_config(m);
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   struct pr_kv_group groups[WK_MAX_KV_GROUPS];
@@ -260,6 +265,13 @@ static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world) {
       if (m.u.ctrl.op == PR_CTRL_SHUTDOWN) {
         cm_info(TAG, "shutdown requested by the scheduler");
         break;
+      }
+      if (m.u.ctrl.op == PR_CTRL_ANNOUNCE) { /* a restarted scheduler, or one that gave us up */
+        wk_role_reset(role);
+        rc = send_ready(p);
+        cm_info(TAG, "the scheduler does not know this rank: sequence state dropped, READY %s",
+                rc ? "could not be sent" : "sent again");
+        continue;
       }
       cm_warn(TAG, "CTRL op %u is not supported by this worker; ignored", m.u.ctrl.op);
       continue;
@@ -486,8 +498,12 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: rank %lld: %s\n", (long long)rank, err);
     goto done;
   }
-  if ((rc = send_ready(&p, m, (uint32_t)world, (uint32_t)spec_k, (uint32_t)max_seqs,
-                       (uint32_t)max_batched))) {
+  p.model = m;
+  p.world = (uint32_t)world;
+  p.max_draft = (uint32_t)spec_k;
+  p.max_seqs = (uint32_t)max_seqs;
+  p.max_tokens = (uint32_t)max_batched;
+  if ((rc = send_ready(&p))) {
     fprintf(stderr, "lmserve worker: cannot send READY: %s\n", cm_strerror(rc));
     goto done;
   }

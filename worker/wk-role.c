@@ -195,6 +195,11 @@ void wk_role_destroy(struct wk_role *r) {
   free(r);
 }
 
+void wk_role_reset(struct wk_role *r) {
+  for (int i = 0; i < r->cap_seqs; i++)
+    if (r->seqs[i].used) seq_drop(r, &r->seqs[i]);
+}
+
 int wk_role_n_seqs(const struct wk_role *r) {
   int n = 0;
   for (int i = 0; i < r->cap_seqs; i++)

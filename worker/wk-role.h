@@ -59,6 +59,9 @@ void wk_role_destroy(struct wk_role *r);
 int wk_role_step(struct wk_role *r, const struct pr_step *step, struct pr_msg *res, char *err,
                  size_t errlen);
 
+/* Drops every sequence's state (a new scheduler starts from nothing). */
+void wk_role_reset(struct wk_role *r);
+
 /* Sequences with worker-side state (for tests and logs). */
 int wk_role_n_seqs(const struct wk_role *r);
 
