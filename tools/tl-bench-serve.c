@@ -13,25 +13,22 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <netdb.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
 #include "common/cm-time.h"
+#include "tools/tl-http-client.h"
 #include "tools/tl-main.h"
 
 struct bs_config {
   const char *url, *model, *api_key;
-  char host[256];
-  char port[16];
-  char base_path[256]; /* "" or "/prefix" before /v1 */
+  struct tl_url u;
   int64_t concurrency, num_prompts, input_len, output_len, seed, vocab;
   double rate; /* requests/s; <= 0 means all at once */
 };
@@ -54,50 +51,6 @@ struct bs_shared {
   int next; /* next request index to take */
   pthread_mutex_t mu;
 };
-
-/* ---- HTTP over a plain socket ----------------------------------------------- */
-
-static int connect_to(const struct bs_config *c) {
-  struct addrinfo hints = {0}, *ai = NULL;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(c->host, c->port, &hints, &ai) != 0 || !ai) return -1;
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-    close(fd);
-    fd = -1;
-  }
-  freeaddrinfo(ai);
-  return fd;
-}
-
-static int write_all(int fd, const char *p, size_t n) {
-  while (n) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return -1;
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
-/* A growable byte buffer for responses. */
-struct bs_buf {
-  char *p;
-  size_t n, cap;
-};
-
-static int buf_reserve(struct bs_buf *b, size_t extra) {
-  if (b->n + extra + 1 <= b->cap) return 0;
-  size_t cap = b->cap ? b->cap * 2 : 8192;
-  while (cap < b->n + extra + 1)
-    cap *= 2;
-  char *p = realloc(b->p, cap);
-  if (!p) return -1;
-  b->p = p;
-  b->cap = cap;
-  return 0;
-}
 
 static void itl_push(struct bs_result *r, double v) {
   if (r->n_itl == r->cap_itl) {
@@ -148,7 +101,7 @@ static void on_event(struct bs_result *r, const char *data, size_t len, double n
 /* Runs one streamed completion; fills r. */
 static void run_request(const struct bs_config *c, int idx, struct bs_result *r) {
   char *body = NULL, *req = NULL;
-  struct bs_buf in = {0};
+  struct tl_buf in = {0};
   int fd = -1;
   /* prompt: random token ids from a per-request seeded generator */
   uint64_t s = (uint64_t)c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)idx + 1;
@@ -174,14 +127,14 @@ static void run_request(const struct bs_config *c, int idx, struct bs_result *r)
           &req,
           "POST %s/v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
           "%sContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
-          c->base_path, c->host, c->port, auth, blen, body) < 0) {
+          c->u.base_path, c->u.host, c->u.port, auth, blen, body) < 0) {
     req = NULL;
     snprintf(r->err, sizeof(r->err), "out of memory");
     goto out;
   }
   r->start = cm_time_s();
-  fd = connect_to(c);
-  if (fd < 0 || write_all(fd, req, strlen(req)) != 0) {
+  fd = tl_url_connect(&c->u);
+  if (fd < 0 || tl_write_all(fd, req, strlen(req)) != 0) {
     snprintf(r->err, sizeof(r->err), "cannot connect or send: %s", strerror(errno));
     goto out;
   }
@@ -191,13 +144,8 @@ static void run_request(const struct bs_config *c, int idx, struct bs_result *r)
   double last = r->start;
   r->ok = 1;
   for (;;) {
-    if (buf_reserve(&in, 16384) != 0) break;
-    ssize_t k = read(fd, in.p + in.n, in.cap - in.n - 1);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) break;
+    if (tl_buf_read(&in, fd) <= 0) break;
     double now = cm_time_s();
-    in.n += (size_t)k;
-    in.p[in.n] = 0;
     if (!headers_done) {
       char *end = strstr(in.p, "\r\n\r\n");
       if (!end) continue;
@@ -274,22 +222,6 @@ static void stats_line(const char *name, double *v, int n, double scale, const c
          v[p99i] * scale, unit);
 }
 
-/* Sums every sample of a Prometheus counter named `name` (any labels). */
-static double metric_sum(const char *text, const char *name) {
-  double total = 0;
-  size_t nl = strlen(name);
-  for (const char *p = text; p && *p;) {
-    const char *eol = strchr(p, '\n');
-    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
-      const char *sp = p + nl;
-      if (*sp == '{') sp = strchr(sp, '}');
-      if (sp) total += strtod(sp + 1, NULL);
-    }
-    p = eol ? eol + 1 : NULL;
-  }
-  return total;
-}
-
 /* Sum of the series of `name` carrying the label text `label` ("position=\"0\""); -1
  * when there is none. */
 static double metric_labelled(const char *text, const char *name, const char *label) {
@@ -305,58 +237,6 @@ static double metric_labelled(const char *text, const char *name, const char *la
     p = eol ? eol + 1 : NULL;
   }
   return total;
-}
-
-static char *fetch_metrics(const struct bs_config *c) {
-  int fd = connect_to(c);
-  if (fd < 0) return NULL;
-  char req[2048], auth[600] = "";
-  if (c->api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c->api_key);
-  snprintf(req, sizeof(req), "GET %s/metrics HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n",
-           c->base_path, c->host, auth);
-  struct bs_buf b = {0};
-  if (write_all(fd, req, strlen(req)) == 0) {
-    for (;;) {
-      if (buf_reserve(&b, 65536)) break;
-      ssize_t k = read(fd, b.p + b.n, b.cap - b.n - 1);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) break;
-      b.n += (size_t)k;
-    }
-  }
-  close(fd);
-  if (b.p) b.p[b.n] = 0;
-  return b.p;
-}
-
-static int parse_url(struct bs_config *c) {
-  const char *u = c->url;
-  if (strncmp(u, "http://", 7) != 0) return CM_ERR_INVAL;
-  u += 7;
-  const char *slash = strchr(u, '/');
-  size_t hostport = slash ? (size_t)(slash - u) : strlen(u);
-  const char *colon = memchr(u, ':', hostport);
-  size_t hl = colon ? (size_t)(colon - u) : hostport;
-  if (hl == 0 || hl >= sizeof(c->host)) return CM_ERR_INVAL;
-  memcpy(c->host, u, hl);
-  c->host[hl] = 0;
-  if (colon) {
-    size_t pl = hostport - hl - 1;
-    if (pl == 0 || pl >= sizeof(c->port)) return CM_ERR_INVAL;
-    memcpy(c->port, colon + 1, pl);
-    c->port[pl] = 0;
-  } else {
-    strcpy(c->port, "80");
-  }
-  c->base_path[0] = 0;
-  if (slash) {
-    snprintf(c->base_path, sizeof(c->base_path), "%s", slash);
-    size_t bl = strlen(c->base_path);
-    while (bl && c->base_path[bl - 1] == '/')
-      c->base_path[--bl] = 0;
-    if (bl >= 3 && !strcmp(c->base_path + bl - 3, "/v1")) c->base_path[bl - 3] = 0;
-  }
-  return 0;
 }
 
 int tl_bench_serve_main(int argc, char **argv) {
@@ -389,7 +269,7 @@ int tl_bench_serve_main(int argc, char **argv) {
                          NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
-  if (parse_url(&c) != 0) {
+  if (tl_url_parse(c.url, &c.u) != 0) {
     fprintf(stderr, "lmserve bench serve: --url must look like http://HOST:PORT, got '%s'\n",
             c.url);
     return 2;
@@ -397,27 +277,11 @@ int tl_bench_serve_main(int argc, char **argv) {
   char model_buf[256];
   if (!model) {
     /* ask the server */
-    struct bs_config probe = c;
-    int fd = connect_to(&probe);
-    if (fd < 0) {
+    struct tl_buf b = {tl_http_get(&c.u, "/v1/models", c.api_key), 0, 0};
+    if (!b.p) {
       fprintf(stderr, "lmserve bench serve: cannot connect to %s\n", c.url);
       return 1;
     }
-    char req[2048], auth[600] = "";
-    if (c.api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", c.api_key);
-    snprintf(req, sizeof(req),
-             "GET %s/v1/models HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n", c.base_path,
-             c.host, auth);
-    struct bs_buf b = {0};
-    if (write_all(fd, req, strlen(req)) == 0) {
-      for (;;) {
-        if (buf_reserve(&b, 8192)) break;
-        ssize_t k = read(fd, b.p + b.n, b.cap - b.n - 1);
-        if (k <= 0) break;
-        b.n += (size_t)k;
-      }
-    }
-    close(fd);
     const char *bodyp = b.p ? strstr(b.p, "\r\n\r\n") : NULL;
     json_t *j = bodyp ? json_loads(bodyp + 4, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
     const char *id =
@@ -453,7 +317,7 @@ int tl_bench_serve_main(int argc, char **argv) {
     double u = ((double)(s >> 11) + 0.5) / 9007199254740992.0;
     if (c.rate > 0) t += -log(u) / c.rate;
   }
-  char *m0 = fetch_metrics(&c);
+  char *m0 = tl_http_get(&c.u, "/metrics", c.api_key);
   pthread_mutex_init(&sh.mu, NULL);
   sh.t0 = cm_time_s();
   int nthreads = (int)(c.concurrency < c.num_prompts ? c.concurrency : c.num_prompts);
@@ -462,7 +326,7 @@ int tl_bench_serve_main(int argc, char **argv) {
   for (int i = 0; i < nthreads; i++)
     pthread_join(th[i], NULL);
   double dur = cm_time_s() - sh.t0;
-  char *m1 = fetch_metrics(&c);
+  char *m1 = tl_http_get(&c.u, "/metrics", c.api_key);
 
   int ok = 0, failed = 0;
   long long in_tok = 0, out_tok = 0;
@@ -507,15 +371,15 @@ int tl_bench_serve_main(int argc, char **argv) {
   stats_line("ITL", itl, n_itl, 1000, "ms");
   stats_line("E2E latency", e2e, ok, 1000, "ms");
   if (m0 && m1) {
-    double q = metric_sum(m1, "lmserve:prefix_cache_queries_total") -
-               metric_sum(m0, "lmserve:prefix_cache_queries_total");
-    double h = metric_sum(m1, "lmserve:prefix_cache_hits_total") -
-               metric_sum(m0, "lmserve:prefix_cache_hits_total");
+    double q = tl_metric_sum(m1, "lmserve:prefix_cache_queries_total") -
+               tl_metric_sum(m0, "lmserve:prefix_cache_queries_total");
+    double h = tl_metric_sum(m1, "lmserve:prefix_cache_hits_total") -
+               tl_metric_sum(m0, "lmserve:prefix_cache_hits_total");
     if (q > 0) printf("%-40s %.2f%%\n", "Prefix cache hit rate:", 100.0 * h / q);
-    double d = metric_sum(m1, "lmserve:spec_decode_num_drafts_total") -
-               metric_sum(m0, "lmserve:spec_decode_num_drafts_total");
-    double a = metric_sum(m1, "lmserve:spec_decode_num_accepted_tokens_total") -
-               metric_sum(m0, "lmserve:spec_decode_num_accepted_tokens_total");
+    double d = tl_metric_sum(m1, "lmserve:spec_decode_num_drafts_total") -
+               tl_metric_sum(m0, "lmserve:spec_decode_num_drafts_total");
+    double a = tl_metric_sum(m1, "lmserve:spec_decode_num_accepted_tokens_total") -
+               tl_metric_sum(m0, "lmserve:spec_decode_num_accepted_tokens_total");
     if (d > 0) {
       printf("%-40s %.2f\n", "Mean acceptance length:", 1.0 + a / d);
       /* vLLM's per-position view: of the drafts, the share whose i-th token was accepted */
