@@ -515,12 +515,17 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
     /* Jansson refuses numbers that do not fit (an integer past 64 bits, a
-     * real past DBL_MAX) and NaN or Infinity while parsing: name the field */
+     * real past DBL_MAX), NaN or Infinity and broken strings while parsing:
+     * name the field when the error lies in one value (not in the
+     * structure around it: "... expected") */
     char param[sizeof(err->param)];
-    if (!fe_api_json_error_param(body, len, (size_t)je.position, param, sizeof(param)))
+    enum json_error_code code = json_error_code(&je);
+    int in_value = code == json_error_numeric_overflow || code == json_error_invalid_utf8 ||
+                   (code == json_error_invalid_syntax && !strstr(je.text, "expected"));
+    if (!in_value || !fe_api_json_error_param(body, len, (size_t)je.position, param, sizeof(param)))
       fail(&p, 400, NULL, "invalid JSON in the request body: %s (line %d, column %d)", je.text,
            je.line, je.column);
-    else if (json_error_code(&je) == json_error_numeric_overflow)
+    else if (code == json_error_numeric_overflow)
       fail(&p, 400, param, "'%s' is out of range: %s", param, je.text);
     else
       fail(&p, 400, param, "'%s' is not a valid JSON value: %s (line %d, column %d)", param,
