@@ -16,4 +16,15 @@ const char *fe_api_error_type(int status);
  * the buffer's error. */
 int fe_api_error_body(struct fe_buf *b, int status, const char *message, const char *param);
 
+/* Locates the value a JSON syntax error lies in. `pos` is the byte offset
+ * Jansson's json_error_t.position gives for body[0..len). When the error is
+ * inside one value (a number too large for its type, NaN or Infinity, a bad
+ * literal, a broken string), writes that value's field path to `param` the
+ * way validation errors name fields ("seed", "messages[1].content",
+ * "stream_options.include_usage"; positions inside arrays of token ids and
+ * keys that are not names, such as logit_bias's token ids, name the field
+ * that holds them) and returns 1. Otherwise (the error is in the structure,
+ * or the value is the body itself) returns 0. */
+int fe_api_json_error_param(const char *body, size_t len, size_t pos, char *param, size_t size);
+
 #endif

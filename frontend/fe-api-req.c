@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "frontend/fe-api-error.h"
 #include "frontend/fe-api.h"
 
 struct pctx {
@@ -102,9 +103,13 @@ static int token_ids(struct pctx *p, json_t *arr, const char *param, const int32
   if (!v) return nomem(p);
   for (size_t i = 0; i < k; i++) {
     json_t *e = json_array_get(arr, i);
-    if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-      return fail(p, 400, param, "'%s' must hold token ids (integers >= 0); item %zu is not", param,
-                  i);
+    if (!json_is_integer(e))
+      return fail(p, 400, param, "'%s' must hold token ids (integers); item %zu is %s", param, i,
+                  type_name(e));
+    if (json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+      return fail(p, 400, param,
+                  "'%s' item %zu: token id %" JSON_INTEGER_FORMAT " is outside the vocabulary",
+                  param, i, json_integer_value(e));
     v[i] = (int32_t)json_integer_value(e);
   }
   *ids = v;
@@ -270,9 +275,46 @@ static int parse_stop(struct pctx *p, json_t *body) {
   return 0;
 }
 
-/* Fields we recognise but do not implement: reject rather than ignore. */
+/* logit_bias: {"<token id>": bias in [-100, 100]}. The ids are checked
+ * against the vocabulary by the serving path, which knows it. */
+static int parse_logit_bias(struct pctx *p, json_t *body) {
+  struct fe_api_request *r = p->r;
+  json_t *v = json_object_get(body, "logit_bias");
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_object(v))
+    return fail(p, 400, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+  size_t n = json_object_size(v);
+  r->logit_bias_ids = cm_arena_alloc(&r->arena, (n ? n : 1) * sizeof(int32_t));
+  r->logit_bias = cm_arena_alloc(&r->arena, (n ? n : 1) * sizeof(float));
+  if (!r->logit_bias_ids || !r->logit_bias) return nomem(p);
+  const char *key;
+  json_t *b;
+  json_object_foreach(v, key, b) {
+    const char *k = key;
+    int64_t id = 0;
+    if (*k == '-' && k[1] >= '0' && k[1] <= '9') k++; /* a negative id is outside, said below */
+    size_t nd = strlen(k);
+    if (!nd || strspn(k, "0123456789") != nd)
+      return fail(p, 400, "logit_bias", "'logit_bias' keys must be token ids, not '%.40s'", key);
+    for (; nd <= 10 && *k; k++) /* 10 digits cannot overflow */
+      id = id * 10 + (*k - '0');
+    if (*key == '-' || nd > 10 || id > INT32_MAX)
+      return fail(p, 400, "logit_bias", "'logit_bias': token id %.40s is outside the vocabulary",
+                  key);
+    if (!json_is_number(b) || json_number_value(b) < -100 || json_number_value(b) > 100)
+      return fail(p, 400, "logit_bias",
+                  "'logit_bias': the bias of token %.40s must be a number in [-100, 100]", key);
+    r->logit_bias_ids[r->n_logit_bias] = (int32_t)id;
+    r->logit_bias[r->n_logit_bias++] = (float)json_number_value(b);
+  }
+  return 0;
+}
+
+/* Fields we recognise but do not implement: reject rather than ignore.
+ * (logit_bias and allowed_token_ids are parsed and refused by the serving
+ * path, after their ids were checked against the vocabulary.) */
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {"suffix", "logit_bias", "tools", "functions", "tool_choice"};
+  static const char *const keys[] = {"suffix", "tools", "functions", "tool_choice"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -334,6 +376,15 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   x = 0;
   if ((rc = get_int(p, body, "priority", INT32_MIN, INT32_MAX, &x, NULL))) return rc;
   r->priority = (int32_t)x;
+  if ((rc = parse_logit_bias(p, body))) return rc;
+  json_t *at = json_object_get(body, "allowed_token_ids");
+  if (at && !json_is_null(at)) {
+    if (!json_is_array(at))
+      return fail(p, 400, "allowed_token_ids", "'allowed_token_ids' must be an array of token ids");
+    const int32_t *ids;
+    if ((rc = token_ids(p, at, "allowed_token_ids", &ids, &r->n_allowed_token_ids))) return rc;
+    r->allowed_token_ids = (int32_t *)ids;
+  }
   json_t *user = json_object_get(body, "user");
   if (user && !json_is_null(user) && !json_is_string(user))
     return fail(p, 400, "user", "'user' must be a string");
@@ -463,8 +514,22 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
-    fail(&p, 400, NULL, "invalid JSON in the request body: %s (line %d, column %d)", je.text,
-         je.line, je.column);
+    /* Jansson refuses numbers that do not fit (an integer past 64 bits, a
+     * real past DBL_MAX), NaN or Infinity and broken strings while parsing:
+     * name the field when the error lies in one value (not in the
+     * structure around it: "... expected") */
+    char param[sizeof(err->param)];
+    enum json_error_code code = json_error_code(&je);
+    int in_value = code == json_error_numeric_overflow || code == json_error_invalid_utf8 ||
+                   (code == json_error_invalid_syntax && !strstr(je.text, "expected"));
+    if (!in_value || !fe_api_json_error_param(body, len, (size_t)je.position, param, sizeof(param)))
+      fail(&p, 400, NULL, "invalid JSON in the request body: %s (line %d, column %d)", je.text,
+           je.line, je.column);
+    else if (code == json_error_numeric_overflow)
+      fail(&p, 400, param, "'%s' is out of range: %s", param, je.text);
+    else
+      fail(&p, 400, param, "'%s' is not a valid JSON value: %s (line %d, column %d)", param,
+           je.text, je.line, je.column);
     return CM_ERR_PARSE;
   }
   if (!json_is_object(root)) {

@@ -5,6 +5,8 @@
  * fe_api_request that the serving path forwards. Every mistake is a 400
  * (404 for an unknown model) with `param` naming the field and a message
  * saying what is wrong; nothing the client sends can abort the process.
+ * Numbers Jansson cannot hold (an integer past 64 bits, 1e999) and values
+ * that are not JSON (NaN) are 400s naming their field too.
  * The request owns its memory (a capped arena): free it with
  * fe_api_request_free(). */
 #ifndef LMSERVE_FE_API_H
@@ -64,6 +66,13 @@ struct fe_api_request {
   size_t n_stop;
   int32_t *stop_token_ids; /* (n_stop_token_ids) */
   size_t n_stop_token_ids;
+  /* Token-id fields are parsed as ids in [0, INT32_MAX]; the serving path
+   * checks them against the vocabulary (400 naming the field). */
+  int32_t *logit_bias_ids; /* (n_logit_bias) logit_bias keys */
+  float *logit_bias;       /* (n_logit_bias) biases in [-100, 100] */
+  size_t n_logit_bias;
+  int32_t *allowed_token_ids; /* (n_allowed_token_ids) */
+  size_t n_allowed_token_ids;
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int stream;

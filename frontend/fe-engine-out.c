@@ -345,6 +345,10 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->n_lps = 0;
     ch->n_top_all = 0;
   }
+  if (s->tokens.n && ch->n_gen == 0 && e->metrics) { /* the first output: its prefix-cache lookup */
+    fe_metrics_inc_early(e->metrics, e->mid.prefix_cache_queries, (double)s->n_prompt_tokens);
+    fe_metrics_inc_early(e->metrics, e->mid.prefix_cache_hits, (double)s->n_cached_tokens);
+  }
   if (s->tokens.n) {
     if (!r->first_token_seen) {
       r->first_token_seen = 1;

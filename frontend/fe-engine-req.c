@@ -1,7 +1,9 @@
-/* fe-engine-req.c — the submit hook: /tokenize and /detokenize answered
- * from the tokenizer; completions and chat turned into prompt ids (chat
- * template, BOS rules), length-checked against max_model_len, and sent to
- * the scheduler as one ADD per choice (see fe-engine.h). */
+/* fe-engine-req.c — the submit hook: token ids checked against the
+ * vocabulary; then, on libuv's thread pool, /tokenize and /detokenize
+ * answered from the tokenizer and completions and chat turned into prompt
+ * ids (chat template, BOS rules); back on the loop, prompts length-checked
+ * against max_model_len and sent to the scheduler as one ADD per choice
+ * (see fe-engine.h). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,11 +36,41 @@ static void answer_error(struct fe_engine *e, struct fe_conn *c, int status, con
   fe_conn_respond_error(c, status, msg, param && *param ? param : NULL);
 }
 
+/* ---- off the loop: chat template and tokenization -------------------------
+ *
+ * Rendering the chat template and tokenizing take time in proportion to the
+ * prompt (a 1 MB prompt takes a good fraction of a second), so they run on
+ * libuv's thread pool and the loop goes on serving other connections. A job
+ * carries everything its thread reads: the request (owned by the job until
+ * it is handed on), the tokenizer and chat template (immutable; encoder
+ * states come from the tokenizer's pool) and its own result buffers. The
+ * engine outlives every job: a job keeps the loop alive until its after-work
+ * callback ran, and both callers destroy the engine only after uv_run
+ * returned. */
+
+struct tok_job {
+  uv_work_t work;
+  struct fe_engine *e;
+  struct fe_conn *c;
+  struct fe_api_request *req;
+  const struct tk_tokenizer *tok; /* read by the thread */
+  const struct tk_chat *chat;     /* read by the thread; NULL: none */
+  size_t n_prompts;               /* prompts to tokenize (chat: 1) */
+  int32_t **ids;                  /* (n_prompts) each malloc'd; prompt token ids */
+  size_t *n_ids;                  /* (n_prompts) tokens */
+  size_t *cap_ids;                /* (n_prompts) ids allocated */
+  char *text;                     /* /detokenize: the text (malloc'd) */
+  size_t text_len, text_cap;      /* bytes */
+  int rc;                         /* 0, or the failure of the first prompt that failed */
+  char err[320];                  /* the client's error when rc != 0 */
+  int gone;                       /* the client left while the thread worked */
+};
+
 /* Renders the chat template over the request's messages into a malloc'd
  * string. CM_ERR_INVAL with errbuf for a template that refuses them. */
-static int render_chat(struct fe_engine *e, const struct fe_api_request *req, char **text,
+static int render_chat(const struct tk_chat *chat, const struct fe_api_request *req, char **text,
                        size_t *len, char *errbuf, size_t errlen) {
-  if (!e->chat) {
+  if (!chat) {
     snprintf(errbuf, errlen, "this model has no chat template; use /v1/completions");
     return CM_ERR_INVAL;
   }
@@ -53,92 +85,170 @@ static int render_chat(struct fe_engine *e, const struct fe_api_request *req, ch
       return CM_ERR_NOMEM;
     }
   }
-  int rc =
-      tk_chat_render(e->chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf, errlen);
+  int rc = tk_chat_render(chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf, errlen);
   json_decref(msgs);
   return rc;
 }
 
-/* Tokenizes prompt `pi` of the request (chat: the rendered messages) into
- * e->ids. On a client error returns a negative cm_err with errbuf set. */
-static int prompt_ids(struct fe_engine *e, const struct fe_api_request *req, size_t pi,
-                      char *errbuf, size_t errlen) {
-  e->n_ids = 0;
+/* Tokenizes prompt `pi` of the job's request (chat: the rendered messages)
+ * into job->ids[pi]. Runs on a pool thread. */
+static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
+  const struct fe_api_request *req = j->req;
+  int32_t **ids = &j->ids[pi];
+  size_t *n = &j->n_ids[pi], *cap = &j->cap_ids[pi];
+  *n = 0;
   if (req->kind == FE_API_CHAT || (req->kind == FE_API_TOKENIZE && req->n_messages)) {
     char *text = NULL;
     size_t len = 0;
-    int rc = render_chat(e, req, &text, &len, errbuf, errlen);
+    int rc = render_chat(j->chat, req, &text, &len, j->err, sizeof(j->err));
     if (rc) {
       free(text);
       return rc;
     }
     /* the template writes <bos> itself: no post-processor unless asked */
     unsigned fl = TK_MATCH_SPECIAL | (req->add_special_tokens ? TK_ADD_SPECIAL : 0);
-    rc = tk_encode(e->tok, e->tok_st, text, len, fl, &e->ids, &e->n_ids, &e->cap_ids);
+    rc = tk_encode(j->tok, st, text, len, fl, ids, n, cap);
     free(text);
-    if (rc == CM_ERR_INVAL) snprintf(errbuf, errlen, "the rendered chat is not valid UTF-8");
+    if (rc == CM_ERR_INVAL)
+      snprintf(j->err, sizeof(j->err), "the rendered chat is not valid UTF-8");
     return rc;
   }
   const struct fe_api_prompt *p = &req->prompts[pi];
-  if (p->ids) {
-    int32_t nv = e->n_vocab;
-    for (size_t i = 0; i < p->n_ids; i++) {
-      if (p->ids[i] < 0 || p->ids[i] >= nv) {
-        snprintf(errbuf, errlen, "token id %d is outside the vocabulary (0..%d)", (int)p->ids[i],
-                 (int)nv - 1);
-        return CM_ERR_RANGE;
-      }
-    }
-    if (p->n_ids > e->cap_ids) {
-      int32_t *n = realloc(e->ids, p->n_ids * sizeof(*n));
-      if (!n) return CM_ERR_NOMEM;
-      e->ids = n;
-      e->cap_ids = p->n_ids;
-    }
-    memcpy(e->ids, p->ids, p->n_ids * sizeof(*e->ids));
-    e->n_ids = p->n_ids;
+  if (p->ids) { /* checked against the vocabulary before the job was queued */
+    if (!(*ids = malloc((p->n_ids ? p->n_ids : 1) * sizeof(**ids)))) return CM_ERR_NOMEM;
+    memcpy(*ids, p->ids, p->n_ids * sizeof(**ids));
+    *n = *cap = p->n_ids;
     return 0;
   }
   unsigned fl = TK_MATCH_SPECIAL | (req->add_special_tokens ? TK_ADD_SPECIAL : 0);
-  int rc = tk_encode(e->tok, e->tok_st, p->text ? p->text : "", p->text ? p->text_len : 0, fl,
-                         &e->ids, &e->n_ids, &e->cap_ids);
-  if (rc == CM_ERR_INVAL) snprintf(errbuf, errlen, "the prompt is not valid UTF-8");
+  int rc =
+      tk_encode(j->tok, st, p->text ? p->text : "", p->text ? p->text_len : 0, fl, ids, n, cap);
+  if (rc == CM_ERR_INVAL) snprintf(j->err, sizeof(j->err), "the prompt is not valid UTF-8");
   return rc;
 }
 
-/* POST /tokenize and /detokenize. */
-static void answer_tokens(struct fe_engine *e, struct fe_conn *c,
-                          const struct fe_api_request *req) {
-  char err[320] = "";
+/* The thread's part: nothing here touches the engine or the connection. */
+static void job_run(uv_work_t *w) {
+  struct tok_job *j = w->data;
+  if (j->req->kind == FE_API_DETOKENIZE) {
+    const struct fe_api_prompt *p = &j->req->prompts[0];
+    j->rc = tk_decode(j->tok, p->ids, p->n_ids, 0, &j->text, &j->text_len, &j->text_cap);
+    return;
+  }
+  struct tk_state *st = NULL;
+  if ((j->rc = tk_state_acquire(j->tok, &st)) != 0) return;
+  for (size_t pi = 0; pi < j->n_prompts && !j->rc; pi++)
+    j->rc = job_prompt(j, st, pi);
+  tk_state_release(j->tok, st);
+}
+
+static void job_free(struct tok_job *j) {
+  for (size_t i = 0; j->ids && i < j->n_prompts; i++)
+    free(j->ids[i]);
+  free(j->ids);
+  free(j->n_ids);
+  free(j->cap_ids);
+  free(j->text);
+  if (j->req) {
+    fe_api_request_free(j->req);
+    free(j->req);
+  }
+  free(j);
+}
+
+static void job_on_client_abort(void *ud) {
+  struct tok_job *j = ud;
+  j->gone = 1;
+}
+
+/* ---- back on the loop ------------------------------------------------------- */
+
+/* POST /tokenize and /detokenize, with the job's result. */
+static void answer_tokens(struct fe_engine *e, struct fe_conn *c, struct tok_job *j) {
+  const struct fe_api_request *req = j->req;
   struct fe_buf *b = &e->out;
   fe_buf_reset(b);
-  if (req->kind == FE_API_TOKENIZE) {
-    int rc =
-        req->n_messages || req->n_prompts ? prompt_ids(e, req, 0, err, sizeof(err)) : CM_ERR_INVAL;
-    if (rc) {
-      answer_error(e, c, rc == CM_ERR_NOMEM ? 500 : 400, err[0] ? err : cm_strerror(rc), NULL);
-      return;
-    }
-    fe_api_write_tokenize(b, e->ids, e->n_ids, fe_engine_max_model_len(e));
-  } else {
-    const struct fe_api_prompt *p = req->n_prompts ? &req->prompts[0] : NULL;
-    size_t len = 0;
-    int rc =
-        p ? tk_decode(e->tok, p->ids, p->n_ids, 0, &e->dec, &len, &e->dec_cap) : CM_ERR_INVAL;
-    if (rc) {
-      answer_error(e, c, rc == CM_ERR_NOMEM ? 500 : 400,
-                   rc == CM_ERR_RANGE ? "a token id is outside the vocabulary"
-                                      : "'tokens' must be a list of token ids",
+  if (j->rc) {
+    if (req->kind == FE_API_TOKENIZE)
+      answer_error(e, c, j->rc == CM_ERR_NOMEM ? 500 : 400, j->err[0] ? j->err : cm_strerror(j->rc),
+                   NULL);
+    else
+      answer_error(e, c, j->rc == CM_ERR_NOMEM ? 500 : 400,
+                   j->rc == CM_ERR_RANGE ? "a token id is outside the vocabulary"
+                                         : "'tokens' must be a list of token ids",
                    "tokens");
-      return;
-    }
-    fe_api_write_detokenize(b, e->dec, len);
+    return;
   }
+  if (req->kind == FE_API_TOKENIZE)
+    fe_api_write_tokenize(b, j->ids[0], j->n_ids[0], fe_engine_max_model_len(e));
+  else
+    fe_api_write_detokenize(b, j->text ? j->text : "", j->text_len);
   if (b->err) {
     answer_error(e, c, 500, "response too large", NULL);
     return;
   }
   fe_conn_respond(c, 200, "application/json", NULL, b->data, b->len);
+}
+
+static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_job *j);
+
+static void job_done(uv_work_t *w, int status) {
+  struct tok_job *j = w->data;
+  struct fe_engine *e = j->e;
+  struct fe_conn *c = j->c;
+  (void)status; /* jobs are never cancelled */
+  fe_conn_set_abort_cb(c, NULL, NULL);
+  if (j->gone || fe_conn_closed(c)) /* nobody to answer: this releases the connection */
+    fe_conn_respond_error(c, 400, "the client went away", NULL);
+  else if (j->req->kind == FE_API_TOKENIZE || j->req->kind == FE_API_DETOKENIZE)
+    answer_tokens(e, c, j);
+  else
+    submit_tokenized(e, c, j);
+  job_free(j);
+}
+
+/* ---- before the pool: what can be refused at once -------------------------- */
+
+/* Every id a request names must be one the model has: prompt ids and the
+ * ids of stop_token_ids, logit_bias and allowed_token_ids below n_vocab
+ * (/detokenize: the tokenizer's ids). A 400 naming the field otherwise;
+ * then the fields this server does not implement. */
+static int check_ids(struct fe_engine *e, const struct fe_api_request *q, char *err, size_t errlen,
+                     const char **param) {
+  const struct {
+    const char *name;
+    const int32_t *ids;
+    size_t n;
+  } fields[] = {
+      {"stop_token_ids", q->stop_token_ids, q->n_stop_token_ids},
+      {"logit_bias", q->logit_bias_ids, q->n_logit_bias},
+      {"allowed_token_ids", q->allowed_token_ids, q->n_allowed_token_ids},
+  };
+  int32_t nv = q->kind == FE_API_DETOKENIZE ? tk_n_vocab(e->tok) : e->n_vocab;
+  for (size_t pi = 0; pi < q->n_prompts; pi++) {
+    const struct fe_api_prompt *p = &q->prompts[pi];
+    for (size_t i = 0; p->ids && i < p->n_ids; i++) {
+      if (p->ids[i] >= 0 && p->ids[i] < nv) continue;
+      *param = q->kind == FE_API_DETOKENIZE ? "tokens" : "prompt";
+      return cm_fail(err, errlen, CM_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)",
+                     (int)p->ids[i], (int)nv - 1);
+    }
+  }
+  for (size_t f = 0; f < sizeof(fields) / sizeof(fields[0]); f++) {
+    for (size_t i = 0; i < fields[f].n; i++) {
+      if (fields[f].ids[i] >= 0 && fields[f].ids[i] < nv) continue;
+      *param = fields[f].name;
+      return cm_fail(err, errlen, CM_ERR_RANGE,
+                     "'%s': token id %d is outside the vocabulary (0..%d)", fields[f].name,
+                     (int)fields[f].ids[i], (int)nv - 1);
+    }
+  }
+  for (size_t f = 1; f < sizeof(fields) / sizeof(fields[0]); f++) {
+    if (!fields[f].n) continue;
+    *param = fields[f].name;
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "'%s' is not supported", fields[f].name);
+  }
+  return 0;
 }
 
 static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_sampling *s) {
@@ -192,37 +302,92 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   return fe_eng_map_put(e, ch);
 }
 
+/* Checks what needs no tokens, then hands the request to the thread pool;
+ * submit_tokenized goes on once its prompts are tokens. */
 int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why) {
   struct fe_engine *e = ud;
-  if (req->kind == FE_API_TOKENIZE || req->kind == FE_API_DETOKENIZE) {
-    answer_tokens(e, c, req);
-    fe_api_request_free(req);
-    free(req);
-    return 0;
-  }
-  if (!fe_engine_ready(e)) {
+  int gen = req->kind == FE_API_COMPLETION || req->kind == FE_API_CHAT;
+  if (gen && !fe_engine_ready(e)) {
     *why = "engine not ready";
     return CM_ERR_AGAIN;
   }
+  char err[320] = "";
+  const char *param = NULL;
   size_t n_prompts = req->kind == FE_API_CHAT ? 1 : req->n_prompts;
-  if (n_prompts == 0 || n_prompts * (size_t)req->n > FE_API_MAX_N) {
-    char msg[160];
-    snprintf(msg, sizeof(msg), "n times the number of prompts must be 1..%d, not %zu", FE_API_MAX_N,
+  if (req->kind == FE_API_TOKENIZE) n_prompts = 1;
+  if (gen && (n_prompts == 0 || n_prompts * (size_t)req->n > FE_API_MAX_N)) {
+    param = "n";
+    snprintf(err, sizeof(err), "n times the number of prompts must be 1..%d, not %zu", FE_API_MAX_N,
              n_prompts * (size_t)req->n);
-    answer_error(e, c, 400, msg, "n");
+  } else if (req->kind == FE_API_TOKENIZE && !req->n_messages && !req->n_prompts) {
+    snprintf(err, sizeof(err), "'prompt' (a string) or 'messages' is required");
+  } else if (req->kind == FE_API_DETOKENIZE && !req->n_prompts) {
+    param = "tokens";
+    snprintf(err, sizeof(err), "'tokens' must be a list of token ids");
+  } else {
+    check_ids(e, req, err, sizeof(err), &param);
+  }
+  if (err[0]) {
+    answer_error(e, c, 400, err, param);
     fe_api_request_free(req);
     free(req);
     return 0;
   }
+  struct tok_job *j = calloc(1, sizeof(*j));
+  if (j) {
+    j->n_prompts = n_prompts;
+    j->ids = calloc(n_prompts ? n_prompts : 1, sizeof(*j->ids));
+    j->n_ids = calloc(n_prompts ? n_prompts : 1, sizeof(*j->n_ids));
+    j->cap_ids = calloc(n_prompts ? n_prompts : 1, sizeof(*j->cap_ids));
+  }
+  if (!j || !j->ids || !j->n_ids || !j->cap_ids) {
+    if (j) job_free(j); /* req is not the job's yet */
+    *why = "out of memory";
+    return CM_ERR_NOMEM;
+  }
+  j->e = e;
+  j->c = c;
+  j->tok = e->tok;
+  j->chat = e->chat;
+  j->req = req; /* the job's from here on */
+  j->work.data = j;
+  int rc = uv_queue_work(e->loop, &j->work, job_run, job_done);
+  if (rc != 0) {
+    cm_error(TAG, "cannot queue tokenization: %s", uv_strerror(rc));
+    j->req = NULL; /* the router frees it */
+    job_free(j);
+    *why = "cannot queue the request";
+    return CM_ERR_IO;
+  }
+  fe_conn_set_abort_cb(c, job_on_client_abort, j);
+  return 0;
+}
+
+/* Completions and chat once their prompts are tokens: the length checks,
+ * then one ADD per choice. Takes the request over from the job. */
+static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_job *j) {
+  struct fe_api_request *req = j->req;
+  if (j->rc) {
+    const char *msg = j->err[0] ? j->err : cm_strerror(j->rc);
+    answer_error(e, c, j->rc == CM_ERR_NOMEM ? 500 : 400, msg,
+                 req->kind == FE_API_CHAT ? "messages" : "prompt");
+    return;
+  }
+  if (!fe_engine_ready(e)) { /* it went away while the prompt was tokenized */
+    answer_error(e, c, 503, "engine not ready", NULL);
+    return;
+  }
+  size_t n_prompts = j->n_prompts;
   struct fe_eng_req *r = calloc(1, sizeof(*r));
   int n_ch = (int)n_prompts * req->n;
   if (!r || !(r->ch = calloc((size_t)n_ch, sizeof(*r->ch))) ||
       !(r->n_prompt = calloc(n_prompts, sizeof(*r->n_prompt)))) {
     if (r) free(r->ch);
     free(r);
-    *why = "out of memory";
-    return CM_ERR_NOMEM;
+    answer_error(e, c, 503, "out of memory", NULL);
+    return;
   }
+  j->req = NULL; /* r's from here on */
   r->e = e;
   r->conn = c;
   r->api = req;
@@ -249,14 +414,9 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   const char *param = NULL;
   int64_t mml = fe_engine_max_model_len(e);
   for (size_t pi = 0; pi < n_prompts && !status; pi++) {
-    int rc = prompt_ids(e, req, pi, err, sizeof(err));
-    if (rc) {
-      status = rc == CM_ERR_NOMEM ? 500 : 400;
-      param = req->kind == FE_API_CHAT ? "messages" : "prompt";
-      if (!err[0]) snprintf(err, sizeof(err), "%s", cm_strerror(rc));
-      break;
-    }
-    if (e->n_ids == 0) {
+    const int32_t *ids = j->ids[pi];
+    size_t n_ids = j->n_ids[pi];
+    if (n_ids == 0) {
       status = 400;
       param = "prompt";
       snprintf(err, sizeof(err), "the prompt is empty (no tokens)");
@@ -264,7 +424,7 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
     }
     int64_t mt = 0;
     if (mml > 0) {
-      if (fe_api_check_prompt_len(req, (int64_t)e->n_ids, mml, &mt, &aerr) != 0) {
+      if (fe_api_check_prompt_len(req, (int64_t)n_ids, mml, &mt, &aerr) != 0) {
         status = aerr.status ? aerr.status : 400;
         snprintf(err, sizeof(err), "%s", aerr.message);
         param = aerr.param;
@@ -274,16 +434,16 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
       mt = req->max_tokens > 0 ? req->max_tokens : 16;
     }
     if (mt > UINT32_MAX) mt = UINT32_MAX;
-    r->n_prompt[pi] = (int64_t)e->n_ids;
-    r->prompt_total += (int64_t)e->n_ids;
+    r->n_prompt[pi] = (int64_t)n_ids;
+    r->prompt_total += (int64_t)n_ids;
     uint32_t n_stop = 0;
     if (stop_ids(e, req, &n_stop)) {
       status = 500;
       snprintf(err, sizeof(err), "out of memory");
       break;
     }
-    for (int j = 0; j < req->n && !status; j++) {
-      int k = (int)pi * req->n + j;
+    for (int k_ = 0; k_ < req->n && !status; k_++) {
+      int k = (int)pi * req->n + k_;
       if (choice_init(e, r, k, (int)pi) != 0) {
         status = 500;
         snprintf(err, sizeof(err), "out of memory");
@@ -293,8 +453,8 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
       pr_msg_init(&m, PR_ADD);
       struct pr_add *a = &m.u.add;
       a->request_id = r->ch[k].id;
-      a->prompt.v = (const uint32_t *)e->ids;
-      a->prompt.n = (uint32_t)e->n_ids;
+      a->prompt.v = (const uint32_t *)ids;
+      a->prompt.n = (uint32_t)n_ids;
       fill_sampling(req, k, &a->sampling);
       a->max_tokens = (uint32_t)mt;
       a->min_tokens = (uint32_t)(req->min_tokens < mt ? req->min_tokens : mt);
@@ -317,7 +477,6 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
     fe_eng_req_fail(r, status, err[0] ? err : "request failed", param && *param ? param : NULL);
   e->pumping = was_pumping;
   if (!was_pumping) fe_eng_pump(e);
-  return 0;
 }
 
 void fe_eng_req_unmap(struct fe_eng_req *r) {

@@ -14,6 +14,7 @@ struct fe_metric {
   char name[96];
   char help[160];
   double value; /* counter/gauge value; histogram sum */
+  double early; /* counters: the sum fe_metrics_inc_early adds to */
   size_t n_bounds;
   double bounds[FE_METRIC_MAX_BUCKETS];     /* finite upper bounds, increasing */
   double counts[FE_METRIC_MAX_BUCKETS + 1]; /* per bucket (not cumulative); last is +Inf */
@@ -114,6 +115,17 @@ void fe_metrics_inc(struct fe_metrics *m, int id, double v) {
   if (v > 0) get(m, id, FE_METRIC_COUNTER)->value += v;
 }
 
+void fe_metrics_inc_early(struct fe_metrics *m, int id, double v) {
+  struct fe_metric *x = get(m, id, FE_METRIC_COUNTER);
+  CM_ASSERT(!x->label[0]);
+  if (v > 0) x->early += v;
+}
+
+/* What a counter shows: the larger of its two sums (see fe-http-metrics.h). */
+static double shown(const struct fe_metric *x) {
+  return x->kind == FE_METRIC_COUNTER && x->early > x->value ? x->early : x->value;
+}
+
 void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v) {
   struct fe_metric *x = get(m, id, FE_METRIC_COUNTER);
   CM_ASSERT(x->label[0]);
@@ -145,7 +157,7 @@ void fe_metrics_observe(struct fe_metrics *m, int id, double v) {
 
 double fe_metrics_value(const struct fe_metrics *m, int id) {
   CM_ASSERT(id >= 0 && (size_t)id < m->n);
-  return m->m[id].value;
+  return shown(&m->m[id]);
 }
 
 double fe_metrics_count(const struct fe_metrics *m, int id) {
@@ -192,7 +204,7 @@ int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *b) {
       continue;
     }
     if (x->kind != FE_METRIC_HISTOGRAM) {
-      put_sample(b, x->name, "", m->label, "", x->value);
+      put_sample(b, x->name, "", m->label, "", shown(x));
       continue;
     }
     double cum = 0;

@@ -292,6 +292,10 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
           return ck_fail(d, "chunk size too large", CM_ERR_TOOBIG);
         d->remaining = d->remaining << 4 | (uint64_t)h;
         d->saw_digit = 1;
+        /* more digits only make it larger: a chunk that cannot fit under
+         * the limit is refused now, not after its bytes were waited for */
+        if (d->remaining > (uint64_t)(out_cap - w))
+          return ck_fail(d, "chunk size exceeds the body size limit", CM_ERR_TOOBIG);
       } else if (!d->saw_digit) {
         return ck_fail(d, "invalid chunk size", CM_ERR_PARSE);
       } else if (c == ';' || c == ' ' || c == '\t') {

@@ -87,7 +87,9 @@ void fe_http_chunked_init(struct fe_http_chunked *d);
  * Returns the number of input bytes consumed (stopping right after the
  * final CRLF once d->done is set, so what follows is the next request), or
  * CM_ERR_PARSE for a malformed body, CM_ERR_TOOBIG when the data would pass
- * out_cap or a size line or the trailers pass their limits. */
+ * out_cap or a size line or the trailers pass their limits. A chunk whose
+ * declared size passes out_cap is refused while its size line is read, as
+ * soon as the digits say so: the caller never waits for its data. */
 int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t n, char *out,
                                size_t out_cap, size_t *out_len);
 

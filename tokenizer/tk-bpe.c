@@ -327,3 +327,53 @@ void tk_state_free(struct tk_state *st) {
   free(st->cache_ids);
   free(st);
 }
+
+/* ---- the shared pool of states ------------------------------------------ */
+
+int tk_state_pool_init(struct tk_tokenizer *tok) {
+  tok->pool = calloc(1, sizeof *tok->pool);
+  if (!tok->pool) return CM_ERR_NOMEM;
+  if (pthread_mutex_init(&tok->pool->mu, NULL) != 0) {
+    free(tok->pool);
+    tok->pool = NULL;
+    return CM_ERR_NOMEM;
+  }
+  return 0;
+}
+
+void tk_state_pool_free(struct tk_tokenizer *tok) {
+  if (!tok->pool) return;
+  for (int i = 0; i < tok->pool->n_idle; i++)
+    tk_state_free(tok->pool->idle[i]);
+  pthread_mutex_destroy(&tok->pool->mu);
+  free(tok->pool);
+  tok->pool = NULL;
+}
+
+int tk_state_acquire(const struct tk_tokenizer *tok, struct tk_state **out) {
+  struct tk_state_pool *p = tok->pool;
+  struct tk_state *st = NULL;
+  if (p) {
+    pthread_mutex_lock(&p->mu);
+    if (p->n_idle) st = p->idle[--p->n_idle];
+    pthread_mutex_unlock(&p->mu);
+  }
+  if (st) {
+    *out = st;
+    return 0;
+  }
+  return tk_state_create(tok, out);
+}
+
+void tk_state_release(const struct tk_tokenizer *tok, struct tk_state *st) {
+  struct tk_state_pool *p = tok->pool;
+  if (!st) return;
+  if (p) {
+    pthread_mutex_lock(&p->mu);
+    int kept = p->n_idle < TK_STATE_POOL_MAX;
+    if (kept) p->idle[p->n_idle++] = st;
+    pthread_mutex_unlock(&p->mu);
+    if (kept) return;
+  }
+  tk_state_free(st);
+}

@@ -3,6 +3,7 @@
  * tk-tokenizer.c (the encode / decode pipeline). Not part of the public API. */
 #ifndef LMSERVE_TK_IMPL_H
 #define LMSERVE_TK_IMPL_H
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -104,7 +105,22 @@ struct tk_tokenizer {
   int has_decoder;       /* 0: decode joins token strings with " " (HF's default) */
 
   int32_t bos, eos, pad; /* -1 none */
+
+  /* states tk_state_acquire hands out; the pool is the one part of a loaded
+   * tokenizer that changes, behind its own lock */
+  struct tk_state_pool *pool;
 };
+
+#define TK_STATE_POOL_MAX 16 /* idle states kept */
+
+struct tk_state_pool {
+  pthread_mutex_t mu;
+  struct tk_state *idle[TK_STATE_POOL_MAX];
+  int n_idle;
+};
+
+int tk_state_pool_init(struct tk_tokenizer *tok);
+void tk_state_pool_free(struct tk_tokenizer *tok);
 
 /* One cached word: its ids live in the state's cache pool. */
 struct tk_cache_ent {

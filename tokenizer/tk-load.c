@@ -469,6 +469,7 @@ static json_t *ld_model_scalars(struct tk_ld *l, struct span rest, struct span v
 
 void tk_free(struct tk_tokenizer *tok) {
   if (!tok) return;
+  tk_state_pool_free(tok);
   free(tok->blob);
   free(tok->tok_off);
   free(tok->tok_len);
@@ -503,6 +504,7 @@ int tk_load(const char *path, struct tk_tokenizer **out, char *errbuf, size_t er
   if (!l.tok) return CM_ERR_NOMEM;
   struct tk_tokenizer *tok = l.tok;
   memset(tok->trie_root, 0xff, sizeof tok->trie_root);
+  if ((rc = tk_state_pool_init(tok))) goto fail;
   if ((rc = ld_read_file(&l, path, &buf, &len))) goto fail;
   if ((rc = ld_scan(&l, buf, len, sec, &vocab, &merges, &rest))) goto fail;
   if (!rest.n) {

@@ -21,7 +21,8 @@
  *
  * Thread safety: a loaded tokenizer is immutable except for its word cache;
  * use one tk_state per thread (encode takes one) or NULL for a private,
- * cache-less call. */
+ * cache-less call. Threads that come and go (a thread pool) borrow states
+ * from the tokenizer's own pool: tk_state_acquire / tk_state_release. */
 #ifndef LMSERVE_TK_TOKENIZER_H
 #define LMSERVE_TK_TOKENIZER_H
 #include <stddef.h>
@@ -58,6 +59,13 @@ const char *tk_token_str(const struct tk_tokenizer *tok, int32_t id, size_t *len
 /* Per-thread state: scratch buffers and a word cache (bounded). */
 int tk_state_create(const struct tk_tokenizer *tok, struct tk_state **out);
 void tk_state_free(struct tk_state *st);
+
+/* States shared by callers on several threads (thread-safe): acquire hands
+ * out an idle state of the tokenizer's pool, or a new one, for the caller's
+ * use alone; release gives it back (the pool keeps a few, frees the rest).
+ * Every acquired state must be released before tk_free. */
+int tk_state_acquire(const struct tk_tokenizer *tok, struct tk_state **out);
+void tk_state_release(const struct tk_tokenizer *tok, struct tk_state *st);
 
 enum {
   TK_ADD_SPECIAL = 1 << 0,   /* run the post-processor (BOS) */

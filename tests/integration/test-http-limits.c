@@ -234,6 +234,73 @@ TH_TEST(http_random_damage) {
   hc_server_stop(&s);
 }
 
+/* Chunked bodies whose size lines announce more than --max-body-size 4096
+ * allows (one chunk too big, a chunk that passes the limit after others,
+ * sizes that overflow 64 bits, digits with no line end yet, leading zeros,
+ * a size line longer than its limit): each is a 413 as soon as the size
+ * line says so. The body timeout is 30 s and no data follows the size
+ * line, so an answer within a few seconds shows nothing was waited for. */
+TH_TEST(http_chunk_size_over_limit) {
+  th_proc_init(90);
+  struct server s;
+  hc_server_start_with(&s, NULL, "30", NULL);
+  static const char head[] =
+      "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  char zeros[4200];
+  memset(zeros, '0', sizeof(zeros) - 8);
+  memcpy(zeros + sizeof(zeros) - 8, "1001\r\n", 7);
+  zeros[sizeof(zeros) - 1] = 0;
+  char *longline = malloc(6000);
+  TH_REQUIRE(longline);
+  memset(longline, '0', 5999);
+  longline[5999] = 0;
+  const char *const cases[] = {
+      "1001\r\n",                             /* 4097 bytes in one chunk */
+      "10\r\n0123456789abcdef\r\nff1\r\n",    /* 16 + 4081 */
+      "ffffffffffffffffffffffffffff\r\n",     /* overflows 64 bits */
+      "7fffffffffffffff;x=y\r\n",             /* fits 64 bits, not the limit */
+      "100000",                               /* no line end yet */
+      zeros + sizeof(zeros) - 8 - 4000,       /* 4000 leading zeros, then 4097 */
+      longline,                               /* a size line past its limit */
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct conn c;
+    TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
+    double t0 = hc_now_s();
+    TH_REQUIRE(hc_send_str(&c, head) == 0);
+    hc_send_all(&c, cases[i], strlen(cases[i]));
+    struct resp r;
+    int rc = hc_read_resp(&c, &r, 5000);
+    double dt = hc_now_s() - t0;
+    if (rc != 0 || r.status != 413)
+      th_fail(__FILE__, __LINE__, "case %zu: rc %d status %d after %.2f s", i, rc,
+              rc ? -1 : r.status, dt);
+    else
+      TH_CHECK(strstr(r.body, "\"error\"") != NULL);
+    TH_CHECK(dt < 5.0);
+    TH_CHECK(hc_closed_by_server(&c, 6000));
+    hc_conn_close(&c);
+  }
+  free(longline);
+  /* the limit itself is still accepted: 16 + 4080 bytes, then the end */
+  struct conn c;
+  TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
+  TH_REQUIRE(hc_send_str(&c, head) == 0);
+  TH_REQUIRE(hc_send_str(&c, "10\r\n{\"prompt\":\"hi\"  \r\nff0\r\n") == 0);
+  char *pad = malloc(4080 + 16);
+  TH_REQUIRE(pad);
+  memset(pad, ' ', 4079);
+  memcpy(pad + 4079, "}\r\n0\r\n\r\n", 8);
+  TH_REQUIRE(hc_send_all(&c, pad, 4079 + 8) == 0);
+  free(pad);
+  struct resp r;
+  TH_REQUIRE(hc_read_resp(&c, &r, 5000) == 0);
+  TH_CHECK_EQ_INT(r.status, 503); /* parsed and valid; no engine behind this frontend */
+  hc_conn_close(&c);
+  hc_check_alive(&s);
+  hc_server_stop(&s);
+}
+
 /* Past --max-connections a new connection gets 503 and is closed; once one
  * closes, a new one is served again. */
 TH_TEST(http_max_connections) {

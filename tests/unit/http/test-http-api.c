@@ -27,6 +27,13 @@ static const struct bad_case bad[] = {
     {C, "", 400, ""},
     {C, "{", 400, ""},
     {C, "{\"prompt\":\"a\",}", 400, ""},
+    {C, "{\"prompt\":\"a\"", 400, ""},
+    {C, "{\"prompt\":1e999", 400, "prompt"},
+    {C, "{\"prompt\":\"a\" \"b\"}", 400, ""},
+    {C, "{prompt:\"a\"}", 400, ""},
+    {C, "{\"prompt\":\"a\x01b\"}", 400, "prompt"},
+    {C, "{\"prompt\":\"a\\qb\"}", 400, "prompt"},
+    {C, "{\"prompt\":\"a\xff\"}", 400, "prompt"},
     {C, "[1,2]", 400, ""},
     {C, "\"str\"", 400, ""},
     {C, PROMPT_A "\"prompt\":\"b\"}", 400, ""},
@@ -83,7 +90,49 @@ static const struct bad_case bad[] = {
     {C, PROMPT_A "\"skip_special_tokens\":\"no\"}", 400, "skip_special_tokens"},
     {C, PROMPT_A "\"user\":5}", 400, "user"},
     {C, PROMPT_A "\"suffix\":\"x\"}", 400, "suffix"},
-    {C, PROMPT_A "\"logit_bias\":{\"1\":5}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":[1]}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"x\":5}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"\":5}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"-1\":5}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"2147483648\":5}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"1000000000000000000000000000000\":5}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"1\":101}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"1\":\"5\"}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"logit_bias\":{\"1\":1e999}}", 400, "logit_bias"},
+    {C, PROMPT_A "\"allowed_token_ids\":[1,-1]}", 400, "allowed_token_ids"},
+    {C, PROMPT_A "\"allowed_token_ids\":5}", 400, "allowed_token_ids"},
+    {C, PROMPT_A "\"stop_token_ids\":[1,3000000000]}", 400, "stop_token_ids"},
+    {C, PROMPT_A "\"stop_token_ids\":[1,99999999999999999999999]}", 400, "stop_token_ids"},
+    /* numbers Jansson cannot hold, and values that are not JSON: named */
+    {C, PROMPT_A "\"seed\":18446744073709551616}", 400, "seed"},
+    {C, PROMPT_A "\"seed\":9223372036854775808}", 400, "seed"},
+    {C, PROMPT_A "\"seed\":-9223372036854775809}", 400, "seed"},
+    {C, PROMPT_A "\"seed\":1e30}", 400, "seed"},
+    {C, PROMPT_A "\"max_tokens\":1e999}", 400, "max_tokens"},
+    {C, PROMPT_A "\"max_tokens\":-1e999}", 400, "max_tokens"},
+    {C, PROMPT_A "\"max_tokens\":1e10}", 400, "max_tokens"},
+    {C, PROMPT_A "\"max_tokens\":4294967297}", 400, "max_tokens"},
+    {C, PROMPT_A "\"temperature\":1e999}", 400, "temperature"},
+    {C, PROMPT_A "\"temperature\":1e308}", 400, "temperature"},
+    {C, PROMPT_A "\"temperature\":NaN}", 400, "temperature"},
+    {C, PROMPT_A "\"temperature\":nan}", 400, "temperature"},
+    {C, PROMPT_A "\"top_p\":Infinity}", 400, "top_p"},
+    {C, PROMPT_A "\"top_p\":-Infinity}", 400, "top_p"},
+    {C, PROMPT_A "\"top_p\":+1}", 400, "top_p"},
+    {C, PROMPT_A "\"top_p\":.5}", 400, "top_p"},
+    {C, PROMPT_A "\"top_p\":01}", 400, "top_p"},
+    {C, PROMPT_A "\"top_k\":-5}", 400, "top_k"},
+    {C, PROMPT_A "\"min_tokens\":-1}", 400, "min_tokens"},
+    {C, PROMPT_A "\"n\":-1}", 400, "n"},
+    {C, PROMPT_A "\"n\":1e999}", 400, "n"},
+    {C, PROMPT_A "\"priority\":2147483648}", 400, "priority"},
+    {C, PROMPT_A "\"logprobs\":-1}", 400, "logprobs"},
+    {C, "{\"prompt\":[1,2,1e999]}", 400, "prompt"},
+    {C, "{\"prompt\":[[1,2],[3,99999999999999999999]]}", 400, "prompt"},
+    {C, "{\"prompt\":[[1,2],[3,-4]]}", 400, "prompt"},
+    {C, "{\"prompt\":[[1,2],[3,2147483648]]}", 400, "prompt"},
+    {C, PROMPT_A "\"stream\":true,\"stream_options\":{\"include_usage\":tru}}", 400,
+     "stream_options.include_usage"},
     {C, PROMPT_A "\"max_tokens\":5,\"min_tokens\":6}", 400, "min_tokens"},
     {C, "{\"prompt\":[1,2,3],\"max_tokens\":98}", 400, "max_tokens"},
     {C,
@@ -111,6 +160,13 @@ static const struct bad_case bad[] = {
     {H, CHAT_A "\"top_logprobs\":3}", 400, "top_logprobs"},
     {H, CHAT_A "\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"},
     {H, CHAT_A "\"max_completion_tokens\":-5}", 400, "max_completion_tokens"},
+    {H, CHAT_A "\"max_completion_tokens\":123456789012345678901234567890}", 400,
+     "max_completion_tokens"},
+    {H, CHAT_A "\"top_logprobs\":1e400}", 400, "top_logprobs"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":"
+     "[{\"type\":\"text\",\"text\":-1e999}]}]}",
+     400, "messages[1].content[0].text"},
     {H, CHAT_A "\"tools\":[{\"type\":\"function\"}]}", 400, "tools"},
     {H, CHAT_A "\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
     {H, CHAT_A "\"model\":\"nope\"}", 404, "model"},
@@ -118,6 +174,9 @@ static const struct bad_case bad[] = {
     {FE_API_TOKENIZE, PROMPT_A "\"add_special_tokens\":\"no\"}", 400, "add_special_tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":\"abc\"}", 400, "tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":[1,-1]}", 400, "tokens"},
+    {FE_API_DETOKENIZE, "{\"tokens\":[1,2147483648]}", 400, "tokens"},
+    {FE_API_DETOKENIZE, "{\"tokens\":[1,1e999]}", 400, "tokens"},
+    {FE_API_DETOKENIZE, "{\"tokens\":[1,18446744073709551616]}", 400, "tokens"},
 };
 
 /* Parses body as kind into r; a refusal fails the test with the parser's reason. */
@@ -203,6 +262,20 @@ TH_TEST(api_completion_good) {
   TH_CHECK(r.stream && r.include_usage && r.ignore_eos);
   TH_CHECK_EQ_INT(r.n, 1);
   TH_CHECK(r.skip_special_tokens == 0 && r.include_stop_str_in_output == 1 && r.priority == -3);
+  fe_api_request_free(&r);
+
+  /* id-taking fields the serving path checks against the vocabulary (and
+   * refuses when it does not implement them); the extremes that still fit */
+  const char *ids = "{\"prompt\":\"a\",\"logit_bias\":{\"7\":-100,\"2147483647\":100},"
+                    "\"allowed_token_ids\":[0,3],\"seed\":9223372036854775807,"
+                    "\"temperature\":1e-999}";
+  parse_ok(FE_API_COMPLETION, ids, &r);
+  TH_CHECK_EQ_INT(r.n_logit_bias, 2);
+  TH_CHECK(r.logit_bias_ids[0] == 7 && r.logit_bias[0] == -100.0f);
+  TH_CHECK(r.logit_bias_ids[1] == INT32_MAX && r.logit_bias[1] == 100.0f);
+  TH_CHECK(r.n_allowed_token_ids == 2 && r.allowed_token_ids[1] == 3);
+  TH_CHECK(r.has_seed && r.seed == INT64_MAX);
+  TH_CHECK_NEAR(r.temperature, 0, 0);
   fe_api_request_free(&r);
 
   /* defaults; the model may be omitted; token-id prompts */

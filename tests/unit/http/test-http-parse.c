@@ -307,6 +307,30 @@ TH_TEST(http_chunked_limits) {
   fe_http_chunked_init(&d);
   TH_CHECK_EQ_INT(fe_http_chunked_decode(&d, big, n, out, sizeof(out), &got), CM_ERR_TOOBIG);
   free(big);
+  /* a declared size past the room left is refused on its size line, before
+   * any of its data (and before the line ends) */
+  fe_http_chunked_init(&d);
+  TH_CHECK_EQ_INT(fe_http_chunked_decode(&d, "10", 2, out, sizeof(out), &got), CM_ERR_TOOBIG);
+  TH_CHECK(got == 0 && d.error && strstr(d.error, "limit"));
+  fe_http_chunked_init(&d);
+  s = "4\r\nabcd\r\n";
+  TH_CHECK_EQ_INT(fe_http_chunked_decode(&d, s, strlen(s), out, sizeof(out), &got),
+                  (int64_t)strlen(s));
+  TH_CHECK_EQ_INT(got, 4);
+  TH_CHECK_EQ_INT(fe_http_chunked_decode(&d, "5\r\n", 3, out + 4, sizeof(out) - 4, &got),
+                  CM_ERR_TOOBIG);
+  fe_http_chunked_init(&d); /* exactly the room left is fine */
+  s = "8\r\n";
+  TH_CHECK_EQ_INT(fe_http_chunked_decode(&d, s, strlen(s), out, sizeof(out), &got), 3);
+  /* sizes that overflow 64 bits, with and without leading zeros */
+  static const char *const huge[] = {"ffffffffffffffffffffffff\r\n",
+                                     "00000000000000000000010000000000000000000\r\n",
+                                     "7fffffffffffffff;ext\r\n"};
+  for (size_t i = 0; i < CM_ARRAY_LEN(huge); i++) {
+    fe_http_chunked_init(&d);
+    TH_CHECK_EQ_INT(fe_http_chunked_decode(&d, huge[i], strlen(huge[i]), out, sizeof(out), &got),
+                    CM_ERR_TOOBIG);
+  }
   /* in place: output aliases input */
   char buf[] = "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
   fe_http_chunked_init(&d);

@@ -249,6 +249,34 @@ TH_TEST(metrics_registry) {
   fe_metrics_destroy(m);
 }
 
+/* A counter fed early (per request) and late (engine totals) shows the
+ * larger sum: an early count shows at once, the late one catching up adds
+ * nothing, and what only the late source saw shows once it reports. */
+TH_TEST(metrics_two_sources) {
+  struct fe_metrics *m;
+  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
+  struct fe_metric_ids ids;
+  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  int q = ids.prefix_cache_queries;
+  fe_metrics_inc_early(m, q, 300); /* a request's first output */
+  TH_CHECK_NEAR(fe_metrics_value(m, q), 300, 0);
+  fe_metrics_inc(m, q, 300); /* the engine's totals report the same request */
+  TH_CHECK_NEAR(fe_metrics_value(m, q), 300, 0);
+  fe_metrics_inc(m, q, 50); /* one that never produced output */
+  TH_CHECK_NEAR(fe_metrics_value(m, q), 350, 0);
+  fe_metrics_inc_early(m, q, -4); /* ignored */
+  fe_metrics_inc_early(m, q, 20);
+  TH_CHECK_NEAR(fe_metrics_value(m, q), 350, 0);
+  fe_metrics_inc_early(m, q, 40);
+  TH_CHECK_NEAR(fe_metrics_value(m, q), 360, 0);
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  TH_CHECK(strstr(b.data, "lmserve:prefix_cache_queries_total{model_name=\"g\"} 360.0\n"));
+  fe_buf_free(&b);
+  fe_metrics_destroy(m);
+}
+
 /* The per-position counter: series appear as positions are counted. */
 TH_TEST(metrics_indexed_counter) {
   struct fe_metrics *m;
