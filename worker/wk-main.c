@@ -5,14 +5,14 @@
  *
  * Heartbeats: a forward pass can take longer than the scheduler's heartbeat
  * period, and the step cannot be interrupted between layers, so a second
- * thread sends BEAT once a second. Both threads use the one DEALER socket
+ * thread sends BEAT every --heartbeat-interval (1 s). Both threads use the one DEALER socket
  * (the scheduler knows a rank by its routing id, so a second socket would be
  * a stranger to it); a mutex serialises every call on it, which also gives
  * ZeroMQ the memory barrier it asks for when a socket changes threads. The
  * main thread holds the mutex only while it polls (at most 100 ms) or
  * sends, never during a step. Mutexes are not fair, so a beat thread that
  * waits for the lock while the main thread polls in a loop could starve:
- * instead, whoever holds the socket sends the BEAT once a second is due
+ * instead, whoever holds the socket sends the BEAT once one is due
  * (the main thread after each poll while idle, the beat thread while a
  * step runs), and both read the time of the last one from last_beat_ns.
  *
@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "common/cm-args.h"
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
@@ -37,8 +38,7 @@
 #include "worker/wk-role.h"
 
 #define TAG           "worker"
-#define BEAT_MS       1000 /* heartbeat period */
-#define BEAT_CHECK_MS 100  /* how often the beat thread looks at the clock */
+#define BEAT_CHECK_MS 100  /* how often the beat thread looks at the clock, at most */
 #define POLL_MS       100  /* how long the main thread holds the socket per poll */
 #define TERM_GRACE_S  3    /* after SIGTERM, a step still running this long ends the process */
 
@@ -51,6 +51,7 @@ static void on_signal(int sig) {
 
 struct wk_proc {
   uint32_t rank;
+  uint64_t beat_ns;        /* heartbeat period */
   struct pr_sock *sock;
   pthread_mutex_t mu;      /* guards sock */
   uint64_t last_step;      /* last finished step id (atomic access) */
@@ -82,7 +83,7 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
 static int beat_due(struct wk_proc *p) {
   if (!__atomic_load_n(&p->announced, __ATOMIC_ACQUIRE)) return 0; /* no BEAT before READY */
   uint64_t last = __atomic_load_n(&p->last_beat_ns, __ATOMIC_ACQUIRE);
-  return cm_time_ns() - last >= (uint64_t)BEAT_MS * 1000000ull;
+  return cm_time_ns() - last >= p->beat_ns;
 }
 
 /* Sends a BEAT; the caller holds p->mu. */
@@ -121,7 +122,8 @@ static void *beat_main(void *arg) {
     pthread_mutex_lock(&p->quit_mu);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)BEAT_CHECK_MS * 1000000L;
+    uint64_t wait_ns = CM_MIN((uint64_t)BEAT_CHECK_MS * 1000000ull, p->beat_ns / 2);
+    ts.tv_nsec += (long)wait_ns;
     if (ts.tv_nsec >= 1000000000L) {
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000L;
@@ -167,6 +169,7 @@ static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uin
   r->max_num_seqs = max_seqs;
   r->max_num_batched_tokens = max_tokens;
   r->shard_sum = wk_model_shard_sum(m);
+  r->pid = (uint32_t)getpid();
   return send_locked(p, &msg);
 }
 
@@ -335,6 +338,7 @@ int wk_worker_main(int argc, char **argv) {
   double mem_util = 0.9;
   int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0;
   int64_t join_ms = 60000;
+  double beat_s = 1.0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -360,6 +364,9 @@ int wk_worker_main(int argc, char **argv) {
       {"group-timeout", CM_OPT_INT, &join_ms, "MS",
        "how long the ranks of a tensor-parallel group wait for each other to form it (60000)", 100,
        3600000},
+      {"heartbeat-interval", CM_OPT_DOUBLE, &beat_s, "S",
+       "seconds between heartbeats to the scheduler, sent during long steps too (1)", 0, 0, 0.01,
+       600, NULL},
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
@@ -421,7 +428,7 @@ int wk_worker_main(int argc, char **argv) {
   struct wk_model *m = NULL, *draft = NULL;
   struct wk_role *role = NULL;
   void *zctx = NULL;
-  struct wk_proc p = {.rank = (uint32_t)rank};
+  struct wk_proc p = {.rank = (uint32_t)rank, .beat_ns = (uint64_t)(beat_s * 1e9)};
   pthread_t beat;
   int have_beat = 0;
   pthread_mutex_init(&p.mu, NULL);
