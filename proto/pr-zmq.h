@@ -102,8 +102,9 @@ int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out, str
 
 /* A socket monitor: ZeroMQ reports the connections of socket `s` (the events, a
  * mask of ZMQ_EVENT_*) on an inproc PAIR socket of the same context, which
- * *pair_out is (close it with pr_monitor_close before closing s). Poll it (or its
- * ZMQ_FD) for ZMQ_POLLIN. */
+ * *pair_out is (close it with pr_monitor_close before closing s). Poll it with
+ * zmq_poll, or poll its ZMQ_FD and read until ZMQ_EVENTS has no ZMQ_POLLIN: the fd
+ * only signals an event that arrives after a read found none. */
 int pr_monitor_open(void *zmq_ctx, struct pr_sock *s, int events, void **pair_out);
 /* One event from the monitor: its ZMQ_EVENT_* in *event and its value in *value (for
  * ZMQ_EVENT_DISCONNECTED and ZMQ_EVENT_ACCEPTED the connection's file descriptor).
