@@ -117,6 +117,7 @@ struct fe_engine {
 
   uint64_t next_id; /* scheduler request ids */
   uint64_t ping_nonce;
+  int ping_soon; /* PING once the messages at hand are dispatched */
   uint64_t last_pong_ns; /* monotonic; 0: none yet */
   uint64_t created_ns;   /* monotonic */
   int workers_ok;        /* last PONG: workers_ready == world_size > 0 */
@@ -145,6 +146,8 @@ struct fe_engine {
 
 /* fe-engine.c */
 int fe_eng_send(struct fe_engine *e, const struct pr_msg *m);
+/* Sends a PING now (the timer sends one every ping_ms). */
+void fe_eng_ping(struct fe_engine *e);
 /* Sends the ADD m of choice ch (without receiving: see fe_eng_submit) and keeps a copy
  * in ch, so that the choice can be sent again if the engine loses it. */
 int fe_eng_send_add(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_msg *m);

@@ -141,7 +141,11 @@ void fe_eng_on_err(struct fe_engine *e, const struct pr_err *er) {
     fe_eng_req_park(ch->req);
     return;
   }
-  fe_eng_req_fail(ch->req, err_status(er->code), er->message, NULL);
+  int status = err_status(er->code);
+  /* the engine may have failed (a worker died): its PONG says at once, so that
+   * /health and new requests need not wait for the next ping */
+  if (status >= 500) e->ping_soon = 1; /* one PING after the messages at hand */
+  fe_eng_req_fail(ch->req, status, er->message, NULL);
 }
 
 /* ---- text and logprobs ------------------------------------------------------- */

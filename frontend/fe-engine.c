@@ -326,12 +326,25 @@ void fe_eng_pump(struct fe_engine *e) {
     }
   } while (e->repump);
   e->pumping = 0;
+  if (e->ping_soon) {
+    e->ping_soon = 0;
+    fe_eng_ping(e);
+  }
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
   (void)status;
   (void)events;
   fe_eng_pump(h->data);
+}
+
+void fe_eng_ping(struct fe_engine *e) {
+  struct pr_msg m;
+  pr_msg_init(&m, PR_PING);
+  m.u.ping.nonce = ++e->ping_nonce;
+  m.u.ping.send_ns = cm_time_wall_ns();
+  int rc = fe_eng_send(e, &m);
+  if (rc && rc != CM_ERR_AGAIN) cm_debug(TAG, "PING: %s", cm_strerror(rc));
 }
 
 static void on_timer(uv_timer_t *t) {
@@ -345,12 +358,7 @@ static void on_timer(uv_timer_t *t) {
     fe_eng_lost(e, why);
   }
   parked_tend(e);
-  struct pr_msg m;
-  pr_msg_init(&m, PR_PING);
-  m.u.ping.nonce = ++e->ping_nonce;
-  m.u.ping.send_ns = cm_time_wall_ns();
-  int rc = fe_eng_send(e, &m);
-  if (rc && rc != CM_ERR_AGAIN) cm_debug(TAG, "PING: %s", cm_strerror(rc));
+  fe_eng_ping(e);
 }
 
 /* ---- model files --------------------------------------------------------- */

@@ -167,8 +167,10 @@ int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out, str
     if (from) {
       from->len = (uint8_t)(n <= PR_RID_MAX ? n : 0);
       if (from->len) memcpy(from->id, zmq_msg_data(&f[0]), n);
-      /* ZMQ_SRCFD: the fd a monitor's DISCONNECTED event names (-1 for inproc) */
-      from->fd = zmq_msg_get(&f[0], ZMQ_SRCFD);
+      /* ZMQ_SRCFD: the fd a monitor's DISCONNECTED event names (-1 for inproc). Asked
+       * of a frame that came over the wire: the routing id frame the ROUTER makes
+       * from a peer's ZMQ_ROUTING_ID carries none */
+      from->fd = zmq_msg_get(&f[nf > 1 ? 1 : 0], ZMQ_SRCFD);
     }
     i = 1;
   }

@@ -66,6 +66,9 @@ bool sch_srv_has_work(struct sch_server *s) {
  * the client, so its frontend may submit it again once the workers are back. */
 static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why) {
   cm_error(TAG, "worker rank %d failed: %s", (int)r, why);
+  /* the group is broken: its ranks start again and form a new one, whose id the new
+   * rank 0 offers; the old id must not be relayed to a new rank that asks first */
+  s->dist.n = 0;
   if (s->ranks[r].ready) {
     s->ranks[r].ready = false;
     s->num_ready--;
