@@ -22,9 +22,9 @@
 #include "proto/pr-msg.h"
 #include "proto/pr-zmq.h"
 
-#define FE_ENG_MAX_EOS     8 /* eos ids from generation_config.json */
-#define FE_ENG_MAX_RETRIES 3 /* times a request that lost its engine before any output is sent
-                              * again */
+#define FE_ENG_MAX_EOS 8 /* eos ids from generation_config.json */
+/* times a request that lost its engine before any output is sent again */
+#define FE_ENG_MAX_RETRIES 3
 
 /* One logprob entry of a generated token. */
 struct fe_eng_lp {
@@ -76,8 +76,8 @@ struct fe_eng_req {
   int gone;        /* the client left while busy or answering */
   int answering;   /* the final answer is being written: defer frees */
   int fail_status; /* set while busy: fail once the OUT is processed */
-  int parked;        /* lost with its engine before any output: waits to be sent again */
-  int retries;       /* times it was sent again */
+  int parked;      /* lost with its engine before any output: waits to be sent again */
+  int retries;     /* times it was sent again */
   uint64_t parked_ns; /* monotonic: when it was first parked */
   char fail_msg[256];
   struct fe_sse_stream sse;
@@ -117,7 +117,7 @@ struct fe_engine {
 
   uint64_t next_id; /* scheduler request ids */
   uint64_t ping_nonce;
-  int ping_soon; /* PING once the messages at hand are dispatched */
+  int ping_soon;         /* PING once the messages at hand are dispatched */
   uint64_t last_pong_ns; /* monotonic; 0: none yet */
   uint64_t created_ns;   /* monotonic */
   int workers_ok;        /* last PONG: workers_ready == world_size > 0 */

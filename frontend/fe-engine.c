@@ -114,8 +114,7 @@ void fe_eng_choice_forget_add(struct fe_eng_choice *ch) {
 }
 
 int fe_eng_req_retryable(const struct fe_eng_req *r) {
-  if (r->sse_on || r->busy || r->answering || r->gone || r->retries >= FE_ENG_MAX_RETRIES)
-    return 0;
+  if (r->sse_on || r->busy || r->answering || r->gone || r->retries >= FE_ENG_MAX_RETRIES) return 0;
   for (int k = 0; k < r->n_ch; k++) {
     const struct fe_eng_choice *ch = &r->ch[k];
     if (ch->done || ch->n_gen > 0 || !ch->add_ids) return 0;
@@ -156,8 +155,7 @@ void fe_eng_lost(struct fe_engine *e, const char *why) {
     }
   }
   if (n_parked || n_failed)
-    cm_error(TAG, "%s: %d request(s) failed, %d waiting to be sent again", why, n_failed,
-             n_parked);
+    cm_error(TAG, "%s: %d request(s) failed, %d waiting to be sent again", why, n_failed, n_parked);
   else
     cm_error(TAG, "%s", why);
   e->pumping = was_pumping;

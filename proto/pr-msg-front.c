@@ -1,9 +1,9 @@
 /* pr-msg-front.c — the records of the messages between frontend and
  * scheduler: ADD, ABORT, PING (frontend -> scheduler), DOWN (a supervisor ->
  * scheduler) and OUT, ERR, PONG (back), and the two records other messages
- * share, sampling parameters and logprobs. Each is a table of fields (pr-codec.h: key, type, bounds, offset)
- * plus, where fields depend on each other, a check; the walkers in
- * pr-encode.c, pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
+ * share, sampling parameters and logprobs. Each is a table of fields (pr-codec.h: key, type,
+ * bounds, offset) plus, where fields depend on each other, a check; the walkers in pr-encode.c,
+ * pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
 #include <float.h>
 #include <math.h>
 

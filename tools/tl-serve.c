@@ -90,16 +90,16 @@ struct tl_serve {
   void *zctx;
   struct pr_sock *ctl; /* DEALER to the scheduler's frontend endpoint: PING, DOWN */
   struct cm_arena ctl_arena;
-  uint64_t ping_nonce;  /* last PING sent */
-  uint64_t min_nonce;   /* PONGs to older PINGs say nothing of the current phase */
-  double last_ping_t;   /* cm_time_s */
-  double last_pong_t;   /* cm_time_s of the current scheduler's last PONG (or its start) */
+  uint64_t ping_nonce; /* last PING sent */
+  uint64_t min_nonce;  /* PONGs to older PINGs say nothing of the current phase */
+  double last_ping_t;  /* cm_time_s */
+  double last_pong_t;  /* cm_time_s of the current scheduler's last PONG (or its start) */
   enum tl_phase phase;
-  double phase_t;       /* cm_time_s when the phase began */
-  double restart_at;    /* TL_BACKOFF: when to start again */
-  double backoff_s;     /* the next back-off */
-  int restart_sched;    /* TL_BACKOFF: the scheduler restarts too */
-  int start_failures;   /* engine deaths in a row before it was ready */
+  double phase_t;     /* cm_time_s when the phase began */
+  double restart_at;  /* TL_BACKOFF: when to start again */
+  double backoff_s;   /* the next back-off */
+  int restart_sched;  /* TL_BACKOFF: the scheduler restarts too */
+  int start_failures; /* engine deaths in a row before it was ready */
   char last_failure[256];
 };
 
@@ -420,8 +420,8 @@ static int ctl_open(struct tl_serve *s) {
   s->ctl = NULL;
   int rc = pr_sock_open(s->zctx, ZMQ_DEALER, 0, &s->ctl);
   if (!rc) rc = pr_sock_connect(s->ctl, s->ep_front);
-  if (rc) cm_error("serve", "cannot connect to the scheduler at %s: %s", s->ep_front,
-                   cm_strerror(rc));
+  if (rc)
+    cm_error("serve", "cannot connect to the scheduler at %s: %s", s->ep_front, cm_strerror(rc));
   s->min_nonce = s->ping_nonce + 1;
   s->last_pong_t = cm_time_s() + TL_FIRST_PONG_S - sched_timeout(s);
   return rc;
@@ -484,8 +484,8 @@ static int engine_fail(struct tl_serve *s, int with_sched, const char *why) {
   s->phase_t = now;
   s->restart_sched = with_sched;
   s->restart_at = now + s->backoff_s;
-  cm_warn("serve", "restarting the %s in %.1f s", with_sched ? "scheduler and its workers" : "workers",
-          s->backoff_s);
+  cm_warn("serve", "restarting the %s in %.1f s",
+          with_sched ? "scheduler and its workers" : "workers", s->backoff_s);
   s->backoff_s = CM_MIN(s->backoff_s * 2, TL_BACKOFF_MAX_S);
   return 0;
 }
@@ -669,8 +669,7 @@ int tl_serve_main(int argc, char **argv) {
        "heartbeats missed before a worker (or the scheduler) counts as hung and is restarted (3)",
        1, 1000},
       {"max-start-failures", CM_OPT_INT, &s.max_start_failures, "N",
-       "restarts in a row that die before the engine is ready before serve gives up (5)", 1,
-       1000},
+       "restarts in a row that die before the engine is ready before serve gives up (5)", 1, 1000},
       {0},
   };
   int rc = cm_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv, 1,

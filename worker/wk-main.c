@@ -38,7 +38,7 @@
 #include "worker/wk-role.h"
 
 #define TAG           "worker"
-#define BEAT_CHECK_MS 100  /* how often the beat thread looks at the clock, at most */
+#define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock, at most */
 #define POLL_MS       100  /* how long the main thread holds the socket per poll */
 #define TERM_GRACE_S  3    /* after SIGTERM, a step still running this long ends the process */
 
@@ -51,7 +51,7 @@ static void on_signal(int sig) {
 
 struct wk_proc {
   uint32_t rank;
-  uint64_t beat_ns;        /* heartbeat period */
+  uint64_t beat_ns; /* heartbeat period */
   struct pr_sock *sock;
   pthread_mutex_t mu;      /* guards sock */
   uint64_t last_step;      /* last finished step id (atomic access) */

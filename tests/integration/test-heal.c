@@ -392,7 +392,8 @@ static void kill_under_load(struct serve *s, int victim, const char *what) {
   TH_CHECK(call_wait(&a, 0, 5000) == 0);
   TH_CHECK(call_wait(&c, 0, 5000) == 0);
   double t_a = call_get(&a, 0) - t_kill, t_c = call_get(&c, 0) - t_kill;
-  fprintf(stderr, "%s killed: /health 503 after %.3f s, stream error after %.3f s, 503 after %.3f s\n",
+  fprintf(stderr,
+          "%s killed: /health 503 after %.3f s, stream error after %.3f s, 503 after %.3f s\n",
           what, t_503, t_a, t_c);
   TH_CHECK(t_a > 0 && t_a < 2.0);
   TH_CHECK(t_c > 0 && t_c < 2.0);
