@@ -202,24 +202,17 @@ static void parked_tend(struct fe_engine *e) {
   int ready = fe_engine_ready(e), n_sent = 0;
   for (;;) {
     struct fe_eng_req *r = e->reqs;
-    while (r && !r->parked)
+    while (r && !(r->parked && (ready || now - r->parked_ns > limit)))
       r = r->next;
     if (!r) break;
     if (ready) {
-      resubmit(r);
+      resubmit(r); /* unparks it, or fails it */
       n_sent++;
-    } else if (now - r->parked_ns > limit) {
+    } else {
       char msg[160];
       snprintf(msg, sizeof(msg), "the engine failed and was not back within %.0f s",
                (double)e->cfg.retry_ms / 1e3);
-      fe_eng_req_fail(r, 503, msg, NULL);
-    } else {
-      /* the oldest ones are at the tail: nothing further may be due yet */
-      struct fe_eng_req *q = r->next;
-      while (q && !(q->parked && now - q->parked_ns > limit))
-        q = q->next;
-      if (!q) break;
-      fe_eng_req_fail(q, 503, "the engine failed and was not back in time", NULL);
+      fe_eng_req_fail(r, 503, msg, NULL); /* unlinks and frees it */
     }
   }
   if (n_sent) cm_info(TAG, "the engine is back: %d request(s) sent again", n_sent);

@@ -16,8 +16,13 @@
  * (the main thread after each poll while idle, the beat thread while a
  * step runs), and both read the time of the last one from last_beat_ns.
  *
+ * A monitor on the socket sees the scheduler's connection close (the
+ * scheduler died, or its host): a new scheduler would not know this rank, so
+ * it ends (status 1) for its supervisor to start it again.
+ *
  * Exit codes: 0 after CTRL shutdown or SIGTERM/SIGINT, 2 for bad flags or
- * an unsupported configuration, 1 when the model or the socket fails. */
+ * an unsupported configuration, 1 when the model or the socket fails or the
+ * scheduler goes away. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -53,6 +58,7 @@ struct wk_proc {
   uint32_t rank;
   uint64_t beat_ns; /* heartbeat period */
   struct pr_sock *sock;
+  void *mon;               /* PAIR: sock's DISCONNECTED events (main thread, under mu) */
   pthread_mutex_t mu;      /* guards sock */
   uint64_t last_step;      /* last finished step id (atomic access) */
   uint64_t last_beat_ns;   /* cm_time_ns of the last BEAT sent (atomic access) */
@@ -176,10 +182,19 @@ static int send_ready(struct wk_proc *p, struct wk_model *m, uint32_t world, uin
 /* Receives one message, waiting at most POLL_MS. CM_ERR_AGAIN: nothing. */
 static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
   pthread_mutex_lock(&p->mu);
-  zmq_pollitem_t it = {.socket = pr_sock_zmq(p->sock), .events = ZMQ_POLLIN};
-  int n = zmq_poll(&it, 1, POLL_MS);
+  zmq_pollitem_t it[2] = {{.socket = pr_sock_zmq(p->sock), .events = ZMQ_POLLIN},
+                          {.socket = p->mon, .events = ZMQ_POLLIN}};
+  int n = zmq_poll(it, p->mon ? 2 : 1, POLL_MS);
   int rc = CM_ERR_AGAIN;
-  if (n > 0) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
+  if (n > 0 && (it[0].revents & ZMQ_POLLIN)) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
+  /* the scheduler is gone (dead, or its host): the rank cannot serve a new one, which
+   * would not know it; it ends, and its supervisor starts it again */
+  int ev = 0, fd = -1;
+  while (rc == CM_ERR_AGAIN && n > 0 && p->mon && pr_monitor_recv(p->mon, &ev, &fd) == 0)
+    if (ev == ZMQ_EVENT_DISCONNECTED) {
+      cm_error(TAG, "rank %u: the connection to the scheduler closed", p->rank);
+      rc = CM_ERR_CLOSED;
+    }
   if (beat_due(p)) beat_send_locked(p);
   pthread_mutex_unlock(&p->mu);
   return rc;
@@ -485,6 +500,7 @@ int wk_worker_main(int argc, char **argv) {
   int rid_len = snprintf(rid, sizeof(rid), "worker-%lld-%ld", (long long)rank, (long)getpid());
   if ((rc = pr_sock_open(zctx, ZMQ_DEALER, 0, &p.sock)) ||
       (rc = pr_sock_set_rid(p.sock, rid, (size_t)rid_len)) ||
+      (rc = pr_monitor_open(zctx, p.sock, ZMQ_EVENT_DISCONNECTED, &p.mon)) ||
       (rc = pr_sock_connect(p.sock, endpoint))) {
     fprintf(stderr, "lmserve worker: cannot connect to %s: %s\n", endpoint, cm_strerror(rc));
     goto done;
@@ -522,6 +538,7 @@ done:
     pthread_mutex_unlock(&p.quit_mu);
     pthread_join(beat, NULL);
   }
+  pr_monitor_close(p.sock, p.mon);
   pr_sock_close(p.sock);
   if (zctx) zmq_ctx_term(zctx);
   wk_role_destroy(role);

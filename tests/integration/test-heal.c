@@ -15,7 +15,8 @@
  *     killed by serve within 5 s;
  *   - a checkpoint gone bad makes every restart die at start-up: serve stops
  *     after --max-start-failures tries with an error that says so;
- *   - SIGKILL of serve alone (not its process group) takes every child with it. */
+ *   - SIGKILL of serve alone (not its process group) takes every child with it;
+ *   - a worker whose scheduler dies ends by itself (status 1). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -609,6 +610,9 @@ TH_TEST(roles_alone_see_deaths_at_once) {
   TH_CHECK(t_503 >= 0 && t_503 < 2.0);
   TH_CHECK(call_has(&a, "connection to the scheduler closed"));
   call_end(&a);
+  /* so does the worker's: it ends, for its supervisor to start it again */
+  TH_CHECK_EQ_INT(th_proc_wait(&wk2, 2000), 0);
+  TH_CHECK(wk2.exited && WIFEXITED(wk2.status) && WEXITSTATUS(wk2.status) == 1);
   th_proc_stop(&sch, 1000);
   th_proc_stop(&wk2, 1000);
 
