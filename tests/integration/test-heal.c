@@ -372,9 +372,9 @@ static double metric(int port, const char *name) {
 static void kill_under_load(struct serve *s, int victim, const char *what) {
   char body[256];
   struct call a, b, c;
-  body_of(body, sizeof(body), 4000, 0);
+  body_of(body, sizeof(body), 8000, 0);
   call_start(&c, s->port, "/v1/completions", body);
-  body_of(body, sizeof(body), 4000, 1);
+  body_of(body, sizeof(body), 8000, 1);
   call_start(&a, s->port, "/v1/completions", body);
   TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
   body_of(body, sizeof(body), 7, 0);
