@@ -23,6 +23,8 @@
 #include "proto/pr-zmq.h"
 
 #define FE_ENG_MAX_EOS 8 /* eos ids from generation_config.json */
+/* times a request that lost its engine before any output is sent again */
+#define FE_ENG_MAX_RETRIES 3
 
 /* One logprob entry of a generated token. */
 struct fe_eng_lp {
@@ -53,6 +55,10 @@ struct fe_eng_choice {
   int32_t *top_ids; /* (n_top_all) top entries behind lps */
   float *top_lps;   /* (n_top_all) nats */
   size_t n_top_all, cap_top;
+  /* the ADD this choice was sent with, kept until its first output so that it can be
+   * sent again when the engine loses it; its slices point into add_ids */
+  struct pr_add add;
+  uint32_t *add_ids; /* malloc'd: prompt ids, then stop ids; NULL: nothing kept */
 };
 
 struct fe_eng_req {
@@ -70,6 +76,9 @@ struct fe_eng_req {
   int gone;        /* the client left while busy or answering */
   int answering;   /* the final answer is being written: defer frees */
   int fail_status; /* set while busy: fail once the OUT is processed */
+  int parked;      /* lost with its engine before any output: waits to be sent again */
+  int retries;     /* times it was sent again */
+  uint64_t parked_ns; /* monotonic: when it was first parked */
   char fail_msg[256];
   struct fe_sse_stream sse;
   char id[64];
@@ -98,6 +107,8 @@ struct fe_engine {
 
   void *zctx;
   struct pr_sock *sock;
+  void *mon;          /* PAIR: the DEALER's DISCONNECTED events */
+  uv_poll_t mon_poll; /* on mon's ZMQ_FD */
   uv_poll_t poll;
   uv_timer_t timer;
   int handles_open;
@@ -106,6 +117,7 @@ struct fe_engine {
 
   uint64_t next_id; /* scheduler request ids */
   uint64_t ping_nonce;
+  int ping_soon;         /* PING once the messages at hand are dispatched */
   uint64_t last_pong_ns; /* monotonic; 0: none yet */
   uint64_t created_ns;   /* monotonic */
   int workers_ok;        /* last PONG: workers_ready == world_size > 0 */
@@ -117,8 +129,9 @@ struct fe_engine {
   struct fe_eng_choice **map; /* (map_cap) */
   size_t map_cap, map_n;
 
-  struct fe_eng_req *reqs; /* in flight */
+  struct fe_eng_req *reqs; /* in flight (parked ones included) */
   int n_reqs;
+  int n_parked; /* requests waiting for the engine to come back */
 
   /* scratch, reused */
   int32_t *ids;
@@ -133,6 +146,24 @@ struct fe_engine {
 
 /* fe-engine.c */
 int fe_eng_send(struct fe_engine *e, const struct pr_msg *m);
+/* Sends a PING now (the timer sends one every ping_ms). */
+void fe_eng_ping(struct fe_engine *e);
+/* Sends the ADD m of choice ch (without receiving: see fe_eng_submit) and keeps a copy
+ * in ch, so that the choice can be sent again if the engine loses it. */
+int fe_eng_send_add(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_msg *m);
+/* Drops ch's copy of its ADD. */
+void fe_eng_choice_forget_add(struct fe_eng_choice *ch);
+/* The engine lost the requests in flight (the scheduler went away or restarted, or
+ * answers no more): those that produced nothing yet are parked, to be sent again once
+ * it is ready (at most FE_ENG_MAX_RETRIES times, within retry_ms); the others fail
+ * with a 503 (or an error event). The engine counts as not ready until a PONG says
+ * otherwise. */
+void fe_eng_lost(struct fe_engine *e, const char *why);
+/* 1 when r may be parked: nothing of it reached the client and each choice's ADD is
+ * kept. */
+int fe_eng_req_retryable(const struct fe_eng_req *r);
+/* Parks r: ABORTs its live choices, forgets their ids. */
+void fe_eng_req_park(struct fe_eng_req *r);
 void fe_eng_pump(struct fe_engine *e);
 int fe_eng_map_put(struct fe_engine *e, struct fe_eng_choice *c);
 struct fe_eng_choice *fe_eng_map_get(struct fe_engine *e, uint64_t id);

@@ -23,6 +23,15 @@ static void m_obs(struct fe_engine *e, int id, double v) {
 
 /* ---- aborts and failures --------------------------------------------------- */
 
+/* Frees r and what the retry path kept of it. */
+static void req_release(struct fe_eng_req *r) {
+  for (int k = 0; k < r->n_ch; k++)
+    fe_eng_choice_forget_add(&r->ch[k]);
+  if (r->parked) r->e->n_parked--;
+  r->parked = 0;
+  fe_eng_req_free(r);
+}
+
 void fe_eng_abort_live(struct fe_eng_req *r) {
   uint64_t ids[FE_API_MAX_N];
   uint32_t n = 0;
@@ -74,7 +83,7 @@ void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const ch
   } else {
     fe_conn_respond_error(r->conn, status, msg, param);
   }
-  fe_eng_req_free(r);
+  req_release(r);
 }
 
 void fe_eng_on_client_abort(void *ud) {
@@ -91,7 +100,7 @@ void fe_eng_on_client_abort(void *ud) {
     fe_sse_end(&r->sse, NULL);
   else
     fe_conn_respond_error(r->conn, 499, "client closed the request", NULL);
-  fe_eng_req_free(r);
+  req_release(r);
 }
 
 static int err_status(int code) {
@@ -112,12 +121,31 @@ static int err_status(int code) {
 void fe_eng_on_err(struct fe_engine *e, const struct pr_err *er) {
   struct fe_eng_choice *ch = er->request_id ? fe_eng_map_get(e, er->request_id) : NULL;
   if (!ch || ch->done) {
-    cm_warn(TAG, "scheduler error (request %llu): %s: %s", (unsigned long long)er->request_id,
-            cm_strerror(er->code), er->message);
+    /* CM_ERR_AGAIN for a choice of a request parked already is expected */
+    if (er->code == CM_ERR_AGAIN)
+      cm_debug(TAG, "scheduler error (request %llu): %s", (unsigned long long)er->request_id,
+               er->message);
+    else
+      cm_warn(TAG, "scheduler error (request %llu): %s: %s", (unsigned long long)er->request_id,
+              cm_strerror(er->code), er->message);
     return;
   }
   ch->live = 0;
-  fe_eng_req_fail(ch->req, err_status(er->code), er->message, NULL);
+  /* the engine lost it (a worker failed) or cannot take it now, and nothing of it
+   * reached the client: it waits for the engine to be ready again */
+  if (er->code == CM_ERR_AGAIN && fe_eng_req_retryable(ch->req)) {
+    if (e->workers_ok)
+      cm_warn(TAG, "request %llu lost in the engine (%s): sent again once it is ready",
+              (unsigned long long)er->request_id, er->message);
+    e->workers_ok = 0; /* until a PONG says it is ready */
+    fe_eng_req_park(ch->req);
+    return;
+  }
+  int status = err_status(er->code);
+  /* the engine may have failed (a worker died): its PONG says at once, so that
+   * /health and new requests need not wait for the next ping */
+  if (status >= 500) e->ping_soon = 1; /* one PING after the messages at hand */
+  fe_eng_req_fail(ch->req, status, er->message, NULL);
 }
 
 /* ---- text and logprobs ------------------------------------------------------- */
@@ -274,7 +302,7 @@ static void complete(struct fe_eng_req *r) {
   if (r->stream) {
     stream_begin(r);
     fe_sse_end(&r->sse, r->api->include_usage ? &u : NULL);
-    fe_eng_req_free(r);
+    req_release(r);
     return;
   }
   struct fe_api_choice *cs = calloc((size_t)r->n_ch, sizeof(*cs));
@@ -317,7 +345,7 @@ static void complete(struct fe_eng_req *r) {
   free(tls);
   free(tops);
   free(txt);
-  fe_eng_req_free(r);
+  req_release(r);
 }
 
 static const char *finish_name(uint8_t f) {
@@ -379,6 +407,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     }
     if (len) hit = feed(ch, piece, len);
   }
+  if (ch->n_gen > 0) fe_eng_choice_forget_add(ch); /* begun: never sent again */
   int finished = s->finish != PR_FINISH_NONE;
   if (finished) ch->live = 0;
   if (!hit && finished) {

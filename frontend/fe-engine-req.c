@@ -462,7 +462,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       a->stop_token_ids.n = n_stop;
       a->priority = req->priority;
       a->arrival_ns = cm_time_wall_ns();
-      int src = pr_sock_send(e->sock, NULL, &m, PR_DONTWAIT);
+      int src = fe_eng_send_add(e, &r->ch[k], &m);
       if (src) {
         status = src == CM_ERR_INVAL || src == CM_ERR_RANGE ? 400 : 503;
         snprintf(err, sizeof(err), "cannot queue the request at the scheduler: %s",

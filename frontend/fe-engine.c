@@ -1,12 +1,15 @@
 /* fe-engine.c — the serving path's engine: model files (tokenizer, chat
  * template, EOS ids), the DEALER socket to the scheduler polled on the
- * libuv loop, PING/PONG (readiness, load metrics), message dispatch, and
- * the request-id map (see fe-engine.h). */
+ * libuv loop with a monitor of its connection, PING/PONG (readiness, load
+ * metrics), message dispatch, the request-id map, and what happens when the
+ * engine loses the requests in flight: parking those that produced nothing
+ * and sending them again once it is back (see fe-engine.h). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
@@ -85,15 +88,165 @@ static void fail_all(struct fe_engine *e, int status, const char *msg) {
     fe_eng_req_fail(e->reqs, status, msg, NULL); /* unlinks and frees the request */
 }
 
+/* ---- losing the engine, and sending again ----------------------------------- */
+
+int fe_eng_send_add(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_msg *m) {
+  CM_ASSERT(m->type == PR_ADD);
+  fe_eng_choice_forget_add(ch);
+  const struct pr_add *a = &m->u.add;
+  size_t n = (size_t)a->prompt.n + a->stop_token_ids.n;
+  uint32_t *ids = malloc((n ? n : 1) * sizeof(*ids));
+  if (ids) { /* without the copy the choice cannot be sent again: it fails instead */
+    if (a->prompt.n) memcpy(ids, a->prompt.v, a->prompt.n * sizeof(*ids));
+    if (a->stop_token_ids.n)
+      memcpy(ids + a->prompt.n, a->stop_token_ids.v, a->stop_token_ids.n * sizeof(*ids));
+    ch->add = *a;
+    ch->add.prompt.v = ids;
+    ch->add.stop_token_ids.v = ids + a->prompt.n;
+    ch->add_ids = ids;
+  }
+  return pr_sock_send(e->sock, NULL, m, PR_DONTWAIT);
+}
+
+void fe_eng_choice_forget_add(struct fe_eng_choice *ch) {
+  free(ch->add_ids);
+  ch->add_ids = NULL;
+}
+
+int fe_eng_req_retryable(const struct fe_eng_req *r) {
+  if (r->sse_on || r->busy || r->answering || r->gone || r->retries >= FE_ENG_MAX_RETRIES) return 0;
+  for (int k = 0; k < r->n_ch; k++) {
+    const struct fe_eng_choice *ch = &r->ch[k];
+    if (ch->done || ch->n_gen > 0 || !ch->add_ids) return 0;
+  }
+  return r->n_ch > 0;
+}
+
+void fe_eng_req_park(struct fe_eng_req *r) {
+  struct fe_engine *e = r->e;
+  /* an ADD still queued for a scheduler that comes back must not run there twice */
+  fe_eng_abort_live(r);
+  fe_eng_req_unmap(r);
+  if (!r->parked) {
+    r->parked = 1;
+    e->n_parked++;
+  }
+  if (!r->parked_ns) r->parked_ns = cm_time_ns();
+}
+
+void fe_eng_lost(struct fe_engine *e, const char *why) {
+  e->workers_ok = 0; /* until a PONG says the engine is whole again */
+  int was_pumping = e->pumping;
+  e->pumping = 1; /* nothing received while the list changes under us */
+  int n_parked = 0, n_failed = 0;
+  char msg[256];
+  snprintf(msg, sizeof(msg), "the engine failed: %s", why);
+  for (;;) {
+    struct fe_eng_req *r = e->reqs;
+    while (r && (r->parked || r->busy || r->answering))
+      r = r->next;
+    if (!r) break;
+    if (fe_eng_req_retryable(r)) {
+      fe_eng_req_park(r);
+      n_parked++;
+    } else {
+      fe_eng_req_fail(r, 503, msg, NULL); /* unlinks and frees it */
+      n_failed++;
+    }
+  }
+  if (n_parked || n_failed)
+    cm_error(TAG, "%s: %d request(s) failed, %d waiting to be sent again", why, n_failed, n_parked);
+  else
+    cm_error(TAG, "%s", why);
+  e->pumping = was_pumping;
+  if (!was_pumping) fe_eng_pump(e);
+}
+
+/* Sends a parked request's choices again under new ids. */
+static void resubmit(struct fe_eng_req *r) {
+  struct fe_engine *e = r->e;
+  r->parked = 0;
+  e->n_parked--;
+  r->retries++;
+  for (int k = 0; k < r->n_ch; k++) {
+    struct fe_eng_choice *ch = &r->ch[k];
+    ch->id = e->next_id++;
+    if (fe_eng_map_put(e, ch) != 0) {
+      ch->id = 0;
+      fe_eng_req_fail(r, 500, "out of memory", NULL);
+      return;
+    }
+    struct pr_msg m;
+    pr_msg_init(&m, PR_ADD);
+    m.u.add = ch->add;
+    m.u.add.request_id = ch->id;
+    m.u.add.arrival_ns = cm_time_wall_ns();
+    int rc = pr_sock_send(e->sock, NULL, &m, PR_DONTWAIT);
+    if (rc) {
+      char msg[160];
+      snprintf(msg, sizeof(msg), "cannot queue the request at the scheduler again: %s",
+               cm_strerror(rc));
+      fe_eng_req_fail(r, 503, msg, NULL);
+      return;
+    }
+    ch->live = 1;
+  }
+}
+
+/* Parked requests: sent again once the engine is ready, failed past retry_ms. */
+static void parked_tend(struct fe_engine *e) {
+  if (!e->n_parked) return;
+  int was_pumping = e->pumping;
+  e->pumping = 1;
+  uint64_t now = cm_time_ns(), limit = (uint64_t)e->cfg.retry_ms * 1000000ull;
+  int ready = fe_engine_ready(e), n_sent = 0;
+  for (;;) {
+    struct fe_eng_req *r = e->reqs;
+    while (r && !(r->parked && (ready || now - r->parked_ns > limit)))
+      r = r->next;
+    if (!r) break;
+    if (ready) {
+      resubmit(r); /* unparks it, or fails it */
+      n_sent++;
+    } else {
+      char msg[160];
+      snprintf(msg, sizeof(msg), "the engine failed and was not back within %.0f s",
+               (double)e->cfg.retry_ms / 1e3);
+      fe_eng_req_fail(r, 503, msg, NULL); /* unlinks and frees it */
+    }
+  }
+  if (n_sent) cm_info(TAG, "the engine is back: %d request(s) sent again", n_sent);
+  e->pumping = was_pumping;
+  if (!was_pumping) fe_eng_pump(e);
+}
+
+/* The monitor of the DEALER: a closed connection means the scheduler is gone
+ * (it died, or its host did). ZeroMQ reconnects by itself. */
+static void on_mon_poll(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  struct fe_engine *e = h->data;
+  /* reading until ZMQ_EVENTS says nothing is left also re-arms the fd, which only
+   * signals a message that arrives after a read found none */
+  int lost = 0;
+  for (;;) {
+    int ev = 0, event = 0, value = 0;
+    size_t len = sizeof(ev);
+    if (zmq_getsockopt(e->mon, ZMQ_EVENTS, &ev, &len) != 0 || !(ev & ZMQ_POLLIN)) break;
+    int rc = pr_monitor_recv(e->mon, &event, &value);
+    if (rc == CM_ERR_AGAIN) break;
+    if (rc == 0 && event == ZMQ_EVENT_DISCONNECTED) lost = 1;
+  }
+  if (lost) fe_eng_lost(e, "the connection to the scheduler closed");
+}
+
 static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
   /* the scheduler's totals only grow: smaller ones mean a new scheduler
    * answers on the endpoint, and the requests in flight died with the old */
-  if (e->have_pong && e->reqs &&
+  if (e->have_pong && e->n_reqs > e->n_parked &&
       (p->generation_tokens < e->last_pong.generation_tokens ||
-       p->prompt_tokens < e->last_pong.prompt_tokens)) {
-    cm_error(TAG, "the scheduler restarted: failing %d request(s) in flight", e->n_reqs);
-    fail_all(e, 503, "the engine restarted; the request was lost");
-  }
+       p->prompt_tokens < e->last_pong.prompt_tokens))
+    fe_eng_lost(e, "the scheduler restarted");
   e->last_pong_ns = cm_time_ns();
   e->workers_ok = p->world_size > 0 && p->workers_ready == p->world_size;
   if (p->max_model_len) e->pong_max_model_len = p->max_model_len;
@@ -126,6 +279,7 @@ static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
   }
   e->last_pong = *p;
   e->have_pong = 1;
+  parked_tend(e);
 }
 
 static void dispatch(struct fe_engine *e, const struct pr_msg *m) {
@@ -163,6 +317,10 @@ void fe_eng_pump(struct fe_engine *e) {
     }
   } while (e->repump);
   e->pumping = 0;
+  if (e->ping_soon) {
+    e->ping_soon = 0;
+    fe_eng_ping(e);
+  }
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
@@ -171,21 +329,27 @@ static void on_poll(uv_poll_t *h, int status, int events) {
   fe_eng_pump(h->data);
 }
 
-static void on_timer(uv_timer_t *t) {
-  struct fe_engine *e = t->data;
-  uint64_t now = cm_time_ns();
-  uint64_t since = e->last_pong_ns ? e->last_pong_ns : e->created_ns;
-  if (e->reqs && now - since > (uint64_t)e->cfg.dead_ms * 1000000ull) {
-    cm_error(TAG, "no answer from the scheduler for %.1f s: failing %d request(s)",
-             (double)(now - since) / 1e9, e->n_reqs);
-    fail_all(e, 503, "the engine stopped answering");
-  }
+void fe_eng_ping(struct fe_engine *e) {
   struct pr_msg m;
   pr_msg_init(&m, PR_PING);
   m.u.ping.nonce = ++e->ping_nonce;
   m.u.ping.send_ns = cm_time_wall_ns();
   int rc = fe_eng_send(e, &m);
   if (rc && rc != CM_ERR_AGAIN) cm_debug(TAG, "PING: %s", cm_strerror(rc));
+}
+
+static void on_timer(uv_timer_t *t) {
+  struct fe_engine *e = t->data;
+  uint64_t now = cm_time_ns();
+  uint64_t since = e->last_pong_ns ? e->last_pong_ns : e->created_ns;
+  if (e->n_reqs > e->n_parked && now - since > (uint64_t)e->cfg.dead_ms * 1000000ull) {
+    char why[96];
+    snprintf(why, sizeof(why), "no answer from the scheduler for %.1f s",
+             (double)(now - since) / 1e9);
+    fe_eng_lost(e, why);
+  }
+  parked_tend(e);
+  fe_eng_ping(e);
 }
 
 /* ---- model files --------------------------------------------------------- */
@@ -251,6 +415,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (!e->cfg.ping_ms) e->cfg.ping_ms = 500;
   if (!e->cfg.ready_ms) e->cfg.ready_ms = 2000;
   if (!e->cfg.dead_ms) e->cfg.dead_ms = 10000;
+  if (!e->cfg.retry_ms) e->cfg.retry_ms = 30000;
   e->created_ns = cm_time_ns();
   e->next_id = 1;
   fe_buf_init(&e->out, 0);
@@ -296,21 +461,36 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     cm_error(TAG, "cannot connect to the scheduler at %s: %s", e->scheduler, cm_strerror(rc));
     goto fail;
   }
-  int fd = -1;
+  /* the scheduler's death is seen when its connection closes, not at dead_ms */
+  int fd = -1, mon_fd = -1;
+  size_t mon_fd_len = sizeof(mon_fd);
   if ((rc = pr_sock_fd(e->sock, &fd)) != 0) goto fail;
+  if ((rc = pr_monitor_open(e->zctx, e->sock, ZMQ_EVENT_DISCONNECTED, &e->mon)) != 0) goto fail;
+  if (zmq_getsockopt(e->mon, ZMQ_FD, &mon_fd, &mon_fd_len) != 0) {
+    rc = CM_ERR_IO;
+    goto fail;
+  }
+  /* all three handles or none: fe_engine_destroy closes them together */
   if (uv_poll_init(loop, &e->poll, fd) != 0) {
     rc = CM_ERR_IO;
     goto fail;
   }
-  e->poll.data = e;
-  e->handles_open++;
+  if (uv_poll_init(loop, &e->mon_poll, mon_fd) != 0) {
+    uv_close((uv_handle_t *)&e->poll, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+    rc = CM_ERR_IO;
+    goto fail;
+  }
   uv_timer_init(loop, &e->timer);
-  e->timer.data = e;
-  e->handles_open++;
+  e->poll.data = e->mon_poll.data = e->timer.data = e;
+  e->handles_open = 3;
   uv_poll_start(&e->poll, UV_READABLE, on_poll);
+  uv_poll_start(&e->mon_poll, UV_READABLE, on_mon_poll);
   uv_timer_start(&e->timer, on_timer, 0, e->cfg.ping_ms);
   uv_unref((uv_handle_t *)&e->poll);
+  uv_unref((uv_handle_t *)&e->mon_poll);
   uv_unref((uv_handle_t *)&e->timer);
+  on_mon_poll(&e->mon_poll, 0, 0); /* arms the monitor's fd */
   cm_info(TAG, "scheduler %s; %d EOS id(s); chat template %s", e->scheduler, e->n_eos,
           e->chat ? "loaded" : "absent");
   *out = e;
@@ -325,10 +505,12 @@ void fe_engine_destroy(struct fe_engine *e) {
   fail_all(e, 503, "the frontend is shutting down");
   if (e->handles_open) {
     uv_close((uv_handle_t *)&e->poll, close_cb);
+    uv_close((uv_handle_t *)&e->mon_poll, close_cb);
     uv_close((uv_handle_t *)&e->timer, close_cb);
     while (e->handles_open)
       uv_run(e->loop, UV_RUN_ONCE);
   }
+  pr_monitor_close(e->sock, e->mon);
   pr_sock_close(e->sock);
   if (e->zctx) zmq_ctx_term(e->zctx);
   cm_arena_free(&e->rx_arena);

@@ -5,7 +5,15 @@
  * The engine owns one ZeroMQ DEALER connected to the scheduler's frontend
  * endpoint and polls it on the libuv loop. It PINGs every ping_ms; it is
  * ready while a PONG came back within ready_ms that reported every worker
- * rank ready. Past dead_ms without a PONG, requests in flight fail with 503.
+ * rank ready.
+ *
+ * When the engine loses the requests in flight — the scheduler's connection
+ * closes (a socket monitor sees it at once), the scheduler restarts, a worker
+ * fails (the scheduler's ERR), or dead_ms pass without a PONG — a request
+ * that has produced nothing yet is parked and sent again as soon as the
+ * engine is ready (a supervisor restarts it meanwhile), within retry_ms and
+ * at most a few times; one that has begun fails with 503, or an error event
+ * on its stream. /health answers 503 from the moment of the loss.
  *
  * Per request it tokenizes (completions: text with BOS, or the given ids;
  * chat: the model's chat template with add_generation_prompt, encoded
@@ -42,7 +50,8 @@ struct fe_engine_config {
   int64_t max_model_len;  /* tokens; used until a PONG reports the engine's (0: none) */
   uint32_t ping_ms;       /* PING period; 0: 500 */
   uint32_t ready_ms;      /* a PONG this recent makes the engine ready; 0: 2000 */
-  uint32_t dead_ms;       /* no PONG this long fails requests in flight; 0: 10000 */
+  uint32_t dead_ms;       /* no PONG this long loses requests in flight; 0: 10000 */
+  uint32_t retry_ms;      /* a parked request fails after this long; 0: 30000 */
 };
 
 /* Loads the tokenizer and chat template from cfg->model_dir, connects to

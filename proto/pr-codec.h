@@ -66,6 +66,7 @@ enum {
 };
 enum { PR_K_ABORT_IDS };
 enum { PR_K_PING_NONCE, PR_K_PING_SEND };
+enum { PR_K_DOWN_RANK, PR_K_DOWN_PID, PR_K_DOWN_MESSAGE };
 enum { PR_K_OUT_SEQS };
 enum {
   PR_K_OSEQ_ID,
@@ -122,7 +123,8 @@ enum {
   PR_K_READY_MAX_DRAFT,
   PR_K_READY_MAX_SEQS,
   PR_K_READY_MAX_TOKENS,
-  PR_K_READY_SHARD_SUM
+  PR_K_READY_SHARD_SUM,
+  PR_K_READY_PID
 };
 enum { PR_K_GRP_BLOCK_TOKENS, PR_K_GRP_LAYERS, PR_K_GRP_BYTES, PR_K_GRP_WINDOW };
 enum { PR_K_RES_RANK, PR_K_RES_STEP, PR_K_RES_SEQS };
@@ -340,8 +342,8 @@ int pr_check_lp_tokens(const struct pr_logprobs *lp, uint32_t n_tokens);
 
 /* ---- the records (pr-msg-front.c, pr-msg-work.c) ---- */
 extern const struct pr_rec pr_rec_sampling, pr_rec_logprobs;
-extern const struct pr_rec pr_rec_add, pr_rec_abort, pr_rec_ping, pr_rec_out, pr_rec_err,
-    pr_rec_pong;
+extern const struct pr_rec pr_rec_add, pr_rec_abort, pr_rec_ping, pr_rec_down, pr_rec_out,
+    pr_rec_err, pr_rec_pong;
 extern const struct pr_rec pr_rec_step, pr_rec_ctrl, pr_rec_ready, pr_rec_result, pr_rec_beat,
     pr_rec_fail, pr_rec_dist;
 

@@ -1,9 +1,9 @@
 /* pr-msg-front.c — the records of the messages between frontend and
- * scheduler: ADD, ABORT, PING (frontend -> scheduler) and OUT, ERR, PONG
- * (back), and the two records other messages share, sampling parameters and
- * logprobs. Each is a table of fields (pr-codec.h: key, type, bounds, offset)
- * plus, where fields depend on each other, a check; the walkers in
- * pr-encode.c, pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
+ * scheduler: ADD, ABORT, PING (frontend -> scheduler), DOWN (a supervisor ->
+ * scheduler) and OUT, ERR, PONG (back), and the two records other messages
+ * share, sampling parameters and logprobs. Each is a table of fields (pr-codec.h: key, type,
+ * bounds, offset) plus, where fields depend on each other, a check; the walkers in pr-encode.c,
+ * pr-decode.c, pr-codec.c and pr-msg-eq.c do the rest. */
 #include <float.h>
 #include <math.h>
 
@@ -81,6 +81,14 @@ static const struct pr_field ping_fields[] = {
     [PR_K_PING_SEND] = {PR_U(ping, send_ns)},
 };
 const struct pr_rec pr_rec_ping = PR_REC(ping, ping_fields, NULL);
+
+/* The message as in ERR: never NULL after decoding, NULL sent as "". */
+static const struct pr_field down_fields[] = {
+    [PR_K_DOWN_RANK] = {PR_U(down, rank), .flags = PR_F_REQ},
+    [PR_K_DOWN_PID] = {PR_U(down, pid)},
+    [PR_K_DOWN_MESSAGE] = {PR_STR(down, message)},
+};
+const struct pr_rec pr_rec_down = PR_REC(down, down_fields, NULL);
 
 /* ======================================================================== */
 /* OUT, ERR, PONG                                                            */

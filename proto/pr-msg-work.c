@@ -70,6 +70,7 @@ static const struct pr_field ready_fields[] = {
     [PR_K_READY_MAX_SEQS] = {PR_U(ready, max_num_seqs)},
     [PR_K_READY_MAX_TOKENS] = {PR_U(ready, max_num_batched_tokens)},
     [PR_K_READY_SHARD_SUM] = {PR_U(ready, shard_sum)},
+    [PR_K_READY_PID] = {PR_U(ready, pid)},
 };
 
 static int check_ready(const void *rec) {

@@ -60,6 +60,8 @@ enum pr_type {
   PR_ADD = 1,
   PR_ABORT = 2,
   PR_PING = 3,
+  /* supervisor (lmserve serve, or any frontend-side peer) -> scheduler */
+  PR_DOWN = 4,
   /* scheduler -> frontend */
   PR_OUT = 16,
   PR_ERR = 17,
@@ -148,6 +150,15 @@ struct pr_abort {
 struct pr_ping {
   uint64_t nonce;   /* echoed in PONG */
   uint64_t send_ns; /* wall clock at send */
+};
+
+/* DOWN: a worker rank's process has ended (its supervisor reaped it). The scheduler
+ * fails the rank at once, as if its heartbeats had stopped, when rank and pid match
+ * the rank's READY (pid 0 matches any process of that rank). */
+struct pr_down {
+  uint32_t rank;
+  uint32_t pid;        /* the process that ended; 0 = not said */
+  const char *message; /* how it ended ("killed by signal 9"); never NULL after decode */
 };
 
 /* ---- scheduler -> frontend ----------------------------------------------- */
@@ -273,6 +284,7 @@ struct pr_ready {
   /* checksum of the model's config and this rank's shard shapes: the ranks of one
    * tensor-parallel group must agree (0 = not said) */
   uint64_t shard_sum;
+  uint32_t pid; /* the worker's process id on its host (matches DOWN); 0 = not said */
 };
 
 struct pr_result_seq {
@@ -322,6 +334,7 @@ struct pr_msg {
     struct pr_add add;
     struct pr_abort abort;
     struct pr_ping ping;
+    struct pr_down down;
     struct pr_out out;
     struct pr_err err;
     struct pr_pong pong;

@@ -1,5 +1,6 @@
 /* pr-zmq.c — sockets, send and receive of lmserve messages (see pr-zmq.h). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,6 +167,10 @@ int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out, str
     if (from) {
       from->len = (uint8_t)(n <= PR_RID_MAX ? n : 0);
       if (from->len) memcpy(from->id, zmq_msg_data(&f[0]), n);
+      /* ZMQ_SRCFD: the fd a monitor's DISCONNECTED event names (-1 for inproc). Asked
+       * of a frame that came over the wire: the routing id frame the ROUTER makes
+       * from a peer's ZMQ_ROUTING_ID carries none */
+      from->fd = zmq_msg_get(&f[nf > 1 ? 1 : 0], ZMQ_SRCFD);
     }
     i = 1;
   }
@@ -181,4 +186,64 @@ done:
   for (int j = 0; j < 3; j++)
     zmq_msg_close(&f[j]);
   return rc;
+}
+
+/* ---- connection events ------------------------------------------------------ */
+
+int pr_monitor_open(void *zmq_ctx, struct pr_sock *s, int events, void **pair_out) {
+  int rc = 0, zero = 0;
+  *pair_out = NULL;
+  char addr[64];
+  snprintf(addr, sizeof(addr), "inproc://pr-monitor-%p", (void *)s);
+  PR_ZMQ_CHECK(zmq_socket_monitor(s->zs, addr, events));
+  void *pair = zmq_socket(zmq_ctx, ZMQ_PAIR);
+  if (!pair) {
+    int e = zmq_errno();
+    cm_error("pr", "zmq_socket(PAIR): %s", zmq_strerror(e));
+    rc = pr_zmq_err(e);
+    goto fail;
+  }
+  PR_ZMQ_CHECK_GOTO(zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof(zero)), rc, fail);
+  PR_ZMQ_CHECK_GOTO(zmq_connect(pair, addr), rc, fail);
+  *pair_out = pair;
+  return 0;
+fail:
+  if (pair) zmq_close(pair);
+  zmq_socket_monitor(s->zs, NULL, 0);
+  return rc;
+}
+
+int pr_monitor_recv(void *pair, int *event, int *value) {
+  /* frame 1: the event (u16) and its value (u32), in host order; frame 2: the
+   * endpoint's address */
+  zmq_msg_t f;
+  zmq_msg_init(&f);
+  if (zmq_msg_recv(&f, pair, ZMQ_DONTWAIT) < 0) {
+    int e = zmq_errno();
+    zmq_msg_close(&f);
+    return pr_zmq_err(e);
+  }
+  int rc = CM_ERR_PARSE;
+  if (zmq_msg_size(&f) == 6) {
+    uint16_t ev;
+    uint32_t val;
+    memcpy(&ev, zmq_msg_data(&f), sizeof(ev));
+    memcpy(&val, (const uint8_t *)zmq_msg_data(&f) + 2, sizeof(val));
+    *event = ev;
+    *value = (int)val;
+    rc = 0;
+  }
+  while (zmq_msg_more(&f)) { /* the address, and anything a later ZeroMQ adds */
+    zmq_msg_close(&f);
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, pair, 0) < 0) break;
+  }
+  zmq_msg_close(&f);
+  return rc;
+}
+
+void pr_monitor_close(struct pr_sock *s, void *pair) {
+  if (!pair) return;
+  if (s && s->zs) zmq_socket_monitor(s->zs, NULL, 0);
+  zmq_close(pair);
 }

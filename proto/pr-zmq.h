@@ -63,6 +63,9 @@ int pr_zmq_err(int zmq_errno);
 struct pr_rid {
   uint8_t len; /* bytes, 1..PR_RID_MAX */
   uint8_t id[PR_RID_MAX];
+  int32_t fd; /* receiving side: the file descriptor of the connection the message came on
+               * (ipc://, tcp://), matched against pr_monitor_recv's; -1 = unknown. Not part
+               * of the peer's identity: pr_sock_send ignores it */
 };
 
 struct pr_sock; /* opaque: a zmq socket plus its reusable encode buffer */
@@ -94,6 +97,21 @@ int pr_sock_send(struct pr_sock *s, const struct pr_rid *to, const struct pr_msg
  * CM_ERR_PARSE for a wrong frame count, and any pr_msg_decode error. */
 int pr_sock_recv(struct pr_sock *s, struct pr_rid *from, struct pr_msg *out, struct cm_arena *arena,
                  int flags);
+
+/* ---- connection events ---- */
+
+/* A socket monitor: ZeroMQ reports the connections of socket `s` (the events, a
+ * mask of ZMQ_EVENT_*) on an inproc PAIR socket of the same context, which
+ * *pair_out is (close it with pr_monitor_close before closing s). Poll it with
+ * zmq_poll, or poll its ZMQ_FD and read until ZMQ_EVENTS has no ZMQ_POLLIN: the fd
+ * only signals an event that arrives after a read found none. */
+int pr_monitor_open(void *zmq_ctx, struct pr_sock *s, int events, void **pair_out);
+/* One event from the monitor: its ZMQ_EVENT_* in *event and its value in *value (for
+ * ZMQ_EVENT_DISCONNECTED and ZMQ_EVENT_ACCEPTED the connection's file descriptor).
+ * CM_ERR_AGAIN when none is waiting. */
+int pr_monitor_recv(void *pair, int *event, int *value);
+/* Stops the monitor of s and closes the PAIR socket (NULL pair is a no-op). */
+void pr_monitor_close(struct pr_sock *s, void *pair);
 
 /* ---- endpoints (pr-endpoint.c) ---- */
 

@@ -42,7 +42,8 @@ int sch_main(int argc, char **argv) {
   const char *model = NULL, *front_ep = NULL, *work_ep = NULL;
   int64_t world = 1, max_seqs = 256, max_batched = 8192, max_len = 0, spec_k = 0,
           max_waiting = 4096;
-  double worker_timeout = 10;
+  double worker_timeout = 0, beat_interval = 1;
+  int64_t beat_limit = 3;
   int prefix_caching = 1;
   struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "model directory (for logs; the workers load it)", 0, 0,
@@ -65,9 +66,15 @@ int sch_main(int argc, char **argv) {
        "draft tokens per decode step (default 0)", 0, 64, 0, 0, NULL},
       {"max-waiting", CM_OPT_INT, &max_waiting, "N", "queued requests at most (default 4096)", 1,
        1 << 19, 0, 0, NULL},
+      {"heartbeat-interval", CM_OPT_DOUBLE, &beat_interval, "S",
+       "seconds between a worker's heartbeats (its own --heartbeat-interval; default 1)", 0, 0,
+       0.01, 600, NULL},
+      {"heartbeat-limit", CM_OPT_INT, &beat_limit, "N",
+       "heartbeats a worker may miss before it counts as dead (default 3)", 1, 1000, 0, 0, NULL},
       {"worker-timeout", CM_OPT_DOUBLE, &worker_timeout, "S",
-       "seconds without a message before a worker counts as failed (default 10)", 0, 0, 0.05, 3600,
-       NULL},
+       "seconds without a message before a worker counts as dead (default: the interval "
+       "times the limit)",
+       0, 0, 0.05, 3600, NULL},
       {0},
   };
   int rc = cm_args_parse("lmserve scheduler", "run the scheduler role alone", opts, argc, argv, 1,
@@ -95,6 +102,8 @@ int sch_main(int argc, char **argv) {
   cfg.num_spec_tokens = (int32_t)spec_k;
   cfg.max_waiting = (int32_t)max_waiting;
   cfg.enable_prefix_caching = prefix_caching != 0;
+  if (worker_timeout <= 0) worker_timeout = beat_interval * (double)beat_limit;
+  if (worker_timeout > 3600) worker_timeout = 3600;
   cfg.worker_timeout_ms = (uint32_t)(worker_timeout * 1000 + 0.5);
 
   struct sigaction sa;

@@ -67,6 +67,8 @@ struct sch_rank {
   uint64_t kv_blocks, last_step_id;
   uint32_t max_model_len;                        /* tokens, from its READY */
   uint32_t max_num_seqs, max_num_batched_tokens; /* largest step it takes; 0 = not said */
+  int32_t fd;   /* its connection's fd at our end (the monitor's DISCONNECTED names it); -1 */
+  uint32_t pid; /* its process id from READY (matched by DOWN); 0 = not said */
 };
 
 /* What the ranks agreed on (from READY). */
@@ -94,6 +96,7 @@ struct sch_server {
   struct sch_dist dist;
   void *zctx;
   struct pr_sock *front_sock, *work_sock;
+  void *work_mon; /* PAIR: DISCONNECTED events of the worker socket's connections */
   struct cm_arena front_arena, work_arena;
 
   struct sch_front fronts[SCH_SRV_MAX_FRONTS];
@@ -150,6 +153,9 @@ void sch_srv_drop(struct sch_server *s, struct sch_req *r, bool in_engine);
 int sch_srv_work_init(struct sch_server *s);
 void sch_srv_work_free(struct sch_server *s);
 void sch_srv_work_recv(struct sch_server *s);     /* drains the worker socket */
+void sch_srv_work_monitor(struct sch_server *s);  /* drains the worker socket's monitor */
+/* A supervisor's DOWN: the process of a rank has ended. */
+void sch_srv_work_down(struct sch_server *s, const struct pr_down *m);
 void sch_srv_work_check(struct sch_server *s);    /* heartbeat timeouts */
 void sch_srv_work_step(struct sch_server *s);     /* plans and sends a step when idle */
 void sch_srv_work_shutdown(struct sch_server *s); /* CTRL shutdown to every known rank */

@@ -31,6 +31,8 @@ int sch_srv_work_init(struct sch_server *s) {
   if (!s->ranks || !s->dist.waiting || !s->dist.asked || !s->step_seqs || !s->step_tables ||
       !s->results || !s->outs || !s->out_order || !s->pending_free)
     return CM_ERR_NOMEM;
+  for (int32_t r = 0; r < s->cfg.world_size; r++)
+    s->ranks[r].fd = -1;
   return 0;
 }
 
@@ -60,9 +62,13 @@ bool sch_srv_has_work(struct sch_server *s) {
 
 /* Rank r is gone or broken: the step in flight fails, every live request gets ERR and
  * is dropped, the KV cache counts as lost, and service stops until all ranks are READY
- * again. */
+ * again. A request that had sent no token yet gets CM_ERR_AGAIN: nothing of it reached
+ * the client, so its frontend may submit it again once the workers are back. */
 static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why) {
   cm_error(TAG, "worker rank %d failed: %s", (int)r, why);
+  /* the group is broken: its ranks start again and form a new one, whose id the new
+   * rank 0 offers; the old id must not be relayed to a new rank that asks first */
+  s->dist.n = 0;
   if (s->ranks[r].ready) {
     s->ranks[r].ready = false;
     s->num_ready--;
@@ -73,20 +79,60 @@ static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why
     sch_engine_step_failed(s->engine);
     s->in_flight = false;
   }
-  int32_t n = 0;
+  int32_t n = 0, n_retry = 0;
   for (int32_t i = 0; i < s->reqs.cap; i++) {
     struct sch_req *q = &s->reqs.slots[i];
     if (!q->eid) continue;
     int32_t front = q->front;
     uint64_t id = q->request_id;
+    bool started = q->first_token_ns != 0;
     sch_srv_drop(s, q, true);
-    sch_srv_send_err(s, front, id, code < 0 ? code : CM_ERR_IO, "worker rank %d failed: %s", (int)r,
-                     why);
+    if (started)
+      sch_srv_send_err(s, front, id, code < 0 ? code : CM_ERR_IO, "worker rank %d failed: %s",
+                       (int)r, why);
+    else
+      sch_srv_send_err(s, front, id, CM_ERR_AGAIN,
+                       "worker rank %d failed: %s (the request had produced nothing yet)", (int)r,
+                       why);
     n++;
+    n_retry += !started;
   }
   sch_engine_reset_kv(s->engine);
-  cm_warn(TAG, "service stopped (%d of %d ranks ready); %d requests failed", (int)s->num_ready,
-          (int)s->cfg.world_size, (int)n);
+  cm_warn(TAG, "service stopped (%d of %d ranks ready); %d requests failed (%d before any output)",
+          (int)s->num_ready, (int)s->cfg.world_size, (int)n, (int)n_retry);
+}
+
+/* ---- connections and supervisors ---------------------------------------------------- */
+
+void sch_srv_work_monitor(struct sch_server *s) {
+  int ev = 0, fd = -1;
+  while (s->work_mon && pr_monitor_recv(s->work_mon, &ev, &fd) != CM_ERR_AGAIN) {
+    if (ev != ZMQ_EVENT_DISCONNECTED || fd < 0) continue;
+    /* the fd was closed right after the event was queued and is read here before
+     * any message of a later connection that reuses its number */
+    for (int32_t r = 0; r < s->cfg.world_size; r++) {
+      struct sch_rank *k = &s->ranks[r];
+      if (!k->known || k->fd != fd) continue;
+      k->fd = -1;
+      if (k->ready) fail_rank(s, r, CM_ERR_CLOSED, "its connection closed (the process ended?)");
+    }
+  }
+}
+
+void sch_srv_work_down(struct sch_server *s, const struct pr_down *m) {
+  if (m->rank >= (uint32_t)s->cfg.world_size) {
+    cm_warn(TAG, "DOWN for rank %u of a world of %d: ignored", m->rank, (int)s->cfg.world_size);
+    return;
+  }
+  struct sch_rank *k = &s->ranks[m->rank];
+  if (!k->ready || (m->pid && k->pid && m->pid != k->pid)) {
+    cm_debug(TAG, "DOWN for rank %u (pid %u): not the rank's ready process", m->rank, m->pid);
+    return;
+  }
+  char why[PR_MAX_STR + 64];
+  snprintf(why, sizeof(why), "its process %u ended (%s)", m->pid,
+           m->message && *m->message ? m->message : "reported by its supervisor");
+  fail_rank(s, (int32_t)m->rank, CM_ERR_CLOSED, why);
 }
 
 /* ---- READY --------------------------------------------------------------------- */
@@ -229,6 +275,8 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   if (s->num_ready == 0) s->info = info;
   struct sch_rank *k = &s->ranks[r];
   k->rid = *from;
+  k->fd = from->fd;
+  k->pid = m->pid;
   k->known = k->ready = true;
   k->last_seen_ns = cm_time_ns();
   k->kv_blocks = m->kv_blocks;

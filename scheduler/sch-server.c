@@ -1,5 +1,6 @@
 /* sch-server.c — the scheduler server's sockets and loop, and what frontends ask:
- * ADD (into the engine, or an ERR back), ABORT, PING (PONG with the engine's stats).
+ * ADD (into the engine, or an ERR back), ABORT, PING (PONG with the engine's stats);
+ * and DOWN, from a supervisor that saw a worker's process end.
  * Frontend sends never block: a frontend that cannot take its OUT or ERR loses its
  * requests (aborted, with a log line) rather than stalling everyone else. The worker
  * side (READY, STEP, RESULT, failures) is in sch-server-work.c. */
@@ -255,6 +256,7 @@ static int front_recv(struct sch_server *s) {
     case PR_ADD: on_add(s, front, &m.u.add); break;
     case PR_ABORT: on_abort(s, front, &m.u.abort); break;
     case PR_PING: on_ping(s, front, &m.u.ping); break;
+    case PR_DOWN: sch_srv_work_down(s, &m.u.down); break;
     default:
       cm_warn(TAG, "frontend %d: %s is not a frontend message; dropped", (int)front,
               pr_type_name(m.type));
@@ -298,6 +300,12 @@ int sch_server_create(const struct sch_server_config *cfg, struct sch_server **o
     cm_error(TAG, "cannot bind the worker endpoint %s", cfg->worker_endpoint);
     goto fail;
   }
+  /* a worker whose connection closes is failed at once, wherever it runs, rather
+   * than when its heartbeats are missed */
+  if ((rc = pr_monitor_open(s->zctx, s->work_sock, ZMQ_EVENT_DISCONNECTED, &s->work_mon))) {
+    cm_error(TAG, "cannot monitor the worker socket's connections");
+    goto fail;
+  }
   cm_info(TAG, "model %s: frontends on %s, workers on %s, waiting for %d rank(s)",
           cfg->model_dir ? cfg->model_dir : "(unnamed)", cfg->frontend_endpoint,
           cfg->worker_endpoint, (int)cfg->world_size);
@@ -329,6 +337,7 @@ void sch_server_destroy(struct sch_server *s) {
             (double)s->step_ns_plan / 1e3 / n, (double)s->step_ns_apply / 1e3 / n,
             (double)s->step_ns_engine / 1e3 / n, (double)s->step_ns_round / 1e3 / n);
   }
+  pr_monitor_close(s->work_sock, s->work_mon);
   pr_sock_close(s->front_sock);
   pr_sock_close(s->work_sock);
   if (s->zctx) zmq_ctx_term(s->zctx);
@@ -340,19 +349,21 @@ void sch_server_destroy(struct sch_server *s) {
 }
 
 int sch_server_run(struct sch_server *s, volatile sig_atomic_t *stop) {
-  zmq_pollitem_t items[2] = {
+  zmq_pollitem_t items[3] = {
       {pr_sock_zmq(s->front_sock), 0, ZMQ_POLLIN, 0},
       {pr_sock_zmq(s->work_sock), 0, ZMQ_POLLIN, 0},
+      {s->work_mon, 0, ZMQ_POLLIN, 0},
   };
   while (!*stop) {
     long timeout_ms = 100; /* heartbeat checks and the stop flag */
     if (s->serving && !s->in_flight && !s->plan_idle && sch_srv_has_work(s)) timeout_ms = 0;
-    if (zmq_poll(items, 2, timeout_ms) < 0) {
+    if (zmq_poll(items, 3, timeout_ms) < 0) {
       int e = zmq_errno();
       if (e == EINTR) continue;
       cm_error(TAG, "zmq_poll: %s", zmq_strerror(e));
       return pr_zmq_err(e);
     }
+    sch_srv_work_monitor(s); /* before the messages: see sch_srv_work_monitor */
     sch_srv_work_recv(s);
     int rc = front_recv(s);
     if (rc) return rc;

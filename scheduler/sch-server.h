@@ -10,9 +10,13 @@
  *   sch_server_run(srv, &stop_flag);   // returns when *stop_flag becomes nonzero
  *   sch_server_destroy(srv);           // sends CTRL shutdown to the workers
  *
- * Service starts when all world_size ranks sent an agreeing READY; a worker FAIL or
- * silence longer than worker_timeout_ms fails every live request with ERR and stops
- * service (PONG's workers_ready < world_size) until the rank is READY again.
+ * Service starts when all world_size ranks sent an agreeing READY. A rank fails on its
+ * FAIL, on silence longer than worker_timeout_ms (missed heartbeats: a hung process),
+ * when its connection closes (a socket monitor on the worker socket: the process died,
+ * on this host or another), or on a supervisor's DOWN naming its process. A failure
+ * fails every live request with ERR — CM_ERR_AGAIN for those that had produced no
+ * token yet, which a frontend may submit again — and stops service (PONG's
+ * workers_ready < world_size) until the rank is READY again.
  * Wire facts the workers rely on: STEP's seq_id is the scheduler's engine id (unique
  * over the process's life, never reused); free_ids are to be dropped before the step's
  * sequences run; PR_SEQ_FINISHED is never set (a finished sequence shows up in a later

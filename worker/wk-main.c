@@ -5,19 +5,24 @@
  *
  * Heartbeats: a forward pass can take longer than the scheduler's heartbeat
  * period, and the step cannot be interrupted between layers, so a second
- * thread sends BEAT once a second. Both threads use the one DEALER socket
+ * thread sends BEAT every --heartbeat-interval (1 s). Both threads use the one DEALER socket
  * (the scheduler knows a rank by its routing id, so a second socket would be
  * a stranger to it); a mutex serialises every call on it, which also gives
  * ZeroMQ the memory barrier it asks for when a socket changes threads. The
  * main thread holds the mutex only while it polls (at most 100 ms) or
  * sends, never during a step. Mutexes are not fair, so a beat thread that
  * waits for the lock while the main thread polls in a loop could starve:
- * instead, whoever holds the socket sends the BEAT once a second is due
+ * instead, whoever holds the socket sends the BEAT once one is due
  * (the main thread after each poll while idle, the beat thread while a
  * step runs), and both read the time of the last one from last_beat_ns.
  *
+ * A monitor on the socket sees the scheduler's connection close (the
+ * scheduler died, or its host): a new scheduler would not know this rank, so
+ * it ends (status 1) for its supervisor to start it again.
+ *
  * Exit codes: 0 after CTRL shutdown or SIGTERM/SIGINT, 2 for bad flags or
- * an unsupported configuration, 1 when the model or the socket fails. */
+ * an unsupported configuration, 1 when the model or the socket fails or the
+ * scheduler goes away. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/cm-args.h"
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
@@ -37,8 +43,7 @@
 #include "worker/wk-role.h"
 
 #define TAG           "worker"
-#define BEAT_MS       1000 /* heartbeat period */
-#define BEAT_CHECK_MS 100  /* how often the beat thread looks at the clock */
+#define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock, at most */
 #define POLL_MS       100  /* how long the main thread holds the socket per poll */
 #define TERM_GRACE_S  3    /* after SIGTERM, a step still running this long ends the process */
 
@@ -51,7 +56,9 @@ static void on_signal(int sig) {
 
 struct wk_proc {
   uint32_t rank;
+  uint64_t beat_ns; /* heartbeat period */
   struct pr_sock *sock;
+  void *mon;               /* PAIR: sock's DISCONNECTED events (main thread, under mu) */
   pthread_mutex_t mu;      /* guards sock */
   uint64_t last_step;      /* last finished step id (atomic access) */
   uint64_t last_beat_ns;   /* cm_time_ns of the last BEAT sent (atomic access) */
@@ -85,7 +92,7 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
 static int beat_due(struct wk_proc *p) {
   if (!__atomic_load_n(&p->announced, __ATOMIC_ACQUIRE)) return 0; /* no BEAT before READY */
   uint64_t last = __atomic_load_n(&p->last_beat_ns, __ATOMIC_ACQUIRE);
-  return cm_time_ns() - last >= (uint64_t)BEAT_MS * 1000000ull;
+  return cm_time_ns() - last >= p->beat_ns;
 }
 
 /* Sends a BEAT; the caller holds p->mu. */
@@ -124,7 +131,8 @@ static void *beat_main(void *arg) {
     pthread_mutex_lock(&p->quit_mu);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)BEAT_CHECK_MS * 1000000L;
+    uint64_t wait_ns = CM_MIN((uint64_t)BEAT_CHECK_MS * 1000000ull, p->beat_ns / 2);
+    ts.tv_nsec += (long)wait_ns;
     if (ts.tv_nsec >= 1000000000L) {
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000L;
@@ -172,16 +180,26 @@ static int send_ready(struct wk_proc *p) {
   r->max_num_seqs = max_seqs;
   r->max_num_batched_tokens = max_tokens;
   r->shard_sum = wk_model_shard_sum(m);
+  r->pid = (uint32_t)getpid();
   return send_locked(p, &msg);
 }
 
 /* Receives one message, waiting at most POLL_MS. CM_ERR_AGAIN: nothing. */
 static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
   pthread_mutex_lock(&p->mu);
-  zmq_pollitem_t it = {.socket = pr_sock_zmq(p->sock), .events = ZMQ_POLLIN};
-  int n = zmq_poll(&it, 1, POLL_MS);
+  zmq_pollitem_t it[2] = {{.socket = pr_sock_zmq(p->sock), .events = ZMQ_POLLIN},
+                          {.socket = p->mon, .events = ZMQ_POLLIN}};
+  int n = zmq_poll(it, p->mon ? 2 : 1, POLL_MS);
   int rc = CM_ERR_AGAIN;
-  if (n > 0) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
+  if (n > 0 && (it[0].revents & ZMQ_POLLIN)) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
+  /* the scheduler is gone (dead, or its host): the rank cannot serve a new one, which
+   * would not know it; it ends, and its supervisor starts it again */
+  int ev = 0, fd = -1;
+  while (rc == CM_ERR_AGAIN && n > 0 && p->mon && pr_monitor_recv(p->mon, &ev, &fd) == 0)
+    if (ev == ZMQ_EVENT_DISCONNECTED) {
+      cm_error(TAG, "rank %u: the connection to the scheduler closed", p->rank);
+      rc = CM_ERR_CLOSED;
+    }
   if (beat_due(p)) beat_send_locked(p);
   pthread_mutex_unlock(&p->mu);
   return rc;
@@ -347,6 +365,7 @@ int wk_worker_main(int argc, char **argv) {
   double mem_util = 0.9;
   int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0;
   int64_t join_ms = 60000;
+  double beat_s = 1.0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -372,6 +391,9 @@ int wk_worker_main(int argc, char **argv) {
       {"group-timeout", CM_OPT_INT, &join_ms, "MS",
        "how long the ranks of a tensor-parallel group wait for each other to form it (60000)", 100,
        3600000},
+      {"heartbeat-interval", CM_OPT_DOUBLE, &beat_s, "S",
+       "seconds between heartbeats to the scheduler, sent during long steps too (1)", 0, 0, 0.01,
+       600, NULL},
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
@@ -433,7 +455,7 @@ int wk_worker_main(int argc, char **argv) {
   struct wk_model *m = NULL, *draft = NULL;
   struct wk_role *role = NULL;
   void *zctx = NULL;
-  struct wk_proc p = {.rank = (uint32_t)rank};
+  struct wk_proc p = {.rank = (uint32_t)rank, .beat_ns = (uint64_t)(beat_s * 1e9)};
   pthread_t beat;
   int have_beat = 0;
   pthread_mutex_init(&p.mu, NULL);
@@ -490,6 +512,7 @@ int wk_worker_main(int argc, char **argv) {
   int rid_len = snprintf(rid, sizeof(rid), "worker-%lld-%ld", (long long)rank, (long)getpid());
   if ((rc = pr_sock_open(zctx, ZMQ_DEALER, 0, &p.sock)) ||
       (rc = pr_sock_set_rid(p.sock, rid, (size_t)rid_len)) ||
+      (rc = pr_monitor_open(zctx, p.sock, ZMQ_EVENT_DISCONNECTED, &p.mon)) ||
       (rc = pr_sock_connect(p.sock, endpoint))) {
     fprintf(stderr, "lmserve worker: cannot connect to %s: %s\n", endpoint, cm_strerror(rc));
     goto done;
@@ -531,6 +554,7 @@ done:
     pthread_mutex_unlock(&p.quit_mu);
     pthread_join(beat, NULL);
   }
+  pr_monitor_close(p.sock, p.mon);
   pr_sock_close(p.sock);
   if (zctx) zmq_ctx_term(zctx);
   wk_role_destroy(role);

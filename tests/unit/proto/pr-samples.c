@@ -10,7 +10,7 @@
 
 static const enum pr_type types[] = {PR_ADD,  PR_ABORT, PR_PING, PR_OUT,   PR_ERR,
                                      PR_PONG, PR_STEP,  PR_CTRL, PR_READY, PR_RESULT,
-                                     PR_BEAT, PR_FAIL,  PR_DIST};
+                                     PR_BEAT, PR_FAIL,  PR_DIST, PR_DOWN};
 static const char *const variants[] = {"typical", "minimal", "max"};
 
 enum { NV = 3, BIG = 300 /* entries in the "large" arrays: past the 16-bit array header */ };
@@ -115,6 +115,11 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
   case PR_PING:
     m->u.ping.nonce = v == 2 ? UINT64_MAX : (uint64_t)v * 77;
     m->u.ping.send_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000000000000ull : 0;
+    break;
+  case PR_DOWN:
+    m->u.down.rank = v == 2 ? UINT32_MAX : v == 0 ? 1 : 0;
+    m->u.down.pid = v == 2 ? UINT32_MAX : v == 0 ? 4242 : 0;
+    m->u.down.message = v == 0 ? "killed by signal 9 (Killed)" : v == 1 ? "" : longstr;
     break;
   case PR_OUT: {
     struct pr_out *o = &m->u.out;
@@ -236,6 +241,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->max_num_seqs = v == 2 ? UINT32_MAX : v == 0 ? 64 : 0;
     r->max_num_batched_tokens = v == 2 ? UINT32_MAX : v == 0 ? 2048 : 0;
     r->shard_sum = v == 2 ? UINT64_MAX : v == 0 ? 0x9e3779b97f4a7c15ull : 0;
+    r->pid = v == 2 ? UINT32_MAX : v == 0 ? 31337 : 0;
     break;
   }
   case PR_RESULT: {

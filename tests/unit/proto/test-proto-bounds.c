@@ -39,7 +39,7 @@ void *__wrap_realloc(void *p, size_t n) {
 
 static const enum pr_type all_types[] = {PR_ADD,  PR_ABORT, PR_PING, PR_OUT,   PR_ERR,
                                          PR_PONG, PR_STEP,  PR_CTRL, PR_READY, PR_RESULT,
-                                         PR_BEAT, PR_FAIL,  PR_DIST};
+                                         PR_BEAT, PR_FAIL,  PR_DIST, PR_DOWN};
 
 #define SMALL (64u << 10) /* bytes: what a hostile input may make us allocate */
 
