@@ -16,8 +16,8 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
-#include "worker/wk-greedy.h"
 #include "tools/tl-main.h"
+#include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
 
 /* The KV plan: one entry per group, then the total (JSON: the fields that

@@ -25,6 +25,7 @@
  * counts and the KV usage (/metrics) must be back at their baselines.
  *
  * Exit status: 0 when every check holds, 1 otherwise (the report says which). */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -34,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -47,8 +47,8 @@
 
 enum sk_kind { SK_NORMAL, SK_ABORT, SK_MALFORMED };
 enum sk_outcome { SK_OK, SK_REJECTED, SK_FAILED, SK_ABORTED, SK_REFUSED, SK_LOST, SK_ACCEPTED_BAD };
-static const char *const outcome_names[] = {"ok", "rejected", "failed", "aborted",
-                                            "malformed refused", "lost", "malformed accepted"};
+static const char *const outcome_names[] = {
+    "ok", "rejected", "failed", "aborted", "malformed refused", "lost", "malformed accepted"};
 #define SK_N_OUTCOMES 7
 
 struct sk_config {
@@ -87,16 +87,16 @@ static uint64_t xorshift(uint64_t *s) {
 /* ---- one request ------------------------------------------------------------------ */
 
 static const char *const bad_bodies[] = {
-    "{\"prompt\": [2, 818, ",                                    /* cut short */
-    "{\"prompt\": \"hi\", \"max_tokens\": \"eight\"}",            /* wrong type */
-    "{\"prompt\": \"hi\", \"max_tokens\": -3}",                   /* out of range */
-    "{\"prompt\": \"hi\", \"temperature\": 1e999}",               /* not finite */
+    "{\"prompt\": [2, 818, ",                                         /* cut short */
+    "{\"prompt\": \"hi\", \"max_tokens\": \"eight\"}",                /* wrong type */
+    "{\"prompt\": \"hi\", \"max_tokens\": -3}",                       /* out of range */
+    "{\"prompt\": \"hi\", \"temperature\": 1e999}",                   /* not finite */
     "{\"prompt\": \"hi\", \"seed\": 123456789012345678901234567890}", /* beyond 64 bits */
-    "{\"prompt\": [2, -7, 9]}",                                   /* id out of vocabulary */
-    "{\"prompt\": \"hi\", \"model\": \"no-such-model\"}",         /* unknown model */
-    "[1, 2, 3]",                                                 /* not an object */
-    "{\"prompt\": \"hi\", \"n\": 0}",                             /* out of range */
-    "{\"prompt\": \"hi\", \"top_p\": 7}",                         /* out of range */
+    "{\"prompt\": [2, -7, 9]}",                                       /* id out of vocabulary */
+    "{\"prompt\": \"hi\", \"model\": \"no-such-model\"}",             /* unknown model */
+    "[1, 2, 3]",                                                      /* not an object */
+    "{\"prompt\": \"hi\", \"n\": 0}",                                 /* out of range */
+    "{\"prompt\": \"hi\", \"top_p\": 7}",                             /* out of range */
 };
 #define SK_N_BAD (sizeof(bad_bodies) / sizeof(bad_bodies[0]))
 
@@ -106,8 +106,8 @@ static void recv_timeout(int fd, double s) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
-static enum sk_outcome run_one(const struct sk_config *c, int64_t i, enum sk_kind kind,
-                               char *why, size_t whylen) {
+static enum sk_outcome run_one(const struct sk_config *c, int64_t i, enum sk_kind kind, char *why,
+                               size_t whylen) {
   uint64_t s = (uint64_t)c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xD1B54A32D192ED03ull + 1;
   char *body = NULL;
   if (kind == SK_MALFORMED) {
@@ -117,9 +117,9 @@ static enum sk_outcome run_one(const struct sk_config *c, int64_t i, enum sk_kin
     json_array_append_new(ids, json_integer(2));
     for (int64_t k = 1; k < c->input_len; k++)
       json_array_append_new(ids, json_integer(256 + (json_int_t)(xorshift(&s) % 200000)));
-    json_t *j = json_pack("{s:s, s:o, s:I, s:b, s:b, s:f}", "model", c->model, "prompt", ids,
-                          "max_tokens", (json_int_t)c->output_len, "ignore_eos", 1, "stream", 1,
-                          "temperature", 0.0);
+    json_t *j =
+        json_pack("{s:s, s:o, s:I, s:b, s:b, s:f}", "model", c->model, "prompt", ids, "max_tokens",
+                  (json_int_t)c->output_len, "ignore_eos", 1, "stream", 1, "temperature", 0.0);
     body = json_dumps(j, JSON_COMPACT);
     json_decref(j);
   }
@@ -176,7 +176,8 @@ static enum sk_outcome run_one(const struct sk_config *c, int64_t i, enum sk_kin
       const char *line = in.p + scan;
       if (!strncmp(line, "data: [DONE]", 12))
         done_seen = 1;
-      else if (!strncmp(line, "data: ", 6) && strstr(line, "\"error\"") && strstr(line, "\"error\"") < nl)
+      else if (!strncmp(line, "data: ", 6) && strstr(line, "\"error\"") &&
+               strstr(line, "\"error\"") < nl)
         error_seen = 1;
       else if (!strncmp(line, "data: ", 6))
         tokens++;
@@ -344,7 +345,8 @@ int tl_bench_soak_main(int argc, char **argv) {
                         .output_len = 16};
   const struct cm_opt opts[] = {
       {"url", CM_OPT_STR, &c.url, "URL", "server base URL (http://127.0.0.1:8000)"},
-      {"model", CM_OPT_STR, &c.model, "NAME", "model name sent in requests (default: the server's)"},
+      {"model", CM_OPT_STR, &c.model, "NAME",
+       "model name sent in requests (default: the server's)"},
       {"api-key", CM_OPT_STR, &c.api_key, "KEY", "bearer token"},
       {"duration", CM_OPT_DOUBLE, &c.duration, "S", "seconds of traffic (60)", 0, 0, 1, 1e7},
       {"request-rate", CM_OPT_DOUBLE, &c.rate, "R", "requests/s, Poisson (2)", 0, 0, 1e-3, 1e6},
@@ -361,8 +363,8 @@ int tl_bench_soak_main(int argc, char **argv) {
        "SIGKILL a worker of --serve-pid this often (0: never)", 0, 0, 0, 1e7},
       {"warmup", CM_OPT_DOUBLE, &c.warmup, "S", "seconds before memory is followed (10)", 0, 0, 0,
        1e7},
-      {"request-timeout", CM_OPT_DOUBLE, &c.timeout, "S", "a request unanswered this long is lost (120)",
-       0, 0, 1, 1e6},
+      {"request-timeout", CM_OPT_DOUBLE, &c.timeout, "S",
+       "a request unanswered this long is lost (120)", 0, 0, 1, 1e6},
       {"max-rss-growth-mb", CM_OPT_DOUBLE, &c.max_growth_mb, "MB",
        "most the long-lived roles' memory may grow after warm-up (16)", 0, 0, 0, 1e6},
       {"max-rss-slope-mb-h", CM_OPT_DOUBLE, &c.max_slope_mb_h, "MB",
@@ -415,7 +417,7 @@ int tl_bench_soak_main(int argc, char **argv) {
     if (t >= c.duration) break;
     double k = ((double)(xorshift(&s) >> 11) + 0.5) / 9007199254740992.0;
     st.start_at[st.n_total] = t;
-    st.kind[st.n_total++] = k < c.malformed_rate                 ? SK_MALFORMED
+    st.kind[st.n_total++] = k < c.malformed_rate                  ? SK_MALFORMED
                             : k < c.malformed_rate + c.abort_rate ? SK_ABORT
                                                                   : SK_NORMAL;
   }
@@ -436,7 +438,8 @@ int tl_bench_soak_main(int argc, char **argv) {
   for (int i = 0; i < nthreads; i++)
     pthread_create(&th[i], NULL, client, &st);
   /* the sampler and the killer run here, once a second */
-  double *rs_t = malloc(sizeof(double) * (size_t)(c.duration + 2)), *rs_v = malloc(sizeof(double) * (size_t)(c.duration + 2));
+  double *rs_t = malloc(sizeof(double) * (size_t)(c.duration + 2)),
+         *rs_v = malloc(sizeof(double) * (size_t)(c.duration + 2));
   int n_rs = 0, kills = 0;
   double next_kill = c.kill_every > 0 ? c.kill_every : INFINITY;
   for (;;) {

@@ -50,72 +50,15 @@
 #include "proto/pr-zmq.h"
 #include "tools/tl-http-probe.h"
 #include "tools/tl-main.h"
+#include "tools/tl-serve-impl.h"
 
-#define TL_MAX_CHILDREN 16
-#define TL_MAX_ARGS     64
-
-struct tl_child {
-  const char *role; /* "worker", "scheduler", "frontend" */
-  int rank;         /* worker rank, else -1 */
-  pid_t pid;        /* 0 once reaped */
-  int status;       /* wait status once reaped */
-};
-
-/* Where the engine (scheduler + worker group) is in its life. */
-enum tl_phase {
-  TL_STARTING, /* processes started, not all ranks ready yet */
-  TL_UP,       /* serving */
-  TL_BACKOFF,  /* failed: waiting for the old processes to go and the back-off to pass */
-};
-
-struct tl_serve {
-  /* flags */
-  const char *model, *host, *api_key, *served_name, *spec_model, *device;
-  int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
-  int64_t ready_timeout_s, drain_timeout_s;
-  double beat_s;              /* worker heartbeat period, seconds */
-  int64_t beat_limit;         /* heartbeats missed before a role counts as hung */
-  int64_t max_start_failures; /* engine deaths in a row before readiness that end serve */
-  uint64_t kv_bytes;
-  double gpu_mem_util; /* CUDA workers: share of device memory (KV pool sized from the rest) */
-  int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
-  int prefix_caching;
-  /* state */
-  char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
-  char ep_front[PATH_MAX + 16], ep_work[PATH_MAX + 16];
-  char model_dir[PATH_MAX + 64];
-  struct tl_child children[TL_MAX_CHILDREN];
-  int n_children;
-  /* supervision (see the top of the file) */
-  void *zctx;
-  struct pr_sock *ctl; /* DEALER to the scheduler's frontend endpoint: PING, DOWN */
-  struct cm_arena ctl_arena;
-  uint64_t ping_nonce; /* last PING sent */
-  uint64_t min_nonce;  /* PONGs to older PINGs say nothing of the current phase */
-  double last_ping_t;  /* cm_time_s */
-  double last_pong_t;  /* cm_time_s of the current scheduler's last PONG (or its start) */
-  enum tl_phase phase;
-  double phase_t;     /* cm_time_s when the phase began */
-  double restart_at;  /* TL_BACKOFF: when to start again */
-  double backoff_s;   /* the next back-off */
-  int restart_sched;  /* TL_BACKOFF: the scheduler restarts too */
-  int start_failures; /* engine deaths in a row before it was ready */
-  char last_failure[256];
-};
-
-static volatile sig_atomic_t g_stop_signal;
+volatile sig_atomic_t tl_serve_stop_signal;
 
 static void on_stop_signal(int sig) {
-  g_stop_signal = sig;
+  tl_serve_stop_signal = sig;
 }
 
 /* ---- argv building ------------------------------------------------------- */
-
-struct tl_argv {
-  char *v[TL_MAX_ARGS + 1];
-  char nums[TL_MAX_ARGS][24]; /* storage for numeric values */
-  int n, n_nums;
-};
 
 static void argv_add(struct tl_argv *a, const char *s) {
   CM_ASSERT(a->n < TL_MAX_ARGS);
@@ -154,123 +97,12 @@ static void argv_role(struct tl_argv *a, const char *role, const struct tl_serve
   argv_add_str(a, "--model", s->model_dir);
 }
 
-static const char *self_exe(void) {
+const char *tl_srv_self_exe(void) {
   static char path[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) return "lmserve";
   path[n] = 0;
   return path;
-}
-
-/* ---- children ------------------------------------------------------------ */
-
-/* Starts `lmserve ARGS` as role (rank) in that role's slot (a new slot the first
- * time; a restart reuses it). */
-static int spawn(struct tl_serve *s, const char *role, int rank, struct tl_argv *a) {
-  struct tl_child *c = NULL;
-  for (int i = 0; i < s->n_children && !c; i++)
-    if (!strcmp(s->children[i].role, role) && s->children[i].rank == rank) c = &s->children[i];
-  CM_ASSERT(!c || c->pid <= 0);
-  if (!c && s->n_children >= TL_MAX_CHILDREN) return CM_ERR_FULL;
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return CM_ERR_IO;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    signal(SIGINT, SIG_IGN); /* the supervisor decides the order of shutdown */
-    signal(SIGTERM, SIG_DFL);
-    execv(self_exe(), a->v);
-    fprintf(stderr, "lmserve serve: cannot run %s: %s\n", self_exe(), strerror(errno));
-    _exit(127);
-  }
-  if (!c) c = &s->children[s->n_children++];
-  c->role = role;
-  c->rank = rank;
-  c->pid = pid;
-  if (rank >= 0)
-    cm_info("serve", "started %s rank %d (pid %d)", role, rank, (int)pid);
-  else
-    cm_info("serve", "started %s (pid %d)", role, (int)pid);
-  return 0;
-}
-
-/* How a reaped child ended, as "exited with status 1" or "killed by signal 9 (Killed)". */
-static const char *exit_text(const struct tl_child *c, char *buf, size_t len) {
-  if (WIFEXITED(c->status))
-    snprintf(buf, len, "exited with status %d", WEXITSTATUS(c->status));
-  else if (WIFSIGNALED(c->status))
-    snprintf(buf, len, "killed by signal %d (%s)", WTERMSIG(c->status),
-             strsignal(WTERMSIG(c->status)));
-  else
-    snprintf(buf, len, "ended (wait status %d)", c->status);
-  return buf;
-}
-
-/* A child's name for messages: "worker rank 1 (pid 123)", "scheduler (pid 124)". */
-static const char *child_name(const struct tl_child *c, char *buf, size_t len) {
-  int pid = c->pid < 0 ? -c->pid : c->pid;
-  if (c->rank >= 0)
-    snprintf(buf, len, "%s rank %d (pid %d)", c->role, c->rank, pid);
-  else
-    snprintf(buf, len, "%s (pid %d)", c->role, pid);
-  return buf;
-}
-
-/* Reaps one exited child: the newly dead one, or NULL when none has exited. */
-static struct tl_child *reap(struct tl_serve *s) {
-  for (int i = 0; i < s->n_children; i++) {
-    struct tl_child *c = &s->children[i];
-    if (c->pid <= 0) continue;
-    int st;
-    pid_t r = waitpid(c->pid, &st, WNOHANG);
-    if (r == c->pid) {
-      c->status = st;
-      c->pid = -c->pid; /* keep the number for messages, mark reaped */
-      return c;
-    }
-  }
-  return NULL;
-}
-
-static void reap_all(struct tl_serve *s) {
-  while (reap(s)) {
-  }
-}
-
-static int n_alive(const struct tl_serve *s, const char *role) {
-  int n = 0;
-  for (int i = 0; i < s->n_children; i++)
-    if (s->children[i].pid > 0 && (!role || !strcmp(s->children[i].role, role))) n++;
-  return n;
-}
-
-static void signal_role(struct tl_serve *s, const char *role, int sig) {
-  for (int i = 0; i < s->n_children; i++)
-    if (s->children[i].pid > 0 && !strcmp(s->children[i].role, role)) kill(s->children[i].pid, sig);
-}
-
-static void wait_role(struct tl_serve *s, const char *role, double timeout_s) {
-  double end = cm_time_s() + timeout_s;
-  while (n_alive(s, role) > 0 && cm_time_s() < end) {
-    reap_all(s);
-    cm_time_sleep_ns(20 * 1000 * 1000);
-  }
-}
-
-/* Frontend first (it drains), then the scheduler, then the workers. */
-static void stop_all(struct tl_serve *s) {
-  static const char *order[] = {"frontend", "scheduler", "worker"};
-  for (size_t i = 0; i < CM_ARRAY_LEN(order); i++) {
-    double grace = i == 0 ? (double)s->drain_timeout_s + 2.0 : 5.0;
-    signal_role(s, order[i], SIGTERM);
-    wait_role(s, order[i], grace);
-    if (n_alive(s, order[i]) > 0) {
-      cm_warn("serve", "%s did not stop in %.0f s; killing it", order[i], grace);
-      signal_role(s, order[i], SIGKILL);
-      wait_role(s, order[i], 5.0);
-    }
-  }
 }
 
 /* ---- the default model ---------------------------------------------------- */
@@ -311,7 +143,7 @@ static int ensure_default_model(struct tl_serve *s) {
   if (pid < 0) return CM_ERR_IO;
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execv(self_exe(), a.v);
+    execv(tl_srv_self_exe(), a.v);
     _exit(127);
   }
   int st = 0;
@@ -341,7 +173,7 @@ static void argv_add_shared(struct tl_argv *a, const struct tl_serve *s) {
 }
 
 /* The worker group: one process per tensor-parallel rank. */
-static int start_workers(struct tl_serve *s) {
+int tl_srv_start_workers(struct tl_serve *s) {
   int rc;
   for (int r = 0; r < (int)s->tp; r++) {
     struct tl_argv a = {0};
@@ -363,12 +195,12 @@ static int start_workers(struct tl_serve *s) {
     argv_add_str(&a, "--device", s->device);
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
-    if ((rc = spawn(s, "worker", r, &a))) return rc;
+    if ((rc = tl_srv_spawn(s, "worker", r, &a))) return rc;
   }
   return 0;
 }
 
-static int start_scheduler(struct tl_serve *s) {
+int tl_srv_start_scheduler(struct tl_serve *s) {
   struct tl_argv a = {0};
   argv_role(&a, "scheduler", s);
   argv_add_str(&a, "--frontend-endpoint", s->ep_front);
@@ -378,7 +210,7 @@ static int start_scheduler(struct tl_serve *s) {
   argv_add(&a, s->prefix_caching ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
   argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
   argv_add_int(&a, "--heartbeat-limit", s->beat_limit);
-  return spawn(s, "scheduler", -1, &a);
+  return tl_srv_spawn(s, "scheduler", -1, &a);
 }
 
 static int start_frontend(struct tl_serve *s) {
@@ -391,203 +223,13 @@ static int start_frontend(struct tl_serve *s) {
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
   argv_add_str(&f, "--served-model-name", s->served_name);
-  return spawn(s, "frontend", -1, &f);
+  return tl_srv_spawn(s, "frontend", -1, &f);
 }
 
 static int start_roles(struct tl_serve *s) {
   int rc;
-  if ((rc = start_workers(s)) || (rc = start_scheduler(s))) return rc;
+  if ((rc = tl_srv_start_workers(s)) || (rc = tl_srv_start_scheduler(s))) return rc;
   return start_frontend(s);
-}
-
-/* ---- supervision ------------------------------------------------------------ */
-
-#define TL_PING_S        0.2  /* PING period to the scheduler */
-#define TL_FIRST_PONG_S  10.0 /* a fresh scheduler answers its first PING within this */
-#define TL_HEALTHY_S     60.0 /* serving this long resets the back-off */
-#define TL_BACKOFF_MIN_S 0.5
-#define TL_BACKOFF_MAX_S 30.0
-
-/* The scheduler's silence after which it counts as hung: seconds. */
-static double sched_timeout(const struct tl_serve *s) {
-  return s->beat_s * (double)s->beat_limit;
-}
-
-/* A fresh control socket to the scheduler (one per scheduler process, so that nothing
- * queued for the old one reaches the new). */
-static int ctl_open(struct tl_serve *s) {
-  pr_sock_close(s->ctl);
-  s->ctl = NULL;
-  int rc = pr_sock_open(s->zctx, ZMQ_DEALER, 0, &s->ctl);
-  if (!rc) rc = pr_sock_connect(s->ctl, s->ep_front);
-  if (rc)
-    cm_error("serve", "cannot connect to the scheduler at %s: %s", s->ep_front, cm_strerror(rc));
-  s->min_nonce = s->ping_nonce + 1;
-  s->last_pong_t = cm_time_s() + TL_FIRST_PONG_S - sched_timeout(s);
-  return rc;
-}
-
-static void ctl_ping(struct tl_serve *s) {
-  struct pr_msg m;
-  pr_msg_init(&m, PR_PING);
-  m.u.ping.nonce = ++s->ping_nonce;
-  m.u.ping.send_ns = cm_time_wall_ns();
-  s->last_ping_t = cm_time_s();
-  int rc = s->ctl ? pr_sock_send(s->ctl, NULL, &m, PR_DONTWAIT) : CM_ERR_CLOSED;
-  if (rc && rc != CM_ERR_AGAIN) cm_debug("serve", "PING: %s", cm_strerror(rc));
-}
-
-/* Tells the scheduler that worker c's process has ended. */
-static void ctl_down(struct tl_serve *s, const struct tl_child *c) {
-  char how[128];
-  struct pr_msg m;
-  pr_msg_init(&m, PR_DOWN);
-  m.u.down.rank = (uint32_t)c->rank;
-  m.u.down.pid = (uint32_t)(c->pid < 0 ? -c->pid : c->pid);
-  m.u.down.message = exit_text(c, how, sizeof(how));
-  int rc = s->ctl ? pr_sock_send(s->ctl, NULL, &m, PR_DONTWAIT) : CM_ERR_CLOSED;
-  if (rc) cm_debug("serve", "DOWN: %s", cm_strerror(rc));
-}
-
-static struct tl_child *find_child(struct tl_serve *s, const char *role) {
-  for (int i = 0; i < s->n_children; i++)
-    if (!strcmp(s->children[i].role, role)) return &s->children[i];
-  return NULL;
-}
-
-/* The engine failed: its processes are killed (the workers; with_sched: the scheduler
- * too) and start again after the back-off. Returns 1 when serve must give up. */
-static int engine_fail(struct tl_serve *s, int with_sched, const char *why) {
-  double now = cm_time_s();
-  if (s->phase == TL_BACKOFF) { /* failing already: a scheduler death widens the restart */
-    if (with_sched && !s->restart_sched) {
-      cm_error("serve", "%s", why);
-      s->restart_sched = 1;
-      signal_role(s, "scheduler", SIGKILL);
-    }
-    return 0;
-  }
-  snprintf(s->last_failure, sizeof(s->last_failure), "%s", why);
-  int starting = s->phase == TL_STARTING;
-  if (starting) s->start_failures++;
-  cm_error("serve", "%s%s", why, starting ? " (before the engine was ready)" : "");
-  signal_role(s, "worker", SIGKILL); /* a group restarts whole */
-  if (with_sched) signal_role(s, "scheduler", SIGKILL);
-  if (s->start_failures >= s->max_start_failures) {
-    cm_error("serve",
-             "the engine failed %d times in a row before it was ready (last: %s); giving up "
-             "(--max-start-failures %lld)",
-             s->start_failures, s->last_failure, (long long)s->max_start_failures);
-    return 1;
-  }
-  s->phase = TL_BACKOFF;
-  s->phase_t = now;
-  s->restart_sched = with_sched;
-  s->restart_at = now + s->backoff_s;
-  cm_warn("serve", "restarting the %s in %.1f s",
-          with_sched ? "scheduler and its workers" : "workers", s->backoff_s);
-  s->backoff_s = CM_MIN(s->backoff_s * 2, TL_BACKOFF_MAX_S);
-  return 0;
-}
-
-/* TL_BACKOFF: once the back-off has passed and the old processes are gone, starts
- * the engine again. Returns 1 when serve must give up. */
-static int engine_restart(struct tl_serve *s) {
-  double now = cm_time_s();
-  if (now < s->restart_at || n_alive(s, "worker") > 0 ||
-      (s->restart_sched && n_alive(s, "scheduler") > 0))
-    return 0;
-  if (s->restart_sched) {
-    if (start_scheduler(s) || ctl_open(s)) return 1;
-  }
-  if (start_workers(s)) return 1;
-  s->phase = TL_STARTING;
-  s->phase_t = now;
-  s->min_nonce = s->ping_nonce + 1;
-  return 0;
-}
-
-static void on_pong(struct tl_serve *s, const struct pr_pong *p) {
-  if (p->nonce < s->min_nonce) return;
-  s->last_pong_t = cm_time_s();
-  int whole = p->world_size > 0 && p->workers_ready == p->world_size;
-  if (s->phase == TL_STARTING && whole) {
-    cm_info("serve", "the engine is ready again");
-    s->phase = TL_UP;
-    s->phase_t = s->last_pong_t;
-    s->start_failures = 0;
-  } else if (s->phase == TL_UP && !whole) {
-    char why[160];
-    snprintf(why, sizeof(why),
-             "the scheduler reports %u of %u worker ranks ready (a rank failed or stopped "
-             "answering)",
-             p->workers_ready, p->world_size);
-    s->min_nonce = s->ping_nonce + 1;
-    (void)engine_fail(s, 0, why);
-  }
-}
-
-static void ctl_recv(struct tl_serve *s) {
-  for (;;) {
-    struct pr_msg m;
-    cm_arena_reset(&s->ctl_arena);
-    int rc = s->ctl ? pr_sock_recv(s->ctl, NULL, &m, &s->ctl_arena, PR_DONTWAIT) : CM_ERR_AGAIN;
-    if (rc == CM_ERR_AGAIN || rc == CM_ERR_CLOSED) return;
-    if (rc == 0 && m.type == PR_PONG) on_pong(s, &m.u.pong);
-  }
-}
-
-/* Serves until a stop signal or a failure that ends serve; returns the exit code. */
-static int supervise(struct tl_serve *s) {
-  s->phase = TL_UP;
-  s->phase_t = cm_time_s();
-  s->backoff_s = TL_BACKOFF_MIN_S;
-  while (!g_stop_signal) {
-    zmq_pollitem_t it = {s->ctl ? pr_sock_zmq(s->ctl) : NULL, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, s->ctl ? 1 : 0, 50) < 0 && zmq_errno() != EINTR) cm_time_sleep_ns(50000000);
-    ctl_recv(s);
-    struct tl_child *dead;
-    while ((dead = reap(s))) {
-      char name[96], how[128], why[256];
-      child_name(dead, name, sizeof(name));
-      exit_text(dead, how, sizeof(how));
-      if (g_stop_signal) continue;
-      if (!strcmp(dead->role, "frontend")) {
-        cm_error("serve", "%s %s: the frontend is gone; stopping", name, how);
-        return 1;
-      }
-      int is_sched = !strcmp(dead->role, "scheduler");
-      if (!is_sched) ctl_down(s, dead);
-      /* the processes serve killed itself are expected to go */
-      if (s->phase == TL_BACKOFF && (!is_sched || s->restart_sched)) {
-        cm_info("serve", "%s %s", name, how);
-        continue;
-      }
-      snprintf(why, sizeof(why), "%s %s", name, how);
-      if (engine_fail(s, is_sched, why)) return 1;
-    }
-    double now = cm_time_s();
-    if (s->phase == TL_BACKOFF) {
-      if (engine_restart(s)) return 1;
-      now = cm_time_s();
-    }
-    if (now - s->last_ping_t >= TL_PING_S) ctl_ping(s);
-    if (s->phase != TL_BACKOFF && now - s->last_pong_t > sched_timeout(s)) {
-      struct tl_child *sc = find_child(s, "scheduler");
-      char why[160];
-      snprintf(why, sizeof(why), "the scheduler (pid %d) has not answered for %.1f s; killing it",
-               sc ? (sc->pid < 0 ? -sc->pid : sc->pid) : 0, now - s->last_pong_t);
-      if (engine_fail(s, 1, why)) return 1;
-    }
-    if (s->phase == TL_STARTING && now - s->phase_t > (double)s->ready_timeout_s) {
-      char why[128];
-      snprintf(why, sizeof(why), "the engine was not ready %lld s after its restart",
-               (long long)s->ready_timeout_s);
-      if (engine_fail(s, 1, why)) return 1;
-    }
-    if (s->phase == TL_UP && now - s->phase_t >= TL_HEALTHY_S) s->backoff_s = TL_BACKOFF_MIN_S;
-  }
-  return 0;
 }
 
 static int make_run_dir(struct tl_serve *s) {
@@ -710,12 +352,13 @@ int tl_serve_main(int argc, char **argv) {
   const char *probe_host = strcmp(s.host, "0.0.0.0") == 0 ? "127.0.0.1" : s.host;
   double deadline = cm_time_s() + (double)s.ready_timeout_s;
   int ready = 0;
-  while (!g_stop_signal && cm_time_s() < deadline) {
-    struct tl_child *dead = reap(&s);
+  while (!tl_serve_stop_signal && cm_time_s() < deadline) {
+    struct tl_child *dead = tl_srv_reap(&s);
     if (dead) {
       char name[96], how[128];
       cm_error("serve", "%s %s before the server was ready; stopping",
-               child_name(dead, name, sizeof(name)), exit_text(dead, how, sizeof(how)));
+               tl_srv_child_name(dead, name, sizeof(name)),
+               tl_srv_exit_text(dead, how, sizeof(how)));
       exit_code = 1;
       goto out;
     }
@@ -726,7 +369,7 @@ int tl_serve_main(int argc, char **argv) {
     cm_time_sleep_ns(100 * 1000 * 1000);
   }
   if (!ready) {
-    if (!g_stop_signal) {
+    if (!tl_serve_stop_signal) {
       cm_error("serve", "not ready after %lld s; stopping", (long long)s.ready_timeout_s);
       exit_code = 1;
     }
@@ -736,16 +379,17 @@ int tl_serve_main(int argc, char **argv) {
          s.model ? s.model_dir : "the default tiny Gemma 4", s.host, (long long)s.port);
   fflush(stdout);
 
-  if (!(s.zctx = zmq_ctx_new()) || ctl_open(&s) != 0) {
+  if (!(s.zctx = zmq_ctx_new()) || tl_srv_ctl_open(&s) != 0) {
     cm_error("serve", "cannot open the control socket to the scheduler");
     exit_code = 1;
     goto out;
   }
-  exit_code = supervise(&s);
-  if (g_stop_signal) cm_info("serve", "signal %d: draining and stopping", (int)g_stop_signal);
+  exit_code = tl_srv_supervise(&s);
+  if (tl_serve_stop_signal)
+    cm_info("serve", "signal %d: draining and stopping", (int)tl_serve_stop_signal);
 
 out:
-  stop_all(&s);
+  tl_srv_stop_all(&s);
   pr_sock_close(s.ctl);
   if (s.zctx) zmq_ctx_term(s.zctx);
   cm_arena_free(&s.ctl_arena);

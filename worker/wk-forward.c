@@ -345,8 +345,9 @@ static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R,
     for (int r = 0, step = from - dst >= n ? n : 1; from != dst && r < n; r += step) {
       size_t d = (size_t)(dst + r), f = (size_t)(from + r);
       K(kn_copy_rows(be, m->x + d * H, H, m->x + f * H, H, step, H));
-      if (LP) K(kn_copy_rows(be, m->ple + d * LP, (ptrdiff_t)LP, m->ple + f * LP, (ptrdiff_t)LP, step,
-                             (int)LP));
+      if (LP)
+        K(kn_copy_rows(be, m->ple + d * LP, (ptrdiff_t)LP, m->ple + f * LP, (ptrdiff_t)LP, step,
+                       (int)LP));
     }
     memmove(m->pos + dst, m->pos + from, sizeof(int32_t) * (size_t)n);
     for (int g = 0; g < m->kv.n_groups; g++) {
@@ -371,8 +372,8 @@ static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R,
  * need the whole distribution, before any exchange), or a negative cm_err.
  * Every rank decides alike: the params are the same on all ranks, and so are
  * the gathered records. */
-static int tp_sample(struct wk_model *m, const struct kn_sample_params *p, struct kn_sample_out *out,
-                     int n) {
+static int tp_sample(struct wk_model *m, const struct kn_sample_params *p,
+                     struct kn_sample_out *out, int n) {
   struct kn_backend *be = m->be;
   int world = m->plan.world, vn = m->lm_head.rows, V = vn * world;
   int fits = 1;

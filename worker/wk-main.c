@@ -44,8 +44,8 @@
 
 #define TAG           "worker"
 #define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock, at most */
-#define POLL_MS       100  /* how long the main thread holds the socket per poll */
-#define TERM_GRACE_S  3    /* after SIGTERM, a step still running this long ends the process */
+#define POLL_MS       100 /* how long the main thread holds the socket per poll */
+#define TERM_GRACE_S  3   /* after SIGTERM, a step still running this long ends the process */
 
 static volatile sig_atomic_t g_stop;
 
@@ -58,12 +58,12 @@ struct wk_proc {
   uint32_t rank;
   uint64_t beat_ns; /* heartbeat period */
   struct pr_sock *sock;
-  void *mon;               /* PAIR: sock's DISCONNECTED events (main thread, under mu) */
-  pthread_mutex_t mu;      /* guards sock */
-  uint64_t last_step;      /* last finished step id (atomic access) */
-  uint64_t last_beat_ns;   /* cm_time_ns of the last BEAT sent (atomic access) */
-  int quit;                /* set by the main thread when it leaves (atomic access) */
-  int announced;           /* READY was sent (atomic access) */
+  void *mon;             /* PAIR: sock's DISCONNECTED events (main thread, under mu) */
+  pthread_mutex_t mu;    /* guards sock */
+  uint64_t last_step;    /* last finished step id (atomic access) */
+  uint64_t last_beat_ns; /* cm_time_ns of the last BEAT sent (atomic access) */
+  int quit;              /* set by the main thread when it leaves (atomic access) */
+  int announced;         /* READY was sent (atomic access) */
   /* what READY says (sent again when the scheduler asks: PR_CTRL_ANNOUNCE) */
   struct wk_model *model;
   uint32_t world, max_draft, max_seqs, max_tokens;

@@ -68,8 +68,8 @@ struct wk_model {
   char dir[1024];
   int n_pages;
   int max_T, max_seqs, max_out; /* tokens, sequences, output rows per logits chunk */
-  int first_shared; /* every layer from here on is KV-shared (n_layers: none) */
-  int fast_prefill; /* 1: rows nobody reads are dropped before first_shared */
+  int first_shared;             /* every layer from here on is KV-shared (n_layers: none) */
+  int fast_prefill;             /* 1: rows nobody reads are dropped before first_shared */
 
   /* weights */
   struct wk_w embed;          /* [V, H] (also the tied lm_head) */

@@ -409,7 +409,8 @@ static int alloc_scratch(struct wk_model *m) {
   int k = c->moe ? c->top_k_experts : 1;
   m->moe_ids = malloc(sizeof(int32_t) * T * (size_t)k);
   m->moe_w = malloc(sizeof(float) * T * (size_t)k);
-  if (!m->ids || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq || !m->moe_ids || !m->moe_w)
+  if (!m->ids || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq || !m->moe_ids ||
+      !m->moe_w)
     return CM_ERR_NOMEM;
   return 0;
 }

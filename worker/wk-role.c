@@ -234,7 +234,7 @@ static uint64_t mix64(uint64_t x) {
 static int check_step(struct wk_role *r, const struct pr_step *st, char *err, size_t errlen) {
   if (st->n_seqs > (uint32_t)r->max_seqs)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
-                (unsigned long long)st->step_id, st->n_seqs, r->max_seqs);
+                   (unsigned long long)st->step_id, st->n_seqs, r->max_seqs);
   int64_t T = 0, rows = 0, n_new = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
@@ -252,48 +252,48 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       if (st->free_ids.v[j] == s->seq_id) q = NULL; /* dropped before the step runs */
     if (!is_new && !q)
       return cm_fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step, or freed)",
-                  id);
+                     id);
     if (is_new && !q) n_new++;
     uint32_t nt = s->tokens.n + s->draft_tokens.n;
     if (nt == 0) return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: no tokens", id);
     if ((uint64_t)s->start_pos + nt > (uint64_t)r->max_pos)
       return cm_fail(err, errlen, CM_ERR_RANGE,
-                  "sequence %llu: positions up to %llu exceed the model "
-                  "length %d",
-                  id, (unsigned long long)s->start_pos + nt, r->max_pos);
+                     "sequence %llu: positions up to %llu exceed the model "
+                     "length %d",
+                     id, (unsigned long long)s->start_pos + nt, r->max_pos);
     T += nt;
     if (T > r->max_T)
       return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
-                  (unsigned long long)st->step_id, r->max_T);
+                     (unsigned long long)st->step_id, r->max_T);
     for (uint32_t j = 0; j < s->tokens.n; j++)
       if (s->tokens.v[j] >= (uint32_t)r->vocab)
         return cm_fail(err, errlen, CM_ERR_RANGE,
-                    "sequence %llu: token id %u outside the vocabulary "
-                    "(%d)",
-                    id, s->tokens.v[j], r->vocab);
+                       "sequence %llu: token id %u outside the vocabulary "
+                       "(%d)",
+                       id, s->tokens.v[j], r->vocab);
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       if (s->draft_tokens.v[j] >= (uint32_t)r->vocab)
         return cm_fail(err, errlen, CM_ERR_RANGE,
-                    "sequence %llu: draft id %u outside the vocabulary "
-                    "(%d)",
-                    id, s->draft_tokens.v[j], r->vocab);
+                       "sequence %llu: draft id %u outside the vocabulary "
+                       "(%d)",
+                       id, s->draft_tokens.v[j], r->vocab);
     if (s->draft_tokens.n > (uint32_t)r->max_draft || s->num_draft > (uint32_t)r->max_draft)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                  "sequence %llu: %u drafts to verify, %u to "
-                  "propose; this worker drafts at most %d",
-                  id, s->draft_tokens.n, s->num_draft, r->max_draft);
+                     "sequence %llu: %u drafts to verify, %u to "
+                     "propose; this worker drafts at most %d",
+                     id, s->draft_tokens.n, s->num_draft, r->max_draft);
     if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
     if (s->tokens.n == 0 && s->draft_tokens.n)
       /* the first draft is checked against the logits of the token before it */
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
-                  id);
+                     id);
     if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
     if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
       return cm_fail(err, errlen, CM_ERR_INVAL,
-                  "sequence %llu: %u block tables (the model has %d KV "
-                  "groups)",
-                  id, s->n_groups, r->n_groups);
+                     "sequence %llu: %u block tables (the model has %d KV "
+                     "groups)",
+                     id, s->n_groups, r->n_groups);
     if (is_new && s->n_groups == 0)
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: NEW without block tables", id);
     for (uint32_t g = 0; g < s->n_groups; g++) {
@@ -301,20 +301,20 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       int64_t have = append && q ? q->n_bt[g] : 0;
       if (have + t->n > r->max_blocks[g])
         return cm_fail(err, errlen, CM_ERR_TOOBIG,
-                    "sequence %llu: group %u table of %lld blocks "
-                    "(at most %d)",
-                    id, g, (long long)(have + t->n), r->max_blocks[g]);
+                       "sequence %llu: group %u table of %lld blocks "
+                       "(at most %d)",
+                       id, g, (long long)(have + t->n), r->max_blocks[g]);
       for (uint32_t j = 0; j < t->n; j++)
         if (t->v[j] < -1 || t->v[j] >= r->n_pages)
           return cm_fail(err, errlen, CM_ERR_RANGE,
-                      "sequence %llu: group %u block %d outside the "
-                      "pool (%d pages)",
-                      id, g, t->v[j], r->n_pages);
+                         "sequence %llu: group %u block %d outside the "
+                         "pool (%d pages)",
+                         id, g, t->v[j], r->n_pages);
     }
   }
   if (rows > r->max_rows)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %lld sampled rows (at most %d)",
-                (unsigned long long)st->step_id, (long long)rows, r->max_rows);
+                   (unsigned long long)st->step_id, (long long)rows, r->max_rows);
   int free_slots = 0;
   for (int i = 0; i < r->cap_seqs; i++) {
     if (!r->seqs[i].used) {
@@ -329,7 +329,7 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
   }
   if (n_new > free_slots)
     return cm_fail(err, errlen, CM_ERR_FULL, "no room for %lld new sequences (%d states held)",
-                (long long)n_new, wk_role_n_seqs(r));
+                   (long long)n_new, wk_role_n_seqs(r));
   return 0;
 }
 
@@ -547,7 +547,7 @@ int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res
     int lr = 0;
     if ((rc = sample_seq(r, s, (int)i, &r->rs[i], &lr)))
       return cm_fail(err, errlen, rc, "sequence %llu: sampling failed: %s",
-                  (unsigned long long)s->seq_id, cm_strerror(rc));
+                     (unsigned long long)s->seq_id, cm_strerror(rc));
     last_row[i] = lr;
   }
   if (r->draft && (rc = propose_drafts(r, st, last_row, err, errlen))) return rc;

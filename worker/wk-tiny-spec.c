@@ -276,12 +276,12 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
       int full[35];
       for (int i = 0; i < 35; i++)
         full[i] = i % 5 == 4;
-      root = gemma4_text_config(V, 1536, 6144, 35, 8, 1, 256, 512, 0, 0,
-                                o->sliding_window ? o->sliding_window : 512, full, 20, 1, 256,
-                                o->moe);
+      root =
+          gemma4_text_config(V, 1536, 6144, 35, 8, 1, 256, 512, 0, 0,
+                             o->sliding_window ? o->sliding_window : 512, full, 20, 1, 256, o->moe);
     } else {
-      return cm_fail(err, errlen, CM_ERR_INVAL,
-                     "preset \"%s\" is not known for gemma4 (tiny, e2b)", o->preset);
+      return cm_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known for gemma4 (tiny, e2b)",
+                     o->preset);
     }
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;

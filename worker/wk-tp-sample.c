@@ -52,7 +52,7 @@ void wk_tp_sample_local(struct wk_tp_rec *rec, const float *logits, int32_t off,
   kn_cpu_sample_penalise(work, off, n, p);
   float inv_t = greedy(p) ? 1.0f : 1.0f / p->temperature;
   for (int i = 0; i < n; i++) {
-    if (!greedy(p)) work[i] *= inv_t; /* the product kn_sample forms */
+    if (!greedy(p)) work[i] *= inv_t;            /* the product kn_sample forms */
     if (work[i] != work[i]) work[i] = -INFINITY; /* a NaN is never a candidate */
   }
   int want = wanted(p, V);
@@ -142,8 +142,7 @@ static void logprobs(const struct wk_tp_rec *recs, int world, int n_rows, int r,
 }
 
 int wk_tp_sample_merge(const struct wk_tp_rec *recs, int world, int n_rows, int r, int V,
-                       const struct kn_sample_params *p, void *scratch,
-                       struct kn_sample_out *out) {
+                       const struct kn_sample_params *p, void *scratch, struct kn_sample_out *out) {
   struct scratch s = split(scratch, world);
   int N = 0, more = 0;
   float low = -INFINITY; /* everything above the highest floor of a cut slice was sent */

@@ -38,14 +38,14 @@ struct wk_tp_cand {
 
 /* One rank's record for one row (plain data: all-gathered as bytes). */
 struct wk_tp_rec {
-  double raw_sum;  /* sum(exp(raw - raw_max)) over the slice (logprobs) */
-  double p_sum;    /* sum(exp(l - p_max)) over the slice (top-p without top-k) */
-  float raw_max;   /* the slice's largest raw logit */
-  float p_max;     /* its largest processed logit */
-  float floor;     /* the last candidate's l when the slice holds more tokens */
-  int32_t n_cand;  /* candidates sent, best first (l descending, lower id on ties) */
-  int32_t more;    /* 1 when tokens of the slice were left out */
-  int32_t n_top;   /* entries in top_raw / top_ids, best first */
+  double raw_sum; /* sum(exp(raw - raw_max)) over the slice (logprobs) */
+  double p_sum;   /* sum(exp(l - p_max)) over the slice (top-p without top-k) */
+  float raw_max;  /* the slice's largest raw logit */
+  float p_max;    /* its largest processed logit */
+  float floor;    /* the last candidate's l when the slice holds more tokens */
+  int32_t n_cand; /* candidates sent, best first (l descending, lower id on ties) */
+  int32_t more;   /* 1 when tokens of the slice were left out */
+  int32_t n_top;  /* entries in top_raw / top_ids, best first */
   struct wk_tp_cand cand[WK_TP_CANDS];
   float top_raw[KN_SAMPLE_MAX_LOGPROBS];
   int32_t top_ids[KN_SAMPLE_MAX_LOGPROBS];
@@ -69,7 +69,6 @@ size_t wk_tp_sample_scratch_bytes(int world);
  * (a top-p nucleus reaching below a rank's last candidate): sample it from
  * the full logits; CM_ERR_INVAL for a row with nothing finite. */
 int wk_tp_sample_merge(const struct wk_tp_rec *recs, int world, int n_rows, int r, int V,
-                       const struct kn_sample_params *p, void *scratch,
-                       struct kn_sample_out *out);
+                       const struct kn_sample_params *p, void *scratch, struct kn_sample_out *out);
 
 #endif

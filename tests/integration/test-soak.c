@@ -40,10 +40,32 @@ TH_TEST(soak_sixty_seconds) {
   }
   TH_REQUIRE(st == 200);
   snprintf(pid_s, sizeof(pid_s), "%d", (int)s.pid);
-  char *argv[] = {th_lmserve_bin(), "bench", "soak", "--url", url, "--duration", "60",
-                  "--request-rate", "3", "--input-len", "24", "--output-len", "12",
-                  "--abort-rate", "0.05", "--malformed-rate", "0.01", "--kill-worker-every", "20",
-                  "--serve-pid", pid_s, "--warmup", "10", "--request-timeout", "60", NULL};
+  char *argv[] = {th_lmserve_bin(),
+                  "bench",
+                  "soak",
+                  "--url",
+                  url,
+                  "--duration",
+                  "60",
+                  "--request-rate",
+                  "3",
+                  "--input-len",
+                  "24",
+                  "--output-len",
+                  "12",
+                  "--abort-rate",
+                  "0.05",
+                  "--malformed-rate",
+                  "0.01",
+                  "--kill-worker-every",
+                  "20",
+                  "--serve-pid",
+                  pid_s,
+                  "--warmup",
+                  "10",
+                  "--request-timeout",
+                  "60",
+                  NULL};
   char *out = NULL, *err = NULL;
   int rc = th_run(argv, NULL, NULL, 0, 300000, &out, &err);
   if (out) fputs(out, stderr);

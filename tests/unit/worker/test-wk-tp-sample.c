@@ -180,4 +180,3 @@ TH_TEST(tp_sample_nan_and_inf_rows) {
   TH_CHECK_EQ_INT(tp_row(logits, 4, &p, &out), 0);
   TH_CHECK_EQ_INT(out.token, V - 5);
 }
-

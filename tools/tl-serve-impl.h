@@ -1,0 +1,99 @@
+/* tl-serve-impl.h — `lmserve serve`'s state, shared by tl-serve.c (flags, the
+ * default model, command lines, start-up and shutdown) and tl-serve-sup.c
+ * (the children and their supervision: reaping, DOWN, PING/PONG, restarts
+ * with back-off). Not for use outside those two files. */
+#ifndef LMSERVE_TL_SERVE_IMPL_H
+#define LMSERVE_TL_SERVE_IMPL_H
+#include <limits.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/cm-arena.h"
+#include "proto/pr-zmq.h"
+
+#define TL_MAX_CHILDREN 16
+#define TL_MAX_ARGS     64
+
+struct tl_child {
+  const char *role; /* "worker", "scheduler", "frontend" */
+  int rank;         /* worker rank, else -1 */
+  pid_t pid;        /* 0 once reaped */
+  int status;       /* wait status once reaped */
+};
+
+/* Where the engine (scheduler + worker group) is in its life. */
+enum tl_phase {
+  TL_STARTING, /* processes started, not all ranks ready yet */
+  TL_UP,       /* serving */
+  TL_BACKOFF,  /* failed: waiting for the old processes to go and the back-off to pass */
+};
+
+struct tl_serve {
+  /* flags */
+  const char *model, *host, *api_key, *served_name, *spec_model, *device;
+  int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
+  int64_t ready_timeout_s, drain_timeout_s;
+  double beat_s;              /* worker heartbeat period, seconds */
+  int64_t beat_limit;         /* heartbeats missed before a role counts as hung */
+  int64_t max_start_failures; /* engine deaths in a row before readiness that end serve */
+  uint64_t kv_bytes;
+  double gpu_mem_util; /* CUDA workers: share of device memory (KV pool sized from the rest) */
+  int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
+  int prefix_caching;
+  /* state */
+  char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
+  char ep_front[PATH_MAX + 16], ep_work[PATH_MAX + 16];
+  char model_dir[PATH_MAX + 64];
+  struct tl_child children[TL_MAX_CHILDREN];
+  int n_children;
+  /* supervision (see the top of the file) */
+  void *zctx;
+  struct pr_sock *ctl; /* DEALER to the scheduler's frontend endpoint: PING, DOWN */
+  struct cm_arena ctl_arena;
+  uint64_t ping_nonce; /* last PING sent */
+  uint64_t min_nonce;  /* PONGs to older PINGs say nothing of the current phase */
+  double last_ping_t;  /* cm_time_s */
+  double last_pong_t;  /* cm_time_s of the current scheduler's last PONG (or its start) */
+  enum tl_phase phase;
+  double phase_t;     /* cm_time_s when the phase began */
+  double restart_at;  /* TL_BACKOFF: when to start again */
+  double backoff_s;   /* the next back-off */
+  int restart_sched;  /* TL_BACKOFF: the scheduler restarts too */
+  int start_failures; /* engine deaths in a row before it was ready */
+  char last_failure[256];
+};
+
+struct tl_argv {
+  char *v[TL_MAX_ARGS + 1];
+  char nums[TL_MAX_ARGS][24]; /* storage for numeric values */
+  int n, n_nums;
+};
+
+/* The stop signal caught (0: none). */
+extern volatile sig_atomic_t tl_serve_stop_signal;
+
+/* tl-serve.c */
+const char *tl_srv_self_exe(void);
+int tl_srv_start_workers(struct tl_serve *s);
+int tl_srv_start_scheduler(struct tl_serve *s);
+
+/* tl-serve-sup.c: children */
+/* Starts `lmserve ARGS` as role (rank) in that role's slot (reused by a restart). */
+int tl_srv_spawn(struct tl_serve *s, const char *role, int rank, struct tl_argv *a);
+/* How a reaped child ended: "exited with status 1", "killed by signal 9 (Killed)". */
+const char *tl_srv_exit_text(const struct tl_child *c, char *buf, size_t len);
+/* "worker rank 1 (pid 123)", "scheduler (pid 124)". */
+const char *tl_srv_child_name(const struct tl_child *c, char *buf, size_t len);
+/* Reaps one exited child: the newly dead one, or NULL. */
+struct tl_child *tl_srv_reap(struct tl_serve *s);
+/* Frontend first (it drains), then the scheduler, then the workers. */
+void tl_srv_stop_all(struct tl_serve *s);
+
+/* tl-serve-sup.c: supervision */
+/* A fresh control socket to the scheduler's frontend endpoint. */
+int tl_srv_ctl_open(struct tl_serve *s);
+/* Serves until a stop signal or a failure that ends serve; the exit code. */
+int tl_srv_supervise(struct tl_serve *s);
+
+#endif
