@@ -128,10 +128,35 @@ static int set_value(const char *prog, const struct cm_opt *o, const char *val) 
     *(uint64_t *)o->out = v;
     return CM_OK;
   }
+  case CM_OPT_STRS: {
+    struct cm_strs *l = o->out;
+    for (const char *p = val;;) {
+      const char *comma = strchr(p, ',');
+      size_t n = comma ? (size_t)(comma - p) : strlen(p);
+      if (n == 0) {
+        fprintf(stderr, "%s: --%s: an empty value in '%s'\n", prog, o->name, val);
+        return CM_ERR_INVAL;
+      }
+      if (l->n >= CM_STRS_MAX) {
+        fprintf(stderr, "%s: --%s: at most %d values\n", prog, o->name, CM_STRS_MAX);
+        return CM_ERR_INVAL;
+      }
+      if (!(l->v[l->n] = strndup(p, n))) return CM_ERR_NOMEM;
+      l->n++;
+      if (!comma) return CM_OK;
+      p = comma + 1;
+    }
+  }
   case CM_OPT_BOOL:
     break;
   }
   return CM_ERR_INVAL;
+}
+
+void cm_strs_free(struct cm_strs *s) {
+  for (int i = 0; i < s->n; i++)
+    free(s->v[i]);
+  s->n = 0;
 }
 
 int cm_args_parse(const char *prog, const char *summary, const struct cm_opt *opts, int argc,

@@ -16,7 +16,16 @@ enum cm_opt_kind {
   CM_OPT_INT,    /* int64_t *out, within [min, max] when min < max */
   CM_OPT_DOUBLE, /* double *out, within [dmin, dmax] when dmin < dmax */
   CM_OPT_SIZE,   /* uint64_t *out: bytes, "4G", "512MiB", "1000000" */
+  CM_OPT_STRS,   /* struct cm_strs *out: every value of a flag given several times (in order),
+                    each also split at commas */
 };
+
+#define CM_STRS_MAX 16
+struct cm_strs {
+  char *v[CM_STRS_MAX]; /* malloc'd copies: cm_strs_free */
+  int n;
+};
+void cm_strs_free(struct cm_strs *s);
 
 struct cm_opt {
   const char *name; /* without the leading "--" */

@@ -22,7 +22,9 @@
 #include "proto/pr-msg.h"
 #include "proto/pr-zmq.h"
 
-#define FE_ENG_MAX_EOS 8 /* eos ids from generation_config.json */
+#define FE_ENG_MAX_EOS      8    /* eos ids from generation_config.json */
+#define FE_ENG_MAX_REPLICAS 16   /* schedulers one frontend routes over */
+#define FE_ENG_AFFINITY     4096 /* prompt prefixes remembered for routing */
 /* times a request that lost its engine before any output is sent again */
 #define FE_ENG_MAX_RETRIES 3
 
@@ -63,6 +65,7 @@ struct fe_eng_choice {
 
 struct fe_eng_req {
   struct fe_engine *e;
+  struct fe_replica *rep; /* where its choices run (NULL while parked before routing) */
   struct fe_conn *conn;
   struct fe_api_request *api;
   struct fe_eng_choice *ch; /* (n_ch) = n_prompts * n */
@@ -88,6 +91,33 @@ struct fe_eng_req {
   struct fe_eng_req *prev, *next;
 };
 
+/* One model replica: a scheduler (and its worker group) behind its own
+ * DEALER, watched by a monitor of its connection and PINGed. */
+struct fe_replica {
+  struct fe_engine *e;
+  int index;            /* the replica label of its metrics */
+  char *endpoint;       /* the scheduler's frontend endpoint */
+  struct pr_sock *sock; /* DEALER */
+  void *mon;            /* PAIR: the DEALER's DISCONNECTED events */
+  uv_poll_t poll;       /* on the DEALER's ZMQ_FD */
+  uv_poll_t mon_poll;   /* on mon's ZMQ_FD */
+  int handles;          /* of poll and mon_poll, open */
+  uint64_t ping_nonce;
+  int ping_soon;         /* PING once the messages at hand are dispatched */
+  uint64_t last_pong_ns; /* monotonic; 0: none yet */
+  int workers_ok;        /* last PONG: workers_ready == world_size > 0 */
+  int64_t pong_max_model_len;
+  struct pr_pong last_pong; /* cumulative counters seen last */
+  int have_pong;
+  int n_reqs; /* requests routed here and not parked */
+};
+
+/* A prompt prefix's hash and the replica its last request went to. */
+struct fe_eng_affinity {
+  uint64_t key; /* 0: empty */
+  int rep;
+};
+
 struct fe_engine {
   uv_loop_t *loop;
   struct fe_router *router;
@@ -95,7 +125,6 @@ struct fe_engine {
   struct fe_metric_ids mid;
   struct fe_engine_config cfg;
   char *model_name;
-  char *scheduler;
   char *model_dir;
 
   struct tk_tokenizer *tok;
@@ -106,24 +135,16 @@ struct fe_engine {
   int32_t n_vocab; /* ids a prompt may hold: the tokenizer's, capped by config.json's vocab_size */
 
   void *zctx;
-  struct pr_sock *sock;
-  void *mon;          /* PAIR: the DEALER's DISCONNECTED events */
-  uv_poll_t mon_poll; /* on mon's ZMQ_FD */
-  uv_poll_t poll;
+  struct fe_replica rep[FE_ENG_MAX_REPLICAS]; /* (n_rep) one per scheduler */
+  int n_rep;
+  struct fe_eng_affinity aff[FE_ENG_AFFINITY]; /* prompt prefix -> the replica it went to */
   uv_timer_t timer;
   int handles_open;
   struct cm_arena rx_arena;
   int pumping, repump;
 
-  uint64_t next_id; /* scheduler request ids */
-  uint64_t ping_nonce;
-  int ping_soon;         /* PING once the messages at hand are dispatched */
-  uint64_t last_pong_ns; /* monotonic; 0: none yet */
-  uint64_t created_ns;   /* monotonic */
-  int workers_ok;        /* last PONG: workers_ready == world_size > 0 */
-  int64_t pong_max_model_len;
-  struct pr_pong last_pong; /* cumulative counters seen last */
-  int have_pong;
+  uint64_t next_id;    /* scheduler request ids, unique over the replicas */
+  uint64_t created_ns; /* monotonic */
 
   /* request id -> choice: open addressing, linear probing */
   struct fe_eng_choice **map; /* (map_cap) */
@@ -145,20 +166,31 @@ struct fe_engine {
 };
 
 /* fe-engine.c */
-int fe_eng_send(struct fe_engine *e, const struct pr_msg *m);
-/* Sends a PING now (the timer sends one every ping_ms). */
-void fe_eng_ping(struct fe_engine *e);
-/* Sends the ADD m of choice ch (without receiving: see fe_eng_submit) and keeps a copy
- * in ch, so that the choice can be sent again if the engine loses it. */
-int fe_eng_send_add(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_msg *m);
+int fe_eng_send(struct fe_replica *p, const struct pr_msg *m);
+/* Sends a PING to p now (the timer PINGs every replica every ping_ms). */
+void fe_eng_ping(struct fe_replica *p);
+/* 1 when p's last PONG is recent and reported all its workers ready. */
+int fe_eng_rep_ready(const struct fe_replica *p);
+/* The replica for a request whose first prompt is ids[n]: among the ready ones, the
+ * one that took this prompt's longest remembered prefix unless it is much busier
+ * than the least busy, else the least busy (running + waiting as its scheduler
+ * reports them, or this frontend's requests there, whichever is larger). Remembers
+ * the prompt's prefixes for it. NULL when no replica is ready. */
+struct fe_replica *fe_eng_route(struct fe_engine *e, const uint32_t *ids, size_t n);
+/* Routes r to p (NULL: none), keeping the replicas' request counts. */
+void fe_eng_req_attach(struct fe_eng_req *r, struct fe_replica *p);
+/* Sends the ADD m of choice ch to its request's replica (without receiving: see
+ * fe_eng_submit) and keeps a copy in ch, so that the choice can be sent again (to
+ * any replica) if the engine loses it. */
+int fe_eng_send_add(struct fe_eng_req *r, struct fe_eng_choice *ch, const struct pr_msg *m);
 /* Drops ch's copy of its ADD. */
 void fe_eng_choice_forget_add(struct fe_eng_choice *ch);
-/* The engine lost the requests in flight (the scheduler went away or restarted, or
- * answers no more): those that produced nothing yet are parked, to be sent again once
- * it is ready (at most FE_ENG_MAX_RETRIES times, within retry_ms); the others fail
- * with a 503 (or an error event). The engine counts as not ready until a PONG says
- * otherwise. */
-void fe_eng_lost(struct fe_engine *e, const char *why);
+/* Replica p lost the requests in flight there (its scheduler went away or restarted,
+ * or answers no more): those that produced nothing yet are parked, to be sent again
+ * once a replica is ready (at most FE_ENG_MAX_RETRIES times, within retry_ms); the
+ * others fail with a 503 (or an error event). p counts as not ready until a PONG
+ * says otherwise. */
+void fe_eng_lost(struct fe_replica *p, const char *why);
 /* 1 when r may be parked: nothing of it reached the client and each choice's ADD is
  * kept. */
 int fe_eng_req_retryable(const struct fe_eng_req *r);

@@ -45,7 +45,7 @@ void fe_eng_abort_live(struct fe_eng_req *r) {
   pr_msg_init(&m, PR_ABORT);
   m.u.abort.request_ids.v = ids;
   m.u.abort.request_ids.n = n;
-  int rc = fe_eng_send(r->e, &m);
+  int rc = r->rep ? fe_eng_send(r->rep, &m) : CM_ERR_CLOSED;
   if (rc) cm_warn(TAG, "ABORT of %u request(s) not sent: %s", (unsigned)n, cm_strerror(rc));
 }
 
@@ -134,17 +134,19 @@ void fe_eng_on_err(struct fe_engine *e, const struct pr_err *er) {
   /* the engine lost it (a worker failed) or cannot take it now, and nothing of it
    * reached the client: it waits for the engine to be ready again */
   if (er->code == CM_ERR_AGAIN && fe_eng_req_retryable(ch->req)) {
-    if (e->workers_ok)
+    struct fe_replica *p = ch->req->rep;
+    if (p && p->workers_ok)
       cm_warn(TAG, "request %llu lost in the engine (%s): sent again once it is ready",
               (unsigned long long)er->request_id, er->message);
-    e->workers_ok = 0; /* until a PONG says it is ready */
+    if (p) p->workers_ok = 0; /* until a PONG says it is ready */
     fe_eng_req_park(ch->req);
     return;
   }
   int status = err_status(er->code);
   /* the engine may have failed (a worker died): its PONG says at once, so that
    * /health and new requests need not wait for the next ping */
-  if (status >= 500) e->ping_soon = 1; /* one PING after the messages at hand */
+  if (status >= 500 && ch->req->rep) /* one PING after the messages at hand */
+    ch->req->rep->ping_soon = 1;
   fe_eng_req_fail(ch->req, status, er->message, NULL);
 }
 
@@ -424,7 +426,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
       m.u.abort.request_ids.v = &ch->id;
       m.u.abort.request_ids.n = 1;
       ch->live = 0;
-      int rc = fe_eng_send(e, &m);
+      int rc = r->rep ? fe_eng_send(r->rep, &m) : CM_ERR_CLOSED;
       if (rc) cm_warn(TAG, "ABORT not sent: %s", cm_strerror(rc));
     }
     ch->done = 1;

@@ -373,7 +373,10 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
                  req->kind == FE_API_CHAT ? "messages" : "prompt");
     return;
   }
-  if (!fe_engine_ready(e)) { /* it went away while the prompt was tokenized */
+  /* the replica: by load and by where this prompt's prefix went before */
+  struct fe_replica *rep =
+      j->n_prompts ? fe_eng_route(e, (const uint32_t *)j->ids[0], j->n_ids[0]) : NULL;
+  if (!rep) { /* it went away while the prompt was tokenized */
     answer_error(e, c, 503, "engine not ready", NULL);
     return;
   }
@@ -401,6 +404,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
   if (e->reqs) e->reqs->prev = r;
   e->reqs = r;
   e->n_reqs++;
+  fe_eng_req_attach(r, rep);
   fe_conn_set_abort_cb(c, fe_eng_on_client_abort, r);
 
   /* no receiving while the ADDs go out: an OUT or ERR for this request
@@ -462,7 +466,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       a->stop_token_ids.n = n_stop;
       a->priority = req->priority;
       a->arrival_ns = cm_time_wall_ns();
-      int src = fe_eng_send_add(e, &r->ch[k], &m);
+      int src = fe_eng_send_add(r, &r->ch[k], &m);
       if (src) {
         status = src == CM_ERR_INVAL || src == CM_ERR_RANGE ? 400 : 503;
         snprintf(err, sizeof(err), "cannot queue the request at the scheduler: %s",
@@ -486,6 +490,7 @@ void fe_eng_req_unmap(struct fe_eng_req *r) {
 
 void fe_eng_req_free(struct fe_eng_req *r) {
   struct fe_engine *e = r->e;
+  fe_eng_req_attach(r, NULL);
   if (r->prev)
     r->prev->next = r->next;
   else if (e->reqs == r)

@@ -74,13 +74,72 @@ void fe_eng_map_del(struct fe_engine *e, uint64_t id) {
   }
 }
 
-/* ---- socket ---------------------------------------------------------------- */
+/* ---- replicas ------------------------------------------------------------ */
 
-int fe_eng_send(struct fe_engine *e, const struct pr_msg *m) {
-  int rc = pr_sock_send(e->sock, NULL, m, PR_DONTWAIT);
+int fe_eng_send(struct fe_replica *p, const struct pr_msg *m) {
+  int rc = pr_sock_send(p->sock, NULL, m, PR_DONTWAIT);
   /* the fd is edge-triggered: a send may have consumed the readable edge */
-  fe_eng_pump(e);
+  fe_eng_pump(p->e);
   return rc;
+}
+
+int fe_eng_rep_ready(const struct fe_replica *p) {
+  return p->last_pong_ns && p->workers_ok &&
+         cm_time_ns() - p->last_pong_ns <= (uint64_t)p->e->cfg.ready_ms * 1000000ull;
+}
+
+void fe_eng_req_attach(struct fe_eng_req *r, struct fe_replica *p) {
+  if (r->rep && !r->parked) r->rep->n_reqs--;
+  r->rep = p;
+  if (p && !r->parked) p->n_reqs++;
+}
+
+/* How busy p is: its scheduler's running + waiting, or this frontend's requests
+ * there when more (they may not have reached the scheduler's last PONG yet). */
+static int64_t rep_load(const struct fe_replica *p) {
+  int64_t sched = p->have_pong ? (int64_t)p->last_pong.num_running + p->last_pong.num_waiting : 0;
+  return sched > p->n_reqs ? sched : p->n_reqs;
+}
+
+/* A hash of ids[0, n): FNV-1a over the ids, never 0. */
+static uint64_t prefix_key(const uint32_t *ids, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ ids[i]) * 0x100000001b3ull;
+  return h ? h : 1;
+}
+
+/* The prefixes routing remembers: 16, 32, 64, ... tokens, up to the prompt's length. */
+#define FE_ENG_AFF_MIN 16
+#define FE_ENG_AFF_MAX 65536
+
+struct fe_replica *fe_eng_route(struct fe_engine *e, const uint32_t *ids, size_t n) {
+  struct fe_replica *best = NULL;
+  for (int i = 0; i < e->n_rep; i++) {
+    struct fe_replica *p = &e->rep[i];
+    if (fe_eng_rep_ready(p) && (!best || rep_load(p) < rep_load(best))) best = p;
+  }
+  if (!best || e->n_rep == 1) return best;
+  /* the longest remembered prefix wins while its replica is not much busier:
+   * within 2 requests, or half again the least busy one's load */
+  int64_t slack = rep_load(best) / 2 > 2 ? rep_load(best) / 2 : 2;
+  size_t top = FE_ENG_AFF_MIN;
+  while (top * 2 <= n && top * 2 <= FE_ENG_AFF_MAX)
+    top *= 2;
+  struct fe_replica *pick = best;
+  for (size_t len = top; len >= FE_ENG_AFF_MIN && len <= n; len /= 2) {
+    uint64_t key = prefix_key(ids, len);
+    const struct fe_eng_affinity *a = &e->aff[key & (FE_ENG_AFFINITY - 1)];
+    if (a->key != key || a->rep < 0 || a->rep >= e->n_rep) continue;
+    struct fe_replica *p = &e->rep[a->rep];
+    if (fe_eng_rep_ready(p) && rep_load(p) <= rep_load(best) + slack) pick = p;
+    break; /* the longest one known decides */
+  }
+  for (size_t len = FE_ENG_AFF_MIN; len <= n && len <= FE_ENG_AFF_MAX; len *= 2) {
+    uint64_t key = prefix_key(ids, len);
+    e->aff[key & (FE_ENG_AFFINITY - 1)] = (struct fe_eng_affinity){key, pick->index};
+  }
+  return pick;
 }
 
 static void fail_all(struct fe_engine *e, int status, const char *msg) {
@@ -88,10 +147,10 @@ static void fail_all(struct fe_engine *e, int status, const char *msg) {
     fe_eng_req_fail(e->reqs, status, msg, NULL); /* unlinks and frees the request */
 }
 
-/* ---- losing the engine, and sending again ----------------------------------- */
+/* ---- losing a replica, and sending again ------------------------------------ */
 
-int fe_eng_send_add(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_msg *m) {
-  CM_ASSERT(m->type == PR_ADD);
+int fe_eng_send_add(struct fe_eng_req *r, struct fe_eng_choice *ch, const struct pr_msg *m) {
+  CM_ASSERT(m->type == PR_ADD && r->rep);
   fe_eng_choice_forget_add(ch);
   const struct pr_add *a = &m->u.add;
   size_t n = (size_t)a->prompt.n + a->stop_token_ids.n;
@@ -105,7 +164,7 @@ int fe_eng_send_add(struct fe_engine *e, struct fe_eng_choice *ch, const struct 
     ch->add.stop_token_ids.v = ids + a->prompt.n;
     ch->add_ids = ids;
   }
-  return pr_sock_send(e->sock, NULL, m, PR_DONTWAIT);
+  return pr_sock_send(r->rep->sock, NULL, m, PR_DONTWAIT);
 }
 
 void fe_eng_choice_forget_add(struct fe_eng_choice *ch) {
@@ -128,22 +187,27 @@ void fe_eng_req_park(struct fe_eng_req *r) {
   fe_eng_abort_live(r);
   fe_eng_req_unmap(r);
   if (!r->parked) {
+    if (r->rep) r->rep->n_reqs--;
     r->parked = 1;
     e->n_parked++;
   }
   if (!r->parked_ns) r->parked_ns = cm_time_ns();
 }
 
-void fe_eng_lost(struct fe_engine *e, const char *why) {
-  e->workers_ok = 0; /* until a PONG says the engine is whole again */
+void fe_eng_lost(struct fe_replica *p, const char *why) {
+  struct fe_engine *e = p->e;
+  p->workers_ok = 0; /* until a PONG says the replica is whole again */
   int was_pumping = e->pumping;
   e->pumping = 1; /* nothing received while the list changes under us */
   int n_parked = 0, n_failed = 0;
   char msg[256];
-  snprintf(msg, sizeof(msg), "the engine failed: %s", why);
+  if (e->n_rep > 1)
+    snprintf(msg, sizeof(msg), "the engine (replica %d) failed: %s", p->index, why);
+  else
+    snprintf(msg, sizeof(msg), "the engine failed: %s", why);
   for (;;) {
     struct fe_eng_req *r = e->reqs;
-    while (r && (r->parked || r->busy || r->answering))
+    while (r && (r->rep != p || r->parked || r->busy || r->answering))
       r = r->next;
     if (!r) break;
     if (fe_eng_req_retryable(r)) {
@@ -155,18 +219,20 @@ void fe_eng_lost(struct fe_engine *e, const char *why) {
     }
   }
   if (n_parked || n_failed)
-    cm_error(TAG, "%s: %d request(s) failed, %d waiting to be sent again", why, n_failed, n_parked);
+    cm_error(TAG, "%s: %d request(s) failed, %d waiting to be sent again", msg, n_failed, n_parked);
   else
-    cm_error(TAG, "%s", why);
+    cm_error(TAG, "%s", msg);
   e->pumping = was_pumping;
   if (!was_pumping) fe_eng_pump(e);
 }
 
-/* Sends a parked request's choices again under new ids. */
-static void resubmit(struct fe_eng_req *r) {
+/* Sends a parked request's choices again under new ids, to a ready replica. */
+static void resubmit(struct fe_eng_req *r, struct fe_replica *p) {
   struct fe_engine *e = r->e;
   r->parked = 0;
   e->n_parked--;
+  r->rep = NULL;
+  fe_eng_req_attach(r, p);
   r->retries++;
   for (int k = 0; k < r->n_ch; k++) {
     struct fe_eng_choice *ch = &r->ch[k];
@@ -181,7 +247,7 @@ static void resubmit(struct fe_eng_req *r) {
     m.u.add = ch->add;
     m.u.add.request_id = ch->id;
     m.u.add.arrival_ns = cm_time_wall_ns();
-    int rc = pr_sock_send(e->sock, NULL, &m, PR_DONTWAIT);
+    int rc = pr_sock_send(p->sock, NULL, &m, PR_DONTWAIT);
     if (rc) {
       char msg[160];
       snprintf(msg, sizeof(msg), "cannot queue the request at the scheduler again: %s",
@@ -193,7 +259,7 @@ static void resubmit(struct fe_eng_req *r) {
   }
 }
 
-/* Parked requests: sent again once the engine is ready, failed past retry_ms. */
+/* Parked requests: sent again once a replica is ready, failed past retry_ms. */
 static void parked_tend(struct fe_engine *e) {
   if (!e->n_parked) return;
   int was_pumping = e->pumping;
@@ -205,8 +271,10 @@ static void parked_tend(struct fe_engine *e) {
     while (r && !(r->parked && (ready || now - r->parked_ns > limit)))
       r = r->next;
     if (!r) break;
-    if (ready) {
-      resubmit(r); /* unparks it, or fails it */
+    const struct pr_add *a = &r->ch[0].add;
+    struct fe_replica *p = ready ? fe_eng_route(e, a->prompt.v, a->prompt.n) : NULL;
+    if (p) {
+      resubmit(r, p); /* unparks it, or fails it */
       n_sent++;
     } else {
       char msg[160];
@@ -220,47 +288,49 @@ static void parked_tend(struct fe_engine *e) {
   if (!was_pumping) fe_eng_pump(e);
 }
 
-/* The monitor of the DEALER: a closed connection means the scheduler is gone
- * (it died, or its host did). ZeroMQ reconnects by itself. */
+/* The monitor of a replica's DEALER: a closed connection means its scheduler is
+ * gone (it died, or its host did). ZeroMQ reconnects by itself. */
 static void on_mon_poll(uv_poll_t *h, int status, int events) {
   (void)status;
   (void)events;
-  struct fe_engine *e = h->data;
+  struct fe_replica *p = h->data;
   /* reading until ZMQ_EVENTS says nothing is left also re-arms the fd, which only
    * signals a message that arrives after a read found none */
   int lost = 0;
   for (;;) {
     int ev = 0, event = 0, value = 0;
     size_t len = sizeof(ev);
-    if (zmq_getsockopt(e->mon, ZMQ_EVENTS, &ev, &len) != 0 || !(ev & ZMQ_POLLIN)) break;
-    int rc = pr_monitor_recv(e->mon, &event, &value);
+    if (zmq_getsockopt(p->mon, ZMQ_EVENTS, &ev, &len) != 0 || !(ev & ZMQ_POLLIN)) break;
+    int rc = pr_monitor_recv(p->mon, &event, &value);
     if (rc == CM_ERR_AGAIN) break;
     if (rc == 0 && event == ZMQ_EVENT_DISCONNECTED) lost = 1;
   }
-  if (lost) fe_eng_lost(e, "the connection to the scheduler closed");
+  if (lost) fe_eng_lost(p, "the connection to the scheduler closed");
 }
 
-static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
+static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
+  struct fe_engine *e = p->e;
   /* the scheduler's totals only grow: smaller ones mean a new scheduler
    * answers on the endpoint, and the requests in flight died with the old */
-  if (e->have_pong && e->n_reqs > e->n_parked &&
-      (p->generation_tokens < e->last_pong.generation_tokens ||
-       p->prompt_tokens < e->last_pong.prompt_tokens))
-    fe_eng_lost(e, "the scheduler restarted");
-  e->last_pong_ns = cm_time_ns();
-  e->workers_ok = p->world_size > 0 && p->workers_ready == p->world_size;
-  if (p->max_model_len) e->pong_max_model_len = p->max_model_len;
+  if (p->have_pong && p->n_reqs > 0 &&
+      (pg->generation_tokens < p->last_pong.generation_tokens ||
+       pg->prompt_tokens < p->last_pong.prompt_tokens))
+    fe_eng_lost(p, "the scheduler restarted");
+  p->last_pong_ns = cm_time_ns();
+  p->workers_ok = pg->world_size > 0 && pg->workers_ready == pg->world_size;
+  if (pg->max_model_len) p->pong_max_model_len = pg->max_model_len;
   if (e->metrics) {
     struct fe_metrics *m = e->metrics;
-    fe_metrics_set(m, e->mid.num_requests_running, p->num_running);
-    fe_metrics_set(m, e->mid.num_requests_waiting, p->num_waiting);
-    fe_metrics_set(m, e->mid.kv_cache_usage_perc, p->kv_usage);
-    /* PONG counters are cumulative at the scheduler: add what is new (a
+    size_t i = (size_t)p->index;
+    fe_metrics_set_at(m, e->mid.num_requests_running, i, pg->num_running);
+    fe_metrics_set_at(m, e->mid.num_requests_waiting, i, pg->num_waiting);
+    fe_metrics_set_at(m, e->mid.kv_cache_usage_perc, i, pg->kv_usage);
+    /* PONG counters are cumulative at each scheduler: add what is new (a
      * restarted scheduler starts again from 0) */
 #define DELTA(field, id)                                                                           \
   do {                                                                                             \
-    uint64_t prev_ = e->have_pong ? e->last_pong.field : 0;                                        \
-    uint64_t d_ = p->field >= prev_ ? p->field - prev_ : p->field;                                 \
+    uint64_t prev_ = p->have_pong ? p->last_pong.field : 0;                                        \
+    uint64_t d_ = pg->field >= prev_ ? pg->field - prev_ : pg->field;                              \
     if (d_) fe_metrics_inc(m, e->mid.id, (double)d_);                                              \
   } while (0)
     DELTA(prefix_cache_queries, prefix_cache_queries);
@@ -269,31 +339,31 @@ static void on_pong(struct fe_engine *e, const struct pr_pong *p) {
     DELTA(spec_num_draft_tokens, spec_decode_num_draft_tokens);
     DELTA(spec_num_accepted_tokens, spec_decode_num_accepted_tokens);
 #undef DELTA
-    for (uint32_t i = 0; i < p->n_spec_pos && i < PR_MAX_DRAFT; i++) {
+    for (uint32_t k = 0; k < pg->n_spec_pos && k < PR_MAX_DRAFT; k++) {
       uint64_t prev =
-          e->have_pong && i < e->last_pong.n_spec_pos ? e->last_pong.spec_accepted_per_pos[i] : 0;
-      uint64_t d = p->spec_accepted_per_pos[i] >= prev ? p->spec_accepted_per_pos[i] - prev
-                                                       : p->spec_accepted_per_pos[i];
-      if (d) fe_metrics_inc_at(m, e->mid.spec_decode_num_accepted_tokens_per_pos, i, (double)d);
+          p->have_pong && k < p->last_pong.n_spec_pos ? p->last_pong.spec_accepted_per_pos[k] : 0;
+      uint64_t d = pg->spec_accepted_per_pos[k] >= prev ? pg->spec_accepted_per_pos[k] - prev
+                                                        : pg->spec_accepted_per_pos[k];
+      if (d) fe_metrics_inc_at(m, e->mid.spec_decode_num_accepted_tokens_per_pos, k, (double)d);
     }
   }
-  e->last_pong = *p;
-  e->have_pong = 1;
+  p->last_pong = *pg;
+  p->have_pong = 1;
   parked_tend(e);
 }
 
-static void dispatch(struct fe_engine *e, const struct pr_msg *m) {
+static void dispatch(struct fe_replica *p, const struct pr_msg *m) {
   switch (m->type) {
-  case PR_PONG: on_pong(e, &m->u.pong); break;
-  case PR_OUT: fe_eng_on_out(e, &m->u.out); break;
-  case PR_ERR: fe_eng_on_err(e, &m->u.err); break;
+  case PR_PONG: on_pong(p, &m->u.pong); break;
+  case PR_OUT: fe_eng_on_out(p->e, &m->u.out); break;
+  case PR_ERR: fe_eng_on_err(p->e, &m->u.err); break;
   default:
-    cm_warn(TAG, "scheduler sent %s, not a frontend message; dropped", pr_type_name(m->type));
+    cm_warn(TAG, "scheduler %s sent %s, not a frontend message; dropped", p->endpoint,
+            pr_type_name(m->type));
   }
 }
 
 void fe_eng_pump(struct fe_engine *e) {
-  if (!e->sock) return;
   if (e->pumping) { /* a send from inside dispatch: the outer loop drains again */
     e->repump = 1;
     return;
@@ -301,55 +371,65 @@ void fe_eng_pump(struct fe_engine *e) {
   e->pumping = 1;
   do {
     e->repump = 0;
-    for (;;) {
-      int ev = 0;
-      if (pr_sock_events(e->sock, &ev) != 0 || !(ev & ZMQ_POLLIN)) break;
-      struct pr_msg m;
-      cm_arena_reset(&e->rx_arena);
-      int rc = pr_sock_recv(e->sock, NULL, &m, &e->rx_arena, PR_DONTWAIT);
-      if (rc == CM_ERR_AGAIN) break;
-      if (rc == CM_ERR_CLOSED) break;
-      if (rc) {
-        cm_warn(TAG, "bad message from the scheduler dropped: %s", cm_strerror(rc));
-        continue;
+    for (int i = 0; i < e->n_rep; i++) {
+      struct fe_replica *p = &e->rep[i];
+      for (;;) {
+        int ev = 0;
+        if (!p->sock || pr_sock_events(p->sock, &ev) != 0 || !(ev & ZMQ_POLLIN)) break;
+        struct pr_msg m;
+        cm_arena_reset(&e->rx_arena);
+        int rc = pr_sock_recv(p->sock, NULL, &m, &e->rx_arena, PR_DONTWAIT);
+        if (rc == CM_ERR_AGAIN) break;
+        if (rc == CM_ERR_CLOSED) break;
+        if (rc) {
+          cm_warn(TAG, "bad message from the scheduler %s dropped: %s", p->endpoint,
+                  cm_strerror(rc));
+          continue;
+        }
+        dispatch(p, &m);
       }
-      dispatch(e, &m);
     }
   } while (e->repump);
   e->pumping = 0;
-  if (e->ping_soon) {
-    e->ping_soon = 0;
-    fe_eng_ping(e);
-  }
+  for (int i = 0; i < e->n_rep; i++)
+    if (e->rep[i].ping_soon) {
+      e->rep[i].ping_soon = 0;
+      fe_eng_ping(&e->rep[i]);
+    }
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {
   (void)status;
   (void)events;
-  fe_eng_pump(h->data);
+  struct fe_replica *p = h->data;
+  fe_eng_pump(p->e);
 }
 
-void fe_eng_ping(struct fe_engine *e) {
+void fe_eng_ping(struct fe_replica *p) {
   struct pr_msg m;
   pr_msg_init(&m, PR_PING);
-  m.u.ping.nonce = ++e->ping_nonce;
+  m.u.ping.nonce = ++p->ping_nonce;
   m.u.ping.send_ns = cm_time_wall_ns();
-  int rc = fe_eng_send(e, &m);
-  if (rc && rc != CM_ERR_AGAIN) cm_debug(TAG, "PING: %s", cm_strerror(rc));
+  int rc = fe_eng_send(p, &m);
+  if (rc && rc != CM_ERR_AGAIN) cm_debug(TAG, "PING %s: %s", p->endpoint, cm_strerror(rc));
 }
 
 static void on_timer(uv_timer_t *t) {
   struct fe_engine *e = t->data;
   uint64_t now = cm_time_ns();
-  uint64_t since = e->last_pong_ns ? e->last_pong_ns : e->created_ns;
-  if (e->n_reqs > e->n_parked && now - since > (uint64_t)e->cfg.dead_ms * 1000000ull) {
-    char why[96];
-    snprintf(why, sizeof(why), "no answer from the scheduler for %.1f s",
-             (double)(now - since) / 1e9);
-    fe_eng_lost(e, why);
+  for (int i = 0; i < e->n_rep; i++) {
+    struct fe_replica *p = &e->rep[i];
+    uint64_t since = p->last_pong_ns ? p->last_pong_ns : e->created_ns;
+    if (p->n_reqs > 0 && now - since > (uint64_t)e->cfg.dead_ms * 1000000ull) {
+      char why[96];
+      snprintf(why, sizeof(why), "no answer from the scheduler for %.1f s",
+               (double)(now - since) / 1e9);
+      fe_eng_lost(p, why);
+    }
   }
   parked_tend(e);
-  fe_eng_ping(e);
+  for (int i = 0; i < e->n_rep; i++)
+    fe_eng_ping(&e->rep[i]);
 }
 
 /* ---- model files --------------------------------------------------------- */
@@ -401,7 +481,46 @@ static void close_cb(uv_handle_t *h) {
   e->handles_open--;
 }
 
+static void rep_close_cb(uv_handle_t *h) {
+  struct fe_replica *p = h->data;
+  p->e->handles_open--;
+}
+
 /* ---- lifecycle ------------------------------------------------------------- */
+
+/* Connects replica i to its scheduler and starts watching it. */
+static int rep_open(struct fe_engine *e, int i, const char *endpoint) {
+  struct fe_replica *p = &e->rep[i];
+  p->e = e;
+  p->index = i;
+  if (!(p->endpoint = strdup(endpoint))) return CM_ERR_NOMEM;
+  int rc = pr_sock_open(e->zctx, ZMQ_DEALER, 0, &p->sock);
+  if (rc) return rc;
+  if ((rc = pr_sock_connect(p->sock, p->endpoint)) != 0) {
+    cm_error(TAG, "cannot connect to the scheduler at %s: %s", p->endpoint, cm_strerror(rc));
+    return rc;
+  }
+  /* the scheduler's death is seen when its connection closes, not at dead_ms */
+  int fd = -1, mon_fd = -1;
+  size_t mon_fd_len = sizeof(mon_fd);
+  if ((rc = pr_sock_fd(p->sock, &fd)) != 0) return rc;
+  if ((rc = pr_monitor_open(e->zctx, p->sock, ZMQ_EVENT_DISCONNECTED, &p->mon)) != 0) return rc;
+  if (zmq_getsockopt(p->mon, ZMQ_FD, &mon_fd, &mon_fd_len) != 0) return CM_ERR_IO;
+  if (uv_poll_init(e->loop, &p->poll, fd) != 0) return CM_ERR_IO;
+  p->poll.data = p;
+  p->handles++;
+  e->handles_open++;
+  if (uv_poll_init(e->loop, &p->mon_poll, mon_fd) != 0) return CM_ERR_IO;
+  p->mon_poll.data = p;
+  p->handles++;
+  e->handles_open++;
+  uv_poll_start(&p->poll, UV_READABLE, on_poll);
+  uv_poll_start(&p->mon_poll, UV_READABLE, on_mon_poll);
+  uv_unref((uv_handle_t *)&p->poll);
+  uv_unref((uv_handle_t *)&p->mon_poll);
+  on_mon_poll(&p->mon_poll, 0, 0); /* arms the monitor's fd */
+  return 0;
+}
 
 int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_engine_config *cfg,
                      struct fe_engine **out) {
@@ -422,21 +541,31 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   fe_buf_init(&e->tmp, 0);
   cm_arena_init(&e->rx_arena, 1u << 16, 256u << 20);
   e->model_name = strdup(cfg->model_name ? cfg->model_name : "default");
-  e->scheduler = strdup(cfg->scheduler ? cfg->scheduler : "");
   e->model_dir = strdup(cfg->model_dir ? cfg->model_dir : "");
-  if (!e->model_name || !e->scheduler || !e->model_dir) goto fail;
+  if (!e->model_name || !e->model_dir) goto fail;
   e->cfg.model_name = e->model_name;
-  e->cfg.scheduler = e->scheduler;
   e->cfg.model_dir = e->model_dir;
+  e->cfg.scheduler = NULL;
+  e->cfg.schedulers = NULL;
+  const char *one[1] = {cfg->scheduler};
+  const char *const *eps = cfg->n_schedulers > 0 ? cfg->schedulers : one;
+  int n_eps = cfg->n_schedulers > 0 ? cfg->n_schedulers : cfg->scheduler ? 1 : 0;
   if (router) {
     e->metrics = fe_router_metrics(router);
     e->mid = *fe_router_metric_ids(router);
   }
-  if (!*e->model_dir || !*e->scheduler) {
-    cm_error(TAG, "the engine needs a model directory and a scheduler endpoint");
+  if (!*e->model_dir || n_eps < 1 || n_eps > FE_ENG_MAX_REPLICAS) {
+    cm_error(TAG, "the engine needs a model directory and 1 to %d scheduler endpoints",
+             FE_ENG_MAX_REPLICAS);
     rc = CM_ERR_INVAL;
     goto fail;
   }
+  for (int i = 0; i < n_eps; i++)
+    if (!eps[i] || !*eps[i]) {
+      cm_error(TAG, "scheduler endpoint %d is empty", i);
+      rc = CM_ERR_INVAL;
+      goto fail;
+    }
   if ((rc = tk_load(cfg->model_dir, &e->tok, err, sizeof(err))) != 0) {
     cm_error(TAG, "%s: tokenizer: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
@@ -456,43 +585,19 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
 
   rc = CM_ERR_IO;
   if (!(e->zctx = zmq_ctx_new())) goto fail;
-  if ((rc = pr_sock_open(e->zctx, ZMQ_DEALER, 0, &e->sock)) != 0) goto fail;
-  if ((rc = pr_sock_connect(e->sock, e->scheduler)) != 0) {
-    cm_error(TAG, "cannot connect to the scheduler at %s: %s", e->scheduler, cm_strerror(rc));
-    goto fail;
-  }
-  /* the scheduler's death is seen when its connection closes, not at dead_ms */
-  int fd = -1, mon_fd = -1;
-  size_t mon_fd_len = sizeof(mon_fd);
-  if ((rc = pr_sock_fd(e->sock, &fd)) != 0) goto fail;
-  if ((rc = pr_monitor_open(e->zctx, e->sock, ZMQ_EVENT_DISCONNECTED, &e->mon)) != 0) goto fail;
-  if (zmq_getsockopt(e->mon, ZMQ_FD, &mon_fd, &mon_fd_len) != 0) {
-    rc = CM_ERR_IO;
-    goto fail;
-  }
-  /* all three handles or none: fe_engine_destroy closes them together */
-  if (uv_poll_init(loop, &e->poll, fd) != 0) {
-    rc = CM_ERR_IO;
-    goto fail;
-  }
-  if (uv_poll_init(loop, &e->mon_poll, mon_fd) != 0) {
-    uv_close((uv_handle_t *)&e->poll, NULL);
-    uv_run(loop, UV_RUN_NOWAIT);
-    rc = CM_ERR_IO;
-    goto fail;
-  }
   uv_timer_init(loop, &e->timer);
-  e->poll.data = e->mon_poll.data = e->timer.data = e;
-  e->handles_open = 3;
-  uv_poll_start(&e->poll, UV_READABLE, on_poll);
-  uv_poll_start(&e->mon_poll, UV_READABLE, on_mon_poll);
+  e->timer.data = e;
+  e->handles_open = 1;
+  for (int i = 0; i < n_eps; i++) {
+    e->n_rep = i + 1;
+    if ((rc = rep_open(e, i, eps[i])) != 0) goto fail;
+  }
   uv_timer_start(&e->timer, on_timer, 0, e->cfg.ping_ms);
-  uv_unref((uv_handle_t *)&e->poll);
-  uv_unref((uv_handle_t *)&e->mon_poll);
   uv_unref((uv_handle_t *)&e->timer);
-  on_mon_poll(&e->mon_poll, 0, 0); /* arms the monitor's fd */
-  cm_info(TAG, "scheduler %s; %d EOS id(s); chat template %s", e->scheduler, e->n_eos,
-          e->chat ? "loaded" : "absent");
+  for (int i = 0; i < e->n_rep; i++)
+    cm_info(TAG, "scheduler %s%s", e->rep[i].endpoint,
+            e->n_rep > 1 ? " (a replica: requests are routed by load and prefix)" : "");
+  cm_info(TAG, "%d EOS id(s); chat template %s", e->n_eos, e->chat ? "loaded" : "absent");
   *out = e;
   return 0;
 fail:
@@ -504,14 +609,20 @@ void fe_engine_destroy(struct fe_engine *e) {
   if (!e) return;
   fail_all(e, 503, "the frontend is shutting down");
   if (e->handles_open) {
-    uv_close((uv_handle_t *)&e->poll, close_cb);
-    uv_close((uv_handle_t *)&e->mon_poll, close_cb);
     uv_close((uv_handle_t *)&e->timer, close_cb);
+    for (int i = 0; i < e->n_rep; i++) {
+      struct fe_replica *p = &e->rep[i];
+      if (p->handles > 0) uv_close((uv_handle_t *)&p->poll, rep_close_cb);
+      if (p->handles > 1) uv_close((uv_handle_t *)&p->mon_poll, rep_close_cb);
+    }
     while (e->handles_open)
       uv_run(e->loop, UV_RUN_ONCE);
   }
-  pr_monitor_close(e->sock, e->mon);
-  pr_sock_close(e->sock);
+  for (int i = 0; i < e->n_rep; i++) {
+    pr_monitor_close(e->rep[i].sock, e->rep[i].mon);
+    pr_sock_close(e->rep[i].sock);
+    free(e->rep[i].endpoint);
+  }
   if (e->zctx) zmq_ctx_term(e->zctx);
   cm_arena_free(&e->rx_arena);
   tk_chat_free(e->chat);
@@ -524,7 +635,6 @@ void fe_engine_destroy(struct fe_engine *e) {
   fe_buf_free(&e->out);
   fe_buf_free(&e->tmp);
   free(e->model_name);
-  free(e->scheduler);
   free(e->model_dir);
   free(e);
 }
@@ -532,12 +642,15 @@ void fe_engine_destroy(struct fe_engine *e) {
 /* ---- hooks and queries ------------------------------------------------------ */
 
 int fe_engine_ready(const struct fe_engine *e) {
-  return e->last_pong_ns && e->workers_ok &&
-         cm_time_ns() - e->last_pong_ns <= (uint64_t)e->cfg.ready_ms * 1000000ull;
+  for (int i = 0; i < e->n_rep; i++)
+    if (fe_eng_rep_ready(&e->rep[i])) return 1;
+  return 0;
 }
 
 int64_t fe_engine_max_model_len(const struct fe_engine *e) {
-  return e->pong_max_model_len ? e->pong_max_model_len : e->cfg.max_model_len;
+  for (int i = 0; i < e->n_rep; i++)
+    if (e->rep[i].pong_max_model_len) return e->rep[i].pong_max_model_len;
+  return e->cfg.max_model_len;
 }
 
 int fe_engine_in_flight(const struct fe_engine *e) {

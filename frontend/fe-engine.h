@@ -2,16 +2,20 @@
  * request (fe-api.h) to token ids from the scheduler and back as OpenAI
  * responses (JSON or SSE).
  *
- * The engine owns one ZeroMQ DEALER connected to the scheduler's frontend
- * endpoint and polls it on the libuv loop. It PINGs every ping_ms; it is
- * ready while a PONG came back within ready_ms that reported every worker
- * rank ready.
+ * The engine owns one ZeroMQ DEALER per scheduler (model replica: one with
+ * `scheduler`, several for data parallelism), connected to its frontend
+ * endpoint and polled on the libuv loop. It PINGs each every ping_ms; a
+ * replica is ready while a PONG came back within ready_ms that reported
+ * every worker rank ready, and the engine is ready while one replica is.
+ * Each request goes to one ready replica: the one that took the longest
+ * remembered prefix of its prompt (its KV blocks are cached there) unless
+ * that one is much busier than the least busy, else the least busy.
  *
  * When the engine loses the requests in flight — the scheduler's connection
  * closes (a socket monitor sees it at once), the scheduler restarts, a worker
  * fails (the scheduler's ERR), or dead_ms pass without a PONG — a request
- * that has produced nothing yet is parked and sent again as soon as the
- * engine is ready (a supervisor restarts it meanwhile), within retry_ms and
+ * that has produced nothing yet is parked and sent again as soon as a
+ * replica is ready (a supervisor restarts it meanwhile), within retry_ms and
  * at most a few times; one that has begun fails with 503, or an error event
  * on its stream. /health answers 503 from the moment of the loss.
  *
@@ -46,6 +50,11 @@ struct fe_engine;
 struct fe_engine_config {
   const char *model_dir;  /* tokenizer.json, tokenizer_config.json, generation_config.json */
   const char *scheduler;  /* the scheduler's frontend endpoint (ipc://, tcp://) */
+  /* data parallelism: several schedulers (model replicas), each request routed to
+   * one by load and prompt-prefix affinity; when n_schedulers > 0 these replace
+   * `scheduler` */
+  const char *const *schedulers;
+  int n_schedulers;
   const char *model_name; /* served model name (response "model") */
   int64_t max_model_len;  /* tokens; used until a PONG reports the engine's (0: none) */
   uint32_t ping_ms;       /* PING period; 0: 500 */

@@ -2,6 +2,7 @@
 #include "frontend/fe-http-metrics.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,11 +98,12 @@ int fe_metrics_find(const struct fe_metrics *m, const char *name) {
   return CM_ERR_NOENT;
 }
 
-int fe_metrics_add_indexed(struct fe_metrics *m, const char *name, const char *help,
-                           const char *label) {
-  if (!valid_name(label) || strchr(label, ':') || strlen(label) >= sizeof(m->m[0].label))
+int fe_metrics_add_indexed(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
+                           const char *help, const char *label) {
+  if (!valid_name(label) || strchr(label, ':') || strlen(label) >= sizeof(m->m[0].label) ||
+      kind == FE_METRIC_HISTOGRAM)
     return CM_ERR_INVAL;
-  int id = fe_metrics_add(m, FE_METRIC_COUNTER, name, help, NULL, 0);
+  int id = fe_metrics_add(m, kind, name, help, NULL, 0);
   if (id >= 0) strcpy(m->m[id].label, label);
   return id;
 }
@@ -138,6 +140,15 @@ void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v) {
 double fe_metrics_value_at(const struct fe_metrics *m, int id, size_t index) {
   CM_ASSERT(id >= 0 && (size_t)id < m->n);
   return index <= FE_METRIC_MAX_BUCKETS ? m->m[id].counts[index] : 0;
+}
+
+void fe_metrics_set_at(struct fe_metrics *m, int id, size_t index, double v) {
+  struct fe_metric *x = get(m, id, FE_METRIC_GAUGE);
+  CM_ASSERT(x->label[0]);
+  if (index > FE_METRIC_MAX_BUCKETS) return;
+  x->value += v - x->counts[index];
+  x->counts[index] = v;
+  if (index + 1 > x->n_index) x->n_index = index + 1;
 }
 
 void fe_metrics_set(struct fe_metrics *m, int id, double v) {
@@ -247,9 +258,6 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
     const double *b;
     size_t nb;
   } t[] = {
-      GAUGE(num_requests_running, "Requests running on the engine."),
-      GAUGE(num_requests_waiting, "Requests waiting to be scheduled."),
-      GAUGE(kv_cache_usage_perc, "KV-cache usage, 1 means 100 percent."),
       COUNTER(prompt_tokens, "Prefill tokens processed."),
       COUNTER(generation_tokens, "Generation tokens produced."),
       HISTOGRAM(time_to_first_token_seconds, "Time to first token in seconds.", ttft_buckets),
@@ -270,7 +278,26 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
     if (id < 0) return id;
     *t[i].id = id;
   }
-  int id = fe_metrics_add_indexed(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
+  /* the engine's gauges, one series per model replica (vLLM's `engine` label) */
+  static const struct {
+    size_t off;
+    const char *name, *help;
+  } g[] = {
+      {offsetof(struct fe_metric_ids, num_requests_running), "lmserve:num_requests_running",
+       "Requests running on the engine."},
+      {offsetof(struct fe_metric_ids, num_requests_waiting), "lmserve:num_requests_waiting",
+       "Requests waiting to be scheduled."},
+      {offsetof(struct fe_metric_ids, kv_cache_usage_perc), "lmserve:kv_cache_usage_perc",
+       "KV-cache usage, 1 means 100 percent."},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(g); i++) {
+    int gid = fe_metrics_add_indexed(m, FE_METRIC_GAUGE, g[i].name, g[i].help, "replica");
+    if (gid < 0) return gid;
+    fe_metrics_set_at(m, gid, 0, 0); /* replica 0 shows from the start */
+    *(int *)((char *)ids + g[i].off) = gid;
+  }
+  int id = fe_metrics_add_indexed(m, FE_METRIC_COUNTER,
+                                  "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
                                   "Draft tokens accepted, by position in the draft.", "position");
   if (id < 0) return id;
   ids->spec_decode_num_accepted_tokens_per_pos = id;

@@ -30,12 +30,15 @@ void fe_metrics_destroy(struct fe_metrics *m);
 int fe_metrics_add(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
                    const char *help, const double *bounds, size_t n_bounds);
 int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_ERR_NOENT */
-/* Registers a counter family with one extra label taking the values 0, 1, ..
- * FE_METRIC_MAX_BUCKETS (vLLM's spec_decode_num_accepted_tokens_per_pos and
- * its `position`). A series is rendered once its index has been counted (up
- * to the largest index counted so far). Id or a negative cm_err. */
-int fe_metrics_add_indexed(struct fe_metrics *m, const char *name, const char *help,
-                           const char *label);
+/* Registers a counter or gauge family with one extra label taking the values
+ * 0, 1, .. FE_METRIC_MAX_BUCKETS (vLLM's spec_decode_num_accepted_tokens_per_pos
+ * and its `position`; the engine gauges and their `replica`). A series is
+ * rendered once its index has been counted or set (up to the largest index so
+ * far). Id or a negative cm_err. */
+int fe_metrics_add_indexed(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
+                           const char *help, const char *label);
+/* Sets series `index` of an indexed gauge (fe_metrics_value: their sum). */
+void fe_metrics_set_at(struct fe_metrics *m, int id, size_t index, double v);
 void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v); /* v >= 0 */
 double fe_metrics_value_at(const struct fe_metrics *m, int id, size_t index);
 

@@ -73,7 +73,8 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 int fe_frontend_main(int argc, char **argv) {
-  const char *host = "127.0.0.1", *api_key = NULL, *model = "default", *scheduler = NULL;
+  const char *host = "127.0.0.1", *api_key = NULL, *model = "default";
+  static struct cm_strs schedulers; /* values live as long as the process */
   const char *model_dir = NULL;
   struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
@@ -88,7 +89,9 @@ int fe_frontend_main(int argc, char **argv) {
        "model name clients use (default 'default')"},
       {"max-model-len", CM_OPT_INT, &max_model_len, "N", "context length in tokens (default 8192)",
        1, INT32_MAX},
-      {"scheduler", CM_OPT_STR, &scheduler, "ENDPOINT", "scheduler endpoint (ipc:// or tcp://)"},
+      {"scheduler", CM_OPT_STRS, &schedulers, "ENDPOINT",
+       "scheduler endpoint (ipc:// or tcp://); several (repeated, or comma-separated): model "
+       "replicas, each request routed by load and prompt-prefix affinity"},
       {"model", CM_OPT_STR, &model_dir, "DIR",
        "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler)"},
       {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES",
@@ -132,8 +135,12 @@ int fe_frontend_main(int argc, char **argv) {
     fprintf(stderr, "lmserve frontend: %s\n", cm_strerror(rc));
     return 1;
   }
-  if (scheduler) {
-    struct fe_engine_config ecfg = {model_dir, scheduler, model, max_model_len, 0, 0, 0};
+  if (schedulers.n) {
+    struct fe_engine_config ecfg = {.model_dir = model_dir,
+                                    .schedulers = (const char *const *)schedulers.v,
+                                    .n_schedulers = schedulers.n,
+                                    .model_name = model,
+                                    .max_model_len = max_model_len};
     if (!model_dir || (rc = fe_engine_create(app.loop, app.router, &ecfg, &engine)) != 0) {
       fprintf(stderr, "lmserve frontend: %s\n",
               model_dir ? "cannot start the serving path (see the log)"

@@ -177,7 +177,13 @@ static void setup(uint32_t dead_ms) {
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_route_config rc = {NULL, "tiny", 8192};
   TH_REQUIRE(fe_router_create(&rc, &fx.router) == 0);
-  struct fe_engine_config ec = {model_dir, fx.endpoint, "tiny", 0, 50, 2000, dead_ms};
+  struct fe_engine_config ec = {.model_dir = model_dir,
+                                .scheduler = fx.endpoint,
+                                .model_name = "tiny",
+                                .ping_ms = 50,
+                                .ready_ms = 2000,
+                                .dead_ms = dead_ms,
+                                .retry_ms = 1500};
   TH_REQUIRE(fe_engine_create(&fx.loop, fx.router, &ec, &fx.eng) == 0);
   struct fe_engine_hooks h;
   fe_engine_hooks_get(fx.eng, &h);
@@ -269,7 +275,7 @@ TH_TEST(engine_completion_json) {
   TH_CHECK_EQ_INT(http("GET", "/metrics", NULL, &m), 200);
   TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} ") != NULL);
   TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} 0\n") == NULL);
-  TH_CHECK(strstr(m, "lmserve:kv_cache_usage_perc{model_name=\"tiny\"} 0.25") != NULL);
+  TH_CHECK(strstr(m, "lmserve:kv_cache_usage_perc{model_name=\"tiny\",replica=\"0\"} 0.25") != NULL);
   TH_CHECK(strstr(m, "lmserve:prefix_cache_hits_total{model_name=\"tiny\"} 40") != NULL);
   TH_CHECK(strstr(m, "lmserve:time_to_first_token_seconds_count{model_name=\"tiny\"} 3") != NULL);
   TH_CHECK(strstr(m, "lmserve:e2e_request_latency_seconds_count{model_name=\"tiny\"} 3") != NULL);
@@ -486,7 +492,8 @@ TH_TEST(engine_client_disconnect) {
 TH_TEST(engine_gone) {
   setup(400);
   te_sched_mute(fx.sched, 1);
-  /* a request in flight when PONGs stop fails with 503 */
+  /* a request in flight when PONGs stop has produced nothing: it waits to be sent
+   * again, and fails with 503 once the engine is not back within retry_ms */
   json_t *j = NULL;
   TH_CHECK_EQ_INT(http_json("/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":3}", &j), 503);
   json_decref(j);

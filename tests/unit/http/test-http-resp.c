@@ -206,7 +206,8 @@ TH_TEST(metrics_registry) {
   TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
   fe_metrics_inc(m, ids.prompt_tokens, 12);
   fe_metrics_inc(m, ids.prompt_tokens, -5); /* ignored: counters only go up */
-  fe_metrics_set(m, ids.kv_cache_usage_perc, 0.25);
+  fe_metrics_set_at(m, ids.kv_cache_usage_perc, 0, 0.25);
+  fe_metrics_set_at(m, ids.kv_cache_usage_perc, 1, 0.5); /* a second replica */
   fe_metrics_observe(m, ids.time_to_first_token_seconds, 0.003);
   fe_metrics_observe(m, ids.time_to_first_token_seconds, 0.5);
   fe_metrics_observe(m, ids.time_to_first_token_seconds, 1e9);
@@ -224,7 +225,9 @@ TH_TEST(metrics_registry) {
   static const char *const want[] = {
       "# TYPE lmserve:prompt_tokens_total counter\n",
       "lmserve:prompt_tokens_total{model_name=\"ge\\\"m\"} 12.0\n",
-      "lmserve:kv_cache_usage_perc{model_name=\"ge\\\"m\"} 0.25\n",
+      "lmserve:kv_cache_usage_perc{model_name=\"ge\\\"m\",replica=\"0\"} 0.25\n",
+      "lmserve:kv_cache_usage_perc{model_name=\"ge\\\"m\",replica=\"1\"} 0.5\n",
+      "# TYPE lmserve:kv_cache_usage_perc gauge\n",
       "# TYPE lmserve:time_to_first_token_seconds histogram\n",
       "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.001\"} 0.0\n",
       "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.005\"} 1.0\n",
@@ -309,7 +312,8 @@ TH_TEST(metrics_indexed_counter) {
     if (!strstr(b.data, want[i])) th_fail(__FILE__, __LINE__, "metrics text lacks: %s", want[i]);
   TH_CHECK(!strstr(b.data, "position=\"3\""));
   fe_buf_free(&b);
-  TH_CHECK(fe_metrics_add_indexed(m, "lmserve:x_total", "x", "bad label") == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add_indexed(m, FE_METRIC_COUNTER, "lmserve:x_total", "x", "bad label") ==
+           CM_ERR_INVAL);
   fe_metrics_destroy(m);
 }
 
