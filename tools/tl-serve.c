@@ -97,12 +97,13 @@ static void argv_role(struct tl_argv *a, const char *role, const struct tl_serve
   argv_add_str(a, "--model", s->model_dir);
 }
 
+/* The binary the children run: this very one, through /proc/self/exe, which
+ * still reaches it when the file was replaced or removed since serve started (an
+ * upgrade in place must not leave serve unable to restart a role, nor restart
+ * one with a different version than its peers). */
 const char *tl_srv_self_exe(void) {
-  static char path[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) return "lmserve";
-  path[n] = 0;
-  return path;
+  if (access("/proc/self/exe", X_OK) == 0) return "/proc/self/exe";
+  return "lmserve";
 }
 
 /* ---- the default model ---------------------------------------------------- */

@@ -6,7 +6,10 @@
  * the client, or refused as malformed), none lost, no malformed one accepted —
  * and, once idle, the KV usage and the frontend's and scheduler's descriptor
  * counts back at their baselines and the long-lived roles' memory within
- * 16 MB of where it was after warm-up. */
+ * 16 MB of where it was after warm-up. serve runs from a copy of the binary
+ * that is deleted once it is up (an upgrade in place): it must still restart
+ * the workers it loses. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,23 @@
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
+/* Copies the file at src to dst (mode 0755): 0 or -1. */
+static int copy_file(const char *src, const char *dst) {
+  int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = -1;
+  if (in >= 0) out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+  if (in >= 0 && out >= 0) {
+    char buf[1 << 16];
+    ssize_t n;
+    rc = 0;
+    while ((n = read(in, buf, sizeof(buf))) > 0)
+      if (write(out, buf, (size_t)n) != n) rc = -1;
+    if (n < 0) rc = -1;
+  }
+  if (in >= 0) close(in);
+  if (out >= 0 && close(out) != 0) rc = -1;
+  return rc;
+}
+
 TH_TEST(soak_sixty_seconds) {
   th_proc_init(600);
   char model[300];
@@ -26,9 +46,13 @@ TH_TEST(soak_sixty_seconds) {
   char port_s[16], url[64], pid_s[16];
   snprintf(port_s, sizeof(port_s), "%d", port);
   snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
+  char dir[] = "/tmp/lmserve-soak-XXXXXX", copy[64];
+  TH_REQUIRE(mkdtemp(dir) != NULL);
+  snprintf(copy, sizeof(copy), "%s/lmserve", dir);
+  TH_REQUIRE(copy_file(th_lmserve_bin(), copy) == 0);
   static char *env[] = {"LMSERVE_DEVICE=cpu", NULL};
   struct th_proc s;
-  TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, th_lmserve_bin(), "serve", "--model", model, "--port",
+  TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, copy, "serve", "--model", model, "--port",
                             port_s, "--kv-cache-memory", "64M", "--threads", "1", "--drain-timeout",
                             "2", NULL) == 0);
   int st = 0;
@@ -39,6 +63,7 @@ TH_TEST(soak_sixty_seconds) {
     if (st != 200) usleep(100000);
   }
   TH_REQUIRE(st == 200);
+  TH_REQUIRE(unlink(copy) == 0 && rmdir(dir) == 0); /* replaced under the running server */
   snprintf(pid_s, sizeof(pid_s), "%d", (int)s.pid);
   char *argv[] = {th_lmserve_bin(),
                   "bench",

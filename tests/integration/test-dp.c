@@ -1,0 +1,203 @@
+/* test-dp.c — data parallelism: two model replicas (a scheduler and a worker
+ * each, over tcp:// on loopback) behind one `lmserve frontend` given both
+ * --scheduler endpoints. Checks that
+ *   - /metrics labels the engine gauges by replica (replica="0", replica="1");
+ *   - routing goes by load: with replica 0 busy, a new prompt runs on replica 1
+ *     (its running gauge shows it);
+ *   - routing goes by prefix affinity: a prompt sent before goes back to the
+ *     replica that has its KV blocks even while that one is busier, and the
+ *     prefix cache hits it;
+ *   - a replica that dies is routed around: /health stays 200, the requests
+ *     that follow are served by the other replica, a stream running on the dead
+ *     one ends with an error event, and the greedy text is the same. */
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness/th-http.h"
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+
+static int http_port;
+
+static int get(const char *path, char **body) {
+  return th_http(http_port, "GET", path, NULL, 10000, body);
+}
+
+/* The sum of the series of `name` carrying label text `label` (or all series). */
+static double metric(const char *name, const char *label) {
+  char *m = NULL;
+  double v = 0;
+  if (get("/metrics", &m) == 200 && m) {
+    size_t nl = strlen(name);
+    for (const char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+      if (strncmp(l, name, nl) || (l[nl] != '{' && l[nl] != ' ')) continue;
+      const char *eol = l + strcspn(l, "\n"), *sp = eol;
+      if (label) {
+        const char *hit = strstr(l, label);
+        if (!hit || hit > eol) continue;
+      }
+      while (sp > l && sp[-1] != ' ')
+        sp--;
+      v += strtod(sp, NULL);
+    }
+  }
+  free(m);
+  return v;
+}
+
+/* Waits until metric(name, label) >= want (PONGs refresh the gauges twice a second). */
+static double metric_wait(const char *name, const char *label, double want, int ms) {
+  double v = metric(name, label);
+  for (int t = 0; v < want && t < ms; t += 100) {
+    usleep(100000);
+    v = metric(name, label);
+  }
+  return v;
+}
+
+/* A prompt of n ids from seed. */
+static void prompt(char *out, size_t size, int n, int seed) {
+  int len = snprintf(out, size, "[2");
+  for (int i = 1; i < n; i++)
+    len += snprintf(out + len, size - (size_t)len, ",%d", 1000 + (seed * 7919 + i * 104729) % 200000);
+  snprintf(out + len, size - (size_t)len, "]");
+}
+
+/* Starts a streamed completion; the connection's fd. */
+static int stream_start(const char *ids, int max_tokens) {
+  char body[4096];
+  snprintf(body, sizeof(body),
+           "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
+           ids, max_tokens);
+  int fd = th_http_connect(http_port);
+  TH_REQUIRE(fd >= 0);
+  th_http_send(fd, "POST", "/v1/completions", body);
+  return fd;
+}
+
+/* A greedy completion's text (NULL on failure; free it). */
+static char *complete(const char *ids, int max_tokens) {
+  char body[4096], *out = NULL;
+  snprintf(body, sizeof(body), "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0}", ids,
+           max_tokens);
+  int st = th_http(http_port, "POST", "/v1/completions", body, 60000, &out);
+  char *text = NULL;
+  json_t *j = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
+  json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
+  if (json_is_string(t)) text = strdup(json_string_value(t));
+  json_decref(j);
+  free(out);
+  return text;
+}
+
+struct replica {
+  struct th_proc sched, worker;
+  char fe_ep[64], wk_ep[64];
+};
+
+static void replica_start(struct replica *r, const char *model) {
+  int p1 = th_free_port(), p2 = th_free_port();
+  TH_REQUIRE(p1 > 0 && p2 > 0 && p1 != p2);
+  snprintf(r->fe_ep, sizeof(r->fe_ep), "tcp://127.0.0.1:%d", p1);
+  snprintf(r->wk_ep, sizeof(r->wk_ep), "tcp://127.0.0.1:%d", p2);
+  static char *env[] = {"LMSERVE_DEVICE=cpu", NULL};
+  TH_REQUIRE(th_proc_spawnl(&r->sched, NULL, 0, NULL, th_lmserve_bin(), "scheduler", "--model",
+                            model, "--frontend-endpoint", r->fe_ep, "--worker-endpoint", r->wk_ep,
+                            "--world-size", "1", NULL) == 0);
+  TH_REQUIRE(th_proc_spawnl(&r->worker, env, 0, NULL, th_lmserve_bin(), "worker", "--model", model,
+                            "--scheduler", r->wk_ep, "--rank", "0", "--world-size", "1",
+                            "--kv-cache-memory", "64M", "--threads", "1", NULL) == 0);
+}
+
+TH_TEST(dp_two_replicas) {
+  th_proc_init(400);
+  char model[300];
+  th_tiny_gemma4_or_skip("dp", 5, model, sizeof(model));
+  char ids_x[2048], ids_y[2048], ids_y2[2048], ids_z[2048], ids_w[2048];
+  prompt(ids_x, sizeof ids_x, 64, 1);
+  prompt(ids_y, sizeof ids_y, 20, 2);
+  prompt(ids_y2, sizeof ids_y2, 20, 5);
+  prompt(ids_z, sizeof ids_z, 20, 3);
+  prompt(ids_w, sizeof ids_w, 20, 4);
+
+  static struct replica rep[2];
+  for (int i = 0; i < 2; i++)
+    replica_start(&rep[i], model);
+  http_port = th_free_port();
+  TH_REQUIRE(http_port > 0);
+  char port_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", http_port);
+  struct th_proc fe;
+  TH_REQUIRE(th_proc_spawnl(&fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
+                            "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
+                            "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
+  int st = 0;
+  for (int i = 0; i < 1200 && st != 200; i++) {
+    char *b = NULL;
+    st = get("/health", &b);
+    free(b);
+    if (st != 200) usleep(100000);
+  }
+  TH_REQUIRE(st == 200);
+
+  char *m = NULL;
+  TH_REQUIRE(get("/metrics", &m) == 200);
+  TH_CHECK(m && strstr(m, "lmserve:num_requests_running{") && strstr(m, "replica=\"0\""));
+  free(m);
+
+  /* X goes to replica 0 (both idle: the first); its blocks are cached there */
+  char *x1 = complete(ids_x, 4);
+  TH_REQUIRE(x1 != NULL);
+  /* a long stream Y lands on replica 0 as well (still a tie): replica 0 is busy */
+  int fy = stream_start(ids_y, 8000);
+  TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"0\"", 1, 5000) >= 1);
+  /* by load: a long stream Z goes to the idle replica 1 */
+  int fz = stream_start(ids_z, 8000);
+  TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"1\"", 1, 5000) >= 1);
+  /* a third stream: a tie again, replica 0 takes it (2 running there, 1 on replica 1) */
+  int fy2 = stream_start(ids_y2, 8000);
+  TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"0\"", 2, 5000) >= 2);
+  /* by affinity: X again goes back to replica 0 (the busier one, but within the
+   * slack), not to the least busy replica 1, and hits the prefix cache there */
+  double hits0 = metric("lmserve:prefix_cache_hits_total", NULL);
+  char *x2 = complete(ids_x, 4);
+  TH_CHECK(x2 && !strcmp(x1, x2));
+  double hits1 = metric_wait("lmserve:prefix_cache_hits_total", NULL, hits0 + 48, 3000);
+  if (!(hits1 >= hits0 + 48))
+    th_fail(__FILE__, __LINE__, "X's prefix did not hit the cache (%g -> %g tokens)", hits0, hits1);
+  free(x2);
+
+  /* replica 1 dies: its stream Z ends with an error; the rest goes to replica 0 */
+  th_proc_signal(&rep[1].sched, SIGKILL);
+  char *zb = NULL;
+  int zst = th_http_read(fz, 20000, &zb);
+  TH_CHECK_EQ_INT(zst, 200);
+  TH_CHECK(zb && strstr(zb, "\"error\""));
+  free(zb);
+  close(fz);
+  char *hb = NULL;
+  TH_CHECK_EQ_INT(get("/health", &hb), 200);
+  free(hb);
+  for (int i = 0; i < 3; i++) {
+    char *w = complete(ids_w, 4);
+    TH_CHECK(w != NULL);
+    free(w);
+  }
+  char *x3 = complete(ids_x, 4);
+  TH_CHECK(x3 && !strcmp(x1, x3));
+  free(x3);
+  free(x1);
+  close(fy);
+  close(fy2);
+
+  th_proc_check_exit(&fe, SIGTERM, 30000);
+  for (int i = 0; i < 2; i++) {
+    th_proc_stop(&rep[i].sched, 5000);
+    th_proc_stop(&rep[i].worker, 5000);
+  }
+}
