@@ -37,10 +37,26 @@ int cm_parse_size(const char *s, uint64_t *out) {
   if (end == s || errno == ERANGE || !(v >= 0)) return CM_ERR_INVAL;
   double mul = 1;
   switch (*end) {
-  case 'k': case 'K': mul = 1024.0; end++; break;
-  case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-  case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-  case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+  case 'k':
+  case 'K':
+    mul = 1024.0;
+    end++;
+    break;
+  case 'm':
+  case 'M':
+    mul = 1024.0 * 1024;
+    end++;
+    break;
+  case 'g':
+  case 'G':
+    mul = 1024.0 * 1024 * 1024;
+    end++;
+    break;
+  case 't':
+  case 'T':
+    mul = 1024.0 * 1024 * 1024 * 1024;
+    end++;
+    break;
   default: break;
   }
   if (mul > 1 && *end == 'i') end++;
@@ -86,9 +102,7 @@ static const struct cm_opt *find_opt(const struct cm_opt *opts, const char *name
 static int set_value(const char *prog, const struct cm_opt *o, const char *val) {
   int rc;
   switch (o->kind) {
-  case CM_OPT_STR:
-    *(const char **)o->out = val;
-    return CM_OK;
+  case CM_OPT_STR: *(const char **)o->out = val; return CM_OK;
   case CM_OPT_INT: {
     int64_t v;
     rc = cm_parse_i64(val, &v);
@@ -121,8 +135,8 @@ static int set_value(const char *prog, const struct cm_opt *o, const char *val) 
   case CM_OPT_SIZE: {
     uint64_t v;
     if (cm_parse_size(val, &v)) {
-      fprintf(stderr, "%s: --%s expects a size in bytes (e.g. 512M, 4G), got '%s'\n", prog,
-              o->name, val);
+      fprintf(stderr, "%s: --%s expects a size in bytes (e.g. 512M, 4G), got '%s'\n", prog, o->name,
+              val);
       return CM_ERR_INVAL;
     }
     *(uint64_t *)o->out = v;
@@ -147,8 +161,7 @@ static int set_value(const char *prog, const struct cm_opt *o, const char *val) 
       p = comma + 1;
     }
   }
-  case CM_OPT_BOOL:
-    break;
+  case CM_OPT_BOOL: break;
   }
   return CM_ERR_INVAL;
 }

@@ -11,16 +11,16 @@
 #include "common/cm-arena.h"
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
-#include "tokenizer/tk-chat.h"
-#include "tokenizer/tk-detok.h"
 #include "frontend/fe-engine.h"
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-http-metrics.h"
 #include "frontend/fe-sse.h"
-#include "tokenizer/tk-stop.h"
-#include "tokenizer/tk-tokenizer.h"
 #include "proto/pr-msg.h"
 #include "proto/pr-zmq.h"
+#include "tokenizer/tk-chat.h"
+#include "tokenizer/tk-detok.h"
+#include "tokenizer/tk-stop.h"
+#include "tokenizer/tk-tokenizer.h"
 
 #define FE_ENG_MAX_EOS      8    /* eos ids from generation_config.json */
 #define FE_ENG_MAX_REPLICAS 16   /* schedulers one frontend routes over */
@@ -74,13 +74,13 @@ struct fe_eng_req {
   int64_t *n_prompt;    /* (api->n_prompts) prompt tokens of each prompt */
   int64_t prompt_total; /* tokens over all prompts */
   int stream;
-  int sse_on;      /* the SSE stream has begun */
-  int busy;        /* an OUT is being processed: defer frees */
-  int gone;        /* the client left while busy or answering */
-  int answering;   /* the final answer is being written: defer frees */
-  int fail_status; /* set while busy: fail once the OUT is processed */
-  int parked;      /* lost with its engine before any output: waits to be sent again */
-  int retries;     /* times it was sent again */
+  int sse_on;         /* the SSE stream has begun */
+  int busy;           /* an OUT is being processed: defer frees */
+  int gone;           /* the client left while busy or answering */
+  int answering;      /* the final answer is being written: defer frees */
+  int fail_status;    /* set while busy: fail once the OUT is processed */
+  int parked;         /* lost with its engine before any output: waits to be sent again */
+  int retries;        /* times it was sent again */
   uint64_t parked_ns; /* monotonic: when it was first parked */
   char fail_msg[256];
   struct fe_sse_stream sse;

@@ -48,8 +48,8 @@
 struct fe_engine;
 
 struct fe_engine_config {
-  const char *model_dir;  /* tokenizer.json, tokenizer_config.json, generation_config.json */
-  const char *scheduler;  /* the scheduler's frontend endpoint (ipc://, tcp://) */
+  const char *model_dir; /* tokenizer.json, tokenizer_config.json, generation_config.json */
+  const char *scheduler; /* the scheduler's frontend endpoint (ipc://, tcp://) */
   /* data parallelism: several schedulers (model replicas), each request routed to
    * one by load and prompt-prefix affinity; when n_schedulers > 0 these replace
    * `scheduler` */

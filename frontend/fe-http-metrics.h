@@ -42,7 +42,7 @@ void fe_metrics_set_at(struct fe_metrics *m, int id, size_t index, double v);
 void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v); /* v >= 0 */
 double fe_metrics_value_at(const struct fe_metrics *m, int id, size_t index);
 
-void fe_metrics_inc(struct fe_metrics *m, int id, double v);     /* counter, v >= 0 */
+void fe_metrics_inc(struct fe_metrics *m, int id, double v); /* counter, v >= 0 */
 /* A counter that two sources feed with the same events at different
  * times: the engine's cumulative totals (complete, but they arrive with
  * the next PING's answer) through fe_metrics_inc, and per-request reports
@@ -51,8 +51,8 @@ void fe_metrics_inc(struct fe_metrics *m, int id, double v);     /* counter, v >
  * own sum and the counter shows the larger, so a finished request shows by
  * the time its answer is sent and nothing is counted twice. */
 void fe_metrics_inc_early(struct fe_metrics *m, int id, double v); /* counter, v >= 0 */
-void fe_metrics_set(struct fe_metrics *m, int id, double v);     /* gauge */
-void fe_metrics_observe(struct fe_metrics *m, int id, double v); /* histogram */
+void fe_metrics_set(struct fe_metrics *m, int id, double v);       /* gauge */
+void fe_metrics_observe(struct fe_metrics *m, int id, double v);   /* histogram */
 double fe_metrics_value(const struct fe_metrics *m,
                         int id); /* counter/gauge value, histogram sum */
 double fe_metrics_count(const struct fe_metrics *m, int id); /* histogram observations */

@@ -15,8 +15,11 @@
 #define TL_MAX_CHILDREN 16
 #define TL_MAX_ARGS     64
 
+#define TL_MAX_DP 8 /* model replicas (--data-parallel-size) */
+
 struct tl_child {
   const char *role; /* "worker", "scheduler", "frontend" */
+  int engine;       /* the replica of a worker or scheduler, else -1 */
   int rank;         /* worker rank, else -1 */
   pid_t pid;        /* 0 once reaped */
   int status;       /* wait status once reaped */
@@ -29,28 +32,12 @@ enum tl_phase {
   TL_BACKOFF,  /* failed: waiting for the old processes to go and the back-off to pass */
 };
 
-struct tl_serve {
-  /* flags */
-  const char *model, *host, *api_key, *served_name, *spec_model, *device;
-  int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
-  int64_t ready_timeout_s, drain_timeout_s;
-  double beat_s;              /* worker heartbeat period, seconds */
-  int64_t beat_limit;         /* heartbeats missed before a role counts as hung */
-  int64_t max_start_failures; /* engine deaths in a row before readiness that end serve */
-  uint64_t kv_bytes;
-  double gpu_mem_util; /* CUDA workers: share of device memory (KV pool sized from the rest) */
-  int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
-  int prefix_caching;
-  /* state */
-  char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
-  char ep_front[PATH_MAX + 16], ep_work[PATH_MAX + 16];
-  char model_dir[PATH_MAX + 64];
-  struct tl_child children[TL_MAX_CHILDREN];
-  int n_children;
-  /* supervision (see the top of the file) */
-  void *zctx;
+/* One model replica (an engine): a scheduler and its tensor-parallel worker
+ * group, with its own endpoints, control socket and restart state. */
+struct tl_engine {
+  int index;
+  char ep_front[PATH_MAX + 32], ep_work[PATH_MAX + 32];
   struct pr_sock *ctl; /* DEALER to the scheduler's frontend endpoint: PING, DOWN */
-  struct cm_arena ctl_arena;
   uint64_t ping_nonce; /* last PING sent */
   uint64_t min_nonce;  /* PONGs to older PINGs say nothing of the current phase */
   double last_ping_t;  /* cm_time_s */
@@ -64,6 +51,30 @@ struct tl_serve {
   char last_failure[256];
 };
 
+struct tl_serve {
+  /* flags */
+  const char *model, *host, *api_key, *served_name, *spec_model, *device;
+  int64_t dp; /* model replicas, each a scheduler and its worker group */
+  int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
+  int64_t ready_timeout_s, drain_timeout_s;
+  double beat_s;              /* worker heartbeat period, seconds */
+  int64_t beat_limit;         /* heartbeats missed before a role counts as hung */
+  int64_t max_start_failures; /* engine deaths in a row before readiness that end serve */
+  uint64_t kv_bytes;
+  double gpu_mem_util; /* CUDA workers: share of device memory (KV pool sized from the rest) */
+  int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
+  int prefix_caching;
+  /* state */
+  char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
+  char model_dir[PATH_MAX + 64];
+  struct tl_child children[TL_MAX_CHILDREN];
+  int n_children;
+  /* supervision (see the top of tl-serve.c) */
+  void *zctx;
+  struct cm_arena ctl_arena;
+  struct tl_engine eng[TL_MAX_DP]; /* (dp) the replicas */
+};
+
 struct tl_argv {
   char *v[TL_MAX_ARGS + 1];
   char nums[TL_MAX_ARGS][24]; /* storage for numeric values */
@@ -75,12 +86,13 @@ extern volatile sig_atomic_t tl_serve_stop_signal;
 
 /* tl-serve.c */
 const char *tl_srv_self_exe(void);
-int tl_srv_start_workers(struct tl_serve *s);
-int tl_srv_start_scheduler(struct tl_serve *s);
+int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e);
+int tl_srv_start_scheduler(struct tl_serve *s, struct tl_engine *e);
 
 /* tl-serve-sup.c: children */
-/* Starts `lmserve ARGS` as role (rank) in that role's slot (reused by a restart). */
-int tl_srv_spawn(struct tl_serve *s, const char *role, int rank, struct tl_argv *a);
+/* Starts `lmserve ARGS` as role (of replica engine, rank) in that role's slot
+ * (reused by a restart). */
+int tl_srv_spawn(struct tl_serve *s, const char *role, int engine, int rank, struct tl_argv *a);
 /* How a reaped child ended: "exited with status 1", "killed by signal 9 (Killed)". */
 const char *tl_srv_exit_text(const struct tl_child *c, char *buf, size_t len);
 /* "worker rank 1 (pid 123)", "scheduler (pid 124)". */
@@ -91,8 +103,8 @@ struct tl_child *tl_srv_reap(struct tl_serve *s);
 void tl_srv_stop_all(struct tl_serve *s);
 
 /* tl-serve-sup.c: supervision */
-/* A fresh control socket to the scheduler's frontend endpoint. */
-int tl_srv_ctl_open(struct tl_serve *s);
+/* A fresh control socket to replica e's scheduler. */
+int tl_srv_ctl_open(struct tl_serve *s, struct tl_engine *e);
 /* Serves until a stop signal or a failure that ends serve; the exit code. */
 int tl_srv_supervise(struct tl_serve *s);
 

@@ -17,12 +17,14 @@
 
 /* ---- children ------------------------------------------------------------ */
 
-/* Starts `lmserve ARGS` as role (rank) in that role's slot (a new slot the first
- * time; a restart reuses it). */
-int tl_srv_spawn(struct tl_serve *s, const char *role, int rank, struct tl_argv *a) {
+/* Starts `lmserve ARGS` as role (of replica engine, rank) in that role's slot (a
+ * new slot the first time; a restart reuses it). */
+int tl_srv_spawn(struct tl_serve *s, const char *role, int engine, int rank, struct tl_argv *a) {
   struct tl_child *c = NULL;
   for (int i = 0; i < s->n_children && !c; i++)
-    if (!strcmp(s->children[i].role, role) && s->children[i].rank == rank) c = &s->children[i];
+    if (!strcmp(s->children[i].role, role) && s->children[i].engine == engine &&
+        s->children[i].rank == rank)
+      c = &s->children[i];
   CM_ASSERT(!c || c->pid <= 0);
   if (!c && s->n_children >= TL_MAX_CHILDREN) return CM_ERR_FULL;
   pid_t parent = getpid();
@@ -39,12 +41,11 @@ int tl_srv_spawn(struct tl_serve *s, const char *role, int rank, struct tl_argv 
   }
   if (!c) c = &s->children[s->n_children++];
   c->role = role;
+  c->engine = engine;
   c->rank = rank;
   c->pid = pid;
-  if (rank >= 0)
-    cm_info("serve", "started %s rank %d (pid %d)", role, rank, (int)pid);
-  else
-    cm_info("serve", "started %s (pid %d)", role, (int)pid);
+  char name[96];
+  cm_info("serve", "started %s", tl_srv_child_name(c, name, sizeof(name)));
   return 0;
 }
 
@@ -60,13 +61,16 @@ const char *tl_srv_exit_text(const struct tl_child *c, char *buf, size_t len) {
   return buf;
 }
 
-/* A child's name for messages: "worker rank 1 (pid 123)", "scheduler (pid 124)". */
+/* A child's name for messages: "worker rank 1 (pid 123)", "scheduler (pid 124)",
+ * "scheduler of replica 1 (pid 125)" (replicas past the first are named). */
 const char *tl_srv_child_name(const struct tl_child *c, char *buf, size_t len) {
   int pid = c->pid < 0 ? -c->pid : c->pid;
+  char of[32] = "";
+  if (c->engine > 0) snprintf(of, sizeof(of), " of replica %d", c->engine);
   if (c->rank >= 0)
-    snprintf(buf, len, "%s rank %d (pid %d)", c->role, c->rank, pid);
+    snprintf(buf, len, "%s rank %d%s (pid %d)", c->role, c->rank, of, pid);
   else
-    snprintf(buf, len, "%s (pid %d)", c->role, pid);
+    snprintf(buf, len, "%s%s (pid %d)", c->role, of, pid);
   return buf;
 }
 
@@ -91,21 +95,26 @@ static void reap_all(struct tl_serve *s) {
   }
 }
 
-static int n_alive(const struct tl_serve *s, const char *role) {
+/* Whether c is a live `role` of replica engine (-1: of any). */
+static int is(const struct tl_child *c, int engine, const char *role) {
+  return c->pid > 0 && (engine < 0 || c->engine == engine) && !strcmp(c->role, role);
+}
+
+static int n_alive(const struct tl_serve *s, int engine, const char *role) {
   int n = 0;
   for (int i = 0; i < s->n_children; i++)
-    if (s->children[i].pid > 0 && (!role || !strcmp(s->children[i].role, role))) n++;
+    n += is(&s->children[i], engine, role);
   return n;
 }
 
-static void signal_role(struct tl_serve *s, const char *role, int sig) {
+static void signal_role(struct tl_serve *s, int engine, const char *role, int sig) {
   for (int i = 0; i < s->n_children; i++)
-    if (s->children[i].pid > 0 && !strcmp(s->children[i].role, role)) kill(s->children[i].pid, sig);
+    if (is(&s->children[i], engine, role)) kill(s->children[i].pid, sig);
 }
 
 static void wait_role(struct tl_serve *s, const char *role, double timeout_s) {
   double end = cm_time_s() + timeout_s;
-  while (n_alive(s, role) > 0 && cm_time_s() < end) {
+  while (n_alive(s, -1, role) > 0 && cm_time_s() < end) {
     reap_all(s);
     cm_time_sleep_ns(20 * 1000 * 1000);
   }
@@ -116,11 +125,11 @@ void tl_srv_stop_all(struct tl_serve *s) {
   static const char *order[] = {"frontend", "scheduler", "worker"};
   for (size_t i = 0; i < CM_ARRAY_LEN(order); i++) {
     double grace = i == 0 ? (double)s->drain_timeout_s + 2.0 : 5.0;
-    signal_role(s, order[i], SIGTERM);
+    signal_role(s, -1, order[i], SIGTERM);
     wait_role(s, order[i], grace);
-    if (n_alive(s, order[i]) > 0) {
+    if (n_alive(s, -1, order[i]) > 0) {
       cm_warn("serve", "%s did not stop in %.0f s; killing it", order[i], grace);
-      signal_role(s, order[i], SIGKILL);
+      signal_role(s, -1, order[i], SIGKILL);
       wait_role(s, order[i], 5.0);
     }
   }
@@ -139,139 +148,191 @@ static double sched_timeout(const struct tl_serve *s) {
   return s->beat_s * (double)s->beat_limit;
 }
 
-/* A fresh control socket to the scheduler (one per scheduler process, so that nothing
- * queued for the old one reaches the new). */
-int tl_srv_ctl_open(struct tl_serve *s) {
-  pr_sock_close(s->ctl);
-  s->ctl = NULL;
-  int rc = pr_sock_open(s->zctx, ZMQ_DEALER, 0, &s->ctl);
-  if (!rc) rc = pr_sock_connect(s->ctl, s->ep_front);
+/* A fresh control socket to replica e's scheduler (one per scheduler process, so
+ * that nothing queued for the old one reaches the new). */
+int tl_srv_ctl_open(struct tl_serve *s, struct tl_engine *e) {
+  pr_sock_close(e->ctl);
+  e->ctl = NULL;
+  int rc = pr_sock_open(s->zctx, ZMQ_DEALER, 0, &e->ctl);
+  if (!rc) rc = pr_sock_connect(e->ctl, e->ep_front);
   if (rc)
-    cm_error("serve", "cannot connect to the scheduler at %s: %s", s->ep_front, cm_strerror(rc));
-  s->min_nonce = s->ping_nonce + 1;
-  s->last_pong_t = cm_time_s() + TL_FIRST_PONG_S - sched_timeout(s);
+    cm_error("serve", "cannot connect to the scheduler at %s: %s", e->ep_front, cm_strerror(rc));
+  e->min_nonce = e->ping_nonce + 1;
+  e->last_pong_t = cm_time_s() + TL_FIRST_PONG_S - sched_timeout(s);
   return rc;
 }
 
-static void ctl_ping(struct tl_serve *s) {
+static void ctl_ping(struct tl_engine *e) {
   struct pr_msg m;
   pr_msg_init(&m, PR_PING);
-  m.u.ping.nonce = ++s->ping_nonce;
+  m.u.ping.nonce = ++e->ping_nonce;
   m.u.ping.send_ns = cm_time_wall_ns();
-  s->last_ping_t = cm_time_s();
-  int rc = s->ctl ? pr_sock_send(s->ctl, NULL, &m, PR_DONTWAIT) : CM_ERR_CLOSED;
+  e->last_ping_t = cm_time_s();
+  int rc = e->ctl ? pr_sock_send(e->ctl, NULL, &m, PR_DONTWAIT) : CM_ERR_CLOSED;
   if (rc && rc != CM_ERR_AGAIN) cm_debug("serve", "PING: %s", cm_strerror(rc));
 }
 
-/* Tells the scheduler that worker c's process has ended. */
-static void ctl_down(struct tl_serve *s, const struct tl_child *c) {
+/* Tells replica e's scheduler that its worker c's process has ended. */
+static void ctl_down(struct tl_engine *e, const struct tl_child *c) {
   char how[128];
   struct pr_msg m;
   pr_msg_init(&m, PR_DOWN);
   m.u.down.rank = (uint32_t)c->rank;
   m.u.down.pid = (uint32_t)(c->pid < 0 ? -c->pid : c->pid);
   m.u.down.message = tl_srv_exit_text(c, how, sizeof(how));
-  int rc = s->ctl ? pr_sock_send(s->ctl, NULL, &m, PR_DONTWAIT) : CM_ERR_CLOSED;
+  int rc = e->ctl ? pr_sock_send(e->ctl, NULL, &m, PR_DONTWAIT) : CM_ERR_CLOSED;
   if (rc) cm_debug("serve", "DOWN: %s", cm_strerror(rc));
 }
 
-static struct tl_child *find_child(struct tl_serve *s, const char *role) {
+static struct tl_child *find_child(struct tl_serve *s, int engine, const char *role) {
   for (int i = 0; i < s->n_children; i++)
-    if (!strcmp(s->children[i].role, role)) return &s->children[i];
+    if (s->children[i].engine == engine && !strcmp(s->children[i].role, role))
+      return &s->children[i];
   return NULL;
 }
 
-/* The engine failed: its processes are killed (the workers; with_sched: the scheduler
+/* "the engine" or "replica 1" in messages. */
+static const char *engine_name(const struct tl_serve *s, const struct tl_engine *e, char *buf,
+                               size_t len) {
+  if (s->dp > 1)
+    snprintf(buf, len, "replica %d", e->index);
+  else
+    snprintf(buf, len, "the engine");
+  return buf;
+}
+
+/* Replica e failed: its processes are killed (the workers; with_sched: the scheduler
  * too) and start again after the back-off. Returns 1 when serve must give up. */
-static int engine_fail(struct tl_serve *s, int with_sched, const char *why) {
+static int engine_fail(struct tl_serve *s, struct tl_engine *e, int with_sched, const char *why) {
   double now = cm_time_s();
-  if (s->phase == TL_BACKOFF) { /* failing already: a scheduler death widens the restart */
-    if (with_sched && !s->restart_sched) {
+  char en[32];
+  engine_name(s, e, en, sizeof(en));
+  if (e->phase == TL_BACKOFF) { /* failing already: a scheduler death widens the restart */
+    if (with_sched && !e->restart_sched) {
       cm_error("serve", "%s", why);
-      s->restart_sched = 1;
-      signal_role(s, "scheduler", SIGKILL);
+      e->restart_sched = 1;
+      signal_role(s, e->index, "scheduler", SIGKILL);
     }
     return 0;
   }
-  snprintf(s->last_failure, sizeof(s->last_failure), "%s", why);
-  int starting = s->phase == TL_STARTING;
-  if (starting) s->start_failures++;
-  cm_error("serve", "%s%s", why, starting ? " (before the engine was ready)" : "");
-  signal_role(s, "worker", SIGKILL); /* a group restarts whole */
-  if (with_sched) signal_role(s, "scheduler", SIGKILL);
-  if (s->start_failures >= s->max_start_failures) {
+  snprintf(e->last_failure, sizeof(e->last_failure), "%s", why);
+  int starting = e->phase == TL_STARTING;
+  if (starting) e->start_failures++;
+  if (starting)
+    cm_error("serve", "%s (before %s was ready)", why, en);
+  else
+    cm_error("serve", "%s", why);
+  signal_role(s, e->index, "worker", SIGKILL); /* a group restarts whole */
+  if (with_sched) signal_role(s, e->index, "scheduler", SIGKILL);
+  if (e->start_failures >= s->max_start_failures) {
     cm_error("serve",
-             "the engine failed %d times in a row before it was ready (last: %s); giving up "
+             "%s failed %d times in a row before it was ready (last: %s); giving up "
              "(--max-start-failures %lld)",
-             s->start_failures, s->last_failure, (long long)s->max_start_failures);
+             en, e->start_failures, e->last_failure, (long long)s->max_start_failures);
     return 1;
   }
-  s->phase = TL_BACKOFF;
-  s->phase_t = now;
-  s->restart_sched = with_sched;
-  s->restart_at = now + s->backoff_s;
-  cm_warn("serve", "restarting the %s in %.1f s",
-          with_sched ? "scheduler and its workers" : "workers", s->backoff_s);
-  s->backoff_s = CM_MIN(s->backoff_s * 2, TL_BACKOFF_MAX_S);
+  e->phase = TL_BACKOFF;
+  e->phase_t = now;
+  e->restart_sched = with_sched;
+  e->restart_at = now + e->backoff_s;
+  cm_warn("serve", "restarting the %s%s%s in %.1f s",
+          with_sched ? "scheduler and its workers" : "workers", s->dp > 1 ? " of " : "",
+          s->dp > 1 ? en : "", e->backoff_s);
+  e->backoff_s = CM_MIN(e->backoff_s * 2, TL_BACKOFF_MAX_S);
   return 0;
 }
 
-/* TL_BACKOFF: once the back-off has passed and the old processes are gone, starts
- * the engine again. Returns 1 when serve must give up. */
-static int engine_restart(struct tl_serve *s) {
+/* TL_BACKOFF: once the back-off has passed and replica e's old processes are gone,
+ * starts it again. Returns 1 when serve must give up. */
+static int engine_restart(struct tl_serve *s, struct tl_engine *e) {
   double now = cm_time_s();
-  if (now < s->restart_at || n_alive(s, "worker") > 0 ||
-      (s->restart_sched && n_alive(s, "scheduler") > 0))
+  if (now < e->restart_at || n_alive(s, e->index, "worker") > 0 ||
+      (e->restart_sched && n_alive(s, e->index, "scheduler") > 0))
     return 0;
-  if (s->restart_sched) {
-    if (tl_srv_start_scheduler(s) || tl_srv_ctl_open(s)) return 1;
+  if (e->restart_sched) {
+    if (tl_srv_start_scheduler(s, e) || tl_srv_ctl_open(s, e)) return 1;
   }
-  if (tl_srv_start_workers(s)) return 1;
-  s->phase = TL_STARTING;
-  s->phase_t = now;
-  s->min_nonce = s->ping_nonce + 1;
+  if (tl_srv_start_workers(s, e)) return 1;
+  e->phase = TL_STARTING;
+  e->phase_t = now;
+  e->min_nonce = e->ping_nonce + 1;
   return 0;
 }
 
-static void on_pong(struct tl_serve *s, const struct pr_pong *p) {
-  if (p->nonce < s->min_nonce) return;
-  s->last_pong_t = cm_time_s();
+static void on_pong(struct tl_serve *s, struct tl_engine *e, const struct pr_pong *p) {
+  if (p->nonce < e->min_nonce) return;
+  e->last_pong_t = cm_time_s();
   int whole = p->world_size > 0 && p->workers_ready == p->world_size;
-  if (s->phase == TL_STARTING && whole) {
-    cm_info("serve", "the engine is ready again");
-    s->phase = TL_UP;
-    s->phase_t = s->last_pong_t;
-    s->start_failures = 0;
-  } else if (s->phase == TL_UP && !whole) {
-    char why[160];
+  char en[32];
+  if (e->phase == TL_STARTING && whole) {
+    cm_info("serve", "%s is ready again", engine_name(s, e, en, sizeof(en)));
+    e->phase = TL_UP;
+    e->phase_t = e->last_pong_t;
+    e->start_failures = 0;
+  } else if (e->phase == TL_UP && !whole) {
+    char why[192];
     snprintf(why, sizeof(why),
-             "the scheduler reports %u of %u worker ranks ready (a rank failed or stopped "
-             "answering)",
-             p->workers_ready, p->world_size);
-    s->min_nonce = s->ping_nonce + 1;
-    (void)engine_fail(s, 0, why);
+             "the scheduler of %s reports %u of %u worker ranks ready (a rank failed or "
+             "stopped answering)",
+             engine_name(s, e, en, sizeof(en)), p->workers_ready, p->world_size);
+    e->min_nonce = e->ping_nonce + 1;
+    (void)engine_fail(s, e, 0, why);
   }
 }
 
-static void ctl_recv(struct tl_serve *s) {
+static void ctl_recv(struct tl_serve *s, struct tl_engine *e) {
   for (;;) {
     struct pr_msg m;
     cm_arena_reset(&s->ctl_arena);
-    int rc = s->ctl ? pr_sock_recv(s->ctl, NULL, &m, &s->ctl_arena, PR_DONTWAIT) : CM_ERR_AGAIN;
+    int rc = e->ctl ? pr_sock_recv(e->ctl, NULL, &m, &s->ctl_arena, PR_DONTWAIT) : CM_ERR_AGAIN;
     if (rc == CM_ERR_AGAIN || rc == CM_ERR_CLOSED) return;
-    if (rc == 0 && m.type == PR_PONG) on_pong(s, &m.u.pong);
+    if (rc == 0 && m.type == PR_PONG) on_pong(s, e, &m.u.pong);
   }
+}
+
+/* One replica's timers: its restart, PINGs, a silent scheduler, a slow start, a
+ * back-off reset after a minute of health. Returns 1 when serve must give up. */
+static int engine_tend(struct tl_serve *s, struct tl_engine *e) {
+  double now = cm_time_s();
+  if (e->phase == TL_BACKOFF) {
+    if (engine_restart(s, e)) return 1;
+    now = cm_time_s();
+  }
+  if (now - e->last_ping_t >= TL_PING_S) ctl_ping(e);
+  if (e->phase != TL_BACKOFF && now - e->last_pong_t > sched_timeout(s)) {
+    struct tl_child *sc = find_child(s, e->index, "scheduler");
+    char why[160];
+    snprintf(why, sizeof(why), "the scheduler (pid %d) has not answered for %.1f s; killing it",
+             sc ? (sc->pid < 0 ? -sc->pid : sc->pid) : 0, now - e->last_pong_t);
+    if (engine_fail(s, e, 1, why)) return 1;
+  }
+  if (e->phase == TL_STARTING && now - e->phase_t > (double)s->ready_timeout_s) {
+    char why[128];
+    snprintf(why, sizeof(why), "the engine was not ready %lld s after its restart",
+             (long long)s->ready_timeout_s);
+    if (engine_fail(s, e, 1, why)) return 1;
+  }
+  if (e->phase == TL_UP && now - e->phase_t >= TL_HEALTHY_S) e->backoff_s = TL_BACKOFF_MIN_S;
+  return 0;
 }
 
 /* Serves until a stop signal or a failure that ends serve; returns the exit code. */
 int tl_srv_supervise(struct tl_serve *s) {
-  s->phase = TL_UP;
-  s->phase_t = cm_time_s();
-  s->backoff_s = TL_BACKOFF_MIN_S;
+  int n = (int)s->dp;
+  for (int i = 0; i < n; i++) {
+    s->eng[i].phase = TL_UP;
+    s->eng[i].phase_t = cm_time_s();
+    s->eng[i].backoff_s = TL_BACKOFF_MIN_S;
+  }
   while (!tl_serve_stop_signal) {
-    zmq_pollitem_t it = {s->ctl ? pr_sock_zmq(s->ctl) : NULL, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, s->ctl ? 1 : 0, 50) < 0 && zmq_errno() != EINTR) cm_time_sleep_ns(50000000);
-    ctl_recv(s);
+    zmq_pollitem_t it[TL_MAX_DP];
+    int n_it = 0;
+    for (int i = 0; i < n; i++)
+      if (s->eng[i].ctl)
+        it[n_it++] = (zmq_pollitem_t){pr_sock_zmq(s->eng[i].ctl), 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(it, n_it, 50) < 0 && zmq_errno() != EINTR) cm_time_sleep_ns(50000000);
+    for (int i = 0; i < n; i++)
+      ctl_recv(s, &s->eng[i]);
     struct tl_child *dead;
     while ((dead = tl_srv_reap(s))) {
       char name[96], how[128], why[256];
@@ -282,36 +343,19 @@ int tl_srv_supervise(struct tl_serve *s) {
         cm_error("serve", "%s %s: the frontend is gone; stopping", name, how);
         return 1;
       }
+      struct tl_engine *e = &s->eng[dead->engine >= 0 && dead->engine < n ? dead->engine : 0];
       int is_sched = !strcmp(dead->role, "scheduler");
-      if (!is_sched) ctl_down(s, dead);
+      if (!is_sched) ctl_down(e, dead);
       /* the processes serve killed itself are expected to go */
-      if (s->phase == TL_BACKOFF && (!is_sched || s->restart_sched)) {
+      if (e->phase == TL_BACKOFF && (!is_sched || e->restart_sched)) {
         cm_info("serve", "%s %s", name, how);
         continue;
       }
       snprintf(why, sizeof(why), "%s %s", name, how);
-      if (engine_fail(s, is_sched, why)) return 1;
+      if (engine_fail(s, e, is_sched, why)) return 1;
     }
-    double now = cm_time_s();
-    if (s->phase == TL_BACKOFF) {
-      if (engine_restart(s)) return 1;
-      now = cm_time_s();
-    }
-    if (now - s->last_ping_t >= TL_PING_S) ctl_ping(s);
-    if (s->phase != TL_BACKOFF && now - s->last_pong_t > sched_timeout(s)) {
-      struct tl_child *sc = find_child(s, "scheduler");
-      char why[160];
-      snprintf(why, sizeof(why), "the scheduler (pid %d) has not answered for %.1f s; killing it",
-               sc ? (sc->pid < 0 ? -sc->pid : sc->pid) : 0, now - s->last_pong_t);
-      if (engine_fail(s, 1, why)) return 1;
-    }
-    if (s->phase == TL_STARTING && now - s->phase_t > (double)s->ready_timeout_s) {
-      char why[128];
-      snprintf(why, sizeof(why), "the engine was not ready %lld s after its restart",
-               (long long)s->ready_timeout_s);
-      if (engine_fail(s, 1, why)) return 1;
-    }
-    if (s->phase == TL_UP && now - s->phase_t >= TL_HEALTHY_S) s->backoff_s = TL_BACKOFF_MIN_S;
+    for (int i = 0; i < n; i++)
+      if (engine_tend(s, &s->eng[i])) return 1;
   }
   return 0;
 }

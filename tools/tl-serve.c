@@ -173,16 +173,18 @@ static void argv_add_shared(struct tl_argv *a, const struct tl_serve *s) {
   if (s->spec_model) argv_add_int(a, "--num-speculative-tokens", s->spec_k);
 }
 
-/* The worker group: one process per tensor-parallel rank. */
-int tl_srv_start_workers(struct tl_serve *s) {
+/* Replica e's worker group: one process per tensor-parallel rank. */
+int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
   int rc;
   for (int r = 0; r < (int)s->tp; r++) {
     struct tl_argv a = {0};
     argv_role(&a, "worker", s);
-    argv_add_str(&a, "--scheduler", s->ep_work);
+    argv_add_str(&a, "--scheduler", e->ep_work);
     argv_add_shared(&a, s);
     argv_add_int(&a, "--rank", r);
-    argv_add_int(&a, "--local-rank", r); /* every rank runs on this host */
+    /* every rank of every replica runs on this host: the replicas' groups take
+     * consecutive devices */
+    argv_add_int(&a, "--local-rank", e->index * s->tp + r);
     /* a backend on host memory takes the fixed pool size; one on a device
      * sizes its pool from --gpu-memory-utilization unless a size was given.
      * No --device (or auto): the worker chooses, CUDA when a GPU is visible */
@@ -192,44 +194,53 @@ int tl_srv_start_workers(struct tl_serve *s) {
       argv_add_fmt(&a, "--kv-cache-memory", "%llu", (unsigned long long)s->kv_bytes);
     if (!host_mem) argv_add_fmt(&a, "--gpu-memory-utilization", "%.17g", s->gpu_mem_util);
     argv_add_int(&a, "--block-size", s->block_size);
-    if (s->threads > 0) argv_add_int(&a, "--threads", s->threads);
+    if (s->threads > 0) {
+      argv_add_int(&a, "--threads", s->threads);
+    } else if (s->dp > 1) { /* the cores shared by every rank of every replica */
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      long per = cores / (s->dp * s->tp);
+      argv_add_int(&a, "--threads", per > 0 ? per : 1);
+    }
     argv_add_str(&a, "--device", s->device);
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
-    if ((rc = tl_srv_spawn(s, "worker", r, &a))) return rc;
+    if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
   }
   return 0;
 }
 
-int tl_srv_start_scheduler(struct tl_serve *s) {
+int tl_srv_start_scheduler(struct tl_serve *s, struct tl_engine *e) {
   struct tl_argv a = {0};
   argv_role(&a, "scheduler", s);
-  argv_add_str(&a, "--frontend-endpoint", s->ep_front);
-  argv_add_str(&a, "--worker-endpoint", s->ep_work);
+  argv_add_str(&a, "--frontend-endpoint", e->ep_front);
+  argv_add_str(&a, "--worker-endpoint", e->ep_work);
   argv_add_shared(&a, s);
   if (s->max_model_len > 0) argv_add_int(&a, "--max-model-len", s->max_model_len);
   argv_add(&a, s->prefix_caching ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
   argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
   argv_add_int(&a, "--heartbeat-limit", s->beat_limit);
-  return tl_srv_spawn(s, "scheduler", -1, &a);
+  return tl_srv_spawn(s, "scheduler", e->index, -1, &a);
 }
 
 static int start_frontend(struct tl_serve *s) {
   struct tl_argv f = {0};
   argv_role(&f, "frontend", s);
-  argv_add_str(&f, "--scheduler", s->ep_front);
+  for (int i = 0; i < (int)s->dp; i++) /* every replica: the frontend routes between them */
+    argv_add_str(&f, "--scheduler", s->eng[i].ep_front);
   argv_add_str(&f, "--host", s->host);
   argv_add_int(&f, "--port", s->port);
   argv_add_int(&f, "--drain-timeout", s->drain_timeout_s);
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
   argv_add_str(&f, "--served-model-name", s->served_name);
-  return tl_srv_spawn(s, "frontend", -1, &f);
+  return tl_srv_spawn(s, "frontend", -1, -1, &f);
 }
 
 static int start_roles(struct tl_serve *s) {
   int rc;
-  if ((rc = tl_srv_start_workers(s)) || (rc = tl_srv_start_scheduler(s))) return rc;
+  for (int i = 0; i < (int)s->dp; i++)
+    if ((rc = tl_srv_start_workers(s, &s->eng[i])) || (rc = tl_srv_start_scheduler(s, &s->eng[i])))
+      return rc;
   return start_frontend(s);
 }
 
@@ -241,17 +252,20 @@ static int make_run_dir(struct tl_serve *s) {
     cm_error("serve", "cannot create a runtime folder under %s: %s", base, strerror(errno));
     return CM_ERR_IO;
   }
-  snprintf(s->ep_front, sizeof(s->ep_front), "ipc://%s/frontend", s->run_dir);
-  snprintf(s->ep_work, sizeof(s->ep_work), "ipc://%s/workers", s->run_dir);
+  for (int i = 0; i < (int)s->dp; i++) {
+    struct tl_engine *e = &s->eng[i];
+    e->index = i;
+    snprintf(e->ep_front, sizeof(e->ep_front), "ipc://%s/frontend-%d", s->run_dir, i);
+    snprintf(e->ep_work, sizeof(e->ep_work), "ipc://%s/workers-%d", s->run_dir, i);
+  }
   return 0;
 }
 
 static void remove_run_dir(struct tl_serve *s) {
-  char p[PATH_MAX + 32];
-  snprintf(p, sizeof(p), "%s/frontend", s->run_dir);
-  unlink(p);
-  snprintf(p, sizeof(p), "%s/workers", s->run_dir);
-  unlink(p);
+  for (int i = 0; i < (int)s->dp; i++) {
+    unlink(s->eng[i].ep_front + 6); /* after "ipc://" */
+    unlink(s->eng[i].ep_work + 6);
+  }
   rmdir(s->run_dir);
 }
 
@@ -264,6 +278,7 @@ int tl_serve_main(int argc, char **argv) {
       .max_model_len = 0,
       .block_size = 16,
       .tp = 1,
+      .dp = 1,
       .spec_k = 3,
       .ready_timeout_s = 600,
       .drain_timeout_s = 30,
@@ -296,7 +311,11 @@ int tl_serve_main(int argc, char **argv) {
        1, 1024},
       {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL,
        "automatic prefix caching (on)"},
-      {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks (1)", 1, 8},
+      {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks per replica (1)", 1, 8},
+      {"data-parallel-size", CM_OPT_INT, &s.dp, "N",
+       "model replicas, each a scheduler and its worker group; the frontend routes each request "
+       "by load and prompt-prefix affinity (1)",
+       1, TL_MAX_DP},
       {"device", CM_OPT_STR, &s.device, "auto|cpu|cuda",
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
@@ -380,7 +399,10 @@ int tl_serve_main(int argc, char **argv) {
          s.model ? s.model_dir : "the default tiny Gemma 4", s.host, (long long)s.port);
   fflush(stdout);
 
-  if (!(s.zctx = zmq_ctx_new()) || tl_srv_ctl_open(&s) != 0) {
+  int ctl_rc = !(s.zctx = zmq_ctx_new());
+  for (int i = 0; i < (int)s.dp && !ctl_rc; i++)
+    ctl_rc = tl_srv_ctl_open(&s, &s.eng[i]);
+  if (ctl_rc) {
     cm_error("serve", "cannot open the control socket to the scheduler");
     exit_code = 1;
     goto out;
@@ -391,7 +413,8 @@ int tl_serve_main(int argc, char **argv) {
 
 out:
   tl_srv_stop_all(&s);
-  pr_sock_close(s.ctl);
+  for (int i = 0; i < (int)s.dp; i++)
+    pr_sock_close(s.eng[i].ctl);
   if (s.zctx) zmq_ctx_term(s.zctx);
   cm_arena_free(&s.ctl_arena);
   remove_run_dir(&s);

@@ -9,7 +9,11 @@
  *     prefix cache hits it;
  *   - a replica that dies is routed around: /health stays 200, the requests
  *     that follow are served by the other replica, a stream running on the dead
- *     one ends with an error event, and the greedy text is the same. */
+ *     one ends with an error event, and the greedy text is the same;
+ *   - `lmserve serve --data-parallel-size 2` runs two replicas behind its
+ *     frontend, and restarts a replica whose worker dies while the other one
+ *     keeps serving (/health never leaves 200). */
+#include <dirent.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -64,16 +68,18 @@ static double metric_wait(const char *name, const char *label, double want, int 
 static void prompt(char *out, size_t size, int n, int seed) {
   int len = snprintf(out, size, "[2");
   for (int i = 1; i < n; i++)
-    len += snprintf(out + len, size - (size_t)len, ",%d", 1000 + (seed * 7919 + i * 104729) % 200000);
+    len +=
+        snprintf(out + len, size - (size_t)len, ",%d", 1000 + (seed * 7919 + i * 104729) % 200000);
   snprintf(out + len, size - (size_t)len, "]");
 }
 
 /* Starts a streamed completion; the connection's fd. */
 static int stream_start(const char *ids, int max_tokens) {
   char body[4096];
-  snprintf(body, sizeof(body),
-           "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
-           ids, max_tokens);
+  snprintf(
+      body, sizeof(body),
+      "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
+      ids, max_tokens);
   int fd = th_http_connect(http_port);
   TH_REQUIRE(fd >= 0);
   th_http_send(fd, "POST", "/v1/completions", body);
@@ -200,4 +206,94 @@ TH_TEST(dp_two_replicas) {
     th_proc_stop(&rep[i].sched, 5000);
     th_proc_stop(&rep[i].worker, 5000);
   }
+}
+
+/* The pid of serve's child whose command line holds `role` and `needle`, or 0. */
+static int child_with(int parent, const char *role, const char *needle) {
+  DIR *d = opendir("/proc");
+  int found = 0;
+  struct dirent *de;
+  while (d && !found && (de = readdir(d))) {
+    int pid = atoi(de->d_name), ppid = 0;
+    if (pid <= 0) continue;
+    char path[64], buf[4096];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t k = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    const char *rp = strrchr(buf, ')');
+    if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != parent) continue;
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+    if (!(f = fopen(path, "r"))) continue;
+    k = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[k] = 0;
+    for (size_t i = 0; i < k; i++)
+      if (!buf[i]) buf[i] = ' ';
+    if (strstr(buf, role) && strstr(buf, needle)) found = pid;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+TH_TEST(dp_serve_restarts_one_replica) {
+  th_proc_init(300);
+  char model[300];
+  th_tiny_gemma4_or_skip("dp", 5, model, sizeof(model));
+  http_port = th_free_port();
+  TH_REQUIRE(http_port > 0);
+  char port_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", http_port);
+  static char *env[] = {"LMSERVE_DEVICE=cpu", NULL};
+  struct th_proc s;
+  TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, th_lmserve_bin(), "serve", "--model", model, "--port",
+                            port_s, "--data-parallel-size", "2", "--kv-cache-memory", "32M",
+                            "--threads", "1", "--drain-timeout", "2", NULL) == 0);
+  int st = 0;
+  for (int i = 0; i < 1200 && st != 200; i++) {
+    char *b = NULL;
+    st = get("/health", &b);
+    free(b);
+    if (st != 200) usleep(100000);
+  }
+  TH_REQUIRE(st == 200);
+  char ids[2048];
+  prompt(ids, sizeof ids, 20, 9);
+  char *t0 = complete(ids, 4);
+  TH_REQUIRE(t0 != NULL);
+  /* both replicas report: their gauges are labelled 0 and 1 */
+  for (int i = 0; i < 50; i++) {
+    char *m = NULL;
+    int ok = get("/metrics", &m) == 200 && m && strstr(m, "replica=\"1\"");
+    free(m);
+    if (ok) break;
+    usleep(100000);
+  }
+  char *m = NULL;
+  TH_REQUIRE(get("/metrics", &m) == 200);
+  TH_CHECK(m && strstr(m, "lmserve:num_requests_running{") && strstr(m, "replica=\"1\""));
+  free(m);
+  int w1 = child_with((int)s.pid, "worker", "workers-1"),
+      w0 = child_with((int)s.pid, "worker", "workers-0");
+  TH_REQUIRE(w1 > 0 && w0 > 0);
+  TH_REQUIRE(kill(w1, SIGKILL) == 0);
+  /* replica 0 serves throughout; replica 1 comes back with a new worker */
+  int w1b = 0;
+  for (int i = 0; i < 100 && !(w1b > 0 && w1b != w1); i++) {
+    char *b = NULL;
+    int h = get("/health", &b);
+    free(b);
+    TH_CHECK_EQ_INT(h, 200);
+    char *t = complete(ids, 4);
+    TH_CHECK(t && !strcmp(t, t0));
+    free(t);
+    usleep(100000);
+    w1b = child_with((int)s.pid, "worker", "workers-1");
+  }
+  TH_CHECK(w1b > 0 && w1b != w1);
+  TH_CHECK_EQ_INT(child_with((int)s.pid, "worker", "workers-0"), w0); /* untouched */
+  free(t0);
+  th_proc_check_exit(&s, SIGTERM, 30000);
 }

