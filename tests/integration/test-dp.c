@@ -64,6 +64,18 @@ static double metric_wait(const char *name, const char *label, double want, int 
   return v;
 }
 
+/* /health until it answers 200 (at most 2 minutes): its last status. */
+static int wait_health(void) {
+  int st = 0;
+  for (int i = 0; i < 1200 && st != 200; i++) {
+    char *b = NULL;
+    st = get("/health", &b);
+    free(b);
+    if (st != 200) usleep(100000);
+  }
+  return st;
+}
+
 /* A prompt of n ids from seed. */
 static void prompt(char *out, size_t size, int n, int seed) {
   int len = snprintf(out, size, "[2");
@@ -142,14 +154,7 @@ TH_TEST(dp_two_replicas) {
   TH_REQUIRE(th_proc_spawnl(&fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
                             "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
                             "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
-  int st = 0;
-  for (int i = 0; i < 1200 && st != 200; i++) {
-    char *b = NULL;
-    st = get("/health", &b);
-    free(b);
-    if (st != 200) usleep(100000);
-  }
-  TH_REQUIRE(st == 200);
+  TH_REQUIRE(wait_health() == 200);
 
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200);
@@ -251,14 +256,7 @@ TH_TEST(dp_serve_restarts_one_replica) {
   TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, th_lmserve_bin(), "serve", "--model", model, "--port",
                             port_s, "--data-parallel-size", "2", "--kv-cache-memory", "32M",
                             "--threads", "1", "--drain-timeout", "2", NULL) == 0);
-  int st = 0;
-  for (int i = 0; i < 1200 && st != 200; i++) {
-    char *b = NULL;
-    st = get("/health", &b);
-    free(b);
-    if (st != 200) usleep(100000);
-  }
-  TH_REQUIRE(st == 200);
+  TH_REQUIRE(wait_health() == 200);
   char ids[2048];
   prompt(ids, sizeof ids, 20, 9);
   char *t0 = complete(ids, 4);
