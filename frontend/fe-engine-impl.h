@@ -174,8 +174,9 @@ int fe_eng_rep_ready(const struct fe_replica *p);
 /* The replica for a request whose first prompt is ids[n]: among the ready ones, the
  * one that took this prompt's longest remembered prefix unless it is much busier
  * than the least busy, else the least busy (running + waiting as its scheduler
- * reports them, or this frontend's requests there, whichever is larger). Remembers
- * the prompt's prefixes for it. NULL when no replica is ready. */
+ * reports them, or this frontend's requests there, whichever is larger, plus up to
+ * 4 as its KV cache fills). Remembers the prompt's prefixes for it. NULL when no
+ * replica is ready. */
 struct fe_replica *fe_eng_route(struct fe_engine *e, const uint32_t *ids, size_t n);
 /* Routes r to p (NULL: none), keeping the replicas' request counts. */
 void fe_eng_req_attach(struct fe_eng_req *r, struct fe_replica *p);

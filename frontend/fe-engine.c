@@ -95,10 +95,12 @@ void fe_eng_req_attach(struct fe_eng_req *r, struct fe_replica *p) {
 }
 
 /* How busy p is: its scheduler's running + waiting, or this frontend's requests
- * there when more (they may not have reached the scheduler's last PONG yet). */
-static int64_t rep_load(const struct fe_replica *p) {
+ * there when more (they may not have reached the scheduler's last PONG yet), plus
+ * up to 4 more as its KV cache fills (a full cache preempts and queues). */
+static double rep_load(const struct fe_replica *p) {
   int64_t sched = p->have_pong ? (int64_t)p->last_pong.num_running + p->last_pong.num_waiting : 0;
-  return sched > p->n_reqs ? sched : p->n_reqs;
+  double kv = p->have_pong ? p->last_pong.kv_usage : 0;
+  return (double)(sched > p->n_reqs ? sched : p->n_reqs) + 4.0 * kv;
 }
 
 /* A hash of ids[0, n): FNV-1a over the ids, never 0. */
@@ -122,7 +124,7 @@ struct fe_replica *fe_eng_route(struct fe_engine *e, const uint32_t *ids, size_t
   if (!best || e->n_rep == 1) return best;
   /* the longest remembered prefix wins while its replica is not much busier:
    * within 2 requests, or half again the least busy one's load */
-  int64_t slack = rep_load(best) / 2 > 2 ? rep_load(best) / 2 : 2;
+  double slack = rep_load(best) / 2 > 2 ? rep_load(best) / 2 : 2;
   size_t top = FE_ENG_AFF_MIN;
   while (top * 2 <= n && top * 2 <= FE_ENG_AFF_MAX)
     top *= 2;

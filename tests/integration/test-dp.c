@@ -139,7 +139,8 @@ TH_TEST(dp_two_replicas) {
   char ids_x[2048], ids_y[2048], ids_y2[2048], ids_z[2048], ids_w[2048];
   prompt(ids_x, sizeof ids_x, 64, 1);
   prompt(ids_y, sizeof ids_y, 20, 2);
-  prompt(ids_y2, sizeof ids_y2, 20, 5);
+  /* Y2: Y and more, so that Y's prefix sends it where Y went */
+  snprintf(ids_y2, sizeof ids_y2, "%.*s,777,778,779]", (int)strlen(ids_y) - 1, ids_y);
   prompt(ids_z, sizeof ids_z, 20, 3);
   prompt(ids_w, sizeof ids_w, 20, 4);
 
@@ -170,7 +171,8 @@ TH_TEST(dp_two_replicas) {
   /* by load: a long stream Z goes to the idle replica 1 */
   int fz = stream_start(ids_z, 8000);
   TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"1\"", 1, 5000) >= 1);
-  /* a third stream: a tie again, replica 0 takes it (2 running there, 1 on replica 1) */
+  /* a third stream with Y's prefix: affinity sends it to replica 0 as well (2 running
+   * there, 1 on replica 1) */
   int fy2 = stream_start(ids_y2, 8000);
   TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"0\"", 2, 5000) >= 2);
   /* by affinity: X again goes back to replica 0 (the busier one, but within the
