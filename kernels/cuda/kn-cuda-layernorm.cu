@@ -35,8 +35,8 @@ extern "C" cudaError_t kn_cuda_launch_layernorm(cudaStream_t s, float *out, ptrd
   dim3 grid((unsigned)rows);
   switch (wdt) {
   case KN_DTYPE_F32:
-    layernorm_kernel<<<grid, block, 0, s>>>(out, ldo, x, ldx, d, (const float *)w,
-                                            (const float *)b, eps);
+    layernorm_kernel<<<grid, block, 0, s>>>(out, ldo, x, ldx, d, (const float *)w, (const float *)b,
+                                            eps);
     break;
   case KN_DTYPE_F16:
     layernorm_kernel<<<grid, block, 0, s>>>(out, ldo, x, ldx, d, (const __half *)w,

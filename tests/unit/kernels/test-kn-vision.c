@@ -29,8 +29,7 @@ static void check_rows(const char *what, const float *got, const double *want, i
   }
   TH_CHECK(gaps_ok);
   if (!(worst <= tol))
-    th_fail(__FILE__, __LINE__, "%s %dx%d ld %td: error %g > %g", what, rows, cols, ld, worst,
-            tol);
+    th_fail(__FILE__, __LINE__, "%s %dx%d ld %td: error %g > %g", what, rows, cols, ld, worst, tol);
 }
 
 /* ---- layernorm ------------------------------------------------------------ */
@@ -79,7 +78,8 @@ static void check_layernorm(struct kn_backend *be, enum kn_dtype dt, int rows, i
 
 TH_TEST(layernorm_matches_definition) {
   struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 3);
-  static const int shapes[][2] = {{1, 1}, {1, 7}, {3, 32}, {5, 33}, {17, 72}, {64, 1152}, {2, 4304}};
+  static const int shapes[][2] = {{1, 1},   {1, 7},     {3, 32},  {5, 33},
+                                  {17, 72}, {64, 1152}, {2, 4304}};
   kt_seed(11);
   for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
     for (size_t s = 0; s < CM_ARRAY_LEN(shapes); s++)
@@ -175,8 +175,8 @@ TH_TEST(avg_pool2d_matches_definition) {
   struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 3);
   /* n_img, side, k, C: exact tilings, trailing rows/columns dropped (7 / 2,
    * 10 / 3), k = 1 (a copy), k = side (one mean per image) */
-  static const int shapes[][4] = {{1, 8, 2, 5},  {2, 8, 4, 3},  {3, 7, 2, 9}, {1, 10, 3, 17},
-                                  {2, 4, 1, 6},  {1, 5, 5, 33}, {1, 64, 4, 7}, {2, 16, 4, 32}};
+  static const int shapes[][4] = {{1, 8, 2, 5}, {2, 8, 4, 3},  {3, 7, 2, 9},  {1, 10, 3, 17},
+                                  {2, 4, 1, 6}, {1, 5, 5, 33}, {1, 64, 4, 7}, {2, 16, 4, 32}};
   kt_seed(13);
   for (size_t s = 0; s < CM_ARRAY_LEN(shapes); s++)
     check_pool(be, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
@@ -187,7 +187,8 @@ TH_TEST(avg_pool2d_matches_definition) {
 
 /* Every op gives the same bits on one thread and on several. */
 TH_TEST(vision_ops_thread_invariant) {
-  struct kn_backend *be1 = kt_backend(KN_CPU_ISA_AVX512, 1), *be4 = kt_backend(KN_CPU_ISA_AVX512, 4);
+  struct kn_backend *be1 = kt_backend(KN_CPU_ISA_AVX512, 1),
+                    *be4 = kt_backend(KN_CPU_ISA_AVX512, 4);
   int T = 256, N = 200, side = 16, k = 4;
   kt_seed(14);
   float *x = kt_rand_f32((size_t)T * N, 2.0f), *w = kt_rand_f32((size_t)N, 1.0f);
