@@ -145,8 +145,8 @@ TH_TEST(vision_config_refuses_bad_shapes) {
 
 /* ---- the generated checkpoint ---------------------------------------------------- */
 
-/* A generated multimodal checkpoint (f32 weights) in a new directory. */
-static void make_vision_model(char *dir, size_t n, int vocab) {
+/* A generated multimodal checkpoint (weights of dtype dt) in a new directory. */
+static void make_vision_model_dt(char *dir, size_t n, int vocab, enum wk_st_dtype dt) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
   struct wk_tiny_spec s;
   struct wk_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = vocab, .vision = 1};
@@ -155,8 +155,12 @@ static void make_vision_model(char *dir, size_t n, int vocab) {
     th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
     th_stop();
   }
-  TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_F32) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 7, dt) == 0);
   wk_tiny_spec_free(&s);
+}
+
+static void make_vision_model(char *dir, size_t n, int vocab) {
+  make_vision_model_dt(dir, n, vocab, WK_ST_F32);
 }
 
 static struct kn_backend *cpu_backend(int threads) {
@@ -257,10 +261,10 @@ static const char *require_numpy(void) {
           "(install python3-numpy: tools/setup)");
 }
 
-TH_TEST(vision_encoder_matches_numpy_reference) {
-  const char *python = require_numpy();
+/* f32 weights, and bf16 ones (the reference widens them exactly, as we do) */
+static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   char dir[4096], err[512] = "";
-  make_vision_model(dir, sizeof(dir), 512);
+  make_vision_model_dt(dir, sizeof(dir), 512, dt);
   struct kn_backend *be = cpu_backend(2);
   struct wk_vision *v = NULL;
   /* 3 images, 2 per pass: a full pass and a partial one */
@@ -308,9 +312,10 @@ TH_TEST(vision_encoder_matches_numpy_reference) {
     if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
   }
   double rel = worst / (hi - lo);
-  printf("vision encoder vs siglip_ref.py: %zu values in [%.4f, %.4f], max abs error %.3g "
+  printf("vision encoder (%s weights) vs siglip_ref.py: %zu values in [%.4f, %.4f], max abs error "
+         "%.3g "
          "(%.3g of the range)\n",
-         n_out, lo, hi, worst, rel);
+         wk_st_dtype_name(dt), n_out, lo, hi, worst, rel);
   TH_CHECK(hi - lo > 0.1); /* the embeddings are not degenerate */
   if (!(rel < 1e-4))
     th_fail(__FILE__, __LINE__, "max abs error %g is %g of the range %g (limit 1e-4)", worst, rel,
@@ -322,6 +327,12 @@ TH_TEST(vision_encoder_matches_numpy_reference) {
   wk_vision_free(v);
   kn_backend_destroy(be);
   cm_rmtree(dir);
+}
+
+TH_TEST(vision_encoder_matches_numpy_reference) {
+  const char *python = require_numpy();
+  check_against_reference(python, WK_ST_F32);
+  check_against_reference(python, WK_ST_BF16);
 }
 
 TH_TEST(vision_encode_rejects_bad_arguments) {
