@@ -65,6 +65,14 @@ struct kn_backend_ops {
                    const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
                    int n_heads, int window, float scale, float softcap);
 
+  /* vision encoder ops; NULL: CM_ERR_UNSUPPORTED */
+  int (*layernorm)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int rows,
+                   int d, const void *w, const void *b, enum kn_dtype wdt, float eps);
+  int (*bias_act)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                  const float *bias, int T, int N, enum kn_act act);
+  int (*avg_pool2d)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int n_img,
+                    int side, int k, int C);
+
   /* collectives (KN_CAP_ALLREDUCE; kn-backend.h): the public wrappers check the
    * arguments and that the backend has joined a group before they call these */
   int (*comm_id_new)(void *ctx, struct kn_comm_id *id);

@@ -272,6 +272,42 @@ int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *
   return KN_CALL(copy_rows, dst, ldd, src, lds, rows, cols);
 }
 
+/* ---- vision encoder ops --------------------------------------------------- */
+
+int kn_layernorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                 int rows, int d, const void *w, const void *b, enum kn_dtype wdt, float eps) {
+  if (!be || rows < 0 || d < 0) return CM_ERR_INVAL;
+  if (rows == 0 || d == 0) return 0;
+  if (!out || !x || !w || !b || !valid_ld(ldo, rows, d) || !valid_ld(ldx, rows, d))
+    return CM_ERR_INVAL;
+  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!(eps >= 0.0f)) return CM_ERR_INVAL;
+  return KN_CALL(layernorm, out, ldo, x, ldx, rows, d, w, b, wdt, eps);
+}
+
+int kn_bias_act(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                const float *bias, int T, int N, enum kn_act act) {
+  if (!be || T < 0 || N < 0) return CM_ERR_INVAL;
+  if (act != KN_ACT_NONE && act != KN_ACT_GELU_TANH) return CM_ERR_INVAL;
+  if (T == 0 || N == 0) return 0;
+  if (!out || !x || !valid_ld(ldo, T, N) || !valid_ld(ldx, T, N)) return CM_ERR_INVAL;
+  if (!bias && act == KN_ACT_NONE) return out == x ? 0 : kn_copy_rows(be, out, ldo, x, ldx, T, N);
+  return KN_CALL(bias_act, out, ldo, x, ldx, bias, T, N, act);
+}
+
+int kn_avg_pool2d(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                  int n_img, int side, int k, int C) {
+  if (!be || n_img < 0 || side < 0 || k < 1 || C < 0) return CM_ERR_INVAL;
+  if (n_img == 0 || C == 0) return 0;
+  if (side < k) return CM_ERR_SHAPE;
+  long long in_rows = (long long)n_img * side * side;
+  long long os = side / k, out_rows = (long long)n_img * os * os;
+  if (in_rows > INT32_MAX) return CM_ERR_TOOBIG;
+  if (!out || !x || !valid_ld(ldx, (int)in_rows, C) || !valid_ld(ldo, (int)out_rows, C))
+    return CM_ERR_INVAL;
+  return KN_CALL(avg_pool2d, out, ldo, x, ldx, n_img, side, k, C);
+}
+
 int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *logits,
               ptrdiff_t ld, int T, int V) {
   if (!be || T < 0 || V < 0) return CM_ERR_INVAL;

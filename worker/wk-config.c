@@ -367,6 +367,220 @@ int wk_config_last_storing_layer(const struct wk_config *cfg, enum wk_layer_kind
   return -1;
 }
 
+/* ---- vision tower (Gemma3ForConditionalGeneration) --------------------------- */
+
+/* Rewrites a field reader's "config.json: KEY ..." message as "FILE: PREFIXKEY ...". */
+static int retag(int rc, const char *file, const char *prefix, char *err, size_t errlen) {
+  static const char head[] = "config.json: ";
+  if (err && errlen && !strncmp(err, head, sizeof(head) - 1)) {
+    char tmp[512];
+    snprintf(tmp, sizeof(tmp), "%s: %s%s", file, prefix, err + sizeof(head) - 1);
+    snprintf(err, errlen, "%s", tmp);
+  }
+  return rc;
+}
+
+/* The preprocessing defaults for a tower of image_size px (see wk_preproc_cfg). */
+static void preproc_defaults(struct wk_vision_cfg *v) {
+  struct wk_preproc_cfg *p = &v->pre;
+  p->width = p->height = v->image_size;
+  p->do_resize = p->do_rescale = p->do_normalize = 1;
+  p->resample = 2;
+  p->rescale_factor = 1.0 / 255.0;
+  for (int c = 0; c < WK_MAX_CHANNELS; c++) {
+    p->mean[c] = 0.5f;
+    p->std[c] = 0.5f;
+  }
+}
+
+static int parse_vision(const json_t *root, struct wk_config *cfg, char *err, size_t errlen) {
+  struct wk_vision_cfg *v = &cfg->vision;
+  const json_t *vc = json_object_get(root, "vision_config");
+  if (!vc || json_is_null(vc)) return 0; /* a text-only gemma3 checkpoint */
+  if (!json_is_object(vc))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  const json_t *mt = json_object_get(vc, "model_type");
+  if (mt && json_is_string(mt) && strcmp(json_string_value(mt), "siglip_vision_model"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: vision_config.model_type \"%s\" is not supported "
+                   "(siglip_vision_model)",
+                   json_string_value(mt));
+  long long x;
+  int rc;
+#define VINT(key, def, lo, hi, dst)                                                                \
+  do {                                                                                             \
+    if ((rc = get_int(vc, key, 0, def, lo, hi, &x, err, errlen)))                                  \
+      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
+    dst = (int)x;                                                                                  \
+  } while (0)
+  /* transformers' SiglipVisionConfig defaults */
+  VINT("hidden_size", 768, 1, 65536, v->hidden);
+  VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
+  VINT("num_hidden_layers", 12, 1, WK_MAX_LAYERS, v->n_layers);
+  VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
+  VINT("num_channels", 3, 1, WK_MAX_CHANNELS, v->channels);
+  VINT("image_size", 224, 1, 16384, v->image_size);
+  VINT("patch_size", 16, 1, 16384, v->patch);
+#undef VINT
+  if ((rc = get_num(vc, "layer_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
+    return retag(rc, "config.json", "vision_config.", err, errlen);
+  const json_t *act = json_object_get(vc, "hidden_act");
+  if (act && json_is_string(act) && strcmp(json_string_value(act), "gelu_pytorch_tanh") &&
+      strcmp(json_string_value(act), "gelu_tanh"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: vision_config.hidden_act \"%s\" is not supported "
+                   "(gelu_pytorch_tanh)",
+                   json_string_value(act));
+  if (v->hidden % v->n_heads)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: vision_config.hidden_size %d is not a multiple of "
+                   "num_attention_heads %d",
+                   v->hidden, v->n_heads);
+  v->head_dim = v->hidden / v->n_heads;
+  if (v->head_dim > 512)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: vision_config: head dim %d is above 512", v->head_dim);
+  /* the patch convolution is "valid": a remainder of pixels is not seen */
+  v->grid = v->image_size / v->patch;
+  if (v->grid < 1)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: vision_config.patch_size %d is larger than image_size %d",
+                   v->patch, v->image_size);
+  if ((long long)v->grid * v->grid > (1 << 20))
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "config.json: vision_config: %d x %d patches",
+                   v->grid, v->grid);
+  v->n_patches = v->grid * v->grid;
+  /* Gemma3Config's defaults */
+  if ((rc = get_int(root, "mm_tokens_per_image", 0, 256, 1, v->n_patches, &x, err, errlen)))
+    return rc;
+  v->mm_tokens = (int)x;
+  int side = (int)lround(sqrt((double)v->mm_tokens));
+  while ((long long)side * side > v->mm_tokens)
+    side--;
+  /* the projector pools with kernel grid / side; torch's AvgPool2d then gives
+   * grid / kernel tokens per side, which must be `side` */
+  v->pool = side > 0 ? v->grid / side : 0;
+  if ((long long)side * side != v->mm_tokens || v->pool < 1 || v->grid / v->pool != side)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: mm_tokens_per_image %d is not the square of a pooled %d x %d "
+                   "patch grid",
+                   v->mm_tokens, v->grid, v->grid);
+  int hi = 1 << 30;
+  if ((rc = get_int(root, "boi_token_index", 0, 255999, 0, hi, &x, err, errlen))) return rc;
+  v->boi_id = (int)x;
+  if ((rc = get_int(root, "eoi_token_index", 0, 256000, 0, hi, &x, err, errlen))) return rc;
+  v->eoi_id = (int)x;
+  if ((rc = get_int(root, "image_token_index", 0, 262144, 0, hi, &x, err, errlen))) return rc;
+  v->image_id = (int)x;
+  if (v->boi_id >= cfg->vocab || v->eoi_id >= cfg->vocab)
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "config.json: boi_token_index %d / eoi_token_index %d outside the vocabulary "
+                   "(%d)",
+                   v->boi_id, v->eoi_id, cfg->vocab);
+  /* image_token_index may lie past the vocabulary: its rows are overwritten
+   * by the image features, and transformers embeds them as the pad token */
+  v->present = 1;
+  preproc_defaults(v);
+  return 0;
+}
+
+/* One channel list (image_mean / image_std): a number or one per channel. */
+static int get_channels(const json_t *o, const char *key, int channels, float *dst, int positive,
+                        char *err, size_t errlen) {
+  const json_t *a = json_object_get(o, key);
+  if (!a || json_is_null(a)) return 0;
+  double vals[WK_MAX_CHANNELS];
+  if (json_is_number(a)) {
+    for (int c = 0; c < channels; c++)
+      vals[c] = json_number_value(a);
+  } else if (json_is_array(a) && json_array_size(a) == (size_t)channels) {
+    for (int c = 0; c < channels; c++) {
+      const json_t *e = json_array_get(a, (size_t)c);
+      if (!json_is_number(e))
+        return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s[%d] is not a number", key, c);
+      vals[c] = json_number_value(e);
+    }
+  } else {
+    return cm_fail(err, errlen, CM_ERR_SHAPE, "config.json: %s must list %d numbers", key,
+                   channels);
+  }
+  for (int c = 0; c < channels; c++) {
+    if (!isfinite(vals[c]) || fabs(vals[c]) > 1e6 || (positive && !(vals[c] > 0)))
+      return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: %s[%d] = %g is out of range", key, c,
+                     vals[c]);
+    dst[c] = (float)vals[c];
+  }
+  return 0;
+}
+
+int wk_config_parse_preproc(const char *text, size_t len, int nested, struct wk_config *cfg,
+                            char *err, size_t errlen) {
+  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
+  struct wk_vision_cfg *v = &cfg->vision;
+  if (!v->present)
+    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no vision tower", file);
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, 0, &jerr);
+  if (!root)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
+                   jerr.column, jerr.text);
+  struct wk_preproc_cfg p = v->pre;
+  const json_t *o = root;
+  const char *prefix = "";
+  int rc = 0;
+  long long x;
+  if (nested) {
+    o = json_object_get(root, "image_processor");
+    prefix = "image_processor.";
+    if (!o) goto done; /* a processor without images: keep the defaults */
+  }
+  if (!json_is_object(o)) {
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, prefix);
+    goto done;
+  }
+  if ((rc = get_bool(o, "do_resize", p.do_resize, &p.do_resize, err, errlen)) ||
+      (rc = get_bool(o, "do_rescale", p.do_rescale, &p.do_rescale, err, errlen)) ||
+      (rc = get_bool(o, "do_normalize", p.do_normalize, &p.do_normalize, err, errlen)) ||
+      (rc = get_num(o, "rescale_factor", p.rescale_factor, 1e-9, 1e9, &p.rescale_factor, err,
+                    errlen)) ||
+      (rc = get_int(o, "resample", 0, p.resample, 0, 5, &x, err, errlen)) ||
+      (rc = get_channels(o, "image_mean", v->channels, p.mean, 0, err, errlen)) ||
+      (rc = get_channels(o, "image_std", v->channels, p.std, 1, err, errlen)))
+    goto retagged;
+  p.resample = (int)x;
+  if (p.resample != 2) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: %sresample %d is not supported (2: bilinear)", file, prefix, p.resample);
+    goto done;
+  }
+  const json_t *size = json_object_get(o, "size");
+  if (size && !json_is_null(size)) {
+    if (!json_is_object(size)) {
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", file, prefix);
+      goto done;
+    }
+    const char *wkey = json_object_get(size, "width") ? "width" : "shortest_edge";
+    const char *hkey = json_object_get(size, "height") ? "height" : "shortest_edge";
+    if ((rc = get_int(size, wkey, 1, 0, 1, 16384, &x, err, errlen))) goto retagged;
+    p.width = (int)x;
+    if ((rc = get_int(size, hkey, 1, 0, 1, 16384, &x, err, errlen))) goto retagged;
+    p.height = (int)x;
+  }
+  if (p.do_resize && (p.width != v->image_size || p.height != v->image_size)) {
+    rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                 "%s: %ssize %d x %d differs from the vision tower's image_size %d", file, prefix,
+                 p.width, p.height, v->image_size);
+    goto done;
+  }
+  v->pre = p;
+  goto done;
+retagged:
+  rc = retag(rc, file, prefix, err, errlen);
+done:
+  json_decref(root);
+  return rc;
+}
+
 static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cfg, char *err,
                       size_t errlen) {
   long long v;
@@ -493,6 +707,7 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
     }
   }
   if ((rc = parse_text(root, tc, cfg, err, errlen))) goto done;
+  if (!strcmp(type, "gemma3") && (rc = parse_vision(root, cfg, err, errlen))) goto done;
   if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT) {
     long long v;
     if ((rc = get_int(root, "backbone_hidden_size", 1, 0, 1, 65536, &v, err, errlen))) goto done;
@@ -546,9 +761,23 @@ int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t err
   if (rc) return rc;
   snprintf(path, sizeof(path), "%s/generation_config.json", dir);
   rc = wk_read_file(path, 16u << 20, &text, &len);
-  if (rc == CM_ERR_NOENT) return 0;
-  if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
-  rc = wk_config_parse_generation(text, len, cfg, err, errlen);
-  free(text);
-  return rc;
+  if (rc && rc != CM_ERR_NOENT) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+  if (!rc) {
+    rc = wk_config_parse_generation(text, len, cfg, err, errlen);
+    free(text);
+    if (rc) return rc;
+  }
+  if (!cfg->vision.present) return 0;
+  /* preprocessor_config.json, else the newer processor_config.json */
+  for (int nested = 0; nested < 2; nested++) {
+    snprintf(path, sizeof(path), "%s/%s", dir,
+             nested ? "processor_config.json" : "preprocessor_config.json");
+    rc = wk_read_file(path, 16u << 20, &text, &len);
+    if (rc == CM_ERR_NOENT) continue;
+    if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    rc = wk_config_parse_preproc(text, len, nested, cfg, err, errlen);
+    free(text);
+    return rc;
+  }
+  return 0;
 }

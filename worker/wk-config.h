@@ -2,7 +2,10 @@
  *
  * Accepted model_type values and where their fields live:
  *   gemma3_text        top level (Gemma3ForCausalLM checkpoints)
- *   gemma3             text settings nested under "text_config" (multimodal)
+ *   gemma3             text settings nested under "text_config" (multimodal);
+ *                      "vision_config" (SigLIP), "mm_tokens_per_image",
+ *                      "boi_token_index", "eoi_token_index", "image_token_index"
+ *                      at top level (struct wk_vision_cfg)
  *   gemma4_text        top level
  *   gemma4             nested under "text_config"
  *   gemma4_assistant   MTP draft model: "backbone_hidden_size",
@@ -65,6 +68,47 @@ struct wk_layer_cfg {
   int ffn_dim;    /* MLP intermediate width (2x on double-wide shared layers) */
 };
 
+/* How an image becomes pixels (preprocessor_config.json, or the
+ * "image_processor" object of processor_config.json; Gemma3ImageProcessor's
+ * fields). Absent file or fields: resize to the vision tower's image_size,
+ * rescale by 1/255, normalise with mean = std = 0.5 (the processor's defaults
+ * except the size, which the tower fixes). */
+#define WK_MAX_CHANNELS 4
+struct wk_preproc_cfg {
+  int width, height;     /* resize target, px ("size": {"height", "width"}) */
+  int do_resize;         /* do_resize */
+  int resample;          /* PIL filter id: 2 = bilinear (the only one supported) */
+  int do_rescale;        /* do_rescale */
+  double rescale_factor; /* rescale_factor (1/255) */
+  int do_normalize;      /* do_normalize */
+  float mean[WK_MAX_CHANNELS], std[WK_MAX_CHANNELS]; /* image_mean, image_std per channel */
+};
+
+/* The SigLIP vision tower and Gemma 3 projector of a Gemma3ForConditionalGeneration
+ * checkpoint (model_type "gemma3" with "vision_config"). Missing vision_config
+ * fields take transformers' SiglipVisionConfig defaults; missing top-level
+ * fields take Gemma3Config's. */
+struct wk_vision_cfg {
+  int present;    /* 1: the checkpoint has a vision tower */
+  int hidden;     /* vision_config.hidden_size */
+  int ffn;        /* vision_config.intermediate_size */
+  int n_layers;   /* vision_config.num_hidden_layers */
+  int n_heads;    /* vision_config.num_attention_heads */
+  int head_dim;   /* hidden / n_heads */
+  int channels;   /* vision_config.num_channels */
+  int image_size; /* vision_config.image_size, px */
+  int patch;      /* vision_config.patch_size, px */
+  double eps;     /* vision_config.layer_norm_eps (also the projector's RMSNorm) */
+  int grid;       /* patches per side: image_size / patch */
+  int n_patches;  /* grid^2: tokens through the encoder per image */
+  int mm_tokens;  /* mm_tokens_per_image: soft tokens per image (a square) */
+  int pool;       /* average-pooling kernel: grid / sqrt(mm_tokens) */
+  int boi_id;     /* boi_token_index: <start_of_image> */
+  int eoi_id;     /* eoi_token_index: <end_of_image> */
+  int image_id;   /* image_token_index: <image_soft_token> */
+  struct wk_preproc_cfg pre;
+};
+
 struct wk_config {
   enum wk_arch arch;
   char model_type[32];
@@ -101,6 +145,7 @@ struct wk_config {
   int num_centroids;
   int centroid_top_k;
   struct wk_layer_cfg layers[WK_MAX_LAYERS];
+  struct wk_vision_cfg vision; /* gemma3 with vision_config; present == 0 otherwise */
 };
 
 /* Parses config.json text (`len` bytes). On error returns a negative cm_err
@@ -108,8 +153,16 @@ struct wk_config {
 int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen);
 
 /* Reads DIR/config.json and, when present, DIR/generation_config.json (its
- * eos_token_id list replaces the config's). */
+ * eos_token_id list replaces the config's) and, for a checkpoint with a
+ * vision tower, DIR/preprocessor_config.json or DIR/processor_config.json. */
 int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen);
+
+/* Parses preprocessor_config.json text (or, with nested != 0, the
+ * "image_processor" object of processor_config.json) into cfg->vision.pre,
+ * over the defaults wk_config_parse set; checks that the resize target is
+ * the tower's image_size (the encoder takes no other). */
+int wk_config_parse_preproc(const char *text, size_t len, int nested, struct wk_config *cfg,
+                            char *err, size_t errlen);
 
 /* Adds eos ids from generation_config.json text (replacing the list). */
 int wk_config_parse_generation(const char *text, size_t len, struct wk_config *cfg, char *err,

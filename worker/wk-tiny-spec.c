@@ -21,6 +21,7 @@
 void wk_tiny_spec_free(struct wk_tiny_spec *s) {
   free(s->config_json);
   free(s->generation_json);
+  free(s->preproc_json);
   free(s->tensors);
   memset(s, 0, sizeof(*s));
 }
@@ -58,23 +59,26 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
   add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)(in)), 0, 2, out, in, 0, __VA_ARGS__)
 #define NORM(d, ...) add(s, WK_INIT_AROUND, 0.1, norm_center, 1, d, 0, 0, __VA_ARGS__)
 
-/* The tensors of one decoder stack (model.layers.*, model.norm, embeddings). */
-static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embed_rows) {
+/* The tensors of one decoder stack (P = "model." or, in a multimodal
+ * checkpoint, "model.language_model."; P + layers.*, norm, embeddings). */
+static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embed_rows,
+                     const char *P) {
   int H = c->hidden, rc = 0;
   double norm_center = c->arch == WK_ARCH_GEMMA3 ? 0.0 : 1.0;
   rc |= add(s, WK_INIT_NORMAL, 0.5 / sqrt((double)H), 0, 2, embed_rows, H, 0,
-            "model.embed_tokens.weight");
+            "%sembed_tokens.weight", P);
   if (c->ple_dim) {
     int LP = c->n_layers * c->ple_dim;
     rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)c->ple_dim), 0, 2, c->ple_vocab, LP, 0,
-              "model.embed_tokens_per_layer.weight");
-    rc |= LIN(LP, H, "model.per_layer_model_projection.weight");
-    rc |= NORM(c->ple_dim, "model.per_layer_projection_norm.weight");
+              "%sembed_tokens_per_layer.weight", P);
+    rc |= LIN(LP, H, "%sper_layer_model_projection.weight", P);
+    rc |= NORM(c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
   for (int i = 0; i < c->n_layers; i++) {
     const struct wk_layer_cfg *l = &c->layers[i];
     int qd = c->n_heads * l->head_dim, kvd = l->n_kv_heads * l->head_dim;
-    const char *p = "model.layers";
+    char p[64];
+    snprintf(p, sizeof(p), "%slayers", P);
     rc |= NORM(H, "%s.%d.input_layernorm.weight", p, i);
     rc |= LIN(qd, H, "%s.%d.self_attn.q_proj.weight", p, i);
     rc |= NORM(l->head_dim, "%s.%d.self_attn.q_norm.weight", p, i);
@@ -111,7 +115,52 @@ static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embe
     if (c->arch != WK_ARCH_GEMMA3)
       rc |= add(s, WK_INIT_UNIFORM, 0.7, 1.0, 1, 1, 0, 0, "%s.%d.layer_scalar", p, i);
   }
-  rc |= NORM(H, "model.norm.weight");
+  rc |= NORM(H, "%snorm.weight", P);
+  return rc ? CM_ERR_NOMEM : 0;
+}
+
+/* The SigLIP tower and the Gemma 3 projector, named as transformers saves
+ * Gemma3ForConditionalGeneration (model.vision_tower.vision_model.*,
+ * model.multi_modal_projector.*). Linear and conv weights N(0, 1/fan_in),
+ * biases N(0, 0.1^2) (small but not zero, so that every bias path counts),
+ * LayerNorm weights 1 +- 0.1, the projector's RMSNorm weight 0 +- 0.1 (it
+ * acts as 1 + w), position embeddings N(0, 0.5^2). */
+static int add_vision(struct wk_tiny_spec *s, const struct wk_config *c) {
+  const struct wk_vision_cfg *v = &c->vision;
+  int D = v->hidden, F = v->ffn, rc = 0, pp = v->channels * v->patch * v->patch;
+  const char *VP = "model.vision_tower.vision_model.";
+  double norm_center = 1.0;
+#define BIAS(d, ...) add(s, WK_INIT_NORMAL, 0.1, 0, 1, d, 0, 0, __VA_ARGS__)
+  rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)pp), 0, 4, D, v->channels, v->patch,
+            "%sembeddings.patch_embedding.weight", VP);
+  if (!rc) s->tensors[s->n_tensors - 1].e.shape[3] = v->patch;
+  rc |= BIAS(D, "%sembeddings.patch_embedding.bias", VP);
+  rc |= add(s, WK_INIT_NORMAL, 0.5, 0, 2, v->n_patches, D, 0,
+            "%sembeddings.position_embedding.weight", VP);
+  for (int i = 0; i < v->n_layers; i++) {
+    char lp[128];
+    snprintf(lp, sizeof(lp), "%sencoder.layers.%d.", VP, i);
+    rc |= NORM(D, "%slayer_norm1.weight", lp);
+    rc |= BIAS(D, "%slayer_norm1.bias", lp);
+    static const char *const proj[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    for (int j = 0; j < 4; j++) {
+      rc |= LIN(D, D, "%sself_attn.%s.weight", lp, proj[j]);
+      rc |= BIAS(D, "%sself_attn.%s.bias", lp, proj[j]);
+    }
+    rc |= NORM(D, "%slayer_norm2.weight", lp);
+    rc |= BIAS(D, "%slayer_norm2.bias", lp);
+    rc |= LIN(F, D, "%smlp.fc1.weight", lp);
+    rc |= BIAS(F, "%smlp.fc1.bias", lp);
+    rc |= LIN(D, F, "%smlp.fc2.weight", lp);
+    rc |= BIAS(D, "%smlp.fc2.bias", lp);
+  }
+  rc |= NORM(D, "%spost_layernorm.weight", VP);
+  rc |= BIAS(D, "%spost_layernorm.bias", VP);
+#undef BIAS
+  rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)D), 0, 2, D, c->hidden, 0,
+            "model.multi_modal_projector.mm_input_projection_weight");
+  norm_center = 0.0;
+  rc |= NORM(D, "model.multi_modal_projector.mm_soft_emb_norm.weight");
   return rc ? CM_ERR_NOMEM : 0;
 }
 
@@ -230,7 +279,8 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
   if (!rc) {
     snprintf(s->model_type, sizeof(s->model_type), "%s", c->model_type);
     s->vocab = c->vocab;
-    rc = add_stack(s, c, c->vocab);
+    rc = add_stack(s, c, c->vocab, c->vision.present ? "model.language_model." : "model.");
+    if (!rc && c->vision.present) rc = add_vision(s, c);
     if (!rc && c->arch == WK_ARCH_GEMMA4_ASSISTANT) {
       int h = c->hidden, B = c->backbone_hidden;
       rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
@@ -258,6 +308,42 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
   }
   free(c);
   return rc;
+}
+
+/* Turns a gemma3_text config into a Gemma3ForConditionalGeneration one: the
+ * text settings move under text_config, the SigLIP tower's under
+ * vision_config, the image token ids and soft tokens per image go to the top
+ * level (as transformers' Gemma3Config saves them); also writes the
+ * preprocessor config. The real tokenizer's ids when the vocabulary holds
+ * them, else the last three ids. */
+static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V) {
+  enum { IMAGE = 64, PATCH = 8, TOKENS = 16 };
+  json_t *text = *root;
+  json_object_del(text, "architectures");
+  int boi = 255999, eoi = 256000, img = 262144;
+  if (V <= img) boi = V - 3, eoi = V - 2, img = V - 1;
+  json_t *vision =
+      json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:b}", "model_type",
+                "siglip_vision_model", "hidden_size", 32, "intermediate_size", 96,
+                "num_hidden_layers", 2, "num_attention_heads", 4, "num_channels", 3, "image_size",
+                IMAGE, "patch_size", PATCH, "layer_norm_eps", 1e-6, "hidden_act",
+                "gelu_pytorch_tanh", "attention_dropout", 0.0, "vision_use_head", 0);
+  json_t *r = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:[i,i], s:b, s:o, s:o}", "architectures",
+                        "Gemma3ForConditionalGeneration", "model_type", "gemma3",
+                        "mm_tokens_per_image", TOKENS, "boi_token_index", boi, "eoi_token_index",
+                        eoi, "image_token_index", img, "eos_token_id", 1, 106,
+                        "tie_word_embeddings", 1, "text_config", text, "vision_config", vision);
+  if (!r) return CM_ERR_NOMEM;
+  *root = r;
+  json_t *pre = json_pack(
+      "{s:n, s:b, s:n, s:b, s:b, s:[f,f,f], s:s, s:i, s:[f,f,f], s:s, s:i, s:f, s:{s:i, s:i}}",
+      "do_convert_rgb", "do_normalize", 1, "do_pan_and_scan", "do_rescale", 1, "do_resize", 1,
+      "image_mean", 0.5, 0.5, 0.5, "image_processor_type", "Gemma3ImageProcessor",
+      "image_seq_length", TOKENS, "image_std", 0.5, 0.5, 0.5, "processor_class", "Gemma3Processor",
+      "resample", 2, "rescale_factor", 1.0 / 255.0, "size", "height", IMAGE, "width", IMAGE);
+  s->preproc_json = pre ? json_dumps(pre, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(pre);
+  return s->preproc_json ? 0 : CM_ERR_NOMEM;
 }
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
@@ -300,12 +386,21 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     int full[WK_MAX_LAYERS];
     for (int i = 0; i < L; i++)
       full[i] = (i + 1) % pattern == 0;
+    if (o->vision && V == 262144) V = 262208;
     root = text_config("gemma3_text", V, H, F, L, nh, nkv, hd, win, full, 32768);
     json_object_update_new(
         root, json_pack("{s:[s], s:i, s:i, s:f, s:f, s:n, s:n, s:n}", "architectures",
                         "Gemma3ForCausalLM", "query_pre_attn_scalar", hd, "sliding_window_pattern",
                         pattern, "rope_theta", 1000000.0, "rope_local_base_freq", 10000.0,
                         "rope_scaling", "final_logit_softcapping", "attn_logit_softcapping"));
+    if (o->vision) {
+      int rc = wrap_vision(s, &root, V);
+      if (rc) {
+        json_decref(root);
+        wk_tiny_spec_free(s);
+        return cm_fail(err, errlen, rc, "out of memory");
+      }
+    }
   } else {
     return cm_fail(err, errlen, CM_ERR_INVAL, "unknown arch \"%s\"", o->arch);
   }
@@ -465,6 +560,7 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   if (dt != WK_ST_F32 && dt != WK_ST_F16 && dt != WK_ST_BF16) return CM_ERR_INVAL;
   int rc = write_text(dir, "config.json", s->config_json);
   if (!rc && s->generation_json) rc = write_text(dir, "generation_config.json", s->generation_json);
+  if (!rc && s->preproc_json) rc = write_text(dir, "preprocessor_config.json", s->preproc_json);
   if (rc) return rc;
   char path[4096];
   snprintf(path, sizeof(path), "%s/model.safetensors", dir);

@@ -34,6 +34,7 @@ struct wk_tiny_spec {
   int vocab;                      /* tokens */
   char *config_json;              /* malloc'd config.json text */
   char *generation_json;          /* malloc'd generation_config.json text, or NULL */
+  char *preproc_json;             /* malloc'd preprocessor_config.json text, or NULL */
   struct wk_tensor_spec *tensors; /* in file order */
   int n_tensors, cap;
   int rig;         /* 0; 1: echo target; 2: assistant agreeing with one */
@@ -51,6 +52,12 @@ struct wk_tiny_opts {
   double echo_leak;   /* echo: post norms at this weight instead of 0, so that the
                        * context moves some greedy tokens off the echo (an
                        * assistant that agrees only partly) */
+  int vision;         /* gemma3: a Gemma3ForConditionalGeneration checkpoint with a
+                       * small SigLIP tower (64 px images, 8 px patches, 2 layers,
+                       * hidden 32, 4 heads, 16 soft tokens per image) and the
+                       * projector; a vocabulary of 262144 (the tokenizer's base)
+                       * becomes 262208 (Gemma 3's, covering <image_soft_token>
+                       * 262144); a smaller one puts the image token ids at its end */
 };
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,

@@ -171,6 +171,8 @@ int kn_cpu_ctx_scratch(struct kn_cpu_ctx *ctx, size_t n);
 /* Fills ops with the CPU ops (kn-cpu-ops.c), all but the memory hooks. */
 struct kn_backend_ops;
 void kn_cpu_ops_fill(struct kn_backend_ops *ops);
+/* Fills ops with the vision encoder ops (kn-cpu-ops-vision.c). */
+void kn_cpu_vision_ops_fill(struct kn_backend_ops *ops);
 /* Fills ops with the collectives over shared memory (kn-cpu-comm.c). */
 void kn_cpu_comm_fill(struct kn_backend_ops *ops);
 

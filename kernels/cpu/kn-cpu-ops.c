@@ -576,4 +576,5 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->sample = kn_cpu_op_sample;
   ops->kv_write = cpu_kv_write;
   ops->attention = cpu_attention;
+  kn_cpu_vision_ops_fill(ops);
 }

@@ -278,6 +278,9 @@ static struct kn_backend_ops cuda_ops = {
     .sample = kn_cuda_op_sample,
     .kv_write = kn_cuda_op_kv_write,
     .attention = kn_cuda_op_attention,
+    .layernorm = kn_cuda_op_layernorm,
+    .bias_act = kn_cuda_op_bias_act,
+    .avg_pool2d = kn_cuda_op_avg_pool2d,
 };
 
 #if LMSERVE_HAVE_NCCL

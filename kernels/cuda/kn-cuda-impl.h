@@ -95,6 +95,16 @@ cudaError_t kn_cuda_launch_router_topk(cudaStream_t s, int32_t *ids, float *weig
                                        const float *logits, ptrdiff_t ld, int T, int E, int k,
                                        const float *expert_scale);
 
+/* The vision encoder ops (kn-backend.h), one .cu each. */
+cudaError_t kn_cuda_launch_layernorm(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                     ptrdiff_t ldx, int rows, int d, const void *w, const void *b,
+                                     enum kn_dtype wdt, float eps);
+cudaError_t kn_cuda_launch_bias_act(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                    ptrdiff_t ldx, const float *bias, int T, int N,
+                                    enum kn_act act);
+cudaError_t kn_cuda_launch_avg_pool2d(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                      ptrdiff_t ldx, int n_img, int side, int k, int C);
+
 /* One row of a kn_sample call as the device sees it (staged). */
 struct kn_cuda_sample_row {
   float inv_t;     /* 1 / temperature (the host's float division); 0 = greedy */
@@ -245,6 +255,13 @@ int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in
 int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
                          const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
                          int n_heads, int window, float scale, float softcap);
+int kn_cuda_op_layernorm(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                         int rows, int d, const void *w, const void *b, enum kn_dtype wdt,
+                         float eps);
+int kn_cuda_op_bias_act(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                        const float *bias, int T, int N, enum kn_act act);
+int kn_cuda_op_avg_pool2d(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                          int n_img, int side, int k, int C);
 #endif /* !__CUDACC__ */
 
 #endif

@@ -1,0 +1,167 @@
+/* test-cuda-vision.c — the CUDA backend's vision encoder ops (kn_layernorm,
+ * kn_bias_act, kn_avg_pool2d) against the CPU oracle over odd shapes, weight
+ * dtypes, row strides and in place; and a whole generated vision tower
+ * (wk_vision_encode) on the device against the CPU. Skips loudly without a
+ * device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-assert.h"
+#include "common/cm-fs.h"
+#include "kernels/kn-backend.h"
+#include "tests/harness/th.h"
+#include "tests/unit/cuda/cuda-test-util.h"
+#include "worker/wk-tiny-spec.h"
+#include "worker/wk-vision.h"
+
+static const enum kn_dtype k_wdts[] = {KN_DTYPE_F32, KN_DTYPE_F16, KN_DTYPE_BF16};
+
+TH_TEST(cuda_layernorm) {
+  struct ct_env e;
+  ct_open(&e, 21);
+  const int rows_v[] = {1, 5, 67}, ds[] = {1, 7, 72, 1152, 4304};
+  for (size_t di = 0; di < 3; di++)
+    for (size_t ri = 0; ri < 3; ri++)
+      for (size_t ci = 0; ci < 5; ci++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+          enum kn_dtype dt = k_wdts[di];
+          int rows = rows_v[ri], d = ds[ci];
+          ptrdiff_t ldx = d + 3, ldo = inplace ? ldx : d + 6;
+          size_t tx = (size_t)rows * ldx, to = (size_t)rows * ldo;
+          float *x = malloc(tx * sizeof(float));
+          TH_REQUIRE(x);
+          ct_fill(&e, x, tx, 3.0f);
+          for (size_t i = 0; i < tx; i++)
+            x[i] += 1.0f;
+          void *w = ct_weights(&e, dt, (size_t)d, 1.0f), *b = ct_weights(&e, dt, (size_t)d, 0.5f);
+          float *ref = inplace ? x : ct_sentinel(to);
+          float *got = ct_sentinel(to);
+          float *x_d = ct_up(&e, x, tx * sizeof(float));
+          float *out_d = inplace ? x_d : ct_up(&e, got, to * sizeof(float));
+          void *w_d = ct_up(&e, w, (size_t)d * kn_dtype_size(dt));
+          void *b_d = ct_up(&e, b, (size_t)d * kn_dtype_size(dt));
+          TH_CHECK(kn_layernorm(e.gpu, out_d, ldo, x_d, ldx, rows, d, w_d, b_d, dt, 1e-6f) == 0);
+          TH_CHECK(kn_layernorm(e.cpu, ref, ldo, x, ldx, rows, d, w, b, dt, 1e-6f) == 0);
+          ct_down(&e, got, out_d, to * sizeof(float));
+          char what[96];
+          snprintf(what, sizeof(what), "layernorm %s rows=%d d=%d%s", kn_dtype_name(dt), rows, d,
+                   inplace ? " in place" : "");
+          /* d = 1 normalises to exactly the bias on both */
+          ct_compare(what, ref, got, rows, d, ldo, to, 1e-10);
+          kn_free(e.gpu, x_d);
+          if (!inplace) kn_free(e.gpu, out_d);
+          kn_free(e.gpu, w_d);
+          kn_free(e.gpu, b_d);
+          if (!inplace) free(ref);
+          free(x);
+          free(w);
+          free(b);
+          free(got);
+        }
+  ct_close(&e);
+}
+
+TH_TEST(cuda_bias_act) {
+  struct ct_env e;
+  ct_open(&e, 22);
+  const int Ts[] = {1, 9, 300}, Ns[] = {1, 33, 1152, 4304};
+  for (int act = 0; act < 2; act++)
+    for (int with_bias = 0; with_bias < 2; with_bias++)
+      for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ni = 0; ni < 4; ni++) {
+          int T = Ts[ti], N = Ns[ni];
+          ptrdiff_t ldx = N + 2, ldo = N + 5;
+          size_t tx = (size_t)T * ldx, to = (size_t)T * ldo;
+          float *x = malloc(tx * sizeof(float)), *bias = malloc((size_t)N * sizeof(float));
+          TH_REQUIRE(x && bias);
+          ct_fill(&e, x, tx, 4.0f);
+          ct_fill(&e, bias, (size_t)N, 1.0f);
+          float *ref = ct_sentinel(to), *got = ct_sentinel(to);
+          float *x_d = ct_up(&e, x, tx * sizeof(float)), *out_d = ct_up(&e, got, to * 4);
+          float *b_d = with_bias ? ct_up(&e, bias, (size_t)N * sizeof(float)) : NULL;
+          enum kn_act a = act ? KN_ACT_GELU_TANH : KN_ACT_NONE;
+          TH_CHECK(kn_bias_act(e.gpu, out_d, ldo, x_d, ldx, b_d, T, N, a) == 0);
+          TH_CHECK(kn_bias_act(e.cpu, ref, ldo, x, ldx, with_bias ? bias : NULL, T, N, a) == 0);
+          ct_down(&e, got, out_d, to * sizeof(float));
+          char what[96];
+          snprintf(what, sizeof(what), "bias_act act=%d bias=%d T=%d N=%d", act, with_bias, T, N);
+          ct_compare(what, ref, got, T, N, ldo, to, 1e-10);
+          kn_free(e.gpu, x_d);
+          kn_free(e.gpu, out_d);
+          kn_free(e.gpu, b_d);
+          free(x);
+          free(bias);
+          free(ref);
+          free(got);
+        }
+  ct_close(&e);
+}
+
+TH_TEST(cuda_avg_pool2d) {
+  struct ct_env e;
+  ct_open(&e, 23);
+  /* n_img, side, k, C: Gemma 3's 64 -> 16 grid, ragged tilings, one window */
+  static const int cases[][4] = {{1, 64, 4, 1152}, {3, 7, 2, 9},   {2, 10, 3, 300},
+                                 {1, 5, 5, 33},    {2, 16, 4, 32}, {1, 8, 1, 1}};
+  for (size_t ci = 0; ci < CM_ARRAY_LEN(cases); ci++) {
+    int n = cases[ci][0], side = cases[ci][1], k = cases[ci][2], C = cases[ci][3];
+    int os = side / k, in_rows = n * side * side, out_rows = n * os * os;
+    ptrdiff_t ldx = C + 1, ldo = C + 3;
+    size_t tx = (size_t)in_rows * ldx, to = (size_t)out_rows * ldo;
+    float *x = malloc(tx * sizeof(float));
+    TH_REQUIRE(x);
+    ct_fill(&e, x, tx, 2.0f);
+    float *ref = ct_sentinel(to), *got = ct_sentinel(to);
+    float *x_d = ct_up(&e, x, tx * sizeof(float)), *out_d = ct_up(&e, got, to * sizeof(float));
+    TH_CHECK(kn_avg_pool2d(e.gpu, out_d, ldo, x_d, ldx, n, side, k, C) == 0);
+    TH_CHECK(kn_avg_pool2d(e.cpu, ref, ldo, x, ldx, n, side, k, C) == 0);
+    ct_down(&e, got, out_d, to * sizeof(float));
+    char what[96];
+    snprintf(what, sizeof(what), "avg_pool2d n=%d side=%d k=%d C=%d", n, side, k, C);
+    ct_compare(what, ref, got, out_rows, C, ldo, to, 1e-10);
+    kn_free(e.gpu, x_d);
+    kn_free(e.gpu, out_d);
+    free(x);
+    free(ref);
+    free(got);
+  }
+  ct_close(&e);
+}
+
+/* A generated tower (f32 weights) on the device against the CPU. */
+TH_TEST(cuda_vision_encode) {
+  struct ct_env e;
+  ct_open(&e, 24);
+  char dir[4096], err[512] = "";
+  const char *t = getenv("TMPDIR");
+  snprintf(dir, sizeof(dir), "%s/lmserve-cuda-vision-XXXXXX", t && *t ? t : "/tmp");
+  TH_REQUIRE(mkdtemp(dir));
+  struct wk_tiny_spec s;
+  struct wk_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
+  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 3, WK_ST_F32) == 0);
+  wk_tiny_spec_free(&s);
+  struct wk_vision *vc = NULL, *vg = NULL;
+  struct wk_vision_opts vo = {.max_images = 2};
+  TH_REQUIRE(wk_vision_load(dir, e.cpu, &vo, &vc, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_vision_load(dir, e.gpu, &vo, &vg, err, sizeof(err)) == 0);
+  const struct wk_vision_cfg *c = wk_vision_config(vc);
+  int n = 3, H = wk_vision_text_hidden(vc);
+  size_t n_px = (size_t)n * c->channels * c->image_size * c->image_size;
+  size_t n_out = (size_t)n * c->mm_tokens * H;
+  float *px = malloc(n_px * sizeof(float)), *ref = malloc(n_out * 4), *got = malloc(n_out * 4);
+  TH_REQUIRE(px && ref && got);
+  ct_fill(&e, px, n_px, 1.0f);
+  TH_CHECK(wk_vision_encode(vc, px, n, ref, err, sizeof(err)) == 0);
+  TH_CHECK(wk_vision_encode(vg, px, n, got, err, sizeof(err)) == 0);
+  ct_compare("vision encode", ref, got, (int)(n_out / (size_t)H), H, H, n_out, 1e-9);
+  free(px);
+  free(ref);
+  free(got);
+  wk_vision_free(vc);
+  wk_vision_free(vg);
+  cm_rmtree(dir);
+  ct_close(&e);
+}
