@@ -75,7 +75,7 @@ struct sk_state {
   double *start_at;
   uint8_t *kind;
   long counts[SK_N_OUTCOMES];
-  char first_lost[200];
+  char first_lost[256];
   int stop;
 };
 
