@@ -27,20 +27,20 @@
 
 /* ---- config ------------------------------------------------------------------ */
 
-static const char *const base_cfg =
-    "{\"model_type\": \"gemma3\", \"mm_tokens_per_image\": %d, \"boi_token_index\": 255999,"
-    " \"eoi_token_index\": 256000, \"image_token_index\": 262144,"
-    " \"text_config\": {\"model_type\": \"gemma3_text\", \"vocab_size\": 262208,"
-    " \"hidden_size\": 2560, \"intermediate_size\": 10240, \"num_hidden_layers\": 34,"
-    " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, \"head_dim\": 256},"
-    " \"vision_config\": {\"model_type\": \"siglip_vision_model\", \"hidden_size\": %d,"
-    " \"image_size\": %d, \"intermediate_size\": 4304, \"num_attention_heads\": 16,"
-    " \"num_hidden_layers\": 27, \"patch_size\": 14, \"vision_use_head\": false}}";
+#define BASE_CFG                                                                                   \
+    "{\"model_type\": \"gemma3\", \"mm_tokens_per_image\": %d, \"boi_token_index\": 255999,"       \
+    " \"eoi_token_index\": 256000, \"image_token_index\": 262144,"                                 \
+    " \"text_config\": {\"model_type\": \"gemma3_text\", \"vocab_size\": 262208,"                  \
+    " \"hidden_size\": 2560, \"intermediate_size\": 10240, \"num_hidden_layers\": 34,"             \
+    " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, \"head_dim\": 256},"                 \
+    " \"vision_config\": {\"model_type\": \"siglip_vision_model\", \"hidden_size\": %d,"           \
+    " \"image_size\": %d, \"intermediate_size\": 4304, \"num_attention_heads\": 16,"               \
+    " \"num_hidden_layers\": 27, \"patch_size\": 14, \"vision_use_head\": false}}"
 
 static int parse_cfg(struct wk_config *c, int mm_tokens, int hidden, int image, char *err,
                      size_t errlen) {
   char text[2048];
-  snprintf(text, sizeof(text), base_cfg, mm_tokens, hidden, image);
+  snprintf(text, sizeof(text), BASE_CFG, mm_tokens, hidden, image);
   return wk_config_parse(text, strlen(text), c, err, errlen);
 }
 
