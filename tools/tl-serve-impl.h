@@ -12,10 +12,11 @@
 #include "common/cm-arena.h"
 #include "proto/pr-zmq.h"
 
-#define TL_MAX_CHILDREN 16
-#define TL_MAX_ARGS     64
-
 #define TL_MAX_DP 8 /* model replicas (--data-parallel-size) */
+#define TL_MAX_TP 8 /* worker ranks per replica (--tensor-parallel-size) */
+/* every rank of every replica, a scheduler each, and the frontend */
+#define TL_MAX_CHILDREN (TL_MAX_DP * (TL_MAX_TP + 1) + 1)
+#define TL_MAX_ARGS     64
 
 struct tl_child {
   const char *role; /* "worker", "scheduler", "frontend" */

@@ -311,7 +311,8 @@ int tl_serve_main(int argc, char **argv) {
        1, 1024},
       {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL,
        "automatic prefix caching (on)"},
-      {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks per replica (1)", 1, 8},
+      {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks per replica (1)", 1,
+       TL_MAX_TP},
       {"data-parallel-size", CM_OPT_INT, &s.dp, "N",
        "model replicas, each a scheduler and its worker group; the frontend routes each request "
        "by load and prompt-prefix affinity (1)",
