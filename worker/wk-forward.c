@@ -276,20 +276,28 @@ int wk_embed_tokens(struct wk_model *m, float *out, const struct wk_w *table, fl
   return rc ? rc : kn_all_reduce_sum(be, out, (size_t)T * (size_t)H);
 }
 
+/* Every rank's `bytes` of host data side by side: mine goes up to dev_mine, the
+ * ranks all-gather into dev_all, and all (host, world * bytes, rank order) comes
+ * back down. */
+static int gather_host(struct wk_model *m, const void *mine, void *dev_mine, void *dev_all,
+                       void *all, size_t bytes) {
+  struct kn_backend *be = m->be;
+  int rc = kn_upload(be, dev_mine, mine, bytes);
+  if (!rc) rc = kn_all_gather(be, dev_mine, bytes, dev_all);
+  if (!rc) rc = kn_download(be, all, dev_all, bytes * (size_t)m->plan.world);
+  return rc;
+}
+
 /* The greedy head of a vocab-parallel rank: every rank's (maximum, argmax) for rows
  * [0, n) gathered, and the first maximum over the ranks in vocabulary order (ranks hold
  * ascending slices), so the token is the one the whole head's argmax would give. A
  * NaN never wins; all-NaN rows give 0, as kn_argmax does. */
 static int merge_argmax(struct wk_model *m, int n) {
-  struct kn_backend *be = m->be;
   int world = m->plan.world;
   struct wk_pair *mine = m->pairs_host, *all = m->pairs_host + m->max_out;
   for (int r = 0; r < n; r++)
     mine[r] = (struct wk_pair){m->head_max[r], m->head_ids[r] + (int32_t)m->lm_head.off};
-  size_t bytes = sizeof(struct wk_pair) * (size_t)n;
-  int rc = kn_upload(be, m->pairs, mine, bytes);
-  if (!rc) rc = kn_all_gather(be, m->pairs, bytes, m->pairs_all);
-  if (!rc) rc = kn_download(be, all, m->pairs_all, bytes * (size_t)world);
+  int rc = gather_host(m, mine, m->pairs, m->pairs_all, all, sizeof(struct wk_pair) * (size_t)n);
   if (rc) return rc;
   for (int r = 0; r < n; r++) {
     int32_t best = 0;
@@ -392,10 +400,8 @@ static int tp_sample(struct wk_model *m, const struct kn_sample_params *p,
   for (int r = 0; r < n && !rc; r++)
     wk_tp_sample_local(&mine[r], head + (size_t)r * (size_t)vn, (int32_t)m->lm_head.off, vn, V,
                        &p[r], m->tp_work);
-  size_t bytes = sizeof(struct wk_tp_rec) * (size_t)n;
-  if (!rc) rc = kn_upload(be, m->recs, mine, bytes);
-  if (!rc) rc = kn_all_gather(be, m->recs, bytes, m->recs_all);
-  if (!rc) rc = kn_download(be, all, m->recs_all, bytes * (size_t)world);
+  if (!rc)
+    rc = gather_host(m, mine, m->recs, m->recs_all, all, sizeof(struct wk_tp_rec) * (size_t)n);
   int undecided = 0;
   for (int r = 0; r < n && !rc; r++) {
     rc = wk_tp_sample_merge(all, world, n, r, V, &p[r], m->tp_scratch, &out[r]);
