@@ -277,25 +277,15 @@ int tl_bench_serve_main(int argc, char **argv) {
   char model_buf[256];
   if (!model) {
     /* ask the server */
-    struct tl_buf b = {tl_http_get(&c.u, "/v1/models", c.api_key), 0, 0};
-    if (!b.p) {
-      fprintf(stderr, "lmserve bench serve: cannot connect to %s\n", c.url);
-      return 1;
-    }
-    const char *bodyp = b.p ? strstr(b.p, "\r\n\r\n") : NULL;
-    json_t *j = bodyp ? json_loads(bodyp + 4, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
-    const char *id =
-        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
-    if (!id) {
-      fprintf(stderr, "lmserve bench serve: could not read a model name from %s/v1/models\n",
+    rc = tl_http_first_model(&c.u, c.api_key, model_buf, sizeof(model_buf));
+    if (rc) {
+      fprintf(stderr,
+              rc == CM_ERR_IO
+                  ? "lmserve bench serve: cannot connect to %s\n"
+                  : "lmserve bench serve: could not read a model name from %s/v1/models\n",
               c.url);
-      json_decref(j);
-      free(b.p);
       return 1;
     }
-    snprintf(model_buf, sizeof(model_buf), "%s", id);
-    json_decref(j);
-    free(b.p);
     model = model_buf;
   }
   c.model = model;

@@ -2,6 +2,7 @@
 #include "tools/tl-http-client.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,20 @@ char *tl_http_get(const struct tl_url *c, const char *path, const char *api_key)
     }
   close(fd);
   return b.p;
+}
+
+int tl_http_first_model(const struct tl_url *u, const char *api_key, char *out, size_t size) {
+  char *r = tl_http_get(u, "/v1/models", api_key);
+  if (!r) return CM_ERR_IO;
+  const char *b = strstr(r, "\r\n\r\n");
+  json_t *j = b ? json_loads(b + 4, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+  const char *id =
+      json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+  int rc = id && *id ? 0 : CM_ERR_PARSE;
+  if (!rc) snprintf(out, size, "%s", id);
+  json_decref(j);
+  free(r);
+  return rc;
 }
 
 int tl_http_status(const char *resp) {

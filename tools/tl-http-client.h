@@ -30,6 +30,9 @@ long tl_buf_read(struct tl_buf *b, int fd);
 /* GET base_path + path with an optional bearer token; the whole response
  * (status line, headers, body) as a malloc'd string, or NULL. */
 char *tl_http_get(const struct tl_url *u, const char *path, const char *api_key);
+/* The id of the first model GET /v1/models lists, into out[size]: 0, CM_ERR_IO
+ * when the server does not answer, CM_ERR_PARSE when the answer names none. */
+int tl_http_first_model(const struct tl_url *u, const char *api_key, char *out, size_t size);
 /* The status code of a response text (0 when it has none). */
 int tl_http_status(const char *resp);
 
