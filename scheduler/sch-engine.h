@@ -51,6 +51,7 @@
 #define SCH_MAX_STOP_IDS       64
 #define SCH_MAX_SPEC_TOKENS    64 /* num_spec_tokens limit */
 #define SCH_MAX_SAMPLING_BYTES 65536
+#define SCH_MAX_IMAGES         64 /* images per request */
 
 struct sch_engine_config {
   int32_t num_blocks;                             /* pages in the KV pool (the workers' READY) */
@@ -76,6 +77,21 @@ struct sch_engine_config {
  * must still be set. */
 void sch_engine_config_default(struct sch_engine_config *cfg);
 
+/* An image in a prompt: the run of its soft tokens at prompt positions pos ..
+ * pos + num_tokens - 1. Those tokens attend to each other both ways, so a prefill
+ * chunk never ends inside the run (the planner moves the chunk's end to the run's
+ * start, or past its end); the prefix cache keys the run's blocks on the image's
+ * content hash, not on the (identical) placeholder ids. The payload (the workers'
+ * pixels) is copied at admission and handed to the workers with every chunk that
+ * meets the run. */
+struct sch_image {
+  int32_t pos;
+  int32_t num_tokens; /* >= 1, <= max_num_batched_tokens */
+  uint64_t hash;      /* content hash of the image */
+  const void *data;   /* [len] opaque payload */
+  size_t len;
+};
+
 struct sch_request_params {
   uint64_t id;           /* unique among live requests */
   const int32_t *prompt; /* [prompt_len] token ids (copied) */
@@ -89,6 +105,8 @@ struct sch_request_params {
                            outputs for latency metrics; order is by add() call */
   const void *sampling; /* [sampling_len] opaque, copied, given to workers */
   size_t sampling_len;
+  const struct sch_image *images; /* [num_images] in prompt order, not overlapping (copied) */
+  int32_t num_images;
 };
 
 enum sch_finish {
@@ -117,6 +135,10 @@ struct sch_plan_seq {
   const int32_t *block_table[SCH_MAX_GROUPS]; /* [num_blocks[g]] ids or SCH_BLOCK_HOLE;
                                                  entry i holds positions [i*bt, (i+1)*bt) */
   int32_t num_blocks[SCH_MAX_GROUPS];
+  const struct sch_image *images; /* [num_images] the request's images whose tokens meet
+                                     this step's (each lies wholly before the step's
+                                     end; the first may begin before start_pos) */
+  int32_t num_images;
 };
 
 struct sch_plan {

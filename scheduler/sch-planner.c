@@ -32,6 +32,13 @@ static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t n, int3
     s->block_table[g] = r->kv.table[g];
     s->num_blocks[g] = r->kv.len[g];
   }
+  int32_t i = 0, end = r->num_computed + n;
+  while (i < r->num_images && r->images[i].pos + r->images[i].num_tokens <= r->num_computed)
+    i++;
+  s->images = r->images + i;
+  while (i < r->num_images && r->images[i].pos < end)
+    i++;
+  s->num_images = (int32_t)(r->images + i - s->images);
   e->plan_reqs[idx] = r;
   r->sched_step = e->step_id;
   r->sched_tokens = n;
@@ -91,6 +98,21 @@ static int32_t prefill_cap(const struct sch_engine *e, int32_t budget) {
   return t > 0 && t < budget ? t : budget;
 }
 
+/* Where a chunk of a request's tokens [start, end) may end without cutting an image:
+ * end itself, or, when it falls inside an image, the image's start, or when the chunk
+ * begins at or inside that image, its end if `limit` tokens from start allow it;
+ * start (nothing this step) when neither does. */
+static int32_t chunk_end(const struct sch_request *r, int32_t start, int32_t end, int32_t limit) {
+  for (int32_t i = 0; i < r->num_images; i++) {
+    int32_t b = r->images[i].pos, e = b + r->images[i].num_tokens;
+    if (b >= end) break;
+    if (end >= e) continue;
+    if (b > start) return b;
+    return e - start <= limit ? e : start;
+  }
+  return end;
+}
+
 /* Schedules the running requests: pass 0 the decodes, pass 1 the prefills. Returns
  * whether any request was preempted. A step is never empty while requests run: the last
  * unscheduled one, beside scheduled ones, preempts only itself, and alone it fits
@@ -107,12 +129,14 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
       bool decode = remaining == 1;
       if (decode != (pass == 0)) continue;
       int32_t n = CM_MIN(remaining, prefill_cap(e, budget));
+      n = chunk_end(r, r->num_computed, r->num_computed + n, budget) - r->num_computed;
+      if (n == 0) continue; /* an image that does not fit what is left of this step */
       int32_t k = decode ? draft_slots(e, r, budget) : 0;
       int32_t end = r->num_computed + n + k;
       /* room for the step's positions and for the tokens apply will append */
       if (sch_request_reserve(r, e->kv, end + 1) != 0) continue; /* out of memory: skip */
       bool self = false;
-      while (!self && sch_kv_allocate(e->kv, &r->kv, r->tokens, r->num_computed, end) != 0) {
+      while (!self && sch_kv_allocate(e->kv, &r->kv, sch_request_keys(r), r->num_computed, end) != 0) {
         struct sch_request *v = pick_victim(e);
         CM_ASSERT(v != NULL); /* r itself is a candidate */
         int32_t vi = v->run_index;
@@ -137,9 +161,12 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
   while (*budget > 0 && e->q.num_running < e->cfg.max_num_seqs && e->q.wait_head) {
     struct sch_request *r = e->q.wait_head;
     if (sch_request_reserve(r, e->kv, r->num_tokens + 1) != 0) return; /* out of memory */
-    int32_t h = sch_kv_prefix_match(e->kv, &r->kv, r->tokens, r->num_tokens);
+    const int32_t *keys = sch_request_keys(r);
+    int32_t h = sch_kv_prefix_match(e->kv, &r->kv, keys, r->num_tokens);
     int32_t n = CM_MIN(r->num_tokens - h, prefill_cap(e, *budget));
-    if (sch_kv_allocate(e->kv, &r->kv, r->tokens, h, h + n) != 0) return;
+    n = chunk_end(r, h, h + n, *budget) - h;
+    if (n == 0) return; /* its next image waits for a step with room */
+    if (sch_kv_allocate(e->kv, &r->kv, keys, h, h + n) != 0) return;
     if (!r->counted) {
       sch_kv_count_query(e->kv, r->num_tokens, h);
       r->num_cached = h;
@@ -256,7 +283,7 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
       o->arrival_ns = r->arrival_ns;
     }
     r->result = NULL;
-    sch_kv_commit(e->kv, &r->kv, r->tokens, r->num_computed);
+    sch_kv_commit(e->kv, &r->kv, sch_request_keys(r), r->num_computed);
     if (fin != SCH_FINISH_NONE) {
       sch_engine_drop(e, r);
       continue;

@@ -8,9 +8,74 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-time.h"
+#include "scheduler/sch-hash.h"
 
 /* Tokens of room after the prompt that a new request starts with. */
 #define SCH_REQUEST_HEADROOM 16
+
+/* Images lie inside the prompt, in order, apart, each small enough for one step. */
+static int check_images(const struct sch_engine_config *cfg, const struct sch_request_params *p,
+                        char *err, size_t err_len) {
+  if (p->num_images < 0 || p->num_images > SCH_MAX_IMAGES || (p->num_images > 0 && !p->images))
+    return cm_fail(err, err_len, CM_ERR_TOOBIG, "%d images given, at most %d are allowed",
+                   (int)p->num_images, SCH_MAX_IMAGES);
+  int64_t end = 0;
+  for (int32_t i = 0; i < p->num_images; i++) {
+    const struct sch_image *m = &p->images[i];
+    if (m->pos < end || m->num_tokens < 1 || (int64_t)m->pos + m->num_tokens > p->prompt_len ||
+        (m->len > 0 && !m->data))
+      return cm_fail(err, err_len, CM_ERR_INVAL,
+                     "image %d: its tokens [%d, %lld) are not inside the prompt (%d tokens) "
+                     "after the image before it",
+                     (int)i, (int)m->pos, (long long)m->pos + m->num_tokens, (int)p->prompt_len);
+    if (m->num_tokens > cfg->max_num_batched_tokens)
+      return cm_fail(err, err_len, CM_ERR_TOOBIG,
+                     "image %d takes %d tokens, more than one step's %d "
+                     "(--max-num-batched-tokens): an image is never split across steps",
+                     (int)i, (int)m->num_tokens, (int)cfg->max_num_batched_tokens);
+    end = (int64_t)m->pos + m->num_tokens;
+  }
+  return 0;
+}
+
+/* The prefix-cache key of soft token k of an image with content hash h. */
+static int32_t image_key(uint64_t h, int32_t k) {
+  uint64_t x = sch_hash_mix(h ^ sch_hash_mix((uint64_t)(uint32_t)k + SCH_HASH_K2));
+  return (int32_t)(0x80000000u | (uint32_t)(x & 0x7fffffffu));
+}
+
+static void free_images(struct sch_request *r) {
+  for (int32_t i = 0; r->images && i < r->num_images; i++)
+    free((void *)r->images[i].data);
+  free(r->images);
+  r->images = NULL;
+  r->num_images = 0;
+}
+
+/* Copies the images and their payloads, and builds the keys (r->tokens holds the
+ * prompt, r->cap entries allocated). */
+static int copy_images(struct sch_request *r, const struct sch_request_params *p) {
+  r->images = calloc((size_t)p->num_images, sizeof(*r->images));
+  r->keys = malloc((size_t)r->cap * sizeof(*r->keys));
+  if (!r->images || !r->keys) return CM_ERR_NOMEM;
+  r->num_images = p->num_images;
+  for (int32_t i = 0; i < p->num_images; i++) {
+    struct sch_image *m = &r->images[i];
+    *m = p->images[i];
+    m->data = NULL;
+    if (p->images[i].len) {
+      void *d = malloc(p->images[i].len);
+      if (!d) return CM_ERR_NOMEM;
+      memcpy(d, p->images[i].data, p->images[i].len);
+      m->data = d;
+    }
+  }
+  memcpy(r->keys, p->prompt, (size_t)p->prompt_len * sizeof(*r->keys));
+  for (int32_t i = 0; i < r->num_images; i++)
+    for (int32_t k = 0; k < r->images[i].num_tokens; k++)
+      r->keys[r->images[i].pos + k] = image_key(r->images[i].hash, k);
+  return 0;
+}
 
 int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv *kv,
                        const struct sch_request_params *p, struct sch_request **out, char *err,
@@ -45,6 +110,9 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
     return cm_fail(err, err_len, CM_ERR_TOOBIG, "sampling parameters take %zu bytes, at most %d are allowed", p->sampling_len,
                     SCH_MAX_SAMPLING_BYTES);
 
+  int rc = check_images(cfg, p, err, err_len);
+  if (rc) return rc;
+
   struct sch_request *r = calloc(1, sizeof(*r));
   if (!r) goto nomem;
   r->max_len = (int32_t)total;
@@ -58,6 +126,7 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   if (p->num_stop_token_ids > 0)
     memcpy(r->stop_ids, p->stop_token_ids, (size_t)p->num_stop_token_ids * sizeof(int32_t));
   if (p->sampling_len > 0) memcpy(r->sampling, p->sampling, p->sampling_len);
+  if (p->num_images > 0 && copy_images(r, p) != 0) goto nomem;
   r->id = p->id;
   r->state = SCH_REQ_WAITING;
   r->num_prompt = r->num_tokens = p->prompt_len;
@@ -73,6 +142,8 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   return 0;
 nomem:
   if (r) {
+    free_images(r);
+    free(r->keys);
     free(r->tokens);
     free(r->stop_ids);
     free(r->sampling);
@@ -89,6 +160,11 @@ int sch_request_reserve(struct sch_request *r, const struct sch_kv *kv, int32_t 
   int32_t *t = realloc(r->tokens, (size_t)want * sizeof(*t));
   if (!t) return CM_ERR_NOMEM;
   r->tokens = t;
+  if (r->keys) {
+    int32_t *k = realloc(r->keys, (size_t)want * sizeof(*k));
+    if (!k) return CM_ERR_NOMEM;
+    r->keys = k;
+  }
   if (sch_kv_seq_reserve(kv, &r->kv, want) != 0) return CM_ERR_NOMEM;
   r->cap = want;
   return 0;
@@ -97,6 +173,8 @@ int sch_request_reserve(struct sch_request *r, const struct sch_kv *kv, int32_t 
 void sch_request_destroy(struct sch_request *r) {
   if (!r) return;
   sch_kv_seq_release(&r->kv);
+  free_images(r);
+  free(r->keys);
   free(r->tokens);
   free(r->stop_ids);
   free(r->sampling);
@@ -119,6 +197,7 @@ int32_t sch_request_append(struct sch_request *r, const int32_t *tokens, int32_t
   while (k < n && *finish == SCH_FINISH_NONE) {
     CM_ASSERT(r->num_tokens < r->cap);
     int32_t t = tokens[k++];
+    if (r->keys) r->keys[r->num_tokens] = t;
     r->tokens[r->num_tokens++] = t;
     if (is_stop(r, cfg, t))
       *finish = SCH_FINISH_STOP;

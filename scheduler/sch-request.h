@@ -49,6 +49,11 @@ struct sch_request {
   size_t sampling_len;
   int32_t num_preemptions;
   struct sch_kv_seq kv;
+  struct sch_image *images; /* [num_images] with their payloads (owned) */
+  int32_t num_images;
+  int32_t *keys; /* [cap] what the prefix cache hashes: the token ids, but an image's
+                    soft tokens carry values drawn from its content hash (high bit set,
+                    so never a token id); NULL without images (the ids are the keys) */
 
   /* the in-flight step */
   uint64_t sched_step;                 /* step id it was last scheduled in */
@@ -75,6 +80,11 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
 int sch_request_reserve(struct sch_request *r, const struct sch_kv *kv, int32_t ntokens);
 /* Frees the request; it must hold no block. */
 void sch_request_destroy(struct sch_request *r);
+
+/* The prefix cache's view of the tokens (see keys). */
+static inline const int32_t *sch_request_keys(const struct sch_request *r) {
+  return r->keys ? r->keys : r->tokens;
+}
 
 static inline int32_t sch_request_num_generated(const struct sch_request *r) {
   return r->num_tokens - r->num_prompt;

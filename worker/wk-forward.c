@@ -98,12 +98,18 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
     for (int r = 0; r < q->n_bidir; r++) {
       int b0 = q->bidir[2 * r], b1 = q->bidir[2 * r + 1];
       int meets = b0 < q->pos0 + q->n_tokens && b1 > q->pos0;
-      if (b0 < 0 || b1 <= b0 || (meets && (b0 < q->pos0 || b1 > q->pos0 + q->n_tokens)))
+      if (b0 < 0 || b1 <= b0 || (meets && b1 > q->pos0 + q->n_tokens))
         return cm_fail(err, errlen, CM_ERR_INVAL,
-                       "forward: sequence %d: bidirectional range [%d, %d) must lie inside one "
+                       "forward: sequence %d: bidirectional range [%d, %d) must end inside the "
                        "step's tokens [%d, %d)",
                        s, b0, b1, q->pos0, q->pos0 + q->n_tokens);
     }
+    if (q->n_embeds < 0 || (q->n_embeds > 0 && !q->embeds))
+      return cm_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad embedding rows", s);
+    for (int r = 0; r < q->n_embeds; r++)
+      if (q->embeds[r].pos < 0 || q->embeds[r].n < 1 || !q->embeds[r].rows)
+        return cm_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad embedding rows %d", s,
+                       r);
     for (int j = 0; j < q->n_out; j++)
       m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
     for (int g = 0; g < m->kv.n_groups; g++) {
@@ -421,6 +427,24 @@ static int all_argmax(const struct kn_sample_params *p, int n) {
   return 1;
 }
 
+/* Writes the sequences' given embedding rows (images' soft tokens) over the
+ * token embeddings of the positions this step runs. */
+static int put_embeds(struct wk_model *m, const struct wk_batch *b) {
+  int H = m->cfg.hidden;
+  for (int s = 0, t0 = 0; s < b->n_seqs; t0 += b->seqs[s].n_tokens, s++) {
+    const struct wk_seq_input *q = &b->seqs[s];
+    for (int r = 0; r < q->n_embeds; r++) {
+      const struct wk_seq_embed *e = &q->embeds[r];
+      int lo = CM_MAX(e->pos, q->pos0), hi = CM_MIN(e->pos + e->n, q->pos0 + q->n_tokens);
+      if (lo >= hi) continue;
+      int rc = kn_upload(m->be, m->x + (size_t)(t0 + lo - q->pos0) * H,
+                         e->rows + (size_t)(lo - e->pos) * H, sizeof(float) * (size_t)(hi - lo) * H);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
 int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
   const struct wk_config *c = &m->cfg;
   struct kn_backend *be = m->be;
@@ -431,6 +455,7 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
   int tp = m->plan.world > 1;
 
   K(wk_embed_tokens(m, m->x, &m->embed, m->embed_scale, T));
+  K(put_embeds(m, b));
   if (c->ple_dim) {
     int P = c->ple_dim, LP = c->n_layers * P;
     size_t n = (size_t)T * LP;

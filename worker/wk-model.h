@@ -70,6 +70,14 @@ uint64_t wk_model_weight_bytes(const struct wk_model *m);
  * tensor-parallel group that loaded the same checkpoint at the same size. */
 uint64_t wk_model_shard_sum(const struct wk_model *m);
 
+/* Rows that replace token embeddings: an image's soft tokens at absolute
+ * positions pos .. pos + n - 1. Only the positions a step runs are read. */
+struct wk_seq_embed {
+  int pos;           /* absolute position of rows[0] */
+  int n;             /* rows, >= 1 */
+  const float *rows; /* host [n, hidden] */
+};
+
 /* One sequence of a batch (host memory; not retained after the call). */
 struct wk_seq_input {
   const int32_t *tokens;                         /* [n_tokens] */
@@ -80,8 +88,12 @@ struct wk_seq_input {
   int n_out;            /* outputs for its last n_out tokens (0..n_tokens) */
   const int32_t *bidir; /* [n_bidir, 2] absolute position ranges [begin, end) attended
                            bidirectionally (an image's tokens), or NULL; a range that
-                           meets this step's tokens must lie wholly inside them */
+                           meets this step's tokens must end inside them (it may begin
+                           before them: those positions' K/V are in the pages) */
   int n_bidir;
+  const struct wk_seq_embed *embeds; /* [n_embeds] replaced embeddings (taken as they
+                                        are: no embedding scale), or NULL */
+  int n_embeds;
 };
 
 struct wk_batch {
