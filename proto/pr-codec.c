@@ -151,6 +151,7 @@ int pr_check_numbers(const struct pr_field *f, const void *v, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
       if (!pr_float_in(f, ((const float *)v)[i])) return CM_ERR_RANGE;
     break;
+  case PR_NUM_U8: break; /* any bytes */
   }
   return 0;
 }

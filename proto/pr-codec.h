@@ -62,8 +62,10 @@ enum {
   PR_K_ADD_MIN_TOKENS,
   PR_K_ADD_STOP_IDS,
   PR_K_ADD_PRIORITY,
-  PR_K_ADD_ARRIVAL
+  PR_K_ADD_ARRIVAL,
+  PR_K_ADD_IMAGES
 };
+enum { PR_K_IMG_POS, PR_K_IMG_N_TOKENS, PR_K_IMG_HASH, PR_K_IMG_PIXELS };
 enum { PR_K_ABORT_IDS };
 enum { PR_K_PING_NONCE, PR_K_PING_SEND };
 enum { PR_K_DOWN_RANK, PR_K_DOWN_PID, PR_K_DOWN_MESSAGE };
@@ -109,7 +111,8 @@ enum {
   PR_K_SSEQ_DRAFTS,
   PR_K_SSEQ_NUM_DRAFT,
   PR_K_SSEQ_TABLES,
-  PR_K_SSEQ_SAMPLING
+  PR_K_SSEQ_SAMPLING,
+  PR_K_SSEQ_IMAGES
 };
 enum { PR_K_CTRL_OP, PR_K_CTRL_ARG, PR_K_CTRL_TEXT };
 enum {
@@ -124,7 +127,9 @@ enum {
   PR_K_READY_MAX_SEQS,
   PR_K_READY_MAX_TOKENS,
   PR_K_READY_SHARD_SUM,
-  PR_K_READY_PID
+  PR_K_READY_PID,
+  PR_K_READY_IMAGE_TOKENS,
+  PR_K_READY_IMAGE_BYTES
 };
 enum { PR_K_GRP_BLOCK_TOKENS, PR_K_GRP_LAYERS, PR_K_GRP_BYTES, PR_K_GRP_WINDOW };
 enum { PR_K_RES_RANK, PR_K_RES_STEP, PR_K_RES_SEQS };
@@ -222,6 +227,7 @@ struct pr_rec {
 #define PR_U32S(S, m, max_n_)   PR_SLICE_(S, m, PR_NUM_U32, max_n_), .max = UINT32_MAX
 #define PR_U64S(S, m)           PR_SLICE_(S, m, PR_NUM_U64, UINT32_MAX), .max = UINT64_MAX
 #define PR_F32S(S, m, lo_, hi_) PR_SLICE_(S, m, PR_NUM_F32, UINT32_MAX), .lo = (lo_), .hi = (hi_)
+#define PR_BYTES(S, m)          PR_SLICE_(S, m, PR_NUM_U8, UINT32_MAX), .any = 1
 /* uint64_t m[N] with its count n_m */
 #define PR_INLINE_U64S(S, m, n_m)                                                                  \
   .type = PR_FT_INLINE, .num = PR_NUM_U64, PR_AT_(S, m), .count = offsetof(struct pr_##S, n_m),    \
@@ -291,7 +297,7 @@ static inline double pr_float_get(const uint8_t *at, uint32_t size) {
 
 /* Bytes of one element of a slice of `num` (enum pr_num). */
 static inline size_t pr_num_size(unsigned num) {
-  return num == PR_NUM_U64 ? sizeof(uint64_t) : sizeof(uint32_t);
+  return num == PR_NUM_U64 ? sizeof(uint64_t) : num == PR_NUM_U8 ? 1 : sizeof(uint32_t);
 }
 
 static inline void pr_uint_set(uint8_t *at, uint32_t size, uint64_t v) {
@@ -341,7 +347,9 @@ int pr_check_utf8(const char *s, size_t n);
 int pr_check_lp_tokens(const struct pr_logprobs *lp, uint32_t n_tokens);
 
 /* ---- the records (pr-msg-front.c, pr-msg-work.c) ---- */
-extern const struct pr_rec pr_rec_sampling, pr_rec_logprobs;
+extern const struct pr_rec pr_rec_sampling, pr_rec_logprobs, pr_rec_image;
+/* Images in order, their runs apart: 0 or CM_ERR_INVAL. */
+int pr_check_images(const struct pr_image *v, uint32_t n);
 extern const struct pr_rec pr_rec_add, pr_rec_abort, pr_rec_ping, pr_rec_down, pr_rec_out,
     pr_rec_err, pr_rec_pong;
 extern const struct pr_rec pr_rec_step, pr_rec_ctrl, pr_rec_ready, pr_rec_result, pr_rec_beat,

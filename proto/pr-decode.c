@@ -41,6 +41,7 @@ static int read_numbers(struct pr_rd *r, const struct pr_field *f, void *v, uint
     PR_TRY(pr_rd_i32_array(r, (int32_t)(f->min > INT32_MIN ? f->min : INT32_MIN), v, n));
     break;
   case PR_NUM_F32: PR_TRY(pr_rd_f32_array(r, v, n)); break;
+  case PR_NUM_U8: return CM_ERR_PARSE; /* bytes come as one bin (read_field) */
   }
   return pr_check_numbers(f, v, n);
 }
@@ -105,6 +106,16 @@ static int read_field(struct pr_rd *r, struct cm_arena *a, const struct pr_field
   case PR_FT_SLICE: {
     struct pr_slice s;
     void *v;
+    if (f->num == PR_NUM_U8) { /* one bin, copied out of the input */
+      const uint8_t *bytes;
+      PR_TRY(pr_rd_bin(r, &bytes, &s.n));
+      if (s.n > f->max_n) return CM_ERR_TOOBIG;
+      PR_TRY(alloc_elems(a, s.n, 1, &v));
+      if (s.n) memcpy(v, bytes, s.n);
+      s.v = v;
+      memcpy(p, &s, sizeof(s));
+      return 0;
+    }
     PR_TRY(read_count(r, f->max_n, &s.n));
     PR_TRY(alloc_elems(a, s.n, pr_num_size(f->num), &v));
     PR_TRY(read_numbers(r, f, v, s.n));

@@ -225,6 +225,24 @@ int pr_rd_str(struct pr_rd *r, const char **s, uint32_t *n) {
   return 0;
 }
 
+int pr_rd_bin(struct pr_rd *r, const uint8_t **s, uint32_t *n) {
+  uint64_t v;
+  if (pr_rd_left(r) < 1) return CM_ERR_TRUNC;
+  uint8_t c = *r->p;
+  if (c < 0xc4 || c > 0xc6) return CM_ERR_PARSE; /* bin has no fix form */
+  r->p++;
+  int rc = take(r, 1 << (c - 0xc4), &v);
+  if (rc) {
+    r->p--;
+    return rc;
+  }
+  if (v > pr_rd_left(r)) return CM_ERR_TRUNC;
+  *s = r->p;
+  *n = (uint32_t)v;
+  r->p += v;
+  return 0;
+}
+
 /* Skips `n` payload bytes. */
 static int skip_bytes(struct pr_rd *r, uint64_t n) {
   if (n > pr_rd_left(r)) return CM_ERR_TRUNC;

@@ -65,6 +65,11 @@ void pr_pack_numbers(struct pr_buf *b, enum pr_num kind, const void *v, uint32_t
   uint8_t tmp[CHUNK * 9], *cur;
   msgpack_packer pk;
   msgpack_packer_init(&pk, b, pr_buf_write);
+  if (kind == PR_NUM_U8) {
+    msgpack_pack_bin(&pk, n);
+    msgpack_pack_bin_body(&pk, v, n);
+    return;
+  }
   msgpack_pack_array(&pk, n);
   msgpack_packer_init(&pk, &cur, cursor_write);
   for (uint32_t i = 0; i < n; i += CHUNK) {
@@ -78,6 +83,7 @@ void pr_pack_numbers(struct pr_buf *b, enum pr_num kind, const void *v, uint32_t
     case PR_NUM_U64: PACK_EACH(uint64_t, msgpack_pack_uint64); break;
     case PR_NUM_I32: PACK_EACH(int32_t, msgpack_pack_int32); break;
     case PR_NUM_F32: PACK_EACH(float, msgpack_pack_float); break;
+    case PR_NUM_U8: break; /* written above */
     }
     if (direct)
       b->len += (size_t)(cur - start);

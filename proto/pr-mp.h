@@ -89,6 +89,8 @@ int pr_rd_array(struct pr_rd *r, uint32_t *n);
 int pr_rd_map(struct pr_rd *r, uint32_t *n);
 /* A str; *s points into the buffer (not NUL-terminated), *n bytes. */
 int pr_rd_str(struct pr_rd *r, const char **s, uint32_t *n);
+/* A bin (8/16/32): *s points at its n bytes in the input. */
+int pr_rd_bin(struct pr_rd *r, const uint8_t **s, uint32_t *n);
 /* Skips one value of any type, nested at most `depth` levels. */
 int pr_rd_skip(struct pr_rd *r, int depth);
 /* Reads a map key: an unsigned integer < 2^32 in *key (returns 0), or any other
@@ -143,6 +145,7 @@ enum pr_num {
   PR_NUM_U64, /* uint64_t */
   PR_NUM_I32, /* int32_t */
   PR_NUM_F32, /* float */
+  PR_NUM_U8,  /* uint8_t: raw bytes, written as one msgpack bin */
 };
 void pr_pack_numbers(struct pr_buf *b, enum pr_num kind, const void *v, uint32_t n);
 

@@ -51,6 +51,31 @@ int pr_check_lp_tokens(const struct pr_logprobs *lp, uint32_t n_tokens) {
 }
 
 /* ======================================================================== */
+/* images (ADD and STEP)                                                     */
+
+static const struct pr_field image_fields[] = {
+    [PR_K_IMG_POS] = {PR_U(image, pos), .flags = PR_F_REQ},
+    [PR_K_IMG_N_TOKENS] = {PR_UINT(image, n_tokens, UINT32_MAX), .min = 1, .flags = PR_F_REQ},
+    [PR_K_IMG_HASH] = {PR_U(image, hash)},
+    [PR_K_IMG_PIXELS] = {PR_BYTES(image, pixels)},
+};
+
+static int check_image(const void *rec) {
+  const struct pr_image *m = rec;
+  return (uint64_t)m->pos + m->n_tokens > UINT32_MAX ? CM_ERR_RANGE : 0;
+}
+const struct pr_rec pr_rec_image = PR_REC(image, image_fields, check_image);
+
+int pr_check_images(const struct pr_image *v, uint32_t n) {
+  uint64_t end = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (v[i].pos < end) return CM_ERR_INVAL;
+    end = (uint64_t)v[i].pos + v[i].n_tokens;
+  }
+  return 0;
+}
+
+/* ======================================================================== */
 /* ADD, ABORT, PING                                                          */
 
 static const struct pr_field add_fields[] = {
@@ -62,12 +87,19 @@ static const struct pr_field add_fields[] = {
     [PR_K_ADD_STOP_IDS] = {PR_U32S(add, stop_token_ids, UINT32_MAX)},
     [PR_K_ADD_PRIORITY] = {PR_I(add, priority)},
     [PR_K_ADD_ARRIVAL] = {PR_U(add, arrival_ns)},
+    [PR_K_ADD_IMAGES] = {PR_ARRAY(add, images, n_images, PR_MAX_IMAGES, PR_ELEM_REC(pr_rec_image)),
+                        PR_WHEN(PR_IF_NONZERO, add, n_images)},
 };
 
 static int check_add(const void *rec) {
   const struct pr_add *m = rec;
   if (m->prompt.n == 0) return CM_ERR_INVAL;
-  return m->min_tokens > m->max_tokens ? CM_ERR_RANGE : 0;
+  if (m->min_tokens > m->max_tokens) return CM_ERR_RANGE;
+  PR_TRY(pr_check_images(m->images, m->n_images));
+  return m->n_images && (uint64_t)m->images[m->n_images - 1].pos +
+                                m->images[m->n_images - 1].n_tokens > m->prompt.n
+             ? CM_ERR_RANGE
+             : 0;
 }
 const struct pr_rec pr_rec_add = PR_REC(add, add_fields, check_add);
 

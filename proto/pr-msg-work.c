@@ -23,11 +23,22 @@ static const struct pr_field step_seq_fields[] = {
                                    PR_ELEM_I32S(-1))},
     [PR_K_SSEQ_SAMPLING] = {PR_SUB(step_seq, sampling, pr_rec_sampling),
                             PR_WHEN(PR_IF_BITS, step_seq, flags), .mask = PR_SEQ_NEW},
+    [PR_K_SSEQ_IMAGES] = {PR_ARRAY(step_seq, images, n_images, PR_MAX_IMAGES,
+                                   PR_ELEM_REC(pr_rec_image)),
+                          PR_WHEN(PR_IF_NONZERO, step_seq, n_images)},
 };
 
 static int check_step_seq(const void *rec) {
   const struct pr_step_seq *s = rec;
-  return (s->flags & PR_SEQ_NEW) && (s->flags & PR_SEQ_APPEND_BLOCKS) ? CM_ERR_INVAL : 0;
+  if ((s->flags & PR_SEQ_NEW) && (s->flags & PR_SEQ_APPEND_BLOCKS)) return CM_ERR_INVAL;
+  PR_TRY(pr_check_images(s->images, s->n_images));
+  /* each image ends inside the step's tokens */
+  uint64_t end = (uint64_t)s->start_pos + s->tokens.n;
+  for (uint32_t i = 0; i < s->n_images; i++)
+    if ((uint64_t)s->images[i].pos + s->images[i].n_tokens > end ||
+        (uint64_t)s->images[i].pos + s->images[i].n_tokens <= s->start_pos)
+      return CM_ERR_RANGE;
+  return 0;
 }
 static const struct pr_rec step_seq_rec = PR_REC(step_seq, step_seq_fields, check_step_seq);
 
@@ -71,6 +82,8 @@ static const struct pr_field ready_fields[] = {
     [PR_K_READY_MAX_TOKENS] = {PR_U(ready, max_num_batched_tokens)},
     [PR_K_READY_SHARD_SUM] = {PR_U(ready, shard_sum)},
     [PR_K_READY_PID] = {PR_U(ready, pid)},
+    [PR_K_READY_IMAGE_TOKENS] = {PR_U(ready, image_tokens), PR_WHEN(PR_IF_NONZERO, ready, image_tokens)},
+    [PR_K_READY_IMAGE_BYTES] = {PR_U(ready, image_bytes), PR_WHEN(PR_IF_NONZERO, ready, image_bytes)},
 };
 
 static int check_ready(const void *rec) {

@@ -4,7 +4,8 @@
  *   frame 0: 2 bytes = { message type (enum pr_type), protocol version (PR_VERSION) }
  *   frame 1: a msgpack map with small unsigned integer keys (the PR_K_* keys in
  *            pr-codec.h); nested records are maps too, arrays are msgpack arrays.
- * No raw frames follow in version 1: a receiver rejects extra frames.
+ * No raw frames follow in version 1: a receiver rejects extra frames. Bulk bytes
+ * (an image's pixels) travel as msgpack bin inside frame 1.
  *
  * Each message (and each record nested in one) is described once, as a table
  * of its fields — key, type, bounds, offset into the structs below — in
@@ -54,6 +55,7 @@
 #define PR_MAX_KV_GROUPS    16          /* KV-cache groups (block tables per sequence) */
 #define PR_MAX_DRAFT        64          /* draft tokens per sequence and step */
 #define PR_MAX_MSG_DEFAULT  (64u << 20) /* bytes; default ZMQ_MAXMSGSIZE and encode cap */
+#define PR_MAX_IMAGES       64          /* images per request */
 
 enum pr_type {
   /* frontend -> scheduler */
@@ -95,6 +97,10 @@ struct pr_f32s {
   const float *v;
   uint32_t n;
 };
+struct pr_bytes { /* one msgpack bin */
+  const uint8_t *v;
+  uint32_t n;
+};
 
 /* ---- shared records ------------------------------------------------------ */
 
@@ -131,6 +137,18 @@ enum pr_finish {
   PR_FINISH_ERROR = 4,  /* failed; an ERR message says why */
 };
 
+/* An image of a prompt (Gemma 3): the run of its soft tokens, its content hash
+ * and its pixels as the vision tower's processor resized them: 8-bit RGB,
+ * interleaved, rows top to bottom ([height, width, channels]); the worker
+ * rescales and normalises them (worker/wk-vision-preproc.h). */
+struct pr_image {
+  uint32_t pos;          /* ADD: index in the prompt of its first soft token;
+                            STEP: its absolute position */
+  uint32_t n_tokens;     /* soft tokens, >= 1 */
+  uint64_t hash;         /* content hash of the pixels (and their shape) */
+  struct pr_bytes pixels;
+};
+
 /* ---- frontend -> scheduler ----------------------------------------------- */
 struct pr_add {
   uint64_t request_id;   /* unique per frontend connection (ROUTER peer) */
@@ -141,6 +159,8 @@ struct pr_add {
   struct pr_u32s stop_token_ids; /* extra stop ids besides the model's EOS ids */
   int32_t priority;              /* lower runs sooner (vLLM's convention); 0 = default */
   uint64_t arrival_ns;           /* wall clock when the frontend accepted the request */
+  struct pr_image *images;       /* (n_images) in prompt order, runs apart, inside the prompt */
+  uint32_t n_images;             /* <= PR_MAX_IMAGES */
 };
 
 struct pr_abort {
@@ -235,6 +255,10 @@ struct pr_step_seq {
                                  * (freed by the sliding window) */
   uint32_t n_groups;            /* <= PR_MAX_KV_GROUPS */
   struct pr_sampling sampling;  /* sent and valid only with PR_SEQ_NEW */
+  struct pr_image *images;      /* (n_images) the images whose soft tokens meet this step's
+                                 * tokens, with their pixels; each ends inside the step (the
+                                 * first may begin before start_pos) */
+  uint32_t n_images;            /* <= PR_MAX_IMAGES */
 };
 
 struct pr_step {
@@ -285,6 +309,10 @@ struct pr_ready {
    * tensor-parallel group must agree (0 = not said) */
   uint64_t shard_sum;
   uint32_t pid; /* the worker's process id on its host (matches DOWN); 0 = not said */
+  /* images (Gemma 3): soft tokens per image and bytes of one image's pixels
+   * (struct pr_image); 0 = the model takes no images */
+  uint32_t image_tokens;
+  uint32_t image_bytes;
 };
 
 struct pr_result_seq {

@@ -20,6 +20,7 @@ struct sch_engine {
   struct sch_request **plan_reqs; /* [max_num_seqs] request of each plan entry, NULL
                                      once aborted */
   int32_t plan_num;               /* entries in the step in flight */
+  uint64_t plan_image_bytes;      /* image payload bytes of the step being planned */
   bool in_flight;
   uint64_t step_id;
 

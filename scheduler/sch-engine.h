@@ -69,7 +69,9 @@ struct sch_engine_config {
   int32_t eos_ids[SCH_MAX_EOS_IDS]; /* the model's end-of-sequence ids */
   int32_t num_eos_ids;
   bool enable_prefix_caching;
-  uint64_t hash_key; /* seeds the block content hash */
+  uint64_t hash_key;                /* seeds the block content hash */
+  uint64_t max_image_bytes_per_step; /* image payload bytes one step carries at most
+                                       (0 = no limit); one image alone always may */
 };
 
 /* Fills the defaults vLLM users expect: 16-token blocks, one full group, 256 seqs,

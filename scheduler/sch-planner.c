@@ -39,6 +39,8 @@ static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t n, int3
   while (i < r->num_images && r->images[i].pos < end)
     i++;
   s->num_images = (int32_t)(r->images + i - s->images);
+  for (int32_t j = 0; j < s->num_images; j++)
+    e->plan_image_bytes += s->images[j].len;
   e->plan_reqs[idx] = r;
   r->sched_step = e->step_id;
   r->sched_tokens = n;
@@ -100,15 +102,21 @@ static int32_t prefill_cap(const struct sch_engine *e, int32_t budget) {
 
 /* Where a chunk of a request's tokens [start, end) may end without cutting an image:
  * end itself, or, when it falls inside an image, the image's start, or when the chunk
- * begins at or inside that image, its end if `limit` tokens from start allow it;
- * start (nothing this step) when neither does. */
-static int32_t chunk_end(const struct sch_request *r, int32_t start, int32_t end, int32_t limit) {
+ * begins at or inside that image, its end if `limit` tokens from start allow it. An
+ * image that would take the step's image bytes past max_image_bytes_per_step ends the
+ * chunk at its start (the step's first image always goes). start: nothing this step. */
+static int32_t chunk_end(const struct sch_engine *e, const struct sch_request *r, int32_t start,
+                         int32_t end, int32_t limit) {
+  uint64_t cap = e->cfg.max_image_bytes_per_step, used = e->plan_image_bytes;
   for (int32_t i = 0; i < r->num_images; i++) {
-    int32_t b = r->images[i].pos, e = b + r->images[i].num_tokens;
+    int32_t b = r->images[i].pos, x = b + r->images[i].num_tokens;
+    if (x <= start) continue;
     if (b >= end) break;
-    if (end >= e) continue;
+    if (cap && used > 0 && used + r->images[i].len > cap) return b > start ? b : start;
+    used += r->images[i].len;
+    if (end >= x) continue;
     if (b > start) return b;
-    return e - start <= limit ? e : start;
+    return x - start <= limit ? x : start;
   }
   return end;
 }
@@ -129,7 +137,7 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
       bool decode = remaining == 1;
       if (decode != (pass == 0)) continue;
       int32_t n = CM_MIN(remaining, prefill_cap(e, budget));
-      n = chunk_end(r, r->num_computed, r->num_computed + n, budget) - r->num_computed;
+      n = chunk_end(e, r, r->num_computed, r->num_computed + n, budget) - r->num_computed;
       if (n == 0) continue; /* an image that does not fit what is left of this step */
       int32_t k = decode ? draft_slots(e, r, budget) : 0;
       int32_t end = r->num_computed + n + k;
@@ -164,7 +172,7 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
     const int32_t *keys = sch_request_keys(r);
     int32_t h = sch_kv_prefix_match(e->kv, &r->kv, keys, r->num_tokens);
     int32_t n = CM_MIN(r->num_tokens - h, prefill_cap(e, *budget));
-    n = chunk_end(r, h, h + n, *budget) - h;
+    n = chunk_end(e, r, h, h + n, *budget) - h;
     if (n == 0) return; /* its next image waits for a step with room */
     if (sch_kv_allocate(e->kv, &r->kv, keys, h, h + n) != 0) return;
     if (!r->counted) {
@@ -188,6 +196,7 @@ int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan) {
   if (e->in_flight) return CM_ERR_STATE;
   e->step_id++;
   e->plan_num = 0;
+  e->plan_image_bytes = 0;
   e->num_preempted = 0;
   int32_t budget = e->cfg.max_num_batched_tokens;
   if (!schedule_running(e, &budget)) schedule_waiting(e, &budget);

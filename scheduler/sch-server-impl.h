@@ -80,6 +80,7 @@ struct sch_model_info {
   int32_t eos[SCH_MAX_EOS_IDS];
   int64_t num_blocks; /* min over the ranks' kv_blocks (set when service starts) */
   uint64_t shard_sum; /* the model and shard shapes every rank of the group must have */
+  uint32_t image_tokens, image_bytes; /* per image; 0 = no images */
 };
 
 /* The tensor-parallel group's comm id (DIST): offered by rank 0, relayed to every
@@ -126,6 +127,8 @@ struct sch_server {
   struct pr_buf step_buf;         /* STEP body, encoded once for every rank */
   struct pr_step_seq *step_seqs;  /* [cap_seqs] */
   struct pr_i32s *step_tables;    /* [cap_seqs * SCH_MAX_GROUPS] */
+  struct pr_image *step_images;   /* [cap_step_images] the step's images, grown as needed */
+  size_t cap_step_images;
   struct sch_seq_result *results; /* [cap_seqs] */
   struct pr_out_seq *outs;        /* [cap_outs] */
   int32_t *out_order;             /* [cap_outs] */

@@ -44,6 +44,7 @@ void sch_srv_work_free(struct sch_server *s) {
   free(s->dist.asked);
   free(s->step_seqs);
   free(s->step_tables);
+  free(s->step_images);
   free(s->results);
   free(s->outs);
   free(s->out_order);
@@ -139,7 +140,8 @@ void sch_srv_work_down(struct sch_server *s, const struct pr_down *m) {
 
 static bool info_agrees(const struct sch_model_info *a, const struct sch_model_info *b) {
   if (a->num_groups != b->num_groups || a->vocab_size != b->vocab_size ||
-      a->max_draft != b->max_draft || a->num_eos != b->num_eos)
+      a->max_draft != b->max_draft || a->num_eos != b->num_eos ||
+      a->image_tokens != b->image_tokens || a->image_bytes != b->image_bytes)
     return false;
   for (int32_t g = 0; g < a->num_groups; g++)
     if (a->groups[g].block_tokens != b->groups[g].block_tokens ||
@@ -171,6 +173,8 @@ static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, c
   o->vocab_size = m->vocab_size;
   o->max_model_len = m->max_model_len;
   o->max_draft = m->max_draft;
+  o->image_tokens = m->image_tokens;
+  o->image_bytes = m->image_bytes;
   o->shard_sum = m->shard_sum;
   o->num_eos = (int32_t)m->eos_ids.n;
   for (uint32_t i = 0; i < m->eos_ids.n; i++) {
@@ -234,6 +238,8 @@ static void start_service(struct sch_server *s) {
     ec.num_eos_ids = want.num_eos;
     ec.enable_prefix_caching = s->cfg.enable_prefix_caching;
     ec.hash_key = s->hash_key;
+    /* a step's images travel inside one STEP message: half of it at most */
+    ec.max_image_bytes_per_step = PR_MAX_MSG_DEFAULT / 2;
     char err[256] = "";
     struct sch_engine *e = NULL;
     int rc = sch_engine_create(&ec, &e, err, sizeof(err));
@@ -574,6 +580,20 @@ static int32_t send_step(struct sch_server *s) {
   return 0;
 }
 
+/* Room for the plan's images in s->step_images; 0 or CM_ERR_NOMEM. */
+static int reserve_step_images(struct sch_server *s, const struct sch_plan *plan) {
+  size_t need = 0;
+  for (int32_t i = 0; i < plan->num_seqs; i++)
+    need += (size_t)plan->seqs[i].num_images;
+  if (need <= s->cap_step_images) return 0;
+  size_t cap = CM_MAX(need, 2 * s->cap_step_images);
+  struct pr_image *v = realloc(s->step_images, cap * sizeof(*v));
+  if (!v) return CM_ERR_NOMEM;
+  s->step_images = v;
+  s->cap_step_images = cap;
+  return 0;
+}
+
 void sch_srv_work_step(struct sch_server *s) {
   if (!s->serving || s->in_flight) return;
   uint64_t t0 = cm_time_ns();
@@ -594,6 +614,13 @@ void sch_srv_work_step(struct sch_server *s) {
   s->step_ns_engine += t_planned - t0;
   CM_ASSERT(plan.num_seqs <= s->cap_seqs);
   uint64_t wall = cm_time_wall_ns();
+  size_t used_images = 0;
+  if (reserve_step_images(s, &plan) != 0) {
+    /* the step never leaves: its sequences go back to recompute later */
+    cm_error(TAG, "out of memory for step %llu's images", (unsigned long long)plan.step_id);
+    sch_engine_step_failed(s->engine);
+    return;
+  }
   for (int32_t i = 0; i < plan.num_seqs; i++) {
     const struct sch_plan_seq *p = &plan.seqs[i];
     struct pr_step_seq *q = &s->step_seqs[i];
@@ -617,6 +644,16 @@ void sch_srv_work_step(struct sch_server *s) {
       memcpy(&q->sampling, p->sampling, sizeof(q->sampling));
     else
       pr_sampling_default(&q->sampling);
+    if (p->num_images > 0) {
+      q->images = s->step_images + used_images;
+      q->n_images = (uint32_t)p->num_images;
+      used_images += (size_t)p->num_images;
+      for (int32_t j = 0; j < p->num_images; j++) {
+        const struct sch_image *im = &p->images[j];
+        q->images[j] = (struct pr_image){(uint32_t)im->pos, (uint32_t)im->num_tokens, im->hash,
+                                         {im->data, (uint32_t)im->len}};
+      }
+    }
     if (p->start_pos < p->num_prompt)
       s->prompt_tokens += (uint64_t)CM_MIN(p->num_tokens, p->num_prompt - p->start_pos);
     if (r->scheduled_ns == 0) r->scheduled_ns = wall;

@@ -124,6 +124,24 @@ void sch_srv_send_out(struct sch_server *s, int32_t front, struct pr_out_seq *ou
   if (rc) front_lost(s, front, rc, "OUT");
 }
 
+/* The request's images as the engine takes them, checked against what the workers
+ * said one image is (READY). 0 or a negative cm_err with the reason in err. */
+static int add_images(const struct sch_server *s, const struct pr_add *a,
+                      struct sch_image *out, char *err, size_t errlen) {
+  if (a->n_images && !s->info.image_tokens)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "this model does not take images");
+  for (uint32_t i = 0; i < a->n_images; i++) {
+    const struct pr_image *m = &a->images[i];
+    if (m->n_tokens != s->info.image_tokens || m->pixels.n != s->info.image_bytes)
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "image %u: %u tokens and %u bytes of pixels; the model takes %u and %u", i,
+                     m->n_tokens, m->pixels.n, s->info.image_tokens, s->info.image_bytes);
+    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens, m->hash, m->pixels.v,
+                                m->pixels.n};
+  }
+  return 0;
+}
+
 static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) {
   if (!s->serving) {
     sch_srv_send_err(s, front, a->request_id, CM_ERR_AGAIN, "workers not ready (%d of %d)",
@@ -175,8 +193,17 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       return;
     }
   }
+  struct sch_image images[PR_MAX_IMAGES];
   char err[256] = "";
-  int rc = sch_engine_add(s->engine, &p, err, sizeof(err));
+  int rc = add_images(s, a, images, err, sizeof(err));
+  if (rc) {
+    sch_srv_drop(s, r, false);
+    sch_srv_send_err(s, front, a->request_id, rc, "%s", err);
+    return;
+  }
+  p.images = images;
+  p.num_images = (int32_t)a->n_images;
+  rc = sch_engine_add(s->engine, &p, err, sizeof(err));
   if (rc) {
     sch_srv_drop(s, r, false);
     sch_srv_send_err(s, front, a->request_id, rc, "%s", err[0] ? err : cm_strerror(rc));

@@ -41,6 +41,7 @@
 #include "worker/wk-main.h"
 #include "worker/wk-model.h"
 #include "worker/wk-role.h"
+#include "worker/wk-vision.h"
 
 #define TAG           "worker"
 #define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock, at most */
@@ -181,6 +182,11 @@ static int send_ready(struct wk_proc *p) {
   r->max_num_batched_tokens = max_tokens;
   r->shard_sum = wk_model_shard_sum(m);
   r->pid = (uint32_t)getpid();
+  if (c->vision.present) {
+    const struct wk_vision_cfg *v = &c->vision;
+    r->image_tokens = (uint32_t)v->mm_tokens;
+    r->image_bytes = (uint32_t)((size_t)v->pre.width * (size_t)v->pre.height * (size_t)v->channels);
+  }
   return send_locked(p, &msg);
 }
 
@@ -454,6 +460,7 @@ int wk_worker_main(int argc, char **argv) {
   struct kn_backend *be = NULL;
   struct wk_model *m = NULL, *draft = NULL;
   struct wk_role *role = NULL;
+  struct wk_vision *vision = NULL;
   void *zctx = NULL;
   struct wk_proc p = {.rank = (uint32_t)rank, .beat_ns = (uint64_t)(beat_s * 1e9)};
   pthread_t beat;
@@ -494,6 +501,11 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
     goto done;
   }
+  if (wk_model_config(m)->vision.present &&
+      (rc = wk_vision_load(model_dir, be, NULL, &vision, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve worker: the vision tower: %s\n", err);
+    goto done;
+  }
   if (dev_sampling == 1 && !kn_backend_has(be, KN_CAP_SAMPLE))
     cm_warn(TAG, "--device-sampling: the %s backend cannot sample: sampling on the host",
             kn_backend_name(be));
@@ -502,6 +514,7 @@ int wk_worker_main(int argc, char **argv) {
       .max_draft = (int)spec_k,
       .rank = (uint32_t)rank,
       .device_sampling = dev_sampling != 0 && kn_backend_has(be, KN_CAP_SAMPLE),
+      .vision = vision,
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));
@@ -558,6 +571,7 @@ done:
   pr_sock_close(p.sock);
   if (zctx) zmq_ctx_term(zctx);
   wk_role_destroy(role);
+  wk_vision_free(vision);
   wk_model_free(draft);
   wk_model_free(m);
   kn_backend_destroy(be);

@@ -11,6 +11,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "worker/wk-encoder.h"
 
 #define TOPN WK_MAX_LOGPROBS /* top logprobs kept per produced token */
 
@@ -36,6 +37,9 @@ struct wk_role {
   /* per-step scratch, sized at create */
   struct rseq **cur;       /* [max_seqs] state of each step sequence */
   struct wk_seq_input *in; /* [max_seqs] */
+  struct wk_encoder *enc;   /* image encoder cache, or NULL without a vision tower */
+  struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
+  int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
   int32_t *toks;           /* [max_T] tokens then drafts, per sequence */
   int *row0;               /* [max_seqs] first logits row of each sequence, -1 none */
   float *logits;           /* [max_rows, vocab] */
@@ -160,6 +164,14 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   }
   for (int i = 0; i < r->cap_seqs; i++)
     wk_penalty_init(&r->seqs[i].pen);
+  if (o->vision) {
+    r->emb = calloc(S * PR_MAX_IMAGES, sizeof(*r->emb));
+    r->bidir = calloc(S * PR_MAX_IMAGES * 2, sizeof(*r->bidir));
+    if (!r->emb || !r->bidir || wk_encoder_create(o->vision, 0, &r->enc)) {
+      wk_role_destroy(r);
+      return CM_ERR_NOMEM;
+    }
+  }
   *out = r;
   return 0;
 }
@@ -174,6 +186,9 @@ void wk_role_destroy(struct wk_role *r) {
   free(r->seqs);
   free(r->cur);
   free(r->in);
+  wk_encoder_free(r->enc);
+  free(r->emb);
+  free(r->bidir);
   free(r->toks);
   free(r->row0);
   free(r->logits);
@@ -288,6 +303,13 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       /* the first draft is checked against the logits of the token before it */
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
                      id);
+    if (s->n_images && !r->enc)
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "sequence %llu: images, and this model has "
+                     "no vision tower", id);
+    for (uint32_t j = 0; j < s->n_images; j++) {
+      int rc = wk_encoder_check(r->enc, &s->images[j], err, errlen);
+      if (rc) return rc;
+    }
     if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
     if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
       return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -363,6 +385,7 @@ static int verify_on_backend(struct wk_role *r, const struct pr_step_seq *s) {
 static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_batch *b, char *err,
                       size_t errlen) {
   drop_freed(r, st);
+  if (r->enc) wk_encoder_begin_step(r->enc);
   int T = 0, rows = 0, want_hidden = 0;
   /* drafts to verify need the whole distribution on the host, but greedy ones */
   int dev = r->kp != NULL;
@@ -401,6 +424,23 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     for (int g = 0; g < r->n_groups; g++) {
       in->block_tables[g] = q->bt[g];
       in->n_blocks[g] = q->n_bt[g];
+    }
+    if (s->n_images) {
+      struct wk_seq_embed *emb = r->emb + (size_t)i * PR_MAX_IMAGES;
+      int32_t *bd = r->bidir + (size_t)i * PR_MAX_IMAGES * 2;
+      for (uint32_t j = 0; j < s->n_images; j++) {
+        const struct pr_image *im = &s->images[j];
+        const float *px_rows;
+        int rc = wk_encoder_get(r->enc, im, &px_rows, err, errlen);
+        if (rc) return rc;
+        emb[j] = (struct wk_seq_embed){(int)im->pos, (int)im->n_tokens, px_rows};
+        bd[2 * j] = (int32_t)im->pos;
+        bd[2 * j + 1] = (int32_t)(im->pos + im->n_tokens);
+      }
+      in->embeds = emb;
+      in->n_embeds = (int)s->n_images;
+      in->bidir = bd;
+      in->n_bidir = (int)s->n_images;
     }
     r->row0[i] = -1;
     if (s->flags & PR_SEQ_SAMPLE) {

@@ -21,6 +21,11 @@
  * and a one-line reason; the executor stays usable. Nothing is allocated per step except when a
  * block table outgrows its capacity (amortised doubling).
  *
+ * A sequence's images (STEP's pr_image records) come with the chunks that
+ * run their soft tokens: their embeddings (wk-encoder.h, cached by content)
+ * replace those rows, and each image's tokens attend to each other both
+ * ways.
+ *
  * Seeded draws use the absolute position of the token being produced as the
  * counter (start_pos + tokens run before it), so a request's tokens do not
  * depend on batching, chunking or preemption.
@@ -35,6 +40,7 @@
 #include "proto/pr-msg.h"
 #include "worker/wk-model.h"
 #include "worker/wk-sampler.h"
+#include "worker/wk-vision.h"
 
 struct wk_role;
 
@@ -44,6 +50,8 @@ struct wk_role_opts {
   uint32_t rank;       /* copied into RESULT */
   int device_sampling; /* 1: steps without drafts to verify sample with kn_sample on the
                           model's backend (CUDA: only token ids leave the device) */
+  struct wk_vision *vision; /* the image encoder (Gemma 3), or NULL: steps with images
+                               are refused. It must outlive the executor. */
 };
 
 /* `model` (and `draft` when not NULL) must outlive the executor. Returns 0 or

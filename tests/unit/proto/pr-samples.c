@@ -28,6 +28,8 @@ static struct pr_step_seq sseqs[4];
 static struct pr_result_seq rseqs[4];
 static struct pr_kv_group groups[PR_MAX_KV_GROUPS];
 static char longstr[PR_MAX_STR + 1];
+static uint8_t pixels[3 * 4 * 4]; /* a 4 x 4 RGB image */
+static struct pr_image images[2];
 
 static void fill_storage(void) {
   for (int i = 0; i < BIG; i++) {
@@ -107,6 +109,14 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     if (v == 2) sampling_max(&a->sampling), a->stop_token_ids = (struct pr_u32s){tok, BIG};
     a->priority = v == 2 ? INT32_MIN : v == 0 ? -3 : 0;
     a->arrival_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000123456789ull : 0;
+    if (v == 0) { /* two images of 3 and 2 soft tokens */
+      for (size_t i = 0; i < sizeof(pixels); i++)
+        pixels[i] = (uint8_t)(i * 37u);
+      images[0] = (struct pr_image){2, 3, 0x0123456789abcdefull, {pixels, sizeof(pixels)}};
+      images[1] = (struct pr_image){7, 2, UINT64_MAX, {pixels, 12}};
+      a->images = images;
+      a->n_images = 2;
+    }
     break;
   }
   case PR_ABORT:
@@ -203,6 +213,11 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     }
     sseqs[0].flags = PR_SEQ_NEW | PR_SEQ_PREFILL | PR_SEQ_SAMPLE;
     sseqs[0].tokens = (struct pr_u32s){tok, v == 2 ? BIG : 40};
+    if (v == 0) { /* an image ending inside the chunk */
+      images[0] = (struct pr_image){30, 6, 99, {pixels, sizeof(pixels)}};
+      sseqs[0].images = images;
+      sseqs[0].n_images = 1;
+    }
     sseqs[0].num_draft = v == 2 ? PR_MAX_DRAFT : 3;
     if (v == 2)
       sampling_max(&sseqs[0].sampling);
