@@ -15,6 +15,7 @@ static const struct {
     {"serve", tl_bench_serve_main, "load generator against a running server (like vllm bench serve)"},
     {"coll", tl_bench_coll_main, "all-reduce latency of CPU tensor-parallel ranks (shared memory)"},
     {"soak", tl_bench_soak_main, "long run with aborts, malformed requests and worker kills"},
+    {"vision", tl_bench_vision_main, "image encoder images/s and time to first token of one image"},
 };
 
 int tl_bench_main(int argc, char **argv) {
@@ -27,7 +28,7 @@ int tl_bench_main(int argc, char **argv) {
   }
   for (size_t i = 0; i < CM_ARRAY_LEN(benches); i++)
     if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve, coll, soak)\n",
+  fprintf(stderr, "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve, coll, soak, vision)\n",
           argv[1]);
   return 2;
 }

@@ -233,6 +233,10 @@ static int start_frontend(struct tl_serve *s) {
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
   argv_add_str(&f, "--served-model-name", s->served_name);
+  argv_add_str(&f, "--allowed-local-media-path", s->media_dir);
+  argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
+  argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
+  argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
   return tl_srv_spawn(s, "frontend", -1, -1, &f);
 }
 
@@ -296,6 +300,14 @@ int tl_serve_main(int argc, char **argv) {
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
       {"served-model-name", CM_OPT_STR, &s.served_name, "NAME", "model name in the API"},
+      {"allowed-local-media-path", CM_OPT_STR, &s.media_dir, "DIR",
+       "images may be file:// URLs of files under DIR (default: file:// refused)"},
+      {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, "image=N",
+       "images per prompt at most (image=16; image=0 turns images off); JSON {\"image\": N} too"},
+      {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES",
+       "largest encoded image (20M)"},
+      {"max-image-pixels", CM_OPT_STR, &s.max_image_pixels, "N",
+       "largest decoded image in pixels, checked before decoding (64000000)"},
       {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1,
        4096},
       {"max-num-batched-tokens", CM_OPT_INT, &s.max_batched, "N", "token budget per step (2048)", 1,

@@ -24,7 +24,9 @@ struct wk_encoder {
   struct wk_vision *vision;
   int tokens, hidden, channels, width, height;
   size_t image_bytes, entry_bytes, cap_bytes;
-  float *pixels_f32; /* [channels, height, width] scratch */
+  float *stage_px;   /* [cap_stage, channels, height, width] images to encode */
+  float *stage_rows; /* [cap_stage, tokens, hidden] their embeddings */
+  int cap_stage;
   struct entry *v;   /* [n] */
   int n, cap_n;
   uint64_t clock, step;
@@ -46,11 +48,6 @@ int wk_encoder_create(struct wk_vision *vision, size_t cap_bytes, struct wk_enco
   e->image_bytes = (size_t)e->width * (size_t)e->height * (size_t)e->channels;
   e->entry_bytes = e->image_bytes + sizeof(float) * (size_t)e->tokens * (size_t)e->hidden;
   e->cap_bytes = cap_bytes ? cap_bytes : DEFAULT_CAP;
-  e->pixels_f32 = malloc(sizeof(float) * e->image_bytes);
-  if (!e->pixels_f32) {
-    wk_encoder_free(e);
-    return CM_ERR_NOMEM;
-  }
   *out = e;
   return 0;
 }
@@ -66,7 +63,8 @@ void wk_encoder_free(struct wk_encoder *e) {
   for (int i = 0; i < e->n; i++)
     entry_release(&e->v[i]);
   free(e->v);
-  free(e->pixels_f32);
+  free(e->stage_px);
+  free(e->stage_rows);
   free(e);
 }
 
@@ -107,50 +105,93 @@ static void make_room(struct wk_encoder *e) {
       if (e->v[i].step != e->step && (victim < 0 || e->v[i].used < e->v[victim].used)) victim = i;
     if (victim < 0) return;
     entry_release(&e->v[victim]);
-    e->v[victim] = e->v[--e->n];
+    /* keep the order: the entries a call adds stay the last ones */
+    memmove(&e->v[victim], &e->v[victim + 1], sizeof(*e->v) * (size_t)(e->n - victim - 1));
+    e->n--;
   }
+}
+
+/* The entry holding this image, or NULL. */
+static struct entry *find(struct wk_encoder *e, const struct pr_image *im) {
+  for (int i = 0; i < e->n; i++) {
+    struct entry *x = &e->v[i];
+    if (x->hash == im->hash && memcmp(x->pixels, im->pixels.v, e->image_bytes) == 0) return x;
+  }
+  return NULL;
+}
+
+/* Room for k more pixel planes and embeddings in the staging buffers. */
+static int stage_reserve(struct wk_encoder *e, int k) {
+  if (k <= e->cap_stage) return 0;
+  int cap = k < 2 * e->cap_stage ? 2 * e->cap_stage : k;
+  float *px = realloc(e->stage_px, sizeof(float) * e->image_bytes * (size_t)cap);
+  if (!px) return CM_ERR_NOMEM;
+  e->stage_px = px;
+  float *em = realloc(e->stage_rows, sizeof(float) * (size_t)e->tokens * e->hidden * (size_t)cap);
+  if (!em) return CM_ERR_NOMEM;
+  e->stage_rows = em;
+  e->cap_stage = cap;
+  return 0;
+}
+
+int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims, int n,
+                        const float **rows, char *err, size_t errlen) {
+  int rc = 0, k = 0; /* k: new entries, the last k of e->v */
+  for (int i = 0; i < n; i++) {
+    rc = wk_encoder_check(e, ims[i], err, errlen);
+    if (rc) return rc;
+  }
+  for (int i = 0; i < n; i++) {
+    struct entry *x = find(e, ims[i]);
+    if (x) {
+      x->used = ++e->clock;
+      x->step = e->step;
+      if (x < e->v + e->n - k) e->hits++; /* found, not one this call adds */
+      rows[i] = NULL; /* filled below, once the entries stop moving */
+      continue;
+    }
+    make_room(e); /* evicts only entries this step has not used */
+    if (e->n == e->cap_n) {
+      int cap = e->cap_n ? 2 * e->cap_n : 8;
+      struct entry *v = realloc(e->v, sizeof(*v) * (size_t)cap);
+      if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the image cache");
+      e->v = v;
+      e->cap_n = cap;
+    }
+    struct entry nx = {.hash = ims[i]->hash, .used = ++e->clock, .step = e->step};
+    nx.pixels = malloc(e->image_bytes);
+    nx.rows = malloc(sizeof(float) * (size_t)e->tokens * (size_t)e->hidden);
+    if (!nx.pixels || !nx.rows || stage_reserve(e, k + 1)) {
+      entry_release(&nx);
+      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for an image's embeddings");
+      goto undo;
+    }
+    memcpy(nx.pixels, ims[i]->pixels.v, e->image_bytes);
+    const struct wk_vision_cfg *vc = wk_vision_config(e->vision);
+    rc = wk_image_preprocess(e->stage_px + e->image_bytes * (size_t)k, nx.pixels, e->width,
+                             e->height, e->channels, &vc->pre, err, errlen);
+    e->v[e->n++] = nx;
+    k++;
+    if (rc) goto undo;
+  }
+  if (k) { /* the new images in one call: the tower runs them max_images at a time */
+    rc = wk_vision_encode(e->vision, e->stage_px, k, e->stage_rows, err, errlen);
+    if (rc) goto undo;
+    size_t per = (size_t)e->tokens * (size_t)e->hidden;
+    for (int j = 0; j < k; j++)
+      memcpy(e->v[e->n - k + j].rows, e->stage_rows + per * (size_t)j, sizeof(float) * per);
+    e->encodes += (uint64_t)k;
+  }
+  for (int i = 0; i < n; i++)
+    rows[i] = find(e, ims[i])->rows;
+  return 0;
+undo: /* the entries this call added hold nothing valid */
+  while (k-- > 0)
+    entry_release(&e->v[--e->n]);
+  return rc;
 }
 
 int wk_encoder_get(struct wk_encoder *e, const struct pr_image *im, const float **rows, char *err,
                    size_t errlen) {
-  int rc = wk_encoder_check(e, im, err, errlen);
-  if (rc) return rc;
-  for (int i = 0; i < e->n; i++) {
-    struct entry *x = &e->v[i];
-    if (x->hash == im->hash && memcmp(x->pixels, im->pixels.v, e->image_bytes) == 0) {
-      x->used = ++e->clock;
-      x->step = e->step;
-      e->hits++;
-      *rows = x->rows;
-      return 0;
-    }
-  }
-  make_room(e);
-  if (e->n == e->cap_n) {
-    int cap = e->cap_n ? 2 * e->cap_n : 8;
-    struct entry *v = realloc(e->v, sizeof(*v) * (size_t)cap);
-    if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the image cache");
-    e->v = v;
-    e->cap_n = cap;
-  }
-  struct entry x = {.hash = im->hash, .used = ++e->clock, .step = e->step};
-  x.pixels = malloc(e->image_bytes);
-  x.rows = malloc(sizeof(float) * (size_t)e->tokens * (size_t)e->hidden);
-  if (!x.pixels || !x.rows) {
-    entry_release(&x);
-    return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for an image's embeddings");
-  }
-  memcpy(x.pixels, im->pixels.v, e->image_bytes);
-  const struct wk_vision_cfg *vc = wk_vision_config(e->vision);
-  rc = wk_image_preprocess(e->pixels_f32, x.pixels, e->width, e->height, e->channels, &vc->pre,
-                           err, errlen);
-  if (!rc) rc = wk_vision_encode(e->vision, e->pixels_f32, 1, x.rows, err, errlen);
-  if (rc) {
-    entry_release(&x);
-    return rc;
-  }
-  e->encodes++;
-  e->v[e->n++] = x;
-  *rows = x.rows;
-  return 0;
+  return wk_encoder_get_many(e, &im, 1, rows, err, errlen);
 }

@@ -50,6 +50,12 @@ void wk_encoder_begin_step(struct wk_encoder *e);
 int wk_encoder_get(struct wk_encoder *e, const struct pr_image *im, const float **rows, char *err,
                    size_t errlen);
 
+/* The same for n images at once: the new ones go through the tower in one
+ * call (batched), an image twice in the list is encoded once. rows[i] for
+ * ims[i]. */
+int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims, int n,
+                        const float **rows, char *err, size_t errlen);
+
 /* Encodes so far (misses), and lookups that found their entry (tests, logs). */
 void wk_encoder_stats(const struct wk_encoder *e, uint64_t *encodes, uint64_t *hits);
 

@@ -40,6 +40,8 @@ struct wk_role {
   struct wk_encoder *enc;   /* image encoder cache, or NULL without a vision tower */
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
   int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
+  const struct pr_image **step_ims; /* [max_seqs * PR_MAX_IMAGES] the step's images */
+  const float **step_rows;          /* [max_seqs * PR_MAX_IMAGES] their embeddings */
   int32_t *toks;           /* [max_T] tokens then drafts, per sequence */
   int *row0;               /* [max_seqs] first logits row of each sequence, -1 none */
   float *logits;           /* [max_rows, vocab] */
@@ -167,7 +169,10 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   if (o->vision) {
     r->emb = calloc(S * PR_MAX_IMAGES, sizeof(*r->emb));
     r->bidir = calloc(S * PR_MAX_IMAGES * 2, sizeof(*r->bidir));
-    if (!r->emb || !r->bidir || wk_encoder_create(o->vision, 0, &r->enc)) {
+    r->step_ims = calloc(S * PR_MAX_IMAGES, sizeof(*r->step_ims));
+    r->step_rows = calloc(S * PR_MAX_IMAGES, sizeof(*r->step_rows));
+    if (!r->emb || !r->bidir || !r->step_ims || !r->step_rows ||
+        wk_encoder_create(o->vision, 0, &r->enc)) {
       wk_role_destroy(r);
       return CM_ERR_NOMEM;
     }
@@ -189,6 +194,8 @@ void wk_role_destroy(struct wk_role *r) {
   wk_encoder_free(r->enc);
   free(r->emb);
   free(r->bidir);
+  free(r->step_ims);
+  free(r->step_rows);
   free(r->toks);
   free(r->row0);
   free(r->logits);
@@ -386,7 +393,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
                       size_t errlen) {
   drop_freed(r, st);
   if (r->enc) wk_encoder_begin_step(r->enc);
-  int T = 0, rows = 0, want_hidden = 0;
+  int T = 0, rows = 0, want_hidden = 0, n_ims = 0;
   /* drafts to verify need the whole distribution on the host, but greedy ones */
   int dev = r->kp != NULL;
   for (uint32_t i = 0; i < st->n_seqs && dev; i++)
@@ -425,17 +432,15 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       in->block_tables[g] = q->bt[g];
       in->n_blocks[g] = q->n_bt[g];
     }
-    if (s->n_images) {
+    if (s->n_images) { /* the rows come from the encoder below, for the whole step */
       struct wk_seq_embed *emb = r->emb + (size_t)i * PR_MAX_IMAGES;
       int32_t *bd = r->bidir + (size_t)i * PR_MAX_IMAGES * 2;
       for (uint32_t j = 0; j < s->n_images; j++) {
         const struct pr_image *im = &s->images[j];
-        const float *px_rows;
-        int rc = wk_encoder_get(r->enc, im, &px_rows, err, errlen);
-        if (rc) return rc;
-        emb[j] = (struct wk_seq_embed){(int)im->pos, (int)im->n_tokens, px_rows};
+        emb[j] = (struct wk_seq_embed){(int)im->pos, (int)im->n_tokens, NULL};
         bd[2 * j] = (int32_t)im->pos;
         bd[2 * j + 1] = (int32_t)(im->pos + im->n_tokens);
+        r->step_ims[n_ims++] = im;
       }
       in->embeds = emb;
       in->n_embeds = (int)s->n_images;
@@ -454,6 +459,13 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       if (s->num_draft) want_hidden = 1;
     }
     T += in->n_tokens;
+  }
+  if (n_ims) { /* every image of the step through the encoder cache at once */
+    int rc = wk_encoder_get_many(r->enc, r->step_ims, n_ims, r->step_rows, err, errlen);
+    if (rc) return rc;
+    for (uint32_t i = 0, k = 0; i < st->n_seqs; i++)
+      for (uint32_t j = 0; j < st->seqs[i].n_images; j++)
+        r->emb[(size_t)i * PR_MAX_IMAGES + j].rows = r->step_rows[k++];
   }
   b->seqs = r->in;
   b->n_seqs = (int)st->n_seqs;

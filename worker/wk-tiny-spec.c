@@ -315,17 +315,22 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
  * vision_config, the image token ids and soft tokens per image go to the top
  * level (as transformers' Gemma3Config saves them); also writes the
  * preprocessor config. The real tokenizer's ids when the vocabulary holds
- * them, else the last three ids. */
-static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V) {
-  enum { IMAGE = 64, PATCH = 8, TOKENS = 16 };
+ * them, else the last three ids. `siglip400m`: the tower of Gemma 3 4B-27B
+ * (SigLIP-So400m: 896 px images, 14 px patches, 27 layers of width 1152,
+ * 256 soft tokens), else a small one (64 px, 8 px patches, 2 layers of 32,
+ * 16 soft tokens). */
+static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V, int siglip400m) {
+  const int IMAGE = siglip400m ? 896 : 64, PATCH = siglip400m ? 14 : 8;
+  const int TOKENS = siglip400m ? 256 : 16, VH = siglip400m ? 1152 : 32;
+  const int VF = siglip400m ? 4304 : 96, VL = siglip400m ? 27 : 2, VNH = siglip400m ? 16 : 4;
   json_t *text = *root;
   json_object_del(text, "architectures");
   int boi = 255999, eoi = 256000, img = 262144;
   if (V <= img) boi = V - 3, eoi = V - 2, img = V - 1;
   json_t *vision =
       json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:b}", "model_type",
-                "siglip_vision_model", "hidden_size", 32, "intermediate_size", 96,
-                "num_hidden_layers", 2, "num_attention_heads", 4, "num_channels", 3, "image_size",
+                "siglip_vision_model", "hidden_size", VH, "intermediate_size", VF,
+                "num_hidden_layers", VL, "num_attention_heads", VNH, "num_channels", 3, "image_size",
                 IMAGE, "patch_size", PATCH, "layer_norm_eps", 1e-6, "hidden_act",
                 "gelu_pytorch_tanh", "attention_dropout", 0.0, "vision_use_head", 0);
   json_t *r = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:[i,i], s:b, s:o, s:o}", "architectures",
@@ -394,7 +399,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
                         pattern, "rope_theta", 1000000.0, "rope_local_base_freq", 10000.0,
                         "rope_scaling", "final_logit_softcapping", "attn_logit_softcapping"));
     if (o->vision) {
-      int rc = wrap_vision(s, &root, V);
+      int rc = wrap_vision(s, &root, V, !strcmp(o->preset, "270m"));
       if (rc) {
         json_decref(root);
         wk_tiny_spec_free(s);

@@ -57,7 +57,9 @@ struct wk_tiny_opts {
                        * hidden 32, 4 heads, 16 soft tokens per image) and the
                        * projector; a vocabulary of 262144 (the tokenizer's base)
                        * becomes 262208 (Gemma 3's, covering <image_soft_token>
-                       * 262144); a smaller one puts the image token ids at its end */
+                       * 262144); a smaller one puts the image token ids at its end.
+                       * With the 270m preset the tower is SigLIP-So400m-shaped
+                       * (896 px, 14 px patches, 27 x 1152, 256 soft tokens) */
 };
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,

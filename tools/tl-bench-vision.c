@@ -1,0 +1,184 @@
+/* tl-bench-vision.c — `lmserve bench vision`: Gemma 3's image path on the
+ * CPU backend of one checkpoint with a vision tower.
+ *
+ *   images/s   SigLIP tower + projector, --batch images per encoder pass
+ *              (preprocessed pixels in, soft-token embeddings out);
+ *   TTFT       one image from 8-bit pixels of --source-size to the first token:
+ *              resize (Pillow's bilinear) to the processor's size, rescale and
+ *              normalise, encode, then prefill a chat prompt with the image's
+ *              token run in the middle (its rows replaced, its tokens attending
+ *              to each other both ways) and pick the greedy token.
+ * What the TTFT leaves out: HTTP, image decoding (PNG / JPEG) and
+ * tokenization, which the frontend does off the engine's path. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm-args.h"
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-time.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "tools/tl-main.h"
+#include "worker/wk-kv.h"
+#include "worker/wk-model.h"
+#include "worker/wk-vision-preproc.h"
+#include "worker/wk-vision.h"
+
+static uint32_t lcg(uint32_t *s) {
+  return (*s = *s * 1664525u + 1013904223u) >> 8;
+}
+
+int tl_bench_vision_main(int argc, char **argv) {
+  const char *model = NULL;
+  int64_t threads = 0, batch = 1, iters = 3, src = 1024, text = 32;
+  const struct cm_opt opts[] = {
+      {"model", CM_OPT_STR, &model, "DIR", "a Gemma3ForConditionalGeneration checkpoint"},
+      {"batch", CM_OPT_INT, &batch, "N", "images per encoder pass (default 1)", 1, 64},
+      {"iters", CM_OPT_INT, &iters, "N", "timed passes (default 3)", 1, 1000},
+      {"source-size", CM_OPT_INT, &src, "PX", "side of the TTFT's source image (default 1024)", 1,
+       16384},
+      {"text-tokens", CM_OPT_INT, &text, "N", "text tokens around the image (default 32)", 2,
+       1 << 16},
+      {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve bench vision",
+                         "image encoder throughput and time to first token of one image", opts,
+                         argc, argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc < 0) return 2;
+  if (!model) {
+    fprintf(stderr, "lmserve bench vision: --model DIR is required\n");
+    return 2;
+  }
+  if (threads == 0) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    threads = cores > 0 ? cores : 1;
+  }
+  int status = 1;
+  char err[512] = "";
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL;
+  struct wk_vision *v = NULL;
+  float *px = NULL, *emb = NULL;
+  uint8_t *img = NULL, *resized = NULL;
+  int32_t *toks = NULL;
+  struct wk_page_alloc pa = {0};
+  struct wk_seq_blocks blk = {0};
+  if ((rc = kn_cpu_backend_create((int)threads, &be))) {
+    fprintf(stderr, "lmserve bench vision: CPU backend: %s\n", cm_strerror(rc));
+    goto done;
+  }
+  struct wk_vision_opts vo = {.max_images = (int)batch};
+  if ((rc = wk_vision_load(model, be, &vo, &v, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve bench vision: %s\n", err);
+    goto done;
+  }
+  const struct wk_vision_cfg *vc = wk_vision_config(v);
+  int S = vc->image_size, C = vc->channels, H = wk_vision_text_hidden(v), N = vc->mm_tokens;
+  size_t plane = (size_t)C * S * S;
+  px = malloc(sizeof(float) * plane * (size_t)batch);
+  emb = malloc(sizeof(float) * (size_t)N * H * (size_t)batch);
+  if (!px || !emb) goto nomem;
+  uint32_t seed = 7;
+  for (size_t i = 0; i < plane * (size_t)batch; i++)
+    px[i] = (float)(lcg(&seed) % 2001) / 1000.0f - 1.0f;
+
+  /* images/s: a warm-up pass, then iters timed ones */
+  if ((rc = wk_vision_encode(v, px, (int)batch, emb, err, sizeof(err)))) goto fail;
+  double t0 = cm_time_s();
+  for (int i = 0; i < iters; i++)
+    if ((rc = wk_vision_encode(v, px, (int)batch, emb, err, sizeof(err)))) goto fail;
+  double t_enc = (cm_time_s() - t0) / (double)iters;
+
+  /* TTFT: the text model beside the tower */
+  int T = (int)text + N + 8; /* text, "\n\n<boi>", soft tokens, "<eoi>\n\n", the turn's end */
+  struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T + 16};
+  if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve bench vision: %s\n", err);
+    goto done;
+  }
+  const struct wk_config *c = wk_model_config(m);
+  toks = malloc(sizeof(int32_t) * (size_t)T);
+  img = malloc((size_t)src * (size_t)src * (size_t)C);
+  resized = malloc((size_t)S * S * (size_t)C);
+  if (!toks || !img || !resized || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto nomem;
+  for (size_t i = 0; i < (size_t)src * (size_t)src * (size_t)C; i++)
+    img[i] = (uint8_t)lcg(&seed);
+  int at = (int)text / 2 + 2; /* the soft tokens' first position */
+  for (int i = 0; i < T; i++)
+    toks[i] = (int32_t)(lcg(&seed) % 200000u) + 1000;
+  toks[0] = c->bos_id;
+  toks[at - 1] = vc->boi_id;
+  for (int i = 0; i < N; i++)
+    toks[at + i] = vc->image_id;
+  toks[at + N] = vc->eoi_id;
+  int32_t bidir[2] = {at, at + N};
+  double t_resize = 0, t_norm = 0, t_one = 0, t_prefill = 0, best = INFINITY;
+  for (int it = 0; it <= iters; it++) { /* pass 0 warms up */
+    double a = cm_time_s();
+    if ((rc = wk_image_resize_bilinear(resized, S, S, img, (int)src, (int)src, C))) goto fail_rc;
+    double b = cm_time_s();
+    struct wk_preproc_cfg pre = vc->pre;
+    pre.do_resize = 0;
+    if ((rc = wk_image_preprocess(px, resized, S, S, C, &pre, err, sizeof(err)))) goto fail;
+    double d = cm_time_s();
+    if ((rc = wk_vision_encode(v, px, 1, emb, err, sizeof(err)))) goto fail;
+    double f = cm_time_s();
+    const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+    wk_seq_blocks_release(&blk, kv, &pa);
+    if ((rc = wk_seq_blocks_reserve(&blk, kv, &pa, T))) goto fail_rc;
+    struct wk_seq_embed e = {at, N, emb};
+    struct wk_seq_input s = {.tokens = toks, .n_tokens = T, .pos0 = 0, .n_out = 1,
+                             .bidir = bidir, .n_bidir = 1, .embeds = &e, .n_embeds = 1};
+    for (int g = 0; g < kv->n_groups; g++) {
+      s.block_tables[g] = blk.table[g];
+      s.n_blocks[g] = blk.n[g];
+    }
+    struct kn_sample_params sp = {.temperature = 0, .top_p = 1, .counter = (uint64_t)T};
+    struct kn_sample_out out;
+    struct wk_batch bt = {.seqs = &s, .n_seqs = 1, .sample = &sp, .sampled = &out};
+    if ((rc = wk_model_forward(m, &bt, err, sizeof(err)))) goto fail;
+    double g = cm_time_s();
+    if (it == 0) continue;
+    t_resize += b - a, t_norm += d - b, t_one += f - d, t_prefill += g - f;
+    if (g - a < best) best = g - a;
+  }
+  double k = (double)iters;
+  printf("model        %s (%s)\n", model, c->model_type);
+  printf("backend      %s (%s), %lld threads\n", kn_backend_name(be),
+         kn_cpu_isa_name(kn_cpu_isa_detect()), (long long)threads);
+  printf("tower        %d px, %d px patches, %d layers x %d, %d soft tokens of width %d\n", S,
+         vc->patch, vc->n_layers, vc->hidden, N, H);
+  printf("encoder      %.2f images/s (%lld per pass, %.1f ms per pass)\n", (double)batch / t_enc,
+         (long long)batch, t_enc * 1e3);
+  printf("ttft         %.1f ms mean, %.1f ms best: resize %lldx%lld -> %d %.1f ms, normalise "
+         "%.1f ms, encode %.1f ms, prefill %d tokens %.1f ms\n",
+         (t_resize + t_norm + t_one + t_prefill) / k * 1e3, best * 1e3, (long long)src,
+         (long long)src, S, t_resize / k * 1e3, t_norm / k * 1e3, t_one / k * 1e3, T,
+         t_prefill / k * 1e3);
+  status = 0;
+  goto done;
+fail_rc:
+  snprintf(err, sizeof(err), "%s", cm_strerror(rc));
+fail:
+  fprintf(stderr, "lmserve bench vision: %s\n", err);
+  goto done;
+nomem:
+  fprintf(stderr, "lmserve bench vision: out of memory\n");
+done:
+  if (m) wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
+  wk_page_alloc_free(&pa);
+  free(toks);
+  free(img);
+  free(resized);
+  free(px);
+  free(emb);
+  wk_model_free(m);
+  wk_vision_free(v);
+  kn_backend_destroy(be);
+  return status;
+}
