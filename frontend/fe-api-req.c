@@ -155,7 +155,17 @@ static int parse_prompt(struct pctx *p, json_t *body) {
   return 0;
 }
 
-/* Content: a string, or a list of {"type":"text","text":...} parts. */
+/* An image_url part's URL: {"url": "..."} (OpenAI; "detail" is accepted and
+ * ignored) or the URL string itself. NULL when it is neither. */
+static json_t *image_url_of(json_t *part) {
+  json_t *u = json_object_get(part, "image_url");
+  if (json_is_string(u)) return u;
+  json_t *url = json_is_object(u) ? json_object_get(u, "url") : NULL;
+  return json_is_string(url) ? url : NULL;
+}
+
+/* Content: a string, or a list of {"type":"text","text":...} and
+ * {"type":"image_url","image_url":{"url":...}} parts. */
 static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_message *m) {
   char param[64];
   snprintf(param, sizeof(param), "messages[%zu].content", idx);
@@ -168,34 +178,86 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
     return 0;
   }
   if (!json_is_array(c))
-    return fail(p, 400, param, "'%s' must be a string or a list of text parts, not %s", param,
+    return fail(p, 400, param, "'%s' must be a string or a list of content parts, not %s", param,
                 type_name(c));
-  size_t total = 0, n = json_array_size(c);
+  size_t total = 0, n = json_array_size(c), n_text = 0, n_img = 0;
   for (size_t k = 0; k < n; k++) {
     json_t *part = json_array_get(c, k), *type = json_object_get(part, "type");
     json_t *text = json_object_get(part, "text");
+    char pp[96];
+    snprintf(pp, sizeof(pp), "%s[%zu]", param, k);
     if (!json_is_object(part) || !json_is_string(type))
-      return fail(p, 400, param, "part %zu of '%s' must be an object with a 'type'", k, param);
+      return fail(p, 400, pp, "part %zu of '%s' must be an object with a 'type'", k, param);
+    if (!strcmp(json_string_value(type), "image_url")) {
+      if (!image_url_of(part))
+        return fail(p, 400, pp, "image part %zu of '%s' needs 'image_url': {\"url\": \"...\"}",
+                    k, param);
+      if (m->role != FE_API_ROLE_USER)
+        return fail(p, 400, pp, "images are taken in user messages only");
+      n_img++;
+      continue;
+    }
     if (strcmp(json_string_value(type), "text") != 0)
-      return fail(p, 400, param, "content part type '%s' is not supported (only 'text')",
+      return fail(p, 400, pp, "content part type '%.40s' is not supported ('text' or 'image_url')",
                   json_string_value(type));
     if (!json_is_string(text))
-      return fail(p, 400, param, "text part %zu of '%s' needs a string 'text'", k, param);
-    total += json_string_length(text) + (k ? 1 : 0);
+      return fail(p, 400, pp, "text part %zu of '%s' needs a string 'text'", k, param);
+    total += json_string_length(text) + (n_text ? 1 : 0);
+    n_text++;
   }
   char *s = cm_arena_alloc(&p->r->arena, total + 1);
   if (!s) return nomem(p);
+  struct fe_api_part *parts = NULL;
+  if (n_img && !(parts = cm_arena_calloc(&p->r->arena, n, sizeof(*parts)))) return nomem(p);
   size_t o = 0;
-  for (size_t k = 0; k < n; k++) {
-    json_t *text = json_object_get(json_array_get(c, k), "text");
-    if (k) s[o++] = '\n';
+  for (size_t k = 0, t = 0; k < n; k++) {
+    json_t *part = json_array_get(c, k), *text = json_object_get(part, "text");
+    if (!strcmp(json_string_value(json_object_get(part, "type")), "image_url")) {
+      struct fe_api_image *im = &p->r->images[p->r->n_images++];
+      json_t *url = image_url_of(part);
+      if (!(im->url = dup_str(p, url, &im->url_len))) return nomem(p);
+      snprintf(im->param, sizeof(im->param), "messages[%zu].content[%zu].image_url", idx % 100000,
+               k % 100000);
+      parts[k].is_image = 1;
+      continue;
+    }
+    if (t++) s[o++] = '\n';
+    if (parts) {
+      parts[k].text = s + o;
+      parts[k].text_len = json_string_length(text);
+    }
     memcpy(s + o, json_string_value(text), json_string_length(text));
     o += json_string_length(text);
   }
   s[o] = 0;
+  /* each text part read from s: NUL-terminate them in a copy of their own */
+  for (size_t k = 0; parts && k < n; k++) {
+    if (parts[k].is_image) continue;
+    char *t = cm_arena_alloc(&p->r->arena, parts[k].text_len + 1);
+    if (!t) return nomem(p);
+    memcpy(t, parts[k].text, parts[k].text_len);
+    t[parts[k].text_len] = 0;
+    parts[k].text = t;
+  }
   m->content = s;
   m->content_len = o;
+  m->parts = parts;
+  m->n_parts = parts ? n : 0;
   return 0;
+}
+
+/* Image parts across the messages (counted before parsing, so the request's
+ * array is allocated once). */
+static size_t count_images(json_t *msgs) {
+  size_t n = 0;
+  for (size_t i = 0; i < json_array_size(msgs); i++) {
+    json_t *c = json_object_get(json_array_get(msgs, i), "content");
+    for (size_t k = 0; json_is_array(c) && k < json_array_size(c); k++) {
+      json_t *type = json_object_get(json_array_get(c, k), "type");
+      if (json_is_string(type) && !strcmp(json_string_value(type), "image_url")) n++;
+    }
+  }
+  return n;
 }
 
 static int parse_messages(struct pctx *p, json_t *body) {
@@ -209,6 +271,12 @@ static int parse_messages(struct pctx *p, json_t *body) {
   r->messages = cm_arena_calloc(&r->arena, n, sizeof(*r->messages));
   if (!r->messages) return nomem(p);
   r->n_messages = n;
+  size_t n_img = count_images(v);
+  if (n_img > FE_API_MAX_IMAGES)
+    return fail(p, 400, "messages", "%zu images in one request; at most %d", n_img,
+                FE_API_MAX_IMAGES);
+  if (n_img && !(r->images = cm_arena_calloc(&r->arena, n_img, sizeof(*r->images))))
+    return nomem(p);
   for (size_t i = 0; i < n; i++) {
     json_t *m = json_array_get(v, i);
     char param[64];

@@ -21,6 +21,7 @@
 #define FE_API_MAX_LOGPROBS       20  /* top logprobs per token */
 #define FE_API_MAX_N              128 /* choices per request */
 #define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
+#define FE_API_MAX_IMAGES         64  /* image parts in one chat request */
 
 enum fe_api_kind {
   FE_API_COMPLETION, /* POST /v1/completions */
@@ -38,10 +39,28 @@ struct fe_api_prompt {
   size_t n_ids;       /* tokens */
 };
 
+/* One part of a message's content, kept when the message has an image
+ * (the chat template then sees the parts, as transformers passes them). */
+struct fe_api_part {
+  int is_image;     /* 1: an image_url part (its url is in the request's images) */
+  const char *text; /* text parts: NUL-terminated */
+  size_t text_len;
+};
+
 struct fe_api_message {
   enum fe_api_role role;
   const char *content; /* NUL-terminated; text parts joined with "\n" */
   size_t content_len;  /* bytes */
+  const struct fe_api_part *parts; /* (n_parts) when the content has an image, else NULL */
+  size_t n_parts;
+};
+
+/* An image_url part: its URL (data:, file://, http(s)://) as given; fetched
+ * and decoded by the serving path. */
+struct fe_api_image {
+  const char *url; /* NUL-terminated */
+  size_t url_len;
+  char param[64];  /* "messages[1].content[2].image_url", for errors */
 };
 
 struct fe_api_request {
@@ -51,6 +70,8 @@ struct fe_api_request {
   size_t n_prompts;
   struct fe_api_message *messages; /* (n_messages) chat, tokenize */
   size_t n_messages;
+  struct fe_api_image *images; /* (n_images) the messages' image parts in order */
+  size_t n_images;
   int64_t max_tokens;        /* tokens; -1: up to the context limit */
   int64_t min_tokens;        /* tokens; 0 by default */
   double temperature;        /* [0, 2]; default 1 */

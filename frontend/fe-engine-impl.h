@@ -88,6 +88,9 @@ struct fe_eng_req {
   int64_t created;   /* Unix seconds */
   uint64_t start_ns; /* monotonic */
   int first_token_seen;
+  struct pr_image *images;      /* (n_images) what every choice's ADD carries */
+  struct fe_mm_image *mm;       /* (n_images) their pixels (owned) */
+  size_t n_images;
   struct fe_eng_req *prev, *next;
 };
 
@@ -130,6 +133,7 @@ struct fe_engine {
   struct tk_tokenizer *tok;
   struct tk_state *tok_st;
   struct tk_chat *chat; /* NULL when the model has no chat template */
+  struct fe_mm mm;      /* image input; mm.enabled 0: images refused */
   int32_t eos[FE_ENG_MAX_EOS];
   int n_eos;
   int32_t n_vocab; /* ids a prompt may hold: the tokenizer's, capped by config.json's vocab_size */

@@ -55,6 +55,9 @@ struct tok_job {
   struct fe_api_request *req;
   const struct tk_tokenizer *tok; /* read by the thread */
   const struct tk_chat *chat;     /* read by the thread; NULL: none */
+  const struct fe_mm *mm;         /* read by the thread */
+  struct fe_mm_image *imgs;       /* (req->n_images) decoded by the thread (generation) */
+  char param[64];                 /* the field at fault when rc != 0; "": the default */
   size_t n_prompts;               /* prompts to tokenize (chat: 1) */
   int32_t **ids;                  /* (n_prompts) each malloc'd; prompt token ids */
   size_t *n_ids;                  /* (n_prompts) tokens */
@@ -65,6 +68,24 @@ struct tok_job {
   char err[320];                  /* the client's error when rc != 0 */
   int gone;                       /* the client left while the thread worked */
 };
+
+/* A message's parts as transformers hands them to a chat template:
+ * {"type": "text", "text": ...} and {"type": "image"}. NULL when out of memory
+ * (json_pack then fails too). */
+static json_t *parts_json(const struct fe_api_message *m) {
+  json_t *a = json_array();
+  for (size_t k = 0; a && k < m->n_parts; k++) {
+    const struct fe_api_part *pt = &m->parts[k];
+    json_t *o = pt->is_image ? json_pack("{s:s}", "type", "image")
+                             : json_pack("{s:s, s:s#}", "type", "text", "text", pt->text,
+                                         (int)pt->text_len);
+    if (!o || json_array_append_new(a, o) != 0) {
+      json_decref(a);
+      return NULL;
+    }
+  }
+  return a;
+}
 
 /* Renders the chat template over the request's messages into a malloc'd
  * string. CM_ERR_INVAL with errbuf for a template that refuses them. */
@@ -78,8 +99,11 @@ static int render_chat(const struct tk_chat *chat, const struct fe_api_request *
   if (!msgs) return CM_ERR_NOMEM;
   for (size_t i = 0; i < req->n_messages; i++) {
     const struct fe_api_message *m = &req->messages[i];
-    json_t *o = json_pack("{s:s, s:s#}", "role", role_name(m->role), "content",
-                          m->content ? m->content : "", m->content ? (int)m->content_len : 0);
+    json_t *o = m->parts ? json_pack("{s:s, s:o}", "role", role_name(m->role), "content",
+                                     parts_json(m))
+                         : json_pack("{s:s, s:s#}", "role", role_name(m->role), "content",
+                                     m->content ? m->content : "",
+                                     m->content ? (int)m->content_len : 0);
     if (!o || json_array_append_new(msgs, o) != 0) {
       json_decref(msgs);
       return CM_ERR_NOMEM;
@@ -104,6 +128,16 @@ static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
     if (rc) {
       free(text);
       return rc;
+    }
+    if (req->n_images) { /* each <start_of_image> becomes its image's token run */
+      char *full = NULL;
+      size_t full_len = 0;
+      rc = fe_mm_expand(j->mm, text, len, req->n_images, &full, &full_len, j->err,
+                        sizeof(j->err));
+      free(text);
+      if (rc) return rc;
+      text = full;
+      len = full_len;
     }
     /* the template writes <bos> itself: no post-processor unless asked */
     unsigned fl = TK_MATCH_SPECIAL | (req->add_special_tokens ? TK_ADD_SPECIAL : 0);
@@ -135,6 +169,24 @@ static void job_run(uv_work_t *w) {
     j->rc = tk_decode(j->tok, p->ids, p->n_ids, 0, &j->text, &j->text_len, &j->text_cap);
     return;
   }
+  const struct fe_api_request *req = j->req;
+  if (req->kind == FE_API_CHAT && req->n_images) { /* the images first: the cheaper refusal */
+    if (!(j->imgs = calloc(req->n_images, sizeof(*j->imgs)))) {
+      j->rc = CM_ERR_NOMEM;
+      return;
+    }
+    for (size_t i = 0; i < req->n_images; i++) {
+      const struct fe_api_image *im = &req->images[i];
+      char why[256];
+      int rc = fe_mm_image(j->mm, im->url, im->url_len, &j->imgs[i], why, sizeof(why));
+      if (rc) {
+        j->rc = rc;
+        snprintf(j->err, sizeof(j->err), "%.63s: %.250s", im->param, why);
+        memcpy(j->param, im->param, sizeof(j->param));
+        return;
+      }
+    }
+  }
   struct tk_state *st = NULL;
   if ((j->rc = tk_state_acquire(j->tok, &st)) != 0) return;
   for (size_t pi = 0; pi < j->n_prompts && !j->rc; pi++)
@@ -143,6 +195,9 @@ static void job_run(uv_work_t *w) {
 }
 
 static void job_free(struct tok_job *j) {
+  for (size_t i = 0; j->imgs && j->req && i < j->req->n_images; i++)
+    fe_mm_image_free(&j->imgs[i]);
+  free(j->imgs);
   for (size_t i = 0; j->ids && i < j->n_prompts; i++)
     free(j->ids[i]);
   free(j->ids);
@@ -324,6 +379,22 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   } else if (req->kind == FE_API_DETOKENIZE && !req->n_prompts) {
     param = "tokens";
     snprintf(err, sizeof(err), "'tokens' must be a list of token ids");
+  } else if (req->n_images && !e->mm.enabled) {
+    param = req->images[0].param;
+    snprintf(err, sizeof(err), "%s", e->cfg.mm.limit == 0
+                                         ? "images are turned off on this server "
+                                           "(--limit-mm-per-prompt image=0)"
+                                         : "this model does not take images");
+  } else if (req->n_images > (size_t)e->mm.limit) {
+    param = req->images[e->mm.limit].param;
+    snprintf(err, sizeof(err), "%zu images in the prompt; this server takes at most %d "
+             "(--limit-mm-per-prompt)", req->n_images, e->mm.limit);
+  } else if (req->n_images * (size_t)e->mm.width * (size_t)e->mm.height * 3 >
+             PR_MAX_MSG_DEFAULT / 2) {
+    param = "messages";
+    snprintf(err, sizeof(err), "%zu images of %d x %d pixels take more than one request may "
+             "carry (%u MB)", req->n_images, e->mm.width, e->mm.height,
+             (unsigned)(PR_MAX_MSG_DEFAULT / 2 >> 20));
   } else {
     check_ids(e, req, err, sizeof(err), &param);
   }
@@ -349,6 +420,7 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   j->c = c;
   j->tok = e->tok;
   j->chat = e->chat;
+  j->mm = &e->mm;
   j->req = req; /* the job's from here on */
   j->work.data = j;
   int rc = uv_queue_work(e->loop, &j->work, job_run, job_done);
@@ -370,8 +442,26 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
   if (j->rc) {
     const char *msg = j->err[0] ? j->err : cm_strerror(j->rc);
     answer_error(e, c, j->rc == CM_ERR_NOMEM ? 500 : 400, msg,
-                 req->kind == FE_API_CHAT ? "messages" : "prompt");
+                 j->param[0] ? j->param : req->kind == FE_API_CHAT ? "messages" : "prompt");
     return;
+  }
+  struct pr_image *images = NULL;
+  if (req->n_images) { /* where each image's tokens landed */
+    char why[256];
+    if (!(images = calloc(req->n_images, sizeof(*images)))) {
+      answer_error(e, c, 500, "out of memory", NULL);
+      return;
+    }
+    if (fe_mm_find_runs(&e->mm, j->ids[0], j->n_ids[0], images, req->n_images, why,
+                        sizeof(why))) {
+      free(images);
+      answer_error(e, c, 400, why, "messages");
+      return;
+    }
+    for (size_t i = 0; i < req->n_images; i++) {
+      images[i].hash = j->imgs[i].hash;
+      images[i].pixels = (struct pr_bytes){j->imgs[i].pixels, (uint32_t)j->imgs[i].n_bytes};
+    }
   }
   /* the replica: by load and by where this prompt's prefix went before */
   struct fe_replica *rep =
@@ -387,9 +477,15 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       !(r->n_prompt = calloc(n_prompts, sizeof(*r->n_prompt)))) {
     if (r) free(r->ch);
     free(r);
+    free(images);
     answer_error(e, c, 503, "out of memory", NULL);
     return;
   }
+  /* the images' pixels are r's from here on */
+  r->images = images;
+  r->mm = j->imgs;
+  r->n_images = req->n_images;
+  j->imgs = NULL;
   j->req = NULL; /* r's from here on */
   r->e = e;
   r->conn = c;
@@ -466,6 +562,8 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       a->stop_token_ids.n = n_stop;
       a->priority = req->priority;
       a->arrival_ns = cm_time_wall_ns();
+      a->images = r->images;
+      a->n_images = (uint32_t)r->n_images;
       int src = fe_eng_send_add(r, &r->ch[k], &m);
       if (src) {
         status = src == CM_ERR_INVAL || src == CM_ERR_RANGE ? 400 : 503;
@@ -509,6 +607,10 @@ void fe_eng_req_free(struct fe_eng_req *r) {
   }
   free(r->ch);
   free(r->n_prompt);
+  for (size_t i = 0; r->mm && i < r->n_images; i++)
+    fe_mm_image_free(&r->mm[i]);
+  free(r->mm);
+  free(r->images);
   fe_api_request_free(r->api);
   free(r->api);
   free(r);

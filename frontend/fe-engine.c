@@ -583,6 +583,14 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     goto fail;
   }
   load_eos(e);
+  err[0] = 0;
+  if ((rc = fe_mm_load(cfg->model_dir, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {
+    cm_error(TAG, "%s: image input: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
+    goto fail;
+  }
+  if (e->mm.enabled)
+    cm_info(TAG, "image input: %d x %d images, %d tokens each, at most %d per prompt",
+            e->mm.width, e->mm.height, e->mm.tokens, e->mm.limit);
   load_vocab(e);
 
   rc = CM_ERR_IO;

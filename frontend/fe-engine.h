@@ -43,6 +43,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "frontend/fe-mm.h"
 #include "frontend/fe-route.h"
 
 struct fe_engine;
@@ -61,6 +62,7 @@ struct fe_engine_config {
   uint32_t ready_ms;      /* a PONG this recent makes the engine ready; 0: 2000 */
   uint32_t dead_ms;       /* no PONG this long loses requests in flight; 0: 10000 */
   uint32_t retry_ms;      /* a parked request fails after this long; 0: 30000 */
+  struct fe_mm_opts mm;   /* image input (a checkpoint with a vision tower) */
 };
 
 /* Loads the tokenizer and chat template from cfg->model_dir, connects to

@@ -8,10 +8,12 @@
  * it they answer 503 "engine not ready". */
 #include "frontend/fe-main.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "common/cm-args.h"
@@ -80,6 +82,9 @@ int fe_frontend_main(int argc, char **argv) {
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
+  const char *media_dir = NULL, *limit_mm = NULL;
+  uint64_t max_image_bytes = 20u << 20;
+  int64_t max_image_pixels = 40000000;
   struct cm_opt opts[] = {
       {"host", CM_OPT_STR, &host, "ADDR", "address or host name to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535},
@@ -94,6 +99,13 @@ int fe_frontend_main(int argc, char **argv) {
        "replicas, each request routed by load and prompt-prefix affinity"},
       {"model", CM_OPT_STR, &model_dir, "DIR",
        "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler)"},
+      {"allowed-local-media-path", CM_OPT_STR, &media_dir, "DIR",
+       "images may be file:// URLs of files under DIR (default: file:// refused)"},
+      {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, "image=N",
+       "images per prompt at most (image=16; image=0 turns images off); JSON {\"image\": N} too"},
+      {"max-image-bytes", CM_OPT_SIZE, &max_image_bytes, "BYTES", "largest encoded image (20M)"},
+      {"max-image-pixels", CM_OPT_INT, &max_image_pixels, "N",
+       "largest decoded image in pixels, checked before decoding (40000000)", 1, INT64_MAX},
       {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES",
        "largest request body (default 32M); more is 413"},
       {"max-header-size", CM_OPT_SIZE, &max_header_bytes, "BYTES",
@@ -127,6 +139,20 @@ int fe_frontend_main(int argc, char **argv) {
     return 2;
   }
 
+  int mm_limit = -1;
+  if (limit_mm) {
+    char why[160];
+    if (fe_mm_parse_limit(limit_mm, &mm_limit, why, sizeof(why)) != 0) {
+      fprintf(stderr, "lmserve frontend: --limit-mm-per-prompt: %s\n", why);
+      return 2;
+    }
+  }
+  if (media_dir && access(media_dir, R_OK | X_OK) != 0) {
+    fprintf(stderr, "lmserve frontend: --allowed-local-media-path %s: %s\n", media_dir,
+            strerror(errno));
+    return 2;
+  }
+
   struct fe_app app;
   memset(&app, 0, sizeof(app));
   app.loop = uv_default_loop();
@@ -140,7 +166,11 @@ int fe_frontend_main(int argc, char **argv) {
                                     .schedulers = (const char *const *)schedulers.v,
                                     .n_schedulers = schedulers.n,
                                     .model_name = model,
-                                    .max_model_len = max_model_len};
+                                    .max_model_len = max_model_len,
+                                    .mm = {.limit = mm_limit,
+                                           .max_bytes = max_image_bytes,
+                                           .max_pixels = (uint64_t)max_image_pixels,
+                                           .local_dir = media_dir}};
     if (!model_dir || (rc = fe_engine_create(app.loop, app.router, &ecfg, &engine)) != 0) {
       fprintf(stderr, "lmserve frontend: %s\n",
               model_dir ? "cannot start the serving path (see the log)"

@@ -307,7 +307,7 @@ int tl_serve_main(int argc, char **argv) {
       {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES",
        "largest encoded image (20M)"},
       {"max-image-pixels", CM_OPT_STR, &s.max_image_pixels, "N",
-       "largest decoded image in pixels, checked before decoding (64000000)"},
+       "largest decoded image in pixels, checked before decoding (40000000)"},
       {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1,
        4096},
       {"max-num-batched-tokens", CM_OPT_INT, &s.max_batched, "N", "token budget per step (2048)", 1,

@@ -49,8 +49,10 @@ static void make_model(struct as_server *s, int max_pos) {
   snprintf(s->model, sizeof(s->model), "%s/m", s->dir);
   snprintf(s->log, sizeof(s->log), "%s/serve.log", s->dir);
   struct th_out o = {0};
-  int rc = th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out", s->model,
-                      "--seed", "1", NULL);
+  int rc = s->vision ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma3", "--vision",
+                                  "--out", s->model, "--seed", "1", NULL)
+                     : th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out",
+                                  s->model, "--seed", "1", NULL);
   if (rc != 0) fprintf(stderr, "make-tiny-model: %s\n", o.err ? o.err : "");
   th_out_free(&o);
   TH_REQUIRE(rc == 0);
@@ -122,8 +124,10 @@ static int try_start(struct as_server *s, char *const extra[]) {
 
 void as_start(struct as_server *s, int max_pos, char *const extra[]) {
   const char *key = s->api_key;
+  int vision = s->vision;
   memset(s, 0, sizeof(*s));
   s->api_key = key;
+  s->vision = vision;
   make_model(s, max_pos);
   /* a port taken between free_port and serve's bind: try another */
   for (int i = 0; i < 3; i++)

@@ -153,9 +153,19 @@ static const struct bad_case bad[] = {
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":null}]}", 400, "messages[0].content"},
     {H,
      "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
-     400, "messages[0].content"},
+     400, "messages[0].content[0]"},
     {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}", 400,
-     "messages[0].content"},
+     "messages[0].content[0]"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+     "{\"type\":\"image_url\",\"image_url\":5}]}]}",
+     400, "messages[0].content[1]"},
+    {H,
+     "{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"image_url\","
+     "\"image_url\":{\"url\":\"data:,\"}}]}]}",
+     400, "messages[0].content[0]"},
+    {H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"audio\"}]}]}", 400,
+     "messages[0].content[0]"},
     {H, CHAT_A "\"logprobs\":3}", 400, "logprobs"},
     {H, CHAT_A "\"top_logprobs\":3}", 400, "top_logprobs"},
     {H, CHAT_A "\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"},
@@ -326,6 +336,45 @@ TH_TEST(api_chat_good) {
   parse_ok(FE_API_DETOKENIZE, dt, &r);
   TH_CHECK(r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == 4);
   fe_api_request_free(&r);
+}
+
+TH_TEST(api_chat_images) {
+  const char *b =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"},"
+      "{\"role\":\"assistant\",\"content\":\"hi\"},"
+      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"look \"},"
+      "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\","
+      "\"detail\":\"low\"}},{\"type\":\"text\",\"text\":\"and\"},"
+      "{\"type\":\"image_url\",\"image_url\":\"file:///x.png\"}]}]}";
+  struct fe_api_request r;
+  parse_ok(FE_API_CHAT, b, &r);
+  TH_REQUIRE(r.n_images == 2);
+  TH_CHECK_EQ_STR(r.images[0].url, "data:image/png;base64,AAAA");
+  TH_CHECK_EQ_STR(r.images[0].param, "messages[2].content[1].image_url");
+  TH_CHECK_EQ_STR(r.images[1].url, "file:///x.png");
+  TH_CHECK_EQ_STR(r.images[1].param, "messages[2].content[3].image_url");
+  /* a message without images keeps no parts; one with images keeps all of them */
+  TH_CHECK(r.messages[0].parts == NULL && r.messages[0].n_parts == 0);
+  const struct fe_api_message *m = &r.messages[2];
+  TH_REQUIRE(m->n_parts == 4);
+  TH_CHECK(!m->parts[0].is_image && m->parts[1].is_image && !m->parts[2].is_image &&
+           m->parts[3].is_image);
+  TH_CHECK_EQ_STR(m->parts[0].text, "look ");
+  TH_CHECK_EQ_STR(m->parts[2].text, "and");
+  TH_CHECK_EQ_STR(m->content, "look \nand");
+  fe_api_request_free(&r);
+  /* more image parts than a request may carry */
+  char big[8192];
+  size_t o = (size_t)snprintf(big, sizeof(big), "{\"messages\":[{\"role\":\"user\",\"content\":[");
+  for (int i = 0; i <= FE_API_MAX_IMAGES; i++)
+    o += (size_t)snprintf(big + o, sizeof(big) - o,
+                          "%s{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:,\"}}",
+                          i ? "," : "");
+  snprintf(big + o, sizeof(big) - o, "]}]}");
+  struct fe_api_error e;
+  TH_CHECK(fe_api_parse_request(FE_API_CHAT, big, strlen(big), &cfg, &r, &e) < 0);
+  TH_CHECK_EQ_INT(e.status, 400);
+  TH_CHECK_EQ_STR(e.param, "messages");
 }
 
 TH_TEST(api_prompt_len) {

@@ -1,0 +1,257 @@
+/* fe-mm.c — image input on the frontend (see fe-mm.h). */
+#include "frontend/fe-mm.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/cm-err.h"
+#include "worker/wk-config.h"
+#include "worker/wk-vision-preproc.h"
+
+#define DEFAULT_LIMIT 16
+
+/* The text of one special token (its vocabulary entry). */
+static int token_text(const struct tk_tokenizer *tok, int32_t id, char *out, size_t cap) {
+  char *s = NULL;
+  size_t len = 0, scap = 0;
+  int rc = tk_decode(tok, &id, 1, 0, &s, &len, &scap);
+  if (rc == 0 && (len == 0 || len >= cap)) rc = CM_ERR_RANGE;
+  if (rc == 0) {
+    memcpy(out, s, len);
+    out[len] = 0;
+  }
+  free(s);
+  return rc;
+}
+
+int fe_mm_parse_limit(const char *spec, int *limit, char *err, size_t errlen) {
+  long long n = -1;
+  json_error_t je;
+  json_t *j = spec[0] == '{' ? json_loads(spec, 0, &je) : NULL;
+  if (j) {
+    json_t *v = json_object_get(j, "image");
+    int only = json_object_size(j) == 1;
+    if (json_is_integer(v) && only) n = json_integer_value(v);
+    json_decref(j);
+    if (!only) return cm_fail(err, errlen, CM_ERR_INVAL, "only \"image\" is taken, in '%s'", spec);
+  } else if (!strncmp(spec, "image=", 6)) {
+    char *end;
+    errno = 0;
+    n = strtoll(spec + 6, &end, 10);
+    if (errno || end == spec + 6 || *end) n = -1;
+  } else {
+    return cm_fail(err, errlen, CM_ERR_INVAL, "'%s': expected image=N or {\"image\": N}", spec);
+  }
+  if (n < 0 || n > PR_MAX_IMAGES)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "'%s': the image count must be 0..%d", spec,
+                   PR_MAX_IMAGES);
+  *limit = (int)n;
+  return 0;
+}
+
+int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_mm_opts *o,
+               struct fe_mm *mm, char *err, size_t errlen) {
+  memset(mm, 0, sizeof(*mm));
+  int limit = o && o->limit >= 0 ? o->limit : DEFAULT_LIMIT;
+  if (limit == 0) return 0;
+  struct wk_config *c = calloc(1, sizeof(*c));
+  if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  char why[256] = "";
+  int rc = wk_config_load(dir, c, why, sizeof(why));
+  if (rc == CM_ERR_NOENT) { /* a tokenizer-only directory: text only */
+    free(c);
+    return 0;
+  }
+  if (rc) {
+    free(c);
+    return cm_fail(err, errlen, rc, "%s", why);
+  }
+  const struct wk_vision_cfg v = c->vision; /* what follows needs no more of c */
+  free(c);
+  if (!v.present) return 0;
+  if (v.channels != 3)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: vision_config.num_channels %d (3 supported)",
+                   dir, v.channels);
+  mm->limit = limit > PR_MAX_IMAGES ? PR_MAX_IMAGES : limit;
+  mm->tokens = v.mm_tokens;
+  mm->image_id = v.image_id;
+  mm->width = v.pre.width;
+  mm->height = v.pre.height;
+  mm->channels = 3;
+  mm->do_resize = v.pre.do_resize;
+  if (token_text(tok, v.boi_id, mm->boi, sizeof(mm->boi)) ||
+      token_text(tok, v.image_id, mm->soft, sizeof(mm->soft)) ||
+      token_text(tok, v.eoi_id, mm->eoi, sizeof(mm->eoi)))
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: the tokenizer has no text for the image token ids %d / %d / %d", dir,
+                   v.boi_id, v.image_id, v.eoi_id);
+  if (o) {
+    mm->lim.max_bytes = o->max_bytes;
+    mm->lim.max_pixels = o->max_pixels;
+    mm->lim.local_dir = o->local_dir;
+  }
+  if (getrandom(&mm->hash_key, sizeof(mm->hash_key), 0) != (ssize_t)sizeof(mm->hash_key))
+    mm->hash_key = (uint64_t)(uintptr_t)mm ^ 0x5bd1e9955bd1e995ull;
+  mm->enabled = 1;
+  return 0;
+}
+
+/* ---- content hash ------------------------------------------------------------
+ * A keyed 64-bit hash of the pixels and their shape: eight bytes at a time,
+ * multiply-rotate rounds, a final avalanche. The key is random per frontend
+ * process, so nobody outside can aim two images at one hash; a worker still
+ * compares the pixels before it reuses an encoding. */
+
+static uint64_t mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int r) {
+  return (x << r) | (x >> (64 - r));
+}
+
+static uint64_t pixel_hash(uint64_t key, const uint8_t *p, size_t n, int w, int h) {
+  const uint64_t k1 = 0x9e3779b97f4a7c15ull, k2 = 0xc2b2ae3d27d4eb4full;
+  uint64_t a = mix(key ^ k1), b = mix(key + k2 + ((uint64_t)(uint32_t)w << 32 | (uint32_t)h));
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) { /* two lanes */
+    uint64_t x, y;
+    memcpy(&x, p + i, 8);
+    memcpy(&y, p + i + 8, 8);
+    a = rotl(a ^ (x * k2), 31) * k1;
+    b = rotl(b ^ (y * k2), 29) * k1;
+  }
+  uint64_t tail = 0;
+  if (i < n) memcpy(&tail, p + i, n - i < 8 ? n - i : 8);
+  if (i + 8 < n) {
+    uint64_t t2 = 0;
+    memcpy(&t2, p + i + 8, n - i - 8);
+    b ^= mix(t2 + k1);
+  }
+  a ^= mix(tail + k2);
+  return mix(a ^ rotl(b, 17) ^ (uint64_t)n);
+}
+
+/* ---- one image ------------------------------------------------------------------ */
+
+void fe_mm_image_free(struct fe_mm_image *img) {
+  if (!img) return;
+  free(img->pixels);
+  img->pixels = NULL;
+  img->n_bytes = 0;
+}
+
+int fe_mm_image(const struct fe_mm *mm, const char *url, size_t url_len, struct fe_mm_image *out,
+                char *err, size_t errlen) {
+  memset(out, 0, sizeof(*out));
+  struct fe_image src;
+  memset(&src, 0, sizeof(src));
+  int rc = fe_image_load_url(url, url_len, &mm->lim, &src, err, errlen);
+  if (rc) return rc;
+  size_t n = (size_t)mm->width * (size_t)mm->height * (size_t)mm->channels;
+  if (src.w == mm->width && src.h == mm->height) {
+    out->pixels = src.rgb; /* already the size the model takes */
+    src.rgb = NULL;
+  } else if (!mm->do_resize) {
+    rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                 "a %d x %d image; this model takes %d x %d images and its processor does not "
+                 "resize",
+                 src.w, src.h, mm->width, mm->height);
+  } else if (!(out->pixels = malloc(n))) {
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the resized image");
+  } else if ((rc = wk_image_resize_bilinear(out->pixels, mm->width, mm->height, src.rgb, src.w,
+                                            src.h, mm->channels))) {
+    rc = cm_fail(err, errlen, rc, "the %d x %d image cannot be resized", src.w, src.h);
+  }
+  fe_image_free(&src);
+  if (rc) {
+    fe_mm_image_free(out);
+    return rc;
+  }
+  out->n_bytes = n;
+  out->hash = pixel_hash(mm->hash_key, out->pixels, n, mm->width, mm->height);
+  return 0;
+}
+
+/* ---- the prompt ------------------------------------------------------------------ */
+
+static size_t count_markers(const char *text, size_t len, const char *m) {
+  size_t ml = strlen(m), n = 0;
+  for (const char *p = text; (p = memmem(p, len - (size_t)(p - text), m, ml)) != NULL; p += ml)
+    n++;
+  return n;
+}
+
+int fe_mm_expand(const struct fe_mm *mm, const char *text, size_t len, size_t n_images,
+                 char **out, size_t *out_len, char *err, size_t errlen) {
+  *out = NULL;
+  *out_len = 0;
+  size_t markers = count_markers(text, len, mm->boi);
+  if (markers != n_images)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "the prompt has %zu image placeholder%s (%s) for %zu image%s", markers,
+                   markers == 1 ? "" : "s", mm->boi, n_images, n_images == 1 ? "" : "s");
+  size_t bl = strlen(mm->boi), sl = strlen(mm->soft), el = strlen(mm->eoi);
+  size_t run = 2 + bl + (size_t)mm->tokens * sl + el + 2;
+  size_t total = len - markers * bl + markers * run;
+  char *s = malloc(total + 1);
+  if (!s) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  size_t o = 0;
+  const char *p = text, *end = text + len;
+  for (size_t k = 0; k < markers; k++) {
+    const char *q = memmem(p, (size_t)(end - p), mm->boi, bl);
+    memcpy(s + o, p, (size_t)(q - p));
+    o += (size_t)(q - p);
+    memcpy(s + o, "\n\n", 2);
+    o += 2;
+    memcpy(s + o, mm->boi, bl);
+    o += bl;
+    for (int t = 0; t < mm->tokens; t++, o += sl)
+      memcpy(s + o, mm->soft, sl);
+    memcpy(s + o, mm->eoi, el);
+    o += el;
+    memcpy(s + o, "\n\n", 2);
+    o += 2;
+    p = q + bl;
+  }
+  memcpy(s + o, p, (size_t)(end - p));
+  o += (size_t)(end - p);
+  s[o] = 0;
+  *out = s;
+  *out_len = o;
+  return 0;
+}
+
+int fe_mm_find_runs(const struct fe_mm *mm, const int32_t *ids, size_t n, struct pr_image *imgs,
+                    size_t n_images, char *err, size_t errlen) {
+  size_t k = 0;
+  for (size_t i = 0; i < n;) {
+    if (ids[i] != mm->image_id) {
+      i++;
+      continue;
+    }
+    size_t j = i;
+    while (j < n && ids[j] == mm->image_id)
+      j++;
+    if (k == n_images || j - i != (size_t)mm->tokens)
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "the prompt's image tokens do not match its images (%s written in the text?)",
+                     mm->soft);
+    imgs[k].pos = (uint32_t)i;
+    imgs[k].n_tokens = (uint32_t)(j - i);
+    k++;
+    i = j;
+  }
+  if (k != n_images)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "the prompt has %zu image token runs for %zu images",
+                   k, n_images);
+  return 0;
+}

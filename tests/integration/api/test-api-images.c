@@ -1,0 +1,462 @@
+/* test-api-images.c — image input through the OpenAI API on a tiny Gemma 3
+ * with a vision tower (make-tiny-model --arch gemma3 --vision: 64 px images,
+ * 16 soft tokens each), two servers side by side:
+ *   A: the default step budget (prompts in one chunk), file:// allowed under a
+ *      folder;
+ *   B: --max-num-batched-tokens 24 (prompts in chunks whose ends the
+ *      scheduler moves out of the images), --limit-mm-per-prompt image=2.
+ * Greedy output for prompts with one and with two images is the same on both,
+ * alone or batched with text-only requests, from a prefix-cache hit or miss;
+ * a different image behind the same text shares only the text's blocks;
+ * usage counts the image tokens; file:// works only inside the allowed
+ * folder; every bad image is a 400 naming its part and the server goes on;
+ * and the official openai client sends an image (api-openai-images.mjs). */
+#include <jansson.h>
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+#include "tests/integration/api/api-serve.h"
+
+#define IMAGE_TOKEN 262144
+#define SOFT_TOKENS 16
+#define PART(k)     "messages[0].content[" #k "].image_url"
+
+/* ---- images ------------------------------------------------------------------- */
+
+struct membuf {
+  uint8_t *p;
+  size_t n, cap;
+};
+
+static void mem_write(png_structp png, png_bytep data, png_size_t n) {
+  struct membuf *b = png_get_io_ptr(png);
+  if (b->n + n > b->cap) {
+    b->cap = (b->n + n) * 2;
+    b->p = realloc(b->p, b->cap);
+    TH_REQUIRE(b->p != NULL);
+  }
+  memcpy(b->p + b->n, data, n);
+  b->n += n;
+}
+
+static void mem_flush(png_structp png) {
+  (void)png;
+}
+
+/* An 8-bit RGB PNG of w x h pixels (malloc'd, *n bytes). */
+static uint8_t *png_encode(const uint8_t *rgb, int w, int h, size_t *n) {
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+  png_infop info = png_create_info_struct(png);
+  TH_REQUIRE(png && info);
+  struct membuf b = {0};
+  TH_REQUIRE(setjmp(png_jmpbuf(png)) == 0);
+  png_set_write_fn(png, &b, mem_write, mem_flush);
+  png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB,
+               PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(png, info);
+  for (int y = 0; y < h; y++)
+    png_write_row(png, (png_const_bytep)(rgb + (size_t)y * w * 3));
+  png_write_end(png, NULL);
+  png_destroy_write_struct(&png, &info);
+  *n = b.n;
+  return b.p;
+}
+
+/* Test pictures: a gradient, a checkerboard, and the gradient inverted. */
+static uint8_t *picture(int kind, int w, int h, size_t *n) {
+  uint8_t *rgb = malloc((size_t)w * h * 3);
+  TH_REQUIRE(rgb != NULL);
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++) {
+      uint8_t *p = rgb + ((size_t)y * w + x) * 3;
+      if (kind == 1) {
+        int on = ((x / 8) + (y / 8)) & 1;
+        p[0] = on ? 230 : 20, p[1] = on ? 40 : 200, p[2] = (uint8_t)(x * 4);
+      } else {
+        p[0] = (uint8_t)(x * 255 / (w - 1)), p[1] = (uint8_t)(y * 255 / (h - 1));
+        p[2] = (uint8_t)((x + y) * 3);
+        if (kind == 2) p[0] = (uint8_t)(255 - p[0]), p[1] = (uint8_t)(255 - p[1]);
+      }
+    }
+  uint8_t *png = png_encode(rgb, w, h, n);
+  free(rgb);
+  return png;
+}
+
+static char *base64(const uint8_t *p, size_t n) {
+  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  char *s = malloc(4 * ((n + 2) / 3) + 1), *o = s;
+  TH_REQUIRE(s != NULL);
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                 (i + 2 < n ? p[i + 2] : 0);
+    *o++ = tab[v >> 18 & 63];
+    *o++ = tab[v >> 12 & 63];
+    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+    *o++ = i + 2 < n ? tab[v & 63] : '=';
+  }
+  *o = 0;
+  return s;
+}
+
+/* "data:image/png;base64,..." of bytes (malloc'd). */
+static char *data_url(const uint8_t *p, size_t n) {
+  char *b = base64(p, n);
+  size_t len = strlen(b) + 32;
+  char *u = malloc(len);
+  TH_REQUIRE(u != NULL);
+  snprintf(u, len, "data:image/png;base64,%s", b);
+  free(b);
+  return u;
+}
+
+static uint32_t crc32_of(const uint8_t *p, size_t n) {
+  uint32_t c = 0xffffffffu;
+  for (size_t i = 0; i < n; i++) {
+    c ^= p[i];
+    for (int k = 0; k < 8; k++)
+      c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1)));
+  }
+  return ~c;
+}
+
+/* A PNG signature and IHDR declaring w x h RGB pixels, then an empty IEND:
+ * what a decompression bomb's header looks like (or a zero-size image). */
+static char *png_header_url(uint32_t w, uint32_t h) {
+  uint8_t b[64];
+  size_t n = 0;
+  static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  memcpy(b, sig, 8);
+  n = 8;
+  uint8_t ihdr[17] = {'I', 'H', 'D', 'R', (uint8_t)(w >> 24), (uint8_t)(w >> 16), (uint8_t)(w >> 8),
+                      (uint8_t)w, (uint8_t)(h >> 24), (uint8_t)(h >> 16), (uint8_t)(h >> 8),
+                      (uint8_t)h, 8, 2, 0, 0, 0};
+  b[n++] = 0, b[n++] = 0, b[n++] = 0, b[n++] = 13;
+  memcpy(b + n, ihdr, 17);
+  n += 17;
+  uint32_t c = crc32_of(ihdr, 17);
+  b[n++] = (uint8_t)(c >> 24), b[n++] = (uint8_t)(c >> 16), b[n++] = (uint8_t)(c >> 8);
+  b[n++] = (uint8_t)c;
+  static const uint8_t iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+  memcpy(b + n, iend, 12);
+  n += 12;
+  return data_url(b, n);
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+/* A user message: text, then an image per url, then more text. */
+static char *chat_body(const char *before, const char *const urls[], int n_urls,
+                       const char *after) {
+  json_t *parts = json_array();
+  json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", before));
+  for (int i = 0; i < n_urls; i++)
+    json_array_append_new(parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url",
+                                           "url", urls[i]));
+  if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
+  json_t *b = json_pack("{s:[{s:s, s:o}], s:i, s:f, s:b}", "messages", "role", "user", "content",
+                        parts, "max_tokens", 8, "temperature", 0.0, "ignore_eos", 1);
+  char *s = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  TH_REQUIRE(s != NULL);
+  return s;
+}
+
+/* The greedy text of a chat answer and its prompt_tokens; fails the test on
+ * anything but a 200. */
+static void answer_of(const struct as_resp *r, char *text, size_t size, int *prompt_tokens) {
+  if (r->status != 200) fprintf(stderr, "answer %d: %s\n", r->status, r->body ? r->body : "");
+  TH_REQUIRE(r->status == 200);
+  json_t *j = as_json(r);
+  TH_REQUIRE(j != NULL);
+  json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+  const char *c = json_string_value(json_object_get(msg, "content"));
+  TH_REQUIRE(c != NULL);
+  snprintf(text, size, "%s", c);
+  json_t *u = json_object_get(j, "usage");
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "completion_tokens")), 8);
+  if (prompt_tokens) *prompt_tokens = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+  json_decref(j);
+}
+
+static void chat(const struct as_server *s, const char *body, char *text, size_t size,
+                 int *prompt_tokens) {
+  struct as_resp r;
+  as_post(s, "/v1/chat/completions", body, &r);
+  answer_of(&r, text, size, prompt_tokens);
+  as_resp_free(&r);
+}
+
+/* /tokenize of the same messages: the ids (malloc'd), *n of them. */
+static int *tokenize(const struct as_server *s, const char *chat_body_json, int *n) {
+  json_t *b = json_loads(chat_body_json, 0, NULL);
+  TH_REQUIRE(b != NULL);
+  json_t *t = json_pack("{s:O}", "messages", json_object_get(b, "messages"));
+  char *body = json_dumps(t, JSON_COMPACT);
+  json_decref(t);
+  json_decref(b);
+  struct as_resp r;
+  as_post(s, "/tokenize", body, &r);
+  free(body);
+  TH_REQUIRE(r.status == 200);
+  json_t *j = as_json(&r);
+  json_t *ids = json_object_get(j, "tokens");
+  *n = (int)json_array_size(ids);
+  int *v = malloc(sizeof(int) * (size_t)(*n + 1));
+  TH_REQUIRE(v != NULL);
+  for (int i = 0; i < *n; i++)
+    v[i] = (int)json_integer_value(json_array_get(ids, (size_t)i));
+  json_decref(j);
+  as_resp_free(&r);
+  return v;
+}
+
+/* A request that must be refused: 400 naming `param`, the message holding `want`. */
+static void refused(const struct as_server *s, const char *body, const char *param,
+                    const char *want) {
+  struct as_resp r;
+  as_post(s, "/v1/chat/completions", body, &r);
+  as_check_error(&r, 400, param);
+  if (want && (!r.body || !strstr(r.body, want)))
+    th_fail(__FILE__, __LINE__, "the error does not say '%s': %s", want, r.body ? r.body : "");
+  as_resp_free(&r);
+}
+
+/* ---- the test ------------------------------------------------------------------ */
+
+#define LONG_TEXT                                                                                  \
+  "Here is a long preamble so that several whole KV blocks come before the picture: the "       \
+  "quick brown fox jumps over the lazy dog, again and again, while the river runs to the sea "  \
+  "and the clocks strike the hours one after another. Look at this:"
+
+TH_TEST(images_through_the_api) {
+  th_proc_init(900);
+  char media[300];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(media, sizeof(media), "%s/lmserve-media-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  TH_REQUIRE(mkdtemp(media) != NULL);
+
+  struct as_server a = {.vision = 1}, b = {.vision = 1};
+  as_start(&a, 0, (char *[]){"--allowed-local-media-path", media, NULL});
+  as_start(&b, 0,
+           (char *[]){"--max-num-batched-tokens", "24", "--limit-mm-per-prompt", "image=2", NULL});
+
+  size_t n0, n1, n2;
+  uint8_t *p0 = picture(0, 40, 30, &n0); /* resized to 64 x 64 */
+  uint8_t *p1 = picture(1, 64, 64, &n1); /* already the model's size */
+  uint8_t *p2 = picture(2, 40, 30, &n2); /* p0 inverted */
+  char *u0 = data_url(p0, n0), *u1 = data_url(p1, n1), *u2 = data_url(p2, n2);
+
+  /* one image, then two: the same greedy text whole (A) and chunked (B) */
+  char *one = chat_body(LONG_TEXT, (const char *[]){u0}, 1, "What is in it?");
+  char *two = chat_body("Compare", (const char *[]){u0, u1}, 2, "Which is brighter?");
+  char ta1[512], tb1[512], ta2[512], tb2[512];
+  int pa1, pb1, pa2, pb2;
+  chat(&a, one, ta1, sizeof(ta1), &pa1);
+  chat(&b, one, tb1, sizeof(tb1), &pb1);
+  chat(&a, two, ta2, sizeof(ta2), &pa2);
+  chat(&b, two, tb2, sizeof(tb2), &pb2);
+  TH_CHECK_EQ_STR(ta1, tb1);
+  TH_CHECK_EQ_STR(ta2, tb2);
+  TH_CHECK_EQ_INT(pa1, pb1);
+  TH_CHECK_EQ_INT(pa2, pb2);
+
+  /* usage counts the image tokens: as many as /tokenize gives, each image's run
+   * "\n\n<start_of_image>" + 16 soft tokens + "<end_of_image>\n\n" in place */
+  int n_ids = 0, *ids = tokenize(&a, two, &n_ids);
+  TH_CHECK_EQ_INT(n_ids, pa2);
+  int runs = 0, soft = 0, first_soft = -1;
+  for (int i = 0; i < n_ids; i++) {
+    if (ids[i] != IMAGE_TOKEN) continue;
+    soft++;
+    if (i == 0 || ids[i - 1] != IMAGE_TOKEN) runs++;
+  }
+  TH_CHECK_EQ_INT(runs, 2);
+  TH_CHECK_EQ_INT(soft, 2 * SOFT_TOKENS);
+  free(ids);
+  ids = tokenize(&a, one, &n_ids);
+  for (int i = 0; i < n_ids && first_soft < 0; i++)
+    if (ids[i] == IMAGE_TOKEN) first_soft = i;
+  TH_CHECK(first_soft > 32); /* two whole 16-token blocks of text before the image */
+  free(ids);
+
+  /* alone vs batched with text-only requests (B: chunks of 24 tokens shared) */
+  {
+    char *t1 = chat_body("Write a poem about the sea and its many moods.", NULL, 0, NULL);
+    char *t2 = chat_body("List the planets.", NULL, 0, NULL);
+    const char *paths[4] = {"/v1/chat/completions", "/v1/chat/completions",
+                            "/v1/chat/completions", "/v1/chat/completions"};
+    const char *bodies[4] = {t1, two, t2, one};
+    struct as_resp r[4];
+    TH_CHECK_EQ_INT(as_post_many(&b, 4, paths, bodies, r), 4);
+    char t[512];
+    answer_of(&r[1], t, sizeof(t), NULL);
+    TH_CHECK_EQ_STR(t, tb2);
+    answer_of(&r[3], t, sizeof(t), NULL);
+    TH_CHECK_EQ_STR(t, tb1);
+    for (int i = 0; i < 4; i++)
+      as_resp_free(&r[i]);
+    free(t1);
+    free(t2);
+  }
+
+  /* prefix cache: the same request again is a hit with the same text; the same
+   * text with another image hits only the blocks before the image */
+  {
+    const char *hits = "lmserve:prefix_cache_hits_total";
+    double h0 = as_metric(&a, hits);
+    TH_REQUIRE(h0 == h0);
+    char t[512];
+    chat(&a, one, t, sizeof(t), NULL);
+    TH_CHECK_EQ_STR(t, ta1);
+    double h1 = as_metric_wait_min(&a, hits, h0 + 16, 5000);
+    TH_CHECK(h1 >= h0 + (pa1 - 1) / 16 * 16 - 16); /* the whole prompt but its last block */
+    char *other = chat_body(LONG_TEXT, (const char *[]){u2}, 1, "What is in it?");
+    char ta3[512], tb3[512];
+    chat(&a, other, ta3, sizeof(ta3), NULL);
+    double h2 = as_metric_wait_min(&a, hits, h1 + 16, 5000);
+    TH_CHECK(h2 - h1 >= 16);
+    TH_CHECK(h2 - h1 <= first_soft); /* nothing at or after the image's first token */
+    chat(&b, other, tb3, sizeof(tb3), NULL); /* B has never seen it: a miss */
+    TH_CHECK_EQ_STR(ta3, tb3);
+    /* and the image is read: another picture behind the same words answers otherwise
+     * (the seeded tiny model's greedy texts for the two differ) */
+    TH_CHECK(strcmp(ta3, ta1) != 0);
+    free(other);
+  }
+
+  /* file:// under --allowed-local-media-path (A), refused elsewhere and on B */
+  {
+    char path[400], url[420], link[400], lurl[420];
+    snprintf(path, sizeof(path), "%s/pic.png", media);
+    FILE *f = fopen(path, "wb");
+    TH_REQUIRE(f && fwrite(p0, 1, n0, f) == n0);
+    fclose(f);
+    snprintf(url, sizeof(url), "file://%s", path);
+    char *fb = chat_body(LONG_TEXT, (const char *[]){url}, 1, "What is in it?");
+    char t[512];
+    chat(&a, fb, t, sizeof(t), NULL);
+    TH_CHECK_EQ_STR(t, ta1);
+    refused(&b, fb, PART(1), "allowed-local-media-path");
+    free(fb);
+    snprintf(link, sizeof(link), "%s/escape.png", media);
+    TH_REQUIRE(symlink("/etc/hostname", link) == 0);
+    snprintf(lurl, sizeof(lurl), "file://%s", link);
+    fb = chat_body("x", (const char *[]){lurl}, 1, NULL);
+    refused(&a, fb, PART(1), NULL);
+    free(fb);
+    fb = chat_body("x", (const char *[]){"file:///etc/hostname"}, 1, NULL);
+    refused(&a, fb, PART(1), NULL);
+    free(fb);
+    unlink(link);
+    unlink(path);
+  }
+
+  /* the bad-image matrix (B); each a 400 naming the part, and B goes on serving */
+  {
+    char *trunc = data_url(p0, n0 * 3 / 5);
+    uint8_t junk[300];
+    memcpy(junk, p0, 8); /* the PNG signature, then noise */
+    for (size_t i = 8; i < sizeof(junk); i++)
+      junk[i] = (uint8_t)(i * 131u + 7u);
+    char *noise = data_url(junk, sizeof(junk));
+    char *text = data_url((const uint8_t *)"plain text, not a picture", 25);
+    char *bomb = png_header_url(100000, 100000), *zero = png_header_url(0, 16);
+    const struct {
+      const char *url, *want;
+    } bad[] = {
+        {trunc, NULL},
+        {noise, NULL},
+        {text, "unsupported image type"},
+        {bomb, NULL},
+        {zero, NULL},
+        {"data:image/png;base64,iVBORw0K@@@", NULL},
+        {"data:image/png,rawbytes", NULL},
+        {"data:image/png;base64,", NULL},
+        {"http://example.com/cat.png", "data:"},
+        {"ftp://example.com/cat.png", NULL},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+      char *body = chat_body("Look:", (const char *[]){bad[i].url}, 1, NULL);
+      refused(&b, body, PART(1), bad[i].want);
+      free(body);
+    }
+    char *three = chat_body("Three:", (const char *[]){u0, u1, u2}, 3, NULL);
+    refused(&b, three, PART(3), "limit-mm-per-prompt");
+    free(three);
+    refused(&b,
+            "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+            "\"image_url\":{\"detail\":\"low\"}}]}]}",
+            "messages[0].content[0]", NULL);
+    refused(&b,
+            "{\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"image_url\","
+            "\"image_url\":{\"url\":\"data:image/png;base64,AAAA\"}}]},"
+            "{\"role\":\"user\",\"content\":\"hi\"}]}",
+            "messages[0].content[0]", NULL);
+    refused(&b,
+            "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"video_url\","
+            "\"video_url\":{\"url\":\"x\"}}]}]}",
+            "messages[0].content[0]", "image_url");
+    free(trunc);
+    free(noise);
+    free(text);
+    free(bomb);
+    free(zero);
+    char t[512];
+    chat(&b, two, t, sizeof(t), NULL);
+    TH_CHECK_EQ_STR(t, tb2);
+  }
+
+  /* the official client (node + node_modules/openai), when present */
+  {
+    char *ver[] = {"node", "--version", NULL};
+    char *out = NULL, *err = NULL;
+    int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
+    int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
+    free(out), free(err);
+    const char *src = getenv("TH_SOURCE_DIR");
+    char pkg[1024], script[1024];
+    snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
+    snprintf(script, sizeof(script), "%s/integration/api/api-openai-images.mjs", th_tests_dir());
+    if (major < 20 || access(pkg, R_OK) != 0) {
+      fprintf(stderr, "SKIP (loudly): node >= 20 or node_modules/openai missing: the openai "
+                      "client's image request did not run\n");
+    } else {
+      char e_url[96], e_img[64], e_text[600];
+      snprintf(e_url, sizeof(e_url), "LMSERVE_URL=http://127.0.0.1:%d/v1", a.port);
+      char *img_env = malloc(strlen(u1) + 32);
+      TH_REQUIRE(img_env != NULL);
+      sprintf(img_env, "LMSERVE_IMAGE=%s", u1);
+      snprintf(e_img, sizeof(e_img), "LMSERVE_MODEL=default");
+      /* the expected greedy text of "Compare" [u0, u1] "Which is brighter?" */
+      snprintf(e_text, sizeof(e_text), "LMSERVE_EXPECT=%s", ta2);
+      char *u0_env = malloc(strlen(u0) + 32);
+      TH_REQUIRE(u0_env != NULL);
+      sprintf(u0_env, "LMSERVE_IMAGE0=%s", u0);
+      char *env[] = {e_url, e_img, img_env, u0_env, e_text, "NO_COLOR=1", NULL};
+      char *argv[] = {"node", "--test-reporter=spec", script, NULL};
+      struct th_proc node;
+      TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
+      TH_CHECK_EQ_INT(th_proc_wait(&node, 300000), 0);
+      TH_CHECK(node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) == 0);
+      th_proc_stop(&node, 1000);
+      free(img_env);
+      free(u0_env);
+    }
+  }
+
+  free(one);
+  free(two);
+  free(u0), free(u1), free(u2);
+  free(p0), free(p1), free(p2);
+  as_stop(&a);
+  as_stop(&b);
+  rmdir(media);
+}

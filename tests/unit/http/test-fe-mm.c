@@ -1,0 +1,72 @@
+/* test-fe-mm.c — the frontend's image prompt rules (fe-mm.h): each
+ * <start_of_image> the chat template writes becomes the HF processor's run
+ * ("\n\n" boi, the soft tokens, eoi "\n\n"), the markers must match the
+ * images, the soft-token runs found in the ids give each image its place,
+ * and --limit-mm-per-prompt takes vLLM's two spellings. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-mm.h"
+#include "tests/harness/th.h"
+
+static void small_mm(struct fe_mm *mm) {
+  memset(mm, 0, sizeof(*mm));
+  mm->enabled = 1;
+  mm->limit = 4;
+  mm->tokens = 3;
+  mm->image_id = 7;
+  strcpy(mm->boi, "<boi>");
+  strcpy(mm->soft, "<s>");
+  strcpy(mm->eoi, "<eoi>");
+}
+
+TH_TEST(expand_markers) {
+  struct fe_mm mm;
+  small_mm(&mm);
+  char *out = NULL, err[256] = "";
+  size_t n = 0;
+  const char *t = "A<boi>B<boi>";
+  TH_REQUIRE(fe_mm_expand(&mm, t, strlen(t), 2, &out, &n, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_STR(out, "A\n\n<boi><s><s><s><eoi>\n\nB\n\n<boi><s><s><s><eoi>\n\n");
+  TH_CHECK(n == strlen(out));
+  free(out);
+  TH_CHECK_EQ_INT(fe_mm_expand(&mm, t, strlen(t), 1, &out, &n, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "2 image placeholders (<boi>) for 1 image") != NULL);
+  TH_CHECK(out == NULL);
+  TH_CHECK_EQ_INT(fe_mm_expand(&mm, "no marker", 9, 1, &out, &n, err, sizeof(err)), CM_ERR_INVAL);
+  TH_REQUIRE(fe_mm_expand(&mm, "plain", 5, 0, &out, &n, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_STR(out, "plain");
+  free(out);
+}
+
+TH_TEST(find_runs) {
+  struct fe_mm mm;
+  small_mm(&mm);
+  struct pr_image im[3];
+  char err[256];
+  int32_t ids[] = {2, 5, 7, 7, 7, 6, 9, 7, 7, 7, 1};
+  TH_REQUIRE(fe_mm_find_runs(&mm, ids, 11, im, 2, err, sizeof(err)) == 0);
+  TH_CHECK(im[0].pos == 2 && im[0].n_tokens == 3 && im[1].pos == 7 && im[1].n_tokens == 3);
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 11, im, 1, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 11, im, 3, err, sizeof(err)), CM_ERR_INVAL);
+  int32_t short_run[] = {2, 7, 7, 1}; /* a run of 2 where images take 3 */
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, short_run, 4, im, 1, err, sizeof(err)), CM_ERR_INVAL);
+  int32_t long_run[] = {7, 7, 7, 7};
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, long_run, 4, im, 1, err, sizeof(err)), CM_ERR_INVAL);
+}
+
+TH_TEST(limit_flag) {
+  int n = -1;
+  char err[160];
+  TH_CHECK(fe_mm_parse_limit("image=3", &n, err, sizeof(err)) == 0 && n == 3);
+  TH_CHECK(fe_mm_parse_limit("{\"image\": 0}", &n, err, sizeof(err)) == 0 && n == 0);
+  TH_CHECK(fe_mm_parse_limit("image=", &n, err, sizeof(err)) == CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("image=-1", &n, err, sizeof(err)) == CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("image=65", &n, err, sizeof(err)) == CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("image=2x", &n, err, sizeof(err)) == CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("video=1", &n, err, sizeof(err)) == CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("{\"image\": 1, \"video\": 1}", &n, err, sizeof(err)) ==
+           CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("{\"image\": \"2\"}", &n, err, sizeof(err)) == CM_ERR_INVAL);
+}
