@@ -468,6 +468,11 @@ struct attn_task {
   int hper;   /* query heads per chunk */
 };
 
+/* Work items of a sequence's n query rows: tiles of KN_ATTN_TILE rows. */
+static long long tiles(int n) {
+  return ((long long)n + KN_ATTN_TILE - 1) / KN_ATTN_TILE;
+}
+
 static void attn_run(void *arg, long long u0, long long u1, int ith) {
   struct attn_task *a = arg;
   const long long *start = a->ctx->seq_items;
@@ -487,8 +492,15 @@ static void attn_run(void *arg, long long u0, long long u1, int ith) {
     local /= a->hsplit;
     int g0 = hc * a->hper, group = a->job.n_heads / n_kv;
     int ng = group - g0 < a->hper ? group - g0 : a->hper;
-    if (ng > 0)
-      a->ctx->dsp.attn(&a->job, &a->job.seqs[lo], (int)(local / n_kv), (int)(local % n_kv), g0, ng);
+    const struct kn_attn_seq *s = &a->job.seqs[lo];
+    int i0 = (int)(local / n_kv) * KN_ATTN_TILE, kvh = (int)(local % n_kv);
+    int nr = s->n_q - i0 < KN_ATTN_TILE ? s->n_q - i0 : KN_ATTN_TILE, khi;
+    if (ng <= 0) continue;
+    if (nr > 1 && a->ctx->dsp.attn_tile && kn_cpu_attn_tile_ok(s, a->job.window, i0, nr, &khi))
+      a->ctx->dsp.attn_tile(&a->job, s, i0, nr, khi, kvh, g0, ng);
+    else
+      for (int r = 0; r < nr; r++)
+        a->ctx->dsp.attn(&a->job, s, i0 + r, kvh, g0, ng);
   }
 }
 
@@ -506,9 +518,9 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
   /* Few (query, kv head) items, as in a single-sequence decode with one kv
    * head: split each GQA group's heads over the threads too (each head's
    * arithmetic does not depend on its neighbours). */
-  long long base = 0;
+  long long base = 0; /* items: row tiles x kv heads */
   for (int i = 0; i < n_seqs; i++)
-    base += (long long)seqs[i].n_q * view->n_kv_heads;
+    base += (long long)tiles(seqs[i].n_q) * view->n_kv_heads;
   int group = n_heads / view->n_kv_heads, hsplit = 1;
   if (base < 2LL * ctx->n_threads) {
     long long want = (2LL * ctx->n_threads + base - 1) / (base ? base : 1);
@@ -519,7 +531,7 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
   double work = 0;
   for (int i = 0; i < n_seqs; i++) {
     ctx->seq_items[i] = items;
-    items += (long long)seqs[i].n_q * view->n_kv_heads * hsplit;
+    items += (long long)tiles(seqs[i].n_q) * view->n_kv_heads * hsplit;
     work += (double)seqs[i].n_q * n_heads * view->head_dim * (seqs[i].pos0 + seqs[i].n_q);
   }
   ctx->seq_items[n_seqs] = items;

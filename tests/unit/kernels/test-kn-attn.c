@@ -332,6 +332,50 @@ static void check_attn_invariance(enum kn_cpu_isa isa, int D, int window, enum k
   kn_backend_destroy(be2);
 }
 
+/* An image alone (a vision encoder's pass): every row of [0, n) sees every
+ * key. Rows computed together (the SIMD kernels take them in tiles, sharing
+ * each key block while it is in cache) are the bits of rows computed one by
+ * one, and match the reference. */
+static void check_attn_tiles(enum kn_cpu_isa isa, int D, enum kn_dtype dt) {
+  struct kn_backend *be = kt_backend(isa, 2), *ref = kt_backend(KN_CPU_ISA_REF, 1);
+  int len = 37, H = 3, kvh = 3; /* 37: two whole tiles of 16 and a part */
+  struct kt_cache c;
+  cache_init(&c, be, 1, len, kvh, D, 16, dt);
+  ptrdiff_t ld = (ptrdiff_t)H * D;
+  float *q = kt_rand_f32((size_t)len * ld, 1.0f);
+  float *all = malloc(sizeof(float) * (size_t)len * ld), *rows = malloc(sizeof(float) * (size_t)len * ld);
+  float *want = malloc(sizeof(float) * (size_t)len * ld);
+  TH_REQUIRE(all && rows && want);
+  int32_t range[2] = {0, len};
+  struct kn_attn_seq s = seq_of(&c, 0, 0, 0, len);
+  s.bidir = range;
+  s.n_bidir = 1;
+  TH_REQUIRE(kn_attention(be, all, ld, q, ld, &c.view, &s, 1, H, 0, 0.125f, 0.0f) == 0);
+  TH_REQUIRE(kn_attention(ref, want, ld, q, ld, &c.view, &s, 1, H, 0, 0.125f, 0.0f) == 0);
+  for (int p = 0; p < len; p++) {
+    struct kn_attn_seq one = s;
+    one.pos0 = p;
+    one.n_q = 1;
+    TH_REQUIRE(kn_attention(be, rows + p * ld, ld, q + p * ld, ld, &c.view, &one, 1, H, 0, 0.125f,
+                            0.0f) == 0);
+  }
+  if (!kt_bits_equal(all, rows, (size_t)len * ld))
+    th_fail(__FILE__, __LINE__, "%s D=%d %s: tiled rows differ from rows alone",
+            kn_backend_name(be), D, kn_dtype_name(dt));
+  TH_CHECK(kt_nmse(all, want, (size_t)len * ld) < 1e-10);
+  free(q), free(all), free(rows), free(want);
+  cache_free(&c, be);
+  kn_backend_destroy(be);
+  kn_backend_destroy(ref);
+}
+
+TH_TEST(attention_tiles_of_an_image) {
+  kt_seed(17);
+  check_attn_tiles(KN_CPU_ISA_AVX512, 72, KN_DTYPE_F32);
+  check_attn_tiles(KN_CPU_ISA_AVX512, 64, KN_DTYPE_BF16);
+  check_attn_tiles(KN_CPU_ISA_AVX512, 20, KN_DTYPE_F32); /* not a multiple of 8: reference */
+}
+
 TH_TEST(attention_chunking_and_batch_invariant) {
   kt_seed(13);
   check_attn_invariance(KN_CPU_ISA_AVX512, 64, 0, KN_DTYPE_F32);
