@@ -138,7 +138,8 @@ int tl_bench_vision_main(int argc, char **argv) {
       s.block_tables[g] = blk.table[g];
       s.n_blocks[g] = blk.n[g];
     }
-    struct kn_sample_params sp = {.temperature = 0, .top_p = 1, .counter = (uint64_t)T};
+    struct kn_sample_params sp = {
+        .top_p = 1, .repetition_penalty = 1, .n_logprobs = -1, .seed = 1, .counter = (uint64_t)T};
     struct kn_sample_out out;
     struct wk_batch bt = {.seqs = &s, .n_seqs = 1, .sample = &sp, .sampled = &out};
     if ((rc = wk_model_forward(m, &bt, err, sizeof(err)))) goto fail;
