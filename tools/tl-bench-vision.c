@@ -154,7 +154,7 @@ int tl_bench_vision_main(int argc, char **argv) {
          kn_cpu_isa_name(kn_cpu_isa_detect()), (long long)threads);
   printf("tower        %d px, %d px patches, %d layers x %d, %d soft tokens of width %d\n", S,
          vc->patch, vc->n_layers, vc->hidden, N, H);
-  printf("encoder      %.2f images/s (%lld per pass, %.1f ms per pass)\n", (double)batch / t_enc,
+  printf("encoder      %.4g images/s (%lld per pass, %.1f ms per pass)\n", (double)batch / t_enc,
          (long long)batch, t_enc * 1e3);
   printf("ttft         %.1f ms mean, %.1f ms best: resize %lldx%lld -> %d %.1f ms, normalise "
          "%.1f ms, encode %.1f ms, prefill %d tokens %.1f ms\n",
