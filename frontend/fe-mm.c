@@ -9,6 +9,7 @@
 #include <sys/random.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "worker/wk-config.h"
 #include "worker/wk-vision-preproc.h"
 
@@ -106,38 +107,27 @@ int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_
  * process, so nobody outside can aim two images at one hash; a worker still
  * compares the pixels before it reuses an encoding. */
 
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int r) {
-  return (x << r) | (x >> (64 - r));
-}
-
 static uint64_t pixel_hash(uint64_t key, const uint8_t *p, size_t n, int w, int h) {
   const uint64_t k1 = 0x9e3779b97f4a7c15ull, k2 = 0xc2b2ae3d27d4eb4full;
-  uint64_t a = mix(key ^ k1), b = mix(key + k2 + ((uint64_t)(uint32_t)w << 32 | (uint32_t)h));
+  uint64_t a = cm_mix64(key ^ k1);
+  uint64_t b = cm_mix64(key + k2 + ((uint64_t)(uint32_t)w << 32 | (uint32_t)h));
   size_t i = 0;
   for (; i + 16 <= n; i += 16) { /* two lanes */
     uint64_t x, y;
     memcpy(&x, p + i, 8);
     memcpy(&y, p + i + 8, 8);
-    a = rotl(a ^ (x * k2), 31) * k1;
-    b = rotl(b ^ (y * k2), 29) * k1;
+    a = cm_rotl64(a ^ (x * k2), 31) * k1;
+    b = cm_rotl64(b ^ (y * k2), 29) * k1;
   }
   uint64_t tail = 0;
   if (i < n) memcpy(&tail, p + i, n - i < 8 ? n - i : 8);
   if (i + 8 < n) {
     uint64_t t2 = 0;
     memcpy(&t2, p + i + 8, n - i - 8);
-    b ^= mix(t2 + k1);
+    b ^= cm_mix64(t2 + k1);
   }
-  a ^= mix(tail + k2);
-  return mix(a ^ rotl(b, 17) ^ (uint64_t)n);
+  a ^= cm_mix64(tail + k2);
+  return cm_mix64(a ^ cm_rotl64(b, 17) ^ (uint64_t)n);
 }
 
 /* ---- one image ------------------------------------------------------------------ */

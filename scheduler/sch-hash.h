@@ -10,37 +10,25 @@
 
 #include <stdint.h>
 
+#include "common/cm-hash.h"
+
 #define SCH_HASH_K1 0x9e3779b97f4a7c15ull
 #define SCH_HASH_K2 0xc2b2ae3d27d4eb4full
 #define SCH_HASH_K3 0x165667b19e3779f9ull
 
-/* A strong 64-bit finaliser (murmur3 / splitmix style avalanche). */
-static inline uint64_t sch_hash_mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
-static inline uint64_t sch_hash_rotl(uint64_t x, int r) {
-  return (x << r) | (x >> (64 - r));
-}
-
 /* Hash of one block: n token ids (n = the group's tokens per block) after parent. */
 static inline uint64_t sch_hash_block(uint64_t key, uint64_t parent, int32_t group,
                                       const int32_t *tokens, int32_t n) {
-  uint64_t h = sch_hash_mix(key ^ SCH_HASH_K1) ^ sch_hash_mix(parent + SCH_HASH_K2);
-  h = sch_hash_mix(h ^ ((uint64_t)(uint32_t)group * SCH_HASH_K3) ^ (uint64_t)(uint32_t)n);
+  uint64_t h = cm_mix64(key ^ SCH_HASH_K1) ^ cm_mix64(parent + SCH_HASH_K2);
+  h = cm_mix64(h ^ ((uint64_t)(uint32_t)group * SCH_HASH_K3) ^ (uint64_t)(uint32_t)n);
   int32_t i = 0;
   /* two token ids per 64-bit lane */
   for (; i + 1 < n; i += 2) {
     uint64_t v = (uint64_t)(uint32_t)tokens[i] | ((uint64_t)(uint32_t)tokens[i + 1] << 32);
-    h = sch_hash_rotl(h ^ (v * SCH_HASH_K2), 31) * SCH_HASH_K1 + SCH_HASH_K3;
+    h = cm_rotl64(h ^ (v * SCH_HASH_K2), 31) * SCH_HASH_K1 + SCH_HASH_K3;
   }
-  if (i < n) h = sch_hash_rotl(h ^ ((uint64_t)(uint32_t)tokens[i] * SCH_HASH_K2), 31) * SCH_HASH_K1;
-  return sch_hash_mix(h ^ (uint64_t)n);
+  if (i < n) h = cm_rotl64(h ^ ((uint64_t)(uint32_t)tokens[i] * SCH_HASH_K2), 31) * SCH_HASH_K1;
+  return cm_mix64(h ^ (uint64_t)n);
 }
 
 #endif

@@ -34,7 +34,7 @@ void sch_queue_free(struct sch_queue *q) {
 /* ---- id map --------------------------------------------------------------------- */
 
 static struct sch_request **bucket_of(const struct sch_queue *q, uint64_t id) {
-  return &q->buckets[sch_hash_mix(id) & q->mask];
+  return &q->buckets[cm_mix64(id) & q->mask];
 }
 
 void sch_queue_map_add(struct sch_queue *q, struct sch_request *r) {

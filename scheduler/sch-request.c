@@ -40,7 +40,7 @@ static int check_images(const struct sch_engine_config *cfg, const struct sch_re
 
 /* The prefix-cache key of soft token k of an image with content hash h. */
 static int32_t image_key(uint64_t h, int32_t k) {
-  uint64_t x = sch_hash_mix(h ^ sch_hash_mix((uint64_t)(uint32_t)k + SCH_HASH_K2));
+  uint64_t x = cm_mix64(h ^ cm_mix64((uint64_t)(uint32_t)k + SCH_HASH_K2));
   return (int32_t)(0x80000000u | (uint32_t)(x & 0x7fffffffu));
 }
 

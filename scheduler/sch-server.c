@@ -15,6 +15,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "scheduler/sch-server-impl.h"
@@ -36,10 +37,7 @@ void sch_server_config_default(struct sch_server_config *cfg) {
 }
 
 uint64_t sch_srv_random(struct sch_server *s) {
-  uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return cm_splitmix64(&s->rng);
 }
 
 static uint64_t seed_entropy(void) {

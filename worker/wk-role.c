@@ -11,6 +11,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "worker/wk-encoder.h"
 
 #define TOPN WK_MAX_LOGPROBS /* top logprobs kept per produced token */
@@ -245,10 +246,7 @@ void wk_role_sampling(const struct pr_sampling *in, uint64_t fallback_seed,
 
 /* A splitmix64 mix: the seed of a request that gave none. */
 static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return cm_splitmix64(&x);
 }
 
 /* ---- checking a step (nothing changes until it passes) ------------------------- */

@@ -16,6 +16,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "kernels/kn-dtype.h"
 
 void wk_tiny_spec_free(struct wk_tiny_spec *s) {
@@ -466,10 +467,7 @@ struct rng {
 };
 
 static uint64_t rng_next(struct rng *r) {
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return cm_splitmix64(&r->s);
 }
 
 static double rng_unit(struct rng *r) { /* (0, 1) */
