@@ -222,23 +222,11 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
       continue;
     }
     if (t++) s[o++] = '\n';
-    if (parts) {
-      parts[k].text = s + o;
-      parts[k].text_len = json_string_length(text);
-    }
     memcpy(s + o, json_string_value(text), json_string_length(text));
     o += json_string_length(text);
+    if (parts && !(parts[k].text = dup_str(p, text, &parts[k].text_len))) return nomem(p);
   }
   s[o] = 0;
-  /* each text part read from s: NUL-terminate them in a copy of their own */
-  for (size_t k = 0; parts && k < n; k++) {
-    if (parts[k].is_image) continue;
-    char *t = cm_arena_alloc(&p->r->arena, parts[k].text_len + 1);
-    if (!t) return nomem(p);
-    memcpy(t, parts[k].text, parts[k].text_len);
-    t[parts[k].text_len] = 0;
-    parts[k].text = t;
-  }
   m->content = s;
   m->content_len = o;
   m->parts = parts;

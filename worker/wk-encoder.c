@@ -147,7 +147,9 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
       x->used = ++e->clock;
       x->step = e->step;
       if (x < e->v + e->n - k) e->hits++; /* found, not one this call adds */
-      rows[i] = NULL; /* filled below, once the entries stop moving */
+      /* entries may move (eviction, growth) but their buffers stay, and nothing
+       * this step uses is evicted */
+      rows[i] = x->rows;
       continue;
     }
     make_room(e); /* evicts only entries this step has not used */
@@ -172,6 +174,7 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
                              e->height, e->channels, &vc->pre, err, errlen);
     e->v[e->n++] = nx;
     k++;
+    rows[i] = nx.rows;
     if (rc) goto undo;
   }
   if (k) { /* the new images in one call: the tower runs them max_images at a time */
@@ -182,8 +185,6 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
       memcpy(e->v[e->n - k + j].rows, e->stage_rows + per * (size_t)j, sizeof(float) * per);
     e->encodes += (uint64_t)k;
   }
-  for (int i = 0; i < n; i++)
-    rows[i] = find(e, ims[i])->rows;
   return 0;
 undo: /* the entries this call added hold nothing valid */
   while (k-- > 0)
