@@ -77,42 +77,6 @@ static void fill_pixels(float *px, int n, int C, int S) {
         }
 }
 
-static int write_file(const char *path, const void *a, size_t bytes) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return -1;
-  size_t w = fwrite(a, 1, bytes, f);
-  return fclose(f) || w != bytes ? -1 : 0;
-}
-
-static int read_f32(const char *path, float *a, size_t n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return -1;
-  size_t r = fread(a, sizeof(float), n, f);
-  int extra = fgetc(f) != EOF;
-  fclose(f);
-  return r == n && !extra ? 0 : -1;
-}
-
-/* A python3 with numpy (LMSERVE_PYTHON, the one on PATH, else Debian's
- * /usr/bin/python3), or a skip that says what is missing. */
-static const char *require_numpy(void) {
-  const char *env = getenv("LMSERVE_PYTHON");
-  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
-  int found = 0;
-  for (size_t i = 0; i < CM_ARRAY_LEN(cands); i++) {
-    char out[512];
-    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
-    int rc = cm_run_capture(argv, out, sizeof(out));
-    if (rc == 0) return cands[i];
-    if (rc != CM_ERR_NOENT) found = 1;
-  }
-  if (!found)
-    TH_SKIP("NO PYTHON3: the image prompt's logits are not checked against "
-            "tests/reference/gemma3_mm_ref.py (install python3 and python3-numpy: tools/setup)");
-  TH_SKIP("NO NUMPY: the image prompt's logits are not checked against "
-          "tests/reference/gemma3_mm_ref.py (install python3-numpy: tools/setup)");
-}
-
 /* Text ids: anything but the special and image ids at the ends of the vocabulary. */
 static int32_t text_id(uint32_t *st, int V) {
   *st = *st * 1664525u + 1013904223u;
@@ -151,7 +115,7 @@ static void build_prompt(struct fx *f, int boi, int eoi) {
 /* window: the text model's sliding window (0: the generated model's 64). */
 static void setup(struct fx *f, int window, int need_python) {
   memset(f, 0, sizeof(*f));
-  f->python = need_python ? require_numpy() : NULL;
+  f->python = need_python ? wkt_require_numpy("the image prompt's logits", "gemma3_mm_ref.py") : NULL;
   TH_REQUIRE(wkt_tmpdir(f->dir, sizeof(f->dir)) == 0);
   struct wk_tiny_spec s;
   struct wk_tiny_opts o = {
@@ -196,7 +160,7 @@ static void setup(struct fx *f, int window, int need_python) {
   }
   char path[4200];
   snprintf(path, sizeof(path), "%s/pixels.f32", f->dir);
-  TH_REQUIRE(write_file(path, px, n_px * sizeof(float)) == 0);
+  TH_REQUIRE(wkt_write_file(path, px, n_px * sizeof(float)) == 0);
   free(px);
   build_prompt(f, vc->boi_id, vc->eoi_id);
   TH_REQUIRE(f->T + N_GREEDY <= MAX_T);
@@ -290,7 +254,7 @@ static void run_reference(struct fx *f, int n, int causal, float *want) {
   snprintf(out_path, sizeof(out_path), "%s/reference.f32", f->dir);
   snprintf(script, sizeof(script), "%s/reference/gemma3_mm_ref.py", th_tests_dir());
   snprintf(count, sizeof(count), "%d", N_IMAGES);
-  TH_REQUIRE(write_file(ids_path, f->ids, (size_t)n * sizeof(int32_t)) == 0);
+  TH_REQUIRE(wkt_write_file(ids_path, f->ids, (size_t)n * sizeof(int32_t)) == 0);
   char *argv[] = {(char *)f->python,          script, f->dir, ids_path, px_path, count, out_path,
                   causal ? "--causal" : NULL, NULL};
   int rc = cm_run_capture(argv, log, sizeof(log));
@@ -298,7 +262,7 @@ static void run_reference(struct fx *f, int n, int causal, float *want) {
     th_fail(__FILE__, __LINE__, "gemma3_mm_ref.py exited with %d:\n%s", rc, log);
     th_stop();
   }
-  TH_REQUIRE(read_f32(out_path, want, (size_t)n * f->V) == 0);
+  TH_REQUIRE(wkt_read_f32(out_path, want, (size_t)n * f->V) == 0);
 }
 
 static int argmax(const float *row, int V) {

@@ -224,43 +224,6 @@ static void fill_pixels(float *px, int n, int C, int S) {
         }
 }
 
-static int write_f32(const char *path, const float *a, size_t n) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return -1;
-  size_t w = fwrite(a, sizeof(float), n, f);
-  return fclose(f) || w != n ? -1 : 0;
-}
-
-static int read_f32(const char *path, float *a, size_t n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return -1;
-  size_t r = fread(a, sizeof(float), n, f);
-  int extra = fgetc(f) != EOF;
-  fclose(f);
-  return r == n && !extra ? 0 : -1;
-}
-
-/* A python3 with numpy (LMSERVE_PYTHON, the one on PATH, else Debian's
- * /usr/bin/python3: a PATH may put another interpreter first), or a skip that
- * says what is missing. */
-static const char *require_numpy(void) {
-  const char *env = getenv("LMSERVE_PYTHON");
-  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
-  int found = 0;
-  for (size_t i = 0; i < CM_ARRAY_LEN(cands); i++) {
-    char out[512];
-    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
-    int rc = cm_run_capture(argv, out, sizeof(out));
-    if (rc == 0) return cands[i];
-    if (rc != CM_ERR_NOENT) found = 1;
-  }
-  if (!found)
-    TH_SKIP("NO PYTHON3: the vision encoder is not checked against tests/reference/siglip_ref.py "
-            "(install python3 and python3-numpy: tools/setup)");
-  TH_SKIP("NO NUMPY: the vision encoder is not checked against tests/reference/siglip_ref.py "
-          "(install python3-numpy: tools/setup)");
-}
-
 /* f32 weights, and bf16 ones (the reference widens them exactly, as we do) */
 static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   char dir[4096], err[512] = "";
@@ -296,14 +259,14 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   snprintf(out_path, sizeof(out_path), "%s/reference.f32", dir);
   snprintf(script, sizeof(script), "%s/reference/siglip_ref.py", th_tests_dir());
   snprintf(count, sizeof(count), "%d", n);
-  TH_REQUIRE(write_f32(px_path, px, n_px) == 0);
+  TH_REQUIRE(wkt_write_file(px_path, px, n_px * sizeof(float)) == 0);
   char *argv[] = {(char *)python, script, dir, px_path, count, out_path, NULL};
   int rc = cm_run_capture(argv, log, sizeof(log));
   if (rc != 0) {
     th_fail(__FILE__, __LINE__, "siglip_ref.py exited with %d:\n%s", rc, log);
     th_stop();
   }
-  TH_REQUIRE(read_f32(out_path, want, n_out) == 0);
+  TH_REQUIRE(wkt_read_f32(out_path, want, n_out) == 0);
   double lo = INFINITY, hi = -INFINITY, worst = 0.0;
   for (size_t i = 0; i < n_out; i++) {
     lo = fmin(lo, want[i]);
@@ -330,7 +293,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
 }
 
 TH_TEST(vision_encoder_matches_numpy_reference) {
-  const char *python = require_numpy();
+  const char *python = wkt_require_numpy("the vision encoder", "siglip_ref.py");
   check_against_reference(python, WK_ST_F32);
   check_against_reference(python, WK_ST_BF16);
 }

@@ -7,6 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "common/cm-proc.h"
 #include "tests/harness/th.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-tiny-spec.h"
@@ -67,6 +70,45 @@ static inline struct wk_st *wkt_golden_open(const char *name, const char *args, 
     th_stop();
   }
   return g;
+}
+
+/* bytes to / raw little-endian f32 from a file (the numpy references' I/O);
+ * 0 or -1 (a short file, or one with more in it, is -1) */
+static inline int wkt_write_file(const char *path, const void *a, size_t bytes) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return -1;
+  size_t w = fwrite(a, 1, bytes, f);
+  return fclose(f) || w != bytes ? -1 : 0;
+}
+
+static inline int wkt_read_f32(const char *path, float *a, size_t n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  size_t r = fread(a, sizeof(float), n, f);
+  int extra = fgetc(f) != EOF;
+  fclose(f);
+  return r == n && !extra ? 0 : -1;
+}
+
+/* A python3 with numpy (LMSERVE_PYTHON, the one on PATH, else Debian's
+ * /usr/bin/python3: a PATH may put another interpreter first), or a skip that
+ * says what is missing and that `what` was not checked against `script`. */
+static inline const char *wkt_require_numpy(const char *what, const char *script) {
+  const char *env = getenv("LMSERVE_PYTHON");
+  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
+  int found = 0;
+  for (size_t i = 0; i < CM_ARRAY_LEN(cands); i++) {
+    char out[512];
+    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
+    int rc = cm_run_capture(argv, out, sizeof(out));
+    if (rc == 0) return cands[i];
+    if (rc != CM_ERR_NOENT) found = 1;
+  }
+  char why[512];
+  snprintf(why, sizeof(why), "%s: %s is not checked against tests/reference/%s (install %s: "
+           "tools/setup)", found ? "NO NUMPY" : "NO PYTHON3", what, script,
+           found ? "python3-numpy" : "python3 and python3-numpy");
+  TH_SKIP(why);
 }
 
 #endif
