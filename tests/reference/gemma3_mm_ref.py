@@ -86,14 +86,8 @@ import siglip_ref  # noqa: E402  (the safetensors reader and the image encoder)
 
 def stored_dtypes(model_dir):
     """{tensor name: safetensors dtype string}, from the headers only."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
     out = {}
-    for name in files:
+    for name in siglip_ref.checkpoint_files(model_dir):
         with open(os.path.join(model_dir, name), "rb") as f:
             (hlen,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(hlen).decode("utf-8"))

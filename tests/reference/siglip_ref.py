@@ -52,15 +52,18 @@ def read_safetensors(path):
     return out
 
 
-def read_checkpoint(model_dir):
+def checkpoint_files(model_dir):
+    """The checkpoint's .safetensors files: the index's, else model.safetensors."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
+            return sorted(set(json.load(f)["weight_map"].values()))
+    return ["model.safetensors"]
+
+
+def read_checkpoint(model_dir):
     tensors = {}
-    for name in files:
+    for name in checkpoint_files(model_dir):
         tensors.update(read_safetensors(os.path.join(model_dir, name)))
     return tensors
 
