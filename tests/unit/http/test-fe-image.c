@@ -22,6 +22,7 @@
 #include <webp/decode.h>
 #include <webp/encode.h>
 #include <webp/mux.h>
+#include <zlib.h>
 
 #include "common/cm-err.h"
 #include "common/cm-fs.h"
@@ -238,16 +239,6 @@ static void png_roundtrip(const struct png_in *in, const uint8_t *want, const ch
   mb_free(&m);
 }
 
-static uint32_t crc32_png(const uint8_t *p, size_t n) {
-  uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < n; i++) {
-    c ^= p[i];
-    for (int k = 0; k < 8; k++)
-      c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1)));
-  }
-  return ~c;
-}
-
 static void put_be32(uint8_t *p, uint32_t v) {
   p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
 }
@@ -256,7 +247,7 @@ static void put_be32(uint8_t *p, uint32_t v) {
 static void png_set_size(struct mbuf *m, uint32_t w, uint32_t h) {
   put_be32(m->p + 16, w);
   put_be32(m->p + 20, h);
-  put_be32(m->p + 29, crc32_png(m->p + 12, 17));
+  put_be32(m->p + 29, (uint32_t)crc32(0, m->p + 12, 17));
 }
 
 /* A w x h random RGB PNG, and its pixels in *px when px is non-NULL. */

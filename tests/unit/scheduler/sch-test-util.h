@@ -119,4 +119,26 @@ static inline void check_engine(const struct sch_engine *e, const char *file, in
 }
 #define CHECK_ENGINE(e) check_engine((e), __FILE__, __LINE__)
 
+/* The plan's entry for request id, or NULL when the step does not run it. */
+static inline const struct sch_plan_seq *fake_find_seq(const struct sch_plan *p, uint64_t id) {
+  for (int32_t i = 0; i < p->num_seqs; i++)
+    if (p->seqs[i].req_id == id) return &p->seqs[i];
+  return NULL;
+}
+
+/* One step answered by rank w accepting every draft (the engine checked before
+ * and after); returns the outputs. */
+static inline struct sch_outputs fake_step(struct sch_engine *e, struct fake_worker *w,
+                                           struct sch_plan *plan) {
+  struct sch_outputs outs = {0};
+  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
+  CHECK_ENGINE(e);
+  if (plan->num_seqs > 0) {
+    fake_answer(w, plan, 1);
+    TH_REQUIRE(sch_engine_apply(e, w->res, w->num, &outs) == 0);
+  }
+  CHECK_ENGINE(e);
+  return outs;
+}
+
 #endif

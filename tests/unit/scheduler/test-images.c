@@ -45,20 +45,8 @@ static int add(struct sch_engine *e, uint64_t id, const int32_t *p, int32_t n,
   return sch_engine_add(e, &q, err, errlen);
 }
 
-static const struct sch_plan_seq *find_seq(const struct sch_plan *p, uint64_t id) {
-  for (int32_t i = 0; i < p->num_seqs; i++)
-    if (p->seqs[i].req_id == id) return &p->seqs[i];
-  return NULL;
-}
-
 static void step(struct sch_engine *e, struct sch_plan *plan) {
-  struct sch_outputs outs = {0};
-  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
-  CHECK_ENGINE(e);
-  if (plan->num_seqs > 0) {
-    fake_answer(&g_rank, plan, 1);
-    TH_REQUIRE(sch_engine_apply(e, g_rank.res, g_rank.num, &outs) == 0);
-  }
+  fake_step(e, &g_rank, plan);
 }
 
 /* The chunk [s, s + n) cuts no image, and lists exactly the images it meets. */
@@ -95,7 +83,7 @@ TH_TEST(chunks_never_end_inside_an_image) {
   struct sch_plan plan;
   for (int guard = 0; guard < 20; guard++) {
     step(e, &plan);
-    const struct sch_plan_seq *s = find_seq(&plan, 1);
+    const struct sch_plan_seq *s = fake_find_seq(&plan, 1);
     if (!s || s->start_pos >= 40) break;
     check_chunk(s, im, 2);
     ends[n_ends++] = s->start_pos + s->num_tokens;
@@ -123,12 +111,12 @@ TH_TEST(an_image_waits_for_room_rather_than_split) {
   step(e, &plan); /* request 1's prefill */
   TH_REQUIRE(add(e, 2, p, 12, &im, 1, err, sizeof(err)) == 0);
   step(e, &plan); /* 1 decodes (1 token): 9 left, the image needs 10 */
-  TH_CHECK(find_seq(&plan, 1) != NULL);
-  TH_CHECK(find_seq(&plan, 2) == NULL);
+  TH_CHECK(fake_find_seq(&plan, 1) != NULL);
+  TH_CHECK(fake_find_seq(&plan, 2) == NULL);
   int seen = 0;
   for (int guard = 0; guard < 10 && !seen; guard++) {
     step(e, &plan);
-    const struct sch_plan_seq *s = find_seq(&plan, 2);
+    const struct sch_plan_seq *s = fake_find_seq(&plan, 2);
     if (s) {
       check_chunk(s, &im, 1);
       TH_CHECK(s->num_tokens >= 10);
@@ -167,7 +155,7 @@ TH_TEST(prefix_cache_keys_images_on_their_hash) {
   step(e, &plan);
   sch_engine_stats(e, &st);
   TH_CHECK_EQ_INT((int)(st.prefix_hits - h0), 16);
-  const struct sch_plan_seq *s = find_seq(&plan, 3);
+  const struct sch_plan_seq *s = fake_find_seq(&plan, 3);
   TH_REQUIRE(s != NULL);
   TH_CHECK_EQ_INT(s->start_pos, 16);
   TH_CHECK_EQ_INT(s->num_images, 1);
@@ -205,7 +193,7 @@ TH_TEST(a_hit_may_end_inside_an_image) {
   a2.num_tokens = 6;
   TH_REQUIRE(add(e, 2, q, 12, &a2, 1, err, sizeof(err)) == 0);
   step(e, &plan);
-  const struct sch_plan_seq *s = find_seq(&plan, 2);
+  const struct sch_plan_seq *s = fake_find_seq(&plan, 2);
   TH_REQUIRE(s != NULL);
   TH_CHECK_EQ_INT(s->start_pos, 8);
   TH_CHECK_EQ_INT(s->num_tokens, 4);
@@ -216,7 +204,7 @@ TH_TEST(a_hit_may_end_inside_an_image) {
   /* the same image and prompt: hit up to 16 (the last token always runs) */
   TH_REQUIRE(add(e, 3, p, 20, &a, 1, err, sizeof(err)) == 0);
   step(e, &plan);
-  s = find_seq(&plan, 3);
+  s = fake_find_seq(&plan, 3);
   TH_REQUIRE(s != NULL);
   TH_CHECK_EQ_INT(s->start_pos, 16);
   TH_CHECK_EQ_INT(s->num_images, 0);
@@ -235,7 +223,7 @@ TH_TEST(image_bytes_per_step_are_capped) {
   TH_REQUIRE(add(e, 1, p, 8, &a, 1, err, sizeof(err)) == 0);
   TH_REQUIRE(add(e, 2, q, 8, &b, 1, err, sizeof(err)) == 0);
   step(e, &plan);
-  const struct sch_plan_seq *s1 = find_seq(&plan, 1), *s2 = find_seq(&plan, 2);
+  const struct sch_plan_seq *s1 = fake_find_seq(&plan, 1), *s2 = fake_find_seq(&plan, 2);
   TH_REQUIRE(s1 != NULL);
   TH_CHECK_EQ_INT(s1->num_images, 1);
   /* the second request's chunk stops before its image */
@@ -244,7 +232,7 @@ TH_TEST(image_bytes_per_step_are_capped) {
     TH_CHECK(s2->start_pos + s2->num_tokens <= 2);
   }
   step(e, &plan);
-  s2 = find_seq(&plan, 2);
+  s2 = fake_find_seq(&plan, 2);
   TH_REQUIRE(s2 != NULL);
   TH_CHECK_EQ_INT(s2->num_images, 1);
   sch_engine_destroy(e);

@@ -23,27 +23,13 @@ static int add_req(struct sch_engine *e, uint64_t id, const int32_t *prompt, int
   return fake_add(e, id, prompt, n, max_tokens, err, sizeof(err));
 }
 
-static const struct sch_plan_seq *find_seq(const struct sch_plan *p, uint64_t id) {
-  for (int32_t i = 0; i < p->num_seqs; i++)
-    if (p->seqs[i].req_id == id) return &p->seqs[i];
-  return NULL;
-}
-
 /* The fake rank answering every test's steps (it accepts every draft, so it draws no
  * random numbers and keeps no state from one answer to the next). */
 static struct fake_worker g_rank = {.rng = 1};
 
 /* One step with the fake rank; returns the outputs. */
 static struct sch_outputs step(struct sch_engine *e, struct sch_plan *plan) {
-  struct sch_outputs outs = {0};
-  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
-  CHECK_ENGINE(e);
-  if (plan->num_seqs > 0) {
-    fake_answer(&g_rank, plan, 1);
-    TH_REQUIRE(sch_engine_apply(e, g_rank.res, g_rank.num, &outs) == 0);
-  }
-  CHECK_ENGINE(e);
-  return outs;
+  return fake_step(e, &g_rank, plan);
 }
 
 static int32_t prompt_buf[4096];
@@ -111,9 +97,9 @@ TH_TEST(decodes_mix_with_prefill_chunks) {
   TH_REQUIRE(add_req(e, 2, seq_prompt(5, 200), 5, 10) == 0);
   step(e, &plan); /* both prompts: 5 + 3 tokens */
   TH_CHECK_EQ_INT(plan.num_seqs, 2);
-  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 5);
-  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 3);
-  TH_CHECK(!find_seq(&plan, 2)->sample);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 1)->num_tokens, 5);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 2)->num_tokens, 3);
+  TH_CHECK(!fake_find_seq(&plan, 2)->sample);
   TH_REQUIRE(add_req(e, 3, seq_prompt(30, 300), 30, 10) == 0);
   step(e, &plan);
   /* decode of 1 first, then the rest of 2's prompt, then 3's first chunk */
@@ -128,10 +114,10 @@ TH_TEST(decodes_mix_with_prefill_chunks) {
   TH_CHECK_EQ_INT(plan.num_tokens, 8);
   step(e, &plan);
   /* two decodes come first, 3's prefill gets the 6 tokens left */
-  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 1);
-  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 1);
-  TH_CHECK_EQ_INT(find_seq(&plan, 3)->num_tokens, 6);
-  TH_CHECK_EQ_INT(find_seq(&plan, 3)->start_pos, 5);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 1)->num_tokens, 1);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 2)->num_tokens, 1);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 3)->num_tokens, 6);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 3)->start_pos, 5);
   sch_engine_destroy(e);
 }
 
@@ -143,16 +129,16 @@ TH_TEST(max_num_seqs_caps_running) {
   TH_REQUIRE(add_req(e, 3, seq_prompt(3, 300), 3, 5) == 0);
   step(e, &plan);
   TH_CHECK_EQ_INT(plan.num_seqs, 2);
-  TH_CHECK(find_seq(&plan, 3) == NULL);
+  TH_CHECK(fake_find_seq(&plan, 3) == NULL);
   struct sch_engine_stats st;
   sch_engine_stats(e, &st);
   TH_CHECK_EQ_INT(st.num_running, 2);
   TH_CHECK_EQ_INT(st.num_waiting, 1);
   struct sch_outputs o = step(e, &plan); /* 1 finishes here */
-  TH_CHECK(find_seq(&plan, 3) == NULL);
+  TH_CHECK(fake_find_seq(&plan, 3) == NULL);
   TH_CHECK(o.num == 2 && o.items[0].req_id == 1 && o.items[0].finish == SCH_FINISH_LENGTH);
   step(e, &plan);
-  TH_CHECK(find_seq(&plan, 3) != NULL && find_seq(&plan, 3)->is_new);
+  TH_CHECK(fake_find_seq(&plan, 3) != NULL && fake_find_seq(&plan, 3)->is_new);
   TH_CHECK_EQ_INT(plan.num_finished, 1);
   sch_engine_destroy(e);
 }
@@ -218,7 +204,7 @@ TH_TEST(prefix_hit_on_repeated_prompt) {
   /* a third identical request shares the blocks while 2 still holds them */
   TH_REQUIRE(add_req(e, 3, p, 40, 2) == 0);
   o = step(e, &plan);
-  const struct sch_plan_seq *s2 = find_seq(&plan, 2), *s3 = find_seq(&plan, 3);
+  const struct sch_plan_seq *s2 = fake_find_seq(&plan, 2), *s3 = fake_find_seq(&plan, 3);
   TH_REQUIRE(s2 && s3);
   TH_CHECK_EQ_INT(s3->num_cached, 32);
   TH_CHECK_EQ_INT(s3->block_table[0][0], s2->block_table[0][0]);
@@ -267,12 +253,12 @@ TH_TEST(long_prefill_threshold_lets_short_prompts_in) {
   struct sch_plan plan;
   step(e, &plan);
   TH_REQUIRE(plan.num_seqs == 2);
-  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8);
-  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 5);
-  TH_CHECK(find_seq(&plan, 2)->sample);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 1)->num_tokens, 8);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 2)->num_tokens, 5);
+  TH_CHECK(fake_find_seq(&plan, 2)->sample);
   step(e, &plan);
-  TH_CHECK_EQ_INT(find_seq(&plan, 1)->num_tokens, 8); /* 15 tokens left, capped at 8 */
-  TH_CHECK_EQ_INT(find_seq(&plan, 2)->num_tokens, 1);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 1)->num_tokens, 8); /* 15 tokens left, capped at 8 */
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 2)->num_tokens, 1);
   sch_engine_destroy(e);
   /* without the threshold the long prompt takes the whole budget first */
   c.long_prefill_threshold = 0;
