@@ -216,8 +216,10 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
       struct fe_api_image *im = &p->r->images[p->r->n_images++];
       json_t *url = image_url_of(part);
       if (!(im->url = dup_str(p, url, &im->url_len))) return nomem(p);
-      snprintf(im->param, sizeof(im->param), "messages[%zu].content[%zu].image_url", idx % 100000,
-               k % 100000);
+      /* a message or part takes more than 4 bytes of a body of at most 16 GiB: its
+       * index fits 32 bits, and the name fits param */
+      snprintf(im->param, sizeof(im->param), "messages[%u].content[%u].image_url", (unsigned)idx,
+               (unsigned)k);
       parts[k].is_image = 1;
       continue;
     }
