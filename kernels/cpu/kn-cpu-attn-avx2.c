@@ -10,7 +10,13 @@
  * attended in one chunk, several, or token by token. The query heads of a GQA
  * group share each K load; V is accumulated with 64 dims of a head in
  * registers across the block's visible keys. Head dims that are not a
- * multiple of 8 use the reference kernel. */
+ * multiple of 8 use the reference kernel.
+ *
+ * Rows that all see exactly the same keys (an image's bidirectional range)
+ * also go as tiles of KN_ATTN_TILE rows (attn_tile): block by block, each row
+ * scores the block and folds it in (update_block, shared with the single-row
+ * path) while the block's K and V are in L1, so the key range is read once per
+ * tile instead of once per row, and each row's bits are those it gets alone. */
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
