@@ -27,6 +27,7 @@ static const struct subcommand subcommands[] = {
     {"detokenize", tl_detokenize_main, "token ids (JSON array) on stdin -> text"},
     {"bench", tl_bench_main, "benchmarks: bench model | bench serve"},
     {"make-tiny-model", tl_make_tiny_model_main, "write a small random-weight checkpoint"},
+    {"export-gguf", tl_export_gguf_main, "write a Gemma 3 checkpoint as GGUF for llama.cpp"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,170 @@
+/* test-gguf.c — `lmserve export-gguf` against llama.cpp: a tiny random Gemma 3
+ * (seed 3, whose greedy continuations vary with the prompt) exported with
+ * --dtype f32 is run by llama.cpp (gguf-llamacpp.mjs, the prebuilt CPU build
+ * of the npm package node-llama-cpp, installed by tools/setup into
+ * tools/llamacpp/) and by `lmserve generate --kv-dtype f32`; the greedy tokens
+ * must be the same, for prompts shorter and longer than the sliding window
+ * (64), so the layer plan, RoPE bases, norms (1 + w) and the tied head all
+ * have to be carried over. The bf16 export must load and generate too, and
+ * bad input gets a clear error. Skips, loudly, when node or node-llama-cpp is
+ * missing. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm-fs.h"
+#include "tests/harness/th-proc.h"
+#include "tests/harness/th.h"
+
+#define N_GEN 12
+
+static char tmp[256];
+
+static void cleanup(void) {
+  if (tmp[0] && cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
+}
+
+/* The test's temporary folder with name in it, in path[300]; the folder goes at exit. */
+static void tmp_path(char *path, const char *name) {
+  if (!tmp[0]) {
+    const char *t = getenv("TMPDIR");
+    snprintf(tmp, sizeof(tmp), "%s/lmserve-gguf-XXXXXX", t && *t ? t : "/tmp");
+    TH_REQUIRE(mkdtemp(tmp));
+    atexit(cleanup);
+  }
+  snprintf(path, 300, "%s/%s", tmp, name);
+}
+
+#define lm(o, ...) th_lmserve((o), 120000, __VA_ARGS__, NULL)
+
+/* The integers of s, in order, into ids[max]; their count. */
+static int parse_ids(const char *s, int *ids, int max) {
+  int n = 0;
+  while (s && *s && *s != '\n' && n < max) {
+    if (*s >= '0' && *s <= '9') {
+      ids[n++] = (int)strtol(s, (char **)&s, 10);
+    } else {
+      s++;
+    }
+  }
+  return n;
+}
+
+/* Where llama.cpp is, in dir[1024]; skips the test when it is not there. */
+static void need_llamacpp(char *dir) {
+  char *ver[] = {"node", "--version", NULL};
+  char *out = NULL, *err = NULL;
+  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
+  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
+  free(out), free(err);
+  if (major < 18) TH_SKIP("no node 18 or newer on PATH: llama.cpp did not check the GGUF export");
+  const char *src = getenv("TH_SOURCE_DIR");
+  char pkg[1100];
+  snprintf(dir, 1024, "%s/tools/llamacpp", src ? src : ".");
+  snprintf(pkg, sizeof(pkg), "%s/node_modules/node-llama-cpp/package.json", dir);
+  if (access(pkg, R_OK) != 0)
+    TH_SKIP("tools/llamacpp/node_modules/node-llama-cpp is missing (run tools/setup): llama.cpp "
+            "did not check the GGUF export");
+}
+
+/* llama.cpp's N_GEN greedy ids after each prompt (a JSON array of arrays) into
+ * got[n_prompts][N_GEN]. */
+static void llamacpp_generate(const char *dir, const char *gguf, const char *prompts, int n_prompts,
+                              int got[][N_GEN]) {
+  char script[1024], n[16];
+  snprintf(script, sizeof(script), "%s/integration/gguf-llamacpp.mjs", th_tests_dir());
+  snprintf(n, sizeof(n), "%d", N_GEN);
+  char *argv[] = {"node", script, (char *)dir, (char *)gguf, n, (char *)prompts, NULL};
+  char *out = NULL, *err = NULL;
+  int rc = th_run(argv, NULL, NULL, 0, 300000, &out, &err);
+  if (rc != 0) fprintf(stderr, "gguf-llamacpp.mjs: %s\n", err ? err : "");
+  TH_REQUIRE(rc == 0 && out);
+  const char *line = out;
+  for (int p = 0; p < n_prompts; p++) {
+    TH_REQUIRE(line && *line);
+    TH_CHECK_EQ_INT(parse_ids(line, got[p], N_GEN), N_GEN);
+    line = strchr(line, '\n');
+    if (line) line++;
+  }
+  free(out), free(err);
+}
+
+TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
+  th_proc_init(900);
+  char dir[1024];
+  need_llamacpp(dir);
+  char model[300], f32[300], bf16[300];
+  tmp_path(model, "g3");
+  tmp_path(f32, "g3-f32.gguf");
+  tmp_path(bf16, "g3-bf16.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", f32, "--dtype", "f32") == 0);
+  TH_CHECK(strstr(o.out, "gemma3, 6 layers, 80 tensors") != NULL);
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", bf16) == 0);
+
+  /* three prompts: short, short, and 100 tokens (past the 64-token window) */
+  enum { N_PROMPTS = 3 };
+  char prompts[N_PROMPTS][1024];
+  snprintf(prompts[0], sizeof(prompts[0]), "[2,651,1234,99,5000]");
+  snprintf(prompts[1], sizeof(prompts[1]), "[2,7000,7001,7002,8000,123,4567,10,11,12]");
+  int len = snprintf(prompts[2], sizeof(prompts[2]), "[2");
+  for (int i = 1; i < 100; i++)
+    len += snprintf(prompts[2] + len, sizeof(prompts[2]) - (size_t)len, ",%d",
+                    (int)((i * 7919u + 17u) % 262000u));
+  snprintf(prompts[2] + len, sizeof(prompts[2]) - (size_t)len, "]");
+  char all[4096];
+  snprintf(all, sizeof(all), "[%s,%s,%s]", prompts[0], prompts[1], prompts[2]);
+
+  int ours[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN];
+  for (int p = 0; p < N_PROMPTS; p++) {
+    TH_REQUIRE(lm(&o, "generate", "--model", model, "--prompt-ids", prompts[p], "--max-tokens",
+                  "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+    TH_CHECK_EQ_INT(parse_ids(o.out, ours[p], N_GEN), N_GEN);
+  }
+  llamacpp_generate(dir, f32, all, N_PROMPTS, theirs);
+  int distinct = 0;
+  for (int p = 0; p < N_PROMPTS; p++) {
+    for (int i = 0; i < N_GEN; i++) {
+      if (ours[p][i] != theirs[p][i])
+        th_fail(__FILE__, __LINE__, "prompt %d, token %d: lmserve %d, llama.cpp %d", p, i,
+                ours[p][i], theirs[p][i]);
+      distinct += i == 0 || ours[p][i] != ours[p][i - 1];
+    }
+  }
+  /* the check means something only if the continuations are not one repeated token */
+  TH_CHECK(distinct >= 6);
+
+  /* the bf16 export (llama.cpp rounds activations to bf16 there: no equality asked) */
+  int bf[N_PROMPTS][N_GEN];
+  llamacpp_generate(dir, bf16, all, 1, bf);
+  th_out_free(&o);
+}
+
+TH_TEST(export_gguf_refuses_bad_input_clearly) {
+  th_proc_init(300);
+  char g4[300], out[300], nodir[300];
+  tmp_path(g4, "g4");
+  tmp_path(out, "x.gguf");
+  tmp_path(nodir, "missing/x.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4", "--out", g4) == 0);
+  TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", g4, "--out", out), 1);
+  TH_CHECK(strstr(o.err, "only Gemma 3 text models") != NULL);
+  TH_CHECK(access(out, F_OK) != 0);
+  TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", g4), 2);
+  TH_CHECK(strstr(o.err, "--out") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", g4, "--out", out, "--dtype", "q4"), 2);
+  TH_CHECK(strstr(o.err, "--dtype") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", "/nonexistent/model", "--out", out), 1);
+  TH_CHECK(strstr(o.err, "/nonexistent/model") != NULL);
+
+  char g3[300];
+  tmp_path(g3, "g3b");
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", g3) == 0);
+  TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", g3, "--out", nodir), 1);
+  TH_CHECK(strstr(o.err, "cannot create") != NULL);
+  th_out_free(&o);
+}

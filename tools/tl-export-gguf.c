@@ -1,0 +1,495 @@
+/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 text checkpoint
+ * (safetensors + config.json) as one GGUF file that llama.cpp loads, so that
+ * the same weights can be run side by side (`tools/bench-llamacpp.mjs`).
+ *
+ *   lmserve export-gguf --model DIR --out FILE.gguf [--dtype same|f32]
+ *
+ * What is written, as llama.cpp's own converter (convert_hf_to_gguf.py,
+ * Gemma3Model) writes a Gemma3ForCausalLM checkpoint and as its loader
+ * (src/models/gemma3.cpp) reads it back:
+ *   - GGUF version 3, little-endian, data aligned to 32 bytes;
+ *   - general.architecture "gemma3" and the hyperparameters under "gemma3.":
+ *     context_length, embedding_length, block_count, feed_forward_length,
+ *     attention.{head_count, head_count_kv, key_length, value_length,
+ *     layer_norm_rms_epsilon, sliding_window}, rope.freq_base (full layers),
+ *     rope.freq_base_swa (sliding layers), rope.scaling.{type, factor} when
+ *     the full layers scale positions, final_logit_softcapping when set, and
+ *     attention.sliding_window_pattern as one bool per layer (so the layer
+ *     plan is the checkpoint's own, not llama.cpp's default of every 6th);
+ *   - the vocabulary of DIR/tokenizer.json as a SentencePiece-type one
+ *     (tokenizer.ggml.model "llama", as for Gemma's tokenizer.model):
+ *     tokens, token_type (byte-fallback "<0xXX>" tokens BYTE, special added
+ *     tokens CONTROL, the rest NORMAL), scores (-id: the merge priorities of
+ *     tokenizer.json are not carried over, so llama.cpp's own tokenization
+ *     of text only approximates Gemma's — benchmarks and logits comparisons
+ *     feed ids), the bos/eos/unk/pad ids; ids past the tokenizer's up to the
+ *     config's vocab_size become "<pad_N>", and tokens past vocab_size
+ *     (Gemma 3 270m's tokenizer adds <image_soft_token> at 262144, beyond its
+ *     262144-row table) are left out, as no embedding row exists for them. Without tokenizer.json:
+ *     "no_vocab" and gemma3.vocab_size (llama.cpp itself takes that; some
+ *     front ends that tokenize at load do not);
+ *   - tensors under llama.cpp's names (token_embd, output_norm, output when
+ *     the head is not tied, blk.N.{attn_norm, attn_q, attn_k, attn_v,
+ *     attn_output, attn_q_norm, attn_k_norm, post_attention_norm, ffn_norm,
+ *     ffn_gate, ffn_up, ffn_down, post_ffw_norm}), dimensions innermost
+ *     first. Matrices keep their dtype (or become f32 with --dtype f32); the
+ *     RMSNorm weights are written as f32 1 + w, because Gemma's RMSNorm
+ *     multiplies by (1 + w) and llama.cpp's by w.
+ *
+ * Refused, with the reason: other architectures, a vision-only checkpoint,
+ * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
+ * except for 62-layer models), scaled or partial RoPE on sliding layers. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm-args.h"
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "kernels/kn-dtype.h"
+#include "tokenizer/tk-tokenizer.h"
+#include "tools/tl-main.h"
+#include "worker/wk-config.h"
+#include "worker/wk-safetensors.h"
+
+#define GG_ALIGN 32
+/* GGUF value types and ggml tensor types (gguf.h, ggml.h) */
+enum { GG_U32 = 4, GG_I32 = 5, GG_F32 = 6, GG_BOOL = 7, GG_STR = 8, GG_ARR = 9 };
+/* llama.cpp's token types (llama.h's llama_token_type) */
+enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_BYTE = 6 };
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
+/* general.file_type (llama.h's llama_ftype) */
+enum { FT_ALL_F32 = 0, FT_MOSTLY_F16 = 1, FT_MOSTLY_BF16 = 32 };
+
+struct gg_tensor {
+  char name[64];
+  const struct wk_tensor *src;
+  int norm;      /* 1-D RMSNorm weight: written as f32 1 + w */
+  int type;      /* GGML_* written */
+  int nd;        /* 1 or 2 */
+  uint64_t ne[2]; /* innermost first */
+  uint64_t off;   /* from the start of the data section */
+  uint64_t bytes;
+};
+
+struct gg_out {
+  FILE *f;
+  int failed;
+  int n_kv; /* key-value pairs written */
+};
+
+static void put(struct gg_out *o, const void *p, size_t n) {
+  if (!o->failed && n && fwrite(p, 1, n, o->f) != n) o->failed = 1;
+}
+static void put_u32(struct gg_out *o, uint32_t v) {
+  put(o, &v, 4);
+}
+static void put_u64(struct gg_out *o, uint64_t v) {
+  put(o, &v, 8);
+}
+static void put_str(struct gg_out *o, const char *s) {
+  put_u64(o, strlen(s));
+  put(o, s, strlen(s));
+}
+static void kv_key(struct gg_out *o, const char *key, uint32_t type) {
+  o->n_kv++;
+  put_str(o, key);
+  put_u32(o, type);
+}
+static void kv_u32(struct gg_out *o, const char *key, uint32_t v) {
+  kv_key(o, key, GG_U32);
+  put_u32(o, v);
+}
+static void kv_f32(struct gg_out *o, const char *key, float v) {
+  kv_key(o, key, GG_F32);
+  put(o, &v, 4);
+}
+static void kv_str(struct gg_out *o, const char *key, const char *v) {
+  kv_key(o, key, GG_STR);
+  put_str(o, v);
+}
+
+static int ggml_type_of(enum wk_st_dtype dt) {
+  switch (dt) {
+  case WK_ST_F32: return GGML_F32;
+  case WK_ST_F16: return GGML_F16;
+  case WK_ST_BF16: return GGML_BF16;
+  default: return -1;
+  }
+}
+
+static uint64_t type_size(int type) {
+  return type == GGML_F32 ? 4 : 2;
+}
+
+struct gg_plan {
+  struct gg_tensor *t;
+  int n, cap;
+  int to_f32;
+  const struct wk_st *st;
+  char *err;
+  size_t errlen;
+};
+
+/* Adds tensor `gname` from checkpoint tensor `hname` of the expected shape
+ * (rows x cols; rows == 0 for a vector of cols). */
+static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int64_t rows,
+                    int64_t cols, int norm) {
+  const struct wk_tensor *s = wk_st_find(p->st, hname);
+  if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
+  int want_nd = rows ? 2 : 1;
+  if (s->ndim != want_nd || (rows && s->shape[0] != rows) || s->shape[want_nd - 1] != cols)
+    return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json",
+                   hname);
+  if (ggml_type_of(s->dtype) < 0)
+    return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
+                   hname, s->dtype_name);
+  CM_ASSERT(p->n < p->cap);
+  struct gg_tensor *t = &p->t[p->n++];
+  memset(t, 0, sizeof(*t));
+  snprintf(t->name, sizeof(t->name), "%s", gname);
+  t->src = s;
+  t->norm = norm;
+  t->nd = want_nd;
+  t->ne[0] = (uint64_t)cols;
+  t->ne[1] = rows ? (uint64_t)rows : 1;
+  t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
+  t->bytes = t->ne[0] * t->ne[1] * type_size(t->type);
+  return 0;
+}
+
+/* "model.language_model." (multimodal), "model." (CausalLM) or "". */
+static const char *hf_prefix(const struct wk_st *st) {
+  static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
+  char name[96];
+  for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
+    snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
+    if (wk_st_find(st, name)) return prefixes[i];
+  }
+  return NULL;
+}
+
+static int plan_model(struct gg_plan *p, const struct wk_config *c) {
+  const char *P = hf_prefix(p->st);
+  if (!P) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no embed_tokens.weight");
+  char h[160], g[64];
+  int H = c->hidden, D = c->head_dim, rc;
+  snprintf(h, sizeof(h), "%sembed_tokens.weight", P);
+  if ((rc = plan_add(p, "token_embd.weight", h, c->vocab, H, 0))) return rc;
+  snprintf(h, sizeof(h), "%snorm.weight", P);
+  if ((rc = plan_add(p, "output_norm.weight", h, 0, H, 1))) return rc;
+  if (!c->tie_embeddings && (rc = plan_add(p, "output.weight", "lm_head.weight", c->vocab, H, 0)))
+    return rc;
+  static const struct {
+    const char *g, *h;
+    int kind; /* 0: norm [H]; 1: head norm [D]; 2: [q, H]; 3: [kv, H]; 4: [H, q];
+                 5: [F, H]; 6: [H, F] */
+  } map[] = {
+      {"attn_norm", "input_layernorm", 0},
+      {"attn_q", "self_attn.q_proj", 2},
+      {"attn_k", "self_attn.k_proj", 3},
+      {"attn_v", "self_attn.v_proj", 3},
+      {"attn_output", "self_attn.o_proj", 4},
+      {"attn_q_norm", "self_attn.q_norm", 1},
+      {"attn_k_norm", "self_attn.k_norm", 1},
+      {"post_attention_norm", "post_attention_layernorm", 0},
+      {"ffn_norm", "pre_feedforward_layernorm", 0},
+      {"ffn_gate", "mlp.gate_proj", 5},
+      {"ffn_up", "mlp.up_proj", 5},
+      {"ffn_down", "mlp.down_proj", 6},
+      {"post_ffw_norm", "post_feedforward_layernorm", 0},
+  };
+  for (int i = 0; i < c->n_layers; i++) {
+    int q = c->n_heads * D, kv = c->layers[i].n_kv_heads * D, F = c->layers[i].ffn_dim;
+    for (size_t k = 0; k < CM_ARRAY_LEN(map); k++) {
+      int64_t rows = 0, cols = H;
+      switch (map[k].kind) {
+      case 1: cols = D; break;
+      case 2: rows = q; break;
+      case 3: rows = kv; break;
+      case 4: rows = H, cols = q; break;
+      case 5: rows = F; break;
+      case 6: rows = H, cols = F; break;
+      default: break;
+      }
+      snprintf(g, sizeof(g), "blk.%d.%s.weight", i, map[k].g);
+      snprintf(h, sizeof(h), "%slayers.%d.%s.weight", P, i, map[k].h);
+      if ((rc = plan_add(p, g, h, rows, cols, map[k].kind <= 1))) return rc;
+    }
+  }
+  return 0;
+}
+
+/* What llama.cpp's Gemma 3 graph could not reproduce, or NULL. */
+static const char *unsupported(const struct wk_config *c) {
+  if (c->arch != WK_ARCH_GEMMA3) return "only Gemma 3 text models are exported";
+  /* llama.cpp scales queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) at 62 layers */
+  double d = c->n_layers == 62 ? (double)c->hidden / c->n_heads : (double)c->head_dim;
+  if (fabs(c->attn_scale * sqrt(d) - 1.0) > 1e-9)
+    return "query_pre_attn_scalar differs from the one llama.cpp assumes for this shape";
+  if (c->attn_softcap != 0) return "attn_logit_softcapping is set (Gemma 3 has none)";
+  if (c->rope[WK_LAYER_SLIDING].factor != 1.0) return "sliding layers scale RoPE positions";
+  for (int k = 0; k < 2; k++)
+    if (c->rope[k].rot_pairs != c->head_dim / 2) return "partial RoPE";
+  for (int i = 0; i < c->n_layers; i++)
+    if (c->layers[i].head_dim != c->head_dim || c->layers[i].n_kv_heads != c->n_kv_heads ||
+        c->layers[i].ffn_dim != c->ffn || c->layers[i].kv_shared)
+      return "layers of different shapes";
+  return NULL;
+}
+
+/* The key-value pairs (into o, which counts them). */
+static void write_kv(struct gg_out *o, const struct wk_config *c, const struct gg_plan *p,
+                     const struct tk_tokenizer *tok, const char *name) {
+  int full_scaled = c->rope[WK_LAYER_FULL].factor != 1.0;
+  int ft = FT_ALL_F32;
+  for (int i = 0; i < p->n; i++)
+    if (p->t[i].nd == 2 && p->t[i].type != GGML_F32)
+      ft = p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16 : FT_MOSTLY_F16;
+  kv_str(o, "general.architecture", "gemma3");
+  kv_str(o, "general.name", name);
+  kv_u32(o, "general.file_type", (uint32_t)ft);
+  kv_u32(o, "general.alignment", GG_ALIGN);
+  kv_u32(o, "gemma3.context_length", (uint32_t)c->max_pos);
+  kv_u32(o, "gemma3.embedding_length", (uint32_t)c->hidden);
+  kv_u32(o, "gemma3.block_count", (uint32_t)c->n_layers);
+  kv_u32(o, "gemma3.feed_forward_length", (uint32_t)c->ffn);
+  kv_u32(o, "gemma3.attention.head_count", (uint32_t)c->n_heads);
+  kv_u32(o, "gemma3.attention.head_count_kv", (uint32_t)c->n_kv_heads);
+  kv_u32(o, "gemma3.attention.key_length", (uint32_t)c->head_dim);
+  kv_u32(o, "gemma3.attention.value_length", (uint32_t)c->head_dim);
+  kv_f32(o, "gemma3.attention.layer_norm_rms_epsilon", (float)c->eps);
+  kv_u32(o, "gemma3.attention.sliding_window", (uint32_t)c->sliding_window);
+  kv_key(o, "gemma3.attention.sliding_window_pattern", GG_ARR);
+  put_u32(o, GG_BOOL);
+  put_u64(o, (uint64_t)c->n_layers);
+  for (int i = 0; i < c->n_layers; i++) {
+    uint8_t swa = c->layers[i].kind == WK_LAYER_SLIDING;
+    put(o, &swa, 1);
+  }
+  kv_f32(o, "gemma3.rope.freq_base", (float)c->rope[WK_LAYER_FULL].theta);
+  kv_f32(o, "gemma3.rope.freq_base_swa", (float)c->rope[WK_LAYER_SLIDING].theta);
+  if (full_scaled) {
+    kv_str(o, "gemma3.rope.scaling.type", "linear");
+    kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[WK_LAYER_FULL].factor);
+  }
+  if (c->final_softcap != 0)
+    kv_f32(o, "gemma3.final_logit_softcapping", (float)c->final_softcap);
+  if (!tok) {
+    kv_str(o, "tokenizer.ggml.model", "no_vocab");
+    kv_u32(o, "gemma3.vocab_size", (uint32_t)c->vocab);
+    return;
+  }
+  int32_t nt = tk_n_vocab(tok);
+  kv_str(o, "tokenizer.ggml.model", "llama");
+  kv_key(o, "tokenizer.ggml.tokens", GG_ARR);
+  put_u32(o, GG_STR);
+  put_u64(o, (uint64_t)c->vocab);
+  for (int32_t id = 0; id < c->vocab; id++) {
+    size_t len = 0;
+    const char *s = id < nt ? tk_token_str(tok, id, &len) : NULL;
+    char pad[32];
+    if (!s) {
+      len = (size_t)snprintf(pad, sizeof(pad), "<pad_%d>", (int)id);
+      s = pad;
+    }
+    put_u64(o, len);
+    put(o, s, len);
+  }
+  kv_key(o, "tokenizer.ggml.scores", GG_ARR);
+  put_u32(o, GG_F32);
+  put_u64(o, (uint64_t)c->vocab);
+  for (int32_t id = 0; id < c->vocab; id++) {
+    float score = id < nt && tk_is_special(tok, id) ? 0.0f : -(float)id;
+    put(o, &score, 4);
+  }
+  kv_key(o, "tokenizer.ggml.token_type", GG_ARR);
+  put_u32(o, GG_I32);
+  put_u64(o, (uint64_t)c->vocab);
+  for (int32_t id = 0; id < c->vocab; id++) {
+    int32_t type = TT_NORMAL;
+    if (id < nt && tk_is_special(tok, id))
+      type = TT_CONTROL;
+    else if (id < nt && tk_byte_value(tok, id) >= 0)
+      type = TT_BYTE;
+    put(o, &type, 4);
+  }
+  static const char *names[] = {"bos", "eos", "unknown", "padding"};
+  int32_t ids[] = {tk_bos(tok), tk_eos(tok), tk_unk(tok), tk_pad(tok)};
+  for (int i = 0; i < 4; i++)
+    if (ids[i] >= 0) {
+      char key[64];
+      snprintf(key, sizeof(key), "tokenizer.ggml.%s_token_id", names[i]);
+      kv_u32(o, key, (uint32_t)ids[i]);
+    }
+  kv_key(o, "tokenizer.ggml.add_bos_token", GG_BOOL);
+  put(o, "\1", 1);
+  kv_key(o, "tokenizer.ggml.add_space_prefix", GG_BOOL);
+  put(o, "\0", 1);
+}
+
+/* The fixed header, the pairs kv_n of them in kv, the tensor infos. */
+static void write_header(struct gg_out *o, const struct gg_plan *p, const char *kv, size_t kv_len,
+                         int kv_n) {
+  put(o, "GGUF", 4);
+  put_u32(o, 3);
+  put_u64(o, (uint64_t)p->n);
+  put_u64(o, (uint64_t)kv_n);
+  put(o, kv, kv_len);
+  for (int i = 0; i < p->n; i++) {
+    const struct gg_tensor *t = &p->t[i];
+    put_str(o, t->name);
+    put_u32(o, (uint32_t)t->nd);
+    for (int d = 0; d < t->nd; d++)
+      put_u64(o, t->ne[d]);
+    put_u32(o, (uint32_t)t->type);
+    put_u64(o, t->off);
+  }
+}
+
+static void pad_to(struct gg_out *o, uint64_t *pos, uint64_t align) {
+  static const char zeros[GG_ALIGN];
+  uint64_t n = (align - *pos % align) % align;
+  put(o, zeros, (size_t)n);
+  *pos += n;
+}
+
+/* Writes one tensor's data: as it is, or converted to f32 (+1 for norms). */
+static void write_data(struct gg_out *o, const struct gg_tensor *t) {
+  const struct wk_tensor *s = t->src;
+  if (t->type == ggml_type_of(s->dtype) && !t->norm) {
+    put(o, s->data, s->nbytes);
+    return;
+  }
+  float buf[4096];
+  size_t n = (size_t)(t->ne[0] * t->ne[1]);
+  for (size_t i = 0; i < n && !o->failed;) {
+    size_t m = n - i < CM_ARRAY_LEN(buf) ? n - i : CM_ARRAY_LEN(buf);
+    for (size_t k = 0; k < m; k++) {
+      float v = kn_load_f32(s->data, (enum kn_dtype)s->dtype, i + k);
+      buf[k] = t->norm ? 1.0f + v : v;
+    }
+    put(o, buf, m * sizeof(float));
+    i += m;
+  }
+}
+
+static int export(const char *dir, const char *out, int to_f32, char *err, size_t errlen) {
+  struct wk_config *c = calloc(1, sizeof(*c));
+  if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  struct wk_st *st = NULL;
+  struct tk_tokenizer *tok = NULL;
+  struct gg_plan p = {0};
+  FILE *f = NULL;
+  char tmp[4096];
+  int rc = wk_config_load(dir, c, err, errlen);
+  if (rc) goto done;
+  const char *why = unsupported(c);
+  if (why) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: %s", dir, why);
+    goto done;
+  }
+  if ((rc = wk_st_open_dir(dir, &st, err, errlen))) goto done;
+  p.cap = 3 + 13 * c->n_layers;
+  p.t = calloc((size_t)p.cap, sizeof(*p.t));
+  p.st = st;
+  p.to_f32 = to_f32;
+  p.err = err;
+  p.errlen = errlen;
+  if (!p.t) {
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  if ((rc = plan_model(&p, c))) goto done;
+  snprintf(tmp, sizeof(tmp), "%s/tokenizer.json", dir);
+  if (access(tmp, F_OK) == 0) {
+    if ((rc = tk_load(tmp, &tok, err, errlen))) goto done;
+  }
+  uint64_t off = 0;
+  for (int i = 0; i < p.n; i++) {
+    p.t[i].off = off;
+    off += (p.t[i].bytes + GG_ALIGN - 1) / GG_ALIGN * GG_ALIGN;
+  }
+  /* written beside the target and renamed, so a failed run leaves no half file */
+  snprintf(tmp, sizeof(tmp), "%s.tmp%ld", out, (long)getpid());
+  f = fopen(tmp, "wb");
+  if (!f) {
+    rc = cm_fail(err, errlen, CM_ERR_IO, "%s: cannot create", tmp);
+    goto done;
+  }
+  char *kv = NULL;
+  size_t kv_len = 0;
+  FILE *mf = open_memstream(&kv, &kv_len);
+  struct gg_out m = {mf, !mf, 0}, o = {f, 0, 0};
+  const char *base = strrchr(dir, '/');
+  if (mf) {
+    write_kv(&m, c, &p, tok, base && base[1] ? base + 1 : dir);
+    if (fclose(mf) != 0) m.failed = 1;
+  }
+  if (m.failed) {
+    free(kv);
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    goto done;
+  }
+  write_header(&o, &p, kv, kv_len, m.n_kv);
+  free(kv);
+  uint64_t pos = (uint64_t)ftell(f);
+  pad_to(&o, &pos, GG_ALIGN);
+  for (int i = 0; i < p.n && !o.failed; i++) {
+    write_data(&o, &p.t[i]);
+    pos += p.t[i].bytes;
+    pad_to(&o, &pos, GG_ALIGN);
+  }
+  if (fclose(f) != 0) o.failed = 1;
+  f = NULL;
+  if (o.failed || rename(tmp, out) != 0) {
+    unlink(tmp);
+    rc = cm_fail(err, errlen, CM_ERR_IO, "%s: write failed (disk full?)", out);
+    goto done;
+  }
+  printf("wrote %s: gemma3, %d layers, %d tensors, %.1f MB\n", out, c->n_layers, p.n,
+         (double)pos / 1e6);
+done:
+  if (f) {
+    fclose(f);
+    unlink(tmp);
+  }
+  free(p.t);
+  tk_free(tok);
+  wk_st_close(st);
+  free(c);
+  return rc;
+}
+
+int tl_export_gguf_main(int argc, char **argv) {
+  const char *model = NULL, *out = NULL, *dtype = "same";
+  const struct cm_opt opts[] = {
+      {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
+      {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
+      {"dtype", CM_OPT_STR, &dtype, "same|f32",
+       "matrices as stored (default) or widened to f32; norms are always f32"},
+      {0},
+  };
+  int rc = cm_args_parse("lmserve export-gguf",
+                         "write a Gemma 3 text checkpoint as a GGUF file llama.cpp loads", opts,
+                         argc, argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc < 0) return 2;
+  if (!model || !out) {
+    fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");
+    return 2;
+  }
+  if (strcmp(dtype, "same") && strcmp(dtype, "f32")) {
+    fprintf(stderr, "lmserve export-gguf: --dtype must be same or f32, not '%s'\n", dtype);
+    return 2;
+  }
+  char err[512];
+  rc = export(model, out, !strcmp(dtype, "f32"), err, sizeof(err));
+  if (rc) {
+    fprintf(stderr, "lmserve export-gguf: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
