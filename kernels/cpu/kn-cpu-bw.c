@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
@@ -57,7 +58,15 @@ static void bw_run(void *arg, long long u0, long long u1, int ith) {
   t->sums[ith] ^= t->avx2 ? read_avx2(t->buf + b, e - b) : read_plain(t->buf + b, e - b);
 }
 
-double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) {
+struct kn_cpu_bw_probe {
+  struct kn_cpu_pool *pool;
+  struct bw_task t;
+  int n_threads;
+  size_t bytes;
+};
+
+int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe **out) {
+  *out = NULL;
   if (bytes == 0) bytes = (size_t)256 << 20;
   if (n_threads <= 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -65,28 +74,48 @@ double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) {
   }
   if (n_threads > KN_CPU_MAX_THREADS) n_threads = KN_CPU_MAX_THREADS;
   bytes &= ~(size_t)511;
-  if (bytes == 0) return -1.0;
-  struct kn_cpu_pool *pool = NULL;
+  if (bytes == 0) return CM_ERR_INVAL;
+  struct kn_cpu_bw_probe *p = calloc(1, sizeof(*p));
   uint64_t *buf = aligned_alloc(64, bytes);
-  if (!buf || kn_cpu_pool_create(n_threads, &pool)) {
+  if (!p || !buf || kn_cpu_pool_create(n_threads, &p->pool)) {
+    free(p);
     free(buf);
-    return -1.0;
+    return CM_ERR_NOMEM;
   }
   memset(buf, 0x5a, bytes); /* touch every page */
-  struct bw_task t = {.buf = buf, .n = bytes / 8, .avx2 = kn_cpu_has_avx2()};
+  p->t = (struct bw_task){.buf = buf, .n = bytes / 8, .avx2 = kn_cpu_has_avx2()};
+  p->n_threads = n_threads;
+  p->bytes = bytes;
+  *out = p;
+  return 0;
+}
+
+size_t kn_cpu_bw_probe_bytes(const struct kn_cpu_bw_probe *p) {
+  return p->bytes;
+}
+
+double kn_cpu_bw_probe_pass(struct kn_cpu_bw_probe *p) {
+  uint64_t t0 = cm_time_ns();
+  kn_cpu_pool_run(p->pool, (long long)((p->t.n + BW_UNIT - 1) / BW_UNIT), 1, bw_run, &p->t);
+  return (double)(cm_time_ns() - t0) * 1e-9; /* the sums stay in p->t: the reads are kept */
+}
+
+void kn_cpu_bw_probe_destroy(struct kn_cpu_bw_probe *p) {
+  if (!p) return;
+  kn_cpu_pool_destroy(p->pool);
+  free((void *)p->t.buf);
+  free(p);
+}
+
+double kn_cpu_measure_bandwidth(size_t bytes, int n_threads) {
+  struct kn_cpu_bw_probe *p = NULL;
+  if (kn_cpu_bw_probe_create(bytes, n_threads, &p)) return -1.0;
   double best = 0.0;
-  uint64_t sink = 0;
   for (int pass = 0; pass < 4; pass++) {
-    uint64_t t0 = cm_time_ns();
-    kn_cpu_pool_run(pool, (long long)((t.n + BW_UNIT - 1) / BW_UNIT), 1, bw_run, &t);
-    uint64_t dt = cm_time_ns() - t0;
-    for (int i = 0; i < n_threads; i++)
-      sink ^= t.sums[i];
-    double gbs = dt ? (double)bytes / (double)dt : 0.0;
+    double s = kn_cpu_bw_probe_pass(p);
+    double gbs = s > 0 ? (double)p->bytes / s / 1e9 : 0.0;
     if (gbs > best) best = gbs;
   }
-  kn_cpu_pool_destroy(pool);
-  free(buf);
-  /* the sums are 0x5a5a... patterns; using sink keeps the loads alive */
-  return sink == 1 ? best + 0.0 : best;
+  kn_cpu_bw_probe_destroy(p);
+  return best;
 }

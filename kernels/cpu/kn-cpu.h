@@ -39,4 +39,16 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa);
  * (<= 0: one per online core), best of a few passes. Negative on failure. */
 double kn_cpu_measure_bandwidth(size_t bytes, int n_threads);
 
+/* The same streaming read as a probe to run between other work (a benchmark
+ * interleaves its passes with decode steps, so that both see the same
+ * machine): a touched buffer of `bytes` (0: 256 MiB; rounded down to 512) read
+ * by n_threads threads of the probe's own pool. create returns 0,
+ * CM_ERR_INVAL or CM_ERR_NOMEM; pass reads the buffer once and returns the
+ * seconds it took. */
+struct kn_cpu_bw_probe;
+int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe **out);
+size_t kn_cpu_bw_probe_bytes(const struct kn_cpu_bw_probe *p);
+double kn_cpu_bw_probe_pass(struct kn_cpu_bw_probe *p);
+void kn_cpu_bw_probe_destroy(struct kn_cpu_bw_probe *p);
+
 #endif
