@@ -7,16 +7,24 @@
  * the rescale of the running sum and accumulator, and the V accumulation run
  * in position order. Everything depends only on p, the keys and the query, so
  * a row gets the same bits alone or batched, and whether its prompt was
- * attended in one chunk, several, or token by token. The query heads of a GQA
- * group share each K load; V is accumulated with 64 dims of a head in
- * registers across the block's visible keys. Head dims that are not a
+ * attended in one chunk, several, or token by token. Head dims that are not a
  * multiple of 8 use the reference kernel.
  *
+ * Both halves of a block run as register tiles over several rows at once
+ * (the query heads of a GQA group, or the rows of a tile below): the scores
+ * as 4 rows x 3 keys (qk_micro: each key vector loaded once for the 4 rows,
+ * each query vector once for the 3 keys, 12 accumulators), the V half as 4
+ * rows x 24 dims (pv_micro: each V vector loaded once for the 4 rows). Every
+ * score and every output element has one fixed sequence of operations (the
+ * canonical score: one 8-lane accumulator over the head dim, then the fixed
+ * horizontal sum), so which rows share a tile never changes a bit. The
+ * block's K and V rows are prefetched when the block is gathered.
+ *
  * Rows that all see exactly the same keys (an image's bidirectional range)
- * also go as tiles of KN_ATTN_TILE rows (attn_tile): block by block, each row
- * scores the block and folds it in (update_block, shared with the single-row
- * path) while the block's K and V are in L1, so the key range is read once per
- * tile instead of once per row, and each row's bits are those it gets alone. */
+ * also go as tiles of KN_ATTN_TILE rows (attn_tile): block by block, all rows
+ * of the tile score the block and fold it in while its K and V are in L1, so
+ * the key range is read once per tile instead of once per row, and each row's
+ * bits are those it gets alone. */
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
@@ -27,28 +35,77 @@ KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int bf16) {
   return _mm256_loadu_ps((const float *)base + d);
 }
 
-/* q . k over D (a multiple of 8): four accumulators over 32-element steps,
- * the rest of the 8-element steps into the first, then (a0 + a1) + (a2 + a3)
- * and the fixed horizontal sum. */
-KN_AVX2 static inline float dot_qk(const float *q, const void *k, int D, int bf16) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int d = 0;
-  for (; d + 32 <= D; d += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_ld(k, d, bf16), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), kv_ld(k, d + 8, bf16), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 16), kv_ld(k, d + 16, bf16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 24), kv_ld(k, d + 24, bf16), a3);
-  }
-  for (; d < D; d += 8)
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_ld(k, d, bf16), a0);
-  return kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+/* Asks for a K or V row (bytes long) ahead of its use: the scores read 3 keys
+ * and the V half a block's rows 24 dims at a time, which alone would meet
+ * each cold line late (a decode step's keys come from L3 or memory). */
+KN_AVX2 static inline void prefetch_row(const void *p, int bytes) {
+  for (int b = 0; b < bytes; b += 64)
+    _mm_prefetch((const char *)p + b, _MM_HINT_T0);
 }
 
-/* One key block of one query head: the block's scores s[KN_ATTN_BLOCK] (-inf
- * where invisible) fold into the running maximum *m and sum *l, and p_j v_j of
- * the visible keys (vp, at block offsets vj, in position order) into acc. */
-KN_AVX2 static inline void update_block(float *s, const void *const *vp, const int *vj, int n_vis,
-                                        float *m, float *l, float *acc, int D, int bf16) {
+/* The canonical score of this file: one 8-lane accumulator over D (a
+ * multiple of 8), acc = fma(q[d..d+8), k[d..d+8), acc) for d = 0, 8, ...,
+ * then the fixed horizontal sum, then the scale. qk_micro computes NQ x NK
+ * of them at once (NQ <= 4 queries, NK <= 3 keys: 12 accumulators, the keys'
+ * vectors loaded once for all queries and the queries' once for all keys);
+ * each score's operations are the same whichever tile it is in. */
+KN_AVX2 static inline __attribute__((always_inline)) void
+qk_micro(float *sc, int lds, const float *const *q, const void *const *k, const int *col, int D,
+         int bf16, float scale, const int NQ, const int NK) {
+  __m256 acc[4][3];
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+    _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
+      acc[i][j] = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8) {
+    __m256 kv[3];
+    _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
+      kv[j] = kv_ld(k[j], d, bf16);
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
+      __m256 qv = _mm256_loadu_ps(q[i] + d);
+      _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
+        acc[i][j] = _mm256_fmadd_ps(qv, kv[j], acc[i][j]);
+    }
+  }
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+    _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
+      sc[(ptrdiff_t)i * lds + col[j]] = kn_avx2_hsum(acc[i][j]) * scale;
+}
+
+/* sc[i * lds + col[j]] = score of query q[i] (i < nq) against key k[j]
+ * (j < nk), softcapped when softcap > 0, in tiles of 4 x 3. */
+KN_AVX2 static void qk_scores(float *sc, int lds, const float *const *q, int nq,
+                              const void *const *k, const int *col, int nk, int D, int bf16,
+                              float scale, float softcap) {
+  for (int i = 0; i < nq; i += 4) {
+    const int NQ = nq - i < 4 ? nq - i : 4;
+    float *si = sc + (ptrdiff_t)i * lds;
+    for (int j = 0; j < nk; j += 3) {
+      const int NK = nk - j < 3 ? nk - j : 3;
+#define QK(a, b)                                                                                   \
+  case (a) * 4 + (b): qk_micro(si, lds, q + i, k + j, col + j, D, bf16, scale, a, b); break
+      switch (NQ * 4 + NK) {
+        QK(1, 1); QK(1, 2); QK(1, 3);
+        QK(2, 1); QK(2, 2); QK(2, 3);
+        QK(3, 1); QK(3, 2); QK(3, 3);
+        QK(4, 1); QK(4, 2); QK(4, 3);
+      default: break;
+      }
+#undef QK
+    }
+    if (softcap > 0.0f)
+      for (int r = 0; r < NQ; r++)
+        for (int j = 0; j < nk; j++) {
+          float *p = &si[(ptrdiff_t)r * lds + col[j]];
+          *p = (float)(tanh((double)*p / softcap) * softcap);
+        }
+  }
+}
+
+/* The softmax half of one key block of one query head: the block's scores
+ * s[KN_ATTN_BLOCK] (-inf where invisible) become p_j = exp(s_j - m') in place,
+ * the running maximum *m and sum *l move to m' and l * corr + sum p_j, and
+ * the factor corr = exp(m - m') the accumulator must take is returned. */
+KN_AVX2 static inline float softmax_block(float *s, float *m, float *l) {
   __m256 v0 = _mm256_load_ps(&s[0]), v1 = _mm256_load_ps(&s[8]);
   __m256 v2 = _mm256_load_ps(&s[16]), v3 = _mm256_load_ps(&s[24]);
   float bm = kn_avx2_hmax(_mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3)));
@@ -66,64 +123,62 @@ KN_AVX2 static inline void update_block(float *s, const void *const *vp, const i
   float bsum = kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
   *l = *l * corr + bsum;
   *m = mnew;
-  /* acc = acc * corr, then acc += p_j v_j over the visible keys in position
-   * order; 64 (or 32, 8) dims at a time stay in registers across the keys */
-  const __m256 cv = _mm256_set1_ps(corr);
-  const float *pg = s;
-  float *ag = acc;
-  int d = 0;
-  for (; d + 64 <= D; d += 64) { /* eight independent chains */
-    __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ag + d), cv);
-    __m256 a1 = _mm256_mul_ps(_mm256_load_ps(ag + d + 8), cv);
-    __m256 a2 = _mm256_mul_ps(_mm256_load_ps(ag + d + 16), cv);
-    __m256 a3 = _mm256_mul_ps(_mm256_load_ps(ag + d + 24), cv);
-    __m256 a4 = _mm256_mul_ps(_mm256_load_ps(ag + d + 32), cv);
-    __m256 a5 = _mm256_mul_ps(_mm256_load_ps(ag + d + 40), cv);
-    __m256 a6 = _mm256_mul_ps(_mm256_load_ps(ag + d + 48), cv);
-    __m256 a7 = _mm256_mul_ps(_mm256_load_ps(ag + d + 56), cv);
-    for (int n = 0; n < n_vis; n++) {
-      __m256 pv = _mm256_set1_ps(pg[vj[n]]);
-      const void *v = vp[n];
-      a0 = _mm256_fmadd_ps(pv, kv_ld(v, d, bf16), a0);
-      a1 = _mm256_fmadd_ps(pv, kv_ld(v, d + 8, bf16), a1);
-      a2 = _mm256_fmadd_ps(pv, kv_ld(v, d + 16, bf16), a2);
-      a3 = _mm256_fmadd_ps(pv, kv_ld(v, d + 24, bf16), a3);
-      a4 = _mm256_fmadd_ps(pv, kv_ld(v, d + 32, bf16), a4);
-      a5 = _mm256_fmadd_ps(pv, kv_ld(v, d + 40, bf16), a5);
-      a6 = _mm256_fmadd_ps(pv, kv_ld(v, d + 48, bf16), a6);
-      a7 = _mm256_fmadd_ps(pv, kv_ld(v, d + 56, bf16), a7);
-    }
-    _mm256_store_ps(ag + d, a0);
-    _mm256_store_ps(ag + d + 8, a1);
-    _mm256_store_ps(ag + d + 16, a2);
-    _mm256_store_ps(ag + d + 24, a3);
-    _mm256_store_ps(ag + d + 32, a4);
-    _mm256_store_ps(ag + d + 40, a5);
-    _mm256_store_ps(ag + d + 48, a6);
-    _mm256_store_ps(ag + d + 56, a7);
+  return corr;
+}
+
+/* The V half for NR rows (<= 4) and NV vectors of 8 dims (<= 3) at dims d:
+ * acc_r = acc_r * corr_r, then acc_r += p_r[vj[n]] v_n over the visible keys
+ * in position order. Each V vector is loaded once for all rows; each
+ * element's operations are the same whichever rows share the call. */
+KN_AVX2 static inline __attribute__((always_inline)) void
+pv_micro(float *const *acc, float *const *p, const float *corr, const void *const *vp,
+         const int *vj, int n_vis, int d, int bf16, const int NR, const int NV) {
+  __m256 a[4][3];
+  _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
+    __m256 cv = _mm256_set1_ps(corr[r]);
+    _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++)
+      a[r][e] = _mm256_mul_ps(_mm256_load_ps(acc[r] + d + 8 * e), cv);
   }
-  for (; d + 32 <= D; d += 32) {
-    __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ag + d), cv);
-    __m256 a1 = _mm256_mul_ps(_mm256_load_ps(ag + d + 8), cv);
-    __m256 a2 = _mm256_mul_ps(_mm256_load_ps(ag + d + 16), cv);
-    __m256 a3 = _mm256_mul_ps(_mm256_load_ps(ag + d + 24), cv);
-    for (int n = 0; n < n_vis; n++) {
-      __m256 pv = _mm256_set1_ps(pg[vj[n]]);
-      a0 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d, bf16), a0);
-      a1 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d + 8, bf16), a1);
-      a2 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d + 16, bf16), a2);
-      a3 = _mm256_fmadd_ps(pv, kv_ld(vp[n], d + 24, bf16), a3);
+  for (int n = 0; n < n_vis; n++) {
+    __m256 vv[3];
+    _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++)
+      vv[e] = kv_ld(vp[n], d + 8 * e, bf16);
+    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
+      __m256 pv = _mm256_set1_ps(p[r][vj[n]]);
+      _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++)
+        a[r][e] = _mm256_fmadd_ps(pv, vv[e], a[r][e]);
     }
-    _mm256_store_ps(ag + d, a0);
-    _mm256_store_ps(ag + d + 8, a1);
-    _mm256_store_ps(ag + d + 16, a2);
-    _mm256_store_ps(ag + d + 24, a3);
   }
-  for (; d < D; d += 8) {
-    __m256 a0 = _mm256_mul_ps(_mm256_load_ps(ag + d), cv);
-    for (int n = 0; n < n_vis; n++)
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(pg[vj[n]]), kv_ld(vp[n], d, bf16), a0);
-    _mm256_store_ps(ag + d, a0);
+  _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)
+    _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++)
+      _mm256_store_ps(acc[r] + d + 8 * e, a[r][e]);
+}
+
+/* One key block folded into nr rows' accumulators: each row's softmax half,
+ * then the V half for all of them, in tiles of 4 rows x 24 dims. p[r] holds
+ * row r's scores (KN_ATTN_BLOCK of them, -inf where invisible); the visible
+ * keys' V are vp, at block offsets vj. */
+KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, const int *vj,
+                                int n_vis, float *m, float *l, float *const *acc, int D,
+                                int bf16) {
+  float corr[KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP];
+  for (int r = 0; r < nr; r++)
+    corr[r] = softmax_block(p[r], &m[r], &l[r]);
+  for (int r = 0; r < nr; r += 4) {
+    const int NR = nr - r < 4 ? nr - r : 4;
+    for (int d = 0; d < D; d += 24) {
+      const int NV = (D - d) / 8 < 3 ? (D - d) / 8 : 3;
+#define PV(a, b)                                                                                   \
+  case (a) * 4 + (b): pv_micro(acc + r, p + r, corr + r, vp, vj, n_vis, d, bf16, a, b); break
+      switch (NR * 4 + NV) {
+        PV(1, 1); PV(1, 2); PV(1, 3);
+        PV(2, 1); PV(2, 2); PV(2, 3);
+        PV(3, 1); PV(3, 2); PV(3, 3);
+        PV(4, 1); PV(4, 2); PV(4, 3);
+      default: break;
+      }
+#undef PV
+    }
   }
 }
 
@@ -132,12 +187,14 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
   const struct kn_kv_view *view = job->view;
   const int D = view->head_dim;
   const int group = job->n_heads / view->n_kv_heads;
+  const int row_bytes = D * (bf16 ? 2 : 4);
   const int p = seq->pos0 + i;
   const int row = seq->q_begin + i;
   const float *q[KN_ATTN_MAX_GROUP];
   float m[KN_ATTN_MAX_GROUP], l[KN_ATTN_MAX_GROUP];
   _Alignas(32) float s[KN_ATTN_MAX_GROUP][KN_ATTN_BLOCK];
   _Alignas(32) float acc[KN_ATTN_MAX_GROUP][KN_MAX_HEAD_DIM];
+  float *sp[KN_ATTN_MAX_GROUP], *ap[KN_ATTN_MAX_GROUP];
   int lo, hi;
   kn_cpu_attn_range(seq, job->window, p, &lo, &hi);
   for (int g = 0; g < ng; g++) {
@@ -146,30 +203,28 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
     l[g] = 0.0f;
     for (int d = 0; d < D; d += 8)
       _mm256_store_ps(&acc[g][d], _mm256_setzero_ps());
+    sp[g] = s[g];
+    ap[g] = acc[g];
   }
 
   for (int b = lo - lo % KN_ATTN_BLOCK; b <= hi; b += KN_ATTN_BLOCK) {
-    const void *vp[KN_ATTN_BLOCK]; /* V of the visible keys of the block, in order */
+    /* K and V of the visible keys of the block, in order, at block offsets vj */
+    const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
     int vj[KN_ATTN_BLOCK], n_vis = 0;
     for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
       int j = b + jj;
-      if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) {
-        for (int g = 0; g < ng; g++)
-          s[g][jj] = -INFINITY;
-        continue;
-      }
+      for (int g = 0; g < ng; g++)
+        s[g][jj] = -INFINITY;
+      if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) continue;
+      kp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 0);
       vp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 1);
+      prefetch_row(kp[n_vis], row_bytes);
+      prefetch_row(vp[n_vis], row_bytes);
       vj[n_vis++] = jj;
-      const void *k = kn_cpu_kv_addr(view, seq, j, kvh, 0);
-      for (int g = 0; g < ng; g++) {
-        float sc = dot_qk(q[g], k, D, bf16) * job->scale;
-        if (job->softcap > 0.0f) sc = (float)(tanh((double)sc / job->softcap) * job->softcap);
-        s[g][jj] = sc;
-      }
     }
     if (!n_vis) continue;
-    for (int g = 0; g < ng; g++)
-      update_block(s[g], vp, vj, n_vis, &m[g], &l[g], acc[g], D, bf16);
+    qk_scores(&s[0][0], KN_ATTN_BLOCK, q, ng, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
+    update_rows(sp, ng, vp, vj, n_vis, m, l, ap, D, bf16);
   }
 
   for (int g = 0; g < ng; g++) {
@@ -191,16 +246,20 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
   const struct kn_kv_view *view = job->view;
   const int D = view->head_dim;
   const int group = job->n_heads / view->n_kv_heads;
+  const int row_bytes = D * (bf16 ? 2 : 4);
   const float *q[KN_ATTN_TILE];
   float m[KN_ATTN_TILE], l[KN_ATTN_TILE];
-  _Alignas(32) float s[KN_ATTN_BLOCK];
+  _Alignas(32) float s[KN_ATTN_TILE][KN_ATTN_BLOCK];
   _Alignas(32) float acc[KN_ATTN_TILE][KN_MAX_HEAD_DIM];
+  float *sp[KN_ATTN_TILE], *ap[KN_ATTN_TILE];
   for (int r = 0; r < nr; r++) {
     q[r] = job->q + (ptrdiff_t)(seq->q_begin + i0 + r) * job->ldq + (ptrdiff_t)(kvh * group + g) * D;
     m[r] = -INFINITY;
     l[r] = 0.0f;
     for (int d = 0; d < D; d += 8)
       _mm256_store_ps(&acc[r][d], _mm256_setzero_ps());
+    sp[r] = s[r];
+    ap[r] = acc[r];
   }
   for (int b = 0; b <= hi; b += KN_ATTN_BLOCK) {
     const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
@@ -208,21 +267,15 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
     for (int jj = 0; jj < KN_ATTN_BLOCK && b + jj <= hi; jj++) {
       kp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
       vp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
+      prefetch_row(vp[n_vis], row_bytes);
       vj[n_vis] = jj;
       n_vis++;
     }
-    for (int r = 0; r < nr; r++) {
-      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
-        if (jj >= n_vis) {
-          s[jj] = -INFINITY;
-          continue;
-        }
-        float sc = dot_qk(q[r], kp[jj], D, bf16) * job->scale;
-        if (job->softcap > 0.0f) sc = (float)(tanh((double)sc / job->softcap) * job->softcap);
-        s[jj] = sc;
-      }
-      update_block(s, vp, vj, n_vis, &m[r], &l[r], acc[r], D, bf16);
-    }
+    for (int r = 0; r < nr; r++)
+      for (int jj = n_vis; jj < KN_ATTN_BLOCK; jj++)
+        s[r][jj] = -INFINITY;
+    qk_scores(&s[0][0], KN_ATTN_BLOCK, q, nr, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
+    update_rows(sp, nr, vp, vj, n_vis, m, l, ap, D, bf16);
   }
   for (int r = 0; r < nr; r++) {
     float *out = job->out + (ptrdiff_t)(seq->q_begin + i0 + r) * job->ldo +
