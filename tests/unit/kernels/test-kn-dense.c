@@ -3,6 +3,7 @@
  * of matmul (bit-exact), and argument validation. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -122,6 +123,94 @@ TH_TEST(matmul_batch_invariant_simd) {
 }
 TH_TEST(matmul_batch_invariant_ref) {
   check_matmul_invariance(KN_CPU_ISA_REF);
+}
+
+/* ---- each instruction set forced in turn --------------------------------- */
+
+/* A backend forced to exactly `isa`; skips the test, saying so, when this
+ * processor lacks it (CI machines differ: every table runs where it can). */
+static struct kn_backend *isa_backend(enum kn_cpu_isa isa, int threads) {
+  if (kn_cpu_isa_detect() < isa) {
+    char why[128];
+    snprintf(why, sizeof(why), "this processor has no %s: its kernel table was not checked",
+             kn_cpu_isa_name(isa));
+    TH_SKIP(why);
+  }
+  struct kn_backend *be = kt_backend(isa, threads);
+  char name[32];
+  snprintf(name, sizeof(name), "cpu-%s", kn_cpu_isa_name(isa));
+  if (strcmp(kn_backend_name(be), name) != 0) { /* LMSERVE_KERNELS capped it */
+    kn_backend_destroy(be);
+    TH_SKIP("LMSERVE_KERNELS caps the instruction set: a kernel table was not checked");
+  }
+  return be;
+}
+
+/* Every matmul path of one table (matvec, tile, edges; odd row counts around
+ * the tile sizes, K not a multiple of 8 or 32) against the reference, and
+ * each row of a 255-row batch bit-equal to the row alone. */
+static void check_isa_matmul(enum kn_cpu_isa isa) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1), *be = isa_backend(isa, 2);
+  static const int Ts[] = {1, 15, 16, 17, 255}, Ks[] = {1, 31, 33, 100, 645}, Ns[] = {7, 47, 130};
+  kt_seed(7);
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+    for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++)
+      for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++)
+        for (size_t ni = 0; ni < CM_ARRAY_LEN(Ns); ni++)
+          check_matmul(ref, be, wdts[d], Ts[ti], Ns[ni], Ks[ki], (int)((ti + ki + ni) & 1));
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++) {
+    int T = 255, N = 47, K = 645;
+    float *in = kt_rand_f32((size_t)T * K, 1.0f);
+    void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
+    float *batch = malloc(sizeof(float) * (size_t)T * N), one[47];
+    TH_REQUIRE(batch);
+    TH_REQUIRE(kn_matmul(be, batch, N, in, K, w, wdts[d], T, N, K, 0) == 0);
+    for (int t = 0; t < T; t += 17) {
+      TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, wdts[d], 1, N, K, 0) == 0);
+      if (!kt_bits_equal(one, batch + (size_t)t * N, (size_t)N))
+        th_fail(__FILE__, __LINE__, "%s %s: row %d of 255 differs from the row alone",
+                kn_cpu_isa_name(isa), kn_dtype_name(wdts[d]), t);
+    }
+    free(in);
+    free(w);
+    free(batch);
+  }
+  kn_backend_destroy(ref);
+  kn_backend_destroy(be);
+}
+
+TH_TEST(isa_avx2_matmul_every_path) {
+  check_isa_matmul(KN_CPU_ISA_AVX2);
+}
+TH_TEST(isa_avx512_matmul_every_path) {
+  check_isa_matmul(KN_CPU_ISA_AVX512);
+}
+
+/* The AVX2 and AVX-512 tables give the same bits (kn-cpu.h), for every path. */
+TH_TEST(isa_avx2_and_avx512_give_the_same_bits) {
+  struct kn_backend *a = isa_backend(KN_CPU_ISA_AVX512, 2), *b = kt_backend(KN_CPU_ISA_AVX2, 2);
+  static const int Ts[] = {1, 2, 4, 15, 16, 17, 64, 255}, Ks[] = {31, 64, 645};
+  kt_seed(8);
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+    for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++)
+      for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++) {
+        int T = Ts[ti], K = Ks[ki], N = 47;
+        float *in = kt_rand_f32((size_t)T * K, 1.0f);
+        void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
+        float *oa = malloc(sizeof(float) * (size_t)T * N), *ob = malloc(sizeof(float) * (size_t)T * N);
+        TH_REQUIRE(oa && ob);
+        TH_REQUIRE(kn_matmul(a, oa, N, in, K, w, wdts[d], T, N, K, 0) == 0);
+        TH_REQUIRE(kn_matmul(b, ob, N, in, K, w, wdts[d], T, N, K, 0) == 0);
+        if (!kt_bits_equal(oa, ob, (size_t)T * N))
+          th_fail(__FILE__, __LINE__, "%s T=%d K=%d: the AVX2 and AVX-512 tables differ",
+                  kn_dtype_name(wdts[d]), T, K);
+        free(in);
+        free(w);
+        free(oa);
+        free(ob);
+      }
+  kn_backend_destroy(a);
+  kn_backend_destroy(b);
 }
 
 /* kn_matmul_softcap is kn_matmul then kn_softcap of the rows, bit for bit,
