@@ -25,6 +25,7 @@
  * of the tile score the block and fold it in while its K and V are in L1, so
  * the key range is read once per tile instead of once per row, and each row's
  * bits are those it gets alone. */
+#include <limits.h>
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
@@ -50,7 +51,7 @@ KN_AVX2 static inline void prefetch_row(const void *p, int bytes) {
  * vectors loaded once for all queries and the queries' once for all keys);
  * each score's operations are the same whichever tile it is in. */
 KN_AVX2 static inline __attribute__((always_inline)) void
-qk_micro(float *sc, int lds, const float *const *q, const void *const *k, const int *col, int D,
+qk_micro(float *const *sc, const float *const *q, const void *const *k, const int *col, int D,
          int bf16, float scale, const int NQ, const int NK) {
   __m256 acc[4][3];
   _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
@@ -68,21 +69,19 @@ qk_micro(float *sc, int lds, const float *const *q, const void *const *k, const 
   }
   _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
     _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
-      sc[(ptrdiff_t)i * lds + col[j]] = kn_avx2_hsum(acc[i][j]) * scale;
+      sc[i][col[j]] = kn_avx2_hsum(acc[i][j]) * scale;
 }
 
-/* sc[i * lds + col[j]] = score of query q[i] (i < nq) against key k[j]
- * (j < nk), softcapped when softcap > 0, in tiles of 4 x 3. */
-KN_AVX2 static void qk_scores(float *sc, int lds, const float *const *q, int nq,
-                              const void *const *k, const int *col, int nk, int D, int bf16,
-                              float scale, float softcap) {
+/* sc[i][col[j]] = score of query q[i] (i < nq) against key k[j] (j < nk),
+ * softcapped when softcap > 0, in tiles of 4 x 3. */
+KN_AVX2 static void qk_scores(float *const *sc, const float *const *q, int nq, const void *const *k,
+                              const int *col, int nk, int D, int bf16, float scale, float softcap) {
   for (int i = 0; i < nq; i += 4) {
     const int NQ = nq - i < 4 ? nq - i : 4;
-    float *si = sc + (ptrdiff_t)i * lds;
     for (int j = 0; j < nk; j += 3) {
       const int NK = nk - j < 3 ? nk - j : 3;
 #define QK(a, b)                                                                                   \
-  case (a) * 4 + (b): qk_micro(si, lds, q + i, k + j, col + j, D, bf16, scale, a, b); break
+  case (a) * 4 + (b): qk_micro(sc + i, q + i, k + j, col + j, D, bf16, scale, a, b); break
       switch (NQ * 4 + NK) {
         QK(1, 1); QK(1, 2); QK(1, 3);
         QK(2, 1); QK(2, 2); QK(2, 3);
@@ -93,9 +92,9 @@ KN_AVX2 static void qk_scores(float *sc, int lds, const float *const *q, int nq,
 #undef QK
     }
     if (softcap > 0.0f)
-      for (int r = 0; r < NQ; r++)
+      for (int r = i; r < i + NQ; r++)
         for (int j = 0; j < nk; j++) {
-          float *p = &si[(ptrdiff_t)r * lds + col[j]];
+          float *p = &sc[r][col[j]];
           *p = (float)(tanh((double)*p / softcap) * softcap);
         }
   }
@@ -223,7 +222,7 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
       vj[n_vis++] = jj;
     }
     if (!n_vis) continue;
-    qk_scores(&s[0][0], KN_ATTN_BLOCK, q, ng, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
+    qk_scores(sp, q, ng, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
     update_rows(sp, ng, vp, vj, n_vis, m, l, ap, D, bf16);
   }
 
@@ -235,47 +234,86 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
   }
 }
 
-/* Rows i0 .. i0 + nr - 1 of seq that all see exactly keys [0, hi] (rows of an
- * image's bidirectional range, kn_cpu_attn_tile_ok): block by block, every
- * row's scores and update run while the block's K and V are in L1, instead of
- * each row streaming the whole key range. Each row's arithmetic is the one
- * attn_group does for it (same scores, same block order, same updates), so the
- * bits do not depend on the tiling. */
+/* Rows i0 .. i0 + nr - 1 of seq (nr <= KN_ATTN_TILE), query head g of kv
+ * head kvh, each row with its own visible keys (causal, window, images):
+ * block by block over the union of their ranges, the rows whose visible keys
+ * in the block are the same (every block below the diagonal of a causal
+ * chunk, every block of an image) score it and fold it in together while its
+ * K and V are in L1; a row with a visible set of its own (the diagonal, a
+ * window's edge) takes the block alone. A row visits exactly the blocks
+ * attn_group visits for it, in the same order, with the same operations, so
+ * its bits are those it gets alone. */
 KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                              int i0, int nr, int hi, int kvh, int g, int bf16) {
+                              int i0, int nr, int kvh, int g, int bf16) {
   const struct kn_kv_view *view = job->view;
   const int D = view->head_dim;
   const int group = job->n_heads / view->n_kv_heads;
   const int row_bytes = D * (bf16 ? 2 : 4);
   const float *q[KN_ATTN_TILE];
   float m[KN_ATTN_TILE], l[KN_ATTN_TILE];
+  int lo[KN_ATTN_TILE], hi[KN_ATTN_TILE], first = INT_MAX, last = -1;
   _Alignas(32) float s[KN_ATTN_TILE][KN_ATTN_BLOCK];
   _Alignas(32) float acc[KN_ATTN_TILE][KN_MAX_HEAD_DIM];
-  float *sp[KN_ATTN_TILE], *ap[KN_ATTN_TILE];
   for (int r = 0; r < nr; r++) {
     q[r] = job->q + (ptrdiff_t)(seq->q_begin + i0 + r) * job->ldq + (ptrdiff_t)(kvh * group + g) * D;
     m[r] = -INFINITY;
     l[r] = 0.0f;
     for (int d = 0; d < D; d += 8)
       _mm256_store_ps(&acc[r][d], _mm256_setzero_ps());
-    sp[r] = s[r];
-    ap[r] = acc[r];
+    kn_cpu_attn_range(seq, job->window, seq->pos0 + i0 + r, &lo[r], &hi[r]);
+    int b0 = lo[r] - lo[r] % KN_ATTN_BLOCK;
+    if (b0 < first) first = b0;
+    if (hi[r] > last) last = hi[r];
   }
-  for (int b = 0; b <= hi; b += KN_ATTN_BLOCK) {
-    const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
-    int vj[KN_ATTN_BLOCK], n_vis = 0;
-    for (int jj = 0; jj < KN_ATTN_BLOCK && b + jj <= hi; jj++) {
-      kp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
-      vp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
-      prefetch_row(vp[n_vis], row_bytes);
-      vj[n_vis] = jj;
-      n_vis++;
+  for (int b = first; b <= last; b += KN_ATTN_BLOCK) {
+    uint32_t vis[KN_ATTN_TILE]; /* bit jj: key b + jj is visible to the row */
+    for (int r = 0; r < nr; r++) {
+      vis[r] = 0;
+      if (b < lo[r] - lo[r] % KN_ATTN_BLOCK || b > hi[r]) continue; /* not one of its blocks */
+      int p = seq->pos0 + i0 + r;
+      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
+        int j = b + jj;
+        if (j >= lo[r] && j <= hi[r] && kn_cpu_attn_visible(seq, job->window, p, j))
+          vis[r] |= 1u << jj;
+      }
     }
-    for (int r = 0; r < nr; r++)
-      for (int jj = n_vis; jj < KN_ATTN_BLOCK; jj++)
-        s[r][jj] = -INFINITY;
-    qk_scores(&s[0][0], KN_ATTN_BLOCK, q, nr, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
-    update_rows(sp, nr, vp, vj, n_vis, m, l, ap, D, bf16);
+    for (int r = 0; r < nr; r++) {
+      uint32_t mask = vis[r];
+      if (!mask) continue; /* done, or nothing to see here (attn_group skips it too) */
+      /* the rows with this visible set */
+      const float *gq[KN_ATTN_TILE];
+      float *gs[KN_ATTN_TILE], *ga[KN_ATTN_TILE], gm[KN_ATTN_TILE], gl[KN_ATTN_TILE];
+      int gr[KN_ATTN_TILE], n = 0;
+      for (int r2 = r; r2 < nr; r2++)
+        if (vis[r2] == mask) {
+          vis[r2] = 0;
+          gr[n] = r2;
+          gq[n] = q[r2];
+          gs[n] = s[r2];
+          ga[n] = acc[r2];
+          gm[n] = m[r2];
+          gl[n] = l[r2];
+          for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
+            s[r2][jj] = -INFINITY;
+          n++;
+        }
+      const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
+      int vj[KN_ATTN_BLOCK], n_vis = 0;
+      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
+        if (!(mask >> jj & 1)) continue;
+        kp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
+        vp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
+        prefetch_row(kp[n_vis], row_bytes);
+        prefetch_row(vp[n_vis], row_bytes);
+        vj[n_vis++] = jj;
+      }
+      qk_scores(gs, gq, n, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
+      update_rows(gs, n, vp, vj, n_vis, gm, gl, ga, D, bf16);
+      for (int k = 0; k < n; k++) {
+        m[gr[k]] = gm[k];
+        l[gr[k]] = gl[k];
+      }
+    }
   }
   for (int r = 0; r < nr; r++) {
     float *out = job->out + (ptrdiff_t)(seq->q_begin + i0 + r) * job->ldo +
@@ -289,10 +327,10 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng);
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                           int i0, int nr, int hi, int kvh, int g0, int ng);
+                           int i0, int nr, int kvh, int g0, int ng);
 
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                           int i0, int nr, int hi, int kvh, int g0, int ng) {
+                           int i0, int nr, int kvh, int g0, int ng) {
   if (job->view->head_dim & 7) { /* the reference kernel, row by row */
     for (int r = 0; r < nr; r++)
       kn_cpu_attn_ref(job, seq, i0 + r, kvh, g0, ng);
@@ -301,9 +339,9 @@ void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_at
   const int bf16 = job->view->dtype == KN_DTYPE_BF16;
   for (int g = g0; g < g0 + ng; g++)
     if (bf16)
-      attn_tile(job, seq, i0, nr, hi, kvh, g, 1);
+      attn_tile(job, seq, i0, nr, kvh, g, 1);
     else
-      attn_tile(job, seq, i0, nr, hi, kvh, g, 0);
+      attn_tile(job, seq, i0, nr, kvh, g, 0);
 }
 
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,

@@ -82,12 +82,13 @@ struct kn_cpu_attn_job {
  * whichever heads share the call. */
 typedef void (*kn_cpu_attn_fn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                                int i, int kvh, int g0, int ng);
-/* Rows i0 .. i0 + nr - 1 (nr <= KN_ATTN_TILE) of seq, every one seeing exactly
- * keys [0, hi] (kn_cpu_attn_tile_ok), with the bits kn_cpu_attn_fn gives each
- * row alone; NULL where the ISA has none (rows then go one by one). */
+/* Rows i0 .. i0 + nr - 1 (nr <= KN_ATTN_TILE) of seq, each with its own
+ * visible keys, together (rows that see the same keys of a block share it),
+ * with the bits kn_cpu_attn_fn gives each row alone; NULL where the ISA has
+ * none (rows then go one by one). */
 typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
-                                    const struct kn_attn_seq *seq, int i0, int nr, int hi, int kvh,
-                                    int g0, int ng);
+                                    const struct kn_attn_seq *seq, int i0, int nr, int kvh, int g0,
+                                    int ng);
 
 struct kn_cpu_dsp {
   enum kn_cpu_isa isa;
@@ -212,10 +213,6 @@ void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq
 /* Key range [*lo, *hi] (inclusive) a query at absolute position p of seq may
  * see, and whether key position j is visible to it. */
 void kn_cpu_attn_range(const struct kn_attn_seq *seq, int window, int p, int *lo, int *hi);
-/* Whether rows i0 .. i0 + nr - 1 of seq all see exactly keys [0, *hi]: they lie
- * in one bidirectional range [b, e) (*hi = e - 1) and the window adds nothing
- * to it (no window, or b == 0 and e <= window). */
-int kn_cpu_attn_tile_ok(const struct kn_attn_seq *seq, int window, int i0, int nr, int *hi);
 static inline int kn_cpu_attn_visible(const struct kn_attn_seq *seq, int window, int p, int j) {
   if (j <= p && (window <= 0 || j > p - window)) return 1;
   for (int r = 0; r < seq->n_bidir; r++) {

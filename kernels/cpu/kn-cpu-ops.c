@@ -494,10 +494,10 @@ static void attn_run(void *arg, long long u0, long long u1, int ith) {
     int ng = group - g0 < a->hper ? group - g0 : a->hper;
     const struct kn_attn_seq *s = &a->job.seqs[lo];
     int i0 = (int)(local / n_kv) * KN_ATTN_TILE, kvh = (int)(local % n_kv);
-    int nr = s->n_q - i0 < KN_ATTN_TILE ? s->n_q - i0 : KN_ATTN_TILE, khi;
+    int nr = s->n_q - i0 < KN_ATTN_TILE ? s->n_q - i0 : KN_ATTN_TILE;
     if (ng <= 0) continue;
-    if (nr > 1 && a->ctx->dsp.attn_tile && kn_cpu_attn_tile_ok(s, a->job.window, i0, nr, &khi))
-      a->ctx->dsp.attn_tile(&a->job, s, i0, nr, khi, kvh, g0, ng);
+    if (nr > 1 && a->ctx->dsp.attn_tile)
+      a->ctx->dsp.attn_tile(&a->job, s, i0, nr, kvh, g0, ng);
     else
       for (int r = 0; r < nr; r++)
         a->ctx->dsp.attn(&a->job, s, i0 + r, kvh, g0, ng);

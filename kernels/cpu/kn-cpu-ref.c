@@ -118,18 +118,6 @@ void kn_cpu_attn_range(const struct kn_attn_seq *seq, int window, int p, int *lo
   *hi = h;
 }
 
-int kn_cpu_attn_tile_ok(const struct kn_attn_seq *seq, int window, int i0, int nr, int *hi) {
-  int p0 = seq->pos0 + i0, p1 = seq->pos0 + i0 + nr - 1;
-  for (int r = 0; r < seq->n_bidir; r++) {
-    int b = seq->bidir[2 * r], e = seq->bidir[2 * r + 1];
-    if (p0 < b || p1 >= e) continue;
-    if (window > 0 && (b != 0 || e > window)) return 0;
-    *hi = e - 1;
-    return 1;
-  }
-  return 0;
-}
-
 void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                      int kvh, int g0, int ng) {
   const struct kn_kv_view *view = job->view;
