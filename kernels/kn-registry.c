@@ -215,3 +215,16 @@ int kn_backend_open(const char *name, const struct kn_backend_opts *o, struct kn
   int rc = kn_backend_choose(name, &r, err, errlen);
   return rc ? rc : kn_backend_reg_create(r, o, out, err, errlen);
 }
+
+int kn_backend_dtype_parse(const char *s, int *bf16) {
+  static const char *const f32[] = {"auto", "float32", "float", "f32"};
+  static const char *const b16[] = {"bfloat16", "bf16"};
+  int found = -1;
+  for (size_t i = 0; s && i < sizeof(f32) / sizeof(f32[0]); i++)
+    if (!strcmp(s, f32[i])) found = 0;
+  for (size_t i = 0; s && i < sizeof(b16) / sizeof(b16[0]); i++)
+    if (!strcmp(s, b16[i])) found = 1;
+  if (found < 0) return CM_ERR_INVAL;
+  *bf16 = found;
+  return 0;
+}

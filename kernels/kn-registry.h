@@ -28,6 +28,8 @@ struct kn_backend_opts {
   int local_rank; /* >= 0: this rank's index among the ranks on its host. A
                      device backend runs on device local_rank modulo the
                      devices visible to the process (as torchrun's LOCAL_RANK) */
+  int bf16;       /* 1: matmul inputs rounded to bf16 (CPU: kn_cpu_backend_create_mode;
+                     CUDA rounds them to bf16 / f16 weights' type in any case) */
 };
 
 /* Registered entries, in table order; kn_backend_reg_at is NULL outside [0, count). */
@@ -58,6 +60,14 @@ int kn_backend_choose(const char *name, const struct kn_backend_reg **out, char 
  * *out (destroy with kn_backend_destroy), or a negative cm_err with err. */
 int kn_backend_reg_create(const struct kn_backend_reg *r, const struct kn_backend_opts *o,
                           struct kn_backend **out, char *err, size_t errlen);
+
+/* --dtype: "auto", "float32" (or "float", "f32"): the matmuls' inputs stay
+ * f32 (CPU); "bfloat16" (or "bf16"): rounded to bf16. 0 and *bf16, or
+ * CM_ERR_INVAL for anything else. */
+int kn_backend_dtype_parse(const char *s, int *bf16);
+#define KN_DTYPE_HELP                                                                              \
+  "matmul input precision: auto or float32 (CPU: f32 inputs against the weights, exact to an "     \
+  "f32 reference), bfloat16 (rounded to bf16 as GPUs run; CPU: AVX-512-BF16 where present)"
 
 /* kn_backend_choose then kn_backend_reg_create. */
 int kn_backend_open(const char *name, const struct kn_backend_opts *o, struct kn_backend **out,

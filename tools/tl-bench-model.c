@@ -16,6 +16,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "kernels/kn-registry.h"
 #include "tools/tl-main.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
@@ -107,7 +108,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 }
 
 int tl_bench_model_main(int argc, char **argv) {
-  const char *model = NULL;
+  const char *model = NULL, *dtype = "auto";
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0, fast = 1;
   double temperature = 0, top_p = 1;
@@ -118,6 +119,7 @@ int tl_bench_model_main(int argc, char **argv) {
       {"decode-tokens", CM_OPT_INT, &decode, "N", "decode steps (default 32)", 1, 1 << 20},
       {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk in tokens (default 256)", 1, 1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
       {"tensor-parallel-size", CM_OPT_INT, &tp, "N",
@@ -135,6 +137,11 @@ int tl_bench_model_main(int argc, char **argv) {
                          opts, argc, argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
+  int bf16 = 0;
+  if (kn_backend_dtype_parse(dtype, &bf16)) {
+    fprintf(stderr, "lmserve bench model: --dtype %s: not one of auto, float32, bfloat16\n", dtype);
+    return 2;
+  }
   if (!model) {
     fprintf(stderr, "lmserve bench model: --model DIR is required\n");
     return 2;
@@ -184,7 +191,7 @@ int tl_bench_model_main(int argc, char **argv) {
     if (sched_setaffinity(0, sizeof set, &set))
       cm_warn("bench", "rank %d: cannot pin to its cores", rank);
   }
-  if ((rc = kn_cpu_backend_create((int)threads, &be))) {
+  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_AVX512BF16, bf16, &be))) {
     fprintf(stderr, "lmserve bench model: CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }
@@ -227,8 +234,8 @@ int tl_bench_model_main(int argc, char **argv) {
    * (one process only: ranks wait for each other), so that the steps and the reads
    * share the machine's moments; the best single pass is printed beside it. */
   double bpt = (double)wk_model_weight_bytes_per_token(m);
-  if (tp == 1 && kn_cpu_bw_probe_create((size_t)CM_MIN(bpt, (double)(1ull << 30)),
-                                        (int)all_threads, &probe))
+  if (tp == 1 &&
+      kn_cpu_bw_probe_create((size_t)CM_MIN(bpt, (double)(1ull << 30)), (int)all_threads, &probe))
     probe = NULL;
   double t_decode = 0, t_read = 0, bw_peak = 0, read_bytes = 0;
   for (int i = 0; i < decode; i++) {
@@ -252,18 +259,18 @@ int tl_bench_model_main(int argc, char **argv) {
   double bound_tps = bw > 0 ? bw * 1e9 / bpt : 0;
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   if (json) {
-    printf(
-        "{\"model\":\"%s\",\"model_type\":\"%s\",\"backend\":\"%s\",\"isa\":\"%s\","
-        "\"weight_bytes\":%llu,\"weight_bytes_per_token\":%.0f,\"prompt_tokens\":%lld,"
-        "\"prefill_tokens_per_s\":%.2f,\"decode_tokens\":%lld,\"decode_tokens_per_s\":%.3f,"
-        "\"bandwidth_gb_s\":%.2f,\"bandwidth_peak_gb_s\":%.2f,\"bandwidth_interleaved\":%s,"
-        "\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
-        "\"tensor_parallel_size\":%lld,",
-        model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
-        (unsigned long long)wk_model_weight_bytes(m), bpt, (long long)prompt, prefill_tps,
-        (long long)decode, decode_tps, bw, bw_peak, probe ? "true" : "false", bound_tps,
-        bound_tps > 0 ? decode_tps / bound_tps : 0,
-        (long long)tp);
+    printf("{\"model\":\"%s\",\"model_type\":\"%s\",\"backend\":\"%s\",\"isa\":\"%s\","
+           "\"matmul_inputs\":\"%s\","
+           "\"weight_bytes\":%llu,\"weight_bytes_per_token\":%.0f,\"prompt_tokens\":%lld,"
+           "\"prefill_tokens_per_s\":%.2f,\"decode_tokens\":%lld,\"decode_tokens_per_s\":%.3f,"
+           "\"bandwidth_gb_s\":%.2f,\"bandwidth_peak_gb_s\":%.2f,\"bandwidth_interleaved\":%s,"
+           "\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
+           "\"tensor_parallel_size\":%lld,",
+           model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
+           bf16 ? "bf16" : "f32", (unsigned long long)wk_model_weight_bytes(m), bpt,
+           (long long)prompt, prefill_tps, (long long)decode, decode_tps, bw, bw_peak,
+           probe ? "true" : "false", bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0,
+           (long long)tp);
     print_kv(kv, 1);
     printf("}\n");
   } else {
@@ -272,7 +279,8 @@ int tl_bench_model_main(int argc, char **argv) {
            tp > 1 ? " on rank 0" : "");
     printf("ranks      %lld (tensor parallel), %lld threads each\n", (long long)tp,
            (long long)(tp > 1 ? threads : all_threads));
-    printf("backend    %s (%s)\n", kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()));
+    printf("backend    %s (processor: %s), matmul inputs %s\n", kn_backend_name(be),
+           kn_cpu_isa_name(kn_cpu_isa_detect()), bf16 ? "bf16" : "f32");
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s (chunks of %d)\n", (long long)prompt,
            t_prefill, prefill_tps, ch);
     printf("decode     %lld tokens in %.3f s: %.2f tokens/s (one sequence, ", (long long)decode,

@@ -16,10 +16,11 @@
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
-#include "tokenizer/tk-tokenizer.h"
 #include "kernels/cpu/kn-cpu.h"
-#include "worker/wk-greedy.h"
+#include "kernels/kn-registry.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
+#include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
 
 /* "1,2,3", "1 2 3" or "[1, 2, 3]" -> ids (malloc'd). */
@@ -59,6 +60,7 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 
 int tl_generate_main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL;
+  const char *dtype = "auto";
   int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1;
   int ignore_eos = 0;
   const struct cm_opt opts[] = {
@@ -72,6 +74,7 @@ int tl_generate_main(int argc, char **argv) {
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"kv-dtype", CM_OPT_STR, &kv_dtype, "T",
        "KV cache dtype: f32 | bf16 (default: f32 for f32 weights, else bf16)"},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {"draft", CM_OPT_STR, &draft, "DIR",
        "speculative decoding with this gemma4_assistant checkpoint (same output)"},
@@ -84,6 +87,11 @@ int tl_generate_main(int argc, char **argv) {
                          argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
+  int bf16 = 0;
+  if (kn_backend_dtype_parse(dtype, &bf16)) {
+    fprintf(stderr, "lmserve generate: --dtype %s: not one of auto, float32, bfloat16\n", dtype);
+    return 2;
+  }
   if (!model || (!prompt == !prompt_ids)) {
     fprintf(
         stderr,
@@ -167,7 +175,7 @@ int tl_generate_main(int argc, char **argv) {
       kids[n_kids++] = pid;
     }
   }
-  if ((rc = kn_cpu_backend_create((int)threads, &be))) {
+  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_AVX512BF16, bf16, &be))) {
     fprintf(stderr, "lmserve generate: cannot create the CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }

@@ -202,6 +202,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
       argv_add_int(&a, "--threads", per > 0 ? per : 1);
     }
     argv_add_str(&a, "--device", s->device);
+    argv_add_str(&a, "--dtype", s->dtype);
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
@@ -304,8 +305,7 @@ int tl_serve_main(int argc, char **argv) {
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, "image=N",
        "images per prompt at most (image=16; image=0 turns images off); JSON {\"image\": N} too"},
-      {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES",
-       "largest encoded image (20M)"},
+      {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES", "largest encoded image (20M)"},
       {"max-image-pixels", CM_OPT_STR, &s.max_image_pixels, "N",
        "largest decoded image in pixels, checked before decoding (40000000)"},
       {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1,
@@ -332,6 +332,7 @@ int tl_serve_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &s.device, "auto|cpu|cuda",
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
+      {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
@@ -354,6 +355,12 @@ int tl_serve_main(int argc, char **argv) {
   if (!(s.gpu_mem_util > 0.0 && s.gpu_mem_util <= 1.0)) {
     fprintf(stderr, "lmserve serve: --gpu-memory-utilization must be in (0, 1] (got %g)\n",
             s.gpu_mem_util);
+    return 2;
+  }
+
+  int bf16;
+  if (s.dtype && kn_backend_dtype_parse(s.dtype, &bf16)) {
+    fprintf(stderr, "lmserve serve: --dtype %s: not one of auto, float32, bfloat16\n", s.dtype);
     return 2;
   }
 

@@ -365,6 +365,7 @@ static int local_rank_of(int64_t flag, int seen, int64_t rank) {
 
 int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
+  const char *dtype = "auto";
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
@@ -402,6 +403,7 @@ int wk_worker_main(int argc, char **argv) {
        600, NULL},
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},
@@ -439,6 +441,11 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
   }
+  int bf16 = 0;
+  if (kn_backend_dtype_parse(dtype, &bf16)) {
+    fprintf(stderr, "lmserve worker: --dtype %s: not one of auto, float32, bfloat16\n", dtype);
+    return 2;
+  }
   if (threads == 0 && world > 1) { /* each rank owns its cores: cores / N */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     threads = cores / world > 0 ? cores / world : 1;
@@ -446,6 +453,7 @@ int wk_worker_main(int argc, char **argv) {
   struct kn_backend_opts bo = {
       .n_threads = (int)threads,
       .local_rank = local_rank_of(local_rank, local_rank_seen, rank),
+      .bf16 = bf16,
   };
   if (bo.local_rank < 0) {
     fprintf(stderr, "lmserve worker: LOCAL_RANK=%s is not a rank in [0, 1023]\n",

@@ -28,6 +28,8 @@ static void cpu_destroy(void *p) {
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     free(ctx->scratch[i]);
   free(ctx->xt);
+  free(ctx->xb);
+  free(ctx->xr);
   free(ctx->best);
   free(ctx->seq_items);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
@@ -102,7 +104,20 @@ int kn_cpu_has_avx512(void) {
 #endif
 }
 
+int kn_cpu_has_avx512bf16(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  /* CPUID leaf 7 subleaf 1, EAX bit 5 (gcc 12's __builtin_cpu_supports has
+   * no name for it) */
+  unsigned a, b, c, d;
+  if (!kn_cpu_has_avx512() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+  return (a >> 5) & 1;
+#else
+  return 0;
+#endif
+}
+
 enum kn_cpu_isa kn_cpu_isa_detect(void) {
+  if (kn_cpu_has_avx512bf16()) return KN_CPU_ISA_AVX512BF16;
   if (kn_cpu_has_avx512()) return KN_CPU_ISA_AVX512;
   return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
 }
@@ -112,11 +127,12 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   case KN_CPU_ISA_REF: return "ref";
   case KN_CPU_ISA_AVX2: return "avx2";
   case KN_CPU_ISA_AVX512: return "avx512";
+  case KN_CPU_ISA_AVX512BF16: return "avx512bf16";
   }
   return "?";
 }
 
-/* LMSERVE_KERNELS=ref|avx2|avx512 caps the instruction set. */
+/* LMSERVE_KERNELS=ref|avx2|avx512|avx512bf16 caps the instruction set. */
 static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
   const char *s = getenv("LMSERVE_KERNELS");
   if (!s || !*s) return isa;
@@ -127,8 +143,10 @@ static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
     cap = KN_CPU_ISA_AVX2;
   else if (!strcasecmp(s, "avx512"))
     cap = KN_CPU_ISA_AVX512;
+  else if (!strcasecmp(s, "avx512bf16"))
+    cap = KN_CPU_ISA_AVX512BF16;
   else {
-    cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512: ignored", s);
+    cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512, avx512bf16: ignored", s);
     return isa;
   }
   return cap < isa ? cap : isa;
@@ -137,8 +155,9 @@ static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
 /* ---- creation ----------------------------------------------------------- */
 
 static struct kn_backend_ops cpu_ops;
-static const char *const cpu_names[] = {"cpu-ref", "cpu-avx2", "cpu-avx512"};
-static struct kn_backend_ops cpu_ops_isa[3];
+static const char *const cpu_names[] = {"cpu-ref", "cpu-avx2", "cpu-avx512", "cpu-avx512bf16"};
+#define N_ISA ((int)(sizeof(cpu_names) / sizeof(cpu_names[0])))
+static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
 static void fill_ops_once(void) {
   cpu_ops.caps = KN_CPU_CAPS;
@@ -152,16 +171,17 @@ static void fill_ops_once(void) {
   cpu_ops.sync = cpu_sync;
   kn_cpu_ops_fill(&cpu_ops);
   kn_cpu_comm_fill(&cpu_ops);
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < N_ISA; i++) {
     cpu_ops_isa[i] = cpu_ops;
     cpu_ops_isa[i].name = cpu_names[i];
   }
 }
 
-int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out) {
+int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
+                               struct kn_backend **out) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   *out = NULL;
-  if (isa < KN_CPU_ISA_REF || isa > KN_CPU_ISA_AVX512) return CM_ERR_INVAL;
+  if (isa < KN_CPU_ISA_REF || isa > KN_CPU_ISA_AVX512BF16) return CM_ERR_INVAL;
   pthread_once(&once, fill_ops_once);
   if (n_threads <= 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -172,13 +192,17 @@ int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_back
   enum kn_cpu_isa have = kn_cpu_isa_detect();
   if (isa > have) isa = have;
   isa = isa_from_env(isa);
+  /* the bf16 dot products serve only the bf16 mode */
+  if (!bf16 && isa > KN_CPU_ISA_AVX512) isa = KN_CPU_ISA_AVX512;
 
   struct kn_cpu_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return CM_ERR_NOMEM;
   ctx->n_threads = n_threads;
+  ctx->bf16 = bf16 != 0;
   kn_cpu_dsp_init_ref(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   int err = kn_cpu_pool_create(n_threads, &ctx->pool);
   if (err) goto fail;
   *out = kn_backend_wrap(&cpu_ops_isa[ctx->dsp.isa], ctx);
@@ -186,15 +210,20 @@ int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_back
     err = CM_ERR_NOMEM;
     goto fail;
   }
-  cm_debug("kn", "cpu backend: %s kernels, %d threads", kn_cpu_isa_name(ctx->dsp.isa), n_threads);
+  cm_debug("kn", "cpu backend: %s kernels, %s matmul inputs, %d threads",
+           kn_cpu_isa_name(ctx->dsp.isa), bf16 ? "bf16" : "f32", n_threads);
   return 0;
 fail:
   cpu_destroy(ctx);
   return err;
 }
 
+int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out) {
+  return kn_cpu_backend_create_mode(n_threads, isa, 0, out);
+}
+
 int kn_cpu_backend_create(int n_threads, struct kn_backend **out) {
-  return kn_cpu_backend_create_isa(n_threads, KN_CPU_ISA_AVX512, out);
+  return kn_cpu_backend_create_mode(n_threads, KN_CPU_ISA_AVX512BF16, 0, out);
 }
 
 /* ---- registry entry ------------------------------------------------------- */
@@ -207,7 +236,7 @@ static int cpu_reg_probe(char *why, size_t whylen) {
 
 static int cpu_reg_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
                           size_t errlen) {
-  int rc = kn_cpu_backend_create(o->n_threads, out);
+  int rc = kn_cpu_backend_create_mode(o->n_threads, KN_CPU_ISA_AVX512BF16, o->bf16, out);
   if (rc) return cm_fail(err, errlen, rc, "cannot create the CPU backend: %s", cm_strerror(rc));
   return 0;
 }

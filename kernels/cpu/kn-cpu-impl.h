@@ -129,7 +129,22 @@ struct kn_cpu_dsp {
 
   kn_cpu_attn_fn attn;
   kn_cpu_attn_tile_fn attn_tile; /* or NULL */
+
+  /* The bf16 mode's matmul where the processor has bf16 dot products
+   * (kn-cpu-avx512bf16.c; NULL elsewhere: the inputs are rounded to bf16 in
+   * f32 and go to the kernels above). round_bf16 writes T rows of K inputs
+   * rounded to bf16 (to nearest even), zero up to kn_cpu_bf16_row(K);
+   * dot_bf16 is kn_cpu_dot_fn's contract over those rows (stride ldx
+   * elements) and bf16 weight rows. */
+  void (*round_bf16)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T, int K);
+  void (*dot_bf16)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx, const uint16_t *w,
+                   int K, int T, int n, int accumulate);
 };
+
+/* Elements of one input row as round_bf16 lays it out. */
+static inline int kn_cpu_bf16_row(int K) {
+  return (K + 31) & ~31;
+}
 
 /* Features per group of the AVX-512 packed layout (kn-cpu-avx512.c). */
 #define KN_PACK_GROUP 8
@@ -147,7 +162,10 @@ int kn_cpu_has_avx2(void);
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
 /* Then with AVX-512 F/DQ/BW/VL versions of some (on top of the AVX2 table). */
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
+/* Adds the AVX-512-BF16 dot products to the AVX-512 table. */
+void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx512(void);
+int kn_cpu_has_avx512bf16(void);
 
 /* ---- the backend context ------------------------------------------------ */
 
@@ -172,6 +190,13 @@ struct kn_cpu_ctx {
    * sampled in parallel; kn-cpu-sample.c), made by its thread when a row
    * first needs one */
   struct kn_cpu_sampler *samplers[KN_CPU_MAX_THREADS];
+  /* bf16 mode (kn_cpu_backend_create_mode): matmul inputs rounded to bf16,
+   * into xb (dsp.round_bf16's rows) or xr (f32 rows), grown on demand */
+  int bf16;
+  uint16_t *xb;
+  size_t xb_elems;
+  float *xr;
+  size_t xr_floats;
   /* the tensor-parallel group joined by kn_comm_join (kn-cpu-comm.c), or NULL */
   struct kn_shm_comm *comm;
 };

@@ -45,9 +45,11 @@ struct mm_task {
   const char *w; /* [N, K] */
   enum kn_dtype dt;
   int T, N, K, acc;
-  float cap;                /* > 0: softcap each unit's outputs while they are in cache */
-  int chunk;                /* output features per work unit */
-  int tile;                 /* widen + tile_f32 instead of matvec */
+  float cap; /* > 0: softcap each unit's outputs while they are in cache */
+  int chunk; /* output features per work unit */
+  int tile;  /* widen + tile_f32 instead of matvec */
+  int bf;    /* bf16 mode: dot_bf16 over ctx->xb (row stride ldx) */
+  ptrdiff_t ldx;
   int tok;                  /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
   size_t wbuf;              /* floats of per-thread scratch the unit's kernels use */
   int achunk;               /* argmax: output features per unit, whole chunks */
@@ -70,6 +72,11 @@ static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, 
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
   float *buf = m->ctx->scratch[ith];
+  if (m->bf) {
+    dsp->dot_bf16(out, ldo, m->ctx->xb, m->ldx, (const uint16_t *)w, m->K, m->T, n, m->acc);
+    if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
+    return;
+  }
   if (!m->tile) {
     dsp->matvec[m->dt](out, ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
     if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
@@ -126,14 +133,54 @@ static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, in
   return 0;
 }
 
+/* The bf16 mode's inputs (ctx->bf16): T rows of K rounded to bf16, into
+ * ctx->xb as dsp.round_bf16 lays them out when dot_bf16 takes this weight
+ * dtype (m->bf set), else in f32 into ctx->xr (m->in and m->ldi moved
+ * there). Nothing in the default mode. */
+static int bf16_inputs(struct kn_cpu_ctx *ctx, struct mm_task *m) {
+  if (!ctx->bf16) return 0;
+  const int T = m->T, K = m->K;
+  if (ctx->dsp.dot_bf16 && m->dt == KN_DTYPE_BF16) {
+    const int row = kn_cpu_bf16_row(K);
+    size_t need = (size_t)T * (size_t)row;
+    if (need > ctx->xb_elems) {
+      uint16_t *p = aligned_alloc(64, ((need * 2 + 63) & ~(size_t)63));
+      if (!p) return CM_ERR_NOMEM;
+      free(ctx->xb);
+      ctx->xb = p;
+      ctx->xb_elems = need;
+    }
+    ctx->dsp.round_bf16(ctx->xb, row, m->in, m->ldi, T, K);
+    m->bf = 1;
+    m->ldx = row;
+    return 0;
+  }
+  size_t need = (size_t)T * (size_t)K;
+  if (need > ctx->xr_floats) {
+    float *p = aligned_alloc(64, ((need * 4 + 63) & ~(size_t)63));
+    if (!p) return CM_ERR_NOMEM;
+    free(ctx->xr);
+    ctx->xr = p;
+    ctx->xr_floats = need;
+  }
+  for (int t = 0; t < T; t++)
+    for (int k = 0; k < K; k++)
+      ctx->xr[(size_t)t * K + k] = kn_bf16_to_f32(kn_f32_to_bf16(m->in[(ptrdiff_t)t * m->ldi + k]));
+  m->in = ctx->xr;
+  m->ldi = K;
+  return 0;
+}
+
 /* Chooses the kernels and the work units of m (T, N > 0, K > 0 set; argmax:
  * for matmul_argmax) and readies what they need: the transposed inputs,
  * m->wbuf. */
 static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   const int T = m->T, N = m->N, K = m->K, nth = ctx->n_threads;
   const struct kn_cpu_dsp *dsp = &ctx->dsp;
-  m->tok = argmax && dsp->tok_argmax && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
-  m->tile = !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
+  int rc = bf16_inputs(ctx, m);
+  if (rc) return rc;
+  m->tok = !m->bf && argmax && dsp->tok_argmax && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
+  m->tile = !m->bf && !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
   m->wbuf = 0;
   /* matvec units: about MATVEC_UNIT_BYTES of weights, small enough that a
    * thread preempted mid-unit (the machine may be shared) delays the op
@@ -141,9 +188,10 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   long long row_bytes = (long long)K * (long long)kn_dtype_size(m->dt);
   long long mv = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
   if (mv > most) mv = most;
-  if (m->tok) {
-    int rc = tok_inputs(ctx, m->in, m->ldi, T, K);
-    if (rc) return rc;
+  if (m->bf) {
+    m->chunk = (int)((mv < 16 ? 16 : mv + 7) & ~7LL); /* dot_bf16 takes 8 rows at T = 1 */
+  } else if (m->tok) {
+    if ((rc = tok_inputs(ctx, m->in, m->ldi, T, K))) return rc;
     m->wbuf = kn_cpu_tok_argmax_floats(K, T);
     m->chunk = (int)((mv + 15) & ~15LL);
   } else if (m->tile && dsp->pack) {
@@ -290,6 +338,8 @@ struct mm_rows_task {
   enum kn_dtype dt;
   int K, T, n_rows;
   const int32_t *rows;
+  int bf; /* bf16 mode: dot_bf16 over ctx->xb (row stride ldx) */
+  ptrdiff_t ldx;
 };
 
 static void mm_rows_run(void *arg, long long b, long long e, int ith) {
@@ -297,8 +347,13 @@ static void mm_rows_run(void *arg, long long b, long long e, int ith) {
   (void)ith;
   size_t row_bytes = (size_t)m->K * kn_dtype_size(m->dt);
   for (long long j = b; j < e; j++)
-    m->ctx->dsp.matvec[m->dt](m->out + j, m->ldo, m->in, m->ldi,
-                              m->w + (size_t)m->rows[j] * row_bytes, m->K, m->T, 1, 0);
+    if (m->bf)
+      m->ctx->dsp.dot_bf16(m->out + j, m->ldo, m->ctx->xb, m->ldx,
+                           (const uint16_t *)(m->w + (size_t)m->rows[j] * row_bytes), m->K, m->T, 1,
+                           0);
+    else
+      m->ctx->dsp.matvec[m->dt](m->out + j, m->ldo, m->in, m->ldi,
+                                m->w + (size_t)m->rows[j] * row_bytes, m->K, m->T, 1, 0);
 }
 
 static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
@@ -310,7 +365,14 @@ static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, 
       memset(out + (ptrdiff_t)t * ldo, 0, n_rows * 4u);
     return 0;
   }
-  struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows};
+  struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows, 0, 0};
+  struct mm_task bt = {.ctx = ctx, .in = in, .ldi = ldi, .dt = wdt, .T = T, .K = K};
+  int rc = bf16_inputs(ctx, &bt);
+  if (rc) return rc;
+  m.in = bt.in;
+  m.ldi = bt.ldi;
+  m.bf = bt.bf;
+  m.ldx = bt.ldx;
   kn_cpu_pool_run(ctx->pool, n_rows, grain_for((double)T * n_rows * K, n_rows, 16), mm_rows_run,
                   &m);
   return 0;

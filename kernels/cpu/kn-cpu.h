@@ -3,7 +3,7 @@
  * argmax) chosen at run time, multithreaded over output rows with a small
  * persistent thread pool. The AVX2 and AVX-512 tables give the same bits.
  *
- * LMSERVE_KERNELS=ref (or avx2, avx512) in the environment caps the kernel
+ * LMSERVE_KERNELS=ref (or avx2, avx512, avx512bf16) in the environment caps the kernel
  * set when a backend is created; ref forces the reference versions. Memory
  * hooks are the identity: any host memory is backend memory. */
 #ifndef LMSERVE_KN_CPU_H
@@ -16,9 +16,10 @@
 #define KN_CPU_PRIORITY 10
 
 enum kn_cpu_isa {
-  KN_CPU_ISA_REF = 0,    /* plain C */
-  KN_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-  KN_CPU_ISA_AVX512 = 2, /* AVX-512 F/DQ/BW/VL over the AVX2 table */
+  KN_CPU_ISA_REF = 0,        /* plain C */
+  KN_CPU_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
+  KN_CPU_ISA_AVX512 = 2,     /* AVX-512 F/DQ/BW/VL over the AVX2 table */
+  KN_CPU_ISA_AVX512BF16 = 3, /* + AVX-512-BF16 dot products (the bf16 mode's matmuls) */
 };
 
 /* Creates a CPU backend with n_threads threads in total (the calling thread
@@ -29,6 +30,16 @@ int kn_cpu_backend_create(int n_threads, struct kn_backend **out);
 /* Like kn_cpu_backend_create but with an explicit instruction set, capped at
  * what this processor supports (tests use it to compare SIMD and reference). */
 int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out);
+
+/* Like kn_cpu_backend_create_isa, in the bf16 mode when bf16 is set: every
+ * matmul rounds its inputs to bf16 first (to nearest even), products of
+ * bf16 by the weights summed in f32, as GPUs and transformers' bf16 mode
+ * run; AVX-512-BF16 dot products for bf16 weights where the processor has
+ * them, the f32 kernels on the rounded inputs elsewhere. Batch invariant like
+ * the default mode, but not its bits: the default keeps the inputs f32. The
+ * AVX-512-BF16 level is taken only in this mode. */
+int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
+                               struct kn_backend **out);
 
 /* The best instruction set this processor and build support. */
 enum kn_cpu_isa kn_cpu_isa_detect(void);

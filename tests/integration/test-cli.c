@@ -50,3 +50,21 @@ TH_TEST(cli_bench_kv_only_e2b) {
   TH_CHECK(strstr(o.err, "config.json") != NULL);
   th_out_free(&o);
 }
+
+/* --dtype takes auto, float32 or bfloat16 (and their short names); anything
+ * else is refused before a role starts. */
+TH_TEST(cli_dtype_refused) {
+  th_proc_init(60);
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "serve", "--dtype", "float16", NULL), 2);
+  TH_CHECK(strstr(o.err, "--dtype float16: not one of auto, float32, bfloat16") != NULL);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "worker", "--model", "/nonexistent-lmserve", "--scheduler",
+                             "ipc:///nonexistent-lmserve", "--dtype", "int8", NULL),
+                  2);
+  TH_CHECK(strstr(o.err, "--dtype int8") != NULL);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "bench", "model", "--model", "/nonexistent-lmserve",
+                             "--dtype", "fp8", NULL),
+                  2);
+  TH_CHECK(strstr(o.err, "--dtype fp8") != NULL);
+  th_out_free(&o);
+}

@@ -104,6 +104,16 @@ TH_TEST(generate_ids_and_chunking) {
   TH_CHECK_EQ_STR(o1, o2);
   TH_CHECK_EQ_STR(o1, o3);
   TH_CHECK(strcmp(strchr(o1, '\n'), "\n\n") == 0); /* no tokenizer: empty second line */
+  /* the bf16 mode: 12 tokens, the same whether the prompt is chunked or not */
+  TH_REQUIRE(lm(&r2, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12", "--dtype",
+                "bfloat16", "--ignore-eos") == 0);
+  TH_REQUIRE(lm(&r3, "generate", "--model", m, "--prompt-ids", ids, "--max-tokens", "12",
+                "--chunk=7", "--dtype=bf16", "--ignore-eos") == 0);
+  TH_CHECK_EQ_STR(r2.out, r3.out);
+  commas = 0;
+  for (const char *p = r2.out; *p && *p != '\n'; p++)
+    commas += *p == ',';
+  TH_CHECK_EQ_INT(commas, 11);
   th_out_free(&o);
   th_out_free(&r1);
   th_out_free(&r2);
@@ -170,5 +180,7 @@ TH_TEST(generate_errors) {
   TH_CHECK_EQ_INT(lm(&o, "generate", "--model", m, "--prompt-ids", "x"), 2);
   TH_CHECK_EQ_INT(lm(&o, "make-tiny-model", "--arch", "llama", "--out", m), 2);
   TH_CHECK(strstr(o.err, "llama") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", m, "--prompt-ids", "2", "--dtype", "half"), 2);
+  TH_CHECK(strstr(o.err, "--dtype half") != NULL);
   th_out_free(&o);
 }

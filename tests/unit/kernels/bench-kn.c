@@ -2,7 +2,9 @@
  * bf16/f16/f32 matvec (T = 1) on gemma-3-270m-shaped matrices against it, the
  * matmul at prefill sizes, and decode attention.
  *
- *   bench-kn [threads] [seconds-per-case]
+ *   bench-kn [threads] [seconds-per-case] [bf16]
+ *
+ * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
  *
  * Not part of the test suite (meson `benchmark`); numbers go to stdout. */
 #include <stdio.h>
@@ -59,9 +61,11 @@ int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 0;
   if (argc > 2) secs_per_case = atof(argv[2]);
   struct kn_backend *be = NULL;
-  if (kn_cpu_backend_create(threads, &be)) return 1;
+  int bf16 = argc > 3 && !strcmp(argv[3], "bf16");
+  if (kn_cpu_backend_create_mode(threads, KN_CPU_ISA_AVX512BF16, bf16, &be)) return 1;
   double bw = kn_cpu_measure_bandwidth(0, threads);
-  printf("backend %s, threads %d\n", kn_backend_name(be), threads);
+  printf("backend %s, threads %d, matmul inputs %s\n", kn_backend_name(be), threads,
+         bf16 ? "bf16" : "f32");
   printf("read bandwidth: %.1f GB/s\n", bw);
 
   /* gemma-3-270m: hidden 640, 4 heads x 256, 1 kv head, intermediate 2048, vocab 262144 */

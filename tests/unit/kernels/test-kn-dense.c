@@ -129,14 +129,15 @@ TH_TEST(matmul_batch_invariant_ref) {
 
 /* A backend forced to exactly `isa`; skips the test, saying so, when this
  * processor lacks it (CI machines differ: every table runs where it can). */
-static struct kn_backend *isa_backend(enum kn_cpu_isa isa, int threads) {
+static struct kn_backend *isa_backend_mode(enum kn_cpu_isa isa, int threads, int bf16) {
   if (kn_cpu_isa_detect() < isa) {
     char why[128];
     snprintf(why, sizeof(why), "this processor has no %s: its kernel table was not checked",
              kn_cpu_isa_name(isa));
     TH_SKIP(why);
   }
-  struct kn_backend *be = kt_backend(isa, threads);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_mode(threads, isa, bf16, &be) == 0 && be);
   char name[32];
   snprintf(name, sizeof(name), "cpu-%s", kn_cpu_isa_name(isa));
   if (strcmp(kn_backend_name(be), name) != 0) { /* LMSERVE_KERNELS capped it */
@@ -144,6 +145,10 @@ static struct kn_backend *isa_backend(enum kn_cpu_isa isa, int threads) {
     TH_SKIP("LMSERVE_KERNELS caps the instruction set: a kernel table was not checked");
   }
   return be;
+}
+
+static struct kn_backend *isa_backend(enum kn_cpu_isa isa, int threads) {
+  return isa_backend_mode(isa, threads, 0);
 }
 
 /* Every matmul path of one table (matvec, tile, edges; odd row counts around
@@ -186,6 +191,156 @@ TH_TEST(isa_avx512_matmul_every_path) {
   check_isa_matmul(KN_CPU_ISA_AVX512);
 }
 
+/* A processor with AVX-512-BF16 runs the AVX-512 table in the default mode. */
+TH_TEST(isa_avx512bf16_default_mode_is_the_avx512_table) {
+  if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16) TH_SKIP("this processor has no avx512bf16");
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512BF16, 1);
+  const char *env = getenv("LMSERVE_KERNELS");
+  if (!(env && *env)) TH_CHECK_EQ_STR(kn_backend_name(be), "cpu-avx512");
+  kn_backend_destroy(be);
+}
+
+/* ---- the bf16 mode --------------------------------------------------------- */
+
+/* in[t, k] rounded to bf16 times W, in double, and the sum of the products'
+ * magnitudes (the scale of an f32 summation's error). */
+static void bf16_ref(const float *in, const void *w, enum kn_dtype dt, int t, int j, int K,
+                     double *dot, double *mag) {
+  double s = 0.0, a = 0.0;
+  for (int k = 0; k < K; k++) {
+    double p = (double)kn_bf16_to_f32(kn_f32_to_bf16(in[(size_t)t * K + k])) *
+               (double)kn_load_f32(w, dt, (size_t)j * K + k);
+    s += p;
+    a += fabs(p);
+  }
+  *dot = s;
+  *mag = a;
+}
+
+/* Worst |got - ref| / (sum |products| + |init|) over T x N outputs (acc:
+ * ref is init plus the products). */
+static double bf16_err(const float *got, const float *init, const float *in, const void *w,
+                       enum kn_dtype dt, int T, int N, int K) {
+  double worst = 0.0;
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < N; j++) {
+      double dot, mag;
+      bf16_ref(in, w, dt, t, j, K, &dot, &mag);
+      double i0 = init ? init[(size_t)t * N + j] : 0.0;
+      mag += fabs(i0);
+      double e = fabs(got[(size_t)t * N + j] - (i0 + dot)) / (mag > 0 ? mag : 1.0);
+      if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+  return worst;
+}
+
+/* The bf16 mode of one table: matmul (plain and accumulating), matmul_rows
+ * and matmul_argmax against the rounded inputs' products in double, over odd
+ * shapes; every row of a 255-row batch bit-equal to the row alone. */
+static void check_bf16_mode(enum kn_cpu_isa isa) {
+  struct kn_backend *be = isa_backend_mode(isa, 2, 1);
+  static const int Ts[] = {1, 2, 3, 5, 15, 16, 17, 255}, Ks[] = {1, 31, 32, 33, 100, 645},
+                   Ns[] = {7, 47, 130};
+  kt_seed(11);
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+    for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++)
+      for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++)
+        for (size_t ni = 0; ni < CM_ARRAY_LEN(Ns); ni++) {
+          const enum kn_dtype dt = wdts[d];
+          const int T = Ts[ti], K = Ks[ki], N = Ns[ni], acc = (int)((ti + ki + ni) & 1);
+          float *in = kt_rand_f32((size_t)T * K, 1.0f);
+          void *w = kt_rand_tensor(dt, (size_t)N * K, 0.5f);
+          float *out = kt_rand_f32((size_t)T * N, 1.0f);
+          float *init = malloc(sizeof(float) * (size_t)T * N);
+          TH_REQUIRE(init);
+          memcpy(init, out, sizeof(float) * (size_t)T * N);
+          TH_REQUIRE(kn_matmul(be, out, N, in, K, w, dt, T, N, K, acc) == 0);
+          double e = bf16_err(out, acc ? init : NULL, in, w, dt, T, N, K);
+          /* f32 sums of up to 645 exact products: far below 2e-5 of their
+           * magnitudes; f32 inputs instead of rounded ones miss by ~1e-3 */
+          if (!(e < 2e-5))
+            th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d N=%d K=%d acc=%d: error %g",
+                    kn_cpu_isa_name(isa), kn_dtype_name(dt), T, N, K, acc, e);
+          /* the whole rows through matmul_argmax: ids of the matmul's maxima */
+          TH_REQUIRE(kn_matmul(be, out, N, in, K, w, dt, T, N, K, 0) == 0);
+          int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+          TH_REQUIRE(ids);
+          TH_REQUIRE(kn_matmul_argmax(be, ids, NULL, in, K, w, dt, T, N, K, 0.0f, NULL) == 0);
+          for (int t = 0; t < T; t++) {
+            int best = 0;
+            for (int j = 1; j < N; j++)
+              if (out[(size_t)t * N + j] > out[(size_t)t * N + best]) best = j;
+            if (ids[t] != best)
+              th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d K=%d: argmax %d, matmul's %d",
+                      kn_cpu_isa_name(isa), kn_dtype_name(dt), T, K, ids[t], best);
+          }
+          /* matmul_rows: rows 5, 0 and N - 1 give the matmul's bits */
+          const int32_t rows[3] = {5 % N, 0, N - 1};
+          float sub[3 * 255];
+          TH_REQUIRE(kn_matmul_rows(be, sub, 3, in, K, w, dt, N, K, rows, 3, T) == 0);
+          for (int t = 0; t < T; t++)
+            for (int r = 0; r < 3; r++)
+              if (!kt_bits_equal(&sub[t * 3 + r], &out[(size_t)t * N + rows[r]], 1))
+                th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d K=%d: matmul_rows differs",
+                        kn_cpu_isa_name(isa), kn_dtype_name(dt), T, K);
+          free(ids);
+          free(in);
+          free(w);
+          free(out);
+          free(init);
+        }
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++) {
+    int T = 255, N = 47, K = 645;
+    float *in = kt_rand_f32((size_t)T * K, 1.0f);
+    void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
+    float *batch = malloc(sizeof(float) * (size_t)T * N), one[47];
+    TH_REQUIRE(batch);
+    TH_REQUIRE(kn_matmul(be, batch, N, in, K, w, wdts[d], T, N, K, 0) == 0);
+    for (int t = 0; t < T; t += 17) {
+      TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, wdts[d], 1, N, K, 0) == 0);
+      if (!kt_bits_equal(one, batch + (size_t)t * N, (size_t)N))
+        th_fail(__FILE__, __LINE__, "%s bf16 mode %s: row %d of 255 differs from the row alone",
+                kn_cpu_isa_name(isa), kn_dtype_name(wdts[d]), t);
+    }
+    free(in);
+    free(w);
+    free(batch);
+  }
+  kn_backend_destroy(be);
+}
+
+TH_TEST(bf16_mode_ref) {
+  check_bf16_mode(KN_CPU_ISA_REF);
+}
+TH_TEST(bf16_mode_avx2) {
+  check_bf16_mode(KN_CPU_ISA_AVX2);
+}
+TH_TEST(bf16_mode_avx512) {
+  check_bf16_mode(KN_CPU_ISA_AVX512);
+}
+TH_TEST(bf16_mode_avx512bf16) {
+  check_bf16_mode(KN_CPU_ISA_AVX512BF16);
+}
+
+/* The default mode keeps f32 inputs: it is not the bf16 mode. */
+TH_TEST(bf16_mode_differs_from_the_default) {
+  struct kn_backend *f = kt_backend(KN_CPU_ISA_REF, 1), *b = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_mode(1, KN_CPU_ISA_REF, 1, &b) == 0);
+  kt_seed(12);
+  int T = 3, N = 16, K = 100;
+  float *in = kt_rand_f32((size_t)T * K, 1.0f);
+  void *w = kt_rand_tensor(KN_DTYPE_BF16, (size_t)N * K, 0.5f);
+  float of[48], ob[48];
+  TH_REQUIRE(kn_matmul(f, of, N, in, K, w, KN_DTYPE_BF16, T, N, K, 0) == 0);
+  TH_REQUIRE(kn_matmul(b, ob, N, in, K, w, KN_DTYPE_BF16, T, N, K, 0) == 0);
+  TH_CHECK(bf16_err(ob, NULL, in, w, KN_DTYPE_BF16, T, N, K) < 2e-5);
+  TH_CHECK(bf16_err(of, NULL, in, w, KN_DTYPE_BF16, T, N, K) > 2e-5);
+  free(in);
+  free(w);
+  kn_backend_destroy(f);
+  kn_backend_destroy(b);
+}
+
 /* The AVX2 and AVX-512 tables give the same bits (kn-cpu.h), for every path. */
 TH_TEST(isa_avx2_and_avx512_give_the_same_bits) {
   struct kn_backend *a = isa_backend(KN_CPU_ISA_AVX512, 2), *b = kt_backend(KN_CPU_ISA_AVX2, 2);
@@ -197,7 +352,8 @@ TH_TEST(isa_avx2_and_avx512_give_the_same_bits) {
         int T = Ts[ti], K = Ks[ki], N = 47;
         float *in = kt_rand_f32((size_t)T * K, 1.0f);
         void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
-        float *oa = malloc(sizeof(float) * (size_t)T * N), *ob = malloc(sizeof(float) * (size_t)T * N);
+        float *oa = malloc(sizeof(float) * (size_t)T * N),
+              *ob = malloc(sizeof(float) * (size_t)T * N);
         TH_REQUIRE(oa && ob);
         TH_REQUIRE(kn_matmul(a, oa, N, in, K, w, wdts[d], T, N, K, 0) == 0);
         TH_REQUIRE(kn_matmul(b, ob, N, in, K, w, wdts[d], T, N, K, 0) == 0);

@@ -23,10 +23,13 @@ struct fixture {
   int V;
 };
 
-static int setup(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt) {
+/* The backend capped at isa, in the bf16 mode when bf16 is set
+ * (kn_cpu_backend_create_mode). */
+static int setup_isa(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt,
+                     enum kn_cpu_isa isa, int bf16) {
   memset(f, 0, sizeof(*f));
   if (wkt_make_model(f->dir, sizeof(f->dir), arch, moe, 0, dt, 7)) return -1;
-  if (kn_cpu_backend_create(2, &f->be)) return -1;
+  if (kn_cpu_backend_create_mode(2, isa, bf16, &f->be)) return -1;
   struct wk_model_opts o = {.max_batch_tokens = 256, .max_seqs = 4, .kv_tokens = 1024, .quiet = 1};
   char err[256];
   if (wk_model_load(f->dir, f->be, &o, &f->m, err, sizeof(err))) {
@@ -35,6 +38,14 @@ static int setup(struct fixture *f, const char *arch, int moe, enum wk_st_dtype 
   }
   f->V = wk_model_config(f->m)->vocab;
   return wk_page_alloc_init(&f->pa, wk_model_n_pages(f->m));
+}
+
+static int setup_mode(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt, int bf16) {
+  return setup_isa(f, arch, moe, dt, KN_CPU_ISA_AVX512BF16, bf16);
+}
+
+static int setup(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt) {
+  return setup_mode(f, arch, moe, dt, 0);
 }
 
 static void teardown(struct fixture *f) {
@@ -117,9 +128,9 @@ static void release(struct fixture *f, struct seq *s, int ns) {
   }
 }
 
-static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dtype dt) {
+static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dtype dt, int bf16) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, arch, moe, dt) == 0);
+  TH_REQUIRE(setup_mode(&f, arch, moe, dt, bf16) == 0);
   int32_t pa[NP], pb[40], pc[90];
   make_prompt(pa, NP, f.V, 1);
   make_prompt(pb, 40, f.V, 2);
@@ -166,13 +177,102 @@ static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dt
 }
 
 TH_TEST(gemma4_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma4", 0, WK_ST_BF16);
+  check_chunking_and_batching("gemma4", 0, WK_ST_BF16, 0);
 }
 TH_TEST(gemma4_moe_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma4", 1, WK_ST_F32);
+  check_chunking_and_batching("gemma4", 1, WK_ST_F32, 0);
 }
 TH_TEST(gemma3_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma3", 0, WK_ST_BF16);
+  check_chunking_and_batching("gemma3", 0, WK_ST_BF16, 0);
+}
+/* The bf16 mode is batch invariant too (on whichever kernels this processor
+ * runs it: AVX-512-BF16 dot products, or rounded inputs on the f32 ones). */
+TH_TEST(gemma4_bf16_mode_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma4", 0, WK_ST_BF16, 1);
+}
+TH_TEST(gemma3_bf16_mode_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma3", 0, WK_ST_BF16, 1);
+}
+
+/* How far logits y are from x over NP positions: the largest difference
+ * relative to each position's spread of x, averaged (*mean) and at worst
+ * (*worst); how many positions have x's best two further apart than twice
+ * that difference (*decided), and in how many of them y has x's argmax
+ * (*same). */
+static void logits_distance(const float *x, const float *y, int V, double *mean, double *worst,
+                            int *decided, int *same) {
+  *mean = *worst = 0.0;
+  *decided = *same = 0;
+  for (int p = 0; p < NP; p++, x += V, y += V) {
+    float lo = x[0], hi = x[0];
+    double d = 0.0;
+    for (int v = 0; v < V; v++) {
+      lo = x[v] < lo ? x[v] : lo;
+      hi = x[v] > hi ? x[v] : hi;
+      d = fabs((double)x[v] - y[v]) > d ? fabs((double)x[v] - y[v]) : d;
+    }
+    double rel = d / ((double)hi - lo);
+    *worst = rel > *worst ? rel : *worst;
+    *mean += rel / NP;
+    int top = wk_argmax(x, V);
+    float second = -INFINITY;
+    for (int v = 0; v < V; v++)
+      if (v != top && x[v] > second) second = x[v];
+    if (x[top] - second > 2.0 * d) {
+      (*decided)++;
+      *same += wk_argmax(y, V) == top;
+    }
+  }
+}
+
+/* The bf16 mode on this processor's best kernels, against the bf16 mode on
+ * the reference kernels and against the default mode: near, the argmax kept
+ * where the other's best two are clearly apart. Not bit-near even across
+ * kernels: f32 sums in another order move a later layer's input by an ulp,
+ * which can move its bf16 rounding by a bf16 ulp (2^-8). How near depends on
+ * the random model: the tiny Gemma 4 amplifies the rounding through its
+ * layers more than the tiny Gemma 3. */
+static void check_bf16_mode_near(const char *arch, double near) {
+  struct fixture fd, fb, fr;
+  TH_REQUIRE(setup_mode(&fd, arch, 0, WK_ST_BF16, 0) == 0);
+  TH_REQUIRE(setup_mode(&fb, arch, 0, WK_ST_BF16, 1) == 0);
+  TH_REQUIRE(setup_isa(&fr, arch, 0, WK_ST_BF16, KN_CPU_ISA_REF, 1) == 0);
+  int32_t pa[NP];
+  make_prompt(pa, NP, fd.V, 4);
+  size_t bytes = sizeof(float) * (size_t)NP * fd.V;
+  struct seq a = {.tokens = pa, .n = NP, .logits = calloc(1, bytes)};
+  struct seq b = {.tokens = pa, .n = NP, .logits = calloc(1, bytes)};
+  struct seq r = {.tokens = pa, .n = NP, .logits = calloc(1, bytes)};
+  TH_REQUIRE(run_all(&fd, &a, 1, 64) == 0 && run_all(&fb, &b, 1, 64) == 0);
+  TH_REQUIRE(run_all(&fr, &r, 1, 64) == 0);
+  double mean, worst, mean_r, worst_r;
+  int decided, same, decided_r, same_r;
+  logits_distance(r.logits, b.logits, fd.V, &mean_r, &worst_r, &decided_r, &same_r);
+  logits_distance(a.logits, b.logits, fd.V, &mean, &worst, &decided, &same);
+  if (getenv("KT_VERBOSE"))
+    printf("%s bf16 mode (%s): from its reference kernels %.4f of the logits' spread on "
+           "average, %.4f at worst; from the default mode %.4f, %.4f, argmax kept %d of %d\n",
+           arch, kn_backend_name(fb.be), mean_r, worst_r, mean, worst, same, decided);
+  if (!(mean_r < near))
+    th_fail(__FILE__, __LINE__, "%s: bf16 mode off its reference kernels by %g", arch, mean_r);
+  TH_CHECK_EQ_INT(same_r, decided_r);
+  TH_CHECK(worst > 0.0); /* the modes differ */
+  if (!(mean < near))
+    th_fail(__FILE__, __LINE__, "%s: bf16 mode logits off by %.4f of their spread", arch, mean);
+  TH_CHECK(decided > 0);
+  TH_CHECK_EQ_INT(same, decided);
+  release(&fd, &a, 1);
+  release(&fb, &b, 1);
+  release(&fr, &r, 1);
+  teardown(&fd);
+  teardown(&fb);
+  teardown(&fr);
+}
+TH_TEST(gemma3_bf16_mode_near_default) {
+  check_bf16_mode_near("gemma3", 0.02);
+}
+TH_TEST(gemma4_bf16_mode_near_default) {
+  check_bf16_mode_near("gemma4", 0.2);
 }
 
 /* Greedy continuations agree for every chunking, and the window matters:

@@ -1,0 +1,172 @@
+/* kn-cpu-avx512bf16.c — the bf16 mode's matmul on AVX-512-BF16: inputs
+ * rounded to bf16 once per call (round_rows), then vdpbf16ps against the bf16
+ * weight rows as they lie in the checkpoint, no packing.
+ *
+ * One output element, wherever it is computed (a decode row, a prefill tile,
+ * matmul_rows), is the same sequence: one 16-lane accumulator, vdpbf16ps over
+ * k-blocks of 32 in order (the last block masked, the inputs zero past K),
+ * then the lanes summed as (i, i+8), (i, i+4), (i, i+2), (0, 1) — the tree of
+ * reduce16, which sums 16 accumulators at once. So a row's logits do not
+ * depend on how many rows share the matmul.
+ *
+ * Why only in the bf16 mode: vdpbf16ps multiplies bf16 by bf16. Keeping the
+ * default path's f32 accuracy would take the activations split into three
+ * bf16 parts (8 + 8 + 8 bits of mantissa), three vdpbf16ps per 32 products
+ * against two f32 FMAs for the same 32 products on the widened weights: on
+ * processors where vdpbf16ps issues as fast as an FMA (BENCHMARKS.md), that
+ * is slower than the AVX-512 table. Rounded to one bf16 part, as GPUs and
+ * transformers' bf16 mode run, it does twice an FMA's work per instruction. */
+#include <immintrin.h>
+
+#include "kernels/cpu/kn-cpu-impl.h"
+
+#define KN_BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
+#define INLINE  static inline __attribute__((always_inline))
+
+/* Bytes of input rows per token block of the tile path (stays in L1 while
+ * the feature groups of a work unit pass over it). */
+#define BF16_X_BYTES (16 * 1024)
+
+KN_BF16 static void round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
+                               int K) {
+  for (int t = 0; t < T; t++) {
+    const float *x = in + (ptrdiff_t)t * ldi;
+    uint16_t *d = dst + (ptrdiff_t)t * ldd;
+    for (int k = 0; k < K; k += 32) {
+      int r = K - k;
+      __mmask16 m0 = r >= 16 ? 0xffff : (__mmask16)((1u << r) - 1);
+      __mmask16 m1 = r >= 32 ? 0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1);
+      __m512 lo = _mm512_maskz_loadu_ps(m0, x + k), hi = _mm512_maskz_loadu_ps(m1, x + k + 16);
+      _mm512_storeu_si512(d + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
+/* Lane i of the result: accumulator a[i]'s lanes summed by the canonical
+ * tree (i + 8, then i + 4, i + 2, i + 1). */
+KN_BF16 INLINE __m512 reduce16(const __m512 a[16]) {
+  __m512 b[8], c[4], d[2];
+  _Pragma("GCC unroll 8") for (int p = 0; p < 8;
+                               p++) /* lanes 0-7: a[2p]'s halves summed; 8-15: a[2p+1]'s */
+      b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                           _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
+  _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) /* quarter j: a[4r + j]'s quarters summed */
+      c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88),
+                           _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xdd));
+  _Pragma("GCC unroll 2") for (int s = 0; s < 2;
+                               s++) { /* quarter j: pairs of a[8s + j], then of a[8s + 4 + j] */
+    __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(c[2 * s]), _mm512_castps_pd(c[2 * s + 1]));
+    __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(c[2 * s]), _mm512_castps_pd(c[2 * s + 1]));
+    d[s] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  }
+  /* quarter j, lane m: a[j + 4m]'s sum */
+  __m512 e =
+      _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(idx, e);
+}
+
+/* Outputs of TT tokens x TF features (TT * TF <= 16; nf <= TF of the features
+ * are real, the others repeat feature 0 and are not stored): accumulator
+ * t * TF + f is token t against weight row f. */
+KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
+                         const uint16_t *w, int K, int nf, int acc, const int TF, const int TT,
+                         const int pf) {
+  const uint16_t *wr[16];
+  _Pragma("GCC unroll 16") for (int f = 0; f < TF; f++) wr[f] = w + (size_t)(f < nf ? f : 0) * K;
+  __m512 a[16];
+  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+  const int KF = K / 32;
+  /* the next TF rows, a line per row and block, while these stream */
+  const char *next = (const char *)(w + (size_t)TF * K);
+  int b = 0;
+  for (; b < KF; b++) {
+    __m512i wv[16];
+    _Pragma("GCC unroll 16") for (int f = 0; f < TF; f++) {
+      wv[f] = _mm512_loadu_si512(wr[f] + 32 * b);
+      if (pf) _mm_prefetch(next + ((size_t)b * TF + f) * 64, _MM_HINT_T0);
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + t * ldx + 32 * b);
+      _Pragma("GCC unroll 16") for (int f = 0; f < TF; f++) a[t * TF + f] =
+          _mm512_dpbf16_ps(a[t * TF + f], (__m512bh)wv[f], xv);
+    }
+  }
+  if (K & 31) {
+    const __mmask32 m = (__mmask32)((1u << (K & 31)) - 1);
+    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + t * ldx + 32 * b);
+      _Pragma("GCC unroll 16") for (int f = 0; f < TF; f++) a[t * TF + f] = _mm512_dpbf16_ps(
+          a[t * TF + f], (__m512bh)_mm512_maskz_loadu_epi16(m, wr[f] + 32 * b), xv);
+    }
+  }
+  __m512 s = reduce16(a);
+  if (TF == 4 && nf == 4) { /* token t's 4 outputs are quarter t */
+    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {
+      __m128 v = _mm512_extractf32x4_ps(s, 0);
+      if (t == 1) v = _mm512_extractf32x4_ps(s, 1);
+      if (t == 2) v = _mm512_extractf32x4_ps(s, 2);
+      if (t == 3) v = _mm512_extractf32x4_ps(s, 3);
+      float *o = out + t * ldo;
+      _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), v) : v);
+    }
+    return;
+  }
+  float lanes[16];
+  _mm512_storeu_ps(lanes, s);
+  for (int t = 0; t < TT; t++) {
+    float *o = out + t * ldo;
+    for (int f = 0; f < nf; f++)
+      o[f] = acc ? o[f] + lanes[t * TF + f] : lanes[t * TF + f];
+  }
+}
+
+/* One token against 8 rows: 8 row pointers stay in registers (16 would
+ * spill), half of reduce16's inputs are zero. */
+KN_BF16 static void tile8x1(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
+                            const uint16_t *w, int K, int nf, int acc) {
+  tile(out, ldo, x, ldx, w, K, nf, acc, 8, 1, 1);
+}
+#define DEF_TILE4(TT)                                                                              \
+  KN_BF16 static void tile4x##TT(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,      \
+                                 const uint16_t *w, int K, int nf, int acc) {                      \
+    tile(out, ldo, x, ldx, w, K, nf, acc, 4, TT, TT < 4);                                          \
+  }
+DEF_TILE4(1)
+DEF_TILE4(2)
+DEF_TILE4(3)
+DEF_TILE4(4)
+
+typedef void (*tile_fn)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
+                        const uint16_t *w, int K, int nf, int acc);
+static const tile_fn tiles4[5] = {NULL, tile4x1, tile4x2, tile4x3, tile4x4};
+
+/* kn_cpu_dsp.dot_bf16: one token, 8 weight rows at a time; more, groups of
+ * 4 rows against blocks of tokens that stay in L1, 4 tokens at a time. */
+KN_BF16 static void dot_bf16(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
+                             const uint16_t *w, int K, int T, int n, int acc) {
+  if (T == 1) {
+    for (int j = 0; j < n; j += 8)
+      tile8x1(out + j, ldo, x, ldx, w + (size_t)j * K, K, n - j < 8 ? n - j : 8, acc);
+    return;
+  }
+  int tb = BF16_X_BYTES / (int)(2 * ldx);
+  tb = tb < 4 ? 4 : tb & ~3;
+  for (int t0 = 0; t0 < T; t0 += tb) {
+    int te = T - t0 < tb ? T : t0 + tb;
+    for (int j = 0; j < n; j += 4) {
+      int nf = n - j < 4 ? n - j : 4;
+      const uint16_t *wj = w + (size_t)j * K;
+      for (int t = t0; t < te; t += 4) {
+        int tt = te - t < 4 ? te - t : 4;
+        tiles4[tt](out + (ptrdiff_t)t * ldo + j, ldo, x + (ptrdiff_t)t * ldx, ldx, wj, K, nf, acc);
+      }
+    }
+  }
+}
+
+void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp) {
+  dsp->isa = KN_CPU_ISA_AVX512BF16;
+  dsp->round_bf16 = round_rows;
+  dsp->dot_bf16 = dot_bf16;
+}
