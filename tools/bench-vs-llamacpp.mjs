@@ -8,7 +8,10 @@
 //
 //   node tools/bench-vs-llamacpp.mjs --model DIR [--gguf FILE] [--rounds 3]
 //        [--threads 2] [--prompt-tokens 256] [--decode-tokens 64]
-//        [--lmserve build/tools/lmserve]
+//        [--lmserve build/tools/lmserve] [--dtype auto|bfloat16]
+//
+// --dtype bfloat16 runs lmserve's bf16 mode (matmul inputs rounded to bf16,
+// as llama.cpp's bf16 path rounds them).
 import {spawnSync} from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
@@ -16,7 +19,7 @@ import {fileURLToPath} from "node:url";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const o = {model: null, gguf: null, rounds: 3, threads: 2, "prompt-tokens": 256,
-           "decode-tokens": 64, lmserve: path.join(here, "..", "build", "tools", "lmserve")};
+           "decode-tokens": 64, dtype: "auto", lmserve: path.join(here, "..", "build", "tools", "lmserve")};
 for (let i = 2; i < process.argv.length; i++) {
   const m = /^--([a-z-]+)(?:=(.*))?$/.exec(process.argv[i]);
   if (!m || !(m[1] in o)) die(`unknown argument '${process.argv[i]}'`);
@@ -56,11 +59,13 @@ console.log("| --- | --- | --- | --- | --- | --- | --- | --- |");
 let paths = "";
 for (let r = 1; r <= o.rounds; r++) {
   const a = JSON.parse(run(o.lmserve, ["bench", "model", "--model", o.model, "--threads",
-                                       String(o.threads), "--json", ...common]).trim());
+                                       String(o.threads), "--dtype", o.dtype, "--json",
+                                       ...common]).trim());
   const b = JSON.parse(run(process.execPath, [path.join(here, "bench-llamacpp.mjs"), "--model",
                                               o.gguf, "--threads", String(o.threads), "--json",
                                               ...common]).trim());
-  paths = `lmserve ${a.backend} (${a.isa}), llama.cpp ${b.isa}, ${o.threads} threads each`;
+  paths = `lmserve ${a.backend} (processor ${a.isa}, matmul inputs ${a.matmul_inputs}), ` +
+          `llama.cpp ${b.isa}, ${o.threads} threads each`;
   const row = {pre: a.prefill_tokens_per_s / b.prefill_tokens_per_s,
                dec: a.decode_tokens_per_s / b.decode_tokens_per_s, bound: a.fraction_of_bound};
   rows.push(row);

@@ -70,21 +70,22 @@ KN_BF16 INLINE __m512 reduce16(const __m512 a[16]) {
  * are real, the others repeat feature 0 and are not stored): accumulator
  * t * TF + f is token t against weight row f. */
 KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
-                         const uint16_t *w, int K, int nf, int acc, const int TF, const int TT,
-                         const int pf) {
+                         const uint16_t *w, int K, int nf, int acc, const int TF, const int TT) {
   const uint16_t *wr[16];
   _Pragma("GCC unroll 16") for (int f = 0; f < TF; f++) wr[f] = w + (size_t)(f < nf ? f : 0) * K;
   __m512 a[16];
   _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
   const int KF = K / 32;
-  /* the next TF rows, a line per row and block, while these stream */
+  /* the next TF rows, a line per row and block, while these stream: the
+   * next tile's weights whether the tokens fit one block (decode, small
+   * batches: from memory) or not (prefill: the next group of the chunk) */
   const char *next = (const char *)(w + (size_t)TF * K);
   int b = 0;
   for (; b < KF; b++) {
     __m512i wv[16];
     _Pragma("GCC unroll 16") for (int f = 0; f < TF; f++) {
       wv[f] = _mm512_loadu_si512(wr[f] + 32 * b);
-      if (pf) _mm_prefetch(next + ((size_t)b * TF + f) * 64, _MM_HINT_T0);
+      _mm_prefetch(next + ((size_t)b * TF + f) * 64, _MM_HINT_T0);
     }
     _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {
       __m512bh xv = (__m512bh)_mm512_loadu_si512(x + t * ldx + 32 * b);
@@ -125,12 +126,12 @@ KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t
  * spill), half of reduce16's inputs are zero. */
 KN_BF16 static void tile8x1(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
                             const uint16_t *w, int K, int nf, int acc) {
-  tile(out, ldo, x, ldx, w, K, nf, acc, 8, 1, 1);
+  tile(out, ldo, x, ldx, w, K, nf, acc, 8, 1);
 }
 #define DEF_TILE4(TT)                                                                              \
   KN_BF16 static void tile4x##TT(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,      \
                                  const uint16_t *w, int K, int nf, int acc) {                      \
-    tile(out, ldo, x, ldx, w, K, nf, acc, 4, TT, TT < 4);                                          \
+    tile(out, ldo, x, ldx, w, K, nf, acc, 4, TT);                                                  \
   }
 DEF_TILE4(1)
 DEF_TILE4(2)

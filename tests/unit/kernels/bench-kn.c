@@ -7,6 +7,7 @@
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
  *
  * Not part of the test suite (meson `benchmark`); numbers go to stdout. */
+#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,44 @@ static double time_matmul(struct kn_backend *be, enum kn_dtype dt, const void *w
   return t / reps;
 }
 
+/* Issue rate of one core for 512-bit FMAs (16 multiply-adds each) and
+ * vdpbf16ps (32 bf16 products each): 12 independent accumulators, so the
+ * rate is bounded by throughput, not latency. Billions per second. */
+#define RATE_ITERS 20000000L
+__attribute__((target("avx512f"), noinline)) static double rate_fma(void) {
+  __m512 a[12], x = _mm512_set1_ps(1.0f), w = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < 12; i++)
+    a[i] = _mm512_setzero_ps();
+  double t0 = cm_time_s();
+  for (long k = 0; k < RATE_ITERS; k++) {
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(x, w, a[i]);
+    __asm__ volatile("" : "+v"(x));
+  }
+  double t = cm_time_s() - t0;
+  for (int i = 1; i < 12; i++)
+    a[0] = _mm512_add_ps(a[0], a[i]);
+  volatile float sink = _mm512_reduce_add_ps(a[0]);
+  (void)sink;
+  return 12.0 * RATE_ITERS / t / 1e9;
+}
+__attribute__((target("avx512f,avx512bf16"), noinline)) static double rate_dpbf16(void) {
+  __m512 a[12];
+  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), w = (__m512bh)_mm512_set1_epi16(0x3400);
+  for (int i = 0; i < 12; i++)
+    a[i] = _mm512_setzero_ps();
+  double t0 = cm_time_s();
+  for (long k = 0; k < RATE_ITERS; k++) {
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, w);
+    __asm__ volatile("" : "+v"(x));
+  }
+  double t = cm_time_s() - t0;
+  for (int i = 1; i < 12; i++)
+    a[0] = _mm512_add_ps(a[0], a[i]);
+  volatile float sink = _mm512_reduce_add_ps(a[0]);
+  (void)sink;
+  return 12.0 * RATE_ITERS / t / 1e9;
+}
+
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 0;
   if (argc > 2) secs_per_case = atof(argv[2]);
@@ -67,6 +106,15 @@ int main(int argc, char **argv) {
   printf("backend %s, threads %d, matmul inputs %s\n", kn_backend_name(be), threads,
          bf16 ? "bf16" : "f32");
   printf("read bandwidth: %.1f GB/s\n", bw);
+  if (kn_cpu_isa_detect() >= KN_CPU_ISA_AVX512) {
+    double f = rate_fma();
+    printf("one core: %.2f G vfmadd zmm/s (%.1f G multiply-adds/s)", f, 16 * f);
+    if (kn_cpu_isa_detect() >= KN_CPU_ISA_AVX512BF16) {
+      double d = rate_dpbf16();
+      printf(", %.2f G vdpbf16ps zmm/s (%.1f G bf16 products/s)", d, 32 * d);
+    }
+    printf("\n");
+  }
 
   /* gemma-3-270m: hidden 640, 4 heads x 256, 1 kv head, intermediate 2048, vocab 262144 */
   static const struct {
