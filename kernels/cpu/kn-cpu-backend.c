@@ -107,9 +107,10 @@ int kn_cpu_has_avx512(void) {
 int kn_cpu_has_avx512bf16(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   /* CPUID leaf 7 subleaf 1, EAX bit 5 (gcc 12's __builtin_cpu_supports has
-   * no name for it) */
+   * no name for it); subleaf 0's EAX says whether subleaf 1 exists */
   unsigned a, b, c, d;
-  if (!kn_cpu_has_avx512() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+  if (!kn_cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
   return (a >> 5) & 1;
 #else
   return 0;

@@ -134,6 +134,8 @@ struct kn_cpu_dsp {
    * (kn-cpu-avx512bf16.c; NULL elsewhere: the inputs are rounded to bf16 in
    * f32 and go to the kernels above). round_bf16 writes T rows of K inputs
    * rounded to bf16 (to nearest even), zero up to kn_cpu_bf16_row(K);
+   * denormal inputs become zero there (the instructions treat them so),
+   * where the rounding of the other tables keeps them;
    * dot_bf16 is kn_cpu_dot_fn's contract over those rows (stride ldx
    * elements) and bf16 weight rows. */
   void (*round_bf16)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T, int K);

@@ -133,6 +133,22 @@ static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, in
   return 0;
 }
 
+/* Rows [r0, r1) of in rounded to bf16, kept in f32, into dst (stride K). */
+struct round_task {
+  const float *in;
+  ptrdiff_t ldi;
+  float *dst;
+  int K;
+};
+
+static void round_run(void *arg, long long r0, long long r1, int ith) {
+  const struct round_task *r = arg;
+  (void)ith;
+  for (long long t = r0; t < r1; t++)
+    for (int k = 0; k < r->K; k++)
+      r->dst[t * r->K + k] = kn_bf16_to_f32(kn_f32_to_bf16(r->in[t * r->ldi + k]));
+}
+
 /* The bf16 mode's inputs (ctx->bf16): T rows of K rounded to bf16, into
  * ctx->xb as dsp.round_bf16 lays them out when dot_bf16 takes this weight
  * dtype (m->bf set), else in f32 into ctx->xr (m->in and m->ldi moved
@@ -163,9 +179,8 @@ static int bf16_inputs(struct kn_cpu_ctx *ctx, struct mm_task *m) {
     ctx->xr = p;
     ctx->xr_floats = need;
   }
-  for (int t = 0; t < T; t++)
-    for (int k = 0; k < K; k++)
-      ctx->xr[(size_t)t * K + k] = kn_bf16_to_f32(kn_f32_to_bf16(m->in[(ptrdiff_t)t * m->ldi + k]));
+  struct round_task rt = {m->in, m->ldi, ctx->xr, K};
+  kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K, T, 16), round_run, &rt);
   m->in = ctx->xr;
   m->ldi = K;
   return 0;
