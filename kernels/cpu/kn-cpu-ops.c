@@ -133,6 +133,18 @@ static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, in
   return 0;
 }
 
+/* Makes the 64-byte aligned buffer *p (*cap elements of size bytes) hold n
+ * (its contents are not kept); 0 or CM_ERR_NOMEM. */
+static int grow_buf(void **p, size_t *cap, size_t n, size_t size) {
+  if (n <= *cap) return 0;
+  void *q = aligned_alloc(64, (n * size + 63) & ~(size_t)63);
+  if (!q) return CM_ERR_NOMEM;
+  free(*p);
+  *p = q;
+  *cap = n;
+  return 0;
+}
+
 /* Rows [r0, r1) of in rounded to bf16, kept in f32, into dst (stride K). */
 struct round_task {
   const float *in;
@@ -158,27 +170,15 @@ static int bf16_inputs(struct kn_cpu_ctx *ctx, struct mm_task *m) {
   const int T = m->T, K = m->K;
   if (ctx->dsp.dot_bf16 && m->dt == KN_DTYPE_BF16) {
     const int row = kn_cpu_bf16_row(K);
-    size_t need = (size_t)T * (size_t)row;
-    if (need > ctx->xb_elems) {
-      uint16_t *p = aligned_alloc(64, ((need * 2 + 63) & ~(size_t)63));
-      if (!p) return CM_ERR_NOMEM;
-      free(ctx->xb);
-      ctx->xb = p;
-      ctx->xb_elems = need;
-    }
+    int rc = grow_buf((void **)&ctx->xb, &ctx->xb_elems, (size_t)T * (size_t)row, 2);
+    if (rc) return rc;
     ctx->dsp.round_bf16(ctx->xb, row, m->in, m->ldi, T, K);
     m->bf = 1;
     m->ldx = row;
     return 0;
   }
-  size_t need = (size_t)T * (size_t)K;
-  if (need > ctx->xr_floats) {
-    float *p = aligned_alloc(64, ((need * 4 + 63) & ~(size_t)63));
-    if (!p) return CM_ERR_NOMEM;
-    free(ctx->xr);
-    ctx->xr = p;
-    ctx->xr_floats = need;
-  }
+  int rc = grow_buf((void **)&ctx->xr, &ctx->xr_floats, (size_t)T * (size_t)K, 4);
+  if (rc) return rc;
   struct round_task rt = {m->in, m->ldi, ctx->xr, K};
   kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K, T, 16), round_run, &rt);
   m->in = ctx->xr;

@@ -151,6 +151,28 @@ static struct kn_backend *isa_backend(enum kn_cpu_isa isa, int threads) {
   return isa_backend_mode(isa, threads, 0);
 }
 
+/* Every 17th row of a 255-row batch bit-equal to the row alone, for each
+ * weight dtype (label names the table in a failure). */
+static void check_rows_alone(struct kn_backend *be, const char *label) {
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++) {
+    int T = 255, N = 47, K = 645;
+    float *in = kt_rand_f32((size_t)T * K, 1.0f);
+    void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
+    float *batch = malloc(sizeof(float) * (size_t)T * N), one[47];
+    TH_REQUIRE(batch);
+    TH_REQUIRE(kn_matmul(be, batch, N, in, K, w, wdts[d], T, N, K, 0) == 0);
+    for (int t = 0; t < T; t += 17) {
+      TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, wdts[d], 1, N, K, 0) == 0);
+      if (!kt_bits_equal(one, batch + (size_t)t * N, (size_t)N))
+        th_fail(__FILE__, __LINE__, "%s (%s) %s: row %d of 255 differs from the row alone", label,
+                kn_backend_name(be), kn_dtype_name(wdts[d]), t);
+    }
+    free(in);
+    free(w);
+    free(batch);
+  }
+}
+
 /* Every matmul path of one table (matvec, tile, edges; odd row counts around
  * the tile sizes, K not a multiple of 8 or 32) against the reference, and
  * each row of a 255-row batch bit-equal to the row alone. */
@@ -163,23 +185,7 @@ static void check_isa_matmul(enum kn_cpu_isa isa) {
       for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++)
         for (size_t ni = 0; ni < CM_ARRAY_LEN(Ns); ni++)
           check_matmul(ref, be, wdts[d], Ts[ti], Ns[ni], Ks[ki], (int)((ti + ki + ni) & 1));
-  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++) {
-    int T = 255, N = 47, K = 645;
-    float *in = kt_rand_f32((size_t)T * K, 1.0f);
-    void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
-    float *batch = malloc(sizeof(float) * (size_t)T * N), one[47];
-    TH_REQUIRE(batch);
-    TH_REQUIRE(kn_matmul(be, batch, N, in, K, w, wdts[d], T, N, K, 0) == 0);
-    for (int t = 0; t < T; t += 17) {
-      TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, wdts[d], 1, N, K, 0) == 0);
-      if (!kt_bits_equal(one, batch + (size_t)t * N, (size_t)N))
-        th_fail(__FILE__, __LINE__, "%s %s: row %d of 255 differs from the row alone",
-                kn_cpu_isa_name(isa), kn_dtype_name(wdts[d]), t);
-    }
-    free(in);
-    free(w);
-    free(batch);
-  }
+  check_rows_alone(be, kn_cpu_isa_name(isa));
   kn_backend_destroy(ref);
   kn_backend_destroy(be);
 }
@@ -289,23 +295,7 @@ static void check_bf16_mode(enum kn_cpu_isa isa) {
           free(out);
           free(init);
         }
-  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++) {
-    int T = 255, N = 47, K = 645;
-    float *in = kt_rand_f32((size_t)T * K, 1.0f);
-    void *w = kt_rand_tensor(wdts[d], (size_t)N * K, 0.5f);
-    float *batch = malloc(sizeof(float) * (size_t)T * N), one[47];
-    TH_REQUIRE(batch);
-    TH_REQUIRE(kn_matmul(be, batch, N, in, K, w, wdts[d], T, N, K, 0) == 0);
-    for (int t = 0; t < T; t += 17) {
-      TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, wdts[d], 1, N, K, 0) == 0);
-      if (!kt_bits_equal(one, batch + (size_t)t * N, (size_t)N))
-        th_fail(__FILE__, __LINE__, "%s bf16 mode %s: row %d of 255 differs from the row alone",
-                kn_cpu_isa_name(isa), kn_dtype_name(wdts[d]), t);
-    }
-    free(in);
-    free(w);
-    free(batch);
-  }
+  check_rows_alone(be, kn_cpu_isa_name(isa));
   kn_backend_destroy(be);
 }
 
