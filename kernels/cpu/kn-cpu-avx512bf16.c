@@ -122,11 +122,51 @@ KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t
   }
 }
 
-/* One token against 8 rows: 8 row pointers stay in registers (16 would
- * spill), half of reduce16's inputs are zero. */
-KN_BF16 static void tile8x1(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
-                            const uint16_t *w, int K, int nf, int acc) {
-  tile(out, ldo, x, ldx, w, K, nf, acc, 8, 1);
+/* One token against 4 rows (decode: bound by the weight stream), each
+ * accumulator's 16 lanes as two 8-lane halves, the same operations per lane
+ * as tile's (lane l of a 32-element block reads elements 2l and 2l + 1
+ * either way), so the same bits. The weights come in 32-byte loads: with
+ * 64-byte ones, from checkpoint rows at 16 mod 64 bytes, the decode read
+ * its weights about 15% slower than the AVX2 matvec (perf samples against
+ * the streaming read measured beside it); with these, as fast. */
+KN_BF16 static void tile4x1h(float *out, const uint16_t *x, const uint16_t *w, int K, int nf,
+                             int acc) {
+  const uint16_t *wr[4];
+  for (int f = 0; f < 4; f++)
+    wr[f] = w + (size_t)(f < nf ? f : 0) * K;
+  __m256 lo[4], hi[4];
+  for (int f = 0; f < 4; f++)
+    lo[f] = hi[f] = _mm256_setzero_ps();
+  const int KF = K / 32;
+  const char *next = (const char *)(w + (size_t)4 * K);
+  int b = 0;
+  for (; b < KF; b++) {
+    __m256bh x0 = (__m256bh)_mm256_loadu_si256((const __m256i *)(x + 32 * b));
+    __m256bh x1 = (__m256bh)_mm256_loadu_si256((const __m256i *)(x + 32 * b + 16));
+    _Pragma("GCC unroll 4") for (int f = 0; f < 4; f++) {
+      _mm_prefetch(next + ((size_t)b * 4 + f) * 64, _MM_HINT_T0);
+      lo[f] = _mm256_dpbf16_ps(lo[f],
+                               (__m256bh)_mm256_loadu_si256((const __m256i *)(wr[f] + 32 * b)), x0);
+      hi[f] = _mm256_dpbf16_ps(
+          hi[f], (__m256bh)_mm256_loadu_si256((const __m256i *)(wr[f] + 32 * b + 16)), x1);
+    }
+  }
+  __m512 a[16];
+  for (int i = 0; i < 16; i++)
+    a[i] = _mm512_setzero_ps();
+  for (int f = 0; f < 4; f++)
+    a[f] = _mm512_insertf32x8(_mm512_castps256_ps512(lo[f]), hi[f], 1);
+  if (K & 31) {
+    const __mmask32 m = (__mmask32)((1u << (K & 31)) - 1);
+    __m512bh xv = (__m512bh)_mm512_loadu_si512(x + 32 * b);
+    for (int f = 0; f < 4; f++)
+      a[f] = _mm512_dpbf16_ps(a[f], (__m512bh)_mm512_maskz_loadu_epi16(m, wr[f] + 32 * b), xv);
+  }
+  __m512 s = reduce16(a);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, s);
+  for (int f = 0; f < nf; f++)
+    out[f] = acc ? out[f] + lanes[f] : lanes[f];
 }
 #define DEF_TILE4(TT)                                                                              \
   KN_BF16 static void tile4x##TT(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,      \
@@ -142,13 +182,13 @@ typedef void (*tile_fn)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t 
                         const uint16_t *w, int K, int nf, int acc);
 static const tile_fn tiles4[5] = {NULL, tile4x1, tile4x2, tile4x3, tile4x4};
 
-/* kn_cpu_dsp.dot_bf16: one token, 8 weight rows at a time; more, groups of
+/* kn_cpu_dsp.dot_bf16: one token, 4 weight rows at a time; more, groups of
  * 4 rows against blocks of tokens that stay in L1, 4 tokens at a time. */
 KN_BF16 static void dot_bf16(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
                              const uint16_t *w, int K, int T, int n, int acc) {
   if (T == 1) {
-    for (int j = 0; j < n; j += 8)
-      tile8x1(out + j, ldo, x, ldx, w + (size_t)j * K, K, n - j < 8 ? n - j : 8, acc);
+    for (int j = 0; j < n; j += 4)
+      tile4x1h(out + j, x, w + (size_t)j * K, K, n - j < 4 ? n - j : 4, acc);
     return;
   }
   int tb = BF16_X_BYTES / (int)(2 * ldx);
