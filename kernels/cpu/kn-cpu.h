@@ -2,6 +2,8 @@
  * versions (AVX2 + FMA + F16C, and AVX-512 for the matmuls, softcap and
  * argmax) chosen at run time, multithreaded over output rows with a small
  * persistent thread pool. The AVX2 and AVX-512 tables give the same bits.
+ * The bf16 mode (kn_cpu_backend_create_mode) rounds matmul inputs to bf16
+ * and adds AVX-512-BF16 dot products where the processor has them.
  *
  * LMSERVE_KERNELS=ref (or avx2, avx512, avx512bf16) in the environment caps the kernel
  * set when a backend is created; ref forces the reference versions. Memory
