@@ -552,8 +552,9 @@ int wk_worker_main(int argc, char **argv) {
     goto done;
   }
   __atomic_store_n(&p.announced, 1, __ATOMIC_RELEASE);
-  cm_info(TAG, "rank %lld ready: %d KV pages, %d groups, connected to %s", (long long)rank,
-          wk_model_n_pages(m), wk_model_kv_spec(m)->n_groups, endpoint);
+  cm_info(TAG, "rank %lld ready: %s kernels, --dtype %s, %d KV pages, %d groups, connected to %s",
+          (long long)rank, kn_backend_name(be), dtype, wk_model_n_pages(m),
+          wk_model_kv_spec(m)->n_groups, endpoint);
   /* the beat thread must not take the signals: the main thread's polls see EINTR */
   sigset_t block_set, old_set;
   sigemptyset(&block_set);
