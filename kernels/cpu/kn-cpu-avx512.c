@@ -528,12 +528,15 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->tile_f32 = tile_packed;
   dsp->tile_tokens = 6;
   /* pack + tile once a packed row serves enough tokens to repay its packing.
-   * Widening in registers wins up to T = 32: on a Zen 4, [65536 x 640] at
-   * T = 8 took 7.9-8.6 ms that way against 13.4-13.5 ms packed, T = 16
-   * 11.4-11.8 against 15.2-15.5 ms, [2048 x 640] at T = 8 122-130 against
-   * 171-187 us; from T = 64 the two tie (bench-kn). The [262144 x 64] head
-   * widens in registers up to T = 64 at least. */
-  dsp->tile_min_t = 32;
+   * Where that is depends on the core. On the machine the tiles were tuned
+   * on, packed tiles won from T = 8 on [2048 x 640]. On AMD's cores, which
+   * run a 512-bit operation as two 256-bit halves, widening in registers
+   * wins up to T = 32: on a Zen 4, [65536 x 640] at T = 8 took 7.9-8.6 ms
+   * that way against 13.4-13.5 ms packed, T = 16 11.4-11.8 against
+   * 15.2-15.5 ms, [2048 x 640] at T = 8 122-130 against 171-187 us, and from
+   * T = 64 the two tie (bench-kn). The [262144 x 64] head widens in
+   * registers up to T = 64 at least. Either way, the same bits. */
+  dsp->tile_min_t = kn_cpu_is_amd() ? 32 : 8;
   dsp->tile_min_tk = 4096;
   dsp->softcap = softcap_avx512;
   dsp->tok_argmax = tok_argmax;

@@ -104,6 +104,17 @@ int kn_cpu_has_avx512(void) {
 #endif
 }
 
+int kn_cpu_is_amd(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+  /* the vendor string "AuthenticAMD" in EBX, EDX, ECX */
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#else
+  return 0;
+#endif
+}
+
 int kn_cpu_has_avx512bf16(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   /* CPUID leaf 7 subleaf 1, EAX bit 5 (gcc 12's __builtin_cpu_supports has

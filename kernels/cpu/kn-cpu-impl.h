@@ -168,6 +168,8 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx512(void);
 int kn_cpu_has_avx512bf16(void);
+/* 1 on an AMD processor (kernel tuning that depends on the core). */
+int kn_cpu_is_amd(void);
 
 /* ---- the backend context ------------------------------------------------ */
 
