@@ -46,15 +46,16 @@ KN_BF16 static void round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, pt
  * tree (i + 8, then i + 4, i + 2, i + 1). */
 KN_BF16 INLINE __m512 reduce16(const __m512 a[16]) {
   __m512 b[8], c[4], d[2];
-  _Pragma("GCC unroll 8") for (int p = 0; p < 8;
-                               p++) /* lanes 0-7: a[2p]'s halves summed; 8-15: a[2p+1]'s */
-      b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
-                           _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
-  _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) /* quarter j: a[4r + j]'s quarters summed */
-      c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88),
-                           _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xdd));
-  _Pragma("GCC unroll 2") for (int s = 0; s < 2;
-                               s++) { /* quarter j: pairs of a[8s + j], then of a[8s + 4 + j] */
+  /* b[p], lanes 0-7: a[2p]'s halves summed; lanes 8-15: a[2p+1]'s */
+  _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) b[p] =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                    _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
+  /* c[r], quarter j: a[4r + j]'s quarters summed */
+  _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) c[r] =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88),
+                    _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xdd));
+  /* d[s], quarter j: pairs of a[8s + j], then of a[8s + 4 + j] */
+  _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) {
     __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(c[2 * s]), _mm512_castps_pd(c[2 * s + 1]));
     __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(c[2 * s]), _mm512_castps_pd(c[2 * s + 1]));
     d[s] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
@@ -64,6 +65,30 @@ KN_BF16 INLINE __m512 reduce16(const __m512 a[16]) {
       _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
   const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(idx, e);
+}
+
+/* Stores (acc: adds) the reduced outputs s of TT tokens x TF features, lane
+ * t * TF + f for token t, feature f < nf. */
+KN_BF16 INLINE void put_tile(float *out, ptrdiff_t ldo, __m512 s, int nf, int acc, const int TF,
+                             const int TT) {
+  if (TF == 4 && nf == 4) { /* token t's 4 outputs are quarter t */
+    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {
+      __m128 v = _mm512_extractf32x4_ps(s, 0);
+      if (t == 1) v = _mm512_extractf32x4_ps(s, 1);
+      if (t == 2) v = _mm512_extractf32x4_ps(s, 2);
+      if (t == 3) v = _mm512_extractf32x4_ps(s, 3);
+      float *o = out + t * ldo;
+      _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), v) : v);
+    }
+    return;
+  }
+  float lanes[16];
+  _mm512_storeu_ps(lanes, s);
+  for (int t = 0; t < TT; t++) {
+    float *o = out + t * ldo;
+    for (int f = 0; f < nf; f++)
+      o[f] = acc ? o[f] + lanes[t * TF + f] : lanes[t * TF + f];
+  }
 }
 
 /* Outputs of TT tokens x TF features (TT * TF <= 16; nf <= TF of the features
@@ -101,25 +126,7 @@ KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t
           a[t * TF + f], (__m512bh)_mm512_maskz_loadu_epi16(m, wr[f] + 32 * b), xv);
     }
   }
-  __m512 s = reduce16(a);
-  if (TF == 4 && nf == 4) { /* token t's 4 outputs are quarter t */
-    _Pragma("GCC unroll 4") for (int t = 0; t < TT; t++) {
-      __m128 v = _mm512_extractf32x4_ps(s, 0);
-      if (t == 1) v = _mm512_extractf32x4_ps(s, 1);
-      if (t == 2) v = _mm512_extractf32x4_ps(s, 2);
-      if (t == 3) v = _mm512_extractf32x4_ps(s, 3);
-      float *o = out + t * ldo;
-      _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), v) : v);
-    }
-    return;
-  }
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  for (int t = 0; t < TT; t++) {
-    float *o = out + t * ldo;
-    for (int f = 0; f < nf; f++)
-      o[f] = acc ? o[f] + lanes[t * TF + f] : lanes[t * TF + f];
-  }
+  put_tile(out, ldo, reduce16(a), nf, acc, TF, TT);
 }
 
 /* One token against 4 rows (decode: bound by the weight stream), each
@@ -162,11 +169,7 @@ KN_BF16 static void tile4x1h(float *out, const uint16_t *x, const uint16_t *w, i
     for (int f = 0; f < 4; f++)
       a[f] = _mm512_dpbf16_ps(a[f], (__m512bh)_mm512_maskz_loadu_epi16(m, wr[f] + 32 * b), xv);
   }
-  __m512 s = reduce16(a);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  for (int f = 0; f < nf; f++)
-    out[f] = acc ? out[f] + lanes[f] : lanes[f];
+  put_tile(out, 0, reduce16(a), nf, acc, 4, 1);
 }
 #define DEF_TILE4(TT)                                                                              \
   KN_BF16 static void tile4x##TT(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,      \

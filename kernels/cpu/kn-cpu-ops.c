@@ -72,13 +72,11 @@ static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, 
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
   const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
   float *buf = m->ctx->scratch[ith];
-  if (m->bf) {
-    dsp->dot_bf16(out, ldo, m->ctx->xb, m->ldx, (const uint16_t *)w, m->K, m->T, n, m->acc);
-    if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
-    return;
-  }
-  if (!m->tile) {
-    dsp->matvec[m->dt](out, ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
+  if (m->bf || !m->tile) {
+    if (m->bf)
+      dsp->dot_bf16(out, ldo, m->ctx->xb, m->ldx, (const uint16_t *)w, m->K, m->T, n, m->acc);
+    else
+      dsp->matvec[m->dt](out, ldo, m->in, m->ldi, w, m->K, m->T, n, m->acc);
     if (m->cap > 0.0f) cap_unit(m, out, ldo, n);
     return;
   }
@@ -109,30 +107,6 @@ static void mm_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
-/* Lays the T x K inputs out for tok_argmax in ctx->xt: per group of 16 tokens,
- * K rounded up to 8 rows of 16 floats (token t of the group in lane t), zero
- * past K and past T. */
-static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, int T, int K) {
-  const int Kp = (K + 7) & ~7, G = (T + 15) / 16;
-  size_t need = (size_t)G * (size_t)Kp * 16;
-  if (need > ctx->xt_floats) {
-    float *p = aligned_alloc(64, need * sizeof(float));
-    if (!p) return CM_ERR_NOMEM;
-    free(ctx->xt);
-    ctx->xt = p;
-    ctx->xt_floats = need;
-  }
-  for (int g = 0; g < G; g++) {
-    float *xg = ctx->xt + (size_t)g * Kp * 16;
-    for (int k = 0; k < Kp; k++)
-      for (int l = 0; l < 16; l++) {
-        int t = 16 * g + l;
-        xg[(size_t)k * 16 + l] = t < T && k < K ? in[(ptrdiff_t)t * ldi + k] : 0.0f;
-      }
-  }
-  return 0;
-}
-
 /* Makes the 64-byte aligned buffer *p (*cap elements of size bytes) hold n
  * (its contents are not kept); 0 or CM_ERR_NOMEM. */
 static int grow_buf(void **p, size_t *cap, size_t n, size_t size) {
@@ -142,6 +116,24 @@ static int grow_buf(void **p, size_t *cap, size_t n, size_t size) {
   free(*p);
   *p = q;
   *cap = n;
+  return 0;
+}
+
+/* Lays the T x K inputs out for tok_argmax in ctx->xt: per group of 16 tokens,
+ * K rounded up to 8 rows of 16 floats (token t of the group in lane t), zero
+ * past K and past T. */
+static int tok_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, int T, int K) {
+  const int Kp = (K + 7) & ~7, G = (T + 15) / 16;
+  int rc = grow_buf((void **)&ctx->xt, &ctx->xt_floats, (size_t)G * (size_t)Kp * 16, 4);
+  if (rc) return rc;
+  for (int g = 0; g < G; g++) {
+    float *xg = ctx->xt + (size_t)g * Kp * 16;
+    for (int k = 0; k < Kp; k++)
+      for (int l = 0; l < 16; l++) {
+        int t = 16 * g + l;
+        xg[(size_t)k * 16 + l] = t < T && k < K ? in[(ptrdiff_t)t * ldi + k] : 0.0f;
+      }
+  }
   return 0;
 }
 
@@ -161,28 +153,28 @@ static void round_run(void *arg, long long r0, long long r1, int ith) {
       r->dst[t * r->K + k] = kn_bf16_to_f32(kn_f32_to_bf16(r->in[t * r->ldi + k]));
 }
 
-/* The bf16 mode's inputs (ctx->bf16): T rows of K rounded to bf16, into
- * ctx->xb as dsp.round_bf16 lays them out when dot_bf16 takes this weight
- * dtype (m->bf set), else in f32 into ctx->xr (m->in and m->ldi moved
- * there). Nothing in the default mode. */
-static int bf16_inputs(struct kn_cpu_ctx *ctx, struct mm_task *m) {
+/* The bf16 mode's inputs (ctx->bf16) for a matmul over weights of dtype
+ * dt: T rows of K rounded to bf16, into ctx->xb as dsp.round_bf16 lays them
+ * out when dot_bf16 takes dt (*bf set, *ldx its row stride), else in f32
+ * into ctx->xr (*in and *ldi moved there). Nothing in the default mode. */
+static int bf16_inputs(struct kn_cpu_ctx *ctx, enum kn_dtype dt, int T, int K, const float **in,
+                       ptrdiff_t *ldi, int *bf, ptrdiff_t *ldx) {
   if (!ctx->bf16) return 0;
-  const int T = m->T, K = m->K;
-  if (ctx->dsp.dot_bf16 && m->dt == KN_DTYPE_BF16) {
+  if (ctx->dsp.dot_bf16 && dt == KN_DTYPE_BF16) {
     const int row = kn_cpu_bf16_row(K);
     int rc = grow_buf((void **)&ctx->xb, &ctx->xb_elems, (size_t)T * (size_t)row, 2);
     if (rc) return rc;
-    ctx->dsp.round_bf16(ctx->xb, row, m->in, m->ldi, T, K);
-    m->bf = 1;
-    m->ldx = row;
+    ctx->dsp.round_bf16(ctx->xb, row, *in, *ldi, T, K);
+    *bf = 1;
+    *ldx = row;
     return 0;
   }
   int rc = grow_buf((void **)&ctx->xr, &ctx->xr_floats, (size_t)T * (size_t)K, 4);
   if (rc) return rc;
-  struct round_task rt = {m->in, m->ldi, ctx->xr, K};
+  struct round_task rt = {*in, *ldi, ctx->xr, K};
   kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K, T, 16), round_run, &rt);
-  m->in = ctx->xr;
-  m->ldi = K;
+  *in = ctx->xr;
+  *ldi = K;
   return 0;
 }
 
@@ -192,7 +184,7 @@ static int bf16_inputs(struct kn_cpu_ctx *ctx, struct mm_task *m) {
 static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   const int T = m->T, N = m->N, K = m->K, nth = ctx->n_threads;
   const struct kn_cpu_dsp *dsp = &ctx->dsp;
-  int rc = bf16_inputs(ctx, m);
+  int rc = bf16_inputs(ctx, m->dt, T, K, &m->in, &m->ldi, &m->bf, &m->ldx);
   if (rc) return rc;
   m->tok = !m->bf && argmax && dsp->tok_argmax && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
   m->tile = !m->bf && !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
@@ -204,7 +196,7 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   long long mv = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
   if (mv > most) mv = most;
   if (m->bf) {
-    m->chunk = (int)((mv < 16 ? 16 : mv + 7) & ~7LL); /* dot_bf16 takes 8 rows at T = 1 */
+    m->chunk = (int)((mv < 16 ? 16 : mv + 7) & ~7LL); /* whole 4-row groups of dot_bf16 */
   } else if (m->tok) {
     if ((rc = tok_inputs(ctx, m->in, m->ldi, T, K))) return rc;
     m->wbuf = kn_cpu_tok_argmax_floats(K, T);
@@ -381,13 +373,8 @@ static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, 
     return 0;
   }
   struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows, 0, 0};
-  struct mm_task bt = {.ctx = ctx, .in = in, .ldi = ldi, .dt = wdt, .T = T, .K = K};
-  int rc = bf16_inputs(ctx, &bt);
+  int rc = bf16_inputs(ctx, wdt, T, K, &m.in, &m.ldi, &m.bf, &m.ldx);
   if (rc) return rc;
-  m.in = bt.in;
-  m.ldi = bt.ldi;
-  m.bf = bt.bf;
-  m.ldx = bt.ldx;
   kn_cpu_pool_run(ctx->pool, n_rows, grain_for((double)T * n_rows * K, n_rows, 16), mm_rows_run,
                   &m);
   return 0;
