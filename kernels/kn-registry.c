@@ -216,7 +216,7 @@ int kn_backend_open(const char *name, const struct kn_backend_opts *o, struct kn
   return rc ? rc : kn_backend_reg_create(r, o, out, err, errlen);
 }
 
-int kn_backend_dtype_parse(const char *s, int *bf16) {
+int kn_backend_dtype_parse(const char *s, int *bf16, char *err, size_t errlen) {
   static const char *const f32[] = {"auto", "float32", "float", "f32"};
   static const char *const b16[] = {"bfloat16", "bf16"};
   int found = -1;
@@ -224,7 +224,9 @@ int kn_backend_dtype_parse(const char *s, int *bf16) {
     if (!strcmp(s, f32[i])) found = 0;
   for (size_t i = 0; s && i < sizeof(b16) / sizeof(b16[0]); i++)
     if (!strcmp(s, b16[i])) found = 1;
-  if (found < 0) return CM_ERR_INVAL;
+  if (found < 0)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "--dtype %s: not one of auto, float32, bfloat16",
+                   s ? s : "(none)");
   *bf16 = found;
   return 0;
 }

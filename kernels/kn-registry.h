@@ -63,8 +63,8 @@ int kn_backend_reg_create(const struct kn_backend_reg *r, const struct kn_backen
 
 /* --dtype: "auto", "float32" (or "float", "f32"): the matmuls' inputs stay
  * f32 (CPU); "bfloat16" (or "bf16"): rounded to bf16. 0 and *bf16, or
- * CM_ERR_INVAL for anything else. */
-int kn_backend_dtype_parse(const char *s, int *bf16);
+ * CM_ERR_INVAL for anything else, with a message in err[errlen]. */
+int kn_backend_dtype_parse(const char *s, int *bf16, char *err, size_t errlen);
 #define KN_DTYPE_HELP                                                                              \
   "matmul input precision: auto or float32 (CPU: f32 inputs against the weights, exact to an "     \
   "f32 reference), bfloat16 (rounded to bf16 as GPUs run; CPU: AVX-512-BF16 where present)"

@@ -138,8 +138,9 @@ int tl_bench_model_main(int argc, char **argv) {
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
   int bf16 = 0;
-  if (kn_backend_dtype_parse(dtype, &bf16)) {
-    fprintf(stderr, "lmserve bench model: --dtype %s: not one of auto, float32, bfloat16\n", dtype);
+  char why[128];
+  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why))) {
+    fprintf(stderr, "lmserve bench model: %s\n", why);
     return 2;
   }
   if (!model) {

@@ -88,8 +88,9 @@ int tl_generate_main(int argc, char **argv) {
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
   int bf16 = 0;
-  if (kn_backend_dtype_parse(dtype, &bf16)) {
-    fprintf(stderr, "lmserve generate: --dtype %s: not one of auto, float32, bfloat16\n", dtype);
+  char why[128];
+  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why))) {
+    fprintf(stderr, "lmserve generate: %s\n", why);
     return 2;
   }
   if (!model || (!prompt == !prompt_ids)) {

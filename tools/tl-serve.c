@@ -359,8 +359,9 @@ int tl_serve_main(int argc, char **argv) {
   }
 
   int bf16;
-  if (s.dtype && kn_backend_dtype_parse(s.dtype, &bf16)) {
-    fprintf(stderr, "lmserve serve: --dtype %s: not one of auto, float32, bfloat16\n", s.dtype);
+  char why[128];
+  if (s.dtype && kn_backend_dtype_parse(s.dtype, &bf16, why, sizeof(why))) {
+    fprintf(stderr, "lmserve serve: %s\n", why);
     return 2;
   }
 

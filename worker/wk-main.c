@@ -442,8 +442,9 @@ int wk_worker_main(int argc, char **argv) {
     return 2;
   }
   int bf16 = 0;
-  if (kn_backend_dtype_parse(dtype, &bf16)) {
-    fprintf(stderr, "lmserve worker: --dtype %s: not one of auto, float32, bfloat16\n", dtype);
+  char why[128];
+  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why))) {
+    fprintf(stderr, "lmserve worker: %s\n", why);
     return 2;
   }
   if (threads == 0 && world > 1) { /* each rank owns its cores: cores / N */
