@@ -18,7 +18,8 @@
  *     health). The frontend keeps running (and its sockets) and serves again
  *     once the engine is ready. An engine that dies --max-start-failures
  *     times in a row before it is ready (a bad checkpoint) ends serve with
- *     an error, as does any role that dies before the first readiness;
+ *     an error, as does any role that dies before the first readiness
+ *     (the first time /health answers 200);
  *   - a dead frontend ends serve, since nothing is served;
  *   - SIGINT/SIGTERM: the frontend drains first (new requests 503, running
  *     ones finish up to --drain-timeout), then scheduler and workers stop;
@@ -394,6 +395,16 @@ int tl_serve_main(int argc, char **argv) {
   double deadline = cm_time_s() + (double)s.ready_timeout_s;
   int ready = 0;
   while (!tl_serve_stop_signal && cm_time_s() < deadline) {
+    /* a child has ended: look (without reaping it) whether the frontend had
+     * answered 200 meanwhile; then the server was ready, clients may already
+     * be using it, and the supervision below heals the death as any other */
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid > 0 &&
+        tl_http_probe(probe_host, (int)s.port, "/health", 1000) == 200) {
+      ready = 1;
+      break;
+    }
     struct tl_child *dead = tl_srv_reap(&s);
     if (dead) {
       char name[96], how[128];

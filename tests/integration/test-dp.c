@@ -22,6 +22,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/cm-arena.h"
+#include "common/cm-err.h"
+#include "common/cm-time.h"
+#include "proto/pr-zmq.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
@@ -62,6 +66,17 @@ static double metric_wait(const char *name, const char *label, double want, int 
     v = metric(name, label);
   }
   return v;
+}
+
+/* Waits (at most ms) until /metrics holds `needle`: 1 when it does. */
+static int metrics_have(const char *needle, int ms) {
+  for (int t = 0;; t += 100) {
+    char *m = NULL;
+    int ok = get("/metrics", &m) == 200 && m && strstr(m, needle);
+    free(m);
+    if (ok || t >= ms) return ok;
+    usleep(100000);
+  }
 }
 
 /* /health until it answers 200 (at most 2 minutes): its last status. */
@@ -132,6 +147,44 @@ static void replica_start(struct replica *r, const char *model) {
                             "--kv-cache-memory", "64M", "--threads", "1", NULL) == 0);
 }
 
+/* Waits (at most 2 minutes) until r's scheduler answers a PING with all its
+ * worker ranks ready. The frontend's /health is 200 as soon as one replica is
+ * ready; the routing checks below need both. */
+static void replica_wait_ready(struct replica *r) {
+  void *ctx = zmq_ctx_new();
+  struct pr_sock *s = NULL;
+  struct cm_arena a;
+  cm_arena_init(&a, 1 << 12, 1 << 20);
+  TH_REQUIRE(ctx && pr_sock_open(ctx, ZMQ_DEALER, 0, &s) == 0 && pr_sock_connect(s, r->fe_ep) == 0);
+  int ready = 0;
+  uint64_t nonce = 0, end = cm_time_ns() + 120000000000ull;
+  while (!ready && cm_time_ns() < end) {
+    struct pr_msg m;
+    pr_msg_init(&m, PR_PING);
+    m.u.ping.nonce = ++nonce;
+    m.u.ping.send_ns = cm_time_wall_ns();
+    (void)pr_sock_send(s, NULL, &m, PR_DONTWAIT);
+    uint64_t wait_end = cm_time_ns() + 200000000ull;
+    while (!ready && cm_time_ns() < wait_end) {
+      cm_arena_reset(&a);
+      int rc = pr_sock_recv(s, NULL, &m, &a, PR_DONTWAIT);
+      if (rc == CM_ERR_AGAIN) {
+        usleep(10000);
+        continue;
+      }
+      ready = rc == 0 && m.type == PR_PONG && m.u.pong.world_size > 0 &&
+              m.u.pong.workers_ready == m.u.pong.world_size;
+    }
+  }
+  pr_sock_close(s);
+  cm_arena_free(&a);
+  zmq_ctx_term(ctx);
+  if (!ready) {
+    th_fail(__FILE__, __LINE__, "the replica at %s was not ready in 2 minutes", r->fe_ep);
+    th_stop();
+  }
+}
+
 TH_TEST(dp_two_replicas) {
   th_proc_init(400);
   char model[300];
@@ -155,7 +208,11 @@ TH_TEST(dp_two_replicas) {
   TH_REQUIRE(th_proc_spawnl(&fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
                             "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
                             "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
+  for (int i = 0; i < 2; i++)
+    replica_wait_ready(&rep[i]);
   TH_REQUIRE(wait_health() == 200);
+  /* the frontend has heard from both (its PINGs go out five times a second) */
+  TH_REQUIRE(metrics_have("replica=\"1\"", 10000));
 
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200);
@@ -215,8 +272,12 @@ TH_TEST(dp_two_replicas) {
   }
 }
 
-/* The pid of serve's child whose command line holds `role` and `needle`, or 0. */
+/* The pid of serve's child running `lmserve <role>` whose command line holds
+ * `needle`, or 0 (the role is the first argument: a scheduler's command line
+ * names the workers' endpoint too). */
 static int child_with(int parent, const char *role, const char *needle) {
+  char want[64];
+  snprintf(want, sizeof(want), "lmserve %s ", role);
   DIR *d = opendir("/proc");
   int found = 0;
   struct dirent *de;
@@ -239,7 +300,7 @@ static int child_with(int parent, const char *role, const char *needle) {
     buf[k] = 0;
     for (size_t i = 0; i < k; i++)
       if (!buf[i]) buf[i] = ' ';
-    if (strstr(buf, role) && strstr(buf, needle)) found = pid;
+    if (strstr(buf, want) && strstr(buf, needle)) found = pid;
   }
   if (d) closedir(d);
   return found;
@@ -264,13 +325,7 @@ TH_TEST(dp_serve_restarts_one_replica) {
   char *t0 = complete(ids, 4);
   TH_REQUIRE(t0 != NULL);
   /* both replicas report: their gauges are labelled 0 and 1 */
-  for (int i = 0; i < 50; i++) {
-    char *m = NULL;
-    int ok = get("/metrics", &m) == 200 && m && strstr(m, "replica=\"1\"");
-    free(m);
-    if (ok) break;
-    usleep(100000);
-  }
+  (void)metrics_have("replica=\"1\"", 5000);
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200);
   TH_CHECK(m && strstr(m, "lmserve:num_requests_running{") && strstr(m, "replica=\"1\""));
@@ -281,7 +336,8 @@ TH_TEST(dp_serve_restarts_one_replica) {
   TH_REQUIRE(kill(w1, SIGKILL) == 0);
   /* replica 0 serves throughout; replica 1 comes back with a new worker */
   int w1b = 0;
-  for (int i = 0; i < 100 && !(w1b > 0 && w1b != w1); i++) {
+  for (uint64_t end = cm_time_ns() + 60000000000ull;
+       cm_time_ns() < end && !(w1b > 0 && w1b != w1);) {
     char *b = NULL;
     int h = get("/health", &b);
     free(b);
