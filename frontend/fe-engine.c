@@ -327,6 +327,11 @@ static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
     fe_metrics_set_at(m, e->mid.num_requests_running, i, pg->num_running);
     fe_metrics_set_at(m, e->mid.num_requests_waiting, i, pg->num_waiting);
     fe_metrics_set_at(m, e->mid.kv_cache_usage_perc, i, pg->kv_usage);
+    if (pg->kernels) {
+      static const char *const keys[] = {"kernels", "matmul_inputs"};
+      const char *values[] = {pg->kernels, pg->matmul_inputs};
+      fe_metrics_set_info_at(m, e->mid.engine_info, i, keys, values, 2);
+    }
     /* PONG counters are cumulative at each scheduler: add what is new (a
      * restarted scheduler starts again from 0) */
 #define DELTA(field, id)                                                                           \

@@ -22,6 +22,7 @@ struct fe_metric {
   double count;                             /* histogram observations */
   char label[32];                           /* indexed counter: its label; else "" */
   size_t n_index;                           /* indexed counter: series rendered */
+  char (*info)[FE_METRIC_INFO_LEN];         /* info family: per index, its other labels as text */
 };
 
 struct fe_metrics {
@@ -30,29 +31,43 @@ struct fe_metrics {
   struct fe_metric m[FE_METRICS_MAX];
 };
 
+/* Appends sep key="value" to dst (of size cap, holding o bytes) with the
+ * value escaped as the text format wants (\\, \", \n) and cut short rather
+ * than overrun (nothing when not even the key fits); the new length. */
+static size_t put_label(char *dst, size_t cap, size_t o, const char *sep, const char *key,
+                        const char *value) {
+  int k = snprintf(dst + o, cap - o, "%s%s=\"", sep, key);
+  if (k < 0 || (size_t)k + 2 > cap - o) {
+    dst[o] = 0;
+    return o;
+  }
+  o += (size_t)k;
+  for (const char *p = value; *p && o + 4 < cap; p++) {
+    if (*p == '"' || *p == '\\') dst[o++] = '\\';
+    if (*p == '\n') {
+      dst[o++] = '\\';
+      dst[o++] = 'n';
+      continue;
+    }
+    dst[o++] = *p;
+  }
+  dst[o++] = '"';
+  dst[o] = 0;
+  return o;
+}
+
 int fe_metrics_create(const char *model_name, struct fe_metrics **out) {
   struct fe_metrics *m = calloc(1, sizeof(*m));
   if (!m) return CM_ERR_NOMEM;
-  size_t o = 0;
-  const char *pre = "model_name=\"";
-  memcpy(m->label, pre, strlen(pre));
-  o = strlen(pre);
-  for (const char *p = model_name; *p && o + 4 < sizeof(m->label); p++) {
-    if (*p == '"' || *p == '\\') m->label[o++] = '\\';
-    if (*p == '\n') {
-      m->label[o++] = '\\';
-      m->label[o++] = 'n';
-      continue;
-    }
-    m->label[o++] = *p;
-  }
-  m->label[o++] = '"';
-  m->label[o] = 0;
+  put_label(m->label, sizeof(m->label), 0, "", "model_name", model_name);
   *out = m;
   return 0;
 }
 
 void fe_metrics_destroy(struct fe_metrics *m) {
+  if (!m) return;
+  for (size_t i = 0; i < m->n; i++)
+    free(m->m[i].info);
   free(m);
 }
 
@@ -108,6 +123,19 @@ int fe_metrics_add_indexed(struct fe_metrics *m, enum fe_metric_kind kind, const
   return id;
 }
 
+int fe_metrics_add_info(struct fe_metrics *m, const char *name, const char *help,
+                        const char *label) {
+  void *info = calloc(FE_METRIC_MAX_BUCKETS + 1, FE_METRIC_INFO_LEN);
+  if (!info) return CM_ERR_NOMEM;
+  int id = fe_metrics_add_indexed(m, FE_METRIC_GAUGE, name, help, label);
+  if (id < 0) {
+    free(info);
+    return id;
+  }
+  m->m[id].info = info;
+  return id;
+}
+
 static struct fe_metric *get(struct fe_metrics *m, int id, enum fe_metric_kind kind) {
   CM_ASSERT(id >= 0 && (size_t)id < m->n && m->m[id].kind == kind);
   return &m->m[id];
@@ -149,6 +177,19 @@ void fe_metrics_set_at(struct fe_metrics *m, int id, size_t index, double v) {
   x->value += v - x->counts[index];
   x->counts[index] = v;
   if (index + 1 > x->n_index) x->n_index = index + 1;
+}
+
+void fe_metrics_set_info_at(struct fe_metrics *m, int id, size_t index, const char *const *keys,
+                            const char *const *values, size_t n) {
+  struct fe_metric *x = get(m, id, FE_METRIC_GAUGE);
+  CM_ASSERT(x->info);
+  if (index > FE_METRIC_MAX_BUCKETS) return;
+  char *t = x->info[index];
+  size_t o = 0;
+  t[0] = 0;
+  for (size_t i = 0; i < n; i++)
+    o = put_label(t, FE_METRIC_INFO_LEN, o, ",", keys[i], values[i] ? values[i] : "");
+  fe_metrics_set_at(m, id, index, 1);
 }
 
 void fe_metrics_set(struct fe_metrics *m, int id, double v) {
@@ -209,8 +250,12 @@ int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *b) {
     fe_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name, kinds[x->kind]);
     if (x->label[0]) {
       for (size_t k = 0; k < x->n_index; k++) {
+        if (x->info && !x->info[k][0]) continue; /* not said yet */
         snprintf(extra, sizeof extra, ",%s=\"%zu\"", x->label, k);
-        put_sample(b, x->name, "", m->label, extra, x->counts[k]);
+        if (x->info)
+          fe_buf_printf(b, "%s{%s%s%s} 1\n", x->name, m->label, extra, x->info[k]);
+        else
+          put_sample(b, x->name, "", m->label, extra, x->counts[k]);
       }
       continue;
     }
@@ -296,6 +341,12 @@ int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids
     fe_metrics_set_at(m, gid, 0, 0); /* replica 0 shows from the start */
     *(int *)((char *)ids + g[i].off) = gid;
   }
+  ids->engine_info =
+      fe_metrics_add_info(m, "lmserve:engine_info",
+                          "What runs each replica's model: its rank 0's kernel set and the "
+                          "precision its matmuls take their inputs in.",
+                          "replica");
+  if (ids->engine_info < 0) return ids->engine_info;
   int id = fe_metrics_add_indexed(m, FE_METRIC_COUNTER,
                                   "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
                                   "Draft tokens accepted, by position in the draft.", "position");

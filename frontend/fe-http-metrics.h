@@ -18,6 +18,7 @@ enum fe_metric_kind { FE_METRIC_COUNTER, FE_METRIC_GAUGE, FE_METRIC_HISTOGRAM };
 
 #define FE_METRICS_MAX        64 /* metrics per registry */
 #define FE_METRIC_MAX_BUCKETS 32 /* finite bucket bounds per histogram */
+#define FE_METRIC_INFO_LEN    160 /* an info series' own labels, as text */
 
 /* Creates an empty registry whose series are labelled model_name="...". */
 int fe_metrics_create(const char *model_name, struct fe_metrics **out);
@@ -37,6 +38,15 @@ int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_E
  * far). Id or a negative cm_err. */
 int fe_metrics_add_indexed(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
                            const char *help, const char *label);
+/* Registers an info gauge family, indexed by `label` as above: each series is
+ * 1 and carries its own labels besides (vLLM's cache_config_info); it shows
+ * once fe_metrics_set_info_at has set them. Id or a negative cm_err. */
+int fe_metrics_add_info(struct fe_metrics *m, const char *name, const char *help,
+                        const char *label);
+/* Sets the labels of series `index` of an info family: keys[i]="values[i]"
+ * for i < n (escaped here; NULL is ""; cut short past FE_METRIC_INFO_LEN). */
+void fe_metrics_set_info_at(struct fe_metrics *m, int id, size_t index, const char *const *keys,
+                            const char *const *values, size_t n);
 /* Sets series `index` of an indexed gauge (fe_metrics_value: their sum). */
 void fe_metrics_set_at(struct fe_metrics *m, int id, size_t index, double v);
 void fe_metrics_inc_at(struct fe_metrics *m, int id, size_t index, double v); /* v >= 0 */
@@ -65,6 +75,7 @@ struct fe_metric_ids {
   int num_requests_running;                    /* gauge */
   int num_requests_waiting;                    /* gauge */
   int kv_cache_usage_perc;                     /* gauge, 0..1 */
+  int engine_info;                             /* info gauge (replica): kernels, matmul_inputs */
   int prompt_tokens;                           /* counter, tokens */
   int generation_tokens;                       /* counter, tokens */
   int time_to_first_token_seconds;             /* histogram, s */

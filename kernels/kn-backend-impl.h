@@ -17,6 +17,7 @@ struct kn_backend_ops {
   const char *name; /* for logs: kn_backend_name */
   unsigned caps;    /* KN_CAP_* (kn-backend.h) */
   void (*destroy)(void *ctx);
+  const char *(*matmul_inputs)(void *ctx); /* kn_backend_matmul_inputs; NULL: "f32" */
 
   void *(*alloc)(void *ctx, size_t bytes);
   void (*free)(void *ctx, void *p);

@@ -33,6 +33,10 @@ const char *kn_backend_name(const struct kn_backend *be) {
   return be ? be->ops->name : "none";
 }
 
+const char *kn_backend_matmul_inputs(const struct kn_backend *be) {
+  return be && be->ops->matmul_inputs ? be->ops->matmul_inputs(be->ctx) : "f32";
+}
+
 unsigned kn_backend_caps(const struct kn_backend *be) {
   return be ? be->ops->caps : 0;
 }

@@ -47,6 +47,10 @@ void kn_backend_destroy(struct kn_backend *be);
  * "cpu-avx512bf16" (the CPU backend and its kernel set), "cuda". Behaviour is chosen by capability
  * (kn_backend_has), never by this name. */
 const char *kn_backend_name(const struct kn_backend *be);
+/* For logs and metrics only: the precision the matmuls take their inputs in,
+ * "f32" (the CPU's default), "bf16" (the CPU's --dtype bfloat16) or "weights"
+ * (CUDA: narrowed to the weights' type, bf16 or f16; f32 weights stay f32). */
+const char *kn_backend_matmul_inputs(const struct kn_backend *be);
 
 /* What a backend can do, as bits of kn_backend_caps(). A registered backend
  * (kn-registry.h) announces the same bits before it is created. */

@@ -82,8 +82,12 @@ static const struct pr_field ready_fields[] = {
     [PR_K_READY_MAX_TOKENS] = {PR_U(ready, max_num_batched_tokens)},
     [PR_K_READY_SHARD_SUM] = {PR_U(ready, shard_sum)},
     [PR_K_READY_PID] = {PR_U(ready, pid)},
-    [PR_K_READY_IMAGE_TOKENS] = {PR_U(ready, image_tokens), PR_WHEN(PR_IF_NONZERO, ready, image_tokens)},
-    [PR_K_READY_IMAGE_BYTES] = {PR_U(ready, image_bytes), PR_WHEN(PR_IF_NONZERO, ready, image_bytes)},
+    [PR_K_READY_IMAGE_TOKENS] = {PR_U(ready, image_tokens),
+                                 PR_WHEN(PR_IF_NONZERO, ready, image_tokens)},
+    [PR_K_READY_IMAGE_BYTES] = {PR_U(ready, image_bytes),
+                                PR_WHEN(PR_IF_NONZERO, ready, image_bytes)},
+    [PR_K_READY_KERNELS] = {PR_STR(ready, kernels), .when = PR_IF_SET},
+    [PR_K_READY_MATMUL_INPUTS] = {PR_STR(ready, matmul_inputs), .when = PR_IF_SET},
 };
 
 static int check_ready(const void *rec) {

@@ -227,6 +227,9 @@ struct pr_pong {
    * entries 0 .. n_spec_pos-1, n_spec_pos <= PR_MAX_DRAFT */
   uint32_t n_spec_pos;
   uint64_t spec_accepted_per_pos[PR_MAX_DRAFT];
+  /* rank 0's READY kernels and matmul_inputs; NULL until a worker said them */
+  const char *kernels;
+  const char *matmul_inputs;
 };
 
 /* ---- scheduler -> workers ------------------------------------------------ */
@@ -313,6 +316,11 @@ struct pr_ready {
    * (struct pr_image); 0 = the model takes no images */
   uint32_t image_tokens;
   uint32_t image_bytes;
+  /* what runs the model, for logs and metrics: the kernel set ("cpu-avx512bf16",
+   * "cuda") and the precision the matmuls take their inputs in ("f32", "bf16",
+   * "weights": narrowed to the weights' type); NULL = not said */
+  const char *kernels;
+  const char *matmul_inputs;
 };
 
 struct pr_result_seq {

@@ -69,6 +69,8 @@ struct sch_rank {
   uint32_t max_num_seqs, max_num_batched_tokens; /* largest step it takes; 0 = not said */
   int32_t fd;   /* its connection's fd at our end (the monitor's DISCONNECTED names it); -1 */
   uint32_t pid; /* its process id from READY (matched by DOWN); 0 = not said */
+  /* from READY, for PONG (metrics): its kernel set and matmul input precision; "" = not said */
+  char kernels[48], matmul_inputs[16];
 };
 
 /* What the ranks agreed on (from READY). */

@@ -289,6 +289,9 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   k->max_model_len = m->max_model_len;
   k->max_num_seqs = m->max_num_seqs;
   k->max_num_batched_tokens = m->max_num_batched_tokens;
+  snprintf(k->kernels, sizeof(k->kernels), "%s", m->kernels ? m->kernels : "");
+  snprintf(k->matmul_inputs, sizeof(k->matmul_inputs), "%s",
+           m->matmul_inputs ? m->matmul_inputs : "");
   s->num_ready++;
   cm_info(TAG, "worker rank %d ready: %llu KV blocks, %u group(s) (%d of %d ready)", (int)r,
           (unsigned long long)m->kv_blocks, m->n_groups, (int)s->num_ready, (int)s->cfg.world_size);

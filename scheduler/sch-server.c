@@ -250,6 +250,9 @@ static void on_ping(struct sch_server *s, int32_t front, const struct pr_ping *p
   if (s->serving) o->max_model_len = s->engine_info.max_model_len;
   o->prompt_tokens = s->prompt_tokens;
   o->generation_tokens = s->generation_tokens;
+  const struct sch_rank *r0 = &s->ranks[0]; /* what runs the model, as rank 0 said */
+  if (r0->ready && r0->kernels[0]) o->kernels = r0->kernels;
+  if (r0->ready && r0->matmul_inputs[0]) o->matmul_inputs = r0->matmul_inputs;
   int rc = pr_sock_send(s->front_sock, &s->fronts[front].rid, &m, PR_DONTWAIT);
   if (rc) front_lost(s, front, rc, "PONG");
 }

@@ -268,7 +268,7 @@ int tl_bench_model_main(int argc, char **argv) {
            "\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
            "\"tensor_parallel_size\":%lld,",
            model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
-           bf16 ? "bf16" : "f32", (unsigned long long)wk_model_weight_bytes(m), bpt,
+           kn_backend_matmul_inputs(be), (unsigned long long)wk_model_weight_bytes(m), bpt,
            (long long)prompt, prefill_tps, (long long)decode, decode_tps, bw, bw_peak,
            probe ? "true" : "false", bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0,
            (long long)tp);
@@ -281,7 +281,7 @@ int tl_bench_model_main(int argc, char **argv) {
     printf("ranks      %lld (tensor parallel), %lld threads each\n", (long long)tp,
            (long long)(tp > 1 ? threads : all_threads));
     printf("backend    %s (processor: %s), matmul inputs %s\n", kn_backend_name(be),
-           kn_cpu_isa_name(kn_cpu_isa_detect()), bf16 ? "bf16" : "f32");
+           kn_cpu_isa_name(kn_cpu_isa_detect()), kn_backend_matmul_inputs(be));
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s (chunks of %d)\n", (long long)prompt,
            t_prefill, prefill_tps, ch);
     printf("decode     %lld tokens in %.3f s: %.2f tokens/s (one sequence, ", (long long)decode,

@@ -239,6 +239,50 @@ static double metric_labelled(const char *text, const char *name, const char *la
   return total;
 }
 
+/* The value of label `key` in the label set [l, end) of one sample line,
+ * unescaped into out[cap]; "" when absent. */
+static void label_value(const char *l, const char *end, const char *key, char *out, size_t cap) {
+  size_t kl = strlen(key), o = 0;
+  out[0] = 0;
+  const char *p = l;
+  while (p && p < end) {
+    if ((size_t)(end - p) > kl + 1 && !strncmp(p, key, kl) && p[kl] == '=' && p[kl + 1] == '"') {
+      for (const char *q = p + kl + 2; q < end && *q != '"' && o + 1 < cap; q++) {
+        char ch = *q;
+        if (ch == '\\' && q + 1 < end) ch = *++q == 'n' ? '\n' : *q;
+        out[o++] = ch;
+      }
+      out[o] = 0;
+      return;
+    }
+    p = memchr(p, ',', (size_t)(end - p));
+    if (p) p++;
+  }
+}
+
+/* What runs the model, from lmserve:engine_info: one line per replica. */
+static void print_engines(const char *text) {
+  static const char name[] = "lmserve:engine_info{";
+  int n = 0;
+  for (const char *p = text; p && *p;) {
+    const char *eol = strchr(p, '\n');
+    if (!strncmp(p, name, sizeof(name) - 1)) {
+      const char *l = p + sizeof(name) - 1, *end = strchr(l, '}');
+      char rep[16], kernels[64], inputs[32], head[64];
+      if (end) {
+        label_value(l, end, "replica", rep, sizeof(rep));
+        label_value(l, end, "kernels", kernels, sizeof(kernels));
+        label_value(l, end, "matmul_inputs", inputs, sizeof(inputs));
+        snprintf(head, sizeof(head), "Kernels (replica %s):", rep);
+        printf("%-40s %s, matmul inputs %s\n", head, kernels, inputs[0] ? inputs : "?");
+        n++;
+      }
+    }
+    p = eol ? eol + 1 : NULL;
+  }
+  if (!n) printf("%-40s %s\n", "Kernels:", "not reported by the server");
+}
+
 int tl_bench_serve_main(int argc, char **argv) {
   struct bs_config c = {
       .url = "http://127.0.0.1:8000",
@@ -350,6 +394,7 @@ int tl_bench_serve_main(int argc, char **argv) {
   printf("%-40s %d\n", "Failed requests:", failed);
   if (first_err) printf("%-40s %s\n", "First error:", first_err);
   printf("%-40s %lld\n", "Maximum request concurrency:", (long long)c.concurrency);
+  print_engines(m1 ? m1 : m0);
   printf("%-40s %.2f\n", "Benchmark duration (s):", dur);
   printf("%-40s %lld\n", "Total input tokens:", in_tok);
   printf("%-40s %lld\n", "Total generated tokens:", out_tok);

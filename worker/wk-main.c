@@ -67,6 +67,7 @@ struct wk_proc {
   int announced;         /* READY was sent (atomic access) */
   /* what READY says (sent again when the scheduler asks: PR_CTRL_ANNOUNCE) */
   struct wk_model *model;
+  struct kn_backend *be;
   uint32_t world, max_draft, max_seqs, max_tokens;
   pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
@@ -182,6 +183,8 @@ static int send_ready(struct wk_proc *p) {
   r->max_num_batched_tokens = max_tokens;
   r->shard_sum = wk_model_shard_sum(m);
   r->pid = (uint32_t)getpid();
+  r->kernels = kn_backend_name(p->be);
+  r->matmul_inputs = kn_backend_matmul_inputs(p->be);
   if (c->vision.present) {
     const struct wk_vision_cfg *v = &c->vision;
     r->image_tokens = (uint32_t)v->mm_tokens;
@@ -544,6 +547,7 @@ int wk_worker_main(int argc, char **argv) {
     goto done;
   }
   p.model = m;
+  p.be = be;
   p.world = (uint32_t)world;
   p.max_draft = (uint32_t)spec_k;
   p.max_seqs = (uint32_t)max_seqs;

@@ -171,9 +171,14 @@ static const char *const cpu_names[] = {"cpu-ref", "cpu-avx2", "cpu-avx512", "cp
 #define N_ISA ((int)(sizeof(cpu_names) / sizeof(cpu_names[0])))
 static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
+static const char *cpu_matmul_inputs(void *ctx) {
+  return ((struct kn_cpu_ctx *)ctx)->bf16 ? "bf16" : "f32";
+}
+
 static void fill_ops_once(void) {
   cpu_ops.caps = KN_CPU_CAPS;
   cpu_ops.destroy = cpu_destroy;
+  cpu_ops.matmul_inputs = cpu_matmul_inputs;
   cpu_ops.alloc = cpu_alloc;
   cpu_ops.free = cpu_free;
   cpu_ops.upload = cpu_memcpy;
@@ -223,7 +228,7 @@ int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
     goto fail;
   }
   cm_debug("kn", "cpu backend: %s kernels, %s matmul inputs, %d threads",
-           kn_cpu_isa_name(ctx->dsp.isa), bf16 ? "bf16" : "f32", n_threads);
+           kn_cpu_isa_name(ctx->dsp.isa), cpu_matmul_inputs(ctx), n_threads);
   return 0;
 fail:
   cpu_destroy(ctx);

@@ -250,10 +250,17 @@ static void cuda_destroy(void *ctx) {
   free(c);
 }
 
+/* the activations are narrowed to bf16 / f16 weights' type (kn-cuda-gemm.c) */
+static const char *cuda_matmul_inputs(void *ctx) {
+  (void)ctx;
+  return "weights";
+}
+
 static struct kn_backend_ops cuda_ops = {
     .name = "cuda",
     .caps = KN_CUDA_CAPS,
     .destroy = cuda_destroy,
+    .matmul_inputs = cuda_matmul_inputs,
     .alloc = cuda_alloc,
     .free = cuda_free,
     .upload = cuda_upload,

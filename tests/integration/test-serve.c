@@ -159,6 +159,37 @@ TH_TEST(serve_end_to_end) {
   TH_CHECK_EQ_INT(th_http(port, "GET", "/health", NULL, 60000, &b), 200);
   free(b);
 
+  /* what runs the model shows in /metrics and in every `bench serve` result */
+  TH_CHECK_EQ_INT(th_http(port, "GET", "/metrics", NULL, 60000, &b), 200);
+  TH_CHECK(b &&
+           strstr(b, "lmserve:engine_info{model_name=\"default\",replica=\"0\",kernels=\"cpu-"));
+  TH_CHECK(b && strstr(b, ",matmul_inputs=\"f32\"} 1\n"));
+  free(b);
+  char url[64];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
+  char *bench_out = NULL, *bench_err = NULL;
+  char *bench[] = {th_lmserve_bin(),
+                   "bench",
+                   "serve",
+                   "--url",
+                   url,
+                   "--num-prompts",
+                   "3",
+                   "--input-len",
+                   "6",
+                   "--output-len",
+                   "3",
+                   "--concurrency",
+                   "2",
+                   NULL};
+  TH_CHECK_EQ_INT(th_run(bench, NULL, NULL, 0, 60000, &bench_out, &bench_err), 0);
+  TH_CHECK(bench_out && strstr(bench_out, "Successful requests:                     3\n"));
+  const char *kl = bench_out ? strstr(bench_out, "Kernels (replica 0):") : NULL;
+  TH_CHECK(kl && strstr(kl, " cpu-") && strstr(kl, ", matmul inputs f32\n"));
+  if (!kl && bench_out) fputs(bench_out, stderr);
+  free(bench_out);
+  free(bench_err);
+
   /* SIGTERM: everything stops, nothing is left */
   th_proc_check_exit(&p, SIGTERM, 60000);
   int left = 0;

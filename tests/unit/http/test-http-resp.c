@@ -317,6 +317,55 @@ TH_TEST(metrics_indexed_counter) {
   fe_metrics_destroy(m);
 }
 
+/* The engine's info series: one per replica once it has said what runs its
+ * model, value 1, the labels escaped, a long value cut short but closed. */
+TH_TEST(metrics_info_family) {
+  struct fe_metrics *m;
+  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
+  struct fe_metric_ids ids;
+  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  int id = ids.engine_info;
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  TH_CHECK(strstr(b.data, "# TYPE lmserve:engine_info gauge\n"));
+  TH_CHECK(!strstr(b.data, "lmserve:engine_info{")); /* nothing said yet */
+  fe_buf_free(&b);
+  static const char *const keys[] = {"kernels", "matmul_inputs"};
+  const char *v1[] = {"cpu-avx2", NULL}, *v0[] = {"cu\"da\\x\n", "weights"};
+  fe_metrics_set_info_at(m, id, 1, keys, v1, 2);
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  TH_CHECK(strstr(b.data, "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"cpu-avx2\","
+                          "matmul_inputs=\"\"} 1\n"));
+  TH_CHECK(!strstr(b.data, "replica=\"0\",kernels")); /* replica 0 has not said */
+  fe_buf_free(&b);
+  fe_metrics_set_info_at(m, id, 0, keys, v0, 2);
+  fe_metrics_set_info_at(m, id, 1, keys, v0 + 1, 1); /* said again: replaced */
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  TH_CHECK(strstr(b.data,
+                  "lmserve:engine_info{model_name=\"g\",replica=\"0\",kernels=\"cu\\\"da\\\\x\\n\","
+                  "matmul_inputs=\"weights\"} 1\n"));
+  TH_CHECK(strstr(b.data,
+                  "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"weights\"} 1\n"));
+  fe_buf_free(&b);
+  char big[400];
+  memset(big, 'k', sizeof(big) - 1);
+  big[sizeof(big) - 1] = 0;
+  const char *vb[] = {big, "bf16"};
+  fe_metrics_set_info_at(m, id, 2, keys, vb, 2);
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  const char *l = strstr(b.data, "replica=\"2\",kernels=\"kkk");
+  TH_REQUIRE(l != NULL);
+  const char *eol = strchr(l, '\n');
+  TH_REQUIRE(eol != NULL);
+  TH_CHECK(eol - l < FE_METRIC_INFO_LEN + 16 && !memcmp(eol - 4, "\"} 1", 4));
+  fe_buf_free(&b);
+  fe_metrics_destroy(m);
+}
+
 TH_TEST(route_auth) {
   const char *k = "sk-secret";
   TH_CHECK(fe_route_auth_ok("Bearer sk-secret", 16, k));

@@ -188,6 +188,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     p->spec_num_accepted_tokens = big - 8;
     p->prompt_tokens = big - 9;
     p->generation_tokens = big - 10;
+    p->kernels = v == 0 ? "cpu-avx512bf16" : longstr;
+    p->matmul_inputs = v == 0 ? "bf16" : "";
     p->n_spec_pos = v == 2 ? PR_MAX_DRAFT : 3;
     for (uint32_t i = 0; i < p->n_spec_pos; i++)
       p->spec_accepted_per_pos[i] = big - 11 - i;
@@ -257,6 +259,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->max_num_batched_tokens = v == 2 ? UINT32_MAX : v == 0 ? 2048 : 0;
     r->shard_sum = v == 2 ? UINT64_MAX : v == 0 ? 0x9e3779b97f4a7c15ull : 0;
     r->pid = v == 2 ? UINT32_MAX : v == 0 ? 31337 : 0;
+    r->kernels = v == 0 ? "cuda" : v == 2 ? longstr : NULL;
+    r->matmul_inputs = v == 0 ? "weights" : v == 2 ? "" : NULL;
     break;
   }
   case PR_RESULT: {
