@@ -100,31 +100,6 @@ KN_AVX2 static void qk_scores(float *const *sc, const float *const *q, int nq, c
   }
 }
 
-/* The softmax half of one key block of one query head: the block's scores
- * s[KN_ATTN_BLOCK] (-inf where invisible) become p_j = exp(s_j - m') in place,
- * the running maximum *m and sum *l move to m' and l * corr + sum p_j, and
- * the factor corr = exp(m - m') the accumulator must take is returned. */
-KN_AVX2 static inline float softmax_block(float *s, float *m, float *l) {
-  __m256 v0 = _mm256_load_ps(&s[0]), v1 = _mm256_load_ps(&s[8]);
-  __m256 v2 = _mm256_load_ps(&s[16]), v3 = _mm256_load_ps(&s[24]);
-  float bm = kn_avx2_hmax(_mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3)));
-  float mnew = bm > *m ? bm : *m;
-  __m256 mv = _mm256_set1_ps(mnew);
-  float corr = _mm256_cvtss_f32(kn_avx2_exp(_mm256_set1_ps(*m - mnew)));
-  v0 = kn_avx2_exp(_mm256_sub_ps(v0, mv));
-  v1 = kn_avx2_exp(_mm256_sub_ps(v1, mv));
-  v2 = kn_avx2_exp(_mm256_sub_ps(v2, mv));
-  v3 = kn_avx2_exp(_mm256_sub_ps(v3, mv));
-  _mm256_store_ps(&s[0], v0);
-  _mm256_store_ps(&s[8], v1);
-  _mm256_store_ps(&s[16], v2);
-  _mm256_store_ps(&s[24], v3);
-  float bsum = kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
-  *l = *l * corr + bsum;
-  *m = mnew;
-  return corr;
-}
-
 /* The V half for NR rows (<= 4) and NV vectors of 8 dims (<= 3) at dims d:
  * acc_r = acc_r * corr_r, then acc_r += p_r[vj[n]] v_n over the visible keys
  * in position order. Each V vector is loaded once for all rows; each
@@ -162,7 +137,7 @@ KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, 
                                 int bf16) {
   float corr[KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP];
   for (int r = 0; r < nr; r++)
-    corr[r] = softmax_block(p[r], &m[r], &l[r]);
+    corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
   for (int r = 0; r < nr; r += 4) {
     const int NR = nr - r < 4 ? nr - r : 4;
     for (int d = 0; d < D; d += 24) {
@@ -210,11 +185,12 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
     /* K and V of the visible keys of the block, in order, at block offsets vj */
     const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
     int vj[KN_ATTN_BLOCK], n_vis = 0;
+    uint32_t mask = kn_cpu_attn_block_mask(seq, job->window, p, lo, hi, b);
     for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
       int j = b + jj;
       for (int g = 0; g < ng; g++)
         s[g][jj] = -INFINITY;
-      if (j < lo || j > hi || !kn_cpu_attn_visible(seq, job->window, p, j)) continue;
+      if (!(mask >> jj & 1)) continue;
       kp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 0);
       vp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 1);
       prefetch_row(kp[n_vis], row_bytes);
@@ -268,14 +244,7 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
   for (int b = first; b <= last; b += KN_ATTN_BLOCK) {
     uint32_t vis[KN_ATTN_TILE]; /* bit jj: key b + jj is visible to the row */
     for (int r = 0; r < nr; r++) {
-      vis[r] = 0;
-      if (b < lo[r] - lo[r] % KN_ATTN_BLOCK || b > hi[r]) continue; /* not one of its blocks */
-      int p = seq->pos0 + i0 + r;
-      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
-        int j = b + jj;
-        if (j >= lo[r] && j <= hi[r] && kn_cpu_attn_visible(seq, job->window, p, j))
-          vis[r] |= 1u << jj;
-      }
+      vis[r] = kn_cpu_attn_block_mask(seq, job->window, seq->pos0 + i0 + r, lo[r], hi[r], b);
     }
     for (int r = 0; r < nr; r++) {
       uint32_t mask = vis[r];

@@ -1,8 +1,8 @@
 /* kn-cpu-avx2.h — inline AVX2 helpers shared by the AVX2 kernel files: loads
- * that widen bf16 / f16 to f32, tail masks, the fixed horizontal sum, and a
- * vector exp. Every function carries the avx2,fma,f16c target attribute so
- * the build needs no -march flag; only files whose kernels run after a CPU
- * check include this. */
+ * that widen bf16 / f16 to f32, tail masks, the fixed horizontal sum, a
+ * vector exp, and the online softmax's step over one key block. Every
+ * function carries the avx2,fma,f16c target attribute so the build needs no
+ * -march flag; only files whose kernels run after a CPU check include this. */
 #ifndef LMSERVE_KN_CPU_AVX2_H
 #define LMSERVE_KN_CPU_AVX2_H
 #include <immintrin.h>
@@ -90,6 +90,31 @@ KN_AVX2 static inline __m256 kn_avx2_exp(__m256 x) {
   y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), over);
   y = _mm256_andnot_ps(under, y);
   return _mm256_blendv_ps(y, x, nan);
+}
+
+/* The softmax half of one key block of one query head: the block's scores
+ * s[32] (-inf where invisible; 32-byte aligned) become p_j = exp(s_j - m') in place,
+ * the running maximum *m and sum *l move to m' and l * corr + sum p_j, and
+ * the factor corr = exp(m - m') the accumulator must take is returned. */
+KN_AVX2 static inline float kn_avx2_softmax_block(float *s, float *m, float *l) {
+  __m256 v0 = _mm256_load_ps(&s[0]), v1 = _mm256_load_ps(&s[8]);
+  __m256 v2 = _mm256_load_ps(&s[16]), v3 = _mm256_load_ps(&s[24]);
+  float bm = kn_avx2_hmax(_mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3)));
+  float mnew = bm > *m ? bm : *m;
+  __m256 mv = _mm256_set1_ps(mnew);
+  float corr = _mm256_cvtss_f32(kn_avx2_exp(_mm256_set1_ps(*m - mnew)));
+  v0 = kn_avx2_exp(_mm256_sub_ps(v0, mv));
+  v1 = kn_avx2_exp(_mm256_sub_ps(v1, mv));
+  v2 = kn_avx2_exp(_mm256_sub_ps(v2, mv));
+  v3 = kn_avx2_exp(_mm256_sub_ps(v3, mv));
+  _mm256_store_ps(&s[0], v0);
+  _mm256_store_ps(&s[8], v1);
+  _mm256_store_ps(&s[16], v2);
+  _mm256_store_ps(&s[24], v3);
+  float bsum = kn_avx2_hsum(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
+  *l = *l * corr + bsum;
+  *m = mnew;
+  return corr;
 }
 
 #endif

@@ -6,7 +6,7 @@
  * matmul_rows), is the same sequence: one 16-lane accumulator, vdpbf16ps over
  * k-blocks of 32 in order (the last block masked, the inputs zero past K),
  * then the lanes summed as (i, i+8), (i, i+4), (i, i+2), (0, 1) — the tree of
- * reduce16, which sums 16 accumulators at once. So a row's logits do not
+ * kn_bf16_reduce16, which sums 16 accumulators at once. So a row's logits do not
  * depend on how many rows share the matmul.
  *
  * Why only in the bf16 mode: vdpbf16ps multiplies bf16 by bf16. Keeping the
@@ -18,10 +18,10 @@
  * transformers' bf16 mode run, it does twice an FMA's work per instruction. */
 #include <immintrin.h>
 
+#include "kernels/cpu/kn-cpu-avx512bf16.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
-#define KN_BF16 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
-#define INLINE  static inline __attribute__((always_inline))
+#define INLINE static inline __attribute__((always_inline))
 
 /* Bytes of input rows per token block of the tile path (stays in L1 while
  * the feature groups of a work unit pass over it). */
@@ -40,31 +40,6 @@ KN_BF16 static void round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, pt
       _mm512_storeu_si512(d + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
-}
-
-/* Lane i of the result: accumulator a[i]'s lanes summed by the canonical
- * tree (i + 8, then i + 4, i + 2, i + 1). */
-KN_BF16 INLINE __m512 reduce16(const __m512 a[16]) {
-  __m512 b[8], c[4], d[2];
-  /* b[p], lanes 0-7: a[2p]'s halves summed; lanes 8-15: a[2p+1]'s */
-  _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) b[p] =
-      _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
-                    _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
-  /* c[r], quarter j: a[4r + j]'s quarters summed */
-  _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) c[r] =
-      _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0x88),
-                    _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], 0xdd));
-  /* d[s], quarter j: pairs of a[8s + j], then of a[8s + 4 + j] */
-  _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) {
-    __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(c[2 * s]), _mm512_castps_pd(c[2 * s + 1]));
-    __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(c[2 * s]), _mm512_castps_pd(c[2 * s + 1]));
-    d[s] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-  }
-  /* quarter j, lane m: a[j + 4m]'s sum */
-  __m512 e =
-      _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xdd));
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return _mm512_permutexvar_ps(idx, e);
 }
 
 /* Stores (acc: adds) the reduced outputs s of TT tokens x TF features, lane
@@ -126,7 +101,7 @@ KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t
           a[t * TF + f], (__m512bh)_mm512_maskz_loadu_epi16(m, wr[f] + 32 * b), xv);
     }
   }
-  put_tile(out, ldo, reduce16(a), nf, acc, TF, TT);
+  put_tile(out, ldo, kn_bf16_reduce16(a), nf, acc, TF, TT);
 }
 
 /* One token against 4 rows (decode: bound by the weight stream), each
@@ -169,7 +144,7 @@ KN_BF16 static void tile4x1h(float *out, const uint16_t *x, const uint16_t *w, i
     for (int f = 0; f < 4; f++)
       a[f] = _mm512_dpbf16_ps(a[f], (__m512bh)_mm512_maskz_loadu_epi16(m, wr[f] + 32 * b), xv);
   }
-  put_tile(out, 0, reduce16(a), nf, acc, 4, 1);
+  put_tile(out, 0, kn_bf16_reduce16(a), nf, acc, 4, 1);
 }
 #define DEF_TILE4(TT)                                                                              \
   KN_BF16 static void tile4x##TT(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,      \
@@ -213,4 +188,6 @@ void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AVX512BF16;
   dsp->round_bf16 = round_rows;
   dsp->dot_bf16 = dot_bf16;
+  dsp->attn_bf16 = kn_cpu_attn_bf16;
+  dsp->attn_tile_bf16 = kn_cpu_attn_tile_bf16;
 }

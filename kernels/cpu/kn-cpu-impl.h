@@ -129,6 +129,11 @@ struct kn_cpu_dsp {
 
   kn_cpu_attn_fn attn;
   kn_cpu_attn_tile_fn attn_tile; /* or NULL */
+  /* The bf16 mode's attention where the processor has bf16 dot products
+   * (kn-cpu-attn-bf16.c: queries and probabilities rounded to bf16; NULL
+   * elsewhere: the mode keeps attn and attn_tile). */
+  kn_cpu_attn_fn attn_bf16;
+  kn_cpu_attn_tile_fn attn_tile_bf16;
 
   /* The bf16 mode's matmul where the processor has bf16 dot products
    * (kn-cpu-avx512bf16.c; NULL elsewhere: the inputs are rounded to bf16 in
@@ -166,6 +171,10 @@ extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 /* Adds the AVX-512-BF16 dot products to the AVX-512 table. */
 void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
+void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                      int kvh, int g0, int ng);
+void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
+                           int nr, int kvh, int g0, int ng);
 int kn_cpu_has_avx512(void);
 int kn_cpu_has_avx512bf16(void);
 /* 1 on an AMD processor (kernel tuning that depends on the core). */
@@ -249,6 +258,18 @@ static inline int kn_cpu_attn_visible(const struct kn_attn_seq *seq, int window,
     if (p >= b && p < e && j >= b && j < e) return 1;
   }
   return 0;
+}
+/* Bit jj: key b + jj visible to the query at p whose range is [lo, hi] (b a
+ * multiple of KN_ATTN_BLOCK). Without images that is the range itself. */
+static inline uint32_t kn_cpu_attn_block_mask(const struct kn_attn_seq *seq, int window, int p,
+                                              int lo, int hi, int b) {
+  int a = lo > b ? lo : b, e = hi < b + KN_ATTN_BLOCK - 1 ? hi : b + KN_ATTN_BLOCK - 1;
+  if (a > e) return 0;
+  if (seq->n_bidir == 0) return (uint32_t)((((uint64_t)1 << (e - a + 1)) - 1) << (a - b));
+  uint32_t m = 0;
+  for (int j = a; j <= e; j++)
+    if (kn_cpu_attn_visible(seq, window, p, j)) m |= 1u << (j - b);
+  return m;
 }
 
 /* Address of kv head h of position pos in seq's pages (K when v == 0, else V). */

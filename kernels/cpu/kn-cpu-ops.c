@@ -530,6 +530,8 @@ struct attn_task {
   int n_seqs;
   int hsplit; /* head chunks per (query, kv head) item */
   int hper;   /* query heads per chunk */
+  kn_cpu_attn_fn attn;
+  kn_cpu_attn_tile_fn tile; /* or NULL */
 };
 
 /* Work items of a sequence's n query rows: tiles of KN_ATTN_TILE rows. */
@@ -560,11 +562,11 @@ static void attn_run(void *arg, long long u0, long long u1, int ith) {
     int i0 = (int)(local / n_kv) * KN_ATTN_TILE, kvh = (int)(local % n_kv);
     int nr = s->n_q - i0 < KN_ATTN_TILE ? s->n_q - i0 : KN_ATTN_TILE;
     if (ng <= 0) continue;
-    if (nr > 1 && a->ctx->dsp.attn_tile)
-      a->ctx->dsp.attn_tile(&a->job, s, i0, nr, kvh, g0, ng);
+    if (nr > 1 && a->tile)
+      a->tile(&a->job, s, i0, nr, kvh, g0, ng);
     else
       for (int r = 0; r < nr; r++)
-        a->ctx->dsp.attn(&a->job, s, i0 + r, kvh, g0, ng);
+        a->attn(&a->job, s, i0 + r, kvh, g0, ng);
   }
 }
 
@@ -603,7 +605,13 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
                         .job = {out, ldo, q, ldq, view, seqs, n_heads, window, scale, softcap},
                         .n_seqs = n_seqs,
                         .hsplit = hsplit,
-                        .hper = hper};
+                        .hper = hper,
+                        .attn = ctx->dsp.attn,
+                        .tile = ctx->dsp.attn_tile};
+  if (ctx->bf16 && ctx->dsp.attn_bf16) {
+    a.attn = ctx->dsp.attn_bf16;
+    a.tile = ctx->dsp.attn_tile_bf16;
+  }
   kn_cpu_pool_run(ctx->pool, items, grain_for(work, items, 1), attn_run, &a);
   return 0;
 }

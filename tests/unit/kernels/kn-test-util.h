@@ -116,4 +116,24 @@ static inline struct kn_backend *kt_backend(enum kn_cpu_isa isa, int threads) {
   return be;
 }
 
+/* A backend forced to exactly `isa`; skips the test, saying so, when this
+ * processor lacks it (CI machines differ: every table runs where it can); bf16: the bf16 mode. */
+static inline struct kn_backend *kt_isa_backend_mode(enum kn_cpu_isa isa, int threads, int bf16) {
+  if (kn_cpu_isa_detect() < isa) {
+    char why[128];
+    snprintf(why, sizeof(why), "this processor has no %s: its kernel table was not checked",
+             kn_cpu_isa_name(isa));
+    TH_SKIP(why);
+  }
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_mode(threads, isa, bf16, &be) == 0 && be);
+  char name[32];
+  snprintf(name, sizeof(name), "cpu-%s", kn_cpu_isa_name(isa));
+  if (strcmp(kn_backend_name(be), name) != 0) { /* LMSERVE_KERNELS capped it */
+    kn_backend_destroy(be);
+    TH_SKIP("LMSERVE_KERNELS caps the instruction set: a kernel table was not checked");
+  }
+  return be;
+}
+
 #endif

@@ -187,7 +187,7 @@ TH_TEST(attention_closed_forms) {
 /* ---- SIMD against reference over a grid ------------------------------------ */
 
 static void grid_case(struct kn_backend *ref, struct kn_backend *simd, int D, int H, int kvh,
-                      int window, int block_tokens, enum kn_dtype dt, float softcap) {
+                      int window, int block_tokens, enum kn_dtype dt, float softcap, double tol) {
   /* three sequences: a prefill chunk in the middle of a prompt, a decode, a
    * prefill from 0 with an image range; rows interleaved with a gap row */
   int len = 75;
@@ -226,9 +226,9 @@ static void grid_case(struct kn_backend *ref, struct kn_backend *simd, int D, in
   if (getenv("KT_VERBOSE"))
     printf("attn D=%d H=%d kvh=%d W=%d bt=%d %s cap=%g nmse %g\n", D, H, kvh, window, block_tokens,
            kn_dtype_name(dt), softcap, worst);
-  if (!(worst < 1e-12))
-    th_fail(__FILE__, __LINE__, "attention D=%d H=%d kvh=%d W=%d bt=%d %s: nmse %g", D, H, kvh,
-            window, block_tokens, kn_dtype_name(dt), worst);
+  if (!(worst < tol))
+    th_fail(__FILE__, __LINE__, "%s attention D=%d H=%d kvh=%d W=%d bt=%d %s: nmse %g",
+            kn_backend_name(simd), D, H, kvh, window, block_tokens, kn_dtype_name(dt), worst);
   free(q);
   kt_guarded_free(a);
   kt_guarded_free(b);
@@ -251,7 +251,7 @@ TH_TEST(attention_simd_matches_reference) {
         int bt = (di + gi + wi) % 2 ? 16 : 5;
         enum kn_dtype dt = (di + wi) % 2 ? KN_DTYPE_BF16 : KN_DTYPE_F32;
         float cap = wi == 1 && gi == 1 ? 50.0f : 0.0f;
-        grid_case(ref, simd, dims[di], gqa[gi][0], gqa[gi][1], windows[wi], bt, dt, cap);
+        grid_case(ref, simd, dims[di], gqa[gi][0], gqa[gi][1], windows[wi], bt, dt, cap, 1e-12);
       }
   kn_backend_destroy(ref);
   kn_backend_destroy(simd);
@@ -261,8 +261,10 @@ TH_TEST(attention_simd_matches_reference) {
 
 /* A 70-token prompt attended in one chunk, in uneven chunks and token by token,
  * alone or batched with other sequences: identical bits. */
-static void check_attn_invariance(enum kn_cpu_isa isa, int D, int window, enum kn_dtype dt) {
-  struct kn_backend *be1 = kt_backend(isa, 1), *be2 = kt_backend(isa, 2);
+static void check_attn_invariance(enum kn_cpu_isa isa, int bf16, int D, int window,
+                                  enum kn_dtype dt) {
+  struct kn_backend *be1 = kt_isa_backend_mode(isa, 1, bf16),
+                    *be2 = kt_isa_backend_mode(isa, 2, bf16);
   int len = 70, H = 4, kvh = 2;
   struct kt_cache c;
   cache_init(&c, be1, 2, len, kvh, D, 16, dt);
@@ -336,8 +338,8 @@ static void check_attn_invariance(enum kn_cpu_isa isa, int D, int window, enum k
  * key. Rows computed together (the SIMD kernels take them in tiles, sharing
  * each key block while it is in cache) are the bits of rows computed one by
  * one, and match the reference. */
-static void check_attn_tiles(enum kn_cpu_isa isa, int D, enum kn_dtype dt) {
-  struct kn_backend *be = kt_backend(isa, 2), *ref = kt_backend(KN_CPU_ISA_REF, 1);
+static void check_attn_tiles(enum kn_cpu_isa isa, int bf16, int D, enum kn_dtype dt) {
+  struct kn_backend *be = kt_isa_backend_mode(isa, 2, bf16), *ref = kt_backend(KN_CPU_ISA_REF, 1);
   int len = 37, H = 3, kvh = 3; /* 37: two whole tiles of 16 and a part */
   struct kt_cache c;
   cache_init(&c, be, 1, len, kvh, D, 16, dt);
@@ -362,7 +364,13 @@ static void check_attn_tiles(enum kn_cpu_isa isa, int D, enum kn_dtype dt) {
   if (!kt_bits_equal(all, rows, (size_t)len * ld))
     th_fail(__FILE__, __LINE__, "%s D=%d %s: tiled rows differ from rows alone",
             kn_backend_name(be), D, kn_dtype_name(dt));
-  TH_CHECK(kt_nmse(all, want, (size_t)len * ld) < 1e-10);
+  /* the bf16 mode's own kernels take a bf16 cache and head dims of multiples
+   * of 32, rounding the queries and probabilities: close, not equal */
+  int rounded = bf16 && isa >= KN_CPU_ISA_AVX512BF16 && dt == KN_DTYPE_BF16 && D % 32 == 0;
+  double e = kt_nmse(all, want, (size_t)len * ld);
+  if (rounded ? !(e < 1e-4 && e > 1e-12) : !(e < 1e-10))
+    th_fail(__FILE__, __LINE__, "%s D=%d %s: nmse %g against the reference", kn_backend_name(be),
+            D, kn_dtype_name(dt), e);
   free(q), free(all), free(rows), free(want);
   cache_free(&c, be);
   kn_backend_destroy(be);
@@ -371,17 +379,50 @@ static void check_attn_tiles(enum kn_cpu_isa isa, int D, enum kn_dtype dt) {
 
 TH_TEST(attention_tiles_of_an_image) {
   kt_seed(17);
-  check_attn_tiles(KN_CPU_ISA_AVX512, 72, KN_DTYPE_F32);
-  check_attn_tiles(KN_CPU_ISA_AVX512, 64, KN_DTYPE_BF16);
-  check_attn_tiles(KN_CPU_ISA_AVX512, 20, KN_DTYPE_F32); /* not a multiple of 8: reference */
+  check_attn_tiles(KN_CPU_ISA_AVX512, 0, 72, KN_DTYPE_F32);
+  check_attn_tiles(KN_CPU_ISA_AVX512, 0, 64, KN_DTYPE_BF16);
+  check_attn_tiles(KN_CPU_ISA_AVX512, 0, 20, KN_DTYPE_F32); /* not a multiple of 8: reference */
 }
 
 TH_TEST(attention_chunking_and_batch_invariant) {
   kt_seed(13);
-  check_attn_invariance(KN_CPU_ISA_AVX512, 64, 0, KN_DTYPE_F32);
-  check_attn_invariance(KN_CPU_ISA_AVX512, 256, 20, KN_DTYPE_BF16);
-  check_attn_invariance(KN_CPU_ISA_AVX512, 512, 0, KN_DTYPE_F32);
-  check_attn_invariance(KN_CPU_ISA_REF, 64, 20, KN_DTYPE_F32);
+  check_attn_invariance(KN_CPU_ISA_AVX512, 0, 64, 0, KN_DTYPE_F32);
+  check_attn_invariance(KN_CPU_ISA_AVX512, 0, 256, 20, KN_DTYPE_BF16);
+  check_attn_invariance(KN_CPU_ISA_AVX512, 0, 512, 0, KN_DTYPE_F32);
+  check_attn_invariance(KN_CPU_ISA_REF, 0, 64, 20, KN_DTYPE_F32);
+}
+
+/* The bf16 mode on AVX-512-BF16 (kn-cpu-attn-bf16.c; skips, saying so, on
+ * processors without): near the f32 reference over the grid's cases (holes,
+ * windows, softcap, images, odd blocks, GQA, guard pages), not equal to it
+ * (its own kernels ran), and a row's bits the same alone, in tiles, chunked
+ * or batched. An f32 cache and head dims that are not multiples of 32 keep
+ * the f32 kernels. */
+TH_TEST(attention_bf16_mode) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2),
+                    *bf = kt_isa_backend_mode(KN_CPU_ISA_AVX512BF16, 2, 1);
+  kt_seed(19);
+  static const int dims[] = {64, 256, 512, 96, 40};
+  static const int gqa[][2] = {{1, 1}, {4, 1}, {8, 2}};
+  static const int windows[] = {0, 7};
+  for (size_t di = 0; di < CM_ARRAY_LEN(dims); di++)
+    for (size_t gi = 0; gi < CM_ARRAY_LEN(gqa); gi++)
+      for (size_t wi = 0; wi < CM_ARRAY_LEN(windows); wi++) {
+        if (dims[di] == 512 && gqa[gi][0] > 4) continue;
+        float cap = wi == 1 && gi == 1 ? 50.0f : 0.0f;
+        grid_case(ref, bf, dims[di], gqa[gi][0], gqa[gi][1], windows[wi], (di + gi) % 2 ? 16 : 5,
+                  KN_DTYPE_BF16, cap, dims[di] % 32 ? 1e-12 : 1e-4);
+      }
+  grid_case(ref, bf, 64, 4, 1, 0, 16, KN_DTYPE_F32, 0.0f, 1e-12);
+  kn_backend_destroy(ref);
+  kn_backend_destroy(bf);
+  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 64, KN_DTYPE_BF16);
+  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 256, KN_DTYPE_BF16);
+  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 64, KN_DTYPE_F32);
+  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 40, KN_DTYPE_BF16);
+  check_attn_invariance(KN_CPU_ISA_AVX512BF16, 1, 64, 0, KN_DTYPE_BF16);
+  check_attn_invariance(KN_CPU_ISA_AVX512BF16, 1, 256, 20, KN_DTYPE_BF16);
+  check_attn_invariance(KN_CPU_ISA_AVX512BF16, 1, 512, 0, KN_DTYPE_BF16);
 }
 
 /* ---- bad input ------------------------------------------------------------ */

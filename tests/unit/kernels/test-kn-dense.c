@@ -127,28 +127,8 @@ TH_TEST(matmul_batch_invariant_ref) {
 
 /* ---- each instruction set forced in turn --------------------------------- */
 
-/* A backend forced to exactly `isa`; skips the test, saying so, when this
- * processor lacks it (CI machines differ: every table runs where it can). */
-static struct kn_backend *isa_backend_mode(enum kn_cpu_isa isa, int threads, int bf16) {
-  if (kn_cpu_isa_detect() < isa) {
-    char why[128];
-    snprintf(why, sizeof(why), "this processor has no %s: its kernel table was not checked",
-             kn_cpu_isa_name(isa));
-    TH_SKIP(why);
-  }
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create_mode(threads, isa, bf16, &be) == 0 && be);
-  char name[32];
-  snprintf(name, sizeof(name), "cpu-%s", kn_cpu_isa_name(isa));
-  if (strcmp(kn_backend_name(be), name) != 0) { /* LMSERVE_KERNELS capped it */
-    kn_backend_destroy(be);
-    TH_SKIP("LMSERVE_KERNELS caps the instruction set: a kernel table was not checked");
-  }
-  return be;
-}
-
 static struct kn_backend *isa_backend(enum kn_cpu_isa isa, int threads) {
-  return isa_backend_mode(isa, threads, 0);
+  return kt_isa_backend_mode(isa, threads, 0);
 }
 
 /* Every 17th row of a 255-row batch bit-equal to the row alone, for each
@@ -244,7 +224,7 @@ static double bf16_err(const float *got, const float *init, const float *in, con
  * and matmul_argmax against the rounded inputs' products in double, over odd
  * shapes; every row of a 255-row batch bit-equal to the row alone. */
 static void check_bf16_mode(enum kn_cpu_isa isa) {
-  struct kn_backend *be = isa_backend_mode(isa, 2, 1);
+  struct kn_backend *be = kt_isa_backend_mode(isa, 2, 1);
   static const int Ts[] = {1, 2, 3, 5, 15, 16, 17, 255}, Ks[] = {1, 31, 32, 33, 100, 645},
                    Ns[] = {7, 47, 130};
   kt_seed(11);

@@ -1,0 +1,317 @@
+/* kn-cpu-attn-bf16.c — the bf16 mode's paged attention on AVX-512-BF16: Q·K
+ * and P·V as vdpbf16ps against the bf16 KV cache, 32 products per
+ * instruction, with the queries and the probabilities rounded to bf16 (as a
+ * GPU's bf16 attention and transformers' bf16 mode take them). The blocks,
+ * their order, the online softmax and the rows that share a block are those
+ * of kn-cpu-attn-avx2.c (see there); only the two products change.
+ *
+ *   - a score is one 16-lane accumulator over the head dim in steps of 32,
+ *     then kn_bf16_reduce16's tree, then the scale (and softcap): computed 4
+ *     queries x 4 keys at a time, the 16 accumulators summed at once;
+ *   - P·V takes the block's visible keys in pairs (in position order; an odd
+ *     last one pairs with a zero row and probability 0): each pair's two V
+ *     rows interleaved element by element (vpunpck{l,h}wd within each 128-bit
+ *     lane) against the pair's probabilities broadcast. The accumulators hold
+ *     the head dims in that interleaved order (per 32 dims: 0-3, 8-11, 16-19,
+ *     24-27, then 4-7, 12-15, 20-23, 28-31) until the row is written.
+ *
+ * Each score and output element has one sequence of operations whatever rows
+ * share the call (a decode row's query heads, a tile of prefill rows), so a
+ * row's bits do not depend on the batch or the chunking. Head dims that are
+ * not a multiple of 32, and an f32 cache, go to the AVX2 kernels. */
+#include <immintrin.h>
+#include <limits.h>
+#include <math.h>
+
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-avx512bf16.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+
+#define INLINE  static inline __attribute__((always_inline))
+#define MAX_VEC (KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP)
+
+void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                      int kvh, int g0, int ng);
+void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
+                           int nr, int kvh, int g0, int ng);
+
+/* The partner of an odd block's last key: zeros. */
+static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+
+/* The query vectors of one call and their running state. */
+struct qv {
+  int n;                      /* vectors */
+  int pos[MAX_VEC];           /* absolute position of each (a row's heads share one) */
+  float *out[MAX_VEC];        /* where each is written */
+  const uint16_t *q[MAX_VEC]; /* rounded to bf16 */
+  float m[MAX_VEC], l[MAX_VEC];
+  _Alignas(64) uint16_t qb[MAX_VEC][KN_MAX_HEAD_DIM];
+  _Alignas(64) float s[MAX_VEC][KN_ATTN_BLOCK];
+  _Alignas(64) float acc[MAX_VEC][KN_MAX_HEAD_DIM]; /* interleaved order (above) */
+};
+
+KN_BF16 static void qv_add(struct qv *v, int pos, const float *q, float *out, int D) {
+  int i = v->n++;
+  v->pos[i] = pos;
+  v->out[i] = out;
+  v->m[i] = -INFINITY;
+  v->l[i] = 0.0f;
+  for (int d = 0; d < D; d += 32) {
+    __m512 lo = _mm512_loadu_ps(q + d), hi = _mm512_loadu_ps(q + d + 16);
+    _mm512_store_si512(&v->qb[i][d], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    _mm512_store_ps(&v->acc[i][d], _mm512_setzero_ps());
+    _mm512_store_ps(&v->acc[i][d + 16], _mm512_setzero_ps());
+  }
+  v->q[i] = v->qb[i];
+}
+
+/* sc[i][col[j]] for NQ queries x NK keys (<= 4 each): 16 accumulators (the
+ * unused ones stay zero), each key block loaded once for the NQ queries. */
+KN_BF16 INLINE void qk_tile(float *const *sc, const uint16_t *const *q, const void *const *k,
+                            const int *col, int D, float scale, const int NQ, const int NK) {
+  __m512 a[16];
+  _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 32) {
+    __m512i kv[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < NK; j++) kv[j] =
+        _mm512_loadu_si512((const uint16_t *)k[j] + d);
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
+      __m512bh qv = (__m512bh)_mm512_load_si512(q[i] + d);
+      _Pragma("GCC unroll 4") for (int j = 0; j < NK; j++) a[i * 4 + j] =
+          _mm512_dpbf16_ps(a[i * 4 + j], qv, (__m512bh)kv[j]);
+    }
+  }
+  float r[16];
+  _mm512_storeu_ps(r, kn_bf16_reduce16(a));
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+    _Pragma("GCC unroll 4") for (int j = 0; j < NK; j++) sc[i][col[j]] = r[i * 4 + j] * scale;
+}
+
+KN_BF16 static void qk_scores(float *const *sc, const uint16_t *const *q, int nq,
+                              const void *const *k, const int *col, int nk, int D, float scale,
+                              float softcap) {
+  for (int i = 0; i < nq; i += 4) {
+    const int NQ = nq - i < 4 ? nq - i : 4;
+    for (int j = 0; j < nk; j += 4) {
+      const int NK = nk - j < 4 ? nk - j : 4;
+#define QK(a, b)                                                                                   \
+  case (a) * 4 + (b): qk_tile(sc + i, q + i, k + j, col + j, D, scale, a, b); break
+      switch (NQ * 4 + NK) {
+        QK(1, 1); QK(1, 2); QK(1, 3); QK(1, 4);
+        QK(2, 1); QK(2, 2); QK(2, 3); QK(2, 4);
+        QK(3, 1); QK(3, 2); QK(3, 3); QK(3, 4);
+        QK(4, 1); QK(4, 2); QK(4, 3); QK(4, 4);
+      default: break;
+      }
+#undef QK
+    }
+    if (softcap > 0.0f)
+      for (int r = i; r < i + NQ; r++)
+        for (int j = 0; j < nk; j++) {
+          float *p = &sc[r][col[j]];
+          *p = (float)(tanh((double)*p / softcap) * softcap);
+        }
+  }
+}
+
+/* NR rows (<= 4) x ND blocks of 32 dims (<= 2) at dims d: acc *= corr, then
+ * acc += the pairs' probabilities times their interleaved V, pair by pair. */
+KN_BF16 INLINE void pv_tile(float *const *acc, const uint32_t (*pp)[KN_ATTN_BLOCK / 2],
+                            const float *corr, const void *const *vp, int n_pairs, int d,
+                            const int NR, const int ND) {
+  __m512 a[4][4];
+  _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
+    __m512 cv = _mm512_set1_ps(corr[r]);
+    _Pragma("GCC unroll 4") for (int e = 0; e < 2 * ND; e++) a[r][e] =
+        _mm512_mul_ps(_mm512_load_ps(acc[r] + d + 16 * e), cv);
+  }
+  for (int k = 0; k < n_pairs; k++) {
+    const uint16_t *va = vp[2 * k], *vb = vp[2 * k + 1];
+    __m512i iv[4];
+    _Pragma("GCC unroll 2") for (int e = 0; e < ND; e++) {
+      __m512i x = _mm512_loadu_si512(va + d + 32 * e), y = _mm512_loadu_si512(vb + d + 32 * e);
+      iv[2 * e] = _mm512_unpacklo_epi16(x, y);
+      iv[2 * e + 1] = _mm512_unpackhi_epi16(x, y);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
+      __m512bh pv = (__m512bh)_mm512_set1_epi32((int)pp[r][k]);
+      _Pragma("GCC unroll 4") for (int e = 0; e < 2 * ND; e++) a[r][e] =
+          _mm512_dpbf16_ps(a[r][e], pv, (__m512bh)iv[e]);
+    }
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++)
+    _Pragma("GCC unroll 4") for (int e = 0; e < 2 * ND; e++)
+      _mm512_store_ps(acc[r] + d + 16 * e, a[r][e]);
+}
+
+/* Each shape its own function, so that its 16 accumulators and 4 V vectors
+ * get the registers (inlined into one switch they were spilled). */
+typedef void (*pv_fn)(float *const *acc, const uint32_t (*pp)[KN_ATTN_BLOCK / 2],
+                      const float *corr, const void *const *vp, int n_pairs, int d);
+#define DEF_PV(NR, ND)                                                                             \
+  KN_BF16 static void pv_##NR##x##ND(float *const *acc, const uint32_t (*pp)[KN_ATTN_BLOCK / 2], \
+                                     const float *corr, const void *const *vp, int n_pairs,        \
+                                     int d) {                                                      \
+    pv_tile(acc, pp, corr, vp, n_pairs, d, NR, ND);                                                \
+  }
+DEF_PV(1, 1)
+DEF_PV(1, 2)
+DEF_PV(2, 1)
+DEF_PV(2, 2)
+DEF_PV(3, 1)
+DEF_PV(3, 2)
+DEF_PV(4, 1)
+DEF_PV(4, 2)
+static const pv_fn pv_fns[5][3] = {{NULL},
+                                   {NULL, pv_1x1, pv_1x2},
+                                   {NULL, pv_2x1, pv_2x2},
+                                   {NULL, pv_3x1, pv_3x2},
+                                   {NULL, pv_4x1, pv_4x2}};
+
+/* One key block folded into nr rows: each row's softmax step, its
+ * probabilities of the visible keys (vj) rounded to bf16 in pairs, then the
+ * V half in tiles of 4 rows x 64 dims. vp holds the visible keys' V rows
+ * and room for the odd partner. */
+KN_BF16 static void update_rows(float *const *p, int nr, const void **vp, const int *vj, int n_vis,
+                                float *m, float *l, float *const *acc, int D) {
+  float corr[MAX_VEC];
+  _Alignas(64) uint32_t pp[MAX_VEC][KN_ATTN_BLOCK / 2];
+  for (int r = 0; r < nr; r++) {
+    corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
+    _Alignas(64) float c[KN_ATTN_BLOCK] = {0};
+    for (int n = 0; n < n_vis; n++)
+      c[n] = p[r][vj[n]];
+    _mm512_store_si512(pp[r],
+                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + 16), _mm512_load_ps(c)));
+  }
+  if (n_vis & 1) vp[n_vis] = zero_row;
+  const int n_pairs = (n_vis + 1) / 2;
+  for (int r = 0; r < nr; r += 4) {
+    const int NR = nr - r < 4 ? nr - r : 4;
+    for (int d = 0; d < D; d += 64)
+      pv_fns[NR][D - d >= 64 ? 2 : 1](acc + r, (const uint32_t(*)[KN_ATTN_BLOCK / 2])(pp + r),
+                                      corr + r, vp, n_pairs, d);
+  }
+}
+
+/* The vectors of v, block by block over the union of their key ranges; the
+ * vectors whose visible keys in a block are the same score and fold it in
+ * together. Then each is written: its accumulator in head-dim order over l. */
+KN_BF16 static void attn_vectors(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                                 int kvh, struct qv *v) {
+  const struct kn_kv_view *view = job->view;
+  const int D = view->head_dim, n = v->n;
+  int lo[MAX_VEC], hi[MAX_VEC], first = INT_MAX, last = -1;
+  for (int i = 0; i < n; i++) {
+    kn_cpu_attn_range(seq, job->window, v->pos[i], &lo[i], &hi[i]);
+    int b0 = lo[i] - lo[i] % KN_ATTN_BLOCK;
+    if (b0 < first) first = b0;
+    if (hi[i] > last) last = hi[i];
+  }
+  for (int b = first; b <= last; b += KN_ATTN_BLOCK) {
+    uint32_t vis[MAX_VEC]; /* bit jj: key b + jj is visible to vector i */
+    for (int i = 0; i < n; i++) {
+      vis[i] = i > 0 && v->pos[i] == v->pos[i - 1]
+                   ? vis[i - 1]
+                   : kn_cpu_attn_block_mask(seq, job->window, v->pos[i], lo[i], hi[i], b);
+    }
+    for (int i = 0; i < n; i++) {
+      uint32_t mask = vis[i];
+      if (!mask) continue;
+      const uint16_t *gq[MAX_VEC];
+      float *gs[MAX_VEC], *ga[MAX_VEC], gm[MAX_VEC], gl[MAX_VEC];
+      int gi[MAX_VEC], ng = 0;
+      for (int i2 = i; i2 < n; i2++)
+        if (vis[i2] == mask) {
+          vis[i2] = 0;
+          gi[ng] = i2;
+          gq[ng] = v->q[i2];
+          gs[ng] = v->s[i2];
+          ga[ng] = v->acc[i2];
+          gm[ng] = v->m[i2];
+          gl[ng] = v->l[i2];
+          for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
+            v->s[i2][jj] = -INFINITY;
+          ng++;
+        }
+      const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK + 1];
+      int vj[KN_ATTN_BLOCK], n_vis = 0;
+      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
+        if (!(mask >> jj & 1)) continue;
+        kp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
+        vp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
+        for (int o = 0; o < D * 2; o += 64) {
+          _mm_prefetch((const char *)kp[n_vis] + o, _MM_HINT_T0);
+          _mm_prefetch((const char *)vp[n_vis] + o, _MM_HINT_T0);
+        }
+        vj[n_vis++] = jj;
+      }
+      qk_scores(gs, gq, ng, kp, vj, n_vis, D, job->scale, job->softcap);
+      update_rows(gs, ng, vp, vj, n_vis, gm, gl, ga, D);
+      for (int k = 0; k < ng; k++) {
+        v->m[gi[k]] = gm[k];
+        v->l[gi[k]] = gl[k];
+      }
+    }
+  }
+  /* per 32 dims: lanes 0-3 of the low half are dims 0-3, of the high half 4-7, ... */
+  const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i i1 =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int i = 0; i < n; i++) {
+    __m512 lv = _mm512_set1_ps(v->l[i]);
+    for (int d = 0; d < D; d += 32) {
+      __m512 a = _mm512_load_ps(&v->acc[i][d]), c = _mm512_load_ps(&v->acc[i][d + 16]);
+      _mm512_storeu_ps(v->out[i] + d, _mm512_div_ps(_mm512_permutex2var_ps(a, i0, c), lv));
+      _mm512_storeu_ps(v->out[i] + d + 16, _mm512_div_ps(_mm512_permutex2var_ps(a, i1, c), lv));
+    }
+  }
+}
+
+static int takes(const struct kn_kv_view *view) {
+  return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
+}
+
+/* kn_cpu_attn_fn of the bf16 mode: query heads g0 .. g0 + ng - 1 of row i. */
+KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                              int i, int kvh, int g0, int ng) {
+  const struct kn_kv_view *view = job->view;
+  if (!takes(view)) {
+    kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
+    return;
+  }
+  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
+  const int row = seq->q_begin + i;
+  struct qv v;
+  for (int g = g0; g < g0 + ng; g += KN_ATTN_MAX_GROUP) {
+    v.n = 0;
+    for (int h = g; h < g0 + ng && h < g + KN_ATTN_MAX_GROUP; h++) {
+      ptrdiff_t col = (ptrdiff_t)(kvh * group + h) * D;
+      qv_add(&v, seq->pos0 + i, job->q + (ptrdiff_t)row * job->ldq + col,
+             job->out + (ptrdiff_t)row * job->ldo + col, D);
+    }
+    attn_vectors(job, seq, kvh, &v);
+  }
+}
+
+/* kn_cpu_attn_tile_fn of the bf16 mode: rows i0 .. i0 + nr - 1, head by head. */
+KN_BF16 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                                   int i0, int nr, int kvh, int g0, int ng) {
+  const struct kn_kv_view *view = job->view;
+  if (!takes(view)) {
+    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
+    return;
+  }
+  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
+  struct qv v;
+  for (int g = g0; g < g0 + ng; g++) {
+    v.n = 0;
+    ptrdiff_t col = (ptrdiff_t)(kvh * group + g) * D;
+    for (int r = 0; r < nr; r++) {
+      ptrdiff_t row = seq->q_begin + i0 + r;
+      qv_add(&v, seq->pos0 + i0 + r, job->q + row * job->ldq + col, job->out + row * job->ldo + col,
+             D);
+    }
+    attn_vectors(job, seq, kvh, &v);
+  }
+}
