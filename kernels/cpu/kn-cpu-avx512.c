@@ -191,6 +191,10 @@ DEF_MV_ALL(f16, uint16_t)
 /* Prefetch distance of the small-T matmul's weight stream. */
 #define MV_PF_BYTES 8192
 
+/* The fewest tokens the tiles below take; fewer go to the AVX2 matvec (same
+ * bits). Set by kn_cpu_dsp_init_avx512 for the core it runs on. */
+static int mv512_min_t = 3;
+
 /* Defines matvec512_<SUF>, the kn_cpu_dot_fn for small T: T = 1 (bound by
  * the weight stream, where the AVX2 matvec already keeps up), K % 8 != 0 and
  * rows past the last group of 8 go to the AVX2 matvec (same bits). */
@@ -199,7 +203,7 @@ DEF_MV_ALL(f16, uint16_t)
                                         const void *wv, int K, int T, int n, int acc) {            \
     const TYPE *w = wv;                                                                            \
     int j = 0;                                                                                     \
-    if (T > 2 && K % 8 == 0) {                                                                     \
+    if (T >= mv512_min_t && K % 8 == 0) {                                                          \
       const size_t gbytes = (size_t)8 * K * sizeof(TYPE);                                          \
       for (; j + 8 <= n; j += 8) {                                                                 \
         const TYPE *g = w + (size_t)j * K;                                                         \
@@ -537,6 +541,12 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
    * T = 64 the two tie (bench-kn). The [262144 x 64] head widens in
    * registers up to T = 64 at least. Either way, the same bits. */
   dsp->tile_min_t = kn_cpu_is_amd() ? 32 : 8;
+  /* Below that, the 512-bit register tiles take T >= 3 where they were tuned;
+   * on a Zen 4 the AVX2 matvec streams [65536 x 640] faster up to T = 10 (at
+   * T = 3, 4, 6, 8, 10: 25-26, 20-23, 15-17, 12-14, 11-12 GB/s against 13-14,
+   * 13-14, 11-12, 10, 8-9 GB/s), they tie at T = 12 and the tiles win at 16
+   * (bench-kn, four runs each). */
+  mv512_min_t = kn_cpu_is_amd() ? 12 : 3;
   dsp->tile_min_tk = 4096;
   dsp->softcap = softcap_avx512;
   dsp->tok_argmax = tok_argmax;
