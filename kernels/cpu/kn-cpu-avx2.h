@@ -48,6 +48,33 @@ KN_AVX2 static inline float kn_avx2_hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+/* kn_avx2_hsum of eight accumulators at once, with the same additions per
+ * sum (so the same bits): lanes (l0+l4, ..) of each, then (a0+a2, a1+a3),
+ * then b0+b1. Returns lane 0..3 = the sums of r0..r3, lane 4..7 = those of
+ * s0..s3: four outputs of two tokens. */
+KN_AVX2 static inline __m256 kn_avx2_hsum8(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 s0,
+                                           __m256 s1, __m256 s2, __m256 s3) {
+  /* per pair (rk, sk): [rk.lo + rk.hi | sk.lo + sk.hi] */
+  __m256 p0 =
+      _mm256_add_ps(_mm256_permute2f128_ps(r0, s0, 0x20), _mm256_permute2f128_ps(r0, s0, 0x31));
+  __m256 p1 =
+      _mm256_add_ps(_mm256_permute2f128_ps(r1, s1, 0x20), _mm256_permute2f128_ps(r1, s1, 0x31));
+  __m256 p2 =
+      _mm256_add_ps(_mm256_permute2f128_ps(r2, s2, 0x20), _mm256_permute2f128_ps(r2, s2, 0x31));
+  __m256 p3 =
+      _mm256_add_ps(_mm256_permute2f128_ps(r3, s3, 0x20), _mm256_permute2f128_ps(r3, s3, 0x31));
+  /* (x0 + x2, x1 + x3) of each: q01 = [r0 r0 r1 r1 | s0 s0 s1 s1] */
+  __m256d p0d = _mm256_castps_pd(p0), p1d = _mm256_castps_pd(p1);
+  __m256d p2d = _mm256_castps_pd(p2), p3d = _mm256_castps_pd(p3);
+  __m256 q01 = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p0d, p1d)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(p0d, p1d)));
+  __m256 q23 = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p2d, p3d)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(p2d, p3d)));
+  /* y0 + y1 of each: [r0 r1 r2 r3 | s0 s1 s2 s3] */
+  return _mm256_add_ps(_mm256_shuffle_ps(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 KN_AVX2 static inline float kn_avx2_hmax(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));

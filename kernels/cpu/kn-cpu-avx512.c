@@ -191,18 +191,97 @@ DEF_MV_ALL(f16, uint16_t)
 /* Prefetch distance of the small-T matmul's weight stream. */
 #define MV_PF_BYTES 8192
 
-/* The fewest tokens the tiles below take; fewer go to the AVX2 matvec (same
- * bits). Set by kn_cpu_dsp_init_avx512 for the core it runs on. */
+/* The fewest tokens the tiles below take; fewer go to mv4 (same bits). Set
+ * by kn_cpu_dsp_init_avx512 for the core it runs on. */
 static int mv512_min_t = 3;
 
-/* Defines matvec512_<SUF>, the kn_cpu_dot_fn for small T: T = 1 (bound by
- * the weight stream, where the AVX2 matvec already keeps up), K % 8 != 0 and
- * rows past the last group of 8 go to the AVX2 matvec (same bits). */
+/* Defines mv4_<SUF>: the AVX2 matvec's arithmetic (kn-cpu-avx2.c: per
+ * output one 8-lane accumulator over K in order, the masked tail, then
+ * kn_avx2_hsum8's additions) on 4 weight rows x 4 tokens at a time in 256-bit
+ * registers, 16 accumulators, which AVX-512VL's 32 registers hold: each
+ * widened weight vector serves 4 tokens instead of 2. The tokens past the
+ * last 4 and the rows past the last 4 go to the AVX2 matvec (the row group
+ * is in L1 by then). Same bits as the AVX2 matvec. */
+#define DEF_MV4(SUF, TYPE, LOAD, LOAD_TAIL, DT)                                                    \
+  KN_AVX512 static void mv4_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,       \
+                                  const void *wv, int K, int T, int n, int acc) {                  \
+    const TYPE *w = wv;                                                                            \
+    const int K8 = K & ~7, r = K - K8;                                                             \
+    const __m256i mask = kn_avx2_mask(r);                                                          \
+    int j = 0;                                                                                     \
+    for (; j + 4 <= n; j += 4) {                                                                   \
+      const TYPE *wr[4] = {w + (size_t)j * K, w + (size_t)(j + 1) * K, w + (size_t)(j + 2) * K,    \
+                           w + (size_t)(j + 3) * K};                                               \
+      __m256 tl[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),               \
+                      _mm256_setzero_ps()};                                                        \
+      if (r)                                                                                       \
+        _Pragma("GCC unroll 4") for (int f = 0; f < 4; f++) tl[f] = LOAD_TAIL(wr[f] + K8, r);      \
+      int t = 0;                                                                                   \
+      for (; t + 4 <= T; t += 4) {                                                                 \
+        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
+        __m256 a[4][4];                                                                            \
+        _Pragma("GCC unroll 4") for (int f = 0; f < 4; f++)                                        \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) a[f][u] = _mm256_setzero_ps();     \
+        for (int k = 0; k < K8; k += 8) {                                                          \
+          __m256 xv[4];                                                                            \
+          _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) xv[u] =                              \
+              _mm256_loadu_ps(x + u * ldi + k);                                                    \
+          PREFETCH_W((const char *)(wr[0] + 4 * k) + MV_PF_BYTES, 32 * sizeof(TYPE));              \
+          _Pragma("GCC unroll 4") for (int f = 0; f < 4; f++) {                                    \
+            __m256 wv8 = LOAD(wr[f] + k);                                                          \
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) a[f][u] =                          \
+                _mm256_fmadd_ps(wv8, xv[u], a[f][u]);                                              \
+          }                                                                                        \
+        }                                                                                          \
+        if (r)                                                                                     \
+          _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {                                    \
+            __m256 xv = _mm256_maskload_ps(x + u * ldi + K8, mask);                                \
+            _Pragma("GCC unroll 4") for (int f = 0; f < 4; f++) a[f][u] =                          \
+                _mm256_fmadd_ps(tl[f], xv, a[f][u]);                                               \
+          }                                                                                        \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 4; u += 2) {                                   \
+          __m256 h = kn_avx2_hsum8(a[0][u], a[1][u], a[2][u], a[3][u], a[0][u + 1], a[1][u + 1],   \
+                                   a[2][u + 1], a[3][u + 1]);                                      \
+          float *o = out + (ptrdiff_t)(t + u) * ldo + j;                                           \
+          __m128 lo = _mm256_castps256_ps128(h), hi = _mm256_extractf128_ps(h, 1);                 \
+          _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), lo) : lo);                            \
+          _mm_storeu_ps(o + ldo, acc ? _mm_add_ps(_mm_loadu_ps(o + ldo), hi) : hi);                \
+        }                                                                                          \
+      }                                                                                            \
+      if (t < T)                                                                                   \
+        kn_cpu_matvec_avx2[DT](out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi,    \
+                               wr[0], K, T - t, 4, acc);                                           \
+    }                                                                                              \
+    if (j < n) kn_cpu_matvec_avx2[DT](out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc); \
+  }
+
+KN_AVX512 static inline void PREFETCH_W(const char *p, size_t bytes) {
+  for (size_t b = 0; b < bytes; b += 64)
+    _mm_prefetch(p + b, _MM_HINT_T0);
+}
+KN_AVX512 static inline __m256 ld8_f32(const float *p) {
+  return _mm256_loadu_ps(p);
+}
+KN_AVX512 static inline __m256 ld8_f32_tail(const float *p, int r) {
+  return _mm256_maskload_ps(p, kn_avx2_mask(r));
+}
+DEF_MV4(f32, float, ld8_f32, ld8_f32_tail, KN_DTYPE_F32)
+DEF_MV4(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail, KN_DTYPE_BF16)
+DEF_MV4(f16, uint16_t, kn_avx2_f16, kn_avx2_f16_tail, KN_DTYPE_F16)
+
+/* Defines matvec512_<SUF>, the kn_cpu_dot_fn for small T: T = 1 and 2 (bound
+ * by the weight stream, where the AVX2 matvec already keeps up), K % 8 != 0
+ * and rows past the last group of 8 go to the AVX2 matvec, T below
+ * mv512_min_t to mv4 (same bits). */
 #define DEF_MATVEC512(SUF, TYPE, DT)                                                               \
   KN_AVX512 static void matvec512_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, \
                                         const void *wv, int K, int T, int n, int acc) {            \
     const TYPE *w = wv;                                                                            \
     int j = 0;                                                                                     \
+    if (T > 2 && T < mv512_min_t) {                                                                \
+      mv4_##SUF(out, ldo, in, ldi, w, K, T, n, acc);                                               \
+      return;                                                                                      \
+    }                                                                                              \
     if (T >= mv512_min_t && K % 8 == 0) {                                                          \
       const size_t gbytes = (size_t)8 * K * sizeof(TYPE);                                          \
       for (; j + 8 <= n; j += 8) {                                                                 \
@@ -542,10 +621,11 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
    * registers up to T = 64 at least. Either way, the same bits. */
   dsp->tile_min_t = kn_cpu_is_amd() ? 32 : 8;
   /* Below that, the 512-bit register tiles take T >= 3 where they were tuned;
-   * on a Zen 4 the AVX2 matvec streams [65536 x 640] faster up to T = 10 (at
-   * T = 3, 4, 6, 8, 10: 25-26, 20-23, 15-17, 12-14, 11-12 GB/s against 13-14,
-   * 13-14, 11-12, 10, 8-9 GB/s), they tie at T = 12 and the tiles win at 16
-   * (bench-kn, four runs each). */
+   * on a Zen 4 the AVX2 matvec's arithmetic streams [65536 x 640] faster up to
+   * T = 10 (at T = 3, 4, 6, 8, 10: 25-26, 20-23, 15-17, 12-14, 11-12 GB/s
+   * against 13-14, 13-14, 11-12, 10, 8-9 GB/s), they tie at T = 12 and the
+   * tiles win at 16 (bench-kn, four runs each). mv4 adds 0-15% to the AVX2
+   * matvec there (T = 8: 15.5-15.7 against 13.2-13.9 GB/s). */
   mv512_min_t = kn_cpu_is_amd() ? 12 : 3;
   dsp->tile_min_tk = 4096;
   dsp->softcap = softcap_avx512;
