@@ -91,12 +91,7 @@ KN_AVX2 static void qk_scores(float *const *sc, const float *const *q, int nq, c
       }
 #undef QK
     }
-    if (softcap > 0.0f)
-      for (int r = i; r < i + NQ; r++)
-        for (int j = 0; j < nk; j++) {
-          float *p = &sc[r][col[j]];
-          *p = (float)(tanh((double)*p / softcap) * softcap);
-        }
+    if (softcap > 0.0f) kn_cpu_attn_softcap(sc + i, NQ, col, nk, softcap);
   }
 }
 

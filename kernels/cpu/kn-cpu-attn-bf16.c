@@ -105,12 +105,7 @@ KN_BF16 static void qk_scores(float *const *sc, const uint16_t *const *q, int nq
       }
 #undef QK
     }
-    if (softcap > 0.0f)
-      for (int r = i; r < i + NQ; r++)
-        for (int j = 0; j < nk; j++) {
-          float *p = &sc[r][col[j]];
-          *p = (float)(tanh((double)*p / softcap) * softcap);
-        }
+    if (softcap > 0.0f) kn_cpu_attn_softcap(sc + i, NQ, col, nk, softcap);
   }
 }
 

@@ -11,6 +11,7 @@
  *      the same sequence of floating-point operations for it. */
 #ifndef LMSERVE_KN_CPU_IMPL_H
 #define LMSERVE_KN_CPU_IMPL_H
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -258,6 +259,16 @@ static inline int kn_cpu_attn_visible(const struct kn_attn_seq *seq, int window,
     if (p >= b && p < e && j >= b && j < e) return 1;
   }
   return 0;
+}
+/* Softcaps the scores sc[r][col[j]] of nr rows and nk keys in place, as the
+ * reference does: tanh(s / cap) * cap in double. */
+static inline void kn_cpu_attn_softcap(float *const *sc, int nr, const int *col, int nk,
+                                       float cap) {
+  for (int r = 0; r < nr; r++)
+    for (int j = 0; j < nk; j++) {
+      float *p = &sc[r][col[j]];
+      *p = (float)(tanh((double)*p / cap) * cap);
+    }
 }
 /* Bit jj: key b + jj visible to the query at p whose range is [lo, hi] (b a
  * multiple of KN_ATTN_BLOCK). Without images that is the range itself. */
