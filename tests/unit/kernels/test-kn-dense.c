@@ -158,7 +158,7 @@ static void check_rows_alone(struct kn_backend *be, const char *label) {
  * each row of a 255-row batch bit-equal to the row alone. */
 static void check_isa_matmul(enum kn_cpu_isa isa) {
   struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1), *be = isa_backend(isa, 2);
-  static const int Ts[] = {1, 15, 16, 17, 255}, Ks[] = {1, 31, 33, 100, 645}, Ns[] = {7, 47, 130};
+  static const int Ts[] = {1, 11, 15, 16, 17, 255}, Ks[] = {1, 31, 33, 100, 645}, Ns[] = {7, 47, 130};
   kt_seed(7);
   for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
     for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++)
@@ -314,7 +314,7 @@ TH_TEST(bf16_mode_differs_from_the_default) {
 /* The AVX2 and AVX-512 tables give the same bits (kn-cpu.h), for every path. */
 TH_TEST(isa_avx2_and_avx512_give_the_same_bits) {
   struct kn_backend *a = isa_backend(KN_CPU_ISA_AVX512, 2), *b = kt_backend(KN_CPU_ISA_AVX2, 2);
-  static const int Ts[] = {1, 2, 4, 15, 16, 17, 64, 255}, Ks[] = {31, 64, 645};
+  static const int Ts[] = {1, 2, 4, 11, 15, 16, 17, 64, 255}, Ks[] = {31, 64, 645};
   kt_seed(8);
   for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
     for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++)
