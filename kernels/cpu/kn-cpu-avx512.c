@@ -618,8 +618,10 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
    * that way against 13.4-13.5 ms packed, T = 16 11.4-11.8 against
    * 15.2-15.5 ms, [2048 x 640] at T = 8 122-130 against 171-187 us, and from
    * T = 64 the two tie (bench-kn). The [262144 x 64] head widens in
-   * registers up to T = 64 at least. Either way, the same bits. */
-  dsp->tile_min_t = kn_cpu_is_amd() ? 32 : 8;
+   * registers up to T = 64 at least. At T = 32 and 48, widening in registers
+   * streamed 4.2-4.7 and 3.0-3.4 GB/s against 3.7-4.5 and 2.9-3.4 packed
+   * (three runs each), so AMD's switch is at 64. Either way, the same bits. */
+  dsp->tile_min_t = kn_cpu_is_amd() ? 64 : 8;
   /* Below that, the 512-bit register tiles take T >= 3 where they were tuned;
    * on a Zen 4 the AVX2 matvec's arithmetic streams [65536 x 640] faster up to
    * T = 10 (at T = 3, 4, 6, 8, 10: 25-26, 20-23, 15-17, 12-14, 11-12 GB/s

@@ -183,7 +183,7 @@ int main(int argc, char **argv) {
   {
     int N = 65536, K = 640;
     void *w = rand_weights(KN_DTYPE_BF16, (size_t)N * K);
-    static const int Ts[] = {1, 2, 3, 4, 6, 7, 8, 10, 12, 16};
+    static const int Ts[] = {1, 2, 3, 4, 6, 7, 8, 10, 12, 16, 24, 32, 48};
     for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
       double s = time_matmul(be, KN_DTYPE_BF16, w, Ts[i], N, K, in, out);
       printf("matmul bf16 [%d x %d] T=%2d: %8.1f us  %5.1f GB/s of weights, %.1f GFLOP/s per "
