@@ -36,14 +36,6 @@ KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int bf16) {
   return _mm256_loadu_ps((const float *)base + d);
 }
 
-/* Asks for a K or V row (bytes long) ahead of its use: the scores read 3 keys
- * and the V half a block's rows 24 dims at a time, which alone would meet
- * each cold line late (a decode step's keys come from L3 or memory). */
-KN_AVX2 static inline void prefetch_row(const void *p, int bytes) {
-  for (int b = 0; b < bytes; b += 64)
-    _mm_prefetch((const char *)p + b, _MM_HINT_T0);
-}
-
 /* The canonical score of this file: one 8-lane accumulator over D (a
  * multiple of 8), acc = fma(q[d..d+8), k[d..d+8), acc) for d = 0, 8, ...,
  * then the fixed horizontal sum, then the scale. qk_micro computes NQ x NK
@@ -156,7 +148,6 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
   const struct kn_kv_view *view = job->view;
   const int D = view->head_dim;
   const int group = job->n_heads / view->n_kv_heads;
-  const int row_bytes = D * (bf16 ? 2 : 4);
   const int p = seq->pos0 + i;
   const int row = seq->q_begin + i;
   const float *q[KN_ATTN_MAX_GROUP];
@@ -179,19 +170,13 @@ KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct k
   for (int b = lo - lo % KN_ATTN_BLOCK; b <= hi; b += KN_ATTN_BLOCK) {
     /* K and V of the visible keys of the block, in order, at block offsets vj */
     const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
-    int vj[KN_ATTN_BLOCK], n_vis = 0;
-    uint32_t mask = kn_cpu_attn_block_mask(seq, job->window, p, lo, hi, b);
-    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
-      int j = b + jj;
-      for (int g = 0; g < ng; g++)
+    int vj[KN_ATTN_BLOCK];
+    for (int g = 0; g < ng; g++)
+      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
         s[g][jj] = -INFINITY;
-      if (!(mask >> jj & 1)) continue;
-      kp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 0);
-      vp[n_vis] = kn_cpu_kv_addr(view, seq, j, kvh, 1);
-      prefetch_row(kp[n_vis], row_bytes);
-      prefetch_row(vp[n_vis], row_bytes);
-      vj[n_vis++] = jj;
-    }
+    int n_vis = kn_cpu_attn_block_keys(view, seq, kvh, b,
+                                       kn_cpu_attn_block_mask(seq, job->window, p, lo, hi, b), kp,
+                                       vp, vj);
     if (!n_vis) continue;
     qk_scores(sp, q, ng, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
     update_rows(sp, ng, vp, vj, n_vis, m, l, ap, D, bf16);
@@ -219,7 +204,6 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
   const struct kn_kv_view *view = job->view;
   const int D = view->head_dim;
   const int group = job->n_heads / view->n_kv_heads;
-  const int row_bytes = D * (bf16 ? 2 : 4);
   const float *q[KN_ATTN_TILE];
   float m[KN_ATTN_TILE], l[KN_ATTN_TILE];
   int lo[KN_ATTN_TILE], hi[KN_ATTN_TILE], first = INT_MAX, last = -1;
@@ -262,15 +246,8 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
           n++;
         }
       const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
-      int vj[KN_ATTN_BLOCK], n_vis = 0;
-      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
-        if (!(mask >> jj & 1)) continue;
-        kp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
-        vp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
-        prefetch_row(kp[n_vis], row_bytes);
-        prefetch_row(vp[n_vis], row_bytes);
-        vj[n_vis++] = jj;
-      }
+      int vj[KN_ATTN_BLOCK];
+      int n_vis = kn_cpu_attn_block_keys(view, seq, kvh, b, mask, kp, vp, vj);
       qk_scores(gs, gq, n, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
       update_rows(gs, n, vp, vj, n_vis, gm, gl, ga, D, bf16);
       for (int k = 0; k < n; k++) {
@@ -287,11 +264,6 @@ KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn
       _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_load_ps(&acc[r][d]), lv));
   }
 }
-
-void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                      int kvh, int g0, int ng);
-void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                           int i0, int nr, int kvh, int g0, int ng);
 
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                            int i0, int nr, int kvh, int g0, int ng) {

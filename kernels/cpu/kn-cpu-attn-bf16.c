@@ -30,11 +30,6 @@
 #define INLINE  static inline __attribute__((always_inline))
 #define MAX_VEC (KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP)
 
-void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                      int kvh, int g0, int ng);
-void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
-                           int nr, int kvh, int g0, int ng);
-
 /* The partner of an odd block's last key: zeros. */
 static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
 
@@ -230,17 +225,8 @@ KN_BF16 static void attn_vectors(const struct kn_cpu_attn_job *job, const struct
           ng++;
         }
       const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK + 1];
-      int vj[KN_ATTN_BLOCK], n_vis = 0;
-      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
-        if (!(mask >> jj & 1)) continue;
-        kp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
-        vp[n_vis] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
-        for (int o = 0; o < D * 2; o += 64) {
-          _mm_prefetch((const char *)kp[n_vis] + o, _MM_HINT_T0);
-          _mm_prefetch((const char *)vp[n_vis] + o, _MM_HINT_T0);
-        }
-        vj[n_vis++] = jj;
-      }
+      int vj[KN_ATTN_BLOCK];
+      int n_vis = kn_cpu_attn_block_keys(view, seq, kvh, b, mask, kp, vp, vj);
       qk_scores(gs, gq, ng, kp, vj, n_vis, D, job->scale, job->softcap);
       update_rows(gs, ng, vp, vj, n_vis, gm, gl, ga, D);
       for (int k = 0; k < ng; k++) {

@@ -393,11 +393,6 @@ KN_AVX2 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out) {
   return -1;
 }
 
-void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                      int kvh, int g0, int ng);
-void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                           int i0, int nr, int kvh, int g0, int ng);
-
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AVX2;
   for (int d = 0; d < KN_DTYPE__COUNT; d++)

@@ -172,6 +172,13 @@ extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 /* Adds the AVX-512-BF16 dot products to the AVX-512 table. */
 void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
+/* The attention kernels (kn_cpu_attn_fn, kn_cpu_attn_tile_fn): AVX2 (the
+ * AVX-512 table's too; kn-cpu-attn-avx2.c) and the bf16 mode's on
+ * AVX-512-BF16 (kn-cpu-attn-bf16.c). */
+void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                      int kvh, int g0, int ng);
+void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
+                           int nr, int kvh, int g0, int ng);
 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng);
 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
@@ -292,6 +299,29 @@ static inline const void *kn_cpu_kv_addr(const struct kn_kv_view *view,
   return (const char *)view->pool + (size_t)page * view->page_bytes +
          (v ? view->v_off : view->k_off) +
          ((size_t)slot * (size_t)view->n_kv_heads + (size_t)h) * (size_t)view->head_dim * elt;
+}
+/* The keys of block b that mask shows (bit jj: key b + jj), in position
+ * order: their K and V rows of kv head kvh into kp and vp and their block
+ * offsets into vj, each row asked for ahead of its use (the kernels read a
+ * few keys at a time, which alone would meet each cold line late: a decode
+ * step's keys come from L3 or memory). Returns how many. */
+static inline int kn_cpu_attn_block_keys(const struct kn_kv_view *view,
+                                         const struct kn_attn_seq *seq, int kvh, int b,
+                                         uint32_t mask, const void **kp, const void **vp,
+                                         int *vj) {
+  const int bytes = view->head_dim * (int)kn_dtype_size(view->dtype);
+  int n = 0;
+  for (int jj = 0; jj < KN_ATTN_BLOCK; jj++) {
+    if (!(mask >> jj & 1)) continue;
+    kp[n] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 0);
+    vp[n] = kn_cpu_kv_addr(view, seq, b + jj, kvh, 1);
+    for (int o = 0; o < bytes; o += 64) {
+      __builtin_prefetch((const char *)kp[n] + o, 0, 3);
+      __builtin_prefetch((const char *)vp[n] + o, 0, 3);
+    }
+    vj[n++] = jj;
+  }
+  return n;
 }
 
 #endif
