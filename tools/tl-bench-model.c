@@ -110,7 +110,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 int tl_bench_model_main(int argc, char **argv) {
   const char *model = NULL, *dtype = "auto";
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
-  int json = 0, kvo = 0, fast = 1;
+  int json = 0, kvo = 0, fast = 1, use_mmap = 0;
   double temperature = 0, top_p = 1;
   int64_t top_k = 0;
   const struct cm_opt opts[] = {
@@ -130,6 +130,8 @@ int tl_bench_model_main(int argc, char **argv) {
       {"top-p", CM_OPT_DOUBLE, &top_p, "P", "nucleus sampling (default 1: off)", 0, 0, 1e-6, 1},
       {"fast-prefill", CM_OPT_BOOL, &fast, NULL,
        "Gemma 4: skip KV-shared layers for rows nobody reads (default on; --no-fast-prefill)"},
+      {"mmap", CM_OPT_BOOL, &use_mmap, NULL,
+       "run from the checkpoint's mapping instead of a copy in huge pages"},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -206,7 +208,8 @@ int tl_bench_model_main(int argc, char **argv) {
                              .kv_tokens = (int)(prompt + decode + 1),
                              .tp_rank = rank,
                              .tp_size = (int)tp,
-                             .no_fast_prefill = !fast};
+                             .no_fast_prefill = !fast,
+                             .mmap_weights = use_mmap};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     goto done;

@@ -204,6 +204,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     }
     argv_add_str(&a, "--device", s->device);
     argv_add_str(&a, "--dtype", s->dtype);
+    if (s->mmap_weights) argv_add(&a, "--mmap");
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
@@ -334,6 +335,9 @@ int tl_serve_main(int argc, char **argv) {
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
       {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL,
+       "keep the weights in the checkpoint's page cache (4 KiB pages, shared between processes) "
+       "instead of a copy in huge pages (CPU)"},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",

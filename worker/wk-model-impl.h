@@ -58,6 +58,19 @@ struct wk_layer_w {
   float layer_scalar;         /* 1 when absent */
 };
 
+/* The host memory weights are copied into (wk-model.c, arena_reserve). */
+struct wk_arena {
+  void *map; /* the reservation, map_len bytes */
+  size_t map_len;
+  unsigned char *base; /* its first 2 MiB boundary; NULL: no arena */
+  size_t cap, used;    /* bytes from base: whole 2 MiB pages, and handed out */
+};
+
+struct wk_load_progress {
+  uint64_t total, done, next; /* checkpoint bytes; a line each time done passes next */
+  int loud;
+};
+
 struct wk_model {
   struct kn_backend *be;
   struct wk_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
@@ -88,6 +101,8 @@ struct wk_model {
   /* backend allocations to free (f32 copies of vectors, scratch, pool) */
   void **owned;
   int n_owned, cap_owned;
+  struct wk_arena arena;
+  struct wk_load_progress progress;
 
   void *pool; /* n_pages * kv.page_bytes bytes */
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -37,12 +38,57 @@ void *wk_model_alloc(struct wk_model *m, size_t bytes) {
   return p;
 }
 
-/* Backend-resident copy of checkpoint bytes (the mmap itself where backend
- * memory is the host's). */
+/* Weights in host memory. A decode step streams every weight once, and from
+ * the checkpoint's page cache (4 KiB pages) it walks the page tables every
+ * 4 KiB; so by default the weights are copied into one reservation of
+ * anonymous memory with transparent huge pages asked for, each tensor on a
+ * 64-byte line (BENCHMARKS.md, "Weights in huge pages"). The reservation is
+ * the checkpoint's size: what a tensor-parallel rank leaves unused is never
+ * touched. After loading it turns read-only. */
+static int arena_reserve(struct wk_model *m) {
+  struct wk_arena *a = &m->arena;
+  size_t huge = (size_t)2 << 20;
+  size_t want = (size_t)wk_st_data_bytes(m->st) + (size_t)64 * (size_t)wk_st_count(m->st);
+  size_t len = (want + huge - 1) / huge * huge + huge;
+  void *map =
+      mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (map == MAP_FAILED) return CM_ERR_NOMEM;
+  a->map = map;
+  a->map_len = len;
+  a->base = (unsigned char *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
+  a->cap = (len - (size_t)(a->base - (unsigned char *)map)) & ~(huge - 1);
+  (void)madvise(a->base, a->cap, MADV_HUGEPAGE); /* a hint: THP may be off */
+  return 0;
+}
+
+/* Memory for bytes of this rank's weights: the arena's next line, or backend
+ * memory (a device backend, weights left in the mapping, or past the arena). */
+static void *weight_alloc(struct wk_model *m, size_t bytes) {
+  struct wk_arena *a = &m->arena;
+  size_t at = (a->used + 63) & ~(size_t)63;
+  if (!a->base || at > a->cap || bytes > a->cap - at) return wk_model_alloc(m, bytes);
+  a->used = at + bytes;
+  return a->base + at;
+}
+
+/* Counts bytes of the checkpoint read; every tenth of a big one is a line. */
+static void load_progress(struct wk_model *m, size_t bytes) {
+  struct wk_load_progress *lp = &m->progress;
+  lp->done += bytes;
+  if (!lp->loud || lp->done < lp->next) return;
+  fprintf(stderr, "lmserve: loading %s: %3d%% (%.2f / %.2f GB)\n", m->dir,
+          (int)(100.0 * (double)lp->done / (double)lp->total), (double)lp->done / 1e9,
+          (double)lp->total / 1e9);
+  lp->next = lp->done + lp->total / 10;
+}
+
+/* Backend-resident copy of checkpoint bytes (the mapping itself where backend
+ * memory is the host's and the weights stay in the page cache). */
 static const void *place(struct wk_model *m, const void *data, size_t bytes) {
-  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) return data;
-  void *p = wk_model_alloc(m, bytes);
+  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !m->arena.base) return data;
+  void *p = weight_alloc(m, bytes);
   if (p && kn_upload(m->be, p, data, bytes)) return NULL;
+  load_progress(m, bytes);
   return p;
 }
 
@@ -111,8 +157,9 @@ static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_s
       memcpy(host + ((size_t)e * rows + (size_t)r) * row_bytes,
              src + (((size_t)e * R + (size_t)sr) * (size_t)C + (size_t)sc) * esz, row_bytes);
     }
-  void *p = wk_model_alloc(b->m, bytes);
+  void *p = weight_alloc(b->m, bytes);
   if (p && kn_upload(b->m->be, p, host, bytes)) p = NULL;
+  load_progress(b->m, bytes);
   free(host);
   return p;
 }
@@ -415,24 +462,24 @@ static int alloc_scratch(struct wk_model *m) {
   return 0;
 }
 
-/* Reads every page of the checkpoint once so the first step does not pay
- * the page faults; reports progress for big checkpoints. */
-static void prefault(struct wk_model *m, int quiet) {
-  uint64_t total = wk_st_data_bytes(m->st), done = 0, next = total / 10;
-  int loud = !quiet && total > (256ull << 20);
+/* Weights left in the mapping: reads every page of the checkpoint once so the
+ * first step does not pay the page faults. Copied weights: the arena turns
+ * read-only and this process's pages of the mapping are let go (the page
+ * cache keeps them for the next load). */
+static void finish_weights(struct wk_model *m) {
+  struct wk_arena *a = &m->arena;
+  if (a->base) {
+    (void)mprotect(a->base, a->cap, PROT_READ);
+    wk_st_drop_pages(m->st);
+    return;
+  }
   volatile unsigned char sink = 0;
   for (int i = 0; i < wk_st_count(m->st); i++) {
     const struct wk_tensor *t = wk_st_get(m->st, i);
     const unsigned char *p = t->data;
     for (size_t off = 0; off < t->nbytes; off += 4096) {
       sink ^= p[off];
-      done += CM_MIN((size_t)4096, t->nbytes - off);
-      if (loud && done >= next) {
-        fprintf(stderr, "lmserve: loading %s: %3d%% (%.2f / %.2f GB)\n", m->dir,
-                (int)(100.0 * (double)done / (double)total), (double)done / 1e9,
-                (double)total / 1e9);
-        next = done + total / 10;
-      }
+      load_progress(m, CM_MIN((size_t)4096, t->nbytes - off));
     }
   }
   (void)sink;
@@ -577,6 +624,14 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     goto fail;
   }
   if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
+  uint64_t total = wk_st_data_bytes(m->st);
+  m->progress = (struct wk_load_progress){
+      .total = total, .next = total / 10, .loud = !o.quiet && total > (256ull << 20)};
+  if (kn_backend_has(be, KN_CAP_HOST_MEMORY) && !o.mmap_weights && (rc = arena_reserve(m))) {
+    rc = cm_fail(err, errlen, rc, "%s: cannot reserve %.2f GB for the weights", dir,
+                 (double)total / 1e9);
+    goto fail;
+  }
   if ((rc = bind_all(m, err, errlen))) goto fail;
   m->max_T = o.max_batch_tokens > 0 ? o.max_batch_tokens : 512;
   m->max_seqs = o.max_seqs > 0 ? o.max_seqs : 64;
@@ -590,7 +645,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
       rc = cm_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
       goto fail;
     }
-    prefault(m, o.quiet);
+    finish_weights(m);
     *out = m;
     return 0;
   }
@@ -629,12 +684,17 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     }
     kn_memset(be, m->pool, 0, (size_t)m->n_pages * m->kv.page_bytes);
   }
-  prefault(m, o.quiet);
+  finish_weights(m);
   if (!o.quiet)
     cm_info("wk",
-            "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights, KV %zu B/token",
+            "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights (%s), KV %zu "
+            "B/token",
             dir, m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab,
-            (double)m->weight_bytes / 1e6, wk_kv_bytes_per_token(&m->kv));
+            (double)m->weight_bytes / 1e6,
+            m->arena.base                            ? "copied into huge pages"
+            : kn_backend_has(be, KN_CAP_HOST_MEMORY) ? "in the page cache"
+                                                     : "on the device",
+            wk_kv_bytes_per_token(&m->kv));
   *out = m;
   return 0;
 fail:
@@ -676,6 +736,7 @@ void wk_model_free(struct wk_model *m) {
   free(m->aseq);
   free(m->moe_ids);
   free(m->moe_w);
+  if (m->arena.map) munmap(m->arena.map, m->arena.map_len);
   wk_st_close(m->st);
   free(m);
 }

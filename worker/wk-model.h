@@ -48,6 +48,9 @@ struct wk_model_opts {
                            collectives when tp_size > 1 */
   int no_fast_prefill;  /* 1: KV-shared layers run every row of a prefill, not only the
                            rows whose output is read (wk_model_forward) */
+  int mmap_weights;     /* host backends: 1 runs from the checkpoint's mapping (page
+                           cache, shared between processes, 4 KiB pages); 0 copies the
+                           weights into huge pages */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json). `be` must

@@ -67,6 +67,11 @@ void wk_st_close(struct wk_st *st) {
   free(st);
 }
 
+void wk_st_drop_pages(struct wk_st *st) {
+  for (int i = 0; i < st->n_maps; i++)
+    if (st->maps[i].base) (void)madvise(st->maps[i].base, st->maps[i].len, MADV_DONTNEED);
+}
+
 /* Parses one file image `buf[len]` and appends its tensors. */
 static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, const char *fname,
                     char *err, size_t errlen) {

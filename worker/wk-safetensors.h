@@ -52,6 +52,9 @@ int wk_st_open_file(const char *path, struct wk_st **out, char *err, size_t errl
 int wk_st_open_mem(const void *buf, size_t len, const char *name, struct wk_st **out, char *err,
                    size_t errlen);
 void wk_st_close(struct wk_st *st);
+/* Lets go of this process's pages of the mapped files (madvise DONTNEED): the
+ * page cache keeps them and a later read of a tensor faults them back in. */
+void wk_st_drop_pages(struct wk_st *st);
 
 /* The tensor called `name`, or NULL. */
 const struct wk_tensor *wk_st_find(const struct wk_st *st, const char *name);

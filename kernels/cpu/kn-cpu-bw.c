@@ -3,9 +3,12 @@
  *
  * Each thread sums its share of a buffer much larger than the caches with
  * wide loads (the sum is kept so the reads cannot be removed); the best of a
- * few passes counts. */
+ * few passes counts. The buffer asks for transparent huge pages, as the
+ * worker's copy of the weights does (wk-model.c): the bound is the fastest
+ * plain read of memory like the weights'. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/cm-err.h"
@@ -63,6 +66,8 @@ struct kn_cpu_bw_probe {
   struct bw_task t;
   int n_threads;
   size_t bytes;
+  void *map; /* map_len bytes; t.buf is its first 2 MiB boundary */
+  size_t map_len;
 };
 
 int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe **out) {
@@ -75,13 +80,18 @@ int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe *
   if (n_threads > KN_CPU_MAX_THREADS) n_threads = KN_CPU_MAX_THREADS;
   bytes &= ~(size_t)511;
   if (bytes == 0) return CM_ERR_INVAL;
+  size_t huge = (size_t)2 << 20, map_len = bytes + huge;
   struct kn_cpu_bw_probe *p = calloc(1, sizeof(*p));
-  uint64_t *buf = aligned_alloc(64, bytes);
-  if (!p || !buf || kn_cpu_pool_create(n_threads, &p->pool)) {
+  void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (!p || map == MAP_FAILED || kn_cpu_pool_create(n_threads, &p->pool)) {
     free(p);
-    free(buf);
+    if (map != MAP_FAILED) munmap(map, map_len);
     return CM_ERR_NOMEM;
   }
+  uint64_t *buf = (uint64_t *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
+  (void)madvise(buf, bytes, MADV_HUGEPAGE); /* a hint: THP may be off */
+  p->map = map;
+  p->map_len = map_len;
   memset(buf, 0x5a, bytes); /* touch every page */
   p->t = (struct bw_task){.buf = buf, .n = bytes / 8, .avx2 = kn_cpu_has_avx2()};
   p->n_threads = n_threads;
@@ -103,7 +113,7 @@ double kn_cpu_bw_probe_pass(struct kn_cpu_bw_probe *p) {
 void kn_cpu_bw_probe_destroy(struct kn_cpu_bw_probe *p) {
   if (!p) return;
   kn_cpu_pool_destroy(p->pool);
-  free((void *)p->t.buf);
+  munmap(p->map, p->map_len);
   free(p);
 }
 

@@ -10,6 +10,7 @@
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
+#include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 
@@ -24,13 +25,15 @@ struct fixture {
 };
 
 /* The backend capped at isa, in the bf16 mode when bf16 is set
- * (kn_cpu_backend_create_mode). */
-static int setup_isa(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt,
-                     enum kn_cpu_isa isa, int bf16) {
+ * (kn_cpu_backend_create_mode); the weights left in the checkpoint's mapping
+ * when mmap is set. */
+static int setup_load(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt,
+                      enum kn_cpu_isa isa, int bf16, int mmap) {
   memset(f, 0, sizeof(*f));
   if (wkt_make_model(f->dir, sizeof(f->dir), arch, moe, 0, dt, 7)) return -1;
   if (kn_cpu_backend_create_mode(2, isa, bf16, &f->be)) return -1;
-  struct wk_model_opts o = {.max_batch_tokens = 256, .max_seqs = 4, .kv_tokens = 1024, .quiet = 1};
+  struct wk_model_opts o = {
+      .max_batch_tokens = 256, .max_seqs = 4, .kv_tokens = 1024, .quiet = 1, .mmap_weights = mmap};
   char err[256];
   if (wk_model_load(f->dir, f->be, &o, &f->m, err, sizeof(err))) {
     fprintf(stderr, "load: %s\n", err);
@@ -38,6 +41,11 @@ static int setup_isa(struct fixture *f, const char *arch, int moe, enum wk_st_dt
   }
   f->V = wk_model_config(f->m)->vocab;
   return wk_page_alloc_init(&f->pa, wk_model_n_pages(f->m));
+}
+
+static int setup_isa(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt,
+                     enum kn_cpu_isa isa, int bf16) {
+  return setup_load(f, arch, moe, dt, isa, bf16, 0);
 }
 
 static int setup_mode(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt, int bf16) {
@@ -192,6 +200,48 @@ TH_TEST(gemma4_bf16_mode_chunked_batched_bit_exact) {
 }
 TH_TEST(gemma3_bf16_mode_chunked_batched_bit_exact) {
   check_chunking_and_batching("gemma3", 0, WK_ST_BF16, 1);
+}
+
+/* Where the weights live changes no bit: copied into the huge-page arena
+ * (the default; each matrix on a 64-byte line inside it), or read from the
+ * checkpoint's mapping (mmap_weights), for every dtype of checkpoint. */
+static void check_weights_copied_or_mapped(const char *arch, int moe, enum wk_st_dtype dt) {
+  float *logits[2] = {NULL, NULL};
+  size_t bytes = 0;
+  for (int mapped = 0; mapped < 2; mapped++) {
+    struct fixture f;
+    TH_REQUIRE(setup_load(&f, arch, moe, dt, KN_CPU_ISA_AVX512BF16, 0, mapped) == 0);
+    const struct wk_arena *a = &f.m->arena;
+    const unsigned char *wq = f.m->layers[0].wq.p, *emb = f.m->embed.p;
+    if (mapped) {
+      TH_CHECK(a->base == NULL);
+    } else {
+      TH_REQUIRE(a->base != NULL);
+      TH_CHECK(((uintptr_t)a->base & (((uintptr_t)2 << 20) - 1)) == 0);
+      TH_CHECK(a->used <= a->cap);
+      TH_CHECK(wq >= a->base && wq < a->base + a->used && ((uintptr_t)wq & 63) == 0);
+      TH_CHECK(emb >= a->base && emb < a->base + a->used && ((uintptr_t)emb & 63) == 0);
+    }
+    int32_t p[NP];
+    make_prompt(p, NP, f.V, 5);
+    bytes = sizeof(float) * (size_t)NP * f.V;
+    struct seq s = {.tokens = p, .n = NP, .logits = calloc(1, bytes)};
+    TH_REQUIRE(run_all(&f, &s, 1, 32) == 0);
+    logits[mapped] = malloc(bytes);
+    memcpy(logits[mapped], s.logits, bytes);
+    release(&f, &s, 1);
+    teardown(&f);
+  }
+  if (memcmp(logits[0], logits[1], bytes))
+    th_fail(__FILE__, __LINE__, "%s: logits differ between copied and mapped weights", arch);
+  free(logits[0]);
+  free(logits[1]);
+}
+
+TH_TEST(weights_copied_or_mapped_same_bits) {
+  check_weights_copied_or_mapped("gemma3", 0, WK_ST_BF16);
+  check_weights_copied_or_mapped("gemma4", 1, WK_ST_F32);
+  check_weights_copied_or_mapped("gemma4", 0, WK_ST_F16);
 }
 
 /* How far logits y are from x over NP positions: the largest difference
