@@ -110,7 +110,12 @@ KN_BF16 INLINE void tile(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t
  * either way), so the same bits. The weights come in 32-byte loads: with
  * 64-byte ones, from checkpoint rows at 16 mod 64 bytes, the decode read
  * its weights about 15% slower than the AVX2 matvec (perf samples against
- * the streaming read measured beside it); with these, as fast. */
+ * the streaming read measured beside it); with these, as fast. Each block's
+ * 4 lines are prefetched BF16_PF_BYTES ahead in the group's linear order: with
+ * the weights in huge pages, 16 KiB ahead ran decode at about 80% of the
+ * bound where the next group (5 KiB for K = 640) gave 75% (BENCHMARKS.md,
+ * "Weights in huge pages"). */
+#define BF16_PF_BYTES 16384
 KN_BF16 static void tile4x1h(float *out, const uint16_t *x, const uint16_t *w, int K, int nf,
                              int acc) {
   const uint16_t *wr[4];
@@ -120,7 +125,7 @@ KN_BF16 static void tile4x1h(float *out, const uint16_t *x, const uint16_t *w, i
   for (int f = 0; f < 4; f++)
     lo[f] = hi[f] = _mm256_setzero_ps();
   const int KF = K / 32;
-  const char *next = (const char *)(w + (size_t)4 * K);
+  const char *next = (const char *)w + BF16_PF_BYTES;
   int b = 0;
   for (; b < KF; b++) {
     __m256bh x0 = (__m256bh)_mm256_loadu_si256((const __m256i *)(x + 32 * b));
