@@ -59,11 +59,19 @@ struct wk_layer_w {
 };
 
 /* The host memory weights are copied into (wk-model.c, arena_reserve). */
+struct wk_copy {
+  void *dst;
+  const void *src;
+  size_t bytes;
+};
+
 struct wk_arena {
   void *map; /* the reservation, map_len bytes */
   size_t map_len;
-  unsigned char *base; /* its first 2 MiB boundary; NULL: no arena */
-  size_t cap, used;    /* bytes from base: whole 2 MiB pages, and handed out */
+  unsigned char *base;  /* its first 2 MiB boundary; NULL: no arena */
+  size_t cap, used;     /* bytes from base: whole 2 MiB pages, and handed out */
+  struct wk_copy *todo; /* copies into it, run in parallel once every tensor is bound */
+  int n_todo, cap_todo;
 };
 
 struct wk_load_progress {

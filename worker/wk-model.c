@@ -4,12 +4,15 @@
 #include "worker/wk-model.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -83,13 +86,100 @@ static void load_progress(struct wk_model *m, size_t bytes) {
 }
 
 /* Backend-resident copy of checkpoint bytes (the mapping itself where backend
- * memory is the host's and the weights stay in the page cache). */
+ * memory is the host's and the weights stay in the page cache). A copy into
+ * the arena is queued for copy_weights. */
 static const void *place(struct wk_model *m, const void *data, size_t bytes) {
-  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !m->arena.base) return data;
+  struct wk_arena *a = &m->arena;
+  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !a->base) return data;
   void *p = weight_alloc(m, bytes);
-  if (p && kn_upload(m->be, p, data, bytes)) return NULL;
+  if (!p) return NULL;
+  if (a->base) {
+    if (a->n_todo == a->cap_todo) {
+      int nc = a->cap_todo ? 2 * a->cap_todo : 256;
+      struct wk_copy *nt = realloc(a->todo, sizeof(*nt) * (size_t)nc);
+      if (!nt) return NULL;
+      a->todo = nt;
+      a->cap_todo = nc;
+    }
+    a->todo[a->n_todo++] = (struct wk_copy){p, data, bytes};
+    return p;
+  }
+  if (kn_upload(m->be, p, data, bytes)) return NULL;
   load_progress(m, bytes);
   return p;
+}
+
+/* The queued copies, in pieces of COPY_PIECE bytes that threads take in turn:
+ * most of a copy's time is the kernel zeroing the new huge pages on first
+ * touch, which runs in parallel like the copy itself. */
+#define COPY_PIECE       ((size_t)4 << 20)
+#define COPY_MAX_THREADS 16
+
+struct copy_run {
+  const struct wk_copy *todo;
+  int n_todo;
+  atomic_size_t next;  /* the next piece, numbered over every copy */
+  atomic_size_t bytes; /* bytes copied */
+  size_t n_pieces;
+};
+
+/* Copies the pieces taken from run->next; 1 when none was left. */
+static int copy_some(struct copy_run *run, int *job, size_t *first) {
+  size_t piece = atomic_fetch_add(&run->next, 1);
+  if (piece >= run->n_pieces) return 1;
+  /* pieces are numbered in copy order and taken in increasing order, so each
+   * thread finds its copy by walking forward from where it last was */
+  while (*job < run->n_todo) {
+    size_t n = (run->todo[*job].bytes + COPY_PIECE - 1) / COPY_PIECE;
+    if (n == 0) n = 1;
+    if (piece < *first + n) break;
+    *first += n;
+    (*job)++;
+  }
+  const struct wk_copy *c = &run->todo[*job];
+  size_t off = (piece - *first) * COPY_PIECE;
+  size_t len = c->bytes - off < COPY_PIECE ? c->bytes - off : COPY_PIECE;
+  memcpy((unsigned char *)c->dst + off, (const unsigned char *)c->src + off, len);
+  atomic_fetch_add(&run->bytes, len);
+  return 0;
+}
+
+static void *copy_thread(void *arg) {
+  struct copy_run *run = arg;
+  int job = 0;
+  size_t first = 0;
+  while (!copy_some(run, &job, &first)) {
+  }
+  return NULL;
+}
+
+static void copy_weights(struct wk_model *m) {
+  struct wk_arena *a = &m->arena;
+  struct copy_run run = {.todo = a->todo, .n_todo = a->n_todo};
+  for (int i = 0; i < a->n_todo; i++) {
+    size_t n = (a->todo[i].bytes + COPY_PIECE - 1) / COPY_PIECE;
+    run.n_pieces += n ? n : 1;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  size_t n_threads = cores > 1 ? (size_t)cores : 1;
+  if (n_threads > COPY_MAX_THREADS) n_threads = COPY_MAX_THREADS;
+  if (n_threads > run.n_pieces) n_threads = run.n_pieces ? run.n_pieces : 1;
+  pthread_t th[COPY_MAX_THREADS];
+  size_t started = 0;
+  while (started + 1 < n_threads && !pthread_create(&th[started], NULL, copy_thread, &run))
+    started++;
+  int job = 0;
+  size_t first = 0, reported = 0;
+  while (!copy_some(&run, &job, &first)) { /* this thread copies too, and reports */
+    size_t done = atomic_load(&run.bytes);
+    load_progress(m, done - reported);
+    reported = done;
+  }
+  for (size_t i = 0; i < started; i++)
+    pthread_join(th[i], NULL);
+  free(a->todo);
+  a->todo = NULL;
+  a->n_todo = a->cap_todo = 0;
 }
 
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
@@ -469,6 +559,7 @@ static int alloc_scratch(struct wk_model *m) {
 static void finish_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
   if (a->base) {
+    copy_weights(m);
     (void)mprotect(a->base, a->cap, PROT_READ);
     wk_st_drop_pages(m->st);
     return;
@@ -736,6 +827,7 @@ void wk_model_free(struct wk_model *m) {
   free(m->aseq);
   free(m->moe_ids);
   free(m->moe_w);
+  free(m->arena.todo);
   if (m->arena.map) munmap(m->arena.map, m->arena.map_len);
   wk_st_close(m->st);
   free(m);

@@ -218,7 +218,7 @@ static void check_weights_copied_or_mapped(const char *arch, int moe, enum wk_st
     } else {
       TH_REQUIRE(a->base != NULL);
       TH_CHECK(((uintptr_t)a->base & (((uintptr_t)2 << 20) - 1)) == 0);
-      TH_CHECK(a->used <= a->cap);
+      TH_CHECK(a->used <= a->cap && a->n_todo == 0 && a->todo == NULL); /* copied */
       TH_CHECK(wq >= a->base && wq < a->base + a->used && ((uintptr_t)wq & 63) == 0);
       TH_CHECK(emb >= a->base && emb < a->base + a->used && ((uintptr_t)emb & 63) == 0);
     }
