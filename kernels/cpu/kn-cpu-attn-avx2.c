@@ -20,12 +20,11 @@
  * horizontal sum), so which rows share a tile never changes a bit. The
  * block's K and V rows are prefetched when the block is gathered.
  *
- * Rows that all see exactly the same keys (an image's bidirectional range)
- * also go as tiles of KN_ATTN_TILE rows (attn_tile): block by block, all rows
- * of the tile score the block and fold it in while its K and V are in L1, so
- * the key range is read once per tile instead of once per row, and each row's
- * bits are those it gets alone. */
-#include <limits.h>
+ * A call's query vectors (a row's query heads, or up to KN_ATTN_TILE rows of
+ * one head) walk their key blocks together (kn_cpu_attn_walk): the vectors
+ * that see the same keys of a block score it and fold it in while its K and
+ * V are in L1, so a tile reads its key range once instead of once per row,
+ * and each row's bits are those it gets alone. */
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
@@ -143,143 +142,105 @@ KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, 
   }
 }
 
-KN_AVX2 static void attn_group(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                               int i, int kvh, int g0, int ng, int bf16) {
-  const struct kn_kv_view *view = job->view;
-  const int D = view->head_dim;
-  const int group = job->n_heads / view->n_kv_heads;
-  const int p = seq->pos0 + i;
-  const int row = seq->q_begin + i;
-  const float *q[KN_ATTN_MAX_GROUP];
-  float m[KN_ATTN_MAX_GROUP], l[KN_ATTN_MAX_GROUP];
-  _Alignas(32) float s[KN_ATTN_MAX_GROUP][KN_ATTN_BLOCK];
-  _Alignas(32) float acc[KN_ATTN_MAX_GROUP][KN_MAX_HEAD_DIM];
-  float *sp[KN_ATTN_MAX_GROUP], *ap[KN_ATTN_MAX_GROUP];
-  int lo, hi;
-  kn_cpu_attn_range(seq, job->window, p, &lo, &hi);
-  for (int g = 0; g < ng; g++) {
-    q[g] = job->q + (ptrdiff_t)row * job->ldq + (ptrdiff_t)(kvh * group + g0 + g) * D;
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-    for (int d = 0; d < D; d += 8)
-      _mm256_store_ps(&acc[g][d], _mm256_setzero_ps());
-    sp[g] = s[g];
-    ap[g] = acc[g];
-  }
+/* The query vectors of one call (a row's query heads, or a tile's rows of one
+ * head) and their running state. */
+struct vecs {
+  const struct kn_cpu_attn_job *job;
+  const struct kn_attn_seq *seq;
+  int kvh, n;
+  int pos[KN_ATTN_MAX_VEC]; /* absolute position of each (a row's heads share one) */
+  const float *q[KN_ATTN_MAX_VEC];
+  float *out[KN_ATTN_MAX_VEC];
+  float m[KN_ATTN_MAX_VEC], l[KN_ATTN_MAX_VEC];
+  _Alignas(32) float s[KN_ATTN_MAX_VEC][KN_ATTN_BLOCK];
+  _Alignas(32) float acc[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
+};
 
-  for (int b = lo - lo % KN_ATTN_BLOCK; b <= hi; b += KN_ATTN_BLOCK) {
-    /* K and V of the visible keys of the block, in order, at block offsets vj */
-    const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
-    int vj[KN_ATTN_BLOCK];
-    for (int g = 0; g < ng; g++)
-      for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
-        s[g][jj] = -INFINITY;
-    int n_vis = kn_cpu_attn_block_keys(view, seq, kvh, b,
-                                       kn_cpu_attn_block_mask(seq, job->window, p, lo, hi, b), kp,
-                                       vp, vj);
-    if (!n_vis) continue;
-    qk_scores(sp, q, ng, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
-    update_rows(sp, ng, vp, vj, n_vis, m, l, ap, D, bf16);
-  }
+KN_AVX2 static void vecs_add(struct vecs *v, int pos, const float *q, float *out, int D) {
+  int i = v->n++;
+  v->pos[i] = pos;
+  v->q[i] = q;
+  v->out[i] = out;
+  v->m[i] = -INFINITY;
+  v->l[i] = 0.0f;
+  for (int d = 0; d < D; d += 8)
+    _mm256_store_ps(&v->acc[i][d], _mm256_setzero_ps());
+}
 
-  for (int g = 0; g < ng; g++) {
-    float *out = job->out + (ptrdiff_t)row * job->ldo + (ptrdiff_t)(kvh * group + g0 + g) * D;
-    __m256 lv = _mm256_set1_ps(l[g]);
+/* kn_cpu_attn_fold_fn: block b's keys in mask folded into vectors idx[0 .. k). */
+KN_AVX2 static inline __attribute__((always_inline)) void
+fold(struct vecs *v, int b, uint32_t mask, const int *idx, int k, const int bf16) {
+  const struct kn_cpu_attn_job *job = v->job;
+  const int D = job->view->head_dim;
+  const float *gq[KN_ATTN_MAX_VEC];
+  float *gs[KN_ATTN_MAX_VEC], *ga[KN_ATTN_MAX_VEC], gm[KN_ATTN_MAX_VEC], gl[KN_ATTN_MAX_VEC];
+  for (int j = 0; j < k; j++) {
+    int i = idx[j];
+    gq[j] = v->q[i];
+    gs[j] = v->s[i];
+    ga[j] = v->acc[i];
+    gm[j] = v->m[i];
+    gl[j] = v->l[i];
+    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
+      v->s[i][jj] = -INFINITY;
+  }
+  const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
+  int vj[KN_ATTN_BLOCK];
+  int n_vis = kn_cpu_attn_block_keys(job->view, v->seq, v->kvh, b, mask, kp, vp, vj);
+  qk_scores(gs, gq, k, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
+  update_rows(gs, k, vp, vj, n_vis, gm, gl, ga, D, bf16);
+  for (int j = 0; j < k; j++) {
+    v->m[idx[j]] = gm[j];
+    v->l[idx[j]] = gl[j];
+  }
+}
+KN_AVX2 static void fold_f32_cache(void *v, int b, uint32_t mask, const int *idx, int k) {
+  fold(v, b, mask, idx, k, 0);
+}
+KN_AVX2 static void fold_bf16_cache(void *v, int b, uint32_t mask, const int *idx, int k) {
+  fold(v, b, mask, idx, k, 1);
+}
+
+/* The vectors of v over their blocks (kn_cpu_attn_walk), then each written:
+ * its accumulator over l. */
+KN_AVX2 static void attn_vectors(struct vecs *v) {
+  const int D = v->job->view->head_dim;
+  kn_cpu_attn_walk(v->seq, v->job->window, v->pos, v->n,
+                   v->job->view->dtype == KN_DTYPE_BF16 ? fold_bf16_cache : fold_f32_cache, v);
+  for (int i = 0; i < v->n; i++) {
+    __m256 lv = _mm256_set1_ps(v->l[i]);
     for (int d = 0; d < D; d += 8)
-      _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_load_ps(&acc[g][d]), lv));
+      _mm256_storeu_ps(v->out[i] + d, _mm256_div_ps(_mm256_load_ps(&v->acc[i][d]), lv));
   }
 }
 
-/* Rows i0 .. i0 + nr - 1 of seq (nr <= KN_ATTN_TILE), query head g of kv
- * head kvh, each row with its own visible keys (causal, window, images):
- * block by block over the union of their ranges, the rows whose visible keys
- * in the block are the same (every block below the diagonal of a causal
- * chunk, every block of an image) score it and fold it in together while its
- * K and V are in L1; a row with a visible set of its own (the diagonal, a
- * window's edge) takes the block alone. A row visits exactly the blocks
- * attn_group visits for it, in the same order, with the same operations, so
- * its bits are those it gets alone. */
-KN_AVX2 static void attn_tile(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                              int i0, int nr, int kvh, int g, int bf16) {
-  const struct kn_kv_view *view = job->view;
-  const int D = view->head_dim;
-  const int group = job->n_heads / view->n_kv_heads;
-  const float *q[KN_ATTN_TILE];
-  float m[KN_ATTN_TILE], l[KN_ATTN_TILE];
-  int lo[KN_ATTN_TILE], hi[KN_ATTN_TILE], first = INT_MAX, last = -1;
-  _Alignas(32) float s[KN_ATTN_TILE][KN_ATTN_BLOCK];
-  _Alignas(32) float acc[KN_ATTN_TILE][KN_MAX_HEAD_DIM];
-  for (int r = 0; r < nr; r++) {
-    q[r] = job->q + (ptrdiff_t)(seq->q_begin + i0 + r) * job->ldq + (ptrdiff_t)(kvh * group + g) * D;
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    for (int d = 0; d < D; d += 8)
-      _mm256_store_ps(&acc[r][d], _mm256_setzero_ps());
-    kn_cpu_attn_range(seq, job->window, seq->pos0 + i0 + r, &lo[r], &hi[r]);
-    int b0 = lo[r] - lo[r] % KN_ATTN_BLOCK;
-    if (b0 < first) first = b0;
-    if (hi[r] > last) last = hi[r];
-  }
-  for (int b = first; b <= last; b += KN_ATTN_BLOCK) {
-    uint32_t vis[KN_ATTN_TILE]; /* bit jj: key b + jj is visible to the row */
-    for (int r = 0; r < nr; r++) {
-      vis[r] = kn_cpu_attn_block_mask(seq, job->window, seq->pos0 + i0 + r, lo[r], hi[r], b);
-    }
-    for (int r = 0; r < nr; r++) {
-      uint32_t mask = vis[r];
-      if (!mask) continue; /* done, or nothing to see here (attn_group skips it too) */
-      /* the rows with this visible set */
-      const float *gq[KN_ATTN_TILE];
-      float *gs[KN_ATTN_TILE], *ga[KN_ATTN_TILE], gm[KN_ATTN_TILE], gl[KN_ATTN_TILE];
-      int gr[KN_ATTN_TILE], n = 0;
-      for (int r2 = r; r2 < nr; r2++)
-        if (vis[r2] == mask) {
-          vis[r2] = 0;
-          gr[n] = r2;
-          gq[n] = q[r2];
-          gs[n] = s[r2];
-          ga[n] = acc[r2];
-          gm[n] = m[r2];
-          gl[n] = l[r2];
-          for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
-            s[r2][jj] = -INFINITY;
-          n++;
-        }
-      const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
-      int vj[KN_ATTN_BLOCK];
-      int n_vis = kn_cpu_attn_block_keys(view, seq, kvh, b, mask, kp, vp, vj);
-      qk_scores(gs, gq, n, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
-      update_rows(gs, n, vp, vj, n_vis, gm, gl, ga, D, bf16);
-      for (int k = 0; k < n; k++) {
-        m[gr[k]] = gm[k];
-        l[gr[k]] = gl[k];
-      }
-    }
-  }
-  for (int r = 0; r < nr; r++) {
-    float *out = job->out + (ptrdiff_t)(seq->q_begin + i0 + r) * job->ldo +
-                 (ptrdiff_t)(kvh * group + g) * D;
-    __m256 lv = _mm256_set1_ps(l[r]);
-    for (int d = 0; d < D; d += 8)
-      _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_load_ps(&acc[r][d]), lv));
-  }
-}
-
+/* Rows i0 .. i0 + nr - 1 (nr <= KN_ATTN_TILE), head by head. */
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                            int i0, int nr, int kvh, int g0, int ng) {
-  if (job->view->head_dim & 7) { /* the reference kernel, row by row */
+  const struct kn_kv_view *view = job->view;
+  if (view->head_dim & 7) { /* the reference kernel, row by row */
     for (int r = 0; r < nr; r++)
       kn_cpu_attn_ref(job, seq, i0 + r, kvh, g0, ng);
     return;
   }
-  const int bf16 = job->view->dtype == KN_DTYPE_BF16;
-  for (int g = g0; g < g0 + ng; g++)
-    if (bf16)
-      attn_tile(job, seq, i0, nr, kvh, g, 1);
-    else
-      attn_tile(job, seq, i0, nr, kvh, g, 0);
+  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
+  struct vecs v; /* not zeroed: vecs_add sets what the walk reads */
+  v.job = job;
+  v.seq = seq;
+  v.kvh = kvh;
+  for (int g = g0; g < g0 + ng; g++) {
+    v.n = 0;
+    ptrdiff_t col = (ptrdiff_t)(kvh * group + g) * D;
+    for (int r = 0; r < nr; r++) {
+      ptrdiff_t row = seq->q_begin + i0 + r;
+      vecs_add(&v, seq->pos0 + i0 + r, job->q + row * job->ldq + col,
+               job->out + row * job->ldo + col, D);
+    }
+    attn_vectors(&v);
+  }
 }
 
+/* Query heads g0 .. g0 + ng - 1 of row i, KN_ATTN_MAX_GROUP at a time. */
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng) {
   const struct kn_kv_view *view = job->view;
@@ -287,12 +248,19 @@ void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_se
     kn_cpu_attn_ref(job, seq, i, kvh, g0, ng);
     return;
   }
-  const int bf16 = view->dtype == KN_DTYPE_BF16;
+  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
+  const ptrdiff_t row = seq->q_begin + i;
+  struct vecs v; /* not zeroed: vecs_add sets what the walk reads */
+  v.job = job;
+  v.seq = seq;
+  v.kvh = kvh;
   for (int g = g0; g < g0 + ng; g += KN_ATTN_MAX_GROUP) {
-    int n = g0 + ng - g < KN_ATTN_MAX_GROUP ? g0 + ng - g : KN_ATTN_MAX_GROUP;
-    if (bf16)
-      attn_group(job, seq, i, kvh, g, n, 1);
-    else
-      attn_group(job, seq, i, kvh, g, n, 0);
+    v.n = 0;
+    for (int h = g; h < g0 + ng && h < g + KN_ATTN_MAX_GROUP; h++) {
+      ptrdiff_t col = (ptrdiff_t)(kvh * group + h) * D;
+      vecs_add(&v, seq->pos0 + i, job->q + row * job->ldq + col, job->out + row * job->ldo + col,
+               D);
+    }
+    attn_vectors(&v);
   }
 }

@@ -20,7 +20,6 @@
  * row's bits do not depend on the batch or the chunking. Head dims that are
  * not a multiple of 32, and an f32 cache, go to the AVX2 kernels. */
 #include <immintrin.h>
-#include <limits.h>
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
@@ -28,13 +27,16 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 
 #define INLINE  static inline __attribute__((always_inline))
-#define MAX_VEC (KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP)
+#define MAX_VEC KN_ATTN_MAX_VEC
 
 /* The partner of an odd block's last key: zeros. */
 static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
 
 /* The query vectors of one call and their running state. */
 struct qv {
+  const struct kn_cpu_attn_job *job;
+  const struct kn_attn_seq *seq;
+  int kvh;
   int n;                      /* vectors */
   int pos[MAX_VEC];           /* absolute position of each (a row's heads share one) */
   float *out[MAX_VEC];        /* where each is written */
@@ -184,57 +186,39 @@ KN_BF16 static void update_rows(float *const *p, int nr, const void **vp, const 
   }
 }
 
-/* The vectors of v, block by block over the union of their key ranges; the
- * vectors whose visible keys in a block are the same score and fold it in
- * together. Then each is written: its accumulator in head-dim order over l. */
-KN_BF16 static void attn_vectors(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                                 int kvh, struct qv *v) {
-  const struct kn_kv_view *view = job->view;
-  const int D = view->head_dim, n = v->n;
-  int lo[MAX_VEC], hi[MAX_VEC], first = INT_MAX, last = -1;
-  for (int i = 0; i < n; i++) {
-    kn_cpu_attn_range(seq, job->window, v->pos[i], &lo[i], &hi[i]);
-    int b0 = lo[i] - lo[i] % KN_ATTN_BLOCK;
-    if (b0 < first) first = b0;
-    if (hi[i] > last) last = hi[i];
+/* kn_cpu_attn_fold_fn: block b's keys in mask folded into vectors idx[0 .. k). */
+KN_BF16 static void fold(void *ctx, int b, uint32_t mask, const int *idx, int k) {
+  struct qv *v = ctx;
+  const struct kn_cpu_attn_job *job = v->job;
+  const int D = job->view->head_dim;
+  const uint16_t *gq[MAX_VEC];
+  float *gs[MAX_VEC], *ga[MAX_VEC], gm[MAX_VEC], gl[MAX_VEC];
+  for (int j = 0; j < k; j++) {
+    int i = idx[j];
+    gq[j] = v->q[i];
+    gs[j] = v->s[i];
+    ga[j] = v->acc[i];
+    gm[j] = v->m[i];
+    gl[j] = v->l[i];
+    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
+      v->s[i][jj] = -INFINITY;
   }
-  for (int b = first; b <= last; b += KN_ATTN_BLOCK) {
-    uint32_t vis[MAX_VEC]; /* bit jj: key b + jj is visible to vector i */
-    for (int i = 0; i < n; i++) {
-      vis[i] = i > 0 && v->pos[i] == v->pos[i - 1]
-                   ? vis[i - 1]
-                   : kn_cpu_attn_block_mask(seq, job->window, v->pos[i], lo[i], hi[i], b);
-    }
-    for (int i = 0; i < n; i++) {
-      uint32_t mask = vis[i];
-      if (!mask) continue;
-      const uint16_t *gq[MAX_VEC];
-      float *gs[MAX_VEC], *ga[MAX_VEC], gm[MAX_VEC], gl[MAX_VEC];
-      int gi[MAX_VEC], ng = 0;
-      for (int i2 = i; i2 < n; i2++)
-        if (vis[i2] == mask) {
-          vis[i2] = 0;
-          gi[ng] = i2;
-          gq[ng] = v->q[i2];
-          gs[ng] = v->s[i2];
-          ga[ng] = v->acc[i2];
-          gm[ng] = v->m[i2];
-          gl[ng] = v->l[i2];
-          for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
-            v->s[i2][jj] = -INFINITY;
-          ng++;
-        }
-      const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK + 1];
-      int vj[KN_ATTN_BLOCK];
-      int n_vis = kn_cpu_attn_block_keys(view, seq, kvh, b, mask, kp, vp, vj);
-      qk_scores(gs, gq, ng, kp, vj, n_vis, D, job->scale, job->softcap);
-      update_rows(gs, ng, vp, vj, n_vis, gm, gl, ga, D);
-      for (int k = 0; k < ng; k++) {
-        v->m[gi[k]] = gm[k];
-        v->l[gi[k]] = gl[k];
-      }
-    }
+  const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK + 1];
+  int vj[KN_ATTN_BLOCK];
+  int n_vis = kn_cpu_attn_block_keys(job->view, v->seq, v->kvh, b, mask, kp, vp, vj);
+  qk_scores(gs, gq, k, kp, vj, n_vis, D, job->scale, job->softcap);
+  update_rows(gs, k, vp, vj, n_vis, gm, gl, ga, D);
+  for (int j = 0; j < k; j++) {
+    v->m[idx[j]] = gm[j];
+    v->l[idx[j]] = gl[j];
   }
+}
+
+/* The vectors of v over their blocks (kn_cpu_attn_walk), then each written:
+ * its accumulator in head-dim order over l. */
+KN_BF16 static void attn_vectors(struct qv *v) {
+  const int D = v->job->view->head_dim, n = v->n;
+  kn_cpu_attn_walk(v->seq, v->job->window, v->pos, n, fold, v);
   /* per 32 dims: lanes 0-3 of the low half are dims 0-3, of the high half 4-7, ... */
   const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i i1 =
@@ -263,7 +247,10 @@ KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn
   }
   const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
   const int row = seq->q_begin + i;
-  struct qv v;
+  struct qv v; /* not zeroed: qv_add sets what the walk reads */
+  v.job = job;
+  v.seq = seq;
+  v.kvh = kvh;
   for (int g = g0; g < g0 + ng; g += KN_ATTN_MAX_GROUP) {
     v.n = 0;
     for (int h = g; h < g0 + ng && h < g + KN_ATTN_MAX_GROUP; h++) {
@@ -271,7 +258,7 @@ KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn
       qv_add(&v, seq->pos0 + i, job->q + (ptrdiff_t)row * job->ldq + col,
              job->out + (ptrdiff_t)row * job->ldo + col, D);
     }
-    attn_vectors(job, seq, kvh, &v);
+    attn_vectors(&v);
   }
 }
 
@@ -285,6 +272,9 @@ KN_BF16 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const stru
   }
   const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
   struct qv v;
+  v.job = job;
+  v.seq = seq;
+  v.kvh = kvh;
   for (int g = g0; g < g0 + ng; g++) {
     v.n = 0;
     ptrdiff_t col = (ptrdiff_t)(kvh * group + g) * D;
@@ -293,6 +283,6 @@ KN_BF16 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const stru
       qv_add(&v, seq->pos0 + i0 + r, job->q + row * job->ldq + col, job->out + row * job->ldo + col,
              D);
     }
-    attn_vectors(job, seq, kvh, &v);
+    attn_vectors(&v);
   }
 }

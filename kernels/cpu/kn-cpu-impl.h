@@ -11,6 +11,7 @@
  *      the same sequence of floating-point operations for it. */
 #ifndef LMSERVE_KN_CPU_IMPL_H
 #define LMSERVE_KN_CPU_IMPL_H
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -322,6 +323,50 @@ static inline int kn_cpu_attn_block_keys(const struct kn_kv_view *view,
     vj[n++] = jj;
   }
   return n;
+}
+
+/* Query vectors that share a walk, at most: a decode row's query heads, or a
+ * prefill tile's rows of one head. */
+#define KN_ATTN_MAX_VEC (KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP)
+
+/* The block walk of every CPU attention kernel, over n <= KN_ATTN_MAX_VEC
+ * query vectors at absolute positions pos[i] (a row's heads share one and sit
+ * next to each other): block by block over the union of their key ranges, the
+ * vectors whose visible keys in the block are the same (every block below the
+ * diagonal of a causal chunk, every block of an image) take it together while
+ * its K and V are in L1, fold(ctx, b, mask, idx, k) for vectors idx[0 .. k);
+ * a vector with a visible set of its own (the diagonal, a window's edge)
+ * takes the block alone. A vector visits exactly the blocks it visits alone,
+ * in the same order; with a fold that does the same operations per vector,
+ * its bits are those it gets alone, whatever shares the walk. */
+typedef void (*kn_cpu_attn_fold_fn)(void *ctx, int b, uint32_t mask, const int *idx, int k);
+static inline void kn_cpu_attn_walk(const struct kn_attn_seq *seq, int window, const int *pos,
+                                    int n, kn_cpu_attn_fold_fn fold, void *ctx) {
+  int lo[KN_ATTN_MAX_VEC], hi[KN_ATTN_MAX_VEC], first = INT_MAX, last = -1;
+  for (int i = 0; i < n; i++) {
+    kn_cpu_attn_range(seq, window, pos[i], &lo[i], &hi[i]);
+    int b0 = lo[i] - lo[i] % KN_ATTN_BLOCK;
+    if (b0 < first) first = b0;
+    if (hi[i] > last) last = hi[i];
+  }
+  for (int b = first; b <= last; b += KN_ATTN_BLOCK) {
+    uint32_t vis[KN_ATTN_MAX_VEC]; /* bit jj: key b + jj is visible to vector i */
+    for (int i = 0; i < n; i++)
+      vis[i] = i > 0 && pos[i] == pos[i - 1]
+                   ? vis[i - 1]
+                   : kn_cpu_attn_block_mask(seq, window, pos[i], lo[i], hi[i], b);
+    for (int i = 0; i < n; i++) {
+      uint32_t mask = vis[i];
+      if (!mask) continue; /* done, or nothing to see in this block */
+      int idx[KN_ATTN_MAX_VEC], k = 0;
+      for (int i2 = i; i2 < n; i2++)
+        if (vis[i2] == mask) {
+          vis[i2] = 0;
+          idx[k++] = i2;
+        }
+      fold(ctx, b, mask, idx, k);
+    }
+  }
 }
 
 #endif
