@@ -142,57 +142,25 @@ KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, 
   }
 }
 
-/* The query vectors of one call (a row's query heads, or a tile's rows of one
- * head) and their running state. */
+/* The query vectors of one call (kn_cpu_attn_sets): the walk's state and the
+ * queries. */
 struct vecs {
-  const struct kn_cpu_attn_job *job;
-  const struct kn_attn_seq *seq;
-  int kvh, n;
-  int pos[KN_ATTN_MAX_VEC]; /* absolute position of each (a row's heads share one) */
-  const float *q[KN_ATTN_MAX_VEC];
-  float *out[KN_ATTN_MAX_VEC];
-  float m[KN_ATTN_MAX_VEC], l[KN_ATTN_MAX_VEC];
-  _Alignas(32) float s[KN_ATTN_MAX_VEC][KN_ATTN_BLOCK];
-  _Alignas(32) float acc[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
+  struct kn_cpu_attn_vecs w;
+  const float *const *q;
 };
-
-KN_AVX2 static void vecs_add(struct vecs *v, int pos, const float *q, float *out, int D) {
-  int i = v->n++;
-  v->pos[i] = pos;
-  v->q[i] = q;
-  v->out[i] = out;
-  v->m[i] = -INFINITY;
-  v->l[i] = 0.0f;
-  for (int d = 0; d < D; d += 8)
-    _mm256_store_ps(&v->acc[i][d], _mm256_setzero_ps());
-}
 
 /* kn_cpu_attn_fold_fn: block b's keys in mask folded into vectors idx[0 .. k). */
 KN_AVX2 static inline __attribute__((always_inline)) void
 fold(struct vecs *v, int b, uint32_t mask, const int *idx, int k, const int bf16) {
-  const struct kn_cpu_attn_job *job = v->job;
-  const int D = job->view->head_dim;
-  const float *gq[KN_ATTN_MAX_VEC];
-  float *gs[KN_ATTN_MAX_VEC], *ga[KN_ATTN_MAX_VEC], gm[KN_ATTN_MAX_VEC], gl[KN_ATTN_MAX_VEC];
-  for (int j = 0; j < k; j++) {
-    int i = idx[j];
-    gq[j] = v->q[i];
-    gs[j] = v->s[i];
-    ga[j] = v->acc[i];
-    gm[j] = v->m[i];
-    gl[j] = v->l[i];
-    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
-      v->s[i][jj] = -INFINITY;
-  }
-  const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK];
-  int vj[KN_ATTN_BLOCK];
-  int n_vis = kn_cpu_attn_block_keys(job->view, v->seq, v->kvh, b, mask, kp, vp, vj);
-  qk_scores(gs, gq, k, kp, vj, n_vis, D, bf16, job->scale, job->softcap);
-  update_rows(gs, k, vp, vj, n_vis, gm, gl, ga, D, bf16);
-  for (int j = 0; j < k; j++) {
-    v->m[idx[j]] = gm[j];
-    v->l[idx[j]] = gl[j];
-  }
+  const struct kn_cpu_attn_job *job = v->w.job;
+  struct kn_cpu_attn_group g;
+  const float *gq[KN_ATTN_MAX_VEC] = {0}; /* (k >= 1: gcc cannot tell) */
+  kn_cpu_attn_group_take(&g, &v->w, b, mask, idx, k);
+  for (int j = 0; j < k; j++)
+    gq[j] = v->q[idx[j]];
+  qk_scores(g.s, gq, k, g.kp, g.vj, g.n_vis, job->view->head_dim, bf16, job->scale, job->softcap);
+  update_rows(g.s, k, g.vp, g.vj, g.n_vis, g.m, g.l, g.acc, job->view->head_dim, bf16);
+  kn_cpu_attn_group_give(&g, &v->w, idx, k);
 }
 KN_AVX2 static void fold_f32_cache(void *v, int b, uint32_t mask, const int *idx, int k) {
   fold(v, b, mask, idx, k, 0);
@@ -201,66 +169,40 @@ KN_AVX2 static void fold_bf16_cache(void *v, int b, uint32_t mask, const int *id
   fold(v, b, mask, idx, k, 1);
 }
 
-/* The vectors of v over their blocks (kn_cpu_attn_walk), then each written:
- * its accumulator over l. */
-KN_AVX2 static void attn_vectors(struct vecs *v) {
-  const int D = v->job->view->head_dim;
-  kn_cpu_attn_walk(v->seq, v->job->window, v->pos, v->n,
-                   v->job->view->dtype == KN_DTYPE_BF16 ? fold_bf16_cache : fold_f32_cache, v);
-  for (int i = 0; i < v->n; i++) {
-    __m256 lv = _mm256_set1_ps(v->l[i]);
+/* kn_cpu_attn_run_fn: a set of vectors over their blocks (kn_cpu_attn_walk),
+ * then each written: its accumulator over l. */
+KN_AVX2 static void attn_vectors(void *ctx, const float *const *q) {
+  struct vecs *v = ctx;
+  const struct kn_cpu_attn_vecs *w = &v->w;
+  const int D = w->job->view->head_dim;
+  v->q = q;
+  kn_cpu_attn_walk(w, w->job->view->dtype == KN_DTYPE_BF16 ? fold_bf16_cache : fold_f32_cache, v);
+  for (int i = 0; i < w->n; i++) {
+    __m256 lv = _mm256_set1_ps(w->l[i]);
     for (int d = 0; d < D; d += 8)
-      _mm256_storeu_ps(v->out[i] + d, _mm256_div_ps(_mm256_load_ps(&v->acc[i][d]), lv));
+      _mm256_storeu_ps(w->out[i] + d, _mm256_div_ps(_mm256_load_ps(&w->acc[i][d]), lv));
   }
 }
 
 /* Rows i0 .. i0 + nr - 1 (nr <= KN_ATTN_TILE), head by head. */
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                            int i0, int nr, int kvh, int g0, int ng) {
-  const struct kn_kv_view *view = job->view;
-  if (view->head_dim & 7) { /* the reference kernel, row by row */
+  if (job->view->head_dim & 7) { /* the reference kernel, row by row */
     for (int r = 0; r < nr; r++)
       kn_cpu_attn_ref(job, seq, i0 + r, kvh, g0, ng);
     return;
   }
-  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
-  struct vecs v; /* not zeroed: vecs_add sets what the walk reads */
-  v.job = job;
-  v.seq = seq;
-  v.kvh = kvh;
-  for (int g = g0; g < g0 + ng; g++) {
-    v.n = 0;
-    ptrdiff_t col = (ptrdiff_t)(kvh * group + g) * D;
-    for (int r = 0; r < nr; r++) {
-      ptrdiff_t row = seq->q_begin + i0 + r;
-      vecs_add(&v, seq->pos0 + i0 + r, job->q + row * job->ldq + col,
-               job->out + row * job->ldo + col, D);
-    }
-    attn_vectors(&v);
-  }
+  struct vecs v; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
+  kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
 }
 
 /* Query heads g0 .. g0 + ng - 1 of row i, KN_ATTN_MAX_GROUP at a time. */
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng) {
-  const struct kn_kv_view *view = job->view;
-  if (view->head_dim & 7) {
+  if (job->view->head_dim & 7) {
     kn_cpu_attn_ref(job, seq, i, kvh, g0, ng);
     return;
   }
-  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
-  const ptrdiff_t row = seq->q_begin + i;
-  struct vecs v; /* not zeroed: vecs_add sets what the walk reads */
-  v.job = job;
-  v.seq = seq;
-  v.kvh = kvh;
-  for (int g = g0; g < g0 + ng; g += KN_ATTN_MAX_GROUP) {
-    v.n = 0;
-    for (int h = g; h < g0 + ng && h < g + KN_ATTN_MAX_GROUP; h++) {
-      ptrdiff_t col = (ptrdiff_t)(kvh * group + h) * D;
-      vecs_add(&v, seq->pos0 + i, job->q + row * job->ldq + col, job->out + row * job->ldo + col,
-               D);
-    }
-    attn_vectors(&v);
-  }
+  struct vecs v;
+  kn_cpu_attn_sets(&v.w, job, seq, i, 1, kvh, g0, ng, attn_vectors, &v);
 }

@@ -32,35 +32,13 @@
 /* The partner of an odd block's last key: zeros. */
 static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
 
-/* The query vectors of one call and their running state. */
+/* The query vectors of one call: the walk's state (accumulators in the
+ * interleaved order above) and the queries rounded to bf16. */
 struct qv {
-  const struct kn_cpu_attn_job *job;
-  const struct kn_attn_seq *seq;
-  int kvh;
-  int n;                      /* vectors */
-  int pos[MAX_VEC];           /* absolute position of each (a row's heads share one) */
-  float *out[MAX_VEC];        /* where each is written */
-  const uint16_t *q[MAX_VEC]; /* rounded to bf16 */
-  float m[MAX_VEC], l[MAX_VEC];
+  struct kn_cpu_attn_vecs w;
+  const uint16_t *q[MAX_VEC];
   _Alignas(64) uint16_t qb[MAX_VEC][KN_MAX_HEAD_DIM];
-  _Alignas(64) float s[MAX_VEC][KN_ATTN_BLOCK];
-  _Alignas(64) float acc[MAX_VEC][KN_MAX_HEAD_DIM]; /* interleaved order (above) */
 };
-
-KN_BF16 static void qv_add(struct qv *v, int pos, const float *q, float *out, int D) {
-  int i = v->n++;
-  v->pos[i] = pos;
-  v->out[i] = out;
-  v->m[i] = -INFINITY;
-  v->l[i] = 0.0f;
-  for (int d = 0; d < D; d += 32) {
-    __m512 lo = _mm512_loadu_ps(q + d), hi = _mm512_loadu_ps(q + d + 16);
-    _mm512_store_si512(&v->qb[i][d], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    _mm512_store_ps(&v->acc[i][d], _mm512_setzero_ps());
-    _mm512_store_ps(&v->acc[i][d + 16], _mm512_setzero_ps());
-  }
-  v->q[i] = v->qb[i];
-}
 
 /* sc[i][col[j]] for NQ queries x NK keys (<= 4 each): 16 accumulators (the
  * unused ones stay zero), each key block loaded once for the NQ queries. */
@@ -189,46 +167,42 @@ KN_BF16 static void update_rows(float *const *p, int nr, const void **vp, const 
 /* kn_cpu_attn_fold_fn: block b's keys in mask folded into vectors idx[0 .. k). */
 KN_BF16 static void fold(void *ctx, int b, uint32_t mask, const int *idx, int k) {
   struct qv *v = ctx;
-  const struct kn_cpu_attn_job *job = v->job;
-  const int D = job->view->head_dim;
-  const uint16_t *gq[MAX_VEC];
-  float *gs[MAX_VEC], *ga[MAX_VEC], gm[MAX_VEC], gl[MAX_VEC];
-  for (int j = 0; j < k; j++) {
-    int i = idx[j];
-    gq[j] = v->q[i];
-    gs[j] = v->s[i];
-    ga[j] = v->acc[i];
-    gm[j] = v->m[i];
-    gl[j] = v->l[i];
-    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
-      v->s[i][jj] = -INFINITY;
-  }
-  const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK + 1];
-  int vj[KN_ATTN_BLOCK];
-  int n_vis = kn_cpu_attn_block_keys(job->view, v->seq, v->kvh, b, mask, kp, vp, vj);
-  qk_scores(gs, gq, k, kp, vj, n_vis, D, job->scale, job->softcap);
-  update_rows(gs, k, vp, vj, n_vis, gm, gl, ga, D);
-  for (int j = 0; j < k; j++) {
-    v->m[idx[j]] = gm[j];
-    v->l[idx[j]] = gl[j];
-  }
+  const struct kn_cpu_attn_job *job = v->w.job;
+  struct kn_cpu_attn_group g;
+  const uint16_t *gq[MAX_VEC] = {0}; /* (k >= 1: gcc cannot tell) */
+  kn_cpu_attn_group_take(&g, &v->w, b, mask, idx, k);
+  for (int j = 0; j < k; j++)
+    gq[j] = v->q[idx[j]];
+  qk_scores(g.s, gq, k, g.kp, g.vj, g.n_vis, job->view->head_dim, job->scale, job->softcap);
+  update_rows(g.s, k, g.vp, g.vj, g.n_vis, g.m, g.l, g.acc, job->view->head_dim);
+  kn_cpu_attn_group_give(&g, &v->w, idx, k);
 }
 
-/* The vectors of v over their blocks (kn_cpu_attn_walk), then each written:
- * its accumulator in head-dim order over l. */
-KN_BF16 static void attn_vectors(struct qv *v) {
-  const int D = v->job->view->head_dim, n = v->n;
-  kn_cpu_attn_walk(v->seq, v->job->window, v->pos, n, fold, v);
+/* kn_cpu_attn_run_fn: a set of vectors, their queries rounded to bf16, over
+ * their blocks (kn_cpu_attn_walk); then each written: its accumulator in
+ * head-dim order over l. */
+KN_BF16 static void attn_vectors(void *ctx, const float *const *q) {
+  struct qv *v = ctx;
+  const struct kn_cpu_attn_vecs *w = &v->w;
+  const int D = w->job->view->head_dim, n = w->n;
+  for (int i = 0; i < n; i++) {
+    for (int d = 0; d < D; d += 32) {
+      __m512 lo = _mm512_loadu_ps(q[i] + d), hi = _mm512_loadu_ps(q[i] + d + 16);
+      _mm512_store_si512(&v->qb[i][d], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+    v->q[i] = v->qb[i];
+  }
+  kn_cpu_attn_walk(w, fold, v);
   /* per 32 dims: lanes 0-3 of the low half are dims 0-3, of the high half 4-7, ... */
   const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i i1 =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int i = 0; i < n; i++) {
-    __m512 lv = _mm512_set1_ps(v->l[i]);
+    __m512 lv = _mm512_set1_ps(w->l[i]);
     for (int d = 0; d < D; d += 32) {
-      __m512 a = _mm512_load_ps(&v->acc[i][d]), c = _mm512_load_ps(&v->acc[i][d + 16]);
-      _mm512_storeu_ps(v->out[i] + d, _mm512_div_ps(_mm512_permutex2var_ps(a, i0, c), lv));
-      _mm512_storeu_ps(v->out[i] + d + 16, _mm512_div_ps(_mm512_permutex2var_ps(a, i1, c), lv));
+      __m512 a = _mm512_load_ps(&w->acc[i][d]), c = _mm512_load_ps(&w->acc[i][d + 16]);
+      _mm512_storeu_ps(w->out[i] + d, _mm512_div_ps(_mm512_permutex2var_ps(a, i0, c), lv));
+      _mm512_storeu_ps(w->out[i] + d + 16, _mm512_div_ps(_mm512_permutex2var_ps(a, i1, c), lv));
     }
   }
 }
@@ -240,49 +214,21 @@ static int takes(const struct kn_kv_view *view) {
 /* kn_cpu_attn_fn of the bf16 mode: query heads g0 .. g0 + ng - 1 of row i. */
 KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                               int i, int kvh, int g0, int ng) {
-  const struct kn_kv_view *view = job->view;
-  if (!takes(view)) {
+  if (!takes(job->view)) {
     kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
     return;
   }
-  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
-  const int row = seq->q_begin + i;
-  struct qv v; /* not zeroed: qv_add sets what the walk reads */
-  v.job = job;
-  v.seq = seq;
-  v.kvh = kvh;
-  for (int g = g0; g < g0 + ng; g += KN_ATTN_MAX_GROUP) {
-    v.n = 0;
-    for (int h = g; h < g0 + ng && h < g + KN_ATTN_MAX_GROUP; h++) {
-      ptrdiff_t col = (ptrdiff_t)(kvh * group + h) * D;
-      qv_add(&v, seq->pos0 + i, job->q + (ptrdiff_t)row * job->ldq + col,
-             job->out + (ptrdiff_t)row * job->ldo + col, D);
-    }
-    attn_vectors(&v);
-  }
+  struct qv v; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
+  kn_cpu_attn_sets(&v.w, job, seq, i, 1, kvh, g0, ng, attn_vectors, &v);
 }
 
 /* kn_cpu_attn_tile_fn of the bf16 mode: rows i0 .. i0 + nr - 1, head by head. */
 KN_BF16 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                                    int i0, int nr, int kvh, int g0, int ng) {
-  const struct kn_kv_view *view = job->view;
-  if (!takes(view)) {
+  if (!takes(job->view)) {
     kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
     return;
   }
-  const int D = view->head_dim, group = job->n_heads / view->n_kv_heads;
   struct qv v;
-  v.job = job;
-  v.seq = seq;
-  v.kvh = kvh;
-  for (int g = g0; g < g0 + ng; g++) {
-    v.n = 0;
-    ptrdiff_t col = (ptrdiff_t)(kvh * group + g) * D;
-    for (int r = 0; r < nr; r++) {
-      ptrdiff_t row = seq->q_begin + i0 + r;
-      qv_add(&v, seq->pos0 + i0 + r, job->q + row * job->ldq + col, job->out + row * job->ldo + col,
-             D);
-    }
-    attn_vectors(&v);
-  }
+  kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
 }

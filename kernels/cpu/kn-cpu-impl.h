@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-backend.h"
@@ -329,9 +330,9 @@ static inline int kn_cpu_attn_block_keys(const struct kn_kv_view *view,
  * prefill tile's rows of one head. */
 #define KN_ATTN_MAX_VEC (KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP)
 
-/* The block walk of every CPU attention kernel, over n <= KN_ATTN_MAX_VEC
- * query vectors at absolute positions pos[i] (a row's heads share one and sit
- * next to each other): block by block over the union of their key ranges, the
+/* The block walk of every CPU attention kernel, over the v->n query vectors
+ * at absolute positions v->pos[i] (a row's heads share one and sit next to
+ * each other): block by block over the union of their key ranges, the
  * vectors whose visible keys in the block are the same (every block below the
  * diagonal of a causal chunk, every block of an image) take it together while
  * its K and V are in L1, fold(ctx, b, mask, idx, k) for vectors idx[0 .. k);
@@ -339,9 +340,90 @@ static inline int kn_cpu_attn_block_keys(const struct kn_kv_view *view,
  * takes the block alone. A vector visits exactly the blocks it visits alone,
  * in the same order; with a fold that does the same operations per vector,
  * its bits are those it gets alone, whatever shares the walk. */
+/* A walk's query vectors: the call they come from, and per vector its
+ * absolute position, where it is written, its running max m and sum l, a
+ * block's scores s (-inf where invisible) and its accumulator. */
+struct kn_cpu_attn_vecs {
+  const struct kn_cpu_attn_job *job;
+  const struct kn_attn_seq *seq;
+  int kvh, n;
+  int pos[KN_ATTN_MAX_VEC];
+  float *out[KN_ATTN_MAX_VEC];
+  float m[KN_ATTN_MAX_VEC], l[KN_ATTN_MAX_VEC];
+  _Alignas(64) float s[KN_ATTN_MAX_VEC][KN_ATTN_BLOCK];
+  _Alignas(64) float acc[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
+};
+
+/* The query vectors of one call into v, in sets of at most KN_ATTN_MAX_VEC,
+ * each set then run(ctx, q) with q[i] the query of v's vector i: for one row
+ * (nr == 1) a set per KN_ATTN_MAX_GROUP of its query heads g0 .. g0 + ng - 1,
+ * for rows i0 .. i0 + nr - 1 (nr <= KN_ATTN_TILE) a set per head. Each vector
+ * starts with m = -inf, l = 0 and a zero accumulator. */
+typedef void (*kn_cpu_attn_run_fn)(void *ctx, const float *const *q);
+static inline void kn_cpu_attn_sets(struct kn_cpu_attn_vecs *v, const struct kn_cpu_attn_job *job,
+                                    const struct kn_attn_seq *seq, int i0, int nr, int kvh, int g0,
+                                    int ng, kn_cpu_attn_run_fn run, void *ctx) {
+  const int D = job->view->head_dim, group = job->n_heads / job->view->n_kv_heads;
+  const int per = nr == 1 ? KN_ATTN_MAX_GROUP : 1; /* heads per set */
+  const float *q[KN_ATTN_MAX_VEC];
+  v->job = job;
+  v->seq = seq;
+  v->kvh = kvh;
+  for (int g = g0; g < g0 + ng; g += per) {
+    v->n = 0;
+    for (int h = g; h < g0 + ng && h < g + per; h++)
+      for (int r = 0; r < nr; r++) {
+        ptrdiff_t row = seq->q_begin + i0 + r, col = (ptrdiff_t)(kvh * group + h) * D;
+        int i = v->n++;
+        v->pos[i] = seq->pos0 + i0 + r;
+        v->out[i] = job->out + row * job->ldo + col;
+        v->m[i] = -INFINITY;
+        v->l[i] = 0.0f;
+        memset(v->acc[i], 0, sizeof(float) * (size_t)D);
+        q[i] = job->q + row * job->ldq + col;
+      }
+    run(ctx, q);
+  }
+}
+
+/* Vectors idx[0 .. k) of a walk taking block b together: their scores (reset
+ * to -inf) and accumulators, copies of their m and l for the kernels' softmax
+ * step, and the block's visible keys (kn_cpu_attn_block_keys; vp has room for
+ * a partner of an odd last key). */
+struct kn_cpu_attn_group {
+  int n_vis;
+  float *s[KN_ATTN_MAX_VEC], *acc[KN_ATTN_MAX_VEC];
+  float m[KN_ATTN_MAX_VEC], l[KN_ATTN_MAX_VEC];
+  const void *kp[KN_ATTN_BLOCK], *vp[KN_ATTN_BLOCK + 1];
+  int vj[KN_ATTN_BLOCK];
+};
+static inline void kn_cpu_attn_group_take(struct kn_cpu_attn_group *g, struct kn_cpu_attn_vecs *v,
+                                          int b, uint32_t mask, const int *idx, int k) {
+  for (int j = 0; j < k; j++) {
+    int i = idx[j];
+    g->s[j] = v->s[i];
+    g->acc[j] = v->acc[i];
+    g->m[j] = v->m[i];
+    g->l[j] = v->l[i];
+    for (int jj = 0; jj < KN_ATTN_BLOCK; jj++)
+      v->s[i][jj] = -INFINITY;
+  }
+  g->n_vis = kn_cpu_attn_block_keys(v->job->view, v->seq, v->kvh, b, mask, g->kp, g->vp, g->vj);
+}
+/* The group's m and l back to their vectors. */
+static inline void kn_cpu_attn_group_give(const struct kn_cpu_attn_group *g,
+                                          struct kn_cpu_attn_vecs *v, const int *idx, int k) {
+  for (int j = 0; j < k; j++) {
+    v->m[idx[j]] = g->m[j];
+    v->l[idx[j]] = g->l[j];
+  }
+}
+
 typedef void (*kn_cpu_attn_fold_fn)(void *ctx, int b, uint32_t mask, const int *idx, int k);
-static inline void kn_cpu_attn_walk(const struct kn_attn_seq *seq, int window, const int *pos,
-                                    int n, kn_cpu_attn_fold_fn fold, void *ctx) {
+static inline void kn_cpu_attn_walk(const struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
+                                    void *ctx) {
+  const struct kn_attn_seq *seq = v->seq;
+  const int window = v->job->window, n = v->n, *pos = v->pos;
   int lo[KN_ATTN_MAX_VEC], hi[KN_ATTN_MAX_VEC], first = INT_MAX, last = -1;
   for (int i = 0; i < n; i++) {
     kn_cpu_attn_range(seq, window, pos[i], &lo[i], &hi[i]);
