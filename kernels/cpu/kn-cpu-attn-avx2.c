@@ -149,7 +149,8 @@ struct vecs {
   const float *const *q;
 };
 
-/* kn_cpu_attn_fold_fn: block b's keys in mask folded into vectors idx[0 .. k). */
+/* Block b's keys in mask folded into vectors idx[0 .. k): the work of the two
+ * kn_cpu_attn_fold_fns below, one per cache dtype. */
 KN_AVX2 static inline __attribute__((always_inline)) void
 fold(struct vecs *v, int b, uint32_t mask, const int *idx, int k, const int bf16) {
   const struct kn_cpu_attn_job *job = v->w.job;

@@ -34,6 +34,10 @@ static void cpu_destroy(void *p) {
   free(ctx->seq_items);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     kn_cpu_sampler_destroy(ctx->samplers[i]);
+  for (int i = 0; i < 2; i++) {
+    free(ctx->rope[i].pos);
+    free(ctx->rope[i].cs);
+  }
   free(ctx);
 }
 

@@ -222,6 +222,16 @@ struct kn_cpu_ctx {
   size_t xr_floats;
   /* the tensor-parallel group joined by kn_comm_join (kn-cpu-comm.c), or NULL */
   struct kn_shm_comm *comm;
+  /* RoPE's cos and sin of the last calls (kn-cpu-ops-misc.c), one entry per
+   * frequency table, the older one replaced */
+  struct kn_cpu_rope_cache {
+    int D, T, cap_T; /* head dim, positions held, room for */
+    float inv_freq[KN_MAX_HEAD_DIM / 2];
+    int32_t *pos;  /* [T] */
+    float *cs;     /* [T][D / 2] cos, then [T][D / 2] sin at cs + cap_T * D / 2 */
+    uint64_t used; /* rope_tick when last used */
+  } rope[2];
+  uint64_t rope_tick;
 };
 
 /* Makes every thread's scratch hold at least n floats; 0 or CM_ERR_NOMEM. */

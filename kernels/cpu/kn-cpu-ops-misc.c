@@ -6,6 +6,7 @@
  * once per token in double and rounds it to f32 (as a float32 reference
  * would hold it), argmax is exact. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
@@ -56,19 +57,23 @@ struct rope_task {
   int T, heads, D;
   const int32_t *pos;
   const float *inv_freq;
+  float *cs, *sn; /* [T][D / 2] */
+  int fill;       /* 1: compute cs and sn first (else they hold these positions') */
 };
 
 static void rope_run(void *arg, long long b, long long e, int ith) {
   struct rope_task *r = arg;
   const int half = r->D / 2;
-  float cs[KN_MAX_HEAD_DIM / 2], sn[KN_MAX_HEAD_DIM / 2];
   (void)ith;
   for (long long t = b; t < e; t++) {
-    float fp = (float)r->pos[t];
-    for (int i = 0; i < half; i++) {
-      float a = fp * r->inv_freq[i]; /* the angle rounded to f32, as a float32 reference has it */
-      cs[i] = (float)cos((double)a);
-      sn[i] = (float)sin((double)a);
+    float *cs = r->cs + t * half, *sn = r->sn + t * half;
+    if (r->fill) {
+      float fp = (float)r->pos[t];
+      for (int i = 0; i < half; i++) {
+        float a = fp * r->inv_freq[i]; /* the angle rounded to f32, as a float32 reference has it */
+        cs[i] = (float)cos((double)a);
+        sn[i] = (float)sin((double)a);
+      }
     }
     float *row = r->x + t * r->ldx;
     for (int h = 0; h < r->heads; h++) {
@@ -85,11 +90,54 @@ static void rope_run(void *arg, long long b, long long e, int ith) {
   }
 }
 
+/* The cache entry for (D, pos[0 .. T), inv_freq) and whether it already holds
+ * their cos and sin: a step's q and k of every layer of one kind share them,
+ * so they are computed once per kind and step, not twice per layer. The entry
+ * is matched by contents, not by address. NULL: out of memory. */
+static struct kn_cpu_rope_cache *rope_entry(struct kn_cpu_ctx *ctx, int T, int D,
+                                            const int32_t *pos, const float *inv_freq, int *hit) {
+  const int half = D / 2;
+  uint64_t tick = ++ctx->rope_tick;
+  for (int i = 0; i < 2; i++) {
+    struct kn_cpu_rope_cache *c = &ctx->rope[i];
+    if (c->D == D && c->T == T && !memcmp(c->pos, pos, sizeof(int32_t) * (size_t)T) &&
+        !memcmp(c->inv_freq, inv_freq, sizeof(float) * (size_t)half)) {
+      c->used = tick;
+      *hit = 1;
+      return c;
+    }
+  }
+  struct kn_cpu_rope_cache *c =
+      ctx->rope[0].used <= ctx->rope[1].used ? &ctx->rope[0] : &ctx->rope[1];
+  c->T = c->D = 0;    /* invalid until filled */
+  if (T > c->cap_T) { /* cs: cap_T rows of cos, then cap_T of sin, KN_MAX_HEAD_DIM / 2 each */
+    int cap = T > 2 * c->cap_T ? T : 2 * c->cap_T;
+    int32_t *np = realloc(c->pos, sizeof(int32_t) * (size_t)cap);
+    if (np) c->pos = np;
+    float *nc = np ? realloc(c->cs, sizeof(float) * (size_t)cap * KN_MAX_HEAD_DIM) : NULL;
+    if (!nc) return NULL;
+    c->cs = nc;
+    c->cap_T = cap;
+  }
+  memcpy(c->pos, pos, sizeof(int32_t) * (size_t)T);
+  memcpy(c->inv_freq, inv_freq, sizeof(float) * (size_t)half);
+  c->T = T;
+  c->D = D;
+  c->used = tick;
+  *hit = 0;
+  return c;
+}
+
 int kn_cpu_op_rope(void *p, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
                    const float *inv_freq) {
   struct kn_cpu_ctx *ctx = p;
   if (D > KN_MAX_HEAD_DIM) return CM_ERR_UNSUPPORTED;
-  struct rope_task r = {x, ldx, T, heads, D, pos, inv_freq};
+  if (T <= 0) return 0;
+  int hit = 0;
+  struct kn_cpu_rope_cache *c = rope_entry(ctx, T, D, pos, inv_freq, &hit);
+  if (!c) return CM_ERR_NOMEM;
+  struct rope_task r = {
+      x, ldx, T, heads, D, pos, inv_freq, c->cs, c->cs + (size_t)c->cap_T * (size_t)(D / 2), !hit};
   kn_cpu_pool_run(ctx->pool, T, (double)T * heads * D < (1 << 16) ? T : 4, rope_run, &r);
   return 0;
 }

@@ -760,6 +760,47 @@ TH_TEST(rope_closed_form) {
   kn_backend_destroy(be);
 }
 
+/* The CPU backend keeps the last two frequency tables' cos and sin for the
+ * positions they were asked for, matched by contents: a call after any
+ * history gives the bits a new backend gives, whether its table and positions
+ * were held, changed in place at the same address, or evicted. */
+TH_TEST(rope_cache_same_bits_as_cold) {
+  struct kn_backend *warm = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(16);
+  enum { T = 5, HEADS = 3, DMAX = 16 };
+  float f8a[4] = {1.0f, 0.5f, 0.125f, 0.01f}, f8b[4] = {0.9f, 0.3f, 0.0f, 0.02f};
+  float f16[8] = {1.0f, 0.7f, 0.5f, 0.3f, 0.2f, 0.1f, 0.05f, 0.01f};
+  int32_t pos[T] = {3, 4, 5, 6, 100};
+  struct {
+    const float *f;
+    int D, T;
+    int32_t bump; /* added to pos[1] before the call */
+    float scale;  /* f8a[0] is multiplied by this before the call */
+  } calls[] = {
+      {f8a, 8, T, 0, 1},  {f8a, 8, T, 0, 1}, {f8b, 8, T, 0, 1},  {f8a, 8, T, 0, 1},
+      {f16, 16, T, 0, 1}, {f8b, 8, T, 0, 1}, {f8b, 8, T, 7, 1},  {f8a, 8, T, 0, 1},
+      {f8a, 8, T, 0, 2},  {f8a, 8, 2, 0, 1}, {f16, 16, T, 0, 1}, {f8a, 8, T, 0, 1},
+  };
+  float *x0 = kt_rand_f32((size_t)T * HEADS * DMAX, 1.0f);
+  float x[T * HEADS * DMAX], y[T * HEADS * DMAX];
+  for (size_t c = 0; c < sizeof(calls) / sizeof(calls[0]); c++) {
+    pos[1] += calls[c].bump;
+    f8a[0] *= calls[c].scale;
+    int ld = HEADS * calls[c].D;
+    memcpy(x, x0, sizeof(x));
+    memcpy(y, x0, sizeof(y));
+    struct kn_backend *cold = kt_backend(KN_CPU_ISA_AVX512, 2);
+    TH_REQUIRE(kn_rope(warm, x, ld, calls[c].T, HEADS, calls[c].D, pos, calls[c].f) == 0);
+    TH_REQUIRE(kn_rope(cold, y, ld, calls[c].T, HEADS, calls[c].D, pos, calls[c].f) == 0);
+    if (!kt_bits_equal(x, y, (size_t)calls[c].T * ld))
+      th_fail(__FILE__, __LINE__, "rope call %zu: the warm backend differs from a new one", c);
+    TH_CHECK(!kt_bits_equal(x, x0, (size_t)calls[c].T * ld)); /* it rotated */
+    kn_backend_destroy(cold);
+  }
+  free(x0);
+  kn_backend_destroy(warm);
+}
+
 /* ---- validation --------------------------------------------------------- */
 
 TH_TEST(bad_arguments_are_errors) {
