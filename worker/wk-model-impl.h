@@ -2,6 +2,7 @@
  * (wk-model.c) and the forward pass (wk-forward.c). Not for other modules. */
 #ifndef LMSERVE_WK_MODEL_IMPL_H
 #define LMSERVE_WK_MODEL_IMPL_H
+#include "common/cm-huge.h"
 #include "kernels/kn-backend.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
@@ -66,10 +67,8 @@ struct wk_copy {
 };
 
 struct wk_arena {
-  void *map; /* the reservation, map_len bytes */
-  size_t map_len;
-  unsigned char *base;  /* its first 2 MiB boundary; NULL: no arena */
-  size_t cap, used;     /* bytes from base: whole 2 MiB pages, and handed out */
+  struct cm_huge mem;   /* the reservation; mem.base NULL: no arena */
+  size_t used;          /* bytes from mem.base handed out */
   struct wk_copy *todo; /* copies into it, run in parallel once every tensor is bound */
   int n_todo, cap_todo;
 };

@@ -49,19 +49,8 @@ void *wk_model_alloc(struct wk_model *m, size_t bytes) {
  * the checkpoint's size: what a tensor-parallel rank leaves unused is never
  * touched. After loading it turns read-only. */
 static int arena_reserve(struct wk_model *m) {
-  struct wk_arena *a = &m->arena;
-  size_t huge = (size_t)2 << 20;
   size_t want = (size_t)wk_st_data_bytes(m->st) + (size_t)64 * (size_t)wk_st_count(m->st);
-  size_t len = (want + huge - 1) / huge * huge + huge;
-  void *map =
-      mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (map == MAP_FAILED) return CM_ERR_NOMEM;
-  a->map = map;
-  a->map_len = len;
-  a->base = (unsigned char *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
-  a->cap = (len - (size_t)(a->base - (unsigned char *)map)) & ~(huge - 1);
-  (void)madvise(a->base, a->cap, MADV_HUGEPAGE); /* a hint: THP may be off */
-  return 0;
+  return cm_huge_map(want, &m->arena.mem);
 }
 
 /* Memory for bytes of this rank's weights: the arena's next line, or backend
@@ -69,9 +58,9 @@ static int arena_reserve(struct wk_model *m) {
 static void *weight_alloc(struct wk_model *m, size_t bytes) {
   struct wk_arena *a = &m->arena;
   size_t at = (a->used + 63) & ~(size_t)63;
-  if (!a->base || at > a->cap || bytes > a->cap - at) return wk_model_alloc(m, bytes);
+  if (!a->mem.base || at > a->mem.len || bytes > a->mem.len - at) return wk_model_alloc(m, bytes);
   a->used = at + bytes;
-  return a->base + at;
+  return a->mem.base + at;
 }
 
 /* Counts bytes of the checkpoint read; every tenth of a big one is a line. */
@@ -90,10 +79,10 @@ static void load_progress(struct wk_model *m, size_t bytes) {
  * the arena is queued for copy_weights. */
 static const void *place(struct wk_model *m, const void *data, size_t bytes) {
   struct wk_arena *a = &m->arena;
-  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !a->base) return data;
+  if (kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !a->mem.base) return data;
   void *p = weight_alloc(m, bytes);
   if (!p) return NULL;
-  if (a->base) {
+  if (a->mem.base) {
     if (a->n_todo == a->cap_todo) {
       int nc = a->cap_todo ? 2 * a->cap_todo : 256;
       struct wk_copy *nt = realloc(a->todo, sizeof(*nt) * (size_t)nc);
@@ -123,6 +112,11 @@ struct copy_run {
   size_t n_pieces;
 };
 
+/* Pieces a copy of bytes takes (an empty copy takes one, of no bytes). */
+static size_t pieces_of(size_t bytes) {
+  return bytes ? (bytes + COPY_PIECE - 1) / COPY_PIECE : 1;
+}
+
 /* Copies the pieces taken from run->next; 1 when none was left. */
 static int copy_some(struct copy_run *run, int *job, size_t *first) {
   size_t piece = atomic_fetch_add(&run->next, 1);
@@ -130,8 +124,7 @@ static int copy_some(struct copy_run *run, int *job, size_t *first) {
   /* pieces are numbered in copy order and taken in increasing order, so each
    * thread finds its copy by walking forward from where it last was */
   while (*job < run->n_todo) {
-    size_t n = (run->todo[*job].bytes + COPY_PIECE - 1) / COPY_PIECE;
-    if (n == 0) n = 1;
+    size_t n = pieces_of(run->todo[*job].bytes);
     if (piece < *first + n) break;
     *first += n;
     (*job)++;
@@ -156,10 +149,8 @@ static void *copy_thread(void *arg) {
 static void copy_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
   struct copy_run run = {.todo = a->todo, .n_todo = a->n_todo};
-  for (int i = 0; i < a->n_todo; i++) {
-    size_t n = (a->todo[i].bytes + COPY_PIECE - 1) / COPY_PIECE;
-    run.n_pieces += n ? n : 1;
-  }
+  for (int i = 0; i < a->n_todo; i++)
+    run.n_pieces += pieces_of(a->todo[i].bytes);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   size_t n_threads = cores > 1 ? (size_t)cores : 1;
   if (n_threads > COPY_MAX_THREADS) n_threads = COPY_MAX_THREADS;
@@ -558,9 +549,9 @@ static int alloc_scratch(struct wk_model *m) {
  * cache keeps them for the next load). */
 static void finish_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
-  if (a->base) {
+  if (a->mem.base) {
     copy_weights(m);
-    (void)mprotect(a->base, a->cap, PROT_READ);
+    (void)mprotect(a->mem.base, a->mem.len, PROT_READ);
     wk_st_drop_pages(m->st);
     return;
   }
@@ -782,7 +773,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
             "B/token",
             dir, m->cfg.model_type, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab,
             (double)m->weight_bytes / 1e6,
-            m->arena.base                            ? "copied into huge pages"
+            m->arena.mem.base                        ? "copied into huge pages"
             : kn_backend_has(be, KN_CAP_HOST_MEMORY) ? "in the page cache"
                                                      : "on the device",
             wk_kv_bytes_per_token(&m->kv));
@@ -828,7 +819,7 @@ void wk_model_free(struct wk_model *m) {
   free(m->moe_ids);
   free(m->moe_w);
   free(m->arena.todo);
-  if (m->arena.map) munmap(m->arena.map, m->arena.map_len);
+  cm_huge_unmap(&m->arena.mem);
   wk_st_close(m->st);
   free(m);
 }

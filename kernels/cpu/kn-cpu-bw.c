@@ -8,10 +8,10 @@
  * plain read of memory like the weights'. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-huge.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
@@ -66,8 +66,7 @@ struct kn_cpu_bw_probe {
   struct bw_task t;
   int n_threads;
   size_t bytes;
-  void *map; /* map_len bytes; t.buf is its first 2 MiB boundary */
-  size_t map_len;
+  struct cm_huge mem; /* t.buf */
 };
 
 int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe **out) {
@@ -80,18 +79,13 @@ int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe *
   if (n_threads > KN_CPU_MAX_THREADS) n_threads = KN_CPU_MAX_THREADS;
   bytes &= ~(size_t)511;
   if (bytes == 0) return CM_ERR_INVAL;
-  size_t huge = (size_t)2 << 20, map_len = bytes + huge;
   struct kn_cpu_bw_probe *p = calloc(1, sizeof(*p));
-  void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (!p || map == MAP_FAILED || kn_cpu_pool_create(n_threads, &p->pool)) {
+  if (!p || cm_huge_map(bytes, &p->mem) || kn_cpu_pool_create(n_threads, &p->pool)) {
+    if (p) cm_huge_unmap(&p->mem);
     free(p);
-    if (map != MAP_FAILED) munmap(map, map_len);
     return CM_ERR_NOMEM;
   }
-  uint64_t *buf = (uint64_t *)(((uintptr_t)map + huge - 1) & ~(uintptr_t)(huge - 1));
-  (void)madvise(buf, bytes, MADV_HUGEPAGE); /* a hint: THP may be off */
-  p->map = map;
-  p->map_len = map_len;
+  uint64_t *buf = (uint64_t *)p->mem.base;
   memset(buf, 0x5a, bytes); /* touch every page */
   p->t = (struct bw_task){.buf = buf, .n = bytes / 8, .avx2 = kn_cpu_has_avx2()};
   p->n_threads = n_threads;
@@ -113,7 +107,7 @@ double kn_cpu_bw_probe_pass(struct kn_cpu_bw_probe *p) {
 void kn_cpu_bw_probe_destroy(struct kn_cpu_bw_probe *p) {
   if (!p) return;
   kn_cpu_pool_destroy(p->pool);
-  munmap(p->map, p->map_len);
+  cm_huge_unmap(&p->mem);
   free(p);
 }
 

@@ -214,13 +214,14 @@ static void check_weights_copied_or_mapped(const char *arch, int moe, enum wk_st
     const struct wk_arena *a = &f.m->arena;
     const unsigned char *wq = f.m->layers[0].wq.p, *emb = f.m->embed.p;
     if (mapped) {
-      TH_CHECK(a->base == NULL);
+      TH_CHECK(a->mem.base == NULL);
     } else {
-      TH_REQUIRE(a->base != NULL);
-      TH_CHECK(((uintptr_t)a->base & (((uintptr_t)2 << 20) - 1)) == 0);
-      TH_CHECK(a->used <= a->cap && a->n_todo == 0 && a->todo == NULL); /* copied */
-      TH_CHECK(wq >= a->base && wq < a->base + a->used && ((uintptr_t)wq & 63) == 0);
-      TH_CHECK(emb >= a->base && emb < a->base + a->used && ((uintptr_t)emb & 63) == 0);
+      const unsigned char *base = a->mem.base;
+      TH_REQUIRE(base != NULL);
+      TH_CHECK(((uintptr_t)base & (((uintptr_t)2 << 20) - 1)) == 0);
+      TH_CHECK(a->used <= a->mem.len && a->n_todo == 0 && a->todo == NULL); /* copied */
+      TH_CHECK(wq >= base && wq < base + a->used && ((uintptr_t)wq & 63) == 0);
+      TH_CHECK(emb >= base && emb < base + a->used && ((uintptr_t)emb & 63) == 0);
     }
     int32_t p[NP];
     make_prompt(p, NP, f.V, 5);
