@@ -130,8 +130,7 @@ int tl_bench_model_main(int argc, char **argv) {
       {"top-p", CM_OPT_DOUBLE, &top_p, "P", "nucleus sampling (default 1: off)", 0, 0, 1e-6, 1},
       {"fast-prefill", CM_OPT_BOOL, &fast, NULL,
        "Gemma 4: skip KV-shared layers for rows nobody reads (default on; --no-fast-prefill)"},
-      {"mmap", CM_OPT_BOOL, &use_mmap, NULL,
-       "run from the checkpoint's mapping instead of a copy in huge pages"},
+      {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",

@@ -52,6 +52,7 @@
 #include "tools/tl-http-probe.h"
 #include "tools/tl-main.h"
 #include "tools/tl-serve-impl.h"
+#include "worker/wk-model.h"
 
 volatile sig_atomic_t tl_serve_stop_signal;
 
@@ -335,9 +336,7 @@ int tl_serve_main(int argc, char **argv) {
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
       {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
-      {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL,
-       "keep the weights in the checkpoint's page cache (4 KiB pages, shared between processes) "
-       "instead of a copy in huge pages (CPU)"},
+      {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",

@@ -407,9 +407,7 @@ int wk_worker_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
-      {"mmap", CM_OPT_BOOL, &use_mmap, NULL,
-       "keep the weights in the checkpoint's page cache (4 KiB pages, shared between processes) "
-       "instead of a copy in huge pages (CPU)"},
+      {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},

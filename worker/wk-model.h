@@ -53,6 +53,11 @@ struct wk_model_opts {
                            weights into huge pages */
 };
 
+/* The --mmap flag's help (worker, serve, bench model): mmap_weights. */
+#define WK_MMAP_HELP                                                                               \
+  "keep the weights in the checkpoint's page cache (4 KiB pages, shared between processes) "       \
+  "instead of a copy in huge pages (CPU)"
+
 /* Loads DIR (config.json, safetensors, generation_config.json). `be` must
  * outlive the model. Returns 0 or a negative cm_err with a one-line reason
  * naming the file and tensor in err. */

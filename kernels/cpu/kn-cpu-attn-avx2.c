@@ -121,7 +121,7 @@ pv_micro(float *const *acc, float *const *p, const float *corr, const void *cons
 KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, const int *vj,
                                 int n_vis, float *m, float *l, float *const *acc, int D,
                                 int bf16) {
-  float corr[KN_ATTN_TILE > KN_ATTN_MAX_GROUP ? KN_ATTN_TILE : KN_ATTN_MAX_GROUP];
+  float corr[KN_ATTN_MAX_VEC];
   for (int r = 0; r < nr; r++)
     corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
   for (int r = 0; r < nr; r += 4) {

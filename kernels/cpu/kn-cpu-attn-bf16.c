@@ -26,8 +26,7 @@
 #include "kernels/cpu/kn-cpu-avx512bf16.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
-#define INLINE  static inline __attribute__((always_inline))
-#define MAX_VEC KN_ATTN_MAX_VEC
+#define INLINE static inline __attribute__((always_inline))
 
 /* The partner of an odd block's last key: zeros. */
 static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
@@ -36,8 +35,8 @@ static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
  * interleaved order above) and the queries rounded to bf16. */
 struct qv {
   struct kn_cpu_attn_vecs w;
-  const uint16_t *q[MAX_VEC];
-  _Alignas(64) uint16_t qb[MAX_VEC][KN_MAX_HEAD_DIM];
+  const uint16_t *q[KN_ATTN_MAX_VEC];
+  _Alignas(64) uint16_t qb[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
 };
 
 /* sc[i][col[j]] for NQ queries x NK keys (<= 4 each): 16 accumulators (the
@@ -144,8 +143,8 @@ static const pv_fn pv_fns[5][3] = {{NULL},
  * and room for the odd partner. */
 KN_BF16 static void update_rows(float *const *p, int nr, const void **vp, const int *vj, int n_vis,
                                 float *m, float *l, float *const *acc, int D) {
-  float corr[MAX_VEC];
-  _Alignas(64) uint32_t pp[MAX_VEC][KN_ATTN_BLOCK / 2];
+  float corr[KN_ATTN_MAX_VEC];
+  _Alignas(64) uint32_t pp[KN_ATTN_MAX_VEC][KN_ATTN_BLOCK / 2];
   for (int r = 0; r < nr; r++) {
     corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
     _Alignas(64) float c[KN_ATTN_BLOCK] = {0};
@@ -169,7 +168,7 @@ KN_BF16 static void fold(void *ctx, int b, uint32_t mask, const int *idx, int k)
   struct qv *v = ctx;
   const struct kn_cpu_attn_job *job = v->w.job;
   struct kn_cpu_attn_group g;
-  const uint16_t *gq[MAX_VEC] = {0}; /* (k >= 1: gcc cannot tell) */
+  const uint16_t *gq[KN_ATTN_MAX_VEC] = {0}; /* (k >= 1: gcc cannot tell) */
   kn_cpu_attn_group_take(&g, &v->w, b, mask, idx, k);
   for (int j = 0; j < k; j++)
     gq[j] = v->q[idx[j]];
