@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,6 +112,23 @@ static int stream_start(const char *ids, int max_tokens) {
   TH_REQUIRE(fd >= 0);
   th_http_send(fd, "POST", "/v1/completions", body);
   return fd;
+}
+
+/* Waits (at most ms) until the stream on fd has sent its first token, without
+ * consuming it: 1 when it has. A stream with no output yet is not bound to its
+ * replica (were that one to fail, the frontend would send it to another), so the
+ * checks that kill a replica wait for this first. */
+static int stream_has_output(int fd, int ms) {
+  static char buf[1 << 16];
+  for (int t = 0; t <= ms; t += 20) {
+    ssize_t k = recv(fd, buf, sizeof(buf) - 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k > 0) {
+      buf[k] = 0;
+      if (strstr(buf, "\ndata: {")) return 1;
+    }
+    usleep(20000);
+  }
+  return 0;
 }
 
 /* A greedy completion's text (NULL on failure; free it). */
@@ -228,6 +246,7 @@ TH_TEST(dp_two_replicas) {
   /* by load: a long stream Z goes to the idle replica 1 */
   int fz = stream_start(ids_z, 8000);
   TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"1\"", 1, 5000) >= 1);
+  TH_CHECK(stream_has_output(fz, 30000));
   /* a third stream with Y's prefix: affinity sends it to replica 0 as well (2 running
    * there, 1 on replica 1) */
   int fy2 = stream_start(ids_y2, 8000);
