@@ -193,7 +193,7 @@ int tl_bench_model_main(int argc, char **argv) {
     if (sched_setaffinity(0, sizeof set, &set))
       cm_warn("bench", "rank %d: cannot pin to its cores", rank);
   }
-  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_AVX512BF16, bf16, &be))) {
+  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_BEST, bf16, &be))) {
     fprintf(stderr, "lmserve bench model: CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }

@@ -176,7 +176,7 @@ int tl_generate_main(int argc, char **argv) {
       kids[n_kids++] = pid;
     }
   }
-  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_AVX512BF16, bf16, &be))) {
+  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_BEST, bf16, &be))) {
     fprintf(stderr, "lmserve generate: cannot create the CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }

@@ -133,6 +133,7 @@ int kn_cpu_has_avx512bf16(void) {
 }
 
 enum kn_cpu_isa kn_cpu_isa_detect(void) {
+  if (kn_cpu_has_amx()) return KN_CPU_ISA_AMX;
   if (kn_cpu_has_avx512bf16()) return KN_CPU_ISA_AVX512BF16;
   if (kn_cpu_has_avx512()) return KN_CPU_ISA_AVX512;
   return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
@@ -144,11 +145,12 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   case KN_CPU_ISA_AVX2: return "avx2";
   case KN_CPU_ISA_AVX512: return "avx512";
   case KN_CPU_ISA_AVX512BF16: return "avx512bf16";
+  case KN_CPU_ISA_AMX: return "amx";
   }
   return "?";
 }
 
-/* LMSERVE_KERNELS=ref|avx2|avx512|avx512bf16 caps the instruction set. */
+/* LMSERVE_KERNELS=ref|avx2|avx512|avx512bf16|amx caps the instruction set. */
 static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
   const char *s = getenv("LMSERVE_KERNELS");
   if (!s || !*s) return isa;
@@ -161,8 +163,11 @@ static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
     cap = KN_CPU_ISA_AVX512;
   else if (!strcasecmp(s, "avx512bf16"))
     cap = KN_CPU_ISA_AVX512BF16;
+  else if (!strcasecmp(s, "amx"))
+    cap = KN_CPU_ISA_AMX;
   else {
-    cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512, avx512bf16: ignored", s);
+    cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512, avx512bf16, amx: ignored",
+            s);
     return isa;
   }
   return cap < isa ? cap : isa;
@@ -171,7 +176,9 @@ static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
 /* ---- creation ----------------------------------------------------------- */
 
 static struct kn_backend_ops cpu_ops;
-static const char *const cpu_names[] = {"cpu-ref", "cpu-avx2", "cpu-avx512", "cpu-avx512bf16"};
+static const char *const cpu_names[] = {"cpu-ref",        "cpu-avx2", "cpu-avx512",
+                                        "cpu-avx512bf16", "cpu-amx",  "cpu-amx-emulated"};
+#define EMULATED_AMX (KN_CPU_ISA_BEST + 1) /* cpu_names' index of the emulated table */
 #define N_ISA ((int)(sizeof(cpu_names) / sizeof(cpu_names[0])))
 static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
@@ -198,11 +205,12 @@ static void fill_ops_once(void) {
   }
 }
 
-int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
-                               struct kn_backend **out) {
+/* emulate: the AMX table's kernels emulated over the table of isa (bf16 set). */
+static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
+                  struct kn_backend **out) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   *out = NULL;
-  if (isa < KN_CPU_ISA_REF || isa > KN_CPU_ISA_AVX512BF16) return CM_ERR_INVAL;
+  if (isa < KN_CPU_ISA_REF || isa > KN_CPU_ISA_BEST) return CM_ERR_INVAL;
   pthread_once(&once, fill_ops_once);
   if (n_threads <= 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -224,9 +232,11 @@ int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);
+  if (emulate) kn_cpu_dsp_init_amx_emulated(&ctx->dsp);
   int err = kn_cpu_pool_create(n_threads, &ctx->pool);
   if (err) goto fail;
-  *out = kn_backend_wrap(&cpu_ops_isa[ctx->dsp.isa], ctx);
+  *out = kn_backend_wrap(&cpu_ops_isa[emulate ? EMULATED_AMX : (int)ctx->dsp.isa], ctx);
   if (!*out) {
     err = CM_ERR_NOMEM;
     goto fail;
@@ -239,12 +249,21 @@ fail:
   return err;
 }
 
+int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
+                               struct kn_backend **out) {
+  return create(n_threads, isa, bf16, 0, out);
+}
+
+int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out) {
+  return create(n_threads, KN_CPU_ISA_AVX512BF16, 1, 1, out);
+}
+
 int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out) {
   return kn_cpu_backend_create_mode(n_threads, isa, 0, out);
 }
 
 int kn_cpu_backend_create(int n_threads, struct kn_backend **out) {
-  return kn_cpu_backend_create_mode(n_threads, KN_CPU_ISA_AVX512BF16, 0, out);
+  return kn_cpu_backend_create_mode(n_threads, KN_CPU_ISA_BEST, 0, out);
 }
 
 /* ---- registry entry ------------------------------------------------------- */
@@ -257,14 +276,14 @@ static int cpu_reg_probe(char *why, size_t whylen) {
 
 static int cpu_reg_create(const struct kn_backend_opts *o, struct kn_backend **out, char *err,
                           size_t errlen) {
-  int rc = kn_cpu_backend_create_mode(o->n_threads, KN_CPU_ISA_AVX512BF16, o->bf16, out);
+  int rc = kn_cpu_backend_create_mode(o->n_threads, KN_CPU_ISA_BEST, o->bf16, out);
   if (rc) return cm_fail(err, errlen, rc, "cannot create the CPU backend: %s", cm_strerror(rc));
   return 0;
 }
 
 const struct kn_backend_reg kn_cpu_backend_reg = {
     .name = "cpu",
-    .summary = "host processor (reference kernels, AVX2 / AVX-512 where present)",
+    .summary = "host processor (reference kernels, AVX2 / AVX-512 / AMX where present)",
     .priority = KN_CPU_PRIORITY,
     .caps = KN_CPU_CAPS,
     .probe = cpu_reg_probe,

@@ -149,6 +149,12 @@ struct kn_cpu_dsp {
   void (*round_bf16)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T, int K);
   void (*dot_bf16)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx, const uint16_t *w,
                    int K, int T, int n, int accumulate);
+  /* round_bf16 writes (and dot_bf16 may read) the inputs up to T rounded up
+   * to a multiple of bf16_tokens (0: 1), in a layout of the kernels' own
+   * (the AMX tiles'; row after row elsewhere) of kn_cpu_bf16_row(K) elements
+   * per token; dot_bf16's work units are multiples of bf16_rows rows (0: 8). */
+  int bf16_tokens;
+  int bf16_rows;
 };
 
 /* Elements of one input row as round_bf16 lays it out. */
@@ -174,6 +180,22 @@ extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 /* Adds the AVX-512-BF16 dot products to the AVX-512 table. */
 void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
+/* The AMX-BF16 tiles for the bf16 mode's matmuls (kn-cpu-amx.c) on top of the
+ * AVX-512-BF16 table; kn_cpu_has_amx also asks Linux for the tile state and
+ * checks the tiles against their emulation, once. The emulated table
+ * (kn-cpu-amx-emu.c) replaces any table's round_bf16 and dot_bf16 with the
+ * same kernels, each tile instruction a C function: it runs anywhere. */
+void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp);
+void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_amx(void);
+void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
+                           int K);
+void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
+                               int K);
+void kn_cpu_amx_dot(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx, const uint16_t *w,
+                    int K, int T, int n, int acc);
+void kn_cpu_amx_dot_emu(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
+                        const uint16_t *w, int K, int T, int n, int acc);
 /* The attention kernels (kn_cpu_attn_fn, kn_cpu_attn_tile_fn): AVX2 (the
  * AVX-512 table's too; kn-cpu-attn-avx2.c) and the bf16 mode's on
  * AVX-512-BF16 (kn-cpu-attn-bf16.c). */

@@ -3,9 +3,10 @@
  * argmax) chosen at run time, multithreaded over output rows with a small
  * persistent thread pool. The AVX2 and AVX-512 tables give the same bits.
  * The bf16 mode (kn_cpu_backend_create_mode) rounds matmul inputs to bf16
- * and adds AVX-512-BF16 dot products where the processor has them.
+ * and adds AVX-512-BF16 dot products, or AMX-BF16 tiles, where the processor
+ * has them.
  *
- * LMSERVE_KERNELS=ref (or avx2, avx512, avx512bf16) in the environment caps the kernel
+ * LMSERVE_KERNELS=ref (or avx2, avx512, avx512bf16, amx) in the environment caps the kernel
  * set when a backend is created; ref forces the reference versions. Memory
  * hooks are the identity: any host memory is backend memory. */
 #ifndef LMSERVE_KN_CPU_H
@@ -22,6 +23,8 @@ enum kn_cpu_isa {
   KN_CPU_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
   KN_CPU_ISA_AVX512 = 2,     /* AVX-512 F/DQ/BW/VL over the AVX2 table */
   KN_CPU_ISA_AVX512BF16 = 3, /* + AVX-512-BF16 dot products (the bf16 mode's matmuls) */
+  KN_CPU_ISA_AMX = 4,        /* + AMX-BF16 tiles (the bf16 mode's matmuls of bf16 weights) */
+  KN_CPU_ISA_BEST = KN_CPU_ISA_AMX,
 };
 
 /* Creates a CPU backend with n_threads threads in total (the calling thread
@@ -36,12 +39,18 @@ int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_back
 /* Like kn_cpu_backend_create_isa, in the bf16 mode when bf16 is set: every
  * matmul rounds its inputs to bf16 first (to nearest even), products of
  * bf16 by the weights summed in f32, as GPUs and transformers' bf16 mode
- * run; AVX-512-BF16 dot products for bf16 weights where the processor has
- * them, the f32 kernels on the rounded inputs elsewhere. Batch invariant like
- * the default mode, but not its bits: the default keeps the inputs f32. The
- * AVX-512-BF16 level is taken only in this mode. */
+ * run: for bf16 weights, AMX-BF16 tiles where the processor has them, else
+ * AVX-512-BF16 dot products where it has those; the f32 kernels on the
+ * rounded inputs elsewhere. Batch invariant like the default mode, but not
+ * its bits: the default keeps the inputs f32. The AVX-512-BF16 and AMX
+ * levels are taken only in this mode. */
 int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
                                struct kn_backend **out);
+
+/* The bf16 mode on the AMX table with each tile instruction emulated in C,
+ * over the best table this processor has (tests: the tiles' layout, edges and
+ * invariance checked on any processor). Named "cpu-amx-emulated". */
+int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out);
 
 /* The best instruction set this processor and build support. */
 enum kn_cpu_isa kn_cpu_isa_detect(void);

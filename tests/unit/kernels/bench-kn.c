@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
   if (argc > 2) secs_per_case = atof(argv[2]);
   struct kn_backend *be = NULL;
   int bf16 = argc > 3 && !strcmp(argv[3], "bf16");
-  if (kn_cpu_backend_create_mode(threads, KN_CPU_ISA_AVX512BF16, bf16, &be)) return 1;
+  if (kn_cpu_backend_create_mode(threads, KN_CPU_ISA_BEST, bf16, &be)) return 1;
   double bw = kn_cpu_measure_bandwidth(0, threads);
   printf("backend %s, threads %d, matmul inputs %s\n", kn_backend_name(be), threads,
          bf16 ? "bf16" : "f32");

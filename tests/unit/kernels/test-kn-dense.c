@@ -7,6 +7,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-impl.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
 /* gelu_tanh written out from its definition, in double. */
@@ -223,8 +224,7 @@ static double bf16_err(const float *got, const float *init, const float *in, con
 /* The bf16 mode of one table: matmul (plain and accumulating), matmul_rows
  * and matmul_argmax against the rounded inputs' products in double, over odd
  * shapes; every row of a 255-row batch bit-equal to the row alone. */
-static void check_bf16_mode(enum kn_cpu_isa isa) {
-  struct kn_backend *be = kt_isa_backend_mode(isa, 2, 1);
+static void check_bf16_backend(struct kn_backend *be, const char *label) {
   static const int Ts[] = {1, 2, 3, 5, 15, 16, 17, 255}, Ks[] = {1, 31, 32, 33, 100, 645},
                    Ns[] = {7, 47, 130};
   kt_seed(11);
@@ -245,8 +245,8 @@ static void check_bf16_mode(enum kn_cpu_isa isa) {
           /* f32 sums of up to 645 exact products: far below 2e-5 of their
            * magnitudes; f32 inputs instead of rounded ones miss by ~1e-3 */
           if (!(e < 2e-5))
-            th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d N=%d K=%d acc=%d: error %g",
-                    kn_cpu_isa_name(isa), kn_dtype_name(dt), T, N, K, acc, e);
+            th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d N=%d K=%d acc=%d: error %g", label,
+                    kn_dtype_name(dt), T, N, K, acc, e);
           /* the whole rows through matmul_argmax: ids of the matmul's maxima */
           TH_REQUIRE(kn_matmul(be, out, N, in, K, w, dt, T, N, K, 0) == 0);
           int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
@@ -258,7 +258,7 @@ static void check_bf16_mode(enum kn_cpu_isa isa) {
               if (out[(size_t)t * N + j] > out[(size_t)t * N + best]) best = j;
             if (ids[t] != best)
               th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d K=%d: argmax %d, matmul's %d",
-                      kn_cpu_isa_name(isa), kn_dtype_name(dt), T, K, ids[t], best);
+                      label, kn_dtype_name(dt), T, K, ids[t], best);
           }
           /* matmul_rows: rows 5, 0 and N - 1 give the matmul's bits */
           const int32_t rows[3] = {5 % N, 0, N - 1};
@@ -267,15 +267,20 @@ static void check_bf16_mode(enum kn_cpu_isa isa) {
           for (int t = 0; t < T; t++)
             for (int r = 0; r < 3; r++)
               if (!kt_bits_equal(&sub[t * 3 + r], &out[(size_t)t * N + rows[r]], 1))
-                th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d K=%d: matmul_rows differs",
-                        kn_cpu_isa_name(isa), kn_dtype_name(dt), T, K);
+                th_fail(__FILE__, __LINE__, "%s bf16 mode %s T=%d K=%d: matmul_rows differs", label,
+                        kn_dtype_name(dt), T, K);
           free(ids);
           free(in);
           free(w);
           free(out);
           free(init);
         }
-  check_rows_alone(be, kn_cpu_isa_name(isa));
+  check_rows_alone(be, label);
+}
+
+static void check_bf16_mode(enum kn_cpu_isa isa) {
+  struct kn_backend *be = kt_isa_backend_mode(isa, 2, 1);
+  check_bf16_backend(be, kn_cpu_isa_name(isa));
   kn_backend_destroy(be);
 }
 
@@ -290,6 +295,49 @@ TH_TEST(bf16_mode_avx512) {
 }
 TH_TEST(bf16_mode_avx512bf16) {
   check_bf16_mode(KN_CPU_ISA_AVX512BF16);
+}
+TH_TEST(bf16_mode_amx) {
+  check_bf16_mode(KN_CPU_ISA_AMX);
+}
+/* The AMX table's layout, edges and invariance on any processor: its kernels
+ * with each tile instruction emulated. */
+TH_TEST(bf16_mode_amx_emulated) {
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_amx_emulated(2, &be) == 0 && be);
+  TH_CHECK_EQ_STR(kn_backend_name(be), "cpu-amx-emulated");
+  check_bf16_backend(be, "amx-emulated");
+  kn_backend_destroy(be);
+}
+
+/* The tiles' input layout written on AVX-512-BF16 (the AMX table's) bit-equal
+ * to its C version (the emulated table's elsewhere), over every class of
+ * value the rounding treats apart and token counts around the groups of 16. */
+TH_TEST(amx_inputs_layout_same_bits) {
+  if (!kn_cpu_has_avx512bf16())
+    TH_SKIP("this processor has no avx512bf16: the layout's SIMD version was not checked");
+  static const float special[] = {0.0f,      -0.0f,    1e-40f,        -1e-40f,     INFINITY,
+                                  -INFINITY, NAN,      1.00390625f,   1.01171875f, -1.00390625f,
+                                  3.4e38f,   65504.0f, 1.1754944e-38f};
+  static const int Ts[] = {1, 15, 16, 17, 33}, Ks[] = {1, 31, 32, 33, 100};
+  kt_seed(13);
+  for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++)
+    for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++) {
+      const int T = Ts[ti], K = Ks[ki], row = (K + 31) & ~31, T16 = (T + 15) & ~15;
+      float *in = kt_rand_f32((size_t)T * K, 4.0f);
+      for (int i = 0; i < T * K; i += 7)
+        in[i] = special[(size_t)i % CM_ARRAY_LEN(special)];
+      uint16_t *a = malloc(2 * (size_t)T16 * row), *b = malloc(2 * (size_t)T16 * row);
+      TH_REQUIRE(a && b);
+      memset(a, 0xa5, 2 * (size_t)T16 * row);
+      memset(b, 0x5a, 2 * (size_t)T16 * row);
+      kn_cpu_amx_round_rows(a, row, in, K, T, K);
+      kn_cpu_amx_round_rows_emu(b, row, in, K, T, K);
+      if (memcmp(a, b, 2 * (size_t)T16 * row))
+        th_fail(__FILE__, __LINE__, "T=%d K=%d: the AVX-512 layout differs from the C one", T, K);
+      free(in);
+      free(a);
+      free(b);
+    }
 }
 
 /* The default mode keeps f32 inputs: it is not the bf16 mode. */

@@ -78,10 +78,18 @@ TH_TEST(backend_isa_choice) {
                                                                    : "cpu-ref");
     kn_backend_destroy(be);
     TH_REQUIRE(kn_cpu_backend_create_mode(1, KN_CPU_ISA_AVX512BF16, 1, &be) == 0);
-    TH_CHECK_EQ_STR(kn_backend_name(be), have == KN_CPU_ISA_AVX512BF16 ? "cpu-avx512bf16"
+    TH_CHECK_EQ_STR(kn_backend_name(be), have >= KN_CPU_ISA_AVX512BF16 ? "cpu-avx512bf16"
                                          : have == KN_CPU_ISA_AVX512   ? "cpu-avx512"
                                          : have == KN_CPU_ISA_AVX2     ? "cpu-avx2"
                                                                        : "cpu-ref");
+    kn_backend_destroy(be);
+    /* the best table of the bf16 mode: the AMX tiles where they are usable */
+    TH_REQUIRE(kn_cpu_backend_create_mode(1, KN_CPU_ISA_BEST, 1, &be) == 0);
+    TH_CHECK_EQ_STR(kn_backend_name(be), have == KN_CPU_ISA_AMX          ? "cpu-amx"
+                                         : have == KN_CPU_ISA_AVX512BF16 ? "cpu-avx512bf16"
+                                         : have == KN_CPU_ISA_AVX512     ? "cpu-avx512"
+                                         : have == KN_CPU_ISA_AVX2       ? "cpu-avx2"
+                                                                         : "cpu-ref");
     kn_backend_destroy(be);
     /* a request above what the processor has is capped */
     TH_REQUIRE(kn_cpu_backend_create_isa(1, KN_CPU_ISA_AVX2, &be) == 0);

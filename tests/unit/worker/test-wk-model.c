@@ -49,7 +49,7 @@ static int setup_isa(struct fixture *f, const char *arch, int moe, enum wk_st_dt
 }
 
 static int setup_mode(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt, int bf16) {
-  return setup_isa(f, arch, moe, dt, KN_CPU_ISA_AVX512BF16, bf16);
+  return setup_isa(f, arch, moe, dt, KN_CPU_ISA_BEST, bf16);
 }
 
 static int setup(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt) {
@@ -210,7 +210,7 @@ static void check_weights_copied_or_mapped(const char *arch, int moe, enum wk_st
   size_t bytes = 0;
   for (int mapped = 0; mapped < 2; mapped++) {
     struct fixture f;
-    TH_REQUIRE(setup_load(&f, arch, moe, dt, KN_CPU_ISA_AVX512BF16, 0, mapped) == 0);
+    TH_REQUIRE(setup_load(&f, arch, moe, dt, KN_CPU_ISA_BEST, 0, mapped) == 0);
     const struct wk_arena *a = &f.m->arena;
     const unsigned char *wq = f.m->layers[0].wq.p, *emb = f.m->embed.p;
     if (mapped) {

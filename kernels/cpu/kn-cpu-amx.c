@@ -1,0 +1,376 @@
+/* kn-cpu-amx.c — the bf16 mode's matmul on AMX-BF16 tiles, for every T,
+ * decode included.
+ *
+ * The weights are the tiles' A operand as they lie in memory: 16 rows by one
+ * block of 32 k, 64 bytes a row at the matrix's own row stride. Nothing is
+ * repacked or copied at load, so the tiles cost no memory and no load time;
+ * only the edges (rows past n, k past K) go through a zero-padded 1 KiB
+ * buffer. The inputs are the B operand. round_bf16 writes them already in the
+ * tiles' layout: per group of 16 tokens and block of 32 k, one 1 KiB tile
+ * whose row i holds the pairs (k = 2i, 2i + 1) of the 16 tokens. The tiles
+ * compute C = W x^T, 16 features by 16 tokens, summed over the k-blocks in
+ * order; each C is then written back transposed.
+ *
+ * Batch invariance: C's element (feature f, token t) depends only on W's row
+ * f, token t's inputs and the order of the k-blocks, never on the other rows
+ * or tokens in the tiles. Every output, whatever T or n, is the same sequence
+ * of tdpbf16ps over the k-blocks from zero. Decode (T = 1) runs the same
+ * tiles with 15 zero tokens, so it gets prefill's bits. The tiles' sums are not
+ * vdpbf16ps's, so the whole table switches: attention keeps the AVX-512-BF16
+ * kernels, which no matmul shares bits with.
+ *
+ * This file is compiled twice. Here, the tile instructions are inline
+ * assembly with memory clobbers: gcc 12's intrinsics for tile loads declare no
+ * memory read, so the edge buffers' stores could be dropped. As
+ * kn-cpu-amx-emu.c (KN_AMX_EMULATE), each instruction is a C function written
+ * from the pseudocode of Intel's instruction reference. The emulated table
+ * runs on every processor, so the tests check the layout, the edges and the
+ * invariance everywhere, and the real tiles where the processor has them.
+ * kn_cpu_has_amx runs both on one problem before the table is used. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/kn-dtype.h"
+
+#ifdef KN_AMX_EMULATE
+#define AMX_FN(name) kn_cpu_amx_##name##_emu
+#define AMX_TARGET
+#else
+#include <cpuid.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/cm-log.h"
+#define AMX_FN(name) kn_cpu_amx_##name
+#define AMX_TARGET   __attribute__((target("avx2,fma,avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
+#endif
+
+/* The tile configuration (palette 1): every tile 16 rows of 64 bytes. */
+struct amx_cfg {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+_Static_assert(sizeof(struct amx_cfg) == 64, "the tile configuration is 64 bytes");
+static const struct amx_cfg amx_cfg16 = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+#ifdef KN_AMX_EMULATE
+/* The eight tile registers. */
+struct amx_tiles {
+  _Alignas(64) unsigned char reg[8][1024];
+};
+#define AMX_STATE                                                                                  \
+  struct amx_tiles amx_regs_;                                                                      \
+  struct amx_tiles *const amx_ = &amx_regs_
+#define T_CFG(c)         ((void)(c))
+#define T_LOAD(t, p, s)  emu_load(amx_, t, p, s)
+#define T_STORE(t, p, s) emu_store(amx_, t, p, s)
+#define T_ZERO(t)        memset(amx_->reg[t], 0, 1024)
+#define T_DP(c, a, b)    emu_dp(amx_, c, a, b)
+#define T_RELEASE()      ((void)amx_)
+
+static void emu_load(struct amx_tiles *r, int t, const void *p, ptrdiff_t stride) {
+  for (int i = 0; i < 16; i++)
+    memcpy(r->reg[t] + 64 * i, (const char *)p + i * stride, 64);
+}
+
+static void emu_store(struct amx_tiles *r, int t, void *p, ptrdiff_t stride) {
+  for (int i = 0; i < 16; i++)
+    memcpy((char *)p + i * stride, r->reg[t] + 64 * i, 64);
+}
+
+/* A bf16 input as tdpbf16ps reads it: denormals are zero. */
+static float emu_in(uint16_t h) {
+  return kn_bf16_to_f32((h & 0x7f80) ? h : (uint16_t)(h & 0x8000));
+}
+
+/* Its outputs: denormals flushed to zero. */
+static float emu_ftz(float v) {
+  return fabsf(v) < 1.17549435e-38f ? copysignf(0.0f, v) : v;
+}
+
+/* tdpbf16ps c, a, b: for each row m, each pair k of a's row and column n of
+ * c, c[m][n] += a[m][2k] * b[k][2n], then += a[m][2k+1] * b[k][2n+1], each
+ * product exact in f32 and each sum rounded to nearest even. */
+static void emu_dp(struct amx_tiles *r, int c, int a, int b) {
+  float C[256];
+  uint16_t A[512], B[512];
+  memcpy(C, r->reg[c], sizeof(C));
+  memcpy(A, r->reg[a], sizeof(A));
+  memcpy(B, r->reg[b], sizeof(B));
+  for (int m = 0; m < 16; m++)
+    for (int k = 0; k < 16; k++)
+      for (int n = 0; n < 16; n++) {
+        float *o = &C[m * 16 + n];
+        float p0 = emu_in(A[m * 32 + 2 * k]) * emu_in(B[k * 32 + 2 * n]);
+        *o = emu_ftz(*o + p0);
+        float p1 = emu_in(A[m * 32 + 2 * k + 1]) * emu_in(B[k * 32 + 2 * n + 1]);
+        *o = emu_ftz(*o + p1);
+      }
+  memcpy(r->reg[c], C, sizeof(C));
+}
+#else
+#define AMX_STATE
+#define T_CFG(c) __asm__ volatile("ldtilecfg %0" ::"m"(*(c)))
+#define T_LOAD(t, p, s)                                                                            \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(s))        \
+                   : "memory")
+#define T_STORE(t, p, s)                                                                           \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(p)), "r"((long)(s))          \
+                   : "memory")
+#define T_ZERO(t)     __asm__ volatile("tilezero %%tmm" #t ::)
+#define T_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define T_RELEASE()   __asm__ volatile("tilerelease" ::)
+#endif
+
+/* Input (t, k) in the tiles' layout, ldx = kn_cpu_bf16_row(K): groups of 16
+ * tokens, each a run of 1 KiB tiles, one per block of 32 k. */
+static inline size_t amx_at(int t, int k, ptrdiff_t ldx) {
+  return (size_t)(t >> 4) * 16 * (size_t)ldx + (size_t)(k >> 5) * 512 +
+         (size_t)((k & 31) >> 1) * 32 + (size_t)(t & 15) * 2 + (size_t)(k & 1);
+}
+
+#ifdef KN_AMX_EMULATE
+/* f32 to bf16 as vcvtne2ps2bf16 rounds: to nearest even, denormals to zero,
+ * NaN kept quiet. */
+static uint16_t round_one(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (!(u & 0x7f800000u)) return (uint16_t)((u >> 16) & 0x8000u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* kn_cpu_dsp.round_bf16 for the tiles: T tokens (up to the next 16 with
+ * zeros) of K inputs (zeros up to ldd) into the layout of amx_at. */
+void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
+                        int K) {
+  const int T16 = (T + 15) & ~15;
+  for (int t = 0; t < T16; t++)
+    for (int k = 0; k < (int)ldd; k++)
+      dst[amx_at(t, k, ldd)] = t < T && k < K ? round_one(in[(ptrdiff_t)t * ldi + k]) : 0;
+}
+#else
+/* The same on AVX-512-BF16: each token's block of 32 rounded by one
+ * vcvtne2ps2bf16, its 16 pairs scattered down the tile's column. */
+AMX_TARGET void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi,
+                                   int T, int K) {
+  const int T16 = (T + 15) & ~15, KB = (int)(ldd / 32);
+  const __m512i col =
+      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  for (int t = 0; t < T16; t++) {
+    const float *x = in + (ptrdiff_t)t * ldi;
+    for (int b = 0; b < KB; b++) {
+      int *tile = (int *)(dst + amx_at(t & ~15, 32 * b, ldd)) + (t & 15);
+      __m512i v = _mm512_setzero_si512();
+      int r = K - 32 * b;
+      if (t < T && r > 0) {
+        __mmask16 m0 = r >= 16 ? 0xffff : (__mmask16)((1u << r) - 1);
+        __mmask16 m1 = r >= 32 ? 0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1);
+        __m512 lo = _mm512_maskz_loadu_ps(m0, x + 32 * b);
+        __m512 hi = _mm512_maskz_loadu_ps(m1, x + 32 * b + 16);
+        v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      }
+      _mm512_i32scatter_epi32(tile, col, v, 4);
+    }
+  }
+}
+#endif
+
+/* Rows [0, nr) and k [0, kr) of a 16-row block of W at w (row stride K),
+ * zeros elsewhere, as one A tile at dst. */
+static void amx_edge(uint16_t *dst, const uint16_t *w, int K, int nr, int kr) {
+  if (kr > 32) kr = 32;
+  memset(dst, 0, 1024);
+  for (int r = 0; r < nr; r++)
+    memcpy(dst + 32 * r, w + (size_t)r * K, (size_t)kr * 2);
+}
+
+/* Writes (acc: adds) C, 16 features by 16 tokens, to out: nf features, nt tokens. */
+AMX_TARGET static void amx_put(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc) {
+  for (int t = 0; t < nt; t++) {
+    float *o = out + (ptrdiff_t)t * ldo;
+    for (int f = 0; f < nf; f++)
+      o[f] = acc ? o[f] + c[16 * f + t] : c[16 * f + t];
+  }
+}
+
+/* kn_cpu_dsp.dot_bf16 on the tiles: groups of 32 weight rows (two A tiles)
+ * against pairs of token groups (two B tiles), four C tiles. x is in the
+ * layout of amx_at with ldx = kn_cpu_bf16_row(K). */
+AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
+                            const uint16_t *w, int K, int T, int n, int acc) {
+  AMX_STATE;
+  _Alignas(64) uint16_t pad[2][512];
+  _Alignas(64) float c[4][256];
+  const int KB = (int)(ldx / 32), KF = K / 32, G = (T + 15) / 16;
+  const ptrdiff_t ws = (ptrdiff_t)K * 2, gs = (ptrdiff_t)16 * ldx;
+  T_CFG(&amx_cfg16);
+  for (int n0 = 0; n0 < n; n0 += 32) {
+    const int nr0 = n - n0 < 16 ? n - n0 : 16, nr1 = n - n0 - 16 < 16 ? n - n0 - 16 : 16;
+    const uint16_t *w0 = w + (size_t)n0 * K, *w1 = w0 + (size_t)16 * K;
+    /* small batches stream the weights: the next group's lines of each block
+     * are asked for while this one's are used */
+    const int ahead = G <= 2 && n0 + 32 < n ? (n - n0 - 32 < 32 ? n - n0 - 32 : 32) : 0;
+    for (int g = 0; g < G; g += 2) {
+      const int two = g + 1 < G;
+      const uint16_t *x0 = x + g * gs, *x1 = x0 + gs;
+      T_ZERO(0);
+      T_ZERO(1);
+      T_ZERO(2);
+      T_ZERO(3);
+      for (int b = 0; b < KB; b++) {
+        for (int r = 0; r < ahead; r++)
+          __builtin_prefetch(w0 + (size_t)(32 + r) * K + 32 * b);
+        if (nr0 == 16 && b < KF) {
+          T_LOAD(4, w0 + 32 * b, ws);
+        } else {
+          amx_edge(pad[0], w0 + 32 * b, K, nr0, K - 32 * b);
+          T_LOAD(4, pad[0], 64);
+        }
+        T_LOAD(6, x0 + 512 * b, 64);
+        T_DP(0, 4, 6);
+        if (two) {
+          T_LOAD(7, x1 + 512 * b, 64);
+          T_DP(1, 4, 7);
+        }
+        if (nr1 > 0) {
+          if (nr1 == 16 && b < KF) {
+            T_LOAD(5, w1 + 32 * b, ws);
+          } else {
+            amx_edge(pad[1], w1 + 32 * b, K, nr1, K - 32 * b);
+            T_LOAD(5, pad[1], 64);
+          }
+          T_DP(2, 5, 6);
+          if (two) T_DP(3, 5, 7);
+        }
+      }
+      const int nt0 = T - 16 * g < 16 ? T - 16 * g : 16, nt1 = two ? T - 16 * (g + 1) : 0;
+      float *o0 = out + (ptrdiff_t)16 * g * ldo + n0, *o1 = o0 + (ptrdiff_t)16 * ldo;
+      T_STORE(0, c[0], 64);
+      amx_put(o0, ldo, c[0], nr0, nt0, acc);
+      if (two) {
+        T_STORE(1, c[1], 64);
+        amx_put(o1, ldo, c[1], nr0, nt1 < 16 ? nt1 : 16, acc);
+      }
+      if (nr1 > 0) {
+        T_STORE(2, c[2], 64);
+        amx_put(o0 + 16, ldo, c[2], nr1, nt0, acc);
+        if (two) {
+          T_STORE(3, c[3], 64);
+          amx_put(o1 + 16, ldo, c[3], nr1, nt1 < 16 ? nt1 : 16, acc);
+        }
+      }
+    }
+  }
+  T_RELEASE();
+}
+
+#ifdef KN_AMX_EMULATE
+void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
+  /* the inputs' layout as the real table writes it where the processor can */
+  dsp->round_bf16 = kn_cpu_has_avx512bf16() ? kn_cpu_amx_round_rows : kn_cpu_amx_round_rows_emu;
+  dsp->dot_bf16 = kn_cpu_amx_dot_emu;
+  dsp->bf16_tokens = 16;
+  dsp->bf16_rows = 32;
+}
+#else
+/* What the processor and the kernel allow: AMX-TILE and AMX-BF16 (CPUID leaf
+ * 7, EDX bits 24 and 22), the tile state enabled in XCR0 (bits 17 and 18),
+ * and this process's permission to use it, which Linux grants on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, since 5.16). 0 when all hold; 1 when the
+ * processor has no tiles; -1 with *why when it has them but they are not
+ * allowed. */
+#define AMX_ARCH_GET_XCOMP_PERM 0x1022
+#define AMX_ARCH_REQ_XCOMP_PERM 0x1023
+#define AMX_XFEATURE_XTILEDATA  18
+static int amx_allowed(const char **why) {
+  unsigned a, b, c, d;
+  if (!kn_cpu_has_avx512bf16() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 1;
+  if (!((d >> 24) & 1) || !((d >> 22) & 1)) return 1;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 1;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) {
+    *why = "the kernel does not enable the tile state (XCR0)";
+    return -1;
+  }
+  unsigned long perm = 0;
+  if (syscall(SYS_arch_prctl, AMX_ARCH_REQ_XCOMP_PERM, AMX_XFEATURE_XTILEDATA) != 0 ||
+      syscall(SYS_arch_prctl, AMX_ARCH_GET_XCOMP_PERM, &perm) != 0 ||
+      !(perm & (1ul << AMX_XFEATURE_XTILEDATA))) {
+    *why = "the kernel refused this process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+    return -1;
+  }
+  return 0;
+}
+
+/* The tiles against their emulation on one problem with every edge (19
+ * tokens, 37 rows, K = 70), and a token alone against the batch: NULL, or
+ * what differed. Run once before the table is used, so that a processor or
+ * kernel that computes otherwise than the instruction reference says falls
+ * back to the AVX-512-BF16 table instead of serving wrong numbers. */
+static const char *amx_selfcheck(void) {
+  enum { T = 19, N = 37, K = 70, LDX = 96 };
+  static float in[T * K], got[T * N], want[T * N], one[N];
+  static uint16_t w[N * K], x[32 * LDX], xv[32 * LDX], x1[16 * LDX];
+  uint32_t s = 12345;
+  for (int i = 0; i < T * K; i++) {
+    s = s * 1664525u + 1013904223u;
+    in[i] = (float)((int)(s >> 8) % 2001 - 1000) / 1000.0f;
+  }
+  for (int i = 0; i < N * K; i++) {
+    s = s * 1664525u + 1013904223u;
+    w[i] = kn_f32_to_bf16((float)((int)(s >> 8) % 2001 - 1000) / 2000.0f);
+  }
+  kn_cpu_amx_round_rows_emu(x, LDX, in, K, T, K);
+  kn_cpu_amx_round_rows(xv, LDX, in, K, T, K);
+  if (memcmp(x, xv, sizeof(x))) return "the inputs' layout differs from its C version";
+  kn_cpu_amx_dot(got, N, x, LDX, w, K, T, N, 0);
+  kn_cpu_amx_dot_emu(want, N, x, LDX, w, K, T, N, 0);
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < N; j++) {
+      double mag = 0.0;
+      for (int k = 0; k < K; k++)
+        mag += fabs((double)kn_bf16_to_f32(x[amx_at(t, k, LDX)]) * kn_bf16_to_f32(w[j * K + k]));
+      if (!(fabs((double)got[t * N + j] - want[t * N + j]) <= 1e-5 * mag + 1e-30))
+        return "the tiles' sums differ from the emulated instructions'";
+    }
+  kn_cpu_amx_round_rows(x1, LDX, in + 5 * K, K, 1, K);
+  kn_cpu_amx_dot(one, N, x1, LDX, w, K, 1, N, 0);
+  if (memcmp(one, got + 5 * N, sizeof(one))) return "a token alone differs from the batch";
+  return NULL;
+}
+
+static int amx_ok;
+static void amx_probe(void) {
+  const char *why = NULL;
+  int rc = amx_allowed(&why);
+  if (rc == 0 && (why = amx_selfcheck()) != NULL) rc = -1;
+  if (rc < 0) cm_warn("kn", "AMX tiles present but not used: %s", why);
+  amx_ok = rc == 0;
+}
+
+int kn_cpu_has_amx(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, amx_probe);
+  return amx_ok;
+}
+
+void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {
+  dsp->isa = KN_CPU_ISA_AMX;
+  dsp->round_bf16 = kn_cpu_amx_round_rows;
+  dsp->dot_bf16 = kn_cpu_amx_dot;
+  dsp->bf16_tokens = 16;
+  dsp->bf16_rows = 32;
+}
+#endif
