@@ -24,6 +24,10 @@ struct fixture {
   int V;
 };
 
+/* bf16 for setup_load: the bf16 mode on the AMX table's kernels with the
+ * tile instructions emulated (kn_cpu_backend_create_amx_emulated). */
+#define BF16_AMX_EMULATED 2
+
 /* The backend capped at isa, in the bf16 mode when bf16 is set
  * (kn_cpu_backend_create_mode); the weights left in the checkpoint's mapping
  * when mmap is set. */
@@ -31,7 +35,9 @@ static int setup_load(struct fixture *f, const char *arch, int moe, enum wk_st_d
                       enum kn_cpu_isa isa, int bf16, int mmap) {
   memset(f, 0, sizeof(*f));
   if (wkt_make_model(f->dir, sizeof(f->dir), arch, moe, 0, dt, 7)) return -1;
-  if (kn_cpu_backend_create_mode(2, isa, bf16, &f->be)) return -1;
+  if (bf16 == BF16_AMX_EMULATED ? kn_cpu_backend_create_amx_emulated(2, &f->be)
+                                : kn_cpu_backend_create_mode(2, isa, bf16, &f->be))
+    return -1;
   struct wk_model_opts o = {
       .max_batch_tokens = 256, .max_seqs = 4, .kv_tokens = 1024, .quiet = 1, .mmap_weights = mmap};
   char err[256];
@@ -200,6 +206,14 @@ TH_TEST(gemma4_bf16_mode_chunked_batched_bit_exact) {
 }
 TH_TEST(gemma3_bf16_mode_chunked_batched_bit_exact) {
   check_chunking_and_batching("gemma3", 0, WK_ST_BF16, 1);
+}
+/* ... and on the AMX tiles, here emulated: the whole model, prompt chunks of
+ * 1 to 150 tokens, batches of three. */
+TH_TEST(gemma4_bf16_amx_emulated_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma4", 0, WK_ST_BF16, BF16_AMX_EMULATED);
+}
+TH_TEST(gemma3_bf16_amx_emulated_chunked_batched_bit_exact) {
+  check_chunking_and_batching("gemma3", 0, WK_ST_BF16, BF16_AMX_EMULATED);
 }
 
 /* Where the weights live changes no bit: copied into the huge-page arena
