@@ -23,7 +23,7 @@
  * assembly with memory clobbers: gcc 12's intrinsics for tile loads declare no
  * memory read, so the edge buffers' stores could be dropped. As
  * kn-cpu-amx-emu.c (KN_AMX_EMULATE), each instruction is a C function written
- * from the pseudocode of Intel's instruction reference. The emulated table
+ * from the pseudocode of Intel's instruction reference (the SDM). The emulated table
  * runs on every processor, so the tests check the layout, the edges and the
  * invariance everywhere, and the real tiles where the processor has them.
  * kn_cpu_has_amx runs both on one problem before the table is used. */
@@ -97,9 +97,14 @@ static float emu_ftz(float v) {
   return fabsf(v) < 1.17549435e-38f ? copysignf(0.0f, v) : v;
 }
 
-/* tdpbf16ps c, a, b: for each row m, each pair k of a's row and column n of
- * c, c[m][n] += a[m][2k] * b[k][2n], then += a[m][2k+1] * b[k][2n+1], each
- * product exact in f32 and each sum rounded to nearest even. */
+/* tdpbf16ps c, a, b as the pseudocode of Intel's instruction reference (SDM)
+ * has it: for each row m and column n of c, the even and the odd products of
+ * a's row m and b's column n (a[m][2k] * b[k][2n], a[m][2k+1] * b[k][2n+1],
+ * k < 16) summed apart, each by fused multiply-adds from zero, then the two
+ * sums added and the result added to c[m][n]; inputs' denormals read as
+ * zero, outputs' flushed, rounding to nearest even. The tiles need not give
+ * these bits (kn_cpu_has_amx compares them with a tolerance), only sums of
+ * the same products. */
 static void emu_dp(struct amx_tiles *r, int c, int a, int b) {
   float C[256];
   uint16_t A[512], B[512];
@@ -107,14 +112,14 @@ static void emu_dp(struct amx_tiles *r, int c, int a, int b) {
   memcpy(A, r->reg[a], sizeof(A));
   memcpy(B, r->reg[b], sizeof(B));
   for (int m = 0; m < 16; m++)
-    for (int k = 0; k < 16; k++)
-      for (int n = 0; n < 16; n++) {
-        float *o = &C[m * 16 + n];
-        float p0 = emu_in(A[m * 32 + 2 * k]) * emu_in(B[k * 32 + 2 * n]);
-        *o = emu_ftz(*o + p0);
-        float p1 = emu_in(A[m * 32 + 2 * k + 1]) * emu_in(B[k * 32 + 2 * n + 1]);
-        *o = emu_ftz(*o + p1);
+    for (int n = 0; n < 16; n++) {
+      float even = 0.0f, odd = 0.0f;
+      for (int k = 0; k < 16; k++) {
+        even = emu_ftz(fmaf(emu_in(A[m * 32 + 2 * k]), emu_in(B[k * 32 + 2 * n]), even));
+        odd = emu_ftz(fmaf(emu_in(A[m * 32 + 2 * k + 1]), emu_in(B[k * 32 + 2 * n + 1]), odd));
       }
+      C[m * 16 + n] = emu_ftz(C[m * 16 + n] + emu_ftz(even + odd));
+    }
   memcpy(r->reg[c], C, sizeof(C));
 }
 #else
