@@ -165,13 +165,17 @@ void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t
       dst[amx_at(t, k, ldd)] = t < T && k < K ? round_one(in[(ptrdiff_t)t * ldi + k]) : 0;
 }
 #else
+/* The offsets of a tile's column, in its 4-byte elements. */
+AMX_TARGET static inline __m512i amx_column(void) {
+  return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+}
+
 /* The same on AVX-512-BF16: each token's block of 32 rounded by one
  * vcvtne2ps2bf16, its 16 pairs scattered down the tile's column. */
 AMX_TARGET void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi,
                                    int T, int K) {
   const int T16 = (T + 15) & ~15, KB = (int)(ldd / 32);
-  const __m512i col =
-      _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const __m512i col = amx_column();
   for (int t = 0; t < T16; t++) {
     const float *x = in + (ptrdiff_t)t * ldi;
     for (int b = 0; b < KB; b++) {
@@ -200,14 +204,28 @@ static void amx_edge(uint16_t *dst, const uint16_t *w, int K, int nr, int kr) {
     memcpy(dst + 32 * r, w + (size_t)r * K, (size_t)kr * 2);
 }
 
-/* Writes (acc: adds) C, 16 features by 16 tokens, to out: nf features, nt tokens. */
-AMX_TARGET static void amx_put(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc) {
+/* Writes (acc: adds) C, 16 features by 16 tokens (c[16 f + t]), to out: nf
+ * features, nt tokens. */
+#ifdef KN_AMX_EMULATE
+void AMX_FN(put)(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc) {
   for (int t = 0; t < nt; t++) {
     float *o = out + (ptrdiff_t)t * ldo;
     for (int f = 0; f < nf; f++)
       o[f] = acc ? o[f] + c[16 * f + t] : c[16 * f + t];
   }
 }
+#else
+/* ... each token's column gathered, stored under a mask. */
+AMX_TARGET void AMX_FN(put)(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc) {
+  const __mmask16 m = (__mmask16)((1u << nf) - 1);
+  for (int t = 0; t < nt; t++) {
+    float *o = out + (ptrdiff_t)t * ldo;
+    __m512 v = _mm512_i32gather_ps(amx_column(), c + t, 4);
+    if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), v);
+    _mm512_mask_storeu_ps(o, m, v);
+  }
+}
+#endif
 
 /* kn_cpu_dsp.dot_bf16 on the tiles: groups of 32 weight rows (two A tiles)
  * against pairs of token groups (two B tiles), four C tiles. x is in the
@@ -262,17 +280,17 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
       const int nt0 = T - 16 * g < 16 ? T - 16 * g : 16, nt1 = two ? T - 16 * (g + 1) : 0;
       float *o0 = out + (ptrdiff_t)16 * g * ldo + n0, *o1 = o0 + (ptrdiff_t)16 * ldo;
       T_STORE(0, c[0], 64);
-      amx_put(o0, ldo, c[0], nr0, nt0, acc);
+      AMX_FN(put)(o0, ldo, c[0], nr0, nt0, acc);
       if (two) {
         T_STORE(1, c[1], 64);
-        amx_put(o1, ldo, c[1], nr0, nt1 < 16 ? nt1 : 16, acc);
+        AMX_FN(put)(o1, ldo, c[1], nr0, nt1 < 16 ? nt1 : 16, acc);
       }
       if (nr1 > 0) {
         T_STORE(2, c[2], 64);
-        amx_put(o0 + 16, ldo, c[2], nr1, nt0, acc);
+        AMX_FN(put)(o0 + 16, ldo, c[2], nr1, nt0, acc);
         if (two) {
           T_STORE(3, c[3], 64);
-          amx_put(o1 + 16, ldo, c[3], nr1, nt1 < 16 ? nt1 : 16, acc);
+          AMX_FN(put)(o1 + 16, ldo, c[3], nr1, nt1 < 16 ? nt1 : 16, acc);
         }
       }
     }

@@ -192,6 +192,8 @@ void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdif
                            int K);
 void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
                                int K);
+void kn_cpu_amx_put(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc);
+void kn_cpu_amx_put_emu(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc);
 void kn_cpu_amx_dot(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx, const uint16_t *w,
                     int K, int T, int n, int acc);
 void kn_cpu_amx_dot_emu(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,

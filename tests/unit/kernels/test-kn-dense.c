@@ -341,6 +341,33 @@ TH_TEST(amx_inputs_layout_same_bits) {
 }
 
 /* The default mode keeps f32 inputs: it is not the bf16 mode. */
+/* The AMX table's write of a C tile (a gather per token on AVX-512) bit-equal
+ * to its C version, plain and accumulating, for every count of features and
+ * tokens; nothing outside them is written. */
+TH_TEST(amx_output_write_same_bits) {
+  if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16)
+    TH_SKIP("this processor has no avx512bf16: the output write's SIMD version was not checked");
+  kt_seed(14);
+  float *c = kt_rand_f32(256, 8.0f), *init = kt_rand_f32(16 * 20, 1.0f);
+  float a[16 * 20], b[16 * 20];
+  for (int acc = 0; acc < 2; acc++)
+    for (int nf = 1; nf <= 16; nf++)
+      for (int nt = 1; nt <= 16; nt++) {
+        memcpy(a, init, sizeof(a));
+        memcpy(b, init, sizeof(b));
+        kn_cpu_amx_put(a, 20, c, nf, nt, acc);
+        kn_cpu_amx_put_emu(b, 20, c, nf, nt, acc);
+        if (!kt_bits_equal(a, b, 16 * 20))
+          th_fail(__FILE__, __LINE__, "nf=%d nt=%d acc=%d: the AVX-512 write differs", nf, nt, acc);
+        for (int t = 0; t < 16; t++)
+          for (int f = 0; f < 20; f++)
+            if ((t >= nt || f >= nf) && !kt_bits_equal(&b[t * 20 + f], &init[t * 20 + f], 1))
+              th_fail(__FILE__, __LINE__, "nf=%d nt=%d: written outside the tile", nf, nt);
+      }
+  free(c);
+  free(init);
+}
+
 TH_TEST(bf16_mode_differs_from_the_default) {
   struct kn_backend *f = kt_backend(KN_CPU_ISA_REF, 1), *b = NULL;
   TH_REQUIRE(kn_cpu_backend_create_mode(1, KN_CPU_ISA_REF, 1, &b) == 0);
