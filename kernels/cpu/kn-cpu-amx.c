@@ -1,5 +1,5 @@
-/* kn-cpu-amx.c — the bf16 mode's matmul on AMX-BF16 tiles, for every T,
- * decode included.
+/* kn-cpu-amx.c — the bf16 mode's matmul and attention on AMX-BF16 tiles, for
+ * every T, decode included.
  *
  * The weights are the tiles' A operand as they lie in memory: 16 rows by one
  * block of 32 k, 64 bytes a row at the matrix's own row stride. Nothing is
@@ -16,8 +16,9 @@
  * or tokens in the tiles. Every output, whatever T or n, is the same sequence
  * of tdpbf16ps over the k-blocks from zero. Decode (T = 1) runs the same
  * tiles with 15 zero tokens, so it gets prefill's bits. The tiles' sums are not
- * vdpbf16ps's, so the whole table switches: attention keeps the AVX-512-BF16
- * kernels, which no matmul shares bits with.
+ * vdpbf16ps's, so every matmul of bf16 weights in the mode switches at once.
+ * So does the attention (below): its Q·K and P·V run on the tiles too, decode
+ * and prefill alike.
  *
  * This file is compiled twice. Here, the tile instructions are inline
  * assembly with memory clobbers: gcc 12's intrinsics for tile loads declare no
@@ -31,6 +32,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <immintrin.h>
+
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-avx512bf16.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-dtype.h"
 
@@ -39,7 +44,6 @@
 #define AMX_TARGET
 #else
 #include <cpuid.h>
-#include <immintrin.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -143,6 +147,11 @@ static inline size_t amx_at(int t, int k, ptrdiff_t ldx) {
          (size_t)((k & 31) >> 1) * 32 + (size_t)(t & 15) * 2 + (size_t)(k & 1);
 }
 
+/* The offsets of a tile's column, in its 4-byte elements. */
+KN_BF16 static inline __m512i amx_column(void) {
+  return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+}
+
 #ifdef KN_AMX_EMULATE
 /* f32 to bf16 as vcvtne2ps2bf16 rounds: to nearest even, denormals to zero,
  * NaN kept quiet. */
@@ -165,11 +174,6 @@ void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t
       dst[amx_at(t, k, ldd)] = t < T && k < K ? round_one(in[(ptrdiff_t)t * ldi + k]) : 0;
 }
 #else
-/* The offsets of a tile's column, in its 4-byte elements. */
-AMX_TARGET static inline __m512i amx_column(void) {
-  return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
-}
-
 /* The same on AVX-512-BF16: each token's block of 32 rounded by one
  * vcvtne2ps2bf16, its 16 pairs scattered down the tile's column. */
 AMX_TARGET void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi,
@@ -298,11 +302,182 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
   T_RELEASE();
 }
 
+/* ---- attention ------------------------------------------------------------ */
+
+/* The bf16 mode's paged attention on the tiles: the blocks, their order, the
+ * online softmax and the vectors (query heads of rows) that share a block are
+ * kn-cpu-attn-avx2.c's; the queries and the probabilities are rounded to bf16
+ * as in kn-cpu-attn-bf16.c. Per key block and group of vectors:
+ *   - S^T = K Q^T: A the block's visible key rows (16 keys by 32 dims, copied
+ *     together), B the call's queries in round_rows' layout (a vector per
+ *     column): C, 16 keys by 16 vectors, summed over the head dim's blocks of
+ *     32 in order; then scaled (and softcapped) per vector;
+ *   - the softmax step on each vector's scores, the visible keys'
+ *     probabilities rounded to bf16 in pairs;
+ *   - P V: A the probabilities (a vector per row, 16 pairs of keys), B the V
+ *     rows two by two interleaved element by element, 16 dims a tile: C, 16
+ *     vectors by 16 dims; the accumulator times the softmax's correction,
+ *     plus C.
+ * A vector's scores are its own column of C, its output its own rows, so its
+ * bits do not depend on the call's other vectors: a decode row, a row in a
+ * prefill tile, chunked or batched, all agree. There is no transposed copy of
+ * the keys: the key rows are the A operand as they lie, and V is interleaved
+ * in pairs as the AVX-512-BF16 kernel does already. */
+struct amx_attn {
+  struct kn_cpu_attn_vecs w;
+  _Alignas(64) uint16_t qt[KN_MAX_HEAD_DIM / 32][512];      /* the queries (B) */
+  _Alignas(64) uint16_t kb[KN_ATTN_BLOCK][KN_MAX_HEAD_DIM]; /* the visible keys (A) */
+  _Alignas(64) uint16_t vt[KN_MAX_HEAD_DIM / 16][512];      /* V's pairs (B) */
+#ifdef KN_AMX_EMULATE
+  struct amx_tiles regs;
+#endif
+};
+#ifdef KN_AMX_EMULATE
+#define AMX_STATE_OF(a) struct amx_tiles *const amx_ = &(a)->regs
+#else
+#define AMX_STATE_OF(a) (void)(a)
+#endif
+
+/* The partner of an odd block's last V row. */
+static const uint16_t amx_zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+
+/* Rows [0, nv) of a block's V, in pairs, as the B tiles of P V: tile s, row
+ * i holds (V[2i][16 s + n], V[2i + 1][16 s + n]) for n < 16; pairs past the
+ * block's are zero (their probabilities are, and 0 times a stale row could be
+ * NaN). */
+KN_BF16 static void amx_v_pairs(uint16_t (*vt)[512], const void *const *vp, int nv, int D) {
+  static const uint16_t pick[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_loadu_si512(pick);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int i = 0; i < 16; i++) {
+    const uint16_t *a = 2 * i < nv ? vp[2 * i] : NULL;
+    const uint16_t *b = 2 * i + 1 < nv ? vp[2 * i + 1] : amx_zero_row;
+    for (int d = 0; d < D; d += 32) {
+      __m512i x = _mm512_setzero_si512(), y = x;
+      if (a) {
+        x = _mm512_loadu_si512(a + d);
+        y = _mm512_loadu_si512(b + d);
+      }
+      _mm512_store_si512(&vt[d / 16][32 * i], _mm512_permutex2var_epi16(x, lo, y));
+      _mm512_store_si512(&vt[d / 16 + 1][32 * i], _mm512_permutex2var_epi16(x, hi, y));
+    }
+  }
+}
+
+/* kn_cpu_attn_fold_fn: block b's keys in mask folded into vectors idx[0 .. k). */
+KN_BF16 static void amx_fold(void *ctx, int b, uint32_t mask, const int *idx, int k) {
+  struct amx_attn *a = ctx;
+  AMX_STATE_OF(a);
+  const struct kn_cpu_attn_job *job = a->w.job;
+  const int D = job->view->head_dim;
+  struct kn_cpu_attn_group g;
+  kn_cpu_attn_group_take(&g, &a->w, b, mask, idx, k);
+  const int nv = g.n_vis;
+  for (int j = 0; j < nv; j++)
+    memcpy(a->kb[j], g.kp[j], (size_t)D * 2);
+  _Alignas(64) float st[2][256];
+  for (int h = 0; 16 * h < nv; h++) {
+    T_ZERO(0);
+    for (int d = 0; d < D; d += 32) {
+      T_LOAD(4, &a->kb[16 * h][d], 2 * KN_MAX_HEAD_DIM);
+      T_LOAD(6, a->qt[d / 32], 64);
+      T_DP(0, 4, 6);
+    }
+    T_STORE(0, st[h], 64);
+  }
+  for (int j = 0; j < k; j++)
+    for (int c = 0; c < nv; c++)
+      g.s[j][g.vj[c]] = st[c >> 4][16 * (c & 15) + idx[j]] * job->scale;
+  if (job->softcap > 0.0f) kn_cpu_attn_softcap(g.s, k, g.vj, nv, job->softcap);
+  _Alignas(64) uint32_t pp[16][KN_ATTN_BLOCK / 2];
+  float corr[16];
+  memset(pp, 0, sizeof(pp));
+  for (int j = 0; j < k; j++) {
+    corr[j] = kn_avx2_softmax_block(g.s[j], &g.m[j], &g.l[j]);
+    _Alignas(64) float c[KN_ATTN_BLOCK] = {0};
+    for (int n = 0; n < nv; n++)
+      c[n] = g.s[j][g.vj[n]];
+    _mm512_store_si512(pp[j],
+                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + 16), _mm512_load_ps(c)));
+  }
+  amx_v_pairs(a->vt, g.vp, nv, D);
+  _Alignas(64) float ct[256];
+  T_LOAD(4, pp, 64);
+  for (int s = 0; s < D / 16; s++) {
+    T_ZERO(0);
+    T_LOAD(6, a->vt[s], 64);
+    T_DP(0, 4, 6);
+    T_STORE(0, ct, 64);
+    for (int j = 0; j < k; j++) {
+      float *o = g.acc[j] + 16 * s;
+      _mm512_store_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(o), _mm512_set1_ps(corr[j])),
+                                       _mm512_load_ps(ct + 16 * j)));
+    }
+  }
+  kn_cpu_attn_group_give(&g, &a->w, idx, k);
+}
+
+/* kn_cpu_attn_run_fn: a set of vectors, their queries rounded into the B
+ * tiles, over their blocks (kn_cpu_attn_walk); then each written over l. */
+KN_BF16 static void amx_attn_vectors(void *ctx, const float *const *q) {
+  struct amx_attn *a = ctx;
+  AMX_STATE_OF(a);
+  const struct kn_cpu_attn_vecs *w = &a->w;
+  const int D = w->job->view->head_dim, n = w->n;
+  const __m512i col = amx_column();
+  for (int i = 0; i < 16; i++)
+    for (int d = 0; d < D; d += 32) {
+      __m512i v = _mm512_setzero_si512();
+      if (i < n)
+        v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[i] + d + 16), _mm512_loadu_ps(q[i] + d));
+      _mm512_i32scatter_epi32((int *)a->qt[d / 32] + i, col, v, 4);
+    }
+  T_CFG(&amx_cfg16);
+  kn_cpu_attn_walk(w, amx_fold, a);
+  T_RELEASE();
+  for (int i = 0; i < n; i++) {
+    __m512 lv = _mm512_set1_ps(w->l[i]);
+    for (int d = 0; d < D; d += 16)
+      _mm512_storeu_ps(w->out[i] + d, _mm512_div_ps(_mm512_load_ps(&w->acc[i][d]), lv));
+  }
+}
+
+static int amx_attn_takes(const struct kn_kv_view *view) {
+  return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
+}
+
+/* kn_cpu_attn_fn of the bf16 mode on the tiles: query heads g0 .. g0 + ng - 1 of row i. */
+KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                          int kvh, int g0, int ng) {
+  if (!amx_attn_takes(job->view)) {
+    kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
+    return;
+  }
+  struct amx_attn a; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
+  kn_cpu_attn_sets(&a.w, job, seq, i, 1, kvh, g0, ng, amx_attn_vectors, &a);
+}
+
+/* kn_cpu_attn_tile_fn of the bf16 mode on the tiles: rows i0 .. i0 + nr - 1, head by head. */
+KN_BF16 void AMX_FN(attn_tile)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                               int i0, int nr, int kvh, int g0, int ng) {
+  if (!amx_attn_takes(job->view)) {
+    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
+    return;
+  }
+  struct amx_attn a;
+  kn_cpu_attn_sets(&a.w, job, seq, i0, nr, kvh, g0, ng, amx_attn_vectors, &a);
+}
+
 #ifdef KN_AMX_EMULATE
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
   /* the inputs' layout as the real table writes it where the processor can */
   dsp->round_bf16 = kn_cpu_has_avx512bf16() ? kn_cpu_amx_round_rows : kn_cpu_amx_round_rows_emu;
   dsp->dot_bf16 = kn_cpu_amx_dot_emu;
+  if (kn_cpu_has_avx512bf16()) { /* its softmax and pairs are AVX-512 code */
+    dsp->attn_bf16 = kn_cpu_amx_attn_emu;
+    dsp->attn_tile_bf16 = kn_cpu_amx_attn_tile_emu;
+  }
   dsp->bf16_tokens = 16;
   dsp->bf16_rows = 32;
 }
@@ -393,6 +568,8 @@ void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {
   dsp->isa = KN_CPU_ISA_AMX;
   dsp->round_bf16 = kn_cpu_amx_round_rows;
   dsp->dot_bf16 = kn_cpu_amx_dot;
+  dsp->attn_bf16 = kn_cpu_amx_attn;
+  dsp->attn_tile_bf16 = kn_cpu_amx_attn_tile;
   dsp->bf16_tokens = 16;
   dsp->bf16_rows = 32;
 }

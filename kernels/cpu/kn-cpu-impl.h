@@ -194,6 +194,14 @@ void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, pt
                                int K);
 void kn_cpu_amx_put(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc);
 void kn_cpu_amx_put_emu(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc);
+void kn_cpu_amx_attn(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                     int kvh, int g0, int ng);
+void kn_cpu_amx_attn_tile(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
+                          int nr, int kvh, int g0, int ng);
+void kn_cpu_amx_attn_emu(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                         int kvh, int g0, int ng);
+void kn_cpu_amx_attn_tile_emu(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                              int i0, int nr, int kvh, int g0, int ng);
 void kn_cpu_amx_dot(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx, const uint16_t *w,
                     int K, int T, int n, int acc);
 void kn_cpu_amx_dot_emu(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,

@@ -259,12 +259,22 @@ TH_TEST(attention_simd_matches_reference) {
 
 /* ---- invariance ---------------------------------------------------------- */
 
+/* For the checks below: the bf16 mode on the AMX table's kernels with the
+ * tile instructions emulated (kn_cpu_backend_create_amx_emulated). */
+#define ISA_AMX_EMULATED ((enum kn_cpu_isa)-1)
+
+static struct kn_backend *backend_of(enum kn_cpu_isa isa, int threads, int bf16) {
+  if (isa != ISA_AMX_EMULATED) return kt_isa_backend_mode(isa, threads, bf16);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_amx_emulated(threads, &be) == 0 && be);
+  return be;
+}
+
 /* A 70-token prompt attended in one chunk, in uneven chunks and token by token,
  * alone or batched with other sequences: identical bits. */
 static void check_attn_invariance(enum kn_cpu_isa isa, int bf16, int D, int window,
                                   enum kn_dtype dt) {
-  struct kn_backend *be1 = kt_isa_backend_mode(isa, 1, bf16),
-                    *be2 = kt_isa_backend_mode(isa, 2, bf16);
+  struct kn_backend *be1 = backend_of(isa, 1, bf16), *be2 = backend_of(isa, 2, bf16);
   int len = 70, H = 4, kvh = 2;
   struct kt_cache c;
   cache_init(&c, be1, 2, len, kvh, D, 16, dt);
@@ -339,7 +349,7 @@ static void check_attn_invariance(enum kn_cpu_isa isa, int bf16, int D, int wind
  * each key block while it is in cache) are the bits of rows computed one by
  * one, and match the reference. */
 static void check_attn_tiles(enum kn_cpu_isa isa, int bf16, int D, enum kn_dtype dt) {
-  struct kn_backend *be = kt_isa_backend_mode(isa, 2, bf16), *ref = kt_backend(KN_CPU_ISA_REF, 1);
+  struct kn_backend *be = backend_of(isa, 2, bf16), *ref = kt_backend(KN_CPU_ISA_REF, 1);
   int len = 37, H = 3, kvh = 3; /* 37: two whole tiles of 16 and a part */
   struct kt_cache c;
   cache_init(&c, be, 1, len, kvh, D, 16, dt);
@@ -366,7 +376,8 @@ static void check_attn_tiles(enum kn_cpu_isa isa, int bf16, int D, enum kn_dtype
             kn_backend_name(be), D, kn_dtype_name(dt));
   /* the bf16 mode's own kernels take a bf16 cache and head dims of multiples
    * of 32, rounding the queries and probabilities: close, not equal */
-  int rounded = bf16 && isa >= KN_CPU_ISA_AVX512BF16 && dt == KN_DTYPE_BF16 && D % 32 == 0;
+  int rounded = bf16 && (isa >= KN_CPU_ISA_AVX512BF16 || isa == ISA_AMX_EMULATED) &&
+                dt == KN_DTYPE_BF16 && D % 32 == 0;
   double e = kt_nmse(all, want, (size_t)len * ld);
   if (rounded ? !(e < 1e-4 && e > 1e-12) : !(e < 1e-10))
     th_fail(__FILE__, __LINE__, "%s D=%d %s: nmse %g against the reference", kn_backend_name(be),
@@ -398,9 +409,8 @@ TH_TEST(attention_chunking_and_batch_invariant) {
  * (its own kernels ran), and a row's bits the same alone, in tiles, chunked
  * or batched. An f32 cache and head dims that are not multiples of 32 keep
  * the f32 kernels. */
-TH_TEST(attention_bf16_mode) {
-  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2),
-                    *bf = kt_isa_backend_mode(KN_CPU_ISA_AVX512BF16, 2, 1);
+static void check_attn_bf16_mode(enum kn_cpu_isa isa) {
+  struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 2), *bf = backend_of(isa, 2, 1);
   kt_seed(19);
   static const int dims[] = {64, 256, 512, 96, 40};
   static const int gqa[][2] = {{1, 1}, {4, 1}, {8, 2}};
@@ -416,13 +426,27 @@ TH_TEST(attention_bf16_mode) {
   grid_case(ref, bf, 64, 4, 1, 0, 16, KN_DTYPE_F32, 0.0f, 1e-12);
   kn_backend_destroy(ref);
   kn_backend_destroy(bf);
-  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 64, KN_DTYPE_BF16);
-  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 256, KN_DTYPE_BF16);
-  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 64, KN_DTYPE_F32);
-  check_attn_tiles(KN_CPU_ISA_AVX512BF16, 1, 40, KN_DTYPE_BF16);
-  check_attn_invariance(KN_CPU_ISA_AVX512BF16, 1, 64, 0, KN_DTYPE_BF16);
-  check_attn_invariance(KN_CPU_ISA_AVX512BF16, 1, 256, 20, KN_DTYPE_BF16);
-  check_attn_invariance(KN_CPU_ISA_AVX512BF16, 1, 512, 0, KN_DTYPE_BF16);
+  check_attn_tiles(isa, 1, 64, KN_DTYPE_BF16);
+  check_attn_tiles(isa, 1, 256, KN_DTYPE_BF16);
+  check_attn_tiles(isa, 1, 64, KN_DTYPE_F32);
+  check_attn_tiles(isa, 1, 40, KN_DTYPE_BF16);
+  check_attn_invariance(isa, 1, 64, 0, KN_DTYPE_BF16);
+  check_attn_invariance(isa, 1, 256, 20, KN_DTYPE_BF16);
+  check_attn_invariance(isa, 1, 512, 0, KN_DTYPE_BF16);
+}
+TH_TEST(attention_bf16_mode) {
+  check_attn_bf16_mode(KN_CPU_ISA_AVX512BF16);
+}
+/* The same on the AMX tiles (kn-cpu-amx.c; skips, saying so, without), and
+ * with the tile instructions emulated where the processor has AVX-512-BF16
+ * (the kernels' other half). */
+TH_TEST(attention_bf16_mode_amx) {
+  check_attn_bf16_mode(KN_CPU_ISA_AMX);
+}
+TH_TEST(attention_bf16_mode_amx_emulated) {
+  if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16)
+    TH_SKIP("this processor has no avx512bf16: the AMX table's attention was not checked");
+  check_attn_bf16_mode(ISA_AMX_EMULATED);
 }
 
 /* ---- bad input ------------------------------------------------------------ */

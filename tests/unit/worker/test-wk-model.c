@@ -297,10 +297,10 @@ static void logits_distance(const float *x, const float *y, int V, double *mean,
  * which can move its bf16 rounding by a bf16 ulp (2^-8). How near depends on
  * the random model: the tiny Gemma 4 amplifies the rounding through its
  * layers more than the tiny Gemma 3. */
-static void check_bf16_mode_near(const char *arch, double near) {
+static void check_bf16_mode_near(const char *arch, double near, int bf16) {
   struct fixture fd, fb, fr;
   TH_REQUIRE(setup_mode(&fd, arch, 0, WK_ST_BF16, 0) == 0);
-  TH_REQUIRE(setup_mode(&fb, arch, 0, WK_ST_BF16, 1) == 0);
+  TH_REQUIRE(setup_mode(&fb, arch, 0, WK_ST_BF16, bf16) == 0);
   TH_REQUIRE(setup_isa(&fr, arch, 0, WK_ST_BF16, KN_CPU_ISA_REF, 1) == 0);
   int32_t pa[NP];
   make_prompt(pa, NP, fd.V, 4);
@@ -334,10 +334,17 @@ static void check_bf16_mode_near(const char *arch, double near) {
   teardown(&fr);
 }
 TH_TEST(gemma3_bf16_mode_near_default) {
-  check_bf16_mode_near("gemma3", 0.02);
+  check_bf16_mode_near("gemma3", 0.02, 1);
 }
 TH_TEST(gemma4_bf16_mode_near_default) {
-  check_bf16_mode_near("gemma4", 0.2);
+  check_bf16_mode_near("gemma4", 0.2, 1);
+}
+/* ... on the AMX table too (its tiles emulated): its own sums, as near */
+TH_TEST(gemma3_bf16_amx_emulated_near_default) {
+  check_bf16_mode_near("gemma3", 0.02, BF16_AMX_EMULATED);
+}
+TH_TEST(gemma4_bf16_amx_emulated_near_default) {
+  check_bf16_mode_near("gemma4", 0.2, BF16_AMX_EMULATED);
 }
 
 /* Greedy continuations agree for every chunking, and the window matters:
