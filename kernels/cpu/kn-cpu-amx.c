@@ -200,12 +200,29 @@ AMX_TARGET void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in
 #endif
 
 /* Rows [0, nr) and k [0, kr) of a 16-row block of W at w (row stride K),
- * zeros elsewhere, as one A tile at dst. */
+ * zeros elsewhere, as one A tile at dst. The tile registers are the caller's
+ * to save in the ABI, and this runs while C tiles hold sums: the real
+ * table's version calls nothing (masked loads, which do not fault past the
+ * rows' ends). */
+#ifdef KN_AMX_EMULATE
 static void amx_edge(uint16_t *dst, const uint16_t *w, int K, int nr, int kr) {
   if (kr > 32) kr = 32;
   memset(dst, 0, 1024);
   for (int r = 0; r < nr; r++)
     memcpy(dst + 32 * r, w + (size_t)r * K, (size_t)kr * 2);
+}
+#else
+AMX_TARGET static inline __attribute__((always_inline)) void
+amx_edge(uint16_t *dst, const uint16_t *w, int K, int nr, int kr) {
+  const __mmask32 m = kr >= 32 ? 0xffffffffu : (__mmask32)((1u << kr) - 1);
+  for (int r = 0; r < 16; r++)
+    _mm512_store_si512(dst + 32 * r, r < nr ? _mm512_maskz_loadu_epi16(m, w + (size_t)r * K)
+                                            : _mm512_setzero_si512());
+}
+#endif
+/* The same, for the tests. */
+AMX_TARGET void AMX_FN(edge)(uint16_t *dst, const uint16_t *w, int K, int nr, int kr) {
+  amx_edge(dst, w, K, nr, kr);
 }
 
 /* Writes (acc: adds) C, 16 features by 16 tokens (c[16 f + t]), to out: nf
@@ -283,20 +300,15 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
       }
       const int nt0 = T - 16 * g < 16 ? T - 16 * g : 16, nt1 = two ? T - 16 * (g + 1) : 0;
       float *o0 = out + (ptrdiff_t)16 * g * ldo + n0, *o1 = o0 + (ptrdiff_t)16 * ldo;
+      /* all four stored before any is written out: a call may clobber tiles */
       T_STORE(0, c[0], 64);
+      if (two) T_STORE(1, c[1], 64);
+      if (nr1 > 0) T_STORE(2, c[2], 64);
+      if (nr1 > 0 && two) T_STORE(3, c[3], 64);
       AMX_FN(put)(o0, ldo, c[0], nr0, nt0, acc);
-      if (two) {
-        T_STORE(1, c[1], 64);
-        AMX_FN(put)(o1, ldo, c[1], nr0, nt1 < 16 ? nt1 : 16, acc);
-      }
-      if (nr1 > 0) {
-        T_STORE(2, c[2], 64);
-        AMX_FN(put)(o0 + 16, ldo, c[2], nr1, nt0, acc);
-        if (two) {
-          T_STORE(3, c[3], 64);
-          AMX_FN(put)(o1 + 16, ldo, c[3], nr1, nt1 < 16 ? nt1 : 16, acc);
-        }
-      }
+      if (two) AMX_FN(put)(o1, ldo, c[1], nr0, nt1 < 16 ? nt1 : 16, acc);
+      if (nr1 > 0) AMX_FN(put)(o0 + 16, ldo, c[2], nr1, nt0, acc);
+      if (nr1 > 0 && two) AMX_FN(put)(o1 + 16, ldo, c[3], nr1, nt1 < 16 ? nt1 : 16, acc);
     }
   }
   T_RELEASE();

@@ -192,6 +192,8 @@ void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdif
                            int K);
 void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
                                int K);
+void kn_cpu_amx_edge(uint16_t *dst, const uint16_t *w, int K, int nr, int kr);
+void kn_cpu_amx_edge_emu(uint16_t *dst, const uint16_t *w, int K, int nr, int kr);
 void kn_cpu_amx_put(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc);
 void kn_cpu_amx_put_emu(float *out, ptrdiff_t ldo, const float *c, int nf, int nt, int acc);
 void kn_cpu_amx_attn(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
