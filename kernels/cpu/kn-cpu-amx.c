@@ -24,15 +24,16 @@
  * assembly with memory clobbers: gcc 12's intrinsics for tile loads declare no
  * memory read, so the edge buffers' stores could be dropped. As
  * kn-cpu-amx-emu.c (KN_AMX_EMULATE), each instruction is a C function written
- * from the pseudocode of Intel's instruction reference (the SDM). The emulated table
- * runs on every processor, so the tests check the layout, the edges and the
- * invariance everywhere, and the real tiles where the processor has them.
- * kn_cpu_has_amx runs both on one problem before the table is used. */
+ * from the pseudocode of Intel's instruction reference (the SDM). The
+ * emulated table's matmul runs on every processor, its attention on those
+ * with AVX-512-BF16 (the code around the tiles is AVX-512), so the tests check
+ * the layouts, the edges and the invariance without the tiles, and the real
+ * tiles where the processor has them. kn_cpu_has_amx runs both on one problem
+ * before the table is used. */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#include <immintrin.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-avx512bf16.h"
