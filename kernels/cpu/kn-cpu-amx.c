@@ -456,14 +456,10 @@ KN_BF16 static void amx_attn_vectors(void *ctx, const float *const *q) {
   }
 }
 
-static int amx_attn_takes(const struct kn_kv_view *view) {
-  return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
-}
-
 /* kn_cpu_attn_fn of the bf16 mode on the tiles: query heads g0 .. g0 + ng - 1 of row i. */
 KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                           int kvh, int g0, int ng) {
-  if (!amx_attn_takes(job->view)) {
+  if (!kn_cpu_attn_bf16_takes(job->view)) {
     kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
     return;
   }
@@ -474,7 +470,7 @@ KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_att
 /* kn_cpu_attn_tile_fn of the bf16 mode on the tiles: rows i0 .. i0 + nr - 1, head by head. */
 KN_BF16 void AMX_FN(attn_tile)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                                int i0, int nr, int kvh, int g0, int ng) {
-  if (!amx_attn_takes(job->view)) {
+  if (!kn_cpu_attn_bf16_takes(job->view)) {
     kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
     return;
   }

@@ -206,14 +206,10 @@ KN_BF16 static void attn_vectors(void *ctx, const float *const *q) {
   }
 }
 
-static int takes(const struct kn_kv_view *view) {
-  return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
-}
-
 /* kn_cpu_attn_fn of the bf16 mode: query heads g0 .. g0 + ng - 1 of row i. */
 KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                               int i, int kvh, int g0, int ng) {
-  if (!takes(job->view)) {
+  if (!kn_cpu_attn_bf16_takes(job->view)) {
     kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
     return;
   }
@@ -224,7 +220,7 @@ KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn
 /* kn_cpu_attn_tile_fn of the bf16 mode: rows i0 .. i0 + nr - 1, head by head. */
 KN_BF16 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                                    int i0, int nr, int kvh, int g0, int ng) {
-  if (!takes(job->view)) {
+  if (!kn_cpu_attn_bf16_takes(job->view)) {
     kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
     return;
   }

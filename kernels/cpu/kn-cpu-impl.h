@@ -180,6 +180,12 @@ extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
 void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 /* Adds the AVX-512-BF16 dot products to the AVX-512 table. */
 void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
+/* Whether the bf16 mode's own attention kernels (AVX-512-BF16 or AMX) take a
+ * cache: bf16, head dims a multiple of 32; the others go to the AVX2 ones. */
+static inline int kn_cpu_attn_bf16_takes(const struct kn_kv_view *view) {
+  return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
+}
+
 /* The AMX-BF16 tiles for the bf16 mode's matmuls (kn-cpu-amx.c) on top of the
  * AVX-512-BF16 table; kn_cpu_has_amx also asks Linux for the tile state and
  * checks the tiles against their emulation, once. The emulated table
