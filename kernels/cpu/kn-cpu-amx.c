@@ -387,13 +387,24 @@ KN_BF16 static void amx_fold(void *ctx, int b, uint32_t mask, const int *idx, in
   struct kn_cpu_attn_group g;
   kn_cpu_attn_group_take(&g, &a->w, b, mask, idx, k);
   const int nv = g.n_vis;
-  for (int j = 0; j < nv; j++)
-    memcpy(a->kb[j], g.kp[j], (size_t)D * 2);
   _Alignas(64) float st[2][256];
   for (int h = 0; 16 * h < nv; h++) {
+    /* 16 visible keys at one stride (a page's run of tokens) are loaded
+     * where they lie; others are copied together first */
+    const char *k0 = g.kp[16 * h];
+    ptrdiff_t ks = 16 * h + 1 < nv ? (const char *)g.kp[16 * h + 1] - k0 : 0;
+    int direct = 16 * h + 16 <= nv;
+    for (int j = 2; direct && j < 16; j++)
+      direct = (const char *)g.kp[16 * h + j] - k0 == j * ks;
+    if (!direct) {
+      for (int j = 16 * h; j < nv && j < 16 * h + 16; j++)
+        memcpy(a->kb[j], g.kp[j], (size_t)D * 2);
+      k0 = (const char *)a->kb[16 * h];
+      ks = 2 * KN_MAX_HEAD_DIM;
+    }
     T_ZERO(0);
     for (int d = 0; d < D; d += 32) {
-      T_LOAD(4, &a->kb[16 * h][d], 2 * KN_MAX_HEAD_DIM);
+      T_LOAD(4, k0 + 2 * d, ks);
       T_LOAD(6, a->qt[d / 32], 64);
       T_DP(0, 4, 6);
     }
