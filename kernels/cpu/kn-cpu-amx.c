@@ -181,13 +181,15 @@ AMX_TARGET void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in
                                    int T, int K) {
   const int T16 = (T + 15) & ~15, KB = (int)(ldd / 32);
   const __m512i col = amx_column();
-  for (int t = 0; t < T16; t++) {
+  /* the last group's padding tokens: zeros, at once (decode has 15) */
+  if (T16 > T) memset(dst + (size_t)(T16 - 16) * (size_t)ldd, 0, (size_t)32 * (size_t)ldd);
+  for (int t = 0; t < T; t++) {
     const float *x = in + (ptrdiff_t)t * ldi;
     for (int b = 0; b < KB; b++) {
       int *tile = (int *)(dst + amx_at(t & ~15, 32 * b, ldd)) + (t & 15);
       __m512i v = _mm512_setzero_si512();
       int r = K - 32 * b;
-      if (t < T && r > 0) {
+      if (r > 0) {
         __mmask16 m0 = r >= 16 ? 0xffff : (__mmask16)((1u << r) - 1);
         __mmask16 m1 = r >= 32 ? 0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1);
         __m512 lo = _mm512_maskz_loadu_ps(m0, x + 32 * b);
