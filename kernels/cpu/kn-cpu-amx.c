@@ -493,10 +493,12 @@ KN_BF16 void AMX_FN(attn_tile)(const struct kn_cpu_attn_job *job, const struct k
 
 #ifdef KN_AMX_EMULATE
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
-  /* the inputs' layout as the real table writes it where the processor can */
-  dsp->round_bf16 = kn_cpu_has_avx512bf16() ? kn_cpu_amx_round_rows : kn_cpu_amx_round_rows_emu;
+  /* the inputs' layout as the real table writes it where the table underneath
+   * is AVX-512-BF16's (not where LMSERVE_KERNELS capped it lower) */
+  const int simd = dsp->isa >= KN_CPU_ISA_AVX512BF16;
+  dsp->round_bf16 = simd ? kn_cpu_amx_round_rows : kn_cpu_amx_round_rows_emu;
   dsp->dot_bf16 = kn_cpu_amx_dot_emu;
-  if (kn_cpu_has_avx512bf16()) { /* its softmax and pairs are AVX-512 code */
+  if (simd) { /* its softmax and pairs are AVX-512 code */
     dsp->attn_bf16 = kn_cpu_amx_attn_emu;
     dsp->attn_tile_bf16 = kn_cpu_amx_attn_tile_emu;
   }

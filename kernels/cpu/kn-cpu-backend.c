@@ -132,11 +132,16 @@ int kn_cpu_has_avx512bf16(void) {
 #endif
 }
 
-enum kn_cpu_isa kn_cpu_isa_detect(void) {
-  if (kn_cpu_has_amx()) return KN_CPU_ISA_AMX;
+/* The best instruction set short of AMX (whose check asks the kernel for
+ * the tile state and runs the tiles: only for a backend that would use them). */
+static enum kn_cpu_isa detect_vector(void) {
   if (kn_cpu_has_avx512bf16()) return KN_CPU_ISA_AVX512BF16;
   if (kn_cpu_has_avx512()) return KN_CPU_ISA_AVX512;
   return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
+}
+
+enum kn_cpu_isa kn_cpu_isa_detect(void) {
+  return kn_cpu_has_amx() ? KN_CPU_ISA_AMX : detect_vector();
 }
 
 const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
@@ -179,6 +184,8 @@ static struct kn_backend_ops cpu_ops;
 static const char *const cpu_names[] = {"cpu-ref",        "cpu-avx2", "cpu-avx512",
                                         "cpu-avx512bf16", "cpu-amx",  "cpu-amx-emulated"};
 #define EMULATED_AMX (KN_CPU_ISA_BEST + 1) /* cpu_names' index of the emulated table */
+_Static_assert(sizeof(cpu_names) / sizeof(cpu_names[0]) == EMULATED_AMX + 1,
+               "a name for every table and the emulated one");
 #define N_ISA ((int)(sizeof(cpu_names) / sizeof(cpu_names[0])))
 static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
@@ -218,11 +225,15 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   }
   if (n_threads > KN_CPU_MAX_THREADS) n_threads = KN_CPU_MAX_THREADS;
 
-  enum kn_cpu_isa have = kn_cpu_isa_detect();
-  if (isa > have) isa = have;
-  isa = isa_from_env(isa);
-  /* the bf16 dot products serve only the bf16 mode */
+  /* the bf16 dot products and the tiles serve only the bf16 mode; the tiles
+   * are checked (kn_cpu_has_amx) only when everything else would take them */
+  const enum kn_cpu_isa want = isa_from_env(isa);
+  const enum kn_cpu_isa have = detect_vector();
+  isa = want < have ? want : have;
   if (!bf16 && isa > KN_CPU_ISA_AVX512) isa = KN_CPU_ISA_AVX512;
+  if (bf16 && !emulate && want == KN_CPU_ISA_AMX && isa == KN_CPU_ISA_AVX512BF16 &&
+      kn_cpu_has_amx())
+    isa = KN_CPU_ISA_AMX;
 
   struct kn_cpu_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return CM_ERR_NOMEM;

@@ -186,11 +186,12 @@ static inline int kn_cpu_attn_bf16_takes(const struct kn_kv_view *view) {
   return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
 }
 
-/* The AMX-BF16 tiles for the bf16 mode's matmuls (kn-cpu-amx.c) on top of the
- * AVX-512-BF16 table; kn_cpu_has_amx also asks Linux for the tile state and
- * checks the tiles against their emulation, once. The emulated table
- * (kn-cpu-amx-emu.c) replaces any table's round_bf16 and dot_bf16 with the
- * same kernels, each tile instruction a C function: it runs anywhere. */
+/* The AMX-BF16 tiles for the bf16 mode's matmuls and attention (kn-cpu-amx.c)
+ * on top of the AVX-512-BF16 table; kn_cpu_has_amx also asks Linux for the
+ * tile state and checks the tiles against their emulation, once. The emulated
+ * table (kn-cpu-amx-emu.c) replaces a table's dot_bf16 with the same kernel,
+ * each tile instruction a C function, on any table; on the AVX-512-BF16 one
+ * also its round_bf16 (the real table's) and its attention. */
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp);
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_amx(void);

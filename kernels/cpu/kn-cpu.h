@@ -23,7 +23,7 @@ enum kn_cpu_isa {
   KN_CPU_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
   KN_CPU_ISA_AVX512 = 2,     /* AVX-512 F/DQ/BW/VL over the AVX2 table */
   KN_CPU_ISA_AVX512BF16 = 3, /* + AVX-512-BF16 dot products (the bf16 mode's matmuls) */
-  KN_CPU_ISA_AMX = 4,        /* + AMX-BF16 tiles (the bf16 mode's matmuls of bf16 weights) */
+  KN_CPU_ISA_AMX = 4,        /* + AMX-BF16 tiles (the bf16 mode's matmuls and attention) */
   KN_CPU_ISA_BEST = KN_CPU_ISA_AMX,
 };
 
@@ -48,8 +48,10 @@ int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
                                struct kn_backend **out);
 
 /* The bf16 mode on the AMX table with each tile instruction emulated in C,
- * over the best table this processor has (tests: the tiles' layout, edges and
- * invariance checked on any processor). Named "cpu-amx-emulated". */
+ * over the best table short of AMX that this processor and LMSERVE_KERNELS
+ * allow: the matmul on any, the attention from AVX-512-BF16 (tests: the
+ * tiles' layouts, edges and invariance checked without the tiles). Named
+ * "cpu-amx-emulated". */
 int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out);
 
 /* The best instruction set this processor and build support. */

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -375,8 +377,11 @@ TH_TEST(amx_edge_tiles_same_bits) {
   if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16)
     TH_SKIP("this processor has no avx512bf16: the edge tiles' SIMD version was not checked");
   const int K = 45;
-  uint16_t *w = malloc(2 * 16 * K); /* the block's last row ends the allocation */
-  TH_REQUIRE(w);
+  /* the block's last row ends right before a page that faults when read */
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = 2 * 16 * (size_t)K;
+  char *map = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TH_REQUIRE(map != MAP_FAILED && mprotect(map + page, page, PROT_NONE) == 0);
+  uint16_t *w = (uint16_t *)(map + page - bytes);
   for (int i = 0; i < 16 * K; i++)
     w[i] = (uint16_t)(0x3f80 + i);
   _Alignas(64) uint16_t a[512], b[512];
@@ -389,7 +394,7 @@ TH_TEST(amx_edge_tiles_same_bits) {
       if (memcmp(a, b, sizeof(a)))
         th_fail(__FILE__, __LINE__, "nr=%d k0=%d: the masked edge differs", nr, k0);
     }
-  free(w);
+  munmap(map, 2 * page);
 }
 
 TH_TEST(bf16_mode_differs_from_the_default) {
