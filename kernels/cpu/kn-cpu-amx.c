@@ -47,6 +47,7 @@
 #include <cpuid.h>
 #include <pthread.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/cm-log.h"
@@ -586,6 +587,27 @@ int kn_cpu_has_amx(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, amx_probe);
   return amx_ok;
+}
+
+double kn_cpu_amx_dp_rate(long n) {
+  if (!kn_cpu_has_amx()) return -1.0;
+  T_CFG(&amx_cfg16);
+  T_ZERO(4);
+  T_ZERO(5);
+  T_ZERO(6);
+  T_ZERO(7);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < n; i++) { /* four independent sums: throughput, not latency */
+    T_DP(0, 4, 6);
+    T_DP(1, 4, 7);
+    T_DP(2, 5, 6);
+    T_DP(3, 5, 7);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  T_RELEASE();
+  double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  return s > 0.0 ? 4.0 * (double)n / s : -1.0;
 }
 
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {

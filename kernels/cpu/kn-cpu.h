@@ -58,6 +58,10 @@ int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out);
 enum kn_cpu_isa kn_cpu_isa_detect(void);
 const char *kn_cpu_isa_name(enum kn_cpu_isa isa);
 
+/* One core's AMX tdpbf16ps per second (16 x 16 x 32 bf16 products each), over
+ * n rounds of four independent ones; negative where the tiles are not usable. */
+double kn_cpu_amx_dp_rate(long n);
+
 /* Memory read bandwidth in GB/s (1e9 bytes/s): a streaming read of a buffer
  * much larger than the caches (bytes; 0 picks 256 MiB) on n_threads threads
  * (<= 0: one per online core), best of a few passes. Negative on failure. */

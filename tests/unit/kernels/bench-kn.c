@@ -111,6 +111,10 @@ int main(int argc, char **argv) {
       double d = rate_dpbf16();
       printf(", %.2f G vdpbf16ps zmm/s (%.1f G bf16 products/s)", d, 32 * d);
     }
+    if (kn_cpu_isa_detect() >= KN_CPU_ISA_AMX) { /* 16 x 16 x 32 products each */
+      double a = kn_cpu_amx_dp_rate(RATE_ITERS / 16);
+      printf(", %.3f G tdpbf16ps/s (%.1f G bf16 products/s)", a, 8192 * a);
+    }
     printf("\n");
   }
 
