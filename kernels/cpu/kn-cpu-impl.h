@@ -195,6 +195,9 @@ static inline int kn_cpu_attn_bf16_takes(const struct kn_kv_view *view) {
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp);
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_amx(void);
+/* The check kn_cpu_has_amx makes of the tiles' attention, on any pair of
+ * bf16-mode attention kernels (AVX-512-BF16 needed): NULL, or what differed. */
+const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn row);
 void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
                            int K);
 void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,

@@ -8,6 +8,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-impl.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
 /* A pool and one layer's view into it; K/V of every position of every
@@ -450,6 +451,19 @@ TH_TEST(attention_bf16_mode_amx_emulated) {
     TH_SKIP("no avx512bf16 here (or LMSERVE_KERNELS caps it): the AMX table's attention was not "
             "checked");
   check_attn_bf16_mode(ISA_AMX_EMULATED);
+}
+
+/* The check the AMX table must pass before use, run where it can be: the
+ * emulated tiles against themselves (a row alone against its tile), and the
+ * AVX-512-BF16 kernels against the emulated tiles (the same products summed
+ * otherwise: within its tolerance). */
+TH_TEST(amx_attention_check) {
+  if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16)
+    TH_SKIP("this processor has no avx512bf16: the AMX table's attention check was not run");
+  const char *why = kn_cpu_amx_check_attention(kn_cpu_amx_attn_tile_emu, kn_cpu_amx_attn_emu);
+  if (why) th_fail(__FILE__, __LINE__, "emulated tiles: %s", why);
+  why = kn_cpu_amx_check_attention(kn_cpu_attn_tile_bf16, kn_cpu_attn_bf16);
+  if (why) th_fail(__FILE__, __LINE__, "AVX-512-BF16 kernels: %s", why);
 }
 
 /* ---- bad input ------------------------------------------------------------ */
