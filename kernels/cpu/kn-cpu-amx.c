@@ -28,8 +28,8 @@
  * emulated table's matmul runs on every processor, its attention on those
  * with AVX-512-BF16 (the code around the tiles is AVX-512), so the tests check
  * the layouts, the edges and the invariance without the tiles, and the real
- * tiles where the processor has them. kn_cpu_has_amx runs both on one problem
- * before the table is used. */
+ * tiles where the processor has them. kn_cpu_has_amx runs both on a matmul and
+ * an attention before the table is used. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
