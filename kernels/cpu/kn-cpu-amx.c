@@ -154,6 +154,12 @@ KN_BF16 static inline __m512i amx_column(void) {
   return _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
 }
 
+/* One token's block of 32 inputs at x, the first r of them (kn_bf16_round32),
+ * its 16 pairs scattered down the B tile's column that starts at col. */
+KN_BF16 static inline void amx_put_column(int *col, const float *x, int r) {
+  _mm512_i32scatter_epi32(col, amx_column(), kn_bf16_round32(x, r), 4);
+}
+
 #ifdef KN_AMX_EMULATE
 /* f32 to bf16 as vcvtne2ps2bf16 rounds: to nearest even, denormals to zero,
  * NaN kept quiet. */
@@ -181,25 +187,12 @@ void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t
 AMX_TARGET void AMX_FN(round_rows)(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi,
                                    int T, int K) {
   const int T16 = (T + 15) & ~15, KB = (int)(ldd / 32);
-  const __m512i col = amx_column();
   /* the last group's padding tokens: zeros, at once (decode has 15) */
   if (T16 > T) memset(dst + (size_t)(T16 - 16) * (size_t)ldd, 0, (size_t)32 * (size_t)ldd);
-  for (int t = 0; t < T; t++) {
-    const float *x = in + (ptrdiff_t)t * ldi;
-    for (int b = 0; b < KB; b++) {
-      int *tile = (int *)(dst + amx_at(t & ~15, 32 * b, ldd)) + (t & 15);
-      __m512i v = _mm512_setzero_si512();
-      int r = K - 32 * b;
-      if (r > 0) {
-        __mmask16 m0 = r >= 16 ? 0xffff : (__mmask16)((1u << r) - 1);
-        __mmask16 m1 = r >= 32 ? 0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1);
-        __m512 lo = _mm512_maskz_loadu_ps(m0, x + 32 * b);
-        __m512 hi = _mm512_maskz_loadu_ps(m1, x + 32 * b + 16);
-        v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-      }
-      _mm512_i32scatter_epi32(tile, col, v, 4);
-    }
-  }
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < KB; b++)
+      amx_put_column((int *)(dst + amx_at(t & ~15, 32 * b, ldd)) + (t & 15),
+                     in + (ptrdiff_t)t * ldi + 32 * b, K - 32 * b);
 }
 #endif
 
@@ -302,7 +295,8 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
           if (two) T_DP(3, 5, 7);
         }
       }
-      const int nt0 = T - 16 * g < 16 ? T - 16 * g : 16, nt1 = two ? T - 16 * (g + 1) : 0;
+      const int nt0 = T - 16 * g < 16 ? T - 16 * g : 16;
+      const int nt1 = !two ? 0 : T - 16 * (g + 1) < 16 ? T - 16 * (g + 1) : 16;
       float *o0 = out + (ptrdiff_t)16 * g * ldo + n0, *o1 = o0 + (ptrdiff_t)16 * ldo;
       /* all four stored before any is written out: a call may clobber tiles */
       T_STORE(0, c[0], 64);
@@ -310,9 +304,9 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
       if (nr1 > 0) T_STORE(2, c[2], 64);
       if (nr1 > 0 && two) T_STORE(3, c[3], 64);
       AMX_FN(put)(o0, ldo, c[0], nr0, nt0, acc);
-      if (two) AMX_FN(put)(o1, ldo, c[1], nr0, nt1 < 16 ? nt1 : 16, acc);
+      if (two) AMX_FN(put)(o1, ldo, c[1], nr0, nt1, acc);
       if (nr1 > 0) AMX_FN(put)(o0 + 16, ldo, c[2], nr1, nt0, acc);
-      if (nr1 > 0 && two) AMX_FN(put)(o1 + 16, ldo, c[3], nr1, nt1 < 16 ? nt1 : 16, acc);
+      if (nr1 > 0 && two) AMX_FN(put)(o1 + 16, ldo, c[3], nr1, nt1, acc);
     }
   }
   T_RELEASE();
@@ -354,9 +348,6 @@ struct amx_attn {
 #define AMX_STATE_OF(a) (void)(a)
 #endif
 
-/* The partner of an odd block's last V row. */
-static const uint16_t amx_zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
-
 /* Rows [0, nv) of a block's V, in pairs, as the B tiles of P V: tile s, row
  * i holds (V[2i][16 s + n], V[2i + 1][16 s + n]) for n < 16; pairs past the
  * block's are zero (their probabilities are, and 0 times a stale row could be
@@ -368,7 +359,7 @@ KN_BF16 static void amx_v_pairs(uint16_t (*vt)[512], const void *const *vp, int 
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int i = 0; i < 16; i++) {
     const uint16_t *a = 2 * i < nv ? vp[2 * i] : NULL;
-    const uint16_t *b = 2 * i + 1 < nv ? vp[2 * i + 1] : amx_zero_row;
+    const uint16_t *b = 2 * i + 1 < nv ? vp[2 * i + 1] : kn_bf16_zero_row;
     for (int d = 0; d < D; d += 32) {
       __m512i x = _mm512_setzero_si512(), y = x;
       if (a) {
@@ -420,14 +411,7 @@ KN_BF16 static void amx_fold(void *ctx, int b, uint32_t mask, const int *idx, in
   _Alignas(64) uint32_t pp[16][KN_ATTN_BLOCK / 2];
   float corr[16];
   memset(pp, 0, sizeof(pp));
-  for (int j = 0; j < k; j++) {
-    corr[j] = kn_avx2_softmax_block(g.s[j], &g.m[j], &g.l[j]);
-    _Alignas(64) float c[KN_ATTN_BLOCK] = {0};
-    for (int n = 0; n < nv; n++)
-      c[n] = g.s[j][g.vj[n]];
-    _mm512_store_si512(pp[j],
-                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + 16), _mm512_load_ps(c)));
-  }
+  kn_bf16_block_probs(g.s, k, g.vj, nv, g.m, g.l, corr, pp);
   amx_v_pairs(a->vt, g.vp, nv, D);
   _Alignas(64) float ct[256];
   T_LOAD(4, pp, 64);
@@ -452,14 +436,9 @@ KN_BF16 static void amx_attn_vectors(void *ctx, const float *const *q) {
   AMX_STATE_OF(a);
   const struct kn_cpu_attn_vecs *w = &a->w;
   const int D = w->job->view->head_dim, n = w->n;
-  const __m512i col = amx_column();
   for (int i = 0; i < 16; i++)
-    for (int d = 0; d < D; d += 32) {
-      __m512i v = _mm512_setzero_si512();
-      if (i < n)
-        v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q[i] + d + 16), _mm512_loadu_ps(q[i] + d));
-      _mm512_i32scatter_epi32((int *)a->qt[d / 32] + i, col, v, 4);
-    }
+    for (int d = 0; d < D; d += 32)
+      amx_put_column((int *)a->qt[d / 32] + i, i < n ? q[i] + d : NULL, i < n ? 32 : 0);
   T_CFG(&amx_cfg16);
   kn_cpu_attn_walk(w, amx_fold, a);
   T_RELEASE();
@@ -542,19 +521,21 @@ static int amx_allowed(const char **why) {
  * what differed. Run once before the table is used, so that a processor or
  * kernel that computes otherwise than the instruction reference says falls
  * back to the AVX-512-BF16 table instead of serving wrong numbers. */
+/* The checks' inputs: a value in [-1, 1] in steps of 1e-3 from the generator s. */
+static float amx_check_value(uint32_t *s) {
+  *s = *s * 1664525u + 1013904223u;
+  return (float)((int)(*s >> 8) % 2001 - 1000) / 1000.0f;
+}
+
 static const char *amx_selfcheck(void) {
   enum { T = 19, N = 37, K = 70, LDX = 96 };
   static float in[T * K], got[T * N], want[T * N], one[N];
   static uint16_t w[N * K], x[32 * LDX], xv[32 * LDX], x1[16 * LDX];
   uint32_t s = 12345;
-  for (int i = 0; i < T * K; i++) {
-    s = s * 1664525u + 1013904223u;
-    in[i] = (float)((int)(s >> 8) % 2001 - 1000) / 1000.0f;
-  }
-  for (int i = 0; i < N * K; i++) {
-    s = s * 1664525u + 1013904223u;
-    w[i] = kn_f32_to_bf16((float)((int)(s >> 8) % 2001 - 1000) / 2000.0f);
-  }
+  for (int i = 0; i < T * K; i++)
+    in[i] = amx_check_value(&s);
+  for (int i = 0; i < N * K; i++)
+    w[i] = kn_f32_to_bf16(amx_check_value(&s) / 2.0f);
   kn_cpu_amx_round_rows_emu(x, LDX, in, K, T, K);
   kn_cpu_amx_round_rows(xv, LDX, in, K, T, K);
   if (memcmp(x, xv, sizeof(x))) return "the inputs' layout differs from its C version";
@@ -585,14 +566,10 @@ const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn 
   static float q[L * H * D], got[L * H * D], want[L * H * D], one[L * H * D];
   static const int32_t table[PAGES] = {0, 1, 2};
   uint32_t s = 4242;
-  for (size_t i = 0; i < sizeof(pool) / sizeof(pool[0]); i++) {
-    s = s * 1664525u + 1013904223u;
-    pool[i] = kn_f32_to_bf16((float)((int)(s >> 8) % 2001 - 1000) / 1000.0f);
-  }
-  for (int i = 0; i < L * H * D; i++) {
-    s = s * 1664525u + 1013904223u;
-    q[i] = (float)((int)(s >> 8) % 2001 - 1000) / 1000.0f;
-  }
+  for (size_t i = 0; i < sizeof(pool) / sizeof(pool[0]); i++)
+    pool[i] = kn_f32_to_bf16(amx_check_value(&s));
+  for (int i = 0; i < L * H * D; i++)
+    q[i] = amx_check_value(&s);
   const struct kn_kv_view view = {.pool = pool,
                                   .page_bytes = PAGE,
                                   .n_pages = PAGES,

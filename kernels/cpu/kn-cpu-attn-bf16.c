@@ -28,8 +28,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* The partner of an odd block's last key: zeros. */
-static const uint16_t zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+const uint16_t kn_bf16_zero_row[KN_MAX_HEAD_DIM] __attribute__((aligned(64)));
 
 /* The query vectors of one call: the walk's state (accumulators in the
  * interleaved order above) and the queries rounded to bf16. */
@@ -145,15 +144,8 @@ KN_BF16 static void update_rows(float *const *p, int nr, const void **vp, const 
                                 float *m, float *l, float *const *acc, int D) {
   float corr[KN_ATTN_MAX_VEC];
   _Alignas(64) uint32_t pp[KN_ATTN_MAX_VEC][KN_ATTN_BLOCK / 2];
-  for (int r = 0; r < nr; r++) {
-    corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
-    _Alignas(64) float c[KN_ATTN_BLOCK] = {0};
-    for (int n = 0; n < n_vis; n++)
-      c[n] = p[r][vj[n]];
-    _mm512_store_si512(pp[r],
-                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + 16), _mm512_load_ps(c)));
-  }
-  if (n_vis & 1) vp[n_vis] = zero_row;
+  kn_bf16_block_probs(p, nr, vj, n_vis, m, l, corr, pp);
+  if (n_vis & 1) vp[n_vis] = kn_bf16_zero_row;
   const int n_pairs = (n_vis + 1) / 2;
   for (int r = 0; r < nr; r += 4) {
     const int NR = nr - r < 4 ? nr - r : 4;

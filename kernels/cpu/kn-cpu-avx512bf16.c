@@ -32,13 +32,8 @@ KN_BF16 static void round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, pt
   for (int t = 0; t < T; t++) {
     const float *x = in + (ptrdiff_t)t * ldi;
     uint16_t *d = dst + (ptrdiff_t)t * ldd;
-    for (int k = 0; k < K; k += 32) {
-      int r = K - k;
-      __mmask16 m0 = r >= 16 ? 0xffff : (__mmask16)((1u << r) - 1);
-      __mmask16 m1 = r >= 32 ? 0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1);
-      __m512 lo = _mm512_maskz_loadu_ps(m0, x + k), hi = _mm512_maskz_loadu_ps(m1, x + k + 16);
-      _mm512_storeu_si512(d + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
+    for (int k = 0; k < K; k += 32)
+      _mm512_storeu_si512(d + k, kn_bf16_round32(x + k, K - k));
   }
 }
 

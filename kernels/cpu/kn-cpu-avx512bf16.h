@@ -7,8 +7,44 @@
 #define LMSERVE_KN_CPU_AVX512BF16_H
 #include <immintrin.h>
 
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+
 #define KN_BF16 \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
+
+/* 32 inputs at x rounded to bf16 (to nearest even, denormals to zero) by one
+ * vcvtne2ps2bf16: the first r of them (all when r >= 32), zeros after; x is
+ * not read when r <= 0. */
+KN_BF16 static inline __m512i kn_bf16_round32(const float *x, int r) {
+  if (r <= 0) return _mm512_setzero_si512();
+  __mmask16 m0 = r >= 16 ? 0xffff : (__mmask16)((1u << r) - 1);
+  __mmask16 m1 = r >= 32 ? 0xffff : r <= 16 ? 0 : (__mmask16)((1u << (r - 16)) - 1);
+  __m512 lo = _mm512_maskz_loadu_ps(m0, x), hi = _mm512_maskz_loadu_ps(m1, x + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* The partner of an odd key block's last V row in the bf16 attention kernels
+ * (kn-cpu-attn-bf16.c): zeros. */
+extern const uint16_t kn_bf16_zero_row[KN_MAX_HEAD_DIM];
+
+/* The softmax half of one key block for nr query vectors, as the bf16
+ * attention kernels (AVX-512-BF16 and AMX) take it: each vector's step over
+ * its scores p[r] (kn_avx2_softmax_block; corr[r], m[r] and l[r] move on),
+ * then its probabilities of the visible keys, p[r][vj[n]] for n < n_vis,
+ * rounded to bf16 into pp[r] in pairs, zeros after them. */
+KN_BF16 static inline void kn_bf16_block_probs(float *const *p, int nr, const int *vj, int n_vis,
+                                               float *m, float *l, float *corr,
+                                               uint32_t (*pp)[KN_ATTN_BLOCK / 2]) {
+  for (int r = 0; r < nr; r++) {
+    corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
+    _Alignas(64) float c[KN_ATTN_BLOCK] = {0};
+    for (int n = 0; n < n_vis; n++)
+      c[n] = p[r][vj[n]];
+    _mm512_store_si512(pp[r],
+                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(c + 16), _mm512_load_ps(c)));
+  }
+}
 
 /* Lane i of the result: accumulator a[i]'s lanes summed by the canonical
  * tree (i + 8, then i + 4, i + 2, i + 1). */

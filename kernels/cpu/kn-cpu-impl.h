@@ -150,9 +150,9 @@ struct kn_cpu_dsp {
   void (*dot_bf16)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx, const uint16_t *w,
                    int K, int T, int n, int accumulate);
   /* round_bf16 writes (and dot_bf16 may read) the inputs up to T rounded up
-   * to a multiple of bf16_tokens (0: 1), in a layout of the kernels' own
-   * (the AMX tiles'; row after row elsewhere) of kn_cpu_bf16_row(K) elements
-   * per token; dot_bf16's work units are multiples of bf16_rows rows (0: 8). */
+   * to a multiple of bf16_tokens, in a layout of the kernels' own (the AMX
+   * tiles'; row after row elsewhere) of kn_cpu_bf16_row(K) elements per
+   * token; dot_bf16's work units are multiples of bf16_rows rows. */
   int bf16_tokens;
   int bf16_rows;
 };

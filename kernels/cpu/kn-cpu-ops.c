@@ -161,7 +161,7 @@ static int bf16_inputs(struct kn_cpu_ctx *ctx, enum kn_dtype dt, int T, int K, c
                        ptrdiff_t *ldi, int *bf, ptrdiff_t *ldx) {
   if (!ctx->bf16) return 0;
   if (ctx->dsp.dot_bf16 && dt == KN_DTYPE_BF16) {
-    const int row = kn_cpu_bf16_row(K), align = ctx->dsp.bf16_tokens > 1 ? ctx->dsp.bf16_tokens : 1;
+    const int row = kn_cpu_bf16_row(K), align = ctx->dsp.bf16_tokens;
     const size_t tokens = (size_t)(T + align - 1) / (size_t)align * (size_t)align;
     int rc = grow_buf((void **)&ctx->xb, &ctx->xb_elems, tokens * (size_t)row, 2);
     if (rc) return rc;
@@ -197,7 +197,7 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   long long mv = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
   if (mv > most) mv = most;
   if (m->bf) { /* whole row groups of dot_bf16, at least two */
-    const long long r = dsp->bf16_rows > 0 ? dsp->bf16_rows : 8;
+    const long long r = dsp->bf16_rows;
     m->chunk = (int)(mv < 2 * r ? 2 * r : (mv + r - 1) / r * r);
   } else if (m->tok) {
     if ((rc = tok_inputs(ctx, m->in, m->ldi, T, K))) return rc;

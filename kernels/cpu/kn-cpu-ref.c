@@ -171,6 +171,8 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp) {
   dsp->tile_f32 = dot_ref_f32;
   dsp->tile_min_t = 1 << 30; /* the reference never widens */
   dsp->tile_tokens = 1;
+  dsp->bf16_tokens = 1; /* for dot_bf16 where a table has one: rows after rows */
+  dsp->bf16_rows = 8;   /* AVX-512-BF16's groups of 4, two at least */
   dsp->widen = widen_ref;
   dsp->rmsnorm = rmsnorm_ref;
   dsp->gelu_mul = gelu_mul_ref;
