@@ -1,8 +1,10 @@
-/* kn-cpu-avx512bf16.h — what the AVX-512-BF16 kernel files share: their
- * target attribute and the fixed transpose-and-sum of 16 accumulators that
- * ends every bf16 dot product (the matmul's outputs, the attention's scores),
- * so that an output's bits do not depend on which of the 16 it was. Include
- * only in files whose kernels run after a CPU check. */
+/* kn-cpu-avx512bf16.h — what the AVX-512-BF16 kernel files (and the AMX
+ * table's code around its tiles) share: their target attribute; the fixed
+ * transpose-and-sum of 16 accumulators that ends every bf16 dot product (the
+ * matmul's outputs, the attention's scores), so that an output's bits do not
+ * depend on which of the 16 it was; the rounding of inputs to bf16; and the
+ * bf16 attention's softmax step. Include only in files whose kernels run
+ * after a CPU check. */
 #ifndef LMSERVE_KN_CPU_AVX512BF16_H
 #define LMSERVE_KN_CPU_AVX512BF16_H
 #include <immintrin.h>
