@@ -82,10 +82,13 @@ struct kn_backend_ops {
   int (*all_gather)(void *ctx, const void *mine, size_t bytes, void *all);
 };
 
+struct kn_op_profile; /* kn-backend.c: $LMSERVE_OP_PROFILE's per-op times */
+
 struct kn_backend {
   const struct kn_backend_ops *ops;
-  void *ctx;      /* owned; ops->destroy frees it */
-  int comm_world; /* ranks of the group joined by kn_comm_join; 0: none yet */
+  void *ctx;                  /* owned; ops->destroy frees it */
+  int comm_world;             /* ranks of the group joined by kn_comm_join; 0: none yet */
+  struct kn_op_profile *prof; /* NULL unless $LMSERVE_OP_PROFILE is set */
 };
 
 /* Wraps ops + ctx into a backend handle (malloc'd); NULL on failure (the

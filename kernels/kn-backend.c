@@ -4,28 +4,99 @@
  * Everything that input can make wrong (sizes, strides, dtypes, token ids,
  * slot mappings, block tables, bidirectional ranges) is checked here and
  * returned as a negative cm_err, so backends only see valid calls. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
 #include "common/cm-log.h"
+#include "common/cm-time.h"
 #include "kernels/kn-backend-impl.h"
 
 /* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
+/* ---- $LMSERVE_OP_PROFILE ----------------------------------------------------
+ * Where a step's time goes, op by op: with LMSERVE_OP_PROFILE=1 every op
+ * waits for its backend (ops->sync) before it returns, its time is summed
+ * under its name, and the time between ops (the caller's host work, memory
+ * hooks) under "(between ops)", gaps of 0.1 s or more left out as idle; the table goes to stderr
+ * when the backend is destroyed. The waits serialise host and device: the sum is the step as it
+ * would run with no overlap, which is what finds the op or the host gap that
+ * dominates. Off (one pointer test per op) unless set. */
+#define KN_PROF_OPS 64
+struct kn_op_profile {
+  double t0, last_end, between;
+  long n_between;
+  int n;
+  struct {
+    const char *name;
+    long calls;
+    double s;
+  } op[KN_PROF_OPS];
+};
+
+static int prof_end(struct kn_backend *be, const char *name, int rc) {
+  struct kn_op_profile *p = be->prof;
+  if (be->ops->sync) (void)be->ops->sync(be->ctx);
+  double now = cm_time_s();
+  int i = 0;
+  while (i < p->n && strcmp(p->op[i].name, name))
+    i++;
+  if (i == p->n && p->n < KN_PROF_OPS) p->op[p->n++].name = name;
+  if (i < p->n) {
+    p->op[i].calls++;
+    p->op[i].s += now - p->t0;
+  }
+  if (p->last_end > 0 && p->t0 - p->last_end < 0.1) { /* longer: idle (loading, waiting) */
+    p->between += p->t0 - p->last_end;
+    p->n_between++;
+  }
+  p->last_end = now;
+  return rc;
+}
+
+static void prof_print(const struct kn_backend *be) {
+  const struct kn_op_profile *p = be->prof;
+  double total = p->between;
+  for (int i = 0; i < p->n; i++)
+    total += p->op[i].s;
+  fprintf(stderr, "op profile (%s backend, each op waited for): %.3f s\n", be->ops->name, total);
+  fprintf(stderr, "  %-22s %9s %11s %10s %6s\n", "op", "calls", "total ms", "mean us", "share");
+  int done[KN_PROF_OPS] = {0};
+  for (int k = 0; k < p->n; k++) { /* by time, largest first */
+    int b = -1;
+    for (int i = 0; i < p->n; i++)
+      if (!done[i] && (b < 0 || p->op[i].s > p->op[b].s)) b = i;
+    done[b] = 1;
+    fprintf(stderr, "  %-22s %9ld %11.3f %10.2f %5.1f%%\n", p->op[b].name, p->op[b].calls,
+            p->op[b].s * 1e3, p->op[b].s * 1e6 / (double)p->op[b].calls,
+            total > 0 ? 100 * p->op[b].s / total : 0);
+  }
+  fprintf(stderr, "  %-22s %9ld %11.3f %10.2f %5.1f%%\n", "(between ops)", p->n_between,
+          p->between * 1e3, p->n_between ? p->between * 1e6 / (double)p->n_between : 0,
+          total > 0 ? 100 * p->between / total : 0);
+}
+
 #define KN_CALL(name, ...)                                                                         \
-  (be->ops->name ? be->ops->name(be->ctx, __VA_ARGS__) : CM_ERR_UNSUPPORTED)
+  (!be->ops->name ? CM_ERR_UNSUPPORTED                                                             \
+   : !be->prof                                                                                     \
+       ? be->ops->name(be->ctx, __VA_ARGS__)                                                       \
+       : (be->prof->t0 = cm_time_s(), prof_end(be, #name, be->ops->name(be->ctx, __VA_ARGS__))))
 
 struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) {
   struct kn_backend *be = calloc(1, sizeof(*be));
   if (!be) return NULL;
   be->ops = ops;
   be->ctx = ctx;
+  const char *e = getenv("LMSERVE_OP_PROFILE");
+  if (e && *e && strcmp(e, "0")) be->prof = calloc(1, sizeof(*be->prof)); /* NULL: no profile */
   return be;
 }
 
 void kn_backend_destroy(struct kn_backend *be) {
   if (!be) return;
+  if (be->prof) prof_print(be);
   if (be->ops->destroy) be->ops->destroy(be->ctx);
+  free(be->prof);
   free(be);
 }
 

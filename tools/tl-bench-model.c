@@ -17,6 +17,10 @@
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-registry.h"
+#include "lmserve-config.h"
+#if LMSERVE_HAVE_CUDA
+#include "kernels/cuda/kn-cuda.h"
+#endif
 #include "tools/tl-main.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
@@ -108,7 +112,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 }
 
 int tl_bench_model_main(int argc, char **argv) {
-  const char *model = NULL, *dtype = "auto";
+  const char *model = NULL, *dtype = "auto", *device = NULL;
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0, fast = 1, use_mmap = 0;
   double temperature = 0, top_p = 1;
@@ -119,6 +123,9 @@ int tl_bench_model_main(int argc, char **argv) {
       {"decode-tokens", CM_OPT_INT, &decode, "N", "decode steps (default 32)", 1, 1 << 20},
       {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk in tokens (default 256)", 1, 1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
+       "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu); "
+       "on a GPU the bound is the device's measured read bandwidth"},
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
@@ -149,10 +156,21 @@ int tl_bench_model_main(int argc, char **argv) {
     return 2;
   }
   if (kvo) return kv_only(model, json);
+  const struct kn_backend_reg *reg = NULL;
+  char err[512] = "";
+  if (kn_backend_choose(device, &reg, err, sizeof(err))) {
+    fprintf(stderr, "lmserve bench model: %s\n", err);
+    return 2;
+  }
+  /* a device backend (no host memory): the bound is the device's bandwidth */
+  int on_device = !(kn_backend_reg_caps(reg) & KN_CAP_HOST_MEMORY);
+  if (on_device && tp > 1) {
+    fprintf(stderr, "lmserve bench model: --tensor-parallel-size > 1 runs on the CPU only\n");
+    return 2;
+  }
   bm_sample.temperature = (float)temperature;
   bm_sample.top_k = (int)top_k;
   bm_sample.top_p = (float)top_p;
-  char err[512] = "";
   int status = 1;
   struct kn_backend *be = NULL;
   struct kn_cpu_bw_probe *probe = NULL;
@@ -193,10 +211,23 @@ int tl_bench_model_main(int argc, char **argv) {
     if (sched_setaffinity(0, sizeof set, &set))
       cm_warn("bench", "rank %d: cannot pin to its cores", rank);
   }
-  if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_BEST, bf16, &be))) {
+  if (on_device) {
+    struct kn_backend_opts bo = {.n_threads = (int)threads, .local_rank = 0, .bf16 = bf16};
+    if ((rc = kn_backend_reg_create(reg, &bo, &be, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve bench model: %s\n", err);
+      goto done;
+    }
+  } else if ((rc = kn_cpu_backend_create_mode((int)threads, KN_CPU_ISA_BEST, bf16, &be))) {
     fprintf(stderr, "lmserve bench model: CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }
+  /* what the backend runs on: the processor's ISA path, or the device's name */
+  char where[256];
+  snprintf(where, sizeof(where), "%s", kn_cpu_isa_name(kn_cpu_isa_detect()));
+#if LMSERVE_HAVE_CUDA
+  if (on_device && kn_cuda_device_name(0, where, sizeof(where)))
+    snprintf(where, sizeof(where), "?");
+#endif
   if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
     fprintf(stderr, "lmserve bench model: rank %d cannot join its group: %s\n", rank,
             cm_strerror(rc));
@@ -237,7 +268,7 @@ int tl_bench_model_main(int argc, char **argv) {
    * (one process only: ranks wait for each other), so that the steps and the reads
    * share the machine's moments; the best single pass is printed beside it. */
   double bpt = (double)wk_model_weight_bytes_per_token(m);
-  if (tp == 1 &&
+  if (tp == 1 && !on_device &&
       kn_cpu_bw_probe_create((size_t)CM_MIN(bpt, (double)(1ull << 30)), (int)all_threads, &probe))
     probe = NULL;
   double t_decode = 0, t_read = 0, bw_peak = 0, read_bytes = 0;
@@ -257,7 +288,13 @@ int tl_bench_model_main(int argc, char **argv) {
     goto done;
   }
   double bw = probe && t_read > 0 ? read_bytes / t_read / 1e9 : 0;
-  if (!probe) bw = bw_peak = kn_cpu_measure_bandwidth(0, all_threads); /* GB/s */
+  if (on_device) {
+#if LMSERVE_HAVE_CUDA
+    bw = bw_peak = kn_cuda_measure_bandwidth(0, (size_t)1 << 31); /* GB/s, 2 GiB */
+#endif
+  } else if (!probe) {
+    bw = bw_peak = kn_cpu_measure_bandwidth(0, all_threads); /* GB/s */
+  }
   double prefill_tps = (double)prompt / t_prefill, decode_tps = (double)decode / t_decode;
   double bound_tps = bw > 0 ? bw * 1e9 / bpt : 0;
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
@@ -269,11 +306,10 @@ int tl_bench_model_main(int argc, char **argv) {
            "\"bandwidth_gb_s\":%.2f,\"bandwidth_peak_gb_s\":%.2f,\"bandwidth_interleaved\":%s,"
            "\"bandwidth_bound_tokens_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
            "\"tensor_parallel_size\":%lld,",
-           model, c->model_type, kn_backend_name(be), kn_cpu_isa_name(kn_cpu_isa_detect()),
-           kn_backend_matmul_inputs(be), (unsigned long long)wk_model_weight_bytes(m), bpt,
-           (long long)prompt, prefill_tps, (long long)decode, decode_tps, bw, bw_peak,
-           probe ? "true" : "false", bound_tps, bound_tps > 0 ? decode_tps / bound_tps : 0,
-           (long long)tp);
+           model, c->model_type, kn_backend_name(be), where, kn_backend_matmul_inputs(be),
+           (unsigned long long)wk_model_weight_bytes(m), bpt, (long long)prompt, prefill_tps,
+           (long long)decode, decode_tps, bw, bw_peak, probe ? "true" : "false", bound_tps,
+           bound_tps > 0 ? decode_tps / bound_tps : 0, (long long)tp);
     print_kv(kv, 1);
     printf("}\n");
   } else {
@@ -282,8 +318,8 @@ int tl_bench_model_main(int argc, char **argv) {
            tp > 1 ? " on rank 0" : "");
     printf("ranks      %lld (tensor parallel), %lld threads each\n", (long long)tp,
            (long long)(tp > 1 ? threads : all_threads));
-    printf("backend    %s (processor: %s), matmul inputs %s\n", kn_backend_name(be),
-           kn_cpu_isa_name(kn_cpu_isa_detect()), kn_backend_matmul_inputs(be));
+    printf("backend    %s (%s: %s), matmul inputs %s\n", kn_backend_name(be),
+           on_device ? "device" : "processor", where, kn_backend_matmul_inputs(be));
     printf("prefill    %lld tokens in %.3f s: %.1f tokens/s (chunks of %d)\n", (long long)prompt,
            t_prefill, prefill_tps, ch);
     printf("decode     %lld tokens in %.3f s: %.2f tokens/s (one sequence, ", (long long)decode,
@@ -296,6 +332,10 @@ int tl_bench_model_main(int argc, char **argv) {
       printf("bandwidth  %.2f GB/s streaming read, one token's weight bytes after each decode step "
              "(best pass %.2f GB/s)\n",
              bw, bw_peak);
+    else if (on_device)
+      printf("bandwidth  %.2f GB/s measured on the device (streaming read of 2 GiB, best of 5 "
+             "passes)\n",
+             bw);
     else
       printf("bandwidth  %.2f GB/s measured (streaming read, best of 4 passes)\n", bw);
     printf("bound      %.2f MB of weights read per decode token -> %.2f tokens/s at that "

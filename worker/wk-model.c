@@ -544,14 +544,18 @@ static int alloc_scratch(struct wk_model *m) {
 }
 
 /* Weights left in the mapping: reads every page of the checkpoint once so the
- * first step does not pay the page faults. Copied weights: the arena turns
- * read-only and this process's pages of the mapping are let go (the page
- * cache keeps them for the next load). */
+ * first step does not pay the page faults. Copied weights (to the arena or
+ * to a device): the arena turns read-only and this process's pages of the
+ * mapping are let go (the page cache keeps them for the next load). */
 static void finish_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
   if (a->mem.base) {
     copy_weights(m);
     (void)mprotect(a->mem.base, a->mem.len, PROT_READ);
+    wk_st_drop_pages(m->st);
+    return;
+  }
+  if (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) { /* uploaded: the mapping's pages go */
     wk_st_drop_pages(m->st);
     return;
   }

@@ -9,10 +9,14 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -331,8 +335,8 @@ static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V, int siglip4
   json_t *vision =
       json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:b}", "model_type",
                 "siglip_vision_model", "hidden_size", VH, "intermediate_size", VF,
-                "num_hidden_layers", VL, "num_attention_heads", VNH, "num_channels", 3, "image_size",
-                IMAGE, "patch_size", PATCH, "layer_norm_eps", 1e-6, "hidden_act",
+                "num_hidden_layers", VL, "num_attention_heads", VNH, "num_channels", 3,
+                "image_size", IMAGE, "patch_size", PATCH, "layer_norm_eps", 1e-6, "hidden_act",
                 "gelu_pytorch_tanh", "attention_dropout", 0.0, "vision_use_head", 0);
   json_t *r = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:[i,i], s:b, s:o, s:o}", "architectures",
                         "Gemma3ForConditionalGeneration", "model_type", "gemma3",
@@ -384,9 +388,13 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
       H = 64, F = 128, L = 6, nh = 4, nkv = 2, hd = 32, win = 64, pattern = 3;
     } else if (!strcmp(o->preset, "270m")) {
       H = 640, F = 2048, L = 18, nh = 4, nkv = 1, hd = 256, win = 512, pattern = 6;
+    } else if (!strcmp(o->preset, "1b")) {
+      H = 1152, F = 6912, L = 26, nh = 4, nkv = 1, hd = 256, win = 512, pattern = 6;
+    } else if (!strcmp(o->preset, "4b")) { /* gemma-3-4b's language model */
+      H = 2560, F = 10240, L = 34, nh = 8, nkv = 4, hd = 256, win = 1024, pattern = 6;
     } else {
-      return cm_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known (tiny, 270m)",
-                     o->preset);
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "preset \"%s\" is not known for gemma3 (tiny, 270m, 1b, 4b)", o->preset);
     }
     if (o->sliding_window) win = o->sliding_window;
     int full[WK_MAX_LAYERS];
@@ -479,8 +487,23 @@ static double rng_normal(struct rng *r) {
   return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
-/* Fills and writes one tensor in chunks (no whole-tensor buffer). */
-static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, int index,
+/* bytes at *off of fd, *off advanced; 0 or CM_ERR_IO */
+static int put(int fd, const void *buf, size_t bytes, off_t *off) {
+  const char *p = buf;
+  while (bytes) {
+    ssize_t w = pwrite(fd, p, bytes, *off);
+    if (w <= 0) return CM_ERR_IO;
+    p += w;
+    bytes -= (size_t)w;
+    *off += w;
+  }
+  return 0;
+}
+
+/* Fills and writes one tensor at offset off of fd in chunks (no whole-tensor
+ * buffer). Its values come from its own streams (seed, index): tensors can be
+ * written in any order, by any thread. */
+static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint64_t seed, int index,
                         enum wk_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
   struct rng r = {seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull + 1};
   uint64_t n = 1;
@@ -497,14 +520,14 @@ static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, 
       p[i - 1] = p[j];
       p[j] = tmp;
     }
-    int rc = fwrite(p, sizeof(int64_t), n, f) == n ? 0 : CM_ERR_IO;
+    int rc = put(fd, p, sizeof(int64_t) * n, &off);
     free(p);
     return rc;
   }
   if (t->init == WK_INIT_ARANGE) {
     for (uint64_t i = 0; i < n; i++) {
       int64_t v = (int64_t)i;
-      if (fwrite(&v, sizeof(v), 1, f) != 1) return CM_ERR_IO;
+      if (put(fd, &v, sizeof(v), &off)) return CM_ERR_IO;
     }
     return 0;
   }
@@ -541,7 +564,7 @@ static int write_tensor(FILE *f, const struct wk_tensor_spec *t, uint64_t seed, 
         buf16[i] = kn_f32_to_bf16((float)v);
     }
     const void *src = dt == WK_ST_F32 ? (const void *)buf32 : (const void *)buf16;
-    if (fwrite(src, esz, m, f) != m) return CM_ERR_IO;
+    if (put(fd, src, esz * m, &off)) return CM_ERR_IO;
     done += m;
   }
   return 0;
@@ -558,6 +581,41 @@ static int write_text(const char *dir, const char *name, const char *text) {
   return rc;
 }
 
+/* The tensors, written by threads that each take the next unwritten one (the
+ * biggest first, so the last to finish is not a big one started late). */
+struct tiny_job {
+  const struct wk_tiny_spec *s;
+  const struct wk_st_entry *e;
+  const off_t *at;
+  const int *order;
+  uint64_t seed;
+  int fd;
+  atomic_int next, rc;
+};
+
+enum { TINY_CHUNK = 1 << 16 };
+
+/* tensor i's bytes: from its offset to the next one's (the end, pos, for the last) */
+static off_t tensor_bytes(const off_t *at, int i, int n, off_t pos) {
+  return (i + 1 < n ? at[i + 1] : pos) - at[i];
+}
+
+static void *tiny_thread(void *arg) {
+  struct tiny_job *j = arg;
+  uint16_t *b16 = malloc(TINY_CHUNK * sizeof(uint16_t));
+  float *b32 = malloc(TINY_CHUNK * sizeof(float));
+  if (!b16 || !b32) atomic_store(&j->rc, CM_ERR_NOMEM);
+  for (int k; !atomic_load(&j->rc) && (k = atomic_fetch_add(&j->next, 1)) < j->s->n_tensors;) {
+    int i = j->order[k];
+    int rc = write_tensor(j->fd, j->at[i], &j->s->tensors[i], j->seed, i, j->e[i].dtype, b16, b32,
+                          TINY_CHUNK);
+    if (rc) atomic_store(&j->rc, rc);
+  }
+  free(b16);
+  free(b32);
+  return NULL;
+}
+
 int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
                   enum wk_st_dtype dt) {
   if (dt != WK_ST_F32 && dt != WK_ST_F16 && dt != WK_ST_BF16) return CM_ERR_INVAL;
@@ -569,23 +627,56 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   snprintf(path, sizeof(path), "%s/model.safetensors", dir);
   FILE *f = fopen(path, "wb");
   if (!f) return CM_ERR_IO;
-  enum { CHUNK = 1 << 16 };
-  struct wk_st_entry *e = calloc((size_t)s->n_tensors, sizeof(*e));
-  uint16_t *b16 = malloc(CHUNK * sizeof(uint16_t));
-  float *b32 = malloc(CHUNK * sizeof(float));
-  rc = e && b16 && b32 ? 0 : CM_ERR_NOMEM;
-  for (int i = 0; i < s->n_tensors && !rc; i++) {
+  int n = s->n_tensors;
+  struct wk_st_entry *e = calloc((size_t)n, sizeof(*e));
+  off_t *at = calloc((size_t)n, sizeof(*at));
+  int *order = calloc((size_t)n, sizeof(*order));
+  rc = e && at && order ? 0 : CM_ERR_NOMEM;
+  for (int i = 0; i < n && !rc; i++) {
     e[i] = s->tensors[i].e;
     e[i].name = s->tensors[i].name;
     if (s->tensors[i].init != WK_INIT_PERMUTATION && s->tensors[i].init != WK_INIT_ARANGE)
       e[i].dtype = dt;
   }
-  if (!rc) rc = wk_st_write_header(f, e, s->n_tensors);
-  for (int i = 0; i < s->n_tensors && !rc; i++)
-    rc = write_tensor(f, &s->tensors[i], seed, i, e[i].dtype, b16, b32, CHUNK);
+  if (!rc) rc = wk_st_write_header(f, e, n);
+  if (!rc && fflush(f)) rc = CM_ERR_IO;
+  /* the data follow the header, tensor after tensor in table order */
+  off_t pos = rc ? 0 : ftello(f);
+  if (pos < 0) rc = CM_ERR_IO;
+  for (int i = 0; i < n && !rc; i++) {
+    uint64_t elems = 1;
+    for (int d = 0; d < e[i].ndim; d++)
+      elems *= (uint64_t)e[i].shape[d];
+    at[i] = pos;
+    pos += (off_t)(elems * (uint64_t)wk_st_dtype_size(e[i].dtype));
+    order[i] = i;
+  }
+  for (int i = 1; i < n && !rc; i++) /* by size, biggest first (insertion sort) */
+    for (int k = i;
+         k > 0 && tensor_bytes(at, order[k], n, pos) > tensor_bytes(at, order[k - 1], n, pos);
+         k--) {
+      int t = order[k];
+      order[k] = order[k - 1];
+      order[k - 1] = t;
+    }
+  if (!rc) {
+    struct tiny_job j = {.s = s, .e = e, .at = at, .order = order, .seed = seed, .fd = fileno(f)};
+    atomic_init(&j.next, 0);
+    atomic_init(&j.rc, 0);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = (int)CM_MIN(CM_MAX(cores, 1L), 32L);
+    pthread_t th[32];
+    int started = 0;
+    while (started + 1 < nt && !pthread_create(&th[started], NULL, tiny_thread, &j))
+      started++;
+    tiny_thread(&j); /* this thread writes too */
+    for (int i = 0; i < started; i++)
+      pthread_join(th[i], NULL);
+    rc = atomic_load(&j.rc);
+  }
   free(e);
-  free(b16);
-  free(b32);
+  free(at);
+  free(order);
   if (fclose(f) && !rc) rc = CM_ERR_IO;
   return rc;
 }

@@ -39,6 +39,15 @@ int kn_cuda_device_count(void);
  * CM_ERR_DEVICE (CUDA / cuBLAS initialisation failed) or CM_ERR_NOMEM, *out NULL. */
 int kn_cuda_backend_create(int device, struct kn_backend **out);
 
+/* Streaming-read bandwidth of device `device` in GB/s (10^9 bytes/s): the
+ * best of five timed passes over a fresh buffer of `bytes` (choose many times
+ * the L2, e.g. 1 GiB). 0 when it cannot be measured. Used as decode's bound. */
+double kn_cuda_measure_bandwidth(int device, size_t bytes);
+
+/* "NAME (N multiprocessors, X GiB)" of device `device` into out[size]:
+ * 0, or -1 when the device cannot be read. */
+int kn_cuda_device_name(int device, char *out, size_t size);
+
 /* The device a rank with local index local_rank (>= 0) runs on among n_dev
  * (>= 1) visible devices: local_rank modulo n_dev, so that ranks spread over
  * the devices of their host as torchrun's LOCAL_RANK does. Plain arithmetic,

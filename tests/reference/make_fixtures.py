@@ -51,6 +51,7 @@ tree root:   python3 tests/reference/make_fixtures.py [--out tests/fixtures/mode
 """
 import argparse
 import json
+from collections.abc import Mapping
 import math
 import os
 import sys
@@ -253,8 +254,11 @@ def build_assistant(out_dir):
     with torch.no_grad():
         out = target.model(input_ids=ids[None], use_cache=False, return_shared_kv_states=True)
         skv = out.shared_kv_states  # {"sliding_attention": (K, V), "full_attention": (K, V)}
-        if not isinstance(skv, dict) or set(skv) != {"sliding_attention", "full_attention"}:
-            sys.exit("this transformers does not return the shared K/V by layer type")
+        # a dict or another mapping (transformers 5.17 returns a UserDict)
+        keys = set(skv.keys()) if isinstance(skv, Mapping) else None
+        if keys is None or not {"sliding_attention", "full_attention"} <= keys:
+            sys.exit("this transformers does not return the shared K/V by layer type: "
+                     f"{type(skv).__name__} {sorted(map(str, keys)) if keys else ''}")
         h = out.last_hidden_state[:, -1:].float()  # [1, 1, B], after the final norm
         target_logits = target(input_ids=ids[None], use_cache=False).logits[0, -1].float()
         tok = int(target_logits.argmax())

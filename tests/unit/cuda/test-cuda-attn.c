@@ -52,8 +52,11 @@ TH_TEST(cuda_kv_write) {
           ct_fill(&e, vv, (size_t)T * ld, 3.0f);
           int32_t slots[T];
           int n_slots = v.n_pages * v.block_tokens;
+          /* distinct slots (two tokens on one slot race on the device): 37 is
+           * prime to n_slots - 1 = 191, and the last slot of the pool is left
+           * to the last token */
           for (int t = 0; t < T; t++)
-            slots[t] = (t * 37 + 11) % n_slots; /* distinct */
+            slots[t] = (t * 37 + 11) % (n_slots - 1);
           slots[3] = -1;
           slots[17] = -5;
           slots[T - 1] = n_slots - 1;

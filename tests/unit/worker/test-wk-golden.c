@@ -4,7 +4,10 @@
  * every prompt position, the greedy continuation). Per fixture: max |logit
  * error| < 1e-3 of the logit range and the exact greedy tokens, with the
  * prompt run in one chunk, in 5-token chunks and token by token.
- * Without fixtures each test skips, saying how to make them. */
+ * On the CPU backend, and on the CUDA backend where a device is visible
+ * (f32 weights: full-f32 SGEMM; KV cache f32 on both); the CUDA cases skip,
+ * saying so, without one. Without fixtures each test skips, saying how to
+ * make them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,13 +15,17 @@
 #include <unistd.h>
 
 #include "kernels/cpu/kn-cpu.h"
+#include "lmserve-config.h"
+#if LMSERVE_HAVE_CUDA
+#include "kernels/cuda/kn-cuda.h"
+#endif
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 
-static void golden(const char *name) {
+static void golden(const char *name, int cuda) {
   char dir[4096], err[512] = "";
   struct wk_st *g = wkt_golden_open(name, "", dir);
   const struct wk_tensor *ti = wk_st_find(g, "input_ids"), *tl = wk_st_find(g, "logits"),
@@ -36,7 +43,16 @@ static void golden(const char *name) {
   const float *want = tl->data;
 
   struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  if (cuda) {
+#if LMSERVE_HAVE_CUDA
+    if (kn_cuda_device_count() <= 0) TH_SKIP("no CUDA device visible: the CUDA golden comparison");
+    TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
+#else
+    TH_SKIP("a build without CUDA: the CUDA golden comparison");
+#endif
+  } else {
+    TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  }
   struct wk_model *m = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T,
                              .max_seqs = 1,
@@ -77,8 +93,8 @@ static void golden(const char *name) {
       double e = fabs((double)got[i] - want[i]);
       maxerr = e > maxerr ? e : maxerr;
     }
-    fprintf(stderr, "%s: chunk %d: max |logit error| %.3g, logit range %.3g\n", name, chunks[c],
-            maxerr, hi - lo);
+    fprintf(stderr, "%s (%s): chunk %d: max |logit error| %.3g, logit range %.3g\n", name,
+            kn_backend_name(be), chunks[c], maxerr, hi - lo);
     if (!(maxerr < 1e-3 * (hi - lo)))
       th_fail(__FILE__, __LINE__, "%s: chunk %d: max |logit error| %g >= 1e-3 x range %g", name,
               chunks[c], maxerr, hi - lo);
@@ -107,11 +123,20 @@ static void golden(const char *name) {
 }
 
 TH_TEST(golden_gemma3) {
-  golden("gemma3");
+  golden("gemma3", 0);
 }
 TH_TEST(golden_gemma4) {
-  golden("gemma4");
+  golden("gemma4", 0);
 }
 TH_TEST(golden_gemma4_moe) {
-  golden("gemma4-moe");
+  golden("gemma4-moe", 0);
+}
+TH_TEST(golden_gemma3_cuda) {
+  golden("gemma3", 1);
+}
+TH_TEST(golden_gemma4_cuda) {
+  golden("gemma4", 1);
+}
+TH_TEST(golden_gemma4_moe_cuda) {
+  golden("gemma4-moe", 1);
 }
