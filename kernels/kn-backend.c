@@ -13,17 +13,20 @@
 #include "common/cm-time.h"
 #include "kernels/kn-backend-impl.h"
 
-/* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
 /* ---- $LMSERVE_OP_PROFILE ----------------------------------------------------
- * Where a step's time goes, op by op: with LMSERVE_OP_PROFILE=1 every op
+ * Where a step's time goes, op by op. With LMSERVE_OP_PROFILE=1 every op
  * waits for its backend (ops->sync) before it returns, its time is summed
  * under its name, and the time between ops (the caller's host work, memory
- * hooks) under "(between ops)", gaps of 0.1 s or more left out as idle; the table goes to stderr
- * when the backend is destroyed. The waits serialise host and device: the sum is the step as it
- * would run with no overlap, which is what finds the op or the host gap that
- * dominates. Off (one pointer test per op) unless set. */
+ * hooks) under "(between ops)", gaps of 0.1 s or more left out as idle; the
+ * table goes to stderr when the backend is destroyed. The waits serialise
+ * host and device: the sum is the step as it would run with no overlap,
+ * which finds the op or the host gap that dominates. With
+ * LMSERVE_OP_PROFILE=host nothing waits: the times are what each call costs
+ * the host (a device backend's launch overhead). Off (one pointer test per
+ * op) unless set. */
 #define KN_PROF_OPS 64
 struct kn_op_profile {
+  int host_only; /* LMSERVE_OP_PROFILE=host: no waits */
   double t0, last_end, between;
   long n_between;
   int n;
@@ -36,7 +39,7 @@ struct kn_op_profile {
 
 static int prof_end(struct kn_backend *be, const char *name, int rc) {
   struct kn_op_profile *p = be->prof;
-  if (be->ops->sync) (void)be->ops->sync(be->ctx);
+  if (!p->host_only && be->ops->sync) (void)be->ops->sync(be->ctx);
   double now = cm_time_s();
   int i = 0;
   while (i < p->n && strcmp(p->op[i].name, name))
@@ -59,7 +62,8 @@ static void prof_print(const struct kn_backend *be) {
   double total = p->between;
   for (int i = 0; i < p->n; i++)
     total += p->op[i].s;
-  fprintf(stderr, "op profile (%s backend, each op waited for): %.3f s\n", be->ops->name, total);
+  fprintf(stderr, "op profile (%s backend, %s): %.3f s\n", be->ops->name,
+          p->host_only ? "host time of each call, not waited for" : "each op waited for", total);
   fprintf(stderr, "  %-22s %9s %11s %10s %6s\n", "op", "calls", "total ms", "mean us", "share");
   int done[KN_PROF_OPS] = {0};
   for (int k = 0; k < p->n; k++) { /* by time, largest first */
@@ -76,6 +80,7 @@ static void prof_print(const struct kn_backend *be) {
           total > 0 ? 100 * p->between / total : 0);
 }
 
+/* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
 #define KN_CALL(name, ...)                                                                         \
   (!be->ops->name ? CM_ERR_UNSUPPORTED                                                             \
    : !be->prof                                                                                     \
@@ -88,7 +93,8 @@ struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) 
   be->ops = ops;
   be->ctx = ctx;
   const char *e = getenv("LMSERVE_OP_PROFILE");
-  if (e && *e && strcmp(e, "0")) be->prof = calloc(1, sizeof(*be->prof)); /* NULL: no profile */
+  if (e && *e && strcmp(e, "0") && (be->prof = calloc(1, sizeof(*be->prof)))) /* NULL: none */
+    be->prof->host_only = !strcmp(e, "host");
   return be;
 }
 

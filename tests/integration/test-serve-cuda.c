@@ -146,9 +146,14 @@ TH_TEST(serve_cuda_greedy_equals_cpu) {
   serve_answers(model, "cpu", cpu);
   serve_answers(model, "cuda", gpu);
   for (int i = 0; i < N_PROMPTS; i++) {
-    /* the tiny model's distributions are nearly flat (logprobs near -ln V):
-     * a near-tie is a few hundredths apart */
-    compare_answers(i, cpu[i], gpu[i], 3e-2, 5e-2);
+    /* The tiny model's distributions are nearly flat (logprobs near -ln V),
+     * and the GPU's rounding points (matmul inputs to bf16, attention in
+     * f32 over the bf16 cache) are not the CPU's: the largest logprob
+     * difference seen on an H200 was 0.04 (against the f32 CPU as well as
+     * the bf16 one). A wrong kernel moves logprobs by whole units. The
+     * strict check of the CUDA forward is test-wk-golden's: f32 weights
+     * against transformers within 1e-3 of the logit range. */
+    compare_answers(i, cpu[i], gpu[i], 8e-2, 8e-2);
     json_decref(cpu[i]);
     json_decref(gpu[i]);
   }
