@@ -324,6 +324,11 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
                        fail);
   err = stage_init(c, KN_CUDA_STAGE_SEG_MIN);
   if (err) goto fail;
+  const char *gv = getenv("LMSERVE_CUDA_GEMV");
+  if (!gv || strcmp(gv, "0")) {
+    c->gemv = kn_cuda_gemv_check(c) == 0;
+    if (!c->gemv) cm_warn("cuda", "few-rows matmuls stay on cuBLAS: the kernel failed its check");
+  }
 #if LMSERVE_HAVE_NCCL
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, fill_nccl_ops);

@@ -10,11 +10,19 @@
  *   bf16 / f16:   the activations are narrowed to the weights' type into
  *                 scratch, then cublasGemmEx with f32 output and
  *                 CUBLAS_COMPUTE_32F accumulation.
+ *   few rows:     bf16 / f16 weights and T <= KN_CUDA_GEMV_MAX_T (decode, small
+ *                 batches) run kn-cuda-gemv.cu instead, one launch with the
+ *                 same rounding of the inputs, where the backend's check of it
+ *                 at creation passed (kn_cuda_gemv_check).
  *   row subset:   the chosen rows of W are gathered into scratch first. */
 #include <limits.h>
+#include <math.h>
+#include <stdlib.h>
 
 #include "common/cm-err.h"
+#include "common/cm-log.h"
 #include "kernels/cuda/kn-cuda-impl.h"
+#include "kernels/kn-dtype.h"
 
 static size_t align256(size_t n) {
   return (n + 255) & ~(size_t)255;
@@ -24,6 +32,10 @@ static size_t align256(size_t n) {
  * T * K elements of wdt. */
 static int gemm(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                 const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate, void *w16) {
+  if (c->gemv && kn_cuda_gemv_fits(in, ldi, w, wdt, T, K)) {
+    KN_CUDA_CHECK(kn_cuda_launch_gemv(c->stream, out, ldo, in, ldi, w, wdt, T, N, K, accumulate));
+    return 0;
+  }
   /* cuBLAS wants ld >= the row length even for a single row */
   if (T == 1) {
     ldo = N;
@@ -86,4 +98,82 @@ int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in
   KN_CUDA_CHECK(kn_cuda_launch_gather_rows(c->stream, scratch, w, row_bytes, rows_d, n_rows));
   void *act = abytes ? (char *)scratch + wbytes : NULL;
   return gemm(c, out, ldo, in, ldi, scratch, wdt, T, n_rows, K, 0, act);
+}
+
+/* ---- the few-rows kernel, checked before use ------------------------------ */
+
+/* Runs one problem (T rows, N outputs, K with a tail of vectors past a
+ * multiple of 32 lanes, accumulating onto ones) through the few-rows kernel
+ * and through the cuBLAS path, for wdt; 0 when they agree to 1e-3 of the
+ * largest output, else CM_ERR_DEVICE or the CUDA failure. */
+static int gemv_case(struct kn_cuda_ctx *c, enum kn_dtype wdt, int T) {
+  enum { N = 37, K = 1160 };
+  uint16_t *wh = malloc(sizeof(uint16_t) * N * K);
+  float *xh = malloc(sizeof(float) * T * K), *a = malloc(sizeof(float) * T * N),
+        *b = malloc(sizeof(float) * T * N);
+  void *wd = NULL, *xd = NULL, *od = NULL, *scratch = NULL;
+  int err = wh && xh && a && b ? 0 : CM_ERR_NOMEM;
+  uint32_t r = 0x9e3779b9u ^ (uint32_t)(T * 31 + (int)wdt);
+  for (int i = 0; !err && i < N * K; i++) { /* uniform in [-1, 1), as bf16 or f16 */
+    r = r * 1664525u + 1013904223u;
+    float v = (float)(r >> 8) / (float)(1u << 23) - 1.0f;
+    wh[i] = wdt == KN_DTYPE_BF16 ? kn_f32_to_bf16(v) : kn_f32_to_f16(v);
+  }
+  for (int i = 0; !err && i < T * K; i++) {
+    r = r * 1664525u + 1013904223u;
+    xh[i] = 3.0f * ((float)(r >> 8) / (float)(1u << 23) - 1.0f);
+  }
+  const size_t obytes = sizeof(float) * T * N;
+  if (!err && (cudaMalloc(&wd, sizeof(uint16_t) * N * K) != cudaSuccess ||
+               cudaMalloc(&xd, sizeof(float) * T * K) != cudaSuccess ||
+               cudaMalloc(&od, obytes) != cudaSuccess))
+    err = CM_ERR_DEVICE;
+  if (!err) err = kn_cuda_scratch(c, (size_t)T * K * 2, &scratch);
+  for (int pass = 0; pass < 2 && !err; pass++) { /* pass 0: the kernel, pass 1: cuBLAS */
+    for (int i = 0; i < T * N; i++)
+      a[i] = 1.0f;
+    if (cudaMemcpy(wd, wh, sizeof(uint16_t) * N * K, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(xd, xh, sizeof(float) * T * K, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(od, a, obytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+      err = CM_ERR_DEVICE;
+      break;
+    }
+    int keep = c->gemv;
+    c->gemv = pass == 0;
+    err = gemm(c, od, N, xd, K, wd, wdt, T, N, K, 1, scratch);
+    c->gemv = keep;
+    if (!err && (cudaStreamSynchronize(c->stream) != cudaSuccess ||
+                 cudaMemcpy(pass ? b : a, od, obytes, cudaMemcpyDeviceToHost) != cudaSuccess))
+      err = CM_ERR_DEVICE;
+  }
+  if (!err) {
+    double big = 1, worst = 0;
+    for (int i = 0; i < T * N; i++) {
+      big = fabs(b[i]) > big ? fabs(b[i]) : big;
+      worst = fabs((double)a[i] - b[i]) > worst ? fabs((double)a[i] - b[i]) : worst;
+    }
+    if (!(worst <= 1e-3 * big)) {
+      cm_warn("cuda", "few-rows matmul %s T=%d: differs from cuBLAS by %g (largest output %g)",
+              kn_dtype_name(wdt), T, worst, big);
+      err = CM_ERR_DEVICE;
+    }
+  }
+  cudaFree(wd);
+  cudaFree(xd);
+  cudaFree(od);
+  free(wh);
+  free(xh);
+  free(a);
+  free(b);
+  return err;
+}
+
+int kn_cuda_gemv_check(struct kn_cuda_ctx *c) {
+  static const int ts[] = {1, 3, KN_CUDA_GEMV_MAX_T};
+  int err = 0;
+  for (int d = 0; d < 2 && !err; d++)
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]) && !err; i++)
+      err = gemv_case(c, d ? KN_DTYPE_F16 : KN_DTYPE_BF16, ts[i]);
+  (void)cudaGetLastError(); /* a failure here is reported, not left pending */
+  return err;
 }

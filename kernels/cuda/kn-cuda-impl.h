@@ -78,6 +78,19 @@ cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltwise op, flo
 /* dst[n] (dtype dt: F16 or BF16) = src[n] rounded to nearest even. */
 cudaError_t kn_cuda_launch_narrow(cudaStream_t s, void *dst, enum kn_dtype dt, const float *src,
                                   ptrdiff_t lds, int rows, int cols);
+/* out[t, n] (+)= sum_k in[t, k] rounded to wdt (bf16 / f16) * w[n, k] for
+ * t < T <= KN_CUDA_GEMV_MAX_T, one warp per n, in one launch; needs K % 8 == 0
+ * and w, in and every row of in (ldi) 16-byte aligned (kn_cuda_gemv_fits). */
+#define KN_CUDA_GEMV_MAX_T 8
+cudaError_t kn_cuda_launch_gemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
+                                ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N,
+                                int K, int accumulate);
+static inline int kn_cuda_gemv_fits(const float *in, ptrdiff_t ldi, const void *w,
+                                    enum kn_dtype wdt, int T, int K) {
+  return (wdt == KN_DTYPE_BF16 || wdt == KN_DTYPE_F16) && T >= 1 && T <= KN_CUDA_GEMV_MAX_T &&
+         K > 0 && K % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)w % 16 == 0 &&
+         (T == 1 || ldi % 4 == 0);
+}
 /* dst[j, :] = w[rows[j], :] for j < n_rows; rows of row_bytes bytes (a multiple of 2). */
 cudaError_t kn_cuda_launch_gather_rows(cudaStream_t s, void *dst, const void *w, size_t row_bytes,
                                        const int32_t *rows, int n_rows);
@@ -161,6 +174,10 @@ struct kn_cuda_ctx {
   /* Pinned host buffer for results copied back (argmax, top-k). */
   void *result_host;
   size_t result_bytes;
+
+  /* 1: matmuls of few rows run kn_cuda_launch_gemv (checked against the
+   * cuBLAS path when the backend is made; $LMSERVE_CUDA_GEMV=0 turns it off) */
+  int gemv;
 
   /* The tensor-parallel group (kn-cuda-nccl.c), or NULL. */
   struct kn_cuda_nccl *nccl;
@@ -247,6 +264,9 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
                       int T, int V, const struct kn_sample_params *params);
 int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
                         const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
+/* The few-rows matmul kernel against the cuBLAS path on bf16 and f16 weights
+ * at T = 1, 3 and 8 (kn-cuda-gemm.c): 0 when they agree, else a cm_err (logged). */
+int kn_cuda_gemv_check(struct kn_cuda_ctx *c);
 int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                       const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate);
 int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,

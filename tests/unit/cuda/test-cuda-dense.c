@@ -130,6 +130,23 @@ TH_TEST(cuda_matmul) {
   ct_close(&e);
 }
 
+/* Few rows with K % 8 == 0 and 16-byte aligned input rows: the one-launch
+ * kernel (kn-cuda-gemv.cu) for bf16 / f16 weights, at every T it takes and
+ * one past it (cuBLAS), with a tail of vectors past a multiple of 32 lanes. */
+TH_TEST(cuda_matmul_few_rows) {
+  struct ct_env e;
+  ct_open(&e, 4);
+  static const int shapes[][2] = {{37, 1160}, {300, 640}, {1024, 64}, {96, 1152}, {5, 8}};
+  for (size_t di = 0; di < 3; di++)
+    for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
+      for (int T = 1; T <= 9; T++)
+        for (int acc = 0; acc < 2; acc++) {
+          int N = shapes[si][0], K = shapes[si][1];
+          matmul_case(&e, k_wdts[di], T, N, K, acc, K + 4, N + 3, 0, NULL);
+        }
+  ct_close(&e);
+}
+
 /* The head with its softcap (the backend-neutral matmul + softcap path on
  * CUDA) against the CPU's fused one, over strided rows. */
 TH_TEST(cuda_matmul_softcap) {

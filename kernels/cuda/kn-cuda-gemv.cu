@@ -1,0 +1,103 @@
+/* kn-cuda-gemv.cu — matmuls of a few input rows (T <= KN_CUDA_GEMV_MAX_T:
+ * decode, small batches, speculative verification) against bf16 / f16
+ * weights, in one launch. Each warp reads one weight row once, in 16-byte
+ * vectors, and multiplies it with every input row, each input rounded to the
+ * weights' type on the fly (round to nearest even, as the narrowing before
+ * cuBLAS does): products exact in f32, sums in f32, one warp reduction per
+ * output. It replaces a narrowing kernel and cublasGemmEx, whose host cost
+ * is most of a decode step (BENCHMARKS.md, "The CUDA backend on a GPU"). */
+#include "kernels/cuda/kn-cuda-dev.cuh"
+
+/* The two elements of a 32-bit word of bf16 / f16 values, widened (exact). */
+__device__ __forceinline__ float2 widen2(uint32_t u, const __nv_bfloat16 *) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ float2 widen2(uint32_t u, const __half *) {
+  __half2 h = *reinterpret_cast<__half2 *>(&u);
+  return __half22float2(h);
+}
+
+/* x rounded to the weights' type and widened back (exact in f32). */
+__device__ __forceinline__ float round_to(float x, const __nv_bfloat16 *) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ float round_to(float x, const __half *) {
+  return __half2float(__float2half_rn(x));
+}
+
+/* One warp per weight row n: out[t, n] (+)= sum_k round(in[t, k]) * w[n, k]
+ * for t < TT. K % 8 == 0; w, in and every input row 16-byte aligned. */
+template <typename W, int TT>
+__global__ void gemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const W *w,
+                            int N, int K, int accumulate) {
+  int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+  int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const uint4 *wr = reinterpret_cast<const uint4 *>(w + (size_t)n * (size_t)K);
+  float acc[TT];
+#pragma unroll
+  for (int t = 0; t < TT; t++)
+    acc[t] = 0.0f;
+  const W *tag = nullptr;
+  for (int v = lane; v < K / 8; v += 32) {
+    uint4 q = wr[v];
+    float2 w01 = widen2(q.x, tag), w23 = widen2(q.y, tag), w45 = widen2(q.z, tag),
+           w67 = widen2(q.w, tag);
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      const float4 *x = reinterpret_cast<const float4 *>(in + (ptrdiff_t)t * ldi) + 2 * v;
+      float4 a = x[0], b = x[1];
+      float s = acc[t];
+      s = fmaf(round_to(a.x, tag), w01.x, s);
+      s = fmaf(round_to(a.y, tag), w01.y, s);
+      s = fmaf(round_to(a.z, tag), w23.x, s);
+      s = fmaf(round_to(a.w, tag), w23.y, s);
+      s = fmaf(round_to(b.x, tag), w45.x, s);
+      s = fmaf(round_to(b.y, tag), w45.y, s);
+      s = fmaf(round_to(b.z, tag), w67.x, s);
+      s = fmaf(round_to(b.w, tag), w67.y, s);
+      acc[t] = s;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TT; t++) {
+    float s = kn_warp_sum(acc[t]);
+    if (lane == 0) {
+      float *o = out + (ptrdiff_t)t * ldo + n;
+      *o = accumulate ? *o + s : s;
+    }
+  }
+}
+
+template <typename W>
+static cudaError_t launch(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                          const W *w, int T, int N, int K, int accumulate) {
+  enum { WARPS = 8 };
+  dim3 grid((unsigned)((N + WARPS - 1) / WARPS)), block(32 * WARPS);
+  switch (T) {
+#define KN_GEMV_CASE(tt)                                                                           \
+  case tt: gemv_kernel<W, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, w, N, K, accumulate); break;
+    KN_GEMV_CASE(1)
+    KN_GEMV_CASE(2)
+    KN_GEMV_CASE(3)
+    KN_GEMV_CASE(4)
+    KN_GEMV_CASE(5)
+    KN_GEMV_CASE(6)
+    KN_GEMV_CASE(7)
+    KN_GEMV_CASE(8)
+#undef KN_GEMV_CASE
+  default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kn_cuda_launch_gemv(cudaStream_t s, float *out, ptrdiff_t ldo,
+                                           const float *in, ptrdiff_t ldi, const void *w,
+                                           enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  if (N <= 0 || T <= 0) return cudaSuccess;
+  if (wdt == KN_DTYPE_BF16)
+    return launch(s, out, ldo, in, ldi, (const __nv_bfloat16 *)w, T, N, K, accumulate);
+  if (wdt == KN_DTYPE_F16)
+    return launch(s, out, ldo, in, ldi, (const __half *)w, T, N, K, accumulate);
+  return cudaErrorInvalidValue;
+}
