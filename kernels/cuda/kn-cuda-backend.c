@@ -296,6 +296,10 @@ static void fill_nccl_ops(void) {
 }
 #endif
 
+int kn_cuda_backend_gemv(const struct kn_backend *be) {
+  return be && be->ops == &cuda_ops && ((const struct kn_cuda_ctx *)be->ctx)->gemv;
+}
+
 int kn_cuda_backend_create(int device, struct kn_backend **out) {
   int err = 0;
   *out = NULL;
@@ -326,8 +330,13 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   if (err) goto fail;
   const char *gv = getenv("LMSERVE_CUDA_GEMV");
   if (!gv || strcmp(gv, "0")) {
-    c->gemv = kn_cuda_gemv_check(c) == 0;
-    if (!c->gemv) cm_warn("cuda", "few-rows matmuls stay on cuBLAS: the kernel failed its check");
+    err = kn_cuda_gemv_check(c);
+    if (err && cudaStreamSynchronize(c->stream) != cudaSuccess) goto fail; /* context broken */
+    c->gemv = err == 0;
+    if (err)
+      cm_warn("cuda", "few-rows matmuls stay on cuBLAS: the kernel's check failed (%s)",
+              cm_strerror(err));
+    err = 0;
   }
 #if LMSERVE_HAVE_NCCL
   static pthread_once_t once = PTHREAD_ONCE_INIT;

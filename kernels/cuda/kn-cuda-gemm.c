@@ -74,7 +74,7 @@ int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptr
   int err = kn_cuda_enter(c);
   if (err) return err;
   if (K == 0) return gemm_empty(c, out, ldo, T, N, accumulate);
-  if (wdt != KN_DTYPE_F32) {
+  if (wdt != KN_DTYPE_F32 && !(c->gemv && kn_cuda_gemv_fits(in, ldi, w, wdt, T, K))) {
     err = kn_cuda_scratch(c, (size_t)T * (size_t)K * 2, &scratch);
     if (err) return err;
   }
@@ -110,9 +110,9 @@ static int gemv_case(struct kn_cuda_ctx *c, enum kn_dtype wdt, int T) {
   enum { N = 37, K = 1160 };
   uint16_t *wh = malloc(sizeof(uint16_t) * N * K);
   float *xh = malloc(sizeof(float) * T * K), *a = malloc(sizeof(float) * T * N),
-        *b = malloc(sizeof(float) * T * N);
+        *b = malloc(sizeof(float) * T * N), *ones = malloc(sizeof(float) * T * N);
   void *wd = NULL, *xd = NULL, *od = NULL, *scratch = NULL;
-  int err = wh && xh && a && b ? 0 : CM_ERR_NOMEM;
+  int err = wh && xh && a && b && ones ? 0 : CM_ERR_NOMEM;
   uint32_t r = 0x9e3779b9u ^ (uint32_t)(T * 31 + (int)wdt);
   for (int i = 0; !err && i < N * K; i++) { /* uniform in [-1, 1), as bf16 or f16 */
     r = r * 1664525u + 1013904223u;
@@ -129,12 +129,16 @@ static int gemv_case(struct kn_cuda_ctx *c, enum kn_dtype wdt, int T) {
                cudaMalloc(&od, obytes) != cudaSuccess))
     err = CM_ERR_DEVICE;
   if (!err) err = kn_cuda_scratch(c, (size_t)T * K * 2, &scratch);
-  for (int pass = 0; pass < 2 && !err; pass++) { /* pass 0: the kernel, pass 1: cuBLAS */
-    for (int i = 0; i < T * N; i++)
-      a[i] = 1.0f;
-    if (cudaMemcpy(wd, wh, sizeof(uint16_t) * N * K, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(xd, xh, sizeof(float) * T * K, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(od, a, obytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+  for (int i = 0; !err && i < T * N; i++)
+    ones[i] = 1.0f;
+  /* pass 0: the kernel into a, pass 1: cuBLAS into b; both onto ones, in the
+   * backend's stream (not ordered with the legacy default stream) */
+  for (int pass = 0; pass < 2 && !err; pass++) {
+    if (cudaMemcpyAsync(wd, wh, sizeof(uint16_t) * N * K, cudaMemcpyHostToDevice, c->stream) !=
+            cudaSuccess ||
+        cudaMemcpyAsync(xd, xh, sizeof(float) * T * K, cudaMemcpyHostToDevice, c->stream) !=
+            cudaSuccess ||
+        cudaMemcpyAsync(od, ones, obytes, cudaMemcpyHostToDevice, c->stream) != cudaSuccess) {
       err = CM_ERR_DEVICE;
       break;
     }
@@ -165,6 +169,7 @@ static int gemv_case(struct kn_cuda_ctx *c, enum kn_dtype wdt, int T) {
   free(xh);
   free(a);
   free(b);
+  free(ones);
   return err;
 }
 
@@ -175,5 +180,7 @@ int kn_cuda_gemv_check(struct kn_cuda_ctx *c) {
     for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]) && !err; i++)
       err = gemv_case(c, d ? KN_DTYPE_F16 : KN_DTYPE_BF16, ts[i]);
   (void)cudaGetLastError(); /* a failure here is reported, not left pending */
+  /* a fault that broke the context (not a mere mismatch) fails the backend */
+  KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return err;
 }

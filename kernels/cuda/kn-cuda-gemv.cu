@@ -13,8 +13,8 @@ __device__ __forceinline__ float2 widen2(uint32_t u, const __nv_bfloat16 *) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 __device__ __forceinline__ float2 widen2(uint32_t u, const __half *) {
-  __half2 h = *reinterpret_cast<__half2 *>(&u);
-  return __half22float2(h);
+  return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
+                     __half2float(__ushort_as_half((unsigned short)(u >> 16))));
 }
 
 /* x rounded to the weights' type and widened back (exact in f32). */

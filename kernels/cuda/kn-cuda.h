@@ -39,6 +39,11 @@ int kn_cuda_device_count(void);
  * CM_ERR_DEVICE (CUDA / cuBLAS initialisation failed) or CM_ERR_NOMEM, *out NULL. */
 int kn_cuda_backend_create(int device, struct kn_backend **out);
 
+/* 1 when be (a CUDA backend) runs matmuls of few rows on its one-launch
+ * kernel (kn-cuda-gemv.cu: it passed its check when be was made and
+ * $LMSERVE_CUDA_GEMV is not 0), 0 when they stay on cuBLAS. */
+int kn_cuda_backend_gemv(const struct kn_backend *be);
+
 /* Streaming-read bandwidth of device `device` in GB/s (10^9 bytes/s): the
  * best of five timed passes over a fresh buffer of `bytes` (choose many times
  * the L2, e.g. 1 GiB). 0 when it cannot be measured. Used as decode's bound. */
