@@ -165,7 +165,8 @@ int tl_bench_model_main(int argc, char **argv) {
   /* a device backend (no host memory): the bound is the device's bandwidth */
   int on_device = !(kn_backend_reg_caps(reg) & KN_CAP_HOST_MEMORY);
   if (on_device && tp > 1) {
-    fprintf(stderr, "lmserve bench model: --tensor-parallel-size > 1 runs on the CPU only\n");
+    fprintf(stderr, "lmserve bench model: --tensor-parallel-size > 1 runs on the CPU only "
+                    "(add --device cpu)\n");
     return 2;
   }
   bm_sample.temperature = (float)temperature;
@@ -224,9 +225,11 @@ int tl_bench_model_main(int argc, char **argv) {
   /* what the backend runs on: the processor's ISA path, or the device's name */
   char where[256];
   snprintf(where, sizeof(where), "%s", kn_cpu_isa_name(kn_cpu_isa_detect()));
+  double dev_bw = 0; /* GB/s: measured before the weights take the device's memory */
 #if LMSERVE_HAVE_CUDA
   if (on_device && kn_cuda_device_name(0, where, sizeof(where)))
     snprintf(where, sizeof(where), "?");
+  if (on_device) dev_bw = kn_cuda_measure_bandwidth(0, (size_t)1 << 31); /* 2 GiB */
 #endif
   if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
     fprintf(stderr, "lmserve bench model: rank %d cannot join its group: %s\n", rank,
@@ -289,9 +292,7 @@ int tl_bench_model_main(int argc, char **argv) {
   }
   double bw = probe && t_read > 0 ? read_bytes / t_read / 1e9 : 0;
   if (on_device) {
-#if LMSERVE_HAVE_CUDA
-    bw = bw_peak = kn_cuda_measure_bandwidth(0, (size_t)1 << 31); /* GB/s, 2 GiB */
-#endif
+    bw = bw_peak = dev_bw;
   } else if (!probe) {
     bw = bw_peak = kn_cpu_measure_bandwidth(0, all_threads); /* GB/s */
   }
@@ -332,10 +333,12 @@ int tl_bench_model_main(int argc, char **argv) {
       printf("bandwidth  %.2f GB/s streaming read, one token's weight bytes after each decode step "
              "(best pass %.2f GB/s)\n",
              bw, bw_peak);
-    else if (on_device)
+    else if (on_device && bw > 0)
       printf("bandwidth  %.2f GB/s measured on the device (streaming read of 2 GiB, best of 5 "
              "passes)\n",
              bw);
+    else if (on_device)
+      printf("bandwidth  not measured (the device had no 2 GiB to read)\n");
     else
       printf("bandwidth  %.2f GB/s measured (streaming read, best of 4 passes)\n", bw);
     printf("bound      %.2f MB of weights read per decode token -> %.2f tokens/s at that "
