@@ -22,6 +22,7 @@
 #define ATTN_TILE    32 /* keys per tile */
 #define ATTN_MAX_D   512
 #define ATTN_DC      (ATTN_MAX_D / ATTN_THREADS)
+#define ATTN_PV      4 /* keys whose V rows are loaded together */
 
 template <typename KT, int NS>
 __global__ void __launch_bounds__(ATTN_THREADS)
@@ -64,6 +65,10 @@ __global__ void __launch_bounds__(ATTN_THREADS)
   }
   const int bt_off = a.rows[tile.r0].bt_off;
   float acc[NS][ATTN_DC];
+  bool d_ok[ATTN_DC]; /* this thread's output element c is inside D */
+#pragma unroll
+  for (int c = 0; c < ATTN_DC; c++)
+    d_ok[c] = tid + c * ATTN_THREADS < D;
 #pragma unroll
   for (int s = 0; s < NS; s++)
 #pragma unroll
@@ -136,17 +141,36 @@ __global__ void __launch_bounds__(ATTN_THREADS)
       for (int c = 0; c < ATTN_DC; c++)
         acc[s][c] *= cr;
     }
-    for (int j = 0; j < nk; j++) {
+    /* ATTN_PV keys at a time: their V loads are all issued before the sums
+     * use them (one load's latency per group, not per key); each acc element
+     * still adds its keys in order, so the results are those of one key at a
+     * time. Elements past D load nothing and are never written out. */
+    int j = 0;
+    for (; j + ATTN_PV <= nk; j += ATTN_PV) {
+      float vv[ATTN_PV][ATTN_DC];
+#pragma unroll
+      for (int u = 0; u < ATTN_PV; u++) {
+        const KT *vp = (const KT *)(a.pool + kbase[j + u] + a.v_off);
+#pragma unroll
+        for (int c = 0; c < ATTN_DC; c++)
+          vv[u][c] = d_ok[c] ? kn_load(vp, tid + c * ATTN_THREADS) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < ATTN_PV; u++)
+#pragma unroll
+        for (int c = 0; c < ATTN_DC; c++)
+#pragma unroll
+          for (int s = 0; s < NS; s++)
+            acc[s][c] = fmaf(ps[s][j + u], vv[u][c], acc[s][c]);
+    }
+    for (; j < nk; j++) {
       const KT *vp = (const KT *)(a.pool + kbase[j] + a.v_off);
 #pragma unroll
       for (int c = 0; c < ATTN_DC; c++) {
-        int d = tid + c * ATTN_THREADS;
-        if (d < D) {
-          float vv = kn_load(vp, d);
+        float vv = d_ok[c] ? kn_load(vp, tid + c * ATTN_THREADS) : 0.0f;
 #pragma unroll
-          for (int s = 0; s < NS; s++)
-            acc[s][c] = fmaf(ps[s][j], vv, acc[s][c]);
-        }
+        for (int s = 0; s < NS; s++)
+          acc[s][c] = fmaf(ps[s][j], vv, acc[s][c]);
       }
     }
     __syncthreads(); /* ps and kbase are rewritten by the next tile */
