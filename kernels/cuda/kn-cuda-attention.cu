@@ -24,6 +24,20 @@
 #define ATTN_DC      (ATTN_MAX_D / ATTN_THREADS)
 #define ATTN_PV      4 /* keys whose V rows are loaded together */
 
+/* Key j's scores (a warp's partial dot products part[s] for each slot),
+ * reduced, scaled, softcapped, -inf outside each slot's visible keys. */
+template <int NS>
+__device__ __forceinline__ void put_scores(float (*ps)[ATTN_TILE], const float *part, int j,
+                                           int pos, const int *s_lo, const int *s_hi, float scale,
+                                           float softcap, int lane) {
+#pragma unroll
+  for (int s = 0; s < NS; s++) {
+    float sc = kn_warp_sum(part[s]) * scale;
+    if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
+    if (lane == 0) ps[s][j] = pos >= s_lo[s] && pos <= s_hi[s] ? sc : -INFINITY;
+  }
+}
+
 template <typename KT, int NS>
 __global__ void __launch_bounds__(ATTN_THREADS)
     attn_split_kernel(const struct kn_cuda_attn_args a) {
@@ -86,26 +100,28 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     }
     __syncthreads();
 
-    /* scores: warp w takes keys w, w + ATTN_WARPS, ...; lanes split D */
-    for (int j = warp; j < nk; j += ATTN_WARPS) {
+    /* scores: warp w takes keys w, w + ATTN_WARPS, ..., two at a time so
+     * that both keys' loads are in flight together; lanes split D. Each
+     * key's sums are those it would get alone. */
+    for (int j = warp; j < nk; j += 2 * ATTN_WARPS) {
+      const int j2 = j + ATTN_WARPS;
+      const bool two = j2 < nk; /* the same for the whole warp */
       const KT *kp = (const KT *)(a.pool + kbase[j] + a.k_off);
-      float part[NS];
+      const KT *kp2 = (const KT *)(a.pool + kbase[two ? j2 : j] + a.k_off);
+      float part[NS], part2[NS];
 #pragma unroll
       for (int s = 0; s < NS; s++)
-        part[s] = 0.0f;
+        part[s] = part2[s] = 0.0f;
       for (int d = lane; d < D; d += 32) {
-        float kv = kn_load(kp, d);
+        float kv = kn_load(kp, d), kv2 = kn_load(kp2, d);
 #pragma unroll
-        for (int s = 0; s < NS; s++)
+        for (int s = 0; s < NS; s++) {
           part[s] = fmaf(qs[s][d], kv, part[s]);
+          part2[s] = fmaf(qs[s][d], kv2, part2[s]);
+        }
       }
-      const int pos = t0 + j;
-#pragma unroll
-      for (int s = 0; s < NS; s++) {
-        float sc = kn_warp_sum(part[s]) * a.scale;
-        if (a.softcap > 0.0f) sc = tanhf(sc / a.softcap) * a.softcap;
-        if (lane == 0) ps[s][j] = pos >= s_lo[s] && pos <= s_hi[s] ? sc : -INFINITY;
-      }
+      put_scores<NS>(ps, part, j, t0 + j, s_lo, s_hi, a.scale, a.softcap, lane);
+      if (two) put_scores<NS>(ps, part2, j2, t0 + j2, s_lo, s_hi, a.scale, a.softcap, lane);
     }
     __syncthreads();
 
