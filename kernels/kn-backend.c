@@ -39,7 +39,10 @@ struct kn_op_profile {
 
 static int prof_end(struct kn_backend *be, const char *name, int rc) {
   struct kn_op_profile *p = be->prof;
-  if (!p->host_only && be->ops->sync) (void)be->ops->sync(be->ctx);
+  if (!p->host_only && be->ops->sync) {
+    int err = be->ops->sync(be->ctx); /* an asynchronous failure of the op surfaces here */
+    if (!rc) rc = err;
+  }
   double now = cm_time_s();
   int i = 0;
   while (i < p->n && strcmp(p->op[i].name, name))

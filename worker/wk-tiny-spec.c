@@ -7,6 +7,7 @@
  * act as 1 + w), layer scalars in [0.7, 1]. */
 #include "worker/wk-tiny-spec.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -492,6 +493,7 @@ static int put(int fd, const void *buf, size_t bytes, off_t *off) {
   const char *p = buf;
   while (bytes) {
     ssize_t w = pwrite(fd, p, bytes, *off);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return CM_ERR_IO;
     p += w;
     bytes -= (size_t)w;
@@ -628,9 +630,10 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   FILE *f = fopen(path, "wb");
   if (!f) return CM_ERR_IO;
   int n = s->n_tensors;
-  struct wk_st_entry *e = calloc((size_t)n, sizeof(*e));
-  off_t *at = calloc((size_t)n, sizeof(*at));
-  int *order = calloc((size_t)n, sizeof(*order));
+  size_t n_alloc = n > 0 ? (size_t)n : 1;
+  struct wk_st_entry *e = calloc(n_alloc, sizeof(*e));
+  off_t *at = calloc(n_alloc, sizeof(*at));
+  int *order = calloc(n_alloc, sizeof(*order));
   rc = e && at && order ? 0 : CM_ERR_NOMEM;
   for (int i = 0; i < n && !rc; i++) {
     e[i] = s->tensors[i].e;
