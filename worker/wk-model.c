@@ -552,10 +552,8 @@ static void finish_weights(struct wk_model *m) {
   if (a->mem.base) {
     copy_weights(m);
     (void)mprotect(a->mem.base, a->mem.len, PROT_READ);
-    wk_st_drop_pages(m->st);
-    return;
   }
-  if (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) { /* uploaded: the mapping's pages go */
+  if (a->mem.base || !kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) { /* copied: let go */
     wk_st_drop_pages(m->st);
     return;
   }

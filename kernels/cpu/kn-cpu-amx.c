@@ -516,17 +516,17 @@ static int amx_allowed(const char **why) {
   return 0;
 }
 
-/* The tiles against their emulation on one problem with every edge (19
- * tokens, 37 rows, K = 70), and a token alone against the batch: NULL, or
- * what differed. Run once before the table is used, so that a processor or
- * kernel that computes otherwise than the instruction reference says falls
- * back to the AVX-512-BF16 table instead of serving wrong numbers. */
 /* The checks' inputs: a value in [-1, 1] in steps of 1e-3 from the generator s. */
 static float amx_check_value(uint32_t *s) {
   *s = *s * 1664525u + 1013904223u;
   return (float)((int)(*s >> 8) % 2001 - 1000) / 1000.0f;
 }
 
+/* The tiles against their emulation on one problem with every edge (19
+ * tokens, 37 rows, K = 70), and a token alone against the batch: NULL, or
+ * what differed. Run once before the table is used, so that a processor or
+ * kernel that computes otherwise than the instruction reference says falls
+ * back to the AVX-512-BF16 table instead of serving wrong numbers. */
 static const char *amx_selfcheck(void) {
   enum { T = 19, N = 37, K = 70, LDX = 96 };
   static float in[T * K], got[T * N], want[T * N], one[N];

@@ -102,6 +102,12 @@ int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in
 
 /* ---- the few-rows kernel, checked before use ------------------------------ */
 
+/* The check's inputs: uniform in [-1, 1) from the generator r. */
+static float check_value(uint32_t *r) {
+  *r = *r * 1664525u + 1013904223u;
+  return (float)(*r >> 8) / (float)(1u << 23) - 1.0f;
+}
+
 /* Runs one problem (T rows, N outputs, K with a tail of vectors past a
  * multiple of 32 lanes, accumulating onto ones) through the few-rows kernel
  * and through the cuBLAS path, for wdt; 0 when they agree to 1e-3 of the
@@ -114,15 +120,12 @@ static int gemv_case(struct kn_cuda_ctx *c, enum kn_dtype wdt, int T) {
   void *wd = NULL, *xd = NULL, *od = NULL, *scratch = NULL;
   int err = wh && xh && a && b && ones ? 0 : CM_ERR_NOMEM;
   uint32_t r = 0x9e3779b9u ^ (uint32_t)(T * 31 + (int)wdt);
-  for (int i = 0; !err && i < N * K; i++) { /* uniform in [-1, 1), as bf16 or f16 */
-    r = r * 1664525u + 1013904223u;
-    float v = (float)(r >> 8) / (float)(1u << 23) - 1.0f;
+  for (int i = 0; !err && i < N * K; i++) { /* as bf16 or f16 */
+    float v = check_value(&r);
     wh[i] = wdt == KN_DTYPE_BF16 ? kn_f32_to_bf16(v) : kn_f32_to_f16(v);
   }
-  for (int i = 0; !err && i < T * K; i++) {
-    r = r * 1664525u + 1013904223u;
-    xh[i] = 3.0f * ((float)(r >> 8) / (float)(1u << 23) - 1.0f);
-  }
+  for (int i = 0; !err && i < T * K; i++)
+    xh[i] = 3.0f * check_value(&r);
   const size_t obytes = sizeof(float) * T * N;
   if (!err && (cudaMalloc(&wd, sizeof(uint16_t) * N * K) != cudaSuccess ||
                cudaMalloc(&xd, sizeof(float) * T * K) != cudaSuccess ||
