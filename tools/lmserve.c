@@ -6,6 +6,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-log.h"
 #include "frontend/fe-main.h"
+#include "kernels/cpu/kn-cpu.h"
 #include "lmserve-config.h"
 #include "scheduler/sch-main.h"
 #include "tools/tl-main.h"
@@ -38,7 +39,7 @@ static void usage(FILE *f) {
           LMSERVE_VERSION);
   for (size_t i = 0; i < CM_ARRAY_LEN(subcommands); i++)
     fprintf(f, "  %-16s %s\n", subcommands[i].name, subcommands[i].help);
-  fprintf(f, "\n  --version        print the version and build features\n");
+  fprintf(f, "\n  --version        print the version, build features and CPU kernel set\n");
 }
 
 int main(int argc, char **argv) {
@@ -54,7 +55,9 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-    printf("lmserve %s (cuda: %s, nccl: %s)\n", LMSERVE_VERSION, LMSERVE_HAVE_CUDA ? "yes" : "no",
+    /* cpu: the best kernel table this processor has under LMSERVE_KERNELS's cap */
+    printf("lmserve %s (cpu: %s, cuda: %s, nccl: %s)\n", LMSERVE_VERSION,
+           kn_cpu_isa_name(kn_cpu_isa_detect()), LMSERVE_HAVE_CUDA ? "yes" : "no",
            LMSERVE_HAVE_NCCL ? "yes" : "no");
     return 0;
   }

@@ -140,10 +140,6 @@ static enum kn_cpu_isa detect_vector(void) {
   return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
 }
 
-enum kn_cpu_isa kn_cpu_isa_detect(void) {
-  return kn_cpu_has_amx() ? KN_CPU_ISA_AMX : detect_vector();
-}
-
 const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   switch (isa) {
   case KN_CPU_ISA_REF: return "ref";
@@ -155,27 +151,35 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   return "?";
 }
 
-/* LMSERVE_KERNELS=ref|avx2|avx512|avx512bf16|amx caps the instruction set. */
-static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
+/* LMSERVE_KERNELS=ref|avx2|avx512|avx512bf16|amx: the highest instruction
+ * set allowed (KN_CPU_ISA_BEST when unset); an unknown name is warned about
+ * once and ignored. */
+static enum kn_cpu_isa env_cap(void) {
   const char *s = getenv("LMSERVE_KERNELS");
-  if (!s || !*s) return isa;
-  enum kn_cpu_isa cap;
-  if (!strcasecmp(s, "ref"))
-    cap = KN_CPU_ISA_REF;
-  else if (!strcasecmp(s, "avx2"))
-    cap = KN_CPU_ISA_AVX2;
-  else if (!strcasecmp(s, "avx512"))
-    cap = KN_CPU_ISA_AVX512;
-  else if (!strcasecmp(s, "avx512bf16"))
-    cap = KN_CPU_ISA_AVX512BF16;
-  else if (!strcasecmp(s, "amx"))
-    cap = KN_CPU_ISA_AMX;
-  else {
+  if (!s || !*s) return KN_CPU_ISA_BEST;
+  for (int i = KN_CPU_ISA_REF; i <= KN_CPU_ISA_BEST; i++)
+    if (!strcasecmp(s, kn_cpu_isa_name((enum kn_cpu_isa)i))) return (enum kn_cpu_isa)i;
+  static int warned;
+  if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
     cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512, avx512bf16, amx: ignored",
             s);
-    return isa;
-  }
+  return KN_CPU_ISA_BEST;
+}
+
+static enum kn_cpu_isa isa_from_env(enum kn_cpu_isa isa) {
+  const enum kn_cpu_isa cap = env_cap();
   return cap < isa ? cap : isa;
+}
+
+/* What the processor has, under the cap: a capped run believes it is the
+ * smaller processor throughout (backends, the argmax and all-reduce
+ * versions, and the tests' skips), so that what only a smaller processor
+ * would show shows on any. The tiles are probed only when the cap allows them. */
+enum kn_cpu_isa kn_cpu_isa_detect(void) {
+  const enum kn_cpu_isa cap = env_cap();
+  const enum kn_cpu_isa have =
+      cap >= KN_CPU_ISA_AMX && kn_cpu_has_amx() ? KN_CPU_ISA_AMX : detect_vector();
+  return cap < have ? cap : have;
 }
 
 /* ---- creation ----------------------------------------------------------- */

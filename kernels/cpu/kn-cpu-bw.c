@@ -87,7 +87,7 @@ int kn_cpu_bw_probe_create(size_t bytes, int n_threads, struct kn_cpu_bw_probe *
   }
   uint64_t *buf = (uint64_t *)p->mem.base;
   memset(buf, 0x5a, bytes); /* touch every page */
-  p->t = (struct bw_task){.buf = buf, .n = bytes / 8, .avx2 = kn_cpu_has_avx2()};
+  p->t = (struct bw_task){.buf = buf, .n = bytes / 8, .avx2 = kn_cpu_isa_detect() >= KN_CPU_ISA_AVX2};
   p->n_threads = n_threads;
   p->bytes = bytes;
   *out = p;

@@ -164,7 +164,8 @@ int kn_cpu_argmax_row(const float *row, int n, float *max_out) {
   static int level = -1;
   int a = __atomic_load_n(&level, __ATOMIC_RELAXED);
   if (a < 0) {
-    a = kn_cpu_has_avx512() ? 2 : kn_cpu_has_avx2() ? 1 : 0;
+    const enum kn_cpu_isa isa = kn_cpu_isa_detect();
+    a = isa >= KN_CPU_ISA_AVX512 ? 2 : isa >= KN_CPU_ISA_AVX2 ? 1 : 0;
     __atomic_store_n(&level, a, __ATOMIC_RELAXED);
   }
   return a == 2   ? kn_cpu_argmax_row_avx512(row, n, max_out)

@@ -82,6 +82,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu-shm.h"
+#include "kernels/cpu/kn-cpu.h"
 
 #define SHM_MAGIC     0x48534d4cu /* "LMSH" */
 #define SHM_VERSION   1u
@@ -204,11 +205,8 @@ void kn_shm_sum_f32(float *dst, const float *const *src, int nsrc, size_t n, int
 }
 
 int kn_shm_cpu_avx2(void) {
-#if SHM_X86 && defined(__GNUC__)
-  const char *s = getenv("LMSERVE_KERNELS");
-  if (s && !strcasecmp(s, "ref")) return 0;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") ? 1 : 0;
+#if SHM_X86
+  return kn_cpu_isa_detect() >= KN_CPU_ISA_AVX2;
 #else
   return 0;
 #endif

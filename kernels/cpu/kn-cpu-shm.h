@@ -96,7 +96,7 @@ const char *kn_shm_comm_isa(const struct kn_shm_comm *c);
  * has it) and gives the same bits. */
 void kn_shm_sum_f32_ref(float *dst, const float *const *src, int nsrc, size_t n);
 void kn_shm_sum_f32(float *dst, const float *const *src, int nsrc, size_t n, int avx2);
-/* 1 when this CPU has AVX2 and LMSERVE_KERNELS does not ask for "ref". */
+/* 1 when this CPU has AVX2 under LMSERVE_KERNELS's cap (kn_cpu_isa_detect). */
 int kn_shm_cpu_avx2(void);
 
 #endif

@@ -54,7 +54,10 @@ int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
  * "cpu-amx-emulated". */
 int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out);
 
-/* The best instruction set this processor and build support. */
+/* The best instruction set this processor and build support, under the cap
+ * LMSERVE_KERNELS sets: everything that picks a version by processor (the
+ * backends, the argmax, the all-reduce's sum, the tests' skips) asks this, so
+ * that LMSERVE_KERNELS=avx2 runs on any processor as an AVX2-only one would. */
 enum kn_cpu_isa kn_cpu_isa_detect(void);
 const char *kn_cpu_isa_name(enum kn_cpu_isa isa);
 

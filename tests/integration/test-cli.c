@@ -14,6 +14,7 @@ TH_TEST(cli_help_and_version) {
   TH_CHECK(strstr(o.out, "make-tiny-model") != NULL);
   TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "--version", NULL), 0);
   TH_CHECK(strncmp(o.out, "lmserve ", 8) == 0);
+  TH_CHECK(strstr(o.out, "(cpu: ") != NULL);
   th_out_free(&o);
 }
 

@@ -116,22 +116,39 @@ static inline struct kn_backend *kt_backend(enum kn_cpu_isa isa, int threads) {
   return be;
 }
 
-/* A backend forced to exactly `isa`; skips the test, saying so, when this
- * processor lacks it (CI machines differ: every table runs where it can); bf16: the bf16 mode. */
+/* Skips the test, saying so, when this processor (under LMSERVE_KERNELS's cap:
+ * kn_cpu_isa_detect) lacks `isa`. A skip leaves the test at once, so a test
+ * calls this (or kt_isa_backend_mode) before it allocates anything: what it
+ * holds then is never freed, and the sanitizer tree fails on the leak. */
+static inline void kt_require_isa(enum kn_cpu_isa isa) {
+  if (kn_cpu_isa_detect() >= isa) return;
+  char why[160];
+  snprintf(why, sizeof(why), "this processor%s has no %s: its kernel table was not checked",
+           getenv("LMSERVE_KERNELS") ? " (under LMSERVE_KERNELS)" : "", kn_cpu_isa_name(isa));
+  TH_SKIP(why);
+}
+
+/* The best table of the default mode on this processor (under the cap): the
+ * default mode stops at AVX-512. */
+static inline enum kn_cpu_isa kt_vector_isa(void) {
+  enum kn_cpu_isa isa = kn_cpu_isa_detect();
+  return isa > KN_CPU_ISA_AVX512 ? KN_CPU_ISA_AVX512 : isa;
+}
+
+/* A backend forced to exactly `isa` (CI machines differ: every table runs
+ * where it can); bf16: the bf16 mode. Skips as kt_require_isa does, before
+ * it allocates: call it before anything else the test allocates. */
 static inline struct kn_backend *kt_isa_backend_mode(enum kn_cpu_isa isa, int threads, int bf16) {
-  if (kn_cpu_isa_detect() < isa) {
-    char why[128];
-    snprintf(why, sizeof(why), "this processor has no %s: its kernel table was not checked",
-             kn_cpu_isa_name(isa));
-    TH_SKIP(why);
-  }
+  kt_require_isa(isa);
   struct kn_backend *be = NULL;
   TH_REQUIRE(kn_cpu_backend_create_mode(threads, isa, bf16, &be) == 0 && be);
   char name[32];
   snprintf(name, sizeof(name), "cpu-%s", kn_cpu_isa_name(isa));
-  if (strcmp(kn_backend_name(be), name) != 0) { /* LMSERVE_KERNELS capped it */
+  if (strcmp(kn_backend_name(be), name) != 0) { /* the detection and the backend disagree */
+    th_fail(__FILE__, __LINE__, "asked for %s (bf16 mode %d), the backend is %s", name, bf16,
+            kn_backend_name(be));
     kn_backend_destroy(be);
-    TH_SKIP("LMSERVE_KERNELS caps the instruction set: a kernel table was not checked");
+    th_stop();
   }
   return be;
 }

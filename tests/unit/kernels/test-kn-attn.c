@@ -391,16 +391,17 @@ static void check_attn_tiles(enum kn_cpu_isa isa, int bf16, int D, enum kn_dtype
 
 TH_TEST(attention_tiles_of_an_image) {
   kt_seed(17);
-  check_attn_tiles(KN_CPU_ISA_AVX512, 0, 72, KN_DTYPE_F32);
-  check_attn_tiles(KN_CPU_ISA_AVX512, 0, 64, KN_DTYPE_BF16);
-  check_attn_tiles(KN_CPU_ISA_AVX512, 0, 20, KN_DTYPE_F32); /* not a multiple of 8: reference */
+  /* the best table of the default mode here: AVX2's on an AVX2-only processor */
+  check_attn_tiles(kt_vector_isa(), 0, 72, KN_DTYPE_F32);
+  check_attn_tiles(kt_vector_isa(), 0, 64, KN_DTYPE_BF16);
+  check_attn_tiles(kt_vector_isa(), 0, 20, KN_DTYPE_F32); /* not a multiple of 8: reference */
 }
 
 TH_TEST(attention_chunking_and_batch_invariant) {
   kt_seed(13);
-  check_attn_invariance(KN_CPU_ISA_AVX512, 0, 64, 0, KN_DTYPE_F32);
-  check_attn_invariance(KN_CPU_ISA_AVX512, 0, 256, 20, KN_DTYPE_BF16);
-  check_attn_invariance(KN_CPU_ISA_AVX512, 0, 512, 0, KN_DTYPE_F32);
+  check_attn_invariance(kt_vector_isa(), 0, 64, 0, KN_DTYPE_F32);
+  check_attn_invariance(kt_vector_isa(), 0, 256, 20, KN_DTYPE_BF16);
+  check_attn_invariance(kt_vector_isa(), 0, 512, 0, KN_DTYPE_F32);
   check_attn_invariance(KN_CPU_ISA_REF, 0, 64, 20, KN_DTYPE_F32);
 }
 
@@ -446,10 +447,7 @@ TH_TEST(attention_bf16_mode_amx) {
   check_attn_bf16_mode(KN_CPU_ISA_AMX);
 }
 TH_TEST(attention_bf16_mode_amx_emulated) {
-  const char *env = getenv("LMSERVE_KERNELS");
-  if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16 || (env && *env))
-    TH_SKIP("no avx512bf16 here (or LMSERVE_KERNELS caps it): the AMX table's attention was not "
-            "checked");
+  kt_require_isa(KN_CPU_ISA_AVX512BF16); /* the emulated tiles' attention stands on its table */
   check_attn_bf16_mode(ISA_AMX_EMULATED);
 }
 
@@ -458,8 +456,7 @@ TH_TEST(attention_bf16_mode_amx_emulated) {
  * AVX-512-BF16 kernels against the emulated tiles (the same products summed
  * otherwise: within its tolerance). */
 TH_TEST(amx_attention_check) {
-  if (kn_cpu_isa_detect() < KN_CPU_ISA_AVX512BF16)
-    TH_SKIP("this processor has no avx512bf16: the AMX table's attention check was not run");
+  kt_require_isa(KN_CPU_ISA_AVX512BF16); /* the AMX table's attention check */
   const char *why = kn_cpu_amx_check_attention(kn_cpu_amx_attn_tile_emu, kn_cpu_amx_attn_emu);
   if (why) th_fail(__FILE__, __LINE__, "emulated tiles: %s", why);
   why = kn_cpu_amx_check_attention(kn_cpu_attn_tile_bf16, kn_cpu_attn_bf16);
