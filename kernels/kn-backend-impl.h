@@ -54,6 +54,16 @@ struct kn_backend_ops {
   int (*softcap)(void *ctx, float *out, const float *a, float cap, size_t n);
   int (*copy_rows)(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds, int rows,
                    int cols);
+  /* fused ops (kn-backend.h); NULL, or CM_ERR_UNSUPPORTED from the op (a call
+   * it declines): the public call runs the unfused sequence instead */
+  int (*add_norm)(void *ctx, float *x, ptrdiff_t ldx, float *o, ptrdiff_t ldo, float *h,
+                  ptrdiff_t ldh, int T, int H, const void *post_w, const void *next_w,
+                  enum kn_dtype wdt, float scale, float eps, enum kn_norm_mode mode);
+  int (*qkv_prep)(void *ctx, const struct kn_qkv_prep_args *p, int T);
+  int (*matmul_n)(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
+                  const struct kn_mm_part *parts, int n_parts);
+  int (*matmul_glu)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                    const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K);
   int (*argmax)(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld, int T,
                 int V);
   int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits, ptrdiff_t ld,
@@ -90,6 +100,64 @@ struct kn_backend {
   int comm_world;             /* ranks of the group joined by kn_comm_join; 0: none yet */
   struct kn_op_profile *prof; /* NULL unless $LMSERVE_OP_PROFILE is set */
 };
+
+/* ---- for the public wrappers (kn-backend.c, kn-fused.c) -------------------- */
+
+/* Start and end of a profiled op call (kn-backend.c's $LMSERVE_OP_PROFILE);
+ * the end returns rc. */
+void kn__prof_begin(struct kn_backend *be);
+int kn__prof_end(struct kn_backend *be, const char *name, int rc);
+
+/* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
+#define KN_CALL(name, ...)                                                                         \
+  (!be->ops->name ? CM_ERR_UNSUPPORTED                                                             \
+   : !be->prof                                                                                     \
+       ? be->ops->name(be->ctx, __VA_ARGS__)                                                       \
+       : (kn__prof_begin(be), kn__prof_end(be, #name, be->ops->name(be->ctx, __VA_ARGS__))))
+
+static inline int kn__valid_weight_dtype(enum kn_dtype dt) {
+  return dt == KN_DTYPE_F32 || dt == KN_DTYPE_F16 || dt == KN_DTYPE_BF16;
+}
+
+/* A [rows, cols] operand with row stride ld: ld >= cols (ld may be anything when
+ * rows == 1, as long as it is not negative). */
+static inline int kn__valid_ld(ptrdiff_t ld, int rows, int cols) {
+  if (ld < 0) return 0;
+  return rows <= 1 || ld >= cols;
+}
+
+/* kn_kv_write's checks of its arguments (0 or a cm_err), for the ops that write K/V. */
+int kn__check_kv_write(const struct kn_kv_view *view, const int32_t *slot_mapping, const float *k,
+                       ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
+
+/* The unfused sequences the fused ops stand for (kn-fused.c), on valid
+ * arguments: what a fused kernel is checked against. */
+int kn__seq_add_norm(struct kn_backend *be, float *x, ptrdiff_t ldx, float *o, ptrdiff_t ldo,
+                     float *h, ptrdiff_t ldh, int T, int H, const void *post_w, const void *next_w,
+                     enum kn_dtype wdt, float scale, float eps, enum kn_norm_mode mode);
+int kn__seq_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, int T);
+int kn__seq_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt,
+                     int T, int K, const struct kn_mm_part *parts, int n_parts);
+int kn__seq_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
+                       ptrdiff_t ldi, const void *wg, const void *wu, enum kn_dtype wdt, int T,
+                       int N, int K, float *scratch);
+
+/* The fused ops, as bits of kn_fused_check's answer. */
+enum {
+  KN_FUSED_ADD_NORM = 1u << 0,
+  KN_FUSED_QKV_PREP = 1u << 1,
+  KN_FUSED_MATMUL_N = 1u << 2,
+  KN_FUSED_MATMUL_GLU = 1u << 3,
+};
+
+/* Each fused op be has (ops->add_norm, ...) against its unfused sequence on be
+ * itself, over small random problems (kn-fused-check.c: odd sizes, the norm
+ * modes, scales, weight and KV dtypes, layers with and without K/V). Returns
+ * the KN_FUSED_* bits of the ops that differ by more than tol (the largest
+ * difference over the largest magnitude of the sequence's result; 0: the same
+ * bits) or whose call failed, and names the first in why[whylen]. A backend
+ * runs it when it is made and stops using what fails. */
+unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t whylen);
 
 /* Wraps ops + ctx into a backend handle (malloc'd); NULL on failure (the
  * caller then still owns ctx). */

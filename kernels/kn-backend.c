@@ -37,7 +37,11 @@ struct kn_op_profile {
   } op[KN_PROF_OPS];
 };
 
-static int prof_end(struct kn_backend *be, const char *name, int rc) {
+void kn__prof_begin(struct kn_backend *be) {
+  be->prof->t0 = cm_time_s();
+}
+
+int kn__prof_end(struct kn_backend *be, const char *name, int rc) {
   struct kn_op_profile *p = be->prof;
   if (!p->host_only && be->ops->sync) {
     int err = be->ops->sync(be->ctx); /* an asynchronous failure of the op surfaces here */
@@ -82,13 +86,6 @@ static void prof_print(const struct kn_backend *be) {
           p->between * 1e3, p->n_between ? p->between * 1e6 / (double)p->n_between : 0,
           total > 0 ? 100 * p->between / total : 0);
 }
-
-/* Calls op `name` of be, or answers CM_ERR_UNSUPPORTED when the backend lacks it. */
-#define KN_CALL(name, ...)                                                                         \
-  (!be->ops->name ? CM_ERR_UNSUPPORTED                                                             \
-   : !be->prof                                                                                     \
-       ? be->ops->name(be->ctx, __VA_ARGS__)                                                       \
-       : (be->prof->t0 = cm_time_s(), prof_end(be, #name, be->ops->name(be->ctx, __VA_ARGS__))))
 
 struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) {
   struct kn_backend *be = calloc(1, sizeof(*be));
@@ -168,16 +165,8 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes) 
 
 /* ---- validation helpers ------------------------------------------------- */
 
-static int valid_weight_dtype(enum kn_dtype dt) {
-  return dt == KN_DTYPE_F32 || dt == KN_DTYPE_F16 || dt == KN_DTYPE_BF16;
-}
-
-/* A [rows, cols] operand with row stride ld: ld >= cols (ld may be anything when
- * rows == 1, as long as it is not negative). */
-static int valid_ld(ptrdiff_t ld, int rows, int cols) {
-  if (ld < 0) return 0;
-  return rows <= 1 || ld >= cols;
-}
+#define valid_weight_dtype kn__valid_weight_dtype
+#define valid_ld           kn__valid_ld
 
 /* ---- collectives ---------------------------------------------------------- */
 
@@ -457,12 +446,11 @@ static int valid_view(const struct kn_kv_view *v) {
   return 0;
 }
 
-int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int32_t *slot_mapping,
-                const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
-  if (!be || T < 0) return CM_ERR_INVAL;
+int kn__check_kv_write(const struct kn_kv_view *view, const int32_t *slot_mapping, const float *k,
+                       ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
+  if (T < 0) return CM_ERR_INVAL;
   int err = valid_view(view);
-  if (err) return err;
-  if (T == 0) return 0;
+  if (err || T == 0) return err;
   int row = view->n_kv_heads * view->head_dim;
   if (!slot_mapping || !k || !valid_ld(ldk, T, row)) return CM_ERR_INVAL;
   if (v && !valid_ld(ldv, T, row)) return CM_ERR_INVAL;
@@ -474,6 +462,14 @@ int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int3
       return CM_ERR_RANGE;
     }
   }
+  return 0;
+}
+
+int kn_kv_write(struct kn_backend *be, const struct kn_kv_view *view, const int32_t *slot_mapping,
+                const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T) {
+  if (!be) return CM_ERR_INVAL;
+  int err = kn__check_kv_write(view, slot_mapping, k, ldk, v, ldv, T);
+  if (err || T == 0) return err;
   return KN_CALL(kv_write, view, slot_mapping, k, ldk, v, ldv, T);
 }
 

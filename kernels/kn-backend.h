@@ -203,6 +203,83 @@ int kn_softcap(struct kn_backend *be, float *out, const float *a, float cap, siz
 int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
                  int rows, int cols);
 
+/* ---- fused ops (kn-fused.c) ---------------------------------------------------
+ * Each is the sequence of unfused ops its comment spells out, with its
+ * results: a backend that has the op saves launches and passes over memory,
+ * one that lacks it runs the sequence. The CPU backend gives the sequence's
+ * bits; others agree with it within float rounding, and check their fused
+ * kernels against the sequence when they are made (falling back to it, loudly,
+ * if they differ). LMSERVE_FUSED=0 in the environment runs the sequences on
+ * every backend (A/B comparisons). */
+
+/* 0 when LMSERVE_FUSED=0 turned the fused ops off (read once), else 1. */
+int kn_fused_enabled(void);
+
+/* Gemma's sandwich-norm residual step, per row t < T of H elements:
+ *   o[t] = rmsnorm(o[t], post_w);  x[t] = (x[t] + o[t]) * scale;
+ *   h[t] = rmsnorm(x[t], next_w)   when h is not NULL
+ * (kn_rmsnorm, kn_add, kn_scale — skipped when scale is 1 — and kn_rmsnorm):
+ * a block's output joining the residual stream, and the next block's normed
+ * input in the same pass. post_w, next_w: [H] of dtype wdt (ignored, may be
+ * NULL, in KN_NORM_NO_W mode). o is left undefined (a fused kernel need not
+ * write it back); x, o and h must not overlap. */
+int kn_add_norm(struct kn_backend *be, float *x, ptrdiff_t ldx, float *o, ptrdiff_t ldo, float *h,
+                ptrdiff_t ldh, int T, int H, const void *post_w, const void *next_w,
+                enum kn_dtype wdt, float scale, float eps, enum kn_norm_mode mode);
+
+/* One layer's attention inputs after its projections (kn_qkv_prep). */
+struct kn_qkv_prep_args {
+  float *q; /* [T, n_heads, D] (token stride ldq): normed and rotated in place */
+  ptrdiff_t ldq;
+  int n_heads;
+  float *k, *v;          /* [T, view->n_kv_heads, D] (strides ldk, ldv), or both NULL: a
+                            layer that reads another layer's cache writes nothing */
+  ptrdiff_t ldk, ldv;    /* k and v are left undefined */
+  const void *q_w, *k_w; /* [D] of dtype wdt (unused in KN_NORM_NO_W mode) */
+  enum kn_dtype wdt;
+  float eps;
+  enum kn_norm_mode mode;
+  int v_norm;                    /* 1: v gets a weightless RMSNorm (Gemma 4) */
+  const int32_t *pos;            /* [T] host, >= 0 */
+  const float *inv_freq;         /* [D / 2] backend memory, as kn_rope takes it */
+  const struct kn_kv_view *view; /* D = view->head_dim; where K and V go */
+  const int32_t *slots;          /* [T] host, as kn_kv_write's slot_mapping */
+};
+
+/* Per token t < T:
+ *   q[t, h] = rope(rmsnorm(q[t, h], q_w), pos[t])             for h < n_heads
+ * and when k is not NULL, for h < view->n_kv_heads:
+ *   k[t, h] = rope(rmsnorm(k[t, h], k_w), pos[t]);  v[t, h] = rmsnorm(v[t, h]) if v_norm
+ * then K and V written to the pages as kn_kv_write writes them (kn_rmsnorm
+ * per head, kn_rope, kn_kv_write). */
+int kn_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, int T);
+
+/* One output of kn_matmul_n: out[T, N] (stride ldo) = in · W[N, K]^T. */
+struct kn_mm_part {
+  float *out;
+  ptrdiff_t ldo;
+  const void *w;
+  int N;
+};
+#define KN_MM_MAX_PARTS 4
+
+/* Several matmuls of one input (Q, K and V of a layer): each part as
+ * kn_matmul(be, part.out, part.ldo, in, ldi, part.w, wdt, T, part.N, K, 0),
+ * the same per-element arithmetic, in one launch where the backend can.
+ * 1 <= n_parts <= KN_MM_MAX_PARTS; outputs must not overlap each other or in. */
+int kn_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T,
+                int K, const struct kn_mm_part *parts, int n_parts);
+
+/* The gated MLP's first half: out[T, N] = gelu_tanh(in · Wg^T) * (in · Wu^T)
+ * for Wg, Wu [N, K] of dtype wdt (kn_matmul of each, then kn_gelu_mul): a
+ * backend may multiply the gate and up rows together and apply the GELU as
+ * the epilogue. scratch: [T, N] backend memory (stride N) for a backend that
+ * runs the sequence (left undefined), NULL when the caller knows it is not
+ * needed (kn_matmul_glu then answers CM_ERR_INVAL if it is). */
+int kn_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                  const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K,
+                  float *scratch);
+
 /* ---- vision encoder ops (SigLIP) ----------------------------------------- */
 
 /* LayerNorm of `rows` rows of d elements, in f32:

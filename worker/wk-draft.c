@@ -118,7 +118,7 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
     K(kn_upload(be, m->cat + (size_t)s * 2 * B + B, in[s].h_in, sizeof(float) * (size_t)B));
   K(wk_linear(m, m->x, h, m->cat, 2 * B, &m->pre_proj, T));
   for (int layer = 0; layer < c->n_layers; layer++) {
-    int rc = wk_fw_run_layer(m, layer, T, n, err, errlen);
+    int rc = wk_fw_run_layer(m, layer, T, n, layer > 0, err, errlen);
     if (rc) return rc;
   }
   /* d = norm(x); h_out = post_projection(d) */

@@ -13,7 +13,14 @@
  *   x += post_ffn_norm(m)
  *   PLE: x += post_ple_norm(ple_proj(gelu_tanh(ple_gate(x)) * ple[:, i]))
  *   x *= layer_scalar
- * then final norm, tied head, optional final softcap. */
+ * then final norm, tied head, optional final softcap.
+ *
+ * Written with the fused ops (kn-backend.h) where they apply: Q, K, V as one
+ * kn_matmul_n; the q/k norms, RoPE, v norm and KV write as one kn_qkv_prep;
+ * gate and up with their GELU-multiply as one kn_matmul_glu; each residual add
+ * with the norm before it, the layer scalar and the next block's norm (the
+ * next layer's input norm included) as one kn_add_norm. A backend without a
+ * fused op runs the unfused sequence, with the same results. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -196,75 +203,119 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
   return 0;
 }
 
-int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err, size_t errlen) {
+/* Whether a layer's Q, K and V (gate and up) can go through one kn_matmul_n
+ * (kn_matmul_glu): the same dtype and input width. */
+static int same_kind(const struct wk_w *a, const struct wk_w *b) {
+  return a->dt == b->dt && a->cols == b->cols;
+}
+
+/* q = h Wq, and on a layer that stores K/V, k = h Wk and v = h Wv (or the raw k
+ * with attention_k_eq_v): one kn_matmul_n where the dtypes agree. */
+static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const struct wk_layer_cfg *l,
+                       int T, int layer, char *err, size_t errlen) {
+  int H = m->cfg.hidden, qd = m->cfg.n_heads * l->head_dim, kvd = l->n_kv_heads * l->head_dim;
+  if (l->kv_shared) {
+    K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
+    return 0;
+  }
+  int with_v = !l->k_eq_v;
+  if (same_kind(&w->wq, &w->wk) && (!with_v || same_kind(&w->wq, &w->wv))) {
+    struct kn_mm_part parts[3] = {{m->q, qd, w->wq.p, w->wq.rows},
+                                  {m->k, kvd, w->wk.p, w->wk.rows},
+                                  {m->v, kvd, with_v ? w->wv.p : NULL, w->wv.rows}};
+    K(kn_matmul_n(m->be, m->h, H, w->wq.dt, T, H, parts, 2 + with_v));
+  } else {
+    K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
+    K(wk_linear(m, m->k, kvd, m->h, H, &w->wk, T));
+    if (with_v) K(wk_linear(m, m->v, kvd, m->h, H, &w->wv, T));
+  }
+  if (!with_v) K(kn_copy_rows(m->be, m->v, kvd, m->k, kvd, T, kvd));
+  return 0;
+}
+
+int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_ready, char *err,
+                    size_t errlen) {
   const struct wk_config *c = &m->cfg;
   const struct wk_layer_cfg *l = &c->layers[layer];
   const struct wk_layer_w *w = &m->layers[layer];
   struct kn_backend *be = m->be;
   int H = c->hidden, nh = c->n_heads, D = l->head_dim, qd = nh * D;
-  int kvh = l->n_kv_heads, kvd = kvh * D, F = l->ffn_dim;
+  int kvd = l->n_kv_heads * D, F = l->ffn_dim;
   float eps = (float)c->eps;
   enum kn_norm_mode nm = m->norm_mode;
-  const float *inv_freq = m->inv_freq[l->kind];
   size_t TH = (size_t)T * H;
   int tp = m->plan.world > 1;
+  /* the next layer's normed input, made while x is in cache by this layer's last add */
+  const float *next_norm = layer + 1 < c->n_layers ? m->layers[layer + 1].in_norm : NULL;
+  float scale = c->arch != WK_ARCH_GEMMA3 ? w->layer_scalar : 1.0f;
 
   /* attention */
-  K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->in_norm, KN_DTYPE_F32, eps, nm));
-  K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
-  K(kn_rmsnorm(be, m->q, D, m->q, D, T * nh, D, w->q_norm, KN_DTYPE_F32, eps, nm));
-  K(kn_rope(be, m->q, qd, T, nh, D, m->pos, inv_freq));
+  if (!h_ready) K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->in_norm, KN_DTYPE_F32, eps, nm));
+  int rc = project_qkv(m, w, l, T, layer, err, errlen);
+  if (rc) return rc;
   int g = m->kv.layer_group[layer];
   struct kn_kv_view view = layer_view(m, layer);
-  const int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
-  if (!l->kv_shared) {
-    K(wk_linear(m, m->k, kvd, m->h, H, &w->wk, T));
-    if (l->k_eq_v)
-      K(kn_copy_rows(be, m->v, kvd, m->k, kvd, T, kvd));
-    else
-      K(wk_linear(m, m->v, kvd, m->h, H, &w->wv, T));
-    K(kn_rmsnorm(be, m->k, D, m->k, D, T * kvh, D, w->k_norm, KN_DTYPE_F32, eps, nm));
-    K(kn_rope(be, m->k, kvd, T, kvh, D, m->pos, inv_freq));
-    if (c->arch != WK_ARCH_GEMMA3)
-      K(kn_rmsnorm(be, m->v, D, m->v, D, T * kvh, D, NULL, KN_DTYPE_F32, eps, KN_NORM_NO_W));
-    K(kn_kv_write(be, &view, slots, m->k, kvd, m->v, kvd, T));
-  }
+  struct kn_qkv_prep_args prep = {
+      .q = m->q,
+      .ldq = qd,
+      .n_heads = nh,
+      .k = l->kv_shared ? NULL : m->k,
+      .v = l->kv_shared ? NULL : m->v,
+      .ldk = kvd,
+      .ldv = kvd,
+      .q_w = w->q_norm,
+      .k_w = w->k_norm,
+      .wdt = KN_DTYPE_F32,
+      .eps = eps,
+      .mode = nm,
+      .v_norm = c->arch != WK_ARCH_GEMMA3,
+      .pos = m->pos,
+      .inv_freq = m->inv_freq[l->kind],
+      .view = &view,
+      .slots = m->slots + (size_t)g * (size_t)m->max_T,
+  };
+  K(kn_qkv_prep(be, &prep, T));
   int window = l->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
   K(kn_attention(be, m->attn, qd, m->q, qd, &view, m->aseq + (size_t)g * (size_t)m->max_seqs,
                  n_seqs, nh, window, (float)c->attn_scale, (float)c->attn_softcap));
   K(wk_linear(m, m->o, H, m->attn, qd, &w->wo, T));
   if (tp) K(kn_all_reduce_sum(be, m->o, TH)); /* O is split by input columns */
-  K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_attn_norm, KN_DTYPE_F32, eps, nm));
-  K(kn_add(be, m->x, m->x, m->o, TH));
+  K(kn_add_norm(be, m->x, H, m->o, H, m->h, H, T, H, w->post_attn_norm, w->pre_ffn_norm,
+                KN_DTYPE_F32, 1.0f, eps, nm));
 
   /* MLP (+ MoE) */
-  K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->pre_ffn_norm, KN_DTYPE_F32, eps, nm));
-  K(wk_linear(m, m->gate, F, m->h, H, &w->w_gate, T));
-  K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));
-  K(kn_gelu_mul(be, m->gate, F, m->gate, F, m->up, F, T, F));
+  if (same_kind(&w->w_gate, &w->w_up)) {
+    K(kn_matmul_glu(be, m->gate, F, m->h, H, w->w_gate.p, w->w_up.p, w->w_gate.dt, T, F, H, m->up));
+  } else {
+    K(wk_linear(m, m->gate, F, m->h, H, &w->w_gate, T));
+    K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));
+    K(kn_gelu_mul(be, m->gate, F, m->gate, F, m->up, F, T, F));
+  }
   K(wk_linear(m, m->o, H, m->gate, F, &w->w_down, T));
   if (tp) K(kn_all_reduce_sum(be, m->o, TH)); /* down is split by input columns */
   if (c->moe) {
     K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm1, KN_DTYPE_F32, eps, nm));
-    int rc = moe_block(m, w, T, layer, err, errlen);
+    rc = moe_block(m, w, T, layer, err, errlen);
     if (rc) return rc;
     if (tp) K(kn_all_reduce_sum(be, m->o2, TH)); /* each expert's width is split */
     K(kn_rmsnorm(be, m->o2, H, m->o2, H, T, H, w->post_ffn_norm2, KN_DTYPE_F32, eps, nm));
     K(kn_add(be, m->o, m->o, m->o2, TH));
   }
-  K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm, KN_DTYPE_F32, eps, nm));
-  K(kn_add(be, m->x, m->x, m->o, TH));
+  if (!c->ple_dim) {
+    K(kn_add_norm(be, m->x, H, m->o, H, next_norm ? m->h : NULL, H, T, H, w->post_ffn_norm,
+                  next_norm, KN_DTYPE_F32, scale, eps, nm));
+    return 0;
+  }
+  K(kn_add_norm(be, m->x, H, m->o, H, NULL, H, T, H, w->post_ffn_norm, NULL, KN_DTYPE_F32, 1.0f,
+                eps, nm));
 
   /* per-layer embeddings */
-  if (c->ple_dim) {
-    int P = c->ple_dim, LP = c->n_layers * P;
-    K(wk_linear(m, m->g_small, P, m->x, H, &w->ple_gate, T));
-    K(kn_gelu_mul(be, m->g_small, P, m->g_small, P, m->ple + (size_t)layer * P, LP, T, P));
-    K(wk_linear(m, m->o2, H, m->g_small, P, &w->ple_proj, T));
-    K(kn_rmsnorm(be, m->o2, H, m->o2, H, T, H, w->ple_post_norm, KN_DTYPE_F32, eps, nm));
-    K(kn_add(be, m->x, m->x, m->o2, TH));
-  }
-  if (c->arch != WK_ARCH_GEMMA3) K(kn_scale(be, m->x, m->x, w->layer_scalar, TH));
+  int P = c->ple_dim, LP = c->n_layers * P;
+  K(wk_linear(m, m->g_small, P, m->x, H, &w->ple_gate, T));
+  K(kn_gelu_mul(be, m->g_small, P, m->g_small, P, m->ple + (size_t)layer * P, LP, T, P));
+  K(wk_linear(m, m->o2, H, m->g_small, P, &w->ple_proj, T));
+  K(kn_add_norm(be, m->x, H, m->o2, H, next_norm ? m->h : NULL, H, T, H, w->ple_post_norm,
+                next_norm, KN_DTYPE_F32, scale, eps, nm));
   return 0;
 }
 
@@ -470,12 +521,14 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
   }
   int n_seqs = b->n_seqs;
   for (layer = 0; layer < c->n_layers; layer++) {
+    int h_ready = layer > 0; /* each layer leaves the next one's normed input in m->h */
     if (layer == m->first_shared && m->fast_prefill && R < T) {
       T = drop_unread_rows(m, b, R, &n_seqs, err, errlen);
       if (T < 0) return T;
       if (T == 0) break; /* a prefill chunk with no output: nothing left to compute */
+      h_ready = 0;       /* the kept rows' x moved; their norm is made again */
     }
-    int rc = wk_fw_run_layer(m, layer, T, n_seqs, err, errlen);
+    int rc = wk_fw_run_layer(m, layer, T, n_seqs, h_ready, err, errlen);
     if (rc) return rc;
   }
   layer = -1;

@@ -190,10 +190,14 @@ int wk_embed_tokens(struct wk_model *m, float *out, const struct wk_w *table, fl
 void *wk_model_alloc(struct wk_model *m, size_t bytes);
 
 /* wk-forward.c: checks a batch and fills ids, positions, slots and attention
- * descriptors (returns T or a negative cm_err); runs one decoder layer. */
+ * descriptors (returns T or a negative cm_err); runs one decoder layer on m->x.
+ * A layer leaves the next layer's normed input (its in_norm of x) in m->h, made
+ * by its last fused add; h_ready says m->h already holds this layer's (every
+ * layer but the first, unless rows of x moved in between). */
 int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
                   size_t errlen);
-int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, char *err, size_t errlen);
+int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_ready, char *err,
+                    size_t errlen);
 
 /* wk-model.c: the shared loader; target != NULL loads a gemma4_assistant. */
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,

@@ -473,6 +473,43 @@ static int cpu_copy_rows(void *p, float *dst, ptrdiff_t ldd, const float *src, p
   return 0;
 }
 
+/* kn_add_norm, a row at a time: the post-norm, the residual add and scale and
+ * the next norm while the row is in cache, each with the kernel the unfused
+ * op runs on a row (elementwise results do not depend on where an element
+ * sits in a call), so the same bits as the sequence. */
+struct add_norm_task {
+  struct kn_cpu_ctx *ctx;
+  float *x, *o, *h;
+  ptrdiff_t ldx, ldo, ldh;
+  int H;
+  const void *post_w, *next_w;
+  enum kn_dtype wdt;
+  float scale, eps;
+  enum kn_norm_mode mode;
+};
+
+static void add_norm_run(void *arg, long long b, long long e, int ith) {
+  const struct add_norm_task *a = arg;
+  const struct kn_cpu_dsp *dsp = &a->ctx->dsp;
+  (void)ith;
+  for (long long t = b; t < e; t++) {
+    float *x = a->x + t * a->ldx, *o = a->o + t * a->ldo;
+    dsp->rmsnorm(o, o, a->H, a->post_w, a->wdt, a->eps, a->mode);
+    dsp->add(x, x, o, (size_t)a->H);
+    if (a->scale != 1.0f) dsp->scale(x, x, a->scale, (size_t)a->H);
+    if (a->h) dsp->rmsnorm(a->h + t * a->ldh, x, a->H, a->next_w, a->wdt, a->eps, a->mode);
+  }
+}
+
+static int cpu_add_norm(void *p, float *x, ptrdiff_t ldx, float *o, ptrdiff_t ldo, float *h,
+                        ptrdiff_t ldh, int T, int H, const void *post_w, const void *next_w,
+                        enum kn_dtype wdt, float scale, float eps, enum kn_norm_mode mode) {
+  struct kn_cpu_ctx *ctx = p;
+  struct add_norm_task a = {ctx, x, o, h, ldx, ldo, ldh, H, post_w, next_w, wdt, scale, eps, mode};
+  kn_cpu_pool_run(ctx->pool, T, grain_for(4.0 * T * H, T, rows_grain(H)), add_norm_run, &a);
+  return 0;
+}
+
 /* ---- flat elementwise ops ----------------------------------------------- */
 
 struct flat_task {
@@ -657,6 +694,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->matmul_softcap = cpu_matmul_softcap;
   ops->matmul_argmax = cpu_matmul_argmax;
   ops->copy_rows = cpu_copy_rows;
+  ops->add_norm = cpu_add_norm;
   ops->argmax = kn_cpu_op_argmax;
   ops->router_topk = kn_cpu_op_router_topk;
   ops->sample = kn_cpu_op_sample;

@@ -280,6 +280,10 @@ static struct kn_backend_ops cuda_ops = {
     .scale = kn_cuda_op_scale,
     .softcap = kn_cuda_op_softcap,
     .copy_rows = kn_cuda_op_copy_rows,
+    .add_norm = kn_cuda_op_add_norm,
+    .qkv_prep = kn_cuda_op_qkv_prep,
+    .matmul_n = kn_cuda_op_matmul_n,
+    .matmul_glu = kn_cuda_op_matmul_glu,
     .argmax = kn_cuda_op_argmax,
     .router_topk = kn_cuda_op_router_topk,
     .sample = kn_cuda_op_sample,
@@ -346,6 +350,11 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   if (!be) {
     err = CM_ERR_NOMEM;
     goto fail;
+  }
+  err = kn_cuda_fused_check(be);
+  if (err) {
+    kn_backend_destroy(be); /* frees c */
+    return err;
   }
   cm_debug("cuda", "backend on device %d (%d SMs)", device, c->n_sm);
   *out = be;

@@ -99,6 +99,46 @@ cudaError_t kn_cuda_launch_kv_write(cudaStream_t s, const struct kn_kv_view *vie
                                     const float *v, ptrdiff_t ldv, int T);
 cudaError_t kn_cuda_launch_attention(cudaStream_t s, const struct kn_cuda_attn_args *a,
                                      enum kn_dtype kv_dtype);
+/* The fused ops (kn-cuda-fused.cu): kn_add_norm's arithmetic on device
+ * buffers, rows of H <= 12288. */
+cudaError_t kn_cuda_launch_add_norm(cudaStream_t s, float *x, ptrdiff_t ldx, const float *o,
+                                    ptrdiff_t ldo, float *h, ptrdiff_t ldh, int T, int H,
+                                    const void *post_w, const void *next_w, enum kn_dtype wdt,
+                                    float scale, float eps, enum kn_norm_mode mode);
+/* kn_qkv_prep as the device sees it: f32 norm weights, pos and slots staged. */
+struct kn_cuda_qkv_args {
+  float *q;
+  const float *k, *v; /* NULL: no K/V */
+  ptrdiff_t ldq, ldk, ldv;
+  int nh, kvh, D;
+  const float *q_w, *k_w; /* [D] f32 */
+  float eps;
+  int mode, v_norm;
+  const int32_t *pos, *slots; /* [T] device */
+  const float *inv_freq;
+  char *pool;
+  size_t page_bytes, k_off, v_off;
+  int block_tokens;
+};
+cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_cuda_qkv_args *a, int T,
+                                    enum kn_dtype kv_dtype);
+/* Up to KN_MM_MAX_PARTS (4) weight matrices of one input for the few-rows
+ * kernel: part p writes out[p] (stride ldo[p]) from w[p], and owns the rows
+ * [first[p], first[p + 1]) of the launch. */
+struct kn_cuda_gemv_parts {
+  float *out[4];
+  ptrdiff_t ldo[4];
+  const void *w[4];
+  int first[5];
+  int n;
+};
+cudaError_t kn_cuda_launch_gemv_n(cudaStream_t s, const struct kn_cuda_gemv_parts *g,
+                                  const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K);
+/* out[t, n] = gelu_tanh(round(in[t]) · wg[n]) * (round(in[t]) · wu[n]), t < T <= 8. */
+cudaError_t kn_cuda_launch_gemv_glu(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
+                                    ptrdiff_t ldi, const void *wg, const void *wu,
+                                    enum kn_dtype wdt, int T, int N, int K);
+
 /* ids[T], maxv[T] (device) = argmax of each row. */
 cudaError_t kn_cuda_launch_argmax(cudaStream_t s, int32_t *ids, float *maxv, const float *logits,
                                   ptrdiff_t ld, int T, int V);
@@ -179,6 +219,11 @@ struct kn_cuda_ctx {
    * cuBLAS path when the backend is made; $LMSERVE_CUDA_GEMV=0 turns it off) */
   int gemv;
 
+  /* KN_FUSED_* bits (kn-backend-impl.h) of the fused kernels that failed
+   * their check when the backend was made: those calls run the unfused
+   * sequence ($LMSERVE_FUSED=0: all of them). */
+  unsigned fused_off;
+
   /* The tensor-parallel group (kn-cuda-nccl.c), or NULL. */
   struct kn_cuda_nccl *nccl;
 };
@@ -256,6 +301,21 @@ int kn_cuda_op_scale(void *ctx, float *out, const float *a, float s, size_t n);
 int kn_cuda_op_softcap(void *ctx, float *out, const float *a, float cap, size_t n);
 int kn_cuda_op_copy_rows(void *ctx, float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
                          int rows, int cols);
+/* The fused ops (kn-cuda-fused.c); each declines (CM_ERR_UNSUPPORTED) what
+ * its kernel does not take or what failed the check. */
+int kn_cuda_op_add_norm(void *ctx, float *x, ptrdiff_t ldx, float *o, ptrdiff_t ldo, float *h,
+                        ptrdiff_t ldh, int T, int H, const void *post_w, const void *next_w,
+                        enum kn_dtype wdt, float scale, float eps, enum kn_norm_mode mode);
+int kn_cuda_op_qkv_prep(void *ctx, const struct kn_qkv_prep_args *p, int T);
+int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
+                        const struct kn_mm_part *parts, int n_parts);
+int kn_cuda_op_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                          const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K);
+/* Checks the fused kernels of a new backend against the unfused sequences
+ * (kn_fused_check) and turns off what differs, saying so; an error only when
+ * the check broke the device context. */
+struct kn_backend;
+int kn_cuda_fused_check(struct kn_backend *be);
 int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld,
                       int T, int V);
 int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,

@@ -1,0 +1,172 @@
+/* test-cuda-fused.c — the CUDA backend's fused ops (kn-cuda-fused.cu): its
+ * check when it was made found every fused kernel equal to its unfused
+ * sequence (none turned off); each fused op on the device against the CPU
+ * oracle's on the same inputs, decode-sized and past the kernels' limits
+ * (where they decline and the sequence runs). Skips loudly without a device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/kn-cuda.h"
+#include "kernels/kn-backend-impl.h"
+#include "tests/harness/th.h"
+#include "tests/unit/cuda/cuda-test-util.h"
+
+TH_TEST(cuda_fused_check_passes) {
+  struct ct_env e;
+  ct_open(&e, 41);
+  char why[256];
+  unsigned bad = kn_fused_check(e.gpu, 1e-5, why, sizeof why);
+  if (bad) th_fail(__FILE__, __LINE__, "fused kernels 0x%x differ: %s", bad, why);
+  ct_close(&e);
+}
+
+TH_TEST(cuda_add_norm_matches_cpu) {
+  struct ct_env e;
+  ct_open(&e, 42);
+  static const int Hs[] = {640, 1152, 2560, 13000}; /* the last past the kernel's row limit */
+  for (size_t hi = 0; hi < 4; hi++)
+    for (int T = 1; T <= 9; T += 4) {
+      int H = Hs[hi];
+      size_t n = (size_t)T * H;
+      float *x = malloc(sizeof(float) * n), *o = malloc(sizeof(float) * n);
+      float *pw = malloc(sizeof(float) * H), *nw = malloc(sizeof(float) * H);
+      TH_REQUIRE(x && o && pw && nw);
+      ct_fill(&e, x, n, 3.0f);
+      ct_fill(&e, o, n, 1.0f);
+      ct_fill(&e, pw, (size_t)H, 1.0f);
+      ct_fill(&e, nw, (size_t)H, 1.0f);
+      float *xd = ct_up(&e, x, sizeof(float) * n), *od = ct_up(&e, o, sizeof(float) * n);
+      float *pwd = ct_up(&e, pw, sizeof(float) * H), *nwd = ct_up(&e, nw, sizeof(float) * H);
+      struct ct_out h;
+      ct_out_init(&e, &h, n, 0);
+      TH_REQUIRE(kn_add_norm(e.cpu, x, H, o, H, h.ref, H, T, H, pw, nw, KN_DTYPE_F32, 0.8f, 1e-6f,
+                             KN_NORM_MUL_W) == 0);
+      TH_REQUIRE(kn_add_norm(e.gpu, xd, H, od, H, h.dev, H, T, H, pwd, nwd, KN_DTYPE_F32, 0.8f,
+                             1e-6f, KN_NORM_MUL_W) == 0);
+      float *xg = malloc(sizeof(float) * n);
+      TH_REQUIRE(xg);
+      ct_down(&e, xg, xd, sizeof(float) * n);
+      ct_compare("add_norm x", x, xg, T, H, H, n, 1e-10);
+      ct_out_check(&e, &h, T, H, H, 1e-10, "add_norm h H=%d T=%d", H, T);
+      kn_free(e.gpu, xd), kn_free(e.gpu, od), kn_free(e.gpu, pwd), kn_free(e.gpu, nwd);
+      free(x), free(o), free(pw), free(nw), free(xg);
+    }
+  ct_close(&e);
+}
+
+TH_TEST(cuda_matmul_n_and_glu_match_cpu) {
+  struct ct_env e;
+  ct_open(&e, 43);
+  static const enum kn_dtype dts[] = {KN_DTYPE_BF16, KN_DTYPE_F16, KN_DTYPE_F32};
+  const int K = 1152, N = 256;
+  for (size_t di = 0; di < 3; di++)
+    for (int T = 1; T <= 12; T += 11) { /* 12: past the few-rows kernel, the sequence runs */
+      enum kn_dtype dt = dts[di];
+      void *wg = ct_weights(&e, dt, (size_t)N * K, 0.05f),
+           *wu = ct_weights(&e, dt, (size_t)N * K, 0.05f);
+      float *in = malloc(sizeof(float) * T * K);
+      TH_REQUIRE(in);
+      ct_fill(&e, in, (size_t)T * K, 1.0f);
+      size_t wb = (size_t)N * K * kn_dtype_size(dt);
+      void *wgd = ct_up(&e, wg, wb), *wud = ct_up(&e, wu, wb);
+      float *ind = ct_up(&e, in, sizeof(float) * T * K);
+      struct ct_out a, b, g;
+      ct_out_init(&e, &a, (size_t)T * N, 0);
+      ct_out_init(&e, &b, (size_t)T * N, 0);
+      ct_out_init(&e, &g, (size_t)T * N, 0);
+      struct kn_mm_part pc[2] = {{a.ref, N, wg, N}, {b.ref, N, wu, N}};
+      struct kn_mm_part pg[2] = {{a.dev, N, wgd, N}, {b.dev, N, wud, N}};
+      TH_REQUIRE(kn_matmul_n(e.cpu, in, K, dt, T, K, pc, 2) == 0);
+      TH_REQUIRE(kn_matmul_n(e.gpu, ind, K, dt, T, K, pg, 2) == 0);
+      float *scratch_c = malloc(sizeof(float) * T * N),
+            *scratch_g = kn_alloc(e.gpu, sizeof(float) * T * N);
+      TH_REQUIRE(scratch_c && scratch_g);
+      TH_REQUIRE(kn_matmul_glu(e.cpu, g.ref, N, in, K, wg, wu, dt, T, N, K, scratch_c) == 0);
+      TH_REQUIRE(kn_matmul_glu(e.gpu, g.dev, N, ind, K, wgd, wud, dt, T, N, K, scratch_g) == 0);
+      double tol = dt == KN_DTYPE_F32 ? 1e-9 : 3e-5;
+      ct_out_check(&e, &a, T, N, N, tol, "matmul_n gate %s T=%d", kn_dtype_name(dt), T);
+      ct_out_check(&e, &b, T, N, N, tol, "matmul_n up %s T=%d", kn_dtype_name(dt), T);
+      ct_out_check(&e, &g, T, N, N, 2 * tol, "matmul_glu %s T=%d", kn_dtype_name(dt), T);
+      kn_free(e.gpu, wgd), kn_free(e.gpu, wud), kn_free(e.gpu, ind), kn_free(e.gpu, scratch_g);
+      free(wg), free(wu), free(in), free(scratch_c);
+    }
+  ct_close(&e);
+}
+
+/* One decode-sized layer's q/k/v through kn_qkv_prep on both backends: q and
+ * the pages compared (bf16 pages: one rounding of values within 1e-6). */
+TH_TEST(cuda_qkv_prep_matches_cpu) {
+  struct ct_env e;
+  ct_open(&e, 44);
+  static const int Ds[] = {256, 512};
+  for (int di = 0; di < 2; di++)
+    for (int with_kv = 0; with_kv < 2; with_kv++) {
+      const int T = 3, nh = 8, kvh = 2, D = Ds[di], bt = 16, n_pages = 6;
+      size_t blk = (size_t)bt * kvh * D * 2;
+      struct kn_kv_view view = {.page_bytes = 2 * blk,
+                                .n_pages = n_pages,
+                                .k_off = 0,
+                                .v_off = blk,
+                                .block_tokens = bt,
+                                .n_kv_heads = kvh,
+                                .head_dim = D,
+                                .dtype = KN_DTYPE_BF16};
+      size_t pool = (size_t)n_pages * view.page_bytes, nq = (size_t)T * nh * D,
+             nk = (size_t)T * kvh * D;
+      float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
+            *v = malloc(sizeof(float) * nk), *qw = malloc(sizeof(float) * D),
+            *kw = malloc(sizeof(float) * D), *freq = malloc(sizeof(float) * D / 2);
+      unsigned char *pc = calloc(1, pool), *pg = malloc(pool);
+      TH_REQUIRE(q && k && v && qw && kw && freq && pc && pg);
+      ct_fill(&e, q, nq, 3.0f), ct_fill(&e, k, nk, 3.0f), ct_fill(&e, v, nk, 3.0f);
+      ct_fill(&e, qw, (size_t)D, 1.0f), ct_fill(&e, kw, (size_t)D, 1.0f);
+      for (int i = 0; i < D / 2; i++)
+        freq[i] = powf(1e6f, -2.0f * (float)i / (float)D);
+      int32_t pos[3] = {700, 4095, 131000}, slots[3] = {5, 40, 81};
+      float *qd = ct_up(&e, q, sizeof(float) * nq), *kd = ct_up(&e, k, sizeof(float) * nk);
+      float *vd = ct_up(&e, v, sizeof(float) * nk), *qwd = ct_up(&e, qw, sizeof(float) * D);
+      float *kwd = ct_up(&e, kw, sizeof(float) * D), *fd = ct_up(&e, freq, sizeof(float) * D / 2);
+      void *pd = ct_up(&e, pc, pool);
+      struct kn_qkv_prep_args a = {.q = q,
+                                   .ldq = (ptrdiff_t)nh * D,
+                                   .n_heads = nh,
+                                   .k = with_kv ? k : NULL,
+                                   .v = with_kv ? v : NULL,
+                                   .ldk = (ptrdiff_t)kvh * D,
+                                   .ldv = (ptrdiff_t)kvh * D,
+                                   .q_w = qw,
+                                   .k_w = kw,
+                                   .wdt = KN_DTYPE_F32,
+                                   .eps = 1e-6f,
+                                   .mode = KN_NORM_MUL_W,
+                                   .v_norm = 1,
+                                   .pos = pos,
+                                   .inv_freq = freq,
+                                   .view = &view,
+                                   .slots = slots};
+      view.pool = pc;
+      TH_REQUIRE(kn_qkv_prep(e.cpu, &a, T) == 0);
+      struct kn_kv_view vg = view;
+      vg.pool = pd;
+      a.q = qd, a.k = with_kv ? kd : NULL, a.v = with_kv ? vd : NULL, a.q_w = qwd, a.k_w = kwd;
+      a.inv_freq = fd, a.view = &vg;
+      TH_REQUIRE(kn_qkv_prep(e.gpu, &a, T) == 0);
+      float *qg = malloc(sizeof(float) * nq);
+      TH_REQUIRE(qg);
+      ct_down(&e, qg, qd, sizeof(float) * nq);
+      ct_down(&e, pg, pd, pool);
+      ct_compare("qkv_prep q", q, qg, T, nh * D, (ptrdiff_t)nh * D, nq, 1e-10);
+      size_t ne = pool / 2, worse = 0;
+      for (size_t i = 0; i < ne; i++) {
+        float x = kn_bf16_to_f32(((uint16_t *)pc)[i]), y = kn_bf16_to_f32(((uint16_t *)pg)[i]);
+        worse += !(fabsf(x - y) <= 1e-2f * fabsf(x) + 1e-6f);
+      }
+      if (worse) th_fail(__FILE__, __LINE__, "D=%d: %zu page elements differ", D, worse);
+      kn_free(e.gpu, qd), kn_free(e.gpu, kd), kn_free(e.gpu, vd), kn_free(e.gpu, qwd);
+      kn_free(e.gpu, kwd), kn_free(e.gpu, fd), kn_free(e.gpu, pd);
+      free(q), free(k), free(v), free(qw), free(kw), free(freq), free(pc), free(pg), free(qg);
+    }
+  ct_close(&e);
+}
