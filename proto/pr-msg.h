@@ -241,7 +241,10 @@ enum pr_seq_flags {
   PR_SEQ_FINISHED = 1u << 3,      /* last step: free worker-side state after it */
   PR_SEQ_APPEND_BLOCKS = 1u << 4, /* block_tables hold only blocks appended to the tables
                                    * the worker already has (not with PR_SEQ_NEW) */
-  PR_SEQ_FLAGS_ALL = 0x1fu,
+  PR_SEQ_PREV_TOKEN = 1u << 5,    /* async scheduling: the one token to run is the one this
+                                   * sequence sampled in its previous step, which the
+                                   * scheduler does not know yet (tokens.v[0] is 0) */
+  PR_SEQ_FLAGS_ALL = 0x3fu,
 };
 
 struct pr_step_seq {

@@ -34,6 +34,9 @@ static int check_config(const struct sch_engine_config *c, char *err, size_t err
   if (c->max_model_len < 1) return cm_fail(err, err_len, CM_ERR_INVAL, "max_model_len must be positive");
   if (c->num_spec_tokens < 0 || c->num_spec_tokens > SCH_MAX_SPEC_TOKENS)
     return cm_fail(err, err_len, CM_ERR_INVAL, "num_spec_tokens must be 0..64");
+  if (c->async_scheduling && c->num_spec_tokens > 0)
+    return cm_fail(err, err_len, CM_ERR_INVAL,
+                   "async scheduling does not run with speculative decoding (num_spec_tokens)");
   if (c->max_num_batched_tokens < 1 + c->num_spec_tokens)
     return cm_fail(err, err_len, CM_ERR_INVAL, "max_num_batched_tokens must hold one decode with its drafts");
   if (c->max_waiting < 1) return cm_fail(err, err_len, CM_ERR_INVAL, "max_waiting must be at least 1");
@@ -66,16 +69,17 @@ int sch_engine_create(const struct sch_engine_config *cfg, struct sch_engine **o
   if (rc) goto fail;
   rc = CM_ERR_NOMEM;
   e->gone_cap = ns;
-  e->plan_seqs = calloc((size_t)ns, sizeof(*e->plan_seqs));
-  e->plan_reqs = calloc((size_t)ns, sizeof(*e->plan_reqs));
+  for (int i = 0; i < 2; i++) {
+    e->plan_seqs[i] = calloc((size_t)ns, sizeof(*e->plan_seqs[i]));
+    e->plan_reqs[i] = calloc((size_t)ns, sizeof(*e->plan_reqs[i]));
+    if (!e->plan_seqs[i] || !e->plan_reqs[i]) goto fail;
+  }
   e->gone[0] = calloc((size_t)ns, sizeof(uint64_t));
   e->gone[1] = calloc((size_t)ns, sizeof(uint64_t));
   e->preempted = calloc((size_t)ns, sizeof(uint64_t));
   e->outs = calloc((size_t)ns, sizeof(*e->outs));
   e->out_tokens = calloc((size_t)ns * (size_t)(cfg->num_spec_tokens + 1), sizeof(int32_t));
-  if (!e->plan_seqs || !e->plan_reqs || !e->gone[0] || !e->gone[1] || !e->preempted || !e->outs ||
-      !e->out_tokens)
-    goto fail;
+  if (!e->gone[0] || !e->gone[1] || !e->preempted || !e->outs || !e->out_tokens) goto fail;
   *out = e;
   return 0;
 fail:
@@ -93,8 +97,10 @@ void sch_engine_destroy(struct sch_engine *e) {
   sch_queue_free(&e->q);
   sch_kv_destroy(e->kv);
   sch_block_pool_destroy(e->pool);
-  free(e->plan_seqs);
-  free(e->plan_reqs);
+  for (int i = 0; i < 2; i++) {
+    free(e->plan_seqs[i]);
+    free(e->plan_reqs[i]);
+  }
   free(e->gone[0]);
   free(e->gone[1]);
   free(e->preempted);
@@ -125,6 +131,15 @@ int sch_engine_add(struct sch_engine *e, const struct sch_request_params *p, cha
   return 0;
 }
 
+void sch_engine_unplan(struct sch_engine *e, struct sch_request *r) {
+  for (int32_t i = 0; i < e->num_in_flight; i++) {
+    struct sch_req_sched *sc = sch_engine_flight_sched(e, r, i);
+    if (sc) e->plan_reqs[e->flight_slot[i]][sc->index] = NULL;
+  }
+  memset(r->sched, 0, sizeof(r->sched));
+  r->sched[0].index = r->sched[1].index = -1;
+}
+
 void sch_engine_note_gone(struct sch_engine *e, uint64_t id) {
   int32_t c = e->gone_cur;
   CM_ASSERT(e->gone_num[c] < e->gone_cap);
@@ -139,8 +154,7 @@ void sch_engine_drop(struct sch_engine *e, struct sch_request *r) {
     sch_queue_wait_remove(&e->q, r);
   }
   if (r->in_worker) sch_engine_note_gone(e, r->id);
-  if (e->in_flight && r->sched_step == e->step_id && r->plan_index >= 0)
-    e->plan_reqs[r->plan_index] = NULL;
+  sch_engine_unplan(e, r);
   r->state = SCH_REQ_FINISHED;
   sch_queue_map_remove(&e->q, r);
   sch_request_destroy(r);
@@ -205,7 +219,7 @@ int sch_engine_check(const struct sch_engine *e, char *err, size_t err_len) {
     for (int32_t g = 0; g < ng; g++) {
       int32_t bt = e->cfg.groups[g].block_tokens;
       const struct sch_kv_seq *s = &r->kv;
-      if (!e->in_flight)
+      if (!e->num_in_flight)
         CHECK(s->len[g] == (r->num_computed + bt - 1) / bt,
               "request %llu group %d: %d blocks for %d computed tokens", (unsigned long long)r->id,
               (int)g, (int)s->len[g], (int)r->num_computed);

@@ -22,6 +22,18 @@
  * the next plan_step, or for one sequence until its request is aborted or finishes;
  * outputs until the next apply.
  *
+ * Async scheduling (cfg.async_scheduling, vLLM's): one more step may be planned while
+ * one is in flight, so the workers find step N+1 waiting when they finish step N and
+ * the scheduler's planning and the round trip overlap their work. The plan assumes
+ * that every sequence sampling in the step in flight gets exactly one token: its decode
+ * in the new step runs that token (SCH_TOKEN_PREV: the workers put in the token they
+ * sampled), unless the request will have reached max_tokens. Results are applied in
+ * step order. A request that turns out to have stopped (an eos or stop id in step N's
+ * result), is aborted or is preempted while a later step holds it leaves that step:
+ * the workers still run it, its blocks are released at once (the workers run steps in
+ * order, so a block handed out again is written only after), and its result for it is
+ * ignored. Outputs are the tokens synchronous steps give.
+ *
  * Policy: the waiting queue is ordered by (priority, arrival): lower priority values
  * first, FCFS among equals, and it never skips its head (a request that does not fit yet
  * blocks those behind it rather than starving). Each step schedules the running
@@ -69,6 +81,8 @@ struct sch_engine_config {
   int32_t eos_ids[SCH_MAX_EOS_IDS]; /* the model's end-of-sequence ids */
   int32_t num_eos_ids;
   bool enable_prefix_caching;
+  bool async_scheduling;            /* plan the next step while one is in flight (not with
+                                       speculative decoding): see "Async scheduling" above */
   uint64_t hash_key;                /* seeds the block content hash */
   uint64_t max_image_bytes_per_step; /* image payload bytes one step carries at most
                                        (0 = no limit); one image alone always may */
@@ -117,10 +131,15 @@ enum sch_finish {
   SCH_FINISH_LENGTH = 2, /* max_tokens or max_model_len reached */
 };
 
+/* A token the plan does not know yet: the one the sequence samples in the step in
+ * flight before this one (async scheduling); the workers run the token they sampled. */
+#define SCH_TOKEN_PREV (-1)
+
 /* One sequence of a step. */
 struct sch_plan_seq {
   uint64_t req_id;
-  const int32_t *tokens; /* [num_tokens] ids to run at positions start_pos.. */
+  const int32_t *tokens; /* [num_tokens] ids to run at positions start_pos.. (a decode's
+                            one token may be SCH_TOKEN_PREV) */
   int32_t num_tokens;
   int32_t start_pos;    /* position of tokens[0] */
   int32_t num_draft;    /* draft slots after the tokens: positions start_pos +
@@ -218,10 +237,12 @@ int sch_engine_add(struct sch_engine *e, const struct sch_request_params *params
 /* Drops a request in any state and returns all its blocks. CM_ERR_NOENT if unknown. */
 int sch_engine_abort(struct sch_engine *e, uint64_t id);
 
-/* Builds the next step into *plan. CM_ERR_STATE while a step is in flight. A plan with
- * no sequence puts nothing in flight (it may still list finished ids). */
+/* Builds the next step into *plan. CM_ERR_STATE while a step is in flight (two, with
+ * async_scheduling). A plan with no sequence puts nothing in flight (it may still list
+ * finished ids). */
 int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan);
-/* Applies rank 0's results of the step in flight: one result per sampling sequence that
+/* Applies rank 0's results of the step in flight (the oldest): one result per sampling
+ * sequence that
  * is still alive (results for requests not in the step, such as aborted ones, are
  * ignored). Appends tokens, checks the
  * stop conditions, registers full blocks in the prefix cache, releases the slots of
@@ -229,9 +250,11 @@ int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan);
  * (a missing, duplicate or malformed result) changes nothing. */
 int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results, int32_t num,
                      struct sch_outputs *outs);
-/* The step in flight will never be answered (a worker failed it) but the KV cache
- * survives: its sequences are preempted (they recompute, from the prefix cache where it
- * still holds their blocks) and named in the next plan's finished list. */
+/* The steps in flight will never be answered (a worker failed one) but the KV cache
+ * survives: their sequences are preempted (they recompute, from the prefix cache where it
+ * still holds their blocks) and named in the next plan's finished list. With async
+ * scheduling the prefix cache is emptied too: a plan made behind a step registers that
+ * step's blocks before they are written. */
 void sch_engine_step_failed(struct sch_engine *e);
 /* The workers lost their KV cache (a restart): the step in flight is dropped, every
  * running request is preempted and the prefix cache is emptied. */

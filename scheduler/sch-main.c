@@ -44,7 +44,7 @@ int sch_main(int argc, char **argv) {
           max_waiting = 4096;
   double worker_timeout = 0, beat_interval = 1;
   int64_t beat_limit = 3;
-  int prefix_caching = 1;
+  int prefix_caching = 1, async_sched = 1;
   struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "model directory (for logs; the workers load it)", 0, 0,
        0, 0, NULL},
@@ -64,6 +64,10 @@ int sch_main(int argc, char **argv) {
        "reuse KV blocks of shared prompt prefixes (default on)", 0, 0, 0, 0, NULL},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "draft tokens per decode step (default 0)", 0, 64, 0, 0, NULL},
+      {"async-scheduling", CM_OPT_BOOL, &async_sched, NULL,
+       "plan the next step while the workers run one (default on; synchronous with "
+       "speculative decoding)",
+       0, 0, 0, 0, NULL},
       {"max-waiting", CM_OPT_INT, &max_waiting, "N", "queued requests at most (default 4096)", 1,
        1 << 19, 0, 0, NULL},
       {"heartbeat-interval", CM_OPT_DOUBLE, &beat_interval, "S",
@@ -102,6 +106,7 @@ int sch_main(int argc, char **argv) {
   cfg.num_spec_tokens = (int32_t)spec_k;
   cfg.max_waiting = (int32_t)max_waiting;
   cfg.enable_prefix_caching = prefix_caching != 0;
+  cfg.async_scheduling = async_sched != 0;
   if (worker_timeout <= 0) worker_timeout = beat_interval * (double)beat_limit;
   if (worker_timeout > 3600) worker_timeout = 3600;
   cfg.worker_timeout_ms = (uint32_t)(worker_timeout * 1000 + 0.5);

@@ -11,18 +11,48 @@
 
 /* ---- plan ----------------------------------------------------------------------- */
 
-static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t n, int32_t k,
-                    bool is_new) {
-  CM_ASSERT(e->plan_num < e->cfg.max_num_seqs);
-  int32_t idx = e->plan_num++;
-  struct sch_plan_seq *s = &e->plan_seqs[idx];
+static const int32_t k_token_prev = SCH_TOKEN_PREV;
+
+/* Whether r is in the step being planned. */
+static bool planned(const struct sch_engine *e, const struct sch_request *r) {
+  const struct sch_req_sched *sc = &r->sched[e->cur_slot];
+  return sc->step == e->step_id && sc->index >= 0;
+}
+
+/* Where r stands for the step being planned: its computed tokens and its tokens once
+ * the step in flight (async scheduling) is done, which samples one more when it
+ * samples r (*prev: that token is not known yet). Returns whether a step in flight
+ * runs r. */
+static bool planned_view(struct sch_engine *e, struct sch_request *r, int32_t *computed,
+                         int32_t *tokens, bool *prev) {
+  *computed = r->num_computed;
+  *tokens = r->num_tokens;
+  *prev = false;
+  struct sch_req_sched *f = e->num_in_flight ? sch_engine_flight_sched(e, r, 0) : NULL;
+  if (!f) return false;
+  CM_ASSERT(f->draft == 0); /* async scheduling runs no drafts */
+  *computed += f->tokens;
+  if (f->sample) {
+    *tokens += 1;
+    *prev = true;
+  }
+  return true;
+}
+
+/* Adds n tokens of r from position `from` (k draft slots after them) to the plan;
+ * prev: the first is the token the step in flight samples. */
+static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t from, int32_t ntok,
+                    int32_t n, int32_t k, bool is_new, bool prev) {
+  CM_ASSERT(e->plan_num[e->cur_slot] < e->cfg.max_num_seqs);
+  int32_t idx = e->plan_num[e->cur_slot]++;
+  struct sch_plan_seq *s = &e->plan_seqs[e->cur_slot][idx];
   memset(s, 0, sizeof(*s));
   s->req_id = r->id;
-  s->tokens = r->tokens + r->num_computed;
+  s->tokens = prev ? &k_token_prev : r->tokens + from;
   s->num_tokens = n;
-  s->start_pos = r->num_computed;
+  s->start_pos = from;
   s->num_draft = k;
-  s->sample = r->num_computed + n == r->num_tokens;
+  s->sample = from + n == ntok;
   s->is_new = is_new;
   s->num_prompt = r->num_prompt;
   s->num_cached = r->num_cached;
@@ -32,8 +62,8 @@ static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t n, int3
     s->block_table[g] = r->kv.table[g];
     s->num_blocks[g] = r->kv.len[g];
   }
-  int32_t i = 0, end = r->num_computed + n;
-  while (i < r->num_images && r->images[i].pos + r->images[i].num_tokens <= r->num_computed)
+  int32_t i = 0, end = from + n;
+  while (i < r->num_images && r->images[i].pos + r->images[i].num_tokens <= from)
     i++;
   s->images = r->images + i;
   while (i < r->num_images && r->images[i].pos < end)
@@ -41,11 +71,8 @@ static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t n, int3
   s->num_images = (int32_t)(r->images + i - s->images);
   for (int32_t j = 0; j < s->num_images; j++)
     e->plan_image_bytes += s->images[j].len;
-  e->plan_reqs[idx] = r;
-  r->sched_step = e->step_id;
-  r->sched_tokens = n;
-  r->sched_draft = k;
-  r->plan_index = idx;
+  e->plan_reqs[e->cur_slot][idx] = r;
+  r->sched[e->cur_slot] = (struct sch_req_sched){e->step_id, n, k, idx, s->sample};
 }
 
 /* The running request to preempt: not yet scheduled this step, lowest priority (largest
@@ -54,7 +81,7 @@ static struct sch_request *pick_victim(struct sch_engine *e) {
   struct sch_request *v = NULL;
   for (int32_t i = 0; i < e->q.num_running; i++) {
     struct sch_request *r = e->q.running[i];
-    if (r->sched_step == e->step_id) continue;
+    if (planned(e, r)) continue;
     if (!v || r->priority > v->priority ||
         (r->priority == v->priority && r->admit_seq > v->admit_seq))
       v = r;
@@ -67,6 +94,7 @@ static struct sch_request *pick_victim(struct sch_engine *e) {
  * tokens part of what it recomputes. The workers learn it from the plan being built
  * (in_plan) or else from the next plan's finished list. */
 static void preempt(struct sch_engine *e, struct sch_request *r, bool in_plan) {
+  sch_engine_unplan(e, r); /* a step in flight that runs it: its result is dropped */
   sch_kv_free(e->kv, &r->kv);
   sch_queue_run_remove(&e->q, r);
   r->num_computed = 0;
@@ -131,20 +159,29 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
   for (int pass = 0; pass < 2; pass++) {
     for (int32_t i = 0; i < e->q.num_running && budget > 0; i++) {
       struct sch_request *r = e->q.running[i];
-      if (r->sched_step == e->step_id) continue;
-      int32_t remaining = r->num_tokens - r->num_computed;
+      if (planned(e, r)) continue;
+      int32_t from, ntok;
+      bool prev;
+      if (planned_view(e, r, &from, &ntok, &prev))
+        /* the blocks the step in flight fills are offered to the prefix cache now, as
+         * apply would: the allocation below may free them from a sliding window, and a
+         * request that finds them runs after that step */
+        sch_kv_commit(e->kv, &r->kv, sch_request_keys(r), from);
+      /* the step in flight brings it to max_tokens: it ends when that step is applied */
+      if (prev && ntok - r->num_prompt >= r->max_tokens) continue;
+      int32_t remaining = ntok - from;
       CM_ASSERT(remaining >= 1);
       bool decode = remaining == 1;
       if (decode != (pass == 0)) continue;
       int32_t n = CM_MIN(remaining, prefill_cap(e, budget));
-      n = chunk_end(e, r, r->num_computed, r->num_computed + n, budget) - r->num_computed;
+      n = chunk_end(e, r, from, from + n, budget) - from;
       if (n == 0) continue; /* an image that does not fit what is left of this step */
       int32_t k = decode ? draft_slots(e, r, budget) : 0;
-      int32_t end = r->num_computed + n + k;
+      int32_t end = from + n + k;
       /* room for the step's positions and for the tokens apply will append */
       if (sch_request_reserve(r, e->kv, end + 1) != 0) continue; /* out of memory: skip */
       bool self = false;
-      while (!self && sch_kv_allocate(e->kv, &r->kv, sch_request_keys(r), r->num_computed, end) != 0) {
+      while (!self && sch_kv_allocate(e->kv, &r->kv, sch_request_keys(r), from, end) != 0) {
         struct sch_request *v = pick_victim(e);
         CM_ASSERT(v != NULL); /* r itself is a candidate */
         int32_t vi = v->run_index;
@@ -155,7 +192,7 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
         self = v == r;
       }
       if (self) continue;
-      add_seq(e, r, n, k, false);
+      add_seq(e, r, from, ntok, n, k, false, prev);
       budget -= n + k;
     }
   }
@@ -186,24 +223,25 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
     r->admit_seq = e->next_admit++;
     sch_queue_run_push(&e->q, r);
     r->in_worker = true;
-    add_seq(e, r, n, 0, true);
+    add_seq(e, r, h, r->num_tokens, n, 0, true, false);
     *budget -= n;
   }
 }
 
 int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan) {
   memset(plan, 0, sizeof(*plan));
-  if (e->in_flight) return CM_ERR_STATE;
+  if (e->num_in_flight >= (e->cfg.async_scheduling ? 2 : 1)) return CM_ERR_STATE;
   e->step_id++;
-  e->plan_num = 0;
+  e->cur_slot = e->num_in_flight ? e->flight_slot[0] ^ 1 : 0;
+  e->plan_num[e->cur_slot] = 0;
   e->plan_image_bytes = 0;
   e->num_preempted = 0;
   int32_t budget = e->cfg.max_num_batched_tokens;
   if (!schedule_running(e, &budget)) schedule_waiting(e, &budget);
 
   plan->step_id = e->step_id;
-  plan->num_seqs = e->plan_num;
-  plan->seqs = e->plan_seqs;
+  plan->num_seqs = e->plan_num[e->cur_slot];
+  plan->seqs = e->plan_seqs[e->cur_slot];
   plan->num_tokens = e->cfg.max_num_batched_tokens - budget;
   int32_t c = e->gone_cur;
   plan->finished = e->gone[c];
@@ -212,36 +250,56 @@ int sch_engine_plan_step(struct sch_engine *e, struct sch_plan *plan) {
   e->gone_num[e->gone_cur] = 0;
   plan->preempted = e->preempted;
   plan->num_preempted = e->num_preempted;
-  e->in_flight = e->plan_num > 0;
+  if (plan->num_seqs > 0) {
+    e->flight_step[e->num_in_flight] = e->step_id;
+    e->flight_slot[e->num_in_flight] = e->cur_slot;
+    e->num_in_flight++;
+  }
   return 0;
 }
 
 /* ---- apply ---------------------------------------------------------------------- */
 
+/* The oldest step in flight is done (applied or failed). */
+static void pop_flight(struct sch_engine *e) {
+  e->num_in_flight--;
+  e->flight_step[0] = e->flight_step[1];
+  e->flight_slot[0] = e->flight_slot[1];
+}
+
+/* The oldest step in flight: its slot, whose plan apply takes. */
+static int32_t applied_slot(const struct sch_engine *e) {
+  return e->flight_slot[0];
+}
+
 static void clear_results(struct sch_engine *e) {
-  for (int32_t i = 0; i < e->plan_num; i++)
-    if (e->plan_reqs[i]) e->plan_reqs[i]->result = NULL;
+  int32_t sl = applied_slot(e);
+  for (int32_t i = 0; i < e->plan_num[sl]; i++)
+    if (e->plan_reqs[sl][i]) e->plan_reqs[sl][i]->result = NULL;
 }
 
 /* Matches results to the plan's sampling sequences; CM_ERR_INVAL if any is malformed,
  * duplicated or missing. */
 static int match_results(struct sch_engine *e, const struct sch_seq_result *results, int32_t num) {
   clear_results(e);
+  int32_t sl = applied_slot(e);
   for (int32_t j = 0; j < num; j++) {
     const struct sch_seq_result *res = &results[j];
     struct sch_request *r = sch_queue_find(&e->q, res->req_id);
-    if (!r || r->state != SCH_REQ_RUNNING || r->sched_step != e->step_id) continue;
-    const struct sch_plan_seq *s = &e->plan_seqs[r->plan_index];
+    if (!r || r->state != SCH_REQ_RUNNING) continue;
+    const struct sch_req_sched *sc = sch_engine_flight_sched(e, r, 0);
+    if (!sc) continue; /* not in this step (any more) */
+    const struct sch_plan_seq *s = &e->plan_seqs[sl][sc->index];
     if (!s->sample || r->result || !res->tokens || res->num_tokens < 1 ||
-        res->num_tokens > 1 + r->sched_draft)
+        res->num_tokens > 1 + sc->draft)
       goto bad;
     for (int32_t t = 0; t < res->num_tokens; t++)
       if (res->tokens[t] < 0 || (e->cfg.vocab_size > 0 && res->tokens[t] >= e->cfg.vocab_size))
         goto bad;
     r->result = res;
   }
-  for (int32_t i = 0; i < e->plan_num; i++)
-    if (e->plan_reqs[i] && e->plan_seqs[i].sample && !e->plan_reqs[i]->result) goto bad;
+  for (int32_t i = 0; i < e->plan_num[sl]; i++)
+    if (e->plan_reqs[sl][i] && e->plan_seqs[sl][i].sample && !e->plan_reqs[sl][i]->result) goto bad;
   return 0;
 bad:
   clear_results(e);
@@ -252,17 +310,18 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
                      struct sch_outputs *outs) {
   outs->num = 0;
   outs->items = e->outs;
-  if (!e->in_flight) return CM_ERR_STATE;
+  if (!e->num_in_flight) return CM_ERR_STATE;
   if (num < 0 || (num > 0 && !results)) return CM_ERR_INVAL;
   int rc = match_results(e, results, num);
   if (rc) return rc;
-  int32_t ntok = 0;
-  for (int32_t i = 0; i < e->plan_num; i++) {
-    struct sch_request *r = e->plan_reqs[i];
-    if (!r) continue; /* aborted while in flight */
-    r->num_computed += r->sched_tokens;
+  int32_t ntok = 0, sl = applied_slot(e);
+  for (int32_t i = 0; i < e->plan_num[sl]; i++) {
+    struct sch_request *r = e->plan_reqs[sl][i];
+    if (!r) continue; /* aborted, finished or preempted while in flight */
+    struct sch_req_sched *sc = &r->sched[sl];
+    r->num_computed += sc->tokens;
     enum sch_finish fin = SCH_FINISH_NONE;
-    if (e->plan_seqs[i].sample) {
+    if (e->plan_seqs[sl][i].sample) {
       const struct sch_seq_result *res = r->result;
       int32_t accepted = res->num_tokens - 1, before = r->num_tokens;
       int32_t k = sch_request_append(r, res->tokens, res->num_tokens, &e->cfg, &fin);
@@ -272,7 +331,7 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
       /* the KV of accepted drafts was written at the positions after the step's token;
        * a stop inside the accepted run cuts them */
       r->num_computed = CM_MIN(r->num_computed + accepted, r->num_tokens);
-      int32_t verified = CM_MIN(res->num_verified, r->sched_draft);
+      int32_t verified = CM_MIN(res->num_verified, sc->draft);
       if (verified > 0) {
         int32_t acc = CM_MIN(accepted, verified);
         e->spec_drafts++;
@@ -294,29 +353,32 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
     r->result = NULL;
     sch_kv_commit(e->kv, &r->kv, sch_request_keys(r), r->num_computed);
     if (fin != SCH_FINISH_NONE) {
-      sch_engine_drop(e, r);
+      sch_engine_drop(e, r); /* out of a later step in flight too */
       continue;
     }
-    if (r->sched_draft > 0) sch_kv_rollback(e->kv, &r->kv, r->num_computed);
-    r->sched_tokens = r->sched_draft = 0;
+    if (sc->draft > 0) sch_kv_rollback(e->kv, &r->kv, r->num_computed);
+    *sc = (struct sch_req_sched){0, 0, 0, -1, false};
   }
-  e->in_flight = false;
+  pop_flight(e);
   return 0;
 }
 
 /* ---- failures ------------------------------------------------------------------- */
 
 void sch_engine_step_failed(struct sch_engine *e) {
-  if (!e->in_flight) return;
-  for (int32_t i = 0; i < e->plan_num; i++) {
-    struct sch_request *r = e->plan_reqs[i];
-    if (!r) continue;
-    e->plan_reqs[i] = NULL;
-    r->sched_tokens = r->sched_draft = 0;
-    preempt(e, r, false);
+  /* with async scheduling, a plan behind a step offered that step's blocks to the prefix
+   * cache before it ran: their content is not to be trusted now */
+  bool forget = e->cfg.async_scheduling && e->num_in_flight > 0;
+  while (e->num_in_flight > 0) {
+    int32_t sl = applied_slot(e);
+    for (int32_t i = 0; i < e->plan_num[sl]; i++) {
+      struct sch_request *r = e->plan_reqs[sl][i];
+      if (r) preempt(e, r, false); /* out of every step in flight */
+    }
+    e->plan_num[sl] = 0;
+    pop_flight(e);
   }
-  e->plan_num = 0;
-  e->in_flight = false;
+  if (forget) sch_block_pool_forget_cached(e->pool);
 }
 
 void sch_engine_reset_kv(struct sch_engine *e) {

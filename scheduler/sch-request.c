@@ -137,7 +137,7 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   r->ignore_eos = p->ignore_eos;
   r->sampling_len = p->sampling_len;
   r->run_index = -1;
-  r->plan_index = -1;
+  r->sched[0].index = r->sched[1].index = -1;
   *out = r;
   return 0;
 nomem:

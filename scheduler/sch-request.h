@@ -55,11 +55,15 @@ struct sch_request {
                     soft tokens carry values drawn from its content hash (high bit set,
                     so never a token id); NULL without images (the ids are the keys) */
 
-  /* the in-flight step */
-  uint64_t sched_step;                 /* step id it was last scheduled in */
-  int32_t sched_tokens;                /* tokens scheduled in that step (0 = not scheduled) */
-  int32_t sched_draft;                 /* draft slots reserved after them */
-  int32_t plan_index;                  /* its index in the plan */
+  /* the steps that run it, by plan slot (sch-engine-impl.h): valid while
+   * sched[i].step is the step of slot i (in flight, or being planned) */
+  struct sch_req_sched {
+    uint64_t step;  /* step id it was scheduled in (0: none) */
+    int32_t tokens; /* tokens scheduled in that step */
+    int32_t draft;  /* draft slots reserved after them */
+    int32_t index;  /* its index in that plan, or -1 */
+    bool sample;    /* the step samples its next token */
+  } sched[2];
   const struct sch_seq_result *result; /* this step's result, during apply */
 
   /* queue links */

@@ -115,11 +115,12 @@ struct sch_server {
   uint64_t hash_key;
   uint64_t rng; /* splitmix64 state for seeds */
 
-  /* the step in flight */
-  bool plan_idle; /* the last plan was empty: plan again only after a change */
-  bool in_flight;
-  uint64_t step_id;
-  uint64_t step_sent_ns; /* monotonic */
+  /* the steps in flight: sent, not yet answered (RESULTs come in step order) */
+  bool plan_idle;        /* the last plan was empty: plan again only after a change */
+  int32_t max_in_flight; /* 1, or 2 with async scheduling (the engine's config) */
+  int32_t num_in_flight;
+  uint64_t flight_id[2];      /* their step ids, oldest first */
+  uint64_t flight_sent_ns[2]; /* when each was sent, monotonic */
 
   /* ids to hand to the workers as free_ids with the next STEP */
   uint64_t *pending_free;
@@ -139,6 +140,7 @@ struct sch_server {
   /* cumulative */
   uint64_t prompt_tokens, generation_tokens;
   uint64_t num_steps;
+  uint64_t num_steps_ahead; /* steps sent while another was in flight (async scheduling) */
   uint64_t step_ns_plan;   /* ns in plan + STEP encode + send */
   uint64_t step_ns_apply;  /* ns in RESULT decode + apply + OUT encode + send */
   uint64_t step_ns_engine; /* ns of those inside sch_engine_plan_step / _apply */

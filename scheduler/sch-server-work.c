@@ -76,9 +76,9 @@ static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why
   }
   if (!s->serving) return;
   s->serving = false;
-  if (s->in_flight) {
+  if (s->num_in_flight) {
     sch_engine_step_failed(s->engine);
-    s->in_flight = false;
+    s->num_in_flight = 0;
   }
   int32_t n = 0, n_retry = 0;
   for (int32_t i = 0; i < s->reqs.cap; i++) {
@@ -237,11 +237,16 @@ static void start_service(struct sch_server *s) {
     memcpy(ec.eos_ids, want.eos, sizeof(ec.eos_ids));
     ec.num_eos_ids = want.num_eos;
     ec.enable_prefix_caching = s->cfg.enable_prefix_caching;
+    /* speculative steps return a token count known only with their result */
+    ec.async_scheduling = s->cfg.async_scheduling && ec.num_spec_tokens == 0;
+    if (s->cfg.async_scheduling && ec.num_spec_tokens > 0)
+      cm_info(TAG, "speculative decoding: steps are scheduled synchronously");
     ec.hash_key = s->hash_key;
     /* a step's images travel inside one STEP message: half of it at most */
     ec.max_image_bytes_per_step = PR_MAX_MSG_DEFAULT / 2;
     char err[256] = "";
     struct sch_engine *e = NULL;
+    s->max_in_flight = ec.async_scheduling ? 2 : 1;
     int rc = sch_engine_create(&ec, &e, err, sizeof(err));
     if (rc) {
       cm_error(TAG, "cannot build the engine from the workers' READY: %s", err);
@@ -388,16 +393,20 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
     cm_warn(TAG, "RESULT from rank %d dropped: only rank 0 answers steps", (int)rank);
     return;
   }
-  if (!s->in_flight || m->step_id != s->step_id) {
-    cm_warn(TAG, "RESULT for step %llu dropped: step %llu is %s", (unsigned long long)m->step_id,
-            (unsigned long long)s->step_id, s->in_flight ? "in flight" : "not in flight");
+  if (!s->num_in_flight || m->step_id != s->flight_id[0]) {
+    if (s->num_in_flight)
+      cm_warn(TAG, "RESULT for step %llu dropped: step %llu is the oldest in flight",
+              (unsigned long long)m->step_id, (unsigned long long)s->flight_id[0]);
+    else
+      cm_warn(TAG, "RESULT for step %llu dropped: no step is in flight",
+              (unsigned long long)m->step_id);
     return;
   }
   if (m->n_seqs > (uint32_t)s->cap_seqs) {
     fail_rank(s, 0, CM_ERR_INVAL, "RESULT with more sequences than a step has");
     return;
   }
-  s->step_ns_round += cm_time_ns() - s->step_sent_ns;
+  s->step_ns_round += cm_time_ns() - s->flight_sent_ns[0];
   int32_t nres = 0;
   for (uint32_t i = 0; i < m->n_seqs; i++) {
     const struct pr_result_seq *rs = &m->seqs[i];
@@ -420,7 +429,9 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
     fail_rank(s, 0, rc, "RESULT does not match its step");
     return;
   }
-  s->in_flight = false;
+  s->num_in_flight--;
+  s->flight_id[0] = s->flight_id[1];
+  s->flight_sent_ns[0] = s->flight_sent_ns[1];
   s->plan_idle = false;
   for (uint32_t i = 0; i < m->n_seqs; i++) {
     struct sch_req *r = sch_reqs_by_eid(&s->reqs, m->seqs[i].seq_id);
@@ -598,7 +609,7 @@ static int reserve_step_images(struct sch_server *s, const struct sch_plan *plan
 }
 
 void sch_srv_work_step(struct sch_server *s) {
-  if (!s->serving || s->in_flight) return;
+  if (!s->serving || s->num_in_flight >= s->max_in_flight) return;
   uint64_t t0 = cm_time_ns();
   struct sch_plan plan;
   int rc = sch_engine_plan_step(s->engine, &plan);
@@ -621,7 +632,8 @@ void sch_srv_work_step(struct sch_server *s) {
   if (reserve_step_images(s, &plan) != 0) {
     /* the step never leaves: its sequences go back to recompute later */
     cm_error(TAG, "out of memory for step %llu's images", (unsigned long long)plan.step_id);
-    sch_engine_step_failed(s->engine);
+    sch_engine_step_failed(s->engine); /* the one in flight too: its RESULT is dropped */
+    s->num_in_flight = 0;
     return;
   }
   for (int32_t i = 0; i < plan.num_seqs; i++) {
@@ -635,6 +647,12 @@ void sch_srv_work_step(struct sch_server *s) {
                (p->num_tokens > 1 || p->start_pos < p->num_prompt ? PR_SEQ_PREFILL : 0);
     q->start_pos = (uint32_t)p->start_pos;
     q->tokens = (struct pr_u32s){(const uint32_t *)p->tokens, (uint32_t)p->num_tokens};
+    if (p->tokens[0] == SCH_TOKEN_PREV) { /* the token the step in flight samples */
+      static const uint32_t placeholder = 0;
+      CM_ASSERT(p->num_tokens == 1);
+      q->flags |= PR_SEQ_PREV_TOKEN;
+      q->tokens = (struct pr_u32s){&placeholder, 1};
+    }
     uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
     q->draft_tokens = (struct pr_u32s){r->drafts, nd};
     r->num_verifying = nd;
@@ -667,8 +685,10 @@ void sch_srv_work_step(struct sch_server *s) {
   m.u.step.seqs = s->step_seqs;
   m.u.step.n_seqs = (uint32_t)plan.num_seqs;
   m.u.step.free_ids = (struct pr_u64s){s->pending_free, s->num_pending_free};
-  s->step_id = plan.step_id;
-  s->in_flight = true;
+  CM_ASSERT(s->num_in_flight < 2);
+  int32_t fi = s->num_in_flight++;
+  s->flight_id[fi] = plan.step_id;
+  s->num_steps_ahead += fi > 0;
   if ((rc = pr_msg_encode(&m, &s->step_buf))) {
     /* nothing a worker did: our own plan does not encode (too big for a message) */
     cm_error(TAG, "step %llu does not encode: %s", (unsigned long long)plan.step_id,
@@ -687,8 +707,8 @@ void sch_srv_work_step(struct sch_server *s) {
     if (r) r->num_drafts = 0;
   }
   s->num_pending_free = 0;
-  s->step_sent_ns = cm_time_ns();
-  s->step_ns_plan += s->step_sent_ns - t0;
+  s->flight_sent_ns[fi] = cm_time_ns();
+  s->step_ns_plan += s->flight_sent_ns[fi] - t0;
 }
 
 void sch_srv_work_shutdown(struct sch_server *s) {

@@ -33,6 +33,7 @@ void sch_server_config_default(struct sch_server_config *cfg) {
   cfg->max_num_batched_tokens = 8192;
   cfg->max_waiting = 4096;
   cfg->enable_prefix_caching = true;
+  cfg->async_scheduling = true;
   cfg->worker_timeout_ms = 10000;
 }
 
@@ -357,10 +358,15 @@ void sch_server_destroy(struct sch_server *s) {
   }
   if (s->num_steps) {
     double n = (double)s->num_steps;
+    struct sch_engine_stats est = {0};
+    if (s->engine) sch_engine_stats(s->engine, &est);
     cm_info(TAG,
-            "%llu steps; per step in the scheduler %.1f us (plan+send %.1f, result+apply+OUT "
-            "%.1f; engine plan+apply %.1f); STEP to RESULT %.1f us",
-            (unsigned long long)s->num_steps,
+            "%llu steps (%llu sent while another was in flight, %llu preemptions); per step in "
+            "the scheduler "
+            "%.1f us (plan+send %.1f, result+apply+OUT %.1f; engine plan+apply %.1f); STEP to "
+            "RESULT %.1f us",
+            (unsigned long long)s->num_steps, (unsigned long long)s->num_steps_ahead,
+            (unsigned long long)est.num_preemptions,
             (double)(s->step_ns_plan + s->step_ns_apply) / 1e3 / n,
             (double)s->step_ns_plan / 1e3 / n, (double)s->step_ns_apply / 1e3 / n,
             (double)s->step_ns_engine / 1e3 / n, (double)s->step_ns_round / 1e3 / n);
@@ -384,7 +390,8 @@ int sch_server_run(struct sch_server *s, volatile sig_atomic_t *stop) {
   };
   while (!*stop) {
     long timeout_ms = 100; /* heartbeat checks and the stop flag */
-    if (s->serving && !s->in_flight && !s->plan_idle && sch_srv_has_work(s)) timeout_ms = 0;
+    if (s->serving && s->num_in_flight < s->max_in_flight && !s->plan_idle && sch_srv_has_work(s))
+      timeout_ms = 0;
     if (zmq_poll(items, 3, timeout_ms) < 0) {
       int e = zmq_errno();
       if (e == EINTR) continue;

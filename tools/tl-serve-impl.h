@@ -66,6 +66,7 @@ struct tl_serve {
   double gpu_mem_util; /* CUDA workers: share of device memory (KV pool sized from the rest) */
   int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
   int prefix_caching;
+  int async_scheduling; /* --async-scheduling (on) */
   int mmap_weights; /* --mmap: CPU workers keep the weights in the page cache */
   /* state */
   char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */

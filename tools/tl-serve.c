@@ -221,6 +221,7 @@ int tl_srv_start_scheduler(struct tl_serve *s, struct tl_engine *e) {
   argv_add_shared(&a, s);
   if (s->max_model_len > 0) argv_add_int(&a, "--max-model-len", s->max_model_len);
   argv_add(&a, s->prefix_caching ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
+  argv_add(&a, s->async_scheduling ? "--async-scheduling" : "--no-async-scheduling");
   argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
   argv_add_int(&a, "--heartbeat-limit", s->beat_limit);
   return tl_srv_spawn(s, "scheduler", e->index, -1, &a);
@@ -293,6 +294,7 @@ int tl_serve_main(int argc, char **argv) {
       .kv_bytes = 512ull << 20,
       .gpu_mem_util = 0.9,
       .prefix_caching = 1,
+      .async_scheduling = 1,
       .beat_s = 1.0,
       .beat_limit = 3,
       .max_start_failures = 5,
@@ -326,6 +328,9 @@ int tl_serve_main(int argc, char **argv) {
        1, 1024},
       {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL,
        "automatic prefix caching (on)"},
+      {"async-scheduling", CM_OPT_BOOL, &s.async_scheduling, NULL,
+       "plan the next step while the workers run one (on; steps are synchronous with "
+       "--speculative-model)"},
       {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks per replica (1)", 1,
        TL_MAX_TP},
       {"data-parallel-size", CM_OPT_INT, &s.dp, "N",

@@ -21,6 +21,8 @@
 struct rseq {
   uint64_t id;
   int used;
+  int has_last; /* last holds the token this sequence sampled in its latest step */
+  int32_t last; /* what PR_SEQ_PREV_TOKEN (async scheduling) runs next */
   struct wk_sampling_params sp;
   struct wk_penalty_state pen;
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
@@ -75,6 +77,7 @@ static struct rseq *seq_find(struct wk_role *r, uint64_t id) {
 static void seq_drop(struct wk_role *r, struct rseq *q) {
   (void)r;
   q->used = 0;
+  q->has_last = 0;
   wk_penalty_reset(&q->pen);
   for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
     q->n_bt[g] = 0;
@@ -304,6 +307,12 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
                      id, s->draft_tokens.n, s->num_draft, r->max_draft);
     if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
+    if ((s->flags & PR_SEQ_PREV_TOKEN) && (is_new || !q || !q->has_last || s->tokens.n != 1 ||
+                                           s->draft_tokens.n || (s->flags & PR_SEQ_PREFILL)))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "sequence %llu: PREV_TOKEN needs one token to run after a step that "
+                     "sampled this sequence",
+                     id);
     if (s->tokens.n == 0 && s->draft_tokens.n)
       /* the first draft is checked against the logits of the token before it */
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
@@ -416,6 +425,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     int32_t *t = r->toks + T;
     for (uint32_t j = 0; j < s->tokens.n; j++)
       t[j] = (int32_t)s->tokens.v[j];
+    if (s->flags & PR_SEQ_PREV_TOKEN) t[0] = q->last; /* what the step before sampled */
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
     if ((s->flags & PR_SEQ_PREFILL) && s->tokens.n &&
@@ -599,6 +609,9 @@ int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res
       return cm_fail(err, errlen, rc, "sequence %llu: sampling failed: %s",
                      (unsigned long long)s->seq_id, cm_strerror(rc));
     last_row[i] = lr;
+    /* every rank samples alike (the seed and the logits agree), so each keeps it */
+    r->cur[i]->last = (int32_t)r->rs[i].tokens.v[r->rs[i].tokens.n - 1];
+    r->cur[i]->has_last = 1;
   }
   if (r->draft && (rc = propose_drafts(r, st, last_row, err, errlen))) return rc;
   /* compact the sampled sequences' results in step order */

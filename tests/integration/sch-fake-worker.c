@@ -163,16 +163,25 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
     if (s->start_pos != q->ntok)
       return BAD("seq %llu: starts at %u, has %u tokens", (unsigned long long)s->seq_id,
                  s->start_pos, q->ntok);
-    if (!(s->flags & PR_SEQ_PREFILL) && q->last_sampled >= 0 &&
-        s->tokens.v[0] != (uint32_t)q->last_sampled)
-      return BAD("seq %llu: decodes token %u, sampled %lld", (unsigned long long)s->seq_id,
-                 s->tokens.v[0], (long long)q->last_sampled);
   }
+  /* async scheduling: the token to run is the one this worker sampled last */
+  const uint32_t *toks = s->tokens.v;
+  uint32_t prev;
+  if (s->flags & PR_SEQ_PREV_TOKEN) {
+    if ((s->flags & (PR_SEQ_NEW | PR_SEQ_PREFILL)) || s->tokens.n != 1 || q->last_sampled < 0)
+      return BAD("seq %llu: PREV_TOKEN without a sampled token before it",
+                 (unsigned long long)s->seq_id);
+    prev = (uint32_t)q->last_sampled;
+    toks = &prev;
+  }
+  if (!(s->flags & (PR_SEQ_NEW | PR_SEQ_PREFILL)) && q->last_sampled >= 0 &&
+      toks[0] != (uint32_t)q->last_sampled)
+    return BAD("seq %llu: decodes token %u, sampled %lld", (unsigned long long)s->seq_id, toks[0],
+               (long long)q->last_sampled);
   for (uint32_t i = 0; i < s->tokens.n; i++) {
-    if (s->tokens.v[i] >= SCH_FAKE_VOCAB)
-      return BAD("token %u outside the vocabulary", s->tokens.v[i]);
-    q->history[s->start_pos + i] = s->tokens.v[i];
-    if (write_kv(f, s, s->start_pos + i, s->tokens.v[i])) return -1;
+    if (toks[i] >= SCH_FAKE_VOCAB) return BAD("token %u outside the vocabulary", toks[i]);
+    q->history[s->start_pos + i] = toks[i];
+    if (write_kv(f, s, s->start_pos + i, toks[i])) return -1;
   }
   q->ntok = s->start_pos + s->tokens.n;
   for (uint32_t i = 0; i < s->draft_tokens.n; i++)

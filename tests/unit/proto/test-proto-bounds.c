@@ -364,7 +364,7 @@ TH_TEST(record_limits) {
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_TOOBIG);
   STEP_SEQ(PR_K_SSEQ_NUM_DRAFT, msgpack_pack_uint64(pk, PR_MAX_DRAFT + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
-  STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, 0x20));
+  STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, PR_SEQ_FLAGS_ALL + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
   STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, PR_SEQ_NEW | PR_SEQ_APPEND_BLOCKS));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_INVAL);

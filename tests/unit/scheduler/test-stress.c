@@ -132,8 +132,14 @@ static void check_plan(struct stress *s, const struct sch_plan *plan) {
     int32_t end = q->start_pos + q->num_tokens + q->num_draft;
     TH_CHECK(q->num_tokens >= 1 && end <= r->plen + r->max_tokens);
     TH_CHECK(q->num_draft == 0 || (q->num_tokens == 1 && q->sample));
-    /* the tokens to run are the request's own: prompt, then what it generated */
-    for (int32_t j = 0; j < q->num_tokens; j++) {
+    /* the tokens to run are the request's own: prompt, then what it generated; a
+     * decode behind a step in flight (async) runs the token that step samples, which
+     * goes right after the outputs taken so far */
+    if (q->tokens[0] == SCH_TOKEN_PREV) {
+      TH_CHECK(s->cfg.async_scheduling && q->num_tokens == 1 && q->sample);
+      TH_CHECK_EQ_INT(q->start_pos, r->plen + r->nout);
+    }
+    for (int32_t j = q->tokens[0] == SCH_TOKEN_PREV; j < q->num_tokens; j++) {
       int32_t pos = q->start_pos + j;
       int32_t want = pos < r->plen ? r->prompt[pos] : r->out[pos - r->plen];
       if (q->tokens[j] != want) {
@@ -224,8 +230,14 @@ static void bad_results(struct stress *s, const struct sch_plan *plan,
   static struct sch_seq_result bad[FAKE_MAX_SEQS + 1];
   static int32_t toks[FAKE_MAX_TOKENS + 1];
   int32_t victim = -1;
-  for (int32_t j = 0; j < w->num && victim < 0; j++)
-    if (s->reqs[w->res[j].req_id - 1].live) victim = j;
+  for (int32_t j = 0; j < w->num && victim < 0; j++) {
+    /* a result the engine still waits for (with async scheduling a request still live
+     * may have left the step: preempted by the plan behind it) */
+    struct sch_request *r = sch_queue_find(&s->e->q, w->res[j].req_id);
+    if (s->reqs[w->res[j].req_id - 1].live && r && r->state == SCH_REQ_RUNNING &&
+        sch_engine_flight_sched(s->e, r, 0))
+      victim = j;
+  }
   if (victim < 0) return;
   int32_t n = w->num, kind = (int32_t)rnd(s, 4), draft = 0;
   memcpy(bad, w->res, (size_t)n * sizeof(*bad));
@@ -372,6 +384,178 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
   free(s.kv);
 }
 
+/* ---- async scheduling: a step planned while the one before is in flight --------- */
+
+/* A plan as the scheduler sends it (copied: the engine's pointers move). */
+struct sent {
+  struct sch_plan plan;
+  struct sch_plan_seq *seqs;
+  int32_t *toks, *tables;
+};
+
+static void sent_copy(struct sent *d, const struct sch_plan *p, int32_t ngroups) {
+  size_t ntok = 0, ntab = 0;
+  for (int32_t i = 0; i < p->num_seqs; i++) {
+    ntok += (size_t)p->seqs[i].num_tokens;
+    for (int32_t g = 0; g < ngroups; g++)
+      ntab += (size_t)p->seqs[i].num_blocks[g];
+  }
+  d->plan = *p;
+  d->seqs = malloc(sizeof(*d->seqs) * (size_t)(p->num_seqs + 1));
+  d->toks = malloc(sizeof(int32_t) * (ntok + 1));
+  d->tables = malloc(sizeof(int32_t) * (ntab + 1));
+  TH_REQUIRE(d->seqs && d->toks && d->tables);
+  int32_t *t = d->toks, *b = d->tables;
+  for (int32_t i = 0; i < p->num_seqs; i++) {
+    d->seqs[i] = p->seqs[i];
+    memcpy(t, p->seqs[i].tokens, sizeof(int32_t) * (size_t)p->seqs[i].num_tokens);
+    d->seqs[i].tokens = t;
+    t += p->seqs[i].num_tokens;
+    for (int32_t g = 0; g < ngroups; g++) {
+      memcpy(b, p->seqs[i].block_table[g], sizeof(int32_t) * (size_t)p->seqs[i].num_blocks[g]);
+      d->seqs[i].block_table[g] = b;
+      b += p->seqs[i].num_blocks[g];
+    }
+  }
+  d->plan.seqs = d->seqs;
+}
+
+static void sent_free(struct sent *d) {
+  free(d->seqs), free(d->toks), free(d->tables);
+}
+
+/* The workers take the next step: each SCH_TOKEN_PREV becomes the token they sampled
+ * last for that sequence (last[id - 1]), then the step runs and its samples are kept. */
+static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, int32_t *last) {
+  for (int32_t i = 0; i < d->plan.num_seqs; i++) {
+    struct sch_plan_seq *q = &d->seqs[i];
+    if (q->tokens[0] != SCH_TOKEN_PREV) continue;
+    TH_REQUIRE(last[q->req_id - 1] >= 0);
+    ((int32_t *)q->tokens)[0] = last[q->req_id - 1];
+  }
+  fake_answer(w, &d->plan, 1);
+  simulate_kv(s, &d->plan, w);
+  for (int32_t j = 0; j < w->num; j++)
+    last[w->res[j].req_id - 1] = w->res[j].tokens[w->res[j].num_tokens - 1];
+}
+
+/* The stress run with async scheduling: a step is planned while the one before it
+ * is in flight, the workers run steps in order and results are applied in order;
+ * aborts land between any two of those, and a request that stopped in step N still
+ * runs in step N + 1. Every request must produce what plain decoding gives. */
+static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
+  struct stress s;
+  memset(&s, 0, sizeof(s));
+  s.cfg = *cfg;
+  s.cfg.async_scheduling = true;
+  s.rng = seed;
+  s.reqs = calloc(MAX_REQS, sizeof(*s.reqs));
+  int32_t *last = malloc(sizeof(int32_t) * MAX_REQS);
+  TH_REQUIRE(s.reqs && last);
+  for (int32_t i = 0; i < MAX_REQS; i++)
+    last[i] = -1;
+  for (int p = 0; p < 4; p++)
+    for (int i = 0; i < MAX_LEN; i++)
+      s.prefixes[p][i] = 10 + (int32_t)rnd(&s, 1000);
+  char err[256];
+  TH_REQUIRE(sch_engine_create(&s.cfg, &s.e, err, sizeof(err)) == 0);
+  for (int32_t g = 0; g < cfg->num_groups; g++)
+    if (cfg->groups[g].block_tokens > s.maxbt) s.maxbt = cfg->groups[g].block_tokens;
+  size_t nslots = (size_t)cfg->num_blocks * (size_t)s.maxbt;
+  s.kv = malloc(nslots * sizeof(*s.kv));
+  struct fake_worker *w = calloc(1, sizeof(*w));
+  TH_REQUIRE(s.kv && w);
+  for (size_t i = 0; i < nslots; i++)
+    s.kv[i] = (struct slot){-1, -1};
+  w->rng = seed * 7 + 1;
+  struct sent q[2];
+  int32_t nq = 0, idle = 0;
+  int64_t ahead = 0; /* steps planned while another was in flight */
+  for (s.steps = 0; s.steps < steps * 10; s.steps++) {
+    bool arrivals = s.steps < steps;
+    if (arrivals && rnd(&s, 5) < 2) arrive(&s);
+    if (arrivals && rnd(&s, 10) == 0) abort_random(&s, nq > 0);
+    bool empty = true;
+    if (nq < 2) {
+      struct sch_plan plan;
+      TH_REQUIRE(sch_engine_plan_step(s.e, &plan) == 0);
+      CHECK_ENGINE(s.e);
+      check_plan(&s, &plan);
+      empty = plan.num_seqs == 0;
+      if (!empty) {
+        ahead += nq;
+        sent_copy(&q[nq++], &plan, cfg->num_groups);
+      }
+    } else {
+      struct sch_plan refused;
+      TH_CHECK_EQ_INT(sch_engine_plan_step(s.e, &refused), CM_ERR_STATE);
+    }
+    if (nq == 0) {
+      struct sch_engine_stats st;
+      sch_engine_stats(s.e, &st);
+      TH_REQUIRE(st.num_running == 0 && st.num_waiting == 0); /* nothing left */
+      if (!arrivals && ++idle > 2) break;
+      continue;
+    }
+    if (nq < 2 && !empty) continue; /* plan the next one before the workers finish this */
+    run_sent(&s, &q[0], w, last);
+    if (arrivals && rnd(&s, 300) == 0) { /* a worker failed: every step in flight is lost */
+      if (rnd(&s, 4) == 0) {
+        sch_engine_reset_kv(s.e);
+        for (size_t i = 0; i < nslots; i++)
+          s.kv[i] = (struct slot){-1, -1};
+        s.resets++;
+      } else {
+        sch_engine_step_failed(s.e);
+        s.failed++;
+      }
+      for (int32_t i = 0; i < nq; i++)
+        sent_free(&q[i]);
+      nq = 0;
+      CHECK_ENGINE(s.e);
+      continue;
+    }
+    if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
+    if (rnd(&s, 10) == 0) bad_results(&s, &q[0].plan, w);
+    struct sch_outputs o;
+    TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
+    CHECK_ENGINE(s.e);
+    take_outputs(&s, &o);
+    sent_free(&q[0]);
+    q[0] = q[1];
+    nq--;
+  }
+  for (int32_t i = 0; i < nq; i++)
+    sent_free(&q[i]);
+  struct sch_engine_stats st;
+  sch_engine_stats(s.e, &st);
+  TH_CHECK_EQ_INT(st.num_running + st.num_waiting, 0);
+  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
+  int32_t want[MAX_LEN];
+  int64_t finished = 0;
+  for (int32_t i = 0; i < s.nreqs; i++) {
+    struct tracked *r = &s.reqs[i];
+    TH_CHECK(!r->live);
+    if (r->aborted) continue;
+    finished++;
+    enum sch_finish fin;
+    int32_t n = expected(&s, r, want, &fin);
+    if (n != r->nout || memcmp(want, r->out, (size_t)n * sizeof(int32_t)) != 0 || fin != r->fin) {
+      th_fail(__FILE__, __LINE__, "request %llu: %d tokens (finish %d), want %d (finish %d)",
+              (unsigned long long)r->id, (int)r->nout, (int)r->fin, (int)n, (int)fin);
+      break;
+    }
+  }
+  printf("  async seed %llu: %d requests (%lld finished), %lld steps, %lld planned ahead, "
+         "%llu preemptions, %lld keys verified, %lld failed steps, %lld KV resets\n",
+         (unsigned long long)seed, (int)s.nreqs, (long long)finished, (long long)s.steps,
+         (long long)ahead, (unsigned long long)st.num_preemptions, (long long)s.kv_reads,
+         (long long)s.failed, (long long)s.resets);
+  TH_CHECK(finished > 0 && ahead > s.steps / 4);
+  sch_engine_destroy(s.e);
+  free(w), free(s.reqs), free(s.kv), free(last);
+}
+
 static void base_config(struct sch_engine_config *c) {
   fake_config(c, 48, 4, 24, 8, MAX_LEN);
   c->max_waiting = 64;
@@ -390,6 +574,17 @@ struct variant {
   int32_t num_groups;
   struct sch_kv_group_cfg groups[SCH_MAX_GROUPS];
 };
+
+static void apply_variant(const struct variant *v, struct sch_engine_config *c) {
+  base_config(c);
+  if (v->num_groups) fake_groups(c, v->groups, v->num_groups);
+  if (v->blocks) c->num_blocks = v->blocks;
+  if (v->max_seqs) c->max_num_seqs = v->max_seqs;
+  if (v->max_waiting) c->max_waiting = v->max_waiting; /* over 100: random priorities */
+  if (v->spec_tokens) c->num_spec_tokens = v->spec_tokens;
+  if (v->long_prefill_threshold) c->long_prefill_threshold = v->long_prefill_threshold;
+  if (v->no_prefix_cache) c->enable_prefix_caching = false;
+}
 
 static void run_variant(const struct variant *v, uint64_t seed) {
   struct sch_engine_config c;
@@ -431,4 +626,46 @@ TH_TEST(stress_sliding_groups_tight_pool_prefix_cache) {
                                 .spec_tokens = 1,
                                 .long_prefill_threshold = 7},
               4);
+}
+
+/* Async scheduling over the same scenarios (no drafts: it does not run with them). */
+TH_TEST(stress_async_full_attention_prefix_cache) {
+  struct sch_engine_config c;
+  apply_variant(&(struct variant){0}, &c);
+  run_async(&c, 11, 3000);
+}
+
+TH_TEST(stress_async_sliding_and_full_groups) {
+  struct sch_engine_config c;
+  apply_variant(&(struct variant){.num_groups = 2, .groups = {{8, 0}, {4, 12}}, .blocks = 64}, &c);
+  run_async(&c, 12, 3000);
+}
+
+TH_TEST(stress_async_no_cache_priorities_tiny_pool) {
+  struct sch_engine_config c;
+  apply_variant(
+      &(struct variant){.no_prefix_cache = true, .blocks = 20, .max_waiting = 200, .max_seqs = 5},
+      &c);
+  run_async(&c, 13, 3000);
+}
+
+TH_TEST(stress_async_sliding_groups_tight_pool_prefix_cache) {
+  struct sch_engine_config c;
+  apply_variant(&(struct variant){.num_groups = 3,
+                                  .groups = {{4, 0}, {4, 9}, {2, 5}},
+                                  .blocks = 72,
+                                  .long_prefill_threshold = 7},
+                &c);
+  run_async(&c, 14, 3000);
+}
+
+TH_TEST(async_refused_with_drafts) {
+  struct sch_engine_config c;
+  base_config(&c);
+  c.async_scheduling = true;
+  c.num_spec_tokens = 2;
+  struct sch_engine *e = NULL;
+  char err[256];
+  TH_CHECK_EQ_INT(sch_engine_create(&c, &e, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "speculative") != NULL);
 }
