@@ -437,7 +437,8 @@ static int valid_view(const struct kn_kv_view *v) {
   if (!v || !v->pool || v->n_pages <= 0 || v->block_tokens <= 0 || v->n_kv_heads <= 0)
     return CM_ERR_INVAL;
   if (v->head_dim <= 0 || v->head_dim > KN_MAX_HEAD_DIM) return CM_ERR_UNSUPPORTED;
-  if (v->dtype != KN_DTYPE_F32 && v->dtype != KN_DTYPE_BF16) return CM_ERR_UNSUPPORTED;
+  if (v->dtype != KN_DTYPE_F32 && v->dtype != KN_DTYPE_BF16 && v->dtype != KN_DTYPE_F8E4M3)
+    return CM_ERR_UNSUPPORTED;
   /* one layer's K (and V) block must fit inside a page */
   size_t blk = (size_t)v->block_tokens * (size_t)v->n_kv_heads * (size_t)v->head_dim *
                kn_dtype_size(v->dtype);

@@ -412,7 +412,7 @@ struct kn_kv_view {
   int block_tokens;    /* token positions per page for this layer's group */
   int n_kv_heads;
   int head_dim;        /* <= KN_MAX_HEAD_DIM */
-  enum kn_dtype dtype; /* KN_DTYPE_F32 or KN_DTYPE_BF16 */
+  enum kn_dtype dtype; /* KN_DTYPE_F32, KN_DTYPE_BF16 or KN_DTYPE_F8E4M3 (scale 1) */
 };
 
 #define KN_MAX_HEAD_DIM 512

@@ -1,9 +1,11 @@
 /* kn-dtype.h — element types of kernel tensors and scalar conversions.
  *
  * Activations are always f32. Weights may be f32, f16 (IEEE binary16) or bf16
- * (the top 16 bits of an f32). The KV cache is f32 or bf16. The conversions
- * here are exact scalar versions (round-to-nearest-even when narrowing, NaN
- * kept a quiet NaN); SIMD kernels must produce the same bits. */
+ * (the top 16 bits of an f32). The KV cache is f32, bf16 or fp8 e4m3 (OCP
+ * E4M3FN: bias 7, no infinities, largest finite 448). The conversions here are
+ * exact scalar versions (round-to-nearest-even when narrowing, NaN kept a quiet
+ * NaN; e4m3 saturates to +-448, as CUDA's __NV_SATFINITE conversion does); SIMD
+ * and device kernels must produce the same bits. */
 #ifndef LMSERVE_KN_DTYPE_H
 #define LMSERVE_KN_DTYPE_H
 #include <stddef.h>
@@ -14,7 +16,8 @@ enum kn_dtype {
   KN_DTYPE_F32 = 0,
   KN_DTYPE_F16 = 1,
   KN_DTYPE_BF16 = 2,
-  KN_DTYPE__COUNT = 3,
+  KN_DTYPE_F8E4M3 = 3, /* the KV cache only (--kv-cache-dtype fp8), scale 1 */
+  KN_DTYPE__COUNT = 4,
 };
 
 /* Bytes per element; 0 for an unknown value. */
@@ -23,6 +26,7 @@ static inline size_t kn_dtype_size(enum kn_dtype dt) {
   case KN_DTYPE_F32: return 4;
   case KN_DTYPE_F16: return 2;
   case KN_DTYPE_BF16: return 2;
+  case KN_DTYPE_F8E4M3: return 1;
   default: return 0;
   }
 }
@@ -32,6 +36,7 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_F32: return "f32";
   case KN_DTYPE_F16: return "f16";
   case KN_DTYPE_BF16: return "bf16";
+  case KN_DTYPE_F8E4M3: return "fp8_e4m3";
   default: return "?";
   }
 }
@@ -106,11 +111,43 @@ static inline uint16_t kn_f32_to_f16(float f) {
   return (uint16_t)(sign | (r >> 13));
 }
 
-/* Element i of a weight row of type dt, as f32. */
+/* ---- fp8 e4m3 ---------------------------------------------------------- */
+
+/* Exact: every e4m3 value is an f32. Code 0x7f / 0xff is NaN. */
+static inline float kn_f8e4m3_to_f32(uint8_t c) {
+  uint32_t sign = (uint32_t)(c & 0x80u) << 24, e = (c >> 3) & 0xfu, m = c & 7u;
+  if (e == 0xfu && m == 7u) return kn_f32_from_bits(0x7fc00000u | sign);
+  if (e == 0) /* subnormal: m * 2^-9, exact in f32 */
+    return kn_f32_from_bits(kn_f32_bits((float)m * (1.0f / 512.0f)) | sign);
+  return kn_f32_from_bits(sign | ((e + 120u) << 23) | (m << 20)); /* rebias 7 -> 127 */
+}
+
+/* Round to nearest even; beyond +-448 (infinities too) the largest finite
+ * value; NaN gives 0x7f. */
+static inline uint8_t kn_f32_to_f8e4m3(float f) {
+  uint32_t u = kn_f32_bits(f), a = u & 0x7fffffffu;
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  if (a > 0x7f800000u) return 0x7f;
+  if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* >= 448 */
+  if (a < 0x3c800000u) {                    /* below 2^-6: a multiple of 2^-9, ties to even */
+    float x = kn_f32_from_bits(a) * 512.0f; /* exact: a power-of-two scale */
+    uint32_t q = (uint32_t)x;
+    float rem = x - (float)q; /* exact */
+    if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++;
+    return (uint8_t)(sign | q); /* q == 8 is 2^-6, the smallest normal */
+  }
+  uint32_t r = a - 0x3c000000u;     /* exponent 127 -> 7 */
+  r += 0x7ffffu + ((r >> 20) & 1u); /* round the 20 dropped bits to nearest even */
+  uint32_t c = r >> 20;
+  return (uint8_t)(sign | (c > 0x7eu ? 0x7eu : c));
+}
+
+/* Element i of a tensor of type dt, as f32. */
 static inline float kn_load_f32(const void *p, enum kn_dtype dt, size_t i) {
   switch (dt) {
   case KN_DTYPE_F16: return kn_f16_to_f32(((const uint16_t *)p)[i]);
   case KN_DTYPE_BF16: return kn_bf16_to_f32(((const uint16_t *)p)[i]);
+  case KN_DTYPE_F8E4M3: return kn_f8e4m3_to_f32(((const uint8_t *)p)[i]);
   default: return ((const float *)p)[i];
   }
 }
@@ -120,6 +157,7 @@ static inline void kn_store_f32(void *p, enum kn_dtype dt, size_t i, float v) {
   switch (dt) {
   case KN_DTYPE_F16: ((uint16_t *)p)[i] = kn_f32_to_f16(v); break;
   case KN_DTYPE_BF16: ((uint16_t *)p)[i] = kn_f32_to_bf16(v); break;
+  case KN_DTYPE_F8E4M3: ((uint8_t *)p)[i] = kn_f32_to_f8e4m3(v); break;
   default: ((float *)p)[i] = v; break;
   }
 }

@@ -72,8 +72,7 @@ int tl_generate_main(int argc, char **argv) {
       {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk size in tokens (default: whole prompt)", 0,
        1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
-      {"kv-dtype", CM_OPT_STR, &kv_dtype, "T",
-       "KV cache dtype: f32 | bf16 (default: f32 for f32 weights, else bf16)"},
+      {"kv-dtype", CM_OPT_STR, &kv_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {"draft", CM_OPT_STR, &draft, "DIR",
@@ -100,15 +99,10 @@ int tl_generate_main(int argc, char **argv) {
     return 2;
   }
   int kvdt = 0;
-  if (kv_dtype) {
-    if (!strcmp(kv_dtype, "f32"))
-      kvdt = 1 + KN_DTYPE_F32;
-    else if (!strcmp(kv_dtype, "bf16"))
-      kvdt = 1 + KN_DTYPE_BF16;
-    else {
-      fprintf(stderr, "lmserve generate: --kv-dtype must be f32 or bf16\n");
-      return 2;
-    }
+  char kv_why[160];
+  if (kv_dtype && wk_kv_dtype_parse(kv_dtype, &kvdt, kv_why, sizeof(kv_why))) {
+    fprintf(stderr, "lmserve generate: %s\n", kv_why);
+    return 2;
   }
   char err[512] = "";
   int rank = 0, n_kids = 0; /* tensor parallelism: this process's rank, ranks it forked */

@@ -67,6 +67,7 @@ struct tl_serve {
   int kv_seen;         /* --kv-cache-memory given: it wins over gpu_mem_util */
   int prefix_caching;
   int async_scheduling; /* --async-scheduling (on) */
+  const char *kv_cache_dtype; /* --kv-cache-dtype, checked before any role starts */
   int mmap_weights; /* --mmap: CPU workers keep the weights in the page cache */
   /* state */
   char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */

@@ -205,6 +205,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     }
     argv_add_str(&a, "--device", s->device);
     argv_add_str(&a, "--dtype", s->dtype);
+    argv_add_str(&a, "--kv-cache-dtype", s->kv_cache_dtype);
     if (s->mmap_weights) argv_add(&a, "--mmap");
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
@@ -341,6 +342,7 @@ int tl_serve_main(int argc, char **argv) {
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
       {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"kv-cache-dtype", CM_OPT_STR, &s.kv_cache_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
@@ -367,9 +369,10 @@ int tl_serve_main(int argc, char **argv) {
     return 2;
   }
 
-  int bf16;
-  char why[128];
-  if (s.dtype && kn_backend_dtype_parse(s.dtype, &bf16, why, sizeof(why))) {
+  int bf16, kvdt;
+  char why[160];
+  if ((s.dtype && kn_backend_dtype_parse(s.dtype, &bf16, why, sizeof(why))) ||
+      (s.kv_cache_dtype && wk_kv_dtype_parse(s.kv_cache_dtype, &kvdt, why, sizeof(why)))) {
     fprintf(stderr, "lmserve serve: %s\n", why);
     return 2;
   }

@@ -11,7 +11,8 @@
 int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block_tokens,
                      struct wk_kv_spec *out) {
   memset(out, 0, sizeof(*out));
-  if (dtype != KN_DTYPE_F32 && dtype != KN_DTYPE_BF16) return CM_ERR_UNSUPPORTED;
+  if (dtype != KN_DTYPE_F32 && dtype != KN_DTYPE_BF16 && dtype != KN_DTYPE_F8E4M3)
+    return CM_ERR_UNSUPPORTED;
   if (block_tokens <= 0) block_tokens = 16;
   if (block_tokens > 4096) return CM_ERR_INVAL;
   out->dtype = dtype;

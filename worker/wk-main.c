@@ -368,7 +368,7 @@ static int local_rank_of(int64_t flag, int seen, int64_t rank) {
 
 int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
-  const char *dtype = "auto";
+  const char *dtype = "auto", *kv_dtype_s = "auto";
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
@@ -407,6 +407,7 @@ int wk_worker_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
@@ -445,9 +446,10 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
   }
-  int bf16 = 0;
-  char why[128];
-  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why))) {
+  int bf16 = 0, kv_dtype = 0;
+  char why[160];
+  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
+      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why))) {
     fprintf(stderr, "lmserve worker: %s\n", why);
     return 2;
   }
@@ -491,6 +493,7 @@ int wk_worker_main(int argc, char **argv) {
   if ((status = make_backend(device, &bo, &be))) goto done;
   status = 1;
   struct wk_model_opts mo = {
+      .kv_dtype = kv_dtype,
       .max_batch_tokens = (int)(max_batched + max_seqs * spec_k),
       .max_seqs = (int)max_seqs,
       /* an explicit pool size wins; else a backend on host memory keeps its

@@ -873,3 +873,25 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
   }
   return h;
 }
+
+int wk_kv_dtype_parse(const char *s, int *out, char *err, size_t errlen) {
+  static const struct {
+    const char *name;
+    int v;
+  } names[] = {{"auto", 0},
+               {"bf16", 1 + KN_DTYPE_BF16},
+               {"bfloat16", 1 + KN_DTYPE_BF16},
+               {"fp8", 1 + KN_DTYPE_F8E4M3},
+               {"fp8_e4m3", 1 + KN_DTYPE_F8E4M3},
+               {"f32", 1 + KN_DTYPE_F32},
+               {"float32", 1 + KN_DTYPE_F32}};
+  for (size_t i = 0; s && i < sizeof(names) / sizeof(names[0]); i++)
+    if (!strcmp(s, names[i].name)) {
+      *out = names[i].v;
+      return 0;
+    }
+  return cm_fail(err, errlen, CM_ERR_INVAL,
+                 "--kv-cache-dtype '%s' is not one of auto, bf16, fp8, f32 (fp8 is e4m3; fp8_e5m2 "
+                 "is not supported)",
+                 s ? s : "");
+}

@@ -41,7 +41,8 @@ struct wk_model_opts {
                            allocated (wk_kv_bytes_for_util; backends with kn_mem_info) */
   int block_tokens;     /* positions per page of the largest group; 0 = 16 */
   int kv_dtype;         /* -1 / 0 default: f32 for f32 weights, bf16 otherwise;
-                           else 1 + enum kn_dtype (1 = f32, 3 = bf16) */
+                           else 1 + enum kn_dtype (1 = f32, 3 = bf16, 4 = fp8 e4m3):
+                           wk_kv_dtype_parse */
   int quiet;            /* 1: no progress lines on stderr */
   int tp_rank, tp_size; /* tensor parallelism: this rank of tp_size (0 = 1) ranks, each
                            holding its shard (wk-shard.h); the backend must have
@@ -153,5 +154,13 @@ struct wk_draft_input {
  * Returns 0 or a negative cm_err with the reason in err. */
 int wk_draft_step(struct wk_model *d, const struct wk_draft_input *in, int n, int32_t *tokens_out,
                   float *h_out, float *logits, char *err, size_t errlen);
+
+/* --kv-cache-dtype (vLLM's): "auto" (0: f32 for f32 weights, else bf16), "bf16" /
+ * "bfloat16", "fp8" / "fp8_e4m3" (e4m3, scale 1: half a bf16 cache's bytes), "f32" /
+ * "float32" into *out as wk_model_opts.kv_dtype; CM_ERR_INVAL with a sentence in err. */
+#define WK_KV_DTYPE_HELP                                                                           \
+  "KV cache element type: auto (the weights' bf16, f32 for f32 weights), bf16, fp8 (e4m3, "        \
+  "scale 1: twice the tokens in the same memory), f32"
+int wk_kv_dtype_parse(const char *s, int *out, char *err, size_t errlen);
 
 #endif

@@ -601,6 +601,8 @@ int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res
   if (b.n_seqs && (rc = wk_model_forward(r->model, &b, err, errlen))) return rc;
   int n_res = 0;
   int *last_row = r->row0; /* reused: row0 is read before last_row is written for each i */
+  for (uint32_t i = 0; i < st->n_seqs; i++) /* a step that fails leaves no stale token */
+    if (st->seqs[i].flags & PR_SEQ_SAMPLE) r->cur[i]->has_last = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     if (!(s->flags & PR_SEQ_SAMPLE)) continue;

@@ -651,6 +651,10 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
     a.attn = ctx->dsp.attn_bf16;
     a.tile = ctx->dsp.attn_tile_bf16;
   }
+  if (view->dtype == KN_DTYPE_F8E4M3) { /* an fp8 cache: read through the reference */
+    a.attn = kn_cpu_attn_ref;
+    a.tile = NULL;
+  }
   kn_cpu_pool_run(ctx->pool, items, grain_for(work, items, 1), attn_run, &a);
   return 0;
 }

@@ -272,6 +272,7 @@ extern "C" cudaError_t kn_cuda_launch_attention(cudaStream_t s, const struct kn_
   switch (kv_dtype) {
   case KN_DTYPE_F32: launch_split<float>(s, a, grid); break;
   case KN_DTYPE_BF16: launch_split<__nv_bfloat16>(s, a, grid); break;
+  case KN_DTYPE_F8E4M3: launch_split<__nv_fp8_e4m3>(s, a, grid); break;
   default: return cudaErrorInvalidValue;
   }
   cudaError_t e = cudaGetLastError();

@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 /* Element i of a tensor of element type T, widened to f32 (exact). */
 __device__ __forceinline__ float kn_load(const float *p, size_t i) {
@@ -22,6 +23,9 @@ __device__ __forceinline__ float kn_load(const __half *p, size_t i) {
 __device__ __forceinline__ float kn_load(const __nv_bfloat16 *p, size_t i) {
   return __bfloat162float(p[i]);
 }
+__device__ __forceinline__ float kn_load(const __nv_fp8_e4m3 *p, size_t i) {
+  return (float)p[i]; /* exact */
+}
 
 /* Stores f32 v as element i, rounding to nearest even. */
 __device__ __forceinline__ void kn_store(float *p, size_t i, float v) {
@@ -32,6 +36,10 @@ __device__ __forceinline__ void kn_store(__half *p, size_t i, float v) {
 }
 __device__ __forceinline__ void kn_store(__nv_bfloat16 *p, size_t i, float v) {
   p[i] = __float2bfloat16_rn(v);
+}
+/* e4m3, nearest even, saturating to +-448 (kn_f32_to_f8e4m3 on the host) */
+__device__ __forceinline__ void kn_store(__nv_fp8_e4m3 *p, size_t i, float v) {
+  p[i].__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
 
 __device__ __forceinline__ float kn_warp_sum(float v) {

@@ -157,6 +157,7 @@ extern "C" cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_c
   switch (kv_dtype) {
   case KN_DTYPE_F32: qkv_prep_kernel<float><<<grid, block, smem, s>>>(*a); break;
   case KN_DTYPE_BF16: qkv_prep_kernel<__nv_bfloat16><<<grid, block, smem, s>>>(*a); break;
+  case KN_DTYPE_F8E4M3: qkv_prep_kernel<__nv_fp8_e4m3><<<grid, block, smem, s>>>(*a); break;
   default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -42,6 +42,11 @@ extern "C" cudaError_t kn_cuda_launch_kv_write(cudaStream_t s, const struct kn_k
         <<<dim3((unsigned)T), threads, 0, s>>>(pool, view->page_bytes, view->k_off, view->v_off,
                                                view->block_tokens, row, slots, k, ldk, v, ldv);
     break;
+  case KN_DTYPE_F8E4M3:
+    kv_write_kernel<__nv_fp8_e4m3>
+        <<<dim3((unsigned)T), threads, 0, s>>>(pool, view->page_bytes, view->k_off, view->v_off,
+                                               view->block_tokens, row, slots, k, ldk, v, ldv);
+    break;
   default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -69,3 +69,21 @@ TH_TEST(cli_dtype_refused) {
   TH_CHECK(strstr(o.err, "--dtype fp8") != NULL);
   th_out_free(&o);
 }
+
+/* --kv-cache-dtype takes auto, bf16, fp8 or f32 (and vLLM's long names); anything
+ * else is refused before a role starts, by serve, worker and generate. */
+TH_TEST(cli_kv_cache_dtype_refused) {
+  th_proc_init(60);
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "serve", "--kv-cache-dtype", "fp8_e5m2", NULL), 2);
+  TH_CHECK(strstr(o.err, "--kv-cache-dtype 'fp8_e5m2' is not one of auto, bf16, fp8, f32") != NULL);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "worker", "--model", "/nonexistent-lmserve", "--scheduler",
+                             "ipc:///nonexistent-lmserve", "--kv-cache-dtype", "int4", NULL),
+                  2);
+  TH_CHECK(strstr(o.err, "--kv-cache-dtype 'int4'") != NULL);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "generate", "--model", "/nonexistent-lmserve", "--prompt",
+                             "x", "--kv-dtype", "fp16", NULL),
+                  2);
+  TH_CHECK(strstr(o.err, "'fp16'") != NULL);
+  th_out_free(&o);
+}

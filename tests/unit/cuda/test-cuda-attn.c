@@ -22,10 +22,11 @@ TH_TEST(cuda_kv_write) {
   struct ct_env e;
   ct_open(&e, 20);
   const int kvs[] = {1, 4}, Ds[] = {64, 256, 512};
-  const enum kn_dtype dts[] = {KN_DTYPE_F32, KN_DTYPE_BF16};
+  /* fp8: the device's __NV_SATFINITE conversion against kn_f32_to_f8e4m3, byte for byte */
+  const enum kn_dtype dts[] = {KN_DTYPE_F32, KN_DTYPE_BF16, KN_DTYPE_F8E4M3};
   for (size_t ki = 0; ki < 2; ki++)
     for (size_t di = 0; di < 3; di++)
-      for (size_t ti = 0; ti < 2; ti++)
+      for (size_t ti = 0; ti < 3; ti++)
         for (int k_only = 0; k_only < 2; k_only++) {
           struct kn_kv_view v = {0};
           v.n_pages = 12;
@@ -131,6 +132,11 @@ static const struct attn_case k_cases[] = {
   {"decodes mha f32", 128, 4, 4, 16, KN_DTYPE_F32, 0, 0.0f, 2, {{1, 300}, {1, 0}}},
   {"decodes gqa4 d512 bf16", 512, 8, 2, 16, KN_DTYPE_BF16, 0, 0.0f, 2, {{1, 2000}, {1, 100}}},
   {"decodes gqa6 softcap f32", 64, 12, 2, 16, KN_DTYPE_F32, 0, 20.0f, 2, {{1, 700}, {1, 3}}},
+  /* an fp8 (e4m3) cache: the same bytes on both sides, read and widened exactly */
+  {"d256 gqa2 window fp8", 256, 8, 4, 16, KN_DTYPE_F8E4M3, 32, 0.0f, 3,
+   {{1, 300}, {1, 17}, {37, 60}}},
+  {"decodes gqa4 d512 fp8 split-k", 512, 8, 2, 16, KN_DTYPE_F8E4M3, 0, 0.0f, 2,
+   {{1, 2000}, {1, 100}}},
 };
 /* clang-format on */
 

@@ -62,10 +62,13 @@ static void cache_init(struct kt_cache *c, struct kn_backend *be, int n_seq, int
   size_t row = (size_t)kvh * D;
   c->k = kt_rand_f32((size_t)n_seq * len * row, 1.0f);
   c->v = kt_rand_f32((size_t)n_seq * len * row, 1.0f);
-  if (dt == KN_DTYPE_BF16) /* keep the plain copies equal to what the cache holds */
+  if (dt != KN_DTYPE_F32) /* keep the plain copies equal to what the cache holds */
     for (size_t i = 0; i < (size_t)n_seq * len * row; i++) {
-      c->k[i] = kn_bf16_to_f32(kn_f32_to_bf16(c->k[i]));
-      c->v[i] = kn_bf16_to_f32(kn_f32_to_bf16(c->v[i]));
+      uint16_t tk, tv; /* room for one element of any cache type */
+      kn_store_f32(&tk, dt, 0, c->k[i]);
+      kn_store_f32(&tv, dt, 0, c->v[i]);
+      c->k[i] = kn_load_f32(&tk, dt, 0);
+      c->v[i] = kn_load_f32(&tv, dt, 0);
     }
   int32_t *slots = malloc(sizeof(int32_t) * (size_t)len);
   TH_REQUIRE(slots);
@@ -563,4 +566,62 @@ TH_TEST(attention_random_descriptors_never_escape) {
   cache_free(&c, bes[0]);
   kn_backend_destroy(bes[0]);
   kn_backend_destroy(bes[1]);
+}
+
+/* ---- an fp8 (e4m3) cache ---------------------------------------------------- */
+
+/* Attention over an fp8 cache is the reference attention over an f32 cache
+ * holding the same e4m3 values, bit for bit, on every table (the cache is read
+ * through the reference kernel, which widens each value exactly); kv_write
+ * rounded what it stored as kn_f32_to_f8e4m3 does (cache_init's copies). */
+TH_TEST(attention_over_an_fp8_cache) {
+  kt_seed(23);
+  static const int dims[] = {64, 256, 40};
+  for (size_t di = 0; di < CM_ARRAY_LEN(dims); di++)
+    for (int window = 0; window <= 9; window += 9) {
+      int D = dims[di], H = 4, kvh = 2, len = 53, n_seq = 2;
+      struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1), *vec = kt_backend(kt_vector_isa(), 2);
+      struct kt_cache c8, c32;
+      cache_init(&c8, vec, n_seq, len, kvh, D, 16, KN_DTYPE_F8E4M3);
+      /* the same pages in f32, holding the e4m3 values */
+      c32 = c8;
+      c32.view.page_bytes = c8.view.page_bytes * 4;
+      c32.view.k_off = c8.view.k_off * 4;
+      c32.view.v_off = c8.view.v_off * 4;
+      c32.view.dtype = KN_DTYPE_F32;
+      c32.view.pool = kn_alloc(ref, (size_t)c32.view.n_pages * c32.view.page_bytes);
+      TH_REQUIRE(c32.view.pool);
+      int32_t *slots = malloc(sizeof(int32_t) * (size_t)len);
+      TH_REQUIRE(slots);
+      size_t row = (size_t)kvh * D;
+      for (int s = 0; s < n_seq; s++) {
+        for (int p = 0; p < len; p++)
+          slots[p] = c8.bt[s * c8.n_blocks + p / 16] * 16 + p % 16;
+        TH_REQUIRE(kn_kv_write(ref, &c32.view, slots, c8.k + (size_t)s * len * row, (ptrdiff_t)row,
+                               c8.v + (size_t)s * len * row, (ptrdiff_t)row, len) == 0);
+      }
+      ptrdiff_t ld = (ptrdiff_t)H * D;
+      float *q = kt_rand_f32((size_t)len * ld * 2, 1.0f);
+      float *want = malloc(sizeof(float) * (size_t)len * ld * 2);
+      float *got = malloc(sizeof(float) * (size_t)len * ld * 2);
+      TH_REQUIRE(want && got);
+      struct kn_attn_seq s32[2] = {seq_of(&c32, 0, 0, 0, len), seq_of(&c32, 1, len, 20, len - 20)};
+      struct kn_attn_seq s8[2] = {seq_of(&c8, 0, 0, 0, len), seq_of(&c8, 1, len, 20, len - 20)};
+      TH_REQUIRE(kn_attention(ref, want, ld, q, ld, &c32.view, s32, 2, H, window, 0.125f, 0.0f) ==
+                 0);
+      struct kn_backend *bes[2] = {ref, vec};
+      for (int b = 0; b < 2; b++) {
+        memset(got, 0, sizeof(float) * (size_t)len * ld * 2);
+        TH_REQUIRE(kn_attention(bes[b], got, ld, q, ld, &c8.view, s8, 2, H, window, 0.125f, 0.0f) ==
+                   0);
+        if (!kt_bits_equal(got, want, (size_t)(2 * len - 20) * ld))
+          th_fail(__FILE__, __LINE__, "%s D=%d window %d: the fp8 cache's attention differs",
+                  kn_backend_name(bes[b]), D, window);
+      }
+      free(q), free(want), free(got), free(slots);
+      kn_free(ref, c32.view.pool);
+      cache_free(&c8, vec);
+      kn_backend_destroy(ref);
+      kn_backend_destroy(vec);
+    }
 }

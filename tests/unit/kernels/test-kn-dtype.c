@@ -1,6 +1,7 @@
-/* test-kn-dtype.c — the scalar f16 / bf16 conversions of kn-dtype.h: exact
- * widening, round-to-nearest-even narrowing (checked against the processor's
- * F16C conversion where present and against hand values), specials. */
+/* test-kn-dtype.c — the scalar f16 / bf16 / fp8 e4m3 conversions of kn-dtype.h:
+ * exact widening, round-to-nearest-even narrowing (checked against the
+ * processor's F16C conversion where present, against hand values, and for e4m3
+ * against a search over every code), specials. */
 #include <float.h>
 #include <immintrin.h>
 #include <cpuid.h>
@@ -107,4 +108,80 @@ TH_TEST(bf16_conversions) {
   TH_CHECK_EQ_INT(bad, 0);
   TH_CHECK_EQ_INT(kn_dtype_size(KN_DTYPE_BF16), 2);
   TH_CHECK_EQ_INT(kn_dtype_size((enum kn_dtype)9), 0);
+}
+
+/* ---- fp8 e4m3 ------------------------------------------------------------ */
+
+/* The oracle, from the format's definition alone: the value of code c (sign,
+ * 4 exponent bits of bias 7, 3 mantissa bits; 0x7f / 0xff NaN, no infinities). */
+static double e4m3_value(int c) {
+  int e = (c >> 3) & 15, m = c & 7;
+  double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+  return (c & 0x80) ? -v : v;
+}
+
+/* The code nearest x by search over every finite code, ties to the even
+ * mantissa, beyond 448 the largest: what the narrowing must give. */
+static int e4m3_nearest(float x) {
+  double ax = fabs((double)x);
+  int best = 0;
+  double bd = INFINITY;
+  for (int c = 0; c <= 0x7e; c++) {
+    double d = fabs(e4m3_value(c) - ax);
+    if (d < bd || (d == bd && !(c & 1))) {
+      bd = d;
+      best = c;
+    }
+  }
+  return best | (signbit(x) ? 0x80 : 0);
+}
+
+TH_TEST(f8e4m3_widening_all_codes) {
+  for (int c = 0; c < 256; c++) {
+    float f = kn_f8e4m3_to_f32((uint8_t)c);
+    if ((c & 0x7f) == 0x7f) {
+      TH_CHECK(isnan(f));
+      continue;
+    }
+    if ((double)f != e4m3_value(c) || (signbit(f) != 0) != ((c & 0x80) != 0))
+      th_fail(__FILE__, __LINE__, "code 0x%02x widens to %.9g, want %.9g", c, f, e4m3_value(c));
+    TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(f), c); /* every value narrows back to itself */
+  }
+  TH_CHECK(kn_f8e4m3_to_f32(0x7e) == 448.0f);
+  TH_CHECK(kn_f8e4m3_to_f32(0x01) == ldexpf(1.0f, -9)); /* smallest subnormal */
+  TH_CHECK(kn_f8e4m3_to_f32(0x08) == ldexpf(1.0f, -6)); /* smallest normal */
+}
+
+/* Every midpoint between neighbouring codes (a tie: to the even code) and a hair
+ * either side of it, random values over the whole range, and the specials. */
+TH_TEST(f8e4m3_narrowing_matches_nearest) {
+  int bad = 0;
+  for (int c = 0; c < 0x7e; c++) {
+    float lo = (float)e4m3_value(c), hi = (float)e4m3_value(c + 1);
+    float mid = (float)((e4m3_value(c) + e4m3_value(c + 1)) / 2); /* exact in f32 */
+    const float xs[] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY), lo, hi};
+    for (int s = 0; s < 2; s++)
+      for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); i++) {
+        float x = s ? -xs[i] : xs[i];
+        int got = kn_f32_to_f8e4m3(x), want = e4m3_nearest(x);
+        if (got != want && bad++ < 8)
+          th_fail(__FILE__, __LINE__, "%.9g narrows to 0x%02x, want 0x%02x", x, got, want);
+      }
+  }
+  for (int i = 0; i < 200000; i++) {
+    float x = ldexpf((float)(next32() & 0xffffff) / 16777216.0f, (int)(next32() % 24) - 14);
+    if (next32() & 1) x = -x;
+    int got = kn_f32_to_f8e4m3(x), want = e4m3_nearest(x);
+    if (got != want && bad++ < 8)
+      th_fail(__FILE__, __LINE__, "%.9g narrows to 0x%02x, want 0x%02x", x, got, want);
+  }
+  TH_CHECK_EQ_INT(bad, 0);
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(464.0f), 0x7e); /* would round to 480: saturates */
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(1e30f), 0x7e);
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(-INFINITY), 0xfe);
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(NAN) & 0x7f, 0x7f);
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(-0.0f), 0x80);
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(ldexpf(1.0f, -10)), 0x00);  /* half the smallest: even 0 */
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(ldexpf(3.0f, -10)), 0x02);  /* 1.5 ulp: even 2 */
+  TH_CHECK_EQ_INT(kn_f32_to_f8e4m3(ldexpf(15.0f, -10)), 0x08); /* to the smallest normal */
 }
