@@ -112,7 +112,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 }
 
 int tl_bench_model_main(int argc, char **argv) {
-  const char *model = NULL, *dtype = "auto", *device = NULL;
+  const char *model = NULL, *dtype = "auto", *device = NULL, *kv_dtype_s = "auto";
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0, fast = 1, use_mmap = 0;
   double temperature = 0, top_p = 1;
@@ -127,6 +127,7 @@ int tl_bench_model_main(int argc, char **argv) {
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu); "
        "on a GPU the bound is the device's measured read bandwidth"},
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
       {"tensor-parallel-size", CM_OPT_INT, &tp, "N",
@@ -145,9 +146,10 @@ int tl_bench_model_main(int argc, char **argv) {
                          opts, argc, argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
-  int bf16 = 0;
-  char why[128];
-  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why))) {
+  int bf16 = 0, kv_dtype = 0;
+  char why[160];
+  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
+      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why))) {
     fprintf(stderr, "lmserve bench model: %s\n", why);
     return 2;
   }
@@ -242,6 +244,7 @@ int tl_bench_model_main(int argc, char **argv) {
                              .tp_rank = rank,
                              .tp_size = (int)tp,
                              .no_fast_prefill = !fast,
+                             .kv_dtype = kv_dtype,
                              .mmap_weights = use_mmap};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
