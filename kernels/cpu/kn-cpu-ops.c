@@ -647,13 +647,11 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
                         .hper = hper,
                         .attn = ctx->dsp.attn,
                         .tile = ctx->dsp.attn_tile};
-  if (ctx->bf16 && ctx->dsp.attn_bf16) {
+  /* the bf16 mode's kernels take bf16 caches; an fp8 one stays on the default
+   * table's, which widen it exactly as they load it */
+  if (ctx->bf16 && ctx->dsp.attn_bf16 && view->dtype != KN_DTYPE_F8E4M3) {
     a.attn = ctx->dsp.attn_bf16;
     a.tile = ctx->dsp.attn_tile_bf16;
-  }
-  if (view->dtype == KN_DTYPE_F8E4M3) { /* an fp8 cache: read through the reference */
-    a.attn = kn_cpu_attn_ref;
-    a.tile = NULL;
   }
   kn_cpu_pool_run(ctx->pool, items, grain_for(work, items, 1), attn_run, &a);
   return 0;

@@ -570,10 +570,10 @@ TH_TEST(attention_random_descriptors_never_escape) {
 
 /* ---- an fp8 (e4m3) cache ---------------------------------------------------- */
 
-/* Attention over an fp8 cache is the reference attention over an f32 cache
- * holding the same e4m3 values, bit for bit, on every table (the cache is read
- * through the reference kernel, which widens each value exactly); kv_write
- * rounded what it stored as kn_f32_to_f8e4m3 does (cache_init's copies). */
+/* Attention over an fp8 cache is attention over an f32 cache holding the same
+ * e4m3 values, bit for bit, on each table (every kernel widens the cache
+ * exactly as it loads it), in the default and the bf16 mode; kv_write rounded
+ * what it stored as kn_f32_to_f8e4m3 does (cache_init's copies). */
 TH_TEST(attention_over_an_fp8_cache) {
   kt_seed(23);
   static const int dims[] = {64, 256, 40};
@@ -581,6 +581,8 @@ TH_TEST(attention_over_an_fp8_cache) {
     for (int window = 0; window <= 9; window += 9) {
       int D = dims[di], H = 4, kvh = 2, len = 53, n_seq = 2;
       struct kn_backend *ref = kt_backend(KN_CPU_ISA_REF, 1), *vec = kt_backend(kt_vector_isa(), 2);
+      struct kn_backend *bf = NULL;
+      TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 1, &bf) == 0 && bf);
       struct kt_cache c8, c32;
       cache_init(&c8, vec, n_seq, len, kvh, D, 16, KN_DTYPE_F8E4M3);
       /* the same pages in f32, holding the e4m3 values */
@@ -607,10 +609,11 @@ TH_TEST(attention_over_an_fp8_cache) {
       TH_REQUIRE(want && got);
       struct kn_attn_seq s32[2] = {seq_of(&c32, 0, 0, 0, len), seq_of(&c32, 1, len, 20, len - 20)};
       struct kn_attn_seq s8[2] = {seq_of(&c8, 0, 0, 0, len), seq_of(&c8, 1, len, 20, len - 20)};
-      TH_REQUIRE(kn_attention(ref, want, ld, q, ld, &c32.view, s32, 2, H, window, 0.125f, 0.0f) ==
-                 0);
-      struct kn_backend *bes[2] = {ref, vec};
-      for (int b = 0; b < 2; b++) {
+      /* the bf16 mode keeps an fp8 cache on the default table's kernels */
+      struct kn_backend *bes[3] = {ref, vec, bf}, *same[3] = {ref, vec, vec};
+      for (int b = 0; b < 3; b++) {
+        TH_REQUIRE(kn_attention(same[b], want, ld, q, ld, &c32.view, s32, 2, H, window, 0.125f,
+                                0.0f) == 0);
         memset(got, 0, sizeof(float) * (size_t)len * ld * 2);
         TH_REQUIRE(kn_attention(bes[b], got, ld, q, ld, &c8.view, s8, 2, H, window, 0.125f, 0.0f) ==
                    0);
@@ -623,5 +626,6 @@ TH_TEST(attention_over_an_fp8_cache) {
       cache_free(&c8, vec);
       kn_backend_destroy(ref);
       kn_backend_destroy(vec);
+      kn_backend_destroy(bf);
     }
 }
