@@ -1,7 +1,8 @@
 /* sch-server-work.c — the scheduler server's worker side: READY (agreement between
  * ranks, then the engine), heartbeats and failures, and the step cycle: plan, one STEP
  * encoded once and sent to every rank, RESULT from rank 0, apply, one OUT per
- * frontend. One step is in flight at a time. */
+ * frontend. One step is in flight at a time, or two with async scheduling (the
+ * next planned and sent while the workers run one; RESULTs come in step order). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

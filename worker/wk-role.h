@@ -1,6 +1,7 @@
 /* wk-role.h — the step executor of `lmserve worker`: turns one STEP plan from
  * the scheduler (proto/pr-msg.h) into one forward pass over a ragged batch,
- * samples on rank 0 and fills the RESULT message.
+ * samples (every rank alike: the seeds and logits agree) and fills the RESULT
+ * message that rank 0 sends.
  *
  *   struct wk_role *r;
  *   wk_role_create(model, draft_or_NULL, &opts, &r);
@@ -11,7 +12,9 @@
  * Per-sequence worker state lives here: sampling parameters (from the step
  * that carries PR_SEQ_NEW), penalty state (prompt tokens from PR_SEQ_PREFILL
  * chunks, counts of sampled tokens) and one block table per KV group
- * (replaced, or extended with PR_SEQ_APPEND_BLOCKS). State is dropped for
+ * (replaced, or extended with PR_SEQ_APPEND_BLOCKS), and the token it sampled
+ * last, which a step flagging PR_SEQ_PREV_TOKEN runs (async scheduling: the
+ * scheduler sent that step before it knew the token). State is dropped for
  * ids in free_ids and after a step that flags PR_SEQ_FINISHED.
  *
  * A bad step (unknown sequence without NEW, token ids outside the
