@@ -103,6 +103,10 @@ struct wk_seq_input {
   const struct wk_seq_embed *embeds; /* [n_embeds] replaced embeddings (taken as they
                                         are: no embedding scale), or NULL */
   int n_embeds;
+  int pad; /* 1: a padding row, as CUDA-graph buckets fill a decode step up to a fixed
+              size: its one token runs at pos0 (inside the first block) against the page
+              block_tables[g][0], writes no KV (slot -1) and has no output (n_out 0);
+              the other rows' results are those of the step without it */
 };
 
 struct wk_batch {

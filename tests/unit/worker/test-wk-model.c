@@ -85,6 +85,10 @@ struct seq {
   float *logits; /* [n, V] every position's logits */
 };
 
+/* Rows of padding (wk_seq_input.pad) that step() adds to fill a batch up to this
+ * many sequences (0: none), reading sequence 0's first page. */
+static int g_pad_to;
+
 /* Runs one step in which every unfinished sequence runs its next `chunk`
  * tokens, all in one batch. */
 static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
@@ -108,6 +112,19 @@ static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
     }
     idx[k++] = i;
   }
+  static const int32_t pad_token = 0;
+  int n_real = k;
+  while (g_pad_to && k < g_pad_to && s[0].blk.n[0] > 0) {
+    memset(&in[k], 0, sizeof(in[k]));
+    in[k].tokens = &pad_token;
+    in[k].n_tokens = 1;
+    in[k].pad = 1;
+    for (int g = 0; g < kv->n_groups; g++) {
+      in[k].block_tables[g] = s[0].blk.table[g];
+      in[k].n_blocks[g] = 1;
+    }
+    k++;
+  }
   struct wk_batch b = {.seqs = in, .n_seqs = k, .logits = out};
   char err[256];
   int rc = wk_model_forward(f->m, &b, err, sizeof(err));
@@ -115,7 +132,7 @@ static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
     fprintf(stderr, "forward: %s\n", err);
     return rc;
   }
-  for (int j = 0; j < k; j++) {
+  for (int j = 0; j < n_real; j++) {
     struct seq *q = &s[idx[j]];
     memcpy(q->logits + (size_t)q->done * f->V, out + (size_t)rows * f->V,
            sizeof(float) * (size_t)in[j].n_tokens * f->V);
@@ -644,5 +661,56 @@ TH_TEST(hidden_states_output) {
   TH_CHECK(maxerr < 1e-4);
   wk_st_close(st);
   wk_seq_blocks_release(&blk, kv, &f.pa);
+  teardown(&f);
+}
+
+/* Padding rows (CUDA-graph buckets fill a decode step up to a fixed size) change
+ * no bit of the real rows' logits, write nothing into the cache (the real rows
+ * read their own pages afterwards), and a padding row with an output is refused. */
+TH_TEST(padding_rows_change_nothing) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_F32) == 0);
+  int32_t pa[40], pb[25], pc[33];
+  make_prompt(pa, 40, f.V, 4);
+  make_prompt(pb, 25, f.V, 5);
+  make_prompt(pc, 33, f.V, 6);
+  float *ref[3];
+  for (int pad = 0; pad < 2; pad++) {
+    g_pad_to = pad ? 4 : 0;
+    struct seq s[3] = {{.tokens = pa, .n = 40}, {.tokens = pb, .n = 25}, {.tokens = pc, .n = 33}};
+    for (int i = 0; i < 3; i++)
+      TH_REQUIRE((s[i].logits = calloc((size_t)s[i].n * f.V, sizeof(float))) != NULL);
+    /* a prefill chunk of each, then token-by-token steps: the padded ones decode */
+    TH_REQUIRE(step(&f, s, 3, 16) == 0);
+    TH_REQUIRE(run_all(&f, s, 3, 1) == 0);
+    for (int i = 0; i < 3; i++) {
+      if (!pad) {
+        ref[i] = s[i].logits;
+        s[i].logits = NULL;
+      } else if (memcmp(ref[i], s[i].logits, sizeof(float) * (size_t)s[i].n * f.V)) {
+        th_fail(__FILE__, __LINE__, "sequence %d: logits differ with padding rows", i);
+      }
+    }
+    release(&f, s, 3);
+  }
+  g_pad_to = 0;
+  for (int i = 0; i < 3; i++)
+    free(ref[i]);
+  /* a padding row that asks for an output */
+  struct seq s = {.tokens = pa, .n = 40, .logits = calloc((size_t)40 * f.V, sizeof(float))};
+  TH_REQUIRE(s.logits && step(&f, &s, 1, 16) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
+  static const int32_t tok = 0;
+  struct wk_seq_input in = {.tokens = &tok, .n_tokens = 1, .n_out = 1, .pad = 1};
+  for (int g = 0; g < kv->n_groups; g++) {
+    in.block_tables[g] = s.blk.table[g];
+    in.n_blocks[g] = 1;
+  }
+  static float out[512 * 1024];
+  struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = out};
+  char err[256] = "";
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "padding row") != NULL);
+  release(&f, &s, 1);
   teardown(&f);
 }
