@@ -1,6 +1,7 @@
 /* kn-cuda-dev.cuh — device helpers shared by the .cu files: element loads
- * and stores per dtype, warp and block reductions, grid sizing. Included only
- * by nvcc; everything here is static / inline (no symbols exported). */
+ * and stores per dtype, warp and block reductions, grid sizing, and the
+ * few-rows matmul's dot product. Included only by nvcc; everything here is
+ * static / inline (no symbols exported). */
 #ifndef LMSERVE_KN_CUDA_DEV_CUH
 #define LMSERVE_KN_CUDA_DEV_CUH
 #include <stdint.h>
@@ -77,6 +78,56 @@ static inline unsigned kn_grid(size_t n, unsigned per, unsigned cap) {
   size_t g = (n + per - 1) / per;
   if (g < 1) g = 1;
   return g > cap ? cap : (unsigned)g;
+}
+
+/* The two elements of a 32-bit word of bf16 / f16 values, widened (exact). */
+__device__ __forceinline__ float2 widen2(uint32_t u, const __nv_bfloat16 *) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ float2 widen2(uint32_t u, const __half *) {
+  return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
+                     __half2float(__ushort_as_half((unsigned short)(u >> 16))));
+}
+
+/* x rounded to the weights' type and widened back (exact in f32). */
+__device__ __forceinline__ float round_to(float x, const __nv_bfloat16 *) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ float round_to(float x, const __half *) {
+  return __half2float(__float2half_rn(x));
+}
+
+/* acc[t] += the lane's share (16-byte vectors v = lane, lane + 32, ...) of
+ * sum_k round(in[t, k]) * wrow[k] for t < TT: each input rounded to the weights'
+ * type (nearest even) as the narrowing before cuBLAS does, exact f32 products,
+ * f32 sums in this order. K % 8 == 0; wrow, in and every input row 16-byte
+ * aligned. The few-rows matmuls (kn-cuda-gemv.cu, kn-cuda-fused.cu) share it,
+ * so they agree bit for bit. */
+template <typename W, int TT>
+__device__ __forceinline__ void kn_gemv_dot(float (&acc)[TT], const W *wrow, const float *in,
+                                            ptrdiff_t ldi, int K, int lane) {
+  const uint4 *wr = reinterpret_cast<const uint4 *>(wrow);
+  const W *tag = nullptr;
+  for (int v = lane; v < K / 8; v += 32) {
+    uint4 q = wr[v];
+    float2 w01 = widen2(q.x, tag), w23 = widen2(q.y, tag), w45 = widen2(q.z, tag),
+           w67 = widen2(q.w, tag);
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      const float4 *x = reinterpret_cast<const float4 *>(in + (ptrdiff_t)t * ldi) + 2 * v;
+      float4 a = x[0], b = x[1];
+      float s = acc[t];
+      s = fmaf(round_to(a.x, tag), w01.x, s);
+      s = fmaf(round_to(a.y, tag), w01.y, s);
+      s = fmaf(round_to(a.z, tag), w23.x, s);
+      s = fmaf(round_to(a.w, tag), w23.y, s);
+      s = fmaf(round_to(b.x, tag), w45.x, s);
+      s = fmaf(round_to(b.y, tag), w45.y, s);
+      s = fmaf(round_to(b.z, tag), w67.x, s);
+      s = fmaf(round_to(b.w, tag), w67.y, s);
+      acc[t] = s;
+    }
+  }
 }
 
 #endif

@@ -165,48 +165,6 @@ extern "C" cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_c
 
 /* ---- few-rows matmuls of one input --------------------------------------------- */
 
-__device__ __forceinline__ float2 widen2(uint32_t u, const __nv_bfloat16 *) {
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-__device__ __forceinline__ float2 widen2(uint32_t u, const __half *) {
-  return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
-                     __half2float(__ushort_as_half((unsigned short)(u >> 16))));
-}
-__device__ __forceinline__ float round_to(float x, const __nv_bfloat16 *) {
-  return __bfloat162float(__float2bfloat16_rn(x));
-}
-__device__ __forceinline__ float round_to(float x, const __half *) {
-  return __half2float(__float2half_rn(x));
-}
-
-/* acc[t] += the lane's share of round(in[t, :]) · w_row, the order of gemv_kernel. */
-template <typename W, int TT>
-__device__ __forceinline__ void dot_rows(float (&acc)[TT], const W *wrow, const float *in,
-                                         ptrdiff_t ldi, int K, int lane) {
-  const uint4 *wr = reinterpret_cast<const uint4 *>(wrow);
-  const W *tag = nullptr;
-  for (int v = lane; v < K / 8; v += 32) {
-    uint4 q = wr[v];
-    float2 w01 = widen2(q.x, tag), w23 = widen2(q.y, tag), w45 = widen2(q.z, tag),
-           w67 = widen2(q.w, tag);
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-      const float4 *x = reinterpret_cast<const float4 *>(in + (ptrdiff_t)t * ldi) + 2 * v;
-      float4 a = x[0], b = x[1];
-      float s = acc[t];
-      s = fmaf(round_to(a.x, tag), w01.x, s);
-      s = fmaf(round_to(a.y, tag), w01.y, s);
-      s = fmaf(round_to(a.z, tag), w23.x, s);
-      s = fmaf(round_to(a.w, tag), w23.y, s);
-      s = fmaf(round_to(b.x, tag), w45.x, s);
-      s = fmaf(round_to(b.y, tag), w45.y, s);
-      s = fmaf(round_to(b.z, tag), w67.x, s);
-      s = fmaf(round_to(b.w, tag), w67.y, s);
-      acc[t] = s;
-    }
-  }
-}
-
 /* One warp per output row of all the parts together (part p owns rows
  * [first[p], first[p + 1])). */
 template <typename W, int TT>
@@ -222,7 +180,7 @@ __global__ void gemv_n_kernel(struct kn_cuda_gemv_parts g, const float *in, ptrd
 #pragma unroll
   for (int t = 0; t < TT; t++)
     acc[t] = 0.0f;
-  dot_rows<W, TT>(acc, (const W *)g.w[p] + (size_t)r * (size_t)K, in, ldi, K, lane);
+  kn_gemv_dot<W, TT>(acc, (const W *)g.w[p] + (size_t)r * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float s = kn_warp_sum(acc[t]);
@@ -248,8 +206,8 @@ __global__ void gemv_glu_kernel(float *out, ptrdiff_t ldo, const float *in, ptrd
 #pragma unroll
   for (int t = 0; t < TT; t++)
     ag[t] = au[t] = 0.0f;
-  dot_rows<W, TT>(ag, wg + (size_t)n * (size_t)K, in, ldi, K, lane);
-  dot_rows<W, TT>(au, wu + (size_t)n * (size_t)K, in, ldi, K, lane);
+  kn_gemv_dot<W, TT>(ag, wg + (size_t)n * (size_t)K, in, ldi, K, lane);
+  kn_gemv_dot<W, TT>(au, wu + (size_t)n * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float g = kn_warp_sum(ag[t]), u = kn_warp_sum(au[t]);

@@ -8,23 +8,6 @@
  * is most of a decode step (BENCHMARKS.md, "The CUDA backend on a GPU"). */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
-/* The two elements of a 32-bit word of bf16 / f16 values, widened (exact). */
-__device__ __forceinline__ float2 widen2(uint32_t u, const __nv_bfloat16 *) {
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-__device__ __forceinline__ float2 widen2(uint32_t u, const __half *) {
-  return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
-                     __half2float(__ushort_as_half((unsigned short)(u >> 16))));
-}
-
-/* x rounded to the weights' type and widened back (exact in f32). */
-__device__ __forceinline__ float round_to(float x, const __nv_bfloat16 *) {
-  return __bfloat162float(__float2bfloat16_rn(x));
-}
-__device__ __forceinline__ float round_to(float x, const __half *) {
-  return __half2float(__float2half_rn(x));
-}
-
 /* One warp per weight row n: out[t, n] (+)= sum_k round(in[t, k]) * w[n, k]
  * for t < TT. K % 8 == 0; w, in and every input row 16-byte aligned. */
 template <typename W, int TT>
@@ -33,32 +16,11 @@ __global__ void gemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_
   int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
   int lane = threadIdx.x & 31;
   if (n >= N) return;
-  const uint4 *wr = reinterpret_cast<const uint4 *>(w + (size_t)n * (size_t)K);
   float acc[TT];
 #pragma unroll
   for (int t = 0; t < TT; t++)
     acc[t] = 0.0f;
-  const W *tag = nullptr;
-  for (int v = lane; v < K / 8; v += 32) {
-    uint4 q = wr[v];
-    float2 w01 = widen2(q.x, tag), w23 = widen2(q.y, tag), w45 = widen2(q.z, tag),
-           w67 = widen2(q.w, tag);
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-      const float4 *x = reinterpret_cast<const float4 *>(in + (ptrdiff_t)t * ldi) + 2 * v;
-      float4 a = x[0], b = x[1];
-      float s = acc[t];
-      s = fmaf(round_to(a.x, tag), w01.x, s);
-      s = fmaf(round_to(a.y, tag), w01.y, s);
-      s = fmaf(round_to(a.z, tag), w23.x, s);
-      s = fmaf(round_to(a.w, tag), w23.y, s);
-      s = fmaf(round_to(b.x, tag), w45.x, s);
-      s = fmaf(round_to(b.y, tag), w45.y, s);
-      s = fmaf(round_to(b.z, tag), w67.x, s);
-      s = fmaf(round_to(b.w, tag), w67.y, s);
-      acc[t] = s;
-    }
-  }
+  kn_gemv_dot<W, TT>(acc, w + (size_t)n * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float s = kn_warp_sum(acc[t]);
