@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,4 +106,54 @@ int th_sse_events(const char *body, json_t **out, int max, int *done) {
 void th_sse_free(json_t **ev, int n) {
   for (int i = 0; i < n; i++)
     json_decref(ev[i]);
+}
+
+/* ---- a batch of completions ------------------------------------------------------ */
+
+struct job_arg {
+  struct th_job *job;
+  int port;
+};
+
+static void *run_job(void *arg) {
+  struct job_arg *a = arg;
+  struct th_job *j = a->job;
+  char *b = NULL;
+  j->status = th_http(a->port, "POST", "/v1/completions", j->body, 240000, &b);
+  json_t *r = b ? json_loads(b, 0, NULL) : NULL;
+  if (!r && b && *b) fprintf(stderr, "status %d: %s\n", j->status, b);
+  free(b);
+  if (r) {
+    json_t *keep =
+        json_pack("{s:O?,s:O?}", "choice", json_array_get(json_object_get(r, "choices"), 0),
+                  "usage", json_object_get(r, "usage"));
+    j->answer = keep ? json_dumps(keep, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+    json_decref(keep);
+    json_decref(r);
+  }
+  return NULL;
+}
+
+void th_http_run_jobs(struct th_job *jobs, int n, int port) {
+  pthread_t th[TH_MAX_JOBS];
+  struct job_arg args[TH_MAX_JOBS];
+  int started = 0;
+  if (n > TH_MAX_JOBS) n = TH_MAX_JOBS;
+  for (int i = 0; i < n; i++) {
+    jobs[i].status = -1;
+    free(jobs[i].answer);
+    jobs[i].answer = NULL;
+    args[i] = (struct job_arg){&jobs[i], port};
+    if (pthread_create(&th[i], NULL, run_job, &args[i]) != 0) break; /* status stays -1 */
+    started++;
+  }
+  for (int i = 0; i < started; i++)
+    pthread_join(th[i], NULL);
+}
+
+void th_http_jobs_free(struct th_job *jobs, int n) {
+  for (int i = 0; i < n; i++) {
+    free(jobs[i].answer);
+    jobs[i].answer = NULL;
+  }
 }

@@ -28,4 +28,19 @@ int th_sse_events(const char *body, struct json_t **out, int max, int *done);
 /* json_decref of ev[0..n). */
 void th_sse_free(struct json_t **ev, int n);
 
+/* One /v1/completions request of a batch sent all at once (th_http_run_jobs). */
+#define TH_MAX_JOBS 64
+struct th_job {
+  char body[4096]; /* the request's JSON */
+  int status;      /* the answer's HTTP status, -1: none */
+  char *answer;    /* choices[0] and usage of the answer, canonical JSON (sorted keys,
+                      compact), to compare answers as text; NULL without one (malloc'd) */
+};
+/* POSTs every job's body to /v1/completions on 127.0.0.1:port at once, a thread
+ * each (n <= TH_MAX_JOBS), and fills status and answer (a previous answer is
+ * freed first). An answer that is not JSON is printed on stderr. */
+void th_http_run_jobs(struct th_job *jobs, int n, int port);
+/* Frees the jobs' answers. */
+void th_http_jobs_free(struct th_job *jobs, int n);
+
 #endif

@@ -8,7 +8,6 @@
  * parallelism 2; streams cut mid-answer leave no request running and no KV
  * block held. */
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,46 +81,8 @@ static int wait_idle(struct srv *s) {
 #define GEN 20
 #endif
 
-struct job {
-  int port;
-  char body[4096];
-  int status;
-  char *answer; /* choices[0] and usage, canonical JSON (malloc'd) */
-};
-
-static void *run_job(void *arg) {
-  struct job *j = arg;
-  char *b = NULL;
-  j->status = th_http(j->port, "POST", "/v1/completions", j->body, 240000, &b);
-  json_t *r = b ? json_loads(b, 0, NULL) : NULL;
-  if (!r && b) fprintf(stderr, "status %d: %s\n", j->status, b);
-  free(b);
-  if (r) {
-    json_t *keep =
-        json_pack("{s:O?,s:O?}", "choice", json_array_get(json_object_get(r, "choices"), 0),
-                  "usage", json_object_get(r, "usage"));
-    j->answer = keep ? json_dumps(keep, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
-    json_decref(keep);
-    json_decref(r);
-  }
-  return NULL;
-}
-
-static void run_all(struct job *jobs, int n, int port) {
-  pthread_t th[NREQ];
-  for (int i = 0; i < n; i++) {
-    jobs[i].port = port;
-    jobs[i].status = -1;
-    free(jobs[i].answer);
-    jobs[i].answer = NULL;
-    TH_REQUIRE(pthread_create(&th[i], NULL, run_job, &jobs[i]) == 0);
-  }
-  for (int i = 0; i < n; i++)
-    pthread_join(th[i], NULL);
-}
-
 /* Request i: a prompt of 4 .. 90 ids and one of the kinds below. */
-static void build_jobs(struct job *jobs, int n) {
+static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 777;
   for (int i = 0; i < n; i++) {
     int len = 4 + (i * 29) % 87;
@@ -151,10 +112,10 @@ static void build_jobs(struct job *jobs, int n) {
 }
 
 /* Runs the jobs against a server started with `flags`; its answers in jobs. */
-static void answers(struct job *jobs, const char *model, char *const *flags) {
+static void answers(struct th_job *jobs, const char *model, char *const *flags) {
   struct srv s;
   TH_REQUIRE(srv_start(&s, model, flags) == 0);
-  run_all(jobs, NREQ, s.port);
+  th_http_run_jobs(jobs, NREQ, s.port);
   TH_CHECK(wait_idle(&s));
   srv_stop(&s);
   for (int i = 0; i < NREQ; i++) {
@@ -163,7 +124,7 @@ static void answers(struct job *jobs, const char *model, char *const *flags) {
   }
 }
 
-static void check_same(const struct job *want, const struct job *got, const char *what) {
+static void check_same(const struct th_job *want, const struct th_job *got, const char *what) {
   int same = 0;
   for (int i = 0; i < NREQ; i++) {
     if (got[i].answer && !strcmp(got[i].answer, want[i].answer))
@@ -175,18 +136,11 @@ static void check_same(const struct job *want, const struct job *got, const char
   TH_CHECK_EQ_INT(same, NREQ);
 }
 
-static void free_jobs(struct job *jobs) {
-  for (int i = 0; i < NREQ; i++) {
-    free(jobs[i].answer);
-    jobs[i].answer = NULL;
-  }
-}
-
 TH_TEST(async_answers_equal_sync) {
   th_proc_init(1500);
   char model[320];
   th_tiny_gemma4_or_skip("async", 3, model, sizeof model);
-  static struct job sync_a[NREQ], async_a[NREQ];
+  static struct th_job sync_a[NREQ], async_a[NREQ];
   build_jobs(sync_a, NREQ);
   build_jobs(async_a, NREQ);
   answers(sync_a, model, (char *[]){"--no-async-scheduling", NULL});
@@ -196,22 +150,22 @@ TH_TEST(async_answers_equal_sync) {
    * wait and running ones are preempted (the scheduler's closing log line counts 4) */
   answers(async_a, model, (char *[]){"--kv-cache-memory", "600K", "--max-num-seqs", "16", NULL});
   check_same(sync_a, async_a, "async, small KV pool");
-  free_jobs(sync_a);
-  free_jobs(async_a);
+  th_http_jobs_free(sync_a, NREQ);
+  th_http_jobs_free(async_a, NREQ);
 }
 
 TH_TEST(async_tensor_parallel_2_equals_sync) {
   th_proc_init(1500);
   char model[320];
   th_tiny_gemma4_or_skip("async-tp", 4, model, sizeof model);
-  static struct job sync_a[NREQ], async_a[NREQ];
+  static struct th_job sync_a[NREQ], async_a[NREQ];
   build_jobs(sync_a, NREQ);
   build_jobs(async_a, NREQ);
   answers(sync_a, model, (char *[]){"--tensor-parallel-size", "2", "--no-async-scheduling", NULL});
   answers(async_a, model, (char *[]){"--tensor-parallel-size", "2", NULL});
   check_same(sync_a, async_a, "async, tensor parallel 2");
-  free_jobs(sync_a);
-  free_jobs(async_a);
+  th_http_jobs_free(sync_a, NREQ);
+  th_http_jobs_free(async_a, NREQ);
 }
 
 /* Streams cut after their first events: their requests are aborted while steps

@@ -16,7 +16,6 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,48 +169,10 @@ static char *wait_idle(struct srv *s, int *idle) {
 #define AGREE_TOKENS 41
 #endif
 
-struct job {
-  int port;
-  char body[4096];
-  int status;
-  char *answer; /* choices[0] and usage, canonical JSON (malloc'd) */
-};
-
-static void *run_job(void *arg) {
-  struct job *j = arg;
-  char *b = NULL;
-  j->status = th_http(j->port, "POST", "/v1/completions", j->body, 240000, &b);
-  json_t *r = b ? json_loads(b, 0, NULL) : NULL;
-  free(b);
-  if (r) {
-    json_t *keep =
-        json_pack("{s:O?,s:O?}", "choice", json_array_get(json_object_get(r, "choices"), 0),
-                  "usage", json_object_get(r, "usage"));
-    j->answer = keep ? json_dumps(keep, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
-    json_decref(keep);
-    json_decref(r);
-  }
-  return NULL;
-}
-
-/* Runs all n jobs at once. */
-static void run_all(struct job *jobs, int n, int port) {
-  pthread_t th[NREQ];
-  for (int i = 0; i < n; i++) {
-    jobs[i].port = port;
-    jobs[i].status = -1;
-    free(jobs[i].answer);
-    jobs[i].answer = NULL;
-    TH_REQUIRE(pthread_create(&th[i], NULL, run_job, &jobs[i]) == 0);
-  }
-  for (int i = 0; i < n; i++)
-    pthread_join(th[i], NULL);
-}
-
 /* Request i: a prompt of 3 .. 152 ids (the tiny model's window is 64),
  * GEN_MIN .. GEN_MIN + GEN_SPAN - 1 greedy tokens, logprobs of the chosen
  * token. */
-static void build_jobs(struct job *jobs, int n) {
+static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 12345;
   for (int i = 0; i < n; i++) {
     int len = 3 + (i * 37) % 150, max_tokens = GEN_MIN + (i * 7) % GEN_SPAN;
@@ -259,14 +220,14 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
   th_proc_init(1500);
   char model[300], assistant[300];
   make_pair(model, "m", (char *[]){"--echo-leak", "0.25", NULL}, assistant, "a");
-  static struct job ref[NREQ], got[NREQ];
+  static struct th_job ref[NREQ], got[NREQ];
   build_jobs(ref, NREQ);
   build_jobs(got, NREQ);
 
   /* the reference: speculation off */
   struct srv s;
   TH_REQUIRE(srv_start(&s, model, NULL, 0) == 0);
-  run_all(ref, NREQ, s.port);
+  th_http_run_jobs(ref, NREQ, s.port);
   int idle;
   char *m = wait_idle(&s, &idle);
   TH_CHECK(idle);
@@ -283,7 +244,7 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
   for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
     int k = ks[ki];
     TH_REQUIRE(srv_start(&s, model, assistant, k) == 0);
-    run_all(got, NREQ, s.port);
+    th_http_run_jobs(got, NREQ, s.port);
     m = wait_idle(&s, &idle);
     TH_CHECK(idle); /* every KV block is back */
     int same = 0;
@@ -307,10 +268,8 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
   /* the pair accepts some drafts and rejects others */
   TH_CHECK(accepted_any > 0);
   TH_CHECK(rejected_any > 0);
-  for (int i = 0; i < NREQ; i++) {
-    free(ref[i].answer);
-    free(got[i].answer);
-  }
+  th_http_jobs_free(ref, NREQ);
+  th_http_jobs_free(got, NREQ);
 }
 
 TH_TEST(spec_agreeing_assistant_is_accepted) {
@@ -318,7 +277,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   char model[300], assistant[300];
   make_pair(model, "e", (char *[]){NULL}, assistant, "ea");
   enum { N = 4, MAXTOK = AGREE_TOKENS, K = 3 };
-  static struct job jobs[NREQ];
+  static struct th_job jobs[NREQ];
   build_jobs(jobs, N);
   for (int i = 0; i < N; i++) { /* a fixed length, past any end-of-sequence id */
     char *tail = strstr(jobs[i].body, "\"max_tokens\"");
@@ -327,7 +286,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   }
   struct srv s;
   TH_REQUIRE(srv_start(&s, model, assistant, K) == 0);
-  run_all(jobs, N, s.port);
+  th_http_run_jobs(jobs, N, s.port);
   int idle;
   char *m = wait_idle(&s, &idle);
   TH_CHECK(idle);
