@@ -280,28 +280,73 @@ static void take_outputs(struct stress *s, const struct sch_outputs *o) {
   }
 }
 
-static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
-  struct stress s;
-  memset(&s, 0, sizeof(s));
-  s.cfg = *cfg;
-  s.rng = seed;
-  s.reqs = calloc(MAX_REQS, sizeof(*s.reqs));
-  TH_REQUIRE(s.reqs != NULL);
+/* The fake workers' KV memory holds nothing (start, or a worker that restarted). */
+static void kv_wipe(struct stress *s) {
+  for (size_t i = 0; i < (size_t)s->cfg.num_blocks * (size_t)s->maxbt; i++)
+    s->kv[i] = (struct slot){-1, -1};
+}
+
+/* The run's state: requests, shared prefixes, the engine and the fake workers'
+ * KV memory, all empty. */
+static void stress_init(struct stress *s, const struct sch_engine_config *cfg, uint64_t seed) {
+  memset(s, 0, sizeof(*s));
+  s->cfg = *cfg;
+  s->rng = seed;
+  s->reqs = calloc(MAX_REQS, sizeof(*s->reqs));
+  TH_REQUIRE(s->reqs != NULL);
   for (int p = 0; p < 4; p++)
     for (int i = 0; i < MAX_LEN; i++)
-      s.prefixes[p][i] = 10 + (int32_t)rnd(&s, 1000);
+      s->prefixes[p][i] = 10 + (int32_t)rnd(s, 1000);
   char err[256];
-  TH_REQUIRE(sch_engine_create(cfg, &s.e, err, sizeof(err)) == 0);
+  TH_REQUIRE(sch_engine_create(&s->cfg, &s->e, err, sizeof(err)) == 0);
   for (int32_t g = 0; g < cfg->num_groups; g++)
-    if (cfg->groups[g].block_tokens > s.maxbt) s.maxbt = cfg->groups[g].block_tokens;
-  s.kv = malloc((size_t)cfg->num_blocks * (size_t)s.maxbt * sizeof(*s.kv));
-  TH_REQUIRE(s.kv != NULL);
-  for (size_t i = 0; i < (size_t)cfg->num_blocks * (size_t)s.maxbt; i++)
-    s.kv[i] = (struct slot){-1, -1};
+    if (cfg->groups[g].block_tokens > s->maxbt) s->maxbt = cfg->groups[g].block_tokens;
+  s->kv = malloc((size_t)cfg->num_blocks * (size_t)s->maxbt * sizeof(*s->kv));
+  TH_REQUIRE(s->kv != NULL);
+  kv_wipe(s);
+}
+
+/* At the end: nothing runs or waits, no block is held, every request ended, and
+ * each that was not aborted produced what plain decoding gives. Returns how many
+ * finished; *max_wait: the most steps one took from arrival to its end. */
+static int64_t check_outputs(struct stress *s, struct sch_engine_stats *st, int64_t *max_wait) {
+  sch_engine_stats(s->e, st);
+  TH_CHECK_EQ_INT(st->num_running + st->num_waiting, 0);
+  TH_CHECK_EQ_INT(st->num_blocks_used, 0);
+  TH_CHECK_NEAR(st->kv_usage, 0.0, 1e-12);
+  int32_t want[MAX_LEN];
+  int64_t finished = 0;
+  *max_wait = 0;
+  for (int32_t i = 0; i < s->nreqs; i++) {
+    struct tracked *r = &s->reqs[i];
+    TH_CHECK(!r->live); /* nobody starves: everything ended */
+    if (r->aborted) continue;
+    finished++;
+    enum sch_finish fin;
+    int32_t n = expected(s, r, want, &fin);
+    if (n != r->nout || memcmp(want, r->out, (size_t)n * sizeof(int32_t)) != 0 || fin != r->fin) {
+      th_fail(__FILE__, __LINE__, "request %llu: %d tokens (finish %d), want %d (finish %d)",
+              (unsigned long long)r->id, (int)r->nout, (int)r->fin, (int)n, (int)fin);
+      break;
+    }
+    if (r->done - r->arrived > *max_wait) *max_wait = r->done - r->arrived;
+  }
+  return finished;
+}
+
+static void stress_free(struct stress *s) {
+  sch_engine_destroy(s->e);
+  free(s->reqs);
+  free(s->kv);
+}
+
+static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
+  struct stress s;
+  stress_init(&s, cfg, seed);
   struct fake_worker *w = calloc(1, sizeof(*w));
   TH_REQUIRE(w != NULL);
   w->rng = seed * 7 + 1;
-  int64_t idle = 0, max_wait = 0;
+  int64_t idle = 0;
   for (s.steps = 0; s.steps < steps * 10; s.steps++) {
     bool arrivals = s.steps < steps;
     if (arrivals)
@@ -325,8 +370,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
       /* a worker failed the step; rarely it restarted and its KV memory is gone */
       if (rnd(&s, 4) == 0) {
         sch_engine_reset_kv(s.e);
-        for (size_t i = 0; i < (size_t)cfg->num_blocks * (size_t)s.maxbt; i++)
-          s.kv[i] = (struct slot){-1, -1};
+        kv_wipe(&s);
         s.resets++;
       } else {
         sch_engine_step_failed(s.e);
@@ -343,26 +387,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
     take_outputs(&s, &o);
   }
   struct sch_engine_stats st;
-  sch_engine_stats(s.e, &st);
-  TH_CHECK_EQ_INT(st.num_running + st.num_waiting, 0);
-  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
-  TH_CHECK_NEAR(st.kv_usage, 0.0, 1e-12);
-  int32_t want[MAX_LEN];
-  int64_t finished = 0;
-  for (int32_t i = 0; i < s.nreqs; i++) {
-    struct tracked *r = &s.reqs[i];
-    TH_CHECK(!r->live); /* nobody starves: everything ended */
-    if (r->aborted) continue;
-    finished++;
-    enum sch_finish fin;
-    int32_t n = expected(&s, r, want, &fin);
-    if (n != r->nout || memcmp(want, r->out, (size_t)n * sizeof(int32_t)) != 0 || fin != r->fin) {
-      th_fail(__FILE__, __LINE__, "request %llu: %d tokens (finish %d), want %d (finish %d)",
-              (unsigned long long)r->id, (int)r->nout, (int)r->fin, (int)n, (int)fin);
-      break;
-    }
-    if (r->done - r->arrived > max_wait) max_wait = r->done - r->arrived;
-  }
+  int64_t max_wait, finished = check_outputs(&s, &st, &max_wait);
   printf("  seed %llu: %d requests (%lld finished, %lld rejected), %lld steps, %llu "
          "preemptions, prefix hits %llu/%llu tokens, %llu evictions, drafts %llu accepted "
          "%llu/%llu, longest request %lld steps, %lld keys verified, %lld failed steps, %lld KV "
@@ -378,10 +403,8 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
   /* under FCFS every request ends within a bounded number of steps (with priorities a
    * low one may wait as long as higher ones keep arriving) */
   if (cfg->max_waiting <= 100) TH_CHECK(max_wait < 1500);
-  sch_engine_destroy(s.e);
+  stress_free(&s);
   free(w);
-  free(s.reqs);
-  free(s.kv);
 }
 
 /* ---- async scheduling: a step planned while the one before is in flight --------- */
@@ -444,29 +467,15 @@ static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, in
  * aborts land between any two of those, and a request that stopped in step N still
  * runs in step N + 1. Every request must produce what plain decoding gives. */
 static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
+  struct sch_engine_config acfg = *cfg;
+  acfg.async_scheduling = true;
   struct stress s;
-  memset(&s, 0, sizeof(s));
-  s.cfg = *cfg;
-  s.cfg.async_scheduling = true;
-  s.rng = seed;
-  s.reqs = calloc(MAX_REQS, sizeof(*s.reqs));
+  stress_init(&s, &acfg, seed);
   int32_t *last = malloc(sizeof(int32_t) * MAX_REQS);
-  TH_REQUIRE(s.reqs && last);
+  struct fake_worker *w = calloc(1, sizeof(*w));
+  TH_REQUIRE(last && w);
   for (int32_t i = 0; i < MAX_REQS; i++)
     last[i] = -1;
-  for (int p = 0; p < 4; p++)
-    for (int i = 0; i < MAX_LEN; i++)
-      s.prefixes[p][i] = 10 + (int32_t)rnd(&s, 1000);
-  char err[256];
-  TH_REQUIRE(sch_engine_create(&s.cfg, &s.e, err, sizeof(err)) == 0);
-  for (int32_t g = 0; g < cfg->num_groups; g++)
-    if (cfg->groups[g].block_tokens > s.maxbt) s.maxbt = cfg->groups[g].block_tokens;
-  size_t nslots = (size_t)cfg->num_blocks * (size_t)s.maxbt;
-  s.kv = malloc(nslots * sizeof(*s.kv));
-  struct fake_worker *w = calloc(1, sizeof(*w));
-  TH_REQUIRE(s.kv && w);
-  for (size_t i = 0; i < nslots; i++)
-    s.kv[i] = (struct slot){-1, -1};
   w->rng = seed * 7 + 1;
   struct sent q[2];
   int32_t nq = 0, idle = 0;
@@ -502,8 +511,7 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
     if (arrivals && rnd(&s, 300) == 0) { /* a worker failed: every step in flight is lost */
       if (rnd(&s, 4) == 0) {
         sch_engine_reset_kv(s.e);
-        for (size_t i = 0; i < nslots; i++)
-          s.kv[i] = (struct slot){-1, -1};
+        kv_wipe(&s);
         s.resets++;
       } else {
         sch_engine_step_failed(s.e);
@@ -528,32 +536,15 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
   for (int32_t i = 0; i < nq; i++)
     sent_free(&q[i]);
   struct sch_engine_stats st;
-  sch_engine_stats(s.e, &st);
-  TH_CHECK_EQ_INT(st.num_running + st.num_waiting, 0);
-  TH_CHECK_EQ_INT(st.num_blocks_used, 0);
-  int32_t want[MAX_LEN];
-  int64_t finished = 0;
-  for (int32_t i = 0; i < s.nreqs; i++) {
-    struct tracked *r = &s.reqs[i];
-    TH_CHECK(!r->live);
-    if (r->aborted) continue;
-    finished++;
-    enum sch_finish fin;
-    int32_t n = expected(&s, r, want, &fin);
-    if (n != r->nout || memcmp(want, r->out, (size_t)n * sizeof(int32_t)) != 0 || fin != r->fin) {
-      th_fail(__FILE__, __LINE__, "request %llu: %d tokens (finish %d), want %d (finish %d)",
-              (unsigned long long)r->id, (int)r->nout, (int)r->fin, (int)n, (int)fin);
-      break;
-    }
-  }
+  int64_t max_wait, finished = check_outputs(&s, &st, &max_wait);
   printf("  async seed %llu: %d requests (%lld finished), %lld steps, %lld planned ahead, "
          "%llu preemptions, %lld keys verified, %lld failed steps, %lld KV resets\n",
          (unsigned long long)seed, (int)s.nreqs, (long long)finished, (long long)s.steps,
          (long long)ahead, (unsigned long long)st.num_preemptions, (long long)s.kv_reads,
          (long long)s.failed, (long long)s.resets);
   TH_CHECK(finished > 0 && ahead > s.steps / 4);
-  sch_engine_destroy(s.e);
-  free(w), free(s.reqs), free(s.kv), free(last);
+  stress_free(&s);
+  free(w), free(last);
 }
 
 static void base_config(struct sch_engine_config *c) {
