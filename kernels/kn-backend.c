@@ -165,9 +165,6 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes) 
 
 /* ---- validation helpers ------------------------------------------------- */
 
-#define valid_weight_dtype kn__valid_weight_dtype
-#define valid_ld           kn__valid_ld
-
 /* ---- collectives ---------------------------------------------------------- */
 
 int kn_comm_id_new(struct kn_backend *be, struct kn_comm_id *id) {
@@ -215,8 +212,8 @@ int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table
              int vocab, int H, const int32_t *ids, int T, float scale) {
   if (!be || T < 0 || H < 0 || vocab < 0) return CM_ERR_INVAL;
   if (T == 0 || H == 0) return 0;
-  if (!out || !table || !ids || !valid_ld(ldo, T, H)) return CM_ERR_INVAL;
-  if (!valid_weight_dtype(tdt)) return CM_ERR_UNSUPPORTED;
+  if (!out || !table || !ids || !kn__valid_ld(ldo, T, H)) return CM_ERR_INVAL;
+  if (!kn__valid_weight_dtype(tdt)) return CM_ERR_UNSUPPORTED;
   for (int t = 0; t < T; t++) {
     if (ids[t] < -1 || ids[t] >= vocab) {
       cm_debug("kn", "embed: token id %d outside [0, %d)", (int)ids[t], vocab);
@@ -231,12 +228,12 @@ int kn_rmsnorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x,
                enum kn_norm_mode mode) {
   if (!be || rows < 0 || d < 0) return CM_ERR_INVAL;
   if (rows == 0 || d == 0) return 0;
-  if (!out || !x || !valid_ld(ldo, rows, d) || !valid_ld(ldx, rows, d)) return CM_ERR_INVAL;
+  if (!out || !x || !kn__valid_ld(ldo, rows, d) || !kn__valid_ld(ldx, rows, d)) return CM_ERR_INVAL;
   if (mode != KN_NORM_MUL_W && mode != KN_NORM_MUL_ONE_PLUS_W && mode != KN_NORM_NO_W)
     return CM_ERR_INVAL;
   if (mode != KN_NORM_NO_W) {
     if (!w) return CM_ERR_INVAL;
-    if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+    if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
   }
   if (!(eps >= 0.0f)) return CM_ERR_INVAL;
   return KN_CALL(rmsnorm, out, ldo, x, ldx, rows, d, w, wdt, eps, mode);
@@ -246,9 +243,9 @@ int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
               const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
   if (!be || T < 0 || N < 0 || K < 0) return CM_ERR_INVAL;
   if (T == 0 || N == 0) return 0;
-  if (!out || !valid_ld(ldo, T, N)) return CM_ERR_INVAL;
-  if (K > 0 && (!in || !w || !valid_ld(ldi, T, K))) return CM_ERR_INVAL;
-  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!out || !kn__valid_ld(ldo, T, N)) return CM_ERR_INVAL;
+  if (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
   return KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
 }
 
@@ -257,9 +254,9 @@ int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const fl
                       float cap) {
   if (!be || T < 0 || N < 0 || K < 0 || !(cap > 0.0f)) return CM_ERR_INVAL;
   if (T == 0 || N == 0) return 0;
-  if (!out || !valid_ld(ldo, T, N)) return CM_ERR_INVAL;
-  if (K > 0 && (!in || !w || !valid_ld(ldi, T, K))) return CM_ERR_INVAL;
-  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!out || !kn__valid_ld(ldo, T, N)) return CM_ERR_INVAL;
+  if (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
   if (be->ops->matmul_softcap)
     return KN_CALL(matmul_softcap, out, ldo, in, ldi, w, wdt, T, N, K, cap);
   int rc = KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, 0);
@@ -275,8 +272,8 @@ int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const 
                      float cap, float *scratch) {
   if (!be || T < 0 || N <= 0 || K < 0 || !(cap >= 0.0f)) return CM_ERR_INVAL;
   if (T == 0) return 0;
-  if (!ids || (K > 0 && (!in || !w || !valid_ld(ldi, T, K)))) return CM_ERR_INVAL;
-  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!ids || (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K)))) return CM_ERR_INVAL;
+  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
   if (be->ops->matmul_argmax)
     return KN_CALL(matmul_argmax, ids, max_out, in, ldi, w, wdt, T, N, K, cap);
   if (!scratch) return CM_ERR_INVAL;
@@ -290,9 +287,9 @@ int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float
                    int n_rows, int T) {
   if (!be || T < 0 || n_rows < 0 || K < 0 || n_w < 0) return CM_ERR_INVAL;
   if (T == 0 || n_rows == 0) return 0;
-  if (!out || !rows || !valid_ld(ldo, T, n_rows)) return CM_ERR_INVAL;
-  if (K > 0 && (!in || !w || !valid_ld(ldi, T, K))) return CM_ERR_INVAL;
-  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!out || !rows || !kn__valid_ld(ldo, T, n_rows)) return CM_ERR_INVAL;
+  if (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
   for (int j = 0; j < n_rows; j++)
     if (rows[j] < 0 || rows[j] >= n_w) return CM_ERR_RANGE;
   return KN_CALL(matmul_rows, out, ldo, in, ldi, w, wdt, K, rows, n_rows, T);
@@ -302,7 +299,7 @@ int kn_rope(struct kn_backend *be, float *x, ptrdiff_t ldx, int T, int heads, in
             const int32_t *pos, const float *inv_freq) {
   if (!be || T < 0 || heads < 0 || D < 0 || (D & 1)) return CM_ERR_INVAL;
   if (T == 0 || heads == 0 || D == 0) return 0;
-  if (!x || !pos || !inv_freq || !valid_ld(ldx, T, heads * D)) return CM_ERR_INVAL;
+  if (!x || !pos || !inv_freq || !kn__valid_ld(ldx, T, heads * D)) return CM_ERR_INVAL;
   for (int t = 0; t < T; t++)
     if (pos[t] < 0) return CM_ERR_RANGE;
   return KN_CALL(rope, x, ldx, T, heads, D, pos, inv_freq);
@@ -313,7 +310,8 @@ int kn_gelu_mul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *g
   if (!be || T < 0 || N < 0) return CM_ERR_INVAL;
   if (T == 0 || N == 0) return 0;
   if (!out || !gate || !up) return CM_ERR_INVAL;
-  if (!valid_ld(ldo, T, N) || !valid_ld(ldg, T, N) || !valid_ld(ldu, T, N)) return CM_ERR_INVAL;
+  if (!kn__valid_ld(ldo, T, N) || !kn__valid_ld(ldg, T, N) || !kn__valid_ld(ldu, T, N))
+    return CM_ERR_INVAL;
   return KN_CALL(gelu_mul, out, ldo, gate, ldg, up, ldu, T, N);
 }
 
@@ -341,7 +339,8 @@ int kn_copy_rows(struct kn_backend *be, float *dst, ptrdiff_t ldd, const float *
                  int rows, int cols) {
   if (!be || rows < 0 || cols < 0) return CM_ERR_INVAL;
   if (rows == 0 || cols == 0) return 0;
-  if (!dst || !src || !valid_ld(ldd, rows, cols) || !valid_ld(lds, rows, cols)) return CM_ERR_INVAL;
+  if (!dst || !src || !kn__valid_ld(ldd, rows, cols) || !kn__valid_ld(lds, rows, cols))
+    return CM_ERR_INVAL;
   return KN_CALL(copy_rows, dst, ldd, src, lds, rows, cols);
 }
 
@@ -351,9 +350,9 @@ int kn_layernorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *
                  int rows, int d, const void *w, const void *b, enum kn_dtype wdt, float eps) {
   if (!be || rows < 0 || d < 0) return CM_ERR_INVAL;
   if (rows == 0 || d == 0) return 0;
-  if (!out || !x || !w || !b || !valid_ld(ldo, rows, d) || !valid_ld(ldx, rows, d))
+  if (!out || !x || !w || !b || !kn__valid_ld(ldo, rows, d) || !kn__valid_ld(ldx, rows, d))
     return CM_ERR_INVAL;
-  if (!valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
   if (!(eps >= 0.0f)) return CM_ERR_INVAL;
   return KN_CALL(layernorm, out, ldo, x, ldx, rows, d, w, b, wdt, eps);
 }
@@ -363,7 +362,7 @@ int kn_bias_act(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x
   if (!be || T < 0 || N < 0) return CM_ERR_INVAL;
   if (act != KN_ACT_NONE && act != KN_ACT_GELU_TANH) return CM_ERR_INVAL;
   if (T == 0 || N == 0) return 0;
-  if (!out || !x || !valid_ld(ldo, T, N) || !valid_ld(ldx, T, N)) return CM_ERR_INVAL;
+  if (!out || !x || !kn__valid_ld(ldo, T, N) || !kn__valid_ld(ldx, T, N)) return CM_ERR_INVAL;
   if (!bias && act == KN_ACT_NONE) return out == x ? 0 : kn_copy_rows(be, out, ldo, x, ldx, T, N);
   return KN_CALL(bias_act, out, ldo, x, ldx, bias, T, N, act);
 }
@@ -376,7 +375,7 @@ int kn_avg_pool2d(struct kn_backend *be, float *out, ptrdiff_t ldo, const float 
   long long in_rows = (long long)n_img * side * side;
   long long os = side / k, out_rows = (long long)n_img * os * os;
   if (in_rows > INT32_MAX) return CM_ERR_TOOBIG;
-  if (!out || !x || !valid_ld(ldx, (int)in_rows, C) || !valid_ld(ldo, (int)out_rows, C))
+  if (!out || !x || !kn__valid_ld(ldx, (int)in_rows, C) || !kn__valid_ld(ldo, (int)out_rows, C))
     return CM_ERR_INVAL;
   return KN_CALL(avg_pool2d, out, ldo, x, ldx, n_img, side, k, C);
 }
@@ -385,7 +384,7 @@ int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *
               ptrdiff_t ld, int T, int V) {
   if (!be || T < 0 || V < 0) return CM_ERR_INVAL;
   if (T == 0) return 0;
-  if (V == 0 || !ids || !logits || !valid_ld(ld, T, V)) return CM_ERR_INVAL;
+  if (V == 0 || !ids || !logits || !kn__valid_ld(ld, T, V)) return CM_ERR_INVAL;
   return KN_CALL(argmax, ids, max_out, logits, ld, T, V);
 }
 
@@ -393,7 +392,7 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
                    ptrdiff_t ld, int T, int E, int k, const float *expert_scale) {
   if (!be || T < 0 || E <= 0 || k < 1 || k > E) return CM_ERR_INVAL;
   if (T == 0) return 0;
-  if (!ids || !weights || !logits || !valid_ld(ld, T, E)) return CM_ERR_INVAL;
+  if (!ids || !weights || !logits || !kn__valid_ld(ld, T, E)) return CM_ERR_INVAL;
   return KN_CALL(router_topk, ids, weights, logits, ld, T, E, k, expert_scale);
 }
 
@@ -425,7 +424,7 @@ int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *log
               int T, int V, const struct kn_sample_params *params) {
   if (!be || T < 0 || V <= 0) return CM_ERR_INVAL;
   if (T == 0) return 0;
-  if (!out || !logits || !params || !valid_ld(ld, T, V)) return CM_ERR_INVAL;
+  if (!out || !logits || !params || !kn__valid_ld(ld, T, V)) return CM_ERR_INVAL;
   for (int t = 0; t < T; t++)
     if (kn_sample_params_check(&params[t])) return CM_ERR_INVAL;
   return KN_CALL(sample, out, logits, ld, T, V, params);
@@ -453,8 +452,8 @@ int kn__check_kv_write(const struct kn_kv_view *view, const int32_t *slot_mappin
   int err = valid_view(view);
   if (err || T == 0) return err;
   int row = view->n_kv_heads * view->head_dim;
-  if (!slot_mapping || !k || !valid_ld(ldk, T, row)) return CM_ERR_INVAL;
-  if (v && !valid_ld(ldv, T, row)) return CM_ERR_INVAL;
+  if (!slot_mapping || !k || !kn__valid_ld(ldk, T, row)) return CM_ERR_INVAL;
+  if (v && !kn__valid_ld(ldv, T, row)) return CM_ERR_INVAL;
   long long n_slots = (long long)view->n_pages * view->block_tokens;
   for (int t = 0; t < T; t++) {
     if (slot_mapping[t] >= n_slots) {
@@ -527,6 +526,6 @@ int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *
       rows = seqs[i].q_begin + seqs[i].n_q;
   }
   if (rows == 0) return 0;
-  if (!valid_ld(ldo, rows, row) || !valid_ld(ldq, rows, row)) return CM_ERR_INVAL;
+  if (!kn__valid_ld(ldo, rows, row) || !kn__valid_ld(ldq, rows, row)) return CM_ERR_INVAL;
   return KN_CALL(attention, out, ldo, q, ldq, view, seqs, n_seqs, n_heads, window, scale, softcap);
 }
