@@ -478,3 +478,20 @@ int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens
   th_out_free(&o);
   return k;
 }
+
+int th_serve_start(struct th_proc *p, const char *model, char *const *extra) {
+  int port = th_free_port();
+  if (port <= 0) return -1;
+  char port_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", port);
+  char *env[] = {"LMSERVE_LOG=warn", NULL};
+  if (th_proc_spawnl(p, env, 1, extra, th_lmserve_bin(), "serve", "--port", port_s, "--model",
+                     model, "--drain-timeout", "10", NULL))
+    return -1;
+  /* serve prints its URL line once the whole stack is ready */
+  if (th_proc_wait_output(p, "lmserve: serving", 240000) != 0) {
+    th_proc_stop(p, 2000);
+    return -1;
+  }
+  return port;
+}

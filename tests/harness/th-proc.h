@@ -78,6 +78,12 @@ int th_tiny_gemma4(const char *dir, int seed, char *out, size_t size);
  * no tokenizer. */
 void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size);
 
+/* `lmserve serve --port PORT --model MODEL --drain-timeout 10 EXTRA...` (extra:
+ * NULL-terminated, or NULL) with LMSERVE_LOG=warn and its output captured, on a free
+ * loopback port, waited for (up to 240 s) until the whole stack serves: the port, or
+ * -1 when it did not start (the process is stopped then). th_proc_stop ends it. */
+int th_serve_start(struct th_proc *p, const char *model, char *const *extra);
+
 /* The lmserve binary under test: $LMSERVE_BIN, else build/tools/lmserve. */
 char *th_lmserve_bin(void);
 

@@ -22,21 +22,14 @@ struct srv {
   int port;
 };
 
-/* lmserve serve on model with extra flags (NULL-terminated, at most 8). */
+/* lmserve serve on model, one thread a worker, with extra flags (NULL-terminated,
+ * at most 7). */
 static int srv_start(struct srv *s, const char *model, char *const *extra) {
-  s->port = th_free_port();
-  if (s->port <= 0) return -1;
-  char port_s[16];
-  snprintf(port_s, sizeof(port_s), "%d", s->port);
-  char *env[] = {"LMSERVE_LOG=warn", NULL};
-  if (th_proc_spawnl(&s->p, env, 1, extra, th_lmserve_bin(), "serve", "--port", port_s, "--model",
-                     model, "--threads", "1", "--drain-timeout", "10", NULL))
-    return -1;
-  if (th_proc_wait_output(&s->p, "lmserve: serving", 240000) != 0) {
-    th_proc_stop(&s->p, 2000);
-    return -1;
-  }
-  return 0;
+  char *flags[10] = {"--threads", "1"};
+  for (int i = 0; extra && extra[i] && i < 7; i++)
+    flags[2 + i] = extra[i];
+  s->port = th_serve_start(&s->p, model, flags);
+  return s->port > 0 ? 0 : -1;
 }
 
 static void srv_stop(struct srv *s) {

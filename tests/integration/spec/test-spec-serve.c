@@ -76,22 +76,11 @@ struct srv {
 
 /* lmserve serve on `model`, speculating with `assistant` (NULL: none). */
 static int srv_start(struct srv *s, const char *model, const char *assistant, int k) {
-  s->port = th_free_port();
-  if (s->port <= 0) return -1;
-  char port_s[16], k_s[16];
-  snprintf(port_s, sizeof(port_s), "%d", s->port);
+  char k_s[16];
   snprintf(k_s, sizeof(k_s), "%d", k);
   char *spec[] = {"--speculative-model", (char *)assistant, "--num-speculative-tokens", k_s, NULL};
-  char *env[] = {"LMSERVE_LOG=warn", NULL};
-  if (th_proc_spawnl(&s->p, env, 1, assistant ? spec : NULL, th_lmserve_bin(), "serve", "--port",
-                     port_s, "--model", model, "--drain-timeout", "10", NULL))
-    return -1;
-  /* serve prints its URL line once the whole stack is ready */
-  if (th_proc_wait_output(&s->p, "lmserve: serving", 240000) != 0) {
-    th_proc_stop(&s->p, 2000);
-    return -1;
-  }
-  return 0;
+  s->port = th_serve_start(&s->p, model, assistant ? spec : NULL);
+  return s->port > 0 ? 0 : -1;
 }
 
 static void srv_stop(struct srv *s) {

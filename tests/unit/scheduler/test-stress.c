@@ -286,6 +286,18 @@ static void kv_wipe(struct stress *s) {
     s->kv[i] = (struct slot){-1, -1};
 }
 
+/* A worker failed the steps in flight; rarely it restarted and its KV memory is gone. */
+static void worker_failed(struct stress *s) {
+  if (rnd(s, 4) == 0) {
+    sch_engine_reset_kv(s->e);
+    kv_wipe(s);
+    s->resets++;
+  } else {
+    sch_engine_step_failed(s->e);
+    s->failed++;
+  }
+}
+
 /* The run's state: requests, shared prefixes, the engine and the fake workers'
  * KV memory, all empty. */
 static void stress_init(struct stress *s, const struct sch_engine_config *cfg, uint64_t seed) {
@@ -367,15 +379,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
     fake_answer(w, &plan, 0);
     simulate_kv(&s, &plan, w);
     if (arrivals && rnd(&s, 300) == 0) {
-      /* a worker failed the step; rarely it restarted and its KV memory is gone */
-      if (rnd(&s, 4) == 0) {
-        sch_engine_reset_kv(s.e);
-        kv_wipe(&s);
-        s.resets++;
-      } else {
-        sch_engine_step_failed(s.e);
-        s.failed++;
-      }
+      worker_failed(&s);
       CHECK_ENGINE(s.e);
       continue;
     }
@@ -509,14 +513,7 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
     if (nq < 2 && !empty) continue; /* plan the next one before the workers finish this */
     run_sent(&s, &q[0], w, last);
     if (arrivals && rnd(&s, 300) == 0) { /* a worker failed: every step in flight is lost */
-      if (rnd(&s, 4) == 0) {
-        sch_engine_reset_kv(s.e);
-        kv_wipe(&s);
-        s.resets++;
-      } else {
-        sch_engine_step_failed(s.e);
-        s.failed++;
-      }
+      worker_failed(&s);
       for (int32_t i = 0; i < nq; i++)
         sent_free(&q[i]);
       nq = 0;
