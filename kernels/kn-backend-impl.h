@@ -90,6 +90,13 @@ struct kn_backend_ops {
   int (*comm_join)(void *ctx, const struct kn_comm_id *id, int rank, int world, int timeout_ms);
   int (*all_reduce_sum)(void *ctx, float *buf, size_t n);
   int (*all_gather)(void *ctx, const void *mine, size_t bytes, void *all);
+
+  /* step graphs (kn-backend.h); graph_new NULL: none. The wrappers check the
+   * modes' order and pass the backend's own graph object. */
+  int (*graph_new)(void *ctx, int max_keys, void **g);
+  int (*graph_begin)(void *ctx, void *g, int mode);
+  int (*graph_end)(void *ctx, void *g, int ok);
+  void (*graph_free)(void *ctx, void *g);
 };
 
 struct kn_op_profile; /* kn-backend.c: $LMSERVE_OP_PROFILE's per-op times */

@@ -163,6 +163,57 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes) 
   return KN_CALL(mem_info, free_bytes, total_bytes);
 }
 
+/* ---- step graphs ----------------------------------------------------------- */
+
+struct kn_graph {
+  void *impl; /* the backend's */
+  int done;   /* the last mode that ended well: 0, KN_GRAPH_MEASURE or KN_GRAPH_CAPTURE+ */
+  int mode;   /* the mode now, 0: none */
+};
+
+int kn_graph_new(struct kn_backend *be, int max_keys, struct kn_graph **out) {
+  if (!be || !out || max_keys < 1) return CM_ERR_INVAL;
+  *out = NULL;
+  if (!be->ops->graph_new) return CM_ERR_UNSUPPORTED;
+  struct kn_graph *g = calloc(1, sizeof(*g));
+  if (!g) return CM_ERR_NOMEM;
+  int err = be->ops->graph_new(be->ctx, max_keys, &g->impl);
+  if (err) {
+    free(g);
+    return err;
+  }
+  *out = g;
+  return 0;
+}
+
+int kn_graph_begin(struct kn_backend *be, struct kn_graph *g, enum kn_graph_mode mode) {
+  if (!be || !g || g->mode) return CM_ERR_INVAL;
+  /* measure first, capture after a measure, replay after a capture */
+  int ok = mode == KN_GRAPH_MEASURE || (mode == KN_GRAPH_CAPTURE && g->done == KN_GRAPH_MEASURE) ||
+           (mode == KN_GRAPH_REPLAY && g->done >= KN_GRAPH_CAPTURE);
+  if (!ok) return CM_ERR_INVAL;
+  int err = be->ops->graph_begin(be->ctx, g->impl, (int)mode);
+  if (!err) g->mode = (int)mode;
+  return err;
+}
+
+int kn_graph_end(struct kn_backend *be, struct kn_graph *g, int ok) {
+  if (!be || !g || !g->mode) return CM_ERR_INVAL;
+  int mode = g->mode;
+  g->mode = 0;
+  int err = be->ops->graph_end(be->ctx, g->impl, ok);
+  if (ok && !err && mode != KN_GRAPH_REPLAY) g->done = mode;
+  if ((!ok || err) && mode == KN_GRAPH_CAPTURE) g->done = KN_GRAPH_MEASURE; /* dropped */
+  return err;
+}
+
+void kn_graph_free(struct kn_backend *be, struct kn_graph *g) {
+  if (!be || !g) return;
+  if (g->mode) (void)kn_graph_end(be, g, 0);
+  be->ops->graph_free(be->ctx, g->impl);
+  free(g);
+}
+
 /* ---- validation helpers ------------------------------------------------- */
 
 /* ---- collectives ---------------------------------------------------------- */

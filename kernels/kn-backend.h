@@ -453,4 +453,37 @@ int kn_attention(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *
                  const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
                  int n_heads, int window, float scale, float softcap);
 
+/* ---- step graphs (CUDA graphs) --------------------------------------------
+ *
+ * A backend that has them records the ops of one forward pass once and then
+ * replays them with one launch, taking the launches off the host's critical
+ * path. The calls between kn_graph_begin and kn_graph_end run in its mode:
+ *   KN_GRAPH_MEASURE  the ops run as usual; the graph notes the sizes of the
+ *                     host arrays they stage (ids, positions, slots, block
+ *                     tables, attention rows) and the scratch they take;
+ *   KN_GRAPH_CAPTURE  the ops are recorded, not run, reading their host
+ *                     arrays from the graph's fixed input arena and their
+ *                     scratch from the graph's own; kn_graph_end then runs the
+ *                     graph once;
+ *   KN_GRAPH_REPLAY   the ops only write their host arrays into the arena:
+ *                     the same calls in the same order, each array the size
+ *                     it had when captured, else the op fails (CM_ERR_INVAL)
+ *                     and nothing has run; kn_graph_end copies the arena to
+ *                     the device in one copy and launches the graph.
+ * In all three, attention plans for contexts of up to max_keys keys (block
+ * tables staged at that length, the key split chosen for it) so that launch
+ * shapes do not depend on the step; a context past it fails the op. Graphs
+ * hold only ops that never wait for the device: downloads, argmax, top-k,
+ * sampling and collectives answer CM_ERR_UNSUPPORTED in these modes. The
+ * modes go in order (measure, capture, then any number of replays).
+ * kn_graph_end(be, g, 0) leaves the mode after a failed op: a replay has run
+ * nothing, a capture is dropped. Backends without graphs answer
+ * CM_ERR_UNSUPPORTED to kn_graph_new. */
+struct kn_graph;
+enum kn_graph_mode { KN_GRAPH_MEASURE = 1, KN_GRAPH_CAPTURE = 2, KN_GRAPH_REPLAY = 3 };
+int kn_graph_new(struct kn_backend *be, int max_keys, struct kn_graph **out);
+int kn_graph_begin(struct kn_backend *be, struct kn_graph *g, enum kn_graph_mode mode);
+int kn_graph_end(struct kn_backend *be, struct kn_graph *g, int ok);
+void kn_graph_free(struct kn_backend *be, struct kn_graph *g); /* NULL: no-op */
+
 #endif

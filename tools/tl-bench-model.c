@@ -114,7 +114,7 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 int tl_bench_model_main(int argc, char **argv) {
   const char *model = NULL, *dtype = "auto", *device = NULL, *kv_dtype_s = "auto";
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
-  int json = 0, kvo = 0, fast = 1, use_mmap = 0;
+  int json = 0, kvo = 0, fast = 1, use_mmap = 0, eager = 0;
   double temperature = 0, top_p = 1;
   int64_t top_k = 0;
   const struct cm_opt opts[] = {
@@ -139,6 +139,7 @@ int tl_bench_model_main(int argc, char **argv) {
       {"fast-prefill", CM_OPT_BOOL, &fast, NULL,
        "Gemma 4: skip KV-shared layers for rows nobody reads (default on; --no-fast-prefill)"},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
+      {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -245,7 +246,8 @@ int tl_bench_model_main(int argc, char **argv) {
                              .tp_size = (int)tp,
                              .no_fast_prefill = !fast,
                              .kv_dtype = kv_dtype,
-                             .mmap_weights = use_mmap};
+                             .mmap_weights = use_mmap,
+                             .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     goto done;

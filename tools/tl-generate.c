@@ -62,7 +62,7 @@ int tl_generate_main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL;
   const char *dtype = "auto";
   int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1;
-  int ignore_eos = 0;
+  int ignore_eos = 0, eager = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory (config.json, safetensors)"},
       {"prompt", CM_OPT_STR, &prompt, "TEXT", "prompt text (needs DIR/tokenizer.json; adds BOS)"},
@@ -75,6 +75,7 @@ int tl_generate_main(int argc, char **argv) {
       {"kv-dtype", CM_OPT_STR, &kv_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
+      {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
       {"draft", CM_OPT_STR, &draft, "DIR",
        "speculative decoding with this gemma4_assistant checkpoint (same output)"},
       {"draft-tokens", CM_OPT_INT, &draft_tokens, "K", "draft tokens per round (default 3)", 1, 64},
@@ -187,6 +188,7 @@ int tl_generate_main(int argc, char **argv) {
       .kv_dtype = kvdt,
       .tp_rank = rank,
       .tp_size = (int)tp,
+      .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
   };
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: %s\n", err);

@@ -69,6 +69,7 @@ struct tl_serve {
   int async_scheduling; /* --async-scheduling (on) */
   const char *kv_cache_dtype; /* --kv-cache-dtype, checked before any role starts */
   int mmap_weights; /* --mmap: CPU workers keep the weights in the page cache */
+  int enforce_eager; /* --enforce-eager: workers capture no step graphs */
   /* state */
   char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
   char model_dir[PATH_MAX + 64];

@@ -499,15 +499,11 @@ static int put_embeds(struct wk_model *m, const struct wk_batch *b) {
   return 0;
 }
 
-int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
+int wk_fw_trunk(struct wk_model *m, const struct wk_batch *b, int T, int R, int drop, int *n_seqs,
+                char *err, size_t errlen) {
   const struct wk_config *c = &m->cfg;
   struct kn_backend *be = m->be;
-  int R = 0, layer = -1;
-  int T = wk_fw_prepare(m, b, &R, err, errlen);
-  if (T < 0) return T;
-  int H = c->hidden, V = c->vocab, Vl = m->lm_head.rows; /* vocabulary, this rank's rows */
-  int tp = m->plan.world > 1;
-
+  int H = c->hidden, layer = -1;
   K(wk_embed_tokens(m, m->x, &m->embed, m->embed_scale, T));
   K(put_embeds(m, b));
   if (c->ple_dim) {
@@ -522,20 +518,92 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
     K(kn_add(be, m->ple, m->ple, m->ple_tmp, n));
     K(kn_scale(be, m->ple, m->ple, (float)M_SQRT1_2, n));
   }
-  int n_seqs = b->n_seqs;
+  *n_seqs = b->n_seqs;
   for (layer = 0; layer < c->n_layers; layer++) {
     int h_ready = layer > 0; /* each layer leaves the next one's normed input in m->h */
-    if (layer == m->first_shared && m->fast_prefill && R < T) {
-      T = drop_unread_rows(m, b, R, &n_seqs, err, errlen);
-      if (T < 0) return T;
-      if (T == 0) break; /* a prefill chunk with no output: nothing left to compute */
-      h_ready = 0;       /* the kept rows' x moved; their norm is made again */
+    if (drop && layer == m->first_shared && m->fast_prefill && R < T) {
+      T = drop_unread_rows(m, b, R, n_seqs, err, errlen);
+      if (T <= 0) return T; /* 0: a prefill chunk with no output, nothing left to compute */
+      h_ready = 0;          /* the kept rows' x moved; their norm is made again */
     }
-    int rc = wk_fw_run_layer(m, layer, T, n_seqs, h_ready, err, errlen);
+    int rc = wk_fw_run_layer(m, layer, T, *n_seqs, h_ready, err, errlen);
     if (rc) return rc;
   }
-  layer = -1;
-  for (int start = 0; start < R; start += m->max_out) {
+  return T;
+}
+
+int wk_fw_logits(struct wk_model *m, int n, char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  int H = c->hidden, Vl = m->lm_head.rows, layer = -1;
+  if (c->final_softcap > 0)
+    K(kn_matmul_softcap(m->be, m->logits, Vl, m->sel, H, m->lm_head.p, m->lm_head.dt, n, Vl, H,
+                        (float)c->final_softcap));
+  else
+    K(wk_linear(m, m->logits, Vl, m->sel, H, &m->lm_head, n));
+  return 0;
+}
+
+int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, int have_logits,
+               char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  struct kn_backend *be = m->be;
+  int H = c->hidden, V = c->vocab, Vl = m->lm_head.rows, layer = -1;
+  int tp = m->plan.world > 1;
+  float cap = c->final_softcap > 0 ? (float)c->final_softcap : 0.0f;
+  if (b->sampled && all_argmax(b->sample + start, n)) {
+    /* greedy rows: the tokens straight from the head (kn_matmul_argmax gives
+     * kn_argmax's answer over the logits without writing them) */
+    if (have_logits)
+      K(kn_argmax(be, m->head_ids, tp ? m->head_max : NULL, m->logits, Vl, n, Vl));
+    else
+      K(kn_matmul_argmax(be, m->head_ids, tp ? m->head_max : NULL, m->sel, H, m->lm_head.p,
+                         m->lm_head.dt, n, Vl, H, cap, m->logits));
+    if (tp) K(merge_argmax(m, n));
+    for (int r = 0; r < n; r++) {
+      struct kn_sample_out *o = &b->sampled[start + r];
+      o->token = m->head_ids[r];
+      o->logprob = 0.0f;
+      o->n_top = 0;
+    }
+    return 0;
+  }
+  if (!b->logits && !b->sampled) return 0;
+  if (!have_logits) {
+    int rc = wk_fw_logits(m, n, err, errlen);
+    if (rc) return rc;
+  }
+  if (tp && b->sampled) { /* from the ranks' candidates, the full logits where needed */
+    int full = tp_sample(m, b->sample + start, b->sampled + start, n);
+    K(full < 0 ? full : 0);
+    if (full) K(gather_logits(m, n));
+    if (full == n) /* all of them: one call, its rows in parallel */
+      K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
+    for (int r = 0; r < n && full && full < n; r++)
+      if (m->tp_full[r])
+        K(kn_sample(be, b->sampled + start + r, m->logits + (size_t)r * V, V, 1, V,
+                    b->sample + start + r));
+    return 0;
+  }
+  if (tp) K(gather_logits(m, n));
+  if (b->sampled)
+    K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
+  else
+    K(kn_download(be, b->logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)n * V));
+  return 0;
+}
+
+int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
+  const struct wk_config *c = &m->cfg;
+  struct kn_backend *be = m->be;
+  int bucket = wk_graph_bucket(m, b);
+  if (bucket >= 0) return wk_graph_forward(m, b, bucket, err, errlen);
+  int R = 0, layer = -1, n_seqs;
+  int T = wk_fw_prepare(m, b, &R, err, errlen);
+  if (T < 0) return T;
+  int H = c->hidden;
+  T = wk_fw_trunk(m, b, T, R, 1, &n_seqs, err, errlen);
+  if (T < 0) return T;
+  for (int start = 0; start < R && T > 0; start += m->max_out) {
     int n = CM_MIN(m->max_out, R - start);
     for (int r = 0; r < n; r++)
       K(kn_copy_rows(be, m->sel + (size_t)r * H, H, m->x + (size_t)m->out_rows[start + r] * H, H, 1,
@@ -544,42 +612,8 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
                  m->norm_mode));
     if (b->hidden)
       K(kn_download(be, b->hidden + (size_t)start * H, m->sel, sizeof(float) * (size_t)n * H));
-    float cap = c->final_softcap > 0 ? (float)c->final_softcap : 0.0f;
-    if (b->sampled && all_argmax(b->sample + start, n)) {
-      /* greedy rows: the tokens straight from the head, no logits written */
-      K(kn_matmul_argmax(be, m->head_ids, tp ? m->head_max : NULL, m->sel, H, m->lm_head.p,
-                         m->lm_head.dt, n, Vl, H, cap, m->logits));
-      if (tp) K(merge_argmax(m, n));
-      for (int r = 0; r < n; r++) {
-        struct kn_sample_out *o = &b->sampled[start + r];
-        o->token = m->head_ids[r];
-        o->logprob = 0.0f;
-        o->n_top = 0;
-      }
-    } else if (b->logits || b->sampled) {
-      if (cap > 0)
-        K(kn_matmul_softcap(be, m->logits, Vl, m->sel, H, m->lm_head.p, m->lm_head.dt, n, Vl, H,
-                            cap));
-      else
-        K(wk_linear(m, m->logits, Vl, m->sel, H, &m->lm_head, n));
-      if (tp && b->sampled) { /* from the ranks' candidates, the full logits where needed */
-        int full = tp_sample(m, b->sample + start, b->sampled + start, n);
-        K(full < 0 ? full : 0);
-        if (full) K(gather_logits(m, n));
-        if (full == n) /* all of them: one call, its rows in parallel */
-          K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
-        for (int r = 0; r < n && full && full < n; r++)
-          if (m->tp_full[r])
-            K(kn_sample(be, b->sampled + start + r, m->logits + (size_t)r * V, V, 1, V,
-                        b->sample + start + r));
-        continue;
-      }
-      if (tp) K(gather_logits(m, n));
-      if (b->sampled)
-        K(kn_sample(be, b->sampled + start, m->logits, V, n, V, b->sample + start));
-      else
-        K(kn_download(be, b->logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)n * V));
-    }
+    int rc = wk_fw_head(m, b, start, n, 0, err, errlen);
+    if (rc) return rc;
   }
   K(kn_sync(be));
   return 0;

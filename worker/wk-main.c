@@ -373,7 +373,7 @@ int wk_worker_main(int argc, char **argv) {
           spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
   double mem_util = 0.9;
-  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0, use_mmap = 0;
+  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0, use_mmap = 0, eager = 0;
   int64_t join_ms = 60000;
   double beat_s = 1.0;
   const struct cm_opt opts[] = {
@@ -409,6 +409,7 @@ int wk_worker_main(int argc, char **argv) {
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
+      {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},
@@ -507,6 +508,7 @@ int wk_worker_main(int argc, char **argv) {
       .tp_rank = (int)rank,
       .tp_size = (int)world,
       .mmap_weights = use_mmap,
+      .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
   };
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: %s\n", err);

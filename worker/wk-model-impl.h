@@ -78,6 +78,8 @@ struct wk_load_progress {
   int loud;
 };
 
+#define WK_MAX_BUCKETS 12 /* step graph buckets: 1, 2, 4, ..., 2048 sequences */
+
 struct wk_model {
   struct kn_backend *be;
   struct wk_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
@@ -175,6 +177,16 @@ struct wk_model {
   float *host_cent;           /* host [C] */
   int32_t *cand;              /* host [top_k * V / C] candidate token ids */
   struct wk_seq_input *dseqs; /* host [max_seqs] */
+
+  /* Step graphs (wk-graph.c): decode-only steps of up to the largest bucket's
+   * sequences run padded to the smallest bucket that holds them, replaying
+   * the bucket's graph where one was captured */
+  int n_buckets;
+  int bucket_seqs[WK_MAX_BUCKETS];         /* 1, 2, 4, ... */
+  struct kn_graph *graphs[WK_MAX_BUCKETS]; /* NULL: the bucket runs eagerly */
+  struct wk_seq_input *gseqs;              /* host [largest bucket]: the padded step */
+  int32_t pad_token, pad_table[1];         /* a padding row's token and block table */
+  int graph_mode;                          /* WK_GRAPHS_* (wk-model.h) */
 };
 
 /* out[T, w->rows] = in[T, w->cols] . W^T: the one entry point of every dense weight
@@ -198,6 +210,29 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
                   size_t errlen);
 int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_ready, char *err,
                     size_t errlen);
+/* The embeddings and every layer over the T rows wk_fw_prepare filled, into
+ * m->x. drop: rows nobody reads (R outputs) leave before the KV-shared
+ * layers (fast prefill); returns the rows left (*n_seqs their sequences), or
+ * a negative cm_err. */
+int wk_fw_trunk(struct wk_model *m, const struct wk_batch *b, int T, int R, int drop, int *n_seqs,
+                char *err, size_t errlen);
+/* m->logits[n, V / world] = the head (and final softcap) of m->sel's n rows. */
+int wk_fw_logits(struct wk_model *m, int n, char *err, size_t errlen);
+/* Output rows [start, start + n) of b from m->sel's final-normed rows: sampled
+ * tokens or logits as b asks; have_logits: m->logits holds their logits. */
+int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, int have_logits,
+               char *err, size_t errlen);
+
+/* Step graphs (wk-graph.c): the bucket a decode-only step b runs in (padded
+ * up to its size), or -1 for the eager forward. */
+int wk_graph_bucket(const struct wk_model *m, const struct wk_batch *b);
+int wk_graph_forward(struct wk_model *m, const struct wk_batch *b, int bucket, char *err,
+                     size_t errlen);
+/* Makes the buckets (mode WK_GRAPHS_*, up to max_bucket sequences; 0: as
+ * many as the model's sizes allow) and, for WK_GRAPHS_CAPTURE, captures and
+ * checks their graphs; 0, or a negative cm_err for a device failure. */
+int wk_graph_init(struct wk_model *m, int mode, int max_bucket, char *err, size_t errlen);
+void wk_graph_free(struct wk_model *m);
 
 /* wk-model.c: the shared loader; target != NULL loads a gemma4_assistant. */
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,

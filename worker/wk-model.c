@@ -769,6 +769,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     kn_memset(be, m->pool, 0, (size_t)m->n_pages * m->kv.page_bytes);
   }
   finish_weights(m);
+  if ((rc = wk_graph_init(m, o.step_graphs, o.max_graph_seqs, err, errlen))) goto fail;
   if (!o.quiet)
     cm_info("wk",
             "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights (%s), KV %zu "
@@ -793,6 +794,7 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
 
 void wk_model_free(struct wk_model *m) {
   if (!m) return;
+  wk_graph_free(m);
   free(m->token_ordering);
   free(m->host_cent);
   free(m->cand);

@@ -52,7 +52,20 @@ struct wk_model_opts {
   int mmap_weights;     /* host backends: 1 runs from the checkpoint's mapping (page
                            cache, shared between processes, 4 KiB pages); 0 copies the
                            weights into huge pages */
+  int step_graphs;      /* WK_GRAPHS_*: decode steps as step graphs (wk-graph.c) */
+  int max_graph_seqs;   /* largest bucket of step graphs; 0: max_seqs (at most 64 rows
+                           of logits) */
 };
+
+/* wk_model_opts.step_graphs. CAPTURE: decode-only steps of up to max_graph_seqs
+ * sequences run padded to a bucket of 1, 2, 4, ... sequences and replay that
+ * bucket's graph, captured and checked at load, on backends that have graphs
+ * (CUDA; elsewhere, or with tensor parallelism or MoE layers, nothing changes);
+ * PAD: the same padding without graphs, on any backend (tests). */
+enum { WK_GRAPHS_OFF = 0, WK_GRAPHS_CAPTURE = 1, WK_GRAPHS_PAD = 2 };
+/* --enforce-eager (vLLM's flag: worker, serve, generate, bench model) */
+#define WK_EAGER_HELP                                                                              \
+  "run every step op by op: no step graphs (CUDA graphs of decode steps, captured at start-up)"
 
 /* The --mmap flag's help (worker, serve, bench model): mmap_weights. */
 #define WK_MMAP_HELP                                                                               \
@@ -127,6 +140,13 @@ struct wk_batch {
  * missing or out-of-pool block) with the reason in err; the model stays
  * usable. */
 int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen);
+
+/* For tests of step graphs: runs decode step b (it must replay a captured
+ * graph) twice, uncaptured with the graph's launch shapes and replayed.
+ * 0 when the logits agree bit for bit, 1 when not (the first difference in
+ * err), CM_ERR_UNSUPPORTED when b replays no graph, else a cm_err. Both runs
+ * write the step's K/V (the same values): run b itself afterwards to go on. */
+int wk_model_graph_check(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen);
 
 /* ---- Gemma 4 MTP assistant (draft model) ----------------------------------
  *

@@ -83,13 +83,23 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   int slots = max_nq > 1 ? ATTN_MAX_CHUNK : pow2_slots(chunk);
   int qt = slots / chunk;
 
+  /* in a step graph's modes the shapes are those of contexts of graph_keys
+   * keys, whatever this step's are (kn-cuda-graph.c) */
+  int graph_keys = kn_cuda_graph_keys(c);
+  int graph_blocks = graph_keys ? (graph_keys - 1) / view->block_tokens + 1 : 0;
+
   /* pass 1: sizes */
   long long n_rows = 0, n_tab = 0, n_tiles = 0;
   for (int i = 0; i < n_seqs; i++) {
     if (seqs[i].n_q <= 0) continue;
     n_rows += seqs[i].n_q;
     n_tiles += (seqs[i].n_q + qt - 1) / qt;
-    n_tab += blocks_needed(&seqs[i], window, view->block_tokens);
+    int nb = blocks_needed(&seqs[i], window, view->block_tokens);
+    if (graph_keys && nb > graph_blocks) {
+      cm_debug("cuda", "attention: a context past the step graph's %d keys", graph_keys);
+      return CM_ERR_INVAL;
+    }
+    n_tab += graph_keys ? graph_blocks : nb;
   }
   if (n_rows == 0) return 0;
   if (n_rows > INT32_MAX || n_tab > INT32_MAX) return CM_ERR_UNSUPPORTED;
@@ -111,7 +121,7 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   for (int i = 0; i < n_seqs; i++) {
     const struct kn_attn_seq *s = &seqs[i];
     if (s->n_q <= 0) continue;
-    int nb = blocks_needed(s, window, view->block_tokens);
+    int nb = graph_keys ? graph_blocks : blocks_needed(s, window, view->block_tokens);
     /* entries no query can see may be -1 and are never read; the needed ones
      * were checked by kn-backend.c */
     int have = nb < s->n_blocks ? nb : s->n_blocks;
@@ -169,7 +179,10 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   a.n_rows = (int)n_rows;
   a.n_tiles = (int)n_tiles;
 
-  /* split the keys when the (tile, head chunk) blocks alone do not fill the GPU */
+  /* split the keys when the (tile, head chunk) blocks alone do not fill the GPU;
+   * a graph plans for its longest context, and the blocks of splits that start
+   * past a tile's keys return at once (the combine skips them) */
+  if (graph_keys) max_len = graph_keys;
   long long items = n_tiles * view->n_kv_heads * n_chunks;
   long long want = ((long long)c->n_sm * ATTN_BLOCKS_PER_SM + items - 1) / items;
   long long by_len = (max_len + ATTN_MIN_SPLIT - 1) / ATTN_MIN_SPLIT;
@@ -190,6 +203,6 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
     a.part_acc = scratch;
     a.part_ml = (float *)((char *)scratch + acc_bytes);
   }
-  KN_CUDA_CHECK(kn_cuda_launch_attention(c->stream, &a, view->dtype));
+  KN_CUDA_RUN(c, kn_cuda_launch_attention(c->stream, &a, view->dtype));
   return 0;
 }

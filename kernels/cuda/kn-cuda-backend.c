@@ -16,6 +16,7 @@
 
 #define KN_CUDA_STAGE_SEG_MIN ((size_t)1 << 20) /* bytes per segment to start with */
 #define KN_CUDA_ALIGN         256               /* bytes: staging and scratch alignment */
+#define KN_CUDA_BLAS_WS       ((size_t)32 << 20) /* bytes of cuBLAS workspace */
 
 static size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
@@ -87,6 +88,12 @@ static int stage_init(struct kn_cuda_ctx *c, size_t seg_bytes) {
 }
 
 int kn_cuda_stage_alloc(struct kn_cuda_ctx *c, size_t bytes, void **host, void **dev) {
+  if (c->graph_mode == KN_GRAPH_CAPTURE || c->graph_mode == KN_GRAPH_REPLAY)
+    return kn_cuda_graph_slot(c, bytes, host, dev); /* the graph's arena */
+  if (c->graph_mode == KN_GRAPH_MEASURE) {
+    int err = kn_cuda_graph_note(c, bytes ? bytes : 1, 0);
+    if (err) return err;
+  }
   size_t need = align_up(bytes ? bytes : 1, 16);
   if (need > c->seg_bytes) {
     /* a request bigger than a segment: wait for everything, grow the ring */
@@ -115,6 +122,8 @@ int kn_cuda_stage_alloc(struct kn_cuda_ctx *c, size_t bytes, void **host, void *
 }
 
 int kn_cuda_stage_push(struct kn_cuda_ctx *c, const void *host, void *dev, size_t bytes) {
+  if (c->graph_mode == KN_GRAPH_CAPTURE || c->graph_mode == KN_GRAPH_REPLAY)
+    return 0; /* the arena goes up in one copy before the graph's launch */
   KN_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, c->stream));
   return 0;
 }
@@ -130,6 +139,12 @@ int kn_cuda_stage(struct kn_cuda_ctx *c, const void *src, size_t bytes, void **d
 /* ---- scratch and result buffers ----------------------------------------- */
 
 int kn_cuda_scratch(struct kn_cuda_ctx *c, size_t bytes, void **dev) {
+  if (c->graph_mode == KN_GRAPH_CAPTURE || c->graph_mode == KN_GRAPH_REPLAY)
+    return kn_cuda_graph_scratch(c, bytes, dev);
+  if (c->graph_mode == KN_GRAPH_MEASURE) {
+    int err = kn_cuda_graph_note(c, 0, bytes);
+    if (err) return err;
+  }
   if (bytes > c->scratch_bytes) {
     size_t want = align_up(bytes + bytes / 4, KN_CUDA_ALIGN); /* headroom against regrowth */
     KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));          /* earlier ops may still read it */
@@ -191,33 +206,38 @@ static int copy_async(struct kn_cuda_ctx *c, void *dst, const void *src, size_t 
 
 static int cuda_upload(void *ctx, void *dst, const void *src, size_t bytes) {
   /* from pageable memory the call returns once src has been read: the caller
-   * may reuse src at once */
-  return copy_async(ctx, dst, src, bytes, cudaMemcpyHostToDevice);
+   * may reuse src at once (not something a graph can hold) */
+  int err = kn_cuda_graph_refuse(ctx, "kn_upload");
+  return err ? err : copy_async(ctx, dst, src, bytes, cudaMemcpyHostToDevice);
 }
 
 static int cuda_download(void *ctx, void *dst, const void *src, size_t bytes) {
   struct kn_cuda_ctx *c = ctx;
-  int err = copy_async(c, dst, src, bytes, cudaMemcpyDeviceToHost);
+  int err = kn_cuda_graph_refuse(c, "kn_download");
+  if (!err) err = copy_async(c, dst, src, bytes, cudaMemcpyDeviceToHost);
   if (err) return err;
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return 0;
 }
 
 static int cuda_copy(void *ctx, void *dst, const void *src, size_t bytes) {
-  return copy_async(ctx, dst, src, bytes, cudaMemcpyDeviceToDevice);
+  struct kn_cuda_ctx *c = ctx;
+  if (c->graph_mode == KN_GRAPH_REPLAY) return 0; /* the graph copies */
+  return copy_async(c, dst, src, bytes, cudaMemcpyDeviceToDevice);
 }
 
 static int cuda_memset(void *ctx, void *dst, int v, size_t bytes) {
   struct kn_cuda_ctx *c = ctx;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(cudaMemsetAsync(dst, v, bytes, c->stream));
+  KN_CUDA_RUN(c, cudaMemsetAsync(dst, v, bytes, c->stream));
   return 0;
 }
 
 static int cuda_sync(void *ctx) {
   struct kn_cuda_ctx *c = ctx;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_graph_refuse(c, "kn_sync");
+  if (!err) err = kn_cuda_enter(c);
   if (err) return err;
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));
   return 0;
@@ -246,6 +266,7 @@ static void cuda_destroy(void *ctx) {
   if (c->scratch) (void)cudaFree(c->scratch);
   if (c->result_host) (void)cudaFreeHost(c->result_host);
   if (c->blas) (void)cublasDestroy(c->blas);
+  if (c->blas_ws) (void)cudaFree(c->blas_ws);
   if (c->stream) (void)cudaStreamDestroy(c->stream);
   free(c);
 }
@@ -292,6 +313,10 @@ static struct kn_backend_ops cuda_ops = {
     .layernorm = kn_cuda_op_layernorm,
     .bias_act = kn_cuda_op_bias_act,
     .avg_pool2d = kn_cuda_op_avg_pool2d,
+    .graph_new = kn_cuda_graph_new,
+    .graph_begin = kn_cuda_graph_begin,
+    .graph_end = kn_cuda_graph_end,
+    .graph_free = kn_cuda_graph_free,
 };
 
 #if LMSERVE_HAVE_NCCL
@@ -327,6 +352,10 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   KN_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, fail);
   KN_CUBLAS_CHECK_GOTO(cublasCreate(&c->blas), err, fail);
   KN_CUBLAS_CHECK_GOTO(cublasSetStream(c->blas, c->stream), err, fail);
+  /* a workspace of our own (32 MiB, what cuBLAS asks for on Hopper), so that
+   * step graphs capture cuBLAS calls without an allocation inside */
+  KN_CUDA_CHECK_GOTO(cudaMalloc(&c->blas_ws, KN_CUDA_BLAS_WS), err, fail);
+  KN_CUBLAS_CHECK_GOTO(cublasSetWorkspace(c->blas, c->blas_ws, KN_CUDA_BLAS_WS), err, fail);
   for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
     KN_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->seg_done[i], cudaEventDisableTiming), err,
                        fail);

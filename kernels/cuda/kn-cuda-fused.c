@@ -21,8 +21,8 @@ int kn_cuda_op_add_norm(void *ctx, float *x, ptrdiff_t ldx, float *o, ptrdiff_t 
   if ((c->fused_off & KN_FUSED_ADD_NORM) || H > KN_CUDA_ADD_NORM_MAX_H) return CM_ERR_UNSUPPORTED;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_add_norm(c->stream, x, ldx, o, ldo, h, ldh, T, H, post_w, next_w,
-                                        wdt, scale, eps, mode));
+  KN_CUDA_RUN(c, kn_cuda_launch_add_norm(c->stream, x, ldx, o, ldo, h, ldh, T, H, post_w, next_w,
+                                         wdt, scale, eps, mode));
   return 0;
 }
 
@@ -63,7 +63,7 @@ int kn_cuda_op_qkv_prep(void *ctx, const struct kn_qkv_prep_args *p, int T) {
   if (err) return err;
   a.pos = pos_d;
   a.slots = slots_d;
-  KN_CUDA_CHECK(kn_cuda_launch_qkv_prep(c->stream, &a, T, view->dtype));
+  KN_CUDA_RUN(c, kn_cuda_launch_qkv_prep(c->stream, &a, T, view->dtype));
   return 0;
 }
 
@@ -92,7 +92,7 @@ int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype
     g.first[i] = g.first[n_parts];
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_gemv_n(c->stream, &g, in, ldi, wdt, T, K));
+  KN_CUDA_RUN(c, kn_cuda_launch_gemv_n(c->stream, &g, in, ldi, wdt, T, K));
   return 0;
 }
 
@@ -104,7 +104,7 @@ int kn_cuda_op_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in,
     return CM_ERR_UNSUPPORTED;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_gemv_glu(c->stream, out, ldo, in, ldi, wg, wu, wdt, T, N, K));
+  KN_CUDA_RUN(c, kn_cuda_launch_gemv_glu(c->stream, out, ldo, in, ldi, wg, wu, wdt, T, N, K));
   return 0;
 }
 

@@ -33,7 +33,7 @@ static size_t align256(size_t n) {
 static int gemm(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                 const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate, void *w16) {
   if (c->gemv && kn_cuda_gemv_fits(in, ldi, w, wdt, T, K)) {
-    KN_CUDA_CHECK(kn_cuda_launch_gemv(c->stream, out, ldo, in, ldi, w, wdt, T, N, K, accumulate));
+    KN_CUDA_RUN(c, kn_cuda_launch_gemv(c->stream, out, ldo, in, ldi, w, wdt, T, N, K, accumulate));
     return 0;
   }
   /* cuBLAS wants ld >= the row length even for a single row */
@@ -45,15 +45,15 @@ static int gemm(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *i
   const float one = 1.0f, zero = 0.0f;
   const float *beta = accumulate ? &one : &zero;
   if (wdt == KN_DTYPE_F32) {
-    KN_CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, K, in,
-                                (int)ldi, beta, out, (int)ldo));
+    KN_CUBLAS_RUN(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, K, in,
+                                 (int)ldi, beta, out, (int)ldo));
     return 0;
   }
   cudaDataType dt = wdt == KN_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-  KN_CUDA_CHECK(kn_cuda_launch_narrow(c->stream, w16, wdt, in, ldi, T, K));
-  KN_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, dt, K, w16, dt,
-                               K, beta, out, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
+  KN_CUDA_RUN(c, kn_cuda_launch_narrow(c->stream, w16, wdt, in, ldi, T, K));
+  KN_CUBLAS_RUN(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, dt, K, w16, dt,
+                                K, beta, out, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
   return 0;
 }
 
@@ -63,7 +63,7 @@ static int gemm_empty(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, int T, i
   if (accumulate) return 0;
   size_t width = (size_t)N * sizeof(float);
   size_t pitch = T == 1 ? width : (size_t)ldo * sizeof(float);
-  KN_CUDA_CHECK(cudaMemset2DAsync(out, pitch, 0, width, (size_t)T, c->stream));
+  KN_CUDA_RUN(c, cudaMemset2DAsync(out, pitch, 0, width, (size_t)T, c->stream));
   return 0;
 }
 
@@ -95,7 +95,7 @@ int kn_cuda_op_matmul_rows(void *ctx, float *out, ptrdiff_t ldo, const float *in
   err = kn_cuda_stage(c, rows, (size_t)n_rows * sizeof(int32_t), &rows_d);
   if (!err) err = kn_cuda_scratch(c, wbytes + abytes, &scratch);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_gather_rows(c->stream, scratch, w, row_bytes, rows_d, n_rows));
+  KN_CUDA_RUN(c, kn_cuda_launch_gather_rows(c->stream, scratch, w, row_bytes, rows_d, n_rows));
   void *act = abytes ? (char *)scratch + wbytes : NULL;
   return gemm(c, out, ldo, in, ldi, scratch, wdt, T, n_rows, K, 0, act);
 }

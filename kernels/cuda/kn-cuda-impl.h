@@ -226,7 +226,43 @@ struct kn_cuda_ctx {
 
   /* The tensor-parallel group (kn-cuda-nccl.c), or NULL. */
   struct kn_cuda_nccl *nccl;
+
+  /* The step graph whose mode the ops run in (kn-cuda-graph.c), or NULL, and
+   * that mode (enum kn_graph_mode; 0: none). */
+  struct kn_cuda_graph *graph;
+  int graph_mode;
+  /* cuBLAS's workspace, ours and fixed, so that a capture allocates nothing */
+  void *blas_ws;
 };
+
+/* An op's kernel launch (or cuBLAS call): skipped while a graph replays, since
+ * the graph launches it; the op's host work (staging its arrays) still runs. */
+#define KN_CUDA_RUN(c, call)                                                                       \
+  do {                                                                                             \
+    if ((c)->graph_mode != KN_GRAPH_REPLAY) KN_CUDA_CHECK(call);                                   \
+  } while (0)
+#define KN_CUBLAS_RUN(c, call)                                                                     \
+  do {                                                                                             \
+    if ((c)->graph_mode != KN_GRAPH_REPLAY) KN_CUBLAS_CHECK(call);                                 \
+  } while (0)
+
+/* Step graphs (kn-cuda-graph.c): the ops table's entries, and what staging and
+ * scratch call in a graph's modes. */
+int kn_cuda_graph_new(void *ctx, int max_keys, void **g);
+int kn_cuda_graph_begin(void *ctx, void *g, int mode);
+int kn_cuda_graph_end(void *ctx, void *g, int ok);
+void kn_cuda_graph_free(void *ctx, void *g);
+/* capture / replay: the next slot of the arena for an array of bytes */
+int kn_cuda_graph_slot(struct kn_cuda_ctx *c, size_t bytes, void **host, void **dev);
+/* capture / replay: the graph's scratch, if it holds bytes */
+int kn_cuda_graph_scratch(struct kn_cuda_ctx *c, size_t bytes, void **dev);
+/* measure: notes a staged array's bytes (scratch 0) or a scratch request (stage 0) */
+int kn_cuda_graph_note(struct kn_cuda_ctx *c, size_t stage_bytes, size_t scratch_bytes);
+/* The context length attention plans for in a graph mode, else 0. */
+int kn_cuda_graph_keys(const struct kn_cuda_ctx *c);
+/* 0 outside graph modes; else CM_ERR_UNSUPPORTED, logged with the op's name:
+ * for the ops that wait for the device or talk to other ranks. */
+int kn_cuda_graph_refuse(const struct kn_cuda_ctx *c, const char *op);
 
 /* NCCL collectives (kn-cuda-nccl.c; only in builds with NCCL). */
 struct kn_backend_ops;

@@ -113,7 +113,8 @@ static int cuda_all_reduce_sum(void *ctx, float *buf, size_t count) {
   struct kn_cuda_ctx *c = ctx;
   struct kn_cuda_nccl *n = c->nccl;
   if (!n || n->failed) return CM_ERR_CLOSED;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_graph_refuse(c, "a collective");
+  if (!err) err = kn_cuda_enter(c);
   if (err) return err;
   ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, n->comm, c->stream);
   if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(n, r, "ncclAllReduce");
@@ -124,7 +125,8 @@ static int cuda_all_gather(void *ctx, const void *mine, size_t bytes, void *all)
   struct kn_cuda_ctx *c = ctx;
   struct kn_cuda_nccl *n = c->nccl;
   if (!n || n->failed) return CM_ERR_CLOSED;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_graph_refuse(c, "a collective");
+  if (!err) err = kn_cuda_enter(c);
   if (err) return err;
   ncclResult_t r = ncclAllGather(mine, all, bytes, ncclUint8, n->comm, c->stream);
   if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(n, r, "ncclAllGather");

@@ -17,7 +17,7 @@ int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, en
   int err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_stage(c, ids, (size_t)T * sizeof(int32_t), &ids_d);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_embed(c->stream, out, ldo, table, tdt, H, ids_d, T, scale));
+  KN_CUDA_RUN(c, kn_cuda_launch_embed(c->stream, out, ldo, table, tdt, H, ids_d, T, scale));
   return 0;
 }
 
@@ -27,7 +27,7 @@ int kn_cuda_op_rmsnorm(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptr
   struct kn_cuda_ctx *c = ctx;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_rmsnorm(c->stream, out, ldo, x, ldx, rows, d, w, wdt, eps, mode));
+  KN_CUDA_RUN(c, kn_cuda_launch_rmsnorm(c->stream, out, ldo, x, ldx, rows, d, w, wdt, eps, mode));
   return 0;
 }
 
@@ -38,7 +38,7 @@ int kn_cuda_op_rope(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D,
   int err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_stage(c, pos, (size_t)T * sizeof(int32_t), &pos_d);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_rope(c->stream, x, ldx, T, heads, D, pos_d, inv_freq));
+  KN_CUDA_RUN(c, kn_cuda_launch_rope(c->stream, x, ldx, T, heads, D, pos_d, inv_freq));
   return 0;
 }
 
@@ -47,7 +47,7 @@ int kn_cuda_op_gelu_mul(void *ctx, float *out, ptrdiff_t ldo, const float *gate,
   struct kn_cuda_ctx *c = ctx;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_gelu_mul(c->stream, out, ldo, gate, ldg, up, ldu, T, N));
+  KN_CUDA_RUN(c, kn_cuda_launch_gelu_mul(c->stream, out, ldo, gate, ldg, up, ldu, T, N));
   return 0;
 }
 
@@ -56,7 +56,7 @@ static int eltwise(void *ctx, enum kn_cuda_eltwise op, float *out, const float *
   struct kn_cuda_ctx *c = ctx;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_eltwise(c->stream, op, out, a, b, s, n));
+  KN_CUDA_RUN(c, kn_cuda_launch_eltwise(c->stream, op, out, a, b, s, n));
   return 0;
 }
 
@@ -85,8 +85,8 @@ int kn_cuda_op_copy_rows(void *ctx, float *dst, ptrdiff_t ldd, const float *src,
   /* a single row may come with any stride; cudaMemcpy2D wants pitch >= width */
   size_t dp = rows == 1 ? width : (size_t)ldd * sizeof(float);
   size_t sp = rows == 1 ? width : (size_t)lds * sizeof(float);
-  KN_CUDA_CHECK(cudaMemcpy2DAsync(dst, dp, src, sp, width, (size_t)rows, cudaMemcpyDeviceToDevice,
-                                  c->stream));
+  KN_CUDA_RUN(c, cudaMemcpy2DAsync(dst, dp, src, sp, width, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                   c->stream));
   return 0;
 }
 
@@ -98,7 +98,7 @@ int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t 
   if (!err) err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_stage(c, slot_mapping, (size_t)T * sizeof(int32_t), &slots_d);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_kv_write(c->stream, view, slots_d, k, ldk, v, ldv, T));
+  KN_CUDA_RUN(c, kn_cuda_launch_kv_write(c->stream, view, slots_d, k, ldk, v, ldv, T));
   return 0;
 }
 
@@ -115,7 +115,8 @@ struct id_val_result {
 
 static int result_begin(struct kn_cuda_ctx *c, size_t n, struct id_val_result *r) {
   void *dev;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_graph_refuse(c, "a reduction to the host");
+  if (!err) err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_scratch(c, n * 8, &dev);
   if (!err) err = kn_cuda_result_host(c, n * 8, &r->host);
   if (err) return err;
@@ -142,7 +143,7 @@ int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logi
   struct id_val_result r;
   int err = result_begin(c, (size_t)T, &r);
   if (err) return err;
-  KN_CUDA_CHECK(kn_cuda_launch_argmax(c->stream, r.ids_d, r.vals_d, logits, ld, T, V));
+  KN_CUDA_RUN(c, kn_cuda_launch_argmax(c->stream, r.ids_d, r.vals_d, logits, ld, T, V));
   return result_end(c, &r, ids, max_out);
 }
 
@@ -214,7 +215,8 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
   size_t rows_bytes = (size_t)T * sizeof(struct kn_cuda_sample_row);
   size_t bytes = rows_bytes + 2 * n_pen * sizeof(int32_t);
   void *h, *d;
-  int err = kn_cuda_enter(c);
+  int err = kn_cuda_graph_refuse(c, "kn_sample");
+  if (!err) err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_stage_alloc(c, bytes, &h, &d);
   if (err) return err;
   struct kn_cuda_sample_row *rows = h;
@@ -243,8 +245,8 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
         work, (size_t)V * sizeof(float), logits, (size_t)(T == 1 ? V : ld) * sizeof(float),
         (size_t)V * sizeof(float), (size_t)T, cudaMemcpyDeviceToDevice, c->stream));
   }
-  KN_CUDA_CHECK(kn_cuda_launch_sample(c->stream, out_d, logits, ld, work, ldw, T, V, rows_d,
-                                      pen_ids_d, pen_counts_d));
+  KN_CUDA_RUN(c, kn_cuda_launch_sample(c->stream, out_d, logits, ld, work, ldw, T, V, rows_d,
+                                       pen_ids_d, pen_counts_d));
   KN_CUDA_CHECK(cudaMemcpyAsync(host, out_d, (size_t)T * sizeof(struct kn_sample_out),
                                 cudaMemcpyDeviceToHost, c->stream));
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));

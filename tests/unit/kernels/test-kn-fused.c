@@ -327,3 +327,21 @@ TH_TEST(fused_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   for (int b = 0; b < n; b++)
     kn_backend_destroy(be[b]);
 }
+
+/* The CPU backend has no step graphs: it says so, and the wrappers check their
+ * arguments before asking. */
+TH_TEST(cpu_backend_has_no_step_graphs) {
+  struct kn_backend *be[3];
+  int n = backends(be);
+  struct kn_graph *g = (struct kn_graph *)&n;
+  for (int b = 0; b < n; b++) {
+    TH_CHECK_EQ_INT(kn_graph_new(be[b], 1024, &g), CM_ERR_UNSUPPORTED);
+    TH_CHECK(g == NULL);
+    TH_CHECK_EQ_INT(kn_graph_new(be[b], 0, &g), CM_ERR_INVAL);
+    TH_CHECK_EQ_INT(kn_graph_begin(be[b], NULL, KN_GRAPH_MEASURE), CM_ERR_INVAL);
+    TH_CHECK_EQ_INT(kn_graph_end(be[b], NULL, 1), CM_ERR_INVAL);
+    kn_graph_free(be[b], NULL);
+  }
+  for (int b = 0; b < n; b++)
+    kn_backend_destroy(be[b]);
+}

@@ -24,6 +24,9 @@ struct fixture {
   int V;
 };
 
+/* wk_model_opts.step_graphs of the models setup_load makes */
+static int g_step_graphs;
+
 /* bf16 for setup_load: the bf16 mode on the AMX table's kernels with the
  * tile instructions emulated (kn_cpu_backend_create_amx_emulated). */
 #define BF16_AMX_EMULATED 2
@@ -38,8 +41,12 @@ static int setup_load(struct fixture *f, const char *arch, int moe, enum wk_st_d
   if (bf16 == BF16_AMX_EMULATED ? kn_cpu_backend_create_amx_emulated(2, &f->be)
                                 : kn_cpu_backend_create_mode(2, isa, bf16, &f->be))
     return -1;
-  struct wk_model_opts o = {
-      .max_batch_tokens = 256, .max_seqs = 4, .kv_tokens = 1024, .quiet = 1, .mmap_weights = mmap};
+  struct wk_model_opts o = {.max_batch_tokens = 256,
+                            .max_seqs = 4,
+                            .kv_tokens = 1024,
+                            .quiet = 1,
+                            .mmap_weights = mmap,
+                            .step_graphs = g_step_graphs};
   char err[256];
   if (wk_model_load(f->dir, f->be, &o, &f->m, err, sizeof(err))) {
     fprintf(stderr, "load: %s\n", err);
@@ -662,6 +669,110 @@ TH_TEST(hidden_states_output) {
   wk_st_close(st);
   wk_seq_blocks_release(&blk, kv, &f.pa);
   teardown(&f);
+}
+
+/* One decode step of every sequence of s[ns] whose prompt is done, on f: the
+ * sequences' next tokens come from out_tok (their last sampled token, else
+ * their prompt's last); row i samples greedily when i is even, else with
+ * temperature 0.9 and a seed. Each gets block room for its next position. */
+static int sample_step(struct fixture *f, struct seq *s, int ns, int32_t *toks, int counter) {
+  struct wk_seq_input in[4];
+  struct kn_sample_params sp[4];
+  struct kn_sample_out so[4];
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f->m);
+  for (int i = 0; i < ns; i++) {
+    if (wk_seq_blocks_reserve(&s[i].blk, kv, &f->pa, s[i].done + 1)) return -1;
+    memset(&in[i], 0, sizeof(in[i]));
+    in[i].tokens = &toks[i];
+    in[i].n_tokens = 1;
+    in[i].n_out = 1;
+    in[i].pos0 = s[i].done;
+    for (int g = 0; g < kv->n_groups; g++) {
+      in[i].block_tables[g] = s[i].blk.table[g];
+      in[i].n_blocks[g] = s[i].blk.n[g];
+    }
+    kn_sample_params_default(&sp[i]);
+    if (i % 2) {
+      sp[i].temperature = 0.9f;
+      sp[i].seed = 1234 + (uint64_t)i;
+      sp[i].counter = (uint64_t)counter;
+    }
+  }
+  struct wk_batch b = {.seqs = in, .n_seqs = ns, .sample = sp, .sampled = so};
+  char err[256];
+  int rc = wk_model_forward(f->m, &b, err, sizeof(err));
+  if (rc) {
+    fprintf(stderr, "forward: %s\n", err);
+    return rc;
+  }
+  for (int i = 0; i < ns; i++) {
+    toks[i] = so[i].token;
+    s[i].done++;
+  }
+  return 0;
+}
+
+/* Decode steps padded to buckets (WK_GRAPHS_PAD: what step graphs replay,
+ * without capturing) give the bits of ordinary steps: logits of every row as
+ * the batch shrinks from 3 sequences (bucket 4) to 2 and 1, across block
+ * boundaries and past the sliding window; greedy and seeded tokens through
+ * the sampled head, which reads the padded step's logits instead of the fused
+ * matmul-argmax. Gemma 4 has KV-shared layers (the padded step runs every
+ * row through them) and per-layer inputs. */
+static void check_padded_decode(const char *arch) {
+  struct fixture f[2];
+  float *ref[3] = {0};
+  int32_t pa[70], pb[41], pc[55];
+  for (int pad = 0; pad < 2; pad++) {
+    g_step_graphs = pad ? WK_GRAPHS_PAD : WK_GRAPHS_OFF;
+    TH_REQUIRE(setup(&f[pad], arch, 0, WK_ST_F32) == 0);
+    g_step_graphs = WK_GRAPHS_OFF;
+    make_prompt(pa, 70, f[pad].V, 8);
+    make_prompt(pb, 41, f[pad].V, 9);
+    make_prompt(pc, 55, f[pad].V, 10);
+    struct seq s[3] = {{.tokens = pa, .n = 70}, {.tokens = pb, .n = 41}, {.tokens = pc, .n = 55}};
+    for (int i = 0; i < 3; i++)
+      TH_REQUIRE((s[i].logits = calloc((size_t)s[i].n * f[pad].V, sizeof(float))) != NULL);
+    TH_REQUIRE(step(&f[pad], s, 3, 12) == 0); /* a prefill chunk, then decodes */
+    TH_REQUIRE(run_all(&f[pad], s, 3, 1) == 0);
+    for (int i = 0; i < 3; i++) {
+      if (!pad) {
+        ref[i] = s[i].logits;
+        s[i].logits = NULL;
+      } else if (memcmp(ref[i], s[i].logits, sizeof(float) * (size_t)s[i].n * f[pad].V)) {
+        th_fail(__FILE__, __LINE__, "%s: sequence %d: logits differ in padded steps", arch, i);
+      }
+    }
+    release(&f[pad], s, 3);
+  }
+  for (int i = 0; i < 3; i++)
+    free(ref[i]);
+  /* sampled heads: 3 sequences after a prefill, 20 decode steps each */
+  int32_t toks[2][3];
+  struct seq s[2][3];
+  for (int pad = 0; pad < 2; pad++) {
+    for (int i = 0; i < 3; i++) {
+      s[pad][i] = (struct seq){.tokens = i == 0 ? pa : i == 1 ? pb : pc, .n = 30 + i};
+      TH_REQUIRE((s[pad][i].logits = calloc((size_t)(30 + i) * f[pad].V, sizeof(float))) != NULL);
+    }
+    TH_REQUIRE(step(&f[pad], s[pad], 3, 64) == 0);
+    for (int i = 0; i < 3; i++)
+      toks[pad][i] = s[pad][i].tokens[s[pad][i].n - 1];
+  }
+  for (int t = 0; t < 20; t++)
+    for (int pad = 0; pad < 2; pad++)
+      TH_REQUIRE(sample_step(&f[pad], s[pad], 3, toks[pad], t) == 0);
+  for (int i = 0; i < 3; i++)
+    TH_CHECK_EQ_INT(toks[1][i], toks[0][i]);
+  for (int pad = 0; pad < 2; pad++) {
+    release(&f[pad], s[pad], 3);
+    teardown(&f[pad]);
+  }
+}
+
+TH_TEST(padded_decode_buckets_change_nothing) {
+  check_padded_decode("gemma3");
+  check_padded_decode("gemma4");
 }
 
 /* Padding rows (CUDA-graph buckets fill a decode step up to a fixed size) change
