@@ -38,6 +38,17 @@ __device__ __forceinline__ void put_scores(float (*ps)[ATTN_TILE], const float *
   }
 }
 
+/* Keys per split of a tile: the plan's, or (fit_split) the tile's own keys
+ * spread over the grid's splits, rounded up to ATTN_TILE, split_len at least. */
+__device__ __forceinline__ int tile_split(const struct kn_cuda_attn_args &a,
+                                          const struct kn_cuda_attn_tile &t) {
+  if (!a.fit_split) return a.split_len;
+  int len = t.hi - t.lo + 1;
+  int s = (len + a.n_split - 1) / a.n_split;
+  s = (s + ATTN_TILE - 1) / ATTN_TILE * ATTN_TILE;
+  return max(s, a.split_len);
+}
+
 template <typename KT, int NS>
 __global__ void __launch_bounds__(ATTN_THREADS)
     attn_split_kernel(const struct kn_cuda_attn_args a) {
@@ -55,9 +66,10 @@ __global__ void __launch_bounds__(ATTN_THREADS)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const size_t elt = sizeof(KT);
 
-  int k_begin = tile.lo + (int)blockIdx.z * a.split_len;
+  const int split = tile_split(a, tile);
+  int k_begin = tile.lo + (int)blockIdx.z * split;
   if (k_begin > tile.hi) return; /* this tile has fewer splits; combine knows */
-  int k_end = min(tile.hi + 1, k_begin + a.split_len);
+  int k_end = min(tile.hi + 1, k_begin + split);
 
   /* slot s = qi * chunk + g: query row tile.r0 + qi, head kvh * group + g0 + g */
   for (int i = tid; i < NS * D; i += ATTN_THREADS) {
@@ -226,7 +238,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 __global__ void attn_combine_kernel(const struct kn_cuda_attn_args a) {
   const struct kn_cuda_attn_tile tile = a.tiles[blockIdx.x];
   const int h = blockIdx.y, D = a.head_dim;
-  const int ns = (tile.hi - tile.lo) / a.split_len + 1; /* splits this tile used */
+  const int ns = (tile.hi - tile.lo) / tile_split(a, tile) + 1; /* splits this tile used */
   for (int qi = 0; qi < tile.nq; qi++) {
     const int r = tile.r0 + qi;
     const size_t base = ((size_t)r * a.n_heads + (size_t)h) * a.n_split;

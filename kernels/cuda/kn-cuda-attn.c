@@ -194,6 +194,13 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   if (n_split > 65535) return CM_ERR_UNSUPPORTED;
   a.split_len = (int)split_len;
   a.n_split = (int)n_split;
+  if (graph_keys && n_split > 1) {
+    /* the grid is planned for the longest context, but each tile spreads its own
+     * keys over it (at least ATTN_MIN_SPLIT a split), so a short context is not
+     * walked by one block in long splits */
+    a.fit_split = 1;
+    a.split_len = ATTN_MIN_SPLIT;
+  }
   if (n_split > 1) {
     size_t parts = (size_t)n_rows * (size_t)n_heads * (size_t)n_split;
     size_t acc_bytes = parts * (size_t)view->head_dim * sizeof(float);

@@ -56,8 +56,10 @@ struct kn_cuda_attn_args {
   const struct kn_cuda_attn_tile *tiles; /* device, [n_tiles] */
   const int32_t *tables;                 /* device, concatenated block tables */
   int n_rows, n_tiles;
-  int split_len;   /* keys per split (multiple of 32) */
+  int split_len;   /* keys per split (multiple of 32); with fit_split, the least */
   int n_split;     /* splits in the grid; 1 writes out directly */
+  int fit_split;   /* 1 (step graphs, whose grid is fixed): each tile splits its own keys
+                      over the n_split splits, split_len keys at least (kn_cuda_attn_split) */
   float *part_acc; /* device, [n_rows, n_heads, n_split, head_dim] */
   float *part_ml;  /* device, [n_rows, n_heads, n_split, 2]: max, sum */
 };
