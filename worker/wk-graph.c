@@ -218,11 +218,21 @@ int wk_graph_init(struct wk_model *m, int mode, int max_bucket, char *err, size_
   if (!mode || !m->n_pages) return 0;
   int top = CM_MIN(CM_MIN(m->max_seqs, m->max_out), CM_MIN(m->max_T, m->n_pages));
   if (max_bucket > 0) top = CM_MIN(top, max_bucket);
+  if (mode == WK_GRAPHS_CAPTURE) { /* a backend without graphs: nothing to say */
+    struct kn_graph *probe = NULL;
+    int rc = kn_graph_new(m->be, 1, &probe);
+    kn_graph_free(m->be, probe);
+    if (rc == CM_ERR_UNSUPPORTED &&
+        (m->plan.world == 1 || kn_backend_has(m->be, KN_CAP_HOST_MEMORY)))
+      return 0;
+  }
   const char *why = NULL;
   if (c->n_experts)
     why = "MoE layers wait for the router's top-k";
   else if (m->plan.world > 1)
     why = "tensor-parallel collectives stay outside graphs";
+  else if (getenv("LMSERVE_OP_PROFILE") && strcmp(getenv("LMSERVE_OP_PROFILE"), "0"))
+    why = "$LMSERVE_OP_PROFILE times the ops one by one";
   if (why && mode == WK_GRAPHS_CAPTURE) {
     cm_info("wk", "decode steps run eagerly: %s", why);
     return 0;
