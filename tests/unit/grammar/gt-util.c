@@ -154,7 +154,6 @@ int gt_generate(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, c
   buf[k] = 0;
   free(bits);
   free(allowed);
-  if (mask_us && rc < 0) mask_us[0] = mask_us[0];
   return rc;
 }
 
