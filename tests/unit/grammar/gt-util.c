@@ -10,6 +10,7 @@
 #include "common/cm-time.h"
 #include "grammar/gr-impl.h"
 #include "lmserve-config.h"
+#include "tests/harness/th.h"
 
 uint64_t gt_rand(uint64_t *s) {
   uint64_t x = *s += 0x9e3779b97f4a7c15ull;
@@ -144,6 +145,17 @@ int gt_generate(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, c
     }
     if (na == 0) break;
     int32_t id = allowed[gt_rand(rng) % (uint64_t)na];
+    if (gt_rand(rng) % 3 == 0) {
+      /* now and then a token that closes something, so that random walks end */
+      int32_t nclose = 0;
+      for (int32_t i = 0; i < na; i++) {
+        const uint8_t *b = v->bytes[allowed[i]];
+        uint32_t l = v->lens[allowed[i]];
+        if (memchr(b, '"', l) || memchr(b, '}', l) || memchr(b, ']', l))
+          allowed[nclose++] = allowed[i];
+      }
+      if (nclose) id = allowed[gt_rand(rng) % (uint64_t)nclose];
+    }
     if (gr_matcher_accept_token(m, v, id)) break;
     uint32_t len = v->lens[id];
     if (k + len + 1 > cap) break;
@@ -199,4 +211,37 @@ int gt_have(const char *prog) {
   char cmd[256];
   snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", prog);
   return system(cmd) == 0;
+}
+
+/* Asks Python whether each text is a JSON object (or valid against schema):
+ * the results, or NULL when the oracle is missing / skips. */
+int *gt_py_check(const char *schema, char **texts, size_t n) {
+  /* Debian's python3 (with python3-jsonschema), else whichever is on PATH */
+  const char *py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  if (!gt_have(py)) return NULL;
+  json_t *req = json_object();
+  json_t *arr = json_array();
+  for (size_t i = 0; i < n; i++)
+    json_array_append_new(arr, json_string(texts[i]));
+  json_object_set_new(req, "texts", arr);
+  json_object_set_new(req, "schema",
+                      schema ? json_loads(schema, JSON_DECODE_ANY, NULL) : json_null());
+  char *in = json_dumps(req, JSON_COMPACT);
+  json_decref(req);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s %s/reference/json_oracle.py", py, th_tests_dir());
+  char *out = gt_run(cmd, in);
+  free(in);
+  if (!out) return NULL;
+  json_t *res = json_loads(out, JSON_DECODE_ANY, NULL);
+  free(out);
+  if (!json_is_array(res) || json_array_size(res) != n) {
+    json_decref(res);
+    return NULL;
+  }
+  int *r = malloc(n * sizeof *r);
+  for (size_t i = 0; i < n; i++)
+    r[i] = (int)json_integer_value(json_array_get(res, i));
+  json_decref(res);
+  return r;
 }

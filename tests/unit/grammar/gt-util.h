@@ -24,6 +24,10 @@ int gt_generate(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, c
                 size_t cap, int max_tokens, double *mask_us);
 /* Runs cmd with input on stdin; its stdout (malloc'd, NUL-ended) or NULL. */
 char *gt_run(const char *cmd, const char *input);
+/* Asks tests/reference/json_oracle.py whether each text is a JSON object (no
+ * schema) or valid against schema: 1 / 0 each (malloc'd), or NULL when the
+ * oracle is missing or skips. */
+int *gt_py_check(const char *schema, char **texts, size_t n);
 /* 1 when `prog` runs (node, python3). */
 int gt_have(const char *prog);
 

@@ -75,37 +75,6 @@ TH_TEST(json_object_known_texts) {
   gr_grammar_free(g);
 }
 
-/* Asks Python whether each text is a JSON object (or valid against schema):
- * the results, or NULL when the oracle is missing / skips. */
-int *gt_py_check(const char *schema, char **texts, size_t n);
-int *gt_py_check(const char *schema, char **texts, size_t n) {
-  if (!gt_have("python3")) return NULL;
-  json_t *req = json_object();
-  json_t *arr = json_array();
-  for (size_t i = 0; i < n; i++)
-    json_array_append_new(arr, json_string(texts[i]));
-  json_object_set_new(req, "texts", arr);
-  json_object_set_new(req, "schema", schema ? json_loads(schema, 0, NULL) : json_null());
-  char *in = json_dumps(req, JSON_COMPACT);
-  json_decref(req);
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "python3 %s/reference/json_oracle.py", th_tests_dir());
-  char *out = gt_run(cmd, in);
-  free(in);
-  if (!out) return NULL;
-  json_t *res = json_loads(out, JSON_DECODE_ANY, NULL);
-  free(out);
-  if (!json_is_array(res) || json_array_size(res) != n) {
-    json_decref(res);
-    return NULL;
-  }
-  int *r = malloc(n * sizeof *r);
-  for (size_t i = 0; i < n; i++)
-    r[i] = (int)json_integer_value(json_array_get(res, i));
-  json_decref(res);
-  return r;
-}
-
 static void generate_and_check(struct gr_grammar *g, const struct gr_vocab *v, int runs,
                                int max_tokens, const char *schema) {
   char **texts = calloc((size_t)runs, sizeof *texts);
