@@ -1,0 +1,191 @@
+/* gr-impl.h — the grammar module's insides: the NFA builder every front end
+ * (regex, choice, JSON, JSON Schema) emits into, the compiled grammar (one DFA
+ * per rule, edges are byte classes or calls of other rules), and the limits.
+ * Not for other modules: they use gr.h. */
+#ifndef LMSERVE_GR_IMPL_H
+#define LMSERVE_GR_IMPL_H
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "grammar/gr.h"
+
+/* ---- limits ------------------------------------------------------------- */
+#define GR_MAX_NFA_STATES 400000u    /* per grammar */
+#define GR_MAX_DFA_STATES 60000u     /* per grammar, all rules */
+#define GR_MAX_DFA_CELLS  (8u << 20) /* states x byte classes */
+#define GR_MAX_RULES      4096u
+#define GR_MAX_REPEAT     10000u /* {n,m}: n and m at most this */
+#define GR_MAX_DEPTH      128u   /* frames on one matcher stack (nesting) */
+#define GR_MAX_STACKS     64u    /* stacks alive in one matcher state */
+#define GR_NONE           UINT32_MAX
+
+/* ---- the NFA builder ---------------------------------------------------- */
+enum { GR_E_EPS = 0, GR_E_BYTE = 1, GR_E_CALL = 2 };
+
+struct gr_edge {
+  uint32_t from, to;    /* NFA states of one rule */
+  uint32_t callee;      /* GR_E_CALL: the rule called; `to` is where it returns */
+  uint8_t kind, lo, hi; /* GR_E_BYTE: bytes lo..hi */
+};
+
+struct gr_nfa {
+  struct gr_edge *e;
+  size_t n_e, cap_e;
+  uint32_t n_states;
+  uint32_t *rule_start, *rule_final; /* (n_rules) NFA states */
+  uint32_t n_rules, cap_rules;
+  uint32_t any_obj, any_arr, any_val; /* rules of any JSON object / array / value, or GR_NONE */
+  int rc;                             /* sticky: the first error (0 while all is well) */
+  char *err;                          /* where that error's text goes */
+  size_t errlen;
+};
+
+void gr_nfa_init(struct gr_nfa *n, char *err, size_t errlen);
+void gr_nfa_free(struct gr_nfa *n);
+/* A new state (0 once the builder has failed: callers go on, the rc tells). */
+uint32_t gr_nfa_state(struct gr_nfa *n);
+/* A new rule with fresh start and final states; its id. */
+uint32_t gr_nfa_rule(struct gr_nfa *n);
+void gr_nfa_eps(struct gr_nfa *n, uint32_t from, uint32_t to);
+void gr_nfa_byte(struct gr_nfa *n, uint32_t from, uint32_t to, uint8_t lo, uint8_t hi);
+void gr_nfa_call(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t callee);
+/* Code points lo..hi (no surrogates inside) as UTF-8 byte sequences from -> to. */
+void gr_nfa_cps(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t lo, uint32_t hi);
+/* The literal bytes s[len] from -> to. */
+void gr_nfa_lit(struct gr_nfa *n, uint32_t from, uint32_t to, const char *s, size_t len);
+/* Records the first error (later ones are dropped); returns it. */
+int gr_nfa_fail(struct gr_nfa *n, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- code point sets (regex classes) ------------------------------------ */
+struct gr_cpset {
+  uint32_t *r; /* (n, 2): sorted, disjoint, non-adjacent [lo, hi] pairs */
+  uint32_t n, cap;
+  int oom; /* an allocation failed: the set is incomplete */
+};
+void gr_cpset_add(struct gr_cpset *s, uint32_t lo, uint32_t hi);
+void gr_cpset_addset(struct gr_cpset *s, const struct gr_cpset *o);
+void gr_cpset_normalize(struct gr_cpset *s); /* sort and merge */
+void gr_cpset_negate(struct gr_cpset *s);    /* over U+0000..U+10FFFF without surrogates */
+void gr_cpset_free(struct gr_cpset *s);
+/* Emits s's code points from -> to (UTF-8, surrogates removed). */
+void gr_nfa_cpset(struct gr_nfa *n, uint32_t from, uint32_t to, const struct gr_cpset *s);
+
+/* ---- regex front end (gr-regex.c) ------------------------------------- */
+/* Parses an ECMA-262 pattern and emits it from -> to. mode GR_RX_FULL: the
+ * whole text (anchors are no-ops); GR_RX_SEARCH: JSON Schema's `pattern`
+ * (unanchored ends may be surrounded by any text). json: the code points are
+ * emitted as the contents of a JSON string (quote, backslash and control
+ * characters escaped). Errors go to n (rc and err). */
+enum { GR_RX_FULL = 0, GR_RX_SEARCH = 1 };
+void gr_regex_emit(struct gr_nfa *n, const char *pat, size_t len, int mode, int json, uint32_t from,
+                   uint32_t to, const char *what);
+
+/* ---- JSON pieces (gr-json.c) ------------------------------------------- */
+void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* One JSON-encoded code point of a string's contents (any escape). */
+void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
+void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
+void gr_json_number(struct gr_nfa *n, uint32_t from, uint32_t to);
+void gr_json_integer(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* Emits the JSON encoding of string s[len] (quotes included). */
+void gr_json_lit_string(struct gr_nfa *n, uint32_t from, uint32_t to, const char *s, size_t len);
+/* The rule of any JSON value (made on first use, kept in *rule). */
+uint32_t gr_json_value_rule(struct gr_nfa *n, uint32_t *rule);
+int gr_json_object_build(struct gr_nfa *n);
+int gr_choice_build(struct gr_nfa *n, const char *text, size_t len);
+int gr_schema_build(struct gr_nfa *n, const char *text, size_t len);
+
+/* ---- the compiled grammar ----------------------------------------------- */
+enum { GR_F_FINAL = 1, GR_F_CALLS = 2, GR_F_BYTES = 4 };
+
+struct gr_call {
+  uint32_t start; /* the callee rule's start DFA state */
+  uint32_t ret;   /* the caller's DFA state after the callee returns */
+};
+
+struct gr_mask_cache; /* gr-mask.c */
+
+struct gr_grammar {
+  enum gr_kind kind;
+  uint64_t hash;
+  uint32_t n_states;  /* DFA states, all rules */
+  uint32_t n_cls;     /* byte classes */
+  uint8_t cls[256];   /* byte -> class */
+  uint32_t *delta;    /* (n_states, n_cls): next DFA state or GR_NONE */
+  uint8_t *flags;     /* (n_states): GR_F_* */
+  uint32_t *call_off; /* (n_states + 1): state s's calls are calls[call_off[s]..call_off[s+1]) */
+  struct gr_call *calls;
+  uint32_t root;        /* the root rule's start DFA state */
+  pthread_mutex_t lock; /* guards cache */
+  struct gr_mask_cache *cache;
+};
+
+/* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
+int gr_determinize(struct gr_nfa *n, struct gr_grammar *g);
+
+/* ---- matchers ----------------------------------------------------------- */
+/* A set of stacks: stack i's frames are frames[off[i] .. off[i+1]), bottom
+ * first; every frame is a DFA state (below the top: where to return). */
+struct gr_stackset {
+  uint32_t n;       /* stacks */
+  uint32_t *off;    /* (cap_n + 1) */
+  uint32_t *frames; /* (cap_f) */
+  uint64_t *hash;   /* (cap_n): each stack's hash, for de-duplication */
+  uint32_t cap_n, cap_f;
+};
+
+/* One level of a mask walk (a depth in the vocabulary trie): while the walk
+ * has not called or returned, only the top state changes (simple); else the
+ * whole set is in set. */
+struct gr_level {
+  int simple;
+  uint32_t top;
+  struct gr_stackset set;
+};
+
+struct gr_matcher {
+  const struct gr_grammar *g;
+  struct gr_stackset cur;        /* the state */
+  struct gr_stackset next, alt;  /* scratch for accept_bytes */
+  struct gr_stackset todo, walk; /* scratch for closures and mask walks */
+  struct gr_level *levels;       /* (n_levels) mask walk levels */
+  uint32_t n_levels;
+  uint64_t *seen; /* closure seeds already expanded (hashes) */
+  uint32_t n_seen, cap_seen;
+  int truncated; /* some stacks were dropped at GR_MAX_STACKS */
+};
+
+/* The closed set of stacks after a step over byte b from `in` (which is
+ * closed); 0 when empty. */
+int gr_step(struct gr_matcher *m, const struct gr_stackset *in, uint8_t b, struct gr_stackset *out);
+/* The bytes m's state can take next: ok[b] = 1; their count (tests, forced). */
+int gr_matcher_next_bytes(const struct gr_matcher *m, uint8_t *ok);
+uint64_t gr_stackset_hash(const struct gr_stackset *s);
+void gr_stackset_free(struct gr_stackset *s);
+int gr_stackset_copy(struct gr_stackset *d, const struct gr_stackset *s);
+
+/* ---- vocabularies ------------------------------------------------------- */
+/* A trie of the token byte strings, in preorder: node i is reached over byte
+ * byte[i] from its parent at depth depth[i] - 1; its subtree ends before node
+ * end[i]; the tokens spelled exactly by its path are ids[tok[i] .. tok[i+1]). */
+struct gr_vocab {
+  int32_t n;       /* tokens */
+  uint8_t **bytes; /* (n): each token's bytes, pointers into blob */
+  uint8_t *blob;
+  uint32_t *lens; /* (n): bytes */
+  uint32_t n_nodes;
+  uint8_t *byte;   /* (n_nodes) */
+  uint16_t *depth; /* (n_nodes): 1 .. max_len */
+  uint32_t *end;   /* (n_nodes) */
+  uint32_t *tok;   /* (n_nodes + 1) */
+  int32_t *ids;    /* (n_ids): the tokens with bytes, sorted by them */
+  int32_t n_ids;
+  uint32_t max_len; /* bytes of the longest token */
+  uint64_t serial;  /* tells vocabularies apart in caches */
+};
+
+void gr_mask_cache_free(struct gr_mask_cache *c);
+
+#endif

@@ -1,0 +1,211 @@
+/* gr-json.c — JSON's pieces as NFA fragments (bounded whitespace, strings with
+ * escapes and valid UTF-8, numbers, literals, any value through recursive
+ * object and array rules), the json_object grammar and the choice grammar. */
+#include <jansson.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "grammar/gr-impl.h"
+
+/* Whitespace between tokens: JSON allows any run of space, tab, CR and LF; we
+ * allow at most GR_WS_INLINE spaces or tabs, or one line break followed by at
+ * most GR_WS_INDENT of them (pretty printing), so that a model cannot run on
+ * in whitespace. */
+#define GR_WS_INLINE 2
+#define GR_WS_INDENT 20
+
+void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t cur = from;
+  for (int i = 0; i < GR_WS_INLINE; i++) {
+    uint32_t nx = gr_nfa_state(n);
+    gr_nfa_eps(n, cur, to);
+    gr_nfa_byte(n, cur, nx, ' ', ' ');
+    gr_nfa_byte(n, cur, nx, '\t', '\t');
+    cur = nx;
+  }
+  gr_nfa_eps(n, cur, to);
+  uint32_t cr = gr_nfa_state(n), nl = gr_nfa_state(n);
+  gr_nfa_byte(n, from, cr, '\r', '\r');
+  gr_nfa_eps(n, from, cr);
+  gr_nfa_byte(n, cr, nl, '\n', '\n');
+  cur = nl;
+  for (int i = 0; i < GR_WS_INDENT; i++) {
+    uint32_t nx = gr_nfa_state(n);
+    gr_nfa_eps(n, cur, to);
+    gr_nfa_byte(n, cur, nx, ' ', ' ');
+    gr_nfa_byte(n, cur, nx, '\t', '\t');
+    cur = nx;
+  }
+  gr_nfa_eps(n, cur, to);
+}
+
+static void hex4(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t cur = from;
+  for (int i = 0; i < 4; i++) {
+    uint32_t nx = i == 3 ? to : gr_nfa_state(n);
+    gr_nfa_byte(n, cur, nx, '0', '9');
+    gr_nfa_byte(n, cur, nx, 'a', 'f');
+    gr_nfa_byte(n, cur, nx, 'A', 'F');
+    cur = nx;
+  }
+}
+
+void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  gr_nfa_cps(n, from, to, 0x20, 0x21);
+  gr_nfa_cps(n, from, to, 0x23, 0x5b);
+  gr_nfa_cps(n, from, to, 0x5d, 0x10ffff);
+  uint32_t bs = gr_nfa_state(n), u = gr_nfa_state(n);
+  gr_nfa_byte(n, from, bs, '\\', '\\');
+  static const char esc[] = "\"\\/bfnrt";
+  for (const char *e = esc; *e; e++)
+    gr_nfa_byte(n, bs, to, (uint8_t)*e, (uint8_t)*e);
+  gr_nfa_byte(n, bs, u, 'u', 'u');
+  hex4(n, u, to);
+}
+
+void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  gr_nfa_byte(n, from, a, '"', '"');
+  gr_json_char(n, a, a);
+  gr_nfa_eps(n, a, b);
+  gr_nfa_byte(n, b, to, '"', '"');
+}
+
+static void digits(struct gr_nfa *n, uint32_t from, uint32_t to) { /* [0-9]+ */
+  gr_nfa_byte(n, from, to, '0', '9');
+  gr_nfa_byte(n, to, to, '0', '9');
+}
+
+void gr_json_integer(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  gr_nfa_eps(n, from, a);
+  gr_nfa_byte(n, from, a, '-', '-');
+  gr_nfa_byte(n, a, to, '0', '0');
+  gr_nfa_byte(n, a, b, '1', '9');
+  gr_nfa_eps(n, b, to);
+  gr_nfa_byte(n, b, b, '0', '9');
+}
+
+void gr_json_number(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t i = gr_nfa_state(n), f = gr_nfa_state(n), f1 = gr_nfa_state(n), f2 = gr_nfa_state(n);
+  gr_json_integer(n, from, i);
+  gr_nfa_eps(n, i, f);
+  gr_nfa_byte(n, i, f1, '.', '.');
+  digits(n, f1, f2);
+  gr_nfa_eps(n, f2, f);
+  uint32_t e1 = gr_nfa_state(n), e2 = gr_nfa_state(n), e3 = gr_nfa_state(n);
+  gr_nfa_eps(n, f, to);
+  gr_nfa_byte(n, f, e1, 'e', 'e');
+  gr_nfa_byte(n, f, e1, 'E', 'E');
+  gr_nfa_eps(n, e1, e2);
+  gr_nfa_byte(n, e1, e2, '+', '+');
+  gr_nfa_byte(n, e1, e2, '-', '-');
+  digits(n, e2, e3);
+  gr_nfa_eps(n, e3, to);
+}
+
+void gr_json_lit_string(struct gr_nfa *n, uint32_t from, uint32_t to, const char *s, size_t len) {
+  json_t *j = json_stringn(s, len);
+  char *t = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+  if (!t)
+    gr_nfa_fail(n, CM_ERR_NOMEM, "grammar: out of memory");
+  else
+    gr_nfa_lit(n, from, to, t, strlen(t));
+  free(t);
+  json_decref(j);
+}
+
+/* Any value from -> to: strings, numbers and literals inline, objects and
+ * arrays through their rules. */
+static void any_value(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  gr_nfa_call(n, from, to, n->any_obj);
+  gr_nfa_call(n, from, to, n->any_arr);
+  gr_json_string(n, from, to);
+  gr_json_number(n, from, to);
+  gr_nfa_lit(n, from, to, "true", 4);
+  gr_nfa_lit(n, from, to, "false", 5);
+  gr_nfa_lit(n, from, to, "null", 4);
+}
+
+static void make_any_rules(struct gr_nfa *n) {
+  if (n->any_obj != GR_NONE || n->rc) return;
+  n->any_obj = gr_nfa_rule(n);
+  n->any_arr = gr_nfa_rule(n);
+  uint32_t r = n->any_obj;
+  uint32_t s = n->rule_start[r], f = n->rule_final[r];
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n),
+           e = gr_nfa_state(n), g = gr_nfa_state(n), h = gr_nfa_state(n), i = gr_nfa_state(n),
+           j = gr_nfa_state(n), k = gr_nfa_state(n);
+  gr_nfa_byte(n, s, a, '{', '{');
+  gr_json_ws(n, a, b);
+  gr_nfa_byte(n, b, f, '}', '}');
+  gr_json_string(n, b, c);
+  gr_json_ws(n, c, d);
+  gr_nfa_byte(n, d, e, ':', ':');
+  gr_json_ws(n, e, g);
+  any_value(n, g, h);
+  gr_json_ws(n, h, i);
+  gr_nfa_byte(n, i, f, '}', '}');
+  gr_nfa_byte(n, i, j, ',', ',');
+  gr_json_ws(n, j, k);
+  gr_json_string(n, k, c);
+  r = n->any_arr;
+  s = n->rule_start[r], f = n->rule_final[r];
+  a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n);
+  e = gr_nfa_state(n), g = gr_nfa_state(n);
+  gr_nfa_byte(n, s, a, '[', '[');
+  gr_json_ws(n, a, b);
+  gr_nfa_byte(n, b, f, ']', ']');
+  any_value(n, b, c);
+  gr_json_ws(n, c, d);
+  gr_nfa_byte(n, d, f, ']', ']');
+  gr_nfa_byte(n, d, e, ',', ',');
+  gr_json_ws(n, e, g);
+  any_value(n, g, c);
+}
+
+uint32_t gr_json_value_rule(struct gr_nfa *n, uint32_t *rule) {
+  make_any_rules(n);
+  if (n->any_val == GR_NONE && !n->rc) {
+    n->any_val = gr_nfa_rule(n);
+    any_value(n, n->rule_start[n->any_val], n->rule_final[n->any_val]);
+  }
+  if (rule) *rule = n->any_val;
+  return n->any_val;
+}
+
+int gr_json_object_build(struct gr_nfa *n) {
+  uint32_t root = gr_nfa_rule(n);
+  make_any_rules(n);
+  if (n->rc) return n->rc;
+  /* the root is an object's rule body: the same language as any_obj's */
+  gr_nfa_call(n, n->rule_start[root], n->rule_final[root], n->any_obj);
+  return n->rc;
+}
+
+int gr_choice_build(struct gr_nfa *n, const char *text, size_t len) {
+  json_error_t je;
+  json_t *j = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+  if (!j)
+    return gr_nfa_fail(n, CM_ERR_INVAL, "choice: invalid JSON at %d: %s", je.position, je.text);
+  int rc = 0;
+  if (!json_is_array(j) || json_array_size(j) == 0) {
+    rc = gr_nfa_fail(n, CM_ERR_INVAL, "choice: must be a non-empty JSON array of strings");
+    goto done;
+  }
+  uint32_t root = gr_nfa_rule(n);
+  size_t i;
+  json_t *v;
+  json_array_foreach(j, i, v) {
+    if (!json_is_string(v)) {
+      rc = gr_nfa_fail(n, CM_ERR_INVAL, "choice: item %zu is not a string", i);
+      goto done;
+    }
+    gr_nfa_lit(n, n->rule_start[root], n->rule_final[root], json_string_value(v),
+               json_string_length(v));
+  }
+  rc = n->rc;
+done:
+  json_decref(j);
+  return rc;
+}

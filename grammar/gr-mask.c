@@ -1,0 +1,334 @@
+/* gr-mask.c — vocabularies as a byte trie in preorder, and token masks: a walk
+ * of the trie that carries the matcher's state down each path and skips every
+ * subtree whose prefix the grammar refuses. Masks are memoized per exact
+ * matcher state in a bounded cache kept with the grammar (states recur: inside
+ * a string, after a comma, at the same depth of an object). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-hash.h"
+#include "grammar/gr-impl.h"
+
+/* ---- vocabularies ---------------------------------------------------------- */
+static uint64_t g_vocab_serial;
+
+static int cmp_tok(const void *a, const void *b, void *ctx) {
+  const struct gr_vocab *v = ctx;
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  uint32_t lx = v->lens[x], ly = v->lens[y];
+  int c = memcmp(v->bytes[x], v->bytes[y], lx < ly ? lx : ly);
+  if (c) return c;
+  if (lx != ly) return lx < ly ? -1 : 1;
+  return x < y ? -1 : x > y;
+}
+
+int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n,
+                    struct gr_vocab **out) {
+  *out = NULL;
+  if (n <= 0 || !bytes || !lens) return CM_ERR_INVAL;
+  struct gr_vocab *v = calloc(1, sizeof *v);
+  if (!v) return CM_ERR_NOMEM;
+  int rc = CM_ERR_NOMEM;
+  size_t total = 0;
+  int32_t n_ids = 0;
+  for (int32_t i = 0; i < n; i++) {
+    if (lens[i] > 65535) {
+      rc = CM_ERR_TOOBIG;
+      goto fail;
+    }
+    if (lens[i] && !bytes[i]) {
+      rc = CM_ERR_INVAL;
+      goto fail;
+    }
+    total += lens[i];
+    n_ids += lens[i] > 0;
+  }
+  v->n = n;
+  v->lens = malloc((size_t)n * sizeof *v->lens);
+  v->bytes = malloc((size_t)n * sizeof *v->bytes);
+  v->blob = malloc(total ? total : 1);
+  v->ids = malloc((n_ids ? (size_t)n_ids : 1) * sizeof *v->ids);
+  if (!v->lens || !v->bytes || !v->blob || !v->ids) goto fail;
+  size_t at = 0;
+  int32_t k = 0;
+  for (int32_t i = 0; i < n; i++) {
+    v->lens[i] = lens[i];
+    v->bytes[i] = v->blob + at;
+    if (lens[i]) memcpy(v->blob + at, bytes[i], lens[i]);
+    at += lens[i];
+    if (lens[i]) v->ids[k++] = i;
+    if (lens[i] > v->max_len) v->max_len = lens[i];
+  }
+  qsort_r(v->ids, (size_t)n_ids, sizeof *v->ids, cmp_tok, v);
+  /* the trie in preorder: each token adds the nodes past its common prefix with
+   * the one before it in sorted order */
+  size_t cap = total ? total : 1;
+  v->byte = malloc(cap);
+  v->depth = malloc(cap * sizeof *v->depth);
+  v->end = malloc(cap * sizeof *v->end);
+  v->tok = malloc((cap + 1) * sizeof *v->tok);
+  uint32_t *path = malloc(((size_t)v->max_len + 1) * sizeof *path);
+  if (!v->byte || !v->depth || !v->end || !v->tok || !path) {
+    free(path);
+    goto fail;
+  }
+  uint32_t nn = 0, path_len = 0;
+  const uint8_t *prev = NULL;
+  uint32_t prev_len = 0;
+  for (int32_t t = 0; t < n_ids; t++) {
+    int32_t id = v->ids[t];
+    const uint8_t *s = v->bytes[id];
+    uint32_t len = v->lens[id], l = 0;
+    while (prev && l < len && l < prev_len && s[l] == prev[l])
+      l++;
+    for (uint32_t d = l; d < path_len; d++)
+      v->end[path[d]] = nn; /* subtrees that close */
+    path_len = l;
+    for (uint32_t d = l; d < len; d++) {
+      v->byte[nn] = s[d];
+      v->depth[nn] = (uint16_t)(d + 1);
+      v->tok[nn] = (uint32_t)t;
+      path[path_len++] = nn++;
+    }
+    prev = s;
+    prev_len = len;
+  }
+  for (uint32_t d = 0; d < path_len; d++)
+    v->end[path[d]] = nn;
+  v->tok[nn] = (uint32_t)n_ids;
+  /* a node's tokens begin where its first token was placed; nodes made for a
+   * longer token's inner bytes have none: tok[i] == tok[i+1] must hold there */
+  for (uint32_t i = nn; i-- > 0;) {
+    int32_t id = v->ids[v->tok[i] < (uint32_t)n_ids ? v->tok[i] : 0];
+    if (v->tok[i] >= (uint32_t)n_ids || v->lens[id] != v->depth[i]) v->tok[i] = v->tok[i + 1];
+  }
+  free(path);
+  v->n_nodes = nn;
+  v->n_ids = n_ids;
+  v->serial = __atomic_add_fetch(&g_vocab_serial, 1, __ATOMIC_RELAXED);
+  *out = v;
+  return 0;
+fail:
+  gr_vocab_free(v);
+  return rc;
+}
+
+void gr_vocab_free(struct gr_vocab *v) {
+  if (!v) return;
+  free(v->lens);
+  free(v->bytes);
+  free(v->blob);
+  free(v->ids);
+  free(v->byte);
+  free(v->depth);
+  free(v->end);
+  free(v->tok);
+  free(v);
+}
+
+int32_t gr_vocab_size(const struct gr_vocab *v) {
+  return v->n;
+}
+
+/* ---- the mask cache ------------------------------------------------------------ */
+#define GR_CACHE_BYTES (4u << 20) /* masks kept per grammar */
+
+struct gr_cache_entry {
+  uint64_t h;
+  uint32_t *key; /* n, off[0..n], frames: the exact stack set */
+  uint32_t key_len;
+  uint32_t *bits;
+};
+
+struct gr_mask_cache {
+  uint64_t serial; /* the vocabulary the masks are for */
+  uint32_t words;  /* per mask */
+  uint32_t n;      /* entries (a power of two): direct mapped by hash */
+  struct gr_cache_entry *e;
+  uint64_t hits, misses;
+};
+
+void gr_mask_cache_free(struct gr_mask_cache *c) {
+  if (!c) return;
+  for (uint32_t i = 0; i < c->n; i++) {
+    free(c->e[i].key);
+    free(c->e[i].bits);
+  }
+  free(c->e);
+  free(c);
+}
+
+static uint32_t key_len(const struct gr_stackset *s) {
+  return 2 + s->n + (s->n ? s->off[s->n] : 0);
+}
+
+static void key_fill(const struct gr_stackset *s, uint32_t *k) {
+  k[0] = s->n;
+  for (uint32_t i = 0; i <= s->n; i++)
+    k[1 + i] = s->n ? s->off[i] : 0;
+  if (s->n) memcpy(k + 2 + s->n, s->frames, s->off[s->n] * sizeof *k);
+}
+
+static int key_eq(const struct gr_cache_entry *e, const struct gr_stackset *s) {
+  if (!e->key || e->key_len != key_len(s) || e->key[0] != s->n) return 0;
+  for (uint32_t i = 0; i <= s->n; i++)
+    if (e->key[1 + i] != (s->n ? s->off[i] : 0)) return 0;
+  return !s->n || memcmp(e->key + 2 + s->n, s->frames, s->off[s->n] * sizeof *s->frames) == 0;
+}
+
+/* Copies the cached mask of m's state into bits: 1, or 0 when there is none. */
+static int cache_get(struct gr_grammar *g, const struct gr_vocab *v, const struct gr_stackset *s,
+                     uint64_t h, uint32_t *bits) {
+  int hit = 0;
+  pthread_mutex_lock(&g->lock);
+  struct gr_mask_cache *c = g->cache;
+  if (c && c->serial == v->serial) {
+    struct gr_cache_entry *e = &c->e[h & (c->n - 1)];
+    if (e->h == h && key_eq(e, s)) {
+      memcpy(bits, e->bits, c->words * sizeof *bits);
+      hit = 1;
+      c->hits++;
+    } else {
+      c->misses++;
+    }
+  }
+  pthread_mutex_unlock(&g->lock);
+  return hit;
+}
+
+static void cache_put(struct gr_grammar *g, const struct gr_vocab *v, const struct gr_stackset *s,
+                      uint64_t h, const uint32_t *bits) {
+  uint32_t words = ((uint32_t)v->n + 31) / 32;
+  pthread_mutex_lock(&g->lock);
+  struct gr_mask_cache *c = g->cache;
+  if (c && c->serial != v->serial) { /* another vocabulary: start over */
+    gr_mask_cache_free(c);
+    c = g->cache = NULL;
+  }
+  if (!c) {
+    c = calloc(1, sizeof *c);
+    uint32_t n = 1;
+    while ((size_t)n * 2 * words * 4 <= GR_CACHE_BYTES && n < 4096)
+      n *= 2;
+    if (c) c->e = calloc(n, sizeof *c->e);
+    if (!c || !c->e) {
+      free(c);
+      goto out;
+    }
+    c->serial = v->serial;
+    c->words = words;
+    c->n = n;
+    g->cache = c;
+  }
+  struct gr_cache_entry *e = &c->e[h & (c->n - 1)];
+  uint32_t kl = key_len(s);
+  if (!e->bits) e->bits = malloc(words * sizeof *e->bits);
+  if (e->key_len < kl || !e->key) {
+    free(e->key);
+    e->key = malloc(kl * sizeof *e->key);
+  }
+  if (!e->bits || !e->key) {
+    free(e->key);
+    e->key = NULL;
+    e->key_len = 0;
+    goto out;
+  }
+  key_fill(s, e->key);
+  e->key_len = kl;
+  e->h = h;
+  memcpy(e->bits, bits, words * sizeof *bits);
+out:
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* ---- the walk ------------------------------------------------------------------ */
+static int levels_reserve(struct gr_matcher *m, uint32_t n) {
+  if (m->n_levels >= n) return 0;
+  struct gr_level *l = realloc(m->levels, n * sizeof *l);
+  if (!l) return CM_ERR_NOMEM;
+  memset(l + m->n_levels, 0, (n - m->n_levels) * sizeof *l);
+  m->levels = l;
+  m->n_levels = n;
+  return 0;
+}
+
+/* Level d-1's set, written out when it is simple (base: the matcher's one stack). */
+static const struct gr_stackset *level_set(struct gr_matcher *m, uint32_t d) {
+  struct gr_level *l = &m->levels[d];
+  if (!l->simple) return &l->set;
+  const struct gr_stackset *c = &m->cur;
+  uint32_t len = c->off[1];
+  struct gr_stackset *w = &m->walk;
+  if (gr_stackset_copy(w, c)) return NULL;
+  w->frames[len - 1] = l->top;
+  w->hash[0] = 0; /* not used for steps */
+  return w;
+}
+
+static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
+  const struct gr_grammar *g = m->g;
+  if (levels_reserve(m, v->max_len + 1)) return CM_ERR_NOMEM;
+  struct gr_level *lv = m->levels;
+  uint32_t base_len = 0;
+  if (m->cur.n == 1) {
+    base_len = m->cur.off[1];
+    lv[0].simple = 1;
+    lv[0].top = m->cur.frames[base_len - 1];
+  } else {
+    lv[0].simple = 0;
+    if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
+  }
+  const uint32_t *delta = g->delta;
+  const uint8_t *flags = g->flags;
+  uint32_t ncls = g->n_cls;
+  for (uint32_t i = 0; i < v->n_nodes;) {
+    uint32_t d = v->depth[i];
+    uint8_t b = v->byte[i];
+    struct gr_level *pl = &lv[d - 1], *l = &lv[d];
+    int ok;
+    if (pl->simple) {
+      uint32_t t = delta[(size_t)pl->top * ncls + g->cls[b]];
+      if (t == GR_NONE) {
+        i = v->end[i];
+        continue;
+      }
+      uint8_t fl = flags[t];
+      if (!(fl & GR_F_CALLS) && (!(fl & GR_F_FINAL) || base_len == 1)) {
+        l->simple = 1;
+        l->top = t;
+        ok = 1;
+      } else {
+        const struct gr_stackset *in = level_set(m, d - 1);
+        if (!in) return CM_ERR_NOMEM;
+        l->simple = 0;
+        ok = gr_step(m, in, b, &l->set);
+      }
+    } else {
+      l->simple = 0;
+      ok = gr_step(m, &pl->set, b, &l->set);
+    }
+    if (!ok) {
+      i = v->end[i];
+      continue;
+    }
+    for (uint32_t k = v->tok[i]; k < v->tok[i + 1]; k++) {
+      uint32_t id = (uint32_t)v->ids[k];
+      bits[id >> 5] |= 1u << (id & 31);
+    }
+    i++;
+  }
+  return 0;
+}
+
+int gr_matcher_mask(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
+  uint32_t words = ((uint32_t)v->n + 31) / 32;
+  struct gr_grammar *g = (struct gr_grammar *)m->g; /* the cache is the only mutable part */
+  uint64_t h = gr_stackset_hash(&m->cur);
+  if (cache_get(g, v, &m->cur, h, bits)) return 0;
+  memset(bits, 0, words * sizeof *bits);
+  int rc = walk(m, v, bits);
+  if (rc) return rc;
+  cache_put(g, v, &m->cur, h, bits);
+  return 0;
+}

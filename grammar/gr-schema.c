@@ -1,0 +1,988 @@
+/* gr-schema.c — JSON Schema (draft 2020-12 and older drafts' common forms) to
+ * grammar. Each object- or array-shaped subschema, and each $ref target,
+ * becomes a rule of its own (shared by every place that uses it, recursion
+ * included); scalars are emitted inline. A keyword we cannot enforce is an
+ * error naming it and its JSON pointer, never ignored; annotations are. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "grammar/gr-impl.h"
+
+#define SC_MAX_DEPTH 64   /* nested subschemas (without going through a rule) */
+#define SC_MAX_PATH  512  /* bytes of a JSON pointer in messages */
+#define SC_MAX_RULES 1024 /* subschemas that became rules */
+
+struct sc_rule {
+  const json_t *schema;
+  uint32_t rule;
+};
+
+struct sc {
+  struct gr_nfa *n;
+  json_t *root;
+  struct sc_rule *rules;
+  uint32_t n_rules, cap_rules;
+  json_t *keep; /* merged schemas (allOf) made here, freed at the end */
+  int depth;
+};
+
+static int sc_fail(struct sc *c, const char *path, const char *kw, const char *why) {
+  if (why)
+    return gr_nfa_fail(c->n, CM_ERR_INVAL, "json_schema: keyword '%s' at %s is not supported (%s)",
+                       kw, path[0] ? path : "/", why);
+  return gr_nfa_fail(c->n, CM_ERR_INVAL, "json_schema: keyword '%s' at %s is not supported", kw,
+                     path[0] ? path : "/");
+}
+
+static void path_join(char *out, const char *path, const char *key) {
+  size_t k = strlen(path);
+  if (k >= SC_MAX_PATH - 2) {
+    memcpy(out, path, k + 1);
+    return;
+  }
+  memcpy(out, path, k);
+  out[k++] = '/';
+  for (const char *p = key; *p && k < SC_MAX_PATH - 3; p++) {
+    if (*p == '~')
+      out[k++] = '~', out[k++] = '0';
+    else if (*p == '/')
+      out[k++] = '~', out[k++] = '1';
+    else
+      out[k++] = *p;
+  }
+  out[k] = 0;
+}
+
+static void path_index(char *out, const char *path, const char *key, size_t i) {
+  char num[24];
+  path_join(out, path, key);
+  snprintf(num, sizeof num, "%zu", i);
+  char tmp[SC_MAX_PATH];
+  memcpy(tmp, out, SC_MAX_PATH);
+  path_join(out, tmp, num);
+}
+
+/* ---- keywords ------------------------------------------------------------ */
+static const char *annotations[] = {
+    "$schema",     "$id",      "$anchor",     "$comment",         "$defs",
+    "definitions", "title",    "description", "examples",         "default",
+    "deprecated",  "readOnly", "writeOnly",   "contentMediaType", "contentEncoding",
+    "$vocabulary", NULL};
+static const char *handled[] = {"type",
+                                "properties",
+                                "required",
+                                "additionalProperties",
+                                "items",
+                                "prefixItems",
+                                "additionalItems",
+                                "minItems",
+                                "maxItems",
+                                "enum",
+                                "const",
+                                "anyOf",
+                                "oneOf",
+                                "allOf",
+                                "$ref",
+                                "minLength",
+                                "maxLength",
+                                "pattern",
+                                "minimum",
+                                "maximum",
+                                "exclusiveMinimum",
+                                "exclusiveMaximum",
+                                "format",
+                                "minProperties",
+                                "maxProperties",
+                                NULL};
+
+static int in_list(const char *k, const char **list) {
+  for (const char **p = list; *p; p++)
+    if (strcmp(*p, k) == 0) return 1;
+  return 0;
+}
+
+static int check_keywords(struct sc *c, const json_t *s, const char *path) {
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)s, k, v) {
+    if (!in_list(k, annotations) && !in_list(k, handled)) return sc_fail(c, path, k, NULL);
+  }
+  return 0;
+}
+
+/* 1 when s has a keyword other than annotations and those in `except`. */
+static const char *other_keyword(const json_t *s, const char **except) {
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)s, k, v) {
+    if (!in_list(k, annotations) && !in_list(k, except)) return k;
+  }
+  return NULL;
+}
+
+/* ---- numbers --------------------------------------------------------------- */
+#define SC_BIG 1000000000000000000ll /* 10^18: bounds past this are unbounded */
+
+static int ndigits(long long x) {
+  int d = 1;
+  while (x >= 10)
+    x /= 10, d++;
+  return d;
+}
+
+static long long pow10ll(int d) {
+  long long p = 1;
+  while (d-- > 0)
+    p *= 10;
+  return p;
+}
+
+/* Decimal strings lo..hi of the same length (no sign). */
+static void same_len(struct gr_nfa *n, uint32_t from, uint32_t to, const char *lo, const char *hi,
+                     size_t len) {
+  if (len == 0) {
+    gr_nfa_eps(n, from, to);
+    return;
+  }
+  if (lo[0] == hi[0]) {
+    uint32_t a = len == 1 ? to : gr_nfa_state(n);
+    gr_nfa_byte(n, from, a, (uint8_t)lo[0], (uint8_t)lo[0]);
+    if (len > 1) same_len(n, a, to, lo + 1, hi + 1, len - 1);
+    return;
+  }
+  int lo_zeros = 1, hi_nines = 1;
+  for (size_t i = 1; i < len; i++)
+    lo_zeros &= lo[i] == '0', hi_nines &= hi[i] == '9';
+  char nines[24], zeros[24];
+  memset(nines, '9', len);
+  memset(zeros, '0', len);
+  uint8_t first = (uint8_t)lo[0], last = (uint8_t)hi[0];
+  if (!lo_zeros) { /* lo[0] followed by lo[1:] .. 99 */
+    uint32_t a = gr_nfa_state(n);
+    gr_nfa_byte(n, from, a, first, first);
+    same_len(n, a, to, lo + 1, nines, len - 1);
+    first++;
+  }
+  if (!hi_nines) { /* hi[0] followed by 00 .. hi[1:] */
+    uint32_t a = gr_nfa_state(n);
+    gr_nfa_byte(n, from, a, last, last);
+    same_len(n, a, to, zeros, hi + 1, len - 1);
+    last--;
+  }
+  if (first <= last) { /* the full middle */
+    uint32_t a = len == 1 ? to : gr_nfa_state(n);
+    gr_nfa_byte(n, from, a, first, last);
+    if (len > 1) same_len(n, a, to, zeros, nines, len - 1);
+  }
+}
+
+/* Unsigned decimals a..b (b < 0: unbounded), canonical (no leading zeros). */
+static void uint_range(struct gr_nfa *n, uint32_t from, uint32_t to, long long a, long long b) {
+  if (b >= 0 && a > b) return;
+  int da = ndigits(a), db = b < 0 ? 19 : ndigits(b);
+  for (int d = da; d <= db && d <= 18; d++) {
+    long long lo = d == da ? a : pow10ll(d - 1), hi = pow10ll(d) - 1;
+    if (b >= 0 && hi > b) hi = b;
+    if (lo > hi) continue;
+    char ls[24], hs[24];
+    snprintf(ls, sizeof ls, "%0*lld", d, lo);
+    snprintf(hs, sizeof hs, "%0*lld", d, hi);
+    same_len(n, from, to, ls, hs, (size_t)d);
+  }
+  if (b < 0) { /* 19 digits and more */
+    uint32_t s = gr_nfa_state(n), e = gr_nfa_state(n);
+    gr_nfa_byte(n, from, s, '1', '9');
+    uint32_t cur = s;
+    for (int i = 0; i < 18; i++) {
+      uint32_t nx = gr_nfa_state(n);
+      gr_nfa_byte(n, cur, nx, '0', '9');
+      cur = nx;
+    }
+    gr_nfa_eps(n, cur, e);
+    gr_nfa_byte(n, e, e, '0', '9');
+    gr_nfa_eps(n, e, to);
+  }
+}
+
+/* Integers lo..hi (has_lo / has_hi: bounded on that side). */
+static void int_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
+                      int has_hi, long long hi) {
+  if (has_lo && has_hi && lo > hi) return;
+  if (!has_hi || hi >= 0) uint_range(n, from, to, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+  if (!has_lo || lo < 0) {
+    uint32_t m = gr_nfa_state(n);
+    gr_nfa_byte(n, from, m, '-', '-');
+    long long a = has_hi && hi < 0 ? -hi : 1;
+    uint_range(n, m, to, a, has_lo ? -lo : -1);
+  }
+}
+
+static void frac_opt(struct gr_nfa *n, uint32_t from, uint32_t to, int zeros_only) {
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  gr_nfa_eps(n, from, to);
+  gr_nfa_byte(n, from, a, '.', '.');
+  gr_nfa_byte(n, a, b, '0', zeros_only ? '0' : '9');
+  gr_nfa_byte(n, b, b, '0', zeros_only ? '0' : '9');
+  gr_nfa_eps(n, b, to);
+}
+
+/* Numbers lo..hi with integer bounds (no exponent when bounded). */
+static void num_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
+                      int has_hi, long long hi) {
+  if (has_lo && has_hi && lo > hi) return;
+  /* non-negative: k.f for k in [max(lo,0), hi-1], and hi(.0+) */
+  if (!has_hi || hi >= 0) {
+    long long a = has_lo && lo > 0 ? lo : 0;
+    uint32_t k = gr_nfa_state(n);
+    if (!has_hi || hi - 1 >= a) uint_range(n, from, k, a, has_hi ? hi - 1 : -1);
+    frac_opt(n, k, to, 0);
+    if (has_hi && hi >= a) {
+      uint32_t e = gr_nfa_state(n);
+      uint_range(n, from, e, hi, hi);
+      frac_opt(n, e, to, 1);
+    }
+  }
+  /* negative: -k.f with k in [kmin, -lo-1], and -(-lo)(.0+) */
+  if (!has_lo || lo < 0) {
+    uint32_t m = gr_nfa_state(n), k = gr_nfa_state(n);
+    gr_nfa_byte(n, from, m, '-', '-');
+    long long kmin = has_hi && hi < 0 ? -hi : 0;
+    if (!has_lo || -lo - 1 >= kmin) uint_range(n, m, k, kmin, has_lo ? -lo - 1 : -1);
+    frac_opt(n, k, to, 0);
+    if (has_lo && -lo >= kmin) {
+      uint32_t e = gr_nfa_state(n);
+      uint_range(n, m, e, -lo, -lo);
+      frac_opt(n, e, to, 1);
+    }
+  }
+}
+
+/* Reads a bound: 1 and *v (integer-valued), 0 when absent, -1 on error. */
+static int bound(struct sc *c, const json_t *s, const char *kw, const char *path, int integer,
+                 int up, double *v) {
+  json_t *j = json_object_get(s, kw);
+  if (!j) return 0;
+  if (json_is_boolean(j)) return 0; /* draft 4 exclusive flags: read with their bound */
+  if (!json_is_number(j)) return sc_fail(c, path, kw, "not a number"), -1;
+  double x = json_number_value(j);
+  if (!integer && x != floor(x)) return sc_fail(c, path, kw, "non-integer bound on a number"), -1;
+  *v = up ? floor(x) : ceil(x);
+  return 1;
+}
+
+static void emit_numeric(struct sc *c, const json_t *s, const char *path, int integer,
+                         uint32_t from, uint32_t to) {
+  double lo = 0, hi = 0, x;
+  int has_lo = 0, has_hi = 0, r;
+  if ((r = bound(c, s, "minimum", path, integer, 0, &x)) < 0) return;
+  if (r) has_lo = 1, lo = x;
+  if ((r = bound(c, s, "maximum", path, integer, 1, &x)) < 0) return;
+  if (r) has_hi = 1, hi = x;
+  json_t *emin = json_object_get(s, "exclusiveMinimum"),
+         *emax = json_object_get(s, "exclusiveMaximum");
+  if ((emin && !json_is_false(emin)) || (emax && !json_is_false(emax))) {
+    if (!integer)
+      return (void)sc_fail(c, path, emin ? "exclusiveMinimum" : "exclusiveMaximum",
+                           "exclusive bounds on a number");
+    if (json_is_true(emin) && has_lo) {
+      double m = json_number_value(json_object_get(s, "minimum"));
+      lo = floor(m) + 1;
+    } else if (json_is_number(emin)) {
+      double m = floor(json_number_value(emin)) + 1;
+      if (!has_lo || m > lo) lo = m;
+      has_lo = 1;
+    }
+    if (json_is_true(emax) && has_hi) {
+      double m = json_number_value(json_object_get(s, "maximum"));
+      hi = ceil(m) - 1;
+    } else if (json_is_number(emax)) {
+      double m = ceil(json_number_value(emax)) - 1;
+      if (!has_hi || m < hi) hi = m;
+      has_hi = 1;
+    }
+  }
+  if (has_lo && lo <= -(double)SC_BIG) has_lo = 0;
+  if (has_hi && hi >= (double)SC_BIG) has_hi = 0;
+  if ((has_lo && lo >= (double)SC_BIG) || (has_hi && hi <= -(double)SC_BIG))
+    return (void)sc_fail(c, path, has_lo ? "minimum" : "maximum", "bound beyond 10^18");
+  if (integer) {
+    if (!has_lo && !has_hi)
+      gr_json_integer(c->n, from, to);
+    else
+      int_range(c->n, from, to, has_lo, (long long)lo, has_hi, (long long)hi);
+  } else {
+    if (!has_lo && !has_hi)
+      gr_json_number(c->n, from, to);
+    else
+      num_range(c->n, from, to, has_lo, (long long)lo, has_hi, (long long)hi);
+  }
+}
+
+/* ---- strings ------------------------------------------------------------- */
+/* dates: years 0001-9999, days that every year has (no February 29th) */
+#define SC_DATE                                                                                    \
+  "(000[1-9]|00[1-9]\\d|0[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0["    \
+  "469]|11)-("                                                                                     \
+  "0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))"
+#define SC_TIME "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
+static const struct {
+  const char *name, *re;
+} formats[] = {
+    {"date", SC_DATE},
+    {"time", SC_TIME},
+    {"date-time", SC_DATE "T" SC_TIME},
+    {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+    {"email", "[A-Za-z0-9._%+-]{1,64}@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\\.){1,4}[A-Za-"
+              "z]{2,12}"},
+    {"ipv4", "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"},
+    {"ipv6", "([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}|::|([0-9a-f]{1,4}:){1,7}:|:(:[0-9a-f]{1,4}){1,7}|"
+             "([0-9a-f]{1,4}:){1,6}:[0-9a-f]{1,4}|([0-9a-f]{1,4}:){1,5}(:[0-9a-f]{1,4}){2}|"
+             "([0-9a-f]{1,4}:){1,4}(:[0-9a-f]{1,4}){3}|([0-9a-f]{1,4}:){1,3}(:[0-9a-f]{1,4}){4}|"
+             "([0-9a-f]{1,4}:){1,2}(:[0-9a-f]{1,4}){5}|[0-9a-f]{1,4}:(:[0-9a-f]{1,4}){6}"},
+    {"hostname", "[A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,20}"
+                 "[A-Za-z0-9])?){0,4}"},
+    {"uri", "[A-Za-z][A-Za-z0-9+.-]{0,10}:(//)?[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=%]{1,200}"},
+};
+
+static void emit_string(struct sc *c, const json_t *s, const char *path, uint32_t from,
+                        uint32_t to) {
+  struct gr_nfa *n = c->n;
+  json_t *minl = json_object_get(s, "minLength"), *maxl = json_object_get(s, "maxLength");
+  json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+  int groups = (minl || maxl) + !!pat + !!fmt;
+  if (groups > 1)
+    return (void)sc_fail(c, path, pat ? "pattern" : "format",
+                         "together with other string constraints");
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  gr_nfa_byte(n, from, a, '"', '"');
+  gr_nfa_byte(n, b, to, '"', '"');
+  if (pat) {
+    if (!json_is_string(pat)) return (void)sc_fail(c, path, "pattern", "not a string");
+    char what[SC_MAX_PATH + 32];
+    snprintf(what, sizeof what, "json_schema: pattern at %s", path[0] ? path : "/");
+    gr_regex_emit(n, json_string_value(pat), json_string_length(pat), GR_RX_SEARCH, 1, a, b, what);
+    return;
+  }
+  if (fmt) {
+    if (!json_is_string(fmt)) return (void)sc_fail(c, path, "format", "not a string");
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+      if (strcmp(formats[i].name, json_string_value(fmt)) == 0) {
+        gr_regex_emit(n, formats[i].re, strlen(formats[i].re), GR_RX_FULL, 1, a, b, "format");
+        return;
+      }
+    }
+    char why[128];
+    snprintf(why, sizeof why, "format '%.60s'", json_string_value(fmt));
+    return (void)sc_fail(c, path, "format", why);
+  }
+  json_int_t mn = 0, mx = -1;
+  if (minl) {
+    if (!json_is_integer(minl) || json_integer_value(minl) < 0)
+      return (void)sc_fail(c, path, "minLength", "not a non-negative integer");
+    mn = json_integer_value(minl);
+  }
+  if (maxl) {
+    if (!json_is_integer(maxl) || json_integer_value(maxl) < 0)
+      return (void)sc_fail(c, path, "maxLength", "not a non-negative integer");
+    mx = json_integer_value(maxl);
+  }
+  if (mn > GR_MAX_REPEAT || mx > (json_int_t)GR_MAX_REPEAT) {
+    gr_nfa_fail(n, CM_ERR_TOOBIG, "json_schema: %s at %s above %u",
+                mx > mn ? "maxLength" : "minLength", path[0] ? path : "/", GR_MAX_REPEAT);
+    return;
+  }
+  uint32_t cur = a;
+  for (json_int_t i = 0; i < mn && !n->rc; i++) {
+    uint32_t nx = gr_nfa_state(n);
+    gr_json_char(n, cur, nx);
+    cur = nx;
+  }
+  if (mx < 0) {
+    gr_json_char(n, cur, cur);
+    gr_nfa_eps(n, cur, b);
+    return;
+  }
+  for (json_int_t i = mn; i < mx && !n->rc; i++) {
+    uint32_t nx = gr_nfa_state(n);
+    gr_nfa_eps(n, cur, b);
+    gr_json_char(n, cur, nx);
+    cur = nx;
+  }
+  gr_nfa_eps(n, cur, b);
+}
+
+/* ---- subschemas ------------------------------------------------------------ */
+static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from, uint32_t to);
+
+/* The rule of subschema s (made on first use; s's body emitted into it). */
+static uint32_t rule_of(struct sc *c, const json_t *s, const char *path) {
+  for (uint32_t i = 0; i < c->n_rules; i++)
+    if (c->rules[i].schema == s) return c->rules[i].rule;
+  if (c->n_rules >= SC_MAX_RULES) {
+    gr_nfa_fail(c->n, CM_ERR_TOOBIG, "json_schema: more than %u subschemas", SC_MAX_RULES);
+    return GR_NONE;
+  }
+  if (c->n_rules == c->cap_rules) {
+    uint32_t cap = c->cap_rules ? c->cap_rules * 2 : 16;
+    struct sc_rule *r = realloc(c->rules, cap * sizeof *r);
+    if (!r) {
+      gr_nfa_fail(c->n, CM_ERR_NOMEM, "json_schema: out of memory");
+      return GR_NONE;
+    }
+    c->rules = r;
+    c->cap_rules = cap;
+  }
+  uint32_t r = gr_nfa_rule(c->n);
+  if (c->n->rc) return GR_NONE;
+  c->rules[c->n_rules++] = (struct sc_rule){s, r};
+  emit(c, s, path, c->n->rule_start[r], c->n->rule_final[r]);
+  return r;
+}
+
+static const json_t *resolve_ref(struct sc *c, const json_t *ref, const char *path) {
+  if (!json_is_string(ref)) return sc_fail(c, path, "$ref", "not a string"), NULL;
+  const char *p = json_string_value(ref);
+  if (p[0] != '#') return sc_fail(c, path, "$ref", "only local references (#...)"), NULL;
+  const json_t *cur = c->root;
+  p++;
+  while (*p == '/') {
+    p++;
+    char key[256];
+    size_t k = 0;
+    while (*p && *p != '/' && k < sizeof key - 1) {
+      if (p[0] == '~' && p[1] == '0')
+        key[k++] = '~', p += 2;
+      else if (p[0] == '~' && p[1] == '1')
+        key[k++] = '/', p += 2;
+      else
+        key[k++] = *p++;
+    }
+    key[k] = 0;
+    if (json_is_object(cur))
+      cur = json_object_get(cur, key);
+    else if (json_is_array(cur))
+      cur = json_array_get(cur, (size_t)strtoul(key, NULL, 10));
+    else
+      cur = NULL;
+    if (!cur) return sc_fail(c, path, "$ref", "target not found"), NULL;
+  }
+  if (*p) return sc_fail(c, path, "$ref", "only JSON pointers (#/...)"), NULL;
+  return cur;
+}
+
+/* A subschema where a value goes: a call of its rule when it is an object or an
+ * array (or a reference), inline otherwise. */
+static void emit_value(struct sc *c, const json_t *s, const char *path, uint32_t from,
+                       uint32_t to) {
+  if (json_is_object(s)) {
+    const json_t *t = json_object_get(s, "type");
+    int big = json_object_get(s, "$ref") || json_object_get(s, "properties") ||
+              json_object_get(s, "items") || json_object_get(s, "anyOf") ||
+              json_object_get(s, "oneOf") || json_object_get(s, "allOf") ||
+              json_object_get(s, "prefixItems") || json_object_get(s, "additionalProperties") ||
+              (json_is_string(t) && (strcmp(json_string_value(t), "object") == 0 ||
+                                     strcmp(json_string_value(t), "array") == 0));
+    if (big) {
+      uint32_t r = rule_of(c, s, path);
+      if (r != GR_NONE) gr_nfa_call(c->n, from, to, r);
+      return;
+    }
+  }
+  emit(c, s, path, from, to);
+}
+
+static void emit_array(struct sc *c, const json_t *s, const char *path, uint32_t from,
+                       uint32_t to) {
+  struct gr_nfa *n = c->n;
+  json_t *prefix = json_object_get(s, "prefixItems"), *items = json_object_get(s, "items");
+  json_t *extra = json_object_get(s, "additionalItems");
+  const char *prefix_kw = "prefixItems";
+  if (json_is_array(items)) { /* the older drafts' tuple form */
+    prefix = items;
+    prefix_kw = "items";
+    items = extra;
+  } else if (extra) {
+    return (void)sc_fail(c, path, "additionalItems", "without an items array");
+  }
+  if (prefix && !json_is_array(prefix)) return (void)sc_fail(c, path, prefix_kw, "not an array");
+  size_t k = prefix ? json_array_size(prefix) : 0;
+  json_t *mi = json_object_get(s, "minItems"), *ma = json_object_get(s, "maxItems");
+  if ((mi && (!json_is_integer(mi) || json_integer_value(mi) < 0)) ||
+      (ma && (!json_is_integer(ma) || json_integer_value(ma) < 0)))
+    return (void)sc_fail(c, path, mi ? "minItems" : "maxItems", "not a non-negative integer");
+  long long min = mi ? json_integer_value(mi) : 0, max = ma ? json_integer_value(ma) : -1;
+  int items_false = json_is_false(items);
+  if (items_false && (max < 0 || max > (long long)k)) max = (long long)k;
+  if (min > (long long)GR_MAX_REPEAT || max > (long long)GR_MAX_REPEAT) {
+    gr_nfa_fail(n, CM_ERR_TOOBIG, "json_schema: minItems/maxItems at %s above %u",
+                path[0] ? path : "/", GR_MAX_REPEAT);
+    return;
+  }
+  if (max >= 0 && min > max) return; /* nothing: the caller sees a dead branch */
+  uint32_t open = gr_nfa_state(n), close = gr_nfa_state(n);
+  gr_nfa_byte(n, from, open, '[', '[');
+  gr_nfa_byte(n, close, to, ']', ']');
+  uint32_t body = gr_nfa_state(n);
+  gr_json_ws(n, open, body);
+  char ip[SC_MAX_PATH];
+  path_join(ip, path, "items");
+  /* cur: before element i (after '[' and whitespace, or after element i-1 and
+   * whitespace); the first `unroll` positions are spelled out, then a loop */
+  long long unroll = (long long)k > min ? (long long)k : min;
+  uint32_t cur = body;
+  for (long long i = 0; !n->rc; i++) {
+    if (i >= min) gr_nfa_eps(n, cur, close);
+    if ((max >= 0 && i >= max) || (i >= (long long)k && items_false)) break;
+    uint32_t el = cur;
+    if (i > 0) {
+      uint32_t comma = gr_nfa_state(n);
+      el = gr_nfa_state(n);
+      gr_nfa_byte(n, cur, comma, ',', ',');
+      gr_json_ws(n, comma, el);
+    }
+    uint32_t after = gr_nfa_state(n), next = gr_nfa_state(n);
+    const json_t *es = i < (long long)k ? json_array_get(prefix, (size_t)i)
+                       : items          ? items
+                                        : json_true();
+    char pp[SC_MAX_PATH];
+    if (i < (long long)k)
+      path_index(pp, path, prefix_kw, (size_t)i);
+    else
+      memcpy(pp, ip, sizeof pp);
+    emit_value(c, es, pp, el, after);
+    gr_json_ws(n, after, next);
+    if (i >= (long long)k && i >= unroll && max < 0) {
+      /* the open tail: more elements, each after a comma, back to next */
+      uint32_t comma = gr_nfa_state(n), el2 = gr_nfa_state(n), after2 = gr_nfa_state(n);
+      gr_nfa_byte(n, next, comma, ',', ',');
+      gr_json_ws(n, comma, el2);
+      emit_value(c, es, pp, el2, after2);
+      gr_json_ws(n, after2, next);
+      gr_nfa_eps(n, next, close);
+      break;
+    }
+    cur = next;
+  }
+}
+
+static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_t from,
+                        uint32_t to) {
+  struct gr_nfa *n = c->n;
+  json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+  json_t *addl = json_object_get(s, "additionalProperties");
+  if (props && !json_is_object(props)) return (void)sc_fail(c, path, "properties", "not an object");
+  if (req && !json_is_array(req)) return (void)sc_fail(c, path, "required", "not an array");
+  if (addl && !json_is_boolean(addl) && !json_is_object(addl))
+    return (void)sc_fail(c, path, "additionalProperties", "not a boolean or schema");
+  int open_addl = addl && !json_is_false(addl);
+  size_t np = props ? json_object_size(props) : 0, nreq = 0;
+  /* every required name must be a property we emit */
+  size_t i;
+  json_t *r;
+  json_array_foreach(req, i, r) {
+    if (!json_is_string(r)) return (void)sc_fail(c, path, "required", "not an array of strings");
+    if (!props || !json_object_get(props, json_string_value(r)))
+      return (void)sc_fail(c, path, "required",
+                           "names a property without a schema in 'properties'");
+    nreq++;
+  }
+  json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
+  if (minp && (!json_is_integer(minp) || (size_t)json_integer_value(minp) > nreq))
+    return (void)sc_fail(c, path, "minProperties", "above the number of required properties");
+  if (maxp && (!json_is_integer(maxp) || open_addl || (size_t)json_integer_value(maxp) < np))
+    return (void)sc_fail(c, path, "maxProperties", "below the number of properties");
+  uint32_t open = gr_nfa_state(n), close = gr_nfa_state(n);
+  gr_nfa_byte(n, from, open, '{', '{');
+  gr_nfa_byte(n, close, to, '}', '}');
+  /* two tracks: t0 (nothing written yet), t1 (something written: a comma first) */
+  uint32_t t0 = gr_nfa_state(n), t1 = gr_nfa_state(n);
+  gr_json_ws(n, open, t0);
+  int t1_live = 0;
+  const char *key;
+  json_t *ps;
+  json_object_foreach(props, key, ps) {
+    int required = 0;
+    json_array_foreach(req, i, r) {
+      if (strcmp(json_string_value(r), key) == 0) required = 1;
+    }
+    char pp[SC_MAX_PATH], pk[SC_MAX_PATH];
+    path_join(pk, path, "properties");
+    path_join(pp, pk, key);
+    uint32_t n0 = gr_nfa_state(n), n1 = gr_nfa_state(n);
+    /* member: "key" ws : ws value */
+    for (int track = 0; track < 2; track++) {
+      if (track == 1 && !t1_live) continue;
+      uint32_t st = track ? t1 : t0, k0 = st;
+      if (track == 1) {
+        uint32_t w = gr_nfa_state(n), comma = gr_nfa_state(n);
+        k0 = gr_nfa_state(n);
+        gr_nfa_byte(n, st, w, ',', ',');
+        gr_json_ws(n, w, comma);
+        gr_nfa_eps(n, comma, k0);
+      }
+      uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n),
+               v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
+      gr_json_lit_string(n, k0, k1, key, strlen(key));
+      gr_json_ws(n, k1, k2);
+      gr_nfa_byte(n, k2, k3, ':', ':');
+      gr_json_ws(n, k3, v0);
+      emit_value(c, ps, pp, v0, v1);
+      gr_json_ws(n, v1, n1); /* ws after a value, before ',' or '}' */
+    }
+    if (!required) {
+      gr_nfa_eps(n, t0, n0);
+      if (t1_live) gr_nfa_eps(n, t1, n1);
+    }
+    t0 = n0;
+    t1 = n1;
+    t1_live = 1;
+    if (required) t0 = gr_nfa_state(n); /* nothing written past a required one: dead */
+  }
+  if (open_addl) {
+    char ap[SC_MAX_PATH];
+    path_join(ap, path, "additionalProperties");
+    uint32_t a1 = gr_nfa_state(n);
+    for (int track = 0; track < 2; track++) {
+      if (track == 1 && !t1_live) continue;
+      uint32_t k0 = track ? gr_nfa_state(n) : t0;
+      if (track == 1) {
+        uint32_t w = gr_nfa_state(n);
+        gr_nfa_byte(n, t1, w, ',', ',');
+        gr_json_ws(n, w, k0);
+      }
+      uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n),
+               v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
+      gr_json_string(n, k0, k1);
+      gr_json_ws(n, k1, k2);
+      gr_nfa_byte(n, k2, k3, ':', ':');
+      gr_json_ws(n, k3, v0);
+      emit_value(c, json_is_object(addl) ? addl : json_true(), ap, v0, v1);
+      gr_json_ws(n, v1, a1);
+    }
+    /* more of them: , "key": value, back to a1 */
+    uint32_t w = gr_nfa_state(n), k0 = gr_nfa_state(n), k1 = gr_nfa_state(n), k2 = gr_nfa_state(n),
+             k3 = gr_nfa_state(n), v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
+    gr_nfa_byte(n, a1, w, ',', ',');
+    gr_json_ws(n, w, k0);
+    gr_json_string(n, k0, k1);
+    gr_json_ws(n, k1, k2);
+    gr_nfa_byte(n, k2, k3, ':', ':');
+    gr_json_ws(n, k3, v0);
+    emit_value(c, json_is_object(addl) ? addl : json_true(), ap, v0, v1);
+    gr_json_ws(n, v1, a1);
+    gr_nfa_eps(n, a1, close);
+  }
+  gr_nfa_eps(n, t0, close);
+  if (t1_live) gr_nfa_eps(n, t1, close);
+}
+
+static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigned *mask);
+
+enum { T_NULL = 1, T_BOOL = 2, T_INT = 4, T_NUM = 8, T_STR = 16, T_ARR = 32, T_OBJ = 64 };
+
+static const char *type_names[] = {"null",   "boolean", "integer", "number",
+                                   "string", "array",   "object"};
+
+static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigned *mask) {
+  json_t *t = json_object_get(s, "type");
+  *mask = 0;
+  if (!t) {
+    /* no type: the types the keywords speak of, or any value */
+    if (json_object_get(s, "properties") || json_object_get(s, "required") ||
+        json_object_get(s, "additionalProperties") || json_object_get(s, "minProperties") ||
+        json_object_get(s, "maxProperties"))
+      *mask |= T_OBJ;
+    if (json_object_get(s, "items") || json_object_get(s, "prefixItems") ||
+        json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
+      *mask |= T_ARR;
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") ||
+        json_object_get(s, "pattern") || json_object_get(s, "format"))
+      *mask |= T_STR;
+    if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
+        json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum"))
+      *mask |= T_NUM;
+    if (!*mask) *mask = 127;
+    return 0;
+  }
+  const json_t *list = t;
+  json_t *one = NULL;
+  if (json_is_string(t)) {
+    one = json_array();
+    json_array_append((json_t *)one, (json_t *)t);
+    list = one;
+  }
+  if (!json_is_array(list)) return sc_fail(c, path, "type", "not a string or an array");
+  size_t i;
+  json_t *v;
+  json_array_foreach(list, i, v) {
+    int found = 0;
+    for (int k = 0; k < 7; k++)
+      if (json_is_string(v) && strcmp(json_string_value(v), type_names[k]) == 0)
+        *mask |= 1u << k, found = 1;
+    if (!found) {
+      json_decref(one);
+      return sc_fail(c, path, "type", "unknown type name");
+    }
+  }
+  json_decref(one);
+  if ((*mask & T_NUM) && (*mask & T_INT)) *mask &= ~(unsigned)T_INT; /* number covers it */
+  return 0;
+}
+
+static int value_has_type(const json_t *v, unsigned mask) {
+  if (json_is_null(v)) return mask & T_NULL;
+  if (json_is_boolean(v)) return mask & T_BOOL;
+  if (json_is_integer(v)) return mask & (T_INT | T_NUM);
+  if (json_is_real(v))
+    return (mask & T_NUM) || ((mask & T_INT) && json_real_value(v) == floor(json_real_value(v)));
+  if (json_is_string(v)) return mask & T_STR;
+  if (json_is_array(v)) return mask & T_ARR;
+  return mask & T_OBJ;
+}
+
+static void emit_literal(struct sc *c, const json_t *v, uint32_t from, uint32_t to) {
+  char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+  if (!t) {
+    gr_nfa_fail(c->n, CM_ERR_NOMEM, "json_schema: out of memory");
+    return;
+  }
+  gr_nfa_lit(c->n, from, to, t, strlen(t));
+  free(t);
+}
+
+/* allOf: the branches merged into one schema (properties joined, required
+ * joined, any other keyword must agree). NULL and an error when they cannot. */
+static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
+  json_t *all = json_object_get(s, "allOf");
+  if (!json_is_array(all) || json_array_size(all) == 0)
+    return sc_fail(c, path, "allOf", "not a non-empty array"), NULL;
+  json_t *m = json_deep_copy(s);
+  json_object_del(m, "allOf");
+  size_t i;
+  json_t *b;
+  json_array_foreach(all, i, b) {
+    char bp[SC_MAX_PATH];
+    path_index(bp, path, "allOf", i);
+    const json_t *br = b;
+    int guard = 0;
+    while (json_is_object(br) && json_object_get(br, "$ref") && guard++ < 16) {
+      const char *o = other_keyword(br, (const char *[]){"$ref", NULL});
+      if (o) {
+        json_decref(m);
+        return sc_fail(c, bp, o, "next to '$ref' inside allOf"), NULL;
+      }
+      br = resolve_ref(c, json_object_get(br, "$ref"), bp);
+      if (!br) {
+        json_decref(m);
+        return NULL;
+      }
+    }
+    if (json_is_true(br)) continue;
+    if (!json_is_object(br) || json_object_get(br, "allOf")) {
+      json_decref(m);
+      return sc_fail(c, bp, "allOf", "only object schemas are merged"), NULL;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)br, k, v) {
+      if (in_list(k, annotations)) continue;
+      json_t *have = json_object_get(m, k);
+      if (strcmp(k, "properties") == 0 && json_is_object(v)) {
+        if (!have) {
+          json_object_set_new(m, k, json_deep_copy(v));
+          continue;
+        }
+        const char *pk;
+        json_t *pv;
+        json_object_foreach(v, pk, pv) {
+          json_t *h = json_object_get(have, pk);
+          if (h && !json_equal(h, pv)) {
+            json_decref(m);
+            return sc_fail(c, bp, "allOf", "the same property with two schemas"), NULL;
+          }
+          if (!h) json_object_set(have, pk, pv);
+        }
+      } else if (strcmp(k, "required") == 0 && json_is_array(v)) {
+        if (!have) {
+          json_object_set_new(m, k, json_deep_copy(v));
+          continue;
+        }
+        size_t j;
+        json_t *rv;
+        json_array_foreach(v, j, rv) {
+          size_t q;
+          json_t *hv;
+          int dup = 0;
+          json_array_foreach(have, q, hv) dup |= json_equal(hv, rv);
+          if (!dup) json_array_append(have, rv);
+        }
+      } else if (!have) {
+        json_object_set(m, k, v);
+      } else if (!json_equal(have, v)) {
+        json_decref(m);
+        return sc_fail(c, bp, k, "allOf branches disagree on it"), NULL;
+      }
+    }
+  }
+  /* additionalProperties (other than true) in one part sees only that part's
+   * properties: merged, it must still list every property */
+  json_t *mp = json_object_get(m, "properties");
+  for (size_t q = 0; q <= json_array_size(all); q++) {
+    const json_t *part = q == 0 ? s : json_array_get(all, q - 1);
+    int guard = 0;
+    while (json_is_object(part) && json_object_get(part, "$ref") && guard++ < 16)
+      part = resolve_ref(c, json_object_get(part, "$ref"), path);
+    json_t *ap = json_is_object(part) ? json_object_get(part, "additionalProperties") : NULL;
+    if (!ap || json_is_true(ap)) continue;
+    json_t *own = json_object_get(part, "properties");
+    const char *pk;
+    json_t *pv;
+    json_object_foreach(mp, pk, pv) {
+      if (!own || !json_object_get(own, pk)) {
+        json_decref(m);
+        return sc_fail(c, path, "additionalProperties",
+                       "in allOf, where other parts add properties"),
+               NULL;
+      }
+    }
+  }
+  json_array_append_new(c->keep, m);
+  return m;
+}
+
+static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from, uint32_t to) {
+  struct gr_nfa *n = c->n;
+  if (n->rc) return;
+  if (json_is_true(s)) {
+    uint32_t r = gr_json_value_rule(n, NULL);
+    if (r != GR_NONE) gr_nfa_call(n, from, to, r);
+    return;
+  }
+  if (json_is_false(s)) return;
+  if (!json_is_object(s)) {
+    gr_nfa_fail(n, CM_ERR_INVAL, "json_schema: the schema at %s is not an object or a boolean",
+                path[0] ? path : "/");
+    return;
+  }
+  if (++c->depth > SC_MAX_DEPTH) {
+    gr_nfa_fail(n, CM_ERR_TOOBIG, "json_schema: subschemas nested deeper than %d at %s",
+                SC_MAX_DEPTH, path[0] ? path : "/");
+    return;
+  }
+  if (check_keywords(c, s, path)) goto out;
+  if (json_object_get(s, "allOf")) {
+    json_t *m = merge_all_of(c, s, path);
+    if (m) emit(c, m, path, from, to);
+    goto out;
+  }
+  json_t *ref = json_object_get(s, "$ref");
+  if (ref) {
+    const char *o = other_keyword(s, (const char *[]){"$ref", NULL});
+    if (o) {
+      sc_fail(c, path, o, "next to '$ref'");
+      goto out;
+    }
+    const json_t *t = resolve_ref(c, ref, path);
+    if (!t) goto out;
+    char rp[SC_MAX_PATH];
+    snprintf(rp, sizeof rp, "%s", json_string_value(ref) + 1);
+    if (json_is_boolean(t)) {
+      emit(c, t, rp, from, to);
+      goto out;
+    }
+    uint32_t r = rule_of(c, t, rp);
+    if (r != GR_NONE) gr_nfa_call(n, from, to, r);
+    goto out;
+  }
+  json_t *any = json_object_get(s, "anyOf");
+  const char *any_kw = "anyOf";
+  if (!any) any = json_object_get(s, "oneOf"), any_kw = "oneOf";
+  if (any) {
+    const char *o = other_keyword(s, (const char *[]){"anyOf", "oneOf", NULL});
+    if (o) {
+      sc_fail(c, path, o, "next to anyOf / oneOf");
+      goto out;
+    }
+    if (json_object_get(s, "anyOf") && json_object_get(s, "oneOf")) {
+      sc_fail(c, path, "oneOf", "next to anyOf");
+      goto out;
+    }
+    if (!json_is_array(any) || json_array_size(any) == 0) {
+      sc_fail(c, path, any_kw, "not a non-empty array");
+      goto out;
+    }
+    size_t i;
+    json_t *b;
+    json_array_foreach(any, i, b) {
+      char bp[SC_MAX_PATH];
+      path_index(bp, path, any_kw, i);
+      emit_value(c, b, bp, from, to);
+    }
+    goto out;
+  }
+  unsigned mask;
+  if (type_mask_of(c, s, path, &mask)) goto out;
+  json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+  if (en || cn) {
+    const char *o = other_keyword(s, (const char *[]){"enum", "const", "type", NULL});
+    if (o) {
+      sc_fail(c, path, o, "next to enum / const");
+      goto out;
+    }
+    if (en && !json_is_array(en)) {
+      sc_fail(c, path, "enum", "not an array");
+      goto out;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(en, i, v) {
+      if (value_has_type(v, mask) && (!cn || json_equal(v, cn))) emit_literal(c, v, from, to);
+    }
+    if (cn && !en && value_has_type(cn, mask)) emit_literal(c, cn, from, to);
+    goto out;
+  }
+  for (int k = 0; k < 7 && !n->rc; k++) {
+    if (!(mask & (1u << k))) continue;
+    switch (1u << k) {
+    case T_NULL: gr_nfa_lit(n, from, to, "null", 4); break;
+    case T_BOOL:
+      gr_nfa_lit(n, from, to, "true", 4);
+      gr_nfa_lit(n, from, to, "false", 5);
+      break;
+    case T_INT: emit_numeric(c, s, path, 1, from, to); break;
+    case T_NUM: emit_numeric(c, s, path, 0, from, to); break;
+    case T_STR: emit_string(c, s, path, from, to); break;
+    case T_ARR: emit_array(c, s, path, from, to); break;
+    case T_OBJ: emit_object(c, s, path, from, to); break;
+    }
+  }
+out:
+  c->depth--;
+}
+
+int gr_schema_build(struct gr_nfa *n, const char *text, size_t len) {
+  json_error_t je;
+  json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
+  if (!root)
+    return gr_nfa_fail(n, CM_ERR_INVAL, "json_schema: invalid JSON at %d: %s", je.position,
+                       je.text);
+  struct sc c = {.n = n, .root = root, .keep = json_array()};
+  uint32_t r = gr_nfa_rule(n); /* rule 0: the root */
+  if (!n->rc) {
+    if (json_is_object(root) || json_is_boolean(root)) {
+      c.rules = malloc(16 * sizeof *c.rules);
+      c.cap_rules = c.rules ? 16 : 0;
+      emit(&c, root, "", n->rule_start[r], n->rule_final[r]);
+    } else {
+      gr_nfa_fail(n, CM_ERR_INVAL, "json_schema: the schema is not an object or a boolean");
+    }
+  }
+  free(c.rules);
+  json_decref(c.keep);
+  json_decref(root);
+  return n->rc;
+}

