@@ -4,11 +4,13 @@
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-api.h"
+#include "grammar/gr.h"
 
 struct pctx {
   struct fe_api_request *r;
@@ -381,13 +383,163 @@ static int reject_unsupported(struct pctx *p, json_t *body) {
           !strcmp(json_string_value(v), "none")))
       return fail(p, 400, keys[i], "'%s' is not supported", keys[i]);
   }
+  return 0;
+}
+
+/* ---- structured outputs ------------------------------------------------------ */
+
+/* Takes one constraint (kind, its text as JSON or a string) for the request, from
+ * field `param`; a second one is a 400. */
+static int set_constraint(struct pctx *p, const char *param, int kind, json_t *v) {
+  struct fe_api_request *r = p->r;
+  if (r->grammar_kind)
+    return fail(p, 400, param,
+                "'%s': only one of response_format, structured_outputs and the "
+                "guided_* fields may constrain a request (%s already does)",
+                param, r->grammar_param);
+  const char *s = NULL;
+  char *dumped = NULL;
+  if (kind == GR_REGEX) {
+    if (!json_is_string(v)) return fail(p, 400, param, "'%s' must be a string (a regex)", param);
+    s = json_string_value(v);
+  } else if (kind == GR_CHOICE) {
+    if (!json_is_array(v) || json_array_size(v) == 0)
+      return fail(p, 400, param, "'%s' must be a non-empty array of strings", param);
+    size_t i;
+    json_t *c;
+    json_array_foreach(v, i, c) {
+      if (!json_is_string(c)) return fail(p, 400, param, "'%s[%zu]' must be a string", param, i);
+    }
+  } else if (kind == GR_JSON_SCHEMA) {
+    if (json_is_string(v)) { /* vLLM takes a schema as JSON text too */
+      json_error_t je;
+      json_t *o = json_loads(json_string_value(v), JSON_REJECT_DUPLICATES, &je);
+      if (!o) return fail(p, 400, param, "'%s' is not valid JSON: %.120s", param, je.text);
+      dumped = json_dumps(o, JSON_COMPACT);
+      json_decref(o);
+    } else if (!json_is_object(v) && !json_is_boolean(v)) {
+      return fail(p, 400, param, "'%s' must be a JSON Schema (an object)", param);
+    }
+  }
+  if (!s && kind != GR_JSON_OBJECT && !dumped) dumped = json_dumps(v, JSON_COMPACT);
+  if (!s && dumped) s = dumped;
+  if (kind != GR_JSON_OBJECT && !s) return nomem(p);
+  size_t len = s ? strlen(s) : 0;
+  int rc = 0;
+  if (len > FE_API_MAX_GRAMMAR) {
+    rc = fail(p, 400, param, "'%s' takes %zu bytes, at most %d are allowed", param, len,
+              FE_API_MAX_GRAMMAR);
+  } else {
+    /* compiled here so that a bad one is a 400 before anything is queued; the
+     * workers compile the same text again */
+    struct gr_grammar *g = NULL;
+    char why[256];
+    int crc = gr_compile((enum gr_kind)kind, s ? s : "", len, &g, why, sizeof(why));
+    gr_grammar_free(g);
+    if (crc == CM_ERR_NOMEM)
+      rc = nomem(p);
+    else if (crc)
+      rc = fail(p, 400, param, "'%s': %s", param, why);
+  }
+  if (!rc && len) {
+    char *t = cm_arena_alloc(&r->arena, len + 1);
+    if (!t)
+      rc = nomem(p);
+    else
+      memcpy(t, s, len + 1);
+    r->grammar = t;
+  }
+  free(dumped);
+  if (rc) return rc;
+  r->grammar_kind = kind;
+  r->grammar_len = len;
+  snprintf(r->grammar_param, sizeof(r->grammar_param), "%s", param);
+  return 0;
+}
+
+/* response_format (OpenAI), structured_outputs (vLLM: json, regex, choice, grammar,
+ * json_object) and vLLM's older guided_json / guided_regex / guided_choice. */
+static int parse_structured(struct pctx *p, json_t *body) {
+  int rc;
   json_t *rf = json_object_get(body, "response_format");
   if (rf && !json_is_null(rf)) {
     json_t *t = json_object_get(rf, "type");
-    if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+    const char *type = json_is_string(t) ? json_string_value(t) : NULL;
+    if (!json_is_object(rf) || !type)
       return fail(p, 400, "response_format",
-                  "only response_format {\"type\": \"text\"} is supported");
+                  "'response_format' must be an object with a 'type': text, json_object or "
+                  "json_schema");
+    if (!strcmp(type, "json_object")) {
+      if ((rc = set_constraint(p, "response_format", GR_JSON_OBJECT, NULL))) return rc;
+    } else if (!strcmp(type, "json_schema")) {
+      json_t *js = json_object_get(rf, "json_schema");
+      json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+      if (!schema)
+        return fail(p, 400, "response_format.json_schema",
+                    "'response_format.json_schema' must be an object with a 'schema'");
+      if ((rc = set_constraint(p, "response_format.json_schema.schema", GR_JSON_SCHEMA, schema)))
+        return rc;
+    } else if (strcmp(type, "text") != 0) {
+      return fail(p, 400, "response_format.type",
+                  "'response_format.type' must be text, json_object or json_schema, not '%.40s'",
+                  type);
+    }
   }
+  static const struct {
+    const char *key, *param;
+    int kind;
+  } keys[] = {
+      {"json", "structured_outputs.json", GR_JSON_SCHEMA},
+      {"regex", "structured_outputs.regex", GR_REGEX},
+      {"choice", "structured_outputs.choice", GR_CHOICE},
+  };
+  json_t *so = json_object_get(body, "structured_outputs");
+  if (so && !json_is_null(so)) {
+    if (!json_is_object(so))
+      return fail(p, 400, "structured_outputs", "'structured_outputs' must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach(so, key, v) {
+      if (json_is_null(v)) continue;
+      size_t i = 0;
+      while (i < sizeof(keys) / sizeof(keys[0]) && strcmp(key, keys[i].key))
+        i++;
+      if (i < sizeof(keys) / sizeof(keys[0])) {
+        if ((rc = set_constraint(p, keys[i].param, keys[i].kind, v))) return rc;
+      } else if (!strcmp(key, "json_object")) {
+        if (!json_is_boolean(v))
+          return fail(p, 400, "structured_outputs.json_object",
+                      "'structured_outputs.json_object' must be a boolean");
+        if (json_is_true(v) &&
+            (rc = set_constraint(p, "structured_outputs.json_object", GR_JSON_OBJECT, NULL)))
+          return rc;
+      } else if (!strcmp(key, "disable_any_whitespace") || !strcmp(key, "disable_fallback") ||
+                 !strcmp(key, "disable_additional_properties") ||
+                 !strcmp(key, "whitespace_pattern")) {
+        /* vLLM's backend options: whitespace here is always bounded, nothing falls back */
+      } else {
+        return fail(p, 400, "structured_outputs",
+                    "'structured_outputs.%.40s' is not supported "
+                    "(json, regex, choice, json_object are)",
+                    key);
+      }
+    }
+  }
+  static const struct {
+    const char *key;
+    int kind;
+  } guided[] = {
+      {"guided_json", GR_JSON_SCHEMA}, {"guided_regex", GR_REGEX}, {"guided_choice", GR_CHOICE}};
+  for (size_t i = 0; i < sizeof(guided) / sizeof(guided[0]); i++) {
+    json_t *v = json_object_get(body, guided[i].key);
+    if (v && !json_is_null(v) && (rc = set_constraint(p, guided[i].key, guided[i].kind, v)))
+      return rc;
+  }
+  json_t *gg = json_object_get(body, "guided_grammar");
+  if (gg && !json_is_null(gg))
+    return fail(p, 400, "guided_grammar",
+                "'guided_grammar' is not supported yet (json, regex and "
+                "choice constraints are)");
   return 0;
 }
 
@@ -446,7 +598,8 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   json_t *user = json_object_get(body, "user");
   if (user && !json_is_null(user) && !json_is_string(user))
     return fail(p, 400, "user", "'user' must be a string");
-  return reject_unsupported(p, body);
+  if ((rc = reject_unsupported(p, body))) return rc;
+  return parse_structured(p, body);
 }
 
 static int parse_output(struct pctx *p, json_t *body) {

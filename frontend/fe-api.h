@@ -22,6 +22,7 @@
 #define FE_API_MAX_N              128 /* choices per request */
 #define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
 #define FE_API_MAX_IMAGES         64  /* image parts in one chat request */
+#define FE_API_MAX_GRAMMAR        32768 /* bytes of a constraint's text (proto's limit) */
 
 enum fe_api_kind {
   FE_API_COMPLETION, /* POST /v1/completions */
@@ -104,6 +105,13 @@ struct fe_api_request {
   int skip_special_tokens;        /* detokenization drops special tokens; default 1 */
   int include_stop_str_in_output; /* keep the matched stop string; default 0 */
   int32_t priority;               /* scheduling priority as in vLLM: lower first; default 0 */
+  /* Structured output (response_format, structured_outputs, guided_*): grammar/gr.h's
+   * enum gr_kind (0: none) and its text (compact JSON for choices and schemas), already
+   * compiled once to check it; grammar_param names the field it came from. */
+  int grammar_kind;
+  const char *grammar;
+  size_t grammar_len;
+  char grammar_param[48];
   struct cm_arena arena;          /* owns every pointer above */
 };
 

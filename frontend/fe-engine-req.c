@@ -319,6 +319,8 @@ static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_
   s->seed = q->has_seed ? (uint64_t)q->seed + (uint64_t)choice : 0;
   s->logprobs = q->logprobs;
   s->ignore_eos = q->ignore_eos != 0;
+  s->grammar_kind = (uint32_t)q->grammar_kind;
+  s->grammar = (struct pr_bytes){(const uint8_t *)q->grammar, (uint32_t)q->grammar_len};
 }
 
 /* The stop ids an ADD carries: the request's plus the model's EOS ids. */

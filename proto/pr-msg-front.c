@@ -25,8 +25,18 @@ static const struct pr_field sampling_fields[] = {
     [PR_K_SAMP_SEED] = {PR_U(sampling, seed), PR_WHEN(PR_IF_FLAG, sampling, has_seed)},
     [PR_K_SAMP_LOGPROBS] = {PR_INT(sampling, logprobs, -1, PR_MAX_TOP_LOGPROBS), .def = -1},
     [PR_K_SAMP_IGNORE_EOS] = {PR_BOOL(sampling, ignore_eos)},
+    [PR_K_SAMP_GRAMMAR_KIND] = {PR_UINT(sampling, grammar_kind, PR_MAX_GRAMMAR_KIND),
+                                PR_WHEN(PR_IF_NONZERO, sampling, grammar_kind)},
+    [PR_K_SAMP_GRAMMAR] = {PR_SLICE_(sampling, grammar, PR_NUM_U8, PR_MAX_GRAMMAR_BYTES), .any = 1,
+                           PR_WHEN(PR_IF_NONZERO, sampling, grammar_kind)},
 };
-const struct pr_rec pr_rec_sampling = PR_REC(sampling, sampling_fields, NULL);
+
+/* a grammar's text only with a kind (JSON mode has none) */
+static int check_sampling(const void *rec) {
+  const struct pr_sampling *m = rec;
+  return !m->grammar_kind && m->grammar.n ? CM_ERR_INVAL : 0;
+}
+const struct pr_rec pr_rec_sampling = PR_REC(sampling, sampling_fields, check_sampling);
 
 /* Logprob values: any float but NaN and +inf. */
 static const struct pr_field logprobs_fields[] = {

@@ -26,6 +26,10 @@ static const struct pr_field step_seq_fields[] = {
     [PR_K_SSEQ_IMAGES] = {PR_ARRAY(step_seq, images, n_images, PR_MAX_IMAGES,
                                    PR_ELEM_REC(pr_rec_image)),
                           PR_WHEN(PR_IF_NONZERO, step_seq, n_images)},
+    [PR_K_SSEQ_N_PROMPT] = {PR_U(step_seq, num_prompt), PR_WHEN(PR_IF_BITS, step_seq, flags),
+                            .mask = PR_SEQ_NEW},
+    [PR_K_SSEQ_GENERATED] = {PR_U32S(step_seq, generated, UINT32_MAX),
+                             PR_WHEN(PR_IF_BITS, step_seq, flags), .mask = PR_SEQ_NEW},
 };
 
 static int check_step_seq(const void *rec) {

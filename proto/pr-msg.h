@@ -118,7 +118,16 @@ struct pr_sampling {
   bool has_seed;
   int32_t logprobs; /* top logprobs per token, -1 = none, 0 = only the sampled token's */
   bool ignore_eos;
+  /* Structured output: what the tokens must spell (grammar/gr.h's enum gr_kind,
+   * 0 = none) and its text (a regex, a JSON array of choices, a JSON Schema; empty
+   * for JSON mode), at most PR_MAX_GRAMMAR_BYTES. Compiled by the frontend (a bad
+   * one never gets here) and again, from the same text, by the workers. */
+  uint32_t grammar_kind;
+  struct pr_bytes grammar;
 };
+
+#define PR_MAX_GRAMMAR_KIND  4
+#define PR_MAX_GRAMMAR_BYTES 32768
 
 /* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)
  * or sampled.n == n_tokens and top_ids.n == top.n == n_tokens * n_top. */
@@ -265,6 +274,12 @@ struct pr_step_seq {
                                  * tokens, with their pixels; each ends inside the step (the
                                  * first may begin before start_pos) */
   uint32_t n_images;            /* <= PR_MAX_IMAGES */
+  uint32_t num_prompt;          /* with PR_SEQ_NEW: the request's prompt tokens; positions
+                                 * from here on are generated ones (re-run after a
+                                 * preemption), which a structured output's matcher follows */
+  struct pr_u32s generated;     /* with PR_SEQ_NEW and a structured output: the tokens
+                                 * generated before start_pos (their K/V may come from the
+                                 * prefix cache, so the step does not run them) */
 };
 
 struct pr_step {

@@ -658,14 +658,25 @@ void sch_srv_work_step(struct sch_server *s) {
     q->draft_tokens = (struct pr_u32s){r->drafts, nd};
     r->num_verifying = nd;
     q->num_draft = (uint32_t)p->num_draft;
+    q->num_prompt = p->is_new ? (uint32_t)p->num_prompt : 0;
     q->block_tables = &s->step_tables[i * SCH_MAX_GROUPS];
     q->n_groups = (uint32_t)s->engine_info.num_groups;
     for (int32_t g = 0; g < s->engine_info.num_groups; g++)
       q->block_tables[g] = (struct pr_i32s){p->block_table[g], (uint32_t)p->num_blocks[g]};
-    if (p->is_new && p->sampling_len == sizeof(struct pr_sampling))
+    if (p->is_new && p->sampling_len >= sizeof(struct pr_sampling)) {
+      /* the blob sch-server.c made: the struct, then the grammar's text */
       memcpy(&q->sampling, p->sampling, sizeof(q->sampling));
-    else
+      q->sampling.grammar.v = (const uint8_t *)p->sampling + sizeof(struct pr_sampling);
+      CM_ASSERT(p->sampling_len == sizeof(struct pr_sampling) + q->sampling.grammar.n);
+      if (q->sampling.grammar_kind && p->start_pos > p->num_prompt) {
+        /* resumed past generated tokens the prefix cache holds: the worker's matcher
+         * follows them (p->tokens points into the request's tokens at start_pos) */
+        uint32_t n = (uint32_t)(p->start_pos - p->num_prompt);
+        q->generated = (struct pr_u32s){(const uint32_t *)p->tokens - n, n};
+      }
+    } else {
       pr_sampling_default(&q->sampling);
+    }
     if (p->num_images > 0) {
       q->images = s->step_images + used_images;
       q->n_images = (uint32_t)p->num_images;

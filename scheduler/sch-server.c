@@ -167,6 +167,13 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   }
   r->logprobs = sp.logprobs;
   r->num_prompt = a->prompt.n;
+  /* the engine keeps the parameters as one blob: the struct, then the grammar's text
+   * (the struct's pointer is set again from the blob when a step sends it) */
+  uint8_t blob[sizeof(sp) + PR_MAX_GRAMMAR_BYTES];
+  size_t blob_len = sizeof(sp) + sp.grammar.n;
+  if (sp.grammar.n) memcpy(blob + sizeof(sp), sp.grammar.v, sp.grammar.n);
+  sp.grammar.v = NULL;
+  memcpy(blob, &sp, sizeof(sp));
   r->queued_ns = cm_time_wall_ns();
   /* token ids are u32 on the wire; one above INT32_MAX reads as negative and the
    * engine refuses it like any id outside the vocabulary */
@@ -180,8 +187,8 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       .ignore_eos = sp.ignore_eos,
       .priority = a->priority,
       .arrival_ns = 0,
-      .sampling = &sp,
-      .sampling_len = sizeof(sp),
+      .sampling = blob,
+      .sampling_len = blob_len,
   };
   for (uint32_t i = 0; i < a->stop_token_ids.n; i++) {
     if (a->stop_token_ids.v[i] >= s->info.vocab_size) {

@@ -528,12 +528,16 @@ int wk_worker_main(int argc, char **argv) {
   if (dev_sampling == 1 && !kn_backend_has(be, KN_CAP_SAMPLE))
     cm_warn(TAG, "--device-sampling: the %s backend cannot sample: sampling on the host",
             kn_backend_name(be));
+  /* structured outputs read the vocabulary's bytes from the frontend's tokenizer */
+  char tok_path[4200];
+  snprintf(tok_path, sizeof(tok_path), "%s/tokenizer.json", model_dir);
   struct wk_role_opts ro = {
       .max_seqs = (int)max_seqs,
       .max_draft = (int)spec_k,
       .rank = (uint32_t)rank,
       .device_sampling = dev_sampling != 0 && kn_backend_has(be, KN_CAP_SAMPLE),
       .vision = vision,
+      .tokenizer = access(tok_path, R_OK) == 0 ? tok_path : NULL,
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));

@@ -12,7 +12,9 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-hash.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "worker/wk-encoder.h"
+#include "worker/wk-grammar.h"
 
 #define TOPN WK_MAX_LOGPROBS /* top logprobs kept per produced token */
 
@@ -28,6 +30,9 @@ struct rseq {
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
   int n_bt[WK_MAX_KV_GROUPS];
   int cap_bt[WK_MAX_KV_GROUPS];
+  struct gr_matcher *gm; /* structured output: where the generated tokens stand, or NULL */
+  uint32_t followed;     /* with gm: the position of the next token it follows (positions
+                            from the prompt's end on are generated tokens) */
 };
 
 struct wk_role {
@@ -41,6 +46,9 @@ struct wk_role {
   struct rseq **cur;       /* [max_seqs] state of each step sequence */
   struct wk_seq_input *in; /* [max_seqs] */
   struct wk_encoder *enc;   /* image encoder cache, or NULL without a vision tower */
+  struct wk_grammars *gram; /* structured outputs, or NULL until the first one */
+  char *tokenizer;          /* where gram's vocabulary comes from, or NULL */
+  int gram_failed;          /* 1: loading it failed (said once) */
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
   int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
   const struct pr_image **step_ims; /* [max_seqs * PR_MAX_IMAGES] the step's images */
@@ -75,7 +83,8 @@ static struct rseq *seq_find(struct wk_role *r, uint64_t id) {
 }
 
 static void seq_drop(struct wk_role *r, struct rseq *q) {
-  (void)r;
+  wk_grammars_release(r->gram, q->gm);
+  q->gm = NULL;
   q->used = 0;
   q->has_last = 0;
   wk_penalty_reset(&q->pen);
@@ -119,6 +128,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   const struct wk_kv_spec *kv = wk_model_kv_spec(model);
   r->model = model;
   r->draft = draft;
+  r->tokenizer = o->tokenizer ? strdup(o->tokenizer) : NULL;
   r->rank = o->rank;
   r->max_seqs = CM_MIN(o->max_seqs, wk_model_max_seqs(model));
   r->max_draft = o->max_draft;
@@ -196,6 +206,8 @@ void wk_role_destroy(struct wk_role *r) {
   free(r->cur);
   free(r->in);
   wk_encoder_free(r->enc);
+  wk_grammars_free(r->gram);
+  free(r->tokenizer);
   free(r->emb);
   free(r->bidir);
   free(r->step_ims);
@@ -219,6 +231,30 @@ void wk_role_destroy(struct wk_role *r) {
   free(r->rtop);
   free(r->rdraft);
   free(r);
+}
+
+/* The structured-output state, made from the tokenizer on first use. */
+static int grammars(struct wk_role *r, char *err, size_t errlen) {
+  if (r->gram) return 0;
+  if (!r->tokenizer || r->gram_failed)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "structured outputs need the model's tokenizer.json%s",
+                   r->gram_failed ? ", which did not load" : "");
+  struct tk_tokenizer *tok = NULL;
+  char why[256];
+  int rc = tk_load(r->tokenizer, &tok, why, sizeof(why));
+  if (!rc) {
+    const struct wk_config *c = wk_model_config(r->model);
+    rc = wk_grammars_create(tok, r->vocab, c->eos_ids, c->n_eos, &r->gram);
+    snprintf(why, sizeof(why), "%s", cm_strerror(rc));
+  }
+  tk_free(tok);
+  if (rc) {
+    r->gram_failed = 1;
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s", r->tokenizer,
+                   why);
+  }
+  return 0;
 }
 
 void wk_role_reset(struct wk_role *r) {
@@ -317,6 +353,10 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       /* the first draft is checked against the logits of the token before it */
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
                      id);
+    if (is_new && s->sampling.grammar_kind) {
+      int rc = grammars(r, err, errlen);
+      if (rc) return rc;
+    }
     if (s->n_images && !r->enc)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "sequence %llu: images, and this model has "
                      "no vision tower", id);
@@ -405,6 +445,12 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   int dev = r->kp != NULL;
   for (uint32_t i = 0; i < st->n_seqs && dev; i++)
     if (st->seqs[i].draft_tokens.n && !verify_on_backend(r, &st->seqs[i])) dev = 0;
+  /* rows with a structured output are masked on the host before they sample */
+  for (uint32_t i = 0; i < st->n_seqs && dev; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
+    if ((s->flags & PR_SEQ_SAMPLE) && (q ? q->gm != NULL : s->sampling.grammar_kind != 0)) dev = 0;
+  }
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     struct rseq *q = seq_find(r, s->seq_id);
@@ -415,6 +461,22 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       q->used = 1;
       q->id = s->seq_id;
       wk_role_sampling(&s->sampling, mix64(s->seq_id ^ (uint64_t)(uintptr_t)r), &q->sp);
+      if (s->sampling.grammar_kind) {
+        int rc = wk_grammars_matcher(r->gram, s->sampling.grammar_kind, s->sampling.grammar.v,
+                                     s->sampling.grammar.n, &q->gm, err, errlen);
+        if (rc) return rc;
+        /* resumed after a preemption: the tokens generated before this step */
+        q->followed = s->num_prompt;
+        if (s->generated.n && s->num_prompt + s->generated.n != s->start_pos)
+          return cm_fail(err, errlen, CM_ERR_INVAL,
+                         "sequence %llu: %u generated tokens do not reach position %u",
+                         (unsigned long long)s->seq_id, s->generated.n, s->start_pos);
+        for (uint32_t j = 0; j < s->generated.n; j++, q->followed++)
+          if (wk_grammars_accept(r->gram, q->gm, (int32_t)s->generated.v[j]))
+            return cm_fail(err, errlen, CM_ERR_INVAL,
+                           "sequence %llu: generated token %u leaves its structured output",
+                           (unsigned long long)s->seq_id, s->generated.v[j]);
+      }
     }
     CM_ASSERT(q);
     r->cur[i] = q;
@@ -431,6 +493,17 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     if ((s->flags & PR_SEQ_PREFILL) && s->tokens.n &&
         wk_penalty_add_prompt(&q->pen, t, (int)s->tokens.n))
       return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
+    /* generated tokens run again after a preemption: the matcher follows those it has
+     * not seen (the ones it sampled itself it followed then) */
+    for (uint32_t j = 0; q->gm && j < s->tokens.n; j++) {
+      uint32_t pos = s->start_pos + j;
+      if (pos < q->followed) continue;
+      if (pos > q->followed || wk_grammars_accept(r->gram, q->gm, t[j]))
+        return cm_fail(err, errlen, CM_ERR_INVAL,
+                       "sequence %llu: generated token %d at %u leaves its structured output",
+                       (unsigned long long)s->seq_id, (int)t[j], pos);
+      q->followed++;
+    }
     struct wk_seq_input *in = &r->in[i];
     memset(in, 0, sizeof(*in));
     in->tokens = t;
@@ -502,6 +575,7 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
     struct wk_sample_result out;
     int acc = 0;
+    if (q->gm && (rc = wk_grammars_mask(r->gram, q->gm, lg))) return rc;
     if (r->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
       wk_sample_result_from_kn(&r->ko[row], &out);
       acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
@@ -522,6 +596,10 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     }
     n++;
     if ((rc = wk_penalty_add_output(&q->pen, out.token))) return rc;
+    if (q->gm) {
+      if ((rc = wk_grammars_accept(r->gram, q->gm, out.token))) return rc;
+      q->followed = (uint32_t)counter + 1; /* counter is the sampled token's position */
+    }
     if (k < s->draft_tokens.n && !acc) break;
     if (k < s->draft_tokens.n) accepted++;
   }
@@ -555,6 +633,7 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
     const struct pr_step_seq *s = &st->seqs[i];
     if (!(s->flags & PR_SEQ_SAMPLE) || !s->num_draft) continue;
     struct rseq *q = r->cur[i];
+    if (q->gm) continue; /* no drafts under a structured output: its rows are masked one by one */
     struct wk_draft_input *d = &r->din[nd];
     memset(d, 0, sizeof(*d));
     r->dseq[nd] = (int)i;

@@ -55,6 +55,9 @@ struct wk_role_opts {
                           model's backend (CUDA: only token ids leave the device) */
   struct wk_vision *vision; /* the image encoder (Gemma 3), or NULL: steps with images
                                are refused. It must outlive the executor. */
+  const char *tokenizer;    /* tokenizer.json (or its folder) giving the vocabulary's bytes to
+                               structured outputs (wk-grammar.h), loaded with the first one;
+                               NULL: sequences with a grammar are refused */
 };
 
 /* `model` (and `draft` when not NULL) must outlive the executor. Returns 0 or

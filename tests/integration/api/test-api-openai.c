@@ -2,8 +2,8 @@
  * serve`: starts serve (with an API key and --max-model-len) on a tiny
  * Gemma 4, runs api-openai.mjs under node against it, and kills serve
  * whatever happens (th-proc: process groups, PR_SET_PDEATHSIG, the
- * watchdog). Skips, loudly, when node or node_modules/openai is missing
- * (tools/setup installs both). */
+ * watchdog); then api-structured.mjs the same way. Skips, loudly, when node or
+ * node_modules/openai is missing (tools/setup installs both). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +18,10 @@
 #define NAME    "tiny"
 #define MAX_LEN "256"
 
-TH_TEST(api_openai_client) {
+/* Runs tests/integration/api/SCRIPT under node against serve on the tiny Gemma 4
+ * (API key KEY, --max-model-len MAX_LEN), skipping loudly without node or
+ * node_modules/openai. */
+static void run_script(const char *script_name) {
   th_proc_init(900);
   char *ver[] = {"node", "--version", NULL};
   char *out = NULL, *err = NULL;
@@ -30,7 +33,7 @@ TH_TEST(api_openai_client) {
   const char *src = getenv("TH_SOURCE_DIR");
   char pkg[1024], script[1024];
   snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
-  snprintf(script, sizeof(script), "%s/integration/api/api-openai.mjs", th_tests_dir());
+  snprintf(script, sizeof(script), "%s/integration/api/%s", th_tests_dir(), script_name);
   if (access(pkg, R_OK) != 0)
     TH_SKIP("node_modules/openai is missing (run tools/setup): the openai client conformance "
             "test did not run");
@@ -56,7 +59,17 @@ TH_TEST(api_openai_client) {
   TH_CHECK_EQ_INT(rc, 0);
   TH_CHECK(node.exited && WIFEXITED(node.status));
   if (node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) != 0)
-    th_fail(__FILE__, __LINE__, "api-openai.mjs failed (exit %d)", WEXITSTATUS(node.status));
+    th_fail(__FILE__, __LINE__, "%s failed (exit %d)", script_name, WEXITSTATUS(node.status));
   th_proc_stop(&node, 1000);
   as_stop(&s);
+}
+
+TH_TEST(api_openai_client) {
+  run_script("api-openai.mjs");
+}
+
+/* Structured outputs (response_format, structured_outputs, guided_*) through the
+ * client: every finished output checked by JavaScript itself (RegExp, JSON.parse). */
+TH_TEST(api_structured_outputs) {
+  run_script("api-structured.mjs");
 }

@@ -7,6 +7,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "frontend/fe-api.h"
+#include "grammar/gr.h"
 #include "tests/harness/th.h"
 
 static const struct fe_api_config cfg = {"gemma", 100};
@@ -178,7 +179,20 @@ static const struct bad_case bad[] = {
      "[{\"type\":\"text\",\"text\":-1e999}]}]}",
      400, "messages[1].content[0].text"},
     {H, CHAT_A "\"tools\":[{\"type\":\"function\"}]}", 400, "tools"},
-    {H, CHAT_A "\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+    {H, CHAT_A "\"response_format\":{\"type\":\"xml\"}}", 400, "response_format.type"},
+    {H, CHAT_A "\"response_format\":\"json\"}", 400, "response_format"},
+    {H, CHAT_A "\"response_format\":{\"type\":\"json_schema\"}}", 400,
+     "response_format.json_schema"},
+    {H, CHAT_A "\"structured_outputs\":{\"regex\":\"a(b\"}}", 400, "structured_outputs.regex"},
+    {H, CHAT_A "\"structured_outputs\":{\"regex\":5}}", 400, "structured_outputs.regex"},
+    {H, CHAT_A "\"structured_outputs\":{\"grammar\":\"x\"}}", 400, "structured_outputs"},
+    {H, CHAT_A "\"structured_outputs\":[1]}", 400, "structured_outputs"},
+    {H, CHAT_A "\"guided_choice\":[]}", 400, "guided_choice"},
+    {H, CHAT_A "\"guided_choice\":[\"a\",1]}", 400, "guided_choice"},
+    {H, CHAT_A "\"guided_json\":\"{not json\"}", 400, "guided_json"},
+    {H, CHAT_A "\"guided_json\":{\"type\":\"object\",\"not\":{}}}", 400, "guided_json"},
+    {H, CHAT_A "\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]}", 400, "guided_choice"},
+    {H, CHAT_A "\"guided_grammar\":\"root ::= x\"}", 400, "guided_grammar"},
     {H, CHAT_A "\"model\":\"nope\"}", 404, "model"},
     {FE_API_TOKENIZE, "{}", 400, "prompt"},
     {FE_API_TOKENIZE, PROMPT_A "\"add_special_tokens\":\"no\"}", 400, "add_special_tokens"},
@@ -336,6 +350,42 @@ TH_TEST(api_chat_good) {
   parse_ok(FE_API_DETOKENIZE, dt, &r);
   TH_CHECK(r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == 4);
   fe_api_request_free(&r);
+}
+
+/* The structured-output fields, each turned into one constraint: its kind and text
+ * (compact JSON for choices and schemas). */
+TH_TEST(api_structured_fields) {
+  static const struct {
+    const char *body;
+    int kind;
+    const char *text;
+  } ok[] = {
+      {CHAT_A "\"response_format\":{\"type\":\"text\"}}", 0, NULL},
+      {CHAT_A "\"response_format\":{\"type\":\"json_object\"}}", GR_JSON_OBJECT, NULL},
+      {CHAT_A "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+              "\"schema\":{\"type\":\"integer\", \"maximum\": 9}}}}",
+       GR_JSON_SCHEMA, "{\"type\":\"integer\",\"maximum\":9}"},
+      {CHAT_A "\"structured_outputs\":{\"regex\":\"[0-9]+\"}}", GR_REGEX, "[0-9]+"},
+      {CHAT_A "\"structured_outputs\":{\"choice\":[\"a\", \"b\"]}}", GR_CHOICE, "[\"a\",\"b\"]"},
+      {CHAT_A "\"structured_outputs\":{\"json_object\":true,\"disable_any_whitespace\":true}}",
+       GR_JSON_OBJECT, NULL},
+      {CHAT_A "\"structured_outputs\":{\"json\":\"{\\\"type\\\": \\\"boolean\\\"}\"}}",
+       GR_JSON_SCHEMA, "{\"type\":\"boolean\"}"},
+      {CHAT_A "\"guided_regex\":\"a|b\",\"structured_outputs\":null}", GR_REGEX, "a|b"},
+      {CHAT_A "\"guided_choice\":[\"yes\"]}", GR_CHOICE, "[\"yes\"]"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(ok); i++) {
+    struct fe_api_request r;
+    parse_ok(FE_API_CHAT, ok[i].body, &r);
+    TH_CHECK_EQ_INT(r.grammar_kind, ok[i].kind);
+    if (ok[i].text) {
+      TH_CHECK(r.grammar && r.grammar_len == strlen(ok[i].text));
+      if (r.grammar) TH_CHECK_EQ_STR(r.grammar, ok[i].text);
+    } else {
+      TH_CHECK_EQ_INT(r.grammar_len, 0);
+    }
+    fe_api_request_free(&r);
+  }
 }
 
 TH_TEST(api_chat_images) {

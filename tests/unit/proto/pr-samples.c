@@ -71,6 +71,9 @@ static void sampling_typical(struct pr_sampling *s) {
   s->has_seed = true;
   s->seed = 1234567890123ull;
   s->logprobs = 5;
+  static const char re[] = "[0-9]{3}-[a-z]+";
+  s->grammar_kind = 1; /* a regex */
+  s->grammar = (struct pr_bytes){(const uint8_t *)re, sizeof(re) - 1};
 }
 
 static void sampling_max(struct pr_sampling *s) {
@@ -85,6 +88,10 @@ static void sampling_max(struct pr_sampling *s) {
   s->seed = UINT64_MAX;
   s->logprobs = PR_MAX_TOP_LOGPROBS;
   s->ignore_eos = true;
+  static uint8_t text[PR_MAX_GRAMMAR_BYTES];
+  memset(text, 'x', sizeof(text));
+  s->grammar_kind = PR_MAX_GRAMMAR_KIND;
+  s->grammar = (struct pr_bytes){text, sizeof(text)};
 }
 
 /* logprobs over n tokens with k top entries each */
@@ -221,6 +228,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
       sseqs[0].n_images = 1;
     }
     sseqs[0].num_draft = v == 2 ? PR_MAX_DRAFT : 3;
+    sseqs[0].num_prompt = v == 2 ? UINT32_MAX : 31;
+    sseqs[0].generated = (struct pr_u32s){tok, v == 2 ? BIG : 9};
     if (v == 2)
       sampling_max(&sseqs[0].sampling);
     else

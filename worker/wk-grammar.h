@@ -1,0 +1,42 @@
+/* wk-grammar.h — structured outputs in the worker: the vocabulary's bytes for
+ * grammar/gr.h, compiled grammars cached by their text, and the two things
+ * sampling does with a sequence's matcher: mask a logits row before it
+ * samples (tokens the grammar does not allow next to -inf; the EOS ids only
+ * where the output so far is complete), and follow the token it sampled.
+ *
+ * The frontend compiled the same text to check it; a worker compiles it
+ * again on a sequence's first step (PR_SEQ_NEW) from the cache. Every rank
+ * of a tensor-parallel group masks its full logits row alike. */
+#ifndef LMSERVE_WK_GRAMMAR_H
+#define LMSERVE_WK_GRAMMAR_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "grammar/gr.h"
+
+struct wk_grammars;
+struct tk_tokenizer;
+
+/* The vocabulary's bytes from tok (ids past it, and control tokens, have none),
+ * for a model of `vocab` logits with EOS ids eos[n_eos]. */
+int wk_grammars_create(const struct tk_tokenizer *tok, int32_t vocab, const int *eos, int n_eos,
+                       struct wk_grammars **out);
+void wk_grammars_free(struct wk_grammars *g);
+
+/* A matcher for (kind, text[len]) (compiled once per text while cached).
+ * 0 and *out, or a negative cm_err with the reason in err. */
+int wk_grammars_matcher(struct wk_grammars *g, uint32_t kind, const uint8_t *text, size_t len,
+                        struct gr_matcher **out, char *err, size_t errlen);
+/* Frees a matcher made by wk_grammars_matcher (NULL: no-op). */
+void wk_grammars_release(struct wk_grammars *g, struct gr_matcher *m);
+
+/* logits[vocab]: tokens m does not allow next become -inf; EOS ids stay only
+ * when m accepts. 0, or CM_ERR_NOMEM. */
+int wk_grammars_mask(struct wk_grammars *g, struct gr_matcher *m, float *logits);
+/* Whether id is one of the model's EOS ids. */
+int wk_grammars_is_eos(const struct wk_grammars *g, int32_t id);
+/* Follows token id (an EOS id: nothing to follow). 0, or CM_ERR_INVAL when
+ * the grammar does not allow it (the caller sampled outside the mask). */
+int wk_grammars_accept(struct wk_grammars *g, struct gr_matcher *m, int32_t id);
+
+#endif
