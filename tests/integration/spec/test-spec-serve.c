@@ -160,7 +160,7 @@ static char *wait_idle(struct srv *s, int *idle) {
 
 /* Request i: a prompt of 3 .. 152 ids (the tiny model's window is 64),
  * GEN_MIN .. GEN_MIN + GEN_SPAN - 1 greedy tokens, logprobs of the chosen
- * token. */
+ * token; every third one constrained by a regex. */
 static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 12345;
   for (int i = 0; i < n; i++) {
@@ -172,8 +172,10 @@ static void build_jobs(struct th_job *jobs, int n) {
       x = x * 1664525u + 1013904223u;
       o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
     }
+    /* every third a structured output: its rows get no drafts, the others' still do */
     snprintf(p + o, cap - (size_t)o,
-             "],\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false}", max_tokens);
+             "],\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s}", max_tokens,
+             i % 3 == 1 ? ",\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}" : "");
     jobs[i].answer = NULL;
   }
 }
