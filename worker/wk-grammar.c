@@ -28,7 +28,6 @@ struct wk_grammars {
   int32_t n_vocab;
   int eos[WK_MAX_EOS_IDS];
   int n_eos;
-  uint32_t *bits; /* [(n_vocab + 31) / 32] the last mask */
   struct cached cache[WK_GRAMMAR_CACHE];
   uint64_t tick;
   /* which cache entry each live matcher came from: a matcher's grammar is kept
@@ -90,8 +89,6 @@ int wk_grammars_create(const struct tk_tokenizer *tok, int32_t vocab, const int 
     g->n_eos = n_eos < WK_MAX_EOS_IDS ? n_eos : WK_MAX_EOS_IDS;
     for (int i = 0; i < g->n_eos; i++)
       g->eos[i] = eos[i];
-    g->bits = malloc(sizeof(uint32_t) * (((size_t)vocab + 31) / 32));
-    if (!g->bits) rc = CM_ERR_NOMEM;
   }
   if (rc) {
     wk_grammars_free(g);
@@ -112,7 +109,6 @@ void wk_grammars_free(struct wk_grammars *g) {
   gr_vocab_free(g->vocab);
   free(g->owners_m);
   free(g->owners_c);
-  free(g->bits);
   free(g);
 }
 
@@ -211,15 +207,22 @@ int wk_grammars_is_eos(const struct wk_grammars *g, int32_t id) {
   return 0;
 }
 
-int wk_grammars_mask(struct wk_grammars *g, struct gr_matcher *m, float *logits) {
-  int rc = gr_matcher_mask(m, g->vocab, g->bits);
-  if (rc) return rc;
+size_t wk_grammars_mask_words(const struct wk_grammars *g) {
+  return ((size_t)g->n_vocab + 31) / 32;
+}
+
+int wk_grammars_fill(struct wk_grammars *g, struct gr_matcher *m, uint32_t *bits) {
+  return gr_matcher_mask(m, g->vocab, bits);
+}
+
+void wk_grammars_apply(const struct wk_grammars *g, const struct gr_matcher *m,
+                       const uint32_t *bits, float *logits) {
   int accept = gr_matcher_is_accepting(m);
   float eos_logit[WK_MAX_EOS_IDS];
   for (int i = 0; i < g->n_eos; i++)
     eos_logit[i] = g->eos[i] >= 0 && g->eos[i] < g->n_vocab ? logits[g->eos[i]] : 0.0f;
   for (int32_t w = 0; w < (g->n_vocab + 31) / 32; w++) {
-    uint32_t b = g->bits[w];
+    uint32_t b = bits[w];
     if (b == 0xffffffffu) continue;
     int32_t end = (w + 1) * 32 < g->n_vocab ? (w + 1) * 32 : g->n_vocab;
     for (int32_t id = w * 32; id < end; id++)
@@ -229,7 +232,6 @@ int wk_grammars_mask(struct wk_grammars *g, struct gr_matcher *m, float *logits)
   for (int i = 0; i < g->n_eos; i++)
     if (g->eos[i] >= 0 && g->eos[i] < g->n_vocab)
       logits[g->eos[i]] = accept ? eos_logit[i] : -INFINITY;
-  return 0;
 }
 
 int wk_grammars_accept(struct wk_grammars *g, struct gr_matcher *m, int32_t id) {

@@ -828,6 +828,10 @@ void wk_model_free(struct wk_model *m) {
   free(m);
 }
 
+struct kn_backend *wk_model_backend(const struct wk_model *m) {
+  return m->be;
+}
+
 const struct wk_config *wk_model_config(const struct wk_model *m) {
   return &m->cfg;
 }

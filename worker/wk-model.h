@@ -80,6 +80,7 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
 void wk_model_free(struct wk_model *m);
 
 const struct wk_config *wk_model_config(const struct wk_model *m);
+struct kn_backend *wk_model_backend(const struct wk_model *m);
 const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m);
 int wk_model_n_pages(const struct wk_model *m); /* pages in the physical pool */
 int wk_model_max_batch_tokens(const struct wk_model *m);

@@ -4,6 +4,7 @@
 #include "worker/wk-role.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ struct wk_role {
   struct wk_seq_input *in; /* [max_seqs] */
   struct wk_encoder *enc;   /* image encoder cache, or NULL without a vision tower */
   struct wk_grammars *gram; /* structured outputs, or NULL until the first one */
+  uint32_t *gbits;          /* [max_seqs, mask words] each constrained row's mask */
   char *tokenizer;          /* where gram's vocabulary comes from, or NULL */
   int gram_failed;          /* 1: loading it failed (said once) */
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
@@ -207,6 +209,7 @@ void wk_role_destroy(struct wk_role *r) {
   free(r->in);
   wk_encoder_free(r->enc);
   wk_grammars_free(r->gram);
+  free(r->gbits);
   free(r->tokenizer);
   free(r->emb);
   free(r->bidir);
@@ -575,7 +578,8 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
     struct wk_sample_result out;
     int acc = 0;
-    if (q->gm && (rc = wk_grammars_mask(r->gram, q->gm, lg))) return rc;
+    if (q->gm)
+      wk_grammars_apply(r->gram, q->gm, r->gbits + (size_t)i * wk_grammars_mask_words(r->gram), lg);
     if (r->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
       wk_sample_result_from_kn(&r->ko[row], &out);
       acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
@@ -664,6 +668,49 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
   return 0;
 }
 
+/* The masks of the step's constrained rows (from their matchers' states before
+ * the step samples). */
+struct mask_job {
+  struct wk_role *r;
+  const struct pr_step *st;
+  int rc;
+};
+
+static void *fill_masks(void *arg) {
+  struct mask_job *j = arg;
+  struct wk_role *r = j->r;
+  size_t words = wk_grammars_mask_words(r->gram);
+  for (uint32_t i = 0; i < j->st->n_seqs && !j->rc; i++)
+    if ((j->st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm)
+      j->rc = wk_grammars_fill(r->gram, r->cur[i]->gm, r->gbits + (size_t)i * words);
+  return NULL;
+}
+
+/* The forward pass, and the constrained rows' masks: on a device backend in a
+ * thread of their own while the device runs the pass (the mask is needed only
+ * when the row samples); on the CPU, whose cores the pass already uses, after. */
+static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct wk_batch *b,
+                             char *err, size_t errlen) {
+  int masks = 0;
+  for (uint32_t i = 0; i < st->n_seqs; i++)
+    masks |= (st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm;
+  if (masks && !r->gbits) {
+    r->gbits = malloc(sizeof(uint32_t) * (size_t)r->max_seqs * wk_grammars_mask_words(r->gram));
+    if (!r->gbits) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for token masks");
+  }
+  struct mask_job job = {r, st, 0};
+  pthread_t th;
+  int threaded = masks && !kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY) &&
+                 pthread_create(&th, NULL, fill_masks, &job) == 0;
+  int rc = b->n_seqs ? wk_model_forward(r->model, b, err, errlen) : 0;
+  if (threaded)
+    pthread_join(th, NULL);
+  else if (masks && !rc)
+    fill_masks(&job);
+  if (!rc && job.rc) rc = cm_fail(err, errlen, job.rc, "token masks: %s", cm_strerror(job.rc));
+  return rc;
+}
+
 int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res, char *err,
                  size_t errlen) {
   int rc = check_step(r, st, err, errlen);
@@ -677,7 +724,7 @@ int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res
   res->u.result.step_id = st->step_id;
   res->u.result.seqs = r->rs;
   if ((rc = apply_step(r, st, &b, err, errlen))) return rc;
-  if (b.n_seqs && (rc = wk_model_forward(r->model, &b, err, errlen))) return rc;
+  if ((rc = forward_and_masks(r, st, &b, err, errlen))) return rc;
   int n_res = 0;
   int *last_row = r->row0; /* reused: row0 is read before last_row is written for each i */
   for (uint32_t i = 0; i < st->n_seqs; i++) /* a step that fails leaves no stale token */
