@@ -9,6 +9,7 @@
 
 #include "common/cm-err.h"
 #include "frontend/fe-api-error.h"
+#include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
 #include "grammar/gr.h"
 
@@ -374,7 +375,7 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
  * (logit_bias and allowed_token_ids are parsed and refused by the serving
  * path, after their ids were checked against the vocabulary.) */
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {"suffix", "tools", "functions", "tool_choice"};
+  static const char *const keys[] = {"suffix", "functions", "function_call"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -668,6 +669,344 @@ static void set_defaults(struct fe_api_request *r, enum fe_api_kind kind) {
   r->skip_special_tokens = 1;
 }
 
+/* ---- tools: a JSON protocol any chat template can carry ----------------------------
+ *
+ * As llama.cpp's generic tool-call handler does: the system message lists the
+ * tools (name, description, parameter schema) and asks for one JSON object,
+ * {"tool_calls": [{"name": ..., "arguments": {...}}]} to call tools or
+ * {"response": "..."} to answer; a constraint (a JSON Schema over the tools'
+ * own parameter schemas) makes the answer one of those, calls only under
+ * tool_choice "required" or a named tool. The history's assistant tool calls
+ * become that object as the assistant's text, and tool results user turns of
+ * {"tool_response": {"tool_call_id", "content"}}, so templates that know
+ * only user and assistant turns (Gemma 3's) render them. */
+
+#define FE_MAX_TOOLS 128
+
+static int tool_name_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n < 1 || n > 64) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+          (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-' || s[i] == '.'))
+      return 0;
+  return 1;
+}
+
+/* The tools' {name, description, parameters} into *out (a new array), each
+ * parameter schema compiled alone first so that a bad one is named. */
+static int read_tools(struct pctx *p, json_t *tools, json_t **out) {
+  char param[96];
+  if (!json_is_array(tools))
+    return fail(p, 400, "tools", "'tools' must be an array of {\"type\": \"function\", ...}");
+  if (json_array_size(tools) > FE_MAX_TOOLS)
+    return fail(p, 400, "tools", "%zu tools; at most %d", json_array_size(tools), FE_MAX_TOOLS);
+  json_t *list = json_array();
+  if (!list) return nomem(p);
+  size_t i;
+  json_t *t;
+  json_array_foreach(tools, i, t) {
+    json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+    snprintf(param, sizeof(param), "tools[%zu]", i);
+    if (!json_is_object(t) || !json_is_string(type) ||
+        strcmp(json_string_value(type), "function") || !json_is_object(fn)) {
+      json_decref(list);
+      return fail(p, 400, param, "'%s' must be {\"type\": \"function\", \"function\": {...}}",
+                  param);
+    }
+    json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
+    json_t *params = json_object_get(fn, "parameters");
+    snprintf(param, sizeof(param), "tools[%zu].function.name", i);
+    if (!json_is_string(name) || !tool_name_ok(json_string_value(name))) {
+      json_decref(list);
+      return fail(p, 400, param, "'%s' must be 1 to 64 letters, digits, '_', '-' or '.'", param);
+    }
+    for (size_t k = 0; k < json_array_size(list); k++)
+      if (!strcmp(json_string_value(json_object_get(json_array_get(list, k), "name")),
+                  json_string_value(name))) {
+        json_decref(list);
+        return fail(p, 400, param, "tool '%.64s' is given twice", json_string_value(name));
+      }
+    snprintf(param, sizeof(param), "tools[%zu].function.description", i);
+    if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+      json_decref(list);
+      return fail(p, 400, param, "'%s' must be a string", param);
+    }
+    snprintf(param, sizeof(param), "tools[%zu].function.parameters", i);
+    json_t *schema = params && !json_is_null(params)
+                         ? json_incref(params)
+                         : json_pack("{s:s, s:{}}", "type", "object", "properties");
+    char why[256] = "";
+    int crc = CM_ERR_NOMEM;
+    if (schema && json_is_object(schema)) {
+      json_t *ty = json_object_get(schema, "type");
+      if (!json_is_string(ty) || strcmp(json_string_value(ty), "object")) {
+        crc = CM_ERR_INVAL;
+        snprintf(why, sizeof(why), "the parameters must be a schema of \"type\": \"object\"");
+      } else {
+        char *text = json_dumps(schema, JSON_COMPACT);
+        struct gr_grammar *g = NULL;
+        crc = text ? gr_compile(GR_JSON_SCHEMA, text, strlen(text), &g, why, sizeof(why))
+                   : CM_ERR_NOMEM;
+        gr_grammar_free(g);
+        free(text);
+      }
+    } else if (schema) {
+      crc = CM_ERR_INVAL;
+      snprintf(why, sizeof(why), "must be a JSON Schema object");
+    }
+    json_t *entry = crc ? NULL
+                        : json_pack("{s:O, s:O, s:O}", "name", name, "description",
+                                    desc && json_is_string(desc) ? desc : json_string(""),
+                                    "parameters", schema);
+    json_decref(schema);
+    if (crc || !entry || json_array_append_new(list, entry)) {
+      json_decref(list);
+      if (crc == CM_ERR_NOMEM || !crc) return nomem(p);
+      return fail(p, 400, param, "'%s': %s", param, why);
+    }
+  }
+  *out = list;
+  return 0;
+}
+
+/* The answer's schema: calls of the allowed tools, or (auto) a response. */
+static json_t *tools_schema(json_t *list, const char *only, int parallel, int allow_response) {
+  json_t *calls = json_array();
+  size_t i;
+  json_t *t;
+  json_array_foreach(list, i, t) {
+    const char *name = json_string_value(json_object_get(t, "name"));
+    if (only && strcmp(only, name)) continue;
+    json_array_append_new(
+        calls, json_pack("{s:s, s:{s:{s:s}, s:O}, s:[s,s], s:b}", "type", "object", "properties",
+                         "name", "const", name, "arguments", json_object_get(t, "parameters"),
+                         "required", "name", "arguments", "additionalProperties", 0));
+  }
+  json_t *items = json_pack("{s:o}", "anyOf", calls);
+  json_t *arr = json_pack("{s:s, s:o, s:i}", "type", "array", "items", items, "minItems", 1);
+  if (arr && !parallel) json_object_set_new(arr, "maxItems", json_integer(1));
+  json_t *call_obj =
+      json_pack("{s:s, s:{s:o}, s:[s], s:b}", "type", "object", "properties", "tool_calls", arr,
+                "required", "tool_calls", "additionalProperties", 0);
+  if (!allow_response) return call_obj;
+  json_t *resp =
+      json_pack("{s:s, s:{s:{s:s}}, s:[s], s:b}", "type", "object", "properties", "response",
+                "type", "string", "required", "response", "additionalProperties", 0);
+  return json_pack("{s:[o,o]}", "anyOf", call_obj, resp);
+}
+
+/* The instruction the system message gets. */
+static char *tools_instruction(json_t *list, const char *only, int choice_required) {
+  char *sigs = json_dumps(list, JSON_COMPACT);
+  if (!sigs) return NULL;
+  const char *how = only ? "You must call the tool named in this instruction: "
+                    : choice_required
+                        ? "You must call at least one tool: answer with {\"tool_calls\": "
+                          "[...]}."
+                        : "To call tools answer with {\"tool_calls\": [{\"name\": \"<tool "
+                          "name>\", \"arguments\": {...}}]}; to answer without a tool, with "
+                          "{\"response\": \"<your answer>\"}.";
+  size_t n = strlen(sigs) + strlen(how) + (only ? strlen(only) : 0) + 512;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n,
+             "You can call these tools (JSON Schema signatures):\n%s\n"
+             "Answer with one JSON object. %s%s\n"
+             "Tool results come back as {\"tool_response\": {\"tool_call_id\": ..., "
+             "\"content\": ...}}.",
+             sigs, how, only ? only : "");
+  free(sigs);
+  return s;
+}
+
+/* The history's tool turns in the protocol's form, and the instruction, written
+ * back into body's "messages" (a new array) before they are parsed. */
+static int rewrite_messages(struct pctx *p, json_t *body, const char *instruction) {
+  json_t *in = json_object_get(body, "messages");
+  if (!json_is_array(in)) return 0; /* parse_messages says what is wrong */
+  json_t *out = json_array();
+  if (!out) return nomem(p);
+  char param[96];
+  json_t *pending = NULL; /* tool results gathered for one user turn */
+  size_t i;
+  json_t *m;
+  json_array_foreach(in, i, m) {
+    json_t *role = json_object_get(m, "role");
+    const char *rs = json_is_string(role) ? json_string_value(role) : "";
+    if (!strcmp(rs, "tool")) {
+      json_t *id = json_object_get(m, "tool_call_id"), *c = json_object_get(m, "content");
+      snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
+      if (!json_is_string(id)) {
+        json_decref(out), json_decref(pending);
+        return fail(p, 400, param, "'%s' must be a string", param);
+      }
+      snprintf(param, sizeof(param), "messages[%zu].content", i);
+      if (!json_is_string(c)) {
+        json_decref(out), json_decref(pending);
+        return fail(p, 400, param, "'%s' of a tool message must be a string", param);
+      }
+      if (!pending) pending = json_array();
+      json_array_append_new(
+          pending, json_pack("{s:{s:O, s:O}}", "tool_response", "tool_call_id", id, "content", c));
+      continue;
+    }
+    if (pending) { /* the results before this turn, as one user turn */
+      json_t *one = json_array_size(pending) == 1 ? json_array_get(pending, 0) : pending;
+      char *txt = json_dumps(one, JSON_COMPACT);
+      json_array_append_new(out,
+                            json_pack("{s:s, s:s}", "role", "user", "content", txt ? txt : ""));
+      free(txt);
+      json_decref(pending);
+      pending = NULL;
+    }
+    json_t *tc = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
+    if (!strcmp(rs, "assistant") && tc && !json_is_null(tc)) {
+      snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+      json_t *calls = json_array();
+      size_t k;
+      json_t *c;
+      int bad = !json_is_array(tc);
+      json_array_foreach(tc, k, c) {
+        json_t *fn = json_object_get(c, "function");
+        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+        if (!json_is_string(name) || !json_is_object(parsed)) {
+          snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function", i, k);
+          json_decref(parsed);
+          bad = 1;
+          break;
+        }
+        json_array_append_new(calls, json_pack("{s:O, s:o}", "name", name, "arguments", parsed));
+      }
+      if (bad) {
+        json_decref(calls), json_decref(out);
+        return fail(p, 400, param,
+                    "'%s' must hold a 'name' and 'arguments' as a JSON object in a string", param);
+      }
+      json_t *obj = json_pack("{s:o}", "tool_calls", calls);
+      char *txt = json_dumps(obj, JSON_COMPACT);
+      json_decref(obj);
+      json_array_append_new(
+          out, json_pack("{s:s, s:s}", "role", "assistant", "content", txt ? txt : ""));
+      free(txt);
+      continue;
+    }
+    json_array_append(out, m);
+  }
+  if (pending) {
+    json_t *one = json_array_size(pending) == 1 ? json_array_get(pending, 0) : pending;
+    char *txt = json_dumps(one, JSON_COMPACT);
+    json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content", txt ? txt : ""));
+    free(txt);
+    json_decref(pending);
+  }
+  if (instruction) { /* into the system message, or one of its own first */
+    json_t *first = json_array_get(out, 0);
+    json_t *role = json_object_get(first, "role"), *c = json_object_get(first, "content");
+    if (json_is_string(role) && !strcmp(json_string_value(role), "system") && json_is_string(c)) {
+      size_t n = strlen(instruction) + json_string_length(c) + 3;
+      char *s = malloc(n);
+      if (s) snprintf(s, n, "%s\n\n%s", instruction, json_string_value(c));
+      json_array_set_new(out, 0, json_pack("{s:s, s:s}", "role", "system", "content", s ? s : ""));
+      free(s);
+    } else {
+      json_array_insert_new(out, 0,
+                            json_pack("{s:s, s:s}", "role", "system", "content", instruction));
+    }
+  }
+  json_object_set_new(body, "messages", out);
+  return 0;
+}
+
+static int parse_tools(struct pctx *p, json_t *body) {
+  struct fe_api_request *r = p->r;
+  json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
+  int has_tools =
+      tools && !json_is_null(tools) && !(json_is_array(tools) && !json_array_size(tools));
+  const char *choice = has_tools ? "auto" : "none", *only = NULL;
+  if (tc && !json_is_null(tc)) {
+    if (json_is_string(tc)) {
+      choice = json_string_value(tc);
+      if (strcmp(choice, "none") && strcmp(choice, "auto") && strcmp(choice, "required"))
+        return fail(p, 400, "tool_choice",
+                    "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                    "\"function\": {\"name\": ...}}");
+    } else {
+      json_t *fn = json_object_get(tc, "function"), *name = json_object_get(fn, "name");
+      if (!json_is_object(tc) || !json_is_string(name))
+        return fail(p, 400, "tool_choice.function.name",
+                    "'tool_choice' names a tool as {\"type\": \"function\", \"function\": "
+                    "{\"name\": ...}}");
+      choice = "named";
+      only = json_string_value(name);
+    }
+    if (strcmp(choice, "none") && !has_tools)
+      return fail(p, 400, "tool_choice", "'tool_choice' without 'tools'");
+  }
+  int parallel = 1;
+  int rc = get_bool(p, body, "parallel_tool_calls", &parallel);
+  if (rc) return rc;
+  json_t *list = NULL;
+  if (has_tools && (rc = read_tools(p, tools, &list))) return rc;
+  if (only) {
+    int found = 0;
+    for (size_t i = 0; i < json_array_size(list); i++)
+      found |= !strcmp(json_string_value(json_object_get(json_array_get(list, i), "name")), only);
+    if (!found) {
+      json_decref(list);
+      return fail(p, 400, "tool_choice.function.name",
+                  "'tool_choice' names '%.64s', which is not "
+                  "among the tools",
+                  only);
+    }
+  }
+  int active = has_tools && strcmp(choice, "none") != 0;
+  char *instruction = active ? tools_instruction(list, only, !strcmp(choice, "required")) : NULL;
+  json_t *schema = active ? tools_schema(list, only, parallel, !strcmp(choice, "auto")) : NULL;
+  json_decref(list);
+  if (active && (!instruction || !schema)) {
+    free(instruction);
+    json_decref(schema);
+    return nomem(p);
+  }
+  rc = rewrite_messages(p, body, instruction);
+  free(instruction);
+  if (!rc && active) {
+    rc = set_constraint(p, "tools", GR_JSON_SCHEMA, schema);
+    r->tool_answer = !rc;
+  }
+  json_decref(schema);
+  return rc;
+}
+
+void fe_api_tool_answer(const char *text, size_t len, int with_index, char **calls,
+                        char **content) {
+  *calls = NULL;
+  *content = NULL;
+  json_t *o = json_loadb(text, len, 0, NULL);
+  json_t *tc = json_object_get(o, "tool_calls"), *resp = json_object_get(o, "response");
+  if (json_is_string(resp)) {
+    *content = strndup(json_string_value(resp), json_string_length(resp));
+  } else if (json_is_array(tc)) {
+    json_t *out = json_array();
+    size_t i;
+    json_t *c;
+    json_array_foreach(tc, i, c) {
+      char id[40], *args = json_dumps(json_object_get(c, "arguments"), JSON_COMPACT);
+      fe_api_make_id(id, sizeof(id), "call_");
+      json_t *call = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
+                               "name", json_object_get(c, "name"), "arguments", args ? args : "{}");
+      if (call && with_index) json_object_set_new(call, "index", json_integer((json_int_t)i));
+      json_array_append_new(out, call);
+      free(args);
+    }
+    *calls = json_dumps(out, JSON_COMPACT);
+    json_decref(out);
+  }
+  json_decref(o);
+}
+
 static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
   struct fe_api_request *r = p->r;
   int rc;
@@ -677,12 +1016,14 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     if ((rc = parse_prompt(p, body))) return rc;
     break;
   case FE_API_CHAT:
+    if ((rc = parse_tools(p, body))) return rc;
     if ((rc = parse_messages(p, body))) return rc;
     if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
     break;
   case FE_API_TOKENIZE:
     if (json_object_get(body, "messages")) {
       r->add_special_tokens = 0;
+      if ((rc = parse_tools(p, body))) return rc; /* the prompt the tools make, as vLLM's */
       if ((rc = parse_messages(p, body))) return rc;
       if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
     } else {

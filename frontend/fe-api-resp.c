@@ -155,7 +155,10 @@ static void chat_choice(struct fe_buf *b, const struct fe_api_choice *c, const c
   fe_buf_puts(b, field);
   fe_buf_puts(b, "\":{");
   if (with_role) fe_buf_puts(b, "\"role\":\"assistant\"");
-  if (c->text_len || with_role) {
+  if (c->tool_calls) {
+    fe_buf_puts(b, with_role ? ",\"content\":null,\"tool_calls\":" : "\"tool_calls\":");
+    fe_buf_puts(b, c->tool_calls);
+  } else if (c->text_len || with_role) {
     fe_buf_puts(b, with_role ? ",\"content\":" : "\"content\":");
     fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
   }

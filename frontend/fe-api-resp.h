@@ -33,6 +33,8 @@ struct fe_api_choice {
   const struct fe_api_token_logprob *logprobs; /* (n_logprobs); NULL: "logprobs": null */
   size_t n_logprobs;
   size_t text_offset; /* bytes of text before this chunk (completions) */
+  const char *tool_calls; /* chat: the tool_calls array's JSON (then "content" is null), or
+                             NULL */
 };
 
 struct fe_api_usage {

@@ -112,6 +112,11 @@ struct fe_api_request {
   const char *grammar;
   size_t grammar_len;
   char grammar_param[48];
+  /* Tools (chat): 1 when the answer is a tool-call protocol object to turn into
+   * message.tool_calls or content (fe_api_tool_answer); the protocol's
+   * instruction and the tool messages of the history were written into the
+   * messages as the chat template sees them. */
+  int tool_answer;
   struct cm_arena arena;          /* owns every pointer above */
 };
 
@@ -132,6 +137,16 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
                          const struct fe_api_config *cfg, struct fe_api_request *out,
                          struct fe_api_error *err);
 void fe_api_request_free(struct fe_api_request *r);
+
+/* A tool-call answer (fe_api_request.tool_answer): the generated text as the
+ * protocol object {"tool_calls": [{"name", "arguments"}]} or {"response": s}.
+ * With calls: *calls (malloc'd) is the OpenAI tool_calls array's JSON, each
+ * call with a fresh "call_..." id and its arguments as a JSON string, and
+ * *content NULL; with a response: *content (malloc'd) its text. Text that is
+ * neither (cut by max_tokens) gives both NULL: the caller keeps the text as
+ * the content. with_index: each call also carries its "index" (a stream's
+ * delta). */
+void fe_api_tool_answer(const char *text, size_t len, int with_index, char **calls, char **content);
 
 /* The length check the serving path calls once it knows how many tokens a
  * prompt has: the prompt must leave room for at least one generated token,

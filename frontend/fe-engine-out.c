@@ -272,12 +272,31 @@ static void usage_of(const struct fe_eng_req *r, struct fe_api_usage *u) {
     u->completion_tokens += r->ch[k].n_gen;
 }
 
+/* A finished tool-call answer (fe_api_request.tool_answer) into c: its calls
+ * (finish reason "tool_calls") or its response's text; *calls and *content
+ * (malloc'd) are the caller's to free. Text the protocol does not read stays. */
+static void tool_answer(const struct fe_eng_choice *ch, int with_index, struct fe_api_choice *c,
+                        char **calls, char **content) {
+  fe_api_tool_answer(ch->text.data ? ch->text.data : "", ch->text.len, with_index, calls, content);
+  if (*calls) {
+    c->tool_calls = *calls;
+    c->text = "";
+    c->text_len = 0;
+    if (c->finish_reason && !strcmp(c->finish_reason, "stop")) c->finish_reason = "tool_calls";
+  } else if (*content) {
+    c->text = *content;
+    c->text_len = strlen(*content);
+  }
+}
+
 static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   struct fe_engine *e = r->e;
   struct fe_api_choice c = {ch->index,    ch->text.data ? ch->text.data : "",
                             ch->text.len, ch->done ? ch->finish_reason : NULL,
                             NULL,         0,
                             ch->text_sent};
+  char *calls = NULL, *content = NULL;
+  if (r->api->tool_answer) tool_answer(ch, 1, &c, &calls, &content);
   struct fe_api_token_logprob *tl = NULL;
   struct fe_api_top_logprob *tops = NULL;
   fe_buf_reset(&e->tmp);
@@ -289,6 +308,8 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   fe_sse_send(&r->sse, &c);
   free(tl);
   free(tops);
+  free(calls);
+  free(content);
   ch->text_sent += ch->text.len;
 }
 
@@ -311,7 +332,8 @@ static void complete(struct fe_eng_req *r) {
   struct fe_api_token_logprob **tls = calloc((size_t)r->n_ch, sizeof(*tls));
   struct fe_api_top_logprob **tops = calloc((size_t)r->n_ch, sizeof(*tops));
   struct fe_buf *txt = calloc((size_t)r->n_ch, sizeof(*txt));
-  int rc = cs && tls && tops && txt ? 0 : CM_ERR_NOMEM;
+  char **tool_bufs = calloc((size_t)r->n_ch * 2, sizeof(char *));
+  int rc = cs && tls && tops && txt && tool_bufs ? 0 : CM_ERR_NOMEM;
   for (int k = 0; k < r->n_ch && !rc; k++) {
     struct fe_eng_choice *ch = &r->ch[k];
     fe_buf_init(&txt[k], 0);
@@ -319,6 +341,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text = ch->text.data ? ch->text.data : "";
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
+    if (r->api->tool_answer) tool_answer(ch, 0, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
     if (r->api->logprobs >= 0) {
       rc = build_logprobs(e, ch, &tls[k], &tops[k], &txt[k]);
       cs[k].logprobs = tls[k];
@@ -343,6 +366,9 @@ static void complete(struct fe_eng_req *r) {
     free(tops[k]);
     fe_buf_free(&txt[k]);
   }
+  for (int k = 0; tool_bufs && k < 2 * r->n_ch; k++)
+    free(tool_bufs[k]);
+  free(tool_bufs);
   free(cs);
   free(tls);
   free(tops);
@@ -370,7 +396,8 @@ static int is_stop_id(const struct fe_engine *e, const struct fe_api_request *q,
 static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s) {
   struct fe_eng_req *r = ch->req;
   uint64_t now = cm_time_ns();
-  if (r->stream) { /* chunks carry deltas */
+  if (r->stream && !r->api->tool_answer) { /* chunks carry deltas (a tool-call answer is
+                                            * read whole, and sent when done) */
     fe_buf_reset(&ch->text);
     ch->n_lps = 0;
     ch->n_top_all = 0;
@@ -433,7 +460,8 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->finish_reason = hit ? "stop" : finish_name(s->finish);
     r->n_done++;
   }
-  if (r->stream && (ch->text.len || ch->n_lps || ch->done)) send_chunk(r, ch);
+  if (r->stream && (r->api->tool_answer ? ch->done : ch->text.len || ch->n_lps || ch->done))
+    send_chunk(r, ch);
 }
 
 void fe_eng_on_out(struct fe_engine *e, const struct pr_out *o) {

@@ -2,7 +2,7 @@
  * serve`: starts serve (with an API key and --max-model-len) on a tiny
  * Gemma 4, runs api-openai.mjs under node against it, and kills serve
  * whatever happens (th-proc: process groups, PR_SET_PDEATHSIG, the
- * watchdog); then api-structured.mjs the same way. Skips, loudly, when node or
+ * watchdog); then api-structured.mjs and api-tools.mjs the same way. Skips, loudly, when node or
  * node_modules/openai is missing (tools/setup installs both). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@
 /* Runs tests/integration/api/SCRIPT under node against serve on the tiny Gemma 4
  * (API key KEY, --max-model-len MAX_LEN), skipping loudly without node or
  * node_modules/openai. */
-static void run_script(const char *script_name) {
+static void run_script(const char *script_name, const char *max_len) {
   th_proc_init(900);
   char *ver[] = {"node", "--version", NULL};
   char *out = NULL, *err = NULL;
@@ -40,12 +40,13 @@ static void run_script(const char *script_name) {
   TH_REQUIRE(access(script, R_OK) == 0);
 
   struct as_server s = {.api_key = KEY};
-  as_start(&s, 0, (char *[]){"--served-model-name", NAME, "--max-model-len", MAX_LEN, NULL});
+  as_start(&s, 0,
+           (char *[]){"--served-model-name", NAME, "--max-model-len", (char *)max_len, NULL});
   char url[96], key[64], model[64], len[64];
   snprintf(url, sizeof(url), "LMSERVE_URL=http://127.0.0.1:%d/v1", s.port);
   snprintf(key, sizeof(key), "LMSERVE_KEY=%s", KEY);
   snprintf(model, sizeof(model), "LMSERVE_MODEL=%s", NAME);
-  snprintf(len, sizeof(len), "LMSERVE_MAX_LEN=%s", MAX_LEN);
+  snprintf(len, sizeof(len), "LMSERVE_MAX_LEN=%s", max_len);
   char *env[] = {url, key, model, len, "NO_COLOR=1", NULL};
   /* node's output goes straight into the test log */
   char *argv[] = {"node", "--test-reporter=spec", script, NULL};
@@ -65,11 +66,18 @@ static void run_script(const char *script_name) {
 }
 
 TH_TEST(api_openai_client) {
-  run_script("api-openai.mjs");
+  run_script("api-openai.mjs", MAX_LEN);
 }
 
 /* Structured outputs (response_format, structured_outputs, guided_*) through the
  * client: every finished output checked by JavaScript itself (RegExp, JSON.parse). */
 TH_TEST(api_structured_outputs) {
-  run_script("api-structured.mjs");
+  run_script("api-structured.mjs", MAX_LEN);
+}
+
+/* Tool calls (the JSON protocol any chat template carries) through the client:
+ * forced, named and auto choices, parallel calls, streaming, the history round
+ * trip; the arguments checked against the tools' schemas by hand. */
+TH_TEST(api_tool_calls) {
+  run_script("api-tools.mjs", "2048");
 }

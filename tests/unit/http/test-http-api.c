@@ -178,7 +178,14 @@ static const struct bad_case bad[] = {
      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":"
      "[{\"type\":\"text\",\"text\":-1e999}]}]}",
      400, "messages[1].content[0].text"},
-    {H, CHAT_A "\"tools\":[{\"type\":\"function\"}]}", 400, "tools"},
+    {H, CHAT_A "\"tools\":[{\"type\":\"function\"}]}", 400, "tools[0]"},
+    {H, CHAT_A "\"tools\":{}}", 400, "tools"},
+    {H, CHAT_A "\"tool_choice\":\"auto\"}", 400, "tool_choice"},
+    {H, CHAT_A "\"functions\":[{\"name\":\"f\"}]}", 400, "functions"},
+    {H,
+     "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\","
+     "\"content\":\"x\"}]}",
+     400, "messages[1].tool_call_id"},
     {H, CHAT_A "\"response_format\":{\"type\":\"xml\"}}", 400, "response_format.type"},
     {H, CHAT_A "\"response_format\":\"json\"}", 400, "response_format"},
     {H, CHAT_A "\"response_format\":{\"type\":\"json_schema\"}}", 400,
@@ -386,6 +393,50 @@ TH_TEST(api_structured_fields) {
     }
     fe_api_request_free(&r);
   }
+}
+
+/* Tools: the protocol's instruction goes into the system turn, the history's
+ * tool turns become its JSON, and the answer is constrained; the answer's text
+ * turns back into OpenAI tool_calls or content. */
+TH_TEST(api_tools_protocol) {
+  const char *b =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+      "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+      "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
+      "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"},"
+      "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"no\"}],"
+      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+      "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}}}],"
+      "\"tool_choice\":\"required\"}";
+  struct fe_api_request r;
+  parse_ok(FE_API_CHAT, b, &r);
+  TH_CHECK_EQ_INT(r.tool_answer, 1);
+  TH_CHECK_EQ_INT(r.grammar_kind, GR_JSON_SCHEMA);
+  TH_REQUIRE(r.n_messages == 4);
+  TH_CHECK_EQ_INT(r.messages[0].role, FE_API_ROLE_SYSTEM);
+  TH_CHECK(strstr(r.messages[0].content, "\"name\":\"f\"") != NULL);
+  TH_CHECK_EQ_STR(r.messages[2].content,
+                  "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\":1}}]}");
+  TH_CHECK_EQ_INT(r.messages[3].role, FE_API_ROLE_USER);
+  TH_CHECK_EQ_STR(r.messages[3].content,
+                  "[{\"tool_response\":{\"tool_call_id\":\"c1\",\"content\":\"ok\"}},"
+                  "{\"tool_response\":{\"tool_call_id\":\"c2\",\"content\":\"no\"}}]");
+  TH_CHECK(r.grammar && strstr(r.grammar, "\"tool_calls\"") && !strstr(r.grammar, "\"response\""));
+  fe_api_request_free(&r);
+
+  char *calls, *content;
+  const char *a = "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\": 1}}]}";
+  fe_api_tool_answer(a, strlen(a), 1, &calls, &content);
+  TH_CHECK(calls && !content);
+  TH_CHECK(calls && strstr(calls, "\"arguments\":\"{\\\"x\\\":1}\"") &&
+           strstr(calls, "\"id\":\"call_") && strstr(calls, "\"index\":0"));
+  free(calls);
+  const char *t = "{\"response\":\"plain \\u00e9\"}";
+  fe_api_tool_answer(t, strlen(t), 0, &calls, &content);
+  TH_CHECK(!calls && content && !strcmp(content, "plain \xc3\xa9"));
+  free(content);
+  fe_api_tool_answer("{\"tool_ca", 9, 0, &calls, &content); /* cut by max_tokens */
+  TH_CHECK(!calls && !content);
 }
 
 TH_TEST(api_chat_images) {
