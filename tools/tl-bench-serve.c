@@ -30,7 +30,8 @@ struct bs_config {
   const char *url, *model, *api_key;
   struct tl_url u;
   int64_t concurrency, num_prompts, input_len, output_len, seed, vocab;
-  double rate; /* requests/s; <= 0 means all at once */
+  double rate;        /* requests/s; <= 0 means all at once */
+  json_t *extra_body; /* --extra-body: fields set in every request (a structured output), or NULL */
 };
 
 struct bs_result {
@@ -114,6 +115,7 @@ static void run_request(const struct bs_config *c, int idx, struct bs_result *r)
   json_t *j = json_pack("{s:s, s:o, s:I, s:b, s:b, s:{s:b}, s:f}", "model", c->model, "prompt", ids,
                         "max_tokens", (json_int_t)c->output_len, "ignore_eos", 1, "stream", 1,
                         "stream_options", "include_usage", 1, "temperature", 0.0);
+  if (j && c->extra_body) json_object_update(j, c->extra_body);
   body = json_dumps(j, JSON_COMPACT);
   json_decref(j);
   if (!body) {
@@ -294,7 +296,7 @@ int tl_bench_serve_main(int argc, char **argv) {
       .vocab = 262144,
       .rate = 0,
   };
-  const char *model = NULL;
+  const char *model = NULL, *extra = NULL;
   const struct cm_opt opts[] = {
       {"url", CM_OPT_STR, &c.url, "URL", "server base URL (http://127.0.0.1:8000)"},
       {"model", CM_OPT_STR, &model, "NAME", "model name (default: the first of /v1/models)"},
@@ -307,12 +309,25 @@ int tl_bench_serve_main(int argc, char **argv) {
        0, 1e9},
       {"seed", CM_OPT_INT, &c.seed, "N", "prompt and arrival seed (0)", 0, INT64_MAX},
       {"vocab-size", CM_OPT_INT, &c.vocab, "V", "random prompt ids are < V (262144)", 257, 1 << 30},
+      {"extra-body", CM_OPT_STR, &extra, "JSON",
+       "a JSON object whose fields every request also sends, e.g. "
+       "'{\"response_format\": {\"type\": \"json_object\"}}'"},
       {0},
   };
   int rc = cm_args_parse("lmserve bench serve", "Load-test a running server.", opts, argc, argv, 1,
                          NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
+  if (extra) {
+    json_error_t je;
+    c.extra_body = json_loads(extra, 0, &je);
+    if (!json_is_object(c.extra_body)) {
+      fprintf(stderr, "lmserve bench serve: --extra-body must be a JSON object%s%s\n",
+              c.extra_body ? "" : ": ", c.extra_body ? "" : je.text);
+      json_decref(c.extra_body);
+      return 2;
+    }
+  }
   if (tl_url_parse(c.url, &c.u) != 0) {
     fprintf(stderr, "lmserve bench serve: --url must look like http://HOST:PORT, got '%s'\n",
             c.url);
@@ -443,5 +458,6 @@ int tl_bench_serve_main(int argc, char **argv) {
   free(m0);
   free(m1);
   pthread_mutex_destroy(&sh.mu);
+  json_decref(c.extra_body);
   return failed ? 1 : 0;
 }
