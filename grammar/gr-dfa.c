@@ -316,6 +316,7 @@ int gr_determinize(struct gr_nfa *n, struct gr_grammar *g) {
   for (uint32_t r = 0; r < n->n_rules; r++) {
     rc = det_rule(&d, r, &rule_start[r]);
     if (rc) goto done;
+    if (r == 0) g->n_root = (uint32_t)d.set_off.n - 1;
   }
   rc = CM_ERR_NOMEM;
   uint32_t n_dfa = (uint32_t)d.set_off.n - 1;

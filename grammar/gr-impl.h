@@ -117,9 +117,14 @@ struct gr_grammar {
   uint8_t *flags;     /* (n_states): GR_F_* */
   uint32_t *call_off; /* (n_states + 1): state s's calls are calls[call_off[s]..call_off[s+1]) */
   struct gr_call *calls;
-  uint32_t root;        /* the root rule's start DFA state */
+  uint32_t root;   /* the root rule's start DFA state */
+  uint32_t n_root; /* the root rule's states are 0 .. n_root - 1 (only ever at a stack's bottom) */
   pthread_mutex_t lock; /* guards cache */
   struct gr_mask_cache *cache;
+  /* reach[s]: how many plain characters (as in gr_vocab's u8ok) any text may
+   * take from state s while staying in its rule without calls or returns (255:
+   * any number); made on the first mask, under lock */
+  uint8_t *reach;
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
@@ -184,8 +189,19 @@ struct gr_vocab {
   int32_t n_ids;
   uint32_t max_len; /* bytes of the longest token */
   uint64_t serial;  /* tells vocabularies apart in caches */
+  /* For skipping whole subtrees of plain text: u8ok[i] bit q is set when every
+   * byte string of node i's subtree, read from node i's byte on with the UTF-8
+   * decoder in state q (0: at a character boundary), is well-formed plain JSON
+   * string text (no '"', '\\', control characters; possibly ending inside a
+   * character); nchars[i] is the most characters such a string starts (255 cap). */
+  uint8_t *u8ok;   /* (n_nodes) */
+  uint8_t *nchars; /* (n_nodes) */
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);
+/* Fills g->reach (gr-plain.c). */
+int gr_plain_reach(struct gr_grammar *g);
+/* Fills v->u8ok and v->nchars (gr-plain.c). */
+int gr_plain_vocab(struct gr_vocab *v);
 
 #endif
