@@ -35,6 +35,7 @@ struct gr_nfa {
   uint32_t n_states;
   uint32_t *rule_start, *rule_final; /* (n_rules) NFA states */
   uint32_t n_rules, cap_rules;
+  uint32_t tail_to, tail[4];          /* shared UTF-8 tails: k bytes 80..BF, then tail_to */
   uint32_t any_obj, any_arr, any_val; /* rules of any JSON object / array / value, or GR_NONE */
   int rc;                             /* sticky: the first error (0 while all is well) */
   char *err;                          /* where that error's text goes */
@@ -84,6 +85,8 @@ void gr_regex_emit(struct gr_nfa *n, const char *pat, size_t len, int mode, int 
 
 /* ---- JSON pieces (gr-json.c) ------------------------------------------- */
 void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* Whitespace around ':' (spaces and tabs only). */
+void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
@@ -125,6 +128,9 @@ struct gr_grammar {
    * take from state s while staying in its rule without calls or returns (255:
    * any number); made on the first mask, under lock */
   uint8_t *reach;
+  /* wall[s] (255: unknown): plain text from s is taken exactly when it has at
+   * most wall[s] characters (a bounded string: maxLength) */
+  uint8_t *wall;
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
@@ -147,6 +153,7 @@ struct gr_stackset {
 struct gr_level {
   int simple;
   uint32_t top;
+  uint32_t pc; /* characters begun on the path so far */
   struct gr_stackset set;
 };
 
@@ -196,6 +203,7 @@ struct gr_vocab {
    * character); nchars[i] is the most characters such a string starts (255 cap). */
   uint8_t *u8ok;   /* (n_nodes) */
   uint8_t *nchars; /* (n_nodes) */
+  uint8_t *tchars; /* (n): characters of each token, when it is plain text (255 cap) */
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);

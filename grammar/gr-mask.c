@@ -128,6 +128,7 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->tok);
   free(v->u8ok);
   free(v->nchars);
+  free(v->tchars);
   free(v);
 }
 
@@ -283,21 +284,33 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     lv[0].simple = 0;
     if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
   }
-  const uint8_t *reach = g->reach;
+  const uint8_t *reach = g->reach, *wall = g->wall;
   const uint32_t *delta = g->delta;
   const uint8_t *flags = g->flags;
+  lv[0].pc = 0;
   uint32_t ncls = g->n_cls;
   for (uint32_t i = 0; i < v->n_nodes;) {
     uint32_t d = v->depth[i];
     uint8_t b = v->byte[i];
     struct gr_level *pl = &lv[d - 1], *l = &lv[d];
     int ok;
+    l->pc = pl->pc + ((b & 0xc0) != 0x80);
     if (pl->simple) {
       if (reach[pl->top] && (v->u8ok[i] & 1) && v->nchars[i] <= reach[pl->top]) {
         /* plain text the state takes whole: every token below is allowed */
         for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
           uint32_t id = (uint32_t)v->ids[k];
           bits[id >> 5] |= 1u << (id & 31);
+        }
+        i = v->end[i];
+        continue;
+      }
+      if (wall[pl->top] != 255 && (v->u8ok[i] & 1)) {
+        /* plain text into a bounded string: the tokens short enough */
+        uint32_t w = wall[pl->top] + pl->pc; /* counted from the token's start */
+        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+          uint32_t id = (uint32_t)v->ids[k];
+          if (v->tchars[id] <= w) bits[id >> 5] |= 1u << (id & 31);
         }
         i = v->end[i];
         continue;

@@ -40,7 +40,14 @@ static int u8_step(int q, uint8_t b) {
 int gr_plain_vocab(struct gr_vocab *v) {
   v->u8ok = malloc(v->n_nodes ? v->n_nodes : 1);
   v->nchars = malloc(v->n_nodes ? v->n_nodes : 1);
-  if (!v->u8ok || !v->nchars) return CM_ERR_NOMEM;
+  v->tchars = malloc((size_t)v->n);
+  if (!v->u8ok || !v->nchars || !v->tchars) return CM_ERR_NOMEM;
+  for (int32_t id = 0; id < v->n; id++) {
+    unsigned k = 0;
+    for (uint32_t j = 0; j < v->lens[id]; j++)
+      k += (v->bytes[id][j] & 0xc0) != 0x80;
+    v->tchars[id] = (uint8_t)(k > 255 ? 255 : k);
+  }
   /* children come after their parent in preorder: fill from the end */
   for (uint32_t i = v->n_nodes; i-- > 0;) {
     uint8_t b = v->byte[i], ok = 0;
@@ -138,12 +145,23 @@ static void follow(const struct gr_grammar *g, uint32_t s, int k, int pos, struc
   }
 }
 
+/* 1 when no plain character can start from s (every first byte has no edge). */
+static int takes_none(const struct gr_grammar *g, uint32_t s) {
+  const uint32_t *row = g->delta + (size_t)s * g->n_cls;
+  for (uint32_t b = 0x20; b <= 0xf4; b++) {
+    if (b == '"' || b == '\\' || (b >= 0x80 && b < 0xc2)) continue;
+    if (row[g->cls[b]] != GR_NONE) return 0;
+  }
+  return 1;
+}
+
 int gr_plain_reach(struct gr_grammar *g) {
   uint32_t n = g->n_states;
+  uint8_t *wall = malloc(n ? n : 1);
   uint8_t *reach = calloc(n ? n : 1, 1);
   uint32_t *off = calloc((size_t)n + 1, sizeof *off);
   struct targets all = {0};
-  if (!reach || !off) goto nomem;
+  if (!reach || !off || !wall) goto nomem;
   for (uint32_t s = 0; s < n; s++) {
     off[s] = (uint32_t)all.n;
     if (!clean(g, s)) continue;
@@ -171,11 +189,27 @@ int gr_plain_reach(struct gr_grammar *g) {
       if (r < reach[s]) reach[s] = (uint8_t)r, changed = 1;
     }
   }
+  /* wall(s) = 0 where no plain character goes on; d + 1 where every plain
+   * character goes to states whose wall is d */
+  for (uint32_t s = 0; s < n; s++)
+    wall[s] = clean(g, s) && takes_none(g, s) ? 0 : 255;
+  for (int changed = 1, round = 0; changed && round < 300; round++) {
+    changed = 0;
+    for (uint32_t s = 0; s < n; s++) {
+      if (wall[s] != 255 || !reach[s] || off[s] == off[s + 1]) continue;
+      unsigned d = wall[all.a[off[s]]];
+      for (uint32_t i = off[s]; i < off[s + 1] && d != 255; i++)
+        if (wall[all.a[i]] != d) d = 255;
+      if (d < 254) wall[s] = (uint8_t)(d + 1), changed = 1;
+    }
+  }
   free(off);
   free(all.a);
+  g->wall = wall;
   __atomic_store_n(&g->reach, reach, __ATOMIC_RELEASE);
   return 0;
 nomem:
+  free(wall);
   free(reach);
   free(off);
   free(all.a);
