@@ -154,6 +154,7 @@ struct gr_level {
   int simple;
   uint32_t top;
   uint32_t pc; /* characters begun on the path so far */
+  int pq;      /* the plain-text UTF-8 decoder's state after the path; -1: not plain */
   struct gr_stackset set;
 };
 
@@ -204,12 +205,18 @@ struct gr_vocab {
   uint8_t *u8ok;   /* (n_nodes) */
   uint8_t *nchars; /* (n_nodes) */
   uint8_t *tchars; /* (n): characters of each token, when it is plain text (255 cap) */
+  /* (max_len + 1, words): bitmap w holds the tokens that are plain text from a
+   * character boundary and have at most w characters; NULL for vocabularies
+   * with tokens longer than 64 bytes */
+  uint32_t *plain_le;
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);
 /* Fills g->reach (gr-plain.c). */
 int gr_plain_reach(struct gr_grammar *g);
-/* Fills v->u8ok and v->nchars (gr-plain.c). */
+/* The plain-text UTF-8 decoder (gr-plain.c): the state after byte b, or -1. */
+int gr_u8_step(int q, uint8_t b);
+/* Fills v->u8ok, v->nchars, v->tchars, v->plain_le (gr-plain.c). */
 int gr_plain_vocab(struct gr_vocab *v);
 
 #endif

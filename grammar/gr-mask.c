@@ -129,6 +129,7 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->u8ok);
   free(v->nchars);
   free(v->tchars);
+  free(v->plain_le);
   free(v);
 }
 
@@ -288,13 +289,35 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
   const uint32_t *delta = g->delta;
   const uint8_t *flags = g->flags;
   lv[0].pc = 0;
+  lv[0].pq = 0;
   uint32_t ncls = g->n_cls;
+  /* from a state that takes plain text (freely, or up to a wall), every token
+   * that is plain text is decided by its length alone: copy those in, and skip
+   * their subtrees below */
+  int pre = 0;
+  if (v->plain_le && lv[0].simple) {
+    uint32_t s = lv[0].top, w = 255;
+    if (reach[s] >= v->max_len)
+      w = v->max_len;
+    else if (wall[s] != 255)
+      w = wall[s] < v->max_len ? wall[s] : v->max_len;
+    if (w != 255) {
+      uint32_t words = ((uint32_t)v->n + 31) / 32;
+      memcpy(bits, v->plain_le + (size_t)w * words, words * sizeof *bits);
+      pre = 1;
+    }
+  }
   for (uint32_t i = 0; i < v->n_nodes;) {
     uint32_t d = v->depth[i];
     uint8_t b = v->byte[i];
     struct gr_level *pl = &lv[d - 1], *l = &lv[d];
     int ok;
     l->pc = pl->pc + ((b & 0xc0) != 0x80);
+    l->pq = pl->pq < 0 ? -1 : gr_u8_step(pl->pq, b);
+    if (pre && pl->pq >= 0 && (v->u8ok[i] >> pl->pq & 1)) {
+      i = v->end[i]; /* plain tokens: already in */
+      continue;
+    }
     if (pl->simple) {
       if (reach[pl->top] && (v->u8ok[i] & 1) && v->nchars[i] <= reach[pl->top]) {
         /* plain text the state takes whole: every token below is allowed */

@@ -14,7 +14,7 @@
 /* The UTF-8 decoder of plain text: 0 at a boundary; 1..3 continuation bytes
  * left; 4 after E0, 5 after ED, 6 after F0, 7 after F4 (their narrower second
  * byte). -1: not plain text. */
-static int u8_step(int q, uint8_t b) {
+int gr_u8_step(int q, uint8_t b) {
   switch (q) {
   case 0:
     if (b >= 0x20 && b < 0x80) return b == '"' || b == '\\' ? -1 : 0;
@@ -48,6 +48,19 @@ int gr_plain_vocab(struct gr_vocab *v) {
       k += (v->bytes[id][j] & 0xc0) != 0x80;
     v->tchars[id] = (uint8_t)(k > 255 ? 255 : k);
   }
+  if (v->max_len <= 64) {
+    size_t words = ((size_t)v->n + 31) / 32;
+    v->plain_le = calloc((v->max_len + 1) * words, sizeof *v->plain_le);
+    if (!v->plain_le) return CM_ERR_NOMEM;
+    for (int32_t id = 0; id < v->n; id++) {
+      int q = v->lens[id] ? 0 : -1;
+      for (uint32_t j = 0; j < v->lens[id] && q >= 0; j++)
+        q = gr_u8_step(q, v->bytes[id][j]);
+      if (q < 0) continue;
+      for (uint32_t w = v->tchars[id]; w <= v->max_len; w++)
+        v->plain_le[w * words + (uint32_t)id / 32] |= 1u << (id & 31);
+    }
+  }
   /* children come after their parent in preorder: fill from the end */
   for (uint32_t i = v->n_nodes; i-- > 0;) {
     uint8_t b = v->byte[i], ok = 0;
@@ -55,7 +68,7 @@ int gr_plain_vocab(struct gr_vocab *v) {
     for (uint32_t j = i + 1; j < v->end[i]; j = v->end[j])
       if (v->nchars[j] > most) most = v->nchars[j];
     for (int q = 0; q < 8; q++) {
-      int q2 = u8_step(q, b);
+      int q2 = gr_u8_step(q, b);
       if (q2 < 0) continue;
       int all = 1;
       for (uint32_t j = i + 1; j < v->end[i] && all; j = v->end[j])
