@@ -72,6 +72,8 @@ void gr_grammar_free(struct gr_grammar *g) {
   free(g->call_off);
   free(g->calls);
   gr_mask_cache_free(g->cache);
+  free(g->reach);
+  free(g->wall);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

@@ -76,7 +76,7 @@ static int closure(struct det *d) {
       if (u32v_push(&d->work, e->to)) return CM_ERR_NOMEM;
     }
   }
-  qsort(d->work.a, d->work.n, sizeof(uint32_t), cmp_u32);
+  if (d->work.n) qsort(d->work.a, d->work.n, sizeof(uint32_t), cmp_u32);
   return 0;
 }
 
@@ -192,8 +192,8 @@ static int det_rule(struct det *d, uint32_t r, uint32_t *start_out) {
       }
       if (pass == 0) n_byte = n_pairs;
     }
-    qsort(pairs, n_byte, sizeof *pairs, cmp_pair);
-    qsort(pairs + n_byte, n_pairs - n_byte, sizeof *pairs, cmp_pair);
+    if (n_byte) qsort(pairs, n_byte, sizeof *pairs, cmp_pair);
+    if (n_pairs > n_byte) qsort(pairs + n_byte, n_pairs - n_byte, sizeof *pairs, cmp_pair);
     for (size_t i = 0; i < n_pairs;) {
       size_t j = i;
       d->tmp.n = 0;
@@ -316,6 +316,7 @@ int gr_determinize(struct gr_nfa *n, struct gr_grammar *g) {
   for (uint32_t r = 0; r < n->n_rules; r++) {
     rc = det_rule(&d, r, &rule_start[r]);
     if (rc) goto done;
+    if (r == 0) g->n_root = (uint32_t)d.set_off.n - 1;
   }
   rc = CM_ERR_NOMEM;
   uint32_t n_dfa = (uint32_t)d.set_off.n - 1;
@@ -331,7 +332,7 @@ int gr_determinize(struct gr_nfa *n, struct gr_grammar *g) {
     rc = gr_nfa_fail(n, CM_ERR_INVAL, "grammar: the pattern matches no text at all");
     goto done;
   }
-  qsort(d.calls, d.n_calls, sizeof *d.calls, cmp_call);
+  if (d.n_calls) qsort(d.calls, d.n_calls, sizeof *d.calls, cmp_call);
   g->n_states = n_dfa;
   g->n_cls = d.n_cls;
   memcpy(g->cls, d.cls, 256);

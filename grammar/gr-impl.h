@@ -35,6 +35,7 @@ struct gr_nfa {
   uint32_t n_states;
   uint32_t *rule_start, *rule_final; /* (n_rules) NFA states */
   uint32_t n_rules, cap_rules;
+  uint32_t tail_to, tail[4];          /* shared UTF-8 tails: k bytes 80..BF, then tail_to */
   uint32_t any_obj, any_arr, any_val; /* rules of any JSON object / array / value, or GR_NONE */
   int rc;                             /* sticky: the first error (0 while all is well) */
   char *err;                          /* where that error's text goes */
@@ -84,6 +85,8 @@ void gr_regex_emit(struct gr_nfa *n, const char *pat, size_t len, int mode, int 
 
 /* ---- JSON pieces (gr-json.c) ------------------------------------------- */
 void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* Whitespace around ':' (spaces and tabs only). */
+void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
@@ -117,9 +120,17 @@ struct gr_grammar {
   uint8_t *flags;     /* (n_states): GR_F_* */
   uint32_t *call_off; /* (n_states + 1): state s's calls are calls[call_off[s]..call_off[s+1]) */
   struct gr_call *calls;
-  uint32_t root;        /* the root rule's start DFA state */
+  uint32_t root;   /* the root rule's start DFA state */
+  uint32_t n_root; /* the root rule's states are 0 .. n_root - 1 (only ever at a stack's bottom) */
   pthread_mutex_t lock; /* guards cache */
   struct gr_mask_cache *cache;
+  /* reach[s]: how many plain characters (as in gr_vocab's u8ok) any text may
+   * take from state s while staying in its rule without calls or returns (255:
+   * any number); made on the first mask, under lock */
+  uint8_t *reach;
+  /* wall[s] (255: unknown): plain text from s is taken exactly when it has at
+   * most wall[s] characters (a bounded string: maxLength) */
+  uint8_t *wall;
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
@@ -142,6 +153,8 @@ struct gr_stackset {
 struct gr_level {
   int simple;
   uint32_t top;
+  uint32_t pc; /* characters begun on the path so far */
+  int pq;      /* the plain-text UTF-8 decoder's state after the path; -1: not plain */
   struct gr_stackset set;
 };
 
@@ -184,8 +197,26 @@ struct gr_vocab {
   int32_t n_ids;
   uint32_t max_len; /* bytes of the longest token */
   uint64_t serial;  /* tells vocabularies apart in caches */
+  /* For skipping whole subtrees of plain text: u8ok[i] bit q is set when every
+   * byte string of node i's subtree, read from node i's byte on with the UTF-8
+   * decoder in state q (0: at a character boundary), is well-formed plain JSON
+   * string text (no '"', '\\', control characters; possibly ending inside a
+   * character); nchars[i] is the most characters such a string starts (255 cap). */
+  uint8_t *u8ok;   /* (n_nodes) */
+  uint8_t *nchars; /* (n_nodes) */
+  uint8_t *tchars; /* (n): characters of each token, when it is plain text (255 cap) */
+  /* (max_len + 1, words): bitmap w holds the tokens that are plain text from a
+   * character boundary and have at most w characters; NULL for vocabularies
+   * with tokens longer than 64 bytes */
+  uint32_t *plain_le;
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);
+/* Fills g->reach (gr-plain.c). */
+int gr_plain_reach(struct gr_grammar *g);
+/* The plain-text UTF-8 decoder (gr-plain.c): the state after byte b, or -1. */
+int gr_u8_step(int q, uint8_t b);
+/* Fills v->u8ok, v->nchars, v->tchars, v->plain_le (gr-plain.c). */
+int gr_plain_vocab(struct gr_vocab *v);
 
 #endif

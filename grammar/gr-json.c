@@ -12,7 +12,7 @@
  * most GR_WS_INDENT of them (pretty printing), so that a model cannot run on
  * in whitespace. */
 #define GR_WS_INLINE 2
-#define GR_WS_INDENT 20
+#define GR_WS_INDENT 16
 
 void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
   uint32_t cur = from;
@@ -30,6 +30,18 @@ void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
   gr_nfa_byte(n, cr, nl, '\n', '\n');
   cur = nl;
   for (int i = 0; i < GR_WS_INDENT; i++) {
+    uint32_t nx = gr_nfa_state(n);
+    gr_nfa_eps(n, cur, to);
+    gr_nfa_byte(n, cur, nx, ' ', ' ');
+    gr_nfa_byte(n, cur, nx, '\t', '\t');
+    cur = nx;
+  }
+  gr_nfa_eps(n, cur, to);
+}
+
+void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t cur = from;
+  for (int i = 0; i < GR_WS_INLINE; i++) {
     uint32_t nx = gr_nfa_state(n);
     gr_nfa_eps(n, cur, to);
     gr_nfa_byte(n, cur, nx, ' ', ' ');
@@ -140,9 +152,9 @@ static void make_any_rules(struct gr_nfa *n) {
   gr_json_ws(n, a, b);
   gr_nfa_byte(n, b, f, '}', '}');
   gr_json_string(n, b, c);
-  gr_json_ws(n, c, d);
+  gr_json_ws_inline(n, c, d);
   gr_nfa_byte(n, d, e, ':', ':');
-  gr_json_ws(n, e, g);
+  gr_json_ws_inline(n, e, g);
   any_value(n, g, h);
   gr_json_ws(n, h, i);
   gr_nfa_byte(n, i, f, '}', '}');

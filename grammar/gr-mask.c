@@ -106,6 +106,8 @@ int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n
   free(path);
   v->n_nodes = nn;
   v->n_ids = n_ids;
+  rc = gr_plain_vocab(v);
+  if (rc) goto fail;
   v->serial = __atomic_add_fetch(&g_vocab_serial, 1, __ATOMIC_RELAXED);
   *out = v;
   return 0;
@@ -124,6 +126,10 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->depth);
   free(v->end);
   free(v->tok);
+  free(v->u8ok);
+  free(v->nchars);
+  free(v->tchars);
+  free(v->plain_le);
   free(v);
 }
 
@@ -279,15 +285,59 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     lv[0].simple = 0;
     if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
   }
+  const uint8_t *reach = g->reach, *wall = g->wall;
   const uint32_t *delta = g->delta;
   const uint8_t *flags = g->flags;
+  lv[0].pc = 0;
+  lv[0].pq = 0;
   uint32_t ncls = g->n_cls;
+  /* from a state that takes plain text (freely, or up to a wall), every token
+   * that is plain text is decided by its length alone: copy those in, and skip
+   * their subtrees below */
+  int pre = 0;
+  if (v->plain_le && lv[0].simple) {
+    uint32_t s = lv[0].top, w = 255;
+    if (reach[s] >= v->max_len)
+      w = v->max_len;
+    else if (wall[s] != 255)
+      w = wall[s] < v->max_len ? wall[s] : v->max_len;
+    if (w != 255) {
+      uint32_t words = ((uint32_t)v->n + 31) / 32;
+      memcpy(bits, v->plain_le + (size_t)w * words, words * sizeof *bits);
+      pre = 1;
+    }
+  }
   for (uint32_t i = 0; i < v->n_nodes;) {
     uint32_t d = v->depth[i];
     uint8_t b = v->byte[i];
     struct gr_level *pl = &lv[d - 1], *l = &lv[d];
     int ok;
+    l->pc = pl->pc + ((b & 0xc0) != 0x80);
+    l->pq = pl->pq < 0 ? -1 : gr_u8_step(pl->pq, b);
+    if (pre && pl->pq >= 0 && (v->u8ok[i] >> pl->pq & 1)) {
+      i = v->end[i]; /* plain tokens: already in */
+      continue;
+    }
     if (pl->simple) {
+      if (reach[pl->top] && (v->u8ok[i] & 1) && v->nchars[i] <= reach[pl->top]) {
+        /* plain text the state takes whole: every token below is allowed */
+        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+          uint32_t id = (uint32_t)v->ids[k];
+          bits[id >> 5] |= 1u << (id & 31);
+        }
+        i = v->end[i];
+        continue;
+      }
+      if (wall[pl->top] != 255 && (v->u8ok[i] & 1)) {
+        /* plain text into a bounded string: the tokens short enough */
+        uint32_t w = wall[pl->top] + pl->pc; /* counted from the token's start */
+        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+          uint32_t id = (uint32_t)v->ids[k];
+          if (v->tchars[id] <= w) bits[id >> 5] |= 1u << (id & 31);
+        }
+        i = v->end[i];
+        continue;
+      }
       uint32_t t = delta[(size_t)pl->top * ncls + g->cls[b]];
       if (t == GR_NONE) {
         i = v->end[i];
@@ -326,6 +376,12 @@ int gr_matcher_mask(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bi
   struct gr_grammar *g = (struct gr_grammar *)m->g; /* the cache is the only mutable part */
   uint64_t h = gr_stackset_hash(&m->cur);
   if (cache_get(g, v, &m->cur, h, bits)) return 0;
+  if (!__atomic_load_n(&g->reach, __ATOMIC_ACQUIRE)) {
+    pthread_mutex_lock(&g->lock);
+    int rc = g->reach ? 0 : gr_plain_reach(g);
+    pthread_mutex_unlock(&g->lock);
+    if (rc) return rc;
+  }
   memset(bits, 0, words * sizeof *bits);
   int rc = walk(m, v, bits);
   if (rc) return rc;

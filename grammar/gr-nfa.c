@@ -14,6 +14,7 @@ void gr_nfa_init(struct gr_nfa *n, char *err, size_t errlen) {
   n->errlen = errlen;
   n->n_states = 1; /* state 0: the dummy handed out after a failure */
   n->any_obj = n->any_arr = n->any_val = GR_NONE;
+  n->tail_to = GR_NONE;
 }
 
 void gr_nfa_free(struct gr_nfa *n) {
@@ -166,9 +167,36 @@ static void cps_rec(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t lo, u
   uint8_t a[4], b[4];
   utf8_enc(lo, a);
   utf8_enc(hi, b);
+  /* the last bytes are often any continuation byte: those tails (k bytes of
+   * 80..BF, then `to`) are shared, so that the automaton stays small */
+  int full = k;
+  while (full > 1 && a[full - 1] == 0x80 && b[full - 1] == 0xbf)
+    full--;
+  if (n->tail_to != to) {
+    n->tail_to = to;
+    memset(n->tail, 0, sizeof n->tail);
+  }
   uint32_t cur = from;
   for (int i = 0; i < k; i++) {
-    uint32_t nx = i + 1 == k ? to : gr_nfa_state(n);
+    if (i == full) break;
+    uint32_t nx;
+    if (i + 1 == k) {
+      nx = to;
+    } else if (i + 1 >= full) { /* the rest is k - i - 1 full continuation bytes */
+      int rest = k - i - 1;
+      if (!n->tail[rest]) {
+        uint32_t t = gr_nfa_state(n), c = t;
+        for (int j = 0; j < rest; j++) {
+          uint32_t x = j + 1 == rest ? to : gr_nfa_state(n);
+          gr_nfa_byte(n, c, x, 0x80, 0xbf);
+          c = x;
+        }
+        n->tail[rest] = t;
+      }
+      nx = n->tail[rest];
+    } else {
+      nx = gr_nfa_state(n);
+    }
     gr_nfa_byte(n, cur, nx, a[i], b[i]);
     cur = nx;
   }

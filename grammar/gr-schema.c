@@ -553,20 +553,54 @@ static void emit_array(struct sc *c, const json_t *s, const char *path, uint32_t
       path_index(pp, path, prefix_kw, (size_t)i);
     else
       memcpy(pp, ip, sizeof pp);
-    emit_value(c, es, pp, el, after);
+    /* items (emitted at several positions) go through one rule; tuple items inline */
+    if (i >= (long long)k && json_is_object(es) && (max < 0 || max - (long long)k > 1)) {
+      uint32_t r = rule_of(c, es, pp);
+      if (r != GR_NONE) gr_nfa_call(n, el, after, r);
+    } else {
+      emit_value(c, es, pp, el, after);
+    }
     gr_json_ws(n, after, next);
     if (i >= (long long)k && i >= unroll && max < 0) {
       /* the open tail: more elements, each after a comma, back to next */
       uint32_t comma = gr_nfa_state(n), el2 = gr_nfa_state(n), after2 = gr_nfa_state(n);
       gr_nfa_byte(n, next, comma, ',', ',');
       gr_json_ws(n, comma, el2);
-      emit_value(c, es, pp, el2, after2);
+      if (json_is_object(es)) {
+        uint32_t r = rule_of(c, es, pp);
+        if (r != GR_NONE) gr_nfa_call(n, el2, after2, r);
+      } else {
+        emit_value(c, es, pp, el2, after2);
+      }
       gr_json_ws(n, after2, next);
       gr_nfa_eps(n, next, close);
       break;
     }
     cur = next;
   }
+}
+
+static void comma_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t w = gr_nfa_state(n);
+  gr_nfa_byte(n, from, w, ',', ',');
+  gr_json_ws(n, w, to);
+}
+
+/* "key" : value, then whitespace (key NULL: any key) */
+static void member(struct sc *c, const char *key, const json_t *vs, const char *path, uint32_t from,
+                   uint32_t to) {
+  struct gr_nfa *n = c->n;
+  uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n), v0 = gr_nfa_state(n),
+           v1 = gr_nfa_state(n);
+  if (key)
+    gr_json_lit_string(n, from, k1, key, strlen(key));
+  else
+    gr_json_string(n, from, k1);
+  gr_json_ws_inline(n, k1, k2);
+  gr_nfa_byte(n, k2, k3, ':', ':');
+  gr_json_ws_inline(n, k3, v0);
+  emit_value(c, vs, path, v0, v1);
+  gr_json_ws(n, v1, to); /* before ',' or '}' */
 }
 
 static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_t from,
@@ -612,27 +646,11 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     char pp[SC_MAX_PATH], pk[SC_MAX_PATH];
     path_join(pk, path, "properties");
     path_join(pp, pk, key);
-    uint32_t n0 = gr_nfa_state(n), n1 = gr_nfa_state(n);
-    /* member: "key" ws : ws value */
-    for (int track = 0; track < 2; track++) {
-      if (track == 1 && !t1_live) continue;
-      uint32_t st = track ? t1 : t0, k0 = st;
-      if (track == 1) {
-        uint32_t w = gr_nfa_state(n), comma = gr_nfa_state(n);
-        k0 = gr_nfa_state(n);
-        gr_nfa_byte(n, st, w, ',', ',');
-        gr_json_ws(n, w, comma);
-        gr_nfa_eps(n, comma, k0);
-      }
-      uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n),
-               v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
-      gr_json_lit_string(n, k0, k1, key, strlen(key));
-      gr_json_ws(n, k1, k2);
-      gr_nfa_byte(n, k2, k3, ':', ':');
-      gr_json_ws(n, k3, v0);
-      emit_value(c, ps, pp, v0, v1);
-      gr_json_ws(n, v1, n1); /* ws after a value, before ',' or '}' */
-    }
+    uint32_t n0 = gr_nfa_state(n), n1 = gr_nfa_state(n), k0 = gr_nfa_state(n);
+    /* the member, written once: first (from t0) or after a comma (from t1) */
+    gr_nfa_eps(n, t0, k0);
+    if (t1_live) comma_ws(n, t1, k0);
+    member(c, key, ps, pp, k0, n1);
     if (!required) {
       gr_nfa_eps(n, t0, n0);
       if (t1_live) gr_nfa_eps(n, t1, n1);
@@ -645,35 +663,11 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   if (open_addl) {
     char ap[SC_MAX_PATH];
     path_join(ap, path, "additionalProperties");
-    uint32_t a1 = gr_nfa_state(n);
-    for (int track = 0; track < 2; track++) {
-      if (track == 1 && !t1_live) continue;
-      uint32_t k0 = track ? gr_nfa_state(n) : t0;
-      if (track == 1) {
-        uint32_t w = gr_nfa_state(n);
-        gr_nfa_byte(n, t1, w, ',', ',');
-        gr_json_ws(n, w, k0);
-      }
-      uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n),
-               v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
-      gr_json_string(n, k0, k1);
-      gr_json_ws(n, k1, k2);
-      gr_nfa_byte(n, k2, k3, ':', ':');
-      gr_json_ws(n, k3, v0);
-      emit_value(c, json_is_object(addl) ? addl : json_true(), ap, v0, v1);
-      gr_json_ws(n, v1, a1);
-    }
-    /* more of them: , "key": value, back to a1 */
-    uint32_t w = gr_nfa_state(n), k0 = gr_nfa_state(n), k1 = gr_nfa_state(n), k2 = gr_nfa_state(n),
-             k3 = gr_nfa_state(n), v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
-    gr_nfa_byte(n, a1, w, ',', ',');
-    gr_json_ws(n, w, k0);
-    gr_json_string(n, k0, k1);
-    gr_json_ws(n, k1, k2);
-    gr_nfa_byte(n, k2, k3, ':', ':');
-    gr_json_ws(n, k3, v0);
-    emit_value(c, json_is_object(addl) ? addl : json_true(), ap, v0, v1);
-    gr_json_ws(n, v1, a1);
+    uint32_t a1 = gr_nfa_state(n), k0 = gr_nfa_state(n);
+    gr_nfa_eps(n, t0, k0);
+    if (t1_live) comma_ws(n, t1, k0);
+    comma_ws(n, a1, k0);
+    member(c, NULL, json_is_object(addl) ? addl : json_true(), ap, k0, a1);
     gr_nfa_eps(n, a1, close);
   }
   gr_nfa_eps(n, t0, close);

