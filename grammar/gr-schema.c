@@ -221,89 +221,110 @@ static void int_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, 
   }
 }
 
-static void frac_opt(struct gr_nfa *n, uint32_t from, uint32_t to, int zeros_only) {
+enum { FRAC_ANY, FRAC_ZERO, FRAC_NONZERO };
+
+/* After an integer part: an optional fraction of any digits, of zeros only,
+ * or a required fraction that is not all zeros. */
+static void frac(struct gr_nfa *n, uint32_t from, uint32_t to, int kind) {
   uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
-  gr_nfa_eps(n, from, to);
+  if (kind != FRAC_NONZERO) gr_nfa_eps(n, from, to);
   gr_nfa_byte(n, from, a, '.', '.');
-  gr_nfa_byte(n, a, b, '0', zeros_only ? '0' : '9');
-  gr_nfa_byte(n, b, b, '0', zeros_only ? '0' : '9');
+  if (kind == FRAC_NONZERO) {
+    gr_nfa_byte(n, a, a, '0', '0');
+    gr_nfa_byte(n, a, b, '1', '9');
+    gr_nfa_byte(n, b, b, '0', '9');
+  } else {
+    gr_nfa_byte(n, a, b, '0', kind == FRAC_ZERO ? '0' : '9');
+    gr_nfa_byte(n, b, b, '0', kind == FRAC_ZERO ? '0' : '9');
+  }
   gr_nfa_eps(n, b, to);
 }
 
-/* Numbers lo..hi with integer bounds (no exponent when bounded). */
-static void num_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
-                      int has_hi, long long hi) {
-  if (has_lo && has_hi && lo > hi) return;
-  /* non-negative: k.f for k in [max(lo,0), hi-1], and hi(.0+) */
-  if (!has_hi || hi >= 0) {
-    long long a = has_lo && lo > 0 ? lo : 0;
-    uint32_t k = gr_nfa_state(n);
-    if (!has_hi || hi - 1 >= a) uint_range(n, from, k, a, has_hi ? hi - 1 : -1);
-    frac_opt(n, k, to, 0);
-    if (has_hi && hi >= a) {
-      uint32_t e = gr_nfa_state(n);
-      uint_range(n, from, e, hi, hi);
-      frac_opt(n, e, to, 1);
-    }
-  }
-  /* negative: -k.f with k in [kmin, -lo-1], and -(-lo)(.0+) */
-  if (!has_lo || lo < 0) {
-    uint32_t m = gr_nfa_state(n), k = gr_nfa_state(n);
+/* Integer part k in a..b (b < 0: unbounded), optional '-' first, then a fraction. */
+static void part(struct gr_nfa *n, uint32_t from, uint32_t to, int neg, long long a, long long b,
+                 int kind) {
+  if (b >= 0 && a > b) return;
+  uint32_t m = from, k = gr_nfa_state(n);
+  if (neg) {
+    m = gr_nfa_state(n);
     gr_nfa_byte(n, from, m, '-', '-');
-    long long kmin = has_hi && hi < 0 ? -hi : 0;
-    if (!has_lo || -lo - 1 >= kmin) uint_range(n, m, k, kmin, has_lo ? -lo - 1 : -1);
-    frac_opt(n, k, to, 0);
-    if (has_lo && -lo >= kmin) {
-      uint32_t e = gr_nfa_state(n);
-      uint_range(n, m, e, -lo, -lo);
-      frac_opt(n, e, to, 1);
+  }
+  uint_range(n, m, k, a, b);
+  frac(n, k, to, kind);
+}
+
+/* Numbers between integer bounds (exclusive or not), without exponents: the
+ * value of "k.f" lies in [k, k + 1), that of "-k.f" in (-(k + 1), -k]. */
+static void num_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
+                      int xlo, int has_hi, long long hi, int xhi) {
+  if (has_lo && has_hi && (lo > hi || (lo == hi && (xlo || xhi)))) return;
+  if (!has_hi || hi >= 0) { /* non-negative */
+    long long a = 0;
+    if (has_lo && lo >= 0) {
+      a = xlo ? lo + 1 : lo;
+      if (xlo && (!has_hi || lo < hi)) part(n, from, to, 0, lo, lo, FRAC_NONZERO);
     }
+    if (!has_hi)
+      part(n, from, to, 0, a, -1, FRAC_ANY);
+    else if (hi - 1 >= a)
+      part(n, from, to, 0, a, hi - 1, FRAC_ANY);
+    if (has_hi && !xhi && (!has_lo || hi > lo || !xlo) && (!has_lo || hi >= lo))
+      part(n, from, to, 0, hi, hi, FRAC_ZERO);
+  }
+  if (!has_lo || lo < 0) { /* negative */
+    long long kmin = 0, L = has_lo ? -lo : -1;
+    int special = 0; /* k = H with a nonzero fraction */
+    long long H = 0;
+    if (has_hi && (hi < 0 || (hi == 0 && xhi))) {
+      H = -hi;
+      kmin = xhi ? H + 1 : H;
+      special = xhi;
+    }
+    long long kmax = has_lo ? L - 1 : -1;
+    if (!has_lo || kmax >= kmin) part(n, from, to, 1, kmin, kmax, FRAC_ANY);
+    if (special && (!has_lo || H < L)) part(n, from, to, 1, H, H, FRAC_NONZERO);
+    if (has_lo && !xlo && (!has_hi || (xhi ? -L < hi : -L <= hi)) && L >= 1)
+      part(n, from, to, 1, L, L, FRAC_ZERO);
   }
 }
 
-/* Reads a bound: 1 and *v (integer-valued), 0 when absent, -1 on error. */
-static int bound(struct sc *c, const json_t *s, const char *kw, const char *path, int integer,
-                 int up, double *v) {
-  json_t *j = json_object_get(s, kw);
-  if (!j) return 0;
-  if (json_is_boolean(j)) return 0; /* draft 4 exclusive flags: read with their bound */
-  if (!json_is_number(j)) return sc_fail(c, path, kw, "not a number"), -1;
-  double x = json_number_value(j);
-  if (!integer && x != floor(x)) return sc_fail(c, path, kw, "non-integer bound on a number"), -1;
-  *v = up ? floor(x) : ceil(x);
-  return 1;
+/* The numeric bounds of s: raw values and whether each is exclusive. 0, or -1
+ * after an error. */
+static int bounds(struct sc *c, const json_t *s, const char *path, int *has_lo, double *lo,
+                  int *xlo, int *has_hi, double *hi, int *xhi) {
+  static const char *kws[4] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+  *has_lo = *has_hi = *xlo = *xhi = 0;
+  for (int k = 0; k < 4; k++) {
+    json_t *j = json_object_get(s, kws[k]);
+    if (!j || json_is_boolean(j)) continue; /* draft 4's flags: read below */
+    if (!json_is_number(j)) return sc_fail(c, path, kws[k], "not a number"), -1;
+    double x = json_number_value(j);
+    int low = k % 2 == 0, excl = k >= 2;
+    if (low && (!*has_lo || x > *lo || (x == *lo && excl))) *has_lo = 1, *lo = x, *xlo = excl;
+    if (!low && (!*has_hi || x < *hi || (x == *hi && excl))) *has_hi = 1, *hi = x, *xhi = excl;
+  }
+  if (json_is_true(json_object_get(s, "exclusiveMinimum")) && json_object_get(s, "minimum"))
+    *xlo = 1;
+  if (json_is_true(json_object_get(s, "exclusiveMaximum")) && json_object_get(s, "maximum"))
+    *xhi = 1;
+  return 0;
 }
 
 static void emit_numeric(struct sc *c, const json_t *s, const char *path, int integer,
                          uint32_t from, uint32_t to) {
-  double lo = 0, hi = 0, x;
-  int has_lo = 0, has_hi = 0, r;
-  if ((r = bound(c, s, "minimum", path, integer, 0, &x)) < 0) return;
-  if (r) has_lo = 1, lo = x;
-  if ((r = bound(c, s, "maximum", path, integer, 1, &x)) < 0) return;
-  if (r) has_hi = 1, hi = x;
-  json_t *emin = json_object_get(s, "exclusiveMinimum"),
-         *emax = json_object_get(s, "exclusiveMaximum");
-  if ((emin && !json_is_false(emin)) || (emax && !json_is_false(emax))) {
-    if (!integer)
-      return (void)sc_fail(c, path, emin ? "exclusiveMinimum" : "exclusiveMaximum",
-                           "exclusive bounds on a number");
-    if (json_is_true(emin) && has_lo) {
-      double m = json_number_value(json_object_get(s, "minimum"));
-      lo = floor(m) + 1;
-    } else if (json_is_number(emin)) {
-      double m = floor(json_number_value(emin)) + 1;
-      if (!has_lo || m > lo) lo = m;
-      has_lo = 1;
-    }
-    if (json_is_true(emax) && has_hi) {
-      double m = json_number_value(json_object_get(s, "maximum"));
-      hi = ceil(m) - 1;
-    } else if (json_is_number(emax)) {
-      double m = ceil(json_number_value(emax)) - 1;
-      if (!has_hi || m < hi) hi = m;
-      has_hi = 1;
-    }
+  double lo = 0, hi = 0;
+  int has_lo, has_hi, xlo, xhi;
+  if (bounds(c, s, path, &has_lo, &lo, &xlo, &has_hi, &hi, &xhi)) return;
+  if (integer) { /* integers: inclusive integer bounds */
+    if (has_lo) lo = xlo ? floor(lo) + 1 : ceil(lo), xlo = 0;
+    if (has_hi) hi = xhi ? ceil(hi) - 1 : floor(hi), xhi = 0;
+  } else {
+    if (has_lo && lo != floor(lo))
+      return (void)sc_fail(c, path, xlo ? "exclusiveMinimum" : "minimum",
+                           "non-integer bound on a number");
+    if (has_hi && hi != floor(hi))
+      return (void)sc_fail(c, path, xhi ? "exclusiveMaximum" : "maximum",
+                           "non-integer bound on a number");
   }
   if (has_lo && lo <= -(double)SC_BIG) has_lo = 0;
   if (has_hi && hi >= (double)SC_BIG) has_hi = 0;
@@ -318,7 +339,7 @@ static void emit_numeric(struct sc *c, const json_t *s, const char *path, int in
     if (!has_lo && !has_hi)
       gr_json_number(c->n, from, to);
     else
-      num_range(c->n, from, to, has_lo, (long long)lo, has_hi, (long long)hi);
+      num_range(c->n, from, to, has_lo, (long long)lo, xlo, has_hi, (long long)hi, xhi);
   }
 }
 
@@ -342,7 +363,8 @@ static const struct {
              "([0-9a-f]{1,4}:){1,6}:[0-9a-f]{1,4}|([0-9a-f]{1,4}:){1,5}(:[0-9a-f]{1,4}){2}|"
              "([0-9a-f]{1,4}:){1,4}(:[0-9a-f]{1,4}){3}|([0-9a-f]{1,4}:){1,3}(:[0-9a-f]{1,4}){4}|"
              "([0-9a-f]{1,4}:){1,2}(:[0-9a-f]{1,4}){5}|[0-9a-f]{1,4}:(:[0-9a-f]{1,4}){6}"},
-    {"hostname", "[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"},
+    {"hostname",
+     "[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"},
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:(//)?[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=%]+"},
 };
 

@@ -53,6 +53,13 @@ static const char *schemas[] = {
     "\"maximum\":-5},\"d\":{\"type\":\"number\",\"minimum\":-3,\"maximum\":7},\"e\":{\"type\":"
     "\"number\",\"maximum\":-2},\"f\":{\"type\":\"integer\",\"minimum\":1000000}},\"required\":"
     "[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\"]}",
+    /* number bounds, exclusive or not, negative or not */
+    "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"exclusiveMinimum\":0},"
+    "\"q\":{\"type\":\"number\",\"minimum\":-5,\"exclusiveMaximum\":0},\"r\":{\"type\":"
+    "\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":2},\"s\":{\"type\":\"number\","
+    "\"minimum\":-7,\"maximum\":-2},\"t\":{\"type\":\"number\",\"exclusiveMinimum\":1,"
+    "\"maximum\":1000},\"u\":{\"type\":\"integer\",\"exclusiveMaximum\":-1.5,\"minimum\":"
+    "-9.5}},\"required\":[\"p\",\"q\",\"r\",\"s\",\"t\",\"u\"]}",
     /* a map */
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
     /* type lists */
@@ -170,6 +177,8 @@ TH_TEST(schema_unsupported_keywords_named) {
   expect_err("{\"$ref\":\"http://example.com/s.json\"}", CM_ERR_INVAL, "keyword '$ref' at /");
   expect_err("{\"$ref\":\"#/$defs/missing\"}", CM_ERR_INVAL, "target not found");
   expect_err("{\"type\":\"number\",\"minimum\":0.5}", CM_ERR_INVAL, "keyword 'minimum'");
+  expect_err("{\"type\":\"number\",\"exclusiveMaximum\":0.5}", CM_ERR_INVAL,
+             "keyword 'exclusiveMaximum' at / is not supported (non-integer bound on a number)");
   expect_err("{\"type\":\"object\",\"minProperties\":2}", CM_ERR_INVAL, "keyword 'minProperties'");
   expect_err("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
              "json_schema: pattern at /: lookahead is not supported at 0");
@@ -244,4 +253,66 @@ TH_TEST(schema_known_texts) {
     gr_matcher_free(m);
   }
   gr_grammar_free(g);
+}
+
+/* Number and integer bounds against arithmetic: every candidate without an
+ * exponent is taken exactly when its value lies within the bounds. */
+TH_TEST(schema_number_bounds_exact) {
+  static const char *cands[] = {
+      "0",           "-0",           "0.0",   "-0.0",   "0.5",    "-0.5",   "1",       "1.0",
+      "1.01",        "-1",           "-1.0",  "-1.5",   "2",      "2.0",    "2.5",     "-2",
+      "-2.0",        "-2.01",        "-3",    "-3.0",   "-3.5",   "-5",     "-5.0",    "-5.001",
+      "-7",          "-7.00",        "-7.1",  "-8",     "9",      "10",     "99",      "100",
+      "100.0",       "100.5",        "999",   "999.99", "1000",   "1000.0", "1000.01", "1001",
+      "12345678901", "-12345678901", "0.000", "0.001",  "-0.001", "3",      "-4",      "7",
+      "-9",          "-10"};
+  static const struct {
+    const char *kw;
+    int integer;
+    int has_lo, xlo;
+    double lo;
+    int has_hi, xhi;
+    double hi;
+  } cfg[] = {
+      {"{\"type\":\"number\",\"exclusiveMinimum\":0}", 0, 1, 1, 0, 0, 0, 0},
+      {"{\"type\":\"number\",\"minimum\":0}", 0, 1, 0, 0, 0, 0, 0},
+      {"{\"type\":\"number\",\"minimum\":-5,\"exclusiveMaximum\":0}", 0, 1, 0, -5, 1, 1, 0},
+      {"{\"type\":\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":2}", 0, 1, 1, -3, 1, 1,
+       2},
+      {"{\"type\":\"number\",\"minimum\":-7,\"maximum\":-2}", 0, 1, 0, -7, 1, 0, -2},
+      {"{\"type\":\"number\",\"exclusiveMinimum\":1,\"maximum\":1000}", 0, 1, 1, 1, 1, 0, 1000},
+      {"{\"type\":\"number\",\"maximum\":100}", 0, 0, 0, 0, 1, 0, 100},
+      {"{\"type\":\"number\",\"exclusiveMaximum\":-2}", 0, 0, 0, 0, 1, 1, -2},
+      {"{\"type\":\"number\",\"minimum\":0,\"maximum\":0}", 0, 1, 0, 0, 1, 0, 0},
+      {"{\"type\":\"integer\",\"minimum\":-9.5,\"exclusiveMaximum\":-1.5}", 1, 1, 0, -9.5, 1, 1,
+       -1.5},
+      {"{\"type\":\"integer\",\"minimum\":3,\"exclusiveMinimum\":true}", 1, 1, 1, 3, 0, 0, 0},
+      {"{\"type\":\"integer\",\"maximum\":1000,\"minimum\":-10}", 1, 1, 0, -10, 1, 0, 1000},
+  };
+  size_t bad = 0, checked = 0;
+  for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+    struct gr_grammar *g = NULL;
+    char err[256];
+    TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, cfg[k].kw, strlen(cfg[k].kw), &g, err, sizeof err) == 0);
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+      const char *t = cands[i];
+      double x = strtod(t, NULL);
+      int is_int = !strchr(t, '.');
+      int want = (!cfg[k].integer || is_int) &&
+                 (!cfg[k].has_lo || (cfg[k].xlo ? x > cfg[k].lo : x >= cfg[k].lo)) &&
+                 (!cfg[k].has_hi || (cfg[k].xhi ? x < cfg[k].hi : x <= cfg[k].hi));
+      /* "-0" forms are valid JSON but never needed: no check either way */
+      if (t[0] == '-' && x == 0) continue;
+      struct gr_matcher *m = gr_matcher_new(g);
+      int got = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+                gr_matcher_is_accepting(m);
+      gr_matcher_free(m);
+      checked++;
+      if (got != want && bad++ < 10)
+        th_fail(__FILE__, __LINE__, "%s on %s: got %d want %d", cfg[k].kw, t, got, want);
+    }
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %zu (bounds, number) pairs checked\n", checked);
+  TH_CHECK_EQ_INT(bad, 0);
 }
