@@ -90,6 +90,10 @@ void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* A JSON string that is none of names[count] (as JSON encodes them; another
+ * spelling with escapes is not recognized). */
+void gr_json_string_except(struct gr_nfa *n, uint32_t from, uint32_t to, const char *const *names,
+                           size_t count);
 void gr_json_number(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_integer(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* Emits the JSON encoding of string s[len] (quotes included). */

@@ -607,15 +607,15 @@ static void comma_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
 }
 
 /* "key" : value, then whitespace (key NULL: any key) */
-static void member(struct sc *c, const char *key, const json_t *vs, const char *path, uint32_t from,
-                   uint32_t to) {
+static void member(struct sc *c, const char *key, const char *const *except, size_t n_except,
+                   const json_t *vs, const char *path, uint32_t from, uint32_t to) {
   struct gr_nfa *n = c->n;
   uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n), v0 = gr_nfa_state(n),
            v1 = gr_nfa_state(n);
   if (key)
     gr_json_lit_string(n, from, k1, key, strlen(key));
   else
-    gr_json_string(n, from, k1);
+    gr_json_string_except(n, from, k1, except, n_except);
   gr_json_ws_inline(n, k1, k2);
   gr_nfa_byte(n, k2, k3, ':', ':');
   gr_json_ws_inline(n, k3, v0);
@@ -670,7 +670,7 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     /* the member, written once: first (from t0) or after a comma (from t1) */
     gr_nfa_eps(n, t0, k0);
     if (t1_live) comma_ws(n, t1, k0);
-    member(c, key, ps, pp, k0, n1);
+    member(c, key, NULL, 0, ps, pp, k0, n1);
     if (!required) {
       gr_nfa_eps(n, t0, n0);
       if (t1_live) gr_nfa_eps(n, t1, n1);
@@ -687,7 +687,17 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     gr_nfa_eps(n, t0, k0);
     if (t1_live) comma_ws(n, t1, k0);
     comma_ws(n, a1, k0);
-    member(c, NULL, json_is_object(addl) ? addl : json_true(), ap, k0, a1);
+    /* the other members' names are not the listed ones (a repeated name would
+     * be read as the listed property's value) */
+    const char **names = calloc(np ? np : 1, sizeof *names);
+    if (!names) {
+      gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+      return;
+    }
+    size_t k = 0;
+    json_object_foreach(props, key, ps) names[k++] = key;
+    member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, k0, a1);
+    free(names);
     gr_nfa_eps(n, a1, close);
   }
   gr_nfa_eps(n, t0, close);

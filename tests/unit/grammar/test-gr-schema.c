@@ -316,3 +316,38 @@ TH_TEST(schema_number_bounds_exact) {
   fprintf(stderr, "  %zu (bounds, number) pairs checked\n", checked);
   TH_CHECK_EQ_INT(bad, 0);
 }
+
+/* Extra members never repeat a listed property's name. */
+TH_TEST(schema_additional_names_exclude_listed) {
+  const char *s =
+      "{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"integer\"},\"om\\\"ega\":"
+      "{\"type\":\"array\"},\"\xc3\xa9t\xc3\xa9\":{\"type\":\"null\"}},"
+      "\"additionalProperties\":{\"type\":\"boolean\"}}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  static const struct {
+    const char *t;
+    int ok;
+  } cases[] = {
+      {"{\"zeta\":1,\"zet\":true}", 1},
+      {"{\"zeta\":1,\"zetas\":true}", 1},
+      {"{\"zeta\":1,\"zeta\":true}", 0},
+      {"{\"om\\\"ega\":[],\"zeta\":true}", 0},
+      {"{\"om\\\"ega\":[],\"om\\\"eg\":true,\"x\":false}", 1},
+      {"{\"x\":true,\"om\\\"ega\":false}", 0},
+      {"{\"x\":true,\"\xc3\xa9t\xc3\xa9\":false}", 0},
+      {"{\"x\":true,\"\xc3\xa9t\xc3\xa8\":false}", 1},
+      {"{\"\\u00e9t\":true}", 1},
+      {"{\"\":true,\"z\\n\":false}", 1},
+      {"{}", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
