@@ -90,6 +90,9 @@ void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* The DFA of a JSON string's contents after the opening quote (gr-json.c):
+ * state 0 is a character boundary, 13 the closing quote; -1: refused. */
+int gr_json_sx_step(int a, uint8_t b);
 /* A JSON string that is none of names[count] (as JSON encodes them; another
  * spelling with escapes is not recognized). */
 void gr_json_string_except(struct gr_nfa *n, uint32_t from, uint32_t to, const char *const *names,

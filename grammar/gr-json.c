@@ -138,7 +138,7 @@ static int hexb(uint8_t b) {
   return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
 }
 
-static int sx_step(int a, uint8_t b) {
+int gr_json_sx_step(int a, uint8_t b) {
   switch (a) {
   case 0:
     if (b == '"') return SX_END;
@@ -244,7 +244,7 @@ void gr_json_string_except(struct gr_nfa *n, uint32_t from, uint32_t to, const c
     for (uint32_t b = 0; b <= 256; b++) {
       uint32_t target = GR_NONE;
       if (b < 256) {
-        int a2 = sx_step(a, (uint8_t)b);
+        int a2 = gr_json_sx_step(a, (uint8_t)b);
         if (a2 == SX_END) {
           if (node == t.n || !t.term[node]) target = to;
         } else if (a2 >= 0) {

@@ -368,37 +368,85 @@ static const struct {
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:(//)?[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=%]+"},
 };
 
+/* A pattern (or format) and a length together: the product of the pattern's
+ * automaton, the JSON contents' decoder (to tell where characters begin) and a
+ * character count 0..max (or 0..min, saturating, without a max). */
+static void regex_len(struct sc *c, const char *re, size_t re_len, int mode, const char *what,
+                      json_int_t mn, json_int_t mx, uint32_t from, uint32_t to) {
+  struct gr_nfa *n = c->n, sub;
+  gr_nfa_init(&sub, n->err, n->errlen);
+  struct gr_grammar g = {0};
+  uint32_t r = gr_nfa_rule(&sub);
+  gr_regex_emit(&sub, re, re_len, mode, 1, sub.rule_start[r], sub.rule_final[r], what);
+  int rc = gr_determinize(&sub, &g);
+  gr_nfa_free(&sub);
+  uint32_t *map = NULL, *queue = NULL;
+  if (rc) {
+    n->rc = rc; /* the message is in err already */
+    goto out;
+  }
+  uint32_t K = (uint32_t)(mx >= 0 ? mx : mn) + 1; /* counts 0 .. K-1 */
+  size_t np = (size_t)g.n_states * 13 * K;
+  if (np > (8u << 20)) {
+    gr_nfa_fail(n, CM_ERR_TOOBIG, "%s: too large together with minLength / maxLength", what);
+    goto out;
+  }
+  map = malloc(np * sizeof *map);
+  queue = malloc(np * sizeof *queue);
+  if (!map || !queue) {
+    gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < np; i++)
+    map[i] = GR_NONE;
+#define RL_KEY(s, a, k) (((size_t)(s)*13 + (size_t)(a)) * K + (k))
+  size_t qh = 0, qt = 0;
+  map[RL_KEY(g.root, 0, 0)] = from;
+  queue[qt++] = (uint32_t)RL_KEY(g.root, 0, 0);
+  while (qh < qt && !n->rc) {
+    size_t key = queue[qh++];
+    uint32_t k = (uint32_t)(key % K), sa = (uint32_t)(key / K);
+    int ad = (int)(sa % 13);
+    uint32_t st = sa / 13, src = map[key];
+    if ((g.flags[st] & GR_F_FINAL) && ad == 0 && (json_int_t)k >= mn) gr_nfa_eps(n, src, to);
+    uint32_t run_lo = 0, run_to = GR_NONE;
+    for (uint32_t byte = 0; byte <= 256; byte++) {
+      uint32_t target = GR_NONE;
+      uint32_t t = byte < 256 ? g.delta[(size_t)st * g.n_cls + g.cls[byte]] : GR_NONE;
+      int a2 = byte < 256 ? gr_json_sx_step(ad, (uint8_t)byte) : -1;
+      uint32_t k2 = k + (ad == 0); /* a character begins at a boundary */
+      if (k2 >= K && mx < 0) k2 = K - 1;
+      if (t != GR_NONE && a2 >= 0 && a2 < 13 && k2 < K) {
+        size_t key2 = RL_KEY(t, a2, k2);
+        if (map[key2] == GR_NONE) {
+          map[key2] = gr_nfa_state(n);
+          queue[qt++] = (uint32_t)key2;
+        }
+        target = map[key2];
+      }
+      if (target != run_to || byte == 256) { /* bytes with one target go as one range */
+        if (run_to != GR_NONE) gr_nfa_byte(n, src, run_to, (uint8_t)run_lo, (uint8_t)(byte - 1));
+        run_to = target;
+        run_lo = byte;
+      }
+    }
+  }
+#undef RL_KEY
+out:
+  free(map);
+  free(queue);
+  free(g.delta);
+  free(g.flags);
+  free(g.call_off);
+  free(g.calls);
+}
+
 static void emit_string(struct sc *c, const json_t *s, const char *path, uint32_t from,
                         uint32_t to) {
   struct gr_nfa *n = c->n;
   json_t *minl = json_object_get(s, "minLength"), *maxl = json_object_get(s, "maxLength");
   json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-  int groups = (minl || maxl) + !!pat + !!fmt;
-  if (groups > 1)
-    return (void)sc_fail(c, path, pat ? "pattern" : "format",
-                         "together with other string constraints");
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
-  gr_nfa_byte(n, from, a, '"', '"');
-  gr_nfa_byte(n, b, to, '"', '"');
-  if (pat) {
-    if (!json_is_string(pat)) return (void)sc_fail(c, path, "pattern", "not a string");
-    char what[SC_MAX_PATH + 32];
-    snprintf(what, sizeof what, "json_schema: pattern at %s", path[0] ? path : "/");
-    gr_regex_emit(n, json_string_value(pat), json_string_length(pat), GR_RX_SEARCH, 1, a, b, what);
-    return;
-  }
-  if (fmt) {
-    if (!json_is_string(fmt)) return (void)sc_fail(c, path, "format", "not a string");
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-      if (strcmp(formats[i].name, json_string_value(fmt)) == 0) {
-        gr_regex_emit(n, formats[i].re, strlen(formats[i].re), GR_RX_FULL, 1, a, b, "format");
-        return;
-      }
-    }
-    char why[128];
-    snprintf(why, sizeof why, "format '%.60s'", json_string_value(fmt));
-    return (void)sc_fail(c, path, "format", why);
-  }
+  if (pat && fmt) return (void)sc_fail(c, path, "format", "together with 'pattern'");
   json_int_t mn = 0, mx = -1;
   if (minl) {
     if (!json_is_integer(minl) || json_integer_value(minl) < 0)
@@ -413,6 +461,39 @@ static void emit_string(struct sc *c, const json_t *s, const char *path, uint32_
   if (mn > GR_MAX_REPEAT || mx > (json_int_t)GR_MAX_REPEAT) {
     gr_nfa_fail(n, CM_ERR_TOOBIG, "json_schema: %s at %s above %u",
                 mx > mn ? "maxLength" : "minLength", path[0] ? path : "/", GR_MAX_REPEAT);
+    return;
+  }
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  gr_nfa_byte(n, from, a, '"', '"');
+  gr_nfa_byte(n, b, to, '"', '"');
+  const char *re = NULL;
+  size_t re_len = 0;
+  int mode = GR_RX_FULL;
+  char what[SC_MAX_PATH + 32];
+  if (pat) {
+    if (!json_is_string(pat)) return (void)sc_fail(c, path, "pattern", "not a string");
+    snprintf(what, sizeof what, "json_schema: pattern at %s", path[0] ? path : "/");
+    re = json_string_value(pat);
+    re_len = json_string_length(pat);
+    mode = GR_RX_SEARCH;
+  } else if (fmt) {
+    if (!json_is_string(fmt)) return (void)sc_fail(c, path, "format", "not a string");
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0] && !re; i++)
+      if (strcmp(formats[i].name, json_string_value(fmt)) == 0) re = formats[i].re;
+    if (!re) {
+      char why[128];
+      snprintf(why, sizeof why, "format '%.60s'", json_string_value(fmt));
+      return (void)sc_fail(c, path, "format", why);
+    }
+    re_len = strlen(re);
+    snprintf(what, sizeof what, "json_schema: format at %s", path[0] ? path : "/");
+  }
+  if (re && !minl && !maxl) {
+    gr_regex_emit(n, re, re_len, mode, 1, a, b, what);
+    return;
+  }
+  if (re) {
+    regex_len(c, re, re_len, mode, what, mn, mx, a, b);
     return;
   }
   uint32_t cur = a;

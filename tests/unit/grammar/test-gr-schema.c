@@ -60,6 +60,13 @@ static const char *schemas[] = {
     "\"minimum\":-7,\"maximum\":-2},\"t\":{\"type\":\"number\",\"exclusiveMinimum\":1,"
     "\"maximum\":1000},\"u\":{\"type\":\"integer\",\"exclusiveMaximum\":-1.5,\"minimum\":"
     "-9.5}},\"required\":[\"p\",\"q\",\"r\",\"s\",\"t\",\"u\"]}",
+    /* patterns and formats with lengths */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d*$"
+    "\","
+    "\"minLength\":3,\"maxLength\":8},\"b\":{\"type\":\"string\",\"format\":\"email\","
+    "\"maxLength\":20},\"c\":{\"type\":\"string\",\"pattern\":\"x\",\"minLength\":4},\"d\":"
+    "{\"type\":\"string\",\"pattern\":\"^(\\\"|\\\\\\\\|\\\\n|\u00e9)+$\",\"maxLength\":3}},"
+    "\"required\":[\"a\",\"b\",\"c\",\"d\"]}",
     /* a map */
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
     /* type lists */
@@ -183,8 +190,9 @@ TH_TEST(schema_unsupported_keywords_named) {
   expect_err("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
              "json_schema: pattern at /: lookahead is not supported at 0");
   expect_err("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a\","
-             "\"maxLength\":3}}}",
-             CM_ERR_INVAL, "at /properties/a is not supported");
+             "\"format\":\"date\"}}}",
+             CM_ERR_INVAL,
+             "keyword 'format' at /properties/a is not supported (together with 'pattern')");
 }
 
 TH_TEST(schema_hostile_inputs) {
