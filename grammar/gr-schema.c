@@ -713,18 +713,26 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   if (req && !json_is_array(req)) return (void)sc_fail(c, path, "required", "not an array");
   if (addl && !json_is_boolean(addl) && !json_is_object(addl))
     return (void)sc_fail(c, path, "additionalProperties", "not a boolean or schema");
-  int open_addl = addl && !json_is_false(addl);
-  size_t np = props ? json_object_size(props) : 0, nreq = 0;
-  /* every required name must be a property we emit */
+  /* without 'properties', an object is open unless it says otherwise; with
+   * them, only they may come unless additionalProperties says more */
+  int open_addl = addl ? !json_is_false(addl) : !props;
+  /* required names without a schema in 'properties' are properties of any value */
   size_t i;
   json_t *r;
   json_array_foreach(req, i, r) {
     if (!json_is_string(r)) return (void)sc_fail(c, path, "required", "not an array of strings");
-    if (!props || !json_object_get(props, json_string_value(r)))
-      return (void)sc_fail(c, path, "required",
-                           "names a property without a schema in 'properties'");
-    nreq++;
+    if (props && json_object_get(props, json_string_value(r))) continue;
+    json_t *np2 = props ? json_copy(props) : json_object();
+    if (!np2) return (void)gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+    json_array_append_new(c->keep, np2);
+    json_array_foreach(req, i, r) {
+      if (json_is_string(r) && !json_object_get(np2, json_string_value(r)))
+        json_object_set(np2, json_string_value(r), json_true());
+    }
+    props = np2;
+    break;
   }
+  size_t np = props ? json_object_size(props) : 0, nreq = json_array_size(req);
   json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
   if (minp && (!json_is_integer(minp) || (size_t)json_integer_value(minp) > nreq))
     return (void)sc_fail(c, path, "minProperties", "above the number of required properties");

@@ -67,6 +67,9 @@ static const char *schemas[] = {
     "\"maxLength\":20},\"c\":{\"type\":\"string\",\"pattern\":\"x\",\"minLength\":4},\"d\":"
     "{\"type\":\"string\",\"pattern\":\"^(\\\"|\\\\\\\\|\\\\n|\u00e9)+$\",\"maxLength\":3}},"
     "\"required\":[\"a\",\"b\",\"c\",\"d\"]}",
+    /* free-form objects; required names without schemas */
+    "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"},\"n\":{\"type\":"
+    "\"integer\"}},\"required\":[\"free\",\"id\"]}",
     /* a map */
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
     /* type lists */
@@ -326,6 +329,33 @@ TH_TEST(schema_number_bounds_exact) {
 }
 
 /* Extra members never repeat a listed property's name. */
+TH_TEST(schema_free_objects_and_required_names) {
+  const char *s = "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"}},"
+                  "\"required\":[\"id\"]}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  static const struct {
+    const char *t;
+    int ok;
+  } cases[] = {
+      {"{\"id\":1}", 1},
+      {"{\"free\":{},\"id\":\"x\"}", 1},
+      {"{\"free\":{\"a\":[1,{\"b\":null}]},\"id\":[]}", 1},
+      {"{\"free\":{}}", 0},
+      {"{\"id\":1,\"other\":2}", 0},
+      {"{}", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
+
 TH_TEST(schema_additional_names_exclude_listed) {
   const char *s =
       "{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"integer\"},\"om\\\"ega\":"
