@@ -2,6 +2,7 @@
  * validated by an independent validator (Python's jsonschema); keywords we do
  * not enforce are errors naming the keyword and its path; hostile schemas get
  * clear errors. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -388,4 +389,113 @@ TH_TEST(schema_additional_names_exclude_listed) {
     gr_matcher_free(m);
   }
   gr_grammar_free(g);
+}
+
+/* Random schemas built from keywords (supported or not, right or wrong
+ * types): each compiles or is refused with a message; what compiles can be
+ * matched and masked (no crash, no leak; the ASan build runs this too). */
+static json_t *rand_schema(uint64_t *rng, int depth) {
+  static const char *types[] = {"object", "array",   "string", "integer",
+                                "number", "boolean", "null"};
+  json_t *s = json_object();
+  int nk = 1 + (int)(gt_rand(rng) % 4);
+  for (int i = 0; i < nk; i++) {
+    switch (gt_rand(rng) % 22) {
+    case 0: json_object_set_new(s, "type", json_string(types[gt_rand(rng) % 7])); break;
+    case 1:
+      if (depth < 4) {
+        json_t *p = json_object();
+        int np = (int)(gt_rand(rng) % 4);
+        for (int k = 0; k < np; k++) {
+          char name[8];
+          snprintf(name, sizeof name, "p%d", k);
+          json_object_set_new(p, name, rand_schema(rng, depth + 1));
+        }
+        json_object_set_new(s, "properties", p);
+      }
+      break;
+    case 2: json_object_set_new(s, "required", json_pack("[s]", "p0")); break;
+    case 3:
+      json_object_set_new(s, "additionalProperties", gt_rand(rng) % 2 ? json_false() : json_true());
+      break;
+    case 4:
+      if (depth < 4) json_object_set_new(s, "items", rand_schema(rng, depth + 1));
+      break;
+    case 5: json_object_set_new(s, "minItems", json_integer((json_int_t)(gt_rand(rng) % 4))); break;
+    case 6: json_object_set_new(s, "maxItems", json_integer((json_int_t)(gt_rand(rng) % 4))); break;
+    case 7: json_object_set_new(s, "enum", json_pack("[s,i,n]", "x", 3)); break;
+    case 8: json_object_set_new(s, "const", json_string("k")); break;
+    case 9:
+      if (depth < 4)
+        json_object_set_new(
+            s, "anyOf",
+            json_pack("[o,o]", rand_schema(rng, depth + 1), rand_schema(rng, depth + 1)));
+      break;
+    case 10:
+      if (depth < 4)
+        json_object_set_new(
+            s, "allOf",
+            json_pack("[o,o]", rand_schema(rng, depth + 1), rand_schema(rng, depth + 1)));
+      break;
+    case 11:
+      json_object_set_new(s, "$ref", json_string(gt_rand(rng) % 2 ? "#" : "#/$defs/d"));
+      break;
+    case 12: json_object_set_new(s, "$defs", json_pack("{s:{s:s}}", "d", "type", "string")); break;
+    case 13:
+      json_object_set_new(s, "minLength", json_integer((json_int_t)(gt_rand(rng) % 5)));
+      break;
+    case 14:
+      json_object_set_new(s, "maxLength", json_integer((json_int_t)(gt_rand(rng) % 5) - 1));
+      break;
+    case 15:
+      json_object_set_new(s, "pattern", json_string(gt_rand(rng) % 2 ? "^a+b?$" : "(x"));
+      break;
+    case 16:
+      json_object_set_new(s, "minimum", json_integer((json_int_t)(gt_rand(rng) % 21) - 10));
+      break;
+    case 17:
+      json_object_set_new(s, "maximum", json_real((double)(gt_rand(rng) % 21) - 10.5));
+      break;
+    case 18:
+      json_object_set_new(s, "format", json_string(gt_rand(rng) % 2 ? "date" : "color"));
+      break;
+    case 19: json_object_set_new(s, "uniqueItems", json_true()); break;
+    case 20: json_object_set_new(s, "prefixItems", json_pack("[{s:s}]", "type", "integer")); break;
+    default: json_object_set_new(s, "exclusiveMinimum", json_integer(0)); break;
+    }
+  }
+  return s;
+}
+
+TH_TEST(schema_random_never_crash) {
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  uint32_t bits[64];
+  uint64_t rng = 2718;
+  int ok = 0, refused = 0;
+  for (int it = 0; it < 1500; it++) {
+    json_t *s = rand_schema(&rng, 0);
+    char *t = json_dumps(s, JSON_COMPACT);
+    json_decref(s);
+    struct gr_grammar *g = NULL;
+    char err[512] = "";
+    int rc = gr_compile(GR_JSON_SCHEMA, t, strlen(t), &g, err, sizeof err);
+    free(t);
+    if (rc) {
+      refused++;
+      TH_CHECK(err[0] != 0 && g == NULL);
+      continue;
+    }
+    ok++;
+    struct gr_matcher *m = gr_matcher_new(g);
+    TH_REQUIRE(m);
+    TH_CHECK(gr_matcher_mask(m, v, bits) == 0);
+    char buf[256];
+    gt_generate(m, v, &rng, buf, sizeof buf, 20, NULL);
+    gr_matcher_free(m);
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
+  TH_CHECK(ok > 100 && refused > 100);
+  gr_vocab_free(v);
 }
