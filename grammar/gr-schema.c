@@ -28,6 +28,8 @@ struct sc {
   uint32_t n_rules, cap_rules;
   json_t *keep; /* merged schemas (allOf) made here, freed at the end */
   int depth;
+  const json_t *inlined[SC_MAX_DEPTH + 1]; /* $ref targets being inlined (anyOf) */
+  int n_inlined;
 };
 
 static int sc_fail(struct sc *c, const char *path, const char *kw, const char *why) {
@@ -596,6 +598,33 @@ static void emit_value(struct sc *c, const json_t *s, const char *path, uint32_t
   emit(c, s, path, from, to);
 }
 
+/* An anyOf branch, inline: branches that start alike (objects, a union of
+ * tools) then share their first states in one automaton instead of being as
+ * many calls, each a stack of its own. A branch that is a reference is inlined
+ * too, unless that reference is already being inlined (recursion). */
+static void any_branch(struct sc *c, const json_t *b, const char *path, uint32_t from,
+                       uint32_t to) {
+  const json_t *ref = json_is_object(b) ? json_object_get(b, "$ref") : NULL;
+  if (ref && !other_keyword(b, (const char *[]){"$ref", NULL})) {
+    const json_t *t = resolve_ref(c, ref, path);
+    if (!t) return;
+    int busy = c->n_inlined >= SC_MAX_DEPTH;
+    for (int i = 0; i < c->n_inlined && !busy; i++)
+      busy = c->inlined[i] == t;
+    if (busy || !json_is_object(t)) {
+      emit_value(c, b, path, from, to);
+      return;
+    }
+    char rp[SC_MAX_PATH];
+    snprintf(rp, sizeof rp, "%s", json_string_value(ref) + 1);
+    c->inlined[c->n_inlined++] = t;
+    emit(c, t, rp, from, to);
+    c->n_inlined--;
+    return;
+  }
+  emit(c, b, path, from, to);
+}
+
 static void emit_array(struct sc *c, const json_t *s, const char *path, uint32_t from,
                        uint32_t to) {
   struct gr_nfa *n = c->n;
@@ -1033,7 +1062,7 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
     json_array_foreach(any, i, b) {
       char bp[SC_MAX_PATH];
       path_index(bp, path, any_kw, i);
-      emit_value(c, b, bp, from, to);
+      any_branch(c, b, bp, from, to);
     }
     goto out;
   }

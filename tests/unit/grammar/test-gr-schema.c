@@ -499,3 +499,43 @@ TH_TEST(schema_random_never_crash) {
   TH_CHECK(ok > 100 && refused > 100);
   gr_vocab_free(v);
 }
+
+/* A union of many object shapes (tools): every branch stays reachable. */
+TH_TEST(schema_wide_any_of_of_objects) {
+  size_t cap = 1 << 16, k = 0;
+  char *s = malloc(cap);
+  k += (size_t)snprintf(s + k, cap - k, "{\"$defs\":{");
+  for (int i = 0; i < 150; i++)
+    k += (size_t)snprintf(s + k, cap - k,
+                          "%s\"t%d\":{\"type\":\"object\",\"properties\":{\"name\":{\"const\":"
+                          "\"tool%d\"},\"arguments\":{\"type\":\"object\",\"properties\":{\"x%d\":"
+                          "{\"type\":\"integer\"}},\"required\":[\"x%d\"]}},\"required\":[\"name\","
+                          "\"arguments\"]}",
+                          i ? "," : "", i, i, i, i);
+  k += (size_t)snprintf(s + k, cap - k, "},\"anyOf\":[");
+  for (int i = 0; i < 150; i++)
+    k += (size_t)snprintf(s + k, cap - k, "%s{\"$ref\":\"#/$defs/t%d\"}", i ? "," : "", i);
+  k += (size_t)snprintf(s + k, cap - k, "]}");
+  struct gr_grammar *g = NULL;
+  char err[256];
+  int rc = gr_compile(GR_JSON_SCHEMA, s, k, &g, err, sizeof err);
+  if (rc) fprintf(stderr, "  %s\n", err);
+  TH_REQUIRE(rc == 0);
+  for (int i = 0; i < 150; i += 7) {
+    char t[128];
+    snprintf(t, sizeof t, "{\"name\":\"tool%d\",\"arguments\":{\"x%d\":%d}}", i, i, i);
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (!ok) th_fail(__FILE__, __LINE__, "refused %s", t);
+    snprintf(t, sizeof t, "{\"name\":\"tool%d\",\"arguments\":{\"x%d\":1}}", i, i + 1);
+    TH_CHECK(gr_matcher_copy(m, m) == 0);
+    gr_matcher_free(m);
+    m = gr_matcher_new(g);
+    TH_CHECK(!(gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+               gr_matcher_is_accepting(m)));
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+  free(s);
+}
