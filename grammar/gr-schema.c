@@ -1044,11 +1044,6 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   const char *any_kw = "anyOf";
   if (!any) any = json_object_get(s, "oneOf"), any_kw = "oneOf";
   if (any) {
-    const char *o = other_keyword(s, (const char *[]){"anyOf", "oneOf", NULL});
-    if (o) {
-      sc_fail(c, path, o, "next to anyOf / oneOf");
-      goto out;
-    }
     if (json_object_get(s, "anyOf") && json_object_get(s, "oneOf")) {
       sc_fail(c, path, "oneOf", "next to anyOf");
       goto out;
@@ -1057,12 +1052,35 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
       sc_fail(c, path, any_kw, "not a non-empty array");
       goto out;
     }
+    /* keywords next to anyOf apply to every branch: each branch becomes
+     * allOf [the rest, the branch], merged */
+    const char *o = other_keyword(s, (const char *[]){"anyOf", "oneOf", NULL});
+    json_t *rest = NULL;
+    if (o) {
+      rest = json_deep_copy(s);
+      if (!rest) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_object_del(rest, any_kw);
+      json_array_append_new(c->keep, rest);
+    }
     size_t i;
     json_t *b;
     json_array_foreach(any, i, b) {
       char bp[SC_MAX_PATH];
       path_index(bp, path, any_kw, i);
-      any_branch(c, b, bp, from, to);
+      if (!rest) {
+        any_branch(c, b, bp, from, to);
+        continue;
+      }
+      json_t *both = json_pack("{s:[O,O]}", "allOf", rest, b);
+      if (!both) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_array_append_new(c->keep, both);
+      emit(c, both, bp, from, to);
     }
     goto out;
   }

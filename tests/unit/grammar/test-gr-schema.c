@@ -71,6 +71,10 @@ static const char *schemas[] = {
     /* free-form objects; required names without schemas */
     "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"},\"n\":{\"type\":"
     "\"integer\"}},\"required\":[\"free\",\"id\"]}",
+    /* keywords next to anyOf apply to each branch */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+    "\"string\",\"maxLength\":3}},\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+    "{\"type\":\"string\",\"anyOf\":[{\"format\":\"date\"},{\"maxLength\":2}]}",
     /* a map */
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
     /* type lists */
