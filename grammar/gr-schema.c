@@ -1024,8 +1024,16 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   json_t *ref = json_object_get(s, "$ref");
   if (ref) {
     const char *o = other_keyword(s, (const char *[]){"$ref", NULL});
-    if (o) {
-      sc_fail(c, path, o, "next to '$ref'");
+    if (o) { /* keywords next to $ref apply too: allOf [the rest, the reference] */
+      json_t *rest = json_deep_copy(s);
+      json_t *both = rest ? json_pack("{s:[o,{s:O}]}", "allOf", rest, "$ref", ref) : NULL;
+      if (!both) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_object_del(rest, "$ref");
+      json_array_append_new(c->keep, both);
+      emit(c, both, path, from, to);
       goto out;
     }
     const json_t *t = resolve_ref(c, ref, path);

@@ -71,6 +71,9 @@ static const char *schemas[] = {
     /* free-form objects; required names without schemas */
     "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"},\"n\":{\"type\":"
     "\"integer\"}},\"required\":[\"free\",\"id\"]}",
+    /* keywords next to $ref apply too */
+    "{\"$defs\":{\"pt\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"},"
+    "\"y\":{\"type\":\"integer\"}}}},\"$ref\":\"#/$defs/pt\",\"required\":[\"x\",\"y\"]}",
     /* keywords next to anyOf apply to each branch */
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
     "\"string\",\"maxLength\":3}},\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
