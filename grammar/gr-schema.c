@@ -718,7 +718,7 @@ static void comma_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
 
 /* "key" : value, then whitespace (key NULL: any key) */
 static void member(struct sc *c, const char *key, const char *const *except, size_t n_except,
-                   const json_t *vs, const char *path, uint32_t from, uint32_t to) {
+                   const json_t *vs, const char *path, uint32_t from, uint32_t to, int call) {
   struct gr_nfa *n = c->n;
   uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n), v0 = gr_nfa_state(n),
            v1 = gr_nfa_state(n);
@@ -729,8 +729,78 @@ static void member(struct sc *c, const char *key, const char *const *except, siz
   gr_json_ws_inline(n, k1, k2);
   gr_nfa_byte(n, k2, k3, ':', ':');
   gr_json_ws_inline(n, k3, v0);
-  emit_value(c, vs, path, v0, v1);
+  if (call && json_is_object(vs)) { /* written many times: once, as a rule */
+    uint32_t r = rule_of(c, vs, path);
+    if (r != GR_NONE) gr_nfa_call(n, v0, v1, r);
+  } else {
+    emit_value(c, vs, path, v0, v1);
+  }
   gr_json_ws(n, v1, to); /* before ',' or '}' */
+}
+
+#define SC_MAX_COUNT 32 /* minProperties / maxProperties counted up to this */
+
+/* An object whose members must be counted (minProperties / maxProperties
+ * beyond what required and the listed properties give): states t[k] after k
+ * members, the listed properties in order, then the others. */
+static void object_counted(struct sc *c, const json_t *props, const json_t *req, const json_t *addl,
+                           int open_addl, long long mnp, long long mxp, const char *path,
+                           uint32_t open, uint32_t close) {
+  struct gr_nfa *n = c->n;
+  long long K = mxp >= 0 ? mxp : mnp; /* without a maximum the count stops at mnp */
+  uint32_t t[SC_MAX_COUNT + 1], nx[SC_MAX_COUNT + 1];
+  for (long long k = 0; k <= K; k++)
+    t[k] = gr_nfa_state(n);
+  gr_json_ws(n, open, t[0]);
+  const char *key;
+  json_t *ps;
+  size_t np = json_object_size(props), i;
+  json_object_foreach((json_t *)props, key, ps) {
+    int required = 0;
+    json_t *r;
+    json_array_foreach(req, i, r) required |= strcmp(json_string_value(r), key) == 0;
+    char pp[SC_MAX_PATH], pk[SC_MAX_PATH];
+    path_join(pk, path, "properties");
+    path_join(pp, pk, key);
+    for (long long k = 0; k <= K; k++)
+      nx[k] = gr_nfa_state(n);
+    for (long long k = 0; k <= K && !n->rc; k++) {
+      if (!required) gr_nfa_eps(n, t[k], nx[k]);
+      long long k2 = k + 1 > K ? (mxp >= 0 ? -1 : K) : k + 1;
+      if (k2 < 0) continue;
+      uint32_t e = gr_nfa_state(n);
+      if (k == 0)
+        gr_nfa_eps(n, t[k], e);
+      else
+        comma_ws(n, t[k], e);
+      member(c, key, NULL, 0, ps, pp, e, nx[k2], 1);
+    }
+    memcpy(t, nx, sizeof t);
+  }
+  if (open_addl) {
+    char ap[SC_MAX_PATH];
+    path_join(ap, path, "additionalProperties");
+    const char **names = calloc(np ? np : 1, sizeof *names);
+    if (!names) {
+      gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+      return;
+    }
+    size_t k = 0;
+    json_object_foreach((json_t *)props, key, ps) names[k++] = key;
+    for (long long q = 0; q <= K && !n->rc; q++) {
+      long long q2 = q + 1 > K ? (mxp >= 0 ? -1 : K) : q + 1;
+      if (q2 < 0) continue;
+      uint32_t e = gr_nfa_state(n);
+      if (q == 0)
+        gr_nfa_eps(n, t[q], e);
+      else
+        comma_ws(n, t[q], e);
+      member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, e, t[q2], 1);
+    }
+    free(names);
+  }
+  for (long long k = mnp; k <= K; k++)
+    gr_nfa_eps(n, t[k], close);
 }
 
 static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_t from,
@@ -763,12 +833,24 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   }
   size_t np = props ? json_object_size(props) : 0, nreq = json_array_size(req);
   json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
-  if (minp && (!json_is_integer(minp) || (size_t)json_integer_value(minp) > nreq))
-    return (void)sc_fail(c, path, "minProperties", "above the number of required properties");
-  if (maxp && (!json_is_integer(maxp) || open_addl || (size_t)json_integer_value(maxp) < np))
-    return (void)sc_fail(c, path, "maxProperties", "below the number of properties");
+  if ((minp && (!json_is_integer(minp) || json_integer_value(minp) < 0)) ||
+      (maxp && (!json_is_integer(maxp) || json_integer_value(maxp) < 0)))
+    return (void)sc_fail(c, path, minp ? "minProperties" : "maxProperties",
+                         "not a non-negative integer");
+  long long mnp = minp ? json_integer_value(minp) : 0, mxp = maxp ? json_integer_value(maxp) : -1;
+  int counted = (size_t)mnp > nreq || (mxp >= 0 && (open_addl || (size_t)mxp < np));
+  if (counted && (mnp > SC_MAX_COUNT || mxp > SC_MAX_COUNT))
+    return (void)sc_fail(c, path, mnp > SC_MAX_COUNT ? "minProperties" : "maxProperties",
+                         "counts above 32");
+  if (counted && !open_addl && (size_t)mnp > np) return; /* nothing satisfies it */
   uint32_t open = gr_nfa_state(n), close = gr_nfa_state(n);
   gr_nfa_byte(n, from, open, '{', '{');
+  if (counted) {
+    gr_nfa_byte(n, close, to, '}', '}');
+    object_counted(c, props ? props : json_object_get(s, "properties"), req, addl, open_addl, mnp,
+                   mxp, path, open, close);
+    return;
+  }
   gr_nfa_byte(n, close, to, '}', '}');
   /* two tracks: t0 (nothing written yet), t1 (something written: a comma first) */
   uint32_t t0 = gr_nfa_state(n), t1 = gr_nfa_state(n);
@@ -788,7 +870,7 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     /* the member, written once: first (from t0) or after a comma (from t1) */
     gr_nfa_eps(n, t0, k0);
     if (t1_live) comma_ws(n, t1, k0);
-    member(c, key, NULL, 0, ps, pp, k0, n1);
+    member(c, key, NULL, 0, ps, pp, k0, n1, 0);
     if (!required) {
       gr_nfa_eps(n, t0, n0);
       if (t1_live) gr_nfa_eps(n, t1, n1);
@@ -814,7 +896,7 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     }
     size_t k = 0;
     json_object_foreach(props, key, ps) names[k++] = key;
-    member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, k0, a1);
+    member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, k0, a1, 0);
     free(names);
     gr_nfa_eps(n, a1, close);
   }

@@ -71,6 +71,13 @@ static const char *schemas[] = {
     /* free-form objects; required names without schemas */
     "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"},\"n\":{\"type\":"
     "\"integer\"}},\"required\":[\"free\",\"id\"]}",
+    /* counted members */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+    "\"string\",\"maxLength\":3},\"c\":{\"type\":\"boolean\"}},\"minProperties\":2}",
+    "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"minProperties\":1,"
+    "\"maxProperties\":3}",
+    "{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{\"type\":\"null\"}},"
+    "\"additionalProperties\":true,\"maxProperties\":2}",
     /* keywords next to $ref apply too */
     "{\"$defs\":{\"pt\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"},"
     "\"y\":{\"type\":\"integer\"}}}},\"$ref\":\"#/$defs/pt\",\"required\":[\"x\",\"y\"]}",
@@ -197,7 +204,8 @@ TH_TEST(schema_unsupported_keywords_named) {
   expect_err("{\"type\":\"number\",\"minimum\":0.5}", CM_ERR_INVAL, "keyword 'minimum'");
   expect_err("{\"type\":\"number\",\"exclusiveMaximum\":0.5}", CM_ERR_INVAL,
              "keyword 'exclusiveMaximum' at / is not supported (non-integer bound on a number)");
-  expect_err("{\"type\":\"object\",\"minProperties\":2}", CM_ERR_INVAL, "keyword 'minProperties'");
+  expect_err("{\"type\":\"object\",\"minProperties\":40}", CM_ERR_INVAL,
+             "keyword 'minProperties' at / is not supported (counts above 32)");
   expect_err("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
              "json_schema: pattern at /: lookahead is not supported at 0");
   expect_err("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a\","
@@ -545,4 +553,41 @@ TH_TEST(schema_wide_any_of_of_objects) {
   }
   gr_grammar_free(g);
   free(s);
+}
+
+static void check_texts(const char *schema, const char *const *texts, const int *want, size_t n) {
+  struct gr_grammar *g = NULL;
+  char err[256];
+  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
+  if (rc) th_fail(__FILE__, __LINE__, "%s: %s", schema, err);
+  if (rc) return;
+  for (size_t i = 0; i < n; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)texts[i], strlen(texts[i])) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != want[i]) th_fail(__FILE__, __LINE__, "%s on %s: %d", schema, texts[i], ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
+
+TH_TEST(schema_min_max_properties_counted) {
+  static const char *t1[] = {"{}", "{\"a\":1}", "{\"a\":1,\"c\":true}", "{\"b\":\"x\",\"c\":false}",
+                             "{\"a\":1,\"b\":\"\",\"c\":true}"};
+  static const int w1[] = {0, 0, 1, 1, 1};
+  check_texts("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+              "\"string\"},\"c\":{\"type\":\"boolean\"}},\"minProperties\":2}",
+              t1, w1, 5);
+  static const char *t2[] = {"{}", "{\"x\":1}", "{\"x\":1,\"y\":2,\"z\":3}",
+                             "{\"x\":1,\"y\":2,\"z\":3,\"w\":4}"};
+  static const int w2[] = {0, 1, 1, 0};
+  check_texts("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},"
+              "\"minProperties\":1,\"maxProperties\":3}",
+              t2, w2, 4);
+  static const char *t3[] = {"{}", "{\"a\":1,\"b\":null}", "{\"a\":1,\"q\":2}",
+                             "{\"a\":1,\"b\":null,\"q\":2}", "{\"q\":1,\"r\":2}"};
+  static const int w3[] = {1, 1, 1, 0, 1};
+  check_texts("{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{\"type\":\"null\"}},"
+              "\"additionalProperties\":true,\"maxProperties\":2}",
+              t3, w3, 5);
 }
