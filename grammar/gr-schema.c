@@ -99,6 +99,7 @@ static const char *handled[] = {"type",
                                 "format",
                                 "minProperties",
                                 "maxProperties",
+                                "multipleOf",
                                 NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -312,11 +313,47 @@ static int bounds(struct sc *c, const json_t *s, const char *path, int *has_lo, 
   return 0;
 }
 
+#define SC_MAX_MULTIPLE 1000
+
+/* Integers that are multiples of k: the remainder of the digits so far. */
+static void multiples(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t k) {
+  uint32_t *r = malloc(k * sizeof *r);
+  if (!r) {
+    gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+    return;
+  }
+  for (uint32_t i = 0; i < k; i++)
+    r[i] = gr_nfa_state(n);
+  uint32_t neg = gr_nfa_state(n);
+  gr_nfa_byte(n, from, to, '0', '0');
+  gr_nfa_byte(n, from, neg, '-', '-');
+  for (uint32_t d = 1; d <= 9; d++) {
+    gr_nfa_byte(n, from, r[d % k], (uint8_t)('0' + d), (uint8_t)('0' + d));
+    gr_nfa_byte(n, neg, r[d % k], (uint8_t)('0' + d), (uint8_t)('0' + d));
+  }
+  for (uint32_t i = 0; i < k; i++)
+    for (uint32_t d = 0; d <= 9; d++)
+      gr_nfa_byte(n, r[i], r[(i * 10 + d) % k], (uint8_t)('0' + d), (uint8_t)('0' + d));
+  gr_nfa_eps(n, r[0], to);
+  free(r);
+}
+
 static void emit_numeric(struct sc *c, const json_t *s, const char *path, int integer,
                          uint32_t from, uint32_t to) {
   double lo = 0, hi = 0;
   int has_lo, has_hi, xlo, xhi;
   if (bounds(c, s, path, &has_lo, &lo, &xlo, &has_hi, &hi, &xhi)) return;
+  json_t *mul = json_object_get(s, "multipleOf");
+  if (mul) {
+    double k = json_number_value(mul);
+    if (!json_is_number(mul) || k <= 0)
+      return (void)sc_fail(c, path, "multipleOf", "not a positive number");
+    if (k != floor(k)) return (void)sc_fail(c, path, "multipleOf", "not an integer");
+    if (k > SC_MAX_MULTIPLE) return (void)sc_fail(c, path, "multipleOf", "above 1000");
+    if (has_lo || has_hi) return (void)sc_fail(c, path, "multipleOf", "together with bounds");
+    multiples(c->n, from, to, (uint32_t)k); /* numbers too: as integers */
+    return;
+  }
   if (integer) { /* integers: inclusive integer bounds */
     if (has_lo) lo = xlo ? floor(lo) + 1 : ceil(lo), xlo = 0;
     if (has_hi) hi = xhi ? ceil(hi) - 1 : floor(hi), xhi = 0;
@@ -927,7 +964,8 @@ static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigne
         json_object_get(s, "pattern") || json_object_get(s, "format"))
       *mask |= T_STR;
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
-        json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum"))
+        json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum") ||
+        json_object_get(s, "multipleOf"))
       *mask |= T_NUM;
     if (!*mask) *mask = 127;
     return 0;

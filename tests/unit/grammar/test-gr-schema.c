@@ -71,6 +71,9 @@ static const char *schemas[] = {
     /* free-form objects; required names without schemas */
     "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"},\"n\":{\"type\":"
     "\"integer\"}},\"required\":[\"free\",\"id\"]}",
+    /* multiples */
+    "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\",\"multipleOf\":7},"
+    "{\"type\":\"number\",\"multipleOf\":12}]}}",
     /* counted members */
     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
     "\"string\",\"maxLength\":3},\"c\":{\"type\":\"boolean\"}},\"minProperties\":2}",
@@ -190,7 +193,10 @@ TH_TEST(schema_unsupported_keywords_named) {
              "json_schema: keyword 'uniqueItems' at /properties/tags is not supported");
   expect_err("{\"not\":{\"type\":\"string\"}}", CM_ERR_INVAL, "keyword 'not' at /");
   expect_err("{\"if\":{},\"then\":{}}", CM_ERR_INVAL, "keyword 'if' at /");
-  expect_err("{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL, "keyword 'multipleOf'");
+  expect_err("{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL,
+             "keyword 'multipleOf' at / is not supported (not an integer)");
+  expect_err("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":1}", CM_ERR_INVAL,
+             "keyword 'multipleOf' at / is not supported (together with bounds)");
   expect_err("{\"type\":\"object\",\"dependentRequired\":{}}", CM_ERR_INVAL,
              "keyword 'dependentRequired'");
   expect_err("{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}", CM_ERR_INVAL,
@@ -590,4 +596,21 @@ TH_TEST(schema_min_max_properties_counted) {
   check_texts("{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{\"type\":\"null\"}},"
               "\"additionalProperties\":true,\"maxProperties\":2}",
               t3, w3, 5);
+}
+
+TH_TEST(schema_multiple_of_exact) {
+  static const char *s = "{\"type\":\"integer\",\"multipleOf\":7}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  for (int x = -300; x <= 300; x++) {
+    char t[16];
+    snprintf(t, sizeof t, "%d", x);
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != (x % 7 == 0)) th_fail(__FILE__, __LINE__, "%d: %d", x, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
 }
