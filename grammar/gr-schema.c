@@ -10,29 +10,9 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "grammar/gr-impl.h"
+#include "grammar/gr-schema-impl.h"
 
-#define SC_MAX_DEPTH 64   /* nested subschemas (without going through a rule) */
-#define SC_MAX_PATH  512  /* bytes of a JSON pointer in messages */
-#define SC_MAX_RULES 1024 /* subschemas that became rules */
-
-struct sc_rule {
-  const json_t *schema;
-  uint32_t rule;
-};
-
-struct sc {
-  struct gr_nfa *n;
-  json_t *root;
-  struct sc_rule *rules;
-  uint32_t n_rules, cap_rules;
-  json_t *keep; /* merged schemas (allOf) made here, freed at the end */
-  int depth;
-  const json_t *inlined[SC_MAX_DEPTH + 1]; /* $ref targets being inlined (anyOf) */
-  int n_inlined;
-};
-
-static int sc_fail(struct sc *c, const char *path, const char *kw, const char *why) {
+int gr_sc_fail(struct sc *c, const char *path, const char *kw, const char *why) {
   if (why)
     return gr_nfa_fail(c->n, CM_ERR_INVAL, "json_schema: keyword '%s' at %s is not supported (%s)",
                        kw, path[0] ? path : "/", why);
@@ -112,7 +92,7 @@ static int check_keywords(struct sc *c, const json_t *s, const char *path) {
   const char *k;
   json_t *v;
   json_object_foreach((json_t *)s, k, v) {
-    if (!in_list(k, annotations) && !in_list(k, handled)) return sc_fail(c, path, k, NULL);
+    if (!in_list(k, annotations) && !in_list(k, handled)) return gr_sc_fail(c, path, k, NULL);
   }
   return 0;
 }
@@ -125,434 +105,6 @@ static const char *other_keyword(const json_t *s, const char **except) {
     if (!in_list(k, annotations) && !in_list(k, except)) return k;
   }
   return NULL;
-}
-
-/* ---- numbers --------------------------------------------------------------- */
-#define SC_BIG 1000000000000000000ll /* 10^18: bounds past this are unbounded */
-
-static int ndigits(long long x) {
-  int d = 1;
-  while (x >= 10)
-    x /= 10, d++;
-  return d;
-}
-
-static long long pow10ll(int d) {
-  long long p = 1;
-  while (d-- > 0)
-    p *= 10;
-  return p;
-}
-
-/* Decimal strings lo..hi of the same length (no sign). */
-static void same_len(struct gr_nfa *n, uint32_t from, uint32_t to, const char *lo, const char *hi,
-                     size_t len) {
-  if (len == 0) {
-    gr_nfa_eps(n, from, to);
-    return;
-  }
-  if (lo[0] == hi[0]) {
-    uint32_t a = len == 1 ? to : gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, (uint8_t)lo[0], (uint8_t)lo[0]);
-    if (len > 1) same_len(n, a, to, lo + 1, hi + 1, len - 1);
-    return;
-  }
-  int lo_zeros = 1, hi_nines = 1;
-  for (size_t i = 1; i < len; i++)
-    lo_zeros &= lo[i] == '0', hi_nines &= hi[i] == '9';
-  char nines[24], zeros[24];
-  memset(nines, '9', len);
-  memset(zeros, '0', len);
-  uint8_t first = (uint8_t)lo[0], last = (uint8_t)hi[0];
-  if (!lo_zeros) { /* lo[0] followed by lo[1:] .. 99 */
-    uint32_t a = gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, first, first);
-    same_len(n, a, to, lo + 1, nines, len - 1);
-    first++;
-  }
-  if (!hi_nines) { /* hi[0] followed by 00 .. hi[1:] */
-    uint32_t a = gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, last, last);
-    same_len(n, a, to, zeros, hi + 1, len - 1);
-    last--;
-  }
-  if (first <= last) { /* the full middle */
-    uint32_t a = len == 1 ? to : gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, first, last);
-    if (len > 1) same_len(n, a, to, zeros, nines, len - 1);
-  }
-}
-
-/* Unsigned decimals a..b (b < 0: unbounded), canonical (no leading zeros). */
-static void uint_range(struct gr_nfa *n, uint32_t from, uint32_t to, long long a, long long b) {
-  if (b >= 0 && a > b) return;
-  int da = ndigits(a), db = b < 0 ? 19 : ndigits(b);
-  for (int d = da; d <= db && d <= 18; d++) {
-    long long lo = d == da ? a : pow10ll(d - 1), hi = pow10ll(d) - 1;
-    if (b >= 0 && hi > b) hi = b;
-    if (lo > hi) continue;
-    char ls[24], hs[24];
-    snprintf(ls, sizeof ls, "%0*lld", d, lo);
-    snprintf(hs, sizeof hs, "%0*lld", d, hi);
-    same_len(n, from, to, ls, hs, (size_t)d);
-  }
-  if (b < 0) { /* 19 digits and more */
-    uint32_t s = gr_nfa_state(n), e = gr_nfa_state(n);
-    gr_nfa_byte(n, from, s, '1', '9');
-    uint32_t cur = s;
-    for (int i = 0; i < 18; i++) {
-      uint32_t nx = gr_nfa_state(n);
-      gr_nfa_byte(n, cur, nx, '0', '9');
-      cur = nx;
-    }
-    gr_nfa_eps(n, cur, e);
-    gr_nfa_byte(n, e, e, '0', '9');
-    gr_nfa_eps(n, e, to);
-  }
-}
-
-/* Integers lo..hi (has_lo / has_hi: bounded on that side). */
-static void int_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
-                      int has_hi, long long hi) {
-  if (has_lo && has_hi && lo > hi) return;
-  if (!has_hi || hi >= 0) uint_range(n, from, to, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
-  if (!has_lo || lo < 0) {
-    uint32_t m = gr_nfa_state(n);
-    gr_nfa_byte(n, from, m, '-', '-');
-    long long a = has_hi && hi < 0 ? -hi : 1;
-    uint_range(n, m, to, a, has_lo ? -lo : -1);
-  }
-}
-
-enum { FRAC_ANY, FRAC_ZERO, FRAC_NONZERO };
-
-/* After an integer part: an optional fraction of any digits, of zeros only,
- * or a required fraction that is not all zeros. */
-static void frac(struct gr_nfa *n, uint32_t from, uint32_t to, int kind) {
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
-  if (kind != FRAC_NONZERO) gr_nfa_eps(n, from, to);
-  gr_nfa_byte(n, from, a, '.', '.');
-  if (kind == FRAC_NONZERO) {
-    gr_nfa_byte(n, a, a, '0', '0');
-    gr_nfa_byte(n, a, b, '1', '9');
-    gr_nfa_byte(n, b, b, '0', '9');
-  } else {
-    gr_nfa_byte(n, a, b, '0', kind == FRAC_ZERO ? '0' : '9');
-    gr_nfa_byte(n, b, b, '0', kind == FRAC_ZERO ? '0' : '9');
-  }
-  gr_nfa_eps(n, b, to);
-}
-
-/* Integer part k in a..b (b < 0: unbounded), optional '-' first, then a fraction. */
-static void part(struct gr_nfa *n, uint32_t from, uint32_t to, int neg, long long a, long long b,
-                 int kind) {
-  if (b >= 0 && a > b) return;
-  uint32_t m = from, k = gr_nfa_state(n);
-  if (neg) {
-    m = gr_nfa_state(n);
-    gr_nfa_byte(n, from, m, '-', '-');
-  }
-  uint_range(n, m, k, a, b);
-  frac(n, k, to, kind);
-}
-
-/* Numbers between integer bounds (exclusive or not), without exponents: the
- * value of "k.f" lies in [k, k + 1), that of "-k.f" in (-(k + 1), -k]. */
-static void num_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
-                      int xlo, int has_hi, long long hi, int xhi) {
-  if (has_lo && has_hi && (lo > hi || (lo == hi && (xlo || xhi)))) return;
-  if (!has_hi || hi >= 0) { /* non-negative */
-    long long a = 0;
-    if (has_lo && lo >= 0) {
-      a = xlo ? lo + 1 : lo;
-      if (xlo && (!has_hi || lo < hi)) part(n, from, to, 0, lo, lo, FRAC_NONZERO);
-    }
-    if (!has_hi)
-      part(n, from, to, 0, a, -1, FRAC_ANY);
-    else if (hi - 1 >= a)
-      part(n, from, to, 0, a, hi - 1, FRAC_ANY);
-    if (has_hi && !xhi && (!has_lo || hi > lo || !xlo) && (!has_lo || hi >= lo))
-      part(n, from, to, 0, hi, hi, FRAC_ZERO);
-  }
-  if (!has_lo || lo < 0) { /* negative */
-    long long kmin = 0, L = has_lo ? -lo : -1;
-    int special = 0; /* k = H with a nonzero fraction */
-    long long H = 0;
-    if (has_hi && (hi < 0 || (hi == 0 && xhi))) {
-      H = -hi;
-      kmin = xhi ? H + 1 : H;
-      special = xhi;
-    }
-    long long kmax = has_lo ? L - 1 : -1;
-    if (!has_lo || kmax >= kmin) part(n, from, to, 1, kmin, kmax, FRAC_ANY);
-    if (special && (!has_lo || H < L)) part(n, from, to, 1, H, H, FRAC_NONZERO);
-    if (has_lo && !xlo && (!has_hi || (xhi ? -L < hi : -L <= hi)) && L >= 1)
-      part(n, from, to, 1, L, L, FRAC_ZERO);
-  }
-}
-
-/* The numeric bounds of s: raw values and whether each is exclusive. 0, or -1
- * after an error. */
-static int bounds(struct sc *c, const json_t *s, const char *path, int *has_lo, double *lo,
-                  int *xlo, int *has_hi, double *hi, int *xhi) {
-  static const char *kws[4] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
-  *has_lo = *has_hi = *xlo = *xhi = 0;
-  for (int k = 0; k < 4; k++) {
-    json_t *j = json_object_get(s, kws[k]);
-    if (!j || json_is_boolean(j)) continue; /* draft 4's flags: read below */
-    if (!json_is_number(j)) return sc_fail(c, path, kws[k], "not a number"), -1;
-    double x = json_number_value(j);
-    int low = k % 2 == 0, excl = k >= 2;
-    if (low && (!*has_lo || x > *lo || (x == *lo && excl))) *has_lo = 1, *lo = x, *xlo = excl;
-    if (!low && (!*has_hi || x < *hi || (x == *hi && excl))) *has_hi = 1, *hi = x, *xhi = excl;
-  }
-  if (json_is_true(json_object_get(s, "exclusiveMinimum")) && json_object_get(s, "minimum"))
-    *xlo = 1;
-  if (json_is_true(json_object_get(s, "exclusiveMaximum")) && json_object_get(s, "maximum"))
-    *xhi = 1;
-  return 0;
-}
-
-#define SC_MAX_MULTIPLE 1000
-
-/* Integers that are multiples of k: the remainder of the digits so far. */
-static void multiples(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t k) {
-  uint32_t *r = malloc(k * sizeof *r);
-  if (!r) {
-    gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
-    return;
-  }
-  for (uint32_t i = 0; i < k; i++)
-    r[i] = gr_nfa_state(n);
-  uint32_t neg = gr_nfa_state(n);
-  gr_nfa_byte(n, from, to, '0', '0');
-  gr_nfa_byte(n, from, neg, '-', '-');
-  for (uint32_t d = 1; d <= 9; d++) {
-    gr_nfa_byte(n, from, r[d % k], (uint8_t)('0' + d), (uint8_t)('0' + d));
-    gr_nfa_byte(n, neg, r[d % k], (uint8_t)('0' + d), (uint8_t)('0' + d));
-  }
-  for (uint32_t i = 0; i < k; i++)
-    for (uint32_t d = 0; d <= 9; d++)
-      gr_nfa_byte(n, r[i], r[(i * 10 + d) % k], (uint8_t)('0' + d), (uint8_t)('0' + d));
-  gr_nfa_eps(n, r[0], to);
-  free(r);
-}
-
-static void emit_numeric(struct sc *c, const json_t *s, const char *path, int integer,
-                         uint32_t from, uint32_t to) {
-  double lo = 0, hi = 0;
-  int has_lo, has_hi, xlo, xhi;
-  if (bounds(c, s, path, &has_lo, &lo, &xlo, &has_hi, &hi, &xhi)) return;
-  json_t *mul = json_object_get(s, "multipleOf");
-  if (mul) {
-    double k = json_number_value(mul);
-    if (!json_is_number(mul) || k <= 0)
-      return (void)sc_fail(c, path, "multipleOf", "not a positive number");
-    if (k != floor(k)) return (void)sc_fail(c, path, "multipleOf", "not an integer");
-    if (k > SC_MAX_MULTIPLE) return (void)sc_fail(c, path, "multipleOf", "above 1000");
-    if (has_lo || has_hi) return (void)sc_fail(c, path, "multipleOf", "together with bounds");
-    multiples(c->n, from, to, (uint32_t)k); /* numbers too: as integers */
-    return;
-  }
-  if (integer) { /* integers: inclusive integer bounds */
-    if (has_lo) lo = xlo ? floor(lo) + 1 : ceil(lo), xlo = 0;
-    if (has_hi) hi = xhi ? ceil(hi) - 1 : floor(hi), xhi = 0;
-  } else {
-    if (has_lo && lo != floor(lo))
-      return (void)sc_fail(c, path, xlo ? "exclusiveMinimum" : "minimum",
-                           "non-integer bound on a number");
-    if (has_hi && hi != floor(hi))
-      return (void)sc_fail(c, path, xhi ? "exclusiveMaximum" : "maximum",
-                           "non-integer bound on a number");
-  }
-  if (has_lo && lo <= -(double)SC_BIG) has_lo = 0;
-  if (has_hi && hi >= (double)SC_BIG) has_hi = 0;
-  if ((has_lo && lo >= (double)SC_BIG) || (has_hi && hi <= -(double)SC_BIG))
-    return (void)sc_fail(c, path, has_lo ? "minimum" : "maximum", "bound beyond 10^18");
-  if (integer) {
-    if (!has_lo && !has_hi)
-      gr_json_integer(c->n, from, to);
-    else
-      int_range(c->n, from, to, has_lo, (long long)lo, has_hi, (long long)hi);
-  } else {
-    if (!has_lo && !has_hi)
-      gr_json_number(c->n, from, to);
-    else
-      num_range(c->n, from, to, has_lo, (long long)lo, xlo, has_hi, (long long)hi, xhi);
-  }
-}
-
-/* ---- strings ------------------------------------------------------------- */
-/* dates: years 0001-9999, days that every year has (no February 29th) */
-#define SC_DATE                                                                                    \
-  "(000[1-9]|00[1-9]\\d|0[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0["    \
-  "469]|11)-("                                                                                     \
-  "0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))"
-#define SC_TIME "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
-static const struct {
-  const char *name, *re;
-} formats[] = {
-    {"date", SC_DATE},
-    {"time", SC_TIME},
-    {"date-time", SC_DATE "T" SC_TIME},
-    {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-    {"email", "[A-Za-z0-9._%+-]+@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,12}"},
-    {"ipv4", "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"},
-    {"ipv6", "([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}|::|([0-9a-f]{1,4}:){1,7}:|:(:[0-9a-f]{1,4}){1,7}|"
-             "([0-9a-f]{1,4}:){1,6}:[0-9a-f]{1,4}|([0-9a-f]{1,4}:){1,5}(:[0-9a-f]{1,4}){2}|"
-             "([0-9a-f]{1,4}:){1,4}(:[0-9a-f]{1,4}){3}|([0-9a-f]{1,4}:){1,3}(:[0-9a-f]{1,4}){4}|"
-             "([0-9a-f]{1,4}:){1,2}(:[0-9a-f]{1,4}){5}|[0-9a-f]{1,4}:(:[0-9a-f]{1,4}){6}"},
-    {"hostname",
-     "[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"},
-    {"uri", "[A-Za-z][A-Za-z0-9+.-]*:(//)?[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=%]+"},
-};
-
-/* A pattern (or format) and a length together: the product of the pattern's
- * automaton, the JSON contents' decoder (to tell where characters begin) and a
- * character count 0..max (or 0..min, saturating, without a max). */
-static void regex_len(struct sc *c, const char *re, size_t re_len, int mode, const char *what,
-                      json_int_t mn, json_int_t mx, uint32_t from, uint32_t to) {
-  struct gr_nfa *n = c->n, sub;
-  gr_nfa_init(&sub, n->err, n->errlen);
-  struct gr_grammar g = {0};
-  uint32_t r = gr_nfa_rule(&sub);
-  gr_regex_emit(&sub, re, re_len, mode, 1, sub.rule_start[r], sub.rule_final[r], what);
-  int rc = gr_determinize(&sub, &g);
-  gr_nfa_free(&sub);
-  uint32_t *map = NULL, *queue = NULL;
-  if (rc) {
-    n->rc = rc; /* the message is in err already */
-    goto out;
-  }
-  uint32_t K = (uint32_t)(mx >= 0 ? mx : mn) + 1; /* counts 0 .. K-1 */
-  size_t np = (size_t)g.n_states * 13 * K;
-  if (np > (8u << 20)) {
-    gr_nfa_fail(n, CM_ERR_TOOBIG, "%s: too large together with minLength / maxLength", what);
-    goto out;
-  }
-  map = malloc(np * sizeof *map);
-  queue = malloc(np * sizeof *queue);
-  if (!map || !queue) {
-    gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
-    goto out;
-  }
-  for (size_t i = 0; i < np; i++)
-    map[i] = GR_NONE;
-#define RL_KEY(s, a, k) (((size_t)(s)*13 + (size_t)(a)) * K + (k))
-  size_t qh = 0, qt = 0;
-  map[RL_KEY(g.root, 0, 0)] = from;
-  queue[qt++] = (uint32_t)RL_KEY(g.root, 0, 0);
-  while (qh < qt && !n->rc) {
-    size_t key = queue[qh++];
-    uint32_t k = (uint32_t)(key % K), sa = (uint32_t)(key / K);
-    int ad = (int)(sa % 13);
-    uint32_t st = sa / 13, src = map[key];
-    if ((g.flags[st] & GR_F_FINAL) && ad == 0 && (json_int_t)k >= mn) gr_nfa_eps(n, src, to);
-    uint32_t run_lo = 0, run_to = GR_NONE;
-    for (uint32_t byte = 0; byte <= 256; byte++) {
-      uint32_t target = GR_NONE;
-      uint32_t t = byte < 256 ? g.delta[(size_t)st * g.n_cls + g.cls[byte]] : GR_NONE;
-      int a2 = byte < 256 ? gr_json_sx_step(ad, (uint8_t)byte) : -1;
-      uint32_t k2 = k + (ad == 0); /* a character begins at a boundary */
-      if (k2 >= K && mx < 0) k2 = K - 1;
-      if (t != GR_NONE && a2 >= 0 && a2 < 13 && k2 < K) {
-        size_t key2 = RL_KEY(t, a2, k2);
-        if (map[key2] == GR_NONE) {
-          map[key2] = gr_nfa_state(n);
-          queue[qt++] = (uint32_t)key2;
-        }
-        target = map[key2];
-      }
-      if (target != run_to || byte == 256) { /* bytes with one target go as one range */
-        if (run_to != GR_NONE) gr_nfa_byte(n, src, run_to, (uint8_t)run_lo, (uint8_t)(byte - 1));
-        run_to = target;
-        run_lo = byte;
-      }
-    }
-  }
-#undef RL_KEY
-out:
-  free(map);
-  free(queue);
-  free(g.delta);
-  free(g.flags);
-  free(g.call_off);
-  free(g.calls);
-}
-
-static void emit_string(struct sc *c, const json_t *s, const char *path, uint32_t from,
-                        uint32_t to) {
-  struct gr_nfa *n = c->n;
-  json_t *minl = json_object_get(s, "minLength"), *maxl = json_object_get(s, "maxLength");
-  json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-  if (pat && fmt) return (void)sc_fail(c, path, "format", "together with 'pattern'");
-  json_int_t mn = 0, mx = -1;
-  if (minl) {
-    if (!json_is_integer(minl) || json_integer_value(minl) < 0)
-      return (void)sc_fail(c, path, "minLength", "not a non-negative integer");
-    mn = json_integer_value(minl);
-  }
-  if (maxl) {
-    if (!json_is_integer(maxl) || json_integer_value(maxl) < 0)
-      return (void)sc_fail(c, path, "maxLength", "not a non-negative integer");
-    mx = json_integer_value(maxl);
-  }
-  if (mn > GR_MAX_REPEAT || mx > (json_int_t)GR_MAX_REPEAT) {
-    gr_nfa_fail(n, CM_ERR_TOOBIG, "json_schema: %s at %s above %u",
-                mx > mn ? "maxLength" : "minLength", path[0] ? path : "/", GR_MAX_REPEAT);
-    return;
-  }
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
-  gr_nfa_byte(n, from, a, '"', '"');
-  gr_nfa_byte(n, b, to, '"', '"');
-  const char *re = NULL;
-  size_t re_len = 0;
-  int mode = GR_RX_FULL;
-  char what[SC_MAX_PATH + 32];
-  if (pat) {
-    if (!json_is_string(pat)) return (void)sc_fail(c, path, "pattern", "not a string");
-    snprintf(what, sizeof what, "json_schema: pattern at %s", path[0] ? path : "/");
-    re = json_string_value(pat);
-    re_len = json_string_length(pat);
-    mode = GR_RX_SEARCH;
-  } else if (fmt) {
-    if (!json_is_string(fmt)) return (void)sc_fail(c, path, "format", "not a string");
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0] && !re; i++)
-      if (strcmp(formats[i].name, json_string_value(fmt)) == 0) re = formats[i].re;
-    if (!re) {
-      char why[128];
-      snprintf(why, sizeof why, "format '%.60s'", json_string_value(fmt));
-      return (void)sc_fail(c, path, "format", why);
-    }
-    re_len = strlen(re);
-    snprintf(what, sizeof what, "json_schema: format at %s", path[0] ? path : "/");
-  }
-  if (re && !minl && !maxl) {
-    gr_regex_emit(n, re, re_len, mode, 1, a, b, what);
-    return;
-  }
-  if (re) {
-    regex_len(c, re, re_len, mode, what, mn, mx, a, b);
-    return;
-  }
-  uint32_t cur = a;
-  for (json_int_t i = 0; i < mn && !n->rc; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_json_char(n, cur, nx);
-    cur = nx;
-  }
-  if (mx < 0) {
-    gr_json_char(n, cur, cur);
-    gr_nfa_eps(n, cur, b);
-    return;
-  }
-  for (json_int_t i = mn; i < mx && !n->rc; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_nfa_eps(n, cur, b);
-    gr_json_char(n, cur, nx);
-    cur = nx;
-  }
-  gr_nfa_eps(n, cur, b);
 }
 
 /* ---- subschemas ------------------------------------------------------------ */
@@ -584,9 +136,9 @@ static uint32_t rule_of(struct sc *c, const json_t *s, const char *path) {
 }
 
 static const json_t *resolve_ref(struct sc *c, const json_t *ref, const char *path) {
-  if (!json_is_string(ref)) return sc_fail(c, path, "$ref", "not a string"), NULL;
+  if (!json_is_string(ref)) return gr_sc_fail(c, path, "$ref", "not a string"), NULL;
   const char *p = json_string_value(ref);
-  if (p[0] != '#') return sc_fail(c, path, "$ref", "only local references (#...)"), NULL;
+  if (p[0] != '#') return gr_sc_fail(c, path, "$ref", "only local references (#...)"), NULL;
   const json_t *cur = c->root;
   p++;
   while (*p == '/') {
@@ -608,9 +160,9 @@ static const json_t *resolve_ref(struct sc *c, const json_t *ref, const char *pa
       cur = json_array_get(cur, (size_t)strtoul(key, NULL, 10));
     else
       cur = NULL;
-    if (!cur) return sc_fail(c, path, "$ref", "target not found"), NULL;
+    if (!cur) return gr_sc_fail(c, path, "$ref", "target not found"), NULL;
   }
-  if (*p) return sc_fail(c, path, "$ref", "only JSON pointers (#/...)"), NULL;
+  if (*p) return gr_sc_fail(c, path, "$ref", "only JSON pointers (#/...)"), NULL;
   return cur;
 }
 
@@ -673,14 +225,14 @@ static void emit_array(struct sc *c, const json_t *s, const char *path, uint32_t
     prefix_kw = "items";
     items = extra;
   } else if (extra) {
-    return (void)sc_fail(c, path, "additionalItems", "without an items array");
+    return (void)gr_sc_fail(c, path, "additionalItems", "without an items array");
   }
-  if (prefix && !json_is_array(prefix)) return (void)sc_fail(c, path, prefix_kw, "not an array");
+  if (prefix && !json_is_array(prefix)) return (void)gr_sc_fail(c, path, prefix_kw, "not an array");
   size_t k = prefix ? json_array_size(prefix) : 0;
   json_t *mi = json_object_get(s, "minItems"), *ma = json_object_get(s, "maxItems");
   if ((mi && (!json_is_integer(mi) || json_integer_value(mi) < 0)) ||
       (ma && (!json_is_integer(ma) || json_integer_value(ma) < 0)))
-    return (void)sc_fail(c, path, mi ? "minItems" : "maxItems", "not a non-negative integer");
+    return (void)gr_sc_fail(c, path, mi ? "minItems" : "maxItems", "not a non-negative integer");
   long long min = mi ? json_integer_value(mi) : 0, max = ma ? json_integer_value(ma) : -1;
   int items_false = json_is_false(items);
   if (items_false && (max < 0 || max > (long long)k)) max = (long long)k;
@@ -845,10 +397,11 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   struct gr_nfa *n = c->n;
   json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
   json_t *addl = json_object_get(s, "additionalProperties");
-  if (props && !json_is_object(props)) return (void)sc_fail(c, path, "properties", "not an object");
-  if (req && !json_is_array(req)) return (void)sc_fail(c, path, "required", "not an array");
+  if (props && !json_is_object(props))
+    return (void)gr_sc_fail(c, path, "properties", "not an object");
+  if (req && !json_is_array(req)) return (void)gr_sc_fail(c, path, "required", "not an array");
   if (addl && !json_is_boolean(addl) && !json_is_object(addl))
-    return (void)sc_fail(c, path, "additionalProperties", "not a boolean or schema");
+    return (void)gr_sc_fail(c, path, "additionalProperties", "not a boolean or schema");
   /* without 'properties', an object is open unless it says otherwise; with
    * them, only they may come unless additionalProperties says more */
   int open_addl = addl ? !json_is_false(addl) : !props;
@@ -856,7 +409,7 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   size_t i;
   json_t *r;
   json_array_foreach(req, i, r) {
-    if (!json_is_string(r)) return (void)sc_fail(c, path, "required", "not an array of strings");
+    if (!json_is_string(r)) return (void)gr_sc_fail(c, path, "required", "not an array of strings");
     if (props && json_object_get(props, json_string_value(r))) continue;
     json_t *np2 = props ? json_copy(props) : json_object();
     if (!np2) return (void)gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
@@ -872,13 +425,13 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
   if ((minp && (!json_is_integer(minp) || json_integer_value(minp) < 0)) ||
       (maxp && (!json_is_integer(maxp) || json_integer_value(maxp) < 0)))
-    return (void)sc_fail(c, path, minp ? "minProperties" : "maxProperties",
-                         "not a non-negative integer");
+    return (void)gr_sc_fail(c, path, minp ? "minProperties" : "maxProperties",
+                            "not a non-negative integer");
   long long mnp = minp ? json_integer_value(minp) : 0, mxp = maxp ? json_integer_value(maxp) : -1;
   int counted = (size_t)mnp > nreq || (mxp >= 0 && (open_addl || (size_t)mxp < np));
   if (counted && (mnp > SC_MAX_COUNT || mxp > SC_MAX_COUNT))
-    return (void)sc_fail(c, path, mnp > SC_MAX_COUNT ? "minProperties" : "maxProperties",
-                         "counts above 32");
+    return (void)gr_sc_fail(c, path, mnp > SC_MAX_COUNT ? "minProperties" : "maxProperties",
+                            "counts above 32");
   if (counted && !open_addl && (size_t)mnp > np) return; /* nothing satisfies it */
   uint32_t open = gr_nfa_state(n), close = gr_nfa_state(n);
   gr_nfa_byte(n, from, open, '{', '{');
@@ -977,7 +530,7 @@ static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigne
     json_array_append((json_t *)one, (json_t *)t);
     list = one;
   }
-  if (!json_is_array(list)) return sc_fail(c, path, "type", "not a string or an array");
+  if (!json_is_array(list)) return gr_sc_fail(c, path, "type", "not a string or an array");
   size_t i;
   json_t *v;
   json_array_foreach(list, i, v) {
@@ -987,7 +540,7 @@ static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigne
         *mask |= 1u << k, found = 1;
     if (!found) {
       json_decref(one);
-      return sc_fail(c, path, "type", "unknown type name");
+      return gr_sc_fail(c, path, "type", "unknown type name");
     }
   }
   json_decref(one);
@@ -1021,7 +574,7 @@ static void emit_literal(struct sc *c, const json_t *v, uint32_t from, uint32_t 
 static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
   json_t *all = json_object_get(s, "allOf");
   if (!json_is_array(all) || json_array_size(all) == 0)
-    return sc_fail(c, path, "allOf", "not a non-empty array"), NULL;
+    return gr_sc_fail(c, path, "allOf", "not a non-empty array"), NULL;
   json_t *m = json_deep_copy(s);
   json_object_del(m, "allOf");
   size_t i;
@@ -1035,7 +588,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
       const char *o = other_keyword(br, (const char *[]){"$ref", NULL});
       if (o) {
         json_decref(m);
-        return sc_fail(c, bp, o, "next to '$ref' inside allOf"), NULL;
+        return gr_sc_fail(c, bp, o, "next to '$ref' inside allOf"), NULL;
       }
       br = resolve_ref(c, json_object_get(br, "$ref"), bp);
       if (!br) {
@@ -1046,7 +599,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
     if (json_is_true(br)) continue;
     if (!json_is_object(br) || json_object_get(br, "allOf")) {
       json_decref(m);
-      return sc_fail(c, bp, "allOf", "only object schemas are merged"), NULL;
+      return gr_sc_fail(c, bp, "allOf", "only object schemas are merged"), NULL;
     }
     const char *k;
     json_t *v;
@@ -1064,7 +617,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
           json_t *h = json_object_get(have, pk);
           if (h && !json_equal(h, pv)) {
             json_decref(m);
-            return sc_fail(c, bp, "allOf", "the same property with two schemas"), NULL;
+            return gr_sc_fail(c, bp, "allOf", "the same property with two schemas"), NULL;
           }
           if (!h) json_object_set(have, pk, pv);
         }
@@ -1086,7 +639,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
         json_object_set(m, k, v);
       } else if (!json_equal(have, v)) {
         json_decref(m);
-        return sc_fail(c, bp, k, "allOf branches disagree on it"), NULL;
+        return gr_sc_fail(c, bp, k, "allOf branches disagree on it"), NULL;
       }
     }
   }
@@ -1106,8 +659,8 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
     json_object_foreach(mp, pk, pv) {
       if (!own || !json_object_get(own, pk)) {
         json_decref(m);
-        return sc_fail(c, path, "additionalProperties",
-                       "in allOf, where other parts add properties"),
+        return gr_sc_fail(c, path, "additionalProperties",
+                          "in allOf, where other parts add properties"),
                NULL;
       }
     }
@@ -1173,11 +726,11 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   if (!any) any = json_object_get(s, "oneOf"), any_kw = "oneOf";
   if (any) {
     if (json_object_get(s, "anyOf") && json_object_get(s, "oneOf")) {
-      sc_fail(c, path, "oneOf", "next to anyOf");
+      gr_sc_fail(c, path, "oneOf", "next to anyOf");
       goto out;
     }
     if (!json_is_array(any) || json_array_size(any) == 0) {
-      sc_fail(c, path, any_kw, "not a non-empty array");
+      gr_sc_fail(c, path, any_kw, "not a non-empty array");
       goto out;
     }
     /* keywords next to anyOf apply to every branch: each branch becomes
@@ -1218,11 +771,11 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   if (en || cn) {
     const char *o = other_keyword(s, (const char *[]){"enum", "const", "type", NULL});
     if (o) {
-      sc_fail(c, path, o, "next to enum / const");
+      gr_sc_fail(c, path, o, "next to enum / const");
       goto out;
     }
     if (en && !json_is_array(en)) {
-      sc_fail(c, path, "enum", "not an array");
+      gr_sc_fail(c, path, "enum", "not an array");
       goto out;
     }
     size_t i;
@@ -1241,9 +794,9 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
       gr_nfa_lit(n, from, to, "true", 4);
       gr_nfa_lit(n, from, to, "false", 5);
       break;
-    case T_INT: emit_numeric(c, s, path, 1, from, to); break;
-    case T_NUM: emit_numeric(c, s, path, 0, from, to); break;
-    case T_STR: emit_string(c, s, path, from, to); break;
+    case T_INT: gr_sc_numeric(c, s, path, 1, from, to); break;
+    case T_NUM: gr_sc_numeric(c, s, path, 0, from, to); break;
+    case T_STR: gr_sc_string(c, s, path, from, to); break;
     case T_ARR: emit_array(c, s, path, from, to); break;
     case T_OBJ: emit_object(c, s, path, from, to); break;
     }
