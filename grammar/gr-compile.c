@@ -74,6 +74,7 @@ void gr_grammar_free(struct gr_grammar *g) {
   gr_mask_cache_free(g->cache);
   free(g->reach);
   free(g->wall);
+  free(g->loop);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

@@ -138,6 +138,9 @@ struct gr_grammar {
   /* wall[s] (255: unknown): plain text from s is taken exactly when it has at
    * most wall[s] characters (a bounded string: maxLength) */
   uint8_t *wall;
+  /* loop[s] (128 bits): the ASCII bytes that lead from s back to s, when s is
+   * a state the walk's simple mode stays in (else empty) */
+  uint64_t *loop; /* (n_states, 2) */
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
@@ -216,6 +219,10 @@ struct gr_vocab {
    * character boundary and have at most w characters; NULL for vocabularies
    * with tokens longer than 64 bytes */
   uint32_t *plain_le;
+  /* asc[i] (128 bits: lo, hi): the ASCII bytes in node i's subtree (its own
+   * byte included); wide[i / 8] bit i % 8: the subtree has a byte >= 0x80 */
+  uint64_t *asc; /* (n_nodes, 2) */
+  uint8_t *wide; /* (n_nodes + 7) / 8 */
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);

@@ -130,6 +130,8 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->nchars);
   free(v->tchars);
   free(v->plain_le);
+  free(v->asc);
+  free(v->wide);
   free(v);
 }
 
@@ -296,6 +298,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
   }
   const uint8_t *reach = g->reach, *wall = g->wall;
+  const uint64_t *loop = g->loop;
   const uint32_t *delta = g->delta;
   const uint8_t *flags = g->flags;
   lv[0].pc = 0;
@@ -331,6 +334,17 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     if (pl->simple) {
       if (reach[pl->top] && (v->u8ok[i] & 1) && v->nchars[i] <= reach[pl->top]) {
         /* plain text the state takes whole: every token below is allowed */
+        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+          uint32_t id = (uint32_t)v->ids[k];
+          bits[id >> 5] |= 1u << (id & 31);
+        }
+        i = v->end[i];
+        continue;
+      }
+      const uint64_t *lp = loop + 2 * (size_t)pl->top, *as = v->asc + 2 * (size_t)i;
+      if ((lp[0] | lp[1]) && !(as[0] & ~lp[0]) && !(as[1] & ~lp[1]) &&
+          !(v->wide[i / 8] >> (i % 8) & 1)) {
+        /* ASCII bytes the state loops on, only: every token below is allowed */
         for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
           uint32_t id = (uint32_t)v->ids[k];
           bits[id >> 5] |= 1u << (id & 31);
