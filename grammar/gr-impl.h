@@ -106,6 +106,7 @@ uint32_t gr_json_value_rule(struct gr_nfa *n, uint32_t *rule);
 int gr_json_object_build(struct gr_nfa *n);
 int gr_choice_build(struct gr_nfa *n, const char *text, size_t len);
 int gr_schema_build(struct gr_nfa *n, const char *text, size_t len);
+int gr_ebnf_build(struct gr_nfa *n, const char *text, size_t len);
 
 /* ---- the compiled grammar ----------------------------------------------- */
 enum { GR_F_FINAL = 1, GR_F_CALLS = 2, GR_F_BYTES = 4 };
