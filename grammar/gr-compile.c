@@ -43,6 +43,7 @@ int gr_compile(enum gr_kind kind, const char *text, size_t len, struct gr_gramma
   case GR_CHOICE: rc = gr_choice_build(&n, text, len); break;
   case GR_JSON_OBJECT: rc = gr_json_object_build(&n); break;
   case GR_JSON_SCHEMA: rc = gr_schema_build(&n, text, len); break;
+  case GR_GRAMMAR: rc = gr_ebnf_build(&n, text, len); break;
   default: rc = gr_nfa_fail(&n, CM_ERR_INVAL, "grammar: unknown kind %d", (int)kind); break;
   }
   struct gr_grammar *g = NULL;
@@ -74,6 +75,7 @@ void gr_grammar_free(struct gr_grammar *g) {
   gr_mask_cache_free(g->cache);
   free(g->reach);
   free(g->wall);
+  free(g->loop);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

@@ -17,7 +17,7 @@
 #define GR_MAX_RULES      4096u
 #define GR_MAX_REPEAT     10000u /* {n,m}: n and m at most this */
 #define GR_MAX_DEPTH      128u   /* frames on one matcher stack (nesting) */
-#define GR_MAX_STACKS     64u    /* stacks alive in one matcher state */
+#define GR_MAX_STACKS     256u   /* stacks alive in one matcher state */
 #define GR_NONE           UINT32_MAX
 
 /* ---- the NFA builder ---------------------------------------------------- */
@@ -90,6 +90,13 @@ void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* The DFA of a JSON string's contents after the opening quote (gr-json.c):
+ * state 0 is a character boundary, 13 the closing quote; -1: refused. */
+int gr_json_sx_step(int a, uint8_t b);
+/* A JSON string that is none of names[count] (as JSON encodes them; another
+ * spelling with escapes is not recognized). */
+void gr_json_string_except(struct gr_nfa *n, uint32_t from, uint32_t to, const char *const *names,
+                           size_t count);
 void gr_json_number(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_integer(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* Emits the JSON encoding of string s[len] (quotes included). */
@@ -99,6 +106,7 @@ uint32_t gr_json_value_rule(struct gr_nfa *n, uint32_t *rule);
 int gr_json_object_build(struct gr_nfa *n);
 int gr_choice_build(struct gr_nfa *n, const char *text, size_t len);
 int gr_schema_build(struct gr_nfa *n, const char *text, size_t len);
+int gr_ebnf_build(struct gr_nfa *n, const char *text, size_t len);
 
 /* ---- the compiled grammar ----------------------------------------------- */
 enum { GR_F_FINAL = 1, GR_F_CALLS = 2, GR_F_BYTES = 4 };
@@ -131,6 +139,9 @@ struct gr_grammar {
   /* wall[s] (255: unknown): plain text from s is taken exactly when it has at
    * most wall[s] characters (a bounded string: maxLength) */
   uint8_t *wall;
+  /* loop[s] (128 bits): the ASCII bytes that lead from s back to s, when s is
+   * a state the walk's simple mode stays in (else empty) */
+  uint64_t *loop; /* (n_states, 2) */
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
@@ -209,6 +220,10 @@ struct gr_vocab {
    * character boundary and have at most w characters; NULL for vocabularies
    * with tokens longer than 64 bytes */
   uint32_t *plain_le;
+  /* asc[i] (128 bits: lo, hi): the ASCII bytes in node i's subtree (its own
+   * byte included); wide[i / 8] bit i % 8: the subtree has a byte >= 0x80 */
+  uint64_t *asc; /* (n_nodes, 2) */
+  uint8_t *wide; /* (n_nodes + 7) / 8 */
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);

@@ -127,6 +127,156 @@ void gr_json_lit_string(struct gr_nfa *n, uint32_t from, uint32_t to, const char
   json_decref(j);
 }
 
+/* ---- a string that is none of some names ---------------------------------- */
+/* The DFA of a string's contents after its opening quote: 0 at a character
+ * boundary; 1-3 continuation bytes left; 4 after E0, 5 after ED, 6 after F0,
+ * 7 after F4; 8 after a backslash; 9-12 hex digits of \u left (4..1); 13 the
+ * closing quote. */
+enum { SX_END = 13, SX_N = 14 };
+
+static int hexb(uint8_t b) {
+  return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
+}
+
+int gr_json_sx_step(int a, uint8_t b) {
+  switch (a) {
+  case 0:
+    if (b == '"') return SX_END;
+    if (b == '\\') return 8;
+    if (b >= 0x20 && b < 0x80) return 0;
+    if (b >= 0xc2 && b <= 0xdf) return 1;
+    if (b == 0xe0) return 4;
+    if ((b >= 0xe1 && b <= 0xec) || b == 0xee || b == 0xef) return 2;
+    if (b == 0xed) return 5;
+    if (b == 0xf0) return 6;
+    if (b >= 0xf1 && b <= 0xf3) return 3;
+    if (b == 0xf4) return 7;
+    return -1;
+  case 1: return b >= 0x80 && b <= 0xbf ? 0 : -1;
+  case 2: return b >= 0x80 && b <= 0xbf ? 1 : -1;
+  case 3: return b >= 0x80 && b <= 0xbf ? 2 : -1;
+  case 4: return b >= 0xa0 && b <= 0xbf ? 1 : -1;
+  case 5: return b >= 0x80 && b <= 0x9f ? 1 : -1;
+  case 6: return b >= 0x90 && b <= 0xbf ? 2 : -1;
+  case 7: return b >= 0x80 && b <= 0x8f ? 2 : -1;
+  case 8: return strchr("\"\\/bfnrt", b) && b ? 0 : b == 'u' ? 9 : -1;
+  case 9:
+  case 10:
+  case 11: return hexb(b) ? a + 1 : -1;
+  case 12: return hexb(b) ? 0 : -1;
+  }
+  return -1;
+}
+
+struct sx_trie {
+  uint32_t *child; /* (n, 256) or GR_NONE */
+  uint8_t *term;   /* (n) */
+  uint32_t n, cap;
+};
+
+static uint32_t sx_node(struct sx_trie *t) {
+  if (t->n == t->cap) {
+    uint32_t cap = t->cap ? t->cap * 2 : 16;
+    uint32_t *c = realloc(t->child, (size_t)cap * 256 * sizeof *c);
+    if (!c) return GR_NONE;
+    t->child = c;
+    uint8_t *m = realloc(t->term, cap);
+    if (!m) return GR_NONE;
+    t->term = m;
+    t->cap = cap;
+  }
+  for (int b = 0; b < 256; b++)
+    t->child[(size_t)t->n * 256 + (size_t)b] = GR_NONE;
+  t->term[t->n] = 0;
+  return t->n++;
+}
+
+void gr_json_string_except(struct gr_nfa *n, uint32_t from, uint32_t to, const char *const *names,
+                           size_t count) {
+  if (count == 0) {
+    gr_json_string(n, from, to);
+    return;
+  }
+  struct sx_trie t = {0};
+  uint32_t *map = NULL;
+  if (sx_node(&t) == GR_NONE) goto nomem;
+  for (size_t i = 0; i < count; i++) {
+    json_t *j = json_string(names[i]);
+    char *e = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!e) goto nomem;
+    uint32_t cur = 0;
+    size_t len = strlen(e);
+    for (size_t k = 1; k + 1 < len; k++) { /* the contents, between the quotes */
+      uint8_t b = (uint8_t)e[k];
+      uint32_t nx = t.child[(size_t)cur * 256 + b];
+      if (nx == GR_NONE) {
+        nx = sx_node(&t);
+        if (nx == GR_NONE) {
+          free(e);
+          goto nomem;
+        }
+        t.child[(size_t)cur * 256 + b] = nx;
+      }
+      cur = nx;
+    }
+    t.term[cur] = 1;
+    free(e);
+  }
+  /* the product of the contents' DFA and the trie (node t.n: off the trie) */
+  size_t np = (size_t)SX_N * (t.n + 1);
+  map = malloc(np * sizeof *map);
+  if (!map) goto nomem;
+  for (size_t i = 0; i < np; i++)
+    map[i] = GR_NONE;
+  uint32_t *queue = malloc(np * sizeof *queue);
+  if (!queue) goto nomem;
+  size_t qh = 0, qt = 0;
+  uint32_t open = gr_nfa_state(n);
+  gr_nfa_byte(n, from, open, '"', '"');
+  map[0] = open; /* (state 0, trie root 0) */
+  queue[qt++] = 0;
+  while (qh < qt && !n->rc) {
+    uint32_t key = queue[qh++];
+    int a = (int)(key % SX_N);
+    uint32_t node = key / SX_N, src = map[key];
+    uint32_t run_lo = 0, run_to = GR_NONE;
+    for (uint32_t b = 0; b <= 256; b++) {
+      uint32_t target = GR_NONE;
+      if (b < 256) {
+        int a2 = gr_json_sx_step(a, (uint8_t)b);
+        if (a2 == SX_END) {
+          if (node == t.n || !t.term[node]) target = to;
+        } else if (a2 >= 0) {
+          uint32_t n2 = node == t.n ? t.n : t.child[(size_t)node * 256 + b];
+          if (n2 == GR_NONE) n2 = t.n;
+          uint32_t k2 = n2 * SX_N + (uint32_t)a2;
+          if (map[k2] == GR_NONE) {
+            map[k2] = gr_nfa_state(n);
+            queue[qt++] = k2;
+          }
+          target = map[k2];
+        }
+      }
+      if (target != run_to || b == 256) {
+        if (run_to != GR_NONE) gr_nfa_byte(n, src, run_to, (uint8_t)run_lo, (uint8_t)(b - 1));
+        run_to = target;
+        run_lo = b;
+      }
+    }
+  }
+  free(queue);
+  free(map);
+  free(t.child);
+  free(t.term);
+  return;
+nomem:
+  free(map);
+  free(t.child);
+  free(t.term);
+  gr_nfa_fail(n, CM_ERR_NOMEM, "grammar: out of memory");
+}
+
 /* Any value from -> to: strings, numbers and literals inline, objects and
  * arrays through their rules. */
 static void any_value(struct gr_nfa *n, uint32_t from, uint32_t to) {

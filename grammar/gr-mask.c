@@ -130,6 +130,8 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->nchars);
   free(v->tchars);
   free(v->plain_le);
+  free(v->asc);
+  free(v->wide);
   free(v);
 }
 
@@ -145,12 +147,14 @@ struct gr_cache_entry {
   uint32_t *key; /* n, off[0..n], frames: the exact stack set */
   uint32_t key_len;
   uint32_t *bits;
+  uint64_t used; /* the clock when last used (0: never) */
 };
 
 struct gr_mask_cache {
   uint64_t serial; /* the vocabulary the masks are for */
   uint32_t words;  /* per mask */
-  uint32_t n;      /* entries (a power of two): direct mapped by hash */
+  uint32_t n;      /* entries (a power of two, at least 2): sets of two ways, by hash */
+  uint64_t clock;
   struct gr_cache_entry *e;
   uint64_t hits, misses;
 };
@@ -190,14 +194,19 @@ static int cache_get(struct gr_grammar *g, const struct gr_vocab *v, const struc
   pthread_mutex_lock(&g->lock);
   struct gr_mask_cache *c = g->cache;
   if (c && c->serial == v->serial) {
-    struct gr_cache_entry *e = &c->e[h & (c->n - 1)];
-    if (e->h == h && key_eq(e, s)) {
-      memcpy(bits, e->bits, c->words * sizeof *bits);
-      hit = 1;
-      c->hits++;
-    } else {
-      c->misses++;
+    struct gr_cache_entry *set = &c->e[(h & (c->n / 2 - 1)) * 2];
+    for (int w = 0; w < 2 && !hit; w++) {
+      struct gr_cache_entry *e = &set[w];
+      if (e->h == h && key_eq(e, s)) {
+        memcpy(bits, e->bits, c->words * sizeof *bits);
+        e->used = ++c->clock;
+        hit = 1;
+      }
     }
+    if (hit)
+      c->hits++;
+    else
+      c->misses++;
   }
   pthread_mutex_unlock(&g->lock);
   return hit;
@@ -227,7 +236,10 @@ static void cache_put(struct gr_grammar *g, const struct gr_vocab *v, const stru
     c->n = n;
     g->cache = c;
   }
-  struct gr_cache_entry *e = &c->e[h & (c->n - 1)];
+  /* two ways per set: the one used least recently goes */
+  struct gr_cache_entry *set = &c->e[(h & (c->n / 2 - 1)) * 2];
+  struct gr_cache_entry *e = set[0].used <= set[1].used ? &set[0] : &set[1];
+  e->used = ++c->clock;
   uint32_t kl = key_len(s);
   if (!e->bits) e->bits = malloc(words * sizeof *e->bits);
   if (e->key_len < kl || !e->key) {
@@ -286,6 +298,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
   }
   const uint8_t *reach = g->reach, *wall = g->wall;
+  const uint64_t *loop = g->loop;
   const uint32_t *delta = g->delta;
   const uint8_t *flags = g->flags;
   lv[0].pc = 0;
@@ -321,6 +334,17 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     if (pl->simple) {
       if (reach[pl->top] && (v->u8ok[i] & 1) && v->nchars[i] <= reach[pl->top]) {
         /* plain text the state takes whole: every token below is allowed */
+        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+          uint32_t id = (uint32_t)v->ids[k];
+          bits[id >> 5] |= 1u << (id & 31);
+        }
+        i = v->end[i];
+        continue;
+      }
+      const uint64_t *lp = loop + 2 * (size_t)pl->top, *as = v->asc + 2 * (size_t)i;
+      if ((lp[0] | lp[1]) && !(as[0] & ~lp[0]) && !(as[1] & ~lp[1]) &&
+          !(v->wide[i / 8] >> (i % 8) & 1)) {
+        /* ASCII bytes the state loops on, only: every token below is allowed */
         for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
           uint32_t id = (uint32_t)v->ids[k];
           bits[id >> 5] |= 1u << (id & 31);

@@ -206,6 +206,7 @@ struct gr_matcher *gr_matcher_clone(const struct gr_matcher *m) {
 
 int gr_matcher_copy(struct gr_matcher *m, const struct gr_matcher *src) {
   if (m->g != src->g) return CM_ERR_INVAL;
+  if (m == src) return 0;
   m->truncated = src->truncated;
   return gr_stackset_copy(&m->cur, &src->cur);
 }

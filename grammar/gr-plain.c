@@ -61,6 +61,9 @@ int gr_plain_vocab(struct gr_vocab *v) {
         v->plain_le[w * words + (uint32_t)id / 32] |= 1u << (id & 31);
     }
   }
+  v->asc = calloc((size_t)v->n_nodes * 2 + 2, sizeof *v->asc);
+  v->wide = calloc((size_t)v->n_nodes / 8 + 1, 1);
+  if (!v->asc || !v->wide) return CM_ERR_NOMEM;
   /* children come after their parent in preorder: fill from the end */
   for (uint32_t i = v->n_nodes; i-- > 0;) {
     uint8_t b = v->byte[i], ok = 0;
@@ -76,6 +79,20 @@ int gr_plain_vocab(struct gr_vocab *v) {
       if (all) ok |= (uint8_t)(1u << q);
     }
     v->u8ok[i] = ok;
+    uint64_t lo = 0, hi = 0;
+    int wide = b >= 0x80;
+    if (b < 64)
+      lo |= 1ull << b;
+    else if (b < 128)
+      hi |= 1ull << (b - 64);
+    for (uint32_t j = i + 1; j < v->end[i]; j = v->end[j]) {
+      lo |= v->asc[2 * (size_t)j];
+      hi |= v->asc[2 * (size_t)j + 1];
+      wide |= v->wide[j / 8] >> (j % 8) & 1;
+    }
+    v->asc[2 * (size_t)i] = lo;
+    v->asc[2 * (size_t)i + 1] = hi;
+    if (wide) v->wide[i / 8] |= (uint8_t)(1u << (i % 8));
     most += (b & 0xc0) != 0x80; /* continuation bytes start no character */
     v->nchars[i] = (uint8_t)(most > 255 ? 255 : most);
   }
@@ -218,6 +235,15 @@ int gr_plain_reach(struct gr_grammar *g) {
   }
   free(off);
   free(all.a);
+  uint64_t *loop = calloc((size_t)n * 2 + 2, sizeof *loop);
+  if (!loop) goto nomem;
+  for (uint32_t st = 0; st < n; st++) {
+    if (!clean(g, st)) continue;
+    const uint32_t *row = g->delta + (size_t)st * g->n_cls;
+    for (uint32_t b = 0; b < 128; b++)
+      if (row[g->cls[b]] == st) loop[2 * (size_t)st + b / 64] |= 1ull << (b % 64);
+  }
+  g->loop = loop;
   g->wall = wall;
   __atomic_store_n(&g->reach, reach, __ATOMIC_RELEASE);
   return 0;

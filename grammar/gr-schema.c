@@ -10,27 +10,9 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "grammar/gr-impl.h"
+#include "grammar/gr-schema-impl.h"
 
-#define SC_MAX_DEPTH 64   /* nested subschemas (without going through a rule) */
-#define SC_MAX_PATH  512  /* bytes of a JSON pointer in messages */
-#define SC_MAX_RULES 1024 /* subschemas that became rules */
-
-struct sc_rule {
-  const json_t *schema;
-  uint32_t rule;
-};
-
-struct sc {
-  struct gr_nfa *n;
-  json_t *root;
-  struct sc_rule *rules;
-  uint32_t n_rules, cap_rules;
-  json_t *keep; /* merged schemas (allOf) made here, freed at the end */
-  int depth;
-};
-
-static int sc_fail(struct sc *c, const char *path, const char *kw, const char *why) {
+int gr_sc_fail(struct sc *c, const char *path, const char *kw, const char *why) {
   if (why)
     return gr_nfa_fail(c->n, CM_ERR_INVAL, "json_schema: keyword '%s' at %s is not supported (%s)",
                        kw, path[0] ? path : "/", why);
@@ -97,6 +79,7 @@ static const char *handled[] = {"type",
                                 "format",
                                 "minProperties",
                                 "maxProperties",
+                                "multipleOf",
                                 NULL};
 
 static int in_list(const char *k, const char **list) {
@@ -109,7 +92,7 @@ static int check_keywords(struct sc *c, const json_t *s, const char *path) {
   const char *k;
   json_t *v;
   json_object_foreach((json_t *)s, k, v) {
-    if (!in_list(k, annotations) && !in_list(k, handled)) return sc_fail(c, path, k, NULL);
+    if (!in_list(k, annotations) && !in_list(k, handled)) return gr_sc_fail(c, path, k, NULL);
   }
   return 0;
 }
@@ -122,297 +105,6 @@ static const char *other_keyword(const json_t *s, const char **except) {
     if (!in_list(k, annotations) && !in_list(k, except)) return k;
   }
   return NULL;
-}
-
-/* ---- numbers --------------------------------------------------------------- */
-#define SC_BIG 1000000000000000000ll /* 10^18: bounds past this are unbounded */
-
-static int ndigits(long long x) {
-  int d = 1;
-  while (x >= 10)
-    x /= 10, d++;
-  return d;
-}
-
-static long long pow10ll(int d) {
-  long long p = 1;
-  while (d-- > 0)
-    p *= 10;
-  return p;
-}
-
-/* Decimal strings lo..hi of the same length (no sign). */
-static void same_len(struct gr_nfa *n, uint32_t from, uint32_t to, const char *lo, const char *hi,
-                     size_t len) {
-  if (len == 0) {
-    gr_nfa_eps(n, from, to);
-    return;
-  }
-  if (lo[0] == hi[0]) {
-    uint32_t a = len == 1 ? to : gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, (uint8_t)lo[0], (uint8_t)lo[0]);
-    if (len > 1) same_len(n, a, to, lo + 1, hi + 1, len - 1);
-    return;
-  }
-  int lo_zeros = 1, hi_nines = 1;
-  for (size_t i = 1; i < len; i++)
-    lo_zeros &= lo[i] == '0', hi_nines &= hi[i] == '9';
-  char nines[24], zeros[24];
-  memset(nines, '9', len);
-  memset(zeros, '0', len);
-  uint8_t first = (uint8_t)lo[0], last = (uint8_t)hi[0];
-  if (!lo_zeros) { /* lo[0] followed by lo[1:] .. 99 */
-    uint32_t a = gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, first, first);
-    same_len(n, a, to, lo + 1, nines, len - 1);
-    first++;
-  }
-  if (!hi_nines) { /* hi[0] followed by 00 .. hi[1:] */
-    uint32_t a = gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, last, last);
-    same_len(n, a, to, zeros, hi + 1, len - 1);
-    last--;
-  }
-  if (first <= last) { /* the full middle */
-    uint32_t a = len == 1 ? to : gr_nfa_state(n);
-    gr_nfa_byte(n, from, a, first, last);
-    if (len > 1) same_len(n, a, to, zeros, nines, len - 1);
-  }
-}
-
-/* Unsigned decimals a..b (b < 0: unbounded), canonical (no leading zeros). */
-static void uint_range(struct gr_nfa *n, uint32_t from, uint32_t to, long long a, long long b) {
-  if (b >= 0 && a > b) return;
-  int da = ndigits(a), db = b < 0 ? 19 : ndigits(b);
-  for (int d = da; d <= db && d <= 18; d++) {
-    long long lo = d == da ? a : pow10ll(d - 1), hi = pow10ll(d) - 1;
-    if (b >= 0 && hi > b) hi = b;
-    if (lo > hi) continue;
-    char ls[24], hs[24];
-    snprintf(ls, sizeof ls, "%0*lld", d, lo);
-    snprintf(hs, sizeof hs, "%0*lld", d, hi);
-    same_len(n, from, to, ls, hs, (size_t)d);
-  }
-  if (b < 0) { /* 19 digits and more */
-    uint32_t s = gr_nfa_state(n), e = gr_nfa_state(n);
-    gr_nfa_byte(n, from, s, '1', '9');
-    uint32_t cur = s;
-    for (int i = 0; i < 18; i++) {
-      uint32_t nx = gr_nfa_state(n);
-      gr_nfa_byte(n, cur, nx, '0', '9');
-      cur = nx;
-    }
-    gr_nfa_eps(n, cur, e);
-    gr_nfa_byte(n, e, e, '0', '9');
-    gr_nfa_eps(n, e, to);
-  }
-}
-
-/* Integers lo..hi (has_lo / has_hi: bounded on that side). */
-static void int_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
-                      int has_hi, long long hi) {
-  if (has_lo && has_hi && lo > hi) return;
-  if (!has_hi || hi >= 0) uint_range(n, from, to, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
-  if (!has_lo || lo < 0) {
-    uint32_t m = gr_nfa_state(n);
-    gr_nfa_byte(n, from, m, '-', '-');
-    long long a = has_hi && hi < 0 ? -hi : 1;
-    uint_range(n, m, to, a, has_lo ? -lo : -1);
-  }
-}
-
-static void frac_opt(struct gr_nfa *n, uint32_t from, uint32_t to, int zeros_only) {
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
-  gr_nfa_eps(n, from, to);
-  gr_nfa_byte(n, from, a, '.', '.');
-  gr_nfa_byte(n, a, b, '0', zeros_only ? '0' : '9');
-  gr_nfa_byte(n, b, b, '0', zeros_only ? '0' : '9');
-  gr_nfa_eps(n, b, to);
-}
-
-/* Numbers lo..hi with integer bounds (no exponent when bounded). */
-static void num_range(struct gr_nfa *n, uint32_t from, uint32_t to, int has_lo, long long lo,
-                      int has_hi, long long hi) {
-  if (has_lo && has_hi && lo > hi) return;
-  /* non-negative: k.f for k in [max(lo,0), hi-1], and hi(.0+) */
-  if (!has_hi || hi >= 0) {
-    long long a = has_lo && lo > 0 ? lo : 0;
-    uint32_t k = gr_nfa_state(n);
-    if (!has_hi || hi - 1 >= a) uint_range(n, from, k, a, has_hi ? hi - 1 : -1);
-    frac_opt(n, k, to, 0);
-    if (has_hi && hi >= a) {
-      uint32_t e = gr_nfa_state(n);
-      uint_range(n, from, e, hi, hi);
-      frac_opt(n, e, to, 1);
-    }
-  }
-  /* negative: -k.f with k in [kmin, -lo-1], and -(-lo)(.0+) */
-  if (!has_lo || lo < 0) {
-    uint32_t m = gr_nfa_state(n), k = gr_nfa_state(n);
-    gr_nfa_byte(n, from, m, '-', '-');
-    long long kmin = has_hi && hi < 0 ? -hi : 0;
-    if (!has_lo || -lo - 1 >= kmin) uint_range(n, m, k, kmin, has_lo ? -lo - 1 : -1);
-    frac_opt(n, k, to, 0);
-    if (has_lo && -lo >= kmin) {
-      uint32_t e = gr_nfa_state(n);
-      uint_range(n, m, e, -lo, -lo);
-      frac_opt(n, e, to, 1);
-    }
-  }
-}
-
-/* Reads a bound: 1 and *v (integer-valued), 0 when absent, -1 on error. */
-static int bound(struct sc *c, const json_t *s, const char *kw, const char *path, int integer,
-                 int up, double *v) {
-  json_t *j = json_object_get(s, kw);
-  if (!j) return 0;
-  if (json_is_boolean(j)) return 0; /* draft 4 exclusive flags: read with their bound */
-  if (!json_is_number(j)) return sc_fail(c, path, kw, "not a number"), -1;
-  double x = json_number_value(j);
-  if (!integer && x != floor(x)) return sc_fail(c, path, kw, "non-integer bound on a number"), -1;
-  *v = up ? floor(x) : ceil(x);
-  return 1;
-}
-
-static void emit_numeric(struct sc *c, const json_t *s, const char *path, int integer,
-                         uint32_t from, uint32_t to) {
-  double lo = 0, hi = 0, x;
-  int has_lo = 0, has_hi = 0, r;
-  if ((r = bound(c, s, "minimum", path, integer, 0, &x)) < 0) return;
-  if (r) has_lo = 1, lo = x;
-  if ((r = bound(c, s, "maximum", path, integer, 1, &x)) < 0) return;
-  if (r) has_hi = 1, hi = x;
-  json_t *emin = json_object_get(s, "exclusiveMinimum"),
-         *emax = json_object_get(s, "exclusiveMaximum");
-  if ((emin && !json_is_false(emin)) || (emax && !json_is_false(emax))) {
-    if (!integer)
-      return (void)sc_fail(c, path, emin ? "exclusiveMinimum" : "exclusiveMaximum",
-                           "exclusive bounds on a number");
-    if (json_is_true(emin) && has_lo) {
-      double m = json_number_value(json_object_get(s, "minimum"));
-      lo = floor(m) + 1;
-    } else if (json_is_number(emin)) {
-      double m = floor(json_number_value(emin)) + 1;
-      if (!has_lo || m > lo) lo = m;
-      has_lo = 1;
-    }
-    if (json_is_true(emax) && has_hi) {
-      double m = json_number_value(json_object_get(s, "maximum"));
-      hi = ceil(m) - 1;
-    } else if (json_is_number(emax)) {
-      double m = ceil(json_number_value(emax)) - 1;
-      if (!has_hi || m < hi) hi = m;
-      has_hi = 1;
-    }
-  }
-  if (has_lo && lo <= -(double)SC_BIG) has_lo = 0;
-  if (has_hi && hi >= (double)SC_BIG) has_hi = 0;
-  if ((has_lo && lo >= (double)SC_BIG) || (has_hi && hi <= -(double)SC_BIG))
-    return (void)sc_fail(c, path, has_lo ? "minimum" : "maximum", "bound beyond 10^18");
-  if (integer) {
-    if (!has_lo && !has_hi)
-      gr_json_integer(c->n, from, to);
-    else
-      int_range(c->n, from, to, has_lo, (long long)lo, has_hi, (long long)hi);
-  } else {
-    if (!has_lo && !has_hi)
-      gr_json_number(c->n, from, to);
-    else
-      num_range(c->n, from, to, has_lo, (long long)lo, has_hi, (long long)hi);
-  }
-}
-
-/* ---- strings ------------------------------------------------------------- */
-/* dates: years 0001-9999, days that every year has (no February 29th) */
-#define SC_DATE                                                                                    \
-  "(000[1-9]|00[1-9]\\d|0[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0["    \
-  "469]|11)-("                                                                                     \
-  "0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))"
-#define SC_TIME "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
-static const struct {
-  const char *name, *re;
-} formats[] = {
-    {"date", SC_DATE},
-    {"time", SC_TIME},
-    {"date-time", SC_DATE "T" SC_TIME},
-    {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
-    {"email", "[A-Za-z0-9._%+-]{1,64}@([A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?\\.){1,4}[A-Za-"
-              "z]{2,12}"},
-    {"ipv4", "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"},
-    {"ipv6", "([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}|::|([0-9a-f]{1,4}:){1,7}:|:(:[0-9a-f]{1,4}){1,7}|"
-             "([0-9a-f]{1,4}:){1,6}:[0-9a-f]{1,4}|([0-9a-f]{1,4}:){1,5}(:[0-9a-f]{1,4}){2}|"
-             "([0-9a-f]{1,4}:){1,4}(:[0-9a-f]{1,4}){3}|([0-9a-f]{1,4}:){1,3}(:[0-9a-f]{1,4}){4}|"
-             "([0-9a-f]{1,4}:){1,2}(:[0-9a-f]{1,4}){5}|[0-9a-f]{1,4}:(:[0-9a-f]{1,4}){6}"},
-    {"hostname", "[A-Za-z0-9]([A-Za-z0-9-]{0,20}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,20}"
-                 "[A-Za-z0-9])?){0,4}"},
-    {"uri", "[A-Za-z][A-Za-z0-9+.-]{0,10}:(//)?[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=%]{1,200}"},
-};
-
-static void emit_string(struct sc *c, const json_t *s, const char *path, uint32_t from,
-                        uint32_t to) {
-  struct gr_nfa *n = c->n;
-  json_t *minl = json_object_get(s, "minLength"), *maxl = json_object_get(s, "maxLength");
-  json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-  int groups = (minl || maxl) + !!pat + !!fmt;
-  if (groups > 1)
-    return (void)sc_fail(c, path, pat ? "pattern" : "format",
-                         "together with other string constraints");
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
-  gr_nfa_byte(n, from, a, '"', '"');
-  gr_nfa_byte(n, b, to, '"', '"');
-  if (pat) {
-    if (!json_is_string(pat)) return (void)sc_fail(c, path, "pattern", "not a string");
-    char what[SC_MAX_PATH + 32];
-    snprintf(what, sizeof what, "json_schema: pattern at %s", path[0] ? path : "/");
-    gr_regex_emit(n, json_string_value(pat), json_string_length(pat), GR_RX_SEARCH, 1, a, b, what);
-    return;
-  }
-  if (fmt) {
-    if (!json_is_string(fmt)) return (void)sc_fail(c, path, "format", "not a string");
-    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
-      if (strcmp(formats[i].name, json_string_value(fmt)) == 0) {
-        gr_regex_emit(n, formats[i].re, strlen(formats[i].re), GR_RX_FULL, 1, a, b, "format");
-        return;
-      }
-    }
-    char why[128];
-    snprintf(why, sizeof why, "format '%.60s'", json_string_value(fmt));
-    return (void)sc_fail(c, path, "format", why);
-  }
-  json_int_t mn = 0, mx = -1;
-  if (minl) {
-    if (!json_is_integer(minl) || json_integer_value(minl) < 0)
-      return (void)sc_fail(c, path, "minLength", "not a non-negative integer");
-    mn = json_integer_value(minl);
-  }
-  if (maxl) {
-    if (!json_is_integer(maxl) || json_integer_value(maxl) < 0)
-      return (void)sc_fail(c, path, "maxLength", "not a non-negative integer");
-    mx = json_integer_value(maxl);
-  }
-  if (mn > GR_MAX_REPEAT || mx > (json_int_t)GR_MAX_REPEAT) {
-    gr_nfa_fail(n, CM_ERR_TOOBIG, "json_schema: %s at %s above %u",
-                mx > mn ? "maxLength" : "minLength", path[0] ? path : "/", GR_MAX_REPEAT);
-    return;
-  }
-  uint32_t cur = a;
-  for (json_int_t i = 0; i < mn && !n->rc; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_json_char(n, cur, nx);
-    cur = nx;
-  }
-  if (mx < 0) {
-    gr_json_char(n, cur, cur);
-    gr_nfa_eps(n, cur, b);
-    return;
-  }
-  for (json_int_t i = mn; i < mx && !n->rc; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_nfa_eps(n, cur, b);
-    gr_json_char(n, cur, nx);
-    cur = nx;
-  }
-  gr_nfa_eps(n, cur, b);
 }
 
 /* ---- subschemas ------------------------------------------------------------ */
@@ -444,9 +136,9 @@ static uint32_t rule_of(struct sc *c, const json_t *s, const char *path) {
 }
 
 static const json_t *resolve_ref(struct sc *c, const json_t *ref, const char *path) {
-  if (!json_is_string(ref)) return sc_fail(c, path, "$ref", "not a string"), NULL;
+  if (!json_is_string(ref)) return gr_sc_fail(c, path, "$ref", "not a string"), NULL;
   const char *p = json_string_value(ref);
-  if (p[0] != '#') return sc_fail(c, path, "$ref", "only local references (#...)"), NULL;
+  if (p[0] != '#') return gr_sc_fail(c, path, "$ref", "only local references (#...)"), NULL;
   const json_t *cur = c->root;
   p++;
   while (*p == '/') {
@@ -468,9 +160,9 @@ static const json_t *resolve_ref(struct sc *c, const json_t *ref, const char *pa
       cur = json_array_get(cur, (size_t)strtoul(key, NULL, 10));
     else
       cur = NULL;
-    if (!cur) return sc_fail(c, path, "$ref", "target not found"), NULL;
+    if (!cur) return gr_sc_fail(c, path, "$ref", "target not found"), NULL;
   }
-  if (*p) return sc_fail(c, path, "$ref", "only JSON pointers (#/...)"), NULL;
+  if (*p) return gr_sc_fail(c, path, "$ref", "only JSON pointers (#/...)"), NULL;
   return cur;
 }
 
@@ -495,6 +187,33 @@ static void emit_value(struct sc *c, const json_t *s, const char *path, uint32_t
   emit(c, s, path, from, to);
 }
 
+/* An anyOf branch, inline: branches that start alike (objects, a union of
+ * tools) then share their first states in one automaton instead of being as
+ * many calls, each a stack of its own. A branch that is a reference is inlined
+ * too, unless that reference is already being inlined (recursion). */
+static void any_branch(struct sc *c, const json_t *b, const char *path, uint32_t from,
+                       uint32_t to) {
+  const json_t *ref = json_is_object(b) ? json_object_get(b, "$ref") : NULL;
+  if (ref && !other_keyword(b, (const char *[]){"$ref", NULL})) {
+    const json_t *t = resolve_ref(c, ref, path);
+    if (!t) return;
+    int busy = c->n_inlined >= SC_MAX_DEPTH;
+    for (int i = 0; i < c->n_inlined && !busy; i++)
+      busy = c->inlined[i] == t;
+    if (busy || !json_is_object(t)) {
+      emit_value(c, b, path, from, to);
+      return;
+    }
+    char rp[SC_MAX_PATH];
+    snprintf(rp, sizeof rp, "%s", json_string_value(ref) + 1);
+    c->inlined[c->n_inlined++] = t;
+    emit(c, t, rp, from, to);
+    c->n_inlined--;
+    return;
+  }
+  emit(c, b, path, from, to);
+}
+
 static void emit_array(struct sc *c, const json_t *s, const char *path, uint32_t from,
                        uint32_t to) {
   struct gr_nfa *n = c->n;
@@ -506,14 +225,14 @@ static void emit_array(struct sc *c, const json_t *s, const char *path, uint32_t
     prefix_kw = "items";
     items = extra;
   } else if (extra) {
-    return (void)sc_fail(c, path, "additionalItems", "without an items array");
+    return (void)gr_sc_fail(c, path, "additionalItems", "without an items array");
   }
-  if (prefix && !json_is_array(prefix)) return (void)sc_fail(c, path, prefix_kw, "not an array");
+  if (prefix && !json_is_array(prefix)) return (void)gr_sc_fail(c, path, prefix_kw, "not an array");
   size_t k = prefix ? json_array_size(prefix) : 0;
   json_t *mi = json_object_get(s, "minItems"), *ma = json_object_get(s, "maxItems");
   if ((mi && (!json_is_integer(mi) || json_integer_value(mi) < 0)) ||
       (ma && (!json_is_integer(ma) || json_integer_value(ma) < 0)))
-    return (void)sc_fail(c, path, mi ? "minItems" : "maxItems", "not a non-negative integer");
+    return (void)gr_sc_fail(c, path, mi ? "minItems" : "maxItems", "not a non-negative integer");
   long long min = mi ? json_integer_value(mi) : 0, max = ma ? json_integer_value(ma) : -1;
   int items_false = json_is_false(items);
   if (items_false && (max < 0 || max > (long long)k)) max = (long long)k;
@@ -587,20 +306,90 @@ static void comma_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
 }
 
 /* "key" : value, then whitespace (key NULL: any key) */
-static void member(struct sc *c, const char *key, const json_t *vs, const char *path, uint32_t from,
-                   uint32_t to) {
+static void member(struct sc *c, const char *key, const char *const *except, size_t n_except,
+                   const json_t *vs, const char *path, uint32_t from, uint32_t to, int call) {
   struct gr_nfa *n = c->n;
   uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n), v0 = gr_nfa_state(n),
            v1 = gr_nfa_state(n);
   if (key)
     gr_json_lit_string(n, from, k1, key, strlen(key));
   else
-    gr_json_string(n, from, k1);
+    gr_json_string_except(n, from, k1, except, n_except);
   gr_json_ws_inline(n, k1, k2);
   gr_nfa_byte(n, k2, k3, ':', ':');
   gr_json_ws_inline(n, k3, v0);
-  emit_value(c, vs, path, v0, v1);
+  if (call && json_is_object(vs)) { /* written many times: once, as a rule */
+    uint32_t r = rule_of(c, vs, path);
+    if (r != GR_NONE) gr_nfa_call(n, v0, v1, r);
+  } else {
+    emit_value(c, vs, path, v0, v1);
+  }
   gr_json_ws(n, v1, to); /* before ',' or '}' */
+}
+
+#define SC_MAX_COUNT 32 /* minProperties / maxProperties counted up to this */
+
+/* An object whose members must be counted (minProperties / maxProperties
+ * beyond what required and the listed properties give): states t[k] after k
+ * members, the listed properties in order, then the others. */
+static void object_counted(struct sc *c, const json_t *props, const json_t *req, const json_t *addl,
+                           int open_addl, long long mnp, long long mxp, const char *path,
+                           uint32_t open, uint32_t close) {
+  struct gr_nfa *n = c->n;
+  long long K = mxp >= 0 ? mxp : mnp; /* without a maximum the count stops at mnp */
+  uint32_t t[SC_MAX_COUNT + 1], nx[SC_MAX_COUNT + 1];
+  for (long long k = 0; k <= K; k++)
+    t[k] = gr_nfa_state(n);
+  gr_json_ws(n, open, t[0]);
+  const char *key;
+  json_t *ps;
+  size_t np = json_object_size(props), i;
+  json_object_foreach((json_t *)props, key, ps) {
+    int required = 0;
+    json_t *r;
+    json_array_foreach(req, i, r) required |= strcmp(json_string_value(r), key) == 0;
+    char pp[SC_MAX_PATH], pk[SC_MAX_PATH];
+    path_join(pk, path, "properties");
+    path_join(pp, pk, key);
+    for (long long k = 0; k <= K; k++)
+      nx[k] = gr_nfa_state(n);
+    for (long long k = 0; k <= K && !n->rc; k++) {
+      if (!required) gr_nfa_eps(n, t[k], nx[k]);
+      long long k2 = k + 1 > K ? (mxp >= 0 ? -1 : K) : k + 1;
+      if (k2 < 0) continue;
+      uint32_t e = gr_nfa_state(n);
+      if (k == 0)
+        gr_nfa_eps(n, t[k], e);
+      else
+        comma_ws(n, t[k], e);
+      member(c, key, NULL, 0, ps, pp, e, nx[k2], 1);
+    }
+    memcpy(t, nx, sizeof t);
+  }
+  if (open_addl) {
+    char ap[SC_MAX_PATH];
+    path_join(ap, path, "additionalProperties");
+    const char **names = calloc(np ? np : 1, sizeof *names);
+    if (!names) {
+      gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+      return;
+    }
+    size_t k = 0;
+    json_object_foreach((json_t *)props, key, ps) names[k++] = key;
+    for (long long q = 0; q <= K && !n->rc; q++) {
+      long long q2 = q + 1 > K ? (mxp >= 0 ? -1 : K) : q + 1;
+      if (q2 < 0) continue;
+      uint32_t e = gr_nfa_state(n);
+      if (q == 0)
+        gr_nfa_eps(n, t[q], e);
+      else
+        comma_ws(n, t[q], e);
+      member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, e, t[q2], 1);
+    }
+    free(names);
+  }
+  for (long long k = mnp; k <= K; k++)
+    gr_nfa_eps(n, t[k], close);
 }
 
 static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_t from,
@@ -608,29 +397,50 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
   struct gr_nfa *n = c->n;
   json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
   json_t *addl = json_object_get(s, "additionalProperties");
-  if (props && !json_is_object(props)) return (void)sc_fail(c, path, "properties", "not an object");
-  if (req && !json_is_array(req)) return (void)sc_fail(c, path, "required", "not an array");
+  if (props && !json_is_object(props))
+    return (void)gr_sc_fail(c, path, "properties", "not an object");
+  if (req && !json_is_array(req)) return (void)gr_sc_fail(c, path, "required", "not an array");
   if (addl && !json_is_boolean(addl) && !json_is_object(addl))
-    return (void)sc_fail(c, path, "additionalProperties", "not a boolean or schema");
-  int open_addl = addl && !json_is_false(addl);
-  size_t np = props ? json_object_size(props) : 0, nreq = 0;
-  /* every required name must be a property we emit */
+    return (void)gr_sc_fail(c, path, "additionalProperties", "not a boolean or schema");
+  /* without 'properties', an object is open unless it says otherwise; with
+   * them, only they may come unless additionalProperties says more */
+  int open_addl = addl ? !json_is_false(addl) : !props;
+  /* required names without a schema in 'properties' are properties of any value */
   size_t i;
   json_t *r;
   json_array_foreach(req, i, r) {
-    if (!json_is_string(r)) return (void)sc_fail(c, path, "required", "not an array of strings");
-    if (!props || !json_object_get(props, json_string_value(r)))
-      return (void)sc_fail(c, path, "required",
-                           "names a property without a schema in 'properties'");
-    nreq++;
+    if (!json_is_string(r)) return (void)gr_sc_fail(c, path, "required", "not an array of strings");
+    if (props && json_object_get(props, json_string_value(r))) continue;
+    json_t *np2 = props ? json_copy(props) : json_object();
+    if (!np2) return (void)gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+    json_array_append_new(c->keep, np2);
+    json_array_foreach(req, i, r) {
+      if (json_is_string(r) && !json_object_get(np2, json_string_value(r)))
+        json_object_set(np2, json_string_value(r), json_true());
+    }
+    props = np2;
+    break;
   }
+  size_t np = props ? json_object_size(props) : 0, nreq = json_array_size(req);
   json_t *minp = json_object_get(s, "minProperties"), *maxp = json_object_get(s, "maxProperties");
-  if (minp && (!json_is_integer(minp) || (size_t)json_integer_value(minp) > nreq))
-    return (void)sc_fail(c, path, "minProperties", "above the number of required properties");
-  if (maxp && (!json_is_integer(maxp) || open_addl || (size_t)json_integer_value(maxp) < np))
-    return (void)sc_fail(c, path, "maxProperties", "below the number of properties");
+  if ((minp && (!json_is_integer(minp) || json_integer_value(minp) < 0)) ||
+      (maxp && (!json_is_integer(maxp) || json_integer_value(maxp) < 0)))
+    return (void)gr_sc_fail(c, path, minp ? "minProperties" : "maxProperties",
+                            "not a non-negative integer");
+  long long mnp = minp ? json_integer_value(minp) : 0, mxp = maxp ? json_integer_value(maxp) : -1;
+  int counted = (size_t)mnp > nreq || (mxp >= 0 && (open_addl || (size_t)mxp < np));
+  if (counted && (mnp > SC_MAX_COUNT || mxp > SC_MAX_COUNT))
+    return (void)gr_sc_fail(c, path, mnp > SC_MAX_COUNT ? "minProperties" : "maxProperties",
+                            "counts above 32");
+  if (counted && !open_addl && (size_t)mnp > np) return; /* nothing satisfies it */
   uint32_t open = gr_nfa_state(n), close = gr_nfa_state(n);
   gr_nfa_byte(n, from, open, '{', '{');
+  if (counted) {
+    gr_nfa_byte(n, close, to, '}', '}');
+    object_counted(c, props ? props : json_object_get(s, "properties"), req, addl, open_addl, mnp,
+                   mxp, path, open, close);
+    return;
+  }
   gr_nfa_byte(n, close, to, '}', '}');
   /* two tracks: t0 (nothing written yet), t1 (something written: a comma first) */
   uint32_t t0 = gr_nfa_state(n), t1 = gr_nfa_state(n);
@@ -650,7 +460,7 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     /* the member, written once: first (from t0) or after a comma (from t1) */
     gr_nfa_eps(n, t0, k0);
     if (t1_live) comma_ws(n, t1, k0);
-    member(c, key, ps, pp, k0, n1);
+    member(c, key, NULL, 0, ps, pp, k0, n1, 0);
     if (!required) {
       gr_nfa_eps(n, t0, n0);
       if (t1_live) gr_nfa_eps(n, t1, n1);
@@ -667,7 +477,17 @@ static void emit_object(struct sc *c, const json_t *s, const char *path, uint32_
     gr_nfa_eps(n, t0, k0);
     if (t1_live) comma_ws(n, t1, k0);
     comma_ws(n, a1, k0);
-    member(c, NULL, json_is_object(addl) ? addl : json_true(), ap, k0, a1);
+    /* the other members' names are not the listed ones (a repeated name would
+     * be read as the listed property's value) */
+    const char **names = calloc(np ? np : 1, sizeof *names);
+    if (!names) {
+      gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+      return;
+    }
+    size_t k = 0;
+    json_object_foreach(props, key, ps) names[k++] = key;
+    member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, k0, a1, 0);
+    free(names);
     gr_nfa_eps(n, a1, close);
   }
   gr_nfa_eps(n, t0, close);
@@ -697,7 +517,8 @@ static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigne
         json_object_get(s, "pattern") || json_object_get(s, "format"))
       *mask |= T_STR;
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
-        json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum"))
+        json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum") ||
+        json_object_get(s, "multipleOf"))
       *mask |= T_NUM;
     if (!*mask) *mask = 127;
     return 0;
@@ -709,7 +530,7 @@ static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigne
     json_array_append((json_t *)one, (json_t *)t);
     list = one;
   }
-  if (!json_is_array(list)) return sc_fail(c, path, "type", "not a string or an array");
+  if (!json_is_array(list)) return gr_sc_fail(c, path, "type", "not a string or an array");
   size_t i;
   json_t *v;
   json_array_foreach(list, i, v) {
@@ -719,7 +540,7 @@ static int type_mask_of(struct sc *c, const json_t *s, const char *path, unsigne
         *mask |= 1u << k, found = 1;
     if (!found) {
       json_decref(one);
-      return sc_fail(c, path, "type", "unknown type name");
+      return gr_sc_fail(c, path, "type", "unknown type name");
     }
   }
   json_decref(one);
@@ -753,7 +574,7 @@ static void emit_literal(struct sc *c, const json_t *v, uint32_t from, uint32_t 
 static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
   json_t *all = json_object_get(s, "allOf");
   if (!json_is_array(all) || json_array_size(all) == 0)
-    return sc_fail(c, path, "allOf", "not a non-empty array"), NULL;
+    return gr_sc_fail(c, path, "allOf", "not a non-empty array"), NULL;
   json_t *m = json_deep_copy(s);
   json_object_del(m, "allOf");
   size_t i;
@@ -767,7 +588,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
       const char *o = other_keyword(br, (const char *[]){"$ref", NULL});
       if (o) {
         json_decref(m);
-        return sc_fail(c, bp, o, "next to '$ref' inside allOf"), NULL;
+        return gr_sc_fail(c, bp, o, "next to '$ref' inside allOf"), NULL;
       }
       br = resolve_ref(c, json_object_get(br, "$ref"), bp);
       if (!br) {
@@ -778,7 +599,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
     if (json_is_true(br)) continue;
     if (!json_is_object(br) || json_object_get(br, "allOf")) {
       json_decref(m);
-      return sc_fail(c, bp, "allOf", "only object schemas are merged"), NULL;
+      return gr_sc_fail(c, bp, "allOf", "only object schemas are merged"), NULL;
     }
     const char *k;
     json_t *v;
@@ -796,7 +617,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
           json_t *h = json_object_get(have, pk);
           if (h && !json_equal(h, pv)) {
             json_decref(m);
-            return sc_fail(c, bp, "allOf", "the same property with two schemas"), NULL;
+            return gr_sc_fail(c, bp, "allOf", "the same property with two schemas"), NULL;
           }
           if (!h) json_object_set(have, pk, pv);
         }
@@ -818,7 +639,7 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
         json_object_set(m, k, v);
       } else if (!json_equal(have, v)) {
         json_decref(m);
-        return sc_fail(c, bp, k, "allOf branches disagree on it"), NULL;
+        return gr_sc_fail(c, bp, k, "allOf branches disagree on it"), NULL;
       }
     }
   }
@@ -838,8 +659,8 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
     json_object_foreach(mp, pk, pv) {
       if (!own || !json_object_get(own, pk)) {
         json_decref(m);
-        return sc_fail(c, path, "additionalProperties",
-                       "in allOf, where other parts add properties"),
+        return gr_sc_fail(c, path, "additionalProperties",
+                          "in allOf, where other parts add properties"),
                NULL;
       }
     }
@@ -876,8 +697,16 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   json_t *ref = json_object_get(s, "$ref");
   if (ref) {
     const char *o = other_keyword(s, (const char *[]){"$ref", NULL});
-    if (o) {
-      sc_fail(c, path, o, "next to '$ref'");
+    if (o) { /* keywords next to $ref apply too: allOf [the rest, the reference] */
+      json_t *rest = json_deep_copy(s);
+      json_t *both = rest ? json_pack("{s:[o,{s:O}]}", "allOf", rest, "$ref", ref) : NULL;
+      if (!both) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_object_del(rest, "$ref");
+      json_array_append_new(c->keep, both);
+      emit(c, both, path, from, to);
       goto out;
     }
     const json_t *t = resolve_ref(c, ref, path);
@@ -896,25 +725,43 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   const char *any_kw = "anyOf";
   if (!any) any = json_object_get(s, "oneOf"), any_kw = "oneOf";
   if (any) {
-    const char *o = other_keyword(s, (const char *[]){"anyOf", "oneOf", NULL});
-    if (o) {
-      sc_fail(c, path, o, "next to anyOf / oneOf");
-      goto out;
-    }
     if (json_object_get(s, "anyOf") && json_object_get(s, "oneOf")) {
-      sc_fail(c, path, "oneOf", "next to anyOf");
+      gr_sc_fail(c, path, "oneOf", "next to anyOf");
       goto out;
     }
     if (!json_is_array(any) || json_array_size(any) == 0) {
-      sc_fail(c, path, any_kw, "not a non-empty array");
+      gr_sc_fail(c, path, any_kw, "not a non-empty array");
       goto out;
+    }
+    /* keywords next to anyOf apply to every branch: each branch becomes
+     * allOf [the rest, the branch], merged */
+    const char *o = other_keyword(s, (const char *[]){"anyOf", "oneOf", NULL});
+    json_t *rest = NULL;
+    if (o) {
+      rest = json_deep_copy(s);
+      if (!rest) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_object_del(rest, any_kw);
+      json_array_append_new(c->keep, rest);
     }
     size_t i;
     json_t *b;
     json_array_foreach(any, i, b) {
       char bp[SC_MAX_PATH];
       path_index(bp, path, any_kw, i);
-      emit_value(c, b, bp, from, to);
+      if (!rest) {
+        any_branch(c, b, bp, from, to);
+        continue;
+      }
+      json_t *both = json_pack("{s:[O,O]}", "allOf", rest, b);
+      if (!both) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_array_append_new(c->keep, both);
+      emit(c, both, bp, from, to);
     }
     goto out;
   }
@@ -924,11 +771,11 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
   if (en || cn) {
     const char *o = other_keyword(s, (const char *[]){"enum", "const", "type", NULL});
     if (o) {
-      sc_fail(c, path, o, "next to enum / const");
+      gr_sc_fail(c, path, o, "next to enum / const");
       goto out;
     }
     if (en && !json_is_array(en)) {
-      sc_fail(c, path, "enum", "not an array");
+      gr_sc_fail(c, path, "enum", "not an array");
       goto out;
     }
     size_t i;
@@ -947,9 +794,9 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
       gr_nfa_lit(n, from, to, "true", 4);
       gr_nfa_lit(n, from, to, "false", 5);
       break;
-    case T_INT: emit_numeric(c, s, path, 1, from, to); break;
-    case T_NUM: emit_numeric(c, s, path, 0, from, to); break;
-    case T_STR: emit_string(c, s, path, from, to); break;
+    case T_INT: gr_sc_numeric(c, s, path, 1, from, to); break;
+    case T_NUM: gr_sc_numeric(c, s, path, 0, from, to); break;
+    case T_STR: gr_sc_string(c, s, path, from, to); break;
     case T_ARR: emit_array(c, s, path, from, to); break;
     case T_OBJ: emit_object(c, s, path, from, to); break;
     }

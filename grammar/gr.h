@@ -31,6 +31,7 @@ enum gr_kind {
   GR_CHOICE = 2,      /* text: a JSON array of strings; the output is one of them */
   GR_JSON_OBJECT = 3, /* text ignored: any JSON object (response_format json_object) */
   GR_JSON_SCHEMA = 4, /* text: a JSON Schema (response_format json_schema) */
+  GR_GRAMMAR = 5,     /* text: an EBNF grammar in GBNF notation (llama.cpp's; start rule `root`) */
 };
 
 /* Compiles text[len] of kind. 0 and *out, or CM_ERR_INVAL (the request's fault:

@@ -125,6 +125,10 @@ TH_TEST(mask_inside_strings_gemma) {
   check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":40}", "\"ab");
   check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"minLength\":3}", "\"");
   check_prefix(v, GR_REGEX, "[^\"]*x", "");
+  /* ASCII loops (subtrees of looping bytes allowed whole) */
+  check_prefix(v, GR_REGEX, "[a-z]+", "ab");
+  check_prefix(v, GR_REGEX, "[a-z]+(, [a-z]+)*!", "ab, c");
+  check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", "\"a.b");
   gr_vocab_free(v);
 }
 

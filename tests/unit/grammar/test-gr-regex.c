@@ -304,3 +304,49 @@ TH_TEST(regex_conformance_vs_javascript) {
   TH_CHECK(checked > np * 20);
   TH_CHECK_EQ_INT(mismatches, 0);
 }
+
+/* Random patterns from regex syntax: every one compiles or is refused with a
+ * message, and what compiles can be matched and masked (no crash, no leak). */
+TH_TEST(regex_random_patterns_never_crash) {
+  static const char *atoms[] = {"a",   "b",          "(",  ")",      "|",    "*",   "+",   "?",
+                                "{2}", "{1,3}",      "{,", "[",      "]",    "^",   "$",   "\\",
+                                "\\d", "\\u{1F600}", ".",  "[^a-c]", "(?:",  "(?=", "\\1", "é",
+                                "{",   "}",          "-",  "\\x4",   "\\u00"};
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  uint32_t bits[(512 + 31) / 32 * 2];
+  uint64_t rng = 31337;
+  int ok = 0, refused = 0;
+  for (int it = 0; it < 3000; it++) {
+    char pat[128];
+    size_t k = 0;
+    int n = 1 + (int)(gt_rand(&rng) % 12);
+    for (int i = 0; i < n; i++) {
+      const char *a = atoms[gt_rand(&rng) % (sizeof atoms / sizeof atoms[0])];
+      size_t l = strlen(a);
+      if (k + l >= sizeof pat) break;
+      memcpy(pat + k, a, l);
+      k += l;
+    }
+    pat[k] = 0;
+    struct gr_grammar *g = NULL;
+    char err[256] = "";
+    int rc = gr_compile(GR_REGEX, pat, k, &g, err, sizeof err);
+    if (rc) {
+      refused++;
+      TH_CHECK(err[0] != 0 && g == NULL);
+      continue;
+    }
+    ok++;
+    struct gr_matcher *m = gr_matcher_new(g);
+    TH_REQUIRE(m);
+    TH_CHECK(gr_matcher_mask(m, v, bits) == 0);
+    char buf[64];
+    gt_walk(m, &rng, buf, sizeof buf, 30);
+    gr_matcher_free(m);
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
+  TH_CHECK(ok > 100 && refused > 100);
+  gr_vocab_free(v);
+}

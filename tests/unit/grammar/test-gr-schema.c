@@ -2,6 +2,7 @@
  * validated by an independent validator (Python's jsonschema); keywords we do
  * not enforce are errors naming the keyword and its path; hostile schemas get
  * clear errors. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,40 @@ static const char *schemas[] = {
     "\"maximum\":-5},\"d\":{\"type\":\"number\",\"minimum\":-3,\"maximum\":7},\"e\":{\"type\":"
     "\"number\",\"maximum\":-2},\"f\":{\"type\":\"integer\",\"minimum\":1000000}},\"required\":"
     "[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\"]}",
+    /* number bounds, exclusive or not, negative or not */
+    "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"number\",\"exclusiveMinimum\":0},"
+    "\"q\":{\"type\":\"number\",\"minimum\":-5,\"exclusiveMaximum\":0},\"r\":{\"type\":"
+    "\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":2},\"s\":{\"type\":\"number\","
+    "\"minimum\":-7,\"maximum\":-2},\"t\":{\"type\":\"number\",\"exclusiveMinimum\":1,"
+    "\"maximum\":1000},\"u\":{\"type\":\"integer\",\"exclusiveMaximum\":-1.5,\"minimum\":"
+    "-9.5}},\"required\":[\"p\",\"q\",\"r\",\"s\",\"t\",\"u\"]}",
+    /* patterns and formats with lengths */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d*$"
+    "\","
+    "\"minLength\":3,\"maxLength\":8},\"b\":{\"type\":\"string\",\"format\":\"email\","
+    "\"maxLength\":20},\"c\":{\"type\":\"string\",\"pattern\":\"x\",\"minLength\":4},\"d\":"
+    "{\"type\":\"string\",\"pattern\":\"^(\\\"|\\\\\\\\|\\\\n|\u00e9)+$\",\"maxLength\":3}},"
+    "\"required\":[\"a\",\"b\",\"c\",\"d\"]}",
+    /* free-form objects; required names without schemas */
+    "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"},\"n\":{\"type\":"
+    "\"integer\"}},\"required\":[\"free\",\"id\"]}",
+    /* multiples */
+    "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"integer\",\"multipleOf\":7},"
+    "{\"type\":\"number\",\"multipleOf\":12}]}}",
+    /* counted members */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+    "\"string\",\"maxLength\":3},\"c\":{\"type\":\"boolean\"}},\"minProperties\":2}",
+    "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},\"minProperties\":1,"
+    "\"maxProperties\":3}",
+    "{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{\"type\":\"null\"}},"
+    "\"additionalProperties\":true,\"maxProperties\":2}",
+    /* keywords next to $ref apply too */
+    "{\"$defs\":{\"pt\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"},"
+    "\"y\":{\"type\":\"integer\"}}}},\"$ref\":\"#/$defs/pt\",\"required\":[\"x\",\"y\"]}",
+    /* keywords next to anyOf apply to each branch */
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+    "\"string\",\"maxLength\":3}},\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+    "{\"type\":\"string\",\"anyOf\":[{\"format\":\"date\"},{\"maxLength\":2}]}",
     /* a map */
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}",
     /* type lists */
@@ -158,7 +193,10 @@ TH_TEST(schema_unsupported_keywords_named) {
              "json_schema: keyword 'uniqueItems' at /properties/tags is not supported");
   expect_err("{\"not\":{\"type\":\"string\"}}", CM_ERR_INVAL, "keyword 'not' at /");
   expect_err("{\"if\":{},\"then\":{}}", CM_ERR_INVAL, "keyword 'if' at /");
-  expect_err("{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL, "keyword 'multipleOf'");
+  expect_err("{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL,
+             "keyword 'multipleOf' at / is not supported (not an integer)");
+  expect_err("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":1}", CM_ERR_INVAL,
+             "keyword 'multipleOf' at / is not supported (together with bounds)");
   expect_err("{\"type\":\"object\",\"dependentRequired\":{}}", CM_ERR_INVAL,
              "keyword 'dependentRequired'");
   expect_err("{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}", CM_ERR_INVAL,
@@ -170,12 +208,16 @@ TH_TEST(schema_unsupported_keywords_named) {
   expect_err("{\"$ref\":\"http://example.com/s.json\"}", CM_ERR_INVAL, "keyword '$ref' at /");
   expect_err("{\"$ref\":\"#/$defs/missing\"}", CM_ERR_INVAL, "target not found");
   expect_err("{\"type\":\"number\",\"minimum\":0.5}", CM_ERR_INVAL, "keyword 'minimum'");
-  expect_err("{\"type\":\"object\",\"minProperties\":2}", CM_ERR_INVAL, "keyword 'minProperties'");
+  expect_err("{\"type\":\"number\",\"exclusiveMaximum\":0.5}", CM_ERR_INVAL,
+             "keyword 'exclusiveMaximum' at / is not supported (non-integer bound on a number)");
+  expect_err("{\"type\":\"object\",\"minProperties\":40}", CM_ERR_INVAL,
+             "keyword 'minProperties' at / is not supported (counts above 32)");
   expect_err("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
              "json_schema: pattern at /: lookahead is not supported at 0");
   expect_err("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a\","
-             "\"maxLength\":3}}}",
-             CM_ERR_INVAL, "at /properties/a is not supported");
+             "\"format\":\"date\"}}}",
+             CM_ERR_INVAL,
+             "keyword 'format' at /properties/a is not supported (together with 'pattern')");
 }
 
 TH_TEST(schema_hostile_inputs) {
@@ -241,6 +283,333 @@ TH_TEST(schema_known_texts) {
     int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
              gr_matcher_is_accepting(m);
     if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
+
+/* Number and integer bounds against arithmetic: every candidate without an
+ * exponent is taken exactly when its value lies within the bounds. */
+TH_TEST(schema_number_bounds_exact) {
+  static const char *cands[] = {
+      "0",           "-0",           "0.0",   "-0.0",   "0.5",    "-0.5",   "1",       "1.0",
+      "1.01",        "-1",           "-1.0",  "-1.5",   "2",      "2.0",    "2.5",     "-2",
+      "-2.0",        "-2.01",        "-3",    "-3.0",   "-3.5",   "-5",     "-5.0",    "-5.001",
+      "-7",          "-7.00",        "-7.1",  "-8",     "9",      "10",     "99",      "100",
+      "100.0",       "100.5",        "999",   "999.99", "1000",   "1000.0", "1000.01", "1001",
+      "12345678901", "-12345678901", "0.000", "0.001",  "-0.001", "3",      "-4",      "7",
+      "-9",          "-10"};
+  static const struct {
+    const char *kw;
+    int integer;
+    int has_lo, xlo;
+    double lo;
+    int has_hi, xhi;
+    double hi;
+  } cfg[] = {
+      {"{\"type\":\"number\",\"exclusiveMinimum\":0}", 0, 1, 1, 0, 0, 0, 0},
+      {"{\"type\":\"number\",\"minimum\":0}", 0, 1, 0, 0, 0, 0, 0},
+      {"{\"type\":\"number\",\"minimum\":-5,\"exclusiveMaximum\":0}", 0, 1, 0, -5, 1, 1, 0},
+      {"{\"type\":\"number\",\"exclusiveMinimum\":-3,\"exclusiveMaximum\":2}", 0, 1, 1, -3, 1, 1,
+       2},
+      {"{\"type\":\"number\",\"minimum\":-7,\"maximum\":-2}", 0, 1, 0, -7, 1, 0, -2},
+      {"{\"type\":\"number\",\"exclusiveMinimum\":1,\"maximum\":1000}", 0, 1, 1, 1, 1, 0, 1000},
+      {"{\"type\":\"number\",\"maximum\":100}", 0, 0, 0, 0, 1, 0, 100},
+      {"{\"type\":\"number\",\"exclusiveMaximum\":-2}", 0, 0, 0, 0, 1, 1, -2},
+      {"{\"type\":\"number\",\"minimum\":0,\"maximum\":0}", 0, 1, 0, 0, 1, 0, 0},
+      {"{\"type\":\"integer\",\"minimum\":-9.5,\"exclusiveMaximum\":-1.5}", 1, 1, 0, -9.5, 1, 1,
+       -1.5},
+      {"{\"type\":\"integer\",\"minimum\":3,\"exclusiveMinimum\":true}", 1, 1, 1, 3, 0, 0, 0},
+      {"{\"type\":\"integer\",\"maximum\":1000,\"minimum\":-10}", 1, 1, 0, -10, 1, 0, 1000},
+  };
+  size_t bad = 0, checked = 0;
+  for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+    struct gr_grammar *g = NULL;
+    char err[256];
+    TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, cfg[k].kw, strlen(cfg[k].kw), &g, err, sizeof err) == 0);
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+      const char *t = cands[i];
+      double x = strtod(t, NULL);
+      int is_int = !strchr(t, '.');
+      int want = (!cfg[k].integer || is_int) &&
+                 (!cfg[k].has_lo || (cfg[k].xlo ? x > cfg[k].lo : x >= cfg[k].lo)) &&
+                 (!cfg[k].has_hi || (cfg[k].xhi ? x < cfg[k].hi : x <= cfg[k].hi));
+      /* "-0" forms are valid JSON but never needed: no check either way */
+      if (t[0] == '-' && x == 0) continue;
+      struct gr_matcher *m = gr_matcher_new(g);
+      int got = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+                gr_matcher_is_accepting(m);
+      gr_matcher_free(m);
+      checked++;
+      if (got != want && bad++ < 10)
+        th_fail(__FILE__, __LINE__, "%s on %s: got %d want %d", cfg[k].kw, t, got, want);
+    }
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %zu (bounds, number) pairs checked\n", checked);
+  TH_CHECK_EQ_INT(bad, 0);
+}
+
+/* Extra members never repeat a listed property's name. */
+TH_TEST(schema_free_objects_and_required_names) {
+  const char *s = "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"}},"
+                  "\"required\":[\"id\"]}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  static const struct {
+    const char *t;
+    int ok;
+  } cases[] = {
+      {"{\"id\":1}", 1},
+      {"{\"free\":{},\"id\":\"x\"}", 1},
+      {"{\"free\":{\"a\":[1,{\"b\":null}]},\"id\":[]}", 1},
+      {"{\"free\":{}}", 0},
+      {"{\"id\":1,\"other\":2}", 0},
+      {"{}", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
+
+TH_TEST(schema_additional_names_exclude_listed) {
+  const char *s =
+      "{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"integer\"},\"om\\\"ega\":"
+      "{\"type\":\"array\"},\"\xc3\xa9t\xc3\xa9\":{\"type\":\"null\"}},"
+      "\"additionalProperties\":{\"type\":\"boolean\"}}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  static const struct {
+    const char *t;
+    int ok;
+  } cases[] = {
+      {"{\"zeta\":1,\"zet\":true}", 1},
+      {"{\"zeta\":1,\"zetas\":true}", 1},
+      {"{\"zeta\":1,\"zeta\":true}", 0},
+      {"{\"om\\\"ega\":[],\"zeta\":true}", 0},
+      {"{\"om\\\"ega\":[],\"om\\\"eg\":true,\"x\":false}", 1},
+      {"{\"x\":true,\"om\\\"ega\":false}", 0},
+      {"{\"x\":true,\"\xc3\xa9t\xc3\xa9\":false}", 0},
+      {"{\"x\":true,\"\xc3\xa9t\xc3\xa8\":false}", 1},
+      {"{\"\\u00e9t\":true}", 1},
+      {"{\"\":true,\"z\\n\":false}", 1},
+      {"{}", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
+
+/* Random schemas built from keywords (supported or not, right or wrong
+ * types): each compiles or is refused with a message; what compiles can be
+ * matched and masked (no crash, no leak; the ASan build runs this too). */
+static json_t *rand_schema(uint64_t *rng, int depth) {
+  static const char *types[] = {"object", "array",   "string", "integer",
+                                "number", "boolean", "null"};
+  json_t *s = json_object();
+  int nk = 1 + (int)(gt_rand(rng) % 4);
+  for (int i = 0; i < nk; i++) {
+    switch (gt_rand(rng) % 22) {
+    case 0: json_object_set_new(s, "type", json_string(types[gt_rand(rng) % 7])); break;
+    case 1:
+      if (depth < 4) {
+        json_t *p = json_object();
+        int np = (int)(gt_rand(rng) % 4);
+        for (int k = 0; k < np; k++) {
+          char name[8];
+          snprintf(name, sizeof name, "p%d", k);
+          json_object_set_new(p, name, rand_schema(rng, depth + 1));
+        }
+        json_object_set_new(s, "properties", p);
+      }
+      break;
+    case 2: json_object_set_new(s, "required", json_pack("[s]", "p0")); break;
+    case 3:
+      json_object_set_new(s, "additionalProperties", gt_rand(rng) % 2 ? json_false() : json_true());
+      break;
+    case 4:
+      if (depth < 4) json_object_set_new(s, "items", rand_schema(rng, depth + 1));
+      break;
+    case 5: json_object_set_new(s, "minItems", json_integer((json_int_t)(gt_rand(rng) % 4))); break;
+    case 6: json_object_set_new(s, "maxItems", json_integer((json_int_t)(gt_rand(rng) % 4))); break;
+    case 7: json_object_set_new(s, "enum", json_pack("[s,i,n]", "x", 3)); break;
+    case 8: json_object_set_new(s, "const", json_string("k")); break;
+    case 9:
+      if (depth < 4)
+        json_object_set_new(
+            s, "anyOf",
+            json_pack("[o,o]", rand_schema(rng, depth + 1), rand_schema(rng, depth + 1)));
+      break;
+    case 10:
+      if (depth < 4)
+        json_object_set_new(
+            s, "allOf",
+            json_pack("[o,o]", rand_schema(rng, depth + 1), rand_schema(rng, depth + 1)));
+      break;
+    case 11:
+      json_object_set_new(s, "$ref", json_string(gt_rand(rng) % 2 ? "#" : "#/$defs/d"));
+      break;
+    case 12: json_object_set_new(s, "$defs", json_pack("{s:{s:s}}", "d", "type", "string")); break;
+    case 13:
+      json_object_set_new(s, "minLength", json_integer((json_int_t)(gt_rand(rng) % 5)));
+      break;
+    case 14:
+      json_object_set_new(s, "maxLength", json_integer((json_int_t)(gt_rand(rng) % 5) - 1));
+      break;
+    case 15:
+      json_object_set_new(s, "pattern", json_string(gt_rand(rng) % 2 ? "^a+b?$" : "(x"));
+      break;
+    case 16:
+      json_object_set_new(s, "minimum", json_integer((json_int_t)(gt_rand(rng) % 21) - 10));
+      break;
+    case 17:
+      json_object_set_new(s, "maximum", json_real((double)(gt_rand(rng) % 21) - 10.5));
+      break;
+    case 18:
+      json_object_set_new(s, "format", json_string(gt_rand(rng) % 2 ? "date" : "color"));
+      break;
+    case 19: json_object_set_new(s, "uniqueItems", json_true()); break;
+    case 20: json_object_set_new(s, "prefixItems", json_pack("[{s:s}]", "type", "integer")); break;
+    default: json_object_set_new(s, "exclusiveMinimum", json_integer(0)); break;
+    }
+  }
+  return s;
+}
+
+TH_TEST(schema_random_never_crash) {
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  uint32_t bits[64];
+  uint64_t rng = 2718;
+  int ok = 0, refused = 0;
+  for (int it = 0; it < 1500; it++) {
+    json_t *s = rand_schema(&rng, 0);
+    char *t = json_dumps(s, JSON_COMPACT);
+    json_decref(s);
+    struct gr_grammar *g = NULL;
+    char err[512] = "";
+    int rc = gr_compile(GR_JSON_SCHEMA, t, strlen(t), &g, err, sizeof err);
+    free(t);
+    if (rc) {
+      refused++;
+      TH_CHECK(err[0] != 0 && g == NULL);
+      continue;
+    }
+    ok++;
+    struct gr_matcher *m = gr_matcher_new(g);
+    TH_REQUIRE(m);
+    TH_CHECK(gr_matcher_mask(m, v, bits) == 0);
+    char buf[256];
+    gt_generate(m, v, &rng, buf, sizeof buf, 20, NULL);
+    gr_matcher_free(m);
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
+  TH_CHECK(ok > 100 && refused > 100);
+  gr_vocab_free(v);
+}
+
+/* A union of many object shapes (tools): every branch stays reachable. */
+TH_TEST(schema_wide_any_of_of_objects) {
+  size_t cap = 1 << 16, k = 0;
+  char *s = malloc(cap);
+  k += (size_t)snprintf(s + k, cap - k, "{\"$defs\":{");
+  for (int i = 0; i < 150; i++)
+    k += (size_t)snprintf(s + k, cap - k,
+                          "%s\"t%d\":{\"type\":\"object\",\"properties\":{\"name\":{\"const\":"
+                          "\"tool%d\"},\"arguments\":{\"type\":\"object\",\"properties\":{\"x%d\":"
+                          "{\"type\":\"integer\"}},\"required\":[\"x%d\"]}},\"required\":[\"name\","
+                          "\"arguments\"]}",
+                          i ? "," : "", i, i, i, i);
+  k += (size_t)snprintf(s + k, cap - k, "},\"anyOf\":[");
+  for (int i = 0; i < 150; i++)
+    k += (size_t)snprintf(s + k, cap - k, "%s{\"$ref\":\"#/$defs/t%d\"}", i ? "," : "", i);
+  k += (size_t)snprintf(s + k, cap - k, "]}");
+  struct gr_grammar *g = NULL;
+  char err[256];
+  int rc = gr_compile(GR_JSON_SCHEMA, s, k, &g, err, sizeof err);
+  if (rc) fprintf(stderr, "  %s\n", err);
+  TH_REQUIRE(rc == 0);
+  for (int i = 0; i < 150; i += 7) {
+    char t[128];
+    snprintf(t, sizeof t, "{\"name\":\"tool%d\",\"arguments\":{\"x%d\":%d}}", i, i, i);
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (!ok) th_fail(__FILE__, __LINE__, "refused %s", t);
+    snprintf(t, sizeof t, "{\"name\":\"tool%d\",\"arguments\":{\"x%d\":1}}", i, i + 1);
+    TH_CHECK(gr_matcher_copy(m, m) == 0);
+    gr_matcher_free(m);
+    m = gr_matcher_new(g);
+    TH_CHECK(!(gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+               gr_matcher_is_accepting(m)));
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+  free(s);
+}
+
+static void check_texts(const char *schema, const char *const *texts, const int *want, size_t n) {
+  struct gr_grammar *g = NULL;
+  char err[256];
+  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
+  if (rc) th_fail(__FILE__, __LINE__, "%s: %s", schema, err);
+  if (rc) return;
+  for (size_t i = 0; i < n; i++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)texts[i], strlen(texts[i])) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != want[i]) th_fail(__FILE__, __LINE__, "%s on %s: %d", schema, texts[i], ok);
+    gr_matcher_free(m);
+  }
+  gr_grammar_free(g);
+}
+
+TH_TEST(schema_min_max_properties_counted) {
+  static const char *t1[] = {"{}", "{\"a\":1}", "{\"a\":1,\"c\":true}", "{\"b\":\"x\",\"c\":false}",
+                             "{\"a\":1,\"b\":\"\",\"c\":true}"};
+  static const int w1[] = {0, 0, 1, 1, 1};
+  check_texts("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+              "\"string\"},\"c\":{\"type\":\"boolean\"}},\"minProperties\":2}",
+              t1, w1, 5);
+  static const char *t2[] = {"{}", "{\"x\":1}", "{\"x\":1,\"y\":2,\"z\":3}",
+                             "{\"x\":1,\"y\":2,\"z\":3,\"w\":4}"};
+  static const int w2[] = {0, 1, 1, 0};
+  check_texts("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},"
+              "\"minProperties\":1,\"maxProperties\":3}",
+              t2, w2, 4);
+  static const char *t3[] = {"{}", "{\"a\":1,\"b\":null}", "{\"a\":1,\"q\":2}",
+                             "{\"a\":1,\"b\":null,\"q\":2}", "{\"q\":1,\"r\":2}"};
+  static const int w3[] = {1, 1, 1, 0, 1};
+  check_texts("{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{\"type\":\"null\"}},"
+              "\"additionalProperties\":true,\"maxProperties\":2}",
+              t3, w3, 5);
+}
+
+TH_TEST(schema_multiple_of_exact) {
+  static const char *s = "{\"type\":\"integer\",\"multipleOf\":7}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
+  for (int x = -300; x <= 300; x++) {
+    char t[16];
+    snprintf(t, sizeof t, "%d", x);
+    struct gr_matcher *m = gr_matcher_new(g);
+    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
+             gr_matcher_is_accepting(m);
+    if (ok != (x % 7 == 0)) th_fail(__FILE__, __LINE__, "%d: %d", x, ok);
     gr_matcher_free(m);
   }
   gr_grammar_free(g);
