@@ -400,8 +400,10 @@ static int set_constraint(struct pctx *p, const char *param, int kind, json_t *v
                 param, r->grammar_param);
   const char *s = NULL;
   char *dumped = NULL;
-  if (kind == GR_REGEX) {
-    if (!json_is_string(v)) return fail(p, 400, param, "'%s' must be a string (a regex)", param);
+  if (kind == GR_REGEX || kind == GR_GRAMMAR) {
+    if (!json_is_string(v))
+      return fail(p, 400, param, "'%s' must be a string (%s)", param,
+                  kind == GR_REGEX ? "a regex" : "a grammar in GBNF notation");
     s = json_string_value(v);
   } else if (kind == GR_CHOICE) {
     if (!json_is_array(v) || json_array_size(v) == 0)
@@ -493,6 +495,7 @@ static int parse_structured(struct pctx *p, json_t *body) {
       {"json", "structured_outputs.json", GR_JSON_SCHEMA},
       {"regex", "structured_outputs.regex", GR_REGEX},
       {"choice", "structured_outputs.choice", GR_CHOICE},
+      {"grammar", "structured_outputs.grammar", GR_GRAMMAR},
   };
   json_t *so = json_object_get(body, "structured_outputs");
   if (so && !json_is_null(so)) {
@@ -521,7 +524,7 @@ static int parse_structured(struct pctx *p, json_t *body) {
       } else {
         return fail(p, 400, "structured_outputs",
                     "'structured_outputs.%.40s' is not supported "
-                    "(json, regex, choice, json_object are)",
+                    "(json, regex, choice, grammar, json_object are)",
                     key);
       }
     }
@@ -529,18 +532,15 @@ static int parse_structured(struct pctx *p, json_t *body) {
   static const struct {
     const char *key;
     int kind;
-  } guided[] = {
-      {"guided_json", GR_JSON_SCHEMA}, {"guided_regex", GR_REGEX}, {"guided_choice", GR_CHOICE}};
+  } guided[] = {{"guided_json", GR_JSON_SCHEMA},
+                {"guided_regex", GR_REGEX},
+                {"guided_choice", GR_CHOICE},
+                {"guided_grammar", GR_GRAMMAR}};
   for (size_t i = 0; i < sizeof(guided) / sizeof(guided[0]); i++) {
     json_t *v = json_object_get(body, guided[i].key);
     if (v && !json_is_null(v) && (rc = set_constraint(p, guided[i].key, guided[i].kind, v)))
       return rc;
   }
-  json_t *gg = json_object_get(body, "guided_grammar");
-  if (gg && !json_is_null(gg))
-    return fail(p, 400, "guided_grammar",
-                "'guided_grammar' is not supported yet (json, regex and "
-                "choice constraints are)");
   return 0;
 }
 

@@ -120,13 +120,27 @@ test('response_format json_schema: finished outputs follow the schema', async ()
   }
 });
 
+test('structured_outputs.grammar (GBNF): outputs are sentences of the grammar', async () => {
+  const grammar = 'root ::= greeting " " name "!"\ngreeting ::= "hello" | "hi" | "hey"\n' +
+    'name ::= [A-Z] [a-z]{1,6}';
+  const re = /^(hello|hi|hey) [A-Z][a-z]{1,6}!$/u;
+  for (const seed of SEEDS) {
+    const r = await client.completions.create({
+      model, prompt: 'Greet:', max_tokens: 30, temperature: 1, seed,
+      ...(seed % 2 ? { structured_outputs: { grammar } } : { guided_grammar: grammar }),
+    });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.ok(re.test(r.choices[0].text), JSON.stringify(r.choices[0].text));
+  }
+});
+
 test('bad constraints are 400s naming the field', async () => {
   const cases = [
     [{ structured_outputs: { regex: 'a(b' } }, 'structured_outputs.regex'],
     [{ guided_regex: '(?<=a)b' }, 'guided_regex'],
     [{ structured_outputs: { choice: [] } }, 'structured_outputs.choice'],
     [{ guided_choice: ['a', 7] }, 'guided_choice'],
-    [{ guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+    [{ guided_grammar: 'root ::= "a' }, 'guided_grammar'],
     [{ structured_outputs: { regex: 'a', choice: ['a'] } }, 'structured_outputs'],
     [{ response_format: { type: 'json_object' }, guided_regex: 'a' }, 'guided_regex'],
     [{ response_format: { type: 'xml' } }, 'response_format.type'],

@@ -192,7 +192,8 @@ static const struct bad_case bad[] = {
      "response_format.json_schema"},
     {H, CHAT_A "\"structured_outputs\":{\"regex\":\"a(b\"}}", 400, "structured_outputs.regex"},
     {H, CHAT_A "\"structured_outputs\":{\"regex\":5}}", 400, "structured_outputs.regex"},
-    {H, CHAT_A "\"structured_outputs\":{\"grammar\":\"x\"}}", 400, "structured_outputs"},
+    {H, CHAT_A "\"structured_outputs\":{\"grammar\":\"x\"}}", 400, "structured_outputs.grammar"},
+    {H, CHAT_A "\"structured_outputs\":{\"lark\":\"x\"}}", 400, "structured_outputs"},
     {H, CHAT_A "\"structured_outputs\":[1]}", 400, "structured_outputs"},
     {H, CHAT_A "\"guided_choice\":[]}", 400, "guided_choice"},
     {H, CHAT_A "\"guided_choice\":[\"a\",1]}", 400, "guided_choice"},
@@ -200,6 +201,7 @@ static const struct bad_case bad[] = {
     {H, CHAT_A "\"guided_json\":{\"type\":\"object\",\"not\":{}}}", 400, "guided_json"},
     {H, CHAT_A "\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]}", 400, "guided_choice"},
     {H, CHAT_A "\"guided_grammar\":\"root ::= x\"}", 400, "guided_grammar"},
+    {H, CHAT_A "\"guided_grammar\":7}", 400, "guided_grammar"},
     {H, CHAT_A "\"model\":\"nope\"}", 404, "model"},
     {FE_API_TOKENIZE, "{}", 400, "prompt"},
     {FE_API_TOKENIZE, PROMPT_A "\"add_special_tokens\":\"no\"}", 400, "add_special_tokens"},
@@ -380,6 +382,8 @@ TH_TEST(api_structured_fields) {
        GR_JSON_SCHEMA, "{\"type\":\"boolean\"}"},
       {CHAT_A "\"guided_regex\":\"a|b\",\"structured_outputs\":null}", GR_REGEX, "a|b"},
       {CHAT_A "\"guided_choice\":[\"yes\"]}", GR_CHOICE, "[\"yes\"]"},
+      {CHAT_A "\"guided_grammar\":\"root ::= \\\"a\\\" | \\\"b\\\"\"}", GR_GRAMMAR,
+       "root ::= \"a\" | \"b\""},
   };
   for (size_t i = 0; i < CM_ARRAY_LEN(ok); i++) {
     struct fe_api_request r;
