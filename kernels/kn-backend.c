@@ -468,7 +468,8 @@ int kn_sample_params_check(const struct kn_sample_params *p) {
 
 int kn_sample_is_argmax(const struct kn_sample_params *p) {
   return !kn_sample_params_check(p) && p->temperature < 1e-5f && p->repetition_penalty == 1.0f &&
-         p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs < 0;
+         p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs < 0 &&
+         !p->allow;
 }
 
 int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,

@@ -349,6 +349,11 @@ struct kn_sample_params {
   const int32_t *pen_ids;    /* [n_pen] host */
   const int32_t *pen_counts; /* [n_pen] host */
   int n_pen;
+  /* A structured output's mask (host, [(V + 31) / 32] words: bit id % 32 of word
+   * id / 32 set when token id may be drawn), applied after the penalties and
+   * before everything else; NULL: every token. Logprobs stay the raw model's. The
+   * CPU backend takes it; CUDA answers CM_ERR_UNSUPPORTED for a row with one. */
+  const uint32_t *allow;
 };
 
 /* What kn_sample returns per row (host memory). Logprobs are those of the

@@ -215,23 +215,14 @@ int wk_grammars_fill(struct wk_grammars *g, struct gr_matcher *m, uint32_t *bits
   return gr_matcher_mask(m, g->vocab, bits);
 }
 
-void wk_grammars_apply(const struct wk_grammars *g, const struct gr_matcher *m,
-                       const uint32_t *bits, float *logits) {
+void wk_grammars_allow_eos(const struct wk_grammars *g, const struct gr_matcher *m,
+                           uint32_t *bits) {
   int accept = gr_matcher_is_accepting(m);
-  float eos_logit[WK_MAX_EOS_IDS];
   for (int i = 0; i < g->n_eos; i++)
-    eos_logit[i] = g->eos[i] >= 0 && g->eos[i] < g->n_vocab ? logits[g->eos[i]] : 0.0f;
-  for (int32_t w = 0; w < (g->n_vocab + 31) / 32; w++) {
-    uint32_t b = bits[w];
-    if (b == 0xffffffffu) continue;
-    int32_t end = (w + 1) * 32 < g->n_vocab ? (w + 1) * 32 : g->n_vocab;
-    for (int32_t id = w * 32; id < end; id++)
-      if (!(b >> (id % 32) & 1)) logits[id] = -INFINITY;
-  }
-  /* an EOS id has no bytes, so the mask cleared it: back where the output may end */
-  for (int i = 0; i < g->n_eos; i++)
-    if (g->eos[i] >= 0 && g->eos[i] < g->n_vocab)
-      logits[g->eos[i]] = accept ? eos_logit[i] : -INFINITY;
+    if (g->eos[i] >= 0 && g->eos[i] < g->n_vocab) {
+      uint32_t bit = 1u << (g->eos[i] % 32);
+      bits[g->eos[i] / 32] = accept ? bits[g->eos[i] / 32] | bit : bits[g->eos[i] / 32] & ~bit;
+    }
 }
 
 int wk_grammars_accept(struct wk_grammars *g, struct gr_matcher *m, int32_t id) {

@@ -35,10 +35,9 @@ size_t wk_grammars_mask_words(const struct wk_grammars *g);
 /* bits[wk_grammars_mask_words(g)] = the tokens m allows next (gr_matcher_mask):
  * what a worker computes while the row's forward pass runs. 0, or CM_ERR_NOMEM. */
 int wk_grammars_fill(struct wk_grammars *g, struct gr_matcher *m, uint32_t *bits);
-/* logits[vocab]: tokens outside bits become -inf; EOS ids stay only when m
- * accepts. */
-void wk_grammars_apply(const struct wk_grammars *g, const struct gr_matcher *m,
-                       const uint32_t *bits, float *logits);
+/* Sets the EOS ids' bits of a mask from wk_grammars_fill when m accepts (a mask
+ * handed to kn_sample). */
+void wk_grammars_allow_eos(const struct wk_grammars *g, const struct gr_matcher *m, uint32_t *bits);
 /* Whether id is one of the model's EOS ids. */
 int wk_grammars_is_eos(const struct wk_grammars *g, int32_t id);
 /* Follows token id (an EOS id: nothing to follow). 0, or CM_ERR_INVAL when

@@ -448,8 +448,10 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   int dev = r->kp != NULL;
   for (uint32_t i = 0; i < st->n_seqs && dev; i++)
     if (st->seqs[i].draft_tokens.n && !verify_on_backend(r, &st->seqs[i])) dev = 0;
-  /* rows with a structured output are masked on the host before they sample */
-  for (uint32_t i = 0; i < st->n_seqs && dev; i++) {
+  /* rows with a structured output: the CPU's kn_sample takes their masks; other
+   * backends' rows are masked on the host before they sample */
+  int host = kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY);
+  for (uint32_t i = 0; i < st->n_seqs && dev && !host; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
     if ((s->flags & PR_SEQ_SAMPLE) && (q ? q->gm != NULL : s->sampling.grammar_kind != 0)) dev = 0;
@@ -578,8 +580,11 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
     struct wk_sample_result out;
     int acc = 0;
-    if (q->gm)
-      wk_grammars_apply(r->gram, q->gm, r->gbits + (size_t)i * wk_grammars_mask_words(r->gram), lg);
+    uint32_t *allow = NULL; /* a structured output's mask, for the host's draw */
+    if (q->gm && !r->dev_step) {
+      allow = r->gbits + (size_t)i * wk_grammars_mask_words(r->gram);
+      wk_grammars_allow_eos(r->gram, q->gm, allow);
+    }
     if (r->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
       wk_sample_result_from_kn(&r->ko[row], &out);
       acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
@@ -587,7 +592,7 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
       rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
                             &acc, &out);
     else
-      rc = wk_sample(r->sampler, lg, &q->sp, &q->pen, counter, &out);
+      rc = wk_sample_masked(r->sampler, lg, &q->sp, &q->pen, counter, allow, &out);
     if (rc) return rc;
     tok[n] = (uint32_t)out.token;
     if (q->sp.n_logprobs >= 0) {
@@ -700,9 +705,20 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
   }
   struct mask_job job = {r, st, 0};
   pthread_t th;
-  int threaded = masks && !kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY) &&
-                 pthread_create(&th, NULL, fill_masks, &job) == 0;
-  int rc = b->n_seqs ? wk_model_forward(r->model, b, err, errlen) : 0;
+  int host = kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY);
+  if (masks && host && r->dev_step) { /* first, for the forward's kn_sample to apply */
+    fill_masks(&job);
+    size_t words = wk_grammars_mask_words(r->gram);
+    for (uint32_t i = 0; i < st->n_seqs && !job.rc; i++)
+      if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm) {
+        uint32_t *bits = r->gbits + (size_t)i * words;
+        wk_grammars_allow_eos(r->gram, r->cur[i]->gm, bits);
+        r->kp[r->row0[i]].allow = bits;
+      }
+    masks = 0;
+  }
+  int threaded = masks && !host && pthread_create(&th, NULL, fill_masks, &job) == 0;
+  int rc = b->n_seqs && !job.rc ? wk_model_forward(r->model, b, err, errlen) : 0;
   if (threaded)
     pthread_join(th, NULL);
   else if (masks && !rc)

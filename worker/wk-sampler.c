@@ -169,9 +169,16 @@ int wk_sampler_dist(struct wk_sampler *s, float *logits, const struct wk_samplin
 int wk_sample(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
               const struct wk_penalty_state *st, uint64_t token_index,
               struct wk_sample_result *out) {
+  return wk_sample_masked(s, logits, p, st, token_index, NULL, out);
+}
+
+int wk_sample_masked(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
+                     const struct wk_penalty_state *st, uint64_t token_index, const uint32_t *allow,
+                     struct wk_sample_result *out) {
   struct kn_sample_params kp;
   struct kn_sample_out ko;
   wk_sampling_to_kn(p, st, token_index, &kp);
+  kp.allow = allow;
   int rc = kn_cpu_sample_row(s->k, logits, &kp, &ko);
   if (rc == 0) wk_sample_result_from_kn(&ko, out);
   return rc;

@@ -77,6 +77,11 @@ void wk_sampler_destroy(struct wk_sampler *s);
 int wk_sample(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
               const struct wk_penalty_state *st, uint64_t token_index,
               struct wk_sample_result *out);
+/* wk_sample drawing only tokens whose bit is set in allow (kn_sample_params.allow:
+ * a structured output's mask); logprobs stay the raw distribution's. */
+int wk_sample_masked(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
+                     const struct wk_penalty_state *st, uint64_t token_index, const uint32_t *allow,
+                     struct wk_sample_result *out);
 
 /* The processed distribution (after penalties, temperature, min-p, top-k,
  * top-p): *n entries of ids[] / probs[] (pointers into the sampler's scratch,

@@ -25,7 +25,7 @@ static int wanted(const struct kn_sample_params *p, int V) {
 }
 
 int wk_tp_sample_fits(const struct kn_sample_params *p, int V) {
-  if (kn_sample_params_check(p)) return 0;
+  if (kn_sample_params_check(p) || p->allow) return 0; /* a mask: the whole row */
   if (greedy(p)) return 1;
   int k = top_k(p, V);
   if (k) return k <= WK_TP_CANDS;

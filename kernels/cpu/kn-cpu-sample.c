@@ -212,6 +212,13 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
   if (rc) return rc;
   const int V = s->vocab;
   kn_cpu_sample_penalise(logits, 0, V, p);
+  if (p->allow)
+    for (int w = 0; w < (V + 31) / 32; w++) {
+      uint32_t b = p->allow[w];
+      if (b == 0xffffffffu) continue;
+      for (int id = w * 32; id < V && id < (w + 1) * 32; id++)
+        if (!(b >> (id % 32) & 1)) logits[id] = -INFINITY;
+    }
   if (p->temperature < 1e-5f) {
     kn_cpu_op_argmax(NULL, &s->ids[0], NULL, logits, V, 1, V);
     s->probs[0] = 1.0f;
@@ -323,7 +330,7 @@ int kn_cpu_sample_row(struct kn_cpu_sampler *s, float *logits, const struct kn_s
  * is, so the row needs no private copy. */
 static int plain_greedy(const struct kn_sample_params *p) {
   return p->temperature < 1e-5f && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-         p->presence_penalty == 0.0f;
+         p->presence_penalty == 0.0f && !p->allow;
 }
 
 struct sample_job {

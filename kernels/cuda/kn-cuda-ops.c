@@ -210,6 +210,8 @@ static void fill_row(const struct kn_sample_params *p, int V, struct kn_cuda_sam
 int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
                       int T, int V, const struct kn_sample_params *params) {
   struct kn_cuda_ctx *c = ctx;
+  for (int t = 0; t < T; t++)
+    if (params[t].allow) return CM_ERR_UNSUPPORTED; /* masks are applied on the host */
   /* one staging reservation: the row descriptors, then the penalty ids and counts */
   size_t n_pen = count_penalties(params, T, V);
   size_t rows_bytes = (size_t)T * sizeof(struct kn_cuda_sample_row);

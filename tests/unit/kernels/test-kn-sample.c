@@ -279,3 +279,43 @@ TH_TEST(sample_raw_logprobs) {
   TH_CHECK_EQ_INT(o.n_top, 0);
   kn_backend_destroy(be);
 }
+
+/* A structured output's mask (kn_sample_params.allow): greedy rows take the best
+ * allowed token, seeded rows draw only allowed ones, logprobs stay the raw
+ * distribution's, the logits are left as they were, and kn_sample_is_argmax
+ * says no (the fused greedy head knows no masks). */
+TH_TEST(sample_masks_allow_only_their_tokens) {
+  struct kn_backend *be = cpu();
+  enum { V = 100 };
+  float x[V], keep[V];
+  for (int i = 0; i < V; i++)
+    x[i] = (float)((i * 37) % 101) / 10.0f;
+  memcpy(keep, x, sizeof(x));
+  uint32_t allow[(V + 31) / 32] = {0};
+  int best = -1;
+  for (int i = 3; i < V; i += 7) { /* allowed: 3, 10, 17, ... */
+    allow[i / 32] |= 1u << (i % 32);
+    if (best < 0 || x[i] > x[best]) best = i;
+  }
+  struct kn_sample_params p = params_default();
+  p.temperature = 0.0f;
+  p.allow = allow;
+  p.n_logprobs = 0;
+  TH_CHECK(!kn_sample_is_argmax(&p));
+  struct kn_sample_out o;
+  TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+  TH_CHECK_EQ_INT(o.token, best);
+  double z = 0;
+  for (int i = 0; i < V; i++)
+    z += exp((double)x[i]);
+  TH_CHECK_NEAR(o.logprob, (double)x[best] - log(z), 1e-4); /* the raw distribution's */
+  TH_CHECK(!memcmp(x, keep, sizeof(x)));
+  p.temperature = 1.5f;
+  p.n_logprobs = -1;
+  for (uint64_t s = 0; s < 200; s++) {
+    p.seed = s;
+    TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+    TH_CHECK(o.token >= 0 && o.token < V && (allow[o.token / 32] >> (o.token % 32) & 1));
+  }
+  kn_backend_destroy(be);
+}
