@@ -18,6 +18,7 @@
 #define GR_MAX_REPEAT     10000u /* {n,m}: n and m at most this */
 #define GR_MAX_DEPTH      128u   /* frames on one matcher stack (nesting) */
 #define GR_MAX_STACKS     256u   /* stacks alive in one matcher state */
+#define GR_MAX_SEEN       512u   /* stacks one step's closure may visit (left recursion) */
 #define GR_NONE           UINT32_MAX
 
 /* ---- the NFA builder ---------------------------------------------------- */

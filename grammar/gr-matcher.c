@@ -118,6 +118,10 @@ static int closure(struct gr_matcher *m, struct gr_stackset *todo, const uint32_
   int rc = ss_add(todo, f, len, 0);
   if (rc) return rc < 0 ? rc : 0;
   while (todo->n) {
+    if (m->n_seen >= GR_MAX_SEEN) { /* a grammar whose calls nest without input */
+      m->truncated = 1;
+      break;
+    }
     uint32_t i = --todo->n;
     len = todo->off[i + 1] - todo->off[i];
     memcpy(buf, todo->frames + todo->off[i], len * sizeof *buf);

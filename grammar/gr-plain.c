@@ -56,10 +56,13 @@ int gr_plain_vocab(struct gr_vocab *v) {
       int q = v->lens[id] ? 0 : -1;
       for (uint32_t j = 0; j < v->lens[id] && q >= 0; j++)
         q = gr_u8_step(q, v->bytes[id][j]);
-      if (q < 0) continue;
-      for (uint32_t w = v->tchars[id]; w <= v->max_len; w++)
-        v->plain_le[w * words + (uint32_t)id / 32] |= 1u << (id & 31);
+      if (q < 0 || v->tchars[id] > v->max_len) continue;
+      v->plain_le[v->tchars[id] * words + (uint32_t)id / 32] |= 1u << (id & 31);
     }
+    /* so far bitmap w holds exactly w characters: make it "at most w" */
+    for (uint32_t w = 1; w <= v->max_len; w++)
+      for (size_t k = 0; k < words; k++)
+        v->plain_le[w * words + k] |= v->plain_le[(w - 1) * words + k];
   }
   v->asc = calloc((size_t)v->n_nodes * 2 + 2, sizeof *v->asc);
   v->wide = calloc((size_t)v->n_nodes / 8 + 1, 1);

@@ -1,5 +1,5 @@
 /* gr.h — structured outputs: grammars compiled from a regex, a choice list, a
- * JSON mode or a JSON Schema, and matchers that follow a generation token by
+ * JSON mode, a JSON Schema or an EBNF grammar, and matchers that follow a generation token by
  * token and say which tokens of a vocabulary may come next.
  *
  *   struct gr_grammar *g;

@@ -25,6 +25,9 @@ static const struct {
      "\"happy\",\"sad\",\"surprised\",\"fearful\",\"disgusted\",\"calm\",\"excited\","
      "\"bored\",\"confused\"]"},
     {"json_object", GR_JSON_OBJECT, ""},
+    {"gbnf arithmetic", GR_GRAMMAR,
+     "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= factor ((\"*\" | \"/\") "
+     "factor)*\nfactor ::= [0-9]+ | \"(\" expr \")\"\n"},
     {"schema person", GR_JSON_SCHEMA,
      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},"
      "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},\"email\":{\"type\":"

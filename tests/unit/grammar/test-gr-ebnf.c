@@ -162,3 +162,48 @@ TH_TEST(ebnf_mask_equals_accept) {
   gr_vocab_free(v);
   gr_grammar_free(g);
 }
+
+/* Random texts from GBNF pieces: compiled or refused with a message, never a
+ * crash; what compiles is matched and masked. */
+TH_TEST(ebnf_random_never_crash) {
+  static const char *bits_of[] = {"root ::= ", "a ::= ", "\n", " ",    "\"x\"", "\"\\n\"", "[a-c]",
+                                  "[^x]",      "(",      ")",  "|",    "*",     "+",       "?",
+                                  "{2}",       "{1,3}",  "a",  "root", "#c\n",  ".",       "\"",
+                                  "[",         "::=",    "{",  "\\"};
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  uint32_t mask[64];
+  uint64_t rng = 77;
+  int ok = 0, refused = 0;
+  for (int it = 0; it < 3000; it++) {
+    char t[256];
+    size_t k = (size_t)snprintf(t, sizeof t, "root ::= ");
+    int n = 1 + (int)(gt_rand(&rng) % 14);
+    for (int i = 0; i < n; i++) {
+      const char *b = bits_of[gt_rand(&rng) % (sizeof bits_of / sizeof bits_of[0])];
+      size_t l = strlen(b);
+      if (k + l >= sizeof t) break;
+      memcpy(t + k, b, l);
+      k += l;
+    }
+    t[k] = 0;
+    struct gr_grammar *g = NULL;
+    char err[256] = "";
+    if (gr_compile(GR_GRAMMAR, t, k, &g, err, sizeof err)) {
+      refused++;
+      TH_CHECK(err[0] != 0 && g == NULL);
+      continue;
+    }
+    ok++;
+    struct gr_matcher *m = gr_matcher_new(g);
+    TH_REQUIRE(m);
+    TH_CHECK(gr_matcher_mask(m, v, mask) == 0);
+    char buf[64];
+    gt_walk(m, &rng, buf, sizeof buf, 30);
+    gr_matcher_free(m);
+    gr_grammar_free(g);
+  }
+  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
+  TH_CHECK(ok > 100 && refused > 100);
+  gr_vocab_free(v);
+}
