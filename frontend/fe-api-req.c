@@ -756,8 +756,8 @@ static int read_tools(struct pctx *p, json_t *tools, json_t **out) {
       snprintf(why, sizeof(why), "must be a JSON Schema object");
     }
     json_t *entry = crc ? NULL
-                        : json_pack("{s:O, s:O, s:O}", "name", name, "description",
-                                    desc && json_is_string(desc) ? desc : json_string(""),
+                        : json_pack("{s:O, s:s, s:O}", "name", name, "description",
+                                    desc && json_is_string(desc) ? json_string_value(desc) : "",
                                     "parameters", schema);
     json_decref(schema);
     if (crc || !entry || json_array_append_new(list, entry)) {

@@ -128,7 +128,7 @@ static inline int pr_buf_write(void *data, const char *p, size_t n) {
     int rc = pr_buf_grow(b, n);
     if (rc) return rc;
   }
-  memcpy(b->data + b->len, p, n);
+  if (n) memcpy(b->data + b->len, p, n); /* an empty bin or string may come with NULL */
   b->len += n;
   return 0;
 }

@@ -124,7 +124,8 @@ static int lookup(struct wk_grammars *g, uint32_t kind, const uint8_t *text, siz
   g->tick++;
   for (int i = 0; i < WK_GRAMMAR_CACHE; i++) {
     struct cached *c = &g->cache[i];
-    if (c->g && c->key == key && c->kind == kind && c->len == len && !memcmp(c->text, text, len)) {
+    if (c->g && c->key == key && c->kind == kind && c->len == len &&
+        (!len || !memcmp(c->text, text, len))) {
       c->used = g->tick;
       return i;
     }
@@ -150,14 +151,15 @@ static int lookup(struct wk_grammars *g, uint32_t kind, const uint8_t *text, siz
     return -1;
   }
   char why[256];
-  int rc = gr_compile((enum gr_kind)kind, (const char *)text, len, &c->g, why, sizeof(why));
+  int rc =
+      gr_compile((enum gr_kind)kind, len ? (const char *)text : "", len, &c->g, why, sizeof(why));
   if (rc) {
     free(c->text);
     memset(c, 0, sizeof(*c));
     cm_fail(err, errlen, rc, "structured output: %s", why);
     return -1;
   }
-  memcpy(c->text, text, len);
+  if (len) memcpy(c->text, text, len);
   c->key = key;
   c->kind = kind;
   c->len = len;
