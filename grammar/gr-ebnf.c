@@ -1,7 +1,8 @@
 /* gr-ebnf.c — EBNF grammars in llama.cpp's GBNF notation (what vLLM's
  * structured_outputs "grammar" takes): rules `name ::= alternatives`, string
  * literals, character classes, rule references, groups, `* + ?` and `{m,n}`,
- * `#` comments; the start rule is `root`. Each rule becomes a rule of the
+ * `#` comments; the start rule is `root`. `<[N]>` is special token N (llguidance's
+ * notation; gr.h's GR_TOKEN_BYTE says how it is spelled in bytes). Each rule becomes a rule of the
  * automaton (references are calls, so recursion works); literals and classes
  * are emitted as regex pieces. */
 #include <stdio.h>
@@ -183,6 +184,19 @@ static void item(struct eb *e, uint32_t from, uint32_t to) {
   } else if (c == '.') {
     e->pos++;
     gr_nfa_cps(e->n, from, to, 0, 0x10ffff);
+  } else if (c == '<' && e->pos + 1 < e->len && e->p[e->pos + 1] == '[') {
+    uint64_t id = 0;
+    size_t i = e->pos + 2, d = i;
+    while (i < e->len && e->p[i] >= '0' && e->p[i] <= '9' && i - d < 9)
+      id = id * 10 + (uint64_t)(e->p[i++] - '0');
+    if (i == d || i + 2 > e->len || memcmp(e->p + i, "]>", 2) != 0 || id > GR_TOKEN_MAX) {
+      eb_fail(e, "a token is <[N]> with N a token id below 2^24", at);
+      return;
+    }
+    uint8_t b[GR_TOKEN_LEN];
+    gr_token_bytes((int32_t)id, b);
+    gr_nfa_lit(e->n, from, to, (const char *)b, sizeof(b));
+    e->pos = i + 2;
   } else if (c == '(') {
     e->pos++;
     if (++e->depth > EB_NESTED) {

@@ -31,8 +31,31 @@ enum gr_kind {
   GR_CHOICE = 2,      /* text: a JSON array of strings; the output is one of them */
   GR_JSON_OBJECT = 3, /* text ignored: any JSON object (response_format json_object) */
   GR_JSON_SCHEMA = 4, /* text: a JSON Schema (response_format json_schema) */
-  GR_GRAMMAR = 5,     /* text: an EBNF grammar in GBNF notation (llama.cpp's; start rule `root`) */
+  GR_GRAMMAR = 5,     /* text: an EBNF grammar in GBNF notation (llama.cpp's; start rule `root`);
+                       * `<[N]>` is special token N */
+  /* text: "OPEN CLOSE KIND\n" (decimal token ids and a kind) and then that kind's
+   * text: that constraint, optionally preceded by special token OPEN, any text,
+   * special token CLOSE (a model's thinking before a constrained answer) */
+  GR_AFTER_SPAN = 6,
 };
+
+/* Special tokens in grammars. A vocabulary holds no text for control tokens,
+ * but a grammar may name one (GBNF's <[N]>, GR_AFTER_SPAN): such a token is
+ * spelled, in the bytes the grammar and gr_vocab_create see, as GR_TOKEN_LEN
+ * bytes: GR_TOKEN_BYTE and its id's three bytes, high first. 0xFF is never part
+ * of UTF-8 text, so no text spells it — provided no other token of the
+ * vocabulary starts with that byte (a byte-fallback token <0xFF> must be given
+ * no bytes). */
+#define GR_TOKEN_BYTE 0xFF
+#define GR_TOKEN_LEN  4
+#define GR_TOKEN_MAX  0xFFFFFF
+/* b[GR_TOKEN_LEN]: the bytes of special token id (0 <= id <= GR_TOKEN_MAX). */
+static inline void gr_token_bytes(int32_t id, uint8_t *b) {
+  b[0] = GR_TOKEN_BYTE;
+  b[1] = (uint8_t)(id >> 16);
+  b[2] = (uint8_t)(id >> 8);
+  b[3] = (uint8_t)id;
+}
 
 /* Compiles text[len] of kind. 0 and *out, or CM_ERR_INVAL (the request's fault:
  * err holds one line naming what is wrong and where: "regex: unbalanced ')' at

@@ -126,7 +126,7 @@ struct pr_sampling {
   struct pr_bytes grammar;
 };
 
-#define PR_MAX_GRAMMAR_KIND  5
+#define PR_MAX_GRAMMAR_KIND  6
 #define PR_MAX_GRAMMAR_BYTES 32768
 
 /* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)

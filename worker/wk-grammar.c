@@ -54,8 +54,14 @@ int wk_grammars_create(const struct tk_tokenizer *tok, int32_t vocab, const int 
     char piece[512];
     size_t n = 0;
     int bv = id < n_tok ? tk_byte_value(tok, id) : -1;
-    if (id >= n_tok || tk_is_special(tok, id)) {
-      n = 0; /* a control token: no grammar allows it */
+    if (id >= n_tok) {
+      n = 0;
+    } else if (tk_is_special(tok, id)) {
+      /* a control token: only a grammar that names it allows it (gr.h's GR_TOKEN_BYTE) */
+      gr_token_bytes(id, (uint8_t *)piece);
+      n = GR_TOKEN_LEN;
+    } else if (bv == GR_TOKEN_BYTE) {
+      n = 0; /* would spell the start of a control token's bytes */
     } else if (bv >= 0) {
       piece[0] = (char)bv;
       n = 1;

@@ -207,3 +207,102 @@ TH_TEST(ebnf_random_never_crash) {
   TH_CHECK(ok > 100 && refused > 100);
   gr_vocab_free(v);
 }
+
+/* A vocabulary of a few texts and two control tokens spelled as gr.h says. */
+static struct gr_vocab *vocab_with_tokens(void) {
+  static const char *const words[] = {"a", "b", "{", "}", "\"", ":", "x", "1", "<", "|", ">"};
+  enum { NW = sizeof(words) / sizeof(words[0]) };
+  uint8_t tok[2][GR_TOKEN_LEN];
+  const uint8_t *bytes[NW + 3];
+  uint32_t lens[NW + 3];
+  for (int i = 0; i < NW; i++)
+    bytes[i] = (const uint8_t *)words[i], lens[i] = (uint32_t)strlen(words[i]);
+  gr_token_bytes(100, tok[0]);
+  gr_token_bytes(70000, tok[1]);
+  bytes[NW] = tok[0], lens[NW] = GR_TOKEN_LEN;         /* id NW: special token 100 */
+  bytes[NW + 1] = tok[1], lens[NW + 1] = GR_TOKEN_LEN; /* id NW + 1: special token 70000 */
+  bytes[NW + 2] = (const uint8_t *)"", lens[NW + 2] = 0;
+  struct gr_vocab *v = NULL;
+  return gr_vocab_create(bytes, lens, NW + 3, &v) ? NULL : v;
+}
+
+static int bit(const uint32_t *bits, int i) {
+  return (int)(bits[i / 32] >> (i % 32) & 1);
+}
+
+TH_TEST(ebnf_special_tokens) {
+  struct gr_grammar *g = compile("root ::= <[100]> \"a\"* <[70000]>");
+  TH_REQUIRE(g);
+  uint8_t t0[GR_TOKEN_LEN], t1[GR_TOKEN_LEN];
+  gr_token_bytes(100, t0);
+  gr_token_bytes(70000, t1);
+  char s[16];
+  memcpy(s, t0, 4), memcpy(s + 4, "aa", 2), memcpy(s + 6, t1, 4), s[10] = 0;
+  struct gr_matcher *m = gr_matcher_new(g);
+  TH_CHECK(gr_matcher_accept_bytes(m, (const uint8_t *)s, 10) == 0 && gr_matcher_is_accepting(m));
+  gr_matcher_free(m);
+  TH_CHECK(!takes(g, "<[100]>aa<[70000]>")); /* the notation is not the token */
+  struct gr_vocab *v = vocab_with_tokens();
+  TH_REQUIRE(v);
+  m = gr_matcher_new(g);
+  uint32_t bits[1];
+  TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+  TH_CHECK_EQ_INT(bits[0], 1u << 11); /* only token 100 */
+  TH_CHECK(gr_matcher_accept_token(m, v, 11) == 0);
+  TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+  TH_CHECK(bit(bits, 0) && bit(bits, 12) && !bit(bits, 11) && !bit(bits, 1) && !bit(bits, 8));
+  gr_matcher_free(m);
+  gr_vocab_free(v);
+  gr_grammar_free(g);
+  static const char *const bad[] = {"root ::= <[]>", "root ::= <[12", "root ::= <[16777216]>",
+                                    "root ::= <[1a]>"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    struct gr_grammar *b = NULL;
+    char err[256];
+    TH_CHECK(gr_compile(GR_GRAMMAR, bad[i], strlen(bad[i]), &b, err, sizeof err) == CM_ERR_INVAL);
+    gr_grammar_free(b);
+  }
+}
+
+TH_TEST(after_span_then_schema) {
+  const char *t = "100 70000 4\n{\"type\":\"object\",\"required\":[\"x\"],\"properties\":"
+                  "{\"x\":{\"type\":\"integer\"}},\"additionalProperties\":false}";
+  struct gr_grammar *g = NULL;
+  char err[256];
+  TH_REQUIRE(gr_compile(GR_AFTER_SPAN, t, strlen(t), &g, err, sizeof err) == 0);
+  TH_CHECK(takes(g, "{\"x\":1}"));
+  TH_CHECK(!takes(g, "{\"y\":1}"));
+  uint8_t t0[GR_TOKEN_LEN], t1[GR_TOKEN_LEN];
+  gr_token_bytes(100, t0);
+  gr_token_bytes(70000, t1);
+  char s[64];
+  size_t n = 0;
+  memcpy(s + n, t0, 4), n += 4;
+  memcpy(s + n, "thought\nany {text} <|x|>", 24), n += 24;
+  memcpy(s + n, t1, 4), n += 4;
+  memcpy(s + n, "{\"x\":12}", 8), n += 8;
+  struct gr_matcher *m = gr_matcher_new(g);
+  TH_CHECK(gr_matcher_accept_bytes(m, (const uint8_t *)s, n) == 0 && gr_matcher_is_accepting(m));
+  gr_matcher_free(m);
+  /* the span only first, and only once */
+  m = gr_matcher_new(g);
+  TH_CHECK(gr_matcher_accept_bytes(m, (const uint8_t *)"{\"x\":1}", 7) == 0);
+  TH_CHECK(gr_matcher_accept_bytes(m, t0, 4) != 0);
+  gr_matcher_free(m);
+  m = gr_matcher_new(g);
+  TH_CHECK(gr_matcher_accept_bytes(m, (const uint8_t *)s, 32) == 0);
+  TH_CHECK(gr_matcher_accept_bytes(m, t0, 4) != 0);
+  gr_matcher_free(m);
+  gr_grammar_free(g);
+  /* a recursive root stays itself inside: a $ref to "#" is not the span again */
+  const char *r = "100 101 4\n{\"type\":\"object\",\"properties\":{\"c\":{\"$ref\":\"#\"}},"
+                  "\"additionalProperties\":false}";
+  TH_REQUIRE(gr_compile(GR_AFTER_SPAN, r, strlen(r), &g, err, sizeof err) == 0);
+  TH_CHECK(takes(g, "{\"c\":{\"c\":{}}}"));
+  gr_grammar_free(g);
+  static const char *const bad[] = {"100 101\n{}",  "100 101 6\nx",  "x y 4\n{}",
+                                    "100 101 4 {}", "100 101 9\n{}", "100 101 4\n{bad"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    TH_CHECK(gr_compile(GR_AFTER_SPAN, bad[i], strlen(bad[i]), &g, err, sizeof err) != 0);
+  }
+}
