@@ -16,6 +16,8 @@
 struct pctx {
   struct fe_api_request *r;
   struct fe_api_error *err;
+  const struct fe_api_model *model; /* NULL: nothing known of the checkpoint */
+  int native;                       /* Gemma 4's tool notation in the history and answers */
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct pctx *p, int status, const char *param,
@@ -295,6 +297,17 @@ static int parse_messages(struct pctx *p, json_t *body) {
     }
     int rc = parse_content(p, c, i, &r->messages[i]);
     if (rc) return rc;
+    json_t *tc = json_object_get(m, "tool_calls"), *tr = json_object_get(m, "tool_responses");
+    if (p->native && ((tc && !json_is_null(tc)) || tr)) { /* written by rewrite_native */
+      json_t *x = json_object();
+      if (tc && !json_is_null(tc)) json_object_set(x, "tool_calls", tc);
+      if (tr) json_object_set(x, "tool_responses", tr);
+      char *t = json_dumps(x, JSON_COMPACT);
+      json_decref(x);
+      r->messages[i].extra = t ? cm_arena_strndup(&r->arena, t, strlen(t)) : NULL;
+      free(t);
+      if (!r->messages[i].extra) return nomem(p);
+    }
   }
   return 0;
 }
@@ -919,6 +932,137 @@ static int rewrite_messages(struct pctx *p, json_t *body, const char *instructio
   return 0;
 }
 
+/* ---- tools in Gemma 4's own notation -------------------------------------------
+ *
+ * A checkpoint whose tokenizer has Gemma 4's tool tokens and whose template
+ * renders `tools` gets them as they are: the template declares the tools and
+ * writes the history's calls (arguments as objects: it formats them itself) and
+ * results; the answer is read by fe-g4.c. Tool messages go into the assistant
+ * turn that made the calls, as the template's "tool_responses" ({name, response}:
+ * Gemma 4's template has no tool role), the call's name found by its id. */
+
+static int rewrite_native(struct pctx *p, json_t *body) {
+  json_t *in = json_object_get(body, "messages");
+  if (!json_is_array(in)) return 0; /* parse_messages says what is wrong */
+  json_t *out = json_array();
+  if (!out) return nomem(p);
+  char param[96];
+  json_t *last = NULL; /* the last assistant turn with calls, as written to out */
+  size_t i;
+  json_t *m;
+  json_array_foreach(in, i, m) {
+    json_t *role = json_object_get(m, "role");
+    const char *rs = json_is_string(role) ? json_string_value(role) : "";
+    if (!strcmp(rs, "tool")) {
+      json_t *id = json_object_get(m, "tool_call_id"), *c = json_object_get(m, "content");
+      snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
+      if (!json_is_string(id)) {
+        json_decref(out);
+        return fail(p, 400, param, "'%s' must be a string", param);
+      }
+      snprintf(param, sizeof(param), "messages[%zu].content", i);
+      if (!json_is_string(c)) {
+        json_decref(out);
+        return fail(p, 400, param, "'%s' of a tool message must be a string", param);
+      }
+      const char *name = NULL;
+      size_t k;
+      json_t *call;
+      json_array_foreach(last ? json_object_get(last, "tool_calls") : NULL, k, call) {
+        json_t *cid = json_object_get(call, "id");
+        if (json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id)))
+          name = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
+      }
+      if (!name) {
+        json_decref(out);
+        snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
+        return fail(p, 400, param,
+                    "'%s': no call with id '%.64s' in an assistant turn before this tool message",
+                    param, json_string_value(id));
+      }
+      json_t *resp = json_loads(json_string_value(c), 0, NULL); /* an object stays one */
+      if (!json_is_object(resp)) {
+        json_decref(resp);
+        resp = json_incref(c);
+      }
+      json_t *trs = json_object_get(last, "tool_responses");
+      if (!trs) json_object_set_new(last, "tool_responses", trs = json_array());
+      json_array_append_new(trs, json_pack("{s:s, s:o}", "name", name, "response", resp));
+      continue;
+    }
+    json_t *tc = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
+    if (!strcmp(rs, "assistant") && tc && !json_is_null(tc)) {
+      json_t *calls = json_array();
+      size_t k;
+      json_t *c;
+      int bad = !json_is_array(tc);
+      snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+      json_array_foreach(tc, k, c) {
+        json_t *fn = json_object_get(c, "function"), *id = json_object_get(c, "id");
+        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        json_t *parsed = json_is_string(args)   ? json_loads(json_string_value(args), 0, NULL)
+                         : json_is_object(args) ? json_incref(args)
+                                                : NULL;
+        if (!json_is_string(name) || !json_is_object(parsed)) {
+          snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function", i, k);
+          json_decref(parsed);
+          bad = 1;
+          break;
+        }
+        json_array_append_new(calls,
+                              json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id", id, "type", "function",
+                                        "function", "name", name, "arguments", parsed));
+      }
+      if (bad) {
+        json_decref(calls), json_decref(out);
+        return fail(p, 400, param,
+                    "'%s' must hold a 'name' and 'arguments' as a JSON object in a string", param);
+      }
+      json_t *copy = json_copy(m);
+      json_object_set_new(copy, "tool_calls", calls);
+      json_array_append_new(out, copy);
+      last = copy;
+      continue;
+    }
+    last = NULL; /* results answer the calls just before them */
+    json_array_append(out, m);
+  }
+  json_object_set_new(body, "messages", out);
+  return 0;
+}
+
+/* The tools for the template; calls read from the answer; under "required" or a
+ * named tool, a grammar of calls in the notation. */
+static int native_tools(struct pctx *p, json_t *list, const char *only, int required,
+                        int parallel) {
+  struct fe_api_request *r = p->r;
+  json_t *decl = json_array();
+  size_t i;
+  json_t *t;
+  json_array_foreach(list, i, t) {
+    json_t *fn = json_pack("{s:O, s:O, s:O}", "name", json_object_get(t, "name"), "description",
+                           json_object_get(t, "description"), "parameters",
+                           json_object_get(t, "parameters"));
+    json_array_append_new(decl, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+  }
+  char *txt = json_dumps(decl, JSON_COMPACT);
+  json_decref(decl);
+  if (!txt || !(r->tools_json = cm_arena_strndup(&r->arena, txt, strlen(txt)))) {
+    free(txt);
+    return nomem(p);
+  }
+  free(txt);
+  r->g4 |= FE_G4_TOOLS;
+  if (!only && !required) return 0;
+  char *gbnf = NULL;
+  if (fe_g4_tools_grammar(list, only, parallel, p->model->marker, &gbnf)) return nomem(p);
+  json_t *g = json_string(gbnf);
+  free(gbnf);
+  int rc = g ? set_constraint(p, "tools", GR_GRAMMAR, g) : nomem(p);
+  json_decref(g);
+  return rc;
+}
+
 static int parse_tools(struct pctx *p, json_t *body) {
   struct fe_api_request *r = p->r;
   json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
@@ -962,6 +1106,12 @@ static int parse_tools(struct pctx *p, json_t *body) {
     }
   }
   int active = has_tools && strcmp(choice, "none") != 0;
+  if (p->native) {
+    rc = rewrite_native(p, body);
+    if (!rc && active) rc = native_tools(p, list, only, !strcmp(choice, "required"), parallel);
+    json_decref(list);
+    return rc;
+  }
   char *instruction = active ? tools_instruction(list, only, !strcmp(choice, "required")) : NULL;
   json_t *schema = active ? tools_schema(list, only, parallel, !strcmp(choice, "auto")) : NULL;
   json_decref(list);
@@ -1007,6 +1157,84 @@ void fe_api_tool_answer(const char *text, size_t len, int with_index, char **cal
   json_decref(o);
 }
 
+/* chat_template_kwargs (an object: its entries become the chat template's
+ * variables, as vLLM passes them) over the server's defaults. */
+static int parse_template_kwargs(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
+  struct fe_api_request *r = p->r;
+  json_t *v = json_object_get(body, "chat_template_kwargs");
+  if (v && !json_is_null(v) && !json_is_object(v))
+    return fail(p, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object, not %s",
+                type_name(v));
+  json_t *kw = cfg->default_template_kwargs ? json_loads(cfg->default_template_kwargs, 0, NULL)
+                                            : json_object();
+  if (!json_is_object(kw)) {
+    json_decref(kw);
+    kw = json_object();
+  }
+  if (!kw) return nomem(p);
+  if (json_is_object(v)) json_object_update(kw, v);
+  json_t *th = json_object_get(kw, "enable_thinking");
+  if (th && !json_is_null(th) && !json_is_boolean(th)) {
+    json_decref(kw);
+    return fail(p, 400, "chat_template_kwargs.enable_thinking",
+                "'chat_template_kwargs.enable_thinking' must be a boolean, not %s", type_name(th));
+  }
+  r->thinking = json_is_true(th);
+  int rc = 0;
+  if (json_object_size(kw)) {
+    char *t = json_dumps(kw, JSON_COMPACT);
+    if (!t || !(r->template_kwargs = cm_arena_strndup(&r->arena, t, strlen(t)))) rc = nomem(p);
+    free(t);
+  }
+  json_decref(kw);
+  if (!rc && p->model && p->model->reasoning && r->kind == FE_API_CHAT) r->g4 |= FE_G4_REASONING;
+  return rc;
+}
+
+/* With thinking on, a constraint starts where the thought ends: the grammar
+ * becomes GR_AFTER_SPAN (<|channel> any text <channel|>, optional) before it. */
+static int constrain_after_thought(struct pctx *p) {
+  struct fe_api_request *r = p->r;
+  const struct fe_api_model *mo = p->model;
+  if (!r->grammar_kind || !r->thinking || !mo || !mo->reasoning) return 0;
+  char head[64];
+  int hl = snprintf(head, sizeof(head), "%d %d %d\n", (int)mo->marker[FE_G4_CHANNEL],
+                    (int)mo->marker[FE_G4_CHANNEL_END], r->grammar_kind);
+  size_t len = (size_t)hl + r->grammar_len;
+  if (len > FE_API_MAX_GRAMMAR)
+    return fail(p, 400, r->grammar_param,
+                "'%s' takes %zu bytes after the thinking channel's prefix, at most %d are allowed",
+                r->grammar_param, len, FE_API_MAX_GRAMMAR);
+  char *t = cm_arena_alloc(&r->arena, len + 1);
+  if (!t) return nomem(p);
+  memcpy(t, head, (size_t)hl);
+  if (r->grammar_len) memcpy(t + hl, r->grammar, r->grammar_len);
+  t[len] = 0;
+  struct gr_grammar *g = NULL;
+  char why[256];
+  int crc = gr_compile(GR_AFTER_SPAN, t, len, &g, why, sizeof(why));
+  gr_grammar_free(g);
+  if (crc == CM_ERR_NOMEM) return nomem(p);
+  if (crc) return fail(p, 400, r->grammar_param, "'%s': %s", r->grammar_param, why);
+  r->grammar = t;
+  r->grammar_len = len;
+  r->grammar_kind = GR_AFTER_SPAN;
+  return 0;
+}
+
+/* After native calls the model ends its turn with <|tool_response>: a stop id. */
+static int stop_after_calls(struct pctx *p) {
+  struct fe_api_request *r = p->r;
+  int32_t stop = p->model ? p->model->marker[FE_G4_RESPONSE] : -1;
+  if (!(r->g4 & FE_G4_TOOLS) || stop < 0) return 0;
+  int32_t *ids = cm_arena_alloc(&r->arena, (r->n_stop_token_ids + 1) * sizeof(int32_t));
+  if (!ids) return nomem(p);
+  if (r->n_stop_token_ids) memcpy(ids, r->stop_token_ids, r->n_stop_token_ids * sizeof(int32_t));
+  ids[r->n_stop_token_ids++] = stop;
+  r->stop_token_ids = ids;
+  return 0;
+}
+
 static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
   struct fe_api_request *r = p->r;
   int rc;
@@ -1016,6 +1244,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     if ((rc = parse_prompt(p, body))) return rc;
     break;
   case FE_API_CHAT:
+    if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
     if ((rc = parse_tools(p, body))) return rc;
     if ((rc = parse_messages(p, body))) return rc;
     if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
@@ -1023,6 +1252,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   case FE_API_TOKENIZE:
     if (json_object_get(body, "messages")) {
       r->add_special_tokens = 0;
+      if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
       if ((rc = parse_tools(p, body))) return rc; /* the prompt the tools make, as vLLM's */
       if ((rc = parse_messages(p, body))) return rc;
       if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
@@ -1044,6 +1274,8 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   }
   }
   if ((rc = parse_sampling(p, body))) return rc;
+  if ((rc = stop_after_calls(p))) return rc;
+  if ((rc = constrain_after_thought(p))) return rc;
   if ((rc = parse_output(p, body))) return rc;
   /* token-id prompts have known lengths: check them now */
   for (size_t i = 0; cfg->max_model_len > 0 && i < r->n_prompts; i++) {
@@ -1062,7 +1294,7 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
   set_defaults(out, kind);
-  struct pctx p = {out, err};
+  struct pctx p = {out, err, cfg->model, cfg->model && cfg->model->native_tools};
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {

@@ -154,13 +154,25 @@ static void chat_choice(struct fe_buf *b, const struct fe_api_choice *c, const c
   fe_buf_puts(b, ",\"");
   fe_buf_puts(b, field);
   fe_buf_puts(b, "\":{");
+  int first = !with_role; /* no field written yet */
   if (with_role) fe_buf_puts(b, "\"role\":\"assistant\"");
-  if (c->tool_calls) {
-    fe_buf_puts(b, with_role ? ",\"content\":null,\"tool_calls\":" : "\"tool_calls\":");
-    fe_buf_puts(b, c->tool_calls);
-  } else if (c->text_len || with_role) {
-    fe_buf_puts(b, with_role ? ",\"content\":" : "\"content\":");
+  if (c->reasoning_len) { /* "reasoning" (vLLM's name) and "reasoning_content" (the older one) */
+    fe_buf_puts(b, first ? "\"reasoning\":" : ",\"reasoning\":");
+    fe_buf_json_str(b, c->reasoning, c->reasoning_len);
+    fe_buf_puts(b, ",\"reasoning_content\":");
+    fe_buf_json_str(b, c->reasoning, c->reasoning_len);
+    first = 0;
+  }
+  if (c->text_len || (with_role && !c->tool_calls)) {
+    fe_buf_puts(b, first ? "\"content\":" : ",\"content\":");
     fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
+    first = 0;
+  } else if (with_role) {
+    fe_buf_puts(b, ",\"content\":null");
+  }
+  if (c->tool_calls) {
+    fe_buf_puts(b, first ? "\"tool_calls\":" : ",\"tool_calls\":");
+    fe_buf_puts(b, c->tool_calls);
   }
   fe_buf_puts(b, "}");
   choice_end(b, c, chat_logprobs);

@@ -33,8 +33,10 @@ struct fe_api_choice {
   const struct fe_api_token_logprob *logprobs; /* (n_logprobs); NULL: "logprobs": null */
   size_t n_logprobs;
   size_t text_offset; /* bytes of text before this chunk (completions) */
-  const char *tool_calls; /* chat: the tool_calls array's JSON (then "content" is null), or
-                             NULL */
+  const char *tool_calls; /* chat: the tool_calls array's JSON (then "content" is null
+                           * unless text_len > 0), or NULL */
+  const char *reasoning;  /* chat: the thought (Gemma 4's thinking channel), or NULL */
+  size_t reasoning_len;   /* bytes; 0: no "reasoning" field */
 };
 
 struct fe_api_usage {

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "common/cm-arena.h"
+#include "frontend/fe-g4.h"
 
 #define FE_API_MAX_STOP           16  /* stop strings per request */
 #define FE_API_MAX_STOP_TOKEN_IDS 64  /* stop token ids per request */
@@ -54,6 +55,10 @@ struct fe_api_message {
   size_t content_len;  /* bytes */
   const struct fe_api_part *parts; /* (n_parts) when the content has an image, else NULL */
   size_t n_parts;
+  /* A JSON object's text: the fields beyond role and content that the chat
+   * template sees (Gemma 4's native tools: "tool_calls" with arguments as
+   * objects, "tool_responses"); NULL: none. */
+  const char *extra;
 };
 
 /* An image_url part: its URL (data:, file://, http(s)://) as given; fetched
@@ -117,6 +122,16 @@ struct fe_api_request {
    * instruction and the tool messages of the history were written into the
    * messages as the chat template sees them. */
   int tool_answer;
+  /* Chat: chat_template_kwargs over the server's defaults, a JSON object's text the
+   * template gets as variables (NULL: none); thinking: its enable_thinking is true. */
+  const char *template_kwargs;
+  int thinking;
+  /* Gemma 4's notation in the answer: fe-g4.h's FE_G4_REASONING | FE_G4_TOOLS
+   * (0: the text is all content). */
+  unsigned g4;
+  /* Native tools: the request's tools (a JSON array's text) for the template; NULL
+   * when the template gets none. */
+  const char *tools_json;
   struct cm_arena arena;          /* owns every pointer above */
 };
 
@@ -126,9 +141,21 @@ struct fe_api_error {
   char message[320];
 };
 
+/* What the served checkpoint's tokenizer and chat template offer (the serving
+ * path finds out when it loads them). */
+struct fe_api_model {
+  int32_t marker[FE_G4_N_MARKERS]; /* Gemma 4's markers as special token ids; -1: none */
+  int reasoning;    /* <|channel> and <channel|> are tokens: thoughts are read apart */
+  int native_tools; /* Gemma 4's tool tokens, and a chat template that renders `tools` */
+};
+
 struct fe_api_config {
   const char *model_name; /* the served model; requests may also omit "model" */
   int64_t max_model_len;  /* tokens; 0: unknown (no length checks) */
+  const struct fe_api_model *model; /* NULL: plain text, the JSON tool protocol */
+  /* --default-chat-template-kwargs: a JSON object's text (NULL: none), under each
+   * request's chat_template_kwargs */
+  const char *default_template_kwargs;
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a

@@ -48,6 +48,11 @@ struct fe_eng_choice {
   struct tk_detok *detok;
   struct tk_stop *stop;
   struct fe_buf text;    /* non-streamed: all released text; streamed: this OUT's delta */
+  struct fe_g4_split *g4;  /* the request reads Gemma 4's notation (api->g4): the text goes
+                            * through it into g4_out; NULL: plain text */
+  struct fe_g4_out g4_out; /* content (then moved to text), reasoning and calls; streamed:
+                            * this OUT's */
+  size_t n_calls;          /* native calls so far (a stream's next index) */
   size_t text_sent;      /* bytes of text sent before (completions text_offset) */
   int64_t n_gen;         /* tokens generated */
   uint64_t last_ns;      /* monotonic time of the last OUT with tokens */
@@ -137,6 +142,7 @@ struct fe_engine {
   int32_t eos[FE_ENG_MAX_EOS];
   int n_eos;
   int32_t n_vocab; /* ids a prompt may hold: the tokenizer's, capped by config.json's vocab_size */
+  struct fe_api_model model; /* Gemma 4's markers, reasoning and native tools (fe-g4.h) */
 
   void *zctx;
   struct fe_replica rep[FE_ENG_MAX_REPLICAS]; /* (n_rep) one per scheduler */

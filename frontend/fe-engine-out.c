@@ -3,6 +3,7 @@
  * logprobs), SSE chunks or one JSON answer once every choice finished,
  * ERR mapped to HTTP statuses, client disconnects turned into ABORTs, and
  * the per-request metrics (TTFT, inter-token latency, e2e, token totals). */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,18 @@ static int lp_push(struct fe_eng_choice *ch, int32_t id, const struct pr_logprob
   return 0;
 }
 
+/* Released text into ch->text, through Gemma 4's splitter when the request reads
+ * its notation (the content to ch->text; the thought and calls stay in g4_out). */
+static void emit(struct fe_eng_choice *ch, const char *t, size_t n) {
+  if (!ch->g4) {
+    fe_buf_append(&ch->text, t, n);
+    return;
+  }
+  if (fe_g4_split_push(ch->g4, t, n, &ch->g4_out)) ch->text.err = CM_ERR_NOMEM;
+  fe_buf_append(&ch->text, ch->g4_out.content.data, ch->g4_out.content.len);
+  fe_buf_reset(&ch->g4_out.content);
+}
+
 /* Feeds detokenized text through the stop matcher into ch->text. Returns 1
  * when a stop string matched. */
 static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
@@ -192,10 +205,19 @@ static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
   size_t ol = 0;
   int hit = -1;
   if (tk_stop_push(ch->stop, piece, len, &o, &ol, &hit) != 0) return 0;
-  fe_buf_append(&ch->text, o, ol);
+  emit(ch, o, ol);
   if (hit < 0) return 0;
-  if (ch->req->api->include_stop_str_in_output) fe_buf_puts(&ch->text, ch->req->api->stop[hit]);
+  if (ch->req->api->include_stop_str_in_output)
+    emit(ch, ch->req->api->stop[hit], strlen(ch->req->api->stop[hit]));
   return 1;
+}
+
+/* The end of Gemma 4's notation: what the splitter held back. */
+static void flush_g4(struct fe_eng_choice *ch) {
+  if (!ch->g4) return;
+  if (fe_g4_split_flush(ch->g4, &ch->g4_out)) ch->text.err = CM_ERR_NOMEM;
+  fe_buf_append(&ch->text, ch->g4_out.content.data, ch->g4_out.content.len);
+  fe_buf_reset(&ch->g4_out.content);
 }
 
 /* End of the token stream: whatever detok and stop held back. */
@@ -203,8 +225,53 @@ static int flush_text(struct fe_eng_choice *ch) {
   const char *p = NULL;
   size_t n = 0;
   if (tk_detok_flush(ch->detok, &p, &n) == 0 && n && feed(ch, p, n)) return 1;
-  if (tk_stop_flush(ch->stop, &p, &n) == 0) fe_buf_append(&ch->text, p, n);
+  if (tk_stop_flush(ch->stop, &p, &n) == 0) emit(ch, p, n);
   return 0;
+}
+
+/* The calls Gemma 4's splitter read (ch->g4_out.calls) as OpenAI's tool_calls
+ * array (malloc'd; NULL: none), each with a fresh id; with_index: each carries
+ * its index, counted from ch->n_calls (a stream's delta). */
+static char *native_calls(const struct fe_eng_choice *ch, int with_index) {
+  if (!ch->g4 || !ch->g4_out.n_calls) return NULL;
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  fe_buf_puts(&b, "[");
+  fe_buf_append(&b, ch->g4_out.calls.data, ch->g4_out.calls.len);
+  fe_buf_puts(&b, "]");
+  json_t *calls = b.err ? NULL : json_loadb(b.data, b.len, 0, NULL);
+  fe_buf_free(&b);
+  json_t *out = json_array();
+  size_t i;
+  json_t *c;
+  json_array_foreach(calls, i, c) {
+    char id[40];
+    fe_api_make_id(id, sizeof(id), "call_");
+    json_t *call =
+        json_pack("{s:s, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function", "name",
+                  json_object_get(c, "name"), "arguments", json_object_get(c, "arguments"));
+    if (call && with_index)
+      json_object_set_new(call, "index", json_integer((json_int_t)(ch->n_calls + i)));
+    json_array_append_new(out, call);
+  }
+  char *s = json_array_size(out) ? json_dumps(out, JSON_COMPACT) : NULL;
+  json_decref(calls);
+  json_decref(out);
+  return s;
+}
+
+/* Gemma 4's parts of choice c: the thought, the calls (*calls, the caller frees;
+ * finish reason "tool_calls" once some were made). */
+static void native_answer(struct fe_eng_choice *ch, int with_index, struct fe_api_choice *c,
+                          char **calls) {
+  if (!ch->g4) return;
+  c->reasoning = ch->g4_out.reasoning.data;
+  c->reasoning_len = ch->g4_out.reasoning.len;
+  *calls = native_calls(ch, with_index);
+  if (*calls) c->tool_calls = *calls;
+  ch->n_calls += ch->g4_out.n_calls;
+  if (ch->n_calls && c->finish_reason && !strcmp(c->finish_reason, "stop"))
+    c->finish_reason = "tool_calls";
 }
 
 /* Builds the OpenAI logprobs of ch->lps[0..n_lps) in e->tmp (token texts)
@@ -297,6 +364,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
                             ch->text_sent};
   char *calls = NULL, *content = NULL;
   if (r->api->tool_answer) tool_answer(ch, 1, &c, &calls, &content);
+  native_answer(ch, 1, &c, &calls);
   struct fe_api_token_logprob *tl = NULL;
   struct fe_api_top_logprob *tops = NULL;
   fe_buf_reset(&e->tmp);
@@ -342,6 +410,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
     if (r->api->tool_answer) tool_answer(ch, 0, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
+    native_answer(ch, 0, &cs[k], &tool_bufs[2 * k]);
     if (r->api->logprobs >= 0) {
       rc = build_logprobs(e, ch, &tls[k], &tops[k], &txt[k]);
       cs[k].logprobs = tls[k];
@@ -392,6 +461,18 @@ static int is_stop_id(const struct fe_engine *e, const struct fe_api_request *q,
   return 0;
 }
 
+/* 1 for a special token other than the markers Gemma 4's splitter reads (with
+ * the splitter on, the detokenizer writes special tokens: these are dropped
+ * before it, as skip_special_tokens asks). */
+static int is_unread_special(const struct fe_engine *e, int32_t id) {
+  if (!tk_is_special(e->tok, id)) return 0;
+  static const enum fe_g4_marker read[] = {FE_G4_CHANNEL, FE_G4_CHANNEL_END, FE_G4_CALL,
+                                           FE_G4_CALL_END, FE_G4_QUOTE};
+  for (size_t i = 0; i < sizeof(read) / sizeof(read[0]); i++)
+    if (e->model.marker[read[i]] == id) return 0;
+  return 1;
+}
+
 /* One sequence of an OUT for choice `ch` of request r (r->busy is set). */
 static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s) {
   struct fe_eng_req *r = ch->req;
@@ -399,6 +480,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
   if (r->stream && !r->api->tool_answer) { /* chunks carry deltas (a tool-call answer is
                                             * read whole, and sent when done) */
     fe_buf_reset(&ch->text);
+    fe_g4_out_reset(&ch->g4_out);
     ch->n_lps = 0;
     ch->n_top_all = 0;
   }
@@ -427,6 +509,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     if (s->finish == PR_FINISH_STOP && t + 1 == s->tokens.n && s->stop_token == id &&
         is_stop_id(e, r->api, id))
       continue;
+    if (ch->g4 && r->api->skip_special_tokens && is_unread_special(e, id)) continue;
     const char *piece = NULL;
     size_t len = 0;
     if (tk_detok_push(ch->detok, id, &piece, &len) != 0) {
@@ -446,6 +529,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     }
     hit = flush_text(ch);
   }
+  if (hit || finished) flush_g4(ch);
   if (hit || finished) {
     if (hit && ch->live) { /* the scheduler would go on: stop it */
       struct pr_msg m;
@@ -460,7 +544,9 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->finish_reason = hit ? "stop" : finish_name(s->finish);
     r->n_done++;
   }
-  if (r->stream && (r->api->tool_answer ? ch->done : ch->text.len || ch->n_lps || ch->done))
+  if (r->stream && (r->api->tool_answer ? ch->done
+                                        : ch->text.len || ch->n_lps || ch->done ||
+                                              ch->g4_out.reasoning.len || ch->g4_out.n_calls))
     send_chunk(r, ch);
 }
 

@@ -104,12 +104,26 @@ static int render_chat(const struct tk_chat *chat, const struct fe_api_request *
                          : json_pack("{s:s, s:s#}", "role", role_name(m->role), "content",
                                      m->content ? m->content : "",
                                      m->content ? (int)m->content_len : 0);
+    if (o && m->extra) { /* tool_calls, tool_responses (Gemma 4's notation) */
+      json_t *x = json_loads(m->extra, 0, NULL);
+      if (!x || json_object_update(o, x)) json_decref(o), o = NULL;
+      json_decref(x);
+    }
     if (!o || json_array_append_new(msgs, o) != 0) {
       json_decref(msgs);
       return CM_ERR_NOMEM;
     }
   }
-  int rc = tk_chat_render(chat, msgs, req->add_generation_prompt, NULL, text, len, errbuf, errlen);
+  /* chat_template_kwargs (enable_thinking, ...) and the tools, as template variables */
+  json_t *extra = req->template_kwargs ? json_loads(req->template_kwargs, 0, NULL) : json_object();
+  json_t *tools = req->tools_json ? json_loads(req->tools_json, 0, NULL) : NULL;
+  if (!extra || (req->tools_json && (!tools || json_object_set_new(extra, "tools", tools)))) {
+    json_decref(extra);
+    json_decref(msgs);
+    return CM_ERR_NOMEM;
+  }
+  int rc = tk_chat_render(chat, msgs, req->add_generation_prompt, extra, text, len, errbuf, errlen);
+  json_decref(extra);
   json_decref(msgs);
   return rc;
 }
@@ -349,8 +363,15 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   ch->prompt_i = prompt_i;
   ch->id = e->next_id++;
   fe_buf_init(&ch->text, 0);
-  int rc = tk_detok_create(e->tok, r->api->skip_special_tokens, &ch->detok);
+  fe_g4_out_init(&ch->g4_out);
+  /* Gemma 4's notation: the markers come as their text (other special tokens are
+   * dropped on the way in, fe-engine-out.c) */
+  int rc = tk_detok_create(e->tok, r->api->g4 ? 0 : r->api->skip_special_tokens, &ch->detok);
   if (rc) return rc;
+  if (r->api->g4) {
+    if (!(ch->g4 = malloc(sizeof(*ch->g4)))) return CM_ERR_NOMEM;
+    fe_g4_split_init(ch->g4, r->api->g4);
+  }
   const struct fe_api_request *q = r->api;
   size_t lens[FE_API_MAX_STOP];
   for (size_t i = 0; i < q->n_stop && i < FE_API_MAX_STOP; i++)
@@ -603,6 +624,9 @@ void fe_eng_req_free(struct fe_eng_req *r) {
     tk_detok_free(ch->detok);
     tk_stop_free(ch->stop);
     fe_buf_free(&ch->text);
+    if (ch->g4) fe_g4_split_free(ch->g4);
+    free(ch->g4);
+    fe_g4_out_free(&ch->g4_out);
     free(ch->lps);
     free(ch->top_ids);
     free(ch->top_lps);

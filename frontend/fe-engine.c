@@ -529,6 +529,40 @@ static int rep_open(struct fe_engine *e, int i, const char *endpoint) {
   return 0;
 }
 
+/* Gemma 4's markers as special tokens of the tokenizer (never assumed ids): thoughts
+ * are read apart when the channel tokens are there, tools go to the template in
+ * their own notation when the tool tokens are there and the template writes the
+ * tools it is given (a declaration of a probe tool shows in its output). */
+static void load_markers(struct fe_engine *e) {
+  struct fe_api_model *m = &e->model;
+  for (int i = 0; i < FE_G4_N_MARKERS; i++) {
+    const char *s = fe_g4_marker_str((enum fe_g4_marker)i);
+    int32_t id = tk_find(e->tok, s, strlen(s));
+    m->marker[i] = id >= 0 && id < e->n_vocab && tk_is_special(e->tok, id) ? id : -1;
+  }
+  m->reasoning = m->marker[FE_G4_CHANNEL] >= 0 && m->marker[FE_G4_CHANNEL_END] >= 0;
+  int tools = m->marker[FE_G4_CALL] >= 0 && m->marker[FE_G4_CALL_END] >= 0 &&
+              m->marker[FE_G4_QUOTE] >= 0 && e->chat;
+  if (tools) {
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "hi");
+    json_t *extra = json_pack("{s:[{s:s, s:{s:s, s:s, s:{s:s, s:{}}}}]}", "tools", "type",
+                              "function", "function", "name", "lmserve_probe_tool", "description",
+                              "", "parameters", "type", "object", "properties");
+    char *out = NULL, why[256];
+    size_t len = 0;
+    tools = msgs && extra &&
+            tk_chat_render(e->chat, msgs, 1, extra, &out, &len, why, sizeof(why)) == 0 &&
+            strstr(out, "lmserve_probe_tool") != NULL;
+    free(out);
+    json_decref(msgs);
+    json_decref(extra);
+  }
+  m->native_tools = tools;
+  if (m->reasoning || m->native_tools)
+    cm_info(TAG, "Gemma 4's notation: thinking channel %s, native tool calls %s",
+            m->reasoning ? "read apart" : "absent", m->native_tools ? "on" : "off");
+}
+
 int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_engine_config *cfg,
                      struct fe_engine **out) {
   struct fe_engine *e = calloc(1, sizeof(*e));
@@ -597,6 +631,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     cm_info(TAG, "image input: %d x %d images, %d tokens each, at most %d per prompt",
             e->mm.width, e->mm.height, e->mm.tokens, e->mm.limit);
   load_vocab(e);
+  load_markers(e);
 
   rc = CM_ERR_IO;
   if (!(e->zctx = zmq_ctx_new())) goto fail;
@@ -672,6 +707,11 @@ int fe_engine_in_flight(const struct fe_engine *e) {
   return e->n_reqs;
 }
 
+static const struct fe_api_model *hook_model(void *ud) {
+  struct fe_engine *e = ud;
+  return &e->model;
+}
+
 static int hook_ready(void *ud) {
   return fe_engine_ready(ud);
 }
@@ -685,5 +725,6 @@ void fe_engine_hooks_get(struct fe_engine *e, struct fe_engine_hooks *out) {
   out->ready = hook_ready;
   out->submit = fe_eng_submit;
   out->max_model_len = hook_max_model_len;
+  out->model = hook_model;
   out->ud = e;
 }

@@ -82,3 +82,16 @@ int fe_g4_split_flush(struct fe_g4_split *s, struct fe_g4_out *out);
 int fe_g4_parse_call(const char *s, size_t n, char **name, char **args);
 
 #endif
+
+/* A GBNF grammar (grammar/gr.h's GR_GRAMMAR) for calls only, in Gemma 4's
+ * notation: one call (several when parallel) of the tools in `tools` (a JSON
+ * array of {"name", "parameters"}; only `only` when not NULL), each call's
+ * arguments following its parameter schema: type (and lists of types), properties
+ * (in the order Gemma 4's template writes them: sorted), required, enum, const,
+ * items, anyOf / oneOf, a string's minLength / maxLength; other keywords are not
+ * enforced in this notation.
+ * marker: the special token ids of FE_G4_CALL, FE_G4_CALL_END and FE_G4_QUOTE.
+ * *out is malloc'd. 0, or CM_ERR_NOMEM. */
+struct json_t;
+int fe_g4_tools_grammar(const struct json_t *tools, const char *only, int parallel,
+                        const int32_t *marker, char **out);

@@ -9,6 +9,7 @@
 #include "frontend/fe-main.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,14 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_timer_start(&a->drain_timer, on_drain_tick, 0, 20);
 }
 
+int fe_main_template_kwargs_ok(const char *json) {
+  json_t *kw = json_loads(json, 0, NULL);
+  json_t *th = json_object_get(kw, "enable_thinking");
+  int ok = json_is_object(kw) && (!th || json_is_boolean(th) || json_is_null(th));
+  json_decref(kw);
+  return ok;
+}
+
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = "default";
   static struct cm_strs schedulers; /* values live as long as the process */
@@ -82,7 +91,7 @@ int fe_frontend_main(int argc, char **argv) {
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
-  const char *media_dir = NULL, *limit_mm = NULL;
+  const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL;
   uint64_t max_image_bytes = 20u << 20;
   int64_t max_image_pixels = 40000000;
   struct cm_opt opts[] = {
@@ -99,6 +108,9 @@ int fe_frontend_main(int argc, char **argv) {
        "replicas, each request routed by load and prompt-prefix affinity"},
       {"model", CM_OPT_STR, &model_dir, "DIR",
        "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler)"},
+      {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
+       "chat template variables every chat request gets, under its own chat_template_kwargs "
+       "(e.g. '{\"enable_thinking\": true}')"},
       {"allowed-local-media-path", CM_OPT_STR, &media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, "image=N",
@@ -147,6 +159,13 @@ int fe_frontend_main(int argc, char **argv) {
       return 2;
     }
   }
+  if (template_kwargs && !fe_main_template_kwargs_ok(template_kwargs)) {
+    fprintf(stderr,
+            "lmserve frontend: --default-chat-template-kwargs must be a JSON object (with "
+            "enable_thinking a boolean): %s\n",
+            template_kwargs);
+    return 2;
+  }
   if (media_dir && access(media_dir, R_OK | X_OK) != 0) {
     fprintf(stderr, "lmserve frontend: --allowed-local-media-path %s: %s\n", media_dir,
             strerror(errno));
@@ -156,7 +175,7 @@ int fe_frontend_main(int argc, char **argv) {
   struct fe_app app;
   memset(&app, 0, sizeof(app));
   app.loop = uv_default_loop();
-  struct fe_route_config rcfg = {api_key, model, max_model_len};
+  struct fe_route_config rcfg = {api_key, model, max_model_len, template_kwargs};
   if ((rc = fe_router_create(&rcfg, &app.router)) != 0) {
     fprintf(stderr, "lmserve frontend: %s\n", cm_strerror(rc));
     return 1;

@@ -4,4 +4,8 @@
 
 int fe_frontend_main(int argc, char **argv);
 
+/* 1 when json is what --default-chat-template-kwargs takes: a JSON object whose
+ * enable_thinking, if there, is a boolean. */
+int fe_main_template_kwargs_ok(const char *json);
+
 #endif

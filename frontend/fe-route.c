@@ -100,7 +100,9 @@ static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body,
 
 static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
                       enum fe_api_kind kind) {
-  struct fe_api_config acfg = {r->model_name, max_model_len(r)};
+  struct fe_api_config acfg = {r->model_name, max_model_len(r),
+                               r->hooks.model ? r->hooks.model(r->hooks.ud) : NULL,
+                               r->cfg.default_template_kwargs};
   struct fe_api_request req;
   struct fe_api_error err;
   if (fe_api_parse_request(kind, body, len, &acfg, &req, &err) != 0) {

@@ -37,12 +37,17 @@ struct fe_engine_hooks {
   /* The context length the engine enforces (tokens), for /v1/models and
    * the router's length checks; NULL or <= 0: the configured one. */
   int64_t (*max_model_len)(void *ud);
+  /* What the checkpoint offers (Gemma 4's markers, native tools) for request
+   * parsing; NULL: nothing known. */
+  const struct fe_api_model *(*model)(void *ud);
 };
 
 struct fe_route_config {
   const char *api_key;    /* NULL or "": no auth */
   const char *model_name; /* the served model's name */
   int64_t max_model_len;  /* tokens */
+  /* --default-chat-template-kwargs: a JSON object's text (NULL: none) */
+  const char *default_template_kwargs;
 };
 
 int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out);

@@ -61,6 +61,7 @@
  *       masked_embedding.centroids.weight [C, h];
  *       masked_embedding.token_ordering [V] (I64). */
 #include <errno.h>
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,9 +139,116 @@ static int copy_tokenizer(const char *src, const char *out) {
   return rc == CM_ERR_NOENT ? 0 : rc;
 }
 
+/* ---- Gemma 4's tokenizer and chat format ----------------------------------------
+ *
+ * Gemma 4's tokenizer keeps Gemma 3's vocabulary and gives some of its unused
+ * slots and both turn tokens new special tokens; the ids are those of Gemma 4's
+ * tokenizer.json (vLLM's Gemma 4 reasoning parser names <|think|> token 98; the
+ * others as published Gemma 4 vocabularies list them). The chat template is our
+ * own, in the format of Gemma 4's (turns, the system turn with <|think|> and the
+ * tool declarations, calls and results in its notation, an empty thought channel
+ * after the generation prompt when thinking is off). */
+
+static const struct {
+  int id;
+  const char *text;
+} gemma4_specials[] = {
+    {46, "<|tool>"},          {47, "<tool|>"},          {48, "<|tool_call>"}, {49, "<tool_call|>"},
+    {50, "<|tool_response>"}, {51, "<tool_response|>"}, {52, "<|\"|>"},       {98, "<|think|>"},
+    {100, "<|channel>"},      {101, "<channel|>"},      {105, "<|turn>"},     {106, "<turn|>"},
+};
+
+static const char gemma4_template[] =
+    "{%- macro arg(v) -%}\n"
+    "{%- if v is string -%}<|\"|>{{ v }}<|\"|>\n"
+    "{%- elif v is boolean -%}{% if v %}true{% else %}false{% endif %}\n"
+    "{%- elif v is mapping -%}{ {%- for k, x in v | dictsort -%}{% if not loop.first %},{% endif "
+    "%}{{ k }}:{{ arg(x) }}{%- endfor -%} }\n"
+    "{%- elif v is none -%}null\n"
+    "{%- elif v is iterable -%}[ {%- for x in v -%}{% if not loop.first %},{% endif %}{{ arg(x) "
+    "}}{%- endfor -%} ]\n"
+    "{%- else -%}{{ v }}\n"
+    "{%- endif -%}\n"
+    "{%- endmacro -%}\n"
+    "{{- bos_token -}}\n"
+    "{%- set ns = namespace(msgs=messages, think=(enable_thinking is defined and enable_thinking), "
+    "last='') -%}\n"
+    "{%- if ns.think or tools or messages[0]['role'] == 'system' -%}\n"
+    "{{- '<|turn>system\\n' -}}\n"
+    "{%- if ns.think -%}<|think|>{%- endif -%}\n"
+    "{%- if messages[0]['role'] == 'system' -%}{{- messages[0]['content'] | trim -}}{%- set "
+    "ns.msgs = messages[1:] -%}{%- endif -%}\n"
+    "{%- for t in tools or [] -%}<|tool>declaration:{{ t['function']['name'] "
+    "}}{description:<|\"|>{{ t['function']['description'] }}<|\"|>,parameters:{{ "
+    "arg(t['function']['parameters']) }}}<tool|>{%- endfor -%}\n"
+    "{{- '<turn|>\\n' -}}\n"
+    "{%- endif -%}\n"
+    "{%- for m in ns.msgs -%}\n"
+    "{%- if not (ns.last == 'response' and m['tool_calls']) -%}{{- '<|turn>' + ('model' if "
+    "m['role'] == 'assistant' else m['role']) + '\\n' -}}{%- endif -%}\n"
+    "{%- for c in m['tool_calls'] or [] -%}<|tool_call>call:{{ c['function']['name'] }}{{ "
+    "arg(c['function']['arguments']) }}<tool_call|>{%- endfor -%}\n"
+    "{%- for r in m['tool_responses'] or [] -%}<|tool_response>response:{{ r['name'] }}{%- if "
+    "r['response'] is mapping -%}{{ arg(r['response']) }}{%- else -%}{value:{{ arg(r['response']) "
+    "}}}{%- endif -%}<tool_response|>{%- endfor -%}\n"
+    "{%- if m['content'] is string -%}{{- m['content'] | trim -}}{%- endif -%}\n"
+    "{%- if not (m['tool_responses'] and not m['content']) -%}{{- '<turn|>\\n' -}}{%- endif -%}\n"
+    "{%- set ns.last = 'response' if (m['tool_responses'] and not m['content']) else '' -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{%- if ns.last != 'response' -%}{{- '<|turn>model\\n' -}}{%- endif -%}\n"
+    "{%- if not ns.think -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}\n"
+    "{%- endif -%}\n";
+
+/* Rewrites dir's tokenizer.json (a Gemma 3 one) with Gemma 4's special tokens
+ * and writes tokenizer_config.json with the chat template above. */
+static int gemma4_tokenizer(const char *dir) {
+  char path[4200];
+  snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+  json_error_t je;
+  json_t *t = json_load_file(path, 0, &je);
+  json_t *vocab = json_object_get(json_object_get(t, "model"), "vocab");
+  json_t *added = json_object_get(t, "added_tokens");
+  enum { N = sizeof(gemma4_specials) / sizeof(gemma4_specials[0]) };
+  if (!json_is_object(vocab) || !json_is_array(added)) {
+    json_decref(t);
+    return CM_ERR_PARSE;
+  }
+  const char *old[N] = {0};
+  const char *k;
+  json_t *v;
+  json_object_foreach(vocab, k, v) {
+    for (int i = 0; i < N; i++)
+      if (json_integer_value(v) == gemma4_specials[i].id) old[i] = k;
+  }
+  for (int i = 0; i < N; i++) {
+    if (old[i]) json_object_del(vocab, old[i]); /* old[i] is gone: not read again */
+    json_object_set_new(vocab, gemma4_specials[i].text, json_integer(gemma4_specials[i].id));
+  }
+  size_t j;
+  json_t *a;
+  json_array_foreach(added, j, a) {
+    for (int i = 0; i < N; i++)
+      if (json_integer_value(json_object_get(a, "id")) == gemma4_specials[i].id) {
+        json_object_set_new(a, "content", json_string(gemma4_specials[i].text));
+        json_object_set_new(a, "special", json_true());
+      }
+  }
+  int rc = json_dump_file(t, path, JSON_COMPACT) ? CM_ERR_IO : 0;
+  json_decref(t);
+  if (rc) return rc;
+  json_t *cfg = json_pack("{s:s, s:s, s:s, s:s, s:b, s:s}", "bos_token", "<bos>", "eos_token",
+                          "<eos>", "pad_token", "<pad>", "unk_token", "<unk>", "add_bos_token", 1,
+                          "chat_template", gemma4_template);
+  snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+  rc = !cfg || json_dump_file(cfg, path, JSON_INDENT(2)) ? CM_ERR_IO : 0;
+  json_decref(cfg);
+  return rc;
+}
+
 int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
-  const char *dtype = "bf16";
+  const char *dtype = "bf16", *chat = "gemma3";
   int64_t seed = 1, vocab = 262144;
   int moe = 0, echo = 0, agree = 0, vision = 0;
   double echo_leak = 0;
@@ -160,6 +268,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "gemma3: a multimodal checkpoint (Gemma3ForConditionalGeneration) with a small SigLIP "
        "tower: 64 px images, 8 px patches, 16 image tokens"},
       {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},
+      {"chat-format", CM_OPT_STR, &chat, "F",
+       "gemma4: gemma4 writes Gemma 4's special tokens at their ids (<|turn>, <|channel>, "
+       "<|tool_call>, <|\"|>, ...) and a chat template in Gemma 4's format with tools and "
+       "thinking; gemma3 (default) keeps the bundled Gemma 3 tokenizer and template"},
       {"echo", CM_OPT_BOOL, &echo, NULL,
        "gemma4: rigged so that the next greedy token is the current one (with --agree: "
        "speculative-decoding tests and benchmarks)"},
@@ -187,6 +299,11 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     dt = WK_ST_F16;
   else if (strcmp(dtype, "bf16")) {
     fprintf(stderr, "lmserve make-tiny-model: --dtype must be bf16, f16 or f32\n");
+    return 2;
+  }
+  if (strcmp(chat, "gemma3") && (strcmp(chat, "gemma4") || strcmp(arch, "gemma4"))) {
+    fprintf(stderr, "lmserve make-tiny-model: --chat-format is gemma3, or gemma4 with --arch "
+                    "gemma4\n");
     return 2;
   }
   struct wk_tiny_spec spec = {0};
@@ -262,6 +379,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve make-tiny-model: no tokenizer at %s: wrote none (run tools/setup)\n",
             tsrc);
     rc = 0;
+  } else if (!strcmp(chat, "gemma4") && (rc = gemma4_tokenizer(out))) {
+    fprintf(stderr, "lmserve make-tiny-model: Gemma 4's tokenizer in %s: %s\n", out,
+            cm_strerror(rc));
+    goto fail;
   }
   fprintf(stderr, "lmserve make-tiny-model: wrote %s (%s, %d tensors, seed %lld)\n", out,
           spec.model_type, spec.n_tensors, (long long)seed);

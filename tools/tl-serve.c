@@ -46,6 +46,7 @@
 #include "common/cm-fs.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
+#include "frontend/fe-main.h"
 #include "kernels/kn-registry.h"
 #include "lmserve-config.h"
 #include "proto/pr-zmq.h"
@@ -241,6 +242,7 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_str(&f, "--api-key", s->api_key);
   argv_add_str(&f, "--served-model-name", s->served_name);
   argv_add_str(&f, "--allowed-local-media-path", s->media_dir);
+  argv_add_str(&f, "--default-chat-template-kwargs", s->template_kwargs);
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
@@ -310,6 +312,9 @@ int tl_serve_main(int argc, char **argv) {
       {"served-model-name", CM_OPT_STR, &s.served_name, "NAME", "model name in the API"},
       {"allowed-local-media-path", CM_OPT_STR, &s.media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
+      {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
+       "chat template variables every chat request gets, under its own chat_template_kwargs "
+       "(e.g. '{\"enable_thinking\": true}')"},
       {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, "image=N",
        "images per prompt at most (image=16; image=0 turns images off); JSON {\"image\": N} too"},
       {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES", "largest encoded image (20M)"},
@@ -368,6 +373,14 @@ int tl_serve_main(int argc, char **argv) {
   if (!(s.gpu_mem_util > 0.0 && s.gpu_mem_util <= 1.0)) {
     fprintf(stderr, "lmserve serve: --gpu-memory-utilization must be in (0, 1] (got %g)\n",
             s.gpu_mem_util);
+    return 2;
+  }
+
+  if (s.template_kwargs && !fe_main_template_kwargs_ok(s.template_kwargs)) {
+    fprintf(stderr,
+            "lmserve serve: --default-chat-template-kwargs must be a JSON object (with "
+            "enable_thinking a boolean): %s\n",
+            s.template_kwargs);
     return 2;
   }
 
