@@ -52,7 +52,8 @@ static void make_model(struct as_server *s, int max_pos) {
   int rc = s->vision ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma3", "--vision",
                                   "--out", s->model, "--seed", "1", NULL)
                      : th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out",
-                                  s->model, "--seed", "1", NULL);
+                                  s->model, "--seed", "1", "--chat-format",
+                                  s->gemma4_chat ? "gemma4" : "gemma3", NULL);
   if (rc != 0) fprintf(stderr, "make-tiny-model: %s\n", o.err ? o.err : "");
   th_out_free(&o);
   TH_REQUIRE(rc == 0);
@@ -124,10 +125,11 @@ static int try_start(struct as_server *s, char *const extra[]) {
 
 void as_start(struct as_server *s, int max_pos, char *const extra[]) {
   const char *key = s->api_key;
-  int vision = s->vision;
+  int vision = s->vision, gemma4_chat = s->gemma4_chat;
   memset(s, 0, sizeof(*s));
   s->api_key = key;
   s->vision = vision;
+  s->gemma4_chat = gemma4_chat;
   make_model(s, max_pos);
   /* a port taken between free_port and serve's bind: try another */
   for (int i = 0; i < 3; i++)

@@ -21,7 +21,7 @@
 /* Runs tests/integration/api/SCRIPT under node against serve on the tiny Gemma 4
  * (API key KEY, --max-model-len MAX_LEN), skipping loudly without node or
  * node_modules/openai. */
-static void run_script(const char *script_name, const char *max_len) {
+static void run_script_on(const char *script_name, const char *max_len, int gemma4_chat) {
   th_proc_init(900);
   char *ver[] = {"node", "--version", NULL};
   char *out = NULL, *err = NULL;
@@ -39,7 +39,7 @@ static void run_script(const char *script_name, const char *max_len) {
             "test did not run");
   TH_REQUIRE(access(script, R_OK) == 0);
 
-  struct as_server s = {.api_key = KEY};
+  struct as_server s = {.api_key = KEY, .gemma4_chat = gemma4_chat};
   as_start(&s, 0,
            (char *[]){"--served-model-name", NAME, "--max-model-len", (char *)max_len, NULL});
   char url[96], key[64], model[64], len[64];
@@ -65,6 +65,10 @@ static void run_script(const char *script_name, const char *max_len) {
   as_stop(&s);
 }
 
+static void run_script(const char *script_name, const char *max_len) {
+  run_script_on(script_name, max_len, 0);
+}
+
 TH_TEST(api_openai_client) {
   run_script("api-openai.mjs", MAX_LEN);
 }
@@ -80,4 +84,11 @@ TH_TEST(api_structured_outputs) {
  * trip; the arguments checked against the tools' schemas by hand. */
 TH_TEST(api_tool_calls) {
   run_script("api-tools.mjs", "2048");
+}
+
+/* Gemma 4's notation on the tiny Gemma 4 with Gemma 4's tokenizer and chat format:
+ * reasoning apart (stream and not), chat_template_kwargs, native tool calls forced
+ * and auto, parallel, streamed, the history round trip, and the 400s. */
+TH_TEST(api_gemma4_reasoning_and_tools) {
+  run_script_on("api-gemma4.mjs", "2048", 1);
 }
