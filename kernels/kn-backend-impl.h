@@ -44,6 +44,10 @@ struct kn_backend_ops {
   int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                      const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
                      int T);
+  /* kn_matmul_fp8; fp8_weights: kn_fp8_weights (NULL: no) */
+  int (*matmul_fp8)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                    const uint8_t *w, const float *scale, int T, int N, int K, int accumulate);
+  int (*fp8_weights)(void *ctx, char *why, size_t whylen);
   int (*rope)(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
               const float *inv_freq);
   int (*gelu_mul)(void *ctx, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,

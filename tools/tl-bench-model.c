@@ -112,7 +112,8 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 }
 
 int tl_bench_model_main(int argc, char **argv) {
-  const char *model = NULL, *dtype = "auto", *device = NULL, *kv_dtype_s = "auto";
+  const char *model = NULL, *dtype = "auto", *device = NULL, *kv_dtype_s = "auto",
+             *quant_s = "none";
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0, fast = 1, use_mmap = 0, eager = 0;
   double temperature = 0, top_p = 1;
@@ -140,6 +141,7 @@ int tl_bench_model_main(int argc, char **argv) {
        "Gemma 4: skip KV-shared layers for rows nobody reads (default on; --no-fast-prefill)"},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -147,10 +149,11 @@ int tl_bench_model_main(int argc, char **argv) {
                          opts, argc, argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
-  int bf16 = 0, kv_dtype = 0;
+  int bf16 = 0, kv_dtype = 0, quant = 0;
   char why[160];
   if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
-      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why))) {
+      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why)) ||
+      wk_quantization_parse(quant_s, &quant, why, sizeof(why))) {
     fprintf(stderr, "lmserve bench model: %s\n", why);
     return 2;
   }
@@ -247,7 +250,8 @@ int tl_bench_model_main(int argc, char **argv) {
                              .no_fast_prefill = !fast,
                              .kv_dtype = kv_dtype,
                              .mmap_weights = use_mmap,
-                             .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE};
+                             .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+                             .quantization = quant};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     goto done;

@@ -208,6 +208,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     argv_add_str(&a, "--kv-cache-dtype", s->kv_cache_dtype);
     if (s->mmap_weights) argv_add(&a, "--mmap");
     if (s->enforce_eager) argv_add(&a, "--enforce-eager");
+    argv_add_str(&a, "--quantization", s->quantization);
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
@@ -346,6 +347,7 @@ int tl_serve_main(int argc, char **argv) {
       {"kv-cache-dtype", CM_OPT_STR, &s.kv_cache_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &s.enforce_eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &s.quantization, "none|fp8", WK_QUANT_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
@@ -371,10 +373,11 @@ int tl_serve_main(int argc, char **argv) {
     return 2;
   }
 
-  int bf16, kvdt;
+  int bf16, kvdt, quant;
   char why[160];
   if ((s.dtype && kn_backend_dtype_parse(s.dtype, &bf16, why, sizeof(why))) ||
-      (s.kv_cache_dtype && wk_kv_dtype_parse(s.kv_cache_dtype, &kvdt, why, sizeof(why)))) {
+      (s.kv_cache_dtype && wk_kv_dtype_parse(s.kv_cache_dtype, &kvdt, why, sizeof(why))) ||
+      (s.quantization && wk_quantization_parse(s.quantization, &quant, why, sizeof(why)))) {
     fprintf(stderr, "lmserve serve: %s\n", why);
     return 2;
   }

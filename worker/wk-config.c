@@ -658,6 +658,95 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   return plan_layers(cfg, kinds, &ov, err, errlen);
 }
 
+/* One compressed-tensors quantization scheme's "weights" (or, with act set,
+ * "input_activations") object: 8-bit floats, per channel or per tensor. */
+static int check_scheme(const json_t *q, const char *group, int act, char *err, size_t errlen) {
+  const char *what = act ? "input_activations" : "weights";
+  if (!q || json_is_null(q)) {
+    if (act) return 0; /* weight-only */
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s has no weights scheme",
+                   group);
+  }
+  const json_t *bits = json_object_get(q, "num_bits"), *type = json_object_get(q, "type");
+  if (!json_is_object(q) || !json_is_integer(bits) || json_integer_value(bits) != 8 ||
+      !json_is_string(type) || strcmp(json_string_value(type), "float"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s.%s: only 8-bit float (FP8 "
+                   "e4m3) schemes are supported",
+                   group, what);
+  const json_t *strat = json_object_get(q, "strategy");
+  const char *st = json_is_string(strat) ? json_string_value(strat) : "";
+  int ok = act ? !strcmp(st, "token") || !strcmp(st, "tensor")
+               : !strcmp(st, "channel") || !strcmp(st, "tensor");
+  if (!ok)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s.%s.strategy \"%s\" is not "
+                   "supported (%s)",
+                   group, what, st, act ? "token or tensor" : "channel or tensor");
+  const json_t *sym = json_object_get(q, "symmetric");
+  if (json_is_false(sym))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s.%s: asymmetric FP8 (zero "
+                   "points) is not supported",
+                   group, what);
+  return 0;
+}
+
+/* quantization_config: absent, or FP8 linear weights (cfg->fp8). Anything
+ * else is refused by name, never loaded as if it were bf16. */
+static int parse_quant(const json_t *root, struct wk_config *cfg, char *err, size_t errlen) {
+  const json_t *qc = json_object_get(root, "quantization_config");
+  if (!qc || json_is_null(qc)) return 0;
+  const json_t *m = json_object_get(qc, "quant_method");
+  if (!json_is_object(qc) || !json_is_string(m))
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "config.json: quantization_config must be an object with a quant_method");
+  const char *method = json_string_value(m);
+  if (!strcmp(method, "fp8")) {
+    if (json_object_get(qc, "weight_block_size") &&
+        !json_is_null(json_object_get(qc, "weight_block_size")))
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "config.json: quantization_config.weight_block_size: block-wise FP8 scales "
+                     "are not supported (per-channel or per-tensor are)");
+    cfg->fp8 = 1;
+    return 0;
+  }
+  if (strcmp(method, "compressed-tensors"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.quant_method \"%s\" is not supported (FP8 "
+                   "checkpoints: compressed-tensors or fp8)",
+                   method);
+  const json_t *fmt = json_object_get(qc, "format");
+  if (json_is_string(fmt) && strcmp(json_string_value(fmt), "float-quantized") &&
+      strcmp(json_string_value(fmt), "naive-quantized"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.format \"%s\" is not supported "
+                   "(float-quantized)",
+                   json_string_value(fmt));
+  const json_t *groups = json_object_get(qc, "config_groups");
+  if (!json_is_object(groups) || !json_object_size(groups))
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "config.json: quantization_config.config_groups missing");
+  const char *name;
+  const json_t *g;
+  json_object_foreach((json_t *)groups, name, g) {
+    if (!json_is_object(g))
+      return cm_fail(err, errlen, CM_ERR_PARSE,
+                     "config.json: quantization_config.config_groups.%s is not an object", name);
+    int rc = check_scheme(json_object_get(g, "weights"), name, 0, err, errlen);
+    if (!rc) rc = check_scheme(json_object_get(g, "input_activations"), name, 1, err, errlen);
+    if (rc) return rc;
+  }
+  const json_t *kv = json_object_get(qc, "kv_cache_scheme");
+  if (kv && !json_is_null(kv))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.kv_cache_scheme: KV cache scales from the "
+                   "checkpoint are not supported (use --kv-cache-dtype fp8, scale 1)");
+  cfg->fp8 = 1;
+  return 0;
+}
+
 int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen) {
   memset(cfg, 0, sizeof(*cfg));
   json_error_t jerr;
@@ -707,6 +796,7 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
     }
   }
   if ((rc = parse_text(root, tc, cfg, err, errlen))) goto done;
+  if ((rc = parse_quant(root, cfg, err, errlen))) goto done;
   if (!strcmp(type, "gemma3") && (rc = parse_vision(root, cfg, err, errlen))) goto done;
   if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT) {
     long long v;

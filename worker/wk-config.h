@@ -136,6 +136,8 @@ struct wk_config {
   int moe;       /* enable_moe_block */
   int n_experts, top_k_experts, moe_ffn;
   int tie_embeddings;
+  int fp8; /* quantization_config: linear weights stored as FP8 e4m3 with per-channel or
+              per-tensor scales (compressed-tensors, or quant_method "fp8" without blocks) */
   int bos_id, pad_id;
   int eos_ids[WK_MAX_EOS];
   int n_eos;

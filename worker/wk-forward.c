@@ -59,6 +59,8 @@ static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
 
 int wk_linear(struct wk_model *m, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
               const struct wk_w *w, int T) {
+  if (w->dt == KN_DTYPE_F8E4M3)
+    return kn_matmul_fp8(m->be, out, ldo, in, ldi, w->p, w->scale, T, w->rows, w->cols, 0);
   return kn_matmul(m->be, out, ldo, in, ldi, w->p, w->dt, T, w->rows, w->cols, 0);
 }
 
@@ -207,9 +209,10 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
 }
 
 /* Whether a layer's Q, K and V (gate and up) can go through one kn_matmul_n
- * (kn_matmul_glu): the same dtype and input width. */
+ * (kn_matmul_glu): the same dtype and input width, and not FP8 (whose
+ * per-feature scales those ops do not take: kn_matmul_fp8 each). */
 static int same_kind(const struct wk_w *a, const struct wk_w *b) {
-  return a->dt == b->dt && a->cols == b->cols;
+  return a->dt == b->dt && a->cols == b->cols && a->dt != KN_DTYPE_F8E4M3;
 }
 
 /* q = h Wq, and on a layer that stores K/V, k = h Wk and v = h Wv (or the raw k

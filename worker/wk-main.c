@@ -368,7 +368,7 @@ static int local_rank_of(int64_t flag, int seen, int64_t rank) {
 
 int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
-  const char *dtype = "auto", *kv_dtype_s = "auto";
+  const char *dtype = "auto", *kv_dtype_s = "auto", *quant_s = "none";
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
@@ -410,6 +410,7 @@ int wk_worker_main(int argc, char **argv) {
       {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},
@@ -447,10 +448,11 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
   }
-  int bf16 = 0, kv_dtype = 0;
+  int bf16 = 0, kv_dtype = 0, quant = 0;
   char why[160];
   if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
-      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why))) {
+      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why)) ||
+      wk_quantization_parse(quant_s, &quant, why, sizeof(why))) {
     fprintf(stderr, "lmserve worker: %s\n", why);
     return 2;
   }
@@ -509,6 +511,7 @@ int wk_worker_main(int argc, char **argv) {
       .tp_size = (int)world,
       .mmap_weights = use_mmap,
       .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+      .quantization = quant,
   };
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: %s\n", err);

@@ -24,6 +24,8 @@ struct binder {
   char *err;
   size_t errlen;
   int rc;
+  int lin;   /* binding a linear layer's weight (bind_lin): it may be FP8 */
+  int quant; /* --quantization fp8: linear weights quantized to FP8 as they are bound */
 };
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
@@ -203,13 +205,20 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
                     t->file, name, got, exp);
     return NULL;
   }
-  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
-                    "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", t->file, name,
-                    t->dtype_name);
+  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16 &&
+      !(t->dtype == WK_ST_F8E4M3 && b->lin)) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)",
+                    t->file, name, t->dtype_name,
+                    b->lin ? "supported: F32, F16, BF16, F8_E4M3"
+                           : "supported: F32, F16, BF16; F8_E4M3 only for linear layers");
     return NULL;
   }
   return t;
+}
+
+/* A bound tensor's element type as the kernels name it. */
+static enum kn_dtype kn_of(const struct wk_tensor *t) {
+  return t->dtype == WK_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
 }
 
 /* The part of a weight a rank binds: n rows (WK_SHARD_ROWS) or columns (COLS) from
@@ -223,7 +232,7 @@ struct cut {
  * backend memory (a column slice, or rows from both halves, are not contiguous). */
 static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
                           struct cut cut, int n_mat, int R, int C) {
-  size_t esz = kn_dtype_size((enum kn_dtype)t->dtype);
+  size_t esz = kn_dtype_size(kn_of(t));
   int rows = shard == WK_SHARD_ROWS ? cut.n * cut.halves : R;
   int cols = shard == WK_SHARD_COLS ? cut.n : C;
   size_t row_bytes = (size_t)cols * esz, bytes = (size_t)n_mat * (size_t)rows * row_bytes;
@@ -245,6 +254,119 @@ static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_s
   return p;
 }
 
+/* The per-feature scales of FP8 checkpoint weight t (its "...weight_scale":
+ * [R, 1], [R], [1] or a scalar, f32 / bf16 / f16, every one finite and
+ * positive) for rows [off, off + rows) into scale. */
+static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int off, int rows,
+                      float *scale, const char *name) {
+  char sname[272];
+  size_t n = strlen(name);
+  if (n < 6 || strcmp(name + n - 6, "weight"))
+    return cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: FP8 tensor %s is not a weight",
+                   t->file, name);
+  snprintf(sname, sizeof(sname), "%s_scale", name);
+  const struct wk_tensor *s = wk_st_find(b->m->st, sname);
+  if (!s)
+    return cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: FP8 tensor %s has no %s", t->file, name,
+                   sname);
+  int64_t count = 1;
+  for (int d = 0; d < s->ndim; d++)
+    count *= s->shape[d];
+  int per_row = count == R && (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1));
+  int per_tensor = count == 1 && s->ndim <= 2;
+  if ((!per_row && !per_tensor) ||
+      (s->dtype != WK_ST_F32 && s->dtype != WK_ST_BF16 && s->dtype != WK_ST_F16)) {
+    char got[96];
+    shape_str(got, sizeof(got), s->ndim, s->shape);
+    return cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
+                   "%s: %s has shape %s and dtype %s (expected [%d, 1], [%d] or one value, "
+                   "F32 / BF16 / F16: per-channel or per-tensor scales)",
+                   s->file, sname, got, s->dtype_name, R, R);
+  }
+  for (int r = 0; r < rows; r++) {
+    float v = kn_load_f32(s->data, kn_of(s), per_row ? (size_t)(off + r) : 0);
+    if (!(v > 0.0f) || !isfinite(v))
+      return cm_fail(b->err, b->errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
+                     s->file, sname, per_row ? off + r : 0, (double)v);
+    scale[r] = v;
+  }
+  return 0;
+}
+
+/* Binds linear weight t (full shape [R, C]; w's cut already set) as FP8 e4m3
+ * with a scale per output feature: the checkpoint's codes and scales, or the
+ * bf16 / f16 / f32 weight quantized here (kn_fp8_quantize_rows). A column
+ * slice is quantized with the scales of its whole rows, so every tensor-
+ * parallel cut holds the codes of the unsplit model. */
+static void bind_fp8(struct binder *b, struct wk_w *w, const struct wk_tensor *t, int R, int C,
+                     const char *name) {
+  if (w->n_mat != 1) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: %s: FP8 stacks are not supported",
+                    t->file, name);
+    return;
+  }
+  int rows = w->rows, cols = w->cols;
+  int r0 = w->shard == WK_SHARD_ROWS ? w->off : 0, c0 = w->shard == WK_SHARD_COLS ? w->off : 0;
+  size_t qbytes = (size_t)rows * (size_t)cols;
+  uint8_t *q = malloc(qbytes ? qbytes : 1);
+  float *scale = malloc(sizeof(float) * (size_t)rows), *amax = NULL;
+  int rc = q && scale ? 0 : CM_ERR_NOMEM;
+  if (!rc && t->dtype == WK_ST_F8E4M3) {
+    for (int r = 0; r < rows; r++)
+      memcpy(q + (size_t)r * (size_t)cols,
+             (const uint8_t *)t->data + (size_t)(r0 + r) * (size_t)C + (size_t)c0, (size_t)cols);
+    rc = fp8_scales(b, t, R, r0, rows, scale, name);
+    if (rc) {
+      b->rc = rc;
+      goto done;
+    }
+  } else if (!rc) {
+    enum kn_dtype dt = kn_of(t);
+    if (cols != C && !(amax = malloc(sizeof(float) * (size_t)rows))) rc = CM_ERR_NOMEM;
+    for (int r = 0; !rc && amax && r < rows; r++) { /* the whole row's largest magnitude */
+      float big = 0.0f;
+      for (int k = 0; k < C; k++) {
+        float a = fabsf(kn_load_f32(t->data, dt, (size_t)(r0 + r) * (size_t)C + (size_t)k));
+        big = a > big || a != a ? a : big;
+      }
+      amax[r] = big;
+    }
+    const char *src =
+        (const char *)t->data + ((size_t)r0 * (size_t)C + (size_t)c0) * kn_dtype_size(dt);
+    if (!rc && kn_fp8_quantize_rows(q, scale, src, dt, C, rows, cols, amax)) {
+      b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE,
+                      "%s: %s holds a value that is not finite: it cannot be quantized to FP8",
+                      t->file, name);
+      goto done;
+    }
+  }
+  void *qd = rc ? NULL : weight_alloc(b->m, qbytes);
+  float *sd = rc ? NULL : wk_model_alloc(b->m, sizeof(float) * (size_t)rows);
+  if (!qd || !sd || kn_upload(b->m->be, qd, q, qbytes) ||
+      kn_upload(b->m->be, sd, scale, sizeof(float) * (size_t)rows)) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s as FP8", name);
+    goto done;
+  }
+  w->p = qd;
+  w->scale = sd;
+  w->dt = KN_DTYPE_F8E4M3;
+  b->m->weight_bytes += qbytes + sizeof(float) * (size_t)rows;
+  load_progress(b->m, (size_t)rows * (size_t)cols * kn_dtype_size(kn_of(t)));
+done:
+  free(q);
+  free(scale);
+  free(amax);
+}
+
+/* bind_mat of a linear layer's weight [d0, d1]: stored as FP8 in the
+ * checkpoint, or quantized to FP8 here under --quantization fp8. */
+#define bind_lin(b, ...)                                                                           \
+  do {                                                                                             \
+    (b)->lin = 1;                                                                                  \
+    bind_mat((b), __VA_ARGS__);                                                                    \
+    (b)->lin = 0;                                                                                  \
+  } while (0)
+
 /* Binds a weight of full shape [d0, d1] (d2 < 0) or a stack [d0, d1, d2] of d0
  * matrices: this rank's cut of it under its shard rule, with its shape. */
 static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, struct cut cut,
@@ -260,7 +382,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   const struct wk_tensor *t = lookup(b, required, d0, d1, d2, name);
   *w = (struct wk_w){.shard = shard};
   if (!t) return;
-  w->dt = (enum kn_dtype)t->dtype;
+  w->dt = kn_of(t);
   w->n_mat = d2 < 0 ? 1 : (int)d0;
   int R = (int)(d2 < 0 ? d0 : d1), C = (int)(d2 < 0 ? d1 : d2);
   if (cut.halves < 1) cut.halves = 1;
@@ -269,6 +391,10 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   w->rows = whole || shard != WK_SHARD_ROWS ? R : cut.n * cut.halves;
   w->cols = whole || shard != WK_SHARD_COLS ? C : cut.n;
   w->off = whole ? 0 : cut.off;
+  if (w->dt == KN_DTYPE_F8E4M3 || (b->lin && b->quant)) {
+    bind_fp8(b, w, t, R, C, name);
+    return;
+  }
   size_t bytes = (size_t)w->n_mat * (size_t)w->rows * (size_t)w->cols * kn_dtype_size(w->dt);
   if (whole)
     w->p = place(b->m, t->data, t->nbytes);
@@ -328,7 +454,7 @@ static float round_to(enum kn_dtype dt, double v) {
 static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   const struct wk_config *c = &m->full, *lc = &m->cfg;
   const struct wk_shard_plan *sp = &m->plan;
-  struct binder b = {m, err, errlen, 0};
+  struct binder b = {m, err, errlen, 0, 0, m->quant_fp8};
   const char *P = find_prefix(m->st);
   if (!P)
     return cm_fail(err, errlen, CM_ERR_NOENT,
@@ -352,7 +478,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     int LP = L * c->ple_dim;
     bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_vocab, LP, -1,
              "%sembed_tokens_per_layer.weight", P);
-    bind_mat(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
+    bind_lin(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
              "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
@@ -367,24 +493,24 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->rank * lF, lF, 1};
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
-    bind_mat(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
+    bind_lin(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
              -1, "%sself_attn.q_proj.weight", lp);
-    bind_mat(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
+    bind_lin(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
              -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_mat(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      bind_lin(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
       if (!l->k_eq_v)
-        bind_mat(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+        bind_lin(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
     w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
     w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
     w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
-    bind_mat(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
-    bind_mat(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_mat(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_lin(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
+    bind_lin(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_lin(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
       bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
@@ -402,9 +528,9 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
     }
     if (c->ple_dim) {
-      bind_mat(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
+      bind_lin(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
                "%sper_layer_input_gate.weight", lp);
-      bind_mat(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
+      bind_lin(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
                "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
@@ -682,6 +808,28 @@ static int size_pool(struct wk_model *m, struct wk_model_opts *o, char *err, siz
   return 0;
 }
 
+/* FP8 weights (--quantization fp8, or a checkpoint's quantization_config) on a
+ * backend that serves them (kn_fp8_weights), else a clear refusal: never a
+ * silent fallback to the bf16 weights. */
+static int check_fp8(struct wk_model *m, struct kn_backend *be, const struct wk_model_opts *o,
+                     char *err, size_t errlen) {
+  m->quant_fp8 = o->quantization == WK_QUANT_FP8;
+  if (m->quant_fp8 && m->full.fp8)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--quantization fp8: %s is already an FP8 checkpoint (its quantization_config "
+                   "says so); load it without the flag",
+                   m->dir);
+  if (!m->quant_fp8 && !m->full.fp8) return 0;
+  char why[256];
+  if (!o->fp8_reference && kn_fp8_weights(be, why, sizeof(why)))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s%s: %s",
+                   m->quant_fp8 ? "--quantization fp8 on " : "FP8 checkpoint ", m->dir, why);
+  if (m->full.moe && !o->quiet)
+    cm_info("wk", "%s: the MoE experts stay in their own dtype (FP8 covers the linear layers)",
+            m->dir);
+  return 0;
+}
+
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
                      struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
@@ -707,6 +855,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
                  dir);
     goto fail;
   }
+  if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
   if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
   uint64_t total = wk_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
@@ -878,6 +1027,19 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
     h = mix(h, (uint64_t)(uint32_t)l->ffn_dim);
   }
   return h;
+}
+
+int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen) {
+  if (!s || !*s || !strcmp(s, "none")) {
+    *out = WK_QUANT_NONE;
+    return 0;
+  }
+  if (!strcmp(s, "fp8")) {
+    *out = WK_QUANT_FP8;
+    return 0;
+  }
+  return cm_fail(err, errlen, CM_ERR_INVAL,
+                 "--quantization '%s' is not one of none, fp8 (GGUF files carry their own)", s);
 }
 
 int wk_kv_dtype_parse(const char *s, int *out, char *err, size_t errlen) {

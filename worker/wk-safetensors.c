@@ -32,12 +32,12 @@ struct wk_st {
 };
 
 const char *wk_st_dtype_name(enum wk_st_dtype dt) {
-  static const char *names[] = {"F32", "F16", "BF16", "I64", "I32", "?"};
+  static const char *names[] = {"F32", "F16", "BF16", "I64", "I32", "F8_E4M3", "?"};
   return (unsigned)dt <= WK_ST_OTHER ? names[dt] : "?";
 }
 
 size_t wk_st_dtype_size(enum wk_st_dtype dt) {
-  static const size_t sizes[] = {4, 2, 2, 8, 4, 0};
+  static const size_t sizes[] = {4, 2, 2, 8, 4, 1, 0};
   return (unsigned)dt <= WK_ST_OTHER ? sizes[dt] : 0;
 }
 

@@ -25,7 +25,8 @@ enum wk_st_dtype {
   WK_ST_BF16 = 2, /* the first three equal enum kn_dtype */
   WK_ST_I64 = 3,
   WK_ST_I32 = 4,
-  WK_ST_OTHER = 5, /* any other safetensors dtype: refused when bound */
+  WK_ST_F8E4M3 = 5, /* "F8_E4M3": FP8 checkpoints' linear weights */
+  WK_ST_OTHER = 6,  /* any other safetensors dtype: refused when bound */
 };
 
 struct wk_tensor {

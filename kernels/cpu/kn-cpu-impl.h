@@ -307,6 +307,10 @@ int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out);
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
 
+/* Every e4m3 code's value (kn_f8e4m3_to_f32), filled when the library loads
+ * (kn-cpu-ops.c): the fp8 KV cache's and the FP8 weights' widening. */
+extern float kn_cpu_e4m3[256];
+
 /* Reference pieces other files reuse. */
 float kn_cpu_gelu_tanh_ref(float g);
 void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,

@@ -258,6 +258,73 @@ static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *i
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
 }
 
+/* ---- FP8 weights ----------------------------------------------------------- */
+
+float kn_cpu_e4m3[256];
+__attribute__((constructor)) static void e4m3_table(void) {
+  for (int c = 0; c < 256; c++)
+    kn_cpu_e4m3[c] = kn_f8e4m3_to_f32((uint8_t)c);
+}
+
+/* Output features per FP8 work unit: about TILE_CHUNK_BYTES of widened rows. */
+static int fp8_chunk(int N, int K) {
+  long long c = TILE_CHUNK_BYTES / (4LL * K);
+  return (int)(c < 1 ? 1 : c > N ? N : c);
+}
+
+struct fp8_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const float *x; /* [T, K] the inputs rounded to bf16 */
+  const uint8_t *w;
+  const float *scale;
+  int T, N, K, acc, chunk;
+};
+
+/* Features [n0, n0 + n) of each unit: the rows widened exactly through the
+ * table, the f32 kernel's dot products of them with the rounded inputs (exact
+ * products), then the scale. */
+static void fp8_run(void *arg, long long u0, long long u1, int ith) {
+  const struct fp8_task *f = arg;
+  float *wf = f->ctx->scratch[ith], *dots = wf + (size_t)f->chunk * (size_t)f->K;
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * f->chunk, n = f->N - n0 < f->chunk ? f->N - n0 : f->chunk;
+    const uint8_t *w = f->w + (size_t)n0 * (size_t)f->K;
+    for (size_t i = 0; i < (size_t)n * (size_t)f->K; i++)
+      wf[i] = kn_cpu_e4m3[w[i]];
+    f->ctx->dsp.matvec[KN_DTYPE_F32](dots, n, f->x, f->K, wf, f->K, f->T, n, 0);
+    for (int t = 0; t < f->T; t++) {
+      float *o = f->out + (ptrdiff_t)t * f->ldo + n0;
+      const float *d = dots + (size_t)t * (size_t)n;
+      for (int j = 0; j < n; j++) {
+        float v = d[j] * f->scale[n0 + j];
+        o[j] = f->acc ? o[j] + v : v;
+      }
+    }
+  }
+}
+
+static int cpu_matmul_fp8(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                          const uint8_t *w, const float *scale, int T, int N, int K,
+                          int accumulate) {
+  struct kn_cpu_ctx *ctx = p;
+  if (K == 0) {
+    for (int t = 0; t < T && !accumulate; t++)
+      memset(out + (ptrdiff_t)t * ldo, 0, N * 4u);
+    return 0;
+  }
+  int rc = grow_buf((void **)&ctx->xr, &ctx->xr_floats, (size_t)T * (size_t)K, 4);
+  if (rc) return rc;
+  struct round_task rt = {in, ldi, ctx->xr, K};
+  kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K, T, 16), round_run, &rt);
+  struct fp8_task f = {ctx, out, ldo, ctx->xr, w, scale, T, N, K, accumulate, fp8_chunk(N, K)};
+  if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)f.chunk * ((size_t)K + (size_t)T)))) return rc;
+  long long units = (N + f.chunk - 1) / f.chunk;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), fp8_run, &f);
+  return 0;
+}
+
 /* ---- matmul then argmax -------------------------------------------------- */
 
 /* Each unit finds each token's first maximum over its rows: tok_argmax with
@@ -687,6 +754,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->rmsnorm = cpu_rmsnorm;
   ops->matmul = cpu_matmul;
   ops->matmul_rows = cpu_matmul_rows;
+  ops->matmul_fp8 = cpu_matmul_fp8;
   ops->rope = kn_cpu_op_rope;
   ops->gelu_mul = cpu_gelu_mul;
   ops->add = cpu_add;
