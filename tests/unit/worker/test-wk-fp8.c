@@ -308,6 +308,57 @@ TH_TEST(per_tensor_scales_match_numpy) {
   rm_dirs(&d);
 }
 
+/* --quantization fp8 under tensor parallelism: each rank's cut of every linear
+ * weight holds the codes and scales of the unsplit model's rows (a cut by
+ * columns quantized with its whole rows' scales), so the ranks compute the
+ * one-rank model's products. */
+TH_TEST(tensor_parallel_cuts_hold_the_whole_models_codes) {
+  char dir[256], err[512] = "";
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, WK_ST_BF16, 13) == 0);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct wk_model_opts o = {.max_batch_tokens = 16,
+                            .max_seqs = 1,
+                            .kv_tokens = 64,
+                            .quiet = 1,
+                            .quantization = WK_QUANT_FP8,
+                            .fp8_reference = 1};
+  struct wk_model *one = NULL, *cut = NULL;
+  TH_REQUIRE(wk_model_load(dir, be, &o, &one, err, sizeof(err)) == 0);
+  for (int rank = 0; rank < 2; rank++) {
+    o.tp_rank = rank;
+    o.tp_size = 2;
+    if (wk_model_load(dir, be, &o, &cut, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "rank %d: %s", rank, err);
+      break;
+    }
+    for (int l = 0; l < wk_model_config(one)->n_layers; l++) {
+      const struct wk_w *ws[2][3] = {
+          {&one->layers[l].wo, &one->layers[l].w_down, &one->layers[l].wq},
+          {&cut->layers[l].wo, &cut->layers[l].w_down, &cut->layers[l].wq}};
+      for (int i = 0; i < 3; i++) {
+        const struct wk_w *a = ws[0][i], *b = ws[1][i];
+        TH_REQUIRE(a->dt == KN_DTYPE_F8E4M3 && b->dt == KN_DTYPE_F8E4M3);
+        int cols = b->shard == WK_SHARD_COLS, r0 = cols ? 0 : b->off, c0 = cols ? b->off : 0;
+        int same = 1;
+        for (int r = 0; r < b->rows; r++) {
+          same &= a->scale[r0 + r] == b->scale[r];
+          same &= !memcmp((const uint8_t *)a->p + (size_t)(r0 + r) * a->cols + c0,
+                          (const uint8_t *)b->p + (size_t)r * b->cols, (size_t)b->cols);
+        }
+        if (!same)
+          th_fail(__FILE__, __LINE__, "rank %d layer %d weight %d: other codes or scales", rank, l,
+                  i);
+      }
+    }
+    wk_model_free(cut);
+    cut = NULL;
+  }
+  wk_model_free(one);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
 /* The load of dir fails with code and a message holding want. */
 static void check_refused(const char *dir, struct kn_backend *be, const struct wk_model_opts *o,
                           int code, const char *want) {
