@@ -10,6 +10,7 @@
  *   - every index it will read is inside its table / the pool. */
 #ifndef LMSERVE_KN_BACKEND_IMPL_H
 #define LMSERVE_KN_BACKEND_IMPL_H
+#include "common/cm-err.h"
 #include "kernels/kn-backend.h"
 #include "kernels/kn-registry.h"
 
@@ -128,6 +129,15 @@ int kn__prof_end(struct kn_backend *be, const char *name, int rc);
 
 static inline int kn__valid_weight_dtype(enum kn_dtype dt) {
   return dt == KN_DTYPE_F32 || dt == KN_DTYPE_F16 || dt == KN_DTYPE_BF16;
+}
+
+/* A weight a matmul or an embedding may take on be: the element types, or one
+ * of the block formats (kn-quant.h) where be has KN_CAP_BLOCK_WEIGHTS and the
+ * rows (K elements) are whole blocks. 0, CM_ERR_UNSUPPORTED or CM_ERR_INVAL. */
+static inline int kn__check_matmul_dtype(const struct kn_backend *be, enum kn_dtype dt, int K) {
+  if (kn__valid_weight_dtype(dt)) return 0;
+  if (!kn_block_elems(dt) || !(be->ops->caps & KN_CAP_BLOCK_WEIGHTS)) return CM_ERR_UNSUPPORTED;
+  return K % kn_block_elems(dt) ? CM_ERR_INVAL : 0;
 }
 
 /* A [rows, cols] operand with row stride ld: ld >= cols (ld may be anything when

@@ -67,6 +67,11 @@ enum kn_backend_cap {
   /* Collectives across the ranks of a tensor-parallel group: kn_comm_join,
    * kn_all_reduce_sum, kn_all_gather. */
   KN_CAP_ALLREDUCE = 1u << 2,
+  /* Weights in ggml's block formats (kn-quant.h: Q8_0, Q4_0, ... Q6_K) for
+   * kn_matmul, kn_matmul_softcap, kn_matmul_argmax and kn_embed: each block
+   * dequantized exactly as kn_dequant_row does, then the f32 arithmetic of an
+   * f32 weight. Rows of whole blocks. */
+  KN_CAP_BLOCK_WEIGHTS = 1u << 3,
 };
 
 /* The KN_CAP_* bits of be (0 for NULL). */

@@ -13,6 +13,7 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/cpu/kn-cpu-sample.h"
 #include "kernels/kn-backend-impl.h"
+#include "kernels/kn-quant.h"
 
 /* Below this much work (multiply-adds or elements) an op runs on one thread. */
 #define PAR_MIN_WORK (1 << 15)
@@ -248,13 +249,73 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
   return 0;
 }
 
+/* ---- block formats (kn-quant.h) ------------------------------------------------ */
+
+/* Output features per work unit of a matmul over rows widened to f32 first (the
+ * block formats, FP8): about TILE_CHUNK_BYTES of them. */
+static int widened_chunk(int N, int K) {
+  long long c = TILE_CHUNK_BYTES / (4LL * K);
+  return (int)(c < 1 ? 1 : c > N ? N : c);
+}
+
+struct blk_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const float *in;
+  ptrdiff_t ldi;
+  const uint8_t *w;
+  enum kn_dtype dt;
+  size_t row_bytes;
+  int T, N, K, acc, chunk;
+  float cap;
+};
+
+/* Features [n0, n0 + n) of each unit: the rows dequantized into the thread's
+ * scratch (kn_dequant_row), then the f32 kernel over them: an f32 weight's
+ * bits, whatever T is. */
+static void blk_run(void *arg, long long u0, long long u1, int ith) {
+  const struct blk_task *b = arg;
+  const struct kn_cpu_dsp *dsp = &b->ctx->dsp;
+  float *wf = b->ctx->scratch[ith];
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * b->chunk, n = b->N - n0 < b->chunk ? b->N - n0 : b->chunk;
+    for (int j = 0; j < n; j++)
+      kn_dequant_row(b->dt, b->w + (size_t)(n0 + j) * b->row_bytes, wf + (size_t)j * b->K,
+                     (size_t)b->K);
+    float *o = b->out + n0;
+    dsp->matvec[KN_DTYPE_F32](o, b->ldo, b->in, b->ldi, wf, b->K, b->T, n, b->acc);
+    for (int t = 0; t < b->T && b->cap > 0.0f; t++)
+      dsp->softcap(o + (ptrdiff_t)t * b->ldo, o + (ptrdiff_t)t * b->ldo, b->cap, (size_t)n);
+  }
+}
+
+static int blk_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                  const void *w, enum kn_dtype dt, int T, int N, int K, int acc, float cap) {
+  int bf = 0;
+  ptrdiff_t ldx = 0;
+  int rc =
+      bf16_inputs(ctx, KN_DTYPE_F32, T, K, &in, &ldi, &bf, &ldx); /* the bf16 mode's rounding */
+  if (rc) return rc;
+  struct blk_task b = {
+      ctx, out, ldo, in, ldi, w, dt, kn_row_bytes(dt, (size_t)K), T, N, K, acc, widened_chunk(N, K),
+      cap};
+  if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)b.chunk * (size_t)K))) return rc;
+  long long units = (N + b.chunk - 1) / b.chunk;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), blk_run, &b);
+  return 0;
+}
+
 static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                       const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  if (kn_block_elems(wdt) && K > 0)
+    return blk_mm(p, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, 0.0f);
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, 0.0f);
 }
 
 static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                               const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
+  if (kn_block_elems(wdt) && K > 0) return blk_mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
 }
 
@@ -264,12 +325,6 @@ float kn_cpu_e4m3[256];
 __attribute__((constructor)) static void e4m3_table(void) {
   for (int c = 0; c < 256; c++)
     kn_cpu_e4m3[c] = kn_f8e4m3_to_f32((uint8_t)c);
-}
-
-/* Output features per FP8 work unit: about TILE_CHUNK_BYTES of widened rows. */
-static int fp8_chunk(int N, int K) {
-  long long c = TILE_CHUNK_BYTES / (4LL * K);
-  return (int)(c < 1 ? 1 : c > N ? N : c);
 }
 
 struct fp8_task {
@@ -318,7 +373,7 @@ static int cpu_matmul_fp8(void *p, float *out, ptrdiff_t ldo, const float *in, p
   if (rc) return rc;
   struct round_task rt = {in, ldi, ctx->xr, K};
   kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K, T, 16), round_run, &rt);
-  struct fp8_task f = {ctx, out, ldo, ctx->xr, w, scale, T, N, K, accumulate, fp8_chunk(N, K)};
+  struct fp8_task f = {ctx, out, ldo, ctx->xr, w, scale, T, N, K, accumulate, widened_chunk(N, K)};
   if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)f.chunk * ((size_t)K + (size_t)T)))) return rc;
   long long units = (N + f.chunk - 1) / f.chunk;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), fp8_run, &f);
