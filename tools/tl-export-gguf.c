@@ -49,6 +49,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "kernels/kn-quant.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
 #include "worker/wk-config.h"
@@ -63,11 +64,23 @@ enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
 /* general.file_type (llama.h's llama_ftype) */
 enum { FT_ALL_F32 = 0, FT_MOSTLY_F16 = 1, FT_MOSTLY_BF16 = 32 };
 
+/* The block formats a matrix may be quantized to (kernels/kn-quant.h): their
+ * ggml type and the llama_ftype of a file of them. */
+static const struct {
+  const char *name;
+  enum kn_dtype dt;
+  int ggml, ftype;
+} qtypes[] = {
+    {"q8_0", KN_DTYPE_Q8_0, 8, 7}, {"q4_0", KN_DTYPE_Q4_0, 2, 2}, {"q4_1", KN_DTYPE_Q4_1, 3, 3},
+    {"q5_0", KN_DTYPE_Q5_0, 6, 8}, {"q5_1", KN_DTYPE_Q5_1, 7, 9},
+};
+
 struct gg_tensor {
   char name[64];
   const struct wk_tensor *src;
   int norm;      /* 1-D RMSNorm weight: written as f32 1 + w */
-  int type;      /* GGML_* written */
+  int type;      /* GGML_* written, or a block format's ggml type (qt >= 0) */
+  int qt;        /* index in qtypes of the block format written, or -1 */
   int nd;        /* 1 or 2 */
   uint64_t ne[2]; /* innermost first */
   uint64_t off;   /* from the start of the data section */
@@ -128,6 +141,7 @@ struct gg_plan {
   struct gg_tensor *t;
   int n, cap;
   int to_f32;
+  int qt; /* matrices quantized to qtypes[qt] (-1: none) */
   const struct wk_st *st;
   char *err;
   size_t errlen;
@@ -157,6 +171,13 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   t->ne[1] = rows ? (uint64_t)rows : 1;
   t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
   t->bytes = t->ne[0] * t->ne[1] * type_size(t->type);
+  t->qt = -1;
+  /* matrices in a block format; one whose rows are not whole blocks stays as it is */
+  if (p->qt >= 0 && rows && kn_row_bytes(qtypes[p->qt].dt, (size_t)cols)) {
+    t->qt = p->qt;
+    t->type = qtypes[p->qt].ggml;
+    t->bytes = (uint64_t)rows * kn_row_bytes(qtypes[p->qt].dt, (size_t)cols);
+  }
   return 0;
 }
 
@@ -247,7 +268,9 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
   int ft = FT_ALL_F32;
   for (int i = 0; i < p->n; i++)
     if (p->t[i].nd == 2 && p->t[i].type != GGML_F32)
-      ft = p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16 : FT_MOSTLY_F16;
+      ft = p->t[i].qt >= 0             ? qtypes[p->t[i].qt].ftype
+           : p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16
+                                       : FT_MOSTLY_F16;
   kv_str(o, "general.architecture", "gemma3");
   kv_str(o, "general.name", name);
   kv_u32(o, "general.file_type", (uint32_t)ft);
@@ -356,9 +379,26 @@ static void pad_to(struct gg_out *o, uint64_t *pos, uint64_t align) {
   *pos += n;
 }
 
-/* Writes one tensor's data: as it is, or converted to f32 (+1 for norms). */
+/* Writes one tensor's data: as it is, quantized row by row, or converted to
+ * f32 (+1 for norms). */
 static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   const struct wk_tensor *s = t->src;
+  if (t->qt >= 0) {
+    enum kn_dtype dt = qtypes[t->qt].dt;
+    size_t K = (size_t)t->ne[0], rb = kn_row_bytes(dt, K);
+    float *row = malloc(sizeof(float) * K);
+    uint8_t *q = malloc(rb);
+    if (!row || !q) o->failed = 1;
+    for (uint64_t r = 0; r < t->ne[1] && !o->failed; r++) {
+      for (size_t k = 0; k < K; k++)
+        row[k] = kn_load_f32(s->data, (enum kn_dtype)s->dtype, (size_t)r * K + k);
+      if (kn_quantize_row(dt, row, q, K)) o->failed = 1;
+      put(o, q, rb);
+    }
+    free(row);
+    free(q);
+    return;
+  }
   if (t->type == ggml_type_of(s->dtype) && !t->norm) {
     put(o, s->data, s->nbytes);
     return;
@@ -376,7 +416,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   }
 }
 
-static int export(const char *dir, const char *out, int to_f32, char *err, size_t errlen) {
+static int export(const char *dir, const char *out, int to_f32, int qt, char *err, size_t errlen) {
   struct wk_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct wk_st *st = NULL;
@@ -396,6 +436,7 @@ static int export(const char *dir, const char *out, int to_f32, char *err, size_
   p.t = calloc((size_t)p.cap, sizeof(*p.t));
   p.st = st;
   p.to_f32 = to_f32;
+  p.qt = qt;
   p.err = err;
   p.errlen = errlen;
   if (!p.t) {
@@ -449,8 +490,8 @@ static int export(const char *dir, const char *out, int to_f32, char *err, size_
     rc = cm_fail(err, errlen, CM_ERR_IO, "%s: write failed (disk full?)", out);
     goto done;
   }
-  printf("wrote %s: gemma3, %d layers, %d tensors, %.1f MB\n", out, c->n_layers, p.n,
-         (double)pos / 1e6);
+  printf("wrote %s: gemma3, %d layers, %d tensors%s%s, %.1f MB\n", out, c->n_layers, p.n,
+         qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "", (double)pos / 1e6);
 done:
   if (f) {
     fclose(f);
@@ -463,13 +504,48 @@ done:
   return rc;
 }
 
+/* qtypes' index of name, or -1. */
+static int qtype_of(const char *name) {
+  for (size_t i = 0; i < CM_ARRAY_LEN(qtypes); i++)
+    if (!strcmp(name, qtypes[i].name)) return (int)i;
+  return -1;
+}
+
+int tl_quantize_main(int argc, char **argv) {
+  const char *pos[3];
+  int n_pos = 0;
+  int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
+                         "write a Gemma 3 text checkpoint as a GGUF file with its matrices in a "
+                         "block format (q8_0, q4_0, q4_1, q5_0, q5_1) that llama.cpp loads",
+                         (const struct cm_opt[]){{0}}, argc, argv, 1, pos, 3, &n_pos);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc < 0) return 2;
+  if (n_pos != 3) {
+    fprintf(stderr, "lmserve quantize: usage: lmserve quantize IN OUT.gguf TYPE\n");
+    return 2;
+  }
+  int qt = qtype_of(pos[2]);
+  if (qt < 0) {
+    fprintf(stderr, "lmserve quantize: TYPE '%s' is not one of q8_0, q4_0, q4_1, q5_0, q5_1\n",
+            pos[2]);
+    return 2;
+  }
+  char err[512];
+  if ((rc = export(pos[0], pos[1], 0, qt, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve quantize: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
+
 int tl_export_gguf_main(int argc, char **argv) {
   const char *model = NULL, *out = NULL, *dtype = "same";
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
       {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
-      {"dtype", CM_OPT_STR, &dtype, "same|f32",
-       "matrices as stored (default) or widened to f32; norms are always f32"},
+      {"dtype", CM_OPT_STR, &dtype, "same|f32|q8_0|q4_0|q4_1|q5_0|q5_1",
+       "matrices as stored (default), widened to f32, or quantized to a block format; norms are "
+       "always f32"},
       {0},
   };
   int rc = cm_args_parse("lmserve export-gguf",
@@ -481,12 +557,16 @@ int tl_export_gguf_main(int argc, char **argv) {
     fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");
     return 2;
   }
-  if (strcmp(dtype, "same") && strcmp(dtype, "f32")) {
-    fprintf(stderr, "lmserve export-gguf: --dtype must be same or f32, not '%s'\n", dtype);
+  int qt = qtype_of(dtype);
+  if (strcmp(dtype, "same") && strcmp(dtype, "f32") && qt < 0) {
+    fprintf(stderr,
+            "lmserve export-gguf: --dtype must be same, f32, q8_0, q4_0, q4_1, q5_0 or q5_1, not "
+            "'%s'\n",
+            dtype);
     return 2;
   }
   char err[512];
-  rc = export(model, out, !strcmp(dtype, "f32"), err, sizeof(err));
+  rc = export(model, out, !strcmp(dtype, "f32"), qt, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve export-gguf: %s\n", err);
     return 1;

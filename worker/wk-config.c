@@ -841,6 +841,9 @@ int wk_config_parse_generation(const char *text, size_t len, struct wk_config *c
 
 int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen) {
   char path[4096];
+  int g = wk_gguf_find(dir, path, sizeof(path), err, errlen);
+  if (g < 0) return g;
+  if (g) return wk_config_load_gguf(path, cfg, err, errlen);
   snprintf(path, sizeof(path), "%s/config.json", dir);
   char *text = NULL;
   size_t len = 0;

@@ -138,6 +138,8 @@ struct wk_config {
   int tie_embeddings;
   int fp8; /* quantization_config: linear weights stored as FP8 e4m3 with per-channel or
               per-tensor scales (compressed-tensors, or quant_method "fp8" without blocks) */
+  int gguf; /* read from a GGUF file: llama.cpp's conventions (Gemma 3's norm weights
+               stored as 1 + w) */
   int bos_id, pad_id;
   int eos_ids[WK_MAX_EOS];
   int n_eos;
@@ -158,6 +160,17 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
  * eos_token_id list replaces the config's) and, for a checkpoint with a
  * vision tower, DIR/preprocessor_config.json or DIR/processor_config.json. */
 int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen);
+
+/* GGUF checkpoints (wk-config-gguf.c). wk_gguf_find: 1 and the file's path
+ * in path[n] when model is a .gguf file or a folder with one .gguf and no
+ * config.json; 0 for anything else (a Hugging Face checkpoint folder); a
+ * negative cm_err with a sentence for a file that is not GGUF or a folder
+ * with several. wk_config_from_gguf: the config of an open file's metadata
+ * (general.architecture gemma3); wk_config_load_gguf opens path for it. */
+struct md_gguf;
+int wk_gguf_find(const char *model, char *path, size_t n, char *err, size_t errlen);
+int wk_config_from_gguf(const struct md_gguf *g, struct wk_config *cfg, char *err, size_t errlen);
+int wk_config_load_gguf(const char *path, struct wk_config *cfg, char *err, size_t errlen);
 
 /* Parses preprocessor_config.json text (or, with nested != 0, the
  * "image_processor" object of processor_config.json) into cfg->vision.pre,

@@ -209,10 +209,11 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
 }
 
 /* Whether a layer's Q, K and V (gate and up) can go through one kn_matmul_n
- * (kn_matmul_glu): the same dtype and input width, and not FP8 (whose
- * per-feature scales those ops do not take: kn_matmul_fp8 each). */
+ * (kn_matmul_glu): the same dtype and input width, neither FP8 (whose
+ * per-feature scales those ops do not take: kn_matmul_fp8 each) nor a block
+ * format (kn_matmul each). */
 static int same_kind(const struct wk_w *a, const struct wk_w *b) {
-  return a->dt == b->dt && a->cols == b->cols && a->dt != KN_DTYPE_F8E4M3;
+  return a->dt == b->dt && a->cols == b->cols && a->dt != KN_DTYPE_F8E4M3 && !kn_block_elems(a->dt);
 }
 
 /* q = h Wq, and on a layer that stores K/V, k = h Wk and v = h Wv (or the raw k

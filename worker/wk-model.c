@@ -25,6 +25,7 @@ struct binder {
   size_t errlen;
   int rc;
   int lin;   /* binding a linear layer's weight (bind_lin): it may be FP8 */
+  int mat;   /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
   int quant; /* --quantization fp8: linear weights quantized to FP8 as they are bound */
 };
 
@@ -206,7 +207,7 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
     return NULL;
   }
   if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16 &&
-      !(t->dtype == WK_ST_F8E4M3 && b->lin)) {
+      !(t->dtype == WK_ST_F8E4M3 && b->lin) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)",
                     t->file, name, t->dtype_name,
                     b->lin ? "supported: F32, F16, BF16, F8_E4M3"
@@ -218,6 +219,7 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
 
 /* A bound tensor's element type as the kernels name it. */
 static enum kn_dtype kn_of(const struct wk_tensor *t) {
+  if (t->dtype >= WK_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - WK_ST_Q8_0));
   return t->dtype == WK_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
 }
 
@@ -232,20 +234,22 @@ struct cut {
  * backend memory (a column slice, or rows from both halves, are not contiguous). */
 static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
                           struct cut cut, int n_mat, int R, int C) {
-  size_t esz = kn_dtype_size(kn_of(t));
+  enum kn_dtype dt = kn_of(t);
   int rows = shard == WK_SHARD_ROWS ? cut.n * cut.halves : R;
   int cols = shard == WK_SHARD_COLS ? cut.n : C;
-  size_t row_bytes = (size_t)cols * esz, bytes = (size_t)n_mat * (size_t)rows * row_bytes;
+  /* rows of block formats are cut along whole blocks (bind_mat checked it) */
+  size_t row_bytes = kn_row_bytes(dt, (size_t)cols), full = kn_row_bytes(dt, (size_t)C);
+  size_t col0 = shard == WK_SHARD_COLS ? kn_row_bytes(dt, (size_t)cut.off) : 0;
+  size_t bytes = (size_t)n_mat * (size_t)rows * row_bytes;
   unsigned char *host = malloc(bytes ? bytes : 1);
   if (!host) return NULL;
   const unsigned char *src = t->data;
   for (int e = 0; e < n_mat; e++)
     for (int r = 0; r < rows; r++) {
-      int sr = r, sc = 0;
+      int sr = r;
       if (shard == WK_SHARD_ROWS) sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
-      if (shard == WK_SHARD_COLS) sc = cut.off;
       memcpy(host + ((size_t)e * rows + (size_t)r) * row_bytes,
-             src + (((size_t)e * R + (size_t)sr) * (size_t)C + (size_t)sc) * esz, row_bytes);
+             src + ((size_t)e * R + (size_t)sr) * full + col0, row_bytes);
     }
   void *p = weight_alloc(b->m, bytes);
   if (p && kn_upload(b->m->be, p, host, bytes)) p = NULL;
@@ -367,6 +371,33 @@ done:
     (b)->lin = 0;                                                                                  \
   } while (0)
 
+/* Whether a matrix in a block format (GGUF) can be bound here: one matrix, a
+ * backend with block kernels, a tensor-parallel cut by columns along whole
+ * blocks, not under --quantization fp8. */
+static int block_ok(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
+                    struct cut cut, int64_t d2, const char *name) {
+  enum kn_dtype dt = kn_of(t);
+  int be = kn_block_elems(dt);
+  if (d2 >= 0)
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s is %s: stacks of expert matrices in block formats are not supported",
+                    t->file, name, kn_dtype_name(dt));
+  else if (!kn_backend_has(b->m->be, KN_CAP_BLOCK_WEIGHTS))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s is %s, and the %s backend has no kernels for block formats (the CPU "
+                    "has)",
+                    t->file, name, kn_dtype_name(dt), kn_backend_name(b->m->be));
+  else if (b->quant && b->lin)
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_INVAL,
+                    "--quantization fp8: %s is already quantized (%s)", name, kn_dtype_name(dt));
+  else if (shard == WK_SHARD_COLS && cut.n && (cut.off % be || cut.n % be))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s (%s) cannot be split at column %d: tensor-parallel cuts of block "
+                    "formats fall on whole blocks of %d",
+                    t->file, name, kn_dtype_name(dt), cut.off, be);
+  return b->rc == 0;
+}
+
 /* Binds a weight of full shape [d0, d1] (d2 < 0) or a stack [d0, d1, d2] of d0
  * matrices: this rank's cut of it under its shard rule, with its shape. */
 static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, struct cut cut,
@@ -379,10 +410,13 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   va_start(ap, fmt);
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
+  b->mat = 1;
   const struct wk_tensor *t = lookup(b, required, d0, d1, d2, name);
+  b->mat = 0;
   *w = (struct wk_w){.shard = shard};
   if (!t) return;
   w->dt = kn_of(t);
+  if (kn_block_elems(w->dt) && !block_ok(b, t, shard, cut, d2, name)) return;
   w->n_mat = d2 < 0 ? 1 : (int)d0;
   int R = (int)(d2 < 0 ? d0 : d1), C = (int)(d2 < 0 ? d1 : d2);
   if (cut.halves < 1) cut.halves = 1;
@@ -395,7 +429,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
     bind_fp8(b, w, t, R, C, name);
     return;
   }
-  size_t bytes = (size_t)w->n_mat * (size_t)w->rows * (size_t)w->cols * kn_dtype_size(w->dt);
+  size_t bytes = (size_t)w->n_mat * (size_t)w->rows * kn_row_bytes(w->dt, (size_t)w->cols);
   if (whole)
     w->p = place(b->m, t->data, t->nbytes);
   else if (shard == WK_SHARD_ROWS && cut.halves == 1 && w->n_mat == 1) /* contiguous rows */
@@ -543,12 +577,13 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     }
   }
   if (b.rc) return b.rc;
-  m->norm_mode = gemma4 ? KN_NORM_MUL_W : KN_NORM_MUL_ONE_PLUS_W;
+  /* GGUF files store Gemma 3's norm weights as 1 + w (llama.cpp multiplies by w) */
+  m->norm_mode = gemma4 || c->gguf ? KN_NORM_MUL_W : KN_NORM_MUL_ONE_PLUS_W;
   m->embed_scale = round_to(m->embed.dt, sqrt((double)H));
   if (c->ple_dim) m->ple_embed_scale = round_to(m->ple_embed.dt, sqrt((double)c->ple_dim));
   /* bytes per decode token: every matrix once plus one row of each table */
-  uint64_t table = (uint64_t)m->embed.rows * H * kn_dtype_size(m->embed.dt);
-  m->bytes_per_token = m->weight_bytes - table + (uint64_t)H * kn_dtype_size(m->embed.dt);
+  uint64_t erow = kn_row_bytes(m->embed.dt, (size_t)H), table = (uint64_t)m->embed.rows * erow;
+  m->bytes_per_token = m->weight_bytes - table + erow;
   if (c->tie_embeddings) m->bytes_per_token += table; /* the tied head reads it all */
   if (c->ple_dim) {
     uint64_t row = (uint64_t)L * c->ple_dim * kn_dtype_size(m->ple_embed.dt);

@@ -143,6 +143,67 @@ TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
   th_out_free(&o);
 }
 
+/* `lmserve quantize` writes block formats llama.cpp loads, and lmserve runs GGUF files
+ * itself: the f32 export through the GGUF path gives the safetensors checkpoint's
+ * tokens, and each quantized file gives llama.cpp's tokens until llama.cpp's 8-bit
+ * rounding of the activations (its Q4/Q5 dot products take Q8 inputs; lmserve keeps
+ * f32 activations, exact to the dequantized weights) moves a near-tie: the first
+ * token of every prompt, and for Q8_0 every token of these prompts, agree. */
+TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
+  th_proc_init(900);
+  char dir[1024];
+  need_llamacpp(dir);
+  char model[300], f32[300];
+  tmp_path(model, "q3");
+  tmp_path(f32, "q3-f32.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", f32, "--dtype", "f32") == 0);
+  static const char *prompts[] = {"[2,651,1234,99,5000]",
+                                  "[2,7000,7001,7002,8000,123,4567,10,11,12]"};
+  enum { N_PROMPTS = 2 };
+  char all[512];
+  snprintf(all, sizeof(all), "[%s,%s]", prompts[0], prompts[1]);
+  int ref[N_PROMPTS][N_GEN], got[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN];
+  for (int p = 0; p < N_PROMPTS; p++) {
+    TH_REQUIRE(lm(&o, "generate", "--model", model, "--prompt-ids", prompts[p], "--max-tokens",
+                  "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+    TH_CHECK_EQ_INT(parse_ids(o.out, ref[p], N_GEN), N_GEN);
+    TH_REQUIRE(lm(&o, "generate", "--model", f32, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                  "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+    TH_CHECK_EQ_INT(parse_ids(o.out, got[p], N_GEN), N_GEN);
+    TH_CHECK(!memcmp(ref[p], got[p], sizeof(ref[p])));
+  }
+  static const char *types[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"};
+  for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+    char q[300], name[32];
+    snprintf(name, sizeof(name), "q3-%s.gguf", types[ti]);
+    tmp_path(q, name);
+    TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
+    TH_CHECK(strstr(o.out, types[ti]) != NULL);
+    llamacpp_generate(dir, q, all, N_PROMPTS, theirs);
+    for (int p = 0; p < N_PROMPTS; p++) {
+      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+      TH_CHECK_EQ_INT(parse_ids(o.out, got[p], N_GEN), N_GEN);
+      int agree = 0;
+      while (agree < N_GEN && got[p][agree] == theirs[p][agree])
+        agree++;
+      printf("# %s prompt %d: %d of %d tokens as llama.cpp's\n", types[ti], p, agree, N_GEN);
+      TH_CHECK(agree >= (ti == 0 ? N_GEN : 1));
+    }
+  }
+  /* bad input */
+  TH_CHECK_EQ_INT(lm(&o, "quantize", model, f32, "q3_k"), 2);
+  TH_CHECK(strstr(o.err, "q3_k") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "quantize", model, f32), 2);
+  char notgguf[320];
+  snprintf(notgguf, sizeof(notgguf), "%s/config.json", model);
+  TH_CHECK(lm(&o, "generate", "--model", notgguf, "--prompt-ids", "[2]") != 0);
+  TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
+  th_out_free(&o);
+}
+
 TH_TEST(export_gguf_refuses_bad_input_clearly) {
   th_proc_init(300);
   char g4[300], out[300], nodir[300];
