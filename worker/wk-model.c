@@ -488,7 +488,7 @@ static float round_to(enum kn_dtype dt, double v) {
 static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   const struct wk_config *c = &m->full, *lc = &m->cfg;
   const struct wk_shard_plan *sp = &m->plan;
-  struct binder b = {m, err, errlen, 0, 0, m->quant_fp8};
+  struct binder b = {.m = m, .err = err, .errlen = errlen, .quant = m->quant_fp8};
   const char *P = find_prefix(m->st);
   if (!P)
     return cm_fail(err, errlen, CM_ERR_NOENT,
@@ -735,7 +735,7 @@ static void finish_weights(struct wk_model *m) {
  * layer of its kind. */
 static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, size_t errlen) {
   const struct wk_config *c = &m->cfg, *tc = &t->cfg;
-  struct binder b = {m, err, errlen, 0};
+  struct binder b = {.m = m, .err = err, .errlen = errlen};
   if (tc->arch != WK_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: the assistant (vocab %d, backbone hidden %d) does not fit the target %s "

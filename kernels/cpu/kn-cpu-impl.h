@@ -173,6 +173,9 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* Override with AVX2+FMA+F16C versions (call only when the processor has them). */
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
+/* matvec[] of the block formats (kn-cpu-quant-avx2.c): the AVX2 f32 matvec's
+ * bits over the dequantized rows, reading the packed ones (needs AVX2). */
+void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx2(void);
 /* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];

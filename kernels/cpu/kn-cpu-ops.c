@@ -271,20 +271,27 @@ struct blk_task {
   float cap;
 };
 
-/* Features [n0, n0 + n) of each unit: the rows dequantized into the thread's
- * scratch (kn_dequant_row), then the f32 kernel over them: an f32 weight's
- * bits, whatever T is. */
+/* Features [n0, n0 + n) of each unit: the table's matvec over the packed rows
+ * where it has one for the format (the AVX2 f32 matvec's bits over the
+ * dequantized rows), else the rows dequantized into the thread's scratch
+ * (kn_dequant_row) and the f32 matvec over them; either way one kernel for
+ * every T. */
 static void blk_run(void *arg, long long u0, long long u1, int ith) {
   const struct blk_task *b = arg;
   const struct kn_cpu_dsp *dsp = &b->ctx->dsp;
   float *wf = b->ctx->scratch[ith];
   for (long long u = u0; u < u1; u++) {
     int n0 = (int)u * b->chunk, n = b->N - n0 < b->chunk ? b->N - n0 : b->chunk;
-    for (int j = 0; j < n; j++)
-      kn_dequant_row(b->dt, b->w + (size_t)(n0 + j) * b->row_bytes, wf + (size_t)j * b->K,
-                     (size_t)b->K);
     float *o = b->out + n0;
-    dsp->matvec[KN_DTYPE_F32](o, b->ldo, b->in, b->ldi, wf, b->K, b->T, n, b->acc);
+    if (dsp->matvec[b->dt]) {
+      dsp->matvec[b->dt](o, b->ldo, b->in, b->ldi, b->w + (size_t)n0 * b->row_bytes, b->K, b->T, n,
+                         b->acc);
+    } else {
+      for (int j = 0; j < n; j++)
+        kn_dequant_row(b->dt, b->w + (size_t)(n0 + j) * b->row_bytes, wf + (size_t)j * b->K,
+                       (size_t)b->K);
+      dsp->matvec[KN_DTYPE_F32](o, b->ldo, b->in, b->ldi, wf, b->K, b->T, n, b->acc);
+    }
     for (int t = 0; t < b->T && b->cap > 0.0f; t++)
       dsp->softcap(o + (ptrdiff_t)t * b->ldo, o + (ptrdiff_t)t * b->ldo, b->cap, (size_t)n);
   }
@@ -300,7 +307,14 @@ static int blk_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float
   struct blk_task b = {
       ctx, out, ldo, in, ldi, w, dt, kn_row_bytes(dt, (size_t)K), T, N, K, acc, widened_chunk(N, K),
       cap};
-  if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)b.chunk * (size_t)K))) return rc;
+  if (ctx->dsp.matvec[dt]) { /* reads the packed rows: units of about MATVEC_UNIT_BYTES */
+    long long c = MATVEC_UNIT_BYTES / (long long)b.row_bytes;
+    long long most = (N + 4LL * ctx->n_threads - 1) / (4LL * ctx->n_threads);
+    c = c > most ? most : c;
+    b.chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL);
+  } else if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)b.chunk * (size_t)K))) {
+    return rc;
+  }
   long long units = (N + b.chunk - 1) / b.chunk;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), blk_run, &b);
   return 0;
