@@ -77,7 +77,7 @@ static void on_signal(uv_signal_t *s, int signum) {
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = "default";
   static struct cm_strs schedulers; /* values live as long as the process */
-  const char *model_dir = NULL;
+  const char *model_dir = NULL, *tok_dir = NULL;
   struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
@@ -98,7 +98,11 @@ int fe_frontend_main(int argc, char **argv) {
        "scheduler endpoint (ipc:// or tcp://); several (repeated, or comma-separated): model "
        "replicas, each request routed by load and prompt-prefix affinity"},
       {"model", CM_OPT_STR, &model_dir, "DIR",
-       "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler)"},
+       "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler); or a "
+       "GGUF file, with --tokenizer"},
+      {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
+       "tokenizer.json, tokenizer_config.json and generation_config.json from DIR instead of "
+       "--model's (needed when --model is a GGUF file)"},
       {"allowed-local-media-path", CM_OPT_STR, &media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, "image=N",
@@ -163,6 +167,7 @@ int fe_frontend_main(int argc, char **argv) {
   }
   if (schedulers.n) {
     struct fe_engine_config ecfg = {.model_dir = model_dir,
+                                    .tokenizer_dir = tok_dir,
                                     .schedulers = (const char *const *)schedulers.v,
                                     .n_schedulers = schedulers.n,
                                     .model_name = model,
@@ -176,7 +181,8 @@ int fe_frontend_main(int argc, char **argv) {
               model_dir ? "cannot start the serving path (see the log)"
                         : "--scheduler needs --model DIR");
       fe_router_destroy(app.router);
-      return model_dir ? 1 : 2;
+      /* a model or flags this frontend cannot serve is a configuration error */
+      return !model_dir || rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED ? 2 : 1;
     }
     struct fe_engine_hooks hooks;
     fe_engine_hooks_get(engine, &hooks);

@@ -233,6 +233,7 @@ int tl_srv_start_scheduler(struct tl_serve *s, struct tl_engine *e) {
 static int start_frontend(struct tl_serve *s) {
   struct tl_argv f = {0};
   argv_role(&f, "frontend", s);
+  argv_add_str(&f, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
   for (int i = 0; i < (int)s->dp; i++) /* every replica: the frontend routes between them */
     argv_add_str(&f, "--scheduler", s->eng[i].ep_front);
   argv_add_str(&f, "--host", s->host);
@@ -304,7 +305,10 @@ int tl_serve_main(int argc, char **argv) {
   };
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &s.model, "DIR",
-       "checkpoint folder (default: the embedded tiny Gemma 4)"},
+       "checkpoint folder, or a GGUF file with --tokenizer (default: the embedded tiny Gemma 4)"},
+      {"tokenizer", CM_OPT_STR, &s.tokenizer, "DIR",
+       "tokenizer.json, tokenizer_config.json, generation_config.json from DIR (needed with a "
+       "GGUF --model)"},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
@@ -389,6 +393,10 @@ int tl_serve_main(int argc, char **argv) {
     }
   } else if (ensure_default_model(&s) != 0) {
     return 1;
+  }
+  if (s.tokenizer && !realpath(s.tokenizer, s.tok_dir)) {
+    fprintf(stderr, "lmserve serve: --tokenizer %s: %s\n", s.tokenizer, strerror(errno));
+    return 2;
   }
   if (make_run_dir(&s) != 0) return 1;
 

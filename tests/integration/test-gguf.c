@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/cm-fs.h"
+#include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -201,6 +202,49 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
   snprintf(notgguf, sizeof(notgguf), "%s/config.json", model);
   TH_CHECK(lm(&o, "generate", "--model", notgguf, "--prompt-ids", "[2]") != 0);
   TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
+  th_out_free(&o);
+}
+
+/* `lmserve serve` runs a GGUF file with the tokenizer of a folder (--tokenizer): the
+ * chat API answers, greedily as `generate` does on the file; without --tokenizer the
+ * frontend refuses with a sentence saying so and serve stops. */
+TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
+  th_proc_init(600);
+  char model[300], q[300];
+  tmp_path(model, "s3");
+  tmp_path(q, "s3-q8_0.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
+  char tj[320];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
+  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
+  TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
+  struct th_proc p;
+  char *extra[] = {"--tokenizer", model, NULL};
+  int port = th_serve_start(&p, q, extra);
+  TH_REQUIRE(port > 0);
+  char *resp = NULL;
+  int st = th_http(port, "POST", "/v1/completions",
+                   "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,"
+                   "\"temperature\":0}",
+                   60000, &resp);
+  TH_CHECK_EQ_INT(st, 200);
+  TH_CHECK(resp && strstr(resp, "\"completion_tokens\":6") != NULL);
+  free(resp);
+  resp = NULL;
+  st = th_http(port, "POST", "/v1/chat/completions",
+               "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+               "\"max_tokens\":4}",
+               60000, &resp);
+  TH_CHECK_EQ_INT(st, 200);
+  TH_CHECK(resp && strstr(resp, "chat.completion") != NULL);
+  free(resp);
+  th_proc_stop(&p, 20000);
+  /* without the tokenizer's folder */
+  char port_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", th_free_port());
+  TH_CHECK(lm(&o, "serve", "--model", q, "--port", port_s) != 0);
+  TH_CHECK(strstr(o.err, "pass --tokenizer DIR") != NULL);
   th_out_free(&o);
 }
 
