@@ -49,6 +49,8 @@ struct mm_task {
   float cap; /* > 0: softcap each unit's outputs while they are in cache */
   int chunk; /* output features per work unit */
   int tile;  /* widen + tile_f32 instead of matvec */
+  size_t deq; /* block formats in the tile path: where in the thread's scratch (floats)
+                 a unit's rows are dequantized before they are packed or tiled */
   int bf;    /* bf16 mode: dot_bf16 over ctx->xb (row stride ldx) */
   ptrdiff_t ldx;
   int tok;                  /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
@@ -71,8 +73,17 @@ static void cap_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n) 
  * is feature n0), softcapped when m->cap > 0. */
 static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, int n, int ith) {
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
-  const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
+  const char *w = m->w + (size_t)n0 * kn_row_bytes(m->dt, (size_t)m->K);
   float *buf = m->ctx->scratch[ith];
+  enum kn_dtype dt = m->dt;
+  if (m->tile && kn_block_elems(dt)) { /* exact f32 values first, then as an f32 weight */
+    float *d = buf + m->deq;
+    for (int j = 0; j < n; j++)
+      kn_dequant_row(dt, w + (size_t)j * kn_row_bytes(dt, (size_t)m->K), d + (size_t)j * m->K,
+                     (size_t)m->K);
+    w = (const char *)d;
+    dt = KN_DTYPE_F32;
+  }
   if (m->bf || !m->tile) {
     if (m->bf)
       dsp->dot_bf16(out, ldo, m->ctx->xb, m->ldx, (const uint16_t *)w, m->K, m->T, n, m->acc);
@@ -83,10 +94,10 @@ static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, 
   }
   const float *wf = (const float *)w;
   if (dsp->pack) {
-    dsp->pack(buf, w, m->dt, m->K, n);
+    dsp->pack(buf, w, dt, m->K, n);
     wf = buf;
-  } else if (m->dt != KN_DTYPE_F32) {
-    dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
+  } else if (dt != KN_DTYPE_F32) {
+    dsp->widen(buf, w, dt, (size_t)n * (size_t)m->K);
     wf = buf;
   }
   int tblk = TILE_X_BYTES / (4 * m->K);
@@ -190,11 +201,15 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   if (rc) return rc;
   m->tok = !m->bf && argmax && dsp->tok_argmax && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
   m->tile = !m->bf && !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
+  /* a block format without a matvec in this table: dequantized rows, tiled */
+  const int blk = kn_block_elems(m->dt) > 0;
+  if (blk && !dsp->matvec[m->dt]) m->tile = 1;
   m->wbuf = 0;
+  m->deq = 0;
   /* matvec units: about MATVEC_UNIT_BYTES of weights, small enough that a
    * thread preempted mid-unit (the machine may be shared) delays the op
    * little, but at least 4 units per thread */
-  long long row_bytes = (long long)K * (long long)kn_dtype_size(m->dt);
+  long long row_bytes = (long long)kn_row_bytes(m->dt, (size_t)K);
   long long mv = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
   if (mv > most) mv = most;
   if (m->bf) { /* whole row groups of dot_bf16, at least two */
@@ -214,9 +229,13 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
     long long c = TILE_CHUNK_BYTES / (4LL * K);
     c = c < 3 ? 3 : c > 63 ? 63 : c - c % 3;
     m->chunk = (int)c;
-    if (m->dt != KN_DTYPE_F32) m->wbuf = (size_t)m->chunk * (size_t)K;
+    if (m->dt != KN_DTYPE_F32 && !blk) m->wbuf = (size_t)m->chunk * (size_t)K;
   } else {
     m->chunk = (int)((mv < 16 ? 16 : mv + 3) & ~3LL); /* multiples of 4 rows */
+  }
+  if (m->tile && blk) { /* the dequantized rows after what the tile path uses */
+    m->deq = (m->wbuf + 15) & ~(size_t)15;
+    m->wbuf = m->deq + (size_t)m->chunk * (size_t)K;
   }
   return 0;
 }
@@ -249,87 +268,20 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
   return 0;
 }
 
-/* ---- block formats (kn-quant.h) ------------------------------------------------ */
-
-/* Output features per work unit of a matmul over rows widened to f32 first (the
- * block formats, FP8): about TILE_CHUNK_BYTES of them. */
+/* Output features per work unit of a matmul over rows widened to f32 first
+ * (FP8): about TILE_CHUNK_BYTES of them. */
 static int widened_chunk(int N, int K) {
   long long c = TILE_CHUNK_BYTES / (4LL * K);
   return (int)(c < 1 ? 1 : c > N ? N : c);
 }
 
-struct blk_task {
-  struct kn_cpu_ctx *ctx;
-  float *out;
-  ptrdiff_t ldo;
-  const float *in;
-  ptrdiff_t ldi;
-  const uint8_t *w;
-  enum kn_dtype dt;
-  size_t row_bytes;
-  int T, N, K, acc, chunk;
-  float cap;
-};
-
-/* Features [n0, n0 + n) of each unit: the table's matvec over the packed rows
- * where it has one for the format (the AVX2 f32 matvec's bits over the
- * dequantized rows), else the rows dequantized into the thread's scratch
- * (kn_dequant_row) and the f32 matvec over them; either way one kernel for
- * every T. */
-static void blk_run(void *arg, long long u0, long long u1, int ith) {
-  const struct blk_task *b = arg;
-  const struct kn_cpu_dsp *dsp = &b->ctx->dsp;
-  float *wf = b->ctx->scratch[ith];
-  for (long long u = u0; u < u1; u++) {
-    int n0 = (int)u * b->chunk, n = b->N - n0 < b->chunk ? b->N - n0 : b->chunk;
-    float *o = b->out + n0;
-    if (dsp->matvec[b->dt]) {
-      dsp->matvec[b->dt](o, b->ldo, b->in, b->ldi, b->w + (size_t)n0 * b->row_bytes, b->K, b->T, n,
-                         b->acc);
-    } else {
-      for (int j = 0; j < n; j++)
-        kn_dequant_row(b->dt, b->w + (size_t)(n0 + j) * b->row_bytes, wf + (size_t)j * b->K,
-                       (size_t)b->K);
-      dsp->matvec[KN_DTYPE_F32](o, b->ldo, b->in, b->ldi, wf, b->K, b->T, n, b->acc);
-    }
-    for (int t = 0; t < b->T && b->cap > 0.0f; t++)
-      dsp->softcap(o + (ptrdiff_t)t * b->ldo, o + (ptrdiff_t)t * b->ldo, b->cap, (size_t)n);
-  }
-}
-
-static int blk_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                  const void *w, enum kn_dtype dt, int T, int N, int K, int acc, float cap) {
-  int bf = 0;
-  ptrdiff_t ldx = 0;
-  int rc =
-      bf16_inputs(ctx, KN_DTYPE_F32, T, K, &in, &ldi, &bf, &ldx); /* the bf16 mode's rounding */
-  if (rc) return rc;
-  struct blk_task b = {
-      ctx, out, ldo, in, ldi, w, dt, kn_row_bytes(dt, (size_t)K), T, N, K, acc, widened_chunk(N, K),
-      cap};
-  if (ctx->dsp.matvec[dt]) { /* reads the packed rows: units of about MATVEC_UNIT_BYTES */
-    long long c = MATVEC_UNIT_BYTES / (long long)b.row_bytes;
-    long long most = (N + 4LL * ctx->n_threads - 1) / (4LL * ctx->n_threads);
-    c = c > most ? most : c;
-    b.chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL);
-  } else if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)b.chunk * (size_t)K))) {
-    return rc;
-  }
-  long long units = (N + b.chunk - 1) / b.chunk;
-  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), blk_run, &b);
-  return 0;
-}
-
 static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                       const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
-  if (kn_block_elems(wdt) && K > 0)
-    return blk_mm(p, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, 0.0f);
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, 0.0f);
 }
 
 static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                               const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
-  if (kn_block_elems(wdt) && K > 0) return blk_mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
 }
 
