@@ -240,6 +240,50 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   return 0;
 }
 
+/* ---- the q8 mode: Q8_0 / Q4_0 weights against inputs in Q8_0 blocks ---------- */
+
+struct q8_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const uint8_t *x, *w;
+  size_t ldx, row_bytes;
+  enum kn_dtype dt;
+  int T, N, K, acc, chunk;
+  float cap;
+};
+
+static void q8_run(void *arg, long long u0, long long u1, int ith) {
+  const struct q8_task *q = arg;
+  (void)ith;
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * q->chunk, n = q->N - n0 < q->chunk ? q->N - n0 : q->chunk;
+    float *o = q->out + n0;
+    q->ctx->dsp.q8dot[q->dt](o, q->ldo, q->x, q->ldx, q->w + (size_t)n0 * q->row_bytes,
+                             q->row_bytes, q->K, q->T, n, q->acc);
+    for (int t = 0; t < q->T && q->cap > 0.0f; t++)
+      q->ctx->dsp.softcap(o + (ptrdiff_t)t * q->ldo, o + (ptrdiff_t)t * q->ldo, q->cap, (size_t)n);
+  }
+}
+
+static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                 const void *w, enum kn_dtype dt, int T, int N, int K, int acc, float cap) {
+  size_t ldx = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
+  int rc = grow_buf((void **)&ctx->xq, &ctx->xq_bytes, (size_t)T * ldx, 1);
+  if (rc) return rc;
+  for (int t = 0; t < T; t++) /* each input row in Q8_0 blocks, as llama.cpp rounds them */
+    kn_quantize_row(KN_DTYPE_Q8_0, in + (ptrdiff_t)t * ldi, ctx->xq + (size_t)t * ldx, (size_t)K);
+  struct q8_task q = {ctx, out, ldo, ctx->xq, w,   ldx, kn_row_bytes(dt, (size_t)K),
+                      dt,  T,   N,   K,       acc, 0,   cap};
+  long long c = MATVEC_UNIT_BYTES / (long long)q.row_bytes;
+  long long most = (N + 4LL * ctx->n_threads - 1) / (4LL * ctx->n_threads);
+  c = c > most ? most : c;
+  q.chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL);
+  long long units = (N + q.chunk - 1) / q.chunk;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), q8_run, &q);
+  return 0;
+}
+
 static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
               const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate, float cap) {
   if (K == 0) {
@@ -249,6 +293,8 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
     }
     return 0;
   }
+  if (ctx->q8 && ctx->dsp.q8dot[wdt])
+    return q8_mm(ctx, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, cap);
   struct mm_task m = {.ctx = ctx,
                       .out = out,
                       .ldo = ldo,

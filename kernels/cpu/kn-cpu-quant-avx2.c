@@ -5,7 +5,8 @@
  * those vectors go through the f32 matvec's fused multiply-adds in its order
  * (four rows, two tokens at a time, one 8-lane accumulator each, k rising,
  * the fixed lane reduction). So an output has the bits the f32 matvec gives
- * over the dequantized row, while only the packed bytes cross the memory bus. */
+ * over the dequantized row, while only the packed bytes cross the memory bus.
+ * And the q8 mode's integer dot products (kn_cpu_dsp.q8dot, kn-cpu-q8.c's bits). */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -248,7 +249,80 @@ DEF_QMV2(q4_k, KN_DTYPE_Q4_K)
 DEF_QMV2(q5_k, KN_DTYPE_Q5_K)
 DEF_QMV2(q6_k, KN_DTYPE_Q6_K)
 
+/* ---- the q8 mode: integer dot products against Q8_0 input blocks ------------------ */
+
+/* Block b of a row as 32 signed bytes, and its scale. */
+KN_AVX2 static inline __m256i w8_q8_0(const uint8_t *row, int b, float *d) {
+  const uint8_t *blk = row + (size_t)b * 34;
+  *d = h16(blk);
+  return _mm256_loadu_si256((const __m256i *)(blk + 2));
+}
+
+KN_AVX2 static inline __m256i w8_q4_0(const uint8_t *row, int b, float *d) {
+  const uint8_t *blk = row + (size_t)b * 18;
+  *d = h16(blk);
+  __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(0xF);
+  __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+  return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* The 8 lanes' exact sums of four products each (bytes 4l .. 4l + 3), as floats:
+ * |w| times x with w's sign, pairs summed in 16 bits (at most 2 * 128 * 127: no
+ * saturation), then pairs of those. */
+KN_AVX2 static inline __m256 dot8(__m256i w, __m256i aw, const uint8_t *xb) {
+  __m256i x = _mm256_loadu_si256((const __m256i *)(xb + 2));
+  __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+typedef __m256i (*w8_fn)(const uint8_t *row, int b, float *d);
+
+KN_AVX2 static inline void q8dot(w8_fn wq, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  const int B = K / 32;
+  for (int j = 0; j < n; j++) {
+    const uint8_t *row = w + (size_t)j * row_bytes;
+    int t = 0;
+    for (; t + 2 <= T; t += 2) { /* two tokens share each block's weights */
+      const uint8_t *x0 = x + (size_t)t * ldx, *x1 = x0 + ldx;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+      for (int b = 0; b < B; b++) {
+        float dw;
+        __m256i wv = wq(row, b, &dw), aw = _mm256_sign_epi8(wv, wv);
+        const uint8_t *b0 = x0 + (size_t)b * 34, *b1 = x1 + (size_t)b * 34;
+        a0 = _mm256_fmadd_ps(dot8(wv, aw, b0), _mm256_set1_ps(dw * h16(b0)), a0);
+        a1 = _mm256_fmadd_ps(dot8(wv, aw, b1), _mm256_set1_ps(dw * h16(b1)), a1);
+      }
+      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);
+      put1(out + (ptrdiff_t)(t + 1) * ldo + j, kn_avx2_hsum(a1), acc);
+    }
+    for (; t < T; t++) {
+      const uint8_t *x0 = x + (size_t)t * ldx;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int b = 0; b < B; b++) {
+        float dw;
+        __m256i wv = wq(row, b, &dw), aw = _mm256_sign_epi8(wv, wv);
+        const uint8_t *b0 = x0 + (size_t)b * 34;
+        a0 = _mm256_fmadd_ps(dot8(wv, aw, b0), _mm256_set1_ps(dw * h16(b0)), a0);
+      }
+      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);
+    }
+  }
+}
+
+KN_AVX2 static void q8dot_q8_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                               const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  q8dot(w8_q8_0, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);
+}
+
+KN_AVX2 static void q8dot_q4_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                               const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  q8dot(w8_q4_0, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);
+}
+
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp) {
+  dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
+  dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
   dsp->matvec[KN_DTYPE_Q8_0] = qmv_q8_0;
   dsp->matvec[KN_DTYPE_Q4_0] = qmv_q4_0;
   dsp->matvec[KN_DTYPE_Q4_1] = qmv_q4_1;
