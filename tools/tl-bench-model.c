@@ -127,7 +127,7 @@ int tl_bench_model_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu); "
        "on a GPU the bound is the device's measured read bandwidth"},
-      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},

@@ -74,7 +74,7 @@ int tl_generate_main(int argc, char **argv) {
        1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"kv-dtype", CM_OPT_STR, &kv_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
-      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
       {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},

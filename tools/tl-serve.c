@@ -347,7 +347,7 @@ int tl_serve_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &s.device, "auto|cpu|cuda",
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
-      {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &s.kv_cache_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &s.enforce_eager, NULL, WK_EAGER_HELP},

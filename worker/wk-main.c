@@ -406,7 +406,7 @@ int wk_worker_main(int argc, char **argv) {
        600, NULL},
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
-      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},

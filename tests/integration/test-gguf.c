@@ -192,6 +192,12 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
         agree++;
       printf("# %s prompt %d: %d of %d tokens as llama.cpp's\n", types[ti], p, agree, N_GEN);
       TH_CHECK(agree >= (ti == 0 ? N_GEN : 1));
+      /* the q8 mode (integer dot products over 8-bit inputs, as llama.cpp's) */
+      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2", "--dtype", "q8") == 0);
+      int q8[N_GEN];
+      TH_CHECK_EQ_INT(parse_ids(o.out, q8, N_GEN), N_GEN);
+      TH_CHECK(q8[0] == theirs[p][0]);
     }
   }
   /* bad input */
