@@ -160,12 +160,14 @@ struct kn_cpu_dsp {
    * kn-cpu-quant-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
    * apart: the inputs as kn_quantize_row rounds them), w n rows of row_bytes.
    * Per output, for each block b in order and each lane l < 8: p = the sum of
-   * the integer products of elements 4l .. 4l + 3 (exact), acc[l] =
-   * fma((float)p, dw_b * dx_b, acc[l]); then kn_avx2_hsum's lane reduction.
-   * NULL: the dtype has none (f32 inputs then). */
+   * the integer products of elements 4l .. 4l + 3 (exact), acc[b % 2][l] =
+   * fma((float)p, dw_b * dx_b, acc[b % 2][l]); then acc[0] + acc[1] and
+   * kn_avx2_hsum's lane reduction.
+   * xs: [T][K / 32][8] each lane's sum of its four inputs (kernels may use it:
+   * sum (q - 8) x = sum q x - 8 sum x). NULL: the dtype has none (f32 inputs then). */
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                                 const uint8_t *w, size_t row_bytes, int K, int T, int n,
-                                 int accumulate);
+                                 const int32_t *xs, const uint8_t *w, size_t row_bytes, int K,
+                                 int T, int n, int accumulate);
 };
 
 /* Elements of one input row as round_bf16 lays it out. */
@@ -279,6 +281,8 @@ struct kn_cpu_ctx {
   int q8;
   uint8_t *xq;
   size_t xq_bytes;
+  int32_t *xs; /* [T][K / 32][8] lane sums of xq's blocks (kn_cpu_dsp.q8dot) */
+  size_t xs_n;
   /* bf16 mode (kn_cpu_backend_create_mode): matmul inputs rounded to bf16,
    * into xb (dsp.round_bf16's rows) or xr (f32 rows), grown on demand */
   int bf16;

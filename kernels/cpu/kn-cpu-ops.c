@@ -247,6 +247,7 @@ struct q8_task {
   float *out;
   ptrdiff_t ldo;
   const uint8_t *x, *w;
+  const int32_t *xs;
   size_t ldx, row_bytes;
   enum kn_dtype dt;
   int T, N, K, acc, chunk;
@@ -259,7 +260,7 @@ static void q8_run(void *arg, long long u0, long long u1, int ith) {
   for (long long u = u0; u < u1; u++) {
     int n0 = (int)u * q->chunk, n = q->N - n0 < q->chunk ? q->N - n0 : q->chunk;
     float *o = q->out + n0;
-    q->ctx->dsp.q8dot[q->dt](o, q->ldo, q->x, q->ldx, q->w + (size_t)n0 * q->row_bytes,
+    q->ctx->dsp.q8dot[q->dt](o, q->ldo, q->x, q->ldx, q->xs, q->w + (size_t)n0 * q->row_bytes,
                              q->row_bytes, q->K, q->T, n, q->acc);
     for (int t = 0; t < q->T && q->cap > 0.0f; t++)
       q->ctx->dsp.softcap(o + (ptrdiff_t)t * q->ldo, o + (ptrdiff_t)t * q->ldo, q->cap, (size_t)n);
@@ -271,10 +272,32 @@ static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float 
   size_t ldx = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
   int rc = grow_buf((void **)&ctx->xq, &ctx->xq_bytes, (size_t)T * ldx, 1);
   if (rc) return rc;
-  for (int t = 0; t < T; t++) /* each input row in Q8_0 blocks, as llama.cpp rounds them */
-    kn_quantize_row(KN_DTYPE_Q8_0, in + (ptrdiff_t)t * ldi, ctx->xq + (size_t)t * ldx, (size_t)K);
-  struct q8_task q = {ctx, out, ldo, ctx->xq, w,   ldx, kn_row_bytes(dt, (size_t)K),
-                      dt,  T,   N,   K,       acc, 0,   cap};
+  const int B = K / 32;
+  if ((rc = grow_buf((void **)&ctx->xs, &ctx->xs_n, (size_t)T * (size_t)B * 8, 4))) return rc;
+  for (int t = 0; t < T; t++) { /* each input row in Q8_0 blocks, as llama.cpp rounds them */
+    uint8_t *xr = ctx->xq + (size_t)t * ldx;
+    kn_quantize_row(KN_DTYPE_Q8_0, in + (ptrdiff_t)t * ldi, xr, (size_t)K);
+    int32_t *s = ctx->xs + (size_t)t * (size_t)B * 8;
+    for (int b = 0; b < B; b++)
+      for (int l = 0; l < 8; l++) {
+        const int8_t *v = (const int8_t *)xr + (size_t)b * 34 + 2 + 4 * l;
+        s[b * 8 + l] = v[0] + v[1] + v[2] + v[3];
+      }
+  }
+  struct q8_task q = {.ctx = ctx,
+                      .out = out,
+                      .ldo = ldo,
+                      .x = ctx->xq,
+                      .w = w,
+                      .xs = ctx->xs,
+                      .ldx = ldx,
+                      .row_bytes = kn_row_bytes(dt, (size_t)K),
+                      .dt = dt,
+                      .T = T,
+                      .N = N,
+                      .K = K,
+                      .acc = acc,
+                      .cap = cap};
   long long c = MATVEC_UNIT_BYTES / (long long)q.row_bytes;
   long long most = (N + 4LL * ctx->n_threads - 1) / (4LL * ctx->n_threads);
   c = c > most ? most : c;

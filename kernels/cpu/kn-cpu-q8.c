@@ -2,8 +2,10 @@
  * Q8_0 and Q4_0 weight blocks against inputs rounded to Q8_0 blocks, integer
  * products summed exactly in groups of four elements (the lanes of the AVX2
  * kernel), each group's sum times the two blocks' scales added into its
- * lane's f32 accumulator with one rounding (fmaf), the lanes reduced as
- * kn_avx2_hsum does. The AVX2 version gives these bits. */
+ * lane's f32 accumulator with one rounding (fmaf), even and odd blocks into
+ * two accumulators (two independent chains for the kernels), added lane by
+ * lane at the end, then the lanes reduced as kn_avx2_hsum does. The AVX2
+ * version gives these bits. */
 #include <math.h>
 #include <stdint.h>
 
@@ -45,8 +47,9 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
   for (int j = 0; j < n; j++)
     for (int t = 0; t < T; t++) {
       const uint8_t *xr = x + (size_t)t * ldx;
-      float a[8] = {0};
+      float a2[2][8] = {{0}}; /* even and odd blocks: two chains of multiply-adds */
       for (int b = 0; b < B; b++) {
+        float *a = a2[b & 1];
         float dw;
         weights(dt, w + (size_t)j * row_bytes, b, q, &dw);
         const uint8_t *xb = xr + (size_t)b * 34;
@@ -58,19 +61,24 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
           a[l] = fmaf((float)p, d, a[l]);
         }
       }
+      float a[8];
+      for (int l = 0; l < 8; l++)
+        a[l] = a2[0][l] + a2[1][l];
       float s = hsum8(a);
       float *o = out + (ptrdiff_t)t * ldo + j;
       *o = acc ? *o + s : s;
     }
 }
 
-static void q8dot_q8_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx, const uint8_t *w,
-                       size_t row_bytes, int K, int T, int n, int acc) {
+static void q8dot_q8_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx, const int32_t *xs,
+                       const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  (void)xs;
   q8dot_ref(KN_DTYPE_Q8_0, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);
 }
 
-static void q8dot_q4_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx, const uint8_t *w,
-                       size_t row_bytes, int K, int T, int n, int acc) {
+static void q8dot_q4_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx, const int32_t *xs,
+                       const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  (void)xs;
   q8dot_ref(KN_DTYPE_Q4_0, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);
 }
 
