@@ -473,6 +473,30 @@ static void load_eos(struct fe_engine *e, const char *tok_dir, const struct wk_c
   if (e->n_eos == 0 && tk_eos(e->tok) >= 0) e->eos[e->n_eos++] = tk_eos(e->tok);
 }
 
+/* A GGUF file's own tokenizer and chat template (tk_load_gguf); without a
+ * template, chat completions are refused (logged). */
+static int gguf_tokenizer(struct fe_engine *e, const char *path, char *err, size_t errlen) {
+  char *tmpl = NULL;
+  int rc = tk_load_gguf(path, &e->tok, &tmpl, err, errlen);
+  if (rc) {
+    cm_error(TAG, "%s: tokenizer: %s", path, err[0] ? err : cm_strerror(rc));
+    return rc;
+  }
+  if (!tmpl) return 0;
+  json_t *conf = json_object();
+  size_t len;
+  const char *s;
+  if (conf && tk_bos(e->tok) >= 0 && (s = tk_token_str(e->tok, tk_bos(e->tok), &len)))
+    json_object_set_new(conf, "bos_token", json_stringn(s, len));
+  if (conf && tk_eos(e->tok) >= 0 && (s = tk_token_str(e->tok, tk_eos(e->tok), &len)))
+    json_object_set_new(conf, "eos_token", json_stringn(s, len));
+  rc = tk_chat_from_string(tmpl, strlen(tmpl), conf, &e->chat, err, errlen);
+  json_decref(conf);
+  free(tmpl);
+  if (rc) cm_error(TAG, "%s: tokenizer.chat_template: %s", path, err[0] ? err : cm_strerror(rc));
+  return rc;
+}
+
 /* The tokenizer may know more ids than the model embeds (Gemma's lists
  * <image_soft_token> past the text vocabulary): prompt ids are checked
  * against config.json's vocab_size (top level or text_config) too. */
@@ -595,15 +619,6 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     goto fail;
   }
   if (is_gguf) {
-    if (tok_dir == cfg->model_dir) {
-      cm_error(TAG,
-               "%s is a GGUF file: its weights and config are read from it, the tokenizer and chat "
-               "template from a folder: pass --tokenizer DIR (tokenizer.json, "
-               "tokenizer_config.json)",
-               gguf_path);
-      rc = CM_ERR_INVAL;
-      goto fail;
-    }
     if (!(gcfg = malloc(sizeof(*gcfg))) ||
         (rc = wk_config_load_gguf(gguf_path, gcfg, err, sizeof(err))) != 0) {
       cm_error(TAG, "%s: %s", gguf_path, gcfg ? err : "out of memory");
@@ -611,13 +626,20 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
       goto fail;
     }
   }
-  if ((rc = tk_load(tok_dir, &e->tok, err, sizeof(err))) != 0) {
+  if (is_gguf && tok_dir == cfg->model_dir) { /* everything from the file */
+    if ((rc = gguf_tokenizer(e, gguf_path, err, sizeof(err))) != 0) goto fail;
+  } else if ((rc = tk_load(tok_dir, &e->tok, err, sizeof(err))) != 0) {
     cm_error(TAG, "%s: tokenizer: %s", tok_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
   if ((rc = tk_state_create(e->tok, &e->tok_st)) != 0) goto fail;
   err[0] = 0;
-  rc = tk_chat_load(tok_dir, &e->chat, err, sizeof(err));
+  if (e->chat)
+    rc = 0;
+  else if (is_gguf && tok_dir == cfg->model_dir) /* the file has no chat template */
+    rc = CM_ERR_NOENT;
+  else
+    rc = tk_chat_load(tok_dir, &e->chat, err, sizeof(err));
   if (rc == CM_ERR_NOENT) {
     cm_warn(TAG, "%s: no chat template; chat completions will be refused", tok_dir);
     e->chat = NULL;

@@ -19,10 +19,11 @@
  *   - the vocabulary of DIR/tokenizer.json as a SentencePiece-type one
  *     (tokenizer.ggml.model "llama", as for Gemma's tokenizer.model):
  *     tokens, token_type (byte-fallback "<0xXX>" tokens BYTE, special added
- *     tokens CONTROL, the rest NORMAL), scores (-id: the merge priorities of
- *     tokenizer.json are not carried over, so llama.cpp's own tokenization
- *     of text only approximates Gemma's — benchmarks and logits comparisons
- *     feed ids), the bos/eos/unk/pad ids; ids past the tokenizer's up to the
+ *     tokens CONTROL, other added tokens USER_DEFINED, the rest NORMAL),
+ *     scores (minus the rank of the first merge that makes each piece, so
+ *     that a SentencePiece-style reading orders merges as tokenizer.json
+ *     does), the bos/eos/unk/pad ids, and tokenizer_config.json's chat
+ *     template as tokenizer.chat_template; ids past the tokenizer's up to the
  *     config's vocab_size become "<pad_N>", and tokens past vocab_size
  *     (Gemma 3 270m's tokenizer adds <image_soft_token> at 262144, beyond its
  *     262144-row table) are left out, as no embedding row exists for them. Without tokenizer.json:
@@ -39,6 +40,7 @@
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
  * except for 62-layer models), scaled or partial RoPE on sliding layers. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +61,7 @@
 /* GGUF value types and ggml tensor types (gguf.h, ggml.h) */
 enum { GG_U32 = 4, GG_I32 = 5, GG_F32 = 6, GG_BOOL = 7, GG_STR = 8, GG_ARR = 9 };
 /* llama.cpp's token types (llama.h's llama_token_type) */
-enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_BYTE = 6 };
+enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER = 4, TT_BYTE = 6 };
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
 /* general.file_type (llama.h's llama_ftype) */
 enum { FT_ALL_F32 = 0, FT_MOSTLY_F16 = 1, FT_MOSTLY_BF16 = 32 };
@@ -263,7 +265,7 @@ static const char *unsupported(const struct wk_config *c) {
 
 /* The key-value pairs (into o, which counts them). */
 static void write_kv(struct gg_out *o, const struct wk_config *c, const struct gg_plan *p,
-                     const struct tk_tokenizer *tok, const char *name) {
+                     const struct tk_tokenizer *tok, const char *tmpl, const char *name) {
   int full_scaled = c->rope[WK_LAYER_FULL].factor != 1.0;
   int ft = FT_ALL_F32;
   for (int i = 0; i < p->n; i++)
@@ -321,13 +323,22 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
     put_u64(o, len);
     put(o, s, len);
   }
+  /* scores: minus the rank of the first merge that makes the piece (pieces no merge
+   * makes: below every merge), so that merges ordered by score are tokenizer.json's */
+  int32_t *ranks = malloc(sizeof(int32_t) * (size_t)(nt > 0 ? nt : 1));
+  if (!ranks) {
+    o->failed = 1;
+    return;
+  }
+  tk_merge_ranks(tok, ranks);
   kv_key(o, "tokenizer.ggml.scores", GG_ARR);
   put_u32(o, GG_F32);
   put_u64(o, (uint64_t)c->vocab);
   for (int32_t id = 0; id < c->vocab; id++) {
-    float score = id < nt && tk_is_special(tok, id) ? 0.0f : -(float)id;
+    float score = id < nt && ranks[id] >= 0 ? -(float)ranks[id] : -1e9f;
     put(o, &score, 4);
   }
+  free(ranks);
   kv_key(o, "tokenizer.ggml.token_type", GG_ARR);
   put_u32(o, GG_I32);
   put_u64(o, (uint64_t)c->vocab);
@@ -335,6 +346,8 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
     int32_t type = TT_NORMAL;
     if (id < nt && tk_is_special(tok, id))
       type = TT_CONTROL;
+    else if (id < nt && tk_is_added(tok, id))
+      type = TT_USER;
     else if (id < nt && tk_byte_value(tok, id) >= 0)
       type = TT_BYTE;
     put(o, &type, 4);
@@ -351,6 +364,7 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
   put(o, "\1", 1);
   kv_key(o, "tokenizer.ggml.add_space_prefix", GG_BOOL);
   put(o, "\0", 1);
+  if (tmpl) kv_str(o, "tokenizer.chat_template", tmpl);
 }
 
 /* The fixed header, the pairs kv_n of them in kv, the tensor infos. */
@@ -421,6 +435,8 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct wk_st *st = NULL;
   struct tk_tokenizer *tok = NULL;
+  json_t *tcfg = NULL;
+  const char *tmpl = NULL;
   struct gg_plan p = {0};
   FILE *f = NULL;
   char tmp[4096];
@@ -448,6 +464,11 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   if (access(tmp, F_OK) == 0) {
     if ((rc = tk_load(tmp, &tok, err, errlen))) goto done;
   }
+  /* the chat template (tokenizer_config.json's string form), carried in the file */
+  snprintf(tmp, sizeof(tmp), "%s/tokenizer_config.json", dir);
+  if ((tcfg = json_load_file(tmp, 0, NULL)) &&
+      json_is_string(json_object_get(tcfg, "chat_template")))
+    tmpl = json_string_value(json_object_get(tcfg, "chat_template"));
   uint64_t off = 0;
   for (int i = 0; i < p.n; i++) {
     p.t[i].off = off;
@@ -466,7 +487,7 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   struct gg_out m = {mf, !mf, 0}, o = {f, 0, 0};
   const char *base = strrchr(dir, '/');
   if (mf) {
-    write_kv(&m, c, &p, tok, base && base[1] ? base + 1 : dir);
+    write_kv(&m, c, &p, tok, tmpl, base && base[1] ? base + 1 : dir);
     if (fclose(mf) != 0) m.failed = 1;
   }
   if (m.failed) {
@@ -498,6 +519,7 @@ done:
     unlink(tmp);
   }
   free(p.t);
+  json_decref(tcfg);
   tk_free(tok);
   wk_st_close(st);
   free(c);

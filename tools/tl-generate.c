@@ -120,8 +120,14 @@ int tl_generate_main(int argc, char **argv) {
   struct wk_page_alloc pa = {0};
   char tpath[4200];
   snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", model);
-  FILE *tf = fopen(tpath, "rb");
-  if (tf) {
+  size_t ml = strlen(model);
+  FILE *tf = NULL;
+  if (ml > 5 && !strcmp(model + ml - 5, ".gguf")) { /* the file's own vocabulary */
+    if (prompt && (rc = tk_load_gguf(model, &tok, NULL, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve generate: %s\n", err);
+      goto done;
+    }
+  } else if ((tf = fopen(tpath, "rb"))) {
     fclose(tf);
     if ((rc = tk_load(tpath, &tok, err, sizeof(err)))) {
       fprintf(stderr, "lmserve generate: %s\n", err);

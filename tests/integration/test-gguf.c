@@ -8,6 +8,7 @@
  * have to be carried over. The bf16 export must load and generate too, and
  * bad input gets a clear error. Skips, loudly, when node or node-llama-cpp is
  * missing. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,9 +212,9 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
   th_out_free(&o);
 }
 
-/* `lmserve serve` runs a GGUF file with the tokenizer of a folder (--tokenizer): the
- * chat API answers, greedily as `generate` does on the file; without --tokenizer the
- * frontend refuses with a sentence saying so and serve stops. */
+/* `lmserve serve` runs a GGUF file alone (its tokenizer and chat template from the
+ * metadata) and with the tokenizer of a folder (--tokenizer): the same greedy answers
+ * either way. */
 TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   th_proc_init(600);
   char model[300], q[300];
@@ -225,32 +226,96 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
   if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
   TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
-  struct th_proc p;
-  char *extra[] = {"--tokenizer", model, NULL};
-  int port = th_serve_start(&p, q, extra);
-  TH_REQUIRE(port > 0);
-  char *resp = NULL;
-  int st = th_http(port, "POST", "/v1/completions",
-                   "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,"
-                   "\"temperature\":0}",
-                   60000, &resp);
-  TH_CHECK_EQ_INT(st, 200);
-  TH_CHECK(resp && strstr(resp, "\"completion_tokens\":6") != NULL);
-  free(resp);
-  resp = NULL;
-  st = th_http(port, "POST", "/v1/chat/completions",
-               "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-               "\"max_tokens\":4}",
-               60000, &resp);
-  TH_CHECK_EQ_INT(st, 200);
-  TH_CHECK(resp && strstr(resp, "chat.completion") != NULL);
-  free(resp);
-  th_proc_stop(&p, 20000);
-  /* without the tokenizer's folder */
-  char port_s[16];
-  snprintf(port_s, sizeof(port_s), "%d", th_free_port());
-  TH_CHECK(lm(&o, "serve", "--model", q, "--port", port_s) != 0);
-  TH_CHECK(strstr(o.err, "pass --tokenizer DIR") != NULL);
+  char *answers[2][2] = {{NULL, NULL}, {NULL, NULL}};
+  for (int alone = 0; alone < 2; alone++) {
+    struct th_proc p;
+    char *extra[] = {"--tokenizer", model, NULL};
+    int port = th_serve_start(&p, q, alone ? NULL : extra);
+    TH_REQUIRE(port > 0);
+    int st = th_http(port, "POST", "/v1/completions",
+                     "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,"
+                     "\"temperature\":0}",
+                     60000, &answers[alone][0]);
+    TH_CHECK_EQ_INT(st, 200);
+    TH_CHECK(answers[alone][0] && strstr(answers[alone][0], "\"completion_tokens\":6") != NULL);
+    st = th_http(port, "POST", "/v1/chat/completions",
+                 "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":"
+                 "\"hi\"}],\"max_tokens\":4,\"temperature\":0}",
+                 60000, &answers[alone][1]);
+    TH_CHECK_EQ_INT(st, 200);
+    TH_CHECK(answers[alone][1] && strstr(answers[alone][1], "chat.completion") != NULL);
+    th_proc_stop(&p, 20000);
+  }
+  /* the answers' text and token counts agree (ids and times do not) */
+  for (int k = 0; k < 2; k++) {
+    const char *a = answers[0][k] ? strstr(answers[0][k], "\"choices\"") : NULL;
+    const char *b = answers[1][k] ? strstr(answers[1][k], "\"choices\"") : NULL;
+    TH_CHECK(a && b && !strcmp(a, b));
+    free(answers[0][k]);
+    free(answers[1][k]);
+  }
+  th_out_free(&o);
+}
+
+/* The tokenizer read from a GGUF file's metadata (the vocabulary export-gguf writes,
+ * as llama.cpp's converter does: tokens, scores, token types) gives tokenizer.json's
+ * ids for every line of the tokenizer corpus, except those naming tokens past the
+ * model's vocabulary (<image_soft_token>: no embedding row, so not in the file). */
+TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
+  th_proc_init(600);
+  char model[300], g[300];
+  tmp_path(model, "t3");
+  tmp_path(g, "t3.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", model) == 0);
+  char tj[320];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
+  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+  char dir[1100];
+  snprintf(dir, sizeof(dir), "%s/fixtures/tokenizer/corpus", th_tests_dir());
+  DIR *d = opendir(dir);
+  TH_REQUIRE(d != NULL);
+  struct dirent *e;
+  int files = 0, lines = 0;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "rb");
+    TH_REQUIRE(f != NULL);
+    char *line = NULL, *text = NULL;
+    size_t cap = 0, tlen = 0;
+    ssize_t n;
+    FILE *mem = open_memstream(&text, &tlen);
+    TH_REQUIRE(mem != NULL);
+    while ((n = getline(&line, &cap, f)) > 0) /* the file less those lines, as one text */
+      if (!strstr(line, "<image_soft_token>")) {
+        fwrite(line, 1, (size_t)n, mem);
+        lines++;
+      }
+    fclose(mem);
+    free(line);
+    fclose(f);
+    char *ids[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+      char *argv[] = {th_lmserve_bin(), "tokenize", "--tokenizer", k ? g : model, NULL};
+      char *err = NULL;
+      int rc = th_run(argv, NULL, text, tlen, 60000, &ids[k], &err);
+      TH_CHECK_EQ_INT(rc, 0);
+      free(err);
+    }
+    if (!ids[0] || !ids[1] || strcmp(ids[0], ids[1]))
+      th_fail(__FILE__, __LINE__, "%s: %.200s against %.200s", e->d_name,
+              ids[1] ? ids[1] : "(none)", ids[0] ? ids[0] : "(none)");
+    free(ids[0]);
+    free(ids[1]);
+    free(text);
+    files++;
+  }
+  closedir(d);
+  printf("# %d lines of %d corpus files: the same ids\n", lines, files);
+  TH_CHECK(lines >= 30);
   th_out_free(&o);
 }
 
