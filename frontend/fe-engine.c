@@ -14,7 +14,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-engine-impl.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 #define TAG "fe-engine"
 
@@ -444,7 +444,7 @@ static void on_timer(uv_timer_t *t) {
 
 /* The stop ids: generation_config.json's eos_token_id (in the tokenizer's
  * folder), those a GGUF file's metadata names, else the tokenizer's EOS. */
-static void load_eos(struct fe_engine *e, const char *tok_dir, const struct wk_config *gguf) {
+static void load_eos(struct fe_engine *e, const char *tok_dir, const struct md_config *gguf) {
   for (int i = 0; gguf && i < gguf->n_eos && e->n_eos < FE_ENG_MAX_EOS; i++)
     e->eos[e->n_eos++] = gguf->eos_ids[i];
   char path[4096];
@@ -500,7 +500,7 @@ static int gguf_tokenizer(struct fe_engine *e, const char *path, char *err, size
 /* The tokenizer may know more ids than the model embeds (Gemma's lists
  * <image_soft_token> past the text vocabulary): prompt ids are checked
  * against config.json's vocab_size (top level or text_config) too. */
-static void load_vocab(struct fe_engine *e, const struct wk_config *gguf) {
+static void load_vocab(struct fe_engine *e, const struct md_config *gguf) {
   e->n_vocab = tk_n_vocab(e->tok);
   if (gguf) {
     if (gguf->vocab < e->n_vocab) e->n_vocab = gguf->vocab;
@@ -568,7 +568,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (!e) return CM_ERR_NOMEM;
   char err[512] = "";
   int rc = CM_ERR_NOMEM;
-  struct wk_config *gcfg = NULL; /* a GGUF model's config, while the engine is made */
+  struct md_config *gcfg = NULL; /* a GGUF model's config, while the engine is made */
   e->loop = loop;
   e->router = router;
   e->cfg = *cfg;
@@ -612,7 +612,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   const char *tok_dir =
       cfg->tokenizer_dir && *cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir;
   char gguf_path[4096];
-  int is_gguf = wk_gguf_find(cfg->model_dir, gguf_path, sizeof(gguf_path), err, sizeof(err));
+  int is_gguf = md_model_gguf_path(cfg->model_dir, gguf_path, sizeof(gguf_path), err, sizeof(err));
   if (is_gguf < 0) {
     cm_error(TAG, "%s", err);
     rc = is_gguf;
@@ -620,7 +620,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   }
   if (is_gguf) {
     if (!(gcfg = malloc(sizeof(*gcfg))) ||
-        (rc = wk_config_load_gguf(gguf_path, gcfg, err, sizeof(err))) != 0) {
+        (rc = md_config_load_gguf(gguf_path, gcfg, err, sizeof(err))) != 0) {
       cm_error(TAG, "%s: %s", gguf_path, gcfg ? err : "out of memory");
       rc = gcfg ? rc : CM_ERR_NOMEM;
       goto fail;

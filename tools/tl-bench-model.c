@@ -34,7 +34,7 @@ static void print_kv(const struct wk_kv_spec *kv, int json) {
       const struct wk_kv_group *G = &kv->groups[g];
       printf("%s{\"kind\":\"%s\",\"head_dim\":%d,\"kv_heads\":%d,\"layers\":%d,"
              "\"bytes_per_token\":%zu,\"block_tokens\":%d}",
-             g ? "," : "", G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim,
+             g ? "," : "", G->kind == MD_LAYER_FULL ? "full" : "sliding", G->head_dim,
              G->n_kv_heads, G->n_layers, G->bytes_per_token, G->block_tokens);
     }
     printf("],\"kv_bytes_per_token\":%zu", wk_kv_bytes_per_token(kv));
@@ -44,7 +44,7 @@ static void print_kv(const struct wk_kv_spec *kv, int json) {
     const struct wk_kv_group *G = &kv->groups[g];
     printf("kv group %d %s, head dim %d x %d KV heads, %d storing layers: %zu bytes/token, %d "
            "tokens/page\n",
-           g, G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim, G->n_kv_heads,
+           g, G->kind == MD_LAYER_FULL ? "full" : "sliding", G->head_dim, G->n_kv_heads,
            G->n_layers, G->bytes_per_token, G->block_tokens);
   }
   printf("kv total   %zu bytes/token (%s), page %zu bytes\n", wk_kv_bytes_per_token(kv),
@@ -54,10 +54,10 @@ static void print_kv(const struct wk_kv_spec *kv, int json) {
 /* --kv-only: the KV plan from config.json alone (no weights needed), bf16
  * pages of 16 tokens as the server lays them out. */
 static int kv_only(const char *dir, int json) {
-  static struct wk_config c; /* large: per-layer tables */
+  static struct md_config c; /* large: per-layer tables */
   struct wk_kv_spec kv;
   char err[512] = "";
-  int rc = wk_config_load(dir, &c, err, sizeof(err));
+  int rc = md_config_load(dir, &c, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     return 1;
@@ -256,7 +256,7 @@ int tl_bench_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     goto done;
   }
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   toks = malloc(sizeof(int32_t) * (size_t)prompt);
   if (!toks || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto done;
   uint32_t s = 12345;

@@ -52,9 +52,9 @@
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
 #include "kernels/kn-quant.h"
+#include "model/md-config.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
-#include "worker/wk-config.h"
 #include "worker/wk-safetensors.h"
 
 #define GG_ALIGN 32
@@ -194,7 +194,7 @@ static const char *hf_prefix(const struct wk_st *st) {
   return NULL;
 }
 
-static int plan_model(struct gg_plan *p, const struct wk_config *c) {
+static int plan_model(struct gg_plan *p, const struct md_config *c) {
   const char *P = hf_prefix(p->st);
   if (!P) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no embed_tokens.weight");
   char h[160], g[64];
@@ -246,14 +246,14 @@ static int plan_model(struct gg_plan *p, const struct wk_config *c) {
 }
 
 /* What llama.cpp's Gemma 3 graph could not reproduce, or NULL. */
-static const char *unsupported(const struct wk_config *c) {
-  if (c->arch != WK_ARCH_GEMMA3) return "only Gemma 3 text models are exported";
+static const char *unsupported(const struct md_config *c) {
+  if (c->arch != MD_ARCH_GEMMA3) return "only Gemma 3 text models are exported";
   /* llama.cpp scales queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) at 62 layers */
   double d = c->n_layers == 62 ? (double)c->hidden / c->n_heads : (double)c->head_dim;
   if (fabs(c->attn_scale * sqrt(d) - 1.0) > 1e-9)
     return "query_pre_attn_scalar differs from the one llama.cpp assumes for this shape";
   if (c->attn_softcap != 0) return "attn_logit_softcapping is set (Gemma 3 has none)";
-  if (c->rope[WK_LAYER_SLIDING].factor != 1.0) return "sliding layers scale RoPE positions";
+  if (c->rope[MD_LAYER_SLIDING].factor != 1.0) return "sliding layers scale RoPE positions";
   for (int k = 0; k < 2; k++)
     if (c->rope[k].rot_pairs != c->head_dim / 2) return "partial RoPE";
   for (int i = 0; i < c->n_layers; i++)
@@ -264,9 +264,9 @@ static const char *unsupported(const struct wk_config *c) {
 }
 
 /* The key-value pairs (into o, which counts them). */
-static void write_kv(struct gg_out *o, const struct wk_config *c, const struct gg_plan *p,
+static void write_kv(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
                      const struct tk_tokenizer *tok, const char *tmpl, const char *name) {
-  int full_scaled = c->rope[WK_LAYER_FULL].factor != 1.0;
+  int full_scaled = c->rope[MD_LAYER_FULL].factor != 1.0;
   int ft = FT_ALL_F32;
   for (int i = 0; i < p->n; i++)
     if (p->t[i].nd == 2 && p->t[i].type != GGML_F32)
@@ -291,14 +291,14 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
   put_u32(o, GG_BOOL);
   put_u64(o, (uint64_t)c->n_layers);
   for (int i = 0; i < c->n_layers; i++) {
-    uint8_t swa = c->layers[i].kind == WK_LAYER_SLIDING;
+    uint8_t swa = c->layers[i].kind == MD_LAYER_SLIDING;
     put(o, &swa, 1);
   }
-  kv_f32(o, "gemma3.rope.freq_base", (float)c->rope[WK_LAYER_FULL].theta);
-  kv_f32(o, "gemma3.rope.freq_base_swa", (float)c->rope[WK_LAYER_SLIDING].theta);
+  kv_f32(o, "gemma3.rope.freq_base", (float)c->rope[MD_LAYER_FULL].theta);
+  kv_f32(o, "gemma3.rope.freq_base_swa", (float)c->rope[MD_LAYER_SLIDING].theta);
   if (full_scaled) {
     kv_str(o, "gemma3.rope.scaling.type", "linear");
-    kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[WK_LAYER_FULL].factor);
+    kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[MD_LAYER_FULL].factor);
   }
   if (c->final_softcap != 0)
     kv_f32(o, "gemma3.final_logit_softcapping", (float)c->final_softcap);
@@ -431,7 +431,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
 }
 
 static int export(const char *dir, const char *out, int to_f32, int qt, char *err, size_t errlen) {
-  struct wk_config *c = calloc(1, sizeof(*c));
+  struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct wk_st *st = NULL;
   struct tk_tokenizer *tok = NULL;
@@ -440,7 +440,7 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   struct gg_plan p = {0};
   FILE *f = NULL;
   char tmp[4096];
-  int rc = wk_config_load(dir, c, err, errlen);
+  int rc = md_config_load(dir, c, err, errlen);
   if (rc) goto done;
   const char *why = unsupported(c);
   if (why) {

@@ -152,10 +152,10 @@ static int send_ready(struct wk_proc *p) {
   struct wk_model *m = p->model;
   uint32_t world = p->world, max_draft = p->max_draft, max_seqs = p->max_seqs,
            max_tokens = p->max_tokens;
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   struct pr_kv_group groups[WK_MAX_KV_GROUPS];
-  uint32_t eos[WK_MAX_EOS];
+  uint32_t eos[MD_MAX_EOS];
   for (int g = 0; g < kv->n_groups; g++) {
     groups[g] = (struct pr_kv_group){
         .block_tokens = (uint32_t)kv->groups[g].block_tokens,
@@ -186,7 +186,7 @@ static int send_ready(struct wk_proc *p) {
   r->kernels = kn_backend_name(p->be);
   r->matmul_inputs = kn_backend_matmul_inputs(p->be);
   if (c->vision.present) {
-    const struct wk_vision_cfg *v = &c->vision;
+    const struct md_vision_cfg *v = &c->vision;
     r->image_tokens = (uint32_t)v->mm_tokens;
     r->image_bytes = (uint32_t)((size_t)v->pre.width * (size_t)v->pre.height * (size_t)v->channels);
   }

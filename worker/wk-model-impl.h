@@ -83,8 +83,8 @@ struct wk_load_progress {
 
 struct wk_model {
   struct kn_backend *be;
-  struct wk_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
-  struct wk_config full;     /* the checkpoint's config */
+  struct md_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
+  struct md_config full;     /* the checkpoint's config */
   struct wk_shard_plan plan; /* this rank's place in its tensor-parallel group */
   struct wk_kv_spec kv;
   struct wk_st *st;

@@ -486,7 +486,7 @@ static float round_to(enum kn_dtype dt, double v) {
 }
 
 static int bind_all(struct wk_model *m, char *err, size_t errlen) {
-  const struct wk_config *c = &m->full, *lc = &m->cfg;
+  const struct md_config *c = &m->full, *lc = &m->cfg;
   const struct wk_shard_plan *sp = &m->plan;
   struct binder b = {.m = m, .err = err, .errlen = errlen, .quant = m->quant_fp8};
   const char *P = find_prefix(m->st);
@@ -497,7 +497,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   int H = c->hidden, L = c->n_layers, V = c->vocab;
   /* the assistant's own table is only its head, replicated so that every rank drafts the
    * same tokens from the same (all-reduced) hidden state */
-  int assistant = c->arch == WK_ARCH_GEMMA4_ASSISTANT;
+  int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
   bind_mat(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
            "%sembed_tokens.weight", P);
@@ -518,9 +518,9 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   }
   m->layers = calloc((size_t)L, sizeof(*m->layers));
   if (!m->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  int gemma4 = c->arch != WK_ARCH_GEMMA3;
+  int gemma4 = c->arch != MD_ARCH_GEMMA3;
   for (int i = 0; i < L && !b.rc; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
+    const struct md_layer_cfg *l = &c->layers[i];
     struct wk_layer_w *w = &m->layers[i];
     int D = l->head_dim, qd = c->n_heads * D, kvd = l->n_kv_heads * D, F = l->ffn_dim;
     int lF = lc->layers[i].ffn_dim, lkv = lc->layers[i].n_kv_heads;
@@ -602,8 +602,8 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
  * computed in f32 as transformers does. */
 static int build_rope(struct wk_model *m) {
   for (int kind = 0; kind < 2; kind++) {
-    const struct wk_rope *r = &m->cfg.rope[kind];
-    int D = kind == WK_LAYER_FULL ? m->cfg.global_head_dim : m->cfg.head_dim;
+    const struct md_rope *r = &m->cfg.rope[kind];
+    int D = kind == MD_LAYER_FULL ? m->cfg.global_head_dim : m->cfg.head_dim;
     float host[KN_MAX_HEAD_DIM / 2];
     for (int i = 0; i < D / 2; i++) {
       if (i < r->rot_pairs) {
@@ -623,7 +623,7 @@ static int build_rope(struct wk_model *m) {
 }
 
 static int alloc_scratch(struct wk_model *m) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   size_t T = (size_t)m->max_T;
   int Dmax = 0, kvd = 0, F = 0;
   for (int i = 0; i < c->n_layers; i++) {
@@ -734,9 +734,9 @@ static void finish_weights(struct wk_model *m) {
  * of the target's KV pages: draft layer i reads the target's last storing
  * layer of its kind. */
 static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg, *tc = &t->cfg;
+  const struct md_config *c = &m->cfg, *tc = &t->cfg;
   struct binder b = {.m = m, .err = err, .errlen = errlen};
-  if (tc->arch != WK_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
+  if (tc->arch != MD_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: the assistant (vocab %d, backbone hidden %d) does not fit the target %s "
                    "(%s, vocab %d, hidden %d)",
@@ -774,14 +774,14 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
   m->kv = t->kv;
   m->kv.n_layers = c->n_layers;
   for (int i = 0; i < c->n_layers; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
-    int src = wk_config_last_storing_layer(tc, l->kind);
+    const struct md_layer_cfg *l = &c->layers[i];
+    int src = md_config_last_storing_layer(tc, l->kind);
     if (src < 0 || tc->layers[src].head_dim != l->head_dim ||
         tc->layers[src].n_kv_heads != l->n_kv_heads)
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: draft layer %d (%s, head dim %d, %d KV heads) has no matching storing "
                      "layer in the target",
-                     m->dir, i, l->kind == WK_LAYER_FULL ? "full" : "sliding", l->head_dim,
+                     m->dir, i, l->kind == MD_LAYER_FULL ? "full" : "sliding", l->head_dim,
                      l->n_kv_heads);
     if (m->plan.kv_head0[i] != t->plan.kv_head0[src])
       return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -799,7 +799,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
 }
 
 static int alloc_draft_scratch(struct wk_model *m) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   size_t T = (size_t)m->max_T, B = (size_t)c->backbone_hidden, f = sizeof(float);
   if (!(m->cat = wk_model_alloc(m, T * 2 * B * f)) || !(m->hout = wk_model_alloc(m, T * B * f)))
     return CM_ERR_NOMEM;
@@ -872,7 +872,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if (!m) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   m->be = be;
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
-  int rc = wk_config_load(dir, &m->full, err, errlen);
+  int rc = md_config_load(dir, &m->full, err, errlen);
   if (rc) goto fail;
   int world = o.tp_size > 0 ? o.tp_size : 1;
   if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &m->cfg, &m->plan, err, errlen))) goto fail;
@@ -882,7 +882,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
                  kn_backend_name(be));
     goto fail;
   }
-  if ((m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
+  if ((m->cfg.arch == MD_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  target ? "%s: not a gemma4_assistant checkpoint"
                         : "%s: a gemma4_assistant checkpoint runs only as a draft model of its "
@@ -1016,7 +1016,7 @@ struct kn_backend *wk_model_backend(const struct wk_model *m) {
   return m->be;
 }
 
-const struct wk_config *wk_model_config(const struct wk_model *m) {
+const struct md_config *wk_model_config(const struct wk_model *m) {
   return &m->cfg;
 }
 const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m) {
@@ -1046,7 +1046,7 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 }
 
 uint64_t wk_model_shard_sum(const struct wk_model *m) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   uint64_t h = 0xcbf29ce484222325ull;
   for (const char *p = c->model_type; *p; p++)
     h = mix(h, (unsigned char)*p);
@@ -1056,7 +1056,7 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
   for (size_t i = 0; i < CM_ARRAY_LEN(v); i++)
     h = mix(h, (uint64_t)(uint32_t)v[i]);
   for (int i = 0; i < c->n_layers; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
+    const struct md_layer_cfg *l = &c->layers[i];
     h = mix(h, (uint64_t)l->kind << 48 | (uint64_t)l->head_dim << 32 |
                    (uint64_t)l->n_kv_heads << 16 | (uint64_t)l->kv_shared);
     h = mix(h, (uint64_t)(uint32_t)l->ffn_dim);

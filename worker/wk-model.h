@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "kernels/kn-backend.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 #include "worker/wk-kv.h"
 
 struct wk_model;
@@ -93,7 +93,7 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
                   struct wk_model **out, char *err, size_t errlen);
 void wk_model_free(struct wk_model *m);
 
-const struct wk_config *wk_model_config(const struct wk_model *m);
+const struct md_config *wk_model_config(const struct wk_model *m);
 struct kn_backend *wk_model_backend(const struct wk_model *m);
 const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m);
 int wk_model_n_pages(const struct wk_model *m); /* pages in the physical pool */

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 struct st_map {
   void *base;  /* mmap'd region, or NULL for wk_st_open_mem */
@@ -324,13 +324,13 @@ static int shard_name_ok(const char *s) {
 
 int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen) {
   char path[4096];
-  int g = wk_gguf_find(dir, path, sizeof(path), err, errlen);
+  int g = md_model_gguf_path(dir, path, sizeof(path), err, errlen);
   if (g < 0) return g;
   if (g) return wk_st_open_gguf(path, out, err, errlen);
   snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
   char *text = NULL;
   size_t len = 0;
-  int rc = wk_read_file(path, 64u << 20, &text, &len);
+  int rc = md_read_file(path, 64u << 20, &text, &len);
   if (rc == CM_ERR_NOENT) {
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     if (access(path, F_OK))

@@ -391,7 +391,7 @@ static void patch_config(const char *dir, const char *from, const char *to) {
   char path[4200], *text = NULL;
   size_t len = 0;
   snprintf(path, sizeof(path), "%s/config.json", dir);
-  TH_REQUIRE(wk_read_file(path, 1 << 20, &text, &len) == 0);
+  TH_REQUIRE(md_read_file(path, 1 << 20, &text, &len) == 0);
   char *at = strstr(text, from);
   TH_REQUIRE(at != NULL);
   FILE *f = fopen(path, "w");

@@ -1,6 +1,6 @@
-/* wk-config-gguf.c — a GGUF file's metadata as a checkpoint config: the keys
+/* md-config-gguf.c — a GGUF file's metadata as a checkpoint config: the keys
  * llama.cpp's converter writes for Gemma 3 (gemma3.*) turned into the fields
- * of config.json, which wk_config_parse then checks and plans as it does any
+ * of config.json, which md_config_parse then checks and plans as it does any
  * config, so both paths share every rule.
  *
  * What llama.cpp fixes where the file is silent, followed here the same way:
@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 #include "model/md-gguf.h"
-#include "worker/wk-config.h"
 
-int wk_gguf_find(const char *model, char *path, size_t n, char *err, size_t errlen) {
+int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_t errlen) {
   struct stat st;
   size_t ml = strlen(model);
   if (stat(model, &st)) {
@@ -88,7 +88,7 @@ static int64_t token_id(const struct md_gguf *g, const char *s) {
   return -1;
 }
 
-int wk_config_from_gguf(const struct md_gguf *g, struct wk_config *cfg, char *err, size_t errlen) {
+int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *err, size_t errlen) {
   const char *arch;
   size_t alen;
   char a[32], k[160];
@@ -138,7 +138,7 @@ int wk_config_from_gguf(const struct md_gguf *g, struct wk_config *cfg, char *er
   }
   const struct md_gguf_kv *pat =
       md_gguf_find_kv(g, ak(k, sizeof(k), a, "attention.sliding_window_pattern"));
-  for (int64_t i = 0; i < layers && i < WK_MAX_LAYERS; i++) {
+  for (int64_t i = 0; i < layers && i < MD_MAX_LAYERS; i++) {
     int64_t sliding = (i + 1) % 6 != 0;
     if (pat && pat->type == MD_GGUF_ARRAY && md_gguf_arr_int(pat, (uint64_t)i, &sliding)) {
       rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s must hold one bool per layer",
@@ -186,17 +186,17 @@ int wk_config_from_gguf(const struct md_gguf *g, struct wk_config *cfg, char *er
   json_decref(c);
   if (rc) return rc;
   if (!text) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  rc = wk_config_parse(text, strlen(text), cfg, err, errlen);
+  rc = md_config_parse(text, strlen(text), cfg, err, errlen);
   free(text);
   if (!rc) cfg->gguf = 1;
   return rc;
 }
 
-int wk_config_load_gguf(const char *path, struct wk_config *cfg, char *err, size_t errlen) {
+int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size_t errlen) {
   struct md_gguf *g = NULL;
   int rc = md_gguf_open(path, &g, err, errlen);
   if (rc) return rc;
-  rc = wk_config_from_gguf(g, cfg, err, errlen);
+  rc = md_config_from_gguf(g, cfg, err, errlen);
   md_gguf_close(g);
   return rc;
 }
