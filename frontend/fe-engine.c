@@ -14,6 +14,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-engine-impl.h"
+#include "model/md-config.h"
 
 #define TAG "fe-engine"
 
@@ -441,9 +442,13 @@ static void on_timer(uv_timer_t *t) {
 
 /* ---- model files --------------------------------------------------------- */
 
-static void load_eos(struct fe_engine *e) {
+/* The stop ids: generation_config.json's eos_token_id (in the tokenizer's
+ * folder), those a GGUF file's metadata names, else the tokenizer's EOS. */
+static void load_eos(struct fe_engine *e, const char *tok_dir, const struct md_config *gguf) {
+  for (int i = 0; gguf && i < gguf->n_eos && e->n_eos < FE_ENG_MAX_EOS; i++)
+    e->eos[e->n_eos++] = gguf->eos_ids[i];
   char path[4096];
-  snprintf(path, sizeof(path), "%s/generation_config.json", e->model_dir);
+  snprintf(path, sizeof(path), "%s/generation_config.json", tok_dir);
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (root) {
@@ -468,11 +473,39 @@ static void load_eos(struct fe_engine *e) {
   if (e->n_eos == 0 && tk_eos(e->tok) >= 0) e->eos[e->n_eos++] = tk_eos(e->tok);
 }
 
+/* A GGUF file's own tokenizer and chat template (tk_load_gguf); without a
+ * template, chat completions are refused (logged). */
+static int gguf_tokenizer(struct fe_engine *e, const char *path, char *err, size_t errlen) {
+  char *tmpl = NULL;
+  int rc = tk_load_gguf(path, &e->tok, &tmpl, err, errlen);
+  if (rc) {
+    cm_error(TAG, "%s: tokenizer: %s", path, err[0] ? err : cm_strerror(rc));
+    return rc;
+  }
+  if (!tmpl) return 0;
+  json_t *conf = json_object();
+  size_t len;
+  const char *s;
+  if (conf && tk_bos(e->tok) >= 0 && (s = tk_token_str(e->tok, tk_bos(e->tok), &len)))
+    json_object_set_new(conf, "bos_token", json_stringn(s, len));
+  if (conf && tk_eos(e->tok) >= 0 && (s = tk_token_str(e->tok, tk_eos(e->tok), &len)))
+    json_object_set_new(conf, "eos_token", json_stringn(s, len));
+  rc = tk_chat_from_string(tmpl, strlen(tmpl), conf, &e->chat, err, errlen);
+  json_decref(conf);
+  free(tmpl);
+  if (rc) cm_error(TAG, "%s: tokenizer.chat_template: %s", path, err[0] ? err : cm_strerror(rc));
+  return rc;
+}
+
 /* The tokenizer may know more ids than the model embeds (Gemma's lists
  * <image_soft_token> past the text vocabulary): prompt ids are checked
  * against config.json's vocab_size (top level or text_config) too. */
-static void load_vocab(struct fe_engine *e) {
+static void load_vocab(struct fe_engine *e, const struct md_config *gguf) {
   e->n_vocab = tk_n_vocab(e->tok);
+  if (gguf) {
+    if (gguf->vocab < e->n_vocab) e->n_vocab = gguf->vocab;
+    return;
+  }
   char path[4096];
   snprintf(path, sizeof(path), "%s/config.json", e->model_dir);
   json_t *root = json_load_file(path, 0, NULL);
@@ -569,6 +602,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (!e) return CM_ERR_NOMEM;
   char err[512] = "";
   int rc = CM_ERR_NOMEM;
+  struct md_config *gcfg = NULL; /* a GGUF model's config, while the engine is made */
   e->loop = loop;
   e->router = router;
   e->cfg = *cfg;
@@ -607,21 +641,47 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
       rc = CM_ERR_INVAL;
       goto fail;
     }
-  if ((rc = tk_load(cfg->model_dir, &e->tok, err, sizeof(err))) != 0) {
-    cm_error(TAG, "%s: tokenizer: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
+  /* a GGUF file gives the config (stop ids, vocabulary size); the tokenizer comes from a
+   * folder */
+  const char *tok_dir =
+      cfg->tokenizer_dir && *cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir;
+  char gguf_path[4096];
+  int is_gguf = md_model_gguf_path(cfg->model_dir, gguf_path, sizeof(gguf_path), err, sizeof(err));
+  if (is_gguf < 0) {
+    cm_error(TAG, "%s", err);
+    rc = is_gguf;
+    goto fail;
+  }
+  if (is_gguf) {
+    if (!(gcfg = malloc(sizeof(*gcfg))) ||
+        (rc = md_config_load_gguf(gguf_path, gcfg, err, sizeof(err))) != 0) {
+      cm_error(TAG, "%s: %s", gguf_path, gcfg ? err : "out of memory");
+      rc = gcfg ? rc : CM_ERR_NOMEM;
+      goto fail;
+    }
+  }
+  if (is_gguf && tok_dir == cfg->model_dir) { /* everything from the file */
+    if ((rc = gguf_tokenizer(e, gguf_path, err, sizeof(err))) != 0) goto fail;
+  } else if ((rc = tk_load(tok_dir, &e->tok, err, sizeof(err))) != 0) {
+    cm_error(TAG, "%s: tokenizer: %s", tok_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
   if ((rc = tk_state_create(e->tok, &e->tok_st)) != 0) goto fail;
   err[0] = 0;
-  rc = tk_chat_load(cfg->model_dir, &e->chat, err, sizeof(err));
+  if (e->chat)
+    rc = 0;
+  else if (is_gguf && tok_dir == cfg->model_dir) /* the file has no chat template */
+    rc = CM_ERR_NOENT;
+  else
+    rc = tk_chat_load(tok_dir, &e->chat, err, sizeof(err));
   if (rc == CM_ERR_NOENT) {
-    cm_warn(TAG, "%s: no chat template; chat completions will be refused", cfg->model_dir);
+    cm_warn(TAG, "%s: no chat template; chat completions will be refused", tok_dir);
     e->chat = NULL;
   } else if (rc) {
-    cm_error(TAG, "%s: chat template: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
+    cm_error(TAG, "%s: chat template: %s", tok_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
-  load_eos(e);
+  load_eos(e, tok_dir, gcfg);
   err[0] = 0;
   if ((rc = fe_mm_load(cfg->model_dir, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {
     cm_error(TAG, "%s: image input: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
@@ -630,7 +690,9 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (e->mm.enabled)
     cm_info(TAG, "image input: %d x %d images, %d tokens each, at most %d per prompt",
             e->mm.width, e->mm.height, e->mm.tokens, e->mm.limit);
-  load_vocab(e);
+  load_vocab(e, gcfg);
+  free(gcfg);
+  gcfg = NULL;
   load_markers(e);
 
   rc = CM_ERR_IO;
@@ -651,6 +713,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   *out = e;
   return 0;
 fail:
+  free(gcfg);
   fe_engine_destroy(e);
   return rc;
 }

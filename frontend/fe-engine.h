@@ -49,7 +49,10 @@
 struct fe_engine;
 
 struct fe_engine_config {
-  const char *model_dir; /* tokenizer.json, tokenizer_config.json, generation_config.json */
+  const char *model_dir;     /* tokenizer.json, tokenizer_config.json, generation_config.json; or a
+                                GGUF file (its config; the tokenizer from tokenizer_dir) */
+  const char *tokenizer_dir; /* tokenizer.json, tokenizer_config.json, generation_config.json
+                                from here instead (NULL: model_dir); needed with GGUF */
   const char *scheduler; /* the scheduler's frontend endpoint (ipc://, tcp://) */
   /* data parallelism: several schedulers (model replicas), each request routed to
    * one by load and prompt-prefix affinity; when n_schedulers > 0 these replace

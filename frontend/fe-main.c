@@ -86,7 +86,7 @@ int fe_main_template_kwargs_ok(const char *json) {
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = "default";
   static struct cm_strs schedulers; /* values live as long as the process */
-  const char *model_dir = NULL;
+  const char *model_dir = NULL, *tok_dir = NULL;
   struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
@@ -107,7 +107,11 @@ int fe_frontend_main(int argc, char **argv) {
        "scheduler endpoint (ipc:// or tcp://); several (repeated, or comma-separated): model "
        "replicas, each request routed by load and prompt-prefix affinity"},
       {"model", CM_OPT_STR, &model_dir, "DIR",
-       "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler)"},
+       "model directory: tokenizer.json, tokenizer_config.json (needed with --scheduler); or a "
+       "GGUF file (its own tokenizer and chat template, or --tokenizer's)"},
+      {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
+       "tokenizer.json, tokenizer_config.json and generation_config.json from DIR instead of "
+       "--model's"},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -182,6 +186,7 @@ int fe_frontend_main(int argc, char **argv) {
   }
   if (schedulers.n) {
     struct fe_engine_config ecfg = {.model_dir = model_dir,
+                                    .tokenizer_dir = tok_dir,
                                     .schedulers = (const char *const *)schedulers.v,
                                     .n_schedulers = schedulers.n,
                                     .model_name = model,
@@ -195,7 +200,8 @@ int fe_frontend_main(int argc, char **argv) {
               model_dir ? "cannot start the serving path (see the log)"
                         : "--scheduler needs --model DIR");
       fe_router_destroy(app.router);
-      return model_dir ? 1 : 2;
+      /* a model or flags this frontend cannot serve is a configuration error */
+      return !model_dir || rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED ? 2 : 1;
     }
     struct fe_engine_hooks hooks;
     fe_engine_hooks_get(engine, &hooks);

@@ -10,8 +10,8 @@
 
 #include "common/cm-err.h"
 #include "common/cm-hash.h"
-#include "worker/wk-config.h"
-#include "worker/wk-vision-preproc.h"
+#include "model/md-config.h"
+#include "model/md-vision-preproc.h"
 
 #define DEFAULT_LIMIT 16
 
@@ -59,10 +59,10 @@ int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_
   memset(mm, 0, sizeof(*mm));
   int limit = o && o->limit >= 0 ? o->limit : DEFAULT_LIMIT;
   if (limit == 0) return 0;
-  struct wk_config *c = calloc(1, sizeof(*c));
+  struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   char why[256] = "";
-  int rc = wk_config_load(dir, c, why, sizeof(why));
+  int rc = md_config_load(dir, c, why, sizeof(why));
   if (rc == CM_ERR_NOENT) { /* a tokenizer-only directory: text only */
     free(c);
     return 0;
@@ -71,7 +71,7 @@ int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_
     free(c);
     return cm_fail(err, errlen, rc, "%s", why);
   }
-  const struct wk_vision_cfg v = c->vision; /* what follows needs no more of c */
+  const struct md_vision_cfg v = c->vision; /* what follows needs no more of c */
   free(c);
   if (!v.present) return 0;
   if (v.channels != 3)
@@ -157,7 +157,7 @@ int fe_mm_image(const struct fe_mm *mm, const char *url, size_t url_len, struct 
                  src.w, src.h, mm->width, mm->height);
   } else if (!(out->pixels = malloc(n))) {
     rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the resized image");
-  } else if ((rc = wk_image_resize_bilinear(out->pixels, mm->width, mm->height, src.rgb, src.w,
+  } else if ((rc = md_image_resize_bilinear(out->pixels, mm->width, mm->height, src.rgb, src.w,
                                             src.h, mm->channels))) {
     rc = cm_fail(err, errlen, rc, "the %d x %d image cannot be resized", src.w, src.h);
   }

@@ -13,7 +13,7 @@
  * template writes <start_of_image> where each image goes; each of those
  * becomes "\n\n<start_of_image>" + mm_tokens_per_image x <image_soft_token>
  * + "<end_of_image>\n\n" before tokenization; the image itself is resized
- * (Pillow's bilinear, worker/wk-vision-preproc.h) to the processor's size.
+ * (Pillow's bilinear, model/md-vision-preproc.h) to the processor's size.
  * The workers rescale and normalise (the 8-bit resized image is a quarter of
  * the float one on the wire). */
 #ifndef LMSERVE_FE_MM_H

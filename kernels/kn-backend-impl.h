@@ -10,6 +10,7 @@
  *   - every index it will read is inside its table / the pool. */
 #ifndef LMSERVE_KN_BACKEND_IMPL_H
 #define LMSERVE_KN_BACKEND_IMPL_H
+#include "common/cm-err.h"
 #include "kernels/kn-backend.h"
 #include "kernels/kn-registry.h"
 
@@ -44,6 +45,10 @@ struct kn_backend_ops {
   int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                      const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
                      int T);
+  /* kn_matmul_fp8; fp8_weights: kn_fp8_weights (NULL: no) */
+  int (*matmul_fp8)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                    const uint8_t *w, const float *scale, int T, int N, int K, int accumulate);
+  int (*fp8_weights)(void *ctx, char *why, size_t whylen);
   int (*rope)(void *ctx, float *x, ptrdiff_t ldx, int T, int heads, int D, const int32_t *pos,
               const float *inv_freq);
   int (*gelu_mul)(void *ctx, float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
@@ -124,6 +129,15 @@ int kn__prof_end(struct kn_backend *be, const char *name, int rc);
 
 static inline int kn__valid_weight_dtype(enum kn_dtype dt) {
   return dt == KN_DTYPE_F32 || dt == KN_DTYPE_F16 || dt == KN_DTYPE_BF16;
+}
+
+/* A weight a matmul or an embedding may take on be: the element types, or one
+ * of the block formats (kn-quant.h) where be has KN_CAP_BLOCK_WEIGHTS and the
+ * rows (K elements) are whole blocks. 0, CM_ERR_UNSUPPORTED or CM_ERR_INVAL. */
+static inline int kn__check_matmul_dtype(const struct kn_backend *be, enum kn_dtype dt, int K) {
+  if (kn__valid_weight_dtype(dt)) return 0;
+  if (!kn_block_elems(dt) || !(be->ops->caps & KN_CAP_BLOCK_WEIGHTS)) return CM_ERR_UNSUPPORTED;
+  return K % kn_block_elems(dt) ? CM_ERR_INVAL : 0;
 }
 
 /* A [rows, cols] operand with row stride ld: ld >= cols (ld may be anything when

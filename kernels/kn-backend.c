@@ -264,7 +264,8 @@ int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table
   if (!be || T < 0 || H < 0 || vocab < 0) return CM_ERR_INVAL;
   if (T == 0 || H == 0) return 0;
   if (!out || !table || !ids || !kn__valid_ld(ldo, T, H)) return CM_ERR_INVAL;
-  if (!kn__valid_weight_dtype(tdt)) return CM_ERR_UNSUPPORTED;
+  int derr = kn__check_matmul_dtype(be, tdt, H);
+  if (derr) return derr;
   for (int t = 0; t < T; t++) {
     if (ids[t] < -1 || ids[t] >= vocab) {
       cm_debug("kn", "embed: token id %d outside [0, %d)", (int)ids[t], vocab);
@@ -296,7 +297,8 @@ int kn_matmul(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
   if (T == 0 || N == 0) return 0;
   if (!out || !kn__valid_ld(ldo, T, N)) return CM_ERR_INVAL;
   if (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
-  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  int derr = kn__check_matmul_dtype(be, wdt, K);
+  if (derr) return derr;
   return KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
 }
 
@@ -307,7 +309,8 @@ int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const fl
   if (T == 0 || N == 0) return 0;
   if (!out || !kn__valid_ld(ldo, T, N)) return CM_ERR_INVAL;
   if (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
-  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  int derr = kn__check_matmul_dtype(be, wdt, K);
+  if (derr) return derr;
   if (be->ops->matmul_softcap)
     return KN_CALL(matmul_softcap, out, ldo, in, ldi, w, wdt, T, N, K, cap);
   int rc = KN_CALL(matmul, out, ldo, in, ldi, w, wdt, T, N, K, 0);
@@ -324,8 +327,9 @@ int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const 
   if (!be || T < 0 || N <= 0 || K < 0 || !(cap >= 0.0f)) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (!ids || (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K)))) return CM_ERR_INVAL;
-  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
-  if (be->ops->matmul_argmax)
+  int derr = kn__check_matmul_dtype(be, wdt, K);
+  if (derr) return derr;
+  if (be->ops->matmul_argmax && !kn_block_elems(wdt)) /* block formats: through scratch */
     return KN_CALL(matmul_argmax, ids, max_out, in, ldi, w, wdt, T, N, K, cap);
   if (!scratch) return CM_ERR_INVAL;
   int rc = cap > 0.0f ? kn_matmul_softcap(be, scratch, N, in, ldi, w, wdt, T, N, K, cap)

@@ -67,6 +67,11 @@ enum kn_backend_cap {
   /* Collectives across the ranks of a tensor-parallel group: kn_comm_join,
    * kn_all_reduce_sum, kn_all_gather. */
   KN_CAP_ALLREDUCE = 1u << 2,
+  /* Weights in ggml's block formats (kn-quant.h: Q8_0, Q4_0, ... Q6_K) for
+   * kn_matmul, kn_matmul_softcap, kn_matmul_argmax and kn_embed: each block
+   * dequantized exactly as kn_dequant_row does, then the f32 arithmetic of an
+   * f32 weight. Rows of whole blocks. */
+  KN_CAP_BLOCK_WEIGHTS = 1u << 3,
 };
 
 /* The KN_CAP_* bits of be (0 for NULL). */
@@ -167,6 +172,37 @@ int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const fl
 int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
                      float cap, float *scratch);
+
+/* FP8 weights (--quantization fp8, FP8 checkpoints): out[T, N] (stride ldo)
+ * {=, +=} scale[n] * (in[T, K] rounded to bf16 · e4m3(W)[N, K]^T), with W
+ * [N, K] e4m3 codes (OCP E4M3FN, kn-dtype.h) and scale [N] f32 per output
+ * feature, both backend memory. Products are exact in f32 (8 + 4 significant
+ * bits), sums are f32 in an order the backend picks, so backends agree to
+ * rounding, not to the bit. A backend whose kn_fp8_weights says so may, from
+ * KN_FP8_ACT_MIN_T rows on, also quantize each input row to e4m3 with scale
+ * (its largest magnitude) / 448 and multiply on FP8 tensor cores (vLLM's
+ * per-token dynamic scheme); the CPU never does. CM_ERR_UNSUPPORTED where the
+ * backend has no FP8 kernels. */
+int kn_matmul_fp8(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                  const uint8_t *w, const float *scale, int T, int N, int K, int accumulate);
+#define KN_FP8_ACT_MIN_T 64
+
+/* Whether be has FP8 weight kernels worth serving with (tensor cores with
+ * FP8: compute capability 8.9 or newer, kernels that passed their check):
+ * 0, or CM_ERR_UNSUPPORTED with the reason in why[whylen]. The CPU answers
+ * no: its kn_matmul_fp8 is the reference the device kernels are checked
+ * against, not a serving path (FP8 halves no CPU bound that bf16 has). */
+int kn_fp8_weights(struct kn_backend *be, char *why, size_t whylen);
+
+/* Quantizes a [N, K] weight to e4m3 per output feature, as --quantization
+ * fp8 does: scale[n] = (largest |w[n, k]|, in f32) / 448 (1 for an all-zero
+ * row) and q[n, k] = e4m3(w[n, k] / scale[n]) (f32 division, round to
+ * nearest even, saturating). w: host [N, K] of wdt with row stride ldw
+ * elements; q: host [N, K]; amax (may be NULL): the rows' largest magnitudes
+ * to use instead of w's own (a column slice quantized as its whole row).
+ * 0, or CM_ERR_RANGE at the first row with a value that is not finite. */
+int kn_fp8_quantize_rows(uint8_t *q, float *scale, const void *w, enum kn_dtype wdt, ptrdiff_t ldw,
+                         int N, int K, const float *amax);
 
 /* Like kn_matmul over a subset of W's rows: out[T, n] = in[T, K] · W[rows[j], :]^T
  * for j < n_rows. rows: [n_rows] host; W has n_w rows; a row id outside

@@ -16,11 +16,21 @@ enum kn_dtype {
   KN_DTYPE_F32 = 0,
   KN_DTYPE_F16 = 1,
   KN_DTYPE_BF16 = 2,
-  KN_DTYPE_F8E4M3 = 3, /* the KV cache only (--kv-cache-dtype fp8), scale 1 */
-  KN_DTYPE__COUNT = 4,
+  KN_DTYPE_F8E4M3 = 3, /* the KV cache (--kv-cache-dtype fp8, scale 1), kn_matmul_fp8's weights */
+  /* ggml's block formats (kn-quant.h): weights only, in rows of whole blocks */
+  KN_DTYPE_Q8_0 = 4,
+  KN_DTYPE_Q4_0 = 5,
+  KN_DTYPE_Q4_1 = 6,
+  KN_DTYPE_Q5_0 = 7,
+  KN_DTYPE_Q5_1 = 8,
+  KN_DTYPE_Q4_K = 9,
+  KN_DTYPE_Q5_K = 10,
+  KN_DTYPE_Q6_K = 11,
+  KN_DTYPE__COUNT = 12,
 };
 
-/* Bytes per element; 0 for an unknown value. */
+/* Bytes per element; 0 for an unknown value and for the block formats
+ * (kn_row_bytes gives theirs). */
 static inline size_t kn_dtype_size(enum kn_dtype dt) {
   switch (dt) {
   case KN_DTYPE_F32: return 4;
@@ -37,8 +47,53 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_F16: return "f16";
   case KN_DTYPE_BF16: return "bf16";
   case KN_DTYPE_F8E4M3: return "fp8_e4m3";
+  case KN_DTYPE_Q8_0: return "q8_0";
+  case KN_DTYPE_Q4_0: return "q4_0";
+  case KN_DTYPE_Q4_1: return "q4_1";
+  case KN_DTYPE_Q5_0: return "q5_0";
+  case KN_DTYPE_Q5_1: return "q5_1";
+  case KN_DTYPE_Q4_K: return "q4_k";
+  case KN_DTYPE_Q5_K: return "q5_k";
+  case KN_DTYPE_Q6_K: return "q6_k";
   default: return "?";
   }
+}
+
+/* Elements and bytes per block of a block format; 0 for the others. */
+static inline int kn_block_elems(enum kn_dtype dt) {
+  switch (dt) {
+  case KN_DTYPE_Q8_0:
+  case KN_DTYPE_Q4_0:
+  case KN_DTYPE_Q4_1:
+  case KN_DTYPE_Q5_0:
+  case KN_DTYPE_Q5_1: return 32;
+  case KN_DTYPE_Q4_K:
+  case KN_DTYPE_Q5_K:
+  case KN_DTYPE_Q6_K: return 256;
+  default: return 0;
+  }
+}
+
+static inline size_t kn_block_bytes(enum kn_dtype dt) {
+  switch (dt) {
+  case KN_DTYPE_Q8_0: return 34;
+  case KN_DTYPE_Q4_0: return 18;
+  case KN_DTYPE_Q4_1: return 20;
+  case KN_DTYPE_Q5_0: return 22;
+  case KN_DTYPE_Q5_1: return 24;
+  case KN_DTYPE_Q4_K: return 144;
+  case KN_DTYPE_Q5_K: return 176;
+  case KN_DTYPE_Q6_K: return 210;
+  default: return 0;
+  }
+}
+
+/* Bytes of a row of K elements of dt: K * size, or whole blocks (0: K is not a
+ * whole number of dt's blocks, or dt is unknown). */
+static inline size_t kn_row_bytes(enum kn_dtype dt, size_t K) {
+  int be = kn_block_elems(dt);
+  if (!be) return K * kn_dtype_size(dt);
+  return K % (size_t)be ? 0 : K / (size_t)be * kn_block_bytes(dt);
 }
 
 static inline uint32_t kn_f32_bits(float f) {

@@ -224,8 +224,9 @@ int kn_backend_dtype_parse(const char *s, int *bf16, char *err, size_t errlen) {
     if (!strcmp(s, f32[i])) found = 0;
   for (size_t i = 0; s && i < sizeof(b16) / sizeof(b16[0]); i++)
     if (!strcmp(s, b16[i])) found = 1;
+  if (s && !strcmp(s, "q8")) found = 2;
   if (found < 0)
-    return cm_fail(err, errlen, CM_ERR_INVAL, "--dtype %s: not one of auto, float32, bfloat16",
+    return cm_fail(err, errlen, CM_ERR_INVAL, "--dtype %s: not one of auto, float32, bfloat16, q8",
                    s ? s : "(none)");
   *bf16 = found;
   return 0;

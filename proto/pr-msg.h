@@ -149,7 +149,7 @@ enum pr_finish {
 /* An image of a prompt (Gemma 3): the run of its soft tokens, its content hash
  * and its pixels as the vision tower's processor resized them: 8-bit RGB,
  * interleaved, rows top to bottom ([height, width, channels]); the worker
- * rescales and normalises them (worker/wk-vision-preproc.h). */
+ * rescales and normalises them (model/md-vision-preproc.h). */
 struct pr_image {
   uint32_t pos;          /* ADD: index in the prompt of its first soft token;
                             STEP: its absolute position */

@@ -491,21 +491,48 @@ void tk_free(struct tk_tokenizer *tok) {
   free(tok);
 }
 
+static int load_buf(struct tk_ld *lp, char *buf, size_t len, struct tk_tokenizer **out);
+
 int tk_load(const char *path, struct tk_tokenizer **out, char *errbuf, size_t errlen) {
   struct tk_ld l = {.err = errbuf, .errlen = errlen};
   char *buf = NULL;
   size_t len = 0;
+  *out = NULL;
+  if (errbuf && errlen) errbuf[0] = 0;
+  int rc = ld_read_file(&l, path, &buf, &len);
+  if (rc) {
+    free(buf);
+    return rc;
+  }
+  return load_buf(&l, buf, len, out);
+}
+
+int tk_load_json(const char *text, size_t len, struct tk_tokenizer **out, char *errbuf,
+                 size_t errlen) {
+  struct tk_ld l = {.err = errbuf, .errlen = errlen};
+  *out = NULL;
+  if (errbuf && errlen) errbuf[0] = 0;
+  char *buf = malloc(len + 1);
+  if (!buf) return CM_ERR_NOMEM;
+  memcpy(buf, text, len);
+  buf[len] = 0;
+  return load_buf(&l, buf, len, out);
+}
+
+/* Builds the tokenizer from tokenizer.json's text buf[len] (owned: freed here). */
+static int load_buf(struct tk_ld *lp, char *buf, size_t len, struct tk_tokenizer **out) {
+  struct tk_ld l = *lp;
   json_t *js[5] = {0}, *model = NULL;
   struct span sec[5] = {{0}}, vocab = {0}, merges = {0}, rest = {0};
   int rc;
-  *out = NULL;
-  if (errbuf && errlen) errbuf[0] = 0;
   l.tok = calloc(1, sizeof *l.tok);
-  if (!l.tok) return CM_ERR_NOMEM;
+  if (!l.tok) {
+    free(buf);
+    return CM_ERR_NOMEM;
+  }
   struct tk_tokenizer *tok = l.tok;
   memset(tok->trie_root, 0xff, sizeof tok->trie_root);
   if ((rc = tk_state_pool_init(tok))) goto fail;
-  if ((rc = ld_read_file(&l, path, &buf, &len))) goto fail;
   if ((rc = ld_scan(&l, buf, len, sec, &vocab, &merges, &rest))) goto fail;
   if (!rest.n) {
     rc = tk_ld_err(&l, CM_ERR_PARSE, "no \"model\" object");

@@ -20,6 +20,20 @@ int tk_is_special(const struct tk_tokenizer *tok, int32_t id) {
   return id >= 0 && id < tok->n_ids && (tok->tok_flags[id] & TK_TOKF_SPECIAL) != 0;
 }
 
+int tk_is_added(const struct tk_tokenizer *tok, int32_t id) {
+  return id >= 0 && id < tok->n_ids && (tok->tok_flags[id] & TK_TOKF_ADDED) != 0;
+}
+
+void tk_merge_ranks(const struct tk_tokenizer *tok, int32_t *ranks) {
+  for (int32_t i = 0; i < tok->n_ids; i++)
+    ranks[i] = -1;
+  for (uint64_t i = 0; tok->mhash && i <= tok->mmask; i++) {
+    const struct tk_merge *m = &tok->mhash[i];
+    if (m->key == UINT64_MAX || m->result < 0 || m->result >= tok->n_ids) continue;
+    if (ranks[m->result] < 0 || m->rank < ranks[m->result]) ranks[m->result] = m->rank;
+  }
+}
+
 int tk_byte_value(const struct tk_tokenizer *tok, int32_t id) {
   return id >= 0 && id < tok->n_ids ? tok->byte_of[id] : -1;
 }

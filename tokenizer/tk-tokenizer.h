@@ -55,6 +55,53 @@ int tk_byte_value(const struct tk_tokenizer *tok, int32_t id);
 /* The raw token string of `id` (e.g. "▁Hello", "<0x0A>", "<bos>"), not NUL
  * terminated; NULL for an invalid id. */
 const char *tk_token_str(const struct tk_tokenizer *tok, int32_t id, size_t *len);
+/* 1 when `id` is an added token (matched before the model: special or not). */
+int tk_is_added(const struct tk_tokenizer *tok, int32_t id);
+/* ranks[id] (for every id < tk_n_vocab) = the rank of the first merge whose
+ * result is id, or -1 when no merge makes it: a SentencePiece-style score
+ * (its negation) that orders merges as the BPE model does (export-gguf). */
+void tk_merge_ranks(const struct tk_tokenizer *tok, int32_t *ranks);
+
+/* The same from tokenizer.json's text (len bytes, copied). */
+int tk_load_json(const char *text, size_t len, struct tk_tokenizer **out, char *errbuf,
+                 size_t errlen);
+
+/* A SentencePiece-style vocabulary, as GGUF files carry it (tokenizer.ggml.model
+ * "llama": tokens, scores, token types), for tk_load_spm. */
+struct tk_spm {
+  int32_t n;               /* tokens: ids [0, n) */
+  const char *const *text; /* [n] each token's bytes (UTF-8) */
+  const uint32_t *len;     /* [n] bytes */
+  const float *score;      /* [n] merge priority: a higher score merges first */
+  const int32_t *type;     /* [n] TK_SPM_* */
+  int add_bos;             /* 1: encoding starts with bos */
+  int32_t bos;             /* -1: none */
+};
+enum {
+  TK_SPM_NORMAL = 1,
+  TK_SPM_UNKNOWN = 2,
+  TK_SPM_CONTROL = 3,
+  TK_SPM_USER = 4,
+  TK_SPM_UNUSED = 5,
+  TK_SPM_BYTE = 6,
+};
+
+/* A tokenizer from such a vocabulary, built as Hugging Face converts a
+ * SentencePiece BPE model (Gemma's): the pieces a BPE vocabulary; a merge for
+ * every two pieces that make a third, ordered by that piece's score (highest
+ * first), then the longer left part, the longer right part, then piece and
+ * part ids; control, unknown and user-defined pieces matched before the model
+ * (the first two special); byte pieces "<0xXX>" the byte fallback; " "
+ * normalized to U+2581 and split after, decoded back. 0, or a cm_err with a
+ * sentence in errbuf. */
+int tk_load_spm(const struct tk_spm *v, struct tk_tokenizer **out, char *errbuf, size_t errlen);
+
+/* The tokenizer of a GGUF file's metadata (tokenizer.ggml.model "llama": tokens,
+ * scores, token_type, bos_token_id, add_bos_token) through tk_load_spm, and its
+ * chat template (tokenizer.chat_template; *chat_template NULL when absent,
+ * else malloc'd, NUL-terminated; chat_template may be NULL). */
+int tk_load_gguf(const char *path, struct tk_tokenizer **out, char **chat_template, char *errbuf,
+                 size_t errlen);
 
 /* Per-thread state: scratch buffers and a word cache (bounded). */
 int tk_state_create(const struct tk_tokenizer *tok, struct tk_state **out);

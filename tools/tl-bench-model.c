@@ -34,7 +34,7 @@ static void print_kv(const struct wk_kv_spec *kv, int json) {
       const struct wk_kv_group *G = &kv->groups[g];
       printf("%s{\"kind\":\"%s\",\"head_dim\":%d,\"kv_heads\":%d,\"layers\":%d,"
              "\"bytes_per_token\":%zu,\"block_tokens\":%d}",
-             g ? "," : "", G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim,
+             g ? "," : "", G->kind == MD_LAYER_FULL ? "full" : "sliding", G->head_dim,
              G->n_kv_heads, G->n_layers, G->bytes_per_token, G->block_tokens);
     }
     printf("],\"kv_bytes_per_token\":%zu", wk_kv_bytes_per_token(kv));
@@ -44,7 +44,7 @@ static void print_kv(const struct wk_kv_spec *kv, int json) {
     const struct wk_kv_group *G = &kv->groups[g];
     printf("kv group %d %s, head dim %d x %d KV heads, %d storing layers: %zu bytes/token, %d "
            "tokens/page\n",
-           g, G->kind == WK_LAYER_FULL ? "full" : "sliding", G->head_dim, G->n_kv_heads,
+           g, G->kind == MD_LAYER_FULL ? "full" : "sliding", G->head_dim, G->n_kv_heads,
            G->n_layers, G->bytes_per_token, G->block_tokens);
   }
   printf("kv total   %zu bytes/token (%s), page %zu bytes\n", wk_kv_bytes_per_token(kv),
@@ -54,10 +54,10 @@ static void print_kv(const struct wk_kv_spec *kv, int json) {
 /* --kv-only: the KV plan from config.json alone (no weights needed), bf16
  * pages of 16 tokens as the server lays them out. */
 static int kv_only(const char *dir, int json) {
-  static struct wk_config c; /* large: per-layer tables */
+  static struct md_config c; /* large: per-layer tables */
   struct wk_kv_spec kv;
   char err[512] = "";
-  int rc = wk_config_load(dir, &c, err, sizeof(err));
+  int rc = md_config_load(dir, &c, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     return 1;
@@ -112,7 +112,8 @@ static int run(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_block
 }
 
 int tl_bench_model_main(int argc, char **argv) {
-  const char *model = NULL, *dtype = "auto", *device = NULL, *kv_dtype_s = "auto";
+  const char *model = NULL, *dtype = "auto", *device = NULL, *kv_dtype_s = "auto",
+             *quant_s = "none";
   int64_t prompt = 256, decode = 32, threads = 0, chunk = 256, tp = 1;
   int json = 0, kvo = 0, fast = 1, use_mmap = 0, eager = 0;
   double temperature = 0, top_p = 1;
@@ -126,7 +127,7 @@ int tl_bench_model_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu); "
        "on a GPU the bound is the device's measured read bandwidth"},
-      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"json", CM_OPT_BOOL, &json, NULL, "print one JSON object instead of text"},
       {"kv-only", CM_OPT_BOOL, &kvo, NULL, "only the KV plan, from config.json alone (no weights)"},
@@ -140,6 +141,7 @@ int tl_bench_model_main(int argc, char **argv) {
        "Gemma 4: skip KV-shared layers for rows nobody reads (default on; --no-fast-prefill)"},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",
@@ -147,10 +149,11 @@ int tl_bench_model_main(int argc, char **argv) {
                          opts, argc, argv, 1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc) return 2;
-  int bf16 = 0, kv_dtype = 0;
+  int bf16 = 0, kv_dtype = 0, quant = 0;
   char why[160];
   if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
-      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why))) {
+      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why)) ||
+      wk_quantization_parse(quant_s, &quant, why, sizeof(why))) {
     fprintf(stderr, "lmserve bench model: %s\n", why);
     return 2;
   }
@@ -247,12 +250,13 @@ int tl_bench_model_main(int argc, char **argv) {
                              .no_fast_prefill = !fast,
                              .kv_dtype = kv_dtype,
                              .mmap_weights = use_mmap,
-                             .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE};
+                             .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+                             .quantization = quant};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
     goto done;
   }
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   toks = malloc(sizeof(int32_t) * (size_t)prompt);
   if (!toks || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto done;
   uint32_t s = 12345;

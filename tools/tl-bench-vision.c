@@ -21,10 +21,10 @@
 #include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-vision-preproc.h"
 #include "tools/tl-main.h"
 #include "worker/wk-kv.h"
 #include "worker/wk-model.h"
-#include "worker/wk-vision-preproc.h"
 #include "worker/wk-vision.h"
 
 static uint32_t lcg(uint32_t *s) {
@@ -77,7 +77,7 @@ int tl_bench_vision_main(int argc, char **argv) {
     fprintf(stderr, "lmserve bench vision: %s\n", err);
     goto done;
   }
-  const struct wk_vision_cfg *vc = wk_vision_config(v);
+  const struct md_vision_cfg *vc = wk_vision_config(v);
   int S = vc->image_size, C = vc->channels, H = wk_vision_text_hidden(v), N = vc->mm_tokens;
   size_t plane = (size_t)C * S * S;
   px = malloc(sizeof(float) * plane * (size_t)batch);
@@ -101,7 +101,7 @@ int tl_bench_vision_main(int argc, char **argv) {
     fprintf(stderr, "lmserve bench vision: %s\n", err);
     goto done;
   }
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   toks = malloc(sizeof(int32_t) * (size_t)T);
   img = malloc((size_t)src * (size_t)src * (size_t)C);
   resized = malloc((size_t)S * S * (size_t)C);
@@ -120,11 +120,11 @@ int tl_bench_vision_main(int argc, char **argv) {
   double t_resize = 0, t_norm = 0, t_one = 0, t_prefill = 0, best = INFINITY;
   for (int it = 0; it <= iters; it++) { /* pass 0 warms up */
     double a = cm_time_s();
-    if ((rc = wk_image_resize_bilinear(resized, S, S, img, (int)src, (int)src, C))) goto fail_rc;
+    if ((rc = md_image_resize_bilinear(resized, S, S, img, (int)src, (int)src, C))) goto fail_rc;
     double b = cm_time_s();
-    struct wk_preproc_cfg pre = vc->pre;
+    struct md_preproc_cfg pre = vc->pre;
     pre.do_resize = 0;
-    if ((rc = wk_image_preprocess(px, resized, S, S, C, &pre, err, sizeof(err)))) goto fail;
+    if ((rc = md_image_preprocess(px, resized, S, S, C, &pre, err, sizeof(err)))) goto fail;
     double d = cm_time_s();
     if ((rc = wk_vision_encode(v, px, 1, emb, err, sizeof(err)))) goto fail;
     double f = cm_time_s();

@@ -19,10 +19,11 @@
  *   - the vocabulary of DIR/tokenizer.json as a SentencePiece-type one
  *     (tokenizer.ggml.model "llama", as for Gemma's tokenizer.model):
  *     tokens, token_type (byte-fallback "<0xXX>" tokens BYTE, special added
- *     tokens CONTROL, the rest NORMAL), scores (-id: the merge priorities of
- *     tokenizer.json are not carried over, so llama.cpp's own tokenization
- *     of text only approximates Gemma's — benchmarks and logits comparisons
- *     feed ids), the bos/eos/unk/pad ids; ids past the tokenizer's up to the
+ *     tokens CONTROL, other added tokens USER_DEFINED, the rest NORMAL),
+ *     scores (minus the rank of the first merge that makes each piece, so
+ *     that a SentencePiece-style reading orders merges as tokenizer.json
+ *     does), the bos/eos/unk/pad ids, and tokenizer_config.json's chat
+ *     template as tokenizer.chat_template; ids past the tokenizer's up to the
  *     config's vocab_size become "<pad_N>", and tokens past vocab_size
  *     (Gemma 3 270m's tokenizer adds <image_soft_token> at 262144, beyond its
  *     262144-row table) are left out, as no embedding row exists for them. Without tokenizer.json:
@@ -39,6 +40,7 @@
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
  * except for 62-layer models), scaled or partial RoPE on sliding layers. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,25 +51,38 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "kernels/kn-quant.h"
+#include "model/md-config.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
-#include "worker/wk-config.h"
 #include "worker/wk-safetensors.h"
 
 #define GG_ALIGN 32
 /* GGUF value types and ggml tensor types (gguf.h, ggml.h) */
 enum { GG_U32 = 4, GG_I32 = 5, GG_F32 = 6, GG_BOOL = 7, GG_STR = 8, GG_ARR = 9 };
 /* llama.cpp's token types (llama.h's llama_token_type) */
-enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_BYTE = 6 };
+enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER = 4, TT_BYTE = 6 };
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
 /* general.file_type (llama.h's llama_ftype) */
 enum { FT_ALL_F32 = 0, FT_MOSTLY_F16 = 1, FT_MOSTLY_BF16 = 32 };
+
+/* The block formats a matrix may be quantized to (kernels/kn-quant.h): their
+ * ggml type and the llama_ftype of a file of them. */
+static const struct {
+  const char *name;
+  enum kn_dtype dt;
+  int ggml, ftype;
+} qtypes[] = {
+    {"q8_0", KN_DTYPE_Q8_0, 8, 7}, {"q4_0", KN_DTYPE_Q4_0, 2, 2}, {"q4_1", KN_DTYPE_Q4_1, 3, 3},
+    {"q5_0", KN_DTYPE_Q5_0, 6, 8}, {"q5_1", KN_DTYPE_Q5_1, 7, 9},
+};
 
 struct gg_tensor {
   char name[64];
   const struct wk_tensor *src;
   int norm;      /* 1-D RMSNorm weight: written as f32 1 + w */
-  int type;      /* GGML_* written */
+  int type;      /* GGML_* written, or a block format's ggml type (qt >= 0) */
+  int qt;        /* index in qtypes of the block format written, or -1 */
   int nd;        /* 1 or 2 */
   uint64_t ne[2]; /* innermost first */
   uint64_t off;   /* from the start of the data section */
@@ -128,6 +143,7 @@ struct gg_plan {
   struct gg_tensor *t;
   int n, cap;
   int to_f32;
+  int qt; /* matrices quantized to qtypes[qt] (-1: none) */
   const struct wk_st *st;
   char *err;
   size_t errlen;
@@ -157,6 +173,13 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   t->ne[1] = rows ? (uint64_t)rows : 1;
   t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
   t->bytes = t->ne[0] * t->ne[1] * type_size(t->type);
+  t->qt = -1;
+  /* matrices in a block format; one whose rows are not whole blocks stays as it is */
+  if (p->qt >= 0 && rows && kn_row_bytes(qtypes[p->qt].dt, (size_t)cols)) {
+    t->qt = p->qt;
+    t->type = qtypes[p->qt].ggml;
+    t->bytes = (uint64_t)rows * kn_row_bytes(qtypes[p->qt].dt, (size_t)cols);
+  }
   return 0;
 }
 
@@ -171,7 +194,7 @@ static const char *hf_prefix(const struct wk_st *st) {
   return NULL;
 }
 
-static int plan_model(struct gg_plan *p, const struct wk_config *c) {
+static int plan_model(struct gg_plan *p, const struct md_config *c) {
   const char *P = hf_prefix(p->st);
   if (!P) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no embed_tokens.weight");
   char h[160], g[64];
@@ -223,14 +246,14 @@ static int plan_model(struct gg_plan *p, const struct wk_config *c) {
 }
 
 /* What llama.cpp's Gemma 3 graph could not reproduce, or NULL. */
-static const char *unsupported(const struct wk_config *c) {
-  if (c->arch != WK_ARCH_GEMMA3) return "only Gemma 3 text models are exported";
+static const char *unsupported(const struct md_config *c) {
+  if (c->arch != MD_ARCH_GEMMA3) return "only Gemma 3 text models are exported";
   /* llama.cpp scales queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) at 62 layers */
   double d = c->n_layers == 62 ? (double)c->hidden / c->n_heads : (double)c->head_dim;
   if (fabs(c->attn_scale * sqrt(d) - 1.0) > 1e-9)
     return "query_pre_attn_scalar differs from the one llama.cpp assumes for this shape";
   if (c->attn_softcap != 0) return "attn_logit_softcapping is set (Gemma 3 has none)";
-  if (c->rope[WK_LAYER_SLIDING].factor != 1.0) return "sliding layers scale RoPE positions";
+  if (c->rope[MD_LAYER_SLIDING].factor != 1.0) return "sliding layers scale RoPE positions";
   for (int k = 0; k < 2; k++)
     if (c->rope[k].rot_pairs != c->head_dim / 2) return "partial RoPE";
   for (int i = 0; i < c->n_layers; i++)
@@ -241,13 +264,15 @@ static const char *unsupported(const struct wk_config *c) {
 }
 
 /* The key-value pairs (into o, which counts them). */
-static void write_kv(struct gg_out *o, const struct wk_config *c, const struct gg_plan *p,
-                     const struct tk_tokenizer *tok, const char *name) {
-  int full_scaled = c->rope[WK_LAYER_FULL].factor != 1.0;
+static void write_kv(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
+                     const struct tk_tokenizer *tok, const char *tmpl, const char *name) {
+  int full_scaled = c->rope[MD_LAYER_FULL].factor != 1.0;
   int ft = FT_ALL_F32;
   for (int i = 0; i < p->n; i++)
     if (p->t[i].nd == 2 && p->t[i].type != GGML_F32)
-      ft = p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16 : FT_MOSTLY_F16;
+      ft = p->t[i].qt >= 0             ? qtypes[p->t[i].qt].ftype
+           : p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16
+                                       : FT_MOSTLY_F16;
   kv_str(o, "general.architecture", "gemma3");
   kv_str(o, "general.name", name);
   kv_u32(o, "general.file_type", (uint32_t)ft);
@@ -266,14 +291,14 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
   put_u32(o, GG_BOOL);
   put_u64(o, (uint64_t)c->n_layers);
   for (int i = 0; i < c->n_layers; i++) {
-    uint8_t swa = c->layers[i].kind == WK_LAYER_SLIDING;
+    uint8_t swa = c->layers[i].kind == MD_LAYER_SLIDING;
     put(o, &swa, 1);
   }
-  kv_f32(o, "gemma3.rope.freq_base", (float)c->rope[WK_LAYER_FULL].theta);
-  kv_f32(o, "gemma3.rope.freq_base_swa", (float)c->rope[WK_LAYER_SLIDING].theta);
+  kv_f32(o, "gemma3.rope.freq_base", (float)c->rope[MD_LAYER_FULL].theta);
+  kv_f32(o, "gemma3.rope.freq_base_swa", (float)c->rope[MD_LAYER_SLIDING].theta);
   if (full_scaled) {
     kv_str(o, "gemma3.rope.scaling.type", "linear");
-    kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[WK_LAYER_FULL].factor);
+    kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[MD_LAYER_FULL].factor);
   }
   if (c->final_softcap != 0)
     kv_f32(o, "gemma3.final_logit_softcapping", (float)c->final_softcap);
@@ -298,13 +323,22 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
     put_u64(o, len);
     put(o, s, len);
   }
+  /* scores: minus the rank of the first merge that makes the piece (pieces no merge
+   * makes: below every merge), so that merges ordered by score are tokenizer.json's */
+  int32_t *ranks = malloc(sizeof(int32_t) * (size_t)(nt > 0 ? nt : 1));
+  if (!ranks) {
+    o->failed = 1;
+    return;
+  }
+  tk_merge_ranks(tok, ranks);
   kv_key(o, "tokenizer.ggml.scores", GG_ARR);
   put_u32(o, GG_F32);
   put_u64(o, (uint64_t)c->vocab);
   for (int32_t id = 0; id < c->vocab; id++) {
-    float score = id < nt && tk_is_special(tok, id) ? 0.0f : -(float)id;
+    float score = id < nt && ranks[id] >= 0 ? -(float)ranks[id] : -1e9f;
     put(o, &score, 4);
   }
+  free(ranks);
   kv_key(o, "tokenizer.ggml.token_type", GG_ARR);
   put_u32(o, GG_I32);
   put_u64(o, (uint64_t)c->vocab);
@@ -312,6 +346,8 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
     int32_t type = TT_NORMAL;
     if (id < nt && tk_is_special(tok, id))
       type = TT_CONTROL;
+    else if (id < nt && tk_is_added(tok, id))
+      type = TT_USER;
     else if (id < nt && tk_byte_value(tok, id) >= 0)
       type = TT_BYTE;
     put(o, &type, 4);
@@ -328,6 +364,7 @@ static void write_kv(struct gg_out *o, const struct wk_config *c, const struct g
   put(o, "\1", 1);
   kv_key(o, "tokenizer.ggml.add_space_prefix", GG_BOOL);
   put(o, "\0", 1);
+  if (tmpl) kv_str(o, "tokenizer.chat_template", tmpl);
 }
 
 /* The fixed header, the pairs kv_n of them in kv, the tensor infos. */
@@ -356,9 +393,26 @@ static void pad_to(struct gg_out *o, uint64_t *pos, uint64_t align) {
   *pos += n;
 }
 
-/* Writes one tensor's data: as it is, or converted to f32 (+1 for norms). */
+/* Writes one tensor's data: as it is, quantized row by row, or converted to
+ * f32 (+1 for norms). */
 static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   const struct wk_tensor *s = t->src;
+  if (t->qt >= 0) {
+    enum kn_dtype dt = qtypes[t->qt].dt;
+    size_t K = (size_t)t->ne[0], rb = kn_row_bytes(dt, K);
+    float *row = malloc(sizeof(float) * K);
+    uint8_t *q = malloc(rb);
+    if (!row || !q) o->failed = 1;
+    for (uint64_t r = 0; r < t->ne[1] && !o->failed; r++) {
+      for (size_t k = 0; k < K; k++)
+        row[k] = kn_load_f32(s->data, (enum kn_dtype)s->dtype, (size_t)r * K + k);
+      if (kn_quantize_row(dt, row, q, K)) o->failed = 1;
+      put(o, q, rb);
+    }
+    free(row);
+    free(q);
+    return;
+  }
   if (t->type == ggml_type_of(s->dtype) && !t->norm) {
     put(o, s->data, s->nbytes);
     return;
@@ -376,15 +430,17 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   }
 }
 
-static int export(const char *dir, const char *out, int to_f32, char *err, size_t errlen) {
-  struct wk_config *c = calloc(1, sizeof(*c));
+static int export(const char *dir, const char *out, int to_f32, int qt, char *err, size_t errlen) {
+  struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct wk_st *st = NULL;
   struct tk_tokenizer *tok = NULL;
+  json_t *tcfg = NULL;
+  const char *tmpl = NULL;
   struct gg_plan p = {0};
   FILE *f = NULL;
   char tmp[4096];
-  int rc = wk_config_load(dir, c, err, errlen);
+  int rc = md_config_load(dir, c, err, errlen);
   if (rc) goto done;
   const char *why = unsupported(c);
   if (why) {
@@ -396,6 +452,7 @@ static int export(const char *dir, const char *out, int to_f32, char *err, size_
   p.t = calloc((size_t)p.cap, sizeof(*p.t));
   p.st = st;
   p.to_f32 = to_f32;
+  p.qt = qt;
   p.err = err;
   p.errlen = errlen;
   if (!p.t) {
@@ -407,6 +464,11 @@ static int export(const char *dir, const char *out, int to_f32, char *err, size_
   if (access(tmp, F_OK) == 0) {
     if ((rc = tk_load(tmp, &tok, err, errlen))) goto done;
   }
+  /* the chat template (tokenizer_config.json's string form), carried in the file */
+  snprintf(tmp, sizeof(tmp), "%s/tokenizer_config.json", dir);
+  if ((tcfg = json_load_file(tmp, 0, NULL)) &&
+      json_is_string(json_object_get(tcfg, "chat_template")))
+    tmpl = json_string_value(json_object_get(tcfg, "chat_template"));
   uint64_t off = 0;
   for (int i = 0; i < p.n; i++) {
     p.t[i].off = off;
@@ -425,7 +487,7 @@ static int export(const char *dir, const char *out, int to_f32, char *err, size_
   struct gg_out m = {mf, !mf, 0}, o = {f, 0, 0};
   const char *base = strrchr(dir, '/');
   if (mf) {
-    write_kv(&m, c, &p, tok, base && base[1] ? base + 1 : dir);
+    write_kv(&m, c, &p, tok, tmpl, base && base[1] ? base + 1 : dir);
     if (fclose(mf) != 0) m.failed = 1;
   }
   if (m.failed) {
@@ -449,18 +511,53 @@ static int export(const char *dir, const char *out, int to_f32, char *err, size_
     rc = cm_fail(err, errlen, CM_ERR_IO, "%s: write failed (disk full?)", out);
     goto done;
   }
-  printf("wrote %s: gemma3, %d layers, %d tensors, %.1f MB\n", out, c->n_layers, p.n,
-         (double)pos / 1e6);
+  printf("wrote %s: gemma3, %d layers, %d tensors%s%s, %.1f MB\n", out, c->n_layers, p.n,
+         qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "", (double)pos / 1e6);
 done:
   if (f) {
     fclose(f);
     unlink(tmp);
   }
   free(p.t);
+  json_decref(tcfg);
   tk_free(tok);
   wk_st_close(st);
   free(c);
   return rc;
+}
+
+/* qtypes' index of name, or -1. */
+static int qtype_of(const char *name) {
+  for (size_t i = 0; i < CM_ARRAY_LEN(qtypes); i++)
+    if (!strcmp(name, qtypes[i].name)) return (int)i;
+  return -1;
+}
+
+int tl_quantize_main(int argc, char **argv) {
+  const char *pos[3];
+  int n_pos = 0;
+  int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
+                         "write a Gemma 3 text checkpoint as a GGUF file with its matrices in a "
+                         "block format (q8_0, q4_0, q4_1, q5_0, q5_1) that llama.cpp loads",
+                         (const struct cm_opt[]){{0}}, argc, argv, 1, pos, 3, &n_pos);
+  if (rc == CM_ARGS_HELP) return 0;
+  if (rc < 0) return 2;
+  if (n_pos != 3) {
+    fprintf(stderr, "lmserve quantize: usage: lmserve quantize IN OUT.gguf TYPE\n");
+    return 2;
+  }
+  int qt = qtype_of(pos[2]);
+  if (qt < 0) {
+    fprintf(stderr, "lmserve quantize: TYPE '%s' is not one of q8_0, q4_0, q4_1, q5_0, q5_1\n",
+            pos[2]);
+    return 2;
+  }
+  char err[512];
+  if ((rc = export(pos[0], pos[1], 0, qt, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve quantize: %s\n", err);
+    return 1;
+  }
+  return 0;
 }
 
 int tl_export_gguf_main(int argc, char **argv) {
@@ -468,8 +565,9 @@ int tl_export_gguf_main(int argc, char **argv) {
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
       {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
-      {"dtype", CM_OPT_STR, &dtype, "same|f32",
-       "matrices as stored (default) or widened to f32; norms are always f32"},
+      {"dtype", CM_OPT_STR, &dtype, "same|f32|q8_0|q4_0|q4_1|q5_0|q5_1",
+       "matrices as stored (default), widened to f32, or quantized to a block format; norms are "
+       "always f32"},
       {0},
   };
   int rc = cm_args_parse("lmserve export-gguf",
@@ -481,12 +579,16 @@ int tl_export_gguf_main(int argc, char **argv) {
     fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");
     return 2;
   }
-  if (strcmp(dtype, "same") && strcmp(dtype, "f32")) {
-    fprintf(stderr, "lmserve export-gguf: --dtype must be same or f32, not '%s'\n", dtype);
+  int qt = qtype_of(dtype);
+  if (strcmp(dtype, "same") && strcmp(dtype, "f32") && qt < 0) {
+    fprintf(stderr,
+            "lmserve export-gguf: --dtype must be same, f32, q8_0, q4_0, q4_1, q5_0 or q5_1, not "
+            "'%s'\n",
+            dtype);
     return 2;
   }
   char err[512];
-  rc = export(model, out, !strcmp(dtype, "f32"), err, sizeof(err));
+  rc = export(model, out, !strcmp(dtype, "f32"), qt, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve export-gguf: %s\n", err);
     return 1;

@@ -59,7 +59,8 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 }
 
 int tl_generate_main(int argc, char **argv) {
-  const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL;
+  const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL,
+             *quant_s = NULL;
   const char *dtype = "auto";
   int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1;
   int ignore_eos = 0, eager = 0;
@@ -73,9 +74,10 @@ int tl_generate_main(int argc, char **argv) {
        1 << 20},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"kv-dtype", CM_OPT_STR, &kv_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
-      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
       {"draft", CM_OPT_STR, &draft, "DIR",
        "speculative decoding with this gemma4_assistant checkpoint (same output)"},
       {"draft-tokens", CM_OPT_INT, &draft_tokens, "K", "draft tokens per round (default 3)", 1, 64},
@@ -99,9 +101,10 @@ int tl_generate_main(int argc, char **argv) {
         "lmserve generate: --model DIR and exactly one of --prompt / --prompt-ids are required\n");
     return 2;
   }
-  int kvdt = 0;
+  int kvdt = 0, quant = 0;
   char kv_why[160];
-  if (kv_dtype && wk_kv_dtype_parse(kv_dtype, &kvdt, kv_why, sizeof(kv_why))) {
+  if ((kv_dtype && wk_kv_dtype_parse(kv_dtype, &kvdt, kv_why, sizeof(kv_why))) ||
+      wk_quantization_parse(quant_s, &quant, kv_why, sizeof(kv_why))) {
     fprintf(stderr, "lmserve generate: %s\n", kv_why);
     return 2;
   }
@@ -117,8 +120,14 @@ int tl_generate_main(int argc, char **argv) {
   struct wk_page_alloc pa = {0};
   char tpath[4200];
   snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", model);
-  FILE *tf = fopen(tpath, "rb");
-  if (tf) {
+  size_t ml = strlen(model);
+  FILE *tf = NULL;
+  if (ml > 5 && !strcmp(model + ml - 5, ".gguf")) { /* the file's own vocabulary */
+    if (prompt && (rc = tk_load_gguf(model, &tok, NULL, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve generate: %s\n", err);
+      goto done;
+    }
+  } else if ((tf = fopen(tpath, "rb"))) {
     fclose(tf);
     if ((rc = tk_load(tpath, &tok, err, sizeof(err)))) {
       fprintf(stderr, "lmserve generate: %s\n", err);
@@ -189,6 +198,7 @@ int tl_generate_main(int argc, char **argv) {
       .tp_rank = rank,
       .tp_size = (int)tp,
       .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+      .quantization = quant,
   };
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: %s\n", err);

@@ -6,6 +6,7 @@ int tl_serve_main(int argc, char **argv);
 int tl_bench_main(int argc, char **argv);
 int tl_make_tiny_model_main(int argc, char **argv);
 int tl_export_gguf_main(int argc, char **argv); /* tl-export-gguf.c */
+int tl_quantize_main(int argc, char **argv);    /* tl-export-gguf.c */
 
 int tl_bench_serve_main(int argc, char **argv);
 int tl_bench_model_main(int argc, char **argv);     /* tl-bench-model.c */

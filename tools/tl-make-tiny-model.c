@@ -71,8 +71,8 @@
 #include "common/cm-args.h"
 #include "common/cm-err.h"
 #include "lmserve-config.h"
+#include "model/md-config.h"
 #include "tools/tl-main.h"
-#include "worker/wk-config.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-tiny-spec.h"
 
@@ -317,8 +317,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --arch gemma4-assistant needs --target DIR\n");
       return 2;
     }
-    struct wk_config tcfg;
-    if ((rc = wk_config_load(target, &tcfg, err, sizeof(err)))) {
+    struct md_config tcfg;
+    if ((rc = md_config_load(target, &tcfg, err, sizeof(err)))) {
       fprintf(stderr, "lmserve make-tiny-model: --target: %s\n", err);
       return 1;
     }

@@ -71,6 +71,9 @@ struct tl_serve {
   const char *kv_cache_dtype; /* --kv-cache-dtype, checked before any role starts */
   int mmap_weights; /* --mmap: CPU workers keep the weights in the page cache */
   int enforce_eager; /* --enforce-eager: workers capture no step graphs */
+  const char *quantization; /* --quantization, checked before any role starts */
+  const char *tokenizer;    /* --tokenizer as given */
+  char tok_dir[4096];       /* its real path ("" without the flag) */
   /* state */
   char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
   char model_dir[PATH_MAX + 64];

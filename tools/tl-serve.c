@@ -209,6 +209,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     argv_add_str(&a, "--kv-cache-dtype", s->kv_cache_dtype);
     if (s->mmap_weights) argv_add(&a, "--mmap");
     if (s->enforce_eager) argv_add(&a, "--enforce-eager");
+    argv_add_str(&a, "--quantization", s->quantization);
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
@@ -233,6 +234,7 @@ int tl_srv_start_scheduler(struct tl_serve *s, struct tl_engine *e) {
 static int start_frontend(struct tl_serve *s) {
   struct tl_argv f = {0};
   argv_role(&f, "frontend", s);
+  argv_add_str(&f, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
   for (int i = 0; i < (int)s->dp; i++) /* every replica: the frontend routes between them */
     argv_add_str(&f, "--scheduler", s->eng[i].ep_front);
   argv_add_str(&f, "--host", s->host);
@@ -305,7 +307,10 @@ int tl_serve_main(int argc, char **argv) {
   };
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &s.model, "DIR",
-       "checkpoint folder (default: the embedded tiny Gemma 4)"},
+       "checkpoint folder, or a GGUF file with --tokenizer (default: the embedded tiny Gemma 4)"},
+      {"tokenizer", CM_OPT_STR, &s.tokenizer, "DIR",
+       "tokenizer.json, tokenizer_config.json, generation_config.json from DIR (needed with a "
+       "GGUF --model)"},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
@@ -347,10 +352,11 @@ int tl_serve_main(int argc, char **argv) {
       {"device", CM_OPT_STR, &s.device, "auto|cpu|cuda",
        "worker backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
       {"threads", CM_OPT_INT, &s.threads, "N", "CPU threads per worker (all cores)", 1, 1024},
-      {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &s.dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &s.kv_cache_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &s.enforce_eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &s.quantization, "none|fp8", WK_QUANT_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
@@ -384,10 +390,11 @@ int tl_serve_main(int argc, char **argv) {
     return 2;
   }
 
-  int bf16, kvdt;
+  int bf16, kvdt, quant;
   char why[160];
   if ((s.dtype && kn_backend_dtype_parse(s.dtype, &bf16, why, sizeof(why))) ||
-      (s.kv_cache_dtype && wk_kv_dtype_parse(s.kv_cache_dtype, &kvdt, why, sizeof(why)))) {
+      (s.kv_cache_dtype && wk_kv_dtype_parse(s.kv_cache_dtype, &kvdt, why, sizeof(why))) ||
+      (s.quantization && wk_quantization_parse(s.quantization, &quant, why, sizeof(why)))) {
     fprintf(stderr, "lmserve serve: %s\n", why);
     return 2;
   }
@@ -399,6 +406,10 @@ int tl_serve_main(int argc, char **argv) {
     }
   } else if (ensure_default_model(&s) != 0) {
     return 1;
+  }
+  if (s.tokenizer && !realpath(s.tokenizer, s.tok_dir)) {
+    fprintf(stderr, "lmserve serve: --tokenizer %s: %s\n", s.tokenizer, strerror(errno));
+    return 2;
   }
   if (make_run_dir(&s) != 0) return 1;
 

@@ -10,7 +10,8 @@
  *   lmserve detokenize --tokenizer PATH [--skip-special] < '[2, 9259]'
  *     prints the decoded text (no newline added).
  *
- * PATH is a tokenizer.json file or a model directory holding one. */
+ * PATH is a tokenizer.json file, a model directory holding one, or a GGUF
+ * file (its vocabulary, tk_load_gguf). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,10 @@ static char *read_stdin(size_t *len) {
 
 static int load(const char *path, struct tk_tokenizer **tok) {
   char err[512];
-  int rc = tk_load(path, tok, err, sizeof err);
+  size_t n = strlen(path);
+  int gguf = n > 5 && !strcmp(path + n - 5, ".gguf");
+  int rc =
+      gguf ? tk_load_gguf(path, tok, NULL, err, sizeof err) : tk_load(path, tok, err, sizeof err);
   if (rc) fprintf(stderr, "lmserve: cannot load tokenizer: %s (%s)\n", err, cm_strerror(rc));
   return rc;
 }

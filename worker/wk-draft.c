@@ -45,7 +45,7 @@ static int top_k_in_order(const float *v, int n, int k, int *out) {
  * them (first candidate on ties). */
 static int ordered_token(struct wk_model *m, const float *d, int32_t *tok, char *err,
                          size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int C = c->num_centroids, k = c->centroid_top_k, per = c->vocab / C, h = c->hidden;
   K(wk_linear(m, m->cent, C, d, h, &m->centroids, 1));
@@ -86,7 +86,7 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
   if (!m->target) return cm_fail(err, errlen, CM_ERR_INVAL, "draft: not a draft model");
   if (n < 1 || n > m->max_seqs || n > m->max_T || !in || !tokens_out || !h_out)
     return cm_fail(err, errlen, CM_ERR_INVAL, "draft: bad batch of %d sequences", n);
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   const struct wk_model *t = m->target;
   struct kn_backend *be = m->be;
   int h = c->hidden, B = c->backbone_hidden, V = c->vocab;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "worker/wk-vision-preproc.h"
+#include "model/md-vision-preproc.h"
 
 #define DEFAULT_CAP (256u << 20)
 
@@ -35,7 +35,7 @@ struct wk_encoder {
 
 int wk_encoder_create(struct wk_vision *vision, size_t cap_bytes, struct wk_encoder **out) {
   *out = NULL;
-  const struct wk_vision_cfg *vc = wk_vision_config(vision);
+  const struct md_vision_cfg *vc = wk_vision_config(vision);
   if (vc->pre.width != vc->image_size || vc->pre.height != vc->image_size) return CM_ERR_SHAPE;
   struct wk_encoder *e = calloc(1, sizeof(*e));
   if (!e) return CM_ERR_NOMEM;
@@ -169,8 +169,8 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
       goto undo;
     }
     memcpy(nx.pixels, ims[i]->pixels.v, e->image_bytes);
-    const struct wk_vision_cfg *vc = wk_vision_config(e->vision);
-    rc = wk_image_preprocess(e->stage_px + e->image_bytes * (size_t)k, nx.pixels, e->width,
+    const struct md_vision_cfg *vc = wk_vision_config(e->vision);
+    rc = md_image_preprocess(e->stage_px + e->image_bytes * (size_t)k, nx.pixels, e->width,
                              e->height, e->channels, &vc->pre, err, errlen);
     e->v[e->n++] = nx;
     k++;

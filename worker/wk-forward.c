@@ -59,6 +59,8 @@ static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
 
 int wk_linear(struct wk_model *m, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
               const struct wk_w *w, int T) {
+  if (w->dt == KN_DTYPE_F8E4M3)
+    return kn_matmul_fp8(m->be, out, ldo, in, ldi, w->p, w->scale, T, w->rows, w->cols, 0);
   return kn_matmul(m->be, out, ldo, in, ldi, w->p, w->dt, T, w->rows, w->cols, 0);
 }
 
@@ -74,7 +76,7 @@ static struct wk_w expert_mat(const struct wk_w *w, int e) {
  * per-group attention descriptors. Returns T (tokens) or a negative cm_err. */
 int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
                   size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   if (!b || b->n_seqs < 1 || !b->seqs)
     return cm_fail(err, errlen, CM_ERR_INVAL, "forward: empty batch");
   if (b->n_seqs > m->max_seqs)
@@ -159,7 +161,7 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
  * would. */
 static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int layer, char *err,
                      size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int H = c->hidden, E = c->n_experts, I = c->moe_ffn, k = c->top_k_experts;
   float eps = (float)c->eps;
@@ -207,14 +209,16 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
 }
 
 /* Whether a layer's Q, K and V (gate and up) can go through one kn_matmul_n
- * (kn_matmul_glu): the same dtype and input width. */
+ * (kn_matmul_glu): the same dtype and input width, neither FP8 (whose
+ * per-feature scales those ops do not take: kn_matmul_fp8 each) nor a block
+ * format (kn_matmul each). */
 static int same_kind(const struct wk_w *a, const struct wk_w *b) {
-  return a->dt == b->dt && a->cols == b->cols;
+  return a->dt == b->dt && a->cols == b->cols && a->dt != KN_DTYPE_F8E4M3 && !kn_block_elems(a->dt);
 }
 
 /* q = h Wq, and on a layer that stores K/V, k = h Wk and v = h Wv (or the raw k
  * with attention_k_eq_v): one kn_matmul_n where the dtypes agree. */
-static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const struct wk_layer_cfg *l,
+static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const struct md_layer_cfg *l,
                        int T, int layer, char *err, size_t errlen) {
   int H = m->cfg.hidden, qd = m->cfg.n_heads * l->head_dim, kvd = l->n_kv_heads * l->head_dim;
   if (l->kv_shared) {
@@ -238,8 +242,8 @@ static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const str
 
 int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_ready, char *err,
                     size_t errlen) {
-  const struct wk_config *c = &m->cfg;
-  const struct wk_layer_cfg *l = &c->layers[layer];
+  const struct md_config *c = &m->cfg;
+  const struct md_layer_cfg *l = &c->layers[layer];
   const struct wk_layer_w *w = &m->layers[layer];
   struct kn_backend *be = m->be;
   int H = c->hidden, nh = c->n_heads, D = l->head_dim, qd = nh * D;
@@ -250,7 +254,7 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_read
   int tp = m->plan.world > 1;
   /* the next layer's normed input, made while x is in cache by this layer's last add */
   const float *next_norm = layer + 1 < c->n_layers ? m->layers[layer + 1].in_norm : NULL;
-  float scale = c->arch != WK_ARCH_GEMMA3 ? w->layer_scalar : 1.0f;
+  float scale = c->arch != MD_ARCH_GEMMA3 ? w->layer_scalar : 1.0f;
 
   /* attention */
   if (!h_ready) K(kn_rmsnorm(be, m->h, H, m->x, H, T, H, w->in_norm, KN_DTYPE_F32, eps, nm));
@@ -271,14 +275,14 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_read
       .wdt = KN_DTYPE_F32,
       .eps = eps,
       .mode = nm,
-      .v_norm = c->arch != WK_ARCH_GEMMA3,
+      .v_norm = c->arch != MD_ARCH_GEMMA3,
       .pos = m->pos,
       .inv_freq = m->inv_freq[l->kind],
       .view = &view,
       .slots = m->slots + (size_t)g * (size_t)m->max_T,
   };
   K(kn_qkv_prep(be, &prep, T));
-  int window = l->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
+  int window = l->kind == MD_LAYER_SLIDING ? c->sliding_window : 0;
   K(kn_attention(be, m->attn, qd, m->q, qd, &view, m->aseq + (size_t)g * (size_t)m->max_seqs,
                  n_seqs, nh, window, (float)c->attn_scale, (float)c->attn_softcap));
   K(wk_linear(m, m->o, H, m->attn, qd, &w->wo, T));
@@ -399,7 +403,7 @@ static int gather_logits(struct wk_model *m, int n) {
  * every op after this point is row-wise but attention, which reads the pages. */
 static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R, int *n_seqs,
                             char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int H = c->hidden, layer = m->first_shared;
   size_t LP = (size_t)c->n_layers * (size_t)c->ple_dim;
@@ -501,7 +505,7 @@ static int put_embeds(struct wk_model *m, const struct wk_batch *b) {
 
 int wk_fw_trunk(struct wk_model *m, const struct wk_batch *b, int T, int R, int drop, int *n_seqs,
                 char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int H = c->hidden, layer = -1;
   K(wk_embed_tokens(m, m->x, &m->embed, m->embed_scale, T));
@@ -533,7 +537,7 @@ int wk_fw_trunk(struct wk_model *m, const struct wk_batch *b, int T, int R, int 
 }
 
 int wk_fw_logits(struct wk_model *m, int n, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   int H = c->hidden, Vl = m->lm_head.rows, layer = -1;
   if (c->final_softcap > 0)
     K(kn_matmul_softcap(m->be, m->logits, Vl, m->sel, H, m->lm_head.p, m->lm_head.dt, n, Vl, H,
@@ -545,7 +549,7 @@ int wk_fw_logits(struct wk_model *m, int n, char *err, size_t errlen) {
 
 int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, int have_logits,
                char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int H = c->hidden, V = c->vocab, Vl = m->lm_head.rows, layer = -1;
   int tp = m->plan.world > 1;
@@ -593,7 +597,7 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
 }
 
 int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int bucket = wk_graph_bucket(m, b);
   if (bucket >= 0) return wk_graph_forward(m, b, bucket, err, errlen);

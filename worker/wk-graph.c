@@ -73,7 +73,7 @@ static struct wk_batch padded(struct wk_model *m, const struct wk_batch *b, int 
 
 /* The graph's part of a padded step of B rows: trunk, final norm, head logits. */
 static int body(struct wk_model *m, const struct wk_batch *pb, int B, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   int n_seqs, H = c->hidden;
   int T = wk_fw_trunk(m, pb, B, B, 0, &n_seqs, err, errlen);
   if (T < 0) return T;
@@ -153,7 +153,7 @@ int wk_model_graph_check(struct wk_model *m, const struct wk_batch *b, char *err
  * (i * 7919 + 11) mod V at position 0 on page i (its own page in every group). */
 static void check_step(struct wk_model *m, int B, int32_t *tokens, int32_t *pages,
                        struct wk_seq_input *seqs) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   int V = c->ple_dim ? CM_MIN(c->vocab, c->ple_vocab) : c->vocab;
   for (int i = 0; i < B; i++) {
     tokens[i] = (int32_t)(((int64_t)i * 7919 + 11) % V);
@@ -214,7 +214,7 @@ done:
 }
 
 int wk_graph_init(struct wk_model *m, int mode, int max_bucket, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   if (!mode || !m->n_pages) return 0;
   int top = CM_MIN(CM_MIN(m->max_seqs, m->max_out), CM_MIN(m->max_T, m->n_pages));
   if (max_bucket > 0) top = CM_MIN(top, max_bucket);

@@ -24,7 +24,7 @@ int32_t wk_argmax(const float *v, int n) {
   return best;
 }
 
-static int is_eos(const struct wk_config *c, int32_t id) {
+static int is_eos(const struct md_config *c, int32_t id) {
   for (int i = 0; i < c->n_eos; i++)
     if (c->eos_ids[i] == id) return 1;
   return 0;
@@ -58,7 +58,7 @@ static int step(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_bloc
 int wk_greedy_generate(struct wk_model *m, struct wk_page_alloc *pa, const int32_t *prompt,
                        int n_prompt, const struct wk_greedy_opts *o, int32_t *out, int *n_gen,
                        char *err, size_t errlen) {
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   int V = c->vocab, rc = 0;
   *n_gen = 0;
   if (n_prompt < 1) {
@@ -91,7 +91,7 @@ int wk_greedy_generate_spec_fn(struct wk_model *m, struct wk_page_alloc *pa, con
                                int n_prompt, const struct wk_greedy_opts *o, int k,
                                wk_propose_fn propose, void *ctx, int32_t *out, int *n_gen,
                                int *drafted, int *accepted, char *err, size_t errlen) {
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   int V = c->vocab, H = c->hidden, rc = 0;
   *n_gen = *drafted = *accepted = 0;
   if (n_prompt < 1 || k < 1 || k + 1 > wk_model_max_batch_tokens(m)) {

@@ -8,7 +8,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 
-int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block_tokens,
+int wk_kv_spec_build(const struct md_config *cfg, enum kn_dtype dtype, int block_tokens,
                      struct wk_kv_spec *out) {
   memset(out, 0, sizeof(*out));
   if (dtype != KN_DTYPE_F32 && dtype != KN_DTYPE_BF16 && dtype != KN_DTYPE_F8E4M3)
@@ -20,7 +20,7 @@ int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block
   size_t elt = kn_dtype_size(dtype);
   /* groups of the storing layers, in order of first appearance */
   for (int i = 0; i < cfg->n_layers; i++) {
-    const struct wk_layer_cfg *l = &cfg->layers[i];
+    const struct md_layer_cfg *l = &cfg->layers[i];
     out->layer_group[i] = -1;
     if (l->kv_shared) continue;
     int g;
@@ -35,7 +35,7 @@ int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block
       G->kind = l->kind;
       G->head_dim = l->head_dim;
       G->n_kv_heads = l->n_kv_heads;
-      G->window = l->kind == WK_LAYER_SLIDING ? cfg->sliding_window : 0;
+      G->window = l->kind == MD_LAYER_SLIDING ? cfg->sliding_window : 0;
     }
     struct wk_kv_group *G = &out->groups[g];
     G->layers[G->n_layers++] = i;
@@ -62,7 +62,7 @@ int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block
   }
   /* shared layers read their source's group and offsets */
   for (int i = 0; i < cfg->n_layers; i++) {
-    const struct wk_layer_cfg *l = &cfg->layers[i];
+    const struct md_layer_cfg *l = &cfg->layers[i];
     if (!l->kv_shared || l->kv_source < 0) continue;
     int src = l->kv_source;
     out->layer_group[i] = out->layer_group[src];

@@ -14,7 +14,7 @@
  * `block_tokens` (default 16) positions per page; that fixes the page size,
  * and every other group gets floor(page_bytes / its bytes per token).
  *
- * Everything here derives from a wk_config alone (no weights), so the
+ * Everything here derives from a md_config alone (no weights), so the
  * scheduler can size block tables from config.json. */
 #ifndef LMSERVE_WK_KV_H
 #define LMSERVE_WK_KV_H
@@ -22,17 +22,17 @@
 #include <stdint.h>
 
 #include "kernels/kn-dtype.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 #define WK_MAX_KV_GROUPS 8
 
 struct wk_kv_group {
-  enum wk_layer_kind kind;
+  enum md_layer_kind kind;
   int head_dim; /* elements per head */
   int n_kv_heads;
   int window;                /* sliding window in tokens; 0 for full attention */
   int n_layers;              /* storing layers in this group */
-  int layers[WK_MAX_LAYERS]; /* their indices, ascending */
+  int layers[MD_MAX_LAYERS]; /* their indices, ascending */
   size_t bytes_per_token;    /* K and V of all its storing layers, bytes */
   int block_tokens;          /* positions per page */
 };
@@ -43,16 +43,16 @@ struct wk_kv_spec {
   struct wk_kv_group groups[WK_MAX_KV_GROUPS];
   size_t page_bytes; /* bytes per physical page */
   int n_layers;
-  int layer_group[WK_MAX_LAYERS];    /* group each layer reads (its source's for shared layers);
+  int layer_group[MD_MAX_LAYERS];    /* group each layer reads (its source's for shared layers);
                                         -1 for an assistant layer (reads the target) */
-  size_t layer_k_off[WK_MAX_LAYERS]; /* bytes within a page of the layer it reads */
-  size_t layer_v_off[WK_MAX_LAYERS];
+  size_t layer_k_off[MD_MAX_LAYERS]; /* bytes within a page of the layer it reads */
+  size_t layer_v_off[MD_MAX_LAYERS];
 };
 
 /* Builds the plan. block_tokens: positions per page of the largest group
  * (0 = 16). Returns 0, or CM_ERR_INVAL / CM_ERR_UNSUPPORTED (too many groups,
  * a bad dtype). An assistant config yields zero groups. */
-int wk_kv_spec_build(const struct wk_config *cfg, enum kn_dtype dtype, int block_tokens,
+int wk_kv_spec_build(const struct md_config *cfg, enum kn_dtype dtype, int block_tokens,
                      struct wk_kv_spec *out);
 
 /* Sum of all groups' bytes per token. */

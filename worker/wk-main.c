@@ -152,10 +152,10 @@ static int send_ready(struct wk_proc *p) {
   struct wk_model *m = p->model;
   uint32_t world = p->world, max_draft = p->max_draft, max_seqs = p->max_seqs,
            max_tokens = p->max_tokens;
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   struct pr_kv_group groups[WK_MAX_KV_GROUPS];
-  uint32_t eos[WK_MAX_EOS];
+  uint32_t eos[MD_MAX_EOS];
   for (int g = 0; g < kv->n_groups; g++) {
     groups[g] = (struct pr_kv_group){
         .block_tokens = (uint32_t)kv->groups[g].block_tokens,
@@ -186,7 +186,7 @@ static int send_ready(struct wk_proc *p) {
   r->kernels = kn_backend_name(p->be);
   r->matmul_inputs = kn_backend_matmul_inputs(p->be);
   if (c->vision.present) {
-    const struct wk_vision_cfg *v = &c->vision;
+    const struct md_vision_cfg *v = &c->vision;
     r->image_tokens = (uint32_t)v->mm_tokens;
     r->image_bytes = (uint32_t)((size_t)v->pre.width * (size_t)v->pre.height * (size_t)v->channels);
   }
@@ -368,7 +368,7 @@ static int local_rank_of(int64_t flag, int seen, int64_t rank) {
 
 int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
-  const char *dtype = "auto", *kv_dtype_s = "auto";
+  const char *dtype = "auto", *kv_dtype_s = "auto", *quant_s = "none";
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
@@ -406,10 +406,11 @@ int wk_worker_main(int argc, char **argv) {
        600, NULL},
       {"device", CM_OPT_STR, &device, "auto|cpu|cuda",
        "kernel backend ($LMSERVE_DEVICE, else auto: cuda when a GPU is visible, else cpu)"},
-      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16", KN_DTYPE_HELP},
+      {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"kv-cache-dtype", CM_OPT_STR, &kv_dtype_s, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},
@@ -447,10 +448,11 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
   }
-  int bf16 = 0, kv_dtype = 0;
+  int bf16 = 0, kv_dtype = 0, quant = 0;
   char why[160];
   if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
-      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why))) {
+      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why)) ||
+      wk_quantization_parse(quant_s, &quant, why, sizeof(why))) {
     fprintf(stderr, "lmserve worker: %s\n", why);
     return 2;
   }
@@ -509,6 +511,7 @@ int wk_worker_main(int argc, char **argv) {
       .tp_size = (int)world,
       .mmap_weights = use_mmap,
       .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+      .quantization = quant,
   };
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: %s\n", err);

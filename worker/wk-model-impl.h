@@ -30,6 +30,7 @@ struct wk_pair {
 struct wk_w {
   const void *p; /* NULL when absent; [n_mat, rows, cols] row-major */
   enum kn_dtype dt;
+  const float *scale;  /* KN_DTYPE_F8E4M3 only: [rows] f32 per output feature */
   int rows, cols;      /* this rank's shape of one matrix (rows = outputs) */
   int n_mat;           /* 1, or E for a stack of expert matrices */
   enum wk_shard shard; /* how the full tensor was split */
@@ -82,8 +83,8 @@ struct wk_load_progress {
 
 struct wk_model {
   struct kn_backend *be;
-  struct wk_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
-  struct wk_config full;     /* the checkpoint's config */
+  struct md_config cfg;      /* this rank's shapes (wk_config_shard): heads, widths */
+  struct md_config full;     /* the checkpoint's config */
   struct wk_shard_plan plan; /* this rank's place in its tensor-parallel group */
   struct wk_kv_spec kv;
   struct wk_st *st;
@@ -92,6 +93,7 @@ struct wk_model {
   int max_T, max_seqs, max_out; /* tokens, sequences, output rows per logits chunk */
   int first_shared;             /* every layer from here on is KV-shared (n_layers: none) */
   int fast_prefill;             /* 1: rows nobody reads are dropped before first_shared */
+  int quant_fp8;                /* --quantization fp8: linear weights quantized at load */
 
   /* weights */
   struct wk_w embed;          /* [V, H] (also the tied lm_head) */

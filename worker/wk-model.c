@@ -24,6 +24,9 @@ struct binder {
   char *err;
   size_t errlen;
   int rc;
+  int lin;   /* binding a linear layer's weight (bind_lin): it may be FP8 */
+  int mat;   /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
+  int quant; /* --quantization fp8: linear weights quantized to FP8 as they are bound */
 };
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
@@ -203,13 +206,21 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
                     t->file, name, got, exp);
     return NULL;
   }
-  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
-                    "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", t->file, name,
-                    t->dtype_name);
+  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16 &&
+      !(t->dtype == WK_ST_F8E4M3 && b->lin) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)",
+                    t->file, name, t->dtype_name,
+                    b->lin ? "supported: F32, F16, BF16, F8_E4M3"
+                           : "supported: F32, F16, BF16; F8_E4M3 only for linear layers");
     return NULL;
   }
   return t;
+}
+
+/* A bound tensor's element type as the kernels name it. */
+static enum kn_dtype kn_of(const struct wk_tensor *t) {
+  if (t->dtype >= WK_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - WK_ST_Q8_0));
+  return t->dtype == WK_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
 }
 
 /* The part of a weight a rank binds: n rows (WK_SHARD_ROWS) or columns (COLS) from
@@ -223,26 +234,168 @@ struct cut {
  * backend memory (a column slice, or rows from both halves, are not contiguous). */
 static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
                           struct cut cut, int n_mat, int R, int C) {
-  size_t esz = kn_dtype_size((enum kn_dtype)t->dtype);
+  enum kn_dtype dt = kn_of(t);
   int rows = shard == WK_SHARD_ROWS ? cut.n * cut.halves : R;
   int cols = shard == WK_SHARD_COLS ? cut.n : C;
-  size_t row_bytes = (size_t)cols * esz, bytes = (size_t)n_mat * (size_t)rows * row_bytes;
+  /* rows of block formats are cut along whole blocks (bind_mat checked it) */
+  size_t row_bytes = kn_row_bytes(dt, (size_t)cols), full = kn_row_bytes(dt, (size_t)C);
+  size_t col0 = shard == WK_SHARD_COLS ? kn_row_bytes(dt, (size_t)cut.off) : 0;
+  size_t bytes = (size_t)n_mat * (size_t)rows * row_bytes;
   unsigned char *host = malloc(bytes ? bytes : 1);
   if (!host) return NULL;
   const unsigned char *src = t->data;
   for (int e = 0; e < n_mat; e++)
     for (int r = 0; r < rows; r++) {
-      int sr = r, sc = 0;
+      int sr = r;
       if (shard == WK_SHARD_ROWS) sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
-      if (shard == WK_SHARD_COLS) sc = cut.off;
       memcpy(host + ((size_t)e * rows + (size_t)r) * row_bytes,
-             src + (((size_t)e * R + (size_t)sr) * (size_t)C + (size_t)sc) * esz, row_bytes);
+             src + ((size_t)e * R + (size_t)sr) * full + col0, row_bytes);
     }
   void *p = weight_alloc(b->m, bytes);
   if (p && kn_upload(b->m->be, p, host, bytes)) p = NULL;
   load_progress(b->m, bytes);
   free(host);
   return p;
+}
+
+/* The per-feature scales of FP8 checkpoint weight t (its "...weight_scale":
+ * [R, 1], [R], [1] or a scalar, f32 / bf16 / f16, every one finite and
+ * positive) for rows [off, off + rows) into scale. */
+static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int off, int rows,
+                      float *scale, const char *name) {
+  char sname[272];
+  size_t n = strlen(name);
+  if (n < 6 || strcmp(name + n - 6, "weight"))
+    return cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: FP8 tensor %s is not a weight",
+                   t->file, name);
+  snprintf(sname, sizeof(sname), "%s_scale", name);
+  const struct wk_tensor *s = wk_st_find(b->m->st, sname);
+  if (!s)
+    return cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: FP8 tensor %s has no %s", t->file, name,
+                   sname);
+  int64_t count = 1;
+  for (int d = 0; d < s->ndim; d++)
+    count *= s->shape[d];
+  int per_row = count == R && (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1));
+  int per_tensor = count == 1 && s->ndim <= 2;
+  if ((!per_row && !per_tensor) ||
+      (s->dtype != WK_ST_F32 && s->dtype != WK_ST_BF16 && s->dtype != WK_ST_F16)) {
+    char got[96];
+    shape_str(got, sizeof(got), s->ndim, s->shape);
+    return cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
+                   "%s: %s has shape %s and dtype %s (expected [%d, 1], [%d] or one value, "
+                   "F32 / BF16 / F16: per-channel or per-tensor scales)",
+                   s->file, sname, got, s->dtype_name, R, R);
+  }
+  for (int r = 0; r < rows; r++) {
+    float v = kn_load_f32(s->data, kn_of(s), per_row ? (size_t)(off + r) : 0);
+    if (!(v > 0.0f) || !isfinite(v))
+      return cm_fail(b->err, b->errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
+                     s->file, sname, per_row ? off + r : 0, (double)v);
+    scale[r] = v;
+  }
+  return 0;
+}
+
+/* Binds linear weight t (full shape [R, C]; w's cut already set) as FP8 e4m3
+ * with a scale per output feature: the checkpoint's codes and scales, or the
+ * bf16 / f16 / f32 weight quantized here (kn_fp8_quantize_rows). A column
+ * slice is quantized with the scales of its whole rows, so every tensor-
+ * parallel cut holds the codes of the unsplit model. */
+static void bind_fp8(struct binder *b, struct wk_w *w, const struct wk_tensor *t, int R, int C,
+                     const char *name) {
+  if (w->n_mat != 1) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: %s: FP8 stacks are not supported",
+                    t->file, name);
+    return;
+  }
+  int rows = w->rows, cols = w->cols;
+  int r0 = w->shard == WK_SHARD_ROWS ? w->off : 0, c0 = w->shard == WK_SHARD_COLS ? w->off : 0;
+  size_t qbytes = (size_t)rows * (size_t)cols;
+  uint8_t *q = malloc(qbytes ? qbytes : 1);
+  float *scale = malloc(sizeof(float) * (size_t)rows), *amax = NULL;
+  int rc = q && scale ? 0 : CM_ERR_NOMEM;
+  if (!rc && t->dtype == WK_ST_F8E4M3) {
+    for (int r = 0; r < rows; r++)
+      memcpy(q + (size_t)r * (size_t)cols,
+             (const uint8_t *)t->data + (size_t)(r0 + r) * (size_t)C + (size_t)c0, (size_t)cols);
+    rc = fp8_scales(b, t, R, r0, rows, scale, name);
+    if (rc) {
+      b->rc = rc;
+      goto done;
+    }
+  } else if (!rc) {
+    enum kn_dtype dt = kn_of(t);
+    if (cols != C && !(amax = malloc(sizeof(float) * (size_t)rows))) rc = CM_ERR_NOMEM;
+    for (int r = 0; !rc && amax && r < rows; r++) { /* the whole row's largest magnitude */
+      float big = 0.0f;
+      for (int k = 0; k < C; k++) {
+        float a = fabsf(kn_load_f32(t->data, dt, (size_t)(r0 + r) * (size_t)C + (size_t)k));
+        big = a > big || a != a ? a : big;
+      }
+      amax[r] = big;
+    }
+    const char *src =
+        (const char *)t->data + ((size_t)r0 * (size_t)C + (size_t)c0) * kn_dtype_size(dt);
+    if (!rc && kn_fp8_quantize_rows(q, scale, src, dt, C, rows, cols, amax)) {
+      b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE,
+                      "%s: %s holds a value that is not finite: it cannot be quantized to FP8",
+                      t->file, name);
+      goto done;
+    }
+  }
+  void *qd = rc ? NULL : weight_alloc(b->m, qbytes);
+  float *sd = rc ? NULL : wk_model_alloc(b->m, sizeof(float) * (size_t)rows);
+  if (!qd || !sd || kn_upload(b->m->be, qd, q, qbytes) ||
+      kn_upload(b->m->be, sd, scale, sizeof(float) * (size_t)rows)) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s as FP8", name);
+    goto done;
+  }
+  w->p = qd;
+  w->scale = sd;
+  w->dt = KN_DTYPE_F8E4M3;
+  b->m->weight_bytes += qbytes + sizeof(float) * (size_t)rows;
+  load_progress(b->m, (size_t)rows * (size_t)cols * kn_dtype_size(kn_of(t)));
+done:
+  free(q);
+  free(scale);
+  free(amax);
+}
+
+/* bind_mat of a linear layer's weight [d0, d1]: stored as FP8 in the
+ * checkpoint, or quantized to FP8 here under --quantization fp8. */
+#define bind_lin(b, ...)                                                                           \
+  do {                                                                                             \
+    (b)->lin = 1;                                                                                  \
+    bind_mat((b), __VA_ARGS__);                                                                    \
+    (b)->lin = 0;                                                                                  \
+  } while (0)
+
+/* Whether a matrix in a block format (GGUF) can be bound here: one matrix, a
+ * backend with block kernels, a tensor-parallel cut by columns along whole
+ * blocks, not under --quantization fp8. */
+static int block_ok(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
+                    struct cut cut, int64_t d2, const char *name) {
+  enum kn_dtype dt = kn_of(t);
+  int be = kn_block_elems(dt);
+  if (d2 >= 0)
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s is %s: stacks of expert matrices in block formats are not supported",
+                    t->file, name, kn_dtype_name(dt));
+  else if (!kn_backend_has(b->m->be, KN_CAP_BLOCK_WEIGHTS))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s is %s, and the %s backend has no kernels for block formats (the CPU "
+                    "has)",
+                    t->file, name, kn_dtype_name(dt), kn_backend_name(b->m->be));
+  else if (b->quant && b->lin)
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_INVAL,
+                    "--quantization fp8: %s is already quantized (%s)", name, kn_dtype_name(dt));
+  else if (shard == WK_SHARD_COLS && cut.n && (cut.off % be || cut.n % be))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s (%s) cannot be split at column %d: tensor-parallel cuts of block "
+                    "formats fall on whole blocks of %d",
+                    t->file, name, kn_dtype_name(dt), cut.off, be);
+  return b->rc == 0;
 }
 
 /* Binds a weight of full shape [d0, d1] (d2 < 0) or a stack [d0, d1, d2] of d0
@@ -257,10 +410,13 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   va_start(ap, fmt);
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
+  b->mat = 1;
   const struct wk_tensor *t = lookup(b, required, d0, d1, d2, name);
+  b->mat = 0;
   *w = (struct wk_w){.shard = shard};
   if (!t) return;
-  w->dt = (enum kn_dtype)t->dtype;
+  w->dt = kn_of(t);
+  if (kn_block_elems(w->dt) && !block_ok(b, t, shard, cut, d2, name)) return;
   w->n_mat = d2 < 0 ? 1 : (int)d0;
   int R = (int)(d2 < 0 ? d0 : d1), C = (int)(d2 < 0 ? d1 : d2);
   if (cut.halves < 1) cut.halves = 1;
@@ -269,7 +425,11 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   w->rows = whole || shard != WK_SHARD_ROWS ? R : cut.n * cut.halves;
   w->cols = whole || shard != WK_SHARD_COLS ? C : cut.n;
   w->off = whole ? 0 : cut.off;
-  size_t bytes = (size_t)w->n_mat * (size_t)w->rows * (size_t)w->cols * kn_dtype_size(w->dt);
+  if (w->dt == KN_DTYPE_F8E4M3 || (b->lin && b->quant)) {
+    bind_fp8(b, w, t, R, C, name);
+    return;
+  }
+  size_t bytes = (size_t)w->n_mat * (size_t)w->rows * kn_row_bytes(w->dt, (size_t)w->cols);
   if (whole)
     w->p = place(b->m, t->data, t->nbytes);
   else if (shard == WK_SHARD_ROWS && cut.halves == 1 && w->n_mat == 1) /* contiguous rows */
@@ -326,9 +486,9 @@ static float round_to(enum kn_dtype dt, double v) {
 }
 
 static int bind_all(struct wk_model *m, char *err, size_t errlen) {
-  const struct wk_config *c = &m->full, *lc = &m->cfg;
+  const struct md_config *c = &m->full, *lc = &m->cfg;
   const struct wk_shard_plan *sp = &m->plan;
-  struct binder b = {m, err, errlen, 0};
+  struct binder b = {.m = m, .err = err, .errlen = errlen, .quant = m->quant_fp8};
   const char *P = find_prefix(m->st);
   if (!P)
     return cm_fail(err, errlen, CM_ERR_NOENT,
@@ -337,7 +497,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   int H = c->hidden, L = c->n_layers, V = c->vocab;
   /* the assistant's own table is only its head, replicated so that every rank drafts the
    * same tokens from the same (all-reduced) hidden state */
-  int assistant = c->arch == WK_ARCH_GEMMA4_ASSISTANT;
+  int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
   bind_mat(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
            "%sembed_tokens.weight", P);
@@ -352,39 +512,39 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     int LP = L * c->ple_dim;
     bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_vocab, LP, -1,
              "%sembed_tokens_per_layer.weight", P);
-    bind_mat(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
+    bind_lin(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
              "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
   m->layers = calloc((size_t)L, sizeof(*m->layers));
   if (!m->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  int gemma4 = c->arch != WK_ARCH_GEMMA3;
+  int gemma4 = c->arch != MD_ARCH_GEMMA3;
   for (int i = 0; i < L && !b.rc; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
+    const struct md_layer_cfg *l = &c->layers[i];
     struct wk_layer_w *w = &m->layers[i];
     int D = l->head_dim, qd = c->n_heads * D, kvd = l->n_kv_heads * D, F = l->ffn_dim;
     int lF = lc->layers[i].ffn_dim, lkv = lc->layers[i].n_kv_heads;
     struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->rank * lF, lF, 1};
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
-    bind_mat(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
+    bind_lin(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
              -1, "%sself_attn.q_proj.weight", lp);
-    bind_mat(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
+    bind_lin(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
              -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_mat(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      bind_lin(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
       if (!l->k_eq_v)
-        bind_mat(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+        bind_lin(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
     w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
     w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
     w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
-    bind_mat(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
-    bind_mat(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_mat(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_lin(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
+    bind_lin(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_lin(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
       bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
@@ -402,9 +562,9 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
     }
     if (c->ple_dim) {
-      bind_mat(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
+      bind_lin(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
                "%sper_layer_input_gate.weight", lp);
-      bind_mat(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
+      bind_lin(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
                "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
@@ -417,12 +577,13 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     }
   }
   if (b.rc) return b.rc;
-  m->norm_mode = gemma4 ? KN_NORM_MUL_W : KN_NORM_MUL_ONE_PLUS_W;
+  /* GGUF files store Gemma 3's norm weights as 1 + w (llama.cpp multiplies by w) */
+  m->norm_mode = gemma4 || c->gguf ? KN_NORM_MUL_W : KN_NORM_MUL_ONE_PLUS_W;
   m->embed_scale = round_to(m->embed.dt, sqrt((double)H));
   if (c->ple_dim) m->ple_embed_scale = round_to(m->ple_embed.dt, sqrt((double)c->ple_dim));
   /* bytes per decode token: every matrix once plus one row of each table */
-  uint64_t table = (uint64_t)m->embed.rows * H * kn_dtype_size(m->embed.dt);
-  m->bytes_per_token = m->weight_bytes - table + (uint64_t)H * kn_dtype_size(m->embed.dt);
+  uint64_t erow = kn_row_bytes(m->embed.dt, (size_t)H), table = (uint64_t)m->embed.rows * erow;
+  m->bytes_per_token = m->weight_bytes - table + erow;
   if (c->tie_embeddings) m->bytes_per_token += table; /* the tied head reads it all */
   if (c->ple_dim) {
     uint64_t row = (uint64_t)L * c->ple_dim * kn_dtype_size(m->ple_embed.dt);
@@ -441,8 +602,8 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
  * computed in f32 as transformers does. */
 static int build_rope(struct wk_model *m) {
   for (int kind = 0; kind < 2; kind++) {
-    const struct wk_rope *r = &m->cfg.rope[kind];
-    int D = kind == WK_LAYER_FULL ? m->cfg.global_head_dim : m->cfg.head_dim;
+    const struct md_rope *r = &m->cfg.rope[kind];
+    int D = kind == MD_LAYER_FULL ? m->cfg.global_head_dim : m->cfg.head_dim;
     float host[KN_MAX_HEAD_DIM / 2];
     for (int i = 0; i < D / 2; i++) {
       if (i < r->rot_pairs) {
@@ -462,7 +623,7 @@ static int build_rope(struct wk_model *m) {
 }
 
 static int alloc_scratch(struct wk_model *m) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   size_t T = (size_t)m->max_T;
   int Dmax = 0, kvd = 0, F = 0;
   for (int i = 0; i < c->n_layers; i++) {
@@ -573,9 +734,9 @@ static void finish_weights(struct wk_model *m) {
  * of the target's KV pages: draft layer i reads the target's last storing
  * layer of its kind. */
 static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, size_t errlen) {
-  const struct wk_config *c = &m->cfg, *tc = &t->cfg;
-  struct binder b = {m, err, errlen, 0};
-  if (tc->arch != WK_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
+  const struct md_config *c = &m->cfg, *tc = &t->cfg;
+  struct binder b = {.m = m, .err = err, .errlen = errlen};
+  if (tc->arch != MD_ARCH_GEMMA4 || tc->vocab != c->vocab || tc->hidden != c->backbone_hidden)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: the assistant (vocab %d, backbone hidden %d) does not fit the target %s "
                    "(%s, vocab %d, hidden %d)",
@@ -613,14 +774,14 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
   m->kv = t->kv;
   m->kv.n_layers = c->n_layers;
   for (int i = 0; i < c->n_layers; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
-    int src = wk_config_last_storing_layer(tc, l->kind);
+    const struct md_layer_cfg *l = &c->layers[i];
+    int src = md_config_last_storing_layer(tc, l->kind);
     if (src < 0 || tc->layers[src].head_dim != l->head_dim ||
         tc->layers[src].n_kv_heads != l->n_kv_heads)
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: draft layer %d (%s, head dim %d, %d KV heads) has no matching storing "
                      "layer in the target",
-                     m->dir, i, l->kind == WK_LAYER_FULL ? "full" : "sliding", l->head_dim,
+                     m->dir, i, l->kind == MD_LAYER_FULL ? "full" : "sliding", l->head_dim,
                      l->n_kv_heads);
     if (m->plan.kv_head0[i] != t->plan.kv_head0[src])
       return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -638,7 +799,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
 }
 
 static int alloc_draft_scratch(struct wk_model *m) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   size_t T = (size_t)m->max_T, B = (size_t)c->backbone_hidden, f = sizeof(float);
   if (!(m->cat = wk_model_alloc(m, T * 2 * B * f)) || !(m->hout = wk_model_alloc(m, T * B * f)))
     return CM_ERR_NOMEM;
@@ -682,6 +843,28 @@ static int size_pool(struct wk_model *m, struct wk_model_opts *o, char *err, siz
   return 0;
 }
 
+/* FP8 weights (--quantization fp8, or a checkpoint's quantization_config) on a
+ * backend that serves them (kn_fp8_weights), else a clear refusal: never a
+ * silent fallback to the bf16 weights. */
+static int check_fp8(struct wk_model *m, struct kn_backend *be, const struct wk_model_opts *o,
+                     char *err, size_t errlen) {
+  m->quant_fp8 = o->quantization == WK_QUANT_FP8;
+  if (m->quant_fp8 && m->full.fp8)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--quantization fp8: %s is already an FP8 checkpoint (its quantization_config "
+                   "says so); load it without the flag",
+                   m->dir);
+  if (!m->quant_fp8 && !m->full.fp8) return 0;
+  char why[256];
+  if (!o->fp8_reference && kn_fp8_weights(be, why, sizeof(why)))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s%s: %s",
+                   m->quant_fp8 ? "--quantization fp8 on " : "FP8 checkpoint ", m->dir, why);
+  if (m->full.moe && !o->quiet)
+    cm_info("wk", "%s: the MoE experts stay in their own dtype (FP8 covers the linear layers)",
+            m->dir);
+  return 0;
+}
+
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
                      struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
@@ -689,7 +872,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if (!m) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   m->be = be;
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
-  int rc = wk_config_load(dir, &m->full, err, errlen);
+  int rc = md_config_load(dir, &m->full, err, errlen);
   if (rc) goto fail;
   int world = o.tp_size > 0 ? o.tp_size : 1;
   if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &m->cfg, &m->plan, err, errlen))) goto fail;
@@ -699,7 +882,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
                  kn_backend_name(be));
     goto fail;
   }
-  if ((m->cfg.arch == WK_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
+  if ((m->cfg.arch == MD_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  target ? "%s: not a gemma4_assistant checkpoint"
                         : "%s: a gemma4_assistant checkpoint runs only as a draft model of its "
@@ -707,6 +890,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
                  dir);
     goto fail;
   }
+  if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
   if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
   uint64_t total = wk_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
@@ -832,7 +1016,7 @@ struct kn_backend *wk_model_backend(const struct wk_model *m) {
   return m->be;
 }
 
-const struct wk_config *wk_model_config(const struct wk_model *m) {
+const struct md_config *wk_model_config(const struct wk_model *m) {
   return &m->cfg;
 }
 const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m) {
@@ -862,7 +1046,7 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 }
 
 uint64_t wk_model_shard_sum(const struct wk_model *m) {
-  const struct wk_config *c = &m->cfg;
+  const struct md_config *c = &m->cfg;
   uint64_t h = 0xcbf29ce484222325ull;
   for (const char *p = c->model_type; *p; p++)
     h = mix(h, (unsigned char)*p);
@@ -872,12 +1056,25 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
   for (size_t i = 0; i < CM_ARRAY_LEN(v); i++)
     h = mix(h, (uint64_t)(uint32_t)v[i]);
   for (int i = 0; i < c->n_layers; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
+    const struct md_layer_cfg *l = &c->layers[i];
     h = mix(h, (uint64_t)l->kind << 48 | (uint64_t)l->head_dim << 32 |
                    (uint64_t)l->n_kv_heads << 16 | (uint64_t)l->kv_shared);
     h = mix(h, (uint64_t)(uint32_t)l->ffn_dim);
   }
   return h;
+}
+
+int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen) {
+  if (!s || !*s || !strcmp(s, "none")) {
+    *out = WK_QUANT_NONE;
+    return 0;
+  }
+  if (!strcmp(s, "fp8")) {
+    *out = WK_QUANT_FP8;
+    return 0;
+  }
+  return cm_fail(err, errlen, CM_ERR_INVAL,
+                 "--quantization '%s' is not one of none, fp8 (GGUF files carry their own)", s);
 }
 
 int wk_kv_dtype_parse(const char *s, int *out, char *err, size_t errlen) {

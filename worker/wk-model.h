@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "kernels/kn-backend.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 #include "worker/wk-kv.h"
 
 struct wk_model;
@@ -55,7 +55,21 @@ struct wk_model_opts {
   int step_graphs;      /* WK_GRAPHS_*: decode steps as step graphs (wk-graph.c) */
   int max_graph_seqs;   /* largest bucket of step graphs; 0: max_seqs (at most 64 rows
                            of logits) */
+  int quantization;     /* WK_QUANT_*: weights quantized at load (--quantization) */
+  int fp8_reference;    /* 1: FP8 weights also where kn_fp8_weights says no, through the
+                           backend's kn_matmul_fp8 (the CPU's reference: tests only) */
 };
+
+/* wk_model_opts.quantization. FP8: every linear layer's weight (attention,
+ * MLP, per-layer-input projections; not the embedding, head, router or MoE
+ * experts) to FP8 e4m3 with a scale per output feature, as vLLM's
+ * --quantization fp8 does; needs a backend with FP8 kernels. */
+enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1 };
+#define WK_QUANT_HELP                                                                              \
+  "quantize the weights at load: fp8 (linear layers to FP8 e4m3, a scale per output channel; "     \
+  "GPUs with FP8 tensor cores, compute capability 8.9+)"
+/* --quantization: "none" / "" (0) or "fp8" into *out; CM_ERR_INVAL with a sentence in err. */
+int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen);
 
 /* wk_model_opts.step_graphs. CAPTURE: decode-only steps of up to max_graph_seqs
  * sequences run padded to a bucket of 1, 2, 4, ... sequences and replay that
@@ -79,7 +93,7 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
                   struct wk_model **out, char *err, size_t errlen);
 void wk_model_free(struct wk_model *m);
 
-const struct wk_config *wk_model_config(const struct wk_model *m);
+const struct md_config *wk_model_config(const struct wk_model *m);
 struct kn_backend *wk_model_backend(const struct wk_model *m);
 const struct wk_kv_spec *wk_model_kv_spec(const struct wk_model *m);
 int wk_model_n_pages(const struct wk_model *m); /* pages in the physical pool */

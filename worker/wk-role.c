@@ -126,7 +126,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
     return CM_ERR_INVAL;
   struct wk_role *r = calloc(1, sizeof(*r));
   if (!r) return CM_ERR_NOMEM;
-  const struct wk_config *c = wk_model_config(model);
+  const struct md_config *c = wk_model_config(model);
   const struct wk_kv_spec *kv = wk_model_kv_spec(model);
   r->model = model;
   r->draft = draft;
@@ -247,7 +247,7 @@ static int grammars(struct wk_role *r, char *err, size_t errlen) {
   char why[256];
   int rc = tk_load(r->tokenizer, &tok, why, sizeof(why));
   if (!rc) {
-    const struct wk_config *c = wk_model_config(r->model);
+    const struct md_config *c = wk_model_config(r->model);
     rc = wk_grammars_create(tok, r->vocab, c->eos_ids, c->n_eos, &r->gram);
     snprintf(why, sizeof(why), "%s", cm_strerror(rc));
   }

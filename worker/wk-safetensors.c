@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 struct st_map {
   void *base;  /* mmap'd region, or NULL for wk_st_open_mem */
@@ -28,19 +28,23 @@ struct wk_st {
   int n, cap;
   void **copies; /* aligned copies of misaligned tensors */
   int n_copies;
+  void (*owner_free)(void *); /* wk_st_new's owner of the tensors' bytes */
+  void *owner;
   uint64_t bytes;
 };
 
 const char *wk_st_dtype_name(enum wk_st_dtype dt) {
-  static const char *names[] = {"F32", "F16", "BF16", "I64", "I32", "?"};
-  return (unsigned)dt <= WK_ST_OTHER ? names[dt] : "?";
+  static const char *names[] = {"F32",  "F16",  "BF16", "I64",  "I32",  "F8_E4M3", "?",   "Q8_0",
+                                "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",    "Q6_K"};
+  return (unsigned)dt <= WK_ST_Q6_K ? names[dt] : "?";
 }
 
 size_t wk_st_dtype_size(enum wk_st_dtype dt) {
-  static const size_t sizes[] = {4, 2, 2, 8, 4, 0};
+  static const size_t sizes[] = {4, 2, 2, 8, 4, 1, 0};
   return (unsigned)dt <= WK_ST_OTHER ? sizes[dt] : 0;
 }
 
+/* safetensors' own dtypes only: the block formats come from GGUF files */
 static enum wk_st_dtype dtype_from_name(const char *s) {
   for (int i = 0; i < WK_ST_OTHER; i++)
     if (!strcmp(s, wk_st_dtype_name((enum wk_st_dtype)i))) return (enum wk_st_dtype)i;
@@ -64,6 +68,7 @@ void wk_st_close(struct wk_st *st) {
     free(st->maps[i].fname);
   }
   free(st->maps);
+  if (st->owner_free) st->owner_free(st->owner);
   free(st);
 }
 
@@ -261,6 +266,41 @@ int wk_st_open_file(const char *path, struct wk_st **out, char *err, size_t errl
   return 0;
 }
 
+int wk_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct wk_st **out) {
+  *out = NULL;
+  struct wk_st *st = calloc(1, sizeof(*st));
+  if (!st) return CM_ERR_NOMEM;
+  if (st_add_map(st, NULL, 0, fname)) {
+    wk_st_close(st);
+    return CM_ERR_NOMEM;
+  }
+  st->owner_free = owner_free;
+  st->owner = owner;
+  *out = st;
+  return 0;
+}
+
+int wk_st_add(struct wk_st *st, const struct wk_tensor *t) {
+  if (st->n == st->cap) {
+    int nc = st->cap ? st->cap * 2 : 64;
+    struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
+    if (!nt) return CM_ERR_NOMEM;
+    st->t = nt;
+    st->cap = nc;
+  }
+  struct wk_tensor c = *t;
+  c.name = strdup(t->name);
+  if (!c.name) return CM_ERR_NOMEM;
+  c.file = st->maps[0].fname;
+  st->t[st->n++] = c;
+  st->bytes += c.nbytes;
+  return 0;
+}
+
+int wk_st_seal(struct wk_st *st, char *err, size_t errlen) {
+  return st_finish(st, err, errlen);
+}
+
 int wk_st_open_mem(const void *buf, size_t len, const char *name, struct wk_st **out, char *err,
                    size_t errlen) {
   struct wk_st *st = calloc(1, sizeof(*st));
@@ -284,10 +324,13 @@ static int shard_name_ok(const char *s) {
 
 int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen) {
   char path[4096];
+  int g = md_model_gguf_path(dir, path, sizeof(path), err, errlen);
+  if (g < 0) return g;
+  if (g) return wk_st_open_gguf(path, out, err, errlen);
   snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
   char *text = NULL;
   size_t len = 0;
-  int rc = wk_read_file(path, 64u << 20, &text, &len);
+  int rc = md_read_file(path, 64u << 20, &text, &len);
   if (rc == CM_ERR_NOENT) {
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     if (access(path, F_OK))

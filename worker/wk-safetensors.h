@@ -25,7 +25,18 @@ enum wk_st_dtype {
   WK_ST_BF16 = 2, /* the first three equal enum kn_dtype */
   WK_ST_I64 = 3,
   WK_ST_I32 = 4,
-  WK_ST_OTHER = 5, /* any other safetensors dtype: refused when bound */
+  WK_ST_F8E4M3 = 5, /* "F8_E4M3": FP8 checkpoints' linear weights */
+  WK_ST_OTHER = 6,  /* any other dtype: refused when bound */
+  /* ggml's block formats, from GGUF files only (kernels/kn-quant.h); rows of whole blocks,
+   * sizes from the file's reader */
+  WK_ST_Q8_0 = 7,
+  WK_ST_Q4_0 = 8,
+  WK_ST_Q4_1 = 9,
+  WK_ST_Q5_0 = 10,
+  WK_ST_Q5_1 = 11,
+  WK_ST_Q4_K = 12,
+  WK_ST_Q5_K = 13,
+  WK_ST_Q6_K = 14,
 };
 
 struct wk_tensor {
@@ -63,7 +74,20 @@ const struct wk_tensor *wk_st_get(const struct wk_st *st, int i); /* sorted by n
 uint64_t wk_st_data_bytes(const struct wk_st *st);                /* sum of tensor bytes */
 
 const char *wk_st_dtype_name(enum wk_st_dtype dt);
-size_t wk_st_dtype_size(enum wk_st_dtype dt);
+size_t wk_st_dtype_size(enum wk_st_dtype dt); /* bytes per element; 0 for block formats */
+
+/* A directory of tensors read from another format (GGUF: wk-gguf.c): made
+ * empty (fname for messages; owner, when not NULL, freed with owner_free when
+ * the directory is closed: what the tensors' data points into), filled with
+ * wk_st_add (the name is copied, data is not), then sealed (sorted, names
+ * checked unique) before use. */
+int wk_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct wk_st **out);
+int wk_st_add(struct wk_st *st, const struct wk_tensor *t);
+int wk_st_seal(struct wk_st *st, char *err, size_t errlen);
+/* A GGUF file as a directory under the Hugging Face names the loader binds
+ * (llama.cpp's token_embd.weight is model.embed_tokens.weight, ...), shapes
+ * outermost first (wk-gguf.c). */
+int wk_st_open_gguf(const char *path, struct wk_st **out, char *err, size_t errlen);
 
 /* ---- writer --------------------------------------------------------------- */
 

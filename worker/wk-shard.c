@@ -19,7 +19,7 @@ static int kv_split(int nh, int kvh, int rank, int world, int *head0, int *n) {
   return 0;
 }
 
-int wk_config_shard(const struct wk_config *full, int rank, int world, struct wk_config *local,
+int wk_config_shard(const struct md_config *full, int rank, int world, struct md_config *local,
                     struct wk_shard_plan *plan, char *err, size_t errlen) {
   if (world < 1 || world > WK_MAX_TP)
     return cm_fail(err, errlen, CM_ERR_INVAL, "tensor-parallel size %d: must be 1..%d", world,
@@ -30,7 +30,7 @@ int wk_config_shard(const struct wk_config *full, int rank, int world, struct wk
   *local = *full;
   *plan = (struct wk_shard_plan){.rank = rank, .world = world, .vocab_n = full->vocab};
   if (world == 1) return 0;
-  const struct wk_config *c = full;
+  const struct md_config *c = full;
   const char *what = c->model_type;
   if (c->n_heads % world)
     return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -53,7 +53,7 @@ int wk_config_shard(const struct wk_config *full, int rank, int world, struct wk
   plan->vocab0 = rank * plan->vocab_n;
   if (c->moe) local->moe_ffn = c->moe_ffn / world;
   for (int i = 0; i < c->n_layers; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
+    const struct md_layer_cfg *l = &c->layers[i];
     int n = 0, h0 = 0;
     if (kv_split(c->n_heads, l->n_kv_heads, rank, world, &h0, &n))
       return cm_fail(err, errlen, CM_ERR_INVAL,

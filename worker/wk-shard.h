@@ -23,7 +23,7 @@
 
 #include <stddef.h>
 
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 #define WK_MAX_TP 64 /* ranks in one tensor-parallel group */
 
@@ -32,13 +32,13 @@ struct wk_shard_plan {
   int rank, world;
   int vocab0, vocab_n;         /* embedding / head rows held: [vocab0, vocab0 + vocab_n) */
   int q_head0;                 /* first query head (all layers) */
-  int kv_head0[WK_MAX_LAYERS]; /* per layer: first KV head held */
+  int kv_head0[MD_MAX_LAYERS]; /* per layer: first KV head held */
 };
 
 /* Fills `local` (this rank's config) and `plan` from the full config, or returns
  * CM_ERR_INVAL with a message naming the dimension that cannot be split over `world`
  * ranks. rank in [0, world); world = 1 gives local == *full. */
-int wk_config_shard(const struct wk_config *full, int rank, int world, struct wk_config *local,
+int wk_config_shard(const struct md_config *full, int rank, int world, struct md_config *local,
                     struct wk_shard_plan *plan, char *err, size_t errlen);
 
 #endif

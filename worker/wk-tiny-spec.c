@@ -67,10 +67,10 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
 
 /* The tensors of one decoder stack (P = "model." or, in a multimodal
  * checkpoint, "model.language_model."; P + layers.*, norm, embeddings). */
-static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embed_rows,
+static int add_stack(struct wk_tiny_spec *s, const struct md_config *c, int embed_rows,
                      const char *P) {
   int H = c->hidden, rc = 0;
-  double norm_center = c->arch == WK_ARCH_GEMMA3 ? 0.0 : 1.0;
+  double norm_center = c->arch == MD_ARCH_GEMMA3 ? 0.0 : 1.0;
   rc |= add(s, WK_INIT_NORMAL, 0.5 / sqrt((double)H), 0, 2, embed_rows, H, 0,
             "%sembed_tokens.weight", P);
   if (c->ple_dim) {
@@ -81,7 +81,7 @@ static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embe
     rc |= NORM(c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
   for (int i = 0; i < c->n_layers; i++) {
-    const struct wk_layer_cfg *l = &c->layers[i];
+    const struct md_layer_cfg *l = &c->layers[i];
     int qd = c->n_heads * l->head_dim, kvd = l->n_kv_heads * l->head_dim;
     char p[64];
     snprintf(p, sizeof(p), "%slayers", P);
@@ -118,7 +118,7 @@ static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embe
       rc |= LIN(H, c->ple_dim, "%s.%d.per_layer_projection.weight", p, i);
       rc |= NORM(H, "%s.%d.post_per_layer_input_norm.weight", p, i);
     }
-    if (c->arch != WK_ARCH_GEMMA3)
+    if (c->arch != MD_ARCH_GEMMA3)
       rc |= add(s, WK_INIT_UNIFORM, 0.7, 1.0, 1, 1, 0, 0, "%s.%d.layer_scalar", p, i);
   }
   rc |= NORM(H, "%snorm.weight", P);
@@ -131,8 +131,8 @@ static int add_stack(struct wk_tiny_spec *s, const struct wk_config *c, int embe
  * biases N(0, 0.1^2) (small but not zero, so that every bias path counts),
  * LayerNorm weights 1 +- 0.1, the projector's RMSNorm weight 0 +- 0.1 (it
  * acts as 1 + w), position embeddings N(0, 0.5^2). */
-static int add_vision(struct wk_tiny_spec *s, const struct wk_config *c) {
-  const struct wk_vision_cfg *v = &c->vision;
+static int add_vision(struct wk_tiny_spec *s, const struct md_config *c) {
+  const struct md_vision_cfg *v = &c->vision;
   int D = v->hidden, F = v->ffn, rc = 0, pp = v->channels * v->patch * v->patch;
   const char *VP = "model.vision_tower.vision_model.";
   double norm_center = 1.0;
@@ -247,7 +247,7 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 /* The rigged pair (wk_tiny_spec_assistant_agreeing): rewrites initialisers. */
-static void rig_tensors(struct wk_tiny_spec *s, const struct wk_config *c) {
+static void rig_tensors(struct wk_tiny_spec *s, const struct md_config *c) {
   int per = c->vocab / n_centroids(c->vocab);
   for (int i = 0; i < s->n_tensors; i++) {
     struct wk_tensor_spec *t = &s->tensors[i];
@@ -279,15 +279,15 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
   s->config_json = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(root);
   if (!s->config_json) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  struct wk_config *c = malloc(sizeof(*c));
+  struct md_config *c = malloc(sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  int rc = wk_config_parse(s->config_json, strlen(s->config_json), c, err, errlen);
+  int rc = md_config_parse(s->config_json, strlen(s->config_json), c, err, errlen);
   if (!rc) {
     snprintf(s->model_type, sizeof(s->model_type), "%s", c->model_type);
     s->vocab = c->vocab;
     rc = add_stack(s, c, c->vocab, c->vision.present ? "model.language_model." : "model.");
     if (!rc && c->vision.present) rc = add_vision(s, c);
-    if (!rc && c->arch == WK_ARCH_GEMMA4_ASSISTANT) {
+    if (!rc && c->arch == MD_ARCH_GEMMA4_ASSISTANT) {
       int h = c->hidden, B = c->backbone_hidden;
       rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
       rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, B, h, 0, "post_projection.weight");
@@ -398,7 +398,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
                      "preset \"%s\" is not known for gemma3 (tiny, 270m, 1b, 4b)", o->preset);
     }
     if (o->sliding_window) win = o->sliding_window;
-    int full[WK_MAX_LAYERS];
+    int full[MD_MAX_LAYERS];
     for (int i = 0; i < L; i++)
       full[i] = (i + 1) % pattern == 0;
     if (o->vision && V == 262144) V = 262208;
@@ -424,14 +424,14 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
   return rc;
 }
 
-static int assistant(struct wk_tiny_spec *s, const struct wk_config *t, int agree, char *err,
+static int assistant(struct wk_tiny_spec *s, const struct md_config *t, int agree, char *err,
                      size_t errlen) {
   memset(s, 0, sizeof(*s));
-  if (t->arch != WK_ARCH_GEMMA4)
+  if (t->arch != MD_ARCH_GEMMA4)
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "the target must be a gemma4 model (got model_type \"%s\")", t->model_type);
-  int sl = wk_config_last_storing_layer(t, WK_LAYER_SLIDING);
-  int fl = wk_config_last_storing_layer(t, WK_LAYER_FULL);
+  int sl = md_config_last_storing_layer(t, MD_LAYER_SLIDING);
+  int fl = md_config_last_storing_layer(t, MD_LAYER_FULL);
   if (sl < 0 || fl < 0)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "the target needs a storing sliding and a storing full layer");
@@ -459,12 +459,12 @@ static int assistant(struct wk_tiny_spec *s, const struct wk_config *t, int agre
   return rc;
 }
 
-int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *t, char *err,
+int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct md_config *t, char *err,
                            size_t errlen) {
   return assistant(s, t, 0, err, errlen);
 }
 
-int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct wk_config *t, char *err,
+int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct md_config *t, char *err,
                                     size_t errlen) {
   return assistant(s, t, 1, err, errlen);
 }

@@ -6,7 +6,7 @@
 #define LMSERVE_WK_TINY_SPEC_H
 #include <stdint.h>
 
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 #include "worker/wk-safetensors.h"
 
 enum wk_init {
@@ -66,7 +66,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
                        size_t errlen);
 /* A gemma4_assistant paired with the target's config (backbone hidden size,
  * vocabulary, KV heads and head dims per layer type). */
-int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *target, char *err,
+int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct md_config *target, char *err,
                            size_t errlen);
 /* A rigged pair for speculative-decoding tests and benchmarks. An `echo`
  * target (wk_tiny_opts.echo) has every layer's post norms (attention, MLP,
@@ -80,7 +80,7 @@ int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct wk_config *targe
  * identity token ordering: its drafts reproduce the echo target's greedy
  * tokens. All of the compute of both models still runs; only the values are
  * rigged. */
-int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct wk_config *target,
+int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct md_config *target,
                                     char *err, size_t errlen);
 void wk_tiny_spec_free(struct wk_tiny_spec *s);
 

@@ -48,8 +48,8 @@ struct vlayer {
 struct wk_vision {
   struct kn_backend *be;
   struct wk_st *st; /* open while host-memory backends point into its mappings */
-  struct wk_config cfg;
-  struct wk_vision_cfg vc; /* = cfg.vision */
+  struct md_config cfg;
+  struct md_vision_cfg vc; /* = cfg.vision */
   int text_hidden;         /* H: width of the output embeddings */
   int kp;                  /* C * p * p: features of an unfolded patch */
 
@@ -110,7 +110,7 @@ void wk_vision_free(struct wk_vision *v) {
   free(v);
 }
 
-const struct wk_vision_cfg *wk_vision_config(const struct wk_vision *v) {
+const struct md_vision_cfg *wk_vision_config(const struct wk_vision *v) {
   return &v->vc;
 }
 
@@ -263,7 +263,7 @@ static int find_prefixes(const struct wk_st *st, const char **vp, const char **p
 }
 
 static int bind_all(struct wk_vision *v, char *err, size_t errlen) {
-  const struct wk_vision_cfg *c = &v->vc;
+  const struct md_vision_cfg *c = &v->vc;
   struct vbinder b = {v, err, errlen, 0};
   const char *VP, *PP;
   if (find_prefixes(v->st, &VP, &PP))
@@ -316,7 +316,7 @@ static int bind_all(struct wk_vision *v, char *err, size_t errlen) {
 /* ---- scratch ----------------------------------------------------------------- */
 
 static int alloc_scratch(struct wk_vision *v, char *err, size_t errlen) {
-  const struct wk_vision_cfg *c = &v->vc;
+  const struct md_vision_cfg *c = &v->vc;
   size_t T = (size_t)v->max_images * (size_t)c->n_patches, D = (size_t)c->hidden;
   size_t M = (size_t)v->max_images * (size_t)c->mm_tokens;
   int bt = WK_VISION_PAGE_TOKENS;
@@ -381,7 +381,7 @@ int wk_vision_load(const char *dir, struct kn_backend *be, const struct wk_visio
   struct wk_vision *v = calloc(1, sizeof(*v));
   if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   v->be = be;
-  int rc = wk_config_load(dir, &v->cfg, err, errlen);
+  int rc = md_config_load(dir, &v->cfg, err, errlen);
   if (rc) goto fail;
   if (!v->cfg.vision.present) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
@@ -414,7 +414,7 @@ fail:
 /* patches_host[i * N + r * grid + c][ch * p * p + y * p + z] =
  * pixels[i][ch][r * p + y][c * p + z]: the convolution's receptive fields. */
 static void unfold(const struct wk_vision *v, const float *pixels, int n) {
-  const struct wk_vision_cfg *c = &v->vc;
+  const struct md_vision_cfg *c = &v->vc;
   int S = c->image_size, p = c->patch, g = c->grid;
   for (int i = 0; i < n; i++)
     for (int r = 0; r < g; r++)
@@ -438,7 +438,7 @@ static int linear(struct wk_vision *v, float *out, const float *in, struct vmat 
 
 /* n <= max_images images: pixels [n, C, S, S] -> out [n * mm_tokens, H] (host). */
 static int encode_pass(struct wk_vision *v, const float *pixels, int n, float *out) {
-  const struct wk_vision_cfg *c = &v->vc;
+  const struct md_vision_cfg *c = &v->vc;
   struct kn_backend *be = v->be;
   int N = c->n_patches, D = c->hidden, F = c->ffn, T = n * N, M = n * c->mm_tokens;
   size_t TD = (size_t)T * (size_t)D;
@@ -487,7 +487,7 @@ int wk_vision_encode(struct wk_vision *v, const float *pixels, int n_images, flo
                      size_t errlen) {
   if (!v || n_images < 0 || (n_images > 0 && (!pixels || !out)))
     return cm_fail(err, errlen, CM_ERR_INVAL, "vision encode: bad arguments");
-  const struct wk_vision_cfg *c = &v->vc;
+  const struct md_vision_cfg *c = &v->vc;
   size_t in_per = (size_t)c->channels * c->image_size * c->image_size;
   size_t out_per = (size_t)c->mm_tokens * v->text_hidden;
   for (int i0 = 0; i0 < n_images; i0 += v->max_images) {

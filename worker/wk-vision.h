@@ -5,8 +5,8 @@
  *
  *   struct wk_vision *v;
  *   wk_vision_load(dir, be, NULL, &v, err, sizeof err);
- *   const struct wk_vision_cfg *vc = wk_vision_config(v);
- *   // pixels: [n, channels, image_size, image_size] f32 (wk-vision-preproc.h)
+ *   const struct md_vision_cfg *vc = wk_vision_config(v);
+ *   // pixels: [n, channels, image_size, image_size] f32 (md-vision-preproc.h)
  *   float *emb = malloc(n * vc->mm_tokens * wk_vision_text_hidden(v) * 4);
  *   wk_vision_encode(v, pixels, n, emb, err, sizeof err);
  *   wk_vision_free(v);
@@ -33,7 +33,7 @@
 #include <stddef.h>
 
 #include "kernels/kn-backend.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 struct wk_vision;
 
@@ -48,8 +48,8 @@ int wk_vision_load(const char *dir, struct kn_backend *be, const struct wk_visio
                    struct wk_vision **out, char *err, size_t errlen);
 void wk_vision_free(struct wk_vision *v); /* NULL is a no-op */
 
-/* The tower's shapes, token ids and preprocessing (wk-config.h). */
-const struct wk_vision_cfg *wk_vision_config(const struct wk_vision *v);
+/* The tower's shapes, token ids and preprocessing (md-config.h). */
+const struct md_vision_cfg *wk_vision_config(const struct wk_vision *v);
 /* Width of each output embedding: the text model's hidden size. */
 int wk_vision_text_hidden(const struct wk_vision *v);
 

@@ -35,20 +35,13 @@
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
-/* Every e4m3 code's value (kn_f8e4m3_to_f32), filled when the library loads. */
-static float g_e4m3[256];
-__attribute__((constructor)) static void e4m3_table(void) {
-  for (int c = 0; c < 256; c++)
-    g_e4m3[c] = kn_f8e4m3_to_f32((uint8_t)c);
-}
-
 /* 8 cache elements from element d of a K or V row of kind 0 (f32), 1 (bf16) or
  * 2 (fp8 e4m3), widened exactly. */
 KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int kind) {
   if (kind == 1) return kn_avx2_bf16((const uint16_t *)base + d);
   if (kind == 2) {
     __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)base + d));
-    return _mm256_i32gather_ps(g_e4m3, _mm256_cvtepu8_epi32(b), 4);
+    return _mm256_i32gather_ps(kn_cpu_e4m3, _mm256_cvtepu8_epi32(b), 4);
   }
   return _mm256_loadu_ps((const float *)base + d);
 }

@@ -30,6 +30,8 @@ static void cpu_destroy(void *p) {
   free(ctx->xt);
   free(ctx->xb);
   free(ctx->xr);
+  free(ctx->xq);
+  free(ctx->xs);
   free(ctx->best);
   free(ctx->seq_items);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
@@ -194,7 +196,8 @@ _Static_assert(sizeof(cpu_names) / sizeof(cpu_names[0]) == EMULATED_AMX + 1,
 static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
 static const char *cpu_matmul_inputs(void *ctx) {
-  return ((struct kn_cpu_ctx *)ctx)->bf16 ? "bf16" : "f32";
+  const struct kn_cpu_ctx *c = ctx;
+  return c->bf16 ? "bf16" : c->q8 ? "q8 (Q8_0 / Q4_0 weights; f32 elsewhere)" : "f32";
 }
 
 static void fill_ops_once(void) {
@@ -234,17 +237,20 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   const enum kn_cpu_isa want = isa_from_env(isa);
   const enum kn_cpu_isa have = detect_vector();
   isa = want < have ? want : have;
-  if (!bf16 && isa > KN_CPU_ISA_AVX512) isa = KN_CPU_ISA_AVX512;
-  if (bf16 && !emulate && want == KN_CPU_ISA_AMX && isa == KN_CPU_ISA_AVX512BF16 &&
+  if (bf16 != 1 && isa > KN_CPU_ISA_AVX512) isa = KN_CPU_ISA_AVX512;
+  if (bf16 == 1 && !emulate && want == KN_CPU_ISA_AMX && isa == KN_CPU_ISA_AVX512BF16 &&
       kn_cpu_has_amx())
     isa = KN_CPU_ISA_AMX;
 
   struct kn_cpu_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return CM_ERR_NOMEM;
   ctx->n_threads = n_threads;
-  ctx->bf16 = bf16 != 0;
+  ctx->bf16 = bf16 == 1;
+  ctx->q8 = bf16 == 2;
   kn_cpu_dsp_init_ref(&ctx->dsp);
+  kn_cpu_dsp_init_q8_ref(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_quant_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);

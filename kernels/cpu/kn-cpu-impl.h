@@ -155,6 +155,19 @@ struct kn_cpu_dsp {
    * token; dot_bf16's work units are multiples of bf16_rows rows. */
   int bf16_tokens;
   int bf16_rows;
+
+  /* The q8 mode's matmul over Q8_0 / Q4_0 weights (kn-cpu-q8.c, AVX2 in
+   * kn-cpu-quant-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
+   * apart: the inputs as kn_quantize_row rounds them), w n rows of row_bytes.
+   * Per output, for each block b in order and each lane l < 8: p = the sum of
+   * the integer products of elements 4l .. 4l + 3 (exact), acc[b % 2][l] =
+   * fma((float)p, dw_b * dx_b, acc[b % 2][l]); then acc[0] + acc[1] and
+   * kn_avx2_hsum's lane reduction.
+   * xs: [T][K / 32][8] each lane's sum of its four inputs (kernels may use it:
+   * sum (q - 8) x = sum q x - 8 sum x). NULL: the dtype has none (f32 inputs then). */
+  void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                                 const int32_t *xs, const uint8_t *w, size_t row_bytes, int K,
+                                 int T, int n, int accumulate);
 };
 
 /* Elements of one input row as round_bf16 lays it out. */
@@ -171,8 +184,13 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 }
 
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
+/* The q8 mode's reference dot products (kn-cpu-q8.c). */
+void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp);
 /* Override with AVX2+FMA+F16C versions (call only when the processor has them). */
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
+/* matvec[] of the block formats (kn-cpu-quant-avx2.c): the AVX2 f32 matvec's
+ * bits over the dequantized rows, reading the packed ones (needs AVX2). */
+void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx2(void);
 /* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
@@ -257,6 +275,14 @@ struct kn_cpu_ctx {
    * sampled in parallel; kn-cpu-sample.c), made by its thread when a row
    * first needs one */
   struct kn_cpu_sampler *samplers[KN_CPU_MAX_THREADS];
+  /* q8 mode (kn_cpu_backend_create_mode, bf16 == 2): inputs of matmuls over Q8_0 /
+   * Q4_0 weights rounded to Q8_0 blocks, into xq (grown on demand), as llama.cpp's
+   * quantized dot products take them */
+  int q8;
+  uint8_t *xq;
+  size_t xq_bytes;
+  int32_t *xs; /* [T][K / 32][8] lane sums of xq's blocks (kn_cpu_dsp.q8dot) */
+  size_t xs_n;
   /* bf16 mode (kn_cpu_backend_create_mode): matmul inputs rounded to bf16,
    * into xb (dsp.round_bf16's rows) or xr (f32 rows), grown on demand */
   int bf16;
@@ -306,6 +332,10 @@ int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out);
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+
+/* Every e4m3 code's value (kn_f8e4m3_to_f32), filled when the library loads
+ * (kn-cpu-ops.c): the fp8 KV cache's and the FP8 weights' widening. */
+extern float kn_cpu_e4m3[256];
 
 /* Reference pieces other files reuse. */
 float kn_cpu_gelu_tanh_ref(float g);

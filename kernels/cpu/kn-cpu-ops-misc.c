@@ -11,13 +11,14 @@
 
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/kn-quant.h"
 
 /* ---- embedding ---------------------------------------------------------- */
 
 int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt, int H,
                     const int32_t *ids, int T, float scale) {
   (void)p;
-  size_t row_bytes = (size_t)H * kn_dtype_size(tdt);
+  size_t row_bytes = kn_row_bytes(tdt, (size_t)H);
   for (int t = 0; t < T; t++) {
     float *o = out + (ptrdiff_t)t * ldo;
     if (ids[t] < 0) { /* a row another tensor-parallel rank holds */
@@ -38,12 +39,17 @@ int kn_cpu_op_embed(void *p, float *out, ptrdiff_t ldo, const void *table, enum 
         o[i] = kn_f16_to_f32(r[i]) * scale;
       break;
     }
-    default: {
+    case KN_DTYPE_F32: {
       const float *r = row;
       for (int i = 0; i < H; i++)
         o[i] = r[i] * scale;
       break;
     }
+    default: /* a block format: the row's values, then the scale */
+      kn_dequant_row(tdt, row, o, (size_t)H);
+      for (int i = 0; i < H; i++)
+        o[i] = o[i] * scale;
+      break;
     }
   }
   return 0;

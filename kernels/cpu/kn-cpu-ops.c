@@ -13,6 +13,7 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/cpu/kn-cpu-sample.h"
 #include "kernels/kn-backend-impl.h"
+#include "kernels/kn-quant.h"
 
 /* Below this much work (multiply-adds or elements) an op runs on one thread. */
 #define PAR_MIN_WORK (1 << 15)
@@ -48,6 +49,8 @@ struct mm_task {
   float cap; /* > 0: softcap each unit's outputs while they are in cache */
   int chunk; /* output features per work unit */
   int tile;  /* widen + tile_f32 instead of matvec */
+  size_t deq; /* block formats in the tile path: where in the thread's scratch (floats)
+                 a unit's rows are dequantized before they are packed or tiled */
   int bf;    /* bf16 mode: dot_bf16 over ctx->xb (row stride ldx) */
   ptrdiff_t ldx;
   int tok;                  /* argmax: tok_argmax over ctx->xt instead of units and argmax rows */
@@ -70,8 +73,17 @@ static void cap_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n) 
  * is feature n0), softcapped when m->cap > 0. */
 static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, int n, int ith) {
   const struct kn_cpu_dsp *dsp = &m->ctx->dsp;
-  const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
+  const char *w = m->w + (size_t)n0 * kn_row_bytes(m->dt, (size_t)m->K);
   float *buf = m->ctx->scratch[ith];
+  enum kn_dtype dt = m->dt;
+  if (m->tile && kn_block_elems(dt)) { /* exact f32 values first, then as an f32 weight */
+    float *d = buf + m->deq;
+    for (int j = 0; j < n; j++)
+      kn_dequant_row(dt, w + (size_t)j * kn_row_bytes(dt, (size_t)m->K), d + (size_t)j * m->K,
+                     (size_t)m->K);
+    w = (const char *)d;
+    dt = KN_DTYPE_F32;
+  }
   if (m->bf || !m->tile) {
     if (m->bf)
       dsp->dot_bf16(out, ldo, m->ctx->xb, m->ldx, (const uint16_t *)w, m->K, m->T, n, m->acc);
@@ -82,10 +94,10 @@ static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, 
   }
   const float *wf = (const float *)w;
   if (dsp->pack) {
-    dsp->pack(buf, w, m->dt, m->K, n);
+    dsp->pack(buf, w, dt, m->K, n);
     wf = buf;
-  } else if (m->dt != KN_DTYPE_F32) {
-    dsp->widen(buf, w, m->dt, (size_t)n * (size_t)m->K);
+  } else if (dt != KN_DTYPE_F32) {
+    dsp->widen(buf, w, dt, (size_t)n * (size_t)m->K);
     wf = buf;
   }
   int tblk = TILE_X_BYTES / (4 * m->K);
@@ -189,11 +201,15 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   if (rc) return rc;
   m->tok = !m->bf && argmax && dsp->tok_argmax && T >= dsp->tok_min_t && K <= dsp->tok_max_k;
   m->tile = !m->bf && !m->tok && T >= dsp->tile_min_t && (long long)T * K >= dsp->tile_min_tk;
+  /* a block format without a matvec in this table: dequantized rows, tiled */
+  const int blk = kn_block_elems(m->dt) > 0;
+  if (blk && !dsp->matvec[m->dt]) m->tile = 1;
   m->wbuf = 0;
+  m->deq = 0;
   /* matvec units: about MATVEC_UNIT_BYTES of weights, small enough that a
    * thread preempted mid-unit (the machine may be shared) delays the op
    * little, but at least 4 units per thread */
-  long long row_bytes = (long long)K * (long long)kn_dtype_size(m->dt);
+  long long row_bytes = (long long)kn_row_bytes(m->dt, (size_t)K);
   long long mv = MATVEC_UNIT_BYTES / row_bytes, most = (N + nth * 4 - 1) / (nth * 4);
   if (mv > most) mv = most;
   if (m->bf) { /* whole row groups of dot_bf16, at least two */
@@ -213,10 +229,81 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
     long long c = TILE_CHUNK_BYTES / (4LL * K);
     c = c < 3 ? 3 : c > 63 ? 63 : c - c % 3;
     m->chunk = (int)c;
-    if (m->dt != KN_DTYPE_F32) m->wbuf = (size_t)m->chunk * (size_t)K;
+    if (m->dt != KN_DTYPE_F32 && !blk) m->wbuf = (size_t)m->chunk * (size_t)K;
   } else {
     m->chunk = (int)((mv < 16 ? 16 : mv + 3) & ~3LL); /* multiples of 4 rows */
   }
+  if (m->tile && blk) { /* the dequantized rows after what the tile path uses */
+    m->deq = (m->wbuf + 15) & ~(size_t)15;
+    m->wbuf = m->deq + (size_t)m->chunk * (size_t)K;
+  }
+  return 0;
+}
+
+/* ---- the q8 mode: Q8_0 / Q4_0 weights against inputs in Q8_0 blocks ---------- */
+
+struct q8_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const uint8_t *x, *w;
+  const int32_t *xs;
+  size_t ldx, row_bytes;
+  enum kn_dtype dt;
+  int T, N, K, acc, chunk;
+  float cap;
+};
+
+static void q8_run(void *arg, long long u0, long long u1, int ith) {
+  const struct q8_task *q = arg;
+  (void)ith;
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * q->chunk, n = q->N - n0 < q->chunk ? q->N - n0 : q->chunk;
+    float *o = q->out + n0;
+    q->ctx->dsp.q8dot[q->dt](o, q->ldo, q->x, q->ldx, q->xs, q->w + (size_t)n0 * q->row_bytes,
+                             q->row_bytes, q->K, q->T, n, q->acc);
+    for (int t = 0; t < q->T && q->cap > 0.0f; t++)
+      q->ctx->dsp.softcap(o + (ptrdiff_t)t * q->ldo, o + (ptrdiff_t)t * q->ldo, q->cap, (size_t)n);
+  }
+}
+
+static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                 const void *w, enum kn_dtype dt, int T, int N, int K, int acc, float cap) {
+  size_t ldx = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
+  int rc = grow_buf((void **)&ctx->xq, &ctx->xq_bytes, (size_t)T * ldx, 1);
+  if (rc) return rc;
+  const int B = K / 32;
+  if ((rc = grow_buf((void **)&ctx->xs, &ctx->xs_n, (size_t)T * (size_t)B * 8, 4))) return rc;
+  for (int t = 0; t < T; t++) { /* each input row in Q8_0 blocks, as llama.cpp rounds them */
+    uint8_t *xr = ctx->xq + (size_t)t * ldx;
+    kn_quantize_row(KN_DTYPE_Q8_0, in + (ptrdiff_t)t * ldi, xr, (size_t)K);
+    int32_t *s = ctx->xs + (size_t)t * (size_t)B * 8;
+    for (int b = 0; b < B; b++)
+      for (int l = 0; l < 8; l++) {
+        const int8_t *v = (const int8_t *)xr + (size_t)b * 34 + 2 + 4 * l;
+        s[b * 8 + l] = v[0] + v[1] + v[2] + v[3];
+      }
+  }
+  struct q8_task q = {.ctx = ctx,
+                      .out = out,
+                      .ldo = ldo,
+                      .x = ctx->xq,
+                      .w = w,
+                      .xs = ctx->xs,
+                      .ldx = ldx,
+                      .row_bytes = kn_row_bytes(dt, (size_t)K),
+                      .dt = dt,
+                      .T = T,
+                      .N = N,
+                      .K = K,
+                      .acc = acc,
+                      .cap = cap};
+  long long c = MATVEC_UNIT_BYTES / (long long)q.row_bytes;
+  long long most = (N + 4LL * ctx->n_threads - 1) / (4LL * ctx->n_threads);
+  c = c > most ? most : c;
+  q.chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL);
+  long long units = (N + q.chunk - 1) / q.chunk;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), q8_run, &q);
   return 0;
 }
 
@@ -229,6 +316,8 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
     }
     return 0;
   }
+  if (ctx->q8 && ctx->dsp.q8dot[wdt])
+    return q8_mm(ctx, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, cap);
   struct mm_task m = {.ctx = ctx,
                       .out = out,
                       .ldo = ldo,
@@ -248,6 +337,13 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
   return 0;
 }
 
+/* Output features per work unit of a matmul over rows widened to f32 first
+ * (FP8): about TILE_CHUNK_BYTES of them. */
+static int widened_chunk(int N, int K) {
+  long long c = TILE_CHUNK_BYTES / (4LL * K);
+  return (int)(c < 1 ? 1 : c > N ? N : c);
+}
+
 static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                       const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, 0.0f);
@@ -256,6 +352,67 @@ static int cpu_matmul(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdi
 static int cpu_matmul_softcap(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                               const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
   return mm(p, out, ldo, in, ldi, w, wdt, T, N, K, 0, cap);
+}
+
+/* ---- FP8 weights ----------------------------------------------------------- */
+
+float kn_cpu_e4m3[256];
+__attribute__((constructor)) static void e4m3_table(void) {
+  for (int c = 0; c < 256; c++)
+    kn_cpu_e4m3[c] = kn_f8e4m3_to_f32((uint8_t)c);
+}
+
+struct fp8_task {
+  struct kn_cpu_ctx *ctx;
+  float *out;
+  ptrdiff_t ldo;
+  const float *x; /* [T, K] the inputs rounded to bf16 */
+  const uint8_t *w;
+  const float *scale;
+  int T, N, K, acc, chunk;
+};
+
+/* Features [n0, n0 + n) of each unit: the rows widened exactly through the
+ * table, the f32 kernel's dot products of them with the rounded inputs (exact
+ * products), then the scale. */
+static void fp8_run(void *arg, long long u0, long long u1, int ith) {
+  const struct fp8_task *f = arg;
+  float *wf = f->ctx->scratch[ith], *dots = wf + (size_t)f->chunk * (size_t)f->K;
+  for (long long u = u0; u < u1; u++) {
+    int n0 = (int)u * f->chunk, n = f->N - n0 < f->chunk ? f->N - n0 : f->chunk;
+    const uint8_t *w = f->w + (size_t)n0 * (size_t)f->K;
+    for (size_t i = 0; i < (size_t)n * (size_t)f->K; i++)
+      wf[i] = kn_cpu_e4m3[w[i]];
+    f->ctx->dsp.matvec[KN_DTYPE_F32](dots, n, f->x, f->K, wf, f->K, f->T, n, 0);
+    for (int t = 0; t < f->T; t++) {
+      float *o = f->out + (ptrdiff_t)t * f->ldo + n0;
+      const float *d = dots + (size_t)t * (size_t)n;
+      for (int j = 0; j < n; j++) {
+        float v = d[j] * f->scale[n0 + j];
+        o[j] = f->acc ? o[j] + v : v;
+      }
+    }
+  }
+}
+
+static int cpu_matmul_fp8(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                          const uint8_t *w, const float *scale, int T, int N, int K,
+                          int accumulate) {
+  struct kn_cpu_ctx *ctx = p;
+  if (K == 0) {
+    for (int t = 0; t < T && !accumulate; t++)
+      memset(out + (ptrdiff_t)t * ldo, 0, N * 4u);
+    return 0;
+  }
+  int rc = grow_buf((void **)&ctx->xr, &ctx->xr_floats, (size_t)T * (size_t)K, 4);
+  if (rc) return rc;
+  struct round_task rt = {in, ldi, ctx->xr, K};
+  kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K, T, 16), round_run, &rt);
+  struct fp8_task f = {ctx, out, ldo, ctx->xr, w, scale, T, N, K, accumulate, widened_chunk(N, K)};
+  if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)f.chunk * ((size_t)K + (size_t)T)))) return rc;
+  long long units = (N + f.chunk - 1) / f.chunk;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), fp8_run, &f);
+  return 0;
 }
 
 /* ---- matmul then argmax -------------------------------------------------- */
@@ -687,6 +844,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->rmsnorm = cpu_rmsnorm;
   ops->matmul = cpu_matmul;
   ops->matmul_rows = cpu_matmul_rows;
+  ops->matmul_fp8 = cpu_matmul_fp8;
   ops->rope = kn_cpu_op_rope;
   ops->gelu_mul = cpu_gelu_mul;
   ops->add = cpu_add;

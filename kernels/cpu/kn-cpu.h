@@ -15,7 +15,7 @@
 
 /* What the CPU backend can do (kn-backend.h): its memory is the host's and
  * kn_sample runs in place; the registry's automatic choice takes it last. */
-#define KN_CPU_CAPS     (KN_CAP_HOST_MEMORY | KN_CAP_SAMPLE | KN_CAP_ALLREDUCE)
+#define KN_CPU_CAPS     (KN_CAP_HOST_MEMORY | KN_CAP_SAMPLE | KN_CAP_ALLREDUCE | KN_CAP_BLOCK_WEIGHTS)
 #define KN_CPU_PRIORITY 10
 
 enum kn_cpu_isa {
@@ -36,7 +36,12 @@ int kn_cpu_backend_create(int n_threads, struct kn_backend **out);
  * what this processor supports (tests use it to compare SIMD and reference). */
 int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out);
 
-/* Like kn_cpu_backend_create_isa, in the bf16 mode when bf16 is set: every
+/* bf16 == 2: the q8 mode instead (--dtype q8): matmuls over Q8_0 and Q4_0
+ * weights take their inputs rounded to Q8_0 blocks and sum integer products,
+ * as llama.cpp's quantized dot products do (kn_cpu_dsp.q8dot); everything
+ * else as in the default mode.
+ *
+ * Like kn_cpu_backend_create_isa, in the bf16 mode when bf16 is 1: every
  * matmul rounds its inputs to bf16 first (to nearest even), products of
  * bf16 by the weights summed in f32, as GPUs and transformers' bf16 mode
  * run: for bf16 weights, AMX-BF16 tiles where the processor has them, else

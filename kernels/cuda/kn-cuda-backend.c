@@ -260,6 +260,7 @@ static void cuda_destroy(void *ctx) {
 #if LMSERVE_HAVE_NCCL
   kn_cuda_nccl_destroy(c);
 #endif
+  kn_cuda_fp8_destroy(c);
   stage_release(c);
   for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
     if (c->seg_done[i]) (void)cudaEventDestroy(c->seg_done[i]);
@@ -294,6 +295,8 @@ static struct kn_backend_ops cuda_ops = {
     .rmsnorm = kn_cuda_op_rmsnorm,
     .matmul = kn_cuda_op_matmul,
     .matmul_rows = kn_cuda_op_matmul_rows,
+    .matmul_fp8 = kn_cuda_op_matmul_fp8,
+    .fp8_weights = kn_cuda_op_fp8_weights,
     .rope = kn_cuda_op_rope,
     .gelu_mul = kn_cuda_op_gelu_mul,
     .add = kn_cuda_op_add,
@@ -371,6 +374,7 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
               cm_strerror(err));
     err = 0;
   }
+  if ((err = kn_cuda_fp8_check(c))) goto fail; /* only a broken context fails it */
 #if LMSERVE_HAVE_NCCL
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, fill_nccl_ops);

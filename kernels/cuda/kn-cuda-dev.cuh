@@ -73,6 +73,23 @@ __device__ __forceinline__ float kn_block_sum(float v, float *sh) {
   return r;
 }
 
+/* Maximum over the block of values >= 0 (as kn_block_sum). */
+__device__ __forceinline__ float kn_block_max(float v, float *sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kn_warp_max(v);
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = lane < nw ? sh[lane] : 0.0f;
+    t = kn_warp_max(t);
+    if (lane == 0) sh[32] = t;
+  }
+  __syncthreads();
+  float r = sh[32];
+  __syncthreads();
+  return r;
+}
+
 /* Blocks for n items at `per` items per block, capped for grid-stride loops. */
 static inline unsigned kn_grid(size_t n, unsigned per, unsigned cap) {
   size_t g = (n + per - 1) / per;

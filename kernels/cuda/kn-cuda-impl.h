@@ -93,6 +93,20 @@ static inline int kn_cuda_gemv_fits(const float *in, ptrdiff_t ldi, const void *
          K > 0 && K % 8 == 0 && (uintptr_t)in % 16 == 0 && (uintptr_t)w % 16 == 0 &&
          (T == 1 || ldi % 4 == 0);
 }
+/* FP8 weights (kn-cuda-fp8.cu): the few-rows kernel (T <= 8, K % 16 == 0,
+ * 16-byte aligned w, in and rows of in); codes widened to bf16; inputs
+ * quantized per row to e4m3 (sa[t] = largest |in[t, :]| / 448); the epilogue
+ * out[t, n] (+)= tmp[t, n] * scale[n] (* sa[t]). */
+cudaError_t kn_cuda_launch_gemv_fp8(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
+                                    ptrdiff_t ldi, const void *w, const float *scale, int T, int N,
+                                    int K, int accumulate);
+cudaError_t kn_cuda_launch_fp8_dequant(cudaStream_t s, void *dst, const void *w, size_t n);
+cudaError_t kn_cuda_launch_fp8_quant_rows(cudaStream_t s, void *codes, float *sa, const float *in,
+                                          ptrdiff_t ldi, int T, int K);
+cudaError_t kn_cuda_launch_fp8_epilogue(cudaStream_t s, float *out, ptrdiff_t ldo, const float *tmp,
+                                        const float *scale, const float *sa, int T, int N,
+                                        int accumulate);
+
 /* dst[j, :] = w[rows[j], :] for j < n_rows; rows of row_bytes bytes (a multiple of 2). */
 cudaError_t kn_cuda_launch_gather_rows(cudaStream_t s, void *dst, const void *w, size_t row_bytes,
                                        const int32_t *rows, int n_rows);
@@ -235,6 +249,12 @@ struct kn_cuda_ctx {
   int graph_mode;
   /* cuBLAS's workspace, ours and fixed, so that a capture allocates nothing */
   void *blas_ws;
+  /* FP8 weights (kn-cuda-fp8.c): compute capability (89 = 8.9), which paths
+   * passed their check, cuBLASLt's handle and workspace (NULL below 8.9) */
+  int cc;
+  int fp8_ok, fp8_gemv, fp8_lt;
+  void *lt; /* cublasLtHandle_t (its header is read only by kn-cuda-fp8.c) */
+  void *lt_ws;
 };
 
 /* An op's kernel launch (or cuBLAS call): skipped while a graph replays, since
@@ -322,6 +342,15 @@ int kn_cuda_result_host(struct kn_cuda_ctx *c, size_t bytes, void **host);
 /* 0 when every K / V element of the view is aligned to its size (a
  * misaligned device access would poison the CUDA context), else CM_ERR_INVAL. */
 int kn_cuda_check_view(const struct kn_kv_view *v);
+
+/* FP8 weights (kn-cuda-fp8.c): the op, whether FP8 is served, the check of
+ * every path (run when the backend is made), the cuBLASLt teardown. */
+int kn_cuda_op_matmul_fp8(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                          const uint8_t *w, const float *scale, int T, int N, int K,
+                          int accumulate);
+int kn_cuda_op_fp8_weights(void *ctx, char *why, size_t whylen);
+int kn_cuda_fp8_check(struct kn_cuda_ctx *c);
+void kn_cuda_fp8_destroy(struct kn_cuda_ctx *c);
 
 /* Op glue (kn-cuda-ops.c, kn-cuda-gemm.c, kn-cuda-attn.c). */
 int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,

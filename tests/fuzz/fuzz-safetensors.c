@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 #include "worker/wk-safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -43,13 +43,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       wk_st_close(st);
     }
   } else {
-    struct wk_config *c = malloc(sizeof(*c));
+    struct md_config *c = malloc(sizeof(*c));
     if (!c) return 0;
-    int rc = wk_config_parse((const char *)body, n, c, err, sizeof(err));
+    int rc = md_config_parse((const char *)body, n, c, err, sizeof(err));
     if (rc > 0 || (rc < 0 && !err[0])) abort();
     if (rc == 0)
       for (int i = 0; i < c->n_layers; i++) {
-        const struct wk_layer_cfg *l = &c->layers[i];
+        const struct md_layer_cfg *l = &c->layers[i];
         if (l->head_dim < 2 || l->head_dim > 512 || l->n_kv_heads < 1 ||
             c->n_heads % l->n_kv_heads || l->kv_source >= c->n_layers)
           abort();

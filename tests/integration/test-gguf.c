@@ -8,6 +8,7 @@
  * have to be carried over. The bf16 export must load and generate too, and
  * bad input gets a clear error. Skips, loudly, when node or node-llama-cpp is
  * missing. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/cm-fs.h"
+#include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -140,6 +142,180 @@ TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
   /* the bf16 export (llama.cpp rounds activations to bf16 there: no equality asked) */
   int bf[N_PROMPTS][N_GEN];
   llamacpp_generate(dir, bf16, all, 1, bf);
+  th_out_free(&o);
+}
+
+/* `lmserve quantize` writes block formats llama.cpp loads, and lmserve runs GGUF files
+ * itself: the f32 export through the GGUF path gives the safetensors checkpoint's
+ * tokens, and each quantized file gives llama.cpp's tokens until llama.cpp's 8-bit
+ * rounding of the activations (its Q4/Q5 dot products take Q8 inputs; lmserve keeps
+ * f32 activations, exact to the dequantized weights) moves a near-tie: the first
+ * token of every prompt, and for Q8_0 every token of these prompts, agree. */
+TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
+  th_proc_init(900);
+  char dir[1024];
+  need_llamacpp(dir);
+  char model[300], f32[300];
+  tmp_path(model, "q3");
+  tmp_path(f32, "q3-f32.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", f32, "--dtype", "f32") == 0);
+  static const char *prompts[] = {"[2,651,1234,99,5000]",
+                                  "[2,7000,7001,7002,8000,123,4567,10,11,12]"};
+  enum { N_PROMPTS = 2 };
+  char all[512];
+  snprintf(all, sizeof(all), "[%s,%s]", prompts[0], prompts[1]);
+  int ref[N_PROMPTS][N_GEN], got[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN];
+  for (int p = 0; p < N_PROMPTS; p++) {
+    TH_REQUIRE(lm(&o, "generate", "--model", model, "--prompt-ids", prompts[p], "--max-tokens",
+                  "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+    TH_CHECK_EQ_INT(parse_ids(o.out, ref[p], N_GEN), N_GEN);
+    TH_REQUIRE(lm(&o, "generate", "--model", f32, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                  "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+    TH_CHECK_EQ_INT(parse_ids(o.out, got[p], N_GEN), N_GEN);
+    TH_CHECK(!memcmp(ref[p], got[p], sizeof(ref[p])));
+  }
+  static const char *types[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"};
+  for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+    char q[300], name[32];
+    snprintf(name, sizeof(name), "q3-%s.gguf", types[ti]);
+    tmp_path(q, name);
+    TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
+    TH_CHECK(strstr(o.out, types[ti]) != NULL);
+    llamacpp_generate(dir, q, all, N_PROMPTS, theirs);
+    for (int p = 0; p < N_PROMPTS; p++) {
+      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+      TH_CHECK_EQ_INT(parse_ids(o.out, got[p], N_GEN), N_GEN);
+      int agree = 0;
+      while (agree < N_GEN && got[p][agree] == theirs[p][agree])
+        agree++;
+      printf("# %s prompt %d: %d of %d tokens as llama.cpp's\n", types[ti], p, agree, N_GEN);
+      TH_CHECK(agree >= (ti == 0 ? N_GEN : 1));
+      /* the q8 mode (integer dot products over 8-bit inputs, as llama.cpp's) */
+      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2", "--dtype", "q8") == 0);
+      int q8[N_GEN];
+      TH_CHECK_EQ_INT(parse_ids(o.out, q8, N_GEN), N_GEN);
+      TH_CHECK(q8[0] == theirs[p][0]);
+    }
+  }
+  /* bad input */
+  TH_CHECK_EQ_INT(lm(&o, "quantize", model, f32, "q3_k"), 2);
+  TH_CHECK(strstr(o.err, "q3_k") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "quantize", model, f32), 2);
+  char notgguf[320];
+  snprintf(notgguf, sizeof(notgguf), "%s/config.json", model);
+  TH_CHECK(lm(&o, "generate", "--model", notgguf, "--prompt-ids", "[2]") != 0);
+  TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
+  th_out_free(&o);
+}
+
+/* `lmserve serve` runs a GGUF file alone (its tokenizer and chat template from the
+ * metadata) and with the tokenizer of a folder (--tokenizer): the same greedy answers
+ * either way. */
+TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
+  th_proc_init(600);
+  char model[300], q[300];
+  tmp_path(model, "s3");
+  tmp_path(q, "s3-q8_0.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
+  char tj[320];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
+  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
+  TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
+  char *answers[2][2] = {{NULL, NULL}, {NULL, NULL}};
+  for (int alone = 0; alone < 2; alone++) {
+    struct th_proc p;
+    char *extra[] = {"--tokenizer", model, NULL};
+    int port = th_serve_start(&p, q, alone ? NULL : extra);
+    TH_REQUIRE(port > 0);
+    int st = th_http(port, "POST", "/v1/completions",
+                     "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,"
+                     "\"temperature\":0}",
+                     60000, &answers[alone][0]);
+    TH_CHECK_EQ_INT(st, 200);
+    TH_CHECK(answers[alone][0] && strstr(answers[alone][0], "\"completion_tokens\":6") != NULL);
+    st = th_http(port, "POST", "/v1/chat/completions",
+                 "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":"
+                 "\"hi\"}],\"max_tokens\":4,\"temperature\":0}",
+                 60000, &answers[alone][1]);
+    TH_CHECK_EQ_INT(st, 200);
+    TH_CHECK(answers[alone][1] && strstr(answers[alone][1], "chat.completion") != NULL);
+    th_proc_stop(&p, 20000);
+  }
+  /* the answers' text and token counts agree (ids and times do not) */
+  for (int k = 0; k < 2; k++) {
+    const char *a = answers[0][k] ? strstr(answers[0][k], "\"choices\"") : NULL;
+    const char *b = answers[1][k] ? strstr(answers[1][k], "\"choices\"") : NULL;
+    TH_CHECK(a && b && !strcmp(a, b));
+    free(answers[0][k]);
+    free(answers[1][k]);
+  }
+  th_out_free(&o);
+}
+
+/* The tokenizer read from a GGUF file's metadata (the vocabulary export-gguf writes,
+ * as llama.cpp's converter does: tokens, scores, token types) gives tokenizer.json's
+ * ids for every line of the tokenizer corpus, except those naming tokens past the
+ * model's vocabulary (<image_soft_token>: no embedding row, so not in the file). */
+TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
+  th_proc_init(600);
+  char model[300], g[300];
+  tmp_path(model, "t3");
+  tmp_path(g, "t3.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", model) == 0);
+  char tj[320];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
+  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+  char dir[1100];
+  snprintf(dir, sizeof(dir), "%s/fixtures/tokenizer/corpus", th_tests_dir());
+  DIR *d = opendir(dir);
+  TH_REQUIRE(d != NULL);
+  struct dirent *e;
+  int files = 0, lines = 0;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "rb");
+    TH_REQUIRE(f != NULL);
+    char *line = NULL, *text = NULL;
+    size_t cap = 0, tlen = 0;
+    ssize_t n;
+    FILE *mem = open_memstream(&text, &tlen);
+    TH_REQUIRE(mem != NULL);
+    while ((n = getline(&line, &cap, f)) > 0) /* the file less those lines, as one text */
+      if (!strstr(line, "<image_soft_token>")) {
+        fwrite(line, 1, (size_t)n, mem);
+        lines++;
+      }
+    fclose(mem);
+    free(line);
+    fclose(f);
+    char *ids[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+      char *argv[] = {th_lmserve_bin(), "tokenize", "--tokenizer", k ? g : model, NULL};
+      char *err = NULL;
+      int rc = th_run(argv, NULL, text, tlen, 60000, &ids[k], &err);
+      TH_CHECK_EQ_INT(rc, 0);
+      free(err);
+    }
+    if (!ids[0] || !ids[1] || strcmp(ids[0], ids[1]))
+      th_fail(__FILE__, __LINE__, "%s: %.200s against %.200s", e->d_name,
+              ids[1] ? ids[1] : "(none)", ids[0] ? ids[0] : "(none)");
+    free(ids[0]);
+    free(ids[1]);
+    free(text);
+    files++;
+  }
+  closedir(d);
+  printf("# %d lines of %d corpus files: the same ids\n", lines, files);
+  TH_CHECK(lines >= 30);
   th_out_free(&o);
 }
 

@@ -135,7 +135,7 @@ TH_TEST(cuda_rejects_bad_arguments_without_aborting) {
   TH_REQUIRE(buf);
   int32_t ids[2] = {0, 5};
   TH_CHECK_EQ_INT(kn_embed(be, buf, 4, buf, KN_DTYPE_F32, 5, 4, ids, 2, 1.0f), CM_ERR_RANGE);
-  TH_CHECK_EQ_INT(kn_embed(be, buf, 4, buf, (enum kn_dtype)7, 5, 4, ids, 1, 1.0f),
+  TH_CHECK_EQ_INT(kn_embed(be, buf, 4, buf, (enum kn_dtype)99, 5, 4, ids, 1, 1.0f),
                   CM_ERR_UNSUPPORTED);
   TH_CHECK_EQ_INT(kn_matmul(be, buf, 2, buf, 4, buf, KN_DTYPE_F32, 2, 4, 4, 0), CM_ERR_INVAL);
   int32_t rows[1] = {9};

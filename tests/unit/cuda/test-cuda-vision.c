@@ -147,7 +147,7 @@ TH_TEST(cuda_vision_encode) {
   struct wk_vision_opts vo = {.max_images = 2};
   TH_REQUIRE(wk_vision_load(dir, e.cpu, &vo, &vc, err, sizeof(err)) == 0);
   TH_REQUIRE(wk_vision_load(dir, e.gpu, &vo, &vg, err, sizeof(err)) == 0);
-  const struct wk_vision_cfg *c = wk_vision_config(vc);
+  const struct md_vision_cfg *c = wk_vision_config(vc);
   int n = 3, H = wk_vision_text_hidden(vc);
   size_t n_px = (size_t)n * c->channels * c->image_size * c->image_size;
   size_t n_out = (size_t)n * c->mm_tokens * H;

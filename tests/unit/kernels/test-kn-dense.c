@@ -918,7 +918,7 @@ TH_TEST(bad_arguments_are_errors) {
   float a[16] = {0}, o[16];
   TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, KN_DTYPE_F32, -1, 4, 4, 0), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_matmul(be, o, 2, a, 4, a, KN_DTYPE_F32, 2, 4, 4, 0), CM_ERR_INVAL);
-  TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, (enum kn_dtype)7, 2, 4, 4, 0), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, (enum kn_dtype)99, 2, 4, 4, 0), CM_ERR_UNSUPPORTED);
   TH_CHECK_EQ_INT(kn_matmul(be, NULL, 4, a, 4, a, KN_DTYPE_F32, 2, 4, 4, 0), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_matmul(be, o, 4, a, 4, a, KN_DTYPE_F32, 0, 4, 4, 0), 0);
   int32_t rows[1] = {4};
@@ -938,7 +938,7 @@ TH_TEST(bad_arguments_are_errors) {
                   CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 2, a, KN_DTYPE_F32, 2, 4, 4, 0.0f, o),
                   CM_ERR_INVAL);
-  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 4, a, (enum kn_dtype)7, 2, 4, 4, 0.0f, o),
+  TH_CHECK_EQ_INT(kn_matmul_argmax(be, ids, NULL, a, 4, a, (enum kn_dtype)99, 2, 4, 4, 0.0f, o),
                   CM_ERR_UNSUPPORTED);
   TH_CHECK(kn_alloc(be, 0) == NULL);
   void *p = kn_alloc(be, 100);

@@ -5,16 +5,16 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 #include "tests/harness/th.h"
-#include "worker/wk-config.h"
 #include "worker/wk-kv.h"
 
-static int parse(const char *json, struct wk_config *c, char *err) {
-  return wk_config_parse(json, strlen(json), c, err, 256);
+static int parse(const char *json, struct md_config *c, char *err) {
+  return md_config_parse(json, strlen(json), c, err, 256);
 }
 
 /* Parses json into c; a refusal stops the test with the parser's reason. */
-static void parse_ok(const char *json, struct wk_config *c) {
+static void parse_ok(const char *json, struct md_config *c) {
   char err[256] = "";
   if (parse(json, c, err) != 0) {
     th_fail(__FILE__, __LINE__, "%s", err);
@@ -41,15 +41,15 @@ static const char *gemma3_1b =
     "\"hidden_activation\":\"gelu_pytorch_tanh\",\"eos_token_id\":[1,106]}";
 
 TH_TEST(config_gemma3_older_fields) {
-  struct wk_config c;
+  struct md_config c;
   parse_ok(gemma3_1b, &c);
-  TH_CHECK_EQ_INT(c.arch, WK_ARCH_GEMMA3);
+  TH_CHECK_EQ_INT(c.arch, MD_ARCH_GEMMA3);
   TH_CHECK_EQ_INT(c.n_layers, 26);
   for (int i = 0; i < 26; i++)
-    TH_CHECK_EQ_INT(c.layers[i].kind, (i + 1) % 6 == 0 ? WK_LAYER_FULL : WK_LAYER_SLIDING);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].theta, 1e6, 1e-6);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].theta, 1e4, 1e-6);
-  TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 128);
+    TH_CHECK_EQ_INT(c.layers[i].kind, (i + 1) % 6 == 0 ? MD_LAYER_FULL : MD_LAYER_SLIDING);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_FULL].theta, 1e6, 1e-6);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_SLIDING].theta, 1e4, 1e-6);
+  TH_CHECK_EQ_INT(c.rope[MD_LAYER_FULL].rot_pairs, 128);
   TH_CHECK_NEAR(c.attn_scale, 1.0 / 16.0, 1e-12);
   TH_CHECK_EQ_INT(c.n_eos, 2);
   TH_CHECK_EQ_INT(c.eos_ids[1], 106);
@@ -63,10 +63,10 @@ TH_TEST(config_gemma3_rope_scaling_and_nested) {
       "gemma3_text", 1000, 64, 128, 6,
       4) ",\"num_key_value_heads\":2,\"head_dim\":16,"
          "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":8.0},\"rope_theta\":1000000}}";
-  struct wk_config c;
+  struct md_config c;
   parse_ok(j, &c);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].factor, 8.0, 1e-12);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].factor, 1.0, 1e-12);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_FULL].factor, 8.0, 1e-12);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_SLIDING].factor, 1.0, 1e-12);
   TH_CHECK_NEAR(c.attn_scale, 0.25, 1e-12); /* query_pre_attn_scalar defaults to head_dim */
 }
 
@@ -99,13 +99,13 @@ TH_TEST(config_gemma4_e2b_plan) {
   static char j[8192];
   for (int nested = 0; nested < 2; nested++) {
     e2b_json(j, sizeof(j), nested);
-    struct wk_config c;
+    struct md_config c;
     parse_ok(j, &c);
-    TH_CHECK_EQ_INT(c.arch, WK_ARCH_GEMMA4);
+    TH_CHECK_EQ_INT(c.arch, MD_ARCH_GEMMA4);
     TH_CHECK_NEAR(c.attn_scale, 1.0, 0);
     TH_CHECK_NEAR(c.final_softcap, 30.0, 0);
-    TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 64);
-    TH_CHECK_EQ_INT(c.rope[WK_LAYER_SLIDING].rot_pairs, 128);
+    TH_CHECK_EQ_INT(c.rope[MD_LAYER_FULL].rot_pairs, 64);
+    TH_CHECK_EQ_INT(c.rope[MD_LAYER_SLIDING].rot_pairs, 128);
     for (int i = 0; i < 35; i++) {
       int full = (i + 1) % 5 == 0;
       TH_CHECK_EQ_INT(c.layers[i].head_dim, full ? 512 : 256);
@@ -116,8 +116,8 @@ TH_TEST(config_gemma4_e2b_plan) {
       else
         TH_CHECK_EQ_INT(c.layers[i].kv_source, i);
     }
-    TH_CHECK_EQ_INT(wk_config_last_storing_layer(&c, WK_LAYER_SLIDING), 13);
-    TH_CHECK_EQ_INT(wk_config_last_storing_layer(&c, WK_LAYER_FULL), 14);
+    TH_CHECK_EQ_INT(md_config_last_storing_layer(&c, MD_LAYER_SLIDING), 13);
+    TH_CHECK_EQ_INT(md_config_last_storing_layer(&c, MD_LAYER_FULL), 14);
   }
 }
 
@@ -126,13 +126,13 @@ TH_TEST(config_gemma4_e2b_plan) {
 TH_TEST(kv_spec_e2b_bytes_per_token) {
   static char j[8192];
   e2b_json(j, sizeof(j), 0);
-  struct wk_config c;
+  struct md_config c;
   parse_ok(j, &c);
   struct wk_kv_spec kv;
   TH_REQUIRE(wk_kv_spec_build(&c, KN_DTYPE_BF16, 16, &kv) == 0);
   TH_REQUIRE(kv.n_groups == 2);
   const struct wk_kv_group *sl = &kv.groups[0], *fu = &kv.groups[1];
-  TH_CHECK_EQ_INT(sl->kind, WK_LAYER_SLIDING);
+  TH_CHECK_EQ_INT(sl->kind, MD_LAYER_SLIDING);
   TH_CHECK_EQ_INT(sl->n_layers, 12);
   TH_CHECK_EQ_INT(fu->n_layers, 3);
   TH_CHECK_EQ_INT(sl->bytes_per_token, 12 * 2 * 256 * 2);
@@ -175,9 +175,9 @@ TH_TEST(config_assistant_fields) {
              "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"sliding_attention\","
              "\"full_attention\"],\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":"
              "0}}";
-  struct wk_config c;
+  struct md_config c;
   parse_ok(j, &c);
-  TH_CHECK_EQ_INT(c.arch, WK_ARCH_GEMMA4_ASSISTANT);
+  TH_CHECK_EQ_INT(c.arch, MD_ARCH_GEMMA4_ASSISTANT);
   TH_CHECK_EQ_INT(c.backbone_hidden, 1536);
   TH_CHECK_EQ_INT(c.use_ordered_embeddings, 1);
   TH_CHECK_EQ_INT(c.num_centroids, 2048);
@@ -194,7 +194,7 @@ TH_TEST(config_assistant_fields) {
 }
 
 TH_TEST(config_errors_name_the_field) {
-  struct wk_config c;
+  struct md_config c;
   char err[256];
   struct {
     const char *json;
@@ -231,17 +231,17 @@ TH_TEST(config_errors_name_the_field) {
 }
 
 TH_TEST(config_generation_eos) {
-  struct wk_config c;
+  struct md_config c;
   parse_ok(gemma3_1b, &c);
   char err[256] = "";
   const char *g = "{\"eos_token_id\": [1, 106, 50]}";
-  TH_CHECK_EQ_INT(wk_config_parse_generation(g, strlen(g), &c, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_config_parse_generation(g, strlen(g), &c, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(c.n_eos, 3);
   TH_CHECK_EQ_INT(c.eos_ids[2], 50);
   const char *bad = "{\"eos_token_id\": [1, \"x\"]}";
-  TH_CHECK_EQ_INT(wk_config_parse_generation(bad, strlen(bad), &c, err, sizeof(err)), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(md_config_parse_generation(bad, strlen(bad), &c, err, sizeof(err)), CM_ERR_PARSE);
   const char *range = "{\"eos_token_id\": 999999999}";
-  TH_CHECK_EQ_INT(wk_config_parse_generation(range, strlen(range), &c, err, sizeof(err)),
+  TH_CHECK_EQ_INT(md_config_parse_generation(range, strlen(range), &c, err, sizeof(err)),
                   CM_ERR_RANGE);
 }
 
@@ -253,13 +253,13 @@ TH_TEST(config_gemma3_rope_parameters_without_theta) {
            4) ",\"head_dim\":16,\"rope_theta\":1000000,\"rope_local_base_freq\":10000,"
               "\"rope_parameters\":{\"full_attention\":{\"factor\":8.0,\"rope_type\":\"linear\"},"
               "\"sliding_attention\":{\"rope_type\":\"default\"}}}";
-  struct wk_config c;
+  struct md_config c;
   parse_ok(j, &c);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].theta, 1e6, 0);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_FULL].factor, 8.0, 0);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].theta, 1e4, 0);
-  TH_CHECK_NEAR(c.rope[WK_LAYER_SLIDING].factor, 1.0, 0);
-  TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 8);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_FULL].theta, 1e6, 0);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_FULL].factor, 8.0, 0);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_SLIDING].theta, 1e4, 0);
+  TH_CHECK_NEAR(c.rope[MD_LAYER_SLIDING].factor, 1.0, 0);
+  TH_CHECK_EQ_INT(c.rope[MD_LAYER_FULL].rot_pairs, 8);
 }
 
 /* Newer Gemma 4 configs: per-layer head dims and KV heads under
@@ -271,7 +271,7 @@ TH_TEST(config_gemma4_per_layer_config) {
               "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
               "\"full_attention\"],\"per_layer_config\":{\"1\":{\"head_dim\":64,"
               "\"num_key_value_heads\":1},\"3\":{\"head_dim\":64,\"num_key_value_heads\":1}}}";
-  struct wk_config c;
+  struct md_config c;
   parse_ok(j, &c);
   char err[256] = "";
   TH_CHECK_EQ_INT(c.global_head_dim, 64);
@@ -279,7 +279,7 @@ TH_TEST(config_gemma4_per_layer_config) {
   TH_CHECK_EQ_INT(c.layers[1].n_kv_heads, 1);
   TH_CHECK_EQ_INT(c.layers[0].head_dim, 32);
   TH_CHECK_EQ_INT(c.layers[0].n_kv_heads, 2);
-  TH_CHECK_EQ_INT(c.rope[WK_LAYER_FULL].rot_pairs, 8);
+  TH_CHECK_EQ_INT(c.rope[MD_LAYER_FULL].rot_pairs, 8);
   /* two layers, sliding then full, of head_dim 32 */
 #define TWO       TEXT("gemma4_text", 100, 64, 128, 2, 4)
 #define TWO_TYPED TWO ",\"head_dim\":32,\"layer_types\":[\"sliding_attention\",\"full_attention\"]"

@@ -176,9 +176,9 @@ static void wipe_layer(struct rig *r, int layer) {
 TH_TEST(draft_reads_target_source_layers) {
   struct rig r;
   TH_REQUIRE(setup(&r, 1) == 0);
-  const struct wk_config *tc = wk_model_config(r.t);
-  TH_CHECK_EQ_INT(wk_config_last_storing_layer(tc, WK_LAYER_SLIDING), 3);
-  TH_CHECK_EQ_INT(wk_config_last_storing_layer(tc, WK_LAYER_FULL), 2);
+  const struct md_config *tc = wk_model_config(r.t);
+  TH_CHECK_EQ_INT(md_config_last_storing_layer(tc, MD_LAYER_SLIDING), 3);
+  TH_CHECK_EQ_INT(md_config_last_storing_layer(tc, MD_LAYER_FULL), 2);
   int32_t base[3], t[3];
   float hb[64], h[64];
   TH_REQUIRE(chain(&r, 0, base, hb) == 0);

@@ -9,9 +9,9 @@
 
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-vision-preproc.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-encoder.h"
-#include "worker/wk-vision-preproc.h"
 #include "worker/wk-vision.h"
 
 #define SIDE 64 /* the tiny tower's image size */
@@ -56,12 +56,12 @@ static void teardown(struct fixture *f) {
 
 /* The tower's own embeddings of image k (normalised as the processor does). */
 static float *direct(struct fixture *f, int k) {
-  const struct wk_vision_cfg *vc = wk_vision_config(f->v);
+  const struct md_vision_cfg *vc = wk_vision_config(f->v);
   size_t per = (size_t)vc->mm_tokens * (size_t)wk_vision_text_hidden(f->v);
   float *px = malloc(sizeof(float) * NPIX), *out = malloc(sizeof(float) * per);
   char err[256];
   TH_REQUIRE(px && out);
-  TH_REQUIRE(wk_image_preprocess(px, g_px[k], SIDE, SIDE, 3, &vc->pre, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_image_preprocess(px, g_px[k], SIDE, SIDE, 3, &vc->pre, err, sizeof(err)) == 0);
   TH_REQUIRE(wk_vision_encode(f->v, px, 1, out, err, sizeof(err)) == 0);
   free(px);
   return out;
@@ -70,7 +70,7 @@ static float *direct(struct fixture *f, int k) {
 TH_TEST(encoder_cache) {
   struct fixture f;
   setup(&f);
-  const struct wk_vision_cfg *vc = wk_vision_config(f.v);
+  const struct md_vision_cfg *vc = wk_vision_config(f.v);
   size_t per = (size_t)vc->mm_tokens * (size_t)wk_vision_text_hidden(f.v);
   /* room for two entries */
   size_t entry = NPIX + sizeof(float) * per;

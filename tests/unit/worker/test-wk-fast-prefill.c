@@ -51,7 +51,7 @@ static int run(const char *dir, int fast, struct trace *tr) {
     kn_backend_destroy(be);
     return -1;
   }
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   int V = c->vocab, H = c->hidden;
   TH_REQUIRE(V <= MAXV && H <= MAXH);
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);

@@ -198,7 +198,7 @@ static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dt
     th_fail(__FILE__, __LINE__, "%s: batched logits differ from alone", arch);
   /* sane values: finite, not constant, distinct argmax across positions */
   int distinct = 0;
-  const struct wk_config *c = wk_model_config(f.m);
+  const struct md_config *c = wk_model_config(f.m);
   for (int p = 0; p < NP; p++) {
     const float *row = ref + (size_t)p * f.V;
     for (int v = 0; v < f.V; v++) {

@@ -18,7 +18,7 @@
 #include "worker/wk-safetensors.h"
 
 struct ref {
-  const struct wk_config *c;
+  const struct md_config *c;
   struct wk_st *st;
   char prefix[32];
 };
@@ -60,7 +60,7 @@ static double gelu(double g) {
   return 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
 }
 
-static void rope(double *x, int D, int pos, const struct wk_rope *r) {
+static void rope(double *x, int D, int pos, const struct md_rope *r) {
   for (int i = 0; i < D / 2; i++) {
     double f = i < r->rot_pairs ? pow(r->theta, -2.0 * i / D) / r->factor : 0.0;
     double a = pos * f, c = cos(a), s = sin(a);
@@ -111,9 +111,9 @@ static void attend(const double *qv, const double *K, const double *V, int pos, 
 
 static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *logits,
                         struct ref_keep *keep) {
-  const struct wk_config *c = r->c;
+  const struct md_config *c = r->c;
   int H = c->hidden, L = c->n_layers, nh = c->n_heads, P = c->ple_dim, V = c->vocab;
-  int g4 = c->arch != WK_ARCH_GEMMA3, nm = g4 ? 0 : 1;
+  int g4 = c->arch != MD_ARCH_GEMMA3, nm = g4 ? 0 : 1;
   double eps = c->eps;
   double *x = calloc((size_t)T * H, sizeof(double));
   double *E = W(r, "embed_tokens.weight");
@@ -149,7 +149,7 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
   double **K = calloc((size_t)L, sizeof(double *)), **Vc = calloc((size_t)L, sizeof(double *));
   double *h = malloc(sizeof(double) * H), *tmp = malloc(sizeof(double) * 4 * 65536);
   for (int l = 0; l < L; l++) {
-    const struct wk_layer_cfg *lc = &c->layers[l];
+    const struct md_layer_cfg *lc = &c->layers[l];
     int D = lc->head_dim, kvh = lc->n_kv_heads, F = lc->ffn_dim;
     char f[128];
 #define LW(name) (snprintf(f, sizeof(f), "layers.%d.%s", l, name), W(r, f))
@@ -189,7 +189,7 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
       }
     }
     int src = lc->kv_source;
-    int win = lc->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
+    int win = lc->kind == MD_LAYER_SLIDING ? c->sliding_window : 0;
     double *att = tmp, *sc = tmp + 65536;
     for (int t = 0; t < T; t++) {
       for (int hh = 0; hh < nh; hh++)
@@ -316,7 +316,7 @@ static void compare(const char *arch, int moe, int T) {
   struct wk_model *m = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
   TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
-  const struct wk_config *c = wk_model_config(m);
+  const struct md_config *c = wk_model_config(m);
   int V = c->vocab;
   int32_t *ids = malloc(sizeof(int32_t) * T);
   uint32_t s = 99;
@@ -380,9 +380,9 @@ TH_TEST(reference_gemma3) {
 /* One draft step of the assistant `a` (its own tensors, no prefix beyond
  * "model." for the stack) at position p over the target's kept K/V:
  * h_out[B] and dense logits[V]. */
-static void ref_draft(const struct ref *a, const struct wk_config *tc, const struct ref_keep *k,
+static void ref_draft(const struct ref *a, const struct md_config *tc, const struct ref_keep *k,
                       int32_t tok, int p, double *h_out, double *logits, int32_t *ordered) {
-  const struct wk_config *c = a->c;
+  const struct md_config *c = a->c;
   int h = c->hidden, B = c->backbone_hidden, nh = c->n_heads, V = c->vocab;
   double eps = c->eps;
   struct ref root = *a;
@@ -393,10 +393,10 @@ static void ref_draft(const struct ref *a, const struct wk_config *tc, const str
     cat[i] = k->E[(size_t)tok * B + i] * k->es, cat[B + i] = k->hlast[i];
   linear(x, pre, cat, h, 2 * B);
   for (int l = 0; l < c->n_layers; l++) {
-    const struct wk_layer_cfg *lc = &c->layers[l];
+    const struct md_layer_cfg *lc = &c->layers[l];
     int D = lc->head_dim, kvh = lc->n_kv_heads, F = lc->ffn_dim;
-    int src = wk_config_last_storing_layer(tc, lc->kind);
-    int win = lc->kind == WK_LAYER_SLIDING ? c->sliding_window : 0;
+    int src = md_config_last_storing_layer(tc, lc->kind);
+    int win = lc->kind == MD_LAYER_SLIDING ? c->sliding_window : 0;
     char f[128];
 #define AW(name) (snprintf(f, sizeof(f), "layers.%d.%s", l, name), W(a, f))
     double *in = AW("input_layernorm.weight"), *wq = AW("self_attn.q_proj.weight");
@@ -475,7 +475,7 @@ TH_TEST(reference_draft_step) {
   TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && wk_tiny_write(&s, adir, 22, WK_ST_F32) == 0);
   wk_tiny_spec_free(&s);
   TH_REQUIRE(wk_draft_load(adir, t, &mo, &d, err, sizeof(err)) == 0);
-  const struct wk_config *tc = wk_model_config(t), *ac = wk_model_config(d);
+  const struct md_config *tc = wk_model_config(t), *ac = wk_model_config(d);
   int V = tc->vocab, B = ac->backbone_hidden;
   int32_t ids[T];
   uint32_t x = 5;

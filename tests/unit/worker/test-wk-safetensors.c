@@ -102,10 +102,19 @@ TH_TEST(st_hostile_headers) {
   /* an unknown dtype is kept (refused only when a model binds it) */
   size_t len;
   unsigned char *b =
-      image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
+      image("{\"t\":{\"dtype\":\"F8_E5M2\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
   TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(wk_st_find(st, "t")->dtype, WK_ST_OTHER);
   wk_st_close(st);
+  free(b);
+  /* F8_E4M3 is known: one byte per element, a size that disagrees is refused */
+  b = image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
+  TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(wk_st_find(st, "t")->dtype, WK_ST_F8E4M3);
+  wk_st_close(st);
+  free(b);
+  b = image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, &len);
+  TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), CM_ERR_SHAPE);
   free(b);
 }
 

@@ -5,12 +5,12 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 #include "tests/harness/th.h"
-#include "worker/wk-config.h"
 #include "worker/wk-shard.h"
 
 /* A gemma3_text config with the given head counts, widths and vocabulary. */
-static void make(struct wk_config *c, int nh, int kvh, int ffn, int vocab) {
+static void make(struct md_config *c, int nh, int kvh, int ffn, int vocab) {
   char json[1024], err[256] = "";
   snprintf(json, sizeof json,
            "{\"model_type\":\"gemma3_text\",\"vocab_size\":%d,\"hidden_size\":640,"
@@ -19,12 +19,12 @@ static void make(struct wk_config *c, int nh, int kvh, int ffn, int vocab) {
            "\"sliding_window\":512,\"sliding_window_pattern\":6,\"max_position_embeddings\":32768,"
            "\"rms_norm_eps\":1e-06}",
            vocab, ffn, nh, kvh);
-  int rc = wk_config_parse(json, strlen(json), c, err, sizeof err);
+  int rc = md_config_parse(json, strlen(json), c, err, sizeof err);
   if (rc) th_fail(__FILE__, __LINE__, "config: %s", err);
 }
 
 TH_TEST(shard_world_one_is_the_full_model) {
-  struct wk_config c, l;
+  struct md_config c, l;
   struct wk_shard_plan p;
   char err[256];
   make(&c, 4, 1, 2048, 262144);
@@ -35,7 +35,7 @@ TH_TEST(shard_world_one_is_the_full_model) {
 }
 
 TH_TEST(shard_one_kv_head_is_replicated) {
-  struct wk_config c, l;
+  struct md_config c, l;
   struct wk_shard_plan p;
   char err[256];
   make(&c, 4, 1, 2048, 262144); /* gemma-3-270m's heads */
@@ -58,7 +58,7 @@ TH_TEST(shard_one_kv_head_is_replicated) {
 }
 
 TH_TEST(shard_kv_heads_split_or_shared_by_groups) {
-  struct wk_config c, l;
+  struct md_config c, l;
   struct wk_shard_plan p;
   char err[256];
   make(&c, 8, 4, 4096, 262144);
@@ -81,7 +81,7 @@ TH_TEST(shard_kv_heads_split_or_shared_by_groups) {
 }
 
 TH_TEST(shard_refusals_name_the_dimension) {
-  struct wk_config c, l;
+  struct md_config c, l;
   struct wk_shard_plan p;
   char err[256];
   make(&c, 4, 1, 2048, 262145);

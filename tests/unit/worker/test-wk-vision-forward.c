@@ -141,7 +141,7 @@ static void setup(struct fx *f, int window, int need_python) {
     th_fail(__FILE__, __LINE__, "vision tower: %s", err);
     th_stop();
   }
-  const struct wk_vision_cfg *vc = wk_vision_config(f->vis);
+  const struct md_vision_cfg *vc = wk_vision_config(f->vis);
   f->V = wk_model_config(f->m)->vocab;
   f->H = wk_vision_text_hidden(f->vis);
   f->M = vc->mm_tokens;

@@ -19,10 +19,10 @@
 #include "common/cm-fs.h"
 #include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-config.h"
+#include "model/md-vision-preproc.h"
 #include "tests/unit/worker/wk-test-util.h"
-#include "worker/wk-config.h"
 #include "worker/wk-model.h"
-#include "worker/wk-vision-preproc.h"
 #include "worker/wk-vision.h"
 
 /* ---- config ------------------------------------------------------------------ */
@@ -37,20 +37,20 @@
     " \"image_size\": %d, \"intermediate_size\": 4304, \"num_attention_heads\": 16,"               \
     " \"num_hidden_layers\": 27, \"patch_size\": 14, \"vision_use_head\": false}}"
 
-static int parse_cfg(struct wk_config *c, int mm_tokens, int hidden, int image, char *err,
+static int parse_cfg(struct md_config *c, int mm_tokens, int hidden, int image, char *err,
                      size_t errlen) {
   char text[2048];
   snprintf(text, sizeof(text), BASE_CFG, mm_tokens, hidden, image);
-  return wk_config_parse(text, strlen(text), c, err, errlen);
+  return md_config_parse(text, strlen(text), c, err, errlen);
 }
 
 TH_TEST(vision_config_of_gemma3_4b) {
-  struct wk_config *c = malloc(sizeof(*c));
+  struct md_config *c = malloc(sizeof(*c));
   char err[256] = "";
   TH_REQUIRE(c);
   /* gemma-3-4b's vision_config omits num_channels and layer_norm_eps: SigLIP's defaults */
   TH_REQUIRE(parse_cfg(c, 256, 1152, 896, err, sizeof(err)) == 0);
-  const struct wk_vision_cfg *v = &c->vision;
+  const struct md_vision_cfg *v = &c->vision;
   TH_CHECK_EQ_INT(v->present, 1);
   TH_CHECK_EQ_INT(v->hidden, 1152);
   TH_CHECK_EQ_INT(v->ffn, 4304);
@@ -82,36 +82,36 @@ TH_TEST(vision_config_of_gemma3_4b) {
       " \"image_std\": [0.25, 0.5, 0.5], \"resample\": 2,"
       " \"rescale_factor\": 0.00392156862745098,"
       " \"size\": {\"height\": 896, \"width\": 896}}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(pre, strlen(pre), 0, c, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_config_parse_preproc(pre, strlen(pre), 0, c, err, sizeof(err)), 0);
   TH_CHECK(c->vision.pre.std[0] == 0.25f);
   /* the newer processor_config.json nests it */
   const char *nested = "{\"image_processor\": {\"image_mean\": 0.25, \"size\": {\"height\": 896,"
                        " \"width\": 896}}, \"processor_class\": \"Gemma3Processor\"}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(nested, strlen(nested), 1, c, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_config_parse_preproc(nested, strlen(nested), 1, c, err, sizeof(err)), 0);
   TH_CHECK(c->vision.pre.mean[1] == 0.25f && c->vision.pre.std[0] == 0.25f);
   /* the tower takes image_size only */
   const char *wrong = "{\"size\": {\"height\": 224, \"width\": 224}}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(wrong, strlen(wrong), 0, c, err, sizeof(err)),
+  TH_CHECK_EQ_INT(md_config_parse_preproc(wrong, strlen(wrong), 0, c, err, sizeof(err)),
                   CM_ERR_INVAL);
   TH_CHECK(strstr(err, "preprocessor_config.json") && strstr(err, "896"));
   const char *bad_std = "{\"image_std\": [0.5, 0, 0.5]}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(bad_std, strlen(bad_std), 0, c, err, sizeof(err)),
+  TH_CHECK_EQ_INT(md_config_parse_preproc(bad_std, strlen(bad_std), 0, c, err, sizeof(err)),
                   CM_ERR_RANGE);
   const char *bad_len = "{\"image_mean\": [0.5, 0.5]}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(bad_len, strlen(bad_len), 0, c, err, sizeof(err)),
+  TH_CHECK_EQ_INT(md_config_parse_preproc(bad_len, strlen(bad_len), 0, c, err, sizeof(err)),
                   CM_ERR_SHAPE);
   const char *bicubic = "{\"resample\": 3}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(bicubic, strlen(bicubic), 0, c, err, sizeof(err)),
+  TH_CHECK_EQ_INT(md_config_parse_preproc(bicubic, strlen(bicubic), 0, c, err, sizeof(err)),
                   CM_ERR_UNSUPPORTED);
   const char *bad_type = "{\"do_resize\": 1}";
-  TH_CHECK_EQ_INT(wk_config_parse_preproc(bad_type, strlen(bad_type), 0, c, err, sizeof(err)),
+  TH_CHECK_EQ_INT(md_config_parse_preproc(bad_type, strlen(bad_type), 0, c, err, sizeof(err)),
                   CM_ERR_PARSE);
   TH_CHECK(strstr(err, "preprocessor_config.json: do_resize") != NULL);
   free(c);
 }
 
 TH_TEST(vision_config_refuses_bad_shapes) {
-  struct wk_config *c = malloc(sizeof(*c));
+  struct md_config *c = malloc(sizeof(*c));
   char err[256] = "";
   TH_REQUIRE(c);
   /* not a square */
@@ -132,13 +132,13 @@ TH_TEST(vision_config_refuses_bad_shapes) {
                           "\"gemma3_text\", \"vocab_size\": 512, \"hidden_size\": 64, "
                           "\"intermediate_size\": 128, \"num_hidden_layers\": 2, "
                           "\"num_attention_heads\": 2}}";
-  TH_CHECK_EQ_INT(wk_config_parse(text_only, strlen(text_only), c, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_config_parse(text_only, strlen(text_only), c, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(c->vision.present, 0);
   const char *bad_vc = "{\"model_type\": \"gemma3\", \"vision_config\": {\"hidden_size\": \"x\"},"
                        " \"text_config\": {\"vocab_size\": 512, \"hidden_size\": 64, "
                        "\"intermediate_size\": 128, \"num_hidden_layers\": 2, "
                        "\"num_attention_heads\": 2}}";
-  TH_CHECK_EQ_INT(wk_config_parse(bad_vc, strlen(bad_vc), c, err, sizeof(err)), CM_ERR_PARSE);
+  TH_CHECK_EQ_INT(md_config_parse(bad_vc, strlen(bad_vc), c, err, sizeof(err)), CM_ERR_PARSE);
   TH_CHECK(strstr(err, "vision_config.hidden_size") != NULL);
   free(c);
 }
@@ -172,9 +172,9 @@ static struct kn_backend *cpu_backend(int threads) {
 TH_TEST(tiny_vision_checkpoint_loads) {
   char dir[4096], err[512] = "";
   make_vision_model(dir, sizeof(dir), 262144);
-  struct wk_config *c = malloc(sizeof(*c));
+  struct md_config *c = malloc(sizeof(*c));
   TH_REQUIRE(c);
-  TH_REQUIRE(wk_config_load(dir, c, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_config_load(dir, c, err, sizeof(err)) == 0);
   /* 262144 becomes Gemma 3's 262208 so that <image_soft_token> is inside */
   TH_CHECK_EQ_INT(c->vocab, 262208);
   TH_CHECK_EQ_INT(c->vision.present, 1);
@@ -236,7 +236,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
     th_fail(__FILE__, __LINE__, "vision tower: %s", err);
     th_stop();
   }
-  const struct wk_vision_cfg *vc = wk_vision_config(v);
+  const struct md_vision_cfg *vc = wk_vision_config(v);
   int n = 3, C = vc->channels, S = vc->image_size, M = vc->mm_tokens;
   int H = wk_vision_text_hidden(v);
   size_t n_px = (size_t)n * C * S * S, n_out = (size_t)n * M * H;
@@ -334,12 +334,12 @@ TH_TEST(vision_encode_rejects_bad_arguments) {
 TH_TEST(resize_matches_pillow_by_hand) {
   /* 4 -> 2 (scale 2, support 2): out 0 = (3a + 3b + c) / 7, out 1 = (b + 3c + 3d) / 7 */
   uint8_t row[4] = {10, 20, 30, 40}, out2[2];
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(out2, 2, 1, row, 4, 1, 1), 0);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(out2, 2, 1, row, 4, 1, 1), 0);
   TH_CHECK_EQ_INT(out2[0], 17); /* 120 / 7 = 17.14 */
   TH_CHECK_EQ_INT(out2[1], 33); /* 230 / 7 = 32.86 */
   /* 2 -> 4 (scale 0.5, support 1): a, (3a + b) / 4, (a + 3b) / 4, b */
   uint8_t two[2] = {0, 100}, out4[4];
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(out4, 4, 1, two, 2, 1, 1), 0);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(out4, 4, 1, two, 2, 1, 1), 0);
   TH_CHECK(out4[0] == 0 && out4[1] == 25 && out4[2] == 75 && out4[3] == 100);
   /* the same along columns, with 3 interleaved channels kept apart */
   uint8_t col[4 * 3], outc[2 * 3];
@@ -348,27 +348,27 @@ TH_TEST(resize_matches_pillow_by_hand) {
     col[3 * i + 1] = (uint8_t)(255 - row[i]);
     col[3 * i + 2] = 7;
   }
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(outc, 1, 2, col, 1, 4, 3), 0);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(outc, 1, 2, col, 1, 4, 3), 0);
   TH_CHECK(outc[0] == 17 && outc[3] == 33);
   TH_CHECK(outc[1] == 238 && outc[4] == 222); /* (255 * 7 - 120) / 7, (255 * 7 - 230) / 7 */
   TH_CHECK(outc[2] == 7 && outc[5] == 7);
   /* both axes: a constant image stays constant, any size */
   uint8_t flat[37 * 23 * 3], outf[64 * 64 * 3];
   memset(flat, 200, sizeof(flat));
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(outf, 64, 64, flat, 37, 23, 3), 0);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(outf, 64, 64, flat, 37, 23, 3), 0);
   int constant = 1;
   for (size_t i = 0; i < sizeof(outf); i++)
     constant &= outf[i] == 200;
   TH_CHECK(constant);
   /* the same size is a copy */
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(outf, 37, 23, flat, 37, 23, 3), 0);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(outf, 37, 23, flat, 37, 23, 3), 0);
   TH_CHECK(memcmp(outf, flat, sizeof(flat)) == 0);
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(outf, 0, 4, flat, 4, 4, 3), CM_ERR_INVAL);
-  TH_CHECK_EQ_INT(wk_image_resize_bilinear(outf, 4, 4, flat, 4, 4, 5), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(outf, 0, 4, flat, 4, 4, 3), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_image_resize_bilinear(outf, 4, 4, flat, 4, 4, 5), CM_ERR_INVAL);
 }
 
 TH_TEST(preprocess_rescales_and_normalises) {
-  struct wk_preproc_cfg pre = {.width = 2,
+  struct md_preproc_cfg pre = {.width = 2,
                                .height = 2,
                                .do_resize = 1,
                                .resample = 2,
@@ -381,7 +381,7 @@ TH_TEST(preprocess_rescales_and_normalises) {
   uint8_t img[12] = {0, 255, 128, 255, 0, 64, 10, 20, 30, 40, 50, 60};
   float out[12];
   char err[256];
-  TH_REQUIRE(wk_image_preprocess(out, img, 2, 2, 3, &pre, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_image_preprocess(out, img, 2, 2, 3, &pre, err, sizeof(err)) == 0);
   /* channels first: out[c * 4 + pixel] */
   for (int c = 0; c < 3; c++)
     for (int p = 0; p < 4; p++) {
@@ -393,14 +393,14 @@ TH_TEST(preprocess_rescales_and_normalises) {
   /* a 4 x 4 image is resized first: constant stays constant */
   uint8_t big[4 * 4 * 3];
   memset(big, 255, sizeof(big));
-  TH_REQUIRE(wk_image_preprocess(out, big, 4, 4, 3, &pre, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_image_preprocess(out, big, 4, 4, 3, &pre, err, sizeof(err)) == 0);
   TH_CHECK(out[0] == 1.0f && out[11] == 2.0f);
   /* without do_resize the size must already be right */
   pre.do_resize = 0;
-  TH_CHECK_EQ_INT(wk_image_preprocess(out, big, 4, 4, 3, &pre, err, sizeof(err)), CM_ERR_SHAPE);
-  TH_CHECK_EQ_INT(wk_image_preprocess(out, big, 0, 4, 3, &pre, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_image_preprocess(out, big, 4, 4, 3, &pre, err, sizeof(err)), CM_ERR_SHAPE);
+  TH_CHECK_EQ_INT(md_image_preprocess(out, big, 0, 4, 3, &pre, err, sizeof(err)), CM_ERR_INVAL);
   /* no rescale, no normalisation: the raw values */
   pre.do_rescale = pre.do_normalize = 0;
-  TH_REQUIRE(wk_image_preprocess(out, img, 2, 2, 3, &pre, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_image_preprocess(out, img, 2, 2, 3, &pre, err, sizeof(err)) == 0);
   TH_CHECK(out[0] == 0.0f && out[1] == 255.0f && out[4] == 255.0f);
 }

@@ -1,8 +1,8 @@
-/* wk-vision-preproc.c — Pillow-exact bilinear resize of 8-bit images, then
+/* md-vision-preproc.c — Pillow-exact bilinear resize of 8-bit images, then
  * rescale and normalise to the vision tower's channels-first f32 input
- * (wk-vision-preproc.h says which of the Hugging Face processor's steps each
+ * (md-vision-preproc.h says which of the Hugging Face processor's steps each
  * reproduces). */
-#include "worker/wk-vision-preproc.h"
+#include "model/md-vision-preproc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -113,11 +113,11 @@ static void pass_v(uint8_t *dst, const uint8_t *src, int row0, int w, int dh, in
   }
 }
 
-int wk_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
+int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
                              int C) {
   if (!dst || !src || C < 1 || C > 4 || dw < 1 || dh < 1 || sw < 1 || sh < 1 ||
-      dw > WK_IMAGE_MAX_SIDE || dh > WK_IMAGE_MAX_SIDE || sw > WK_IMAGE_MAX_SIDE ||
-      sh > WK_IMAGE_MAX_SIDE)
+      dw > MD_IMAGE_MAX_SIDE || dh > MD_IMAGE_MAX_SIDE || sw > MD_IMAGE_MAX_SIDE ||
+      sh > MD_IMAGE_MAX_SIDE)
     return CM_ERR_INVAL;
   int need_h = dw != sw, need_v = dh != sh;
   if (!need_h && !need_v) {
@@ -152,11 +152,11 @@ int wk_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, i
   return rc;
 }
 
-int wk_image_preprocess(float *out, const uint8_t *img, int w, int h, int C,
-                        const struct wk_preproc_cfg *pre, char *err, size_t errlen) {
-  if (!out || !img || !pre || C < 1 || C > WK_MAX_CHANNELS)
+int md_image_preprocess(float *out, const uint8_t *img, int w, int h, int C,
+                        const struct md_preproc_cfg *pre, char *err, size_t errlen) {
+  if (!out || !img || !pre || C < 1 || C > MD_MAX_CHANNELS)
     return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: bad arguments");
-  if (w < 1 || h < 1 || w > WK_IMAGE_MAX_SIDE || h > WK_IMAGE_MAX_SIDE)
+  if (w < 1 || h < 1 || w > MD_IMAGE_MAX_SIDE || h > MD_IMAGE_MAX_SIDE)
     return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: a %d x %d image", w, h);
   int W = pre->width, H = pre->height;
   const uint8_t *px = img;
@@ -169,7 +169,7 @@ int wk_image_preprocess(float *out, const uint8_t *img, int w, int h, int C,
                      w, h, W, H);
     resized = malloc((size_t)W * H * C);
     if (!resized) return cm_fail(err, errlen, CM_ERR_NOMEM, "image preprocessing: out of memory");
-    int rc = wk_image_resize_bilinear(resized, W, H, img, w, h, C);
+    int rc = md_image_resize_bilinear(resized, W, H, img, w, h, C);
     if (rc) {
       free(resized);
       return cm_fail(err, errlen, rc, "image preprocessing: resize failed: %s", cm_strerror(rc));

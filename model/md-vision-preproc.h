@@ -1,4 +1,4 @@
-/* wk-vision-preproc.h — an image's 8-bit pixels to the vision tower's input:
+/* md-vision-preproc.h — an image's 8-bit pixels to the vision tower's input:
  * resize (bilinear, as Pillow's Image.resize does it), rescale and normalise
  * per the checkpoint's preprocessor config, channels first.
  *
@@ -19,28 +19,28 @@
  * not composited) happen before: the input here is interleaved 8-bit pixels.
  * Pure host code with no dependency beyond libc and the config struct, so
  * that whoever decodes the image (the frontend's thread pool) can call it. */
-#ifndef LMSERVE_WK_VISION_PREPROC_H
-#define LMSERVE_WK_VISION_PREPROC_H
+#ifndef LMSERVE_MD_VISION_PREPROC_H
+#define LMSERVE_MD_VISION_PREPROC_H
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 /* Largest side accepted, px (decoders cap what they produce before this). */
-#define WK_IMAGE_MAX_SIDE 65536
+#define MD_IMAGE_MAX_SIDE 65536
 
 /* dst[dh, dw, C] = src[sh, sw, C] resized as Pillow's Image.resize(...,
  * BILINEAR) does for 8-bit images (interleaved channels, rows contiguous).
- * 0, CM_ERR_INVAL (a size < 1 or above WK_IMAGE_MAX_SIDE, C outside 1..4,
+ * 0, CM_ERR_INVAL (a size < 1 or above MD_IMAGE_MAX_SIDE, C outside 1..4,
  * NULL) or CM_ERR_NOMEM. */
-int wk_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
+int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
                              int C);
 
 /* out[C, pre->height, pre->width] (f32) = the preprocessed image of
  * img[h, w, C] (8-bit, interleaved), C = the tower's channels. Without
  * do_resize the image must already have the target size. 0 or a negative
  * cm_err with the reason in err. */
-int wk_image_preprocess(float *out, const uint8_t *img, int w, int h, int C,
-                        const struct wk_preproc_cfg *pre, char *err, size_t errlen);
+int md_image_preprocess(float *out, const uint8_t *img, int w, int h, int C,
+                        const struct md_preproc_cfg *pre, char *err, size_t errlen);
 
 #endif

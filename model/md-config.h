@@ -1,11 +1,11 @@
-/* wk-config.h — a model's architecture, parsed from Hugging Face config.json.
+/* md-config.h — a model's architecture, parsed from Hugging Face config.json.
  *
  * Accepted model_type values and where their fields live:
  *   gemma3_text        top level (Gemma3ForCausalLM checkpoints)
  *   gemma3             text settings nested under "text_config" (multimodal);
  *                      "vision_config" (SigLIP), "mm_tokens_per_image",
  *                      "boi_token_index", "eoi_token_index", "image_token_index"
- *                      at top level (struct wk_vision_cfg)
+ *                      at top level (struct md_vision_cfg)
  *   gemma4_text        top level
  *   gemma4             nested under "text_config"
  *   gemma4_assistant   MTP draft model: "backbone_hidden_size",
@@ -29,36 +29,36 @@
  * enable_moe_block, num_experts, top_k_experts, moe_intermediate_size,
  * hidden_activation, tie_word_embeddings, eos_token_id, bos_token_id,
  * pad_token_id. Anything structural that is missing or out of range is an
- * error naming the field; the per-layer plan (wk_layer_cfg) is derived here. */
-#ifndef LMSERVE_WK_CONFIG_H
-#define LMSERVE_WK_CONFIG_H
+ * error naming the field; the per-layer plan (md_layer_cfg) is derived here. */
+#ifndef LMSERVE_MD_CONFIG_H
+#define LMSERVE_MD_CONFIG_H
 #include <stddef.h>
 
-#define WK_MAX_LAYERS 256
-#define WK_MAX_EOS    8
+#define MD_MAX_LAYERS 256
+#define MD_MAX_EOS    8
 
-enum wk_arch {
-  WK_ARCH_GEMMA3 = 1,
-  WK_ARCH_GEMMA4 = 2,
-  WK_ARCH_GEMMA4_ASSISTANT = 3,
+enum md_arch {
+  MD_ARCH_GEMMA3 = 1,
+  MD_ARCH_GEMMA4 = 2,
+  MD_ARCH_GEMMA4_ASSISTANT = 3,
 };
 
-enum wk_layer_kind {
-  WK_LAYER_SLIDING = 0,
-  WK_LAYER_FULL = 1,
+enum md_layer_kind {
+  MD_LAYER_SLIDING = 0,
+  MD_LAYER_FULL = 1,
 };
 
 /* RoPE of one layer kind. inv_freq[i] = factor^-1 * theta^(-2i/head_dim) for
  * i < rot_pairs, 0 (identity) for rot_pairs <= i < head_dim/2. */
-struct wk_rope {
+struct md_rope {
   double theta;
   double factor; /* linear scaling (positions / factor); 1 = none */
   int rot_pairs; /* rotated frequency pairs; head_dim/2 = full RoPE */
 };
 
 /* What one decoder layer looks like. */
-struct wk_layer_cfg {
-  enum wk_layer_kind kind;
+struct md_layer_cfg {
+  enum md_layer_kind kind;
   int head_dim;   /* elements per attention head */
   int n_kv_heads; /* key/value heads (num_global_key_value_heads on k_eq_v layers) */
   int k_eq_v;     /* 1: no v_proj, V = v_norm(raw K projection) */
@@ -73,22 +73,22 @@ struct wk_layer_cfg {
  * fields). Absent file or fields: resize to the vision tower's image_size,
  * rescale by 1/255, normalise with mean = std = 0.5 (the processor's defaults
  * except the size, which the tower fixes). */
-#define WK_MAX_CHANNELS 4
-struct wk_preproc_cfg {
+#define MD_MAX_CHANNELS 4
+struct md_preproc_cfg {
   int width, height;     /* resize target, px ("size": {"height", "width"}) */
   int do_resize;         /* do_resize */
   int resample;          /* PIL filter id: 2 = bilinear (the only one supported) */
   int do_rescale;        /* do_rescale */
   double rescale_factor; /* rescale_factor (1/255) */
   int do_normalize;      /* do_normalize */
-  float mean[WK_MAX_CHANNELS], std[WK_MAX_CHANNELS]; /* image_mean, image_std per channel */
+  float mean[MD_MAX_CHANNELS], std[MD_MAX_CHANNELS]; /* image_mean, image_std per channel */
 };
 
 /* The SigLIP vision tower and Gemma 3 projector of a Gemma3ForConditionalGeneration
  * checkpoint (model_type "gemma3" with "vision_config"). Missing vision_config
  * fields take transformers' SiglipVisionConfig defaults; missing top-level
  * fields take Gemma3Config's. */
-struct wk_vision_cfg {
+struct md_vision_cfg {
   int present;    /* 1: the checkpoint has a vision tower */
   int hidden;     /* vision_config.hidden_size */
   int ffn;        /* vision_config.intermediate_size */
@@ -106,11 +106,11 @@ struct wk_vision_cfg {
   int boi_id;     /* boi_token_index: <start_of_image> */
   int eoi_id;     /* eoi_token_index: <end_of_image> */
   int image_id;   /* image_token_index: <image_soft_token> */
-  struct wk_preproc_cfg pre;
+  struct md_preproc_cfg pre;
 };
 
-struct wk_config {
-  enum wk_arch arch;
+struct md_config {
+  enum md_arch arch;
   char model_type[32];
   int vocab;  /* tokens */
   int hidden; /* residual width */
@@ -127,7 +127,7 @@ struct wk_config {
   double attn_scale;      /* query_pre_attn_scalar^-0.5 (Gemma 3) or 1.0 (Gemma 4) */
   double attn_softcap;    /* 0 = none */
   double final_softcap;   /* 0 = none */
-  struct wk_rope rope[2]; /* by enum wk_layer_kind */
+  struct md_rope rope[2]; /* by enum md_layer_kind */
   int k_eq_v;             /* attention_k_eq_v */
   int n_kv_shared;        /* num_kv_shared_layers */
   int double_wide_mlp;
@@ -136,46 +136,61 @@ struct wk_config {
   int moe;       /* enable_moe_block */
   int n_experts, top_k_experts, moe_ffn;
   int tie_embeddings;
+  int fp8; /* quantization_config: linear weights stored as FP8 e4m3 with per-channel or
+              per-tensor scales (compressed-tensors, or quant_method "fp8" without blocks) */
+  int gguf; /* read from a GGUF file: llama.cpp's conventions (Gemma 3's norm weights
+               stored as 1 + w) */
   int bos_id, pad_id;
-  int eos_ids[WK_MAX_EOS];
+  int eos_ids[MD_MAX_EOS];
   int n_eos;
   /* gemma4_assistant only */
   int backbone_hidden;
   int use_ordered_embeddings;
   int num_centroids;
   int centroid_top_k;
-  struct wk_layer_cfg layers[WK_MAX_LAYERS];
-  struct wk_vision_cfg vision; /* gemma3 with vision_config; present == 0 otherwise */
+  struct md_layer_cfg layers[MD_MAX_LAYERS];
+  struct md_vision_cfg vision; /* gemma3 with vision_config; present == 0 otherwise */
 };
 
 /* Parses config.json text (`len` bytes). On error returns a negative cm_err
  * and writes a one-line reason to err ("config.json: hidden_size missing"). */
-int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen);
+int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *err, size_t errlen);
 
 /* Reads DIR/config.json and, when present, DIR/generation_config.json (its
  * eos_token_id list replaces the config's) and, for a checkpoint with a
  * vision tower, DIR/preprocessor_config.json or DIR/processor_config.json. */
-int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen);
+int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t errlen);
+
+/* GGUF checkpoints (md-config-gguf.c). md_model_gguf_path: 1 and the file's path
+ * in path[n] when model is a .gguf file or a folder with one .gguf and no
+ * config.json; 0 for anything else (a Hugging Face checkpoint folder); a
+ * negative cm_err with a sentence for a file that is not GGUF or a folder
+ * with several. md_config_from_gguf: the config of an open file's metadata
+ * (general.architecture gemma3); md_config_load_gguf opens path for it. */
+struct md_gguf;
+int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_t errlen);
+int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *err, size_t errlen);
+int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size_t errlen);
 
 /* Parses preprocessor_config.json text (or, with nested != 0, the
  * "image_processor" object of processor_config.json) into cfg->vision.pre,
- * over the defaults wk_config_parse set; checks that the resize target is
+ * over the defaults md_config_parse set; checks that the resize target is
  * the tower's image_size (the encoder takes no other). */
-int wk_config_parse_preproc(const char *text, size_t len, int nested, struct wk_config *cfg,
+int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen);
 
 /* Adds eos ids from generation_config.json text (replacing the list). */
-int wk_config_parse_generation(const char *text, size_t len, struct wk_config *cfg, char *err,
+int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,
                                size_t errlen);
 
 /* Index of the last non-shared layer of `kind` before the first KV-shared
  * layer, or -1. */
-int wk_config_last_storing_layer(const struct wk_config *cfg, enum wk_layer_kind kind);
+int md_config_last_storing_layer(const struct md_config *cfg, enum md_layer_kind kind);
 
-const char *wk_arch_name(enum wk_arch arch);
+const char *md_arch_name(enum md_arch arch);
 
 /* Reads a whole small file into a malloc'd NUL-terminated buffer (cap bytes
  * at most). Returns 0, CM_ERR_NOENT, CM_ERR_IO or CM_ERR_TOOBIG. */
-int wk_read_file(const char *path, size_t cap, char **out, size_t *len);
+int md_read_file(const char *path, size_t cap, char **out, size_t *len);
 
 #endif

@@ -1,6 +1,6 @@
-/* wk-config.c — config.json / generation_config.json parsing and the
+/* md-config.c — config.json / generation_config.json parsing and the
  * per-layer plan (layer kinds, head dims, KV sharing) of Gemma 3 / Gemma 4. */
-#include "worker/wk-config.h"
+#include "model/md-config.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -12,16 +12,16 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 
-const char *wk_arch_name(enum wk_arch arch) {
+const char *md_arch_name(enum md_arch arch) {
   switch (arch) {
-  case WK_ARCH_GEMMA3: return "gemma3";
-  case WK_ARCH_GEMMA4: return "gemma4";
-  case WK_ARCH_GEMMA4_ASSISTANT: return "gemma4_assistant";
+  case MD_ARCH_GEMMA3: return "gemma3";
+  case MD_ARCH_GEMMA4: return "gemma4";
+  case MD_ARCH_GEMMA4_ASSISTANT: return "gemma4_assistant";
   }
   return "?";
 }
 
-int wk_read_file(const char *path, size_t cap, char **out, size_t *len) {
+int md_read_file(const char *path, size_t cap, char **out, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return errno == ENOENT ? CM_ERR_NOENT : CM_ERR_IO;
   size_t n = 0, c = 4096;
@@ -123,7 +123,7 @@ static int get_bool(const json_t *o, const char *key, int def, int *out, char *e
 }
 
 /* eos_token_id: an integer or a list of integers. */
-static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, char *err,
+static int get_eos(const json_t *o, struct md_config *cfg, const char *file, char *err,
                    size_t errlen) {
   const json_t *v = json_object_get(o, "eos_token_id");
   if (!v || json_is_null(v)) return 0;
@@ -137,7 +137,7 @@ static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, cha
       if (!json_is_integer(e))
         return cm_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id[%zu] is not an integer", file,
                         i);
-      if (n < WK_MAX_EOS) cfg->eos_ids[n++] = (int)json_integer_value(e);
+      if (n < MD_MAX_EOS) cfg->eos_ids[n++] = (int)json_integer_value(e);
     }
   } else {
     return cm_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id is not an integer or list", file);
@@ -151,7 +151,7 @@ static int get_eos(const json_t *o, struct wk_config *cfg, const char *file, cha
 }
 
 /* One rope_parameters entry (newer configs). */
-static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim, struct wk_rope *r,
+static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim, struct md_rope *r,
                             char *err, size_t errlen) {
   if (!json_is_object(e))
     return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: rope_parameters.%s is not an object",
@@ -184,7 +184,7 @@ static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim
   return 0;
 }
 
-static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_layer_kind *kinds,
+static int parse_layer_types(const json_t *tc, struct md_config *cfg, enum md_layer_kind *kinds,
                              char *err, size_t errlen) {
   const json_t *lt = json_object_get(tc, "layer_types");
   if (lt && !json_is_null(lt)) {
@@ -196,9 +196,9 @@ static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_la
       const json_t *e = json_array_get(lt, (size_t)i);
       const char *s = json_is_string(e) ? json_string_value(e) : "";
       if (!strcmp(s, "sliding_attention"))
-        kinds[i] = WK_LAYER_SLIDING;
+        kinds[i] = MD_LAYER_SLIDING;
       else if (!strcmp(s, "full_attention"))
-        kinds[i] = WK_LAYER_FULL;
+        kinds[i] = MD_LAYER_FULL;
       else
         return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                         "config.json: layer_types[%d] \"%s\" is not supported", i, s);
@@ -209,14 +209,14 @@ static int parse_layer_types(const json_t *tc, struct wk_config *cfg, enum wk_la
   int rc = get_int(tc, "sliding_window_pattern", 0, 6, 1, 1000, &pattern, err, errlen);
   if (rc) return rc;
   for (int i = 0; i < cfg->n_layers; i++)
-    kinds[i] = ((i + 1) % pattern) == 0 ? WK_LAYER_FULL : WK_LAYER_SLIDING;
-  if (cfg->arch != WK_ARCH_GEMMA3) kinds[cfg->n_layers - 1] = WK_LAYER_FULL;
+    kinds[i] = ((i + 1) % pattern) == 0 ? MD_LAYER_FULL : MD_LAYER_SLIDING;
+  if (cfg->arch != MD_ARCH_GEMMA3) kinds[cfg->n_layers - 1] = MD_LAYER_FULL;
   return 0;
 }
 
-static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t errlen) {
-  struct wk_rope *sl = &cfg->rope[WK_LAYER_SLIDING], *fu = &cfg->rope[WK_LAYER_FULL];
-  int gemma4 = cfg->arch != WK_ARCH_GEMMA3;
+static int parse_rope(const json_t *tc, struct md_config *cfg, char *err, size_t errlen) {
+  struct md_rope *sl = &cfg->rope[MD_LAYER_SLIDING], *fu = &cfg->rope[MD_LAYER_FULL];
+  int gemma4 = cfg->arch != MD_ARCH_GEMMA3;
   /* defaults */
   sl->theta = 10000.0;
   sl->factor = 1.0;
@@ -251,7 +251,7 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
   /* older generation: rope_scaling applies to full layers */
   const json_t *rs = json_object_get(tc, "rope_scaling");
   if (rs && json_is_object(rs)) {
-    if ((rc = parse_rope_entry(rs, "rope_scaling", cfg->global_head_dim, &(struct wk_rope){0}, err,
+    if ((rc = parse_rope_entry(rs, "rope_scaling", cfg->global_head_dim, &(struct md_rope){0}, err,
                                errlen)))
       return rc;
     const json_t *t = json_object_get(rs, "rope_type");
@@ -265,14 +265,14 @@ static int parse_rope(const json_t *tc, struct wk_config *cfg, char *err, size_t
 /* Derives the per-layer plan once every scalar field is known. */
 /* Per-layer overrides from "per_layer_config" (0 = none). */
 struct overrides {
-  int head_dim[WK_MAX_LAYERS];
-  int n_kv_heads[WK_MAX_LAYERS];
+  int head_dim[MD_MAX_LAYERS];
+  int n_kv_heads[MD_MAX_LAYERS];
 };
 
 /* Newer Gemma 4 configs may carry "per_layer_config": {"<layer index>" or
  * "<layer type>": {"head_dim", "num_key_value_heads"}} instead of (or beside)
  * global_head_dim / num_global_key_value_heads. */
-static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum wk_layer_kind *kinds,
+static int parse_per_layer(const json_t *tc, struct md_config *cfg, const enum md_layer_kind *kinds,
                            struct overrides *ov, char *err, size_t errlen) {
   memset(ov, 0, sizeof(*ov));
   const json_t *plc = json_object_get(tc, "per_layer_config");
@@ -284,9 +284,9 @@ static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum w
   json_object_foreach((json_t *)plc, key, val) {
     int first = 0, last = -1, kind = -1;
     if (!strcmp(key, "full_attention"))
-      kind = WK_LAYER_FULL;
+      kind = MD_LAYER_FULL;
     else if (!strcmp(key, "sliding_attention"))
-      kind = WK_LAYER_SLIDING;
+      kind = MD_LAYER_SLIDING;
     else {
       char *end;
       long i = strtol(key, &end, 10);
@@ -311,29 +311,29 @@ static int parse_per_layer(const json_t *tc, struct wk_config *cfg, const enum w
       if (kind >= 0 && (int)kinds[i] != kind) continue;
       if (hd) ov->head_dim[i] = (int)hd;
       if (kv) ov->n_kv_heads[i] = (int)kv;
-      if (hd && kinds[i] == WK_LAYER_FULL && !json_object_get(tc, "global_head_dim"))
+      if (hd && kinds[i] == MD_LAYER_FULL && !json_object_get(tc, "global_head_dim"))
         cfg->global_head_dim = (int)hd;
     }
   }
   return 0;
 }
 
-static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds,
+static int plan_layers(struct md_config *cfg, const enum md_layer_kind *kinds,
                        const struct overrides *ov, char *err, size_t errlen) {
   int L = cfg->n_layers;
   int first_shared = L - cfg->n_kv_shared;
-  int assistant = cfg->arch == WK_ARCH_GEMMA4_ASSISTANT;
+  int assistant = cfg->arch == MD_ARCH_GEMMA4_ASSISTANT;
   for (int i = 0; i < L; i++) {
-    struct wk_layer_cfg *l = &cfg->layers[i];
+    struct md_layer_cfg *l = &cfg->layers[i];
     l->kind = kinds[i];
-    l->head_dim = l->kind == WK_LAYER_FULL ? cfg->global_head_dim : cfg->head_dim;
+    l->head_dim = l->kind == MD_LAYER_FULL ? cfg->global_head_dim : cfg->head_dim;
     if (ov->head_dim[i] && ov->head_dim[i] != l->head_dim)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                      "config.json: per_layer_config: layer %d head_dim %d differs from the other "
-                      "%s layers' %d",
-                      i, ov->head_dim[i], l->kind == WK_LAYER_FULL ? "full" : "sliding",
-                      l->head_dim);
-    l->k_eq_v = cfg->k_eq_v && l->kind == WK_LAYER_FULL;
+                     "config.json: per_layer_config: layer %d head_dim %d differs from the other "
+                     "%s layers' %d",
+                     i, ov->head_dim[i], l->kind == MD_LAYER_FULL ? "full" : "sliding",
+                     l->head_dim);
+    l->k_eq_v = cfg->k_eq_v && l->kind == MD_LAYER_FULL;
     l->n_kv_heads = l->k_eq_v && cfg->n_global_kv_heads ? cfg->n_global_kv_heads : cfg->n_kv_heads;
     if (ov->n_kv_heads[i]) l->n_kv_heads = ov->n_kv_heads[i];
     if (cfg->n_heads % l->n_kv_heads)
@@ -353,15 +353,15 @@ static int plan_layers(struct wk_config *cfg, const enum wk_layer_kind *kinds,
         }
       if (l->kv_source < 0)
         return cm_fail(err, errlen, CM_ERR_INVAL,
-                        "config.json: KV-shared layer %d has no earlier %s layer to read", i,
-                        l->kind == WK_LAYER_FULL ? "full" : "sliding");
+                       "config.json: KV-shared layer %d has no earlier %s layer to read", i,
+                       l->kind == MD_LAYER_FULL ? "full" : "sliding");
     }
     l->ffn_dim = cfg->ffn * (cfg->double_wide_mlp && l->kv_shared && first_shared > 0 ? 2 : 1);
   }
   return 0;
 }
 
-int wk_config_last_storing_layer(const struct wk_config *cfg, enum wk_layer_kind kind) {
+int md_config_last_storing_layer(const struct md_config *cfg, enum md_layer_kind kind) {
   for (int j = cfg->n_layers - cfg->n_kv_shared - 1; j >= 0; j--)
     if (cfg->layers[j].kind == kind) return j;
   return -1;
@@ -380,21 +380,21 @@ static int retag(int rc, const char *file, const char *prefix, char *err, size_t
   return rc;
 }
 
-/* The preprocessing defaults for a tower of image_size px (see wk_preproc_cfg). */
-static void preproc_defaults(struct wk_vision_cfg *v) {
-  struct wk_preproc_cfg *p = &v->pre;
+/* The preprocessing defaults for a tower of image_size px (see md_preproc_cfg). */
+static void preproc_defaults(struct md_vision_cfg *v) {
+  struct md_preproc_cfg *p = &v->pre;
   p->width = p->height = v->image_size;
   p->do_resize = p->do_rescale = p->do_normalize = 1;
   p->resample = 2;
   p->rescale_factor = 1.0 / 255.0;
-  for (int c = 0; c < WK_MAX_CHANNELS; c++) {
+  for (int c = 0; c < MD_MAX_CHANNELS; c++) {
     p->mean[c] = 0.5f;
     p->std[c] = 0.5f;
   }
 }
 
-static int parse_vision(const json_t *root, struct wk_config *cfg, char *err, size_t errlen) {
-  struct wk_vision_cfg *v = &cfg->vision;
+static int parse_vision(const json_t *root, struct md_config *cfg, char *err, size_t errlen) {
+  struct md_vision_cfg *v = &cfg->vision;
   const json_t *vc = json_object_get(root, "vision_config");
   if (!vc || json_is_null(vc)) return 0; /* a text-only gemma3 checkpoint */
   if (!json_is_object(vc))
@@ -416,9 +416,9 @@ static int parse_vision(const json_t *root, struct wk_config *cfg, char *err, si
   /* transformers' SiglipVisionConfig defaults */
   VINT("hidden_size", 768, 1, 65536, v->hidden);
   VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
-  VINT("num_hidden_layers", 12, 1, WK_MAX_LAYERS, v->n_layers);
+  VINT("num_hidden_layers", 12, 1, MD_MAX_LAYERS, v->n_layers);
   VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
-  VINT("num_channels", 3, 1, WK_MAX_CHANNELS, v->channels);
+  VINT("num_channels", 3, 1, MD_MAX_CHANNELS, v->channels);
   VINT("image_size", 224, 1, 16384, v->image_size);
   VINT("patch_size", 16, 1, 16384, v->patch);
 #undef VINT
@@ -489,7 +489,7 @@ static int get_channels(const json_t *o, const char *key, int channels, float *d
                         char *err, size_t errlen) {
   const json_t *a = json_object_get(o, key);
   if (!a || json_is_null(a)) return 0;
-  double vals[WK_MAX_CHANNELS];
+  double vals[MD_MAX_CHANNELS];
   if (json_is_number(a)) {
     for (int c = 0; c < channels; c++)
       vals[c] = json_number_value(a);
@@ -513,10 +513,10 @@ static int get_channels(const json_t *o, const char *key, int channels, float *d
   return 0;
 }
 
-int wk_config_parse_preproc(const char *text, size_t len, int nested, struct wk_config *cfg,
+int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen) {
   const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
-  struct wk_vision_cfg *v = &cfg->vision;
+  struct md_vision_cfg *v = &cfg->vision;
   if (!v->present)
     return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no vision tower", file);
   json_error_t jerr;
@@ -524,7 +524,7 @@ int wk_config_parse_preproc(const char *text, size_t len, int nested, struct wk_
   if (!root)
     return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
                    jerr.column, jerr.text);
-  struct wk_preproc_cfg p = v->pre;
+  struct md_preproc_cfg p = v->pre;
   const json_t *o = root;
   const char *prefix = "";
   int rc = 0;
@@ -581,7 +581,7 @@ done:
   return rc;
 }
 
-static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cfg, char *err,
+static int parse_text(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
                       size_t errlen) {
   long long v;
   int rc;
@@ -593,7 +593,7 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   INT_FIELD("vocab_size", 1, 0, 1, 1 << 22, cfg->vocab);
   INT_FIELD("hidden_size", 1, 0, 1, 65536, cfg->hidden);
   INT_FIELD("intermediate_size", 1, 0, 1, 1 << 20, cfg->ffn);
-  INT_FIELD("num_hidden_layers", 1, 0, 1, WK_MAX_LAYERS, cfg->n_layers);
+  INT_FIELD("num_hidden_layers", 1, 0, 1, MD_MAX_LAYERS, cfg->n_layers);
   INT_FIELD("num_attention_heads", 1, 0, 1, 1024, cfg->n_heads);
   INT_FIELD("num_key_value_heads", 0, cfg->n_heads, 1, 1024, cfg->n_kv_heads);
   INT_FIELD("head_dim", 0, cfg->hidden / cfg->n_heads, 2, 512, cfg->head_dim);
@@ -608,13 +608,13 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   INT_FIELD("pad_token_id", 0, 0, 0, cfg->vocab - 1, cfg->pad_id);
   if (cfg->head_dim % 2 || cfg->global_head_dim % 2)
     return cm_fail(err, errlen, CM_ERR_INVAL, "config.json: head dims must be even");
-  if (cfg->arch == WK_ARCH_GEMMA3 && json_object_get(tc, "global_head_dim"))
+  if (cfg->arch == MD_ARCH_GEMMA3 && json_object_get(tc, "global_head_dim"))
     cfg->global_head_dim = cfg->head_dim; /* not a Gemma 3 field */
   if ((rc = get_num(tc, "rms_norm_eps", 1e-6, 0.0, 1.0, &cfg->eps, err, errlen))) return rc;
   double qpas;
   if ((rc = get_num(tc, "query_pre_attn_scalar", cfg->head_dim, 1e-6, 1e9, &qpas, err, errlen)))
     return rc;
-  cfg->attn_scale = cfg->arch == WK_ARCH_GEMMA3 ? 1.0 / sqrt(qpas) : 1.0;
+  cfg->attn_scale = cfg->arch == MD_ARCH_GEMMA3 ? 1.0 / sqrt(qpas) : 1.0;
   if ((rc = get_num(tc, "attn_logit_softcapping", 0.0, 0.0, 1e9, &cfg->attn_softcap, err, errlen)))
     return rc;
   if ((rc =
@@ -641,10 +641,10 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                     "config.json: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)",
                     json_string_value(act));
-  if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT && cfg->n_kv_shared == 0)
+  if (cfg->arch == MD_ARCH_GEMMA4_ASSISTANT && cfg->n_kv_shared == 0)
     cfg->n_kv_shared = cfg->n_layers; /* every assistant layer reads the target */
 #undef INT_FIELD
-  enum wk_layer_kind kinds[WK_MAX_LAYERS];
+  enum md_layer_kind kinds[MD_MAX_LAYERS];
   struct overrides ov;
   if ((rc = parse_layer_types(tc, cfg, kinds, err, errlen))) return rc;
   if ((rc = parse_per_layer(tc, cfg, kinds, &ov, err, errlen))) return rc;
@@ -658,7 +658,96 @@ static int parse_text(const json_t *root, const json_t *tc, struct wk_config *cf
   return plan_layers(cfg, kinds, &ov, err, errlen);
 }
 
-int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *err, size_t errlen) {
+/* One compressed-tensors quantization scheme's "weights" (or, with act set,
+ * "input_activations") object: 8-bit floats, per channel or per tensor. */
+static int check_scheme(const json_t *q, const char *group, int act, char *err, size_t errlen) {
+  const char *what = act ? "input_activations" : "weights";
+  if (!q || json_is_null(q)) {
+    if (act) return 0; /* weight-only */
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s has no weights scheme",
+                   group);
+  }
+  const json_t *bits = json_object_get(q, "num_bits"), *type = json_object_get(q, "type");
+  if (!json_is_object(q) || !json_is_integer(bits) || json_integer_value(bits) != 8 ||
+      !json_is_string(type) || strcmp(json_string_value(type), "float"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s.%s: only 8-bit float (FP8 "
+                   "e4m3) schemes are supported",
+                   group, what);
+  const json_t *strat = json_object_get(q, "strategy");
+  const char *st = json_is_string(strat) ? json_string_value(strat) : "";
+  int ok = act ? !strcmp(st, "token") || !strcmp(st, "tensor")
+               : !strcmp(st, "channel") || !strcmp(st, "tensor");
+  if (!ok)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s.%s.strategy \"%s\" is not "
+                   "supported (%s)",
+                   group, what, st, act ? "token or tensor" : "channel or tensor");
+  const json_t *sym = json_object_get(q, "symmetric");
+  if (json_is_false(sym))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.config_groups.%s.%s: asymmetric FP8 (zero "
+                   "points) is not supported",
+                   group, what);
+  return 0;
+}
+
+/* quantization_config: absent, or FP8 linear weights (cfg->fp8). Anything
+ * else is refused by name, never loaded as if it were bf16. */
+static int parse_quant(const json_t *root, struct md_config *cfg, char *err, size_t errlen) {
+  const json_t *qc = json_object_get(root, "quantization_config");
+  if (!qc || json_is_null(qc)) return 0;
+  const json_t *m = json_object_get(qc, "quant_method");
+  if (!json_is_object(qc) || !json_is_string(m))
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "config.json: quantization_config must be an object with a quant_method");
+  const char *method = json_string_value(m);
+  if (!strcmp(method, "fp8")) {
+    if (json_object_get(qc, "weight_block_size") &&
+        !json_is_null(json_object_get(qc, "weight_block_size")))
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "config.json: quantization_config.weight_block_size: block-wise FP8 scales "
+                     "are not supported (per-channel or per-tensor are)");
+    cfg->fp8 = 1;
+    return 0;
+  }
+  if (strcmp(method, "compressed-tensors"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.quant_method \"%s\" is not supported (FP8 "
+                   "checkpoints: compressed-tensors or fp8)",
+                   method);
+  const json_t *fmt = json_object_get(qc, "format");
+  if (json_is_string(fmt) && strcmp(json_string_value(fmt), "float-quantized") &&
+      strcmp(json_string_value(fmt), "naive-quantized"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.format \"%s\" is not supported "
+                   "(float-quantized)",
+                   json_string_value(fmt));
+  const json_t *groups = json_object_get(qc, "config_groups");
+  if (!json_is_object(groups) || !json_object_size(groups))
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "config.json: quantization_config.config_groups missing");
+  const char *name;
+  const json_t *g;
+  json_object_foreach((json_t *)groups, name, g) {
+    if (!json_is_object(g))
+      return cm_fail(err, errlen, CM_ERR_PARSE,
+                     "config.json: quantization_config.config_groups.%s is not an object", name);
+    int rc = check_scheme(json_object_get(g, "weights"), name, 0, err, errlen);
+    if (!rc) rc = check_scheme(json_object_get(g, "input_activations"), name, 1, err, errlen);
+    if (rc) return rc;
+  }
+  const json_t *kv = json_object_get(qc, "kv_cache_scheme");
+  if (kv && !json_is_null(kv))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.kv_cache_scheme: KV cache scales from the "
+                   "checkpoint are not supported (use --kv-cache-dtype fp8, scale 1)");
+  cfg->fp8 = 1;
+  return 0;
+}
+
+int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *err, size_t errlen) {
   memset(cfg, 0, sizeof(*cfg));
   json_error_t jerr;
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -680,17 +769,17 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
   const json_t *tc = root;
   int nested = 0;
   if (!strcmp(type, "gemma3_text")) {
-    cfg->arch = WK_ARCH_GEMMA3;
+    cfg->arch = MD_ARCH_GEMMA3;
   } else if (!strcmp(type, "gemma3")) {
-    cfg->arch = WK_ARCH_GEMMA3;
+    cfg->arch = MD_ARCH_GEMMA3;
     nested = 1;
   } else if (!strcmp(type, "gemma4_text")) {
-    cfg->arch = WK_ARCH_GEMMA4;
+    cfg->arch = MD_ARCH_GEMMA4;
   } else if (!strcmp(type, "gemma4")) {
-    cfg->arch = WK_ARCH_GEMMA4;
+    cfg->arch = MD_ARCH_GEMMA4;
     nested = 1;
   } else if (!strcmp(type, "gemma4_assistant")) {
-    cfg->arch = WK_ARCH_GEMMA4_ASSISTANT;
+    cfg->arch = MD_ARCH_GEMMA4_ASSISTANT;
     nested = 1;
   } else {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
@@ -707,8 +796,9 @@ int wk_config_parse(const char *text, size_t len, struct wk_config *cfg, char *e
     }
   }
   if ((rc = parse_text(root, tc, cfg, err, errlen))) goto done;
+  if ((rc = parse_quant(root, cfg, err, errlen))) goto done;
   if (!strcmp(type, "gemma3") && (rc = parse_vision(root, cfg, err, errlen))) goto done;
-  if (cfg->arch == WK_ARCH_GEMMA4_ASSISTANT) {
+  if (cfg->arch == MD_ARCH_GEMMA4_ASSISTANT) {
     long long v;
     if ((rc = get_int(root, "backbone_hidden_size", 1, 0, 1, 65536, &v, err, errlen))) goto done;
     cfg->backbone_hidden = (int)v;
@@ -733,7 +823,7 @@ done:
   return rc;
 }
 
-int wk_config_parse_generation(const char *text, size_t len, struct wk_config *cfg, char *err,
+int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,
                                size_t errlen) {
   json_error_t jerr;
   json_t *root = json_loadb(text, len, 0, &jerr);
@@ -749,21 +839,24 @@ int wk_config_parse_generation(const char *text, size_t len, struct wk_config *c
   return rc;
 }
 
-int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t errlen) {
+int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t errlen) {
   char path[4096];
+  int g = md_model_gguf_path(dir, path, sizeof(path), err, errlen);
+  if (g < 0) return g;
+  if (g) return md_config_load_gguf(path, cfg, err, errlen);
   snprintf(path, sizeof(path), "%s/config.json", dir);
   char *text = NULL;
   size_t len = 0;
-  int rc = wk_read_file(path, 16u << 20, &text, &len);
+  int rc = md_read_file(path, 16u << 20, &text, &len);
   if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
-  rc = wk_config_parse(text, len, cfg, err, errlen);
+  rc = md_config_parse(text, len, cfg, err, errlen);
   free(text);
   if (rc) return rc;
   snprintf(path, sizeof(path), "%s/generation_config.json", dir);
-  rc = wk_read_file(path, 16u << 20, &text, &len);
+  rc = md_read_file(path, 16u << 20, &text, &len);
   if (rc && rc != CM_ERR_NOENT) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
   if (!rc) {
-    rc = wk_config_parse_generation(text, len, cfg, err, errlen);
+    rc = md_config_parse_generation(text, len, cfg, err, errlen);
     free(text);
     if (rc) return rc;
   }
@@ -772,10 +865,10 @@ int wk_config_load(const char *dir, struct wk_config *cfg, char *err, size_t err
   for (int nested = 0; nested < 2; nested++) {
     snprintf(path, sizeof(path), "%s/%s", dir,
              nested ? "processor_config.json" : "preprocessor_config.json");
-    rc = wk_read_file(path, 16u << 20, &text, &len);
+    rc = md_read_file(path, 16u << 20, &text, &len);
     if (rc == CM_ERR_NOENT) continue;
     if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
-    rc = wk_config_parse_preproc(text, len, nested, cfg, err, errlen);
+    rc = md_config_parse_preproc(text, len, nested, cfg, err, errlen);
     free(text);
     return rc;
   }

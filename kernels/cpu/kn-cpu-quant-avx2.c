@@ -1,0 +1,358 @@
+/* kn-cpu-quant-avx2.c — matvecs over ggml's block formats (kernels/kn-quant.h)
+ * with AVX2: each weight row is read once per call in its packed form, 32
+ * elements at a time dequantized into four vectors with the reference's float
+ * operations (kn_dequant_row: a scale times an integer, then the offset), and
+ * those vectors go through the f32 matvec's fused multiply-adds in its order
+ * (four rows, two tokens at a time, one 8-lane accumulator each, k rising,
+ * the fixed lane reduction). So an output has the bits the f32 matvec gives
+ * over the dequantized row, while only the packed bytes cross the memory bus.
+ * And the q8 mode's integer dot products (kn_cpu_dsp.q8dot, kn-cpu-q8.c's bits). */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/kn-quant.h"
+
+KN_AVX2 static inline float h16(const uint8_t *p) {
+  return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+}
+
+/* 8 bytes as 8 int32 lanes. */
+KN_AVX2 static inline __m256i u8x8(const uint8_t *p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* d * (float)q (the product rounded once, as the reference's). */
+KN_AVX2 static inline __m256 scaled(__m256i q, __m256 d) {
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+}
+
+/* d * (float)q + m: the product and the sum each rounded, no fused multiply-add. */
+KN_AVX2 static inline __m256 scaled_off(__m256i q, __m256 d, __m256 m) {
+  return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
+}
+
+/* Chunk c (elements 32c .. 32c + 31) of a row, dequantized into v[4]. */
+typedef void (*deq32_fn)(const uint8_t *row, int c, __m256 *v);
+
+KN_AVX2 static void deq_q8_0(const uint8_t *row, int c, __m256 *v) {
+  const uint8_t *b = row + (size_t)c * 34;
+  __m256 d = _mm256_set1_ps(h16(b));
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))), d);
+}
+
+/* The nibbles of 16 bytes q: elements 0..15 the low ones, 16..31 the high ones. */
+KN_AVX2 static inline void nibbles(const uint8_t *q, __m256i *n) {
+  const __m256i lo = _mm256_set1_epi32(0xF);
+  __m256i a = u8x8(q), b = u8x8(q + 8);
+  n[0] = _mm256_and_si256(a, lo);
+  n[1] = _mm256_and_si256(b, lo);
+  n[2] = _mm256_srli_epi32(a, 4);
+  n[3] = _mm256_srli_epi32(b, 4);
+}
+
+KN_AVX2 static void deq_q4_0(const uint8_t *row, int c, __m256 *v) {
+  const uint8_t *b = row + (size_t)c * 18;
+  __m256 d = _mm256_set1_ps(h16(b));
+  __m256i n[4];
+  nibbles(b + 2, n);
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled(_mm256_sub_epi32(n[i], _mm256_set1_epi32(8)), d);
+}
+
+KN_AVX2 static void deq_q4_1(const uint8_t *row, int c, __m256 *v) {
+  const uint8_t *b = row + (size_t)c * 20;
+  __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
+  __m256i n[4];
+  nibbles(b + 4, n);
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled_off(n[i], d, m);
+}
+
+/* The fifth bits of 32 elements (bit j of qh for element j) as 16 in lane
+ * positions: vector i holds elements 8i .. 8i + 7. */
+KN_AVX2 static inline __m256i bit5(uint32_t qh, int i) {
+  const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * i))), sh);
+  return _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4);
+}
+
+KN_AVX2 static inline uint32_t u32le(const uint8_t *p) {
+  uint32_t u;
+  memcpy(&u, p, 4);
+  return u;
+}
+
+KN_AVX2 static void deq_q5_0(const uint8_t *row, int c, __m256 *v) {
+  const uint8_t *b = row + (size_t)c * 22;
+  __m256 d = _mm256_set1_ps(h16(b));
+  uint32_t qh = u32le(b + 2);
+  __m256i n[4];
+  nibbles(b + 6, n);
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled(_mm256_sub_epi32(_mm256_or_si256(n[i], bit5(qh, i)), _mm256_set1_epi32(16)), d);
+}
+
+KN_AVX2 static void deq_q5_1(const uint8_t *row, int c, __m256 *v) {
+  const uint8_t *b = row + (size_t)c * 24;
+  __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
+  uint32_t qh = u32le(b + 4);
+  __m256i n[4];
+  nibbles(b + 8, n);
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled_off(_mm256_or_si256(n[i], bit5(qh, i)), d, m);
+}
+
+/* The K-quants' j-th 6-bit (scale, min) pair. */
+static inline void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+/* Q4_K and Q5_K: chunk c % 8 of a 256-element super-block is the low (c even)
+ * or high nibbles of its 32 bytes (c / 2), with pair c's scale and min. */
+KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, int five) {
+  const uint8_t *b = row + (size_t)(c >> 3) * (five ? 176 : 144);
+  int s = c & 7, sc, mn;
+  sc_min(s, b + 4, &sc, &mn);
+  float d1 = h16(b) * (float)sc, m1 = h16(b + 2) * (float)mn;
+  __m256 d = _mm256_set1_ps(d1), m = _mm256_set1_ps(m1);
+  const uint8_t *q = b + (five ? 48 : 16) + 32 * (s >> 1), *qh = b + 16;
+  for (int i = 0; i < 4; i++) {
+    __m256i x = u8x8(q + 8 * i);
+    x = s & 1 ? _mm256_srli_epi32(x, 4) : _mm256_and_si256(x, _mm256_set1_epi32(0xF));
+    if (five) {
+      __m256i hb = _mm256_and_si256(u8x8(qh + 8 * i), _mm256_set1_epi32(1 << s));
+      x = _mm256_add_epi32(x, _mm256_and_si256(_mm256_cmpgt_epi32(hb, _mm256_setzero_si256()),
+                                               _mm256_set1_epi32(16)));
+    }
+    v[i] = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(x)), m);
+  }
+}
+
+KN_AVX2 static void deq_q4_k(const uint8_t *row, int c, __m256 *v) {
+  deq_k(row, c, v, 0);
+}
+
+KN_AVX2 static void deq_q5_k(const uint8_t *row, int c, __m256 *v) {
+  deq_k(row, c, v, 1);
+}
+
+/* Q6_K: chunk c % 8 is part (c % 4) of half (c % 8) / 4 of the super-block. */
+KN_AVX2 static void deq_q6_k(const uint8_t *row, int c, __m256 *v) {
+  const uint8_t *b = row + (size_t)(c >> 3) * 210;
+  int half = (c & 7) >> 2, p = c & 3;
+  const uint8_t *ql = b + 64 * half + (p & 1) * 32, *qh = b + 128 + 32 * half;
+  const int8_t *sc = (const int8_t *)(b + 192) + 8 * half;
+  float d = h16(b + 208);
+  for (int i = 0; i < 4; i++) {
+    __m256i lo = u8x8(ql + 8 * i);
+    lo = p >= 2 ? _mm256_srli_epi32(lo, 4) : _mm256_and_si256(lo, _mm256_set1_epi32(0xF));
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * i), 2 * p), _mm256_set1_epi32(3));
+    __m256i q =
+        _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    float ds = d * (float)sc[i / 2 + 2 * p];
+    v[i] = _mm256_mul_ps(_mm256_set1_ps(ds), _mm256_cvtepi32_ps(q));
+  }
+}
+
+KN_AVX2 static inline void put4(float *o, __m128 s, int acc) {
+  _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), s) : s);
+}
+
+KN_AVX2 static inline void put1(float *o, float s, int acc) {
+  *o = acc ? *o + s : s;
+}
+
+/* out[t, j] {=, +=} the dot products of n packed rows (row_bytes apart) with T
+ * inputs, as the AVX2 f32 matvec computes them over the dequantized rows. */
+KN_AVX2 static void qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                            const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  const int C = K / 32;
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const uint8_t *r[4];
+    for (int i = 0; i < 4; i++)
+      r[i] = w + (size_t)(j + i) * row_bytes;
+    int t = 0;
+    for (; t + 2 <= T; t += 2) {
+      const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
+      __m256 a[4], b[4];
+      for (int i = 0; i < 4; i++)
+        a[i] = b[i] = _mm256_setzero_ps();
+      for (int c = 0; c < C; c++)
+        for (int i = 0; i < 4; i++) {
+          __m256 v[4];
+          deq(r[i], c, v);
+          for (int u = 0; u < 4; u++) {
+            a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
+            b[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(y + 32 * c + 8 * u), b[i]);
+          }
+        }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      __m256 hs = kn_avx2_hsum8(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]);
+      put4(o, _mm256_castps256_ps128(hs), acc);
+      put4(o + ldo, _mm256_extractf128_ps(hs, 1), acc);
+    }
+    for (; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m256 a[4];
+      for (int i = 0; i < 4; i++)
+        a[i] = _mm256_setzero_ps();
+      for (int c = 0; c < C; c++)
+        for (int i = 0; i < 4; i++) {
+          __m256 v[4];
+          deq(r[i], c, v);
+          for (int u = 0; u < 4; u++)
+            a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
+        }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      for (int i = 0; i < 4; i++)
+        put1(o + i, kn_avx2_hsum(a[i]), acc);
+    }
+  }
+  for (; j < n; j++) {
+    const uint8_t *r0 = w + (size_t)j * row_bytes;
+    for (int t = 0; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int c = 0; c < C; c++) {
+        __m256 v[4];
+        deq(r0, c, v);
+        for (int u = 0; u < 4; u++)
+          a0 = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a0);
+      }
+      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);
+    }
+  }
+}
+
+#define DEF_QMV2(SUF, DT)                                                                          \
+  KN_AVX2 static void qmv_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,         \
+                                const void *w, int K, int T, int n, int acc) {                     \
+    qmatvec(deq_##SUF, out, ldo, in, ldi, w, kn_row_bytes(DT, (size_t)K), K, T, n, acc);           \
+  }
+
+DEF_QMV2(q8_0, KN_DTYPE_Q8_0)
+DEF_QMV2(q4_0, KN_DTYPE_Q4_0)
+DEF_QMV2(q4_1, KN_DTYPE_Q4_1)
+DEF_QMV2(q5_0, KN_DTYPE_Q5_0)
+DEF_QMV2(q5_1, KN_DTYPE_Q5_1)
+DEF_QMV2(q4_k, KN_DTYPE_Q4_K)
+DEF_QMV2(q5_k, KN_DTYPE_Q5_K)
+DEF_QMV2(q6_k, KN_DTYPE_Q6_K)
+
+/* ---- the q8 mode: integer dot products against Q8_0 input blocks ------------------ */
+
+/* Block b of a row as 32 signed bytes, and its scale. */
+KN_AVX2 static inline __m256i w8_q8_0(const uint8_t *row, int b, float *d) {
+  const uint8_t *blk = row + (size_t)b * 34;
+  *d = h16(blk);
+  return _mm256_loadu_si256((const __m256i *)(blk + 2));
+}
+
+/* The 8 lanes' exact sums of four products each (bytes 4l .. 4l + 3), as floats:
+ * |w| times x with w's sign, pairs summed in 16 bits (at most 2 * 128 * 127: no
+ * saturation), then pairs of those. */
+KN_AVX2 static inline __m256 dot8(__m256i w, __m256i aw, const uint8_t *xb) {
+  __m256i x = _mm256_loadu_si256((const __m256i *)(xb + 2));
+  __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+typedef __m256i (*w8_fn)(const uint8_t *row, int b, float *d);
+
+/* Q4_0: the nibbles q are unsigned, so vpmaddubsw takes them as they are (at most
+ * 2 * 15 * 127 a pair), and sum (q - 8) x = sum q x - 8 sum x with each lane's
+ * input sum from xs: the same integers as the reference's, two operations fewer
+ * a block. */
+KN_AVX2 static inline __m256i nib32(const uint8_t *blk) {
+  __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(0xF);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+KN_AVX2 static inline __m256 dot8_q4(__m256i q, const uint8_t *xb, const int32_t *s) {
+  __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2));
+  __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1));
+  __m256i s8 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)s), 3);
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(p, s8));
+}
+
+/* Block b of row j against token t's block: its lanes' products times the scales,
+ * added into accumulator a (even blocks into one, odd ones into another). */
+#define Q8_STEP_Q8_0(b, a, xt)                                                                     \
+  do {                                                                                             \
+    float dw_;                                                                                     \
+    __m256i wv_ = w8_q8_0(row, (b), &dw_), aw_ = _mm256_sign_epi8(wv_, wv_);                       \
+    const uint8_t *xb_ = (xt) + (size_t)(b)*34;                                                    \
+    (a) = _mm256_fmadd_ps(dot8(wv_, aw_, xb_), _mm256_set1_ps(dw_ * h16(xb_)), (a));               \
+  } while (0)
+
+#define Q8_STEP_Q4_0(b, a, xt, st)                                                                 \
+  do {                                                                                             \
+    const uint8_t *blk_ = row + (size_t)(b)*18, *xb_ = (xt) + (size_t)(b)*34;                      \
+    (a) = _mm256_fmadd_ps(dot8_q4(nib32(blk_), xb_, (st) + 8 * (b)),                               \
+                          _mm256_set1_ps(h16(blk_) * h16(xb_)), (a));                              \
+  } while (0)
+
+KN_AVX2 static void q8dot_q8_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                               const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,
+                               int n, int acc) {
+  (void)xs;
+  const int B = K / 32;
+  for (int j = 0; j < n; j++) {
+    const uint8_t *row = w + (size_t)j * row_bytes;
+    for (int t = 0; t < T; t++) {
+      const uint8_t *x0 = x + (size_t)t * ldx;
+      __m256 e = _mm256_setzero_ps(), o = e;
+      int b = 0;
+      for (; b + 2 <= B; b += 2) {
+        Q8_STEP_Q8_0(b, e, x0);
+        Q8_STEP_Q8_0(b + 1, o, x0);
+      }
+      if (b < B) Q8_STEP_Q8_0(b, e, x0);
+      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
+    }
+  }
+}
+
+KN_AVX2 static void q8dot_q4_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                               const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,
+                               int n, int acc) {
+  const int B = K / 32;
+  for (int j = 0; j < n; j++) {
+    const uint8_t *row = w + (size_t)j * row_bytes;
+    for (int t = 0; t < T; t++) {
+      const uint8_t *x0 = x + (size_t)t * ldx;
+      const int32_t *s0 = xs + (size_t)t * (size_t)B * 8;
+      __m256 e = _mm256_setzero_ps(), o = e;
+      int b = 0;
+      for (; b + 2 <= B; b += 2) {
+        Q8_STEP_Q4_0(b, e, x0, s0);
+        Q8_STEP_Q4_0(b + 1, o, x0, s0);
+      }
+      if (b < B) Q8_STEP_Q4_0(b, e, x0, s0);
+      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
+    }
+  }
+}
+
+void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp) {
+  dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
+  dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
+  dsp->matvec[KN_DTYPE_Q8_0] = qmv_q8_0;
+  dsp->matvec[KN_DTYPE_Q4_0] = qmv_q4_0;
+  dsp->matvec[KN_DTYPE_Q4_1] = qmv_q4_1;
+  dsp->matvec[KN_DTYPE_Q5_0] = qmv_q5_0;
+  dsp->matvec[KN_DTYPE_Q5_1] = qmv_q5_1;
+  dsp->matvec[KN_DTYPE_Q4_K] = qmv_q4_k;
+  dsp->matvec[KN_DTYPE_Q5_K] = qmv_q5_k;
+  dsp->matvec[KN_DTYPE_Q6_K] = qmv_q6_k;
+}

@@ -1,0 +1,35 @@
+/* kn-quant.h — ggml's block formats (GGUF files' Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K): the reference dequantization of a row, which
+ * defines what every kernel computes (the dequantized value, in f32, then the
+ * f32 arithmetic of an f32 weight), and the quantization of a row for the
+ * formats --quantization makes.
+ *
+ * Layouts (little-endian, f16 scales):
+ *   Q8_0  32 elements, 34 bytes: d, int8 q[32]              x = d * q
+ *   Q4_0  32, 18: d, q[16] (low nibbles elements 0..15, high 16..31)
+ *                                                           x = d * (q - 8)
+ *   Q4_1  32, 20: d, m, q[16]                               x = d * q + m
+ *   Q5_0  32, 22: d, qh (u32: bit j the 5th bit of element j), q[16]
+ *                                                           x = d * (q - 16)
+ *   Q5_1  32, 24: d, m, qh, q[16]                           x = d * q + m
+ *   Q4_K  256, 144: d, dmin, 12 bytes of eight 6-bit (scale, min) pairs,
+ *         q[128] (64 elements per 32 bytes: low nibbles, then high)
+ *                                                           x = d*sc * q - dmin*mn
+ *   Q5_K  256, 176: d, dmin, scales[12], qh[32], q[128]     as Q4_K with a 5th bit
+ *   Q6_K  256, 210: ql[128], qh[64], int8 scales[16], d     x = d * sc * (q - 32) */
+#ifndef LMSERVE_KN_QUANT_H
+#define LMSERVE_KN_QUANT_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kn-dtype.h"
+
+/* dst[0, K) = the values of the K-element row at src (K whole blocks of dt). */
+void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
+
+/* The K-element row x as dt's blocks at dst, as ggml's reference quantizers
+ * round (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). CM_ERR_UNSUPPORTED for other dtypes,
+ * CM_ERR_INVAL when K is not whole blocks. */
+int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
+
+#endif

@@ -1,0 +1,279 @@
+/* test-kn-quant.c — ggml's block formats (kernels/kn-quant.h): every format's
+ * dequantization and the five quantizers against tests/reference/
+ * ggml_blocks_ref.py (numpy, from the formats' definitions), bit for bit; the
+ * CPU backend's matmul, softcapped matmul, greedy head and embedding over
+ * block weights against the same ops over the dequantized f32 weights, bit
+ * for bit, on every kernel table and in the bf16 mode; rows that are not
+ * whole blocks refused; and a backend without KN_CAP_BLOCK_WEIGHTS refusing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "common/cm-proc.h"
+#include "kernels/kn-quant.h"
+#include "kernels/kn-registry.h"
+#include "tests/unit/kernels/kn-test-util.h"
+
+static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
+                                    KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+
+/* n rows of K random elements of block format dt: random bytes, every f16
+ * scale field a finite value of either sign (d, dmin; Q6_K's d at its end). */
+static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
+  size_t bb = kn_block_bytes(dt), nb = (size_t)rows * (size_t)K / (size_t)kn_block_elems(dt);
+  uint8_t *b = malloc(nb * bb);
+  TH_REQUIRE(b != NULL);
+  for (size_t i = 0; i < nb * bb; i++)
+    b[i] = (uint8_t)kt_next();
+  for (size_t i = 0; i < nb; i++) {
+    uint8_t *blk = b + i * bb;
+    int n_f16 = dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ? 1
+                : dt == KN_DTYPE_Q6_K                                             ? 0
+                                                                                  : 2;
+    for (int f = 0; f < n_f16; f++) {
+      uint16_t hv = kn_f32_to_f16(0.02f * kt_uniform());
+      blk[2 * f] = (uint8_t)hv;
+      blk[2 * f + 1] = (uint8_t)(hv >> 8);
+    }
+    if (dt == KN_DTYPE_Q6_K) {
+      uint16_t hv = kn_f32_to_f16(0.01f * kt_uniform());
+      blk[208] = (uint8_t)hv;
+      blk[209] = (uint8_t)(hv >> 8);
+    }
+  }
+  return b;
+}
+
+static const char *python(void) {
+  const char *env = getenv("LMSERVE_PYTHON");
+  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
+  for (size_t i = 0; i < 2; i++) {
+    char out[256];
+    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
+    if (cm_run_capture(argv, out, sizeof(out)) == 0) return cands[i];
+  }
+  TH_SKIP("NO NUMPY: the block formats are not checked against tests/reference/"
+          "ggml_blocks_ref.py (install python3-numpy: tools/setup)");
+  return NULL;
+}
+
+/* Runs the numpy reference: mode over in[in_bytes] into out[out_bytes]. */
+static void reference(const char *mode, enum kn_dtype dt, const void *in, size_t in_bytes,
+                      void *out, size_t out_bytes) {
+  const char *py = python();
+  char dir[] = "/tmp/lmserve-quant-XXXXXX", a[64], b[64], script[4200], log[4096];
+  TH_REQUIRE(mkdtemp(dir) != NULL);
+  snprintf(a, sizeof(a), "%s/in", dir);
+  snprintf(b, sizeof(b), "%s/out", dir);
+  snprintf(script, sizeof(script), "%s/reference/ggml_blocks_ref.py", th_tests_dir());
+  FILE *f = fopen(a, "wb");
+  TH_REQUIRE(f && fwrite(in, 1, in_bytes, f) == in_bytes);
+  fclose(f);
+  char *argv[] = {(char *)py, script, (char *)mode, (char *)kn_dtype_name(dt), a, b, NULL};
+  int rc = cm_run_capture(argv, log, sizeof(log));
+  if (rc) {
+    th_fail(__FILE__, __LINE__, "ggml_blocks_ref.py %s %s: %d\n%s", mode, kn_dtype_name(dt), rc,
+            log);
+    th_stop();
+  }
+  f = fopen(b, "rb");
+  TH_REQUIRE(f && fread(out, 1, out_bytes, f) == out_bytes && fgetc(f) == EOF);
+  fclose(f);
+  unlink(a);
+  unlink(b);
+  rmdir(dir);
+}
+
+TH_TEST(dequantization_matches_numpy) {
+  kt_seed(3);
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+    enum kn_dtype dt = all[i];
+    int K = 1024, rows = 6;
+    uint8_t *b = rand_blocks(dt, rows, K);
+    size_t n = (size_t)rows * K;
+    float *got = malloc(n * 4), *want = malloc(n * 4);
+    TH_REQUIRE(got && want);
+    for (int r = 0; r < rows; r++)
+      kn_dequant_row(dt, b + r * kn_row_bytes(dt, (size_t)K), got + (size_t)r * K, (size_t)K);
+    reference("deq", dt, b, (size_t)rows * kn_row_bytes(dt, (size_t)K), want, n * 4);
+    size_t bad = 0;
+    for (size_t j = 0; j < n; j++)
+      bad += memcmp(&got[j], &want[j], 4) != 0;
+    if (bad)
+      th_fail(__FILE__, __LINE__, "%s: %zu of %zu values differ (first: %g vs %g)",
+              kn_dtype_name(dt), bad, n, (double)got[0], (double)want[0]);
+    free(b), free(got), free(want);
+  }
+}
+
+TH_TEST(quantization_matches_numpy) {
+  kt_seed(4);
+  for (size_t i = 0; i < 5; i++) {
+    enum kn_dtype dt = all[i];
+    int K = 32 * 40;
+    float *x = malloc(sizeof(float) * K);
+    TH_REQUIRE(x != NULL);
+    for (int j = 0; j < K; j++)
+      x[j] = kt_uniform() * (j < 640 ? 1.0f : 30.0f);
+    for (int j = 0; j < 32; j++) /* a block of zeros, one of a repeated value */
+      x[64 + j] = 0.0f, x[96 + j] = 0.25f;
+    x[130] = -2.0f, x[131] = 2.0f; /* equal magnitudes: the first decides the sign */
+    size_t bytes = kn_row_bytes(dt, (size_t)K);
+    uint8_t *got = malloc(bytes), *want = malloc(bytes);
+    TH_REQUIRE(got && want && kn_quantize_row(dt, x, got, (size_t)K) == 0);
+    reference("quant", dt, x, sizeof(float) * K, want, bytes);
+    size_t bad = 0;
+    for (size_t j = 0; j < bytes; j++)
+      bad += got[j] != want[j];
+    if (bad)
+      th_fail(__FILE__, __LINE__, "%s: %zu of %zu bytes differ", kn_dtype_name(dt), bad, bytes);
+    /* and back: within half a step of each block's scale */
+    float *y = malloc(sizeof(float) * K);
+    kn_dequant_row(dt, got, y, (size_t)K);
+    TH_CHECK(y[64] == 0.0f || dt == KN_DTYPE_Q4_1 || dt == KN_DTYPE_Q5_1);
+    free(x), free(got), free(want), free(y);
+  }
+  float x[32] = {0};
+  uint8_t b[40];
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q4_K, x, b, 256), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q8_0, x, b, 16), CM_ERR_INVAL);
+}
+
+/* The CPU ops over block weights give the bits of the same ops over the
+ * dequantized f32 weights (T = 1, 3 and 40: the matvec and the tile paths). */
+static void check_ops(struct kn_backend *be, const char *what) {
+  kt_seed(5);
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+    enum kn_dtype dt = all[i];
+    int K = 512, N = 37;
+    uint8_t *w = rand_blocks(dt, N, K);
+    float *wf = malloc(sizeof(float) * N * K);
+    TH_REQUIRE(wf != NULL);
+    for (int r = 0; r < N; r++)
+      kn_dequant_row(dt, w + r * kn_row_bytes(dt, (size_t)K), wf + (size_t)r * K, (size_t)K);
+    static const int Ts[] = {1, 3, 40};
+    for (int ti = 0; ti < 3; ti++) {
+      int T = Ts[ti];
+      float *in = kt_rand_tensor(KN_DTYPE_F32, (size_t)T * K, 2.0f);
+      float *a = malloc(sizeof(float) * T * N), *b = malloc(sizeof(float) * T * N);
+      float *scr = malloc(sizeof(float) * T * N);
+      int32_t ia[40], ib[40];
+      TH_REQUIRE(a && b && scr);
+      for (int acc = 0; acc < 2; acc++) {
+        for (int j = 0; j < T * N; j++)
+          a[j] = b[j] = 0.5f;
+        TH_REQUIRE(kn_matmul(be, a, N, in, K, w, dt, T, N, K, acc) == 0);
+        TH_REQUIRE(kn_matmul(be, b, N, in, K, wf, KN_DTYPE_F32, T, N, K, acc) == 0);
+        if (memcmp(a, b, sizeof(float) * T * N))
+          th_fail(__FILE__, __LINE__, "%s %s T=%d acc=%d: matmul differs", what, kn_dtype_name(dt),
+                  T, acc);
+      }
+      TH_REQUIRE(kn_matmul_softcap(be, a, N, in, K, w, dt, T, N, K, 30.0f) == 0);
+      TH_REQUIRE(kn_matmul_softcap(be, b, N, in, K, wf, KN_DTYPE_F32, T, N, K, 30.0f) == 0);
+      TH_CHECK(!memcmp(a, b, sizeof(float) * T * N));
+      TH_REQUIRE(kn_matmul_argmax(be, ia, NULL, in, K, w, dt, T, N, K, 0.0f, scr) == 0);
+      TH_REQUIRE(kn_matmul_argmax(be, ib, NULL, in, K, wf, KN_DTYPE_F32, T, N, K, 0.0f, scr) == 0);
+      TH_CHECK(!memcmp(ia, ib, sizeof(int32_t) * T));
+      free(in), free(a), free(b), free(scr);
+    }
+    int32_t ids[4] = {0, 36, 5, -1};
+    float *e = malloc(sizeof(float) * 4 * K);
+    TH_REQUIRE(e && kn_embed(be, e, K, w, dt, N, K, ids, 4, 1.5f) == 0);
+    for (int t = 0; t < 3; t++)
+      for (int k = 0; k < K; k++)
+        if (e[t * K + k] != wf[(size_t)ids[t] * K + k] * 1.5f) {
+          th_fail(__FILE__, __LINE__, "%s embed row %d", kn_dtype_name(dt), ids[t]);
+          t = 3;
+          break;
+        }
+    TH_CHECK(e[3 * K] == 0.0f);
+    /* rows that are not whole blocks */
+    float o[4];
+    TH_CHECK_EQ_INT(kn_matmul(be, o, 1, wf, K, w, dt, 1, 1, kn_block_elems(dt) + 16, 0),
+                    CM_ERR_INVAL);
+    free(e), free(w), free(wf);
+  }
+}
+
+TH_TEST(cpu_block_weights_give_the_dequantized_bits) {
+  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
+    struct kn_backend *be = NULL;
+    TH_REQUIRE(kn_cpu_backend_create_isa(2, (enum kn_cpu_isa)isa, &be) == 0);
+    check_ops(be, kn_backend_name(be));
+    kn_backend_destroy(be);
+  }
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 1, &be) == 0);
+  check_ops(be, "bf16 mode");
+  kn_backend_destroy(be);
+}
+
+/* The q8 mode (--dtype q8): Q8_0 / Q4_0 weights against inputs rounded to Q8_0
+ * blocks. Every table gives the reference's bits; the results are the exact
+ * integer block sums times the scales (a double computation) to f32
+ * accumulation, and near the f32 mode's; a row's result does not depend on
+ * the rows beside it; other dtypes keep f32 inputs. */
+TH_TEST(q8_mode_integer_dot_products) {
+  kt_seed(8);
+  static const enum kn_dtype q8t[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0};
+  for (size_t i = 0; i < 2; i++) {
+    enum kn_dtype dt = q8t[i];
+    int K = 640, N = 45, T = 5;
+    float *wf = kt_rand_tensor(KN_DTYPE_F32, (size_t)N * K, 1.0f);
+    float *in = kt_rand_tensor(KN_DTYPE_F32, (size_t)T * K, 3.0f);
+    size_t rb = kn_row_bytes(dt, (size_t)K), xb = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
+    uint8_t *w = malloc(rb * N), *xq = malloc(xb * T);
+    float *ref = malloc(sizeof(float) * T * N), *got = malloc(sizeof(float) * T * N);
+    float *f32 = malloc(sizeof(float) * T * N), *one = malloc(sizeof(float) * N);
+    float *deq = malloc(sizeof(float) * K);
+    TH_REQUIRE(w && xq && ref && got && f32 && one && deq);
+    for (int r = 0; r < N; r++)
+      TH_REQUIRE(kn_quantize_row(dt, wf + (size_t)r * K, w + r * rb, (size_t)K) == 0);
+    for (int t = 0; t < T; t++)
+      TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
+    for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
+      struct kn_backend *be = NULL;
+      TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
+      TH_REQUIRE(kn_matmul(be, got, N, in, K, w, dt, T, N, K, 0) == 0);
+      if (isa == KN_CPU_ISA_REF)
+        memcpy(ref, got, sizeof(float) * T * N);
+      else if (memcmp(ref, got, sizeof(float) * T * N))
+        th_fail(__FILE__, __LINE__, "%s %s: q8 mode differs from the reference", kn_dtype_name(dt),
+                kn_backend_name(be));
+      /* one token alone gives its bits in the batch */
+      TH_REQUIRE(kn_matmul(be, one, N, in + 2 * K, K, w, dt, 1, N, K, 0) == 0);
+      TH_CHECK(!memcmp(one, got + 2 * N, sizeof(float) * N));
+      kn_backend_destroy(be);
+    }
+    /* the definition in double, and the f32 mode */
+    struct kn_backend *be = NULL;
+    TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+    TH_REQUIRE(kn_matmul(be, f32, N, in, K, w, dt, T, N, K, 0) == 0);
+    kn_backend_destroy(be);
+    double worst = 0, big = 0, far = 0;
+    float wv[32], xv[32];
+    for (int t = 0; t < T; t++)
+      for (int n = 0; n < N; n++) {
+        double s = 0;
+        for (int b = 0; b < K / 32; b++) {
+          kn_dequant_row(dt, w + n * rb + (size_t)b * kn_block_bytes(dt), wv, 32);
+          kn_dequant_row(KN_DTYPE_Q8_0, xq + t * xb + (size_t)b * 34, xv, 32);
+          for (int j = 0; j < 32; j++)
+            s += (double)wv[j] * xv[j];
+        }
+        big = fmax(big, fabs(s));
+        worst = fmax(worst, fabs(s - ref[t * N + n]));
+        far = fmax(far, fabs((double)f32[t * N + n] - ref[t * N + n]));
+      }
+    printf("# %s q8 mode: %.2g from the exact sums, %.2g from the f32 mode (largest %.3g)\n",
+           kn_dtype_name(dt), worst, far, big);
+    TH_CHECK(worst <= 1e-5 * big);
+    TH_CHECK(far > 0 && far <= 0.05 * big);
+    free(wf), free(in), free(w), free(xq), free(ref), free(got), free(f32), free(one), free(deq);
+  }
+  int mode = -1;
+  char err[128];
+  TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
+}

@@ -1,0 +1,108 @@
+/* wk-gguf.c — a GGUF file's tensors as the loader's directory: llama.cpp's
+ * names for Gemma 3 mapped to the Hugging Face names the binder looks up,
+ * dimensions turned outermost first, ggml types to the loader's dtypes (the
+ * block formats among them; any other type listed as OTHER, refused by name
+ * when bound). The tensors' bytes stay in the file's mapping, which the
+ * directory owns. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "model/md-gguf.h"
+#include "worker/wk-safetensors.h"
+
+/* llama.cpp's per-layer tensor names (after "blk.N.") and ours (after
+ * "model.layers.N."). */
+static const char *const layer_names[][2] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+};
+
+/* Our name for GGUF tensor name g (the name itself when it has no other). */
+static void hf_name(const char *g, char *out, size_t n) {
+  if (!strcmp(g, "token_embd.weight")) {
+    snprintf(out, n, "model.embed_tokens.weight");
+    return;
+  }
+  if (!strcmp(g, "output_norm.weight")) {
+    snprintf(out, n, "model.norm.weight");
+    return;
+  }
+  if (!strcmp(g, "output.weight")) {
+    snprintf(out, n, "lm_head.weight");
+    return;
+  }
+  int layer, used = 0;
+  if (sscanf(g, "blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0)
+    for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)
+      if (!strcmp(g + used, layer_names[i][0])) {
+        snprintf(out, n, "model.layers.%d.%s", layer, layer_names[i][1]);
+        return;
+      }
+  snprintf(out, n, "%s", g);
+}
+
+static enum wk_st_dtype st_dtype(uint32_t t) {
+  switch (t) {
+  case MD_GGML_F32: return WK_ST_F32;
+  case MD_GGML_F16: return WK_ST_F16;
+  case MD_GGML_BF16: return WK_ST_BF16;
+  case MD_GGML_Q8_0: return WK_ST_Q8_0;
+  case MD_GGML_Q4_0: return WK_ST_Q4_0;
+  case MD_GGML_Q4_1: return WK_ST_Q4_1;
+  case MD_GGML_Q5_0: return WK_ST_Q5_0;
+  case MD_GGML_Q5_1: return WK_ST_Q5_1;
+  case MD_GGML_Q4_K: return WK_ST_Q4_K;
+  case MD_GGML_Q5_K: return WK_ST_Q5_K;
+  case MD_GGML_Q6_K: return WK_ST_Q6_K;
+  default: return WK_ST_OTHER;
+  }
+}
+
+static void close_gguf(void *g) {
+  md_gguf_close(g);
+}
+
+int wk_st_open_gguf(const char *path, struct wk_st **out, char *err, size_t errlen) {
+  struct md_gguf *g = NULL;
+  *out = NULL;
+  int rc = md_gguf_open(path, &g, err, errlen);
+  if (rc) return rc;
+  const char *base = strrchr(path, '/');
+  struct wk_st *st = NULL;
+  if (wk_st_new(base ? base + 1 : path, close_gguf, g, &st)) {
+    md_gguf_close(g);
+    return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  }
+  for (int i = 0; i < md_gguf_tensor_count(g) && !rc; i++) {
+    const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
+    char name[512], tb[32];
+    hf_name(gt->name, name, sizeof(name));
+    struct wk_tensor t = {.name = name, .dtype = st_dtype(gt->type), .ndim = gt->n_dims};
+    snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", md_ggml_type_name(gt->type, tb, sizeof(tb)));
+    for (int d = 0; d < gt->n_dims; d++)
+      t.shape[d] = gt->ne[gt->n_dims - 1 - d];
+    t.data = gt->data;
+    t.nbytes = gt->nbytes;
+    if (wk_st_add(st, &t)) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  }
+  if (!rc) rc = wk_st_seal(st, err, errlen);
+  if (rc) {
+    wk_st_close(st);
+    return rc;
+  }
+  *out = st;
+  return 0;
+}
