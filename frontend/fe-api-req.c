@@ -833,6 +833,20 @@ static char *tools_instruction(json_t *list, const char *only, int choice_requir
   return s;
 }
 
+/* Tool message i's tool_call_id and content, both strings, else a 400 naming
+ * the field (for the JSON protocol's history and Gemma 4's). */
+static int tool_message(struct pctx *p, json_t *m, size_t i, json_t **id, json_t **c) {
+  char param[96];
+  *id = json_object_get(m, "tool_call_id");
+  *c = json_object_get(m, "content");
+  snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
+  if (!json_is_string(*id)) return fail(p, 400, param, "'%s' must be a string", param);
+  snprintf(param, sizeof(param), "messages[%zu].content", i);
+  if (!json_is_string(*c))
+    return fail(p, 400, param, "'%s' of a tool message must be a string", param);
+  return 0;
+}
+
 /* The history's tool turns in the protocol's form, and the instruction, written
  * back into body's "messages" (a new array) before they are parsed. */
 static int rewrite_messages(struct pctx *p, json_t *body, const char *instruction) {
@@ -848,16 +862,11 @@ static int rewrite_messages(struct pctx *p, json_t *body, const char *instructio
     json_t *role = json_object_get(m, "role");
     const char *rs = json_is_string(role) ? json_string_value(role) : "";
     if (!strcmp(rs, "tool")) {
-      json_t *id = json_object_get(m, "tool_call_id"), *c = json_object_get(m, "content");
-      snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
-      if (!json_is_string(id)) {
+      json_t *id, *c;
+      int rc = tool_message(p, m, i, &id, &c);
+      if (rc) {
         json_decref(out), json_decref(pending);
-        return fail(p, 400, param, "'%s' must be a string", param);
-      }
-      snprintf(param, sizeof(param), "messages[%zu].content", i);
-      if (!json_is_string(c)) {
-        json_decref(out), json_decref(pending);
-        return fail(p, 400, param, "'%s' of a tool message must be a string", param);
+        return rc;
       }
       if (!pending) pending = json_array();
       json_array_append_new(
@@ -954,16 +963,11 @@ static int rewrite_native(struct pctx *p, json_t *body) {
     json_t *role = json_object_get(m, "role");
     const char *rs = json_is_string(role) ? json_string_value(role) : "";
     if (!strcmp(rs, "tool")) {
-      json_t *id = json_object_get(m, "tool_call_id"), *c = json_object_get(m, "content");
-      snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
-      if (!json_is_string(id)) {
+      json_t *id, *c;
+      int rc = tool_message(p, m, i, &id, &c);
+      if (rc) {
         json_decref(out);
-        return fail(p, 400, param, "'%s' must be a string", param);
-      }
-      snprintf(param, sizeof(param), "messages[%zu].content", i);
-      if (!json_is_string(c)) {
-        json_decref(out);
-        return fail(p, 400, param, "'%s' of a tool message must be a string", param);
+        return rc;
       }
       const char *name = NULL;
       size_t k;

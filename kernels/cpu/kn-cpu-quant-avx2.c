@@ -234,20 +234,20 @@ KN_AVX2 static void qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float
   }
 }
 
-#define DEF_QMV2(SUF, DT)                                                                          \
+#define DEF_QMV(SUF, DT)                                                                           \
   KN_AVX2 static void qmv_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,         \
                                 const void *w, int K, int T, int n, int acc) {                     \
     qmatvec(deq_##SUF, out, ldo, in, ldi, w, kn_row_bytes(DT, (size_t)K), K, T, n, acc);           \
   }
 
-DEF_QMV2(q8_0, KN_DTYPE_Q8_0)
-DEF_QMV2(q4_0, KN_DTYPE_Q4_0)
-DEF_QMV2(q4_1, KN_DTYPE_Q4_1)
-DEF_QMV2(q5_0, KN_DTYPE_Q5_0)
-DEF_QMV2(q5_1, KN_DTYPE_Q5_1)
-DEF_QMV2(q4_k, KN_DTYPE_Q4_K)
-DEF_QMV2(q5_k, KN_DTYPE_Q5_K)
-DEF_QMV2(q6_k, KN_DTYPE_Q6_K)
+DEF_QMV(q8_0, KN_DTYPE_Q8_0)
+DEF_QMV(q4_0, KN_DTYPE_Q4_0)
+DEF_QMV(q4_1, KN_DTYPE_Q4_1)
+DEF_QMV(q5_0, KN_DTYPE_Q5_0)
+DEF_QMV(q5_1, KN_DTYPE_Q5_1)
+DEF_QMV(q4_k, KN_DTYPE_Q4_K)
+DEF_QMV(q5_k, KN_DTYPE_Q5_K)
+DEF_QMV(q6_k, KN_DTYPE_Q6_K)
 
 /* ---- the q8 mode: integer dot products against Q8_0 input blocks ------------------ */
 
