@@ -126,16 +126,28 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
                m->norm_mode));
   K(wk_linear(m, m->hout, B, m->h, h, &m->post_proj, T));
   K(kn_download(be, h_out, m->hout, sizeof(float) * (size_t)T * B));
-  for (int start = 0; start < T && (logits || !c->use_ordered_embeddings); start += m->max_out) {
-    int rows = CM_MIN(m->max_out, T - start);
+  int some = 0; /* rows that asked for their logits */
+  for (int s = 0; s < n; s++)
+    some |= in[s].logits != NULL;
+  for (int start = 0; start < T && (logits || some || !c->use_ordered_embeddings);
+       start += m->max_out) {
+    int rows = CM_MIN(m->max_out, T - start), dense = logits != NULL;
+    for (int s = start; s < start + rows; s++)
+      dense |= in[s].logits != NULL;
     const float *hs = m->h + (size_t)start * h;
-    if (!logits) { /* tokens only: the argmax straight from the head */
-      K(kn_matmul_argmax(be, tokens_out + start, NULL, hs, h, m->lm_head.p, m->lm_head.dt, rows, V,
-                         h, 0.0f, m->logits));
+    if (!dense) { /* tokens only: the argmax straight from the head */
+      if (!c->use_ordered_embeddings)
+        K(kn_matmul_argmax(be, tokens_out + start, NULL, hs, h, m->lm_head.p, m->lm_head.dt, rows,
+                           V, h, 0.0f, m->logits));
       continue;
     }
     K(wk_linear(m, m->logits, V, hs, h, &m->lm_head, rows));
-    K(kn_download(be, logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)rows * V));
+    if (logits)
+      K(kn_download(be, logits + (size_t)start * V, m->logits, sizeof(float) * (size_t)rows * V));
+    for (int s = start; s < start + rows; s++)
+      if (in[s].logits)
+        K(kn_download(be, in[s].logits, m->logits + (size_t)(s - start) * V,
+                      sizeof(float) * (size_t)V));
     if (!c->use_ordered_embeddings)
       K(kn_argmax(be, tokens_out + start, NULL, m->logits, V, rows, V));
   }

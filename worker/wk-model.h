@@ -186,10 +186,13 @@ struct wk_draft_input {
   const int32_t *block_tables[WK_MAX_KV_GROUPS]; /* the target's tables */
   int n_blocks[WK_MAX_KV_GROUPS];
   const float *h_in; /* host [backbone_hidden] */
+  float *logits;     /* host [vocab]: this row's dense logits too, or NULL (a structured
+                        output's row picks its own draft among the tokens its mask allows) */
 };
 
 /* Runs one draft step for n sequences: tokens_out [n] (host), h_out [n, B]
- * (host), logits [n, vocab] (host, optional: the dense d . embed logits).
+ * (host), logits [n, vocab] (host, optional: the dense d . embed logits of
+ * every row; in[s].logits asks for one row's).
  * Returns 0 or a negative cm_err with the reason in err. */
 int wk_draft_step(struct wk_model *d, const struct wk_draft_input *in, int n, int32_t *tokens_out,
                   float *h_out, float *logits, char *err, size_t errlen);

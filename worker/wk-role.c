@@ -48,7 +48,7 @@ struct wk_role {
   struct wk_seq_input *in; /* [max_seqs] */
   struct wk_encoder *enc;   /* image encoder cache, or NULL without a vision tower */
   struct wk_grammars *gram; /* structured outputs, or NULL until the first one */
-  uint32_t *gbits;          /* [max_seqs, mask words] each constrained row's mask */
+  uint32_t *gbits;          /* [max_rows, mask words] each constrained row's mask */
   char *tokenizer;          /* where gram's vocabulary comes from, or NULL */
   int gram_failed;          /* 1: loading it failed (said once) */
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
@@ -68,6 +68,9 @@ struct wk_role {
   struct wk_draft_input *din; /* [max_seqs] */
   int *dseq;                  /* [max_seqs] step index of each drafting sequence */
   int32_t *dtok;              /* [max_seqs] */
+  struct gr_matcher **dgm;    /* [max_seqs] a constrained drafting row's matcher, ahead */
+  float *dlog;                /* [dlog_rows, vocab] those rows' draft logits */
+  int dlog_rows;
   float *hbuf[2];             /* [max_seqs, hidden] h_in / h_out, swapped per draft step */
   /* RESULT buffers */
   struct pr_result_seq *rs; /* [max_seqs] */
@@ -172,9 +175,10 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
     r->din = calloc(S, sizeof(*r->din));
     r->dseq = malloc(sizeof(int) * S);
     r->dtok = malloc(sizeof(int32_t) * S);
+    r->dgm = calloc(S, sizeof(*r->dgm));
     r->hbuf[0] = malloc(sizeof(float) * S * (size_t)r->hidden);
     r->hbuf[1] = malloc(sizeof(float) * S * (size_t)r->hidden);
-    ok = r->hid && r->din && r->dseq && r->dtok && r->hbuf[0] && r->hbuf[1];
+    ok = r->hid && r->din && r->dseq && r->dtok && r->dgm && r->hbuf[0] && r->hbuf[1];
   }
   if (!ok) {
     wk_role_destroy(r);
@@ -225,6 +229,8 @@ void wk_role_destroy(struct wk_role *r) {
   free(r->din);
   free(r->dseq);
   free(r->dtok);
+  free(r->dgm); /* its matchers live within a step */
+  free(r->dlog);
   free(r->hbuf[0]);
   free(r->hbuf[1]);
   free(r->rs);
@@ -580,17 +586,14 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
     struct wk_sample_result out;
     int acc = 0;
-    uint32_t *allow = NULL; /* a structured output's mask, for the host's draw */
-    if (q->gm && !r->dev_step) {
-      allow = r->gbits + (size_t)i * wk_grammars_mask_words(r->gram);
-      wk_grammars_allow_eos(r->gram, q->gm, allow);
-    }
+    /* a structured output's mask for this row, for the host's draw */
+    const uint32_t *allow = q->gm ? r->gbits + (size_t)row * wk_grammars_mask_words(r->gram) : NULL;
     if (r->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
       wk_sample_result_from_kn(&r->ko[row], &out);
       acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
     } else if (k < s->draft_tokens.n)
       rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
-                            &acc, &out);
+                            allow, &acc, &out);
     else
       rc = wk_sample_masked(r->sampler, lg, &q->sp, &q->pen, counter, allow, &out);
     if (rc) return rc;
@@ -630,22 +633,59 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
   return 0;
 }
 
+/* The token a constrained row drafts: the largest of its draft logits among
+ * those its matcher m allows (EOS where the output is complete), which m then
+ * follows. -1 when the grammar allows nothing more. */
+static int32_t masked_draft(struct wk_role *r, struct gr_matcher *m, const float *logits,
+                            uint32_t *bits, int *rc) {
+  if ((*rc = wk_grammars_fill(r->gram, m, bits))) return -1;
+  wk_grammars_allow_eos(r->gram, m, bits);
+  int32_t best = -1;
+  for (int32_t w = 0; w < (r->vocab + 31) / 32; w++)
+    for (uint32_t b = bits[w]; b; b &= b - 1) {
+      int32_t id = w * 32 + __builtin_ctz(b);
+      if (id < r->vocab && (best < 0 || logits[id] > logits[best])) best = id;
+    }
+  if (best >= 0 && wk_grammars_accept(r->gram, m, best)) best = -1;
+  return best;
+}
+
 /* Runs the assistant for every sequence that asked for drafts: up to the
  * largest num_draft steps at the last accepted position, each sequence
- * keeping its own first num_draft proposals. */
+ * keeping its own first num_draft proposals. A structured output's row drafts
+ * within its mask, its matcher followed ahead on a copy; it stops early where
+ * the grammar allows nothing more. */
 static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int *last_row,
                           char *err, size_t errlen) {
-  int nd = 0;
+  int nd = 0, nc = 0, rc = 0;
   uint32_t kmax = 0;
-  size_t H = (size_t)r->hidden;
+  size_t H = (size_t)r->hidden, V = (size_t)r->vocab;
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    if ((s->flags & PR_SEQ_SAMPLE) && s->num_draft && r->cur[i]->gm) nc++;
+  }
+  if (nc > r->dlog_rows) {
+    float *d = realloc(r->dlog, sizeof(float) * (size_t)nc * V);
+    if (!d) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for draft logits");
+    r->dlog = d;
+    r->dlog_rows = nc;
+  }
+  nc = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     if (!(s->flags & PR_SEQ_SAMPLE) || !s->num_draft) continue;
     struct rseq *q = r->cur[i];
-    if (q->gm) continue; /* no drafts under a structured output: its rows are masked one by one */
     struct wk_draft_input *d = &r->din[nd];
     memset(d, 0, sizeof(*d));
     r->dseq[nd] = (int)i;
+    r->dgm[nd] = NULL;
+    if (q->gm) {
+      if (!(r->dgm[nd] = gr_matcher_clone(q->gm))) {
+        rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for a draft's matcher");
+        break;
+      }
+      d->logits = r->dlog + (size_t)nc++ * V;
+    }
     d->token = (int32_t)r->rtok[(size_t)i * (PR_MAX_DRAFT + 1) + r->rs[i].tokens.n - 1];
     d->pos = (int)(s->start_pos + s->tokens.n + r->rs[i].num_accepted) - 1;
     for (int g = 0; g < r->n_groups; g++) {
@@ -658,28 +698,62 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
     kmax = CM_MAX(kmax, s->num_draft);
     nd++;
   }
-  for (uint32_t k = 0; k < kmax; k++) {
+  /* the masks' scratch: the rows' masks are used, and the draft follows the step */
+  uint32_t *bits = r->gbits;
+  for (uint32_t k = 0; k < kmax && !rc; k++) {
     float *hin = r->hbuf[k & 1], *hout = r->hbuf[(k + 1) & 1];
     for (int j = 0; j < nd; j++)
       r->din[j].h_in = hin + (size_t)j * H;
-    int rc = wk_draft_step(r->draft, r->din, nd, r->dtok, hout, NULL, err, errlen);
-    if (rc) return rc;
-    for (int j = 0; j < nd; j++) {
+    if ((rc = wk_draft_step(r->draft, r->din, nd, r->dtok, hout, NULL, err, errlen))) break;
+    for (int j = 0; j < nd && !rc; j++) {
       int i = r->dseq[j];
-      if (k < st->seqs[i].num_draft) r->rdraft[(size_t)i * PR_MAX_DRAFT + k] = (uint32_t)r->dtok[j];
+      if (r->dgm[j] && k < r->rs[i].drafts.n) {
+        r->dtok[j] = masked_draft(r, r->dgm[j], r->din[j].logits, bits, &rc);
+        if (rc) rc = cm_fail(err, errlen, rc, "token masks: %s", cm_strerror(rc));
+        if (r->dtok[j] < 0) { /* nothing more to draft: the drafts so far */
+          r->rs[i].drafts.n = k;
+          r->dtok[j] = 0;
+        }
+      }
+      if (k < r->rs[i].drafts.n) r->rdraft[(size_t)i * PR_MAX_DRAFT + k] = (uint32_t)r->dtok[j];
       r->din[j].token = r->dtok[j];
     }
   }
-  return 0;
+  for (int j = 0; j < nd; j++)
+    gr_matcher_free(r->dgm[j]);
+  return rc;
 }
 
-/* The masks of the step's constrained rows (from their matchers' states before
- * the step samples). */
+/* The masks of the step's constrained rows, EOS allowed where the output so far
+ * is complete. A sequence verifying drafts has one per row: row k's is its
+ * matcher's state after drafts [0, k), followed on a copy. Rows past a draft the
+ * grammar refuses are never reached (that draft is rejected): they repeat the
+ * mask before them. */
 struct mask_job {
   struct wk_role *r;
   const struct pr_step *st;
   int rc;
 };
+
+static int seq_masks(struct wk_role *r, const struct pr_step_seq *s, struct gr_matcher *gm,
+                     uint32_t *bits) {
+  size_t words = wk_grammars_mask_words(r->gram);
+  uint32_t D = s->draft_tokens.n, k = 0;
+  struct gr_matcher *m = D ? gr_matcher_clone(gm) : gm;
+  if (!m) return CM_ERR_NOMEM;
+  int rc = 0;
+  for (;; k++) {
+    uint32_t *b = bits + (size_t)k * words;
+    if ((rc = wk_grammars_fill(r->gram, m, b))) break;
+    wk_grammars_allow_eos(r->gram, m, b);
+    int32_t t = k < D ? (int32_t)s->draft_tokens.v[k] : -1;
+    if (k == D || wk_grammars_is_eos(r->gram, t) || wk_grammars_accept(r->gram, m, t)) break;
+  }
+  for (k++; !rc && k <= D; k++)
+    memcpy(bits + (size_t)k * words, bits + (size_t)(k - 1) * words, sizeof(uint32_t) * words);
+  if (m != gm) gr_matcher_free(m);
+  return rc;
+}
 
 static void *fill_masks(void *arg) {
   struct mask_job *j = arg;
@@ -687,7 +761,7 @@ static void *fill_masks(void *arg) {
   size_t words = wk_grammars_mask_words(r->gram);
   for (uint32_t i = 0; i < j->st->n_seqs && !j->rc; i++)
     if ((j->st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm)
-      j->rc = wk_grammars_fill(r->gram, r->cur[i]->gm, r->gbits + (size_t)i * words);
+      j->rc = seq_masks(r, &j->st->seqs[i], r->cur[i]->gm, r->gbits + (size_t)r->row0[i] * words);
   return NULL;
 }
 
@@ -700,7 +774,7 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
   for (uint32_t i = 0; i < st->n_seqs; i++)
     masks |= (st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm;
   if (masks && !r->gbits) {
-    r->gbits = malloc(sizeof(uint32_t) * (size_t)r->max_seqs * wk_grammars_mask_words(r->gram));
+    r->gbits = malloc(sizeof(uint32_t) * (size_t)r->max_rows * wk_grammars_mask_words(r->gram));
     if (!r->gbits) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for token masks");
   }
   struct mask_job job = {r, st, 0};
@@ -710,11 +784,9 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
     fill_masks(&job);
     size_t words = wk_grammars_mask_words(r->gram);
     for (uint32_t i = 0; i < st->n_seqs && !job.rc; i++)
-      if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm) {
-        uint32_t *bits = r->gbits + (size_t)i * words;
-        wk_grammars_allow_eos(r->gram, r->cur[i]->gm, bits);
-        r->kp[r->row0[i]].allow = bits;
-      }
+      if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm)
+        for (int k = r->row0[i]; k <= r->row0[i] + (int)st->seqs[i].draft_tokens.n; k++)
+          r->kp[k].allow = r->gbits + (size_t)k * words;
     masks = 0;
   }
   int threaded = masks && !host && pthread_create(&th, NULL, fill_masks, &job) == 0;

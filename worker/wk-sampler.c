@@ -186,10 +186,11 @@ int wk_sample_masked(struct wk_sampler *s, float *logits, const struct wk_sampli
 
 int wk_sample_verify(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
                      const struct wk_penalty_state *st, uint64_t token_index, int32_t draft,
-                     int *accepted, struct wk_sample_result *out) {
+                     const uint32_t *allow, int *accepted, struct wk_sample_result *out) {
   struct kn_sample_params kp;
   struct kn_sample_out ko;
   wk_sampling_to_kn(p, st, token_index, &kp);
+  kp.allow = allow;
   const float *raw = kn_cpu_sample_save_raw(s->k, logits, &kp);
   const int32_t *ids;
   const float *probs;

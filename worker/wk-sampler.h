@@ -96,10 +96,12 @@ int wk_sampler_dist(struct wk_sampler *s, float *logits, const struct wk_samplin
  * probability p_target(draft); on rejection draws the replacement from the
  * target distribution with `draft` removed and renormalised. For greedy params
  * it accepts iff draft is the argmax and otherwise returns the argmax.
- * *accepted is 1 or 0; out->token is the draft or the replacement. */
+ * *accepted is 1 or 0; out->token is the draft or the replacement. With
+ * allow (a structured output's mask, as wk_sample_masked's) the target is the
+ * masked distribution: a draft the mask refuses is rejected. */
 int wk_sample_verify(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
                      const struct wk_penalty_state *st, uint64_t token_index, int32_t draft,
-                     int *accepted, struct wk_sample_result *out);
+                     const uint32_t *allow, int *accepted, struct wk_sample_result *out);
 
 /* The kernels' row parameters (kn_sample) for p, penalty state st (or NULL,
  * borrowed: valid until st changes) and the draw's counter; and a kernel

@@ -74,13 +74,25 @@ struct srv {
   int port;
 };
 
-/* lmserve serve on `model`, speculating with `assistant` (NULL: none). */
-static int srv_start(struct srv *s, const char *model, const char *assistant, int k) {
-  char k_s[16];
+/* lmserve serve on `model`, speculating with `assistant` (NULL: none), with `tp`
+ * ranks (0: one, the default). */
+static int srv_start_tp(struct srv *s, const char *model, const char *assistant, int k, int tp) {
+  char k_s[16], tp_s[16];
   snprintf(k_s, sizeof(k_s), "%d", k);
-  char *spec[] = {"--speculative-model", (char *)assistant, "--num-speculative-tokens", k_s, NULL};
-  s->port = th_serve_start(&s->p, model, assistant ? spec : NULL);
+  snprintf(tp_s, sizeof(tp_s), "%d", tp);
+  char *args[8], **a = args;
+  if (assistant) {
+    *a++ = "--speculative-model", *a++ = (char *)assistant;
+    *a++ = "--num-speculative-tokens", *a++ = k_s;
+  }
+  if (tp) *a++ = "--tensor-parallel-size", *a++ = tp_s;
+  *a = NULL;
+  s->port = th_serve_start(&s->p, model, args);
   return s->port > 0 ? 0 : -1;
+}
+
+static int srv_start(struct srv *s, const char *model, const char *assistant, int k) {
+  return srv_start_tp(s, model, assistant, k, 0);
 }
 
 static void srv_stop(struct srv *s) {
@@ -172,7 +184,7 @@ static void build_jobs(struct th_job *jobs, int n) {
       x = x * 1664525u + 1013904223u;
       o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
     }
-    /* every third a structured output: its rows get no drafts, the others' still do */
+    /* every third a structured output: its drafts are proposed within its mask */
     snprintf(p + o, cap - (size_t)o,
              "],\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s}", max_tokens,
              i % 3 == 1 ? ",\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}" : "");
@@ -313,4 +325,87 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   }
   free(m);
   srv_stop(&s);
+}
+
+/* ---- structured outputs --------------------------------------------------------- */
+
+static const char *const k_constraints[] = {
+    "\"structured_outputs\":{\"regex\":\"[a-z]{2,6}( [a-z]{2,6}){0,9}\\\\.\"}",
+    "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":"
+    "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},\"s\":{\"type\":"
+    "\"string\",\"maxLength\":12},\"l\":{\"type\":\"array\",\"items\":{\"enum\":[1,2,3]},"
+    "\"maxItems\":6}},\"required\":[\"n\",\"s\",\"l\"],\"additionalProperties\":false}}}",
+    "\"guided_choice\":[\"north by north west\",\"south\",\"east of eden\",\"west\"]",
+    "\"response_format\":{\"type\":\"json_object\"}",
+};
+#define NCONS 4
+
+/* Request i of n: a prompt of 3 .. 120 ids, constraint i % NCONS, greedy (no
+ * logprobs: two ranks sum in another order, so only the tokens are compared). */
+static void build_structured(struct th_job *jobs, int n) {
+  uint32_t x = 777;
+  for (int i = 0; i < n; i++) {
+    int len = 3 + (i * 29) % 118;
+    char *p = jobs[i].body;
+    size_t cap = sizeof(jobs[i].body);
+    int o = snprintf(p, cap, "{\"prompt\":[2");
+    for (int t = 1; t < len; t++) {
+      x = x * 1664525u + 1013904223u;
+      o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
+    }
+    snprintf(p + o, cap - (size_t)o, "],\"max_tokens\":%d,\"temperature\":0,\"stream\":false,%s}",
+             AGREE_TOKENS, k_constraints[i % NCONS]);
+    jobs[i].answer = NULL;
+  }
+}
+
+/* Structured outputs under speculation: each constrained row's drafts are
+ * proposed within its mask (its matcher followed ahead on a copy) and each
+ * verified row is masked by the state after the drafts before it. Greedy
+ * answers equal those without speculation, on one rank and on two; and with
+ * an assistant that agrees with its target the drafts are accepted, which
+ * they could not be were they drawn outside the masks (the echo target's
+ * unconstrained tokens are not text a grammar allows). */
+TH_TEST(spec_structured_outputs_draft_within_their_masks) {
+  th_proc_init(1500);
+  char model[300], assistant[300];
+  make_pair(model, "so", (char *[]){NULL}, assistant, "soa");
+  enum { N = 8, K = 3 };
+  static struct th_job ref[N], got[N];
+  build_structured(ref, N);
+  struct srv s;
+  TH_REQUIRE(srv_start(&s, model, NULL, 0) == 0);
+  th_http_run_jobs(ref, N, s.port);
+  srv_stop(&s);
+  for (int i = 0; i < N; i++) {
+    if (ref[i].status != 200) fprintf(stderr, "request %d: %s\n", i, ref[i].answer);
+    TH_CHECK_EQ_INT(ref[i].status, 200);
+    TH_REQUIRE(ref[i].answer != NULL);
+  }
+  for (int tp = 0; tp <= 2; tp += 2) {
+    build_structured(got, N);
+    TH_REQUIRE(srv_start_tp(&s, model, assistant, K, tp) == 0);
+    th_http_run_jobs(got, N, s.port);
+    int idle;
+    char *m = wait_idle(&s, &idle);
+    TH_CHECK(idle);
+    int same = 0;
+    for (int i = 0; i < N; i++) {
+      TH_CHECK_EQ_INT(got[i].status, 200);
+      if (got[i].answer && !strcmp(got[i].answer, ref[i].answer))
+        same++;
+      else
+        fprintf(stderr, "tp %d, request %d:\n  want %s\n  got  %s\n", tp, i, ref[i].answer,
+                got[i].answer ? got[i].answer : "(none)");
+    }
+    TH_CHECK_EQ_INT(same, N);
+    double drafts, accepted;
+    check_spec_metrics(m, K, &drafts, &accepted);
+    double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+    TH_CHECK(accepted >= 0.8 * tokens);
+    free(m);
+    srv_stop(&s);
+    th_http_jobs_free(got, N);
+  }
+  th_http_jobs_free(ref, N);
 }

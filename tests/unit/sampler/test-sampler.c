@@ -202,6 +202,7 @@ static double chi2(const long *counts, const double *p, int n, long draws) {
 
 /* df = 7, p = 0.001 */
 #define CHI2_CRIT_7 24.32
+#define CHI2_CRIT_3 16.27 /* df 3, p = 0.001 */
 
 /* The target distribution of the statistical tests, and how many draws they take. */
 static const double k_probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
@@ -240,7 +241,7 @@ TH_TEST(rejection_sampling_preserves_target) {
       struct wk_sample_result r;
       int accepted = 0;
       fill_logp(l, k_probs, 8);
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, &accepted, &r) == 0);
+      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, NULL, &accepted, &r) == 0);
       counts[r.token]++;
       acc += accepted;
       if (!accepted) TH_CHECK(r.token != draft);
@@ -254,11 +255,60 @@ TH_TEST(rejection_sampling_preserves_target) {
   struct wk_sample_result r;
   int accepted;
   fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, &accepted, &r) == 0);
+  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, NULL, &accepted, &r) == 0);
   TH_CHECK(accepted && r.token == 0);
   fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 4, &accepted, &r) == 0);
+  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 4, NULL, &accepted, &r) == 0);
   TH_CHECK(!accepted && r.token == 0);
+  wk_sampler_destroy(s);
+}
+
+/* With a structured output's mask the target is the masked distribution: a draft
+ * the mask refuses is never accepted, and what is drawn keeps p(x | allowed). */
+TH_TEST(rejection_sampling_under_a_mask) {
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(8, &s) == 0);
+  TH_REQUIRE(s);
+  struct wk_sampling_params p = params();
+  p.seed = 7;
+  const uint32_t allow[1] = {1u << 1 | 1u << 3 | 1u << 4 | 1u << 6};
+  double q[8] = {0}, z = 0;
+  for (int i = 0; i < 8; i++)
+    if (allow[0] >> i & 1) z += k_probs[i];
+  for (int i = 0; i < 8; i++)
+    q[i] = allow[0] >> i & 1 ? k_probs[i] / z : 0;
+  float l[8];
+  for (int draft = 0; draft < 8; draft += 2) { /* 0 and 2 refused, 4 and 6 allowed */
+    long counts[8] = {0}, acc = 0;
+    for (long t = 0; t < DRAWS; t++) {
+      struct wk_sample_result r;
+      int accepted = 0;
+      fill_logp(l, k_probs, 8);
+      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, allow, &accepted, &r) == 0);
+      TH_REQUIRE(r.token >= 0 && r.token < 8);
+      counts[r.token]++;
+      acc += accepted;
+    }
+    for (int i = 0; i < 8; i++)
+      if (!q[i]) TH_CHECK_EQ_INT(counts[i], 0);
+    long kept[4] = {counts[1], counts[3], counts[4], counts[6]};
+    double qk[4] = {q[1], q[3], q[4], q[6]};
+    TH_CHECK(chi2(kept, qk, 4, DRAWS) < CHI2_CRIT_3);
+    TH_CHECK_NEAR((double)acc / DRAWS, q[draft], 0.01);
+  }
+  /* greedy: the masked argmax */
+  p.temperature = 0;
+  struct wk_sample_result r;
+  int accepted;
+  fill_logp(l, k_probs, 8);
+  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, allow, &accepted, &r) == 0);
+  int best = 1;
+  for (int i = 0; i < 8; i++)
+    if (q[i] > q[best]) best = i;
+  TH_CHECK(!accepted && r.token == best);
+  fill_logp(l, k_probs, 8);
+  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, best, allow, &accepted, &r) == 0);
+  TH_CHECK(accepted && r.token == best);
   wk_sampler_destroy(s);
 }
 

@@ -108,7 +108,7 @@ TH_TEST(verify_keeps_the_target_distribution) {
         memcpy(l, st->logits, sizeof(l));
         struct wk_sample_result r;
         int accepted = -1;
-        TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, &accepted, &r) == 0);
+        TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, NULL, &accepted, &r) == 0);
         TH_REQUIRE(r.token >= 0 && r.token < V);
         counts[r.token]++;
         acc += accepted;
@@ -164,12 +164,12 @@ TH_TEST(verify_chain_pair_distribution) {
     struct wk_sample_result r1, r2, next;
     int acc1, acc2 = 0;
     memcpy(l, row1, sizeof(l));
-    TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, t, d1, &acc1, &r1) == 0);
+    TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, t, d1, NULL, &acc1, &r1) == 0);
     memcpy(l, row2, sizeof(l));
     TH_REQUIRE(wk_sample(s, l, &p, NULL, t + 1, &next) == 0); /* the next step's own draw */
     memcpy(l, row2, sizeof(l));
     if (acc1)
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, t + 1, d2, &acc2, &r2) == 0);
+      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, t + 1, d2, NULL, &acc2, &r2) == 0);
     else
       r2 = next;
     counts[r1.token * V + r2.token]++;
@@ -207,7 +207,8 @@ TH_TEST(verify_greedy_is_argmax) {
       memcpy(l, k_settings[si].logits, sizeof(l));
       struct wk_sample_result r;
       int accepted = -1;
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)draft, draft, &accepted, &r) == 0);
+      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)draft, draft, NULL, &accepted, &r) ==
+                 0);
       TH_CHECK_EQ_INT(accepted, draft == best);
       TH_CHECK_EQ_INT(r.token, best);
     }
