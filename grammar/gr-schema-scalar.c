@@ -185,6 +185,10 @@ static int bounds(struct sc *c, const json_t *s, const char *path, int *has_lo, 
     if (!j || json_is_boolean(j)) continue; /* draft 4's flags: read below */
     if (!json_is_number(j)) return gr_sc_fail(c, path, kws[k], "not a number"), -1;
     double x = json_number_value(j);
+    /* past 2^53 a double no longer holds every integer: the bound written may be
+     * another number than the one read (or past the range automata's long long) */
+    if (fabs(x) >= 9007199254740992.0)
+      return gr_sc_fail(c, path, kws[k], "magnitude of 2^53 or more"), -1;
     int low = k % 2 == 0, excl = k >= 2;
     if (low && (!*has_lo || x > *lo || (x == *lo && excl))) *has_lo = 1, *lo = x, *xlo = excl;
     if (!low && (!*has_hi || x < *hi || (x == *hi && excl))) *has_hi = 1, *hi = x, *xhi = excl;
@@ -271,13 +275,15 @@ void gr_sc_numeric(struct sc *c, const json_t *s, const char *path, int integer,
   "(000[1-9]|00[1-9]\\d|0[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0["    \
   "469]|11)-("                                                                                     \
   "0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))"
-#define SC_TIME "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
+/* RFC 3339 5.6: "T" and "Z" may be written in lower case */
+#define SC_TIME                                                                                    \
+  "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,9})?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
 static const struct {
   const char *name, *re;
 } formats[] = {
     {"date", SC_DATE},
     {"time", SC_TIME},
-    {"date-time", SC_DATE "T" SC_TIME},
+    {"date-time", SC_DATE "[Tt]" SC_TIME},
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
     {"email", "[A-Za-z0-9._%+-]+@([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?\\.)+[A-Za-z]{2,12}"},
     {"ipv4", "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"},
@@ -286,7 +292,9 @@ static const struct {
              "([0-9a-f]{1,4}:){1,4}(:[0-9a-f]{1,4}){3}|([0-9a-f]{1,4}:){1,3}(:[0-9a-f]{1,4}){4}|"
              "([0-9a-f]{1,4}:){1,2}(:[0-9a-f]{1,4}){5}|[0-9a-f]{1,4}:(:[0-9a-f]{1,4}){6}"},
     {"hostname",
-     "[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"},
+     /* labels of 1 to 63 characters (RFC 1123) */
+     "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+     "*"},
     {"uri", "[A-Za-z][A-Za-z0-9+.-]*:(//)?[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=%]+"},
 };
 

@@ -559,13 +559,48 @@ static int value_has_type(const json_t *v, unsigned mask) {
   return mask & T_OBJ;
 }
 
+/* An enum / const value: scalars as JSON writes them (compact), arrays and
+ * objects with whitespace wherever JSON allows it (bounded as everywhere),
+ * members in the order the schema gives them. */
 static void emit_literal(struct sc *c, const json_t *v, uint32_t from, uint32_t to) {
-  char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-  if (!t) {
-    gr_nfa_fail(c->n, CM_ERR_NOMEM, "json_schema: out of memory");
+  struct gr_nfa *n = c->n;
+  if (json_is_array(v) || json_is_object(v)) {
+    int obj = json_is_object(v);
+    uint32_t cur = gr_nfa_state(n), w = gr_nfa_state(n);
+    gr_nfa_byte(n, from, cur, obj ? '{' : '[', obj ? '{' : '[');
+    gr_json_ws(n, cur, w);
+    cur = w;
+    void *it = obj ? json_object_iter((json_t *)v) : NULL;
+    for (size_t i = 0; obj ? it != NULL : i < json_array_size(v); i++) {
+      if (i) {
+        w = gr_nfa_state(n);
+        comma_ws(n, cur, w);
+        cur = w;
+      }
+      if (obj) {
+        const char *key = json_object_iter_key(it);
+        uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n);
+        gr_json_lit_string(n, cur, k1, key, strlen(key));
+        gr_json_ws_inline(n, k1, k2);
+        gr_nfa_byte(n, k2, k3, ':', ':');
+        cur = gr_nfa_state(n);
+        gr_json_ws_inline(n, k3, cur);
+      }
+      uint32_t e = gr_nfa_state(n);
+      emit_literal(c, obj ? json_object_iter_value(it) : json_array_get(v, i), cur, e);
+      cur = gr_nfa_state(n);
+      gr_json_ws(n, e, cur);
+      if (obj) it = json_object_iter_next((json_t *)v, it);
+    }
+    gr_nfa_byte(n, cur, to, obj ? '}' : ']', obj ? '}' : ']');
     return;
   }
-  gr_nfa_lit(c->n, from, to, t, strlen(t));
+  char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+  if (!t) {
+    gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+    return;
+  }
+  gr_nfa_lit(n, from, to, t, strlen(t));
   free(t);
 }
 
@@ -669,6 +704,164 @@ static json_t *merge_all_of(struct sc *c, const json_t *s, const char *path) {
   return m;
 }
 
+/* ---- oneOf: branches that no value can match twice ----------------------- */
+
+/* What a branch may be, to tell branches apart: its types and, when it lists
+ * them (enum / const), its values. */
+struct shape {
+  const json_t *s; /* the branch (an object schema), or NULL for true / false */
+  unsigned types;  /* T_* (integers counted as numbers too) */
+  const json_t *lits;
+  json_t *one; /* lits made from a const, owned */
+  int none;    /* false: matches nothing */
+};
+
+static unsigned value_type(const json_t *v) {
+  return json_is_null(v)      ? T_NULL
+         : json_is_boolean(v) ? T_BOOL
+         : json_is_integer(v) ? T_INT | T_NUM
+         : json_is_real(v)    ? T_NUM
+         : json_is_string(v)  ? T_STR
+         : json_is_array(v)   ? T_ARR
+                              : T_OBJ;
+}
+
+static int shape_of(struct sc *c, const json_t *b, const char *path, struct shape *sh) {
+  memset(sh, 0, sizeof *sh);
+  for (int guard = 0; json_is_object(b) && json_object_get(b, "$ref") && guard < 16; guard++) {
+    if (other_keyword(b, (const char *[]){"$ref", NULL})) break;
+    if (!(b = resolve_ref(c, json_object_get(b, "$ref"), path))) return -1;
+  }
+  if (json_is_boolean(b)) {
+    sh->none = json_is_false(b);
+    sh->types = 127;
+    return 0;
+  }
+  if (!json_is_object(b)) return 0; /* emit says what is wrong */
+  sh->s = b;
+  if (json_object_get(b, "anyOf") || json_object_get(b, "oneOf") || json_object_get(b, "allOf") ||
+      json_object_get(b, "$ref")) {
+    sh->types = 127; /* not looked into */
+    return 0;
+  }
+  if (type_mask_of(c, b, path, &sh->types)) return -1;
+  if (sh->types & T_NUM) sh->types |= T_INT;
+  const json_t *en = json_object_get(b, "enum"), *cn = json_object_get(b, "const");
+  if (cn) {
+    sh->lits = sh->one = json_pack("[O]", cn);
+    if (!sh->one) return gr_nfa_fail(c->n, CM_ERR_NOMEM, "json_schema: out of memory");
+  } else if (json_is_array(en)) {
+    sh->lits = en;
+  }
+  if (sh->lits) {
+    unsigned t = 0;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(sh->lits, i, v) t |= value_type(v);
+    sh->types &= t;
+  }
+  return 0;
+}
+
+/* Whether object schema s allows a member named key. */
+static int allows_member(const json_t *s, const char *key) {
+  const json_t *props = json_object_get(s, "properties"), *addl;
+  if (props && json_object_get(props, key)) return 1;
+  addl = json_object_get(s, "additionalProperties");
+  return addl ? !json_is_false(addl) : !props; /* emit_object's default */
+}
+
+/* The literal values a member `key` of s may take, or NULL: any. */
+static const json_t *member_lits(const json_t *s, const char *key, json_t **own) {
+  const json_t *p = json_object_get(json_object_get(s, "properties"), key);
+  *own = NULL;
+  if (!json_is_object(p)) return NULL;
+  if (json_object_get(p, "const")) return *own = json_pack("[O]", json_object_get(p, "const"));
+  const json_t *en = json_object_get(p, "enum");
+  return json_is_array(en) ? en : NULL;
+}
+
+static int lits_disjoint(const json_t *a, const json_t *b) {
+  size_t i, j;
+  const json_t *x, *y;
+  json_array_foreach(a, i, x) json_array_foreach(b, j, y) if (json_equal(x, y)) return 0;
+  return 1;
+}
+
+static int is_required(const json_t *s, const char *key) {
+  size_t i;
+  const json_t *r;
+  json_array_foreach(json_object_get(s, "required"), i,
+                     r) if (json_is_string(r) && !strcmp(json_string_value(r), key)) return 1;
+  return 0;
+}
+
+/* Objects of a and b can never be the same value: a member one requires the
+ * other does not allow, or one both require with literal values apart. */
+static int objects_disjoint(const json_t *a, const json_t *b) {
+  for (int k = 0; k < 2; k++) {
+    const json_t *x = k ? b : a, *y = k ? a : b;
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(x, "required"), i, r) {
+      if (!json_is_string(r)) continue;
+      const char *key = json_string_value(r);
+      if (!allows_member(y, key)) return 1;
+      if (!is_required(y, key)) continue;
+      json_t *o1, *o2;
+      const json_t *l1 = member_lits(x, key, &o1), *l2 = member_lits(y, key, &o2);
+      int apart = l1 && l2 && lits_disjoint(l1, l2);
+      json_decref(o1);
+      json_decref(o2);
+      if (apart) return 1;
+    }
+  }
+  return 0;
+}
+
+static int shapes_disjoint(const struct shape *a, const struct shape *b) {
+  if (a->none || b->none || !(a->types & b->types)) return 1;
+  if (a->lits && b->lits) return lits_disjoint(a->lits, b->lits);
+  for (int k = 0; k < 2; k++) {
+    const struct shape *x = k ? b : a, *y = k ? a : b;
+    if (!x->lits || y->lits) continue;
+    size_t i;
+    const json_t *v;
+    int any = 0;
+    json_array_foreach(x->lits, i, v) any |= (value_type(v) & y->types) != 0;
+    if (!any) return 1;
+  }
+  return (a->types & b->types) == T_OBJ && a->s && b->s && objects_disjoint(a->s, b->s);
+}
+
+/* oneOf is enforced as anyOf, which is the same language only where no value
+ * matches two branches: refused unless every pair of branches is told apart
+ * by type, by enum / const values, or (objects) by a required member that the
+ * other branch does not allow or that both require with different values.
+ * branches[n] are the branches as emitted (merged with the keywords beside). */
+static int one_of_disjoint(struct sc *c, const json_t *const *branches, size_t n,
+                           const char *path) {
+  struct shape *sh = calloc(n, sizeof *sh);
+  if (!sh) return gr_nfa_fail(c->n, CM_ERR_NOMEM, "json_schema: out of memory");
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc; i++)
+    rc = shape_of(c, branches[i], path, &sh[i]);
+  for (size_t i = 0; i < n && !rc; i++)
+    for (size_t j = i + 1; j < n && !rc; j++)
+      if (!shapes_disjoint(&sh[i], &sh[j])) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "branches %zu and %zu may both match a value; anyOf, or branches told apart "
+                 "by type, enum / const or a required member",
+                 i, j);
+        rc = gr_sc_fail(c, path, "oneOf", why);
+      }
+  for (size_t i = 0; i < n; i++)
+    json_decref(sh[i].one);
+  free(sh);
+  return rc ? rc : c->n->rc;
+}
+
 static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from, uint32_t to) {
   struct gr_nfa *n = c->n;
   if (n->rc) return;
@@ -746,8 +939,28 @@ static void emit(struct sc *c, const json_t *s, const char *path, uint32_t from,
       json_object_del(rest, any_kw);
       json_array_append_new(c->keep, rest);
     }
-    size_t i;
+    size_t i, nb = json_array_size(any);
     json_t *b;
+    if (!strcmp(any_kw, "oneOf")) { /* the branches as they will be, checked apart first */
+      const json_t **br = calloc(nb, sizeof *br);
+      if (!br) {
+        gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        goto out;
+      }
+      json_array_foreach(any, i, b) {
+        char bp[SC_MAX_PATH];
+        path_index(bp, path, any_kw, i);
+        json_t *both = rest ? json_pack("{s:[O,O]}", "allOf", rest, b) : NULL;
+        if (both) json_array_append_new(c->keep, both);
+        br[i] = rest ? (both ? merge_all_of(c, both, bp) : NULL) : b;
+        if (rest && br[i]) json_array_append_new(c->keep, (json_t *)br[i]);
+        if (!br[i] && !n->rc) gr_nfa_fail(n, CM_ERR_NOMEM, "json_schema: out of memory");
+        if (n->rc) break;
+      }
+      int rc = n->rc ? n->rc : one_of_disjoint(c, br, nb, path);
+      free(br);
+      if (rc) goto out;
+    }
     json_array_foreach(any, i, b) {
       char bp[SC_MAX_PATH];
       path_index(bp, path, any_kw, i);

@@ -614,3 +614,67 @@ TH_TEST(schema_multiple_of_exact) {
   }
   gr_grammar_free(g);
 }
+
+/* oneOf is enforced as anyOf only where no value can match two branches: told
+ * apart by type, by enum / const values, or by a required member. */
+TH_TEST(schema_one_of_branches_apart_or_refused) {
+  expect_err("{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", CM_ERR_INVAL,
+             "keyword 'oneOf' at / is not supported (branches 0 and 1 may both match");
+  expect_err("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}", CM_ERR_INVAL,
+             "branches 0 and 1 may both match");
+  expect_err("{\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":[true,{\"type\":\"null\"}]}}}",
+             CM_ERR_INVAL, "keyword 'oneOf' at /properties/p");
+  expect_err("{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[2,3]}]}", CM_ERR_INVAL, "branches 0 and 1");
+  expect_err("{\"oneOf\":[{\"type\":\"object\",\"additionalProperties\":true},{\"type\":"
+             "\"object\",\"properties\":{\"a\":{}},\"required\":[\"a\"]}]}",
+             CM_ERR_INVAL, "branches 0 and 1");
+  /* apart: by type; by const on a member both require; by a member one requires and
+   * the other does not allow; an enum against types; false matches nothing */
+  static const char *t1[] = {"\"x\"", "3", "null", "true"};
+  static const int w1[] = {1, 1, 0, 0};
+  check_texts("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},false]}", t1, w1, 4);
+  static const char *t2[] = {"{\"k\":\"a\",\"x\":1}", "{\"k\":\"b\",\"y\":\"s\"}",
+                             "{\"k\":\"a\",\"y\":\"s\"}"};
+  static const int w2[] = {1, 1, 0};
+  check_texts("{\"type\":\"object\",\"oneOf\":[{\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{"
+              "\"type\":\"integer\"}},\"required\":[\"k\",\"x\"]},{\"properties\":{\"k\":{\"enum\":"
+              "[\"b\",\"c\"]},\"y\":{\"type\":\"string\"}},\"required\":[\"k\",\"y\"]}]}",
+              t2, w2, 3);
+  static const char *t3[] = {"{\"a\":1}", "{\"b\":2}", "{\"a\":1,\"b\":2}"};
+  static const int w3[] = {1, 1, 0};
+  check_texts("{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"a\"]},{"
+              "\"type\":\"object\",\"properties\":{\"b\":{}},\"required\":[\"b\"]}]}",
+              t3, w3, 3);
+  static const char *t4[] = {"\"a\"", "7", "\"z\""};
+  static const int w4[] = {1, 1, 0};
+  check_texts("{\"oneOf\":[{\"enum\":[\"a\",\"b\"]},{\"type\":\"integer\"}]}", t4, w4, 3);
+}
+
+/* enum / const values take whitespace where JSON allows it; formats by the RFCs
+ * (lower-case t and z in date-times, host labels up to 63 characters); bounds a
+ * double cannot hold exactly are refused. */
+TH_TEST(schema_literals_formats_and_wide_bounds) {
+  static const char *t1[] = {"{\"a\":[1,{\"b\":null}]}", "{ \"a\" : [ 1 , { \"b\" : null } ] }",
+                             "{\"a\":[1,{\"b\":null}],\"c\":1}", "{\"a\":[1]}"};
+  static const int w1[] = {1, 1, 0, 0};
+  check_texts("{\"const\":{\"a\":[1,{\"b\":null}]}}", t1, w1, 4);
+  static const char *t2[] = {"\"1963-06-19t08:30:06.283185z\"", "\"1963-06-19T08:30:06Z\"",
+                             "\"1963-06-19 08:30:06Z\""};
+  static const int w2[] = {1, 1, 0};
+  check_texts("{\"type\":\"string\",\"format\":\"date-time\"}", t2, w2, 3);
+  char label63[80], label64[80];
+  memset(label63, 'a', 63);
+  label63[63] = 0;
+  memset(label64, 'a', 64);
+  label64[64] = 0;
+  char h63[100], h64[100];
+  snprintf(h63, sizeof h63, "\"x.%s.com\"", label63);
+  snprintf(h64, sizeof h64, "\"x.%s.com\"", label64);
+  const char *t3[] = {h63, h64, "\"a-b.c\"", "\"-a.c\""};
+  static const int w3[] = {1, 0, 1, 0};
+  check_texts("{\"type\":\"string\",\"format\":\"hostname\"}", t3, w3, 4);
+  expect_err("{\"type\":\"number\",\"exclusiveMaximum\":972783798187987123879878123.18878137}",
+             CM_ERR_INVAL, "keyword 'exclusiveMaximum' at / is not supported (magnitude of 2^53");
+  expect_err("{\"type\":\"integer\",\"minimum\":-9007199254740992}", CM_ERR_INVAL,
+             "keyword 'minimum'");
+}
