@@ -1058,8 +1058,11 @@ static int native_tools(struct pctx *p, json_t *list, const char *only, int requ
   free(txt);
   r->g4 |= FE_G4_TOOLS;
   if (!only && !required) return 0;
-  char *gbnf = NULL;
-  if (fe_g4_tools_grammar(list, only, parallel, p->model->marker, &gbnf)) return nomem(p);
+  char *gbnf = NULL, err[512], param[64];
+  int grc =
+      fe_g4_tools_grammar(list, only, parallel, p->model->marker, &gbnf, param, err, sizeof err);
+  if (grc == CM_ERR_INVAL) return fail(p, 400, param, "%s", err);
+  if (grc) return nomem(p);
   json_t *g = json_string(gbnf);
   free(gbnf);
   int rc = g ? set_constraint(p, "tools", GR_GRAMMAR, g) : nomem(p);

@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "frontend/fe-g4.h"
 #include "frontend/fe-http-buf.h"
+#include "grammar/gr.h"
 
 #define MAX_DEPTH 16 /* nested schemas written out; deeper ones take any value */
 
@@ -227,9 +229,121 @@ static int value(struct gb *g, const json_t *s, int depth) {
   return id;
 }
 
+/* ---- what the notation's grammar enforces ------------------------------------ */
+
+static const char *const k_taken[] = {"type",
+                                      "properties",
+                                      "required",
+                                      "items",
+                                      "enum",
+                                      "const",
+                                      "anyOf",
+                                      "oneOf",
+                                      "minLength",
+                                      "maxLength",
+                                      "additionalProperties",
+                                      "title",
+                                      "description",
+                                      "default",
+                                      "examples",
+                                      "$comment",
+                                      "$schema",
+                                      "$id",
+                                      "deprecated",
+                                      "readOnly",
+                                      "writeOnly",
+                                      NULL};
+
+/* Refuses (CM_ERR_INVAL, a sentence in err) what value() would not enforce in
+ * schema s at JSON pointer path (of plen bytes, in a buffer of SCHEMA_PATH). */
+#define SCHEMA_PATH 512
+static int check(const json_t *s, char *path, size_t plen, int depth, const char *where, char *err,
+                 size_t errlen) {
+  if (json_is_boolean(s) || !json_is_object(s)) return 0; /* any value */
+  if (depth > MAX_DEPTH)
+    return snprintf(err, errlen,
+                    "%s%s: schemas nested deeper than %d are not supported in "
+                    "Gemma 4's tool-call notation",
+                    where, path, MAX_DEPTH),
+           CM_ERR_INVAL;
+  const char *key;
+  const json_t *v;
+  json_object_foreach((json_t *)s, key, v) {
+    int ok = 0;
+    for (int i = 0; k_taken[i] && !ok; i++)
+      ok = !strcmp(key, k_taken[i]);
+    if (ok && !strcmp(key, "items") && !json_is_object(v) && !json_is_boolean(v)) ok = 0;
+    if (!ok)
+      return snprintf(err, errlen,
+                      "keyword '%s' at %s%s is not supported in Gemma 4's tool-call "
+                      "notation",
+                      key, where, plen ? path : "/"),
+             CM_ERR_INVAL;
+  }
+  const json_t *en = json_object_get(s, "enum");
+  const json_t *lits[2] = {json_object_get(s, "const"), NULL};
+  for (size_t i = 0; !lits[0] && json_is_array(en) && i < json_array_size(en); i++)
+    if (json_is_object(json_array_get(en, i)) || json_is_array(json_array_get(en, i)))
+      lits[0] = json_array_get(en, i);
+  if (json_is_object(lits[0]) || json_is_array(lits[0]))
+    return snprintf(err, errlen,
+                    "keyword '%s' at %s%s: objects and arrays in enum / const are "
+                    "not supported in Gemma 4's tool-call notation",
+                    json_object_get(s, "const") ? "const" : "enum", where, plen ? path : "/"),
+           CM_ERR_INVAL;
+  /* the subschemas: properties/K, items, anyOf/I, oneOf/I */
+  static const char *const subs[] = {"properties", "items", "anyOf", "oneOf"};
+  for (int k = 0; k < 4; k++) {
+    const json_t *sub = json_object_get(s, subs[k]);
+    if (!sub) continue;
+    size_t i, n = json_is_array(sub) ? json_array_size(sub) : json_is_object(sub) ? 1 : 0;
+    if (k == 0) n = json_is_object(sub) ? json_object_size(sub) : 0;
+    void *it = k == 0 ? json_object_iter((json_t *)sub) : NULL;
+    for (i = 0; i < n; i++) {
+      const json_t *child = k == 0   ? json_object_iter_value(it)
+                            : k == 1 ? sub
+                                     : json_array_get(sub, i);
+      int w = k == 0   ? snprintf(path + plen, SCHEMA_PATH - plen, "/properties/%s",
+                                  json_object_iter_key(it))
+              : k == 1 ? snprintf(path + plen, SCHEMA_PATH - plen, "/items")
+                       : snprintf(path + plen, SCHEMA_PATH - plen, "/%s/%zu", subs[k], i);
+      size_t nl = w < 0 ? plen : CM_MIN(plen + (size_t)w, (size_t)SCHEMA_PATH - 1);
+      int rc = check(child, path, nl, depth + 1, where, err, errlen);
+      path[plen] = 0;
+      if (rc) return rc;
+      if (k == 0) it = json_object_iter_next((json_t *)sub, it);
+    }
+  }
+  return 0;
+}
+
 int fe_g4_tools_grammar(const json_t *tools, const char *only, int parallel, const int32_t *marker,
-                        char **out) {
+                        char **out, char *param, char *err, size_t errlen) {
   *out = NULL;
+  size_t ti;
+  const json_t *tt;
+  json_array_foreach((json_t *)tools, ti, tt) {
+    const char *name = json_string_value(json_object_get(tt, "name"));
+    if (!name || (only && strcmp(only, name))) continue;
+    const json_t *params = json_object_get(tt, "parameters");
+    char *where = param, path[SCHEMA_PATH] = "";
+    snprintf(where, 64, "tools[%zu].function.parameters", ti);
+    int rc = check(params, path, 0, 0, where, err, errlen);
+    if (rc) return rc;
+    if (params) { /* oneOf's branches told apart, and the schema itself, as the compiler sees it */
+      char *txt = json_dumps(params, JSON_COMPACT | JSON_ENCODE_ANY);
+      struct gr_grammar *gr = NULL;
+      char why[256];
+      rc = txt ? gr_compile(GR_JSON_SCHEMA, txt, strlen(txt), &gr, why, sizeof why) : CM_ERR_NOMEM;
+      free(txt);
+      gr_grammar_free(gr);
+      if (rc == CM_ERR_INVAL || rc == CM_ERR_TOOBIG) {
+        snprintf(err, errlen, "%s: %s", where, why);
+        return CM_ERR_INVAL;
+      }
+      if (rc) return rc;
+    }
+  }
   struct fe_buf rules, root;
   fe_buf_init(&rules, 0);
   fe_buf_init(&root, 0);

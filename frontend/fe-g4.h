@@ -88,10 +88,15 @@ int fe_g4_parse_call(const char *s, size_t n, char **name, char **args);
  * array of {"name", "parameters"}; only `only` when not NULL), each call's
  * arguments following its parameter schema: type (and lists of types), properties
  * (in the order Gemma 4's template writes them: sorted), required, enum, const,
- * items, anyOf / oneOf, a string's minLength / maxLength; other keywords are not
- * enforced in this notation.
+ * items (one schema), anyOf / oneOf (whose branches the JSON Schema compiler
+ * must tell apart), a string's minLength / maxLength; annotations and
+ * additionalProperties (only the listed properties are written) are taken;
+ * any other keyword, an object or array in enum / const, and schemas nested
+ * deeper than 16 are refused: CM_ERR_INVAL with "keyword 'K' at
+ * tools[I].function.parameters/POINTER ..." in err and that tool's
+ * "tools[I].function.parameters" in param[64], the request's 400.
  * marker: the special token ids of FE_G4_CALL, FE_G4_CALL_END and FE_G4_QUOTE.
- * *out is malloc'd. 0, or CM_ERR_NOMEM. */
+ * *out is malloc'd. 0, CM_ERR_INVAL, or CM_ERR_NOMEM. */
 struct json_t;
 int fe_g4_tools_grammar(const struct json_t *tools, const char *only, int parallel,
-                        const int32_t *marker, char **out);
+                        const int32_t *marker, char **out, char *param, char *err, size_t errlen);

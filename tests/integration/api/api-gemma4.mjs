@@ -124,6 +124,29 @@ test('bad chat_template_kwargs and tool history are 400s naming the field', asyn
     assert.equal(r.status, 400, JSON.stringify(body));
     assert.equal(r.body.error.param, param);
   }
+  // what the native notation's grammar cannot enforce, under required / named: a 400 naming
+  // the keyword and where it is (never a call that breaks the schema)
+  const withParams = (parameters) => [{ type: 'function', function: { name: 'f', parameters } }];
+  for (const [parameters, what] of [
+    [{ type: 'object', properties: { s: { type: 'string', pattern: '^[a-z]+$' } } },
+     "keyword 'pattern' at tools[0].function.parameters/properties/s"],
+    [{ type: 'object', properties: { n: { type: 'integer', minimum: 3 } } },
+     "keyword 'minimum' at tools[0].function.parameters/properties/n"],
+    [{ type: 'object', properties: { d: { type: 'string', format: 'date' } } }, "keyword 'format'"],
+    [{ type: 'object', properties: { l: { type: 'array', items: { type: 'integer' }, maxItems: 2 } } },
+     "keyword 'maxItems' at tools[0].function.parameters/properties/l"],
+    [{ type: 'object', properties: { o: { enum: [{ a: 1 }] } } }, "keyword 'enum'"],
+    [{ type: 'object', properties: { x: { oneOf: [{ type: 'integer' }, { type: 'number' }] } } },
+     "keyword 'oneOf' at /properties/x"],
+  ]) {
+    for (const tool_choice of ['required', { type: 'function', function: { name: 'f' } }]) {
+      const r = await post('/v1/chat/completions',
+                           { model, messages: user, max_tokens: 4, tools: withParams(parameters), tool_choice });
+      assert.equal(r.status, 400, JSON.stringify(parameters));
+      assert.equal(r.body.error.param, 'tools[0].function.parameters', r.body.error.message);
+      assert.ok(r.body.error.message.includes(what), r.body.error.message);
+    }
+  }
   const ok = await client.chat.completions.create({ model, messages: user, max_tokens: 2 });
   assert.equal(ok.choices.length, 1); // and the server goes on serving
 });
