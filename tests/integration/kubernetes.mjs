@@ -540,7 +540,10 @@ test('the tensor-parallel group serves greedy output as `lmserve generate` does'
       else p.on('exit', (code, sig) => res([code, sig]));
     }));
     for (const p of procs) p.kill('SIGTERM');
-    const codes = await Promise.race([Promise.all(exits), sleep(30000).then(() => null)]);
+    let timer;
+    const codes = await Promise.race([
+      Promise.all(exits), new Promise((res) => { timer = setTimeout(() => res(null), 30000); })]);
+    clearTimeout(timer);
     assert.ok(codes, 'every role stopped within 30 s of SIGTERM');
     for (const [code, sig] of codes) assert.deepEqual([code, sig], [0, null], 'a clean exit');
   } finally {
