@@ -38,8 +38,7 @@ TH_TEST(deploy_files) {
   int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
   int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
   free(out), free(err);
-  if (rc != 0 || major < 20)
-    TH_SKIP("no node 20 or newer on PATH: " DEPLOY_SCRIPT " did not run");
+  if (rc != 0 || major < 20) TH_SKIP("no node 20 or newer on PATH: " DEPLOY_SCRIPT " did not run");
   const char *src = getenv("TH_SOURCE_DIR");
   char pkgs[] = DEPLOY_PACKAGES, script[1024], deploy[1024];
   for (char *save = NULL, *p = strtok_r(pkgs, " ", &save); p; p = strtok_r(NULL, " ", &save)) {
