@@ -30,6 +30,7 @@ const BUILTIN = {
   'v1 Service': 'v1/Service',
   'v1 PersistentVolumeClaim': 'v1/PersistentVolumeClaim',
   'policy/v1 PodDisruptionBudget': 'policy/v1/PodDisruptionBudget',
+  'networking.k8s.io/v1 NetworkPolicy': 'networking.k8s.io/v1/NetworkPolicy',
 };
 const POD_TEMPLATE = 'v1/PodTemplateSpec';
 

@@ -15,7 +15,9 @@
 //    (after Kubernetes' $(VAR) expansion, with LeaderWorkerSet's variables)
 //    are all in `lmserve ROLE --help`; probes, ports, drain and grace period,
 //    resources, the model volume, GPUs; the Services and budgets select the
-//    pods; the LeaderWorkerSet's ranks, world size and endpoints; the
+//    pods; NetworkPolicies admit only lmserve's own pods to every ZeroMQ
+//    port on the pod network; the LeaderWorkerSet's ranks, world size and
+//    endpoints; the
 //    data-parallel frontends name every replica; the monitors find every
 //    pod that serves /metrics.
 // 4. The LeaderWorkerSet group of tensor-parallel/ started as local processes
@@ -296,6 +298,41 @@ function checkPod(where, pod) {
   return cmds;
 }
 
+/* A scheduler endpoint on the pod network (ZeroMQ, no authentication) is
+ * reachable only from the lmserve pods that connect to it: every pod that
+ * binds one is selected by a NetworkPolicy for ingress, and each of its rules
+ * that admits the port admits only pods (podSelector), among them every pod
+ * that connects there. */
+function checkZmqPorts(name, objects, podsOf) {
+  const policies = objects.filter((o) => o.kind === 'NetworkPolicy');
+  const isLocal = (h) => h === '127.0.0.1' || h === 'localhost';
+  for (const p of podsOf) {
+    for (const x of commands(p).filter((y) => y.role === 'scheduler')) {
+      for (const [flag, peerRole] of [['--frontend-endpoint', 'frontend'], ['--worker-endpoint', 'worker']]) {
+        const ep = endpoint(x.flags[flag]);
+        if (isLocal(ep.host)) continue;
+        const w = `${name}: ${p.what}: ${flag} ${x.flags[flag]}`;
+        const portName = (x.c.ports ?? []).find((cp) => cp.containerPort === ep.port)?.name;
+        const mine = policies.filter((np) => selects(np.spec.podSelector.matchLabels, p.labels) &&
+                                             (np.spec.policyTypes ?? []).includes('Ingress'));
+        assert.ok(mine.length > 0, `${w}: a NetworkPolicy guards the pod`);
+        const peers = podsOf.filter((q) => commands(q).some(
+          (y) => y.role === peerRole && !isLocal(endpoint(y.flags['--scheduler']).host)));
+        for (const rule of mine.flatMap((np) => np.spec.ingress ?? [])) {
+          const admits = !rule.ports ||
+            rule.ports.some((rp) => rp.port === ep.port || (portName && rp.port === portName));
+          if (!admits) continue;
+          assert.ok((rule.from ?? []).length > 0 && rule.from.every((f) => f.podSelector),
+                    `${w}: only pods may reach it`);
+          for (const q of peers)
+            assert.ok(rule.from.some((f) => selects(f.podSelector.matchLabels, q.labels)),
+                      `${w}: ${q.what} may reach it`);
+        }
+      }
+    }
+  }
+}
+
 function checkRender(name, objects) {
   const podsOf = objects.flatMap(pods);
   for (const p of podsOf) checkPod(name, p);
@@ -316,6 +353,7 @@ function checkRender(name, objects) {
   for (const b of pdbs)
     assert.ok(b.spec.maxUnavailable !== undefined || b.spec.minAvailable !== undefined,
               `${name}: PodDisruptionBudget ${b.metadata.name} bounds disruptions`);
+  checkZmqPorts(name, objects, podsOf);
   return podsOf;
 }
 
