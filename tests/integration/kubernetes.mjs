@@ -17,9 +17,8 @@
 //    resources, the model volume, GPUs; the Services and budgets select the
 //    pods; NetworkPolicies admit only lmserve's own pods to every ZeroMQ
 //    port on the pod network; the LeaderWorkerSet's ranks, world size and
-//    endpoints; the
-//    data-parallel frontends name every replica; the monitors find every
-//    pod that serves /metrics.
+//    endpoints; the data-parallel frontends name every replica; the
+//    monitors find every pod that serves /metrics.
 // 4. The LeaderWorkerSet group of tensor-parallel/ started as local processes
 //    with the manifest's arguments and the environment LeaderWorkerSet gives
 //    (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX), each pod on its
