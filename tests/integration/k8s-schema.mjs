@@ -19,9 +19,10 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Ajv from 'ajv';
 
-const modelsDir = dirname(fileURLToPath(import.meta.resolve('kubernetes-models')));
-const apimachineryDir = dirname(
-  fileURLToPath(import.meta.resolve('@kubernetes-models/apimachinery')));
+/* where node finds the packages from here: the source tree's node_modules */
+const nodeModules = fileURLToPath(new URL('../../node_modules/', import.meta.url));
+const modelsDir = join(nodeModules, 'kubernetes-models');
+const apimachineryDir = join(nodeModules, '@kubernetes-models', 'apimachinery');
 
 /* kubernetes-models module (relative to the package) of each kind we use */
 const BUILTIN = {
@@ -89,7 +90,7 @@ async function checkBuiltin(mod, value, path, out) {
   try {
     new Model(value).validate();
   } catch (e) {
-    out.push(`${path}: ${e.message}`);
+    out.push(path ? `${path}: ${e.message}` : e.message);
   }
   unknownFields(value, join(modelsDir, `${mod}.d.ts`), path, out);
 }

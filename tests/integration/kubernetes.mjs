@@ -378,6 +378,34 @@ test('every YAML file is rendered or applied alone, and every object validates',
   }
 });
 
+test('a broken object fails validation', async () => {
+  /* the validators themselves, on copies of the rendered objects broken the
+   * ways a manifest edit goes wrong: each must be reported where it is */
+  const find = (render, kind) => structuredClone(renders[render].find((o) => o.kind === kind));
+  const cases = [
+    ['base', 'Deployment', (o) => { o.spec.template.spec.containers[0].livenesProbe = {}; },
+     '/spec/template/spec/containers/0/livenesProbe: unknown field'],
+    ['base', 'Deployment', (o) => { o.spec.template.spec.containers[0].ports[0].containerPort = '8000'; },
+     'containerPort must be integer'],
+    ['base', 'Service', (o) => { delete o.spec.ports[0].port; }, 'spec/ports/0 must have required property port'],
+    ['tensor-parallel', 'LeaderWorkerSet', (o) => { o.spec.leaderWorkerTemplate.restartPolicy = 'Always'; },
+     '/spec/leaderWorkerTemplate/restartPolicy: must be equal to one of the allowed values'],
+    ['tensor-parallel', 'LeaderWorkerSet', (o) => { o.spec.leaderWorkerTemplate.sise = 2; },
+     '/spec/leaderWorkerTemplate/sise: unknown field'],
+    ['tensor-parallel', 'LeaderWorkerSet',
+     (o) => { o.spec.leaderWorkerTemplate.workerTemplate.spec.containers[0].arg = []; },
+     '/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/arg: unknown field'],
+    ['monitoring', 'PodMonitor', (o) => { o.spec.podMetricsEndpoints[0].interval = '15 s'; },
+     '/spec/podMetricsEndpoints/0/interval: must match pattern'],
+  ];
+  for (const [render, kind, breakIt, want] of cases) {
+    const o = find(render, kind);
+    breakIt(o);
+    const errs = await validate(o);
+    assert.ok(errs.some((e) => e.includes(want)), `${render} ${kind}: "${want}" in ${JSON.stringify(errs)}`);
+  }
+});
+
 test('the README gives the command of every folder and file', () => {
   const readme = readFileSync(join(K8S, 'README.md'), 'utf8');
   for (const d of Object.keys(renders))
