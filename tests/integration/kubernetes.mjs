@@ -152,11 +152,16 @@ function yamlFiles(dir) {
   return out.sort();
 }
 
+/* Every folder rendered once, here: a folder that does not render fails the
+ * first test with the reason, and every other test with it. */
 const kustomizations = yamlFiles(K8S).filter((f) => f.endsWith('/kustomization.yaml')).map(dirname);
-const renders = Object.fromEntries(
-  kustomizations.map((d) => [relative(K8S, d), render(d).objects]));
 const used = new Set();
-for (const d of kustomizations) render(d, used);
+let renders = {}, renderError = null;
+try {
+  renders = Object.fromEntries(kustomizations.map((d) => [relative(K8S, d), render(d, used).objects]));
+} catch (e) {
+  renderError = e;
+}
 const standalone = yamlFiles(K8S).filter((f) => !used.has(f));
 
 // ---- pods and their containers ----------------------------------------------------
@@ -359,6 +364,7 @@ function checkRender(name, objects) {
 // ---- the tests: rendering and schemas ------------------------------------------------
 
 test('every YAML file is rendered or applied alone, and every object validates', async () => {
+  if (renderError) throw renderError;
   assert.ok(kustomizations.length >= 4, 'the kustomization folders');
   for (const f of standalone) {
     const docs = readDocs(f);
@@ -379,6 +385,7 @@ test('every YAML file is rendered or applied alone, and every object validates',
 });
 
 test('a broken object fails validation', async () => {
+  assert.equal(renderError, null, 'every folder renders');
   /* the validators themselves, on copies of the rendered objects broken the
    * ways a manifest edit goes wrong: each must be reported where it is */
   const find = (render, kind) => structuredClone(renders[render].find((o) => o.kind === kind));
@@ -420,6 +427,7 @@ test('the README gives the command of every folder and file', () => {
 // ---- the tests: each case ------------------------------------------------------------
 
 function singleReplica(name, device) {
+  assert.equal(renderError, null, 'every folder renders');
   const objects = renders[name];
   assert.ok(objects, `${name}/ exists`);
   const podsOf = checkRender(name, objects);
@@ -435,6 +443,7 @@ test('base/: a replica per pod on CPU', () => singleReplica('base', 'cpu'));
 test('gpu/: a replica per pod on one GPU', () => singleReplica('gpu', 'cuda'));
 
 test('tensor-parallel/: a LeaderWorkerSet group is one replica, a rank per pod', () => {
+  assert.equal(renderError, null, 'every folder renders');
   const objects = renders['tensor-parallel'];
   const podsOf = checkRender('tensor-parallel', objects);
   const lws = objects.find((o) => o.kind === 'LeaderWorkerSet');
@@ -491,6 +500,7 @@ test('tensor-parallel/: a LeaderWorkerSet group is one replica, a rank per pod',
 });
 
 test('data-parallel/: frontends route over every replica', () => {
+  assert.equal(renderError, null, 'every folder renders');
   const objects = renders['data-parallel'];
   const podsOf = checkRender('data-parallel', objects);
   const sts = objects.find((o) => o.kind === 'StatefulSet');
@@ -521,6 +531,7 @@ test('data-parallel/: frontends route over every replica', () => {
 });
 
 test('monitoring: every pod and Service that serves /metrics is scraped', () => {
+  assert.equal(renderError, null, 'every folder renders');
   const monitors = [...Object.values(renders).flat(), ...standalone.flatMap(readDocs)]
     .filter((o) => o.apiVersion === 'monitoring.coreos.com/v1');
   const pm = monitors.find((o) => o.kind === 'PodMonitor');
@@ -547,6 +558,7 @@ test('monitoring: every pod and Service that serves /metrics is scraped', () => 
 
 test('the tensor-parallel group serves greedy output as `lmserve generate` does',
      { timeout: 600000 }, async () => {
+  assert.equal(renderError, null, 'every folder renders');
   const lws = renders['tensor-parallel'].find((o) => o.kind === 'LeaderWorkerSet');
   const podsOf = pods(lws);
   const ip = podsOf.map((_, i) => `127.0.0.${60 + i}`);
