@@ -339,7 +339,8 @@ function checkZmqPorts(name, objects, podsOf) {
 
 function checkRender(name, objects) {
   const podsOf = objects.flatMap(pods);
-  for (const p of podsOf) checkPod(name, p);
+  const models = new Set(podsOf.flatMap((p) => checkPod(name, p)).map((x) => x.flags['--model']));
+  assert.equal(models.size, 1, `${name}: every role reads the same --model (${[...models]})`);
   for (const s of objects.filter((o) => o.kind === 'Service')) {
     const sel = podsOf.filter((p) => selects(s.spec.selector, p.labels));
     assert.ok(sel.length > 0, `${name}: Service ${s.metadata.name} selects pods`);
