@@ -21,9 +21,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { spawn, execFileSync } from 'node:child_process';
-import { createServer } from 'node:net';
+import { spawn } from 'node:child_process';
 import YAML from 'yaml';
+import {
+  roleFlags, parseFlags, endpoint, sleep, freePort, status, until, postJson,
+} from './deploy-lib.mjs';
 
 const BIN = process.env.LMSERVE_BIN;
 const MODEL = process.env.LMSERVE_TEST_MODEL;
@@ -38,30 +40,9 @@ function load(name) {
   const services = {};
   for (const [svc, def] of Object.entries(doc.services ?? {})) {
     const cmd = (def.command ?? []).map(interp);
-    const flags = {};
-    for (let i = 1; i < cmd.length; i++)
-      if (cmd[i].startsWith('--')) {
-        const next = cmd[i + 1];
-        flags[cmd[i]] = next !== undefined && !next.startsWith('--') ? next : true;
-      }
-    services[svc] = { def, cmd, role: cmd[0], flags };
+    services[svc] = { def, cmd, role: cmd[0], flags: parseFlags(cmd) };
   }
   return services;
-}
-
-const helpCache = {};
-function roleFlags(role) {
-  if (!helpCache[role]) {
-    const out = execFileSync(BIN, [role, '--help'], { encoding: 'utf8' });
-    helpCache[role] = new Set(out.match(/--[a-z][a-z0-9-]*/g));
-  }
-  return helpCache[role];
-}
-
-function endpoint(url) {
-  const m = /^tcp:\/\/([^:/]+):(\d+)$/.exec(url ?? '');
-  assert.ok(m, `a tcp://HOST:PORT endpoint, not ${url}`);
-  return { host: m[1], port: Number(m[2]) };
 }
 
 function checkStructure(name, gpu) {
@@ -88,7 +69,7 @@ function checkStructure(name, gpu) {
     assert.ok(['always', 'unless-stopped', 'on-failure'].includes(v.def.restart),
               `${name}: ${svc} has a restart policy`);
     assert.equal(v.flags['--model'], model, `${name}: ${svc} reads the same --model`);
-    const known = roleFlags(v.role);
+    const known = roleFlags(BIN, v.role);
     for (const f of Object.keys(v.flags))
       assert.ok(known.has(f), `${name}: ${svc}: \`lmserve ${v.role}\` has no ${f}`);
   }
@@ -132,38 +113,6 @@ test('docker-compose.cuda.yml agrees with the CLI', () =>
 
 // ---- the CPU topology, run ----------------------------------------------------
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-function freePort(host) {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, host, () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-async function status(url) {
-  try {
-    const r = await fetch(url, { signal: AbortSignal.timeout(3000) });
-    await r.arrayBuffer();
-    return r.status;
-  } catch {
-    return 0;
-  }
-}
-
-async function until(what, ms, f) {
-  const t0 = Date.now();
-  for (;;) {
-    if (await f()) return Date.now() - t0;
-    if (Date.now() - t0 > ms) assert.fail(`${what}: not within ${ms / 1000} s`);
-    await sleep(200);
-  }
-}
-
 test('the compose topology heals after any role is killed', { timeout: 600000 }, async () => {
   const s = load('docker-compose.yml');
   const names = Object.keys(s);
@@ -204,18 +153,11 @@ test('the compose topology heals after any role is killed', { timeout: 600000 },
   };
   const base = `http://${ip[fe[0]]}:${httpPort}`;
   const complete = async () => {
-    try {
-      const r = await fetch(`${base}/v1/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ prompt: [2, 818, 5279, 563], max_tokens: 4, temperature: 0 }),
-        signal: AbortSignal.timeout(60000),
-      });
-      const j = await r.json();
-      return r.status === 200 && j.usage?.completion_tokens === 4 ? j.choices[0].text : null;
-    } catch {
-      return null; /* the frontend itself is down */
-    }
+    const r = await postJson(`${base}/v1/completions`,
+                             { prompt: [2, 818, 5279, 563], max_tokens: 4, temperature: 0 });
+    /* null also when the frontend itself is down */
+    return r?.status === 200 && r.json?.usage?.completion_tokens === 4 ? r.json.choices[0].text
+                                                                      : null;
   };
   try {
     for (const n of names) start(n);
