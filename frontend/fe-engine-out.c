@@ -230,9 +230,8 @@ static int flush_text(struct fe_eng_choice *ch) {
 }
 
 /* The calls Gemma 4's splitter read (ch->g4_out.calls) as OpenAI's tool_calls
- * array (malloc'd; NULL: none), each with a fresh id; with_index: each carries
- * its index, counted from ch->n_calls (a stream's delta). */
-static char *native_calls(const struct fe_eng_choice *ch, int with_index) {
+ * array (malloc'd; NULL: none), each with a fresh id. */
+static char *native_calls(const struct fe_eng_choice *ch) {
   if (!ch->g4 || !ch->g4_out.n_calls) return NULL;
   struct fe_buf b;
   fe_buf_init(&b, 0);
@@ -250,8 +249,6 @@ static char *native_calls(const struct fe_eng_choice *ch, int with_index) {
     json_t *call =
         json_pack("{s:s, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function", "name",
                   json_object_get(c, "name"), "arguments", json_object_get(c, "arguments"));
-    if (call && with_index)
-      json_object_set_new(call, "index", json_integer((json_int_t)(ch->n_calls + i)));
     json_array_append_new(out, call);
   }
   char *s = json_array_size(out) ? json_dumps(out, JSON_COMPACT) : NULL;
@@ -260,14 +257,56 @@ static char *native_calls(const struct fe_eng_choice *ch, int with_index) {
   return s;
 }
 
+/* A stream's deltas of the calls being read (ch->g4_out.deltas) as OpenAI's
+ * delta.tool_calls (malloc'd; NULL: none): a call's index, id, type and name
+ * once with empty arguments, then its argument fragments under its index.
+ * Counts the calls begun in ch->n_calls. */
+static char *native_deltas(struct fe_eng_choice *ch) {
+  if (!ch->g4_out.n_deltas) return NULL;
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  fe_buf_puts(&b, "[");
+  fe_buf_append(&b, ch->g4_out.deltas.data, ch->g4_out.deltas.len);
+  fe_buf_puts(&b, "]");
+  json_t *ds = b.err ? NULL : json_loadb(b.data, b.len, 0, NULL);
+  fe_buf_free(&b);
+  json_t *out = json_array();
+  size_t i;
+  json_t *d, *name;
+  json_array_foreach(ds, i, d) {
+    json_t *x;
+    if ((name = json_object_get(d, "name"))) {
+      char id[40];
+      fe_api_make_id(id, sizeof(id), "call_");
+      x = json_pack("{s:I, s:s, s:s, s:{s:O, s:s}}", "index", (json_int_t)ch->n_calls++, "id", id,
+                    "type", "function", "function", "name", name, "arguments", "");
+    } else {
+      x = json_pack("{s:I, s:{s:O}}", "index", (json_int_t)(ch->n_calls ? ch->n_calls - 1 : 0),
+                    "function", "arguments", json_object_get(d, "arguments"));
+    }
+    json_array_append_new(out, x);
+  }
+  char *s = json_array_size(out) ? json_dumps(out, JSON_COMPACT) : NULL;
+  json_decref(ds);
+  json_decref(out);
+  return s;
+}
+
 /* Gemma 4's parts of choice c: the thought, the calls (*calls, the caller frees;
- * finish reason "tool_calls" once some were made). */
-static void native_answer(struct fe_eng_choice *ch, int with_index, struct fe_api_choice *c,
-                          char **calls) {
+ * finish reason "tool_calls" once some were made). A stream's calls go as deltas
+ * while they are read. */
+static void native_answer(struct fe_eng_choice *ch, struct fe_api_choice *c, char **calls) {
   if (!ch->g4) return;
   c->reasoning = ch->g4_out.reasoning.data;
   c->reasoning_len = ch->g4_out.reasoning.len;
-  *calls = native_calls(ch, with_index);
+  if (ch->g4->flags & FE_G4_STREAM_CALLS) {
+    *calls = native_deltas(ch);
+    if (*calls) c->tool_calls = *calls;
+    if (ch->n_calls && c->finish_reason && !strcmp(c->finish_reason, "stop"))
+      c->finish_reason = "tool_calls";
+    return;
+  }
+  *calls = native_calls(ch);
   if (*calls) c->tool_calls = *calls;
   ch->n_calls += ch->g4_out.n_calls;
   if (ch->n_calls && c->finish_reason && !strcmp(c->finish_reason, "stop"))
@@ -364,7 +403,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
                             ch->text_sent};
   char *calls = NULL, *content = NULL;
   if (r->api->tool_answer) tool_answer(ch, 1, &c, &calls, &content);
-  native_answer(ch, 1, &c, &calls);
+  native_answer(ch, &c, &calls);
   struct fe_api_token_logprob *tl = NULL;
   struct fe_api_top_logprob *tops = NULL;
   fe_buf_reset(&e->tmp);
@@ -410,7 +449,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
     if (r->api->tool_answer) tool_answer(ch, 0, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
-    native_answer(ch, 0, &cs[k], &tool_bufs[2 * k]);
+    native_answer(ch, &cs[k], &tool_bufs[2 * k]);
     if (r->api->logprobs >= 0) {
       rc = build_logprobs(e, ch, &tls[k], &tops[k], &txt[k]);
       cs[k].logprobs = tls[k];
@@ -544,9 +583,10 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->finish_reason = hit ? "stop" : finish_name(s->finish);
     r->n_done++;
   }
-  if (r->stream && (r->api->tool_answer ? ch->done
-                                        : ch->text.len || ch->n_lps || ch->done ||
-                                              ch->g4_out.reasoning.len || ch->g4_out.n_calls))
+  if (r->stream &&
+      (r->api->tool_answer ? ch->done
+                           : ch->text.len || ch->n_lps || ch->done || ch->g4_out.reasoning.len ||
+                                 ch->g4_out.n_calls || ch->g4_out.n_deltas))
     send_chunk(r, ch);
 }
 

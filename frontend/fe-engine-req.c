@@ -370,7 +370,8 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   if (rc) return rc;
   if (r->api->g4) {
     if (!(ch->g4 = malloc(sizeof(*ch->g4)))) return CM_ERR_NOMEM;
-    fe_g4_split_init(ch->g4, r->api->g4);
+    /* a stream sends each call's name, then its arguments as they are written */
+    fe_g4_split_init(ch->g4, r->api->g4 | (r->stream ? FE_G4_STREAM_CALLS : 0u));
   }
   const struct fe_api_request *q = r->api;
   size_t lens[FE_API_MAX_STOP];

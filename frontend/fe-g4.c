@@ -31,21 +31,24 @@ void fe_g4_out_init(struct fe_g4_out *o) {
   fe_buf_init(&o->content, 0);
   fe_buf_init(&o->reasoning, 0);
   fe_buf_init(&o->calls, 0);
-  o->n_calls = 0;
+  fe_buf_init(&o->deltas, 0);
+  o->n_calls = o->n_deltas = 0;
 }
 
 void fe_g4_out_reset(struct fe_g4_out *o) {
   fe_buf_reset(&o->content);
   fe_buf_reset(&o->reasoning);
   fe_buf_reset(&o->calls);
-  o->n_calls = 0;
+  fe_buf_reset(&o->deltas);
+  o->n_calls = o->n_deltas = 0;
 }
 
 void fe_g4_out_free(struct fe_g4_out *o) {
   fe_buf_free(&o->content);
   fe_buf_free(&o->reasoning);
   fe_buf_free(&o->calls);
-  o->n_calls = 0;
+  fe_buf_free(&o->deltas);
+  o->n_calls = o->n_deltas = 0;
 }
 
 /* ---- the splitter ---------------------------------------------------------- */
@@ -58,11 +61,13 @@ void fe_g4_split_init(struct fe_g4_split *s, unsigned flags) {
   s->mode = MODE_CONTENT;
   fe_buf_init(&s->hold, 0);
   fe_buf_init(&s->call, 0);
+  fe_buf_init(&s->conv, 0);
 }
 
 void fe_g4_split_free(struct fe_g4_split *s) {
   fe_buf_free(&s->hold);
   fe_buf_free(&s->call);
+  fe_buf_free(&s->conv);
 }
 
 /* The markers that mean something in the current mode (at most 3). */
@@ -114,18 +119,50 @@ static size_t place(struct fe_g4_split *s, struct fe_g4_out *out, const char *t,
   return n;
 }
 
+/* A call's text turned into JSON (below): how far it got. */
+enum { CV_MORE = 0, CV_DONE = 1, CV_BAD = -1, CV_COMMA = 2 };
+static int cv_call(const char *s, size_t n, int final, size_t *name_at, size_t *name_len,
+                   struct fe_buf *o);
+
+static void delta(struct fe_g4_out *out, const char *key, const char *t, size_t n) {
+  if (out->n_deltas++) fe_buf_puts(&out->deltas, ",");
+  fe_buf_printf(&out->deltas, "{\"%s\":", key);
+  fe_buf_json_str(&out->deltas, t, n);
+  fe_buf_puts(&out->deltas, "}");
+}
+
+/* FE_G4_STREAM_CALLS: what the call read so far decides, as deltas: its name once
+ * known, then what its arguments' JSON grew by. */
+static void call_progress(struct fe_g4_split *s, struct fe_g4_out *out, int final) {
+  if (!(s->flags & FE_G4_STREAM_CALLS)) return;
+  fe_buf_reset(&s->conv);
+  size_t at, len;
+  const char *t = s->call.data ? s->call.data : "";
+  if (cv_call(t, s->call.len, final, &at, &len, &s->conv) == CV_BAD || !len) return;
+  if (!s->call_open) {
+    delta(out, "name", t + at, len);
+    s->call_open = 1;
+    s->call_sent = 0;
+  }
+  if (s->conv.len > s->call_sent) {
+    delta(out, "arguments", s->conv.data + s->call_sent, s->conv.len - s->call_sent);
+    s->call_sent = s->conv.len;
+  }
+}
+
 /* A complete call in s->call: into out->calls, or back into the content as it
  * was written when it is not a call. */
 static void end_call(struct fe_g4_split *s, struct fe_g4_out *out) {
   char *name = NULL, *args = NULL;
   if (fe_g4_parse_call(s->call.data ? s->call.data : "", s->call.len, &name, &args) == 0) {
+    call_progress(s, out, 1);
     if (out->n_calls++) fe_buf_puts(&out->calls, ",");
     fe_buf_puts(&out->calls, "{\"name\":");
     fe_buf_json_str(&out->calls, name, strlen(name));
     fe_buf_puts(&out->calls, ",\"arguments\":");
     fe_buf_json_str(&out->calls, args, strlen(args));
     fe_buf_puts(&out->calls, "}");
-  } else {
+  } else if (!s->call_open) { /* (a stream has given what it read of it as a call) */
     fe_buf_puts(&out->content, marker_strs[FE_G4_CALL]);
     fe_buf_append(&out->content, s->call.data, s->call.len);
     fe_buf_puts(&out->content, marker_strs[FE_G4_CALL_END]);
@@ -133,6 +170,7 @@ static void end_call(struct fe_g4_split *s, struct fe_g4_out *out) {
   free(name);
   free(args);
   fe_buf_reset(&s->call);
+  s->call_open = 0;
 }
 
 static void on_marker(struct fe_g4_split *s, struct fe_g4_out *out, enum fe_g4_marker m) {
@@ -205,17 +243,23 @@ static void drain(struct fe_g4_split *s, struct fe_g4_out *out, int final) {
 int fe_g4_split_push(struct fe_g4_split *s, const char *text, size_t n, struct fe_g4_out *out) {
   if (n && fe_buf_append(&s->hold, text, n)) return CM_ERR_NOMEM;
   if (s->hold.len) drain(s, out, 0);
-  return s->hold.err || s->call.err || out->content.err || out->reasoning.err || out->calls.err
+  if (s->mode == MODE_CALL) call_progress(s, out, 0);
+  return s->hold.err || s->call.err || s->conv.err || out->content.err || out->reasoning.err ||
+                 out->calls.err || out->deltas.err
              ? CM_ERR_NOMEM
              : 0;
 }
 
 int fe_g4_split_flush(struct fe_g4_split *s, struct fe_g4_out *out) {
   if (s->hold.len) drain(s, out, 1);
-  if (s->mode == MODE_CALL) { /* cut before its end: the text as it came */
-    fe_buf_puts(&out->content, marker_strs[FE_G4_CALL]);
-    fe_buf_append(&out->content, s->call.data, s->call.len);
+  if (s->mode == MODE_CALL) { /* cut before its end: the text as it came, unless the stream
+                               * has given it as a call already */
+    if (!s->call_open) {
+      fe_buf_puts(&out->content, marker_strs[FE_G4_CALL]);
+      fe_buf_append(&out->content, s->call.data, s->call.len);
+    }
     fe_buf_reset(&s->call);
+    s->call_open = 0;
     s->mode = MODE_CONTENT;
   }
   return s->hold.err || out->content.err || out->reasoning.err || out->calls.err ? CM_ERR_NOMEM : 0;
@@ -223,34 +267,74 @@ int fe_g4_split_flush(struct fe_g4_split *s, struct fe_g4_out *out) {
 
 /* ---- a call's text as JSON --------------------------------------------------- */
 
+/* The notation is turned into JSON text as it is read, writing only what the
+ * text so far decides: a bare key once its ':' came, a bare value once what
+ * ends it came, a string's characters as they come (but a tail that may start
+ * <|"|>). So the JSON of a longer prefix of a call always extends that of a
+ * shorter one: the stream's argument fragments are the difference, and joined
+ * they are the arguments of the whole call. */
+
 #define MAX_DEPTH 64
 
-struct rd {
+struct cv {
   const char *s;
   size_t n, pos;
+  int final; /* the text is whole: running out of it is an error */
+  struct fe_buf *o;
 };
 
-static void skip_ws(struct rd *r) {
-  while (r->pos < r->n && (r->s[r->pos] == ' ' || r->s[r->pos] == '\n' || r->s[r->pos] == '\t' ||
-                           r->s[r->pos] == '\r'))
-    r->pos++;
+static void skip_ws(struct cv *c) {
+  while (c->pos < c->n && (c->s[c->pos] == ' ' || c->s[c->pos] == '\n' || c->s[c->pos] == '\t' ||
+                           c->s[c->pos] == '\r'))
+    c->pos++;
 }
 
-static int at(const struct rd *r, const char *lit) {
+static int at(const struct cv *c, const char *lit) {
   size_t l = strlen(lit);
-  return r->n - r->pos >= l && memcmp(r->s + r->pos, lit, l) == 0;
+  return c->n - c->pos >= l && memcmp(c->s + c->pos, lit, l) == 0;
 }
 
-/* A string between <|"|> markers (r at the first one): a new JSON string. */
-static json_t *quoted(struct rd *r) {
+/* Out of text at c->pos: more may come, unless the text is whole. */
+static int out_of_text(const struct cv *c) {
+  return c->final ? CV_BAD : CV_MORE;
+}
+
+/* 1 when the rest of the text is a proper prefix of lit (more may make it lit). */
+static int may_become(const struct cv *c, const char *lit) {
+  size_t l = strlen(lit), r = c->n - c->pos;
+  return r < l && memcmp(c->s + c->pos, lit, r) == 0;
+}
+
+/* A string between <|"|> markers (c at the first one), written as a JSON string. */
+static int cv_string(struct cv *c) {
   const char *q = marker_strs[FE_G4_QUOTE];
   size_t ql = strlen(q);
-  r->pos += ql;
-  const char *end = memmem(r->s + r->pos, r->n - r->pos, q, ql);
-  if (!end) return NULL;
-  json_t *v = json_stringn(r->s + r->pos, (size_t)(end - (r->s + r->pos)));
-  r->pos = (size_t)(end - r->s) + ql;
-  return v;
+  c->pos += ql;
+  fe_buf_puts(c->o, "\"");
+  for (;;) {
+    if (c->pos >= c->n) return out_of_text(c);
+    if (at(c, q)) {
+      c->pos += ql;
+      fe_buf_puts(c->o, "\"");
+      return CV_DONE;
+    }
+    if (!c->final && may_become(c, q)) return CV_MORE;
+    const char *end = memchr(c->s + c->pos, q[0], c->n - c->pos);
+    size_t run = end ? (size_t)(end - (c->s + c->pos)) : c->n - c->pos;
+    if (!end && !c->final) { /* a character cut at the end waits for its other bytes */
+      size_t k = run < 4 ? run : 4;
+      for (size_t i = 1; i <= k; i++) {
+        unsigned char u = (unsigned char)c->s[c->n - i];
+        if ((u & 0xC0) == 0x80) continue; /* a continuation byte */
+        size_t need = u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : u >= 0xC0 ? 2 : 1;
+        if (need > i) run -= i;
+        break;
+      }
+      if (!run) return CV_MORE;
+    }
+    fe_buf_json_chars(c->o, c->s + c->pos, run ? run : 1);
+    c->pos += run ? run : 1;
+  }
 }
 
 /* 1 when t[0..n) is a JSON number. */
@@ -283,136 +367,154 @@ static int is_number(const char *t, size_t n) {
   return i == n;
 }
 
-/* A bare scalar up to , } or ]: a number, true, false, null (None, as Jinja
- * prints Python's), else its text as a string. */
-static json_t *bare(struct rd *r) {
-  size_t b = r->pos;
-  while (r->pos < r->n && r->s[r->pos] != ',' && r->s[r->pos] != '}' && r->s[r->pos] != ']' &&
-         !at(r, marker_strs[FE_G4_QUOTE]))
-    r->pos++;
-  size_t e = r->pos;
-  while (e > b && (r->s[e - 1] == ' ' || r->s[e - 1] == '\n' || r->s[e - 1] == '\t'))
+/* A bare scalar up to , } ] or <|"|>: a number as written, true, false, null
+ * (None, as Jinja prints Python's), else its text as a string. */
+static int cv_bare(struct cv *c) {
+  size_t b = c->pos;
+  while (c->pos < c->n && c->s[c->pos] != ',' && c->s[c->pos] != '}' && c->s[c->pos] != ']' &&
+         !at(c, marker_strs[FE_G4_QUOTE]))
+    c->pos++;
+  if (c->pos >= c->n) return out_of_text(c); /* what ends it decides what it is */
+  size_t e = c->pos;
+  while (e > b && (c->s[e - 1] == ' ' || c->s[e - 1] == '\n' || c->s[e - 1] == '\t'))
     e--;
-  const char *t = r->s + b;
+  const char *t = c->s + b;
   size_t n = e - b;
-  if (!n) return NULL;
-  if (n == 4 && !memcmp(t, "true", 4)) return json_true();
-  if (n == 5 && !memcmp(t, "false", 5)) return json_false();
-  if ((n == 4 && !memcmp(t, "null", 4)) || (n == 4 && !memcmp(t, "None", 4))) return json_null();
-  if (is_number(t, n)) return json_loadb(t, n, JSON_DECODE_ANY, NULL);
-  return json_stringn(t, n);
+  if (!n) return CV_BAD;
+  if ((n == 4 && !memcmp(t, "true", 4)) || (n == 5 && !memcmp(t, "false", 5)) ||
+      (n == 4 && !memcmp(t, "null", 4)) || is_number(t, n))
+    fe_buf_append(c->o, t, n);
+  else if (n == 4 && !memcmp(t, "None", 4))
+    fe_buf_puts(c->o, "null");
+  else
+    fe_buf_json_str(c->o, t, n);
+  return CV_DONE;
 }
 
-static json_t *value(struct rd *r, int depth);
+static int cv_value(struct cv *c, int depth);
 
-/* {key:value,...} (r at '{'). */
-static json_t *object(struct rd *r, int depth) {
-  json_t *o = json_object();
-  r->pos++;
-  skip_ws(r);
-  if (r->pos < r->n && r->s[r->pos] == '}') {
-    r->pos++;
-    return o;
+/* After a member or an element: ',' (written: CV_COMMA) or the closing byte. */
+static int cv_next(struct cv *c, char close) {
+  skip_ws(c);
+  if (c->pos >= c->n) return out_of_text(c);
+  if (c->s[c->pos] == ',') {
+    c->pos++;
+    fe_buf_puts(c->o, ",");
+    return CV_COMMA;
   }
-  while (o) {
-    skip_ws(r);
-    json_t *k = NULL;
-    if (at(r, marker_strs[FE_G4_QUOTE])) {
-      k = quoted(r);
+  if (c->s[c->pos] != close) return CV_BAD;
+  c->pos++;
+  fe_buf_append(c->o, &close, 1);
+  return CV_DONE;
+}
+
+/* {key:value,...} (c at '{'). */
+static int cv_object(struct cv *c, int depth) {
+  c->pos++;
+  fe_buf_puts(c->o, "{");
+  skip_ws(c);
+  if (c->pos >= c->n) return out_of_text(c);
+  if (c->s[c->pos] == '}') {
+    c->pos++;
+    fe_buf_puts(c->o, "}");
+    return CV_DONE;
+  }
+  for (;;) {
+    skip_ws(c);
+    if (c->pos >= c->n || may_become(c, marker_strs[FE_G4_QUOTE])) return out_of_text(c);
+    int rc;
+    if (at(c, marker_strs[FE_G4_QUOTE])) {
+      if ((rc = cv_string(c)) != CV_DONE) return rc;
+      skip_ws(c);
+      if (c->pos >= c->n) return out_of_text(c);
+      if (c->s[c->pos] != ':') return CV_BAD;
     } else {
-      size_t b = r->pos;
-      while (r->pos < r->n && r->s[r->pos] != ':' && r->s[r->pos] != ',' && r->s[r->pos] != '}')
-        r->pos++;
-      size_t e = r->pos;
-      while (e > b && r->s[e - 1] == ' ')
+      size_t b = c->pos;
+      while (c->pos < c->n && c->s[c->pos] != ':' && c->s[c->pos] != ',' && c->s[c->pos] != '}')
+        c->pos++;
+      if (c->pos >= c->n) return out_of_text(c); /* the key's end decides it */
+      size_t e = c->pos;
+      while (e > b && c->s[e - 1] == ' ')
         e--;
-      if (e > b) k = json_stringn(r->s + b, e - b);
+      if (e == b || c->s[c->pos] != ':') return CV_BAD;
+      fe_buf_json_str(c->o, c->s + b, e - b);
     }
-    skip_ws(r);
-    if (!k || r->pos >= r->n || r->s[r->pos] != ':') {
-      json_decref(k);
-      break;
-    }
-    r->pos++;
-    json_t *v = value(r, depth + 1);
-    if (!v || json_object_set_new(o, json_string_value(k), v)) {
-      json_decref(k);
-      break;
-    }
-    json_decref(k);
-    skip_ws(r);
-    if (r->pos < r->n && r->s[r->pos] == ',') {
-      r->pos++;
-      continue;
-    }
-    if (r->pos < r->n && r->s[r->pos] == '}') {
-      r->pos++;
-      return o;
-    }
-    break;
+    c->pos++;
+    fe_buf_puts(c->o, ":");
+    if ((rc = cv_value(c, depth + 1)) != CV_DONE) return rc;
+    if ((rc = cv_next(c, '}')) != CV_COMMA) return rc;
   }
-  json_decref(o);
-  return NULL;
 }
 
-/* [value,...] (r at '['). */
-static json_t *array(struct rd *r, int depth) {
-  json_t *a = json_array();
-  r->pos++;
-  skip_ws(r);
-  if (r->pos < r->n && r->s[r->pos] == ']') {
-    r->pos++;
-    return a;
+/* [value,...] (c at '['). */
+static int cv_array(struct cv *c, int depth) {
+  c->pos++;
+  fe_buf_puts(c->o, "[");
+  skip_ws(c);
+  if (c->pos >= c->n) return out_of_text(c);
+  if (c->s[c->pos] == ']') {
+    c->pos++;
+    fe_buf_puts(c->o, "]");
+    return CV_DONE;
   }
-  while (a) {
-    json_t *v = value(r, depth + 1);
-    if (!v || json_array_append_new(a, v)) break;
-    skip_ws(r);
-    if (r->pos < r->n && r->s[r->pos] == ',') {
-      r->pos++;
-      continue;
-    }
-    if (r->pos < r->n && r->s[r->pos] == ']') {
-      r->pos++;
-      return a;
-    }
-    break;
+  for (;;) {
+    int rc = cv_value(c, depth + 1);
+    if (rc != CV_DONE) return rc;
+    if ((rc = cv_next(c, ']')) != CV_COMMA) return rc;
   }
-  json_decref(a);
-  return NULL;
 }
 
-static json_t *value(struct rd *r, int depth) {
-  if (depth > MAX_DEPTH) return NULL;
-  skip_ws(r);
-  if (r->pos >= r->n) return NULL;
-  if (at(r, marker_strs[FE_G4_QUOTE])) return quoted(r);
-  if (r->s[r->pos] == '{') return object(r, depth);
-  if (r->s[r->pos] == '[') return array(r, depth);
-  return bare(r);
+static int cv_value(struct cv *c, int depth) {
+  if (depth > MAX_DEPTH) return CV_BAD;
+  skip_ws(c);
+  if (c->pos >= c->n || may_become(c, marker_strs[FE_G4_QUOTE])) return out_of_text(c);
+  if (at(c, marker_strs[FE_G4_QUOTE])) return cv_string(c);
+  if (c->s[c->pos] == '{') return cv_object(c, depth);
+  if (c->s[c->pos] == '[') return cv_array(c, depth);
+  return cv_bare(c);
+}
+
+/* `call:NAME{...}` in s[0..n): the name's span, and the arguments' JSON so far
+ * into o. CV_DONE (whole), CV_MORE (a prefix: *name_len 0 until the name is
+ * known), CV_BAD. */
+static int cv_call(const char *s, size_t n, int final, size_t *name_at, size_t *name_len,
+                   struct fe_buf *o) {
+  struct cv c = {s, n, 0, final, o};
+  *name_at = *name_len = 0;
+  skip_ws(&c);
+  if (!at(&c, "call:")) return may_become(&c, "call:") ? out_of_text(&c) : CV_BAD;
+  c.pos += 5;
+  size_t b = c.pos;
+  while (c.pos < n && s[c.pos] != '{' && s[c.pos] != ' ' && s[c.pos] != '\n')
+    c.pos++;
+  if (c.pos >= n) return out_of_text(&c);
+  if (c.pos == b || s[c.pos] != '{') return CV_BAD;
+  *name_at = b;
+  *name_len = c.pos - b;
+  int rc = cv_object(&c, 0);
+  if (rc != CV_DONE) return rc;
+  skip_ws(&c);
+  return c.pos == n ? CV_DONE : c.final ? CV_BAD : CV_MORE;
 }
 
 int fe_g4_parse_call(const char *s, size_t n, char **name, char **args) {
   *name = NULL;
   *args = NULL;
-  struct rd r = {s, n, 0};
-  skip_ws(&r);
-  if (!at(&r, "call:")) return CM_ERR_PARSE;
-  r.pos += 5;
-  size_t b = r.pos;
-  while (r.pos < n && s[r.pos] != '{' && s[r.pos] != ' ' && s[r.pos] != '\n')
-    r.pos++;
-  if (r.pos == b || r.pos >= n || s[r.pos] != '{') return CM_ERR_PARSE;
-  size_t name_len = r.pos - b;
-  json_t *o = object(&r, 0);
-  skip_ws(&r);
-  if (!o || r.pos != n) {
-    json_decref(o);
-    return CM_ERR_PARSE;
+  struct fe_buf o;
+  fe_buf_init(&o, 0);
+  size_t at_, len;
+  int rc = cv_call(s, n, 1, &at_, &len, &o);
+  /* what the conversion wrote is JSON by construction but for the string bytes
+   * it copied: checked whole */
+  json_t *j = rc == CV_DONE && !o.err ? json_loadb(o.data, o.len, 0, NULL) : NULL;
+  int ok = json_is_object(j);
+  json_decref(j);
+  if (!ok) {
+    fe_buf_free(&o);
+    return o.err ? CM_ERR_NOMEM : CM_ERR_PARSE;
   }
-  *args = json_dumps(o, JSON_COMPACT);
-  json_decref(o);
-  *name = strndup(s + b, name_len);
+  *args = fe_buf_steal(&o, NULL);
+  *name = strndup(s + at_, len);
   if (!*args || !*name) {
     free(*args), free(*name);
     *args = *name = NULL;

@@ -42,8 +42,9 @@ const char *fe_g4_marker_str(enum fe_g4_marker m);
 
 /* What the splitter reads out of the text. */
 enum {
-  FE_G4_REASONING = 1, /* <|channel>...<channel|> goes to reasoning */
-  FE_G4_TOOLS = 2,     /* <|tool_call>...<tool_call|> becomes calls */
+  FE_G4_REASONING = 1,    /* <|channel>...<channel|> goes to reasoning */
+  FE_G4_TOOLS = 2,        /* <|tool_call>...<tool_call|> becomes calls */
+  FE_G4_STREAM_CALLS = 4, /* with FE_G4_TOOLS: calls also as deltas while they are read */
 };
 
 /* What one push or flush gives: appended to (the caller resets them). */
@@ -53,6 +54,13 @@ struct fe_g4_out {
   struct fe_buf calls;     /* complete calls, each {"name":..,"arguments":"<JSON>"}, comma
                             * separated (a JSON array's inside) */
   size_t n_calls;          /* calls in `calls` */
+  /* FE_G4_STREAM_CALLS: the calls as they are read, comma separated: {"name":..} when
+   * a call's name is known, then {"arguments":..} fragments of its arguments' JSON
+   * text, which joined are the arguments `calls` gets when the call ends (a call
+   * cut by the end of the text, or that turns out not to be one, stays what its
+   * deltas said: its text does not go to the content as it does unstreamed) */
+  struct fe_buf deltas;
+  size_t n_deltas;
 };
 
 void fe_g4_out_init(struct fe_g4_out *o);
@@ -65,6 +73,9 @@ struct fe_g4_split {
   int label;          /* in reasoning: the "thought\n" label may still come */
   struct fe_buf hold; /* text not yet placed: a tail that may start a marker */
   struct fe_buf call; /* the call being read (after <|tool_call>) */
+  struct fe_buf conv; /* FE_G4_STREAM_CALLS: its arguments' JSON so far */
+  size_t call_sent;   /* bytes of conv given as deltas */
+  int call_open;      /* its name was given */
 };
 
 void fe_g4_split_init(struct fe_g4_split *s, unsigned flags);

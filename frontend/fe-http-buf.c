@@ -120,9 +120,13 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
 }
 
 int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n) {
+  if (fe_buf_append(b, "\"", 1) || fe_buf_json_chars(b, s, n)) return b->err;
+  return fe_buf_append(b, "\"", 1);
+}
+
+int fe_buf_json_chars(struct fe_buf *b, const char *s, size_t n) {
   static const char hex[] = "0123456789abcdef";
   const unsigned char *u = (const unsigned char *)s;
-  if (fe_buf_append(b, "\"", 1)) return b->err;
   /* in blocks, reserving the worst case of each: every byte becomes
    * \u00XX (6) or U+FFFD (3); a UTF-8 sequence may run 3 bytes past */
   for (size_t i = 0; i < n;) {
@@ -165,7 +169,7 @@ int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n) {
     b->len = (size_t)(o - b->data);
     b->data[b->len] = 0;
   }
-  return fe_buf_append(b, "\"", 1);
+  return b->err;
 }
 
 char *fe_buf_steal(struct fe_buf *b, size_t *len) {

@@ -77,7 +77,7 @@ function checkCall(c) {
 
 // a stream's deltas put together: content, reasoning, calls by index
 async function collect(stream) {
-  const out = { content: '', reasoning: '', calls: [], finish: null };
+  const out = { content: '', reasoning: '', calls: [], pieces: [], finish: null };
   for await (const chunk of stream) {
     const ch = chunk.choices[0];
     if (!ch) continue;
@@ -91,8 +91,15 @@ async function collect(stream) {
       out.reasoning += d.reasoning;
     }
     for (const c of d.tool_calls ?? []) {
-      if (!out.calls[c.index]) out.calls[c.index] = { id: c.id, type: c.type, function: { name: c.function.name, arguments: '' } };
+      if (!out.calls[c.index]) { // a call's first delta: its id, type and name, once
+        assert.ok(c.id && c.type === 'function' && c.function.name, JSON.stringify(c));
+        out.calls[c.index] = { id: c.id, type: c.type, function: { name: c.function.name, arguments: '' } };
+        out.pieces[c.index] = 0;
+      } else {
+        assert.ok(c.id === undefined && c.function.name === undefined, JSON.stringify(c));
+      }
       out.calls[c.index].function.arguments += c.function.arguments ?? '';
+      out.pieces[c.index]++;
     }
     if (ch.finish_reason) out.finish = ch.finish_reason;
   }
@@ -251,6 +258,8 @@ test('tool_choice required, streamed: calls with their index, no marker in conte
     assert.equal(out.content, '');
     assert.ok(out.calls.length >= 1);
     out.calls.forEach(checkCall);
+    // the arguments arrived in fragments as they were written, not whole at the end
+    assert.ok(out.pieces.every((p) => p >= 3), JSON.stringify(out.pieces));
   }
   assert.ok(done >= 1);
 });

@@ -13,6 +13,7 @@
 
 struct result {
   char content[1024], reasoning[1024], calls[2048];
+  char streamed[2048]; /* FE_G4_STREAM_CALLS: the deltas as "|name|arguments" per call */
   size_t n_calls;
   int leak; /* a delta held a piece of a marker */
 };
@@ -37,7 +38,45 @@ static void take(struct result *r, struct fe_g4_out *o) {
     strncat(r->calls, o->calls.data, sizeof(r->calls) - strlen(r->calls) - 1);
   }
   r->n_calls += o->n_calls;
+  if (o->n_deltas) {
+    char *t = malloc(o->deltas.len + 3);
+    TH_REQUIRE(t);
+    snprintf(t, o->deltas.len + 3, "[%s]", o->deltas.data);
+    json_t *ds = json_loads(t, 0, NULL);
+    TH_CHECK(json_array_size(ds) == o->n_deltas);
+    size_t i;
+    json_t *d;
+    json_array_foreach(ds, i, d) {
+      const char *name = json_string_value(json_object_get(d, "name"));
+      const char *args = json_string_value(json_object_get(d, "arguments"));
+      size_t at = strlen(r->streamed);
+      snprintf(r->streamed + at, sizeof(r->streamed) - at, "%s%s%s", name ? "|" : "",
+               name   ? name
+               : args ? args
+                      : "?",
+               name ? "|" : "");
+    }
+    json_decref(ds);
+    free(t);
+  }
   fe_g4_out_reset(o);
+}
+
+/* The calls of r->calls as streamed deltas join them: "|name|arguments" each. */
+static void calls_as_streamed(const struct result *r, char *out, size_t cap) {
+  char t[2100];
+  snprintf(t, sizeof t, "[%s]", r->calls);
+  json_t *cs = json_loads(t, 0, NULL);
+  size_t i, at = 0;
+  json_t *c;
+  out[0] = 0;
+  json_array_foreach(cs, i, c) {
+    at += (size_t)snprintf(out + at, cap - at, "|%s|%s",
+                           json_string_value(json_object_get(c, "name")),
+                           json_string_value(json_object_get(c, "arguments")));
+    if (at >= cap) break;
+  }
+  json_decref(cs);
 }
 
 /* Feeds text in pieces cut at cuts[0..n_cuts) (ascending). */
@@ -80,6 +119,22 @@ static void check_splits(const char *text, unsigned flags, const char *content,
   TH_CHECK(!strict || !whole.leak);
   size_t n = strlen(text);
   int bad = 0;
+  /* streamed: the deltas give each call's name, then its arguments in pieces, which
+   * join to the calls' arguments (a cut call: what was read of it) */
+  struct result stream;
+  run(text, flags | FE_G4_STREAM_CALLS, NULL, 0, &stream);
+  char want_streamed[2048];
+  calls_as_streamed(&whole, want_streamed, sizeof want_streamed);
+  if (!strstr(whole.content, "<|tool_call>")) TH_CHECK_EQ_STR(stream.streamed, want_streamed);
+  for (size_t i = 1; i < n && (flags & FE_G4_TOOLS) && !bad; i++) {
+    size_t cut[1] = {i};
+    run(text, flags | FE_G4_STREAM_CALLS, cut, 1, &part);
+    if (!same(&stream, &part) || strcmp(part.streamed, stream.streamed)) {
+      th_fail(__FILE__, __LINE__, "streamed, split at %zu: calls %s, deltas %s (want %s)", i,
+              part.calls, part.streamed, stream.streamed);
+      bad = 1;
+    }
+  }
   for (size_t i = 1; i < n && !bad; i++) {
     size_t cut[1] = {i};
     run(text, flags, cut, 1, &part);
@@ -196,6 +251,48 @@ TH_TEST(g4_bad_calls) {
 TH_TEST(g4_call_cut_by_length) {
   check_splits("ok<|tool_call>call:f{a:<|\"|>unfinish", FE_G4_TOOLS,
                "ok<|tool_call>call:f{a:<|\"|>unfinish", "", "", 1);
+  /* streamed, what was read of it went out as a call, not as content */
+  struct result r;
+  run("ok<|tool_call>call:f{a:<|\"|>unfin", FE_G4_TOOLS | FE_G4_STREAM_CALLS, NULL, 0, &r);
+  TH_CHECK_EQ_STR(r.content, "ok");
+  TH_CHECK_EQ_STR(r.streamed, "|f|{\"a\":\"unfin");
+}
+
+TH_TEST(g4_streamed_arguments_grow_as_written) {
+  /* fed a byte at a time: the name once, then fragments that only ever extend */
+  const char *t = "<|tool_call>call:get_weather{city:<|\"|>Zürich<|\"|>,days:12,f:[true,None],"
+                  "u:{x:-1.5e3}}<tool_call|>";
+  struct fe_g4_split s;
+  struct fe_g4_out o;
+  fe_g4_split_init(&s, FE_G4_TOOLS | FE_G4_STREAM_CALLS);
+  fe_g4_out_init(&o);
+  size_t n = strlen(t), pieces = 0;
+  char joined[512] = "";
+  for (size_t i = 0; i < n; i++) {
+    TH_REQUIRE(fe_g4_split_push(&s, t + i, 1, &o) == 0);
+    if (o.n_deltas) {
+      char buf[600];
+      snprintf(buf, sizeof buf, "[%s]", o.deltas.data);
+      json_t *ds = json_loads(buf, 0, NULL);
+      size_t k;
+      json_t *d;
+      json_array_foreach(ds, k, d) {
+        const char *a = json_string_value(json_object_get(d, "arguments"));
+        if (a)
+          strncat(joined, a, sizeof joined - strlen(joined) - 1), pieces++;
+        else
+          TH_CHECK_EQ_STR(json_string_value(json_object_get(d, "name")), "get_weather");
+      }
+      json_decref(ds);
+    }
+    fe_g4_out_reset(&o);
+  }
+  TH_CHECK(fe_g4_split_flush(&s, &o) == 0);
+  TH_CHECK_EQ_STR(joined,
+                  "{\"city\":\"Zürich\",\"days\":12,\"f\":[true,null],\"u\":{\"x\":-1.5e3}}");
+  TH_CHECK(pieces > 10);
+  fe_g4_out_free(&o);
+  fe_g4_split_free(&s);
 }
 
 TH_TEST(g4_calls_ignored_without_tools) {
