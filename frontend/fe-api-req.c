@@ -1137,8 +1137,101 @@ static int parse_tools(struct pctx *p, json_t *body) {
   return rc;
 }
 
-void fe_api_tool_answer(const char *text, size_t len, int with_index, char **calls,
-                        char **content) {
+/* ---- the protocol's answer as it streams ---------------------------------------- */
+
+struct ts {
+  const char *t;
+  size_t n, pos;
+};
+
+static void ts_ws(struct ts *s) {
+  while (s->pos < s->n && (s->t[s->pos] == ' ' || s->t[s->pos] == '\n' || s->t[s->pos] == '\t' ||
+                           s->t[s->pos] == '\r'))
+    s->pos++;
+}
+
+/* c (after whitespace): 1 and past it, else 0. */
+static int ts_byte(struct ts *s, char c) {
+  ts_ws(s);
+  if (s->pos >= s->n || s->t[s->pos] != c) return 0;
+  s->pos++;
+  return 1;
+}
+
+/* A whole JSON string (after whitespace): its inside's span, 1; else 0. */
+static int ts_string(struct ts *s, size_t *at, size_t *len) {
+  if (!ts_byte(s, '"')) return 0;
+  size_t b = s->pos;
+  for (; s->pos < s->n; s->pos++) {
+    if (s->t[s->pos] == '\\') {
+      s->pos++;
+      continue;
+    }
+    if (s->t[s->pos] == '"') {
+      *at = b;
+      *len = s->pos++ - b;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int ts_key(struct ts *s, const char *key) {
+  size_t at, len;
+  return ts_string(s, &at, &len) && len == strlen(key) && !memcmp(s->t + at, key, len) &&
+         ts_byte(s, ':');
+}
+
+/* A JSON value from s->pos: 1 and past it when whole, else 0 (s->pos at the end). */
+static int ts_value(struct ts *s) {
+  int depth = 0, in_str = 0;
+  for (; s->pos < s->n; s->pos++) {
+    char c = s->t[s->pos];
+    if (in_str) {
+      if (c == '\\')
+        s->pos++;
+      else if (c == '"')
+        in_str = 0;
+      else
+        continue;
+      if (!in_str && !depth) return s->pos++, 1;
+      continue;
+    }
+    if (c == '"')
+      in_str = 1;
+    else if (c == '{' || c == '[')
+      depth++;
+    else if (c == '}' || c == ']') {
+      if (--depth <= 0) return s->pos++, 1;
+    } else if (!depth && (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r'))
+      return 1; /* a scalar ended */
+  }
+  return 0;
+}
+
+size_t fe_api_tool_scan(const char *text, size_t len, struct fe_api_tool_span *calls, size_t max) {
+  struct ts s = {text, len, 0};
+  size_t n = 0;
+  if (!ts_byte(&s, '{') || !ts_key(&s, "tool_calls") || !ts_byte(&s, '[')) return 0;
+  while (n < max) {
+    struct fe_api_tool_span *c = &calls[n];
+    /* the protocol's schema writes "name" before "arguments" */
+    if (!ts_byte(&s, '{') || !ts_key(&s, "name") || !ts_string(&s, &c->name_at, &c->name_len))
+      break;
+    if (!ts_byte(&s, ',') || !ts_key(&s, "arguments")) break;
+    ts_ws(&s);
+    c->args_at = s.pos;
+    c->args_done = ts_value(&s);
+    /* a character cut at the end of the text waits for its other bytes */
+    c->args_len =
+        c->args_done ? s.pos - c->args_at : fe_utf8_whole(text + c->args_at, s.pos - c->args_at);
+    n++;
+    if (!c->args_done || !ts_byte(&s, '}') || !ts_byte(&s, ',')) break;
+  }
+  return n;
+}
+
+void fe_api_tool_answer(const char *text, size_t len, char **calls, char **content) {
   *calls = NULL;
   *content = NULL;
   json_t *o = json_loadb(text, len, 0, NULL);
@@ -1146,15 +1239,21 @@ void fe_api_tool_answer(const char *text, size_t len, int with_index, char **cal
   if (json_is_string(resp)) {
     *content = strndup(json_string_value(resp), json_string_length(resp));
   } else if (json_is_array(tc)) {
+    /* the arguments as the model wrote them (what a stream sent), where the scan
+     * reads the same calls */
+    struct fe_api_tool_span sp[64];
+    size_t n_sp = fe_api_tool_scan(text, len, sp, 64);
+    int raw = n_sp == json_array_size(tc);
     json_t *out = json_array();
     size_t i;
     json_t *c;
     json_array_foreach(tc, i, c) {
-      char id[40], *args = json_dumps(json_object_get(c, "arguments"), JSON_COMPACT);
+      char id[40];
+      char *args = raw ? strndup(text + sp[i].args_at, sp[i].args_len)
+                       : json_dumps(json_object_get(c, "arguments"), JSON_COMPACT);
       fe_api_make_id(id, sizeof(id), "call_");
       json_t *call = json_pack("{s:s, s:s, s:{s:O, s:s}}", "id", id, "type", "function", "function",
                                "name", json_object_get(c, "name"), "arguments", args ? args : "{}");
-      if (call && with_index) json_object_set_new(call, "index", json_integer((json_int_t)i));
       json_array_append_new(out, call);
       free(args);
     }

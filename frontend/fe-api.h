@@ -171,9 +171,23 @@ void fe_api_request_free(struct fe_api_request *r);
  * call with a fresh "call_..." id and its arguments as a JSON string, and
  * *content NULL; with a response: *content (malloc'd) its text. Text that is
  * neither (cut by max_tokens) gives both NULL: the caller keeps the text as
- * the content. with_index: each call also carries its "index" (a stream's
- * delta). */
-void fe_api_tool_answer(const char *text, size_t len, int with_index, char **calls, char **content);
+ * the content. A call's arguments are the JSON text the model wrote (what a
+ * stream sent of them, fe_api_tool_scan). */
+void fe_api_tool_answer(const char *text, size_t len, char **calls, char **content);
+
+/* What a tool-call answer's text so far says of its calls, as it streams: for each
+ * call whose name has been read, the name's span and its arguments' text so far
+ * (the JSON value as the model writes it, from args_at once args_len > 0;
+ * args_done once it is whole). A call's
+ * arguments only ever grow as the text does, so a stream sends their new bytes;
+ * joined they are the arguments fe_api_tool_answer gives. The number of calls
+ * found (at most max), or 0 for an answer that is a response or not yet a call. */
+struct fe_api_tool_span {
+  size_t name_at, name_len;
+  size_t args_at, args_len;
+  int args_done;
+};
+size_t fe_api_tool_scan(const char *text, size_t len, struct fe_api_tool_span *calls, size_t max);
 
 /* The length check the serving path calls once it knows how many tokens a
  * prompt has: the prompt must leave room for at least one generated token,

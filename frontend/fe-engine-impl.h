@@ -52,7 +52,9 @@ struct fe_eng_choice {
                             * through it into g4_out; NULL: plain text */
   struct fe_g4_out g4_out; /* content (then moved to text), reasoning and calls; streamed:
                             * this OUT's */
-  size_t n_calls;          /* native calls so far (a stream's next index) */
+  size_t n_calls;          /* calls begun so far in a stream (the next index) */
+  size_t tool_args_sent;   /* a streamed tool-call answer: bytes of its last call's arguments
+                            * sent */
   size_t text_sent;      /* bytes of text sent before (completions text_offset) */
   int64_t n_gen;         /* tokens generated */
   uint64_t last_ns;      /* monotonic time of the last OUT with tokens */

@@ -381,9 +381,9 @@ static void usage_of(const struct fe_eng_req *r, struct fe_api_usage *u) {
 /* A finished tool-call answer (fe_api_request.tool_answer) into c: its calls
  * (finish reason "tool_calls") or its response's text; *calls and *content
  * (malloc'd) are the caller's to free. Text the protocol does not read stays. */
-static void tool_answer(const struct fe_eng_choice *ch, int with_index, struct fe_api_choice *c,
-                        char **calls, char **content) {
-  fe_api_tool_answer(ch->text.data ? ch->text.data : "", ch->text.len, with_index, calls, content);
+static void tool_answer(const struct fe_eng_choice *ch, struct fe_api_choice *c, char **calls,
+                        char **content) {
+  fe_api_tool_answer(ch->text.data ? ch->text.data : "", ch->text.len, calls, content);
   if (*calls) {
     c->tool_calls = *calls;
     c->text = "";
@@ -395,6 +395,61 @@ static void tool_answer(const struct fe_eng_choice *ch, int with_index, struct f
   }
 }
 
+/* A streamed tool-call answer (its text whole so far in ch->text): the calls read
+ * since the last chunk as delta.tool_calls (malloc'd; NULL: nothing new), a
+ * call's index, id, type and name once, then its arguments' new bytes. */
+static char *tool_deltas(struct fe_eng_choice *ch) {
+  struct fe_api_tool_span sp[64];
+  const char *t = ch->text.data ? ch->text.data : "";
+  size_t n = fe_api_tool_scan(t, ch->text.len, sp, 64);
+  json_t *out = json_array();
+  for (size_t i = ch->n_calls ? ch->n_calls - 1 : 0; i < n && out; i++) {
+    if (i >= ch->n_calls) {
+      char id[40];
+      fe_api_make_id(id, sizeof(id), "call_");
+      json_array_append_new(out, json_pack("{s:I, s:s, s:s, s:{s:s%, s:s}}", "index", (json_int_t)i,
+                                           "id", id, "type", "function", "function", "name",
+                                           t + sp[i].name_at, sp[i].name_len, "arguments", ""));
+      ch->n_calls = i + 1;
+      ch->tool_args_sent = 0;
+    }
+    if (sp[i].args_len > ch->tool_args_sent) {
+      json_array_append_new(out, json_pack("{s:I, s:{s:s%}}", "index", (json_int_t)i, "function",
+                                           "arguments", t + sp[i].args_at + ch->tool_args_sent,
+                                           sp[i].args_len - ch->tool_args_sent));
+      ch->tool_args_sent = sp[i].args_len;
+    }
+  }
+  char *s = json_array_size(out) ? json_dumps(out, JSON_COMPACT) : NULL;
+  json_decref(out);
+  return s;
+}
+
+/* A stream's tool-call answer into c: the calls as they are read; once done, a
+ * response's text (or, cut before it was either, the text) as the content. 0:
+ * nothing to send yet. */
+static int tool_chunk(struct fe_eng_choice *ch, struct fe_api_choice *c, char **calls,
+                      char **content) {
+  *calls = tool_deltas(ch);
+  c->tool_calls = *calls;
+  c->text = "";
+  c->text_len = 0;
+  if (!ch->done) return *calls != NULL;
+  char *whole = NULL;
+  fe_api_tool_answer(ch->text.data ? ch->text.data : "", ch->text.len, &whole, content);
+  free(whole);
+  if (ch->n_calls) {
+    if (c->finish_reason && !strcmp(c->finish_reason, "stop")) c->finish_reason = "tool_calls";
+  } else if (*content) {
+    c->text = *content;
+    c->text_len = strlen(*content);
+  } else {
+    c->text = ch->text.data ? ch->text.data : "";
+    c->text_len = ch->text.len;
+  }
+  return 1;
+}
+
 static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   struct fe_engine *e = r->e;
   struct fe_api_choice c = {ch->index,    ch->text.data ? ch->text.data : "",
@@ -402,12 +457,14 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
                             NULL,         0,
                             ch->text_sent};
   char *calls = NULL, *content = NULL;
-  if (r->api->tool_answer) tool_answer(ch, 1, &c, &calls, &content);
+  if (r->api->tool_answer && !tool_chunk(ch, &c, &calls, &content)) return;
   native_answer(ch, &c, &calls);
   struct fe_api_token_logprob *tl = NULL;
   struct fe_api_top_logprob *tops = NULL;
   fe_buf_reset(&e->tmp);
-  if (r->api->logprobs >= 0 && build_logprobs(e, ch, &tl, &tops, &e->tmp) == 0 && tl) {
+  /* (a tool-call answer's logprobs go with its last chunk: its text is kept whole) */
+  if (r->api->logprobs >= 0 && (!r->api->tool_answer || ch->done) &&
+      build_logprobs(e, ch, &tl, &tops, &e->tmp) == 0 && tl) {
     c.logprobs = tl;
     c.n_logprobs = ch->n_lps;
   }
@@ -417,7 +474,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   free(tops);
   free(calls);
   free(content);
-  ch->text_sent += ch->text.len;
+  if (!r->api->tool_answer) ch->text_sent += ch->text.len;
 }
 
 static void complete(struct fe_eng_req *r) {
@@ -448,7 +505,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text = ch->text.data ? ch->text.data : "";
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
-    if (r->api->tool_answer) tool_answer(ch, 0, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
+    if (r->api->tool_answer) tool_answer(ch, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
     native_answer(ch, &cs[k], &tool_bufs[2 * k]);
     if (r->api->logprobs >= 0) {
       rc = build_logprobs(e, ch, &tls[k], &tops[k], &txt[k]);
@@ -584,7 +641,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     r->n_done++;
   }
   if (r->stream &&
-      (r->api->tool_answer ? ch->done
+      (r->api->tool_answer ? 1 /* send_chunk tells */
                            : ch->text.len || ch->n_lps || ch->done || ch->g4_out.reasoning.len ||
                                  ch->g4_out.n_calls || ch->g4_out.n_deltas))
     send_chunk(r, ch);

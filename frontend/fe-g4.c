@@ -322,14 +322,7 @@ static int cv_string(struct cv *c) {
     const char *end = memchr(c->s + c->pos, q[0], c->n - c->pos);
     size_t run = end ? (size_t)(end - (c->s + c->pos)) : c->n - c->pos;
     if (!end && !c->final) { /* a character cut at the end waits for its other bytes */
-      size_t k = run < 4 ? run : 4;
-      for (size_t i = 1; i <= k; i++) {
-        unsigned char u = (unsigned char)c->s[c->n - i];
-        if ((u & 0xC0) == 0x80) continue; /* a continuation byte */
-        size_t need = u >= 0xF0 ? 4 : u >= 0xE0 ? 3 : u >= 0xC0 ? 2 : 1;
-        if (need > i) run -= i;
-        break;
-      }
+      run = fe_utf8_whole(c->s + c->pos, run);
       if (!run) return CV_MORE;
     }
     fe_buf_json_chars(c->o, c->s + c->pos, run ? run : 1);

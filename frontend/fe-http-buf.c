@@ -119,6 +119,16 @@ static size_t utf8_len(const unsigned char *s, size_t n) {
   return k;
 }
 
+size_t fe_utf8_whole(const char *s, size_t n) {
+  for (size_t i = 1; i <= n && i <= 4; i++) {
+    unsigned char u = (unsigned char)s[n - i];
+    if ((u & 0xc0) == 0x80) continue; /* a continuation byte */
+    size_t need = u >= 0xf0 ? 4 : u >= 0xe0 ? 3 : u >= 0xc0 ? 2 : 1;
+    return need > i ? n - i : n;
+  }
+  return n;
+}
+
 int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n) {
   if (fe_buf_append(b, "\"", 1) || fe_buf_json_chars(b, s, n)) return b->err;
   return fe_buf_append(b, "\"", 1);

@@ -31,6 +31,9 @@ int fe_buf_json_double(struct fe_buf *b, double v);
 /* Appends s[0..n) as a quoted JSON string. Invalid UTF-8 bytes become
  * U+FFFD so the output is always valid JSON. */
 int fe_buf_json_str(struct fe_buf *b, const char *s, size_t n);
+/* The length of s[0..n) without a UTF-8 sequence cut short at its end (text that
+ * streams: the rest of that character is still to come). */
+size_t fe_utf8_whole(const char *s, size_t n);
 /* fe_buf_json_str without the quotes: a JSON string's inside. */
 int fe_buf_json_chars(struct fe_buf *b, const char *s, size_t n);
 /* Detaches the data (caller frees); the buffer becomes empty. */

@@ -115,12 +115,19 @@ test('streamed tool calls carry index, id, name and arguments', async () => {
       model, messages, tools, tool_choice: 'required', max_tokens: 300, temperature: 1, seed,
     };
     const whole = await client.chat.completions.create(body);
-    const calls = [];
+    const calls = [], pieces = [];
     let finish = null;
     for await (const ch of await client.chat.completions.create({ ...body, stream: true })) {
       const c = ch.choices[0];
       if (!c) continue;
       for (const d of c.delta?.tool_calls ?? []) {
+        if (!calls[d.index]) { // a call's first delta: its id, type and name, once
+          assert.ok(d.id && d.type === 'function' && d.function?.name, JSON.stringify(d));
+          pieces[d.index] = 0;
+        } else {
+          assert.ok(d.id === undefined && d.function?.name === undefined, JSON.stringify(d));
+        }
+        pieces[d.index]++;
         calls[d.index] ??= { id: '', type: 'function', function: { name: '', arguments: '' } };
         if (d.id) calls[d.index].id = d.id;
         if (d.function?.name) calls[d.index].function.name += d.function.name;
@@ -133,6 +140,8 @@ test('streamed tool calls carry index, id, name and arguments', async () => {
     const strip = (cs) => cs.map((x) => [x.function.name, x.function.arguments]);
     assert.deepEqual(strip(calls), strip(whole.choices[0].message.tool_calls));
     for (const call of calls) checkCall(call);
+    // the arguments came in fragments while they were written
+    assert.ok(pieces.every((p) => p >= 3), JSON.stringify(pieces));
   }
 });
 

@@ -430,17 +430,51 @@ TH_TEST(api_tools_protocol) {
 
   char *calls, *content;
   const char *a = "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\": 1}}]}";
-  fe_api_tool_answer(a, strlen(a), 1, &calls, &content);
+  fe_api_tool_answer(a, strlen(a), &calls, &content);
   TH_CHECK(calls && !content);
-  TH_CHECK(calls && strstr(calls, "\"arguments\":\"{\\\"x\\\":1}\"") &&
-           strstr(calls, "\"id\":\"call_") && strstr(calls, "\"index\":0"));
+  /* the arguments as written */
+  TH_CHECK(calls && strstr(calls, "\"arguments\":\"{\\\"x\\\": 1}\"") &&
+           strstr(calls, "\"id\":\"call_"));
   free(calls);
   const char *t = "{\"response\":\"plain \\u00e9\"}";
-  fe_api_tool_answer(t, strlen(t), 0, &calls, &content);
+  fe_api_tool_answer(t, strlen(t), &calls, &content);
   TH_CHECK(!calls && content && !strcmp(content, "plain \xc3\xa9"));
   free(content);
-  fe_api_tool_answer("{\"tool_ca", 9, 0, &calls, &content); /* cut by max_tokens */
+  fe_api_tool_answer("{\"tool_ca", 9, &calls, &content); /* cut by max_tokens */
   TH_CHECK(!calls && !content);
+}
+
+/* The protocol's answer as it streams: every prefix tells the calls begun so far,
+ * their names, and arguments that only ever grow into the whole call's. */
+TH_TEST(api_tool_answer_scanned_as_it_streams) {
+  const char *t =
+      "{ \"tool_calls\" : [ {\"name\": \"get_w\", \"arguments\": {\"city\": \"Z\u00fcr\\\"ich\","
+      " \"n\": [1, {\"a\": \"}\"}]}} , {\"name\":\"g\",\"arguments\":{}}]}";
+  size_t n = strlen(t);
+  struct fe_api_tool_span sp[4], prev[4];
+  size_t np = 0;
+  for (size_t k = 0; k <= n; k++) {
+    size_t m = fe_api_tool_scan(t, k, sp, 4);
+    TH_CHECK(m >= np); /* calls are never taken back */
+    for (size_t i = 0; i < np && i < m; i++) {
+      TH_CHECK(sp[i].args_len >= prev[i].args_len); /* where they begin, once they have */
+      TH_CHECK(!prev[i].args_len || sp[i].args_at == prev[i].args_at);
+      TH_CHECK(!prev[i].args_done || (sp[i].args_done && sp[i].args_len == prev[i].args_len));
+    }
+    memcpy(prev, sp, sizeof(sp));
+    np = m;
+  }
+  TH_CHECK_EQ_INT(np, 2);
+  TH_CHECK(sp[0].name_len == 5 && !memcmp(t + sp[0].name_at, "get_w", 5));
+  TH_CHECK(sp[0].args_done && sp[1].args_done);
+  char *a0 = strndup(t + sp[0].args_at, sp[0].args_len);
+  TH_CHECK_EQ_STR(a0, "{\"city\": \"Z\u00fcr\\\"ich\", \"n\": [1, {\"a\": \"}\"}]}");
+  free(a0);
+  TH_CHECK(sp[1].args_len == 2 && !memcmp(t + sp[1].args_at, "{}", 2));
+  /* a response is no call, and neither is the start of one */
+  const char *r = "{\"response\": \"hi\"}";
+  TH_CHECK_EQ_INT(fe_api_tool_scan(r, strlen(r), sp, 4), 0);
+  TH_CHECK_EQ_INT(fe_api_tool_scan("{\"tool_calls\":[{\"na", 20, sp, 4), 0);
 }
 
 TH_TEST(api_chat_images) {
