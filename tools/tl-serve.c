@@ -27,7 +27,9 @@
  *     PR_SET_PDEATHSIG, so none outlives serve even if serve is killed.
  *
  * With no --model the embedded default — a tiny random-weight Gemma 4 with
- * the real Gemma tokenizer — is created on first use under the cache folder. */
+ * the real Gemma tokenizer's vocabulary, Gemma 4's special tokens and a chat
+ * template in Gemma 4's format (make-tiny-model --chat-format gemma4: thinking
+ * and native tool calls) — is created on first use under the cache folder. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -120,7 +122,7 @@ static int ensure_default_model(struct tl_serve *s) {
     snprintf(base, sizeof(base), "%s/lmserve", getenv("XDG_CACHE_HOME"));
   else
     snprintf(base, sizeof(base), "%s/.cache/lmserve", getenv("HOME") ? getenv("HOME") : "/tmp");
-  snprintf(s->model_dir, sizeof(s->model_dir), "%s/models/tiny-gemma4-v1", base);
+  snprintf(s->model_dir, sizeof(s->model_dir), "%s/models/tiny-gemma4-v2", base);
   char probe[PATH_MAX + 128];
   snprintf(probe, sizeof(probe), "%s/config.json", s->model_dir);
   if (access(probe, R_OK) == 0) return 0;
@@ -140,6 +142,7 @@ static int ensure_default_model(struct tl_serve *s) {
   argv_add(&a, "lmserve");
   argv_add(&a, "make-tiny-model");
   argv_add_str(&a, "--arch", "gemma4");
+  argv_add_str(&a, "--chat-format", "gemma4"); /* Gemma 4's own: thinking, native tool calls */
   argv_add_str(&a, "--seed", "0");
   argv_add_str(&a, "--out", tmp);
   argv_add_str(&a, "--tokenizer", access(tok, R_OK) == 0 ? tok : NULL);
