@@ -139,6 +139,15 @@ int32_t gr_vocab_size(const struct gr_vocab *v) {
   return v->n;
 }
 
+uint32_t gr_vocab_token(const struct gr_vocab *v, int32_t id, const uint8_t **bytes) {
+  if (id < 0 || id >= v->n) {
+    *bytes = NULL;
+    return 0;
+  }
+  *bytes = v->bytes[id];
+  return v->lens[id];
+}
+
 /* ---- the mask cache ------------------------------------------------------------ */
 #define GR_CACHE_BYTES (4u << 20) /* masks kept per grammar */
 

@@ -72,6 +72,8 @@ int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n
                     struct gr_vocab **out);
 void gr_vocab_free(struct gr_vocab *v);
 int32_t gr_vocab_size(const struct gr_vocab *v);
+/* Token id's bytes (*bytes; NULL for an id outside the vocabulary) and their length. */
+uint32_t gr_vocab_token(const struct gr_vocab *v, int32_t id, const uint8_t **bytes);
 
 /* A matcher at the start of g's language (NULL: out of memory). */
 struct gr_matcher *gr_matcher_new(const struct gr_grammar *g);
@@ -97,5 +99,16 @@ int gr_matcher_mask(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bi
 /* The bytes every continuation must start with, when there is only one way to go
  * (forced text; fast-forward), at most cap bytes into buf: their count. */
 size_t gr_matcher_forced(const struct gr_matcher *m, uint8_t *buf, size_t cap);
+
+/* A random valid generation from m's state (tests and benchmarks): up to
+ * max_tokens steps, each masking the vocabulary (its time in µs into
+ * mask_us[step] unless NULL) and taking a random allowed token, a third of the
+ * time one that closes a string, object or array so that walks end; where m
+ * accepts it stops with probability 1/4. The text into buf (NUL-ended; buf may
+ * be NULL), the steps into *steps. Returns the text's length when the walk ended
+ * where the grammar accepts, else -1 (stuck, cut at max_tokens, or the text
+ * longer than cap - 1). rng: the walk's state (advanced). */
+int gr_random_walk(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, int max_tokens,
+                   char *buf, size_t cap, double *mask_us, int *steps);
 
 #endif

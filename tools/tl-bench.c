@@ -12,10 +12,13 @@ static const struct {
 } benches[] = {
     {"model", tl_bench_model_main, "prefill and decode tokens/s of one model, memory bandwidth"},
     {"tokenizer", tl_bench_tokenizer_main, "tokenizer load time and encode throughput"},
-    {"serve", tl_bench_serve_main, "load generator against a running server (like vllm bench serve)"},
+    {"serve", tl_bench_serve_main,
+     "load generator against a running server (like vllm bench serve)"},
     {"coll", tl_bench_coll_main, "all-reduce latency of CPU tensor-parallel ranks (shared memory)"},
     {"soak", tl_bench_soak_main, "long run with aborts, malformed requests and worker kills"},
     {"vision", tl_bench_vision_main, "image encoder images/s and time to first token of one image"},
+    {"grammar", tl_bench_grammar_main,
+     "structured outputs: compile and token-mask times over a corpus"},
 };
 
 int tl_bench_main(int argc, char **argv) {
@@ -28,7 +31,9 @@ int tl_bench_main(int argc, char **argv) {
   }
   for (size_t i = 0; i < CM_ARRAY_LEN(benches); i++)
     if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve, coll, soak, vision)\n",
+  fprintf(stderr,
+          "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve, coll, soak, vision, "
+          "grammar)\n",
           argv[1]);
   return 2;
 }

@@ -104,6 +104,10 @@ int wk_grammars_create(const struct tk_tokenizer *tok, int32_t vocab, const int 
   return 0;
 }
 
+const struct gr_vocab *wk_grammars_vocab(const struct wk_grammars *g) {
+  return g->vocab;
+}
+
 void wk_grammars_free(struct wk_grammars *g) {
   if (!g) return;
   for (int i = 0; i < g->n_owners; i++)

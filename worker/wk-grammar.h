@@ -22,6 +22,9 @@ struct tk_tokenizer;
 int wk_grammars_create(const struct tk_tokenizer *tok, int32_t vocab, const int *eos, int n_eos,
                        struct wk_grammars **out);
 void wk_grammars_free(struct wk_grammars *g);
+/* The vocabulary's bytes as the grammars see them (control tokens spelled as
+ * gr.h's GR_TOKEN_BYTE sequences). */
+const struct gr_vocab *wk_grammars_vocab(const struct wk_grammars *g);
 
 /* A matcher for (kind, text[len]) (compiled once per text while cached).
  * 0 and *out, or a negative cm_err with the reason in err. */

@@ -87,3 +87,28 @@ TH_TEST(cli_kv_cache_dtype_refused) {
   TH_CHECK(strstr(o.err, "'fp16'") != NULL);
   th_out_free(&o);
 }
+
+/* `bench grammar` over a corpus: every grammar of the shipped corpus compiles (a
+ * refused one would be a corpus or compiler regression) and the pooled figures
+ * are printed; a corpus line that is not a grammar is an error naming the line. */
+TH_TEST(cli_bench_grammar) {
+  th_proc_init(300);
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(
+      th_lmserve(&o, 240000, "bench", "grammar", "--generations", "1", "--max-tokens", "8", NULL),
+      0);
+  TH_CHECK(strstr(o.out, "pooled") && strstr(o.out, "; 0 refused"));
+  TH_CHECK(strstr(o.out, "shapes (oneOf by const)") && strstr(o.out, "gbnf arithmetic"));
+  char dir[256], path[320];
+  TH_REQUIRE(th_tmpdir("bench-grammar", dir, sizeof dir) == 0);
+  snprintf(path, sizeof path, "%s/corpus.jsonl", dir);
+  FILE *f = fopen(path, "w");
+  TH_REQUIRE(f);
+  fputs("{\"name\":\"ok\",\"kind\":\"regex\",\"text\":\"[a-z]+\"}\n{\"name\":\"x\",\"kind\":"
+        "\"yaml\",\"text\":\"\"}\n",
+        f);
+  fclose(f);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 60000, "bench", "grammar", "--corpus", path, NULL), 1);
+  TH_CHECK(strstr(o.err, "corpus line 2") != NULL);
+  th_out_free(&o);
+}

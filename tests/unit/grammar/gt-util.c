@@ -122,52 +122,6 @@ int gt_walk(struct gr_matcher *m, uint64_t *rng, char *buf, size_t cap, int stop
   return (int)k;
 }
 
-int gt_generate(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, char *buf,
-                size_t cap, int max_tokens, double *mask_us) {
-  int32_t n = gr_vocab_size(v);
-  uint32_t words = ((uint32_t)n + 31) / 32;
-  uint32_t *bits = malloc(words * sizeof *bits);
-  int32_t *allowed = malloc((size_t)n * sizeof *allowed);
-  size_t k = 0;
-  int rc = -1;
-  for (int t = 0; t < max_tokens; t++) {
-    uint64_t t0 = cm_time_ns();
-    gr_matcher_mask(m, v, bits);
-    if (mask_us) mask_us[t] = (double)(cm_time_ns() - t0) / 1e3;
-    int32_t na = 0;
-    for (int32_t i = 0; i < n; i++)
-      if (bits[i >> 5] >> (i & 31) & 1) allowed[na++] = i;
-    int acc = gr_matcher_is_accepting(m);
-    if (acc && (na == 0 || gt_rand(rng) % 4 == 0)) {
-      rc = (int)k;
-      break;
-    }
-    if (na == 0) break;
-    int32_t id = allowed[gt_rand(rng) % (uint64_t)na];
-    if (gt_rand(rng) % 3 == 0) {
-      /* now and then a token that closes something, so that random walks end */
-      int32_t nclose = 0;
-      for (int32_t i = 0; i < na; i++) {
-        const uint8_t *b = v->bytes[allowed[i]];
-        uint32_t l = v->lens[allowed[i]];
-        if (memchr(b, '"', l) || memchr(b, '}', l) || memchr(b, ']', l))
-          allowed[nclose++] = allowed[i];
-      }
-      if (nclose) id = allowed[gt_rand(rng) % (uint64_t)nclose];
-    }
-    if (gr_matcher_accept_token(m, v, id)) break;
-    uint32_t len = v->lens[id];
-    if (k + len + 1 > cap) break;
-    memcpy(buf + k, v->bytes[id], len);
-    k += len;
-  }
-  if (rc < 0 && gr_matcher_is_accepting(m)) rc = (int)k;
-  buf[k] = 0;
-  free(bits);
-  free(allowed);
-  return rc;
-}
-
 char *gt_run(const char *cmd, const char *input) {
   char inpath[] = "/tmp/gt-in-XXXXXX";
   int fd = mkstemp(inpath);

@@ -17,11 +17,6 @@ uint64_t gt_rand(uint64_t *s);
 /* A random walk of m's language into buf (at most cap - 1 bytes, NUL-ended):
  * its length, or -1 when it could not finish within cap. m is advanced. */
 int gt_walk(struct gr_matcher *m, uint64_t *rng, char *buf, size_t cap, int stop_pct);
-/* A random generation that follows masks: tokens drawn uniformly among those
- * allowed, until accepting (and a coin says stop) or no token fits. The text
- * in buf; its length or -1 (stuck: no token allowed and not accepting). */
-int gt_generate(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, char *buf,
-                size_t cap, int max_tokens, double *mask_us);
 /* Runs cmd with input on stdin; its stdout (malloc'd, NUL-ended) or NULL. */
 char *gt_run(const char *cmd, const char *input);
 /* Asks tests/reference/json_oracle.py whether each text is a JSON object (no

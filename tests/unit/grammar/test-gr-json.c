@@ -83,7 +83,7 @@ static void generate_and_check(struct gr_grammar *g, const struct gr_vocab *v, i
   char *buf = malloc(1 << 16);
   for (int r = 0; r < runs; r++) {
     struct gr_matcher *m = gr_matcher_new(g);
-    int k = gt_generate(m, v, &rng, buf, 1 << 16, max_tokens, NULL);
+    int k = gr_random_walk(m, v, &rng, max_tokens, buf, 1 << 16, NULL, NULL);
     gr_matcher_free(m);
     if (k < 0) continue;
     texts[n++] = strdup(buf);

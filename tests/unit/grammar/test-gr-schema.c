@@ -131,7 +131,7 @@ static void run_schema(const char *schema, const struct gr_vocab *v, int runs, i
   char *buf = malloc(1 << 16);
   for (int r = 0; r < runs; r++) {
     struct gr_matcher *m = gr_matcher_new(g);
-    int k = gt_generate(m, v, &rng, buf, 1 << 16, max_tokens, NULL);
+    int k = gr_random_walk(m, v, &rng, max_tokens, buf, 1 << 16, NULL, NULL);
     gr_matcher_free(m);
     if (k >= 0) texts[n++] = strdup(buf);
   }
@@ -512,7 +512,7 @@ TH_TEST(schema_random_never_crash) {
     TH_REQUIRE(m);
     TH_CHECK(gr_matcher_mask(m, v, bits) == 0);
     char buf[256];
-    gt_generate(m, v, &rng, buf, sizeof buf, 20, NULL);
+    gr_random_walk(m, v, &rng, 20, buf, sizeof buf, NULL, NULL);
     gr_matcher_free(m);
     gr_grammar_free(g);
   }
