@@ -124,6 +124,9 @@ void gr_grammar_free(struct gr_grammar *g) {
   free(g->reach);
   free(g->wall);
   free(g->loop);
+  free(g->alpha);
+  free(g->run);
+  free(g->run_any);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

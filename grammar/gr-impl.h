@@ -143,6 +143,15 @@ struct gr_grammar {
   /* loop[s] (128 bits): the ASCII bytes that lead from s back to s, when s is
    * a state the walk's simple mode stays in (else empty) */
   uint64_t *loop; /* (n_states, 2) */
+  /* Runs of an ASCII alphabet: alpha[k] (128 bits) are the alphabets (common ones
+   * and those the grammar's states take), and run[s * n_alpha + k] how many
+   * characters of alpha[k] any text may take from s by the rule's own byte
+   * edges (255: any number): a bounded run ([a-z]{3,8}) or a loop. run_any[s]:
+   * whether any of them is non-zero. Made with reach. */
+  uint32_t n_alpha;
+  uint64_t *alpha;  /* (n_alpha, 2) */
+  uint8_t *run;     /* (n_states, n_alpha) */
+  uint8_t *run_any; /* (n_states) */
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */

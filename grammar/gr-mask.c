@@ -293,6 +293,27 @@ static const struct gr_stackset *level_set(struct gr_matcher *m, uint32_t d) {
   return w;
 }
 
+/* Every token of trie node i's subtree into bits. */
+static void allow_subtree(const struct gr_vocab *v, uint32_t i, uint32_t *bits) {
+  for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+    uint32_t id = (uint32_t)v->ids[k];
+    bits[id >> 5] |= 1u << (id & 31);
+  }
+}
+
+/* Whether state s takes every token below trie node i by its rule's own edges:
+ * the subtree is ASCII of an alphabet s takes a run of, no longer than the run. */
+static int run_covers(const struct gr_grammar *g, const struct gr_vocab *v, uint32_t s,
+                      uint32_t i) {
+  if (!g->run_any || !g->run_any[s] || (v->wide[i / 8] >> (i % 8) & 1)) return 0;
+  const uint8_t *run = g->run + (size_t)s * g->n_alpha;
+  const uint64_t *sub = v->asc + 2 * (size_t)i;
+  for (uint32_t k = 0; k < g->n_alpha; k++)
+    if (run[k] >= v->nchars[i] && !(sub[0] & ~g->alpha[2 * k]) && !(sub[1] & ~g->alpha[2 * k + 1]))
+      return 1;
+  return 0;
+}
+
 static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
   const struct gr_grammar *g = m->g;
   if (levels_reserve(m, v->max_len + 1)) return CM_ERR_NOMEM;
@@ -361,6 +382,11 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         i = v->end[i];
         continue;
       }
+      if (run_covers(g, v, pl->top, i)) {
+        allow_subtree(v, i, bits);
+        i = v->end[i];
+        continue;
+      }
       if (wall[pl->top] != 255 && (v->u8ok[i] & 1)) {
         /* plain text into a bounded string: the tokens short enough */
         uint32_t w = wall[pl->top] + pl->pc; /* counted from the token's start */
@@ -388,6 +414,15 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         ok = gr_step(m, in, b, &l->set);
       }
     } else {
+      /* one stack whose state takes the whole subtree as a run: all allowed */
+      int covered = 0;
+      for (uint32_t j = 0; j < pl->set.n && !covered; j++)
+        covered = run_covers(g, v, pl->set.frames[pl->set.off[j + 1] - 1], i);
+      if (covered) {
+        allow_subtree(v, i, bits);
+        i = v->end[i];
+        continue;
+      }
       l->simple = 0;
       ok = gr_step(m, &pl->set, b, &l->set);
     }

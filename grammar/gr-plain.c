@@ -188,6 +188,132 @@ static int takes_none(const struct gr_grammar *g, uint32_t s) {
   return 1;
 }
 
+/* ---- runs of an ASCII alphabet ----------------------------------------------- */
+
+#define MAX_ALPHA 24
+
+/* bits b of the 128-bit set a */
+static int has(const uint64_t *a, unsigned b) {
+  return a[b / 64] >> (b % 64) & 1;
+}
+
+static void add_alpha(struct gr_grammar *g, const uint64_t *a) {
+  if (!(a[0] | a[1]) || g->n_alpha >= MAX_ALPHA) return;
+  for (uint32_t k = 0; k < g->n_alpha; k++)
+    if (g->alpha[2 * k] == a[0] && g->alpha[2 * k + 1] == a[1]) return;
+  g->alpha[2 * g->n_alpha] = a[0];
+  g->alpha[2 * g->n_alpha + 1] = a[1];
+  g->n_alpha++;
+}
+
+static void range(uint64_t *a, unsigned lo, unsigned hi) {
+  for (unsigned b = lo; b <= hi; b++)
+    a[b / 64] |= 1ull << (b % 64);
+}
+
+/* The alphabets (common ones, then each state's own: the ASCII bytes that lead to
+ * a state taking the same byte again, as a bounded run's or a loop's states do)
+ * and each state's run of each (gr_grammar's run). CM_ERR_NOMEM leaves what it
+ * made for the caller to free. */
+static int runs(struct gr_grammar *g) {
+  uint32_t n = g->n_states, nc = g->n_cls;
+  g->alpha = calloc(2 * MAX_ALPHA, sizeof *g->alpha);
+  uint64_t *edges = calloc((size_t)n * 2 + 2, sizeof *edges); /* ASCII bytes with an edge */
+  uint64_t *cls_bits = calloc((size_t)nc * 2 + 2, sizeof *cls_bits);
+  uint32_t *cnt = NULL, *queue = NULL, *xcls = malloc(((size_t)nc + 1) * sizeof *xcls);
+  if (!g->alpha || !edges || !cls_bits || !xcls) goto nomem;
+  static const char *const common[] = {"09",     "az",       "AZ",   "azAZ",
+                                       "09azAZ", "09azAZ__", "09af", "09afAF"};
+  for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) {
+    uint64_t a[2] = {0, 0};
+    for (const char *p = common[i]; p[0] && p[1]; p += 2)
+      range(a, (uint8_t)p[0], (uint8_t)p[1]);
+    add_alpha(g, a);
+  }
+  for (unsigned b = 0; b < 128; b++)
+    cls_bits[2 * g->cls[b] + b / 64] |= 1ull << (b % 64);
+  for (uint32_t s = 0; s < n; s++)
+    for (uint32_t c = 0; c < nc; c++)
+      if (g->delta[(size_t)s * nc + c] != GR_NONE) {
+        edges[2 * (size_t)s] |= cls_bits[2 * c];
+        edges[2 * (size_t)s + 1] |= cls_bits[2 * c + 1];
+      }
+  for (uint32_t s = 0; s < n; s++) {
+    uint64_t a[2] = {0, 0};
+    for (unsigned b = 0; b < 128; b++) {
+      if (!has(edges + 2 * (size_t)s, b)) continue;
+      uint32_t t = g->delta[(size_t)s * nc + g->cls[b]];
+      if (has(edges + 2 * (size_t)t, b)) a[b / 64] |= 1ull << (b % 64);
+    }
+    add_alpha(g, a);
+  }
+  uint32_t na = g->n_alpha;
+  g->run = malloc((size_t)n * na + 1);
+  g->run_any = calloc((size_t)n + 1, 1);
+  cnt = calloc((size_t)n + 1, sizeof *cnt);
+  queue = malloc(((size_t)n + 1) * sizeof *queue);
+  if (!g->run || !g->run_any || !cnt || !queue) goto nomem;
+  for (uint32_t k = 0; k < na; k++) {
+    /* run(s) = 0 where a byte of x has no edge from s, else 1 + the least run after
+     * one byte of x: the length of the shortest path over x's bytes to a state of
+     * run 0, found breadth first from those states backwards */
+    const uint64_t *x = g->alpha + 2 * k;
+    uint32_t nxc = 0;
+    for (uint32_t c = 0; c < nc; c++)
+      if ((cls_bits[2 * c] & x[0]) || (cls_bits[2 * c + 1] & x[1])) xcls[nxc++] = c;
+    uint8_t *run = g->run; /* run[s * na + k] */
+    memset(cnt, 0, ((size_t)n + 1) * sizeof *cnt);
+    size_t ne = 0;
+    for (uint32_t s = 0; s < n; s++) {
+      const uint64_t *e = edges + 2 * (size_t)s;
+      int cand = !((x[0] & ~e[0]) || (x[1] & ~e[1]));
+      run[(size_t)s * na + k] = cand ? 255 : 0;
+      if (cand) /* its edges over x, counted at their targets */
+        for (uint32_t j = 0; j < nxc; j++, ne++)
+          cnt[g->delta[(size_t)s * nc + xcls[j]] + 1]++;
+    }
+    for (uint32_t s = 0; s < n; s++)
+      cnt[s + 1] += cnt[s];
+    uint32_t *pred = malloc((ne ? ne : 1) * sizeof *pred);
+    if (!pred) goto nomem;
+    for (uint32_t s = 0; s < n; s++)
+      if (run[(size_t)s * na + k])
+        for (uint32_t j = 0; j < nxc; j++)
+          pred[cnt[g->delta[(size_t)s * nc + xcls[j]]]++] = s;
+    /* cnt[t] is now the end of t's predecessors, cnt[t - 1] (or 0) their start */
+    size_t qh = 0, qt = 0;
+    for (uint32_t s = 0; s < n; s++)
+      if (!run[(size_t)s * na + k]) queue[qt++] = s;
+    while (qh < qt) {
+      uint32_t t = queue[qh++];
+      unsigned d = run[(size_t)t * na + k];
+      for (uint32_t p = t ? cnt[t - 1] : 0; p < cnt[t]; p++) {
+        uint8_t *r = &run[(size_t)pred[p] * na + k];
+        if (*r == 255 && d < 254) {
+          *r = (uint8_t)(d + 1);
+          queue[qt++] = pred[p];
+        }
+      }
+    }
+    free(pred);
+    for (uint32_t s = 0; s < n; s++)
+      g->run_any[s] |= run[(size_t)s * na + k] != 0;
+  }
+  free(edges);
+  free(cls_bits);
+  free(cnt);
+  free(queue);
+  free(xcls);
+  return 0;
+nomem:
+  free(edges);
+  free(cls_bits);
+  free(cnt);
+  free(queue);
+  free(xcls);
+  return CM_ERR_NOMEM;
+}
+
 int gr_plain_reach(struct gr_grammar *g) {
   uint32_t n = g->n_states;
   uint8_t *wall = malloc(n ? n : 1);
@@ -248,6 +374,14 @@ int gr_plain_reach(struct gr_grammar *g) {
   }
   g->loop = loop;
   g->wall = wall;
+  if (runs(g)) { /* out of memory: masks go without the fast path of runs */
+    free(g->alpha);
+    free(g->run);
+    free(g->run_any);
+    g->alpha = NULL;
+    g->run = g->run_any = NULL;
+    g->n_alpha = 0;
+  }
   __atomic_store_n(&g->reach, reach, __ATOMIC_RELEASE);
   return 0;
 nomem:

