@@ -16,6 +16,8 @@ struct kn_cpu_sampler {
   float *probs;         /* [vocab] final distribution probabilities */
   float *raw;           /* [vocab] copy of the raw logits, when logprobs are asked */
   float *work;          /* [vocab] the op's processed copy of a row */
+  float *cval;          /* [vocab] a sparse mask's allowed logits, compacted */
+  int32_t *cid;         /* [vocab] their ids */
 };
 
 int kn_cpu_sampler_create(int vocab, struct kn_cpu_sampler **out) {
@@ -29,7 +31,9 @@ int kn_cpu_sampler_create(int vocab, struct kn_cpu_sampler **out) {
   s->probs = malloc((size_t)vocab * sizeof(float));
   s->raw = malloc((size_t)vocab * sizeof(float));
   s->work = malloc((size_t)vocab * sizeof(float));
-  if (!s->cand || !s->ids || !s->probs || !s->raw || !s->work) {
+  s->cval = malloc((size_t)vocab * sizeof(float));
+  s->cid = malloc((size_t)vocab * sizeof(int32_t));
+  if (!s->cand || !s->ids || !s->probs || !s->raw || !s->work || !s->cval || !s->cid) {
     kn_cpu_sampler_destroy(s);
     return CM_ERR_NOMEM;
   }
@@ -44,6 +48,8 @@ void kn_cpu_sampler_destroy(struct kn_cpu_sampler *s) {
   free(s->probs);
   free(s->raw);
   free(s->work);
+  free(s->cval);
+  free(s->cid);
   free(s);
 }
 
@@ -164,13 +170,15 @@ static void heap_sift_down(struct kn_cand *h, int n, int i) {
   }
 }
 
-/* The k largest of the logits >= cut, sorted; returns how many. */
-static int gather_top_k(struct kn_cand *h, const float *logits, int V, float cut, int topk) {
+/* The k largest of the logits >= cut, sorted; returns how many. Token i's logit
+ * is logits[i] (ids NULL) or that of ids[i]. */
+static int gather_top_k(struct kn_cand *h, const float *logits, const int32_t *ids, int V,
+                        float cut, int topk) {
   int n = 0;
   for (int i = 0; i < V; i++) {
     float l = logits[i];
     if (!(l >= cut)) continue;
-    struct kn_cand c = {l, i};
+    struct kn_cand c = {l, ids ? ids[i] : i};
     if (n < topk) {
       h[n++] = c;
       if (n == topk)
@@ -187,8 +195,8 @@ static int gather_top_k(struct kn_cand *h, const float *logits, int V, float cut
 
 /* The logits >= cut_minp with mass (relative to z) reaching top_p, sorted:
  * gathered above a falling threshold. Returns how many. */
-static int gather_top_p(struct kn_cand *c, const float *logits, int V, float m, float cut_minp,
-                        double z, float top_p) {
+static int gather_top_p(struct kn_cand *c, const float *logits, const int32_t *ids, int V, float m,
+                        float cut_minp, double z, float top_p) {
   int n = 0;
   for (float drop = 8.0f;; drop *= 2.0f) {
     float cut = m - drop;
@@ -197,7 +205,7 @@ static int gather_top_p(struct kn_cand *c, const float *logits, int V, float m, 
     double mass = 0;
     for (int i = 0; i < V; i++)
       if (logits[i] >= cut) {
-        c[n++] = (struct kn_cand){logits[i], i};
+        c[n++] = (struct kn_cand){logits[i], ids ? ids[i] : i};
         mass += exp((double)(logits[i] - m));
       }
     if (mass / z >= (double)top_p || cut == cut_minp || drop > 1e4f) break;
@@ -210,17 +218,38 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
                        const int32_t **ids_out, const float **probs_out, int *n_out) {
   int rc = kn_sample_params_check(p);
   if (rc) return rc;
-  const int V = s->vocab;
+  int V = s->vocab;
+  const int32_t *ids = NULL; /* token i is logits[i], or the compacted ids[i] */
   kn_cpu_sample_penalise(logits, 0, V, p);
-  if (p->allow)
-    for (int w = 0; w < (V + 31) / 32; w++) {
-      uint32_t b = p->allow[w];
-      if (b == 0xffffffffu) continue;
-      for (int id = w * 32; id < V && id < (w + 1) * 32; id++)
-        if (!(b >> (id % 32) & 1)) logits[id] = -INFINITY;
+  if (p->allow) {
+    /* a sparse mask (a structured output's, mostly): the allowed tokens alone, in
+     * order, which give what -inf everywhere else would */
+    int words = (V + 31) / 32, allowed = 0;
+    for (int w = 0; w < words; w++)
+      allowed += __builtin_popcount(p->allow[w]);
+    if (allowed <= V / 8) {
+      int n = 0;
+      for (int w = 0; w < words; w++)
+        for (uint32_t b = p->allow[w]; b; b &= b - 1) {
+          int id = w * 32 + __builtin_ctz(b);
+          if (id < V) s->cval[n] = logits[id], s->cid[n++] = id;
+        }
+      logits = s->cval;
+      ids = s->cid;
+      V = n;
+      if (!V) return CM_ERR_INVAL; /* nothing allowed */
+    } else {
+      for (int w = 0; w < words; w++) {
+        uint32_t b = p->allow[w];
+        if (b == 0xffffffffu) continue;
+        for (int id = w * 32; id < V && id < (w + 1) * 32; id++)
+          if (!(b >> (id % 32) & 1)) logits[id] = -INFINITY;
+      }
     }
+  }
   if (p->temperature < 1e-5f) {
     kn_cpu_op_argmax(NULL, &s->ids[0], NULL, logits, V, 1, V);
+    if (ids) s->ids[0] = ids[s->ids[0]];
     s->probs[0] = 1.0f;
     *ids_out = s->ids;
     *probs_out = s->probs;
@@ -235,12 +264,13 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
   }
   if (!isfinite(m)) return CM_ERR_INVAL; /* all -inf or NaN logits */
   float cut_minp = p->min_p > 0 ? m + logf(p->min_p) : -INFINITY;
-  int topk = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
+  /* (the whole vocabulary's size decides, so that a sparse mask draws as a dense one) */
+  int topk = p->top_k > 0 && p->top_k < s->vocab ? p->top_k : 0;
   int n = 0, sorted = 0;
   double zc = 0; /* normaliser of the candidate set's probabilities */
 
   if (topk) {
-    n = gather_top_k(s->cand, logits, V, cut_minp, topk);
+    n = gather_top_k(s->cand, logits, ids, V, cut_minp, topk);
     sorted = 1;
     for (int i = 0; i < n; i++)
       zc += exp((double)(s->cand[i].l - m));
@@ -248,11 +278,11 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
     for (int i = 0; i < V; i++)
       if (logits[i] >= cut_minp) zc += exp((double)(logits[i] - m));
     if (p->top_p < 1.0f) {
-      n = gather_top_p(s->cand, logits, V, m, cut_minp, zc, p->top_p);
+      n = gather_top_p(s->cand, logits, ids, V, m, cut_minp, zc, p->top_p);
       sorted = 1;
     } else {
       for (int i = 0; i < V; i++)
-        if (logits[i] >= cut_minp) s->cand[n++] = (struct kn_cand){logits[i], i};
+        if (logits[i] >= cut_minp) s->cand[n++] = (struct kn_cand){logits[i], ids ? ids[i] : i};
     }
   }
   if (n == 0) return CM_ERR_INVAL;

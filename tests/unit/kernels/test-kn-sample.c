@@ -319,3 +319,48 @@ TH_TEST(sample_masks_allow_only_their_tokens) {
   }
   kn_backend_destroy(be);
 }
+
+/* A sparse mask (an eighth of the vocabulary or less) samples from the allowed
+ * tokens compacted; it must draw exactly what the dense way draws, where every
+ * token the mask refuses is -inf: same token for every seed and setting. */
+TH_TEST(sample_sparse_masks_draw_as_dense_ones) {
+  struct kn_backend *be = cpu();
+  enum { V = 4096 };
+  static float x[V], dense[V];
+  uint64_t r = 99;
+  for (int i = 0; i < V; i++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((r >> 33) % 2000) / 200.0f - 5.0f;
+  }
+  static const struct {
+    float t, top_p, min_p;
+    int top_k;
+  } set[] = {{0, 1, 0, 0},  {1, 1, 0, 0},    {0.7f, 0.9f, 0, 0},     {1.2f, 1, 0.05f, 0},
+             {1, 1, 0, 20}, {1, 1, 0, 1000}, {1, 1, 0, 5000}, {0.8f, 0.8f, 0.01f, 40}};
+  for (int density = 0; density < 3; density++) {
+    uint32_t allow[V / 32] = {0};
+    int every = density == 0 ? 9 : density == 1 ? 97 : 1000; /* all sparse: <= V / 8 */
+    for (int i = density; i < V; i += every)
+      allow[i / 32] |= 1u << (i % 32);
+    for (int i = 0; i < V; i++)
+      dense[i] = allow[i / 32] >> (i % 32) & 1 ? x[i] : -INFINITY;
+    for (size_t k = 0; k < sizeof set / sizeof set[0]; k++)
+      for (uint64_t seed = 0; seed < 40; seed++) {
+        struct kn_sample_params p = params_default();
+        p.temperature = set[k].t;
+        p.top_p = set[k].top_p;
+        p.min_p = set[k].min_p;
+        p.top_k = set[k].top_k;
+        p.seed = seed;
+        p.counter = seed * 3;
+        struct kn_sample_out a, b;
+        TH_REQUIRE(kn_sample(be, &b, dense, V, 1, V, &p) == 0);
+        p.allow = allow;
+        TH_REQUIRE(kn_sample(be, &a, x, V, 1, V, &p) == 0);
+        if (a.token != b.token)
+          th_fail(__FILE__, __LINE__, "density %d setting %zu seed %llu: %d vs %d", density, k,
+                  (unsigned long long)seed, a.token, b.token);
+      }
+  }
+  kn_backend_destroy(be);
+}
