@@ -127,6 +127,7 @@ void gr_grammar_free(struct gr_grammar *g) {
   free(g->alpha);
   free(g->run);
   free(g->run_any);
+  free(g->run_set);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

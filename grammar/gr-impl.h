@@ -146,12 +146,13 @@ struct gr_grammar {
   /* Runs of an ASCII alphabet: alpha[k] (128 bits) are the alphabets (common ones
    * and those the grammar's states take), and run[s * n_alpha + k] how many
    * characters of alpha[k] any text may take from s by the rule's own byte
-   * edges (255: any number): a bounded run ([a-z]{3,8}) or a loop. run_any[s]:
-   * whether any of them is non-zero. Made with reach. */
+   * edges (255: any number): a bounded run ([a-z]{3,8}) or a loop. Made with
+   * reach. */
   uint32_t n_alpha;
   uint64_t *alpha;  /* (n_alpha, 2) */
   uint8_t *run;     /* (n_states, n_alpha) */
-  uint8_t *run_any; /* (n_states) */
+  uint8_t *run_any; /* (n_states): the longest of s's runs (0: none) */
+  uint64_t *run_set; /* (n_states, 2): the union of the alphabets s has a run of */
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */

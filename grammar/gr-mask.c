@@ -305,9 +305,10 @@ static void allow_subtree(const struct gr_vocab *v, uint32_t i, uint32_t *bits) 
  * the subtree is ASCII of an alphabet s takes a run of, no longer than the run. */
 static int run_covers(const struct gr_grammar *g, const struct gr_vocab *v, uint32_t s,
                       uint32_t i) {
-  if (!g->run_any || !g->run_any[s] || (v->wide[i / 8] >> (i % 8) & 1)) return 0;
+  if (!g->run_any || g->run_any[s] < v->nchars[i] || (v->wide[i / 8] >> (i % 8) & 1)) return 0;
   const uint8_t *run = g->run + (size_t)s * g->n_alpha;
-  const uint64_t *sub = v->asc + 2 * (size_t)i;
+  const uint64_t *sub = v->asc + 2 * (size_t)i, *un = g->run_set + 2 * (size_t)s;
+  if ((sub[0] & ~un[0]) || (sub[1] & ~un[1])) return 0; /* a byte of none of them */
   for (uint32_t k = 0; k < g->n_alpha; k++)
     if (run[k] >= v->nchars[i] && !(sub[0] & ~g->alpha[2 * k]) && !(sub[1] & ~g->alpha[2 * k + 1]))
       return 1;

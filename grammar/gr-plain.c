@@ -250,9 +250,10 @@ static int runs(struct gr_grammar *g) {
   uint32_t na = g->n_alpha;
   g->run = malloc((size_t)n * na + 1);
   g->run_any = calloc((size_t)n + 1, 1);
+  g->run_set = calloc((size_t)n * 2 + 2, sizeof *g->run_set);
   cnt = calloc((size_t)n + 1, sizeof *cnt);
   queue = malloc(((size_t)n + 1) * sizeof *queue);
-  if (!g->run || !g->run_any || !cnt || !queue) goto nomem;
+  if (!g->run || !g->run_any || !g->run_set || !cnt || !queue) goto nomem;
   for (uint32_t k = 0; k < na; k++) {
     /* run(s) = 0 where a byte of x has no edge from s, else 1 + the least run after
      * one byte of x: the length of the shortest path over x's bytes to a state of
@@ -297,7 +298,11 @@ static int runs(struct gr_grammar *g) {
     }
     free(pred);
     for (uint32_t s = 0; s < n; s++)
-      g->run_any[s] |= run[(size_t)s * na + k] != 0;
+      if (run[(size_t)s * na + k]) {
+        if (run[(size_t)s * na + k] > g->run_any[s]) g->run_any[s] = run[(size_t)s * na + k];
+        g->run_set[2 * (size_t)s] |= x[0];
+        g->run_set[2 * (size_t)s + 1] |= x[1];
+      }
   }
   free(edges);
   free(cls_bits);
@@ -378,8 +383,10 @@ int gr_plain_reach(struct gr_grammar *g) {
     free(g->alpha);
     free(g->run);
     free(g->run_any);
+    free(g->run_set);
     g->alpha = NULL;
     g->run = g->run_any = NULL;
+    g->run_set = NULL;
     g->n_alpha = 0;
   }
   __atomic_store_n(&g->reach, reach, __ATOMIC_RELEASE);
