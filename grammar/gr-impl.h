@@ -175,6 +175,9 @@ struct gr_stackset {
 struct gr_level {
   int simple;
   uint32_t top;
+  /* simple: the one stack the path is on is *base (a level's set, or the
+   * matcher's) with its top frame replaced by top */
+  const struct gr_stackset *base;
   uint32_t pc; /* characters begun on the path so far */
   int pq;      /* the plain-text UTF-8 decoder's state after the path; -1: not plain */
   struct gr_stackset set;

@@ -280,12 +280,13 @@ static int levels_reserve(struct gr_matcher *m, uint32_t n) {
   return 0;
 }
 
-/* Level d-1's set, written out when it is simple (base: the matcher's one stack). */
+/* Level d's set, written out when it is simple (its base with the top replaced). */
 static const struct gr_stackset *level_set(struct gr_matcher *m, uint32_t d) {
   struct gr_level *l = &m->levels[d];
   if (!l->simple) return &l->set;
-  const struct gr_stackset *c = &m->cur;
+  const struct gr_stackset *c = l->base;
   uint32_t len = c->off[1];
+  if (c->frames[len - 1] == l->top) return c;
   struct gr_stackset *w = &m->walk;
   if (gr_stackset_copy(w, c)) return NULL;
   w->frames[len - 1] = l->top;
@@ -319,11 +320,10 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
   const struct gr_grammar *g = m->g;
   if (levels_reserve(m, v->max_len + 1)) return CM_ERR_NOMEM;
   struct gr_level *lv = m->levels;
-  uint32_t base_len = 0;
   if (m->cur.n == 1) {
-    base_len = m->cur.off[1];
     lv[0].simple = 1;
-    lv[0].top = m->cur.frames[base_len - 1];
+    lv[0].top = m->cur.frames[m->cur.off[1] - 1];
+    lv[0].base = &m->cur;
   } else {
     lv[0].simple = 0;
     if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
@@ -391,6 +391,15 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       if (wall[pl->top] != 255 && (v->u8ok[i] & 1)) {
         /* plain text into a bounded string: the tokens short enough */
         uint32_t w = wall[pl->top] + pl->pc; /* counted from the token's start */
+        if (l->pc > w) { /* every token below is longer: none */
+          i = v->end[i];
+          continue;
+        }
+        if (pl->pc + v->nchars[i] <= w) { /* every token below fits */
+          allow_subtree(v, i, bits);
+          i = v->end[i];
+          continue;
+        }
         for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
           uint32_t id = (uint32_t)v->ids[k];
           if (v->tchars[id] <= w) bits[id >> 5] |= 1u << (id & 31);
@@ -404,9 +413,10 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         continue;
       }
       uint8_t fl = flags[t];
-      if (!(fl & GR_F_CALLS) && (!(fl & GR_F_FINAL) || base_len == 1)) {
+      if (!(fl & GR_F_CALLS) && (!(fl & GR_F_FINAL) || pl->base->off[1] == 1)) {
         l->simple = 1;
         l->top = t;
+        l->base = pl->base;
         ok = 1;
       } else {
         const struct gr_stackset *in = level_set(m, d - 1);
@@ -430,6 +440,11 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     if (!ok) {
       i = v->end[i];
       continue;
+    }
+    if (!l->simple && l->set.n == 1) { /* one stack again: simple below, on this set */
+      l->simple = 1;
+      l->top = l->set.frames[l->set.off[1] - 1];
+      l->base = &l->set;
     }
     for (uint32_t k = v->tok[i]; k < v->tok[i + 1]; k++) {
       uint32_t id = (uint32_t)v->ids[k];
