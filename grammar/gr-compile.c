@@ -124,6 +124,7 @@ void gr_grammar_free(struct gr_grammar *g) {
   free(g->reach);
   free(g->wall);
   free(g->loop);
+  free(g->term);
   free(g->alpha);
   free(g->run);
   free(g->run_any);

@@ -143,6 +143,10 @@ struct gr_grammar {
   /* loop[s] (128 bits): the ASCII bytes that lead from s back to s, when s is
    * a state the walk's simple mode stays in (else empty) */
   uint64_t *loop; /* (n_states, 2) */
+  /* term[s] (128 bits): the plain ASCII bytes left out of s's reach and wall
+   * (they lead elsewhere: the quote that ends a run of [^']); a subtree with
+   * one of them is walked */
+  uint64_t *term; /* (n_states, 2) */
   /* Runs of an ASCII alphabet: alpha[k] (128 bits) are the alphabets (common ones
    * and those the grammar's states take), and run[s * n_alpha + k] how many
    * characters of alpha[k] any text may take from s by the rule's own byte
@@ -180,6 +184,7 @@ struct gr_level {
   const struct gr_stackset *base;
   uint32_t pc; /* characters begun on the path so far */
   int pq;      /* the plain-text UTF-8 decoder's state after the path; -1: not plain */
+  int pt;      /* the path holds a byte of the walk's first state's term */
   struct gr_stackset set;
 };
 
@@ -234,6 +239,9 @@ struct gr_vocab {
    * character boundary and have at most w characters; NULL for vocabularies
    * with tokens longer than 64 bytes */
   uint32_t *plain_le;
+  /* has[b] (b < 128, when plain_le is made): the tokens holding ASCII byte b, a
+   * bitmap of the vocabulary each */
+  uint32_t *has;
   /* asc[i] (128 bits: lo, hi): the ASCII bytes in node i's subtree (its own
    * byte included); wide[i / 8] bit i % 8: the subtree has a byte >= 0x80 */
   uint64_t *asc; /* (n_nodes, 2) */

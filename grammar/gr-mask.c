@@ -130,6 +130,7 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->nchars);
   free(v->tchars);
   free(v->plain_le);
+  free(v->has);
   free(v->asc);
   free(v->wide);
   free(v);
@@ -339,15 +340,24 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
    * that is plain text is decided by its length alone: copy those in, and skip
    * their subtrees below */
   int pre = 0;
-  if (v->plain_le && lv[0].simple) {
+  const uint64_t no_term[2] = {0, 0};
+  const uint64_t *term0 = lv[0].simple ? g->term + 2 * (size_t)lv[0].top : no_term;
+  lv[0].pt = 0;
+  if (v->plain_le && lv[0].simple && (!(term0[0] | term0[1]) || v->has)) {
     uint32_t s = lv[0].top, w = 255;
     if (reach[s] >= v->max_len)
       w = v->max_len;
     else if (wall[s] != 255)
       w = wall[s] < v->max_len ? wall[s] : v->max_len;
-    if (w != 255) {
+    if (w != 255) { /* (without the tokens that hold a byte of the state's term) */
       uint32_t words = ((uint32_t)v->n + 31) / 32;
       memcpy(bits, v->plain_le + (size_t)w * words, words * sizeof *bits);
+      for (uint32_t b = 0x20; b < 0x80; b++)
+        if (term0[b / 64] >> (b % 64) & 1) {
+          const uint32_t *h = v->has + (size_t)b * words;
+          for (uint32_t k = 0; k < words; k++)
+            bits[k] &= ~h[k];
+        }
       pre = 1;
     }
   }
@@ -358,12 +368,16 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     int ok;
     l->pc = pl->pc + ((b & 0xc0) != 0x80);
     l->pq = pl->pq < 0 ? -1 : gr_u8_step(pl->pq, b);
-    if (pre && pl->pq >= 0 && (v->u8ok[i] >> pl->pq & 1)) {
+    l->pt = pl->pt || (b < 128 && (term0[b / 64] >> (b % 64) & 1));
+    if (pre && pl->pq >= 0 && !l->pt && (v->u8ok[i] >> pl->pq & 1) &&
+        !(v->asc[2 * (size_t)i] & term0[0]) && !(v->asc[2 * (size_t)i + 1] & term0[1])) {
       i = v->end[i]; /* plain tokens: already in */
       continue;
     }
     if (pl->simple) {
-      if (reach[pl->top] && (v->u8ok[i] & 1) && v->nchars[i] <= reach[pl->top]) {
+      const uint64_t *tm = g->term + 2 * (size_t)pl->top, *sub = v->asc + 2 * (size_t)i;
+      int plain = (v->u8ok[i] & 1) && !(sub[0] & tm[0]) && !(sub[1] & tm[1]);
+      if (reach[pl->top] && plain && v->nchars[i] <= reach[pl->top]) {
         /* plain text the state takes whole: every token below is allowed */
         for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
           uint32_t id = (uint32_t)v->ids[k];
@@ -388,7 +402,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         i = v->end[i];
         continue;
       }
-      if (wall[pl->top] != 255 && (v->u8ok[i] & 1)) {
+      if (wall[pl->top] != 255 && plain) {
         /* plain text into a bounded string: the tokens short enough */
         uint32_t w = wall[pl->top] + pl->pc; /* counted from the token's start */
         if (l->pc > w) { /* every token below is longer: none */
@@ -455,19 +469,23 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
   return 0;
 }
 
+int gr_grammar_prepare(struct gr_grammar *g) {
+  if (__atomic_load_n(&g->reach, __ATOMIC_ACQUIRE)) return 0;
+  pthread_mutex_lock(&g->lock);
+  int rc = g->reach ? 0 : gr_plain_reach(g);
+  pthread_mutex_unlock(&g->lock);
+  return rc;
+}
+
 int gr_matcher_mask(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
   uint32_t words = ((uint32_t)v->n + 31) / 32;
   struct gr_grammar *g = (struct gr_grammar *)m->g; /* the cache is the only mutable part */
   uint64_t h = gr_stackset_hash(&m->cur);
   if (cache_get(g, v, &m->cur, h, bits)) return 0;
-  if (!__atomic_load_n(&g->reach, __ATOMIC_ACQUIRE)) {
-    pthread_mutex_lock(&g->lock);
-    int rc = g->reach ? 0 : gr_plain_reach(g);
-    pthread_mutex_unlock(&g->lock);
-    if (rc) return rc;
-  }
+  int rc = gr_grammar_prepare(g);
+  if (rc) return rc;
   memset(bits, 0, words * sizeof *bits);
-  int rc = walk(m, v, bits);
+  rc = walk(m, v, bits);
   if (rc) return rc;
   cache_put(g, v, &m->cur, h, bits);
   return 0;

@@ -59,6 +59,12 @@ int gr_plain_vocab(struct gr_vocab *v) {
       if (q < 0 || v->tchars[id] > v->max_len) continue;
       v->plain_le[v->tchars[id] * words + (uint32_t)id / 32] |= 1u << (id & 31);
     }
+    v->has = calloc((size_t)128 * words, sizeof *v->has);
+    if (!v->has) return CM_ERR_NOMEM;
+    for (int32_t id = 0; id < v->n; id++)
+      for (uint32_t j = 0; j < v->lens[id]; j++)
+        if (v->bytes[id][j] < 128)
+          v->has[(size_t)v->bytes[id][j] * words + (uint32_t)id / 32] |= 1u << (id & 31);
     /* so far bitmap w holds exactly w characters: make it "at most w" */
     for (uint32_t w = 1; w <= v->max_len; w++)
       for (size_t k = 0; k < words; k++)
@@ -150,14 +156,16 @@ static int clean(const struct gr_grammar *g, uint32_t s) {
   return !(g->flags[s] & GR_F_CALLS) && (!(g->flags[s] & GR_F_FINAL) || s < g->n_root);
 }
 
-/* Follows every byte class of sequence k from s; the states after a whole
- * character go to t; fails when a byte has no edge or a state inside the
- * character calls or ends a rule. */
-static void follow(const struct gr_grammar *g, uint32_t s, int k, int pos, struct targets *t) {
+/* Follows every byte class of sequence k from s (but the ASCII bytes in term);
+ * the states after a whole character go to t; fails when a byte has no edge or
+ * a state inside the character calls or ends a rule. */
+static void follow(const struct gr_grammar *g, uint32_t s, int k, int pos, const uint64_t *term,
+                   struct targets *t) {
   if (t->fail) return;
   uint32_t lo = seqs[k][pos][0], hi = seqs[k][pos][1];
   int last_cls = -1;
   for (uint32_t b = lo; b <= hi && !t->fail; b++) {
+    if (b < 128 && (term[b / 64] >> (b % 64) & 1)) continue;
     int c = g->cls[b];
     if (c == last_cls) continue;
     last_cls = c;
@@ -173,16 +181,18 @@ static void follow(const struct gr_grammar *g, uint32_t s, int k, int pos, struc
         t->fail = 1;
         return;
       }
-      follow(g, nx, k, pos + 1, t);
+      follow(g, nx, k, pos + 1, term, t);
     }
   }
 }
 
-/* 1 when no plain character can start from s (every first byte has no edge). */
-static int takes_none(const struct gr_grammar *g, uint32_t s) {
+/* 1 when no plain character (but those of term) can start from s (every first
+ * byte has no edge). */
+static int takes_none(const struct gr_grammar *g, uint32_t s, const uint64_t *term) {
   const uint32_t *row = g->delta + (size_t)s * g->n_cls;
   for (uint32_t b = 0x20; b <= 0xf4; b++) {
     if (b == '"' || b == '\\' || (b >= 0x80 && b < 0xc2)) continue;
+    if (b < 128 && (term[b / 64] >> (b % 64) & 1)) continue;
     if (row[g->cls[b]] != GR_NONE) return 0;
   }
   return 1;
@@ -319,19 +329,58 @@ nomem:
   return CM_ERR_NOMEM;
 }
 
+/* 1 when the 128-bit set a is within b */
+static int within(const uint64_t *a, const uint64_t *b) {
+  return !(a[0] & ~b[0]) && !(a[1] & ~b[1]);
+}
+
+/* term[s]: the plain ASCII bytes that do not lead where most of them lead from s
+ * (the quote that ends a run of [^']{0,24}): the plain text of s's reach and
+ * wall is without them. */
+static int terms(const struct gr_grammar *g, uint64_t *term) {
+  uint32_t nc = g->n_cls;
+  uint32_t *per = calloc((size_t)nc + 1, sizeof *per); /* plain ASCII bytes of each class */
+  uint32_t *tgt = malloc(((size_t)nc + 1) * sizeof *tgt), *cnt = malloc(((size_t)nc + 1) * 4);
+  if (!per || !tgt || !cnt) {
+    free(per), free(tgt), free(cnt);
+    return CM_ERR_NOMEM;
+  }
+  for (uint32_t b = 0x20; b < 0x80; b++)
+    per[g->cls[b]] += b != '"' && b != '\\';
+  for (uint32_t s = 0; s < g->n_states; s++) {
+    const uint32_t *row = g->delta + (size_t)s * nc;
+    uint32_t main = GR_NONE, best = 0, nt = 0;
+    for (uint32_t c = 0; c < nc; c++) { /* the target most plain bytes go to */
+      if (!per[c] || row[c] == GR_NONE) continue;
+      uint32_t j = 0;
+      while (j < nt && tgt[j] != row[c])
+        j++;
+      if (j == nt) tgt[nt] = row[c], cnt[nt++] = 0;
+      if ((cnt[j] += per[c]) > best) best = cnt[j], main = row[c];
+    }
+    uint64_t *x = term + 2 * (size_t)s;
+    x[0] = x[1] = 0;
+    for (uint32_t b = 0x20; b < 0x80; b++)
+      if (b != '"' && b != '\\' && row[g->cls[b]] != main) x[b / 64] |= 1ull << (b % 64);
+  }
+  free(per), free(tgt), free(cnt);
+  return 0;
+}
+
 int gr_plain_reach(struct gr_grammar *g) {
   uint32_t n = g->n_states;
   uint8_t *wall = malloc(n ? n : 1);
   uint8_t *reach = calloc(n ? n : 1, 1);
   uint32_t *off = calloc((size_t)n + 1, sizeof *off);
+  uint64_t *term = calloc((size_t)n * 2 + 2, sizeof *term);
   struct targets all = {0};
-  if (!reach || !off || !wall) goto nomem;
+  if (!reach || !off || !wall || !term || terms(g, term)) goto nomem;
   for (uint32_t s = 0; s < n; s++) {
     off[s] = (uint32_t)all.n;
     if (!clean(g, s)) continue;
     struct targets t = {0};
     for (int k = 0; k < (int)(sizeof seq_len / sizeof seq_len[0]) && !t.fail; k++)
-      follow(g, s, k, 0, &t);
+      follow(g, s, k, 0, term + 2 * (size_t)s, &t);
     if (!t.fail) {
       reach[s] = 255;
       for (size_t i = 0; i < t.n && !all.fail; i++)
@@ -341,14 +390,18 @@ int gr_plain_reach(struct gr_grammar *g) {
     if (all.fail) goto nomem;
   }
   off[n] = (uint32_t)all.n;
-  /* reach(s) = 1 + min reach(t): shrink from 255 until nothing changes */
+  /* reach(s) = 1 + min reach(t): shrink from 255 until nothing changes (a target
+   * whose plain text leaves out bytes that s's does not counts as 0) */
   for (int changed = 1, round = 0; changed && round < 300; round++) {
     changed = 0;
     for (uint32_t s = 0; s < n; s++) {
       if (!reach[s]) continue;
       unsigned m = 255;
-      for (uint32_t i = off[s]; i < off[s + 1]; i++)
-        if (reach[all.a[i]] < m) m = reach[all.a[i]];
+      for (uint32_t i = off[s]; i < off[s + 1]; i++) {
+        uint32_t t = all.a[i];
+        unsigned r = within(term + 2 * (size_t)t, term + 2 * (size_t)s) ? reach[t] : 0;
+        if (r < m) m = r;
+      }
       unsigned r = m + 1 > 255 ? 255 : m + 1;
       if (r < reach[s]) reach[s] = (uint8_t)r, changed = 1;
     }
@@ -356,14 +409,22 @@ int gr_plain_reach(struct gr_grammar *g) {
   /* wall(s) = 0 where no plain character goes on; d + 1 where every plain
    * character goes to states whose wall is d */
   for (uint32_t s = 0; s < n; s++)
-    wall[s] = clean(g, s) && takes_none(g, s) ? 0 : 255;
+    wall[s] = clean(g, s) && takes_none(g, s, term + 2 * (size_t)s) ? 0 : 255;
   for (int changed = 1, round = 0; changed && round < 300; round++) {
     changed = 0;
     for (uint32_t s = 0; s < n; s++) {
       if (wall[s] != 255 || !reach[s] || off[s] == off[s + 1]) continue;
-      unsigned d = wall[all.a[off[s]]];
-      for (uint32_t i = off[s]; i < off[s + 1] && d != 255; i++)
-        if (wall[all.a[i]] != d) d = 255;
+      /* a target whose term is another's counts as 0 when it takes none of s's plain
+       * text (the last state of a run of [^']{0,24}, which only takes the quote) */
+      unsigned d = 256;
+      for (uint32_t i = off[s]; i < off[s + 1] && d != 255; i++) {
+        uint32_t t = all.a[i];
+        unsigned w = within(term + 2 * (size_t)t, term + 2 * (size_t)s)      ? wall[t]
+                     : clean(g, t) && takes_none(g, t, term + 2 * (size_t)s) ? 0
+                                                                             : 255;
+        if (d == 256) d = w;
+        if (w != d) d = 255;
+      }
       if (d < 254) wall[s] = (uint8_t)(d + 1), changed = 1;
     }
   }
@@ -379,6 +440,7 @@ int gr_plain_reach(struct gr_grammar *g) {
   }
   g->loop = loop;
   g->wall = wall;
+  g->term = term;
   if (runs(g)) { /* out of memory: masks go without the fast path of runs */
     free(g->alpha);
     free(g->run);
@@ -395,6 +457,7 @@ nomem:
   free(wall);
   free(reach);
   free(off);
+  free(term);
   free(all.a);
   return CM_ERR_NOMEM;
 }

@@ -64,6 +64,11 @@ static inline void gr_token_bytes(int32_t id, uint8_t *b) {
 int gr_compile(enum gr_kind kind, const char *text, size_t len, struct gr_grammar **out, char *err,
                size_t errlen);
 void gr_grammar_free(struct gr_grammar *g);
+/* What masks need of g beyond its automaton (per state: how much plain text, which
+ * runs of an alphabet it takes), made now instead of on g's first mask: what a
+ * worker does once a grammar is compiled (a frontend that only checks a grammar
+ * need not). 0, or CM_ERR_NOMEM. */
+int gr_grammar_prepare(struct gr_grammar *g);
 /* A hash of (kind, text) as compiled: equal inputs, equal hashes (caches). */
 uint64_t gr_grammar_hash(const struct gr_grammar *g);
 

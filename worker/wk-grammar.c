@@ -2,6 +2,7 @@
 #include "worker/wk-grammar.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,6 +164,8 @@ static int lookup(struct wk_grammars *g, uint32_t kind, const uint8_t *text, siz
   char why[256];
   int rc =
       gr_compile((enum gr_kind)kind, len ? (const char *)text : "", len, &c->g, why, sizeof(why));
+  if (!rc && (rc = gr_grammar_prepare(c->g))) /* before its first mask, not in it */
+    snprintf(why, sizeof why, "out of memory");
   if (rc) {
     free(c->text);
     memset(c, 0, sizeof(*c));
