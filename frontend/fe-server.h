@@ -57,6 +57,10 @@ int fe_server_create(uv_loop_t *loop, const char *host, int port,
                      const struct fe_server_limits *limits, fe_server_request_cb cb, void *ud,
                      struct fe_server **out);
 int fe_server_port(const struct fe_server *s);
+struct fe_tls;
+/* Serves HTTPS from now on: connections accepted after the call speak TLS
+ * (fe-tls.h). The server takes `tls` and destroys it with itself. */
+void fe_server_set_tls(struct fe_server *s, struct fe_tls *tls);
 /* Stops accepting work: idle connections close, new requests get 503 with
  * Connection: close; requests in progress go on. */
 void fe_server_drain(struct fe_server *s);
