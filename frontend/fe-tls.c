@@ -60,11 +60,12 @@ int fe_tls_create(const char *key_file, const char *cert_file, const char *ca_fi
     snprintf(why, why_size, "--ssl-certfile %s: %s", cert_file, ssl_reason(reason, sizeof(reason)));
     goto fail;
   }
-  if (SSL_CTX_use_PrivateKey_file(t->ctx, key_file, SSL_FILETYPE_PEM) != 1) {
+  if (SSL_CTX_use_PrivateKey_file(t->ctx, key_file, SSL_FILETYPE_PEM) != 1 &&
+      ERR_GET_REASON(ERR_peek_last_error()) != X509_R_KEY_VALUES_MISMATCH) {
     snprintf(why, why_size, "--ssl-keyfile %s: %s", key_file, ssl_reason(reason, sizeof(reason)));
     goto fail;
   }
-  if (SSL_CTX_check_private_key(t->ctx) != 1) {
+  if (SSL_CTX_check_private_key(t->ctx) != 1) { /* also a key OpenSSL refused as a mismatch */
     snprintf(why, why_size, "--ssl-keyfile %s does not match --ssl-certfile %s: %s", key_file,
              cert_file, ssl_reason(reason, sizeof(reason)));
     goto fail;
