@@ -238,7 +238,8 @@ TH_TEST(tls_hostile_clients) {
   th_proc_signal(&s.p, SIGTERM);
   TH_CHECK(tt_closed_by_server(&c, 5000));
   tt_close(&c);
-  stop(&s);
+  TH_CHECK_EQ_INT(th_proc_check_exit(&s.p, 0, 5000), 0);
+  th_proc_stop(&s.p, 1000);
 }
 
 /* --ssl-ca-certs: a client must present a certificate the CA signed. */
