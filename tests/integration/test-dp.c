@@ -10,6 +10,8 @@
  *   - a replica that dies is routed around: /health stays 200, the requests
  *     that follow are served by the other replica, a stream running on the dead
  *     one ends with an error event, and the greedy text is the same;
+ *   - every engine-side series carries the replica label, and per replica the
+ *     counters and histograms add up to what the clients were told;
  *   - `lmserve serve --data-parallel-size 2` runs two replicas behind its
  *     frontend, and restarts a replica whose worker dies while the other one
  *     keeps serving (/health never leaves 200). */
@@ -283,6 +285,206 @@ TH_TEST(dp_two_replicas) {
   free(x1);
   close(fy);
   close(fy2);
+
+  th_proc_check_exit(&fe, SIGTERM, 30000);
+  for (int i = 0; i < 2; i++) {
+    th_proc_stop(&rep[i].sched, 5000);
+    th_proc_stop(&rep[i].worker, 5000);
+  }
+}
+
+/* ---- metrics per replica ---------------------------------------------------- */
+
+/* A greedy completion of max_tokens (ignore_eos) and its usage: 0 or -1. */
+static int complete_usage(const char *ids, int max_tokens, long long *prompt, long long *gen) {
+  char body[4096], *out = NULL;
+  snprintf(body, sizeof(body),
+           "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", ids,
+           max_tokens);
+  int st = th_http(http_port, "POST", "/v1/completions", body, 60000, &out);
+  json_t *j = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
+  json_t *u = json_object_get(j, "usage");
+  int rc = u ? 0 : -1;
+  *prompt = json_integer_value(json_object_get(u, "prompt_tokens"));
+  *gen = json_integer_value(json_object_get(u, "completion_tokens"));
+  json_decref(j);
+  free(out);
+  return rc;
+}
+
+/* Every histogram series in the text is whole: buckets never fall, the +Inf
+ * bucket is its _count, a _sum is there. Returns the series checked. */
+static int check_histograms(const char *text) {
+  int series = 0;
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    const char *inf = strstr(l, ",le=\"+Inf\"} ");
+    const char *eol = l + strcspn(l, "\n");
+    if (*l == '#' || !inf || inf > eol) continue;
+    const char *us = strstr(l, "_bucket{");
+    TH_REQUIRE(us && us < inf);
+    char name[160], labels[256], key[600];
+    snprintf(name, sizeof(name), "%.*s", (int)(us - l), l);
+    snprintf(labels, sizeof(labels), "%.*s", (int)(inf - (us + 8)), us + 8);
+    double inf_v = strtod(inf + 12, NULL), prev = 0;
+    /* the buckets of this series, in order */
+    snprintf(key, sizeof(key), "%s_bucket{%s,le=", name, labels);
+    for (const char *b = text; (b = strstr(b, key)); b++) {
+      double v = strtod(strstr(b, "} ") + 2, NULL);
+      if (v < prev) th_fail(__FILE__, __LINE__, "%s{%s}: a bucket falls", name, labels);
+      prev = v;
+    }
+    snprintf(key, sizeof(key), "%s_count{%s} ", name, labels);
+    const char *c = strstr(text, key);
+    TH_CHECK(c != NULL);
+    if (c && strtod(c + strlen(key), NULL) != inf_v)
+      th_fail(__FILE__, __LINE__, "%s{%s}: +Inf bucket %g, count %g", name, labels, inf_v,
+              strtod(c + strlen(key), NULL));
+    snprintf(key, sizeof(key), "%s_sum{%s} ", name, labels);
+    TH_CHECK(strstr(text, key) != NULL);
+    series++;
+  }
+  return series;
+}
+
+/* Two replicas serve requests; every engine-side series carries replica="0"
+ * and replica="1", and per replica they add up to what the clients were
+ * told (usage) and to each other: token counters, request_success by finish
+ * reason, and every request histogram's count and sum. */
+TH_TEST(dp_metrics_per_replica) {
+  th_proc_init(400);
+  char model[300];
+  th_tiny_gemma4_or_skip("dp-metrics", 5, model, sizeof(model));
+  static struct replica rep[2];
+  for (int i = 0; i < 2; i++)
+    replica_start(&rep[i], model);
+  http_port = th_free_port();
+  TH_REQUIRE(http_port > 0);
+  char port_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", http_port);
+  struct th_proc fe;
+  TH_REQUIRE(th_proc_spawnl(&fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
+                            "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
+                            "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
+  for (int i = 0; i < 2; i++)
+    replica_wait_ready(&rep[i]);
+  TH_REQUIRE(wait_health() == 200);
+  TH_REQUIRE(
+      metrics_have("lmserve:num_requests_running{model_name=\"default\",replica=\"1\"}", 10000));
+
+  /* a long stream holds replica 0; the completions meanwhile go to replica 1 */
+  long long prompt_sum = 0, gen_sum = 0, max_sum = 0;
+  int n_req = 0;
+  char ids[2048];
+  prompt(ids, sizeof ids, 30, 11);
+  int fa = stream_start(ids, 1000);
+  TH_CHECK(metric_wait("lmserve:num_requests_running", "replica=\"0\"", 1, 10000) >= 1);
+  for (int k = 0; k < 3; k++) {
+    char other[2048];
+    prompt(other, sizeof other, 12 + 5 * k, 20 + k);
+    long long p = 0, g = 0;
+    TH_CHECK(complete_usage(other, 6 + k, &p, &g) == 0);
+    TH_CHECK_EQ_INT((int)g, 6 + k);
+    prompt_sum += p, gen_sum += g, max_sum += 6 + k, n_req++;
+  }
+  char *sb = NULL;
+  TH_CHECK_EQ_INT(th_http_read(fa, 60000, &sb), 200);
+  TH_CHECK(sb && strstr(sb, "[DONE]"));
+  free(sb);
+  close(fa);
+  prompt_sum += 30, gen_sum += 1000, max_sum += 1000, n_req++;
+  /* and two more once both are idle */
+  for (int k = 0; k < 2; k++) {
+    char other[2048];
+    prompt(other, sizeof other, 16, 40 + k);
+    long long p = 0, g = 0;
+    TH_CHECK(complete_usage(other, 5, &p, &g) == 0);
+    prompt_sum += p, gen_sum += g, max_sum += 5, n_req++;
+  }
+
+  /* the PONG-fed counters (prefix cache, preemptions) settle within a PONG */
+  usleep(1500 * 1000);
+  char *m = NULL;
+  TH_REQUIRE(get("/metrics", &m) == 200 && m);
+  static const char *const families[] = {
+      "lmserve:prompt_tokens_total",
+      "lmserve:generation_tokens_total",
+      "lmserve:prefix_cache_queries_total",
+      "lmserve:prefix_cache_hits_total",
+      "lmserve:num_preemptions_total",
+      "lmserve:spec_decode_num_drafts_total",
+      "lmserve:spec_decode_num_draft_tokens_total",
+      "lmserve:spec_decode_num_accepted_tokens_total",
+      "lmserve:request_success_total",
+      "lmserve:time_to_first_token_seconds_count",
+      "lmserve:inter_token_latency_seconds_count",
+      "lmserve:e2e_request_latency_seconds_count",
+      "lmserve:request_queue_time_seconds_count",
+      "lmserve:request_prefill_time_seconds_count",
+      "lmserve:request_decode_time_seconds_count",
+      "lmserve:request_inference_time_seconds_count",
+      "lmserve:request_prompt_tokens_count",
+      "lmserve:request_generation_tokens_count",
+      "lmserve:request_params_max_tokens_count",
+  };
+  for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); f++)
+    for (int r = 0; r < 2; r++) {
+      char want[200];
+      snprintf(want, sizeof(want), "%s{model_name=\"default\",replica=\"%d\"", families[f], r);
+      if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "/metrics lacks %s", want);
+    }
+  /* not a single unlabelled engine-side series */
+  TH_CHECK(!strstr(m, "lmserve:prompt_tokens_total{model_name=\"default\"}"));
+  TH_CHECK(check_histograms(m) >= 2 * 10);
+  free(m);
+
+  /* per replica, then summed: what the clients were told */
+  const char *rl[2] = {"replica=\"0\"", "replica=\"1\""};
+  double req[2], total_req = 0;
+  for (int r = 0; r < 2; r++) {
+    req[r] = metric("lmserve:e2e_request_latency_seconds_count", rl[r]);
+    total_req += req[r];
+    TH_CHECK(req[r] >= 1); /* both replicas served */
+    /* within a replica: one observation per request in every histogram */
+    static const char *const per_req[] = {"lmserve:time_to_first_token_seconds_count",
+                                          "lmserve:request_queue_time_seconds_count",
+                                          "lmserve:request_prefill_time_seconds_count",
+                                          "lmserve:request_decode_time_seconds_count",
+                                          "lmserve:request_inference_time_seconds_count",
+                                          "lmserve:request_prompt_tokens_count",
+                                          "lmserve:request_generation_tokens_count",
+                                          "lmserve:request_params_max_tokens_count",
+                                          "lmserve:request_success_total"};
+    for (size_t k = 0; k < sizeof(per_req) / sizeof(per_req[0]); k++) {
+      double v = metric(per_req[k], rl[r]);
+      if (v != req[r])
+        th_fail(__FILE__, __LINE__, "replica %d: %s is %g, %g requests", r, per_req[k], v, req[r]);
+    }
+    TH_CHECK(metric("lmserve:request_prompt_tokens_sum", rl[r]) ==
+             metric("lmserve:prompt_tokens_total", rl[r]));
+    TH_CHECK(metric("lmserve:request_generation_tokens_sum", rl[r]) ==
+             metric("lmserve:generation_tokens_total", rl[r]));
+    TH_CHECK(metric("lmserve:prefix_cache_queries_total", rl[r]) >=
+             metric("lmserve:prompt_tokens_total", rl[r]));
+    TH_CHECK(metric("lmserve:prefix_cache_hits_total", rl[r]) <=
+             metric("lmserve:prefix_cache_queries_total", rl[r]));
+  }
+  TH_CHECK_EQ_INT((int)total_req, n_req);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_success_total", "finished_reason=\"length\""),
+                  n_req);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_success_total", "finished_reason=\"stop\""), 0);
+  TH_CHECK_EQ_INT((int)metric("lmserve:prompt_tokens_total", NULL), (int)prompt_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:generation_tokens_total", NULL), (int)gen_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_prompt_tokens_sum", NULL), (int)prompt_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_generation_tokens_sum", NULL), (int)gen_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_params_max_tokens_sum", NULL), (int)max_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:num_preemptions_total", NULL), 0);
+  /* the stream's decode (1000 tokens) took time; every queue/prefill time is sane */
+  TH_CHECK(metric("lmserve:request_decode_time_seconds_sum", NULL) > 0);
+  double q = metric("lmserve:request_queue_time_seconds_sum", NULL);
+  double pf = metric("lmserve:request_prefill_time_seconds_sum", NULL);
+  TH_CHECK(q >= 0 && q < 60 && pf > 0 && pf < 60);
+  TH_CHECK(metric("lmserve:e2e_request_latency_seconds_sum", NULL) >=
+           metric("lmserve:request_decode_time_seconds_sum", NULL));
 
   th_proc_check_exit(&fe, SIGTERM, 30000);
   for (int i = 0; i < 2; i++) {
