@@ -129,11 +129,8 @@ static int check_tls(struct tl_serve *s) {
   }
   fe_tls_destroy(t);
   const char **paths[] = {&s->ssl_key, &s->ssl_cert, &s->ssl_ca};
-  for (int i = 0; i < 3; i++) {
-    if (!*paths[i]) continue;
-    char *abs = realpath(*paths[i], NULL); /* lives as long as the process */
-    if (abs) *paths[i] = abs;
-  }
+  for (int i = 0; i < 3; i++)
+    if (*paths[i] && realpath(*paths[i], s->ssl_abs[i])) *paths[i] = s->ssl_abs[i];
   return 0;
 }
 
