@@ -128,6 +128,10 @@ void fe_tls_conn_destroy(struct fe_tls_conn *tc) {
   free(tc);
 }
 
+int fe_tls_conn_pending(const struct fe_tls_conn *tc) {
+  return SSL_has_pending(tc->ssl) || BIO_ctrl_pending(tc->rbio) > 0;
+}
+
 int fe_tls_conn_feed(struct fe_tls_conn *tc, const char *p, size_t n) {
   while (n) {
     int k = BIO_write(tc->rbio, p, n > INT_MAX ? INT_MAX : (int)n);
@@ -177,6 +181,7 @@ int fe_tls_conn_handshake(struct fe_tls_conn *tc) {
 
 long fe_tls_conn_read(struct fe_tls_conn *tc, char *dst, size_t cap) {
   if (tc->failed) return CM_ERR_PARSE;
+  if (!fe_tls_conn_pending(tc)) return 0; /* spares SSL_read's failing call per request */
   ERR_clear_error();
   int n = SSL_read(tc->ssl, dst, cap > INT_MAX ? INT_MAX : (int)cap);
   if (n > 0) return n;
@@ -188,10 +193,6 @@ long fe_tls_conn_read(struct fe_tls_conn *tc, char *dst, size_t cap) {
   cm_warn(TAG, "closing a connection after a bad TLS record: %s",
           ssl_reason(reason, sizeof(reason)));
   return CM_ERR_PARSE;
-}
-
-int fe_tls_conn_pending(const struct fe_tls_conn *tc) {
-  return SSL_pending(tc->ssl) > 0 || BIO_ctrl_pending(tc->rbio) > 0;
 }
 
 int fe_tls_conn_write(struct fe_tls_conn *tc, const char *p, size_t n) {

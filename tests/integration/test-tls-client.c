@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -68,22 +69,6 @@ double tt_now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-int tt_tcp_open(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-}
-
 int tt_tcp_closed(int fd, int timeout_ms, size_t *got) {
   double end = tt_now_s() + timeout_ms / 1000.0;
   size_t n = 0;
@@ -118,7 +103,7 @@ int tt_open(struct tt_conn *c, int port, const char *ca, const char *cert, const
   c->len = 0;
   c->ssl = NULL;
   c->ctx = SSL_CTX_new(TLS_client_method());
-  c->fd = tt_tcp_open(port);
+  c->fd = th_http_connect(port);
   if (!c->ctx || c->fd < 0) goto fail;
   SSL_CTX_set_verify(c->ctx, SSL_VERIFY_PEER, NULL);
   if (SSL_CTX_load_verify_locations(c->ctx, ca, NULL) != 1) goto fail;

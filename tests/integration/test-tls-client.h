@@ -49,8 +49,6 @@ int tt_read_resp(struct tt_conn *c, struct tt_resp *r, int timeout_ms);
  * without sending more data. */
 int tt_closed_by_server(struct tt_conn *c, int timeout_ms);
 double tt_now_s(void); /* monotonic seconds */
-/* A plain TCP connection to 127.0.0.1:port (-1 on failure). */
-int tt_tcp_open(int port);
 /* 1 when the server closes fd within timeout_ms; the bytes it sent
  * before go to *got (may be NULL). */
 int tt_tcp_closed(int fd, int timeout_ms, size_t *got);

@@ -13,16 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tests/integration/test-http-client.h"
 #include "tests/integration/test-tls-client.h"
 
 #define MODELS "GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
-
-struct tls_server {
-  struct th_proc p;
-  int port;
-};
 
 static struct tt_pki pki;
 
@@ -34,7 +31,7 @@ static void make_pki(void) {
 
 /* `lmserve frontend` on a free port over HTTPS with short limits (header
  * timeout 0.6 s, idle 0.8 s) and the extra flags (NULL-terminated). */
-static void start(struct tls_server *s, const char *ca, const char *max_conns) {
+static void start(struct server *s, const char *ca, const char *max_conns) {
   char *argv[40] = {th_lmserve_bin(),      "frontend",   "--port",           "0",
                     "--served-model-name", "tiny",       "--ssl-keyfile",    pki.srv_key,
                     "--ssl-certfile",      pki.srv_cert, "--header-timeout", "0.6",
@@ -51,32 +48,18 @@ static void start(struct tls_server *s, const char *ca, const char *max_conns) {
   argv[a] = NULL;
   memset(s, 0, sizeof(*s));
   TH_REQUIRE(th_proc_spawn(&s->p, argv, NULL, 1) == 0);
-  char line[512];
-  size_t n = 0;
-  struct pollfd pf = {s->p.out_fd, POLLIN, 0};
-  while (n < sizeof(line) - 1 && poll(&pf, 1, 10000) > 0) {
-    ssize_t k = read(s->p.out_fd, line + n, 1);
-    if (k <= 0) break;
-    n += (size_t)k;
-    if (line[n - 1] == '\n') break;
-  }
-  line[n] = 0;
-  const char *u = strstr(line, "https://127.0.0.1:");
-  if (!u) th_fail(__FILE__, __LINE__, "no https URL printed: '%s'", line);
-  TH_REQUIRE(u != NULL);
-  s->port = atoi(u + strlen("https://127.0.0.1:"));
-  TH_REQUIRE(s->port > 0);
+  s->port = hc_read_url_port(&s->p, "https://127.0.0.1:");
 }
 
 /* The server's stderr so far (malloc'd). */
-static char *server_log(struct tls_server *s) {
+static char *server_log(struct server *s) {
   size_t n = 0;
   char *e = th_read_all(s->p.err_fd, 300, &n);
   return e ? e : strdup("");
 }
 
 /* SIGTERM: drains and exits 0. */
-static void stop(struct tls_server *s) {
+static void stop(struct server *s) {
   if (th_proc_check_exit(&s->p, SIGTERM, 5000) != 0) {
     char *e = server_log(s);
     fprintf(stderr, "---- server stderr ----\n%s\n", e);
@@ -86,7 +69,7 @@ static void stop(struct tls_server *s) {
 }
 
 /* A fresh HTTPS connection gets /v1/models. */
-static void check_alive(struct tls_server *s, const char *cert, const char *key) {
+static void check_alive(struct server *s, const char *cert, const char *key) {
   struct tt_conn c;
   struct tt_resp r;
   TH_REQUIRE(tt_open(&c, s->port, pki.ca, cert, key) == 0);
@@ -100,7 +83,7 @@ static void check_alive(struct tls_server *s, const char *cert, const char *key)
 TH_TEST(tls_keepalive_and_pipelining) {
   th_proc_init(120);
   make_pki();
-  struct tls_server s;
+  struct server s;
   start(&s, NULL, NULL);
   struct tt_conn c;
   struct tt_resp r;
@@ -152,10 +135,10 @@ TH_TEST(tls_keepalive_and_pipelining) {
 TH_TEST(tls_hostile_clients) {
   th_proc_init(120);
   make_pki();
-  struct tls_server s;
+  struct server s;
   start(&s, NULL, "4");
   /* garbage instead of a ClientHello: closed, a log line */
-  int fd = tt_tcp_open(s.port);
+  int fd = th_http_connect(s.port);
   TH_REQUIRE(fd >= 0);
   const char junk[] = "\x16\x03\x01\x00\x05hello, this is not TLS at all\r\n\r\n";
   TH_REQUIRE(send(fd, junk, sizeof(junk) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(junk) - 1);
@@ -163,7 +146,7 @@ TH_TEST(tls_hostile_clients) {
   close(fd);
   check_alive(&s, NULL, NULL);
   /* plain HTTP to the TLS port: no HTTP answer, closed, a clear log line */
-  fd = tt_tcp_open(s.port);
+  fd = th_http_connect(s.port);
   TH_REQUIRE(fd >= 0);
   TH_REQUIRE(send(fd, MODELS, strlen(MODELS), MSG_NOSIGNAL) == (ssize_t)strlen(MODELS));
   size_t got = 0;
@@ -176,7 +159,7 @@ TH_TEST(tls_hostile_clients) {
   free(log);
   /* slowloris handshake: a ClientHello dribbled byte by byte is cut off by
    * the header timeout (0.6 s) although bytes keep arriving */
-  fd = tt_tcp_open(s.port);
+  fd = th_http_connect(s.port);
   TH_REQUIRE(fd >= 0);
   double t0 = tt_now_s();
   const char hello[] = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03";
@@ -190,7 +173,7 @@ TH_TEST(tls_hostile_clients) {
   TH_CHECK(tt_now_s() - t0 >= 0.5 && tt_now_s() - t0 < 6.0);
   close(fd);
   /* connected and silent: closed after the header timeout */
-  fd = tt_tcp_open(s.port);
+  fd = th_http_connect(s.port);
   TH_REQUIRE(fd >= 0);
   t0 = tt_now_s();
   TH_CHECK(tt_tcp_closed(fd, 6000, NULL));
@@ -246,7 +229,7 @@ TH_TEST(tls_hostile_clients) {
 TH_TEST(tls_client_certificates) {
   th_proc_init(120);
   make_pki();
-  struct tls_server s;
+  struct server s;
   start(&s, pki.ca, NULL);
   struct tt_conn c;
   struct tt_resp r;
