@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/cm-arena.h"
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "proto/pr-zmq.h"
@@ -357,6 +358,31 @@ static int check_histograms(const char *text) {
   return series;
 }
 
+/* Every engine-side series of /metrics: first those with one observation
+ * per finished request, then the other counters. */
+static const char *const engine_series[] = {
+    "lmserve:request_success_total",
+    "lmserve:time_to_first_token_seconds_count",
+    "lmserve:e2e_request_latency_seconds_count",
+    "lmserve:request_queue_time_seconds_count",
+    "lmserve:request_prefill_time_seconds_count",
+    "lmserve:request_decode_time_seconds_count",
+    "lmserve:request_inference_time_seconds_count",
+    "lmserve:request_prompt_tokens_count",
+    "lmserve:request_generation_tokens_count",
+    "lmserve:request_params_max_tokens_count",
+    "lmserve:inter_token_latency_seconds_count",
+    "lmserve:prompt_tokens_total",
+    "lmserve:generation_tokens_total",
+    "lmserve:prefix_cache_queries_total",
+    "lmserve:prefix_cache_hits_total",
+    "lmserve:num_preemptions_total",
+    "lmserve:spec_decode_num_drafts_total",
+    "lmserve:spec_decode_num_draft_tokens_total",
+    "lmserve:spec_decode_num_accepted_tokens_total",
+};
+#define PER_REQUEST 10 /* engine_series[0, 10): one per request */
+
 /* Two replicas serve requests; every engine-side series carries replica="0"
  * and replica="1", and per replica they add up to what the clients were
  * told (usage) and to each other: token counters, request_success by finish
@@ -405,31 +431,11 @@ TH_TEST(dp_metrics_per_replica) {
   usleep(1500 * 1000);
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200 && m);
-  static const char *const families[] = {
-      "lmserve:prompt_tokens_total",
-      "lmserve:generation_tokens_total",
-      "lmserve:prefix_cache_queries_total",
-      "lmserve:prefix_cache_hits_total",
-      "lmserve:num_preemptions_total",
-      "lmserve:spec_decode_num_drafts_total",
-      "lmserve:spec_decode_num_draft_tokens_total",
-      "lmserve:spec_decode_num_accepted_tokens_total",
-      "lmserve:request_success_total",
-      "lmserve:time_to_first_token_seconds_count",
-      "lmserve:inter_token_latency_seconds_count",
-      "lmserve:e2e_request_latency_seconds_count",
-      "lmserve:request_queue_time_seconds_count",
-      "lmserve:request_prefill_time_seconds_count",
-      "lmserve:request_decode_time_seconds_count",
-      "lmserve:request_inference_time_seconds_count",
-      "lmserve:request_prompt_tokens_count",
-      "lmserve:request_generation_tokens_count",
-      "lmserve:request_params_max_tokens_count",
-  };
-  for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); f++)
+
+  for (size_t f = 0; f < CM_ARRAY_LEN(engine_series); f++)
     for (int r = 0; r < 2; r++) {
       char want[200];
-      snprintf(want, sizeof(want), "%s{model_name=\"default\",replica=\"%d\"", families[f], r);
+      snprintf(want, sizeof(want), "%s{model_name=\"default\",replica=\"%d\"", engine_series[f], r);
       if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "/metrics lacks %s", want);
     }
   /* not a single unlabelled engine-side series */
@@ -445,19 +451,11 @@ TH_TEST(dp_metrics_per_replica) {
     total_req += req[r];
     TH_CHECK(req[r] >= 1); /* both replicas served */
     /* within a replica: one observation per request in every histogram */
-    static const char *const per_req[] = {"lmserve:time_to_first_token_seconds_count",
-                                          "lmserve:request_queue_time_seconds_count",
-                                          "lmserve:request_prefill_time_seconds_count",
-                                          "lmserve:request_decode_time_seconds_count",
-                                          "lmserve:request_inference_time_seconds_count",
-                                          "lmserve:request_prompt_tokens_count",
-                                          "lmserve:request_generation_tokens_count",
-                                          "lmserve:request_params_max_tokens_count",
-                                          "lmserve:request_success_total"};
-    for (size_t k = 0; k < sizeof(per_req) / sizeof(per_req[0]); k++) {
-      double v = metric(per_req[k], rl[r]);
+    for (size_t k = 0; k < PER_REQUEST; k++) {
+      double v = metric(engine_series[k], rl[r]);
       if (v != req[r])
-        th_fail(__FILE__, __LINE__, "replica %d: %s is %g, %g requests", r, per_req[k], v, req[r]);
+        th_fail(__FILE__, __LINE__, "replica %d: %s is %g, %g requests", r, engine_series[k], v,
+                req[r]);
     }
     TH_CHECK(metric("lmserve:request_prompt_tokens_sum", rl[r]) ==
              metric("lmserve:prompt_tokens_total", rl[r]));

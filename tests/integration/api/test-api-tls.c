@@ -59,16 +59,26 @@ static int health(const struct as_server *s, const struct tt_pki *pki, const cha
   return ok ? r.status : -1;
 }
 
+/* Certificates in a new temporary folder, then serve over HTTPS with them
+ * (and with --ssl-ca-certs when client_certs). */
+static void start(struct as_server *s, struct tt_pki *pki, const char *name, int client_certs) {
+  char dir[256];
+  TH_REQUIRE(th_tmpdir(name, dir, sizeof(dir)) == 0);
+  tt_make_pki(dir, pki);
+  memset(s, 0, sizeof(*s));
+  s->api_key = KEY;
+  /* without client certificates the list ends before --ssl-ca-certs */
+  as_start(s, 0,
+           (char *[]){"--served-model-name", NAME, "--max-model-len", "256", "--ssl-keyfile",
+                      pki->srv_key, "--ssl-certfile", pki->srv_cert,
+                      client_certs ? "--ssl-ca-certs" : NULL, pki->ca, NULL});
+}
+
 TH_TEST(api_tls_sse_and_openai_client) {
   th_proc_init(900);
-  char dir[256];
-  TH_REQUIRE(th_tmpdir("api-tls", dir, sizeof(dir)) == 0);
   struct tt_pki pki;
-  tt_make_pki(dir, &pki);
-  struct as_server s = {.api_key = KEY};
-  as_start(&s, 0,
-           (char *[]){"--served-model-name", NAME, "--max-model-len", "256", "--ssl-keyfile",
-                      pki.srv_key, "--ssl-certfile", pki.srv_cert, NULL});
+  struct as_server s;
+  start(&s, &pki, "api-tls", 0);
   struct tt_conn c;
   struct tt_resp r;
   char req[1024];
@@ -121,14 +131,9 @@ TH_TEST(api_tls_sse_and_openai_client) {
  * certificate), and only clients with a certificate the CA signed get in. */
 TH_TEST(api_tls_client_certificates) {
   th_proc_init(900);
-  char dir[256];
-  TH_REQUIRE(th_tmpdir("api-tls-ca", dir, sizeof(dir)) == 0);
   struct tt_pki pki;
-  tt_make_pki(dir, &pki);
-  struct as_server s = {.api_key = KEY};
-  as_start(&s, 0,
-           (char *[]){"--served-model-name", NAME, "--ssl-keyfile", pki.srv_key, "--ssl-certfile",
-                      pki.srv_cert, "--ssl-ca-certs", pki.ca, NULL});
+  struct as_server s;
+  start(&s, &pki, "api-tls-ca", 1);
   TH_CHECK_EQ_INT(health(&s, &pki, NULL, NULL), -1);
   TH_CHECK_EQ_INT(health(&s, &pki, pki.bad_cert, pki.bad_key), -1);
   TH_CHECK_EQ_INT(health(&s, &pki, pki.cli_cert, pki.cli_key), 200);
