@@ -157,6 +157,16 @@ TH_TEST(tls_hostile_clients) {
   TH_CHECK(strstr(log, "sent plain HTTP to the TLS port") != NULL);
   TH_CHECK(strstr(log, "TLS handshake failed") != NULL);
   free(log);
+  /* a complete handshake, then bytes that are no TLS record: closed, logged */
+  struct tt_conn bad;
+  TH_REQUIRE(tt_open(&bad, s.port, pki.ca, NULL, NULL) == 0);
+  TH_REQUIRE(send(bad.fd, junk, sizeof(junk) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(junk) - 1);
+  TH_CHECK(tt_tcp_closed(bad.fd, 3000, NULL));
+  tt_close(&bad);
+  check_alive(&s, NULL, NULL);
+  log = server_log(&s);
+  TH_CHECK(strstr(log, "after a bad TLS record") != NULL);
+  free(log);
   /* slowloris handshake: a ClientHello dribbled byte by byte is cut off by
    * the header timeout (0.6 s) although bytes keep arriving */
   fd = th_http_connect(s.port);
