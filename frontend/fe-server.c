@@ -1,7 +1,9 @@
 /* fe-server.c — the connections of the HTTP/1.1 server (see fe-server.h):
  * per-connection read buffers, request framing, limits and timeouts, the
- * write queue with backpressure, answering, and graceful close. The
- * listener and the server's lifetime are in fe-server-listen.c. */
+ * write queue with backpressure, answering, and graceful close. Under TLS
+ * (fe-tls.h) the ciphertext read is decrypted into the read buffer and the
+ * write queue is encrypted on its way out; framing, limits and timeouts are
+ * the same. The listener and the server's lifetime are in fe-server-listen.c. */
 #include "frontend/fe-server.h"
 #include "frontend/fe-server-impl.h"
 
@@ -531,6 +533,7 @@ static void tls_pump(struct fe_conn *c) {
       break;
     }
     grow_rbuf(c);
+    if (c->rsize == c->rlen) break; /* out of memory: what is buffered goes first */
     long n = fe_tls_conn_read(c->tls, c->rbuf + c->rlen, c->rsize - c->rlen);
     if (n == 0) break;
     if (n < 0) {

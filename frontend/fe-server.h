@@ -19,7 +19,11 @@
  * Writes are queued in two reused buffers per connection. Past
  * write_high_water queued bytes the server stops reading from the
  * connection; past write_hard_limit it gives up on the slow reader: closes
- * the connection and fires the abort callback. */
+ * the connection and fires the abort callback.
+ *
+ * With fe_server_set_tls the server speaks HTTPS instead (fe-tls.h): the
+ * same requests, answers and limits, the handshake counted in the header
+ * timeout. */
 #ifndef LMSERVE_FE_SERVER_H
 #define LMSERVE_FE_SERVER_H
 #include <stddef.h>
