@@ -311,6 +311,9 @@ static void on_mon_poll(uv_poll_t *h, int status, int events) {
   if (lost) fe_eng_lost(p, "the connection to the scheduler closed");
 }
 
+_Static_assert(FE_ENG_MAX_REPLICAS <= FE_METRICS_MAX_REPLICAS,
+               "every replica has its own metrics series");
+
 static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
   struct fe_engine *e = p->e;
   /* the scheduler's totals only grow: smaller ones mean a new scheduler

@@ -357,6 +357,18 @@ static const double token_buckets[] = {1,    2,    5,     10,    20,    50,  100
         CM_ARRAY_LEN(bk)                                                                           \
   }
 
+/* The id of the series `name` with the series' own labels `labels`, made
+ * now unless an earlier registration made it (the registry outlives an
+ * engine, which registers its replicas' series when it starts). */
+static int add_or_find(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
+                       const char *help, const double *b, size_t nb, const char *labels,
+                       const char *index_label) {
+  for (size_t i = 0; i < m->n; i++)
+    if (!strcmp(m->m[i].name, name) && !strcmp(m->m[i].fixed, labels)) return (int)i;
+  return index_label ? fe_metrics_add_indexed_labelled(m, kind, name, help, index_label, labels)
+                     : fe_metrics_add_labelled(m, kind, name, help, b, nb, labels);
+}
+
 /* Replica i's engine-side series. */
 static int register_replica(struct fe_metrics *m, struct fe_replica_metric_ids *r, int i) {
   static const struct {
@@ -395,7 +407,7 @@ static int register_replica(struct fe_metrics *m, struct fe_replica_metric_ids *
   char lab[24]; /* ,replica="N" */
   snprintf(lab, sizeof(lab), ",replica=\"%d\"", i % 1000);
   for (size_t k = 0; k < CM_ARRAY_LEN(t); k++) {
-    int id = fe_metrics_add_labelled(m, t[k].kind, t[k].name, t[k].help, t[k].b, t[k].nb, lab);
+    int id = add_or_find(m, t[k].kind, t[k].name, t[k].help, t[k].b, t[k].nb, lab, NULL);
     if (id < 0) return id;
     *(int *)((char *)r + t[k].off) = id;
   }
@@ -403,15 +415,14 @@ static int register_replica(struct fe_metrics *m, struct fe_replica_metric_ids *
   for (int f = 0; f < FE_FINISH_N; f++) {
     char fl[FE_METRIC_LABELS_LEN];
     snprintf(fl, sizeof(fl), "%s,finished_reason=\"%s\"", lab, reasons[f]);
-    int id =
-        fe_metrics_add_labelled(m, FE_METRIC_COUNTER, "lmserve:request_success_total",
-                                "Generation requests finished, by finish reason.", NULL, 0, fl);
+    int id = add_or_find(m, FE_METRIC_COUNTER, "lmserve:request_success_total",
+                         "Generation requests finished, by finish reason.", NULL, 0, fl, NULL);
     if (id < 0) return id;
     r->request_success[f] = id;
   }
-  int id = fe_metrics_add_indexed_labelled(
-      m, FE_METRIC_COUNTER, "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
-      "Draft tokens accepted, by position in the draft.", "position", lab);
+  int id =
+      add_or_find(m, FE_METRIC_COUNTER, "lmserve:spec_decode_num_accepted_tokens_per_pos_total",
+                  "Draft tokens accepted, by position in the draft.", NULL, 0, lab, "position");
   if (id < 0) return id;
   r->spec_decode_num_accepted_tokens_per_pos = id;
   return 0;

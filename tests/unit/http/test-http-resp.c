@@ -281,6 +281,10 @@ TH_TEST(metrics_replica_families) {
   TH_CHECK_EQ_INT(ids.n_rep, 3);
   TH_REQUIRE(fe_metrics_register_replicas(m, &ids, 2) == 0); /* already there */
   TH_CHECK_EQ_INT(ids.n_rep, 3);
+  struct fe_metric_ids again = ids; /* an engine's copy of the router's, made again */
+  again.n_rep = 1;
+  TH_REQUIRE(fe_metrics_register_replicas(m, &again, 3) == 0);
+  TH_CHECK(!memcmp(&again, &ids, sizeof(ids))); /* the same series */
   TH_CHECK(fe_metrics_register_replicas(m, &ids, FE_METRICS_MAX_REPLICAS + 1) == CM_ERR_INVAL);
   fe_metrics_inc(m, ids.rep[2].generation_tokens, 7);
   fe_metrics_inc(m, ids.rep[1].request_success[FE_FINISH_LENGTH], 1);
