@@ -95,6 +95,10 @@ struct fe_eng_req {
   int64_t created;   /* Unix seconds */
   uint64_t start_ns; /* monotonic */
   int first_token_seen;
+  uint64_t first_token_ns;      /* monotonic, here: when the first token arrived */
+  int64_t max_tokens_param;     /* tokens the request may generate (request_params_max_tokens) */
+  int have_sched_times;         /* queue_s and prefill_s are known (from the scheduler's OUT) */
+  double queue_s, prefill_s;    /* s, measured on the scheduler's clock */
   struct pr_image *images;      /* (n_images) what every choice's ADD carries */
   struct fe_mm_image *mm;       /* (n_images) their pixels (owned) */
   size_t n_images;

@@ -21,6 +21,39 @@ static void m_inc(struct fe_engine *e, int id, double v) {
 static void m_obs(struct fe_engine *e, int id, double v) {
   if (e->metrics) fe_metrics_observe(e->metrics, id, v);
 }
+/* The ids of the series of the replica request r runs on. */
+static const struct fe_replica_metric_ids *rep_ids(const struct fe_eng_req *r) {
+  int i = r->rep ? r->rep->index : 0;
+  return &r->e->mid.rep[i < r->e->mid.n_rep ? i : 0];
+}
+
+static enum fe_finish finish_kind(const char *reason) {
+  if (reason && !strcmp(reason, "length")) return FE_FINISH_LENGTH;
+  if (reason && !strcmp(reason, "abort")) return FE_FINISH_ABORT;
+  return FE_FINISH_STOP;
+}
+
+/* A finished request's metrics, on its replica's series: one observation
+ * per request in every histogram, counted once in request_success by its
+ * first choice's finish reason. */
+static void observe_finished(struct fe_eng_req *r, const struct fe_api_usage *u) {
+  struct fe_engine *e = r->e;
+  const struct fe_replica_metric_ids *ri = rep_ids(r);
+  uint64_t now = cm_time_ns();
+  m_obs(e, ri->e2e_request_latency_seconds, (double)(now - r->start_ns) / 1e9);
+  m_inc(e, ri->request_success[finish_kind(r->n_ch ? r->ch[0].finish_reason : NULL)], 1);
+  m_inc(e, ri->prompt_tokens, (double)r->prompt_total);
+  m_obs(e, ri->request_prompt_tokens, (double)u->prompt_tokens);
+  m_obs(e, ri->request_generation_tokens, (double)u->completion_tokens);
+  m_obs(e, ri->request_params_max_tokens, (double)r->max_tokens_param);
+  double decode = r->first_token_seen ? (double)(now - r->first_token_ns) / 1e9 : 0;
+  m_obs(e, ri->request_decode_time_seconds, decode);
+  if (r->have_sched_times) {
+    m_obs(e, ri->request_queue_time_seconds, r->queue_s);
+    m_obs(e, ri->request_prefill_time_seconds, r->prefill_s);
+    m_obs(e, ri->request_inference_time_seconds, r->prefill_s + decode);
+  }
+}
 
 /* ---- aborts and failures --------------------------------------------------- */
 
@@ -483,9 +516,7 @@ static void complete(struct fe_eng_req *r) {
   fe_eng_req_unmap(r);
   struct fe_api_usage u;
   usage_of(r, &u);
-  m_obs(e, e->mid.e2e_request_latency_seconds, (double)(cm_time_ns() - r->start_ns) / 1e9);
-  m_inc(e, e->mid.request_success, 1);
-  m_inc(e, e->mid.prompt_tokens, (double)r->prompt_total);
+  observe_finished(r, &u);
   if (r->stream) {
     stream_begin(r);
     fe_sse_end(&r->sse, r->api->include_usage ? &u : NULL);
@@ -580,20 +611,31 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->n_lps = 0;
     ch->n_top_all = 0;
   }
+  const struct fe_replica_metric_ids *ri = rep_ids(r);
   if (s->tokens.n && ch->n_gen == 0 && e->metrics) { /* the first output: its prefix-cache lookup */
-    fe_metrics_inc_early(e->metrics, e->mid.prefix_cache_queries, (double)s->n_prompt_tokens);
-    fe_metrics_inc_early(e->metrics, e->mid.prefix_cache_hits, (double)s->n_cached_tokens);
+    fe_metrics_inc_early(e->metrics, ri->prefix_cache_queries, (double)s->n_prompt_tokens);
+    fe_metrics_inc_early(e->metrics, ri->prefix_cache_hits, (double)s->n_cached_tokens);
+  }
+  if (s->tokens.n && !r->have_sched_times && s->scheduled_ns && s->first_token_ns &&
+      s->queued_ns) { /* the scheduler's clock: differences only */
+    r->have_sched_times = 1;
+    r->queue_s =
+        s->scheduled_ns > s->queued_ns ? (double)(s->scheduled_ns - s->queued_ns) / 1e9 : 0;
+    r->prefill_s = s->first_token_ns > s->scheduled_ns
+                       ? (double)(s->first_token_ns - s->scheduled_ns) / 1e9
+                       : 0;
   }
   if (s->tokens.n) {
     if (!r->first_token_seen) {
       r->first_token_seen = 1;
-      m_obs(e, e->mid.time_to_first_token_seconds, (double)(now - r->start_ns) / 1e9);
+      r->first_token_ns = now;
+      m_obs(e, ri->time_to_first_token_seconds, (double)(now - r->start_ns) / 1e9);
     } else if (ch->n_gen > 0) {
-      m_obs(e, e->mid.inter_token_latency_seconds,
+      m_obs(e, ri->inter_token_latency_seconds,
             (double)(now - ch->last_ns) / 1e9 / (double)s->tokens.n);
     }
     ch->last_ns = now;
-    m_inc(e, e->mid.generation_tokens, (double)s->tokens.n);
+    m_inc(e, ri->generation_tokens, (double)s->tokens.n);
   }
   int want_lp = r->api->logprobs >= 0 && s->logprobs.sampled.n == s->tokens.n;
   int hit = 0; /* a stop string matched */

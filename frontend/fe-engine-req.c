@@ -560,6 +560,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     if (mt > UINT32_MAX) mt = UINT32_MAX;
     r->n_prompt[pi] = (int64_t)n_ids;
     r->prompt_total += (int64_t)n_ids;
+    if (pi == 0) r->max_tokens_param = mt;
     uint32_t n_stop = 0;
     if (stop_ids(e, req, &n_stop)) {
       status = 500;

@@ -311,6 +311,9 @@ static void on_mon_poll(uv_poll_t *h, int status, int events) {
   if (lost) fe_eng_lost(p, "the connection to the scheduler closed");
 }
 
+_Static_assert(FE_ENG_MAX_REPLICAS <= FE_METRICS_MAX_REPLICAS,
+               "every replica has its own metrics series");
+
 static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
   struct fe_engine *e = p->e;
   /* the scheduler's totals only grow: smaller ones mean a new scheduler
@@ -325,6 +328,7 @@ static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
   if (e->metrics) {
     struct fe_metrics *m = e->metrics;
     size_t i = (size_t)p->index;
+    const struct fe_replica_metric_ids *ri = &e->mid.rep[p->index];
     fe_metrics_set_at(m, e->mid.num_requests_running, i, pg->num_running);
     fe_metrics_set_at(m, e->mid.num_requests_waiting, i, pg->num_waiting);
     fe_metrics_set_at(m, e->mid.kv_cache_usage_perc, i, pg->kv_usage);
@@ -339,20 +343,21 @@ static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
   do {                                                                                             \
     uint64_t prev_ = p->have_pong ? p->last_pong.field : 0;                                        \
     uint64_t d_ = pg->field >= prev_ ? pg->field - prev_ : pg->field;                              \
-    if (d_) fe_metrics_inc(m, e->mid.id, (double)d_);                                              \
+    if (d_) fe_metrics_inc(m, ri->id, (double)d_);                                                 \
   } while (0)
     DELTA(prefix_cache_queries, prefix_cache_queries);
     DELTA(prefix_cache_hits, prefix_cache_hits);
     DELTA(spec_num_drafts, spec_decode_num_drafts);
     DELTA(spec_num_draft_tokens, spec_decode_num_draft_tokens);
     DELTA(spec_num_accepted_tokens, spec_decode_num_accepted_tokens);
+    DELTA(num_preemptions, num_preemptions);
 #undef DELTA
     for (uint32_t k = 0; k < pg->n_spec_pos && k < PR_MAX_DRAFT; k++) {
       uint64_t prev =
           p->have_pong && k < p->last_pong.n_spec_pos ? p->last_pong.spec_accepted_per_pos[k] : 0;
       uint64_t d = pg->spec_accepted_per_pos[k] >= prev ? pg->spec_accepted_per_pos[k] - prev
                                                         : pg->spec_accepted_per_pos[k];
-      if (d) fe_metrics_inc_at(m, e->mid.spec_decode_num_accepted_tokens_per_pos, k, (double)d);
+      if (d) fe_metrics_inc_at(m, ri->spec_decode_num_accepted_tokens_per_pos, k, (double)d);
     }
   }
   p->last_pong = *pg;
@@ -628,6 +633,11 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (router) {
     e->metrics = fe_router_metrics(router);
     e->mid = *fe_router_metric_ids(router);
+  }
+  if (e->metrics && n_eps > 1 && n_eps <= FE_ENG_MAX_REPLICAS &&
+      (rc = fe_metrics_register_replicas(e->metrics, &e->mid, n_eps)) != 0) {
+    cm_error(TAG, "cannot register the metrics of %d replicas: %s", n_eps, cm_strerror(rc));
+    goto fail;
   }
   if (!*e->model_dir || n_eps < 1 || n_eps > FE_ENG_MAX_REPLICAS) {
     cm_error(TAG, "the engine needs a model directory and 1 to %d scheduler endpoints",

@@ -16,7 +16,9 @@ struct fe_metrics;
 
 enum fe_metric_kind { FE_METRIC_COUNTER, FE_METRIC_GAUGE, FE_METRIC_HISTOGRAM };
 
-#define FE_METRICS_MAX        64 /* metrics per registry */
+#define FE_METRICS_MAX          1024 /* series (of plain, indexed or info metrics) per registry */
+#define FE_METRIC_LABELS_LEN    64   /* a series' own labels, as text */
+#define FE_METRICS_MAX_REPLICAS 16   /* replicas with their own engine-side series */
 #define FE_METRIC_MAX_BUCKETS 32 /* finite bucket bounds per histogram */
 #define FE_METRIC_INFO_LEN    160 /* an info series' own labels, as text */
 
@@ -30,7 +32,16 @@ void fe_metrics_destroy(struct fe_metrics *m);
  * negative cm_err (CM_ERR_INVAL for a bad name or bounds, CM_ERR_FULL). */
 int fe_metrics_add(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
                    const char *help, const double *bounds, size_t n_bounds);
-int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_ERR_NOENT */
+/* One series of a family: registers `name` with the series' own labels
+ * `labels` (",replica=\"1\"", several pairs each after a comma; "" for none),
+ * shown after model_name. The first call makes the family; later ones add
+ * series, which must have the same kind (and buckets) and other labels. Id
+ * or a negative cm_err. */
+int fe_metrics_add_labelled(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
+                            const char *help, const double *bounds, size_t n_bounds,
+                            const char *labels);
+int fe_metrics_find(const struct fe_metrics *m,
+                    const char *name); /* first series' id or CM_ERR_NOENT */
 /* Registers a counter or gauge family with one extra label taking the values
  * 0, 1, .. FE_METRIC_MAX_BUCKETS (vLLM's spec_decode_num_accepted_tokens_per_pos
  * and its `position`; the engine gauges and their `replica`). A series is
@@ -38,6 +49,10 @@ int fe_metrics_find(const struct fe_metrics *m, const char *name); /* id or CM_E
  * far). Id or a negative cm_err. */
 int fe_metrics_add_indexed(struct fe_metrics *m, enum fe_metric_kind kind, const char *name,
                            const char *help, const char *label);
+/* The same with the series' own labels besides (see fe_metrics_add_labelled). */
+int fe_metrics_add_indexed_labelled(struct fe_metrics *m, enum fe_metric_kind kind,
+                                    const char *name, const char *help, const char *label,
+                                    const char *labels);
 /* Registers an info gauge family, indexed by `label` as above: each series is
  * 1 and carries its own labels besides (vLLM's cache_config_info); it shows
  * once fe_metrics_set_info_at has set them. Id or a negative cm_err. */
@@ -70,30 +85,52 @@ double fe_metrics_count(const struct fe_metrics *m, int id); /* histogram observ
 /* Appends the whole registry in Prometheus text format. */
 int fe_metrics_render(const struct fe_metrics *m, struct fe_buf *out);
 
-/* The ids of the standard lmserve metrics (DESIGN.md, "HTTP API"). */
-struct fe_metric_ids {
-  int num_requests_running;                    /* gauge */
-  int num_requests_waiting;                    /* gauge */
-  int kv_cache_usage_perc;                     /* gauge, 0..1 */
-  int engine_info;                             /* info gauge (replica): kernels, matmul_inputs */
+/* request_success_total's finished_reason values, as vLLM names them */
+enum fe_finish { FE_FINISH_STOP, FE_FINISH_LENGTH, FE_FINISH_ABORT, FE_FINISH_N };
+
+/* The ids of one replica's engine-side series: each carries replica="i", as
+ * vLLM labels them by `engine`. Histograms' counts are requests. */
+struct fe_replica_metric_ids {
   int prompt_tokens;                           /* counter, tokens */
   int generation_tokens;                       /* counter, tokens */
   int time_to_first_token_seconds;             /* histogram, s */
   int inter_token_latency_seconds;             /* histogram, s */
   int e2e_request_latency_seconds;             /* histogram, s */
+  int request_queue_time_seconds;              /* histogram, s: waiting to be scheduled */
+  int request_prefill_time_seconds;            /* histogram, s: scheduled to first token */
+  int request_decode_time_seconds;             /* histogram, s: first to last token */
+  int request_inference_time_seconds;          /* histogram, s: scheduled to last token */
+  int request_prompt_tokens;                   /* histogram, tokens */
+  int request_generation_tokens;               /* histogram, tokens */
+  int request_params_max_tokens;               /* histogram, tokens */
   int prefix_cache_queries;                    /* counter, tokens */
   int prefix_cache_hits;                       /* counter, tokens */
+  int num_preemptions;                         /* counter */
   int spec_decode_num_drafts;                  /* counter */
   int spec_decode_num_draft_tokens;            /* counter, tokens */
   int spec_decode_num_accepted_tokens;         /* counter, tokens */
   int spec_decode_num_accepted_tokens_per_pos; /* indexed counter (position), tokens */
-  int request_success;                         /* counter: requests finished */
-  int http_requests;                           /* counter: HTTP requests answered */
-  int http_client_errors;                      /* counter: 4xx answers */
-  int http_server_errors;                      /* counter: 5xx answers */
+  int request_success[FE_FINISH_N];            /* counters by finished_reason: requests */
 };
 
-/* Registers the standard metrics and fills `ids`. Returns 0 or a cm_err. */
+/* The ids of the standard lmserve metrics (DESIGN.md, "HTTP API"). */
+struct fe_metric_ids {
+  int num_requests_running; /* gauge (replica) */
+  int num_requests_waiting; /* gauge (replica) */
+  int kv_cache_usage_perc;  /* gauge (replica), 0..1 */
+  int engine_info;          /* info gauge (replica): kernels, matmul_inputs */
+  struct fe_replica_metric_ids rep[FE_METRICS_MAX_REPLICAS]; /* (n_rep) */
+  int n_rep;
+  int http_requests;      /* counter: HTTP requests answered */
+  int http_client_errors; /* counter: 4xx answers */
+  int http_server_errors; /* counter: 5xx answers */
+};
+
+/* Registers the standard metrics, with replica 0's engine-side series, and
+ * fills `ids`. Returns 0 or a cm_err. */
 int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids);
+/* Registers the engine-side series of replicas up to n - 1 (those not yet
+ * registered). Returns 0 or a cm_err. */
+int fe_metrics_register_replicas(struct fe_metrics *m, struct fe_metric_ids *ids, int n);
 
 #endif

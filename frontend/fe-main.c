@@ -24,6 +24,7 @@
 #include "frontend/fe-engine.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-server.h"
+#include "frontend/fe-tls.h"
 
 #define TAG "fe"
 
@@ -92,6 +93,7 @@ int fe_frontend_main(int argc, char **argv) {
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL;
+  const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   int64_t max_image_pixels = 40000000;
   struct cm_opt opts[] = {
@@ -101,6 +103,12 @@ int fe_frontend_main(int argc, char **argv) {
        "require Authorization: Bearer KEY (also LMSERVE_API_KEY)"},
       {"served-model-name", CM_OPT_STR, &model, "NAME",
        "model name clients use (default 'default')"},
+      {"ssl-keyfile", CM_OPT_STR, &ssl_key, "FILE",
+       "PEM private key: serve HTTPS (with --ssl-certfile)"},
+      {"ssl-certfile", CM_OPT_STR, &ssl_cert, "FILE",
+       "PEM certificate chain, the server's first (with --ssl-keyfile)"},
+      {"ssl-ca-certs", CM_OPT_STR, &ssl_ca, "FILE",
+       "PEM CA certificates: clients must present a certificate one of them signed"},
       {"max-model-len", CM_OPT_INT, &max_model_len, "N", "context length in tokens (default 8192)",
        1, INT32_MAX},
       {"scheduler", CM_OPT_STRS, &schedulers, "ENDPOINT",
@@ -176,12 +184,26 @@ int fe_frontend_main(int argc, char **argv) {
     return 2;
   }
 
+  struct fe_tls *tls = NULL;
+  if (ssl_key || ssl_cert || ssl_ca) {
+    char why[512];
+    if (!ssl_key || !ssl_cert) {
+      fprintf(stderr, "lmserve frontend: HTTPS needs both --ssl-keyfile and --ssl-certfile\n");
+      return 2;
+    }
+    if (fe_tls_create(ssl_key, ssl_cert, ssl_ca, &tls, why, sizeof(why)) != 0) {
+      fprintf(stderr, "lmserve frontend: %s\n", why);
+      return 2;
+    }
+  }
+
   struct fe_app app;
   memset(&app, 0, sizeof(app));
   app.loop = uv_default_loop();
   struct fe_route_config rcfg = {api_key, model, max_model_len, template_kwargs};
   if ((rc = fe_router_create(&rcfg, &app.router)) != 0) {
     fprintf(stderr, "lmserve frontend: %s\n", cm_strerror(rc));
+    fe_tls_destroy(tls);
     return 1;
   }
   if (schedulers.n) {
@@ -200,6 +222,7 @@ int fe_frontend_main(int argc, char **argv) {
               model_dir ? "cannot start the serving path (see the log)"
                         : "--scheduler needs --model DIR");
       fe_router_destroy(app.router);
+      fe_tls_destroy(tls);
       /* a model or flags this frontend cannot serve is a configuration error */
       return !model_dir || rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED ? 2 : 1;
     }
@@ -219,11 +242,13 @@ int fe_frontend_main(int argc, char **argv) {
   if ((rc = fe_server_create(app.loop, host, (int)port, &lim, fe_router_handle, app.router,
                              &app.srv)) != 0) {
     uv_run(app.loop, UV_RUN_DEFAULT); /* lets the failed listener close */
+    fe_tls_destroy(tls);
     fe_engine_destroy(engine);
     fe_router_destroy(app.router);
     uv_loop_close(app.loop);
     return 1;
   }
+  if (tls) fe_server_set_tls(app.srv, tls);
   uv_signal_init(app.loop, &app.sigint);
   uv_signal_init(app.loop, &app.sigterm);
   app.sigint.data = app.sigterm.data = &app;
@@ -237,9 +262,12 @@ int fe_frontend_main(int argc, char **argv) {
   int v6 = strchr(host, ':') != NULL;
   printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model,
          (long long)max_model_len);
-  printf("http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", bound);
+  printf("%s://%s%s%s:%d\n", tls ? "https" : "http", v6 ? "[" : "", host, v6 ? "]" : "", bound);
   fflush(stdout);
-  cm_info(TAG, "listening on %s port %d", host, bound);
+  cm_info(TAG, "listening on %s port %d%s", host, bound,
+          !tls                       ? ""
+          : fe_tls_client_certs(tls) ? " (HTTPS, client certificates required)"
+                                     : " (HTTPS)");
 
   uv_run(app.loop, UV_RUN_DEFAULT); /* until drained and every handle is closed */
   fe_engine_destroy(engine);        /* its handles do not keep the loop alive */

@@ -9,6 +9,7 @@
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-http.h"
 #include "frontend/fe-server.h"
+#include "frontend/fe-tls.h"
 
 #define TAG           "http"
 #define FE_LINGER_MS  1000u             /* ms to drain a closing connection's input */
@@ -65,9 +66,20 @@ struct fe_conn {
   void (*abort_cb)(void *ud);
   void *abort_ud;
 
-  struct fe_buf pend; /* bytes queued, not yet handed to libuv */
+  struct fe_buf pend; /* bytes queued, not yet handed to libuv (plaintext under TLS) */
   struct fe_buf fly;  /* bytes of the write in flight */
   int writing;
+
+  /* TLS (NULL tls: plain HTTP). Reads land in `tin` and are decrypted into
+   * rbuf; flush() encrypts `pend` into `tout`, which then goes out as
+   * `pend` does without TLS. */
+  struct fe_tls_conn *tls;
+  char *tin;           /* (FE_READ_CHUNK) ciphertext of one read */
+  struct fe_buf tout;  /* ciphertext queued, not yet handed to libuv */
+  struct fe_buf alert; /* close_notify, written with areq */
+  uv_write_t areq;
+  int tls_done;       /* handshake complete */
+  int tls_over_limit; /* over max_connections: answer 503 once the handshake is done */
 };
 
 struct fe_server {
@@ -83,6 +95,7 @@ struct fe_server {
   struct fe_buf scratch; /* error bodies */
   char date[64];         /* "Date: ...\r\n" for the current second */
   int64_t date_s;        /* Unix second `date` was made for */
+  struct fe_tls *tls;    /* NULL: plain HTTP; owned */
 };
 
 /* fe-server.c */

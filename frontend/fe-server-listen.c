@@ -24,6 +24,7 @@ void fe_server_limits_default(struct fe_server_limits *l) {
 void fe_server__maybe_free(struct fe_server *s) {
   if (!s->destroying || s->n_conns || s->listener_open) return;
   fe_buf_free(&s->scratch);
+  fe_tls_destroy(s->tls);
   free(s);
 }
 
@@ -92,6 +93,10 @@ int fe_server_create(uv_loop_t *loop, const char *host, int port,
 int fe_server_port(const struct fe_server *s) {
   return s->port;
 }
+void fe_server_set_tls(struct fe_server *s, struct fe_tls *tls) {
+  s->tls = tls;
+}
+
 int fe_server_draining(const struct fe_server *s) {
   return s->draining;
 }
@@ -105,7 +110,7 @@ int fe_server_connections(const struct fe_server *s) {
 int fe_server_writing(const struct fe_server *s) {
   int n = 0;
   for (const struct fe_conn *c = s->conns; c; c = c->next)
-    n += !c->closed && (c->pend.len || c->fly.len);
+    n += !c->closed && (c->pend.len || c->tout.len || c->fly.len);
   return n;
 }
 

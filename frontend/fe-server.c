@@ -1,7 +1,9 @@
 /* fe-server.c — the connections of the HTTP/1.1 server (see fe-server.h):
  * per-connection read buffers, request framing, limits and timeouts, the
- * write queue with backpressure, answering, and graceful close. The
- * listener and the server's lifetime are in fe-server-listen.c. */
+ * write queue with backpressure, answering, and graceful close. Under TLS
+ * (fe-tls.h) the ciphertext read is decrypted into the read buffer and the
+ * write queue is encrypted on its way out; framing, limits and timeouts are
+ * the same. The listener and the server's lifetime are in fe-server-listen.c. */
 #include "frontend/fe-server.h"
 #include "frontend/fe-server-impl.h"
 
@@ -32,6 +34,10 @@ static void conn_maybe_free(struct fe_conn *c) {
   s->n_conns--;
   fe_buf_free(&c->pend);
   fe_buf_free(&c->fly);
+  fe_buf_free(&c->tout);
+  fe_buf_free(&c->alert);
+  fe_tls_conn_destroy(c->tls);
+  free(c->tin);
   free(c->rbuf);
   free(c->hdrs);
   free(c);
@@ -80,17 +86,22 @@ static void set_timer(struct fe_conn *c, enum timer_mode mode) {
 /* ---- writing --------------------------------------------------------------- */
 
 static size_t queued(const struct fe_conn *c) {
-  return c->pend.len + c->fly.len;
+  return c->pend.len + c->tout.len + c->fly.len;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+
+static void tls_pump(struct fe_conn *c);
 
 static void start_reading(struct fe_conn *c) {
   if (c->reading || c->closed) return;
   if (c->state != ST_CLOSING && (queued(c) > c->srv->lim.write_high_water || c->rlen >= c->rcap))
     return;
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0) c->reading = 1;
+  /* records read while rbuf was full still wait inside the TLS state */
+  if (c->reading && c->tls && c->tls_done && c->state != ST_CLOSING && fe_tls_conn_pending(c->tls))
+    tls_pump(c);
 }
 
 static void stop_reading(struct fe_conn *c) {
@@ -104,6 +115,21 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
   if (status < 0) conn_close(c, 1);
 }
 
+static void on_alert_write(uv_write_t *w, int status) {
+  (void)w;
+  (void)status; /* a client that went away misses only the close_notify */
+}
+
+/* Sends TLS close_notify ahead of the FIN, unless answer bytes are still
+ * queued behind the write in flight (they would come after the alert). */
+static void tls_close_notify(struct fe_conn *c) {
+  if (!c->tls || !c->tls_done || c->pend.len || c->tout.len) return;
+  fe_tls_conn_shutdown(c->tls);
+  if (fe_tls_conn_take(c->tls, &c->alert) != 0 || !c->alert.len) return;
+  uv_buf_t b = uv_buf_init(c->alert.data, (unsigned)c->alert.len);
+  uv_write(&c->areq, (uv_stream_t *)&c->tcp, &b, 1, on_alert_write);
+}
+
 /* Sends FIN, then reads and discards until EOF or a short linger timer: an
  * immediate close with unread input would reset the connection and could
  * destroy the answer in flight. */
@@ -112,6 +138,7 @@ static void begin_close(struct fe_conn *c) {
   c->shut = 1;
   c->state = ST_CLOSING;
   c->sreq.data = c;
+  tls_close_notify(c);
   if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
     conn_close(c, 1);
     return;
@@ -154,25 +181,46 @@ static void on_write(uv_write_t *w, int status) {
   if (!c->closed) start_reading(c);
 }
 
+/* Under TLS: encrypts the plaintext queued into `tout` (with whatever
+ * handshake or alert records the TLS state has to send). Returns 0 or a
+ * negative cm_err. */
+static int tls_seal(struct fe_conn *c) {
+  if (c->pend.len && c->tls_done) {
+    int rc = fe_tls_conn_write(c->tls, c->pend.data, c->pend.len);
+    if (rc) return rc;
+    fe_buf_reset(&c->pend);
+    if (c->pend.size > FE_KEEP_WBUF) fe_buf_free(&c->pend);
+  }
+  return fe_tls_conn_take(c->tls, &c->tout);
+}
+
 static void flush(struct fe_conn *c) {
   if (c->closed || c->writing) return;
-  if (c->pend.len) {
-    uv_buf_t b = uv_buf_init(c->pend.data, (unsigned)c->pend.len);
+  struct fe_buf *out = &c->pend; /* the bytes for the wire */
+  if (c->tls) {
+    if (tls_seal(c) != 0) {
+      conn_close(c, 1);
+      return;
+    }
+    out = &c->tout;
+  }
+  if (out->len) {
+    uv_buf_t b = uv_buf_init(out->data, (unsigned)out->len);
     int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
     if (n < 0 && n != UV_EAGAIN) {
       conn_close(c, 1);
       return;
     }
     if (n > 0) {
-      memmove(c->pend.data, c->pend.data + n, c->pend.len - (size_t)n);
-      c->pend.len -= (size_t)n;
+      memmove(out->data, out->data + n, out->len - (size_t)n);
+      out->len -= (size_t)n;
     }
   }
-  if (c->pend.len) {
+  if (out->len) {
     struct fe_buf t = c->fly;
-    c->fly = c->pend;
-    c->pend = t;
-    fe_buf_reset(&c->pend);
+    c->fly = *out;
+    *out = t;
+    fe_buf_reset(out);
     uv_buf_t b = uv_buf_init(c->fly.data, (unsigned)c->fly.len);
     c->wreq.data = c;
     if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
@@ -183,8 +231,9 @@ static void flush(struct fe_conn *c) {
     if (!uv_is_active((uv_handle_t *)&c->wtimer)) watch_stall(c);
     return;
   }
-  fe_buf_reset(&c->pend);
-  if (c->pend.size > FE_KEEP_WBUF) fe_buf_free(&c->pend);
+  fe_buf_reset(out);
+  if (out->size > FE_KEEP_WBUF) fe_buf_free(out);
+  if (c->pend.len) return; /* under TLS, plaintext that waits for the handshake */
   if (c->close_after && !c->busy) begin_close(c);
 }
 
@@ -263,9 +312,8 @@ static void error_close(struct fe_conn *c, int status, const char *msg) {
 
 /* ---- reading and framing --------------------------------------------------- */
 
-static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
-  struct fe_conn *c = h->data;
-  if (c->state == ST_CLOSING) c->rlen = 0; /* discarding */
+/* Makes room for a read in rbuf, doubling it up to rcap. */
+static void grow_rbuf(struct fe_conn *c) {
   if (c->rsize - c->rlen < FE_READ_CHUNK && c->rsize < c->rcap) {
     size_t ns = c->rsize ? c->rsize * 2 : FE_READ_CHUNK;
     while (ns - c->rlen < FE_READ_CHUNK && ns < c->rcap)
@@ -278,6 +326,17 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
       c->head_stale = 1; /* the head's pointers may point into the old block */
     }
   }
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  struct fe_conn *c = h->data;
+  (void)hint;
+  if (c->tls) { /* ciphertext: decrypted into rbuf by tls_pump */
+    *buf = uv_buf_init(c->tin, FE_READ_CHUNK);
+    return;
+  }
+  if (c->state == ST_CLOSING) c->rlen = 0; /* discarding */
+  grow_rbuf(c);
   *buf = uv_buf_init(c->rbuf + c->rlen, (unsigned)(c->rsize - c->rlen));
 }
 
@@ -293,6 +352,13 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (c->state == ST_CLOSING) return; /* lingering: discard */
+  if (c->tls) {
+    if (fe_tls_conn_feed(c->tls, buf->base, (size_t)nread) != 0)
+      conn_close(c, 1);
+    else
+      tls_pump(c);
+    return;
+  }
   c->rlen += (size_t)nread;
   if (c->state == ST_BODY_CL || c->state == ST_BODY_CHUNKED) set_timer(c, TM_BODY);
   if (c->rlen >= c->rcap) stop_reading(c);
@@ -422,6 +488,71 @@ static void process(struct fe_conn *c) {
     break;
   }
   c->in_process = 0;
+}
+
+/* ---- TLS ------------------------------------------------------------------- */
+
+/* A failed handshake or a bad record: send the alert OpenSSL made, if any,
+ * then close. A request in progress cannot be answered any more. */
+static void tls_fail(struct fe_conn *c) {
+  if (c->busy) {
+    conn_close(c, 1);
+    return;
+  }
+  c->keep_alive = 0;
+  c->close_after = 1;
+  c->state = ST_CLOSING;
+  set_timer(c, TM_LINGER); /* closes even when the alert cannot be sent */
+  flush(c);
+}
+
+/* Advances the handshake over the ciphertext fed so far, then decrypts what
+ * it can into rbuf and frames requests as on_read does for plain bytes. The
+ * handshake runs under the header timeout set at accept; ciphertext that
+ * does not yet make a whole record turns an idle keep-alive connection's
+ * timer into the header timeout, as a partial plain head does. */
+static void tls_pump(struct fe_conn *c) {
+  if (!c->tls_done) {
+    int rc = fe_tls_conn_handshake(c->tls);
+    if (rc < 0) {
+      tls_fail(c);
+      return;
+    }
+    flush(c); /* the handshake's records */
+    if (rc == 0 || c->closed) return;
+    c->tls_done = 1;
+    if (c->tls_over_limit) {
+      error_close(c, 503, "too many connections");
+      return;
+    }
+  }
+  size_t before = c->rlen;
+  for (;;) {
+    if (c->rlen >= c->rcap) {
+      stop_reading(c);
+      break;
+    }
+    grow_rbuf(c);
+    if (c->rsize == c->rlen) break; /* out of memory: what is buffered goes first */
+    long n = fe_tls_conn_read(c->tls, c->rbuf + c->rlen, c->rsize - c->rlen);
+    if (n == 0) break;
+    if (n < 0) {
+      if (n == CM_ERR_CLOSED)
+        conn_close(c, 1); /* close_notify: the client is gone, as on EOF */
+      else
+        tls_fail(c);
+      return;
+    }
+    c->rlen += (size_t)n;
+  }
+  flush(c); /* records the TLS state sends on its own (session tickets) */
+  if (c->closed) return;
+  if (c->rlen > before) {
+    if (c->state == ST_BODY_CL || c->state == ST_BODY_CHUNKED) set_timer(c, TM_BODY);
+    if (!c->busy) process(c);
+  } else if (!c->busy && c->state == ST_HEAD && c->timer_mode == TM_IDLE) {
+    set_timer(c, TM_HEAD);
+  }
 }
 
 /* The handler finished its answer: release the request's bytes and go on
@@ -583,6 +714,8 @@ void fe_conn__accept(struct fe_server *s, uv_stream_t *ls) {
   c->minor = 1;
   fe_buf_init(&c->pend, 0);
   fe_buf_init(&c->fly, 0);
+  fe_buf_init(&c->tout, 0);
+  fe_buf_init(&c->alert, 0);
   c->next = s->conns;
   if (s->conns) s->conns->prev = c;
   s->conns = c;
@@ -592,7 +725,15 @@ void fe_conn__accept(struct fe_server *s, uv_stream_t *ls) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
-  if (s->n_conns > s->lim.max_connections) {
+  if (s->tls) {
+    if (fe_tls_conn_create(s->tls, &c->tls) != 0 || !(c->tin = malloc(FE_READ_CHUNK))) {
+      cm_error(TAG, "out of memory accepting a TLS connection");
+      conn_close(c, 0);
+      return;
+    }
+    /* the 503 can only be sent once the handshake is done */
+    c->tls_over_limit = s->n_conns > s->lim.max_connections;
+  } else if (s->n_conns > s->lim.max_connections) {
     error_close(c, 503, "too many connections");
     return;
   }

@@ -19,7 +19,11 @@
  * Writes are queued in two reused buffers per connection. Past
  * write_high_water queued bytes the server stops reading from the
  * connection; past write_hard_limit it gives up on the slow reader: closes
- * the connection and fires the abort callback. */
+ * the connection and fires the abort callback.
+ *
+ * With fe_server_set_tls the server speaks HTTPS instead (fe-tls.h): the
+ * same requests, answers and limits, the handshake counted in the header
+ * timeout. */
 #ifndef LMSERVE_FE_SERVER_H
 #define LMSERVE_FE_SERVER_H
 #include <stddef.h>
@@ -57,6 +61,10 @@ int fe_server_create(uv_loop_t *loop, const char *host, int port,
                      const struct fe_server_limits *limits, fe_server_request_cb cb, void *ud,
                      struct fe_server **out);
 int fe_server_port(const struct fe_server *s);
+struct fe_tls;
+/* Serves HTTPS from now on: connections accepted after the call speak TLS
+ * (fe-tls.h). The server takes `tls` and destroys it with itself. */
+void fe_server_set_tls(struct fe_server *s, struct fe_tls *tls);
 /* Stops accepting work: idle connections close, new requests get 503 with
  * Connection: close; requests in progress go on. */
 void fe_server_drain(struct fe_server *s);

@@ -1,8 +1,10 @@
-/* tl-http-probe.c — a blocking HTTP GET that reads only the status line. */
+/* tl-http-probe.c — a blocking HTTP(S) GET that reads only the status line. */
 #include "tools/tl-http-probe.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +26,8 @@ static int wait_fd(int fd, short events, double deadline) {
   }
 }
 
-int tl_http_probe(const char *host, int port, const char *path, int timeout_ms) {
-  double deadline = cm_time_s() + timeout_ms / 1000.0;
+/* A connected non-blocking socket to host:port, or a negative cm_err. */
+static int connect_to(const char *host, int port, double deadline) {
   char portbuf[16];
   snprintf(portbuf, sizeof(portbuf), "%d", port);
   struct addrinfo hints = {0}, *ai = NULL;
@@ -38,17 +40,31 @@ int tl_http_probe(const char *host, int port, const char *path, int timeout_ms) 
   if ((rc = wait_fd(fd, POLLOUT, deadline))) goto out;
   int soerr = 0;
   socklen_t sl = sizeof(soerr);
-  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
-    rc = CM_ERR_IO;
-    goto out;
-  }
+  rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0 ? CM_ERR_IO : 0;
+out:
+  freeaddrinfo(ai);
+  if (rc && fd >= 0) close(fd);
+  return rc ? rc : fd;
+}
+
+static int format_request(char *req, size_t size, const char *host, int port, const char *path) {
+  int n = snprintf(req, size, "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n", path,
+                   host, port);
+  return n < 0 || (size_t)n >= size ? CM_ERR_TOOBIG : n;
+}
+
+static int parse_status(const char *buf) {
+  int status;
+  return sscanf(buf, "HTTP/1.%*d %d", &status) == 1 ? status : CM_ERR_PARSE;
+}
+
+int tl_http_probe(const char *host, int port, const char *path, int timeout_ms) {
+  double deadline = cm_time_s() + timeout_ms / 1000.0;
+  int fd = connect_to(host, port, deadline);
+  if (fd < 0) return fd;
   char req[512];
-  int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n",
-                   path, host, port);
-  if (n < 0 || (size_t)n >= sizeof(req) || write(fd, req, (size_t)n) != n) {
-    rc = CM_ERR_IO;
-    goto out;
-  }
+  int rc = CM_ERR_IO, n = format_request(req, sizeof(req), host, port, path);
+  if (n < 0 || write(fd, req, (size_t)n) != n) goto out;
   char buf[64];
   size_t got = 0;
   while (got < sizeof(buf) - 1) {
@@ -60,11 +76,59 @@ int tl_http_probe(const char *host, int port, const char *path, int timeout_ms) 
     if (memchr(buf, '\n', got)) break;
   }
   buf[got] = 0;
-  int status;
-  if (sscanf(buf, "HTTP/1.%*d %d", &status) == 1) rc = status;
-  else rc = CM_ERR_PARSE;
+  rc = parse_status(buf);
 out:
-  if (fd >= 0) close(fd);
-  freeaddrinfo(ai);
+  close(fd);
+  return rc;
+}
+
+/* Waits for what an SSL call that returned `r` needs; 0 to call it again. */
+static int ssl_wait(SSL *ssl, int fd, int r, double deadline) {
+  switch (SSL_get_error(ssl, r)) {
+  case SSL_ERROR_WANT_READ: return wait_fd(fd, POLLIN, deadline);
+  case SSL_ERROR_WANT_WRITE: return wait_fd(fd, POLLOUT, deadline);
+  default: return CM_ERR_IO;
+  }
+}
+
+int tl_https_probe(const char *host, int port, const char *path, int timeout_ms,
+                   const char *cert_file, const char *key_file) {
+  double deadline = cm_time_s() + timeout_ms / 1000.0;
+  int fd = connect_to(host, port, deadline);
+  if (fd < 0) return fd;
+  int rc = CM_ERR_IO, r;
+  SSL *ssl = NULL;
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  if (!ctx) goto out;
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+  if (cert_file && key_file &&
+      (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1 ||
+       SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1))
+    goto out;
+  if (!(ssl = SSL_new(ctx)) || SSL_set_fd(ssl, fd) != 1) goto out;
+  while ((r = SSL_connect(ssl)) != 1)
+    if ((rc = ssl_wait(ssl, fd, r, deadline))) goto out;
+  char req[512];
+  int n = format_request(req, sizeof(req), host, port, path);
+  if (n < 0) goto out;
+  while ((r = SSL_write(ssl, req, n)) <= 0)
+    if ((rc = ssl_wait(ssl, fd, r, deadline))) goto out;
+  char buf[64];
+  size_t got = 0;
+  while (got < sizeof(buf) - 1 && !memchr(buf, '\n', got)) {
+    r = SSL_read(ssl, buf + got, (int)(sizeof(buf) - 1 - got));
+    if (r > 0) {
+      got += (size_t)r;
+    } else if (ssl_wait(ssl, fd, r, deadline) != 0) {
+      break;
+    }
+  }
+  buf[got] = 0;
+  rc = parse_status(buf);
+out:
+  ERR_clear_error();
+  SSL_free(ssl);
+  SSL_CTX_free(ctx);
+  close(fd);
   return rc;
 }

@@ -57,6 +57,8 @@ struct tl_serve {
   const char *model, *host, *api_key, *served_name, *spec_model, *device, *dtype;
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
+  const char *ssl_key, *ssl_cert, *ssl_ca; /* the frontend's HTTPS (--ssl-*) */
+  char ssl_abs[3][PATH_MAX];               /* their absolute paths, which those point to */
   int64_t dp; /* model replicas, each a scheduler and its worker group */
   int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
   int64_t ready_timeout_s, drain_timeout_s;

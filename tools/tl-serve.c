@@ -49,6 +49,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-main.h"
+#include "frontend/fe-tls.h"
 #include "kernels/kn-registry.h"
 #include "lmserve-config.h"
 #include "proto/pr-zmq.h"
@@ -109,6 +110,38 @@ static void argv_role(struct tl_argv *a, const char *role, const struct tl_serve
 const char *tl_srv_self_exe(void) {
   if (access("/proc/self/exe", X_OK) == 0) return "/proc/self/exe";
   return "lmserve";
+}
+
+/* ---- HTTPS ------------------------------------------------------------------ */
+
+/* Loads the --ssl-* files as the frontend will, so that a bad path or a key
+ * that does not match its certificate is a configuration error here, and
+ * makes the paths absolute for the frontend. Returns 0 or -1 (reported). */
+static int check_tls(struct tl_serve *s) {
+  if (!s->ssl_key && !s->ssl_cert && !s->ssl_ca) return 0;
+  if (!s->ssl_key || !s->ssl_cert) {
+    fprintf(stderr, "lmserve serve: HTTPS needs both --ssl-keyfile and --ssl-certfile\n");
+    return -1;
+  }
+  char why[512];
+  struct fe_tls *t = NULL;
+  if (fe_tls_create(s->ssl_key, s->ssl_cert, s->ssl_ca, &t, why, sizeof(why)) != 0) {
+    fprintf(stderr, "lmserve serve: %s\n", why);
+    return -1;
+  }
+  fe_tls_destroy(t);
+  const char **paths[] = {&s->ssl_key, &s->ssl_cert, &s->ssl_ca};
+  for (int i = 0; i < 3; i++)
+    if (*paths[i] && realpath(*paths[i], s->ssl_abs[i])) *paths[i] = s->ssl_abs[i];
+  return 0;
+}
+
+/* GETs /health from the frontend: 200 once the engine answers. */
+static int probe_health(const struct tl_serve *s, const char *host) {
+  if (s->ssl_cert)
+    return tl_https_probe(host, (int)s->port, "/health", 1000, s->ssl_ca ? s->ssl_cert : NULL,
+                          s->ssl_ca ? s->ssl_key : NULL);
+  return tl_http_probe(host, (int)s->port, "/health", 1000);
 }
 
 /* ---- the default model ---------------------------------------------------- */
@@ -246,6 +279,9 @@ static int start_frontend(struct tl_serve *s) {
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
   argv_add_str(&f, "--served-model-name", s->served_name);
+  argv_add_str(&f, "--ssl-keyfile", s->ssl_key);
+  argv_add_str(&f, "--ssl-certfile", s->ssl_cert);
+  argv_add_str(&f, "--ssl-ca-certs", s->ssl_ca);
   argv_add_str(&f, "--allowed-local-media-path", s->media_dir);
   argv_add_str(&f, "--default-chat-template-kwargs", s->template_kwargs);
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
@@ -318,6 +354,13 @@ int tl_serve_main(int argc, char **argv) {
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
       {"served-model-name", CM_OPT_STR, &s.served_name, "NAME", "model name in the API"},
+      {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
+       "PEM private key: serve HTTPS (with --ssl-certfile)"},
+      {"ssl-certfile", CM_OPT_STR, &s.ssl_cert, "FILE",
+       "PEM certificate chain, the server's first (with --ssl-keyfile)"},
+      {"ssl-ca-certs", CM_OPT_STR, &s.ssl_ca, "FILE",
+       "PEM CA certificates: clients must present a certificate one of them signed (serve's "
+       "readiness probe presents --ssl-certfile's, which one of them must then have signed)"},
       {"allowed-local-media-path", CM_OPT_STR, &s.media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
@@ -393,6 +436,8 @@ int tl_serve_main(int argc, char **argv) {
     return 2;
   }
 
+  if (check_tls(&s) != 0) return 2;
+
   int bf16, kvdt, quant;
   char why[160];
   if ((s.dtype && kn_backend_dtype_parse(s.dtype, &bf16, why, sizeof(why))) ||
@@ -441,7 +486,7 @@ int tl_serve_main(int argc, char **argv) {
     siginfo_t si;
     memset(&si, 0, sizeof(si));
     if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid > 0 &&
-        tl_http_probe(probe_host, (int)s.port, "/health", 1000) == 200) {
+        probe_health(&s, probe_host) == 200) {
       ready = 1;
       break;
     }
@@ -454,7 +499,7 @@ int tl_serve_main(int argc, char **argv) {
       exit_code = 1;
       goto out;
     }
-    if (tl_http_probe(probe_host, (int)s.port, "/health", 1000) == 200) {
+    if (probe_health(&s, probe_host) == 200) {
       ready = 1;
       break;
     }
@@ -467,8 +512,9 @@ int tl_serve_main(int argc, char **argv) {
     }
     goto out;
   }
-  printf("lmserve: serving %s at http://%s:%lld/v1\n",
-         s.model ? s.model_dir : "the default tiny Gemma 4", s.host, (long long)s.port);
+  printf("lmserve: serving %s at %s://%s:%lld/v1\n",
+         s.model ? s.model_dir : "the default tiny Gemma 4", s.ssl_cert ? "https" : "http", s.host,
+         (long long)s.port);
   fflush(stdout);
 
   int ctl_rc = !(s.zctx = zmq_ctx_new());

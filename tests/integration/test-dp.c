@@ -10,6 +10,8 @@
  *   - a replica that dies is routed around: /health stays 200, the requests
  *     that follow are served by the other replica, a stream running on the dead
  *     one ends with an error event, and the greedy text is the same;
+ *   - every engine-side series carries the replica label, and per replica the
+ *     counters and histograms add up to what the clients were told;
  *   - `lmserve serve --data-parallel-size 2` runs two replicas behind its
  *     frontend, and restarts a replica whose worker dies while the other one
  *     keeps serving (/health never leaves 200). */
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/cm-arena.h"
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "proto/pr-zmq.h"
@@ -68,6 +71,10 @@ static double metric_wait(const char *name, const char *label, double want, int 
   }
   return v;
 }
+
+/* A gauge of replica 1, which shows once the frontend has its first PONG
+ * (the other series of replica 1 show from the start). */
+#define GAUGE_OF_REPLICA_1 "lmserve:num_requests_running{model_name=\"default\",replica=\"1\"}"
 
 /* Waits (at most ms) until /metrics holds `needle`: 1 when it does. */
 static int metrics_have(const char *needle, int ms) {
@@ -203,6 +210,34 @@ static void replica_wait_ready(struct replica *r) {
   }
 }
 
+/* Two replicas (a scheduler and a worker each) and a frontend routing over
+ * both on http_port; returns once both replicas are ready and /health is 200. */
+static void two_replicas_start(struct replica rep[2], struct th_proc *fe, const char *model) {
+  for (int i = 0; i < 2; i++)
+    replica_start(&rep[i], model);
+  http_port = th_free_port();
+  TH_REQUIRE(http_port > 0);
+  char port_s[16];
+  snprintf(port_s, sizeof(port_s), "%d", http_port);
+  TH_REQUIRE(th_proc_spawnl(fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
+                            "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
+                            "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
+  for (int i = 0; i < 2; i++)
+    replica_wait_ready(&rep[i]);
+  TH_REQUIRE(wait_health() == 200);
+  /* the frontend has heard from both (its PINGs go out five times a second) */
+  TH_REQUIRE(metrics_have(GAUGE_OF_REPLICA_1, 10000));
+}
+
+/* SIGTERM to the frontend (it must exit 0), then the replicas stop. */
+static void two_replicas_stop(struct replica rep[2], struct th_proc *fe) {
+  th_proc_check_exit(fe, SIGTERM, 30000);
+  for (int i = 0; i < 2; i++) {
+    th_proc_stop(&rep[i].sched, 5000);
+    th_proc_stop(&rep[i].worker, 5000);
+  }
+}
+
 TH_TEST(dp_two_replicas) {
   th_proc_init(400);
   char model[300];
@@ -216,21 +251,8 @@ TH_TEST(dp_two_replicas) {
   prompt(ids_w, sizeof ids_w, 20, 4);
 
   static struct replica rep[2];
-  for (int i = 0; i < 2; i++)
-    replica_start(&rep[i], model);
-  http_port = th_free_port();
-  TH_REQUIRE(http_port > 0);
-  char port_s[16];
-  snprintf(port_s, sizeof(port_s), "%d", http_port);
   struct th_proc fe;
-  TH_REQUIRE(th_proc_spawnl(&fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
-                            "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
-                            "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
-  for (int i = 0; i < 2; i++)
-    replica_wait_ready(&rep[i]);
-  TH_REQUIRE(wait_health() == 200);
-  /* the frontend has heard from both (its PINGs go out five times a second) */
-  TH_REQUIRE(metrics_have("replica=\"1\"", 10000));
+  two_replicas_start(rep, &fe, model);
 
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200);
@@ -284,11 +306,187 @@ TH_TEST(dp_two_replicas) {
   close(fy);
   close(fy2);
 
-  th_proc_check_exit(&fe, SIGTERM, 30000);
-  for (int i = 0; i < 2; i++) {
-    th_proc_stop(&rep[i].sched, 5000);
-    th_proc_stop(&rep[i].worker, 5000);
+  two_replicas_stop(rep, &fe);
+}
+
+/* ---- metrics per replica ---------------------------------------------------- */
+
+/* A greedy completion of max_tokens (ignore_eos) and its usage: 0 or -1. */
+static int complete_usage(const char *ids, int max_tokens, long long *prompt, long long *gen) {
+  char body[4096], *out = NULL;
+  snprintf(body, sizeof(body),
+           "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}", ids,
+           max_tokens);
+  int st = th_http(http_port, "POST", "/v1/completions", body, 60000, &out);
+  json_t *j = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
+  json_t *u = json_object_get(j, "usage");
+  int rc = u ? 0 : -1;
+  *prompt = json_integer_value(json_object_get(u, "prompt_tokens"));
+  *gen = json_integer_value(json_object_get(u, "completion_tokens"));
+  json_decref(j);
+  free(out);
+  return rc;
+}
+
+/* Every histogram series in the text is whole: buckets never fall, the +Inf
+ * bucket is its _count, a _sum is there. Returns the series checked. */
+static int check_histograms(const char *text) {
+  int series = 0;
+  for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    const char *inf = strstr(l, ",le=\"+Inf\"} ");
+    const char *eol = l + strcspn(l, "\n");
+    if (*l == '#' || !inf || inf > eol) continue;
+    const char *us = strstr(l, "_bucket{");
+    TH_REQUIRE(us && us < inf);
+    char name[160], labels[256], key[600];
+    snprintf(name, sizeof(name), "%.*s", (int)(us - l), l);
+    snprintf(labels, sizeof(labels), "%.*s", (int)(inf - (us + 8)), us + 8);
+    double inf_v = strtod(inf + 12, NULL), prev = 0;
+    /* the buckets of this series, in order */
+    snprintf(key, sizeof(key), "%s_bucket{%s,le=", name, labels);
+    for (const char *b = text; (b = strstr(b, key)); b++) {
+      double v = strtod(strstr(b, "} ") + 2, NULL);
+      if (v < prev) th_fail(__FILE__, __LINE__, "%s{%s}: a bucket falls", name, labels);
+      prev = v;
+    }
+    snprintf(key, sizeof(key), "%s_count{%s} ", name, labels);
+    const char *c = strstr(text, key);
+    TH_CHECK(c != NULL);
+    if (c && strtod(c + strlen(key), NULL) != inf_v)
+      th_fail(__FILE__, __LINE__, "%s{%s}: +Inf bucket %g, count %g", name, labels, inf_v,
+              strtod(c + strlen(key), NULL));
+    snprintf(key, sizeof(key), "%s_sum{%s} ", name, labels);
+    TH_CHECK(strstr(text, key) != NULL);
+    series++;
   }
+  return series;
+}
+
+/* Every engine-side series of /metrics: first those with one observation
+ * per finished request, then the other counters. */
+static const char *const engine_series[] = {
+    "lmserve:request_success_total",
+    "lmserve:time_to_first_token_seconds_count",
+    "lmserve:e2e_request_latency_seconds_count",
+    "lmserve:request_queue_time_seconds_count",
+    "lmserve:request_prefill_time_seconds_count",
+    "lmserve:request_decode_time_seconds_count",
+    "lmserve:request_inference_time_seconds_count",
+    "lmserve:request_prompt_tokens_count",
+    "lmserve:request_generation_tokens_count",
+    "lmserve:request_params_max_tokens_count",
+    "lmserve:inter_token_latency_seconds_count",
+    "lmserve:prompt_tokens_total",
+    "lmserve:generation_tokens_total",
+    "lmserve:prefix_cache_queries_total",
+    "lmserve:prefix_cache_hits_total",
+    "lmserve:num_preemptions_total",
+    "lmserve:spec_decode_num_drafts_total",
+    "lmserve:spec_decode_num_draft_tokens_total",
+    "lmserve:spec_decode_num_accepted_tokens_total",
+};
+#define PER_REQUEST 10 /* engine_series[0, 10): one per request */
+
+/* Two replicas serve requests; every engine-side series carries replica="0"
+ * and replica="1", and per replica they add up to what the clients were
+ * told (usage) and to each other: token counters, request_success by finish
+ * reason, and every request histogram's count and sum. */
+TH_TEST(dp_metrics_per_replica) {
+  th_proc_init(400);
+  char model[300];
+  th_tiny_gemma4_or_skip("dp-metrics", 5, model, sizeof(model));
+  static struct replica rep[2];
+  struct th_proc fe;
+  two_replicas_start(rep, &fe, model);
+
+  /* a long stream holds one replica; the completions meanwhile go to the other */
+  long long prompt_sum = 0, gen_sum = 0, max_sum = 0;
+  int n_req = 0;
+  char ids[2048];
+  prompt(ids, sizeof ids, 30, 11);
+  int fa = stream_start(ids, 4000);
+  TH_CHECK(metric_wait("lmserve:num_requests_running", NULL, 1, 10000) >= 1);
+  for (int k = 0; k < 3; k++) {
+    char other[2048];
+    prompt(other, sizeof other, 12 + 5 * k, 20 + k);
+    long long p = 0, g = 0;
+    TH_CHECK(complete_usage(other, 6 + k, &p, &g) == 0);
+    TH_CHECK_EQ_INT((int)g, 6 + k);
+    prompt_sum += p, gen_sum += g, max_sum += 6 + k, n_req++;
+  }
+  char *sb = NULL;
+  TH_CHECK_EQ_INT(th_http_read(fa, 60000, &sb), 200);
+  TH_CHECK(sb && strstr(sb, "[DONE]"));
+  free(sb);
+  close(fa);
+  prompt_sum += 30, gen_sum += 4000, max_sum += 4000, n_req++;
+  /* and two more once both are idle */
+  for (int k = 0; k < 2; k++) {
+    char other[2048];
+    prompt(other, sizeof other, 16, 40 + k);
+    long long p = 0, g = 0;
+    TH_CHECK(complete_usage(other, 5, &p, &g) == 0);
+    prompt_sum += p, gen_sum += g, max_sum += 5, n_req++;
+  }
+
+  /* the PONG-fed counters (prefix cache, preemptions) settle within a PONG */
+  usleep(1500 * 1000);
+  char *m = NULL;
+  TH_REQUIRE(get("/metrics", &m) == 200 && m);
+
+  for (size_t f = 0; f < CM_ARRAY_LEN(engine_series); f++)
+    for (int r = 0; r < 2; r++) {
+      char want[200];
+      snprintf(want, sizeof(want), "%s{model_name=\"default\",replica=\"%d\"", engine_series[f], r);
+      if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "/metrics lacks %s", want);
+    }
+  /* not a single unlabelled engine-side series */
+  TH_CHECK(!strstr(m, "lmserve:prompt_tokens_total{model_name=\"default\"}"));
+  TH_CHECK(check_histograms(m) >= 2 * 10);
+  free(m);
+
+  /* per replica, then summed: what the clients were told */
+  const char *rl[2] = {"replica=\"0\"", "replica=\"1\""};
+  double req[2], total_req = 0;
+  for (int r = 0; r < 2; r++) {
+    req[r] = metric("lmserve:e2e_request_latency_seconds_count", rl[r]);
+    total_req += req[r];
+    TH_CHECK(req[r] >= 1); /* both replicas served */
+    /* within a replica: one observation per request in every histogram */
+    for (size_t k = 0; k < PER_REQUEST; k++) {
+      double v = metric(engine_series[k], rl[r]);
+      if (v != req[r])
+        th_fail(__FILE__, __LINE__, "replica %d: %s is %g, %g requests", r, engine_series[k], v,
+                req[r]);
+    }
+    TH_CHECK(metric("lmserve:request_prompt_tokens_sum", rl[r]) ==
+             metric("lmserve:prompt_tokens_total", rl[r]));
+    TH_CHECK(metric("lmserve:request_generation_tokens_sum", rl[r]) ==
+             metric("lmserve:generation_tokens_total", rl[r]));
+    TH_CHECK(metric("lmserve:prefix_cache_queries_total", rl[r]) >=
+             metric("lmserve:prompt_tokens_total", rl[r]));
+    TH_CHECK(metric("lmserve:prefix_cache_hits_total", rl[r]) <=
+             metric("lmserve:prefix_cache_queries_total", rl[r]));
+  }
+  TH_CHECK_EQ_INT((int)total_req, n_req);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_success_total", "finished_reason=\"length\""),
+                  n_req);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_success_total", "finished_reason=\"stop\""), 0);
+  TH_CHECK_EQ_INT((int)metric("lmserve:prompt_tokens_total", NULL), (int)prompt_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:generation_tokens_total", NULL), (int)gen_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_prompt_tokens_sum", NULL), (int)prompt_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_generation_tokens_sum", NULL), (int)gen_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:request_params_max_tokens_sum", NULL), (int)max_sum);
+  TH_CHECK_EQ_INT((int)metric("lmserve:num_preemptions_total", NULL), 0);
+  /* the stream's decode (4000 tokens) took time; every queue/prefill time is sane */
+  TH_CHECK(metric("lmserve:request_decode_time_seconds_sum", NULL) > 0);
+  double q = metric("lmserve:request_queue_time_seconds_sum", NULL);
+  double pf = metric("lmserve:request_prefill_time_seconds_sum", NULL);
+  TH_CHECK(q >= 0 && q < 60 && pf > 0 && pf < 60);
+  TH_CHECK(metric("lmserve:e2e_request_latency_seconds_sum", NULL) >=
+           metric("lmserve:request_decode_time_seconds_sum", NULL));
+
+  two_replicas_stop(rep, &fe);
 }
 
 /* The pid of serve's child running `lmserve <role>` whose command line holds
@@ -344,10 +542,10 @@ TH_TEST(dp_serve_restarts_one_replica) {
   char *t0 = complete(ids, 4);
   TH_REQUIRE(t0 != NULL);
   /* both replicas report: their gauges are labelled 0 and 1 */
-  (void)metrics_have("replica=\"1\"", 5000);
+  TH_CHECK(metrics_have(GAUGE_OF_REPLICA_1, 5000));
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200);
-  TH_CHECK(m && strstr(m, "lmserve:num_requests_running{") && strstr(m, "replica=\"1\""));
+  TH_CHECK(m && strstr(m, GAUGE_OF_REPLICA_1));
   free(m);
   int w1 = child_with((int)s.pid, "worker", "workers-1"),
       w0 = child_with((int)s.pid, "worker", "workers-0");

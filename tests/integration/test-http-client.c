@@ -58,21 +58,26 @@ void hc_server_start_with(struct server *s, const char *api_key, const char *bod
   argv[a] = NULL;
   memset(s, 0, sizeof(*s));
   TH_REQUIRE(th_proc_spawn(&s->p, argv, NULL, 1) == 0);
+  s->port = hc_read_url_port(&s->p, "http://127.0.0.1:");
+}
+
+int hc_read_url_port(struct th_proc *p, const char *prefix) {
   char line[512];
   size_t n = 0;
-  struct pollfd pf = {s->p.out_fd, POLLIN, 0};
+  struct pollfd pf = {p->out_fd, POLLIN, 0};
   while (n < sizeof(line) - 1 && poll(&pf, 1, 10000) > 0) {
-    ssize_t k = read(s->p.out_fd, line + n, 1);
+    ssize_t k = read(p->out_fd, line + n, 1);
     if (k <= 0) break;
     n += (size_t)k;
     if (line[n - 1] == '\n') break;
   }
   line[n] = 0;
-  const char *u = strstr(line, "http://127.0.0.1:");
-  if (!u) th_fail(__FILE__, __LINE__, "no URL printed: '%s'", line);
+  const char *u = strstr(line, prefix);
+  if (!u) th_fail(__FILE__, __LINE__, "no %s URL printed: '%s'", prefix, line);
   TH_REQUIRE(u != NULL);
-  s->port = atoi(u + strlen("http://127.0.0.1:"));
-  TH_REQUIRE(s->port > 0);
+  int port = atoi(u + strlen(prefix));
+  TH_REQUIRE(port > 0);
+  return port;
 }
 
 void hc_server_start(struct server *s, const char *api_key) {

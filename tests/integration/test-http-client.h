@@ -36,6 +36,9 @@ struct resp {
 void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
                           const char *max_conns);
 void hc_server_start(struct server *s, const char *api_key);
+/* Reads the first line a started server printed (within 10 s) and returns the
+ * port after `prefix` in it ("http://127.0.0.1:"); fails the test without one. */
+int hc_read_url_port(struct th_proc *p, const char *prefix);
 void hc_dump_server_stderr(struct server *s);
 void hc_server_stop(struct server *s);
 int hc_conn_open(struct conn *c, int port);

@@ -95,8 +95,8 @@ TH_TEST(http_routes_keepalive) {
   TH_CHECK_EQ_INT(r.status, 200);
   TH_CHECK(strstr(r.body, "# TYPE lmserve:prompt_tokens_total counter") != NULL);
   TH_CHECK(strstr(r.body,
-                  "lmserve:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"+Inf\"}") !=
-           NULL);
+                  "lmserve:time_to_first_token_seconds_bucket{model_name=\"tiny\",replica=\"0\","
+                  "le=\"+Inf\"}") != NULL);
   TH_CHECK(strstr(r.body, "lmserve:http_client_errors_total{model_name=\"tiny\"}") != NULL);
   hc_conn_close(&c);
   hc_server_stop(&s);

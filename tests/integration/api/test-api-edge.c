@@ -284,8 +284,7 @@ static void read_counters(struct counters *c) {
       char line[256];
       snprintf(line, sizeof(line), "%.*s", (int)strcspn(l, "\n"), l);
       const char *sp = strrchr(line, ' ');
-      if (sp) *v[i] = strtod(sp, NULL);
-      break;
+      if (sp) *v[i] = (isnan(*v[i]) ? 0 : *v[i]) + strtod(sp, NULL); /* over its series */
     }
   }
   as_resp_free(&r);

@@ -204,15 +204,17 @@ TH_TEST(metrics_registry) {
   TH_REQUIRE(fe_metrics_create("ge\"m", &m) == 0);
   struct fe_metric_ids ids;
   TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
-  fe_metrics_inc(m, ids.prompt_tokens, 12);
-  fe_metrics_inc(m, ids.prompt_tokens, -5); /* ignored: counters only go up */
+  const struct fe_replica_metric_ids *r0 = &ids.rep[0];
+  TH_CHECK_EQ_INT(ids.n_rep, 1);
+  fe_metrics_inc(m, r0->prompt_tokens, 12);
+  fe_metrics_inc(m, r0->prompt_tokens, -5); /* ignored: counters only go up */
   fe_metrics_set_at(m, ids.kv_cache_usage_perc, 0, 0.25);
   fe_metrics_set_at(m, ids.kv_cache_usage_perc, 1, 0.5); /* a second replica */
-  fe_metrics_observe(m, ids.time_to_first_token_seconds, 0.003);
-  fe_metrics_observe(m, ids.time_to_first_token_seconds, 0.5);
-  fe_metrics_observe(m, ids.time_to_first_token_seconds, 1e9);
-  TH_CHECK_NEAR(fe_metrics_value(m, ids.prompt_tokens), 12, 0);
-  TH_CHECK_NEAR(fe_metrics_count(m, ids.time_to_first_token_seconds), 3, 0);
+  fe_metrics_observe(m, r0->time_to_first_token_seconds, 0.003);
+  fe_metrics_observe(m, r0->time_to_first_token_seconds, 0.5);
+  fe_metrics_observe(m, r0->time_to_first_token_seconds, 1e9);
+  TH_CHECK_NEAR(fe_metrics_value(m, r0->prompt_tokens), 12, 0);
+  TH_CHECK_NEAR(fe_metrics_count(m, r0->time_to_first_token_seconds), 3, 0);
   TH_CHECK(fe_metrics_add(m, FE_METRIC_COUNTER, "lmserve:no_suffix", "x", NULL, 0) == CM_ERR_INVAL);
   TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "bad name", "x", NULL, 0) == CM_ERR_INVAL);
   TH_CHECK(fe_metrics_add(m, FE_METRIC_GAUGE, "lmserve:num_requests_running", "dup", NULL, 0) ==
@@ -224,17 +226,22 @@ TH_TEST(metrics_registry) {
   TH_REQUIRE(fe_metrics_render(m, &b) == 0);
   static const char *const want[] = {
       "# TYPE lmserve:prompt_tokens_total counter\n",
-      "lmserve:prompt_tokens_total{model_name=\"ge\\\"m\"} 12.0\n",
+      "lmserve:prompt_tokens_total{model_name=\"ge\\\"m\",replica=\"0\"} 12.0\n",
       "lmserve:kv_cache_usage_perc{model_name=\"ge\\\"m\",replica=\"0\"} 0.25\n",
       "lmserve:kv_cache_usage_perc{model_name=\"ge\\\"m\",replica=\"1\"} 0.5\n",
       "# TYPE lmserve:kv_cache_usage_perc gauge\n",
       "# TYPE lmserve:time_to_first_token_seconds histogram\n",
-      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.001\"} 0.0\n",
-      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.005\"} 1.0\n",
-      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"0.5\"} 2.0\n",
-      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"2560.0\"} 2.0\n",
-      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",le=\"+Inf\"} 3.0\n",
-      "lmserve:time_to_first_token_seconds_count{model_name=\"ge\\\"m\"} 3.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",replica=\"0\",le=\"0."
+      "001\"} 0.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",replica=\"0\",le=\"0."
+      "005\"} 1.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",replica=\"0\",le=\"0.5\"} "
+      "2.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",replica=\"0\",le=\"2560."
+      "0\"} 2.0\n",
+      "lmserve:time_to_first_token_seconds_bucket{model_name=\"ge\\\"m\",replica=\"0\",le=\"+Inf\"}"
+      " 3.0\n",
+      "lmserve:time_to_first_token_seconds_count{model_name=\"ge\\\"m\",replica=\"0\"} 3.0\n",
       "lmserve:num_requests_running",
       "lmserve:num_requests_waiting",
       "lmserve:generation_tokens_total",
@@ -245,9 +252,73 @@ TH_TEST(metrics_registry) {
       "lmserve:spec_decode_num_drafts_total",
       "lmserve:spec_decode_num_draft_tokens_total",
       "lmserve:spec_decode_num_accepted_tokens_total",
+      "# TYPE lmserve:num_preemptions_total counter\n",
+      "# TYPE lmserve:request_queue_time_seconds histogram\n",
+      "# TYPE lmserve:request_prefill_time_seconds histogram\n",
+      "# TYPE lmserve:request_decode_time_seconds histogram\n",
+      "# TYPE lmserve:request_prompt_tokens histogram\n",
+      "# TYPE lmserve:request_generation_tokens histogram\n",
+      "# TYPE lmserve:request_params_max_tokens histogram\n",
+      "lmserve:request_success_total{model_name=\"ge\\\"m\",replica=\"0\",finished_reason="
+      "\"length\"} "
+      "0.0\n",
   };
   for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
     if (!strstr(b.data, want[i])) th_fail(__FILE__, __LINE__, "metrics text lacks: %s", want[i]);
+  fe_buf_free(&b);
+  fe_metrics_destroy(m);
+}
+
+/* Families of labelled series: more replicas' series join their families
+ * (one HELP/TYPE each, series in registration order), duplicates and
+ * mismatched kinds, buckets or labels are refused. */
+TH_TEST(metrics_replica_families) {
+  struct fe_metrics *m;
+  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
+  struct fe_metric_ids ids;
+  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  TH_REQUIRE(fe_metrics_register_replicas(m, &ids, 3) == 0);
+  TH_CHECK_EQ_INT(ids.n_rep, 3);
+  TH_REQUIRE(fe_metrics_register_replicas(m, &ids, 2) == 0); /* already there */
+  TH_CHECK_EQ_INT(ids.n_rep, 3);
+  struct fe_metric_ids again = ids; /* an engine's copy of the router's, made again */
+  again.n_rep = 1;
+  TH_REQUIRE(fe_metrics_register_replicas(m, &again, 3) == 0);
+  TH_CHECK(!memcmp(&again, &ids, sizeof(ids))); /* the same series */
+  TH_CHECK(fe_metrics_register_replicas(m, &ids, FE_METRICS_MAX_REPLICAS + 1) == CM_ERR_INVAL);
+  fe_metrics_inc(m, ids.rep[2].generation_tokens, 7);
+  fe_metrics_inc(m, ids.rep[1].request_success[FE_FINISH_LENGTH], 1);
+  fe_metrics_observe(m, ids.rep[1].request_queue_time_seconds, 0.4);
+  fe_metrics_inc_at(m, ids.rep[2].spec_decode_num_accepted_tokens_per_pos, 1, 2);
+  TH_CHECK(fe_metrics_add_labelled(m, FE_METRIC_COUNTER, "lmserve:generation_tokens_total", "x",
+                                   NULL, 0, ",replica=\"1\"") == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add_labelled(m, FE_METRIC_GAUGE, "lmserve:generation_tokens_total", "x", NULL,
+                                   0, ",replica=\"9\"") == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add_labelled(m, FE_METRIC_COUNTER, "lmserve:x_total", "x", NULL, 0,
+                                   "replica=\"9\"") == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add_labelled(m, FE_METRIC_COUNTER, "lmserve:x_total", "x", NULL, 0,
+                                   ",replica=\"9") == CM_ERR_INVAL);
+  TH_CHECK(fe_metrics_add_labelled(m, FE_METRIC_COUNTER, "lmserve:x_total", "x", NULL, 0,
+                                   ",a=\"1\",b=\"q\\\"\"") >= 0);
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  const char *t = b.data;
+  const char *h = strstr(t, "# TYPE lmserve:generation_tokens_total counter\n");
+  TH_REQUIRE(h != NULL);
+  TH_CHECK(!strstr(h + 1, "# TYPE lmserve:generation_tokens_total")); /* one header */
+  const char *s0 =
+      strstr(t, "lmserve:generation_tokens_total{model_name=\"g\",replica=\"0\"} 0.0\n");
+  const char *s2 =
+      strstr(t, "lmserve:generation_tokens_total{model_name=\"g\",replica=\"2\"} 7.0\n");
+  TH_CHECK(s0 && s2 && h < s0 && s0 < s2);
+  TH_CHECK(strstr(t, "lmserve:request_success_total{model_name=\"g\",replica=\"1\","
+                     "finished_reason=\"length\"} 1.0\n"));
+  TH_CHECK(strstr(t, "lmserve:request_queue_time_seconds_bucket{model_name=\"g\",replica=\"1\","
+                     "le=\"0.5\"} 1.0\n"));
+  TH_CHECK(strstr(t, "lmserve:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"g\","
+                     "replica=\"2\",position=\"1\"} 2.0\n"));
+  TH_CHECK(strstr(t, "lmserve:x_total{model_name=\"g\",a=\"1\",b=\"q\\\"\"} 0.0\n"));
   fe_buf_free(&b);
   fe_metrics_destroy(m);
 }
@@ -260,7 +331,7 @@ TH_TEST(metrics_two_sources) {
   TH_REQUIRE(fe_metrics_create("g", &m) == 0);
   struct fe_metric_ids ids;
   TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
-  int q = ids.prefix_cache_queries;
+  int q = ids.rep[0].prefix_cache_queries;
   fe_metrics_inc_early(m, q, 300); /* a request's first output */
   TH_CHECK_NEAR(fe_metrics_value(m, q), 300, 0);
   fe_metrics_inc(m, q, 300); /* the engine's totals report the same request */
@@ -275,7 +346,8 @@ TH_TEST(metrics_two_sources) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
   TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  TH_CHECK(strstr(b.data, "lmserve:prefix_cache_queries_total{model_name=\"g\"} 360.0\n"));
+  TH_CHECK(
+      strstr(b.data, "lmserve:prefix_cache_queries_total{model_name=\"g\",replica=\"0\"} 360.0\n"));
   fe_buf_free(&b);
   fe_metrics_destroy(m);
 }
@@ -286,7 +358,7 @@ TH_TEST(metrics_indexed_counter) {
   TH_REQUIRE(fe_metrics_create("g", &m) == 0);
   struct fe_metric_ids ids;
   TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
-  int id = ids.spec_decode_num_accepted_tokens_per_pos;
+  int id = ids.rep[0].spec_decode_num_accepted_tokens_per_pos;
   struct fe_buf b;
   fe_buf_init(&b, 0);
   TH_REQUIRE(fe_metrics_render(m, &b) == 0);
@@ -303,7 +375,8 @@ TH_TEST(metrics_indexed_counter) {
   TH_CHECK_NEAR(fe_metrics_value(m, id), 9, 0);
   fe_buf_init(&b, 0);
   TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  const char *pre = "lmserve:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"g\",";
+  const char *pre =
+      "lmserve:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"g\",replica=\"0\",";
   char want[3][160];
   snprintf(want[0], sizeof(want[0]), "%sposition=\"0\"} 5.0\n", pre);
   snprintf(want[1], sizeof(want[1]), "%sposition=\"1\"} 0.0\n", pre);
