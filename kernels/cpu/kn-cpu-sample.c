@@ -222,30 +222,26 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
   const int32_t *ids = NULL; /* token i is logits[i], or the compacted ids[i] */
   kn_cpu_sample_penalise(logits, 0, V, p);
   if (p->allow) {
-    /* a sparse mask (a structured output's, mostly): the allowed tokens alone, in
-     * order, which give what -inf everywhere else would */
-    int words = (V + 31) / 32, allowed = 0;
-    for (int w = 0; w < words; w++)
-      allowed += __builtin_popcount(p->allow[w]);
-    if (allowed <= V / 8) {
-      int n = 0;
-      for (int w = 0; w < words; w++)
-        for (uint32_t b = p->allow[w]; b; b &= b - 1) {
-          int id = w * 32 + __builtin_ctz(b);
-          if (id < V) s->cval[n] = logits[id], s->cid[n++] = id;
-        }
-      logits = s->cval;
-      ids = s->cid;
-      V = n;
-      if (!V) return CM_ERR_INVAL; /* nothing allowed */
-    } else {
-      for (int w = 0; w < words; w++) {
-        uint32_t b = p->allow[w];
-        if (b == 0xffffffffu) continue;
-        for (int id = w * 32; id < V && id < (w + 1) * 32; id++)
-          if (!(b >> (id % 32) & 1)) logits[id] = -INFINITY;
+    /* a mask (a structured output's): the allowed tokens alone, compacted in order,
+     * which give what -inf everywhere else would, without passes over the whole row */
+    int words = (V + 31) / 32, n = 0;
+    for (int w = 0; w < words; w++) {
+      uint32_t b = p->allow[w];
+      if (b == 0xffffffffu && w * 32 + 32 <= V) {
+        for (int k = 0; k < 32; k++)
+          s->cval[n + k] = logits[w * 32 + k], s->cid[n + k] = w * 32 + k;
+        n += 32;
+        continue;
+      }
+      for (; b; b &= b - 1) {
+        int id = w * 32 + __builtin_ctz(b);
+        if (id < V) s->cval[n] = logits[id], s->cid[n++] = id;
       }
     }
+    logits = s->cval;
+    ids = s->cid;
+    V = n;
+    if (!V) return CM_ERR_INVAL; /* nothing allowed */
   }
   if (p->temperature < 1e-5f) {
     kn_cpu_op_argmax(NULL, &s->ids[0], NULL, logits, V, 1, V);
@@ -400,6 +396,11 @@ static void sample_run(void *arg, long long t0, long long t1, int ith) {
       }
       if (!*sp && (rc = kn_cpu_sampler_create(j->V, sp))) {
         /* rc says why */
+      } else if (p->allow && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                 p->presence_penalty == 0.0f) {
+        /* a masked row without penalties is only read: its allowed logits are
+         * compacted before anything is done to them */
+        rc = sample_row(*sp, (float *)(uintptr_t)row, p->n_logprobs >= 0 ? row : NULL, p, o);
       } else {
         memcpy((*sp)->work, row, (size_t)j->V * sizeof(float));
         rc = sample_row(*sp, (*sp)->work, p->n_logprobs >= 0 ? row : NULL, p, o);

@@ -320,10 +320,10 @@ TH_TEST(sample_masks_allow_only_their_tokens) {
   kn_backend_destroy(be);
 }
 
-/* A sparse mask (an eighth of the vocabulary or less) samples from the allowed
- * tokens compacted; it must draw exactly what the dense way draws, where every
- * token the mask refuses is -inf: same token for every seed and setting. */
-TH_TEST(sample_sparse_masks_draw_as_dense_ones) {
+/* A mask samples from the allowed tokens compacted; it must draw exactly what
+ * the dense way draws, where every token the mask refuses is -inf: same token
+ * for every seed and setting, sparse masks and dense ones. */
+TH_TEST(sample_masks_draw_as_minus_infinity_does) {
   struct kn_backend *be = cpu();
   enum { V = 4096 };
   static float x[V], dense[V];
@@ -337,11 +337,14 @@ TH_TEST(sample_sparse_masks_draw_as_dense_ones) {
     int top_k;
   } set[] = {{0, 1, 0, 0},  {1, 1, 0, 0},    {0.7f, 0.9f, 0, 0},     {1.2f, 1, 0.05f, 0},
              {1, 1, 0, 20}, {1, 1, 0, 1000}, {1, 1, 0, 5000}, {0.8f, 0.8f, 0.01f, 40}};
-  for (int density = 0; density < 3; density++) {
+  for (int density = 0; density < 4; density++) {
     uint32_t allow[V / 32] = {0};
-    int every = density == 0 ? 9 : density == 1 ? 97 : 1000; /* all sparse: <= V / 8 */
+    int every = density == 0 ? 9 : density == 1 ? 97 : 1000;
     for (int i = density; i < V; i += every)
       allow[i / 32] |= 1u << (i % 32);
+    if (density == 3) /* dense: all but every fifth, whole words of ones among them */
+      for (int i = 0; i < V; i++)
+        if (i % 5 || (i >= 640 && i < 1280)) allow[i / 32] |= 1u << (i % 32);
     for (int i = 0; i < V; i++)
       dense[i] = allow[i / 32] >> (i % 32) & 1 ? x[i] : -INFINITY;
     for (size_t k = 0; k < sizeof set / sizeof set[0]; k++)
