@@ -485,6 +485,21 @@ static int all_argmax(const struct kn_sample_params *p, int n) {
   return 1;
 }
 
+#define WK_HEAD_MAX_ROWS 512 /* masked greedy rows one head call takes (more: the logits) */
+
+/* Rows that are greedy, some under a structured output's mask: the argmax of what
+ * each allows (kn_matmul_argmax_masked), the logits never written. */
+static int masked_argmax(const struct kn_sample_params *p, int n) {
+  int masks = 0;
+  for (int r = 0; r < n; r++) {
+    struct kn_sample_params q = p[r];
+    masks |= q.allow != NULL;
+    q.allow = NULL;
+    if (!kn_sample_is_argmax(&q)) return 0;
+  }
+  return masks;
+}
+
 /* Writes the sequences' given embedding rows (images' soft tokens) over the
  * token embeddings of the positions this step runs. */
 static int put_embeds(struct wk_model *m, const struct wk_batch *b) {
@@ -570,6 +585,25 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
       o->n_top = 0;
     }
     return 0;
+  }
+  if (b->sampled && !tp && !have_logits && masked_argmax(b->sample + start, n)) {
+    const uint32_t *allow[WK_HEAD_MAX_ROWS];
+    int rc = n <= WK_HEAD_MAX_ROWS ? 0 : CM_ERR_UNSUPPORTED;
+    for (int r = 0; r < n && !rc; r++)
+      allow[r] = b->sample[start + r].allow;
+    if (!rc)
+      rc = kn_matmul_argmax_masked(be, m->head_ids, m->sel, H, m->lm_head.p, m->lm_head.dt, n, Vl,
+                                   H, cap, allow);
+    if (rc && rc != CM_ERR_UNSUPPORTED) K(rc);
+    if (!rc) {
+      for (int r = 0; r < n; r++) {
+        struct kn_sample_out *o = &b->sampled[start + r];
+        o->token = m->head_ids[r];
+        o->logprob = 0.0f;
+        o->n_top = 0;
+      }
+      return 0;
+    }
   }
   if (!b->logits && !b->sampled) return 0;
   if (!have_logits) {

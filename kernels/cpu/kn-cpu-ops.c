@@ -58,6 +58,7 @@ struct mm_task {
   int achunk;               /* argmax: output features per unit, whole chunks */
   ptrdiff_t ldu;            /* argmax: the row stride of a unit's outputs */
   struct kn_cpu_best *best; /* argmax: [units, T] each unit's row maxima */
+  const uint32_t *const *allow; /* argmax: [T] each row's mask, or NULL (kn_matmul_argmax_masked) */
 };
 
 /* Softcaps outputs [0, n) of every token at out (stride ldo): elementwise, so
@@ -423,6 +424,43 @@ static int cpu_matmul_fp8(void *p, float *out, ptrdiff_t ldo, const float *in, p
  * and argmax rows there. The caller merges the units in order: the first unit
  * holding the overall maximum has its first index. No output reaches memory
  * beyond L2. */
+/* kn_cpu_argmax_row over the outputs i of row[0, n) whose feature n0 + i allow
+ * has: the first maximum of those that are not NaN (-1: none). Runs of whole
+ * words of allowed outputs go through the vector argmax, the other words bit by
+ * bit: the cost follows what the mask allows. */
+static int argmax_allowed(const float *row, int n, const uint32_t *allow, int n0, float *max_out) {
+  int best = -1;
+  float bm = NAN;
+  for (int i = 0; i < n;) {
+    int f = n0 + i, k = 32 - (f & 31);
+    if (k > n - i) k = n - i;
+    uint32_t full = k == 32 ? 0xffffffffu : (1u << k) - 1,
+             word = (allow[f >> 5] >> (f & 31)) & full;
+    if (word == full) { /* a run of whole words: the vector argmax over it */
+      int j = i + k;
+      while (j < n) {
+        int k2 = n - j < 32 ? n - j : 32;
+        uint32_t full2 = k2 == 32 ? 0xffffffffu : (1u << k2) - 1;
+        if ((allow[(n0 + j) >> 5] & full2) != full2) break;
+        j += k2;
+      }
+      float mx;
+      int r = kn_cpu_argmax_row(row + i, j - i, &mx);
+      if (r >= 0 && (best < 0 || mx > bm)) best = i + r, bm = mx;
+      i = j;
+      continue;
+    }
+    for (uint32_t b = word; b; b &= b - 1) {
+      int j = i + __builtin_ctz(b);
+      float v = row[j];
+      if (v == v && (best < 0 || v > bm)) best = j, bm = v;
+    }
+    i += k;
+  }
+  *max_out = bm;
+  return best;
+}
+
 static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
   float *ub = m->ctx->scratch[ith] + ((m->wbuf + 15) & ~(size_t)15);
@@ -439,15 +477,19 @@ static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
       mm_unit(m, ub + c0, m->ldu, n0 + c0, n - c0 < m->chunk ? n - c0 : m->chunk, ith);
     for (int t = 0; t < m->T; t++) {
       struct kn_cpu_best *b = &m->best[u * m->T + t];
-      int i = kn_cpu_argmax_row(ub + (ptrdiff_t)t * m->ldu, n, &b->max);
+      const uint32_t *a = m->allow ? m->allow[t] : NULL;
+      int i = a ? argmax_allowed(ub + (ptrdiff_t)t * m->ldu, n, a, n0, &b->max)
+                : kn_cpu_argmax_row(ub + (ptrdiff_t)t * m->ldu, n, &b->max);
       b->id = i < 0 ? -1 : n0 + i;
     }
   }
 }
 
-static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float *in, ptrdiff_t ldi,
-                             const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
-  struct kn_cpu_ctx *ctx = p;
+/* matmul_argmax, and with allow (masks: the outputs in the thread's scratch, argmax
+ * over what each row allows) matmul_argmax_masked */
+static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const float *in,
+                     ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                     float cap, const uint32_t *const *allow) {
   if (K == 0) { /* every output is 0 (softcapped: 0) */
     for (int t = 0; t < T; t++) {
       ids[t] = 0;
@@ -455,9 +497,17 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
     }
     return 0;
   }
-  struct mm_task m = {
-      .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
-  int rc = mm_plan(ctx, &m, 1);
+  struct mm_task m = {.ctx = ctx,
+                      .in = in,
+                      .ldi = ldi,
+                      .w = w,
+                      .dt = wdt,
+                      .T = T,
+                      .N = N,
+                      .K = K,
+                      .cap = cap,
+                      .allow = allow};
+  int rc = mm_plan(ctx, &m, !allow);
   if (rc) return rc;
   /* units of whole chunks, about ARGMAX_UNIT_ROWS or fewer (4 per thread):
    * the tile path's chunks are a few rows, too few to merge one by one */
@@ -488,10 +538,22 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
         mx = b->max;
       }
     }
+    if (id < 0 && allow && allow[t]) return CM_ERR_INVAL; /* it allows nothing */
     ids[t] = id < 0 ? 0 : id; /* as kn_cpu_op_argmax: a row of NaN gives 0 */
     if (max_out) max_out[t] = mx;
   }
   return 0;
+}
+
+static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float *in, ptrdiff_t ldi,
+                             const void *w, enum kn_dtype wdt, int T, int N, int K, float cap) {
+  return argmax_of(p, ids, max_out, in, ldi, w, wdt, T, N, K, cap, NULL);
+}
+
+static int cpu_matmul_argmax_masked(void *p, int32_t *ids, const float *in, ptrdiff_t ldi,
+                                    const void *w, enum kn_dtype wdt, int T, int N, int K,
+                                    float cap, const uint32_t *const *allow) {
+  return argmax_of(p, ids, NULL, in, ldi, w, wdt, T, N, K, cap, allow);
 }
 
 struct mm_rows_task {
@@ -853,6 +915,7 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->softcap = cpu_softcap;
   ops->matmul_softcap = cpu_matmul_softcap;
   ops->matmul_argmax = cpu_matmul_argmax;
+  ops->matmul_argmax_masked = cpu_matmul_argmax_masked;
   ops->copy_rows = cpu_copy_rows;
   ops->add_norm = cpu_add_norm;
   ops->argmax = kn_cpu_op_argmax;

@@ -685,6 +685,73 @@ TH_TEST(matmul_argmax_is_matmul_then_argmax) {
   }
 }
 
+/* kn_matmul_argmax_masked: each row's first maximum among the outputs its mask
+ * allows (rows without a mask: all), the same token as the logits written by
+ * kn_matmul (_softcap) and drawn by a greedy kn_sample with that mask, on every
+ * table, in the bf16 mode too; a row allowing nothing is an error. */
+static void check_argmax_masked(struct kn_backend *be, enum kn_dtype dt, int T, int N, int K,
+                                float cap) {
+  float *in = kt_rand_f32((size_t)T * K, 1.0f);
+  void *w = kt_rand_tensor(dt, (size_t)N * K, 0.5f);
+  for (int k = 0; k < K; k++) /* ties: rows 3 and N - 2 alike */
+    kn_store_f32(w, dt, (size_t)(N - 2) * K + k, kn_load_f32(w, dt, (size_t)3 * K + k));
+  size_t words = ((size_t)N + 31) / 32;
+  uint32_t *bits = calloc((size_t)T * words, sizeof(uint32_t));
+  const uint32_t **allow = malloc(sizeof(*allow) * (size_t)T);
+  float *logits = malloc(sizeof(float) * (size_t)T * N);
+  int32_t *ids = malloc(sizeof(int32_t) * T);
+  TH_REQUIRE(in && w && bits && allow && logits && ids);
+  for (int t = 0; t < T; t++) {
+    uint32_t *b = bits + (size_t)t * words;
+    int kind = t % 5; /* no mask, sparse, dense, the tie pair only, all but a few */
+    for (int n = 0; n < N; n++)
+      if ((kind == 1 && kt_int(9) == 0) || (kind == 2 && kt_int(5) != 0) ||
+          (kind == 3 && (n == 3 || n == N - 2)) || (kind == 4 && (n < 40 || n >= 47)))
+        b[n / 32] |= 1u << (n % 32);
+    if (kind == 1) b[0] |= 1; /* never empty */
+    allow[t] = kind ? b : NULL;
+  }
+  if (cap > 0.0f)
+    TH_REQUIRE(kn_matmul_softcap(be, logits, N, in, K, w, dt, T, N, K, cap) == 0);
+  else
+    TH_REQUIRE(kn_matmul(be, logits, N, in, K, w, dt, T, N, K, 0) == 0);
+  TH_REQUIRE(kn_matmul_argmax_masked(be, ids, in, K, w, dt, T, N, K, cap, allow) == 0);
+  for (int t = 0; t < T; t++) {
+    struct kn_sample_params p;
+    kn_sample_params_default(&p);
+    p.temperature = 0.0f;
+    p.allow = allow[t];
+    struct kn_sample_out o;
+    TH_REQUIRE(kn_sample(be, &o, logits + (size_t)t * N, N, 1, N, &p) == 0);
+    if (o.token != ids[t])
+      th_fail(__FILE__, __LINE__, "%s %s T=%d N=%d K=%d cap=%g: row %d gives %d, not %d",
+              kn_backend_name(be), kn_dtype_name(dt), T, N, K, cap, t, ids[t], o.token);
+  }
+  if (T > 1) { /* a row that allows nothing */
+    memset(bits + words, 0, sizeof(uint32_t) * words);
+    allow[1] = bits + words;
+    TH_CHECK_EQ_INT(kn_matmul_argmax_masked(be, ids, in, K, w, dt, T, N, K, cap, allow),
+                    CM_ERR_INVAL);
+  }
+  free(in), free(w), free(bits), free(allow), free(logits), free(ids);
+}
+
+TH_TEST(matmul_argmax_masked_is_the_masked_greedy_draw) {
+  static const int shapes[][3] = {{1, 47, 64},    {3, 330, 17},  {8, 2600, 64},
+                                  {20, 700, 640}, {37, 300, 67}, {64, 3000, 64}};
+  kt_seed(21);
+  for (int mode = 0; mode < 3; mode++) {
+    enum kn_cpu_isa isa = mode == 0 ? KN_CPU_ISA_REF : kt_vector_isa();
+    struct kn_backend *be = kt_isa_backend_mode(isa, 2, mode == 2);
+    for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+      for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
+        for (int c = 0; c < 2; c++)
+          check_argmax_masked(be, wdts[d], shapes[si][0], shapes[si][1], shapes[si][2],
+                              c ? 30.0f : 0.0f);
+    kn_backend_destroy(be);
+  }
+}
+
 /* The AVX-512 softcap is monotone non-decreasing over every float (matmul's
  * greedy head skips the softcap of outputs whose raw value is not above the
  * raw value of the maximum so far, kn-cpu-avx512.c tok_argmax): every
