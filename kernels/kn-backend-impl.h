@@ -43,9 +43,9 @@ struct kn_backend_ops {
   int (*matmul_argmax)(void *ctx, int32_t *ids, float *max_out, const float *in, ptrdiff_t ldi,
                        const void *w, enum kn_dtype wdt, int T, int N, int K, float cap);
   /* kn_matmul_argmax_masked; NULL: not supported */
-  int (*matmul_argmax_masked)(void *ctx, int32_t *ids, const float *in, ptrdiff_t ldi,
-                              const void *w, enum kn_dtype wdt, int T, int N, int K, float cap,
-                              const uint32_t *const *allow);
+  int (*matmul_argmax_masked)(void *ctx, int32_t *ids, float *max_out, const float *in,
+                              ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                              float cap, const uint32_t *const *allow);
   int (*matmul_rows)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                      const void *w, enum kn_dtype wdt, int K, const int32_t *rows, int n_rows,
                      int T);

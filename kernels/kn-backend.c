@@ -337,16 +337,16 @@ int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const 
   return rc ? rc : kn_argmax(be, ids, max_out, scratch, N, T, N);
 }
 
-int kn_matmul_argmax_masked(struct kn_backend *be, int32_t *ids, const float *in, ptrdiff_t ldi,
-                            const void *w, enum kn_dtype wdt, int T, int N, int K, float cap,
-                            const uint32_t *const *allow) {
+int kn_matmul_argmax_masked(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
+                            ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                            float cap, const uint32_t *const *allow) {
   if (!be || T < 0 || N <= 0 || K <= 0 || !(cap >= 0.0f)) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (!ids || !allow || !in || !w || !kn__valid_ld(ldi, T, K)) return CM_ERR_INVAL;
   int derr = kn__check_matmul_dtype(be, wdt, K);
   if (derr) return derr;
   if (!be->ops->matmul_argmax_masked || kn_block_elems(wdt)) return CM_ERR_UNSUPPORTED;
-  return KN_CALL(matmul_argmax_masked, ids, in, ldi, w, wdt, T, N, K, cap, allow);
+  return KN_CALL(matmul_argmax_masked, ids, max_out, in, ldi, w, wdt, T, N, K, cap, allow);
 }
 
 int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,

@@ -177,12 +177,13 @@ int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const 
  * 32] words: bit n % 32 of word n / 32 set when output n may win; NULL: every
  * one) as a structured output's mask (kn_sample_params.allow) restricts a greedy
  * draw: ids[t] is the first maximum of row t's allowed outputs, what kn_sample
- * draws for a greedy row with that mask, without the outputs written.
- * CM_ERR_INVAL when a row allows none; CM_ERR_UNSUPPORTED where the backend has
- * no such op (the caller computes the logits and samples them). */
-int kn_matmul_argmax_masked(struct kn_backend *be, int32_t *ids, const float *in, ptrdiff_t ldi,
-                            const void *w, enum kn_dtype wdt, int T, int N, int K, float cap,
-                            const uint32_t *const *allow);
+ * draws for a greedy row with that mask, without the outputs written, and
+ * max_out[t] (host, may be NULL) that maximum. A row that allows none (or only
+ * NaN) gets id -1 and NaN. CM_ERR_UNSUPPORTED where the backend has no such op
+ * (the caller computes the logits and samples them). */
+int kn_matmul_argmax_masked(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
+                            ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                            float cap, const uint32_t *const *allow);
 
 /* FP8 weights (--quantization fp8, FP8 checkpoints): out[T, N] (stride ldo)
  * {=, +=} scale[n] * (in[T, K] rounded to bf16 · e4m3(W)[N, K]^T), with W

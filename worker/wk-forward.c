@@ -586,15 +586,28 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
     }
     return 0;
   }
-  if (b->sampled && !tp && !have_logits && masked_argmax(b->sample + start, n)) {
+  /* greedy rows under masks: the argmax of what each allows; under tensor parallelism
+   * each rank's over its slice (the masks' words cut at the slice: every rank's
+   * starts at a multiple of 32 when the vocabulary is one of 32 x world), merged */
+  if (b->sampled && !have_logits && masked_argmax(b->sample + start, n) &&
+      (!tp || V % (32 * m->plan.world) == 0)) {
     const uint32_t *allow[WK_HEAD_MAX_ROWS];
     int rc = n <= WK_HEAD_MAX_ROWS ? 0 : CM_ERR_UNSUPPORTED;
-    for (int r = 0; r < n && !rc; r++)
-      allow[r] = b->sample[start + r].allow;
+    for (int r = 0; r < n && !rc; r++) {
+      const uint32_t *a = b->sample[start + r].allow;
+      allow[r] = a ? a + m->lm_head.off / 32 : NULL;
+    }
     if (!rc)
-      rc = kn_matmul_argmax_masked(be, m->head_ids, m->sel, H, m->lm_head.p, m->lm_head.dt, n, Vl,
-                                   H, cap, allow);
+      rc = kn_matmul_argmax_masked(be, m->head_ids, tp ? m->head_max : NULL, m->sel, H,
+                                   m->lm_head.p, m->lm_head.dt, n, Vl, H, cap, allow);
     if (rc && rc != CM_ERR_UNSUPPORTED) K(rc);
+    if (!rc && tp) { /* a slice that allows none: NaN, which never wins the merge */
+      for (int r = 0; r < n; r++)
+        if (m->head_ids[r] < 0) m->head_ids[r] = 0, m->head_max[r] = NAN;
+      K(merge_argmax(m, n));
+    }
+    for (int r = 0; r < n && !rc && !tp; r++) /* a row that allows nothing */
+      if (m->head_ids[r] < 0) K(CM_ERR_INVAL);
     if (!rc) {
       for (int r = 0; r < n; r++) {
         struct kn_sample_out *o = &b->sampled[start + r];

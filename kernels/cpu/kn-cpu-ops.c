@@ -538,8 +538,8 @@ static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const
         mx = b->max;
       }
     }
-    if (id < 0 && allow && allow[t]) return CM_ERR_INVAL; /* it allows nothing */
-    ids[t] = id < 0 ? 0 : id; /* as kn_cpu_op_argmax: a row of NaN gives 0 */
+    /* as kn_cpu_op_argmax, a row of NaN gives 0; a masked row that allows nothing, -1 */
+    ids[t] = id >= 0 ? id : allow && allow[t] ? -1 : 0;
     if (max_out) max_out[t] = mx;
   }
   return 0;
@@ -550,10 +550,10 @@ static int cpu_matmul_argmax(void *p, int32_t *ids, float *max_out, const float 
   return argmax_of(p, ids, max_out, in, ldi, w, wdt, T, N, K, cap, NULL);
 }
 
-static int cpu_matmul_argmax_masked(void *p, int32_t *ids, const float *in, ptrdiff_t ldi,
-                                    const void *w, enum kn_dtype wdt, int T, int N, int K,
-                                    float cap, const uint32_t *const *allow) {
-  return argmax_of(p, ids, NULL, in, ldi, w, wdt, T, N, K, cap, allow);
+static int cpu_matmul_argmax_masked(void *p, int32_t *ids, float *max_out, const float *in,
+                                    ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N,
+                                    int K, float cap, const uint32_t *const *allow) {
+  return argmax_of(p, ids, max_out, in, ldi, w, wdt, T, N, K, cap, allow);
 }
 
 struct mm_rows_task {
