@@ -262,18 +262,24 @@ static int flush_text(struct fe_eng_choice *ch) {
   return 0;
 }
 
+/* items (JSON values, comma separated: the splitter's calls or deltas) as an array
+ * (NULL: out of memory) */
+static json_t *json_list(const struct fe_buf *items) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  fe_buf_puts(&b, "[");
+  fe_buf_append(&b, items->data, items->len);
+  fe_buf_puts(&b, "]");
+  json_t *a = b.err ? NULL : json_loadb(b.data, b.len, 0, NULL);
+  fe_buf_free(&b);
+  return a;
+}
+
 /* The calls Gemma 4's splitter read (ch->g4_out.calls) as OpenAI's tool_calls
  * array (malloc'd; NULL: none), each with a fresh id. */
 static char *native_calls(const struct fe_eng_choice *ch) {
   if (!ch->g4 || !ch->g4_out.n_calls) return NULL;
-  struct fe_buf b;
-  fe_buf_init(&b, 0);
-  fe_buf_puts(&b, "[");
-  fe_buf_append(&b, ch->g4_out.calls.data, ch->g4_out.calls.len);
-  fe_buf_puts(&b, "]");
-  json_t *calls = b.err ? NULL : json_loadb(b.data, b.len, 0, NULL);
-  fe_buf_free(&b);
-  json_t *out = json_array();
+  json_t *calls = json_list(&ch->g4_out.calls), *out = json_array();
   size_t i;
   json_t *c;
   json_array_foreach(calls, i, c) {
@@ -296,14 +302,7 @@ static char *native_calls(const struct fe_eng_choice *ch) {
  * Counts the calls begun in ch->n_calls. */
 static char *native_deltas(struct fe_eng_choice *ch) {
   if (!ch->g4_out.n_deltas) return NULL;
-  struct fe_buf b;
-  fe_buf_init(&b, 0);
-  fe_buf_puts(&b, "[");
-  fe_buf_append(&b, ch->g4_out.deltas.data, ch->g4_out.deltas.len);
-  fe_buf_puts(&b, "]");
-  json_t *ds = b.err ? NULL : json_loadb(b.data, b.len, 0, NULL);
-  fe_buf_free(&b);
-  json_t *out = json_array();
+  json_t *ds = json_list(&ch->g4_out.deltas), *out = json_array();
   size_t i;
   json_t *d, *name;
   json_array_foreach(ds, i, d) {

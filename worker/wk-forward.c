@@ -485,6 +485,17 @@ static int all_argmax(const struct kn_sample_params *p, int n) {
   return 1;
 }
 
+/* The greedy head's tokens (m->head_ids) as rows [start, start + n)'s draws. */
+static int greedy_out(const struct wk_model *m, const struct wk_batch *b, int start, int n) {
+  for (int r = 0; r < n; r++) {
+    struct kn_sample_out *o = &b->sampled[start + r];
+    o->token = m->head_ids[r];
+    o->logprob = 0.0f;
+    o->n_top = 0;
+  }
+  return 0;
+}
+
 #define WK_HEAD_MAX_ROWS 512 /* masked greedy rows one head call takes (more: the logits) */
 
 /* Rows that are greedy, some under a structured output's mask: the argmax of what
@@ -578,13 +589,7 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
       K(kn_matmul_argmax(be, m->head_ids, tp ? m->head_max : NULL, m->sel, H, m->lm_head.p,
                          m->lm_head.dt, n, Vl, H, cap, m->logits));
     if (tp) K(merge_argmax(m, n));
-    for (int r = 0; r < n; r++) {
-      struct kn_sample_out *o = &b->sampled[start + r];
-      o->token = m->head_ids[r];
-      o->logprob = 0.0f;
-      o->n_top = 0;
-    }
-    return 0;
+    return greedy_out(m, b, start, n);
   }
   /* greedy rows under masks: the argmax of what each allows; under tensor parallelism
    * each rank's over its slice (the masks' words cut at the slice: every rank's
@@ -608,15 +613,7 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
     }
     for (int r = 0; r < n && !rc && !tp; r++) /* a row that allows nothing */
       if (m->head_ids[r] < 0) K(CM_ERR_INVAL);
-    if (!rc) {
-      for (int r = 0; r < n; r++) {
-        struct kn_sample_out *o = &b->sampled[start + r];
-        o->token = m->head_ids[r];
-        o->logprob = 0.0f;
-        o->n_top = 0;
-      }
-      return 0;
-    }
+    if (!rc) return greedy_out(m, b, start, n);
   }
   if (!b->logits && !b->sampled) return 0;
   if (!have_logits) {

@@ -497,16 +497,9 @@ static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const
     }
     return 0;
   }
-  struct mm_task m = {.ctx = ctx,
-                      .in = in,
-                      .ldi = ldi,
-                      .w = w,
-                      .dt = wdt,
-                      .T = T,
-                      .N = N,
-                      .K = K,
-                      .cap = cap,
-                      .allow = allow};
+  struct mm_task m = {
+      .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
+  m.allow = allow;
   int rc = mm_plan(ctx, &m, !allow);
   if (rc) return rc;
   /* units of whole chunks, about ARGMAX_UNIT_ROWS or fewer (4 per thread):

@@ -151,6 +151,17 @@ void th_http_run_jobs(struct th_job *jobs, int n, int port) {
     pthread_join(th[i], NULL);
 }
 
+int th_job_prompt(struct th_job *job, int len, uint32_t *x) {
+  char *p = job->body;
+  size_t cap = sizeof(job->body);
+  int o = snprintf(p, cap, "{\"prompt\":[2");
+  for (int t = 1; t < len && (size_t)o < cap; t++) {
+    *x = *x * 1664525u + 1013904223u;
+    o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (*x >> 8) % 200000);
+  }
+  return o;
+}
+
 void th_http_jobs_free(struct th_job *jobs, int n) {
   for (int i = 0; i < n; i++) {
     free(jobs[i].answer);

@@ -3,6 +3,7 @@
  * the tests that need keep-alive, pipelining or streams). */
 #ifndef LMSERVE_TH_HTTP_H
 #define LMSERVE_TH_HTTP_H
+#include <stdint.h>
 
 /* A TCP connection to 127.0.0.1:port: the socket, or -1. */
 int th_http_connect(int port);
@@ -42,5 +43,8 @@ struct th_job {
 void th_http_run_jobs(struct th_job *jobs, int n, int port);
 /* Frees the jobs' answers. */
 void th_http_jobs_free(struct th_job *jobs, int n);
+/* Starts job's body with {"prompt":[2, then len - 1 ids in [1000, 201000) from the
+ * generator *x (advanced); the bytes written, for the caller to go on with "]..." */
+int th_job_prompt(struct th_job *job, int len, uint32_t *x);
 
 #endif

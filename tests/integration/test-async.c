@@ -81,11 +81,7 @@ static void build_jobs(struct th_job *jobs, int n) {
     int len = 4 + (i * 29) % 87;
     char *p = jobs[i].body;
     size_t cap = sizeof(jobs[i].body);
-    int o = snprintf(p, cap, "{\"prompt\":[2");
-    for (int t = 1; t < len; t++) {
-      x = x * 1664525u + 1013904223u;
-      o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
-    }
+    int o = th_job_prompt(&jobs[i], len, &x);
     const char *kind;
     switch (i % 6) {
     case 0: kind = "\"temperature\":0,\"logprobs\":2"; break;

@@ -42,11 +42,7 @@ static void build_jobs(struct th_job *jobs, int n) {
     int len = 4 + (i * 31) % 87;
     char *p = jobs[i].body;
     size_t cap = sizeof(jobs[i].body);
-    int o = snprintf(p, cap, "{\"prompt\":[2");
-    for (int t = 1; t < len; t++) {
-      x = x * 1664525u + 1013904223u;
-      o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
-    }
+    int o = th_job_prompt(&jobs[i], len, &x);
     const char *c = constraints[i % 6];
     const char *samp = i % 2 ? "\"temperature\":0.9,\"seed\":7,\"logprobs\":1"
                              : "\"temperature\":0,\"logprobs\":1";

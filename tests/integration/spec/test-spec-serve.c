@@ -179,11 +179,7 @@ static void build_jobs(struct th_job *jobs, int n) {
     int len = 3 + (i * 37) % 150, max_tokens = GEN_MIN + (i * 7) % GEN_SPAN;
     char *p = jobs[i].body;
     size_t cap = sizeof(jobs[i].body);
-    int o = snprintf(p, cap, "{\"prompt\":[2");
-    for (int t = 1; t < len; t++) {
-      x = x * 1664525u + 1013904223u;
-      o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
-    }
+    int o = th_job_prompt(&jobs[i], len, &x);
     /* every third a structured output: its drafts are proposed within its mask */
     snprintf(p + o, cap - (size_t)o,
              "],\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s}", max_tokens,
@@ -348,11 +344,7 @@ static void build_structured(struct th_job *jobs, int n) {
     int len = 3 + (i * 29) % 118;
     char *p = jobs[i].body;
     size_t cap = sizeof(jobs[i].body);
-    int o = snprintf(p, cap, "{\"prompt\":[2");
-    for (int t = 1; t < len; t++) {
-      x = x * 1664525u + 1013904223u;
-      o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (x >> 8) % 200000);
-    }
+    int o = th_job_prompt(&jobs[i], len, &x);
     snprintf(p + o, cap - (size_t)o, "],\"max_tokens\":%d,\"temperature\":0,\"stream\":false,%s}",
              AGREE_TOKENS, k_constraints[i % NCONS]);
     jobs[i].answer = NULL;
