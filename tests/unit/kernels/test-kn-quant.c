@@ -1,5 +1,5 @@
 /* test-kn-quant.c — ggml's block formats (kernels/kn-quant.h): every format's
- * dequantization and the five quantizers against tests/reference/
+ * dequantization and quantization against tests/reference/
  * ggml_blocks_ref.py (numpy, from the formats' definitions), bit for bit; the
  * CPU backend's matmul, softcapped matmul, greedy head and embedding over
  * block weights against the same ops over the dequantized f32 weights, bit
@@ -110,9 +110,9 @@ TH_TEST(dequantization_matches_numpy) {
 
 TH_TEST(quantization_matches_numpy) {
   kt_seed(4);
-  for (size_t i = 0; i < 5; i++) {
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     enum kn_dtype dt = all[i];
-    int K = 32 * 40;
+    int K = 256 * 5;
     float *x = malloc(sizeof(float) * K);
     TH_REQUIRE(x != NULL);
     for (int j = 0; j < K; j++)
@@ -120,6 +120,8 @@ TH_TEST(quantization_matches_numpy) {
     for (int j = 0; j < 32; j++) /* a block of zeros, one of a repeated value */
       x[64 + j] = 0.0f, x[96 + j] = 0.25f;
     x[130] = -2.0f, x[131] = 2.0f; /* equal magnitudes: the first decides the sign */
+    for (int j = 0; j < 256; j++)  /* a K-block of zeros, one of positive values */
+      x[256 + j] = 0.0f, x[512 + j] = 0.5f + 0.5f * kt_uniform() * kt_uniform();
     size_t bytes = kn_row_bytes(dt, (size_t)K);
     uint8_t *got = malloc(bytes), *want = malloc(bytes);
     TH_REQUIRE(got && want && kn_quantize_row(dt, x, got, (size_t)K) == 0);
@@ -133,11 +135,19 @@ TH_TEST(quantization_matches_numpy) {
     float *y = malloc(sizeof(float) * K);
     kn_dequant_row(dt, got, y, (size_t)K);
     TH_CHECK(y[64] == 0.0f || dt == KN_DTYPE_Q4_1 || dt == KN_DTYPE_Q5_1);
+    TH_CHECK(y[300] == 0.0f);
+    double err = 0, ref = 0; /* the K-quants fit: a small relative error */
+    for (int j = 0; j < K; j++)
+      err += (double)(y[j] - x[j]) * (y[j] - x[j]), ref += (double)x[j] * x[j];
+    TH_CHECK(err <
+             (dt == KN_DTYPE_Q4_K || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q4_1 ? 1e-2 : 3e-3) *
+                 ref);
     free(x), free(got), free(want), free(y);
   }
   float x[32] = {0};
   uint8_t b[40];
-  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q4_K, x, b, 256), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_F16, x, b, 16), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q4_K, x, b, 32), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q8_0, x, b, 16), CM_ERR_INVAL);
 }
 
