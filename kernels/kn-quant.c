@@ -467,3 +467,12 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
   }
   return 0;
 }
+
+enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
+  if (K % (size_t)kn_block_elems(dt) == 0) return dt;
+  enum kn_dtype fb = dt == KN_DTYPE_Q4_K   ? KN_DTYPE_Q5_0
+                     : dt == KN_DTYPE_Q5_K ? KN_DTYPE_Q5_1
+                     : dt == KN_DTYPE_Q6_K ? KN_DTYPE_Q8_0
+                                           : KN_DTYPE__COUNT;
+  return fb != KN_DTYPE__COUNT && K % 32 == 0 ? fb : KN_DTYPE__COUNT;
+}

@@ -33,4 +33,11 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
  * dtypes, CM_ERR_INVAL when K is not whole blocks (256 for the K-quants). */
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
 
+/* The block format a row of K elements is quantized to when dt is asked for:
+ * dt where K is whole blocks of it, else llama.cpp's fallback to 32-element
+ * blocks for rows that are not whole 256-blocks (Q4_K -> Q5_0, Q5_K -> Q5_1,
+ * Q6_K -> Q8_0) where K is whole blocks of that, else KN_DTYPE__COUNT (the row
+ * stays as it is). */
+enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
+
 #endif
