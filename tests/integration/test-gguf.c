@@ -271,6 +271,56 @@ TH_TEST(k_quant_gguf_files_run_in_llamacpp_and_lmserve) {
   th_out_free(&o);
 }
 
+/* --quantization q8_0|q4_0|q4_k runs as the GGUF file lmserve quantize writes
+ * from the same checkpoint: the same greedy tokens on one rank and on two
+ * (processes, all-reduced), and in the q8 mode; a GGUF file with the flag is
+ * refused. (test-wk-blockq checks the logits and every rank's cuts, bit for bit.) */
+TH_TEST(quantization_at_load_runs_as_the_gguf_file) {
+  th_proc_init(900);
+  char model[300];
+  tmp_path(model, "k256q");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--preset", "k256", "--seed", "5",
+                "--out", model) == 0);
+  static const char *types[] = {"q8_0", "q4_0", "q4_k"};
+  const char *prompt = "[2,7000,7001,7002,8000,123,4567,10,11,12]";
+  for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+    char q[300], name[32];
+    snprintf(name, sizeof(name), "k256q-%s.gguf", types[ti]);
+    tmp_path(q, name);
+    TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
+    for (int tp = 1; tp <= 2; tp++)
+      for (int q8 = 0; q8 <= (ti < 2); q8++) {
+        char tps[8];
+        snprintf(tps, sizeof(tps), "%d", tp);
+        const char *dt = q8 ? "q8" : "auto";
+        int a[N_GEN], b[N_GEN];
+        int rc = lm(&o, "generate", "--model", model, "--quantization", types[ti], "--prompt-ids",
+                    prompt, "--max-tokens", "12", "--kv-dtype", "f32", "--ignore-eos", "--threads",
+                    "2", "--tensor-parallel-size", tps, "--dtype", dt);
+        if (rc) fprintf(stderr, "%s, %d rank(s): %s\n", types[ti], tp, o.err ? o.err : "");
+        TH_REQUIRE(rc == 0);
+        TH_CHECK_EQ_INT(parse_ids(o.out, a, N_GEN), N_GEN);
+        TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompt, "--max-tokens", "12",
+                      "--kv-dtype", "f32", "--ignore-eos", "--threads", "2",
+                      "--tensor-parallel-size", tps, "--dtype", dt) == 0);
+        TH_CHECK_EQ_INT(parse_ids(o.out, b, N_GEN), N_GEN);
+        if (memcmp(a, b, sizeof(a)))
+          th_fail(__FILE__, __LINE__, "%s, %d rank(s), dtype %s: other tokens than the file's",
+                  types[ti], tp, dt);
+      }
+    if (ti == 1) {
+      TH_CHECK(lm(&o, "generate", "--model", q, "--quantization", "q4_0", "--prompt-ids", "[2]") !=
+               0);
+      TH_CHECK(strstr(o.err, "GGUF") != NULL);
+    }
+  }
+  TH_CHECK_EQ_INT(
+      lm(&o, "generate", "--model", model, "--quantization", "q3_k", "--prompt-ids", "[2]"), 2);
+  TH_CHECK(strstr(o.err, "q3_k") != NULL);
+  th_out_free(&o);
+}
+
 /* `lmserve serve` runs a GGUF file alone (its tokenizer and chat template from the
  * metadata) and with the tokenizer of a folder (--tokenizer): the same greedy answers
  * either way. */
