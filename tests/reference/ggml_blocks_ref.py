@@ -3,6 +3,8 @@
 
     ggml_blocks_ref.py deq   TYPE IN OUT   blocks of TYPE (raw bytes) -> float32 values
     ggml_blocks_ref.py quant TYPE IN OUT   float32 values -> blocks of TYPE
+    ggml_blocks_ref.py ggml  TYPE IN OUT LIB   the same by ggml's own quantize_row_*_ref
+                                           in LIB (a libggml-base.so): the outside check
 
 TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k. The arithmetic is float32 in
 ggml's reference order (a scale times an integer, then the offset), so the
@@ -392,10 +394,26 @@ def quant(t, x):
     sys.exit("no quantizer for " + t)
 
 
+def ggml_quant(t, x, lib):
+    """Blocks of TYPE t by ggml's quantize_row_<t>_ref in the shared library lib."""
+    import ctypes
+    be, bb = BLOCK[t]
+    name = "quantize_row_%s_ref" % (t[:3] + "K" if t.endswith("_k") else t)
+    f = getattr(ctypes.CDLL(lib), name)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    f.restype = None
+    x = np.ascontiguousarray(x, dtype=F32)
+    out = np.zeros(len(x) // be * bb, dtype=np.uint8)
+    f(x.ctypes.data, out.ctypes.data, len(x))
+    return out
+
+
 def main():
     mode, t, src, dst = sys.argv[1:5]
     raw = open(src, "rb").read()
-    if mode == "deq":
+    if mode == "ggml":
+        open(dst, "wb").write(ggml_quant(t, np.frombuffer(raw, dtype=F32), sys.argv[5]).tobytes())
+    elif mode == "deq":
         open(dst, "wb").write(deq(t, raw).astype(F32).tobytes())
     else:
         open(dst, "wb").write(quant(t, np.frombuffer(raw, dtype=F32)).tobytes())
