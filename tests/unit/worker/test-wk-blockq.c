@@ -4,7 +4,8 @@
  * every tensor-parallel rank's cut of every quantized matrix the same bytes as
  * the file's cut on that rank; the refusals (a GGUF file, a cut off the
  * blocks, an unknown name). The checkpoint is the k256 preset, whose rows are
- * whole 256-blocks, so Q4_K is Q4_K (not its Q5_0 fallback). */
+ * whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there
+ * q4_k falls back to Q5_0 as the file does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,12 +27,13 @@ static const struct {
              {"q4_0", WK_QUANT_Q4_0, KN_DTYPE_Q4_0},
              {"q4_k", WK_QUANT_Q4_K, KN_DTYPE_Q4_K}};
 
-/* A k256 checkpoint (vocabulary 512, bf16) in dir and, for each type, the GGUF
- * file `lmserve quantize` writes from it beside it (gguf[i]). */
-static void make(char *dir, size_t n, char gguf[][300]) {
+/* A checkpoint of preset (k256 or tiny; vocabulary 512, bf16) in dir and, for
+ * each type, the GGUF file `lmserve quantize` writes from it beside it
+ * (gguf[i]). */
+static void make_preset(char *dir, size_t n, char gguf[][300], const char *preset) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
   struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma3", .preset = "k256", .vocab = 512};
+  struct wk_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512};
   char err[256], lm[1024], log[4096];
   TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
   TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_BF16) == 0);
@@ -46,6 +48,10 @@ static void make(char *dir, size_t n, char gguf[][300]) {
       th_stop();
     }
   }
+}
+
+static void make(char *dir, size_t n, char gguf[][300]) {
+  make_preset(dir, n, gguf, "k256");
 }
 
 #define NP 24
@@ -122,6 +128,34 @@ TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
     free(a), free(b);
   }
   free(ref);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+/* The tiny preset's rows (64, 128) are not whole 256-blocks: q4_k falls back
+ * to Q5_0 as the file's matrices do, with the file's logits. */
+TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
+  char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
+  make_preset(dir, sizeof(dir), gguf, "tiny");
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct wk_model_opts o = {.max_batch_tokens = 16,
+                            .max_seqs = 1,
+                            .kv_tokens = 64,
+                            .quiet = 1,
+                            .quantization = WK_QUANT_Q4_K};
+  struct wk_model *m = NULL;
+  TH_REQUIRE(wk_model_load(dir, be, &o, &m, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(m->embed.dt, KN_DTYPE_Q5_0);
+  TH_CHECK_EQ_INT(m->layers[0].w_down.dt, KN_DTYPE_Q5_0);
+  wk_model_free(m);
+  float *a = NULL, *b = NULL;
+  int Va = 0, Vb = 0;
+  TH_REQUIRE(logits(dir, be, WK_QUANT_Q4_K, &a, &Va, err, sizeof(err)) == 0);
+  TH_REQUIRE(logits(gguf[2], be, 0, &b, &Vb, err, sizeof(err)) == 0);
+  TH_REQUIRE(Va == Vb);
+  TH_CHECK(!memcmp(a, b, sizeof(float) * (size_t)NP * (size_t)Va));
+  free(a), free(b);
   kn_backend_destroy(be);
   wkt_rmdir(dir);
 }
