@@ -3,9 +3,9 @@
  * checkpoint with the same type: the same logits, bit for bit, on one rank;
  * every tensor-parallel rank's cut of every quantized matrix the same bytes as
  * the file's cut on that rank; the refusals (a GGUF file, a cut off the
- * blocks, an unknown name). The checkpoint is the k256 preset, whose rows are
- * whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there
- * q4_k falls back to Q5_0 as the file does. */
+ * blocks, a backend without block kernels, an unknown name). The checkpoint is the k256 preset,
+ * whose rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there q4_k falls
+ * back to Q5_0 as the file does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,7 @@
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "kernels/kn-backend-impl.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-model-impl.h"
@@ -238,6 +239,17 @@ TH_TEST(quantization_refusals_are_clear) {
   err[0] = 0;
   TH_CHECK(wk_model_load(dir, be, &o, &m, err, sizeof(err)) != 0);
   TH_CHECK(strstr(err, "whole blocks of 256") != NULL);
+  /* a backend without block kernels (as CUDA is for now): the CPU's ops less the bit */
+  struct kn_backend_ops no_blocks = *be->ops;
+  const struct kn_backend_ops *cpu_ops = be->ops;
+  no_blocks.caps &= ~(unsigned)KN_CAP_BLOCK_WEIGHTS;
+  be->ops = &no_blocks;
+  o.tp_size = 1;
+  o.tp_rank = 0;
+  err[0] = 0;
+  TH_CHECK_EQ_INT(wk_model_load(dir, be, &o, &m, err, sizeof(err)), CM_ERR_UNSUPPORTED);
+  TH_CHECK(strstr(err, "--quantization q4_k") && strstr(err, "no kernels for block formats"));
+  be->ops = cpu_ops;
   int q = -1;
   TH_CHECK_EQ_INT(wk_quantization_parse("q4_k", &q, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(q, WK_QUANT_Q4_K);
