@@ -162,13 +162,245 @@ static int min_int(int a, int b) {
   return a < b ? a : b;
 }
 
+/* ---- The K-quants' quantizers: ggml's reference rounding ----------------
+ *
+ * Q4_K / Q5_K: each 32-element sub-block gets a (scale, min) pair fitted by a
+ * weighted least-squares search over a grid of level counts; the 8 pairs are
+ * then rounded to 6 bits against the block's largest scale and min, and every
+ * element is rounded again against the pair it decodes with. Q6_K: each
+ * 16-element sub-block gets a signed scale from a search over 19 candidate
+ * scales (weights x^2), rounded to int8 against the block's largest. Every
+ * float operation is ggml's, in its order (this file is built with
+ * -ffp-contract=off), so the blocks have the bits of ggml's reference. */
+
+/* ggml's nearest integer: x + 1.5 * 2^23 rounds to an integer in the float
+ * adder (half to even), whose low mantissa bits are then read; exact for
+ * |x| < 2^22, and the same bits as ggml's outside (no conversion UB). */
+static int nearest_int(float x) {
+  float v = x + 12582912.0f;
+  int32_t i;
+  memcpy(&i, &v, sizeof(i));
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+static int clamp_int(int v, int lo, int hi) {
+  return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* The levels L[n] in 0..nmax, scale and offset (returned, and -min in
+ * *neg_min) that fit x[n] with weights w[n]: first min(x, 0)..max(x) over
+ * nmax steps, then for each of nstep + 1 level counts nmax + rmin + rdelta*is
+ * the levels it rounds to and their weighted least-squares (scale, min), kept
+ * where the weighted squared error is lower. aux[n] is scratch. */
+static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                           float *neg_min, uint8_t *aux, float rmin, float rdelta, int nstep) {
+  float lo = x[0], hi = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+  for (int i = 1; i < n; i++) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (lo > 0) lo = 0;
+  if (hi == lo) {
+    memset(L, 0, (size_t)n);
+    *neg_min = -lo;
+    return 0.0f;
+  }
+  float iscale = nmax / (hi - lo), scale = 1 / iscale, best = 0;
+  for (int i = 0; i < n; i++) {
+    L[i] = (uint8_t)clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+    float diff = scale * L[i] + lo - x[i];
+    best += w[i] * (diff * diff);
+  }
+  for (int is = 0; is <= nstep; is++) {
+    iscale = (rmin + rdelta * is + nmax) / (hi - lo);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; i++) {
+      int l = clamp_int(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+      aux[i] = (uint8_t)l;
+      sum_l += w[i] * l;
+      sum_l2 += w[i] * l * l;
+      sum_xl += w[i] * l * x[i];
+    }
+    float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (!(D > 0)) continue;
+    float s = (sum_w * sum_xl - sum_x * sum_l) / D, m = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+    if (m > 0) {
+      m = 0;
+      s = sum_xl / sum_l2;
+    }
+    float err = 0;
+    for (int i = 0; i < n; i++) {
+      float diff = s * aux[i] + m - x[i];
+      err += w[i] * (diff * diff);
+    }
+    if (err < best) {
+      memcpy(L, aux, (size_t)n);
+      best = err;
+      scale = s;
+      lo = m;
+    }
+  }
+  *neg_min = -lo;
+  return scale;
+}
+
+/* One 256-element block of Q4_K (five = 0) or Q5_K (five = 1) at b. */
+static void quant_block_q45_k(const float *x, uint8_t *b, int five) {
+  int nmax = five ? 31 : 15;
+  uint8_t L[256], aux[32];
+  float w[32], sc[8], mn[8], max_sc = 0, max_mn = 0;
+  for (int j = 0; j < 8; j++) {
+    const float *xs = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; l++)
+      sum_x2 += xs[l] * xs[l];
+    float av = sqrtf(sum_x2 / 32);
+    for (int l = 0; l < 32; l++)
+      w[l] = av + fabsf(xs[l]);
+    sc[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mn[j], aux, five ? -0.5f : -1.0f, 0.1f,
+                          five ? 15 : 20);
+    max_sc = sc[j] > max_sc ? sc[j] : max_sc;
+    max_mn = mn[j] > max_mn ? mn[j] : max_mn;
+  }
+  memset(b, 0, kn_block_bytes(five ? KN_DTYPE_Q5_K : KN_DTYPE_Q4_K));
+  uint8_t *scales = b + 4;
+  float inv_sc = max_sc > 0 ? 63.0f / max_sc : 0.0f, inv_mn = max_mn > 0 ? 63.0f / max_mn : 0.0f;
+  for (int j = 0; j < 8; j++) {
+    uint8_t ls = (uint8_t)nearest_int(inv_sc * sc[j]), lm = (uint8_t)nearest_int(inv_mn * mn[j]);
+    ls = ls < 63 ? ls : 63;
+    lm = lm < 63 ? lm : 63;
+    if (j < 4) {
+      scales[j] = ls;
+      scales[j + 4] = lm;
+    } else {
+      scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+      scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+      scales[j] |= (uint8_t)((lm >> 4) << 6);
+    }
+  }
+  put_h(b, max_sc / 63.0f);
+  put_h(b + 2, max_mn / 63.0f);
+  float d = h(b), dmin = h(b + 2);
+  for (int j = 0; j < 8; j++) {
+    uint8_t s, m;
+    scale_min_k4(j, scales, &s, &m);
+    float dj = d * s;
+    if (!dj) continue; /* the sub-block keeps the levels of its fit */
+    float dm = dmin * m;
+    for (int l = 0; l < 32; l++)
+      L[32 * j + l] = (uint8_t)clamp_int(nearest_int((x[32 * j + l] + dm) / dj), 0, nmax);
+  }
+  uint8_t *qh = b + 16, *q = five ? b + 48 : b + 16;
+  for (int n = 0, g = 0; n < 256; n += 64, g++, q += 32)
+    for (int l = 0; l < 32; l++) {
+      int l1 = L[n + l], l2 = L[n + l + 32];
+      if (five) {
+        qh[l] |= (uint8_t)((l1 >> 4) << (2 * g) | (l2 >> 4) << (2 * g + 1));
+        l1 &= 0xF;
+        l2 &= 0xF;
+      }
+      q[l] = (uint8_t)(l1 | l2 << 4);
+    }
+}
+
+/* The signed scale and levels L[n] in 0..2*nmax-1 (value l - nmax) that fit
+ * x[n] with weights x^2: -nmax at the element of largest magnitude, then the
+ * least-squares scale of each of 18 nearby level counts, kept where it
+ * explains more of x (ggml's make_qx_quants, rmse_type 1). */
+static float fit_scale_sym(int n, int nmax, const float *x, int8_t *L) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; i++)
+    if (fabsf(x[i]) > amax) {
+      amax = fabsf(x[i]);
+      max = x[i];
+    }
+  if (amax < 1e-15f) {
+    memset(L, 0, (size_t)n);
+    return 0.0f;
+  }
+  float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; i++) {
+    int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+    L[i] = (int8_t)(l + nmax);
+    float w = x[i] * x[i];
+    sumlx += w * x[i] * l;
+    suml2 += w * l * l;
+  }
+  float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+  for (int is = -9; is <= 9; is++) {
+    if (!is) continue;
+    iscale = -(nmax + 0.1f * is) / max;
+    sumlx = suml2 = 0;
+    for (int i = 0; i < n; i++) {
+      int l = clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+      float w = x[i] * x[i];
+      sumlx += w * x[i] * l;
+      suml2 += w * l * l;
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; i++)
+        L[i] = (int8_t)(nmax + clamp_int(nearest_int(iscale * x[i]), -nmax, nmax - 1));
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+/* One 256-element block of Q6_K at b. */
+static void quant_block_q6_k(const float *x, uint8_t *b) {
+  int8_t L[256];
+  float sc[16], max_sc = 0, max_abs = 0;
+  for (int j = 0; j < 16; j++) {
+    sc[j] = fit_scale_sym(16, 32, x + 16 * j, L + 16 * j);
+    if (fabsf(sc[j]) > max_abs) {
+      max_abs = fabsf(sc[j]);
+      max_sc = sc[j];
+    }
+  }
+  memset(b, 0, 210);
+  if (max_abs < 1e-15f) return;
+  int8_t *scales = (int8_t *)(b + 192);
+  float iscale = -128.0f / max_sc;
+  put_h(b + 208, 1 / iscale);
+  for (int j = 0; j < 16; j++) {
+    int v = nearest_int(iscale * sc[j]);
+    scales[j] = (int8_t)(v < 127 ? v : 127);
+  }
+  float d = h(b + 208);
+  for (int j = 0; j < 16; j++) {
+    float dj = d * scales[j];
+    if (!dj) continue; /* the sub-block keeps the levels of its fit */
+    for (int l = 0; l < 16; l++)
+      L[16 * j + l] = (int8_t)(clamp_int(nearest_int(x[16 * j + l] / dj), -32, 31) + 32);
+  }
+  uint8_t *ql = b, *qh = b + 128;
+  for (int n = 0; n < 256; n += 128, ql += 64, qh += 32)
+    for (int l = 0; l < 32; l++) {
+      int q1 = L[n + l], q2 = L[n + l + 32], q3 = L[n + l + 64], q4 = L[n + l + 96];
+      ql[l] = (uint8_t)((q1 & 0xF) | (q3 & 0xF) << 4);
+      ql[l + 32] = (uint8_t)((q2 & 0xF) | (q4 & 0xF) << 4);
+      qh[l] = (uint8_t)((q1 >> 4) | (q2 >> 4) << 2 | (q3 >> 4) << 4 | (q4 >> 4) << 6);
+    }
+}
+
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
   if (dt != KN_DTYPE_Q8_0 && dt != KN_DTYPE_Q4_0 && dt != KN_DTYPE_Q4_1 && dt != KN_DTYPE_Q5_0 &&
-      dt != KN_DTYPE_Q5_1)
+      dt != KN_DTYPE_Q5_1 && dt != KN_DTYPE_Q4_K && dt != KN_DTYPE_Q5_K && dt != KN_DTYPE_Q6_K)
     return CM_ERR_UNSUPPORTED;
-  if (K % 32) return CM_ERR_INVAL;
+  size_t be = (size_t)kn_block_elems(dt), bb = kn_block_bytes(dt);
+  if (K % be) return CM_ERR_INVAL;
   uint8_t *b = dst;
-  size_t bb = kn_block_bytes(dt);
+  if (be == 256) {
+    for (size_t blk = 0; blk < K / 256; blk++, b += bb, x += 256)
+      if (dt == KN_DTYPE_Q6_K)
+        quant_block_q6_k(x, b);
+      else
+        quant_block_q45_k(x, b, dt == KN_DTYPE_Q5_K);
+    return 0;
+  }
   for (size_t blk = 0; blk < K / 32; blk++, b += bb, x += 32) {
     float amax, d, id, lo, hi;
     memset(b, 0, bb);
@@ -234,4 +466,13 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
     }
   }
   return 0;
+}
+
+enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
+  if (K % (size_t)kn_block_elems(dt) == 0) return dt;
+  enum kn_dtype fb = dt == KN_DTYPE_Q4_K   ? KN_DTYPE_Q5_0
+                     : dt == KN_DTYPE_Q5_K ? KN_DTYPE_Q5_1
+                     : dt == KN_DTYPE_Q6_K ? KN_DTYPE_Q8_0
+                                           : KN_DTYPE__COUNT;
+  return fb != KN_DTYPE__COUNT && K % 32 == 0 ? fb : KN_DTYPE__COUNT;
 }

@@ -2,7 +2,7 @@
  * Q5_1, Q4_K, Q5_K, Q6_K): the reference dequantization of a row, which
  * defines what every kernel computes (the dequantized value, in f32, then the
  * f32 arithmetic of an f32 weight), and the quantization of a row for the
- * formats --quantization makes.
+ * formats --quantization and lmserve quantize make.
  *
  * Layouts (little-endian, f16 scales):
  *   Q8_0  32 elements, 34 bytes: d, int8 q[32]              x = d * q
@@ -28,8 +28,16 @@
 void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
 
 /* The K-element row x as dt's blocks at dst, as ggml's reference quantizers
- * round (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). CM_ERR_UNSUPPORTED for other dtypes,
- * CM_ERR_INVAL when K is not whole blocks. */
+ * round (quantize_row_*_ref: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K;
+ * the K-quants without an importance matrix). CM_ERR_UNSUPPORTED for other
+ * dtypes, CM_ERR_INVAL when K is not whole blocks (256 for the K-quants). */
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
+
+/* The block format a row of K elements is quantized to when dt is asked for:
+ * dt where K is whole blocks of it, else llama.cpp's fallback to 32-element
+ * blocks for rows that are not whole 256-blocks (Q4_K -> Q5_0, Q5_K -> Q5_1,
+ * Q6_K -> Q8_0) where K is whole blocks of that, else KN_DTYPE__COUNT (the row
+ * stays as it is). */
+enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
 
 #endif

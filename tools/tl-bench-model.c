@@ -141,7 +141,7 @@ int tl_bench_model_main(int argc, char **argv) {
        "Gemma 4: skip KV-shared layers for rows nobody reads (default on; --no-fast-prefill)"},
       {"mmap", CM_OPT_BOOL, &use_mmap, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
-      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
       {0},
   };
   int rc = cm_args_parse("lmserve bench model",

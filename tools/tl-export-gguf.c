@@ -2,7 +2,8 @@
  * (safetensors + config.json) as one GGUF file that llama.cpp loads, so that
  * the same weights can be run side by side (`tools/bench-llamacpp.mjs`).
  *
- *   lmserve export-gguf --model DIR --out FILE.gguf [--dtype same|f32]
+ *   lmserve export-gguf --model DIR --out FILE.gguf [--dtype same|f32|TYPE]
+ *   lmserve quantize DIR FILE.gguf TYPE        (TYPE: qtypes below)
  *
  * What is written, as llama.cpp's own converter (convert_hf_to_gguf.py,
  * Gemma3Model) writes a Gemma3ForCausalLM checkpoint and as its loader
@@ -66,24 +67,49 @@ enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
 /* general.file_type (llama.h's llama_ftype) */
 enum { FT_ALL_F32 = 0, FT_MOSTLY_F16 = 1, FT_MOSTLY_BF16 = 32 };
 
-/* The block formats a matrix may be quantized to (kernels/kn-quant.h): their
- * ggml type and the llama_ftype of a file of them. */
+/* The block formats the matrices may be quantized to (kernels/kn-quant.h) and
+ * the llama_ftype of a file of them. A matrix whose rows are not whole blocks
+ * of 256 takes llama.cpp's fallback (kn_quant_row_type: Q4_K -> Q5_0, Q5_K ->
+ * Q5_1, Q6_K -> Q8_0); one whose rows are not whole blocks of 32 stays as it
+ * is. q4_k_m is llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output matrix
+ * (the embedding when it is tied) and for attn_v and ffn_down in the layers
+ * llama.cpp gives more bits (the first and last eighth, every third between). */
 static const struct {
   const char *name;
   enum kn_dtype dt;
-  int ggml, ftype;
+  int ftype;
+  int mix; /* 1: the Q4_K_M mix */
 } qtypes[] = {
-    {"q8_0", KN_DTYPE_Q8_0, 8, 7}, {"q4_0", KN_DTYPE_Q4_0, 2, 2}, {"q4_1", KN_DTYPE_Q4_1, 3, 3},
-    {"q5_0", KN_DTYPE_Q5_0, 6, 8}, {"q5_1", KN_DTYPE_Q5_1, 7, 9},
+    {"q8_0", KN_DTYPE_Q8_0, 7, 0},    {"q4_0", KN_DTYPE_Q4_0, 2, 0},
+    {"q4_1", KN_DTYPE_Q4_1, 3, 0},    {"q5_0", KN_DTYPE_Q5_0, 8, 0},
+    {"q5_1", KN_DTYPE_Q5_1, 9, 0},    {"q4_k", KN_DTYPE_Q4_K, 14, 0},
+    {"q5_k", KN_DTYPE_Q5_K, 16, 0},   {"q6_k", KN_DTYPE_Q6_K, 18, 0},
+    {"q4_k_m", KN_DTYPE_Q4_K, 15, 1},
 };
+#define QTYPE_NAMES "q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m"
+
+/* ggml's type number of block format dt (ggml.h's ggml_type). */
+static int ggml_block_type(enum kn_dtype dt) {
+  switch (dt) {
+  case KN_DTYPE_Q8_0: return 8;
+  case KN_DTYPE_Q4_0: return 2;
+  case KN_DTYPE_Q4_1: return 3;
+  case KN_DTYPE_Q5_0: return 6;
+  case KN_DTYPE_Q5_1: return 7;
+  case KN_DTYPE_Q4_K: return 12;
+  case KN_DTYPE_Q5_K: return 13;
+  case KN_DTYPE_Q6_K: return 14;
+  default: CM_ASSERT(!"not a block format"); return -1;
+  }
+}
 
 struct gg_tensor {
   char name[64];
   const struct wk_tensor *src;
-  int norm;      /* 1-D RMSNorm weight: written as f32 1 + w */
-  int type;      /* GGML_* written, or a block format's ggml type (qt >= 0) */
-  int qt;        /* index in qtypes of the block format written, or -1 */
-  int nd;        /* 1 or 2 */
+  int norm;       /* 1-D RMSNorm weight: written as f32 1 + w */
+  int type;       /* GGML_* written, or a block format's ggml type (qdt) */
+  int qdt;        /* the block format written (enum kn_dtype), or -1 */
+  int nd;         /* 1 or 2 */
   uint64_t ne[2]; /* innermost first */
   uint64_t off;   /* from the start of the data section */
   uint64_t bytes;
@@ -144,21 +170,34 @@ struct gg_plan {
   int n, cap;
   int to_f32;
   int qt; /* matrices quantized to qtypes[qt] (-1: none) */
+  int n_layers;
   const struct wk_st *st;
   char *err;
   size_t errlen;
 };
 
-/* Adds tensor `gname` from checkpoint tensor `hname` of the expected shape
- * (rows x cols; rows == 0 for a vector of cols). */
+/* The block format qtypes[qt] asks for matrix `gname` (of layer `layer`, -1
+ * outside the layers; `tied`: the embedding is the output matrix too). */
+static enum kn_dtype asked_type(int qt, const char *gname, int layer, int n_layers, int tied) {
+  if (!qtypes[qt].mix) return qtypes[qt].dt;
+  if (!strcmp(gname, "output.weight") || (tied && !strcmp(gname, "token_embd.weight")))
+    return KN_DTYPE_Q6_K;
+  int L = n_layers,
+      more_bits = layer >= 0 && (layer < L / 8 || layer >= 7 * L / 8 || (layer - L / 8) % 3 == 2);
+  if (more_bits && (strstr(gname, ".attn_v.") || strstr(gname, ".ffn_down."))) return KN_DTYPE_Q6_K;
+  return qtypes[qt].dt;
+}
+
+/* Adds tensor `gname` (of layer `layer`, -1 outside them) from checkpoint
+ * tensor `hname` of the expected shape (rows x cols; rows == 0 for a vector of
+ * cols); `tied`: the embedding is the output matrix too. */
 static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int64_t rows,
-                    int64_t cols, int norm) {
+                    int64_t cols, int norm, int layer, int tied) {
   const struct wk_tensor *s = wk_st_find(p->st, hname);
   if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
   int want_nd = rows ? 2 : 1;
   if (s->ndim != want_nd || (rows && s->shape[0] != rows) || s->shape[want_nd - 1] != cols)
-    return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json",
-                   hname);
+    return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
   if (ggml_type_of(s->dtype) < 0)
     return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
                    hname, s->dtype_name);
@@ -173,12 +212,16 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   t->ne[1] = rows ? (uint64_t)rows : 1;
   t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
   t->bytes = t->ne[0] * t->ne[1] * type_size(t->type);
-  t->qt = -1;
-  /* matrices in a block format; one whose rows are not whole blocks stays as it is */
-  if (p->qt >= 0 && rows && kn_row_bytes(qtypes[p->qt].dt, (size_t)cols)) {
-    t->qt = p->qt;
-    t->type = qtypes[p->qt].ggml;
-    t->bytes = (uint64_t)rows * kn_row_bytes(qtypes[p->qt].dt, (size_t)cols);
+  t->qdt = -1;
+  /* matrices in a block format (or its fallback); one whose rows are not whole
+     blocks of 32 stays as it is */
+  enum kn_dtype q = KN_DTYPE__COUNT;
+  if (p->qt >= 0 && rows)
+    q = kn_quant_row_type(asked_type(p->qt, gname, layer, p->n_layers, tied), (size_t)cols);
+  if (q != KN_DTYPE__COUNT) {
+    t->qdt = (int)q;
+    t->type = ggml_block_type(q);
+    t->bytes = (uint64_t)rows * kn_row_bytes(q, (size_t)cols);
   }
   return 0;
 }
@@ -200,10 +243,12 @@ static int plan_model(struct gg_plan *p, const struct md_config *c) {
   char h[160], g[64];
   int H = c->hidden, D = c->head_dim, rc;
   snprintf(h, sizeof(h), "%sembed_tokens.weight", P);
-  if ((rc = plan_add(p, "token_embd.weight", h, c->vocab, H, 0))) return rc;
+  int tied = c->tie_embeddings;
+  p->n_layers = c->n_layers;
+  if ((rc = plan_add(p, "token_embd.weight", h, c->vocab, H, 0, -1, tied))) return rc;
   snprintf(h, sizeof(h), "%snorm.weight", P);
-  if ((rc = plan_add(p, "output_norm.weight", h, 0, H, 1))) return rc;
-  if (!c->tie_embeddings && (rc = plan_add(p, "output.weight", "lm_head.weight", c->vocab, H, 0)))
+  if ((rc = plan_add(p, "output_norm.weight", h, 0, H, 1, -1, tied))) return rc;
+  if (!tied && (rc = plan_add(p, "output.weight", "lm_head.weight", c->vocab, H, 0, -1, tied)))
     return rc;
   static const struct {
     const char *g, *h;
@@ -239,7 +284,7 @@ static int plan_model(struct gg_plan *p, const struct md_config *c) {
       }
       snprintf(g, sizeof(g), "blk.%d.%s.weight", i, map[k].g);
       snprintf(h, sizeof(h), "%slayers.%d.%s.weight", P, i, map[k].h);
-      if ((rc = plan_add(p, g, h, rows, cols, map[k].kind <= 1))) return rc;
+      if ((rc = plan_add(p, g, h, rows, cols, map[k].kind <= 1, i, tied))) return rc;
     }
   }
   return 0;
@@ -270,7 +315,7 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
   int ft = FT_ALL_F32;
   for (int i = 0; i < p->n; i++)
     if (p->t[i].nd == 2 && p->t[i].type != GGML_F32)
-      ft = p->t[i].qt >= 0             ? qtypes[p->t[i].qt].ftype
+      ft = p->t[i].qdt >= 0            ? qtypes[p->qt].ftype
            : p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16
                                        : FT_MOSTLY_F16;
   kv_str(o, "general.architecture", "gemma3");
@@ -300,8 +345,7 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
     kv_str(o, "gemma3.rope.scaling.type", "linear");
     kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[MD_LAYER_FULL].factor);
   }
-  if (c->final_softcap != 0)
-    kv_f32(o, "gemma3.final_logit_softcapping", (float)c->final_softcap);
+  if (c->final_softcap != 0) kv_f32(o, "gemma3.final_logit_softcapping", (float)c->final_softcap);
   if (!tok) {
     kv_str(o, "tokenizer.ggml.model", "no_vocab");
     kv_u32(o, "gemma3.vocab_size", (uint32_t)c->vocab);
@@ -397,8 +441,8 @@ static void pad_to(struct gg_out *o, uint64_t *pos, uint64_t align) {
  * f32 (+1 for norms). */
 static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   const struct wk_tensor *s = t->src;
-  if (t->qt >= 0) {
-    enum kn_dtype dt = qtypes[t->qt].dt;
+  if (t->qdt >= 0) {
+    enum kn_dtype dt = (enum kn_dtype)t->qdt;
     size_t K = (size_t)t->ne[0], rb = kn_row_bytes(dt, K);
     float *row = malloc(sizeof(float) * K);
     uint8_t *q = malloc(rb);
@@ -538,7 +582,14 @@ int tl_quantize_main(int argc, char **argv) {
   int n_pos = 0;
   int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
                          "write a Gemma 3 text checkpoint as a GGUF file with its matrices in a "
-                         "block format (q8_0, q4_0, q4_1, q5_0, q5_1) that llama.cpp loads",
+                         "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
+                         "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
+                         "blocks, as llama.cpp's reference rounding without an importance "
+                         "matrix; a matrix whose rows are not whole 256-blocks falls back as "
+                         "llama.cpp's does: q4_k to q5_0, q5_k to q5_1, q6_k to q8_0), or "
+                         "q4_k_m (llama.cpp's Q4_K_M mix: q4_k, with q6_k for the output "
+                         "matrix or tied embedding and for attn_v and ffn_down in the first and "
+                         "last eighth of the layers and every third layer between)",
                          (const struct cm_opt[]){{0}}, argc, argv, 1, pos, 3, &n_pos);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
@@ -548,8 +599,7 @@ int tl_quantize_main(int argc, char **argv) {
   }
   int qt = qtype_of(pos[2]);
   if (qt < 0) {
-    fprintf(stderr, "lmserve quantize: TYPE '%s' is not one of q8_0, q4_0, q4_1, q5_0, q5_1\n",
-            pos[2]);
+    fprintf(stderr, "lmserve quantize: TYPE '%s' is not one of " QTYPE_NAMES "\n", pos[2]);
     return 2;
   }
   char err[512];
@@ -565,7 +615,7 @@ int tl_export_gguf_main(int argc, char **argv) {
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
       {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
-      {"dtype", CM_OPT_STR, &dtype, "same|f32|q8_0|q4_0|q4_1|q5_0|q5_1",
+      {"dtype", CM_OPT_STR, &dtype, "same|f32|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k|q4_k_m",
        "matrices as stored (default), widened to f32, or quantized to a block format; norms are "
        "always f32"},
       {0},
@@ -582,8 +632,7 @@ int tl_export_gguf_main(int argc, char **argv) {
   int qt = qtype_of(dtype);
   if (strcmp(dtype, "same") && strcmp(dtype, "f32") && qt < 0) {
     fprintf(stderr,
-            "lmserve export-gguf: --dtype must be same, f32, q8_0, q4_0, q4_1, q5_0 or q5_1, not "
-            "'%s'\n",
+            "lmserve export-gguf: --dtype must be same, f32 or one of " QTYPE_NAMES ", not '%s'\n",
             dtype);
     return 2;
   }

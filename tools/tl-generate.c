@@ -77,7 +77,7 @@ int tl_generate_main(int argc, char **argv) {
       {"dtype", CM_OPT_STR, &dtype, "auto|float32|bfloat16|q8", KN_DTYPE_HELP},
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
-      {"quantization", CM_OPT_STR, &quant_s, "none|fp8", WK_QUANT_HELP},
+      {"quantization", CM_OPT_STR, &quant_s, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
       {"draft", CM_OPT_STR, &draft, "DIR",
        "speculative decoding with this gemma4_assistant checkpoint (same output)"},
       {"draft-tokens", CM_OPT_INT, &draft_tokens, "K", "draft tokens per round (default 3)", 1, 64},

@@ -402,7 +402,7 @@ int tl_serve_main(int argc, char **argv) {
       {"kv-cache-dtype", CM_OPT_STR, &s.kv_cache_dtype, "auto|bf16|fp8|f32", WK_KV_DTYPE_HELP},
       {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &s.enforce_eager, NULL, WK_EAGER_HELP},
-      {"quantization", CM_OPT_STR, &s.quantization, "none|fp8", WK_QUANT_HELP},
+      {"quantization", CM_OPT_STR, &s.quantization, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",

@@ -94,6 +94,9 @@ struct wk_model {
   int first_shared;             /* every layer from here on is KV-shared (n_layers: none) */
   int fast_prefill;             /* 1: rows nobody reads are dropped before first_shared */
   int quant_fp8;                /* --quantization fp8: linear weights quantized at load */
+  int quant_block;              /* --quantization q8_0|q4_0|q4_k: the block format (enum kn_dtype)
+                                   linear weights and the embedding / head are quantized to at
+                                   load; 0: none */
 
   /* weights */
   struct wk_w embed;          /* [V, H] (also the tied lm_head) */

@@ -17,6 +17,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-log.h"
+#include "kernels/kn-quant.h"
 #include "worker/wk-model-impl.h"
 
 struct binder {
@@ -24,9 +25,12 @@ struct binder {
   char *err;
   size_t errlen;
   int rc;
-  int lin;   /* binding a linear layer's weight (bind_lin): it may be FP8 */
-  int mat;   /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
-  int quant; /* --quantization fp8: linear weights quantized to FP8 as they are bound */
+  int lin;    /* binding a linear layer's weight (bind_lin): it may be FP8 */
+  int mat;    /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
+  int quant;  /* --quantization fp8: linear weights quantized to FP8 as they are bound */
+  int blockq; /* --quantization q8_0|q4_0|q4_k: the block format (enum kn_dtype) linear weights
+                 and the embedding / head are quantized to as they are bound; 0: none */
+  int emb;    /* binding the embedding or the head (bind_emb) */
 };
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
@@ -371,6 +375,54 @@ done:
     (b)->lin = 0;                                                                                  \
   } while (0)
 
+/* bind_mat of the embedding or the head: quantized to a block format under
+ * --quantization q8_0|q4_0|q4_k, as lmserve quantize writes them. */
+#define bind_emb(b, ...)                                                                           \
+  do {                                                                                             \
+    (b)->emb = 1;                                                                                  \
+    bind_mat((b), __VA_ARGS__);                                                                    \
+    (b)->emb = 0;                                                                                  \
+  } while (0)
+
+/* Binds matrix t (full shape [R, C]; w's cut already set) quantized here to
+ * block format q (--quantization q8_0|q4_0|q4_k), row by row as lmserve
+ * quantize writes it (kn_quantize_row). A tensor-parallel column cut falls on
+ * whole blocks, so every rank holds the blocks of the unsplit model. */
+static void bind_block(struct binder *b, struct wk_w *w, const struct wk_tensor *t, enum kn_dtype q,
+                       struct cut cut, int R, int C, const char *name) {
+  int be = kn_block_elems(q), rows = w->rows, cols = w->cols;
+  int c0 = w->shard == WK_SHARD_COLS ? w->off : 0;
+  if (c0 % be || cols % be) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: %s (%s at load) cannot be split at column %d: tensor-parallel cuts of "
+                    "block formats fall on whole blocks of %d",
+                    t->file, name, kn_dtype_name(q), c0, be);
+    return;
+  }
+  enum kn_dtype src = kn_of(t);
+  size_t rb = kn_row_bytes(q, (size_t)cols), bytes = (size_t)rows * rb;
+  uint8_t *host = malloc(bytes ? bytes : 1);
+  float *row = malloc(sizeof(float) * (size_t)cols);
+  void *p = host && row ? weight_alloc(b->m, bytes) : NULL;
+  for (int r = 0; p && r < rows; r++) {
+    int sr = r; /* the full tensor's row (gather's mapping of a row cut) */
+    if (w->shard == WK_SHARD_ROWS && rows != R)
+      sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
+    for (int k = 0; k < cols; k++)
+      row[k] = kn_load_f32(t->data, src, (size_t)sr * (size_t)C + (size_t)(c0 + k));
+    CM_ASSERT(kn_quantize_row(q, row, host + (size_t)r * rb, (size_t)cols) == 0);
+  }
+  if (!p || kn_upload(b->m->be, p, host, bytes))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s as %s", name,
+                    kn_dtype_name(q));
+  w->p = p;
+  w->dt = q;
+  b->m->weight_bytes += bytes;
+  load_progress(b->m, (size_t)rows * (size_t)cols * kn_dtype_size(src));
+  free(host);
+  free(row);
+}
+
 /* Whether a matrix in a block format (GGUF) can be bound here: one matrix, a
  * backend with block kernels, a tensor-parallel cut by columns along whole
  * blocks, not under --quantization fp8. */
@@ -428,6 +480,14 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   if (w->dt == KN_DTYPE_F8E4M3 || (b->lin && b->quant)) {
     bind_fp8(b, w, t, R, C, name);
     return;
+  }
+  if (b->blockq && (b->lin || b->emb) && w->n_mat == 1 && kn_dtype_size(w->dt) &&
+      w->dt != KN_DTYPE_F8E4M3) {
+    enum kn_dtype q = kn_quant_row_type((enum kn_dtype)b->blockq, (size_t)C);
+    if (q != KN_DTYPE__COUNT) {
+      bind_block(b, w, t, q, cut, R, C, name);
+      return;
+    }
   }
   size_t bytes = (size_t)w->n_mat * (size_t)w->rows * kn_row_bytes(w->dt, (size_t)w->cols);
   if (whole)
@@ -488,7 +548,8 @@ static float round_to(enum kn_dtype dt, double v) {
 static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   const struct md_config *c = &m->full, *lc = &m->cfg;
   const struct wk_shard_plan *sp = &m->plan;
-  struct binder b = {.m = m, .err = err, .errlen = errlen, .quant = m->quant_fp8};
+  struct binder b = {
+      .m = m, .err = err, .errlen = errlen, .quant = m->quant_fp8, .blockq = m->quant_block};
   const char *P = find_prefix(m->st);
   if (!P)
     return cm_fail(err, errlen, CM_ERR_NOENT,
@@ -499,12 +560,12 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
    * same tokens from the same (all-reduced) hidden state */
   int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
-  bind_mat(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+  bind_emb(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
            "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
     m->lm_head = m->embed;
   } else {
-    bind_mat(&b, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+    bind_emb(&b, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
              "lm_head.weight");
   }
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
@@ -865,6 +926,38 @@ static int check_fp8(struct wk_model *m, struct kn_backend *be, const struct wk_
   return 0;
 }
 
+/* --quantization q8_0|q4_0|q4_k: a safetensors checkpoint of float weights on a
+ * backend with block kernels, else a clear refusal. */
+static int check_block_quant(struct wk_model *m, struct kn_backend *be,
+                             const struct wk_model_opts *o, char *err, size_t errlen) {
+  static const enum kn_dtype of[] = {[WK_QUANT_Q8_0] = KN_DTYPE_Q8_0,
+                                     [WK_QUANT_Q4_0] = KN_DTYPE_Q4_0,
+                                     [WK_QUANT_Q4_K] = KN_DTYPE_Q4_K};
+  if (o->quantization < WK_QUANT_Q8_0 || o->quantization > WK_QUANT_Q4_K) return 0;
+  enum kn_dtype q = of[o->quantization];
+  const char *name = kn_dtype_name(q);
+  if (m->full.gguf)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--quantization %s: %s is a GGUF file, whose tensors carry their own types; "
+                   "load it without the flag (or quantize the safetensors checkpoint)",
+                   name, m->dir);
+  if (m->full.fp8)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--quantization %s: %s is already an FP8 checkpoint (its quantization_config "
+                   "says so); load it without the flag",
+                   name, m->dir);
+  if (!kn_backend_has(be, KN_CAP_BLOCK_WEIGHTS))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "--quantization %s on %s: the %s backend has no kernels for block formats (the "
+                   "CPU has)",
+                   name, m->dir, kn_backend_name(be));
+  m->quant_block = (int)q;
+  if (m->full.moe && !o->quiet)
+    cm_info("wk", "%s: the MoE experts stay in their own dtype (%s covers the linear layers)",
+            m->dir, name);
+  return 0;
+}
+
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
                      struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
@@ -891,6 +984,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     goto fail;
   }
   if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
+  if ((rc = check_block_quant(m, be, &o, err, errlen))) goto fail;
   if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
   uint64_t total = wk_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
@@ -1069,12 +1163,22 @@ int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen) {
     *out = WK_QUANT_NONE;
     return 0;
   }
-  if (!strcmp(s, "fp8")) {
-    *out = WK_QUANT_FP8;
-    return 0;
-  }
+  static const struct {
+    const char *name;
+    int v;
+  } names[] = {{"fp8", WK_QUANT_FP8},
+               {"q8_0", WK_QUANT_Q8_0},
+               {"q4_0", WK_QUANT_Q4_0},
+               {"q4_k", WK_QUANT_Q4_K}};
+  for (size_t i = 0; i < CM_ARRAY_LEN(names); i++)
+    if (!strcmp(s, names[i].name)) {
+      *out = names[i].v;
+      return 0;
+    }
   return cm_fail(err, errlen, CM_ERR_INVAL,
-                 "--quantization '%s' is not one of none, fp8 (GGUF files carry their own)", s);
+                 "--quantization '%s' is not one of none, fp8, q8_0, q4_0, q4_k (GGUF files carry "
+                 "their own)",
+                 s);
 }
 
 int wk_kv_dtype_parse(const char *s, int *out, char *err, size_t errlen) {

@@ -64,11 +64,26 @@ struct wk_model_opts {
  * MLP, per-layer-input projections; not the embedding, head, router or MoE
  * experts) to FP8 e4m3 with a scale per output feature, as vLLM's
  * --quantization fp8 does; needs a backend with FP8 kernels. */
-enum { WK_QUANT_NONE = 0, WK_QUANT_FP8 = 1 };
+/* Q8_0, Q4_0, Q4_K: every linear layer's weight and the embedding / head to
+ * ggml's block format (kernels/kn-quant.h), row by row as `lmserve quantize`
+ * writes a GGUF file of that type (Q4_K rows that are not whole 256-blocks
+ * as Q5_0); the same block kernels as a GGUF file's; needs a backend with
+ * KN_CAP_BLOCK_WEIGHTS (the CPU). */
+enum {
+  WK_QUANT_NONE = 0,
+  WK_QUANT_FP8 = 1,
+  WK_QUANT_Q8_0 = 2,
+  WK_QUANT_Q4_0 = 3,
+  WK_QUANT_Q4_K = 4
+};
 #define WK_QUANT_HELP                                                                              \
   "quantize the weights at load: fp8 (linear layers to FP8 e4m3, a scale per output channel; "     \
-  "GPUs with FP8 tensor cores, compute capability 8.9+)"
-/* --quantization: "none" / "" (0) or "fp8" into *out; CM_ERR_INVAL with a sentence in err. */
+  "GPUs with FP8 tensor cores, compute capability 8.9+), or q8_0, q4_0, q4_k (linear layers and "  \
+  "the embedding / head to ggml's block formats, as lmserve quantize writes them; rows that are "  \
+  "not whole 256-blocks of q4_k as q5_0; the CPU; with --dtype q8 the q8_0 / q4_0 matrices take "  \
+  "8-bit inputs)"
+/* --quantization: "none" / "" (0), "fp8", "q8_0", "q4_0" or "q4_k" into *out; CM_ERR_INVAL with
+ * a sentence in err. */
 int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen);
 
 /* wk_model_opts.step_graphs. CAPTURE: decode-only steps of up to max_graph_seqs

@@ -387,6 +387,8 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     int H, F, L, nh, nkv, hd, win, pattern;
     if (!strcmp(o->preset, "tiny")) {
       H = 64, F = 128, L = 6, nh = 4, nkv = 2, hd = 32, win = 64, pattern = 3;
+    } else if (!strcmp(o->preset, "k256")) { /* tiny, every matrix's rows whole 256-blocks */
+      H = 256, F = 512, L = 6, nh = 8, nkv = 2, hd = 64, win = 64, pattern = 3;
     } else if (!strcmp(o->preset, "270m")) {
       H = 640, F = 2048, L = 18, nh = 4, nkv = 1, hd = 256, win = 512, pattern = 6;
     } else if (!strcmp(o->preset, "1b")) {
@@ -395,7 +397,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
       H = 2560, F = 10240, L = 34, nh = 8, nkv = 4, hd = 256, win = 1024, pattern = 6;
     } else {
       return cm_fail(err, errlen, CM_ERR_INVAL,
-                     "preset \"%s\" is not known for gemma3 (tiny, 270m, 1b, 4b)", o->preset);
+                     "preset \"%s\" is not known for gemma3 (tiny, k256, 270m, 1b, 4b)", o->preset);
     }
     if (o->sliding_window) win = o->sliding_window;
     int full[MD_MAX_LAYERS];

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/cm-fs.h"
+#include "model/md-gguf.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
@@ -209,6 +210,114 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
   snprintf(notgguf, sizeof(notgguf), "%s/config.json", model);
   TH_CHECK(lm(&o, "generate", "--model", notgguf, "--prompt-ids", "[2]") != 0);
   TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
+  th_out_free(&o);
+}
+
+/* The K-quants (and llama.cpp's Q4_K_M mix) on a model whose rows are whole
+ * 256-element blocks: llama.cpp loads each file lmserve quantize writes, and
+ * its greedy tokens are lmserve's on the same file for at least one of the
+ * prompts. Not every prompt: llama.cpp rounds the activations of its K-quant
+ * dot products to 8 bits (Q8_K), and this random tiny model's second prompt
+ * sits on a near-tie whose winner moves with that rounding (across the types
+ * its first token is one of three ids). The tensors hold the types asked,
+ * with the Q6_K of the mix. */
+TH_TEST(k_quant_gguf_files_run_in_llamacpp_and_lmserve) {
+  th_proc_init(900);
+  char dir[1024];
+  need_llamacpp(dir);
+  char model[300];
+  tmp_path(model, "k256");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--preset", "k256", "--seed", "3",
+                "--out", model) == 0);
+  static const char *prompts[] = {"[2,651,1234,99,5000]",
+                                  "[2,7000,7001,7002,8000,123,4567,10,11,12]"};
+  enum { N_PROMPTS = 2 };
+  char all[512];
+  snprintf(all, sizeof(all), "[%s,%s]", prompts[0], prompts[1]);
+  static const char *types[] = {"q4_k", "q5_k", "q6_k", "q4_k_m"};
+  for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+    char q[300], name[32];
+    int theirs[N_PROMPTS][N_GEN], got[N_GEN], best = 0;
+    snprintf(name, sizeof(name), "k256-%s.gguf", types[ti]);
+    tmp_path(q, name);
+    TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
+    llamacpp_generate(dir, q, all, N_PROMPTS, theirs);
+    for (int p = 0; p < N_PROMPTS; p++) {
+      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
+                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+      TH_CHECK_EQ_INT(parse_ids(o.out, got, N_GEN), N_GEN);
+      int agree = 0;
+      while (agree < N_GEN && got[agree] == theirs[p][agree])
+        agree++;
+      printf("# %s prompt %d: %d of %d tokens as llama.cpp's\n", types[ti], p, agree, N_GEN);
+      best = agree > best ? agree : best;
+    }
+    TH_CHECK_EQ_INT(best, N_GEN);
+    /* the types in the file: ggml type ids 12 (Q4_K), 13 (Q5_K), 14 (Q6_K) */
+    struct md_gguf *g = NULL;
+    char err[256];
+    TH_REQUIRE(md_gguf_open(q, &g, err, sizeof(err)) == 0);
+    int want = ti == 1 ? 13 : ti == 2 ? 14 : 12;
+    const struct md_gguf_tensor *down = md_gguf_find_tensor(g, "blk.1.ffn_down.weight");
+    const struct md_gguf_tensor *down5 = md_gguf_find_tensor(g, "blk.5.ffn_down.weight");
+    const struct md_gguf_tensor *emb = md_gguf_find_tensor(g, "token_embd.weight");
+    TH_REQUIRE(down && down5 && emb);
+    TH_CHECK_EQ_INT((int)down->type, want);
+    TH_CHECK_EQ_INT((int)down5->type, ti == 3 ? 14 : want);
+    TH_CHECK_EQ_INT((int)emb->type, ti == 3 ? 14 : want);
+    md_gguf_close(g);
+  }
+  th_out_free(&o);
+}
+
+/* --quantization q8_0|q4_0|q4_k runs as the GGUF file lmserve quantize writes
+ * from the same checkpoint: the same greedy tokens on one rank and on two
+ * (processes, all-reduced), and in the q8 mode; a GGUF file with the flag is
+ * refused. (test-wk-blockq checks the logits and every rank's cuts, bit for bit.) */
+TH_TEST(quantization_at_load_runs_as_the_gguf_file) {
+  th_proc_init(900);
+  char model[300];
+  tmp_path(model, "k256q");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--preset", "k256", "--seed", "5",
+                "--out", model) == 0);
+  static const char *types[] = {"q8_0", "q4_0", "q4_k"};
+  const char *prompt = "[2,7000,7001,7002,8000,123,4567,10,11,12]";
+  for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+    char q[300], name[32];
+    snprintf(name, sizeof(name), "k256q-%s.gguf", types[ti]);
+    tmp_path(q, name);
+    TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
+    for (int tp = 1; tp <= 2; tp++)
+      for (int q8 = 0; q8 <= (ti < 2); q8++) {
+        char tps[8];
+        snprintf(tps, sizeof(tps), "%d", tp);
+        const char *dt = q8 ? "q8" : "auto";
+        int a[N_GEN], b[N_GEN];
+        int rc = lm(&o, "generate", "--model", model, "--quantization", types[ti], "--prompt-ids",
+                    prompt, "--max-tokens", "12", "--kv-dtype", "f32", "--ignore-eos", "--threads",
+                    "2", "--tensor-parallel-size", tps, "--dtype", dt);
+        if (rc) fprintf(stderr, "%s, %d rank(s): %s\n", types[ti], tp, o.err ? o.err : "");
+        TH_REQUIRE(rc == 0);
+        TH_CHECK_EQ_INT(parse_ids(o.out, a, N_GEN), N_GEN);
+        TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompt, "--max-tokens", "12",
+                      "--kv-dtype", "f32", "--ignore-eos", "--threads", "2",
+                      "--tensor-parallel-size", tps, "--dtype", dt) == 0);
+        TH_CHECK_EQ_INT(parse_ids(o.out, b, N_GEN), N_GEN);
+        if (memcmp(a, b, sizeof(a)))
+          th_fail(__FILE__, __LINE__, "%s, %d rank(s), dtype %s: other tokens than the file's",
+                  types[ti], tp, dt);
+      }
+    if (ti == 1) {
+      TH_CHECK(lm(&o, "generate", "--model", q, "--quantization", "q4_0", "--prompt-ids", "[2]") !=
+               0);
+      TH_CHECK(strstr(o.err, "GGUF") != NULL);
+    }
+  }
+  TH_CHECK_EQ_INT(
+      lm(&o, "generate", "--model", model, "--quantization", "q3_k", "--prompt-ids", "[2]"), 2);
+  TH_CHECK(strstr(o.err, "q3_k") != NULL);
   th_out_free(&o);
 }
 

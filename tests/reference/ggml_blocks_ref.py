@@ -3,12 +3,16 @@
 
     ggml_blocks_ref.py deq   TYPE IN OUT   blocks of TYPE (raw bytes) -> float32 values
     ggml_blocks_ref.py quant TYPE IN OUT   float32 values -> blocks of TYPE
+    ggml_blocks_ref.py ggml  TYPE IN OUT LIB   the same by ggml's own quantize_row_*_ref
+                                           in LIB (a libggml-base.so): the outside check
 
-TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k (quant: the first five). The
-arithmetic is float32 in ggml's reference order (a scale times an integer,
-then the offset), so the values are bit-exact; quantization rounds as ggml's
-reference quantizers do (roundf: half away from zero; float -> int casts
-truncate).
+TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k. The arithmetic is float32 in
+ggml's reference order (a scale times an integer, then the offset), so the
+values are bit-exact; quantization rounds as ggml's reference quantizers do
+(roundf: half away from zero; float -> int casts truncate; the K-quants'
+nearest_int: half to even through the float adder). The K-quants' searches
+run on every sub-block of the input at once: one numpy lane per sub-block,
+each running sum kept in float32 and added in element order.
 """
 import sys
 
@@ -126,6 +130,210 @@ def f16_bytes(v):
     return np.array(v, dtype=F32).astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
+def nearest_int(v):
+    """ggml's nearest_int: v + 1.5 * 2^23 in float32, its low 23 bits less 2^22."""
+    s = (np.asarray(v, dtype=F32) + F32(12582912.0)).astype(F32)
+    return (s.view(np.int32).astype(np.int64) & 0x7FFFFF) - 0x400000
+
+
+def fit_scale_min(x, w, nmax, rmin, rdelta, nstep):
+    """Per row of x [G, n] (weights w): levels [G, n] in 0..nmax, scale [G] and
+    -min [G]; a least-squares (scale, min) search over level counts
+    nmax + rmin + rdelta * k, k = 0..nstep, kept where the weighted squared
+    error drops below the plain min..max grid's."""
+    G, n = x.shape
+    lo, hi = x[:, 0].copy(), x[:, 0].copy()
+    sw, sx = w[:, 0].copy(), (w[:, 0] * x[:, 0]).astype(F32)
+    for i in range(1, n):
+        lo = np.minimum(lo, x[:, i])
+        hi = np.maximum(hi, x[:, i])
+        sw = (sw + w[:, i]).astype(F32)
+        sx = (sx + (w[:, i] * x[:, i]).astype(F32)).astype(F32)
+    lo = np.where(lo > 0, F32(0), lo).astype(F32)
+    flat = hi == lo
+    span = np.where(flat, F32(1), (hi - lo).astype(F32)).astype(F32)
+    iscale = (F32(nmax) / span).astype(F32)
+    scale = (F32(1) / iscale).astype(F32)
+    L = np.clip(nearest_int((iscale[:, None] * (x - lo[:, None]).astype(F32)).astype(F32)), 0, nmax)
+    best = np.zeros(G, dtype=F32)
+    for i in range(n):
+        diff = ((scale * L[:, i].astype(F32)).astype(F32) + lo).astype(F32) - x[:, i]
+        diff = diff.astype(F32)
+        best = (best + (w[:, i] * (diff * diff).astype(F32)).astype(F32)).astype(F32)
+    for k in range(nstep + 1):
+        num = ((F32(rmin) + (F32(rdelta) * F32(k)).astype(F32)).astype(F32) + F32(nmax)).astype(F32)
+        span = np.where(flat, F32(1), (hi - lo).astype(F32)).astype(F32)  # lo moves with the fit
+        isc = (num / span).astype(F32)
+        A = np.clip(nearest_int((isc[:, None] * (x - lo[:, None]).astype(F32)).astype(F32)), 0, nmax)
+        Af = A.astype(F32)
+        sl = np.zeros(G, dtype=F32)
+        sl2 = np.zeros(G, dtype=F32)
+        sxl = np.zeros(G, dtype=F32)
+        for i in range(n):
+            wl = (w[:, i] * Af[:, i]).astype(F32)
+            sl = (sl + wl).astype(F32)
+            sl2 = (sl2 + (wl * Af[:, i]).astype(F32)).astype(F32)
+            sxl = (sxl + (wl * x[:, i]).astype(F32)).astype(F32)
+        D = ((sw * sl2).astype(F32) - (sl * sl).astype(F32)).astype(F32)
+        ok = D > 0
+        Dd = np.where(ok, D, F32(1)).astype(F32)
+        s = (((sw * sxl).astype(F32) - (sx * sl).astype(F32)).astype(F32) / Dd).astype(F32)
+        m = (((sl2 * sx).astype(F32) - (sl * sxl).astype(F32)).astype(F32) / Dd).astype(F32)
+        pos = m > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where(pos, (sxl / sl2).astype(F32), s).astype(F32)
+        m = np.where(pos, F32(0), m).astype(F32)
+        err = np.zeros(G, dtype=F32)
+        for i in range(n):
+            diff = (((s * Af[:, i]).astype(F32) + m).astype(F32) - x[:, i]).astype(F32)
+            err = (err + (w[:, i] * (diff * diff).astype(F32)).astype(F32)).astype(F32)
+        take = ok & (err < best) & ~flat
+        L = np.where(take[:, None], A, L)
+        best = np.where(take, err, best).astype(F32)
+        scale = np.where(take, s, scale).astype(F32)
+        lo = np.where(take, m, lo).astype(F32)
+    L = np.where(flat[:, None], 0, L)
+    scale = np.where(flat, F32(0), scale).astype(F32)
+    return L, scale, (-lo).astype(F32)
+
+
+def quant_q45_k(x, five):
+    nmax = 31 if five else 15
+    nb = x.shape[0]
+    xs = x.reshape(nb * 8, 32)
+    s2 = np.zeros(nb * 8, dtype=F32)
+    for i in range(32):
+        s2 = (s2 + (xs[:, i] * xs[:, i]).astype(F32)).astype(F32)
+    av = np.sqrt((s2 / F32(32)).astype(F32)).astype(F32)
+    w = (av[:, None] + np.abs(xs)).astype(F32)
+    L, sc, mn = fit_scale_min(xs, w, nmax, -0.5 if five else -1.0, 0.1, 15 if five else 20)
+    L, sc, mn = L.reshape(nb, 256), sc.reshape(nb, 8), mn.reshape(nb, 8)
+    max_sc = np.maximum(sc.max(axis=1), F32(0)).astype(F32)
+    max_mn = np.maximum(mn.max(axis=1), F32(0)).astype(F32)
+    inv_sc = np.where(max_sc > 0, F32(63) / np.where(max_sc > 0, max_sc, F32(1)), F32(0)).astype(F32)
+    inv_mn = np.where(max_mn > 0, F32(63) / np.where(max_mn > 0, max_mn, F32(1)), F32(0)).astype(F32)
+    ls = np.minimum(nearest_int((inv_sc[:, None] * sc).astype(F32)) & 0xFF, 63)
+    lm = np.minimum(nearest_int((inv_mn[:, None] * mn).astype(F32)) & 0xFF, 63)
+    scales = np.zeros((nb, 12), dtype=np.int64)
+    scales[:, 0:4] = ls[:, 0:4]
+    scales[:, 4:8] = lm[:, 0:4]
+    scales[:, 8:12] = (ls[:, 4:8] & 0xF) | ((lm[:, 4:8] & 0xF) << 4)
+    scales[:, 0:4] |= (ls[:, 4:8] >> 4) << 6
+    scales[:, 4:8] |= (lm[:, 4:8] >> 4) << 6
+    db = f16_bytes((max_sc / F32(63)).astype(F32))
+    mb = f16_bytes((max_mn / F32(63)).astype(F32))
+    d = db.copy().view(np.float16).astype(F32).reshape(-1)
+    dmin = mb.copy().view(np.float16).astype(F32).reshape(-1)
+    s6, m6 = scale_min_k4(scales.astype(np.uint8))
+    dj = (d[:, None] * s6.astype(F32)).astype(F32)
+    dm = (dmin[:, None] * m6.astype(F32)).astype(F32)
+    xb = x.reshape(nb, 8, 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (((xb + dm[:, :, None]).astype(F32)) / dj[:, :, None]).astype(F32)
+    q = np.where(dj[:, :, None] != 0, q, F32(0))
+    R = np.clip(nearest_int(q), 0, nmax).reshape(nb, 256)
+    R = np.where(np.repeat(dj != 0, 32, axis=1), R, L)
+    bb = 176 if five else 144
+    out = np.zeros((nb, bb), dtype=np.uint8)
+    out[:, 0:2], out[:, 2:4], out[:, 4:16] = db, mb, scales.astype(np.uint8)
+    qh = np.zeros((nb, 32), dtype=np.int64)
+    qs = np.zeros((nb, 128), dtype=np.int64)
+    for g in range(4):
+        l1, l2 = R[:, 64 * g:64 * g + 32], R[:, 64 * g + 32:64 * g + 64]
+        if five:
+            qh |= ((l1 >> 4) << (2 * g)) | ((l2 >> 4) << (2 * g + 1))
+        qs[:, 32 * g:32 * g + 32] = (l1 & 0xF) | ((l2 & 0xF) << 4)
+    if five:
+        out[:, 16:48] = qh.astype(np.uint8)
+        out[:, 48:] = qs.astype(np.uint8)
+    else:
+        out[:, 16:] = qs.astype(np.uint8)
+    return out
+
+
+def fit_scale_sym(x, nmax):
+    """Per row of x [G, n]: levels [G, n] in 0..2*nmax-1 (value l - nmax) and a
+    signed scale; -nmax at the element of largest magnitude, then 18 nearby
+    level counts, weights x^2, kept where sumlx^2 / suml2 grows."""
+    G, n = x.shape
+    idx = np.abs(x).argmax(axis=1)
+    amax = np.abs(x).max(axis=1)
+    mx = x[np.arange(G), idx]
+    zero = amax < F32(1e-15)
+    mxs = np.where(zero, F32(1), mx).astype(F32)
+    w = (x * x).astype(F32)
+
+    def levels(isc):
+        return np.clip(nearest_int((isc[:, None] * x).astype(F32)), -nmax, nmax - 1)
+
+    def sums(l):
+        lf = l.astype(F32)
+        slx = np.zeros(G, dtype=F32)
+        sl2 = np.zeros(G, dtype=F32)
+        for i in range(n):
+            slx = (slx + ((w[:, i] * x[:, i]).astype(F32) * lf[:, i]).astype(F32)).astype(F32)
+            sl2 = (sl2 + ((w[:, i] * lf[:, i]).astype(F32) * lf[:, i]).astype(F32)).astype(F32)
+        return slx, sl2
+
+    iscale = (F32(-nmax) / mxs).astype(F32)
+    l = levels(iscale)
+    L = l + nmax
+    slx, sl2 = sums(l)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(sl2 != 0, (slx / sl2).astype(F32), F32(0)).astype(F32)
+    best = (scale * slx).astype(F32)
+    for k in range(-9, 10):
+        if k == 0:
+            continue
+        num = (F32(nmax) + (F32(0.1) * F32(k)).astype(F32)).astype(F32)
+        isc = ((-num) / mxs).astype(F32)
+        l = levels(isc)
+        slx, sl2 = sums(l)
+        take = (sl2 > 0) & ((slx * slx).astype(F32) > (best * sl2).astype(F32))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = (slx / sl2).astype(F32)
+        L = np.where(take[:, None], l + nmax, L)
+        scale = np.where(take, s, scale).astype(F32)
+        best = np.where(take, (s * slx).astype(F32), best).astype(F32)
+    L = np.where(zero[:, None], 0, L)
+    scale = np.where(zero, F32(0), scale).astype(F32)
+    return L, scale
+
+
+def quant_q6_k(x):
+    nb = x.shape[0]
+    L, sc = fit_scale_sym(x.reshape(nb * 16, 16), 32)
+    L, sc = L.reshape(nb, 256), sc.reshape(nb, 16)
+    a = np.abs(sc)
+    idx = a.argmax(axis=1)
+    max_abs = a.max(axis=1)
+    max_sc = sc[np.arange(nb), idx]
+    zero = max_abs < F32(1e-15)
+    iscale = (F32(-128) / np.where(zero, F32(1), max_sc)).astype(F32)
+    db = f16_bytes((F32(1) / iscale).astype(F32))
+    d = db.copy().view(np.float16).astype(F32).reshape(-1)
+    s8 = np.minimum(127, nearest_int((iscale[:, None] * sc).astype(F32))).astype(np.int8)
+    dj = (d[:, None] * s8.astype(F32)).astype(F32)
+    xb = x.reshape(nb, 16, 16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = (xb / dj[:, :, None]).astype(F32)
+    q = np.where(dj[:, :, None] != 0, q, F32(0))
+    R = (np.clip(nearest_int(q), -32, 31) + 32).reshape(nb, 256)
+    R = np.where(np.repeat(dj != 0, 16, axis=1), R, L)
+    out = np.zeros((nb, 210), dtype=np.uint8)
+    for half in range(2):
+        Q = R[:, 128 * half:128 * half + 128]
+        q1, q2, q3, q4 = Q[:, 0:32], Q[:, 32:64], Q[:, 64:96], Q[:, 96:128]
+        out[:, 64 * half:64 * half + 32] = ((q1 & 0xF) | ((q3 & 0xF) << 4)).astype(np.uint8)
+        out[:, 64 * half + 32:64 * half + 64] = ((q2 & 0xF) | ((q4 & 0xF) << 4)).astype(np.uint8)
+        out[:, 128 + 32 * half:160 + 32 * half] = (
+            (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)).astype(np.uint8)
+    out[:, 192:208] = s8.view(np.uint8)
+    out[:, 208:210] = db
+    out[zero] = 0
+    return out
+
+
 def quant(t, x):
     be, bb = BLOCK[t]
     x = x.reshape(-1, be)
@@ -179,13 +387,33 @@ def quant(t, x):
         else:
             out[:, 4:] = q
         return out
+    if t in ("q4_k", "q5_k"):
+        return quant_q45_k(x, t == "q5_k")
+    if t == "q6_k":
+        return quant_q6_k(x)
     sys.exit("no quantizer for " + t)
+
+
+def ggml_quant(t, x, lib):
+    """Blocks of TYPE t by ggml's quantize_row_<t>_ref in the shared library lib."""
+    import ctypes
+    be, bb = BLOCK[t]
+    name = "quantize_row_%s_ref" % (t[:3] + "K" if t.endswith("_k") else t)
+    f = getattr(ctypes.CDLL(lib), name)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    f.restype = None
+    x = np.ascontiguousarray(x, dtype=F32)
+    out = np.zeros(len(x) // be * bb, dtype=np.uint8)
+    f(x.ctypes.data, out.ctypes.data, len(x))
+    return out
 
 
 def main():
     mode, t, src, dst = sys.argv[1:5]
     raw = open(src, "rb").read()
-    if mode == "deq":
+    if mode == "ggml":
+        open(dst, "wb").write(ggml_quant(t, np.frombuffer(raw, dtype=F32), sys.argv[5]).tobytes())
+    elif mode == "deq":
         open(dst, "wb").write(deq(t, raw).astype(F32).tobytes())
     else:
         open(dst, "wb").write(quant(t, np.frombuffer(raw, dtype=F32)).tobytes())

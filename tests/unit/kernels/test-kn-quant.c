@@ -1,10 +1,13 @@
 /* test-kn-quant.c — ggml's block formats (kernels/kn-quant.h): every format's
- * dequantization and the five quantizers against tests/reference/
- * ggml_blocks_ref.py (numpy, from the formats' definitions), bit for bit; the
+ * dequantization and quantization against tests/reference/
+ * ggml_blocks_ref.py (numpy, from the formats' definitions), bit for bit, and
+ * the quantization against ggml's own (llama.cpp's libggml-base.so, where
+ * tools/setup installed it); the
  * CPU backend's matmul, softcapped matmul, greedy head and embedding over
  * block weights against the same ops over the dequantized f32 weights, bit
  * for bit, on every kernel table and in the bf16 mode; rows that are not
  * whole blocks refused; and a backend without KN_CAP_BLOCK_WEIGHTS refusing. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +62,10 @@ static const char *python(void) {
   return NULL;
 }
 
-/* Runs the numpy reference: mode over in[in_bytes] into out[out_bytes]. */
-static void reference(const char *mode, enum kn_dtype dt, const void *in, size_t in_bytes,
-                      void *out, size_t out_bytes) {
+/* Runs the numpy reference: mode over in[in_bytes] into out[out_bytes] (lib:
+ * the shared library of mode "ggml", else NULL). */
+static void reference_lib(const char *mode, const char *lib, enum kn_dtype dt, const void *in,
+                          size_t in_bytes, void *out, size_t out_bytes) {
   const char *py = python();
   char dir[] = "/tmp/lmserve-quant-XXXXXX", a[64], b[64], script[4200], log[4096];
   TH_REQUIRE(mkdtemp(dir) != NULL);
@@ -71,7 +75,8 @@ static void reference(const char *mode, enum kn_dtype dt, const void *in, size_t
   FILE *f = fopen(a, "wb");
   TH_REQUIRE(f && fwrite(in, 1, in_bytes, f) == in_bytes);
   fclose(f);
-  char *argv[] = {(char *)py, script, (char *)mode, (char *)kn_dtype_name(dt), a, b, NULL};
+  char *argv[] = {(char *)py, script, (char *)mode, (char *)kn_dtype_name(dt),
+                  a,          b,      (char *)lib,  NULL};
   int rc = cm_run_capture(argv, log, sizeof(log));
   if (rc) {
     th_fail(__FILE__, __LINE__, "ggml_blocks_ref.py %s %s: %d\n%s", mode, kn_dtype_name(dt), rc,
@@ -84,6 +89,11 @@ static void reference(const char *mode, enum kn_dtype dt, const void *in, size_t
   unlink(a);
   unlink(b);
   rmdir(dir);
+}
+
+static void reference(const char *mode, enum kn_dtype dt, const void *in, size_t in_bytes,
+                      void *out, size_t out_bytes) {
+  reference_lib(mode, NULL, dt, in, in_bytes, out, out_bytes);
 }
 
 TH_TEST(dequantization_matches_numpy) {
@@ -110,9 +120,9 @@ TH_TEST(dequantization_matches_numpy) {
 
 TH_TEST(quantization_matches_numpy) {
   kt_seed(4);
-  for (size_t i = 0; i < 5; i++) {
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     enum kn_dtype dt = all[i];
-    int K = 32 * 40;
+    int K = 256 * 5;
     float *x = malloc(sizeof(float) * K);
     TH_REQUIRE(x != NULL);
     for (int j = 0; j < K; j++)
@@ -120,6 +130,8 @@ TH_TEST(quantization_matches_numpy) {
     for (int j = 0; j < 32; j++) /* a block of zeros, one of a repeated value */
       x[64 + j] = 0.0f, x[96 + j] = 0.25f;
     x[130] = -2.0f, x[131] = 2.0f; /* equal magnitudes: the first decides the sign */
+    for (int j = 0; j < 256; j++)  /* a K-block of zeros, one of positive values */
+      x[256 + j] = 0.0f, x[512 + j] = 0.5f + 0.5f * kt_uniform() * kt_uniform();
     size_t bytes = kn_row_bytes(dt, (size_t)K);
     uint8_t *got = malloc(bytes), *want = malloc(bytes);
     TH_REQUIRE(got && want && kn_quantize_row(dt, x, got, (size_t)K) == 0);
@@ -133,12 +145,59 @@ TH_TEST(quantization_matches_numpy) {
     float *y = malloc(sizeof(float) * K);
     kn_dequant_row(dt, got, y, (size_t)K);
     TH_CHECK(y[64] == 0.0f || dt == KN_DTYPE_Q4_1 || dt == KN_DTYPE_Q5_1);
+    TH_CHECK(y[300] == 0.0f);
+    double err = 0, ref = 0; /* the K-quants fit: a small relative error */
+    for (int j = 0; j < K; j++)
+      err += (double)(y[j] - x[j]) * (y[j] - x[j]), ref += (double)x[j] * x[j];
+    TH_CHECK(err <
+             (dt == KN_DTYPE_Q4_K || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q4_1 ? 1e-2 : 3e-3) *
+                 ref);
     free(x), free(got), free(want), free(y);
   }
   float x[32] = {0};
   uint8_t b[40];
-  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q4_K, x, b, 256), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_F16, x, b, 16), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q4_K, x, b, 32), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q8_0, x, b, 16), CM_ERR_INVAL);
+}
+
+/* Every quantizer against ggml's own (quantize_row_*_ref of the libggml-base.so
+ * in llama.cpp's npm build, tools/llamacpp): the same bytes, on rows of
+ * several magnitudes, a block of zeros, a constant one and a positive one. */
+TH_TEST(quantization_matches_libggml) {
+  char lib[1400];
+  snprintf(lib, sizeof(lib),
+           "%s/../tools/llamacpp/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/"
+           "libggml-base.so",
+           th_tests_dir());
+  if (access(lib, R_OK))
+    TH_SKIP("tools/llamacpp's libggml-base.so is missing (run tools/setup): the quantizers were "
+            "not checked against ggml's own");
+  kt_seed(6);
+  int K = 256 * 12;
+  float *x = malloc(sizeof(float) * K);
+  TH_REQUIRE(x != NULL);
+  for (int j = 0; j < K; j++) {
+    float scale[] = {1.0f, 1e-3f, 40.0f, 0.05f};
+    x[j] = kt_uniform() * kt_uniform() * 3.0f * scale[(j / 512) % 4];
+  }
+  for (int j = 0; j < 256; j++)
+    x[j] = 0.0f, x[256 + j] = -0.7f, x[768 + j] = fabsf(x[768 + j]) + 0.01f;
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+    enum kn_dtype dt = all[i];
+    size_t bytes = kn_row_bytes(dt, (size_t)K);
+    uint8_t *got = malloc(bytes), *want = malloc(bytes);
+    TH_REQUIRE(got && want && kn_quantize_row(dt, x, got, (size_t)K) == 0);
+    reference_lib("ggml", lib, dt, x, sizeof(float) * K, want, bytes);
+    size_t bad = 0;
+    for (size_t j = 0; j < bytes; j++)
+      bad += got[j] != want[j];
+    if (bad)
+      th_fail(__FILE__, __LINE__, "%s: %zu of %zu bytes differ from ggml's", kn_dtype_name(dt), bad,
+              bytes);
+    free(got), free(want);
+  }
+  free(x);
 }
 
 /* The CPU ops over block weights give the bits of the same ops over the

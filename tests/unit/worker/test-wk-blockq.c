@@ -1,0 +1,260 @@
+/* test-wk-blockq.c — --quantization q8_0|q4_0|q4_k (ggml's block formats at
+ * load) against the GGUF file `lmserve quantize` writes from the same
+ * checkpoint with the same type: the same logits, bit for bit, on one rank;
+ * every tensor-parallel rank's cut of every quantized matrix the same bytes as
+ * the file's cut on that rank; the refusals (a GGUF file, a cut off the
+ * blocks, a backend without block kernels, an unknown name). The checkpoint is the k256 preset,
+ * whose rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there q4_k falls
+ * back to Q5_0 as the file does. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-proc.h"
+#include "kernels/cpu/kn-cpu.h"
+#include "kernels/kn-backend-impl.h"
+#include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
+#include "worker/wk-model-impl.h"
+#include "worker/wk-model.h"
+
+static const struct {
+  const char *name;
+  int quant;
+  enum kn_dtype dt;
+} types[] = {{"q8_0", WK_QUANT_Q8_0, KN_DTYPE_Q8_0},
+             {"q4_0", WK_QUANT_Q4_0, KN_DTYPE_Q4_0},
+             {"q4_k", WK_QUANT_Q4_K, KN_DTYPE_Q4_K}};
+
+/* A checkpoint of preset (k256 or tiny; vocabulary 512, bf16) in dir and, for
+ * each type, the GGUF file `lmserve quantize` writes from it beside it
+ * (gguf[i]). */
+static void make_preset(char *dir, size_t n, char gguf[][300], const char *preset) {
+  TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
+  struct wk_tiny_spec s;
+  struct wk_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512};
+  char err[256], lm[1024], log[4096];
+  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_BF16) == 0);
+  wk_tiny_spec_free(&s);
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  for (size_t i = 0; i < CM_ARRAY_LEN(types); i++) {
+    snprintf(gguf[i], 300, "%s/m-%s.gguf", dir, types[i].name);
+    char *argv[] = {lm, "quantize", dir, gguf[i], (char *)types[i].name, NULL};
+    int rc = cm_run_capture(argv, log, sizeof(log));
+    if (rc) {
+      th_fail(__FILE__, __LINE__, "lmserve quantize %s: %d\n%s", types[i].name, rc, log);
+      th_stop();
+    }
+  }
+}
+
+static void make(char *dir, size_t n, char gguf[][300]) {
+  make_preset(dir, n, gguf, "k256");
+}
+
+#define NP 24
+
+/* Every position's logits of one prompt (a chunk of 13, then one token at a
+ * time) through path's model: [NP, V] into *out. */
+static int logits(const char *path, struct kn_backend *be, int quant, float **out, int *V,
+                  char *err, size_t errlen) {
+  struct wk_model_opts o = {.max_batch_tokens = 32,
+                            .max_seqs = 1,
+                            .kv_tokens = 128,
+                            .quiet = 1,
+                            .kv_dtype = 1 + KN_DTYPE_F32,
+                            .quantization = quant};
+  struct wk_model *m = NULL;
+  int rc = wk_model_load(path, be, &o, &m, err, errlen);
+  if (rc) return rc;
+  *V = wk_model_config(m)->vocab;
+  float *all = malloc(sizeof(float) * (size_t)NP * *V);
+  struct wk_page_alloc pa;
+  struct wk_seq_blocks blk = {0};
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  TH_REQUIRE(all && wk_page_alloc_init(&pa, wk_model_n_pages(m)) == 0);
+  int32_t prompt[NP];
+  for (int i = 0; i < NP; i++)
+    prompt[i] = (int32_t)((i * 37 + 2) % *V);
+  for (int done = 0; done < NP && !rc;) {
+    int n = done == 0 ? 13 : 1;
+    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, done + n) == 0);
+    struct wk_seq_input in = {.tokens = prompt + done, .n_tokens = n, .pos0 = done, .n_out = n};
+    for (int g = 0; g < kv->n_groups; g++) {
+      in.block_tables[g] = blk.table[g];
+      in.n_blocks[g] = blk.n[g];
+    }
+    struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = all + (size_t)done * *V};
+    rc = wk_model_forward(m, &b, err, errlen);
+    done += n;
+  }
+  wk_seq_blocks_release(&blk, kv, &pa);
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  *out = all;
+  return rc;
+}
+
+TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
+  char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
+  make(dir, sizeof(dir), gguf);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  float *ref = NULL; /* the bf16 model's: every type moves them */
+  int Vr = 0;
+  TH_REQUIRE(logits(dir, be, 0, &ref, &Vr, err, sizeof(err)) == 0);
+  for (size_t i = 0; i < CM_ARRAY_LEN(types); i++) {
+    float *a = NULL, *b = NULL;
+    int Va = 0, Vb = 0;
+    if (logits(dir, be, types[i].quant, &a, &Va, err, sizeof(err)) ||
+        logits(gguf[i], be, 0, &b, &Vb, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "%s: %s", types[i].name, err);
+      free(a), free(b);
+      continue;
+    }
+    TH_CHECK_EQ_INT(Va, Vb);
+    size_t n = (size_t)NP * (size_t)Va, bad = 0, moved = 0, finite = 0;
+    for (size_t j = 0; j < n; j++) {
+      bad += memcmp(&a[j], &b[j], sizeof(float)) != 0;
+      moved += a[j] != ref[j];
+      finite += isfinite(a[j]) != 0;
+    }
+    TH_CHECK(moved > n / 2 && finite == n);
+    if (bad)
+      th_fail(__FILE__, __LINE__, "%s: %zu of %zu logits differ from the GGUF file's",
+              types[i].name, bad, n);
+    free(a), free(b);
+  }
+  free(ref);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+/* The tiny preset's rows (64, 128) are not whole 256-blocks: q4_k falls back
+ * to Q5_0 as the file's matrices do, with the file's logits. */
+TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
+  char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
+  make_preset(dir, sizeof(dir), gguf, "tiny");
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct wk_model_opts o = {.max_batch_tokens = 16,
+                            .max_seqs = 1,
+                            .kv_tokens = 64,
+                            .quiet = 1,
+                            .quantization = WK_QUANT_Q4_K};
+  struct wk_model *m = NULL;
+  TH_REQUIRE(wk_model_load(dir, be, &o, &m, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(m->embed.dt, KN_DTYPE_Q5_0);
+  TH_CHECK_EQ_INT(m->layers[0].w_down.dt, KN_DTYPE_Q5_0);
+  wk_model_free(m);
+  float *a = NULL, *b = NULL;
+  int Va = 0, Vb = 0;
+  TH_REQUIRE(logits(dir, be, WK_QUANT_Q4_K, &a, &Va, err, sizeof(err)) == 0);
+  TH_REQUIRE(logits(gguf[2], be, 0, &b, &Vb, err, sizeof(err)) == 0);
+  TH_REQUIRE(Va == Vb);
+  TH_CHECK(!memcmp(a, b, sizeof(float) * (size_t)NP * (size_t)Va));
+  free(a), free(b);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+/* Two ranks: every quantized matrix of a rank (rows cut, columns cut along
+ * whole blocks, the vocabulary's rows) holds the bytes of the GGUF file's cut
+ * on the same rank, in the same format. */
+TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
+  char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
+  make(dir, sizeof(dir), gguf);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  for (size_t i = 0; i < CM_ARRAY_LEN(types); i++)
+    for (int rank = 0; rank < 2; rank++) {
+      struct wk_model_opts o = {.max_batch_tokens = 16,
+                                .max_seqs = 1,
+                                .kv_tokens = 64,
+                                .quiet = 1,
+                                .tp_rank = rank,
+                                .tp_size = 2,
+                                .quantization = types[i].quant};
+      struct wk_model *q = NULL, *g = NULL;
+      int rc = wk_model_load(dir, be, &o, &q, err, sizeof(err));
+      o.quantization = 0;
+      if (!rc) rc = wk_model_load(gguf[i], be, &o, &g, err, sizeof(err));
+      if (rc) {
+        th_fail(__FILE__, __LINE__, "%s rank %d: %s", types[i].name, rank, err);
+        wk_model_free(q);
+        continue;
+      }
+      int n_checked = 0;
+      for (int l = -1; l < wk_model_config(q)->n_layers; l++) {
+        const struct wk_layer_w *a = l >= 0 ? &q->layers[l] : NULL,
+                                *b = l >= 0 ? &g->layers[l] : NULL;
+        const struct wk_w *ws[2][7] = {
+            {l < 0 ? &q->embed : &a->wq, l < 0 ? NULL : &a->wk, l < 0 ? NULL : &a->wv,
+             l < 0 ? NULL : &a->wo, l < 0 ? NULL : &a->w_gate, l < 0 ? NULL : &a->w_up,
+             l < 0 ? NULL : &a->w_down},
+            {l < 0 ? &g->embed : &b->wq, l < 0 ? NULL : &b->wk, l < 0 ? NULL : &b->wv,
+             l < 0 ? NULL : &b->wo, l < 0 ? NULL : &b->w_gate, l < 0 ? NULL : &b->w_up,
+             l < 0 ? NULL : &b->w_down}};
+        for (int k = 0; k < 7; k++) {
+          const struct wk_w *x = ws[0][k], *y = ws[1][k];
+          if (!x) continue;
+          if (x->dt != types[i].dt || y->dt != x->dt || x->rows != y->rows || x->cols != y->cols ||
+              x->off != y->off ||
+              memcmp(x->p, y->p, (size_t)x->rows * kn_row_bytes(x->dt, (size_t)x->cols))) {
+            th_fail(__FILE__, __LINE__, "%s rank %d layer %d weight %d: %s [%d, %d] vs %s [%d, %d]",
+                    types[i].name, rank, l, k, kn_dtype_name(x->dt), x->rows, x->cols,
+                    kn_dtype_name(y->dt), y->rows, y->cols);
+          }
+          n_checked++;
+        }
+      }
+      TH_CHECK_EQ_INT(n_checked, 1 + 7 * wk_model_config(q)->n_layers);
+      wk_model_free(q);
+      wk_model_free(g);
+    }
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+TH_TEST(quantization_refusals_are_clear) {
+  char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
+  make(dir, sizeof(dir), gguf);
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct wk_model_opts o = {.max_batch_tokens = 16,
+                            .max_seqs = 1,
+                            .kv_tokens = 64,
+                            .quiet = 1,
+                            .quantization = WK_QUANT_Q4_0};
+  struct wk_model *m = NULL;
+  TH_CHECK_EQ_INT(wk_model_load(gguf[0], be, &o, &m, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "--quantization q4_0") && strstr(err, "GGUF"));
+  /* four ranks cut the MLP's 512 columns at 128: not whole blocks of 256 */
+  o.quantization = WK_QUANT_Q4_K;
+  o.tp_size = 4;
+  o.tp_rank = 1;
+  err[0] = 0;
+  TH_CHECK(wk_model_load(dir, be, &o, &m, err, sizeof(err)) != 0);
+  TH_CHECK(strstr(err, "whole blocks of 256") != NULL);
+  /* a backend without block kernels (as CUDA is for now): the CPU's ops less the bit */
+  struct kn_backend_ops no_blocks = *be->ops;
+  const struct kn_backend_ops *cpu_ops = be->ops;
+  no_blocks.caps &= ~(unsigned)KN_CAP_BLOCK_WEIGHTS;
+  be->ops = &no_blocks;
+  o.tp_size = 1;
+  o.tp_rank = 0;
+  err[0] = 0;
+  TH_CHECK_EQ_INT(wk_model_load(dir, be, &o, &m, err, sizeof(err)), CM_ERR_UNSUPPORTED);
+  TH_CHECK(strstr(err, "--quantization q4_k") && strstr(err, "no kernels for block formats"));
+  be->ops = cpu_ops;
+  int q = -1;
+  TH_CHECK_EQ_INT(wk_quantization_parse("q4_k", &q, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(q, WK_QUANT_Q4_K);
+  TH_CHECK_EQ_INT(wk_quantization_parse("q3_k", &q, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "q3_k") && strstr(err, "q8_0, q4_0, q4_k"));
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
