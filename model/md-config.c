@@ -72,8 +72,8 @@ static int get_int(const json_t *o, const char *key, int required, long long def
     if (required) return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s missing", key);
     if (def < lo || def > hi)
       return cm_fail(err, errlen, CM_ERR_RANGE,
-                     "config.json: %s missing and its default %lld is outside [%lld, %lld]", key,
-                     def, lo, hi);
+                      "config.json: %s missing and its default %lld is outside [%lld, %lld]", key,
+                      def, lo, hi);
     *out = def;
     return 0;
   }
@@ -87,8 +87,8 @@ static int get_int(const json_t *o, const char *key, int required, long long def
     return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: %s is not an integer", key);
   }
   if (x < lo || x > hi)
-    return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %lld outside [%lld, %lld]", key, x,
-                   lo, hi);
+    return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %lld outside [%lld, %lld]", key,
+                    x, lo, hi);
   *out = x;
   return 0;
 }
@@ -105,7 +105,7 @@ static int get_num(const json_t *o, const char *key, double def, double lo, doub
   double x = json_number_value(v);
   if (!(x >= lo && x <= hi))
     return cm_fail(err, errlen, CM_ERR_RANGE, "config.json: %s = %g outside [%g, %g]", key, x, lo,
-                   hi);
+                    hi);
   *out = x;
   return 0;
 }
@@ -136,7 +136,7 @@ static int get_eos(const json_t *o, struct md_config *cfg, const char *file, cha
     json_array_foreach(v, i, e) {
       if (!json_is_integer(e))
         return cm_fail(err, errlen, CM_ERR_PARSE, "%s: eos_token_id[%zu] is not an integer", file,
-                       i);
+                        i);
       if (n < MD_MAX_EOS) cfg->eos_ids[n++] = (int)json_integer_value(e);
     }
   } else {
@@ -145,7 +145,7 @@ static int get_eos(const json_t *o, struct md_config *cfg, const char *file, cha
   for (int i = 0; i < n; i++)
     if (cfg->eos_ids[i] < 0 || cfg->eos_ids[i] >= cfg->vocab)
       return cm_fail(err, errlen, CM_ERR_RANGE, "%s: eos_token_id %d outside the vocabulary", file,
-                     cfg->eos_ids[i]);
+                      cfg->eos_ids[i]);
   cfg->n_eos = n;
   return 0;
 }
@@ -155,7 +155,7 @@ static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim
                             char *err, size_t errlen) {
   if (!json_is_object(e))
     return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: rope_parameters.%s is not an object",
-                   kind_name);
+                    kind_name);
   const json_t *t = json_object_get(e, "rope_type");
   if (!t) t = json_object_get(e, "type");
   const char *type = t && json_is_string(t) ? json_string_value(t) : "default";
@@ -168,9 +168,9 @@ static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim
     if (!strcmp(type, "default")) r->factor = 1.0;
     if (partial != 1.0)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                     "config.json: rope_parameters.%s: partial_rotary_factor with rope_type "
-                     "\"%s\" is not supported",
-                     kind_name, type);
+                      "config.json: rope_parameters.%s: partial_rotary_factor with rope_type "
+                      "\"%s\" is not supported",
+                      kind_name, type);
     r->rot_pairs = head_dim / 2;
   } else if (!strcmp(type, "proportional")) {
     /* The first partial * head_dim / 2 pairs rotate with exponents over the
@@ -178,8 +178,8 @@ static int parse_rope_entry(const json_t *e, const char *kind_name, int head_dim
     r->rot_pairs = (int)floor(partial * head_dim / 2.0);
   } else {
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "config.json: rope_parameters.%s.rope_type \"%s\" is not supported", kind_name,
-                   type);
+                    "config.json: rope_parameters.%s.rope_type \"%s\" is not supported", kind_name,
+                    type);
   }
   return 0;
 }
@@ -190,8 +190,8 @@ static int parse_layer_types(const json_t *tc, struct md_config *cfg, enum md_la
   if (lt && !json_is_null(lt)) {
     if (!json_is_array(lt) || json_array_size(lt) != (size_t)cfg->n_layers)
       return cm_fail(err, errlen, CM_ERR_SHAPE,
-                     "config.json: layer_types must list %d entries (num_hidden_layers)",
-                     cfg->n_layers);
+                      "config.json: layer_types must list %d entries (num_hidden_layers)",
+                      cfg->n_layers);
     for (int i = 0; i < cfg->n_layers; i++) {
       const json_t *e = json_array_get(lt, (size_t)i);
       const char *s = json_is_string(e) ? json_string_value(e) : "";
@@ -201,7 +201,7 @@ static int parse_layer_types(const json_t *tc, struct md_config *cfg, enum md_la
         kinds[i] = MD_LAYER_FULL;
       else
         return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                       "config.json: layer_types[%d] \"%s\" is not supported", i, s);
+                        "config.json: layer_types[%d] \"%s\" is not supported", i, s);
     }
     return 0;
   }
@@ -292,13 +292,13 @@ static int parse_per_layer(const json_t *tc, struct md_config *cfg, const enum m
       long i = strtol(key, &end, 10);
       if (end == key || *end || i < 0 || i >= cfg->n_layers)
         return cm_fail(err, errlen, CM_ERR_PARSE,
-                       "config.json: per_layer_config key \"%s\" is not a layer", key);
+                        "config.json: per_layer_config key \"%s\" is not a layer", key);
       first = last = (int)i;
     }
     if (kind >= 0) last = cfg->n_layers - 1;
     if (!json_is_object(val))
-      return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: per_layer_config.%s is not an object",
-                     key);
+      return cm_fail(err, errlen, CM_ERR_PARSE,
+                      "config.json: per_layer_config.%s is not an object", key);
     long long hd, kv;
     int rc;
     if ((rc = get_int(val, "head_dim", 0, 0, 0, 512, &hd, err, errlen)) ||
@@ -306,7 +306,7 @@ static int parse_per_layer(const json_t *tc, struct md_config *cfg, const enum m
       return rc;
     if (hd % 2)
       return cm_fail(err, errlen, CM_ERR_INVAL, "config.json: per_layer_config.%s.head_dim is odd",
-                     key);
+                      key);
     for (int i = first; i <= last; i++) {
       if (kind >= 0 && (int)kinds[i] != kind) continue;
       if (hd) ov->head_dim[i] = (int)hd;
@@ -338,8 +338,8 @@ static int plan_layers(struct md_config *cfg, const enum md_layer_kind *kinds,
     if (ov->n_kv_heads[i]) l->n_kv_heads = ov->n_kv_heads[i];
     if (cfg->n_heads % l->n_kv_heads)
       return cm_fail(err, errlen, CM_ERR_INVAL,
-                     "config.json: layer %d: %d heads are not a multiple of %d KV heads", i,
-                     cfg->n_heads, l->n_kv_heads);
+                      "config.json: layer %d: %d heads are not a multiple of %d KV heads", i,
+                      cfg->n_heads, l->n_kv_heads);
     l->kv_shared = i >= first_shared;
     l->kv_source = i;
     if (assistant) {
@@ -770,8 +770,8 @@ static int parse_text(const json_t *root, const json_t *tc, struct md_config *cf
   if (act && json_is_string(act) && strcmp(json_string_value(act), "gelu_pytorch_tanh") &&
       strcmp(json_string_value(act), "gelu_tanh"))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "config.json: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)",
-                   json_string_value(act));
+                    "config.json: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)",
+                    json_string_value(act));
   if (cfg->arch == MD_ARCH_GEMMA4_ASSISTANT && cfg->n_kv_shared == 0)
     cfg->n_kv_shared = cfg->n_layers; /* every assistant layer reads the target */
 #undef INT_FIELD
@@ -884,7 +884,7 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
     return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: line %d column %d: %s", jerr.line,
-                   jerr.column, jerr.text);
+                    jerr.column, jerr.text);
   int rc = 0;
   if (!json_is_object(root)) {
     rc = cm_fail(err, errlen, CM_ERR_PARSE, "config.json: not a JSON object");
@@ -914,9 +914,9 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
     nested = 1;
   } else {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "config.json: model_type \"%s\" is not supported (gemma3_text, gemma3, "
-                 "gemma4_text, gemma4, gemma4_assistant)",
-                 type);
+                  "config.json: model_type \"%s\" is not supported (gemma3_text, gemma3, "
+                  "gemma4_text, gemma4, gemma4_assistant)",
+                  type);
     goto done;
   }
   if (nested) {
@@ -945,8 +945,8 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
     cfg->centroid_top_k = (int)v;
     if (cfg->use_ordered_embeddings && cfg->vocab % cfg->num_centroids) {
       rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                   "config.json: vocab_size %d is not a multiple of num_centroids %d", cfg->vocab,
-                   cfg->num_centroids);
+                    "config.json: vocab_size %d is not a multiple of num_centroids %d", cfg->vocab,
+                    cfg->num_centroids);
       goto done;
     }
   }
@@ -961,7 +961,7 @@ int md_config_parse_generation(const char *text, size_t len, struct md_config *c
   json_t *root = json_loadb(text, len, 0, &jerr);
   if (!root)
     return cm_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: line %d column %d: %s",
-                   jerr.line, jerr.column, jerr.text);
+                    jerr.line, jerr.column, jerr.text);
   int rc = 0;
   if (!json_is_object(root))
     rc = cm_fail(err, errlen, CM_ERR_PARSE, "generation_config.json: not a JSON object");

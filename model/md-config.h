@@ -176,8 +176,8 @@ struct md_config {
   int moe;       /* enable_moe_block */
   int n_experts, top_k_experts, moe_ffn;
   int tie_embeddings;
-  int fp8;  /* quantization_config: linear weights stored as FP8 e4m3 with per-channel or
-               per-tensor scales (compressed-tensors, or quant_method "fp8" without blocks) */
+  int fp8; /* quantization_config: linear weights stored as FP8 e4m3 with per-channel or
+              per-tensor scales (compressed-tensors, or quant_method "fp8" without blocks) */
   int gguf; /* read from a GGUF file: llama.cpp's conventions (Gemma 3's norm weights
                stored as 1 + w) */
   int bos_id, pad_id;
