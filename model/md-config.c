@@ -955,6 +955,71 @@ done:
   return rc;
 }
 
+int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
+                               char *err, size_t errlen) {
+  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
+  struct md_vision_g4_cfg *v = &cfg->vision_g4;
+  if (!v->present)
+    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no Gemma 4 vision tower", file);
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, 0, &jerr);
+  if (!root)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
+                   jerr.column, jerr.text);
+  const json_t *o = root;
+  const char *prefix = "";
+  int rc = 0, do_resize = 1, do_rescale = 1, do_normalize = 0;
+  long long tokens = 0, patch = 0, pool = 0, resample = 0;
+  double factor = 0;
+  if (nested) {
+    o = json_object_get(root, "image_processor");
+    prefix = "image_processor.";
+    if (!o) goto done; /* a processor without images: keep the config's values */
+  }
+  if (!json_is_object(o)) {
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, prefix);
+    goto done;
+  }
+  /* Gemma4ImageProcessor's fields; a missing one keeps the tower's value or
+   * the processor's default */
+  if ((rc = get_int(o, "max_soft_tokens", 0, v->default_tokens, 1, 1 << 20, &tokens, err,
+                    errlen)) ||
+      (rc = get_int(o, "patch_size", 0, v->patch, 1, 1 << 20, &patch, err, errlen)) ||
+      (rc = get_int(o, "pooling_kernel_size", 0, v->pool, 1, 1 << 20, &pool, err, errlen)) ||
+      (rc = get_int(o, "resample", 0, 3, 0, 5, &resample, err, errlen)) ||
+      (rc = get_bool(o, "do_resize", 1, &do_resize, err, errlen)) ||
+      (rc = get_bool(o, "do_rescale", 1, &do_rescale, err, errlen)) ||
+      (rc = get_bool(o, "do_normalize", 0, &do_normalize, err, errlen)) ||
+      (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen))) {
+    retag(rc, file, prefix, err, errlen);
+    goto done;
+  }
+  if (!md_g4_soft_tokens_allowed((int)tokens)) {
+    rc = cm_fail(err, errlen, CM_ERR_RANGE,
+                 "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", file, prefix,
+                 tokens);
+  } else if (patch != v->patch || pool != v->pool) {
+    rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                 "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
+                 "tower's %d / %d",
+                 file, prefix, patch, pool, v->patch, v->pool);
+  } else if (resample != 3) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: %sresample %lld is not supported (3: bicubic)", file, prefix, resample);
+  } else if (!do_resize || !do_rescale || do_normalize ||
+             fabs(factor * 255.0 - 1.0) > 1e-9) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
+                 "the only Gemma 4 preprocessing supported",
+                 file, prefix);
+  } else {
+    v->default_tokens = (int)tokens;
+  }
+done:
+  json_decref(root);
+  return rc;
+}
+
 int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,
                                size_t errlen) {
   json_error_t jerr;
@@ -992,7 +1057,7 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
     free(text);
     if (rc) return rc;
   }
-  if (!cfg->vision.present) return 0;
+  if (!cfg->vision.present && !cfg->vision_g4.present) return 0;
   /* preprocessor_config.json, else the newer processor_config.json */
   for (int nested = 0; nested < 2; nested++) {
     snprintf(path, sizeof(path), "%s/%s", dir,
@@ -1000,7 +1065,8 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
     rc = md_read_file(path, 16u << 20, &text, &len);
     if (rc == CM_ERR_NOENT) continue;
     if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
-    rc = md_config_parse_preproc(text, len, nested, cfg, err, errlen);
+    rc = cfg->vision_g4.present ? md_config_parse_preproc_g4(text, len, nested, cfg, err, errlen)
+                                : md_config_parse_preproc(text, len, nested, cfg, err, errlen);
     free(text);
     return rc;
   }

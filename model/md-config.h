@@ -199,7 +199,8 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
 
 /* Reads DIR/config.json and, when present, DIR/generation_config.json (its
  * eos_token_id list replaces the config's) and, for a checkpoint with a
- * vision tower, DIR/preprocessor_config.json or DIR/processor_config.json. */
+ * vision tower (Gemma 3's or Gemma 4's), DIR/preprocessor_config.json or
+ * DIR/processor_config.json. */
 int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t errlen);
 
 /* GGUF checkpoints (md-config-gguf.c). md_model_gguf_path: 1 and the file's path
@@ -219,6 +220,14 @@ int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size
  * the tower's image_size (the encoder takes no other). */
 int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen);
+
+/* The same for a Gemma 4 tower (Gemma4ImageProcessor's fields): max_soft_tokens
+ * (one of the allowed budgets) replaces vision_g4.default_tokens; patch_size and
+ * pooling_kernel_size must be the tower's; resample 3 (bicubic), do_resize,
+ * do_rescale with rescale_factor 1/255 and no do_normalize are the only
+ * preprocessing accepted (the processor's defaults); other fields are ignored. */
+int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
+                               char *err, size_t errlen);
 
 /* Adds eos ids from generation_config.json text (replacing the list). */
 int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,

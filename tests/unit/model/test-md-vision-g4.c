@@ -1,5 +1,5 @@
-/* test-md-vision-g4.c — Gemma 4's vision_config (read, defaults, every bad
- * field refused by name) and its image preprocessing against
+/* test-md-vision-g4.c — Gemma 4's vision_config and processor config (read,
+ * defaults, every bad field refused by name) and its image preprocessing against
  * tests/reference/gemma4_image_ref.py (numpy, run through python3; skipped,
  * loudly, without python3 or numpy): target sizes for many shapes and every
  * budget (exact, refusals included), patch positions and padding (exact),
@@ -163,6 +163,78 @@ TH_TEST(g4_vision_config_refusals_name_the_field) {
       th_fail(__FILE__, __LINE__, "case %zu (%s): rc %d, \"%s\" does not name %s", i,
               cases[i].vision, rc, err, cases[i].names);
   }
+}
+
+static int preproc(const char *json, int nested, struct md_config *c, char *err) {
+  return md_config_parse_preproc_g4(json, strlen(json), nested, c, err, 256);
+}
+
+TH_TEST(g4_processor_config) {
+  char j[4096], err[256] = "";
+  struct md_config c;
+  g4_json(j, sizeof(j), "", "\"vision_config\":{}");
+  TH_REQUIRE(parse(j, &c, err) == 0);
+  /* processor_config.json as transformers saves it */
+  const char *e2b = "{\"image_processor\":{\"do_convert_rgb\":true,\"do_normalize\":false,"
+                    "\"do_rescale\":true,\"do_resize\":true,\"image_mean\":[0.0,0.0,0.0],"
+                    "\"image_processor_type\":\"Gemma4ImageProcessor\",\"image_std\":[1.0,1.0,"
+                    "1.0],\"max_soft_tokens\":560,\"patch_size\":16,\"pooling_kernel_size\":3,"
+                    "\"resample\":3,\"rescale_factor\":0.00392156862745098},"
+                    "\"processor_class\":\"Gemma4Processor\"}";
+  TH_REQUIRE(preproc(e2b, 1, &c, err) == 0);
+  TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 560);
+  TH_REQUIRE(preproc("{\"max_soft_tokens\":70}", 0, &c, err) == 0);
+  TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 70);
+  TH_REQUIRE(preproc("{\"processor_class\":\"x\"}", 1, &c, err) == 0);
+  TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 70);
+  static const struct {
+    const char *json, *names;
+  } bad[] = {
+      {"{\"image_processor\":{\"max_soft_tokens\":300}}", "image_processor.max_soft_tokens"},
+      {"{\"image_processor\":{\"max_soft_tokens\":\"280\"}}", "image_processor.max_soft_tokens"},
+      {"{\"image_processor\":{\"patch_size\":14}}", "image_processor.patch_size"},
+      {"{\"image_processor\":{\"pooling_kernel_size\":4}}", "pooling_kernel_size"},
+      {"{\"image_processor\":{\"resample\":2}}", "image_processor.resample"},
+      {"{\"image_processor\":{\"resample\":9}}", "image_processor.resample"},
+      {"{\"image_processor\":{\"do_normalize\":true}}", "do_normalize"},
+      {"{\"image_processor\":{\"do_rescale\":\"yes\"}}", "image_processor.do_rescale"},
+      {"{\"image_processor\":{\"rescale_factor\":0.5}}", "rescale_factor"},
+      {"{\"image_processor\":3}", "image_processor"},
+      {"{\"image_processor\":", "processor_config.json: line"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    int rc = preproc(bad[i].json, 1, &c, err);
+    if (rc >= 0 || !strstr(err, bad[i].names) || !strstr(err, "processor_config.json"))
+      th_fail(__FILE__, __LINE__, "case %zu (%s): rc %d, \"%s\" does not name %s", i, bad[i].json,
+              rc, err, bad[i].names);
+    TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 70); /* untouched */
+  }
+  /* a Gemma 3 (or text-only) config has no Gemma 4 tower to configure */
+  g4_json(j, sizeof(j), "", "");
+  TH_REQUIRE(parse(j, &c, err) == 0);
+  TH_CHECK_EQ_INT(preproc("{}", 0, &c, err), CM_ERR_STATE);
+
+  /* md_config_load reads it from the checkpoint folder */
+  char dir[4096], path[4200];
+  TH_REQUIRE(th_tmpdir("g4-config", dir, sizeof(dir)) == 0);
+  g4_json(j, sizeof(j), "", "\"vision_config\":{}");
+  snprintf(path, sizeof(path), "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  TH_REQUIRE(f && fputs(j, f) >= 0 && fclose(f) == 0);
+  TH_REQUIRE(md_config_load(dir, &c, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 280);
+  snprintf(path, sizeof(path), "%s/processor_config.json", dir);
+  f = fopen(path, "w");
+  TH_REQUIRE(f && fputs(e2b, f) >= 0 && fclose(f) == 0);
+  TH_REQUIRE(md_config_load(dir, &c, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 560);
+  TH_CHECK_EQ_INT(c.vision.present, 0);
+  f = fopen(path, "w");
+  TH_REQUIRE(f && fputs("{\"image_processor\":{\"max_soft_tokens\":100}}", f) >= 0 &&
+             fclose(f) == 0);
+  TH_CHECK_EQ_INT(md_config_load(dir, &c, err, sizeof(err)), CM_ERR_RANGE);
+  TH_CHECK(strstr(err, "processor_config.json: image_processor.max_soft_tokens 100") != NULL);
+  cm_rmtree(dir);
 }
 
 /* ---- sizes -------------------------------------------------------------------- */
