@@ -982,8 +982,8 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
   }
   /* Gemma4ImageProcessor's fields; a missing one keeps the tower's value or
    * the processor's default */
-  if ((rc = get_int(o, "max_soft_tokens", 0, v->default_tokens, 1, 1 << 20, &tokens, err,
-                    errlen)) ||
+  if ((rc =
+           get_int(o, "max_soft_tokens", 0, v->default_tokens, 1, 1 << 20, &tokens, err, errlen)) ||
       (rc = get_int(o, "patch_size", 0, v->patch, 1, 1 << 20, &patch, err, errlen)) ||
       (rc = get_int(o, "pooling_kernel_size", 0, v->pool, 1, 1 << 20, &pool, err, errlen)) ||
       (rc = get_int(o, "resample", 0, 3, 0, 5, &resample, err, errlen)) ||
@@ -1006,8 +1006,7 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
   } else if (resample != 3) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  "%s: %sresample %lld is not supported (3: bicubic)", file, prefix, resample);
-  } else if (!do_resize || !do_rescale || do_normalize ||
-             fabs(factor * 255.0 - 1.0) > 1e-9) {
+  } else if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
                  "the only Gemma 4 preprocessing supported",
