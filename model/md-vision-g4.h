@@ -23,11 +23,11 @@
  *   - soft tokens after pool x pool average pooling: n_patches / pool^2.
  * The torchvision processor (Gemma4ImageProcessor, the "fast" one) resizes
  * the uint8 tensor with torch's antialiased bicubic (the same a = -0.5
- * kernel) and multiplies by 1/255 in float32 (within 1 ulp of ours). Where
- * torch computes that resize in float with no rounding or clamping between
- * its passes (its generic and CUDA kernels), tests/reference/gemma4_image_ref.py
- * models it in float64 and the unit test prints the distance: at most 1 8-bit
- * level on smooth images and strong downscales, up to 26 levels on noise and
+ * kernel) and multiplies by 1/255 in float32 (within 1 ulp of ours). A
+ * resize in float with no rounding or clamping between its passes (our
+ * reading of torch's CUDA kernel, not checked against torch here):
+ * tests/reference/gemma4_image_ref.py models it in float64 and the unit test prints the distance:
+ * at most 1 8-bit level on smooth images and strong downscales, up to 26 levels on noise and
  * sharp-edged upscales (Pillow clamps the cubic's overshoot to 0..255 after
  * the horizontal pass); about 5% of the values differ over the test's images.
  * torch's x86 uint8 kernel (ported from Pillow-SIMD) rounds and clamps
