@@ -26,14 +26,15 @@
  * kernel) and multiplies by 1/255 in float32 (within 1 ulp of ours). A
  * resize in float with no rounding or clamping between its passes (our
  * reading of torch's CUDA kernel, not checked against torch here):
- * tests/reference/gemma4_image_ref.py models it in float64 and the unit test prints the distance:
- * at most 1 8-bit level on smooth images and strong downscales, up to 26 levels on noise and
- * sharp-edged upscales (Pillow clamps the cubic's overshoot to 0..255 after
- * the horizontal pass); about 5% of the values differ over the test's images.
- * torch's x86 uint8 kernel (ported from Pillow-SIMD) rounds and clamps
- * between passes as Pillow does, with its own fixed-point precision; that
- * path is not measured here (the tests need neither torch nor Pillow). We
- * follow the PIL path exactly, as md-vision-preproc.h does for Gemma 3.
+ * tests/reference/gemma4_image_ref.py models it in float64 and the unit
+ * test prints the distance: at most 1 8-bit level on smooth images and
+ * strong downscales, up to 26 levels on noise and sharp-edged upscales
+ * (Pillow clamps the cubic's overshoot to 0..255 after the horizontal
+ * pass); about 5% of the values differ over the test's images. torch's x86
+ * uint8 kernel (ported from Pillow-SIMD) rounds and clamps between passes
+ * as Pillow does, with its own fixed-point precision; that path is not
+ * measured here (the tests need neither torch nor Pillow). We follow the
+ * PIL path exactly, as md-vision-preproc.h does for Gemma 3.
  *
  * Decoding and the conversion to RGB happen before (as for Gemma 3). Pure
  * host code: libc and the config struct. */
