@@ -484,6 +484,137 @@ static int parse_vision(const json_t *root, struct md_config *cfg, char *err, si
   return 0;
 }
 
+/* ---- vision tower (Gemma4ForConditionalGeneration) --------------------------- */
+
+/* The soft-token budgets Gemma 4's image processor accepts
+ * (image_processing_gemma4.py, _SUPPORTED_SOFT_TOKENS). */
+int md_g4_soft_tokens_allowed(int n) {
+  return n == 70 || n == 140 || n == 280 || n == 560 || n == 1120;
+}
+
+/* One string field that must be one of `n` choices: its index in *out, `def`
+ * when missing or null. */
+static int get_choice(const json_t *o, const char *key, const char *const *choices, int n, int def,
+                      int *out, char *err, size_t errlen) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) {
+    *out = def;
+    return 0;
+  }
+  if (json_is_string(v))
+    for (int i = 0; i < n; i++)
+      if (choices[i] && !strcmp(json_string_value(v), choices[i])) {
+        *out = i;
+        return 0;
+      }
+  return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "config.json: %s is not one of the supported "
+                 "values",
+                 key);
+}
+
+/* vision_config of a gemma4 checkpoint (struct md_vision_g4_cfg); tc is its
+ * text_config. Defaults are Gemma4VisionConfig's and Gemma4Config's. */
+static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
+                           size_t errlen) {
+  struct md_vision_g4_cfg *v = &cfg->vision_g4;
+  const json_t *vc = json_object_get(root, "vision_config");
+  if (!vc || json_is_null(vc)) return 0; /* a text-only gemma4 checkpoint */
+  if (!json_is_object(vc))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  const json_t *mt = json_object_get(vc, "model_type");
+  if (mt && !json_is_null(mt) &&
+      !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma4_vision")))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: vision_config.model_type is not supported (gemma4_vision)");
+  long long x;
+  int rc;
+#define VINT(key, def, lo, hi, dst)                                                                \
+  do {                                                                                             \
+    if ((rc = get_int(vc, key, 0, def, lo, hi, &x, err, errlen)))                                  \
+      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
+    dst = (int)x;                                                                                  \
+  } while (0)
+#define VBOOL(key, dst)                                                                            \
+  do {                                                                                             \
+    if ((rc = get_bool(vc, key, 0, &dst, err, errlen)))                                            \
+      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
+  } while (0)
+  VINT("hidden_size", 768, 1, 65536, v->hidden);
+  VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
+  VINT("num_hidden_layers", 16, 1, MD_MAX_LAYERS, v->n_layers);
+  VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
+  VINT("num_key_value_heads", v->n_heads, 1, v->n_heads, v->n_kv_heads);
+  VINT("head_dim", 64, 4, 512, v->head_dim);
+  VINT("patch_size", 16, 1, 1024, v->patch);
+  VINT("pooling_kernel_size", 3, 1, 64, v->pool);
+  VINT("position_embedding_size", 10240, 1, 1 << 20, v->pos_size);
+  VINT("default_output_length", 280, 1, 1 << 20, v->default_tokens);
+  VINT("max_position_embeddings", 131072, 1, 1 << 30, v->max_pos);
+  VBOOL("use_clipped_linears", v->clipped_linears);
+  VBOOL("standardize", v->standardize);
+  VBOOL("attention_bias", v->attention_bias);
+#undef VINT
+#undef VBOOL
+  if ((rc = get_num(vc, "rms_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
+    return retag(rc, "config.json", "vision_config.", err, errlen);
+  static const char *const acts[] = {"gelu_pytorch_tanh", "gelu_tanh"};
+  int act;
+  if ((rc = get_choice(vc, "hidden_activation", acts, 2, 0, &act, err, errlen)))
+    return retag(rc, "config.json", "vision_config.", err, errlen);
+  if (v->n_heads % v->n_kv_heads)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: vision_config.num_attention_heads %d is not a multiple of "
+                   "num_key_value_heads %d",
+                   v->n_heads, v->n_kv_heads);
+  if (v->head_dim % 4)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: vision_config.head_dim %d is not a multiple of 4 (2D RoPE "
+                   "rotates half of each head by x, half by y)",
+                   v->head_dim);
+  if (v->attention_bias)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: vision_config.attention_bias true is not supported");
+  if (!md_g4_soft_tokens_allowed(v->default_tokens))
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "config.json: vision_config.default_output_length %d is not one of 70, 140, "
+                   "280, 560, 1120",
+                   v->default_tokens);
+  /* rope_parameters {"rope_type": "default", "rope_theta": 100} (Gemma4VisionConfig's
+   * default_theta); any other type is refused */
+  v->rope_theta = 100.0;
+  const json_t *rp = json_object_get(vc, "rope_parameters");
+  if (rp && !json_is_null(rp)) {
+    if (!json_is_object(rp))
+      return cm_fail(err, errlen, CM_ERR_PARSE,
+                     "config.json: vision_config.rope_parameters is not an object");
+    static const char *const types[] = {"default"};
+    int t;
+    if ((rc = get_choice(rp, "rope_type", types, 1, 0, &t, err, errlen)))
+      return retag(rc, "config.json", "vision_config.rope_parameters.", err, errlen);
+    if ((rc = get_num(rp, "rope_theta", 100.0, 1e-6, 1e12, &v->rope_theta, err, errlen)))
+      return retag(rc, "config.json", "vision_config.rope_parameters.", err, errlen);
+  }
+  static const char *const bidir[] = {NULL, "vision", "all"};
+  if ((rc = get_choice(tc, "use_bidirectional_attention", bidir, 3, 0, &v->bidir, err, errlen)))
+    return retag(rc, "config.json", "text_config.", err, errlen);
+  /* Gemma4Config's defaults */
+  int hi = 1 << 30;
+  if ((rc = get_int(root, "boi_token_id", 0, 255999, 0, hi, &x, err, errlen))) return rc;
+  v->boi_id = (int)x;
+  if ((rc = get_int(root, "eoi_token_id", 0, 258882, 0, hi, &x, err, errlen))) return rc;
+  v->eoi_id = (int)x;
+  if ((rc = get_int(root, "image_token_id", 0, 258880, 0, hi, &x, err, errlen))) return rc;
+  v->image_id = (int)x;
+  if (v->boi_id >= cfg->vocab || v->eoi_id >= cfg->vocab || v->image_id >= cfg->vocab)
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "config.json: boi_token_id %d / eoi_token_id %d / image_token_id %d outside "
+                   "the vocabulary (%d)",
+                   v->boi_id, v->eoi_id, v->image_id, cfg->vocab);
+  v->present = 1;
+  return 0;
+}
+
 /* One channel list (image_mean / image_std): a number or one per channel. */
 static int get_channels(const json_t *o, const char *key, int channels, float *dst, int positive,
                         char *err, size_t errlen) {
@@ -798,6 +929,7 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
   if ((rc = parse_text(root, tc, cfg, err, errlen))) goto done;
   if ((rc = parse_quant(root, cfg, err, errlen))) goto done;
   if (!strcmp(type, "gemma3") && (rc = parse_vision(root, cfg, err, errlen))) goto done;
+  if (!strcmp(type, "gemma4") && (rc = parse_vision_g4(root, tc, cfg, err, errlen))) goto done;
   if (cfg->arch == MD_ARCH_GEMMA4_ASSISTANT) {
     long long v;
     if ((rc = get_int(root, "backbone_hidden_size", 1, 0, 1, 65536, &v, err, errlen))) goto done;
@@ -817,6 +949,70 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
                     cfg->num_centroids);
       goto done;
     }
+  }
+done:
+  json_decref(root);
+  return rc;
+}
+
+int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
+                               char *err, size_t errlen) {
+  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
+  struct md_vision_g4_cfg *v = &cfg->vision_g4;
+  if (!v->present)
+    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no Gemma 4 vision tower", file);
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, 0, &jerr);
+  if (!root)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
+                   jerr.column, jerr.text);
+  const json_t *o = root;
+  const char *prefix = "";
+  int rc = 0, do_resize = 1, do_rescale = 1, do_normalize = 0;
+  long long tokens = 0, patch = 0, pool = 0, resample = 0;
+  double factor = 0;
+  if (nested) {
+    o = json_object_get(root, "image_processor");
+    prefix = "image_processor.";
+    if (!o) goto done; /* a processor without images: keep the config's values */
+  }
+  if (!json_is_object(o)) {
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, prefix);
+    goto done;
+  }
+  /* Gemma4ImageProcessor's fields; a missing one keeps the tower's value or
+   * the processor's default */
+  if ((rc =
+           get_int(o, "max_soft_tokens", 0, v->default_tokens, 1, 1 << 20, &tokens, err, errlen)) ||
+      (rc = get_int(o, "patch_size", 0, v->patch, 1, 1 << 20, &patch, err, errlen)) ||
+      (rc = get_int(o, "pooling_kernel_size", 0, v->pool, 1, 1 << 20, &pool, err, errlen)) ||
+      (rc = get_int(o, "resample", 0, 3, 0, 5, &resample, err, errlen)) ||
+      (rc = get_bool(o, "do_resize", 1, &do_resize, err, errlen)) ||
+      (rc = get_bool(o, "do_rescale", 1, &do_rescale, err, errlen)) ||
+      (rc = get_bool(o, "do_normalize", 0, &do_normalize, err, errlen)) ||
+      (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen))) {
+    retag(rc, file, prefix, err, errlen);
+    goto done;
+  }
+  if (!md_g4_soft_tokens_allowed((int)tokens)) {
+    rc = cm_fail(err, errlen, CM_ERR_RANGE,
+                 "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", file, prefix,
+                 tokens);
+  } else if (patch != v->patch || pool != v->pool) {
+    rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                 "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
+                 "tower's %d / %d",
+                 file, prefix, patch, pool, v->patch, v->pool);
+  } else if (resample != 3) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: %sresample %lld is not supported (3: bicubic)", file, prefix, resample);
+  } else if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
+                 "the only Gemma 4 preprocessing supported",
+                 file, prefix);
+  } else {
+    v->default_tokens = (int)tokens;
   }
 done:
   json_decref(root);
@@ -860,7 +1056,7 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
     free(text);
     if (rc) return rc;
   }
-  if (!cfg->vision.present) return 0;
+  if (!cfg->vision.present && !cfg->vision_g4.present) return 0;
   /* preprocessor_config.json, else the newer processor_config.json */
   for (int nested = 0; nested < 2; nested++) {
     snprintf(path, sizeof(path), "%s/%s", dir,
@@ -868,7 +1064,8 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
     rc = md_read_file(path, 16u << 20, &text, &len);
     if (rc == CM_ERR_NOENT) continue;
     if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
-    rc = md_config_parse_preproc(text, len, nested, cfg, err, errlen);
+    rc = cfg->vision_g4.present ? md_config_parse_preproc_g4(text, len, nested, cfg, err, errlen)
+                                : md_config_parse_preproc(text, len, nested, cfg, err, errlen);
     free(text);
     return rc;
   }

@@ -7,7 +7,10 @@
  *                      "boi_token_index", "eoi_token_index", "image_token_index"
  *                      at top level (struct md_vision_cfg)
  *   gemma4_text        top level
- *   gemma4             nested under "text_config"
+ *   gemma4             nested under "text_config"; "vision_config"
+ *                      (gemma4_vision), "boi_token_id", "eoi_token_id",
+ *                      "image_token_id" at top level (struct md_vision_g4_cfg,
+ *                      read only: the tower is not built yet)
  *   gemma4_assistant   MTP draft model: "backbone_hidden_size",
  *                      "use_ordered_embeddings", "num_centroids",
  *                      "centroid_intermediate_top_k" at top level, the stack
@@ -109,6 +112,43 @@ struct md_vision_cfg {
   struct md_preproc_cfg pre;
 };
 
+/* Gemma 4's vision tower (Gemma4ForConditionalGeneration: model_type "gemma4"
+ * with a "vision_config" of model_type "gemma4_vision"), after transformers'
+ * Gemma4VisionConfig (configuration_gemma4.py): missing fields take its
+ * defaults, a bad one is an error naming it. Parsed only: the tower, the
+ * projector and the prompt wiring are later work (model/README.md). Kept
+ * apart from md_vision_cfg so that nothing built for Gemma 3's SigLIP tower
+ * takes it for one. */
+struct md_vision_g4_cfg {
+  int present;         /* 1: the checkpoint has a Gemma 4 vision tower */
+  int hidden;          /* vision_config.hidden_size */
+  int ffn;             /* vision_config.intermediate_size (gated MLP width) */
+  int n_layers;        /* vision_config.num_hidden_layers */
+  int n_heads;         /* vision_config.num_attention_heads */
+  int n_kv_heads;      /* vision_config.num_key_value_heads */
+  int head_dim;        /* vision_config.head_dim: elements per head, a multiple of 4
+                          (2D RoPE: half by x, half by y, each rotate-half) */
+  int patch;           /* vision_config.patch_size, px (16) */
+  int pool;            /* vision_config.pooling_kernel_size: patches per pooled side (3) */
+  int pos_size;        /* vision_config.position_embedding_size: rows of each of the
+                          x and y position tables (10240) */
+  int default_tokens;  /* vision_config.default_output_length: soft tokens per image
+                          when a request names none (280), one of 70/140/280/560/1120 */
+  int max_pos;         /* vision_config.max_position_embeddings */
+  double eps;          /* vision_config.rms_norm_eps */
+  double rope_theta;   /* vision_config.rope_parameters.rope_theta (100) */
+  int clipped_linears; /* vision_config.use_clipped_linears: input_min/max,
+                          output_min/max buffers around each linear */
+  int standardize;     /* vision_config.standardize: std_bias / std_scale on the
+                          pooled tokens */
+  int attention_bias;  /* vision_config.attention_bias (must be false) */
+  int bidir;           /* text_config.use_bidirectional_attention: 0 null, 1 "vision"
+                          (an image's tokens see each other), 2 "all" */
+  int boi_id;          /* boi_token_id: <|image> */
+  int eoi_id;          /* eoi_token_id: <image|> */
+  int image_id;        /* image_token_id: <|image|> (a soft token) */
+};
+
 struct md_config {
   enum md_arch arch;
   char model_type[32];
@@ -149,7 +189,8 @@ struct md_config {
   int num_centroids;
   int centroid_top_k;
   struct md_layer_cfg layers[MD_MAX_LAYERS];
-  struct md_vision_cfg vision; /* gemma3 with vision_config; present == 0 otherwise */
+  struct md_vision_cfg vision;       /* gemma3 with vision_config; present == 0 otherwise */
+  struct md_vision_g4_cfg vision_g4; /* gemma4 with vision_config; present == 0 otherwise */
 };
 
 /* Parses config.json text (`len` bytes). On error returns a negative cm_err
@@ -158,7 +199,8 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
 
 /* Reads DIR/config.json and, when present, DIR/generation_config.json (its
  * eos_token_id list replaces the config's) and, for a checkpoint with a
- * vision tower, DIR/preprocessor_config.json or DIR/processor_config.json. */
+ * vision tower (Gemma 3's or Gemma 4's), DIR/preprocessor_config.json or
+ * DIR/processor_config.json. */
 int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t errlen);
 
 /* GGUF checkpoints (md-config-gguf.c). md_model_gguf_path: 1 and the file's path
@@ -179,6 +221,14 @@ int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size
 int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen);
 
+/* The same for a Gemma 4 tower (Gemma4ImageProcessor's fields): max_soft_tokens
+ * (one of the allowed budgets) replaces vision_g4.default_tokens; patch_size and
+ * pooling_kernel_size must be the tower's; resample 3 (bicubic), do_resize,
+ * do_rescale with rescale_factor 1/255 and no do_normalize are the only
+ * preprocessing accepted (the processor's defaults); other fields are ignored. */
+int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
+                               char *err, size_t errlen);
+
 /* Adds eos ids from generation_config.json text (replacing the list). */
 int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,
                                size_t errlen);
@@ -188,6 +238,10 @@ int md_config_parse_generation(const char *text, size_t len, struct md_config *c
 int md_config_last_storing_layer(const struct md_config *cfg, enum md_layer_kind kind);
 
 const char *md_arch_name(enum md_arch arch);
+
+/* 1 when n is a soft-token budget Gemma 4's image processor accepts (70, 140,
+ * 280, 560, 1120), else 0. */
+int md_g4_soft_tokens_allowed(int n);
 
 /* Reads a whole small file into a malloc'd NUL-terminated buffer (cap bytes
  * at most). Returns 0, CM_ERR_NOENT, CM_ERR_IO or CM_ERR_TOOBIG. */

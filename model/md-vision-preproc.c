@@ -1,4 +1,5 @@
-/* md-vision-preproc.c — Pillow-exact bilinear resize of 8-bit images, then
+/* md-vision-preproc.c — Pillow-exact bilinear and bicubic resizes of 8-bit
+ * images (one separable fixed-point resampler, the filter a parameter), then
  * rescale and normalise to the vision tower's channels-first f32 input
  * (md-vision-preproc.h says which of the Hugging Face processor's steps each
  * reproduces). */
@@ -28,18 +29,39 @@ static void axis_free(struct axis *a) {
   free(a->kk);
 }
 
+/* Pillow's resampling filters (Resample.c), each with its support in input
+ * pixels at scale 1. */
+struct filter {
+  double (*f)(double x);
+  double support;
+};
+
 static double triangle(double x) {
   x = fabs(x);
   return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+/* Keys' cubic convolution kernel with a = -0.5, the polynomials written in
+ * the order Pillow evaluates them (the coefficients are rounded to fixed
+ * point afterwards, so the last bit of the double matters). */
+static double cubic(double x) {
+  const double a = -0.5;
+  x = fabs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+static const struct filter BILINEAR = {triangle, 1.0};
+static const struct filter BICUBIC = {cubic, 2.0};
+
 /* The coefficients of a resize from in to out pixels along one axis: the
- * triangle filter stretched by the scale when shrinking (support = scale),
- * centred on each output pixel's centre, normalised to sum 1, then rounded
- * half away from zero to COEF_BITS fixed point. */
-static int axis_init(struct axis *a, int in, int out) {
+ * filter stretched by the scale when shrinking (support = filter support x
+ * scale), centred on each output pixel's centre, normalised to sum 1, then
+ * rounded half away from zero to COEF_BITS fixed point. */
+static int axis_init(struct axis *a, int in, int out, const struct filter *flt) {
   double scale = (double)in / out, fscale = scale < 1.0 ? 1.0 : scale;
-  double support = fscale, ss = 1.0 / fscale;
+  double support = flt->support * fscale, ss = 1.0 / fscale;
   a->ksize = (int)ceil(support) * 2 + 1;
   a->lo = malloc(sizeof(int) * (size_t)out);
   a->n = malloc(sizeof(int) * (size_t)out);
@@ -59,7 +81,7 @@ static int axis_init(struct axis *a, int in, int out) {
     if (xmax > in) xmax = in;
     xmax -= xmin;
     for (int x = 0; x < xmax; x++) {
-      k[x] = triangle((x + xmin - center + 0.5) * ss);
+      k[x] = flt->f((x + xmin - center + 0.5) * ss);
       ww += k[x];
     }
     int32_t *kk = a->kk + (size_t)o * a->ksize;
@@ -74,9 +96,12 @@ static int axis_init(struct axis *a, int in, int out) {
   return 0;
 }
 
+/* Rounded (the accumulator starts at one half) and clamped: a cubic's
+ * negative lobes can take acc below 0 or above 255 << COEF_BITS. */
 static uint8_t clip8(int64_t acc) {
-  int64_t v = acc >> COEF_BITS; /* acc >= 0: the weights are not negative */
-  return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  if (acc <= 0) return 0;
+  int64_t v = acc >> COEF_BITS;
+  return (uint8_t)(v > 255 ? 255 : v);
 }
 
 /* dst[rows, dw, C] from src[rows, sw, C] (row strides in bytes). */
@@ -113,8 +138,8 @@ static void pass_v(uint8_t *dst, const uint8_t *src, int row0, int w, int dh, in
   }
 }
 
-int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
-                             int C) {
+static int resize(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh, int C,
+                  const struct filter *flt) {
   if (!dst || !src || C < 1 || C > 4 || dw < 1 || dh < 1 || sw < 1 || sh < 1 ||
       dw > MD_IMAGE_MAX_SIDE || dh > MD_IMAGE_MAX_SIDE || sw > MD_IMAGE_MAX_SIDE ||
       sh > MD_IMAGE_MAX_SIDE)
@@ -126,8 +151,8 @@ int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, i
   }
   struct axis ah = {0}, av = {0};
   int rc = 0;
-  if (need_h && (rc = axis_init(&ah, sw, dw))) return rc;
-  if (need_v && (rc = axis_init(&av, sh, dh))) {
+  if (need_h && (rc = axis_init(&ah, sw, dw, flt))) return rc;
+  if (need_v && (rc = axis_init(&av, sh, dh, flt))) {
     axis_free(&ah);
     return rc;
   }
@@ -150,6 +175,16 @@ int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, i
   axis_free(&ah);
   axis_free(&av);
   return rc;
+}
+
+int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
+                             int C) {
+  return resize(dst, dw, dh, src, sw, sh, C, &BILINEAR);
+}
+
+int md_image_resize_bicubic(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
+                            int C) {
+  return resize(dst, dw, dh, src, sw, sh, C, &BICUBIC);
 }
 
 int md_image_preprocess(float *out, const uint8_t *img, int w, int h, int C,

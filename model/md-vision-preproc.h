@@ -36,6 +36,12 @@
 int md_image_resize_bilinear(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
                              int C);
 
+/* The same with Pillow's BICUBIC (Keys' cubic, a = -0.5, support 2 input
+ * pixels stretched by the downscale factor): what Gemma 4's PIL image
+ * processor uses (md-vision-g4.h). Same returns. */
+int md_image_resize_bicubic(uint8_t *dst, int dw, int dh, const uint8_t *src, int sw, int sh,
+                            int C);
+
 /* out[C, pre->height, pre->width] (f32) = the preprocessed image of
  * img[h, w, C] (8-bit, interleaved), C = the tower's channels. Without
  * do_resize the image must already have the target size. 0 or a negative
