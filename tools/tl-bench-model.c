@@ -237,11 +237,6 @@ int tl_bench_model_main(int argc, char **argv) {
     snprintf(where, sizeof(where), "?");
   if (on_device) dev_bw = kn_cuda_measure_bandwidth(0, (size_t)1 << 31); /* 2 GiB */
 #endif
-  if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
-    fprintf(stderr, "lmserve bench model: rank %d cannot join its group: %s\n", rank,
-            cm_strerror(rc));
-    goto done;
-  }
   struct wk_model_opts mo = {.max_batch_tokens = (int)CM_MIN(chunk, prompt),
                              .max_seqs = 1,
                              .kv_tokens = (int)(prompt + decode + 1),
@@ -254,6 +249,12 @@ int tl_bench_model_main(int argc, char **argv) {
                              .quantization = quant};
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve bench model: %s\n", err);
+    goto done;
+  }
+  /* the group forms once every rank has loaded (loads take different times) */
+  if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
+    fprintf(stderr, "lmserve bench model: rank %d cannot join its group: %s\n", rank,
+            cm_strerror(rc));
     goto done;
   }
   const struct md_config *c = wk_model_config(m);

@@ -184,10 +184,6 @@ int tl_generate_main(int argc, char **argv) {
     fprintf(stderr, "lmserve generate: cannot create the CPU backend: %s\n", cm_strerror(rc));
     goto done;
   }
-  if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
-    fprintf(stderr, "lmserve generate: rank %d cannot join its group: %s\n", rank, cm_strerror(rc));
-    goto done;
-  }
   int batch = chunk > 0 ? (int)chunk : n_ids;
   if (draft && batch < draft_tokens + 1) batch = (int)draft_tokens + 1;
   struct wk_model_opts mo = {
@@ -206,6 +202,12 @@ int tl_generate_main(int argc, char **argv) {
   }
   if (draft && (rc = wk_draft_load(draft, m, &mo, &dm, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: --draft: %s\n", err);
+    goto done;
+  }
+  /* the group forms once every rank has loaded (their loads take different times:
+   * quantizing at load, a busy machine), so no first step waits on a slow load */
+  if (tp > 1 && (rc = kn_comm_join(be, &cid, rank, (int)tp, 60000))) {
+    fprintf(stderr, "lmserve generate: rank %d cannot join its group: %s\n", rank, cm_strerror(rc));
     goto done;
   }
   if ((rc = wk_page_alloc_init(&pa, wk_model_n_pages(m)))) goto done;

@@ -273,13 +273,19 @@ TH_TEST(engine_completion_json) {
   /* metrics from requests and PONG */
   char *m = NULL;
   TH_CHECK_EQ_INT(http("GET", "/metrics", NULL, &m), 200);
-  TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} ") != NULL);
-  TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\"} 0\n") == NULL);
+  /* every engine series carries its replica */
+  TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\",replica=\"0\"} ") !=
+           NULL);
+  TH_CHECK(strstr(m, "lmserve:generation_tokens_total{model_name=\"tiny\",replica=\"0\"} 0\n") ==
+           NULL);
   TH_CHECK(strstr(m, "lmserve:kv_cache_usage_perc{model_name=\"tiny\",replica=\"0\"} 0.25") !=
            NULL);
-  TH_CHECK(strstr(m, "lmserve:prefix_cache_hits_total{model_name=\"tiny\"} 40") != NULL);
-  TH_CHECK(strstr(m, "lmserve:time_to_first_token_seconds_count{model_name=\"tiny\"} 3") != NULL);
-  TH_CHECK(strstr(m, "lmserve:e2e_request_latency_seconds_count{model_name=\"tiny\"} 3") != NULL);
+  TH_CHECK(strstr(m, "lmserve:prefix_cache_hits_total{model_name=\"tiny\",replica=\"0\"} 40") !=
+           NULL);
+  TH_CHECK(strstr(m, "lmserve:time_to_first_token_seconds_count{model_name=\"tiny\",replica="
+                     "\"0\"} 3") != NULL);
+  TH_CHECK(strstr(m, "lmserve:e2e_request_latency_seconds_count{model_name=\"tiny\",replica="
+                     "\"0\"} 3") != NULL);
   free(m);
   teardown();
 }
