@@ -644,31 +644,48 @@ static int get_channels(const json_t *o, const char *key, int channels, float *d
   return 0;
 }
 
+/* A processor file's object of image settings: the file itself, or (nested:
+ * processor_config.json) its "image_processor", *o NULL when there is none (the
+ * defaults stay). *root (to json_decref) is set on success; *prefix names the
+ * object in messages. */
+static int preproc_object(const char *text, size_t len, int nested, json_t **root, const json_t **o,
+                          const char **prefix, char *err, size_t errlen) {
+  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
+  json_error_t jerr;
+  *root = json_loadb(text, len, 0, &jerr);
+  if (!*root)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
+                   jerr.column, jerr.text);
+  *o = *root;
+  *prefix = "";
+  if (nested) {
+    *o = json_object_get(*root, "image_processor");
+    *prefix = "image_processor.";
+    if (!*o) return 0;
+  }
+  if (!json_is_object(*o)) {
+    int rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, *prefix);
+    json_decref(*root);
+    *root = NULL;
+    return rc;
+  }
+  return 0;
+}
+
 int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen) {
   const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
   struct md_vision_cfg *v = &cfg->vision;
   if (!v->present)
     return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no vision tower", file);
-  json_error_t jerr;
-  json_t *root = json_loadb(text, len, 0, &jerr);
-  if (!root)
-    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
-                   jerr.column, jerr.text);
+  json_t *root;
+  const json_t *o;
+  const char *prefix;
+  int rc = preproc_object(text, len, nested, &root, &o, &prefix, err, errlen);
+  if (rc) return rc;
   struct md_preproc_cfg p = v->pre;
-  const json_t *o = root;
-  const char *prefix = "";
-  int rc = 0;
   long long x;
-  if (nested) {
-    o = json_object_get(root, "image_processor");
-    prefix = "image_processor.";
-    if (!o) goto done; /* a processor without images: keep the defaults */
-  }
-  if (!json_is_object(o)) {
-    rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, prefix);
-    goto done;
-  }
+  if (!o) goto done; /* a processor without images: keep the defaults */
   if ((rc = get_bool(o, "do_resize", p.do_resize, &p.do_resize, err, errlen)) ||
       (rc = get_bool(o, "do_rescale", p.do_rescale, &p.do_rescale, err, errlen)) ||
       (rc = get_bool(o, "do_normalize", p.do_normalize, &p.do_normalize, err, errlen)) ||
@@ -961,25 +978,15 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
   struct md_vision_g4_cfg *v = &cfg->vision_g4;
   if (!v->present)
     return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no Gemma 4 vision tower", file);
-  json_error_t jerr;
-  json_t *root = json_loadb(text, len, 0, &jerr);
-  if (!root)
-    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
-                   jerr.column, jerr.text);
-  const json_t *o = root;
-  const char *prefix = "";
-  int rc = 0, do_resize = 1, do_rescale = 1, do_normalize = 0;
+  json_t *root;
+  const json_t *o;
+  const char *prefix;
+  int rc = preproc_object(text, len, nested, &root, &o, &prefix, err, errlen);
+  if (rc) return rc;
+  int do_resize = 1, do_rescale = 1, do_normalize = 0;
   long long tokens = 0, patch = 0, pool = 0, resample = 0;
   double factor = 0;
-  if (nested) {
-    o = json_object_get(root, "image_processor");
-    prefix = "image_processor.";
-    if (!o) goto done; /* a processor without images: keep the config's values */
-  }
-  if (!json_is_object(o)) {
-    rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, prefix);
-    goto done;
-  }
+  if (!o) goto done; /* a processor without images: keep the config's values */
   /* Gemma4ImageProcessor's fields; a missing one keeps the tower's value or
    * the processor's default */
   if ((rc =
