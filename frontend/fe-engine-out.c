@@ -296,6 +296,20 @@ static char *native_calls(const struct fe_eng_choice *ch) {
   return s;
 }
 
+/* A streamed call's first delta: its index, a fresh id, type and name, empty arguments. */
+static json_t *call_begins(size_t index, const char *name, size_t len) {
+  char id[40];
+  fe_api_make_id(id, sizeof(id), "call_");
+  return json_pack("{s:I, s:s, s:s, s:{s:s%, s:s}}", "index", (json_int_t)index, "id", id, "type",
+                   "function", "function", "name", name, len, "arguments", "");
+}
+
+/* A streamed call's next delta: a fragment of its arguments under its index. */
+static json_t *call_goes_on(size_t index, const char *args, size_t len) {
+  return json_pack("{s:I, s:{s:s%}}", "index", (json_int_t)index, "function", "arguments", args,
+                   len);
+}
+
 /* A stream's deltas of the calls being read (ch->g4_out.deltas) as OpenAI's
  * delta.tool_calls (malloc'd; NULL: none): a call's index, id, type and name
  * once with empty arguments, then its argument fragments under its index.
@@ -307,15 +321,12 @@ static char *native_deltas(struct fe_eng_choice *ch) {
   json_t *d, *name;
   json_array_foreach(ds, i, d) {
     json_t *x;
-    if ((name = json_object_get(d, "name"))) {
-      char id[40];
-      fe_api_make_id(id, sizeof(id), "call_");
-      x = json_pack("{s:I, s:s, s:s, s:{s:O, s:s}}", "index", (json_int_t)ch->n_calls++, "id", id,
-                    "type", "function", "function", "name", name, "arguments", "");
-    } else {
-      x = json_pack("{s:I, s:{s:O}}", "index", (json_int_t)(ch->n_calls ? ch->n_calls - 1 : 0),
-                    "function", "arguments", json_object_get(d, "arguments"));
-    }
+    const char *args = json_string_value(json_object_get(d, "arguments"));
+    if ((name = json_object_get(d, "name")))
+      x = call_begins(ch->n_calls++, json_string_value(name), json_string_length(name));
+    else
+      x = call_goes_on(ch->n_calls ? ch->n_calls - 1 : 0, args ? args : "",
+                       args ? strlen(args) : 0);
     json_array_append_new(out, x);
   }
   char *s = json_array_size(out) ? json_dumps(out, JSON_COMPACT) : NULL;
@@ -437,18 +448,13 @@ static char *tool_deltas(struct fe_eng_choice *ch) {
   json_t *out = json_array();
   for (size_t i = ch->n_calls ? ch->n_calls - 1 : 0; i < n && out; i++) {
     if (i >= ch->n_calls) {
-      char id[40];
-      fe_api_make_id(id, sizeof(id), "call_");
-      json_array_append_new(out, json_pack("{s:I, s:s, s:s, s:{s:s%, s:s}}", "index", (json_int_t)i,
-                                           "id", id, "type", "function", "function", "name",
-                                           t + sp[i].name_at, sp[i].name_len, "arguments", ""));
+      json_array_append_new(out, call_begins(i, t + sp[i].name_at, sp[i].name_len));
       ch->n_calls = i + 1;
       ch->tool_args_sent = 0;
     }
     if (sp[i].args_len > ch->tool_args_sent) {
-      json_array_append_new(out, json_pack("{s:I, s:{s:s%}}", "index", (json_int_t)i, "function",
-                                           "arguments", t + sp[i].args_at + ch->tool_args_sent,
-                                           sp[i].args_len - ch->tool_args_sent));
+      json_array_append_new(out, call_goes_on(i, t + sp[i].args_at + ch->tool_args_sent,
+                                              sp[i].args_len - ch->tool_args_sent));
       ch->tool_args_sent = sp[i].args_len;
     }
   }
