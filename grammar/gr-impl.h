@@ -210,31 +210,45 @@ void gr_stackset_free(struct gr_stackset *s);
 int gr_stackset_copy(struct gr_stackset *d, const struct gr_stackset *s);
 
 /* ---- vocabularies ------------------------------------------------------- */
-/* A trie of the token byte strings, in preorder: node i is reached over byte
- * byte[i] from its parent at depth depth[i] - 1; its subtree ends before node
- * end[i]; the tokens spelled exactly by its path are ids[tok[i] .. tok[i+1]). */
+/* A node of the vocabulary trie: everything a mask walk reads about it in 32
+ * bytes, so that a walk that skips from subtree to subtree touches one cache
+ * line per node it visits (eight arrays cost a miss each). */
+struct gr_node {
+  /* asc (128 bits: lo, hi): the ASCII bytes in the subtree (its own byte
+   * included) */
+  uint64_t asc[2];
+  uint32_t end;   /* the subtree ends before this node */
+  uint32_t tok;   /* the tokens spelled exactly by the path: ids[tok .. next node's tok) */
+  uint16_t depth; /* 1 .. max_len */
+  uint8_t byte;   /* reached over this byte from the parent (at depth - 1) */
+  /* u8ok bit q: every byte string of the subtree, read from this node's byte on
+   * with the UTF-8 decoder in state q (0: at a character boundary), is
+   * well-formed plain JSON string text (no '"', '\\', control characters;
+   * possibly ending inside a character) */
+  uint8_t u8ok;
+  uint8_t nchars; /* the most characters such a string starts (255 cap) */
+  uint8_t wide;   /* the subtree has a byte >= 0x80 */
+  uint8_t pad[2];
+};
+
+/* A trie of the token byte strings, in preorder: node[0 .. n_nodes), and a
+ * sentinel node[n_nodes] whose tok is n_ids. */
 struct gr_vocab {
   int32_t n;       /* tokens */
   uint8_t **bytes; /* (n): each token's bytes, pointers into blob */
   uint8_t *blob;
   uint32_t *lens; /* (n): bytes */
   uint32_t n_nodes;
-  uint8_t *byte;   /* (n_nodes) */
-  uint16_t *depth; /* (n_nodes): 1 .. max_len */
-  uint32_t *end;   /* (n_nodes) */
-  uint32_t *tok;   /* (n_nodes + 1) */
-  int32_t *ids;    /* (n_ids): the tokens with bytes, sorted by them */
+  struct gr_node *node; /* (n_nodes + 1) */
+  /* (n_nodes): the first of node i and its later siblings whose subtree is not
+   * all plain text from a character boundary (u8ok bit 0 clear), else the end
+   * of i's parent: a walk that has the plain tokens in already jumps there */
+  uint32_t *mixed;
+  int32_t *ids; /* (n_ids): the tokens with bytes, sorted by them */
   int32_t n_ids;
   uint32_t max_len; /* bytes of the longest token */
   uint64_t serial;  /* tells vocabularies apart in caches */
-  /* For skipping whole subtrees of plain text: u8ok[i] bit q is set when every
-   * byte string of node i's subtree, read from node i's byte on with the UTF-8
-   * decoder in state q (0: at a character boundary), is well-formed plain JSON
-   * string text (no '"', '\\', control characters; possibly ending inside a
-   * character); nchars[i] is the most characters such a string starts (255 cap). */
-  uint8_t *u8ok;   /* (n_nodes) */
-  uint8_t *nchars; /* (n_nodes) */
-  uint8_t *tchars; /* (n): characters of each token, when it is plain text (255 cap) */
+  uint8_t *tchars;  /* (n): characters of each token, when it is plain text (255 cap) */
   /* (max_len + 1, words): bitmap w holds the tokens that are plain text from a
    * character boundary and have at most w characters; NULL for vocabularies
    * with tokens longer than 64 bytes */
@@ -242,10 +256,6 @@ struct gr_vocab {
   /* has[b] (b < 128, when plain_le is made): the tokens holding ASCII byte b, a
    * bitmap of the vocabulary each */
   uint32_t *has;
-  /* asc[i] (128 bits: lo, hi): the ASCII bytes in node i's subtree (its own
-   * byte included); wide[i / 8] bit i % 8: the subtree has a byte >= 0x80 */
-  uint64_t *asc; /* (n_nodes, 2) */
-  uint8_t *wide; /* (n_nodes + 7) / 8 */
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);
@@ -253,7 +263,8 @@ void gr_mask_cache_free(struct gr_mask_cache *c);
 int gr_plain_reach(struct gr_grammar *g);
 /* The plain-text UTF-8 decoder (gr-plain.c): the state after byte b, or -1. */
 int gr_u8_step(int q, uint8_t b);
-/* Fills v->u8ok, v->nchars, v->tchars, v->plain_le (gr-plain.c). */
+/* Fills the nodes' u8ok, nchars, asc and wide, and v->tchars, v->plain_le,
+ * v->has (gr-plain.c). */
 int gr_plain_vocab(struct gr_vocab *v);
 
 #endif

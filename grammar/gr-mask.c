@@ -23,6 +23,19 @@ static int cmp_tok(const void *a, const void *b, void *ctx) {
   return x < y ? -1 : x > y;
 }
 
+_Static_assert(sizeof(struct gr_node) == 32, "a trie node is half a cache line");
+
+/* How many leading bytes the t-th token in sorted order shares with the one
+ * before it. */
+static uint32_t shared_prefix(const struct gr_vocab *v, int32_t t) {
+  if (t == 0) return 0;
+  const uint8_t *s = v->bytes[v->ids[t]], *p = v->bytes[v->ids[t - 1]];
+  uint32_t len = v->lens[v->ids[t]], pl = v->lens[v->ids[t - 1]], l = 0;
+  while (l < len && l < pl && s[l] == p[l])
+    l++;
+  return l;
+}
+
 int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n,
                     struct gr_vocab **out) {
   *out = NULL;
@@ -62,46 +75,41 @@ int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n
   }
   qsort_r(v->ids, (size_t)n_ids, sizeof *v->ids, cmp_tok, v);
   /* the trie in preorder: each token adds the nodes past its common prefix with
-   * the one before it in sorted order */
-  size_t cap = total ? total : 1;
-  v->byte = malloc(cap);
-  v->depth = malloc(cap * sizeof *v->depth);
-  v->end = malloc(cap * sizeof *v->end);
-  v->tok = malloc((cap + 1) * sizeof *v->tok);
+   * the one before it in sorted order (counted first, then made) */
+  uint32_t nn = 0, path_len = 0;
+  for (int32_t t = 0; t < n_ids; t++)
+    nn += v->lens[v->ids[t]] - shared_prefix(v, t);
+  v->node = calloc((size_t)nn + 1, sizeof *v->node);
   uint32_t *path = malloc(((size_t)v->max_len + 1) * sizeof *path);
-  if (!v->byte || !v->depth || !v->end || !v->tok || !path) {
+  if (!v->node || !path) {
     free(path);
     goto fail;
   }
-  uint32_t nn = 0, path_len = 0;
-  const uint8_t *prev = NULL;
-  uint32_t prev_len = 0;
+  struct gr_node *node = v->node;
+  nn = 0;
   for (int32_t t = 0; t < n_ids; t++) {
     int32_t id = v->ids[t];
     const uint8_t *s = v->bytes[id];
-    uint32_t len = v->lens[id], l = 0;
-    while (prev && l < len && l < prev_len && s[l] == prev[l])
-      l++;
+    uint32_t len = v->lens[id], l = shared_prefix(v, t);
     for (uint32_t d = l; d < path_len; d++)
-      v->end[path[d]] = nn; /* subtrees that close */
+      node[path[d]].end = nn; /* subtrees that close */
     path_len = l;
     for (uint32_t d = l; d < len; d++) {
-      v->byte[nn] = s[d];
-      v->depth[nn] = (uint16_t)(d + 1);
-      v->tok[nn] = (uint32_t)t;
+      node[nn].byte = s[d];
+      node[nn].depth = (uint16_t)(d + 1);
+      node[nn].tok = (uint32_t)t;
       path[path_len++] = nn++;
     }
-    prev = s;
-    prev_len = len;
   }
   for (uint32_t d = 0; d < path_len; d++)
-    v->end[path[d]] = nn;
-  v->tok[nn] = (uint32_t)n_ids;
+    node[path[d]].end = nn;
+  node[nn].tok = (uint32_t)n_ids;
   /* a node's tokens begin where its first token was placed; nodes made for a
    * longer token's inner bytes have none: tok[i] == tok[i+1] must hold there */
   for (uint32_t i = nn; i-- > 0;) {
-    int32_t id = v->ids[v->tok[i] < (uint32_t)n_ids ? v->tok[i] : 0];
-    if (v->tok[i] >= (uint32_t)n_ids || v->lens[id] != v->depth[i]) v->tok[i] = v->tok[i + 1];
+    int32_t id = v->ids[node[i].tok < (uint32_t)n_ids ? node[i].tok : 0];
+    if (node[i].tok >= (uint32_t)n_ids || v->lens[id] != node[i].depth)
+      node[i].tok = node[i + 1].tok;
   }
   free(path);
   v->n_nodes = nn;
@@ -122,17 +130,11 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->bytes);
   free(v->blob);
   free(v->ids);
-  free(v->byte);
-  free(v->depth);
-  free(v->end);
-  free(v->tok);
-  free(v->u8ok);
-  free(v->nchars);
+  free(v->node);
+  free(v->mixed);
   free(v->tchars);
   free(v->plain_le);
   free(v->has);
-  free(v->asc);
-  free(v->wide);
   free(v);
 }
 
@@ -297,7 +299,8 @@ static const struct gr_stackset *level_set(struct gr_matcher *m, uint32_t d) {
 
 /* Every token of trie node i's subtree into bits. */
 static void allow_subtree(const struct gr_vocab *v, uint32_t i, uint32_t *bits) {
-  for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+  const struct gr_node *nd = &v->node[i];
+  for (uint32_t k = nd->tok; k < v->node[nd->end].tok; k++) {
     uint32_t id = (uint32_t)v->ids[k];
     bits[id >> 5] |= 1u << (id & 31);
   }
@@ -307,12 +310,13 @@ static void allow_subtree(const struct gr_vocab *v, uint32_t i, uint32_t *bits) 
  * the subtree is ASCII of an alphabet s takes a run of, no longer than the run. */
 static int run_covers(const struct gr_grammar *g, const struct gr_vocab *v, uint32_t s,
                       uint32_t i) {
-  if (!g->run_any || g->run_any[s] < v->nchars[i] || (v->wide[i / 8] >> (i % 8) & 1)) return 0;
+  const struct gr_node *nd = &v->node[i];
+  if (!g->run_any || g->run_any[s] < nd->nchars || nd->wide) return 0;
   const uint8_t *run = g->run + (size_t)s * g->n_alpha;
-  const uint64_t *sub = v->asc + 2 * (size_t)i, *un = g->run_set + 2 * (size_t)s;
+  const uint64_t *sub = nd->asc, *un = g->run_set + 2 * (size_t)s;
   if ((sub[0] & ~un[0]) || (sub[1] & ~un[1])) return 0; /* a byte of none of them */
   for (uint32_t k = 0; k < g->n_alpha; k++)
-    if (run[k] >= v->nchars[i] && !(sub[0] & ~g->alpha[2 * k]) && !(sub[1] & ~g->alpha[2 * k + 1]))
+    if (run[k] >= nd->nchars && !(sub[0] & ~g->alpha[2 * k]) && !(sub[1] & ~g->alpha[2 * k + 1]))
       return 1;
   return 0;
 }
@@ -362,68 +366,64 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
     }
   }
   for (uint32_t i = 0; i < v->n_nodes;) {
-    uint32_t d = v->depth[i];
-    uint8_t b = v->byte[i];
+    const struct gr_node *nd = &v->node[i];
+    uint32_t d = nd->depth;
+    uint8_t b = nd->byte;
     struct gr_level *pl = &lv[d - 1], *l = &lv[d];
     int ok;
     l->pc = pl->pc + ((b & 0xc0) != 0x80);
     l->pq = pl->pq < 0 ? -1 : gr_u8_step(pl->pq, b);
     l->pt = pl->pt || (b < 128 && (term0[b / 64] >> (b % 64) & 1));
-    if (pre && pl->pq >= 0 && !l->pt && (v->u8ok[i] >> pl->pq & 1) &&
-        !(v->asc[2 * (size_t)i] & term0[0]) && !(v->asc[2 * (size_t)i + 1] & term0[1])) {
-      i = v->end[i]; /* plain tokens: already in */
+    if (pre && pl->pq >= 0 && !l->pt && (nd->u8ok >> pl->pq & 1) && !(nd->asc[0] & term0[0]) &&
+        !(nd->asc[1] & term0[1])) {
+      /* plain tokens: already in; at a character boundary with no term, so
+       * are the plain siblings that follow */
+      i = pl->pq == 0 && !(term0[0] | term0[1]) ? v->mixed[i] : nd->end;
       continue;
     }
     if (pl->simple) {
-      const uint64_t *tm = g->term + 2 * (size_t)pl->top, *sub = v->asc + 2 * (size_t)i;
-      int plain = (v->u8ok[i] & 1) && !(sub[0] & tm[0]) && !(sub[1] & tm[1]);
-      if (reach[pl->top] && plain && v->nchars[i] <= reach[pl->top]) {
+      const uint64_t *tm = g->term + 2 * (size_t)pl->top, *sub = nd->asc;
+      int plain = (nd->u8ok & 1) && !(sub[0] & tm[0]) && !(sub[1] & tm[1]);
+      if (reach[pl->top] && plain && nd->nchars <= reach[pl->top]) {
         /* plain text the state takes whole: every token below is allowed */
-        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
-          uint32_t id = (uint32_t)v->ids[k];
-          bits[id >> 5] |= 1u << (id & 31);
-        }
-        i = v->end[i];
+        allow_subtree(v, i, bits);
+        i = nd->end;
         continue;
       }
-      const uint64_t *lp = loop + 2 * (size_t)pl->top, *as = v->asc + 2 * (size_t)i;
-      if ((lp[0] | lp[1]) && !(as[0] & ~lp[0]) && !(as[1] & ~lp[1]) &&
-          !(v->wide[i / 8] >> (i % 8) & 1)) {
+      const uint64_t *lp = loop + 2 * (size_t)pl->top, *as = nd->asc;
+      if ((lp[0] | lp[1]) && !(as[0] & ~lp[0]) && !(as[1] & ~lp[1]) && !nd->wide) {
         /* ASCII bytes the state loops on, only: every token below is allowed */
-        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
-          uint32_t id = (uint32_t)v->ids[k];
-          bits[id >> 5] |= 1u << (id & 31);
-        }
-        i = v->end[i];
+        allow_subtree(v, i, bits);
+        i = nd->end;
         continue;
       }
       if (run_covers(g, v, pl->top, i)) {
         allow_subtree(v, i, bits);
-        i = v->end[i];
+        i = nd->end;
         continue;
       }
       if (wall[pl->top] != 255 && plain) {
         /* plain text into a bounded string: the tokens short enough */
         uint32_t w = wall[pl->top] + pl->pc; /* counted from the token's start */
         if (l->pc > w) { /* every token below is longer: none */
-          i = v->end[i];
+          i = nd->end;
           continue;
         }
-        if (pl->pc + v->nchars[i] <= w) { /* every token below fits */
+        if (pl->pc + nd->nchars <= w) { /* every token below fits */
           allow_subtree(v, i, bits);
-          i = v->end[i];
+          i = nd->end;
           continue;
         }
-        for (uint32_t k = v->tok[i]; k < v->tok[v->end[i]]; k++) {
+        for (uint32_t k = nd->tok; k < v->node[nd->end].tok; k++) {
           uint32_t id = (uint32_t)v->ids[k];
           if (v->tchars[id] <= w) bits[id >> 5] |= 1u << (id & 31);
         }
-        i = v->end[i];
+        i = nd->end;
         continue;
       }
       uint32_t t = delta[(size_t)pl->top * ncls + g->cls[b]];
       if (t == GR_NONE) {
-        i = v->end[i];
+        i = nd->end;
         continue;
       }
       uint8_t fl = flags[t];
@@ -445,14 +445,14 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         covered = run_covers(g, v, pl->set.frames[pl->set.off[j + 1] - 1], i);
       if (covered) {
         allow_subtree(v, i, bits);
-        i = v->end[i];
+        i = nd->end;
         continue;
       }
       l->simple = 0;
       ok = gr_step(m, &pl->set, b, &l->set);
     }
     if (!ok) {
-      i = v->end[i];
+      i = nd->end;
       continue;
     }
     if (!l->simple && l->set.n == 1) { /* one stack again: simple below, on this set */
@@ -460,7 +460,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       l->top = l->set.frames[l->set.off[1] - 1];
       l->base = &l->set;
     }
-    for (uint32_t k = v->tok[i]; k < v->tok[i + 1]; k++) {
+    for (uint32_t k = nd->tok; k < nd[1].tok; k++) {
       uint32_t id = (uint32_t)v->ids[k];
       bits[id >> 5] |= 1u << (id & 31);
     }

@@ -38,10 +38,8 @@ int gr_u8_step(int q, uint8_t b) {
 }
 
 int gr_plain_vocab(struct gr_vocab *v) {
-  v->u8ok = malloc(v->n_nodes ? v->n_nodes : 1);
-  v->nchars = malloc(v->n_nodes ? v->n_nodes : 1);
   v->tchars = malloc((size_t)v->n);
-  if (!v->u8ok || !v->nchars || !v->tchars) return CM_ERR_NOMEM;
+  if (!v->tchars) return CM_ERR_NOMEM;
   for (int32_t id = 0; id < v->n; id++) {
     unsigned k = 0;
     for (uint32_t j = 0; j < v->lens[id]; j++)
@@ -70,40 +68,46 @@ int gr_plain_vocab(struct gr_vocab *v) {
       for (size_t k = 0; k < words; k++)
         v->plain_le[w * words + k] |= v->plain_le[(w - 1) * words + k];
   }
-  v->asc = calloc((size_t)v->n_nodes * 2 + 2, sizeof *v->asc);
-  v->wide = calloc((size_t)v->n_nodes / 8 + 1, 1);
-  if (!v->asc || !v->wide) return CM_ERR_NOMEM;
   /* children come after their parent in preorder: fill from the end */
+  struct gr_node *node = v->node;
   for (uint32_t i = v->n_nodes; i-- > 0;) {
-    uint8_t b = v->byte[i], ok = 0;
+    struct gr_node *nd = &node[i];
+    uint8_t b = nd->byte, ok = 0;
     unsigned most = 0;
-    for (uint32_t j = i + 1; j < v->end[i]; j = v->end[j])
-      if (v->nchars[j] > most) most = v->nchars[j];
+    for (uint32_t j = i + 1; j < nd->end; j = node[j].end)
+      if (node[j].nchars > most) most = node[j].nchars;
     for (int q = 0; q < 8; q++) {
       int q2 = gr_u8_step(q, b);
       if (q2 < 0) continue;
       int all = 1;
-      for (uint32_t j = i + 1; j < v->end[i] && all; j = v->end[j])
-        all = v->u8ok[j] >> q2 & 1;
+      for (uint32_t j = i + 1; j < nd->end && all; j = node[j].end)
+        all = node[j].u8ok >> q2 & 1;
       if (all) ok |= (uint8_t)(1u << q);
     }
-    v->u8ok[i] = ok;
+    nd->u8ok = ok;
     uint64_t lo = 0, hi = 0;
     int wide = b >= 0x80;
     if (b < 64)
       lo |= 1ull << b;
     else if (b < 128)
       hi |= 1ull << (b - 64);
-    for (uint32_t j = i + 1; j < v->end[i]; j = v->end[j]) {
-      lo |= v->asc[2 * (size_t)j];
-      hi |= v->asc[2 * (size_t)j + 1];
-      wide |= v->wide[j / 8] >> (j % 8) & 1;
+    for (uint32_t j = i + 1; j < nd->end; j = node[j].end) {
+      lo |= node[j].asc[0];
+      hi |= node[j].asc[1];
+      wide |= node[j].wide;
     }
-    v->asc[2 * (size_t)i] = lo;
-    v->asc[2 * (size_t)i + 1] = hi;
-    if (wide) v->wide[i / 8] |= (uint8_t)(1u << (i % 8));
+    nd->asc[0] = lo;
+    nd->asc[1] = hi;
+    nd->wide = (uint8_t)wide;
     most += (b & 0xc0) != 0x80; /* continuation bytes start no character */
-    v->nchars[i] = (uint8_t)(most > 255 ? 255 : most);
+    nd->nchars = (uint8_t)(most > 255 ? 255 : most);
+  }
+  v->mixed = malloc((v->n_nodes ? (size_t)v->n_nodes : 1) * sizeof *v->mixed);
+  if (!v->mixed) return CM_ERR_NOMEM;
+  for (uint32_t i = v->n_nodes; i-- > 0;) {
+    uint32_t e = node[i].end; /* the next sibling, or past the parent */
+    int sib = e < v->n_nodes && node[e].depth == node[i].depth;
+    v->mixed[i] = !(node[i].u8ok & 1) ? i : sib ? v->mixed[e] : e;
   }
   return 0;
 }
