@@ -317,12 +317,8 @@ TH_TEST(tensor_parallel_cuts_hold_the_whole_models_codes) {
   TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, WK_ST_BF16, 13) == 0);
   struct kn_backend *be = NULL;
   TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
-  struct wk_model_opts o = {.max_batch_tokens = 16,
-                            .max_seqs = 1,
-                            .kv_tokens = 64,
-                            .quiet = 1,
-                            .quantization = WK_QUANT_FP8,
-                            .fp8_reference = 1};
+  struct wk_model_opts o = wkt_small_opts(WK_QUANT_FP8);
+  o.fp8_reference = 1;
   struct wk_model *one = NULL, *cut = NULL;
   TH_REQUIRE(wk_model_load(dir, be, &o, &one, err, sizeof(err)) == 0);
   for (int rank = 0; rank < 2; rank++) {

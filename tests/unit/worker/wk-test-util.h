@@ -11,6 +11,7 @@
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
 #include "tests/harness/th.h"
+#include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-tiny-spec.h"
 
@@ -33,6 +34,16 @@ static inline void wkt_rmdir(const char *dir) {
     unlink(p);
   }
   rmdir(dir);
+}
+
+/* The options of a small load (16 batch tokens, one sequence, 64 KV tokens,
+ * quiet) with `quantization` (WK_QUANT_*, or 0). */
+static inline struct wk_model_opts wkt_small_opts(int quantization) {
+  return (struct wk_model_opts){.max_batch_tokens = 16,
+                                .max_seqs = 1,
+                                .kv_tokens = 64,
+                                .quiet = 1,
+                                .quantization = quantization};
 }
 
 /* Writes a generated checkpoint (small vocabulary) into a new directory. */
