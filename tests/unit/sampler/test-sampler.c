@@ -229,37 +229,57 @@ TH_TEST(sampling_distribution_chi_square) {
   wk_sampler_destroy(s);
 }
 
+/* DRAWS verifications of draft against k_probs (the draw's index as its
+ * step) under allow (NULL for none): the tokens drawn counted into counts[8],
+ * the number of drafts accepted returned. A rejected draft is never the token
+ * drawn in its place. */
+static long verify_draws(struct wk_sampler *s, const struct wk_sampling_params *p, int draft,
+                         const uint32_t *allow, long counts[8]) {
+  float l[8];
+  long acc = 0;
+  for (long t = 0; t < DRAWS; t++) {
+    struct wk_sample_result r;
+    int accepted = 0;
+    fill_logp(l, k_probs, 8);
+    TH_REQUIRE(wk_sample_verify(s, l, p, NULL, (uint64_t)t, draft, allow, &accepted, &r) == 0);
+    TH_REQUIRE(r.token >= 0 && r.token < 8);
+    counts[r.token]++;
+    acc += accepted;
+    if (!accepted) TH_CHECK(r.token != draft);
+  }
+  return acc;
+}
+
+/* One verification of draft against k_probs at step 0: the token, and in
+ * *accepted whether the draft was. */
+static int verify_once(struct wk_sampler *s, const struct wk_sampling_params *p, int draft,
+                       const uint32_t *allow, int *accepted) {
+  float l[8];
+  struct wk_sample_result r;
+  fill_logp(l, k_probs, 8);
+  TH_REQUIRE(wk_sample_verify(s, l, p, NULL, 0, draft, allow, accepted, &r) == 0);
+  return r.token;
+}
+
 TH_TEST(rejection_sampling_preserves_target) {
   struct wk_sampler *s = NULL;
   TH_CHECK(wk_sampler_create(8, &s) == 0);
   struct wk_sampling_params p = params();
   p.seed = 99;
-  float l[8];
   for (int draft = 0; draft < 8; draft += 3) {
-    long counts[8] = {0}, acc = 0;
-    for (long t = 0; t < DRAWS; t++) {
-      struct wk_sample_result r;
-      int accepted = 0;
-      fill_logp(l, k_probs, 8);
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, NULL, &accepted, &r) == 0);
-      counts[r.token]++;
-      acc += accepted;
-      if (!accepted) TH_CHECK(r.token != draft);
-    }
+    long counts[8] = {0};
+    long acc = verify_draws(s, &p, draft, NULL, counts);
     TH_CHECK(chi2(counts, k_probs, 8, DRAWS) < CHI2_CRIT_7);
     /* acceptance rate is p_target(draft) */
     TH_CHECK_NEAR((double)acc / DRAWS, k_probs[draft], 0.01);
   }
   /* greedy verification is exact */
   p.temperature = 0;
-  struct wk_sample_result r;
   int accepted;
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, NULL, &accepted, &r) == 0);
-  TH_CHECK(accepted && r.token == 0);
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 4, NULL, &accepted, &r) == 0);
-  TH_CHECK(!accepted && r.token == 0);
+  int token = verify_once(s, &p, 0, NULL, &accepted);
+  TH_CHECK(accepted && token == 0);
+  token = verify_once(s, &p, 4, NULL, &accepted);
+  TH_CHECK(!accepted && token == 0);
   wk_sampler_destroy(s);
 }
 
@@ -277,18 +297,9 @@ TH_TEST(rejection_sampling_under_a_mask) {
     if (allow[0] >> i & 1) z += k_probs[i];
   for (int i = 0; i < 8; i++)
     q[i] = allow[0] >> i & 1 ? k_probs[i] / z : 0;
-  float l[8];
   for (int draft = 0; draft < 8; draft += 2) { /* 0 and 2 refused, 4 and 6 allowed */
-    long counts[8] = {0}, acc = 0;
-    for (long t = 0; t < DRAWS; t++) {
-      struct wk_sample_result r;
-      int accepted = 0;
-      fill_logp(l, k_probs, 8);
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, allow, &accepted, &r) == 0);
-      TH_REQUIRE(r.token >= 0 && r.token < 8);
-      counts[r.token]++;
-      acc += accepted;
-    }
+    long counts[8] = {0};
+    long acc = verify_draws(s, &p, draft, allow, counts);
     for (int i = 0; i < 8; i++)
       if (!q[i]) TH_CHECK_EQ_INT(counts[i], 0);
     long kept[4] = {counts[1], counts[3], counts[4], counts[6]};
@@ -298,17 +309,14 @@ TH_TEST(rejection_sampling_under_a_mask) {
   }
   /* greedy: the masked argmax */
   p.temperature = 0;
-  struct wk_sample_result r;
   int accepted;
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, allow, &accepted, &r) == 0);
+  int token = verify_once(s, &p, 0, allow, &accepted);
   int best = 1;
   for (int i = 0; i < 8; i++)
     if (q[i] > q[best]) best = i;
-  TH_CHECK(!accepted && r.token == best);
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, best, allow, &accepted, &r) == 0);
-  TH_CHECK(accepted && r.token == best);
+  TH_CHECK(!accepted && token == best);
+  token = verify_once(s, &p, best, allow, &accepted);
+  TH_CHECK(accepted && token == best);
   wk_sampler_destroy(s);
 }
 
