@@ -162,15 +162,24 @@ TH_TEST(deep_nesting_fails) {
   TH_CHECK_EQ_INT(decode(PR_PING, shallow, s + 1, 0, NULL, NULL), CM_ERR_DEPTH);
 }
 
+/* b made again as the start of an ADD body: a map of n_keys members whose
+ * first are the request id (1), max_tokens (1) and the prompt's array header
+ * of n_prompt tokens, which the caller writes next. */
+static void add_head(struct pr_buf *b, uint32_t n_keys, uint32_t n_prompt) {
+  msgpack_packer *pk = PR_PACKER(b);
+  pr_buf_reset(b);
+  msgpack_pack_map(pk, n_keys);
+  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, n_prompt);
+}
+
 /* A well-formed array whose elements need more memory than the arena's cap. */
 TH_TEST(arena_cap_bounds_allocation) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
   msgpack_packer *pk = PR_PACKER(&b);
-  msgpack_pack_map(pk, 3);
-  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, 100000);
+  add_head(&b, 3, 100000);
   for (int i = 0; i < 100000; i++)
     msgpack_pack_uint64(pk, 7);
   TH_REQUIRE(b.err == 0);
@@ -234,11 +243,8 @@ TH_TEST(wrong_types_and_ranges) {
 /* An ADD with a sampling map holding one field. */
 static int add_with_sampling(struct pr_buf *b, uint32_t key, double v) {
   msgpack_packer *pk = PR_PACKER(b);
-  pr_buf_reset(b);
-  msgpack_pack_map(pk, 4);
-  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, 1), msgpack_pack_uint64(pk, 2);
+  add_head(b, 4, 1);
+  msgpack_pack_uint64(pk, 2);
   msgpack_pack_uint64(pk, PR_K_ADD_SAMPLING), msgpack_pack_map(pk, 1), msgpack_pack_uint64(pk, key),
       msgpack_pack_double(pk, v);
   return decode_buf(PR_ADD, b);
