@@ -86,18 +86,21 @@ static int load(const char *url, const struct fe_image_limits *lim, struct fe_im
 }
 
 /* An error: the code, a one-line reason that does not name the part itself,
- * and no pixels. */
+ * and no pixels. A failure names `what` (the input) where it is not NULL. */
 #define CHECK_ERR(rc, im, want, err, needle)                                                       \
-  check_err(__FILE__, __LINE__, rc, im, want, err, needle)
-static void check_err(const char *file, int line, int rc, const struct fe_image *im, int want,
-                      const char *err, const char *needle) {
+  check_err(__FILE__, __LINE__, NULL, rc, im, want, err, needle)
+static void check_err(const char *file, int line, const char *what, int rc,
+                      const struct fe_image *im, int want, const char *err, const char *needle) {
+  const char *sep = what ? ": " : "";
+  if (!what) what = "";
   if (rc != want)
-    th_fail(file, line, "rc %d (%s), want %d (%s); err: %s", rc, cm_strerror(rc), want,
-            cm_strerror(want), err);
+    th_fail(file, line, "%s%src %d (%s), want %d (%s); err: %s", what, sep, rc, cm_strerror(rc),
+            want, cm_strerror(want), err);
   if (!err[0] || strchr(err, '\n') || !strncmp(err, "image_url", 9) || !strncmp(err, "messages", 8))
-    th_fail(file, line, "bad reason \"%s\"", err);
-  if (needle && !strstr(err, needle)) th_fail(file, line, "\"%s\" lacks \"%s\"", err, needle);
-  if (im->rgb || im->w || im->h) th_fail(file, line, "an error left pixels behind");
+    th_fail(file, line, "%s%sbad reason \"%s\"", what, sep, err);
+  if (needle && !strstr(err, needle))
+    th_fail(file, line, "%s%s\"%s\" lacks \"%s\"", what, sep, err, needle);
+  if (im->rgb || im->w || im->h) th_fail(file, line, "%s%san error left pixels behind", what, sep);
 }
 
 /* The decoded image is exactly want (w x h RGB). */
@@ -897,6 +900,22 @@ TH_TEST(data_url_tails) {
   TH_CHECK_EQ_INT(seen, 7);
 }
 
+/* A URL refused without limits: the code and what the reason holds. */
+struct refused_url {
+  const char *url;
+  int rc;
+  const char *needle;
+};
+
+static void check_refused_urls(const struct refused_url *cases, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    struct fe_image im;
+    char err[512];
+    int rc = load(cases[i].url, NULL, &im, err, sizeof(err));
+    check_err(__FILE__, __LINE__, cases[i].url, rc, &im, cases[i].rc, err, cases[i].needle);
+  }
+}
+
 TH_TEST(data_url_rules) {
   struct mbuf m = png_rgb(4, 4, 0, 51, NULL);
   TH_REQUIRE(m.n > 0);
@@ -919,24 +938,19 @@ TH_TEST(data_url_rules) {
   char *plain = data_url("data:image/png,", m.p, m.n, 1);
   CHECK_ERR(load(plain, NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err, ";base64");
   free(plain);
-  CHECK_ERR(load("data:image/png;base64", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "','");
-  CHECK_ERR(load("data:image/png;base64,", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "empty image");
-  /* padding */
-  CHECK_ERR(load("data:;base64,QUJD=", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "padding");
-  CHECK_ERR(load("data:;base64,QU=", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "padding");
-  CHECK_ERR(load("data:;base64,QUJDR", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "one character");
-  CHECK_ERR(load("data:;base64,Q===", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "offset 1");
-  CHECK_ERR(load("data:;base64,QU=J", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "offset 2");
-  /* well-formed base64 of bytes that are no image */
-  CHECK_ERR(load("data:;base64,QUJD", NULL, &im, err, sizeof(err)), &im, CM_ERR_UNSUPPORTED, err,
-            "unsupported image type (PNG, JPEG, WebP and GIF are)");
+  /* no ',', no payload; padding; well-formed base64 of bytes that are no image */
+  static const struct refused_url refused[] = {
+      {"data:image/png;base64", CM_ERR_INVAL, "','"},
+      {"data:image/png;base64,", CM_ERR_INVAL, "empty image"},
+      {"data:;base64,QUJD=", CM_ERR_INVAL, "padding"},
+      {"data:;base64,QU=", CM_ERR_INVAL, "padding"},
+      {"data:;base64,QUJDR", CM_ERR_INVAL, "one character"},
+      {"data:;base64,Q===", CM_ERR_INVAL, "offset 1"},
+      {"data:;base64,QU=J", CM_ERR_INVAL, "offset 2"},
+      {"data:;base64,QUJD", CM_ERR_UNSUPPORTED,
+       "unsupported image type (PNG, JPEG, WebP and GIF are)"},
+  };
+  check_refused_urls(refused, sizeof(refused) / sizeof(refused[0]));
   /* size over max_bytes, refused from the payload's length */
   struct fe_image_limits lim = {m.n - 1, 0, NULL};
   char want[160];
@@ -961,12 +975,13 @@ TH_TEST(url_schemes) {
     TH_CHECK(strstr(err, "data:") && strstr(err, "file://") &&
              strstr(err, "--allowed-local-media-path"));
   }
-  CHECK_ERR(load("ftp://example.com/a.png", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "'ftp:'");
-  CHECK_ERR(load("", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err, "empty");
-  CHECK_ERR(load("iVBORw0KGgo", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err, "not a URL");
-  CHECK_ERR(load("file:///etc/passwd", NULL, &im, err, sizeof(err)), &im, CM_ERR_UNSUPPORTED, err,
-            "--allowed-local-media-path");
+  static const struct refused_url refused[] = {
+      {"ftp://example.com/a.png", CM_ERR_INVAL, "'ftp:'"},
+      {"", CM_ERR_INVAL, "empty"},
+      {"iVBORw0KGgo", CM_ERR_INVAL, "not a URL"},
+      {"file:///etc/passwd", CM_ERR_UNSUPPORTED, "--allowed-local-media-path"},
+  };
+  check_refused_urls(refused, sizeof(refused) / sizeof(refused[0]));
 }
 
 /* ---- file:// URLs ------------------------------------------------------------------------- */
