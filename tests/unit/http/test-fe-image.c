@@ -119,6 +119,24 @@ static void check_pixels(const char *file, int line, const struct fe_image *im, 
     }
 }
 
+/* m, a whole encoded image, decodes (without limits) to exactly want (w x h
+ * RGB); m is freed. */
+#define CHECK_DECODES(m, want, w, h) check_decodes(__FILE__, __LINE__, m, want, w, h)
+static void check_decodes(const char *file, int line, struct mbuf *m, const uint8_t *want, int w,
+                          int h) {
+  if (m->n == 0) {
+    th_fail(file, line, "nothing was encoded");
+    th_stop();
+  }
+  struct fe_image im;
+  char err[256];
+  int rc = decode(m->p, m->n, NULL, &im, err, sizeof(err));
+  if (rc) th_fail(file, line, "decode: %s (%s)", cm_strerror(rc), err);
+  check_pixels(file, line, &im, want, w, h);
+  fe_image_free(&im);
+  mb_free(m);
+}
+
 static double mean_abs_err(const uint8_t *a, const uint8_t *b, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; i++)
@@ -668,13 +686,7 @@ TH_TEST(webp_still) {
   uint8_t px[N * 3], rgba[N * 4], smooth[N * 3];
   random_bytes(px, sizeof(px), 8);
   struct mbuf m = webp_lossless_rgb(px, W, H);
-  TH_REQUIRE(m.n > 0);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, px, W, H);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, px, W, H);
   /* with alpha (never 0, whose color the encoder may change): alpha dropped */
   for (int i = 0; i < N; i++) {
     memcpy(rgba + i * 4, px + i * 3, 3);
@@ -683,16 +695,14 @@ TH_TEST(webp_still) {
   uint8_t *out = NULL;
   size_t n = WebPEncodeLosslessRGBA(rgba, W, H, W * 4, &out);
   m = webp_wrap(out, n);
-  TH_REQUIRE(m.n > 0);
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, px, W, H);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, px, W, H);
   /* lossy */
   smooth_rgb(smooth, W, H);
   n = WebPEncodeRGB(smooth, W, H, W * 3, 95, &out);
   m = webp_wrap(out, n);
   TH_REQUIRE(m.n > 0);
+  struct fe_image im;
+  char err[256];
   TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
   TH_REQUIRE(im.rgb && im.w == W && im.h == H);
   TH_CHECK(mean_abs_err(im.rgb, smooth, N * 3) < 4.0);
@@ -713,12 +723,7 @@ TH_TEST(webp_animated_first_frame) {
   TH_REQUIRE(m.n > 0);
   WebPBitstreamFeatures f;
   TH_REQUIRE(WebPGetFeatures(m.p, m.n, &f) == VP8_STATUS_OK && f.has_animation);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, W, H);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, W, H);
 }
 
 /* ---- GIF ----------------------------------------------------------------------------------- */
@@ -729,14 +734,8 @@ TH_TEST(gif_full_and_interlaced) {
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
       uint8_t *px;
       struct mbuf m = gif_simple(sizes[k][0], sizes[k][1], il, &px);
-      TH_REQUIRE(m.n > 0);
-      struct fe_image im;
-      char err[256];
-      TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-      CHECK_PIXELS(&im, px, sizes[k][0], sizes[k][1]);
-      fe_image_free(&im);
+      CHECK_DECODES(&m, px, sizes[k][0], sizes[k][1]);
       free(px);
-      mb_free(&m);
     }
   }
 }
@@ -758,13 +757,7 @@ TH_TEST(gif_offset_transparent) {
         memcpy(want + ((FY + y) * SW + FX + x) * 3, &pal[idx[y * FW + x]], 3);
   struct gif_frame f = {FX, FY, FW, FH, 0, 1, NULL, 0, idx};
   struct mbuf m = gif_make(SW, SH, pal, 8, 3, &f, 1);
-  TH_REQUIRE(m.n > 0);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, SW, SH);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, SW, SH);
   /* no global color map: a black canvas, the frame through its local map */
   memset(want, 0, sizeof(want));
   for (int y = 0; y < FH; y++)
@@ -773,11 +766,7 @@ TH_TEST(gif_offset_transparent) {
         memcpy(want + ((FY + y) * SW + FX + x) * 3, &pal[idx[y * FW + x]], 3);
   f.pal = pal, f.npal = 8;
   m = gif_make(SW, SH, NULL, 0, 3, &f, 1);
-  TH_REQUIRE(m.n > 0);
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, SW, SH);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, SW, SH);
 }
 
 /* A frame sticking out of the screen grows the canvas (as Pillow does); a
@@ -794,13 +783,7 @@ TH_TEST(gif_grow_and_two_frames) {
       memcpy(want + ((2 + y) * 6 + x) * 3, &pal[idx[y * 6 + x]], 3);
   struct gif_frame f = {0, 2, 6, 3, 0, -1, NULL, 0, idx};
   struct mbuf m = gif_make(4, 4, pal, 4, 2, &f, 1);
-  TH_REQUIRE(m.n > 0);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, 6, 5);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, 6, 5);
 
   uint8_t a[4 * 4], b[4 * 4], wa[4 * 4 * 3];
   for (int i = 0; i < 16; i++) {
@@ -809,11 +792,7 @@ TH_TEST(gif_grow_and_two_frames) {
   }
   struct gif_frame two[2] = {{0, 0, 4, 4, 0, -1, NULL, 0, a}, {0, 0, 4, 4, 0, -1, NULL, 0, b}};
   m = gif_make(4, 4, pal, 4, 0, two, 2);
-  TH_REQUIRE(m.n > 0);
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, wa, 4, 4);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, wa, 4, 4);
 }
 
 /* ---- data: URLs --------------------------------------------------------------------------- */
