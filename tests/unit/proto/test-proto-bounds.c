@@ -390,39 +390,31 @@ TH_TEST(record_limits) {
   msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 0);
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
 
-  /* RESULT: more accepted drafts than tokens; logprobs that disagree */
-#define RESULT_SEQ(...)                                                                            \
+  /* RESULT with one sequence (id 1, one token) whose `field` is written by
+   * the code after it: more accepted drafts than tokens; logprobs that
+   * disagree */
+#define RESULT_SEQ(field_key, ...)                                                                 \
   do {                                                                                             \
     pr_buf_reset(&b);                                                                              \
     msgpack_pack_map(pk, 2);                                                                       \
     msgpack_pack_uint64(pk, PR_K_RES_STEP), msgpack_pack_uint64(pk, 1);                            \
     msgpack_pack_uint64(pk, PR_K_RES_SEQS), msgpack_pack_array(pk, 1);                             \
+    msgpack_pack_map(pk, 3);                                                                       \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_ID), msgpack_pack_uint64(pk, 1);                             \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS), msgpack_pack_array(pk, 1);                          \
+    msgpack_pack_uint64(pk, 1);                                                                    \
+    msgpack_pack_uint64(pk, (field_key));                                                          \
     __VA_ARGS__;                                                                                   \
   } while (0)
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_ACCEPTED); msgpack_pack_uint64(pk, 2));
+  RESULT_SEQ(PR_K_RSEQ_ACCEPTED, msgpack_pack_uint64(pk, 2));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_LP_SAMPLED); msgpack_pack_array(pk, 2);
-             msgpack_pack_float(pk, -1); msgpack_pack_float(pk, -1));
+  RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_SAMPLED);
+             msgpack_pack_array(pk, 2); msgpack_pack_float(pk, -1); msgpack_pack_float(pk, -1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_LP_SAMPLED); msgpack_pack_array(pk, 1);
-             msgpack_pack_float(pk, INFINITY));
+  RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_SAMPLED);
+             msgpack_pack_array(pk, 1); msgpack_pack_float(pk, INFINITY));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_LP_N_TOP);
+  RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_N_TOP);
              msgpack_pack_uint64(pk, PR_MAX_TOP_LOGPROBS + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
 
