@@ -12,6 +12,13 @@ static void fill_logp(float *l, const double *p, int n) {
   for (int i = 0; i < n; i++) l[i] = (float)log(p[i]);
 }
 
+/* A sampler over a vocabulary of n tokens. */
+static struct wk_sampler *new_sampler(int n) {
+  struct wk_sampler *s = NULL;
+  TH_REQUIRE(wk_sampler_create(n, &s) == 0 && s);
+  return s;
+}
+
 /* The default sampling parameters. */
 static struct wk_sampling_params params(void) {
   struct wk_sampling_params p;
@@ -30,9 +37,7 @@ static struct wk_sampling_params filtered(float t, float top_p, float min_p, int
 }
 
 TH_TEST(greedy_and_penalties) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(6, &s) == 0);
-  TH_REQUIRE(s);
+  struct wk_sampler *s = new_sampler(6);
   struct wk_sampling_params p = params();
   p.temperature = 0;
   float l[6] = {1, 3, 2, -1, 0.5f, 2.9f};
@@ -67,8 +72,7 @@ TH_TEST(greedy_and_penalties) {
 }
 
 TH_TEST(top_p_min_p_top_k_by_hand) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(4, &s) == 0);
+  struct wk_sampler *s = new_sampler(4);
   const double probs[4] = {0.15, 0.5, 0.05, 0.3};
   float l[4];
   struct wk_sampling_params p = params();
@@ -125,8 +129,7 @@ static int ref_cmp(const void *a, const void *b) {
 
 TH_TEST(large_vocab_matches_full_sort) {
   const int V = 262144;
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(V, &s) == 0);
+  struct wk_sampler *s = new_sampler(V);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   struct ref_c *rc = malloc(V * sizeof(*rc));
   double *rp = malloc(V * sizeof(double));
@@ -209,8 +212,7 @@ static const double k_probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
 #define DRAWS 100000L
 
 TH_TEST(sampling_distribution_chi_square) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(8, &s) == 0);
+  struct wk_sampler *s = new_sampler(8);
   struct wk_sampling_params p = params();
   p.seed = 7;
   long counts[8] = {0};
@@ -262,8 +264,7 @@ static int verify_once(struct wk_sampler *s, const struct wk_sampling_params *p,
 }
 
 TH_TEST(rejection_sampling_preserves_target) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(8, &s) == 0);
+  struct wk_sampler *s = new_sampler(8);
   struct wk_sampling_params p = params();
   p.seed = 99;
   for (int draft = 0; draft < 8; draft += 3) {
@@ -286,9 +287,7 @@ TH_TEST(rejection_sampling_preserves_target) {
 /* With a structured output's mask the target is the masked distribution: a draft
  * the mask refuses is never accepted, and what is drawn keeps p(x | allowed). */
 TH_TEST(rejection_sampling_under_a_mask) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(8, &s) == 0);
-  TH_REQUIRE(s);
+  struct wk_sampler *s = new_sampler(8);
   struct wk_sampling_params p = params();
   p.seed = 7;
   const uint32_t allow[1] = {1u << 1 | 1u << 3 | 1u << 4 | 1u << 6};
@@ -322,8 +321,7 @@ TH_TEST(rejection_sampling_under_a_mask) {
 
 TH_TEST(seeded_reproducible_and_logprobs) {
   const int V = 1000;
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(V, &s) == 0);
+  struct wk_sampler *s = new_sampler(V);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   for (int i = 0; i < V; i++) orig[i] = (float)sin(i * 0.37) * 3.0f;
   struct wk_sampling_params p = params();
