@@ -42,6 +42,21 @@ def scale_min_k4(sc):
     return s, m
 
 
+def unpack_levels(b, at, five):
+    """The 32 levels [n, 32] of Q4_0 / Q4_1 blocks b, or Q5_0 / Q5_1 ones,
+    whose quants start at byte at: what pack_levels writes."""
+    if five:
+        qh = b[:, at : at + 4].copy().view("<u4").astype(np.int64).reshape(-1)
+        q = b[:, at + 4 :].astype(np.int64)
+        j = np.arange(16)
+        x0 = (q & 0xF) | (((qh[:, None] >> j) << 4) & 0x10)
+        x1 = (q >> 4) | ((qh[:, None] >> (j + 12)) & 0x10)
+    else:
+        q = b[:, at:].astype(np.int64)
+        x0, x1 = q & 0xF, q >> 4
+    return np.concatenate([x0, x1], axis=1)
+
+
 def deq(t, raw):
     be, bb = BLOCK[t]
     b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, bb)
@@ -50,34 +65,14 @@ def deq(t, raw):
     if t == "q8_0":
         d = f16(b, 0)
         y[:] = b[:, 2:].view(np.int8).astype(F32) * d[:, None]
-    elif t in ("q4_0", "q4_1"):
-        one = t == "q4_1"
+    elif t in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        one, five = t.endswith("_1"), t.startswith("q5")
         d = f16(b, 0)
-        q = b[:, 4:] if one else b[:, 2:]
-        lo, hi = (q & 0xF).astype(np.int64), (q >> 4).astype(np.int64)
+        x = unpack_levels(b, 4 if one else 2, five)
         if one:
-            m = f16(b, 2)
-            y[:, :16] = lo.astype(F32) * d[:, None] + m[:, None]
-            y[:, 16:] = hi.astype(F32) * d[:, None] + m[:, None]
+            y[:] = x.astype(F32) * d[:, None] + f16(b, 2)[:, None]
         else:
-            y[:, :16] = (lo - 8).astype(F32) * d[:, None]
-            y[:, 16:] = (hi - 8).astype(F32) * d[:, None]
-    elif t in ("q5_0", "q5_1"):
-        one = t == "q5_1"
-        d = f16(b, 0)
-        qh = b[:, 4:8] if one else b[:, 2:6]
-        qh = qh.copy().view("<u4").astype(np.int64).reshape(-1)
-        q = (b[:, 8:] if one else b[:, 6:]).astype(np.int64)
-        j = np.arange(16)
-        x0 = (q & 0xF) | (((qh[:, None] >> j) << 4) & 0x10)
-        x1 = (q >> 4) | ((qh[:, None] >> (j + 12)) & 0x10)
-        if one:
-            m = f16(b, 2)
-            y[:, :16] = x0.astype(F32) * d[:, None] + m[:, None]
-            y[:, 16:] = x1.astype(F32) * d[:, None] + m[:, None]
-        else:
-            y[:, :16] = (x0 - 16).astype(F32) * d[:, None]
-            y[:, 16:] = (x1 - 16).astype(F32) * d[:, None]
+            y[:] = (x - (16 if five else 8)).astype(F32) * d[:, None]
     elif t in ("q4_k", "q5_k"):
         five = t == "q5_k"
         d, dmin = f16(b, 0), f16(b, 2)
