@@ -343,6 +343,16 @@ TH_TEST(strings_checked) {
   pr_buf_free(&b);
 }
 
+/* b made again as a STEP or RESULT body {id_key: 1, seqs_key: [{...}]} whose
+ * one sequence record is a map of n_keys members, written next. */
+static void one_seq(struct pr_buf *b, uint32_t id_key, uint32_t seqs_key, uint32_t n_keys) {
+  msgpack_packer *pk = PR_PACKER(b);
+  pr_buf_reset(b);
+  msgpack_pack_map(pk, 2);
+  msgpack_pack_uint64(pk, id_key), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, seqs_key), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, n_keys);
+}
+
 /* Limits inside STEP / RESULT / OUT records. */
 TH_TEST(record_limits) {
   struct pr_buf b;
@@ -351,11 +361,7 @@ TH_TEST(record_limits) {
   /* STEP with one sequence whose `field` is written by the code after it */
 #define STEP_SEQ(field_key, ...)                                                                   \
   do {                                                                                             \
-    pr_buf_reset(&b);                                                                              \
-    msgpack_pack_map(pk, 2);                                                                       \
-    msgpack_pack_uint64(pk, PR_K_STEP_ID), msgpack_pack_uint64(pk, 1);                             \
-    msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1);                            \
-    msgpack_pack_map(pk, 2);                                                                       \
+    one_seq(&b, PR_K_STEP_ID, PR_K_STEP_SEQS, 2);                                                  \
     msgpack_pack_uint64(pk, PR_K_SSEQ_ID), msgpack_pack_uint64(pk, 5);                             \
     msgpack_pack_uint64(pk, (field_key));                                                          \
     __VA_ARGS__;                                                                                   \
@@ -384,10 +390,7 @@ TH_TEST(record_limits) {
            msgpack_pack_float(pk, 2.0f));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
   /* a sequence record without its id */
-  pr_buf_reset(&b);
-  msgpack_pack_map(pk, 2);
-  msgpack_pack_uint64(pk, PR_K_STEP_ID), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 0);
+  one_seq(&b, PR_K_STEP_ID, PR_K_STEP_SEQS, 0);
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
 
   /* RESULT with one sequence (id 1, one token) whose `field` is written by
@@ -395,11 +398,7 @@ TH_TEST(record_limits) {
    * disagree */
 #define RESULT_SEQ(field_key, ...)                                                                 \
   do {                                                                                             \
-    pr_buf_reset(&b);                                                                              \
-    msgpack_pack_map(pk, 2);                                                                       \
-    msgpack_pack_uint64(pk, PR_K_RES_STEP), msgpack_pack_uint64(pk, 1);                            \
-    msgpack_pack_uint64(pk, PR_K_RES_SEQS), msgpack_pack_array(pk, 1);                             \
-    msgpack_pack_map(pk, 3);                                                                       \
+    one_seq(&b, PR_K_RES_STEP, PR_K_RES_SEQS, 3);                                                  \
     msgpack_pack_uint64(pk, PR_K_RSEQ_ID), msgpack_pack_uint64(pk, 1);                             \
     msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS), msgpack_pack_array(pk, 1);                          \
     msgpack_pack_uint64(pk, 1);                                                                    \
