@@ -212,21 +212,6 @@ TH_TEST(tiny_vision_checkpoint_loads) {
 
 /* ---- the encoder against the numpy reference --------------------------------------- */
 
-/* Deterministic pixels in [-1, 1]: smooth patterns plus a little noise, a
- * different one per image and channel. */
-static void fill_pixels(float *px, int n, int C, int S) {
-  uint64_t st = 0x5eed;
-  for (int i = 0; i < n; i++)
-    for (int c = 0; c < C; c++)
-      for (int y = 0; y < S; y++)
-        for (int x = 0; x < S; x++) {
-          st = st * 6364136223846793005ull + 1442695040888963407ull;
-          double noise = (double)(st >> 40) / (double)(1ull << 24) - 0.5;
-          double v = 0.7 * sin(0.11 * (i + 1) * x + 0.07 * (c + 1) * y + i) + 0.3 * noise;
-          px[(((size_t)i * C + c) * S + y) * S + x] = (float)v;
-        }
-}
-
 /* f32 weights, and bf16 ones (the reference widens them exactly, as we do) */
 static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   char dir[4096], err[512] = "";
@@ -246,7 +231,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   float *px = malloc(n_px * sizeof(float)), *got = malloc(n_out * sizeof(float));
   float *want = malloc(n_out * sizeof(float)), *one = malloc((size_t)M * H * sizeof(float));
   TH_REQUIRE(px && got && want && one);
-  fill_pixels(px, n, C, S);
+  wkt_fill_pixels(px, n, C, S, 0x5eed);
   if (wk_vision_encode(v, px, n, got, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "encode: %s", err);
     th_stop();
