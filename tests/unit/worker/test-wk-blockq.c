@@ -101,8 +101,7 @@ static int logits(const char *path, struct kn_backend *be, int quant, float **ou
 TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   float *ref = NULL; /* the bf16 model's: every type moves them */
   int Vr = 0;
   TH_REQUIRE(logits(dir, be, 0, &ref, &Vr, err, sizeof(err)) == 0);
@@ -138,8 +137,7 @@ TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
 TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make_preset(dir, sizeof(dir), gguf, "tiny");
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_model_opts o = wkt_small_opts(WK_QUANT_Q4_K);
   struct wk_model *m = NULL;
   TH_REQUIRE(wk_model_load(dir, be, &o, &m, err, sizeof(err)) == 0);
@@ -163,8 +161,7 @@ TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
 TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(1);
   for (size_t i = 0; i < CM_ARRAY_LEN(types); i++)
     for (int rank = 0; rank < 2; rank++) {
       struct wk_model_opts o = wkt_small_opts(types[i].quant);
@@ -214,8 +211,7 @@ TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
 TH_TEST(quantization_refusals_are_clear) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_model_opts o = wkt_small_opts(WK_QUANT_Q4_0);
   struct wk_model *m = NULL;
   TH_CHECK_EQ_INT(wk_model_load(gguf[0], be, &o, &m, err, sizeof(err)), CM_ERR_INVAL);

@@ -166,12 +166,6 @@ static void make_vision_model(char *dir, size_t n, int vocab) {
   make_vision_model_dt(dir, n, vocab, WK_ST_F32);
 }
 
-static struct kn_backend *cpu_backend(int threads) {
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(threads, &be) == 0 && be);
-  return be;
-}
-
 TH_TEST(tiny_vision_checkpoint_loads) {
   char dir[4096], err[512] = "";
   make_vision_model(dir, sizeof(dir), 262144);
@@ -189,7 +183,7 @@ TH_TEST(tiny_vision_checkpoint_loads) {
   TH_CHECK_EQ_INT(c->vision.image_id, 262144);
   TH_CHECK_EQ_INT(c->vision.pre.width, 64);
   free(c);
-  struct kn_backend *be = cpu_backend(2);
+  struct kn_backend *be = wkt_cpu_backend(2);
   /* the text model reads model.language_model.* */
   struct wk_model *m = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = 32, .max_seqs = 2, .kv_tokens = 64, .quiet = 1};
@@ -216,7 +210,7 @@ TH_TEST(tiny_vision_checkpoint_loads) {
 static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   char dir[4096], err[512] = "";
   make_vision_model_dt(dir, sizeof(dir), 512, dt);
-  struct kn_backend *be = cpu_backend(2);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_vision *v = NULL;
   /* 3 images, 2 per pass: a full pass and a partial one */
   struct wk_vision_opts vo = {.max_images = 2};
@@ -289,7 +283,7 @@ TH_TEST(vision_encoder_matches_numpy_reference) {
 TH_TEST(vision_encode_rejects_bad_arguments) {
   char dir[4096], err[512] = "";
   make_vision_model(dir, sizeof(dir), 512);
-  struct kn_backend *be = cpu_backend(1);
+  struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_vision *v = NULL;
   TH_REQUIRE(wk_vision_load(dir, be, NULL, &v, err, sizeof(err)) == 0);
   float x[4];

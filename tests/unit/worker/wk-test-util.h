@@ -12,6 +12,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
+#include "kernels/cpu/kn-cpu.h"
 #include "tests/harness/th.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
@@ -36,6 +37,13 @@ static inline void wkt_rmdir(const char *dir) {
     unlink(p);
   }
   rmdir(dir);
+}
+
+/* The CPU backend with `threads` threads (the test stops if it cannot be made). */
+static inline struct kn_backend *wkt_cpu_backend(int threads) {
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(threads, &be) == 0 && be);
+  return be;
 }
 
 /* The options of a small load (16 batch tokens, one sequence, 64 KV tokens,
