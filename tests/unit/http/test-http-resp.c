@@ -213,6 +213,15 @@ static void render(struct fe_metrics *m, struct fe_buf *b) {
   TH_REQUIRE(fe_metrics_render(m, b) == 0);
 }
 
+/* m's text format holds `has` and not `lacks` (either NULL: not checked). */
+static void check_rendered(struct fe_metrics *m, const char *has, const char *lacks) {
+  struct fe_buf b;
+  render(m, &b);
+  if (has && !strstr(b.data, has)) th_fail(__FILE__, __LINE__, "metrics text lacks: %s", has);
+  if (lacks && strstr(b.data, lacks)) th_fail(__FILE__, __LINE__, "metrics text has: %s", lacks);
+  fe_buf_free(&b);
+}
+
 TH_TEST(metrics_registry) {
   struct fe_metric_ids ids;
   struct fe_metrics *m = standard_metrics("ge\"m", &ids);
@@ -349,11 +358,8 @@ TH_TEST(metrics_two_sources) {
   TH_CHECK_NEAR(fe_metrics_value(m, q), 350, 0);
   fe_metrics_inc_early(m, q, 40);
   TH_CHECK_NEAR(fe_metrics_value(m, q), 360, 0);
-  struct fe_buf b;
-  render(m, &b);
-  TH_CHECK(
-      strstr(b.data, "lmserve:prefix_cache_queries_total{model_name=\"g\",replica=\"0\"} 360.0\n"));
-  fe_buf_free(&b);
+  check_rendered(m, "lmserve:prefix_cache_queries_total{model_name=\"g\",replica=\"0\"} 360.0\n",
+                 NULL);
   fe_metrics_destroy(m);
 }
 
@@ -362,12 +368,8 @@ TH_TEST(metrics_indexed_counter) {
   struct fe_metric_ids ids;
   struct fe_metrics *m = standard_metrics("g", &ids);
   int id = ids.rep[0].spec_decode_num_accepted_tokens_per_pos;
-  struct fe_buf b;
-  render(m, &b);
-  TH_CHECK(
-      strstr(b.data, "# TYPE lmserve:spec_decode_num_accepted_tokens_per_pos_total counter\n"));
-  TH_CHECK(!strstr(b.data, "position="));
-  fe_buf_free(&b);
+  check_rendered(m, "# TYPE lmserve:spec_decode_num_accepted_tokens_per_pos_total counter\n",
+                 "position=");
   fe_metrics_inc_at(m, id, 0, 5);
   fe_metrics_inc_at(m, id, 2, 3);
   fe_metrics_inc_at(m, id, 2, 1);
@@ -375,6 +377,7 @@ TH_TEST(metrics_indexed_counter) {
   fe_metrics_inc_at(m, id, 4000, 1); /* beyond the family: ignored */
   TH_CHECK_NEAR(fe_metrics_value_at(m, id, 2), 4, 0);
   TH_CHECK_NEAR(fe_metrics_value(m, id), 9, 0);
+  struct fe_buf b;
   render(m, &b);
   const char *pre =
       "lmserve:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"g\",replica=\"0\",";
@@ -397,33 +400,30 @@ TH_TEST(metrics_info_family) {
   struct fe_metric_ids ids;
   struct fe_metrics *m = standard_metrics("g", &ids);
   int id = ids.engine_info;
-  struct fe_buf b;
-  render(m, &b);
-  TH_CHECK(strstr(b.data, "# TYPE lmserve:engine_info gauge\n"));
-  TH_CHECK(!strstr(b.data, "lmserve:engine_info{")); /* nothing said yet */
-  fe_buf_free(&b);
+  /* the family, and nothing said yet */
+  check_rendered(m, "# TYPE lmserve:engine_info gauge\n", "lmserve:engine_info{");
   static const char *const keys[] = {"kernels", "matmul_inputs"};
   const char *v1[] = {"cpu-avx2", NULL}, *v0[] = {"cu\"da\\x\n", "weights"};
   fe_metrics_set_info_at(m, id, 1, keys, v1, 2);
-  render(m, &b);
-  TH_CHECK(strstr(b.data, "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"cpu-avx2\","
-                          "matmul_inputs=\"\"} 1\n"));
-  TH_CHECK(!strstr(b.data, "replica=\"0\",kernels")); /* replica 0 has not said */
-  fe_buf_free(&b);
+  /* replica 1 has said, replica 0 has not */
+  check_rendered(m,
+                 "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"cpu-avx2\","
+                 "matmul_inputs=\"\"} 1\n",
+                 "replica=\"0\",kernels");
   fe_metrics_set_info_at(m, id, 0, keys, v0, 2);
   fe_metrics_set_info_at(m, id, 1, keys, v0 + 1, 1); /* said again: replaced */
-  render(m, &b);
-  TH_CHECK(strstr(b.data,
-                  "lmserve:engine_info{model_name=\"g\",replica=\"0\",kernels=\"cu\\\"da\\\\x\\n\","
-                  "matmul_inputs=\"weights\"} 1\n"));
-  TH_CHECK(strstr(b.data,
-                  "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"weights\"} 1\n"));
-  fe_buf_free(&b);
+  check_rendered(m,
+                 "lmserve:engine_info{model_name=\"g\",replica=\"0\",kernels=\"cu\\\"da\\\\x\\n\","
+                 "matmul_inputs=\"weights\"} 1\n",
+                 NULL);
+  check_rendered(m, "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"weights\"} 1\n",
+                 NULL);
   char big[400];
   memset(big, 'k', sizeof(big) - 1);
   big[sizeof(big) - 1] = 0;
   const char *vb[] = {big, "bf16"};
   fe_metrics_set_info_at(m, id, 2, keys, vb, 2);
+  struct fe_buf b;
   render(m, &b);
   const char *l = strstr(b.data, "replica=\"2\",kernels=\"kkk");
   TH_REQUIRE(l != NULL);
