@@ -42,6 +42,21 @@ def scale_min_k4(sc):
     return s, m
 
 
+def unpack_levels(b, at, five):
+    """The 32 levels [n, 32] of Q4_0 / Q4_1 blocks b, or Q5_0 / Q5_1 ones,
+    whose quants start at byte at: what pack_levels writes."""
+    if five:
+        qh = b[:, at : at + 4].copy().view("<u4").astype(np.int64).reshape(-1)
+        q = b[:, at + 4 :].astype(np.int64)
+        j = np.arange(16)
+        x0 = (q & 0xF) | (((qh[:, None] >> j) << 4) & 0x10)
+        x1 = (q >> 4) | ((qh[:, None] >> (j + 12)) & 0x10)
+    else:
+        q = b[:, at:].astype(np.int64)
+        x0, x1 = q & 0xF, q >> 4
+    return np.concatenate([x0, x1], axis=1)
+
+
 def deq(t, raw):
     be, bb = BLOCK[t]
     b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, bb)
@@ -50,34 +65,14 @@ def deq(t, raw):
     if t == "q8_0":
         d = f16(b, 0)
         y[:] = b[:, 2:].view(np.int8).astype(F32) * d[:, None]
-    elif t in ("q4_0", "q4_1"):
-        one = t == "q4_1"
+    elif t in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        one, five = t.endswith("_1"), t.startswith("q5")
         d = f16(b, 0)
-        q = b[:, 4:] if one else b[:, 2:]
-        lo, hi = (q & 0xF).astype(np.int64), (q >> 4).astype(np.int64)
+        x = unpack_levels(b, 4 if one else 2, five)
         if one:
-            m = f16(b, 2)
-            y[:, :16] = lo.astype(F32) * d[:, None] + m[:, None]
-            y[:, 16:] = hi.astype(F32) * d[:, None] + m[:, None]
+            y[:] = x.astype(F32) * d[:, None] + f16(b, 2)[:, None]
         else:
-            y[:, :16] = (lo - 8).astype(F32) * d[:, None]
-            y[:, 16:] = (hi - 8).astype(F32) * d[:, None]
-    elif t in ("q5_0", "q5_1"):
-        one = t == "q5_1"
-        d = f16(b, 0)
-        qh = b[:, 4:8] if one else b[:, 2:6]
-        qh = qh.copy().view("<u4").astype(np.int64).reshape(-1)
-        q = (b[:, 8:] if one else b[:, 6:]).astype(np.int64)
-        j = np.arange(16)
-        x0 = (q & 0xF) | (((qh[:, None] >> j) << 4) & 0x10)
-        x1 = (q >> 4) | ((qh[:, None] >> (j + 12)) & 0x10)
-        if one:
-            m = f16(b, 2)
-            y[:, :16] = x0.astype(F32) * d[:, None] + m[:, None]
-            y[:, 16:] = x1.astype(F32) * d[:, None] + m[:, None]
-        else:
-            y[:, :16] = (x0 - 16).astype(F32) * d[:, None]
-            y[:, 16:] = (x1 - 16).astype(F32) * d[:, None]
+            y[:] = (x - (16 if five else 8)).astype(F32) * d[:, None]
     elif t in ("q4_k", "q5_k"):
         five = t == "q5_k"
         d, dmin = f16(b, 0), f16(b, 2)
@@ -334,6 +329,25 @@ def quant_q6_k(x):
     return out
 
 
+def inverse(d):
+    """1 / d in float32, 0 where d is 0."""
+    return np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
+
+
+def pack_levels(out, at, v, five):
+    """The 32 levels v [n, 32] of Q4_0 / Q4_1 blocks (4 bits each) or Q5_0 /
+    Q5_1 ones (5 bits: the fifth bits first, as a little-endian uint32) into
+    out[:, at:]: value j's low nibble and value j + 16's high one in byte j."""
+    lo, hi = v[:, :16], v[:, 16:]
+    q = ((lo & 0xF) | ((hi & 0xF) << 4)).astype(np.uint8)
+    if five:
+        j = np.arange(16)
+        qh = (((lo & 0x10) >> 4) << j).sum(axis=1) + (((hi & 0x10) >> 4) << (j + 16)).sum(axis=1)
+        out[:, at : at + 4] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+        at += 4
+    out[:, at:] = q
+
+
 def quant(t, x):
     be, bb = BLOCK[t]
     x = x.reshape(-1, be)
@@ -342,7 +356,7 @@ def quant(t, x):
     if t == "q8_0":
         amax = np.abs(x).max(axis=1)
         d = (amax / F32(127)).astype(F32)
-        idv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
+        idv = inverse(d)
         out[:, 0:2] = f16_bytes(d)
         out[:, 2:] = roundf((x * idv[:, None]).astype(F32)).astype(np.int8).view(np.uint8)
         return out
@@ -352,40 +366,24 @@ def quant(t, x):
         mx = x[np.arange(n), idx]
         mx = np.where(np.abs(x).max(axis=1) > 0, mx, F32(0)).astype(F32)
         d = (mx / F32(-16 if five else -8)).astype(F32)
-        idv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
+        idv = inverse(d)
         add = F32(16.5 if five else 8.5)
         v = trunc(((x * idv[:, None]).astype(F32) + add).astype(F32))
         v = np.minimum(31 if five else 15, v)
-        lo, hi = v[:, :16], v[:, 16:]
-        q = ((lo & 0xF) | ((hi & 0xF) << 4)).astype(np.uint8)
         out[:, 0:2] = f16_bytes(d)
-        if five:
-            j = np.arange(16)
-            qh = (((lo & 0x10) >> 4) << j).sum(axis=1) + (((hi & 0x10) >> 4) << (j + 16)).sum(axis=1)
-            out[:, 2:6] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
-            out[:, 6:] = q
-        else:
-            out[:, 2:] = q
+        pack_levels(out, 2, v, five)
         return out
     if t in ("q4_1", "q5_1"):
         five = t == "q5_1"
         lo_v, hi_v = x.min(axis=1), x.max(axis=1)
         d = ((hi_v - lo_v) / F32(31 if five else 15)).astype(F32)
-        idv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0)).astype(F32)
+        idv = inverse(d)
         v = trunc((((x - lo_v[:, None]).astype(F32) * idv[:, None]).astype(F32) + F32(0.5)).astype(F32))
         if not five:
             v = np.minimum(15, v)
-        lo, hi = v[:, :16], v[:, 16:]
-        q = ((lo & 0xF) | ((hi & 0xF) << 4)).astype(np.uint8)
         out[:, 0:2] = f16_bytes(d)
         out[:, 2:4] = f16_bytes(lo_v)
-        if five:
-            j = np.arange(16)
-            qh = (((lo & 0x10) >> 4) << j).sum(axis=1) + (((hi & 0x10) >> 4) << (j + 16)).sum(axis=1)
-            out[:, 4:8] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
-            out[:, 8:] = q
-        else:
-            out[:, 4:] = q
+        pack_levels(out, 4, v, five)
         return out
     if t in ("q4_k", "q5_k"):
         return quant_q45_k(x, t == "q5_k")

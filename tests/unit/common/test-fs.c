@@ -28,6 +28,13 @@ static void put_file(const char *path, const char *text) {
   close(fd);
 }
 
+/* dir/name: a symbolic link to target. */
+static void put_link(const char *dir, const char *name, const char *target) {
+  char p[600];
+  snprintf(p, sizeof(p), "%s/%s", dir, name);
+  TH_REQUIRE(symlink(target, p) == 0);
+}
+
 static int is_dir(const char *path) {
   struct stat st;
   return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -87,16 +94,12 @@ TH_TEST(fs_rmtree_never_follows_links) {
    * dangling link, and a link inside the tree to another part of it */
   snprintf(p, sizeof(p), "%s/inner/sub", root);
   TH_REQUIRE(cm_mkdir_p(p, 0755) == 0);
-  snprintf(p, sizeof(p), "%s/inner/to-outside", root);
-  TH_REQUIRE(symlink(out, p) == 0);
+  put_link(root, "inner/to-outside", out);
   snprintf(q, sizeof(q), "%s/keep", out);
-  snprintf(p, sizeof(p), "%s/inner/sub/to-file", root);
-  TH_REQUIRE(symlink(q, p) == 0);
-  snprintf(p, sizeof(p), "%s/dangling", root);
-  TH_REQUIRE(symlink("/nonexistent/lmserve-fs-target", p) == 0);
+  put_link(root, "inner/sub/to-file", q);
+  put_link(root, "dangling", "/nonexistent/lmserve-fs-target");
   snprintf(q, sizeof(q), "%s/inner/sub", root);
-  snprintf(p, sizeof(p), "%s/loop", root);
-  TH_REQUIRE(symlink(q, p) == 0);
+  put_link(root, "loop", q);
 
   TH_CHECK_EQ_INT(cm_rmtree(root), 0);
   TH_CHECK(!exists(root));

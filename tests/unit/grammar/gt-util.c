@@ -10,6 +10,7 @@
 #include "common/cm-time.h"
 #include "grammar/gr-impl.h"
 #include "lmserve-config.h"
+#include "tests/harness/th.h"
 
 uint64_t gt_rand(uint64_t *s) {
   uint64_t x = *s += 0x9e3779b97f4a7c15ull;
@@ -202,4 +203,91 @@ int *gt_py_check(const char *schema, char **texts, size_t n) {
     r[i] = (int)json_integer_value(json_array_get(res, i));
   json_decref(res);
   return r;
+}
+
+int gt_takes(const struct gr_grammar *g, const char *t, size_t n) {
+  struct gr_matcher *m = gr_matcher_new(g);
+  int ok = gr_matcher_accept_bytes(m, (const uint8_t *)t, n) == 0 && gr_matcher_is_accepting(m);
+  gr_matcher_free(m);
+  return ok;
+}
+
+void gt_expect_err(enum gr_kind kind, const char *text, int code, const char *msg) {
+  struct gr_grammar *g = NULL;
+  char err[512] = "";
+  int rc = gr_compile(kind, text, strlen(text), &g, err, sizeof err);
+  if (rc != code || !strstr(err, msg))
+    th_fail(__FILE__, __LINE__, "%.120s: rc %d '%s' (want %d '%s')", text, rc, err, code, msg);
+  TH_CHECK(g == NULL);
+  gr_grammar_free(g);
+}
+
+int gt_compile_and_poke(enum gr_kind kind, const char *t, size_t n, const struct gr_vocab *v,
+                        uint64_t *rng) {
+  struct gr_grammar *g = NULL;
+  char err[512] = "";
+  if (gr_compile(kind, t, n, &g, err, sizeof err)) {
+    if (err[0] == 0 || g != NULL) th_fail(__FILE__, __LINE__, "refused without a message: %s", t);
+    return 0;
+  }
+  struct gr_matcher *m = gr_matcher_new(g);
+  TH_REQUIRE(m);
+  uint32_t *bits = malloc(((size_t)gr_vocab_size(v) + 31) / 32 * sizeof *bits);
+  if (gr_matcher_mask(m, v, bits) != 0) th_fail(__FILE__, __LINE__, "no mask for %s", t);
+  free(bits);
+  char buf[64];
+  gt_walk(m, rng, buf, sizeof buf, 30);
+  gr_matcher_free(m);
+  gr_grammar_free(g);
+  return 1;
+}
+
+void gt_random_texts(enum gr_kind kind, const char *prefix, const char *const *pieces,
+                     size_t npieces, int max_pieces, uint64_t seed) {
+  struct gr_vocab *v = gt_vocab_toy();
+  TH_REQUIRE(v);
+  uint64_t rng = seed;
+  int ok = 0, refused = 0;
+  for (int it = 0; it < 3000; it++) {
+    char t[256];
+    size_t k = (size_t)snprintf(t, sizeof t, "%s", prefix);
+    int n = 1 + (int)(gt_rand(&rng) % (uint64_t)max_pieces);
+    for (int i = 0; i < n; i++) {
+      const char *b = pieces[gt_rand(&rng) % npieces];
+      size_t l = strlen(b);
+      if (k + l >= sizeof t) break;
+      memcpy(t + k, b, l);
+      k += l;
+    }
+    t[k] = 0;
+    if (gt_compile_and_poke(kind, t, k, v, &rng))
+      ok++;
+    else
+      refused++;
+  }
+  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
+  TH_CHECK(ok > 100 && refused > 100);
+  gr_vocab_free(v);
+}
+
+char **gt_generations(const struct gr_grammar *g, const struct gr_vocab *v, int runs,
+                      int max_tokens, uint64_t seed, size_t *n) {
+  char **texts = calloc((size_t)runs, sizeof *texts);
+  char *buf = malloc(1 << 16);
+  uint64_t rng = seed;
+  *n = 0;
+  for (int r = 0; r < runs; r++) {
+    struct gr_matcher *m = gr_matcher_new(g);
+    int k = gr_random_walk(m, v, &rng, max_tokens, buf, 1 << 16, NULL, NULL);
+    gr_matcher_free(m);
+    if (k >= 0) texts[(*n)++] = strdup(buf);
+  }
+  free(buf);
+  return texts;
+}
+
+void gt_texts_free(char **texts, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    free(texts[i]);
+  free(texts);
 }

@@ -26,4 +26,29 @@ int *gt_py_check(const char *schema, char **texts, size_t n);
 /* 1 when `prog` runs (node, python3). */
 int gt_have(const char *prog);
 
+/* 1 when g takes the n bytes of t whole: accepted in one call and accepting
+ * at the end. */
+int gt_takes(const struct gr_grammar *g, const char *t, size_t n);
+/* Checks that compiling text as kind fails with code and an error message
+ * containing msg, and leaves no grammar; a failed check names the text. */
+void gt_expect_err(enum gr_kind kind, const char *text, int code, const char *msg);
+/* Compiles the n bytes of t as kind for tests of random texts (no crash, no
+ * leak): when refused, checks that there is a message and no grammar and
+ * returns 0; when compiled, masks v for a matcher of it, takes a random byte
+ * walk and returns 1. */
+int gt_compile_and_poke(enum gr_kind kind, const char *t, size_t n, const struct gr_vocab *v,
+                        uint64_t *rng);
+/* Feeds 3,000 random texts, each prefix and then 1 to max_pieces pieces
+ * drawn from pieces[npieces] (rng from seed), to gt_compile_and_poke with the
+ * toy vocabulary; checks that more than 100 compiled and more than 100 were
+ * refused. */
+void gt_random_texts(enum gr_kind kind, const char *prefix, const char *const *pieces,
+                     size_t npieces, int max_pieces, uint64_t seed);
+/* runs random token walks of g under v (at most max_tokens each, rng from
+ * seed): the texts that finished, each and the array malloc'd, their count in
+ * *n; free with gt_texts_free. */
+char **gt_generations(const struct gr_grammar *g, const struct gr_vocab *v, int runs,
+                      int max_tokens, uint64_t seed, size_t *n);
+void gt_texts_free(char **texts, size_t n);
+
 #endif

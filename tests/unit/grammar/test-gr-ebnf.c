@@ -20,11 +20,7 @@ static const char *arith = "# arithmetic\n"
                            "num    ::= \"0\" | [1-9] [0-9]{0,3}\n";
 
 static int takes(const struct gr_grammar *g, const char *t) {
-  struct gr_matcher *m = gr_matcher_new(g);
-  int ok =
-      gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 && gr_matcher_is_accepting(m);
-  gr_matcher_free(m);
-  return ok;
+  return gt_takes(g, t, strlen(t));
 }
 
 static struct gr_grammar *compile(const char *t) {
@@ -66,26 +62,17 @@ TH_TEST(ebnf_notation) {
   gr_grammar_free(g);
 }
 
-static void expect_err(const char *t, int code, const char *msg) {
-  struct gr_grammar *g = NULL;
-  char err[256] = "";
-  int rc = gr_compile(GR_GRAMMAR, t, strlen(t), &g, err, sizeof err);
-  if (rc != code || !strstr(err, msg))
-    th_fail(__FILE__, __LINE__, "%s: rc %d '%s' (want %d '%s')", t, rc, err, code, msg);
-  TH_CHECK(g == NULL);
-  gr_grammar_free(g);
-}
-
 TH_TEST(ebnf_errors) {
-  expect_err("root ::= a\n", CM_ERR_INVAL, "rule 'a' used at 9 is not defined");
-  expect_err("start ::= \"x\"\n", CM_ERR_INVAL, "no 'root' rule");
-  expect_err("root ::= \"x\n", CM_ERR_INVAL, "unterminated string at 9");
-  expect_err("root ::= \"x\" ; \"y\"\n", CM_ERR_INVAL, "unexpected character at 13");
-  expect_err("root ::= \"x\"\nroot ::= \"y\"\n", CM_ERR_INVAL, "rule defined twice at 13");
-  expect_err("root ::= (\"x\"\n", CM_ERR_INVAL, "unbalanced '(' at 9");
-  expect_err("root ::= \"x\"{1,100000}\n", CM_ERR_TOOBIG, "repetition count");
-  expect_err("root ::= [a-\n", CM_ERR_INVAL, "unterminated character class");
-  expect_err("root = \"x\"\n", CM_ERR_INVAL, "expected '::='");
+  gt_expect_err(GR_GRAMMAR, "root ::= a\n", CM_ERR_INVAL, "rule 'a' used at 9 is not defined");
+  gt_expect_err(GR_GRAMMAR, "start ::= \"x\"\n", CM_ERR_INVAL, "no 'root' rule");
+  gt_expect_err(GR_GRAMMAR, "root ::= \"x\n", CM_ERR_INVAL, "unterminated string at 9");
+  gt_expect_err(GR_GRAMMAR, "root ::= \"x\" ; \"y\"\n", CM_ERR_INVAL, "unexpected character at 13");
+  gt_expect_err(GR_GRAMMAR, "root ::= \"x\"\nroot ::= \"y\"\n", CM_ERR_INVAL,
+                "rule defined twice at 13");
+  gt_expect_err(GR_GRAMMAR, "root ::= (\"x\"\n", CM_ERR_INVAL, "unbalanced '(' at 9");
+  gt_expect_err(GR_GRAMMAR, "root ::= \"x\"{1,100000}\n", CM_ERR_TOOBIG, "repetition count");
+  gt_expect_err(GR_GRAMMAR, "root ::= [a-\n", CM_ERR_INVAL, "unterminated character class");
+  gt_expect_err(GR_GRAMMAR, "root = \"x\"\n", CM_ERR_INVAL, "expected '::='");
   /* left recursion is not refused: the stack bound keeps it finite */
   struct gr_grammar *g = compile("root ::= root \"x\" | \"y\"\n");
   TH_REQUIRE(g);
@@ -99,7 +86,7 @@ TH_TEST(ebnf_errors) {
   for (int i = 0; i < 200; i++)
     deep[k++] = ')';
   deep[k] = 0;
-  expect_err(deep, CM_ERR_TOOBIG, "nested deeper");
+  gt_expect_err(GR_GRAMMAR, deep, CM_ERR_TOOBIG, "nested deeper");
 }
 
 TH_TEST(ebnf_walks_parse_in_python) {
@@ -170,42 +157,7 @@ TH_TEST(ebnf_random_never_crash) {
                                   "[^x]",      "(",      ")",  "|",    "*",     "+",       "?",
                                   "{2}",       "{1,3}",  "a",  "root", "#c\n",  ".",       "\"",
                                   "[",         "::=",    "{",  "\\"};
-  struct gr_vocab *v = gt_vocab_toy();
-  TH_REQUIRE(v);
-  uint32_t mask[64];
-  uint64_t rng = 77;
-  int ok = 0, refused = 0;
-  for (int it = 0; it < 3000; it++) {
-    char t[256];
-    size_t k = (size_t)snprintf(t, sizeof t, "root ::= ");
-    int n = 1 + (int)(gt_rand(&rng) % 14);
-    for (int i = 0; i < n; i++) {
-      const char *b = bits_of[gt_rand(&rng) % (sizeof bits_of / sizeof bits_of[0])];
-      size_t l = strlen(b);
-      if (k + l >= sizeof t) break;
-      memcpy(t + k, b, l);
-      k += l;
-    }
-    t[k] = 0;
-    struct gr_grammar *g = NULL;
-    char err[256] = "";
-    if (gr_compile(GR_GRAMMAR, t, k, &g, err, sizeof err)) {
-      refused++;
-      TH_CHECK(err[0] != 0 && g == NULL);
-      continue;
-    }
-    ok++;
-    struct gr_matcher *m = gr_matcher_new(g);
-    TH_REQUIRE(m);
-    TH_CHECK(gr_matcher_mask(m, v, mask) == 0);
-    char buf[64];
-    gt_walk(m, &rng, buf, sizeof buf, 30);
-    gr_matcher_free(m);
-    gr_grammar_free(g);
-  }
-  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
-  TH_CHECK(ok > 100 && refused > 100);
-  gr_vocab_free(v);
+  gt_random_texts(GR_GRAMMAR, "root ::= ", bits_of, sizeof bits_of / sizeof bits_of[0], 14, 77);
 }
 
 /* A vocabulary of a few texts and two control tokens spelled as gr.h says. */

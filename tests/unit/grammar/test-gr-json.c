@@ -77,35 +77,20 @@ TH_TEST(json_object_known_texts) {
 
 static void generate_and_check(struct gr_grammar *g, const struct gr_vocab *v, int runs,
                                int max_tokens, const char *schema) {
-  char **texts = calloc((size_t)runs, sizeof *texts);
-  size_t n = 0;
-  uint64_t rng = 777;
-  char *buf = malloc(1 << 16);
-  for (int r = 0; r < runs; r++) {
-    struct gr_matcher *m = gr_matcher_new(g);
-    int k = gr_random_walk(m, v, &rng, max_tokens, buf, 1 << 16, NULL, NULL);
-    gr_matcher_free(m);
-    if (k < 0) continue;
-    texts[n++] = strdup(buf);
-  }
+  size_t n;
+  char **texts = gt_generations(g, v, runs, max_tokens, 777, &n);
   fprintf(stderr, "  %zu of %d generations finished\n", n, runs);
   TH_CHECK(n > 0);
   int *ok = gt_py_check(schema, texts, n);
   if (!ok) {
-    for (size_t i = 0; i < n; i++)
-      free(texts[i]);
-    free(texts);
-    free(buf);
+    gt_texts_free(texts, n);
     TH_SKIP("python3 (json / jsonschema) is missing: no oracle");
   }
   size_t bad = 0;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++)
     if (!ok[i] && bad++ < 5) th_fail(__FILE__, __LINE__, "oracle refuses: %s", texts[i]);
-    free(texts[i]);
-  }
   free(ok);
-  free(texts);
-  free(buf);
+  gt_texts_free(texts, n);
 }
 
 TH_TEST(json_object_generations_toy_vocab) {

@@ -10,13 +10,6 @@
 #include "tests/harness/th.h"
 #include "tests/unit/grammar/gt-util.h"
 
-static int full_match(const struct gr_grammar *g, const char *s, size_t n) {
-  struct gr_matcher *m = gr_matcher_new(g);
-  int ok = gr_matcher_accept_bytes(m, (const uint8_t *)s, n) == 0 && gr_matcher_is_accepting(m);
-  gr_matcher_free(m);
-  return ok;
-}
-
 static int rx_match(const char *pat, const char *s) {
   struct gr_grammar *g;
   char err[256];
@@ -24,57 +17,58 @@ static int rx_match(const char *pat, const char *s) {
     fprintf(stderr, "  compile %s: %s\n", pat, err);
     return -1;
   }
-  int ok = full_match(g, s, strlen(s));
+  int ok = gt_takes(g, s, strlen(s));
   gr_grammar_free(g);
   return ok;
 }
 
 TH_TEST(regex_basics) {
-  TH_CHECK_EQ_INT(rx_match("[0-9]{3}-[a-z]+", "123-abc"), 1);
-  TH_CHECK_EQ_INT(rx_match("[0-9]{3}-[a-z]+", "123-"), 0);
-  TH_CHECK_EQ_INT(rx_match("^abc$", "abc"), 1);
-  TH_CHECK_EQ_INT(rx_match("a|b|", ""), 1);
-  TH_CHECK_EQ_INT(rx_match("(?<year>\\d{4})-(?:\\d\\d)", "2024-05"), 1);
-  TH_CHECK_EQ_INT(rx_match(".", "\xe6\x97\xa5"), 1);
-  TH_CHECK_EQ_INT(rx_match(".", "\n"), 0);
-  TH_CHECK_EQ_INT(rx_match("\\u{1F600}+", "\xf0\x9f\x98\x80\xf0\x9f\x98\x80"), 1);
-  TH_CHECK_EQ_INT(rx_match("\\uD83D\\uDE00", "\xf0\x9f\x98\x80"), 1);
-  TH_CHECK_EQ_INT(rx_match("[^a]", "\xc3\xa9"), 1);
-  TH_CHECK_EQ_INT(rx_match("a{2,3}?", "aaa"), 1);
-  TH_CHECK_EQ_INT(rx_match("a{2,3}?", "aaaa"), 0);
-}
-
-static void expect_err(enum gr_kind kind, const char *pat, int code, const char *needle) {
-  struct gr_grammar *g = NULL;
-  char err[256];
-  int rc = gr_compile(kind, pat, strlen(pat), &g, err, sizeof err);
-  if (rc != code || !strstr(err, needle))
-    th_fail(__FILE__, __LINE__, "%s: rc %d err '%s' (want %d '%s')", pat, rc, err, code, needle);
-  TH_CHECK(g == NULL);
-  gr_grammar_free(g);
+  static const struct {
+    const char *pat, *text;
+    int match;
+  } cases[] = {
+      {"[0-9]{3}-[a-z]+", "123-abc", 1},
+      {"[0-9]{3}-[a-z]+", "123-", 0},
+      {"^abc$", "abc", 1},
+      {"a|b|", "", 1},
+      {"(?<year>\\d{4})-(?:\\d\\d)", "2024-05", 1},
+      {".", "\xe6\x97\xa5", 1},
+      {".", "\n", 0},
+      {"\\u{1F600}+", "\xf0\x9f\x98\x80\xf0\x9f\x98\x80", 1},
+      {"\\uD83D\\uDE00", "\xf0\x9f\x98\x80", 1},
+      {"[^a]", "\xc3\xa9", 1},
+      {"a{2,3}?", "aaa", 1},
+      {"a{2,3}?", "aaaa", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int got = rx_match(cases[i].pat, cases[i].text);
+    if (got != cases[i].match)
+      th_fail(__FILE__, __LINE__, "/%s/ on \"%s\": %d, want %d", cases[i].pat, cases[i].text, got,
+              cases[i].match);
+  }
 }
 
 TH_TEST(regex_errors) {
-  expect_err(GR_REGEX, "(ab", CM_ERR_INVAL, "unbalanced '(' at 0");
-  expect_err(GR_REGEX, "ab)", CM_ERR_INVAL, "unbalanced ')' at 2");
-  expect_err(GR_REGEX, "a(?=b)", CM_ERR_INVAL, "lookahead is not supported at 1");
-  expect_err(GR_REGEX, "(?<!a)b", CM_ERR_INVAL, "lookbehind is not supported at 0");
-  expect_err(GR_REGEX, "(a)\\1", CM_ERR_INVAL, "backreference is not supported at 3");
-  expect_err(GR_REGEX, "\\bfoo", CM_ERR_INVAL, "word boundary");
-  expect_err(GR_REGEX, "(?i)abc", CM_ERR_INVAL, "flags are not supported at 0");
-  expect_err(GR_REGEX, "*a", CM_ERR_INVAL, "nothing to repeat at 0");
-  expect_err(GR_REGEX, "a**", CM_ERR_INVAL, "nothing to repeat at 2");
-  expect_err(GR_REGEX, "[b-a]", CM_ERR_INVAL, "range out of order");
-  expect_err(GR_REGEX, "[abc", CM_ERR_INVAL, "unterminated '[' at 0");
-  expect_err(GR_REGEX, "a{3,1}", CM_ERR_INVAL, "out of order");
-  expect_err(GR_REGEX, "a^b", CM_ERR_INVAL, "anchor '^'");
-  expect_err(GR_REGEX, "\\p{L}", CM_ERR_INVAL, "property");
-  expect_err(GR_REGEX, "a{1,100000}", CM_ERR_TOOBIG, "repetition count");
-  expect_err(GR_REGEX, "(a{1000}){1000}", CM_ERR_TOOBIG, "automaton states");
-  expect_err(GR_REGEX, "(a|b)*a(a|b){20}", CM_ERR_TOOBIG, "automaton states");
-  expect_err(GR_REGEX, "[^\\s\\S]", CM_ERR_INVAL, "matches no text");
-  expect_err(GR_REGEX, "\\", CM_ERR_INVAL, "lone");
-  expect_err(GR_REGEX, "\xff", CM_ERR_INVAL, "invalid UTF-8 at 0");
+  gt_expect_err(GR_REGEX, "(ab", CM_ERR_INVAL, "unbalanced '(' at 0");
+  gt_expect_err(GR_REGEX, "ab)", CM_ERR_INVAL, "unbalanced ')' at 2");
+  gt_expect_err(GR_REGEX, "a(?=b)", CM_ERR_INVAL, "lookahead is not supported at 1");
+  gt_expect_err(GR_REGEX, "(?<!a)b", CM_ERR_INVAL, "lookbehind is not supported at 0");
+  gt_expect_err(GR_REGEX, "(a)\\1", CM_ERR_INVAL, "backreference is not supported at 3");
+  gt_expect_err(GR_REGEX, "\\bfoo", CM_ERR_INVAL, "word boundary");
+  gt_expect_err(GR_REGEX, "(?i)abc", CM_ERR_INVAL, "flags are not supported at 0");
+  gt_expect_err(GR_REGEX, "*a", CM_ERR_INVAL, "nothing to repeat at 0");
+  gt_expect_err(GR_REGEX, "a**", CM_ERR_INVAL, "nothing to repeat at 2");
+  gt_expect_err(GR_REGEX, "[b-a]", CM_ERR_INVAL, "range out of order");
+  gt_expect_err(GR_REGEX, "[abc", CM_ERR_INVAL, "unterminated '[' at 0");
+  gt_expect_err(GR_REGEX, "a{3,1}", CM_ERR_INVAL, "out of order");
+  gt_expect_err(GR_REGEX, "a^b", CM_ERR_INVAL, "anchor '^'");
+  gt_expect_err(GR_REGEX, "\\p{L}", CM_ERR_INVAL, "property");
+  gt_expect_err(GR_REGEX, "a{1,100000}", CM_ERR_TOOBIG, "repetition count");
+  gt_expect_err(GR_REGEX, "(a{1000}){1000}", CM_ERR_TOOBIG, "automaton states");
+  gt_expect_err(GR_REGEX, "(a|b)*a(a|b){20}", CM_ERR_TOOBIG, "automaton states");
+  gt_expect_err(GR_REGEX, "[^\\s\\S]", CM_ERR_INVAL, "matches no text");
+  gt_expect_err(GR_REGEX, "\\", CM_ERR_INVAL, "lone");
+  gt_expect_err(GR_REGEX, "\xff", CM_ERR_INVAL, "invalid UTF-8 at 0");
   char deep[1200];
   memset(deep, '(', 600);
   memset(deep + 600, ')', 600);
@@ -178,40 +172,22 @@ static size_t mutate(const char *s, size_t n, uint64_t *rng, char *out) {
   size_t at = nc ? cuts[gt_rand(rng) % (nc + 1 > 1 ? nc + 1 : 1)] : 0;
   if (at > n) at = n;
   const char *w = ins[gt_rand(rng) % (sizeof ins / sizeof ins[0])];
-  size_t k = 0;
-  switch (gt_rand(rng) % 4) {
-  case 0: /* insert */
-    memcpy(out, s, at);
-    k = at;
-    memcpy(out + k, w, strlen(w));
-    k += strlen(w);
-    memcpy(out + k, s + at, n - at);
-    k += n - at;
-    break;
-  case 1: { /* delete one code point */
-    size_t e = at < n ? utf8_next(s, at, n) : n;
-    memcpy(out, s, at);
-    memcpy(out + at, s + e, n - e);
-    k = at + n - e;
-    break;
-  }
-  case 2: { /* replace one code point */
-    size_t e = at < n ? utf8_next(s, at, n) : n;
-    memcpy(out, s, at);
-    k = at;
-    memcpy(out + k, w, strlen(w));
-    k += strlen(w);
-    memcpy(out + k, s + e, n - e);
-    k += n - e;
-    break;
-  }
-  default: /* duplicate a prefix */
-    memcpy(out, s, at);
+  uint64_t op = gt_rand(rng) % 4;
+  memcpy(out, s, at);
+  if (op == 3) { /* duplicate a prefix */
     memcpy(out + at, s, n);
-    k = at + n;
-    break;
+    return at + n;
   }
-  return k;
+  /* insert (0) w at `at`, delete (1) the code point there, or replace (2) it
+   * with w: s goes on after that code point, or at it when inserting */
+  size_t rest = op == 0 || at == n ? at : utf8_next(s, at, n);
+  size_t k = at;
+  if (op != 1) {
+    memcpy(out + k, w, strlen(w));
+    k += strlen(w);
+  }
+  memcpy(out + k, s + rest, n - rest);
+  return k + n - rest;
 }
 
 TH_TEST(regex_conformance_vs_javascript) {
@@ -259,7 +235,7 @@ TH_TEST(regex_conformance_vs_javascript) {
     }
     counts[p] = k;
     for (size_t i = 0; i < k; i++) {
-      ours[p][i] = full_match(g, texts[p][i], lens[p][i]);
+      ours[p][i] = gt_takes(g, texts[p][i], lens[p][i]);
       json_array_append_new(arr, json_stringn(texts[p][i], lens[p][i]));
     }
     json_array_append_new(req, json_pack("{s:s,s:o}", "p", corpus[p], "s", arr));
@@ -312,41 +288,5 @@ TH_TEST(regex_random_patterns_never_crash) {
                                 "{2}", "{1,3}",      "{,", "[",      "]",    "^",   "$",   "\\",
                                 "\\d", "\\u{1F600}", ".",  "[^a-c]", "(?:",  "(?=", "\\1", "é",
                                 "{",   "}",          "-",  "\\x4",   "\\u00"};
-  struct gr_vocab *v = gt_vocab_toy();
-  TH_REQUIRE(v);
-  uint32_t bits[(512 + 31) / 32 * 2];
-  uint64_t rng = 31337;
-  int ok = 0, refused = 0;
-  for (int it = 0; it < 3000; it++) {
-    char pat[128];
-    size_t k = 0;
-    int n = 1 + (int)(gt_rand(&rng) % 12);
-    for (int i = 0; i < n; i++) {
-      const char *a = atoms[gt_rand(&rng) % (sizeof atoms / sizeof atoms[0])];
-      size_t l = strlen(a);
-      if (k + l >= sizeof pat) break;
-      memcpy(pat + k, a, l);
-      k += l;
-    }
-    pat[k] = 0;
-    struct gr_grammar *g = NULL;
-    char err[256] = "";
-    int rc = gr_compile(GR_REGEX, pat, k, &g, err, sizeof err);
-    if (rc) {
-      refused++;
-      TH_CHECK(err[0] != 0 && g == NULL);
-      continue;
-    }
-    ok++;
-    struct gr_matcher *m = gr_matcher_new(g);
-    TH_REQUIRE(m);
-    TH_CHECK(gr_matcher_mask(m, v, bits) == 0);
-    char buf[64];
-    gt_walk(m, &rng, buf, sizeof buf, 30);
-    gr_matcher_free(m);
-    gr_grammar_free(g);
-  }
-  fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
-  TH_CHECK(ok > 100 && refused > 100);
-  gr_vocab_free(v);
+  gt_random_texts(GR_REGEX, "", atoms, sizeof atoms / sizeof atoms[0], 12, 31337);
 }

@@ -125,36 +125,22 @@ static void run_schema(const char *schema, const struct gr_vocab *v, int runs, i
     th_fail(__FILE__, __LINE__, "refused %s: %s", schema, err);
     return;
   }
-  char **texts = calloc((size_t)runs, sizeof *texts);
-  size_t n = 0;
-  uint64_t rng = 4242;
-  char *buf = malloc(1 << 16);
-  for (int r = 0; r < runs; r++) {
-    struct gr_matcher *m = gr_matcher_new(g);
-    int k = gr_random_walk(m, v, &rng, max_tokens, buf, 1 << 16, NULL, NULL);
-    gr_matcher_free(m);
-    if (k >= 0) texts[n++] = strdup(buf);
-  }
+  size_t n;
+  char **texts = gt_generations(g, v, runs, max_tokens, 4242, &n);
   if (n == 0) th_fail(__FILE__, __LINE__, "no generation finished for %s", schema);
   int *ok = n ? gt_py_check(schema, texts, n) : NULL;
   if (n && !ok) {
-    for (size_t i = 0; i < n; i++)
-      free(texts[i]);
-    free(texts);
-    free(buf);
+    gt_texts_free(texts, n);
     gr_grammar_free(g);
     TH_SKIP("python3's jsonschema is missing (apt install python3-jsonschema): no oracle");
   }
   size_t bad = 0;
   fprintf(stderr, "  %zu/%d finished: %.60s...\n", n, runs, schema);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++)
     if (!ok[i] && bad++ < 3)
       th_fail(__FILE__, __LINE__, "jsonschema refuses %s\n    for %s", texts[i], schema);
-    free(texts[i]);
-  }
   free(ok);
-  free(texts);
-  free(buf);
+  gt_texts_free(texts, n);
   gr_grammar_free(g);
 }
 
@@ -174,64 +160,65 @@ TH_TEST(schema_generations_validate_gemma) {
   gr_vocab_free(v);
 }
 
-static void expect_err(const char *schema, int code, const char *msg) {
-  struct gr_grammar *g = NULL;
-  char err[512];
-  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
-  if (rc != code || !strstr(err, msg))
-    th_fail(__FILE__, __LINE__, "%.80s: rc %d '%s' (want %d '%s')", schema, rc, err, code, msg);
-  TH_CHECK(g == NULL);
-  gr_grammar_free(g);
-}
-
 TH_TEST(schema_unsupported_keywords_named) {
-  expect_err("{\"type\":\"array\",\"uniqueItems\":true}", CM_ERR_INVAL,
-             "json_schema: keyword 'uniqueItems' at / is not supported");
-  expect_err("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":"
-             "true}}}",
-             CM_ERR_INVAL,
-             "json_schema: keyword 'uniqueItems' at /properties/tags is not supported");
-  expect_err("{\"not\":{\"type\":\"string\"}}", CM_ERR_INVAL, "keyword 'not' at /");
-  expect_err("{\"if\":{},\"then\":{}}", CM_ERR_INVAL, "keyword 'if' at /");
-  expect_err("{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL,
-             "keyword 'multipleOf' at / is not supported (not an integer)");
-  expect_err("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":1}", CM_ERR_INVAL,
-             "keyword 'multipleOf' at / is not supported (together with bounds)");
-  expect_err("{\"type\":\"object\",\"dependentRequired\":{}}", CM_ERR_INVAL,
-             "keyword 'dependentRequired'");
-  expect_err("{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}", CM_ERR_INVAL,
-             "keyword 'patternProperties'");
-  expect_err("{\"anyOf\":[{\"type\":\"integer\"},{\"items\":[{\"contains\":{}}]}]}", CM_ERR_INVAL,
-             "keyword 'contains' at /anyOf/1/items/0 is not supported");
-  expect_err("{\"properties\":{\"a/b\":{\"type\":\"string\",\"format\":\"color\"}}}", CM_ERR_INVAL,
-             "keyword 'format' at /properties/a~1b is not supported (format 'color')");
-  expect_err("{\"$ref\":\"http://example.com/s.json\"}", CM_ERR_INVAL, "keyword '$ref' at /");
-  expect_err("{\"$ref\":\"#/$defs/missing\"}", CM_ERR_INVAL, "target not found");
-  expect_err("{\"type\":\"number\",\"minimum\":0.5}", CM_ERR_INVAL, "keyword 'minimum'");
-  expect_err("{\"type\":\"number\",\"exclusiveMaximum\":0.5}", CM_ERR_INVAL,
-             "keyword 'exclusiveMaximum' at / is not supported (non-integer bound on a number)");
-  expect_err("{\"type\":\"object\",\"minProperties\":40}", CM_ERR_INVAL,
-             "keyword 'minProperties' at / is not supported (counts above 32)");
-  expect_err("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
-             "json_schema: pattern at /: lookahead is not supported at 0");
-  expect_err("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a\","
-             "\"format\":\"date\"}}}",
-             CM_ERR_INVAL,
-             "keyword 'format' at /properties/a is not supported (together with 'pattern')");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"array\",\"uniqueItems\":true}", CM_ERR_INVAL,
+                "json_schema: keyword 'uniqueItems' at / is not supported");
+  gt_expect_err(GR_JSON_SCHEMA,
+                "{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\",\"uniqueItems\":"
+                "true}}}",
+                CM_ERR_INVAL,
+                "json_schema: keyword 'uniqueItems' at /properties/tags is not supported");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"not\":{\"type\":\"string\"}}", CM_ERR_INVAL,
+                "keyword 'not' at /");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"if\":{},\"then\":{}}", CM_ERR_INVAL, "keyword 'if' at /");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"number\",\"multipleOf\":0.5}", CM_ERR_INVAL,
+                "keyword 'multipleOf' at / is not supported (not an integer)");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":1}",
+                CM_ERR_INVAL, "keyword 'multipleOf' at / is not supported (together with bounds)");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"object\",\"dependentRequired\":{}}", CM_ERR_INVAL,
+                "keyword 'dependentRequired'");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}",
+                CM_ERR_INVAL, "keyword 'patternProperties'");
+  gt_expect_err(GR_JSON_SCHEMA,
+                "{\"anyOf\":[{\"type\":\"integer\"},{\"items\":[{\"contains\":{}}]}]}",
+                CM_ERR_INVAL, "keyword 'contains' at /anyOf/1/items/0 is not supported");
+  gt_expect_err(
+      GR_JSON_SCHEMA, "{\"properties\":{\"a/b\":{\"type\":\"string\",\"format\":\"color\"}}}",
+      CM_ERR_INVAL, "keyword 'format' at /properties/a~1b is not supported (format 'color')");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"$ref\":\"http://example.com/s.json\"}", CM_ERR_INVAL,
+                "keyword '$ref' at /");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"$ref\":\"#/$defs/missing\"}", CM_ERR_INVAL, "target not found");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"number\",\"minimum\":0.5}", CM_ERR_INVAL,
+                "keyword 'minimum'");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"number\",\"exclusiveMaximum\":0.5}", CM_ERR_INVAL,
+                "keyword 'exclusiveMaximum' at / is not supported (non-integer bound on a number)");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"object\",\"minProperties\":40}", CM_ERR_INVAL,
+                "keyword 'minProperties' at / is not supported (counts above 32)");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"(?=a)\"}", CM_ERR_INVAL,
+                "json_schema: pattern at /: lookahead is not supported at 0");
+  gt_expect_err(GR_JSON_SCHEMA,
+                "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a\","
+                "\"format\":\"date\"}}}",
+                CM_ERR_INVAL,
+                "keyword 'format' at /properties/a is not supported (together with 'pattern')");
 }
 
 TH_TEST(schema_hostile_inputs) {
-  expect_err("{\"allOf\":[{\"properties\":{\"a\":{}}}],\"additionalProperties\":false}",
-             CM_ERR_INVAL, "keyword 'additionalProperties' at / is not supported (in allOf");
-  expect_err("{\"type\":", CM_ERR_INVAL, "json_schema: invalid JSON");
-  expect_err("[1]", CM_ERR_INVAL, "not an object or a boolean");
-  expect_err("{\"type\":5}", CM_ERR_INVAL, "keyword 'type'");
-  expect_err("{\"type\":\"strin\"}", CM_ERR_INVAL, "unknown type name");
-  expect_err("{\"type\":\"string\",\"maxLength\":100000}", CM_ERR_TOOBIG, "maxLength");
-  expect_err("{\"type\":\"array\",\"minItems\":100000}", CM_ERR_TOOBIG, "minItems");
-  expect_err("{\"$ref\":\"#\"}", CM_ERR_INVAL, "matches no text");
-  expect_err("false", CM_ERR_INVAL, "matches no text");
-  expect_err("{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}", CM_ERR_INVAL, "matches no text");
+  gt_expect_err(GR_JSON_SCHEMA,
+                "{\"allOf\":[{\"properties\":{\"a\":{}}}],\"additionalProperties\":false}",
+                CM_ERR_INVAL, "keyword 'additionalProperties' at / is not supported (in allOf");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":", CM_ERR_INVAL, "json_schema: invalid JSON");
+  gt_expect_err(GR_JSON_SCHEMA, "[1]", CM_ERR_INVAL, "not an object or a boolean");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":5}", CM_ERR_INVAL, "keyword 'type'");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"strin\"}", CM_ERR_INVAL, "unknown type name");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"string\",\"maxLength\":100000}", CM_ERR_TOOBIG,
+                "maxLength");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"array\",\"minItems\":100000}", CM_ERR_TOOBIG,
+                "minItems");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"$ref\":\"#\"}", CM_ERR_INVAL, "matches no text");
+  gt_expect_err(GR_JSON_SCHEMA, "false", CM_ERR_INVAL, "matches no text");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}", CM_ERR_INVAL,
+                "matches no text");
   /* deep nesting */
   size_t cap = 200 * 40 + 64;
   char *deep = malloc(cap);
@@ -241,7 +228,7 @@ TH_TEST(schema_hostile_inputs) {
   k += (size_t)snprintf(deep + k, cap - k, "{}");
   for (int i = 0; i < 200; i++)
     k += (size_t)snprintf(deep + k, cap - k, "}}");
-  expect_err(deep, CM_ERR_TOOBIG, "nested deeper");
+  gt_expect_err(GR_JSON_SCHEMA, deep, CM_ERR_TOOBIG, "nested deeper");
   free(deep);
   /* a wide enum and many properties compile */
   cap = 1 << 20;
@@ -257,15 +244,28 @@ TH_TEST(schema_hostile_inputs) {
   free(wide);
 }
 
-TH_TEST(schema_known_texts) {
-  const char *s = schemas[0];
+/* A text and whether the schema takes it whole. */
+struct text_case {
+  const char *t;
+  int ok;
+};
+
+static void check_texts(const char *schema, const struct text_case *cases, size_t n) {
   struct gr_grammar *g = NULL;
   char err[256];
-  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
-  static const struct {
-    const char *t;
-    int ok;
-  } cases[] = {
+  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
+  if (rc) th_fail(__FILE__, __LINE__, "%s: %s", schema, err);
+  if (rc) return;
+  for (size_t i = 0; i < n; i++) {
+    int ok = gt_takes(g, cases[i].t, strlen(cases[i].t));
+    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s on %s: %d", schema, cases[i].t, ok);
+  }
+  gr_grammar_free(g);
+}
+
+TH_TEST(schema_known_texts) {
+  const char *s = schemas[0];
+  static const struct text_case cases[] = {
       {"{\"name\":\"Ann\",\"age\":31}", 1},
       {"{\"name\": \"Ann\", \"age\": 150, \"email\": \"a@b.io\", \"tags\": [\"x\"], \"active\": "
        "true}",
@@ -278,14 +278,7 @@ TH_TEST(schema_known_texts) {
       {"{\"name\":\"Annabelle Smith\",\"age\":1}", 0},
       {"{\"name\":\"Ann\",\"age\":1,\"tags\":[\"a\",\"b\",\"c\",\"d\"]}", 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    struct gr_matcher *m = gr_matcher_new(g);
-    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
-             gr_matcher_is_accepting(m);
-    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
-    gr_matcher_free(m);
-  }
-  gr_grammar_free(g);
+  check_texts(s, cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Number and integer bounds against arithmetic: every candidate without an
@@ -336,10 +329,7 @@ TH_TEST(schema_number_bounds_exact) {
                  (!cfg[k].has_hi || (cfg[k].xhi ? x < cfg[k].hi : x <= cfg[k].hi));
       /* "-0" forms are valid JSON but never needed: no check either way */
       if (t[0] == '-' && x == 0) continue;
-      struct gr_matcher *m = gr_matcher_new(g);
-      int got = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
-                gr_matcher_is_accepting(m);
-      gr_matcher_free(m);
+      int got = gt_takes(g, t, strlen(t));
       checked++;
       if (got != want && bad++ < 10)
         th_fail(__FILE__, __LINE__, "%s on %s: got %d want %d", cfg[k].kw, t, got, want);
@@ -354,13 +344,7 @@ TH_TEST(schema_number_bounds_exact) {
 TH_TEST(schema_free_objects_and_required_names) {
   const char *s = "{\"type\":\"object\",\"properties\":{\"free\":{\"type\":\"object\"}},"
                   "\"required\":[\"id\"]}";
-  struct gr_grammar *g = NULL;
-  char err[256];
-  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
-  static const struct {
-    const char *t;
-    int ok;
-  } cases[] = {
+  static const struct text_case cases[] = {
       {"{\"id\":1}", 1},
       {"{\"free\":{},\"id\":\"x\"}", 1},
       {"{\"free\":{\"a\":[1,{\"b\":null}]},\"id\":[]}", 1},
@@ -368,14 +352,7 @@ TH_TEST(schema_free_objects_and_required_names) {
       {"{\"id\":1,\"other\":2}", 0},
       {"{}", 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    struct gr_matcher *m = gr_matcher_new(g);
-    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
-             gr_matcher_is_accepting(m);
-    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
-    gr_matcher_free(m);
-  }
-  gr_grammar_free(g);
+  check_texts(s, cases, sizeof cases / sizeof cases[0]);
 }
 
 TH_TEST(schema_additional_names_exclude_listed) {
@@ -383,13 +360,7 @@ TH_TEST(schema_additional_names_exclude_listed) {
       "{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"integer\"},\"om\\\"ega\":"
       "{\"type\":\"array\"},\"\xc3\xa9t\xc3\xa9\":{\"type\":\"null\"}},"
       "\"additionalProperties\":{\"type\":\"boolean\"}}";
-  struct gr_grammar *g = NULL;
-  char err[256];
-  TH_REQUIRE(gr_compile(GR_JSON_SCHEMA, s, strlen(s), &g, err, sizeof err) == 0);
-  static const struct {
-    const char *t;
-    int ok;
-  } cases[] = {
+  static const struct text_case cases[] = {
       {"{\"zeta\":1,\"zet\":true}", 1},
       {"{\"zeta\":1,\"zetas\":true}", 1},
       {"{\"zeta\":1,\"zeta\":true}", 0},
@@ -402,14 +373,7 @@ TH_TEST(schema_additional_names_exclude_listed) {
       {"{\"\":true,\"z\\n\":false}", 1},
       {"{}", 1},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    struct gr_matcher *m = gr_matcher_new(g);
-    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)cases[i].t, strlen(cases[i].t)) == 0 &&
-             gr_matcher_is_accepting(m);
-    if (ok != cases[i].ok) th_fail(__FILE__, __LINE__, "%s: %d", cases[i].t, ok);
-    gr_matcher_free(m);
-  }
-  gr_grammar_free(g);
+  check_texts(s, cases, sizeof cases / sizeof cases[0]);
 }
 
 /* Random schemas built from keywords (supported or not, right or wrong
@@ -491,30 +455,17 @@ static json_t *rand_schema(uint64_t *rng, int depth) {
 TH_TEST(schema_random_never_crash) {
   struct gr_vocab *v = gt_vocab_toy();
   TH_REQUIRE(v);
-  uint32_t bits[64];
   uint64_t rng = 2718;
   int ok = 0, refused = 0;
   for (int it = 0; it < 1500; it++) {
     json_t *s = rand_schema(&rng, 0);
     char *t = json_dumps(s, JSON_COMPACT);
     json_decref(s);
-    struct gr_grammar *g = NULL;
-    char err[512] = "";
-    int rc = gr_compile(GR_JSON_SCHEMA, t, strlen(t), &g, err, sizeof err);
-    free(t);
-    if (rc) {
+    if (gt_compile_and_poke(GR_JSON_SCHEMA, t, strlen(t), v, &rng))
+      ok++;
+    else
       refused++;
-      TH_CHECK(err[0] != 0 && g == NULL);
-      continue;
-    }
-    ok++;
-    struct gr_matcher *m = gr_matcher_new(g);
-    TH_REQUIRE(m);
-    TH_CHECK(gr_matcher_mask(m, v, bits) == 0);
-    char buf[256];
-    gr_random_walk(m, v, &rng, 20, buf, sizeof buf, NULL, NULL);
-    gr_matcher_free(m);
-    gr_grammar_free(g);
+    free(t);
   }
   fprintf(stderr, "  %d compiled, %d refused\n", ok, refused);
   TH_CHECK(ok > 100 && refused > 100);
@@ -552,50 +503,42 @@ TH_TEST(schema_wide_any_of_of_objects) {
     snprintf(t, sizeof t, "{\"name\":\"tool%d\",\"arguments\":{\"x%d\":1}}", i, i + 1);
     TH_CHECK(gr_matcher_copy(m, m) == 0);
     gr_matcher_free(m);
-    m = gr_matcher_new(g);
-    TH_CHECK(!(gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
-               gr_matcher_is_accepting(m)));
-    gr_matcher_free(m);
+    TH_CHECK(!gt_takes(g, t, strlen(t)));
   }
   gr_grammar_free(g);
   free(s);
 }
 
-static void check_texts(const char *schema, const char *const *texts, const int *want, size_t n) {
-  struct gr_grammar *g = NULL;
-  char err[256];
-  int rc = gr_compile(GR_JSON_SCHEMA, schema, strlen(schema), &g, err, sizeof err);
-  if (rc) th_fail(__FILE__, __LINE__, "%s: %s", schema, err);
-  if (rc) return;
-  for (size_t i = 0; i < n; i++) {
-    struct gr_matcher *m = gr_matcher_new(g);
-    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)texts[i], strlen(texts[i])) == 0 &&
-             gr_matcher_is_accepting(m);
-    if (ok != want[i]) th_fail(__FILE__, __LINE__, "%s on %s: %d", schema, texts[i], ok);
-    gr_matcher_free(m);
-  }
-  gr_grammar_free(g);
-}
-
 TH_TEST(schema_min_max_properties_counted) {
-  static const char *t1[] = {"{}", "{\"a\":1}", "{\"a\":1,\"c\":true}", "{\"b\":\"x\",\"c\":false}",
-                             "{\"a\":1,\"b\":\"\",\"c\":true}"};
-  static const int w1[] = {0, 0, 1, 1, 1};
+  static const struct text_case c1[] = {
+      {"{}", 0},
+      {"{\"a\":1}", 0},
+      {"{\"a\":1,\"c\":true}", 1},
+      {"{\"b\":\"x\",\"c\":false}", 1},
+      {"{\"a\":1,\"b\":\"\",\"c\":true}", 1},
+  };
   check_texts("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
               "\"string\"},\"c\":{\"type\":\"boolean\"}},\"minProperties\":2}",
-              t1, w1, 5);
-  static const char *t2[] = {"{}", "{\"x\":1}", "{\"x\":1,\"y\":2,\"z\":3}",
-                             "{\"x\":1,\"y\":2,\"z\":3,\"w\":4}"};
-  static const int w2[] = {0, 1, 1, 0};
+              c1, sizeof c1 / sizeof c1[0]);
+  static const struct text_case c2[] = {
+      {"{}", 0},
+      {"{\"x\":1}", 1},
+      {"{\"x\":1,\"y\":2,\"z\":3}", 1},
+      {"{\"x\":1,\"y\":2,\"z\":3,\"w\":4}", 0},
+  };
   check_texts("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"},"
               "\"minProperties\":1,\"maxProperties\":3}",
-              t2, w2, 4);
-  static const char *t3[] = {"{}", "{\"a\":1,\"b\":null}", "{\"a\":1,\"q\":2}",
-                             "{\"a\":1,\"b\":null,\"q\":2}", "{\"q\":1,\"r\":2}"};
-  static const int w3[] = {1, 1, 1, 0, 1};
+              c2, sizeof c2 / sizeof c2[0]);
+  static const struct text_case c3[] = {
+      {"{}", 1},
+      {"{\"a\":1,\"b\":null}", 1},
+      {"{\"a\":1,\"q\":2}", 1},
+      {"{\"a\":1,\"b\":null,\"q\":2}", 0},
+      {"{\"q\":1,\"r\":2}", 1},
+  };
   check_texts("{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{\"type\":\"null\"}},"
               "\"additionalProperties\":true,\"maxProperties\":2}",
-              t3, w3, 5);
+              c3, sizeof c3 / sizeof c3[0]);
 }
 
 TH_TEST(schema_multiple_of_exact) {
@@ -606,11 +549,8 @@ TH_TEST(schema_multiple_of_exact) {
   for (int x = -300; x <= 300; x++) {
     char t[16];
     snprintf(t, sizeof t, "%d", x);
-    struct gr_matcher *m = gr_matcher_new(g);
-    int ok = gr_matcher_accept_bytes(m, (const uint8_t *)t, strlen(t)) == 0 &&
-             gr_matcher_is_accepting(m);
+    int ok = gt_takes(g, t, strlen(t));
     if (ok != (x % 7 == 0)) th_fail(__FILE__, __LINE__, "%d: %d", x, ok);
-    gr_matcher_free(m);
   }
   gr_grammar_free(g);
 }
@@ -618,50 +558,74 @@ TH_TEST(schema_multiple_of_exact) {
 /* oneOf is enforced as anyOf only where no value can match two branches: told
  * apart by type, by enum / const values, or by a required member. */
 TH_TEST(schema_one_of_branches_apart_or_refused) {
-  expect_err("{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}", CM_ERR_INVAL,
-             "keyword 'oneOf' at / is not supported (branches 0 and 1 may both match");
-  expect_err("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}", CM_ERR_INVAL,
-             "branches 0 and 1 may both match");
-  expect_err("{\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":[true,{\"type\":\"null\"}]}}}",
-             CM_ERR_INVAL, "keyword 'oneOf' at /properties/p");
-  expect_err("{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[2,3]}]}", CM_ERR_INVAL, "branches 0 and 1");
-  expect_err("{\"oneOf\":[{\"type\":\"object\",\"additionalProperties\":true},{\"type\":"
-             "\"object\",\"properties\":{\"a\":{}},\"required\":[\"a\"]}]}",
-             CM_ERR_INVAL, "branches 0 and 1");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"oneOf\":[{\"type\":\"integer\"},{\"minimum\":2}]}",
+                CM_ERR_INVAL,
+                "keyword 'oneOf' at / is not supported (branches 0 and 1 may both match");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}",
+                CM_ERR_INVAL, "branches 0 and 1 may both match");
+  gt_expect_err(
+      GR_JSON_SCHEMA,
+      "{\"type\":\"object\",\"properties\":{\"p\":{\"oneOf\":[true,{\"type\":\"null\"}]}}}",
+      CM_ERR_INVAL, "keyword 'oneOf' at /properties/p");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"oneOf\":[{\"enum\":[1,2]},{\"enum\":[2,3]}]}", CM_ERR_INVAL,
+                "branches 0 and 1");
+  gt_expect_err(GR_JSON_SCHEMA,
+                "{\"oneOf\":[{\"type\":\"object\",\"additionalProperties\":true},{\"type\":"
+                "\"object\",\"properties\":{\"a\":{}},\"required\":[\"a\"]}]}",
+                CM_ERR_INVAL, "branches 0 and 1");
   /* apart: by type; by const on a member both require; by a member one requires and
    * the other does not allow; an enum against types; false matches nothing */
-  static const char *t1[] = {"\"x\"", "3", "null", "true"};
-  static const int w1[] = {1, 1, 0, 0};
-  check_texts("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},false]}", t1, w1, 4);
-  static const char *t2[] = {"{\"k\":\"a\",\"x\":1}", "{\"k\":\"b\",\"y\":\"s\"}",
-                             "{\"k\":\"a\",\"y\":\"s\"}"};
-  static const int w2[] = {1, 1, 0};
+  static const struct text_case c1[] = {
+      {"\"x\"", 1},
+      {"3", 1},
+      {"null", 0},
+      {"true", 0},
+  };
+  check_texts("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},false]}", c1,
+              sizeof c1 / sizeof c1[0]);
+  static const struct text_case c2[] = {
+      {"{\"k\":\"a\",\"x\":1}", 1},
+      {"{\"k\":\"b\",\"y\":\"s\"}", 1},
+      {"{\"k\":\"a\",\"y\":\"s\"}", 0},
+  };
   check_texts("{\"type\":\"object\",\"oneOf\":[{\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{"
               "\"type\":\"integer\"}},\"required\":[\"k\",\"x\"]},{\"properties\":{\"k\":{\"enum\":"
               "[\"b\",\"c\"]},\"y\":{\"type\":\"string\"}},\"required\":[\"k\",\"y\"]}]}",
-              t2, w2, 3);
-  static const char *t3[] = {"{\"a\":1}", "{\"b\":2}", "{\"a\":1,\"b\":2}"};
-  static const int w3[] = {1, 1, 0};
+              c2, sizeof c2 / sizeof c2[0]);
+  static const struct text_case c3[] = {
+      {"{\"a\":1}", 1},
+      {"{\"b\":2}", 1},
+      {"{\"a\":1,\"b\":2}", 0},
+  };
   check_texts("{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"a\"]},{"
               "\"type\":\"object\",\"properties\":{\"b\":{}},\"required\":[\"b\"]}]}",
-              t3, w3, 3);
-  static const char *t4[] = {"\"a\"", "7", "\"z\""};
-  static const int w4[] = {1, 1, 0};
-  check_texts("{\"oneOf\":[{\"enum\":[\"a\",\"b\"]},{\"type\":\"integer\"}]}", t4, w4, 3);
+              c3, sizeof c3 / sizeof c3[0]);
+  static const struct text_case c4[] = {
+      {"\"a\"", 1},
+      {"7", 1},
+      {"\"z\"", 0},
+  };
+  check_texts("{\"oneOf\":[{\"enum\":[\"a\",\"b\"]},{\"type\":\"integer\"}]}", c4,
+              sizeof c4 / sizeof c4[0]);
 }
 
 /* enum / const values take whitespace where JSON allows it; formats by the RFCs
  * (lower-case t and z in date-times, host labels up to 63 characters); bounds a
  * double cannot hold exactly are refused. */
 TH_TEST(schema_literals_formats_and_wide_bounds) {
-  static const char *t1[] = {"{\"a\":[1,{\"b\":null}]}", "{ \"a\" : [ 1 , { \"b\" : null } ] }",
-                             "{\"a\":[1,{\"b\":null}],\"c\":1}", "{\"a\":[1]}"};
-  static const int w1[] = {1, 1, 0, 0};
-  check_texts("{\"const\":{\"a\":[1,{\"b\":null}]}}", t1, w1, 4);
-  static const char *t2[] = {"\"1963-06-19t08:30:06.283185z\"", "\"1963-06-19T08:30:06Z\"",
-                             "\"1963-06-19 08:30:06Z\""};
-  static const int w2[] = {1, 1, 0};
-  check_texts("{\"type\":\"string\",\"format\":\"date-time\"}", t2, w2, 3);
+  static const struct text_case c1[] = {
+      {"{\"a\":[1,{\"b\":null}]}", 1},
+      {"{ \"a\" : [ 1 , { \"b\" : null } ] }", 1},
+      {"{\"a\":[1,{\"b\":null}],\"c\":1}", 0},
+      {"{\"a\":[1]}", 0},
+  };
+  check_texts("{\"const\":{\"a\":[1,{\"b\":null}]}}", c1, sizeof c1 / sizeof c1[0]);
+  static const struct text_case c2[] = {
+      {"\"1963-06-19t08:30:06.283185z\"", 1},
+      {"\"1963-06-19T08:30:06Z\"", 1},
+      {"\"1963-06-19 08:30:06Z\"", 0},
+  };
+  check_texts("{\"type\":\"string\",\"format\":\"date-time\"}", c2, sizeof c2 / sizeof c2[0]);
   char label63[80], label64[80];
   memset(label63, 'a', 63);
   label63[63] = 0;
@@ -670,11 +634,17 @@ TH_TEST(schema_literals_formats_and_wide_bounds) {
   char h63[100], h64[100];
   snprintf(h63, sizeof h63, "\"x.%s.com\"", label63);
   snprintf(h64, sizeof h64, "\"x.%s.com\"", label64);
-  const char *t3[] = {h63, h64, "\"a-b.c\"", "\"-a.c\""};
-  static const int w3[] = {1, 0, 1, 0};
-  check_texts("{\"type\":\"string\",\"format\":\"hostname\"}", t3, w3, 4);
-  expect_err("{\"type\":\"number\",\"exclusiveMaximum\":972783798187987123879878123.18878137}",
-             CM_ERR_INVAL, "keyword 'exclusiveMaximum' at / is not supported (magnitude of 2^53");
-  expect_err("{\"type\":\"integer\",\"minimum\":-9007199254740992}", CM_ERR_INVAL,
-             "keyword 'minimum'");
+  const struct text_case c3[] = {
+      {h63, 1},
+      {h64, 0},
+      {"\"a-b.c\"", 1},
+      {"\"-a.c\"", 0},
+  };
+  check_texts("{\"type\":\"string\",\"format\":\"hostname\"}", c3, sizeof c3 / sizeof c3[0]);
+  gt_expect_err(GR_JSON_SCHEMA,
+                "{\"type\":\"number\",\"exclusiveMaximum\":972783798187987123879878123.18878137}",
+                CM_ERR_INVAL,
+                "keyword 'exclusiveMaximum' at / is not supported (magnitude of 2^53");
+  gt_expect_err(GR_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":-9007199254740992}",
+                CM_ERR_INVAL, "keyword 'minimum'");
 }

@@ -86,18 +86,21 @@ static int load(const char *url, const struct fe_image_limits *lim, struct fe_im
 }
 
 /* An error: the code, a one-line reason that does not name the part itself,
- * and no pixels. */
+ * and no pixels. A failure names `what` (the input) where it is not NULL. */
 #define CHECK_ERR(rc, im, want, err, needle)                                                       \
-  check_err(__FILE__, __LINE__, rc, im, want, err, needle)
-static void check_err(const char *file, int line, int rc, const struct fe_image *im, int want,
-                      const char *err, const char *needle) {
+  check_err(__FILE__, __LINE__, NULL, rc, im, want, err, needle)
+static void check_err(const char *file, int line, const char *what, int rc,
+                      const struct fe_image *im, int want, const char *err, const char *needle) {
+  const char *sep = what ? ": " : "";
+  if (!what) what = "";
   if (rc != want)
-    th_fail(file, line, "rc %d (%s), want %d (%s); err: %s", rc, cm_strerror(rc), want,
-            cm_strerror(want), err);
+    th_fail(file, line, "%s%src %d (%s), want %d (%s); err: %s", what, sep, rc, cm_strerror(rc),
+            want, cm_strerror(want), err);
   if (!err[0] || strchr(err, '\n') || !strncmp(err, "image_url", 9) || !strncmp(err, "messages", 8))
-    th_fail(file, line, "bad reason \"%s\"", err);
-  if (needle && !strstr(err, needle)) th_fail(file, line, "\"%s\" lacks \"%s\"", err, needle);
-  if (im->rgb || im->w || im->h) th_fail(file, line, "an error left pixels behind");
+    th_fail(file, line, "%s%sbad reason \"%s\"", what, sep, err);
+  if (needle && !strstr(err, needle))
+    th_fail(file, line, "%s%s\"%s\" lacks \"%s\"", what, sep, err, needle);
+  if (im->rgb || im->w || im->h) th_fail(file, line, "%s%san error left pixels behind", what, sep);
 }
 
 /* The decoded image is exactly want (w x h RGB). */
@@ -114,6 +117,24 @@ static void check_pixels(const char *file, int line, const struct fe_image *im, 
               i / 3 / (size_t)w, i % 3, im->rgb[i], want[i]);
       return;
     }
+}
+
+/* m, a whole encoded image, decodes (without limits) to exactly want (w x h
+ * RGB); m is freed. */
+#define CHECK_DECODES(m, want, w, h) check_decodes(__FILE__, __LINE__, m, want, w, h)
+static void check_decodes(const char *file, int line, struct mbuf *m, const uint8_t *want, int w,
+                          int h) {
+  if (m->n == 0) {
+    th_fail(file, line, "nothing was encoded");
+    th_stop();
+  }
+  struct fe_image im;
+  char err[256];
+  int rc = decode(m->p, m->n, NULL, &im, err, sizeof(err));
+  if (rc) th_fail(file, line, "decode: %s (%s)", cm_strerror(rc), err);
+  check_pixels(file, line, &im, want, w, h);
+  fe_image_free(&im);
+  mb_free(m);
 }
 
 static double mean_abs_err(const uint8_t *a, const uint8_t *b, size_t n) {
@@ -665,13 +686,7 @@ TH_TEST(webp_still) {
   uint8_t px[N * 3], rgba[N * 4], smooth[N * 3];
   random_bytes(px, sizeof(px), 8);
   struct mbuf m = webp_lossless_rgb(px, W, H);
-  TH_REQUIRE(m.n > 0);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, px, W, H);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, px, W, H);
   /* with alpha (never 0, whose color the encoder may change): alpha dropped */
   for (int i = 0; i < N; i++) {
     memcpy(rgba + i * 4, px + i * 3, 3);
@@ -680,16 +695,14 @@ TH_TEST(webp_still) {
   uint8_t *out = NULL;
   size_t n = WebPEncodeLosslessRGBA(rgba, W, H, W * 4, &out);
   m = webp_wrap(out, n);
-  TH_REQUIRE(m.n > 0);
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, px, W, H);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, px, W, H);
   /* lossy */
   smooth_rgb(smooth, W, H);
   n = WebPEncodeRGB(smooth, W, H, W * 3, 95, &out);
   m = webp_wrap(out, n);
   TH_REQUIRE(m.n > 0);
+  struct fe_image im;
+  char err[256];
   TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
   TH_REQUIRE(im.rgb && im.w == W && im.h == H);
   TH_CHECK(mean_abs_err(im.rgb, smooth, N * 3) < 4.0);
@@ -710,12 +723,7 @@ TH_TEST(webp_animated_first_frame) {
   TH_REQUIRE(m.n > 0);
   WebPBitstreamFeatures f;
   TH_REQUIRE(WebPGetFeatures(m.p, m.n, &f) == VP8_STATUS_OK && f.has_animation);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, W, H);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, W, H);
 }
 
 /* ---- GIF ----------------------------------------------------------------------------------- */
@@ -726,14 +734,8 @@ TH_TEST(gif_full_and_interlaced) {
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
       uint8_t *px;
       struct mbuf m = gif_simple(sizes[k][0], sizes[k][1], il, &px);
-      TH_REQUIRE(m.n > 0);
-      struct fe_image im;
-      char err[256];
-      TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-      CHECK_PIXELS(&im, px, sizes[k][0], sizes[k][1]);
-      fe_image_free(&im);
+      CHECK_DECODES(&m, px, sizes[k][0], sizes[k][1]);
       free(px);
-      mb_free(&m);
     }
   }
 }
@@ -755,13 +757,7 @@ TH_TEST(gif_offset_transparent) {
         memcpy(want + ((FY + y) * SW + FX + x) * 3, &pal[idx[y * FW + x]], 3);
   struct gif_frame f = {FX, FY, FW, FH, 0, 1, NULL, 0, idx};
   struct mbuf m = gif_make(SW, SH, pal, 8, 3, &f, 1);
-  TH_REQUIRE(m.n > 0);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, SW, SH);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, SW, SH);
   /* no global color map: a black canvas, the frame through its local map */
   memset(want, 0, sizeof(want));
   for (int y = 0; y < FH; y++)
@@ -770,11 +766,7 @@ TH_TEST(gif_offset_transparent) {
         memcpy(want + ((FY + y) * SW + FX + x) * 3, &pal[idx[y * FW + x]], 3);
   f.pal = pal, f.npal = 8;
   m = gif_make(SW, SH, NULL, 0, 3, &f, 1);
-  TH_REQUIRE(m.n > 0);
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, SW, SH);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, SW, SH);
 }
 
 /* A frame sticking out of the screen grows the canvas (as Pillow does); a
@@ -791,13 +783,7 @@ TH_TEST(gif_grow_and_two_frames) {
       memcpy(want + ((2 + y) * 6 + x) * 3, &pal[idx[y * 6 + x]], 3);
   struct gif_frame f = {0, 2, 6, 3, 0, -1, NULL, 0, idx};
   struct mbuf m = gif_make(4, 4, pal, 4, 2, &f, 1);
-  TH_REQUIRE(m.n > 0);
-  struct fe_image im;
-  char err[256];
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, want, 6, 5);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, want, 6, 5);
 
   uint8_t a[4 * 4], b[4 * 4], wa[4 * 4 * 3];
   for (int i = 0; i < 16; i++) {
@@ -806,11 +792,7 @@ TH_TEST(gif_grow_and_two_frames) {
   }
   struct gif_frame two[2] = {{0, 0, 4, 4, 0, -1, NULL, 0, a}, {0, 0, 4, 4, 0, -1, NULL, 0, b}};
   m = gif_make(4, 4, pal, 4, 0, two, 2);
-  TH_REQUIRE(m.n > 0);
-  TH_CHECK_EQ_INT(decode(m.p, m.n, NULL, &im, err, sizeof(err)), 0);
-  CHECK_PIXELS(&im, wa, 4, 4);
-  fe_image_free(&im);
-  mb_free(&m);
+  CHECK_DECODES(&m, wa, 4, 4);
 }
 
 /* ---- data: URLs --------------------------------------------------------------------------- */
@@ -897,6 +879,22 @@ TH_TEST(data_url_tails) {
   TH_CHECK_EQ_INT(seen, 7);
 }
 
+/* A URL refused without limits: the code and what the reason holds. */
+struct refused_url {
+  const char *url;
+  int rc;
+  const char *needle;
+};
+
+static void check_refused_urls(const struct refused_url *cases, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    struct fe_image im;
+    char err[512];
+    int rc = load(cases[i].url, NULL, &im, err, sizeof(err));
+    check_err(__FILE__, __LINE__, cases[i].url, rc, &im, cases[i].rc, err, cases[i].needle);
+  }
+}
+
 TH_TEST(data_url_rules) {
   struct mbuf m = png_rgb(4, 4, 0, 51, NULL);
   TH_REQUIRE(m.n > 0);
@@ -919,24 +917,19 @@ TH_TEST(data_url_rules) {
   char *plain = data_url("data:image/png,", m.p, m.n, 1);
   CHECK_ERR(load(plain, NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err, ";base64");
   free(plain);
-  CHECK_ERR(load("data:image/png;base64", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "','");
-  CHECK_ERR(load("data:image/png;base64,", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "empty image");
-  /* padding */
-  CHECK_ERR(load("data:;base64,QUJD=", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "padding");
-  CHECK_ERR(load("data:;base64,QU=", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "padding");
-  CHECK_ERR(load("data:;base64,QUJDR", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "one character");
-  CHECK_ERR(load("data:;base64,Q===", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "offset 1");
-  CHECK_ERR(load("data:;base64,QU=J", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "offset 2");
-  /* well-formed base64 of bytes that are no image */
-  CHECK_ERR(load("data:;base64,QUJD", NULL, &im, err, sizeof(err)), &im, CM_ERR_UNSUPPORTED, err,
-            "unsupported image type (PNG, JPEG, WebP and GIF are)");
+  /* no ',', no payload; padding; well-formed base64 of bytes that are no image */
+  static const struct refused_url refused[] = {
+      {"data:image/png;base64", CM_ERR_INVAL, "','"},
+      {"data:image/png;base64,", CM_ERR_INVAL, "empty image"},
+      {"data:;base64,QUJD=", CM_ERR_INVAL, "padding"},
+      {"data:;base64,QU=", CM_ERR_INVAL, "padding"},
+      {"data:;base64,QUJDR", CM_ERR_INVAL, "one character"},
+      {"data:;base64,Q===", CM_ERR_INVAL, "offset 1"},
+      {"data:;base64,QU=J", CM_ERR_INVAL, "offset 2"},
+      {"data:;base64,QUJD", CM_ERR_UNSUPPORTED,
+       "unsupported image type (PNG, JPEG, WebP and GIF are)"},
+  };
+  check_refused_urls(refused, sizeof(refused) / sizeof(refused[0]));
   /* size over max_bytes, refused from the payload's length */
   struct fe_image_limits lim = {m.n - 1, 0, NULL};
   char want[160];
@@ -961,12 +954,13 @@ TH_TEST(url_schemes) {
     TH_CHECK(strstr(err, "data:") && strstr(err, "file://") &&
              strstr(err, "--allowed-local-media-path"));
   }
-  CHECK_ERR(load("ftp://example.com/a.png", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err,
-            "'ftp:'");
-  CHECK_ERR(load("", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err, "empty");
-  CHECK_ERR(load("iVBORw0KGgo", NULL, &im, err, sizeof(err)), &im, CM_ERR_INVAL, err, "not a URL");
-  CHECK_ERR(load("file:///etc/passwd", NULL, &im, err, sizeof(err)), &im, CM_ERR_UNSUPPORTED, err,
-            "--allowed-local-media-path");
+  static const struct refused_url refused[] = {
+      {"ftp://example.com/a.png", CM_ERR_INVAL, "'ftp:'"},
+      {"", CM_ERR_INVAL, "empty"},
+      {"iVBORw0KGgo", CM_ERR_INVAL, "not a URL"},
+      {"file:///etc/passwd", CM_ERR_UNSUPPORTED, "--allowed-local-media-path"},
+  };
+  check_refused_urls(refused, sizeof(refused) / sizeof(refused[0]));
 }
 
 /* ---- file:// URLs ------------------------------------------------------------------------- */

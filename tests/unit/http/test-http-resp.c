@@ -199,11 +199,32 @@ TH_TEST(resp_error_envelope) {
   fe_buf_free(&b);
 }
 
+/* A registry for model `name` with the standard series, their ids in *ids. */
+static struct fe_metrics *standard_metrics(const char *name, struct fe_metric_ids *ids) {
+  struct fe_metrics *m = NULL;
+  TH_REQUIRE(fe_metrics_create(name, &m) == 0);
+  TH_REQUIRE(fe_metrics_register_standard(m, ids) == 0);
+  return m;
+}
+
+/* m's text format into b, made here; the caller frees it (fe_buf_free). */
+static void render(struct fe_metrics *m, struct fe_buf *b) {
+  fe_buf_init(b, 0);
+  TH_REQUIRE(fe_metrics_render(m, b) == 0);
+}
+
+/* m's text format holds `has` and not `lacks` (either NULL: not checked). */
+static void check_rendered(struct fe_metrics *m, const char *has, const char *lacks) {
+  struct fe_buf b;
+  render(m, &b);
+  if (has && !strstr(b.data, has)) th_fail(__FILE__, __LINE__, "metrics text lacks: %s", has);
+  if (lacks && strstr(b.data, lacks)) th_fail(__FILE__, __LINE__, "metrics text has: %s", lacks);
+  fe_buf_free(&b);
+}
+
 TH_TEST(metrics_registry) {
-  struct fe_metrics *m;
-  TH_REQUIRE(fe_metrics_create("ge\"m", &m) == 0);
   struct fe_metric_ids ids;
-  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  struct fe_metrics *m = standard_metrics("ge\"m", &ids);
   const struct fe_replica_metric_ids *r0 = &ids.rep[0];
   TH_CHECK_EQ_INT(ids.n_rep, 1);
   fe_metrics_inc(m, r0->prompt_tokens, 12);
@@ -222,8 +243,7 @@ TH_TEST(metrics_registry) {
   double bad_b[] = {1, 1};
   TH_CHECK(fe_metrics_add(m, FE_METRIC_HISTOGRAM, "lmserve:h", "x", bad_b, 2) == CM_ERR_INVAL);
   struct fe_buf b;
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  render(m, &b);
   static const char *const want[] = {
       "# TYPE lmserve:prompt_tokens_total counter\n",
       "lmserve:prompt_tokens_total{model_name=\"ge\\\"m\",replica=\"0\"} 12.0\n",
@@ -273,10 +293,8 @@ TH_TEST(metrics_registry) {
  * (one HELP/TYPE each, series in registration order), duplicates and
  * mismatched kinds, buckets or labels are refused. */
 TH_TEST(metrics_replica_families) {
-  struct fe_metrics *m;
-  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
   struct fe_metric_ids ids;
-  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  struct fe_metrics *m = standard_metrics("g", &ids);
   TH_REQUIRE(fe_metrics_register_replicas(m, &ids, 3) == 0);
   TH_CHECK_EQ_INT(ids.n_rep, 3);
   TH_REQUIRE(fe_metrics_register_replicas(m, &ids, 2) == 0); /* already there */
@@ -301,8 +319,7 @@ TH_TEST(metrics_replica_families) {
   TH_CHECK(fe_metrics_add_labelled(m, FE_METRIC_COUNTER, "lmserve:x_total", "x", NULL, 0,
                                    ",a=\"1\",b=\"q\\\"\"") >= 0);
   struct fe_buf b;
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  render(m, &b);
   const char *t = b.data;
   const char *h = strstr(t, "# TYPE lmserve:generation_tokens_total counter\n");
   TH_REQUIRE(h != NULL);
@@ -327,10 +344,8 @@ TH_TEST(metrics_replica_families) {
  * larger sum: an early count shows at once, the late one catching up adds
  * nothing, and what only the late source saw shows once it reports. */
 TH_TEST(metrics_two_sources) {
-  struct fe_metrics *m;
-  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
   struct fe_metric_ids ids;
-  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  struct fe_metrics *m = standard_metrics("g", &ids);
   int q = ids.rep[0].prefix_cache_queries;
   fe_metrics_inc_early(m, q, 300); /* a request's first output */
   TH_CHECK_NEAR(fe_metrics_value(m, q), 300, 0);
@@ -343,29 +358,18 @@ TH_TEST(metrics_two_sources) {
   TH_CHECK_NEAR(fe_metrics_value(m, q), 350, 0);
   fe_metrics_inc_early(m, q, 40);
   TH_CHECK_NEAR(fe_metrics_value(m, q), 360, 0);
-  struct fe_buf b;
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  TH_CHECK(
-      strstr(b.data, "lmserve:prefix_cache_queries_total{model_name=\"g\",replica=\"0\"} 360.0\n"));
-  fe_buf_free(&b);
+  check_rendered(m, "lmserve:prefix_cache_queries_total{model_name=\"g\",replica=\"0\"} 360.0\n",
+                 NULL);
   fe_metrics_destroy(m);
 }
 
 /* The per-position counter: series appear as positions are counted. */
 TH_TEST(metrics_indexed_counter) {
-  struct fe_metrics *m;
-  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
   struct fe_metric_ids ids;
-  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  struct fe_metrics *m = standard_metrics("g", &ids);
   int id = ids.rep[0].spec_decode_num_accepted_tokens_per_pos;
-  struct fe_buf b;
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  TH_CHECK(
-      strstr(b.data, "# TYPE lmserve:spec_decode_num_accepted_tokens_per_pos_total counter\n"));
-  TH_CHECK(!strstr(b.data, "position="));
-  fe_buf_free(&b);
+  check_rendered(m, "# TYPE lmserve:spec_decode_num_accepted_tokens_per_pos_total counter\n",
+                 "position=");
   fe_metrics_inc_at(m, id, 0, 5);
   fe_metrics_inc_at(m, id, 2, 3);
   fe_metrics_inc_at(m, id, 2, 1);
@@ -373,8 +377,8 @@ TH_TEST(metrics_indexed_counter) {
   fe_metrics_inc_at(m, id, 4000, 1); /* beyond the family: ignored */
   TH_CHECK_NEAR(fe_metrics_value_at(m, id, 2), 4, 0);
   TH_CHECK_NEAR(fe_metrics_value(m, id), 9, 0);
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  struct fe_buf b;
+  render(m, &b);
   const char *pre =
       "lmserve:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"g\",replica=\"0\",";
   char want[3][160];
@@ -393,43 +397,34 @@ TH_TEST(metrics_indexed_counter) {
 /* The engine's info series: one per replica once it has said what runs its
  * model, value 1, the labels escaped, a long value cut short but closed. */
 TH_TEST(metrics_info_family) {
-  struct fe_metrics *m;
-  TH_REQUIRE(fe_metrics_create("g", &m) == 0);
   struct fe_metric_ids ids;
-  TH_REQUIRE(fe_metrics_register_standard(m, &ids) == 0);
+  struct fe_metrics *m = standard_metrics("g", &ids);
   int id = ids.engine_info;
-  struct fe_buf b;
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  TH_CHECK(strstr(b.data, "# TYPE lmserve:engine_info gauge\n"));
-  TH_CHECK(!strstr(b.data, "lmserve:engine_info{")); /* nothing said yet */
-  fe_buf_free(&b);
+  /* the family, and nothing said yet */
+  check_rendered(m, "# TYPE lmserve:engine_info gauge\n", "lmserve:engine_info{");
   static const char *const keys[] = {"kernels", "matmul_inputs"};
   const char *v1[] = {"cpu-avx2", NULL}, *v0[] = {"cu\"da\\x\n", "weights"};
   fe_metrics_set_info_at(m, id, 1, keys, v1, 2);
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  TH_CHECK(strstr(b.data, "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"cpu-avx2\","
-                          "matmul_inputs=\"\"} 1\n"));
-  TH_CHECK(!strstr(b.data, "replica=\"0\",kernels")); /* replica 0 has not said */
-  fe_buf_free(&b);
+  /* replica 1 has said, replica 0 has not */
+  check_rendered(m,
+                 "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"cpu-avx2\","
+                 "matmul_inputs=\"\"} 1\n",
+                 "replica=\"0\",kernels");
   fe_metrics_set_info_at(m, id, 0, keys, v0, 2);
   fe_metrics_set_info_at(m, id, 1, keys, v0 + 1, 1); /* said again: replaced */
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
-  TH_CHECK(strstr(b.data,
-                  "lmserve:engine_info{model_name=\"g\",replica=\"0\",kernels=\"cu\\\"da\\\\x\\n\","
-                  "matmul_inputs=\"weights\"} 1\n"));
-  TH_CHECK(strstr(b.data,
-                  "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"weights\"} 1\n"));
-  fe_buf_free(&b);
+  check_rendered(m,
+                 "lmserve:engine_info{model_name=\"g\",replica=\"0\",kernels=\"cu\\\"da\\\\x\\n\","
+                 "matmul_inputs=\"weights\"} 1\n",
+                 NULL);
+  check_rendered(m, "lmserve:engine_info{model_name=\"g\",replica=\"1\",kernels=\"weights\"} 1\n",
+                 NULL);
   char big[400];
   memset(big, 'k', sizeof(big) - 1);
   big[sizeof(big) - 1] = 0;
   const char *vb[] = {big, "bf16"};
   fe_metrics_set_info_at(m, id, 2, keys, vb, 2);
-  fe_buf_init(&b, 0);
-  TH_REQUIRE(fe_metrics_render(m, &b) == 0);
+  struct fe_buf b;
+  render(m, &b);
   const char *l = strstr(b.data, "replica=\"2\",kernels=\"kkk");
   TH_REQUIRE(l != NULL);
   const char *eol = strchr(l, '\n');

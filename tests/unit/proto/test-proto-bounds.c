@@ -110,6 +110,18 @@ TH_TEST(huge_declared_lengths_fail_small) {
   TH_CHECK_EQ_INT(peak, 0);
 }
 
+/* Decodes body as every message type with an unlimited arena: each must fail
+ * with `want` and allocate less than SMALL. */
+static void every_type_fails_small(const uint8_t *body, size_t n, int want) {
+  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
+    size_t mallocd, peak;
+    int rc = decode(all_types[t], body, n, 0, &mallocd, &peak);
+    if (rc != want || mallocd >= SMALL || peak >= SMALL)
+      th_fail(__FILE__, __LINE__, "type %d: rc %d (want %d), %zu bytes malloc'd, arena peak %zu",
+              all_types[t], rc, want, mallocd, peak);
+  }
+}
+
 /* 40 nested arrays: as the body (not a map), and under an unknown key where
  * the skipper must stop at PR_MAX_DEPTH. */
 TH_TEST(deep_nesting_fails) {
@@ -118,22 +130,14 @@ TH_TEST(deep_nesting_fails) {
   for (int i = 0; i < 40; i++)
     body[n++] = 0x91;
   body[n++] = 0x00;
-  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
-    size_t mallocd, peak;
-    TH_CHECK_EQ_INT(decode(all_types[t], body, n, 0, &mallocd, &peak), CM_ERR_PARSE);
-    TH_CHECK(mallocd < SMALL && peak < SMALL);
-  }
+  every_type_fails_small(body, n, CM_ERR_PARSE);
   uint8_t keyed[80];
   size_t k = 0;
   keyed[k++] = 0x81;
   keyed[k++] = 0x3f; /* key 63: known to no record */
   memcpy(keyed + k, body, n);
   k += n;
-  for (size_t t = 0; t < sizeof(all_types) / sizeof(all_types[0]); t++) {
-    size_t mallocd, peak;
-    TH_CHECK_EQ_INT(decode(all_types[t], keyed, k, 0, &mallocd, &peak), CM_ERR_DEPTH);
-    TH_CHECK(mallocd < SMALL && peak < SMALL);
-  }
+  every_type_fails_small(keyed, k, CM_ERR_DEPTH);
   /* the same through maps: {63: {0: {0: ... }}} */
   uint8_t maps[96];
   size_t mn = 0;
@@ -158,15 +162,24 @@ TH_TEST(deep_nesting_fails) {
   TH_CHECK_EQ_INT(decode(PR_PING, shallow, s + 1, 0, NULL, NULL), CM_ERR_DEPTH);
 }
 
+/* b made again as the start of an ADD body: a map of n_keys members whose
+ * first are the request id (1), max_tokens (1) and the prompt's array header
+ * of n_prompt tokens, which the caller writes next. */
+static void add_head(struct pr_buf *b, uint32_t n_keys, uint32_t n_prompt) {
+  msgpack_packer *pk = PR_PACKER(b);
+  pr_buf_reset(b);
+  msgpack_pack_map(pk, n_keys);
+  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, n_prompt);
+}
+
 /* A well-formed array whose elements need more memory than the arena's cap. */
 TH_TEST(arena_cap_bounds_allocation) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
   msgpack_packer *pk = PR_PACKER(&b);
-  msgpack_pack_map(pk, 3);
-  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, 100000);
+  add_head(&b, 3, 100000);
   for (int i = 0; i < 100000; i++)
     msgpack_pack_uint64(pk, 7);
   TH_REQUIRE(b.err == 0);
@@ -230,11 +243,8 @@ TH_TEST(wrong_types_and_ranges) {
 /* An ADD with a sampling map holding one field. */
 static int add_with_sampling(struct pr_buf *b, uint32_t key, double v) {
   msgpack_packer *pk = PR_PACKER(b);
-  pr_buf_reset(b);
-  msgpack_pack_map(pk, 4);
-  msgpack_pack_uint64(pk, PR_K_ADD_ID), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_MAX_TOKENS), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_ADD_PROMPT), msgpack_pack_array(pk, 1), msgpack_pack_uint64(pk, 2);
+  add_head(b, 4, 1);
+  msgpack_pack_uint64(pk, 2);
   msgpack_pack_uint64(pk, PR_K_ADD_SAMPLING), msgpack_pack_map(pk, 1), msgpack_pack_uint64(pk, key),
       msgpack_pack_double(pk, v);
   return decode_buf(PR_ADD, b);
@@ -333,6 +343,16 @@ TH_TEST(strings_checked) {
   pr_buf_free(&b);
 }
 
+/* b made again as a STEP or RESULT body {id_key: 1, seqs_key: [{...}]} whose
+ * one sequence record is a map of n_keys members, written next. */
+static void one_seq(struct pr_buf *b, uint32_t id_key, uint32_t seqs_key, uint32_t n_keys) {
+  msgpack_packer *pk = PR_PACKER(b);
+  pr_buf_reset(b);
+  msgpack_pack_map(pk, 2);
+  msgpack_pack_uint64(pk, id_key), msgpack_pack_uint64(pk, 1);
+  msgpack_pack_uint64(pk, seqs_key), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, n_keys);
+}
+
 /* Limits inside STEP / RESULT / OUT records. */
 TH_TEST(record_limits) {
   struct pr_buf b;
@@ -341,11 +361,7 @@ TH_TEST(record_limits) {
   /* STEP with one sequence whose `field` is written by the code after it */
 #define STEP_SEQ(field_key, ...)                                                                   \
   do {                                                                                             \
-    pr_buf_reset(&b);                                                                              \
-    msgpack_pack_map(pk, 2);                                                                       \
-    msgpack_pack_uint64(pk, PR_K_STEP_ID), msgpack_pack_uint64(pk, 1);                             \
-    msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1);                            \
-    msgpack_pack_map(pk, 2);                                                                       \
+    one_seq(&b, PR_K_STEP_ID, PR_K_STEP_SEQS, 2);                                                  \
     msgpack_pack_uint64(pk, PR_K_SSEQ_ID), msgpack_pack_uint64(pk, 5);                             \
     msgpack_pack_uint64(pk, (field_key));                                                          \
     __VA_ARGS__;                                                                                   \
@@ -374,45 +390,30 @@ TH_TEST(record_limits) {
            msgpack_pack_float(pk, 2.0f));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
   /* a sequence record without its id */
-  pr_buf_reset(&b);
-  msgpack_pack_map(pk, 2);
-  msgpack_pack_uint64(pk, PR_K_STEP_ID), msgpack_pack_uint64(pk, 1);
-  msgpack_pack_uint64(pk, PR_K_STEP_SEQS), msgpack_pack_array(pk, 1), msgpack_pack_map(pk, 0);
+  one_seq(&b, PR_K_STEP_ID, PR_K_STEP_SEQS, 0);
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_PARSE);
 
-  /* RESULT: more accepted drafts than tokens; logprobs that disagree */
-#define RESULT_SEQ(...)                                                                            \
+  /* RESULT with one sequence (id 1, one token) whose `field` is written by
+   * the code after it: more accepted drafts than tokens; logprobs that
+   * disagree */
+#define RESULT_SEQ(field_key, ...)                                                                 \
   do {                                                                                             \
-    pr_buf_reset(&b);                                                                              \
-    msgpack_pack_map(pk, 2);                                                                       \
-    msgpack_pack_uint64(pk, PR_K_RES_STEP), msgpack_pack_uint64(pk, 1);                            \
-    msgpack_pack_uint64(pk, PR_K_RES_SEQS), msgpack_pack_array(pk, 1);                             \
+    one_seq(&b, PR_K_RES_STEP, PR_K_RES_SEQS, 3);                                                  \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_ID), msgpack_pack_uint64(pk, 1);                             \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS), msgpack_pack_array(pk, 1);                          \
+    msgpack_pack_uint64(pk, 1);                                                                    \
+    msgpack_pack_uint64(pk, (field_key));                                                          \
     __VA_ARGS__;                                                                                   \
   } while (0)
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_ACCEPTED); msgpack_pack_uint64(pk, 2));
+  RESULT_SEQ(PR_K_RSEQ_ACCEPTED, msgpack_pack_uint64(pk, 2));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_LP_SAMPLED); msgpack_pack_array(pk, 2);
-             msgpack_pack_float(pk, -1); msgpack_pack_float(pk, -1));
+  RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_SAMPLED);
+             msgpack_pack_array(pk, 2); msgpack_pack_float(pk, -1); msgpack_pack_float(pk, -1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_LP_SAMPLED); msgpack_pack_array(pk, 1);
-             msgpack_pack_float(pk, INFINITY));
+  RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_SAMPLED);
+             msgpack_pack_array(pk, 1); msgpack_pack_float(pk, INFINITY));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
-  RESULT_SEQ(msgpack_pack_map(pk, 3); msgpack_pack_uint64(pk, PR_K_RSEQ_ID);
-             msgpack_pack_uint64(pk, 1); msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS);
-             msgpack_pack_array(pk, 1); msgpack_pack_uint64(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_RSEQ_LOGPROBS); msgpack_pack_map(pk, 1);
-             msgpack_pack_uint64(pk, PR_K_LP_N_TOP);
+  RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_N_TOP);
              msgpack_pack_uint64(pk, PR_MAX_TOP_LOGPROBS + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
 

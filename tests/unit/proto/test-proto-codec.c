@@ -16,72 +16,77 @@
 
 #define ARENA_CAP (4u << 20) /* bytes */
 
-/* Encodes sample i into a fresh exact-size heap copy (so that ASan sees any
- * read past its end); *len gets its size. */
-static uint8_t *encode_sample(int i, struct pr_msg *m, size_t *len, const char **name) {
+/* Sample i encoded: the message, its encoding in a fresh exact-size heap copy
+ * (so that ASan sees any read past its end), and an arena to decode into. */
+struct sample {
+  struct pr_msg m;
+  const char *name;
+  uint8_t *enc;
+  size_t len; /* bytes */
+  struct cm_arena a;
+};
+
+/* Builds and encodes sample i into s: 0, or -1 (the failure recorded). */
+static int sample_init(struct sample *s, int i) {
   struct pr_buf b;
   pr_buf_init(&b, 0);
-  prs_build(i, m, name);
-  int rc = pr_msg_encode(m, &b);
+  prs_build(i, &s->m, &s->name);
+  int rc = pr_msg_encode(&s->m, &b);
   if (rc) {
-    th_fail(__FILE__, __LINE__, "%s: encode failed: %s", *name, cm_strerror(rc));
+    th_fail(__FILE__, __LINE__, "%s: encode failed: %s", s->name, cm_strerror(rc));
     pr_buf_free(&b);
-    return NULL;
+    return -1;
   }
-  uint8_t *copy = malloc(b.len);
-  memcpy(copy, b.data, b.len);
-  *len = b.len;
+  s->enc = malloc(b.len);
+  memcpy(s->enc, b.data, b.len);
+  s->len = b.len;
   pr_buf_free(&b);
-  return copy;
+  cm_arena_init(&s->a, 4096, ARENA_CAP);
+  return 0;
+}
+
+static void sample_free(struct sample *s) {
+  cm_arena_free(&s->a);
+  free(s->enc);
 }
 
 TH_TEST(roundtrip_every_message) {
   TH_REQUIRE(prs_count() == 42);
   for (int i = 0; i < prs_count(); i++) {
-    struct pr_msg m, d, d2;
-    const char *name;
-    size_t len;
-    uint8_t *enc = encode_sample(i, &m, &len, &name);
-    TH_REQUIRE(enc != NULL);
-    struct cm_arena a;
-    cm_arena_init(&a, 4096, ARENA_CAP);
-    int rc = pr_msg_decode_body(m.type, enc, len, &a, &d);
+    struct sample s;
+    TH_REQUIRE(sample_init(&s, i) == 0);
+    struct pr_msg d, d2;
+    int rc = pr_msg_decode_body(s.m.type, s.enc, s.len, &s.a, &d);
     if (rc)
-      th_fail(__FILE__, __LINE__, "%s: decode: %s", name, cm_strerror(rc));
-    else if (!pr_msg_equal(&m, &d))
-      th_fail(__FILE__, __LINE__, "%s: round trip differs", name);
+      th_fail(__FILE__, __LINE__, "%s: decode: %s", s.name, cm_strerror(rc));
+    else if (!pr_msg_equal(&s.m, &d))
+      th_fail(__FILE__, __LINE__, "%s: round trip differs", s.name);
     /* the decoded message re-encodes to the same bytes */
     struct pr_buf b;
     pr_buf_init(&b, 0);
     if (!rc) {
       TH_CHECK_EQ_INT(pr_msg_encode(&d, &b), 0);
-      TH_CHECK(b.len == len && memcmp(b.data, enc, len) == 0);
-      TH_CHECK_EQ_INT(pr_msg_decode_body(d.type, b.data, b.len, &a, &d2), 0);
+      TH_CHECK(b.len == s.len && memcmp(b.data, s.enc, s.len) == 0);
+      TH_CHECK_EQ_INT(pr_msg_decode_body(d.type, b.data, b.len, &s.a, &d2), 0);
       TH_CHECK(pr_msg_equal(&d, &d2));
     }
     pr_buf_free(&b);
-    cm_arena_free(&a);
-    free(enc);
+    sample_free(&s);
   }
 }
 
 TH_TEST(roundtrip_with_header_frame) {
   for (int i = 0; i < prs_count(); i++) {
-    struct pr_msg m, d;
-    const char *name;
-    size_t len;
+    struct sample s;
+    TH_REQUIRE(sample_init(&s, i) == 0);
     uint8_t hdr[PR_HDR_LEN];
-    uint8_t *enc = encode_sample(i, &m, &len, &name);
-    TH_REQUIRE(enc != NULL);
-    pr_msg_header(m.type, hdr);
-    TH_CHECK_EQ_INT(hdr[0], m.type);
+    pr_msg_header(s.m.type, hdr);
+    TH_CHECK_EQ_INT(hdr[0], s.m.type);
     TH_CHECK_EQ_INT(hdr[1], PR_VERSION);
-    struct cm_arena a;
-    cm_arena_init(&a, 4096, ARENA_CAP);
-    TH_CHECK_EQ_INT(pr_msg_decode(hdr, sizeof(hdr), enc, len, &a, &d), 0);
-    TH_CHECK(d.type == m.type);
-    cm_arena_free(&a);
-    free(enc);
+    struct pr_msg d;
+    TH_CHECK_EQ_INT(pr_msg_decode(hdr, sizeof(hdr), s.enc, s.len, &s.a, &d), 0);
+    TH_CHECK(d.type == s.m.type);
+    sample_free(&s);
   }
 }
 
@@ -89,37 +94,39 @@ TH_TEST(roundtrip_with_header_frame) {
  * trusted bytes only): one top-level map that consumes the whole buffer. */
 TH_TEST(msgpack_c_reads_our_encoding) {
   for (int i = 0; i < prs_count(); i++) {
-    struct pr_msg m;
-    const char *name;
-    size_t len, off = 0;
-    uint8_t *enc = encode_sample(i, &m, &len, &name);
-    TH_REQUIRE(enc != NULL);
+    struct sample s;
+    TH_REQUIRE(sample_init(&s, i) == 0);
+    size_t off = 0;
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
-    msgpack_unpack_return ret = msgpack_unpack_next(&up, (const char *)enc, len, &off);
-    if (ret != MSGPACK_UNPACK_SUCCESS || off != len)
-      th_fail(__FILE__, __LINE__, "%s: msgpack-c: ret %d, off %zu of %zu", name, (int)ret, off,
-              len);
+    msgpack_unpack_return ret = msgpack_unpack_next(&up, (const char *)s.enc, s.len, &off);
+    if (ret != MSGPACK_UNPACK_SUCCESS || off != s.len)
+      th_fail(__FILE__, __LINE__, "%s: msgpack-c: ret %d, off %zu of %zu", s.name, (int)ret, off,
+              s.len);
     else
       TH_CHECK(up.data.type == MSGPACK_OBJECT_MAP);
     msgpack_unpacked_destroy(&up);
-    free(enc);
+    sample_free(&s);
   }
 }
 
 /* Spot checks of field encodings through msgpack-c: ADD's request id (key 0)
  * and PONG's kv usage (float64 under key 4). */
+/* Unpacks sample i (named want) with msgpack-c into up: the top-level map. */
+static msgpack_object_map *unpack_sample(int i, const char *want, struct sample *s,
+                                         msgpack_unpacked *up) {
+  TH_REQUIRE(sample_init(s, i) == 0);
+  TH_CHECK_EQ_STR(s->name, want);
+  size_t off = 0;
+  msgpack_unpacked_init(up);
+  TH_REQUIRE(msgpack_unpack_next(up, (const char *)s->enc, s->len, &off) == MSGPACK_UNPACK_SUCCESS);
+  return &up->data.via.map;
+}
+
 TH_TEST(msgpack_c_sees_our_fields) {
-  struct pr_msg m;
-  const char *name;
-  size_t len, off = 0;
-  uint8_t *enc = encode_sample(2, &m, &len, &name); /* add-max */
-  TH_REQUIRE(enc != NULL);
-  TH_CHECK_EQ_STR(name, "add-max");
+  struct sample s;
   msgpack_unpacked up;
-  msgpack_unpacked_init(&up);
-  TH_REQUIRE(msgpack_unpack_next(&up, (const char *)enc, len, &off) == MSGPACK_UNPACK_SUCCESS);
-  msgpack_object_map *map = &up.data.via.map;
+  msgpack_object_map *map = unpack_sample(2, "add-max", &s, &up);
   TH_CHECK_EQ_INT(map->size, 8);
   TH_CHECK(map->ptr[0].key.type == MSGPACK_OBJECT_POSITIVE_INTEGER);
   TH_CHECK(map->ptr[0].key.via.u64 == 0);
@@ -127,20 +134,14 @@ TH_TEST(msgpack_c_sees_our_fields) {
   TH_CHECK(map->ptr[1].val.type == MSGPACK_OBJECT_ARRAY);
   TH_CHECK_EQ_INT(map->ptr[1].val.via.array.size, 300);
   msgpack_unpacked_destroy(&up);
-  free(enc);
+  sample_free(&s);
 
-  enc = encode_sample(15, &m, &len, &name); /* pong-typical */
-  TH_REQUIRE(enc != NULL);
-  TH_CHECK_EQ_STR(name, "pong-typical");
-  off = 0;
-  msgpack_unpacked_init(&up);
-  TH_REQUIRE(msgpack_unpack_next(&up, (const char *)enc, len, &off) == MSGPACK_UNPACK_SUCCESS);
-  map = &up.data.via.map;
+  map = unpack_sample(15, "pong-typical", &s, &up);
   TH_CHECK(map->ptr[4].key.via.u64 == 4);
   TH_CHECK(map->ptr[4].val.type == MSGPACK_OBJECT_FLOAT64);
   TH_CHECK_NEAR(map->ptr[4].val.via.f64, 0.4375, 0);
   msgpack_unpacked_destroy(&up);
-  free(enc);
+  sample_free(&s);
 }
 
 /* Every prefix of a valid message fails cleanly; decoding the whole message
@@ -148,46 +149,36 @@ TH_TEST(msgpack_c_sees_our_fields) {
  * of their first and last 2 KiB and every 31st in between. */
 TH_TEST(truncation_at_every_offset_fails) {
   for (int i = 0; i < prs_count(); i++) {
-    struct pr_msg m, d;
-    const char *name;
-    size_t len;
-    uint8_t *enc = encode_sample(i, &m, &len, &name);
-    TH_REQUIRE(enc != NULL);
-    struct cm_arena a;
-    cm_arena_init(&a, 4096, ARENA_CAP);
+    struct sample s;
+    TH_REQUIRE(sample_init(&s, i) == 0);
+    struct pr_msg d;
     int bad = 0;
-    for (size_t cut = 0; cut < len; cut++) {
-      if (len > 8192 && cut > 2048 && cut < len - 2048 && cut % 31) continue;
+    for (size_t cut = 0; cut < s.len; cut++) {
+      if (s.len > 8192 && cut > 2048 && cut < s.len - 2048 && cut % 31) continue;
       uint8_t *pre = malloc(cut ? cut : 1);
-      memcpy(pre, enc, cut);
-      int rc = pr_msg_decode_body(m.type, pre, cut, &a, &d);
+      memcpy(pre, s.enc, cut);
+      int rc = pr_msg_decode_body(s.m.type, pre, cut, &s.a, &d);
       free(pre);
-      cm_arena_reset(&a);
+      cm_arena_reset(&s.a);
       if (rc >= 0 && !bad++)
-        th_fail(__FILE__, __LINE__, "%s: prefix of %zu/%zu bytes decoded", name, cut, len);
+        th_fail(__FILE__, __LINE__, "%s: prefix of %zu/%zu bytes decoded", s.name, cut, s.len);
     }
-    TH_CHECK_EQ_INT(pr_msg_decode_body(m.type, enc, len, &a, &d), 0);
-    cm_arena_free(&a);
-    free(enc);
+    TH_CHECK_EQ_INT(pr_msg_decode_body(s.m.type, s.enc, s.len, &s.a, &d), 0);
+    sample_free(&s);
   }
 }
 
 TH_TEST(trailing_bytes_fail) {
   for (int i = 0; i < prs_count(); i++) {
-    struct pr_msg m, d;
-    const char *name;
-    size_t len;
-    uint8_t *enc = encode_sample(i, &m, &len, &name);
-    TH_REQUIRE(enc != NULL);
-    uint8_t *more = malloc(len + 1);
-    memcpy(more, enc, len);
-    more[len] = 0x00;
-    struct cm_arena a;
-    cm_arena_init(&a, 4096, ARENA_CAP);
-    TH_CHECK_EQ_INT(pr_msg_decode_body(m.type, more, len + 1, &a, &d), CM_ERR_PARSE);
-    cm_arena_free(&a);
+    struct sample s;
+    TH_REQUIRE(sample_init(&s, i) == 0);
+    uint8_t *more = malloc(s.len + 1);
+    memcpy(more, s.enc, s.len);
+    more[s.len] = 0x00;
+    struct pr_msg d;
+    TH_CHECK_EQ_INT(pr_msg_decode_body(s.m.type, more, s.len + 1, &s.a, &d), CM_ERR_PARSE);
     free(more);
-    free(enc);
+    sample_free(&s);
   }
 }
 
@@ -394,17 +385,14 @@ TH_TEST(fuzz_corpus_is_current) {
   const char *w = getenv("LMSERVE_WRITE_CORPUS");
   int write = w && strcmp(w, "1") == 0;
   for (int i = 0; i < prs_count(); i++) {
-    struct pr_msg m;
-    const char *name;
-    size_t len;
-    uint8_t *enc = encode_sample(i, &m, &len, &name);
-    TH_REQUIRE(enc != NULL);
-    uint8_t *file = malloc(len + 1);
-    file[0] = (uint8_t)m.type;
-    memcpy(file + 1, enc, len);
-    corpus_file_check(dir, name, file, len + 1, write);
+    struct sample s;
+    TH_REQUIRE(sample_init(&s, i) == 0);
+    uint8_t *file = malloc(s.len + 1);
+    file[0] = (uint8_t)s.m.type;
+    memcpy(file + 1, s.enc, s.len);
+    corpus_file_check(dir, s.name, file, s.len + 1, write);
     free(file);
-    free(enc);
+    sample_free(&s);
   }
   struct cm_arena a;
   cm_arena_init(&a, 1024, 1u << 16);

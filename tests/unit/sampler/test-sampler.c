@@ -12,6 +12,13 @@ static void fill_logp(float *l, const double *p, int n) {
   for (int i = 0; i < n; i++) l[i] = (float)log(p[i]);
 }
 
+/* A sampler over a vocabulary of n tokens. */
+static struct wk_sampler *new_sampler(int n) {
+  struct wk_sampler *s = NULL;
+  TH_REQUIRE(wk_sampler_create(n, &s) == 0 && s);
+  return s;
+}
+
 /* The default sampling parameters. */
 static struct wk_sampling_params params(void) {
   struct wk_sampling_params p;
@@ -30,9 +37,7 @@ static struct wk_sampling_params filtered(float t, float top_p, float min_p, int
 }
 
 TH_TEST(greedy_and_penalties) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(6, &s) == 0);
-  TH_REQUIRE(s);
+  struct wk_sampler *s = new_sampler(6);
   struct wk_sampling_params p = params();
   p.temperature = 0;
   float l[6] = {1, 3, 2, -1, 0.5f, 2.9f};
@@ -67,8 +72,7 @@ TH_TEST(greedy_and_penalties) {
 }
 
 TH_TEST(top_p_min_p_top_k_by_hand) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(4, &s) == 0);
+  struct wk_sampler *s = new_sampler(4);
   const double probs[4] = {0.15, 0.5, 0.05, 0.3};
   float l[4];
   struct wk_sampling_params p = params();
@@ -125,8 +129,7 @@ static int ref_cmp(const void *a, const void *b) {
 
 TH_TEST(large_vocab_matches_full_sort) {
   const int V = 262144;
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(V, &s) == 0);
+  struct wk_sampler *s = new_sampler(V);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   struct ref_c *rc = malloc(V * sizeof(*rc));
   double *rp = malloc(V * sizeof(double));
@@ -209,8 +212,7 @@ static const double k_probs[8] = {0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
 #define DRAWS 100000L
 
 TH_TEST(sampling_distribution_chi_square) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(8, &s) == 0);
+  struct wk_sampler *s = new_sampler(8);
   struct wk_sampling_params p = params();
   p.seed = 7;
   long counts[8] = {0};
@@ -229,46 +231,63 @@ TH_TEST(sampling_distribution_chi_square) {
   wk_sampler_destroy(s);
 }
 
+/* DRAWS verifications of draft against k_probs (the draw's index as its
+ * step) under allow (NULL for none): the tokens drawn counted into counts[8],
+ * the number of drafts accepted returned. A rejected draft is never the token
+ * drawn in its place. */
+static long verify_draws(struct wk_sampler *s, const struct wk_sampling_params *p, int draft,
+                         const uint32_t *allow, long counts[8]) {
+  float l[8];
+  long acc = 0;
+  for (long t = 0; t < DRAWS; t++) {
+    struct wk_sample_result r;
+    int accepted = 0;
+    fill_logp(l, k_probs, 8);
+    TH_REQUIRE(wk_sample_verify(s, l, p, NULL, (uint64_t)t, draft, allow, &accepted, &r) == 0);
+    TH_REQUIRE(r.token >= 0 && r.token < 8);
+    counts[r.token]++;
+    acc += accepted;
+    if (!accepted) TH_CHECK(r.token != draft);
+  }
+  return acc;
+}
+
+/* One verification of draft against k_probs at step 0: the token, and in
+ * *accepted whether the draft was. */
+static int verify_once(struct wk_sampler *s, const struct wk_sampling_params *p, int draft,
+                       const uint32_t *allow, int *accepted) {
+  float l[8];
+  struct wk_sample_result r;
+  fill_logp(l, k_probs, 8);
+  TH_REQUIRE(wk_sample_verify(s, l, p, NULL, 0, draft, allow, accepted, &r) == 0);
+  return r.token;
+}
+
 TH_TEST(rejection_sampling_preserves_target) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(8, &s) == 0);
+  struct wk_sampler *s = new_sampler(8);
   struct wk_sampling_params p = params();
   p.seed = 99;
-  float l[8];
   for (int draft = 0; draft < 8; draft += 3) {
-    long counts[8] = {0}, acc = 0;
-    for (long t = 0; t < DRAWS; t++) {
-      struct wk_sample_result r;
-      int accepted = 0;
-      fill_logp(l, k_probs, 8);
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, NULL, &accepted, &r) == 0);
-      counts[r.token]++;
-      acc += accepted;
-      if (!accepted) TH_CHECK(r.token != draft);
-    }
+    long counts[8] = {0};
+    long acc = verify_draws(s, &p, draft, NULL, counts);
     TH_CHECK(chi2(counts, k_probs, 8, DRAWS) < CHI2_CRIT_7);
     /* acceptance rate is p_target(draft) */
     TH_CHECK_NEAR((double)acc / DRAWS, k_probs[draft], 0.01);
   }
   /* greedy verification is exact */
   p.temperature = 0;
-  struct wk_sample_result r;
   int accepted;
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, NULL, &accepted, &r) == 0);
-  TH_CHECK(accepted && r.token == 0);
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 4, NULL, &accepted, &r) == 0);
-  TH_CHECK(!accepted && r.token == 0);
+  int token = verify_once(s, &p, 0, NULL, &accepted);
+  TH_CHECK(accepted && token == 0);
+  token = verify_once(s, &p, 4, NULL, &accepted);
+  TH_CHECK(!accepted && token == 0);
   wk_sampler_destroy(s);
 }
 
 /* With a structured output's mask the target is the masked distribution: a draft
  * the mask refuses is never accepted, and what is drawn keeps p(x | allowed). */
 TH_TEST(rejection_sampling_under_a_mask) {
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(8, &s) == 0);
-  TH_REQUIRE(s);
+  struct wk_sampler *s = new_sampler(8);
   struct wk_sampling_params p = params();
   p.seed = 7;
   const uint32_t allow[1] = {1u << 1 | 1u << 3 | 1u << 4 | 1u << 6};
@@ -277,18 +296,9 @@ TH_TEST(rejection_sampling_under_a_mask) {
     if (allow[0] >> i & 1) z += k_probs[i];
   for (int i = 0; i < 8; i++)
     q[i] = allow[0] >> i & 1 ? k_probs[i] / z : 0;
-  float l[8];
   for (int draft = 0; draft < 8; draft += 2) { /* 0 and 2 refused, 4 and 6 allowed */
-    long counts[8] = {0}, acc = 0;
-    for (long t = 0; t < DRAWS; t++) {
-      struct wk_sample_result r;
-      int accepted = 0;
-      fill_logp(l, k_probs, 8);
-      TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, (uint64_t)t, draft, allow, &accepted, &r) == 0);
-      TH_REQUIRE(r.token >= 0 && r.token < 8);
-      counts[r.token]++;
-      acc += accepted;
-    }
+    long counts[8] = {0};
+    long acc = verify_draws(s, &p, draft, allow, counts);
     for (int i = 0; i < 8; i++)
       if (!q[i]) TH_CHECK_EQ_INT(counts[i], 0);
     long kept[4] = {counts[1], counts[3], counts[4], counts[6]};
@@ -298,24 +308,20 @@ TH_TEST(rejection_sampling_under_a_mask) {
   }
   /* greedy: the masked argmax */
   p.temperature = 0;
-  struct wk_sample_result r;
   int accepted;
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, 0, allow, &accepted, &r) == 0);
+  int token = verify_once(s, &p, 0, allow, &accepted);
   int best = 1;
   for (int i = 0; i < 8; i++)
     if (q[i] > q[best]) best = i;
-  TH_CHECK(!accepted && r.token == best);
-  fill_logp(l, k_probs, 8);
-  TH_REQUIRE(wk_sample_verify(s, l, &p, NULL, 0, best, allow, &accepted, &r) == 0);
-  TH_CHECK(accepted && r.token == best);
+  TH_CHECK(!accepted && token == best);
+  token = verify_once(s, &p, best, allow, &accepted);
+  TH_CHECK(accepted && token == best);
   wk_sampler_destroy(s);
 }
 
 TH_TEST(seeded_reproducible_and_logprobs) {
   const int V = 1000;
-  struct wk_sampler *s = NULL;
-  TH_CHECK(wk_sampler_create(V, &s) == 0);
+  struct wk_sampler *s = new_sampler(V);
   float *l = malloc(V * sizeof(float)), *orig = malloc(V * sizeof(float));
   for (int i = 0; i < V; i++) orig[i] = (float)sin(i * 0.37) * 3.0f;
   struct wk_sampling_params p = params();

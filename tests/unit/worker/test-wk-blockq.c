@@ -101,8 +101,7 @@ static int logits(const char *path, struct kn_backend *be, int quant, float **ou
 TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   float *ref = NULL; /* the bf16 model's: every type moves them */
   int Vr = 0;
   TH_REQUIRE(logits(dir, be, 0, &ref, &Vr, err, sizeof(err)) == 0);
@@ -138,13 +137,8 @@ TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
 TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make_preset(dir, sizeof(dir), gguf, "tiny");
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
-  struct wk_model_opts o = {.max_batch_tokens = 16,
-                            .max_seqs = 1,
-                            .kv_tokens = 64,
-                            .quiet = 1,
-                            .quantization = WK_QUANT_Q4_K};
+  struct kn_backend *be = wkt_cpu_backend(1);
+  struct wk_model_opts o = wkt_small_opts(WK_QUANT_Q4_K);
   struct wk_model *m = NULL;
   TH_REQUIRE(wk_model_load(dir, be, &o, &m, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(m->embed.dt, KN_DTYPE_Q5_0);
@@ -167,17 +161,12 @@ TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
 TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(1);
   for (size_t i = 0; i < CM_ARRAY_LEN(types); i++)
     for (int rank = 0; rank < 2; rank++) {
-      struct wk_model_opts o = {.max_batch_tokens = 16,
-                                .max_seqs = 1,
-                                .kv_tokens = 64,
-                                .quiet = 1,
-                                .tp_rank = rank,
-                                .tp_size = 2,
-                                .quantization = types[i].quant};
+      struct wk_model_opts o = wkt_small_opts(types[i].quant);
+      o.tp_rank = rank;
+      o.tp_size = 2;
       struct wk_model *q = NULL, *g = NULL;
       int rc = wk_model_load(dir, be, &o, &q, err, sizeof(err));
       o.quantization = 0;
@@ -222,13 +211,8 @@ TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
 TH_TEST(quantization_refusals_are_clear) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
-  struct wk_model_opts o = {.max_batch_tokens = 16,
-                            .max_seqs = 1,
-                            .kv_tokens = 64,
-                            .quiet = 1,
-                            .quantization = WK_QUANT_Q4_0};
+  struct kn_backend *be = wkt_cpu_backend(1);
+  struct wk_model_opts o = wkt_small_opts(WK_QUANT_Q4_0);
   struct wk_model *m = NULL;
   TH_CHECK_EQ_INT(wk_model_load(gguf[0], be, &o, &m, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "--quantization q4_0") && strstr(err, "GGUF"));

@@ -69,8 +69,7 @@ TH_TEST(golden_gemma4_assistant) {
   for (int i = 0; i < T; i++)
     ids[i] = (int32_t)((const int64_t *)ti->data)[i];
 
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts mo = {.max_batch_tokens = T,
                              .max_seqs = 1,
                              .kv_tokens = T + 1,

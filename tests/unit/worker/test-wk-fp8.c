@@ -91,8 +91,7 @@ TH_TEST(matmul_fp8_on_every_table_matches_the_sum) {
 }
 
 TH_TEST(matmul_fp8_checks_its_arguments) {
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(1);
   float in[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[4] = {7, 7, 7, 7}, scale[2] = {1, 2};
   uint8_t w[8] = {0x38, 0x38, 0x38, 0x38, 0x40, 0x40, 0x40, 0x40}; /* 1.0 and 2.0 */
   TH_CHECK_EQ_INT(kn_matmul_fp8(be, out, 2, in, 4, w, NULL, 2, 2, 4, 0), CM_ERR_INVAL);
@@ -315,14 +314,9 @@ TH_TEST(per_tensor_scales_match_numpy) {
 TH_TEST(tensor_parallel_cuts_hold_the_whole_models_codes) {
   char dir[256], err[512] = "";
   TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, WK_ST_BF16, 13) == 0);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
-  struct wk_model_opts o = {.max_batch_tokens = 16,
-                            .max_seqs = 1,
-                            .kv_tokens = 64,
-                            .quiet = 1,
-                            .quantization = WK_QUANT_FP8,
-                            .fp8_reference = 1};
+  struct kn_backend *be = wkt_cpu_backend(1);
+  struct wk_model_opts o = wkt_small_opts(WK_QUANT_FP8);
+  o.fp8_reference = 1;
   struct wk_model *one = NULL, *cut = NULL;
   TH_REQUIRE(wk_model_load(dir, be, &o, &one, err, sizeof(err)) == 0);
   for (int rank = 0; rank < 2; rank++) {
@@ -374,8 +368,7 @@ TH_TEST(fp8_is_refused_where_it_cannot_serve) {
   const char *python = wkt_require_numpy("FP8 weights", "fp8_ref.py");
   struct dirs d;
   make_dirs(&d, python, "gemma3", "channel");
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts online = {.quantization = WK_QUANT_FP8}, none = {0};
   check_refused(d.src, be, &online, CM_ERR_UNSUPPORTED, "--quantization fp8 on");
   check_refused(d.src, be, &online, CM_ERR_UNSUPPORTED, "no FP8 weight kernels");
@@ -407,8 +400,7 @@ TH_TEST(unsupported_quantization_configs_are_named) {
   const char *python = wkt_require_numpy("FP8 weights", "fp8_ref.py");
   struct dirs d;
   make_dirs(&d, python, "gemma3", "channel");
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts ref = {.fp8_reference = 1};
   static const struct {
     const char *from, *to, *want;
@@ -444,8 +436,7 @@ TH_TEST(bad_fp8_tensors_are_named) {
       {"scale-shape", "per-channel or per-tensor", CM_ERR_SHAPE},
       {"f8-norm", "F8_E4M3 only for linear layers", CM_ERR_UNSUPPORTED},
   };
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts ref = {.fp8_reference = 1};
   for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
     struct dirs d;

@@ -92,6 +92,29 @@ struct seq {
   float *logits; /* [n, V] every position's logits */
 };
 
+/* in: the n tokens at s's next position (every row's logits out), reading
+ * s's block tables. */
+static void seq_input(struct wk_seq_input *in, const struct seq *s, const struct wk_kv_spec *kv,
+                      const int32_t *tokens, int n) {
+  memset(in, 0, sizeof(*in));
+  in->tokens = tokens;
+  in->n_tokens = n;
+  in->pos0 = s->done;
+  in->n_out = n;
+  for (int g = 0; g < kv->n_groups; g++) {
+    in->block_tables[g] = s->blk.table[g];
+    in->n_blocks[g] = s->blk.n[g];
+  }
+}
+
+/* Runs batch b through f's model: 0, or the error code (its message printed). */
+static int forward(struct fixture *f, const struct wk_batch *b) {
+  char err[256];
+  int rc = wk_model_forward(f->m, b, err, sizeof(err));
+  if (rc) fprintf(stderr, "forward: %s\n", err);
+  return rc;
+}
+
 /* Rows of padding (wk_seq_input.pad) that step() adds to fill a batch up to this
  * many sequences (0: none), reading sequence 0's first page. */
 static int g_pad_to;
@@ -108,15 +131,7 @@ static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
     if (s[i].done == s[i].n) continue;
     int n = s[i].n - s[i].done < chunk ? s[i].n - s[i].done : chunk;
     if (wk_seq_blocks_reserve(&s[i].blk, kv, &f->pa, s[i].done + n)) return -1;
-    memset(&in[k], 0, sizeof(in[k]));
-    in[k].tokens = s[i].tokens + s[i].done;
-    in[k].n_tokens = n;
-    in[k].pos0 = s[i].done;
-    in[k].n_out = n;
-    for (int g = 0; g < kv->n_groups; g++) {
-      in[k].block_tables[g] = s[i].blk.table[g];
-      in[k].n_blocks[g] = s[i].blk.n[g];
-    }
+    seq_input(&in[k], &s[i], kv, s[i].tokens + s[i].done, n);
     idx[k++] = i;
   }
   static const int32_t pad_token = 0;
@@ -133,12 +148,8 @@ static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
     k++;
   }
   struct wk_batch b = {.seqs = in, .n_seqs = k, .logits = out};
-  char err[256];
-  int rc = wk_model_forward(f->m, &b, err, sizeof(err));
-  if (rc) {
-    fprintf(stderr, "forward: %s\n", err);
-    return rc;
-  }
+  int rc = forward(f, &b);
+  if (rc) return rc;
   for (int j = 0; j < n_real; j++) {
     struct seq *q = &s[idx[j]];
     memcpy(q->logits + (size_t)q->done * f->V, out + (size_t)rows * f->V,
@@ -682,15 +693,7 @@ static int sample_step(struct fixture *f, struct seq *s, int ns, int32_t *toks, 
   const struct wk_kv_spec *kv = wk_model_kv_spec(f->m);
   for (int i = 0; i < ns; i++) {
     if (wk_seq_blocks_reserve(&s[i].blk, kv, &f->pa, s[i].done + 1)) return -1;
-    memset(&in[i], 0, sizeof(in[i]));
-    in[i].tokens = &toks[i];
-    in[i].n_tokens = 1;
-    in[i].n_out = 1;
-    in[i].pos0 = s[i].done;
-    for (int g = 0; g < kv->n_groups; g++) {
-      in[i].block_tables[g] = s[i].blk.table[g];
-      in[i].n_blocks[g] = s[i].blk.n[g];
-    }
+    seq_input(&in[i], &s[i], kv, &toks[i], 1);
     kn_sample_params_default(&sp[i]);
     if (i % 2) {
       sp[i].temperature = 0.9f;
@@ -699,12 +702,8 @@ static int sample_step(struct fixture *f, struct seq *s, int ns, int32_t *toks, 
     }
   }
   struct wk_batch b = {.seqs = in, .n_seqs = ns, .sample = sp, .sampled = so};
-  char err[256];
-  int rc = wk_model_forward(f->m, &b, err, sizeof(err));
-  if (rc) {
-    fprintf(stderr, "forward: %s\n", err);
-    return rc;
-  }
+  int rc = forward(f, &b);
+  if (rc) return rc;
   for (int i = 0; i < ns; i++) {
     toks[i] = so[i].token;
     s[i].done++;

@@ -311,8 +311,7 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
 static void compare(const char *arch, int moe, int T) {
   char dir[256], err[256];
   TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, moe, 0, WK_ST_F32, 11) == 0);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model *m = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
   TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
@@ -465,8 +464,7 @@ TH_TEST(reference_draft_step) {
   enum { T = 90 };
   char tdir[256], adir[256], err[256];
   TH_REQUIRE(wkt_make_model(tdir, sizeof(tdir), "gemma4", 0, 0, WK_ST_F32, 21) == 0);
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model *t = NULL, *d = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
   TH_REQUIRE(wk_model_load(tdir, be, &mo, &t, err, sizeof(err)) == 0);

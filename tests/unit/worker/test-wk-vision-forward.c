@@ -62,21 +62,6 @@ struct fx {
   struct wk_seq_embed embeds[N_IMAGES]; /* rows at those positions */
 };
 
-/* Deterministic pixels in [-1, 1]: smooth patterns plus noise, one per image
- * and channel. */
-static void fill_pixels(float *px, int n, int C, int S) {
-  uint64_t st = 0x1ace;
-  for (int i = 0; i < n; i++)
-    for (int c = 0; c < C; c++)
-      for (int y = 0; y < S; y++)
-        for (int x = 0; x < S; x++) {
-          st = st * 6364136223846793005ull + 1442695040888963407ull;
-          double noise = (double)(st >> 40) / (double)(1ull << 24) - 0.5;
-          double v = 0.6 * cos(0.09 * (i + 2) * x - 0.13 * (c + 1) * y + 2 * i) + 0.4 * noise;
-          px[(((size_t)i * C + c) * S + y) * S + x] = (float)v;
-        }
-}
-
 /* Text ids: anything but the special and image ids at the ends of the vocabulary. */
 static int32_t text_id(uint32_t *st, int V) {
   *st = *st * 1664525u + 1013904223u;
@@ -153,7 +138,7 @@ static void setup(struct fx *f, int window, int need_python) {
   float *px = malloc(n_px * sizeof(float));
   f->emb = malloc((size_t)N_IMAGES * f->M * f->H * sizeof(float));
   TH_REQUIRE(px && f->emb);
-  fill_pixels(px, N_IMAGES, vc->channels, vc->image_size);
+  wkt_fill_pixels(px, N_IMAGES, vc->channels, vc->image_size, 0x1ace);
   if (wk_vision_encode(f->vis, px, N_IMAGES, f->emb, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "encode: %s", err);
     th_stop();

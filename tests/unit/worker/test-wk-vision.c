@@ -94,19 +94,22 @@ TH_TEST(vision_config_of_gemma3_4b) {
   TH_CHECK_EQ_INT(md_config_parse_preproc(wrong, strlen(wrong), 0, c, err, sizeof(err)),
                   CM_ERR_INVAL);
   TH_CHECK(strstr(err, "preprocessor_config.json") && strstr(err, "896"));
-  const char *bad_std = "{\"image_std\": [0.5, 0, 0.5]}";
-  TH_CHECK_EQ_INT(md_config_parse_preproc(bad_std, strlen(bad_std), 0, c, err, sizeof(err)),
-                  CM_ERR_RANGE);
-  const char *bad_len = "{\"image_mean\": [0.5, 0.5]}";
-  TH_CHECK_EQ_INT(md_config_parse_preproc(bad_len, strlen(bad_len), 0, c, err, sizeof(err)),
-                  CM_ERR_SHAPE);
-  const char *bicubic = "{\"resample\": 3}";
-  TH_CHECK_EQ_INT(md_config_parse_preproc(bicubic, strlen(bicubic), 0, c, err, sizeof(err)),
-                  CM_ERR_UNSUPPORTED);
-  const char *bad_type = "{\"do_resize\": 1}";
-  TH_CHECK_EQ_INT(md_config_parse_preproc(bad_type, strlen(bad_type), 0, c, err, sizeof(err)),
-                  CM_ERR_PARSE);
-  TH_CHECK(strstr(err, "preprocessor_config.json: do_resize") != NULL);
+  /* a zero std, a short mean, bicubic resampling, a field of the wrong type */
+  static const struct {
+    const char *json;
+    int code;
+    const char *names; /* NULL: whatever the error says */
+  } bad[] = {
+      {"{\"image_std\": [0.5, 0, 0.5]}", CM_ERR_RANGE, NULL},
+      {"{\"image_mean\": [0.5, 0.5]}", CM_ERR_SHAPE, NULL},
+      {"{\"resample\": 3}", CM_ERR_UNSUPPORTED, NULL},
+      {"{\"do_resize\": 1}", CM_ERR_PARSE, "preprocessor_config.json: do_resize"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
+    int rc = md_config_parse_preproc(bad[i].json, strlen(bad[i].json), 0, c, err, sizeof(err));
+    if (rc != bad[i].code || (bad[i].names && !strstr(err, bad[i].names)))
+      th_fail(__FILE__, __LINE__, "%s: %d '%s' (want %d)", bad[i].json, rc, err, bad[i].code);
+  }
   free(c);
 }
 
@@ -163,12 +166,6 @@ static void make_vision_model(char *dir, size_t n, int vocab) {
   make_vision_model_dt(dir, n, vocab, WK_ST_F32);
 }
 
-static struct kn_backend *cpu_backend(int threads) {
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(threads, &be) == 0 && be);
-  return be;
-}
-
 TH_TEST(tiny_vision_checkpoint_loads) {
   char dir[4096], err[512] = "";
   make_vision_model(dir, sizeof(dir), 262144);
@@ -186,7 +183,7 @@ TH_TEST(tiny_vision_checkpoint_loads) {
   TH_CHECK_EQ_INT(c->vision.image_id, 262144);
   TH_CHECK_EQ_INT(c->vision.pre.width, 64);
   free(c);
-  struct kn_backend *be = cpu_backend(2);
+  struct kn_backend *be = wkt_cpu_backend(2);
   /* the text model reads model.language_model.* */
   struct wk_model *m = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = 32, .max_seqs = 2, .kv_tokens = 64, .quiet = 1};
@@ -209,26 +206,11 @@ TH_TEST(tiny_vision_checkpoint_loads) {
 
 /* ---- the encoder against the numpy reference --------------------------------------- */
 
-/* Deterministic pixels in [-1, 1]: smooth patterns plus a little noise, a
- * different one per image and channel. */
-static void fill_pixels(float *px, int n, int C, int S) {
-  uint64_t st = 0x5eed;
-  for (int i = 0; i < n; i++)
-    for (int c = 0; c < C; c++)
-      for (int y = 0; y < S; y++)
-        for (int x = 0; x < S; x++) {
-          st = st * 6364136223846793005ull + 1442695040888963407ull;
-          double noise = (double)(st >> 40) / (double)(1ull << 24) - 0.5;
-          double v = 0.7 * sin(0.11 * (i + 1) * x + 0.07 * (c + 1) * y + i) + 0.3 * noise;
-          px[(((size_t)i * C + c) * S + y) * S + x] = (float)v;
-        }
-}
-
 /* f32 weights, and bf16 ones (the reference widens them exactly, as we do) */
 static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   char dir[4096], err[512] = "";
   make_vision_model_dt(dir, sizeof(dir), 512, dt);
-  struct kn_backend *be = cpu_backend(2);
+  struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_vision *v = NULL;
   /* 3 images, 2 per pass: a full pass and a partial one */
   struct wk_vision_opts vo = {.max_images = 2};
@@ -243,7 +225,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   float *px = malloc(n_px * sizeof(float)), *got = malloc(n_out * sizeof(float));
   float *want = malloc(n_out * sizeof(float)), *one = malloc((size_t)M * H * sizeof(float));
   TH_REQUIRE(px && got && want && one);
-  fill_pixels(px, n, C, S);
+  wkt_fill_pixels(px, n, C, S, 0x5eed);
   if (wk_vision_encode(v, px, n, got, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "encode: %s", err);
     th_stop();
@@ -301,7 +283,7 @@ TH_TEST(vision_encoder_matches_numpy_reference) {
 TH_TEST(vision_encode_rejects_bad_arguments) {
   char dir[4096], err[512] = "";
   make_vision_model(dir, sizeof(dir), 512);
-  struct kn_backend *be = cpu_backend(1);
+  struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_vision *v = NULL;
   TH_REQUIRE(wk_vision_load(dir, be, NULL, &v, err, sizeof(err)) == 0);
   float x[4];

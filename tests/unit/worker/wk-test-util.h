@@ -2,6 +2,8 @@
  * holding generated checkpoints. */
 #ifndef LMSERVE_WK_TEST_UTIL_H
 #define LMSERVE_WK_TEST_UTIL_H
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +12,9 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
+#include "kernels/cpu/kn-cpu.h"
 #include "tests/harness/th.h"
+#include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-tiny-spec.h"
 
@@ -33,6 +37,23 @@ static inline void wkt_rmdir(const char *dir) {
     unlink(p);
   }
   rmdir(dir);
+}
+
+/* The CPU backend with `threads` threads (the test stops if it cannot be made). */
+static inline struct kn_backend *wkt_cpu_backend(int threads) {
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(threads, &be) == 0 && be);
+  return be;
+}
+
+/* The options of a small load (16 batch tokens, one sequence, 64 KV tokens,
+ * quiet) with `quantization` (WK_QUANT_*, or 0). */
+static inline struct wk_model_opts wkt_small_opts(int quantization) {
+  return (struct wk_model_opts){.max_batch_tokens = 16,
+                                .max_seqs = 1,
+                                .kv_tokens = 64,
+                                .quiet = 1,
+                                .quantization = quantization};
 }
 
 /* Writes a generated checkpoint (small vocabulary) into a new directory. */
@@ -70,6 +91,21 @@ static inline struct wk_st *wkt_golden_open(const char *name, const char *args, 
     th_stop();
   }
   return g;
+}
+
+/* Deterministic pixels in [-1, 1] for px[n, C, S, S]: smooth patterns plus a
+ * little noise (from seed), a different one per image and channel. */
+static inline void wkt_fill_pixels(float *px, int n, int C, int S, uint64_t seed) {
+  uint64_t st = seed;
+  for (int i = 0; i < n; i++)
+    for (int c = 0; c < C; c++)
+      for (int y = 0; y < S; y++)
+        for (int x = 0; x < S; x++) {
+          st = st * 6364136223846793005ull + 1442695040888963407ull;
+          double noise = (double)(st >> 40) / (double)(1ull << 24) - 0.5;
+          double v = 0.7 * sin(0.11 * (i + 1) * x + 0.07 * (c + 1) * y + i) + 0.3 * noise;
+          px[(((size_t)i * C + c) * S + y) * S + x] = (float)v;
+        }
 }
 
 /* bytes to / raw little-endian f32 from a file (the numpy references' I/O);
