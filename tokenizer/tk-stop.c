@@ -14,8 +14,9 @@
 #include "common/cm-err.h"
 
 struct tk_stop {
-  char **stops;
-  size_t *lens;     /* bytes */
+  char **stops; /* [n] into text */
+  size_t *lens; /* [n] bytes */
+  char *text;   /* the stop strings back to back */
   size_t n, max_len;
   char *buf;        /* held-back tail + newest piece */
   size_t buf_len, buf_cap; /* bytes */
@@ -26,41 +27,40 @@ struct tk_stop {
 };
 
 int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struct tk_stop **out) {
+  size_t total = 0, max_len = 0; /* bytes */
+  for (size_t i = 0; i < n; i++) {
+    if (!lens[i]) return CM_ERR_INVAL;
+    total += lens[i];
+    if (lens[i] > max_len) max_len = lens[i];
+  }
   struct tk_stop *s = calloc(1, sizeof *s);
   if (!s) return CM_ERR_NOMEM;
   s->stops = calloc(n ? n : 1, sizeof *s->stops);
   s->lens = calloc(n ? n : 1, sizeof *s->lens);
-  if (!s->stops || !s->lens) goto nomem;
-  for (size_t i = 0; i < n; i++) {
-    if (!lens[i]) {
-      tk_stop_free(s);
-      return CM_ERR_INVAL;
-    }
-    s->stops[i] = malloc(lens[i]);
-    if (!s->stops[i]) goto nomem;
-    memcpy(s->stops[i], stops[i], lens[i]);
-    s->lens[i] = lens[i];
-    if (lens[i] > s->max_len) s->max_len = lens[i];
-    s->n = i + 1;
-  }
-  s->buf_cap = s->max_len + 256;
-  s->out_cap = s->max_len + 256;
+  s->text = malloc(total ? total : 1);
+  s->max_len = max_len;
+  s->buf_cap = s->out_cap = max_len + 256;
   s->buf = malloc(s->buf_cap);
   s->out = malloc(s->out_cap);
-  if (!s->buf || !s->out) goto nomem;
+  if (!s->stops || !s->lens || !s->text || !s->buf || !s->out) {
+    tk_stop_free(s);
+    return CM_ERR_NOMEM;
+  }
+  for (size_t i = 0, at = 0; i < n; at += lens[i++]) {
+    s->stops[i] = memcpy(s->text + at, stops[i], lens[i]);
+    s->lens[i] = lens[i];
+  }
+  s->n = n;
   s->out[0] = 0;
   *out = s;
   return 0;
-nomem:
-  tk_stop_free(s);
-  return CM_ERR_NOMEM;
 }
 
 void tk_stop_free(struct tk_stop *s) {
   if (!s) return;
-  for (size_t i = 0; i < s->n; i++) free(s->stops[i]);
   free(s->stops);
   free(s->lens);
+  free(s->text);
   free(s->buf);
   free(s->out);
   free(s);
