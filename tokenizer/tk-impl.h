@@ -153,7 +153,7 @@ struct tk_state {
   struct tk_heap_ent *heap;
   size_t heap_cap;
   /* word cache: open addressing, cleared wholesale when full */
-  struct tk_cache_ent *cache; /* (TK_CACHE_SLOTS) */
+  struct tk_cache_ent *cache; /* (TK_CACHE_SLOTS); the two pools share its allocation */
   uint32_t cache_used;
   char *cache_words;       /* word bytes pool */
   uint32_t cw_len, cw_cap;
