@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 
 void tk_json_init(struct tk_json *t, const char *text, size_t len) {
   memset(t, 0, sizeof *t);
@@ -95,19 +96,6 @@ static size_t tj_put_utf8(char *o, uint32_t cp) {
   return 4;
 }
 
-/* Room for need bytes in the string buffer (grown by doubling from 256). */
-static int sbuf_reserve(struct tk_json *t, size_t need) {
-  if (need <= t->scap) return 0;
-  size_t nc = t->scap ? t->scap : 256;
-  while (nc < need)
-    nc *= 2;
-  char *nb = realloc(t->sbuf, nc);
-  if (!nb) return CM_ERR_NOMEM;
-  t->sbuf = nb;
-  t->scap = nc;
-  return 0;
-}
-
 int tk_json_string(struct tk_json *t, const char **s, size_t *len) {
   tj_ws(t);
   if (t->p >= t->end || *t->p != '"') return tj_fail(t);
@@ -119,7 +107,7 @@ int tk_json_string(struct tk_json *t, const char **s, size_t *len) {
   if (r >= t->end) return tj_fail(t);
   size_t n = (size_t)(r - q);
   if (*r == '"') {
-    if (sbuf_reserve(t, n + 1)) return CM_ERR_NOMEM;
+    if (cm_grow(&t->sbuf, &t->scap, n + 1, 256)) return CM_ERR_NOMEM;
     memcpy(t->sbuf, q, n);
     t->sbuf[n] = 0;
     *s = t->sbuf;
@@ -134,7 +122,7 @@ int tk_json_string(struct tk_json *t, const char **s, size_t *len) {
     e++;
   }
   if (e >= t->end) return tj_fail(t);
-  if (sbuf_reserve(t, (size_t)(e - q) + 1)) return CM_ERR_NOMEM;
+  if (cm_grow(&t->sbuf, &t->scap, (size_t)(e - q) + 1, 256)) return CM_ERR_NOMEM;
   char *o = t->sbuf;
   const char *i = q;
   while (i < e) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "tokenizer/tk-json.h"
 #include "tokenizer/tk-load.h"
 
@@ -35,14 +36,7 @@ int tk_ld_err(struct tk_ld *l, int code, const char *fmt, ...) {
 
 int tk_blob_add(struct tk_tokenizer *tok, const char *s, size_t len, uint32_t *off) {
   if (tok->blob_len + len + 1 > UINT32_MAX) return CM_ERR_TOOBIG;
-  if (tok->blob_len + len + 1 > tok->blob_cap) {
-    size_t nc = tok->blob_cap ? tok->blob_cap * 2 : 1 << 20;
-    while (nc < tok->blob_len + len + 1) nc *= 2;
-    char *nb = realloc(tok->blob, nc);
-    if (!nb) return CM_ERR_NOMEM;
-    tok->blob = nb;
-    tok->blob_cap = nc;
-  }
+  if (cm_grow(&tok->blob, &tok->blob_cap, tok->blob_len + len + 1, 1 << 20)) return CM_ERR_NOMEM;
   memcpy(tok->blob + tok->blob_len, s, len);
   tok->blob[tok->blob_len + len] = 0;
   *off = (uint32_t)tok->blob_len;
@@ -174,14 +168,7 @@ struct mbatch {
 
 static int mb_add(struct mbatch *b, int32_t rank, const char *x, size_t nx, const char *y,
                   size_t ny) {
-  if (b->pool_len + nx + ny > b->pool_cap) {
-    size_t nc = (b->pool_cap ? b->pool_cap : 4096) * 2;
-    while (nc < b->pool_len + nx + ny) nc *= 2;
-    char *np = realloc(b->pool, nc);
-    if (!np) return CM_ERR_NOMEM;
-    b->pool = np;
-    b->pool_cap = nc;
-  }
+  if (cm_grow(&b->pool, &b->pool_cap, b->pool_len + nx + ny, 8192)) return CM_ERR_NOMEM;
   int i = b->n++;
   b->rank[i] = rank;
   b->off[i] = b->pool_len;

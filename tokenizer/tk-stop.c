@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 
 struct tk_stop {
   char **stops; /* [n] into text */
@@ -75,20 +76,9 @@ void tk_stop_reset(struct tk_stop *s) {
 size_t tk_stop_pending(const struct tk_stop *s) { return s->buf_len; }
 size_t tk_stop_max_len(const struct tk_stop *s) { return s->max_len; }
 
-static int grow(char **p, size_t *cap, size_t need) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap * 2;
-  while (nc < need) nc *= 2;
-  char *n = realloc(*p, nc);
-  if (!n) return CM_ERR_NOMEM;
-  *p = n;
-  *cap = nc;
-  return 0;
-}
-
 /* Sets *out to buf[0, n) and keeps buf[n, buf_len) as the new tail. */
 static int release(struct tk_stop *s, size_t n, const char **out, size_t *out_len) {
-  if (grow(&s->out, &s->out_cap, n + 1)) return CM_ERR_NOMEM;
+  if (cm_grow(&s->out, &s->out_cap, n + 1, 256)) return CM_ERR_NOMEM;
   memcpy(s->out, s->buf, n);
   s->out[n] = 0;
   memmove(s->buf, s->buf + n, s->buf_len - n);
@@ -104,7 +94,7 @@ int tk_stop_push(struct tk_stop *s, const char *piece, size_t len, const char **
   *out = "";
   *out_len = 0;
   if (s->done) return 0;
-  if (grow(&s->buf, &s->buf_cap, s->buf_len + len)) return CM_ERR_NOMEM;
+  if (cm_grow(&s->buf, &s->buf_cap, s->buf_len + len, 256)) return CM_ERR_NOMEM;
   memcpy(s->buf + s->buf_len, piece, len);
   s->buf_len += len;
   if (!s->n) return release(s, s->buf_len, out, out_len);

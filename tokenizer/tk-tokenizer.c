@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "tokenizer/tk-impl.h"
 
 /* ---- accessors ---------------------------------------------------------- */
@@ -86,22 +87,11 @@ int tk_utf8_valid(const char *str, size_t len) {
 
 /* ---- encode ------------------------------------------------------------------ */
 
-static int grow_chars(char **p, size_t *cap, size_t need) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 256;
-  while (nc < need) nc *= 2;
-  char *n = realloc(*p, nc);
-  if (!n) return CM_ERR_NOMEM;
-  *p = n;
-  *cap = nc;
-  return 0;
-}
-
 /* Applies one Replace to src into *dst; returns the new length or < 0. */
 static long replace_into(const struct tk_replace *r, const char *src, size_t n, char **dst,
                          size_t *cap) {
   size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n + 1;
-  if (grow_chars(dst, cap, bound)) return CM_ERR_NOMEM;
+  if (cm_grow(dst, cap, bound, 256)) return CM_ERR_NOMEM;
   char *o = *dst;
   size_t i = 0;
   while (i < n) {
@@ -240,7 +230,7 @@ int tk_encode(const struct tk_tokenizer *tok, struct tk_state *st, const char *t
 /* ---- decode -------------------------------------------------------------------- */
 
 int tk_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
-  if (grow_chars(buf, cap, *len + n + 1)) return CM_ERR_NOMEM;
+  if (cm_grow(buf, cap, *len + n + 1, 256)) return CM_ERR_NOMEM;
   memcpy(*buf + *len, s, n);
   *len += n;
   (*buf)[*len] = 0;
@@ -255,7 +245,7 @@ int tk_piece_append(const struct tk_tokenizer *tok, int32_t id, char **buf, size
     /* the common case (Gemma: "▁" -> " "), straight into the output */
     const struct tk_replace *r = &tok->dec[0];
     size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n;
-    if (grow_chars(buf, cap, *len + bound + 1)) return CM_ERR_NOMEM;
+    if (cm_grow(buf, cap, *len + bound + 1, 256)) return CM_ERR_NOMEM;
     char *dst = *buf + *len;
     size_t dcap = bound + 1;
     long w = replace_into(r, s, n, &dst, &dcap);
@@ -297,7 +287,7 @@ int tk_decode(const struct tk_tokenizer *tok, const int32_t *ids, size_t n, int 
   size_t nrun = 0, runcap = 0;
   int rc = 0, first = 1;
   *out_len = 0;
-  if (grow_chars(out, cap, 1)) return CM_ERR_NOMEM;
+  if (cm_grow(out, cap, 1, 256)) return CM_ERR_NOMEM;
   (*out)[0] = 0;
   for (size_t i = 0; i < n && !rc; i++) {
     int32_t id = ids[i];
