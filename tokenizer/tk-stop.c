@@ -14,10 +14,13 @@
 #include "common/cm-err.h"
 #include "common/cm-grow.h"
 
+struct stop_str {
+  const char *s;
+  size_t len; /* bytes */
+};
+
 struct tk_stop {
-  char **stops; /* [n] into text */
-  size_t *lens; /* [n] bytes */
-  char *text;   /* the stop strings back to back */
+  struct stop_str *stops; /* [n], the strings' bytes after them in the same allocation */
   size_t n, max_len;
   char *buf;        /* held-back tail + newest piece */
   size_t buf_len, buf_cap; /* bytes */
@@ -36,21 +39,18 @@ int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struc
   }
   struct tk_stop *s = calloc(1, sizeof *s);
   if (!s) return CM_ERR_NOMEM;
-  s->stops = calloc(n ? n : 1, sizeof *s->stops);
-  s->lens = calloc(n ? n : 1, sizeof *s->lens);
-  s->text = malloc(total ? total : 1);
+  s->stops = malloc(n * sizeof *s->stops + total + 1);
   s->max_len = max_len;
   s->buf_cap = s->out_cap = max_len + 256;
   s->buf = malloc(s->buf_cap);
   s->out = malloc(s->out_cap);
-  if (!s->stops || !s->lens || !s->text || !s->buf || !s->out) {
+  if (!s->stops || !s->buf || !s->out) {
     tk_stop_free(s);
     return CM_ERR_NOMEM;
   }
-  for (size_t i = 0, at = 0; i < n; at += lens[i++]) {
-    s->stops[i] = memcpy(s->text + at, stops[i], lens[i]);
-    s->lens[i] = lens[i];
-  }
+  char *text = (char *)(s->stops + n);
+  for (size_t i = 0; i < n; text += lens[i++])
+    s->stops[i] = (struct stop_str){memcpy(text, stops[i], lens[i]), lens[i]};
   s->n = n;
   s->out[0] = 0;
   *out = s;
@@ -60,8 +60,6 @@ int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struc
 void tk_stop_free(struct tk_stop *s) {
   if (!s) return;
   free(s->stops);
-  free(s->lens);
-  free(s->text);
   free(s->buf);
   free(s->out);
   free(s);
@@ -101,8 +99,8 @@ int tk_stop_push(struct tk_stop *s, const char *piece, size_t len, const char **
   /* earliest complete stop string */
   size_t best_at = SIZE_MAX;
   for (size_t k = 0; k < s->n; k++) {
-    const char *st = s->stops[k];
-    size_t sl = s->lens[k];
+    const char *st = s->stops[k].s;
+    size_t sl = s->stops[k].len;
     if (sl > s->buf_len) continue;
     const char *p = memmem(s->buf, s->buf_len, st, sl);
     if (p && (size_t)(p - s->buf) < best_at) {
@@ -122,7 +120,7 @@ int tk_stop_push(struct tk_stop *s, const char *piece, size_t len, const char **
   for (size_t t = lim; t > 0 && !keep; t--) {
     const char *tail = s->buf + s->buf_len - t;
     for (size_t k = 0; k < s->n; k++)
-      if (s->lens[k] > t && !memcmp(s->stops[k], tail, t)) {
+      if (s->stops[k].len > t && !memcmp(s->stops[k].s, tail, t)) {
         keep = t;
         break;
       }
