@@ -501,15 +501,15 @@ static int parse_structured(struct pctx *p, json_t *body) {
                   type);
     }
   }
+  /* the kinds by their names in structured_outputs; guided_<name> is vLLM's older field */
   static const struct {
-    const char *key, *param;
+    const char *name;
     int kind;
-  } keys[] = {
-      {"json", "structured_outputs.json", GR_JSON_SCHEMA},
-      {"regex", "structured_outputs.regex", GR_REGEX},
-      {"choice", "structured_outputs.choice", GR_CHOICE},
-      {"grammar", "structured_outputs.grammar", GR_GRAMMAR},
-  };
+  } kinds[] = {{"json", GR_JSON_SCHEMA},
+               {"regex", GR_REGEX},
+               {"choice", GR_CHOICE},
+               {"grammar", GR_GRAMMAR}};
+  char param[48];
   json_t *so = json_object_get(body, "structured_outputs");
   if (so && !json_is_null(so)) {
     if (!json_is_object(so))
@@ -519,10 +519,11 @@ static int parse_structured(struct pctx *p, json_t *body) {
     json_object_foreach(so, key, v) {
       if (json_is_null(v)) continue;
       size_t i = 0;
-      while (i < sizeof(keys) / sizeof(keys[0]) && strcmp(key, keys[i].key))
+      while (i < sizeof(kinds) / sizeof(kinds[0]) && strcmp(key, kinds[i].name))
         i++;
-      if (i < sizeof(keys) / sizeof(keys[0])) {
-        if ((rc = set_constraint(p, keys[i].param, keys[i].kind, v))) return rc;
+      if (i < sizeof(kinds) / sizeof(kinds[0])) {
+        snprintf(param, sizeof(param), "structured_outputs.%s", kinds[i].name);
+        if ((rc = set_constraint(p, param, kinds[i].kind, v))) return rc;
       } else if (!strcmp(key, "json_object")) {
         if (!json_is_boolean(v))
           return fail(p, 400, "structured_outputs.json_object",
@@ -542,17 +543,10 @@ static int parse_structured(struct pctx *p, json_t *body) {
       }
     }
   }
-  static const struct {
-    const char *key;
-    int kind;
-  } guided[] = {{"guided_json", GR_JSON_SCHEMA},
-                {"guided_regex", GR_REGEX},
-                {"guided_choice", GR_CHOICE},
-                {"guided_grammar", GR_GRAMMAR}};
-  for (size_t i = 0; i < sizeof(guided) / sizeof(guided[0]); i++) {
-    json_t *v = json_object_get(body, guided[i].key);
-    if (v && !json_is_null(v) && (rc = set_constraint(p, guided[i].key, guided[i].kind, v)))
-      return rc;
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+    snprintf(param, sizeof(param), "guided_%s", kinds[i].name);
+    json_t *v = json_object_get(body, param);
+    if (v && !json_is_null(v) && (rc = set_constraint(p, param, kinds[i].kind, v))) return rc;
   }
   return 0;
 }
