@@ -176,12 +176,8 @@ struct fe_engine {
   int n_parked; /* requests waiting for the engine to come back */
 
   /* scratch, reused */
-  int32_t *ids;
-  size_t n_ids, cap_ids;
   uint32_t *stop_ids; /* (cap) stop ids sent in ADD */
   size_t cap_stop_ids;
-  char *dec;
-  size_t dec_cap;
   struct fe_buf out;
   struct fe_buf tmp;
 };
