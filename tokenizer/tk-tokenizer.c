@@ -7,6 +7,7 @@
 
 #include "common/cm-err.h"
 #include "common/cm-grow.h"
+#include "common/cm-utf8.h"
 #include "tokenizer/tk-impl.h"
 
 /* ---- accessors ---------------------------------------------------------- */
@@ -61,26 +62,10 @@ int32_t tk_find(const struct tk_tokenizer *tok, const char *s, size_t len) {
 
 int tk_utf8_valid(const char *str, size_t len) {
   const unsigned char *s = (const unsigned char *)str;
-  size_t i = 0;
-  while (i < len) {
-    unsigned char c = s[i];
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    size_t n;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07, min = 0x10000;
-    else return 0;
-    if (len - i <= n) return 0;
-    for (size_t k = 1; k <= n; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return 0;
-      cp = cp << 6 | (s[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    i += n + 1;
+  for (size_t i = 0; i < len;) {
+    size_t k = cm_utf8_len(s + i, len - i);
+    if (!k) return 0;
+    i += k;
   }
   return 1;
 }
