@@ -82,16 +82,12 @@ static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
     }
     if (l->n_v == l->cap_v) {
       size_t nc = l->cap_v ? l->cap_v * 2 : 65536;
-      uint32_t *a = realloc(l->v_off, nc * sizeof *a);
-      if (a) l->v_off = a;
-      uint32_t *b = realloc(l->v_len, nc * sizeof *b);
-      if (b) l->v_len = b;
-      int32_t *c = realloc(l->v_id, nc * sizeof *c);
-      if (c) l->v_id = c;
-      if (!a || !b || !c) {
+      struct tk_ld_vocab *v = realloc(l->v, nc * sizeof *v);
+      if (!v) {
         tk_json_free(&t);
         return CM_ERR_NOMEM;
       }
+      l->v = v;
       l->cap_v = nc;
     }
     uint32_t off;
@@ -99,10 +95,7 @@ static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
       tk_json_free(&t);
       return rc;
     }
-    l->v_off[l->n_v] = off;
-    l->v_len[l->n_v] = (uint32_t)n;
-    l->v_id[l->n_v] = (int32_t)id;
-    l->n_v++;
+    l->v[l->n_v++] = (struct tk_ld_vocab){off, (uint32_t)n, (int32_t)id};
   } while ((rc = tk_json_more(&t, '}')) == 1);
 parse:
   tk_json_free(&t);
@@ -126,24 +119,25 @@ static int ld_ids(struct tk_ld *l, int32_t n_ids) {
   memset(tok->vhash, 0, hsize * sizeof *tok->vhash);
   for (int32_t i = 0; i < n_ids; i++) tok->byte_of[i] = -1;
   for (size_t i = 0; i < l->n_v; i++) {
-    int32_t id = l->v_id[i];
+    const struct tk_ld_vocab *v = &l->v[i];
+    int32_t id = v->id;
     if (tok->tok_flags[id] & TK_TOKF_PRESENT)
       return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: id %d appears twice", id);
-    tok->tok_off[id] = l->v_off[i];
-    tok->tok_len[id] = l->v_len[i];
+    tok->tok_off[id] = v->off;
+    tok->tok_len[id] = v->len;
     tok->tok_flags[id] = TK_TOKF_PRESENT;
-    const char *s = tok->blob + l->v_off[i];
-    uint64_t hash = tk_hash(s, l->v_len[i]);
+    const char *s = tok->blob + v->off;
+    uint64_t hash = tk_hash(s, v->len);
     uint32_t h = (uint32_t)hash & tok->vmask;
     while (tok->vhash[h]) {
       uint64_t e = tok->vhash[h];
       int32_t o = (int32_t)(uint32_t)e - 1;
-      if ((uint32_t)(e >> 32) == tk_vtag(hash, l->v_len[i]) && tok->tok_len[o] == l->v_len[i] &&
-          !memcmp(tok->blob + tok->tok_off[o], s, l->v_len[i]))
+      if ((uint32_t)(e >> 32) == tk_vtag(hash, v->len) && tok->tok_len[o] == v->len &&
+          !memcmp(tok->blob + tok->tok_off[o], s, v->len))
         return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: \"%.40s\" appears twice", s);
       h = (h + 1) & tok->vmask;
     }
-    tok->vhash[h] = (uint64_t)tk_vtag(hash, l->v_len[i]) << 32 | (uint32_t)(id + 1);
+    tok->vhash[h] = (uint64_t)tk_vtag(hash, v->len) << 32 | (uint32_t)(id + 1);
   }
   tok->n_model = (int32_t)l->n_v;
   return 0;
@@ -545,7 +539,7 @@ static int load_buf(struct tk_ld *lp, char *buf, size_t len, struct tk_tokenizer
   if ((rc = ld_vocab(&l, vocab.s, vocab.n))) goto fail;
   int32_t max_id = -1;
   for (size_t i = 0; i < l.n_v; i++)
-    if (l.v_id[i] > max_id) max_id = l.v_id[i];
+    if (l.v[i].id > max_id) max_id = l.v[i].id;
   if ((rc = tk_ld_added_max(&l, js[0], &max_id))) goto fail;
   if ((rc = ld_ids(&l, max_id + 1))) goto fail;
   if (merges.n && (rc = ld_merges(&l, merges.s, merges.n))) goto fail;
@@ -573,9 +567,7 @@ fail:
   for (int i = 0; i < 5; i++) json_decref(js[i]);
   json_decref(model);
   free(buf);
-  free(l.v_off);
-  free(l.v_len);
-  free(l.v_id);
+  free(l.v);
   tk_free(tok);
   return rc;
 }
