@@ -50,7 +50,8 @@ struct tk_trie_node {
 struct tk_tokenizer {
   char *blob;                 /* all token strings, back to back */
   size_t blob_len, blob_cap;  /* bytes */
-  uint32_t *tok_off;          /* (n_ids) offset of each id's string in blob */
+  uint32_t *tok_off;          /* (n_ids) offset of each id's string in blob; tok_len,
+                               * tok_flags and byte_of share its allocation */
   uint32_t *tok_len;          /* (n_ids) bytes */
   uint8_t *tok_flags;         /* (n_ids) TK_TOKF_* */
   int32_t n_ids;              /* ids are [0, n_ids) */

@@ -106,15 +106,17 @@ parse:
 static int ld_ids(struct tk_ld *l, int32_t n_ids) {
   struct tk_tokenizer *tok = l->tok;
   tok->n_ids = n_ids;
-  tok->tok_off = calloc((size_t)n_ids, sizeof *tok->tok_off);
-  tok->tok_len = calloc((size_t)n_ids, sizeof *tok->tok_len);
-  tok->tok_flags = calloc((size_t)n_ids, 1);
-  tok->byte_of = malloc((size_t)n_ids * sizeof *tok->byte_of);
+  /* the per-id tables in one allocation, widest first */
+  size_t n = (size_t)n_ids;
+  tok->tok_off = calloc(n, sizeof *tok->tok_off + sizeof *tok->tok_len + sizeof *tok->byte_of +
+                               sizeof *tok->tok_flags);
   uint32_t hsize = 1024;
   while (hsize < l->n_v * 2) hsize *= 2;
   tok->vhash = malloc(hsize * sizeof *tok->vhash);
-  if (!tok->tok_off || !tok->tok_len || !tok->tok_flags || !tok->byte_of || !tok->vhash)
-    return CM_ERR_NOMEM;
+  if (!tok->tok_off || !tok->vhash) return CM_ERR_NOMEM;
+  tok->tok_len = tok->tok_off + n;
+  tok->byte_of = (int16_t *)(tok->tok_len + n);
+  tok->tok_flags = (uint8_t *)(tok->byte_of + n);
   tok->vmask = hsize - 1;
   memset(tok->vhash, 0, hsize * sizeof *tok->vhash);
   for (int32_t i = 0; i < n_ids; i++) tok->byte_of[i] = -1;
@@ -452,10 +454,7 @@ void tk_free(struct tk_tokenizer *tok) {
   if (!tok) return;
   tk_state_pool_free(tok);
   free(tok->blob);
-  free(tok->tok_off);
-  free(tok->tok_len);
-  free(tok->tok_flags);
-  free(tok->byte_of);
+  free(tok->tok_off); /* tok_len, byte_of and tok_flags with it */
   free(tok->bmp_id);
   free(tok->vhash);
   free(tok->mhash);
