@@ -865,11 +865,12 @@ static int read_calls(struct pctx *p, json_t *tc, size_t i, int native, json_t *
       bad = 1;
       break;
     }
-    json_array_append_new(*calls, native
-                                      ? json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id",
-                                                  json_object_get(c, "id"), "type", "function",
-                                                  "function", "name", name, "arguments", parsed)
-                                      : json_pack("{s:O, s:o}", "name", name, "arguments", parsed));
+    if (native)
+      json_array_append_new(*calls, json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id",
+                                              json_object_get(c, "id"), "type", "function",
+                                              "function", "name", name, "arguments", parsed));
+    else
+      json_array_append_new(*calls, json_pack("{s:O, s:o}", "name", name, "arguments", parsed));
   }
   if (bad) {
     json_decref(*calls);
