@@ -111,9 +111,7 @@ int fe_api_json_error_param(const char *b, size_t len, size_t pos, char *param, 
     }
     switch (st) {
     case VALUE_OR_END:
-      if (c == ']') {
-        depth--;
-        i++;
+      if (c == ']') { /* closed empty, as AFTER closes it */
         st = AFTER;
         continue;
       }
@@ -135,9 +133,7 @@ int fe_api_json_error_param(const char *b, size_t len, size_t pos, char *param, 
         continue;
       }
     case KEY_OR_END:
-      if (c == '}') {
-        depth--;
-        i++;
+      if (c == '}') { /* closed empty, as AFTER closes it */
         st = AFTER;
         continue;
       }

@@ -298,7 +298,7 @@ static int parse_messages(struct pctx *p, json_t *body) {
     int rc = parse_content(p, c, i, &r->messages[i]);
     if (rc) return rc;
     json_t *tc = json_object_get(m, "tool_calls"), *tr = json_object_get(m, "tool_responses");
-    if (p->native && ((tc && !json_is_null(tc)) || tr)) { /* written by rewrite_native */
+    if (p->native && ((tc && !json_is_null(tc)) || tr)) { /* written by rewrite_messages */
       json_t *x = json_object();
       if (tc && !json_is_null(tc)) json_object_set(x, "tool_calls", tc);
       if (tr) json_object_set(x, "tool_responses", tr);
@@ -501,15 +501,15 @@ static int parse_structured(struct pctx *p, json_t *body) {
                   type);
     }
   }
+  /* the kinds by their names in structured_outputs; guided_<name> is vLLM's older field */
   static const struct {
-    const char *key, *param;
+    const char *name;
     int kind;
-  } keys[] = {
-      {"json", "structured_outputs.json", GR_JSON_SCHEMA},
-      {"regex", "structured_outputs.regex", GR_REGEX},
-      {"choice", "structured_outputs.choice", GR_CHOICE},
-      {"grammar", "structured_outputs.grammar", GR_GRAMMAR},
-  };
+  } kinds[] = {{"json", GR_JSON_SCHEMA},
+               {"regex", GR_REGEX},
+               {"choice", GR_CHOICE},
+               {"grammar", GR_GRAMMAR}};
+  char param[48];
   json_t *so = json_object_get(body, "structured_outputs");
   if (so && !json_is_null(so)) {
     if (!json_is_object(so))
@@ -519,10 +519,11 @@ static int parse_structured(struct pctx *p, json_t *body) {
     json_object_foreach(so, key, v) {
       if (json_is_null(v)) continue;
       size_t i = 0;
-      while (i < sizeof(keys) / sizeof(keys[0]) && strcmp(key, keys[i].key))
+      while (i < sizeof(kinds) / sizeof(kinds[0]) && strcmp(key, kinds[i].name))
         i++;
-      if (i < sizeof(keys) / sizeof(keys[0])) {
-        if ((rc = set_constraint(p, keys[i].param, keys[i].kind, v))) return rc;
+      if (i < sizeof(kinds) / sizeof(kinds[0])) {
+        snprintf(param, sizeof(param), "structured_outputs.%s", kinds[i].name);
+        if ((rc = set_constraint(p, param, kinds[i].kind, v))) return rc;
       } else if (!strcmp(key, "json_object")) {
         if (!json_is_boolean(v))
           return fail(p, 400, "structured_outputs.json_object",
@@ -542,17 +543,10 @@ static int parse_structured(struct pctx *p, json_t *body) {
       }
     }
   }
-  static const struct {
-    const char *key;
-    int kind;
-  } guided[] = {{"guided_json", GR_JSON_SCHEMA},
-                {"guided_regex", GR_REGEX},
-                {"guided_choice", GR_CHOICE},
-                {"guided_grammar", GR_GRAMMAR}};
-  for (size_t i = 0; i < sizeof(guided) / sizeof(guided[0]); i++) {
-    json_t *v = json_object_get(body, guided[i].key);
-    if (v && !json_is_null(v) && (rc = set_constraint(p, guided[i].key, guided[i].kind, v)))
-      return rc;
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+    snprintf(param, sizeof(param), "guided_%s", kinds[i].name);
+    json_t *v = json_object_get(body, param);
+    if (v && !json_is_null(v) && (rc = set_constraint(p, param, kinds[i].kind, v))) return rc;
   }
   return 0;
 }
@@ -847,15 +841,103 @@ static int tool_message(struct pctx *p, json_t *m, size_t i, json_t **id, json_t
   return 0;
 }
 
-/* The history's tool turns in the protocol's form, and the instruction, written
- * back into body's "messages" (a new array) before they are parsed. */
-static int rewrite_messages(struct pctx *p, json_t *body, const char *instruction) {
+/* Assistant message i's tool_calls (tc) as *calls (a new array), each call's
+ * name and its arguments parsed into an object: {name, arguments} for the
+ * protocol's text, or (native, where arguments may come as an object already)
+ * the request's {id, type, function} for Gemma 4's template; else a 400 naming
+ * the call. */
+static int read_calls(struct pctx *p, json_t *tc, size_t i, int native, json_t **calls) {
+  char param[96];
+  snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+  *calls = json_array();
+  int bad = !json_is_array(tc);
+  size_t k;
+  json_t *c;
+  json_array_foreach(tc, k, c) {
+    json_t *fn = json_object_get(c, "function");
+    json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+    json_t *parsed = json_is_string(args)             ? json_loads(json_string_value(args), 0, NULL)
+                     : native && json_is_object(args) ? json_incref(args)
+                                                      : NULL;
+    if (!json_is_string(name) || !json_is_object(parsed)) {
+      snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function", i, k);
+      json_decref(parsed);
+      bad = 1;
+      break;
+    }
+    if (native)
+      json_array_append_new(*calls, json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id",
+                                              json_object_get(c, "id"), "type", "function",
+                                              "function", "name", name, "arguments", parsed));
+    else
+      json_array_append_new(*calls, json_pack("{s:O, s:o}", "name", name, "arguments", parsed));
+  }
+  if (bad) {
+    json_decref(*calls);
+    return fail(p, 400, param,
+                "'%s' must hold a 'name' and 'arguments' as a JSON object in a string", param);
+  }
+  return 0;
+}
+
+/* The gathered tool results (pending, released) appended to out as one user turn. */
+static void append_results(json_t *out, json_t *pending) {
+  json_t *one = json_array_size(pending) == 1 ? json_array_get(pending, 0) : pending;
+  char *txt = json_dumps(one, JSON_COMPACT);
+  json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content", txt ? txt : ""));
+  free(txt);
+  json_decref(pending);
+}
+
+/* ---- tools in Gemma 4's own notation -------------------------------------------
+ *
+ * A checkpoint whose tokenizer has Gemma 4's tool tokens and whose template
+ * renders `tools` gets them as they are: the template declares the tools and
+ * writes the history's calls (arguments as objects: it formats them itself) and
+ * results; the answer is read by fe-g4.c. Tool messages go into the assistant
+ * turn that made the calls, as the template's "tool_responses" ({name, response}:
+ * Gemma 4's template has no tool role), the call's name found by its id. */
+
+/* Tool message i's result (id, content c) into last, the assistant turn with
+ * the calls as written to the new history (NULL when there is none). */
+static int native_result(struct pctx *p, json_t *last, size_t i, json_t *id, json_t *c) {
+  const char *name = NULL;
+  size_t k;
+  json_t *call;
+  json_array_foreach(last ? json_object_get(last, "tool_calls") : NULL, k, call) {
+    json_t *cid = json_object_get(call, "id");
+    if (json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id)))
+      name = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
+  }
+  if (!name) {
+    char param[96];
+    snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
+    return fail(p, 400, param,
+                "'%s': no call with id '%.64s' in an assistant turn before this tool message",
+                param, json_string_value(id));
+  }
+  json_t *resp = json_loads(json_string_value(c), 0, NULL); /* an object stays one */
+  if (!json_is_object(resp)) {
+    json_decref(resp);
+    resp = json_incref(c);
+  }
+  json_t *trs = json_object_get(last, "tool_responses");
+  if (!trs) json_object_set_new(last, "tool_responses", trs = json_array());
+  json_array_append_new(trs, json_pack("{s:s, s:o}", "name", name, "response", resp));
+  return 0;
+}
+
+/* The history's tool turns written back into body's "messages" (a new array)
+ * before they are parsed: in the protocol's form, with the instruction, or
+ * (native) in Gemma 4's. */
+static int rewrite_messages(struct pctx *p, json_t *body, int native, const char *instruction) {
   json_t *in = json_object_get(body, "messages");
   if (!json_is_array(in)) return 0; /* parse_messages says what is wrong */
   json_t *out = json_array();
   if (!out) return nomem(p);
-  char param[96];
-  json_t *pending = NULL; /* tool results gathered for one user turn */
+  json_t *pending = NULL; /* protocol: tool results gathered for one user turn */
+  json_t *last = NULL;    /* native: the last assistant turn with calls, as written to out */
+  int rc = 0;
   size_t i;
   json_t *m;
   json_array_foreach(in, i, m) {
@@ -863,10 +945,10 @@ static int rewrite_messages(struct pctx *p, json_t *body, const char *instructio
     const char *rs = json_is_string(role) ? json_string_value(role) : "";
     if (!strcmp(rs, "tool")) {
       json_t *id, *c;
-      int rc = tool_message(p, m, i, &id, &c);
-      if (rc) {
-        json_decref(out), json_decref(pending);
-        return rc;
+      if ((rc = tool_message(p, m, i, &id, &c))) break;
+      if (native) {
+        if ((rc = native_result(p, last, i, id, c))) break;
+        continue;
       }
       if (!pending) pending = json_array();
       json_array_append_new(
@@ -874,37 +956,18 @@ static int rewrite_messages(struct pctx *p, json_t *body, const char *instructio
       continue;
     }
     if (pending) { /* the results before this turn, as one user turn */
-      json_t *one = json_array_size(pending) == 1 ? json_array_get(pending, 0) : pending;
-      char *txt = json_dumps(one, JSON_COMPACT);
-      json_array_append_new(out,
-                            json_pack("{s:s, s:s}", "role", "user", "content", txt ? txt : ""));
-      free(txt);
-      json_decref(pending);
+      append_results(out, pending);
       pending = NULL;
     }
     json_t *tc = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
     if (!strcmp(rs, "assistant") && tc && !json_is_null(tc)) {
-      snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
-      json_t *calls = json_array();
-      size_t k;
-      json_t *c;
-      int bad = !json_is_array(tc);
-      json_array_foreach(tc, k, c) {
-        json_t *fn = json_object_get(c, "function");
-        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-        json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
-        if (!json_is_string(name) || !json_is_object(parsed)) {
-          snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function", i, k);
-          json_decref(parsed);
-          bad = 1;
-          break;
-        }
-        json_array_append_new(calls, json_pack("{s:O, s:o}", "name", name, "arguments", parsed));
-      }
-      if (bad) {
-        json_decref(calls), json_decref(out);
-        return fail(p, 400, param,
-                    "'%s' must hold a 'name' and 'arguments' as a JSON object in a string", param);
+      json_t *calls;
+      if ((rc = read_calls(p, tc, i, native, &calls))) break;
+      if (native) { /* the turn with its calls in the request's form */
+        last = json_copy(m);
+        json_object_set_new(last, "tool_calls", calls);
+        json_array_append_new(out, last);
+        continue;
       }
       json_t *obj = json_pack("{s:o}", "tool_calls", calls);
       char *txt = json_dumps(obj, JSON_COMPACT);
@@ -914,15 +977,14 @@ static int rewrite_messages(struct pctx *p, json_t *body, const char *instructio
       free(txt);
       continue;
     }
+    last = NULL; /* results answer the calls just before them */
     json_array_append(out, m);
   }
-  if (pending) {
-    json_t *one = json_array_size(pending) == 1 ? json_array_get(pending, 0) : pending;
-    char *txt = json_dumps(one, JSON_COMPACT);
-    json_array_append_new(out, json_pack("{s:s, s:s}", "role", "user", "content", txt ? txt : ""));
-    free(txt);
-    json_decref(pending);
+  if (rc) {
+    json_decref(out), json_decref(pending);
+    return rc;
   }
+  if (pending) append_results(out, pending);
   if (instruction) { /* into the system message, or one of its own first */
     json_t *first = json_array_get(out, 0);
     json_t *role = json_object_get(first, "role"), *c = json_object_get(first, "content");
@@ -936,100 +998,6 @@ static int rewrite_messages(struct pctx *p, json_t *body, const char *instructio
       json_array_insert_new(out, 0,
                             json_pack("{s:s, s:s}", "role", "system", "content", instruction));
     }
-  }
-  json_object_set_new(body, "messages", out);
-  return 0;
-}
-
-/* ---- tools in Gemma 4's own notation -------------------------------------------
- *
- * A checkpoint whose tokenizer has Gemma 4's tool tokens and whose template
- * renders `tools` gets them as they are: the template declares the tools and
- * writes the history's calls (arguments as objects: it formats them itself) and
- * results; the answer is read by fe-g4.c. Tool messages go into the assistant
- * turn that made the calls, as the template's "tool_responses" ({name, response}:
- * Gemma 4's template has no tool role), the call's name found by its id. */
-
-static int rewrite_native(struct pctx *p, json_t *body) {
-  json_t *in = json_object_get(body, "messages");
-  if (!json_is_array(in)) return 0; /* parse_messages says what is wrong */
-  json_t *out = json_array();
-  if (!out) return nomem(p);
-  char param[96];
-  json_t *last = NULL; /* the last assistant turn with calls, as written to out */
-  size_t i;
-  json_t *m;
-  json_array_foreach(in, i, m) {
-    json_t *role = json_object_get(m, "role");
-    const char *rs = json_is_string(role) ? json_string_value(role) : "";
-    if (!strcmp(rs, "tool")) {
-      json_t *id, *c;
-      int rc = tool_message(p, m, i, &id, &c);
-      if (rc) {
-        json_decref(out);
-        return rc;
-      }
-      const char *name = NULL;
-      size_t k;
-      json_t *call;
-      json_array_foreach(last ? json_object_get(last, "tool_calls") : NULL, k, call) {
-        json_t *cid = json_object_get(call, "id");
-        if (json_is_string(cid) && !strcmp(json_string_value(cid), json_string_value(id)))
-          name = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
-      }
-      if (!name) {
-        json_decref(out);
-        snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
-        return fail(p, 400, param,
-                    "'%s': no call with id '%.64s' in an assistant turn before this tool message",
-                    param, json_string_value(id));
-      }
-      json_t *resp = json_loads(json_string_value(c), 0, NULL); /* an object stays one */
-      if (!json_is_object(resp)) {
-        json_decref(resp);
-        resp = json_incref(c);
-      }
-      json_t *trs = json_object_get(last, "tool_responses");
-      if (!trs) json_object_set_new(last, "tool_responses", trs = json_array());
-      json_array_append_new(trs, json_pack("{s:s, s:o}", "name", name, "response", resp));
-      continue;
-    }
-    json_t *tc = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
-    if (!strcmp(rs, "assistant") && tc && !json_is_null(tc)) {
-      json_t *calls = json_array();
-      size_t k;
-      json_t *c;
-      int bad = !json_is_array(tc);
-      snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
-      json_array_foreach(tc, k, c) {
-        json_t *fn = json_object_get(c, "function"), *id = json_object_get(c, "id");
-        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-        json_t *parsed = json_is_string(args)   ? json_loads(json_string_value(args), 0, NULL)
-                         : json_is_object(args) ? json_incref(args)
-                                                : NULL;
-        if (!json_is_string(name) || !json_is_object(parsed)) {
-          snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function", i, k);
-          json_decref(parsed);
-          bad = 1;
-          break;
-        }
-        json_array_append_new(calls,
-                              json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id", id, "type", "function",
-                                        "function", "name", name, "arguments", parsed));
-      }
-      if (bad) {
-        json_decref(calls), json_decref(out);
-        return fail(p, 400, param,
-                    "'%s' must hold a 'name' and 'arguments' as a JSON object in a string", param);
-      }
-      json_t *copy = json_copy(m);
-      json_object_set_new(copy, "tool_calls", calls);
-      json_array_append_new(out, copy);
-      last = copy;
-      continue;
-    }
-    last = NULL; /* results answer the calls just before them */
-    json_array_append(out, m);
   }
   json_object_set_new(body, "messages", out);
   return 0;
@@ -1114,7 +1082,7 @@ static int parse_tools(struct pctx *p, json_t *body) {
   }
   int active = has_tools && strcmp(choice, "none") != 0;
   if (p->native) {
-    rc = rewrite_native(p, body);
+    rc = rewrite_messages(p, body, 1, NULL);
     if (!rc && active) rc = native_tools(p, list, only, !strcmp(choice, "required"), parallel);
     json_decref(list);
     return rc;
@@ -1127,7 +1095,7 @@ static int parse_tools(struct pctx *p, json_t *body) {
     json_decref(schema);
     return nomem(p);
   }
-  rc = rewrite_messages(p, body, instruction);
+  rc = rewrite_messages(p, body, 0, instruction);
   free(instruction);
   if (!rc && active) {
     rc = set_constraint(p, "tools", GR_JSON_SCHEMA, schema);

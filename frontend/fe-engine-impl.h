@@ -32,8 +32,14 @@
 struct fe_eng_lp {
   int32_t id;     /* sampled token */
   float logprob;  /* nats */
-  uint32_t top_i; /* index of its first top entry in choice.top_ids / top_lps */
+  uint32_t top_i; /* index of its first top entry in choice.tops */
   uint32_t n_top; /* top entries */
+};
+
+/* One of the most likely tokens at a generated token's place. */
+struct fe_eng_top {
+  int32_t id;
+  float logprob; /* nats */
 };
 
 /* One choice = one scheduler request id. */
@@ -61,8 +67,7 @@ struct fe_eng_choice {
   struct fe_eng_lp *lps; /* (n_lps) logprobs of the tokens (non-streamed: all; streamed:
                           * this OUT's) */
   size_t n_lps, cap_lps;
-  int32_t *top_ids; /* (n_top_all) top entries behind lps */
-  float *top_lps;   /* (n_top_all) nats */
+  struct fe_eng_top *tops; /* (n_top_all) top entries behind lps */
   size_t n_top_all, cap_top;
   /* the ADD this choice was sent with, kept until its first output so that it can be
    * sent again when the engine loses it; its slices point into add_ids */
@@ -171,12 +176,8 @@ struct fe_engine {
   int n_parked; /* requests waiting for the engine to come back */
 
   /* scratch, reused */
-  int32_t *ids;
-  size_t n_ids, cap_ids;
   uint32_t *stop_ids; /* (cap) stop ids sent in ADD */
   size_t cap_stop_ids;
-  char *dec;
-  size_t dec_cap;
   struct fe_buf out;
   struct fe_buf tmp;
 };

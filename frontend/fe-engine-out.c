@@ -199,12 +199,9 @@ static int lp_push(struct fe_eng_choice *ch, int32_t id, const struct pr_logprob
     size_t cap = ch->cap_top ? ch->cap_top * 2 : 256;
     while (cap < ch->n_top_all + nt)
       cap *= 2;
-    int32_t *a = realloc(ch->top_ids, cap * sizeof(*a));
-    if (!a) return CM_ERR_NOMEM;
-    ch->top_ids = a;
-    float *b = realloc(ch->top_lps, cap * sizeof(*b));
-    if (!b) return CM_ERR_NOMEM;
-    ch->top_lps = b;
+    struct fe_eng_top *p = realloc(ch->tops, cap * sizeof(*p));
+    if (!p) return CM_ERR_NOMEM;
+    ch->tops = p;
     ch->cap_top = cap;
   }
   struct fe_eng_lp *x = &ch->lps[ch->n_lps++];
@@ -213,8 +210,8 @@ static int lp_push(struct fe_eng_choice *ch, int32_t id, const struct pr_logprob
   x->top_i = (uint32_t)ch->n_top_all;
   x->n_top = nt;
   for (uint32_t j = 0; j < nt; j++) {
-    ch->top_ids[ch->n_top_all] = (int32_t)lp->top_ids.v[(size_t)t * nt + j];
-    ch->top_lps[ch->n_top_all++] = lp->top.v[(size_t)t * nt + j];
+    size_t k = (size_t)t * nt + j;
+    ch->tops[ch->n_top_all++] = (struct fe_eng_top){(int32_t)lp->top_ids.v[k], lp->top.v[k]};
   }
   return 0;
 }
@@ -380,7 +377,7 @@ static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch,
   char piece[256];
   for (size_t i = 0; i < ch->n_lps; i++) {
     for (uint32_t j = 0; j <= ch->lps[i].n_top; j++) {
-      int32_t id = j == 0 ? ch->lps[i].id : ch->top_ids[ch->lps[i].top_i + j - 1];
+      int32_t id = j == 0 ? ch->lps[i].id : ch->tops[ch->lps[i].top_i + j - 1].id;
       size_t len = 0;
       if (tk_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0) len = 0;
       off[k++] = txt->len;
@@ -405,7 +402,7 @@ static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch,
     for (uint32_t j = 0; j < ch->lps[i].n_top; j++, t++, k++) {
       (*tops)[t].token = txt->data + off[k];
       (*tops)[t].token_len = off[k + 1] - off[k];
-      (*tops)[t].logprob = ch->top_lps[ch->lps[i].top_i + j];
+      (*tops)[t].logprob = ch->tops[ch->lps[i].top_i + j].logprob;
     }
   }
   free(off);

@@ -630,8 +630,7 @@ void fe_eng_req_free(struct fe_eng_req *r) {
     free(ch->g4);
     fe_g4_out_free(&ch->g4_out);
     free(ch->lps);
-    free(ch->top_ids);
-    free(ch->top_lps);
+    free(ch->tops);
   }
   free(r->ch);
   free(r->n_prompt);

@@ -752,9 +752,7 @@ void fe_engine_destroy(struct fe_engine *e) {
   tk_state_free(e->tok_st);
   tk_free(e->tok);
   free(e->map);
-  free(e->ids);
   free(e->stop_ids);
-  free(e->dec);
   fe_buf_free(&e->out);
   fe_buf_free(&e->tmp);
   free(e->model_name);

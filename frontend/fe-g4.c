@@ -401,21 +401,25 @@ static int cv_next(struct cv *c, char close) {
   return CV_DONE;
 }
 
-/* {key:value,...} (c at '{'). */
-static int cv_object(struct cv *c, int depth) {
-  c->pos++;
-  fe_buf_puts(c->o, "{");
+/* A container's opening bracket (c at it) and, when it is empty, its close:
+ * CV_DONE then, CV_COMMA when items follow. */
+static int cv_open(struct cv *c, char close) {
+  fe_buf_append(c->o, c->s + c->pos++, 1);
   skip_ws(c);
   if (c->pos >= c->n) return out_of_text(c);
-  if (c->s[c->pos] == '}') {
-    c->pos++;
-    fe_buf_puts(c->o, "}");
-    return CV_DONE;
-  }
+  if (c->s[c->pos] != close) return CV_COMMA;
+  c->pos++;
+  fe_buf_append(c->o, &close, 1);
+  return CV_DONE;
+}
+
+/* {key:value,...} (c at '{'). */
+static int cv_object(struct cv *c, int depth) {
+  int rc = cv_open(c, '}');
+  if (rc != CV_COMMA) return rc;
   for (;;) {
     skip_ws(c);
     if (c->pos >= c->n || may_become(c, marker_strs[FE_G4_QUOTE])) return out_of_text(c);
-    int rc;
     if (at(c, marker_strs[FE_G4_QUOTE])) {
       if ((rc = cv_string(c)) != CV_DONE) return rc;
       skip_ws(c);
@@ -441,18 +445,10 @@ static int cv_object(struct cv *c, int depth) {
 
 /* [value,...] (c at '['). */
 static int cv_array(struct cv *c, int depth) {
-  c->pos++;
-  fe_buf_puts(c->o, "[");
-  skip_ws(c);
-  if (c->pos >= c->n) return out_of_text(c);
-  if (c->s[c->pos] == ']') {
-    c->pos++;
-    fe_buf_puts(c->o, "]");
-    return CV_DONE;
-  }
+  int rc = cv_open(c, ']');
+  if (rc != CV_COMMA) return rc;
   for (;;) {
-    int rc = cv_value(c, depth + 1);
-    if (rc != CV_DONE) return rc;
+    if ((rc = cv_value(c, depth + 1)) != CV_DONE) return rc;
     if ((rc = cv_next(c, ']')) != CV_COMMA) return rc;
   }
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-utf8.h"
 
 #define FE_BUF_DEFAULT_CAP ((size_t)64 << 20) /* bytes */
 
@@ -94,31 +95,6 @@ int fe_buf_json_double(struct fe_buf *b, double v) {
   return fe_buf_printf(b, "%.9g", v);
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  unsigned char c = s[0];
-  size_t k;
-  uint32_t cp;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf)
-    k = 2, cp = c & 0x1f;
-  else if (c >= 0xe0 && c <= 0xef)
-    k = 3, cp = c & 0x0f;
-  else if (c >= 0xf0 && c <= 0xf4)
-    k = 4, cp = c & 0x07;
-  else
-    return 0;
-  if (k > n) return 0;
-  for (size_t i = 1; i < k; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if ((k == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-      (k == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-    return 0;
-  return k;
-}
-
 size_t fe_utf8_whole(const char *s, size_t n) {
   for (size_t i = 1; i <= n && i <= 4; i++) {
     unsigned char u = (unsigned char)s[n - i];
@@ -165,7 +141,7 @@ int fe_buf_json_chars(struct fe_buf *b, const char *s, size_t n) {
         i++;
         continue;
       }
-      size_t k = utf8_len(u + i, n - i);
+      size_t k = cm_utf8_len(u + i, n - i);
       if (k == 0) {
         memcpy(o, "\xef\xbf\xbd", 3);
         o += 3;

@@ -438,40 +438,34 @@ int fe_metrics_register_replicas(struct fe_metrics *m, struct fe_metric_ids *ids
 }
 
 int fe_metrics_register_standard(struct fe_metrics *m, struct fe_metric_ids *ids) {
+  /* the HTTP counters, then the engine's gauges: one series per model replica
+   * (vLLM's `engine` label) */
   static const struct {
     size_t off;
+    enum fe_metric_kind kind;
     const char *name, *help;
-  } c[] = {
-      {offsetof(struct fe_metric_ids, http_requests), "lmserve:http_requests_total",
-       "HTTP requests answered."},
-      {offsetof(struct fe_metric_ids, http_client_errors), "lmserve:http_client_errors_total",
-       "HTTP requests answered with a 4xx status."},
-      {offsetof(struct fe_metric_ids, http_server_errors), "lmserve:http_server_errors_total",
-       "HTTP requests answered with a 5xx status."},
+  } s[] = {
+      {offsetof(struct fe_metric_ids, http_requests), FE_METRIC_COUNTER,
+       "lmserve:http_requests_total", "HTTP requests answered."},
+      {offsetof(struct fe_metric_ids, http_client_errors), FE_METRIC_COUNTER,
+       "lmserve:http_client_errors_total", "HTTP requests answered with a 4xx status."},
+      {offsetof(struct fe_metric_ids, http_server_errors), FE_METRIC_COUNTER,
+       "lmserve:http_server_errors_total", "HTTP requests answered with a 5xx status."},
+      {offsetof(struct fe_metric_ids, num_requests_running), FE_METRIC_GAUGE,
+       "lmserve:num_requests_running", "Requests running on the engine."},
+      {offsetof(struct fe_metric_ids, num_requests_waiting), FE_METRIC_GAUGE,
+       "lmserve:num_requests_waiting", "Requests waiting to be scheduled."},
+      {offsetof(struct fe_metric_ids, kv_cache_usage_perc), FE_METRIC_GAUGE,
+       "lmserve:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent."},
   };
   memset(ids, 0, sizeof(*ids));
-  for (size_t i = 0; i < CM_ARRAY_LEN(c); i++) {
-    int id = fe_metrics_add(m, FE_METRIC_COUNTER, c[i].name, c[i].help, NULL, 0);
+  for (size_t i = 0; i < CM_ARRAY_LEN(s); i++) {
+    int gauge = s[i].kind == FE_METRIC_GAUGE;
+    int id = gauge ? fe_metrics_add_indexed(m, s[i].kind, s[i].name, s[i].help, "replica")
+                   : fe_metrics_add(m, s[i].kind, s[i].name, s[i].help, NULL, 0);
     if (id < 0) return id;
-    *(int *)((char *)ids + c[i].off) = id;
-  }
-  /* the engine's gauges, one series per model replica (vLLM's `engine` label) */
-  static const struct {
-    size_t off;
-    const char *name, *help;
-  } g[] = {
-      {offsetof(struct fe_metric_ids, num_requests_running), "lmserve:num_requests_running",
-       "Requests running on the engine."},
-      {offsetof(struct fe_metric_ids, num_requests_waiting), "lmserve:num_requests_waiting",
-       "Requests waiting to be scheduled."},
-      {offsetof(struct fe_metric_ids, kv_cache_usage_perc), "lmserve:kv_cache_usage_perc",
-       "KV-cache usage, 1 means 100 percent."},
-  };
-  for (size_t i = 0; i < CM_ARRAY_LEN(g); i++) {
-    int gid = fe_metrics_add_indexed(m, FE_METRIC_GAUGE, g[i].name, g[i].help, "replica");
-    if (gid < 0) return gid;
-    fe_metrics_set_at(m, gid, 0, 0); /* replica 0 shows from the start */
-    *(int *)((char *)ids + g[i].off) = gid;
+    if (gauge) fe_metrics_set_at(m, id, 0, 0); /* replica 0 shows from the start */
+    *(int *)((char *)ids + s[i].off) = id;
   }
   ids->engine_info =
       fe_metrics_add_info(m, "lmserve:engine_info",

@@ -19,7 +19,6 @@ struct fe_router {
   struct fe_metrics *metrics;
   struct fe_metric_ids ids;
   int64_t created;            /* GET /v1/models: seconds since the epoch */
-  struct fe_buf version_body; /* GET /version */
   struct fe_buf scratch;      /* /metrics and other bodies */
 };
 
@@ -59,7 +58,8 @@ static void on_health(struct fe_router *r, struct fe_conn *c, const char *body, 
 }
 
 static void on_version(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
-  reply(r, c, 200, "application/json", NULL, r->version_body.data, r->version_body.len);
+  static const char version[] = "{\"version\":\"" LMSERVE_VERSION "\"}";
+  reply(r, c, 200, "application/json", NULL, version, sizeof(version) - 1);
 }
 
 /* The context length in force: the engine's when it knows one. */
@@ -229,15 +229,12 @@ int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out) 
   r->cfg = *cfg;
   r->api_key = dup_or_null(cfg->api_key);
   r->model_name = strdup(cfg->model_name);
-  fe_buf_init(&r->version_body, 0);
   fe_buf_init(&r->scratch, 0);
   int rc = CM_ERR_NOMEM;
   if (!r->model_name || (cfg->api_key && *cfg->api_key && !r->api_key)) goto fail;
   if ((rc = fe_metrics_create(cfg->model_name, &r->metrics)) != 0) goto fail;
   if ((rc = fe_metrics_register_standard(r->metrics, &r->ids)) != 0) goto fail;
   r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
-  fe_buf_puts(&r->version_body, "{\"version\":\"" LMSERVE_VERSION "\"}");
-  if ((rc = r->version_body.err) != 0) goto fail;
   *out = r;
   return 0;
 fail:
@@ -248,7 +245,6 @@ fail:
 void fe_router_destroy(struct fe_router *r) {
   if (!r) return;
   fe_metrics_destroy(r->metrics);
-  fe_buf_free(&r->version_body);
   fe_buf_free(&r->scratch);
   free(r->api_key);
   free(r->model_name);

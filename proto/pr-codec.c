@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-utf8.h"
 #include "proto/pr-codec.h"
 
 /* struct pr_slice stands for each slice struct of pr-msg.h */
@@ -96,35 +97,11 @@ void pr_msg_init(struct pr_msg *m, enum pr_type type) {
 /* ======================================================================== */
 /* bounds shared by the encoder (validation) and the decoder                 */
 
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one
- * (overlong forms, surrogates and code points past U+10FFFF are refused). */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-  unsigned char c = s[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  uint32_t cp, min;
-  if ((c & 0xe0) == 0xc0)
-    len = 2, cp = c & 0x1f, min = 0x80;
-  else if ((c & 0xf0) == 0xe0)
-    len = 3, cp = c & 0x0f, min = 0x800;
-  else if ((c & 0xf8) == 0xf0)
-    len = 4, cp = c & 0x07, min = 0x10000;
-  else
-    return 0;
-  if (n < len) return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return len;
-}
-
 int pr_check_utf8(const char *s, size_t n) {
   const unsigned char *p = (const unsigned char *)s;
   for (size_t i = 0; i < n;) {
     if (p[i] == 0) return CM_ERR_PARSE;
-    size_t k = utf8_seq(p + i, n - i);
+    size_t k = cm_utf8_len(p + i, n - i);
     if (!k) return CM_ERR_PARSE;
     i += k;
   }

@@ -50,10 +50,16 @@ int sch_block_pool_create(int32_t num_blocks, int32_t max_block_tokens,
     nb <<= 1;
   p->num_blocks = num_blocks;
   p->max_block_tokens = max_block_tokens;
-  p->blocks = calloc((size_t)num_blocks, sizeof(*p->blocks));
-  p->tokens = calloc((size_t)num_blocks * (size_t)max_block_tokens, sizeof(*p->tokens));
-  p->buckets = malloc(nb * sizeof(*p->buckets));
-  if (!p->blocks || !p->tokens || !p->buckets) goto fail;
+  /* one allocation: the blocks (8-byte aligned) first, then the tokens and buckets */
+  size_t ntok = (size_t)num_blocks * (size_t)max_block_tokens;
+  p->blocks = calloc(1, (size_t)num_blocks * sizeof(*p->blocks) + ntok * sizeof(*p->tokens) +
+                            nb * sizeof(*p->buckets));
+  if (!p->blocks) {
+    free(p);
+    return CM_ERR_NOMEM;
+  }
+  p->tokens = (int32_t *)(p->blocks + num_blocks);
+  p->buckets = p->tokens + ntok;
   p->bucket_mask = nb - 1;
   for (size_t i = 0; i < nb; i++)
     p->buckets[i] = -1;
@@ -70,16 +76,11 @@ int sch_block_pool_create(int32_t num_blocks, int32_t max_block_tokens,
   p->lru_head = p->lru_tail = -1;
   *out = p;
   return 0;
-fail:
-  sch_block_pool_destroy(p);
-  return CM_ERR_NOMEM;
 }
 
 void sch_block_pool_destroy(struct sch_block_pool *p) {
   if (!p) return;
-  free(p->blocks);
-  free(p->tokens);
-  free(p->buckets);
+  free(p->blocks); /* the tokens and buckets with them */
   free(p);
 }
 

@@ -141,14 +141,7 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   *out = r;
   return 0;
 nomem:
-  if (r) {
-    free_images(r);
-    free(r->keys);
-    free(r->tokens);
-    free(r->stop_ids);
-    free(r->sampling);
-    free(r);
-  }
+  sch_request_destroy(r); /* the KV sequence too, once it has its tables */
   return cm_fail(err, err_len, CM_ERR_NOMEM, "out of memory");
 }
 

@@ -105,7 +105,7 @@ struct sch_server {
   struct sch_front fronts[SCH_SRV_MAX_FRONTS];
   struct sch_reqs reqs;
 
-  struct sch_rank *ranks; /* [world_size] */
+  struct sch_rank *ranks; /* [world_size]; dist's arrays share its allocation */
   int32_t num_ready;
   bool have_info;                    /* info holds the first READY's facts */
   struct sch_model_info info;        /* the agreed facts */
@@ -128,7 +128,7 @@ struct sch_server {
 
   /* reusable buffers for STEP and OUT (no allocation per step once grown) */
   struct pr_buf step_buf;         /* STEP body, encoded once for every rank */
-  struct pr_step_seq *step_seqs;  /* [cap_seqs] */
+  struct pr_step_seq *step_seqs;  /* [cap_seqs]; step_tables and results share its allocation */
   struct pr_i32s *step_tables;    /* [cap_seqs * SCH_MAX_GROUPS] */
   struct pr_image *step_images;   /* [cap_step_images] the step's images, grown as needed */
   size_t cap_step_images;

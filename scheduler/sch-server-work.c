@@ -17,21 +17,26 @@
 
 int sch_srv_work_init(struct sch_server *s) {
   int32_t n = s->cfg.max_num_seqs;
-  s->ranks = calloc((size_t)s->cfg.world_size, sizeof(*s->ranks));
-  s->dist.waiting = calloc((size_t)s->cfg.world_size, sizeof(*s->dist.waiting));
-  s->dist.asked = calloc((size_t)s->cfg.world_size, sizeof(*s->dist.asked));
-  s->step_seqs = calloc((size_t)n, sizeof(*s->step_seqs));
-  s->step_tables = calloc((size_t)n * SCH_MAX_GROUPS, sizeof(*s->step_tables));
-  s->results = calloc((size_t)n, sizeof(*s->results));
+  size_t ws = (size_t)s->cfg.world_size;
+  /* one allocation for the per-rank arrays and one for the per-sequence ones, each
+   * led by the array with the widest alignment */
+  s->ranks =
+      calloc(1, ws * (sizeof(*s->ranks) + sizeof(*s->dist.waiting) + sizeof(*s->dist.asked)));
+  s->step_seqs =
+      calloc(1, (size_t)n * (sizeof(*s->step_seqs) + SCH_MAX_GROUPS * sizeof(*s->step_tables) +
+                             sizeof(*s->results)));
   s->outs = calloc((size_t)n, sizeof(*s->outs));
   s->out_order = calloc((size_t)n, sizeof(*s->out_order));
   s->cap_pending_free = 1024;
   s->pending_free = malloc(s->cap_pending_free * sizeof(*s->pending_free));
   pr_buf_init(&s->step_buf, PR_MAX_MSG_DEFAULT);
   s->cap_seqs = s->cap_outs = n;
-  if (!s->ranks || !s->dist.waiting || !s->dist.asked || !s->step_seqs || !s->step_tables ||
-      !s->results || !s->outs || !s->out_order || !s->pending_free)
+  if (!s->ranks || !s->step_seqs || !s->outs || !s->out_order || !s->pending_free)
     return CM_ERR_NOMEM;
+  s->dist.waiting = (struct pr_rid *)(s->ranks + ws);
+  s->dist.asked = (bool *)(s->dist.waiting + ws);
+  s->step_tables = (struct pr_i32s *)(s->step_seqs + n);
+  s->results = (struct sch_seq_result *)(s->step_tables + (size_t)n * SCH_MAX_GROUPS);
   for (int32_t r = 0; r < s->cfg.world_size; r++)
     s->ranks[r].fd = -1;
   return 0;
@@ -40,13 +45,9 @@ int sch_srv_work_init(struct sch_server *s) {
 void sch_srv_work_free(struct sch_server *s) {
   sch_engine_destroy(s->engine);
   s->engine = NULL;
-  free(s->ranks);
-  free(s->dist.waiting);
-  free(s->dist.asked);
-  free(s->step_seqs);
-  free(s->step_tables);
+  free(s->ranks);     /* the dist arrays with it */
+  free(s->step_seqs); /* step_tables and results with it */
   free(s->step_images);
-  free(s->results);
   free(s->outs);
   free(s->out_order);
   free(s->pending_free);

@@ -305,13 +305,15 @@ int tk_state_create(const struct tk_tokenizer *tok, struct tk_state **out) {
   st->tok = tok;
   st->cw_cap = TK_CACHE_SLOTS * 24;   /* bytes of cached words */
   st->ci_cap = TK_CACHE_SLOTS * 8;    /* cached ids */
-  st->cache = calloc(TK_CACHE_SLOTS, sizeof *st->cache);
-  st->cache_words = malloc(st->cw_cap);
-  st->cache_ids = malloc(st->ci_cap * sizeof *st->cache_ids);
-  if (!st->cache || !st->cache_words || !st->cache_ids) {
-    tk_state_free(st);
+  /* one allocation: the slots (8-byte aligned), then the id pool and the word bytes */
+  st->cache = calloc(1, TK_CACHE_SLOTS * sizeof *st->cache + st->ci_cap * sizeof *st->cache_ids +
+                            st->cw_cap);
+  if (!st->cache) {
+    free(st);
     return CM_ERR_NOMEM;
   }
+  st->cache_ids = (int32_t *)(st->cache + TK_CACHE_SLOTS);
+  st->cache_words = (char *)(st->cache_ids + st->ci_cap);
   *out = st;
   return 0;
 }
@@ -322,9 +324,7 @@ void tk_state_free(struct tk_state *st) {
   free(st->norm2);
   free(st->syms);
   free(st->heap);
-  free(st->cache);
-  free(st->cache_words);
-  free(st->cache_ids);
+  free(st->cache); /* the pools with it */
   free(st);
 }
 

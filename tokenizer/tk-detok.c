@@ -22,7 +22,6 @@ int tk_detok_create(const struct tk_tokenizer *tok, int skip_special, struct tk_
   if (!d) return CM_ERR_NOMEM;
   d->tok = tok;
   d->skip_special = skip_special;
-  d->first = 1;
   /* room for typical pieces and runs up front: steady state never grows */
   d->out_cap = 256;
   d->run_cap = 64;
@@ -32,7 +31,7 @@ int tk_detok_create(const struct tk_tokenizer *tok, int skip_special, struct tk_
     tk_detok_free(d);
     return CM_ERR_NOMEM;
   }
-  d->out[0] = 0;
+  tk_detok_reset(d);
   *out = d;
   return 0;
 }

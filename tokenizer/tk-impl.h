@@ -50,7 +50,8 @@ struct tk_trie_node {
 struct tk_tokenizer {
   char *blob;                 /* all token strings, back to back */
   size_t blob_len, blob_cap;  /* bytes */
-  uint32_t *tok_off;          /* (n_ids) offset of each id's string in blob */
+  uint32_t *tok_off;          /* (n_ids) offset of each id's string in blob; tok_len,
+                               * tok_flags and byte_of share its allocation */
   uint32_t *tok_len;          /* (n_ids) bytes */
   uint8_t *tok_flags;         /* (n_ids) TK_TOKF_* */
   int32_t n_ids;              /* ids are [0, n_ids) */
@@ -153,7 +154,7 @@ struct tk_state {
   struct tk_heap_ent *heap;
   size_t heap_cap;
   /* word cache: open addressing, cleared wholesale when full */
-  struct tk_cache_ent *cache; /* (TK_CACHE_SLOTS) */
+  struct tk_cache_ent *cache; /* (TK_CACHE_SLOTS); the two pools share its allocation */
   uint32_t cache_used;
   char *cache_words;       /* word bytes pool */
   uint32_t cw_len, cw_cap;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "tokenizer/tk-jinja-impl.h"
 
 struct tk_jv tk_jv_str(const char *s, size_t n) {
@@ -172,12 +173,7 @@ int tk_jv_from_json(struct cm_arena *a, json_t *j, struct tk_jv *out, int depth)
 int tk_jv_buf_put(struct tk_jv_buf *b, const char *s, size_t n) {
   if (b->n + n + 1 > b->cap) {
     if (b->n + n + 1 > b->max) return CM_ERR_TOOBIG;
-    size_t nc = b->cap ? b->cap * 2 : 1024;
-    while (nc < b->n + n + 1) nc *= 2;
-    char *np = realloc(b->p, nc);
-    if (!np) return CM_ERR_NOMEM;
-    b->p = np;
-    b->cap = nc;
+    if (cm_grow(&b->p, &b->cap, b->n + n + 1, 1024)) return CM_ERR_NOMEM;
   }
   memcpy(b->p + b->n, s, n);
   b->n += n;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 
 void tk_json_init(struct tk_json *t, const char *text, size_t len) {
   memset(t, 0, sizeof *t);
@@ -106,14 +107,7 @@ int tk_json_string(struct tk_json *t, const char **s, size_t *len) {
   if (r >= t->end) return tj_fail(t);
   size_t n = (size_t)(r - q);
   if (*r == '"') {
-    if (n + 1 > t->scap) {
-      size_t nc = t->scap ? t->scap : 256;
-      while (nc < n + 1) nc *= 2;
-      char *nb = realloc(t->sbuf, nc);
-      if (!nb) return CM_ERR_NOMEM;
-      t->sbuf = nb;
-      t->scap = nc;
-    }
+    if (cm_grow(&t->sbuf, &t->scap, n + 1, 256)) return CM_ERR_NOMEM;
     memcpy(t->sbuf, q, n);
     t->sbuf[n] = 0;
     *s = t->sbuf;
@@ -128,15 +122,7 @@ int tk_json_string(struct tk_json *t, const char **s, size_t *len) {
     e++;
   }
   if (e >= t->end) return tj_fail(t);
-  size_t need = (size_t)(e - q) + 1;
-  if (need > t->scap) {
-    size_t nc = t->scap ? t->scap : 256;
-    while (nc < need) nc *= 2;
-    char *nb = realloc(t->sbuf, nc);
-    if (!nb) return CM_ERR_NOMEM;
-    t->sbuf = nb;
-    t->scap = nc;
-  }
+  if (cm_grow(&t->sbuf, &t->scap, (size_t)(e - q) + 1, 256)) return CM_ERR_NOMEM;
   char *o = t->sbuf;
   const char *i = q;
   while (i < e) {

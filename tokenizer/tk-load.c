@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "tokenizer/tk-json.h"
 #include "tokenizer/tk-load.h"
 
@@ -35,14 +36,7 @@ int tk_ld_err(struct tk_ld *l, int code, const char *fmt, ...) {
 
 int tk_blob_add(struct tk_tokenizer *tok, const char *s, size_t len, uint32_t *off) {
   if (tok->blob_len + len + 1 > UINT32_MAX) return CM_ERR_TOOBIG;
-  if (tok->blob_len + len + 1 > tok->blob_cap) {
-    size_t nc = tok->blob_cap ? tok->blob_cap * 2 : 1 << 20;
-    while (nc < tok->blob_len + len + 1) nc *= 2;
-    char *nb = realloc(tok->blob, nc);
-    if (!nb) return CM_ERR_NOMEM;
-    tok->blob = nb;
-    tok->blob_cap = nc;
-  }
+  if (cm_grow(&tok->blob, &tok->blob_cap, tok->blob_len + len + 1, 1 << 20)) return CM_ERR_NOMEM;
   memcpy(tok->blob + tok->blob_len, s, len);
   tok->blob[tok->blob_len + len] = 0;
   *off = (uint32_t)tok->blob_len;
@@ -88,16 +82,12 @@ static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
     }
     if (l->n_v == l->cap_v) {
       size_t nc = l->cap_v ? l->cap_v * 2 : 65536;
-      uint32_t *a = realloc(l->v_off, nc * sizeof *a);
-      if (a) l->v_off = a;
-      uint32_t *b = realloc(l->v_len, nc * sizeof *b);
-      if (b) l->v_len = b;
-      int32_t *c = realloc(l->v_id, nc * sizeof *c);
-      if (c) l->v_id = c;
-      if (!a || !b || !c) {
+      struct tk_ld_vocab *v = realloc(l->v, nc * sizeof *v);
+      if (!v) {
         tk_json_free(&t);
         return CM_ERR_NOMEM;
       }
+      l->v = v;
       l->cap_v = nc;
     }
     uint32_t off;
@@ -105,10 +95,7 @@ static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
       tk_json_free(&t);
       return rc;
     }
-    l->v_off[l->n_v] = off;
-    l->v_len[l->n_v] = (uint32_t)n;
-    l->v_id[l->n_v] = (int32_t)id;
-    l->n_v++;
+    l->v[l->n_v++] = (struct tk_ld_vocab){off, (uint32_t)n, (int32_t)id};
   } while ((rc = tk_json_more(&t, '}')) == 1);
 parse:
   tk_json_free(&t);
@@ -119,37 +106,40 @@ parse:
 static int ld_ids(struct tk_ld *l, int32_t n_ids) {
   struct tk_tokenizer *tok = l->tok;
   tok->n_ids = n_ids;
-  tok->tok_off = calloc((size_t)n_ids, sizeof *tok->tok_off);
-  tok->tok_len = calloc((size_t)n_ids, sizeof *tok->tok_len);
-  tok->tok_flags = calloc((size_t)n_ids, 1);
-  tok->byte_of = malloc((size_t)n_ids * sizeof *tok->byte_of);
+  /* the per-id tables in one allocation, widest first */
+  size_t n = (size_t)n_ids;
+  tok->tok_off = calloc(n, sizeof *tok->tok_off + sizeof *tok->tok_len + sizeof *tok->byte_of +
+                               sizeof *tok->tok_flags);
   uint32_t hsize = 1024;
   while (hsize < l->n_v * 2) hsize *= 2;
   tok->vhash = malloc(hsize * sizeof *tok->vhash);
-  if (!tok->tok_off || !tok->tok_len || !tok->tok_flags || !tok->byte_of || !tok->vhash)
-    return CM_ERR_NOMEM;
+  if (!tok->tok_off || !tok->vhash) return CM_ERR_NOMEM;
+  tok->tok_len = tok->tok_off + n;
+  tok->byte_of = (int16_t *)(tok->tok_len + n);
+  tok->tok_flags = (uint8_t *)(tok->byte_of + n);
   tok->vmask = hsize - 1;
   memset(tok->vhash, 0, hsize * sizeof *tok->vhash);
   for (int32_t i = 0; i < n_ids; i++) tok->byte_of[i] = -1;
   for (size_t i = 0; i < l->n_v; i++) {
-    int32_t id = l->v_id[i];
+    const struct tk_ld_vocab *v = &l->v[i];
+    int32_t id = v->id;
     if (tok->tok_flags[id] & TK_TOKF_PRESENT)
       return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: id %d appears twice", id);
-    tok->tok_off[id] = l->v_off[i];
-    tok->tok_len[id] = l->v_len[i];
+    tok->tok_off[id] = v->off;
+    tok->tok_len[id] = v->len;
     tok->tok_flags[id] = TK_TOKF_PRESENT;
-    const char *s = tok->blob + l->v_off[i];
-    uint64_t hash = tk_hash(s, l->v_len[i]);
+    const char *s = tok->blob + v->off;
+    uint64_t hash = tk_hash(s, v->len);
     uint32_t h = (uint32_t)hash & tok->vmask;
     while (tok->vhash[h]) {
       uint64_t e = tok->vhash[h];
       int32_t o = (int32_t)(uint32_t)e - 1;
-      if ((uint32_t)(e >> 32) == tk_vtag(hash, l->v_len[i]) && tok->tok_len[o] == l->v_len[i] &&
-          !memcmp(tok->blob + tok->tok_off[o], s, l->v_len[i]))
+      if ((uint32_t)(e >> 32) == tk_vtag(hash, v->len) && tok->tok_len[o] == v->len &&
+          !memcmp(tok->blob + tok->tok_off[o], s, v->len))
         return tk_ld_err(l, CM_ERR_PARSE, "model.vocab: \"%.40s\" appears twice", s);
       h = (h + 1) & tok->vmask;
     }
-    tok->vhash[h] = (uint64_t)tk_vtag(hash, l->v_len[i]) << 32 | (uint32_t)(id + 1);
+    tok->vhash[h] = (uint64_t)tk_vtag(hash, v->len) << 32 | (uint32_t)(id + 1);
   }
   tok->n_model = (int32_t)l->n_v;
   return 0;
@@ -174,14 +164,7 @@ struct mbatch {
 
 static int mb_add(struct mbatch *b, int32_t rank, const char *x, size_t nx, const char *y,
                   size_t ny) {
-  if (b->pool_len + nx + ny > b->pool_cap) {
-    size_t nc = (b->pool_cap ? b->pool_cap : 4096) * 2;
-    while (nc < b->pool_len + nx + ny) nc *= 2;
-    char *np = realloc(b->pool, nc);
-    if (!np) return CM_ERR_NOMEM;
-    b->pool = np;
-    b->pool_cap = nc;
-  }
+  if (cm_grow(&b->pool, &b->pool_cap, b->pool_len + nx + ny, 8192)) return CM_ERR_NOMEM;
   int i = b->n++;
   b->rank[i] = rank;
   b->off[i] = b->pool_len;
@@ -471,10 +454,7 @@ void tk_free(struct tk_tokenizer *tok) {
   if (!tok) return;
   tk_state_pool_free(tok);
   free(tok->blob);
-  free(tok->tok_off);
-  free(tok->tok_len);
-  free(tok->tok_flags);
-  free(tok->byte_of);
+  free(tok->tok_off); /* tok_len, byte_of and tok_flags with it */
   free(tok->bmp_id);
   free(tok->vhash);
   free(tok->mhash);
@@ -558,7 +538,7 @@ static int load_buf(struct tk_ld *lp, char *buf, size_t len, struct tk_tokenizer
   if ((rc = ld_vocab(&l, vocab.s, vocab.n))) goto fail;
   int32_t max_id = -1;
   for (size_t i = 0; i < l.n_v; i++)
-    if (l.v_id[i] > max_id) max_id = l.v_id[i];
+    if (l.v[i].id > max_id) max_id = l.v[i].id;
   if ((rc = tk_ld_added_max(&l, js[0], &max_id))) goto fail;
   if ((rc = ld_ids(&l, max_id + 1))) goto fail;
   if (merges.n && (rc = ld_merges(&l, merges.s, merges.n))) goto fail;
@@ -586,9 +566,7 @@ fail:
   for (int i = 0; i < 5; i++) json_decref(js[i]);
   json_decref(model);
   free(buf);
-  free(l.v_off);
-  free(l.v_len);
-  free(l.v_id);
+  free(l.v);
   tk_free(tok);
   return rc;
 }

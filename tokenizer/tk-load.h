@@ -10,13 +10,17 @@
 
 #include "tokenizer/tk-impl.h"
 
+/* A vocab entry as read, before the id arrays are sized. */
+struct tk_ld_vocab {
+  uint32_t off, len; /* the token's bytes in the blob */
+  int32_t id;
+};
+
 struct tk_ld {
   struct tk_tokenizer *tok;
   char *err;
   size_t errlen;
-  /* vocab entries as read, before the id arrays are sized */
-  uint32_t *v_off, *v_len;
-  int32_t *v_id;
+  struct tk_ld_vocab *v; /* (n_v) */
   size_t n_v, cap_v;
 };
 

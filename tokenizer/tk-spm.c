@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "model/md-gguf.h"
 #include "tokenizer/tk-tokenizer.h"
 
@@ -21,17 +22,9 @@ struct sb {
 
 static void sb_put(struct sb *b, const char *s, size_t n) {
   if (b->oom) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t c = b->cap ? b->cap : 1 << 20;
-    while (c < b->n + n + 1)
-      c *= 2;
-    char *q = realloc(b->p, c);
-    if (!q) {
-      b->oom = 1;
-      return;
-    }
-    b->p = q;
-    b->cap = c;
+  if (cm_grow(&b->p, &b->cap, b->n + n + 1, 1 << 20)) {
+    b->oom = 1;
+    return;
   }
   memcpy(b->p + b->n, s, n);
   b->n += n;

@@ -12,10 +12,15 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
+
+struct stop_str {
+  const char *s;
+  size_t len; /* bytes */
+};
 
 struct tk_stop {
-  char **stops;
-  size_t *lens;     /* bytes */
+  struct stop_str *stops; /* [n], the strings' bytes after them in the same allocation */
   size_t n, max_len;
   char *buf;        /* held-back tail + newest piece */
   size_t buf_len, buf_cap; /* bytes */
@@ -26,41 +31,35 @@ struct tk_stop {
 };
 
 int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struct tk_stop **out) {
+  size_t total = 0, max_len = 0; /* bytes */
+  for (size_t i = 0; i < n; i++) {
+    if (!lens[i]) return CM_ERR_INVAL;
+    total += lens[i];
+    if (lens[i] > max_len) max_len = lens[i];
+  }
   struct tk_stop *s = calloc(1, sizeof *s);
   if (!s) return CM_ERR_NOMEM;
-  s->stops = calloc(n ? n : 1, sizeof *s->stops);
-  s->lens = calloc(n ? n : 1, sizeof *s->lens);
-  if (!s->stops || !s->lens) goto nomem;
-  for (size_t i = 0; i < n; i++) {
-    if (!lens[i]) {
-      tk_stop_free(s);
-      return CM_ERR_INVAL;
-    }
-    s->stops[i] = malloc(lens[i]);
-    if (!s->stops[i]) goto nomem;
-    memcpy(s->stops[i], stops[i], lens[i]);
-    s->lens[i] = lens[i];
-    if (lens[i] > s->max_len) s->max_len = lens[i];
-    s->n = i + 1;
-  }
-  s->buf_cap = s->max_len + 256;
-  s->out_cap = s->max_len + 256;
+  s->stops = malloc(n * sizeof *s->stops + total + 1);
+  s->max_len = max_len;
+  s->buf_cap = s->out_cap = max_len + 256;
   s->buf = malloc(s->buf_cap);
   s->out = malloc(s->out_cap);
-  if (!s->buf || !s->out) goto nomem;
+  if (!s->stops || !s->buf || !s->out) {
+    tk_stop_free(s);
+    return CM_ERR_NOMEM;
+  }
+  char *text = (char *)(s->stops + n);
+  for (size_t i = 0; i < n; text += lens[i++])
+    s->stops[i] = (struct stop_str){memcpy(text, stops[i], lens[i]), lens[i]};
+  s->n = n;
   s->out[0] = 0;
   *out = s;
   return 0;
-nomem:
-  tk_stop_free(s);
-  return CM_ERR_NOMEM;
 }
 
 void tk_stop_free(struct tk_stop *s) {
   if (!s) return;
-  for (size_t i = 0; i < s->n; i++) free(s->stops[i]);
   free(s->stops);
-  free(s->lens);
   free(s->buf);
   free(s->out);
   free(s);
@@ -75,20 +74,9 @@ void tk_stop_reset(struct tk_stop *s) {
 size_t tk_stop_pending(const struct tk_stop *s) { return s->buf_len; }
 size_t tk_stop_max_len(const struct tk_stop *s) { return s->max_len; }
 
-static int grow(char **p, size_t *cap, size_t need) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap * 2;
-  while (nc < need) nc *= 2;
-  char *n = realloc(*p, nc);
-  if (!n) return CM_ERR_NOMEM;
-  *p = n;
-  *cap = nc;
-  return 0;
-}
-
 /* Sets *out to buf[0, n) and keeps buf[n, buf_len) as the new tail. */
 static int release(struct tk_stop *s, size_t n, const char **out, size_t *out_len) {
-  if (grow(&s->out, &s->out_cap, n + 1)) return CM_ERR_NOMEM;
+  if (cm_grow(&s->out, &s->out_cap, n + 1, 256)) return CM_ERR_NOMEM;
   memcpy(s->out, s->buf, n);
   s->out[n] = 0;
   memmove(s->buf, s->buf + n, s->buf_len - n);
@@ -104,15 +92,15 @@ int tk_stop_push(struct tk_stop *s, const char *piece, size_t len, const char **
   *out = "";
   *out_len = 0;
   if (s->done) return 0;
-  if (grow(&s->buf, &s->buf_cap, s->buf_len + len)) return CM_ERR_NOMEM;
+  if (cm_grow(&s->buf, &s->buf_cap, s->buf_len + len, 256)) return CM_ERR_NOMEM;
   memcpy(s->buf + s->buf_len, piece, len);
   s->buf_len += len;
   if (!s->n) return release(s, s->buf_len, out, out_len);
   /* earliest complete stop string */
   size_t best_at = SIZE_MAX;
   for (size_t k = 0; k < s->n; k++) {
-    const char *st = s->stops[k];
-    size_t sl = s->lens[k];
+    const char *st = s->stops[k].s;
+    size_t sl = s->stops[k].len;
     if (sl > s->buf_len) continue;
     const char *p = memmem(s->buf, s->buf_len, st, sl);
     if (p && (size_t)(p - s->buf) < best_at) {
@@ -132,7 +120,7 @@ int tk_stop_push(struct tk_stop *s, const char *piece, size_t len, const char **
   for (size_t t = lim; t > 0 && !keep; t--) {
     const char *tail = s->buf + s->buf_len - t;
     for (size_t k = 0; k < s->n; k++)
-      if (s->lens[k] > t && !memcmp(s->stops[k], tail, t)) {
+      if (s->stops[k].len > t && !memcmp(s->stops[k].s, tail, t)) {
         keep = t;
         break;
       }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
+#include "common/cm-utf8.h"
 #include "tokenizer/tk-impl.h"
 
 /* ---- accessors ---------------------------------------------------------- */
@@ -60,48 +62,21 @@ int32_t tk_find(const struct tk_tokenizer *tok, const char *s, size_t len) {
 
 int tk_utf8_valid(const char *str, size_t len) {
   const unsigned char *s = (const unsigned char *)str;
-  size_t i = 0;
-  while (i < len) {
-    unsigned char c = s[i];
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    size_t n;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07, min = 0x10000;
-    else return 0;
-    if (len - i <= n) return 0;
-    for (size_t k = 1; k <= n; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return 0;
-      cp = cp << 6 | (s[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    i += n + 1;
+  for (size_t i = 0; i < len;) {
+    size_t k = cm_utf8_len(s + i, len - i);
+    if (!k) return 0;
+    i += k;
   }
   return 1;
 }
 
 /* ---- encode ------------------------------------------------------------------ */
 
-static int grow_chars(char **p, size_t *cap, size_t need) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 256;
-  while (nc < need) nc *= 2;
-  char *n = realloc(*p, nc);
-  if (!n) return CM_ERR_NOMEM;
-  *p = n;
-  *cap = nc;
-  return 0;
-}
-
 /* Applies one Replace to src into *dst; returns the new length or < 0. */
 static long replace_into(const struct tk_replace *r, const char *src, size_t n, char **dst,
                          size_t *cap) {
   size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n + 1;
-  if (grow_chars(dst, cap, bound)) return CM_ERR_NOMEM;
+  if (cm_grow(dst, cap, bound, 256)) return CM_ERR_NOMEM;
   char *o = *dst;
   size_t i = 0;
   while (i < n) {
@@ -240,7 +215,7 @@ int tk_encode(const struct tk_tokenizer *tok, struct tk_state *st, const char *t
 /* ---- decode -------------------------------------------------------------------- */
 
 int tk_buf_put(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
-  if (grow_chars(buf, cap, *len + n + 1)) return CM_ERR_NOMEM;
+  if (cm_grow(buf, cap, *len + n + 1, 256)) return CM_ERR_NOMEM;
   memcpy(*buf + *len, s, n);
   *len += n;
   (*buf)[*len] = 0;
@@ -255,7 +230,7 @@ int tk_piece_append(const struct tk_tokenizer *tok, int32_t id, char **buf, size
     /* the common case (Gemma: "▁" -> " "), straight into the output */
     const struct tk_replace *r = &tok->dec[0];
     size_t bound = n / r->from_len * (r->to_len > r->from_len ? r->to_len : r->from_len) + n;
-    if (grow_chars(buf, cap, *len + bound + 1)) return CM_ERR_NOMEM;
+    if (cm_grow(buf, cap, *len + bound + 1, 256)) return CM_ERR_NOMEM;
     char *dst = *buf + *len;
     size_t dcap = bound + 1;
     long w = replace_into(r, s, n, &dst, &dcap);
@@ -297,7 +272,7 @@ int tk_decode(const struct tk_tokenizer *tok, const int32_t *ids, size_t n, int 
   size_t nrun = 0, runcap = 0;
   int rc = 0, first = 1;
   *out_len = 0;
-  if (grow_chars(out, cap, 1)) return CM_ERR_NOMEM;
+  if (cm_grow(out, cap, 1, 256)) return CM_ERR_NOMEM;
   (*out)[0] = 0;
   for (size_t i = 0; i < n && !rc; i++) {
     int32_t id = ids[i];
