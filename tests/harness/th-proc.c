@@ -495,3 +495,36 @@ int th_serve_start(struct th_proc *p, const char *model, char *const *extra) {
   }
   return port;
 }
+
+/* ---- node ------------------------------------------------------------------- */
+
+int th_node_major(void) {
+  char *ver[] = {"node", "--version", NULL};
+  char *out = NULL;
+  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, NULL);
+  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
+  free(out);
+  return major;
+}
+
+int th_npm_has(const char *name) {
+  const char *src = getenv("TH_SOURCE_DIR");
+  char pkg[1024];
+  snprintf(pkg, sizeof(pkg), "%s/node_modules/%s/package.json", src ? src : ".", name);
+  return access(pkg, R_OK) == 0;
+}
+
+void th_node_test(const char *script, char *const env[], int timeout_ms) {
+  char *argv[] = {"node", "--test-reporter=spec", (char *)script, NULL};
+  if (th_node_major() < 20) { /* no --test-reporter before node 18.15 */
+    argv[1] = (char *)script;
+    argv[2] = NULL;
+  }
+  struct th_proc node;
+  TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
+  TH_CHECK_EQ_INT(th_proc_wait(&node, timeout_ms), 0);
+  TH_CHECK(node.exited && WIFEXITED(node.status));
+  if (node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) != 0)
+    th_fail(__FILE__, __LINE__, "%s failed (exit %d)", script, WEXITSTATUS(node.status));
+  th_proc_stop(&node, 1000);
+}

@@ -118,4 +118,16 @@ int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *cons
 int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,
                 uint32_t *out);
 
+/* The major version of the `node` on PATH ("v20.11.0": 20); 0 without one. */
+int th_node_major(void);
+
+/* 1 when the npm package `name` is installed in the source tree's node_modules
+ * ($TH_SOURCE_DIR, else the current folder). */
+int th_npm_has(const char *name);
+
+/* Runs `node --test-reporter=spec SCRIPT` (`node SCRIPT`, whose report is TAP, before
+ * node 20) with env added, its output going into the test's log, and checks (as test
+ * checks) that it exits 0 within timeout_ms, naming the script when it does not. */
+void th_node_test(const char *script, char *const env[], int timeout_ms);
+
 #endif

@@ -57,12 +57,8 @@ static int parse_ids(const char *s, int *ids, int max) {
 
 /* Where llama.cpp is, in dir[1024]; skips the test when it is not there. */
 static void need_llamacpp(char *dir) {
-  char *ver[] = {"node", "--version", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-  free(out), free(err);
-  if (major < 18) TH_SKIP("no node 18 or newer on PATH: llama.cpp did not check the GGUF export");
+  if (th_node_major() < 18)
+    TH_SKIP("no node 18 or newer on PATH: llama.cpp did not check the GGUF export");
   const char *src = getenv("TH_SOURCE_DIR");
   char pkg[1100];
   snprintf(dir, 1024, "%s/tools/llamacpp", src ? src : ".");

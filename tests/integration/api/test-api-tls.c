@@ -31,16 +31,9 @@ static char *post(char *out, size_t size, const char *path, const char *body) {
 
 /* Node and the openai package, or a reason to skip. */
 static const char *node_missing(void) {
-  char *ver[] = {"node", "--version", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-  free(out), free(err);
-  if (major < 18) return "no node 18 or newer on PATH: the openai client over HTTPS did not run";
-  const char *src = getenv("TH_SOURCE_DIR");
-  char pkg[1024];
-  snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
-  if (access(pkg, R_OK) != 0)
+  if (th_node_major() < 18)
+    return "no node 18 or newer on PATH: the openai client over HTTPS did not run";
+  if (!th_npm_has("openai"))
     return "node_modules/openai is missing (run tools/setup): the openai client over HTTPS did "
            "not run";
   return NULL;
@@ -116,12 +109,7 @@ TH_TEST(api_tls_sse_and_openai_client) {
     snprintf(ca, sizeof(ca), "NODE_EXTRA_CA_CERTS=%s", pki.ca);
     snprintf(script, sizeof(script), "%s/integration/api/api-tls.mjs", th_tests_dir());
     char *env[] = {url, key, model, ca, "NO_COLOR=1", NULL};
-    char *argv[] = {"node", "--test-reporter=spec", script, NULL};
-    struct th_proc node;
-    TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
-    TH_CHECK_EQ_INT(th_proc_wait(&node, 600000), 0);
-    TH_CHECK(node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) == 0);
-    th_proc_stop(&node, 1000);
+    th_node_test(script, env, 600000);
   }
   as_stop(&s);
   if (why) TH_SKIP(why);
