@@ -439,6 +439,26 @@ int th_lmserve(struct th_out *o, int timeout_ms, ...) {
   return th_run(argv, NULL, NULL, 0, timeout_ms, &o->out, &o->err);
 }
 
+void th_lmserve_refusals(const struct th_refusal *cases, int n, int timeout_ms) {
+  for (int i = 0; i < n; i++) {
+    char *argv[TH_MAX_ARGS + 2], line[1024];
+    int k = 0, len = snprintf(line, sizeof(line), "lmserve");
+    argv_push(argv, &k, th_lmserve_bin());
+    for (int a = 0; cases[i].args[a]; a++) {
+      argv_push(argv, &k, (char *)cases[i].args[a]);
+      if (len > 0 && (size_t)len < sizeof(line))
+        len += snprintf(line + len, sizeof(line) - (size_t)len, " %s", cases[i].args[a]);
+    }
+    argv[k] = NULL;
+    char *err = NULL;
+    int rc = th_run(argv, NULL, NULL, 0, timeout_ms, NULL, &err);
+    if (rc != cases[i].code || !err || !strstr(err, cases[i].says))
+      th_fail(__FILE__, __LINE__, "`%s`: exit %d (want %d), stderr without \"%s\": %s", line, rc,
+              cases[i].code, cases[i].says, err ? err : "");
+    free(err);
+  }
+}
+
 int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *const *extra,
                    const char *prog, ...) {
   char *argv[TH_MAX_ARGS + 2];

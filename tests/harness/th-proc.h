@@ -101,6 +101,17 @@ void th_out_free(struct th_out *o);
  * th_out_free it after the last. */
 int th_lmserve(struct th_out *o, int timeout_ms, ...) __attribute__((sentinel));
 
+/* A command line lmserve must refuse: its arguments (up to a NULL), the exit code it must
+ * end with and a text its stderr must hold. */
+struct th_refusal {
+  const char *args[16];
+  int code;
+  const char *says;
+};
+/* Runs `lmserve ARGS...` for each of cases[0..n) (within timeout_ms each) and checks, as
+ * test checks, its exit code and what it said; a failure shows the command line. */
+void th_lmserve_refusals(const struct th_refusal *cases, int n, int timeout_ms);
+
 /* th_proc_spawn (env, capture as there) of `PROG ARG... EXTRA...`: the arguments end with
  * NULL, then come the NULL-terminated extra ones (extra may be NULL). */
 int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *const *extra,

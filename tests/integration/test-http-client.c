@@ -21,44 +21,25 @@
 
 /* ---- the server under test ---------------------------------------------- */
 
+void hc_frontend_start(struct server *s, const char *url_prefix, char *const *flags) {
+  memset(s, 0, sizeof(*s));
+  TH_REQUIRE(th_proc_spawnl(&s->p, NULL, 1, flags, th_lmserve_bin(), "frontend", "--port", "0",
+                            "--served-model-name", "tiny", NULL) == 0);
+  s->port = hc_read_url_port(&s->p, url_prefix);
+}
+
 /* Starts the frontend on a free port with short limits; reads the port
  * from the "listening on http://127.0.0.1:PORT" line. */
 void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
                           const char *max_conns) {
-  char *argv[32];
-  int a = 0;
-  argv[a++] = th_lmserve_bin();
-  argv[a++] = "frontend";
-  argv[a++] = "--port";
-  argv[a++] = "0";
-  argv[a++] = "--served-model-name";
-  argv[a++] = "tiny";
-  argv[a++] = "--max-model-len";
-  argv[a++] = "512";
-  argv[a++] = "--max-body-size";
-  argv[a++] = "4096";
-  argv[a++] = "--max-header-size";
-  argv[a++] = "2048";
-  argv[a++] = "--max-headers";
-  argv[a++] = "20";
-  argv[a++] = "--header-timeout";
-  argv[a++] = "0.6";
-  argv[a++] = "--body-timeout";
-  argv[a++] = (char *)body_timeout;
-  argv[a++] = "--idle-timeout";
-  argv[a++] = "0.8";
-  if (api_key) {
-    argv[a++] = "--api-key";
-    argv[a++] = (char *)api_key;
-  }
-  if (max_conns) {
-    argv[a++] = "--max-connections";
-    argv[a++] = (char *)max_conns;
-  }
-  argv[a] = NULL;
-  memset(s, 0, sizeof(*s));
-  TH_REQUIRE(th_proc_spawn(&s->p, argv, NULL, 1) == 0);
-  s->port = hc_read_url_port(&s->p, "http://127.0.0.1:");
+  char *flags[24] = {"--max-model-len",   "512",  "--max-body-size", "4096",
+                     "--max-header-size", "2048", "--max-headers",   "20",
+                     "--header-timeout",  "0.6",  "--body-timeout",  (char *)body_timeout,
+                     "--idle-timeout",    "0.8"};
+  char **f = flags + 14;
+  if (api_key) *f++ = "--api-key", *f++ = (char *)api_key;
+  if (max_conns) *f++ = "--max-connections", *f++ = (char *)max_conns;
+  hc_frontend_start(s, "http://127.0.0.1:", flags);
 }
 
 int hc_read_url_port(struct th_proc *p, const char *prefix) {
@@ -94,7 +75,7 @@ void hc_dump_server_stderr(struct server *s) {
 
 /* SIGTERM must make it drain and exit 0 promptly. */
 void hc_server_stop(struct server *s) {
-  if (th_proc_check_exit(&s->p, SIGTERM, 5000) == 1) hc_dump_server_stderr(s);
+  if (th_proc_check_exit(&s->p, SIGTERM, 5000) != 0) hc_dump_server_stderr(s);
   th_proc_stop(&s->p, 1000);
 }
 

@@ -33,6 +33,9 @@ struct resp {
 #define GET(path, key) "GET " path " HTTP/1.1\r\nHost: t\r\n" key "\r\n"
 #define KEY            "Authorization: Bearer sekret\r\n"
 
+/* `lmserve frontend --port 0 --served-model-name tiny FLAGS...` (flags NULL-terminated),
+ * its output captured; the port from its first line, after url_prefix. */
+void hc_frontend_start(struct server *s, const char *url_prefix, char *const *flags);
 void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
                           const char *max_conns);
 void hc_server_start(struct server *s, const char *api_key);
