@@ -147,18 +147,23 @@ void hc_consume(struct conn *c, size_t n) {
   c->len -= n;
 }
 
-/* Reads one response (Content-Length or chunked). Returns 0, or -1 when the
- * connection closed or timed out first. */
-int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms) {
+/* Drops the first n bytes of src's buffer. */
+static void take(const struct hc_source *src, size_t n) {
+  memmove(src->buf, src->buf + n, *src->len - n);
+  *src->len -= n;
+}
+
+int hc_parse_resp(const struct hc_source *src, struct resp *r, int timeout_ms) {
   memset(r, 0, sizeof(*r));
-  char *end;
-  while (!(end = memmem(c->buf, c->len, "\r\n\r\n", 4)))
-    if (hc_fill(c, timeout_ms) <= 0) return -1;
-  size_t hl = (size_t)(end - c->buf) + 4;
+  r->status = -1;
+  char *b = src->buf, *end;
+  while (!(end = memmem(b, *src->len, "\r\n\r\n", 4)))
+    if (src->fill(src->conn, timeout_ms) <= 0) return -1;
+  size_t hl = (size_t)(end - b) + 4;
   if (hl >= sizeof(r->head)) return -1;
-  memcpy(r->head, c->buf, hl);
+  memcpy(r->head, b, hl);
   r->head[hl] = 0;
-  hc_consume(c, hl);
+  take(src, hl);
   if (sscanf(r->head, "HTTP/1.%*d %d", &r->status) != 1) return -1;
   if (r->status == 100) return 0;
   const char *cl = hc_find_header(r, "Content-Length");
@@ -166,35 +171,44 @@ int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms) {
   if (cl) {
     size_t n = (size_t)atol(cl);
     if (n >= sizeof(r->body)) return -1;
-    while (c->len < n)
-      if (hc_fill(c, timeout_ms) <= 0) return -1;
-    memcpy(r->body, c->buf, n);
+    while (*src->len < n)
+      if (src->fill(src->conn, timeout_ms) <= 0) return -1;
+    memcpy(r->body, b, n);
     r->body_len = n;
-    hc_consume(c, n);
+    take(src, n);
   } else if (te && !strcasecmp(te, "chunked")) {
-    for (;;) {
+    for (;;) { /* chunk size line, data, CRLF; a 0 chunk ends the body */
       char *le;
-      while (!(le = memmem(c->buf, c->len, "\r\n", 2)))
-        if (hc_fill(c, timeout_ms) <= 0) return -1;
-      size_t sz = strtoul(c->buf, NULL, 16), ll = (size_t)(le - c->buf) + 2;
-      while (c->len < ll + sz + 2)
-        if (hc_fill(c, timeout_ms) <= 0) return -1;
+      while (!(le = memmem(b, *src->len, "\r\n", 2)))
+        if (src->fill(src->conn, timeout_ms) <= 0) return -1;
+      size_t sz = strtoul(b, NULL, 16), ll = (size_t)(le - b) + 2;
+      while (*src->len < ll + sz + 2)
+        if (src->fill(src->conn, timeout_ms) <= 0) return -1;
       if (r->body_len + sz >= sizeof(r->body)) return -1;
-      memcpy(r->body + r->body_len, c->buf + ll, sz);
+      memcpy(r->body + r->body_len, b + ll, sz);
       r->body_len += sz;
-      hc_consume(c, ll + sz + 2);
+      take(src, ll + sz + 2);
       if (sz == 0) break;
     }
   } else { /* delimited by close */
-    while (hc_fill(c, timeout_ms) > 0) {
+    while (src->fill(src->conn, timeout_ms) > 0) {
     }
-    size_t n = c->len < sizeof(r->body) ? c->len : sizeof(r->body) - 1;
-    memcpy(r->body, c->buf, n);
+    size_t n = *src->len < sizeof(r->body) ? *src->len : sizeof(r->body) - 1;
+    memcpy(r->body, b, n);
     r->body_len = n;
-    hc_consume(c, n);
+    take(src, n);
   }
   r->body[r->body_len] = 0;
   return 0;
+}
+
+static ssize_t fill_conn(void *c, int timeout_ms) {
+  return hc_fill(c, timeout_ms);
+}
+
+int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms) {
+  struct hc_source src = {c->buf, &c->len, sizeof(c->buf), fill_conn, c};
+  return hc_parse_resp(&src, r, timeout_ms);
 }
 
 /* 1 when the server closed the connection within timeout_ms. */

@@ -51,6 +51,22 @@ int hc_send_str(struct conn *c, const char *s);
 ssize_t hc_fill(struct conn *c, int timeout_ms);
 const char *hc_find_header(const struct resp *r, const char *name);
 void hc_consume(struct conn *c, size_t n);
+
+/* Where hc_parse_resp reads an answer from: a receive buffer (buf[cap], *len bytes in
+ * it) and fill, which reads more into it within timeout_ms: the bytes read, 0 when the
+ * peer closed, -1 on a timeout, an error or a full buffer. */
+struct hc_source {
+  char *buf;
+  size_t *len;
+  size_t cap;
+  ssize_t (*fill)(void *conn, int timeout_ms);
+  void *conn;
+};
+/* Reads one answer (Content-Length, chunked, or delimited by close) from src into r,
+ * each wait for more bytes at most timeout_ms; what it read leaves the buffer. Returns 0
+ * (an interim 100 too), or -1 when the connection closed or timed out first. */
+int hc_parse_resp(const struct hc_source *src, struct resp *r, int timeout_ms);
+/* hc_parse_resp from c. */
 int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms);
 int hc_closed_by_server(struct conn *c, int timeout_ms);
 int hc_do_req(struct conn *c, const char *req, struct resp *r);

@@ -52,7 +52,7 @@ static char *server_log(struct server *s) {
 /* A fresh HTTPS connection gets /v1/models. */
 static void check_alive(struct server *s, const char *cert, const char *key) {
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   TH_REQUIRE(tt_open(&c, s->port, pki.ca, cert, key) == 0);
   TH_REQUIRE(tt_send(&c, MODELS) == 0);
   TH_REQUIRE(tt_read_resp(&c, &r, 5000) == 0);
@@ -67,7 +67,7 @@ TH_TEST(tls_keepalive_and_pipelining) {
   struct server s;
   start(&s, NULL, NULL);
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   TH_REQUIRE(tt_open(&c, s.port, pki.ca, NULL, NULL) == 0);
   /* keep-alive: several requests, one connection */
   for (int i = 0; i < 5; i++) {
@@ -172,7 +172,7 @@ TH_TEST(tls_hostile_clients) {
   close(fd);
   /* slowloris head after the handshake: 408 over TLS, then closed */
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   TH_REQUIRE(tt_open(&c, s.port, pki.ca, NULL, NULL) == 0);
   const char *part = "GET /version HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n";
   int answered = 0;
@@ -223,7 +223,7 @@ TH_TEST(tls_client_certificates) {
   struct server s;
   start(&s, pki.ca, NULL);
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   /* no certificate: refused (under TLS 1.3 the client learns it on its
    * first read) */
   int ok = tt_open(&c, s.port, pki.ca, NULL, NULL) == 0 && tt_send(&c, MODELS) == 0 &&
