@@ -79,9 +79,6 @@ static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 777;
   for (int i = 0; i < n; i++) {
     int len = 4 + (i * 29) % 87;
-    char *p = jobs[i].body;
-    size_t cap = sizeof(jobs[i].body);
-    int o = th_job_prompt(&jobs[i], len, &x);
     const char *kind;
     switch (i % 6) {
     case 0: kind = "\"temperature\":0,\"logprobs\":2"; break;
@@ -95,8 +92,7 @@ static void build_jobs(struct th_job *jobs, int n) {
     default: kind = "\"temperature\":0,\"ignore_eos\":true"; break;
     }
     int max_tokens = i == 4 ? 1 : i == 9 ? 2 : GEN - (i % 5);
-    snprintf(p + o, cap - (size_t)o, "],\"max_tokens\":%d,%s,\"stream\":false}", max_tokens, kind);
-    jobs[i].answer = NULL;
+    th_job_make(&jobs[i], len, &x, "\"max_tokens\":%d,%s,\"stream\":false", max_tokens, kind);
   }
 }
 
@@ -107,54 +103,51 @@ static void answers(struct th_job *jobs, const char *model, char *const *flags) 
   th_http_run_jobs(jobs, NREQ, s.port);
   TH_CHECK(wait_idle(&s));
   srv_stop(&s);
-  for (int i = 0; i < NREQ; i++) {
-    TH_CHECK_EQ_INT(jobs[i].status, 200);
-    TH_REQUIRE(jobs[i].answer != NULL);
-  }
+  th_jobs_check_answered(jobs, NREQ);
 }
 
-static void check_same(const struct th_job *want, const struct th_job *got, const char *what) {
-  int same = 0;
-  for (int i = 0; i < NREQ; i++) {
-    if (got[i].answer && !strcmp(got[i].answer, want[i].answer))
-      same++;
-    else
-      fprintf(stderr, "%s, request %d:\n  want %s\n  got  %s\n", what, i, want[i].answer,
-              got[i].answer ? got[i].answer : "(none)");
+/* One configuration of serve: its flags (up to a NULL) and what the run is called. */
+struct run {
+  char *flags[8];
+  const char *what;
+};
+
+/* Serve's answers to the requests on the tiny model `name` (seed) under each of
+ * runs[0..n): those of runs 1.. must be those of run 0. */
+static void answers_equal(const char *name, int seed, const struct run *runs, int n) {
+  char model[320];
+  th_tiny_gemma4_or_skip(name, seed, model, sizeof model);
+  static struct th_job want[NREQ], got[NREQ];
+  build_jobs(want, NREQ);
+  build_jobs(got, NREQ);
+  answers(want, model, runs[0].flags);
+  for (int i = 1; i < n; i++) {
+    answers(got, model, runs[i].flags);
+    th_jobs_check_same(want, got, NREQ, runs[i].what);
   }
-  TH_CHECK_EQ_INT(same, NREQ);
+  th_http_jobs_free(want, NREQ);
+  th_http_jobs_free(got, NREQ);
 }
 
 TH_TEST(async_answers_equal_sync) {
   th_proc_init(1500);
-  char model[320];
-  th_tiny_gemma4_or_skip("async", 3, model, sizeof model);
-  static struct th_job sync_a[NREQ], async_a[NREQ];
-  build_jobs(sync_a, NREQ);
-  build_jobs(async_a, NREQ);
-  answers(sync_a, model, (char *[]){"--no-async-scheduling", NULL});
-  answers(async_a, model, (char *[]){"--async-scheduling", NULL});
-  check_same(sync_a, async_a, "async");
   /* a pool of a few requests' worth (50 pages of 16 tokens in two groups): requests
    * wait and running ones are preempted (the scheduler's closing log line counts 4) */
-  answers(async_a, model, (char *[]){"--kv-cache-memory", "600K", "--max-num-seqs", "16", NULL});
-  check_same(sync_a, async_a, "async, small KV pool");
-  th_http_jobs_free(sync_a, NREQ);
-  th_http_jobs_free(async_a, NREQ);
+  const struct run runs[] = {
+      {{"--no-async-scheduling"}, "sync"},
+      {{"--async-scheduling"}, "async"},
+      {{"--kv-cache-memory", "600K", "--max-num-seqs", "16"}, "async, small KV pool"},
+  };
+  answers_equal("async", 3, runs, 3);
 }
 
 TH_TEST(async_tensor_parallel_2_equals_sync) {
   th_proc_init(1500);
-  char model[320];
-  th_tiny_gemma4_or_skip("async-tp", 4, model, sizeof model);
-  static struct th_job sync_a[NREQ], async_a[NREQ];
-  build_jobs(sync_a, NREQ);
-  build_jobs(async_a, NREQ);
-  answers(sync_a, model, (char *[]){"--tensor-parallel-size", "2", "--no-async-scheduling", NULL});
-  answers(async_a, model, (char *[]){"--tensor-parallel-size", "2", NULL});
-  check_same(sync_a, async_a, "async, tensor parallel 2");
-  th_http_jobs_free(sync_a, NREQ);
-  th_http_jobs_free(async_a, NREQ);
+  const struct run runs[] = {
+      {{"--tensor-parallel-size", "2", "--no-async-scheduling"}, "sync, tensor parallel 2"},
+      {{"--tensor-parallel-size", "2"}, "async, tensor parallel 2"},
+  };
+  answers_equal("async-tp", 4, runs, 2);
 }
 
 /* Streams cut after their first events: their requests are aborted while steps
