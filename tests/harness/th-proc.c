@@ -469,6 +469,18 @@ int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *cons
   return th_proc_spawn(p, argv, env, capture);
 }
 
+void th_generate_ids(const char *model, const char *prompt, const char *max_tokens, char *ids,
+                     size_t size) {
+  struct th_out o = {0};
+  TH_REQUIRE(th_lmserve(&o, 120000, "generate", "--model", model, "--prompt-ids", prompt,
+                        "--max-tokens", max_tokens, NULL) == 0);
+  const char *end = o.out[0] == '[' ? strchr(o.out, ']') : NULL;
+  TH_REQUIRE(end && end > o.out + 1 && (size_t)(end - o.out - 1) < size);
+  memcpy(ids, o.out + 1, (size_t)(end - o.out - 1));
+  ids[end - o.out - 1] = 0;
+  th_out_free(&o);
+}
+
 int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,
                 uint32_t *out) {
   char ids[4096] = "", mt[16];

@@ -123,6 +123,12 @@ int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *cons
   "--kv-cache-memory", "4M", "--block-size", "16", "--max-num-batched-tokens", "64",               \
       "--max-num-seqs", "8", "--threads", "1"
 
+/* `lmserve generate --model MODEL --prompt-ids PROMPT --max-tokens max_tokens` (greedy, to
+ * the end of the sequence at most) within 2 minutes: the ids it printed, comma-separated,
+ * in ids (size bytes); the test stops when it printed none. */
+void th_generate_ids(const char *model, const char *prompt, const char *max_tokens, char *ids,
+                     size_t size);
+
 /* `lmserve generate --model MODEL --prompt-ids PROMPT --max-tokens max_tokens --ignore-eos
  * --threads 1` within timeout_ms: the ids it prints, in out[0..max_tokens); how many,
  * or -1 (with what it said on stderr). */
