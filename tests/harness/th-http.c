@@ -41,6 +41,13 @@ void th_http_send(int fd, const char *method, const char *path, const char *body
   if (blen) send(fd, body, blen, MSG_NOSIGNAL);
 }
 
+int th_http_post_open(int port, const char *path, const char *body) {
+  int fd = th_http_connect(port);
+  TH_REQUIRE(fd >= 0);
+  th_http_send(fd, "POST", path, body);
+  return fd;
+}
+
 int th_http_read(int fd, int timeout_ms, char **out) {
   size_t cap = 1 << 16, n = 0;
   char *b = malloc(cap);

@@ -12,6 +12,10 @@ int th_http_connect(int port);
  * on fd. */
 void th_http_send(int fd, const char *method, const char *path, const char *body);
 
+/* A POST of body (JSON) to path on a fresh connection to port, left open for the caller
+ * to read the answer from: the socket; the test stops when it cannot connect. */
+int th_http_post_open(int port, const char *path, const char *body);
+
 /* Reads fd until the server closes it or timeout_ms passes without data.
  * Returns the status (-1: no answer) and in *out the body, de-chunked
  * (malloc'd, always set; the caller frees it). Leaves fd open. */

@@ -160,11 +160,9 @@ TH_TEST(async_streams_cut_mid_answer) {
   struct srv s;
   TH_REQUIRE(srv_start(&s, model, (char *[]){NULL}) == 0);
   for (int i = 0; i < 6; i++) {
-    int fd = th_http_connect(s.port);
-    TH_REQUIRE(fd >= 0);
-    th_http_send(fd, "POST", "/v1/completions",
-                 "{\"prompt\":\"the cut stream\",\"max_tokens\":200,\"ignore_eos\":true,"
-                 "\"temperature\":0,\"stream\":true}");
+    int fd = th_http_post_open(s.port, "/v1/completions",
+                               "{\"prompt\":\"the cut stream\",\"max_tokens\":200,\"ignore_eos\":"
+                               "true,\"temperature\":0,\"stream\":true}");
     char buf[512];
     ssize_t got = 0;
     for (int k = 0; k < 1 + i % 3 && got >= 0; k++) /* a few reads: some tokens came */

@@ -115,10 +115,7 @@ static int stream_start(const char *ids, int max_tokens) {
       body, sizeof(body),
       "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
       ids, max_tokens);
-  int fd = th_http_connect(http_port);
-  TH_REQUIRE(fd >= 0);
-  th_http_send(fd, "POST", "/v1/completions", body);
-  return fd;
+  return th_http_post_open(http_port, "/v1/completions", body);
 }
 
 /* Waits (at most ms) until the stream on fd has sent its first token, without

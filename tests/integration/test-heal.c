@@ -143,9 +143,7 @@ static void *call_main(void *arg) {
 static void call_start(struct call *c, int port, const char *path, const char *body) {
   memset(c, 0, sizeof(*c));
   pthread_mutex_init(&c->mu, NULL);
-  c->fd = th_http_connect(port);
-  TH_REQUIRE(c->fd >= 0);
-  th_http_send(c->fd, "POST", path, body);
+  c->fd = th_http_post_open(port, path, body);
   TH_REQUIRE(pthread_create(&c->th, NULL, call_main, c) == 0);
 }
 
@@ -339,6 +337,29 @@ static void body_of(char *out, size_t size, int max_tokens, int stream) {
            max_tokens, stream ? ",\"stream\":true" : "");
 }
 
+/* A stream of 4000 tokens started on port and its first event come: the time then. */
+static double stream_running(struct call *a, int port) {
+  char body[256];
+  body_of(body, sizeof(body), 4000, 1);
+  call_start(a, port, "/v1/completions", body);
+  TH_REQUIRE(call_wait(a, 1, 30000) == 0);
+  return now_s();
+}
+
+/* `what` killed at t_kill under stream a: the stream's error, saying `says`, within 1 s
+ * and /health 503 within 2 s; the call ended. */
+static void check_cut(struct call *a, int port, double t_kill, const char *what, const char *says) {
+  double t_503 = health_until(port, 503, 2.0);
+  TH_CHECK(call_wait(a, 0, 5000) == 0);
+  double t_a = call_get(a, 0) - t_kill;
+  fprintf(stderr, "%s killed: stream error after %.3f s, /health 503 after %.3f s\n", what, t_a,
+          t_503);
+  TH_CHECK(t_a > 0 && t_a < 1.0);
+  TH_CHECK(t_503 >= 0 && t_503 < 2.0);
+  TH_CHECK(call_has(a, says));
+  call_end(a);
+}
+
 /* A request after the engine came back: 200 with its 5 tokens. */
 static void check_serves(int port) {
   char body[256], *b = NULL;
@@ -451,12 +472,8 @@ TH_TEST(serve_restarts_a_whole_tensor_parallel_group) {
   serve_start(&s, model(), extra);
   int r0 = child_pid(s.p.pid, "worker", 0), r1 = child_pid(s.p.pid, "worker", 1);
   TH_REQUIRE(r0 > 0 && r1 > 0);
-  char body[256];
   struct call a;
-  body_of(body, sizeof(body), 4000, 1);
-  call_start(&a, s.port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  double t_kill = now_s();
+  double t_kill = stream_running(&a, s.port);
   TH_REQUIRE(kill(r1, SIGKILL) == 0);
   TH_CHECK(call_wait(&a, 0, 5000) == 0);
   TH_CHECK(call_get(&a, 0) - t_kill < 2.0);
@@ -479,12 +496,8 @@ TH_TEST(serve_kills_a_hung_worker) {
   serve_start(&s, model(), NULL); /* heartbeats: 1 s, 3 missed */
   int w = child_pid(s.p.pid, "worker", 0);
   TH_REQUIRE(w > 0);
-  char body[256];
   struct call a;
-  body_of(body, sizeof(body), 4000, 1);
-  call_start(&a, s.port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  double t_stop = now_s();
+  double t_stop = stream_running(&a, s.port);
   TH_REQUIRE(kill(w, SIGSTOP) == 0);
   double t_gone = gone_within(w, 5.0);
   fprintf(stderr, "hung worker killed %.3f s after SIGSTOP\n", t_gone);
@@ -572,22 +585,10 @@ TH_TEST(roles_alone_see_deaths_at_once) {
   TH_REQUIRE(health_until(port, 200, 60.0) >= 0);
 
   /* a worker dies: the scheduler's monitor fails its rank */
-  char body[256];
   struct call a;
-  body_of(body, sizeof(body), 4000, 1);
-  call_start(&a, port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  double t_kill = now_s();
+  double t_kill = stream_running(&a, port);
   th_proc_signal(&wk, SIGKILL);
-  double t_503 = health_until(port, 503, 2.0);
-  TH_CHECK(call_wait(&a, 0, 5000) == 0);
-  double t_a = call_get(&a, 0) - t_kill;
-  fprintf(stderr, "worker killed: stream error after %.3f s, /health 503 after %.3f s\n", t_a,
-          t_503);
-  TH_CHECK(t_a > 0 && t_a < 1.0);
-  TH_CHECK(t_503 >= 0 && t_503 < 2.0);
-  TH_CHECK(call_has(&a, "connection closed"));
-  call_end(&a);
+  check_cut(&a, port, t_kill, "worker", "connection closed");
   th_proc_stop(&wk, 1000);
 
   /* a new worker: service again */
@@ -597,19 +598,9 @@ TH_TEST(roles_alone_see_deaths_at_once) {
   check_serves(port);
 
   /* the scheduler dies: the frontend's monitor fails the stream (its PONG timeout is 10 s) */
-  call_start(&a, port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  t_kill = now_s();
+  t_kill = stream_running(&a, port);
   th_proc_signal(&sch, SIGKILL);
-  t_503 = health_until(port, 503, 2.0);
-  TH_CHECK(call_wait(&a, 0, 5000) == 0);
-  t_a = call_get(&a, 0) - t_kill;
-  fprintf(stderr, "scheduler killed: stream error after %.3f s, /health 503 after %.3f s\n", t_a,
-          t_503);
-  TH_CHECK(t_a > 0 && t_a < 1.0);
-  TH_CHECK(t_503 >= 0 && t_503 < 2.0);
-  TH_CHECK(call_has(&a, "connection to the scheduler closed"));
-  call_end(&a);
+  check_cut(&a, port, t_kill, "scheduler", "connection to the scheduler closed");
   /* so does the worker's: it ends, for its supervisor to start it again */
   TH_CHECK_EQ_INT(th_proc_wait(&wk2, 2000), 0);
   TH_CHECK(wk2.exited && WIFEXITED(wk2.status) && WEXITSTATUS(wk2.status) == 1);

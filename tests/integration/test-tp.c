@@ -261,11 +261,9 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
   TH_REQUIRE(start(&s, g4, 2, NULL) == 0);
   int r0 = pid_with("--rank 0", g4), r1 = pid_with("--rank 1", g4);
   TH_REQUIRE(r0 > 0 && r1 > 0);
-  int fd = th_http_connect(s.port);
-  TH_REQUIRE(fd >= 0);
-  th_http_send(fd, "POST", "/v1/completions",
-               "{\"prompt\":[2,9259,1902],\"max_tokens\":6000,\"temperature\":0,"
-               "\"ignore_eos\":true,\"stream\":true}");
+  int fd = th_http_post_open(s.port, "/v1/completions",
+                             "{\"prompt\":[2,9259,1902],\"max_tokens\":6000,\"temperature\":0,"
+                             "\"ignore_eos\":true,\"stream\":true}");
   /* the stream is running: some tokens have come */
   char buf[65536];
   size_t got = 0;
