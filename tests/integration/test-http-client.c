@@ -65,6 +65,11 @@ void hc_server_start(struct server *s, const char *api_key) {
   hc_server_start_with(s, api_key, "0.6", NULL);
 }
 
+void hc_server_open(struct server *s, const char *api_key, struct conn *c) {
+  hc_server_start(s, api_key);
+  TH_REQUIRE(hc_conn_open(c, s->port) == 0);
+}
+
 /* Copies what the server wrote to stderr into the test's log. */
 void hc_dump_server_stderr(struct server *s) {
   size_t n = 0;

@@ -39,6 +39,8 @@ void hc_frontend_start(struct server *s, const char *url_prefix, char *const *fl
 void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
                           const char *max_conns);
 void hc_server_start(struct server *s, const char *api_key);
+/* hc_server_start, then one client connection c to it (the test stops without one). */
+void hc_server_open(struct server *s, const char *api_key, struct conn *c);
 /* Reads the first line a started server printed (within 10 s) and returns the
  * port after `prefix` in it ("http://127.0.0.1:"); fails the test without one. */
 int hc_read_url_port(struct th_proc *p, const char *prefix);
