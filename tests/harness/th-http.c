@@ -102,6 +102,22 @@ int th_http(int port, const char *method, const char *path, const char *body, in
   return th_http_on(th_http_connect(port), method, path, body, timeout_ms, out);
 }
 
+double th_metric(const char *text, const char *name, const char *label) {
+  double total = -1;
+  size_t nl = strlen(name);
+  for (const char *p = text; p && *p;) {
+    const char *eol = strchr(p, '\n');
+    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
+      const char *v = p + nl, *end = p[nl] == '{' ? strchr(p + nl, '}') : v;
+      const char *l = label ? strstr(p + nl, label) : NULL;
+      if (end && (!label || (l && l < end)))
+        total = (total < 0 ? 0 : total) + strtod(end + (end == v ? 0 : 1), NULL);
+    }
+    p = eol ? eol + 1 : NULL;
+  }
+  return total;
+}
+
 int th_sse_events(const char *body, json_t **out, int max, int *done) {
   int n = 0;
   *done = 0;

@@ -30,6 +30,10 @@ int th_http_on(int fd, const char *method, const char *path, const char *body, i
 int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
             char **out);
 
+/* The sum of the samples of metric `name` in a /metrics text (those whose label set
+ * holds the text `label`, when label is not NULL); -1 when there is none. */
+double th_metric(const char *text, const char *name, const char *label);
+
 /* The JSON payloads of the "data: " events of an SSE body (de-chunked or raw: chunk-size
  * lines never start with "data: "), at most max of them in out (json_decref each); *done
  * when a [DONE] event came. Returns how many. */

@@ -2,6 +2,7 @@
 #include "tests/harness/th-proc.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -394,6 +395,83 @@ void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size
   int mk = th_tiny_gemma4(tmp, seed, model, size);
   TH_REQUIRE(mk >= 0);
   if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+}
+
+/* ---- the process table ---------------------------------------------------------- */
+
+/* /proc/PID/cmdline with its NULs as spaces, in buf (size bytes): 0, or -1 when there is
+ * no such process or its command line is empty (a zombie's). */
+static int cmdline_of(int pid, char *buf, size_t size) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  ssize_t k = read(fd, buf, size - 1);
+  close(fd);
+  if (k <= 0) return -1;
+  for (ssize_t i = 0; i < k; i++)
+    if (!buf[i]) buf[i] = ' ';
+  buf[k] = 0;
+  return 0;
+}
+
+/* The parent of pid (from /proc/PID/stat), or -1. */
+static int ppid_of(int pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  ssize_t k = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (k <= 0) return -1;
+  buf[k] = 0;
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+  int ppid = -1;
+  char state;
+  if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2) return -1;
+  return ppid;
+}
+
+/* 1 when cmdline holds each text of ap (up to a NULL). */
+static int holds_all(const char *cmdline, va_list ap) {
+  for (const char *t; (t = va_arg(ap, const char *));)
+    if (!strstr(cmdline, t)) return 0;
+  return 1;
+}
+
+int th_pid_with(int parent, ...) {
+  DIR *d = opendir("/proc");
+  if (!d) return -1;
+  int found = -1;
+  char buf[8192];
+  struct dirent *de;
+  while (found < 0 && (de = readdir(d))) {
+    int pid = atoi(de->d_name);
+    if (pid <= 0 || pid == getpid() || (parent > 0 && ppid_of(pid) != parent) ||
+        cmdline_of(pid, buf, sizeof(buf)))
+      continue;
+    va_list ap;
+    va_start(ap, parent);
+    if (holds_all(buf, ap)) found = pid;
+    va_end(ap);
+  }
+  closedir(d);
+  return found;
+}
+
+int th_procs_with(const char *needle) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int n = 0;
+  char buf[8192];
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    int pid = atoi(de->d_name);
+    if (pid <= 0 || pid == getpid() || cmdline_of(pid, buf, sizeof(buf))) continue;
+    n += strstr(buf, needle) != NULL;
+  }
+  closedir(d);
+  return n;
 }
 
 /* ---- the lmserve binary ------------------------------------------------------ */

@@ -84,6 +84,14 @@ void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size
  * -1 when it did not start (the process is stopped then). th_proc_stop ends it. */
 int th_serve_start(struct th_proc *p, const char *model, char *const *extra);
 
+/* ---- the process table (/proc) ---- */
+
+/* A process other than this one, a child of `parent` when parent > 0, whose command
+ * line holds each of the texts (they end with NULL): its pid, or -1. */
+int th_pid_with(int parent, ...) __attribute__((sentinel));
+/* How many processes other than this one have a command line that holds needle. */
+int th_procs_with(const char *needle);
+
 /* The lmserve binary under test: $LMSERVE_BIN, else build/tools/lmserve. */
 char *th_lmserve_bin(void);
 

@@ -36,28 +36,14 @@ static void srv_stop(struct srv *s) {
   th_proc_stop(&s->p, 20000);
 }
 
-/* The value of gauge `name` in a /metrics text, or -1. */
-static double gauge(const char *text, const char *name) {
-  size_t nl = strlen(name);
-  for (const char *p = text; p && *p;) {
-    const char *eol = strchr(p, '\n');
-    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
-      const char *v = p[nl] == '{' ? strchr(p, '}') : p + nl;
-      if (v) return strtod(v + (p[nl] == '{'), NULL);
-    }
-    p = eol ? eol + 1 : NULL;
-  }
-  return -1;
-}
-
 /* Waits (up to 30 s) for no running or waiting request and an empty KV pool. */
 static int wait_idle(struct srv *s) {
   for (int i = 0; i < 60; i++) {
     char *m = NULL;
     int ok = th_http(s->port, "GET", "/metrics", NULL, 60000, &m) == 200 &&
-             gauge(m, "lmserve:num_requests_running") == 0 &&
-             gauge(m, "lmserve:num_requests_waiting") == 0 &&
-             gauge(m, "lmserve:kv_cache_usage_perc") == 0;
+             th_metric(m, "lmserve:num_requests_running", NULL) == 0 &&
+             th_metric(m, "lmserve:num_requests_waiting", NULL) == 0 &&
+             th_metric(m, "lmserve:kv_cache_usage_perc", NULL) == 0;
     free(m);
     if (ok) return 1;
     usleep(500000);

@@ -17,9 +17,7 @@
  *     after --max-start-failures tries with an error that says so;
  *   - SIGKILL of serve alone (not its process group) takes every child with it;
  *   - a worker whose scheduler dies ends by itself (status 1). */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -213,69 +211,12 @@ static double health_until(int port, int want, double limit_s) {
   return -1;
 }
 
-/* Reads /proc/pid/cmdline with NULs as spaces; 0 or -1. */
-static int cmdline_of(int pid, char *buf, size_t size) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  ssize_t k = read(fd, buf, size - 1);
-  close(fd);
-  if (k <= 0) return -1;
-  for (ssize_t i = 0; i < k; i++)
-    if (!buf[i]) buf[i] = ' ';
-  buf[k] = 0;
-  return 0;
-}
-
-static int ppid_of(int pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  ssize_t k = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (k <= 0) return -1;
-  buf[k] = 0;
-  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
-  int ppid = -1;
-  char state;
-  if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2) return -1;
-  return ppid;
-}
-
 /* The pid of serve's child `lmserve ROLE` (a worker: of that --rank), or -1. */
 static int child_pid(int serve_pid, const char *role, int rank) {
-  DIR *d = opendir("/proc");
-  if (!d) return -1;
-  char want[64], rank_s[32], buf[4096];
+  char want[64], rank_s[32];
   snprintf(want, sizeof(want), "lmserve %s ", role);
   snprintf(rank_s, sizeof(rank_s), "--rank %d ", rank);
-  int found = -1;
-  struct dirent *de;
-  while ((de = readdir(d)) && found < 0) {
-    int pid = atoi(de->d_name);
-    if (pid <= 0 || ppid_of(pid) != serve_pid || cmdline_of(pid, buf, sizeof(buf))) continue;
-    if (strstr(buf, want) && (rank < 0 || strstr(buf, rank_s))) found = pid;
-  }
-  closedir(d);
-  return found;
-}
-
-/* Processes other than us whose command line mentions needle. */
-static int procs_with(const char *needle) {
-  DIR *d = opendir("/proc");
-  if (!d) return 0;
-  int n = 0;
-  char buf[4096];
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    int pid = atoi(de->d_name);
-    if (pid <= 0 || pid == getpid() || cmdline_of(pid, buf, sizeof(buf))) continue;
-    n += strstr(buf, needle) != NULL; /* a zombie's cmdline is empty */
-  }
-  closedir(d);
-  return n;
+  return th_pid_with(serve_pid, want, rank < 0 ? NULL : rank_s, NULL);
 }
 
 /* Waits until pid is no more (reaped by its parent): seconds, or -1 past limit_s. */
@@ -373,15 +314,8 @@ static void check_serves(int port) {
 /* waiting requests in /metrics (the engine's PONG, every 0.5 s) */
 static double metric(int port, const char *name) {
   char *b = NULL;
-  double v = -1;
-  if (th_http(port, "GET", "/metrics", NULL, 3000, &b) == 200 && b) {
-    for (const char *p = strstr(b, name); p; p = strstr(p + 1, name)) {
-      if (p > b && p[-1] != '\n') continue; /* not a HELP or TYPE line */
-      const char *sp = strchr(p, ' ');
-      if (sp) v = atof(sp + 1);
-      break;
-    }
-  }
+  double v =
+      th_http(port, "GET", "/metrics", NULL, 3000, &b) == 200 ? th_metric(b, name, NULL) : -1;
   free(b);
   return v;
 }
@@ -532,7 +466,7 @@ TH_TEST(serve_gives_up_on_a_bad_checkpoint) {
   TH_CHECK_EQ_INT(waited, 0);
   TH_CHECK(s.p.exited && WIFEXITED(s.p.status) && WEXITSTATUS(s.p.status) == 1);
   th_proc_stop(&s.p, 1000);
-  TH_CHECK_EQ_INT(procs_with(bad), 0);
+  TH_CHECK_EQ_INT(th_procs_with(bad), 0);
   TH_CHECK(drain_has(&s.log, "the engine failed 2 times in a row before it was ready"));
   TH_CHECK(drain_has(&s.log, "giving up"));
   TH_CHECK(drain_has(&s.log, "model.safetensors")); /* the worker's own reason */

@@ -99,24 +99,6 @@ static void srv_stop(struct srv *s) {
   th_proc_stop(&s->p, 20000);
 }
 
-/* The sum of the series of `name` (whose labels contain `label` when given);
- * -1 when there is none. */
-static double metric(const char *text, const char *name, const char *label) {
-  double total = -1;
-  size_t nl = strlen(name);
-  for (const char *p = text; p && *p;) {
-    const char *eol = strchr(p, '\n');
-    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
-      const char *v = p + nl, *end = p[nl] == '{' ? strchr(p + nl, '}') : v;
-      const char *l = label ? strstr(p + nl, label) : NULL;
-      if (end && (!label || (l && l < end)))
-        total = (total < 0 ? 0 : total) + strtod(end + (end == v ? 0 : 1), NULL);
-    }
-    p = eol ? eol + 1 : NULL;
-  }
-  return total;
-}
-
 /* The engine's gauges and spec_decode_* counters reach /metrics with the
  * scheduler's PONG, every 500 ms: once the answers are in, waits (up to 30 s)
  * until no request runs, the KV pool is empty and those values have stayed
@@ -143,7 +125,7 @@ static char *wait_idle(struct srv *s, int *idle) {
     if (th_http(s->port, "GET", "/metrics", NULL, 240000, &m) != 200) continue;
     double v[NN];
     for (int j = 0; j < NN; j++)
-      v[j] = metric(m, names[j], NULL);
+      v[j] = th_metric(m, names[j], NULL);
     int zero = v[0] == 0 && v[1] == 0 && v[2] == 0;
     if (zero && have_prev && !memcmp(v, prev, sizeof(v))) {
       *idle = 1;
@@ -186,9 +168,9 @@ static void build_jobs(struct th_job *jobs, int n) {
 
 /* Checks the spec_decode_* counters of a run with K draft tokens. */
 static void check_spec_metrics(const char *m, int k, double *drafts_out, double *accepted_out) {
-  double drafts = metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
-  double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
-  double accepted = metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
+  double drafts = th_metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
+  double tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  double accepted = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
   fprintf(stderr, "K=%d: %.0f drafts, %.0f draft tokens, %.0f accepted, acceptance length %.2f\n",
           k, drafts, tokens, accepted, drafts > 0 ? 1 + accepted / drafts : 0);
   TH_CHECK(drafts > 0);
@@ -199,7 +181,7 @@ static void check_spec_metrics(const char *m, int k, double *drafts_out, double 
   for (int pos = 0; pos < 70; pos++) {
     char label[32];
     snprintf(label, sizeof(label), "position=\"%d\"", pos);
-    double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
+    double v = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
     if (v < 0) break;
     TH_CHECK(pos < k);
     TH_CHECK(v <= prev);
@@ -227,7 +209,7 @@ static void check_spec_run(const struct th_job *ref, struct th_job *got, int n, 
   th_jobs_check_same(ref, got, n, what);
   double drafts;
   check_spec_metrics(m, k, &drafts, accepted);
-  *tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  *tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
   free(m);
   srv_stop(&s);
 }
@@ -247,7 +229,7 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
   int idle;
   char *m = wait_idle(&s, &idle);
   TH_CHECK(idle);
-  TH_CHECK(metric(m, "lmserve:spec_decode_num_drafts_total", NULL) == 0);
+  TH_CHECK(th_metric(m, "lmserve:spec_decode_num_drafts_total", NULL) == 0);
   free(m);
   srv_stop(&s);
   th_jobs_check_answered(ref, NREQ);
@@ -294,7 +276,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   }
   double drafts, accepted;
   check_spec_metrics(m, K, &drafts, &accepted);
-  double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  double tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
   /* acceptance about K: all drafts taken (a draft slot cut short near
    * max_tokens is not proposed at all) */
   TH_CHECK(accepted >= 0.95 * tokens);
@@ -312,7 +294,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   for (int pos = 0; pos < K; pos++) {
     char label[32];
     snprintf(label, sizeof(label), "position=\"%d\"", pos);
-    double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
+    double v = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
     TH_CHECK(v >= 0.9 * (pos == 0 ? drafts : drafts - N));
   }
   free(m);
