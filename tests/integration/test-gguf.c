@@ -15,7 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/cm-fs.h"
 #include "model/md-gguf.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
@@ -25,18 +24,9 @@
 
 static char tmp[256];
 
-static void cleanup(void) {
-  if (tmp[0] && cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
-}
-
 /* The test's temporary folder with name in it, in path[300]; the folder goes at exit. */
 static void tmp_path(char *path, const char *name) {
-  if (!tmp[0]) {
-    const char *t = getenv("TMPDIR");
-    snprintf(tmp, sizeof(tmp), "%s/lmserve-gguf-XXXXXX", t && *t ? t : "/tmp");
-    TH_REQUIRE(mkdtemp(tmp));
-    atexit(cleanup);
-  }
+  if (!tmp[0]) TH_REQUIRE(th_tmpdir("gguf", tmp, sizeof(tmp)) == 0);
   snprintf(path, 300, "%s/%s", tmp, name);
 }
 

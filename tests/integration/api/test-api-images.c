@@ -230,9 +230,7 @@ static void refused(const struct as_server *s, const char *body, const char *par
 TH_TEST(images_through_the_api) {
   th_proc_init(900);
   char media[300];
-  const char *tmp = getenv("TMPDIR");
-  snprintf(media, sizeof(media), "%s/lmserve-media-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  TH_REQUIRE(mkdtemp(media) != NULL);
+  TH_REQUIRE(th_tmpdir("media", media, sizeof(media)) == 0);
 
   struct as_server a = {.vision = 1}, b = {.vision = 1};
   as_start(&a, 0, (char *[]){"--allowed-local-media-path", media, NULL});
