@@ -307,19 +307,27 @@ TH_TEST(quantization_at_load_runs_as_the_gguf_file) {
   th_out_free(&o);
 }
 
+/* A tiny Gemma 3 (make-tiny-model --arch gemma3 --seed SEED) in the test's folder as
+ * `name`, its path in model[300]; skips the test when it has no tokenizer.json. */
+static void tiny_gemma3_with_tokenizer(char *model, const char *name, const char *seed) {
+  tmp_path(model, name);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", seed, "--out", model) == 0);
+  th_out_free(&o);
+  char tj[320];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
+  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
+}
+
 /* `lmserve serve` runs a GGUF file alone (its tokenizer and chat template from the
  * metadata) and with the tokenizer of a folder (--tokenizer): the same greedy answers
  * either way. */
 TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   th_proc_init(600);
   char model[300], q[300];
-  tmp_path(model, "s3");
+  tiny_gemma3_with_tokenizer(model, "s3", "3");
   tmp_path(q, "s3-q8_0.gguf");
   struct th_out o = {0};
-  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
-  char tj[320];
-  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
-  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
   TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
   char *answers[2][2] = {{NULL, NULL}, {NULL, NULL}};
   for (int alone = 0; alone < 2; alone++) {
@@ -359,13 +367,9 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
 TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
   th_proc_init(600);
   char model[300], g[300];
-  tmp_path(model, "t3");
+  tiny_gemma3_with_tokenizer(model, "t3", "1");
   tmp_path(g, "t3.gguf");
   struct th_out o = {0};
-  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", model) == 0);
-  char tj[320];
-  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
-  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
   TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
   char dir[1100];
   snprintf(dir, sizeof(dir), "%s/fixtures/tokenizer/corpus", th_tests_dir());
