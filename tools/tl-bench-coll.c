@@ -163,11 +163,10 @@ int tl_bench_coll_main(int argc, char **argv) {
       {"pin", CM_OPT_BOOL, &pin, NULL, "pin rank r to the r-th allowed CPU (default on)"},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench coll",
+  int rc = tl_args_parse("lmserve bench coll",
                          "all-reduce latency of CPU tensor-parallel ranks over shared memory", opts,
-                         argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+                         argc, argv);
+  if (rc >= 0) return rc;
   static struct bc_conf cf;
   cf.world = (int)world;
   cf.rows = (int)rows;

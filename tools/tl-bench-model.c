@@ -144,11 +144,10 @@ int tl_bench_model_main(int argc, char **argv) {
       {"quantization", CM_OPT_STR, &quant_s, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench model",
+  int rc = tl_args_parse("lmserve bench model",
                          "prefill / decode tokens per second against the memory-bandwidth bound",
-                         opts, argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+                         opts, argc, argv);
+  if (rc >= 0) return rc;
   int bf16 = 0, kv_dtype = 0, quant = 0;
   char why[160];
   if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||

@@ -314,10 +314,8 @@ int tl_bench_serve_main(int argc, char **argv) {
        "'{\"response_format\": {\"type\": \"json_object\"}}'"},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench serve", "Load-test a running server.", opts, argc, argv, 1,
-                         NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+  int rc = tl_args_parse("lmserve bench serve", "Load-test a running server.", opts, argc, argv);
+  if (rc >= 0) return rc;
   if (extra) {
     json_error_t je;
     c.extra_body = json_loads(extra, 0, &je);

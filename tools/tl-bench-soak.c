@@ -372,12 +372,11 @@ int tl_bench_soak_main(int argc, char **argv) {
       {"seed", CM_OPT_INT, &c.seed, "N", "draws (0)", 0, INT64_MAX},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench soak",
+  int rc = tl_args_parse("lmserve bench soak",
                          "Long run with aborts, malformed requests and worker kills: nothing lost, "
                          "nothing leaked.",
-                         opts, argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+                         opts, argc, argv);
+  if (rc >= 0) return rc;
   if (tl_url_parse(c.url, &c.u)) {
     fprintf(stderr, "lmserve bench soak: --url must look like http://HOST:PORT, got '%s'\n", c.url);
     return 2;

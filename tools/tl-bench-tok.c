@@ -218,10 +218,9 @@ int tl_bench_tokenizer_main(int argc, char **argv) {
        "also measure @lenml/tokenizers under node (default); --no-node: skip"},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench tokenizer", "tokenizer load time and encode throughput",
-                         opts, argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc < 0) return 2;
+  int rc = tl_args_parse("lmserve bench tokenizer", "tokenizer load time and encode throughput",
+                         opts, argc, argv);
+  if (rc >= 0) return rc;
   if (!path) {
     fprintf(stderr, "lmserve bench tokenizer: --tokenizer PATH is required\n");
     return 2;

@@ -45,11 +45,10 @@ int tl_bench_vision_main(int argc, char **argv) {
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {0},
   };
-  int rc = cm_args_parse("lmserve bench vision",
+  int rc = tl_args_parse("lmserve bench vision",
                          "image encoder throughput and time to first token of one image", opts,
-                         argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc < 0) return 2;
+                         argc, argv);
+  if (rc >= 0) return rc;
   if (!model) {
     fprintf(stderr, "lmserve bench vision: --model DIR is required\n");
     return 2;

@@ -620,11 +620,10 @@ int tl_export_gguf_main(int argc, char **argv) {
        "always f32"},
       {0},
   };
-  int rc = cm_args_parse("lmserve export-gguf",
+  int rc = tl_args_parse("lmserve export-gguf",
                          "write a Gemma 3 text checkpoint as a GGUF file llama.cpp loads", opts,
-                         argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc < 0) return 2;
+                         argc, argv);
+  if (rc >= 0) return rc;
   if (!model || !out) {
     fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");
     return 2;

@@ -85,10 +85,9 @@ int tl_generate_main(int argc, char **argv) {
        "run the model as N ranks (processes on this host, one shard each; default 1)", 1, 64},
       {0},
   };
-  int rc = cm_args_parse("lmserve generate", "offline greedy generation in one process", opts, argc,
-                         argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+  int rc = tl_args_parse("lmserve generate", "offline greedy generation in one process", opts, argc,
+                         argv);
+  if (rc >= 0) return rc;
   int bf16 = 0;
   char why[128];
   if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why))) {

@@ -20,4 +20,11 @@ int tl_generate_main(int argc, char **argv);   /* tl-generate.c */
 int tl_tokenize_main(int argc, char **argv);   /* tl-tokenize.c */
 int tl_detokenize_main(int argc, char **argv); /* tl-tokenize.c */
 
+/* cm_args_parse of a subcommand's flags, argv[1..) (no positional arguments): -1 when
+ * the subcommand goes on, else the code it exits with: 0 after --help (the usage
+ * printed), 2 after a mistake (the problem printed). tl-args.c */
+struct cm_opt;
+int tl_args_parse(const char *prog, const char *summary, const struct cm_opt *opts, int argc,
+                  char **argv);
+
 #endif

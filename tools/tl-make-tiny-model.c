@@ -284,11 +284,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "gemma4-assistant: drafts that reproduce an --echo target's greedy tokens"},
       {0},
   };
-  int rc = cm_args_parse("lmserve make-tiny-model",
-                         "write a small deterministic random-weight Gemma checkpoint", opts, argc,
-                         argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+  int rc =
+      tl_args_parse("lmserve make-tiny-model",
+                    "write a small deterministic random-weight Gemma checkpoint", opts, argc, argv);
+  if (rc >= 0) return rc;
   if (!out) {
     fprintf(stderr, "lmserve make-tiny-model: --out DIR is required\n");
     return 2;

@@ -418,10 +418,8 @@ int tl_serve_main(int argc, char **argv) {
        "restarts in a row that die before the engine is ready before serve gives up (5)", 1, 1000},
       {0},
   };
-  int rc = cm_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv, 1,
-                         NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc) return 2;
+  int rc = tl_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv);
+  if (rc >= 0) return rc;
   if (!(s.gpu_mem_util > 0.0 && s.gpu_mem_util <= 1.0)) {
     fprintf(stderr, "lmserve serve: --gpu-memory-utilization must be in (0, 1] (got %g)\n",
             s.gpu_mem_util);

@@ -73,9 +73,8 @@ static int load(const char *path, struct tk_tokenizer **tok) {
 static int start(const char *prog, const char *summary, const struct cm_opt *opts, int argc,
                  char **argv, const char *const *path, struct tk_tokenizer **tok, char **text,
                  size_t *len) {
-  int rc = cm_args_parse(prog, summary, opts, argc, argv, 1, NULL, 0, NULL);
-  if (rc == CM_ARGS_HELP) return 0;
-  if (rc < 0) return 2;
+  int rc = tl_args_parse(prog, summary, opts, argc, argv);
+  if (rc >= 0) return rc;
   if (!*path) {
     fprintf(stderr, "%s: --tokenizer PATH is required\n", prog);
     return 2;

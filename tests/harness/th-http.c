@@ -6,12 +6,15 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "tests/harness/th.h"
 
 int th_http_connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -36,6 +39,13 @@ void th_http_send(int fd, const char *method, const char *path, const char *body
                     method, path, blen);
   send(fd, head, (size_t)hn, MSG_NOSIGNAL);
   if (blen) send(fd, body, blen, MSG_NOSIGNAL);
+}
+
+int th_http_post_open(int port, const char *path, const char *body) {
+  int fd = th_http_connect(port);
+  TH_REQUIRE(fd >= 0);
+  th_http_send(fd, "POST", path, body);
+  return fd;
 }
 
 int th_http_read(int fd, int timeout_ms, char **out) {
@@ -75,9 +85,8 @@ int th_http_read(int fd, int timeout_ms, char **out) {
   return status;
 }
 
-int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
-            char **out) {
-  int fd = th_http_connect(port);
+int th_http_on(int fd, const char *method, const char *path, const char *body, int timeout_ms,
+               char **out) {
   if (fd < 0) {
     *out = calloc(1, 1);
     return -1;
@@ -86,6 +95,27 @@ int th_http(int port, const char *method, const char *path, const char *body, in
   int status = th_http_read(fd, timeout_ms, out);
   close(fd);
   return status;
+}
+
+int th_http(int port, const char *method, const char *path, const char *body, int timeout_ms,
+            char **out) {
+  return th_http_on(th_http_connect(port), method, path, body, timeout_ms, out);
+}
+
+double th_metric(const char *text, const char *name, const char *label) {
+  double total = -1;
+  size_t nl = strlen(name);
+  for (const char *p = text; p && *p;) {
+    const char *eol = strchr(p, '\n');
+    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
+      const char *v = p + nl, *end = p[nl] == '{' ? strchr(p + nl, '}') : v;
+      const char *l = label ? strstr(p + nl, label) : NULL;
+      if (end && (!label || (l && l < end)))
+        total = (total < 0 ? 0 : total) + strtod(end + (end == v ? 0 : 1), NULL);
+    }
+    p = eol ? eol + 1 : NULL;
+  }
+  return total;
 }
 
 int th_sse_events(const char *body, json_t **out, int max, int *done) {
@@ -151,7 +181,7 @@ void th_http_run_jobs(struct th_job *jobs, int n, int port) {
     pthread_join(th[i], NULL);
 }
 
-int th_job_prompt(struct th_job *job, int len, uint32_t *x) {
+void th_job_make(struct th_job *job, int len, uint32_t *x, const char *members, ...) {
   char *p = job->body;
   size_t cap = sizeof(job->body);
   int o = snprintf(p, cap, "{\"prompt\":[2");
@@ -159,7 +189,39 @@ int th_job_prompt(struct th_job *job, int len, uint32_t *x) {
     *x = *x * 1664525u + 1013904223u;
     o += snprintf(p + o, cap - (size_t)o, ",%u", 1000 + (*x >> 8) % 200000);
   }
-  return o;
+  if ((size_t)o < cap) o += snprintf(p + o, cap - (size_t)o, "],");
+  if ((size_t)o < cap) {
+    va_list ap;
+    va_start(ap, members);
+    o += vsnprintf(p + o, cap - (size_t)o, members, ap);
+    va_end(ap);
+  }
+  if ((size_t)o < cap) snprintf(p + o, cap - (size_t)o, "}");
+  job->answer = NULL;
+}
+
+void th_jobs_check_answered(const struct th_job *jobs, int n) {
+  for (int i = 0; i < n; i++) {
+    if (jobs[i].status != 200)
+      fprintf(stderr, "request %d: %d %s\n", i, jobs[i].status,
+              jobs[i].answer ? jobs[i].answer : "");
+    TH_CHECK_EQ_INT(jobs[i].status, 200);
+    TH_REQUIRE(jobs[i].answer != NULL);
+  }
+}
+
+void th_jobs_check_same(const struct th_job *want, const struct th_job *got, int n,
+                        const char *what) {
+  int same = 0;
+  for (int i = 0; i < n; i++) {
+    TH_CHECK_EQ_INT(got[i].status, 200);
+    if (got[i].answer && !strcmp(got[i].answer, want[i].answer))
+      same++;
+    else
+      fprintf(stderr, "%s, request %d:\n  want %s\n  got  %s\n", what, i, want[i].answer,
+              got[i].answer ? got[i].answer : "(none)");
+  }
+  TH_CHECK_EQ_INT(same, n);
 }
 
 void th_http_jobs_free(struct th_job *jobs, int n) {

@@ -2,6 +2,7 @@
 #include "tests/harness/th-proc.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -396,6 +397,83 @@ void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size
   if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
 }
 
+/* ---- the process table ---------------------------------------------------------- */
+
+/* /proc/PID/cmdline with its NULs as spaces, in buf (size bytes): 0, or -1 when there is
+ * no such process or its command line is empty (a zombie's). */
+static int cmdline_of(int pid, char *buf, size_t size) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  ssize_t k = read(fd, buf, size - 1);
+  close(fd);
+  if (k <= 0) return -1;
+  for (ssize_t i = 0; i < k; i++)
+    if (!buf[i]) buf[i] = ' ';
+  buf[k] = 0;
+  return 0;
+}
+
+/* The parent of pid (from /proc/PID/stat), or -1. */
+static int ppid_of(int pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  ssize_t k = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (k <= 0) return -1;
+  buf[k] = 0;
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+  int ppid = -1;
+  char state;
+  if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2) return -1;
+  return ppid;
+}
+
+/* 1 when cmdline holds each text of ap (up to a NULL). */
+static int holds_all(const char *cmdline, va_list ap) {
+  for (const char *t; (t = va_arg(ap, const char *));)
+    if (!strstr(cmdline, t)) return 0;
+  return 1;
+}
+
+int th_pid_with(int parent, ...) {
+  DIR *d = opendir("/proc");
+  if (!d) return -1;
+  int found = -1;
+  char buf[8192];
+  struct dirent *de;
+  while (found < 0 && (de = readdir(d))) {
+    int pid = atoi(de->d_name);
+    if (pid <= 0 || pid == getpid() || (parent > 0 && ppid_of(pid) != parent) ||
+        cmdline_of(pid, buf, sizeof(buf)))
+      continue;
+    va_list ap;
+    va_start(ap, parent);
+    if (holds_all(buf, ap)) found = pid;
+    va_end(ap);
+  }
+  closedir(d);
+  return found;
+}
+
+int th_procs_with(const char *needle) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int n = 0;
+  char buf[8192];
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    int pid = atoi(de->d_name);
+    if (pid <= 0 || pid == getpid() || cmdline_of(pid, buf, sizeof(buf))) continue;
+    n += strstr(buf, needle) != NULL;
+  }
+  closedir(d);
+  return n;
+}
+
 /* ---- the lmserve binary ------------------------------------------------------ */
 
 char *th_lmserve_bin(void) {
@@ -439,6 +517,26 @@ int th_lmserve(struct th_out *o, int timeout_ms, ...) {
   return th_run(argv, NULL, NULL, 0, timeout_ms, &o->out, &o->err);
 }
 
+void th_lmserve_refusals(const struct th_refusal *cases, int n, int timeout_ms) {
+  for (int i = 0; i < n; i++) {
+    char *argv[TH_MAX_ARGS + 2], line[1024];
+    int k = 0, len = snprintf(line, sizeof(line), "lmserve");
+    argv_push(argv, &k, th_lmserve_bin());
+    for (int a = 0; cases[i].args[a]; a++) {
+      argv_push(argv, &k, (char *)cases[i].args[a]);
+      if (len > 0 && (size_t)len < sizeof(line))
+        len += snprintf(line + len, sizeof(line) - (size_t)len, " %s", cases[i].args[a]);
+    }
+    argv[k] = NULL;
+    char *err = NULL;
+    int rc = th_run(argv, NULL, NULL, 0, timeout_ms, NULL, &err);
+    if (rc != cases[i].code || !err || !strstr(err, cases[i].says))
+      th_fail(__FILE__, __LINE__, "`%s`: exit %d (want %d), stderr without \"%s\": %s", line, rc,
+              cases[i].code, cases[i].says, err ? err : "");
+    free(err);
+  }
+}
+
 int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *const *extra,
                    const char *prog, ...) {
   char *argv[TH_MAX_ARGS + 2];
@@ -447,6 +545,18 @@ int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *cons
   build_argv(argv, prog, ap, extra);
   va_end(ap);
   return th_proc_spawn(p, argv, env, capture);
+}
+
+void th_generate_ids(const char *model, const char *prompt, const char *max_tokens, char *ids,
+                     size_t size) {
+  struct th_out o = {0};
+  TH_REQUIRE(th_lmserve(&o, 120000, "generate", "--model", model, "--prompt-ids", prompt,
+                        "--max-tokens", max_tokens, NULL) == 0);
+  const char *end = o.out[0] == '[' ? strchr(o.out, ']') : NULL;
+  TH_REQUIRE(end && end > o.out + 1 && (size_t)(end - o.out - 1) < size);
+  memcpy(ids, o.out + 1, (size_t)(end - o.out - 1));
+  ids[end - o.out - 1] = 0;
+  th_out_free(&o);
 }
 
 int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,
@@ -494,4 +604,37 @@ int th_serve_start(struct th_proc *p, const char *model, char *const *extra) {
     return -1;
   }
   return port;
+}
+
+/* ---- node ------------------------------------------------------------------- */
+
+int th_node_major(void) {
+  char *ver[] = {"node", "--version", NULL};
+  char *out = NULL;
+  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, NULL);
+  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
+  free(out);
+  return major;
+}
+
+int th_npm_has(const char *name) {
+  const char *src = getenv("TH_SOURCE_DIR");
+  char pkg[1024];
+  snprintf(pkg, sizeof(pkg), "%s/node_modules/%s/package.json", src ? src : ".", name);
+  return access(pkg, R_OK) == 0;
+}
+
+void th_node_test(const char *script, char *const env[], int timeout_ms) {
+  char *argv[] = {"node", "--test-reporter=spec", (char *)script, NULL};
+  if (th_node_major() < 20) { /* no --test-reporter before node 18.15 */
+    argv[1] = (char *)script;
+    argv[2] = NULL;
+  }
+  struct th_proc node;
+  TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
+  TH_CHECK_EQ_INT(th_proc_wait(&node, timeout_ms), 0);
+  TH_CHECK(node.exited && WIFEXITED(node.status));
+  if (node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) != 0)
+    th_fail(__FILE__, __LINE__, "%s failed (exit %d)", script, WEXITSTATUS(node.status));
+  th_proc_stop(&node, 1000);
 }

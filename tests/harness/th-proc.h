@@ -84,6 +84,14 @@ void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size
  * -1 when it did not start (the process is stopped then). th_proc_stop ends it. */
 int th_serve_start(struct th_proc *p, const char *model, char *const *extra);
 
+/* ---- the process table (/proc) ---- */
+
+/* A process other than this one, a child of `parent` when parent > 0, whose command
+ * line holds each of the texts (they end with NULL): its pid, or -1. */
+int th_pid_with(int parent, ...) __attribute__((sentinel));
+/* How many processes other than this one have a command line that holds needle. */
+int th_procs_with(const char *needle);
+
 /* The lmserve binary under test: $LMSERVE_BIN, else build/tools/lmserve. */
 char *th_lmserve_bin(void);
 
@@ -101,6 +109,17 @@ void th_out_free(struct th_out *o);
  * th_out_free it after the last. */
 int th_lmserve(struct th_out *o, int timeout_ms, ...) __attribute__((sentinel));
 
+/* A command line lmserve must refuse: its arguments (up to a NULL), the exit code it must
+ * end with and a text its stderr must hold. */
+struct th_refusal {
+  const char *args[16];
+  int code;
+  const char *says;
+};
+/* Runs `lmserve ARGS...` for each of cases[0..n) (within timeout_ms each) and checks, as
+ * test checks, its exit code and what it said; a failure shows the command line. */
+void th_lmserve_refusals(const struct th_refusal *cases, int n, int timeout_ms);
+
 /* th_proc_spawn (env, capture as there) of `PROG ARG... EXTRA...`: the arguments end with
  * NULL, then come the NULL-terminated extra ones (extra may be NULL). */
 int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *const *extra,
@@ -112,10 +131,28 @@ int th_proc_spawnl(struct th_proc *p, char *const env[], int capture, char *cons
   "--kv-cache-memory", "4M", "--block-size", "16", "--max-num-batched-tokens", "64",               \
       "--max-num-seqs", "8", "--threads", "1"
 
+/* `lmserve generate --model MODEL --prompt-ids PROMPT --max-tokens max_tokens` (greedy, to
+ * the end of the sequence at most) within 2 minutes: the ids it printed, comma-separated,
+ * in ids (size bytes); the test stops when it printed none. */
+void th_generate_ids(const char *model, const char *prompt, const char *max_tokens, char *ids,
+                     size_t size);
+
 /* `lmserve generate --model MODEL --prompt-ids PROMPT --max-tokens max_tokens --ignore-eos
  * --threads 1` within timeout_ms: the ids it prints, in out[0..max_tokens); how many,
  * or -1 (with what it said on stderr). */
 int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens, int timeout_ms,
                 uint32_t *out);
+
+/* The major version of the `node` on PATH ("v20.11.0": 20); 0 without one. */
+int th_node_major(void);
+
+/* 1 when the npm package `name` is installed in the source tree's node_modules
+ * ($TH_SOURCE_DIR, else the current folder). */
+int th_npm_has(const char *name);
+
+/* Runs `node --test-reporter=spec SCRIPT` (`node SCRIPT`, whose report is TAP, before
+ * node 20) with env added, its output going into the test's log, and checks (as test
+ * checks) that it exits 0 within timeout_ms, naming the script when it does not. */
+void th_node_test(const char *script, char *const env[], int timeout_ms);
 
 #endif

@@ -241,12 +241,18 @@ void check_req(const struct treq *r) {
     TH_CHECK_EQ_INT(r->stop_token, -1);
 }
 
+void send_reqs_ignoring_eos(struct client *c, int n, uint64_t id0, uint32_t plen,
+                            uint32_t max_tokens) {
+  for (int i = 0; i < n; i++) {
+    make_req(&c->reqs[i], id0 + (uint64_t)i, plen, max_tokens);
+    c->reqs[i].ignore_eos = true;
+    send_add(c, &c->reqs[i]);
+  }
+}
+
 void serve_one(struct client *c, uint64_t id, uint32_t plen, uint32_t max_tokens) {
-  struct treq *r = &c->reqs[0];
-  make_req(r, id, plen, max_tokens);
-  r->ignore_eos = true;
   c->nreqs = 1;
-  send_add(c, r);
+  send_reqs_ignoring_eos(c, 1, id, plen, max_tokens);
   wait_done(c, 10000);
-  check_req(r);
+  check_req(&c->reqs[0]);
 }

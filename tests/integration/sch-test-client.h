@@ -80,6 +80,10 @@ void make_req(struct treq *r, uint64_t id, uint32_t plen, uint32_t max_tokens);
 uint32_t expected(const struct treq *r, uint32_t *out, int *finish);
 /* r's outputs equal expected() and it finished the expected way without ERR. */
 void check_req(const struct treq *r);
+/* Makes c->reqs[0..n) with make_req (ids id0, id0 + 1, ..., each ignoring eos) and
+ * sends them. */
+void send_reqs_ignoring_eos(struct client *c, int n, uint64_t id0, uint32_t plen,
+                            uint32_t max_tokens);
 /* A new request in c->reqs[0], alone on c from now on (nreqs 1), ignoring eos: sent,
  * run to its end within 10 s and checked against the model. */
 void serve_one(struct client *c, uint64_t id, uint32_t plen, uint32_t max_tokens);

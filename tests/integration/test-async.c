@@ -36,28 +36,14 @@ static void srv_stop(struct srv *s) {
   th_proc_stop(&s->p, 20000);
 }
 
-/* The value of gauge `name` in a /metrics text, or -1. */
-static double gauge(const char *text, const char *name) {
-  size_t nl = strlen(name);
-  for (const char *p = text; p && *p;) {
-    const char *eol = strchr(p, '\n');
-    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
-      const char *v = p[nl] == '{' ? strchr(p, '}') : p + nl;
-      if (v) return strtod(v + (p[nl] == '{'), NULL);
-    }
-    p = eol ? eol + 1 : NULL;
-  }
-  return -1;
-}
-
 /* Waits (up to 30 s) for no running or waiting request and an empty KV pool. */
 static int wait_idle(struct srv *s) {
   for (int i = 0; i < 60; i++) {
     char *m = NULL;
     int ok = th_http(s->port, "GET", "/metrics", NULL, 60000, &m) == 200 &&
-             gauge(m, "lmserve:num_requests_running") == 0 &&
-             gauge(m, "lmserve:num_requests_waiting") == 0 &&
-             gauge(m, "lmserve:kv_cache_usage_perc") == 0;
+             th_metric(m, "lmserve:num_requests_running", NULL) == 0 &&
+             th_metric(m, "lmserve:num_requests_waiting", NULL) == 0 &&
+             th_metric(m, "lmserve:kv_cache_usage_perc", NULL) == 0;
     free(m);
     if (ok) return 1;
     usleep(500000);
@@ -79,9 +65,6 @@ static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 777;
   for (int i = 0; i < n; i++) {
     int len = 4 + (i * 29) % 87;
-    char *p = jobs[i].body;
-    size_t cap = sizeof(jobs[i].body);
-    int o = th_job_prompt(&jobs[i], len, &x);
     const char *kind;
     switch (i % 6) {
     case 0: kind = "\"temperature\":0,\"logprobs\":2"; break;
@@ -95,8 +78,7 @@ static void build_jobs(struct th_job *jobs, int n) {
     default: kind = "\"temperature\":0,\"ignore_eos\":true"; break;
     }
     int max_tokens = i == 4 ? 1 : i == 9 ? 2 : GEN - (i % 5);
-    snprintf(p + o, cap - (size_t)o, "],\"max_tokens\":%d,%s,\"stream\":false}", max_tokens, kind);
-    jobs[i].answer = NULL;
+    th_job_make(&jobs[i], len, &x, "\"max_tokens\":%d,%s,\"stream\":false", max_tokens, kind);
   }
 }
 
@@ -107,54 +89,51 @@ static void answers(struct th_job *jobs, const char *model, char *const *flags) 
   th_http_run_jobs(jobs, NREQ, s.port);
   TH_CHECK(wait_idle(&s));
   srv_stop(&s);
-  for (int i = 0; i < NREQ; i++) {
-    TH_CHECK_EQ_INT(jobs[i].status, 200);
-    TH_REQUIRE(jobs[i].answer != NULL);
-  }
+  th_jobs_check_answered(jobs, NREQ);
 }
 
-static void check_same(const struct th_job *want, const struct th_job *got, const char *what) {
-  int same = 0;
-  for (int i = 0; i < NREQ; i++) {
-    if (got[i].answer && !strcmp(got[i].answer, want[i].answer))
-      same++;
-    else
-      fprintf(stderr, "%s, request %d:\n  want %s\n  got  %s\n", what, i, want[i].answer,
-              got[i].answer ? got[i].answer : "(none)");
+/* One configuration of serve: its flags (up to a NULL) and what the run is called. */
+struct run {
+  char *flags[8];
+  const char *what;
+};
+
+/* Serve's answers to the requests on the tiny model `name` (seed) under each of
+ * runs[0..n): those of runs 1.. must be those of run 0. */
+static void answers_equal(const char *name, int seed, const struct run *runs, int n) {
+  char model[320];
+  th_tiny_gemma4_or_skip(name, seed, model, sizeof model);
+  static struct th_job want[NREQ], got[NREQ];
+  build_jobs(want, NREQ);
+  build_jobs(got, NREQ);
+  answers(want, model, runs[0].flags);
+  for (int i = 1; i < n; i++) {
+    answers(got, model, runs[i].flags);
+    th_jobs_check_same(want, got, NREQ, runs[i].what);
   }
-  TH_CHECK_EQ_INT(same, NREQ);
+  th_http_jobs_free(want, NREQ);
+  th_http_jobs_free(got, NREQ);
 }
 
 TH_TEST(async_answers_equal_sync) {
   th_proc_init(1500);
-  char model[320];
-  th_tiny_gemma4_or_skip("async", 3, model, sizeof model);
-  static struct th_job sync_a[NREQ], async_a[NREQ];
-  build_jobs(sync_a, NREQ);
-  build_jobs(async_a, NREQ);
-  answers(sync_a, model, (char *[]){"--no-async-scheduling", NULL});
-  answers(async_a, model, (char *[]){"--async-scheduling", NULL});
-  check_same(sync_a, async_a, "async");
   /* a pool of a few requests' worth (50 pages of 16 tokens in two groups): requests
    * wait and running ones are preempted (the scheduler's closing log line counts 4) */
-  answers(async_a, model, (char *[]){"--kv-cache-memory", "600K", "--max-num-seqs", "16", NULL});
-  check_same(sync_a, async_a, "async, small KV pool");
-  th_http_jobs_free(sync_a, NREQ);
-  th_http_jobs_free(async_a, NREQ);
+  const struct run runs[] = {
+      {{"--no-async-scheduling"}, "sync"},
+      {{"--async-scheduling"}, "async"},
+      {{"--kv-cache-memory", "600K", "--max-num-seqs", "16"}, "async, small KV pool"},
+  };
+  answers_equal("async", 3, runs, 3);
 }
 
 TH_TEST(async_tensor_parallel_2_equals_sync) {
   th_proc_init(1500);
-  char model[320];
-  th_tiny_gemma4_or_skip("async-tp", 4, model, sizeof model);
-  static struct th_job sync_a[NREQ], async_a[NREQ];
-  build_jobs(sync_a, NREQ);
-  build_jobs(async_a, NREQ);
-  answers(sync_a, model, (char *[]){"--tensor-parallel-size", "2", "--no-async-scheduling", NULL});
-  answers(async_a, model, (char *[]){"--tensor-parallel-size", "2", NULL});
-  check_same(sync_a, async_a, "async, tensor parallel 2");
-  th_http_jobs_free(sync_a, NREQ);
-  th_http_jobs_free(async_a, NREQ);
+  const struct run runs[] = {
+      {{"--tensor-parallel-size", "2", "--no-async-scheduling"}, "sync, tensor parallel 2"},
+      {{"--tensor-parallel-size", "2"}, "async, tensor parallel 2"},
+  };
+  answers_equal("async-tp", 4, runs, 2);
 }
 
 /* Streams cut after their first events: their requests are aborted while steps
@@ -167,11 +146,9 @@ TH_TEST(async_streams_cut_mid_answer) {
   struct srv s;
   TH_REQUIRE(srv_start(&s, model, (char *[]){NULL}) == 0);
   for (int i = 0; i < 6; i++) {
-    int fd = th_http_connect(s.port);
-    TH_REQUIRE(fd >= 0);
-    th_http_send(fd, "POST", "/v1/completions",
-                 "{\"prompt\":\"the cut stream\",\"max_tokens\":200,\"ignore_eos\":true,"
-                 "\"temperature\":0,\"stream\":true}");
+    int fd = th_http_post_open(s.port, "/v1/completions",
+                               "{\"prompt\":\"the cut stream\",\"max_tokens\":200,\"ignore_eos\":"
+                               "true,\"temperature\":0,\"stream\":true}");
     char buf[512];
     ssize_t got = 0;
     for (int k = 0; k < 1 + i % 3 && got >= 0; k++) /* a few reads: some tokens came */

@@ -52,40 +52,30 @@ TH_TEST(cli_bench_kv_only_e2b) {
   th_out_free(&o);
 }
 
-/* --dtype takes auto, float32 or bfloat16 (and their short names); anything
- * else is refused before a role starts. */
-TH_TEST(cli_dtype_refused) {
+/* --dtype takes auto, float32 or bfloat16 (and their short names), --kv-cache-dtype auto,
+ * bf16, fp8 or f32 (and vLLM's long names); anything else is refused before a role starts,
+ * by serve, worker, bench model and generate. */
+TH_TEST(cli_dtypes_refused) {
   th_proc_init(60);
-  struct th_out o = {0};
-  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "serve", "--dtype", "float16", NULL), 2);
-  TH_CHECK(strstr(o.err, "--dtype float16: not one of auto, float32, bfloat16") != NULL);
-  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "worker", "--model", "/nonexistent-lmserve", "--scheduler",
-                             "ipc:///nonexistent-lmserve", "--dtype", "int8", NULL),
-                  2);
-  TH_CHECK(strstr(o.err, "--dtype int8") != NULL);
-  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "bench", "model", "--model", "/nonexistent-lmserve",
-                             "--dtype", "fp8", NULL),
-                  2);
-  TH_CHECK(strstr(o.err, "--dtype fp8") != NULL);
-  th_out_free(&o);
-}
-
-/* --kv-cache-dtype takes auto, bf16, fp8 or f32 (and vLLM's long names); anything
- * else is refused before a role starts, by serve, worker and generate. */
-TH_TEST(cli_kv_cache_dtype_refused) {
-  th_proc_init(60);
-  struct th_out o = {0};
-  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "serve", "--kv-cache-dtype", "fp8_e5m2", NULL), 2);
-  TH_CHECK(strstr(o.err, "--kv-cache-dtype 'fp8_e5m2' is not one of auto, bf16, fp8, f32") != NULL);
-  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "worker", "--model", "/nonexistent-lmserve", "--scheduler",
-                             "ipc:///nonexistent-lmserve", "--kv-cache-dtype", "int4", NULL),
-                  2);
-  TH_CHECK(strstr(o.err, "--kv-cache-dtype 'int4'") != NULL);
-  TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "generate", "--model", "/nonexistent-lmserve", "--prompt",
-                             "x", "--kv-dtype", "fp16", NULL),
-                  2);
-  TH_CHECK(strstr(o.err, "'fp16'") != NULL);
-  th_out_free(&o);
+  static const struct th_refusal cases[] = {
+      {{"serve", "--dtype", "float16"}, 2, "--dtype float16: not one of auto, float32, bfloat16"},
+      {{"worker", "--model", "/nonexistent-lmserve", "--scheduler", "ipc:///nonexistent-lmserve",
+        "--dtype", "int8"},
+       2,
+       "--dtype int8"},
+      {{"bench", "model", "--model", "/nonexistent-lmserve", "--dtype", "fp8"}, 2, "--dtype fp8"},
+      {{"serve", "--kv-cache-dtype", "fp8_e5m2"},
+       2,
+       "--kv-cache-dtype 'fp8_e5m2' is not one of auto, bf16, fp8, f32"},
+      {{"worker", "--model", "/nonexistent-lmserve", "--scheduler", "ipc:///nonexistent-lmserve",
+        "--kv-cache-dtype", "int4"},
+       2,
+       "--kv-cache-dtype 'int4'"},
+      {{"generate", "--model", "/nonexistent-lmserve", "--prompt", "x", "--kv-dtype", "fp16"},
+       2,
+       "'fp16'"},
+  };
+  th_lmserve_refusals(cases, sizeof(cases) / sizeof(cases[0]), 10000);
 }
 
 /* `bench grammar` over a corpus: every grammar of the shipped corpus compiles (a

@@ -44,12 +44,8 @@ TH_TEST(cluster_over_tcp) {
   th_proc_init(280);
   char model[300];
   th_tiny_gemma4_or_skip("cluster", 5, model, sizeof(model));
-  struct th_out o = {0};
-  TH_REQUIRE(th_lmserve(&o, 120000, "generate", "--model", model, "--prompt-ids", "2,818,5279,563",
-                        "--max-tokens", "6", NULL) == 0);
   char ids[512];
-  TH_REQUIRE(sscanf(o.out, "[%511[^]]]", ids) == 1);
-  th_out_free(&o);
+  th_generate_ids(model, "2,818,5279,563", "6", ids, sizeof(ids));
 
   int ports[3];
   TH_REQUIRE(free_ports(ports, 3) == 0);

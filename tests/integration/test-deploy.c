@@ -33,18 +33,11 @@
 
 TH_TEST(deploy_files) {
   th_proc_init(900);
-  char *ver[] = {"node", "--version", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-  free(out), free(err);
-  if (rc != 0 || major < 20) TH_SKIP("no node 20 or newer on PATH: " DEPLOY_SCRIPT " did not run");
+  if (th_node_major() < 20) TH_SKIP("no node 20 or newer on PATH: " DEPLOY_SCRIPT " did not run");
   const char *src = getenv("TH_SOURCE_DIR");
   char pkgs[] = DEPLOY_PACKAGES, script[1024], deploy[1024];
   for (char *save = NULL, *p = strtok_r(pkgs, " ", &save); p; p = strtok_r(NULL, " ", &save)) {
-    char pkg[1024];
-    snprintf(pkg, sizeof(pkg), "%s/node_modules/%s/package.json", src ? src : ".", p);
-    if (access(pkg, R_OK) != 0) {
+    if (!th_npm_has(p)) {
       fprintf(stderr, "node_modules/%s is missing (run tools/setup)\n", p);
       TH_SKIP("an npm package is missing: " DEPLOY_SCRIPT " did not run");
     }
@@ -59,13 +52,5 @@ TH_TEST(deploy_files) {
   snprintf(e_model, sizeof(e_model), "LMSERVE_TEST_MODEL=%s", model);
   snprintf(e_deploy, sizeof(e_deploy), "LMSERVE_DEPLOY_DIR=%s", deploy);
   char *env[] = {e_bin, e_model, e_deploy, "NO_COLOR=1", NULL};
-  char *argv[] = {"node", "--test-reporter=spec", script, NULL};
-  struct th_proc node;
-  TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
-  rc = th_proc_wait(&node, 840000);
-  TH_CHECK_EQ_INT(rc, 0);
-  TH_CHECK(node.exited && WIFEXITED(node.status));
-  if (node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) != 0)
-    th_fail(__FILE__, __LINE__, DEPLOY_SCRIPT " failed (exit %d)", WEXITSTATUS(node.status));
-  th_proc_stop(&node, 1000);
+  th_node_test(script, env, 840000);
 }

@@ -15,7 +15,6 @@
  *   - `lmserve serve --data-parallel-size 2` runs two replicas behind its
  *     frontend, and restarts a replica whose worker dies while the other one
  *     keeps serving (/health never leaves 200). */
-#include <dirent.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,26 +39,13 @@ static int get(const char *path, char **body) {
   return th_http(http_port, "GET", path, NULL, 10000, body);
 }
 
-/* The sum of the series of `name` carrying label text `label` (or all series). */
+/* The sum of the series of `name` carrying label text `label` (or all series); 0 when
+ * there is none. */
 static double metric(const char *name, const char *label) {
   char *m = NULL;
-  double v = 0;
-  if (get("/metrics", &m) == 200 && m) {
-    size_t nl = strlen(name);
-    for (const char *l = m; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-      if (strncmp(l, name, nl) || (l[nl] != '{' && l[nl] != ' ')) continue;
-      const char *eol = l + strcspn(l, "\n"), *sp = eol;
-      if (label) {
-        const char *hit = strstr(l, label);
-        if (!hit || hit > eol) continue;
-      }
-      while (sp > l && sp[-1] != ' ')
-        sp--;
-      v += strtod(sp, NULL);
-    }
-  }
+  double v = get("/metrics", &m) == 200 && m ? th_metric(m, name, label) : 0;
   free(m);
-  return v;
+  return v < 0 ? 0 : v;
 }
 
 /* Waits until metric(name, label) >= want (PONGs refresh the gauges twice a second). */
@@ -115,10 +101,7 @@ static int stream_start(const char *ids, int max_tokens) {
       body, sizeof(body),
       "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}",
       ids, max_tokens);
-  int fd = th_http_connect(http_port);
-  TH_REQUIRE(fd >= 0);
-  th_http_send(fd, "POST", "/v1/completions", body);
-  return fd;
+  return th_http_post_open(http_port, "/v1/completions", body);
 }
 
 /* Waits (at most ms) until the stream on fd has sent its first token, without
@@ -508,37 +491,12 @@ TH_TEST(dp_metrics_per_replica) {
 }
 
 /* The pid of serve's child running `lmserve <role>` whose command line holds
- * `needle`, or 0 (the role is the first argument: a scheduler's command line
+ * `needle`, or -1 (the role is the first argument: a scheduler's command line
  * names the workers' endpoint too). */
 static int child_with(int parent, const char *role, const char *needle) {
   char want[64];
   snprintf(want, sizeof(want), "lmserve %s ", role);
-  DIR *d = opendir("/proc");
-  int found = 0;
-  struct dirent *de;
-  while (d && !found && (de = readdir(d))) {
-    int pid = atoi(de->d_name), ppid = 0;
-    if (pid <= 0) continue;
-    char path[64], buf[4096];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    size_t k = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[k] = 0;
-    const char *rp = strrchr(buf, ')');
-    if (!rp || sscanf(rp + 1, " %*c %d", &ppid) != 1 || ppid != parent) continue;
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
-    if (!(f = fopen(path, "r"))) continue;
-    k = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[k] = 0;
-    for (size_t i = 0; i < k; i++)
-      if (!buf[i]) buf[i] = ' ';
-    if (strstr(buf, want) && strstr(buf, needle)) found = pid;
-  }
-  if (d) closedir(d);
-  return found;
+  return th_pid_with(parent, want, needle, NULL);
 }
 
 TH_TEST(dp_serve_restarts_one_replica) {

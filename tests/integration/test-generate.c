@@ -7,33 +7,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/cm-fs.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
 static char tmp[256];
 
-static const char *tmpdir(void) {
-  if (!tmp[0]) {
-    const char *t = getenv("TMPDIR");
-    snprintf(tmp, sizeof(tmp), "%s/lmserve-gen-XXXXXX", t && *t ? t : "/tmp");
-    if (!mkdtemp(tmp)) return NULL;
-  }
-  return tmp;
-}
-
-static void cleanup(void) {
-  if (!tmp[0]) return;
-  if (cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
-}
-
 /* The test's temporary folder with name in it, in path[300]; the folder goes at exit. */
 static void tmp_path(char *path, const char *name) {
-  static int registered;
-  if (!registered++) atexit(cleanup);
-  const char *d = tmpdir();
-  TH_REQUIRE(d);
-  snprintf(path, 300, "%s/%s", d, name);
+  if (!tmp[0]) TH_REQUIRE(th_tmpdir("gen", tmp, sizeof(tmp)) == 0);
+  snprintf(path, 300, "%s/%s", tmp, name);
 }
 
 /* Runs `lmserve ARG...` (NULL-terminated) within 2 minutes: its exit code; o holds what

@@ -15,7 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/cm-fs.h"
 #include "model/md-gguf.h"
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
@@ -25,18 +24,9 @@
 
 static char tmp[256];
 
-static void cleanup(void) {
-  if (tmp[0] && cm_rmtree(tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", tmp, strerror(errno));
-}
-
 /* The test's temporary folder with name in it, in path[300]; the folder goes at exit. */
 static void tmp_path(char *path, const char *name) {
-  if (!tmp[0]) {
-    const char *t = getenv("TMPDIR");
-    snprintf(tmp, sizeof(tmp), "%s/lmserve-gguf-XXXXXX", t && *t ? t : "/tmp");
-    TH_REQUIRE(mkdtemp(tmp));
-    atexit(cleanup);
-  }
+  if (!tmp[0]) TH_REQUIRE(th_tmpdir("gguf", tmp, sizeof(tmp)) == 0);
   snprintf(path, 300, "%s/%s", tmp, name);
 }
 
@@ -57,12 +47,8 @@ static int parse_ids(const char *s, int *ids, int max) {
 
 /* Where llama.cpp is, in dir[1024]; skips the test when it is not there. */
 static void need_llamacpp(char *dir) {
-  char *ver[] = {"node", "--version", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-  free(out), free(err);
-  if (major < 18) TH_SKIP("no node 18 or newer on PATH: llama.cpp did not check the GGUF export");
+  if (th_node_major() < 18)
+    TH_SKIP("no node 18 or newer on PATH: llama.cpp did not check the GGUF export");
   const char *src = getenv("TH_SOURCE_DIR");
   char pkg[1100];
   snprintf(dir, 1024, "%s/tools/llamacpp", src ? src : ".");
@@ -321,19 +307,27 @@ TH_TEST(quantization_at_load_runs_as_the_gguf_file) {
   th_out_free(&o);
 }
 
+/* A tiny Gemma 3 (make-tiny-model --arch gemma3 --seed SEED) in the test's folder as
+ * `name`, its path in model[300]; skips the test when it has no tokenizer.json. */
+static void tiny_gemma3_with_tokenizer(char *model, const char *name, const char *seed) {
+  tmp_path(model, name);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", seed, "--out", model) == 0);
+  th_out_free(&o);
+  char tj[320];
+  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
+  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
+}
+
 /* `lmserve serve` runs a GGUF file alone (its tokenizer and chat template from the
  * metadata) and with the tokenizer of a folder (--tokenizer): the same greedy answers
  * either way. */
 TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   th_proc_init(600);
   char model[300], q[300];
-  tmp_path(model, "s3");
+  tiny_gemma3_with_tokenizer(model, "s3", "3");
   tmp_path(q, "s3-q8_0.gguf");
   struct th_out o = {0};
-  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--seed", "3", "--out", model) == 0);
-  char tj[320];
-  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
-  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
   TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
   char *answers[2][2] = {{NULL, NULL}, {NULL, NULL}};
   for (int alone = 0; alone < 2; alone++) {
@@ -373,13 +367,9 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
 TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
   th_proc_init(600);
   char model[300], g[300];
-  tmp_path(model, "t3");
+  tiny_gemma3_with_tokenizer(model, "t3", "1");
   tmp_path(g, "t3.gguf");
   struct th_out o = {0};
-  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--out", model) == 0);
-  char tj[320];
-  snprintf(tj, sizeof(tj), "%s/tokenizer.json", model);
-  if (access(tj, R_OK)) TH_SKIP("the tiny model has no tokenizer.json (run tools/setup)");
   TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
   char dir[1100];
   snprintf(dir, sizeof(dir), "%s/fixtures/tokenizer/corpus", th_tests_dir());

@@ -17,9 +17,7 @@
  *     after --max-start-failures tries with an error that says so;
  *   - SIGKILL of serve alone (not its process group) takes every child with it;
  *   - a worker whose scheduler dies ends by itself (status 1). */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -143,9 +141,7 @@ static void *call_main(void *arg) {
 static void call_start(struct call *c, int port, const char *path, const char *body) {
   memset(c, 0, sizeof(*c));
   pthread_mutex_init(&c->mu, NULL);
-  c->fd = th_http_connect(port);
-  TH_REQUIRE(c->fd >= 0);
-  th_http_send(c->fd, "POST", path, body);
+  c->fd = th_http_post_open(port, path, body);
   TH_REQUIRE(pthread_create(&c->th, NULL, call_main, c) == 0);
 }
 
@@ -215,69 +211,12 @@ static double health_until(int port, int want, double limit_s) {
   return -1;
 }
 
-/* Reads /proc/pid/cmdline with NULs as spaces; 0 or -1. */
-static int cmdline_of(int pid, char *buf, size_t size) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  ssize_t k = read(fd, buf, size - 1);
-  close(fd);
-  if (k <= 0) return -1;
-  for (ssize_t i = 0; i < k; i++)
-    if (!buf[i]) buf[i] = ' ';
-  buf[k] = 0;
-  return 0;
-}
-
-static int ppid_of(int pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return -1;
-  ssize_t k = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (k <= 0) return -1;
-  buf[k] = 0;
-  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
-  int ppid = -1;
-  char state;
-  if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2) return -1;
-  return ppid;
-}
-
 /* The pid of serve's child `lmserve ROLE` (a worker: of that --rank), or -1. */
 static int child_pid(int serve_pid, const char *role, int rank) {
-  DIR *d = opendir("/proc");
-  if (!d) return -1;
-  char want[64], rank_s[32], buf[4096];
+  char want[64], rank_s[32];
   snprintf(want, sizeof(want), "lmserve %s ", role);
   snprintf(rank_s, sizeof(rank_s), "--rank %d ", rank);
-  int found = -1;
-  struct dirent *de;
-  while ((de = readdir(d)) && found < 0) {
-    int pid = atoi(de->d_name);
-    if (pid <= 0 || ppid_of(pid) != serve_pid || cmdline_of(pid, buf, sizeof(buf))) continue;
-    if (strstr(buf, want) && (rank < 0 || strstr(buf, rank_s))) found = pid;
-  }
-  closedir(d);
-  return found;
-}
-
-/* Processes other than us whose command line mentions needle. */
-static int procs_with(const char *needle) {
-  DIR *d = opendir("/proc");
-  if (!d) return 0;
-  int n = 0;
-  char buf[4096];
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    int pid = atoi(de->d_name);
-    if (pid <= 0 || pid == getpid() || cmdline_of(pid, buf, sizeof(buf))) continue;
-    n += strstr(buf, needle) != NULL; /* a zombie's cmdline is empty */
-  }
-  closedir(d);
-  return n;
+  return th_pid_with(serve_pid, want, rank < 0 ? NULL : rank_s, NULL);
 }
 
 /* Waits until pid is no more (reaped by its parent): seconds, or -1 past limit_s. */
@@ -339,6 +278,29 @@ static void body_of(char *out, size_t size, int max_tokens, int stream) {
            max_tokens, stream ? ",\"stream\":true" : "");
 }
 
+/* A stream of 4000 tokens started on port and its first event come: the time then. */
+static double stream_running(struct call *a, int port) {
+  char body[256];
+  body_of(body, sizeof(body), 4000, 1);
+  call_start(a, port, "/v1/completions", body);
+  TH_REQUIRE(call_wait(a, 1, 30000) == 0);
+  return now_s();
+}
+
+/* `what` killed at t_kill under stream a: the stream's error, saying `says`, within 1 s
+ * and /health 503 within 2 s; the call ended. */
+static void check_cut(struct call *a, int port, double t_kill, const char *what, const char *says) {
+  double t_503 = health_until(port, 503, 2.0);
+  TH_CHECK(call_wait(a, 0, 5000) == 0);
+  double t_a = call_get(a, 0) - t_kill;
+  fprintf(stderr, "%s killed: stream error after %.3f s, /health 503 after %.3f s\n", what, t_a,
+          t_503);
+  TH_CHECK(t_a > 0 && t_a < 1.0);
+  TH_CHECK(t_503 >= 0 && t_503 < 2.0);
+  TH_CHECK(call_has(a, says));
+  call_end(a);
+}
+
 /* A request after the engine came back: 200 with its 5 tokens. */
 static void check_serves(int port) {
   char body[256], *b = NULL;
@@ -352,15 +314,8 @@ static void check_serves(int port) {
 /* waiting requests in /metrics (the engine's PONG, every 0.5 s) */
 static double metric(int port, const char *name) {
   char *b = NULL;
-  double v = -1;
-  if (th_http(port, "GET", "/metrics", NULL, 3000, &b) == 200 && b) {
-    for (const char *p = strstr(b, name); p; p = strstr(p + 1, name)) {
-      if (p > b && p[-1] != '\n') continue; /* not a HELP or TYPE line */
-      const char *sp = strchr(p, ' ');
-      if (sp) v = atof(sp + 1);
-      break;
-    }
-  }
+  double v =
+      th_http(port, "GET", "/metrics", NULL, 3000, &b) == 200 ? th_metric(b, name, NULL) : -1;
   free(b);
   return v;
 }
@@ -451,12 +406,8 @@ TH_TEST(serve_restarts_a_whole_tensor_parallel_group) {
   serve_start(&s, model(), extra);
   int r0 = child_pid(s.p.pid, "worker", 0), r1 = child_pid(s.p.pid, "worker", 1);
   TH_REQUIRE(r0 > 0 && r1 > 0);
-  char body[256];
   struct call a;
-  body_of(body, sizeof(body), 4000, 1);
-  call_start(&a, s.port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  double t_kill = now_s();
+  double t_kill = stream_running(&a, s.port);
   TH_REQUIRE(kill(r1, SIGKILL) == 0);
   TH_CHECK(call_wait(&a, 0, 5000) == 0);
   TH_CHECK(call_get(&a, 0) - t_kill < 2.0);
@@ -479,12 +430,8 @@ TH_TEST(serve_kills_a_hung_worker) {
   serve_start(&s, model(), NULL); /* heartbeats: 1 s, 3 missed */
   int w = child_pid(s.p.pid, "worker", 0);
   TH_REQUIRE(w > 0);
-  char body[256];
   struct call a;
-  body_of(body, sizeof(body), 4000, 1);
-  call_start(&a, s.port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  double t_stop = now_s();
+  double t_stop = stream_running(&a, s.port);
   TH_REQUIRE(kill(w, SIGSTOP) == 0);
   double t_gone = gone_within(w, 5.0);
   fprintf(stderr, "hung worker killed %.3f s after SIGSTOP\n", t_gone);
@@ -519,7 +466,7 @@ TH_TEST(serve_gives_up_on_a_bad_checkpoint) {
   TH_CHECK_EQ_INT(waited, 0);
   TH_CHECK(s.p.exited && WIFEXITED(s.p.status) && WEXITSTATUS(s.p.status) == 1);
   th_proc_stop(&s.p, 1000);
-  TH_CHECK_EQ_INT(procs_with(bad), 0);
+  TH_CHECK_EQ_INT(th_procs_with(bad), 0);
   TH_CHECK(drain_has(&s.log, "the engine failed 2 times in a row before it was ready"));
   TH_CHECK(drain_has(&s.log, "giving up"));
   TH_CHECK(drain_has(&s.log, "model.safetensors")); /* the worker's own reason */
@@ -572,22 +519,10 @@ TH_TEST(roles_alone_see_deaths_at_once) {
   TH_REQUIRE(health_until(port, 200, 60.0) >= 0);
 
   /* a worker dies: the scheduler's monitor fails its rank */
-  char body[256];
   struct call a;
-  body_of(body, sizeof(body), 4000, 1);
-  call_start(&a, port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  double t_kill = now_s();
+  double t_kill = stream_running(&a, port);
   th_proc_signal(&wk, SIGKILL);
-  double t_503 = health_until(port, 503, 2.0);
-  TH_CHECK(call_wait(&a, 0, 5000) == 0);
-  double t_a = call_get(&a, 0) - t_kill;
-  fprintf(stderr, "worker killed: stream error after %.3f s, /health 503 after %.3f s\n", t_a,
-          t_503);
-  TH_CHECK(t_a > 0 && t_a < 1.0);
-  TH_CHECK(t_503 >= 0 && t_503 < 2.0);
-  TH_CHECK(call_has(&a, "connection closed"));
-  call_end(&a);
+  check_cut(&a, port, t_kill, "worker", "connection closed");
   th_proc_stop(&wk, 1000);
 
   /* a new worker: service again */
@@ -597,19 +532,9 @@ TH_TEST(roles_alone_see_deaths_at_once) {
   check_serves(port);
 
   /* the scheduler dies: the frontend's monitor fails the stream (its PONG timeout is 10 s) */
-  call_start(&a, port, "/v1/completions", body);
-  TH_REQUIRE(call_wait(&a, 1, 30000) == 0);
-  t_kill = now_s();
+  t_kill = stream_running(&a, port);
   th_proc_signal(&sch, SIGKILL);
-  t_503 = health_until(port, 503, 2.0);
-  TH_CHECK(call_wait(&a, 0, 5000) == 0);
-  t_a = call_get(&a, 0) - t_kill;
-  fprintf(stderr, "scheduler killed: stream error after %.3f s, /health 503 after %.3f s\n", t_a,
-          t_503);
-  TH_CHECK(t_a > 0 && t_a < 1.0);
-  TH_CHECK(t_503 >= 0 && t_503 < 2.0);
-  TH_CHECK(call_has(&a, "connection to the scheduler closed"));
-  call_end(&a);
+  check_cut(&a, port, t_kill, "scheduler", "connection to the scheduler closed");
   /* so does the worker's: it ends, for its supervisor to start it again */
   TH_CHECK_EQ_INT(th_proc_wait(&wk2, 2000), 0);
   TH_CHECK(wk2.exited && WIFEXITED(wk2.status) && WEXITSTATUS(wk2.status) == 1);

@@ -21,44 +21,25 @@
 
 /* ---- the server under test ---------------------------------------------- */
 
+void hc_frontend_start(struct server *s, const char *url_prefix, char *const *flags) {
+  memset(s, 0, sizeof(*s));
+  TH_REQUIRE(th_proc_spawnl(&s->p, NULL, 1, flags, th_lmserve_bin(), "frontend", "--port", "0",
+                            "--served-model-name", "tiny", NULL) == 0);
+  s->port = hc_read_url_port(&s->p, url_prefix);
+}
+
 /* Starts the frontend on a free port with short limits; reads the port
  * from the "listening on http://127.0.0.1:PORT" line. */
 void hc_server_start_with(struct server *s, const char *api_key, const char *body_timeout,
                           const char *max_conns) {
-  char *argv[32];
-  int a = 0;
-  argv[a++] = th_lmserve_bin();
-  argv[a++] = "frontend";
-  argv[a++] = "--port";
-  argv[a++] = "0";
-  argv[a++] = "--served-model-name";
-  argv[a++] = "tiny";
-  argv[a++] = "--max-model-len";
-  argv[a++] = "512";
-  argv[a++] = "--max-body-size";
-  argv[a++] = "4096";
-  argv[a++] = "--max-header-size";
-  argv[a++] = "2048";
-  argv[a++] = "--max-headers";
-  argv[a++] = "20";
-  argv[a++] = "--header-timeout";
-  argv[a++] = "0.6";
-  argv[a++] = "--body-timeout";
-  argv[a++] = (char *)body_timeout;
-  argv[a++] = "--idle-timeout";
-  argv[a++] = "0.8";
-  if (api_key) {
-    argv[a++] = "--api-key";
-    argv[a++] = (char *)api_key;
-  }
-  if (max_conns) {
-    argv[a++] = "--max-connections";
-    argv[a++] = (char *)max_conns;
-  }
-  argv[a] = NULL;
-  memset(s, 0, sizeof(*s));
-  TH_REQUIRE(th_proc_spawn(&s->p, argv, NULL, 1) == 0);
-  s->port = hc_read_url_port(&s->p, "http://127.0.0.1:");
+  char *flags[24] = {"--max-model-len",   "512",  "--max-body-size", "4096",
+                     "--max-header-size", "2048", "--max-headers",   "20",
+                     "--header-timeout",  "0.6",  "--body-timeout",  (char *)body_timeout,
+                     "--idle-timeout",    "0.8"};
+  char **f = flags + 14;
+  if (api_key) *f++ = "--api-key", *f++ = (char *)api_key;
+  if (max_conns) *f++ = "--max-connections", *f++ = (char *)max_conns;
+  hc_frontend_start(s, "http://127.0.0.1:", flags);
 }
 
 int hc_read_url_port(struct th_proc *p, const char *prefix) {
@@ -84,6 +65,11 @@ void hc_server_start(struct server *s, const char *api_key) {
   hc_server_start_with(s, api_key, "0.6", NULL);
 }
 
+void hc_server_open(struct server *s, const char *api_key, struct conn *c) {
+  hc_server_start(s, api_key);
+  TH_REQUIRE(hc_conn_open(c, s->port) == 0);
+}
+
 /* Copies what the server wrote to stderr into the test's log. */
 void hc_dump_server_stderr(struct server *s) {
   size_t n = 0;
@@ -94,7 +80,7 @@ void hc_dump_server_stderr(struct server *s) {
 
 /* SIGTERM must make it drain and exit 0 promptly. */
 void hc_server_stop(struct server *s) {
-  if (th_proc_check_exit(&s->p, SIGTERM, 5000) == 1) hc_dump_server_stderr(s);
+  if (th_proc_check_exit(&s->p, SIGTERM, 5000) != 0) hc_dump_server_stderr(s);
   th_proc_stop(&s->p, 1000);
 }
 
@@ -166,18 +152,23 @@ void hc_consume(struct conn *c, size_t n) {
   c->len -= n;
 }
 
-/* Reads one response (Content-Length or chunked). Returns 0, or -1 when the
- * connection closed or timed out first. */
-int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms) {
+/* Drops the first n bytes of src's buffer. */
+static void take(const struct hc_source *src, size_t n) {
+  memmove(src->buf, src->buf + n, *src->len - n);
+  *src->len -= n;
+}
+
+int hc_parse_resp(const struct hc_source *src, struct resp *r, int timeout_ms) {
   memset(r, 0, sizeof(*r));
-  char *end;
-  while (!(end = memmem(c->buf, c->len, "\r\n\r\n", 4)))
-    if (hc_fill(c, timeout_ms) <= 0) return -1;
-  size_t hl = (size_t)(end - c->buf) + 4;
+  r->status = -1;
+  char *b = src->buf, *end;
+  while (!(end = memmem(b, *src->len, "\r\n\r\n", 4)))
+    if (src->fill(src->conn, timeout_ms) <= 0) return -1;
+  size_t hl = (size_t)(end - b) + 4;
   if (hl >= sizeof(r->head)) return -1;
-  memcpy(r->head, c->buf, hl);
+  memcpy(r->head, b, hl);
   r->head[hl] = 0;
-  hc_consume(c, hl);
+  take(src, hl);
   if (sscanf(r->head, "HTTP/1.%*d %d", &r->status) != 1) return -1;
   if (r->status == 100) return 0;
   const char *cl = hc_find_header(r, "Content-Length");
@@ -185,35 +176,44 @@ int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms) {
   if (cl) {
     size_t n = (size_t)atol(cl);
     if (n >= sizeof(r->body)) return -1;
-    while (c->len < n)
-      if (hc_fill(c, timeout_ms) <= 0) return -1;
-    memcpy(r->body, c->buf, n);
+    while (*src->len < n)
+      if (src->fill(src->conn, timeout_ms) <= 0) return -1;
+    memcpy(r->body, b, n);
     r->body_len = n;
-    hc_consume(c, n);
+    take(src, n);
   } else if (te && !strcasecmp(te, "chunked")) {
-    for (;;) {
+    for (;;) { /* chunk size line, data, CRLF; a 0 chunk ends the body */
       char *le;
-      while (!(le = memmem(c->buf, c->len, "\r\n", 2)))
-        if (hc_fill(c, timeout_ms) <= 0) return -1;
-      size_t sz = strtoul(c->buf, NULL, 16), ll = (size_t)(le - c->buf) + 2;
-      while (c->len < ll + sz + 2)
-        if (hc_fill(c, timeout_ms) <= 0) return -1;
+      while (!(le = memmem(b, *src->len, "\r\n", 2)))
+        if (src->fill(src->conn, timeout_ms) <= 0) return -1;
+      size_t sz = strtoul(b, NULL, 16), ll = (size_t)(le - b) + 2;
+      while (*src->len < ll + sz + 2)
+        if (src->fill(src->conn, timeout_ms) <= 0) return -1;
       if (r->body_len + sz >= sizeof(r->body)) return -1;
-      memcpy(r->body + r->body_len, c->buf + ll, sz);
+      memcpy(r->body + r->body_len, b + ll, sz);
       r->body_len += sz;
-      hc_consume(c, ll + sz + 2);
+      take(src, ll + sz + 2);
       if (sz == 0) break;
     }
   } else { /* delimited by close */
-    while (hc_fill(c, timeout_ms) > 0) {
+    while (src->fill(src->conn, timeout_ms) > 0) {
     }
-    size_t n = c->len < sizeof(r->body) ? c->len : sizeof(r->body) - 1;
-    memcpy(r->body, c->buf, n);
+    size_t n = *src->len < sizeof(r->body) ? *src->len : sizeof(r->body) - 1;
+    memcpy(r->body, b, n);
     r->body_len = n;
-    hc_consume(c, n);
+    take(src, n);
   }
   r->body[r->body_len] = 0;
   return 0;
+}
+
+static ssize_t fill_conn(void *c, int timeout_ms) {
+  return hc_fill(c, timeout_ms);
+}
+
+int hc_read_resp(struct conn *c, struct resp *r, int timeout_ms) {
+  struct hc_source src = {c->buf, &c->len, sizeof(c->buf), fill_conn, c};
+  return hc_parse_resp(&src, r, timeout_ms);
 }
 
 /* 1 when the server closed the connection within timeout_ms. */

@@ -21,11 +21,10 @@
 TH_TEST(http_slowloris_and_idle) {
   th_proc_init(60);
   struct server s;
-  hc_server_start(&s, NULL);
+  struct conn c;
+  hc_server_open(&s, NULL, &c);
   /* a head dribbled slower than --header-timeout 0.6 s: 408 and close,
    * even though bytes keep arriving */
-  struct conn c;
-  TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
   double t0 = hc_now_s();
   const char *part = "GET /version HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n";
   struct resp r;
@@ -141,9 +140,8 @@ TH_TEST(http_backpressure) {
 TH_TEST(http_slow_reader_dropped) {
   th_proc_init(60);
   struct server s;
-  hc_server_start(&s, NULL);
   struct conn c;
-  TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
+  hc_server_open(&s, NULL, &c);
   int rcv = 4096;
   setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
   size_t n1 = strlen(PADDED_GET), total;

@@ -21,9 +21,8 @@
 TH_TEST(http_routes_keepalive) {
   th_proc_init(60);
   struct server s;
-  hc_server_start(&s, "sekret");
   struct conn c;
-  TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
+  hc_server_open(&s, "sekret", &c);
   struct resp r;
   /* all on one keep-alive connection, good and bad requests mixed */
   TH_REQUIRE(hc_do_req(&c, GET("/health", ""), &r) == 0);
@@ -58,39 +57,40 @@ TH_TEST(http_routes_keepalive) {
   TH_CHECK(hc_find_header(&r, "Allow") && !strcmp(hc_find_header(&r, "Allow"), "GET"));
   TH_REQUIRE(hc_do_req(&c, GET("/v1/completions", KEY), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 405);
+  /* requests refused, or valid without an engine yet: their status and what their
+   * answers say */
+  static const struct {
+    const char *path, *body;
+    int status;
+    const char *says[2]; /* texts the answer holds (NULL: none) */
+  } posts[] = {
+      {"/v1/completions",
+       "{\"model\":\"tiny\",\"prompt\":\"hi\",\"top_p\":1.5}",
+       400,
+       {"\"param\":\"top_p\""}},
+      {"/v1/completions", "{\"model\":\"big\",\"prompt\":\"hi\"}", 404, {"\"code\":404", "big"}},
+      {"/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":-3}", 400},
+      {"/v1/chat/completions", "{not json", 400},
+      {"/v1/completions", "{\"prompt\":[1,2,3],\"max_tokens\":600}", 400, {"512", "603"}},
+      {"/v1/chat/completions",
+       "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}",
+       503,
+       {"engine not ready"}},
+      {"/tokenize", "{\"prompt\":\"hi\"}", 503},
+      {"/detokenize", "{\"tokens\":\"x\"}", 400},
+  };
   char req[2048];
-  hc_post(req, sizeof(req), "/v1/completions",
-          "{\"model\":\"tiny\",\"prompt\":\"hi\",\"top_p\":1.5}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 400);
-  TH_CHECK(strstr(r.body, "\"param\":\"top_p\"") != NULL);
-  hc_post(req, sizeof(req), "/v1/completions", "{\"model\":\"big\",\"prompt\":\"hi\"}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 404);
-  TH_CHECK(strstr(r.body, "\"code\":404") && strstr(r.body, "big"));
-  hc_post(req, sizeof(req), "/v1/chat/completions",
-          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":-3}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 400);
-  hc_post(req, sizeof(req), "/v1/chat/completions", "{not json");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 400);
-  hc_post(req, sizeof(req), "/v1/completions", "{\"prompt\":[1,2,3],\"max_tokens\":600}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 400);
-  TH_CHECK(strstr(r.body, "512") && strstr(r.body, "603"));
-  hc_post(
-      req, sizeof(req), "/v1/chat/completions",
-      "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 503); /* valid, but no engine yet */
-  TH_CHECK(strstr(r.body, "engine not ready") != NULL);
-  hc_post(req, sizeof(req), "/tokenize", "{\"prompt\":\"hi\"}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 503);
-  hc_post(req, sizeof(req), "/detokenize", "{\"tokens\":\"x\"}");
-  TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
-  TH_CHECK_EQ_INT(r.status, 400);
+  for (size_t i = 0; i < sizeof(posts) / sizeof(posts[0]); i++) {
+    hc_post(req, sizeof(req), posts[i].path, posts[i].body);
+    TH_REQUIRE(hc_do_req(&c, req, &r) == 0);
+    int said = 1;
+    for (int k = 0; k < 2; k++)
+      said = said && (!posts[i].says[k] || strstr(r.body, posts[i].says[k]));
+    if (r.status != posts[i].status || !said)
+      th_fail(__FILE__, __LINE__, "POST %s %s: %d %s (want %d)", posts[i].path, posts[i].body,
+              r.status, r.body, posts[i].status);
+  }
   TH_REQUIRE(hc_do_req(&c, GET("/metrics", KEY), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
   TH_CHECK(strstr(r.body, "# TYPE lmserve:prompt_tokens_total counter") != NULL);
@@ -105,9 +105,8 @@ TH_TEST(http_routes_keepalive) {
 TH_TEST(http_pipelining_and_chunked) {
   th_proc_init(60);
   struct server s;
-  hc_server_start(&s, "sekret");
   struct conn c;
-  TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
+  hc_server_open(&s, "sekret", &c);
   const char *body = "{\"prompt\":\"x\",\"n\":0}";
   char all[4096];
   int n = snprintf(
@@ -228,10 +227,9 @@ TH_TEST(http_limits) {
 TH_TEST(http_10_and_connection_close) {
   th_proc_init(60);
   struct server s;
-  hc_server_start(&s, NULL);
   struct conn c;
   struct resp r;
-  TH_REQUIRE(hc_conn_open(&c, s.port) == 0);
+  hc_server_open(&s, NULL, &c);
   TH_REQUIRE(hc_do_req(&c, "GET /version HTTP/1.0\r\n\r\n", &r) == 0);
   TH_CHECK_EQ_INT(r.status, 200);
   TH_CHECK(hc_closed_by_server(&c, 6000));

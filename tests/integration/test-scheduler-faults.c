@@ -22,11 +22,7 @@ TH_TEST(sched_worker_death_and_recovery) {
   const char *wx[] = {"--slow-ms", "3", NULL};
   struct client c;
   env_open(&e, &c, 1, NULL, wx, g_reqs, 3);
-  for (int i = 0; i < 3; i++) {
-    make_req(&g_reqs[i], 1 + (uint64_t)i, 30, 400);
-    g_reqs[i].ignore_eos = true;
-    send_add(&c, &g_reqs[i]);
-  }
+  send_reqs_ignoring_eos(&c, 3, 1, 30, 400);
   while (g_reqs[0].nout == 0)
     pump(&c, 100);
   th_proc_signal(&e.workers[0], SIGKILL);
@@ -58,9 +54,7 @@ TH_TEST(sched_worker_fail_message) {
   const char *wx[] = {"--fail-at-step", "5", NULL};
   struct client c;
   env_open(&e, &c, 1, NULL, wx, g_reqs, 2);
-  make_req(&g_reqs[0], 1, 10, 100);
-  g_reqs[0].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
+  send_reqs_ignoring_eos(&c, 1, 1, 10, 100);
   wait_done(&c, 10000);
   TH_CHECK_EQ_INT(g_reqs[0].err_code, CM_ERR_STATE);
   TH_CHECK(strstr(g_reqs[0].err, "worker rank 0 failed: injected failure") != NULL);
@@ -154,11 +148,7 @@ TH_TEST(sched_frontend_gone) {
   struct client c, g;
   env_open(&e, &c, 1, NULL, wx, g_reqs, 1);
   client_open(&e, &g, gone, 4);
-  for (int i = 0; i < 4; i++) {
-    make_req(&gone[i], 1 + (uint64_t)i, 20, 400);
-    gone[i].ignore_eos = true;
-    send_add(&g, &gone[i]);
-  }
+  send_reqs_ignoring_eos(&g, 4, 1, 20, 400);
   while (gone[3].nout == 0)
     pump(&g, 100);
   /* the frontend vanishes without ABORT: its OUTs cannot be delivered, so the

@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "common/cm-fs.h"
 #include "common/cm-time.h"
 #include "tests/harness/th.h"
 #include "tests/integration/sch-test-client.h"
@@ -20,11 +19,6 @@
 #define NGEN 8
 
 static char g_tmp[128];
-
-static void cleanup(void) {
-  if (!g_tmp[0]) return;
-  if (cm_rmtree(g_tmp) != 0) fprintf(stderr, "could not remove %s: %s\n", g_tmp, strerror(errno));
-}
 
 static void add(struct client *c, struct treq *r, float temperature, bool seeded, uint64_t seed) {
   struct pr_msg m;
@@ -52,10 +46,7 @@ static struct treq g_reqs[8];
 
 TH_TEST(sched_real_worker_greedy_and_seeded) {
   th_proc_init(280);
-  const char *t = getenv("TMPDIR");
-  snprintf(g_tmp, sizeof(g_tmp), "%s/lmserve-schw-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(g_tmp) != NULL);
-  atexit(cleanup);
+  TH_REQUIRE(th_tmpdir("schw", g_tmp, sizeof(g_tmp)) == 0);
   char model[200];
   snprintf(model, sizeof(model), "%s/m4", g_tmp);
   struct th_out o = {0};

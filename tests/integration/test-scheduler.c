@@ -138,11 +138,7 @@ TH_TEST(sched_abort_frees_everything) {
   const char *wx[] = {"--slow-ms", "3", NULL};
   struct client c;
   env_open(&e, &c, 1, NULL, wx, g_reqs, 4);
-  for (int i = 0; i < 4; i++) {
-    make_req(&g_reqs[i], 10 + (uint64_t)i, 40, 400);
-    g_reqs[i].ignore_eos = true;
-    send_add(&c, &g_reqs[i]);
-  }
+  send_reqs_ignoring_eos(&c, 4, 10, 40, 400);
   /* wait until every request has produced tokens, then abort them all */
   uint64_t end = cm_time_ns() + 10000000000ull;
   for (;;) {

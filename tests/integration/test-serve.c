@@ -5,9 +5,7 @@
  * bad request is a 400 and the server goes on serving, that chat works
  * through the model's template, and that SIGTERM stops every process. */
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -23,32 +21,6 @@
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
-/* Processes whose command line mentions `needle`, other than us. */
-static int procs_with(const char *needle) {
-  DIR *d = opendir("/proc");
-  if (!d) return 0;
-  int found = 0;
-  struct dirent *de;
-  while ((de = readdir(d))) {
-    int pid = atoi(de->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    char path[64], buf[4096];
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) continue;
-    ssize_t k = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (k <= 0) continue;
-    for (ssize_t i = 0; i < k; i++)
-      if (!buf[i]) buf[i] = ' ';
-    buf[k] = 0;
-    /* a zombie has an empty cmdline and was skipped above */
-    if (strstr(buf, needle)) found++;
-  }
-  closedir(d);
-  return found;
-}
-
 static const char *jstr(json_t *o, const char *k1, size_t i, const char *k2) {
   json_t *v = json_object_get(json_array_get(json_object_get(o, k1), i), k2);
   return json_is_string(v) ? json_string_value(v) : NULL;
@@ -60,12 +32,8 @@ TH_TEST(serve_end_to_end) {
   th_tiny_gemma4_or_skip("serve", 1, model, sizeof(model));
 
   /* the reference: offline greedy generation of the same prompt ids */
-  struct th_out o = {0};
-  TH_REQUIRE(th_lmserve(&o, 120000, "generate", "--model", model, "--prompt-ids", "2,9259,1902",
-                        "--max-tokens", "8", NULL) == 0);
   char ids[512];
-  TH_REQUIRE(sscanf(o.out, "[%511[^]]]", ids) == 1);
-  th_out_free(&o);
+  th_generate_ids(model, "2,9259,1902", "8", ids, sizeof(ids));
   int n_gen = 1;
   for (const char *p = ids; *p; p++)
     n_gen += *p == ',';
@@ -193,7 +161,7 @@ TH_TEST(serve_end_to_end) {
   /* SIGTERM: everything stops, nothing is left */
   th_proc_check_exit(&p, SIGTERM, 60000);
   int left = 0;
-  for (int i = 0; i < 50 && (left = procs_with(model)) != 0; i++)
+  for (int i = 0; i < 50 && (left = th_procs_with(model)) != 0; i++)
     usleep(100000);
   TH_CHECK_EQ_INT(left, 0);
   th_proc_stop(&p, 1000);

@@ -40,15 +40,11 @@ static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 4242;
   for (int i = 0; i < n; i++) {
     int len = 4 + (i * 31) % 87;
-    char *p = jobs[i].body;
-    size_t cap = sizeof(jobs[i].body);
-    int o = th_job_prompt(&jobs[i], len, &x);
     const char *c = constraints[i % 6];
     const char *samp = i % 2 ? "\"temperature\":0.9,\"seed\":7,\"logprobs\":1"
                              : "\"temperature\":0,\"logprobs\":1";
-    snprintf(p + o, cap - (size_t)o, "],\"max_tokens\":%d,%s%s%s,\"stream\":false}", GEN, samp,
-             c ? "," : "", c ? c : "");
-    jobs[i].answer = NULL;
+    th_job_make(&jobs[i], len, &x, "\"max_tokens\":%d,%s%s%s,\"stream\":false", GEN, samp,
+                c ? "," : "", c ? c : "");
   }
 }
 
@@ -62,13 +58,7 @@ static void answers(struct th_job *jobs, const char *model, char *const *flags) 
   TH_REQUIRE(port > 0);
   th_http_run_jobs(jobs, NREQ, port);
   th_proc_stop(&p, 20000);
-  for (int i = 0; i < NREQ; i++) {
-    if (jobs[i].status != 200)
-      fprintf(stderr, "request %d: %d %s\n", i, jobs[i].status,
-              jobs[i].answer ? jobs[i].answer : "");
-    TH_CHECK_EQ_INT(jobs[i].status, 200);
-    TH_REQUIRE(jobs[i].answer != NULL);
-  }
+  th_jobs_check_answered(jobs, NREQ);
 }
 
 /* An answer without its logprobs (canonical JSON, malloc'd). */

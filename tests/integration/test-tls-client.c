@@ -153,49 +153,13 @@ static int fill(struct tt_conn *c, double end) {
   return e == SSL_ERROR_ZERO_RETURN || e == SSL_ERROR_SYSCALL ? 0 : -1;
 }
 
-static void consume(struct tt_conn *c, size_t n) {
-  memmove(c->buf, c->buf + n, c->len - n);
-  c->len -= n;
+static ssize_t fill_for(void *c, int timeout_ms) {
+  return fill(c, tt_now_s() + timeout_ms / 1000.0);
 }
 
-int tt_read_resp(struct tt_conn *c, struct tt_resp *r, int timeout_ms) {
-  double end = tt_now_s() + timeout_ms / 1000.0;
-  memset(r, 0, sizeof(*r));
-  r->status = -1;
-  char *eoh;
-  while (!(c->len && (eoh = memmem(c->buf, c->len, "\r\n\r\n", 4))))
-    if (fill(c, end) <= 0) return -1;
-  size_t hl = (size_t)(eoh - c->buf) + 4;
-  if (hl >= sizeof(r->head)) return -1;
-  memcpy(r->head, c->buf, hl);
-  r->head[hl] = 0;
-  consume(c, hl);
-  if (sscanf(r->head, "HTTP/1.%*d %d", &r->status) != 1) return -1;
-  const char *cl = strcasestr(r->head, "\r\nContent-Length:");
-  if (cl) {
-    size_t want = strtoul(cl + 17, NULL, 10);
-    if (want >= sizeof(r->body)) return -1;
-    while (c->len < want)
-      if (fill(c, end) <= 0) return -1;
-    memcpy(r->body, c->buf, want);
-    r->body_len = want;
-    consume(c, want);
-    return 0;
-  }
-  if (!strcasestr(r->head, "chunked")) return -1;
-  for (;;) { /* chunk size line, data, CRLF; a 0 chunk ends the body */
-    char *nl;
-    while (!(c->len && (nl = memmem(c->buf, c->len, "\r\n", 2))))
-      if (fill(c, end) <= 0) return -1;
-    size_t sz = strtoul(c->buf, NULL, 16), sl = (size_t)(nl - c->buf) + 2;
-    while (c->len < sl + sz + 2)
-      if (fill(c, end) <= 0) return -1;
-    if (r->body_len + sz >= sizeof(r->body)) return -1;
-    memcpy(r->body + r->body_len, c->buf + sl, sz);
-    r->body_len += sz;
-    consume(c, sl + sz + 2);
-    if (sz == 0) return 0;
-  }
+int tt_read_resp(struct tt_conn *c, struct resp *r, int timeout_ms) {
+  struct hc_source src = {c->buf, &c->len, sizeof(c->buf), fill_for, c};
+  return hc_parse_resp(&src, r, timeout_ms);
 }
 
 int tt_closed_by_server(struct tt_conn *c, int timeout_ms) {

@@ -8,6 +8,8 @@
 #include <openssl/ssl.h>
 #include <stddef.h>
 
+#include "tests/integration/test-http-client.h"
+
 /* the files tt_make_pki writes into dir */
 struct tt_pki {
   char ca[300];                     /* ca.pem: the CA the server and clients trust */
@@ -29,22 +31,14 @@ struct tt_conn {
   size_t len;
 };
 
-/* one parsed answer (chunked bodies de-chunked) */
-struct tt_resp {
-  int status;
-  char head[4096];
-  char body[1 << 16];
-  size_t body_len;
-};
-
 /* Connects to 127.0.0.1:port and completes the handshake, verifying the
  * server against ca; cert/key (or NULL) are the client's. Returns 0, or -1
  * (everything released). */
 int tt_open(struct tt_conn *c, int port, const char *ca, const char *cert, const char *key);
 void tt_close(struct tt_conn *c);
 int tt_send(struct tt_conn *c, const char *s);
-/* Reads one answer within timeout_ms: 0, or -1 (closed, error, timeout). */
-int tt_read_resp(struct tt_conn *c, struct tt_resp *r, int timeout_ms);
+/* hc_parse_resp from c: 0, or -1 (closed, error, timeout). */
+int tt_read_resp(struct tt_conn *c, struct resp *r, int timeout_ms);
 /* 1 when the server closes the connection (TLS or TCP) within timeout_ms
  * without sending more data. */
 int tt_closed_by_server(struct tt_conn *c, int timeout_ms);

@@ -30,25 +30,16 @@ static void make_pki(void) {
 }
 
 /* `lmserve frontend` on a free port over HTTPS with short limits (header
- * timeout 0.6 s, idle 0.8 s) and the extra flags (NULL-terminated). */
+ * timeout 0.6 s, idle 0.8 s), with --ssl-ca-certs ca and --max-connections
+ * max_conns when given. */
 static void start(struct server *s, const char *ca, const char *max_conns) {
-  char *argv[40] = {th_lmserve_bin(),      "frontend",   "--port",           "0",
-                    "--served-model-name", "tiny",       "--ssl-keyfile",    pki.srv_key,
-                    "--ssl-certfile",      pki.srv_cert, "--header-timeout", "0.6",
-                    "--idle-timeout",      "0.8",        "--body-timeout",   "0.6"};
-  int a = 16;
-  if (ca) {
-    argv[a++] = "--ssl-ca-certs";
-    argv[a++] = (char *)ca;
-  }
-  if (max_conns) {
-    argv[a++] = "--max-connections";
-    argv[a++] = (char *)max_conns;
-  }
-  argv[a] = NULL;
-  memset(s, 0, sizeof(*s));
-  TH_REQUIRE(th_proc_spawn(&s->p, argv, NULL, 1) == 0);
-  s->port = hc_read_url_port(&s->p, "https://127.0.0.1:");
+  char *flags[16] = {"--ssl-keyfile",    pki.srv_key, "--ssl-certfile", pki.srv_cert,
+                     "--header-timeout", "0.6",       "--idle-timeout", "0.8",
+                     "--body-timeout",   "0.6"};
+  char **f = flags + 10;
+  if (ca) *f++ = "--ssl-ca-certs", *f++ = (char *)ca;
+  if (max_conns) *f++ = "--max-connections", *f++ = (char *)max_conns;
+  hc_frontend_start(s, "https://127.0.0.1:", flags);
 }
 
 /* The server's stderr so far (malloc'd). */
@@ -58,20 +49,10 @@ static char *server_log(struct server *s) {
   return e ? e : strdup("");
 }
 
-/* SIGTERM: drains and exits 0. */
-static void stop(struct server *s) {
-  if (th_proc_check_exit(&s->p, SIGTERM, 5000) != 0) {
-    char *e = server_log(s);
-    fprintf(stderr, "---- server stderr ----\n%s\n", e);
-    free(e);
-  }
-  th_proc_stop(&s->p, 1000);
-}
-
 /* A fresh HTTPS connection gets /v1/models. */
 static void check_alive(struct server *s, const char *cert, const char *key) {
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   TH_REQUIRE(tt_open(&c, s->port, pki.ca, cert, key) == 0);
   TH_REQUIRE(tt_send(&c, MODELS) == 0);
   TH_REQUIRE(tt_read_resp(&c, &r, 5000) == 0);
@@ -86,7 +67,7 @@ TH_TEST(tls_keepalive_and_pipelining) {
   struct server s;
   start(&s, NULL, NULL);
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   TH_REQUIRE(tt_open(&c, s.port, pki.ca, NULL, NULL) == 0);
   /* keep-alive: several requests, one connection */
   for (int i = 0; i < 5; i++) {
@@ -128,7 +109,7 @@ TH_TEST(tls_keepalive_and_pipelining) {
   /* a client that does not trust the server's CA gives up */
   TH_CHECK(tt_open(&c, s.port, pki.other_ca, NULL, NULL) != 0);
   check_alive(&s, NULL, NULL);
-  stop(&s);
+  hc_server_stop(&s);
 }
 
 /* The hostile clients of test-http-limits.c, over TLS. */
@@ -191,7 +172,7 @@ TH_TEST(tls_hostile_clients) {
   close(fd);
   /* slowloris head after the handshake: 408 over TLS, then closed */
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   TH_REQUIRE(tt_open(&c, s.port, pki.ca, NULL, NULL) == 0);
   const char *part = "GET /version HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n";
   int answered = 0;
@@ -242,7 +223,7 @@ TH_TEST(tls_client_certificates) {
   struct server s;
   start(&s, pki.ca, NULL);
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   /* no certificate: refused (under TLS 1.3 the client learns it on its
    * first read) */
   int ok = tt_open(&c, s.port, pki.ca, NULL, NULL) == 0 && tt_send(&c, MODELS) == 0 &&
@@ -260,36 +241,35 @@ TH_TEST(tls_client_certificates) {
   TH_CHECK(strstr(log, "client sent no certificate") != NULL);
   TH_CHECK(strstr(log, "client certificate:") != NULL);
   free(log);
-  stop(&s);
+  hc_server_stop(&s);
 }
 
 /* Bad files are configuration errors (exit 2) with the reason. */
 TH_TEST(tls_config_errors) {
   th_proc_init(120);
   make_pki();
-  struct th_out o = {0};
-  TH_CHECK_EQ_INT(
-      th_lmserve(&o, 20000, "frontend", "--port", "0", "--ssl-keyfile", pki.srv_key, NULL), 2);
-  TH_CHECK(o.err && strstr(o.err, "needs both --ssl-keyfile and --ssl-certfile"));
-  TH_CHECK_EQ_INT(th_lmserve(&o, 20000, "frontend", "--port", "0", "--ssl-keyfile",
-                             "/nonexistent/key.pem", "--ssl-certfile", pki.srv_cert, NULL),
-                  2);
-  TH_CHECK(o.err && strstr(o.err, "--ssl-keyfile /nonexistent/key.pem"));
-  TH_CHECK_EQ_INT(th_lmserve(&o, 20000, "frontend", "--port", "0", "--ssl-keyfile", pki.srv_key,
-                             "--ssl-certfile", "/nonexistent/cert.pem", NULL),
-                  2);
-  TH_CHECK(o.err && strstr(o.err, "--ssl-certfile /nonexistent/cert.pem"));
-  TH_CHECK_EQ_INT(th_lmserve(&o, 20000, "frontend", "--port", "0", "--ssl-keyfile", pki.cli_key,
-                             "--ssl-certfile", pki.srv_cert, NULL),
-                  2);
-  TH_CHECK(o.err && strstr(o.err, "does not match"));
-  TH_CHECK_EQ_INT(th_lmserve(&o, 20000, "frontend", "--port", "0", "--ssl-keyfile", pki.srv_key,
-                             "--ssl-certfile", pki.srv_cert, "--ssl-ca-certs", pki.srv_key, NULL),
-                  2);
-  TH_CHECK(o.err && strstr(o.err, "--ssl-ca-certs"));
-  TH_CHECK_EQ_INT(th_lmserve(&o, 20000, "serve", "--port", "1", "--ssl-keyfile", pki.cli_key,
-                             "--ssl-certfile", pki.srv_cert, NULL),
-                  2);
-  TH_CHECK(o.err && strstr(o.err, "does not match"));
-  th_out_free(&o);
+  const struct th_refusal cases[] = {
+      {{"frontend", "--port", "0", "--ssl-keyfile", pki.srv_key},
+       2,
+       "needs both --ssl-keyfile and --ssl-certfile"},
+      {{"frontend", "--port", "0", "--ssl-keyfile", "/nonexistent/key.pem", "--ssl-certfile",
+        pki.srv_cert},
+       2,
+       "--ssl-keyfile /nonexistent/key.pem"},
+      {{"frontend", "--port", "0", "--ssl-keyfile", pki.srv_key, "--ssl-certfile",
+        "/nonexistent/cert.pem"},
+       2,
+       "--ssl-certfile /nonexistent/cert.pem"},
+      {{"frontend", "--port", "0", "--ssl-keyfile", pki.cli_key, "--ssl-certfile", pki.srv_cert},
+       2,
+       "does not match"},
+      {{"frontend", "--port", "0", "--ssl-keyfile", pki.srv_key, "--ssl-certfile", pki.srv_cert,
+        "--ssl-ca-certs", pki.srv_key},
+       2,
+       "--ssl-ca-certs"},
+      {{"serve", "--port", "1", "--ssl-keyfile", pki.cli_key, "--ssl-certfile", pki.srv_cert},
+       2,
+       "does not match"},
+  };
+  th_lmserve_refusals(cases, sizeof(cases) / sizeof(cases[0]), 20000);
 }

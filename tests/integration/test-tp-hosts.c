@@ -331,15 +331,7 @@ static int client_connect(const char *addr, int port) {
  * *out (malloc'd, always set). */
 static int request(const char *addr, int port, const char *method, const char *path,
                    const char *body, int timeout_ms, char **out) {
-  int fd = client_connect(addr, port);
-  if (fd < 0) {
-    *out = calloc(1, 1);
-    return -1;
-  }
-  th_http_send(fd, method, path, body);
-  int st = th_http_read(fd, timeout_ms, out);
-  close(fd);
-  return st;
+  return th_http_on(client_connect(addr, port), method, path, body, timeout_ms, out);
 }
 
 /* Polls /health until 200 or timeout_s; the last status. */

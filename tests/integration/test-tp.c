@@ -5,8 +5,6 @@
  * near-tie of size 1's logprobs, and logprobs within 0.02 before that); and a rank
  * killed mid-request: the stream ends with an error within 2 s, /health stops
  * answering 200, and the other rank exits instead of waiting forever. */
-#include <dirent.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -216,31 +214,6 @@ TH_TEST(tp_speculative_size_2_matches_1) {
   check_sizes("gemma4+mtp", g4, asst, 2);
 }
 
-/* The pid of the process whose command line holds both needles, or -1. */
-static int pid_with(const char *a, const char *b) {
-  DIR *d = opendir("/proc");
-  if (!d) return -1;
-  int found = -1;
-  struct dirent *de;
-  while (found < 0 && (de = readdir(d))) {
-    int pid = atoi(de->d_name);
-    if (pid <= 0 || pid == getpid()) continue;
-    char path[64], buf[8192];
-    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) continue;
-    ssize_t k = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (k <= 0) continue;
-    for (ssize_t i = 0; i < k; i++)
-      if (!buf[i]) buf[i] = ' ';
-    buf[k] = 0;
-    if (strstr(buf, a) && strstr(buf, b)) found = pid;
-  }
-  closedir(d);
-  return found;
-}
-
 static int alive(int pid) {
   char path[64], st[512] = "";
   snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -259,13 +232,11 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
   if (mk) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
   struct server s;
   TH_REQUIRE(start(&s, g4, 2, NULL) == 0);
-  int r0 = pid_with("--rank 0", g4), r1 = pid_with("--rank 1", g4);
+  int r0 = th_pid_with(0, "--rank 0", g4, NULL), r1 = th_pid_with(0, "--rank 1", g4, NULL);
   TH_REQUIRE(r0 > 0 && r1 > 0);
-  int fd = th_http_connect(s.port);
-  TH_REQUIRE(fd >= 0);
-  th_http_send(fd, "POST", "/v1/completions",
-               "{\"prompt\":[2,9259,1902],\"max_tokens\":6000,\"temperature\":0,"
-               "\"ignore_eos\":true,\"stream\":true}");
+  int fd = th_http_post_open(s.port, "/v1/completions",
+                             "{\"prompt\":[2,9259,1902],\"max_tokens\":6000,\"temperature\":0,"
+                             "\"ignore_eos\":true,\"stream\":true}");
   /* the stream is running: some tokens have come */
   char buf[65536];
   size_t got = 0;
@@ -323,7 +294,7 @@ TH_TEST(tp_rank_killed_mid_request_fails_fast) {
     usleep(50000);
   TH_CHECK(!alive(r0));
   stop(&s);
-  TH_CHECK(pid_with("--rank", g4) < 0);
+  TH_CHECK(th_pid_with(0, "--rank", g4, NULL) < 0);
 }
 
 /* Start-up refusals: a size that cannot split the heads, a size over the limit, and

@@ -9,25 +9,14 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "common/cm-fs.h"
 #include "common/cm-time.h"
 #include "tests/harness/th.h"
 
 static char g_tmp[256];
 
-static void cleanup(void) {
-  if (!g_tmp[0]) return;
-  if (cm_rmtree(g_tmp)) fprintf(stderr, "cleanup of %s failed: %s\n", g_tmp, strerror(errno));
-}
-
 int wts_model(struct wts *w, const char *arch, const char *name) {
   memset(w, 0, sizeof(*w));
-  if (!g_tmp[0]) {
-    const char *t = getenv("TMPDIR");
-    snprintf(g_tmp, sizeof(g_tmp), "%s/lmserve-wk-XXXXXX", t && *t ? t : "/tmp");
-    if (!mkdtemp(g_tmp)) return -1;
-    atexit(cleanup);
-  }
+  if (!g_tmp[0] && th_tmpdir("wk", g_tmp, sizeof(g_tmp))) return -1;
   snprintf(w->model, sizeof(w->model), "%s/%s", g_tmp, name);
   snprintf(w->endpoint, sizeof(w->endpoint), "ipc://%s/%s.sock", g_tmp, name);
   struct th_out o = {0};

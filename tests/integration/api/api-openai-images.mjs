@@ -8,6 +8,8 @@ import { test } from 'node:test';
 
 import OpenAI from 'openai';
 
+import { streamChat } from './api-stream.mjs';
+
 const baseURL = process.env.LMSERVE_URL;
 const model = process.env.LMSERVE_MODEL;
 const image0 = process.env.LMSERVE_IMAGE0;
@@ -37,16 +39,9 @@ test('chat.completions.create with two images', async () => {
 });
 
 test('streamed, with usage', async () => {
-  const stream = await client.chat.completions.create({
-    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true, stream: true,
-    stream_options: { include_usage: true },
+  const { text, usage } = await streamChat(client, {
+    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
   });
-  let text = '';
-  let usage = null;
-  for await (const chunk of stream) {
-    if (chunk.choices.length) text += chunk.choices[0].delta.content ?? '';
-    if (chunk.usage) usage = chunk.usage;
-  }
   assert.equal(text, expect);
   assert.equal(usage.completion_tokens, 8);
 });

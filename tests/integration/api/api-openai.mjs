@@ -9,6 +9,8 @@ import { test } from 'node:test';
 
 import OpenAI from 'openai';
 
+import { streamChat } from './api-stream.mjs';
+
 const baseURL = process.env.LMSERVE_URL;
 const apiKey = process.env.LMSERVE_KEY;
 const model = process.env.LMSERVE_MODEL;
@@ -56,25 +58,7 @@ test('chat.completions.create', async () => {
 test('chat streamed with usage equals the non-streamed greedy answer', async () => {
   const req = { model, messages, max_tokens: 8, temperature: 0, ignore_eos: true };
   const whole = await client.chat.completions.create(req);
-  const stream = await client.chat.completions.create({
-    ...req, stream: true, stream_options: { include_usage: true },
-  });
-  let text = '';
-  let usage = null;
-  let chunks = 0;
-  let finish = null;
-  for await (const chunk of stream) {
-    chunks++;
-    assert.equal(chunk.object, 'chat.completion.chunk');
-    if (chunk.usage) {
-      assert.equal(chunk.choices.length, 0);
-      usage = chunk.usage;
-      continue;
-    }
-    assert.equal(usage, null, 'usage comes last');
-    text += chunk.choices[0].delta.content ?? '';
-    finish = chunk.choices[0].finish_reason ?? finish;
-  }
+  const { text, usage, finish, chunks } = await streamChat(client, req);
   assert.ok(chunks >= 3);
   assert.equal(text, whole.choices[0].message.content);
   assert.equal(finish, 'length');

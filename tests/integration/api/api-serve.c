@@ -16,36 +16,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common/cm-fs.h"
 #include "tests/harness/th-http.h"
+#include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
 #define AS_POLL_MS  180000 /* longest silence an answer may have */
-#define AS_MAX_DIRS 8
-
-static char g_dirs[AS_MAX_DIRS][256];
-
-static void remove_dirs(void) {
-  for (int i = 0; i < AS_MAX_DIRS; i++) {
-    if (!g_dirs[i][0]) continue;
-    if (cm_rmtree(g_dirs[i]))
-      fprintf(stderr, "api-serve: could not remove %s: %s\n", g_dirs[i], strerror(errno));
-  }
-}
-
 /* ---- the model and the server ---------------------------------------------- */
 
 static void make_model(struct as_server *s, int max_pos) {
-  static int registered;
-  if (!registered++) atexit(remove_dirs);
-  const char *t = getenv("TMPDIR");
-  snprintf(s->dir, sizeof(s->dir), "%s/lmserve-api-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(s->dir) != NULL);
-  for (int i = 0; i < AS_MAX_DIRS; i++)
-    if (!g_dirs[i][0]) {
-      snprintf(g_dirs[i], sizeof(g_dirs[i]), "%s", s->dir);
-      break;
-    }
+  TH_REQUIRE(th_tmpdir("api", s->dir, sizeof(s->dir)) == 0);
   snprintf(s->model, sizeof(s->model), "%s/m", s->dir);
   snprintf(s->log, sizeof(s->log), "%s/serve.log", s->dir);
   struct th_out o = {0};

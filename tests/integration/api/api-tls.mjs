@@ -8,6 +8,8 @@ import { test } from 'node:test';
 
 import OpenAI from 'openai';
 
+import { streamChat } from './api-stream.mjs';
+
 const baseURL = process.env.LMSERVE_URL;
 const apiKey = process.env.LMSERVE_KEY;
 const model = process.env.LMSERVE_MODEL;
@@ -35,17 +37,7 @@ test('completions.create over HTTPS', async () => {
 test('chat streamed over HTTPS equals the non-streamed greedy answer', async () => {
   const req = { model, messages, max_tokens: 8, temperature: 0, ignore_eos: true };
   const whole = await client.chat.completions.create(req);
-  const stream = await client.chat.completions.create({
-    ...req, stream: true, stream_options: { include_usage: true },
-  });
-  let text = '';
-  let usage = null;
-  let chunks = 0;
-  for await (const chunk of stream) {
-    chunks++;
-    if (chunk.choices.length) text += chunk.choices[0].delta.content ?? '';
-    if (chunk.usage) usage = chunk.usage;
-  }
+  const { text, usage, chunks } = await streamChat(client, req);
   assert.ok(chunks >= 2);
   assert.equal(text, whole.choices[0].message.content);
   assert.equal(usage.completion_tokens, 8);

@@ -230,9 +230,7 @@ static void refused(const struct as_server *s, const char *body, const char *par
 TH_TEST(images_through_the_api) {
   th_proc_init(900);
   char media[300];
-  const char *tmp = getenv("TMPDIR");
-  snprintf(media, sizeof(media), "%s/lmserve-media-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  TH_REQUIRE(mkdtemp(media) != NULL);
+  TH_REQUIRE(th_tmpdir("media", media, sizeof(media)) == 0);
 
   struct as_server a = {.vision = 1}, b = {.vision = 1};
   as_start(&a, 0, (char *[]){"--allowed-local-media-path", media, NULL});
@@ -407,16 +405,9 @@ TH_TEST(images_through_the_api) {
 
   /* the official client (node + node_modules/openai), when present */
   {
-    char *ver[] = {"node", "--version", NULL};
-    char *out = NULL, *err = NULL;
-    int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-    int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-    free(out), free(err);
-    const char *src = getenv("TH_SOURCE_DIR");
-    char pkg[1024], script[1024];
-    snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
+    char script[1024];
     snprintf(script, sizeof(script), "%s/integration/api/api-openai-images.mjs", th_tests_dir());
-    if (major < 20 || access(pkg, R_OK) != 0) {
+    if (th_node_major() < 20 || !th_npm_has("openai")) {
       fprintf(stderr, "SKIP (loudly): node >= 20 or node_modules/openai missing: the openai "
                       "client's image request did not run\n");
     } else {
@@ -432,12 +423,7 @@ TH_TEST(images_through_the_api) {
       TH_REQUIRE(u0_env != NULL);
       sprintf(u0_env, "LMSERVE_IMAGE0=%s", u0);
       char *env[] = {e_url, e_img, img_env, u0_env, e_text, "NO_COLOR=1", NULL};
-      char *argv[] = {"node", "--test-reporter=spec", script, NULL};
-      struct th_proc node;
-      TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
-      TH_CHECK_EQ_INT(th_proc_wait(&node, 300000), 0);
-      TH_CHECK(node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) == 0);
-      th_proc_stop(&node, 1000);
+      th_node_test(script, env, 300000);
       free(img_env);
       free(u0_env);
     }

@@ -23,20 +23,14 @@
  * node_modules/openai. */
 static void run_script_on(const char *script_name, const char *max_len, int gemma4_chat) {
   th_proc_init(900);
-  char *ver[] = {"node", "--version", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-  free(out), free(err);
-  if (rc != 0) TH_SKIP("no `node` on PATH: the openai client conformance test did not run");
+  int major = th_node_major();
+  if (!major) TH_SKIP("no `node` on PATH: the openai client conformance test did not run");
   if (major < 18) TH_SKIP("node older than 18: the openai client conformance test did not run");
-  const char *src = getenv("TH_SOURCE_DIR");
-  char pkg[1024], script[1024];
-  snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
-  snprintf(script, sizeof(script), "%s/integration/api/%s", th_tests_dir(), script_name);
-  if (access(pkg, R_OK) != 0)
+  if (!th_npm_has("openai"))
     TH_SKIP("node_modules/openai is missing (run tools/setup): the openai client conformance "
             "test did not run");
+  char script[1024];
+  snprintf(script, sizeof(script), "%s/integration/api/%s", th_tests_dir(), script_name);
   TH_REQUIRE(access(script, R_OK) == 0);
 
   struct as_server s = {.api_key = KEY, .gemma4_chat = gemma4_chat};
@@ -49,19 +43,7 @@ static void run_script_on(const char *script_name, const char *max_len, int gemm
   snprintf(len, sizeof(len), "LMSERVE_MAX_LEN=%s", max_len);
   char *env[] = {url, key, model, len, "NO_COLOR=1", NULL};
   /* node's output goes straight into the test log */
-  char *argv[] = {"node", "--test-reporter=spec", script, NULL};
-  if (major < 20) { /* no --test-reporter before node 18.15: TAP */
-    argv[1] = script;
-    argv[2] = NULL;
-  }
-  struct th_proc node;
-  TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
-  rc = th_proc_wait(&node, 600000);
-  TH_CHECK_EQ_INT(rc, 0);
-  TH_CHECK(node.exited && WIFEXITED(node.status));
-  if (node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) != 0)
-    th_fail(__FILE__, __LINE__, "%s failed (exit %d)", script_name, WEXITSTATUS(node.status));
-  th_proc_stop(&node, 1000);
+  th_node_test(script, env, 600000);
   as_stop(&s);
 }
 

@@ -18,12 +18,12 @@
 #include "tests/integration/api/api-serve.h"
 #include "tests/integration/test-tls-client.h"
 
-#define KEY  "tls-test-key"
+#define API_KEY "tls-test-key"
 #define NAME "tiny"
 
 static char *post(char *out, size_t size, const char *path, const char *body) {
   snprintf(out, size,
-           "POST %s HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " KEY
+           "POST %s HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " API_KEY
            "\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
            path, strlen(body), body);
   return out;
@@ -31,16 +31,9 @@ static char *post(char *out, size_t size, const char *path, const char *body) {
 
 /* Node and the openai package, or a reason to skip. */
 static const char *node_missing(void) {
-  char *ver[] = {"node", "--version", NULL};
-  char *out = NULL, *err = NULL;
-  int rc = th_run(ver, NULL, NULL, 0, 60000, &out, &err);
-  int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
-  free(out), free(err);
-  if (major < 18) return "no node 18 or newer on PATH: the openai client over HTTPS did not run";
-  const char *src = getenv("TH_SOURCE_DIR");
-  char pkg[1024];
-  snprintf(pkg, sizeof(pkg), "%s/node_modules/openai/package.json", src ? src : ".");
-  if (access(pkg, R_OK) != 0)
+  if (th_node_major() < 18)
+    return "no node 18 or newer on PATH: the openai client over HTTPS did not run";
+  if (!th_npm_has("openai"))
     return "node_modules/openai is missing (run tools/setup): the openai client over HTTPS did "
            "not run";
   return NULL;
@@ -51,7 +44,7 @@ static const char *node_missing(void) {
 static int health(const struct as_server *s, const struct tt_pki *pki, const char *cert,
                   const char *key) {
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   if (tt_open(&c, s->port, pki->ca, cert, key) != 0) return -1;
   int ok = tt_send(&c, "GET /health HTTP/1.1\r\nHost: t\r\n\r\n") == 0 &&
            tt_read_resp(&c, &r, 10000) == 0;
@@ -66,7 +59,7 @@ static void start(struct as_server *s, struct tt_pki *pki, const char *name, int
   TH_REQUIRE(th_tmpdir(name, dir, sizeof(dir)) == 0);
   tt_make_pki(dir, pki);
   memset(s, 0, sizeof(*s));
-  s->api_key = KEY;
+  s->api_key = API_KEY;
   /* without client certificates the list ends before --ssl-ca-certs */
   as_start(s, 0,
            (char *[]){"--served-model-name", NAME, "--max-model-len", "256", "--ssl-keyfile",
@@ -80,7 +73,7 @@ TH_TEST(api_tls_sse_and_openai_client) {
   struct as_server s;
   start(&s, &pki, "api-tls", 0);
   struct tt_conn c;
-  struct tt_resp r;
+  struct resp r;
   char req[1024];
   TH_CHECK_EQ_INT(health(&s, &pki, NULL, NULL), 200);
   TH_REQUIRE(tt_open(&c, s.port, pki.ca, NULL, NULL) == 0);
@@ -111,17 +104,12 @@ TH_TEST(api_tls_sse_and_openai_client) {
   if (!why) {
     char url[96], key[64], model[64], ca[340], script[1024];
     snprintf(url, sizeof(url), "LMSERVE_URL=https://localhost:%d/v1", s.port);
-    snprintf(key, sizeof(key), "LMSERVE_KEY=%s", KEY);
+    snprintf(key, sizeof(key), "LMSERVE_KEY=%s", API_KEY);
     snprintf(model, sizeof(model), "LMSERVE_MODEL=%s", NAME);
     snprintf(ca, sizeof(ca), "NODE_EXTRA_CA_CERTS=%s", pki.ca);
     snprintf(script, sizeof(script), "%s/integration/api/api-tls.mjs", th_tests_dir());
     char *env[] = {url, key, model, ca, "NO_COLOR=1", NULL};
-    char *argv[] = {"node", "--test-reporter=spec", script, NULL};
-    struct th_proc node;
-    TH_REQUIRE(th_proc_spawn(&node, argv, env, 0) == 0);
-    TH_CHECK_EQ_INT(th_proc_wait(&node, 600000), 0);
-    TH_CHECK(node.exited && WIFEXITED(node.status) && WEXITSTATUS(node.status) == 0);
-    th_proc_stop(&node, 1000);
+    th_node_test(script, env, 600000);
   }
   as_stop(&s);
   if (why) TH_SKIP(why);

@@ -99,24 +99,6 @@ static void srv_stop(struct srv *s) {
   th_proc_stop(&s->p, 20000);
 }
 
-/* The sum of the series of `name` (whose labels contain `label` when given);
- * -1 when there is none. */
-static double metric(const char *text, const char *name, const char *label) {
-  double total = -1;
-  size_t nl = strlen(name);
-  for (const char *p = text; p && *p;) {
-    const char *eol = strchr(p, '\n');
-    if (*p != '#' && !strncmp(p, name, nl) && (p[nl] == ' ' || p[nl] == '{')) {
-      const char *v = p + nl, *end = p[nl] == '{' ? strchr(p + nl, '}') : v;
-      const char *l = label ? strstr(p + nl, label) : NULL;
-      if (end && (!label || (l && l < end)))
-        total = (total < 0 ? 0 : total) + strtod(end + (end == v ? 0 : 1), NULL);
-    }
-    p = eol ? eol + 1 : NULL;
-  }
-  return total;
-}
-
 /* The engine's gauges and spec_decode_* counters reach /metrics with the
  * scheduler's PONG, every 500 ms: once the answers are in, waits (up to 30 s)
  * until no request runs, the KV pool is empty and those values have stayed
@@ -143,7 +125,7 @@ static char *wait_idle(struct srv *s, int *idle) {
     if (th_http(s->port, "GET", "/metrics", NULL, 240000, &m) != 200) continue;
     double v[NN];
     for (int j = 0; j < NN; j++)
-      v[j] = metric(m, names[j], NULL);
+      v[j] = th_metric(m, names[j], NULL);
     int zero = v[0] == 0 && v[1] == 0 && v[2] == 0;
     if (zero && have_prev && !memcmp(v, prev, sizeof(v))) {
       *idle = 1;
@@ -177,22 +159,18 @@ static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 12345;
   for (int i = 0; i < n; i++) {
     int len = 3 + (i * 37) % 150, max_tokens = GEN_MIN + (i * 7) % GEN_SPAN;
-    char *p = jobs[i].body;
-    size_t cap = sizeof(jobs[i].body);
-    int o = th_job_prompt(&jobs[i], len, &x);
     /* every third a structured output: its drafts are proposed within its mask */
-    snprintf(p + o, cap - (size_t)o,
-             "],\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s}", max_tokens,
-             i % 3 == 1 ? ",\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}" : "");
-    jobs[i].answer = NULL;
+    th_job_make(&jobs[i], len, &x,
+                "\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s", max_tokens,
+                i % 3 == 1 ? ",\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}" : "");
   }
 }
 
 /* Checks the spec_decode_* counters of a run with K draft tokens. */
 static void check_spec_metrics(const char *m, int k, double *drafts_out, double *accepted_out) {
-  double drafts = metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
-  double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
-  double accepted = metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
+  double drafts = th_metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
+  double tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  double accepted = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
   fprintf(stderr, "K=%d: %.0f drafts, %.0f draft tokens, %.0f accepted, acceptance length %.2f\n",
           k, drafts, tokens, accepted, drafts > 0 ? 1 + accepted / drafts : 0);
   TH_CHECK(drafts > 0);
@@ -203,7 +181,7 @@ static void check_spec_metrics(const char *m, int k, double *drafts_out, double 
   for (int pos = 0; pos < 70; pos++) {
     char label[32];
     snprintf(label, sizeof(label), "position=\"%d\"", pos);
-    double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
+    double v = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
     if (v < 0) break;
     TH_CHECK(pos < k);
     TH_CHECK(v <= prev);
@@ -213,6 +191,27 @@ static void check_spec_metrics(const char *m, int k, double *drafts_out, double 
   TH_CHECK_NEAR(sum, accepted, 0);
   *drafts_out = drafts;
   *accepted_out = accepted;
+}
+
+/* got[0..n) through serve on model speculating k tokens with assistant, on tp ranks (0:
+ * one): the answers must be ref's, the KV pool back at zero usage and the spec_decode_*
+ * counters consistent; the draft tokens and the accepted ones in *tokens, *accepted. */
+static void check_spec_run(const struct th_job *ref, struct th_job *got, int n, const char *model,
+                           const char *assistant, int k, int tp, double *tokens, double *accepted) {
+  struct srv s;
+  TH_REQUIRE(srv_start_tp(&s, model, assistant, k, tp) == 0);
+  th_http_run_jobs(got, n, s.port);
+  int idle;
+  char *m = wait_idle(&s, &idle);
+  TH_CHECK(idle); /* every KV block is back */
+  char what[32];
+  snprintf(what, sizeof(what), "K=%d, tp %d", k, tp);
+  th_jobs_check_same(ref, got, n, what);
+  double drafts;
+  check_spec_metrics(m, k, &drafts, accepted);
+  *tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  free(m);
+  srv_stop(&s);
 }
 
 TH_TEST(spec_greedy_equals_plain_through_serve) {
@@ -230,39 +229,18 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
   int idle;
   char *m = wait_idle(&s, &idle);
   TH_CHECK(idle);
-  TH_CHECK(metric(m, "lmserve:spec_decode_num_drafts_total", NULL) == 0);
+  TH_CHECK(th_metric(m, "lmserve:spec_decode_num_drafts_total", NULL) == 0);
   free(m);
   srv_stop(&s);
-  for (int i = 0; i < NREQ; i++) {
-    TH_CHECK_EQ_INT(ref[i].status, 200);
-    TH_REQUIRE(ref[i].answer != NULL);
-  }
+  th_jobs_check_answered(ref, NREQ);
 
   static const int ks[] = {1, 3, 5};
   double accepted_any = 0, rejected_any = 0;
   for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
-    int k = ks[ki];
-    TH_REQUIRE(srv_start(&s, model, assistant, k) == 0);
-    th_http_run_jobs(got, NREQ, s.port);
-    m = wait_idle(&s, &idle);
-    TH_CHECK(idle); /* every KV block is back */
-    int same = 0;
-    for (int i = 0; i < NREQ; i++) {
-      TH_CHECK_EQ_INT(got[i].status, 200);
-      if (got[i].answer && !strcmp(got[i].answer, ref[i].answer))
-        same++;
-      else
-        fprintf(stderr, "K=%d request %d:\n  want %s\n  got  %s\n", k, i, ref[i].answer,
-                got[i].answer ? got[i].answer : "(none)");
-    }
-    TH_CHECK_EQ_INT(same, NREQ);
-    double drafts, accepted;
-    check_spec_metrics(m, k, &drafts, &accepted);
-    double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+    double tokens, accepted;
+    check_spec_run(ref, got, NREQ, model, assistant, ks[ki], 0, &tokens, &accepted);
     accepted_any += accepted;
     rejected_any += tokens - accepted;
-    free(m);
-    srv_stop(&s);
   }
   /* the pair accepts some drafts and rejects others */
   TH_CHECK(accepted_any > 0);
@@ -298,7 +276,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   }
   double drafts, accepted;
   check_spec_metrics(m, K, &drafts, &accepted);
-  double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  double tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
   /* acceptance about K: all drafts taken (a draft slot cut short near
    * max_tokens is not proposed at all) */
   TH_CHECK(accepted >= 0.95 * tokens);
@@ -316,7 +294,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
   for (int pos = 0; pos < K; pos++) {
     char label[32];
     snprintf(label, sizeof(label), "position=\"%d\"", pos);
-    double v = metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
+    double v = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_per_pos_total", label);
     TH_CHECK(v >= 0.9 * (pos == 0 ? drafts : drafts - N));
   }
   free(m);
@@ -342,12 +320,8 @@ static void build_structured(struct th_job *jobs, int n) {
   uint32_t x = 777;
   for (int i = 0; i < n; i++) {
     int len = 3 + (i * 29) % 118;
-    char *p = jobs[i].body;
-    size_t cap = sizeof(jobs[i].body);
-    int o = th_job_prompt(&jobs[i], len, &x);
-    snprintf(p + o, cap - (size_t)o, "],\"max_tokens\":%d,\"temperature\":0,\"stream\":false,%s}",
-             AGREE_TOKENS, k_constraints[i % NCONS]);
-    jobs[i].answer = NULL;
+    th_job_make(&jobs[i], len, &x, "\"max_tokens\":%d,\"temperature\":0,\"stream\":false,%s",
+                AGREE_TOKENS, k_constraints[i % NCONS]);
   }
 }
 
@@ -369,34 +343,12 @@ TH_TEST(spec_structured_outputs_draft_within_their_masks) {
   TH_REQUIRE(srv_start(&s, model, NULL, 0) == 0);
   th_http_run_jobs(ref, N, s.port);
   srv_stop(&s);
-  for (int i = 0; i < N; i++) {
-    if (ref[i].status != 200) fprintf(stderr, "request %d: %s\n", i, ref[i].answer);
-    TH_CHECK_EQ_INT(ref[i].status, 200);
-    TH_REQUIRE(ref[i].answer != NULL);
-  }
+  th_jobs_check_answered(ref, N);
   for (int tp = 0; tp <= 2; tp += 2) {
     build_structured(got, N);
-    TH_REQUIRE(srv_start_tp(&s, model, assistant, K, tp) == 0);
-    th_http_run_jobs(got, N, s.port);
-    int idle;
-    char *m = wait_idle(&s, &idle);
-    TH_CHECK(idle);
-    int same = 0;
-    for (int i = 0; i < N; i++) {
-      TH_CHECK_EQ_INT(got[i].status, 200);
-      if (got[i].answer && !strcmp(got[i].answer, ref[i].answer))
-        same++;
-      else
-        fprintf(stderr, "tp %d, request %d:\n  want %s\n  got  %s\n", tp, i, ref[i].answer,
-                got[i].answer ? got[i].answer : "(none)");
-    }
-    TH_CHECK_EQ_INT(same, N);
-    double drafts, accepted;
-    check_spec_metrics(m, K, &drafts, &accepted);
-    double tokens = metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+    double tokens, accepted;
+    check_spec_run(ref, got, N, model, assistant, K, tp, &tokens, &accepted);
     TH_CHECK(accepted >= 0.8 * tokens);
-    free(m);
-    srv_stop(&s);
     th_http_jobs_free(got, N);
   }
   th_http_jobs_free(ref, N);

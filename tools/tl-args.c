@@ -1,0 +1,10 @@
+/* tl-args.c — the flag parsing every tools subcommand starts with (see tl-main.h). */
+#include "common/cm-args.h"
+#include "tools/tl-main.h"
+
+int tl_args_parse(const char *prog, const char *summary, const struct cm_opt *opts, int argc,
+                  char **argv) {
+  int rc = cm_args_parse(prog, summary, opts, argc, argv, 1, NULL, 0, NULL);
+  if (rc == CM_ARGS_HELP) return 0;
+  return rc < 0 ? 2 : -1;
+}
