@@ -378,19 +378,9 @@ KN_AVX2 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out) {
   __m256 mv = _mm256_set1_ps(m);
   for (i = 0; i + 8 <= n; i += 8) {
     int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), mv, _CMP_EQ_OQ));
-    if (bits) {
-      i += __builtin_ctz((unsigned)bits);
-      if (max_out) *max_out = row[i];
-      return i;
-    }
+    if (bits) return kn_cpu_argmax_first_eq(row, i + __builtin_ctz((unsigned)bits), n, m, max_out);
   }
-  for (; i < n; i++)
-    if (row[i] == m) {
-      if (max_out) *max_out = row[i];
-      return i;
-    }
-  if (max_out) *max_out = NAN;
-  return -1;
+  return kn_cpu_argmax_first_eq(row, i, n, m, max_out);
 }
 
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {

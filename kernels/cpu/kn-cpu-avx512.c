@@ -421,19 +421,9 @@ KN_AVX512 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out) 
   __m512 mv = _mm512_set1_ps(m);
   for (i = 0; i + 16 <= n; i += 16) {
     __mmask16 bits = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), mv, _CMP_EQ_OQ);
-    if (bits) {
-      i += __builtin_ctz((unsigned)bits);
-      if (max_out) *max_out = row[i];
-      return i;
-    }
+    if (bits) return kn_cpu_argmax_first_eq(row, i + __builtin_ctz((unsigned)bits), n, m, max_out);
   }
-  for (; i < n; i++)
-    if (row[i] == m) {
-      if (max_out) *max_out = row[i];
-      return i;
-    }
-  if (max_out) *max_out = NAN;
-  return -1;
+  return kn_cpu_argmax_first_eq(row, i, n, m, max_out);
 }
 
 /* ---- the greedy head: 16 tokens across the lanes ----------------------- */

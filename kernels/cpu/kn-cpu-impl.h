@@ -330,6 +330,18 @@ int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out);
+/* The scalar end of the SIMD versions: the first index from i on whose value
+ * equals m (the row's maximum, found by the caller), or -1 and NaN where none
+ * does (every entry NaN). */
+static inline int kn_cpu_argmax_first_eq(const float *row, int i, int n, float m, float *max_out) {
+  for (; i < n; i++)
+    if (row[i] == m) {
+      if (max_out) *max_out = row[i];
+      return i;
+    }
+  if (max_out) *max_out = NAN;
+  return -1;
+}
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
 
