@@ -436,25 +436,40 @@ static void rank_until_failure(const struct args *a, int rank, int fd, struct ra
   kn_shm_comm_destroy(c);
 }
 
+/* A group of a->world ranks in rank_until_failure, each past its 200th call,
+ * then rank `victim` sent sig: returns when it was sent. */
+static uint64_t group_signal_one(struct group *g, const struct args *a, int victim, int sig) {
+  group_start(g, a, rank_until_failure);
+  for (int r = 0; r < a->world; r++)
+    TH_CHECK(group_ready(g, r, 20000) == 0);
+  uint64_t t_sig = cm_time_ns();
+  kill(g->pid[victim], sig);
+  return t_sig;
+}
+
+/* Rank r's result once a peer was signalled at t_sig (`what` says how): its
+ * all-reduce failed, closed or timed out, less than limit_ms after. */
+static struct rank_result survivor_result(struct group *g, int r, uint64_t t_sig, double limit_ms,
+                                          const char *what) {
+  struct rank_result res = {0};
+  TH_CHECK(group_result(g, r, &res, 10000) == 0);
+  TH_CHECK(res.rc == CM_ERR_CLOSED || res.rc == CM_ERR_TIMEOUT);
+  double ms = (double)(res.t_fail - t_sig) * 1e-6;
+  printf("  rank %d failed %.1f ms after %s (%s)\n", r, ms, what, cm_strerror(res.rc));
+  TH_CHECK(res.t_fail >= t_sig && ms < limit_ms);
+  return res;
+}
+
 TH_TEST(peer_killed) {
   /* a timeout far longer than the bound: only the liveness check meets it */
   struct args a = {.world = 3, .timeout_ms = 5000, .max_bytes = 4096};
   unique_name(a.name, sizeof(a.name), "kill");
   struct group g;
-  group_start(&g, &a, rank_until_failure);
-  for (int r = 0; r < 3; r++)
-    TH_CHECK(group_ready(&g, r, 20000) == 0);
-  uint64_t t_kill = cm_time_ns();
-  kill(g.pid[1], SIGKILL);
+  uint64_t t_kill = group_signal_one(&g, &a, 1, SIGKILL);
   group_reap(&g, 1); /* a zombie counts as dead as well: not needed, but tidy */
   for (int r = 0; r < 3; r += 2) {
-    struct rank_result res = {0};
-    TH_CHECK(group_result(&g, r, &res, 10000) == 0);
-    TH_CHECK(res.rc == CM_ERR_CLOSED || res.rc == CM_ERR_TIMEOUT);
+    struct rank_result res = survivor_result(&g, r, t_kill, 1500, "its peer was killed");
     TH_CHECK(res.calls >= 200);
-    double ms = (double)(res.t_fail - t_kill) * 1e-6;
-    printf("  rank %d failed %.1f ms after its peer was killed (%s)\n", r, ms, cm_strerror(res.rc));
-    TH_CHECK(res.t_fail >= t_kill && ms < 1500);
     TH_CHECK_EQ_INT(res.after, CM_ERR_CLOSED);
   }
   TH_CHECK(!segment_exists(a.name));
@@ -465,39 +480,21 @@ TH_TEST(peer_killed_before_reaped) {
   struct args a = {.world = 2, .timeout_ms = 5000, .max_bytes = 4096};
   unique_name(a.name, sizeof(a.name), "zombie");
   struct group g;
-  group_start(&g, &a, rank_until_failure);
-  for (int r = 0; r < 2; r++)
-    TH_CHECK(group_ready(&g, r, 20000) == 0);
-  uint64_t t_kill = cm_time_ns();
-  kill(g.pid[0], SIGKILL);
-  struct rank_result res = {0};
-  TH_CHECK(group_result(&g, 1, &res, 10000) == 0);
+  uint64_t t_kill = group_signal_one(&g, &a, 0, SIGKILL);
+  survivor_result(&g, 1, t_kill, 1500, "rank 0 was killed");
   group_reap(&g, 0);
-  double ms = (double)(res.t_fail - t_kill) * 1e-6;
-  printf("  rank 1 failed %.1f ms after rank 0 was killed (%s)\n", ms, cm_strerror(res.rc));
-  TH_CHECK(res.rc == CM_ERR_CLOSED || res.rc == CM_ERR_TIMEOUT);
-  TH_CHECK(res.t_fail >= t_kill && ms < 1500);
 }
 
 TH_TEST(peer_stopped) {
   struct args a = {.world = 3, .timeout_ms = 400, .max_bytes = 4096};
   unique_name(a.name, sizeof(a.name), "stop");
   struct group g;
-  group_start(&g, &a, rank_until_failure);
-  for (int r = 0; r < 3; r++)
-    TH_CHECK(group_ready(&g, r, 20000) == 0);
-  uint64_t t_stop = cm_time_ns();
-  kill(g.pid[1], SIGSTOP);
+  uint64_t t_stop = group_signal_one(&g, &a, 1, SIGSTOP);
   int timeouts = 0;
   for (int r = 0; r < 3; r += 2) {
-    struct rank_result res = {0};
-    TH_CHECK(group_result(&g, r, &res, 10000) == 0);
-    TH_CHECK(res.rc == CM_ERR_TIMEOUT || res.rc == CM_ERR_CLOSED);
+    struct rank_result res = survivor_result(&g, r, t_stop, a.timeout_ms + 1000,
+                                             "its peer was stopped (timeout 400 ms)");
     timeouts += res.rc == CM_ERR_TIMEOUT;
-    double ms = (double)(res.t_fail - t_stop) * 1e-6;
-    printf("  rank %d failed %.1f ms after its peer was stopped (%s; timeout %d ms)\n", r, ms,
-           cm_strerror(res.rc), a.timeout_ms);
-    TH_CHECK(res.t_fail >= t_stop && ms < a.timeout_ms + 1000);
     TH_CHECK_EQ_INT(res.after, CM_ERR_CLOSED);
   }
   TH_CHECK(timeouts >= 1); /* the first to give up timed out; the other may have too */
