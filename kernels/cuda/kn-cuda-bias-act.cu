@@ -3,12 +3,6 @@
  * One thread per element; out may alias x (same stride). */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
-__device__ __forceinline__ float bias_act_gelu_tanh(float g) {
-  /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
-  float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(u));
-}
-
 __global__ void bias_act_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                                 const float *bias, int N, int act) {
   int t = blockIdx.y;
@@ -16,7 +10,7 @@ __global__ void bias_act_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdi
   if (j >= N) return;
   float v = x[(ptrdiff_t)t * ldx + j];
   if (bias) v += bias[j];
-  if (act == KN_ACT_GELU_TANH) v = bias_act_gelu_tanh(v);
+  if (act == KN_ACT_GELU_TANH) v = kn_gelu_tanh(v);
   out[(ptrdiff_t)t * ldo + j] = v;
 }
 

@@ -24,12 +24,6 @@ extern "C" cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltw
   return cudaGetLastError();
 }
 
-__device__ __forceinline__ float gelu_tanh(float g) {
-  /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
-  float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(u));
-}
-
 __global__ void gelu_mul_kernel(float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
                                 const float *up, ptrdiff_t ldu, int N) {
   int t = blockIdx.y;
@@ -37,7 +31,7 @@ __global__ void gelu_mul_kernel(float *out, ptrdiff_t ldo, const float *gate, pt
   if (j >= N) return;
   float g = gate[(ptrdiff_t)t * ldg + j];
   float u = up[(ptrdiff_t)t * ldu + j];
-  out[(ptrdiff_t)t * ldo + j] = gelu_tanh(g) * u;
+  out[(ptrdiff_t)t * ldo + j] = kn_gelu_tanh(g) * u;
 }
 
 extern "C" cudaError_t kn_cuda_launch_gelu_mul(cudaStream_t s, float *out, ptrdiff_t ldo,
