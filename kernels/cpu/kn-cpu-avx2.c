@@ -255,14 +255,7 @@ KN_AVX2 static void rmsnorm_avx2(float *out, const float *x, int d, const void *
       y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, i)));
     _mm256_storeu_ps(out + i, y);
   }
-  for (; i < d; i++) {
-    float y = x[i] * rs;
-    if (mode == KN_NORM_MUL_W)
-      y *= kn_load_f32(w, wdt, (size_t)i);
-    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
-      y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
-    out[i] = y;
-  }
+  kn_cpu_norm_scale(out, x, i, d, rs, w, wdt, mode);
 }
 
 /* ---- GELU-tanh gating and softcap --------------------------------------- */
