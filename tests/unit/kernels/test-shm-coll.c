@@ -187,16 +187,22 @@ static size_t stream_n(long k, size_t per) {
   return small[k % 8];
 }
 
-static void rank_stream(const struct args *a, int rank, int fd, struct rank_result *res) {
+/* Rank `rank` of a's group joins it (waiting up to join_ms for the others):
+ * the communicator, or NULL with the error in res->rc, said on stderr. */
+static struct kn_shm_comm *rank_join(const struct args *a, int rank, int join_ms,
+                                     struct rank_result *res) {
   struct kn_shm_comm *c = NULL;
   char err[256] = "";
-  res->rc = kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, a->timeout_ms, &c, err,
-                               sizeof(err));
+  res->rc =
+      kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, join_ms, &c, err, sizeof(err));
+  if (res->rc) fprintf(stderr, "rank %d: %s\n", rank, err);
+  return res->rc ? NULL : c;
+}
+
+static void rank_stream(const struct args *a, int rank, int fd, struct rank_result *res) {
+  struct kn_shm_comm *c = rank_join(a, rank, a->timeout_ms, res);
   ready(fd);
-  if (res->rc) {
-    fprintf(stderr, "rank %d: %s\n", rank, err);
-    return;
-  }
+  if (!c) return;
   size_t per = kn_shm_comm_slot_bytes(c) / sizeof(float);
   size_t cap = 2560 * 64 > 3 * per ? 2560 * 64 : 3 * per;
   float *buf = malloc(cap * sizeof(float));
@@ -408,12 +414,9 @@ TH_TEST(join_timeout_and_stale_segment) {
  * more call, which must fail too (the communicator stays failed). The group
  * forms with a generous timeout, the steps use the test's. */
 static void rank_until_failure(const struct args *a, int rank, int fd, struct rank_result *res) {
-  struct kn_shm_comm *c = NULL;
-  char err[256] = "";
-  res->rc = kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, 20000, &c, err, sizeof(err));
-  if (res->rc) {
+  struct kn_shm_comm *c = rank_join(a, rank, 20000, res);
+  if (!c) {
     ready(fd);
-    fprintf(stderr, "rank %d: %s\n", rank, err);
     return;
   }
   kn_shm_comm_set_timeout(c, a->timeout_ms);
@@ -510,19 +513,16 @@ TH_TEST(peer_stopped) {
  * rank 1 asks for an all-gather too large to address, which fails it at once,
  * and rank 0's barrier of a new group fails within a fraction of its timeout. */
 static void rank_mismatch(const struct args *a, int rank, int fd, struct rank_result *res) {
-  struct kn_shm_comm *c = NULL;
-  char err[256] = "";
-  res->rc = kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, a->timeout_ms, &c, err,
-                               sizeof(err));
+  struct kn_shm_comm *c = rank_join(a, rank, a->timeout_ms, res);
   ready(fd);
-  if (res->rc) return;
+  if (!c) return;
   float buf[11] = {0};
   if (kn_shm_barrier(c) == 0) res->calls++;
   res->rc = kn_shm_allreduce_sum_f32(c, buf, rank ? 11 : 10);
   res->after = kn_shm_allreduce_sum_f32(c, buf, 10);
   kn_shm_comm_destroy(c);
   /* a second group under another name */
-  char name2[80];
+  char name2[80], err[256] = "";
   snprintf(name2, sizeof(name2), "%s-2", a->name);
   if (kn_shm_comm_create(name2, rank, a->world, a->max_bytes, a->timeout_ms, &c, err, sizeof(err)))
     return;
