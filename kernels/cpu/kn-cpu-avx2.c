@@ -145,69 +145,48 @@ const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT] = {
 
 /* ---- tile kernel: f32 weights, 4 tokens x 3 features per tile ----------- */
 
-/* One step of a 4 x 3 tile: three weight vectors against four token vectors. */
-#define TILE_STEP(LOADW, LOADX, OFF)                                                               \
-  do {                                                                                             \
-    __m256 va = LOADW(wa + (OFF)), vb = LOADW(wb + (OFF)), vc = LOADW(wc + (OFF)), xv;             \
-    xv = LOADX(x0 + (OFF));                                                                        \
-    a0 = _mm256_fmadd_ps(va, xv, a0);                                                              \
-    b0 = _mm256_fmadd_ps(vb, xv, b0);                                                              \
-    c0 = _mm256_fmadd_ps(vc, xv, c0);                                                              \
-    xv = LOADX(x1 + (OFF));                                                                        \
-    a1 = _mm256_fmadd_ps(va, xv, a1);                                                              \
-    b1 = _mm256_fmadd_ps(vb, xv, b1);                                                              \
-    c1 = _mm256_fmadd_ps(vc, xv, c1);                                                              \
-    xv = LOADX(x2 + (OFF));                                                                        \
-    a2 = _mm256_fmadd_ps(va, xv, a2);                                                              \
-    b2 = _mm256_fmadd_ps(vb, xv, b2);                                                              \
-    c2 = _mm256_fmadd_ps(vc, xv, c2);                                                              \
-    xv = LOADX(x3 + (OFF));                                                                        \
-    a3 = _mm256_fmadd_ps(va, xv, a3);                                                              \
-    b3 = _mm256_fmadd_ps(vb, xv, b3);                                                              \
-    c3 = _mm256_fmadd_ps(vc, xv, c3);                                                              \
-  } while (0)
+/* One step of a 4 x 3 tile at offset off: the three weight rows' vectors
+ * against the four tokens' (masked loads where masked: the K tail). */
+KN_AVX2 static inline __attribute__((always_inline)) void
+tile_step(__m256 acc[4][3], const float *const w[3], const float *const x[4], int off, __m256i mask,
+          int masked) {
+  __m256 wv[3];
+  _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) wv[j] =
+      masked ? _mm256_maskload_ps(w[j] + off, mask) : _mm256_loadu_ps(w[j] + off);
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+    __m256 xv = masked ? _mm256_maskload_ps(x[i] + off, mask) : _mm256_loadu_ps(x[i] + off);
+    _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) acc[i][j] =
+        _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+  }
+}
 
 KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                              const void *wv, int K, int T, int n, int acc) {
   const float *w = wv;
   const int K8 = K & ~7, r = K - K8;
   const __m256i mask = kn_avx2_mask(r);
-#define LDU(p) _mm256_loadu_ps(p)
-#define LDM(p) _mm256_maskload_ps((p), mask)
   int j = 0;
   for (; j + 3 <= n; j += 3) {
-    const float *wa = w + (size_t)j * K, *wb = wa + K, *wc = wb + K;
+    const float *w0 = w + (size_t)j * K;
+    const float *const wr[3] = {w0, w0 + K, w0 + 2 * (size_t)K};
     int t = 0;
     for (; t + 4 <= T; t += 4) {
-      const float *x0 = in + (ptrdiff_t)t * ldi, *x1 = x0 + ldi, *x2 = x1 + ldi, *x3 = x2 + ldi;
-      __m256 a0 = _mm256_setzero_ps(), b0 = a0, c0 = a0, a1 = a0, b1 = a0, c1 = a0, a2 = a0,
-             b2 = a0, c2 = a0, a3 = a0, b3 = a0, c3 = a0;
+      const float *x0 = in + (ptrdiff_t)t * ldi;
+      const float *const x[4] = {x0, x0 + ldi, x0 + 2 * ldi, x0 + 3 * ldi};
+      __m256 a[4][3];
+      _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+          _Pragma("GCC unroll 3") for (int f = 0; f < 3; f++) a[i][f] = _mm256_setzero_ps();
       for (int k = 0; k < K8; k += 8)
-        TILE_STEP(LDU, LDU, k);
-      if (r) TILE_STEP(LDM, LDM, K8);
-      float *o = out + (ptrdiff_t)t * ldo + j;
-      put(o, kn_avx2_hsum(a0), acc);
-      put(o + 1, kn_avx2_hsum(b0), acc);
-      put(o + 2, kn_avx2_hsum(c0), acc);
-      o += ldo;
-      put(o, kn_avx2_hsum(a1), acc);
-      put(o + 1, kn_avx2_hsum(b1), acc);
-      put(o + 2, kn_avx2_hsum(c1), acc);
-      o += ldo;
-      put(o, kn_avx2_hsum(a2), acc);
-      put(o + 1, kn_avx2_hsum(b2), acc);
-      put(o + 2, kn_avx2_hsum(c2), acc);
-      o += ldo;
-      put(o, kn_avx2_hsum(a3), acc);
-      put(o + 1, kn_avx2_hsum(b3), acc);
-      put(o + 2, kn_avx2_hsum(c3), acc);
+        tile_step(a, wr, x, k, mask, 0);
+      if (r) tile_step(a, wr, x, K8, mask, 1);
+      _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+          _Pragma("GCC unroll 3") for (int f = 0; f < 3; f++)
+              put(out + (ptrdiff_t)(t + i) * ldo + j + f, kn_avx2_hsum(a[i][f]), acc);
     }
     if (t < T)
-      matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, wa, K, T - t, 3,
+      matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, w0, K, T - t, 3,
                  acc);
   }
-#undef LDU
-#undef LDM
   if (j < n) matvec_f32(out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc);
 }
 
