@@ -30,115 +30,112 @@ KN_AVX2 static inline void put4(float *o, __m128 s, int acc) {
  * 32 elements' worth of bytes it consumes, this far ahead in linear order. */
 #define MATVEC_PF_BYTES 8192
 
-KN_AVX2 static inline void PREFETCH(const char *p, size_t bytes) {
+KN_AVX2 static inline __attribute__((always_inline)) void PREFETCH(const char *p, size_t bytes) {
   for (size_t b = 0; b < bytes; b += 64)
     _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* Defines matvec_<SUF>: 4 weight rows at a time, each read from memory once
- * per call (later tokens hit L1), then the leftover rows one by one. */
-#define DEF_MATVEC(SUF, TYPE, LOAD, LOAD_TAIL)                                                     \
-  KN_AVX2 static void matvec_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,      \
-                                   const void *wv, int K, int T, int n, int acc) {                 \
-    const TYPE *w = wv;                                                                            \
-    const int K8 = K & ~7, r = K - K8;                                                             \
-    const __m256i mask = kn_avx2_mask(r);                                                          \
-    int j = 0;                                                                                     \
-    for (; j + 4 <= n; j += 4) {                                                                   \
-      const TYPE *w0 = w + (size_t)j * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;                \
-      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                                  \
-      if (r) {                                                                                     \
-        t0 = LOAD_TAIL(w0 + K8, r);                                                                \
-        t1 = LOAD_TAIL(w1 + K8, r);                                                                \
-        t2 = LOAD_TAIL(w2 + K8, r);                                                                \
-        t3 = LOAD_TAIL(w3 + K8, r);                                                                \
-      }                                                                                            \
-      int t = 0;                                                                                   \
-      for (; t + 2 <= T; t += 2) { /* two tokens share each widened weight vector */               \
-        const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;                                    \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                                 \
-        for (int k = 0; k < K8; k += 8) {                                                          \
-          __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k), wr;                     \
-          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));               \
-          wr = LOAD(w0 + k);                                                                       \
-          a0 = _mm256_fmadd_ps(wr, xv, a0);                                                        \
-          b0 = _mm256_fmadd_ps(wr, yv, b0);                                                        \
-          wr = LOAD(w1 + k);                                                                       \
-          a1 = _mm256_fmadd_ps(wr, xv, a1);                                                        \
-          b1 = _mm256_fmadd_ps(wr, yv, b1);                                                        \
-          wr = LOAD(w2 + k);                                                                       \
-          a2 = _mm256_fmadd_ps(wr, xv, a2);                                                        \
-          b2 = _mm256_fmadd_ps(wr, yv, b2);                                                        \
-          wr = LOAD(w3 + k);                                                                       \
-          a3 = _mm256_fmadd_ps(wr, xv, a3);                                                        \
-          b3 = _mm256_fmadd_ps(wr, yv, b3);                                                        \
-        }                                                                                          \
-        if (r) {                                                                                   \
-          __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);     \
-          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                        \
-          b0 = _mm256_fmadd_ps(t0, yv, b0);                                                        \
-          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                        \
-          b1 = _mm256_fmadd_ps(t1, yv, b1);                                                        \
-          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                        \
-          b2 = _mm256_fmadd_ps(t2, yv, b2);                                                        \
-          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                        \
-          b3 = _mm256_fmadd_ps(t3, yv, b3);                                                        \
-        }                                                                                          \
-        float *o = out + (ptrdiff_t)t * ldo + j;                                                   \
-        __m256 h = kn_avx2_hsum8(a0, a1, a2, a3, b0, b1, b2, b3);                                  \
-        put4(o, _mm256_castps256_ps128(h), acc);                                                   \
-        put4(o + ldo, _mm256_extractf128_ps(h, 1), acc);                                           \
-      }                                                                                            \
-      for (; t < T; t++) {                                                                         \
-        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
-        for (int k = 0; k < K8; k += 8) {                                                          \
-          __m256 xv = _mm256_loadu_ps(x + k);                                                      \
-          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));               \
-          a0 = _mm256_fmadd_ps(LOAD(w0 + k), xv, a0);                                              \
-          a1 = _mm256_fmadd_ps(LOAD(w1 + k), xv, a1);                                              \
-          a2 = _mm256_fmadd_ps(LOAD(w2 + k), xv, a2);                                              \
-          a3 = _mm256_fmadd_ps(LOAD(w3 + k), xv, a3);                                              \
-        }                                                                                          \
-        if (r) {                                                                                   \
-          __m256 xv = _mm256_maskload_ps(x + K8, mask);                                            \
-          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                        \
-          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                        \
-          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                        \
-          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                        \
-        }                                                                                          \
-        float *o = out + (ptrdiff_t)t * ldo + j;                                                   \
-        put(o + 0, kn_avx2_hsum(a0), acc);                                                         \
-        put(o + 1, kn_avx2_hsum(a1), acc);                                                         \
-        put(o + 2, kn_avx2_hsum(a2), acc);                                                         \
-        put(o + 3, kn_avx2_hsum(a3), acc);                                                         \
-      }                                                                                            \
-    }                                                                                              \
-    for (; j < n; j++) {                                                                           \
-      const TYPE *w0 = w + (size_t)j * K;                                                          \
-      __m256 t0 = r ? LOAD_TAIL(w0 + K8, r) : _mm256_setzero_ps();                                 \
-      for (int t = 0; t < T; t++) {                                                                \
-        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
-        __m256 a0 = _mm256_setzero_ps();                                                           \
-        for (int k = 0; k < K8; k += 8)                                                            \
-          a0 = _mm256_fmadd_ps(LOAD(w0 + k), _mm256_loadu_ps(x + k), a0);                          \
-        if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);                     \
-        put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);                                  \
-      }                                                                                            \
-    }                                                                                              \
+/* 8 weights from element k of row w of dtype dt (f32, f16 or bf16; a
+ * constant where this is inlined), widened; the _tail version reads r < 8
+ * and makes the rest zero. */
+KN_AVX2 static inline __m256 ld_wrow(const void *w, enum kn_dtype dt, size_t k) {
+  if (dt == KN_DTYPE_F32) return _mm256_loadu_ps((const float *)w + k);
+  if (dt == KN_DTYPE_F16) return kn_avx2_f16((const uint16_t *)w + k);
+  return kn_avx2_bf16((const uint16_t *)w + k);
+}
+KN_AVX2 static inline __m256 ld_wrow_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
+  if (dt == KN_DTYPE_F32) return _mm256_maskload_ps((const float *)w + k, kn_avx2_mask(r));
+  if (dt == KN_DTYPE_F16) return kn_avx2_f16_tail((const uint16_t *)w + k, r);
+  return kn_avx2_bf16_tail((const uint16_t *)w + k, r);
+}
+
+/* kn_cpu_dot_fn over weights of dtype dt: 4 weight rows at a time, each read
+ * from memory once per call (later tokens hit L1), two tokens sharing each
+ * widened weight vector, then the leftover rows one by one. */
+KN_AVX2 static inline __attribute__((always_inline)) void
+matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv, int K, int T,
+       int n, int acc, const enum kn_dtype dt) {
+  const size_t es = kn_dtype_size(dt); /* bytes per weight */
+  const unsigned char *w = wv;
+  const int K8 = K & ~7, r = K - K8;
+  const __m256i mask = kn_avx2_mask(r);
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const unsigned char *w0 = w + (size_t)j * K * es;
+    const void *wr[4] = {w0, w0 + K * es, w0 + 2 * K * es, w0 + 3 * K * es};
+    __m256 tl[4]; /* the rows' K tails */
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) tl[q] =
+        r ? ld_wrow_tail(wr[q], dt, (size_t)K8, r) : _mm256_setzero_ps();
+    int t = 0;
+    for (; t + 2 <= T; t += 2) {
+      const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
+      __m256 a[4], b[4];
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = b[q] = _mm256_setzero_ps();
+      for (int k = 0; k < K8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k);
+        PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+          __m256 wq = ld_wrow(wr[q], dt, (size_t)k);
+          a[q] = _mm256_fmadd_ps(wq, xv, a[q]);
+          b[q] = _mm256_fmadd_ps(wq, yv, b[q]);
+        }
+      }
+      if (r) {
+        __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+          a[q] = _mm256_fmadd_ps(tl[q], xv, a[q]);
+          b[q] = _mm256_fmadd_ps(tl[q], yv, b[q]);
+        }
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      __m256 h = kn_avx2_hsum8(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]);
+      put4(o, _mm256_castps256_ps128(h), acc);
+      put4(o + ldo, _mm256_extractf128_ps(h, 1), acc);
+    }
+    for (; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m256 a[4];
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_setzero_ps();
+      for (int k = 0; k < K8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(x + k);
+        PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] =
+            _mm256_fmadd_ps(ld_wrow(wr[q], dt, (size_t)k), xv, a[q]);
+      }
+      if (r) {
+        __m256 xv = _mm256_maskload_ps(x + K8, mask);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_fmadd_ps(tl[q], xv, a[q]);
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) put(o + q, kn_avx2_hsum(a[q]), acc);
+    }
   }
-
-KN_AVX2 static inline __m256 ld_f32(const float *p) {
-  return _mm256_loadu_ps(p);
+  for (; j < n; j++) {
+    const void *w0 = w + (size_t)j * K * es;
+    __m256 t0 = r ? ld_wrow_tail(w0, dt, (size_t)K8, r) : _mm256_setzero_ps();
+    for (int t = 0; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int k = 0; k < K8; k += 8)
+        a0 = _mm256_fmadd_ps(ld_wrow(w0, dt, (size_t)k), _mm256_loadu_ps(x + k), a0);
+      if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);
+      put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);
+    }
+  }
 }
-KN_AVX2 static inline __m256 ld_f32_tail(const float *p, int r) {
-  return _mm256_maskload_ps(p, kn_avx2_mask(r));
-}
 
-DEF_MATVEC(f32, float, ld_f32, ld_f32_tail)
-DEF_MATVEC(f16, uint16_t, kn_avx2_f16, kn_avx2_f16_tail)
-DEF_MATVEC(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail)
+KN_AVX2 static void matvec_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                               const void *w, int K, int T, int n, int acc) {
+  matvec(out, ldo, in, ldi, w, K, T, n, acc, KN_DTYPE_F32);
+}
+KN_AVX2 static void matvec_f16(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                               const void *w, int K, int T, int n, int acc) {
+  matvec(out, ldo, in, ldi, w, K, T, n, acc, KN_DTYPE_F16);
+}
+KN_AVX2 static void matvec_bf16(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                                const void *w, int K, int T, int n, int acc) {
+  matvec(out, ldo, in, ldi, w, K, T, n, acc, KN_DTYPE_BF16);
+}
 
 const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT] = {
     [KN_DTYPE_F32] = matvec_f32, [KN_DTYPE_F16] = matvec_f16, [KN_DTYPE_BF16] = matvec_bf16};
