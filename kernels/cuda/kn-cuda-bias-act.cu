@@ -17,12 +17,9 @@ __global__ void bias_act_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdi
 extern "C" cudaError_t kn_cuda_launch_bias_act(cudaStream_t s, float *out, ptrdiff_t ldo,
                                                const float *x, ptrdiff_t ldx, const float *bias,
                                                int T, int N, enum kn_act act) {
-  /* gridDim.y is capped at 65535: go in slices of tokens */
-  for (int t0 = 0; t0 < T; t0 += 65535) {
-    int nt = T - t0 < 65535 ? T - t0 : 65535;
-    dim3 grid((unsigned)((N + 255) / 256), (unsigned)nt);
+  kn_row_slices(T, N, [&](int t0, dim3 grid) {
     bias_act_kernel<<<grid, 256, 0, s>>>(out + (ptrdiff_t)t0 * ldo, ldo, x + (ptrdiff_t)t0 * ldx,
                                          ldx, bias, N, (int)act);
-  }
+  });
   return cudaGetLastError();
 }

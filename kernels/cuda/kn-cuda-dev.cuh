@@ -129,6 +129,17 @@ static inline unsigned kn_grid(size_t n, unsigned per, unsigned cap) {
   return g > cap ? cap : (unsigned)g;
 }
 
+/* The launches of a row-wise kernel over T rows of N elements: one thread
+ * per element, 256 along a row per block, blockIdx.y the row within a slice
+ * of at most 65535 rows (gridDim.y's cap). launch(t0, grid) launches the
+ * slice that starts at row t0. */
+template <typename Launch> static inline void kn_row_slices(int T, int N, Launch launch) {
+  for (int t0 = 0; t0 < T; t0 += 65535) {
+    int nt = T - t0 < 65535 ? T - t0 : 65535;
+    launch(t0, dim3((unsigned)((N + 255) / 256), (unsigned)nt));
+  }
+}
+
 /* The thread's warp over the grid (x only): the few-rows kernels' output row. */
 __device__ __forceinline__ int kn_warp_id() {
   return (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);

@@ -37,12 +37,9 @@ __global__ void gelu_mul_kernel(float *out, ptrdiff_t ldo, const float *gate, pt
 extern "C" cudaError_t kn_cuda_launch_gelu_mul(cudaStream_t s, float *out, ptrdiff_t ldo,
                                                const float *gate, ptrdiff_t ldg, const float *up,
                                                ptrdiff_t ldu, int T, int N) {
-  /* gridDim.y is capped at 65535: go in slices of tokens */
-  for (int t0 = 0; t0 < T; t0 += 65535) {
-    int nt = T - t0 < 65535 ? T - t0 : 65535;
-    dim3 grid((unsigned)((N + 255) / 256), (unsigned)nt);
+  kn_row_slices(T, N, [&](int t0, dim3 grid) {
     gelu_mul_kernel<<<grid, 256, 0, s>>>(out + (ptrdiff_t)t0 * ldo, ldo, gate + (ptrdiff_t)t0 * ldg,
                                          ldg, up + (ptrdiff_t)t0 * ldu, ldu, N);
-  }
+  });
   return cudaGetLastError();
 }
