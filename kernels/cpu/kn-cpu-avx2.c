@@ -20,10 +20,6 @@ static inline void put(float *o, float s, int acc) {
 
 /* ---- matvec: T small, weights in their own dtype ------------------------ */
 
-KN_AVX2 static inline void put4(float *o, __m128 s, int acc) {
-  _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), s) : s);
-}
-
 /* Software prefetch distance for the weight stream. A group of 4 rows is one
  * contiguous block of 4 K elements read as 4 short interleaved streams, too
  * short for the hardware prefetcher to lock on; so each k step prefetches the
@@ -87,10 +83,8 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
           b[q] = _mm256_fmadd_ps(tl[q], yv, b[q]);
         }
       }
-      float *o = out + (ptrdiff_t)t * ldo + j;
-      __m256 h = kn_avx2_hsum8(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]);
-      put4(o, _mm256_castps256_ps128(h), acc);
-      put4(o + ldo, _mm256_extractf128_ps(h, 1), acc);
+      kn_avx2_put_2x4(out + (ptrdiff_t)t * ldo + j, ldo, a[0], a[1], a[2], a[3], b[0], b[1], b[2],
+                      b[3], acc);
     }
     for (; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;

@@ -240,12 +240,8 @@ static int mv512_min_t = 3;
                 _mm256_fmadd_ps(tl[f], xv, a[f][u]);                                               \
           }                                                                                        \
         _Pragma("GCC unroll 2") for (int u = 0; u < 4; u += 2) {                                   \
-          __m256 h = kn_avx2_hsum8(a[0][u], a[1][u], a[2][u], a[3][u], a[0][u + 1], a[1][u + 1],   \
-                                   a[2][u + 1], a[3][u + 1]);                                      \
-          float *o = out + (ptrdiff_t)(t + u) * ldo + j;                                           \
-          __m128 lo = _mm256_castps256_ps128(h), hi = _mm256_extractf128_ps(h, 1);                 \
-          _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), lo) : lo);                            \
-          _mm_storeu_ps(o + ldo, acc ? _mm_add_ps(_mm_loadu_ps(o + ldo), hi) : hi);                \
+          kn_avx2_put_2x4(out + (ptrdiff_t)(t + u) * ldo + j, ldo, a[0][u], a[1][u], a[2][u],      \
+                          a[3][u], a[0][u + 1], a[1][u + 1], a[2][u + 1], a[3][u + 1], acc);       \
         }                                                                                          \
       }                                                                                            \
       if (t < T)                                                                                   \
