@@ -1,5 +1,6 @@
 /* kn-cuda-dev.cuh — device helpers shared by the .cu files: element loads
- * and stores per dtype, warp and block reductions, grid sizing, and the
+ * and stores per dtype, warp and block reductions (and the block's best
+ * candidate), GELU-tanh, grid sizing and row-sliced launches, and the
  * few-rows matmul's dot product. Included only by nvcc; everything here is
  * static / inline (no symbols exported). */
 #ifndef LMSERVE_KN_CUDA_DEV_CUH
