@@ -386,6 +386,22 @@ static void quant_block_q6_k(const float *x, uint8_t *b) {
     }
 }
 
+/* The 32 quants xi of a Q4_0 / Q4_1 / Q5_0 / Q5_1 block into its bytes: the
+ * low nibbles in q[16] (element j in the low half of byte j, element 16 + j
+ * in the high half) and, where qh is not NULL (Q5), the fifth bits as a
+ * little-endian 32-bit word at qh. */
+static void pack_q45(uint8_t *q, uint8_t *qh, const int *xi) {
+  uint32_t h = 0;
+  for (int j = 0; j < 16; j++) {
+    q[j] = (uint8_t)((xi[j] & 0xF) | ((xi[16 + j] & 0xF) << 4));
+    h |= (uint32_t)((xi[j] & 0x10) >> 4) << j;
+    h |= (uint32_t)((xi[16 + j] & 0x10) >> 4) << (j + 16);
+  }
+  if (qh)
+    memcpy(qh, (uint8_t[4]){(uint8_t)h, (uint8_t)(h >> 8), (uint8_t)(h >> 16), (uint8_t)(h >> 24)},
+           4);
+}
+
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
   if (dt != KN_DTYPE_Q8_0 && dt != KN_DTYPE_Q4_0 && dt != KN_DTYPE_Q4_1 && dt != KN_DTYPE_Q5_0 &&
       dt != KN_DTYPE_Q5_1 && dt != KN_DTYPE_Q4_K && dt != KN_DTYPE_Q5_K && dt != KN_DTYPE_Q6_K)
@@ -403,6 +419,7 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
   }
   for (size_t blk = 0; blk < K / 32; blk++, b += bb, x += 32) {
     float amax, d, id, lo, hi;
+    int xi[32]; /* Q4 / Q5 quants */
     memset(b, 0, bb);
     switch (dt) {
     case KN_DTYPE_Q8_0:
@@ -420,21 +437,11 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
       d = max / (five ? -16.0f : -8.0f);
       id = d ? 1.0f / d : 0.0f;
       put_h(b, d);
-      uint32_t qh = 0;
-      uint8_t *q = b + (five ? 6 : 2);
-      for (int j = 0; j < 16; j++) {
-        float x0 = x[j] * id, x1 = x[16 + j] * id;
-        int xi0 = min_int(five ? 31 : 15, (int8_t)(x0 + (five ? 16.5f : 8.5f)));
-        int xi1 = min_int(five ? 31 : 15, (int8_t)(x1 + (five ? 16.5f : 8.5f)));
-        q[j] = (uint8_t)((xi0 & 0xF) | ((xi1 & 0xF) << 4));
-        qh |= (uint32_t)((xi0 & 0x10) >> 4) << j;
-        qh |= (uint32_t)((xi1 & 0x10) >> 4) << (j + 16);
+      for (int j = 0; j < 32; j++) {
+        float v = x[j] * id;
+        xi[j] = min_int(five ? 31 : 15, (int8_t)(v + (five ? 16.5f : 8.5f)));
       }
-      if (five)
-        memcpy(
-            b + 2,
-            (uint8_t[4]){(uint8_t)qh, (uint8_t)(qh >> 8), (uint8_t)(qh >> 16), (uint8_t)(qh >> 24)},
-            4);
+      pack_q45(b + (five ? 6 : 2), five ? b + 2 : NULL, xi);
       break;
     }
     case KN_DTYPE_Q4_1:
@@ -445,21 +452,11 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
       id = d ? 1.0f / d : 0.0f;
       put_h(b, d);
       put_h(b + 2, lo);
-      uint32_t qh = 0;
-      uint8_t *q = b + (five ? 8 : 4);
-      for (int j = 0; j < 16; j++) {
-        float x0 = (x[j] - lo) * id, x1 = (x[16 + j] - lo) * id;
-        int xi0 = five ? (uint8_t)(x0 + 0.5f) : min_int(15, (int8_t)(x0 + 0.5f));
-        int xi1 = five ? (uint8_t)(x1 + 0.5f) : min_int(15, (int8_t)(x1 + 0.5f));
-        q[j] = (uint8_t)((xi0 & 0xF) | ((xi1 & 0xF) << 4));
-        qh |= (uint32_t)((xi0 & 0x10) >> 4) << j;
-        qh |= (uint32_t)((xi1 & 0x10) >> 4) << (j + 16);
+      for (int j = 0; j < 32; j++) {
+        float v = (x[j] - lo) * id;
+        xi[j] = five ? (uint8_t)(v + 0.5f) : min_int(15, (int8_t)(v + 0.5f));
       }
-      if (five)
-        memcpy(
-            b + 4,
-            (uint8_t[4]){(uint8_t)qh, (uint8_t)(qh >> 8), (uint8_t)(qh >> 16), (uint8_t)(qh >> 24)},
-            4);
+      pack_q45(b + (five ? 8 : 4), five ? b + 4 : NULL, xi);
       break;
     }
     default: break;

@@ -20,194 +20,164 @@ static inline void put(float *o, float s, int acc) {
 
 /* ---- matvec: T small, weights in their own dtype ------------------------ */
 
-KN_AVX2 static inline void put4(float *o, __m128 s, int acc) {
-  _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), s) : s);
-}
-
 /* Software prefetch distance for the weight stream. A group of 4 rows is one
  * contiguous block of 4 K elements read as 4 short interleaved streams, too
  * short for the hardware prefetcher to lock on; so each k step prefetches the
  * 32 elements' worth of bytes it consumes, this far ahead in linear order. */
 #define MATVEC_PF_BYTES 8192
 
-KN_AVX2 static inline void PREFETCH(const char *p, size_t bytes) {
+KN_AVX2 static inline __attribute__((always_inline)) void PREFETCH(const char *p, size_t bytes) {
   for (size_t b = 0; b < bytes; b += 64)
     _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* Defines matvec_<SUF>: 4 weight rows at a time, each read from memory once
- * per call (later tokens hit L1), then the leftover rows one by one. */
-#define DEF_MATVEC(SUF, TYPE, LOAD, LOAD_TAIL)                                                     \
-  KN_AVX2 static void matvec_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,      \
-                                   const void *wv, int K, int T, int n, int acc) {                 \
-    const TYPE *w = wv;                                                                            \
-    const int K8 = K & ~7, r = K - K8;                                                             \
-    const __m256i mask = kn_avx2_mask(r);                                                          \
-    int j = 0;                                                                                     \
-    for (; j + 4 <= n; j += 4) {                                                                   \
-      const TYPE *w0 = w + (size_t)j * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;                \
-      __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                                  \
-      if (r) {                                                                                     \
-        t0 = LOAD_TAIL(w0 + K8, r);                                                                \
-        t1 = LOAD_TAIL(w1 + K8, r);                                                                \
-        t2 = LOAD_TAIL(w2 + K8, r);                                                                \
-        t3 = LOAD_TAIL(w3 + K8, r);                                                                \
-      }                                                                                            \
-      int t = 0;                                                                                   \
-      for (; t + 2 <= T; t += 2) { /* two tokens share each widened weight vector */               \
-        const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;                                    \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                                 \
-        for (int k = 0; k < K8; k += 8) {                                                          \
-          __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k), wr;                     \
-          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));               \
-          wr = LOAD(w0 + k);                                                                       \
-          a0 = _mm256_fmadd_ps(wr, xv, a0);                                                        \
-          b0 = _mm256_fmadd_ps(wr, yv, b0);                                                        \
-          wr = LOAD(w1 + k);                                                                       \
-          a1 = _mm256_fmadd_ps(wr, xv, a1);                                                        \
-          b1 = _mm256_fmadd_ps(wr, yv, b1);                                                        \
-          wr = LOAD(w2 + k);                                                                       \
-          a2 = _mm256_fmadd_ps(wr, xv, a2);                                                        \
-          b2 = _mm256_fmadd_ps(wr, yv, b2);                                                        \
-          wr = LOAD(w3 + k);                                                                       \
-          a3 = _mm256_fmadd_ps(wr, xv, a3);                                                        \
-          b3 = _mm256_fmadd_ps(wr, yv, b3);                                                        \
-        }                                                                                          \
-        if (r) {                                                                                   \
-          __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);     \
-          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                        \
-          b0 = _mm256_fmadd_ps(t0, yv, b0);                                                        \
-          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                        \
-          b1 = _mm256_fmadd_ps(t1, yv, b1);                                                        \
-          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                        \
-          b2 = _mm256_fmadd_ps(t2, yv, b2);                                                        \
-          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                        \
-          b3 = _mm256_fmadd_ps(t3, yv, b3);                                                        \
-        }                                                                                          \
-        float *o = out + (ptrdiff_t)t * ldo + j;                                                   \
-        __m256 h = kn_avx2_hsum8(a0, a1, a2, a3, b0, b1, b2, b3);                                  \
-        put4(o, _mm256_castps256_ps128(h), acc);                                                   \
-        put4(o + ldo, _mm256_extractf128_ps(h, 1), acc);                                           \
-      }                                                                                            \
-      for (; t < T; t++) {                                                                         \
-        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
-        for (int k = 0; k < K8; k += 8) {                                                          \
-          __m256 xv = _mm256_loadu_ps(x + k);                                                      \
-          PREFETCH((const char *)(w0 + 4 * k) + MATVEC_PF_BYTES, 32 * sizeof(TYPE));               \
-          a0 = _mm256_fmadd_ps(LOAD(w0 + k), xv, a0);                                              \
-          a1 = _mm256_fmadd_ps(LOAD(w1 + k), xv, a1);                                              \
-          a2 = _mm256_fmadd_ps(LOAD(w2 + k), xv, a2);                                              \
-          a3 = _mm256_fmadd_ps(LOAD(w3 + k), xv, a3);                                              \
-        }                                                                                          \
-        if (r) {                                                                                   \
-          __m256 xv = _mm256_maskload_ps(x + K8, mask);                                            \
-          a0 = _mm256_fmadd_ps(t0, xv, a0);                                                        \
-          a1 = _mm256_fmadd_ps(t1, xv, a1);                                                        \
-          a2 = _mm256_fmadd_ps(t2, xv, a2);                                                        \
-          a3 = _mm256_fmadd_ps(t3, xv, a3);                                                        \
-        }                                                                                          \
-        float *o = out + (ptrdiff_t)t * ldo + j;                                                   \
-        put(o + 0, kn_avx2_hsum(a0), acc);                                                         \
-        put(o + 1, kn_avx2_hsum(a1), acc);                                                         \
-        put(o + 2, kn_avx2_hsum(a2), acc);                                                         \
-        put(o + 3, kn_avx2_hsum(a3), acc);                                                         \
-      }                                                                                            \
-    }                                                                                              \
-    for (; j < n; j++) {                                                                           \
-      const TYPE *w0 = w + (size_t)j * K;                                                          \
-      __m256 t0 = r ? LOAD_TAIL(w0 + K8, r) : _mm256_setzero_ps();                                 \
-      for (int t = 0; t < T; t++) {                                                                \
-        const float *x = in + (ptrdiff_t)t * ldi;                                                  \
-        __m256 a0 = _mm256_setzero_ps();                                                           \
-        for (int k = 0; k < K8; k += 8)                                                            \
-          a0 = _mm256_fmadd_ps(LOAD(w0 + k), _mm256_loadu_ps(x + k), a0);                          \
-        if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);                     \
-        put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);                                  \
-      }                                                                                            \
-    }                                                                                              \
+/* 8 weights from element k of row w of dtype dt (f32, f16 or bf16; a
+ * constant where this is inlined), widened; the _tail version reads r < 8
+ * and makes the rest zero. */
+KN_AVX2 static inline __m256 ld_wrow(const void *w, enum kn_dtype dt, size_t k) {
+  if (dt == KN_DTYPE_F32) return _mm256_loadu_ps((const float *)w + k);
+  if (dt == KN_DTYPE_F16) return kn_avx2_f16((const uint16_t *)w + k);
+  return kn_avx2_bf16((const uint16_t *)w + k);
+}
+KN_AVX2 static inline __m256 ld_wrow_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
+  if (dt == KN_DTYPE_F32) return _mm256_maskload_ps((const float *)w + k, kn_avx2_mask(r));
+  if (dt == KN_DTYPE_F16) return kn_avx2_f16_tail((const uint16_t *)w + k, r);
+  return kn_avx2_bf16_tail((const uint16_t *)w + k, r);
+}
+
+/* kn_cpu_dot_fn over weights of dtype dt: 4 weight rows at a time, each read
+ * from memory once per call (later tokens hit L1), two tokens sharing each
+ * widened weight vector, then the leftover rows one by one. */
+KN_AVX2 static inline __attribute__((always_inline)) void
+matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv, int K, int T,
+       int n, int acc, const enum kn_dtype dt) {
+  const size_t es = kn_dtype_size(dt); /* bytes per weight */
+  const unsigned char *w = wv;
+  const int K8 = K & ~7, r = K - K8;
+  const __m256i mask = kn_avx2_mask(r);
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const unsigned char *w0 = w + (size_t)j * K * es;
+    const void *wr[4] = {w0, w0 + K * es, w0 + 2 * K * es, w0 + 3 * K * es};
+    __m256 tl[4]; /* the rows' K tails */
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) tl[q] =
+        r ? ld_wrow_tail(wr[q], dt, (size_t)K8, r) : _mm256_setzero_ps();
+    int t = 0;
+    for (; t + 2 <= T; t += 2) {
+      const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
+      __m256 a[4], b[4];
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = b[q] = _mm256_setzero_ps();
+      for (int k = 0; k < K8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k);
+        PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+          __m256 wq = ld_wrow(wr[q], dt, (size_t)k);
+          a[q] = _mm256_fmadd_ps(wq, xv, a[q]);
+          b[q] = _mm256_fmadd_ps(wq, yv, b[q]);
+        }
+      }
+      if (r) {
+        __m256 xv = _mm256_maskload_ps(x + K8, mask), yv = _mm256_maskload_ps(y + K8, mask);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+          a[q] = _mm256_fmadd_ps(tl[q], xv, a[q]);
+          b[q] = _mm256_fmadd_ps(tl[q], yv, b[q]);
+        }
+      }
+      kn_avx2_put_2x4(out + (ptrdiff_t)t * ldo + j, ldo, a[0], a[1], a[2], a[3], b[0], b[1], b[2],
+                      b[3], acc);
+    }
+    for (; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m256 a[4];
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_setzero_ps();
+      for (int k = 0; k < K8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(x + k);
+        PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] =
+            _mm256_fmadd_ps(ld_wrow(wr[q], dt, (size_t)k), xv, a[q]);
+      }
+      if (r) {
+        __m256 xv = _mm256_maskload_ps(x + K8, mask);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_fmadd_ps(tl[q], xv, a[q]);
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) put(o + q, kn_avx2_hsum(a[q]), acc);
+    }
   }
-
-KN_AVX2 static inline __m256 ld_f32(const float *p) {
-  return _mm256_loadu_ps(p);
+  for (; j < n; j++) {
+    const void *w0 = w + (size_t)j * K * es;
+    __m256 t0 = r ? ld_wrow_tail(w0, dt, (size_t)K8, r) : _mm256_setzero_ps();
+    for (int t = 0; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int k = 0; k < K8; k += 8)
+        a0 = _mm256_fmadd_ps(ld_wrow(w0, dt, (size_t)k), _mm256_loadu_ps(x + k), a0);
+      if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);
+      put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);
+    }
+  }
 }
-KN_AVX2 static inline __m256 ld_f32_tail(const float *p, int r) {
-  return _mm256_maskload_ps(p, kn_avx2_mask(r));
-}
 
-DEF_MATVEC(f32, float, ld_f32, ld_f32_tail)
-DEF_MATVEC(f16, uint16_t, kn_avx2_f16, kn_avx2_f16_tail)
-DEF_MATVEC(bf16, uint16_t, kn_avx2_bf16, kn_avx2_bf16_tail)
+KN_AVX2 static void matvec_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                               const void *w, int K, int T, int n, int acc) {
+  matvec(out, ldo, in, ldi, w, K, T, n, acc, KN_DTYPE_F32);
+}
+KN_AVX2 static void matvec_f16(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                               const void *w, int K, int T, int n, int acc) {
+  matvec(out, ldo, in, ldi, w, K, T, n, acc, KN_DTYPE_F16);
+}
+KN_AVX2 static void matvec_bf16(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                                const void *w, int K, int T, int n, int acc) {
+  matvec(out, ldo, in, ldi, w, K, T, n, acc, KN_DTYPE_BF16);
+}
 
 const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT] = {
     [KN_DTYPE_F32] = matvec_f32, [KN_DTYPE_F16] = matvec_f16, [KN_DTYPE_BF16] = matvec_bf16};
 
 /* ---- tile kernel: f32 weights, 4 tokens x 3 features per tile ----------- */
 
-/* One step of a 4 x 3 tile: three weight vectors against four token vectors. */
-#define TILE_STEP(LOADW, LOADX, OFF)                                                               \
-  do {                                                                                             \
-    __m256 va = LOADW(wa + (OFF)), vb = LOADW(wb + (OFF)), vc = LOADW(wc + (OFF)), xv;             \
-    xv = LOADX(x0 + (OFF));                                                                        \
-    a0 = _mm256_fmadd_ps(va, xv, a0);                                                              \
-    b0 = _mm256_fmadd_ps(vb, xv, b0);                                                              \
-    c0 = _mm256_fmadd_ps(vc, xv, c0);                                                              \
-    xv = LOADX(x1 + (OFF));                                                                        \
-    a1 = _mm256_fmadd_ps(va, xv, a1);                                                              \
-    b1 = _mm256_fmadd_ps(vb, xv, b1);                                                              \
-    c1 = _mm256_fmadd_ps(vc, xv, c1);                                                              \
-    xv = LOADX(x2 + (OFF));                                                                        \
-    a2 = _mm256_fmadd_ps(va, xv, a2);                                                              \
-    b2 = _mm256_fmadd_ps(vb, xv, b2);                                                              \
-    c2 = _mm256_fmadd_ps(vc, xv, c2);                                                              \
-    xv = LOADX(x3 + (OFF));                                                                        \
-    a3 = _mm256_fmadd_ps(va, xv, a3);                                                              \
-    b3 = _mm256_fmadd_ps(vb, xv, b3);                                                              \
-    c3 = _mm256_fmadd_ps(vc, xv, c3);                                                              \
-  } while (0)
+/* One step of a 4 x 3 tile at offset off: the three weight rows' vectors
+ * against the four tokens' (masked loads where masked: the K tail). */
+KN_AVX2 static inline __attribute__((always_inline)) void
+tile_step(__m256 acc[4][3], const float *const w[3], const float *const x[4], int off, __m256i mask,
+          int masked) {
+  __m256 wv[3];
+  _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) wv[j] =
+      masked ? _mm256_maskload_ps(w[j] + off, mask) : _mm256_loadu_ps(w[j] + off);
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+    __m256 xv = masked ? _mm256_maskload_ps(x[i] + off, mask) : _mm256_loadu_ps(x[i] + off);
+    _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) acc[i][j] =
+        _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+  }
+}
 
 KN_AVX2 static void tile_f32(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                              const void *wv, int K, int T, int n, int acc) {
   const float *w = wv;
   const int K8 = K & ~7, r = K - K8;
   const __m256i mask = kn_avx2_mask(r);
-#define LDU(p) _mm256_loadu_ps(p)
-#define LDM(p) _mm256_maskload_ps((p), mask)
   int j = 0;
   for (; j + 3 <= n; j += 3) {
-    const float *wa = w + (size_t)j * K, *wb = wa + K, *wc = wb + K;
+    const float *w0 = w + (size_t)j * K;
+    const float *const wr[3] = {w0, w0 + K, w0 + 2 * (size_t)K};
     int t = 0;
     for (; t + 4 <= T; t += 4) {
-      const float *x0 = in + (ptrdiff_t)t * ldi, *x1 = x0 + ldi, *x2 = x1 + ldi, *x3 = x2 + ldi;
-      __m256 a0 = _mm256_setzero_ps(), b0 = a0, c0 = a0, a1 = a0, b1 = a0, c1 = a0, a2 = a0,
-             b2 = a0, c2 = a0, a3 = a0, b3 = a0, c3 = a0;
+      const float *x0 = in + (ptrdiff_t)t * ldi;
+      const float *const x[4] = {x0, x0 + ldi, x0 + 2 * ldi, x0 + 3 * ldi};
+      __m256 a[4][3];
+      _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+          _Pragma("GCC unroll 3") for (int f = 0; f < 3; f++) a[i][f] = _mm256_setzero_ps();
       for (int k = 0; k < K8; k += 8)
-        TILE_STEP(LDU, LDU, k);
-      if (r) TILE_STEP(LDM, LDM, K8);
-      float *o = out + (ptrdiff_t)t * ldo + j;
-      put(o, kn_avx2_hsum(a0), acc);
-      put(o + 1, kn_avx2_hsum(b0), acc);
-      put(o + 2, kn_avx2_hsum(c0), acc);
-      o += ldo;
-      put(o, kn_avx2_hsum(a1), acc);
-      put(o + 1, kn_avx2_hsum(b1), acc);
-      put(o + 2, kn_avx2_hsum(c1), acc);
-      o += ldo;
-      put(o, kn_avx2_hsum(a2), acc);
-      put(o + 1, kn_avx2_hsum(b2), acc);
-      put(o + 2, kn_avx2_hsum(c2), acc);
-      o += ldo;
-      put(o, kn_avx2_hsum(a3), acc);
-      put(o + 1, kn_avx2_hsum(b3), acc);
-      put(o + 2, kn_avx2_hsum(c3), acc);
+        tile_step(a, wr, x, k, mask, 0);
+      if (r) tile_step(a, wr, x, K8, mask, 1);
+      _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+          _Pragma("GCC unroll 3") for (int f = 0; f < 3; f++)
+              put(out + (ptrdiff_t)(t + i) * ldo + j + f, kn_avx2_hsum(a[i][f]), acc);
     }
     if (t < T)
-      matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, wa, K, T - t, 3,
+      matvec_f32(out + (ptrdiff_t)t * ldo + j, ldo, in + (ptrdiff_t)t * ldi, ldi, w0, K, T - t, 3,
                  acc);
   }
-#undef LDU
-#undef LDM
   if (j < n) matvec_f32(out + j, ldo, in, ldi, w + (size_t)j * K, K, T, n - j, acc);
 }
 
@@ -255,14 +225,7 @@ KN_AVX2 static void rmsnorm_avx2(float *out, const float *x, int d, const void *
       y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, i)));
     _mm256_storeu_ps(out + i, y);
   }
-  for (; i < d; i++) {
-    float y = x[i] * rs;
-    if (mode == KN_NORM_MUL_W)
-      y *= kn_load_f32(w, wdt, (size_t)i);
-    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
-      y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
-    out[i] = y;
-  }
+  kn_cpu_norm_scale(out, x, i, d, rs, w, wdt, mode);
 }
 
 /* ---- GELU-tanh gating and softcap --------------------------------------- */
@@ -378,19 +341,9 @@ KN_AVX2 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out) {
   __m256 mv = _mm256_set1_ps(m);
   for (i = 0; i + 8 <= n; i += 8) {
     int bits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), mv, _CMP_EQ_OQ));
-    if (bits) {
-      i += __builtin_ctz((unsigned)bits);
-      if (max_out) *max_out = row[i];
-      return i;
-    }
+    if (bits) return kn_cpu_argmax_first_eq(row, i + __builtin_ctz((unsigned)bits), n, m, max_out);
   }
-  for (; i < n; i++)
-    if (row[i] == m) {
-      if (max_out) *max_out = row[i];
-      return i;
-    }
-  if (max_out) *max_out = NAN;
-  return -1;
+  return kn_cpu_argmax_first_eq(row, i, n, m, max_out);
 }
 
 void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {

@@ -1,11 +1,13 @@
 /* kn-cpu-avx2.h — inline AVX2 helpers shared by the AVX2 kernel files: loads
- * that widen bf16 / f16 to f32, tail masks, the fixed horizontal sum, a
- * vector exp, and the online softmax's step over one key block. Every
+ * that widen bf16 / f16 to f32, tail masks, the fixed horizontal sum (and the
+ * store of two tokens' four sums), a vector exp, and the online softmax's
+ * step over one key block. Every
  * function carries the avx2,fma,f16c target attribute so the build needs no
  * -march flag; only files whose kernels run after a CPU check include this. */
 #ifndef LMSERVE_KN_CPU_AVX2_H
 #define LMSERVE_KN_CPU_AVX2_H
 #include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -73,6 +75,18 @@ KN_AVX2 static inline __m256 kn_avx2_hsum8(__m256 r0, __m256 r1, __m256 r2, __m2
   /* y0 + y1 of each: [r0 r1 r2 r3 | s0 s1 s2 s3] */
   return _mm256_add_ps(_mm256_shuffle_ps(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm256_shuffle_ps(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* Stores, or adds to what is there (acc), the sums of r0..r3 at o[0..3] and
+ * those of s0..s3 at o[ldo .. ldo + 3] (kn_avx2_hsum8): two tokens' four
+ * outputs of a matvec. */
+KN_AVX2 static inline __attribute__((always_inline)) void
+kn_avx2_put_2x4(float *o, ptrdiff_t ldo, __m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 s0,
+                __m256 s1, __m256 s2, __m256 s3, int acc) {
+  __m256 h = kn_avx2_hsum8(r0, r1, r2, r3, s0, s1, s2, s3);
+  __m128 lo = _mm256_castps256_ps128(h), hi = _mm256_extractf128_ps(h, 1);
+  _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), lo) : lo);
+  _mm_storeu_ps(o + ldo, acc ? _mm_add_ps(_mm_loadu_ps(o + ldo), hi) : hi);
 }
 
 KN_AVX2 static inline float kn_avx2_hmax(__m256 v) {

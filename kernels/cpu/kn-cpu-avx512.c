@@ -240,12 +240,8 @@ static int mv512_min_t = 3;
                 _mm256_fmadd_ps(tl[f], xv, a[f][u]);                                               \
           }                                                                                        \
         _Pragma("GCC unroll 2") for (int u = 0; u < 4; u += 2) {                                   \
-          __m256 h = kn_avx2_hsum8(a[0][u], a[1][u], a[2][u], a[3][u], a[0][u + 1], a[1][u + 1],   \
-                                   a[2][u + 1], a[3][u + 1]);                                      \
-          float *o = out + (ptrdiff_t)(t + u) * ldo + j;                                           \
-          __m128 lo = _mm256_castps256_ps128(h), hi = _mm256_extractf128_ps(h, 1);                 \
-          _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), lo) : lo);                            \
-          _mm_storeu_ps(o + ldo, acc ? _mm_add_ps(_mm_loadu_ps(o + ldo), hi) : hi);                \
+          kn_avx2_put_2x4(out + (ptrdiff_t)(t + u) * ldo + j, ldo, a[0][u], a[1][u], a[2][u],      \
+                          a[3][u], a[0][u + 1], a[1][u + 1], a[2][u + 1], a[3][u + 1], acc);       \
         }                                                                                          \
       }                                                                                            \
       if (t < T)                                                                                   \
@@ -421,19 +417,9 @@ KN_AVX512 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out) 
   __m512 mv = _mm512_set1_ps(m);
   for (i = 0; i + 16 <= n; i += 16) {
     __mmask16 bits = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + i), mv, _CMP_EQ_OQ);
-    if (bits) {
-      i += __builtin_ctz((unsigned)bits);
-      if (max_out) *max_out = row[i];
-      return i;
-    }
+    if (bits) return kn_cpu_argmax_first_eq(row, i + __builtin_ctz((unsigned)bits), n, m, max_out);
   }
-  for (; i < n; i++)
-    if (row[i] == m) {
-      if (max_out) *max_out = row[i];
-      return i;
-    }
-  if (max_out) *max_out = NAN;
-  return -1;
+  return kn_cpu_argmax_first_eq(row, i, n, m, max_out);
 }
 
 /* ---- the greedy head: 16 tokens across the lanes ----------------------- */

@@ -330,6 +330,33 @@ int kn_cpu_argmax_row_ref(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx2(const float *row, int n, float *max_out);
 int kn_cpu_argmax_row_avx512(const float *row, int n, float *max_out);
+/* The scaling half of RMSNorm over elements [i, d) of a row: out = x * r,
+ * times w or 1 + w as mode says (the reference's loop, the AVX2 version's
+ * scalar tail). */
+static inline void kn_cpu_norm_scale(float *out, const float *x, int i, int d, float r,
+                                     const void *w, enum kn_dtype wdt, enum kn_norm_mode mode) {
+  for (; i < d; i++) {
+    float y = x[i] * r;
+    if (mode == KN_NORM_MUL_W)
+      y *= kn_load_f32(w, wdt, (size_t)i);
+    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
+      y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
+    out[i] = y;
+  }
+}
+
+/* The scalar end of the SIMD versions: the first index from i on whose value
+ * equals m (the row's maximum, found by the caller), or -1 and NaN where none
+ * does (every entry NaN). */
+static inline int kn_cpu_argmax_first_eq(const float *row, int i, int n, float m, float *max_out) {
+  for (; i < n; i++)
+    if (row[i] == m) {
+      if (max_out) *max_out = row[i];
+      return i;
+    }
+  if (max_out) *max_out = NAN;
+  return -1;
+}
 int kn_cpu_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                           ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
 

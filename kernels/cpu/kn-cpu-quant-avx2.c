@@ -163,10 +163,6 @@ KN_AVX2 static void deq_q6_k(const uint8_t *row, int c, __m256 *v) {
   }
 }
 
-KN_AVX2 static inline void put4(float *o, __m128 s, int acc) {
-  _mm_storeu_ps(o, acc ? _mm_add_ps(_mm_loadu_ps(o), s) : s);
-}
-
 KN_AVX2 static inline void put1(float *o, float s, int acc) {
   *o = acc ? *o + s : s;
 }
@@ -196,10 +192,8 @@ KN_AVX2 static void qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float
             b[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(y + 32 * c + 8 * u), b[i]);
           }
         }
-      float *o = out + (ptrdiff_t)t * ldo + j;
-      __m256 hs = kn_avx2_hsum8(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]);
-      put4(o, _mm256_castps256_ps128(hs), acc);
-      put4(o + ldo, _mm256_extractf128_ps(hs, 1), acc);
+      kn_avx2_put_2x4(out + (ptrdiff_t)t * ldo + j, ldo, a[0], a[1], a[2], a[3], b[0], b[1], b[2],
+                      b[3], acc);
     }
     for (; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;

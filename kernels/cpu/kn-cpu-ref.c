@@ -59,14 +59,7 @@ static void rmsnorm_ref(float *out, const float *x, int d, const void *w, enum k
   for (int i = 0; i < d; i++)
     ss += (double)x[i] * (double)x[i];
   float r = (float)(1.0 / sqrt(ss / d + (double)eps));
-  for (int i = 0; i < d; i++) {
-    float y = x[i] * r;
-    if (mode == KN_NORM_MUL_W)
-      y *= kn_load_f32(w, wdt, (size_t)i);
-    else if (mode == KN_NORM_MUL_ONE_PLUS_W)
-      y *= 1.0f + kn_load_f32(w, wdt, (size_t)i);
-    out[i] = y;
-  }
+  kn_cpu_norm_scale(out, x, 0, d, r, w, wdt, mode);
 }
 
 float kn_cpu_gelu_tanh_ref(float g) {

@@ -28,26 +28,8 @@ __global__ void argmax_kernel(int32_t *ids, float *maxv, const float *logits, pt
       bi = i;
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (beats(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) {
-    sv[w] = bv;
-    si[w] = bi;
-  }
-  __syncthreads();
+  kn_block_best<beats>(bv, bi, sv, si);
   if (threadIdx.x == 0) {
-    for (int k = 1; k < (int)(blockDim.x >> 5); k++)
-      if (beats(sv[k], si[k], bv, bi)) {
-        bv = sv[k];
-        bi = si[k];
-      }
     if (bi == ARGMAX_NONE) {
       ids[blockIdx.x] = 0;
       maxv[blockIdx.x] = row[0];

@@ -3,12 +3,6 @@
  * One thread per element; out may alias x (same stride). */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
-__device__ __forceinline__ float bias_act_gelu_tanh(float g) {
-  /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
-  float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(u));
-}
-
 __global__ void bias_act_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                                 const float *bias, int N, int act) {
   int t = blockIdx.y;
@@ -16,19 +10,16 @@ __global__ void bias_act_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdi
   if (j >= N) return;
   float v = x[(ptrdiff_t)t * ldx + j];
   if (bias) v += bias[j];
-  if (act == KN_ACT_GELU_TANH) v = bias_act_gelu_tanh(v);
+  if (act == KN_ACT_GELU_TANH) v = kn_gelu_tanh(v);
   out[(ptrdiff_t)t * ldo + j] = v;
 }
 
 extern "C" cudaError_t kn_cuda_launch_bias_act(cudaStream_t s, float *out, ptrdiff_t ldo,
                                                const float *x, ptrdiff_t ldx, const float *bias,
                                                int T, int N, enum kn_act act) {
-  /* gridDim.y is capped at 65535: go in slices of tokens */
-  for (int t0 = 0; t0 < T; t0 += 65535) {
-    int nt = T - t0 < 65535 ? T - t0 : 65535;
-    dim3 grid((unsigned)((N + 255) / 256), (unsigned)nt);
+  kn_row_slices(T, N, [&](int t0, dim3 grid) {
     bias_act_kernel<<<grid, 256, 0, s>>>(out + (ptrdiff_t)t0 * ldo, ldo, x + (ptrdiff_t)t0 * ldx,
                                          ldx, bias, N, (int)act);
-  }
+  });
   return cudaGetLastError();
 }

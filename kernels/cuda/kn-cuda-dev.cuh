@@ -1,5 +1,6 @@
 /* kn-cuda-dev.cuh — device helpers shared by the .cu files: element loads
- * and stores per dtype, warp and block reductions, grid sizing, and the
+ * and stores per dtype, warp and block reductions (and the block's best
+ * candidate), GELU-tanh, grid sizing and row-sliced launches, and the
  * few-rows matmul's dot product. Included only by nvcc; everything here is
  * static / inline (no symbols exported). */
 #ifndef LMSERVE_KN_CUDA_DEV_CUH
@@ -55,16 +56,19 @@ __device__ __forceinline__ float kn_warp_max(float v) {
   return v;
 }
 
-/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
- * gets the result. Uses 33 floats of shared memory passed in. */
-__device__ __forceinline__ float kn_block_sum(float v, float *sh) {
+/* Warp (kn_warp_sum or kn_warp_max) over the block (blockDim.x a multiple of
+ * 32, <= 1024): within each warp, then over the warps' results, the missing
+ * warps counting as 0; every thread gets the result. Uses 33 floats of shared
+ * memory passed in. */
+template <float (*Warp)(float)>
+__device__ __forceinline__ float kn_block_reduce(float v, float *sh) {
   int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = kn_warp_sum(v);
+  v = Warp(v);
   if (lane == 0) sh[w] = v;
   __syncthreads();
   if (w == 0) {
     float t = lane < nw ? sh[lane] : 0.0f;
-    t = kn_warp_sum(t);
+    t = Warp(t);
     if (lane == 0) sh[32] = t;
   }
   __syncthreads();
@@ -73,21 +77,50 @@ __device__ __forceinline__ float kn_block_sum(float v, float *sh) {
   return r;
 }
 
-/* Maximum over the block of values >= 0 (as kn_block_sum). */
+/* Sum over the block (as kn_block_reduce). */
+__device__ __forceinline__ float kn_block_sum(float v, float *sh) {
+  return kn_block_reduce<kn_warp_sum>(v, sh);
+}
+
+/* Maximum over the block of values >= 0 (as kn_block_reduce). */
 __device__ __forceinline__ float kn_block_max(float v, float *sh) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = kn_warp_max(v);
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    float t = lane < nw ? sh[lane] : 0.0f;
-    t = kn_warp_max(t);
-    if (lane == 0) sh[32] = t;
+  return kn_block_reduce<kn_warp_max>(v, sh);
+}
+
+/* The block's best candidate (v, i) of every thread's under Beats (does
+ * (bv, bi) beat (av, ai)?): within each warp, then over the warps' bests in
+ * wv, wi (blockDim.x / 32 entries of shared memory) by thread 0, the only
+ * thread that gets the result. The argmax, top-k and sampling kernels pick
+ * with it; the caller syncs before wv, wi are written again. */
+template <bool (*Beats)(float, int, float, int)>
+__device__ __forceinline__ void kn_block_best(float &v, int &i, float *wv, int *wi) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (Beats(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+  if ((threadIdx.x & 31) == 0) {
+    wv[threadIdx.x >> 5] = v;
+    wi[threadIdx.x >> 5] = i;
   }
   __syncthreads();
-  float r = sh[32];
-  __syncthreads();
-  return r;
+  if (threadIdx.x == 0)
+    for (int k = 1; k < (int)(blockDim.x >> 5); k++)
+      if (Beats(wv[k], wi[k], v, i)) {
+        v = wv[k];
+        i = wi[k];
+      }
+}
+
+/* gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): the
+ * activation of the bias-act, gated-product and fused MLP kernels, which so
+ * agree bit for bit. */
+__device__ __forceinline__ float kn_gelu_tanh(float g) {
+  float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  return 0.5f * g * (1.0f + tanhf(u));
 }
 
 /* Blocks for n items at `per` items per block, capped for grid-stride loops. */
@@ -95,6 +128,22 @@ static inline unsigned kn_grid(size_t n, unsigned per, unsigned cap) {
   size_t g = (n + per - 1) / per;
   if (g < 1) g = 1;
   return g > cap ? cap : (unsigned)g;
+}
+
+/* The launches of a row-wise kernel over T rows of N elements: one thread
+ * per element, 256 along a row per block, blockIdx.y the row within a slice
+ * of at most 65535 rows (gridDim.y's cap). launch(t0, grid) launches the
+ * slice that starts at row t0. */
+template <typename Launch> static inline void kn_row_slices(int T, int N, Launch launch) {
+  for (int t0 = 0; t0 < T; t0 += 65535) {
+    int nt = T - t0 < 65535 ? T - t0 : 65535;
+    launch(t0, dim3((unsigned)((N + 255) / 256), (unsigned)nt));
+  }
+}
+
+/* The thread's warp over the grid (x only): the few-rows kernels' output row. */
+__device__ __forceinline__ int kn_warp_id() {
+  return (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
 }
 
 /* The two elements of a 32-bit word of bf16 / f16 values, widened (exact). */

@@ -24,12 +24,6 @@ extern "C" cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltw
   return cudaGetLastError();
 }
 
-__device__ __forceinline__ float gelu_tanh(float g) {
-  /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
-  float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(u));
-}
-
 __global__ void gelu_mul_kernel(float *out, ptrdiff_t ldo, const float *gate, ptrdiff_t ldg,
                                 const float *up, ptrdiff_t ldu, int N) {
   int t = blockIdx.y;
@@ -37,18 +31,15 @@ __global__ void gelu_mul_kernel(float *out, ptrdiff_t ldo, const float *gate, pt
   if (j >= N) return;
   float g = gate[(ptrdiff_t)t * ldg + j];
   float u = up[(ptrdiff_t)t * ldu + j];
-  out[(ptrdiff_t)t * ldo + j] = gelu_tanh(g) * u;
+  out[(ptrdiff_t)t * ldo + j] = kn_gelu_tanh(g) * u;
 }
 
 extern "C" cudaError_t kn_cuda_launch_gelu_mul(cudaStream_t s, float *out, ptrdiff_t ldo,
                                                const float *gate, ptrdiff_t ldg, const float *up,
                                                ptrdiff_t ldu, int T, int N) {
-  /* gridDim.y is capped at 65535: go in slices of tokens */
-  for (int t0 = 0; t0 < T; t0 += 65535) {
-    int nt = T - t0 < 65535 ? T - t0 : 65535;
-    dim3 grid((unsigned)((N + 255) / 256), (unsigned)nt);
+  kn_row_slices(T, N, [&](int t0, dim3 grid) {
     gelu_mul_kernel<<<grid, 256, 0, s>>>(out + (ptrdiff_t)t0 * ldo, ldo, gate + (ptrdiff_t)t0 * ldg,
                                          ldg, up + (ptrdiff_t)t0 * ldu, ldu, N);
-  }
+  });
   return cudaGetLastError();
 }

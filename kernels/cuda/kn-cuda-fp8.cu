@@ -31,13 +31,9 @@ template <int TT>
 __global__ void gemv_fp8_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                                 const unsigned char *w, const float *scale, int N, int K,
                                 int accumulate) {
-  int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-  int lane = threadIdx.x & 31;
+  int n = kn_warp_id(), lane = threadIdx.x & 31;
   if (n >= N) return;
-  float acc[TT];
-#pragma unroll
-  for (int t = 0; t < TT; t++)
-    acc[t] = 0.0f;
+  float acc[TT] = {};
   const uint4 *wr = reinterpret_cast<const uint4 *>(w + (size_t)n * (size_t)K);
   for (int v = lane; v < K / 16; v += 32) {
     uint4 q = wr[v];

@@ -169,17 +169,13 @@ extern "C" cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_c
  * [first[p], first[p + 1])). */
 template <typename W, int TT>
 __global__ void gemv_n_kernel(struct kn_cuda_gemv_parts g, const float *in, ptrdiff_t ldi, int K) {
-  int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-  int lane = threadIdx.x & 31;
+  int n = kn_warp_id(), lane = threadIdx.x & 31;
   if (n >= g.first[g.n]) return;
   int p = 0;
   while (n >= g.first[p + 1])
     p++;
   int r = n - g.first[p];
-  float acc[TT];
-#pragma unroll
-  for (int t = 0; t < TT; t++)
-    acc[t] = 0.0f;
+  float acc[TT] = {};
   kn_gemv_dot<W, TT>(acc, (const W *)g.w[p] + (size_t)r * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
@@ -188,30 +184,20 @@ __global__ void gemv_n_kernel(struct kn_cuda_gemv_parts g, const float *in, ptrd
   }
 }
 
-/* gelu_tanh as kn-cuda-eltwise.cu computes it. */
-__device__ __forceinline__ float gelu_tanh(float g) {
-  float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(u));
-}
-
 /* One warp per output n: the gate row and the up row against every input row,
  * out[t, n] = gelu(gate) * up. */
 template <typename W, int TT>
 __global__ void gemv_glu_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                                 const W *wg, const W *wu, int N, int K) {
-  int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-  int lane = threadIdx.x & 31;
+  int n = kn_warp_id(), lane = threadIdx.x & 31;
   if (n >= N) return;
-  float ag[TT], au[TT];
-#pragma unroll
-  for (int t = 0; t < TT; t++)
-    ag[t] = au[t] = 0.0f;
+  float ag[TT] = {}, au[TT] = {};
   kn_gemv_dot<W, TT>(ag, wg + (size_t)n * (size_t)K, in, ldi, K, lane);
   kn_gemv_dot<W, TT>(au, wu + (size_t)n * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float g = kn_warp_sum(ag[t]), u = kn_warp_sum(au[t]);
-    if (lane == 0) out[(ptrdiff_t)t * ldo + n] = gelu_tanh(g) * u;
+    if (lane == 0) out[(ptrdiff_t)t * ldo + n] = kn_gelu_tanh(g) * u;
   }
 }
 

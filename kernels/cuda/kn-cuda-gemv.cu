@@ -13,13 +13,9 @@
 template <typename W, int TT>
 __global__ void gemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const W *w,
                             int N, int K, int accumulate) {
-  int n = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-  int lane = threadIdx.x & 31;
+  int n = kn_warp_id(), lane = threadIdx.x & 31;
   if (n >= N) return;
-  float acc[TT];
-#pragma unroll
-  for (int t = 0; t < TT; t++)
-    acc[t] = 0.0f;
+  float acc[TT] = {};
   kn_gemv_dot<W, TT>(acc, w + (size_t)n * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {

@@ -109,28 +109,35 @@ static int cuda_comm_join(void *ctx, const struct kn_comm_id *id, int rank, int 
   return 0;
 }
 
+/* Before a collective: CM_ERR_CLOSED without a working group, the refusal of
+ * one while a graph is captured, else the device entered (0). */
+static int collective_begin(struct kn_cuda_ctx *c) {
+  if (!c->nccl || c->nccl->failed) return CM_ERR_CLOSED;
+  int err = kn_cuda_graph_refuse(c, "a collective");
+  return err ? err : kn_cuda_enter(c);
+}
+
+/* After enqueueing a collective (`what` returned r): its failure, or the wait
+ * for it to finish. */
+static int collective_end(struct kn_cuda_ctx *c, ncclResult_t r, const char *what) {
+  if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(c->nccl, r, what);
+  return nccl_wait(c, c->nccl, 0, KN_COMM_CALL_TIMEOUT_MS);
+}
+
 static int cuda_all_reduce_sum(void *ctx, float *buf, size_t count) {
   struct kn_cuda_ctx *c = ctx;
-  struct kn_cuda_nccl *n = c->nccl;
-  if (!n || n->failed) return CM_ERR_CLOSED;
-  int err = kn_cuda_graph_refuse(c, "a collective");
-  if (!err) err = kn_cuda_enter(c);
+  int err = collective_begin(c);
   if (err) return err;
-  ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, n->comm, c->stream);
-  if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(n, r, "ncclAllReduce");
-  return nccl_wait(c, n, 0, KN_COMM_CALL_TIMEOUT_MS);
+  ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, c->nccl->comm, c->stream);
+  return collective_end(c, r, "ncclAllReduce");
 }
 
 static int cuda_all_gather(void *ctx, const void *mine, size_t bytes, void *all) {
   struct kn_cuda_ctx *c = ctx;
-  struct kn_cuda_nccl *n = c->nccl;
-  if (!n || n->failed) return CM_ERR_CLOSED;
-  int err = kn_cuda_graph_refuse(c, "a collective");
-  if (!err) err = kn_cuda_enter(c);
+  int err = collective_begin(c);
   if (err) return err;
-  ncclResult_t r = ncclAllGather(mine, all, bytes, ncclUint8, n->comm, c->stream);
-  if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(n, r, "ncclAllGather");
-  return nccl_wait(c, n, 0, KN_COMM_CALL_TIMEOUT_MS);
+  ncclResult_t r = ncclAllGather(mine, all, bytes, ncclUint8, c->nccl->comm, c->stream);
+  return collective_end(c, r, "ncclAllGather");
 }
 
 void kn_cuda_nccl_destroy(struct kn_cuda_ctx *c) {

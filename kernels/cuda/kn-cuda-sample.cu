@@ -170,27 +170,8 @@ __device__ __forceinline__ bool beats(float bv, int bi, float av, int ai) {
 
 /* The block's best (value, id) of every thread's candidate; NONE_ID when none. */
 __device__ int block_best(float v, int i, sample_smem &s) {
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (beats(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-  if ((threadIdx.x & 31) == 0) {
-    s.wv[threadIdx.x >> 5] = v;
-    s.wi[threadIdx.x >> 5] = i;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < SAMPLE_WARPS; k++)
-      if (beats(s.wv[k], s.wi[k], v, i)) {
-        v = s.wv[k];
-        i = s.wi[k];
-      }
-    s.bcast_i = i;
-  }
+  kn_block_best<beats>(v, i, s.wv, s.wi);
+  if (threadIdx.x == 0) s.bcast_i = i;
   __syncthreads();
   return s.bcast_i;
 }

@@ -69,25 +69,8 @@ __global__ void topk_kernel(int32_t *ids, float *weights, const float *logits, p
         bv = sl[i];
         bi = i;
       }
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (topk_beats(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      wv[w] = bv;
-      wi[w] = bi;
-    }
-    __syncthreads();
+    kn_block_best<topk_beats>(bv, bi, wv, wi);
     if (threadIdx.x == 0) {
-      for (int q = 1; q < nw; q++)
-        if (topk_beats(wv[q], wi[q], bv, bi)) {
-          bv = wv[q];
-          bi = wi[q];
-        }
       oid[j] = bi; /* j < k <= E: something is always left */
       ow[j] = p[bi] / sum;
       picked_sum += p[bi] / sum;

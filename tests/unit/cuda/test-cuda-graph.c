@@ -145,15 +145,21 @@ static void check_arch(struct kn_backend *be, const char *arch) {
   wkt_rmdir(dir);
 }
 
-TH_TEST(cuda_step_graphs_replay_bit_identical) {
+/* Backend 0; skips the test loudly where no CUDA device is visible. */
+static struct kn_backend *open_device(void) {
+  static char why[64];
   int n = kn_cuda_device_count();
   if (n <= 0) {
-    char why[64];
     snprintf(why, sizeof(why), "no CUDA device visible: %d devices", n);
     TH_SKIP(why);
   }
   struct kn_backend *be;
   TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
+  return be;
+}
+
+TH_TEST(cuda_step_graphs_replay_bit_identical) {
+  struct kn_backend *be = open_device();
   check_arch(be, "gemma3");
   check_arch(be, "gemma4");
   kn_backend_destroy(be);
@@ -161,14 +167,7 @@ TH_TEST(cuda_step_graphs_replay_bit_identical) {
 
 /* What a backend without graphs answers, and the order the modes go in. */
 TH_TEST(step_graph_modes_in_order) {
-  int n = kn_cuda_device_count();
-  if (n <= 0) {
-    char why[64];
-    snprintf(why, sizeof(why), "no CUDA device visible: %d devices", n);
-    TH_SKIP(why);
-  }
-  struct kn_backend *be;
-  TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
+  struct kn_backend *be = open_device();
   struct kn_graph *g;
   TH_REQUIRE(kn_graph_new(be, 1024, &g) == 0);
   TH_CHECK_EQ_INT(kn_graph_begin(be, g, KN_GRAPH_CAPTURE), CM_ERR_INVAL); /* not measured */

@@ -78,23 +78,19 @@ TH_TEST(cuda_bias_act) {
           TH_REQUIRE(x && bias);
           ct_fill(&e, x, tx, 4.0f);
           ct_fill(&e, bias, (size_t)N, 1.0f);
-          float *ref = ct_sentinel(to), *got = ct_sentinel(to);
-          float *x_d = ct_up(&e, x, tx * sizeof(float)), *out_d = ct_up(&e, got, to * 4);
+          struct ct_out o;
+          ct_out_init(&e, &o, to, 0);
+          float *x_d = ct_up(&e, x, tx * sizeof(float));
           float *b_d = with_bias ? ct_up(&e, bias, (size_t)N * sizeof(float)) : NULL;
           enum kn_act a = act ? KN_ACT_GELU_TANH : KN_ACT_NONE;
-          TH_CHECK(kn_bias_act(e.gpu, out_d, ldo, x_d, ldx, b_d, T, N, a) == 0);
-          TH_CHECK(kn_bias_act(e.cpu, ref, ldo, x, ldx, with_bias ? bias : NULL, T, N, a) == 0);
-          ct_down(&e, got, out_d, to * sizeof(float));
-          char what[96];
-          snprintf(what, sizeof(what), "bias_act act=%d bias=%d T=%d N=%d", act, with_bias, T, N);
-          ct_compare(what, ref, got, T, N, ldo, to, 1e-10);
+          TH_CHECK(kn_bias_act(e.gpu, o.dev, ldo, x_d, ldx, b_d, T, N, a) == 0);
+          TH_CHECK(kn_bias_act(e.cpu, o.ref, ldo, x, ldx, with_bias ? bias : NULL, T, N, a) == 0);
+          ct_out_check(&e, &o, T, N, ldo, 1e-10, "bias_act act=%d bias=%d T=%d N=%d", act,
+                       with_bias, T, N);
           kn_free(e.gpu, x_d);
-          kn_free(e.gpu, out_d);
           kn_free(e.gpu, b_d);
           free(x);
           free(bias);
-          free(ref);
-          free(got);
         }
   ct_close(&e);
 }
@@ -113,19 +109,15 @@ TH_TEST(cuda_avg_pool2d) {
     float *x = malloc(tx * sizeof(float));
     TH_REQUIRE(x);
     ct_fill(&e, x, tx, 2.0f);
-    float *ref = ct_sentinel(to), *got = ct_sentinel(to);
-    float *x_d = ct_up(&e, x, tx * sizeof(float)), *out_d = ct_up(&e, got, to * sizeof(float));
-    TH_CHECK(kn_avg_pool2d(e.gpu, out_d, ldo, x_d, ldx, n, side, k, C) == 0);
-    TH_CHECK(kn_avg_pool2d(e.cpu, ref, ldo, x, ldx, n, side, k, C) == 0);
-    ct_down(&e, got, out_d, to * sizeof(float));
-    char what[96];
-    snprintf(what, sizeof(what), "avg_pool2d n=%d side=%d k=%d C=%d", n, side, k, C);
-    ct_compare(what, ref, got, out_rows, C, ldo, to, 1e-10);
+    struct ct_out o;
+    ct_out_init(&e, &o, to, 0);
+    float *x_d = ct_up(&e, x, tx * sizeof(float));
+    TH_CHECK(kn_avg_pool2d(e.gpu, o.dev, ldo, x_d, ldx, n, side, k, C) == 0);
+    TH_CHECK(kn_avg_pool2d(e.cpu, o.ref, ldo, x, ldx, n, side, k, C) == 0);
+    ct_out_check(&e, &o, out_rows, C, ldo, 1e-10, "avg_pool2d n=%d side=%d k=%d C=%d", n, side, k,
+                 C);
     kn_free(e.gpu, x_d);
-    kn_free(e.gpu, out_d);
     free(x);
-    free(ref);
-    free(got);
   }
   ct_close(&e);
 }

@@ -106,6 +106,14 @@ static inline int kt_bits_equal(const float *a, const float *b, size_t n) {
   return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+/* kt_bits_equal over rows x cols of two strided matrices (row strides lda, ldb). */
+static inline int kt_rows_equal(const float *a, ptrdiff_t lda, const float *b, ptrdiff_t ldb,
+                                int rows, int cols) {
+  for (int r = 0; r < rows; r++)
+    if (!kt_bits_equal(a + (ptrdiff_t)r * lda, b + (ptrdiff_t)r * ldb, (size_t)cols)) return 0;
+  return 1;
+}
+
 /* ---- backends ----------------------------------------------------------- */
 
 /* The reference backend and the best SIMD one (NULL when the processor has no

@@ -530,8 +530,7 @@ TH_TEST(rmsnorm_modes) {
         }
         /* in place equals out of place */
         TH_REQUIRE(kn_rmsnorm(simd, in, ld, in, ld, rows, d, wt, wdts[dt], 1e-6f, mode) == 0);
-        for (int rr = 0; rr < rows; rr++)
-          TH_CHECK(kt_bits_equal(in + (size_t)rr * ld, b + (size_t)rr * ld, (size_t)d));
+        TH_CHECK(kt_rows_equal(in, ld, b, ld, rows, d));
         free(in);
         free(wt);
         kt_guarded_free(a);
@@ -668,6 +667,17 @@ static void check_matmul_argmax(struct kn_backend *be, enum kn_dtype dt, int T, 
   free(max_b);
 }
 
+/* check(be, ...) for every weight dtype, every shape {T, N, K} and the
+ * softcaps 0 and 30. */
+static void each_head_case(struct kn_backend *be, const int (*shapes)[3], size_t n_shapes,
+                           void (*check)(struct kn_backend *, enum kn_dtype, int, int, int,
+                                         float)) {
+  for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
+    for (size_t si = 0; si < n_shapes; si++)
+      for (int c = 0; c < 2; c++)
+        check(be, wdts[d], shapes[si][0], shapes[si][1], shapes[si][2], c ? 30.0f : 0.0f);
+}
+
 TH_TEST(matmul_argmax_is_matmul_then_argmax) {
   static const int shapes[][3] = {{1, 47, 64},    {3, 33, 17},   {8, 260, 64},    {16, 47, 64},
                                   {32, 9000, 64}, {37, 300, 67}, {20, 700, 640},  {4, 5, 0},
@@ -676,11 +686,7 @@ TH_TEST(matmul_argmax_is_matmul_then_argmax) {
   kt_seed(12);
   for (int isa = 0; isa < 2; isa++) {
     struct kn_backend *be = kt_backend(isa ? KN_CPU_ISA_AVX512 : KN_CPU_ISA_REF, 2);
-    for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
-      for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
-        for (int c = 0; c < 2; c++)
-          check_matmul_argmax(be, wdts[d], shapes[si][0], shapes[si][1], shapes[si][2],
-                              c ? 30.0f : 0.0f);
+    each_head_case(be, shapes, CM_ARRAY_LEN(shapes), check_matmul_argmax);
     kn_backend_destroy(be);
   }
 }
@@ -745,11 +751,7 @@ TH_TEST(matmul_argmax_masked_is_the_masked_greedy_draw) {
   for (int mode = 0; mode < 3; mode++) {
     enum kn_cpu_isa isa = mode == 0 ? KN_CPU_ISA_REF : kt_vector_isa();
     struct kn_backend *be = kt_isa_backend_mode(isa, 2, mode == 2);
-    for (size_t d = 0; d < CM_ARRAY_LEN(wdts); d++)
-      for (size_t si = 0; si < CM_ARRAY_LEN(shapes); si++)
-        for (int c = 0; c < 2; c++)
-          check_argmax_masked(be, wdts[d], shapes[si][0], shapes[si][1], shapes[si][2],
-                              c ? 30.0f : 0.0f);
+    each_head_case(be, shapes, CM_ARRAY_LEN(shapes), check_argmax_masked);
     kn_backend_destroy(be);
   }
 }

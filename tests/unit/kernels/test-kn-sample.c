@@ -57,11 +57,9 @@ TH_TEST(sample_greedy_is_argmax_of_penalised) {
   struct kn_backend *be = cpu();
   enum { T = 6, V = 3000, LD = 3011 };
   kt_seed(5);
-  float *x = malloc(sizeof(float) * T * LD), *keep = malloc(sizeof(float) * T * LD);
+  float *x = kt_rand_f32((size_t)T * LD, 4.0f), *keep = malloc(sizeof(float) * T * LD);
   float *pen = malloc(sizeof(float) * V);
-  TH_REQUIRE(x && keep && pen);
-  for (int i = 0; i < T * LD; i++)
-    x[i] = 4.0f * kt_uniform();
+  TH_REQUIRE(keep && pen);
   memcpy(keep, x, sizeof(float) * T * LD);
   struct kn_sample_params p[T];
   struct kn_sample_out o[T];
@@ -113,10 +111,7 @@ TH_TEST(sample_seeded_rows_are_batch_invariant) {
   struct kn_backend *be = cpu();
   enum { T = 16, V = 500 };
   kt_seed(9);
-  float *x = malloc(sizeof(float) * T * V);
-  TH_REQUIRE(x);
-  for (int i = 0; i < T * V; i++)
-    x[i] = 3.0f * kt_uniform();
+  float *x = kt_rand_f32((size_t)T * V, 3.0f);
   struct kn_sample_params p[T];
   struct kn_sample_out all[T], one, again[T];
   for (int t = 0; t < T; t++) {
@@ -153,10 +148,7 @@ TH_TEST(sample_threads_agree) {
   TH_REQUIRE(kn_cpu_backend_create(4, &four) == 0);
   enum { T = 24, V = 3000 };
   kt_seed(11);
-  float *x = malloc(sizeof(float) * T * V);
-  TH_REQUIRE(x);
-  for (int i = 0; i < T * V; i++)
-    x[i] = 4.0f * kt_uniform();
+  float *x = kt_rand_f32((size_t)T * V, 4.0f);
   static const int32_t pen_ids[] = {5, 17, 2999, 40};
   static const int32_t pen_counts[] = {1, 0, 3, 2};
   struct kn_sample_params p[T];

@@ -66,8 +66,7 @@ static void check_layernorm(struct kn_backend *be, enum kn_dtype dt, int rows, i
   TH_REQUIRE(inplace);
   memcpy(inplace, x, sizeof(float) * (size_t)rows * ldx);
   TH_CHECK_EQ_INT(kn_layernorm(be, inplace, ldx, inplace, ldx, rows, d, w, b, dt, eps), 0);
-  for (int r = 0; r < rows; r++)
-    TH_CHECK(kt_bits_equal(inplace + (size_t)r * ldx, out + (size_t)r * ldo, (size_t)d));
+  TH_CHECK(kt_rows_equal(inplace, ldx, out, ldo, rows, d));
   free(inplace);
   kt_guarded_free(out);
   free(want);
@@ -123,8 +122,7 @@ static void check_bias_act(struct kn_backend *be, int T, int N, enum kn_act act,
   check_rows(what, out, want, T, N, ldo, 1e-6);
   /* in place */
   TH_CHECK_EQ_INT(kn_bias_act(be, x, ldx, x, ldx, bias, T, N, act), 0);
-  for (int t = 0; t < T; t++)
-    TH_CHECK(kt_bits_equal(x + (size_t)t * ldx, out + (size_t)t * ldo, (size_t)N));
+  TH_CHECK(kt_rows_equal(x, ldx, out, ldo, T, N));
   kt_guarded_free(out);
   free(want);
   free(x);

@@ -187,16 +187,22 @@ static size_t stream_n(long k, size_t per) {
   return small[k % 8];
 }
 
-static void rank_stream(const struct args *a, int rank, int fd, struct rank_result *res) {
+/* Rank `rank` of a's group joins it (waiting up to join_ms for the others):
+ * the communicator, or NULL with the error in res->rc, said on stderr. */
+static struct kn_shm_comm *rank_join(const struct args *a, int rank, int join_ms,
+                                     struct rank_result *res) {
   struct kn_shm_comm *c = NULL;
   char err[256] = "";
-  res->rc = kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, a->timeout_ms, &c, err,
-                               sizeof(err));
+  res->rc =
+      kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, join_ms, &c, err, sizeof(err));
+  if (res->rc) fprintf(stderr, "rank %d: %s\n", rank, err);
+  return res->rc ? NULL : c;
+}
+
+static void rank_stream(const struct args *a, int rank, int fd, struct rank_result *res) {
+  struct kn_shm_comm *c = rank_join(a, rank, a->timeout_ms, res);
   ready(fd);
-  if (res->rc) {
-    fprintf(stderr, "rank %d: %s\n", rank, err);
-    return;
-  }
+  if (!c) return;
   size_t per = kn_shm_comm_slot_bytes(c) / sizeof(float);
   size_t cap = 2560 * 64 > 3 * per ? 2560 * 64 : 3 * per;
   float *buf = malloc(cap * sizeof(float));
@@ -408,12 +414,9 @@ TH_TEST(join_timeout_and_stale_segment) {
  * more call, which must fail too (the communicator stays failed). The group
  * forms with a generous timeout, the steps use the test's. */
 static void rank_until_failure(const struct args *a, int rank, int fd, struct rank_result *res) {
-  struct kn_shm_comm *c = NULL;
-  char err[256] = "";
-  res->rc = kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, 20000, &c, err, sizeof(err));
-  if (res->rc) {
+  struct kn_shm_comm *c = rank_join(a, rank, 20000, res);
+  if (!c) {
     ready(fd);
-    fprintf(stderr, "rank %d: %s\n", rank, err);
     return;
   }
   kn_shm_comm_set_timeout(c, a->timeout_ms);
@@ -436,25 +439,40 @@ static void rank_until_failure(const struct args *a, int rank, int fd, struct ra
   kn_shm_comm_destroy(c);
 }
 
+/* A group of a->world ranks in rank_until_failure, each past its 200th call,
+ * then rank `victim` sent sig: returns when it was sent. */
+static uint64_t group_signal_one(struct group *g, const struct args *a, int victim, int sig) {
+  group_start(g, a, rank_until_failure);
+  for (int r = 0; r < a->world; r++)
+    TH_CHECK(group_ready(g, r, 20000) == 0);
+  uint64_t t_sig = cm_time_ns();
+  kill(g->pid[victim], sig);
+  return t_sig;
+}
+
+/* Rank r's result once a peer was signalled at t_sig (`what` says how): its
+ * all-reduce failed, closed or timed out, less than limit_ms after. */
+static struct rank_result survivor_result(struct group *g, int r, uint64_t t_sig, double limit_ms,
+                                          const char *what) {
+  struct rank_result res = {0};
+  TH_CHECK(group_result(g, r, &res, 10000) == 0);
+  TH_CHECK(res.rc == CM_ERR_CLOSED || res.rc == CM_ERR_TIMEOUT);
+  double ms = (double)(res.t_fail - t_sig) * 1e-6;
+  printf("  rank %d failed %.1f ms after %s (%s)\n", r, ms, what, cm_strerror(res.rc));
+  TH_CHECK(res.t_fail >= t_sig && ms < limit_ms);
+  return res;
+}
+
 TH_TEST(peer_killed) {
   /* a timeout far longer than the bound: only the liveness check meets it */
   struct args a = {.world = 3, .timeout_ms = 5000, .max_bytes = 4096};
   unique_name(a.name, sizeof(a.name), "kill");
   struct group g;
-  group_start(&g, &a, rank_until_failure);
-  for (int r = 0; r < 3; r++)
-    TH_CHECK(group_ready(&g, r, 20000) == 0);
-  uint64_t t_kill = cm_time_ns();
-  kill(g.pid[1], SIGKILL);
+  uint64_t t_kill = group_signal_one(&g, &a, 1, SIGKILL);
   group_reap(&g, 1); /* a zombie counts as dead as well: not needed, but tidy */
   for (int r = 0; r < 3; r += 2) {
-    struct rank_result res = {0};
-    TH_CHECK(group_result(&g, r, &res, 10000) == 0);
-    TH_CHECK(res.rc == CM_ERR_CLOSED || res.rc == CM_ERR_TIMEOUT);
+    struct rank_result res = survivor_result(&g, r, t_kill, 1500, "its peer was killed");
     TH_CHECK(res.calls >= 200);
-    double ms = (double)(res.t_fail - t_kill) * 1e-6;
-    printf("  rank %d failed %.1f ms after its peer was killed (%s)\n", r, ms, cm_strerror(res.rc));
-    TH_CHECK(res.t_fail >= t_kill && ms < 1500);
     TH_CHECK_EQ_INT(res.after, CM_ERR_CLOSED);
   }
   TH_CHECK(!segment_exists(a.name));
@@ -465,39 +483,21 @@ TH_TEST(peer_killed_before_reaped) {
   struct args a = {.world = 2, .timeout_ms = 5000, .max_bytes = 4096};
   unique_name(a.name, sizeof(a.name), "zombie");
   struct group g;
-  group_start(&g, &a, rank_until_failure);
-  for (int r = 0; r < 2; r++)
-    TH_CHECK(group_ready(&g, r, 20000) == 0);
-  uint64_t t_kill = cm_time_ns();
-  kill(g.pid[0], SIGKILL);
-  struct rank_result res = {0};
-  TH_CHECK(group_result(&g, 1, &res, 10000) == 0);
+  uint64_t t_kill = group_signal_one(&g, &a, 0, SIGKILL);
+  survivor_result(&g, 1, t_kill, 1500, "rank 0 was killed");
   group_reap(&g, 0);
-  double ms = (double)(res.t_fail - t_kill) * 1e-6;
-  printf("  rank 1 failed %.1f ms after rank 0 was killed (%s)\n", ms, cm_strerror(res.rc));
-  TH_CHECK(res.rc == CM_ERR_CLOSED || res.rc == CM_ERR_TIMEOUT);
-  TH_CHECK(res.t_fail >= t_kill && ms < 1500);
 }
 
 TH_TEST(peer_stopped) {
   struct args a = {.world = 3, .timeout_ms = 400, .max_bytes = 4096};
   unique_name(a.name, sizeof(a.name), "stop");
   struct group g;
-  group_start(&g, &a, rank_until_failure);
-  for (int r = 0; r < 3; r++)
-    TH_CHECK(group_ready(&g, r, 20000) == 0);
-  uint64_t t_stop = cm_time_ns();
-  kill(g.pid[1], SIGSTOP);
+  uint64_t t_stop = group_signal_one(&g, &a, 1, SIGSTOP);
   int timeouts = 0;
   for (int r = 0; r < 3; r += 2) {
-    struct rank_result res = {0};
-    TH_CHECK(group_result(&g, r, &res, 10000) == 0);
-    TH_CHECK(res.rc == CM_ERR_TIMEOUT || res.rc == CM_ERR_CLOSED);
+    struct rank_result res = survivor_result(&g, r, t_stop, a.timeout_ms + 1000,
+                                             "its peer was stopped (timeout 400 ms)");
     timeouts += res.rc == CM_ERR_TIMEOUT;
-    double ms = (double)(res.t_fail - t_stop) * 1e-6;
-    printf("  rank %d failed %.1f ms after its peer was stopped (%s; timeout %d ms)\n", r, ms,
-           cm_strerror(res.rc), a.timeout_ms);
-    TH_CHECK(res.t_fail >= t_stop && ms < a.timeout_ms + 1000);
     TH_CHECK_EQ_INT(res.after, CM_ERR_CLOSED);
   }
   TH_CHECK(timeouts >= 1); /* the first to give up timed out; the other may have too */
@@ -513,19 +513,16 @@ TH_TEST(peer_stopped) {
  * rank 1 asks for an all-gather too large to address, which fails it at once,
  * and rank 0's barrier of a new group fails within a fraction of its timeout. */
 static void rank_mismatch(const struct args *a, int rank, int fd, struct rank_result *res) {
-  struct kn_shm_comm *c = NULL;
-  char err[256] = "";
-  res->rc = kn_shm_comm_create(a->name, rank, a->world, a->max_bytes, a->timeout_ms, &c, err,
-                               sizeof(err));
+  struct kn_shm_comm *c = rank_join(a, rank, a->timeout_ms, res);
   ready(fd);
-  if (res->rc) return;
+  if (!c) return;
   float buf[11] = {0};
   if (kn_shm_barrier(c) == 0) res->calls++;
   res->rc = kn_shm_allreduce_sum_f32(c, buf, rank ? 11 : 10);
   res->after = kn_shm_allreduce_sum_f32(c, buf, 10);
   kn_shm_comm_destroy(c);
   /* a second group under another name */
-  char name2[80];
+  char name2[80], err[256] = "";
   snprintf(name2, sizeof(name2), "%s-2", a->name);
   if (kn_shm_comm_create(name2, rank, a->world, a->max_bytes, a->timeout_ms, &c, err, sizeof(err)))
     return;
