@@ -14,22 +14,10 @@
 #define GR_WS_INLINE 2
 #define GR_WS_INDENT 16
 
-void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
+/* At most max spaces or tabs from `from` to `to`. */
+static void blanks(struct gr_nfa *n, uint32_t from, uint32_t to, int max) {
   uint32_t cur = from;
-  for (int i = 0; i < GR_WS_INLINE; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_nfa_eps(n, cur, to);
-    gr_nfa_byte(n, cur, nx, ' ', ' ');
-    gr_nfa_byte(n, cur, nx, '\t', '\t');
-    cur = nx;
-  }
-  gr_nfa_eps(n, cur, to);
-  uint32_t cr = gr_nfa_state(n), nl = gr_nfa_state(n);
-  gr_nfa_byte(n, from, cr, '\r', '\r');
-  gr_nfa_eps(n, from, cr);
-  gr_nfa_byte(n, cr, nl, '\n', '\n');
-  cur = nl;
-  for (int i = 0; i < GR_WS_INDENT; i++) {
+  for (int i = 0; i < max; i++) {
     uint32_t nx = gr_nfa_state(n);
     gr_nfa_eps(n, cur, to);
     gr_nfa_byte(n, cur, nx, ' ', ' ');
@@ -39,16 +27,17 @@ void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
   gr_nfa_eps(n, cur, to);
 }
 
+void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  blanks(n, from, to, GR_WS_INLINE);
+  uint32_t cr = gr_nfa_state(n), nl = gr_nfa_state(n);
+  gr_nfa_byte(n, from, cr, '\r', '\r');
+  gr_nfa_eps(n, from, cr);
+  gr_nfa_byte(n, cr, nl, '\n', '\n');
+  blanks(n, nl, to, GR_WS_INDENT);
+}
+
 void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to) {
-  uint32_t cur = from;
-  for (int i = 0; i < GR_WS_INLINE; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_nfa_eps(n, cur, to);
-    gr_nfa_byte(n, cur, nx, ' ', ' ');
-    gr_nfa_byte(n, cur, nx, '\t', '\t');
-    cur = nx;
-  }
-  gr_nfa_eps(n, cur, to);
+  blanks(n, from, to, GR_WS_INLINE);
 }
 
 static void hex4(struct gr_nfa *n, uint32_t from, uint32_t to) {
@@ -143,29 +132,14 @@ int gr_json_sx_step(int a, uint8_t b) {
   case 0:
     if (b == '"') return SX_END;
     if (b == '\\') return 8;
-    if (b >= 0x20 && b < 0x80) return 0;
-    if (b >= 0xc2 && b <= 0xdf) return 1;
-    if (b == 0xe0) return 4;
-    if ((b >= 0xe1 && b <= 0xec) || b == 0xee || b == 0xef) return 2;
-    if (b == 0xed) return 5;
-    if (b == 0xf0) return 6;
-    if (b >= 0xf1 && b <= 0xf3) return 3;
-    if (b == 0xf4) return 7;
-    return -1;
-  case 1: return b >= 0x80 && b <= 0xbf ? 0 : -1;
-  case 2: return b >= 0x80 && b <= 0xbf ? 1 : -1;
-  case 3: return b >= 0x80 && b <= 0xbf ? 2 : -1;
-  case 4: return b >= 0xa0 && b <= 0xbf ? 1 : -1;
-  case 5: return b >= 0x80 && b <= 0x9f ? 1 : -1;
-  case 6: return b >= 0x90 && b <= 0xbf ? 2 : -1;
-  case 7: return b >= 0x80 && b <= 0x8f ? 2 : -1;
+    break;
   case 8: return strchr("\"\\/bfnrt", b) && b ? 0 : b == 'u' ? 9 : -1;
   case 9:
   case 10:
   case 11: return hexb(b) ? a + 1 : -1;
   case 12: return hexb(b) ? 0 : -1;
   }
-  return -1;
+  return gr_u8_step(a, b); /* states 0-7 are those of plain text's UTF-8 */
 }
 
 struct sx_trie {
