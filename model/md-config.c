@@ -644,29 +644,38 @@ static int get_channels(const json_t *o, const char *key, int channels, float *d
   return 0;
 }
 
-/* A processor file's object of image settings: the file itself, or (nested:
- * processor_config.json) its "image_processor", *o NULL when there is none (the
- * defaults stay). *root (to json_decref) is set on success; *prefix names the
- * object in messages. */
-static int preproc_object(const char *text, size_t len, int nested, json_t **root, const json_t **o,
-                          const char **prefix, char *err, size_t errlen) {
-  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
+/* A processor file opened for its image settings. */
+struct preproc {
+  const char *file;   /* its name, for messages */
+  json_t *root;       /* to json_decref */
+  const json_t *o;    /* the object of image settings; NULL: none (the defaults stay) */
+  const char *prefix; /* names o in messages */
+};
+
+/* Opens a processor file's object of image settings: the file itself, or
+ * (nested: processor_config.json) its "image_processor". Fails when the model
+ * has no such tower (present 0; tower names it). p->root is set on success. */
+static int preproc_open(const char *text, size_t len, int nested, int present, const char *tower,
+                        struct preproc *p, char *err, size_t errlen) {
+  p->file = nested ? "processor_config.json" : "preprocessor_config.json";
+  if (!present)
+    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no %s", p->file, tower);
   json_error_t jerr;
-  *root = json_loadb(text, len, 0, &jerr);
-  if (!*root)
-    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
+  p->root = json_loadb(text, len, 0, &jerr);
+  if (!p->root)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", p->file, jerr.line,
                    jerr.column, jerr.text);
-  *o = *root;
-  *prefix = "";
+  p->o = p->root;
+  p->prefix = "";
   if (nested) {
-    *o = json_object_get(*root, "image_processor");
-    *prefix = "image_processor.";
-    if (!*o) return 0;
+    p->o = json_object_get(p->root, "image_processor");
+    p->prefix = "image_processor.";
+    if (!p->o) return 0;
   }
-  if (!json_is_object(*o)) {
-    int rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, *prefix);
-    json_decref(*root);
-    *root = NULL;
+  if (!json_is_object(p->o)) {
+    int rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", p->file, p->prefix);
+    json_decref(p->root);
+    p->root = NULL;
     return rc;
   }
   return 0;
@@ -674,15 +683,11 @@ static int preproc_object(const char *text, size_t len, int nested, json_t **roo
 
 int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen) {
-  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
   struct md_vision_cfg *v = &cfg->vision;
-  if (!v->present)
-    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no vision tower", file);
-  json_t *root;
-  const json_t *o;
-  const char *prefix;
-  int rc = preproc_object(text, len, nested, &root, &o, &prefix, err, errlen);
+  struct preproc f;
+  int rc = preproc_open(text, len, nested, v->present, "vision tower", &f, err, errlen);
   if (rc) return rc;
+  const json_t *o = f.o;
   struct md_preproc_cfg p = v->pre;
   long long x;
   if (!o) goto done; /* a processor without images: keep the defaults */
@@ -698,13 +703,13 @@ int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_
   p.resample = (int)x;
   if (p.resample != 2) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sresample %d is not supported (2: bilinear)", file, prefix, p.resample);
+                 "%s: %sresample %d is not supported (2: bilinear)", f.file, f.prefix, p.resample);
     goto done;
   }
   const json_t *size = json_object_get(o, "size");
   if (size && !json_is_null(size)) {
     if (!json_is_object(size)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", file, prefix);
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", f.file, f.prefix);
       goto done;
     }
     const char *wkey = json_object_get(size, "width") ? "width" : "shortest_edge";
@@ -716,16 +721,16 @@ int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_
   }
   if (p.do_resize && (p.width != v->image_size || p.height != v->image_size)) {
     rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                 "%s: %ssize %d x %d differs from the vision tower's image_size %d", file, prefix,
-                 p.width, p.height, v->image_size);
+                 "%s: %ssize %d x %d differs from the vision tower's image_size %d", f.file,
+                 f.prefix, p.width, p.height, v->image_size);
     goto done;
   }
   v->pre = p;
   goto done;
 retagged:
-  rc = retag(rc, file, prefix, err, errlen);
+  rc = retag(rc, f.file, f.prefix, err, errlen);
 done:
-  json_decref(root);
+  json_decref(f.root);
   return rc;
 }
 
@@ -974,15 +979,11 @@ done:
 
 int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
                                char *err, size_t errlen) {
-  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
   struct md_vision_g4_cfg *v = &cfg->vision_g4;
-  if (!v->present)
-    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no Gemma 4 vision tower", file);
-  json_t *root;
-  const json_t *o;
-  const char *prefix;
-  int rc = preproc_object(text, len, nested, &root, &o, &prefix, err, errlen);
+  struct preproc f;
+  int rc = preproc_open(text, len, nested, v->present, "Gemma 4 vision tower", &f, err, errlen);
   if (rc) return rc;
+  const json_t *o = f.o;
   int do_resize = 1, do_rescale = 1, do_normalize = 0;
   long long tokens = 0, patch = 0, pool = 0, resample = 0;
   double factor = 0;
@@ -998,31 +999,31 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
       (rc = get_bool(o, "do_rescale", 1, &do_rescale, err, errlen)) ||
       (rc = get_bool(o, "do_normalize", 0, &do_normalize, err, errlen)) ||
       (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen))) {
-    retag(rc, file, prefix, err, errlen);
+    retag(rc, f.file, f.prefix, err, errlen);
     goto done;
   }
   if (!md_g4_soft_tokens_allowed((int)tokens)) {
     rc = cm_fail(err, errlen, CM_ERR_RANGE,
-                 "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", file, prefix,
-                 tokens);
+                 "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", f.file,
+                 f.prefix, tokens);
   } else if (patch != v->patch || pool != v->pool) {
     rc = cm_fail(err, errlen, CM_ERR_INVAL,
                  "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
                  "tower's %d / %d",
-                 file, prefix, patch, pool, v->patch, v->pool);
+                 f.file, f.prefix, patch, pool, v->patch, v->pool);
   } else if (resample != 3) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sresample %lld is not supported (3: bicubic)", file, prefix, resample);
+                 "%s: %sresample %lld is not supported (3: bicubic)", f.file, f.prefix, resample);
   } else if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
                  "the only Gemma 4 preprocessing supported",
-                 file, prefix);
+                 f.file, f.prefix);
   } else {
     v->default_tokens = (int)tokens;
   }
 done:
-  json_decref(root);
+  json_decref(f.root);
   return rc;
 }
 
