@@ -120,21 +120,29 @@ static int skip_value(struct cur *c, uint32_t t, int in_array) {
   return CM_ERR_INVAL; /* the caller reads arrays */
 }
 
-static int read_kv(struct cur *c, struct md_gguf_kv *kv, char **strings) {
-  const uint8_t *key = NULL;
-  uint64_t klen = 0;
-  uint32_t t;
-  int rc = take_str(c, &key, &klen);
+/* Reads an entry's key or a tensor's name (what: which) into the string
+ * arena: *out is the copy at *strings, NUL-terminated, and *strings moves past
+ * it. */
+static int take_name(struct cur *c, const char *what, char **strings, const char **out) {
+  const uint8_t *s = NULL;
+  uint64_t len = 0;
+  int rc = take_str(c, &s, &len);
   if (rc) return rc;
-  if (klen == 0 || klen > MAX_KEY || memchr(key, 0, (size_t)klen))
+  if (len == 0 || len > MAX_KEY || memchr(s, 0, (size_t)len))
     return cm_fail(c->err, c->errlen, CM_ERR_PARSE,
-                   "%s: metadata key %lld is empty, too long or "
-                   "holds a NUL",
-                   c->g->name, c->idx);
-  memcpy(*strings, key, (size_t)klen);
-  (*strings)[klen] = 0;
-  kv->key = *strings;
-  *strings += klen + 1;
+                   "%s: %s %lld's %s is empty, too long or holds a NUL", c->g->name, c->where,
+                   c->idx, what);
+  memcpy(*strings, s, (size_t)len);
+  (*strings)[len] = 0;
+  *out = *strings;
+  *strings += len + 1;
+  return 0;
+}
+
+static int read_kv(struct cur *c, struct md_gguf_kv *kv, char **strings) {
+  uint32_t t;
+  int rc = take_name(c, "key", strings, &kv->key);
+  if (rc) return rc;
   if ((rc = take32(c, &t))) return rc;
   kv->type = (enum md_gguf_vtype)t;
   kv->n = 1;
@@ -211,20 +219,9 @@ const char *md_ggml_type_name(uint32_t type, char *buf, size_t buflen) {
 }
 
 static int read_tensor(struct cur *c, struct md_gguf_tensor *t, char **strings) {
-  const uint8_t *name = NULL;
-  uint64_t nlen = 0;
   uint32_t nd;
-  int rc = take_str(c, &name, &nlen);
+  int rc = take_name(c, "name", strings, &t->name);
   if (rc) return rc;
-  if (nlen == 0 || nlen > MAX_KEY || memchr(name, 0, (size_t)nlen))
-    return cm_fail(c->err, c->errlen, CM_ERR_PARSE,
-                   "%s: tensor %lld's name is empty, too long or "
-                   "holds a NUL",
-                   c->g->name, c->idx);
-  memcpy(*strings, name, (size_t)nlen);
-  (*strings)[nlen] = 0;
-  t->name = *strings;
-  *strings += nlen + 1;
   if ((rc = take32(c, &nd))) return rc;
   if (nd < 1 || nd > MD_GGUF_MAX_DIMS)
     return cm_fail(c->err, c->errlen, CM_ERR_SHAPE, "%s: tensor %s has %u dimensions (1..4)",
