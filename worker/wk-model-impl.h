@@ -5,6 +5,7 @@
 #include "common/cm-huge.h"
 #include "kernels/kn-backend.h"
 #include "worker/wk-model.h"
+#include "worker/wk-owned.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-shard.h"
 #include "worker/wk-tp-sample.h"
@@ -113,8 +114,7 @@ struct wk_model {
   uint64_t weight_bytes, bytes_per_token;
 
   /* backend allocations to free (f32 copies of vectors, scratch, pool) */
-  void **owned;
-  int n_owned, cap_owned;
+  struct wk_owned owned;
   struct wk_arena arena;
   struct wk_load_progress progress;
 

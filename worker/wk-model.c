@@ -36,16 +36,7 @@ struct binder {
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
 
 void *wk_model_alloc(struct wk_model *m, size_t bytes) {
-  if (m->n_owned == m->cap_owned) {
-    int nc = m->cap_owned ? m->cap_owned * 2 : 64;
-    void **no = realloc(m->owned, sizeof(void *) * (size_t)nc);
-    if (!no) return NULL;
-    m->owned = no;
-    m->cap_owned = nc;
-  }
-  void *p = kn_alloc(m->be, bytes ? bytes : 64);
-  if (p) m->owned[m->n_owned++] = p;
-  return p;
+  return wk_owned_alloc(&m->owned, m->be, bytes);
 }
 
 /* Weights in host memory. A decode step streams every weight once, and from
@@ -1077,9 +1068,7 @@ void wk_model_free(struct wk_model *m) {
   free(m->host_cent);
   free(m->cand);
   free(m->dseqs);
-  for (int i = 0; i < m->n_owned; i++)
-    kn_free(m->be, m->owned[i]);
-  free(m->owned);
+  wk_owned_free(&m->owned, m->be);
   free(m->layers);
   free(m->ids);
   free(m->pos);

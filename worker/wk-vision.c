@@ -24,6 +24,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "worker/wk-owned.h"
 #include "worker/wk-safetensors.h"
 
 #define WK_VISION_PAGE_TOKENS 16 /* positions per scratch KV page */
@@ -76,30 +77,18 @@ struct wk_vision {
   int32_t *bidir;           /* [max_images, 2] host */
   struct kn_attn_seq *seqs; /* [max_images] host */
 
-  void **allocs; /* backend buffers owned here */
-  int n_allocs, cap_allocs;
+  struct wk_owned owned; /* backend buffers */
 };
 
 /* ---- memory ---------------------------------------------------------------- */
 
 static void *vis_alloc(struct wk_vision *v, size_t bytes) {
-  if (v->n_allocs == v->cap_allocs) {
-    int nc = v->cap_allocs ? 2 * v->cap_allocs : 64;
-    void **na = realloc(v->allocs, sizeof(*na) * (size_t)nc);
-    if (!na) return NULL;
-    v->allocs = na;
-    v->cap_allocs = nc;
-  }
-  void *p = kn_alloc(v->be, bytes ? bytes : 1);
-  if (p) v->allocs[v->n_allocs++] = p;
-  return p;
+  return wk_owned_alloc(&v->owned, v->be, bytes);
 }
 
 void wk_vision_free(struct wk_vision *v) {
   if (!v) return;
-  for (int i = 0; i < v->n_allocs; i++)
-    kn_free(v->be, v->allocs[i]);
-  free(v->allocs);
+  wk_owned_free(&v->owned, v->be);
   free(v->layers);
   free(v->patches_host);
   free(v->block_tables);
