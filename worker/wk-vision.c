@@ -211,6 +211,20 @@ static const float *bind_vec(struct vbinder *b, int64_t n, const char *prefix, c
   return bind_f32(b, 1, (const int64_t[]){n}, "%s%s", prefix, name);
 }
 
+/* A linear layer: PREFIX NAME.weight [rows, cols] and its bias [rows]. */
+static void bind_linear(struct vbinder *b, int64_t rows, int64_t cols, const char *prefix,
+                        const char *name, struct vmat *w, const float **bias) {
+  *w = bind_mat(b, rows, cols, "%s%s.weight", prefix, name);
+  *bias = bind_f32(b, 1, (const int64_t[]){rows}, "%s%s.bias", prefix, name);
+}
+
+/* A layer norm: PREFIX NAME.weight and .bias, [n] each. */
+static void bind_norm(struct vbinder *b, int64_t n, const char *prefix, const char *name,
+                      const float **w, const float **bias) {
+  *w = bind_f32(b, 1, (const int64_t[]){n}, "%s%s.weight", prefix, name);
+  *bias = bind_f32(b, 1, (const int64_t[]){n}, "%s%s.bias", prefix, name);
+}
+
 /* mm_input_projection_weight [D, H] (used as x @ W), stored transposed as
  * [H, D] in its own dtype so that kn_matmul applies it. */
 static struct vmat bind_projection(struct vbinder *b, const char *name, int D, int H) {
@@ -277,25 +291,16 @@ static int bind_all(struct wk_vision *v, char *err, size_t errlen) {
     struct vlayer *l = &v->layers[i];
     char lp[160];
     snprintf(lp, sizeof(lp), "%sencoder.layers.%d.", VP, i);
-    l->ln1_w = bind_vec(&b, D, lp, "layer_norm1.weight");
-    l->ln1_b = bind_vec(&b, D, lp, "layer_norm1.bias");
-    l->wq = bind_mat(&b, D, D, "%sself_attn.q_proj.weight", lp);
-    l->bq = bind_vec(&b, D, lp, "self_attn.q_proj.bias");
-    l->wk = bind_mat(&b, D, D, "%sself_attn.k_proj.weight", lp);
-    l->bk = bind_vec(&b, D, lp, "self_attn.k_proj.bias");
-    l->wv = bind_mat(&b, D, D, "%sself_attn.v_proj.weight", lp);
-    l->bv = bind_vec(&b, D, lp, "self_attn.v_proj.bias");
-    l->wo = bind_mat(&b, D, D, "%sself_attn.out_proj.weight", lp);
-    l->bo = bind_vec(&b, D, lp, "self_attn.out_proj.bias");
-    l->ln2_w = bind_vec(&b, D, lp, "layer_norm2.weight");
-    l->ln2_b = bind_vec(&b, D, lp, "layer_norm2.bias");
-    l->w1 = bind_mat(&b, F, D, "%smlp.fc1.weight", lp);
-    l->b1 = bind_vec(&b, F, lp, "mlp.fc1.bias");
-    l->w2 = bind_mat(&b, D, F, "%smlp.fc2.weight", lp);
-    l->b2 = bind_vec(&b, D, lp, "mlp.fc2.bias");
+    bind_norm(&b, D, lp, "layer_norm1", &l->ln1_w, &l->ln1_b);
+    bind_linear(&b, D, D, lp, "self_attn.q_proj", &l->wq, &l->bq);
+    bind_linear(&b, D, D, lp, "self_attn.k_proj", &l->wk, &l->bk);
+    bind_linear(&b, D, D, lp, "self_attn.v_proj", &l->wv, &l->bv);
+    bind_linear(&b, D, D, lp, "self_attn.out_proj", &l->wo, &l->bo);
+    bind_norm(&b, D, lp, "layer_norm2", &l->ln2_w, &l->ln2_b);
+    bind_linear(&b, F, D, lp, "mlp.fc1", &l->w1, &l->b1);
+    bind_linear(&b, D, F, lp, "mlp.fc2", &l->w2, &l->b2);
   }
-  v->post_w = bind_vec(&b, D, VP, "post_layernorm.weight");
-  v->post_b = bind_vec(&b, D, VP, "post_layernorm.bias");
+  bind_norm(&b, D, VP, "post_layernorm", &v->post_w, &v->post_b);
   v->mm_norm_w = bind_vec(&b, D, PP, "mm_soft_emb_norm.weight");
   snprintf(name, sizeof(name), "%smm_input_projection_weight", PP);
   v->proj = bind_projection(&b, name, D, v->text_hidden);
