@@ -263,41 +263,41 @@ static void any_value(struct gr_nfa *n, uint32_t from, uint32_t to) {
   gr_nfa_lit(n, from, to, "null", 4);
 }
 
+/* An object's member: "key" : value (any value). */
+static void any_member(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t c = gr_nfa_state(n), d = gr_nfa_state(n), e = gr_nfa_state(n), g = gr_nfa_state(n);
+  gr_json_string(n, from, c);
+  gr_json_ws_inline(n, c, d);
+  gr_nfa_byte(n, d, e, ':', ':');
+  gr_json_ws_inline(n, e, g);
+  any_value(n, g, to);
+}
+
+/* Rule r's body, an object or an array: open, then close or elements
+ * separated by commas, then close; whitespace around every element. */
+static void any_container(struct gr_nfa *n, uint32_t r, uint8_t open, uint8_t close,
+                          void (*elem)(struct gr_nfa *n, uint32_t from, uint32_t to)) {
+  uint32_t s = n->rule_start[r], f = n->rule_final[r];
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n),
+           e = gr_nfa_state(n), g = gr_nfa_state(n);
+  gr_nfa_byte(n, s, a, open, open);
+  gr_json_ws(n, a, b);
+  gr_nfa_byte(n, b, f, close, close);
+  elem(n, b, c);
+  gr_json_ws(n, c, d);
+  gr_nfa_byte(n, d, f, close, close);
+  gr_nfa_byte(n, d, e, ',', ',');
+  gr_json_ws(n, e, g);
+  elem(n, g, c);
+}
+
 static void make_any_rules(struct gr_nfa *n) {
   if (n->any_obj != GR_NONE || n->rc) return;
   n->any_obj = gr_nfa_rule(n);
   n->any_arr = gr_nfa_rule(n);
-  uint32_t r = n->any_obj;
-  uint32_t s = n->rule_start[r], f = n->rule_final[r];
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n),
-           e = gr_nfa_state(n), g = gr_nfa_state(n), h = gr_nfa_state(n), i = gr_nfa_state(n),
-           j = gr_nfa_state(n), k = gr_nfa_state(n);
-  gr_nfa_byte(n, s, a, '{', '{');
-  gr_json_ws(n, a, b);
-  gr_nfa_byte(n, b, f, '}', '}');
-  gr_json_string(n, b, c);
-  gr_json_ws_inline(n, c, d);
-  gr_nfa_byte(n, d, e, ':', ':');
-  gr_json_ws_inline(n, e, g);
-  any_value(n, g, h);
-  gr_json_ws(n, h, i);
-  gr_nfa_byte(n, i, f, '}', '}');
-  gr_nfa_byte(n, i, j, ',', ',');
-  gr_json_ws(n, j, k);
-  gr_json_string(n, k, c);
-  r = n->any_arr;
-  s = n->rule_start[r], f = n->rule_final[r];
-  a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n);
-  e = gr_nfa_state(n), g = gr_nfa_state(n);
-  gr_nfa_byte(n, s, a, '[', '[');
-  gr_json_ws(n, a, b);
-  gr_nfa_byte(n, b, f, ']', ']');
-  any_value(n, b, c);
-  gr_json_ws(n, c, d);
-  gr_nfa_byte(n, d, f, ']', ']');
-  gr_nfa_byte(n, d, e, ',', ',');
-  gr_json_ws(n, e, g);
-  any_value(n, g, c);
+  if (n->rc) return;
+  any_container(n, n->any_obj, '{', '}', any_member);
+  any_container(n, n->any_arr, '[', ']', any_value);
 }
 
 uint32_t gr_json_value_rule(struct gr_nfa *n, uint32_t *rule) {
