@@ -471,27 +471,16 @@ static uint32_t rx_alt(struct rx *x, int top) {
 /* ---- emission -------------------------------------------------------------- */
 static void emit_json_cp(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t c) {
   static const char hex[] = "0123456789abcdef";
-  char buf[8];
-  if (c == '"')
-    gr_nfa_lit(n, from, to, "\\\"", 2);
-  else if (c == '\\')
-    gr_nfa_lit(n, from, to, "\\\\", 2);
-  else if (c == '\n')
-    gr_nfa_lit(n, from, to, "\\n", 2);
-  else if (c == '\t')
-    gr_nfa_lit(n, from, to, "\\t", 2);
-  else if (c == '\r')
-    gr_nfa_lit(n, from, to, "\\r", 2);
-  else if (c == '\b')
-    gr_nfa_lit(n, from, to, "\\b", 2);
-  else if (c == '\f')
-    gr_nfa_lit(n, from, to, "\\f", 2);
-  else {
-    memcpy(buf, "\\u00", 4);
-    buf[4] = hex[c >> 4];
-    buf[5] = hex[c & 15];
-    gr_nfa_lit(n, from, to, buf, 6);
+  /* the characters with a two-character escape, and the letter after '\\' */
+  static const char raw[] = "\"\\\n\t\r\b\f", named[] = "\"\\ntrbf";
+  const char *e = c && c < 0x80 ? strchr(raw, (int)c) : NULL;
+  if (e) {
+    char two[2] = {'\\', named[e - raw]};
+    gr_nfa_lit(n, from, to, two, 2);
+    return;
   }
+  char six[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+  gr_nfa_lit(n, from, to, six, 6);
 }
 
 static void emit_set(struct rx *x, uint32_t from, uint32_t to, const struct gr_cpset *s) {
