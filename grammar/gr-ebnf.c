@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "grammar/gr-impl.h"
 
 #define EB_MAX_NAMES 1024
@@ -114,9 +115,7 @@ static void literal(struct eb *e, uint32_t from, uint32_t to) {
     if (nd) {
       for (int i = 0; i < nd; i++) {
         char h = e->pos < e->len ? e->p[e->pos] : 0;
-        int d = h >= '0' && h <= '9'                 ? h - '0'
-                : (h | 32) >= 'a' && (h | 32) <= 'f' ? (h | 32) - 'a' + 10
-                                                     : -1;
+        int d = cm_hex_digit(h);
         if (d < 0) {
           eb_fail(e, "invalid escape in string", e->pos);
           free(buf);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "grammar/gr-impl.h"
 
 /* Whitespace between tokens: JSON allows any run of space, tab, CR and LF; we
@@ -123,10 +124,6 @@ void gr_json_lit_string(struct gr_nfa *n, uint32_t from, uint32_t to, const char
  * closing quote. */
 enum { SX_END = 13, SX_N = 14 };
 
-static int hexb(uint8_t b) {
-  return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
-}
-
 int gr_json_sx_step(int a, uint8_t b) {
   switch (a) {
   case 0:
@@ -136,8 +133,8 @@ int gr_json_sx_step(int a, uint8_t b) {
   case 8: return strchr("\"\\/bfnrt", b) && b ? 0 : b == 'u' ? 9 : -1;
   case 9:
   case 10:
-  case 11: return hexb(b) ? a + 1 : -1;
-  case 12: return hexb(b) ? 0 : -1;
+  case 11: return cm_hex_digit(b) >= 0 ? a + 1 : -1;
+  case 12: return cm_hex_digit(b) >= 0 ? 0 : -1;
   }
   return gr_u8_step(a, b); /* states 0-7 are those of plain text's UTF-8 */
 }

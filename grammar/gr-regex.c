@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "grammar/gr-impl.h"
 
 enum { RX_SET, RX_CAT, RX_ALT, RX_REP };
@@ -80,18 +81,11 @@ static uint32_t rx_utf8(struct rx *x) {
   return c;
 }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 static int rx_hex(struct rx *x, int digits, uint32_t *out) {
   if (x->pos + (size_t)digits > x->len) return -1;
   uint32_t v = 0;
   for (int i = 0; i < digits; i++) {
-    int h = hexval(x->p[x->pos + (size_t)i]);
+    int h = cm_hex_digit(x->p[x->pos + (size_t)i]);
     if (h < 0) return -1;
     v = v * 16 + (uint32_t)h;
   }
@@ -170,8 +164,8 @@ static int rx_escape(struct rx *x, int in_class, uint32_t *cp, struct gr_cpset *
       uint32_t v = 0;
       size_t i = x->pos + 1;
       int nd = 0;
-      while (i < x->len && hexval(x->p[i]) >= 0 && v <= 0x10ffff)
-        v = v * 16 + (uint32_t)hexval(x->p[i++]), nd++;
+      while (i < x->len && cm_hex_digit(x->p[i]) >= 0 && v <= 0x10ffff)
+        v = v * 16 + (uint32_t)cm_hex_digit(x->p[i++]), nd++;
       if (nd == 0 || i >= x->len || x->p[i] != '}' || v > 0x10ffff)
         return rx_fail(x, CM_ERR_INVAL, "invalid '\\u{...}' escape", at), 0;
       x->pos = i + 1;
