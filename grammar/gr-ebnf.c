@@ -142,19 +142,15 @@ static void literal(struct eb *e, uint32_t from, uint32_t to) {
         buf[k++] = (char)(0x80 | ((v >> 6) & 0x3f)), buf[k++] = (char)(0x80 | (v & 0x3f));
       continue;
     }
-    switch (x) {
-    case 'n': buf[k++] = '\n'; break;
-    case 't': buf[k++] = '\t'; break;
-    case 'r': buf[k++] = '\r'; break;
-    case '\\': buf[k++] = '\\'; break;
-    case '"': buf[k++] = '"'; break;
-    case '[': buf[k++] = '['; break;
-    case ']': buf[k++] = ']'; break;
-    default:
+    /* the letters of the one-character escapes, and what each stands for */
+    static const char named[] = "ntr\\\"[]", raw[] = "\n\t\r\\\"[]";
+    const char *q = x ? strchr(named, x) : NULL;
+    if (!q) {
       eb_fail(e, "invalid escape in string", e->pos - 2);
       free(buf);
       return;
     }
+    buf[k++] = raw[q - named];
   }
   free(buf);
 }
