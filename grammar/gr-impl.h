@@ -86,8 +86,9 @@ void gr_regex_emit(struct gr_nfa *n, const char *pat, size_t len, int mode, int 
 
 /* ---- JSON pieces (gr-json.c) ------------------------------------------- */
 void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to);
-/* Whitespace around ':' (spaces and tabs only). */
-void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* The ':' between a key and its value, with whitespace around it (spaces and
+ * tabs only). */
+void gr_json_colon(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);

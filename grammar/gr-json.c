@@ -37,8 +37,11 @@ void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
   blanks(n, nl, to, GR_WS_INDENT);
 }
 
-void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to) {
-  blanks(n, from, to, GR_WS_INLINE);
+void gr_json_colon(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  blanks(n, from, a, GR_WS_INLINE);
+  gr_nfa_byte(n, a, b, ':', ':');
+  blanks(n, b, to, GR_WS_INLINE);
 }
 
 static void hex4(struct gr_nfa *n, uint32_t from, uint32_t to) {
@@ -262,12 +265,10 @@ static void any_value(struct gr_nfa *n, uint32_t from, uint32_t to) {
 
 /* An object's member: "key" : value (any value). */
 static void any_member(struct gr_nfa *n, uint32_t from, uint32_t to) {
-  uint32_t c = gr_nfa_state(n), d = gr_nfa_state(n), e = gr_nfa_state(n), g = gr_nfa_state(n);
-  gr_json_string(n, from, c);
-  gr_json_ws_inline(n, c, d);
-  gr_nfa_byte(n, d, e, ':', ':');
-  gr_json_ws_inline(n, e, g);
-  any_value(n, g, to);
+  uint32_t k = gr_nfa_state(n), v = gr_nfa_state(n);
+  gr_json_string(n, from, k);
+  gr_json_colon(n, k, v);
+  any_value(n, v, to);
 }
 
 /* Rule r's body, an object or an array: open, then close or elements

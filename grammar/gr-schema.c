@@ -309,15 +309,12 @@ static void comma_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
 static void member(struct sc *c, const char *key, const char *const *except, size_t n_except,
                    const json_t *vs, const char *path, uint32_t from, uint32_t to, int call) {
   struct gr_nfa *n = c->n;
-  uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n), v0 = gr_nfa_state(n),
-           v1 = gr_nfa_state(n);
+  uint32_t k1 = gr_nfa_state(n), v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
   if (key)
     gr_json_lit_string(n, from, k1, key, strlen(key));
   else
     gr_json_string_except(n, from, k1, except, n_except);
-  gr_json_ws_inline(n, k1, k2);
-  gr_nfa_byte(n, k2, k3, ':', ':');
-  gr_json_ws_inline(n, k3, v0);
+  gr_json_colon(n, k1, v0);
   if (call && json_is_object(vs)) { /* written many times: once, as a rule */
     uint32_t r = rule_of(c, vs, path);
     if (r != GR_NONE) gr_nfa_call(n, v0, v1, r);
@@ -588,12 +585,10 @@ static void emit_literal(struct sc *c, const json_t *v, uint32_t from, uint32_t 
       }
       if (obj) {
         const char *key = json_object_iter_key(it);
-        uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n);
-        gr_json_lit_string(n, cur, k1, key, strlen(key));
-        gr_json_ws_inline(n, k1, k2);
-        gr_nfa_byte(n, k2, k3, ':', ':');
+        uint32_t k = gr_nfa_state(n);
+        gr_json_lit_string(n, cur, k, key, strlen(key));
         cur = gr_nfa_state(n);
-        gr_json_ws_inline(n, k3, cur);
+        gr_json_colon(n, k, cur);
       }
       uint32_t e = gr_nfa_state(n);
       emit_literal(c, obj ? json_object_iter_value(it) : json_array_get(v, i), cur, e);
