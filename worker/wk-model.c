@@ -25,12 +25,11 @@ struct binder {
   char *err;
   size_t errlen;
   int rc;
-  int lin;    /* binding a linear layer's weight (bind_lin): it may be FP8 */
+  enum { W_ANY, W_LINEAR, W_EMBED } role; /* what the matrix being bound is (bind_as) */
   int mat;    /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
   int quant;  /* --quantization fp8: linear weights quantized to FP8 as they are bound */
   int blockq; /* --quantization q8_0|q4_0|q4_k: the block format (enum kn_dtype) linear weights
                  and the embedding / head are quantized to as they are bound; 0: none */
-  int emb;    /* binding the embedding or the head (bind_emb) */
 };
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
@@ -202,11 +201,12 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
     return NULL;
   }
   if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16 &&
-      !(t->dtype == WK_ST_F8E4M3 && b->lin) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)",
-                    t->file, name, t->dtype_name,
-                    b->lin ? "supported: F32, F16, BF16, F8_E4M3"
-                           : "supported: F32, F16, BF16; F8_E4M3 only for linear layers");
+      !(t->dtype == WK_ST_F8E4M3 && b->role == W_LINEAR) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
+    b->rc =
+        cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)", t->file,
+                name, t->dtype_name,
+                b->role == W_LINEAR ? "supported: F32, F16, BF16, F8_E4M3"
+                                    : "supported: F32, F16, BF16; F8_E4M3 only for linear layers");
     return NULL;
   }
   return t;
@@ -357,22 +357,16 @@ done:
   free(amax);
 }
 
-/* bind_mat of a linear layer's weight [d0, d1]: stored as FP8 in the
- * checkpoint, or quantized to FP8 here under --quantization fp8. */
-#define bind_lin(b, ...)                                                                           \
+/* bind_mat of a weight in role r. W_LINEAR, a linear layer's weight [d0, d1]:
+ * stored as FP8 in the checkpoint, or quantized to FP8 here under
+ * --quantization fp8. W_EMBED, the embedding or the head. Both are quantized
+ * to a block format under --quantization q8_0|q4_0|q4_k, as lmserve quantize
+ * writes them. */
+#define bind_as(b, r, ...)                                                                         \
   do {                                                                                             \
-    (b)->lin = 1;                                                                                  \
+    (b)->role = (r);                                                                               \
     bind_mat((b), __VA_ARGS__);                                                                    \
-    (b)->lin = 0;                                                                                  \
-  } while (0)
-
-/* bind_mat of the embedding or the head: quantized to a block format under
- * --quantization q8_0|q4_0|q4_k, as lmserve quantize writes them. */
-#define bind_emb(b, ...)                                                                           \
-  do {                                                                                             \
-    (b)->emb = 1;                                                                                  \
-    bind_mat((b), __VA_ARGS__);                                                                    \
-    (b)->emb = 0;                                                                                  \
+    (b)->role = W_ANY;                                                                             \
   } while (0)
 
 /* Binds matrix t (full shape [R, C]; w's cut already set) quantized here to
@@ -430,7 +424,7 @@ static int block_ok(struct binder *b, const struct wk_tensor *t, enum wk_shard s
                     "%s: %s is %s, and the %s backend has no kernels for block formats (the CPU "
                     "has)",
                     t->file, name, kn_dtype_name(dt), kn_backend_name(b->m->be));
-  else if (b->quant && b->lin)
+  else if (b->quant && b->role == W_LINEAR)
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_INVAL,
                     "--quantization fp8: %s is already quantized (%s)", name, kn_dtype_name(dt));
   else if (shard == WK_SHARD_COLS && cut.n && (cut.off % be || cut.n % be))
@@ -468,11 +462,11 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   w->rows = whole || shard != WK_SHARD_ROWS ? R : cut.n * cut.halves;
   w->cols = whole || shard != WK_SHARD_COLS ? C : cut.n;
   w->off = whole ? 0 : cut.off;
-  if (w->dt == KN_DTYPE_F8E4M3 || (b->lin && b->quant)) {
+  if (w->dt == KN_DTYPE_F8E4M3 || (b->role == W_LINEAR && b->quant)) {
     bind_fp8(b, w, t, R, C, name);
     return;
   }
-  if (b->blockq && (b->lin || b->emb) && w->n_mat == 1 && kn_dtype_size(w->dt) &&
+  if (b->blockq && b->role != W_ANY && w->n_mat == 1 && kn_dtype_size(w->dt) &&
       w->dt != KN_DTYPE_F8E4M3) {
     enum kn_dtype q = kn_quant_row_type((enum kn_dtype)b->blockq, (size_t)C);
     if (q != KN_DTYPE__COUNT) {
@@ -551,12 +545,12 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
    * same tokens from the same (all-reduced) hidden state */
   int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
-  bind_emb(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+  bind_as(&b, W_EMBED, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
            "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
     m->lm_head = m->embed;
   } else {
-    bind_emb(&b, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+    bind_as(&b, W_EMBED, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
              "lm_head.weight");
   }
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
@@ -564,7 +558,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     int LP = L * c->ple_dim;
     bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_vocab, LP, -1,
              "%sembed_tokens_per_layer.weight", P);
-    bind_lin(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
+    bind_as(&b, W_LINEAR, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
              "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
@@ -579,24 +573,25 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->rank * lF, lF, 1};
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
-    bind_lin(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
-             -1, "%sself_attn.q_proj.weight", lp);
-    bind_lin(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
+    bind_as(&b, W_LINEAR, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1},
+            1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
              -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_lin(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      bind_as(&b, W_LINEAR, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
       if (!l->k_eq_v)
-        bind_lin(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+        bind_as(&b, W_LINEAR, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
     w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
     w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
     w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
-    bind_lin(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
-    bind_lin(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_lin(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight",
+            lp);
+    bind_as(&b, W_LINEAR, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
       bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
@@ -614,9 +609,9 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
     }
     if (c->ple_dim) {
-      bind_lin(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
-               "%sper_layer_input_gate.weight", lp);
-      bind_lin(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
+      bind_as(&b, W_LINEAR, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
+              "%sper_layer_input_gate.weight", lp);
+      bind_as(&b, W_LINEAR, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
                "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
