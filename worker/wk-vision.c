@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-arena.h"
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
@@ -57,12 +58,14 @@ struct wk_vision {
   struct vmat patch_w;          /* [D, kp] */
   const float *patch_b;         /* [D] */
   const float *pos;             /* [n_patches, D] */
-  struct vlayer *layers;        /* [n_layers] */
+  struct vlayer *layers;        /* [n_layers] host (from the arena host) */
   const float *post_w, *post_b; /* [D] */
   const float *mm_norm_w;       /* [D] (used as 1 + w) */
   struct vmat proj;             /* [H, D]: the checkpoint's [D, H] transposed */
 
-  /* scratch for max_images images (T = max_images * n_patches rows) */
+  /* scratch for max_images images (T = max_images * n_patches rows); the
+   * host arrays come from the arena host */
+  struct cm_arena host;
   int max_images;
   float *patches_host;          /* [T, kp] host */
   float *patches;               /* [T, kp] */
@@ -89,12 +92,7 @@ static void *vis_alloc(struct wk_vision *v, size_t bytes) {
 void wk_vision_free(struct wk_vision *v) {
   if (!v) return;
   wk_owned_free(&v->owned, v->be);
-  free(v->layers);
-  free(v->patches_host);
-  free(v->block_tables);
-  free(v->slots);
-  free(v->bidir);
-  free(v->seqs);
+  cm_arena_free(&v->host);
   wk_st_close(v->st);
   free(v);
 }
@@ -285,7 +283,7 @@ static int bind_all(struct wk_vision *v, char *err, size_t errlen) {
   v->patch_b = bind_vec(&b, D, VP, "embeddings.patch_embedding.bias");
   v->pos = bind_f32(&b, 2, (const int64_t[]){c->n_patches, D},
                     "%sembeddings.position_embedding.weight", VP);
-  v->layers = calloc((size_t)c->n_layers, sizeof(*v->layers));
+  v->layers = cm_arena_calloc(&v->host, (size_t)c->n_layers, sizeof(*v->layers));
   if (!v->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c->n_layers && !b.rc; i++) {
     struct vlayer *l = &v->layers[i];
@@ -325,11 +323,11 @@ static int alloc_scratch(struct wk_vision *v, char *err, size_t errlen) {
                                 .n_kv_heads = c->n_heads,
                                 .head_dim = c->head_dim,
                                 .dtype = KN_DTYPE_F32};
-  v->patches_host = malloc(T * (size_t)v->kp * sizeof(float));
-  v->block_tables = malloc(sizeof(int32_t) * (size_t)n_pages);
-  v->slots = malloc(sizeof(int32_t) * T);
-  v->bidir = malloc(sizeof(int32_t) * 2 * (size_t)v->max_images);
-  v->seqs = calloc((size_t)v->max_images, sizeof(*v->seqs));
+  v->patches_host = cm_arena_alloc(&v->host, T * (size_t)v->kp * sizeof(float));
+  v->block_tables = cm_arena_alloc(&v->host, sizeof(int32_t) * (size_t)n_pages);
+  v->slots = cm_arena_alloc(&v->host, sizeof(int32_t) * T);
+  v->bidir = cm_arena_alloc(&v->host, sizeof(int32_t) * 2 * (size_t)v->max_images);
+  v->seqs = cm_arena_calloc(&v->host, (size_t)v->max_images, sizeof(*v->seqs));
   v->patches = vis_alloc(v, T * (size_t)v->kp * sizeof(float));
   v->x = vis_alloc(v, T * D * sizeof(float));
   v->h = vis_alloc(v, T * D * sizeof(float));
@@ -375,6 +373,7 @@ int wk_vision_load(const char *dir, struct kn_backend *be, const struct wk_visio
   struct wk_vision *v = calloc(1, sizeof(*v));
   if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   v->be = be;
+  cm_arena_init(&v->host, 64u << 10, 0);
   int rc = md_config_load(dir, &v->cfg, err, errlen);
   if (rc) goto fail;
   if (!v->cfg.vision.present) {
