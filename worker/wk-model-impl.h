@@ -2,6 +2,7 @@
  * (wk-model.c) and the forward pass (wk-forward.c). Not for other modules. */
 #ifndef LMSERVE_WK_MODEL_IMPL_H
 #define LMSERVE_WK_MODEL_IMPL_H
+#include "common/cm-arena.h"
 #include "common/cm-huge.h"
 #include "kernels/kn-backend.h"
 #include "worker/wk-model.h"
@@ -144,7 +145,9 @@ struct wk_model {
   float *sel;           /* [max_out, H] rows selected for output */
   float *logits;        /* [max_out, V] */
 
-  /* host scratch */
+  /* host scratch; every host array of the model (layers, the ex_ and tp_
+   * arrays, token_ordering ...) comes from the arena host, sized at load */
+  struct cm_arena host;
   int32_t *ids;             /* [T] */
   int32_t *pos;             /* [T] */
   int32_t *slots;           /* [n_groups][T] */

@@ -34,6 +34,15 @@ struct binder {
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
 
+/* Host memory that lives as long as the model (from m->host). */
+static void *host_alloc(struct wk_model *m, size_t bytes) {
+  return cm_arena_alloc(&m->host, bytes);
+}
+
+static void *host_calloc(struct wk_model *m, size_t n, size_t size) {
+  return cm_arena_calloc(&m->host, n, size);
+}
+
 void *wk_model_alloc(struct wk_model *m, size_t bytes) {
   return wk_owned_alloc(&m->owned, m->be, bytes);
 }
@@ -562,7 +571,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
              "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
-  m->layers = calloc((size_t)L, sizeof(*m->layers));
+  m->layers = host_calloc(m, (size_t)L, sizeof(*m->layers));
   if (!m->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int gemma4 = c->arch != MD_ARCH_GEMMA3;
   for (int i = 0; i < L && !b.rc; i++) {
@@ -705,9 +714,9 @@ static int alloc_scratch(struct wk_model *m) {
     A(ex_in, T * H);
     A(ex_h, T * 2 * (size_t)c->moe_ffn);
     A(ex_y, T * H);
-    m->ex_count = malloc(sizeof(int) * (size_t)(c->n_experts + 1));
-    m->ex_tok = malloc(sizeof(int32_t) * T * (size_t)c->top_k_experts);
-    m->ex_wt = malloc(sizeof(float) * T * (size_t)c->top_k_experts);
+    m->ex_count = host_alloc(m, sizeof(int) * (size_t)(c->n_experts + 1));
+    m->ex_tok = host_alloc(m, sizeof(int32_t) * T * (size_t)c->top_k_experts);
+    m->ex_wt = host_alloc(m, sizeof(float) * T * (size_t)c->top_k_experts);
     if (!m->ex_count || !m->ex_tok || !m->ex_wt) return CM_ERR_NOMEM;
   }
   A(sel, (size_t)m->max_out * H);
@@ -718,33 +727,33 @@ static int alloc_scratch(struct wk_model *m) {
     size_t pb = sizeof(struct wk_pair) * (size_t)m->max_out;
     if (!(m->pairs = wk_model_alloc(m, pb)) || !(m->pairs_all = wk_model_alloc(m, pb * world)))
       return CM_ERR_NOMEM;
-    m->ids_local = malloc(sizeof(int32_t) * T);
-    m->head_max = malloc(sizeof(float) * (size_t)m->max_out);
-    m->pairs_host = malloc(pb * (size_t)(1 + world));
+    m->ids_local = host_alloc(m, sizeof(int32_t) * T);
+    m->head_max = host_alloc(m, sizeof(float) * (size_t)m->max_out);
+    m->pairs_host = host_alloc(m, pb * (size_t)(1 + world));
     size_t rb = sizeof(struct wk_tp_rec) * (size_t)m->max_out;
     if (!(m->recs = wk_model_alloc(m, rb)) || !(m->recs_all = wk_model_alloc(m, rb * world)))
       return CM_ERR_NOMEM;
-    m->recs_host = malloc(rb * (size_t)(1 + world));
-    m->tp_scratch = malloc(wk_tp_sample_scratch_bytes(world));
-    m->tp_work = malloc(f * (size_t)m->lm_head.rows);
-    m->tp_full = malloc((size_t)m->max_out);
+    m->recs_host = host_alloc(m, rb * (size_t)(1 + world));
+    m->tp_scratch = host_alloc(m, wk_tp_sample_scratch_bytes(world));
+    m->tp_work = host_alloc(m, f * (size_t)m->lm_head.rows);
+    m->tp_full = host_alloc(m, (size_t)m->max_out);
     if (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY))
-      m->head_host = malloc(f * (size_t)m->max_out * (size_t)m->lm_head.rows);
+      m->head_host = host_alloc(m, f * (size_t)m->max_out * (size_t)m->lm_head.rows);
     if (!m->ids_local || !m->head_max || !m->pairs_host || !m->recs_host || !m->tp_scratch ||
         !m->tp_work || !m->tp_full || (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !m->head_host))
       return CM_ERR_NOMEM;
   }
 #undef A
   int G = CM_MAX(m->kv.n_groups, 1);
-  m->ids = malloc(sizeof(int32_t) * T);
-  m->pos = malloc(sizeof(int32_t) * T);
-  m->out_rows = malloc(sizeof(int32_t) * T);
-  m->head_ids = malloc(sizeof(int32_t) * (size_t)m->max_out);
-  m->slots = malloc(sizeof(int32_t) * T * (size_t)G);
-  m->aseq = calloc((size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
+  m->ids = host_alloc(m, sizeof(int32_t) * T);
+  m->pos = host_alloc(m, sizeof(int32_t) * T);
+  m->out_rows = host_alloc(m, sizeof(int32_t) * T);
+  m->head_ids = host_alloc(m, sizeof(int32_t) * (size_t)m->max_out);
+  m->slots = host_alloc(m, sizeof(int32_t) * T * (size_t)G);
+  m->aseq = host_calloc(m, (size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
   int k = c->moe ? c->top_k_experts : 1;
-  m->moe_ids = malloc(sizeof(int32_t) * T * (size_t)k);
-  m->moe_w = malloc(sizeof(float) * T * (size_t)k);
+  m->moe_ids = host_alloc(m, sizeof(int32_t) * T * (size_t)k);
+  m->moe_w = host_alloc(m, sizeof(float) * T * (size_t)k);
   if (!m->ids || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq || !m->moe_ids ||
       !m->moe_w)
     return CM_ERR_NOMEM;
@@ -804,7 +813,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
                      "%s: tensor masked_embedding.token_ordering missing or not [%d] integers",
                      m->dir, c->vocab);
     if (!b.rc) {
-      m->token_ordering = malloc(sizeof(int32_t) * (size_t)c->vocab);
+      m->token_ordering = host_alloc(m, sizeof(int32_t) * (size_t)c->vocab);
       if (!m->token_ordering) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
       for (int i = 0; i < c->vocab; i++) {
         int64_t v =
@@ -850,14 +859,14 @@ static int alloc_draft_scratch(struct wk_model *m) {
   size_t T = (size_t)m->max_T, B = (size_t)c->backbone_hidden, f = sizeof(float);
   if (!(m->cat = wk_model_alloc(m, T * 2 * B * f)) || !(m->hout = wk_model_alloc(m, T * B * f)))
     return CM_ERR_NOMEM;
-  m->dseqs = calloc((size_t)m->max_seqs, sizeof(*m->dseqs));
+  m->dseqs = host_calloc(m, (size_t)m->max_seqs, sizeof(*m->dseqs));
   if (!m->dseqs) return CM_ERR_NOMEM;
   if (c->use_ordered_embeddings) {
     size_t n_cand = (size_t)c->centroid_top_k * (size_t)(c->vocab / c->num_centroids);
     m->cent = wk_model_alloc(m, (size_t)c->num_centroids * f);
     m->cand_logits = wk_model_alloc(m, n_cand * f);
-    m->host_cent = malloc((size_t)c->num_centroids * f);
-    m->cand = malloc(n_cand * sizeof(int32_t));
+    m->host_cent = host_alloc(m, (size_t)c->num_centroids * f);
+    m->cand = host_alloc(m, n_cand * sizeof(int32_t));
     if (!m->cent || !m->cand_logits || !m->host_cent || !m->cand) return CM_ERR_NOMEM;
   }
   return 0;
@@ -950,6 +959,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   struct wk_model *m = calloc(1, sizeof(*m));
   if (!m) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   m->be = be;
+  cm_arena_init(&m->host, 64u << 10, 0);
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
   int rc = md_config_load(dir, &m->full, err, errlen);
   if (rc) goto fail;
@@ -1059,31 +1069,8 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
 void wk_model_free(struct wk_model *m) {
   if (!m) return;
   wk_graph_free(m);
-  free(m->token_ordering);
-  free(m->host_cent);
-  free(m->cand);
-  free(m->dseqs);
   wk_owned_free(&m->owned, m->be);
-  free(m->layers);
-  free(m->ids);
-  free(m->pos);
-  free(m->out_rows);
-  free(m->head_ids);
-  free(m->ids_local);
-  free(m->head_max);
-  free(m->pairs_host);
-  free(m->recs_host);
-  free(m->tp_scratch);
-  free(m->tp_work);
-  free(m->tp_full);
-  free(m->ex_count);
-  free(m->ex_tok);
-  free(m->ex_wt);
-  free(m->head_host);
-  free(m->slots);
-  free(m->aseq);
-  free(m->moe_ids);
-  free(m->moe_w);
+  cm_arena_free(&m->host);
   free(m->arena.todo);
   cm_huge_unmap(&m->arena.mem);
   wk_st_close(m->st);
