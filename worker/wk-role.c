@@ -288,6 +288,13 @@ static uint64_t mix64(uint64_t x) {
 
 /* ---- checking a step (nothing changes until it passes) ------------------------- */
 
+/* The first id of ids outside a vocabulary of `vocab`, or NULL. */
+static const uint32_t *outside_vocab(const struct pr_u32s *ids, int vocab) {
+  for (uint32_t j = 0; j < ids->n; j++)
+    if (ids->v[j] >= (uint32_t)vocab) return &ids->v[j];
+  return NULL;
+}
+
 static int check_step(struct wk_role *r, const struct pr_step *st, char *err, size_t errlen) {
   if (st->n_seqs > (uint32_t)r->max_seqs)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
@@ -322,18 +329,16 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
     if (T > r->max_T)
       return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
                      (unsigned long long)st->step_id, r->max_T);
-    for (uint32_t j = 0; j < s->tokens.n; j++)
-      if (s->tokens.v[j] >= (uint32_t)r->vocab)
-        return cm_fail(err, errlen, CM_ERR_RANGE,
-                       "sequence %llu: token id %u outside the vocabulary "
-                       "(%d)",
-                       id, s->tokens.v[j], r->vocab);
-    for (uint32_t j = 0; j < s->draft_tokens.n; j++)
-      if (s->draft_tokens.v[j] >= (uint32_t)r->vocab)
-        return cm_fail(err, errlen, CM_ERR_RANGE,
-                       "sequence %llu: draft id %u outside the vocabulary "
-                       "(%d)",
-                       id, s->draft_tokens.v[j], r->vocab);
+    const char *what = "token";
+    const uint32_t *bad = outside_vocab(&s->tokens, r->vocab);
+    if (!bad) {
+      what = "draft";
+      bad = outside_vocab(&s->draft_tokens, r->vocab);
+    }
+    if (bad)
+      return cm_fail(err, errlen, CM_ERR_RANGE,
+                     "sequence %llu: %s id %u outside the vocabulary (%d)", id, what, *bad,
+                     r->vocab);
     if (s->draft_tokens.n > (uint32_t)r->max_draft || s->num_draft > (uint32_t)r->max_draft)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                      "sequence %llu: %u drafts to verify, %u to "
