@@ -24,10 +24,10 @@ struct md_gguf {
   char name[256];
   uint32_t version;
   int n_kv, n_tensors;
-  struct md_gguf_kv *kv;
-  struct md_gguf_tensor *tensors;
-  int *by_name;  /* tensor indexes sorted by name */
-  char *strings; /* the keys' and names' copies */
+  struct md_gguf_kv *kv;          /* [n_kv]; kv's block holds the arrays below too */
+  struct md_gguf_tensor *tensors; /* [n_tensors] */
+  int *by_name;                   /* [n_tensors] tensor indexes sorted by name */
+  char *strings;                  /* the keys' and names' copies */
   uint64_t data_bytes;
 };
 
@@ -100,6 +100,10 @@ static size_t scalar_size(uint32_t t) {
   case MD_GGUF_F64: return 8;
   default: return 0;
   }
+}
+
+static size_t align16(size_t n) {
+  return (n + 15) & ~(size_t)15;
 }
 
 static int bad_type(struct cur *c, uint32_t t) {
@@ -283,14 +287,21 @@ int md_gguf_open_mem(const void *buf, size_t len, const char *name, struct md_gg
   if (rc) goto fail;
   g->n_kv = (int)nkv;
   g->n_tensors = (int)nt;
-  g->kv = calloc(nkv ? nkv : 1, sizeof(*g->kv));
-  g->tensors = calloc(nt ? nt : 1, sizeof(*g->tensors));
-  g->by_name = calloc(nt ? nt : 1, sizeof(int));
-  g->strings = malloc(len + 1); /* every copied string is shorter than the file */
-  if (!g->kv || !g->tensors || !g->by_name || !g->strings) {
+  /* one block: the zeroed arrays, then the strings (every copied string is
+   * shorter than the file) */
+  size_t kv_bytes = align16((size_t)nkv * sizeof(*g->kv));
+  size_t t_bytes = align16((size_t)nt * sizeof(*g->tensors));
+  size_t arrays = kv_bytes + t_bytes + align16((size_t)nt * sizeof(int));
+  char *block = malloc(arrays + len + 1);
+  if (!block) {
     rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     goto fail;
   }
+  memset(block, 0, arrays);
+  g->kv = (struct md_gguf_kv *)block;
+  g->tensors = (struct md_gguf_tensor *)(block + kv_bytes);
+  g->by_name = (int *)(block + kv_bytes + t_bytes);
+  g->strings = block + arrays;
   char *s = g->strings;
   uint32_t align = 32;
   c.where = "metadata entry";
@@ -396,10 +407,7 @@ int md_gguf_probe(const char *path) {
 void md_gguf_close(struct md_gguf *g) {
   if (!g) return;
   if (g->map) munmap(g->map, g->len);
-  free(g->kv);
-  free(g->tensors);
-  free(g->by_name);
-  free(g->strings);
+  free(g->kv); /* and the arrays and strings in its block */
   free(g);
 }
 
