@@ -122,6 +122,15 @@ static int get_bool(const json_t *o, const char *key, int def, int *out, char *e
   return 0;
 }
 
+/* get_int into an int field. */
+static int get_int_to(const json_t *o, const char *key, int required, long long def, long long lo,
+                      long long hi, int *dst, char *err, size_t errlen) {
+  long long x;
+  int rc = get_int(o, key, required, def, lo, hi, &x, err, errlen);
+  if (!rc) *dst = (int)x;
+  return rc;
+}
+
 /* eos_token_id: an integer or a list of integers. */
 static int get_eos(const json_t *o, struct md_config *cfg, const char *file, char *err,
                    size_t errlen) {
@@ -393,36 +402,37 @@ static void preproc_defaults(struct md_vision_cfg *v) {
   }
 }
 
+/* root's vision_config object into *vc: NULL when there is none (a text-only
+ * checkpoint). */
+static int vision_object(const json_t *root, const json_t **vc, char *err, size_t errlen) {
+  *vc = json_object_get(root, "vision_config");
+  if (*vc && json_is_null(*vc)) *vc = NULL;
+  if (*vc && !json_is_object(*vc))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  return 0;
+}
+
 static int parse_vision(const json_t *root, struct md_config *cfg, char *err, size_t errlen) {
   struct md_vision_cfg *v = &cfg->vision;
-  const json_t *vc = json_object_get(root, "vision_config");
-  if (!vc || json_is_null(vc)) return 0; /* a text-only gemma3 checkpoint */
-  if (!json_is_object(vc))
-    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  const json_t *vc;
+  int rc = vision_object(root, &vc, err, errlen);
+  if (rc || !vc) return rc;
   const json_t *mt = json_object_get(vc, "model_type");
   if (mt && json_is_string(mt) && strcmp(json_string_value(mt), "siglip_vision_model"))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "config.json: vision_config.model_type \"%s\" is not supported "
                    "(siglip_vision_model)",
                    json_string_value(mt));
-  long long x;
-  int rc;
-#define VINT(key, def, lo, hi, dst)                                                                \
-  do {                                                                                             \
-    if ((rc = get_int(vc, key, 0, def, lo, hi, &x, err, errlen)))                                  \
-      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
-    dst = (int)x;                                                                                  \
-  } while (0)
   /* transformers' SiglipVisionConfig defaults */
-  VINT("hidden_size", 768, 1, 65536, v->hidden);
-  VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
-  VINT("num_hidden_layers", 12, 1, MD_MAX_LAYERS, v->n_layers);
-  VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
-  VINT("num_channels", 3, 1, MD_MAX_CHANNELS, v->channels);
-  VINT("image_size", 224, 1, 16384, v->image_size);
-  VINT("patch_size", 16, 1, 16384, v->patch);
-#undef VINT
-  if ((rc = get_num(vc, "layer_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
+  if ((rc = get_int_to(vc, "hidden_size", 0, 768, 1, 65536, &v->hidden, err, errlen)) ||
+      (rc = get_int_to(vc, "intermediate_size", 0, 3072, 1, 1 << 20, &v->ffn, err, errlen)) ||
+      (rc = get_int_to(vc, "num_hidden_layers", 0, 12, 1, MD_MAX_LAYERS, &v->n_layers, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "num_attention_heads", 0, 12, 1, 1024, &v->n_heads, err, errlen)) ||
+      (rc = get_int_to(vc, "num_channels", 0, 3, 1, MD_MAX_CHANNELS, &v->channels, err, errlen)) ||
+      (rc = get_int_to(vc, "image_size", 0, 224, 1, 16384, &v->image_size, err, errlen)) ||
+      (rc = get_int_to(vc, "patch_size", 0, 16, 1, 16384, &v->patch, err, errlen)) ||
+      (rc = get_num(vc, "layer_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
     return retag(rc, "config.json", "vision_config.", err, errlen);
   const json_t *act = json_object_get(vc, "hidden_act");
   if (act && json_is_string(act) && strcmp(json_string_value(act), "gelu_pytorch_tanh") &&
@@ -451,9 +461,9 @@ static int parse_vision(const json_t *root, struct md_config *cfg, char *err, si
                    v->grid, v->grid);
   v->n_patches = v->grid * v->grid;
   /* Gemma3Config's defaults */
-  if ((rc = get_int(root, "mm_tokens_per_image", 0, 256, 1, v->n_patches, &x, err, errlen)))
+  if ((rc = get_int_to(root, "mm_tokens_per_image", 0, 256, 1, v->n_patches, &v->mm_tokens, err,
+                       errlen)))
     return rc;
-  v->mm_tokens = (int)x;
   int side = (int)lround(sqrt((double)v->mm_tokens));
   while ((long long)side * side > v->mm_tokens)
     side--;
@@ -466,12 +476,10 @@ static int parse_vision(const json_t *root, struct md_config *cfg, char *err, si
                    "patch grid",
                    v->mm_tokens, v->grid, v->grid);
   int hi = 1 << 30;
-  if ((rc = get_int(root, "boi_token_index", 0, 255999, 0, hi, &x, err, errlen))) return rc;
-  v->boi_id = (int)x;
-  if ((rc = get_int(root, "eoi_token_index", 0, 256000, 0, hi, &x, err, errlen))) return rc;
-  v->eoi_id = (int)x;
-  if ((rc = get_int(root, "image_token_index", 0, 262144, 0, hi, &x, err, errlen))) return rc;
-  v->image_id = (int)x;
+  if ((rc = get_int_to(root, "boi_token_index", 0, 255999, 0, hi, &v->boi_id, err, errlen)) ||
+      (rc = get_int_to(root, "eoi_token_index", 0, 256000, 0, hi, &v->eoi_id, err, errlen)) ||
+      (rc = get_int_to(root, "image_token_index", 0, 262144, 0, hi, &v->image_id, err, errlen)))
+    return rc;
   if (v->boi_id >= cfg->vocab || v->eoi_id >= cfg->vocab)
     return cm_fail(err, errlen, CM_ERR_RANGE,
                    "config.json: boi_token_index %d / eoi_token_index %d outside the vocabulary "
@@ -518,49 +526,37 @@ static int get_choice(const json_t *o, const char *key, const char *const *choic
 static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
                            size_t errlen) {
   struct md_vision_g4_cfg *v = &cfg->vision_g4;
-  const json_t *vc = json_object_get(root, "vision_config");
-  if (!vc || json_is_null(vc)) return 0; /* a text-only gemma4 checkpoint */
-  if (!json_is_object(vc))
-    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  const json_t *vc;
+  int rc = vision_object(root, &vc, err, errlen);
+  if (rc || !vc) return rc;
   const json_t *mt = json_object_get(vc, "model_type");
   if (mt && !json_is_null(mt) &&
       !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma4_vision")))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "config.json: vision_config.model_type is not supported (gemma4_vision)");
-  long long x;
-  int rc;
-#define VINT(key, def, lo, hi, dst)                                                                \
-  do {                                                                                             \
-    if ((rc = get_int(vc, key, 0, def, lo, hi, &x, err, errlen)))                                  \
-      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
-    dst = (int)x;                                                                                  \
-  } while (0)
-#define VBOOL(key, dst)                                                                            \
-  do {                                                                                             \
-    if ((rc = get_bool(vc, key, 0, &dst, err, errlen)))                                            \
-      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
-  } while (0)
-  VINT("hidden_size", 768, 1, 65536, v->hidden);
-  VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
-  VINT("num_hidden_layers", 16, 1, MD_MAX_LAYERS, v->n_layers);
-  VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
-  VINT("num_key_value_heads", v->n_heads, 1, v->n_heads, v->n_kv_heads);
-  VINT("head_dim", 64, 4, 512, v->head_dim);
-  VINT("patch_size", 16, 1, 1024, v->patch);
-  VINT("pooling_kernel_size", 3, 1, 64, v->pool);
-  VINT("position_embedding_size", 10240, 1, 1 << 20, v->pos_size);
-  VINT("default_output_length", 280, 1, 1 << 20, v->default_tokens);
-  VINT("max_position_embeddings", 131072, 1, 1 << 30, v->max_pos);
-  VBOOL("use_clipped_linears", v->clipped_linears);
-  VBOOL("standardize", v->standardize);
-  VBOOL("attention_bias", v->attention_bias);
-#undef VINT
-#undef VBOOL
-  if ((rc = get_num(vc, "rms_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
-    return retag(rc, "config.json", "vision_config.", err, errlen);
   static const char *const acts[] = {"gelu_pytorch_tanh", "gelu_tanh"};
   int act;
-  if ((rc = get_choice(vc, "hidden_activation", acts, 2, 0, &act, err, errlen)))
+  if ((rc = get_int_to(vc, "hidden_size", 0, 768, 1, 65536, &v->hidden, err, errlen)) ||
+      (rc = get_int_to(vc, "intermediate_size", 0, 3072, 1, 1 << 20, &v->ffn, err, errlen)) ||
+      (rc = get_int_to(vc, "num_hidden_layers", 0, 16, 1, MD_MAX_LAYERS, &v->n_layers, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "num_attention_heads", 0, 12, 1, 1024, &v->n_heads, err, errlen)) ||
+      (rc = get_int_to(vc, "num_key_value_heads", 0, v->n_heads, 1, v->n_heads, &v->n_kv_heads, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "head_dim", 0, 64, 4, 512, &v->head_dim, err, errlen)) ||
+      (rc = get_int_to(vc, "patch_size", 0, 16, 1, 1024, &v->patch, err, errlen)) ||
+      (rc = get_int_to(vc, "pooling_kernel_size", 0, 3, 1, 64, &v->pool, err, errlen)) ||
+      (rc = get_int_to(vc, "position_embedding_size", 0, 10240, 1, 1 << 20, &v->pos_size, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "default_output_length", 0, 280, 1, 1 << 20, &v->default_tokens, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "max_position_embeddings", 0, 131072, 1, 1 << 30, &v->max_pos, err,
+                       errlen)) ||
+      (rc = get_bool(vc, "use_clipped_linears", 0, &v->clipped_linears, err, errlen)) ||
+      (rc = get_bool(vc, "standardize", 0, &v->standardize, err, errlen)) ||
+      (rc = get_bool(vc, "attention_bias", 0, &v->attention_bias, err, errlen)) ||
+      (rc = get_num(vc, "rms_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)) ||
+      (rc = get_choice(vc, "hidden_activation", acts, 2, 0, &act, err, errlen)))
     return retag(rc, "config.json", "vision_config.", err, errlen);
   if (v->n_heads % v->n_kv_heads)
     return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -600,12 +596,10 @@ static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_confi
     return retag(rc, "config.json", "text_config.", err, errlen);
   /* Gemma4Config's defaults */
   int hi = 1 << 30;
-  if ((rc = get_int(root, "boi_token_id", 0, 255999, 0, hi, &x, err, errlen))) return rc;
-  v->boi_id = (int)x;
-  if ((rc = get_int(root, "eoi_token_id", 0, 258882, 0, hi, &x, err, errlen))) return rc;
-  v->eoi_id = (int)x;
-  if ((rc = get_int(root, "image_token_id", 0, 258880, 0, hi, &x, err, errlen))) return rc;
-  v->image_id = (int)x;
+  if ((rc = get_int_to(root, "boi_token_id", 0, 255999, 0, hi, &v->boi_id, err, errlen)) ||
+      (rc = get_int_to(root, "eoi_token_id", 0, 258882, 0, hi, &v->eoi_id, err, errlen)) ||
+      (rc = get_int_to(root, "image_token_id", 0, 258880, 0, hi, &v->image_id, err, errlen)))
+    return rc;
   if (v->boi_id >= cfg->vocab || v->eoi_id >= cfg->vocab || v->image_id >= cfg->vocab)
     return cm_fail(err, errlen, CM_ERR_RANGE,
                    "config.json: boi_token_id %d / eoi_token_id %d / image_token_id %d outside "
