@@ -675,57 +675,41 @@ static int preproc_open(const char *text, size_t len, int nested, int present, c
   return 0;
 }
 
-int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
-                            char *err, size_t errlen) {
-  struct md_vision_cfg *v = &cfg->vision;
-  struct preproc f;
-  int rc = preproc_open(text, len, nested, v->present, "vision tower", &f, err, errlen);
-  if (rc) return rc;
-  const json_t *o = f.o;
+/* A Gemma 3 tower's image settings (f->o) into v->pre. */
+static int read_preproc(const struct preproc *f, struct md_vision_cfg *v, char *err,
+                        size_t errlen) {
+  const json_t *o = f->o;
   struct md_preproc_cfg p = v->pre;
-  long long x;
-  if (!o) goto done; /* a processor without images: keep the defaults */
+  int rc;
   if ((rc = get_bool(o, "do_resize", p.do_resize, &p.do_resize, err, errlen)) ||
       (rc = get_bool(o, "do_rescale", p.do_rescale, &p.do_rescale, err, errlen)) ||
       (rc = get_bool(o, "do_normalize", p.do_normalize, &p.do_normalize, err, errlen)) ||
       (rc = get_num(o, "rescale_factor", p.rescale_factor, 1e-9, 1e9, &p.rescale_factor, err,
                     errlen)) ||
-      (rc = get_int(o, "resample", 0, p.resample, 0, 5, &x, err, errlen)) ||
+      (rc = get_int_to(o, "resample", 0, p.resample, 0, 5, &p.resample, err, errlen)) ||
       (rc = get_channels(o, "image_mean", v->channels, p.mean, 0, err, errlen)) ||
       (rc = get_channels(o, "image_std", v->channels, p.std, 1, err, errlen)))
-    goto retagged;
-  p.resample = (int)x;
-  if (p.resample != 2) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sresample %d is not supported (2: bilinear)", f.file, f.prefix, p.resample);
-    goto done;
-  }
+    return retag(rc, f->file, f->prefix, err, errlen);
+  if (p.resample != 2)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: %sresample %d is not supported (2: bilinear)", f->file, f->prefix,
+                   p.resample);
   const json_t *size = json_object_get(o, "size");
   if (size && !json_is_null(size)) {
-    if (!json_is_object(size)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", f.file, f.prefix);
-      goto done;
-    }
+    if (!json_is_object(size))
+      return cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", f->file, f->prefix);
     const char *wkey = json_object_get(size, "width") ? "width" : "shortest_edge";
     const char *hkey = json_object_get(size, "height") ? "height" : "shortest_edge";
-    if ((rc = get_int(size, wkey, 1, 0, 1, 16384, &x, err, errlen))) goto retagged;
-    p.width = (int)x;
-    if ((rc = get_int(size, hkey, 1, 0, 1, 16384, &x, err, errlen))) goto retagged;
-    p.height = (int)x;
+    if ((rc = get_int_to(size, wkey, 1, 0, 1, 16384, &p.width, err, errlen)) ||
+        (rc = get_int_to(size, hkey, 1, 0, 1, 16384, &p.height, err, errlen)))
+      return retag(rc, f->file, f->prefix, err, errlen);
   }
-  if (p.do_resize && (p.width != v->image_size || p.height != v->image_size)) {
-    rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                 "%s: %ssize %d x %d differs from the vision tower's image_size %d", f.file,
-                 f.prefix, p.width, p.height, v->image_size);
-    goto done;
-  }
+  if (p.do_resize && (p.width != v->image_size || p.height != v->image_size))
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: %ssize %d x %d differs from the vision tower's image_size %d", f->file,
+                   f->prefix, p.width, p.height, v->image_size);
   v->pre = p;
-  goto done;
-retagged:
-  rc = retag(rc, f.file, f.prefix, err, errlen);
-done:
-  json_decref(f.root);
-  return rc;
+  return 0;
 }
 
 static int parse_text(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
@@ -971,19 +955,15 @@ done:
   return rc;
 }
 
-int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
-                               char *err, size_t errlen) {
-  struct md_vision_g4_cfg *v = &cfg->vision_g4;
-  struct preproc f;
-  int rc = preproc_open(text, len, nested, v->present, "Gemma 4 vision tower", &f, err, errlen);
-  if (rc) return rc;
-  const json_t *o = f.o;
+/* A Gemma 4 tower's image settings (f->o): Gemma4ImageProcessor's fields; a
+ * missing one keeps the tower's value or the processor's default. */
+static int read_preproc_g4(const struct preproc *f, struct md_vision_g4_cfg *v, char *err,
+                           size_t errlen) {
+  const json_t *o = f->o;
   int do_resize = 1, do_rescale = 1, do_normalize = 0;
   long long tokens = 0, patch = 0, pool = 0, resample = 0;
   double factor = 0;
-  if (!o) goto done; /* a processor without images: keep the config's values */
-  /* Gemma4ImageProcessor's fields; a missing one keeps the tower's value or
-   * the processor's default */
+  int rc;
   if ((rc =
            get_int(o, "max_soft_tokens", 0, v->default_tokens, 1, 1 << 20, &tokens, err, errlen)) ||
       (rc = get_int(o, "patch_size", 0, v->patch, 1, 1 << 20, &patch, err, errlen)) ||
@@ -992,33 +972,53 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
       (rc = get_bool(o, "do_resize", 1, &do_resize, err, errlen)) ||
       (rc = get_bool(o, "do_rescale", 1, &do_rescale, err, errlen)) ||
       (rc = get_bool(o, "do_normalize", 0, &do_normalize, err, errlen)) ||
-      (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen))) {
-    retag(rc, f.file, f.prefix, err, errlen);
-    goto done;
-  }
-  if (!md_g4_soft_tokens_allowed((int)tokens)) {
-    rc = cm_fail(err, errlen, CM_ERR_RANGE,
-                 "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", f.file,
-                 f.prefix, tokens);
-  } else if (patch != v->patch || pool != v->pool) {
-    rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                 "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
-                 "tower's %d / %d",
-                 f.file, f.prefix, patch, pool, v->patch, v->pool);
-  } else if (resample != 3) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sresample %lld is not supported (3: bicubic)", f.file, f.prefix, resample);
-  } else if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
-                 "the only Gemma 4 preprocessing supported",
-                 f.file, f.prefix);
-  } else {
-    v->default_tokens = (int)tokens;
-  }
-done:
+      (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen)))
+    return retag(rc, f->file, f->prefix, err, errlen);
+  if (!md_g4_soft_tokens_allowed((int)tokens))
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", f->file,
+                   f->prefix, tokens);
+  if (patch != v->patch || pool != v->pool)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
+                   "tower's %d / %d",
+                   f->file, f->prefix, patch, pool, v->patch, v->pool);
+  if (resample != 3)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: %sresample %lld is not supported (3: bicubic)", f->file, f->prefix,
+                   resample);
+  if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
+                   "the only Gemma 4 preprocessing supported",
+                   f->file, f->prefix);
+  v->default_tokens = (int)tokens;
+  return 0;
+}
+
+/* A processor file's image settings for the tower (g4: Gemma 4's) read by its
+ * reader; a processor without images keeps the defaults. */
+static int parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg, int g4,
+                         char *err, size_t errlen) {
+  struct preproc f;
+  int rc = preproc_open(text, len, nested, g4 ? cfg->vision_g4.present : cfg->vision.present,
+                        g4 ? "Gemma 4 vision tower" : "vision tower", &f, err, errlen);
+  if (rc) return rc;
+  if (f.o)
+    rc = g4 ? read_preproc_g4(&f, &cfg->vision_g4, err, errlen)
+            : read_preproc(&f, &cfg->vision, err, errlen);
   json_decref(f.root);
   return rc;
+}
+
+int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
+                            char *err, size_t errlen) {
+  return parse_preproc(text, len, nested, cfg, 0, err, errlen);
+}
+
+int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
+                               char *err, size_t errlen) {
+  return parse_preproc(text, len, nested, cfg, 1, err, errlen);
 }
 
 int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,
