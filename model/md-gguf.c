@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 
 #define MAX_KEY      65536      /* bytes of a key or a tensor name */
@@ -182,42 +183,34 @@ static int by_name_cmp(const void *a, const void *b, void *g) {
   return strcmp(gg->tensors[*(const int *)a].name, gg->tensors[*(const int *)b].name);
 }
 
+/* ggml's tensor types: elements and bytes per block, and the name; a zero
+ * entry is a type we do not read. */
+static const struct {
+  uint16_t elems, bytes;
+  const char *name;
+} ggml_types[] = {[MD_GGML_F32] = {1, 4, "f32"},       [MD_GGML_F16] = {1, 2, "f16"},
+                  [MD_GGML_BF16] = {1, 2, "bf16"},     [MD_GGML_Q4_0] = {32, 18, "q4_0"},
+                  [MD_GGML_Q4_1] = {32, 20, "q4_1"},   [MD_GGML_Q5_0] = {32, 22, "q5_0"},
+                  [MD_GGML_Q5_1] = {32, 24, "q5_1"},   [MD_GGML_Q8_0] = {32, 34, "q8_0"},
+                  [MD_GGML_Q8_1] = {32, 36, "q8_1"},   [MD_GGML_Q2_K] = {256, 84, "q2_k"},
+                  [MD_GGML_Q3_K] = {256, 110, "q3_k"}, [MD_GGML_Q4_K] = {256, 144, "q4_k"},
+                  [MD_GGML_Q5_K] = {256, 176, "q5_k"}, [MD_GGML_Q6_K] = {256, 210, "q6_k"},
+                  [MD_GGML_Q8_K] = {256, 292, "q8_k"}};
+
+int md_ggml_block_elems(uint32_t type) {
+  return type < CM_ARRAY_LEN(ggml_types) ? ggml_types[type].elems : 0;
+}
+
 uint64_t md_ggml_row_bytes(uint32_t type, uint64_t n) {
-  uint64_t be, bb; /* elements and bytes per block */
-  switch (type) {
-  case MD_GGML_F32: be = 1, bb = 4; break;
-  case MD_GGML_F16:
-  case MD_GGML_BF16: be = 1, bb = 2; break;
-  case MD_GGML_Q4_0: be = 32, bb = 18; break;
-  case MD_GGML_Q4_1: be = 32, bb = 20; break;
-  case MD_GGML_Q5_0: be = 32, bb = 22; break;
-  case MD_GGML_Q5_1: be = 32, bb = 24; break;
-  case MD_GGML_Q8_0: be = 32, bb = 34; break;
-  case MD_GGML_Q8_1: be = 32, bb = 36; break;
-  case MD_GGML_Q2_K: be = 256, bb = 84; break;
-  case MD_GGML_Q3_K: be = 256, bb = 110; break;
-  case MD_GGML_Q4_K: be = 256, bb = 144; break;
-  case MD_GGML_Q5_K: be = 256, bb = 176; break;
-  case MD_GGML_Q6_K: be = 256, bb = 210; break;
-  case MD_GGML_Q8_K: be = 256, bb = 292; break;
-  default: return 0;
-  }
+  uint64_t be = (uint64_t)md_ggml_block_elems(type);
+  if (!be) return 0;
+  uint64_t bb = ggml_types[type].bytes;
   if (n % be || n / be > UINT64_MAX / bb) return 0;
   return n / be * bb;
 }
 
-int md_ggml_block_elems(uint32_t type) {
-  if (!md_ggml_row_bytes(type, 256)) return 0;
-  return type == MD_GGML_F32 || type == MD_GGML_F16 || type == MD_GGML_BF16 ? 1
-         : type >= MD_GGML_Q2_K && type <= MD_GGML_Q8_K                     ? 256
-                                                                            : 32;
-}
-
 const char *md_ggml_type_name(uint32_t type, char *buf, size_t buflen) {
-  static const char *names[] = {"f32",  "f16",  "q4_0", "q4_1", "type 4", "type 5", "q5_0", "q5_1",
-                                "q8_0", "q8_1", "q2_k", "q3_k", "q4_k",   "q5_k",   "q6_k", "q8_k"};
-  if (type < sizeof(names) / sizeof(names[0]) && (type < 4 || type > 5)) return names[type];
-  if (type == MD_GGML_BF16) return "bf16";
+  if (md_ggml_block_elems(type)) return ggml_types[type].name;
   snprintf(buf, buflen, "type %u", type);
   return buf;
 }
