@@ -252,6 +252,8 @@ struct gr_vocab {
 void gr_mask_cache_free(struct gr_mask_cache *c);
 /* Fills g->reach (gr-plain.c). */
 int gr_plain_reach(struct gr_grammar *g);
+/* Frees what gr_plain_reach made (reach, wall, loop, term, the runs). */
+void gr_plain_free(struct gr_grammar *g);
 /* The plain-text UTF-8 decoder (gr-plain.c): the state after byte b, or -1. */
 int gr_u8_step(int q, uint8_t b);
 /* Fills v->u8ok, v->nchars, v->tchars, v->plain_le (gr-plain.c). */
