@@ -555,12 +555,12 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
   bind_as(&b, W_EMBED, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
-           "%sembed_tokens.weight", P);
+          "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
     m->lm_head = m->embed;
   } else {
     bind_as(&b, W_EMBED, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
-             "lm_head.weight");
+            "lm_head.weight");
   }
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
   if (c->ple_dim) {
@@ -568,7 +568,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_vocab, LP, -1,
              "%sembed_tokens_per_layer.weight", P);
     bind_as(&b, W_LINEAR, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
-             "%sper_layer_model_projection.weight", P);
+            "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
   m->layers = host_calloc(m, (size_t)L, sizeof(*m->layers));
@@ -584,13 +584,15 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
     bind_as(&b, W_LINEAR, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1},
             1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
-    bind_as(&b, W_LINEAR, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
-             -1, "%sself_attn.o_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1},
+            1, H, qd, -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_as(&b, W_LINEAR, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      bind_as(&b, W_LINEAR, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1,
+              "%sself_attn.k_proj.weight", lp);
       if (!l->k_eq_v)
-        bind_as(&b, W_LINEAR, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+        bind_as(&b, W_LINEAR, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1,
+                "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
@@ -600,7 +602,8 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     bind_as(&b, W_LINEAR, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight",
             lp);
     bind_as(&b, W_LINEAR, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_as(&b, W_LINEAR, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight",
+            lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
       bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
@@ -621,7 +624,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       bind_as(&b, W_LINEAR, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
               "%sper_layer_input_gate.weight", lp);
       bind_as(&b, W_LINEAR, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
-               "%sper_layer_projection.weight", lp);
+              "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
     w->layer_scalar = 1.0f;
