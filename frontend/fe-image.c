@@ -25,6 +25,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 
 #define FE_JPEG_MAX_SCANS 1000 /* a progressive JPEG with more scans is refused (CPU bomb) */
 
@@ -631,13 +632,6 @@ static int load_data_url(const char *s, size_t n, const struct img_limits *lim,
 
 /* ---- file:// URLs ------------------------------------------------------------------------ */
 
-static int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 /* The path of a file:// URL (s[0..n) follows "file://"), percent-decoded into
  * a malloc'd string. */
 static int file_url_path(const char *s, size_t n, char **path, char *err, size_t errlen) {
@@ -653,7 +647,7 @@ static int file_url_path(const char *s, size_t n, char **path, char *err, size_t
   for (size_t i = 0; i < n; i++) {
     char c = s[i];
     if (c == '%') {
-      int hi = i + 2 < n ? hex_value(s[i + 1]) : -1, lo = hi >= 0 ? hex_value(s[i + 2]) : -1;
+      int hi = i + 2 < n ? cm_hex_digit(s[i + 1]) : -1, lo = hi >= 0 ? cm_hex_digit(s[i + 2]) : -1;
       if (lo < 0) {
         free(p);
         return cm_fail(err, errlen, CM_ERR_INVAL, "file:// URL has a bad %%-escape at offset %zu",

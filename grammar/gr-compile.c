@@ -121,14 +121,7 @@ void gr_grammar_free(struct gr_grammar *g) {
   free(g->call_off);
   free(g->calls);
   gr_mask_cache_free(g->cache);
-  free(g->reach);
-  free(g->wall);
-  free(g->loop);
-  free(g->term);
-  free(g->alpha);
-  free(g->run);
-  free(g->run_any);
-  free(g->run_set);
+  gr_plain_free(g);
   pthread_mutex_destroy(&g->lock);
   free(g);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "grammar/gr-impl.h"
 
 #define EB_MAX_NAMES 1024
@@ -114,9 +115,7 @@ static void literal(struct eb *e, uint32_t from, uint32_t to) {
     if (nd) {
       for (int i = 0; i < nd; i++) {
         char h = e->pos < e->len ? e->p[e->pos] : 0;
-        int d = h >= '0' && h <= '9'                 ? h - '0'
-                : (h | 32) >= 'a' && (h | 32) <= 'f' ? (h | 32) - 'a' + 10
-                                                     : -1;
+        int d = cm_hex_digit(h);
         if (d < 0) {
           eb_fail(e, "invalid escape in string", e->pos);
           free(buf);
@@ -143,19 +142,15 @@ static void literal(struct eb *e, uint32_t from, uint32_t to) {
         buf[k++] = (char)(0x80 | ((v >> 6) & 0x3f)), buf[k++] = (char)(0x80 | (v & 0x3f));
       continue;
     }
-    switch (x) {
-    case 'n': buf[k++] = '\n'; break;
-    case 't': buf[k++] = '\t'; break;
-    case 'r': buf[k++] = '\r'; break;
-    case '\\': buf[k++] = '\\'; break;
-    case '"': buf[k++] = '"'; break;
-    case '[': buf[k++] = '['; break;
-    case ']': buf[k++] = ']'; break;
-    default:
+    /* the letters of the one-character escapes, and what each stands for */
+    static const char named[] = "ntr\\\"[]", raw[] = "\n\t\r\\\"[]";
+    const char *q = x ? strchr(named, x) : NULL;
+    if (!q) {
       eb_fail(e, "invalid escape in string", e->pos - 2);
       free(buf);
       return;
     }
+    buf[k++] = raw[q - named];
   }
   free(buf);
 }

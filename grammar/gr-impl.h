@@ -86,8 +86,9 @@ void gr_regex_emit(struct gr_nfa *n, const char *pat, size_t len, int mode, int 
 
 /* ---- JSON pieces (gr-json.c) ------------------------------------------- */
 void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to);
-/* Whitespace around ':' (spaces and tabs only). */
-void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to);
+/* The ':' between a key and its value, with whitespace around it (spaces and
+ * tabs only). */
+void gr_json_colon(struct gr_nfa *n, uint32_t from, uint32_t to);
 /* One JSON-encoded code point of a string's contents (any escape). */
 void gr_json_char(struct gr_nfa *n, uint32_t from, uint32_t to);
 void gr_json_string(struct gr_nfa *n, uint32_t from, uint32_t to);
@@ -261,6 +262,8 @@ struct gr_vocab {
 void gr_mask_cache_free(struct gr_mask_cache *c);
 /* Fills g->reach (gr-plain.c). */
 int gr_plain_reach(struct gr_grammar *g);
+/* Frees what gr_plain_reach made (reach, wall, loop, term, the runs). */
+void gr_plain_free(struct gr_grammar *g);
 /* The plain-text UTF-8 decoder (gr-plain.c): the state after byte b, or -1. */
 int gr_u8_step(int q, uint8_t b);
 /* Fills the nodes' u8ok, nchars, asc and wide, and v->tchars, v->plain_le,

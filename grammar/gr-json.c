@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "grammar/gr-impl.h"
 
 /* Whitespace between tokens: JSON allows any run of space, tab, CR and LF; we
@@ -14,22 +15,10 @@
 #define GR_WS_INLINE 2
 #define GR_WS_INDENT 16
 
-void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
+/* At most max spaces or tabs from `from` to `to`. */
+static void blanks(struct gr_nfa *n, uint32_t from, uint32_t to, int max) {
   uint32_t cur = from;
-  for (int i = 0; i < GR_WS_INLINE; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_nfa_eps(n, cur, to);
-    gr_nfa_byte(n, cur, nx, ' ', ' ');
-    gr_nfa_byte(n, cur, nx, '\t', '\t');
-    cur = nx;
-  }
-  gr_nfa_eps(n, cur, to);
-  uint32_t cr = gr_nfa_state(n), nl = gr_nfa_state(n);
-  gr_nfa_byte(n, from, cr, '\r', '\r');
-  gr_nfa_eps(n, from, cr);
-  gr_nfa_byte(n, cr, nl, '\n', '\n');
-  cur = nl;
-  for (int i = 0; i < GR_WS_INDENT; i++) {
+  for (int i = 0; i < max; i++) {
     uint32_t nx = gr_nfa_state(n);
     gr_nfa_eps(n, cur, to);
     gr_nfa_byte(n, cur, nx, ' ', ' ');
@@ -39,16 +28,20 @@ void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
   gr_nfa_eps(n, cur, to);
 }
 
-void gr_json_ws_inline(struct gr_nfa *n, uint32_t from, uint32_t to) {
-  uint32_t cur = from;
-  for (int i = 0; i < GR_WS_INLINE; i++) {
-    uint32_t nx = gr_nfa_state(n);
-    gr_nfa_eps(n, cur, to);
-    gr_nfa_byte(n, cur, nx, ' ', ' ');
-    gr_nfa_byte(n, cur, nx, '\t', '\t');
-    cur = nx;
-  }
-  gr_nfa_eps(n, cur, to);
+void gr_json_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  blanks(n, from, to, GR_WS_INLINE);
+  uint32_t cr = gr_nfa_state(n), nl = gr_nfa_state(n);
+  gr_nfa_byte(n, from, cr, '\r', '\r');
+  gr_nfa_eps(n, from, cr);
+  gr_nfa_byte(n, cr, nl, '\n', '\n');
+  blanks(n, nl, to, GR_WS_INDENT);
+}
+
+void gr_json_colon(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n);
+  blanks(n, from, a, GR_WS_INLINE);
+  gr_nfa_byte(n, a, b, ':', ':');
+  blanks(n, b, to, GR_WS_INLINE);
 }
 
 static void hex4(struct gr_nfa *n, uint32_t from, uint32_t to) {
@@ -134,38 +127,19 @@ void gr_json_lit_string(struct gr_nfa *n, uint32_t from, uint32_t to, const char
  * closing quote. */
 enum { SX_END = 13, SX_N = 14 };
 
-static int hexb(uint8_t b) {
-  return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F');
-}
-
 int gr_json_sx_step(int a, uint8_t b) {
   switch (a) {
   case 0:
     if (b == '"') return SX_END;
     if (b == '\\') return 8;
-    if (b >= 0x20 && b < 0x80) return 0;
-    if (b >= 0xc2 && b <= 0xdf) return 1;
-    if (b == 0xe0) return 4;
-    if ((b >= 0xe1 && b <= 0xec) || b == 0xee || b == 0xef) return 2;
-    if (b == 0xed) return 5;
-    if (b == 0xf0) return 6;
-    if (b >= 0xf1 && b <= 0xf3) return 3;
-    if (b == 0xf4) return 7;
-    return -1;
-  case 1: return b >= 0x80 && b <= 0xbf ? 0 : -1;
-  case 2: return b >= 0x80 && b <= 0xbf ? 1 : -1;
-  case 3: return b >= 0x80 && b <= 0xbf ? 2 : -1;
-  case 4: return b >= 0xa0 && b <= 0xbf ? 1 : -1;
-  case 5: return b >= 0x80 && b <= 0x9f ? 1 : -1;
-  case 6: return b >= 0x90 && b <= 0xbf ? 2 : -1;
-  case 7: return b >= 0x80 && b <= 0x8f ? 2 : -1;
+    break;
   case 8: return strchr("\"\\/bfnrt", b) && b ? 0 : b == 'u' ? 9 : -1;
   case 9:
   case 10:
-  case 11: return hexb(b) ? a + 1 : -1;
-  case 12: return hexb(b) ? 0 : -1;
+  case 11: return cm_hex_digit(b) >= 0 ? a + 1 : -1;
+  case 12: return cm_hex_digit(b) >= 0 ? 0 : -1;
   }
-  return -1;
+  return gr_u8_step(a, b); /* states 0-7 are those of plain text's UTF-8 */
 }
 
 struct sx_trie {
@@ -289,41 +263,39 @@ static void any_value(struct gr_nfa *n, uint32_t from, uint32_t to) {
   gr_nfa_lit(n, from, to, "null", 4);
 }
 
+/* An object's member: "key" : value (any value). */
+static void any_member(struct gr_nfa *n, uint32_t from, uint32_t to) {
+  uint32_t k = gr_nfa_state(n), v = gr_nfa_state(n);
+  gr_json_string(n, from, k);
+  gr_json_colon(n, k, v);
+  any_value(n, v, to);
+}
+
+/* Rule r's body, an object or an array: open, then close or elements
+ * separated by commas, then close; whitespace around every element. */
+static void any_container(struct gr_nfa *n, uint32_t r, uint8_t open, uint8_t close,
+                          void (*elem)(struct gr_nfa *n, uint32_t from, uint32_t to)) {
+  uint32_t s = n->rule_start[r], f = n->rule_final[r];
+  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n),
+           e = gr_nfa_state(n), g = gr_nfa_state(n);
+  gr_nfa_byte(n, s, a, open, open);
+  gr_json_ws(n, a, b);
+  gr_nfa_byte(n, b, f, close, close);
+  elem(n, b, c);
+  gr_json_ws(n, c, d);
+  gr_nfa_byte(n, d, f, close, close);
+  gr_nfa_byte(n, d, e, ',', ',');
+  gr_json_ws(n, e, g);
+  elem(n, g, c);
+}
+
 static void make_any_rules(struct gr_nfa *n) {
   if (n->any_obj != GR_NONE || n->rc) return;
   n->any_obj = gr_nfa_rule(n);
   n->any_arr = gr_nfa_rule(n);
-  uint32_t r = n->any_obj;
-  uint32_t s = n->rule_start[r], f = n->rule_final[r];
-  uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n),
-           e = gr_nfa_state(n), g = gr_nfa_state(n), h = gr_nfa_state(n), i = gr_nfa_state(n),
-           j = gr_nfa_state(n), k = gr_nfa_state(n);
-  gr_nfa_byte(n, s, a, '{', '{');
-  gr_json_ws(n, a, b);
-  gr_nfa_byte(n, b, f, '}', '}');
-  gr_json_string(n, b, c);
-  gr_json_ws_inline(n, c, d);
-  gr_nfa_byte(n, d, e, ':', ':');
-  gr_json_ws_inline(n, e, g);
-  any_value(n, g, h);
-  gr_json_ws(n, h, i);
-  gr_nfa_byte(n, i, f, '}', '}');
-  gr_nfa_byte(n, i, j, ',', ',');
-  gr_json_ws(n, j, k);
-  gr_json_string(n, k, c);
-  r = n->any_arr;
-  s = n->rule_start[r], f = n->rule_final[r];
-  a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n);
-  e = gr_nfa_state(n), g = gr_nfa_state(n);
-  gr_nfa_byte(n, s, a, '[', '[');
-  gr_json_ws(n, a, b);
-  gr_nfa_byte(n, b, f, ']', ']');
-  any_value(n, b, c);
-  gr_json_ws(n, c, d);
-  gr_nfa_byte(n, d, f, ']', ']');
-  gr_nfa_byte(n, d, e, ',', ',');
-  gr_json_ws(n, e, g);
-  any_value(n, g, c);
+  if (n->rc) return;
+  any_container(n, n->any_obj, '{', '}', any_member);
+  any_container(n, n->any_arr, '[', ']', any_value);
 }
 
 uint32_t gr_json_value_rule(struct gr_nfa *n, uint32_t *rule) {

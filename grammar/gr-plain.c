@@ -225,6 +225,18 @@ static void range(uint64_t *a, unsigned lo, unsigned hi) {
     a[b / 64] |= 1ull << (b % 64);
 }
 
+/* Frees the alphabets and runs (runs() below); none are left. */
+static void runs_free(struct gr_grammar *g) {
+  free(g->alpha);
+  free(g->run);
+  free(g->run_any);
+  free(g->run_set);
+  g->alpha = NULL;
+  g->run = g->run_any = NULL;
+  g->run_set = NULL;
+  g->n_alpha = 0;
+}
+
 /* The alphabets (common ones, then each state's own: the ASCII bytes that lead to
  * a state taking the same byte again, as a bounded run's or a loop's states do)
  * and each state's run of each (gr_grammar's run). CM_ERR_NOMEM leaves what it
@@ -445,16 +457,7 @@ int gr_plain_reach(struct gr_grammar *g) {
   g->loop = loop;
   g->wall = wall;
   g->term = term;
-  if (runs(g)) { /* out of memory: masks go without the fast path of runs */
-    free(g->alpha);
-    free(g->run);
-    free(g->run_any);
-    free(g->run_set);
-    g->alpha = NULL;
-    g->run = g->run_any = NULL;
-    g->run_set = NULL;
-    g->n_alpha = 0;
-  }
+  if (runs(g)) runs_free(g); /* out of memory: masks go without the fast path of runs */
   __atomic_store_n(&g->reach, reach, __ATOMIC_RELEASE);
   return 0;
 nomem:
@@ -464,4 +467,12 @@ nomem:
   free(term);
   free(all.a);
   return CM_ERR_NOMEM;
+}
+
+void gr_plain_free(struct gr_grammar *g) {
+  free(g->reach);
+  free(g->wall);
+  free(g->loop);
+  free(g->term);
+  runs_free(g);
 }

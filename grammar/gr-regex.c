@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "grammar/gr-impl.h"
 
 enum { RX_SET, RX_CAT, RX_ALT, RX_REP };
@@ -80,18 +81,11 @@ static uint32_t rx_utf8(struct rx *x) {
   return c;
 }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 static int rx_hex(struct rx *x, int digits, uint32_t *out) {
   if (x->pos + (size_t)digits > x->len) return -1;
   uint32_t v = 0;
   for (int i = 0; i < digits; i++) {
-    int h = hexval(x->p[x->pos + (size_t)i]);
+    int h = cm_hex_digit(x->p[x->pos + (size_t)i]);
     if (h < 0) return -1;
     v = v * 16 + (uint32_t)h;
   }
@@ -170,8 +164,8 @@ static int rx_escape(struct rx *x, int in_class, uint32_t *cp, struct gr_cpset *
       uint32_t v = 0;
       size_t i = x->pos + 1;
       int nd = 0;
-      while (i < x->len && hexval(x->p[i]) >= 0 && v <= 0x10ffff)
-        v = v * 16 + (uint32_t)hexval(x->p[i++]), nd++;
+      while (i < x->len && cm_hex_digit(x->p[i]) >= 0 && v <= 0x10ffff)
+        v = v * 16 + (uint32_t)cm_hex_digit(x->p[i++]), nd++;
       if (nd == 0 || i >= x->len || x->p[i] != '}' || v > 0x10ffff)
         return rx_fail(x, CM_ERR_INVAL, "invalid '\\u{...}' escape", at), 0;
       x->pos = i + 1;
@@ -471,27 +465,16 @@ static uint32_t rx_alt(struct rx *x, int top) {
 /* ---- emission -------------------------------------------------------------- */
 static void emit_json_cp(struct gr_nfa *n, uint32_t from, uint32_t to, uint32_t c) {
   static const char hex[] = "0123456789abcdef";
-  char buf[8];
-  if (c == '"')
-    gr_nfa_lit(n, from, to, "\\\"", 2);
-  else if (c == '\\')
-    gr_nfa_lit(n, from, to, "\\\\", 2);
-  else if (c == '\n')
-    gr_nfa_lit(n, from, to, "\\n", 2);
-  else if (c == '\t')
-    gr_nfa_lit(n, from, to, "\\t", 2);
-  else if (c == '\r')
-    gr_nfa_lit(n, from, to, "\\r", 2);
-  else if (c == '\b')
-    gr_nfa_lit(n, from, to, "\\b", 2);
-  else if (c == '\f')
-    gr_nfa_lit(n, from, to, "\\f", 2);
-  else {
-    memcpy(buf, "\\u00", 4);
-    buf[4] = hex[c >> 4];
-    buf[5] = hex[c & 15];
-    gr_nfa_lit(n, from, to, buf, 6);
+  /* the characters with a two-character escape, and the letter after '\\' */
+  static const char raw[] = "\"\\\n\t\r\b\f", named[] = "\"\\ntrbf";
+  const char *e = c && c < 0x80 ? strchr(raw, (int)c) : NULL;
+  if (e) {
+    char two[2] = {'\\', named[e - raw]};
+    gr_nfa_lit(n, from, to, two, 2);
+    return;
   }
+  char six[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+  gr_nfa_lit(n, from, to, six, 6);
 }
 
 static void emit_set(struct rx *x, uint32_t from, uint32_t to, const struct gr_cpset *s) {

@@ -309,15 +309,12 @@ static void comma_ws(struct gr_nfa *n, uint32_t from, uint32_t to) {
 static void member(struct sc *c, const char *key, const char *const *except, size_t n_except,
                    const json_t *vs, const char *path, uint32_t from, uint32_t to, int call) {
   struct gr_nfa *n = c->n;
-  uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n), v0 = gr_nfa_state(n),
-           v1 = gr_nfa_state(n);
+  uint32_t k1 = gr_nfa_state(n), v0 = gr_nfa_state(n), v1 = gr_nfa_state(n);
   if (key)
     gr_json_lit_string(n, from, k1, key, strlen(key));
   else
     gr_json_string_except(n, from, k1, except, n_except);
-  gr_json_ws_inline(n, k1, k2);
-  gr_nfa_byte(n, k2, k3, ':', ':');
-  gr_json_ws_inline(n, k3, v0);
+  gr_json_colon(n, k1, v0);
   if (call && json_is_object(vs)) { /* written many times: once, as a rule */
     uint32_t r = rule_of(c, vs, path);
     if (r != GR_NONE) gr_nfa_call(n, v0, v1, r);
@@ -328,6 +325,23 @@ static void member(struct sc *c, const char *key, const char *const *except, siz
 }
 
 #define SC_MAX_COUNT 32 /* minProperties / maxProperties counted up to this */
+
+/* The count after one more member than k, counting up to K (K stands for "K
+ * or more" when there is no maximum mxp); -1: no more may come. */
+static long long count_after(long long k, long long K, long long mxp) {
+  return k + 1 > K ? (mxp >= 0 ? -1 : K) : k + 1;
+}
+
+/* A new state where the member after k others begins: at `at` itself for the
+ * first, after a comma and whitespace otherwise. */
+static uint32_t member_begins(struct gr_nfa *n, uint32_t at, long long k) {
+  uint32_t e = gr_nfa_state(n);
+  if (k == 0)
+    gr_nfa_eps(n, at, e);
+  else
+    comma_ws(n, at, e);
+  return e;
+}
 
 /* An object whose members must be counted (minProperties / maxProperties
  * beyond what required and the listed properties give): states t[k] after k
@@ -355,13 +369,9 @@ static void object_counted(struct sc *c, const json_t *props, const json_t *req,
       nx[k] = gr_nfa_state(n);
     for (long long k = 0; k <= K && !n->rc; k++) {
       if (!required) gr_nfa_eps(n, t[k], nx[k]);
-      long long k2 = k + 1 > K ? (mxp >= 0 ? -1 : K) : k + 1;
+      long long k2 = count_after(k, K, mxp);
       if (k2 < 0) continue;
-      uint32_t e = gr_nfa_state(n);
-      if (k == 0)
-        gr_nfa_eps(n, t[k], e);
-      else
-        comma_ws(n, t[k], e);
+      uint32_t e = member_begins(n, t[k], k);
       member(c, key, NULL, 0, ps, pp, e, nx[k2], 1);
     }
     memcpy(t, nx, sizeof t);
@@ -377,13 +387,9 @@ static void object_counted(struct sc *c, const json_t *props, const json_t *req,
     size_t k = 0;
     json_object_foreach((json_t *)props, key, ps) names[k++] = key;
     for (long long q = 0; q <= K && !n->rc; q++) {
-      long long q2 = q + 1 > K ? (mxp >= 0 ? -1 : K) : q + 1;
+      long long q2 = count_after(q, K, mxp);
       if (q2 < 0) continue;
-      uint32_t e = gr_nfa_state(n);
-      if (q == 0)
-        gr_nfa_eps(n, t[q], e);
-      else
-        comma_ws(n, t[q], e);
+      uint32_t e = member_begins(n, t[q], q);
       member(c, NULL, names, k, json_is_object(addl) ? addl : json_true(), ap, e, t[q2], 1);
     }
     free(names);
@@ -579,12 +585,10 @@ static void emit_literal(struct sc *c, const json_t *v, uint32_t from, uint32_t 
       }
       if (obj) {
         const char *key = json_object_iter_key(it);
-        uint32_t k1 = gr_nfa_state(n), k2 = gr_nfa_state(n), k3 = gr_nfa_state(n);
-        gr_json_lit_string(n, cur, k1, key, strlen(key));
-        gr_json_ws_inline(n, k1, k2);
-        gr_nfa_byte(n, k2, k3, ':', ':');
+        uint32_t k = gr_nfa_state(n);
+        gr_json_lit_string(n, cur, k, key, strlen(key));
         cur = gr_nfa_state(n);
-        gr_json_ws_inline(n, k3, cur);
+        gr_json_colon(n, k, cur);
       }
       uint32_t e = gr_nfa_state(n);
       emit_literal(c, obj ? json_object_iter_value(it) : json_array_get(v, i), cur, e);

@@ -122,6 +122,15 @@ static int get_bool(const json_t *o, const char *key, int def, int *out, char *e
   return 0;
 }
 
+/* get_int into an int field. */
+static int get_int_to(const json_t *o, const char *key, int required, long long def, long long lo,
+                      long long hi, int *dst, char *err, size_t errlen) {
+  long long x;
+  int rc = get_int(o, key, required, def, lo, hi, &x, err, errlen);
+  if (!rc) *dst = (int)x;
+  return rc;
+}
+
 /* eos_token_id: an integer or a list of integers. */
 static int get_eos(const json_t *o, struct md_config *cfg, const char *file, char *err,
                    size_t errlen) {
@@ -393,36 +402,37 @@ static void preproc_defaults(struct md_vision_cfg *v) {
   }
 }
 
+/* root's vision_config object into *vc: NULL when there is none (a text-only
+ * checkpoint). */
+static int vision_object(const json_t *root, const json_t **vc, char *err, size_t errlen) {
+  *vc = json_object_get(root, "vision_config");
+  if (*vc && json_is_null(*vc)) *vc = NULL;
+  if (*vc && !json_is_object(*vc))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  return 0;
+}
+
 static int parse_vision(const json_t *root, struct md_config *cfg, char *err, size_t errlen) {
   struct md_vision_cfg *v = &cfg->vision;
-  const json_t *vc = json_object_get(root, "vision_config");
-  if (!vc || json_is_null(vc)) return 0; /* a text-only gemma3 checkpoint */
-  if (!json_is_object(vc))
-    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  const json_t *vc;
+  int rc = vision_object(root, &vc, err, errlen);
+  if (rc || !vc) return rc;
   const json_t *mt = json_object_get(vc, "model_type");
   if (mt && json_is_string(mt) && strcmp(json_string_value(mt), "siglip_vision_model"))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "config.json: vision_config.model_type \"%s\" is not supported "
                    "(siglip_vision_model)",
                    json_string_value(mt));
-  long long x;
-  int rc;
-#define VINT(key, def, lo, hi, dst)                                                                \
-  do {                                                                                             \
-    if ((rc = get_int(vc, key, 0, def, lo, hi, &x, err, errlen)))                                  \
-      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
-    dst = (int)x;                                                                                  \
-  } while (0)
   /* transformers' SiglipVisionConfig defaults */
-  VINT("hidden_size", 768, 1, 65536, v->hidden);
-  VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
-  VINT("num_hidden_layers", 12, 1, MD_MAX_LAYERS, v->n_layers);
-  VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
-  VINT("num_channels", 3, 1, MD_MAX_CHANNELS, v->channels);
-  VINT("image_size", 224, 1, 16384, v->image_size);
-  VINT("patch_size", 16, 1, 16384, v->patch);
-#undef VINT
-  if ((rc = get_num(vc, "layer_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
+  if ((rc = get_int_to(vc, "hidden_size", 0, 768, 1, 65536, &v->hidden, err, errlen)) ||
+      (rc = get_int_to(vc, "intermediate_size", 0, 3072, 1, 1 << 20, &v->ffn, err, errlen)) ||
+      (rc = get_int_to(vc, "num_hidden_layers", 0, 12, 1, MD_MAX_LAYERS, &v->n_layers, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "num_attention_heads", 0, 12, 1, 1024, &v->n_heads, err, errlen)) ||
+      (rc = get_int_to(vc, "num_channels", 0, 3, 1, MD_MAX_CHANNELS, &v->channels, err, errlen)) ||
+      (rc = get_int_to(vc, "image_size", 0, 224, 1, 16384, &v->image_size, err, errlen)) ||
+      (rc = get_int_to(vc, "patch_size", 0, 16, 1, 16384, &v->patch, err, errlen)) ||
+      (rc = get_num(vc, "layer_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
     return retag(rc, "config.json", "vision_config.", err, errlen);
   const json_t *act = json_object_get(vc, "hidden_act");
   if (act && json_is_string(act) && strcmp(json_string_value(act), "gelu_pytorch_tanh") &&
@@ -451,9 +461,9 @@ static int parse_vision(const json_t *root, struct md_config *cfg, char *err, si
                    v->grid, v->grid);
   v->n_patches = v->grid * v->grid;
   /* Gemma3Config's defaults */
-  if ((rc = get_int(root, "mm_tokens_per_image", 0, 256, 1, v->n_patches, &x, err, errlen)))
+  if ((rc = get_int_to(root, "mm_tokens_per_image", 0, 256, 1, v->n_patches, &v->mm_tokens, err,
+                       errlen)))
     return rc;
-  v->mm_tokens = (int)x;
   int side = (int)lround(sqrt((double)v->mm_tokens));
   while ((long long)side * side > v->mm_tokens)
     side--;
@@ -466,12 +476,10 @@ static int parse_vision(const json_t *root, struct md_config *cfg, char *err, si
                    "patch grid",
                    v->mm_tokens, v->grid, v->grid);
   int hi = 1 << 30;
-  if ((rc = get_int(root, "boi_token_index", 0, 255999, 0, hi, &x, err, errlen))) return rc;
-  v->boi_id = (int)x;
-  if ((rc = get_int(root, "eoi_token_index", 0, 256000, 0, hi, &x, err, errlen))) return rc;
-  v->eoi_id = (int)x;
-  if ((rc = get_int(root, "image_token_index", 0, 262144, 0, hi, &x, err, errlen))) return rc;
-  v->image_id = (int)x;
+  if ((rc = get_int_to(root, "boi_token_index", 0, 255999, 0, hi, &v->boi_id, err, errlen)) ||
+      (rc = get_int_to(root, "eoi_token_index", 0, 256000, 0, hi, &v->eoi_id, err, errlen)) ||
+      (rc = get_int_to(root, "image_token_index", 0, 262144, 0, hi, &v->image_id, err, errlen)))
+    return rc;
   if (v->boi_id >= cfg->vocab || v->eoi_id >= cfg->vocab)
     return cm_fail(err, errlen, CM_ERR_RANGE,
                    "config.json: boi_token_index %d / eoi_token_index %d outside the vocabulary "
@@ -518,49 +526,37 @@ static int get_choice(const json_t *o, const char *key, const char *const *choic
 static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
                            size_t errlen) {
   struct md_vision_g4_cfg *v = &cfg->vision_g4;
-  const json_t *vc = json_object_get(root, "vision_config");
-  if (!vc || json_is_null(vc)) return 0; /* a text-only gemma4 checkpoint */
-  if (!json_is_object(vc))
-    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: vision_config is not an object");
+  const json_t *vc;
+  int rc = vision_object(root, &vc, err, errlen);
+  if (rc || !vc) return rc;
   const json_t *mt = json_object_get(vc, "model_type");
   if (mt && !json_is_null(mt) &&
       !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma4_vision")))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "config.json: vision_config.model_type is not supported (gemma4_vision)");
-  long long x;
-  int rc;
-#define VINT(key, def, lo, hi, dst)                                                                \
-  do {                                                                                             \
-    if ((rc = get_int(vc, key, 0, def, lo, hi, &x, err, errlen)))                                  \
-      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
-    dst = (int)x;                                                                                  \
-  } while (0)
-#define VBOOL(key, dst)                                                                            \
-  do {                                                                                             \
-    if ((rc = get_bool(vc, key, 0, &dst, err, errlen)))                                            \
-      return retag(rc, "config.json", "vision_config.", err, errlen);                              \
-  } while (0)
-  VINT("hidden_size", 768, 1, 65536, v->hidden);
-  VINT("intermediate_size", 3072, 1, 1 << 20, v->ffn);
-  VINT("num_hidden_layers", 16, 1, MD_MAX_LAYERS, v->n_layers);
-  VINT("num_attention_heads", 12, 1, 1024, v->n_heads);
-  VINT("num_key_value_heads", v->n_heads, 1, v->n_heads, v->n_kv_heads);
-  VINT("head_dim", 64, 4, 512, v->head_dim);
-  VINT("patch_size", 16, 1, 1024, v->patch);
-  VINT("pooling_kernel_size", 3, 1, 64, v->pool);
-  VINT("position_embedding_size", 10240, 1, 1 << 20, v->pos_size);
-  VINT("default_output_length", 280, 1, 1 << 20, v->default_tokens);
-  VINT("max_position_embeddings", 131072, 1, 1 << 30, v->max_pos);
-  VBOOL("use_clipped_linears", v->clipped_linears);
-  VBOOL("standardize", v->standardize);
-  VBOOL("attention_bias", v->attention_bias);
-#undef VINT
-#undef VBOOL
-  if ((rc = get_num(vc, "rms_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)))
-    return retag(rc, "config.json", "vision_config.", err, errlen);
   static const char *const acts[] = {"gelu_pytorch_tanh", "gelu_tanh"};
   int act;
-  if ((rc = get_choice(vc, "hidden_activation", acts, 2, 0, &act, err, errlen)))
+  if ((rc = get_int_to(vc, "hidden_size", 0, 768, 1, 65536, &v->hidden, err, errlen)) ||
+      (rc = get_int_to(vc, "intermediate_size", 0, 3072, 1, 1 << 20, &v->ffn, err, errlen)) ||
+      (rc = get_int_to(vc, "num_hidden_layers", 0, 16, 1, MD_MAX_LAYERS, &v->n_layers, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "num_attention_heads", 0, 12, 1, 1024, &v->n_heads, err, errlen)) ||
+      (rc = get_int_to(vc, "num_key_value_heads", 0, v->n_heads, 1, v->n_heads, &v->n_kv_heads, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "head_dim", 0, 64, 4, 512, &v->head_dim, err, errlen)) ||
+      (rc = get_int_to(vc, "patch_size", 0, 16, 1, 1024, &v->patch, err, errlen)) ||
+      (rc = get_int_to(vc, "pooling_kernel_size", 0, 3, 1, 64, &v->pool, err, errlen)) ||
+      (rc = get_int_to(vc, "position_embedding_size", 0, 10240, 1, 1 << 20, &v->pos_size, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "default_output_length", 0, 280, 1, 1 << 20, &v->default_tokens, err,
+                       errlen)) ||
+      (rc = get_int_to(vc, "max_position_embeddings", 0, 131072, 1, 1 << 30, &v->max_pos, err,
+                       errlen)) ||
+      (rc = get_bool(vc, "use_clipped_linears", 0, &v->clipped_linears, err, errlen)) ||
+      (rc = get_bool(vc, "standardize", 0, &v->standardize, err, errlen)) ||
+      (rc = get_bool(vc, "attention_bias", 0, &v->attention_bias, err, errlen)) ||
+      (rc = get_num(vc, "rms_norm_eps", 1e-6, 0.0, 1.0, &v->eps, err, errlen)) ||
+      (rc = get_choice(vc, "hidden_activation", acts, 2, 0, &act, err, errlen)))
     return retag(rc, "config.json", "vision_config.", err, errlen);
   if (v->n_heads % v->n_kv_heads)
     return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -600,12 +596,10 @@ static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_confi
     return retag(rc, "config.json", "text_config.", err, errlen);
   /* Gemma4Config's defaults */
   int hi = 1 << 30;
-  if ((rc = get_int(root, "boi_token_id", 0, 255999, 0, hi, &x, err, errlen))) return rc;
-  v->boi_id = (int)x;
-  if ((rc = get_int(root, "eoi_token_id", 0, 258882, 0, hi, &x, err, errlen))) return rc;
-  v->eoi_id = (int)x;
-  if ((rc = get_int(root, "image_token_id", 0, 258880, 0, hi, &x, err, errlen))) return rc;
-  v->image_id = (int)x;
+  if ((rc = get_int_to(root, "boi_token_id", 0, 255999, 0, hi, &v->boi_id, err, errlen)) ||
+      (rc = get_int_to(root, "eoi_token_id", 0, 258882, 0, hi, &v->eoi_id, err, errlen)) ||
+      (rc = get_int_to(root, "image_token_id", 0, 258880, 0, hi, &v->image_id, err, errlen)))
+    return rc;
   if (v->boi_id >= cfg->vocab || v->eoi_id >= cfg->vocab || v->image_id >= cfg->vocab)
     return cm_fail(err, errlen, CM_ERR_RANGE,
                    "config.json: boi_token_id %d / eoi_token_id %d / image_token_id %d outside "
@@ -644,89 +638,78 @@ static int get_channels(const json_t *o, const char *key, int channels, float *d
   return 0;
 }
 
-/* A processor file's object of image settings: the file itself, or (nested:
- * processor_config.json) its "image_processor", *o NULL when there is none (the
- * defaults stay). *root (to json_decref) is set on success; *prefix names the
- * object in messages. */
-static int preproc_object(const char *text, size_t len, int nested, json_t **root, const json_t **o,
-                          const char **prefix, char *err, size_t errlen) {
-  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
+/* A processor file opened for its image settings. */
+struct preproc {
+  const char *file;   /* its name, for messages */
+  json_t *root;       /* to json_decref */
+  const json_t *o;    /* the object of image settings; NULL: none (the defaults stay) */
+  const char *prefix; /* names o in messages */
+};
+
+/* Opens a processor file's object of image settings: the file itself, or
+ * (nested: processor_config.json) its "image_processor". Fails when the model
+ * has no such tower (present 0; tower names it). p->root is set on success. */
+static int preproc_open(const char *text, size_t len, int nested, int present, const char *tower,
+                        struct preproc *p, char *err, size_t errlen) {
+  p->file = nested ? "processor_config.json" : "preprocessor_config.json";
+  if (!present)
+    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no %s", p->file, tower);
   json_error_t jerr;
-  *root = json_loadb(text, len, 0, &jerr);
-  if (!*root)
-    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", file, jerr.line,
+  p->root = json_loadb(text, len, 0, &jerr);
+  if (!p->root)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", p->file, jerr.line,
                    jerr.column, jerr.text);
-  *o = *root;
-  *prefix = "";
+  p->o = p->root;
+  p->prefix = "";
   if (nested) {
-    *o = json_object_get(*root, "image_processor");
-    *prefix = "image_processor.";
-    if (!*o) return 0;
+    p->o = json_object_get(p->root, "image_processor");
+    p->prefix = "image_processor.";
+    if (!p->o) return 0;
   }
-  if (!json_is_object(*o)) {
-    int rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", file, *prefix);
-    json_decref(*root);
-    *root = NULL;
+  if (!json_is_object(p->o)) {
+    int rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %snot a JSON object", p->file, p->prefix);
+    json_decref(p->root);
+    p->root = NULL;
     return rc;
   }
   return 0;
 }
 
-int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
-                            char *err, size_t errlen) {
-  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
-  struct md_vision_cfg *v = &cfg->vision;
-  if (!v->present)
-    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no vision tower", file);
-  json_t *root;
-  const json_t *o;
-  const char *prefix;
-  int rc = preproc_object(text, len, nested, &root, &o, &prefix, err, errlen);
-  if (rc) return rc;
+/* A Gemma 3 tower's image settings (f->o) into v->pre. */
+static int read_preproc(const struct preproc *f, struct md_vision_cfg *v, char *err,
+                        size_t errlen) {
+  const json_t *o = f->o;
   struct md_preproc_cfg p = v->pre;
-  long long x;
-  if (!o) goto done; /* a processor without images: keep the defaults */
+  int rc;
   if ((rc = get_bool(o, "do_resize", p.do_resize, &p.do_resize, err, errlen)) ||
       (rc = get_bool(o, "do_rescale", p.do_rescale, &p.do_rescale, err, errlen)) ||
       (rc = get_bool(o, "do_normalize", p.do_normalize, &p.do_normalize, err, errlen)) ||
       (rc = get_num(o, "rescale_factor", p.rescale_factor, 1e-9, 1e9, &p.rescale_factor, err,
                     errlen)) ||
-      (rc = get_int(o, "resample", 0, p.resample, 0, 5, &x, err, errlen)) ||
+      (rc = get_int_to(o, "resample", 0, p.resample, 0, 5, &p.resample, err, errlen)) ||
       (rc = get_channels(o, "image_mean", v->channels, p.mean, 0, err, errlen)) ||
       (rc = get_channels(o, "image_std", v->channels, p.std, 1, err, errlen)))
-    goto retagged;
-  p.resample = (int)x;
-  if (p.resample != 2) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sresample %d is not supported (2: bilinear)", file, prefix, p.resample);
-    goto done;
-  }
+    return retag(rc, f->file, f->prefix, err, errlen);
+  if (p.resample != 2)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: %sresample %d is not supported (2: bilinear)", f->file, f->prefix,
+                   p.resample);
   const json_t *size = json_object_get(o, "size");
   if (size && !json_is_null(size)) {
-    if (!json_is_object(size)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", file, prefix);
-      goto done;
-    }
+    if (!json_is_object(size))
+      return cm_fail(err, errlen, CM_ERR_PARSE, "%s: %ssize is not an object", f->file, f->prefix);
     const char *wkey = json_object_get(size, "width") ? "width" : "shortest_edge";
     const char *hkey = json_object_get(size, "height") ? "height" : "shortest_edge";
-    if ((rc = get_int(size, wkey, 1, 0, 1, 16384, &x, err, errlen))) goto retagged;
-    p.width = (int)x;
-    if ((rc = get_int(size, hkey, 1, 0, 1, 16384, &x, err, errlen))) goto retagged;
-    p.height = (int)x;
+    if ((rc = get_int_to(size, wkey, 1, 0, 1, 16384, &p.width, err, errlen)) ||
+        (rc = get_int_to(size, hkey, 1, 0, 1, 16384, &p.height, err, errlen)))
+      return retag(rc, f->file, f->prefix, err, errlen);
   }
-  if (p.do_resize && (p.width != v->image_size || p.height != v->image_size)) {
-    rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                 "%s: %ssize %d x %d differs from the vision tower's image_size %d", file, prefix,
-                 p.width, p.height, v->image_size);
-    goto done;
-  }
+  if (p.do_resize && (p.width != v->image_size || p.height != v->image_size))
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: %ssize %d x %d differs from the vision tower's image_size %d", f->file,
+                   f->prefix, p.width, p.height, v->image_size);
   v->pre = p;
-  goto done;
-retagged:
-  rc = retag(rc, file, prefix, err, errlen);
-done:
-  json_decref(root);
-  return rc;
+  return 0;
 }
 
 static int parse_text(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
@@ -972,23 +955,15 @@ done:
   return rc;
 }
 
-int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
-                               char *err, size_t errlen) {
-  const char *file = nested ? "processor_config.json" : "preprocessor_config.json";
-  struct md_vision_g4_cfg *v = &cfg->vision_g4;
-  if (!v->present)
-    return cm_fail(err, errlen, CM_ERR_STATE, "%s: the model has no Gemma 4 vision tower", file);
-  json_t *root;
-  const json_t *o;
-  const char *prefix;
-  int rc = preproc_object(text, len, nested, &root, &o, &prefix, err, errlen);
-  if (rc) return rc;
+/* A Gemma 4 tower's image settings (f->o): Gemma4ImageProcessor's fields; a
+ * missing one keeps the tower's value or the processor's default. */
+static int read_preproc_g4(const struct preproc *f, struct md_vision_g4_cfg *v, char *err,
+                           size_t errlen) {
+  const json_t *o = f->o;
   int do_resize = 1, do_rescale = 1, do_normalize = 0;
   long long tokens = 0, patch = 0, pool = 0, resample = 0;
   double factor = 0;
-  if (!o) goto done; /* a processor without images: keep the config's values */
-  /* Gemma4ImageProcessor's fields; a missing one keeps the tower's value or
-   * the processor's default */
+  int rc;
   if ((rc =
            get_int(o, "max_soft_tokens", 0, v->default_tokens, 1, 1 << 20, &tokens, err, errlen)) ||
       (rc = get_int(o, "patch_size", 0, v->patch, 1, 1 << 20, &patch, err, errlen)) ||
@@ -997,33 +972,53 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
       (rc = get_bool(o, "do_resize", 1, &do_resize, err, errlen)) ||
       (rc = get_bool(o, "do_rescale", 1, &do_rescale, err, errlen)) ||
       (rc = get_bool(o, "do_normalize", 0, &do_normalize, err, errlen)) ||
-      (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen))) {
-    retag(rc, file, prefix, err, errlen);
-    goto done;
-  }
-  if (!md_g4_soft_tokens_allowed((int)tokens)) {
-    rc = cm_fail(err, errlen, CM_ERR_RANGE,
-                 "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", file, prefix,
-                 tokens);
-  } else if (patch != v->patch || pool != v->pool) {
-    rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                 "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
-                 "tower's %d / %d",
-                 file, prefix, patch, pool, v->patch, v->pool);
-  } else if (resample != 3) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sresample %lld is not supported (3: bicubic)", file, prefix, resample);
-  } else if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
-                 "the only Gemma 4 preprocessing supported",
-                 file, prefix);
-  } else {
-    v->default_tokens = (int)tokens;
-  }
-done:
-  json_decref(root);
+      (rc = get_num(o, "rescale_factor", 1.0 / 255.0, 1e-9, 1e9, &factor, err, errlen)))
+    return retag(rc, f->file, f->prefix, err, errlen);
+  if (!md_g4_soft_tokens_allowed((int)tokens))
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "%s: %smax_soft_tokens %lld is not one of 70, 140, 280, 560, 1120", f->file,
+                   f->prefix, tokens);
+  if (patch != v->patch || pool != v->pool)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s: %spatch_size %lld / pooling_kernel_size %lld differ from the vision "
+                   "tower's %d / %d",
+                   f->file, f->prefix, patch, pool, v->patch, v->pool);
+  if (resample != 3)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: %sresample %lld is not supported (3: bicubic)", f->file, f->prefix,
+                   resample);
+  if (!do_resize || !do_rescale || do_normalize || fabs(factor * 255.0 - 1.0) > 1e-9)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: %sdo_resize, do_rescale (rescale_factor 1/255) and no do_normalize are "
+                   "the only Gemma 4 preprocessing supported",
+                   f->file, f->prefix);
+  v->default_tokens = (int)tokens;
+  return 0;
+}
+
+/* A processor file's image settings for the tower (g4: Gemma 4's) read by its
+ * reader; a processor without images keeps the defaults. */
+static int parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg, int g4,
+                         char *err, size_t errlen) {
+  struct preproc f;
+  int rc = preproc_open(text, len, nested, g4 ? cfg->vision_g4.present : cfg->vision.present,
+                        g4 ? "Gemma 4 vision tower" : "vision tower", &f, err, errlen);
+  if (rc) return rc;
+  if (f.o)
+    rc = g4 ? read_preproc_g4(&f, &cfg->vision_g4, err, errlen)
+            : read_preproc(&f, &cfg->vision, err, errlen);
+  json_decref(f.root);
   return rc;
+}
+
+int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
+                            char *err, size_t errlen) {
+  return parse_preproc(text, len, nested, cfg, 0, err, errlen);
+}
+
+int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct md_config *cfg,
+                               char *err, size_t errlen) {
+  return parse_preproc(text, len, nested, cfg, 1, err, errlen);
 }
 
 int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 
 #define MAX_KEY      65536      /* bytes of a key or a tensor name */
@@ -24,10 +25,10 @@ struct md_gguf {
   char name[256];
   uint32_t version;
   int n_kv, n_tensors;
-  struct md_gguf_kv *kv;
-  struct md_gguf_tensor *tensors;
-  int *by_name;  /* tensor indexes sorted by name */
-  char *strings; /* the keys' and names' copies */
+  struct md_gguf_kv *kv;          /* [n_kv]; kv's block holds the arrays below too */
+  struct md_gguf_tensor *tensors; /* [n_tensors] */
+  int *by_name;                   /* [n_tensors] tensor indexes sorted by name */
+  char *strings;                  /* the keys' and names' copies */
   uint64_t data_bytes;
 };
 
@@ -102,6 +103,10 @@ static size_t scalar_size(uint32_t t) {
   }
 }
 
+static size_t align16(size_t n) {
+  return (n + 15) & ~(size_t)15;
+}
+
 static int bad_type(struct cur *c, uint32_t t) {
   return cm_fail(c->err, c->errlen, CM_ERR_PARSE, "%s: %s %lld has value type %u (0..12)",
                  c->g->name, c->where, c->idx, t);
@@ -120,21 +125,29 @@ static int skip_value(struct cur *c, uint32_t t, int in_array) {
   return CM_ERR_INVAL; /* the caller reads arrays */
 }
 
-static int read_kv(struct cur *c, struct md_gguf_kv *kv, char **strings) {
-  const uint8_t *key = NULL;
-  uint64_t klen = 0;
-  uint32_t t;
-  int rc = take_str(c, &key, &klen);
+/* Reads an entry's key or a tensor's name (what: which) into the string
+ * arena: *out is the copy at *strings, NUL-terminated, and *strings moves past
+ * it. */
+static int take_name(struct cur *c, const char *what, char **strings, const char **out) {
+  const uint8_t *s = NULL;
+  uint64_t len = 0;
+  int rc = take_str(c, &s, &len);
   if (rc) return rc;
-  if (klen == 0 || klen > MAX_KEY || memchr(key, 0, (size_t)klen))
+  if (len == 0 || len > MAX_KEY || memchr(s, 0, (size_t)len))
     return cm_fail(c->err, c->errlen, CM_ERR_PARSE,
-                   "%s: metadata key %lld is empty, too long or "
-                   "holds a NUL",
-                   c->g->name, c->idx);
-  memcpy(*strings, key, (size_t)klen);
-  (*strings)[klen] = 0;
-  kv->key = *strings;
-  *strings += klen + 1;
+                   "%s: %s %lld's %s is empty, too long or holds a NUL", c->g->name, c->where,
+                   c->idx, what);
+  memcpy(*strings, s, (size_t)len);
+  (*strings)[len] = 0;
+  *out = *strings;
+  *strings += len + 1;
+  return 0;
+}
+
+static int read_kv(struct cur *c, struct md_gguf_kv *kv, char **strings) {
+  uint32_t t;
+  int rc = take_name(c, "key", strings, &kv->key);
+  if (rc) return rc;
   if ((rc = take32(c, &t))) return rc;
   kv->type = (enum md_gguf_vtype)t;
   kv->n = 1;
@@ -170,61 +183,42 @@ static int by_name_cmp(const void *a, const void *b, void *g) {
   return strcmp(gg->tensors[*(const int *)a].name, gg->tensors[*(const int *)b].name);
 }
 
+/* ggml's tensor types: elements and bytes per block, and the name; a zero
+ * entry is a type we do not read. */
+static const struct {
+  uint16_t elems, bytes;
+  const char *name;
+} ggml_types[] = {[MD_GGML_F32] = {1, 4, "f32"},       [MD_GGML_F16] = {1, 2, "f16"},
+                  [MD_GGML_BF16] = {1, 2, "bf16"},     [MD_GGML_Q4_0] = {32, 18, "q4_0"},
+                  [MD_GGML_Q4_1] = {32, 20, "q4_1"},   [MD_GGML_Q5_0] = {32, 22, "q5_0"},
+                  [MD_GGML_Q5_1] = {32, 24, "q5_1"},   [MD_GGML_Q8_0] = {32, 34, "q8_0"},
+                  [MD_GGML_Q8_1] = {32, 36, "q8_1"},   [MD_GGML_Q2_K] = {256, 84, "q2_k"},
+                  [MD_GGML_Q3_K] = {256, 110, "q3_k"}, [MD_GGML_Q4_K] = {256, 144, "q4_k"},
+                  [MD_GGML_Q5_K] = {256, 176, "q5_k"}, [MD_GGML_Q6_K] = {256, 210, "q6_k"},
+                  [MD_GGML_Q8_K] = {256, 292, "q8_k"}};
+
+int md_ggml_block_elems(uint32_t type) {
+  return type < CM_ARRAY_LEN(ggml_types) ? ggml_types[type].elems : 0;
+}
+
 uint64_t md_ggml_row_bytes(uint32_t type, uint64_t n) {
-  uint64_t be, bb; /* elements and bytes per block */
-  switch (type) {
-  case MD_GGML_F32: be = 1, bb = 4; break;
-  case MD_GGML_F16:
-  case MD_GGML_BF16: be = 1, bb = 2; break;
-  case MD_GGML_Q4_0: be = 32, bb = 18; break;
-  case MD_GGML_Q4_1: be = 32, bb = 20; break;
-  case MD_GGML_Q5_0: be = 32, bb = 22; break;
-  case MD_GGML_Q5_1: be = 32, bb = 24; break;
-  case MD_GGML_Q8_0: be = 32, bb = 34; break;
-  case MD_GGML_Q8_1: be = 32, bb = 36; break;
-  case MD_GGML_Q2_K: be = 256, bb = 84; break;
-  case MD_GGML_Q3_K: be = 256, bb = 110; break;
-  case MD_GGML_Q4_K: be = 256, bb = 144; break;
-  case MD_GGML_Q5_K: be = 256, bb = 176; break;
-  case MD_GGML_Q6_K: be = 256, bb = 210; break;
-  case MD_GGML_Q8_K: be = 256, bb = 292; break;
-  default: return 0;
-  }
+  uint64_t be = (uint64_t)md_ggml_block_elems(type);
+  if (!be) return 0;
+  uint64_t bb = ggml_types[type].bytes;
   if (n % be || n / be > UINT64_MAX / bb) return 0;
   return n / be * bb;
 }
 
-int md_ggml_block_elems(uint32_t type) {
-  if (!md_ggml_row_bytes(type, 256)) return 0;
-  return type == MD_GGML_F32 || type == MD_GGML_F16 || type == MD_GGML_BF16 ? 1
-         : type >= MD_GGML_Q2_K && type <= MD_GGML_Q8_K                     ? 256
-                                                                            : 32;
-}
-
 const char *md_ggml_type_name(uint32_t type, char *buf, size_t buflen) {
-  static const char *names[] = {"f32",  "f16",  "q4_0", "q4_1", "type 4", "type 5", "q5_0", "q5_1",
-                                "q8_0", "q8_1", "q2_k", "q3_k", "q4_k",   "q5_k",   "q6_k", "q8_k"};
-  if (type < sizeof(names) / sizeof(names[0]) && (type < 4 || type > 5)) return names[type];
-  if (type == MD_GGML_BF16) return "bf16";
+  if (md_ggml_block_elems(type)) return ggml_types[type].name;
   snprintf(buf, buflen, "type %u", type);
   return buf;
 }
 
 static int read_tensor(struct cur *c, struct md_gguf_tensor *t, char **strings) {
-  const uint8_t *name = NULL;
-  uint64_t nlen = 0;
   uint32_t nd;
-  int rc = take_str(c, &name, &nlen);
+  int rc = take_name(c, "name", strings, &t->name);
   if (rc) return rc;
-  if (nlen == 0 || nlen > MAX_KEY || memchr(name, 0, (size_t)nlen))
-    return cm_fail(c->err, c->errlen, CM_ERR_PARSE,
-                   "%s: tensor %lld's name is empty, too long or "
-                   "holds a NUL",
-                   c->g->name, c->idx);
-  memcpy(*strings, name, (size_t)nlen);
-  (*strings)[nlen] = 0;
-  t->name = *strings;
-  *strings += nlen + 1;
   if ((rc = take32(c, &nd))) return rc;
   if (nd < 1 || nd > MD_GGUF_MAX_DIMS)
     return cm_fail(c->err, c->errlen, CM_ERR_SHAPE, "%s: tensor %s has %u dimensions (1..4)",
@@ -286,14 +280,21 @@ int md_gguf_open_mem(const void *buf, size_t len, const char *name, struct md_gg
   if (rc) goto fail;
   g->n_kv = (int)nkv;
   g->n_tensors = (int)nt;
-  g->kv = calloc(nkv ? nkv : 1, sizeof(*g->kv));
-  g->tensors = calloc(nt ? nt : 1, sizeof(*g->tensors));
-  g->by_name = calloc(nt ? nt : 1, sizeof(int));
-  g->strings = malloc(len + 1); /* every copied string is shorter than the file */
-  if (!g->kv || !g->tensors || !g->by_name || !g->strings) {
+  /* one block: the zeroed arrays, then the strings (every copied string is
+   * shorter than the file) */
+  size_t kv_bytes = align16((size_t)nkv * sizeof(*g->kv));
+  size_t t_bytes = align16((size_t)nt * sizeof(*g->tensors));
+  size_t arrays = kv_bytes + t_bytes + align16((size_t)nt * sizeof(int));
+  char *block = malloc(arrays + len + 1);
+  if (!block) {
     rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     goto fail;
   }
+  memset(block, 0, arrays);
+  g->kv = (struct md_gguf_kv *)block;
+  g->tensors = (struct md_gguf_tensor *)(block + kv_bytes);
+  g->by_name = (int *)(block + kv_bytes + t_bytes);
+  g->strings = block + arrays;
   char *s = g->strings;
   uint32_t align = 32;
   c.where = "metadata entry";
@@ -399,10 +400,7 @@ int md_gguf_probe(const char *path) {
 void md_gguf_close(struct md_gguf *g) {
   if (!g) return;
   if (g->map) munmap(g->map, g->len);
-  free(g->kv);
-  free(g->tensors);
-  free(g->by_name);
-  free(g->strings);
+  free(g->kv); /* and the arrays and strings in its block */
   free(g);
 }
 

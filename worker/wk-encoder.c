@@ -14,8 +14,8 @@
 
 struct entry {
   uint64_t hash;
+  float *rows;     /* [tokens, hidden], then pixels: one block */
   uint8_t *pixels; /* [image_bytes] */
-  float *rows;     /* [tokens, hidden] */
   uint64_t used;   /* use clock of the last lookup */
   uint64_t step;   /* the step that last used it */
 };
@@ -25,7 +25,7 @@ struct wk_encoder {
   int tokens, hidden, channels, width, height;
   size_t image_bytes, entry_bytes, cap_bytes;
   float *stage_px;   /* [cap_stage, channels, height, width] images to encode */
-  float *stage_rows; /* [cap_stage, tokens, hidden] their embeddings */
+  float *stage_rows; /* [cap_stage, tokens, hidden] their embeddings, after stage_px in its block */
   int cap_stage;
   struct entry *v;   /* [n] */
   int n, cap_n;
@@ -53,7 +53,6 @@ int wk_encoder_create(struct wk_vision *vision, size_t cap_bytes, struct wk_enco
 }
 
 static void entry_release(struct entry *x) {
-  free(x->pixels);
   free(x->rows);
   memset(x, 0, sizeof(*x));
 }
@@ -64,7 +63,6 @@ void wk_encoder_free(struct wk_encoder *e) {
     entry_release(&e->v[i]);
   free(e->v);
   free(e->stage_px);
-  free(e->stage_rows);
   free(e);
 }
 
@@ -124,12 +122,12 @@ static struct entry *find(struct wk_encoder *e, const struct pr_image *im) {
 static int stage_reserve(struct wk_encoder *e, int k) {
   if (k <= e->cap_stage) return 0;
   int cap = k < 2 * e->cap_stage ? 2 * e->cap_stage : k;
-  float *px = realloc(e->stage_px, sizeof(float) * e->image_bytes * (size_t)cap);
+  /* the images staged so far stay where they are; the embeddings are written later */
+  size_t per = e->image_bytes + (size_t)e->tokens * (size_t)e->hidden; /* floats */
+  float *px = realloc(e->stage_px, sizeof(float) * per * (size_t)cap);
   if (!px) return CM_ERR_NOMEM;
   e->stage_px = px;
-  float *em = realloc(e->stage_rows, sizeof(float) * (size_t)e->tokens * e->hidden * (size_t)cap);
-  if (!em) return CM_ERR_NOMEM;
-  e->stage_rows = em;
+  e->stage_rows = px + e->image_bytes * (size_t)cap;
   e->cap_stage = cap;
   return 0;
 }
@@ -161,9 +159,9 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
       e->cap_n = cap;
     }
     struct entry nx = {.hash = ims[i]->hash, .used = ++e->clock, .step = e->step};
-    nx.pixels = malloc(e->image_bytes);
-    nx.rows = malloc(sizeof(float) * (size_t)e->tokens * (size_t)e->hidden);
-    if (!nx.pixels || !nx.rows || stage_reserve(e, k + 1)) {
+    nx.rows = malloc(e->entry_bytes);
+    if (nx.rows) nx.pixels = (uint8_t *)(nx.rows + (size_t)e->tokens * (size_t)e->hidden);
+    if (!nx.rows || stage_reserve(e, k + 1)) {
       entry_release(&nx);
       rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for an image's embeddings");
       goto undo;

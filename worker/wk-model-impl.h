@@ -2,9 +2,11 @@
  * (wk-model.c) and the forward pass (wk-forward.c). Not for other modules. */
 #ifndef LMSERVE_WK_MODEL_IMPL_H
 #define LMSERVE_WK_MODEL_IMPL_H
+#include "common/cm-arena.h"
 #include "common/cm-huge.h"
 #include "kernels/kn-backend.h"
 #include "worker/wk-model.h"
+#include "worker/wk-owned.h"
 #include "worker/wk-safetensors.h"
 #include "worker/wk-shard.h"
 #include "worker/wk-tp-sample.h"
@@ -113,8 +115,7 @@ struct wk_model {
   uint64_t weight_bytes, bytes_per_token;
 
   /* backend allocations to free (f32 copies of vectors, scratch, pool) */
-  void **owned;
-  int n_owned, cap_owned;
+  struct wk_owned owned;
   struct wk_arena arena;
   struct wk_load_progress progress;
 
@@ -144,7 +145,9 @@ struct wk_model {
   float *sel;           /* [max_out, H] rows selected for output */
   float *logits;        /* [max_out, V] */
 
-  /* host scratch */
+  /* host scratch; every host array of the model (layers, the ex_ and tp_
+   * arrays, token_ordering ...) comes from the arena host, sized at load */
+  struct cm_arena host;
   int32_t *ids;             /* [T] */
   int32_t *pos;             /* [T] */
   int32_t *slots;           /* [n_groups][T] */

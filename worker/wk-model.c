@@ -25,27 +25,26 @@ struct binder {
   char *err;
   size_t errlen;
   int rc;
-  int lin;    /* binding a linear layer's weight (bind_lin): it may be FP8 */
+  enum { W_ANY, W_LINEAR, W_EMBED } role; /* what the matrix being bound is (bind_as) */
   int mat;    /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
   int quant;  /* --quantization fp8: linear weights quantized to FP8 as they are bound */
   int blockq; /* --quantization q8_0|q4_0|q4_k: the block format (enum kn_dtype) linear weights
                  and the embedding / head are quantized to as they are bound; 0: none */
-  int emb;    /* binding the embedding or the head (bind_emb) */
 };
 
 #define WK_MAX_PAGES (INT32_MAX / 4096) /* pages a KV pool may have */
 
+/* Host memory that lives as long as the model (from m->host). */
+static void *host_alloc(struct wk_model *m, size_t bytes) {
+  return cm_arena_alloc(&m->host, bytes);
+}
+
+static void *host_calloc(struct wk_model *m, size_t n, size_t size) {
+  return cm_arena_calloc(&m->host, n, size);
+}
+
 void *wk_model_alloc(struct wk_model *m, size_t bytes) {
-  if (m->n_owned == m->cap_owned) {
-    int nc = m->cap_owned ? m->cap_owned * 2 : 64;
-    void **no = realloc(m->owned, sizeof(void *) * (size_t)nc);
-    if (!no) return NULL;
-    m->owned = no;
-    m->cap_owned = nc;
-  }
-  void *p = kn_alloc(m->be, bytes ? bytes : 64);
-  if (p) m->owned[m->n_owned++] = p;
-  return p;
+  return wk_owned_alloc(&m->owned, m->be, bytes);
 }
 
 /* Weights in host memory. A decode step streams every weight once, and from
@@ -211,11 +210,12 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
     return NULL;
   }
   if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16 &&
-      !(t->dtype == WK_ST_F8E4M3 && b->lin) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)",
-                    t->file, name, t->dtype_name,
-                    b->lin ? "supported: F32, F16, BF16, F8_E4M3"
-                           : "supported: F32, F16, BF16; F8_E4M3 only for linear layers");
+      !(t->dtype == WK_ST_F8E4M3 && b->role == W_LINEAR) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
+    b->rc =
+        cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)", t->file,
+                name, t->dtype_name,
+                b->role == W_LINEAR ? "supported: F32, F16, BF16, F8_E4M3"
+                                    : "supported: F32, F16, BF16; F8_E4M3 only for linear layers");
     return NULL;
   }
   return t;
@@ -366,22 +366,16 @@ done:
   free(amax);
 }
 
-/* bind_mat of a linear layer's weight [d0, d1]: stored as FP8 in the
- * checkpoint, or quantized to FP8 here under --quantization fp8. */
-#define bind_lin(b, ...)                                                                           \
+/* bind_mat of a weight in role r. W_LINEAR, a linear layer's weight [d0, d1]:
+ * stored as FP8 in the checkpoint, or quantized to FP8 here under
+ * --quantization fp8. W_EMBED, the embedding or the head. Both are quantized
+ * to a block format under --quantization q8_0|q4_0|q4_k, as lmserve quantize
+ * writes them. */
+#define bind_as(b, r, ...)                                                                         \
   do {                                                                                             \
-    (b)->lin = 1;                                                                                  \
+    (b)->role = (r);                                                                               \
     bind_mat((b), __VA_ARGS__);                                                                    \
-    (b)->lin = 0;                                                                                  \
-  } while (0)
-
-/* bind_mat of the embedding or the head: quantized to a block format under
- * --quantization q8_0|q4_0|q4_k, as lmserve quantize writes them. */
-#define bind_emb(b, ...)                                                                           \
-  do {                                                                                             \
-    (b)->emb = 1;                                                                                  \
-    bind_mat((b), __VA_ARGS__);                                                                    \
-    (b)->emb = 0;                                                                                  \
+    (b)->role = W_ANY;                                                                             \
   } while (0)
 
 /* Binds matrix t (full shape [R, C]; w's cut already set) quantized here to
@@ -439,7 +433,7 @@ static int block_ok(struct binder *b, const struct wk_tensor *t, enum wk_shard s
                     "%s: %s is %s, and the %s backend has no kernels for block formats (the CPU "
                     "has)",
                     t->file, name, kn_dtype_name(dt), kn_backend_name(b->m->be));
-  else if (b->quant && b->lin)
+  else if (b->quant && b->role == W_LINEAR)
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_INVAL,
                     "--quantization fp8: %s is already quantized (%s)", name, kn_dtype_name(dt));
   else if (shard == WK_SHARD_COLS && cut.n && (cut.off % be || cut.n % be))
@@ -477,11 +471,11 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   w->rows = whole || shard != WK_SHARD_ROWS ? R : cut.n * cut.halves;
   w->cols = whole || shard != WK_SHARD_COLS ? C : cut.n;
   w->off = whole ? 0 : cut.off;
-  if (w->dt == KN_DTYPE_F8E4M3 || (b->lin && b->quant)) {
+  if (w->dt == KN_DTYPE_F8E4M3 || (b->role == W_LINEAR && b->quant)) {
     bind_fp8(b, w, t, R, C, name);
     return;
   }
-  if (b->blockq && (b->lin || b->emb) && w->n_mat == 1 && kn_dtype_size(w->dt) &&
+  if (b->blockq && b->role != W_ANY && w->n_mat == 1 && kn_dtype_size(w->dt) &&
       w->dt != KN_DTYPE_F8E4M3) {
     enum kn_dtype q = kn_quant_row_type((enum kn_dtype)b->blockq, (size_t)C);
     if (q != KN_DTYPE__COUNT) {
@@ -560,24 +554,24 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
    * same tokens from the same (all-reduced) hidden state */
   int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
-  bind_emb(&b, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
-           "%sembed_tokens.weight", P);
+  bind_as(&b, W_EMBED, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+          "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
     m->lm_head = m->embed;
   } else {
-    bind_emb(&b, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
-             "lm_head.weight");
+    bind_as(&b, W_EMBED, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
+            "lm_head.weight");
   }
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
   if (c->ple_dim) {
     int LP = L * c->ple_dim;
     bind_mat(&b, &m->ple_embed, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_vocab, LP, -1,
              "%sembed_tokens_per_layer.weight", P);
-    bind_lin(&b, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
-             "%sper_layer_model_projection.weight", P);
+    bind_as(&b, W_LINEAR, &m->ple_model_proj, WK_SHARD_FULL, (struct cut){0}, 1, LP, H, -1,
+            "%sper_layer_model_projection.weight", P);
     m->ple_proj_norm = bind_vec(&b, 1, c->ple_dim, "%sper_layer_projection_norm.weight", P);
   }
-  m->layers = calloc((size_t)L, sizeof(*m->layers));
+  m->layers = host_calloc(m, (size_t)L, sizeof(*m->layers));
   if (!m->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int gemma4 = c->arch != MD_ARCH_GEMMA3;
   for (int i = 0; i < L && !b.rc; i++) {
@@ -588,24 +582,28 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->rank * lF, lF, 1};
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
-    bind_lin(&b, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, qd, H,
-             -1, "%sself_attn.q_proj.weight", lp);
-    bind_lin(&b, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1}, 1, H, qd,
-             -1, "%sself_attn.o_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1},
+            1, qd, H, -1, "%sself_attn.q_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->wo, WK_SHARD_COLS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1},
+            1, H, qd, -1, "%sself_attn.o_proj.weight", lp);
     w->q_norm = bind_vec(&b, 1, D, "%sself_attn.q_norm.weight", lp);
     if (!l->kv_shared) {
-      bind_lin(&b, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.k_proj.weight", lp);
+      bind_as(&b, W_LINEAR, &w->wk, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1,
+              "%sself_attn.k_proj.weight", lp);
       if (!l->k_eq_v)
-        bind_lin(&b, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1, "%sself_attn.v_proj.weight", lp);
+        bind_as(&b, W_LINEAR, &w->wv, WK_SHARD_ROWS, kvcut, 1, kvd, H, -1,
+                "%sself_attn.v_proj.weight", lp);
       w->k_norm = bind_vec(&b, 1, D, "%sself_attn.k_norm.weight", lp);
     }
     w->in_norm = bind_vec(&b, 1, H, "%sinput_layernorm.weight", lp);
     w->post_attn_norm = bind_vec(&b, 1, H, "%spost_attention_layernorm.weight", lp);
     w->pre_ffn_norm = bind_vec(&b, 1, H, "%spre_feedforward_layernorm.weight", lp);
     w->post_ffn_norm = bind_vec(&b, 1, H, "%spost_feedforward_layernorm.weight", lp);
-    bind_lin(&b, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight", lp);
-    bind_lin(&b, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
-    bind_lin(&b, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->w_gate, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.gate_proj.weight",
+            lp);
+    bind_as(&b, W_LINEAR, &w->w_up, WK_SHARD_ROWS, ffcut, 1, F, H, -1, "%smlp.up_proj.weight", lp);
+    bind_as(&b, W_LINEAR, &w->w_down, WK_SHARD_COLS, ffcut, 1, H, F, -1, "%smlp.down_proj.weight",
+            lp);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
       bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
@@ -623,10 +621,10 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
     }
     if (c->ple_dim) {
-      bind_lin(&b, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
-               "%sper_layer_input_gate.weight", lp);
-      bind_lin(&b, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
-               "%sper_layer_projection.weight", lp);
+      bind_as(&b, W_LINEAR, &w->ple_gate, WK_SHARD_FULL, (struct cut){0}, 1, c->ple_dim, H, -1,
+              "%sper_layer_input_gate.weight", lp);
+      bind_as(&b, W_LINEAR, &w->ple_proj, WK_SHARD_FULL, (struct cut){0}, 1, H, c->ple_dim, -1,
+              "%sper_layer_projection.weight", lp);
       w->ple_post_norm = bind_vec(&b, 1, H, "%spost_per_layer_input_norm.weight", lp);
     }
     w->layer_scalar = 1.0f;
@@ -719,9 +717,9 @@ static int alloc_scratch(struct wk_model *m) {
     A(ex_in, T * H);
     A(ex_h, T * 2 * (size_t)c->moe_ffn);
     A(ex_y, T * H);
-    m->ex_count = malloc(sizeof(int) * (size_t)(c->n_experts + 1));
-    m->ex_tok = malloc(sizeof(int32_t) * T * (size_t)c->top_k_experts);
-    m->ex_wt = malloc(sizeof(float) * T * (size_t)c->top_k_experts);
+    m->ex_count = host_alloc(m, sizeof(int) * (size_t)(c->n_experts + 1));
+    m->ex_tok = host_alloc(m, sizeof(int32_t) * T * (size_t)c->top_k_experts);
+    m->ex_wt = host_alloc(m, sizeof(float) * T * (size_t)c->top_k_experts);
     if (!m->ex_count || !m->ex_tok || !m->ex_wt) return CM_ERR_NOMEM;
   }
   A(sel, (size_t)m->max_out * H);
@@ -732,33 +730,33 @@ static int alloc_scratch(struct wk_model *m) {
     size_t pb = sizeof(struct wk_pair) * (size_t)m->max_out;
     if (!(m->pairs = wk_model_alloc(m, pb)) || !(m->pairs_all = wk_model_alloc(m, pb * world)))
       return CM_ERR_NOMEM;
-    m->ids_local = malloc(sizeof(int32_t) * T);
-    m->head_max = malloc(sizeof(float) * (size_t)m->max_out);
-    m->pairs_host = malloc(pb * (size_t)(1 + world));
+    m->ids_local = host_alloc(m, sizeof(int32_t) * T);
+    m->head_max = host_alloc(m, sizeof(float) * (size_t)m->max_out);
+    m->pairs_host = host_alloc(m, pb * (size_t)(1 + world));
     size_t rb = sizeof(struct wk_tp_rec) * (size_t)m->max_out;
     if (!(m->recs = wk_model_alloc(m, rb)) || !(m->recs_all = wk_model_alloc(m, rb * world)))
       return CM_ERR_NOMEM;
-    m->recs_host = malloc(rb * (size_t)(1 + world));
-    m->tp_scratch = malloc(wk_tp_sample_scratch_bytes(world));
-    m->tp_work = malloc(f * (size_t)m->lm_head.rows);
-    m->tp_full = malloc((size_t)m->max_out);
+    m->recs_host = host_alloc(m, rb * (size_t)(1 + world));
+    m->tp_scratch = host_alloc(m, wk_tp_sample_scratch_bytes(world));
+    m->tp_work = host_alloc(m, f * (size_t)m->lm_head.rows);
+    m->tp_full = host_alloc(m, (size_t)m->max_out);
     if (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY))
-      m->head_host = malloc(f * (size_t)m->max_out * (size_t)m->lm_head.rows);
+      m->head_host = host_alloc(m, f * (size_t)m->max_out * (size_t)m->lm_head.rows);
     if (!m->ids_local || !m->head_max || !m->pairs_host || !m->recs_host || !m->tp_scratch ||
         !m->tp_work || !m->tp_full || (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY) && !m->head_host))
       return CM_ERR_NOMEM;
   }
 #undef A
   int G = CM_MAX(m->kv.n_groups, 1);
-  m->ids = malloc(sizeof(int32_t) * T);
-  m->pos = malloc(sizeof(int32_t) * T);
-  m->out_rows = malloc(sizeof(int32_t) * T);
-  m->head_ids = malloc(sizeof(int32_t) * (size_t)m->max_out);
-  m->slots = malloc(sizeof(int32_t) * T * (size_t)G);
-  m->aseq = calloc((size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
+  m->ids = host_alloc(m, sizeof(int32_t) * T);
+  m->pos = host_alloc(m, sizeof(int32_t) * T);
+  m->out_rows = host_alloc(m, sizeof(int32_t) * T);
+  m->head_ids = host_alloc(m, sizeof(int32_t) * (size_t)m->max_out);
+  m->slots = host_alloc(m, sizeof(int32_t) * T * (size_t)G);
+  m->aseq = host_calloc(m, (size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
   int k = c->moe ? c->top_k_experts : 1;
-  m->moe_ids = malloc(sizeof(int32_t) * T * (size_t)k);
-  m->moe_w = malloc(sizeof(float) * T * (size_t)k);
+  m->moe_ids = host_alloc(m, sizeof(int32_t) * T * (size_t)k);
+  m->moe_w = host_alloc(m, sizeof(float) * T * (size_t)k);
   if (!m->ids || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq || !m->moe_ids ||
       !m->moe_w)
     return CM_ERR_NOMEM;
@@ -818,7 +816,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
                      "%s: tensor masked_embedding.token_ordering missing or not [%d] integers",
                      m->dir, c->vocab);
     if (!b.rc) {
-      m->token_ordering = malloc(sizeof(int32_t) * (size_t)c->vocab);
+      m->token_ordering = host_alloc(m, sizeof(int32_t) * (size_t)c->vocab);
       if (!m->token_ordering) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
       for (int i = 0; i < c->vocab; i++) {
         int64_t v =
@@ -864,14 +862,14 @@ static int alloc_draft_scratch(struct wk_model *m) {
   size_t T = (size_t)m->max_T, B = (size_t)c->backbone_hidden, f = sizeof(float);
   if (!(m->cat = wk_model_alloc(m, T * 2 * B * f)) || !(m->hout = wk_model_alloc(m, T * B * f)))
     return CM_ERR_NOMEM;
-  m->dseqs = calloc((size_t)m->max_seqs, sizeof(*m->dseqs));
+  m->dseqs = host_calloc(m, (size_t)m->max_seqs, sizeof(*m->dseqs));
   if (!m->dseqs) return CM_ERR_NOMEM;
   if (c->use_ordered_embeddings) {
     size_t n_cand = (size_t)c->centroid_top_k * (size_t)(c->vocab / c->num_centroids);
     m->cent = wk_model_alloc(m, (size_t)c->num_centroids * f);
     m->cand_logits = wk_model_alloc(m, n_cand * f);
-    m->host_cent = malloc((size_t)c->num_centroids * f);
-    m->cand = malloc(n_cand * sizeof(int32_t));
+    m->host_cent = host_alloc(m, (size_t)c->num_centroids * f);
+    m->cand = host_alloc(m, n_cand * sizeof(int32_t));
     if (!m->cent || !m->cand_logits || !m->host_cent || !m->cand) return CM_ERR_NOMEM;
   }
   return 0;
@@ -964,6 +962,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   struct wk_model *m = calloc(1, sizeof(*m));
   if (!m) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   m->be = be;
+  cm_arena_init(&m->host, 64u << 10, 0);
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
   int rc = md_config_load(dir, &m->full, err, errlen);
   if (rc) goto fail;
@@ -1073,33 +1072,8 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
 void wk_model_free(struct wk_model *m) {
   if (!m) return;
   wk_graph_free(m);
-  free(m->token_ordering);
-  free(m->host_cent);
-  free(m->cand);
-  free(m->dseqs);
-  for (int i = 0; i < m->n_owned; i++)
-    kn_free(m->be, m->owned[i]);
-  free(m->owned);
-  free(m->layers);
-  free(m->ids);
-  free(m->pos);
-  free(m->out_rows);
-  free(m->head_ids);
-  free(m->ids_local);
-  free(m->head_max);
-  free(m->pairs_host);
-  free(m->recs_host);
-  free(m->tp_scratch);
-  free(m->tp_work);
-  free(m->tp_full);
-  free(m->ex_count);
-  free(m->ex_tok);
-  free(m->ex_wt);
-  free(m->head_host);
-  free(m->slots);
-  free(m->aseq);
-  free(m->moe_ids);
-  free(m->moe_w);
+  wk_owned_free(&m->owned, m->be);
+  cm_arena_free(&m->host);
   free(m->arena.todo);
   cm_huge_unmap(&m->arena.mem);
   wk_st_close(m->st);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-arena.h"
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-hash.h"
@@ -43,6 +44,8 @@ struct wk_role {
   int max_blocks[WK_MAX_KV_GROUPS]; /* blocks a table may hold: covers max_pos */
   struct rseq *seqs;                /* [cap_seqs] */
   int cap_seqs;
+  struct cm_arena fixed; /* seqs and the arrays below sized at create, freed together */
+  int nomem;             /* an allocation from fixed failed */
   /* per-step scratch, sized at create */
   struct rseq **cur;       /* [max_seqs] state of each step sequence */
   struct wk_seq_input *in; /* [max_seqs] */
@@ -122,6 +125,20 @@ static int table_put(struct rseq *q, int g, const int32_t *ids, int n, int appen
 
 /* ---- create / destroy -------------------------------------------------------- */
 
+/* bytes from the role's fixed arena; NULL (and r->nomem set) when out of memory */
+static void *fixed(struct wk_role *r, size_t bytes) {
+  void *p = cm_arena_alloc(&r->fixed, bytes);
+  if (!p) r->nomem = 1;
+  return p;
+}
+
+/* n zeroed elements of size bytes from the fixed arena, as fixed() */
+static void *zeroed(struct wk_role *r, size_t n, size_t size) {
+  void *p = cm_arena_calloc(&r->fixed, n, size);
+  if (!p) r->nomem = 1;
+  return p;
+}
+
 int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct wk_role_opts *o,
                    struct wk_role **out) {
   if (!model || !o || o->max_seqs < 1 || o->max_draft < 0 || o->max_draft > PR_MAX_DRAFT ||
@@ -150,52 +167,48 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
    * sequences around: room for several steps' worth */
   r->cap_seqs = 4 * r->max_seqs + 64;
   size_t S = (size_t)r->max_seqs, D1 = PR_MAX_DRAFT + 1;
-  r->seqs = calloc((size_t)r->cap_seqs, sizeof(*r->seqs));
-  r->cur = calloc(S, sizeof(*r->cur));
-  r->in = calloc(S, sizeof(*r->in));
-  r->toks = malloc(sizeof(int32_t) * (size_t)r->max_T);
-  r->row0 = malloc(sizeof(int) * S);
-  r->logits = malloc(sizeof(float) * (size_t)r->max_rows * (size_t)r->vocab);
+  cm_arena_init(&r->fixed, 64u << 10, 0);
+  r->seqs = zeroed(r, (size_t)r->cap_seqs, sizeof(*r->seqs));
+  r->cur = zeroed(r, S, sizeof(*r->cur));
+  r->in = zeroed(r, S, sizeof(*r->in));
+  r->toks = fixed(r, sizeof(int32_t) * (size_t)r->max_T);
+  r->row0 = fixed(r, sizeof(int) * S);
+  r->logits = fixed(r, sizeof(float) * (size_t)r->max_rows * (size_t)r->vocab);
   (void)wk_sampler_create(r->vocab, &r->sampler); /* NULL on failure: checked below */
-  r->rs = calloc(S, sizeof(*r->rs));
-  r->rtok = malloc(sizeof(uint32_t) * S * D1);
-  r->rlp = malloc(sizeof(float) * S * D1);
-  r->rtop_ids = malloc(sizeof(uint32_t) * S * D1 * TOPN);
-  r->rtop = malloc(sizeof(float) * S * D1 * TOPN);
-  r->rdraft = malloc(sizeof(uint32_t) * S * PR_MAX_DRAFT);
-  int ok = r->seqs && r->cur && r->in && r->toks && r->row0 && r->logits && r->sampler && r->rs &&
-           r->rtok && r->rlp && r->rtop_ids && r->rtop && r->rdraft;
-  if (ok && o->device_sampling) {
-    r->kp = calloc((size_t)r->max_rows, sizeof(*r->kp));
-    r->ko = calloc((size_t)r->max_rows, sizeof(*r->ko));
-    ok = r->kp && r->ko;
+  r->rs = zeroed(r, S, sizeof(*r->rs));
+  r->rtok = fixed(r, sizeof(uint32_t) * S * D1);
+  r->rlp = fixed(r, sizeof(float) * S * D1);
+  r->rtop_ids = fixed(r, sizeof(uint32_t) * S * D1 * TOPN);
+  r->rtop = fixed(r, sizeof(float) * S * D1 * TOPN);
+  r->rdraft = fixed(r, sizeof(uint32_t) * S * PR_MAX_DRAFT);
+  if (o->device_sampling) {
+    r->kp = zeroed(r, (size_t)r->max_rows, sizeof(*r->kp));
+    r->ko = zeroed(r, (size_t)r->max_rows, sizeof(*r->ko));
   }
-  if (ok && draft) {
-    r->hid = malloc(sizeof(float) * (size_t)r->max_rows * (size_t)r->hidden);
-    r->din = calloc(S, sizeof(*r->din));
-    r->dseq = malloc(sizeof(int) * S);
-    r->dtok = malloc(sizeof(int32_t) * S);
-    r->dgm = calloc(S, sizeof(*r->dgm));
-    r->hbuf[0] = malloc(sizeof(float) * S * (size_t)r->hidden);
-    r->hbuf[1] = malloc(sizeof(float) * S * (size_t)r->hidden);
-    ok = r->hid && r->din && r->dseq && r->dtok && r->dgm && r->hbuf[0] && r->hbuf[1];
+  if (draft) {
+    r->hid = fixed(r, sizeof(float) * (size_t)r->max_rows * (size_t)r->hidden);
+    r->din = zeroed(r, S, sizeof(*r->din));
+    r->dseq = fixed(r, sizeof(int) * S);
+    r->dtok = fixed(r, sizeof(int32_t) * S);
+    r->dgm = zeroed(r, S, sizeof(*r->dgm));
+    r->hbuf[0] = fixed(r, sizeof(float) * S * (size_t)r->hidden);
+    r->hbuf[1] = fixed(r, sizeof(float) * S * (size_t)r->hidden);
   }
-  if (!ok) {
+  if (o->vision) {
+    r->emb = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->emb));
+    r->bidir = zeroed(r, S * PR_MAX_IMAGES * 2, sizeof(*r->bidir));
+    r->step_ims = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->step_ims));
+    r->step_rows = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->step_rows));
+  }
+  if (r->nomem || !r->sampler) {
     wk_role_destroy(r);
     return CM_ERR_NOMEM;
   }
   for (int i = 0; i < r->cap_seqs; i++)
     wk_penalty_init(&r->seqs[i].pen);
-  if (o->vision) {
-    r->emb = calloc(S * PR_MAX_IMAGES, sizeof(*r->emb));
-    r->bidir = calloc(S * PR_MAX_IMAGES * 2, sizeof(*r->bidir));
-    r->step_ims = calloc(S * PR_MAX_IMAGES, sizeof(*r->step_ims));
-    r->step_rows = calloc(S * PR_MAX_IMAGES, sizeof(*r->step_rows));
-    if (!r->emb || !r->bidir || !r->step_ims || !r->step_rows ||
-        wk_encoder_create(o->vision, 0, &r->enc)) {
-      wk_role_destroy(r);
-      return CM_ERR_NOMEM;
-    }
+  if (o->vision && wk_encoder_create(o->vision, 0, &r->enc)) {
+    wk_role_destroy(r);
+    return CM_ERR_NOMEM;
   }
   *out = r;
   return 0;
@@ -208,37 +221,13 @@ void wk_role_destroy(struct wk_role *r) {
     for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
       free(r->seqs[i].bt[g]);
   }
-  free(r->seqs);
-  free(r->cur);
-  free(r->in);
   wk_encoder_free(r->enc);
   wk_grammars_free(r->gram);
   free(r->gbits);
   free(r->tokenizer);
-  free(r->emb);
-  free(r->bidir);
-  free(r->step_ims);
-  free(r->step_rows);
-  free(r->toks);
-  free(r->row0);
-  free(r->logits);
-  free(r->hid);
   wk_sampler_destroy(r->sampler);
-  free(r->kp);
-  free(r->ko);
-  free(r->din);
-  free(r->dseq);
-  free(r->dtok);
-  free(r->dgm); /* its matchers live within a step */
   free(r->dlog);
-  free(r->hbuf[0]);
-  free(r->hbuf[1]);
-  free(r->rs);
-  free(r->rtok);
-  free(r->rlp);
-  free(r->rtop_ids);
-  free(r->rtop);
-  free(r->rdraft);
+  cm_arena_free(&r->fixed); /* dgm's matchers live within a step */
   free(r);
 }
 
@@ -299,6 +288,13 @@ static uint64_t mix64(uint64_t x) {
 
 /* ---- checking a step (nothing changes until it passes) ------------------------- */
 
+/* The first id of ids outside a vocabulary of `vocab`, or NULL. */
+static const uint32_t *outside_vocab(const struct pr_u32s *ids, int vocab) {
+  for (uint32_t j = 0; j < ids->n; j++)
+    if (ids->v[j] >= (uint32_t)vocab) return &ids->v[j];
+  return NULL;
+}
+
 static int check_step(struct wk_role *r, const struct pr_step *st, char *err, size_t errlen) {
   if (st->n_seqs > (uint32_t)r->max_seqs)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
@@ -333,18 +329,16 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
     if (T > r->max_T)
       return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: more than %d tokens",
                      (unsigned long long)st->step_id, r->max_T);
-    for (uint32_t j = 0; j < s->tokens.n; j++)
-      if (s->tokens.v[j] >= (uint32_t)r->vocab)
-        return cm_fail(err, errlen, CM_ERR_RANGE,
-                       "sequence %llu: token id %u outside the vocabulary "
-                       "(%d)",
-                       id, s->tokens.v[j], r->vocab);
-    for (uint32_t j = 0; j < s->draft_tokens.n; j++)
-      if (s->draft_tokens.v[j] >= (uint32_t)r->vocab)
-        return cm_fail(err, errlen, CM_ERR_RANGE,
-                       "sequence %llu: draft id %u outside the vocabulary "
-                       "(%d)",
-                       id, s->draft_tokens.v[j], r->vocab);
+    const char *what = "token";
+    const uint32_t *bad = outside_vocab(&s->tokens, r->vocab);
+    if (!bad) {
+      what = "draft";
+      bad = outside_vocab(&s->draft_tokens, r->vocab);
+    }
+    if (bad)
+      return cm_fail(err, errlen, CM_ERR_RANGE,
+                     "sequence %llu: %s id %u outside the vocabulary (%d)", id, what, *bad,
+                     r->vocab);
     if (s->draft_tokens.n > (uint32_t)r->max_draft || s->num_draft > (uint32_t)r->max_draft)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                      "sequence %llu: %u drafts to verify, %u to "

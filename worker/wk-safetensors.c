@@ -77,6 +77,24 @@ void wk_st_drop_pages(struct wk_st *st) {
     if (st->maps[i].base) (void)madvise(st->maps[i].base, st->maps[i].len, MADV_DONTNEED);
 }
 
+/* Appends tensor t under a copy of name, as found in file, and counts its
+ * bytes. */
+static int st_push(struct wk_st *st, struct wk_tensor t, const char *name, const char *file) {
+  if (st->n == st->cap) {
+    int nc = st->cap ? st->cap * 2 : 64;
+    struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
+    if (!nt) return CM_ERR_NOMEM;
+    st->t = nt;
+    st->cap = nc;
+  }
+  t.name = strdup(name);
+  if (!t.name) return CM_ERR_NOMEM;
+  t.file = file;
+  st->t[st->n++] = t;
+  st->bytes += t.nbytes;
+  return 0;
+}
+
 /* Parses one file image `buf[len]` and appends its tensors. */
 static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, const char *fname,
                     char *err, size_t errlen) {
@@ -178,24 +196,10 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
       st->copies[st->n_copies++] = copy;
       t.data = copy;
     }
-    t.file = fname;
-    if (st->n == st->cap) {
-      int nc = st->cap ? st->cap * 2 : 64;
-      struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
-      if (!nt) {
-        rc = cm_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
-        goto done;
-      }
-      st->t = nt;
-      st->cap = nc;
-    }
-    t.name = strdup(key);
-    if (!t.name) {
+    if (st_push(st, t, key, fname)) {
       rc = cm_fail(err, errlen, CM_ERR_NOMEM, "%s: out of memory", fname);
       goto done;
     }
-    st->t[st->n++] = t;
-    st->bytes += t.nbytes;
   }
 done:
   json_decref(root);
@@ -281,20 +285,7 @@ int wk_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct
 }
 
 int wk_st_add(struct wk_st *st, const struct wk_tensor *t) {
-  if (st->n == st->cap) {
-    int nc = st->cap ? st->cap * 2 : 64;
-    struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
-    if (!nt) return CM_ERR_NOMEM;
-    st->t = nt;
-    st->cap = nc;
-  }
-  struct wk_tensor c = *t;
-  c.name = strdup(t->name);
-  if (!c.name) return CM_ERR_NOMEM;
-  c.file = st->maps[0].fname;
-  st->t[st->n++] = c;
-  st->bytes += c.nbytes;
-  return 0;
+  return st_push(st, *t, t->name, st->maps[0].fname);
 }
 
 int wk_st_seal(struct wk_st *st, char *err, size_t errlen) {

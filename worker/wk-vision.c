@@ -21,9 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-arena.h"
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "worker/wk-owned.h"
 #include "worker/wk-safetensors.h"
 
 #define WK_VISION_PAGE_TOKENS 16 /* positions per scratch KV page */
@@ -56,12 +58,14 @@ struct wk_vision {
   struct vmat patch_w;          /* [D, kp] */
   const float *patch_b;         /* [D] */
   const float *pos;             /* [n_patches, D] */
-  struct vlayer *layers;        /* [n_layers] */
+  struct vlayer *layers;        /* [n_layers] host (from the arena host) */
   const float *post_w, *post_b; /* [D] */
   const float *mm_norm_w;       /* [D] (used as 1 + w) */
   struct vmat proj;             /* [H, D]: the checkpoint's [D, H] transposed */
 
-  /* scratch for max_images images (T = max_images * n_patches rows) */
+  /* scratch for max_images images (T = max_images * n_patches rows); the
+   * host arrays come from the arena host */
+  struct cm_arena host;
   int max_images;
   float *patches_host;          /* [T, kp] host */
   float *patches;               /* [T, kp] */
@@ -76,36 +80,19 @@ struct wk_vision {
   int32_t *bidir;           /* [max_images, 2] host */
   struct kn_attn_seq *seqs; /* [max_images] host */
 
-  void **allocs; /* backend buffers owned here */
-  int n_allocs, cap_allocs;
+  struct wk_owned owned; /* backend buffers */
 };
 
 /* ---- memory ---------------------------------------------------------------- */
 
 static void *vis_alloc(struct wk_vision *v, size_t bytes) {
-  if (v->n_allocs == v->cap_allocs) {
-    int nc = v->cap_allocs ? 2 * v->cap_allocs : 64;
-    void **na = realloc(v->allocs, sizeof(*na) * (size_t)nc);
-    if (!na) return NULL;
-    v->allocs = na;
-    v->cap_allocs = nc;
-  }
-  void *p = kn_alloc(v->be, bytes ? bytes : 1);
-  if (p) v->allocs[v->n_allocs++] = p;
-  return p;
+  return wk_owned_alloc(&v->owned, v->be, bytes);
 }
 
 void wk_vision_free(struct wk_vision *v) {
   if (!v) return;
-  for (int i = 0; i < v->n_allocs; i++)
-    kn_free(v->be, v->allocs[i]);
-  free(v->allocs);
-  free(v->layers);
-  free(v->patches_host);
-  free(v->block_tables);
-  free(v->slots);
-  free(v->bidir);
-  free(v->seqs);
+  wk_owned_free(&v->owned, v->be);
+  cm_arena_free(&v->host);
   wk_st_close(v->st);
   free(v);
 }
@@ -222,6 +209,20 @@ static const float *bind_vec(struct vbinder *b, int64_t n, const char *prefix, c
   return bind_f32(b, 1, (const int64_t[]){n}, "%s%s", prefix, name);
 }
 
+/* A linear layer: PREFIX NAME.weight [rows, cols] and its bias [rows]. */
+static void bind_linear(struct vbinder *b, int64_t rows, int64_t cols, const char *prefix,
+                        const char *name, struct vmat *w, const float **bias) {
+  *w = bind_mat(b, rows, cols, "%s%s.weight", prefix, name);
+  *bias = bind_f32(b, 1, (const int64_t[]){rows}, "%s%s.bias", prefix, name);
+}
+
+/* A layer norm: PREFIX NAME.weight and .bias, [n] each. */
+static void bind_norm(struct vbinder *b, int64_t n, const char *prefix, const char *name,
+                      const float **w, const float **bias) {
+  *w = bind_f32(b, 1, (const int64_t[]){n}, "%s%s.weight", prefix, name);
+  *bias = bind_f32(b, 1, (const int64_t[]){n}, "%s%s.bias", prefix, name);
+}
+
 /* mm_input_projection_weight [D, H] (used as x @ W), stored transposed as
  * [H, D] in its own dtype so that kn_matmul applies it. */
 static struct vmat bind_projection(struct vbinder *b, const char *name, int D, int H) {
@@ -282,31 +283,22 @@ static int bind_all(struct wk_vision *v, char *err, size_t errlen) {
   v->patch_b = bind_vec(&b, D, VP, "embeddings.patch_embedding.bias");
   v->pos = bind_f32(&b, 2, (const int64_t[]){c->n_patches, D},
                     "%sembeddings.position_embedding.weight", VP);
-  v->layers = calloc((size_t)c->n_layers, sizeof(*v->layers));
+  v->layers = cm_arena_calloc(&v->host, (size_t)c->n_layers, sizeof(*v->layers));
   if (!v->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c->n_layers && !b.rc; i++) {
     struct vlayer *l = &v->layers[i];
     char lp[160];
     snprintf(lp, sizeof(lp), "%sencoder.layers.%d.", VP, i);
-    l->ln1_w = bind_vec(&b, D, lp, "layer_norm1.weight");
-    l->ln1_b = bind_vec(&b, D, lp, "layer_norm1.bias");
-    l->wq = bind_mat(&b, D, D, "%sself_attn.q_proj.weight", lp);
-    l->bq = bind_vec(&b, D, lp, "self_attn.q_proj.bias");
-    l->wk = bind_mat(&b, D, D, "%sself_attn.k_proj.weight", lp);
-    l->bk = bind_vec(&b, D, lp, "self_attn.k_proj.bias");
-    l->wv = bind_mat(&b, D, D, "%sself_attn.v_proj.weight", lp);
-    l->bv = bind_vec(&b, D, lp, "self_attn.v_proj.bias");
-    l->wo = bind_mat(&b, D, D, "%sself_attn.out_proj.weight", lp);
-    l->bo = bind_vec(&b, D, lp, "self_attn.out_proj.bias");
-    l->ln2_w = bind_vec(&b, D, lp, "layer_norm2.weight");
-    l->ln2_b = bind_vec(&b, D, lp, "layer_norm2.bias");
-    l->w1 = bind_mat(&b, F, D, "%smlp.fc1.weight", lp);
-    l->b1 = bind_vec(&b, F, lp, "mlp.fc1.bias");
-    l->w2 = bind_mat(&b, D, F, "%smlp.fc2.weight", lp);
-    l->b2 = bind_vec(&b, D, lp, "mlp.fc2.bias");
+    bind_norm(&b, D, lp, "layer_norm1", &l->ln1_w, &l->ln1_b);
+    bind_linear(&b, D, D, lp, "self_attn.q_proj", &l->wq, &l->bq);
+    bind_linear(&b, D, D, lp, "self_attn.k_proj", &l->wk, &l->bk);
+    bind_linear(&b, D, D, lp, "self_attn.v_proj", &l->wv, &l->bv);
+    bind_linear(&b, D, D, lp, "self_attn.out_proj", &l->wo, &l->bo);
+    bind_norm(&b, D, lp, "layer_norm2", &l->ln2_w, &l->ln2_b);
+    bind_linear(&b, F, D, lp, "mlp.fc1", &l->w1, &l->b1);
+    bind_linear(&b, D, F, lp, "mlp.fc2", &l->w2, &l->b2);
   }
-  v->post_w = bind_vec(&b, D, VP, "post_layernorm.weight");
-  v->post_b = bind_vec(&b, D, VP, "post_layernorm.bias");
+  bind_norm(&b, D, VP, "post_layernorm", &v->post_w, &v->post_b);
   v->mm_norm_w = bind_vec(&b, D, PP, "mm_soft_emb_norm.weight");
   snprintf(name, sizeof(name), "%smm_input_projection_weight", PP);
   v->proj = bind_projection(&b, name, D, v->text_hidden);
@@ -331,11 +323,11 @@ static int alloc_scratch(struct wk_vision *v, char *err, size_t errlen) {
                                 .n_kv_heads = c->n_heads,
                                 .head_dim = c->head_dim,
                                 .dtype = KN_DTYPE_F32};
-  v->patches_host = malloc(T * (size_t)v->kp * sizeof(float));
-  v->block_tables = malloc(sizeof(int32_t) * (size_t)n_pages);
-  v->slots = malloc(sizeof(int32_t) * T);
-  v->bidir = malloc(sizeof(int32_t) * 2 * (size_t)v->max_images);
-  v->seqs = calloc((size_t)v->max_images, sizeof(*v->seqs));
+  v->patches_host = cm_arena_alloc(&v->host, T * (size_t)v->kp * sizeof(float));
+  v->block_tables = cm_arena_alloc(&v->host, sizeof(int32_t) * (size_t)n_pages);
+  v->slots = cm_arena_alloc(&v->host, sizeof(int32_t) * T);
+  v->bidir = cm_arena_alloc(&v->host, sizeof(int32_t) * 2 * (size_t)v->max_images);
+  v->seqs = cm_arena_calloc(&v->host, (size_t)v->max_images, sizeof(*v->seqs));
   v->patches = vis_alloc(v, T * (size_t)v->kp * sizeof(float));
   v->x = vis_alloc(v, T * D * sizeof(float));
   v->h = vis_alloc(v, T * D * sizeof(float));
@@ -381,6 +373,7 @@ int wk_vision_load(const char *dir, struct kn_backend *be, const struct wk_visio
   struct wk_vision *v = calloc(1, sizeof(*v));
   if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   v->be = be;
+  cm_arena_init(&v->host, 64u << 10, 0);
   int rc = md_config_load(dir, &v->cfg, err, errlen);
   if (rc) goto fail;
   if (!v->cfg.vision.present) {
