@@ -346,8 +346,9 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
   int pre = 0;
   const uint64_t no_term[2] = {0, 0};
   const uint64_t *term0 = lv[0].simple ? g->term + 2 * (size_t)lv[0].top : no_term;
+  const int termless = !(term0[0] | term0[1]); /* plain siblings may be jumped over */
   lv[0].pt = 0;
-  if (v->plain_le && lv[0].simple && (!(term0[0] | term0[1]) || v->has)) {
+  if (v->plain_le && lv[0].simple && (termless || v->has)) {
     uint32_t s = lv[0].top, w = 255;
     if (reach[s] >= v->max_len)
       w = v->max_len;
@@ -378,7 +379,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         !(nd->asc[1] & term0[1])) {
       /* plain tokens: already in; at a character boundary with no term, so
        * are the plain siblings that follow */
-      i = pl->pq == 0 && !(term0[0] | term0[1]) ? v->mixed[i] : nd->end;
+      i = pl->pq == 0 && termless ? v->mixed[i] : nd->end;
       continue;
     }
     if (pl->simple) {
