@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 
 /* ---- character classes (RFC 9110 §5.6.2) ------------------------------ */
 
@@ -258,13 +259,6 @@ void fe_http_chunked_init(struct fe_http_chunked *d) {
   d->state = CK_SIZE;
 }
 
-static int hexval(unsigned char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 static int64_t ck_fail(struct fe_http_chunked *d, const char *why, int err) {
   d->error = why;
   return err;
@@ -286,7 +280,7 @@ int64_t fe_http_chunked_decode(struct fe_http_chunked *d, const char *in, size_t
     int trailer = d->state == CK_TRAILER || d->state == CK_TRAILER_LINE;
     switch (d->state) {
     case CK_SIZE: {
-      int h = hexval(c);
+      int h = cm_hex_digit(c);
       if (h >= 0) {
         if (d->remaining >= CK_SIZE_MAX >> 4)
           return ck_fail(d, "chunk size too large", CM_ERR_TOOBIG);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "tokenizer/tk-load.h"
 
 /* ---- helpers over Jansson sections ---------------------------------------- */
@@ -324,12 +325,9 @@ int tk_ld_bytes(struct tk_tokenizer *tok) {
     if (tok->tok_len[id] != 6 || memcmp(s, "<0x", 3) || s[5] != '>') continue;
     int v = 0, ok = 1;
     for (int k = 3; k < 5; k++) {
-      char c = s[k];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else ok = 0;
+      int d = cm_hex_digit((unsigned char)s[k]);
+      if (d < 0) ok = 0;
+      v = v << 4 | (d < 0 ? 0 : d);
     }
     if (ok) {
       tok->byte_of[id] = (int16_t)v;

@@ -9,6 +9,7 @@
 
 #include "common/cm-err.h"
 #include "common/cm-grow.h"
+#include "common/cm-hex.h"
 
 void tk_json_init(struct tk_json *t, const char *text, size_t len) {
   memset(t, 0, sizeof *t);
@@ -62,12 +63,9 @@ int tk_json_more(struct tk_json *t, char close) {
 static int tj_hex4(const char *p, uint32_t *v) {
   uint32_t x = 0;
   for (int i = 0; i < 4; i++) {
-    char c = p[i];
-    x <<= 4;
-    if (c >= '0' && c <= '9') x |= (uint32_t)(c - '0');
-    else if (c >= 'a' && c <= 'f') x |= (uint32_t)(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') x |= (uint32_t)(c - 'A' + 10);
-    else return -1;
+    int d = cm_hex_digit((unsigned char)p[i]);
+    if (d < 0) return -1;
+    x = x << 4 | (uint32_t)d;
   }
   *v = x;
   return 0;
