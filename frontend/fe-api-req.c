@@ -844,9 +844,9 @@ static int tool_message(struct pctx *p, json_t *m, size_t i, json_t **id, json_t
 /* Assistant message i's tool_calls (tc) as *calls (a new array), each call's
  * name and its arguments parsed into an object: {name, arguments} for the
  * protocol's text, or (native, where arguments may come as an object already)
- * the request's {id, type, function} for Gemma 4's template; else a 400 naming
+ * the request's {id, type, function} for Gemma 4's template (p->native); else a 400 naming
  * the call. */
-static int read_calls(struct pctx *p, json_t *tc, size_t i, int native, json_t **calls) {
+static int read_calls(struct pctx *p, json_t *tc, size_t i, json_t **calls) {
   char param[96];
   snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
   *calls = json_array();
@@ -856,16 +856,16 @@ static int read_calls(struct pctx *p, json_t *tc, size_t i, int native, json_t *
   json_array_foreach(tc, k, c) {
     json_t *fn = json_object_get(c, "function");
     json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-    json_t *parsed = json_is_string(args)             ? json_loads(json_string_value(args), 0, NULL)
-                     : native && json_is_object(args) ? json_incref(args)
-                                                      : NULL;
+    json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL)
+                     : p->native && json_is_object(args) ? json_incref(args)
+                                                         : NULL;
     if (!json_is_string(name) || !json_is_object(parsed)) {
       snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function", i, k);
       json_decref(parsed);
       bad = 1;
       break;
     }
-    if (native)
+    if (p->native)
       json_array_append_new(*calls, json_pack("{s:O?, s:s, s:{s:O, s:o}}", "id",
                                               json_object_get(c, "id"), "type", "function",
                                               "function", "name", name, "arguments", parsed));
@@ -929,8 +929,8 @@ static int native_result(struct pctx *p, json_t *last, size_t i, json_t *id, jso
 
 /* The history's tool turns written back into body's "messages" (a new array)
  * before they are parsed: in the protocol's form, with the instruction, or
- * (native) in Gemma 4's. */
-static int rewrite_messages(struct pctx *p, json_t *body, int native, const char *instruction) {
+ * (p->native) in Gemma 4's. */
+static int rewrite_messages(struct pctx *p, json_t *body, const char *instruction) {
   json_t *in = json_object_get(body, "messages");
   if (!json_is_array(in)) return 0; /* parse_messages says what is wrong */
   json_t *out = json_array();
@@ -946,7 +946,7 @@ static int rewrite_messages(struct pctx *p, json_t *body, int native, const char
     if (!strcmp(rs, "tool")) {
       json_t *id, *c;
       if ((rc = tool_message(p, m, i, &id, &c))) break;
-      if (native) {
+      if (p->native) {
         if ((rc = native_result(p, last, i, id, c))) break;
         continue;
       }
@@ -962,8 +962,8 @@ static int rewrite_messages(struct pctx *p, json_t *body, int native, const char
     json_t *tc = json_is_object(m) ? json_object_get(m, "tool_calls") : NULL;
     if (!strcmp(rs, "assistant") && tc && !json_is_null(tc)) {
       json_t *calls;
-      if ((rc = read_calls(p, tc, i, native, &calls))) break;
-      if (native) { /* the turn with its calls in the request's form */
+      if ((rc = read_calls(p, tc, i, &calls))) break;
+      if (p->native) { /* the turn with its calls in the request's form */
         last = json_copy(m);
         json_object_set_new(last, "tool_calls", calls);
         json_array_append_new(out, last);
@@ -1082,7 +1082,7 @@ static int parse_tools(struct pctx *p, json_t *body) {
   }
   int active = has_tools && strcmp(choice, "none") != 0;
   if (p->native) {
-    rc = rewrite_messages(p, body, 1, NULL);
+    rc = rewrite_messages(p, body, NULL);
     if (!rc && active) rc = native_tools(p, list, only, !strcmp(choice, "required"), parallel);
     json_decref(list);
     return rc;
@@ -1095,7 +1095,7 @@ static int parse_tools(struct pctx *p, json_t *body) {
     json_decref(schema);
     return nomem(p);
   }
-  rc = rewrite_messages(p, body, 0, instruction);
+  rc = rewrite_messages(p, body, instruction);
   free(instruction);
   if (!rc && active) {
     rc = set_constraint(p, "tools", GR_JSON_SCHEMA, schema);
