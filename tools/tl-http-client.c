@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 
 int tl_url_parse(const char *url, struct tl_url *c) {
   const char *u = url;
@@ -67,15 +68,7 @@ int tl_write_all(int fd, const char *p, size_t n) {
 }
 
 int tl_buf_reserve(struct tl_buf *b, size_t extra) {
-  if (b->n + extra + 1 <= b->cap) return 0;
-  size_t cap = b->cap ? b->cap * 2 : 8192;
-  while (cap < b->n + extra + 1)
-    cap *= 2;
-  char *p = realloc(b->p, cap);
-  if (!p) return -1;
-  b->p = p;
-  b->cap = cap;
-  return 0;
+  return cm_grow(&b->p, &b->cap, b->n + extra + 1, 8192) ? -1 : 0;
 }
 
 long tl_buf_read(struct tl_buf *b, int fd) {
