@@ -31,15 +31,17 @@ KN_AVX2 static inline __attribute__((always_inline)) void PREFETCH(const char *p
     _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
-/* 8 weights from element k of row w of dtype dt (f32, f16 or bf16; a
- * constant where this is inlined), widened; the _tail version reads r < 8
- * and makes the rest zero. */
-KN_AVX2 static inline __m256 ld_wrow(const void *w, enum kn_dtype dt, size_t k) {
+/* 8 weights from element k of w of dtype dt (f32, f16 or bf16; a constant
+ * where this is inlined), widened: the matvec's rows, RMSNorm's weight; the
+ * _tail version reads r < 8 and makes the rest zero. */
+KN_AVX2 static inline __attribute__((always_inline)) __m256 ld_w(const void *w, enum kn_dtype dt,
+                                                                 size_t k) {
   if (dt == KN_DTYPE_F32) return _mm256_loadu_ps((const float *)w + k);
   if (dt == KN_DTYPE_F16) return kn_avx2_f16((const uint16_t *)w + k);
   return kn_avx2_bf16((const uint16_t *)w + k);
 }
-KN_AVX2 static inline __m256 ld_wrow_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
+KN_AVX2 static inline __attribute__((always_inline)) __m256
+ld_w_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
   if (dt == KN_DTYPE_F32) return _mm256_maskload_ps((const float *)w + k, kn_avx2_mask(r));
   if (dt == KN_DTYPE_F16) return kn_avx2_f16_tail((const uint16_t *)w + k, r);
   return kn_avx2_bf16_tail((const uint16_t *)w + k, r);
@@ -61,7 +63,7 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
     const void *wr[4] = {w0, w0 + K * es, w0 + 2 * K * es, w0 + 3 * K * es};
     __m256 tl[4]; /* the rows' K tails */
     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) tl[q] =
-        r ? ld_wrow_tail(wr[q], dt, (size_t)K8, r) : _mm256_setzero_ps();
+        r ? ld_w_tail(wr[q], dt, (size_t)K8, r) : _mm256_setzero_ps();
     int t = 0;
     for (; t + 2 <= T; t += 2) {
       const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
@@ -71,7 +73,7 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
         __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k);
         PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-          __m256 wq = ld_wrow(wr[q], dt, (size_t)k);
+          __m256 wq = ld_w(wr[q], dt, (size_t)k);
           a[q] = _mm256_fmadd_ps(wq, xv, a[q]);
           b[q] = _mm256_fmadd_ps(wq, yv, b[q]);
         }
@@ -94,7 +96,7 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
         __m256 xv = _mm256_loadu_ps(x + k);
         PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] =
-            _mm256_fmadd_ps(ld_wrow(wr[q], dt, (size_t)k), xv, a[q]);
+            _mm256_fmadd_ps(ld_w(wr[q], dt, (size_t)k), xv, a[q]);
       }
       if (r) {
         __m256 xv = _mm256_maskload_ps(x + K8, mask);
@@ -106,12 +108,12 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
   }
   for (; j < n; j++) {
     const void *w0 = w + (size_t)j * K * es;
-    __m256 t0 = r ? ld_wrow_tail(w0, dt, (size_t)K8, r) : _mm256_setzero_ps();
+    __m256 t0 = r ? ld_w_tail(w0, dt, (size_t)K8, r) : _mm256_setzero_ps();
     for (int t = 0; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;
       __m256 a0 = _mm256_setzero_ps();
       for (int k = 0; k < K8; k += 8)
-        a0 = _mm256_fmadd_ps(ld_wrow(w0, dt, (size_t)k), _mm256_loadu_ps(x + k), a0);
+        a0 = _mm256_fmadd_ps(ld_w(w0, dt, (size_t)k), _mm256_loadu_ps(x + k), a0);
       if (r) a0 = _mm256_fmadd_ps(t0, _mm256_maskload_ps(x + K8, mask), a0);
       put(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(a0), acc);
     }
@@ -196,12 +198,6 @@ KN_AVX2 static void widen_avx2(float *dst, const void *src, enum kn_dtype dt, si
 
 /* ---- RMSNorm ------------------------------------------------------------ */
 
-KN_AVX2 static inline __m256 ld_w(const void *w, enum kn_dtype dt, int i) {
-  if (dt == KN_DTYPE_BF16) return kn_avx2_bf16((const uint16_t *)w + i);
-  if (dt == KN_DTYPE_F16) return kn_avx2_f16((const uint16_t *)w + i);
-  return _mm256_loadu_ps((const float *)w + i);
-}
-
 KN_AVX2 static void rmsnorm_avx2(float *out, const float *x, int d, const void *w,
                                  enum kn_dtype wdt, float eps, enum kn_norm_mode mode) {
   const int d8 = d & ~7, r = d - d8;
@@ -220,9 +216,9 @@ KN_AVX2 static void rmsnorm_avx2(float *out, const float *x, int d, const void *
   for (; i < d8; i += 8) {
     __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), rv);
     if (mode == KN_NORM_MUL_W)
-      y = _mm256_mul_ps(y, ld_w(w, wdt, i));
+      y = _mm256_mul_ps(y, ld_w(w, wdt, (size_t)i));
     else if (mode == KN_NORM_MUL_ONE_PLUS_W)
-      y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, i)));
+      y = _mm256_mul_ps(y, _mm256_add_ps(one, ld_w(w, wdt, (size_t)i)));
     _mm256_storeu_ps(out + i, y);
   }
   kn_cpu_norm_scale(out, x, i, d, rs, w, wdt, mode);
