@@ -277,16 +277,17 @@ static void any_container(struct gr_nfa *n, uint32_t r, uint8_t open, uint8_t cl
                           void (*elem)(struct gr_nfa *n, uint32_t from, uint32_t to)) {
   uint32_t s = n->rule_start[r], f = n->rule_final[r];
   uint32_t a = gr_nfa_state(n), b = gr_nfa_state(n), c = gr_nfa_state(n), d = gr_nfa_state(n),
-           e = gr_nfa_state(n), g = gr_nfa_state(n);
+           e = gr_nfa_state(n), g = gr_nfa_state(n), m = gr_nfa_state(n);
   gr_nfa_byte(n, s, a, open, open);
   gr_json_ws(n, a, b);
-  gr_nfa_byte(n, b, f, close, close);
-  elem(n, b, c);
+  gr_nfa_byte(n, b, f, close, close); /* empty: closed at once */
+  gr_nfa_eps(n, b, m);                /* the first element and (from g) the others: */
+  elem(n, m, c);                      /* one copy of the element's automaton */
   gr_json_ws(n, c, d);
   gr_nfa_byte(n, d, f, close, close);
   gr_nfa_byte(n, d, e, ',', ',');
   gr_json_ws(n, e, g);
-  elem(n, g, c);
+  gr_nfa_eps(n, g, m);
 }
 
 static void make_any_rules(struct gr_nfa *n) {
