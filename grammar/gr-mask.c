@@ -76,9 +76,14 @@ int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n
   qsort_r(v->ids, (size_t)n_ids, sizeof *v->ids, cmp_tok, v);
   /* the trie in preorder: each token adds the nodes past its common prefix with
    * the one before it in sorted order (counted first, then made) */
-  uint32_t nn = 0, path_len = 0;
+  uint64_t count = 0;
   for (int32_t t = 0; t < n_ids; t++)
-    nn += v->lens[v->ids[t]] - shared_prefix(v, t);
+    count += v->lens[v->ids[t]] - shared_prefix(v, t);
+  if (count >= UINT32_MAX) { /* node ids are 32-bit */
+    rc = CM_ERR_TOOBIG;
+    goto fail;
+  }
+  uint32_t nn = (uint32_t)count, path_len = 0;
   v->node = calloc((size_t)nn + 1, sizeof *v->node);
   uint32_t *path = malloc(((size_t)v->max_len + 1) * sizeof *path);
   if (!v->node || !path) {
