@@ -6,14 +6,7 @@
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
 #define ARGMAX_THREADS 256
-#define ARGMAX_NONE    0x7fffffff /* index of "nothing seen yet" (or only NaN) */
-
-/* Does candidate (bv, bi) beat (av, ai)? */
-__device__ __forceinline__ bool beats(float bv, int bi, float av, int ai) {
-  if (bi == ARGMAX_NONE) return false;
-  if (ai == ARGMAX_NONE) return true;
-  return bv > av || (bv == av && bi < ai);
-}
+#define ARGMAX_NONE    KN_NONE_ID
 
 __global__ void argmax_kernel(int32_t *ids, float *maxv, const float *logits, ptrdiff_t ld, int V) {
   __shared__ float sv[ARGMAX_THREADS / 32];
@@ -28,7 +21,7 @@ __global__ void argmax_kernel(int32_t *ids, float *maxv, const float *logits, pt
       bi = i;
     }
   }
-  kn_block_best<beats>(bv, bi, sv, si);
+  kn_block_best<kn_beats>(bv, bi, sv, si);
   if (threadIdx.x == 0) {
     if (bi == ARGMAX_NONE) {
       ids[blockIdx.x] = 0;

@@ -87,6 +87,16 @@ __device__ __forceinline__ float kn_block_max(float v, float *sh) {
   return kn_block_reduce<kn_warp_max>(v, sh);
 }
 
+#define KN_NONE_ID 0x7fffffff /* an index of "nothing seen yet" (or only NaN) */
+
+/* Does candidate (bv, bi) beat (av, ai)? The larger value, then the lower
+ * index; KN_NONE_ID never wins (argmax and sampling pick by it). */
+__device__ __forceinline__ bool kn_beats(float bv, int bi, float av, int ai) {
+  if (bi == KN_NONE_ID) return false;
+  if (ai == KN_NONE_ID) return true;
+  return bv > av || (bv == av && bi < ai);
+}
+
 /* The block's best candidate (v, i) of every thread's under Beats (does
  * (bv, bi) beat (av, ai)?): within each warp, then over the warps' bests in
  * wv, wi (blockDim.x / 32 entries of shared memory) by thread 0, the only

@@ -26,7 +26,7 @@
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS   (SAMPLE_THREADS / 32)
-#define NONE_ID        0x7fffffff
+#define NONE_ID        KN_NONE_ID
 #define FX_ONE         1099511627776.0f /* 2^40: the fixed-point unit of a mass */
 
 enum sample_level {
@@ -161,16 +161,9 @@ __device__ unsigned long long block_sum_u64(unsigned long long v, sample_smem &s
   return s.bcast_u;
 }
 
-/* Does (bv, bi) beat (av, ai): larger value, then lower id; NONE_ID never wins. */
-__device__ __forceinline__ bool beats(float bv, int bi, float av, int ai) {
-  if (bi == NONE_ID) return false;
-  if (ai == NONE_ID) return true;
-  return bv > av || (bv == av && bi < ai);
-}
-
 /* The block's best (value, id) of every thread's candidate; NONE_ID when none. */
 __device__ int block_best(float v, int i, sample_smem &s) {
-  kn_block_best<beats>(v, i, s.wv, s.wi);
+  kn_block_best<kn_beats>(v, i, s.wv, s.wi);
   if (threadIdx.x == 0) s.bcast_i = i;
   __syncthreads();
   return s.bcast_i;
@@ -414,7 +407,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
       uint32_t k;
       if (!member(c, LV_KEPT, i, &l, &k)) continue;
       float score = __fsub_rn(l, c.m) + race_noise(base, i);
-      if (beats(score, i, bv, bi)) {
+      if (kn_beats(score, i, bv, bi)) {
         bv = score;
         bi = i;
       }
