@@ -30,11 +30,16 @@ static const struct pr_field step_seq_fields[] = {
                             .mask = PR_SEQ_NEW},
     [PR_K_SSEQ_GENERATED] = {PR_U32S(step_seq, generated, UINT32_MAX),
                              PR_WHEN(PR_IF_BITS, step_seq, flags), .mask = PR_SEQ_NEW},
+    [PR_K_SSEQ_MAX_TOKENS] = {PR_U(step_seq, max_tokens), PR_WHEN(PR_IF_BITS, step_seq, flags),
+                              .mask = PR_SEQ_NEW},
 };
 
 static int check_step_seq(const void *rec) {
   const struct pr_step_seq *s = rec;
   if ((s->flags & PR_SEQ_NEW) && (s->flags & PR_SEQ_APPEND_BLOCKS)) return CM_ERR_INVAL;
+  if ((s->flags & PR_SEQ_PREV_DRAFTS) &&
+      (!(s->flags & PR_SEQ_PREV_TOKEN) || s->draft_tokens.n || !s->num_draft))
+    return CM_ERR_INVAL;
   PR_TRY(pr_check_images(s->images, s->n_images));
   /* each image ends inside the step's tokens */
   uint64_t end = (uint64_t)s->start_pos + s->tokens.n;
@@ -110,11 +115,13 @@ static const struct pr_field result_seq_fields[] = {
     [PR_K_RSEQ_LOGPROBS] = {PR_SUB(result_seq, logprobs, pr_rec_logprobs),
                             PR_WHEN(PR_IF_NONZERO, result_seq, logprobs.sampled.n)},
     [PR_K_RSEQ_DRAFTS] = {PR_U32S(result_seq, drafts, PR_MAX_DRAFT)},
+    [PR_K_RSEQ_VERIFIED] = {PR_UINT(result_seq, num_verified, PR_MAX_DRAFT),
+                            PR_WHEN(PR_IF_NONZERO, result_seq, num_verified)},
 };
 
 static int check_result_seq(const void *rec) {
   const struct pr_result_seq *s = rec;
-  if (s->num_accepted > s->tokens.n) return CM_ERR_RANGE;
+  if (s->num_accepted > s->tokens.n || s->num_accepted > s->num_verified) return CM_ERR_RANGE;
   return pr_check_lp_tokens(&s->logprobs, s->tokens.n);
 }
 static const struct pr_rec result_seq_rec = PR_REC(result_seq, result_seq_fields, check_result_seq);

@@ -252,8 +252,15 @@ enum pr_seq_flags {
                                    * the worker already has (not with PR_SEQ_NEW) */
   PR_SEQ_PREV_TOKEN = 1u << 5,    /* async scheduling: the one token to run is the one this
                                    * sequence sampled in its previous step, which the
-                                   * scheduler does not know yet (tokens.v[0] is 0) */
-  PR_SEQ_FLAGS_ALL = 0x3fu,
+                                   * scheduler does not know yet (tokens.v[0] is 0); it runs
+                                   * at start_pos plus the drafts that step accepted (the
+                                   * scheduler plans as if it accepted none, and its blocks
+                                   * cover the positions of every acceptance) */
+  PR_SEQ_PREV_DRAFTS = 1u << 6,   /* with PREV_TOKEN, no draft_tokens and num_draft > 0: verify
+                                   * the drafts this sequence proposed in its previous step,
+                                   * at most num_draft and no more than its max_tokens leave
+                                   * room for (the count synchronous steps would send) */
+  PR_SEQ_FLAGS_ALL = 0x7fu,
 };
 
 struct pr_step_seq {
@@ -280,6 +287,8 @@ struct pr_step_seq {
   struct pr_u32s generated;     /* with PR_SEQ_NEW and a structured output: the tokens
                                  * generated before start_pos (their K/V may come from the
                                  * prefix cache, so the step does not run them) */
+  uint32_t max_tokens;          /* with PR_SEQ_NEW: the request's max_tokens (0 = not said;
+                                 * PR_SEQ_PREV_DRAFTS then verifies no drafts) */
 };
 
 struct pr_step {
@@ -345,6 +354,8 @@ struct pr_result_seq {
   uint64_t seq_id;
   struct pr_u32s tokens;       /* sampled tokens: accepted drafts then one more */
   uint32_t num_accepted;       /* drafts accepted, <= tokens.n */
+  uint32_t num_verified;       /* drafts verified, >= num_accepted (those the step sent, or
+                                * with PR_SEQ_PREV_DRAFTS those the worker took) */
   struct pr_logprobs logprobs; /* over `tokens` */
   struct pr_u32s drafts;       /* drafts proposed for the next step, <= PR_MAX_DRAFT */
 };

@@ -27,7 +27,12 @@
  * the scheduler's planning and the round trip overlap their work. The plan assumes
  * that every sequence sampling in the step in flight gets exactly one token: its decode
  * in the new step runs that token (SCH_TOKEN_PREV: the workers put in the token they
- * sampled), unless the request will have reached max_tokens. Results are applied in
+ * sampled), unless the request will have reached max_tokens. With speculative decoding
+ * the step in flight may also accept drafts, which only the workers know of: the new
+ * step's positions are planned as if it accepted none, its blocks reach as far as
+ * accepting all would take them, the workers move the positions on by what was
+ * accepted and verify the drafts that step proposed, and apply returns rejected slots
+ * once no later step holds them. Results are applied in
  * step order. A request that turns out to have stopped (an eos or stop id in step N's
  * result), is aborted or is preempted while a later step holds it leaves that step:
  * the workers still run it, its blocks are released at once (the workers run steps in
@@ -81,8 +86,8 @@ struct sch_engine_config {
   int32_t eos_ids[SCH_MAX_EOS_IDS]; /* the model's end-of-sequence ids */
   int32_t num_eos_ids;
   bool enable_prefix_caching;
-  bool async_scheduling;            /* plan the next step while one is in flight (not with
-                                       speculative decoding): see "Async scheduling" above */
+  bool async_scheduling;            /* plan the next step while one is in flight: see
+                                       "Async scheduling" above */
   uint64_t hash_key;                /* seeds the block content hash */
   uint64_t max_image_bytes_per_step; /* image payload bytes one step carries at most
                                        (0 = no limit); one image alone always may */
@@ -132,7 +137,10 @@ enum sch_finish {
 };
 
 /* A token the plan does not know yet: the one the sequence samples in the step in
- * flight before this one (async scheduling); the workers run the token they sampled. */
+ * flight before this one (async scheduling); the workers run the token they sampled.
+ * When that step verifies drafts, the plan's positions are those of accepting none:
+ * the workers move them on by the drafts it accepted (the blocks cover every outcome),
+ * and verify the drafts it proposed. */
 #define SCH_TOKEN_PREV (-1)
 
 /* One sequence of a step. */
@@ -150,6 +158,7 @@ struct sch_plan_seq {
   bool is_new;          /* first step the workers see it (or first after a
                            preemption): set up per-sequence state */
   int32_t num_prompt;   /* prompt tokens */
+  int32_t max_tokens;   /* the request's */
   int32_t num_cached;   /* prefix-cache hit at first admission, tokens */
   const void *sampling; /* [sampling_len] as given to sch_engine_add */
   size_t sampling_len;

@@ -65,9 +65,7 @@ int sch_main(int argc, char **argv) {
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "draft tokens per decode step (default 0)", 0, 64, 0, 0, NULL},
       {"async-scheduling", CM_OPT_BOOL, &async_sched, NULL,
-       "plan the next step while the workers run one (default on; synchronous with "
-       "speculative decoding)",
-       0, 0, 0, 0, NULL},
+       "plan the next step while the workers run one (default on)", 0, 0, 0, 0, NULL},
       {"max-waiting", CM_OPT_INT, &max_waiting, "N", "queued requests at most (default 4096)", 1,
        1 << 19, 0, 0, NULL},
       {"heartbeat-interval", CM_OPT_DOUBLE, &beat_interval, "S",

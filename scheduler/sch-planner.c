@@ -20,21 +20,23 @@ static bool planned(const struct sch_engine *e, const struct sch_request *r) {
 }
 
 /* Where r stands for the step being planned: its computed tokens and its tokens once
- * the step in flight (async scheduling) is done, which samples one more when it
- * samples r (*prev: that token is not known yet). Returns whether a step in flight
- * runs r. */
+ * the step in flight (async scheduling) is done, as if that step accepted none of its
+ * drafts: it samples one more when it samples r (*prev: that token is not known yet),
+ * and up to *ahead accepted drafts before it move r's later positions (the workers
+ * know by how much). Returns whether a step in flight runs r. */
 static bool planned_view(struct sch_engine *e, struct sch_request *r, int32_t *computed,
-                         int32_t *tokens, bool *prev) {
+                         int32_t *tokens, bool *prev, int32_t *ahead) {
   *computed = r->num_computed;
   *tokens = r->num_tokens;
   *prev = false;
+  *ahead = 0;
   struct sch_req_sched *f = e->num_in_flight ? sch_engine_flight_sched(e, r, 0) : NULL;
   if (!f) return false;
-  CM_ASSERT(f->draft == 0); /* async scheduling runs no drafts */
   *computed += f->tokens;
   if (f->sample) {
     *tokens += 1;
     *prev = true;
+    *ahead = f->draft;
   }
   return true;
 }
@@ -55,6 +57,7 @@ static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t from, i
   s->sample = from + n == ntok;
   s->is_new = is_new;
   s->num_prompt = r->num_prompt;
+  s->max_tokens = r->max_tokens;
   s->num_cached = r->num_cached;
   s->sampling = r->sampling;
   s->sampling_len = r->sampling_len;
@@ -111,14 +114,22 @@ static void preempt(struct sch_engine *e, struct sch_request *r, bool in_plan) {
   e->num_preemptions++;
 }
 
-/* Draft slots for a decode: at most K, what the budget leaves, and no more than the
- * tokens the request may still generate after this step's own. */
-static int32_t draft_slots(const struct sch_engine *e, const struct sch_request *r,
+/* Draft slots for a decode of r with ntok tokens: at most K, what the budget leaves,
+ * and no more than the tokens the request may still generate after this step's own. */
+static int32_t draft_slots(const struct sch_engine *e, const struct sch_request *r, int32_t ntok,
                            int32_t budget) {
   int32_t k = e->cfg.num_spec_tokens;
   k = CM_MIN(k, budget - 1);
-  k = CM_MIN(k, r->max_tokens - sch_request_num_generated(r) - 1);
+  k = CM_MIN(k, r->max_tokens - (ntok - r->num_prompt) - 1);
   return k > 0 ? k : 0;
+}
+
+/* The end of the positions a decode of r may write: end when the step in flight accepts
+ * none of its drafts; each one it accepts moves them on by one, up to `ahead`, within
+ * the request's length (the step in flight drafted no further than max_tokens, and the
+ * workers verify no drafts past it: PR_SEQ_PREV_DRAFTS). */
+static int32_t decode_reach(const struct sch_request *r, int32_t end, int32_t ahead) {
+  return CM_MIN(end + ahead, r->max_len);
 }
 
 /* Tokens one prefill chunk may take: what the budget leaves, within the threshold.
@@ -160,9 +171,9 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
     for (int32_t i = 0; i < e->q.num_running && budget > 0; i++) {
       struct sch_request *r = e->q.running[i];
       if (planned(e, r)) continue;
-      int32_t from, ntok;
+      int32_t from, ntok, ahead;
       bool prev;
-      if (planned_view(e, r, &from, &ntok, &prev))
+      if (planned_view(e, r, &from, &ntok, &prev, &ahead))
         /* the blocks the step in flight fills are offered to the prefix cache now, as
          * apply would: the allocation below may free them from a sliding window, and a
          * request that finds them runs after that step */
@@ -176,12 +187,12 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
       int32_t n = CM_MIN(remaining, prefill_cap(e, budget));
       n = chunk_end(e, r, from, from + n, budget) - from;
       if (n == 0) continue; /* an image that does not fit what is left of this step */
-      int32_t k = decode ? draft_slots(e, r, budget) : 0;
-      int32_t end = from + n + k;
+      int32_t k = decode ? draft_slots(e, r, ntok, budget) : 0;
+      int32_t end = from + n + k, reach = prev ? decode_reach(r, end, ahead) : end;
       /* room for the step's positions and for the tokens apply will append */
-      if (sch_request_reserve(r, e->kv, end + 1) != 0) continue; /* out of memory: skip */
+      if (sch_request_reserve(r, e->kv, reach + 1) != 0) continue; /* out of memory: skip */
       bool self = false;
-      while (!self && sch_kv_allocate(e->kv, &r->kv, sch_request_keys(r), from, end) != 0) {
+      while (!self && sch_kv_allocate(e->kv, &r->kv, sch_request_keys(r), from, reach) != 0) {
         struct sch_request *v = pick_victim(e);
         CM_ASSERT(v != NULL); /* r itself is a candidate */
         int32_t vi = v->run_index;
@@ -356,7 +367,9 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
       sch_engine_drop(e, r); /* out of a later step in flight too */
       continue;
     }
-    if (sc->draft > 0) sch_kv_rollback(e->kv, &r->kv, r->num_computed);
+    /* the slots of rejected drafts go back, unless a later step in flight holds them
+     * (its positions moved by what this one accepted): that step's apply returns them */
+    if (!sch_engine_flight_sched(e, r, 1)) sch_kv_rollback(e->kv, &r->kv, r->num_computed);
     *sc = (struct sch_req_sched){0, 0, 0, -1, false};
   }
   pop_flight(e);

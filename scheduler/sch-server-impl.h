@@ -35,7 +35,6 @@ struct sch_req {
   uint64_t queued_ns, scheduled_ns, first_token_ns; /* wall clock, 0 = not yet */
   int32_t result;         /* index of its result in the RESULT being applied, -1 = none */
   uint32_t num_drafts;    /* drafts proposed by the last RESULT */
-  uint32_t num_verifying; /* drafts sent for verification in the step in flight */
   uint32_t drafts[PR_MAX_DRAFT];
 };
 

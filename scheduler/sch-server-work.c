@@ -239,10 +239,7 @@ static void start_service(struct sch_server *s) {
     memcpy(ec.eos_ids, want.eos, sizeof(ec.eos_ids));
     ec.num_eos_ids = want.num_eos;
     ec.enable_prefix_caching = s->cfg.enable_prefix_caching;
-    /* speculative steps return a token count known only with their result */
-    ec.async_scheduling = s->cfg.async_scheduling && ec.num_spec_tokens == 0;
-    if (s->cfg.async_scheduling && ec.num_spec_tokens > 0)
-      cm_info(TAG, "speculative decoding: steps are scheduled synchronously");
+    ec.async_scheduling = s->cfg.async_scheduling;
     ec.hash_key = s->hash_key;
     /* a step's images travel inside one STEP message: half of it at most */
     ec.max_image_bytes_per_step = PR_MAX_MSG_DEFAULT / 2;
@@ -418,10 +415,8 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
         fail_rank(s, 0, CM_ERR_RANGE, "RESULT holds a token outside the vocabulary");
         return;
       }
-    const struct sch_req *rq = sch_reqs_by_eid(&s->reqs, rs->seq_id);
-    s->results[nres++] =
-        (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n,
-                                rq ? (int32_t)rq->num_verifying : 0};
+    s->results[nres++] = (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v,
+                                                 (int32_t)rs->tokens.n, (int32_t)rs->num_verified};
   }
   struct sch_outputs outs;
   uint64_t te = cm_time_ns();
@@ -649,17 +644,20 @@ void sch_srv_work_step(struct sch_server *s) {
                (p->num_tokens > 1 || p->start_pos < p->num_prompt ? PR_SEQ_PREFILL : 0);
     q->start_pos = (uint32_t)p->start_pos;
     q->tokens = (struct pr_u32s){(const uint32_t *)p->tokens, (uint32_t)p->num_tokens};
-    if (p->tokens[0] == SCH_TOKEN_PREV) { /* the token the step in flight samples */
+    if (p->tokens[0] == SCH_TOKEN_PREV) {
+      /* the token the step in flight samples, and the drafts it proposes: the workers
+       * keep both */
       static const uint32_t placeholder = 0;
       CM_ASSERT(p->num_tokens == 1);
-      q->flags |= PR_SEQ_PREV_TOKEN;
+      q->flags |= PR_SEQ_PREV_TOKEN | (p->num_draft > 0 ? PR_SEQ_PREV_DRAFTS : 0);
       q->tokens = (struct pr_u32s){&placeholder, 1};
+    } else {
+      uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
+      q->draft_tokens = (struct pr_u32s){r->drafts, nd};
     }
-    uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
-    q->draft_tokens = (struct pr_u32s){r->drafts, nd};
-    r->num_verifying = nd;
     q->num_draft = (uint32_t)p->num_draft;
     q->num_prompt = p->is_new ? (uint32_t)p->num_prompt : 0;
+    q->max_tokens = p->is_new ? (uint32_t)p->max_tokens : 0;
     q->block_tables = &s->step_tables[i * SCH_MAX_GROUPS];
     q->n_groups = (uint32_t)s->engine_info.num_groups;
     for (int32_t g = 0; g < s->engine_info.num_groups; g++)

@@ -39,7 +39,7 @@ struct sch_server_config {
   int32_t num_spec_tokens; /* draft slots per decode; capped by the workers' max_draft */
   int32_t max_waiting;     /* queued requests at most */
   bool enable_prefix_caching;
-  bool async_scheduling;      /* plan step N+1 while step N runs (off with speculation) */
+  bool async_scheduling;      /* plan step N+1 while step N runs */
   uint32_t worker_timeout_ms; /* silence after which a rank counts as failed */
 };
 

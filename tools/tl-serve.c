@@ -387,8 +387,7 @@ int tl_serve_main(int argc, char **argv) {
       {"enable-prefix-caching", CM_OPT_BOOL, &s.prefix_caching, NULL,
        "automatic prefix caching (on)"},
       {"async-scheduling", CM_OPT_BOOL, &s.async_scheduling, NULL,
-       "plan the next step while the workers run one (on; steps are synchronous with "
-       "--speculative-model)"},
+       "plan the next step while the workers run one (on)"},
       {"tensor-parallel-size", CM_OPT_INT, &s.tp, "N", "worker ranks per replica (1)", 1,
        TL_MAX_TP},
       {"data-parallel-size", CM_OPT_INT, &s.dp, "N",

@@ -27,6 +27,10 @@ struct rseq {
   int used;
   int has_last; /* last holds the token this sequence sampled in its latest step */
   int32_t last; /* what PR_SEQ_PREV_TOKEN (async scheduling) runs next */
+  uint32_t accepted; /* drafts that step accepted: PREV_TOKEN runs after them */
+  uint32_t n_prop;   /* drafts that step proposed, in prop (PR_SEQ_PREV_DRAFTS) */
+  uint32_t prop[PR_MAX_DRAFT];
+  uint32_t gen_end; /* prompt + max_tokens (from NEW), 0 = not said */
   struct wk_sampling_params sp;
   struct wk_penalty_state pen;
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
@@ -58,6 +62,8 @@ struct wk_role {
   int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
   const struct pr_image **step_ims; /* [max_seqs * PR_MAX_IMAGES] the step's images */
   const float **step_rows;          /* [max_seqs * PR_MAX_IMAGES] their embeddings */
+  struct pr_step_seq *eseq; /* [max_seqs] the step as PREV_TOKEN / PREV_DRAFTS complete it */
+  uint32_t *etok;           /* [max_seqs] the tokens PREV_TOKEN runs */
   int32_t *toks;           /* [max_T] tokens then drafts, per sequence */
   int *row0;               /* [max_seqs] first logits row of each sequence, -1 none */
   float *logits;           /* [max_rows, vocab] */
@@ -95,6 +101,7 @@ static void seq_drop(struct wk_role *r, struct rseq *q) {
   q->gm = NULL;
   q->used = 0;
   q->has_last = 0;
+  q->n_prop = 0;
   wk_penalty_reset(&q->pen);
   for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
     q->n_bt[g] = 0;
@@ -171,6 +178,8 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   r->seqs = zeroed(r, (size_t)r->cap_seqs, sizeof(*r->seqs));
   r->cur = zeroed(r, S, sizeof(*r->cur));
   r->in = zeroed(r, S, sizeof(*r->in));
+  r->eseq = fixed(r, sizeof(*r->eseq) * S);
+  r->etok = fixed(r, sizeof(uint32_t) * S);
   r->toks = fixed(r, sizeof(int32_t) * (size_t)r->max_T);
   r->row0 = fixed(r, sizeof(int) * S);
   r->logits = fixed(r, sizeof(float) * (size_t)r->max_rows * (size_t)r->vocab);
@@ -295,6 +304,42 @@ static const uint32_t *outside_vocab(const struct pr_u32s *ids, int vocab) {
   return NULL;
 }
 
+/* Whether sequence id is in the step's free list (dropped before the step runs). */
+static int freed_by(const struct pr_step *st, uint64_t id) {
+  for (uint32_t j = 0; j < st->free_ids.n; j++)
+    if (st->free_ids.v[j] == id) return 1;
+  return 0;
+}
+
+/* The step as the sequences' own state completes it (async scheduling), in *out: a
+ * PR_SEQ_PREV_TOKEN sequence runs the token it sampled last, moved on by the drafts its
+ * step accepted, and with PR_SEQ_PREV_DRAFTS verifies the drafts that step proposed — no
+ * more than num_draft, nor past its max_tokens: what a synchronous step would send. A
+ * sequence without that state stays as sent, for check_step to refuse. */
+static void resolve_prev(struct wk_role *r, const struct pr_step *st, struct pr_step *out) {
+  *out = *st;
+  if (st->n_seqs > (uint32_t)r->max_seqs) return;
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    struct rseq *q = (s->flags & PR_SEQ_PREV_TOKEN) ? seq_find(r, s->seq_id) : NULL;
+    if (!q || !q->has_last || freed_by(st, s->seq_id)) continue;
+    if (out->seqs == st->seqs) {
+      memcpy(r->eseq, st->seqs, sizeof(*r->eseq) * st->n_seqs);
+      out->seqs = r->eseq;
+    }
+    struct pr_step_seq *e = &r->eseq[i];
+    r->etok[i] = (uint32_t)q->last;
+    e->tokens = (struct pr_u32s){&r->etok[i], 1};
+    e->start_pos += q->accepted;
+    if (s->flags & PR_SEQ_PREV_DRAFTS) {
+      /* a synchronous step gives the token at p at most gen_end - p - 2 drafts */
+      int64_t room = q->gen_end ? (int64_t)q->gen_end - e->start_pos - 2 : 0;
+      int64_t n = CM_MIN((int64_t)CM_MIN(s->num_draft, q->n_prop), room);
+      e->draft_tokens = (struct pr_u32s){q->prop, (uint32_t)CM_MAX(n, 0)};
+    }
+  }
+}
+
 static int check_step(struct wk_role *r, const struct pr_step *st, char *err, size_t errlen) {
   if (st->n_seqs > (uint32_t)r->max_seqs)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "step %llu: %u sequences (at most %d)",
@@ -312,8 +357,7 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
     if (is_new && append)
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: APPEND_BLOCKS with NEW", id);
     struct rseq *q = seq_find(r, s->seq_id);
-    for (uint32_t j = 0; q && j < st->free_ids.n; j++)
-      if (st->free_ids.v[j] == s->seq_id) q = NULL; /* dropped before the step runs */
+    if (q && freed_by(st, s->seq_id)) q = NULL; /* dropped before the step runs */
     if (!is_new && !q)
       return cm_fail(err, errlen, CM_ERR_STATE, "sequence %llu is unknown (no NEW step, or freed)",
                      id);
@@ -346,11 +390,16 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
                      id, s->draft_tokens.n, s->num_draft, r->max_draft);
     if ((s->draft_tokens.n || s->num_draft) && !(s->flags & PR_SEQ_SAMPLE))
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
-    if ((s->flags & PR_SEQ_PREV_TOKEN) && (is_new || !q || !q->has_last || s->tokens.n != 1 ||
-                                           s->draft_tokens.n || (s->flags & PR_SEQ_PREFILL)))
+    int own_drafts = !!(s->flags & PR_SEQ_PREV_DRAFTS); /* resolve_prev put them in */
+    if ((s->flags & PR_SEQ_PREV_TOKEN) &&
+        (is_new || !q || !q->has_last || s->tokens.n != 1 || (s->draft_tokens.n && !own_drafts) ||
+         (s->flags & PR_SEQ_PREFILL)))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "sequence %llu: PREV_TOKEN needs one token to run after a step that "
                      "sampled this sequence",
+                     id);
+    if (own_drafts && !(s->flags & PR_SEQ_PREV_TOKEN))
+      return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: PREV_DRAFTS without PREV_TOKEN",
                      id);
     if (s->tokens.n == 0 && s->draft_tokens.n)
       /* the first draft is checked against the logits of the token before it */
@@ -466,6 +515,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       q->used = 1;
       q->id = s->seq_id;
       wk_role_sampling(&s->sampling, mix64(s->seq_id ^ (uint64_t)(uintptr_t)r), &q->sp);
+      q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
       if (s->sampling.grammar_kind) {
         int rc = wk_grammars_matcher(r->gram, s->sampling.grammar_kind, s->sampling.grammar.v,
                                      s->sampling.grammar.n, &q->gm, err, errlen);
@@ -492,7 +542,6 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     int32_t *t = r->toks + T;
     for (uint32_t j = 0; j < s->tokens.n; j++)
       t[j] = (int32_t)s->tokens.v[j];
-    if (s->flags & PR_SEQ_PREV_TOKEN) t[0] = q->last; /* what the step before sampled */
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
     if ((s->flags & PR_SEQ_PREFILL) && s->tokens.n &&
@@ -615,6 +664,7 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
   rs->tokens.v = tok;
   rs->tokens.n = n;
   rs->num_accepted = accepted;
+  rs->num_verified = s->draft_tokens.n;
   if (q->sp.n_logprobs >= 0) {
     rs->logprobs.n_top = (uint32_t)n_top;
     rs->logprobs.sampled.v = lp;
@@ -793,8 +843,11 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
   return rc;
 }
 
-int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res, char *err,
+int wk_role_step(struct wk_role *r, const struct pr_step *sent, struct pr_msg *res, char *err,
                  size_t errlen) {
+  struct pr_step view;
+  resolve_prev(r, sent, &view);
+  const struct pr_step *st = &view;
   int rc = check_step(r, st, err, errlen);
   if (rc) {
     drop_freed(r, st); /* the scheduler has let go of them whatever else the step holds */
@@ -824,6 +877,15 @@ int wk_role_step(struct wk_role *r, const struct pr_step *st, struct pr_msg *res
     r->cur[i]->has_last = 1;
   }
   if (r->draft && (rc = propose_drafts(r, st, last_row, err, errlen))) return rc;
+  /* what a later PREV_TOKEN / PREV_DRAFTS step takes from this one (the drafts it
+   * verified are used by now) */
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    if (!(st->seqs[i].flags & PR_SEQ_SAMPLE)) continue;
+    struct rseq *q = r->cur[i];
+    q->accepted = r->rs[i].num_accepted;
+    q->n_prop = r->rs[i].drafts.n;
+    if (q->n_prop) memcpy(q->prop, r->rs[i].drafts.v, sizeof(uint32_t) * q->n_prop);
+  }
   /* compact the sampled sequences' results in step order */
   for (uint32_t i = 0; i < st->n_seqs; i++)
     if (st->seqs[i].flags & PR_SEQ_SAMPLE) {

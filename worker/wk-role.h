@@ -12,10 +12,14 @@
  * Per-sequence worker state lives here: sampling parameters (from the step
  * that carries PR_SEQ_NEW), penalty state (prompt tokens from PR_SEQ_PREFILL
  * chunks, counts of sampled tokens) and one block table per KV group
- * (replaced, or extended with PR_SEQ_APPEND_BLOCKS), and the token it sampled
- * last, which a step flagging PR_SEQ_PREV_TOKEN runs (async scheduling: the
- * scheduler sent that step before it knew the token). State is dropped for
- * ids in free_ids and after a step that flags PR_SEQ_FINISHED.
+ * (replaced, or extended with PR_SEQ_APPEND_BLOCKS), and what its latest
+ * sampling step gave: the token it sampled, which a step flagging
+ * PR_SEQ_PREV_TOKEN runs after the drafts that step accepted (async
+ * scheduling: the scheduler sent that step before it knew either), and the
+ * drafts it proposed, which PR_SEQ_PREV_DRAFTS verifies — as many as a
+ * synchronous step would send (num_draft, and none past the request's
+ * max_tokens). State is dropped for ids in free_ids and after a step that
+ * flags PR_SEQ_FINISHED.
  *
  * A bad step (unknown sequence without NEW, token ids outside the
  * vocabulary, blocks outside the pool, too many tokens or sequences, draft

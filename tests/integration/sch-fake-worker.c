@@ -42,6 +42,10 @@ struct fseq {
   uint32_t ntok; /* tokens in KV: history[0..ntok) */
   uint32_t history[SCH_FAKE_MAXLEN + 128];
   int64_t last_sampled; /* -1 = none */
+  uint32_t accepted;    /* drafts its latest sampling step accepted */
+  uint32_t n_prop;      /* drafts that step proposed, in prop */
+  uint32_t prop[PR_MAX_DRAFT];
+  uint32_t gen_end; /* prompt + max_tokens (from NEW), 0 = not said */
   struct pr_sampling sampling;
 };
 
@@ -138,15 +142,16 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
   if (s->n_groups != NGROUPS)
     return BAD("seq %llu: %u block tables", (unsigned long long)s->seq_id, s->n_groups);
   if (s->tokens.n == 0) return BAD("seq %llu: no tokens", (unsigned long long)s->seq_id);
-  uint32_t end = s->start_pos + s->tokens.n + s->draft_tokens.n;
-  if (end > SCH_FAKE_MAXLEN)
-    return BAD("seq %llu: runs to position %u", (unsigned long long)s->seq_id, end);
+  if ((s->flags & PR_SEQ_PREV_DRAFTS) && !(s->flags & PR_SEQ_PREV_TOKEN))
+    return BAD("seq %llu: PREV_DRAFTS without PREV_TOKEN", (unsigned long long)s->seq_id);
+  uint32_t start = s->start_pos;
   struct fseq *q;
   if (s->flags & PR_SEQ_NEW) {
     if (!(q = create(f, s->seq_id))) return BAD("too many sequences");
     if (!s->sampling.has_seed)
       return BAD("seq %llu: NEW without a seed", (unsigned long long)s->seq_id);
     q->sampling = s->sampling;
+    q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
     /* a prefix-cache hit: the context before start_pos is already in the blocks */
     for (uint32_t p = 0; p < s->start_pos; p++) {
       struct slot *sl = slot_at(f, s, 0, p);
@@ -160,10 +165,23 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
   } else {
     if (!(q = find(f, s->seq_id)))
       return BAD("seq %llu: unknown and not NEW", (unsigned long long)s->seq_id);
-    if (s->start_pos != q->ntok)
-      return BAD("seq %llu: starts at %u, has %u tokens", (unsigned long long)s->seq_id,
-                 s->start_pos, q->ntok);
+    /* async scheduling: a decode behind a step that accepted drafts runs after them */
+    if (s->flags & PR_SEQ_PREV_TOKEN) start += q->accepted;
+    if (start != q->ntok)
+      return BAD("seq %llu: starts at %u (%u sent), has %u tokens", (unsigned long long)s->seq_id,
+                 start, s->start_pos, q->ntok);
   }
+  /* the drafts to verify: sent, or those it proposed last (PREV_DRAFTS), no more than the
+   * step's slots nor past max_tokens */
+  struct pr_u32s drafts = s->draft_tokens;
+  if (s->flags & PR_SEQ_PREV_DRAFTS) {
+    int64_t room = q->gen_end ? (int64_t)q->gen_end - start - 2 : 0;
+    uint32_t n = CM_MIN(s->num_draft, q->n_prop);
+    drafts = (struct pr_u32s){q->prop, (uint32_t)CM_MAX(0, CM_MIN((int64_t)n, room))};
+  }
+  uint32_t end = start + s->tokens.n + drafts.n;
+  if (end > SCH_FAKE_MAXLEN)
+    return BAD("seq %llu: runs to position %u", (unsigned long long)s->seq_id, end);
   /* async scheduling: the token to run is the one this worker sampled last */
   const uint32_t *toks = s->tokens.v;
   uint32_t prev;
@@ -180,14 +198,14 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
                (long long)q->last_sampled);
   for (uint32_t i = 0; i < s->tokens.n; i++) {
     if (toks[i] >= SCH_FAKE_VOCAB) return BAD("token %u outside the vocabulary", toks[i]);
-    q->history[s->start_pos + i] = toks[i];
-    if (write_kv(f, s, s->start_pos + i, toks[i])) return -1;
+    q->history[start + i] = toks[i];
+    if (write_kv(f, s, start + i, toks[i])) return -1;
   }
-  q->ntok = s->start_pos + s->tokens.n;
-  for (uint32_t i = 0; i < s->draft_tokens.n; i++)
-    if (write_kv(f, s, q->ntok + i, s->draft_tokens.v[i])) return -1;
+  q->ntok = start + s->tokens.n;
+  for (uint32_t i = 0; i < drafts.n; i++)
+    if (write_kv(f, s, q->ntok + i, drafts.v[i])) return -1;
   /* the last token's slots for the drafts must exist too (num_draft reserved them) */
-  if (s->draft_tokens.n > s->num_draft) return BAD("more drafts than draft slots");
+  if (drafts.n > s->num_draft) return BAD("more drafts than draft slots");
   if (read_kv(f, s, q, q->ntok - 1)) return -1;
   if (!(s->flags & PR_SEQ_SAMPLE)) return 0;
 
@@ -197,13 +215,14 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
   rs->seq_id = s->seq_id;
   uint32_t n = 0;
   uint32_t next = sch_fake_next(q->history, q->ntok);
-  for (uint32_t i = 0; i < s->draft_tokens.n && s->draft_tokens.v[i] == next; i++) {
+  for (uint32_t i = 0; i < drafts.n && drafts.v[i] == next; i++) {
     f->rtok[ri][n++] = next;
     q->history[q->ntok++] = next;
     if (read_kv(f, s, q, q->ntok - 1)) return -1;
     next = sch_fake_next(q->history, q->ntok);
   }
-  rs->num_accepted = n;
+  rs->num_accepted = q->accepted = n;
+  rs->num_verified = drafts.n;
   f->rtok[ri][n++] = next;
   q->last_sampled = next;
   rs->tokens = (struct pr_u32s){f->rtok[ri], n};
@@ -226,6 +245,8 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
     if (step_id % 2) f->rdraft[ri][k - 1] = (f->rdraft[ri][k - 1] + 1) % SCH_FAKE_VOCAB;
     rs->drafts = (struct pr_u32s){f->rdraft[ri], k};
   }
+  memcpy(q->prop, f->rdraft[ri], k * sizeof(uint32_t));
+  q->n_prop = k;
   *sampled = true;
   return 0;
 }

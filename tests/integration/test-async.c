@@ -4,9 +4,9 @@
  * synchronous scheduling, token for token (text, logprobs, finish reason,
  * usage), for concurrent requests that mix greedy and seeded sampling,
  * penalties, stop strings, end-of-sequence and max_tokens of 1 and 2 — on
- * one rank, with a KV pool small enough to preempt, and with tensor
- * parallelism 2; streams cut mid-answer leave no request running and no KV
- * block held. */
+ * one rank, with a KV pool small enough to preempt, with tensor parallelism
+ * 2, and with MTP drafts; streams cut mid-answer leave no request running and
+ * no KV block held. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,11 +98,9 @@ struct run {
   const char *what;
 };
 
-/* Serve's answers to the requests on the tiny model `name` (seed) under each of
- * runs[0..n): those of runs 1.. must be those of run 0. */
-static void answers_equal(const char *name, int seed, const struct run *runs, int n) {
-  char model[320];
-  th_tiny_gemma4_or_skip(name, seed, model, sizeof model);
+/* Serve's answers to the requests on `model` under each of runs[0..n): those of runs
+ * 1.. must be those of run 0. */
+static void answers_equal_on(const char *model, const struct run *runs, int n) {
   static struct th_job want[NREQ], got[NREQ];
   build_jobs(want, NREQ);
   build_jobs(got, NREQ);
@@ -113,6 +111,13 @@ static void answers_equal(const char *name, int seed, const struct run *runs, in
   }
   th_http_jobs_free(want, NREQ);
   th_http_jobs_free(got, NREQ);
+}
+
+/* answers_equal_on the tiny model `name` (seed). */
+static void answers_equal(const char *name, int seed, const struct run *runs, int n) {
+  char model[320];
+  th_tiny_gemma4_or_skip(name, seed, model, sizeof(model));
+  answers_equal_on(model, runs, n);
 }
 
 TH_TEST(async_answers_equal_sync) {
@@ -134,6 +139,54 @@ TH_TEST(async_tensor_parallel_2_equals_sync) {
       {{"--tensor-parallel-size", "2"}, "async, tensor parallel 2"},
   };
   answers_equal("async-tp", 4, runs, 2);
+}
+
+/* An echo target whose logits leak a quarter of another token's (make-tiny-model --echo
+ * --echo-leak 0.25) and an assistant that drafts what the echo would say: some drafts
+ * are accepted and some rejected, so steps accept every number of them. Their paths
+ * in model and assistant [320]. */
+static void mtp_pair(char *model, char *assistant) {
+  char tmp[256], tok[400];
+  TH_REQUIRE(th_tmpdir("async-mtp", tmp, sizeof(tmp)) == 0);
+  snprintf(model, 320, "%s/m", tmp);
+  snprintf(assistant, 320, "%s/a", tmp);
+  struct th_out o = {0};
+  TH_REQUIRE(th_lmserve(&o, 120000, "make-tiny-model", "--arch", "gemma4", "--echo", "--echo-leak",
+                        "0.25", "--out", model, NULL) == 0);
+  th_out_free(&o);
+  snprintf(tok, sizeof(tok), "%s/tokenizer.json", model);
+  if (access(tok, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  TH_REQUIRE(th_lmserve(&o, 120000, "make-tiny-model", "--arch", "gemma4-assistant", "--agree",
+                        "--target", model, "--out", assistant, NULL) == 0);
+  th_out_free(&o);
+}
+
+/* Speculative decoding with the MTP assistant: a step planned behind one that verifies
+ * drafts runs after the drafts it accepted, which only the workers know, and verifies
+ * the drafts it proposed; the answers are those of synchronous steps with the same
+ * drafts — on one rank, with a pool that preempts, and with tensor parallelism 2. */
+TH_TEST(async_mtp_drafts_equal_sync) {
+  th_proc_init(1800);
+  char model[320], assistant[320];
+  mtp_pair(model, assistant);
+  const struct run runs[] = {
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--no-async-scheduling"},
+       "sync, MTP K=3"},
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3"}, "async, MTP K=3"},
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--kv-cache-memory",
+        "600K"},
+       "async, MTP K=3, small KV pool"},
+  };
+  answers_equal_on(model, runs, 3);
+  const struct run tp[] = {
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--tensor-parallel-size",
+        "2", "--no-async-scheduling"},
+       "sync, MTP K=3, tensor parallel 2"},
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--tensor-parallel-size",
+        "2"},
+       "async, MTP K=3, tensor parallel 2"},
+  };
+  answers_equal_on(model, tp, 2);
 }
 
 /* Streams cut after their first events: their requests are aborted while steps

@@ -229,6 +229,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     }
     sseqs[0].num_draft = v == 2 ? PR_MAX_DRAFT : 3;
     sseqs[0].num_prompt = v == 2 ? UINT32_MAX : 31;
+    sseqs[0].max_tokens = v == 2 ? UINT32_MAX : 64;
     sseqs[0].generated = (struct pr_u32s){tok, v == 2 ? BIG : 9};
     if (v == 2)
       sampling_max(&sseqs[0].sampling);
@@ -239,6 +240,10 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     sseqs[1].tokens = (struct pr_u32s){tok, 1};
     sseqs[1].draft_tokens = (struct pr_u32s){tok + 1, v == 2 ? PR_MAX_DRAFT : 3};
     sseqs[1].num_draft = 3;
+    if (v == 1) { /* async: the token and drafts of the step before, which the worker keeps */
+      sseqs[1].flags |= PR_SEQ_PREV_TOKEN | PR_SEQ_PREV_DRAFTS;
+      sseqs[1].draft_tokens = (struct pr_u32s){NULL, 0};
+    }
     break;
   }
   case PR_CTRL:
@@ -283,6 +288,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     rseqs[0].seq_id = ids[0];
     rseqs[0].tokens = (struct pr_u32s){tok, v == 2 ? PR_MAX_DRAFT + 1 : 3};
     rseqs[0].num_accepted = v == 2 ? PR_MAX_DRAFT : 2;
+    rseqs[0].num_verified = v == 2 ? PR_MAX_DRAFT : 3;
     rseqs[0].logprobs = logprobs(rseqs[0].tokens.n, v == 2 ? PR_MAX_TOP_LOGPROBS : 1);
     rseqs[0].drafts = (struct pr_u32s){tok + 3, v == 2 ? PR_MAX_DRAFT : 3};
     rseqs[1].seq_id = ids[1];

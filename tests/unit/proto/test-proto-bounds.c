@@ -386,6 +386,27 @@ TH_TEST(record_limits) {
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_INVAL);
   STEP_SEQ(PR_K_SSEQ_FLAGS, msgpack_pack_uint64(pk, PR_SEQ_SAMPLE | PR_SEQ_APPEND_BLOCKS));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), 0);
+  /* the drafts of the step before: only with its token, with slots for them and none
+   * sent (flags, then num_draft and draft tokens where n > 2) */
+  static const struct {
+    uint32_t flags, num_draft, n_drafts;
+    int want;
+  } prev[] = {
+      {PR_SEQ_SAMPLE | PR_SEQ_PREV_DRAFTS, 2, 0, CM_ERR_INVAL},
+      {PR_SEQ_SAMPLE | PR_SEQ_PREV_TOKEN | PR_SEQ_PREV_DRAFTS, 0, 0, CM_ERR_INVAL},
+      {PR_SEQ_SAMPLE | PR_SEQ_PREV_TOKEN | PR_SEQ_PREV_DRAFTS, 2, 0, 0},
+      {PR_SEQ_SAMPLE | PR_SEQ_PREV_TOKEN | PR_SEQ_PREV_DRAFTS, 2, 1, CM_ERR_INVAL},
+  };
+  for (size_t i = 0; i < sizeof(prev) / sizeof(prev[0]); i++) {
+    one_seq(&b, PR_K_STEP_ID, PR_K_STEP_SEQS, 4);
+    msgpack_pack_uint64(pk, PR_K_SSEQ_ID), msgpack_pack_uint64(pk, 5);
+    msgpack_pack_uint64(pk, PR_K_SSEQ_FLAGS), msgpack_pack_uint64(pk, prev[i].flags);
+    msgpack_pack_uint64(pk, PR_K_SSEQ_NUM_DRAFT), msgpack_pack_uint64(pk, prev[i].num_draft);
+    msgpack_pack_uint64(pk, PR_K_SSEQ_DRAFTS), msgpack_pack_array(pk, prev[i].n_drafts);
+    for (uint32_t k = 0; k < prev[i].n_drafts; k++)
+      msgpack_pack_uint64(pk, 7);
+    TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), prev[i].want);
+  }
   STEP_SEQ(PR_K_SSEQ_SAMPLING, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_SAMP_TOP_P);
            msgpack_pack_float(pk, 2.0f));
   TH_CHECK_EQ_INT(decode_buf(PR_STEP, &b), CM_ERR_RANGE);
@@ -407,6 +428,13 @@ TH_TEST(record_limits) {
   } while (0)
   RESULT_SEQ(PR_K_RSEQ_ACCEPTED, msgpack_pack_uint64(pk, 2));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  /* more accepted drafts than verified ones; more verified than a step holds */
+  RESULT_SEQ(PR_K_RSEQ_ACCEPTED, msgpack_pack_uint64(pk, 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  RESULT_SEQ(PR_K_RSEQ_VERIFIED, msgpack_pack_uint64(pk, PR_MAX_DRAFT + 1));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  RESULT_SEQ(PR_K_RSEQ_VERIFIED, msgpack_pack_uint64(pk, PR_MAX_DRAFT));
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), 0);
   RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_SAMPLED);
              msgpack_pack_array(pk, 2); msgpack_pack_float(pk, -1); msgpack_pack_float(pk, -1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);

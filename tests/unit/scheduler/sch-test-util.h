@@ -62,6 +62,7 @@ static inline void fake_answer(struct fake_worker *w, const struct sch_plan *pla
     w->res[w->num].req_id = s->req_id;
     w->res[w->num].tokens = w->toks[w->num];
     w->res[w->num].num_tokens = a + 1;
+    w->res[w->num].num_verified = s->num_draft;
     w->num++;
   }
 }

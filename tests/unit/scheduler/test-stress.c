@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "scheduler/sch-engine-impl.h"
 #include "tests/harness/th.h"
@@ -43,6 +44,7 @@ struct stress {
   struct slot *kv; /* [num_blocks, maxbt] the fake workers' KV memory */
   int32_t maxbt;
   int64_t kv_reads; /* key positions verified */
+  int64_t moved;    /* async decodes run after drafts their step in flight accepted */
 };
 
 static uint64_t rnd(struct stress *s, uint64_t n) {
@@ -166,8 +168,16 @@ static void check_plan(struct stress *s, const struct sch_plan *plan) {
   TH_CHECK_EQ_INT(total, plan->num_tokens);
 }
 
+/* The token at pos: the prompt's, an output taken, or past those (the accepted drafts
+ * of a step whose result is not applied yet, async; past a stop too, where that step's
+ * result will end the request) the fake model's continuation. */
 static int32_t true_token(const struct tracked *r, int32_t pos) {
-  return pos < r->plen ? r->prompt[pos] : r->out[pos - r->plen];
+  if (pos < r->plen) return r->prompt[pos];
+  if (pos - r->plen < r->nout) return r->out[pos - r->plen];
+  int32_t t = r->nout ? r->out[r->nout - 1] : r->prompt[r->plen - 1];
+  for (int32_t p = r->plen + r->nout; p <= pos; p++)
+    t = fake_next(t, p);
+  return t;
 }
 
 static struct slot *slot_of(struct stress *s, const struct sch_plan_seq *q, int32_t g,
@@ -225,24 +235,24 @@ static void simulate_kv(struct stress *s, const struct sch_plan *plan,
 
 /* Feeds apply a corrupted copy of the results (one missing, too many tokens, a token
  * out of the vocabulary, a duplicate): each must be refused and change nothing. */
-static void bad_results(struct stress *s, const struct sch_plan *plan,
-                        const struct fake_worker *w) {
+static void bad_results(struct stress *s, const struct fake_worker *w) {
   static struct sch_seq_result bad[FAKE_MAX_SEQS + 1];
   static int32_t toks[FAKE_MAX_TOKENS + 1];
-  int32_t victim = -1;
+  int32_t victim = -1, draft = 0;
   for (int32_t j = 0; j < w->num && victim < 0; j++) {
     /* a result the engine still waits for (with async scheduling a request still live
      * may have left the step: preempted by the plan behind it) */
     struct sch_request *r = sch_queue_find(&s->e->q, w->res[j].req_id);
-    if (s->reqs[w->res[j].req_id - 1].live && r && r->state == SCH_REQ_RUNNING &&
-        sch_engine_flight_sched(s->e, r, 0))
+    const struct sch_req_sched *sc =
+        r && r->state == SCH_REQ_RUNNING ? sch_engine_flight_sched(s->e, r, 0) : NULL;
+    if (s->reqs[w->res[j].req_id - 1].live && sc) {
       victim = j;
+      draft = sc->draft; /* the slots planned (the workers may have verified fewer) */
+    }
   }
   if (victim < 0) return;
-  int32_t n = w->num, kind = (int32_t)rnd(s, 4), draft = 0;
+  int32_t n = w->num, kind = (int32_t)rnd(s, 4);
   memcpy(bad, w->res, (size_t)n * sizeof(*bad));
-  for (int32_t i = 0; i < plan->num_seqs; i++)
-    if (plan->seqs[i].req_id == bad[victim].req_id) draft = plan->seqs[i].num_draft;
   memcpy(toks, bad[victim].tokens, (size_t)bad[victim].num_tokens * sizeof(int32_t));
   switch (kind) {
   case 0: bad[victim] = bad[--n]; break;
@@ -384,7 +394,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
       continue;
     }
     if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
-    if (rnd(&s, 10) == 0) bad_results(&s, &plan, w);
+    if (rnd(&s, 10) == 0) bad_results(&s, w);
     struct sch_outputs o;
     TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
     CHECK_ENGINE(s.e);
@@ -451,35 +461,59 @@ static void sent_free(struct sent *d) {
   free(d->seqs), free(d->toks), free(d->tables);
 }
 
-/* The workers take the next step: each SCH_TOKEN_PREV becomes the token they sampled
- * last for that sequence (last[id - 1]), then the step runs and its samples are kept. */
-static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, int32_t *last) {
+/* What the workers keep of a sequence's latest sampling step. */
+struct kept {
+  int32_t last;     /* the token it sampled last (-1: none yet) */
+  int32_t accepted; /* drafts that step accepted */
+  int32_t proposed; /* drafts it proposed for the next step (its num_draft as planned) */
+  int32_t planned;  /* the num_draft of the step being run */
+};
+
+/* The workers take the next step as PR_SEQ_PREV_TOKEN / PR_SEQ_PREV_DRAFTS say: each
+ * SCH_TOKEN_PREV becomes the token they sampled last for that sequence, which runs
+ * after the drafts that step accepted, and it verifies the drafts that step proposed,
+ * no more than max_tokens leave room for; then the step runs (a random number of
+ * drafts accepted) and what it sampled and proposed is kept. */
+static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, struct kept *kept) {
   for (int32_t i = 0; i < d->plan.num_seqs; i++) {
     struct sch_plan_seq *q = &d->seqs[i];
+    kept[q->req_id - 1].planned = q->num_draft;
     if (q->tokens[0] != SCH_TOKEN_PREV) continue;
-    TH_REQUIRE(last[q->req_id - 1] >= 0);
-    ((int32_t *)q->tokens)[0] = last[q->req_id - 1];
+    const struct kept *k = &kept[q->req_id - 1];
+    const struct tracked *r = &s->reqs[q->req_id - 1];
+    TH_REQUIRE(k->last >= 0);
+    ((int32_t *)q->tokens)[0] = k->last;
+    q->start_pos += k->accepted;
+    s->moved += k->accepted > 0;
+    int32_t room = r->max_tokens - (q->start_pos + 1 - r->plen) - 1;
+    q->num_draft = CM_MAX(0, CM_MIN(q->num_draft, CM_MIN(k->proposed, room)));
   }
-  fake_answer(w, &d->plan, 1);
+  fake_answer(w, &d->plan, 0);
   simulate_kv(s, &d->plan, w);
-  for (int32_t j = 0; j < w->num; j++)
-    last[w->res[j].req_id - 1] = w->res[j].tokens[w->res[j].num_tokens - 1];
+  for (int32_t j = 0; j < w->num; j++) {
+    struct kept *k = &kept[w->res[j].req_id - 1];
+    k->last = w->res[j].tokens[w->res[j].num_tokens - 1];
+    k->accepted = w->res[j].num_tokens - 1;
+    k->proposed = k->planned;
+  }
 }
 
 /* The stress run with async scheduling: a step is planned while the one before it
  * is in flight, the workers run steps in order and results are applied in order;
  * aborts land between any two of those, and a request that stopped in step N still
- * runs in step N + 1. Every request must produce what plain decoding gives. */
+ * runs in step N + 1; with drafts, step N + 1's positions move by the drafts step N
+ * accepted, which only the workers know when it is planned. Every request must
+ * produce what plain decoding gives. */
 static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
   struct sch_engine_config acfg = *cfg;
   acfg.async_scheduling = true;
   struct stress s;
   stress_init(&s, &acfg, seed);
-  int32_t *last = malloc(sizeof(int32_t) * MAX_REQS);
+  struct kept *last = malloc(sizeof(*last) * MAX_REQS);
   struct fake_worker *w = calloc(1, sizeof(*w));
   TH_REQUIRE(last && w);
   for (int32_t i = 0; i < MAX_REQS; i++)
-    last[i] = -1;
+    last[i] = (struct kept){-1, 0, 0, 0};
   w->rng = seed * 7 + 1;
   struct sent q[2];
   int32_t nq = 0, idle = 0;
@@ -521,7 +555,7 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
       continue;
     }
     if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
-    if (rnd(&s, 10) == 0) bad_results(&s, &q[0].plan, w);
+    if (rnd(&s, 10) == 0) bad_results(&s, w);
     struct sch_outputs o;
     TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
     CHECK_ENGINE(s.e);
@@ -535,11 +569,15 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
   struct sch_engine_stats st;
   int64_t max_wait, finished = check_outputs(&s, &st, &max_wait);
   printf("  async seed %llu: %d requests (%lld finished), %lld steps, %lld planned ahead, "
-         "%llu preemptions, %lld keys verified, %lld failed steps, %lld KV resets\n",
+         "%llu preemptions, drafts accepted %llu/%llu, %lld decodes moved by them, %lld keys "
+         "verified, %lld failed steps, %lld KV resets\n",
          (unsigned long long)seed, (int)s.nreqs, (long long)finished, (long long)s.steps,
-         (long long)ahead, (unsigned long long)st.num_preemptions, (long long)s.kv_reads,
+         (long long)ahead, (unsigned long long)st.num_preemptions,
+         (unsigned long long)st.spec_num_accepted_tokens,
+         (unsigned long long)st.spec_num_draft_tokens, (long long)s.moved, (long long)s.kv_reads,
          (long long)s.failed, (long long)s.resets);
   TH_CHECK(finished > 0 && ahead > s.steps / 4);
+  if (cfg->num_spec_tokens > 0) TH_CHECK(s.moved > 100);
   stress_free(&s);
   free(w), free(last);
 }
@@ -616,7 +654,7 @@ TH_TEST(stress_sliding_groups_tight_pool_prefix_cache) {
               4);
 }
 
-/* Async scheduling over the same scenarios (no drafts: it does not run with them). */
+/* Async scheduling over the same scenarios, with their drafts. */
 TH_TEST(stress_async_full_attention_prefix_cache) {
   struct sch_engine_config c;
   apply_variant(&(struct variant){0}, &c);
@@ -625,15 +663,21 @@ TH_TEST(stress_async_full_attention_prefix_cache) {
 
 TH_TEST(stress_async_sliding_and_full_groups) {
   struct sch_engine_config c;
-  apply_variant(&(struct variant){.num_groups = 2, .groups = {{8, 0}, {4, 12}}, .blocks = 64}, &c);
+  apply_variant(
+      &(struct variant){
+          .num_groups = 2, .groups = {{8, 0}, {4, 12}}, .blocks = 64, .spec_tokens = 3},
+      &c);
   run_async(&c, 12, 3000);
 }
 
 TH_TEST(stress_async_no_cache_priorities_tiny_pool) {
   struct sch_engine_config c;
-  apply_variant(
-      &(struct variant){.no_prefix_cache = true, .blocks = 20, .max_waiting = 200, .max_seqs = 5},
-      &c);
+  apply_variant(&(struct variant){.no_prefix_cache = true,
+                                  .blocks = 20,
+                                  .max_waiting = 200,
+                                  .spec_tokens = 2,
+                                  .max_seqs = 5},
+                &c);
   run_async(&c, 13, 3000);
 }
 
@@ -642,18 +686,8 @@ TH_TEST(stress_async_sliding_groups_tight_pool_prefix_cache) {
   apply_variant(&(struct variant){.num_groups = 3,
                                   .groups = {{4, 0}, {4, 9}, {2, 5}},
                                   .blocks = 72,
+                                  .spec_tokens = 1,
                                   .long_prefill_threshold = 7},
                 &c);
   run_async(&c, 14, 3000);
-}
-
-TH_TEST(async_refused_with_drafts) {
-  struct sch_engine_config c;
-  base_config(&c);
-  c.async_scheduling = true;
-  c.num_spec_tokens = 2;
-  struct sch_engine *e = NULL;
-  char err[256];
-  TH_CHECK_EQ_INT(sch_engine_create(&c, &e, err, sizeof(err)), CM_ERR_INVAL);
-  TH_CHECK(strstr(err, "speculative") != NULL);
 }
