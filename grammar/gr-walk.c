@@ -4,15 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-hash.h"
 #include "common/cm-time.h"
 #include "grammar/gr-impl.h"
-
-static uint64_t next(uint64_t *s) {
-  uint64_t x = *s += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 int gr_random_walk(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng, int max_tokens,
                    char *buf, size_t cap, double *mask_us, int *steps) {
@@ -28,7 +22,7 @@ int gr_random_walk(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng
     int32_t na = 0;
     for (int32_t i = 0; i < n; i++)
       if (bits[i >> 5] >> (i & 31) & 1) allowed[na++] = i;
-    if (gr_matcher_is_accepting(m) && (na == 0 || next(rng) % 4 == 0)) {
+    if (gr_matcher_is_accepting(m) && (na == 0 || cm_splitmix64(rng) % 4 == 0)) {
       rc = (int)k;
       t++;
       break;
@@ -37,15 +31,16 @@ int gr_random_walk(struct gr_matcher *m, const struct gr_vocab *v, uint64_t *rng
       t++;
       break;
     }
-    int32_t id = allowed[next(rng) % (uint64_t)na];
-    if (next(rng) % 3 == 0) { /* now and then a token that closes something, so walks end */
+    int32_t id = allowed[cm_splitmix64(rng) % (uint64_t)na];
+    /* now and then a token that closes something, so walks end */
+    if (cm_splitmix64(rng) % 3 == 0) {
       int32_t nc = 0;
       for (int32_t i = 0; i < na; i++) {
         const uint8_t *b = v->bytes[allowed[i]];
         uint32_t l = v->lens[allowed[i]];
         if (memchr(b, '"', l) || memchr(b, '}', l) || memchr(b, ']', l)) allowed[nc++] = allowed[i];
       }
-      if (nc) id = allowed[next(rng) % (uint64_t)nc];
+      if (nc) id = allowed[cm_splitmix64(rng) % (uint64_t)nc];
     }
     if (gr_matcher_accept_token(m, v, id)) {
       t++;

@@ -22,6 +22,7 @@
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "common/cm-time.h"
 #include "tools/tl-http-client.h"
 #include "tools/tl-main.h"
@@ -54,13 +55,7 @@ struct bs_shared {
 };
 
 static void itl_push(struct bs_result *r, double v) {
-  if (r->n_itl == r->cap_itl) {
-    int cap = r->cap_itl ? r->cap_itl * 2 : 64;
-    double *p = realloc(r->itl, (size_t)cap * sizeof(double));
-    if (!p) return;
-    r->itl = p;
-    r->cap_itl = cap;
-  }
+  if (cm_grow_items(&r->itl, &r->cap_itl, r->n_itl + 1, sizeof(*r->itl), 64)) return;
   r->itl[r->n_itl++] = v;
 }
 

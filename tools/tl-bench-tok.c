@@ -15,11 +15,12 @@
 
 #include "common/cm-args.h"
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "common/cm-proc.h"
 #include "common/cm-time.h"
 #include "tokenizer/tk-detok.h"
-#include "tools/tl-main.h"
 #include "tokenizer/tk-tokenizer.h"
+#include "tools/tl-main.h"
 
 #define BENCH_CORPUS_BYTES (1u << 20)
 
@@ -27,10 +28,7 @@
 
 static uint64_t bench_rng = 0x2545F4914F6CDD1Dull;
 static uint32_t rnd(uint32_t n) {
-  bench_rng ^= bench_rng << 13;
-  bench_rng ^= bench_rng >> 7;
-  bench_rng ^= bench_rng << 17;
-  return (uint32_t)(bench_rng >> 20) % n;
+  return (uint32_t)(cm_xorshift64(&bench_rng) >> 20) % n;
 }
 
 static const char *const words[] = {

@@ -3,14 +3,10 @@
 
 #include <stdlib.h>
 
+#include "common/cm-grow.h"
+
 void *wk_owned_alloc(struct wk_owned *o, struct kn_backend *be, size_t bytes) {
-  if (o->n == o->cap) {
-    int nc = o->cap ? o->cap * 2 : 64;
-    void **nb = realloc(o->bufs, sizeof(*nb) * (size_t)nc);
-    if (!nb) return NULL;
-    o->bufs = nb;
-    o->cap = nc;
-  }
+  if (cm_grow_items(&o->bufs, &o->cap, o->n + 1, sizeof(*o->bufs), 64)) return NULL;
   void *p = kn_alloc(be, bytes ? bytes : 64);
   if (p) o->bufs[o->n++] = p;
   return p;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "model/md-config.h"
 
 struct st_map {
@@ -80,13 +81,7 @@ void wk_st_drop_pages(struct wk_st *st) {
 /* Appends tensor t under a copy of name, as found in file, and counts its
  * bytes. */
 static int st_push(struct wk_st *st, struct wk_tensor t, const char *name, const char *file) {
-  if (st->n == st->cap) {
-    int nc = st->cap ? st->cap * 2 : 64;
-    struct wk_tensor *nt = realloc(st->t, sizeof(*nt) * (size_t)nc);
-    if (!nt) return CM_ERR_NOMEM;
-    st->t = nt;
-    st->cap = nc;
-  }
+  if (cm_grow_items(&st->t, &st->cap, st->n + 1, sizeof(*st->t), 64)) return CM_ERR_NOMEM;
   t.name = strdup(name);
   if (!t.name) return CM_ERR_NOMEM;
   t.file = file;

@@ -21,6 +21,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-grow.h"
 #include "common/cm-hash.h"
 #include "kernels/kn-dtype.h"
 
@@ -37,13 +38,8 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
 
 static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim, int64_t d0,
                int64_t d1, int64_t d2, const char *fmt, ...) {
-  if (s->n_tensors == s->cap) {
-    int nc = s->cap ? s->cap * 2 : 64;
-    struct wk_tensor_spec *nt = realloc(s->tensors, sizeof(*nt) * (size_t)nc);
-    if (!nt) return CM_ERR_NOMEM;
-    s->tensors = nt;
-    s->cap = nc;
-  }
+  if (cm_grow_items(&s->tensors, &s->cap, s->n_tensors + 1, sizeof(*s->tensors), 64))
+    return CM_ERR_NOMEM;
   struct wk_tensor_spec *t = &s->tensors[s->n_tensors++];
   memset(t, 0, sizeof(*t));
   va_list ap;

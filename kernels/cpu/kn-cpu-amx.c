@@ -449,26 +449,18 @@ KN_BF16 static void amx_attn_vectors(void *ctx, const float *const *q) {
   }
 }
 
-/* kn_cpu_attn_fn of the bf16 mode on the tiles: query heads g0 .. g0 + ng - 1 of row i. */
-KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
-                          int kvh, int g0, int ng) {
-  if (!kn_cpu_attn_bf16_takes(job->view)) {
-    kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
-    return;
-  }
-  struct amx_attn a; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
-  kn_cpu_attn_sets(&a.w, job, seq, i, 1, kvh, g0, ng, amx_attn_vectors, &a);
-}
-
 /* kn_cpu_attn_tile_fn of the bf16 mode on the tiles: rows i0 .. i0 + nr - 1, head by head. */
 KN_BF16 void AMX_FN(attn_tile)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                                int i0, int nr, int kvh, int g0, int ng) {
-  if (!kn_cpu_attn_bf16_takes(job->view)) {
-    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
-    return;
-  }
-  struct amx_attn a;
-  kn_cpu_attn_sets(&a.w, job, seq, i0, nr, kvh, g0, ng, amx_attn_vectors, &a);
+  struct amx_attn a; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
+  kn_cpu_attn_bf16_sets(&a.w, job, seq, i0, nr, kvh, g0, ng, amx_attn_vectors, &a);
+}
+
+/* kn_cpu_attn_fn of the bf16 mode on the tiles: query heads g0 .. g0 + ng - 1 of
+ * row i, the tile of that one row. */
+KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                          int kvh, int g0, int ng) {
+  AMX_FN(attn_tile)(job, seq, i, 1, kvh, g0, ng);
 }
 
 #ifdef KN_AMX_EMULATE

@@ -213,13 +213,9 @@ void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_at
   kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
 }
 
-/* Query heads g0 .. g0 + ng - 1 of row i, KN_ATTN_MAX_GROUP at a time. */
+/* Query heads g0 .. g0 + ng - 1 of row i, KN_ATTN_MAX_GROUP at a time: the
+ * tile of that one row (kn_cpu_attn_sets sets a row's heads by group). */
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng) {
-  if (job->view->head_dim & 7) {
-    kn_cpu_attn_ref(job, seq, i, kvh, g0, ng);
-    return;
-  }
-  struct vecs v;
-  kn_cpu_attn_sets(&v.w, job, seq, i, 1, kvh, g0, ng, attn_vectors, &v);
+  kn_cpu_attn_tile_avx2(job, seq, i, 1, kvh, g0, ng);
 }

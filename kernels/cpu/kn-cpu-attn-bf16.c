@@ -198,24 +198,16 @@ KN_BF16 static void attn_vectors(void *ctx, const float *const *q) {
   }
 }
 
-/* kn_cpu_attn_fn of the bf16 mode: query heads g0 .. g0 + ng - 1 of row i. */
-KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                              int i, int kvh, int g0, int ng) {
-  if (!kn_cpu_attn_bf16_takes(job->view)) {
-    kn_cpu_attn_avx2(job, seq, i, kvh, g0, ng);
-    return;
-  }
-  struct qv v; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
-  kn_cpu_attn_sets(&v.w, job, seq, i, 1, kvh, g0, ng, attn_vectors, &v);
-}
-
 /* kn_cpu_attn_tile_fn of the bf16 mode: rows i0 .. i0 + nr - 1, head by head. */
 KN_BF16 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
                                    int i0, int nr, int kvh, int g0, int ng) {
-  if (!kn_cpu_attn_bf16_takes(job->view)) {
-    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
-    return;
-  }
-  struct qv v;
-  kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
+  struct qv v; /* not zeroed: kn_cpu_attn_sets sets what the walk reads */
+  kn_cpu_attn_bf16_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
+}
+
+/* kn_cpu_attn_fn of the bf16 mode: query heads g0 .. g0 + ng - 1 of row i, the
+ * tile of that one row. */
+KN_BF16 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                              int i, int kvh, int g0, int ng) {
+  kn_cpu_attn_tile_bf16(job, seq, i, 1, kvh, g0, ng);
 }

@@ -497,6 +497,19 @@ static inline void kn_cpu_attn_sets(struct kn_cpu_attn_vecs *v, const struct kn_
   }
 }
 
+/* kn_cpu_attn_sets for a kernel of the bf16 mode: rows i0 .. i0 + nr - 1 through
+ * run(ctx, ...), or, for a cache that mode does not take (kn_cpu_attn_bf16_takes),
+ * through the AVX2 kernel. */
+static inline void kn_cpu_attn_bf16_sets(struct kn_cpu_attn_vecs *v,
+                                         const struct kn_cpu_attn_job *job,
+                                         const struct kn_attn_seq *seq, int i0, int nr, int kvh,
+                                         int g0, int ng, kn_cpu_attn_run_fn run, void *ctx) {
+  if (!kn_cpu_attn_bf16_takes(job->view))
+    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
+  else
+    kn_cpu_attn_sets(v, job, seq, i0, nr, kvh, g0, ng, run, ctx);
+}
+
 /* Vectors idx[0 .. k) of a walk taking block b together: their scores (reset
  * to -inf) and accumulators, copies of their m and l for the kernels' softmax
  * step, and the block's visible keys (kn_cpu_attn_block_keys; vp has room for

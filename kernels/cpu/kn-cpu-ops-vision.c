@@ -89,8 +89,15 @@ static void vision_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
-static void run_rows(struct kn_cpu_ctx *ctx, struct vision_task *t, long long rows,
-                     double work_per_row) {
+/* Runs t (its op and that op's own fields set) over `rows` output rows of out
+ * (row stride ldo) from the rows of x (stride ldx), d features each. */
+static void run_rows(struct kn_cpu_ctx *ctx, struct vision_task *t, float *out, ptrdiff_t ldo,
+                     const float *x, ptrdiff_t ldx, int d, long long rows, double work_per_row) {
+  t->out = out;
+  t->ldo = ldo;
+  t->x = x;
+  t->ldx = ldx;
+  t->d = d;
   double work = work_per_row * (double)rows;
   long long grain = work < VISION_PAR_MIN ? rows : (long long)(VISION_PAR_MIN / work_per_row) + 1;
   kn_cpu_pool_run(ctx->pool, rows, grain, vision_run, t);
@@ -99,47 +106,23 @@ static void run_rows(struct kn_cpu_ctx *ctx, struct vision_task *t, long long ro
 static int cpu_layernorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                          int rows, int d, const void *w, const void *b, enum kn_dtype wdt,
                          float eps) {
-  struct vision_task t = {.op = V_LAYERNORM,
-                          .out = out,
-                          .ldo = ldo,
-                          .x = x,
-                          .ldx = ldx,
-                          .d = d,
-                          .w = w,
-                          .b = b,
-                          .wdt = wdt,
-                          .eps = eps};
-  run_rows(p, &t, rows, 3.0 * d);
+  struct vision_task t = {.op = V_LAYERNORM, .w = w, .b = b, .wdt = wdt, .eps = eps};
+  run_rows(p, &t, out, ldo, x, ldx, d, rows, 3.0 * d);
   return 0;
 }
 
 static int cpu_bias_act(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                         const float *bias, int T, int N, enum kn_act act) {
-  struct vision_task t = {.op = V_BIAS_ACT,
-                          .out = out,
-                          .ldo = ldo,
-                          .x = x,
-                          .ldx = ldx,
-                          .d = N,
-                          .bias = bias,
-                          .act = act};
-  run_rows(p, &t, T, act == KN_ACT_GELU_TANH ? 8.0 * N : (double)N);
+  struct vision_task t = {.op = V_BIAS_ACT, .bias = bias, .act = act};
+  run_rows(p, &t, out, ldo, x, ldx, N, T, act == KN_ACT_GELU_TANH ? 8.0 * N : (double)N);
   return 0;
 }
 
 static int cpu_avg_pool2d(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                           int n_img, int side, int k, int C) {
   int os = side / k;
-  struct vision_task t = {.op = V_POOL,
-                          .out = out,
-                          .ldo = ldo,
-                          .x = x,
-                          .ldx = ldx,
-                          .d = C,
-                          .side = side,
-                          .k = k,
-                          .os = os};
-  run_rows(p, &t, (long long)n_img * os * os, (double)C * k * k);
+  struct vision_task t = {.op = V_POOL, .side = side, .k = k, .os = os};
+  run_rows(p, &t, out, ldo, x, ldx, C, (long long)n_img * os * os, (double)C * k * k);
   return 0;
 }
 

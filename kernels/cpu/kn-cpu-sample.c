@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
 struct kn_cpu_sampler {
@@ -59,11 +60,9 @@ int kn_cpu_sampler_vocab(const struct kn_cpu_sampler *s) {
 
 /* ---- counter-based random numbers ------------------------------------------ */
 
+/* splitmix64's value for state x (cm-hash.h's step without the state). */
 static uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+  return cm_mix64(x + CM_GOLDEN64);
 }
 
 double kn_cpu_sample_uniform(uint64_t seed, uint64_t counter, uint32_t stream) {

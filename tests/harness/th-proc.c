@@ -18,7 +18,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
 #include "common/cm-fs.h"
+#include "common/cm-proc.h"
 #include "tests/harness/th.h"
 
 #define TH_MAX_CHILDREN 64
@@ -615,6 +618,26 @@ int th_node_major(void) {
   int major = rc == 0 && out && out[0] == 'v' ? atoi(out + 1) : 0;
   free(out);
   return major;
+}
+
+const char *th_require_numpy(const char *what, const char *script) {
+  const char *env = getenv("LMSERVE_PYTHON");
+  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
+  int found = 0;
+  for (size_t i = 0; i < CM_ARRAY_LEN(cands); i++) {
+    char out[512];
+    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
+    int rc = cm_run_capture(argv, out, sizeof(out));
+    if (rc == 0) return cands[i];
+    if (rc != CM_ERR_NOENT) found = 1;
+  }
+  char why[512];
+  snprintf(why, sizeof(why),
+           "%s: %s is not checked against tests/reference/%s (install %s: "
+           "tools/setup)",
+           found ? "NO NUMPY" : "NO PYTHON3", what, script,
+           found ? "python3-numpy" : "python3 and python3-numpy");
+  TH_SKIP(why);
 }
 
 int th_npm_has(const char *name) {

@@ -150,6 +150,11 @@ int th_node_major(void);
  * ($TH_SOURCE_DIR, else the current folder). */
 int th_npm_has(const char *name);
 
+/* A python3 with numpy (LMSERVE_PYTHON, the one on PATH, else Debian's /usr/bin/python3:
+ * a PATH may put another interpreter first), or a skip that says what is missing and that
+ * `what` is not checked against tests/reference/SCRIPT. */
+const char *th_require_numpy(const char *what, const char *script);
+
 /* Runs `node --test-reporter=spec SCRIPT` (`node SCRIPT`, whose report is TAP, before
  * node 20) with env added, its output going into the test's log, and checks (as test
  * checks) that it exits 0 within timeout_ms, naming the script when it does not. */

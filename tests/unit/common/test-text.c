@@ -1,7 +1,9 @@
 /* test-text.c — cm_utf8_len against the Unicode Standard's table of
  * well-formed byte sequences (Table 3-7: the allowed range of each byte by the
  * first byte), written out here as ranges, over every sequence of up to three
- * bytes and a sweep of four-byte ones; cm_grow's doubling and its refusals. */
+ * bytes and a sweep of four-byte ones; cm_grow's and cm_grow_items' doubling
+ * and their refusals. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -93,4 +95,27 @@ TH_TEST(grow_doubles_and_keeps_what_it_had) {
   TH_REQUIRE(cm_grow(&b2, &c2, 3, 0) == 0);
   TH_CHECK(b2 != NULL && c2 >= 3);
   free(b2);
+}
+
+TH_TEST(grow_items_doubles_a_table) {
+  double *t = NULL;
+  int cap = 0;
+  TH_REQUIRE(cm_grow_items(&t, &cap, 0, sizeof(*t), 4) == 0); /* nothing needed */
+  TH_CHECK(t == NULL && cap == 0);
+  for (int n = 0; n < 100; n++) {
+    TH_REQUIRE(cm_grow_items(&t, &cap, n + 1, sizeof(*t), 4) == 0);
+    t[n] = n;
+  }
+  TH_CHECK_EQ_INT(cap, 128);
+  int same = 1;
+  for (int n = 0; n < 100; n++)
+    same &= t[n] == n;
+  TH_CHECK(same);
+  TH_REQUIRE(cm_grow_items(&t, &cap, 1000, sizeof(*t), 4) == 0); /* past two doublings */
+  TH_CHECK_EQ_INT(cap, 1024);
+  /* more bytes than any allocation can give: refused, the table as it was */
+  double *was = t;
+  TH_CHECK_EQ_INT(cm_grow_items(&t, &cap, INT_MAX, SIZE_MAX / 8, 4), CM_ERR_NOMEM);
+  TH_CHECK(t == was && cap == 1024);
+  free(t);
 }

@@ -12,13 +12,6 @@
 #include "lmserve-config.h"
 #include "tests/harness/th.h"
 
-uint64_t gt_rand(uint64_t *s) {
-  uint64_t x = *s += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 struct gr_vocab *gt_vocab_toy(void) {
   static const char *words[] = {
       "{",      "}",      "[",      "]",    ",",     ":",    "\"",   "\",",  "\":", "\"}",
@@ -108,10 +101,10 @@ int gt_walk(struct gr_matcher *m, uint64_t *rng, char *buf, size_t cap, int stop
   for (;;) {
     int acc = gr_matcher_is_accepting(m);
     int cnt = gr_matcher_next_bytes(m, ok);
-    if (acc && (cnt == 0 || (int)(gt_rand(rng) % 100) < stop_pct)) break;
+    if (acc && (cnt == 0 || (int)(cm_splitmix64(rng) % 100) < stop_pct)) break;
     if (cnt == 0 || k + 1 >= cap) return -1;
     /* prefer ASCII now and then so that walks also reach the structure */
-    int pick = (int)(gt_rand(rng) % (uint64_t)cnt);
+    int pick = (int)(cm_splitmix64(rng) % (uint64_t)cnt);
     int b = 0;
     for (; b < 256; b++)
       if (ok[b] && pick-- == 0) break;
@@ -251,9 +244,9 @@ void gt_random_texts(enum gr_kind kind, const char *prefix, const char *const *p
   for (int it = 0; it < 3000; it++) {
     char t[256];
     size_t k = (size_t)snprintf(t, sizeof t, "%s", prefix);
-    int n = 1 + (int)(gt_rand(&rng) % (uint64_t)max_pieces);
+    int n = 1 + (int)(cm_splitmix64(&rng) % (uint64_t)max_pieces);
     for (int i = 0; i < n; i++) {
-      const char *b = pieces[gt_rand(&rng) % npieces];
+      const char *b = pieces[cm_splitmix64(&rng) % npieces];
       size_t l = strlen(b);
       if (k + l >= sizeof t) break;
       memcpy(t + k, b, l);

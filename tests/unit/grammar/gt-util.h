@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm-hash.h" /* cm_splitmix64: the tests' random numbers */
 #include "grammar/gr.h"
 
 /* A small vocabulary: all single bytes, common JSON fragments, words. */
@@ -12,8 +13,6 @@ struct gr_vocab *gt_vocab_toy(void);
 /* The Gemma 3 tokenizer's 262,144 tokens ("▁" as a space, <0xNN> as that
  * byte, special tokens length 0); NULL when the file is missing. */
 struct gr_vocab *gt_vocab_gemma(void);
-/* xorshift-style generator */
-uint64_t gt_rand(uint64_t *s);
 /* A random walk of m's language into buf (at most cap - 1 bytes, NUL-ended):
  * its length, or -1 when it could not finish within cap. m is advanced. */
 int gt_walk(struct gr_matcher *m, uint64_t *rng, char *buf, size_t cap, int stop_pct);

@@ -133,7 +133,7 @@ TH_TEST(ebnf_mask_equals_accept) {
     int k = gt_walk(w, &rng, buf, sizeof buf, 10);
     gr_matcher_free(w);
     if (k > 0)
-      gr_matcher_accept_bytes(m, (const uint8_t *)buf, (size_t)(gt_rand(&rng) % (uint64_t)k));
+      gr_matcher_accept_bytes(m, (const uint8_t *)buf, (size_t)(cm_splitmix64(&rng) % (uint64_t)k));
     TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
     struct gr_matcher *c = gr_matcher_clone(m);
     for (int32_t id = 0; id < n; id++) {

@@ -35,16 +35,16 @@ static void check_states(const struct gr_vocab *v, int n_states, int n_tokens_ma
     for (int st = 0; st < n_states; st++) {
       struct gr_matcher *m = gr_matcher_new(g);
       /* a random prefix: up to st tokens drawn from the mask */
-      int steps = (int)(gt_rand(&rng) % (uint64_t)(n_tokens_max + 1));
+      int steps = (int)(cm_splitmix64(&rng) % (uint64_t)(n_tokens_max + 1));
       for (int t = 0; t < steps; t++) {
         TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
         int32_t cand[64], nc = 0;
         for (int tries = 0; tries < 20000 && nc < 64; tries++) {
-          int32_t id = (int32_t)(gt_rand(&rng) % (uint64_t)n);
+          int32_t id = (int32_t)(cm_splitmix64(&rng) % (uint64_t)n);
           if (bits[id >> 5] >> (id & 31) & 1) cand[nc++] = id;
         }
         if (nc == 0) break;
-        TH_REQUIRE(gr_matcher_accept_token(m, v, cand[gt_rand(&rng) % (uint64_t)nc]) == 0);
+        TH_REQUIRE(gr_matcher_accept_token(m, v, cand[cm_splitmix64(&rng) % (uint64_t)nc]) == 0);
       }
       TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
       TH_REQUIRE(gr_matcher_mask(m, v, again) == 0); /* from the cache */

@@ -169,10 +169,10 @@ static size_t mutate(const char *s, size_t n, uint64_t *rng, char *out) {
   for (size_t i = 0; i < n && nc < 511; i = utf8_next(s, i, n))
     cuts[nc++] = i;
   cuts[nc] = n;
-  size_t at = nc ? cuts[gt_rand(rng) % (nc + 1 > 1 ? nc + 1 : 1)] : 0;
+  size_t at = nc ? cuts[cm_splitmix64(rng) % (nc + 1 > 1 ? nc + 1 : 1)] : 0;
   if (at > n) at = n;
-  const char *w = ins[gt_rand(rng) % (sizeof ins / sizeof ins[0])];
-  uint64_t op = gt_rand(rng) % 4;
+  const char *w = ins[cm_splitmix64(rng) % (sizeof ins / sizeof ins[0])];
+  uint64_t op = cm_splitmix64(rng) % 4;
   memcpy(out, s, at);
   if (op == 3) { /* duplicate a prefix */
     memcpy(out + at, s, n);

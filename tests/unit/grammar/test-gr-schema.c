@@ -383,14 +383,14 @@ static json_t *rand_schema(uint64_t *rng, int depth) {
   static const char *types[] = {"object", "array",   "string", "integer",
                                 "number", "boolean", "null"};
   json_t *s = json_object();
-  int nk = 1 + (int)(gt_rand(rng) % 4);
+  int nk = 1 + (int)(cm_splitmix64(rng) % 4);
   for (int i = 0; i < nk; i++) {
-    switch (gt_rand(rng) % 22) {
-    case 0: json_object_set_new(s, "type", json_string(types[gt_rand(rng) % 7])); break;
+    switch (cm_splitmix64(rng) % 22) {
+    case 0: json_object_set_new(s, "type", json_string(types[cm_splitmix64(rng) % 7])); break;
     case 1:
       if (depth < 4) {
         json_t *p = json_object();
-        int np = (int)(gt_rand(rng) % 4);
+        int np = (int)(cm_splitmix64(rng) % 4);
         for (int k = 0; k < np; k++) {
           char name[8];
           snprintf(name, sizeof name, "p%d", k);
@@ -401,13 +401,18 @@ static json_t *rand_schema(uint64_t *rng, int depth) {
       break;
     case 2: json_object_set_new(s, "required", json_pack("[s]", "p0")); break;
     case 3:
-      json_object_set_new(s, "additionalProperties", gt_rand(rng) % 2 ? json_false() : json_true());
+      json_object_set_new(s, "additionalProperties",
+                          cm_splitmix64(rng) % 2 ? json_false() : json_true());
       break;
     case 4:
       if (depth < 4) json_object_set_new(s, "items", rand_schema(rng, depth + 1));
       break;
-    case 5: json_object_set_new(s, "minItems", json_integer((json_int_t)(gt_rand(rng) % 4))); break;
-    case 6: json_object_set_new(s, "maxItems", json_integer((json_int_t)(gt_rand(rng) % 4))); break;
+    case 5:
+      json_object_set_new(s, "minItems", json_integer((json_int_t)(cm_splitmix64(rng) % 4)));
+      break;
+    case 6:
+      json_object_set_new(s, "maxItems", json_integer((json_int_t)(cm_splitmix64(rng) % 4)));
+      break;
     case 7: json_object_set_new(s, "enum", json_pack("[s,i,n]", "x", 3)); break;
     case 8: json_object_set_new(s, "const", json_string("k")); break;
     case 9:
@@ -423,26 +428,26 @@ static json_t *rand_schema(uint64_t *rng, int depth) {
             json_pack("[o,o]", rand_schema(rng, depth + 1), rand_schema(rng, depth + 1)));
       break;
     case 11:
-      json_object_set_new(s, "$ref", json_string(gt_rand(rng) % 2 ? "#" : "#/$defs/d"));
+      json_object_set_new(s, "$ref", json_string(cm_splitmix64(rng) % 2 ? "#" : "#/$defs/d"));
       break;
     case 12: json_object_set_new(s, "$defs", json_pack("{s:{s:s}}", "d", "type", "string")); break;
     case 13:
-      json_object_set_new(s, "minLength", json_integer((json_int_t)(gt_rand(rng) % 5)));
+      json_object_set_new(s, "minLength", json_integer((json_int_t)(cm_splitmix64(rng) % 5)));
       break;
     case 14:
-      json_object_set_new(s, "maxLength", json_integer((json_int_t)(gt_rand(rng) % 5) - 1));
+      json_object_set_new(s, "maxLength", json_integer((json_int_t)(cm_splitmix64(rng) % 5) - 1));
       break;
     case 15:
-      json_object_set_new(s, "pattern", json_string(gt_rand(rng) % 2 ? "^a+b?$" : "(x"));
+      json_object_set_new(s, "pattern", json_string(cm_splitmix64(rng) % 2 ? "^a+b?$" : "(x"));
       break;
     case 16:
-      json_object_set_new(s, "minimum", json_integer((json_int_t)(gt_rand(rng) % 21) - 10));
+      json_object_set_new(s, "minimum", json_integer((json_int_t)(cm_splitmix64(rng) % 21) - 10));
       break;
     case 17:
-      json_object_set_new(s, "maximum", json_real((double)(gt_rand(rng) % 21) - 10.5));
+      json_object_set_new(s, "maximum", json_real((double)(cm_splitmix64(rng) % 21) - 10.5));
       break;
     case 18:
-      json_object_set_new(s, "format", json_string(gt_rand(rng) % 2 ? "date" : "color"));
+      json_object_set_new(s, "format", json_string(cm_splitmix64(rng) % 2 ? "date" : "color"));
       break;
     case 19: json_object_set_new(s, "uniqueItems", json_true()); break;
     case 20: json_object_set_new(s, "prefixItems", json_pack("[{s:s}]", "type", "integer")); break;

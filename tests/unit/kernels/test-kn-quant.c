@@ -17,6 +17,7 @@
 #include "common/cm-proc.h"
 #include "kernels/kn-quant.h"
 #include "kernels/kn-registry.h"
+#include "tests/harness/th-proc.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
 static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
@@ -49,24 +50,11 @@ static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
   return b;
 }
 
-static const char *python(void) {
-  const char *env = getenv("LMSERVE_PYTHON");
-  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
-  for (size_t i = 0; i < 2; i++) {
-    char out[256];
-    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
-    if (cm_run_capture(argv, out, sizeof(out)) == 0) return cands[i];
-  }
-  TH_SKIP("NO NUMPY: the block formats are not checked against tests/reference/"
-          "ggml_blocks_ref.py (install python3-numpy: tools/setup)");
-  return NULL;
-}
-
 /* Runs the numpy reference: mode over in[in_bytes] into out[out_bytes] (lib:
  * the shared library of mode "ggml", else NULL). */
 static void reference_lib(const char *mode, const char *lib, enum kn_dtype dt, const void *in,
                           size_t in_bytes, void *out, size_t out_bytes) {
-  const char *py = python();
+  const char *py = th_require_numpy("the block formats", "ggml_blocks_ref.py");
   char dir[] = "/tmp/lmserve-quant-XXXXXX", a[64], b[64], script[4200], log[4096];
   TH_REQUIRE(mkdtemp(dir) != NULL);
   snprintf(a, sizeof(a), "%s/in", dir);

@@ -278,20 +278,6 @@ TH_TEST(g4_image_budget_refused) {
                   CM_ERR_INVAL);
 }
 
-/* A python3 with numpy (LMSERVE_PYTHON, the one on PATH, else Debian's), or a
- * skip that says so. */
-static const char *require_numpy(void) {
-  const char *env = getenv("LMSERVE_PYTHON");
-  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
-  for (size_t i = 0; i < 2; i++) {
-    char out[512];
-    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
-    if (cm_run_capture(argv, out, sizeof(out)) == 0) return cands[i];
-  }
-  TH_SKIP("NO NUMPY: Gemma 4's image preprocessing is not checked against "
-          "tests/reference/gemma4_image_ref.py (install python3-numpy: tools/setup)");
-}
-
 static void run_reference(const char *python, const char *mode, const char *a, const char *b) {
   char script[4200], log[8192];
   snprintf(script, sizeof(script), "%s/reference/gemma4_image_ref.py", th_tests_dir());
@@ -316,7 +302,7 @@ static const int shapes[][2] = {
 };
 
 TH_TEST(g4_image_sizes_match_reference) {
-  const char *python = require_numpy();
+  const char *python = th_require_numpy("Gemma 4's image preprocessing", "gemma4_image_ref.py");
   char dir[4096], cases[4200], out[4200];
   TH_REQUIRE(th_tmpdir("g4-sizes", dir, sizeof(dir)) == 0);
   snprintf(cases, sizeof(cases), "%s/cases.txt", dir);
@@ -434,7 +420,7 @@ static void fill(uint8_t *px, int w, int h, enum pattern pat, uint32_t seed) {
 }
 
 TH_TEST(g4_image_pixels_match_reference) {
-  const char *python = require_numpy();
+  const char *python = th_require_numpy("Gemma 4's image preprocessing", "gemma4_image_ref.py");
   char dir[4096], manifest[4200], err[256] = "";
   TH_REQUIRE(th_tmpdir("g4-pixels", dir, sizeof(dir)) == 0);
   snprintf(manifest, sizeof(manifest), "%s/manifest.txt", dir);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/cm-hash.h"
 #include "scheduler/sch-engine.h"
 #include "tests/harness/th.h"
 
@@ -38,13 +39,6 @@ struct fake_worker {
   uint64_t rng;
 };
 
-static inline uint64_t fake_rand(uint64_t *s) {
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
-
 /* Results for every sampling sequence. With drafts, a random number of them is
  * "accepted" (accept_all: all of them): the answer is then that many continuation
  * tokens plus the bonus one, exactly what plain decoding would produce. */
@@ -54,8 +48,8 @@ static inline void fake_answer(struct fake_worker *w, const struct sch_plan *pla
     const struct sch_plan_seq *s = &plan->seqs[i];
     if (!s->sample) continue;
     TH_REQUIRE(w->num < FAKE_MAX_SEQS && s->num_draft + 1 <= FAKE_MAX_TOKENS);
-    int32_t a =
-        accept_all ? s->num_draft : (int32_t)(fake_rand(&w->rng) % (uint64_t)(s->num_draft + 1));
+    int32_t a = accept_all ? s->num_draft
+                           : (int32_t)(cm_xorshift64(&w->rng) % (uint64_t)(s->num_draft + 1));
     int32_t prev = s->tokens[s->num_tokens - 1], pos = s->start_pos + s->num_tokens;
     for (int32_t j = 0; j <= a; j++)
       w->toks[w->num][j] = prev = fake_next(prev, pos + j);

@@ -10,6 +10,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "scheduler/sch-engine-impl.h"
 #include "tests/harness/th.h"
 #include "tests/unit/scheduler/sch-test-util.h"
@@ -48,7 +49,7 @@ struct stress {
 };
 
 static uint64_t rnd(struct stress *s, uint64_t n) {
-  return fake_rand(&s->rng) % n;
+  return cm_xorshift64(&s->rng) % n;
 }
 
 static bool is_eos(const struct sch_engine_config *c, int32_t t) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/cm-fs.h"
+#include "common/cm-hash.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 #include "tokenizer/tk-tokenizer.h"
@@ -21,10 +22,7 @@
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(uint32_t n) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return (uint32_t)(rng_state >> 11) % n;
+  return (uint32_t)(cm_xorshift64(&rng_state) >> 11) % n;
 }
 
 static size_t put_cp(char *o, uint32_t cp) {

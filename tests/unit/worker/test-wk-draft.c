@@ -229,33 +229,58 @@ TH_TEST(draft_load_errors) {
   wkt_rmdir(adir);
 }
 
+/* ---- speculative decoding against plain greedy decoding ---------------------- */
+
+enum { SPEC_MAX_NEW = 32 };
+
+/* A rig, a prompt of NP tokens and what plain greedy decoding makes of it: n
+ * tokens (want) and their logits (wl), which every speculative run must give
+ * exactly: its ng tokens into got and their logits into gl. */
+struct greedy_run {
+  struct rig r;
+  int32_t p[NP];
+  int n;
+  int32_t want[SPEC_MAX_NEW], got[SPEC_MAX_NEW];
+  float wl[SPEC_MAX_NEW * 512], gl[SPEC_MAX_NEW * 512];
+  struct wk_greedy_opts o; /* the speculative runs' (logits into gl) */
+  int ng, drafted, accepted;
+  char err[256];
+};
+
+/* Sets up g's rig and decodes prompt `seed` greedily for n tokens, `chunk` at a time. */
+static void greedy_run_init(struct greedy_run *g, uint32_t seed, int n, int chunk) {
+  TH_REQUIRE(n <= SPEC_MAX_NEW && setup(&g->r, 1) == 0);
+  lcg_prompt(g->p, seed);
+  g->n = n;
+  g->o = (struct wk_greedy_opts){.chunk = chunk, .max_new = n, .logits = g->wl};
+  int nw;
+  TH_REQUIRE(wk_greedy_generate(g->r.t, &g->r.pa, g->p, NP, &g->o, g->want, &nw, g->err,
+                                sizeof(g->err)) == 0);
+  TH_REQUIRE(nw == n);
+  g->o.logits = g->gl;
+}
+
+/* The speculative run just made (into g->ng, g->got, g->gl) made the greedy tokens and logits. */
+static void check_same_as_greedy(const struct greedy_run *g) {
+  TH_CHECK_EQ_INT(g->ng, g->n);
+  TH_CHECK(!memcmp(g->want, g->got, sizeof(int32_t) * (size_t)g->n));
+  TH_CHECK(!memcmp(g->wl, g->gl, sizeof(float) * 512 * (size_t)g->n));
+}
+
 /* Speculative greedy decoding gives exactly the tokens (and bit-identical
  * logits) of plain greedy decoding, for several draft lengths. */
 TH_TEST(speculative_greedy_equals_greedy) {
-  struct rig r;
-  TH_REQUIRE(setup(&r, 1) == 0);
-  int32_t p[NP];
-  lcg_prompt(p, 77);
-  enum { N = 24 };
-  int32_t want[N], got[N];
-  static float wl[N * 512], gl[N * 512];
-  int nw, ng, drafted, accepted;
-  char err[256];
-  struct wk_greedy_opts o = {.chunk = 32, .max_new = N, .logits = wl};
-  TH_REQUIRE(wk_greedy_generate(r.t, &r.pa, p, NP, &o, want, &nw, err, sizeof(err)) == 0);
-  TH_REQUIRE(nw == N);
+  static struct greedy_run g;
+  greedy_run_init(&g, 77, 24, 32);
   for (int k = 1; k <= 4; k++) {
-    o.logits = gl;
-    memset(gl, 0, sizeof(gl));
-    TH_REQUIRE(wk_greedy_generate_spec(r.t, r.d, &r.pa, p, NP, &o, k, got, &ng, &drafted, &accepted,
-                                       err, sizeof(err)) == 0);
-    TH_CHECK_EQ_INT(ng, N);
-    TH_CHECK(!memcmp(want, got, sizeof(want)));
-    TH_CHECK(!memcmp(wl, gl, sizeof(wl)));
-    TH_CHECK(drafted > 0 && accepted >= 0 && accepted <= drafted);
-    fprintf(stderr, "k=%d: %d drafted, %d accepted\n", k, drafted, accepted);
+    memset(g.gl, 0, sizeof(g.gl));
+    TH_REQUIRE(wk_greedy_generate_spec(g.r.t, g.r.d, &g.r.pa, g.p, NP, &g.o, k, g.got, &g.ng,
+                                       &g.drafted, &g.accepted, g.err, sizeof(g.err)) == 0);
+    check_same_as_greedy(&g);
+    TH_CHECK(g.drafted > 0 && g.accepted >= 0 && g.accepted <= g.drafted);
+    fprintf(stderr, "k=%d: %d drafted, %d accepted\n", k, g.drafted, g.accepted);
   }
-  teardown(&r);
+  teardown(&g.r);
 }
 
 /* An oracle proposer that knows the greedy answer and proposes a varying
@@ -284,29 +309,18 @@ static int oracle_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t t
 }
 
 TH_TEST(speculative_acceptance_paths) {
-  struct rig r;
-  TH_REQUIRE(setup(&r, 1) == 0);
-  int32_t p[NP];
-  lcg_prompt(p, 78);
-  enum { N = 30 };
-  int32_t want[N], got[N];
-  static float wl[N * 512], gl[N * 512];
-  int nw, ng, drafted, accepted;
-  char err[256];
-  struct wk_greedy_opts o = {.max_new = N, .logits = wl};
-  TH_REQUIRE(wk_greedy_generate(r.t, &r.pa, p, NP, &o, want, &nw, err, sizeof(err)) == 0);
+  static struct greedy_run g;
+  greedy_run_init(&g, 78, 30, 0);
   for (int k = 1; k <= 5; k++) {
-    struct oracle orc = {want, N, 0};
-    o.logits = gl;
-    TH_REQUIRE(wk_greedy_generate_spec_fn(r.t, &r.pa, p, NP, &o, k, oracle_propose, &orc, got, &ng,
-                                          &drafted, &accepted, err, sizeof(err)) == 0);
-    TH_CHECK_EQ_INT(ng, N);
-    TH_CHECK(!memcmp(want, got, sizeof(want)));
-    TH_CHECK(!memcmp(wl, gl, sizeof(wl)));
-    TH_CHECK(accepted > 0 && accepted < drafted);
-    fprintf(stderr, "oracle k=%d: %d drafted, %d accepted, %d rounds\n", k, drafted, accepted,
+    struct oracle orc = {g.want, g.n, 0};
+    TH_REQUIRE(wk_greedy_generate_spec_fn(g.r.t, &g.r.pa, g.p, NP, &g.o, k, oracle_propose, &orc,
+                                          g.got, &g.ng, &g.drafted, &g.accepted, g.err,
+                                          sizeof(g.err)) == 0);
+    check_same_as_greedy(&g);
+    TH_CHECK(g.accepted > 0 && g.accepted < g.drafted);
+    fprintf(stderr, "oracle k=%d: %d drafted, %d accepted, %d rounds\n", k, g.drafted, g.accepted,
             orc.calls);
   }
-  TH_CHECK_EQ_INT(r.pa.n_free, r.pa.n_pages - (r.blk[0].n[0] + r.blk[0].n[1]) * 2);
-  teardown(&r);
+  TH_CHECK_EQ_INT(g.r.pa.n_free, g.r.pa.n_pages - (g.r.blk[0].n[0] + g.r.blk[0].n[1]) * 2);
+  teardown(&g.r);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "kernels/cpu/kn-cpu-sample.h"
 #include "tests/harness/th.h"
 #include "worker/wk-tp-sample.h"
@@ -18,10 +19,7 @@ enum { V = 3072, MAXW = 4 };
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double unif(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+  return (double)(cm_xorshift64(&rng) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 /* logits with a few strong tokens over noise; spread scales the noise */

@@ -100,7 +100,8 @@ static void build_prompt(struct fx *f, int boi, int eoi) {
 /* window: the text model's sliding window (0: the generated model's 64). */
 static void setup(struct fx *f, int window, int need_python) {
   memset(f, 0, sizeof(*f));
-  f->python = need_python ? wkt_require_numpy("the image prompt's logits", "gemma3_mm_ref.py") : NULL;
+  f->python =
+      need_python ? th_require_numpy("the image prompt's logits", "gemma3_mm_ref.py") : NULL;
   TH_REQUIRE(wkt_tmpdir(f->dir, sizeof(f->dir)) == 0);
   struct wk_tiny_spec s;
   struct wk_tiny_opts o = {

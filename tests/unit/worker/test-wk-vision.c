@@ -275,7 +275,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
 }
 
 TH_TEST(vision_encoder_matches_numpy_reference) {
-  const char *python = wkt_require_numpy("the vision encoder", "siglip_ref.py");
+  const char *python = th_require_numpy("the vision encoder", "siglip_ref.py");
   check_against_reference(python, WK_ST_F32);
   check_against_reference(python, WK_ST_BF16);
 }

@@ -13,6 +13,7 @@
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 #include "worker/wk-model.h"
 #include "worker/wk-safetensors.h"
@@ -126,25 +127,9 @@ static inline int wkt_read_f32(const char *path, float *a, size_t n) {
   return r == n && !extra ? 0 : -1;
 }
 
-/* A python3 with numpy (LMSERVE_PYTHON, the one on PATH, else Debian's
- * /usr/bin/python3: a PATH may put another interpreter first), or a skip that
- * says what is missing and that `what` was not checked against `script`. */
+/* th_require_numpy under the name the worker tests knew it by first. */
 static inline const char *wkt_require_numpy(const char *what, const char *script) {
-  const char *env = getenv("LMSERVE_PYTHON");
-  const char *cands[] = {env && *env ? env : "python3", "/usr/bin/python3"};
-  int found = 0;
-  for (size_t i = 0; i < CM_ARRAY_LEN(cands); i++) {
-    char out[512];
-    char *argv[] = {(char *)cands[i], "-c", "import numpy", NULL};
-    int rc = cm_run_capture(argv, out, sizeof(out));
-    if (rc == 0) return cands[i];
-    if (rc != CM_ERR_NOENT) found = 1;
-  }
-  char why[512];
-  snprintf(why, sizeof(why), "%s: %s is not checked against tests/reference/%s (install %s: "
-           "tools/setup)", found ? "NO NUMPY" : "NO PYTHON3", what, script,
-           found ? "python3-numpy" : "python3 and python3-numpy");
-  TH_SKIP(why);
+  return th_require_numpy(what, script);
 }
 
 #endif
