@@ -72,7 +72,8 @@ struct kn_backend_ops {
   int (*matmul_n)(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
                   const struct kn_mm_part *parts, int n_parts);
   int (*matmul_glu)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                    const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K);
+                    const void *wg, const float *sg, const void *wu, const float *su,
+                    enum kn_dtype wdt, int T, int N, int K);
   int (*argmax)(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld, int T,
                 int V);
   int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits, ptrdiff_t ld,
@@ -164,8 +165,8 @@ int kn__seq_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, in
 int kn__seq_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt,
                      int T, int K, const struct kn_mm_part *parts, int n_parts);
 int kn__seq_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
-                       ptrdiff_t ldi, const void *wg, const void *wu, enum kn_dtype wdt, int T,
-                       int N, int K, float *scratch);
+                       ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                       const float *su, enum kn_dtype wdt, int T, int N, int K, float *scratch);
 
 /* The fused ops, as bits of kn_fused_check's answer. */
 enum {

@@ -263,9 +263,9 @@ static void check_matmul_glu(struct chk *c, int T, int N, int K, enum kn_dtype w
     chk_fail(c, KN_FUSED_MATMUL_GLU, "%s: no memory for the check", "matmul_glu");
     return;
   }
-  int rc = c->be->ops->matmul_glu(c->be->ctx, o1, N, in, K, wg, wu, wdt, T, N, K);
+  int rc = c->be->ops->matmul_glu(c->be->ctx, o1, N, in, K, wg, NULL, wu, NULL, wdt, T, N, K);
   if (rc == CM_ERR_UNSUPPORTED) return;
-  if (!rc) rc = kn__seq_matmul_glu(c->be, o2, N, in, K, wg, wu, wdt, T, N, K, scratch);
+  if (!rc) rc = kn__seq_matmul_glu(c->be, o2, N, in, K, wg, NULL, wu, NULL, wdt, T, N, K, scratch);
   if (rc) {
     chk_fail(c, KN_FUSED_MATMUL_GLU, "%s failed: error %d", "matmul_glu", rc);
     return;

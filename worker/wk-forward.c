@@ -292,7 +292,8 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_read
 
   /* MLP (+ MoE) */
   if (same_kind(&w->w_gate, &w->w_up)) {
-    K(kn_matmul_glu(be, m->gate, F, m->h, H, w->w_gate.p, w->w_up.p, w->w_gate.dt, T, F, H, m->up));
+    K(kn_matmul_glu(be, m->gate, F, m->h, H, w->w_gate.p, NULL, w->w_up.p, NULL, w->w_gate.dt, T, F,
+                    H, m->up));
   } else {
     K(wk_linear(m, m->gate, F, m->h, H, &w->w_gate, T));
     K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));

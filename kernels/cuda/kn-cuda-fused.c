@@ -97,7 +97,8 @@ int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype
 }
 
 int kn_cuda_op_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                          const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K) {
+                          const void *wg, const float *sg, const void *wu, const float *su,
+                          enum kn_dtype wdt, int T, int N, int K) {
   struct kn_cuda_ctx *c = ctx;
   if ((c->fused_off & KN_FUSED_MATMUL_GLU) || !gemv_ok(c, in, ldi, wg, wdt, T, K) ||
       !gemv_ok(c, in, ldi, wu, wdt, T, K))

@@ -377,7 +377,8 @@ int kn_cuda_op_qkv_prep(void *ctx, const struct kn_qkv_prep_args *p, int T);
 int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
                         const struct kn_mm_part *parts, int n_parts);
 int kn_cuda_op_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                          const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K);
+                          const void *wg, const float *sg, const void *wu, const float *su,
+                          enum kn_dtype wdt, int T, int N, int K);
 /* Checks the fused kernels of a new backend against the unfused sequences
  * (kn_fused_check) and turns off what differs, saying so; an error only when
  * the check broke the device context. */

@@ -83,8 +83,10 @@ TH_TEST(cuda_matmul_n_and_glu_match_cpu) {
       float *scratch_c = malloc(sizeof(float) * T * N),
             *scratch_g = kn_alloc(e.gpu, sizeof(float) * T * N);
       TH_REQUIRE(scratch_c && scratch_g);
-      TH_REQUIRE(kn_matmul_glu(e.cpu, g.ref, N, in, K, wg, wu, dt, T, N, K, scratch_c) == 0);
-      TH_REQUIRE(kn_matmul_glu(e.gpu, g.dev, N, ind, K, wgd, wud, dt, T, N, K, scratch_g) == 0);
+      TH_REQUIRE(
+          kn_matmul_glu(e.cpu, g.ref, N, in, K, wg, NULL, wu, NULL, dt, T, N, K, scratch_c) == 0);
+      TH_REQUIRE(kn_matmul_glu(e.gpu, g.dev, N, ind, K, wgd, NULL, wud, NULL, dt, T, N, K,
+                               scratch_g) == 0);
       double tol = dt == KN_DTYPE_F32 ? 1e-9 : 3e-5;
       ct_out_check(&e, &a, T, N, N, tol, "matmul_n gate %s T=%d", kn_dtype_name(dt), T);
       ct_out_check(&e, &b, T, N, N, tol, "matmul_n up %s T=%d", kn_dtype_name(dt), T);
