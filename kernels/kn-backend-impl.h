@@ -174,11 +174,14 @@ enum {
   KN_FUSED_QKV_PREP = 1u << 1,
   KN_FUSED_MATMUL_N = 1u << 2,
   KN_FUSED_MATMUL_GLU = 1u << 3,
+  KN_FUSED_MATMUL_N_FP8 = 1u << 4, /* the two matmul ops over FP8 weights, checked apart */
+  KN_FUSED_MATMUL_GLU_FP8 = 1u << 5,
 };
 
 /* Each fused op be has (ops->add_norm, ...) against its unfused sequence on be
  * itself, over small random problems (kn-fused-check.c: odd sizes, the norm
- * modes, scales, weight and KV dtypes, layers with and without K/V). Returns
+ * modes, scales, weight and KV dtypes, FP8 weights where be has
+ * kn_matmul_fp8, layers with and without K/V). Returns
  * the KN_FUSED_* bits of the ops that differ by more than tol (the largest
  * difference over the largest magnitude of the sequence's result; 0: the same
  * bits) or whose call failed, and names the first in why[whylen]. A backend

@@ -416,6 +416,33 @@ static int wrong_add_norm(void *ctx, float *x, ptrdiff_t ldx, float *o, ptrdiff_
   return rc;
 }
 
+/* The sequences as fused ops of the alias backend g_alias, but one output
+ * one ulp off for FP8 weights: the check must find the FP8 variants wrong
+ * and them only. */
+static struct kn_backend *g_alias;
+static int fp8_wrong_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T,
+                              int K, const struct kn_mm_part *parts, int n_parts) {
+  (void)ctx;
+  int rc = kn__seq_matmul_n(g_alias, in, ldi, wdt, T, K, parts, n_parts);
+  if (!rc && wdt == KN_DTYPE_F8E4M3) {
+    float *o = parts[0].out + (T - 1) * parts[0].ldo + parts[0].N - 1;
+    *o = nextafterf(*o, INFINITY);
+  }
+  return rc;
+}
+
+static int fp8_wrong_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in,
+                                ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                                const float *su, enum kn_dtype wdt, int T, int N, int K) {
+  (void)ctx;
+  float *scratch = malloc(sizeof(float) * (size_t)T * (size_t)N);
+  if (!scratch) return CM_ERR_NOMEM;
+  int rc = kn__seq_matmul_glu(g_alias, out, ldo, in, ldi, wg, sg, wu, su, wdt, T, N, K, scratch);
+  free(scratch);
+  if (!rc && wdt == KN_DTYPE_F8E4M3) out[0] = nextafterf(out[0], INFINITY);
+  return rc;
+}
+
 TH_TEST(fused_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   struct kn_backend *be[3];
   int n = backends(be);
@@ -436,6 +463,18 @@ TH_TEST(fused_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why), KN_FUSED_ADD_NORM);
   TH_CHECK(strstr(why, "add_norm") != NULL);
   TH_CHECK_EQ_INT(kn_fused_check(&alias, 1e-3, why, sizeof why), 0); /* one ulp is within 1e-3 */
+  /* fused matmuls that are the sequence but for FP8 weights */
+  ops.add_norm = g_cpu_ops->add_norm;
+  ops.matmul_n = fp8_wrong_matmul_n;
+  g_alias = &alias;
+  TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why), KN_FUSED_MATMUL_N_FP8);
+  TH_CHECK(strstr(why, "matmul_n fp8") != NULL);
+  ops.matmul_glu = fp8_wrong_matmul_glu;
+  TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why),
+                  KN_FUSED_MATMUL_N_FP8 | KN_FUSED_MATMUL_GLU_FP8);
+  ops.matmul_n = NULL;
+  TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why), KN_FUSED_MATMUL_GLU_FP8);
+  TH_CHECK(strstr(why, "matmul_glu fp8") != NULL);
   for (int b = 0; b < n; b++)
     kn_backend_destroy(be[b]);
 }
