@@ -72,7 +72,8 @@ struct kn_backend_ops {
   int (*matmul_n)(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
                   const struct kn_mm_part *parts, int n_parts);
   int (*matmul_glu)(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                    const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K);
+                    const void *wg, const float *sg, const void *wu, const float *su,
+                    enum kn_dtype wdt, int T, int N, int K);
   int (*argmax)(void *ctx, int32_t *ids, float *max_out, const float *logits, ptrdiff_t ld, int T,
                 int V);
   int (*router_topk)(void *ctx, int32_t *ids, float *weights, const float *logits, ptrdiff_t ld,
@@ -164,8 +165,8 @@ int kn__seq_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, in
 int kn__seq_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt,
                      int T, int K, const struct kn_mm_part *parts, int n_parts);
 int kn__seq_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
-                       ptrdiff_t ldi, const void *wg, const void *wu, enum kn_dtype wdt, int T,
-                       int N, int K, float *scratch);
+                       ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                       const float *su, enum kn_dtype wdt, int T, int N, int K, float *scratch);
 
 /* The fused ops, as bits of kn_fused_check's answer. */
 enum {
@@ -173,11 +174,14 @@ enum {
   KN_FUSED_QKV_PREP = 1u << 1,
   KN_FUSED_MATMUL_N = 1u << 2,
   KN_FUSED_MATMUL_GLU = 1u << 3,
+  KN_FUSED_MATMUL_N_FP8 = 1u << 4, /* the two matmul ops over FP8 weights, checked apart */
+  KN_FUSED_MATMUL_GLU_FP8 = 1u << 5,
 };
 
 /* Each fused op be has (ops->add_norm, ...) against its unfused sequence on be
  * itself, over small random problems (kn-fused-check.c: odd sizes, the norm
- * modes, scales, weight and KV dtypes, layers with and without K/V). Returns
+ * modes, scales, weight and KV dtypes, FP8 weights where be has
+ * kn_matmul_fp8, layers with and without K/V). Returns
  * the KN_FUSED_* bits of the ops that differ by more than tol (the largest
  * difference over the largest magnitude of the sequence's result; 0: the same
  * bits) or whose call failed, and names the first in why[whylen]. A backend

@@ -306,27 +306,36 @@ int kn_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, int T);
 struct kn_mm_part {
   float *out;
   ptrdiff_t ldo;
-  const void *w;
+  const void *w; /* [N, K] of the op's wdt (e4m3 codes for KN_DTYPE_F8E4M3) */
   int N;
+  const float *scale; /* [N] f32 backend memory: the per-feature scales of FP8
+                         weights (wdt KN_DTYPE_F8E4M3, required), else NULL */
 };
 #define KN_MM_MAX_PARTS 4
 
 /* Several matmuls of one input (Q, K and V of a layer): each part as
  * kn_matmul(be, part.out, part.ldo, in, ldi, part.w, wdt, T, part.N, K, 0),
+ * or for FP8 weights (wdt KN_DTYPE_F8E4M3) as
+ * kn_matmul_fp8(be, part.out, part.ldo, in, ldi, part.w, part.scale, T, part.N, K, 0),
  * the same per-element arithmetic, in one launch where the backend can.
- * 1 <= n_parts <= KN_MM_MAX_PARTS; outputs must not overlap each other or in. */
+ * 1 <= n_parts <= KN_MM_MAX_PARTS; outputs must not overlap each other or in.
+ * A part's scale missing for FP8, or given for another wdt: CM_ERR_INVAL. */
 int kn_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T,
                 int K, const struct kn_mm_part *parts, int n_parts);
 
 /* The gated MLP's first half: out[T, N] = gelu_tanh(in · Wg^T) * (in · Wu^T)
  * for Wg, Wu [N, K] of dtype wdt (kn_matmul of each, then kn_gelu_mul): a
  * backend may multiply the gate and up rows together and apply the GELU as
- * the epilogue. scratch: [T, N] backend memory (stride N) for a backend that
- * runs the sequence (left undefined), NULL when the caller knows it is not
- * needed (kn_matmul_glu then answers CM_ERR_INVAL if it is). */
+ * the epilogue. FP8 weights (wdt KN_DTYPE_F8E4M3): Wg, Wu e4m3 codes with
+ * their per-feature scales sg, su ([N] f32 backend memory), each matmul
+ * kn_matmul_fp8; sg and su must be NULL for any other wdt (CM_ERR_INVAL
+ * otherwise, and when FP8 lacks one). scratch: [T, N] backend memory (stride
+ * N) for a backend that runs the sequence (left undefined), NULL when the
+ * caller knows it is not needed (kn_matmul_glu then answers CM_ERR_INVAL if
+ * it is). */
 int kn_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                  const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K,
-                  float *scratch);
+                  const void *wg, const float *sg, const void *wu, const float *su,
+                  enum kn_dtype wdt, int T, int N, int K, float *scratch);
 
 /* ---- vision encoder ops (SigLIP) ----------------------------------------- */
 

@@ -225,52 +225,67 @@ static void check_qkv_prep(struct chk *c, int T, int nh, int kvh, int D, enum kn
     chk_same(c, KN_FUSED_QKV_PREP, "qkv_prep pages", w2, w1, ne);
 }
 
+/* Weights of dtype wdt for the matmul checks, and for FP8 their scales (else NULL). */
+static void *chk_weights(struct chk *c, enum kn_dtype wdt, int N, int K, float **scale) {
+  int fp8 = wdt == KN_DTYPE_F8E4M3; /* codes over most of e4m3's range */
+  *scale = fp8 ? chk_up(c, KN_DTYPE_F32, (size_t)N, 2e-3f) : NULL;
+  void *w = chk_up(c, wdt, (size_t)N * K, fp8 ? 300.0f : 0.5f);
+  return fp8 && !*scale ? NULL : w;
+}
+
 static void check_matmul_n(struct chk *c, int T, int K, enum kn_dtype wdt) {
   static const int Ns[3] = {72, 40, 40};
+  int fp8 = wdt == KN_DTYPE_F8E4M3;
+  unsigned op = fp8 ? KN_FUSED_MATMUL_N_FP8 : KN_FUSED_MATMUL_N;
+  const char *name = fp8 ? "matmul_n fp8" : "matmul_n";
   float *in = chk_up(c, KN_DTYPE_F32, (size_t)T * K, 1.0f);
   struct kn_mm_part p1[3], p2[3];
   int ok = in != NULL;
   for (int i = 0; i < 3 && ok; i++) {
-    void *w = chk_up(c, wdt, (size_t)Ns[i] * K, 0.5f);
+    float *sc;
+    void *w = chk_weights(c, wdt, Ns[i], K, &sc);
     float *o1 = chk_up(c, KN_DTYPE_F32, (size_t)T * Ns[i], 1.0f);
     float *o2 = o1 ? chk_dup(c, o1, sizeof(float) * (size_t)T * Ns[i]) : NULL;
     ok = w && o2;
-    p1[i] = (struct kn_mm_part){o1, Ns[i], w, Ns[i]};
-    p2[i] = (struct kn_mm_part){o2, Ns[i], w, Ns[i]};
+    p1[i] = (struct kn_mm_part){o1, Ns[i], w, Ns[i], sc};
+    p2[i] = (struct kn_mm_part){o2, Ns[i], w, Ns[i], sc};
   }
   if (!ok) {
-    chk_fail(c, KN_FUSED_MATMUL_N, "%s: no memory for the check", "matmul_n");
+    chk_fail(c, op, "%s: no memory for the check", name);
     return;
   }
   int rc = c->be->ops->matmul_n(c->be->ctx, in, K, wdt, T, K, p1, 3);
   if (rc == CM_ERR_UNSUPPORTED) return;
   if (!rc) rc = kn__seq_matmul_n(c->be, in, K, wdt, T, K, p2, 3);
   if (rc) {
-    chk_fail(c, KN_FUSED_MATMUL_N, "%s failed: error %d", "matmul_n", rc);
+    chk_fail(c, op, "%s failed: error %d", name, rc);
     return;
   }
   for (int i = 0; i < 3; i++)
-    chk_same(c, KN_FUSED_MATMUL_N, "matmul_n", p2[i].out, p1[i].out, (size_t)T * Ns[i]);
+    chk_same(c, op, name, p2[i].out, p1[i].out, (size_t)T * Ns[i]);
 }
 
 static void check_matmul_glu(struct chk *c, int T, int N, int K, enum kn_dtype wdt) {
-  float *in = chk_up(c, KN_DTYPE_F32, (size_t)T * K, 1.0f);
-  void *wg = chk_up(c, wdt, (size_t)N * K, 0.5f), *wu = chk_up(c, wdt, (size_t)N * K, 0.5f);
+  int fp8 = wdt == KN_DTYPE_F8E4M3;
+  unsigned op = fp8 ? KN_FUSED_MATMUL_GLU_FP8 : KN_FUSED_MATMUL_GLU;
+  const char *name = fp8 ? "matmul_glu fp8" : "matmul_glu";
+  float *in = chk_up(c, KN_DTYPE_F32, (size_t)T * K, 1.0f), *sg, *su;
+  void *wg = chk_weights(c, wdt, N, K, &sg), *wu = chk_weights(c, wdt, N, K, &su);
   float *o1 = chk_up(c, KN_DTYPE_F32, (size_t)T * N, 1.0f);
   float *o2 = o1 ? chk_dup(c, o1, sizeof(float) * (size_t)T * N) : NULL;
   float *scratch = chk_up(c, KN_DTYPE_F32, (size_t)T * N, 1.0f);
   if (!in || !wg || !wu || !o2 || !scratch) {
-    chk_fail(c, KN_FUSED_MATMUL_GLU, "%s: no memory for the check", "matmul_glu");
+    chk_fail(c, op, "%s: no memory for the check", name);
     return;
   }
-  int rc = c->be->ops->matmul_glu(c->be->ctx, o1, N, in, K, wg, wu, wdt, T, N, K);
+  int rc = c->be->ops->matmul_glu(c->be->ctx, o1, N, in, K, wg, sg, wu, su, wdt, T, N, K);
   if (rc == CM_ERR_UNSUPPORTED) return;
-  if (!rc) rc = kn__seq_matmul_glu(c->be, o2, N, in, K, wg, wu, wdt, T, N, K, scratch);
+  if (!rc) rc = kn__seq_matmul_glu(c->be, o2, N, in, K, wg, sg, wu, su, wdt, T, N, K, scratch);
   if (rc) {
-    chk_fail(c, KN_FUSED_MATMUL_GLU, "%s failed: error %d", "matmul_glu", rc);
+    chk_fail(c, op, "%s failed: error %d", name, rc);
     return;
   }
-  chk_same(c, KN_FUSED_MATMUL_GLU, "matmul_glu", o2, o1, (size_t)T * N);
+  chk_same(c, op, name, o2, o1, (size_t)T * N);
 }
 
 unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t whylen) {
@@ -306,6 +321,15 @@ unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t why
       check_matmul_glu(&c, i == 0 ? 1 : i == 1 ? 3 : 8, 96, 128, wdts[i]);
       chk_free_all(&c);
     }
+  if (ops->matmul_fp8) { /* FP8 weights: K a multiple of 16, T past one launch's 8 rows */
+    static const int ts[] = {1, 3, 8, 21};
+    for (int i = 0; i < 4; i++) {
+      if (ops->matmul_n) check_matmul_n(&c, ts[i], i & 1 ? 176 : 128, KN_DTYPE_F8E4M3);
+      chk_free_all(&c);
+      if (ops->matmul_glu) check_matmul_glu(&c, ts[i], i & 1 ? 37 : 96, 128, KN_DTYPE_F8E4M3);
+      chk_free_all(&c);
+    }
+  }
   chk_free_all(&c);
   return c.bad;
 }

@@ -141,17 +141,37 @@ int kn__seq_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, in
 
 /* ---- matmuls of one input ------------------------------------------------------ */
 
+/* The weight types the matmul ops take: the element types (kn_matmul) and
+ * FP8 codes with per-feature scales (kn_matmul_fp8). */
+static int mm_dtype_ok(enum kn_dtype wdt) {
+  return kn__valid_weight_dtype(wdt) || wdt == KN_DTYPE_F8E4M3;
+}
+
+/* A matmul's scale as its weight type wants it: present for FP8, else absent. */
+static int mm_scale_ok(enum kn_dtype wdt, const float *scale) {
+  return (wdt == KN_DTYPE_F8E4M3) == (scale != NULL);
+}
+
+/* One part of the sequence: kn_matmul, or kn_matmul_fp8 for FP8 weights. */
+static int mm_one(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                  const void *w, const float *scale, enum kn_dtype wdt, int T, int N, int K) {
+  if (wdt == KN_DTYPE_F8E4M3) return kn_matmul_fp8(be, out, ldo, in, ldi, w, scale, T, N, K, 0);
+  return kn_matmul(be, out, ldo, in, ldi, w, wdt, T, N, K, 0);
+}
+
 int kn_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T,
                 int K, const struct kn_mm_part *parts, int n_parts) {
   if (!be || T < 0 || K < 0 || !parts || n_parts < 1 || n_parts > KN_MM_MAX_PARTS)
     return CM_ERR_INVAL;
-  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!mm_dtype_ok(wdt)) return CM_ERR_UNSUPPORTED;
   if (T == 0) return 0;
   if (K > 0 && (!in || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
-  for (int i = 0; i < n_parts; i++)
-    if (parts[i].N < 0 || (parts[i].N > 0 && (!parts[i].out || (K > 0 && !parts[i].w) ||
-                                              !kn__valid_ld(parts[i].ldo, T, parts[i].N))))
+  for (int i = 0; i < n_parts; i++) {
+    const struct kn_mm_part *p = &parts[i];
+    if (p->N < 0 || (p->N > 0 && (!p->out || (K > 0 && !p->w) || !kn__valid_ld(p->ldo, T, p->N))))
       return CM_ERR_INVAL;
+    if (wdt != KN_DTYPE_F8E4M3 ? p->scale != NULL : p->N > 0 && !p->scale) return CM_ERR_INVAL;
+  }
   int rc = CM_ERR_UNSUPPORTED;
   if (be->ops->matmul_n && K > 0 && kn_fused_enabled())
     rc = KN_CALL(matmul_n, in, ldi, wdt, T, K, parts, n_parts);
@@ -163,31 +183,33 @@ int kn__seq_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum
                      int T, int K, const struct kn_mm_part *parts, int n_parts) {
   int rc = 0;
   for (int i = 0; i < n_parts && !rc; i++)
-    rc = kn_matmul(be, parts[i].out, parts[i].ldo, in, ldi, parts[i].w, wdt, T, parts[i].N, K, 0);
+    rc = mm_one(be, parts[i].out, parts[i].ldo, in, ldi, parts[i].w, parts[i].scale, wdt, T,
+                parts[i].N, K);
   return rc;
 }
 
 int kn_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                  const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K,
-                  float *scratch) {
+                  const void *wg, const float *sg, const void *wu, const float *su,
+                  enum kn_dtype wdt, int T, int N, int K, float *scratch) {
   if (!be || T < 0 || N < 0 || K < 0) return CM_ERR_INVAL;
-  if (!kn__valid_weight_dtype(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!mm_dtype_ok(wdt)) return CM_ERR_UNSUPPORTED;
   if (T == 0 || N == 0) return 0;
   if (!out || !kn__valid_ld(ldo, T, N)) return CM_ERR_INVAL;
   if (K > 0 && (!in || !wg || !wu || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
+  if (!mm_scale_ok(wdt, sg) || !mm_scale_ok(wdt, su)) return CM_ERR_INVAL;
   if (be->ops->matmul_glu && K > 0 && kn_fused_enabled()) {
-    int err = KN_CALL(matmul_glu, out, ldo, in, ldi, wg, wu, wdt, T, N, K);
+    int err = KN_CALL(matmul_glu, out, ldo, in, ldi, wg, sg, wu, su, wdt, T, N, K);
     if (err != CM_ERR_UNSUPPORTED) return err;
   }
   if (!scratch) return CM_ERR_INVAL;
-  return kn__seq_matmul_glu(be, out, ldo, in, ldi, wg, wu, wdt, T, N, K, scratch);
+  return kn__seq_matmul_glu(be, out, ldo, in, ldi, wg, sg, wu, su, wdt, T, N, K, scratch);
 }
 
 int kn__seq_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in,
-                       ptrdiff_t ldi, const void *wg, const void *wu, enum kn_dtype wdt, int T,
-                       int N, int K, float *scratch) {
-  int rc = kn_matmul(be, out, ldo, in, ldi, wg, wdt, T, N, K, 0);
-  if (!rc) rc = kn_matmul(be, scratch, N, in, ldi, wu, wdt, T, N, K, 0);
+                       ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                       const float *su, enum kn_dtype wdt, int T, int N, int K, float *scratch) {
+  int rc = mm_one(be, out, ldo, in, ldi, wg, sg, wdt, T, N, K);
+  if (!rc) rc = mm_one(be, scratch, N, in, ldi, wu, su, wdt, T, N, K);
   if (!rc) rc = kn_gelu_mul(be, out, ldo, out, ldo, scratch, N, T, N);
   return rc;
 }

@@ -209,11 +209,11 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
 }
 
 /* Whether a layer's Q, K and V (gate and up) can go through one kn_matmul_n
- * (kn_matmul_glu): the same dtype and input width, neither FP8 (whose
- * per-feature scales those ops do not take: kn_matmul_fp8 each) nor a block
- * format (kn_matmul each). */
+ * (kn_matmul_glu): the same dtype and input width, an element type or FP8
+ * (with each weight's per-feature scales), not a block format (kn_matmul
+ * each). */
 static int same_kind(const struct wk_w *a, const struct wk_w *b) {
-  return a->dt == b->dt && a->cols == b->cols && a->dt != KN_DTYPE_F8E4M3 && !kn_block_elems(a->dt);
+  return a->dt == b->dt && a->cols == b->cols && !kn_block_elems(a->dt);
 }
 
 /* q = h Wq, and on a layer that stores K/V, k = h Wk and v = h Wv (or the raw k
@@ -227,9 +227,9 @@ static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const str
   }
   int with_v = !l->k_eq_v;
   if (same_kind(&w->wq, &w->wk) && (!with_v || same_kind(&w->wq, &w->wv))) {
-    struct kn_mm_part parts[3] = {{m->q, qd, w->wq.p, w->wq.rows},
-                                  {m->k, kvd, w->wk.p, w->wk.rows},
-                                  {m->v, kvd, with_v ? w->wv.p : NULL, w->wv.rows}};
+    struct kn_mm_part parts[3] = {{m->q, qd, w->wq.p, w->wq.rows, w->wq.scale},
+                                  {m->k, kvd, w->wk.p, w->wk.rows, w->wk.scale},
+                                  {m->v, kvd, with_v ? w->wv.p : NULL, w->wv.rows, w->wv.scale}};
     K(kn_matmul_n(m->be, m->h, H, w->wq.dt, T, H, parts, 2 + with_v));
   } else {
     K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
@@ -292,7 +292,8 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_read
 
   /* MLP (+ MoE) */
   if (same_kind(&w->w_gate, &w->w_up)) {
-    K(kn_matmul_glu(be, m->gate, F, m->h, H, w->w_gate.p, w->w_up.p, w->w_gate.dt, T, F, H, m->up));
+    K(kn_matmul_glu(be, m->gate, F, m->h, H, w->w_gate.p, w->w_gate.scale, w->w_up.p, w->w_up.scale,
+                    w->w_gate.dt, T, F, H, m->up));
   } else {
     K(wk_linear(m, m->gate, F, m->h, H, &w->w_gate, T));
     K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));

@@ -1,8 +1,8 @@
 /* kn-cuda-dev.cuh — device helpers shared by the .cu files: element loads
  * and stores per dtype, warp and block reductions (and the block's best
  * candidate), GELU-tanh, grid sizing and row-sliced launches, and the
- * few-rows matmul's dot product. Included only by nvcc; everything here is
- * static / inline (no symbols exported). */
+ * few-rows matmuls' dot products (bf16 / f16 and e4m3 weights). Included
+ * only by nvcc; everything here is static / inline (no symbols exported). */
 #ifndef LMSERVE_KN_CUDA_DEV_CUH
 #define LMSERVE_KN_CUDA_DEV_CUH
 #include <stdint.h>
@@ -178,7 +178,7 @@ __device__ __forceinline__ float round_to(float x, const __half *) {
  * type (nearest even) as the narrowing before cuBLAS does, exact f32 products,
  * f32 sums in this order. K % 8 == 0; wrow, in and every input row 16-byte
  * aligned. The few-rows matmuls (kn-cuda-gemv.cu, kn-cuda-fused.cu) share it,
- * so they agree bit for bit. */
+ * so they agree bit for bit; e4m3 weights have their own overload below. */
 template <typename W, int TT>
 __device__ __forceinline__ void kn_gemv_dot(float (&acc)[TT], const W *wrow, const float *in,
                                             ptrdiff_t ldi, int K, int lane) {
@@ -201,6 +201,57 @@ __device__ __forceinline__ void kn_gemv_dot(float (&acc)[TT], const W *wrow, con
       s = fmaf(round_to(b.y, tag), w45.y, s);
       s = fmaf(round_to(b.z, tag), w67.x, s);
       s = fmaf(round_to(b.w, tag), w67.y, s);
+      acc[t] = s;
+    }
+  }
+}
+
+/* e4m3 code c widened (exact: every e4m3 value is a half). */
+__device__ __forceinline__ float e4m3_value(unsigned c) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+/* The four codes of a 32-bit word, widened. */
+__device__ __forceinline__ void widen4(unsigned u, float *w) {
+  w[0] = e4m3_value(u & 0xffu);
+  w[1] = e4m3_value((u >> 8) & 0xffu);
+  w[2] = e4m3_value((u >> 16) & 0xffu);
+  w[3] = e4m3_value(u >> 24);
+}
+
+/* kn_gemv_dot for a row of e4m3 codes (kn_matmul_fp8's definition without
+ * its scale): 16-byte vectors of 16 codes, each widened exactly, each input
+ * rounded to bf16 (nearest even), exact f32 products, f32 sums in this order.
+ * K % 16 == 0; wrow, in and every input row 16-byte aligned. The FP8 few-rows
+ * kernel (kn-cuda-fp8.cu) and the fused ones over FP8 weights
+ * (kn-cuda-fused.cu) share it and apply the scale to the warp's sum, so they
+ * agree bit for bit. Called with the template arguments deduced, overload
+ * resolution picks it over the generic one for __nv_fp8_e4m3 rows. */
+template <int TT>
+__device__ __forceinline__ void kn_gemv_dot(float (&acc)[TT], const __nv_fp8_e4m3 *wrow,
+                                            const float *in, ptrdiff_t ldi, int K, int lane) {
+  const uint4 *wr = reinterpret_cast<const uint4 *>(wrow);
+  const __nv_bfloat16 *tag = nullptr;
+  for (int v = lane; v < K / 16; v += 32) {
+    uint4 q = wr[v];
+    float wv[16];
+    widen4(q.x, wv);
+    widen4(q.y, wv + 4);
+    widen4(q.z, wv + 8);
+    widen4(q.w, wv + 12);
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      const float4 *x = reinterpret_cast<const float4 *>(in + (ptrdiff_t)t * ldi) + 4 * v;
+      float s = acc[t];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        float4 a = x[j];
+        s = fmaf(round_to(a.x, tag), wv[4 * j], s);
+        s = fmaf(round_to(a.y, tag), wv[4 * j + 1], s);
+        s = fmaf(round_to(a.z, tag), wv[4 * j + 2], s);
+        s = fmaf(round_to(a.w, tag), wv[4 * j + 3], s);
+      }
       acc[t] = s;
     }
   }

@@ -32,16 +32,10 @@
 #include "kernels/cuda/kn-cuda-impl.h"
 #include "kernels/kn-dtype.h"
 
-#define KN_CUDA_FP8_GEMV_T 32 /* rows the few-rows kernel takes, in launches of 8 */
-#define LT_WS              ((size_t)32 << 20)
+#define LT_WS ((size_t)32 << 20)
 
 static size_t al256(size_t n) {
   return (n + 255) & ~(size_t)255;
-}
-
-static int gemv_fits(const float *in, ptrdiff_t ldi, const void *w, int T, int K) {
-  return T >= 1 && T <= KN_CUDA_FP8_GEMV_T && K % 16 == 0 && (uintptr_t)in % 16 == 0 &&
-         (uintptr_t)w % 16 == 0 && (T == 1 || ldi % 4 == 0);
 }
 
 /* cuBLASLt's FP8 GEMM wants 16-byte aligned operands and dimensions that are
@@ -134,7 +128,7 @@ int kn_cuda_op_matmul_fp8(void *ctx, float *out, ptrdiff_t ldo, const float *in,
     KN_CUDA_RUN(c, cudaMemset2DAsync(out, pitch, 0, width, (size_t)T, c->stream));
     return 0;
   }
-  if (c->fp8_gemv && gemv_fits(in, ldi, w, T, K))
+  if (c->fp8_gemv && kn_cuda_fp8_gemv_fits(in, ldi, w, T, K))
     return run_gemv(c, out, ldo, in, ldi, w, scale, T, N, K, accumulate);
   if (c->fp8_lt && lt_fits(w, T, N, K))
     return run_lt(c, out, ldo, in, ldi, w, scale, T, N, K, accumulate);

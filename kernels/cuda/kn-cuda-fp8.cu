@@ -7,26 +7,10 @@
  * FP8 GEMM); and their shared epilogue, which applies the scales. */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
-__device__ __forceinline__ float e4m3_value(unsigned c) {
-  __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3);
-  return __half2float(__half(h));
-}
-
-__device__ __forceinline__ float bf16_round(float x) {
-  return __bfloat162float(__float2bfloat16_rn(x));
-}
-
-/* The four codes of a 32-bit word, widened. */
-__device__ __forceinline__ void widen4(unsigned u, float *w) {
-  w[0] = e4m3_value(u & 0xffu);
-  w[1] = e4m3_value((u >> 8) & 0xffu);
-  w[2] = e4m3_value((u >> 16) & 0xffu);
-  w[3] = e4m3_value(u >> 24);
-}
-
 /* One warp per weight row n: out[t, n] (+)= scale[n] * sum_k bf16(in[t, k]) *
- * e4m3(w[n, k]) for t < TT. K % 16 == 0; w, in and every input row 16-byte
- * aligned. */
+ * e4m3(w[n, k]) for t < TT, the sum kn_gemv_dot's (kn-cuda-dev.cuh, shared
+ * with the fused kernels over FP8 weights). K % 16 == 0; w, in and every
+ * input row 16-byte aligned. */
 template <int TT>
 __global__ void gemv_fp8_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                                 const unsigned char *w, const float *scale, int N, int K,
@@ -34,29 +18,8 @@ __global__ void gemv_fp8_kernel(float *out, ptrdiff_t ldo, const float *in, ptrd
   int n = kn_warp_id(), lane = threadIdx.x & 31;
   if (n >= N) return;
   float acc[TT] = {};
-  const uint4 *wr = reinterpret_cast<const uint4 *>(w + (size_t)n * (size_t)K);
-  for (int v = lane; v < K / 16; v += 32) {
-    uint4 q = wr[v];
-    float wv[16];
-    widen4(q.x, wv);
-    widen4(q.y, wv + 4);
-    widen4(q.z, wv + 8);
-    widen4(q.w, wv + 12);
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-      const float4 *x = reinterpret_cast<const float4 *>(in + (ptrdiff_t)t * ldi) + 4 * v;
-      float s = acc[t];
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float4 a = x[j];
-        s = fmaf(bf16_round(a.x), wv[4 * j], s);
-        s = fmaf(bf16_round(a.y), wv[4 * j + 1], s);
-        s = fmaf(bf16_round(a.z), wv[4 * j + 2], s);
-        s = fmaf(bf16_round(a.w), wv[4 * j + 3], s);
-      }
-      acc[t] = s;
-    }
-  }
+  kn_gemv_dot(acc, reinterpret_cast<const __nv_fp8_e4m3 *>(w + (size_t)n * (size_t)K), in, ldi, K,
+              lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float s = kn_warp_sum(acc[t]);

@@ -2,8 +2,9 @@
  * (kn-cuda-fused.cu): stage the host arrays, launch, and decline
  * (CM_ERR_UNSUPPORTED: kn-fused.c then runs the unfused sequence) what the
  * kernels do not take — shapes past their limits, f32 weights for the
- * matmuls, more than KN_CUDA_GEMV_MAX_T rows, misaligned operands — and every
- * op whose check failed when the backend was made (ctx->fused_off). */
+ * matmuls, more than KN_CUDA_GEMV_MAX_T rows (KN_CUDA_FP8_GEMV_T for FP8
+ * weights), misaligned operands — and every op whose check failed when the
+ * backend was made (ctx->fused_off). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,16 +68,27 @@ int kn_cuda_op_qkv_prep(void *ctx, const struct kn_qkv_prep_args *p, int T) {
   return 0;
 }
 
-/* Whether the few-rows kernel takes w (and the call's input). */
+/* Whether the few-rows kernels take w (and the call's input): bf16 / f16
+ * weights for T <= KN_CUDA_GEMV_MAX_T (kn_cuda_gemv_fits); e4m3 codes for T <=
+ * KN_CUDA_FP8_GEMV_T (kn_cuda_fp8_gemv_fits, in launches of
+ * KN_CUDA_GEMV_MAX_T rows as kn_matmul_fp8 runs them) where kn-cuda-fp8.c's
+ * few-rows kernel, whose dot product the fused ones share, passed its check. */
 static int gemv_ok(const struct kn_cuda_ctx *c, const float *in, ptrdiff_t ldi, const void *w,
                    enum kn_dtype wdt, int T, int K) {
+  if (wdt == KN_DTYPE_F8E4M3) return c->fp8_gemv && kn_cuda_fp8_gemv_fits(in, ldi, w, T, K);
   return c->gemv && kn_cuda_gemv_fits(in, ldi, w, wdt, T, K);
+}
+
+/* Rows in the launch that starts at row t0 of T. */
+static int launch_rows(int T, int t0) {
+  return T - t0 < KN_CUDA_GEMV_MAX_T ? T - t0 : KN_CUDA_GEMV_MAX_T;
 }
 
 int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
                         const struct kn_mm_part *parts, int n_parts) {
   struct kn_cuda_ctx *c = ctx;
-  if (c->fused_off & KN_FUSED_MATMUL_N) return CM_ERR_UNSUPPORTED;
+  if (c->fused_off & (wdt == KN_DTYPE_F8E4M3 ? KN_FUSED_MATMUL_N_FP8 : KN_FUSED_MATMUL_N))
+    return CM_ERR_UNSUPPORTED;
   struct kn_cuda_gemv_parts g;
   memset(&g, 0, sizeof(g));
   for (int i = 0; i < n_parts; i++) {
@@ -85,6 +97,7 @@ int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype
     g.out[i] = parts[i].out;
     g.ldo[i] = parts[i].ldo;
     g.w[i] = parts[i].w;
+    g.scale[i] = parts[i].scale; /* NULL but for FP8 (kn_matmul_n checked) */
     g.first[i + 1] = g.first[i] + parts[i].N;
   }
   g.n = n_parts;
@@ -92,19 +105,30 @@ int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype
     g.first[i] = g.first[n_parts];
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_RUN(c, kn_cuda_launch_gemv_n(c->stream, &g, in, ldi, wdt, T, K));
+  for (int t0 = 0; t0 < T; t0 += KN_CUDA_GEMV_MAX_T) { /* one launch but for FP8 past 8 rows */
+    struct kn_cuda_gemv_parts gt = g;
+    for (int i = 0; i < n_parts; i++)
+      if (g.out[i]) gt.out[i] = g.out[i] + (ptrdiff_t)t0 * g.ldo[i];
+    KN_CUDA_RUN(c, kn_cuda_launch_gemv_n(c->stream, &gt, in + (ptrdiff_t)t0 * ldi, ldi, wdt,
+                                         launch_rows(T, t0), K));
+  }
   return 0;
 }
 
 int kn_cuda_op_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                          const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K) {
+                          const void *wg, const float *sg, const void *wu, const float *su,
+                          enum kn_dtype wdt, int T, int N, int K) {
   struct kn_cuda_ctx *c = ctx;
-  if ((c->fused_off & KN_FUSED_MATMUL_GLU) || !gemv_ok(c, in, ldi, wg, wdt, T, K) ||
+  unsigned off = wdt == KN_DTYPE_F8E4M3 ? KN_FUSED_MATMUL_GLU_FP8 : KN_FUSED_MATMUL_GLU;
+  if ((c->fused_off & off) || !gemv_ok(c, in, ldi, wg, wdt, T, K) ||
       !gemv_ok(c, in, ldi, wu, wdt, T, K))
     return CM_ERR_UNSUPPORTED;
   int err = kn_cuda_enter(c);
   if (err) return err;
-  KN_CUDA_RUN(c, kn_cuda_launch_gemv_glu(c->stream, out, ldo, in, ldi, wg, wu, wdt, T, N, K));
+  for (int t0 = 0; t0 < T; t0 += KN_CUDA_GEMV_MAX_T)
+    KN_CUDA_RUN(c, kn_cuda_launch_gemv_glu(c->stream, out + (ptrdiff_t)t0 * ldo, ldo,
+                                           in + (ptrdiff_t)t0 * ldi, ldi, wg, sg, wu, su, wdt,
+                                           launch_rows(T, t0), N, K));
   return 0;
 }
 

@@ -8,7 +8,8 @@
  *                 RoPE on the normed pairs, and for k and v the store into the
  *                 page (k and v themselves are not written back).
  *   gemv_n        kn-cuda-gemv.cu's few-rows kernel over up to 4 weight
- *                 matrices of one input (Q, K, V), one warp per output row.
+ *                 matrices of one input (Q, K, V), one warp per output row;
+ *                 over e4m3 codes, kn-cuda-fp8.cu's, the scale last.
  *   gemv_glu      the same for a gate row and an up row at once, the GELU
  *                 multiply as the epilogue.
  *
@@ -166,7 +167,9 @@ extern "C" cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_c
 /* ---- few-rows matmuls of one input --------------------------------------------- */
 
 /* One warp per output row of all the parts together (part p owns rows
- * [first[p], first[p + 1])). */
+ * [first[p], first[p + 1])). W is the weights' element type: bf16 / f16, or
+ * e4m3 codes (kn_gemv_dot's overload for them), whose sums take the part's
+ * scale last, as kn-cuda-fp8.cu's few-rows kernel applies it. */
 template <typename W, int TT>
 __global__ void gemv_n_kernel(struct kn_cuda_gemv_parts g, const float *in, ptrdiff_t ldi, int K) {
   int n = kn_warp_id(), lane = threadIdx.x & 31;
@@ -175,29 +178,38 @@ __global__ void gemv_n_kernel(struct kn_cuda_gemv_parts g, const float *in, ptrd
   while (n >= g.first[p + 1])
     p++;
   int r = n - g.first[p];
+  const float *scale = g.scale[p]; /* NULL but for e4m3 */
   float acc[TT] = {};
-  kn_gemv_dot<W, TT>(acc, (const W *)g.w[p] + (size_t)r * (size_t)K, in, ldi, K, lane);
+  kn_gemv_dot(acc, (const W *)g.w[p] + (size_t)r * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float s = kn_warp_sum(acc[t]);
-    if (lane == 0) g.out[p][(ptrdiff_t)t * g.ldo[p] + r] = s;
+    if (lane == 0) g.out[p][(ptrdiff_t)t * g.ldo[p] + r] = scale ? __fmul_rn(s, scale[r]) : s;
   }
 }
 
 /* One warp per output n: the gate row and the up row against every input row,
- * out[t, n] = gelu(gate) * up. */
+ * out[t, n] = gelu(gate) * up; for e4m3 codes each sum times its scale first
+ * (rounded on its own: the sequence stores it before the GELU multiply). */
 template <typename W, int TT>
 __global__ void gemv_glu_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                                const W *wg, const W *wu, int N, int K) {
+                                const W *wg, const float *sg, const W *wu, const float *su, int N,
+                                int K) {
   int n = kn_warp_id(), lane = threadIdx.x & 31;
   if (n >= N) return;
   float ag[TT] = {}, au[TT] = {};
-  kn_gemv_dot<W, TT>(ag, wg + (size_t)n * (size_t)K, in, ldi, K, lane);
-  kn_gemv_dot<W, TT>(au, wu + (size_t)n * (size_t)K, in, ldi, K, lane);
+  kn_gemv_dot(ag, wg + (size_t)n * (size_t)K, in, ldi, K, lane);
+  kn_gemv_dot(au, wu + (size_t)n * (size_t)K, in, ldi, K, lane);
 #pragma unroll
   for (int t = 0; t < TT; t++) {
     float g = kn_warp_sum(ag[t]), u = kn_warp_sum(au[t]);
-    if (lane == 0) out[(ptrdiff_t)t * ldo + n] = kn_gelu_tanh(g) * u;
+    if (lane == 0) {
+      if (sg) {
+        g = __fmul_rn(g, sg[n]);
+        u = __fmul_rn(u, su[n]);
+      }
+      out[(ptrdiff_t)t * ldo + n] = kn_gelu_tanh(g) * u;
+    }
   }
 }
 
@@ -220,11 +232,15 @@ static cudaError_t launch_n(cudaStream_t s, const struct kn_cuda_gemv_parts *g, 
 
 template <typename W>
 static cudaError_t launch_glu(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
-                              ptrdiff_t ldi, const W *wg, const W *wu, int T, int N, int K) {
+                              ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                              const float *su, int T, int N, int K) {
   dim3 grid((unsigned)((N + WARPS - 1) / WARPS)), block(32 * WARPS);
+  const W *g = (const W *)wg, *u = (const W *)wu;
   switch (T) {
 #define KN_CASE(tt)                                                                                \
-  case tt: gemv_glu_kernel<W, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, wg, wu, N, K); break;
+  case tt:                                                                                         \
+    gemv_glu_kernel<W, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, g, sg, u, su, N, K);          \
+    break;
     KN_CASE(1)
     KN_CASE(2) KN_CASE(3) KN_CASE(4) KN_CASE(5) KN_CASE(6) KN_CASE(7) KN_CASE(8)
 #undef KN_CASE
@@ -237,19 +253,25 @@ extern "C" cudaError_t kn_cuda_launch_gemv_n(cudaStream_t s, const struct kn_cud
                                              const float *in, ptrdiff_t ldi, enum kn_dtype wdt,
                                              int T, int K) {
   if (g->first[g->n] <= 0) return cudaSuccess;
-  if (wdt == KN_DTYPE_BF16) return launch_n<__nv_bfloat16>(s, g, in, ldi, T, K);
-  if (wdt == KN_DTYPE_F16) return launch_n<__half>(s, g, in, ldi, T, K);
-  return cudaErrorInvalidValue;
+  switch (wdt) {
+  case KN_DTYPE_BF16: return launch_n<__nv_bfloat16>(s, g, in, ldi, T, K);
+  case KN_DTYPE_F16: return launch_n<__half>(s, g, in, ldi, T, K);
+  case KN_DTYPE_F8E4M3: return launch_n<__nv_fp8_e4m3>(s, g, in, ldi, T, K);
+  default: return cudaErrorInvalidValue;
+  }
 }
 
 extern "C" cudaError_t kn_cuda_launch_gemv_glu(cudaStream_t s, float *out, ptrdiff_t ldo,
                                                const float *in, ptrdiff_t ldi, const void *wg,
-                                               const void *wu, enum kn_dtype wdt, int T, int N,
-                                               int K) {
-  if (wdt == KN_DTYPE_BF16)
-    return launch_glu(s, out, ldo, in, ldi, (const __nv_bfloat16 *)wg, (const __nv_bfloat16 *)wu, T,
-                      N, K);
-  if (wdt == KN_DTYPE_F16)
-    return launch_glu(s, out, ldo, in, ldi, (const __half *)wg, (const __half *)wu, T, N, K);
-  return cudaErrorInvalidValue;
+                                               const float *sg, const void *wu, const float *su,
+                                               enum kn_dtype wdt, int T, int N, int K) {
+  switch (wdt) {
+  case KN_DTYPE_BF16:
+    return launch_glu<__nv_bfloat16>(s, out, ldo, in, ldi, wg, NULL, wu, NULL, T, N, K);
+  case KN_DTYPE_F16: return launch_glu<__half>(s, out, ldo, in, ldi, wg, NULL, wu, NULL, T, N, K);
+  case KN_DTYPE_F8E4M3:
+    if (!sg || !su) return cudaErrorInvalidValue;
+    return launch_glu<__nv_fp8_e4m3>(s, out, ldo, in, ldi, wg, sg, wu, su, T, N, K);
+  default: return cudaErrorInvalidValue;
+  }
 }

@@ -96,7 +96,16 @@ static inline int kn_cuda_gemv_fits(const float *in, ptrdiff_t ldi, const void *
 /* FP8 weights (kn-cuda-fp8.cu): the few-rows kernel (T <= 8, K % 16 == 0,
  * 16-byte aligned w, in and rows of in); codes widened to bf16; inputs
  * quantized per row to e4m3 (sa[t] = largest |in[t, :]| / 448); the epilogue
- * out[t, n] (+)= tmp[t, n] * scale[n] (* sa[t]). */
+ * out[t, n] (+)= tmp[t, n] * scale[n] (* sa[t]). A call of up to
+ * KN_CUDA_FP8_GEMV_T rows that kn_cuda_fp8_gemv_fits takes runs the few-rows
+ * kernel in launches of at most KN_CUDA_GEMV_MAX_T rows (kn_matmul_fp8, and
+ * the fused matmuls over FP8 weights). */
+#define KN_CUDA_FP8_GEMV_T 32
+static inline int kn_cuda_fp8_gemv_fits(const float *in, ptrdiff_t ldi, const void *w, int T,
+                                        int K) {
+  return T >= 1 && T <= KN_CUDA_FP8_GEMV_T && K % 16 == 0 && (uintptr_t)in % 16 == 0 &&
+         (uintptr_t)w % 16 == 0 && (T == 1 || ldi % 4 == 0);
+}
 cudaError_t kn_cuda_launch_gemv_fp8(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
                                     ptrdiff_t ldi, const void *w, const float *scale, int T, int N,
                                     int K, int accumulate);
@@ -139,21 +148,25 @@ struct kn_cuda_qkv_args {
 cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_cuda_qkv_args *a, int T,
                                     enum kn_dtype kv_dtype);
 /* Up to KN_MM_MAX_PARTS (4) weight matrices of one input for the few-rows
- * kernel: part p writes out[p] (stride ldo[p]) from w[p], and owns the rows
+ * kernel: part p writes out[p] (stride ldo[p]) from w[p] (times scale[p][r]
+ * per output row r for e4m3 codes, NULL otherwise), and owns the rows
  * [first[p], first[p + 1]) of the launch. */
 struct kn_cuda_gemv_parts {
   float *out[4];
   ptrdiff_t ldo[4];
   const void *w[4];
+  const float *scale[4];
   int first[5];
   int n;
 };
 cudaError_t kn_cuda_launch_gemv_n(cudaStream_t s, const struct kn_cuda_gemv_parts *g,
                                   const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K);
-/* out[t, n] = gelu_tanh(round(in[t]) · wg[n]) * (round(in[t]) · wu[n]), t < T <= 8. */
+/* out[t, n] = gelu_tanh(round(in[t]) · wg[n]) * (round(in[t]) · wu[n]), t < T <= 8;
+ * for e4m3 codes (wdt KN_DTYPE_F8E4M3) each dot product times sg[n], su[n]
+ * (NULL for other weights). */
 cudaError_t kn_cuda_launch_gemv_glu(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
-                                    ptrdiff_t ldi, const void *wg, const void *wu,
-                                    enum kn_dtype wdt, int T, int N, int K);
+                                    ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                                    const float *su, enum kn_dtype wdt, int T, int N, int K);
 
 /* ids[T], maxv[T] (device) = argmax of each row. */
 cudaError_t kn_cuda_launch_argmax(cudaStream_t s, int32_t *ids, float *maxv, const float *logits,
@@ -377,7 +390,8 @@ int kn_cuda_op_qkv_prep(void *ctx, const struct kn_qkv_prep_args *p, int T);
 int kn_cuda_op_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
                         const struct kn_mm_part *parts, int n_parts);
 int kn_cuda_op_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                          const void *wg, const void *wu, enum kn_dtype wdt, int T, int N, int K);
+                          const void *wg, const float *sg, const void *wu, const float *su,
+                          enum kn_dtype wdt, int T, int N, int K);
 /* Checks the fused kernels of a new backend against the unfused sequences
  * (kn_fused_check) and turns off what differs, saying so; an error only when
  * the check broke the device context. */

@@ -1,8 +1,9 @@
 /* test-cuda-fused.c — the CUDA backend's fused ops (kn-cuda-fused.cu): its
  * check when it was made found every fused kernel equal to its unfused
  * sequence (none turned off); each fused op on the device against the CPU
- * oracle's on the same inputs, decode-sized and past the kernels' limits
- * (where they decline and the sequence runs). Skips loudly without a device. */
+ * oracle's on the same inputs (the matmuls over bf16, f16, f32 and FP8
+ * weights), decode-sized and past the kernels' limits (where they decline
+ * and the sequence runs). Skips loudly without a device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,8 +84,10 @@ TH_TEST(cuda_matmul_n_and_glu_match_cpu) {
       float *scratch_c = malloc(sizeof(float) * T * N),
             *scratch_g = kn_alloc(e.gpu, sizeof(float) * T * N);
       TH_REQUIRE(scratch_c && scratch_g);
-      TH_REQUIRE(kn_matmul_glu(e.cpu, g.ref, N, in, K, wg, wu, dt, T, N, K, scratch_c) == 0);
-      TH_REQUIRE(kn_matmul_glu(e.gpu, g.dev, N, ind, K, wgd, wud, dt, T, N, K, scratch_g) == 0);
+      TH_REQUIRE(
+          kn_matmul_glu(e.cpu, g.ref, N, in, K, wg, NULL, wu, NULL, dt, T, N, K, scratch_c) == 0);
+      TH_REQUIRE(kn_matmul_glu(e.gpu, g.dev, N, ind, K, wgd, NULL, wud, NULL, dt, T, N, K,
+                               scratch_g) == 0);
       double tol = dt == KN_DTYPE_F32 ? 1e-9 : 3e-5;
       ct_out_check(&e, &a, T, N, N, tol, "matmul_n gate %s T=%d", kn_dtype_name(dt), T);
       ct_out_check(&e, &b, T, N, N, tol, "matmul_n up %s T=%d", kn_dtype_name(dt), T);
@@ -92,6 +95,87 @@ TH_TEST(cuda_matmul_n_and_glu_match_cpu) {
       kn_free(e.gpu, wgd), kn_free(e.gpu, wud), kn_free(e.gpu, ind), kn_free(e.gpu, scratch_g);
       free(wg), free(wu), free(in), free(scratch_c);
     }
+  ct_close(&e);
+}
+
+/* A random [N, K] weight quantized per output feature as --quantization fp8
+ * does: codes and scales on the host (malloc'd) and their device copies. */
+struct fp8_w {
+  uint8_t *q;
+  float *s;
+  void *q_d;
+  float *s_d;
+};
+
+static void fp8_w_init(struct ct_env *e, struct fp8_w *w, int N, int K) {
+  float *wf = malloc(sizeof(float) * (size_t)N * K);
+  w->q = malloc((size_t)N * K);
+  w->s = malloc(sizeof(float) * (size_t)N);
+  TH_REQUIRE(wf && w->q && w->s);
+  ct_fill(e, wf, (size_t)N * K, 0.05f);
+  TH_REQUIRE(kn_fp8_quantize_rows(w->q, w->s, wf, KN_DTYPE_F32, K, N, K, NULL) == 0);
+  free(wf);
+  w->q_d = ct_up(e, w->q, (size_t)N * K);
+  w->s_d = ct_up(e, w->s, sizeof(float) * (size_t)N);
+}
+
+static void fp8_w_free(struct ct_env *e, struct fp8_w *w) {
+  kn_free(e->gpu, w->q_d), kn_free(e->gpu, w->s_d);
+  free(w->q), free(w->s);
+}
+
+/* FP8 weights through the fused ops on the device against the CPU oracle on
+ * the same codes and scales: the fused few-rows kernels (T <= 32, several
+ * launches past 8 rows), and past them the sequence of kn_matmul_fp8 (the
+ * widened GEMM at 33; from KN_FP8_ACT_MIN_T rows cuBLASLt's FP8 GEMM, whose
+ * inputs lose bits to e4m3: test-cuda-fp8's NMSE bound of 1e-3). */
+TH_TEST(cuda_fp8_matmul_n_and_glu_match_cpu) {
+  struct ct_env e;
+  ct_open(&e, 45);
+  const int K = 1168, NQ = 264, NKV = 72; /* N not multiples of 16 */
+  const enum kn_dtype dt = KN_DTYPE_F8E4M3;
+  struct fp8_w wq, wk, wv, wg, wu;
+  fp8_w_init(&e, &wq, NQ, K);
+  fp8_w_init(&e, &wk, NKV, K);
+  fp8_w_init(&e, &wv, NKV, K);
+  fp8_w_init(&e, &wg, NQ, K);
+  fp8_w_init(&e, &wu, NQ, K);
+  static const int Ts[] = {1, 3, 8, 21, 33, 70};
+  for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
+    int T = Ts[ti];
+    double tol = T >= KN_FP8_ACT_MIN_T ? 1e-3 : 1e-10;
+    float *in = malloc(sizeof(float) * (size_t)T * K), *scratch_c = malloc(sizeof(float) * T * NQ);
+    TH_REQUIRE(in && scratch_c);
+    ct_fill(&e, in, (size_t)T * K, 3.0f);
+    float *ind = ct_up(&e, in, sizeof(float) * (size_t)T * K);
+    float *scratch_g = kn_alloc(e.gpu, sizeof(float) * (size_t)T * NQ);
+    TH_REQUIRE(scratch_g);
+    struct ct_out q, k, v, g;
+    ct_out_init(&e, &q, (size_t)T * NQ, 0);
+    ct_out_init(&e, &k, (size_t)T * NKV, 0);
+    ct_out_init(&e, &v, (size_t)T * NKV, 0);
+    ct_out_init(&e, &g, (size_t)T * NQ, 0);
+    struct kn_mm_part pc[3] = {
+        {q.ref, NQ, wq.q, NQ, wq.s}, {k.ref, NKV, wk.q, NKV, wk.s}, {v.ref, NKV, wv.q, NKV, wv.s}};
+    struct kn_mm_part pg[3] = {{q.dev, NQ, wq.q_d, NQ, wq.s_d},
+                               {k.dev, NKV, wk.q_d, NKV, wk.s_d},
+                               {v.dev, NKV, wv.q_d, NKV, wv.s_d}};
+    TH_REQUIRE(kn_matmul_n(e.cpu, in, K, dt, T, K, pc, 3) == 0);
+    TH_REQUIRE(kn_matmul_n(e.gpu, ind, K, dt, T, K, pg, 3) == 0);
+    TH_REQUIRE(kn_matmul_glu(e.cpu, g.ref, NQ, in, K, wg.q, wg.s, wu.q, wu.s, dt, T, NQ, K,
+                             scratch_c) == 0);
+    TH_REQUIRE(kn_matmul_glu(e.gpu, g.dev, NQ, ind, K, wg.q_d, wg.s_d, wu.q_d, wu.s_d, dt, T, NQ, K,
+                             scratch_g) == 0);
+    ct_out_check(&e, &q, T, NQ, NQ, tol, "fp8 matmul_n q T=%d", T);
+    ct_out_check(&e, &k, T, NKV, NKV, tol, "fp8 matmul_n k T=%d", T);
+    ct_out_check(&e, &v, T, NKV, NKV, tol, "fp8 matmul_n v T=%d", T);
+    /* the GELU product compounds the two matmuls' errors */
+    ct_out_check(&e, &g, T, NQ, NQ, 4 * tol, "fp8 matmul_glu T=%d", T);
+    kn_free(e.gpu, ind), kn_free(e.gpu, scratch_g);
+    free(in), free(scratch_c);
+  }
+  fp8_w_free(&e, &wq), fp8_w_free(&e, &wk), fp8_w_free(&e, &wv);
+  fp8_w_free(&e, &wg), fp8_w_free(&e, &wu);
   ct_close(&e);
 }
 

@@ -1,10 +1,11 @@
 /* test-kn-fused.c — the fused ops (kn-backend.h) against the unfused ops
  * they stand for, called one by one here: the same bits on every CPU table
  * and in the bf16 mode, for odd shapes, strided rows (a tensor-parallel
- * rank's slices), every norm mode and weight dtype, layers with and without
- * K/V; bad arguments are errors; a backend's fused op that declines a call
- * leaves it to the sequence; and kn_fused_check finds a fused op that is
- * wrong. */
+ * rank's slices), every norm mode and weight dtype (FP8 weights with their
+ * scales on every kernel table), layers with and without K/V; bad arguments
+ * (an FP8 scale missing or one given to other weights) are errors; a
+ * backend's fused op that declines a call leaves it to the sequence; and
+ * kn_fused_check finds a fused op that is wrong. */
 #include <math.h>
 #include <stdio.h>
 
@@ -202,8 +203,8 @@ TH_TEST(matmul_n_and_glu_are_their_matmuls) {
           float *scratch = malloc(sizeof(float) * (size_t)T * N[0]);
           TH_REQUIRE(g && u && scratch);
           memset(g, 0, sizeof(float) * (size_t)T * ld);
-          TH_REQUIRE(kn_matmul_glu(be[b], g, ld, in, K, w[0], wu, wdts[d], T, N[0], K, scratch) ==
-                     0);
+          TH_REQUIRE(kn_matmul_glu(be[b], g, ld, in, K, w[0], NULL, wu, NULL, wdts[d], T, N[0], K,
+                                   scratch) == 0);
           TH_REQUIRE(kn_matmul(be[b], u, N[0], in, K, wu, wdts[d], T, N[0], K, 0) == 0);
           TH_REQUIRE(kn_gelu_mul(be[b], want[0], ld, want[0], ld, u, N[0], T, N[0]) == 0);
           for (int t = 0; t < T; t++)
@@ -215,6 +216,96 @@ TH_TEST(matmul_n_and_glu_are_their_matmuls) {
             free(w[i]), free(got[i]), free(want[i]);
         }
   for (int b = 0; b < n; b++)
+    kn_backend_destroy(be[b]);
+}
+
+/* ---- FP8 weights ------------------------------------------------------------ */
+
+/* Every CPU kernel table this processor has (under LMSERVE_KERNELS), each in
+ * the default and the bf16 mode; returns how many (callers destroy them). */
+static int all_tables(struct kn_backend *be[2 * (KN_CPU_ISA_BEST + 1)]) {
+  int n = 0;
+  for (int isa = KN_CPU_ISA_REF; isa <= (int)kn_cpu_isa_detect(); isa++)
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+      be[n] = NULL;
+      TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, bf16, &be[n]) == 0 && be[n]);
+      n++;
+    }
+  return n;
+}
+
+/* A random [N, K] weight quantized per output feature as --quantization fp8
+ * does: the codes (returned) and *scale, both malloc'd. */
+static uint8_t *fp8_weight(int N, int K, float **scale) {
+  float *wf = kt_rand_f32((size_t)N * K, 0.05f);
+  uint8_t *q = malloc((size_t)N * K);
+  *scale = malloc(sizeof(float) * (size_t)N);
+  TH_REQUIRE(q && *scale);
+  TH_REQUIRE(kn_fp8_quantize_rows(q, *scale, wf, KN_DTYPE_F32, K, N, K, NULL) == 0);
+  free(wf);
+  return q;
+}
+
+/* kn_matmul_n and kn_matmul_glu over FP8 weights give the bits of their
+ * kn_matmul_fp8 calls (and kn_gelu_mul) on every table: T past the device's
+ * few-rows limits (33) and its FP8 tensor-core threshold (70), N not a
+ * multiple of 8 or 16, K an odd multiple of 16 or of 8 only, strided rows. */
+TH_TEST(fp8_matmul_n_and_glu_are_their_fp8_matmuls) {
+  struct kn_backend *be[2 * (KN_CPU_ISA_BEST + 1)];
+  int nb = all_tables(be);
+  kt_seed(35);
+  static const int Ts[] = {1, 3, 33, 70}, Ks[] = {48, 208, 40};
+  const int N[3] = {44, 13, 13}, ld = 64; /* part 0 and the GLU's output strided */
+  for (size_t ki = 0; ki < CM_ARRAY_LEN(Ks); ki++) {
+    int K = Ks[ki];
+    uint8_t *w[3], *wg, *wu;
+    float *sc[3], *sg, *su;
+    for (int i = 0; i < 3; i++)
+      w[i] = fp8_weight(N[i], K, &sc[i]);
+    wg = fp8_weight(N[0], K, &sg);
+    wu = fp8_weight(N[0], K, &su);
+    for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++) {
+      int T = Ts[ti];
+      ptrdiff_t ldi = T == 70 ? K + 5 : K; /* a rank's slice of a wider input */
+      float *in = kt_rand_f32((size_t)T * ldi, 2.0f);
+      for (int b = 0; b < nb; b++) {
+        float *got[3], *want[3];
+        struct kn_mm_part parts[3];
+        for (int i = 0; i < 3; i++) {
+          int ldo = i == 0 ? ld : N[i];
+          got[i] = kt_rand_f32((size_t)T * ldo, 1.0f);
+          want[i] = dup_f32(got[i], (size_t)T * ldo);
+          parts[i] = (struct kn_mm_part){got[i], ldo, w[i], N[i], sc[i]};
+          TH_REQUIRE(kn_matmul_fp8(be[b], want[i], ldo, in, ldi, w[i], sc[i], T, N[i], K, 0) == 0);
+        }
+        TH_REQUIRE(kn_matmul_n(be[b], in, ldi, KN_DTYPE_F8E4M3, T, K, parts, 3) == 0);
+        for (int i = 0; i < 3; i++)
+          if (!kt_bits_equal(got[i], want[i], (size_t)T * (i == 0 ? ld : N[i])))
+            th_fail(__FILE__, __LINE__, "%s fp8 matmul_n part %d T=%d K=%d differs",
+                    kn_backend_name(be[b]), i, T, K);
+        float *g = kt_rand_f32((size_t)T * ld, 1.0f), *g2 = dup_f32(g, (size_t)T * ld);
+        float *u = malloc(sizeof(float) * (size_t)T * N[0]);
+        float *scratch = malloc(sizeof(float) * (size_t)T * N[0]);
+        TH_REQUIRE(u && scratch);
+        TH_REQUIRE(kn_matmul_glu(be[b], g, ld, in, ldi, wg, sg, wu, su, KN_DTYPE_F8E4M3, T, N[0], K,
+                                 scratch) == 0);
+        TH_REQUIRE(kn_matmul_fp8(be[b], g2, ld, in, ldi, wg, sg, T, N[0], K, 0) == 0);
+        TH_REQUIRE(kn_matmul_fp8(be[b], u, N[0], in, ldi, wu, su, T, N[0], K, 0) == 0);
+        TH_REQUIRE(kn_gelu_mul(be[b], g2, ld, g2, ld, u, N[0], T, N[0]) == 0);
+        if (!kt_bits_equal(g, g2, (size_t)T * ld))
+          th_fail(__FILE__, __LINE__, "%s fp8 matmul_glu T=%d K=%d differs", kn_backend_name(be[b]),
+                  T, K);
+        free(g), free(g2), free(u), free(scratch);
+        for (int i = 0; i < 3; i++)
+          free(got[i]), free(want[i]);
+      }
+      free(in);
+    }
+    for (int i = 0; i < 3; i++)
+      free(w[i]), free(sc[i]);
+    free(wg), free(wu), free(sg), free(su);
+  }
+  for (int b = 0; b < nb; b++)
     kn_backend_destroy(be[b]);
 }
 
@@ -281,7 +372,28 @@ TH_TEST(fused_bad_arguments_are_errors) {
   parts[0].ldo = 4; /* below N */
   TH_CHECK_EQ_INT(kn_matmul_n(be, x, 4, KN_DTYPE_F32, 2, 4, parts, 1), CM_ERR_INVAL);
   /* a backend running the sequence needs the scratch */
-  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, w, w, KN_DTYPE_F32, 2, 8, 4, NULL), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, w, NULL, w, NULL, KN_DTYPE_F32, 2, 8, 4, NULL),
+                  CM_ERR_INVAL);
+  /* FP8 weights need their scales, other weights take none */
+  float sc[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  uint8_t q[32] = {0};
+  struct kn_mm_part fp[2] = {{o, 8, q, 8, sc}, {h, 8, q, 8, NULL}};
+  TH_CHECK_EQ_INT(kn_matmul_n(be, x, 4, KN_DTYPE_F8E4M3, 2, 4, fp, 2), CM_ERR_INVAL); /* missing */
+  fp[1].scale = sc;
+  TH_CHECK_EQ_INT(kn_matmul_n(be, x, 4, KN_DTYPE_F8E4M3, 2, 4, fp, 2), 0);
+  struct kn_mm_part bp[2] = {{o, 8, w, 8, NULL}, {h, 8, w, 8, sc}};
+  TH_CHECK_EQ_INT(kn_matmul_n(be, x, 4, KN_DTYPE_F32, 2, 4, bp, 2), CM_ERR_INVAL); /* stray */
+  bp[1].scale = NULL;
+  TH_CHECK_EQ_INT(kn_matmul_n(be, x, 4, KN_DTYPE_F32, 2, 4, bp, 2), 0);
+  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, q, sc, q, NULL, KN_DTYPE_F8E4M3, 2, 8, 4, h),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, q, NULL, q, sc, KN_DTYPE_F8E4M3, 2, 8, 4, h),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, q, sc, q, sc, KN_DTYPE_F8E4M3, 2, 8, 4, h), 0);
+  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, w, sc, w, NULL, KN_DTYPE_F32, 2, 8, 4, h),
+                  CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_matmul_glu(be, o, 8, x, 4, w, NULL, w, sc, KN_DTYPE_BF16, 2, 8, 4, h),
+                  CM_ERR_INVAL);
   kn_backend_destroy(be);
 }
 
@@ -301,6 +413,33 @@ static int wrong_add_norm(void *ctx, float *x, ptrdiff_t ldx, float *o, ptrdiff_
   int rc =
       g_cpu_ops->add_norm(ctx, x, ldx, o, ldo, h, ldh, T, H, post_w, next_w, wdt, scale, eps, mode);
   x[(T - 1) * ldx + H / 2] = nextafterf(x[(T - 1) * ldx + H / 2], INFINITY);
+  return rc;
+}
+
+/* The sequences as fused ops of the alias backend g_alias, but one output
+ * one ulp off for FP8 weights: the check must find the FP8 variants wrong
+ * and them only. */
+static struct kn_backend *g_alias;
+static int fp8_wrong_matmul_n(void *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T,
+                              int K, const struct kn_mm_part *parts, int n_parts) {
+  (void)ctx;
+  int rc = kn__seq_matmul_n(g_alias, in, ldi, wdt, T, K, parts, n_parts);
+  if (!rc && wdt == KN_DTYPE_F8E4M3) {
+    float *o = parts[0].out + (T - 1) * parts[0].ldo + parts[0].N - 1;
+    *o = nextafterf(*o, INFINITY);
+  }
+  return rc;
+}
+
+static int fp8_wrong_matmul_glu(void *ctx, float *out, ptrdiff_t ldo, const float *in,
+                                ptrdiff_t ldi, const void *wg, const float *sg, const void *wu,
+                                const float *su, enum kn_dtype wdt, int T, int N, int K) {
+  (void)ctx;
+  float *scratch = malloc(sizeof(float) * (size_t)T * (size_t)N);
+  if (!scratch) return CM_ERR_NOMEM;
+  int rc = kn__seq_matmul_glu(g_alias, out, ldo, in, ldi, wg, sg, wu, su, wdt, T, N, K, scratch);
+  free(scratch);
+  if (!rc && wdt == KN_DTYPE_F8E4M3) out[0] = nextafterf(out[0], INFINITY);
   return rc;
 }
 
@@ -324,6 +463,18 @@ TH_TEST(fused_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why), KN_FUSED_ADD_NORM);
   TH_CHECK(strstr(why, "add_norm") != NULL);
   TH_CHECK_EQ_INT(kn_fused_check(&alias, 1e-3, why, sizeof why), 0); /* one ulp is within 1e-3 */
+  /* fused matmuls that are the sequence but for FP8 weights */
+  ops.add_norm = g_cpu_ops->add_norm;
+  ops.matmul_n = fp8_wrong_matmul_n;
+  g_alias = &alias;
+  TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why), KN_FUSED_MATMUL_N_FP8);
+  TH_CHECK(strstr(why, "matmul_n fp8") != NULL);
+  ops.matmul_glu = fp8_wrong_matmul_glu;
+  TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why),
+                  KN_FUSED_MATMUL_N_FP8 | KN_FUSED_MATMUL_GLU_FP8);
+  ops.matmul_n = NULL;
+  TH_CHECK_EQ_INT(kn_fused_check(&alias, 0.0, why, sizeof why), KN_FUSED_MATMUL_GLU_FP8);
+  TH_CHECK(strstr(why, "matmul_glu fp8") != NULL);
   for (int b = 0; b < n; b++)
     kn_backend_destroy(be[b]);
 }
