@@ -20,7 +20,7 @@ struct stop_str {
 };
 
 struct tk_stop {
-  struct stop_str *stops; /* [n], the strings' bytes after them in the same allocation */
+  struct stop_str *stops; /* [n] after the struct, the strings' bytes after them (one block) */
   size_t n, max_len;
   char *buf;        /* held-back tail + newest piece */
   size_t buf_len, buf_cap; /* bytes */
@@ -37,14 +37,14 @@ int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struc
     total += lens[i];
     if (lens[i] > max_len) max_len = lens[i];
   }
-  struct tk_stop *s = calloc(1, sizeof *s);
+  struct tk_stop *s = calloc(1, sizeof *s + n * sizeof *s->stops + total + 1);
   if (!s) return CM_ERR_NOMEM;
-  s->stops = malloc(n * sizeof *s->stops + total + 1);
+  s->stops = (struct stop_str *)(s + 1);
   s->max_len = max_len;
   s->buf_cap = s->out_cap = max_len + 256;
   s->buf = malloc(s->buf_cap);
   s->out = malloc(s->out_cap);
-  if (!s->stops || !s->buf || !s->out) {
+  if (!s->buf || !s->out) {
     tk_stop_free(s);
     return CM_ERR_NOMEM;
   }
@@ -59,7 +59,6 @@ int tk_stop_create(const char *const *stops, const size_t *lens, size_t n, struc
 
 void tk_stop_free(struct tk_stop *s) {
   if (!s) return;
-  free(s->stops);
   free(s->buf);
   free(s->out);
   free(s);

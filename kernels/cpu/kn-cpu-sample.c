@@ -24,33 +24,23 @@ struct kn_cpu_sampler {
 int kn_cpu_sampler_create(int vocab, struct kn_cpu_sampler **out) {
   *out = NULL;
   if (vocab <= 0) return CM_ERR_INVAL;
-  struct kn_cpu_sampler *s = calloc(1, sizeof(*s));
+  /* one block: the struct, the candidates, then six [vocab] arrays of 4-byte elements */
+  size_t V = (size_t)vocab;
+  struct kn_cpu_sampler *s = malloc(sizeof(*s) + V * sizeof(struct kn_cand) + 6 * V * 4);
   if (!s) return CM_ERR_NOMEM;
   s->vocab = vocab;
-  s->cand = malloc((size_t)vocab * sizeof(*s->cand));
-  s->ids = malloc((size_t)vocab * sizeof(int32_t));
-  s->probs = malloc((size_t)vocab * sizeof(float));
-  s->raw = malloc((size_t)vocab * sizeof(float));
-  s->work = malloc((size_t)vocab * sizeof(float));
-  s->cval = malloc((size_t)vocab * sizeof(float));
-  s->cid = malloc((size_t)vocab * sizeof(int32_t));
-  if (!s->cand || !s->ids || !s->probs || !s->raw || !s->work || !s->cval || !s->cid) {
-    kn_cpu_sampler_destroy(s);
-    return CM_ERR_NOMEM;
-  }
+  s->cand = (struct kn_cand *)(s + 1);
+  s->ids = (int32_t *)(s->cand + V);
+  s->probs = (float *)(s->ids + V);
+  s->raw = s->probs + V;
+  s->work = s->raw + V;
+  s->cval = s->work + V;
+  s->cid = (int32_t *)(s->cval + V);
   *out = s;
   return 0;
 }
 
 void kn_cpu_sampler_destroy(struct kn_cpu_sampler *s) {
-  if (!s) return;
-  free(s->cand);
-  free(s->ids);
-  free(s->probs);
-  free(s->raw);
-  free(s->work);
-  free(s->cval);
-  free(s->cid);
   free(s);
 }
 

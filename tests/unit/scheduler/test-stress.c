@@ -291,6 +291,17 @@ static void take_outputs(struct stress *s, const struct sch_outputs *o) {
   }
 }
 
+/* The results of the step the workers ran are applied (an abort may land just before,
+ * and now and then a corrupted copy of them is refused first). */
+static void apply_results(struct stress *s, const struct fake_worker *w, bool arrivals) {
+  if (arrivals && rnd(s, 8) == 0) abort_random(s, true);
+  if (rnd(s, 10) == 0) bad_results(s, w);
+  struct sch_outputs o;
+  TH_REQUIRE(sch_engine_apply(s->e, w->res, w->num, &o) == 0);
+  CHECK_ENGINE(s->e);
+  take_outputs(s, &o);
+}
+
 /* The fake workers' KV memory holds nothing (start, or a worker that restarted). */
 static void kv_wipe(struct stress *s) {
   for (size_t i = 0; i < (size_t)s->cfg.num_blocks * (size_t)s->maxbt; i++)
@@ -394,12 +405,7 @@ static void run(const struct sch_engine_config *cfg, uint64_t seed, int32_t step
       CHECK_ENGINE(s.e);
       continue;
     }
-    if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
-    if (rnd(&s, 10) == 0) bad_results(&s, w);
-    struct sch_outputs o;
-    TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
-    CHECK_ENGINE(s.e);
-    take_outputs(&s, &o);
+    apply_results(&s, w, arrivals);
   }
   struct sch_engine_stats st;
   int64_t max_wait, finished = check_outputs(&s, &st, &max_wait);
@@ -555,12 +561,7 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
       CHECK_ENGINE(s.e);
       continue;
     }
-    if (arrivals && rnd(&s, 8) == 0) abort_random(&s, true);
-    if (rnd(&s, 10) == 0) bad_results(&s, w);
-    struct sch_outputs o;
-    TH_REQUIRE(sch_engine_apply(s.e, w->res, w->num, &o) == 0);
-    CHECK_ENGINE(s.e);
-    take_outputs(&s, &o);
+    apply_results(&s, w, arrivals);
     sent_free(&q[0]);
     q[0] = q[1];
     nq--;
