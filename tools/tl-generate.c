@@ -193,6 +193,7 @@ int tl_generate_main(int argc, char **argv) {
       .tp_rank = rank,
       .tp_size = (int)tp,
       .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+      .graph_verify_tokens = draft ? (int)draft_tokens + 1 : 0,
       .quantization = quant,
   };
   if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) {

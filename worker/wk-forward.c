@@ -119,9 +119,9 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
       if (q->embeds[r].pos < 0 || q->embeds[r].n < 1 || !q->embeds[r].rows)
         return cm_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad embedding rows %d", s,
                        r);
-    if (q->pad && (q->n_tokens != 1 || q->n_out != 0 || q->n_embeds || q->n_bidir))
+    if (q->pad && (q->n_out != 0 || q->n_embeds || q->n_bidir))
       return cm_fail(err, errlen, CM_ERR_INVAL,
-                     "forward: sequence %d: a padding row runs one token and has no output", s);
+                     "forward: sequence %d: a padding row has no output, images or ranges", s);
     for (int j = 0; j < q->n_out; j++)
       m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
     for (int g = 0; g < m->kv.n_groups; g++) {

@@ -511,6 +511,7 @@ int wk_worker_main(int argc, char **argv) {
       .tp_size = (int)world,
       .mmap_weights = use_mmap,
       .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
+      .graph_verify_tokens = spec_dir ? (int)(1 + spec_k) : 0,
       .quantization = quant,
   };
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {

@@ -81,7 +81,10 @@ struct wk_load_progress {
   int loud;
 };
 
-#define WK_MAX_BUCKETS 12 /* step graph buckets: 1, 2, 4, ..., 2048 sequences */
+#define WK_MAX_BUCKETS                                                                             \
+  24                           /* step graph buckets: 1, 2, 4, ..., 2048 sequences, of one token   \
+                                  and of a token with its drafts */
+#define WK_GRAPH_MAX_TOKENS 16 /* tokens a sequence of a verification bucket runs, at most */
 
 struct wk_model {
   struct kn_backend *be;
@@ -186,14 +189,19 @@ struct wk_model {
   int32_t *cand;              /* host [top_k * V / C] candidate token ids */
   struct wk_seq_input *dseqs; /* host [max_seqs] */
 
-  /* Step graphs (wk-graph.c): decode-only steps of up to the largest bucket's
-   * sequences run padded to the smallest bucket that holds them, replaying
-   * the bucket's graph where one was captured */
+  /* Step graphs (wk-graph.c): steps whose every sequence runs and samples the
+   * same number of tokens (a decode's one; a token and its drafts when
+   * verifying) run padded to the smallest bucket of that many tokens that
+   * holds their sequences, replaying the bucket's graph where one was
+   * captured */
   int n_buckets;
-  int bucket_seqs[WK_MAX_BUCKETS];         /* 1, 2, 4, ... */
+  int bucket_seqs[WK_MAX_BUCKETS];         /* 1, 2, 4, ... of each token count */
+  int bucket_tokens[WK_MAX_BUCKETS];       /* tokens per sequence: 1, or 1 + drafts */
   struct kn_graph *graphs[WK_MAX_BUCKETS]; /* NULL: the bucket runs eagerly */
+  uint64_t bucket_steps[WK_MAX_BUCKETS];   /* steps run padded to each bucket */
   struct wk_seq_input *gseqs;              /* host [largest bucket]: the padded step */
-  int32_t pad_token, pad_table[1];         /* a padding row's token and block table */
+  int32_t pad_tokens[WK_GRAPH_MAX_TOKENS]; /* a padding row's tokens (0) */
+  int32_t pad_table[1];                    /* and its block table */
   int graph_mode;                          /* WK_GRAPHS_* (wk-model.h) */
 };
 
@@ -231,15 +239,18 @@ int wk_fw_logits(struct wk_model *m, int n, char *err, size_t errlen);
 int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, int have_logits,
                char *err, size_t errlen);
 
-/* Step graphs (wk-graph.c): the bucket a decode-only step b runs in (padded
- * up to its size), or -1 for the eager forward. */
+/* Step graphs (wk-graph.c): the bucket step b runs in (padded up to its size),
+ * or -1 for the eager forward. */
 int wk_graph_bucket(const struct wk_model *m, const struct wk_batch *b);
 int wk_graph_forward(struct wk_model *m, const struct wk_batch *b, int bucket, char *err,
                      size_t errlen);
 /* Makes the buckets (mode WK_GRAPHS_*, up to max_bucket sequences; 0: as
- * many as the model's sizes allow) and, for WK_GRAPHS_CAPTURE, captures and
- * checks their graphs; 0, or a negative cm_err for a device failure. */
-int wk_graph_init(struct wk_model *m, int mode, int max_bucket, char *err, size_t errlen);
+ * many as the model's sizes allow) of decode steps and, with verify_tokens >
+ * 1, of verification steps of that many tokens a sequence, and for
+ * WK_GRAPHS_CAPTURE captures and checks their graphs; 0, or a negative cm_err
+ * for a device failure. */
+int wk_graph_init(struct wk_model *m, int mode, int max_bucket, int verify_tokens, char *err,
+                  size_t errlen);
 void wk_graph_free(struct wk_model *m);
 
 /* wk-model.c: the shared loader; target != NULL loads a gemma4_assistant. */

@@ -1046,7 +1046,8 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     kn_memset(be, m->pool, 0, (size_t)m->n_pages * m->kv.page_bytes);
   }
   finish_weights(m);
-  if ((rc = wk_graph_init(m, o.step_graphs, o.max_graph_seqs, err, errlen))) goto fail;
+  if ((rc = wk_graph_init(m, o.step_graphs, o.max_graph_seqs, o.graph_verify_tokens, err, errlen)))
+    goto fail;
   if (!o.quiet)
     cm_info("wk",
             "loaded %s: %s, %d layers, hidden %d, vocab %d, %.1f MB of weights (%s), KV %zu "

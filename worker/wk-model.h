@@ -55,6 +55,9 @@ struct wk_model_opts {
   int step_graphs;      /* WK_GRAPHS_*: decode steps as step graphs (wk-graph.c) */
   int max_graph_seqs;   /* largest bucket of step graphs; 0: max_seqs (at most 64 rows
                            of logits) */
+  int graph_verify_tokens; /* > 1: also step graphs of speculative verification, whose
+                              sequences each run a token and graph_verify_tokens - 1
+                              drafts (wk-graph.c) */
   int quantization;     /* WK_QUANT_*: weights quantized at load (--quantization) */
   int fp8_reference;    /* 1: FP8 weights also where kn_fp8_weights says no, through the
                            backend's kn_matmul_fp8 (the CPU's reference: tests only) */
@@ -87,7 +90,8 @@ enum {
 int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen);
 
 /* wk_model_opts.step_graphs. CAPTURE: decode-only steps of up to max_graph_seqs
- * sequences run padded to a bucket of 1, 2, 4, ... sequences and replay that
+ * sequences (and verification steps whose sequences all run graph_verify_tokens
+ * tokens) run padded to a bucket of 1, 2, 4, ... sequences and replay that
  * bucket's graph, captured and checked at load, on backends that have graphs
  * (CUDA; elsewhere, or with tensor parallelism or MoE layers, nothing changes);
  * PAD: the same padding without graphs, on any backend (tests). */

@@ -1,14 +1,16 @@
-/* test-cuda-graph.c — step graphs (CUDA graphs of decode steps, worker/wk-graph.c)
- * on the device: replaying a bucket gives the bits of the same padded step run
- * uncaptured, for every bucket a shrinking batch passes through, as the block
- * tables grow and as a sliding window's pages leave them; and the replayed
- * model agrees with one run op by op (--enforce-eager) to the device's
- * rounding. Skipped, loudly, without a device. */
+/* test-cuda-graph.c — step graphs (CUDA graphs of decode and verification steps,
+ * worker/wk-graph.c) on the device: replaying a bucket gives the bits of the same
+ * padded step run uncaptured, for every bucket a shrinking batch passes through,
+ * as the block tables grow and as a sliding window's pages leave them — decode
+ * steps of one token, and verification steps of a token and its drafts (every
+ * row's logits); and the replayed model agrees with one run op by op
+ * (--enforce-eager) to the device's rounding. Skipped, loudly, without a device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/cuda/kn-cuda.h"
 #include "kernels/kn-backend.h"
@@ -27,13 +29,16 @@ struct model {
   int32_t freed[NSEQ][WK_MAX_KV_GROUPS][64]; /* pages a window dropped, restored at the end */
 };
 
-static void load(struct kn_backend *be, const char *dir, int graphs, struct model *md) {
+/* The model in dir, with step graphs (graphs) of decode steps and, for R > 1, of
+ * verification steps of R tokens a sequence. */
+static void load(struct kn_backend *be, const char *dir, int graphs, int R, struct model *md) {
   memset(md, 0, sizeof(*md));
   struct wk_model_opts o = {.max_batch_tokens = 512,
                             .max_seqs = 8,
                             .kv_tokens = 4096,
                             .quiet = 1,
-                            .step_graphs = graphs ? WK_GRAPHS_CAPTURE : WK_GRAPHS_OFF};
+                            .step_graphs = graphs ? WK_GRAPHS_CAPTURE : WK_GRAPHS_OFF,
+                            .graph_verify_tokens = R > 1 ? R : 0};
   char err[256];
   if (wk_model_load(dir, be, &o, &md->m, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "load: %s", err);
@@ -54,16 +59,22 @@ static void unload(struct model *md) {
   wk_model_free(md->m);
 }
 
-/* The step of every sequence s with done[s] < len[s]: a prefill of the first
- * `pre` tokens when done is 0, else one decode token; drops the pages a
- * sliding window has left behind (-1 in the table, as the scheduler frees them). */
+/* Tokens sequence s runs next: a prefill of `pre` when it has run none, else R (a
+ * token and R - 1 drafts), fewer at its end. */
+static int next_tokens(const int *len, const int *done, int s, int pre, int R) {
+  return done[s] ? CM_MIN(R, len[s] - done[s]) : pre;
+}
+
+/* The step of every sequence s with done[s] < len[s] (next_tokens of it, every row's
+ * logits out but a prefill's last only); drops the pages a sliding window has left
+ * behind (-1 in the table, as the scheduler frees them). */
 static int fill_step(struct model *md, const int32_t (*tok)[MAXP], const int *len, const int *done,
-                     int pre, struct wk_seq_input *in) {
+                     int pre, int R, struct wk_seq_input *in) {
   const struct wk_kv_spec *kv = wk_model_kv_spec(md->m);
   int n = 0;
   for (int s = 0; s < NSEQ; s++) {
     if (done[s] >= len[s]) continue;
-    int k = done[s] ? 1 : pre;
+    int k = next_tokens(len, done, s, pre, R);
     TH_REQUIRE(wk_seq_blocks_reserve(&md->blk[s], kv, &md->pa, done[s] + k) == 0);
     for (int g = 0; g < kv->n_groups; g++) {
       const struct wk_kv_group *G = &kv->groups[g];
@@ -77,7 +88,7 @@ static int fill_step(struct model *md, const int32_t (*tok)[MAXP], const int *le
     in[n].tokens = tok[s] + done[s];
     in[n].n_tokens = k;
     in[n].pos0 = done[s];
-    in[n].n_out = 1;
+    in[n].n_out = done[s] ? k : 1;
     for (int g = 0; g < kv->n_groups; g++) {
       in[n].block_tables[g] = md->blk[s].table[g];
       in[n].n_blocks[g] = md->blk[s].n[g];
@@ -87,31 +98,37 @@ static int fill_step(struct model *md, const int32_t (*tok)[MAXP], const int *le
   return n;
 }
 
-static void check_arch(struct kn_backend *be, const char *arch) {
+/* Decode (R = 1) or verification (R tokens a sequence) steps of a shrinking batch. */
+static void check_arch(struct kn_backend *be, const char *arch, int R) {
   char dir[256], err[256];
   TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, 0, 0, WK_ST_BF16, 31) == 0);
   struct model gm, em;
-  load(be, dir, 1, &gm);
-  load(be, dir, 0, &em);
+  load(be, dir, 1, R, &gm);
+  load(be, dir, 0, R, &em);
   int V = wk_model_config(gm.m)->vocab;
   static int32_t tok[NSEQ][MAXP];
   int len[NSEQ] = {MAXP, 97, 40, 121, 66}, done_g[NSEQ] = {0}, done_e[NSEQ] = {0};
   for (int s = 0; s < NSEQ; s++)
     for (int p = 0; p < MAXP; p++)
       tok[s][p] = (int32_t)((uint32_t)(s * 7919 + p * 104729 + 13) % (uint32_t)V);
-  float *lg = malloc(sizeof(float) * NSEQ * (size_t)V),
-        *le = malloc(sizeof(float) * NSEQ * (size_t)V);
+  float *lg = malloc(sizeof(float) * NSEQ * (size_t)R * (size_t)V),
+        *le = malloc(sizeof(float) * NSEQ * (size_t)R * (size_t)V);
   TH_REQUIRE(lg && le);
   int checked[8] = {0}, steps = 0;
   double worst = 0.0;
   for (;;) {
     struct wk_seq_input ig[NSEQ], ie[NSEQ];
-    int n = fill_step(&gm, tok, len, done_g, 12, ig);
-    TH_REQUIRE(fill_step(&em, tok, len, done_e, 12, ie) == n);
+    int n = fill_step(&gm, tok, len, done_g, 12, R, ig);
+    TH_REQUIRE(fill_step(&em, tok, len, done_e, 12, R, ie) == n);
     if (!n) break;
     struct wk_batch bg = {.seqs = ig, .n_seqs = n, .logits = lg};
     struct wk_batch be_ = {.seqs = ie, .n_seqs = n, .logits = le};
-    if (ig[0].n_tokens == 1) { /* a decode step: it replays a graph */
+    int uniform = 1, rows = 0; /* every sequence R tokens, all out: it replays a graph */
+    for (int i = 0; i < n; i++) {
+      uniform &= ig[i].n_tokens == R && ig[i].n_out == R;
+      rows += ig[i].n_out;
+    }
+    if (uniform) {
       int rc = wk_model_graph_check(gm.m, &bg, err, sizeof(err));
       if (rc) th_fail(__FILE__, __LINE__, "%s: step %d of %d sequences: %s", arch, steps, n, err);
       int b = n <= 1 ? 0 : n <= 2 ? 1 : n <= 4 ? 2 : 3;
@@ -120,22 +137,22 @@ static void check_arch(struct kn_backend *be, const char *arch) {
     TH_REQUIRE(wk_model_forward(gm.m, &bg, err, sizeof(err)) == 0);
     TH_REQUIRE(wk_model_forward(em.m, &be_, err, sizeof(err)) == 0);
     double lo = INFINITY, hi = -INFINITY, d = 0.0;
-    for (size_t i = 0; i < (size_t)n * (size_t)V; i++) {
+    for (size_t i = 0; i < (size_t)rows * (size_t)V; i++) {
       lo = fmin(lo, le[i]);
       hi = fmax(hi, le[i]);
       d = fmax(d, fabs((double)lg[i] - (double)le[i]));
     }
     worst = fmax(worst, d / (hi - lo));
     for (int s = 0; s < NSEQ; s++) {
-      int k = done_g[s] ? 1 : 12;
+      int k = next_tokens(len, done_g, s, 12, R);
       if (done_g[s] < len[s]) done_g[s] += k;
       if (done_e[s] < len[s]) done_e[s] += k;
     }
     steps++;
   }
-  printf("%s: %d steps; graph checks per bucket (1, 2, 4, 8 rows): %d %d %d %d; replayed vs eager "
-         "logits differ by at most %.3g of their range\n",
-         arch, steps, checked[0], checked[1], checked[2], checked[3], worst);
+  printf("%s, %d tokens a sequence: %d steps; graph checks per bucket (1, 2, 4, 8 sequences): "
+         "%d %d %d %d; replayed vs eager logits differ by at most %.3g of their range\n",
+         arch, R, steps, checked[0], checked[1], checked[2], checked[3], worst);
   TH_CHECK(checked[0] > 0 && checked[1] > 0 && checked[2] > 0 && checked[3] > 0);
   TH_CHECK(worst < 1e-4);
   free(lg);
@@ -160,8 +177,15 @@ static struct kn_backend *open_device(void) {
 
 TH_TEST(cuda_step_graphs_replay_bit_identical) {
   struct kn_backend *be = open_device();
-  check_arch(be, "gemma3");
-  check_arch(be, "gemma4");
+  check_arch(be, "gemma3", 1);
+  check_arch(be, "gemma4", 1);
+  kn_backend_destroy(be);
+}
+
+TH_TEST(cuda_verify_step_graphs_replay_bit_identical) {
+  struct kn_backend *be = open_device();
+  check_arch(be, "gemma3", 4);
+  check_arch(be, "gemma4", 3);
   kn_backend_destroy(be);
 }
 

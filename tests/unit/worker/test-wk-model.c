@@ -24,8 +24,8 @@ struct fixture {
   int V;
 };
 
-/* wk_model_opts.step_graphs of the models setup_load makes */
-static int g_step_graphs;
+/* wk_model_opts.step_graphs and graph_verify_tokens of the models setup_load makes */
+static int g_step_graphs, g_verify_tokens;
 
 /* bf16 for setup_load: the bf16 mode on the AMX table's kernels with the
  * tile instructions emulated (kn_cpu_backend_create_amx_emulated). */
@@ -46,7 +46,8 @@ static int setup_load(struct fixture *f, const char *arch, int moe, enum wk_st_d
                             .kv_tokens = 1024,
                             .quiet = 1,
                             .mmap_weights = mmap,
-                            .step_graphs = g_step_graphs};
+                            .step_graphs = g_step_graphs,
+                            .graph_verify_tokens = g_verify_tokens};
   char err[256];
   if (wk_model_load(f->dir, f->be, &o, &f->m, err, sizeof(err))) {
     fprintf(stderr, "load: %s\n", err);
@@ -90,6 +91,7 @@ struct seq {
   int n, done;
   struct wk_seq_blocks blk;
   float *logits; /* [n, V] every position's logits */
+  float *hidden; /* [n, hidden] every position's final-normed state, or NULL (not asked) */
 };
 
 /* in: the n tokens at s's next position (every row's logits out), reading
@@ -147,13 +149,18 @@ static int step(struct fixture *f, struct seq *s, int ns, int chunk) {
     }
     k++;
   }
-  struct wk_batch b = {.seqs = in, .n_seqs = k, .logits = out};
+  static float hid[256 * 512];
+  int H = wk_model_config(f->m)->hidden;
+  struct wk_batch b = {.seqs = in, .n_seqs = k, .logits = out, .hidden = s[0].hidden ? hid : NULL};
   int rc = forward(f, &b);
   if (rc) return rc;
   for (int j = 0; j < n_real; j++) {
     struct seq *q = &s[idx[j]];
     memcpy(q->logits + (size_t)q->done * f->V, out + (size_t)rows * f->V,
            sizeof(float) * (size_t)in[j].n_tokens * f->V);
+    if (q->hidden)
+      memcpy(q->hidden + (size_t)q->done * H, hid + (size_t)rows * H,
+             sizeof(float) * (size_t)in[j].n_tokens * H);
     rows += in[j].n_tokens;
     q->done += in[j].n_tokens;
   }
@@ -174,6 +181,7 @@ static void release(struct fixture *f, struct seq *s, int ns) {
   for (int i = 0; i < ns; i++) {
     wk_seq_blocks_release(&s[i].blk, wk_model_kv_spec(f->m), &f->pa);
     free(s[i].logits);
+    free(s[i].hidden);
   }
 }
 
@@ -772,6 +780,61 @@ static void check_padded_decode(const char *arch) {
 TH_TEST(padded_decode_buckets_change_nothing) {
   check_padded_decode("gemma3");
   check_padded_decode("gemma4");
+}
+
+/* Speculative verification in step-graph buckets: steps whose sequences each run R
+ * tokens with every row's logits and final-normed state (a token and R - 1 drafts,
+ * as the worker verifies them) run padded to a bucket of R-token sequences (padding
+ * rows of R tokens, no KV writes), and give the bits of ordinary steps: logits and
+ * states, over a prefill chunk, across blocks and past the sliding window, with the
+ * last uneven steps (fewer tokens left) eager. */
+static void check_padded_verify(const char *arch, int R) {
+  struct fixture f[2];
+  float *ref[3][2] = {{0}};
+  int32_t pa[70], pb[41], pc[55];
+  uint64_t padded_steps = 0;
+  for (int pad = 0; pad < 2; pad++) {
+    g_step_graphs = pad ? WK_GRAPHS_PAD : WK_GRAPHS_OFF;
+    g_verify_tokens = R;
+    TH_REQUIRE(setup(&f[pad], arch, 0, WK_ST_F32) == 0);
+    g_step_graphs = g_verify_tokens = 0;
+    int H = wk_model_config(f[pad].m)->hidden;
+    make_prompt(pa, 70, f[pad].V, 18);
+    make_prompt(pb, 41, f[pad].V, 19);
+    make_prompt(pc, 55, f[pad].V, 20);
+    struct seq s[3] = {{.tokens = pa, .n = 70}, {.tokens = pb, .n = 41}, {.tokens = pc, .n = 55}};
+    for (int i = 0; i < 3; i++) {
+      s[i].logits = calloc((size_t)s[i].n * f[pad].V, sizeof(float));
+      s[i].hidden = calloc((size_t)s[i].n * H, sizeof(float));
+      TH_REQUIRE(s[i].logits && s[i].hidden);
+    }
+    TH_REQUIRE(step(&f[pad], s, 3, 12) == 0); /* a prefill chunk, then verification steps */
+    TH_REQUIRE(run_all(&f[pad], s, 3, R) == 0);
+    for (int k = 0; k < f[pad].m->n_buckets; k++)
+      if (f[pad].m->bucket_tokens[k] == R) padded_steps += f[pad].m->bucket_steps[k];
+    for (int i = 0; i < 3; i++) {
+      size_t nl = sizeof(float) * (size_t)s[i].n * f[pad].V,
+             nh = sizeof(float) * (size_t)s[i].n * H;
+      if (!pad) {
+        ref[i][0] = s[i].logits, ref[i][1] = s[i].hidden;
+        s[i].logits = s[i].hidden = NULL;
+      } else if (memcmp(ref[i][0], s[i].logits, nl) || memcmp(ref[i][1], s[i].hidden, nh)) {
+        th_fail(__FILE__, __LINE__, "%s: sequence %d: logits or states differ in padded steps",
+                arch, i);
+      }
+    }
+    release(&f[pad], s, 3);
+    teardown(&f[pad]);
+  }
+  /* the three ran together in a bucket of four until the shortest had fewer than R left */
+  TH_CHECK(padded_steps >= (41 - 12) / (uint64_t)R);
+  for (int i = 0; i < 3; i++)
+    free(ref[i][0]), free(ref[i][1]);
+}
+
+TH_TEST(padded_verify_buckets_change_nothing) {
+  check_padded_verify("gemma3", 4);
+  check_padded_verify("gemma4", 3);
 }
 
 /* Padding rows (CUDA-graph buckets fill a decode step up to a fixed size) change
