@@ -506,6 +506,7 @@ static int valid_view(const struct kn_kv_view *v) {
   if (v->head_dim <= 0 || v->head_dim > KN_MAX_HEAD_DIM) return CM_ERR_UNSUPPORTED;
   if (v->dtype != KN_DTYPE_F32 && v->dtype != KN_DTYPE_BF16 && v->dtype != KN_DTYPE_F8E4M3)
     return CM_ERR_UNSUPPORTED;
+  if ((v->k_scale || v->v_scale) && v->dtype != KN_DTYPE_F8E4M3) return CM_ERR_INVAL;
   /* one layer's K (and V) block must fit inside a page */
   size_t blk = (size_t)v->block_tokens * (size_t)v->n_kv_heads * (size_t)v->head_dim *
                kn_dtype_size(v->dtype);

@@ -474,7 +474,13 @@ struct kn_kv_view {
   int block_tokens;    /* token positions per page for this layer's group */
   int n_kv_heads;
   int head_dim;        /* <= KN_MAX_HEAD_DIM */
-  enum kn_dtype dtype; /* KN_DTYPE_F32, KN_DTYPE_BF16 or KN_DTYPE_F8E4M3 (scale 1) */
+  enum kn_dtype dtype; /* KN_DTYPE_F32, KN_DTYPE_BF16 or KN_DTYPE_F8E4M3 */
+  /* An fp8 cache's scales: [n_kv_heads] f32 backend memory each, or NULL (1).
+   * Element x of kv head h is stored as e4m3(x / k_scale[h]) (f32 division,
+   * then kn_f32_to_f8e4m3) and read back as the f32 product e4m3 value *
+   * k_scale[h]; V likewise with v_scale (the checkpoint's per-layer scales,
+   * vLLM's k_scale / v_scale). Must be NULL for other dtypes. */
+  const float *k_scale, *v_scale;
 };
 
 #define KN_MAX_HEAD_DIM 512

@@ -134,10 +134,13 @@ static void check_add_norm(struct chk *c, int T, int H, enum kn_dtype wdt, enum 
   if (with_h) chk_same(c, KN_FUSED_ADD_NORM, "add_norm h", h2, h1, n);
 }
 
+#define KN_FUSED_CHECK_MAX_KVH 8 /* kv heads of the scaled check, at most */
+
 /* A pool of pages; T tokens at positions pos0.. of one sequence written through
- * a shuffled block table (a few slots skipped with -1). */
+ * a shuffled block table (a few slots skipped with -1); an fp8 pool with scales
+ * per kv head when scaled. */
 static void check_qkv_prep(struct chk *c, int T, int nh, int kvh, int D, enum kn_dtype kvdt,
-                           int with_kv, int v_norm, enum kn_norm_mode mode) {
+                           int with_kv, int v_norm, enum kn_norm_mode mode, int scaled) {
   const int bt = 16, pos0 = 21, n_pages = (pos0 + T) / bt + 3;
   size_t blk = (size_t)bt * kvh * D * kn_dtype_size(kvdt);
   struct kn_kv_view view = {.page_bytes = 2 * blk + 64,
@@ -159,8 +162,19 @@ static void check_qkv_prep(struct chk *c, int T, int nh, int kvh, int D, enum kn
   float *q2 = q1 ? chk_dup(c, q1, nq * 4) : NULL, *k2 = k1 ? chk_dup(c, k1, nk * 4) : NULL;
   float *v2 = v1 ? chk_dup(c, v1, nk * 4) : NULL;
   void *pool2 = pool1 ? chk_dup(c, pool1, pool_bytes) : NULL;
+  /* scales in [0.25, 2.25): |random| in [0, 1) is amp 1's, shifted */
+  float *sc = scaled ? chk_up(c, KN_DTYPE_F32, (size_t)2 * kvh, 0.0f) : NULL;
+  if (sc) {
+    float h[2 * KN_FUSED_CHECK_MAX_KVH];
+    for (int i = 0; i < 2 * kvh && i < 2 * KN_FUSED_CHECK_MAX_KVH; i++)
+      h[i] = 0.25f + 2.0f * fabsf(chk_rand(c));
+    if (kvh > KN_FUSED_CHECK_MAX_KVH || kn_upload(c->be, sc, h, sizeof(float) * 2 * (size_t)kvh))
+      sc = NULL;
+    view.k_scale = sc;
+    view.v_scale = sc ? sc + kvh : NULL;
+  }
   int32_t pos[8], slots[8];
-  if (!q2 || !k2 || !v2 || !pool2 || !qw || !kw || !freq || T > 8) {
+  if (!q2 || !k2 || !v2 || !pool2 || !qw || !kw || !freq || T > 8 || (scaled && !sc)) {
     chk_fail(c, KN_FUSED_QKV_PREP, "%s: no memory for the check", "qkv_prep");
     return;
   }
@@ -205,16 +219,16 @@ static void check_qkv_prep(struct chk *c, int T, int nh, int kvh, int D, enum kn
     chk_same(c, KN_FUSED_QKV_PREP, "qkv_prep pages", pool2, pool1, pool_bytes / 4);
     return;
   }
-  /* a bf16 pool: compared as f32 would mix neighbours; widen both first */
-  size_t ne = pool_bytes / 2;
+  /* a bf16 or fp8 pool: compared as f32 would mix neighbours; widen both first */
+  size_t ne = pool_bytes / kn_dtype_size(kvdt);
   float *w1 = chk_up(c, KN_DTYPE_F32, ne, 0.0f), *w2 = chk_up(c, KN_DTYPE_F32, ne, 0.0f);
-  uint16_t *hb = malloc(pool_bytes);
+  unsigned char *hb = malloc(pool_bytes);
   float *hf = malloc(sizeof(float) * ne);
   int ok = w1 && w2 && hb && hf;
   for (int i = 0; ok && i < 2; i++) {
     ok = !kn_download(c->be, hb, i ? pool1 : pool2, pool_bytes);
     for (size_t j = 0; ok && j < ne; j++)
-      hf[j] = kn_bf16_to_f32(hb[j]);
+      hf[j] = kn_load_f32(hb, kvdt, j);
     ok = ok && !kn_upload(c->be, i ? w1 : w2, hf, sizeof(float) * ne);
   }
   free(hb);
@@ -302,11 +316,16 @@ unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t why
     }
   }
   if (ops->qkv_prep) {
-    check_qkv_prep(&c, 5, 4, 2, 64, KN_DTYPE_BF16, 1, 1, KN_NORM_MUL_W);
+    check_qkv_prep(&c, 5, 4, 2, 64, KN_DTYPE_BF16, 1, 1, KN_NORM_MUL_W, 0);
     chk_free_all(&c);
-    check_qkv_prep(&c, 1, 8, 1, 256, KN_DTYPE_F32, 1, 0, KN_NORM_MUL_ONE_PLUS_W);
+    check_qkv_prep(&c, 1, 8, 1, 256, KN_DTYPE_F32, 1, 0, KN_NORM_MUL_ONE_PLUS_W, 0);
     chk_free_all(&c);
-    check_qkv_prep(&c, 3, 4, 4, 512, KN_DTYPE_BF16, 0, 1, KN_NORM_MUL_W);
+    check_qkv_prep(&c, 3, 4, 4, 512, KN_DTYPE_BF16, 0, 1, KN_NORM_MUL_W, 0);
+    chk_free_all(&c);
+    /* fp8 caches, with a checkpoint's scales and without */
+    check_qkv_prep(&c, 4, 4, 2, 128, KN_DTYPE_F8E4M3, 1, 1, KN_NORM_MUL_W, 1);
+    chk_free_all(&c);
+    check_qkv_prep(&c, 2, 8, 4, 256, KN_DTYPE_F8E4M3, 1, 0, KN_NORM_MUL_ONE_PLUS_W, 0);
     chk_free_all(&c);
   }
   if (ops->matmul_n)

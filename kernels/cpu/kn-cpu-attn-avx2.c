@@ -28,20 +28,20 @@
  *
  * The cache is f32, bf16 or fp8 e4m3 (kind 0, 1, 2 below): each K/V vector is
  * widened exactly to f32 as it is loaded (e4m3 through a table of its 256
- * values), so a cache of any kind gives the bits an f32 cache holding the same
- * values gives. */
+ * values, times the kv head's scale where the cache has scales), so a cache of
+ * any kind gives the bits an f32 cache holding the same values gives. */
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 
 /* 8 cache elements from element d of a K or V row of kind 0 (f32), 1 (bf16) or
- * 2 (fp8 e4m3), widened exactly. */
-KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int kind) {
+ * 2 (fp8 e4m3: the values of tab, kn_cpu_e4m3_scaled's), widened exactly. */
+KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int kind, const float *tab) {
   if (kind == 1) return kn_avx2_bf16((const uint16_t *)base + d);
   if (kind == 2) {
     __m128i b = _mm_loadl_epi64((const __m128i *)((const uint8_t *)base + d));
-    return _mm256_i32gather_ps(kn_cpu_e4m3, _mm256_cvtepu8_epi32(b), 4);
+    return _mm256_i32gather_ps(tab, _mm256_cvtepu8_epi32(b), 4);
   }
   return _mm256_loadu_ps((const float *)base + d);
 }
@@ -54,14 +54,14 @@ KN_AVX2 static inline __m256 kv_ld(const void *base, int d, int kind) {
  * each score's operations are the same whichever tile it is in. */
 KN_AVX2 static inline __attribute__((always_inline)) void
 qk_micro(float *const *sc, const float *const *q, const void *const *k, const int *col, int D,
-         int kind, float scale, const int NQ, const int NK) {
+         int kind, const float *tab, float scale, const int NQ, const int NK) {
   __m256 acc[4][3];
   _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
     _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
       acc[i][j] = _mm256_setzero_ps();
   for (int d = 0; d < D; d += 8) {
     __m256 kv[3];
-    _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++) kv[j] = kv_ld(k[j], d, kind);
+    _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++) kv[j] = kv_ld(k[j], d, kind, tab);
     _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
       __m256 qv = _mm256_loadu_ps(q[i] + d);
       _Pragma("GCC unroll 3") for (int j = 0; j < NK; j++)
@@ -76,13 +76,14 @@ qk_micro(float *const *sc, const float *const *q, const void *const *k, const in
 /* sc[i][col[j]] = score of query q[i] (i < nq) against key k[j] (j < nk),
  * softcapped when softcap > 0, in tiles of 4 x 3. */
 KN_AVX2 static void qk_scores(float *const *sc, const float *const *q, int nq, const void *const *k,
-                              const int *col, int nk, int D, int kind, float scale, float softcap) {
+                              const int *col, int nk, int D, int kind, const float *tab,
+                              float scale, float softcap) {
   for (int i = 0; i < nq; i += 4) {
     const int NQ = nq - i < 4 ? nq - i : 4;
     for (int j = 0; j < nk; j += 3) {
       const int NK = nk - j < 3 ? nk - j : 3;
 #define QK(a, b)                                                                                   \
-  case (a)*4 + (b): qk_micro(sc + i, q + i, k + j, col + j, D, kind, scale, a, b); break
+  case (a)*4 + (b): qk_micro(sc + i, q + i, k + j, col + j, D, kind, tab, scale, a, b); break
       switch (NQ * 4 + NK) {
         QK(1, 1); QK(1, 2); QK(1, 3);
         QK(2, 1); QK(2, 2); QK(2, 3);
@@ -102,7 +103,7 @@ KN_AVX2 static void qk_scores(float *const *sc, const float *const *q, int nq, c
  * element's operations are the same whichever rows share the call. */
 KN_AVX2 static inline __attribute__((always_inline)) void
 pv_micro(float *const *acc, float *const *p, const float *corr, const void *const *vp,
-         const int *vj, int n_vis, int d, int kind, const int NR, const int NV) {
+         const int *vj, int n_vis, int d, int kind, const float *tab, const int NR, const int NV) {
   __m256 a[4][3];
   _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
     __m256 cv = _mm256_set1_ps(corr[r]);
@@ -111,7 +112,7 @@ pv_micro(float *const *acc, float *const *p, const float *corr, const void *cons
   }
   for (int n = 0; n < n_vis; n++) {
     __m256 vv[3];
-    _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++) vv[e] = kv_ld(vp[n], d + 8 * e, kind);
+    _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++) vv[e] = kv_ld(vp[n], d + 8 * e, kind, tab);
     _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
       __m256 pv = _mm256_set1_ps(p[r][vj[n]]);
       _Pragma("GCC unroll 3") for (int e = 0; e < NV; e++)
@@ -128,7 +129,8 @@ pv_micro(float *const *acc, float *const *p, const float *corr, const void *cons
  * row r's scores (KN_ATTN_BLOCK of them, -inf where invisible); the visible
  * keys' V are vp, at block offsets vj. */
 KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, const int *vj,
-                                int n_vis, float *m, float *l, float *const *acc, int D, int kind) {
+                                int n_vis, float *m, float *l, float *const *acc, int D, int kind,
+                                const float *tab) {
   float corr[KN_ATTN_MAX_VEC];
   for (int r = 0; r < nr; r++)
     corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
@@ -137,7 +139,7 @@ KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, 
     for (int d = 0; d < D; d += 24) {
       const int NV = (D - d) / 8 < 3 ? (D - d) / 8 : 3;
 #define PV(a, b)                                                                                   \
-  case (a)*4 + (b): pv_micro(acc + r, p + r, corr + r, vp, vj, n_vis, d, kind, a, b); break
+  case (a)*4 + (b): pv_micro(acc + r, p + r, corr + r, vp, vj, n_vis, d, kind, tab, a, b); break
       switch (NR * 4 + NV) {
         PV(1, 1); PV(1, 2); PV(1, 3);
         PV(2, 1); PV(2, 2); PV(2, 3);
@@ -150,11 +152,13 @@ KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, 
   }
 }
 
-/* The query vectors of one call (kn_cpu_attn_sets): the walk's state and the
- * queries. */
+/* The query vectors of one call (kn_cpu_attn_sets): the walk's state, the
+ * queries, and an fp8 cache's code values for their kv head (kn_cpu_e4m3_scaled). */
 struct vecs {
   struct kn_cpu_attn_vecs w;
   const float *const *q;
+  const float *ktab, *vtab;
+  _Alignas(64) float kt[256], vt[256];
 };
 
 /* Block b's keys in mask folded into vectors idx[0 .. k): the work of the two
@@ -167,8 +171,9 @@ fold(struct vecs *v, int b, uint32_t mask, const int *idx, int k, const int kind
   kn_cpu_attn_group_take(&g, &v->w, b, mask, idx, k);
   for (int j = 0; j < k; j++)
     gq[j] = v->q[idx[j]];
-  qk_scores(g.s, gq, k, g.kp, g.vj, g.n_vis, job->view->head_dim, kind, job->scale, job->softcap);
-  update_rows(g.s, k, g.vp, g.vj, g.n_vis, g.m, g.l, g.acc, job->view->head_dim, kind);
+  qk_scores(g.s, gq, k, g.kp, g.vj, g.n_vis, job->view->head_dim, kind, v->ktab, job->scale,
+            job->softcap);
+  update_rows(g.s, k, g.vp, g.vj, g.n_vis, g.m, g.l, g.acc, job->view->head_dim, kind, v->vtab);
   kn_cpu_attn_group_give(&g, &v->w, idx, k);
 }
 KN_AVX2 static void fold_f32_cache(void *v, int b, uint32_t mask, const int *idx, int k) {
@@ -189,6 +194,11 @@ KN_AVX2 static void attn_vectors(void *ctx, const float *const *q) {
   const int D = w->job->view->head_dim;
   v->q = q;
   enum kn_dtype dt = w->job->view->dtype;
+  v->ktab = v->vtab = kn_cpu_e4m3;
+  if (dt == KN_DTYPE_F8E4M3) {
+    v->ktab = kn_cpu_e4m3_scaled(v->kt, w->job->view->k_scale, w->kvh);
+    v->vtab = kn_cpu_e4m3_scaled(v->vt, w->job->view->v_scale, w->kvh);
+  }
   kn_cpu_attn_walk(w,
                    dt == KN_DTYPE_BF16     ? fold_bf16_cache
                    : dt == KN_DTYPE_F8E4M3 ? fold_fp8_cache

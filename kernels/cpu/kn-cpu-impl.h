@@ -413,6 +413,23 @@ static inline const void *kn_cpu_kv_addr(const struct kn_kv_view *view,
          (v ? view->v_off : view->k_off) +
          ((size_t)slot * (size_t)view->n_kv_heads + (size_t)h) * (size_t)view->head_dim * elt;
 }
+/* Element d of a cached K or V row of kv head h: its value (kn_load_f32), times
+ * scale[h] in f32 where an fp8 cache has scales (kn_kv_view.k_scale / v_scale). */
+static inline float kn_cpu_kv_value(const void *row, enum kn_dtype dt, int d, const float *scale,
+                                    int h) {
+  float x = kn_load_f32(row, dt, (size_t)d);
+  return scale ? x * scale[h] : x;
+}
+
+/* An fp8 cache's 256 code values for kv head h: kn_cpu_e4m3 itself, or times
+ * scale[h] (f32 products) in tab, which the returned pointer is then. */
+static inline const float *kn_cpu_e4m3_scaled(float *tab, const float *scale, int h) {
+  if (!scale) return kn_cpu_e4m3;
+  for (int c = 0; c < 256; c++)
+    tab[c] = kn_cpu_e4m3[c] * scale[h];
+  return tab;
+}
+
 /* The keys of block b that mask shows (bit jj: key b + jj), in position
  * order: their K and V rows of kv head kvh into kp and vp and their block
  * offsets into vj, each row asked for ahead of its use (the kernels read a

@@ -880,12 +880,15 @@ static int cpu_kv_write(void *p, const struct kn_kv_view *view, const int32_t *s
     char *page = (char *)view->pool + (size_t)(s / view->block_tokens) * view->page_bytes;
     size_t off = (size_t)(s % view->block_tokens) * n * elt;
     for (int which = 0; which < 2; which++) {
-      const float *src = which ? v : k;
+      const float *src = which ? v : k, *scale = which ? view->v_scale : view->k_scale;
       if (!src) continue;
       src += (ptrdiff_t)t * (which ? ldv : ldk);
       char *dst = page + (which ? view->v_off : view->k_off) + off;
       if (view->dtype == KN_DTYPE_F32)
         memcpy(dst, src, n * sizeof(float));
+      else if (scale) /* an fp8 cache with the checkpoint's scales */
+        for (size_t i = 0; i < n; i++)
+          kn_store_f32(dst, view->dtype, i, src[i] / scale[i / (size_t)view->head_dim]);
       else
         for (size_t i = 0; i < n; i++)
           kn_store_f32(dst, view->dtype, i, src[i]);

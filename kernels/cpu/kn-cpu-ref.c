@@ -135,7 +135,7 @@ void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq
       const void *v = kn_cpu_kv_addr(view, seq, j, kvh, 1);
       double s = 0.0;
       for (int d = 0; d < D; d++)
-        s += (double)q[d] * (double)kn_load_f32(k, view->dtype, (size_t)d);
+        s += (double)q[d] * (double)kn_cpu_kv_value(k, view->dtype, d, view->k_scale, kvh);
       s *= job->scale;
       if (job->softcap > 0.0f) s = tanh(s / job->softcap) * job->softcap;
       if (s > m) {
@@ -148,7 +148,7 @@ void kn_cpu_attn_ref(const struct kn_cpu_attn_job *job, const struct kn_attn_seq
       double e = exp(s - m);
       l += e;
       for (int d = 0; d < D; d++)
-        acc[d] += e * (double)kn_load_f32(v, view->dtype, (size_t)d);
+        acc[d] += e * (double)kn_cpu_kv_value(v, view->dtype, d, view->v_scale, kvh);
     }
     /* p itself is always visible, so l >= 1 */
     for (int d = 0; d < D; d++)

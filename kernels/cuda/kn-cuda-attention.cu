@@ -66,6 +66,8 @@ __global__ void __launch_bounds__(ATTN_THREADS)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const size_t elt = sizeof(KT);
 
+  /* an fp8 cache's scales for this kv head: each element read is value * scale */
+  const float ksc = a.k_scale ? a.k_scale[kvh] : 1.0f, vsc = a.v_scale ? a.v_scale[kvh] : 1.0f;
   const int split = tile_split(a, tile);
   int k_begin = tile.lo + (int)blockIdx.z * split;
   if (k_begin > tile.hi) return; /* this tile has fewer splits; combine knows */
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
       for (int s = 0; s < NS; s++)
         part[s] = part2[s] = 0.0f;
       for (int d = lane; d < D; d += 32) {
-        float kv = kn_load(kp, d), kv2 = kn_load(kp2, d);
+        float kv = __fmul_rn(kn_load(kp, d), ksc), kv2 = __fmul_rn(kn_load(kp2, d), ksc);
 #pragma unroll
         for (int s = 0; s < NS; s++) {
           part[s] = fmaf(qs[s][d], kv, part[s]);
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
         const KT *vp = (const KT *)(a.pool + kbase[j + u] + a.v_off);
 #pragma unroll
         for (int c = 0; c < ATTN_DC; c++)
-          vv[u][c] = d_ok[c] ? kn_load(vp, tid + c * ATTN_THREADS) : 0.0f;
+          vv[u][c] = d_ok[c] ? __fmul_rn(kn_load(vp, tid + c * ATTN_THREADS), vsc) : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < ATTN_PV; u++)
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
       const KT *vp = (const KT *)(a.pool + kbase[j] + a.v_off);
 #pragma unroll
       for (int c = 0; c < ATTN_DC; c++) {
-        float vv = d_ok[c] ? kn_load(vp, tid + c * ATTN_THREADS) : 0.0f;
+        float vv = d_ok[c] ? __fmul_rn(kn_load(vp, tid + c * ATTN_THREADS), vsc) : 0.0f;
 #pragma unroll
         for (int s = 0; s < NS; s++)
           acc[s][c] = fmaf(ps[s][j], vv, acc[s][c]);

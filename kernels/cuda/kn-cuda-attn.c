@@ -161,6 +161,8 @@ int kn_cuda_op_attention(void *ctx, float *out, ptrdiff_t ldo, const float *q, p
   a.pool = view->pool;
   a.page_bytes = view->page_bytes;
   a.k_off = view->k_off;
+  a.k_scale = view->k_scale;
+  a.v_scale = view->v_scale;
   a.v_off = view->v_off;
   a.block_tokens = view->block_tokens;
   a.n_kv_heads = view->n_kv_heads;

@@ -55,6 +55,8 @@ int kn_cuda_op_qkv_prep(void *ctx, const struct kn_qkv_prep_args *p, int T) {
       .pool = view->pool,
       .page_bytes = view->page_bytes,
       .k_off = view->k_off,
+      .k_scale = view->k_scale,
+      .v_scale = view->v_scale,
       .v_off = view->v_off,
       .block_tokens = view->block_tokens,
   };

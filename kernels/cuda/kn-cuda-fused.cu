@@ -146,8 +146,9 @@ template <typename C> __global__ void qkv_prep_kernel(struct kn_cuda_qkv_args a)
   char *page = a.pool + (size_t)(slot / a.block_tokens) * a.page_bytes;
   C *dst = (C *)(page + (kind == 1 ? a.k_off : a.v_off)) +
            ((size_t)(slot % a.block_tokens) * (size_t)a.kvh + (size_t)hh) * (size_t)D;
+  const float *sc = kind == 1 ? a.k_scale : a.v_scale; /* an fp8 cache's, or NULL */
   for (int i = threadIdx.x; i < D; i += blockDim.x)
-    kn_store(dst, i, head[i]);
+    kn_store(dst, i, sc ? __fdiv_rn(head[i], sc[hh]) : head[i]);
 }
 
 extern "C" cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_cuda_qkv_args *a,

@@ -62,6 +62,7 @@ struct kn_cuda_attn_args {
                       over the n_split splits, split_len keys at least (kn_cuda_attn_split) */
   float *part_acc; /* device, [n_rows, n_heads, n_split, head_dim] */
   float *part_ml;  /* device, [n_rows, n_heads, n_split, 2]: max, sum */
+  const float *k_scale, *v_scale; /* device [n_kv_heads] (an fp8 cache's), or NULL */
 };
 
 cudaError_t kn_cuda_launch_embed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table,
@@ -144,6 +145,7 @@ struct kn_cuda_qkv_args {
   char *pool;
   size_t page_bytes, k_off, v_off;
   int block_tokens;
+  const float *k_scale, *v_scale; /* device [kvh] (an fp8 cache's), or NULL */
 };
 cudaError_t kn_cuda_launch_qkv_prep(cudaStream_t s, const struct kn_cuda_qkv_args *a, int T,
                                     enum kn_dtype kv_dtype);

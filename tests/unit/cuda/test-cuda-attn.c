@@ -23,10 +23,13 @@ TH_TEST(cuda_kv_write) {
   ct_open(&e, 20);
   const int kvs[] = {1, 4}, Ds[] = {64, 256, 512};
   /* fp8: the device's __NV_SATFINITE conversion against kn_f32_to_f8e4m3, byte for byte */
-  const enum kn_dtype dts[] = {KN_DTYPE_F32, KN_DTYPE_BF16, KN_DTYPE_F8E4M3};
+  /* the fourth: fp8 with a scale per kv head (each value divided by it first) */
+  const enum kn_dtype dts[] = {KN_DTYPE_F32, KN_DTYPE_BF16, KN_DTYPE_F8E4M3, KN_DTYPE_F8E4M3};
+  const float scales[4] = {0.37f, 4.0f, 2.6f, 0.125f};
+  float *scales_d = ct_up(&e, scales, sizeof(scales));
   for (size_t ki = 0; ki < 2; ki++)
     for (size_t di = 0; di < 3; di++)
-      for (size_t ti = 0; ti < 3; ti++)
+      for (size_t ti = 0; ti < 4; ti++)
         for (int k_only = 0; k_only < 2; k_only++) {
           struct kn_kv_view v = {0};
           v.n_pages = 12;
@@ -34,6 +37,7 @@ TH_TEST(cuda_kv_write) {
           v.n_kv_heads = kvs[ki];
           v.head_dim = Ds[di];
           v.dtype = dts[ti];
+          int scaled = ti == 3;
           size_t blk = (size_t)v.block_tokens * v.n_kv_heads * v.head_dim * kn_dtype_size(v.dtype);
           v.k_off = 2 * blk; /* layer 1 of a two-layer page */
           v.v_off = 3 * blk;
@@ -64,8 +68,12 @@ TH_TEST(cuda_kv_write) {
           float *k_d = ct_up(&e, k, (size_t)T * ld * sizeof(float));
           float *v_d = ct_up(&e, vv, (size_t)T * ld * sizeof(float));
           v.pool = pool;
+          v.k_scale = scaled ? scales : NULL;
+          v.v_scale = scaled ? scales + 2 : NULL;
           TH_CHECK(kn_kv_write(e.cpu, &v, slots, k, ld, k_only ? NULL : vv, ld, T) == 0);
           v.pool = pool_d;
+          v.k_scale = scaled ? scales_d : NULL;
+          v.v_scale = scaled ? scales_d + 2 : NULL;
           TH_CHECK(kn_kv_write(e.gpu, &v, slots, k_d, ld, k_only ? NULL : v_d, ld, T) == 0);
           /* a slot past the pool is refused before anything is written */
           slots[5] = n_slots;
@@ -75,8 +83,9 @@ TH_TEST(cuda_kv_write) {
           for (size_t i = 0; i < pool_bytes; i++)
             diff += pool[i] != got[i];
           if (diff)
-            th_fail(__FILE__, __LINE__, "kv_write kv=%d D=%d %s k_only=%d: %zu bytes differ",
-                    v.n_kv_heads, v.head_dim, kn_dtype_name(v.dtype), k_only, diff);
+            th_fail(__FILE__, __LINE__, "kv_write kv=%d D=%d %s%s k_only=%d: %zu bytes differ",
+                    v.n_kv_heads, v.head_dim, kn_dtype_name(v.dtype), scaled ? " scaled" : "",
+                    k_only, diff);
           kn_free(e.gpu, pool_d);
           kn_free(e.gpu, k_d);
           kn_free(e.gpu, v_d);
@@ -85,6 +94,7 @@ TH_TEST(cuda_kv_write) {
           free(k);
           free(vv);
         }
+  kn_free(e.gpu, scales_d);
   ct_close(&e);
 }
 
@@ -104,6 +114,7 @@ struct attn_case {
   float softcap;
   int n_seqs;
   struct seq_spec seqs[8];
+  int scaled; /* fp8: a scale per kv head (k_scale, v_scale) */
 };
 
 /* clang-format off */
@@ -137,6 +148,11 @@ static const struct attn_case k_cases[] = {
    {{1, 300}, {1, 17}, {37, 60}}},
   {"decodes gqa4 d512 fp8 split-k", 512, 8, 2, 16, KN_DTYPE_F8E4M3, 0, 0.0f, 2,
    {{1, 2000}, {1, 100}}},
+  /* and with the checkpoint's scales: values read back as e4m3 value * scale */
+  {"d256 gqa2 window fp8 scaled", 256, 8, 4, 16, KN_DTYPE_F8E4M3, 32, 0.0f, 3,
+   {{1, 300}, {1, 17}, {37, 60}}, 1},
+  {"decodes gqa4 d512 fp8 split-k scaled", 512, 8, 2, 16, KN_DTYPE_F8E4M3, 0, 0.0f, 2,
+   {{1, 2000}, {1, 100}}, 1},
 };
 /* clang-format on */
 
@@ -221,12 +237,21 @@ static void attn_case_run(struct ct_env *e, const struct attn_case *c) {
 
   void *pool_d = ct_up(e, pool, pool_bytes);
   float *q_d = ct_up(e, q, tq * sizeof(float));
+  float sc[16]; /* k_scale then v_scale: powers of two and others */
+  for (int h = 0; h < 2 * c->n_kv && h < 16; h++)
+    sc[h] = h % 3 == 0 ? 0.25f : 0.3f + 0.9f * (float)h;
+  float *sc_d = c->scaled ? ct_up(e, sc, sizeof(sc)) : NULL;
   v.pool = pool;
+  v.k_scale = c->scaled ? sc : NULL;
+  v.v_scale = c->scaled ? sc + c->n_kv : NULL;
   int rc_cpu = kn_attention(e->cpu, o.ref, ldo, q, ldq, &v, seqs, c->n_seqs, c->n_heads, c->window,
                             scale, c->softcap);
   v.pool = pool_d;
+  v.k_scale = sc_d;
+  v.v_scale = sc_d ? sc_d + c->n_kv : NULL;
   int rc_gpu = kn_attention(e->gpu, o.dev, ldo, q_d, ldq, &v, seqs, c->n_seqs, c->n_heads,
                             c->window, scale, c->softcap);
+  kn_free(e->gpu, sc_d);
   if (rc_cpu || rc_gpu)
     th_fail(__FILE__, __LINE__, "attention %s: cpu %d, cuda %d", c->name, rc_cpu, rc_gpu);
   ct_out_check(e, &o, rows, width, ldo, 1e-9, "attention %s", c->name);

@@ -570,11 +570,49 @@ TH_TEST(attention_random_descriptors_never_escape) {
 
 /* ---- an fp8 (e4m3) cache ---------------------------------------------------- */
 
+/* Rewrites c's cache (fp8) with kv head h's scales ks[h] and vs[h] (host; put in
+ * backend memory of be, *ks_be / *vs_be, for c->view): raw values 1.7 times c's
+ * are written, and c->k / c->v then hold what the cache must read back, the f32
+ * product of e4m3(x / scale) and the scale. */
+static void rescale_cache(struct kt_cache *c, struct kn_backend *be, const float *ks,
+                          const float *vs, float **ks_be, float **vs_be) {
+  int kvh = c->view.n_kv_heads, D = c->view.head_dim, len = c->len;
+  *ks_be = kn_alloc(be, sizeof(float) * (size_t)kvh);
+  *vs_be = kn_alloc(be, sizeof(float) * (size_t)kvh);
+  TH_REQUIRE(*ks_be && *vs_be);
+  TH_REQUIRE(kn_upload(be, *ks_be, ks, sizeof(float) * (size_t)kvh) == 0);
+  TH_REQUIRE(kn_upload(be, *vs_be, vs, sizeof(float) * (size_t)kvh) == 0);
+  c->view.k_scale = *ks_be;
+  c->view.v_scale = *vs_be;
+  size_t row = (size_t)kvh * D, n = (size_t)c->n_seq * len * row;
+  for (size_t i = 0; i < n; i++) {
+    c->k[i] *= 1.7f;
+    c->v[i] *= 1.7f;
+  }
+  int32_t *slots = malloc(sizeof(int32_t) * (size_t)len);
+  TH_REQUIRE(slots);
+  for (int s = 0; s < c->n_seq; s++) {
+    for (int p = 0; p < len; p++)
+      slots[p] = c->bt[s * c->n_blocks + p / c->view.block_tokens] * c->view.block_tokens +
+                 p % c->view.block_tokens;
+    TH_REQUIRE(kn_kv_write(be, &c->view, slots, c->k + (size_t)s * len * row, (ptrdiff_t)row,
+                           c->v + (size_t)s * len * row, (ptrdiff_t)row, len) == 0);
+  }
+  free(slots);
+  for (size_t i = 0; i < n; i++) {
+    int h = (int)(i % row) / D;
+    c->k[i] = kn_f8e4m3_to_f32(kn_f32_to_f8e4m3(c->k[i] / ks[h])) * ks[h];
+    c->v[i] = kn_f8e4m3_to_f32(kn_f32_to_f8e4m3(c->v[i] / vs[h])) * vs[h];
+  }
+}
+
 /* Attention over an fp8 cache is attention over an f32 cache holding the same
- * e4m3 values, bit for bit, on each table (every kernel widens the cache
- * exactly as it loads it), in the default and the bf16 mode; kv_write rounded
- * what it stored as kn_f32_to_f8e4m3 does (cache_init's copies). */
-TH_TEST(attention_over_an_fp8_cache) {
+ * values, bit for bit, on each table (every kernel widens the cache exactly as
+ * it loads it), in the default and the bf16 mode; kv_write rounded what it
+ * stored as kn_f32_to_f8e4m3 does (cache_init's copies). With scales (a
+ * checkpoint's k_scale / v_scale, one per kv head), the cache holds each value
+ * divided by its head's scale and reads back the e4m3 value times the scale. */
+static void check_fp8_cache(int scaled) {
   kt_seed(23);
   static const int dims[] = {64, 256, 40};
   for (size_t di = 0; di < CM_ARRAY_LEN(dims); di++)
@@ -585,8 +623,13 @@ TH_TEST(attention_over_an_fp8_cache) {
       TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 1, &bf) == 0 && bf);
       struct kt_cache c8, c32;
       cache_init(&c8, vec, n_seq, len, kvh, D, 16, KN_DTYPE_F8E4M3);
-      /* the same pages in f32, holding the e4m3 values */
+      /* scales of both kinds: powers of two and others, above and below 1 */
+      static const float ks[2] = {4.0f, 0.37f}, vs[2] = {0.125f, 2.6f};
+      float *ks_be = NULL, *vs_be = NULL;
+      if (scaled) rescale_cache(&c8, vec, ks, vs, &ks_be, &vs_be);
+      /* the same pages in f32, holding the values the fp8 cache reads back */
       c32 = c8;
+      c32.view.k_scale = c32.view.v_scale = NULL;
       c32.view.page_bytes = c8.view.page_bytes * 4;
       c32.view.k_off = c8.view.k_off * 4;
       c32.view.v_off = c8.view.v_off * 4;
@@ -623,9 +666,31 @@ TH_TEST(attention_over_an_fp8_cache) {
       }
       free(q), free(want), free(got), free(slots);
       kn_free(ref, c32.view.pool);
+      kn_free(vec, ks_be), kn_free(vec, vs_be);
       cache_free(&c8, vec);
       kn_backend_destroy(ref);
       kn_backend_destroy(vec);
       kn_backend_destroy(bf);
     }
+}
+
+TH_TEST(attention_over_an_fp8_cache) {
+  check_fp8_cache(0);
+}
+
+TH_TEST(attention_over_an_fp8_cache_with_scales) {
+  check_fp8_cache(1);
+}
+
+/* Scales belong to an fp8 cache: with another dtype the view is refused. */
+TH_TEST(kv_scales_need_an_fp8_cache) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_REF, 1);
+  struct kt_cache c;
+  cache_init(&c, be, 1, 8, 2, 64, 16, KN_DTYPE_BF16);
+  static const float one[2] = {1.0f, 1.0f};
+  c.view.k_scale = one;
+  int32_t slot = c.bt[0] * 16;
+  TH_CHECK_EQ_INT(kn_kv_write(be, &c.view, &slot, c.k, 128, c.v, 128, 1), CM_ERR_INVAL);
+  cache_free(&c, be);
+  kn_backend_destroy(be);
 }
