@@ -32,11 +32,14 @@ static const struct pr_field step_seq_fields[] = {
                              PR_WHEN(PR_IF_BITS, step_seq, flags), .mask = PR_SEQ_NEW},
     [PR_K_SSEQ_MAX_TOKENS] = {PR_U(step_seq, max_tokens), PR_WHEN(PR_IF_BITS, step_seq, flags),
                               .mask = PR_SEQ_NEW},
+    [PR_K_SSEQ_BEFORE] = {PR_U32S(step_seq, before, UINT32_MAX),
+                          PR_WHEN(PR_IF_BITS, step_seq, flags), .mask = PR_SEQ_NEW},
 };
 
 static int check_step_seq(const void *rec) {
   const struct pr_step_seq *s = rec;
   if ((s->flags & PR_SEQ_NEW) && (s->flags & PR_SEQ_APPEND_BLOCKS)) return CM_ERR_INVAL;
+  if (s->before.n && s->before.n != s->start_pos) return CM_ERR_INVAL;
   if ((s->flags & PR_SEQ_PREV_DRAFTS) &&
       (!(s->flags & PR_SEQ_PREV_TOKEN) || s->draft_tokens.n || !s->num_draft))
     return CM_ERR_INVAL;

@@ -54,7 +54,9 @@
  * Speculative decoding: a decode gets up to num_spec_tokens draft slots (fewer near
  * max_tokens or the budget's end); the workers draft into them and verify; the result
  * carries the accepted drafts plus one token, and the slots of rejected drafts are
- * released (rolled back) when the result is applied. */
+ * released (rolled back) when the result is applied. The drafts a step verifies are
+ * those the workers proposed after the step before: a decode's, or a final prefill
+ * chunk's (num_propose). */
 #ifndef LMSERVE_SCH_ENGINE_H
 #define LMSERVE_SCH_ENGINE_H
 
@@ -152,7 +154,12 @@ struct sch_plan_seq {
   int32_t start_pos;    /* position of tokens[0] */
   int32_t num_draft;    /* draft slots after the tokens: positions start_pos +
                            num_tokens .. + num_draft - 1 have blocks; the workers
-                           draft and verify that many tokens */
+                           verify up to that many drafts */
+  int32_t num_propose;  /* drafts the workers propose after the step's token, for the
+                           next step to verify: a decode's num_draft, and a final
+                           prefill chunk's as many as its first decode may take (so
+                           that every decode, the first and one after a preemption
+                           too, has drafts) */
   bool sample;          /* samples after the last token (false for a non-final
                            prefill chunk, which returns no result) */
   bool is_new;          /* first step the workers see it (or first after a

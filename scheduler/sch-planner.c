@@ -41,10 +41,11 @@ static bool planned_view(struct sch_engine *e, struct sch_request *r, int32_t *c
   return true;
 }
 
-/* Adds n tokens of r from position `from` (k draft slots after them) to the plan;
- * prev: the first is the token the step in flight samples. */
+/* Adds n tokens of r from position `from` (k draft slots after them, `propose` drafts
+ * proposed after them) to the plan; prev: the first is the token the step in flight
+ * samples. */
 static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t from, int32_t ntok,
-                    int32_t n, int32_t k, bool is_new, bool prev) {
+                    int32_t n, int32_t k, int32_t propose, bool is_new, bool prev) {
   CM_ASSERT(e->plan_num[e->cur_slot] < e->cfg.max_num_seqs);
   int32_t idx = e->plan_num[e->cur_slot]++;
   struct sch_plan_seq *s = &e->plan_seqs[e->cur_slot][idx];
@@ -54,6 +55,7 @@ static void add_seq(struct sch_engine *e, struct sch_request *r, int32_t from, i
   s->num_tokens = n;
   s->start_pos = from;
   s->num_draft = k;
+  s->num_propose = propose;
   s->sample = from + n == ntok;
   s->is_new = is_new;
   s->num_prompt = r->num_prompt;
@@ -114,13 +116,18 @@ static void preempt(struct sch_engine *e, struct sch_request *r, bool in_plan) {
   e->num_preemptions++;
 }
 
-/* Draft slots for a decode of r with ntok tokens: at most K, what the budget leaves,
- * and no more than the tokens the request may still generate after this step's own. */
+/* Drafts a decode of r with ntok tokens may verify: at most K, and no more than the
+ * tokens the request may still generate after that step's own. */
+static int32_t proposals(const struct sch_engine *e, const struct sch_request *r, int32_t ntok) {
+  int32_t k = CM_MIN(e->cfg.num_spec_tokens, r->max_tokens - (ntok - r->num_prompt) - 1);
+  return k > 0 ? k : 0;
+}
+
+/* Draft slots for a decode of r with ntok tokens: its proposals, within what the
+ * budget leaves. */
 static int32_t draft_slots(const struct sch_engine *e, const struct sch_request *r, int32_t ntok,
                            int32_t budget) {
-  int32_t k = e->cfg.num_spec_tokens;
-  k = CM_MIN(k, budget - 1);
-  k = CM_MIN(k, r->max_tokens - (ntok - r->num_prompt) - 1);
+  int32_t k = CM_MIN(proposals(e, r, ntok), budget - 1);
   return k > 0 ? k : 0;
 }
 
@@ -203,7 +210,10 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
         self = v == r;
       }
       if (self) continue;
-      add_seq(e, r, from, ntok, n, k, false, prev);
+      /* a decode proposes as many drafts as it verifies; a final prefill chunk, what its
+       * first decode (ntok + 1 tokens) may verify */
+      int32_t propose = decode ? k : from + n == ntok ? proposals(e, r, ntok + 1) : 0;
+      add_seq(e, r, from, ntok, n, k, propose, false, prev);
       budget -= n + k;
     }
   }
@@ -234,7 +244,8 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
     r->admit_seq = e->next_admit++;
     sch_queue_run_push(&e->q, r);
     r->in_worker = true;
-    add_seq(e, r, h, r->num_tokens, n, 0, true, false);
+    int32_t propose = h + n == r->num_tokens ? proposals(e, r, r->num_tokens + 1) : 0;
+    add_seq(e, r, h, r->num_tokens, n, 0, propose, true, false);
     *budget -= n;
   }
 }

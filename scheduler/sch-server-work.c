@@ -655,7 +655,7 @@ void sch_srv_work_step(struct sch_server *s) {
       uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
       q->draft_tokens = (struct pr_u32s){r->drafts, nd};
     }
-    q->num_draft = (uint32_t)p->num_draft;
+    q->num_draft = (uint32_t)p->num_propose;
     q->num_prompt = p->is_new ? (uint32_t)p->num_prompt : 0;
     q->max_tokens = p->is_new ? (uint32_t)p->max_tokens : 0;
     q->block_tables = &s->step_tables[i * SCH_MAX_GROUPS];
@@ -673,6 +673,12 @@ void sch_srv_work_step(struct sch_server *s) {
         uint32_t n = (uint32_t)(p->start_pos - p->num_prompt);
         q->generated = (struct pr_u32s){(const uint32_t *)p->tokens - n, n};
       }
+      const struct pr_sampling *sp = &q->sampling;
+      if (p->start_pos > 0 &&
+          (sp->presence_penalty != 0 || sp->frequency_penalty != 0 || sp->repetition_penalty != 1))
+        /* the tokens the step does not run count for the penalties all the same */
+        q->before =
+            (struct pr_u32s){(const uint32_t *)p->tokens - p->start_pos, (uint32_t)p->start_pos};
     } else {
       pr_sampling_default(&q->sampling);
     }

@@ -30,7 +30,8 @@ struct rseq {
   uint32_t accepted; /* drafts that step accepted: PREV_TOKEN runs after them */
   uint32_t n_prop;   /* drafts that step proposed, in prop (PR_SEQ_PREV_DRAFTS) */
   uint32_t prop[PR_MAX_DRAFT];
-  uint32_t gen_end; /* prompt + max_tokens (from NEW), 0 = not said */
+  uint32_t gen_end;  /* prompt + max_tokens (from NEW), 0 = not said */
+  uint32_t n_prompt; /* prompt tokens (from NEW): later positions are generated ones */
   struct wk_sampling_params sp;
   struct wk_penalty_state pen;
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
@@ -379,6 +380,7 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       what = "draft";
       bad = outside_vocab(&s->draft_tokens, r->vocab);
     }
+    if (!bad && (bad = outside_vocab(&s->before, r->vocab))) what = "earlier token";
     if (bad)
       return cm_fail(err, errlen, CM_ERR_RANGE,
                      "sequence %llu: %s id %u outside the vocabulary (%d)", id, what, *bad,
@@ -474,8 +476,8 @@ static void drop_freed(struct wk_role *r, const struct pr_step *st) {
 /* Whether sequence s's drafts can be verified from backend-sampled rows:
  * greedy without penalties, where verification is "the draft is the row's
  * argmax" (wk_sample_verify's greedy rule) and each row's token is the argmax
- * whatever the drafts before it. Other requests need the whole distribution
- * on the host (rejection sampling, penalties that grow along the drafts). */
+ * whatever the drafts before it. Other requests are verified on the host
+ * (penalties grow along the drafts). */
 static int verify_on_backend(struct wk_role *r, const struct pr_step_seq *s) {
   struct wk_sampling_params sp;
   const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
@@ -485,6 +487,17 @@ static int verify_on_backend(struct wk_role *r, const struct pr_step_seq *s) {
     wk_role_sampling(&s->sampling, 0, &sp);
   return sp.temperature < 1e-5f && sp.presence_penalty == 0 && sp.frequency_penalty == 0 &&
          sp.repetition_penalty == 1;
+}
+
+/* Penalty state of n tokens at positions pos.. that q ran but did not sample here:
+ * prompt tokens below its prompt's end, generated ones (re-run after a preemption, or
+ * from the prefix cache) from there on, as when they were sampled. */
+static int penalize(struct rseq *q, const int32_t *ids, uint32_t pos, uint32_t n) {
+  uint32_t np = pos < q->n_prompt ? CM_MIN(n, q->n_prompt - pos) : 0;
+  int rc = np ? wk_penalty_add_prompt(&q->pen, ids, (int)np) : 0;
+  for (uint32_t j = np; j < n && !rc; j++)
+    rc = wk_penalty_add_output(&q->pen, ids[j]);
+  return rc;
 }
 
 /* Applies frees, NEW, block tables and prompt penalties, and fills the batch. */
@@ -516,6 +529,12 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       q->id = s->seq_id;
       wk_role_sampling(&s->sampling, mix64(s->seq_id ^ (uint64_t)(uintptr_t)r), &q->sp);
       q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
+      q->n_prompt = s->num_prompt;
+      if (s->before.n && s->before.n != s->start_pos)
+        return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: %u tokens before position %u",
+                       (unsigned long long)s->seq_id, s->before.n, s->start_pos);
+      if (penalize(q, (const int32_t *)s->before.v, 0, s->before.n))
+        return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
       if (s->sampling.grammar_kind) {
         int rc = wk_grammars_matcher(r->gram, s->sampling.grammar_kind, s->sampling.grammar.v,
                                      s->sampling.grammar.n, &q->gm, err, errlen);
@@ -544,8 +563,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       t[j] = (int32_t)s->tokens.v[j];
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
-    if ((s->flags & PR_SEQ_PREFILL) && s->tokens.n &&
-        wk_penalty_add_prompt(&q->pen, t, (int)s->tokens.n))
+    if ((s->flags & PR_SEQ_PREFILL) && penalize(q, t, s->start_pos, s->tokens.n))
       return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
     /* generated tokens run again after a preemption: the matcher follows those it has
      * not seen (the ones it sampled itself it followed then) */

@@ -187,33 +187,7 @@ int wk_sample_masked(struct wk_sampler *s, float *logits, const struct wk_sampli
 int wk_sample_verify(struct wk_sampler *s, float *logits, const struct wk_sampling_params *p,
                      const struct wk_penalty_state *st, uint64_t token_index, int32_t draft,
                      const uint32_t *allow, int *accepted, struct wk_sample_result *out) {
-  struct kn_sample_params kp;
-  struct kn_sample_out ko;
-  wk_sampling_to_kn(p, st, token_index, &kp);
-  kp.allow = allow;
-  const float *raw = kn_cpu_sample_save_raw(s->k, logits, &kp);
-  const int32_t *ids;
-  const float *probs;
-  int n;
-  int rc = kn_cpu_sample_dist(s->k, logits, &kp, &ids, &probs, &n);
-  if (rc == 0) {
-    int at = -1;
-    for (int i = 0; i < n; i++)
-      if (ids[i] == draft) {
-        at = i;
-        break;
-      }
-    double pd = at >= 0 ? probs[at] : 0.0;
-    if (at >= 0 && (pd >= 1.0 || wk_sampler_uniform(p->seed, token_index, 1) < pd)) {
-      *accepted = 1;
-      ko.token = draft;
-    } else {
-      *accepted = 0;
-      ko.token =
-          kn_cpu_sample_draw(ids, probs, n, wk_sampler_uniform(p->seed, token_index, 2), at, pd);
-    }
-    kn_cpu_sample_logprobs(s->k, raw, &kp, &ko);
-    wk_sample_result_from_kn(&ko, out);
-  }
+  int rc = wk_sample_masked(s, logits, p, st, token_index, allow, out);
+  *accepted = rc == 0 && out->token == draft;
   return rc;
 }

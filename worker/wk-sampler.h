@@ -1,6 +1,6 @@
 /* wk-sampler.h — token sampling on worker rank 0: penalties, temperature,
  * min-p, top-k, top-p, per-request seeded draws, logprobs, and the
- * rejection-sampling verification that speculative decoding uses.
+ * verification that speculative decoding uses.
  *
  * Order of processing (as vLLM's sampler): repetition / frequency / presence
  * penalties on the raw logits, then temperature (0 = greedy argmax of the
@@ -92,10 +92,15 @@ int wk_sampler_dist(struct wk_sampler *s, float *logits, const struct wk_samplin
                     int *n);
 
 /* Speculative verification of one drafted token `draft` (proposed
- * deterministically, i.e. with draft probability 1): accepts it with
- * probability p_target(draft); on rejection draws the replacement from the
- * target distribution with `draft` removed and renormalised. For greedy params
- * it accepts iff draft is the argmax and otherwise returns the argmax.
+ * deterministically, i.e. with draft probability 1): the row's own draw
+ * (wk_sample_masked at token_index), which takes the draft when it is the
+ * draw. That is speculative sampling for such a drafter: the draft is
+ * accepted with probability p_target(draft), and on rejection the token
+ * comes from the target with `draft` removed and renormalised (the residual
+ * max(p - q, 0)); and the token is the one sampling without drafts gives at
+ * that position, so a seeded request's tokens do not depend on which drafts
+ * it was offered (a preemption, a batch's budget, async steps). For greedy
+ * params it accepts iff draft is the argmax and returns the argmax.
  * *accepted is 1 or 0; out->token is the draft or the replacement. With
  * allow (a structured output's mask, as wk_sample_masked's) the target is the
  * masked distribution: a draft the mask refuses is rejected. */

@@ -52,6 +52,7 @@ struct fseq {
 struct fake {
   uint32_t rank, world, max_draft;
   uint64_t blocks, fail_at_step;
+  uint64_t steps_taken; /* STEPs received (their ids skip the empty plans never sent) */
   int slow_ms;
   bool empty_results; /* also list non-sampling sequences, with no tokens */
   struct slot *kv;    /* [blocks][MAX_BT] */
@@ -262,7 +263,7 @@ static void send_fail(struct fake *f, uint64_t step_id, const char *why) {
 
 static void on_step(struct fake *f, const struct pr_step *st) {
   if (f->slow_ms) cm_time_sleep_ns((uint64_t)f->slow_ms * 1000000ull);
-  if (f->fail_at_step && st->step_id >= f->fail_at_step) {
+  if (f->fail_at_step && ++f->steps_taken >= f->fail_at_step) {
     send_fail(f, st->step_id, "injected failure");
     f->fail_at_step = 0;
     return;
@@ -306,7 +307,7 @@ int main(int argc, char **argv) {
       {"slow-ms", CM_OPT_INT, &slow_ms, "MS", "sleep per step", 0, 10000, 0, 0, NULL},
       {"empty-results", CM_OPT_BOOL, &empty_results, NULL,
        "list non-sampling sequences in RESULT with no tokens", 0, 0, 0, 0, NULL},
-      {"fail-at-step", CM_OPT_INT, &fail_at, "S", "answer FAIL from this step on, once", 0,
+      {"fail-at-step", CM_OPT_INT, &fail_at, "S", "answer FAIL to the S-th STEP received, once", 0,
        INT32_MAX, 0, 0, NULL},
       {0},
   };

@@ -142,20 +142,28 @@ TH_TEST(async_tensor_parallel_2_equals_sync) {
 }
 
 /* An echo target whose logits leak a quarter of another token's (make-tiny-model --echo
- * --echo-leak 0.25) and an assistant that drafts what the echo would say: some drafts
- * are accepted and some rejected, so steps accept every number of them. Their paths
- * in model and assistant [320]. */
-static void mtp_pair(char *model, char *assistant) {
-  char tmp[256], tok[400];
-  TH_REQUIRE(th_tmpdir("async-mtp", tmp, sizeof(tmp)) == 0);
-  snprintf(model, 320, "%s/m", tmp);
-  snprintf(assistant, 320, "%s/a", tmp);
+ * --echo-leak 0.25: it says its context's tokens again) in th_tmpdir(name), its path in
+ * model [320] (the folder in dir [256]). Skips the test without a Gemma tokenizer. */
+static void echo_model(const char *name, char *dir, char *model) {
+  char tok[400];
+  TH_REQUIRE(th_tmpdir(name, dir, 256) == 0);
+  snprintf(model, 320, "%s/m", dir);
   struct th_out o = {0};
   TH_REQUIRE(th_lmserve(&o, 120000, "make-tiny-model", "--arch", "gemma4", "--echo", "--echo-leak",
                         "0.25", "--out", model, NULL) == 0);
   th_out_free(&o);
   snprintf(tok, sizeof(tok), "%s/tokenizer.json", model);
   if (access(tok, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+}
+
+/* echo_model and an assistant that drafts what the echo would say: some drafts are
+ * accepted and some rejected, so steps accept every number of them. Their paths in
+ * model and assistant [320]. */
+static void mtp_pair(char *model, char *assistant) {
+  char tmp[256];
+  echo_model("async-mtp", tmp, model);
+  snprintf(assistant, 320, "%s/a", tmp);
+  struct th_out o = {0};
   TH_REQUIRE(th_lmserve(&o, 120000, "make-tiny-model", "--arch", "gemma4-assistant", "--agree",
                         "--target", model, "--out", assistant, NULL) == 0);
   th_out_free(&o);
@@ -163,13 +171,16 @@ static void mtp_pair(char *model, char *assistant) {
 
 /* Speculative decoding with the MTP assistant: a step planned behind one that verifies
  * drafts runs after the drafts it accepted, which only the workers know, and verifies
- * the drafts it proposed; the answers are those of synchronous steps with the same
- * drafts — on one rank, with a pool that preempts, and with tensor parallelism 2. */
+ * the drafts it proposed. The answers, seeded ones too, are those of synchronous steps
+ * without speculation (a verified row's token is the draw plain sampling makes there)
+ * and of synchronous ones with it — on one rank, with a pool that preempts, and with
+ * tensor parallelism 2. */
 TH_TEST(async_mtp_drafts_equal_sync) {
   th_proc_init(1800);
   char model[320], assistant[320];
   mtp_pair(model, assistant);
   const struct run runs[] = {
+      {{"--no-async-scheduling"}, "sync, no speculation"},
       {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--no-async-scheduling"},
        "sync, MTP K=3"},
       {{"--speculative-model", assistant, "--num-speculative-tokens", "3"}, "async, MTP K=3"},
@@ -177,16 +188,64 @@ TH_TEST(async_mtp_drafts_equal_sync) {
         "600K"},
        "async, MTP K=3, small KV pool"},
   };
-  answers_equal_on(model, runs, 3);
+  answers_equal_on(model, runs, 4);
   const struct run tp[] = {
-      {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--tensor-parallel-size",
-        "2", "--no-async-scheduling"},
-       "sync, MTP K=3, tensor parallel 2"},
+      {{"--tensor-parallel-size", "2", "--no-async-scheduling"},
+       "sync, no speculation, tensor parallel 2"},
       {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--tensor-parallel-size",
         "2"},
        "async, MTP K=3, tensor parallel 2"},
   };
   answers_equal_on(model, tp, 2);
+}
+
+/* Penalties count every token before the one sampled, also those a step does not run:
+ * prompt tokens the prefix cache holds, and a preempted request's generated tokens,
+ * which it runs again as a prefill (or finds cached). Requests sharing a long prompt
+ * prefix, greedy under repetition, presence and frequency penalties (so that every
+ * earlier token can move the argmax), sent one after another so that each later one
+ * finds the earlier ones' blocks, answer as with prefix caching off; and so do they
+ * all at once in a pool small enough to preempt. */
+TH_TEST(penalties_count_cached_and_recomputed_tokens) {
+  th_proc_init(900);
+  char dir[256], model[320];
+  echo_model("async-pen", dir, model); /* it repeats tokens: the penalties move it off them */
+  enum { N = 8 };
+  static struct th_job want[N], got[N];
+  for (int pass = 0; pass < 3; pass++) {
+    struct th_job *jobs = pass ? got : want;
+    for (int i = 0; i < N; i++) {
+      uint32_t x = 4242; /* every prompt begins with the same tokens */
+      th_job_make(&jobs[i], 40 + 13 * i, &x,
+                  "\"max_tokens\":60,\"temperature\":0,%s,\"stream\":false",
+                  i % 4 ? "\"presence_penalty\":0.8,\"frequency_penalty\":0.5"
+                        : "\"repetition_penalty\":1.4");
+    }
+    struct srv s;
+    char *const off[] = {"--no-enable-prefix-caching", NULL};
+    char *const tiny[] = {"--kv-cache-memory", "220K", "--max-num-seqs", "8", NULL};
+    TH_REQUIRE(srv_start(&s, model, pass == 0 ? off : pass == 1 ? NULL : tiny) == 0);
+    if (pass < 2)
+      for (int i = 0; i < N; i++)
+        th_http_run_jobs(&jobs[i], 1, s.port);
+    else
+      th_http_run_jobs(jobs, N, s.port);
+    TH_CHECK(wait_idle(&s));
+    if (pass) { /* the prefix cache did find the earlier prompts; the small pool preempted */
+      char *m = NULL;
+      TH_CHECK_EQ_INT(th_http(s.port, "GET", "/metrics", NULL, 60000, &m), 200);
+      double hits = th_metric(m, "lmserve:prefix_cache_hits_total", NULL);
+      double pre = th_metric(m, "lmserve:num_preemptions_total", NULL);
+      fprintf(stderr, "pass %d: %.0f prefix-cache hits, %.0f preemptions\n", pass, hits, pre);
+      TH_CHECK(pass == 1 ? hits > 100 : pre > 0);
+      free(m);
+    }
+    srv_stop(&s);
+    th_jobs_check_answered(jobs, N);
+    if (pass) th_jobs_check_same(want, got, N, pass == 1 ? "prefix cache" : "small KV pool");
+  }
+  th_http_jobs_free(want, N);
+  th_http_jobs_free(got, N);
 }
 
 /* Streams cut after their first events: their requests are aborted while steps

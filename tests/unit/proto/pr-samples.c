@@ -230,6 +230,10 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     sseqs[0].num_draft = v == 2 ? PR_MAX_DRAFT : 3;
     sseqs[0].num_prompt = v == 2 ? UINT32_MAX : 31;
     sseqs[0].max_tokens = v == 2 ? UINT32_MAX : 64;
+    if (v == 0) { /* a prefix-cache hit of 5 tokens, which the penalties count */
+      sseqs[0].start_pos = 5;
+      sseqs[0].before = (struct pr_u32s){tok, 5};
+    }
     sseqs[0].generated = (struct pr_u32s){tok, v == 2 ? BIG : 9};
     if (v == 2)
       sampling_max(&sseqs[0].sampling);

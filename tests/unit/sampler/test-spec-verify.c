@@ -215,3 +215,36 @@ TH_TEST(verify_greedy_is_argmax) {
   }
   wk_sampler_destroy(s);
 }
+
+/* The verifier's token is the draw sampling without drafts makes at the same
+ * position (seed, token index): whichever draft it is offered, a seeded
+ * request's tokens are those of plain sampling, accepted or not. */
+TH_TEST(verify_gives_the_plain_draw) {
+  struct wk_sampler *s = NULL;
+  TH_CHECK(wk_sampler_create(V, &s) == 0);
+  TH_REQUIRE(s);
+  long accepted_any = 0, rejected_any = 0;
+  for (size_t si = 0; si < sizeof(k_settings) / sizeof(k_settings[0]); si++)
+    for (uint64_t t = 0; t < 300; t++)
+      for (int32_t draft = 0; draft < V; draft++) {
+        struct wk_sampling_params p;
+        wk_sampling_params_default(&p);
+        p.temperature = k_settings[si].temperature;
+        p.top_k = k_settings[si].top_k;
+        p.top_p = k_settings[si].top_p;
+        p.seed = 1234 + si;
+        float l1[V], l2[V];
+        memcpy(l1, k_settings[si].logits, sizeof(l1));
+        memcpy(l2, k_settings[si].logits, sizeof(l2));
+        struct wk_sample_result plain, r;
+        int accepted = -1;
+        TH_REQUIRE(wk_sample(s, l1, &p, NULL, t, &plain) == 0);
+        TH_REQUIRE(wk_sample_verify(s, l2, &p, NULL, t, draft, NULL, &accepted, &r) == 0);
+        TH_CHECK_EQ_INT(r.token, plain.token);
+        TH_CHECK_EQ_INT(accepted, plain.token == draft);
+        accepted_any += accepted;
+        rejected_any += !accepted;
+      }
+  TH_CHECK(accepted_any > 0 && rejected_any > 0);
+  wk_sampler_destroy(s);
+}

@@ -302,7 +302,8 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   struct sch_plan plan;
   struct sch_outputs o;
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
-  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0); /* no drafts on a prefill */
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0);   /* no drafts on a prefill to verify, */
+  TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3); /* but its first decode's proposed */
   int32_t t[4] = {40, 41, 42, 43};
   struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0};
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
@@ -311,6 +312,7 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
   TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 7);
   TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
   TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[0], 3);
   TH_CHECK_EQ_INT(plan.num_tokens, 4);
   /* too many tokens for 3 drafts: refused, nothing changes */
@@ -358,8 +360,8 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   sch_engine_destroy(e);
 }
 
-/* Draft slots the workers had no drafts for (the first decode after a
- * prefill: the prefill step proposes none) are not counted as drafts. */
+/* Draft slots the workers had no drafts for (a step whose proposals stopped
+ * short, as a structured output's may) are not counted as drafts. */
 TH_TEST(spec_counters_count_verified_drafts_only) {
   struct sch_engine *e = spec_engine();
   struct sch_plan plan;
@@ -368,7 +370,7 @@ TH_TEST(spec_counters_count_verified_drafts_only) {
   struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0};
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* prefill */
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
-  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* 3 slots, nothing to verify yet */
+  TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* 3 slots, no draft came */
   TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
   struct sch_engine_stats st;

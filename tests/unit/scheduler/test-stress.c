@@ -472,8 +472,8 @@ static void sent_free(struct sent *d) {
 struct kept {
   int32_t last;     /* the token it sampled last (-1: none yet) */
   int32_t accepted; /* drafts that step accepted */
-  int32_t proposed; /* drafts it proposed for the next step (its num_draft as planned) */
-  int32_t planned;  /* the num_draft of the step being run */
+  int32_t proposed; /* drafts it proposed for the next step (its num_propose) */
+  int32_t planned;  /* the num_propose of the step being run */
 };
 
 /* The workers take the next step as PR_SEQ_PREV_TOKEN / PR_SEQ_PREV_DRAFTS say: each
@@ -484,7 +484,7 @@ struct kept {
 static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, struct kept *kept) {
   for (int32_t i = 0; i < d->plan.num_seqs; i++) {
     struct sch_plan_seq *q = &d->seqs[i];
-    kept[q->req_id - 1].planned = q->num_draft;
+    kept[q->req_id - 1].planned = q->num_propose;
     if (q->tokens[0] != SCH_TOKEN_PREV) continue;
     const struct kept *k = &kept[q->req_id - 1];
     const struct tracked *r = &s->reqs[q->req_id - 1];
