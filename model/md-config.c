@@ -824,8 +824,34 @@ static int check_scheme(const json_t *q, const char *group, int act, char *err, 
   return 0;
 }
 
-/* quantization_config: absent, or FP8 linear weights (cfg->fp8). Anything
- * else is refused by name, never loaded as if it were bf16. */
+/* compressed-tensors' kv_cache_scheme (absent or null: none): static 8-bit float
+ * scales, one per tensor or per attention head, for an fp8 KV cache. */
+static int parse_kv_scheme(const json_t *kv, struct md_config *cfg, char *err, size_t errlen) {
+  if (!kv || json_is_null(kv)) return 0;
+  const json_t *bits = json_object_get(kv, "num_bits"), *type = json_object_get(kv, "type");
+  const json_t *strat = json_object_get(kv, "strategy");
+  const char *st = json_is_string(strat) ? json_string_value(strat) : "";
+  const char *bad = !json_is_object(kv) ? "it is not an object"
+                    : !json_is_integer(bits) || json_integer_value(bits) != 8 ||
+                            !json_is_string(type) || strcmp(json_string_value(type), "float")
+                        ? "only 8-bit float (e4m3) caches are supported"
+                    : json_is_true(json_object_get(kv, "dynamic"))
+                        ? "dynamic scales are not supported (static: the checkpoint's)"
+                    : json_is_false(json_object_get(kv, "symmetric"))
+                        ? "asymmetric scales (zero points) are not supported"
+                    : strcmp(st, "tensor") && strcmp(st, "attn_head")
+                        ? "the strategy must be tensor or attn_head"
+                        : NULL;
+  if (bad)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: quantization_config.kv_cache_scheme: %s", bad);
+  cfg->kv_scales = 1;
+  return 0;
+}
+
+/* quantization_config: absent, FP8 linear weights (cfg->fp8), and/or the fp8 KV
+ * cache's scales (cfg->kv_scales). Anything else is refused by name, never
+ * loaded as if it were bf16. */
 static int parse_quant(const json_t *root, struct md_config *cfg, char *err, size_t errlen) {
   const json_t *qc = json_object_get(root, "quantization_config");
   if (!qc || json_is_null(qc)) return 0;
@@ -848,6 +874,12 @@ static int parse_quant(const json_t *root, struct md_config *cfg, char *err, siz
                    "config.json: quantization_config.quant_method \"%s\" is not supported (FP8 "
                    "checkpoints: compressed-tensors or fp8)",
                    method);
+  int rc = parse_kv_scheme(json_object_get(qc, "kv_cache_scheme"), cfg, err, errlen);
+  if (rc) return rc;
+  const json_t *groups = json_object_get(qc, "config_groups");
+  if (cfg->kv_scales &&
+      (!groups || json_is_null(groups) || (json_is_object(groups) && !json_object_size(groups))))
+    return 0; /* the KV cache's scales alone */
   const json_t *fmt = json_object_get(qc, "format");
   if (json_is_string(fmt) && strcmp(json_string_value(fmt), "float-quantized") &&
       strcmp(json_string_value(fmt), "naive-quantized"))
@@ -855,7 +887,6 @@ static int parse_quant(const json_t *root, struct md_config *cfg, char *err, siz
                    "config.json: quantization_config.format \"%s\" is not supported "
                    "(float-quantized)",
                    json_string_value(fmt));
-  const json_t *groups = json_object_get(qc, "config_groups");
   if (!json_is_object(groups) || !json_object_size(groups))
     return cm_fail(err, errlen, CM_ERR_PARSE,
                    "config.json: quantization_config.config_groups missing");
@@ -865,15 +896,10 @@ static int parse_quant(const json_t *root, struct md_config *cfg, char *err, siz
     if (!json_is_object(g))
       return cm_fail(err, errlen, CM_ERR_PARSE,
                      "config.json: quantization_config.config_groups.%s is not an object", name);
-    int rc = check_scheme(json_object_get(g, "weights"), name, 0, err, errlen);
+    rc = check_scheme(json_object_get(g, "weights"), name, 0, err, errlen);
     if (!rc) rc = check_scheme(json_object_get(g, "input_activations"), name, 1, err, errlen);
     if (rc) return rc;
   }
-  const json_t *kv = json_object_get(qc, "kv_cache_scheme");
-  if (kv && !json_is_null(kv))
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "config.json: quantization_config.kv_cache_scheme: KV cache scales from the "
-                   "checkpoint are not supported (use --kv-cache-dtype fp8, scale 1)");
   cfg->fp8 = 1;
   return 0;
 }

@@ -178,6 +178,9 @@ struct md_config {
   int tie_embeddings;
   int fp8; /* quantization_config: linear weights stored as FP8 e4m3 with per-channel or
               per-tensor scales (compressed-tensors, or quant_method "fp8" without blocks) */
+  int kv_scales; /* quantization_config.kv_cache_scheme (compressed-tensors: 8-bit float,
+                    static, symmetric, per tensor or per attention head): every layer that
+                    stores K/V has self_attn.k_scale and v_scale for an fp8 KV cache */
   int gguf; /* read from a GGUF file: llama.cpp's conventions (Gemma 3's norm weights
                stored as 1 + w) */
   int bos_id, pad_id;

@@ -54,6 +54,14 @@ static struct kn_kv_view layer_view(const struct wk_model *m, int layer) {
       .head_dim = G->head_dim,
       .dtype = kv->dtype,
   };
+  /* an fp8 cache with the checkpoint's scales: those of the layer that stores it (an
+   * assistant's layers hold their target layer's) */
+  int from = m->cfg.layers[layer].kv_source;
+  const struct wk_layer_w *src = &m->layers[from >= 0 ? from : layer];
+  if (kv->dtype == KN_DTYPE_F8E4M3) {
+    v.k_scale = src->k_scale;
+    v.v_scale = src->v_scale;
+  }
   return v;
 }
 

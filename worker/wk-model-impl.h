@@ -45,6 +45,8 @@ struct wk_layer_w {
   struct wk_w wv;               /* [n_kv * D, H]; absent on shared and k_eq_v layers */
   struct wk_w wo;               /* [H, n_heads * D] */
   const float *q_norm, *k_norm; /* [D] f32 */
+  const float *k_scale, *v_scale; /* [local kv heads] f32: an fp8 cache's scales from the
+                                     checkpoint (md_config.kv_scales), or NULL (1) */
   const float *in_norm, *post_attn_norm, *pre_ffn_norm, *post_ffn_norm; /* [H] f32 */
   struct wk_w w_gate, w_up; /* [F, H] (F = layer ffn_dim) */
   struct wk_w w_down;       /* [H, F] */

@@ -792,6 +792,60 @@ static void finish_weights(struct wk_model *m) {
 /* The assistant's own tensors, its checks against the target, and its view
  * of the target's KV pages: draft layer i reads the target's last storing
  * layer of its kind. */
+/* An fp8 cache's scales from the checkpoint (md_config.kv_scales): every layer that
+ * stores K/V has self_attn.k_scale and v_scale, one value (shape [] or [1]: per tensor)
+ * or one per kv head ([n_kv_heads]: per attention head), f32 / bf16 / f16, finite and
+ * positive; this rank keeps its kv heads' (wk_layer_w.k_scale / v_scale). */
+static int bind_kv_scales(struct wk_model *m, char *err, size_t errlen) {
+  const struct md_config *c = &m->full;
+  const char *P = find_prefix(m->st);
+  for (int i = 0; i < c->n_layers && P; i++) {
+    const struct md_layer_cfg *l = &c->layers[i];
+    if (l->kv_shared) continue;
+    int n = m->cfg.layers[i].n_kv_heads, h0 = m->plan.kv_head0[i];
+    for (int which = 0; which < 2; which++) {
+      char name[256];
+      snprintf(name, sizeof(name), "%slayers.%d.self_attn.%s_scale", P, i, which ? "v" : "k");
+      const struct wk_tensor *t = wk_st_find(m->st, name);
+      if (!t)
+        return cm_fail(err, errlen, CM_ERR_NOENT,
+                       "%s: tensor %s missing (quantization_config.kv_cache_scheme gives every "
+                       "attention layer its KV cache scales)",
+                       m->dir, name);
+      int64_t count = 1;
+      for (int d = 0; d < t->ndim; d++)
+        count *= t->shape[d];
+      int per_head = t->ndim == 1 && count == l->n_kv_heads && count > 1;
+      if ((!per_head && (count != 1 || t->ndim > 1)) ||
+          (t->dtype != WK_ST_F32 && t->dtype != WK_ST_BF16 && t->dtype != WK_ST_F16)) {
+        char got[96];
+        shape_str(got, sizeof(got), t->ndim, t->shape);
+        return cm_fail(err, errlen, CM_ERR_SHAPE,
+                       "%s: %s has shape %s and dtype %s (expected one value or [%d]: per tensor "
+                       "or per kv head, F32 / BF16 / F16)",
+                       t->file, name, got, t->dtype_name, l->n_kv_heads);
+      }
+      float host[256];
+      if (n > 256) return cm_fail(err, errlen, CM_ERR_TOOBIG, "%s: %d kv heads", name, n);
+      for (int h = 0; h < n; h++) {
+        float v = kn_load_f32(t->data, kn_of(t), per_head ? (size_t)(h0 + h) : 0);
+        if (!(v > 0.0f) || !isfinite(v))
+          return cm_fail(err, errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
+                         t->file, name, per_head ? h0 + h : 0, (double)v);
+        host[h] = v;
+      }
+      float *dev = wk_model_alloc(m, sizeof(float) * (size_t)n);
+      if (!dev || kn_upload(m->be, dev, host, sizeof(float) * (size_t)n))
+        return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for %s", name);
+      if (which)
+        m->layers[i].v_scale = dev;
+      else
+        m->layers[i].k_scale = dev;
+    }
+  }
+  return 0;
+}
+
 static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, size_t errlen) {
   const struct md_config *c = &m->cfg, *tc = &t->cfg;
   struct binder b = {.m = m, .err = err, .errlen = errlen};
@@ -850,6 +904,8 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
     m->kv.layer_group[i] = t->kv.layer_group[src];
     m->kv.layer_k_off[i] = t->kv.layer_k_off[src];
     m->kv.layer_v_off[i] = t->kv.layer_v_off[src];
+    m->layers[i].k_scale = t->layers[src].k_scale; /* an fp8 cache's, or NULL */
+    m->layers[i].v_scale = t->layers[src].v_scale;
   }
   m->pool = t->pool;
   m->n_pages = t->n_pages;
@@ -1015,6 +1071,14 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if ((rc = wk_kv_spec_build(&m->cfg, kvdt, o.block_tokens, &m->kv))) {
     rc = cm_fail(err, errlen, rc, "%s: cannot plan the KV cache (%s)", dir, cm_strerror(rc));
     goto fail;
+  }
+  if (m->full.kv_scales && kvdt == KN_DTYPE_F8E4M3) {
+    if ((rc = bind_kv_scales(m, err, errlen))) goto fail;
+  } else if (m->full.kv_scales && !o.quiet) {
+    cm_info("wk",
+            "%s: the checkpoint's KV cache scales apply to an fp8 cache "
+            "(--kv-cache-dtype fp8); this one is %s",
+            dir, kn_dtype_name(kvdt));
   }
   /* scratch first: a pool sized from the memory left must see it in use */
   if ((rc = build_rope(m)) || (rc = alloc_scratch(m))) {

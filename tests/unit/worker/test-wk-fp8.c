@@ -143,7 +143,7 @@ static int run_model(const char *dir, struct kn_backend *be, const struct wk_mod
   o.max_seqs = 2;
   o.kv_tokens = 256;
   o.quiet = 1;
-  o.kv_dtype = 1 + KN_DTYPE_F32;
+  if (!o.kv_dtype) o.kv_dtype = 1 + KN_DTYPE_F32;
   struct wk_model *m = NULL;
   int rc = wk_model_load(dir, be, &o, &m, err, errlen);
   if (rc) return rc;
@@ -444,5 +444,115 @@ TH_TEST(bad_fp8_tensors_are_named) {
     check_refused(d.fp8, be, &ref, cases[i].code, cases[i].want);
     rm_dirs(&d);
   }
+  kn_backend_destroy(be);
+}
+
+/* ---- an fp8 KV cache's scales from the checkpoint ------------------------------ */
+
+/* kv_scales_ref.py's checkpoints of a tiny arch model: SCALED (k_scale / v_scale of
+ * 8 for `which`, a kv_cache_scheme) and MOVED (that scale moved into the weights). */
+static void make_kv_dirs(struct dirs *d, const char *python, const char *arch, const char *which,
+                         const char *variant) {
+  TH_REQUIRE(wkt_make_model(d->src, sizeof(d->src), arch, 0, 0, WK_ST_BF16, 13) == 0);
+  snprintf(d->fp8, sizeof(d->fp8), "%s-kvs", d->src);
+  snprintf(d->deq, sizeof(d->deq), "%s-moved", d->src);
+  char script[4200], log[4096];
+  snprintf(script, sizeof(script), "%s/reference/kv_scales_ref.py", th_tests_dir());
+  char *argv[] = {(char *)python, script,        d->src,          d->fp8,
+                  d->deq,         (char *)which, (char *)variant, NULL};
+  int rc = cm_run_capture(argv, log, sizeof(log));
+  if (rc != 0) {
+    th_fail(__FILE__, __LINE__, "kv_scales_ref.py exited with %d:\n%s", rc, log);
+    th_stop();
+  }
+}
+
+/* With an fp8 cache the checkpoint's scales divide what the cache stores and multiply
+ * what it reads: numpy's checkpoint with scale 8 and its copy with the 8 moved into the
+ * weights instead (every product a power of two times the same one) give the same
+ * logits bit for bit, on the default table and in the bf16 mode, whether the scales are
+ * one per tensor, a scalar or one per kv head; without them (a bf16 cache, which leaves
+ * the scales unused) the two checkpoints differ, and so do the scaled checkpoint's
+ * logits with and without scales, so the comparison can fail. */
+static void check_kv_scales(const char *arch, const char *which) {
+  const char *python = wkt_require_numpy("an fp8 KV cache's scales", "kv_scales_ref.py");
+  static const char *const variants[] = {"tensor", "scalar", "head"};
+  struct wk_model_opts fp8 = {.kv_dtype = 1 + KN_DTYPE_F8E4M3};
+  for (int bf16 = 0; bf16 < 2; bf16++)
+    for (size_t v = 0; v < CM_ARRAY_LEN(variants); v++) {
+      if (bf16 && v) continue; /* the bf16 mode once */
+      struct kn_backend *be = bf16 ? bf16_backend() : wkt_cpu_backend(2);
+      struct dirs d;
+      make_kv_dirs(&d, python, arch, which, variants[v]);
+      struct run scaled, moved;
+      load_or_fail(d.fp8, be, &fp8, &scaled);
+      load_or_fail(d.deq, be, &fp8, &moved);
+      size_t bytes = sizeof(float) * (size_t)NP * scaled.V;
+      if (memcmp(scaled.logits, moved.logits, bytes))
+        th_fail(__FILE__, __LINE__, "%s %s scales (%s)%s: logits differ by %.3g of their range",
+                arch, which, variants[v], bf16 ? ", bf16 mode" : "", rel_diff(&scaled, &moved));
+      if (!v && !bf16) { /* the scale did something: without it the two differ */
+        struct wk_model_opts plain = {.kv_dtype = 1 + KN_DTYPE_BF16};
+        struct run a, b;
+        load_or_fail(d.fp8, be, &plain, &a);
+        load_or_fail(d.deq, be, &plain, &b);
+        TH_CHECK(memcmp(a.logits, scaled.logits, bytes) != 0);
+        printf("# %s: %s scale 8 vs the same model with a bf16 cache: %.3g of the range\n", arch,
+               which, rel_diff(&scaled, &a));
+        free(a.logits);
+        free(b.logits);
+      }
+      free(scaled.logits);
+      free(moved.logits);
+      kn_backend_destroy(be);
+      rm_dirs(&d);
+    }
+}
+
+TH_TEST(kv_scales_gemma3_v) {
+  check_kv_scales("gemma3", "v");
+}
+
+TH_TEST(kv_scales_gemma4_k) {
+  check_kv_scales("gemma4", "k");
+}
+
+/* A missing, negative or misshapen scale, and schemes other than static 8-bit float
+ * ones, are refused naming the tensor or the field. */
+TH_TEST(bad_kv_scales_are_named) {
+  const char *python = wkt_require_numpy("an fp8 KV cache's scales", "kv_scales_ref.py");
+  struct kn_backend *be = wkt_cpu_backend(2);
+  struct wk_model_opts fp8 = {.kv_dtype = 1 + KN_DTYPE_F8E4M3};
+  static const struct {
+    const char *variant, *want;
+    int code;
+  } cases[] = {
+      {"missing", "k_scale missing", CM_ERR_NOENT},
+      {"negative", "scales must be positive", CM_ERR_RANGE},
+      {"shape", "has shape [2, 2]", CM_ERR_SHAPE},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+    struct dirs d;
+    make_kv_dirs(&d, python, "gemma3", "v", cases[i].variant);
+    check_refused(d.fp8, be, &fp8, cases[i].code, cases[i].want);
+    rm_dirs(&d);
+  }
+  struct dirs d;
+  make_kv_dirs(&d, python, "gemma3", "v", "tensor");
+  static const struct {
+    const char *from, *to, *want;
+  } schemes[] = {
+      {"\"dynamic\": false", "\"dynamic\": true", "dynamic scales"},
+      {"\"symmetric\": true", "\"symmetric\": false", "asymmetric"},
+      {"\"strategy\": \"tensor\"", "\"strategy\": \"channel\"", "tensor or attn_head"},
+      {"\"num_bits\": 8, \"type\": \"float\"", "\"num_bits\": 4, \"type\": \"int\"",
+       "only 8-bit float"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(schemes); i++) {
+    patch_config(d.fp8, schemes[i].from, schemes[i].to);
+    check_refused(d.fp8, be, &fp8, CM_ERR_UNSUPPORTED, schemes[i].want);
+    patch_config(d.fp8, schemes[i].to, schemes[i].from);
+  }
+  rm_dirs(&d);
   kn_backend_destroy(be);
 }
