@@ -99,6 +99,23 @@ def write_st(path, tensors):
             f.write(b)
 
 
+def write_pair(src, q_dir, q_tensors, plain_dir, plain_tensors, quantization_config):
+    """Two checkpoints beside src, with its config, generation config and
+    tokenizer: q_dir holds q_tensors and the config with quantization_config,
+    plain_dir plain_tensors and the config as it is."""
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    for d, tensors in ((q_dir, q_tensors), (plain_dir, plain_tensors)):
+        os.makedirs(d, exist_ok=True)
+        for extra in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            if os.path.exists(os.path.join(src, extra)):
+                shutil.copy(os.path.join(src, extra), d)
+        write_st(os.path.join(d, "model.safetensors"), tensors)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(dict(config, quantization_config=quantization_config) if d == q_dir
+                      else config, f)
+
+
 def quantize(w, strategy, pow2):
     w = w.astype(np.float32)
     if strategy == "tensor":
@@ -147,18 +164,7 @@ def main():
         norm = next(n for n in fp8 if n.endswith("input_layernorm.weight"))
         dtype, shape, raw = tensors[norm][0], tensors[norm][1].shape, tensors[norm][1]
         fp8[norm] = ("F8_E4M3", shape, to_e4m3(raw.astype(np.float32)).tobytes())
-    with open(os.path.join(src, "config.json")) as f:
-        config = json.load(f)
-    for d in (fp8_dir, deq_dir):
-        os.makedirs(d, exist_ok=True)
-        for extra in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-            if os.path.exists(os.path.join(src, extra)):
-                shutil.copy(os.path.join(src, extra), d)
-    write_st(os.path.join(fp8_dir, "model.safetensors"), fp8)
-    write_st(os.path.join(deq_dir, "model.safetensors"), deq)
-    with open(os.path.join(deq_dir, "config.json"), "w") as f:
-        json.dump(config, f)
-    config["quantization_config"] = {
+    write_pair(src, fp8_dir, fp8, deq_dir, deq, {
         "quant_method": "compressed-tensors",
         "format": "float-quantized",
         "quantization_status": "compressed",
@@ -170,9 +176,7 @@ def main():
                                   "symmetric": True, "dynamic": True}}},
         "ignore": ["lm_head"],
         "kv_cache_scheme": None,
-    }
-    with open(os.path.join(fp8_dir, "config.json"), "w") as f:
-        json.dump(config, f)
+    })
     print(n_quant)
 
 

@@ -28,14 +28,12 @@ Variants: tensor (scales of shape [1], the default), scalar (shape []), head
 missing (the first k_scale left out), negative (the first k_scale -8), shape
 (the first k_scale of shape [2, 2]).
 """
-import json
 import os
-import shutil
 import sys
 
 import numpy as np
 
-from fp8_ref import read_st, write_st
+from fp8_ref import read_st, write_pair
 
 SCALE = np.float32(8.0)
 
@@ -85,18 +83,7 @@ def main():
                 n_moved += 1
     if not n_moved:
         sys.exit("nothing to move the scale into in " + src)
-    with open(os.path.join(src, "config.json")) as f:
-        config = json.load(f)
-    for d in (scaled_dir, moved_dir):
-        os.makedirs(d, exist_ok=True)
-        for extra in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-            if os.path.exists(os.path.join(src, extra)):
-                shutil.copy(os.path.join(src, extra), d)
-    write_st(os.path.join(scaled_dir, "model.safetensors"), scaled)
-    write_st(os.path.join(moved_dir, "model.safetensors"), moved)
-    with open(os.path.join(moved_dir, "config.json"), "w") as f:
-        json.dump(config, f)
-    config["quantization_config"] = {
+    write_pair(src, scaled_dir, scaled, moved_dir, moved, {
         "quant_method": "compressed-tensors",
         "format": "dense",
         "quantization_status": "compressed",
@@ -104,9 +91,7 @@ def main():
         "kv_cache_scheme": {"num_bits": 8, "type": "float",
                             "strategy": "attn_head" if variant == "head" else "tensor",
                             "dynamic": False, "symmetric": True},
-    }
-    with open(os.path.join(scaled_dir, "config.json"), "w") as f:
-        json.dump(config, f)
+    })
     print(len(storing))
 
 

@@ -396,15 +396,29 @@ static void patch_config(const char *dir, const char *from, const char *to) {
   free(text);
 }
 
+/* A config.json edit (from -> to) and what the refusal it brings must say. */
+struct patch {
+  const char *from, *to, *want;
+};
+
+/* dir's config with each of patches[0..n) in turn is refused with CM_ERR_UNSUPPORTED
+ * saying its want; the config is put back after each. */
+static void check_patches(const char *dir, struct kn_backend *be, const struct wk_model_opts *o,
+                          const struct patch *patches, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    patch_config(dir, patches[i].from, patches[i].to);
+    check_refused(dir, be, o, CM_ERR_UNSUPPORTED, patches[i].want);
+    patch_config(dir, patches[i].to, patches[i].from);
+  }
+}
+
 TH_TEST(unsupported_quantization_configs_are_named) {
   const char *python = wkt_require_numpy("FP8 weights", "fp8_ref.py");
   struct dirs d;
   make_dirs(&d, python, "gemma3", "channel");
   struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts ref = {.fp8_reference = 1};
-  static const struct {
-    const char *from, *to, *want;
-  } cases[] = {
+  static const struct patch cases[] = {
       {"\"compressed-tensors\"", "\"awq\"", "quant_method \"awq\" is not supported"},
       {"\"strategy\": \"channel\"", "\"strategy\": \"group\"", "strategy \"group\""},
       {"\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\"",
@@ -412,11 +426,7 @@ TH_TEST(unsupported_quantization_configs_are_named) {
       {"\"kv_cache_scheme\": null", "\"kv_cache_scheme\": {\"num_bits\": 8}", "kv_cache_scheme"},
       {"\"format\": \"float-quantized\"", "\"format\": \"pack-quantized\"", "pack-quantized"},
   };
-  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
-    patch_config(d.fp8, cases[i].from, cases[i].to);
-    check_refused(d.fp8, be, &ref, CM_ERR_UNSUPPORTED, cases[i].want);
-    patch_config(d.fp8, cases[i].to, cases[i].from);
-  }
+  check_patches(d.fp8, be, &ref, cases, CM_ARRAY_LEN(cases));
   /* block-wise scales (quant_method fp8 with weight_block_size) */
   patch_config(d.fp8, "\"quant_method\": \"compressed-tensors\"",
                "\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]");
@@ -425,12 +435,16 @@ TH_TEST(unsupported_quantization_configs_are_named) {
   rm_dirs(&d);
 }
 
+/* A broken checkpoint the reference script writes (its variant) and how the loader
+ * refuses it. */
+struct broken {
+  const char *variant, *want;
+  int code;
+};
+
 TH_TEST(bad_fp8_tensors_are_named) {
   const char *python = wkt_require_numpy("FP8 weights", "fp8_ref.py");
-  static const struct {
-    const char *variant, *want;
-    int code;
-  } cases[] = {
+  static const struct broken cases[] = {
       {"no-scale", "has no", CM_ERR_NOENT},
       {"bad-scale", "scales must be positive", CM_ERR_RANGE},
       {"scale-shape", "per-channel or per-tensor", CM_ERR_SHAPE},
@@ -523,10 +537,7 @@ TH_TEST(bad_kv_scales_are_named) {
   const char *python = wkt_require_numpy("an fp8 KV cache's scales", "kv_scales_ref.py");
   struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts fp8 = {.kv_dtype = 1 + KN_DTYPE_F8E4M3};
-  static const struct {
-    const char *variant, *want;
-    int code;
-  } cases[] = {
+  static const struct broken cases[] = {
       {"missing", "k_scale missing", CM_ERR_NOENT},
       {"negative", "scales must be positive", CM_ERR_RANGE},
       {"shape", "has shape [2, 2]", CM_ERR_SHAPE},
@@ -539,20 +550,14 @@ TH_TEST(bad_kv_scales_are_named) {
   }
   struct dirs d;
   make_kv_dirs(&d, python, "gemma3", "v", "tensor");
-  static const struct {
-    const char *from, *to, *want;
-  } schemes[] = {
+  static const struct patch schemes[] = {
       {"\"dynamic\": false", "\"dynamic\": true", "dynamic scales"},
       {"\"symmetric\": true", "\"symmetric\": false", "asymmetric"},
       {"\"strategy\": \"tensor\"", "\"strategy\": \"channel\"", "tensor or attn_head"},
       {"\"num_bits\": 8, \"type\": \"float\"", "\"num_bits\": 4, \"type\": \"int\"",
        "only 8-bit float"},
   };
-  for (size_t i = 0; i < CM_ARRAY_LEN(schemes); i++) {
-    patch_config(d.fp8, schemes[i].from, schemes[i].to);
-    check_refused(d.fp8, be, &fp8, CM_ERR_UNSUPPORTED, schemes[i].want);
-    patch_config(d.fp8, schemes[i].to, schemes[i].from);
-  }
+  check_patches(d.fp8, be, &fp8, schemes, CM_ARRAY_LEN(schemes));
   rm_dirs(&d);
   kn_backend_destroy(be);
 }
