@@ -101,6 +101,16 @@ struct kn_backend_ops {
   int (*all_reduce_sum)(void *ctx, float *buf, size_t n);
   int (*all_gather)(void *ctx, const void *mine, size_t bytes, void *all);
 
+  /* ids kept on the backend (kn_kept_ids, kn_ids_take, kn_embed_dev). kept_ids NULL:
+   * backend memory is the host's and kn-ids.c does all three there; else kept_ids
+   * gives the [KN_KEPT_IDS_MAX] buffer where argmax and sample leave the ids of
+   * calls of up to that many rows, and the other two are the backend's own. */
+  int32_t *(*kept_ids)(void *ctx);
+  int (*ids_take)(void *ctx, int32_t *dst, const int32_t *ids, const int32_t *src,
+                  const int32_t *map, int T);
+  int (*embed_dev)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                   int vocab, int H, const int32_t *ids, int T, float scale);
+
   /* step graphs (kn-backend.h); graph_new NULL: none. The wrappers check the
    * modes' order and pass the backend's own graph object. */
   int (*graph_new)(void *ctx, int max_keys, void **g);
@@ -116,7 +126,14 @@ struct kn_backend {
   void *ctx;                  /* owned; ops->destroy frees it */
   int comm_world;             /* ranks of the group joined by kn_comm_join; 0: none yet */
   struct kn_op_profile *prof; /* NULL unless $LMSERVE_OP_PROFILE is set */
+  int32_t *kept;              /* [KN_KEPT_IDS_MAX] host copy of the kept ids (no kept_ids op) */
+  int n_kept;                 /* rows kn_kept_ids answers */
 };
+
+/* After a sampling call of T rows that returned rc: what kn_kept_ids answers from
+ * now on; on a backend of host memory the ids (each `stride` bytes after the
+ * last, from ids) are copied into be->kept. */
+void kn__keep_ids(struct kn_backend *be, int rc, const int32_t *ids, size_t stride, int T);
 
 /* ---- for the public wrappers (kn-backend.c, kn-fused.c) -------------------- */
 

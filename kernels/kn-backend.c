@@ -92,6 +92,10 @@ struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) 
   if (!be) return NULL;
   be->ops = ops;
   be->ctx = ctx;
+  if (!ops->kept_ids && !(be->kept = malloc(sizeof(int32_t) * KN_KEPT_IDS_MAX))) {
+    free(be);
+    return NULL;
+  }
   const char *e = getenv("LMSERVE_OP_PROFILE");
   if (e && *e && strcmp(e, "0") && (be->prof = calloc(1, sizeof(*be->prof)))) /* NULL: none */
     be->prof->host_only = !strcmp(e, "host");
@@ -103,6 +107,7 @@ void kn_backend_destroy(struct kn_backend *be) {
   if (be->prof) prof_print(be);
   if (be->ops->destroy) be->ops->destroy(be->ctx);
   free(be->prof);
+  free(be->kept);
   free(be);
 }
 
@@ -324,13 +329,17 @@ int kn_matmul_softcap(struct kn_backend *be, float *out, ptrdiff_t ldo, const fl
 int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
                      float cap, float *scratch) {
+  if (be) be->n_kept = 0; /* kept again only by a call that succeeds */
   if (!be || T < 0 || N <= 0 || K < 0 || !(cap >= 0.0f)) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (!ids || (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K)))) return CM_ERR_INVAL;
   int derr = kn__check_matmul_dtype(be, wdt, K);
   if (derr) return derr;
-  if (be->ops->matmul_argmax && !kn_block_elems(wdt)) /* block formats: through scratch */
-    return KN_CALL(matmul_argmax, ids, max_out, in, ldi, w, wdt, T, N, K, cap);
+  if (be->ops->matmul_argmax && !kn_block_elems(wdt)) { /* block formats: through scratch */
+    int rc = KN_CALL(matmul_argmax, ids, max_out, in, ldi, w, wdt, T, N, K, cap);
+    kn__keep_ids(be, rc, ids, sizeof(*ids), T);
+    return rc;
+  }
   if (!scratch) return CM_ERR_INVAL;
   int rc = cap > 0.0f ? kn_matmul_softcap(be, scratch, N, in, ldi, w, wdt, T, N, K, cap)
                       : kn_matmul(be, scratch, N, in, ldi, w, wdt, T, N, K, 0);
@@ -340,13 +349,16 @@ int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const 
 int kn_matmul_argmax_masked(struct kn_backend *be, int32_t *ids, float *max_out, const float *in,
                             ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
                             float cap, const uint32_t *const *allow) {
+  if (be) be->n_kept = 0; /* kept again only by a call that succeeds */
   if (!be || T < 0 || N <= 0 || K <= 0 || !(cap >= 0.0f)) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (!ids || !allow || !in || !w || !kn__valid_ld(ldi, T, K)) return CM_ERR_INVAL;
   int derr = kn__check_matmul_dtype(be, wdt, K);
   if (derr) return derr;
   if (!be->ops->matmul_argmax_masked || kn_block_elems(wdt)) return CM_ERR_UNSUPPORTED;
-  return KN_CALL(matmul_argmax_masked, ids, max_out, in, ldi, w, wdt, T, N, K, cap, allow);
+  int rc = KN_CALL(matmul_argmax_masked, ids, max_out, in, ldi, w, wdt, T, N, K, cap, allow);
+  kn__keep_ids(be, rc, ids, sizeof(*ids), T);
+  return rc;
 }
 
 int kn_matmul_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
@@ -449,10 +461,13 @@ int kn_avg_pool2d(struct kn_backend *be, float *out, ptrdiff_t ldo, const float 
 
 int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *logits,
               ptrdiff_t ld, int T, int V) {
+  if (be) be->n_kept = 0; /* kept again only by a call that succeeds */
   if (!be || T < 0 || V < 0) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (V == 0 || !ids || !logits || !kn__valid_ld(ld, T, V)) return CM_ERR_INVAL;
-  return KN_CALL(argmax, ids, max_out, logits, ld, T, V);
+  int rc = KN_CALL(argmax, ids, max_out, logits, ld, T, V);
+  kn__keep_ids(be, rc, ids, sizeof(*ids), T);
+  return rc;
 }
 
 int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const float *logits,
@@ -490,12 +505,15 @@ int kn_sample_is_argmax(const struct kn_sample_params *p) {
 
 int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
               int T, int V, const struct kn_sample_params *params) {
+  if (be) be->n_kept = 0; /* kept again only by a call that succeeds */
   if (!be || T < 0 || V <= 0) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (!out || !logits || !params || !kn__valid_ld(ld, T, V)) return CM_ERR_INVAL;
   for (int t = 0; t < T; t++)
     if (kn_sample_params_check(&params[t])) return CM_ERR_INVAL;
-  return KN_CALL(sample, out, logits, ld, T, V, params);
+  int rc = KN_CALL(sample, out, logits, ld, T, V, params);
+  kn__keep_ids(be, rc, &out->token, sizeof(*out), T);
+  return rc;
 }
 
 /* ---- KV cache and attention --------------------------------------------- */

@@ -458,6 +458,37 @@ int kn_sample_is_argmax(const struct kn_sample_params *p);
 int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
               int T, int V, const struct kn_sample_params *params);
 
+/* ---- ids that stay on the backend (device-resident steps) ------------------
+ *
+ * A step's sampled ids can feed the next step's embedding without a round trip
+ * through the host: the sampling calls keep their ids where they computed them,
+ * kn_ids_take puts some of them among a step's host ids, and kn_embed_dev looks
+ * the result up. All three may be recorded in a step graph (their host arrays
+ * are staged; the kept ids' buffer never moves). */
+
+#define KN_KEPT_IDS_MAX 4096 /* rows a sampling call keeps, at most */
+
+/* The ids of be's latest kn_sample (its tokens), kn_argmax, kn_matmul_argmax or
+ * kn_matmul_argmax_masked call, one per row, in backend memory at *ids: the same
+ * pointer for the backend's lifetime, its contents replaced by the next such call
+ * (on a device, when that call runs on the stream). Returns how many: that call's
+ * T, or 0 when it failed, had more than KN_KEPT_IDS_MAX rows, or none was made. */
+int kn_kept_ids(struct kn_backend *be, const int32_t **ids);
+
+/* dst[t] (backend memory, [T]) = map[t] < 0 ? ids[t] : src[map[t]]: a step's
+ * token ids with some rows taken from backend memory (src [n_src], such as
+ * kn_kept_ids) that the host never reads. ids, map: [T] host, staged as
+ * kn_embed's ids are; src is read when the op runs on the backend. A map entry
+ * >= n_src gives CM_ERR_RANGE (nothing written). */
+int kn_ids_take(struct kn_backend *be, int32_t *dst, const int32_t *ids, const int32_t *src,
+                int n_src, const int32_t *map, int T);
+
+/* kn_embed with ids[T] in backend memory (kn_ids_take's dst): the host cannot
+ * check them, so any id outside [0, vocab) gives a zero row (as -1 does in
+ * kn_embed) instead of an error. */
+int kn_embed_dev(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
+                 enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale);
+
 /* ---- paged KV cache and attention --------------------------------------- */
 
 /* Where one layer's K and V live in the physical pool. The pool is n_pages

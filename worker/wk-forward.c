@@ -100,8 +100,20 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
     if (q->n_tokens > m->max_T - T)
       return cm_fail(err, errlen, CM_ERR_TOOBIG, "forward: more than %d tokens in one batch",
                      m->max_T);
+    int prev = b->prev_rows && !q->pad ? b->prev_rows[s] : -1;
+    if (prev >= 0) {
+      const int32_t *kept;
+      if (m->plan.world > 1)
+        return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                       "forward: sequence %d: ids kept on the backend under tensor parallelism", s);
+      if (prev >= kn_kept_ids(m->be, &kept))
+        return cm_fail(err, errlen, CM_ERR_RANGE,
+                       "forward: sequence %d: no kept id in row %d of the latest sampling", s,
+                       prev);
+    }
     for (int j = 0; j < q->n_tokens; j++) {
-      int32_t id = q->tokens[j];
+      int32_t id = prev >= 0 && j == 0 ? 0 : q->tokens[j]; /* 0: the kept id stands in */
+      m->ids_map[T + j] = prev >= 0 && j == 0 ? prev : -1;
       if (id < 0 || id >= c->vocab || (c->ple_dim && id >= c->ple_vocab))
         return cm_fail(err, errlen, CM_ERR_RANGE,
                        "forward: sequence %d: token id %d outside the vocabulary (%d)", s, id,
@@ -543,13 +555,28 @@ int wk_fw_trunk(struct wk_model *m, const struct wk_batch *b, int T, int R, int 
   const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int H = c->hidden, layer = -1;
-  K(wk_embed_tokens(m, m->x, &m->embed, m->embed_scale, T));
+  /* one rank: the ids go through the backend (kn_ids_take), where a previous step's
+   * sampled ids may stand in for some (wk_batch.prev_rows); every step does it, so a
+   * step graph's ops are the same with those rows or without */
+  const int32_t *kept = NULL;
+  int n_kept = m->ids_dev ? kn_kept_ids(be, &kept) : 0;
+  if (m->ids_dev) {
+    K(kn_ids_take(be, m->ids_dev, m->ids, kept, n_kept, m->ids_map, T));
+    K(kn_embed_dev(be, m->x, H, m->embed.p, m->embed.dt, m->embed.rows, H, m->ids_dev, T,
+                   m->embed_scale));
+  } else {
+    K(wk_embed_tokens(m, m->x, &m->embed, m->embed_scale, T));
+  }
   K(put_embeds(m, b));
   if (c->ple_dim) {
     int P = c->ple_dim, LP = c->n_layers * P;
     size_t n = (size_t)T * LP;
-    K(kn_embed(be, m->ple_tmp, LP, m->ple_embed.p, m->ple_embed.dt, c->ple_vocab, LP, m->ids, T,
-               m->ple_embed_scale));
+    if (m->ids_dev)
+      K(kn_embed_dev(be, m->ple_tmp, LP, m->ple_embed.p, m->ple_embed.dt, c->ple_vocab, LP,
+                     m->ids_dev, T, m->ple_embed_scale));
+    else
+      K(kn_embed(be, m->ple_tmp, LP, m->ple_embed.p, m->ple_embed.dt, c->ple_vocab, LP, m->ids, T,
+                 m->ple_embed_scale));
     K(wk_linear(m, m->ple, LP, m->x, H, &m->ple_model_proj, T));
     K(kn_scale(be, m->ple, m->ple, (float)(1.0 / sqrt((double)H)), n));
     K(kn_rmsnorm(be, m->ple, P, m->ple, P, T * c->n_layers, P, m->ple_proj_norm, KN_DTYPE_F32,

@@ -47,6 +47,9 @@
 #define BEAT_CHECK_MS 100 /* how often the beat thread looks at the clock, at most */
 #define POLL_MS       100 /* how long the main thread holds the socket per poll */
 #define TERM_GRACE_S  3   /* after SIGTERM, a step still running this long ends the process */
+#define AHEAD_WAIT_MS                                                                              \
+  5 /* how long an open step that a scheduler planning ahead sent                                  \
+       waits for the next STEP before it is answered */
 
 static volatile sig_atomic_t g_stop;
 
@@ -193,12 +196,12 @@ static int send_ready(struct wk_proc *p) {
   return send_locked(p, &msg);
 }
 
-/* Receives one message, waiting at most POLL_MS. CM_ERR_AGAIN: nothing. */
-static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
+/* Receives one message, waiting at most wait_ms. CM_ERR_AGAIN: nothing. */
+static int recv_wait(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a, int wait_ms) {
   pthread_mutex_lock(&p->mu);
   zmq_pollitem_t it[2] = {{.socket = pr_sock_zmq(p->sock), .events = ZMQ_POLLIN},
                           {.socket = p->mon, .events = ZMQ_POLLIN}};
-  int n = zmq_poll(it, p->mon ? 2 : 1, POLL_MS);
+  int n = zmq_poll(it, p->mon ? 2 : 1, wait_ms);
   int rc = CM_ERR_AGAIN;
   if (n > 0 && (it[0].revents & ZMQ_POLLIN)) rc = pr_sock_recv(p->sock, NULL, m, a, PR_DONTWAIT);
   /* the scheduler is gone (dead, or its host): the rank cannot serve a new one, which
@@ -212,6 +215,10 @@ static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
   if (beat_due(p)) beat_send_locked(p);
   pthread_mutex_unlock(&p->mu);
   return rc;
+}
+
+static int recv_one(struct wk_proc *p, struct pr_msg *m, struct cm_arena *a) {
+  return recv_wait(p, m, a, POLL_MS);
 }
 
 /* Forms the tensor-parallel group: rank 0 makes the group's id and offers it to the
@@ -266,17 +273,91 @@ static int join_group(struct wk_proc *p, struct kn_backend *be, uint32_t world, 
   return 0;
 }
 
-/* The serving loop. Returns the exit status. */
-static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world) {
-  struct cm_arena arena;
-  cm_arena_init(&arena, 1u << 20, 512u << 20);
+/* Answers step `id`: RESULT res from rank 0 when rc is 0, else FAIL with err. 1 when
+ * the worker must end (*status set): the socket closed, or the tensor-parallel group
+ * failed. */
+static int answer(struct wk_proc *p, uint32_t world, uint64_t id, int rc, const struct pr_msg *res,
+                  const char *err, int *status) {
+  __atomic_store_n(&p->last_step, id, __ATOMIC_RELEASE);
+  if (rc) {
+    cm_warn(TAG, "step %llu refused: %s", (unsigned long long)id, err);
+    send_fail(p, id, rc, err[0] ? err : cm_strerror(rc));
+    if (world > 1 && (rc == CM_ERR_CLOSED || rc == CM_ERR_TIMEOUT)) {
+      /* a peer died or stopped: the group cannot step again */
+      cm_error(TAG, "the tensor-parallel group failed; exiting");
+      *status = 1;
+      return 1;
+    }
+    return 0;
+  }
+  if (p->rank == 0 && (rc = send_locked(p, res))) {
+    cm_error(TAG, "cannot send RESULT: %s", cm_strerror(rc));
+    if (rc == CM_ERR_CLOSED) {
+      *status = 1;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Finishes the oldest open step and answers it (as answer). */
+static int finish_one(struct wk_proc *p, struct wk_role *role, uint32_t world, int *status) {
+  struct pr_msg res;
+  char err[512] = "";
+  int rc = wk_role_finish(role, &res, err, sizeof(err));
+  return answer(p, world, res.u.result.step_id, rc, &res, err, status);
+}
+
+/* Launches step m (with pipelining on it stays open; else it is finished) and answers
+ * what finishes. *kept: 1 when m stays open (its message must outlive the call). */
+static int run_step(struct wk_proc *p, struct wk_role *role, uint32_t world, int pipeline,
+                    const struct pr_msg *m, int *kept, int *status) {
+  char err[512] = "";
+  *kept = 0;
+  int rc = wk_role_launch(role, &m->u.step, err, sizeof(err));
+  if (rc == CM_ERR_AGAIN) { /* it cannot overlap the open step: after it */
+    if (finish_one(p, role, world, status)) return 1;
+    rc = wk_role_launch(role, &m->u.step, err, sizeof(err));
+  } else if (wk_role_open(role) == 2 || (rc && wk_role_open(role))) {
+    /* m's forward is queued behind the open step, or failed: the open step answers first */
+    if (finish_one(p, role, world, status)) return 1;
+  }
+  if (rc) return answer(p, world, m->u.step.step_id, rc, NULL, err, status);
+  if (pipeline) {
+    *kept = 1;
+    return 0;
+  }
+  return finish_one(p, role, world, status);
+}
+
+/* The serving loop. With pipeline, a launched step stays open until the next
+ * message is looked at: a STEP already waiting launches first (its forward
+ * overlapping what is left of the open step) and the open step is answered
+ * after; anything else, or nothing, answers the open step at once. The messages
+ * of open steps live in their own arenas. Returns the exit status. */
+static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world, int pipeline) {
+  struct cm_arena arenas[2];
+  cm_arena_init(&arenas[0], 1u << 20, 512u << 20);
+  cm_arena_init(&arenas[1], 1u << 20, 512u << 20);
+  int ai = 0;    /* the arena of the next message: never the open step's */
+  int ahead = 0; /* the open step ran a token of the step before (PR_SEQ_PREV_TOKEN): its
+                    scheduler plans a step ahead, and the next one is on its way */
   char err[512];
   int status = 0;
   while (!g_stop) {
     struct pr_msg m;
-    cm_arena_reset(&arena);
-    int rc = recv_one(p, &m, &arena);
-    if (rc == CM_ERR_AGAIN) continue;
+    cm_arena_reset(&arenas[ai]);
+    int rc;
+    if (wk_role_open(role)) {
+      rc = recv_wait(p, &m, &arenas[ai], ahead ? AHEAD_WAIT_MS : 0);
+      if (rc || m.type != PR_STEP) { /* not a step to overlap: the open step answers now */
+        if (finish_one(p, role, world, &status)) break;
+        if (rc == CM_ERR_AGAIN) continue;
+      }
+    } else {
+      rc = recv_one(p, &m, &arenas[ai]);
+      if (rc == CM_ERR_AGAIN) continue;
+    }
     if (rc == CM_ERR_CLOSED) {
       cm_error(TAG, "scheduler socket closed");
       status = 1;
@@ -307,30 +388,17 @@ static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world) {
       cm_warn(TAG, "unexpected %s message from the scheduler; ignored", pr_type_name(m.type));
       continue;
     }
-    struct pr_msg res;
-    err[0] = 0;
-    rc = wk_role_step(role, &m.u.step, &res, err, sizeof(err));
-    __atomic_store_n(&p->last_step, m.u.step.step_id, __ATOMIC_RELEASE);
-    if (rc) {
-      cm_warn(TAG, "step %llu refused: %s", (unsigned long long)m.u.step.step_id, err);
-      send_fail(p, m.u.step.step_id, rc, err[0] ? err : cm_strerror(rc));
-      if (world > 1 && (rc == CM_ERR_CLOSED || rc == CM_ERR_TIMEOUT)) {
-        /* a peer died or stopped: the group cannot step again */
-        cm_error(TAG, "the tensor-parallel group failed; exiting");
-        status = 1;
-        break;
-      }
-      continue;
-    }
-    if (p->rank == 0 && (rc = send_locked(p, &res))) {
-      cm_error(TAG, "cannot send RESULT: %s", cm_strerror(rc));
-      if (rc == CM_ERR_CLOSED) {
-        status = 1;
-        break;
-      }
-    }
+    int kept = 0;
+    if (run_step(p, role, world, pipeline, &m, &kept, &status)) break;
+    ai ^= kept;
+    ahead = 0;
+    for (uint32_t i = 0; kept && i < m.u.step.n_seqs; i++)
+      ahead |= !!(m.u.step.seqs[i].flags & PR_SEQ_PREV_TOKEN);
   }
-  cm_arena_free(&arena);
+  while (!status && wk_role_open(role) && !finish_one(p, role, world, &status))
+    ;
+  cm_arena_free(&arenas[0]);
+  cm_arena_free(&arenas[1]);
   return status;
 }
 
@@ -373,7 +441,8 @@ int wk_worker_main(int argc, char **argv) {
           spec_k = 0, local_rank = 0;
   uint64_t kv_bytes = 0; /* 0: not given (CPU: 512M; CUDA: sized by --gpu-memory-utilization) */
   double mem_util = 0.9;
-  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, local_rank_seen = 0, use_mmap = 0, eager = 0;
+  int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, pipeline = -1, local_rank_seen = 0,
+      use_mmap = 0, eager = 0;
   int64_t join_ms = 60000;
   double beat_s = 1.0;
   const struct cm_opt opts[] = {
@@ -414,6 +483,10 @@ int wk_worker_main(int argc, char **argv) {
       {"device-sampling", CM_OPT_BOOL, &dev_sampling, NULL,
        "sample with the backend's kn_sample: only token ids leave the device, rows in parallel "
        "(on)"},
+      {"pipeline-steps", CM_OPT_BOOL, &pipeline, NULL,
+       "launch a step that is already waiting before the previous one is answered, its "
+       "forward taking the tokens that step sampled on the device ($LMSERVE_PIPELINE=0|1; on "
+       "for device backends, off on the CPU, where it only delays each answer)"},
       {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "drafts per step (with "
@@ -587,7 +660,19 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: cannot start the heartbeat thread\n");
     goto done;
   }
-  status = serve(&p, role, (uint32_t)world);
+  int host = kn_backend_has(be, KN_CAP_HOST_MEMORY);
+  if (pipeline < 0) { /* the flag, else $LMSERVE_PIPELINE, else by the backend */
+    const char *e = getenv("LMSERVE_PIPELINE");
+    pipeline = e && *e ? strcmp(e, "0") != 0 : !host;
+  }
+  /* on a host backend only for tests and A/B runs: said, and counted at the end */
+  if (pipeline && host)
+    cm_warn(TAG, "rank %lld: pipelined steps on the %s backend", (long long)rank,
+            kn_backend_name(be));
+  status = serve(&p, role, (uint32_t)world, pipeline);
+  if (pipeline)
+    cm_log(host ? CM_LOG_WARN : CM_LOG_INFO, TAG, "rank %lld: %llu steps pipelined",
+           (long long)rank, (unsigned long long)wk_role_pipelined(role));
 done:
   if (have_beat) {
     pthread_mutex_lock(&p.quit_mu);

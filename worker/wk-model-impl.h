@@ -154,6 +154,9 @@ struct wk_model {
    * arrays, token_ordering ...) comes from the arena host, sized at load */
   struct cm_arena host;
   int32_t *ids;             /* [T] */
+  int32_t *ids_map;         /* [T] row of kn_kept_ids that token t takes on the backend
+                               (wk_batch.prev_rows), -1: ids[t] */
+  int32_t *ids_dev;         /* backend [T] the ids the embeddings read (one rank), or NULL */
   int32_t *pos;             /* [T] */
   int32_t *slots;           /* [n_groups][T] */
   struct kn_attn_seq *aseq; /* [n_groups][max_seqs] */

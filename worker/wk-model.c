@@ -749,6 +749,8 @@ static int alloc_scratch(struct wk_model *m) {
 #undef A
   int G = CM_MAX(m->kv.n_groups, 1);
   m->ids = host_alloc(m, sizeof(int32_t) * T);
+  m->ids_map = host_alloc(m, sizeof(int32_t) * T);
+  if (world == 1 && !(m->ids_dev = wk_model_alloc(m, sizeof(int32_t) * T))) return CM_ERR_NOMEM;
   m->pos = host_alloc(m, sizeof(int32_t) * T);
   m->out_rows = host_alloc(m, sizeof(int32_t) * T);
   m->head_ids = host_alloc(m, sizeof(int32_t) * (size_t)m->max_out);
@@ -757,8 +759,8 @@ static int alloc_scratch(struct wk_model *m) {
   int k = c->moe ? c->top_k_experts : 1;
   m->moe_ids = host_alloc(m, sizeof(int32_t) * T * (size_t)k);
   m->moe_w = host_alloc(m, sizeof(float) * T * (size_t)k);
-  if (!m->ids || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq || !m->moe_ids ||
-      !m->moe_w)
+  if (!m->ids || !m->ids_map || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq ||
+      !m->moe_ids || !m->moe_w)
     return CM_ERR_NOMEM;
   return 0;
 }

@@ -167,6 +167,12 @@ struct wk_batch {
    * device. See kn_sample for what differs from the CPU's draws. */
   const struct kn_sample_params *sample;
   struct kn_sample_out *sampled;
+  /* Device-resident steps: prev_rows[s] >= 0 (host [n_seqs], or NULL for none)
+   * runs sequence s's first token as the id the backend's latest sampling call
+   * gave in that row (kn_kept_ids: the previous step's token, which the host
+   * has not read yet), whatever tokens[0] says. One rank only (CM_ERR_UNSUPPORTED
+   * under tensor parallelism); a row past the kept ones: CM_ERR_RANGE. */
+  const int32_t *prev_rows;
 };
 
 /* Runs the batch. Returns 0, or CM_ERR_INVAL / CM_ERR_RANGE / CM_ERR_TOOBIG

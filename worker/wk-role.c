@@ -27,6 +27,10 @@ struct rseq {
   int used;
   int has_last; /* last holds the token this sequence sampled in its latest step */
   int32_t last; /* what PR_SEQ_PREV_TOKEN (async scheduling) runs next */
+  int pend;     /* its latest step sampled it and is not finished: the token is
+                   only in row pend_row of the backend's kept ids (kn_kept_ids) */
+  int pend_row;
+  uint64_t pend_no;  /* that step's launch number (rstep.no) */
   uint32_t accepted; /* drafts that step accepted: PREV_TOKEN runs after them */
   uint32_t n_prop;   /* drafts that step proposed, in prop (PR_SEQ_PREV_DRAFTS) */
   uint32_t prop[PR_MAX_DRAFT];
@@ -42,6 +46,22 @@ struct rseq {
                             from the prompt's end on are generated tokens) */
 };
 
+/* What a step holds from its launch to its finish. Two of them: the next step may
+ * launch while this one's results are still to be read (pipelined steps). */
+struct rstep {
+  struct pr_step view;         /* the step as PREV_TOKEN / PREV_DRAFTS complete it */
+  struct rseq **cur;           /* [max_seqs] state of each step sequence */
+  int *row0;                   /* [max_seqs] first logits row of each sequence, -1 none */
+  struct pr_step_seq *eseq;    /* [max_seqs] the completed sequences (view.seqs) */
+  uint32_t *etok;              /* [max_seqs] the tokens PREV_TOKEN runs */
+  int32_t *prev;               /* [max_seqs] kept-id row of each first token, -1 none */
+  struct kn_sample_params *kp; /* [max_rows] rows sampled on the backend, or NULL */
+  struct kn_sample_out *ko;    /* [max_rows] their results */
+  int dev_step;                /* the step samples on the backend */
+  int rows;                    /* rows it samples */
+  uint64_t no;                 /* launch number */
+};
+
 struct wk_role {
   struct wk_model *model, *draft;
   int max_seqs, max_draft, max_T, vocab, hidden, n_groups, n_pages, max_pos;
@@ -52,7 +72,11 @@ struct wk_role {
   struct cm_arena fixed; /* seqs and the arrays below sized at create, freed together */
   int nomem;             /* an allocation from fixed failed */
   /* per-step scratch, sized at create */
-  struct rseq **cur;       /* [max_seqs] state of each step sequence */
+  struct rstep st[2];      /* launched steps: st[head], then st[head ^ 1] when two are open */
+  struct rstep *s;         /* the one being launched or finished */
+  int head, n_open;        /* the oldest step launched and not finished; how many are */
+  uint64_t launches;       /* steps launched */
+  uint64_t pipelined;      /* of which while another was open */
   struct wk_seq_input *in; /* [max_seqs] */
   struct wk_encoder *enc;   /* image encoder cache, or NULL without a vision tower */
   struct wk_grammars *gram; /* structured outputs, or NULL until the first one */
@@ -63,17 +87,11 @@ struct wk_role {
   int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
   const struct pr_image **step_ims; /* [max_seqs * PR_MAX_IMAGES] the step's images */
   const float **step_rows;          /* [max_seqs * PR_MAX_IMAGES] their embeddings */
-  struct pr_step_seq *eseq; /* [max_seqs] the step as PREV_TOKEN / PREV_DRAFTS complete it */
-  uint32_t *etok;           /* [max_seqs] the tokens PREV_TOKEN runs */
   int32_t *toks;           /* [max_T] tokens then drafts, per sequence */
-  int *row0;               /* [max_seqs] first logits row of each sequence, -1 none */
   float *logits;           /* [max_rows, vocab] */
   float *hid;              /* [max_rows, hidden] final-normed states, or NULL */
   int max_rows;            /* rows of logits: sampled tokens + verified drafts */
   struct wk_sampler *sampler;
-  struct kn_sample_params *kp; /* [max_rows] rows sampled on the backend, or NULL */
-  struct kn_sample_out *ko;    /* [max_rows] their results */
-  int dev_step;                /* the current step samples on the backend */
   /* draft proposal scratch (when draft != NULL) */
   struct wk_draft_input *din; /* [max_seqs] */
   int *dseq;                  /* [max_seqs] step index of each drafting sequence */
@@ -102,6 +120,7 @@ static void seq_drop(struct wk_role *r, struct rseq *q) {
   q->gm = NULL;
   q->used = 0;
   q->has_last = 0;
+  q->pend = 0;
   q->n_prop = 0;
   wk_penalty_reset(&q->pen);
   for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
@@ -177,12 +196,21 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   size_t S = (size_t)r->max_seqs, D1 = PR_MAX_DRAFT + 1;
   cm_arena_init(&r->fixed, 64u << 10, 0);
   r->seqs = zeroed(r, (size_t)r->cap_seqs, sizeof(*r->seqs));
-  r->cur = zeroed(r, S, sizeof(*r->cur));
+  for (int k = 0; k < 2; k++) {
+    struct rstep *t = &r->st[k];
+    t->cur = zeroed(r, S, sizeof(*t->cur));
+    t->eseq = fixed(r, sizeof(*t->eseq) * S);
+    t->etok = fixed(r, sizeof(uint32_t) * S);
+    t->row0 = fixed(r, sizeof(int) * S);
+    t->prev = fixed(r, sizeof(int32_t) * S);
+    if (o->device_sampling) {
+      t->kp = zeroed(r, (size_t)r->max_rows, sizeof(*t->kp));
+      t->ko = zeroed(r, (size_t)r->max_rows, sizeof(*t->ko));
+    }
+  }
+  r->s = &r->st[0];
   r->in = zeroed(r, S, sizeof(*r->in));
-  r->eseq = fixed(r, sizeof(*r->eseq) * S);
-  r->etok = fixed(r, sizeof(uint32_t) * S);
   r->toks = fixed(r, sizeof(int32_t) * (size_t)r->max_T);
-  r->row0 = fixed(r, sizeof(int) * S);
   r->logits = fixed(r, sizeof(float) * (size_t)r->max_rows * (size_t)r->vocab);
   (void)wk_sampler_create(r->vocab, &r->sampler); /* NULL on failure: checked below */
   r->rs = zeroed(r, S, sizeof(*r->rs));
@@ -191,10 +219,6 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   r->rtop_ids = fixed(r, sizeof(uint32_t) * S * D1 * TOPN);
   r->rtop = fixed(r, sizeof(float) * S * D1 * TOPN);
   r->rdraft = fixed(r, sizeof(uint32_t) * S * PR_MAX_DRAFT);
-  if (o->device_sampling) {
-    r->kp = zeroed(r, (size_t)r->max_rows, sizeof(*r->kp));
-    r->ko = zeroed(r, (size_t)r->max_rows, sizeof(*r->ko));
-  }
   if (draft) {
     r->hid = fixed(r, sizeof(float) * (size_t)r->max_rows * (size_t)r->hidden);
     r->din = zeroed(r, S, sizeof(*r->din));
@@ -266,6 +290,7 @@ static int grammars(struct wk_role *r, char *err, size_t errlen) {
 }
 
 void wk_role_reset(struct wk_role *r) {
+  r->n_open = 0; /* open steps are dropped with the sequences */
   for (int i = 0; i < r->cap_seqs; i++)
     if (r->seqs[i].used) seq_drop(r, &r->seqs[i]);
 }
@@ -323,14 +348,18 @@ static void resolve_prev(struct wk_role *r, const struct pr_step *st, struct pr_
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     struct rseq *q = (s->flags & PR_SEQ_PREV_TOKEN) ? seq_find(r, s->seq_id) : NULL;
-    if (!q || !q->has_last || freed_by(st, s->seq_id)) continue;
+    r->s->prev[i] = -1;
+    if (!q || !(q->has_last || q->pend) || freed_by(st, s->seq_id)) continue;
     if (out->seqs == st->seqs) {
-      memcpy(r->eseq, st->seqs, sizeof(*r->eseq) * st->n_seqs);
-      out->seqs = r->eseq;
+      memcpy(r->s->eseq, st->seqs, sizeof(*r->s->eseq) * st->n_seqs);
+      out->seqs = r->s->eseq;
     }
-    struct pr_step_seq *e = &r->eseq[i];
-    r->etok[i] = (uint32_t)q->last;
-    e->tokens = (struct pr_u32s){&r->etok[i], 1};
+    struct pr_step_seq *e = &r->s->eseq[i];
+    /* a token the open step sampled is still on the backend: the forward takes it
+     * from there (wk_batch.prev_rows), 0 stands in for it on the host */
+    r->s->etok[i] = q->pend ? 0 : (uint32_t)q->last;
+    if (q->pend) r->s->prev[i] = q->pend_row;
+    e->tokens = (struct pr_u32s){&r->s->etok[i], 1};
     e->start_pos += q->accepted;
     if (s->flags & PR_SEQ_PREV_DRAFTS) {
       /* a synchronous step gives the token at p at most gen_end - p - 2 drafts */
@@ -394,8 +423,8 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without SAMPLE", id);
     int own_drafts = !!(s->flags & PR_SEQ_PREV_DRAFTS); /* resolve_prev put them in */
     if ((s->flags & PR_SEQ_PREV_TOKEN) &&
-        (is_new || !q || !q->has_last || s->tokens.n != 1 || (s->draft_tokens.n && !own_drafts) ||
-         (s->flags & PR_SEQ_PREFILL)))
+        (is_new || !q || !(q->has_last || q->pend) || s->tokens.n != 1 ||
+         (s->draft_tokens.n && !own_drafts) || (s->flags & PR_SEQ_PREFILL)))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "sequence %llu: PREV_TOKEN needs one token to run after a step that "
                      "sampled this sequence",
@@ -507,7 +536,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   if (r->enc) wk_encoder_begin_step(r->enc);
   int T = 0, rows = 0, want_hidden = 0, n_ims = 0;
   /* drafts to verify need the whole distribution on the host, but greedy ones */
-  int dev = r->kp != NULL;
+  int dev = r->s->kp != NULL;
   for (uint32_t i = 0; i < st->n_seqs && dev; i++)
     if (st->seqs[i].draft_tokens.n && !verify_on_backend(r, &st->seqs[i])) dev = 0;
   /* rows with a structured output: the CPU's kn_sample takes their masks; other
@@ -553,7 +582,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       }
     }
     CM_ASSERT(q);
-    r->cur[i] = q;
+    r->s->cur[i] = q;
     int append = !!(s->flags & PR_SEQ_APPEND_BLOCKS);
     for (uint32_t g = 0; g < s->n_groups; g++)
       if (table_put(q, (int)g, s->block_tables[g].v, (int)s->block_tables[g].n, append))
@@ -600,14 +629,14 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       in->bidir = bd;
       in->n_bidir = (int)s->n_images;
     }
-    r->row0[i] = -1;
+    r->s->row0[i] = -1;
     if (s->flags & PR_SEQ_SAMPLE) {
       in->n_out = 1 + (int)s->draft_tokens.n;
-      r->row0[i] = rows;
+      r->s->row0[i] = rows;
       if (dev) /* one row per token sampled: the step's own, then one per draft */
         for (int k = 0; k < in->n_out; k++)
           wk_sampling_to_kn(&q->sp, &q->pen, (uint64_t)s->start_pos + s->tokens.n + (uint64_t)k,
-                            &r->kp[rows + k]);
+                            &r->s->kp[rows + k]);
       rows += in->n_out;
       if (s->num_draft) want_hidden = 1;
     }
@@ -623,9 +652,13 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   b->seqs = r->in;
   b->n_seqs = (int)st->n_seqs;
   b->logits = rows && !dev ? r->logits : NULL;
-  b->sample = dev ? r->kp : NULL;
-  b->sampled = rows && dev ? r->ko : NULL;
-  r->dev_step = dev;
+  b->prev_rows = NULL;
+  for (uint32_t i = 0; i < st->n_seqs; i++)
+    if (r->s->prev[i] >= 0) b->prev_rows = r->s->prev;
+  r->s->rows = rows;
+  b->sample = dev ? r->s->kp : NULL;
+  b->sampled = rows && dev ? r->s->ko : NULL;
+  r->s->dev_step = dev;
   b->hidden = want_hidden ? r->hid : NULL;
   return 0;
 }
@@ -633,7 +666,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
 /* Samples (or verifies drafts then samples) for step sequence i; fills rs. */
 static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
                       struct pr_result_seq *rs, int *last_row) {
-  struct rseq *q = r->cur[i];
+  struct rseq *q = r->s->cur[i];
   size_t D1 = PR_MAX_DRAFT + 1;
   uint32_t *tok = r->rtok + (size_t)i * D1;
   float *lp = r->rlp + (size_t)i * D1;
@@ -641,7 +674,7 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
   float *top = r->rtop + (size_t)i * D1 * TOPN;
   int n_top = q->sp.n_logprobs > 0 ? q->sp.n_logprobs : 0;
   uint32_t n = 0, accepted = 0;
-  int rc = 0, row = r->row0[i];
+  int rc = 0, row = r->s->row0[i];
   for (uint32_t k = 0; k <= s->draft_tokens.n; k++, row++) {
     float *lg = r->logits + (size_t)row * (size_t)r->vocab;
     uint64_t counter = (uint64_t)s->start_pos + s->tokens.n + k;
@@ -649,8 +682,8 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     int acc = 0;
     /* a structured output's mask for this row, for the host's draw */
     const uint32_t *allow = q->gm ? r->gbits + (size_t)row * wk_grammars_mask_words(r->gram) : NULL;
-    if (r->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
-      wk_sample_result_from_kn(&r->ko[row], &out);
+    if (r->s->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
+      wk_sample_result_from_kn(&r->s->ko[row], &out);
       acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
     } else if (k < s->draft_tokens.n)
       rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
@@ -676,7 +709,7 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     if (k < s->draft_tokens.n && !acc) break;
     if (k < s->draft_tokens.n) accepted++;
   }
-  *last_row = r->row0[i] + (int)accepted;
+  *last_row = r->s->row0[i] + (int)accepted;
   memset(rs, 0, sizeof(*rs));
   rs->seq_id = s->seq_id;
   rs->tokens.v = tok;
@@ -724,7 +757,7 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
   size_t H = (size_t)r->hidden, V = (size_t)r->vocab;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
-    if ((s->flags & PR_SEQ_SAMPLE) && s->num_draft && r->cur[i]->gm) nc++;
+    if ((s->flags & PR_SEQ_SAMPLE) && s->num_draft && r->s->cur[i]->gm) nc++;
   }
   if (nc > r->dlog_rows) {
     float *d = realloc(r->dlog, sizeof(float) * (size_t)nc * V);
@@ -736,7 +769,7 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     if (!(s->flags & PR_SEQ_SAMPLE) || !s->num_draft) continue;
-    struct rseq *q = r->cur[i];
+    struct rseq *q = r->s->cur[i];
     struct wk_draft_input *d = &r->din[nd];
     memset(d, 0, sizeof(*d));
     r->dseq[nd] = (int)i;
@@ -822,8 +855,9 @@ static void *fill_masks(void *arg) {
   struct wk_role *r = j->r;
   size_t words = wk_grammars_mask_words(r->gram);
   for (uint32_t i = 0; i < j->st->n_seqs && !j->rc; i++)
-    if ((j->st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm)
-      j->rc = seq_masks(r, &j->st->seqs[i], r->cur[i]->gm, r->gbits + (size_t)r->row0[i] * words);
+    if ((j->st->seqs[i].flags & PR_SEQ_SAMPLE) && r->s->cur[i]->gm)
+      j->rc =
+          seq_masks(r, &j->st->seqs[i], r->s->cur[i]->gm, r->gbits + (size_t)r->s->row0[i] * words);
   return NULL;
 }
 
@@ -834,7 +868,7 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
                              char *err, size_t errlen) {
   int masks = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++)
-    masks |= (st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm;
+    masks |= (st->seqs[i].flags & PR_SEQ_SAMPLE) && r->s->cur[i]->gm;
   if (masks && !r->gbits) {
     r->gbits = malloc(sizeof(uint32_t) * (size_t)r->max_rows * wk_grammars_mask_words(r->gram));
     if (!r->gbits) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for token masks");
@@ -842,13 +876,13 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
   struct mask_job job = {r, st, 0};
   pthread_t th;
   int host = kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY);
-  if (masks && host && r->dev_step) { /* first, for the forward's kn_sample to apply */
+  if (masks && host && r->s->dev_step) { /* first, for the forward's kn_sample to apply */
     fill_masks(&job);
     size_t words = wk_grammars_mask_words(r->gram);
     for (uint32_t i = 0; i < st->n_seqs && !job.rc; i++)
-      if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->cur[i]->gm)
-        for (int k = r->row0[i]; k <= r->row0[i] + (int)st->seqs[i].draft_tokens.n; k++)
-          r->kp[k].allow = r->gbits + (size_t)k * words;
+      if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->s->cur[i]->gm)
+        for (int k = r->s->row0[i]; k <= r->s->row0[i] + (int)st->seqs[i].draft_tokens.n; k++)
+          r->s->kp[k].allow = r->gbits + (size_t)k * words;
     masks = 0;
   }
   int threaded = masks && !host && pthread_create(&th, NULL, fill_masks, &job) == 0;
@@ -861,27 +895,93 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
   return rc;
 }
 
-int wk_role_step(struct wk_role *r, const struct pr_step *sent, struct pr_msg *res, char *err,
-                 size_t errlen) {
-  struct pr_step view;
-  resolve_prev(r, sent, &view);
-  const struct pr_step *st = &view;
+/* ---- launch and finish ---------------------------------------------------------- */
+
+static int step_has(const struct pr_step *st, uint64_t id) {
+  for (uint32_t j = 0; j < st->n_seqs; j++)
+    if (st->seqs[j].seq_id == id) return 1;
+  return 0;
+}
+
+/* Whether `next` may launch while step o is open (its results not read): only the
+ * forward of next may use what o sampled, so nothing of next may depend on host
+ * state that o's finish changes. Not with drafts (proposals need the verify
+ * result), tensor parallelism (the merged ids come through the host), structured
+ * outputs or penalties of a sequence o sampled (the matchers and counts move with
+ * o's tokens), or a sequence o holds that next frees, starts again or does not run
+ * from its token; and only when o's rows are the backend's kept ids. */
+static int can_follow(struct wk_role *r, const struct rstep *o, const struct pr_step *next) {
+  const int32_t *kept;
+  struct kn_backend *be = wk_model_backend(r->model);
+  if (r->draft || kn_comm_world(be) > 1) return 0;
+  if (o->rows && (!o->dev_step || kn_kept_ids(be, &kept) != o->rows)) return 0;
+  for (uint32_t j = 0; j < next->free_ids.n; j++)
+    if (step_has(&o->view, next->free_ids.v[j])) return 0;
+  for (uint32_t i = 0; i < next->n_seqs; i++) {
+    const struct pr_step_seq *s = &next->seqs[i];
+    struct rseq *q = seq_find(r, s->seq_id);
+    if ((s->flags & PR_SEQ_NEW) ? s->sampling.grammar_kind || step_has(&o->view, s->seq_id)
+                                : q && q->gm)
+      return 0;
+    if (!q || !q->pend || q->pend_no != o->no) continue;
+    const struct wk_sampling_params *sp = &q->sp;
+    if (!(s->flags & PR_SEQ_PREV_TOKEN) || (s->flags & PR_SEQ_PREV_DRAFTS) ||
+        sp->presence_penalty != 0 || sp->frequency_penalty != 0 || sp->repetition_penalty != 1)
+      return 0;
+  }
+  for (uint32_t i = 0; i < o->view.n_seqs; i++) /* o drops these when it finishes */
+    if ((o->view.seqs[i].flags & PR_SEQ_FINISHED) && step_has(next, o->view.seqs[i].seq_id))
+      return 0;
+  return 1;
+}
+
+int wk_role_launch(struct wk_role *r, const struct pr_step *sent, char *err, size_t errlen) {
+  if (r->n_open == 2) return cm_fail(err, errlen, CM_ERR_STATE, "two steps are open already");
+  r->s = &r->st[(r->head + r->n_open) & 1];
+  struct pr_step *st = &r->s->view;
+  resolve_prev(r, sent, st);
+  if (r->n_open && (!can_follow(r, &r->st[r->head], sent) || check_step(r, st, err, errlen))) {
+    err[0] = 0;
+    return CM_ERR_AGAIN; /* nothing changed: after the open step */
+  }
   int rc = check_step(r, st, err, errlen);
   if (rc) {
     drop_freed(r, st); /* the scheduler has let go of them whatever else the step holds */
     return rc;
   }
   struct wk_batch b = {0};
+  r->s->no = ++r->launches;
+  if ((rc = apply_step(r, st, &b, err, errlen))) return rc;
+  if ((rc = forward_and_masks(r, st, &b, err, errlen))) return rc;
+  for (uint32_t i = 0; i < st->n_seqs; i++) { /* a step that fails leaves no stale token */
+    struct rseq *q = r->s->cur[i];
+    if (!(st->seqs[i].flags & PR_SEQ_SAMPLE)) continue;
+    q->has_last = 0;
+    q->pend = r->s->dev_step;
+    q->pend_row = r->s->row0[i];
+    q->pend_no = r->s->no;
+  }
+  r->pipelined += r->n_open;
+  r->n_open++;
+  return 0;
+}
+
+int wk_role_finish(struct wk_role *r, struct pr_msg *res, char *err, size_t errlen) {
+  if (!r->n_open) return cm_fail(err, errlen, CM_ERR_STATE, "no step is open");
+  r->s = &r->st[r->head];
+  r->head ^= 1;
+  r->n_open--;
+  const struct pr_step *st = &r->s->view;
+  int rc;
   pr_msg_init(res, PR_RESULT);
   res->u.result.rank = r->rank;
   res->u.result.step_id = st->step_id;
   res->u.result.seqs = r->rs;
-  if ((rc = apply_step(r, st, &b, err, errlen))) return rc;
-  if ((rc = forward_and_masks(r, st, &b, err, errlen))) return rc;
   int n_res = 0;
-  int *last_row = r->row0; /* reused: row0 is read before last_row is written for each i */
-  for (uint32_t i = 0; i < st->n_seqs; i++) /* a step that fails leaves no stale token */
-    if (st->seqs[i].flags & PR_SEQ_SAMPLE) r->cur[i]->has_last = 0;
+  int *last_row = r->s->row0; /* reused: row0 is read before last_row is written for each i */
+  for (uint32_t i = 0; i < st->n_seqs; i++) /* a later step's launch may own pend now */
+    if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->s->cur[i]->pend_no == r->s->no)
+      r->s->cur[i]->pend = 0;
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     if (!(s->flags & PR_SEQ_SAMPLE)) continue;
@@ -891,15 +991,15 @@ int wk_role_step(struct wk_role *r, const struct pr_step *sent, struct pr_msg *r
                      (unsigned long long)s->seq_id, cm_strerror(rc));
     last_row[i] = lr;
     /* every rank samples alike (the seed and the logits agree), so each keeps it */
-    r->cur[i]->last = (int32_t)r->rs[i].tokens.v[r->rs[i].tokens.n - 1];
-    r->cur[i]->has_last = 1;
+    r->s->cur[i]->last = (int32_t)r->rs[i].tokens.v[r->rs[i].tokens.n - 1];
+    r->s->cur[i]->has_last = 1;
   }
   if (r->draft && (rc = propose_drafts(r, st, last_row, err, errlen))) return rc;
   /* what a later PREV_TOKEN / PREV_DRAFTS step takes from this one (the drafts it
    * verified are used by now) */
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     if (!(st->seqs[i].flags & PR_SEQ_SAMPLE)) continue;
-    struct rseq *q = r->cur[i];
+    struct rseq *q = r->s->cur[i];
     q->accepted = r->rs[i].num_accepted;
     q->n_prop = r->rs[i].drafts.n;
     if (q->n_prop) memcpy(q->prop, r->rs[i].drafts.v, sizeof(uint32_t) * q->n_prop);
@@ -912,6 +1012,21 @@ int wk_role_step(struct wk_role *r, const struct pr_step *sent, struct pr_msg *r
     }
   res->u.result.n_seqs = (uint32_t)n_res;
   for (uint32_t i = 0; i < st->n_seqs; i++)
-    if (st->seqs[i].flags & PR_SEQ_FINISHED) seq_drop(r, r->cur[i]);
+    if (st->seqs[i].flags & PR_SEQ_FINISHED) seq_drop(r, r->s->cur[i]);
   return 0;
+}
+
+int wk_role_step(struct wk_role *r, const struct pr_step *sent, struct pr_msg *res, char *err,
+                 size_t errlen) {
+  if (r->n_open) return cm_fail(err, errlen, CM_ERR_STATE, "a step is open");
+  int rc = wk_role_launch(r, sent, err, errlen);
+  return rc ? rc : wk_role_finish(r, res, err, errlen);
+}
+
+int wk_role_open(const struct wk_role *r) {
+  return r->n_open;
+}
+
+uint64_t wk_role_pipelined(const struct wk_role *r) {
+  return r->pipelined;
 }

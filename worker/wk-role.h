@@ -77,6 +77,36 @@ void wk_role_destroy(struct wk_role *r);
 int wk_role_step(struct wk_role *r, const struct pr_step *step, struct pr_msg *res, char *err,
                  size_t errlen);
 
+/* The same step in two halves, so that the next step's forward may run before
+ * this one's results are read (pipelined steps, vLLM's async scheduling on the
+ * worker's side):
+ *
+ *   wk_role_launch(r, N)      check, forward, sampling (on the backend)
+ *   wk_role_launch(r, N + 1)  while N is open: its forward takes the tokens N
+ *                             sampled from the backend (kn_kept_ids) for its
+ *                             PR_SEQ_PREV_TOKEN rows, or CM_ERR_AGAIN with
+ *                             nothing changed when it cannot (see below)
+ *   wk_role_finish(r, &res)   N's results: tokens read, penalty counts and
+ *                             structured-output matchers moved on, RESULT
+ *   wk_role_finish(r, &res)   N + 1's
+ *
+ * A step launches while another is open only when nothing its sampling uses
+ * depends on the open step's tokens: one rank, no drafts, no structured
+ * outputs in it, no penalties for the sequences the open step sampled, none of
+ * the open step's sequences freed, started again or finished, the open step
+ * sampled on the backend and its ids kept there. Otherwise (CM_ERR_AGAIN) the
+ * caller finishes the open step and launches it again: the sequential path.
+ * Results are finished in launch order; a launch that fails leaves the open
+ * step to finish as usual. At most two steps are open. The result message
+ * borrows the executor's buffers until the next wk_role_finish. wk_role_step
+ * is launch then finish, with none open. */
+int wk_role_launch(struct wk_role *r, const struct pr_step *step, char *err, size_t errlen);
+int wk_role_finish(struct wk_role *r, struct pr_msg *res, char *err, size_t errlen);
+/* Steps launched and not finished (0, 1 or 2). */
+int wk_role_open(const struct wk_role *r);
+/* Steps launched while another was open, since create. */
+uint64_t wk_role_pipelined(const struct wk_role *r);
+
 /* Drops every sequence's state (a new scheduler starts from nothing). */
 void wk_role_reset(struct wk_role *r);
 

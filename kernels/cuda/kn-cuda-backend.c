@@ -265,6 +265,7 @@ static void cuda_destroy(void *ctx) {
   for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
     if (c->seg_done[i]) (void)cudaEventDestroy(c->seg_done[i]);
   if (c->scratch) (void)cudaFree(c->scratch);
+  if (c->kept_d) (void)cudaFree(c->kept_d);
   if (c->result_host) (void)cudaFreeHost(c->result_host);
   if (c->blas) (void)cublasDestroy(c->blas);
   if (c->blas_ws) (void)cudaFree(c->blas_ws);
@@ -311,6 +312,9 @@ static struct kn_backend_ops cuda_ops = {
     .argmax = kn_cuda_op_argmax,
     .router_topk = kn_cuda_op_router_topk,
     .sample = kn_cuda_op_sample,
+    .kept_ids = kn_cuda_op_kept_ids,
+    .ids_take = kn_cuda_op_ids_take,
+    .embed_dev = kn_cuda_op_embed_dev,
     .kv_write = kn_cuda_op_kv_write,
     .attention = kn_cuda_op_attention,
     .layernorm = kn_cuda_op_layernorm,
@@ -359,6 +363,9 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
    * step graphs capture cuBLAS calls without an allocation inside */
   KN_CUDA_CHECK_GOTO(cudaMalloc(&c->blas_ws, KN_CUDA_BLAS_WS), err, fail);
   KN_CUBLAS_CHECK_GOTO(cublasSetWorkspace(c->blas, c->blas_ws, KN_CUDA_BLAS_WS), err, fail);
+  KN_CUDA_CHECK_GOTO(cudaMalloc((void **)&c->kept_d, sizeof(int32_t) * KN_KEPT_IDS_MAX), err, fail);
+  KN_CUDA_CHECK_GOTO(cudaMemsetAsync(c->kept_d, 0, sizeof(int32_t) * KN_KEPT_IDS_MAX, c->stream),
+                     err, fail);
   for (int i = 0; i < KN_CUDA_STAGE_SEGS; i++)
     KN_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->seg_done[i], cudaEventDisableTiming), err,
                        fail);

@@ -65,8 +65,13 @@ struct kn_cuda_attn_args {
   const float *k_scale, *v_scale; /* device [n_kv_heads] (an fp8 cache's), or NULL */
 };
 
+/* ids outside [0, vocab) give zero rows */
 cudaError_t kn_cuda_launch_embed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table,
-                                 enum kn_dtype tdt, int H, const int32_t *ids, int T, float scale);
+                                 enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T,
+                                 float scale);
+/* dst[t] = map[t] < 0 ? ids[t] : src[map[t]], t < T (all device memory) */
+cudaError_t kn_cuda_launch_ids_take(cudaStream_t s, int32_t *dst, const int32_t *ids,
+                                    const int32_t *src, const int32_t *map, int T);
 cudaError_t kn_cuda_launch_rmsnorm(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
                                    ptrdiff_t ldx, int rows, int d, const void *w, enum kn_dtype wdt,
                                    float eps, enum kn_norm_mode mode);
@@ -242,6 +247,11 @@ struct kn_cuda_ctx {
   void *scratch;
   size_t scratch_bytes;
 
+  /* [KN_KEPT_IDS_MAX] device: the ids of the latest argmax or sample call of up to
+   * that many rows (kn_kept_ids), copied there on the stream before the results
+   * go to the host; fixed for the backend's lifetime (step graphs read it). */
+  int32_t *kept_d;
+
   /* Pinned host buffer for results copied back (argmax, top-k). */
   void *result_host;
   size_t result_bytes;
@@ -403,6 +413,11 @@ int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logi
                       int T, int V);
 int kn_cuda_op_router_topk(void *ctx, int32_t *ids, float *weights, const float *logits,
                            ptrdiff_t ld, int T, int E, int k, const float *expert_scale);
+int32_t *kn_cuda_op_kept_ids(void *ctx);
+int kn_cuda_op_ids_take(void *ctx, int32_t *dst, const int32_t *ids, const int32_t *src,
+                        const int32_t *map, int T);
+int kn_cuda_op_embed_dev(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                         int vocab, int H, const int32_t *ids, int T, float scale);
 int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
                       int T, int V, const struct kn_sample_params *params);
 int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,

@@ -4,6 +4,7 @@
  * host (argmax, router top-k) copy them back through a pinned buffer and
  * wait. Arguments arrive validated by kn-backend.c. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "common/cm-err.h"
@@ -17,7 +18,45 @@ int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, en
   int err = kn_cuda_enter(c);
   if (!err) err = kn_cuda_stage(c, ids, (size_t)T * sizeof(int32_t), &ids_d);
   if (err) return err;
-  KN_CUDA_RUN(c, kn_cuda_launch_embed(c->stream, out, ldo, table, tdt, H, ids_d, T, scale));
+  /* the ids were checked against the table on the host: INT32_MAX bounds nothing */
+  KN_CUDA_RUN(c,
+              kn_cuda_launch_embed(c->stream, out, ldo, table, tdt, INT32_MAX, H, ids_d, T, scale));
+  return 0;
+}
+
+/* ---- ids kept on the device (kn_kept_ids, kn_ids_take, kn_embed_dev) ------------ */
+
+int32_t *kn_cuda_op_kept_ids(void *ctx) {
+  return ((struct kn_cuda_ctx *)ctx)->kept_d;
+}
+
+int kn_cuda_op_ids_take(void *ctx, int32_t *dst, const int32_t *ids, const int32_t *src,
+                        const int32_t *map, int T) {
+  struct kn_cuda_ctx *c = ctx;
+  void *ids_d, *map_d;
+  int err = kn_cuda_enter(c);
+  if (!err) err = kn_cuda_stage(c, ids, (size_t)T * sizeof(int32_t), &ids_d);
+  if (!err) err = kn_cuda_stage(c, map, (size_t)T * sizeof(int32_t), &map_d);
+  if (err) return err;
+  KN_CUDA_RUN(c, kn_cuda_launch_ids_take(c->stream, dst, ids_d, src, map_d, T));
+  return 0;
+}
+
+int kn_cuda_op_embed_dev(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                         int vocab, int H, const int32_t *ids, int T, float scale) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_RUN(c, kn_cuda_launch_embed(c->stream, out, ldo, table, tdt, vocab, H, ids, T, scale));
+  return 0;
+}
+
+/* Keeps the T ids at ids_d (each `stride` bytes after the last) in kept_d, on the
+ * stream, when there are at most KN_KEPT_IDS_MAX (kn__keep_ids says how many). */
+static int keep_ids(struct kn_cuda_ctx *c, const int32_t *ids_d, size_t stride, int T) {
+  if (T > KN_KEPT_IDS_MAX) return 0;
+  KN_CUDA_CHECK(cudaMemcpy2DAsync(c->kept_d, sizeof(int32_t), ids_d, stride, sizeof(int32_t),
+                                  (size_t)T, cudaMemcpyDeviceToDevice, c->stream));
   return 0;
 }
 
@@ -144,6 +183,7 @@ int kn_cuda_op_argmax(void *ctx, int32_t *ids, float *max_out, const float *logi
   int err = result_begin(c, (size_t)T, &r);
   if (err) return err;
   KN_CUDA_RUN(c, kn_cuda_launch_argmax(c->stream, r.ids_d, r.vals_d, logits, ld, T, V));
+  if ((err = keep_ids(c, r.ids_d, sizeof(int32_t), T))) return err;
   return result_end(c, &r, ids, max_out);
 }
 
@@ -249,6 +289,7 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
   }
   KN_CUDA_RUN(c, kn_cuda_launch_sample(c->stream, out_d, logits, ld, work, ldw, T, V, rows_d,
                                        pen_ids_d, pen_counts_d));
+  if ((err = keep_ids(c, &out_d->token, sizeof(struct kn_sample_out), T))) return err;
   KN_CUDA_CHECK(cudaMemcpyAsync(host, out_d, (size_t)T * sizeof(struct kn_sample_out),
                                 cudaMemcpyDeviceToHost, c->stream));
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));

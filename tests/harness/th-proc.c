@@ -593,11 +593,20 @@ int th_generate(const char *model, const uint32_t *prompt, int n, int max_tokens
 }
 
 int th_serve_start(struct th_proc *p, const char *model, char *const *extra) {
+  return th_serve_start_env(p, model, NULL, extra);
+}
+
+int th_serve_start_env(struct th_proc *p, const char *model, char *const *more_env,
+                       char *const *extra) {
   int port = th_free_port();
   if (port <= 0) return -1;
   char port_s[16];
   snprintf(port_s, sizeof(port_s), "%d", port);
-  char *env[] = {"LMSERVE_LOG=warn", NULL};
+  char *env[8] = {"LMSERVE_LOG=warn"};
+  for (int i = 0; more_env && more_env[i]; i++) {
+    if (i == 6) return -1; /* more than the table holds */
+    env[1 + i] = more_env[i];
+  }
   if (th_proc_spawnl(p, env, 1, extra, th_lmserve_bin(), "serve", "--port", port_s, "--model",
                      model, "--drain-timeout", "10", NULL))
     return -1;

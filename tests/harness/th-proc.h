@@ -83,6 +83,10 @@ void th_tiny_gemma4_or_skip(const char *name, int seed, char *model, size_t size
  * loopback port, waited for (up to 240 s) until the whole stack serves: the port, or
  * -1 when it did not start (the process is stopped then). th_proc_stop ends it. */
 int th_serve_start(struct th_proc *p, const char *model, char *const *extra);
+/* th_serve_start with the entries of more_env ("K=V", NULL-terminated, at most 6) added to
+ * serve's environment after LMSERVE_LOG=warn (so one of them may replace it). */
+int th_serve_start_env(struct th_proc *p, const char *model, char *const *more_env,
+                       char *const *extra);
 
 /* ---- the process table (/proc) ---- */
 

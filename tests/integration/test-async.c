@@ -5,9 +5,13 @@
  * usage), for concurrent requests that mix greedy and seeded sampling,
  * penalties, stop strings, end-of-sequence and max_tokens of 1 and 2 — on
  * one rank, with a KV pool small enough to preempt, with tensor parallelism
- * 2, and with MTP drafts; streams cut mid-answer leave no request running and
- * no KV block held. */
+ * 2, and with MTP drafts; and so are they when the workers pipeline their
+ * steps (LMSERVE_PIPELINE=1: a step's forward launched before the previous step is
+ * answered, taking that step's tokens from the backend), which they must be seen to
+ * do; streams cut mid-answer leave no request running and no KV block held. */
+#include <ctype.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,18 +27,41 @@ struct srv {
 };
 
 /* lmserve serve on model, one thread a worker, with extra flags (NULL-terminated,
- * at most 7). */
-static int srv_start(struct srv *s, const char *model, char *const *extra) {
+ * at most 7) and env entries (NULL-terminated, or NULL). */
+static int srv_start(struct srv *s, const char *model, char *const *extra, char *const *env) {
   char *flags[10] = {"--threads", "1"};
   for (int i = 0; extra && extra[i] && i < 7; i++)
     flags[2 + i] = extra[i];
-  s->port = th_serve_start(&s->p, model, flags);
+  s->port = th_serve_start_env(&s->p, model, env, flags);
   return s->port > 0 ? 0 : -1;
 }
 
-static void srv_stop(struct srv *s) {
+/* Stops the server; with pipelined not NULL, first reads what it says as it ends
+ * and sums the workers' closing counts ("rank R: N steps pipelined") into it. */
+static void srv_stop_counting(struct srv *s, long *pipelined) {
+  if (pipelined) {
+    th_proc_signal(&s->p, SIGTERM);
+    size_t len = 0;
+    char *said = th_read_all(s->p.err_fd, 30000, &len);
+    *pipelined = 0;
+    for (const char *at = said; at && (at = strstr(at, " steps pipelined")); at++) {
+      const char *n = at;
+      while (n > said && isdigit((unsigned char)n[-1]))
+        n--;
+      *pipelined += strtol(n, NULL, 10);
+    }
+    free(said);
+  }
   th_proc_stop(&s->p, 20000);
 }
+
+static void srv_stop(struct srv *s) {
+  srv_stop_counting(s, NULL);
+}
+
+/* The workers' environment for pipelined steps on the CPU (off there by default). */
+#define PIPELINED                                                                                  \
+  { "LMSERVE_PIPELINE=1", NULL }
 
 /* Waits (up to 30 s) for no running or waiting request and an empty KV pool. */
 static int wait_idle(struct srv *s) {
@@ -60,6 +87,10 @@ static int wait_idle(struct srv *s) {
 #define GEN 20
 #endif
 
+/* 1: requests without penalties (kinds 2 and 4 seeded, 5 greedy), so that every decode
+ * may run pipelined (a sequence with penalties waits for its counts) */
+static int no_penalties;
+
 /* Request i: a prompt of 4 .. 90 ids and one of the kinds below. */
 static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 777;
@@ -77,26 +108,36 @@ static void build_jobs(struct th_job *jobs, int n) {
     case 4: kind = "\"temperature\":1.0,\"repetition_penalty\":1.2,\"seed\":3"; break;
     default: kind = "\"temperature\":0,\"ignore_eos\":true"; break;
     }
+    if (no_penalties && (i % 6 == 2 || i % 6 == 4))
+      kind = i % 6 == 2 ? "\"temperature\":0.8,\"top_k\":20,\"seed\":5,\"logprobs\":3"
+                        : "\"temperature\":0,\"ignore_eos\":true,\"logprobs\":1";
     int max_tokens = i == 4 ? 1 : i == 9 ? 2 : GEN - (i % 5);
     th_job_make(&jobs[i], len, &x, "\"max_tokens\":%d,%s,\"stream\":false", max_tokens, kind);
   }
 }
 
-/* Runs the jobs against a server started with `flags`; its answers in jobs. */
-static void answers(struct th_job *jobs, const char *model, char *const *flags) {
-  struct srv s;
-  TH_REQUIRE(srv_start(&s, model, flags) == 0);
-  th_http_run_jobs(jobs, NREQ, s.port);
-  TH_CHECK(wait_idle(&s));
-  srv_stop(&s);
-  th_jobs_check_answered(jobs, NREQ);
-}
-
-/* One configuration of serve: its flags (up to a NULL) and what the run is called. */
+/* One configuration of serve: its flags (up to a NULL), what the run is called, the
+ * environment it adds (up to a NULL) and, with LMSERVE_PIPELINE=1, whether its workers
+ * must say they pipelined some steps (one rank, no drafts: where they can). */
 struct run {
   char *flags[8];
   const char *what;
+  char *env[3];
+  int must_pipeline;
 };
+
+/* Runs the jobs against a server started as run says; its answers in jobs. */
+static void answers(struct th_job *jobs, const char *model, const struct run *run) {
+  struct srv s;
+  long pipelined = 0;
+  TH_REQUIRE(srv_start(&s, model, run->flags, run->env) == 0);
+  th_http_run_jobs(jobs, NREQ, s.port);
+  TH_CHECK(wait_idle(&s));
+  srv_stop_counting(&s, run->must_pipeline ? &pipelined : NULL);
+  th_jobs_check_answered(jobs, NREQ);
+  if (run->must_pipeline && pipelined <= 0)
+    th_fail(__FILE__, __LINE__, "%s: the workers pipelined no step", run->what);
+}
 
 /* Serve's answers to the requests on `model` under each of runs[0..n): those of runs
  * 1.. must be those of run 0. */
@@ -104,9 +145,9 @@ static void answers_equal_on(const char *model, const struct run *runs, int n) {
   static struct th_job want[NREQ], got[NREQ];
   build_jobs(want, NREQ);
   build_jobs(got, NREQ);
-  answers(want, model, runs[0].flags);
+  answers(want, model, &runs[0]);
   for (int i = 1; i < n; i++) {
-    answers(got, model, runs[i].flags);
+    answers(got, model, &runs[i]);
     th_jobs_check_same(want, got, NREQ, runs[i].what);
   }
   th_http_jobs_free(want, NREQ);
@@ -120,16 +161,38 @@ static void answers_equal(const char *name, int seed, const struct run *runs, in
   answers_equal_on(model, runs, n);
 }
 
-TH_TEST(async_answers_equal_sync) {
-  th_proc_init(1500);
-  /* a pool of a few requests' worth (50 pages of 16 tokens in two groups): requests
-   * wait and running ones are preempted (the scheduler's closing log line counts 4) */
+/* Synchronous steps against asynchronous ones on the tiny model `name` (seed): plain,
+ * with a pool of a few requests' worth (50 pages of 16 tokens in two groups: requests
+ * wait and running ones are preempted, the scheduler's closing log line counts 4), and
+ * both with the workers' steps pipelined (with must, the workers must say they did
+ * some: where no sequence's penalties hold every step back). */
+static void sync_async_equal(const char *name, int seed, int must) {
   const struct run runs[] = {
       {{"--no-async-scheduling"}, "sync"},
       {{"--async-scheduling"}, "async"},
       {{"--kv-cache-memory", "600K", "--max-num-seqs", "16"}, "async, small KV pool"},
+      {{"--async-scheduling"}, "async, pipelined worker steps", PIPELINED, must},
+      {{"--kv-cache-memory", "600K", "--max-num-seqs", "16"},
+       "async, small KV pool, pipelined worker steps",
+       PIPELINED,
+       must},
   };
-  answers_equal("async", 3, runs, 3);
+  answers_equal(name, seed, runs, 5);
+}
+
+TH_TEST(async_answers_equal_sync) {
+  th_proc_init(1500);
+  sync_async_equal("async", 3, 0);
+}
+
+/* Requests whose every decode may run pipelined (no penalties): the workers launch step
+ * N + 1 before they answer step N, its tokens taken from step N's sampled ids on the
+ * backend, for many steps of many sequences, and the answers stay those of synchronous
+ * steps. */
+TH_TEST(async_pipelined_steps_equal_sync) {
+  th_proc_init(1500);
+  no_penalties = 1;
+  sync_async_equal("async-pipe", 6, 1);
 }
 
 TH_TEST(async_tensor_parallel_2_equals_sync) {
@@ -137,8 +200,10 @@ TH_TEST(async_tensor_parallel_2_equals_sync) {
   const struct run runs[] = {
       {{"--tensor-parallel-size", "2", "--no-async-scheduling"}, "sync, tensor parallel 2"},
       {{"--tensor-parallel-size", "2"}, "async, tensor parallel 2"},
+      /* the ranks' ids meet on the host: the workers run each step whole */
+      {{"--tensor-parallel-size", "2"}, "async, tensor parallel 2, pipelining asked", PIPELINED},
   };
-  answers_equal("async-tp", 4, runs, 2);
+  answers_equal("async-tp", 4, runs, 3);
 }
 
 /* An echo target whose logits leak a quarter of another token's (make-tiny-model --echo
@@ -187,6 +252,10 @@ TH_TEST(async_mtp_drafts_equal_sync) {
       {{"--speculative-model", assistant, "--num-speculative-tokens", "3", "--kv-cache-memory",
         "600K"},
        "async, MTP K=3, small KV pool"},
+      /* drafts need the verify result: the workers run each step whole */
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3"},
+       "async, MTP K=3, pipelining asked",
+       PIPELINED},
   };
   answers_equal_on(model, runs, 4);
   const struct run tp[] = {
@@ -256,7 +325,7 @@ TH_TEST(async_streams_cut_mid_answer) {
   char model[320];
   th_tiny_gemma4_or_skip("async-cut", 5, model, sizeof model);
   struct srv s;
-  TH_REQUIRE(srv_start(&s, model, (char *[]){NULL}) == 0);
+  TH_REQUIRE(srv_start(&s, model, (char *[]){NULL}, NULL) == 0);
   for (int i = 0; i < 6; i++) {
     int fd = th_http_post_open(s.port, "/v1/completions",
                                "{\"prompt\":\"the cut stream\",\"max_tokens\":200,\"ignore_eos\":"
