@@ -293,7 +293,7 @@ TH_TEST(penalties_count_cached_and_recomputed_tokens) {
     struct srv s;
     char *const off[] = {"--no-enable-prefix-caching", NULL};
     char *const tiny[] = {"--kv-cache-memory", "220K", "--max-num-seqs", "8", NULL};
-    TH_REQUIRE(srv_start(&s, model, pass == 0 ? off : pass == 1 ? NULL : tiny) == 0);
+    TH_REQUIRE(srv_start(&s, model, pass == 0 ? off : pass == 1 ? NULL : tiny, NULL) == 0);
     if (pass < 2)
       for (int i = 0; i < N; i++)
         th_http_run_jobs(&jobs[i], 1, s.port);
