@@ -103,9 +103,11 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
     int prev = b->prev_rows && !q->pad ? b->prev_rows[s] : -1;
     if (prev >= 0) {
       const int32_t *kept;
-      if (m->plan.world > 1)
+      if (!m->ids_dev)
         return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                       "forward: sequence %d: ids kept on the backend under tensor parallelism", s);
+                       "forward: sequence %d: ids kept on the backend, which this model does not "
+                       "take (tensor parallelism, or a backend whose id ops failed their check)",
+                       s);
       if (prev >= kn_kept_ids(m->be, &kept))
         return cm_fail(err, errlen, CM_ERR_RANGE,
                        "forward: sequence %d: no kept id in row %d of the latest sampling", s,

@@ -750,7 +750,10 @@ static int alloc_scratch(struct wk_model *m) {
   int G = CM_MAX(m->kv.n_groups, 1);
   m->ids = host_alloc(m, sizeof(int32_t) * T);
   m->ids_map = host_alloc(m, sizeof(int32_t) * T);
-  if (world == 1 && !(m->ids_dev = wk_model_alloc(m, sizeof(int32_t) * T))) return CM_ERR_NOMEM;
+  const int32_t *kept = NULL; /* a backend that offers its sampled ids (kn_kept_ids) */
+  kn_kept_ids(m->be, &kept);
+  if (world == 1 && kept && !(m->ids_dev = wk_model_alloc(m, sizeof(int32_t) * T)))
+    return CM_ERR_NOMEM;
   m->pos = host_alloc(m, sizeof(int32_t) * T);
   m->out_rows = host_alloc(m, sizeof(int32_t) * T);
   m->head_ids = host_alloc(m, sizeof(int32_t) * (size_t)m->max_out);

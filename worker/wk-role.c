@@ -914,7 +914,7 @@ static int can_follow(struct wk_role *r, const struct rstep *o, const struct pr_
   const int32_t *kept;
   struct kn_backend *be = wk_model_backend(r->model);
   if (r->draft || kn_comm_world(be) > 1) return 0;
-  if (o->rows && (!o->dev_step || kn_kept_ids(be, &kept) != o->rows)) return 0;
+  if (o->rows && (!o->dev_step || kn_kept_ids(be, &kept) != o->rows || !kept)) return 0;
   for (uint32_t j = 0; j < next->free_ids.n; j++)
     if (step_has(&o->view, next->free_ids.v[j])) return 0;
   for (uint32_t i = 0; i < next->n_seqs; i++) {

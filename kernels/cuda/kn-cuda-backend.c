@@ -392,6 +392,7 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
     goto fail;
   }
   err = kn_cuda_fused_check(be);
+  if (!err) err = kn_cuda_ids_check(be, c);
   if (err) {
     kn_backend_destroy(be); /* frees c */
     return err;

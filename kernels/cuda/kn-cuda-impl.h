@@ -251,6 +251,8 @@ struct kn_cuda_ctx {
    * that many rows (kn_kept_ids), copied there on the stream before the results
    * go to the host; fixed for the backend's lifetime (step graphs read it). */
   int32_t *kept_d;
+  int ids_ok; /* kn_ids_take and kn_embed_dev passed their check (kn_cuda_ids_check): the
+                 kept ids are offered (kn_kept_ids), else steps embed from host ids */
 
   /* Pinned host buffer for results copied back (argmax, top-k). */
   void *result_host;
@@ -292,6 +294,10 @@ struct kn_cuda_ctx {
   do {                                                                                             \
     if ((c)->graph_mode != KN_GRAPH_REPLAY) KN_CUBLAS_CHECK(call);                                 \
   } while (0)
+
+/* kn_ids_take and kn_embed_dev against the host's answer on a small problem, on be
+ * (made from c): sets c->ids_ok, warning when they differ; 0, or a device error. */
+int kn_cuda_ids_check(struct kn_backend *be, struct kn_cuda_ctx *c);
 
 /* Step graphs (kn-cuda-graph.c): the ops table's entries, and what staging and
  * scratch call in a graph's modes. */

@@ -27,7 +27,39 @@ int kn_cuda_op_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, en
 /* ---- ids kept on the device (kn_kept_ids, kn_ids_take, kn_embed_dev) ------------ */
 
 int32_t *kn_cuda_op_kept_ids(void *ctx) {
-  return ((struct kn_cuda_ctx *)ctx)->kept_d;
+  struct kn_cuda_ctx *c = ctx;
+  return c->ids_ok ? c->kept_d : NULL; /* NULL: steps embed from the host's ids */
+}
+
+int kn_cuda_ids_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
+  enum { V = 5, H = 8, T = 4, NS = 3 };
+  float table[V * H], got[T * H];
+  for (int i = 0; i < V * H; i++)
+    table[i] = 0.5f * (float)(i + 1);
+  /* rows: id 2; src[2] = 3; id 7, outside the table (a zero row); src[0] = 4 */
+  const int32_t src[NS] = {4, 1, 3}, ids[T] = {2, 0, 7, 1}, map[T] = {-1, 2, -1, 0};
+  const int32_t want_ids[T] = {2, 3, -1, 4};
+  float *table_d = kn_alloc(be, sizeof(table)), *out_d = kn_alloc(be, sizeof(got));
+  int32_t *src_d = kn_alloc(be, sizeof(src)), *dst_d = kn_alloc(be, sizeof(ids));
+  c->ids_ok = 1; /* for the check's own calls */
+  int err = table_d && out_d && src_d && dst_d ? 0 : CM_ERR_NOMEM;
+  if (!err) err = kn_upload(be, table_d, table, sizeof(table));
+  if (!err) err = kn_upload(be, src_d, src, sizeof(src));
+  if (!err) err = kn_ids_take(be, dst_d, ids, src_d, NS, map, T);
+  if (!err) err = kn_embed_dev(be, out_d, H, table_d, KN_DTYPE_F32, V, H, dst_d, T, 2.0f);
+  if (!err) err = kn_download(be, got, out_d, sizeof(got));
+  int same = !err;
+  for (int t = 0; same && t < T; t++)
+    for (int h = 0; h < H; h++)
+      same &= got[t * H + h] == (want_ids[t] < 0 ? 0.0f : 2.0f * table[want_ids[t] * H + h]);
+  c->ids_ok = same;
+  if (!same)
+    cm_warn("cuda",
+            "sampled ids stay on the host between steps: the device's id gather and "
+            "embedding failed their check (%s)",
+            err ? cm_strerror(err) : "wrong rows");
+  kn_free(be, table_d), kn_free(be, out_d), kn_free(be, src_d), kn_free(be, dst_d);
+  return err == CM_ERR_DEVICE ? err : 0;
 }
 
 int kn_cuda_op_ids_take(void *ctx, int32_t *dst, const int32_t *ids, const int32_t *src,
