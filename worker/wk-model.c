@@ -262,6 +262,21 @@ static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_s
   return p;
 }
 
+/* n scales from tensor t (named name) into out: its elements off .. off + n - 1 when
+ * `each`, else its one element n times; CM_ERR_RANGE at the first that is not finite
+ * and positive. */
+static int positive_scales(const struct wk_tensor *t, const char *name, int each, int off, int n,
+                           float *out, char *err, size_t errlen) {
+  for (int i = 0; i < n; i++) {
+    float v = kn_load_f32(t->data, kn_of(t), each ? (size_t)(off + i) : 0);
+    if (!(v > 0.0f) || !isfinite(v))
+      return cm_fail(err, errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
+                     t->file, name, each ? off + i : 0, (double)v);
+    out[i] = v;
+  }
+  return 0;
+}
+
 /* The per-feature scales of FP8 checkpoint weight t (its "...weight_scale":
  * [R, 1], [R], [1] or a scalar, f32 / bf16 / f16, every one finite and
  * positive) for rows [off, off + rows) into scale. */
@@ -291,14 +306,7 @@ static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int of
                    "F32 / BF16 / F16: per-channel or per-tensor scales)",
                    s->file, sname, got, s->dtype_name, R, R);
   }
-  for (int r = 0; r < rows; r++) {
-    float v = kn_load_f32(s->data, kn_of(s), per_row ? (size_t)(off + r) : 0);
-    if (!(v > 0.0f) || !isfinite(v))
-      return cm_fail(b->err, b->errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
-                     s->file, sname, per_row ? off + r : 0, (double)v);
-    scale[r] = v;
-  }
-  return 0;
+  return positive_scales(s, sname, per_row, off, rows, scale, b->err, b->errlen);
 }
 
 /* Binds linear weight t (full shape [R, C]; w's cut already set) as FP8 e4m3
@@ -832,13 +840,8 @@ static int bind_kv_scales(struct wk_model *m, char *err, size_t errlen) {
       }
       float host[256];
       if (n > 256) return cm_fail(err, errlen, CM_ERR_TOOBIG, "%s: %d kv heads", name, n);
-      for (int h = 0; h < n; h++) {
-        float v = kn_load_f32(t->data, kn_of(t), per_head ? (size_t)(h0 + h) : 0);
-        if (!(v > 0.0f) || !isfinite(v))
-          return cm_fail(err, errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
-                         t->file, name, per_head ? h0 + h : 0, (double)v);
-        host[h] = v;
-      }
+      int rc = positive_scales(t, name, per_head, h0, n, host, err, errlen);
+      if (rc) return rc;
       float *dev = wk_model_alloc(m, sizeof(float) * (size_t)n);
       if (!dev || kn_upload(m->be, dev, host, sizeof(float) * (size_t)n))
         return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for %s", name);
