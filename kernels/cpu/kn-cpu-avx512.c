@@ -498,11 +498,47 @@ KN_AVX512 static void tok_widen(float *dst, const void *w, enum kn_dtype dt, int
   }
 }
 
+/* The words of the masks over a block of rows: for each group of 16 tokens,
+ * the 1 to 3 words holding features [f0, f0 + rows) (a word per token lane;
+ * lanes past T: 0, no mask: all ones) into mw[g * 48 + 16 * k + lane]. Returns
+ * whether any token allows any of the block's rows. */
+static int tok_mask_words(uint32_t *mw, const uint32_t *const *allow, int T, int G, int f0,
+                          int rows) {
+  const int w0 = f0 >> 5, nw = ((f0 + rows - 1) >> 5) - w0 + 1;
+  uint32_t any = 0;
+  for (int g = 0; g < G; g++)
+    for (int l = 0; l < 16; l++) {
+      const int t = 16 * g + l;
+      for (int k = 0; k < 3; k++) {
+        uint32_t v = 0;
+        if (t < T && k < nw) v = allow[t] ? allow[t][w0 + k] : 0xffffffffu;
+        mw[g * 48 + 16 * k + l] = v;
+        any |= v;
+      }
+    }
+  if (!any) return 0;
+  /* only the block's own rows: the bits outside [f0, f0 + rows) may be set */
+  const int lo = f0 & 31, hi = lo + rows; /* bits [lo, hi) of the words 0..nw-1 */
+  for (int k = 0; k < nw; k++) {
+    int a = lo - 32 * k, b = hi - 32 * k;
+    a = a < 0 ? 0 : a;
+    b = b > 32 ? 32 : b;
+    uint32_t keep = (b - a == 32 ? 0xffffffffu : ((1u << (b - a)) - 1)) << a;
+    for (int g = 0; g < G; g++)
+      for (int l = 0; l < 16; l++)
+        if (mw[g * 48 + 16 * k + l] & keep) return 1;
+  }
+  return 0;
+}
+
 /* kn_cpu_dsp.tok_argmax: rows [0, n) of w against the T tokens of xt, each
  * token's first maximum (softcapped when cap > 0) as feature n0 + row into
  * best[T], without writing the outputs: each lane keeps its token's running
  * maximum over the rows in order (strictly greater replaces, so the first
  * index stays; NaN never enters; the first non-NaN enters even at -inf).
+ * With masks, a lane takes only the rows its token allows; a block of rows
+ * no token allows is neither read nor computed, and a group of tokens none of
+ * which allows a block skips it.
  *
  * The softcap is monotone non-decreasing (tanh16 is, over every float:
  * test-kn-dense checks all of them), so an output whose raw value is not
@@ -510,17 +546,18 @@ KN_AVX512 static void tok_widen(float *dst, const void *w, enum kn_dtype dt, int
  * need no softcap at all, only the comparison of the raw values. */
 KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *xt, int T,
                                  const void *w, enum kn_dtype dt, int K, int n, float cap,
-                                 float *wbuf) {
+                                 const uint32_t *const *allow, float *wbuf) {
   const int Kp = (K + 7) & ~7, G = (T + 15) / 16;
   /* rows per widened block: up to 48, about 12 KB of f32 weights (L1) */
   int blk = 3072 / Kp / 3 * 3;
   blk = blk < 3 ? 3 : blk > 48 ? 48 : blk;
   const size_t es = kn_dtype_size(dt), row_bytes = (size_t)K * es;
-  /* per group of 16 tokens: the maxima (softcapped), their raw values and
-   * their features (-1: none yet) */
+  /* per group of 16 tokens: the maxima (softcapped), their raw values, their
+   * features (-1: none yet) and the masks' words of the block */
   float *bv = wbuf + (((size_t)blk * Kp + 15) & ~(size_t)15);
   float *br = bv + (size_t)G * 16;
   int32_t *bi = (int32_t *)(br + (size_t)G * 16);
+  uint32_t *mw = (uint32_t *)(bi + (size_t)G * 16);
   for (int g = 0; g < G; g++) {
     _mm512_store_ps(bv + 16 * g, _mm512_set1_ps(-INFINITY));
     _mm512_store_ps(br + 16 * g, _mm512_set1_ps(-INFINITY));
@@ -532,6 +569,7 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
   for (int j = 0; j < n; j += blk) {
     const int rows = n - j < blk ? n - j : blk;
     const char *wj = (const char *)w + (size_t)j * row_bytes;
+    if (allow && !tok_mask_words(mw, allow, T, G, n0 + j, rows)) continue;
     /* the next block arrives from L3 while this one is computed, a few lines
      * per call of tok_rows (all at once would stall on the fill buffers) */
     const char *pf = wj + (size_t)rows * row_bytes;
@@ -539,8 +577,18 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
         j + rows < n ? (size_t)(n - j - rows < blk ? n - j - rows : blk) * row_bytes : 0;
     size_t pf_step = (pf_left / (size_t)(G * ((rows + 2) / 3)) + 64) & ~(size_t)63;
     tok_widen(wbuf, wj, dt, K, Kp, rows);
+    const int sh = (n0 + j) & 31;
     for (int g = 0; g < G; g++) {
       const float *xg = xt + (size_t)g * Kp * 16;
+      __m512i mk[3];
+      if (allow) {
+        mk[0] = _mm512_loadu_si512(mw + g * 48);
+        mk[1] = _mm512_loadu_si512(mw + g * 48 + 16);
+        mk[2] = _mm512_loadu_si512(mw + g * 48 + 32);
+        if (!_mm512_test_epi32_mask(_mm512_or_si512(_mm512_or_si512(mk[0], mk[1]), mk[2]),
+                                    _mm512_set1_epi32(-1)))
+          continue;
+      }
       __m512 v_best = _mm512_load_ps(bv + 16 * g), r_best = _mm512_load_ps(br + 16 * g);
       __m512i i_best = _mm512_load_si512((const __m512i *)(bi + 16 * g));
       for (int r = 0; r < rows; r += 3) {
@@ -552,6 +600,17 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
           pf_left -= d;
         }
         int nr = rows - r < 3 ? rows - r : 3;
+        /* the lanes whose tokens allow each row */
+        __mmask16 al[3] = {0xffff, 0xffff, 0xffff}, any = 0xffff;
+        if (allow) {
+          any = 0;
+          for (int q = 0; q < nr; q++) {
+            int b = sh + r + q;
+            al[q] = _mm512_test_epi32_mask(mk[b >> 5], _mm512_set1_epi32((int)(1u << (b & 31))));
+            any |= al[q];
+          }
+          if (!any) continue;
+        }
         const float *wr = wbuf + (size_t)r * Kp;
         if (nr == 3)
           tok_rows3(s, xg, wr, Kp);
@@ -562,13 +621,13 @@ KN_AVX512 static void tok_argmax(struct kn_cpu_best *best, int n0, const float *
         /* the usual case, once the lanes have maxima: no row above them */
         __mmask16 none = _mm512_cmpeq_epi32_mask(i_best, no_id), above = 0;
         for (int q = 0; q < nr; q++)
-          above |= _mm512_cmp_ps_mask(_mm512_load_ps(s + 16 * q), r_best, _CMP_GT_OQ);
-        if (!(none | above)) continue;
+          above |= al[q] & _mm512_cmp_ps_mask(_mm512_load_ps(s + 16 * q), r_best, _CMP_GT_OQ);
+        if (!((none & any) | above)) continue;
         for (int q = 0; q < nr; q++) {
           __m512 v = _mm512_load_ps(s + 16 * q), vc = v;
           none = _mm512_cmpeq_epi32_mask(i_best, no_id);
-          __mmask16 cand = _mm512_cmp_ps_mask(v, r_best, _CMP_GT_OQ) |
-                           (none & _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q));
+          __mmask16 cand = al[q] & (_mm512_cmp_ps_mask(v, r_best, _CMP_GT_OQ) |
+                                    (none & _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q)));
           if (!cand) continue;
           if (cap > 0.0f) vc = _mm512_mul_ps(tanh16(_mm512_mul_ps(v, ic)), cv);
           __mmask16 take = cand & (_mm512_cmp_ps_mask(vc, v_best, _CMP_GT_OQ) | none);

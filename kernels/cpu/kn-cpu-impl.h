@@ -55,10 +55,10 @@ struct kn_cpu_best {
 };
 
 /* Floats of scratch tok_argmax needs (kn-cpu-avx512.c): up to 48 widened
- * rows and the running maxima (softcapped and raw) and their features of
- * every group of 16 tokens. */
+ * rows, and per group of 16 tokens the running maxima (softcapped and raw),
+ * their features and the masks' words over a block of rows (3 each). */
 static inline size_t kn_cpu_tok_argmax_floats(int K, int T) {
-  return (size_t)48 * (size_t)((K + 7) & ~7) + 16 + (size_t)3 * 16 * (size_t)((T + 15) / 16);
+  return (size_t)48 * (size_t)((K + 7) & ~7) + 16 + (size_t)6 * 16 * (size_t)((T + 15) / 16);
 }
 
 /* out[t * ldo + j] {=, +=} dot(in[t * ldi + 0..K), W row j) for t < T, j < n,
@@ -113,11 +113,14 @@ struct kn_cpu_dsp {
   /* The greedy head (kn-cpu-avx512.c; NULL: none): each token's first
    * maximum over rows [0, n) of w against the T tokens in xt (the inputs as
    * kn-cpu-ops.c's tok_inputs lays them out), softcapped when cap > 0, as
-   * feature n0 + row into best[T]; the outputs are not written. wbuf holds
-   * kn_cpu_tok_argmax_floats(K, T). Used from T = tok_min_t when K is at
-   * most tok_max_k; same arithmetic per output as matvec. */
+   * feature n0 + row into best[T]; the outputs are not written. With allow
+   * (NULL: every row allows every feature), token t's maximum is over the
+   * features its mask allow[t] has (allow[t] NULL: all; id -1: none). wbuf
+   * holds kn_cpu_tok_argmax_floats(K, T). Used from T = tok_min_t when K is
+   * at most tok_max_k; same arithmetic per output as matvec. */
   void (*tok_argmax)(struct kn_cpu_best *best, int n0, const float *xt, int T, const void *w,
-                     enum kn_dtype dt, int K, int n, float cap, float *wbuf);
+                     enum kn_dtype dt, int K, int n, float cap, const uint32_t *const *allow,
+                     float *wbuf);
   int tok_min_t;
   int tok_max_k;
 

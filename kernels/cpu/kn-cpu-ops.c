@@ -425,37 +425,37 @@ static int cpu_matmul_fp8(void *p, float *out, ptrdiff_t ldo, const float *in, p
  * holding the overall maximum has its first index. No output reaches memory
  * beyond L2. */
 /* kn_cpu_argmax_row over the outputs i of row[0, n) whose feature n0 + i allow
- * has: the first maximum of those that are not NaN (-1: none). Runs of whole
- * words of allowed outputs go through the vector argmax, the other words bit by
- * bit: the cost follows what the mask allows. */
-static int argmax_allowed(const float *row, int n, const uint32_t *allow, int n0, float *max_out) {
-  int best = -1;
+ * has: the first maximum of those that are not NaN (-1: none). The words that
+ * allow at least half their outputs join a run for the vector argmax, the
+ * outputs they refuse made NaN in row (which the argmax skips); the other
+ * words go bit by bit: the cost follows what the mask allows. */
+static int argmax_allowed(float *row, int n, const uint32_t *allow, int n0, float *max_out) {
+  int best = -1, run = 0; /* run: where the run not yet searched starts */
   float bm = NAN;
-  for (int i = 0; i < n;) {
+  for (int i = 0;;) {
     int f = n0 + i, k = 32 - (f & 31);
     if (k > n - i) k = n - i;
     uint32_t full = k == 32 ? 0xffffffffu : (1u << k) - 1,
-             word = (allow[f >> 5] >> (f & 31)) & full;
-    if (word == full) { /* a run of whole words: the vector argmax over it */
-      int j = i + k;
-      while (j < n) {
-        int k2 = n - j < 32 ? n - j : 32;
-        uint32_t full2 = k2 == 32 ? 0xffffffffu : (1u << k2) - 1;
-        if ((allow[(n0 + j) >> 5] & full2) != full2) break;
-        j += k2;
-      }
-      float mx;
-      int r = kn_cpu_argmax_row(row + i, j - i, &mx);
-      if (r >= 0 && (best < 0 || mx > bm)) best = i + r, bm = mx;
-      i = j;
+             word = i < n ? (allow[f >> 5] >> (f & 31)) & full : 0;
+    if (i < n && 2 * __builtin_popcount(word) >= k) {
+      for (uint32_t b = ~word & full; b; b &= b - 1)
+        row[i + __builtin_ctz(b)] = NAN;
+      i += k;
       continue;
     }
+    if (i > run) { /* the run before this word */
+      float mx;
+      int r = kn_cpu_argmax_row(row + run, i - run, &mx);
+      if (r >= 0 && (best < 0 || mx > bm)) best = run + r, bm = mx;
+    }
+    if (i >= n) break;
     for (uint32_t b = word; b; b &= b - 1) {
       int j = i + __builtin_ctz(b);
       float v = row[j];
       if (v == v && (best < 0 || v > bm)) best = j, bm = v;
     }
     i += k;
+    run = i;
   }
   *max_out = bm;
   return best;
@@ -469,7 +469,7 @@ static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
     int n0 = (int)u * m->achunk, n = m->N - n0 < m->achunk ? m->N - n0 : m->achunk;
     if (m->tok) {
       const char *w = m->w + (size_t)n0 * (size_t)m->K * kn_dtype_size(m->dt);
-      dsp->tok_argmax(m->best + u * m->T, n0, m->ctx->xt, m->T, w, m->dt, m->K, n, m->cap,
+      dsp->tok_argmax(m->best + u * m->T, n0, m->ctx->xt, m->T, w, m->dt, m->K, n, m->cap, m->allow,
                       m->ctx->scratch[ith]);
       continue;
     }
@@ -485,8 +485,9 @@ static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
-/* matmul_argmax, and with allow (masks: the outputs in the thread's scratch, argmax
- * over what each row allows) matmul_argmax_masked */
+/* matmul_argmax, and with allow (masks: tok_argmax's lanes take what their rows
+ * allow, or the outputs in the thread's scratch and the argmax over what each
+ * row allows) matmul_argmax_masked */
 static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const float *in,
                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
                      float cap, const uint32_t *const *allow) {
@@ -500,7 +501,7 @@ static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const
   struct mm_task m = {
       .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
   m.allow = allow;
-  int rc = mm_plan(ctx, &m, !allow);
+  int rc = mm_plan(ctx, &m, 1);
   if (rc) return rc;
   /* units of whole chunks, about ARGMAX_UNIT_ROWS or fewer (4 per thread):
    * the tile path's chunks are a few rows, too few to merge one by one */

@@ -709,10 +709,14 @@ static void check_argmax_masked(struct kn_backend *be, enum kn_dtype dt, int T, 
   TH_REQUIRE(in && w && bits && allow && logits && ids);
   for (int t = 0; t < T; t++) {
     uint32_t *b = bits + (size_t)t * words;
-    int kind = t % 5; /* no mask, sparse, dense, the tie pair only, all but a few */
+    /* no mask, sparse, dense, the tie pair only, all but a few, a window of 40;
+     * at T = 48 only the last two, so that most blocks of rows are allowed by
+     * no row at all (the greedy head skips them) */
+    int kind = T == 48 ? (t % 2 ? 3 : 5) : t % 5;
     for (int n = 0; n < N; n++)
       if ((kind == 1 && kt_int(9) == 0) || (kind == 2 && kt_int(5) != 0) ||
-          (kind == 3 && (n == 3 || n == N - 2)) || (kind == 4 && (n < 40 || n >= 47)))
+          (kind == 3 && (n == 3 || n == N - 2)) || (kind == 4 && (n < 40 || n >= 47)) ||
+          (kind == 5 && n >= N / 2 && n < N / 2 + 40))
         b[n / 32] |= 1u << (n % 32);
     if (kind == 1) b[0] |= 1; /* never empty */
     allow[t] = kind ? b : NULL;
@@ -745,8 +749,8 @@ static void check_argmax_masked(struct kn_backend *be, enum kn_dtype dt, int T, 
 }
 
 TH_TEST(matmul_argmax_masked_is_the_masked_greedy_draw) {
-  static const int shapes[][3] = {{1, 47, 64},    {3, 330, 17},  {8, 2600, 64},
-                                  {20, 700, 640}, {37, 300, 67}, {64, 3000, 64}};
+  static const int shapes[][3] = {{1, 47, 64},   {3, 330, 17},   {8, 2600, 64},  {20, 700, 640},
+                                  {37, 300, 67}, {64, 3000, 64}, {48, 5000, 64}, {17, 4099, 40}};
   kt_seed(21);
   for (int mode = 0; mode < 3; mode++) {
     enum kn_cpu_isa isa = mode == 0 ? KN_CPU_ISA_REF : kt_vector_isa();
