@@ -106,6 +106,8 @@ struct kn_backend_ops {
    * gives the [KN_KEPT_IDS_MAX] buffer where argmax and sample leave the ids of
    * calls of up to that many rows, and the other two are the backend's own. */
   int32_t *(*kept_ids)(void *ctx);
+  /* kn_sample_takes_masks; NULL: when backend memory is the host's */
+  int (*sample_masks)(void *ctx);
   int (*ids_take)(void *ctx, int32_t *dst, const int32_t *ids, const int32_t *src,
                   const int32_t *map, int T);
   int (*embed_dev)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,

@@ -503,6 +503,12 @@ int kn_sample_is_argmax(const struct kn_sample_params *p) {
          !p->allow;
 }
 
+int kn_sample_takes_masks(struct kn_backend *be) {
+  if (!be || !be->ops->sample) return 0;
+  return be->ops->sample_masks ? be->ops->sample_masks(be->ctx)
+                               : kn_backend_has(be, KN_CAP_HOST_MEMORY);
+}
+
 int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
               int T, int V, const struct kn_sample_params *params) {
   if (be) be->n_kept = 0; /* kept again only by a call that succeeds */

@@ -408,10 +408,16 @@ struct kn_sample_params {
   int n_pen;
   /* A structured output's mask (host, [(V + 31) / 32] words: bit id % 32 of word
    * id / 32 set when token id may be drawn), applied after the penalties and
-   * before everything else; NULL: every token. Logprobs stay the raw model's. The
-   * CPU backend takes it; CUDA answers CM_ERR_UNSUPPORTED for a row with one. */
+   * before everything else; NULL: every token. Logprobs stay the raw model's.
+   * Backends where kn_sample_takes_masks is 0 answer CM_ERR_UNSUPPORTED for a row
+   * with one. */
   const uint32_t *allow;
 };
+
+/* 1 when be's kn_sample takes masks (kn_sample_params.allow): the CPU backend's
+ * always; CUDA's once its masked draw passed its check at start-up (rows drawn
+ * as from logits with -inf where the mask refuses). */
+int kn_sample_takes_masks(struct kn_backend *be);
 
 /* What kn_sample returns per row (host memory). Logprobs are those of the
  * RAW model distribution (log-softmax of the logits before any processing),

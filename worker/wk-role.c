@@ -539,10 +539,10 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   int dev = r->s->kp != NULL;
   for (uint32_t i = 0; i < st->n_seqs && dev; i++)
     if (st->seqs[i].draft_tokens.n && !verify_on_backend(r, &st->seqs[i])) dev = 0;
-  /* rows with a structured output: the CPU's kn_sample takes their masks; other
-   * backends' rows are masked on the host before they sample */
-  int host = kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY);
-  for (uint32_t i = 0; i < st->n_seqs && dev && !host; i++) {
+  /* rows with a structured output: a backend whose kn_sample takes masks (the CPU's;
+   * CUDA's once checked) samples them; on others they are masked on the host */
+  int takes = kn_sample_takes_masks(wk_model_backend(r->model));
+  for (uint32_t i = 0; i < st->n_seqs && dev && !takes; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
     if ((s->flags & PR_SEQ_SAMPLE) && (q ? q->gm != NULL : s->sampling.grammar_kind != 0)) dev = 0;
@@ -861,9 +861,11 @@ static void *fill_masks(void *arg) {
   return NULL;
 }
 
-/* The forward pass, and the constrained rows' masks: on a device backend in a
- * thread of their own while the device runs the pass (the mask is needed only
- * when the row samples); on the CPU, whose cores the pass already uses, after. */
+/* The forward pass, and the constrained rows' masks: first where the step samples
+ * on a backend whose kn_sample takes them (the pass's kn_sample applies them);
+ * else on a device backend in a thread of their own while the device runs the
+ * pass (the mask is needed only when the host samples the row); on the CPU, whose
+ * cores the pass already uses, after. */
 static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct wk_batch *b,
                              char *err, size_t errlen) {
   int masks = 0;
@@ -875,8 +877,9 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
   }
   struct mask_job job = {r, st, 0};
   pthread_t th;
-  int host = kn_backend_has(wk_model_backend(r->model), KN_CAP_HOST_MEMORY);
-  if (masks && host && r->s->dev_step) { /* first, for the forward's kn_sample to apply */
+  struct kn_backend *be = wk_model_backend(r->model);
+  int host = kn_backend_has(be, KN_CAP_HOST_MEMORY);
+  if (masks && r->s->dev_step && kn_sample_takes_masks(be)) { /* for the pass's kn_sample */
     fill_masks(&job);
     size_t words = wk_grammars_mask_words(r->gram);
     for (uint32_t i = 0; i < st->n_seqs && !job.rc; i++)

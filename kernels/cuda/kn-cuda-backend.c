@@ -313,6 +313,7 @@ static struct kn_backend_ops cuda_ops = {
     .router_topk = kn_cuda_op_router_topk,
     .sample = kn_cuda_op_sample,
     .kept_ids = kn_cuda_op_kept_ids,
+    .sample_masks = kn_cuda_op_sample_masks,
     .ids_take = kn_cuda_op_ids_take,
     .embed_dev = kn_cuda_op_embed_dev,
     .kv_write = kn_cuda_op_kv_write,
@@ -393,6 +394,7 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   }
   err = kn_cuda_fused_check(be);
   if (!err) err = kn_cuda_ids_check(be, c);
+  if (!err) err = kn_cuda_mask_check(be, c);
   if (err) {
     kn_backend_destroy(be); /* frees c */
     return err;

@@ -203,17 +203,21 @@ struct kn_cuda_sample_row {
   int32_t n_logprobs;
   int32_t pen_off, n_pen; /* this row's entries in the staged penalty arrays */
   float presence, frequency, repetition;
+  int32_t mask_off; /* this row's mask in the staged masks (words); -1: none */
   uint64_t seed, counter;
 };
 /* out[T] (device) = one sampled token (and raw logprobs) per row of
  * logits[T, V]. With pen_ids (device, the rows' entries concatenated; ids in
  * [0, V), each once per row) the penalised entries are written into work
- * (device, [T, V] holding a copy of the rows, ldw == V) first; without,
- * work == logits and ldw == ld. A row with nothing finite gets token -1. */
+ * (device, [T, V] holding a copy of the rows, ldw == V) first; then with
+ * masks (device, (V + 31) / 32 words from each masked row's mask_off) -inf is
+ * written into work wherever a row's mask refuses (work a copy as with
+ * pen_ids); without either, work == logits and ldw == ld. A row with nothing
+ * finite gets token -1. */
 cudaError_t kn_cuda_launch_sample(cudaStream_t s, struct kn_sample_out *out, const float *logits,
                                   ptrdiff_t ld, float *work, ptrdiff_t ldw, int T, int V,
                                   const struct kn_cuda_sample_row *rows, const int32_t *pen_ids,
-                                  const int32_t *pen_counts);
+                                  const int32_t *pen_counts, const uint32_t *masks);
 
 #ifdef __cplusplus
 }
@@ -251,6 +255,7 @@ struct kn_cuda_ctx {
    * that many rows (kn_kept_ids), copied there on the stream before the results
    * go to the host; fixed for the backend's lifetime (step graphs read it). */
   int32_t *kept_d;
+  int mask_ok; /* kn_sample takes masks: its masked draw passed kn_cuda_mask_check */
   int ids_ok; /* kn_ids_take and kn_embed_dev passed their check (kn_cuda_ids_check): the
                  kept ids are offered (kn_kept_ids), else steps embed from host ids */
 
@@ -298,6 +303,12 @@ struct kn_cuda_ctx {
 /* kn_ids_take and kn_embed_dev against the host's answer on a small problem, on be
  * (made from c): sets c->ids_ok, warning when they differ; 0, or a device error. */
 int kn_cuda_ids_check(struct kn_backend *be, struct kn_cuda_ctx *c);
+/* Checks kn_sample's masks (greedy and sampled rows, penalties, a vocabulary that
+ * is not a multiple of 32) against the same rows drawn from logits with -inf
+ * where the masks refuse: sets c->mask_ok, warning when they differ (masked rows
+ * are then drawn on the host); 0, or a device error. */
+int kn_cuda_mask_check(struct kn_backend *be, struct kn_cuda_ctx *c);
+int kn_cuda_op_sample_masks(void *ctx);
 
 /* Step graphs (kn-cuda-graph.c): the ops table's entries, and what staging and
  * scratch call in a graph's modes. */

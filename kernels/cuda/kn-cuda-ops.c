@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "common/cm-log.h"
 #include "kernels/cuda/kn-cuda-impl.h"
 
@@ -59,6 +60,65 @@ int kn_cuda_ids_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
             "embedding failed their check (%s)",
             err ? cm_strerror(err) : "wrong rows");
   kn_free(be, table_d), kn_free(be, out_d), kn_free(be, src_d), kn_free(be, dst_d);
+  return err == CM_ERR_DEVICE ? err : 0;
+}
+
+int kn_cuda_mask_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
+  /* rows: greedy under a sparse mask, greedy under a dense one, sampled (top-k,
+   * penalties) under a mask, sampled without; V not a multiple of 32 */
+  enum { V = 1000, T = 4, W = (V + 31) / 32 };
+  float logits[T * V], refused[T * V];
+  uint32_t masks[T][W];
+  memset(masks, 0, sizeof(masks));
+  uint64_t s = 0x6d61736b;
+  for (int i = 0; i < T * V; i++)
+    logits[i] = (float)(cm_splitmix64(&s) >> 40) / (float)(1 << 24) * 8.0f - 4.0f;
+  for (int t = 0; t < T; t++)
+    for (int v = 0; v < V; v++)
+      if (t == 0 ? v % 97 == 5 : t == 1 ? v % 13 != 0 : t == 2 ? v % 3 == 1 : 1)
+        masks[t][v / 32] |= 1u << (v % 32);
+  const int32_t pen_ids[3] = {1, 4, 7}, pen_counts[3] = {2, 0, 1};
+  struct kn_sample_params p[T], q[T];
+  for (int t = 0; t < T; t++) {
+    kn_sample_params_default(&p[t]);
+    p[t].temperature = t < 2 ? 0.0f : 0.9f;
+    p[t].seed = 11 + (uint64_t)t;
+    p[t].counter = 3;
+    p[t].allow = t < 3 ? masks[t] : NULL;
+    for (int v = 0; v < V; v++)
+      refused[t * V + v] = (masks[t][v / 32] >> (v % 32)) & 1 ? logits[t * V + v] : -INFINITY;
+  }
+  p[2].top_k = 40;
+  p[2].repetition_penalty = 1.3f;
+  p[2].frequency_penalty = 0.5f;
+  p[2].pen_ids = pen_ids;
+  p[2].pen_counts = pen_counts;
+  p[2].n_pen = 3;
+  memcpy(q, p, sizeof(q));
+  for (int t = 0; t < T; t++)
+    q[t].allow = NULL;
+  struct kn_sample_out got[T], want[T];
+  float *a_d = kn_alloc(be, sizeof(logits)), *b_d = kn_alloc(be, sizeof(refused));
+  c->mask_ok = 1; /* for the check's own calls */
+  int err = a_d && b_d ? 0 : CM_ERR_NOMEM;
+  if (!err) err = kn_upload(be, a_d, logits, sizeof(logits));
+  if (!err) err = kn_upload(be, b_d, refused, sizeof(refused));
+  if (!err) err = kn_sample(be, got, a_d, V, T, V, p);
+  if (!err) err = kn_sample(be, want, b_d, V, T, V, q);
+  int same = !err;
+  for (int t = 0; same && t < T; t++)
+    same = got[t].token == want[t].token && got[t].token >= 0 && got[t].token < V &&
+           ((masks[t][got[t].token / 32] >> (got[t].token % 32)) & 1);
+  /* a mask that allows nothing: CM_ERR_INVAL, as on the CPU */
+  memset(masks[0], 0, sizeof(masks[0]));
+  if (same && kn_sample(be, got, a_d, V, 1, V, p) != CM_ERR_INVAL) same = 0;
+  c->mask_ok = same;
+  if (!same)
+    cm_warn("cuda",
+            "structured outputs' rows are masked and drawn on the host: the device's masked "
+            "draw failed its check (%s)",
+            err ? cm_strerror(err) : "other tokens");
+  kn_free(be, a_d), kn_free(be, b_d);
   return err == CM_ERR_DEVICE ? err : 0;
 }
 
@@ -270,6 +330,7 @@ static void fill_row(const struct kn_sample_params *p, int V, struct kn_cuda_sam
   r->seed = p->seed;
   r->counter = p->counter;
   r->pen_off = (int32_t)*k;
+  r->mask_off = -1;
   if (penalised(p))
     for (int j = 0; j < p->n_pen; j++)
       if (p->pen_ids[j] >= 0 && p->pen_ids[j] < V) {
@@ -279,15 +340,34 @@ static void fill_row(const struct kn_sample_params *p, int V, struct kn_cuda_sam
   r->n_pen = (int32_t)*k - r->pen_off;
 }
 
+/* 1 when mask (words of V bits) allows a token of [0, V). */
+static int allows_any(const uint32_t *mask, int V) {
+  for (int w = 0; w < V / 32; w++)
+    if (mask[w]) return 1;
+  return V % 32 && (mask[V / 32] & ((1u << (V % 32)) - 1));
+}
+
+int kn_cuda_op_sample_masks(void *ctx) {
+  return ((struct kn_cuda_ctx *)ctx)->mask_ok;
+}
+
 int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits, ptrdiff_t ld,
                       int T, int V, const struct kn_sample_params *params) {
   struct kn_cuda_ctx *c = ctx;
+  const size_t words = ((size_t)V + 31) / 32;
+  size_t n_mask = 0;
   for (int t = 0; t < T; t++)
-    if (params[t].allow) return CM_ERR_UNSUPPORTED; /* masks are applied on the host */
-  /* one staging reservation: the row descriptors, then the penalty ids and counts */
+    if (params[t].allow) {
+      if (!c->mask_ok) return CM_ERR_UNSUPPORTED;               /* the host masks the row */
+      if (!allows_any(params[t].allow, V)) return CM_ERR_INVAL; /* as on the CPU */
+      n_mask++;
+    }
+  /* one staging reservation: the row descriptors, the penalty ids and counts, the
+   * masks */
   size_t n_pen = count_penalties(params, T, V);
   size_t rows_bytes = (size_t)T * sizeof(struct kn_cuda_sample_row);
-  size_t bytes = rows_bytes + 2 * n_pen * sizeof(int32_t);
+  size_t pen_bytes = 2 * n_pen * sizeof(int32_t);
+  size_t bytes = rows_bytes + pen_bytes + n_mask * words * sizeof(uint32_t);
   void *h, *d;
   int err = kn_cuda_graph_refuse(c, "kn_sample");
   if (!err) err = kn_cuda_enter(c);
@@ -295,24 +375,33 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
   if (err) return err;
   struct kn_cuda_sample_row *rows = h;
   int32_t *ids = (int32_t *)((unsigned char *)h + rows_bytes), *counts = ids + n_pen;
-  size_t k = 0;
-  for (int t = 0; t < T; t++)
+  uint32_t *masks = (uint32_t *)((unsigned char *)h + rows_bytes + pen_bytes);
+  size_t k = 0, m = 0;
+  for (int t = 0; t < T; t++) {
     fill_row(&params[t], V, &rows[t], ids, counts, &k);
+    if (params[t].allow) {
+      rows[t].mask_off = (int32_t)(m * words);
+      memcpy(masks + m++ * words, params[t].allow, words * sizeof(uint32_t));
+    }
+  }
   if ((err = kn_cuda_stage_push(c, h, d, bytes))) return err;
   const struct kn_cuda_sample_row *rows_d = d;
   int32_t *pen_ids_d = n_pen ? (int32_t *)((unsigned char *)d + rows_bytes) : NULL;
   int32_t *pen_counts_d = n_pen ? pen_ids_d + n_pen : NULL;
+  const uint32_t *masks_d =
+      n_mask ? (const uint32_t *)((unsigned char *)d + rows_bytes + pen_bytes) : NULL;
 
-  /* scratch: the results, then (with penalties) a copy of the rows to process */
+  /* scratch: the results, then (with penalties or masks) a copy of the rows to
+   * process */
   size_t out_bytes = ((size_t)T * sizeof(struct kn_sample_out) + 255) / 256 * 256;
-  size_t work_bytes = pen_ids_d ? (size_t)T * (size_t)V * sizeof(float) : 0;
+  size_t work_bytes = pen_ids_d || masks_d ? (size_t)T * (size_t)V * sizeof(float) : 0;
   void *dev, *host;
   if ((err = kn_cuda_scratch(c, out_bytes + work_bytes, &dev))) return err;
   if ((err = kn_cuda_result_host(c, (size_t)T * sizeof(struct kn_sample_out), &host))) return err;
   struct kn_sample_out *out_d = dev;
   float *work = (float *)logits;
   ptrdiff_t ldw = ld;
-  if (pen_ids_d) {
+  if (work_bytes) {
     work = (float *)((unsigned char *)dev + out_bytes);
     ldw = V;
     KN_CUDA_CHECK(cudaMemcpy2DAsync(
@@ -320,7 +409,7 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
         (size_t)V * sizeof(float), (size_t)T, cudaMemcpyDeviceToDevice, c->stream));
   }
   KN_CUDA_RUN(c, kn_cuda_launch_sample(c->stream, out_d, logits, ld, work, ldw, T, V, rows_d,
-                                       pen_ids_d, pen_counts_d));
+                                       pen_ids_d, pen_counts_d, masks_d));
   if ((err = keep_ids(c, &out_d->token, sizeof(struct kn_sample_out), T))) return err;
   KN_CUDA_CHECK(cudaMemcpyAsync(host, out_d, (size_t)T * sizeof(struct kn_sample_out),
                                 cudaMemcpyDeviceToHost, c->stream));

@@ -422,14 +422,32 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   if (R.n_logprobs >= 0) raw_logprobs(c, V, R.n_logprobs, token, o, s);
 }
 
+/* -inf wherever row blockIdx.y's mask refuses (after the penalties: they keep
+ * -inf as -inf on the CPU too), a thread per logit, its word read by 32 at once */
+__global__ void mask_kernel(float *work, ptrdiff_t ldw, int V,
+                            const struct kn_cuda_sample_row *rows, const uint32_t *masks) {
+  const int off = rows[blockIdx.y].mask_off;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (off < 0 || i >= V) return;
+  if (!((masks[(size_t)off + (unsigned)i / 32] >> (i & 31)) & 1u))
+    work[(ptrdiff_t)blockIdx.y * ldw + i] = -INFINITY;
+}
+
 extern "C" cudaError_t kn_cuda_launch_sample(cudaStream_t s, struct kn_sample_out *out,
                                              const float *logits, ptrdiff_t ld, float *work,
                                              ptrdiff_t ldw, int T, int V,
                                              const struct kn_cuda_sample_row *rows,
-                                             const int32_t *pen_ids, const int32_t *pen_counts) {
+                                             const int32_t *pen_ids, const int32_t *pen_counts,
+                                             const uint32_t *masks) {
   if (pen_ids) {
     penalty_kernel<<<dim3((unsigned)T), 256, 0, s>>>(work, logits, ld, V, rows, pen_ids,
                                                      pen_counts);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (masks) {
+    mask_kernel<<<dim3((unsigned)((V + 255) / 256), (unsigned)T), 256, 0, s>>>(work, ldw, V, rows,
+                                                                               masks);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -4,7 +4,8 @@
  * rounding; seeded draws stay inside the CPU's filtered set (top-k, top-p,
  * min-p, penalties, ties at the boundaries) and follow its probabilities
  * (chi-square); the same seed gives the same token alone or batched; a row
- * with nothing finite is refused. Skips loudly without a device. */
+ * with nothing finite is refused; masked rows (structured outputs) as the CPU
+ * draws them. Skips loudly without a device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,5 +310,74 @@ TH_TEST(cuda_sample_nothing_finite) {
   TH_CHECK_EQ_INT(o[1].token, 0);
   TH_CHECK(o[0].token >= 0 && o[0].token < 8);
   kn_free(e.gpu, x_d);
+  ct_close(&e);
+}
+
+/* ---- structured outputs' masks ----------------------------------------------- */
+
+/* A mask of V tokens: every id with id % every == rest, and id 1 (leading). */
+static uint32_t *make_mask(int V, int every, int rest) {
+  uint32_t *m = calloc(((size_t)V + 31) / 32, sizeof(uint32_t));
+  TH_REQUIRE(m);
+  for (int i = 0; i < V; i++)
+    if (i % every == rest || i == 1) m[i / 32] |= 1u << (i % 32);
+  return m;
+}
+
+/* kn_sample with masks (kn_sample_params.allow): the device took them at start-up
+ * (its check passed); greedy rows give the CPU's tokens and raw logprobs, masked or
+ * not, penalised or not, in one call; seeded draws stay inside the CPU's masked set
+ * and follow its probabilities; a mask that allows nothing is refused. */
+TH_TEST(cuda_sample_masks) {
+  struct ct_env e;
+  ct_open(&e, 27);
+  TH_REQUIRE(kn_sample_takes_masks(e.gpu));
+  enum { V = 262143, T = 6 }; /* not a multiple of 32: the last word's tail */
+  float *x = malloc(sizeof(float) * (size_t)T * V);
+  TH_REQUIRE(x);
+  ct_fill(&e, x, (size_t)T * V, 6.0f);
+  uint32_t *sparse = make_mask(V, 997, 3), *dense = make_mask(V, 3, 1),
+           *all_but = make_mask(V, 1, 0);
+  all_but[0] &= ~(1u << 1); /* all but id 1, the leader */
+  for (int t = 0; t < T; t++)
+    x[(size_t)t * V + 1] = 12.0f;
+  struct kn_sample_params p[T];
+  struct kn_sample_out ref[T], got[T];
+  for (int t = 0; t < T; t++) {
+    p[t] = params_default();
+    p[t].temperature = 0.0f;
+    p[t].n_logprobs = t % 2 ? 3 : -1;
+    if (t >= 3) with_penalties(&p[t]);
+  }
+  p[0].allow = sparse, p[1].allow = dense, p[2].allow = all_but, p[4].allow = all_but;
+  float *x_d = ct_up(&e, x, sizeof(float) * (size_t)T * V);
+  TH_REQUIRE(kn_sample(e.cpu, ref, x, V, T, V, p) == 0);
+  TH_REQUIRE(kn_sample(e.gpu, got, x_d, V, T, V, p) == 0);
+  for (int t = 0; t < T; t++) {
+    if (got[t].token != ref[t].token)
+      th_fail(__FILE__, __LINE__, "masked greedy row %d: cpu %d cuda %d", t, ref[t].token,
+              got[t].token);
+    check_logprobs("masked greedy", t, &ref[t], &got[t], 2e-4);
+  }
+  TH_CHECK(got[2].token != 1 && got[4].token != 1); /* the mask, not the logits, decided */
+  float *y = malloc(sizeof(float) * 2 * (size_t)V); /* rows without a leader */
+  TH_REQUIRE(y);
+  ct_fill(&e, y, 2 * (size_t)V, 3.0f);
+  struct kn_sample_params q = params_default();
+  q.temperature = 0.8f;
+  q.allow = dense;
+  q.top_k = 50;
+  with_penalties(&q);
+  check_draws(&e, "masked 1 in 3, top-k 50, penalties", y, V, q, 4000, 200, 0);
+  q = params_default();
+  q.allow = sparse;
+  check_draws(&e, "masked 1 in 997", y + V, V, q, 4000, 200, 0);
+  uint32_t *none = calloc(((size_t)V + 31) / 32, sizeof(uint32_t));
+  TH_REQUIRE(none);
+  none[V / 32] = ~0u << (V % 32); /* only ids past V: nothing */
+  p[0].allow = none;
+  TH_CHECK_EQ_INT(kn_sample(e.gpu, got, x_d, V, 1, V, p), CM_ERR_INVAL);
+  kn_free(e.gpu, x_d);
+  free(x), free(y), free(sparse), free(dense), free(all_but), free(none);
   ct_close(&e);
 }

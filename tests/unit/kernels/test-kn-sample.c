@@ -278,6 +278,7 @@ TH_TEST(sample_raw_logprobs) {
  * says no (the fused greedy head knows no masks). */
 TH_TEST(sample_masks_allow_only_their_tokens) {
   struct kn_backend *be = cpu();
+  TH_CHECK(kn_sample_takes_masks(be) && !kn_sample_takes_masks(NULL));
   enum { V = 100 };
   float x[V], keep[V];
   for (int i = 0; i < V; i++)
