@@ -257,6 +257,11 @@ struct gr_vocab {
   /* has[b] (b < 128, when plain_le is made): the tokens holding ASCII byte b, a
    * bitmap of the vocabulary each */
   uint32_t *has;
+  /* (when plain_le is made) the tokens that are not plain text from a character
+   * boundary, plain_le's complement, as a trie of their own (the same ids; a few
+   * thousand tokens of a vocabulary, a trie small enough for the core's caches):
+   * a walk that has the plain tokens in already walks only these */
+  struct gr_vocab *rest;
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);

@@ -36,8 +36,10 @@ static uint32_t shared_prefix(const struct gr_vocab *v, int32_t t) {
   return l;
 }
 
-int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n,
-                    struct gr_vocab **out) {
+/* gr_vocab_create, with the trie of the tokens that are not plain text (rest)
+ * made too when rest is set. */
+static int vocab_make(const uint8_t *const *bytes, const uint32_t *lens, int32_t n, int rest,
+                      struct gr_vocab **out) {
   *out = NULL;
   if (n <= 0 || !bytes || !lens) return CM_ERR_INVAL;
   struct gr_vocab *v = calloc(1, sizeof *v);
@@ -121,6 +123,21 @@ int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n
   v->n_ids = n_ids;
   rc = gr_plain_vocab(v);
   if (rc) goto fail;
+  if (rest && v->plain_le) { /* the same tokens, those of plain_le's last bitmap left out */
+    size_t words = ((size_t)n + 31) / 32;
+    const uint32_t *plain = v->plain_le + (size_t)v->max_len * words;
+    uint32_t *rl = malloc((size_t)n * sizeof *rl);
+    if (!rl) goto fail;
+    for (int32_t i = 0; i < n; i++)
+      rl[i] = plain[i / 32] >> (i % 32) & 1 ? 0 : lens[i];
+    rc = vocab_make(bytes, rl, n, 0, &v->rest);
+    free(rl);
+    if (rc) goto fail;
+    free(v->rest->plain_le); /* a walk of rest copies in the plain tokens of v's */
+    free(v->rest->has);
+    v->rest->plain_le = NULL;
+    v->rest->has = NULL;
+  }
   v->serial = __atomic_add_fetch(&g_vocab_serial, 1, __ATOMIC_RELAXED);
   *out = v;
   return 0;
@@ -129,8 +146,14 @@ fail:
   return rc;
 }
 
+int gr_vocab_create(const uint8_t *const *bytes, const uint32_t *lens, int32_t n,
+                    struct gr_vocab **out) {
+  return vocab_make(bytes, lens, n, 1, out);
+}
+
 void gr_vocab_free(struct gr_vocab *v) {
   if (!v) return;
+  gr_vocab_free(v->rest);
   free(v->lens);
   free(v->bytes);
   free(v->blob);
@@ -371,6 +394,10 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       pre = 1;
     }
   }
+  /* with the plain tokens in and no term, what is left is the other tokens: their
+   * own trie, whose nodes lie together in a few hundred KiB (the whole trie's
+   * nodes on their paths are scattered over tens of MiB) */
+  if (pre && termless && v->rest) v = v->rest;
   for (uint32_t i = 0; i < v->n_nodes;) {
     const struct gr_node *nd = &v->node[i];
     uint32_t d = nd->depth;
