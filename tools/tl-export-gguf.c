@@ -1,5 +1,6 @@
-/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 text checkpoint
- * (safetensors + config.json) as one GGUF file that llama.cpp loads, so that
+/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 or dense Gemma 4
+ * text checkpoint (safetensors + config.json) as one GGUF file that llama.cpp
+ * loads, so that
  * the same weights can be run side by side (`tools/bench-llamacpp.mjs`).
  *
  *   lmserve export-gguf --model DIR --out FILE.gguf [--dtype same|f32|TYPE]
@@ -38,9 +39,29 @@
  *     RMSNorm weights are written as f32 1 + w, because Gemma's RMSNorm
  *     multiplies by (1 + w) and llama.cpp's by w.
  *
+ * Gemma 4 (dense), as llama.cpp's converter (conversion/gemma.py,
+ * Gemma4Model) writes it and src/models/gemma4.cpp reads it: "gemma4" and
+ * under "gemma4." the keys above (key_length / value_length: the full
+ * layers' head dim) plus attention.key_length_swa / value_length_swa (the
+ * sliding layers'), rope.dimension_count(_swa) (the whole heads),
+ * attention.shared_kv_layers, embedding_length_per_layer_input,
+ * final_logit_softcapping always (llama.cpp takes 30 when it is absent: 0
+ * is written for none), feed_forward_length and attention.head_count_kv one
+ * per layer where layers differ; the norms as they are (Gemma 4 multiplies
+ * by w); the tensor rope_freqs.weight (f32, one factor per frequency pair of
+ * the full layers: 1 where the proportional RoPE rotates, 1e30 where it does
+ * not); per_layer_token_embd (kept in its dtype: it is read by rows, and
+ * --quantization leaves it too), per_layer_model_proj, per_layer_proj_norm,
+ * and per layer inp_gate, proj, post_norm, layer_output_scale; KV-shared
+ * layers without their unread K/V weights, K-as-V layers without attn_v.
+ * The vocabulary is written as for Gemma 3.
+ *
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
- * except for 62-layer models), scaled or partial RoPE on sliding layers. */
+ * except for 62-layer models), scaled or partial RoPE on sliding layers;
+ * Gemma 4 MoE, and KV-shared layers whose last storing layers are not a
+ * sliding then a full one (llama.cpp's gemma4 reads those two, whatever the
+ * checkpoint says). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -747,7 +768,8 @@ int tl_quantize_main(int argc, char **argv) {
   const char *pos[3];
   int n_pos = 0;
   int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
-                         "write a Gemma 3 text checkpoint as a GGUF file with its matrices in a "
+                         "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file with its "
+                         "matrices in a "
                          "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
                          "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
                          "blocks, as llama.cpp's reference rounding without an importance "
@@ -786,9 +808,11 @@ int tl_export_gguf_main(int argc, char **argv) {
        "always f32"},
       {0},
   };
-  int rc = tl_args_parse("lmserve export-gguf",
-                         "write a Gemma 3 text checkpoint as a GGUF file llama.cpp loads", opts,
-                         argc, argv);
+  int rc =
+      tl_args_parse("lmserve export-gguf",
+                    "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file llama.cpp "
+                    "loads",
+                    opts, argc, argv);
   if (rc >= 0) return rc;
   if (!model || !out) {
     fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");
