@@ -1,14 +1,43 @@
 /* md-config-gguf.c — a GGUF file's metadata as a checkpoint config: the keys
- * llama.cpp's converter writes for Gemma 3 (gemma3.*) turned into the fields
- * of config.json, which md_config_parse then checks and plans as it does any
- * config, so both paths share every rule.
+ * llama.cpp's converter writes for Gemma 3 (gemma3.*) and Gemma 4 (gemma4.*)
+ * turned into the fields of config.json, which md_config_parse then checks
+ * and plans as it does any config, so both paths share every rule.
  *
- * What llama.cpp fixes where the file is silent, followed here the same way:
- * sliding layers' RoPE base 10000 (gemma3.rope.freq_base_swa when present),
- * every sixth layer full (gemma3.attention.sliding_window_pattern when
- * present: one bool per layer, true for sliding), an attention scale of
+ * Gemma 3. What llama.cpp fixes where the file is silent, followed here the
+ * same way: sliding layers' RoPE base 10000 (gemma3.rope.freq_base_swa when
+ * present), every sixth layer full (gemma3.attention.sliding_window_pattern
+ * when present: one bool per layer, true for sliding), an attention scale of
  * 1/sqrt(head_dim) except on 62-layer models (1/sqrt(hidden / heads)). The
- * norm weights are stored as 1 + w (cfg->gguf). */
+ * norm weights are stored as 1 + w (cfg->gguf).
+ *
+ * Gemma 4 (dense), as llama.cpp reads it (src/models/gemma4.cpp,
+ * llama_model_gemma4::load_arch_hparams / load_arch_tensors, and the generic
+ * keys of llama_model_base::load_hparams):
+ *   - required: attention.sliding_window_pattern (one bool per layer, true
+ *     for sliding), attention.sliding_window, attention.layer_norm_rms_epsilon,
+ *     embedding_length_per_layer_input (0: no per-layer embeddings),
+ *     attention.key_length (full layers' head dim), attention.key_length_swa
+ *     (sliding layers'), each equal to its value_length;
+ *   - attention.head_count_kv and feed_forward_length: a number or one per
+ *     layer (the converter writes arrays when full layers have their own KV
+ *     heads and for the double-wide MLP of KV-shared layers);
+ *   - attention.shared_kv_layers (default 0): the last N layers store no KV;
+ *     llama.cpp lets a shared sliding layer read layer first_shared - 2 and a
+ *     full one first_shared - 1 (llama_model's layer_reuse_cb), which is our
+ *     "last storing layer of the kind" only when those two are sliding and
+ *     full: other layouts are refused;
+ *   - rope.freq_base (full layers, default 10000), rope.freq_base_swa
+ *     (default 10000), rope.dimension_count(_swa) equal to the head dims
+ *     (ggml's NeoX RoPE over the whole head), and the proportional RoPE of
+ *     full layers as the tensor rope_freqs.weight: per frequency pair a
+ *     factor 1 (rotated) or a huge one (1e30 from the converter: frequency
+ *     0, unrotated), the rotated pairs first;
+ *   - final_logit_softcapping: llama.cpp takes 30 when the key is absent, 0
+ *     turns it off;
+ *   - attention scale 1 and plain norm weights (no 1 + w); K is V (no
+ *     attn_v tensor) on a layer when llama.cpp finds no blk.N.attn_v.weight:
+ *     lmserve's attention_k_eq_v, full layers only.
+ * MoE files (expert_count, blk.N.ffn_gate_inp) are refused by name. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -88,17 +117,39 @@ static int64_t token_id(const struct md_gguf *g, const char *s) {
   return -1;
 }
 
-int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *err, size_t errlen) {
-  const char *arch;
-  size_t alen;
-  char a[32], k[160];
-  if (md_gguf_get_str(g, "general.architecture", &arch, &alen))
-    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: general.architecture missing");
-  if (alen != 6 || memcmp(arch, "gemma3", 6))
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "GGUF: general.architecture \"%.*s\" is not supported (gemma3)", (int)alen,
-                   arch);
-  snprintf(a, sizeof(a), "%.*s", (int)alen, arch);
+/* The bos id and the eos list (eos, eot, and the chat's end-of-turn token
+ * when the vocabulary has one) into c. */
+static void put_special_ids(const struct md_gguf *g, json_t *c, int64_t vocab) {
+  json_t *eos = json_array();
+  int64_t bos = 2, id;
+  md_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos);
+  if (!md_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &id))
+    json_array_append_new(eos, json_integer(id));
+  if (!md_gguf_get_int(g, "tokenizer.ggml.eot_token_id", &id))
+    json_array_append_new(eos, json_integer(id));
+  if ((id = token_id(g, "<end_of_turn>")) >= 0) json_array_append_new(eos, json_integer(id));
+  if ((id = token_id(g, "<turn|>")) >= 0) json_array_append_new(eos, json_integer(id));
+  json_object_set_new(c, "bos_token_id", json_integer(bos >= 0 && bos < vocab ? bos : 0));
+  if (json_array_size(eos))
+    json_object_set_new(c, "eos_token_id", eos);
+  else
+    json_decref(eos);
+}
+
+/* c (taken) as config.json text through md_config_parse. */
+static int parse_json(json_t *c, struct md_config *cfg, char *err, size_t errlen) {
+  char *text = json_dumps(c, JSON_COMPACT);
+  json_decref(c);
+  if (!text) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  int rc = md_config_parse(text, strlen(text), cfg, err, errlen);
+  free(text);
+  if (!rc) cfg->gguf = 1;
+  return rc;
+}
+
+static int from_gemma3(const struct md_gguf *g, const char *a, struct md_config *cfg, char *err,
+                       size_t errlen) {
+  char k[160];
   int64_t hidden, layers, ffn, heads, kv_heads, head_dim, ctx, window = 4096, vocab;
   int rc = 0;
   if ((rc = need_int(g, ak(k, sizeof(k), a, "embedding_length"), &hidden, err, errlen)) ||
@@ -131,9 +182,9 @@ int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *er
                      k, (int)stl, st);
     md_gguf_get_f64(g, ak(k, sizeof(k), a, "rope.scaling.factor"), &factor);
   }
-  json_t *c = json_object(), *types = json_array(), *eos = json_array();
-  if (!c || !types || !eos) {
-    json_decref(c), json_decref(types), json_decref(eos);
+  json_t *c = json_object(), *types = json_array();
+  if (!c || !types) {
+    json_decref(c), json_decref(types);
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   }
   const struct md_gguf_kv *pat =
@@ -147,13 +198,6 @@ int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *er
     }
     json_array_append_new(types, json_string(sliding ? "sliding_attention" : "full_attention"));
   }
-  int64_t bos = 2, id;
-  md_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos);
-  if (!md_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &id))
-    json_array_append_new(eos, json_integer(id));
-  if (!md_gguf_get_int(g, "tokenizer.ggml.eot_token_id", &id))
-    json_array_append_new(eos, json_integer(id));
-  if ((id = token_id(g, "<end_of_turn>")) >= 0) json_array_append_new(eos, json_integer(id));
   /* llama.cpp's attention scale (query_pre_attn_scalar is not in the file) */
   double qpas = layers == 62 ? (double)hidden / (double)heads : (double)head_dim;
   json_object_set_new(c, "model_type", json_string("gemma3_text"));
@@ -176,20 +220,305 @@ int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *er
   if (cap > 0) json_object_set_new(c, "final_logit_softcapping", json_real(cap));
   json_object_set_new(c, "tie_word_embeddings",
                       json_boolean(md_gguf_find_tensor(g, "output.weight") == NULL));
-  json_object_set_new(c, "bos_token_id", json_integer(bos >= 0 && bos < vocab ? bos : 0));
   json_object_set_new(c, "layer_types", types);
-  if (json_array_size(eos))
-    json_object_set_new(c, "eos_token_id", eos);
-  else
-    json_decref(eos);
-  char *text = rc ? NULL : json_dumps(c, JSON_COMPACT);
-  json_decref(c);
-  if (rc) return rc;
-  if (!text) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  rc = md_config_parse(text, strlen(text), cfg, err, errlen);
-  free(text);
-  if (!rc) cfg->gguf = 1;
-  return rc;
+  put_special_ids(g, c, vocab);
+  if (rc) {
+    json_decref(c);
+    return rc;
+  }
+  return parse_json(c, cfg, err, errlen);
+}
+
+/* Value `layer` of a key that holds one number or one per layer (llama.cpp's
+ * get_key_or_arr); CM_ERR_NOENT when absent. */
+static int layer_int(const struct md_gguf *g, const char *key, int64_t layer, int64_t layers,
+                     int64_t *v, char *err, size_t errlen) {
+  const struct md_gguf_kv *kv = md_gguf_find_kv(g, key);
+  if (!kv) return CM_ERR_NOENT;
+  if (kv->type != MD_GGUF_ARRAY) {
+    if (md_gguf_get_int(g, key, v))
+      return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s is not an integer", key);
+    return 0;
+  }
+  if ((int64_t)kv->n != layers || md_gguf_arr_int(kv, (uint64_t)layer, v))
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: %s must be an integer or one integer per layer (%lld)", key,
+                   (long long)layers);
+  return 0;
+}
+
+static int has_layer_tensor(const struct md_gguf *g, int64_t layer, const char *rest) {
+  char name[96];
+  snprintf(name, sizeof(name), "blk.%lld.%s", (long long)layer, rest);
+  return md_gguf_find_tensor(g, name) != NULL;
+}
+
+/* The rotated frequency pairs of full layers from rope_freqs.weight (pairs
+ * entries): leading factors of 1, then factors so large that the pair's
+ * angle is zero in f32 (the converter writes 1e30). */
+#define UNROTATED_FACTOR 1e20
+static int rope_pairs(const struct md_gguf *g, int64_t pairs, int *rot, char *err, size_t errlen) {
+  const struct md_gguf_tensor *t = md_gguf_find_tensor(g, "rope_freqs.weight");
+  if (!t)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: tensor rope_freqs.weight missing (the full layers' proportional RoPE)");
+  if (t->type != MD_GGML_F32 || t->n_dims != 1 || t->ne[0] != pairs || !t->data)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: rope_freqs.weight must be f32 [%lld] (attention.key_length / 2)",
+                   (long long)pairs);
+  *rot = 0;
+  for (int64_t i = 0; i < pairs; i++) {
+    float f;
+    memcpy(&f, (const uint8_t *)t->data + 4 * i, 4);
+    if (f == 1.0f && *rot == i) {
+      (*rot)++;
+    } else if (!(f >= UNROTATED_FACTOR)) {
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "GGUF: rope_freqs.weight[%lld] is %g: only factors of 1 (rotated pairs, "
+                     "first) and >= %g (unrotated) are supported",
+                     (long long)i, (double)f, UNROTATED_FACTOR);
+    }
+  }
+  return 0;
+}
+
+static int from_gemma4(const struct md_gguf *g, const char *a, struct md_config *cfg, char *err,
+                       size_t errlen) {
+  char k[160];
+  int64_t hidden, layers, hd_full, hd_swa, v_full, v_swa, window, ctx, ple, vocab;
+  int64_t shared = 0, experts = 0, rot_full, rot_swa;
+  double eps, base = 10000.0, base_swa = 10000.0, cap = 30.0, factor = 1.0;
+  int rc;
+  if ((rc = need_int(g, ak(k, sizeof(k), a, "embedding_length"), &hidden, err, errlen)) ||
+      (rc = need_int(g, ak(k, sizeof(k), a, "block_count"), &layers, err, errlen)) ||
+      (rc = need_int(g, ak(k, sizeof(k), a, "context_length"), &ctx, err, errlen)) ||
+      (rc = need_int(g, ak(k, sizeof(k), a, "attention.sliding_window"), &window, err, errlen)) ||
+      (rc = need_int(g, ak(k, sizeof(k), a, "embedding_length_per_layer_input"), &ple, err,
+                     errlen)) ||
+      (rc = need_int(g, ak(k, sizeof(k), a, "attention.key_length"), &hd_full, err, errlen)) ||
+      (rc = need_int(g, ak(k, sizeof(k), a, "attention.key_length_swa"), &hd_swa, err, errlen)))
+    return rc;
+  if (layers < 1 || layers > MD_MAX_LAYERS)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s.block_count must be 1..%d", a,
+                   MD_MAX_LAYERS);
+  if (md_gguf_get_f64(g, ak(k, sizeof(k), a, "attention.layer_norm_rms_epsilon"), &eps))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s missing or not a number", k);
+  if (md_gguf_get_int(g, ak(k, sizeof(k), a, "attention.value_length"), &v_full)) v_full = hd_full;
+  if (md_gguf_get_int(g, ak(k, sizeof(k), a, "attention.value_length_swa"), &v_swa)) v_swa = hd_swa;
+  if (v_full != hd_full || v_swa != hd_swa)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: %s.attention.value_length(_swa) must equal key_length(_swa)", a);
+  /* ggml's RoPE over the whole head (partial RoPE of full layers: rope_freqs) */
+  if (md_gguf_get_int(g, ak(k, sizeof(k), a, "rope.dimension_count"), &rot_full))
+    rot_full = hd_full;
+  if (md_gguf_get_int(g, ak(k, sizeof(k), a, "rope.dimension_count_swa"), &rot_swa))
+    rot_swa = rot_full == hd_full ? hd_swa : rot_full;
+  if (rot_full != hd_full)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: %s.rope.dimension_count %lld is not attention.key_length %lld", a,
+                   (long long)rot_full, (long long)hd_full);
+  if (rot_swa != hd_swa)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: %s.rope.dimension_count_swa %lld is not attention.key_length_swa %lld "
+                   "(partial RoPE on sliding layers)",
+                   a, (long long)rot_swa, (long long)hd_swa);
+  /* MoE: not this reader's */
+  md_gguf_get_int(g, ak(k, sizeof(k), a, "expert_count"), &experts);
+  for (int64_t i = 0; i < layers && !experts; i++)
+    if (has_layer_tensor(g, i, "ffn_gate_inp.weight")) experts = -1;
+  if (experts)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: a Gemma 4 MoE file (%s.expert_count, blk.N.ffn_gate_inp) is not "
+                   "supported: dense gemma4 files only",
+                   a);
+  md_gguf_get_int(g, ak(k, sizeof(k), a, "attention.shared_kv_layers"), &shared);
+  if (shared < 0 || shared >= layers)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s.attention.shared_kv_layers must be 0..%lld",
+                   a, (long long)layers - 1);
+  md_gguf_get_f64(g, ak(k, sizeof(k), a, "rope.freq_base"), &base);
+  md_gguf_get_f64(g, ak(k, sizeof(k), a, "rope.freq_base_swa"), &base_swa);
+  md_gguf_get_f64(g, ak(k, sizeof(k), a, "final_logit_softcapping"), &cap);
+  const char *st;
+  size_t stl;
+  if (!md_gguf_get_str(g, ak(k, sizeof(k), a, "rope.scaling.type"), &st, &stl) &&
+      (stl != 6 || memcmp(st, "linear", 6)))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "GGUF: %s \"%.*s\" is not supported (linear)",
+                   k, (int)stl, st);
+  md_gguf_get_f64(g, ak(k, sizeof(k), a, "rope.scaling.factor"), &factor);
+  if (factor == 0) factor = 1.0; /* llama.cpp: 0 is none */
+  const struct md_gguf_tensor *emb = md_gguf_find_tensor(g, "token_embd.weight");
+  if (!emb || emb->n_dims != 2)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: tensor token_embd.weight missing or not 2-D");
+  vocab = emb->ne[1];
+  int64_t ple_vocab = 0;
+  if (ple > 0) {
+    const struct md_gguf_tensor *pe = md_gguf_find_tensor(g, "per_layer_token_embd.weight");
+    if (!pe || pe->n_dims != 2 || pe->ne[0] != layers * ple)
+      return cm_fail(err, errlen, CM_ERR_PARSE,
+                     "GGUF: %s.embedding_length_per_layer_input is %lld but tensor "
+                     "per_layer_token_embd.weight is missing or not [%lld, vocab]",
+                     a, (long long)ple, (long long)(layers * ple));
+    ple_vocab = pe->ne[1];
+  }
+  json_t *c = json_object(), *types = json_array(), *plc = json_object();
+  if (!c || !types || !plc) {
+    json_decref(c), json_decref(types), json_decref(plc);
+    return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  }
+  int kinds[MD_MAX_LAYERS];
+  int64_t first_shared = layers - shared, kv[MD_MAX_LAYERS], ffn = 0, wide = -1;
+  int64_t heads0 = 0, kv_swa = 0, kv_full = 0, kev = -1, any_full = 0;
+  const struct md_gguf_kv *pat =
+      md_gguf_find_kv(g, ak(k, sizeof(k), a, "attention.sliding_window_pattern"));
+  if (!pat)
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s missing (one bool per layer)", k);
+  else if (pat->type != MD_GGUF_ARRAY || (int64_t)pat->n != layers)
+    rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s must hold one bool per layer (%lld)", k,
+                 (long long)layers);
+  for (int64_t i = 0; i < layers && !rc; i++) {
+    int64_t swa, h, f;
+    if (md_gguf_arr_int(pat, (uint64_t)i, &swa)) {
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s must hold one bool per layer", k);
+      break;
+    }
+    kinds[i] = swa ? MD_LAYER_SLIDING : MD_LAYER_FULL;
+    any_full |= !swa;
+    json_array_append_new(types, json_string(swa ? "sliding_attention" : "full_attention"));
+    if ((rc = layer_int(g, ak(k, sizeof(k), a, "attention.head_count"), i, layers, &h, err,
+                        errlen))) {
+      if (rc == CM_ERR_NOENT) rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s missing", k);
+      break;
+    }
+    if (i == 0) heads0 = h;
+    if (h != heads0 || h < 1) {
+      rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: %s: %lld heads in layer %lld (every layer must have %lld)", k,
+                   (long long)h, (long long)i, (long long)heads0);
+      break;
+    }
+    rc = layer_int(g, ak(k, sizeof(k), a, "attention.head_count_kv"), i, layers, &kv[i], err,
+                   errlen);
+    if (rc == CM_ERR_NOENT) kv[i] = h, rc = 0;
+    if (rc) break;
+    if (kv[i] < 1 || h % kv[i]) {
+      rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s: %lld KV heads in layer %lld", k,
+                   (long long)kv[i], (long long)i);
+      break;
+    }
+    if (swa && !kv_swa) kv_swa = kv[i];
+    if (!swa && !kv_full) kv_full = kv[i];
+    if ((rc = layer_int(g, ak(k, sizeof(k), a, "feed_forward_length"), i, layers, &f, err,
+                        errlen))) {
+      if (rc == CM_ERR_NOENT) rc = cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s missing", k);
+      break;
+    }
+    /* the double-wide MLP: 2x on every KV-shared layer */
+    if (i == 0) ffn = f;
+    int64_t w = i < first_shared ? (f == ffn ? 0 : -1) : f == ffn ? 0 : f == 2 * ffn ? 1 : -1;
+    if (w >= 0 && i >= first_shared && wide < 0) wide = w;
+    if (w < 0 || (i >= first_shared && w != wide) || f < 1) {
+      rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: %s: layer %lld is %lld wide (the stored layers must all be %lld, the "
+                   "KV-shared ones all that or twice it)",
+                   k, (long long)i, (long long)f, (long long)ffn);
+      break;
+    }
+    /* K as V where the layer has no attn_v (llama.cpp's use_alternative_attention) */
+    if (i < first_shared && !has_layer_tensor(g, i, "attn_qkv.weight")) {
+      int no_v = !has_layer_tensor(g, i, "attn_v.weight");
+      if (no_v && swa) {
+        rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "GGUF: blk.%lld.attn_v.weight missing on a sliding layer (K as V is "
+                     "supported on full layers only)",
+                     (long long)i);
+        break;
+      }
+      if (!swa && kev >= 0 && kev != no_v) {
+        rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "GGUF: blk.%lld.attn_v.weight: some full layers have attn_v and others not",
+                     (long long)i);
+        break;
+      }
+      if (!swa) kev = no_v;
+    } else if (i < first_shared) {
+      rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: blk.%lld.attn_qkv.weight: fused QKV matrices are not supported",
+                   (long long)i);
+      break;
+    }
+    char li[24];
+    snprintf(li, sizeof(li), "%lld", (long long)i);
+    json_object_set_new(plc, li, json_pack("{s:I}", "num_key_value_heads", (json_int_t)kv[i]));
+  }
+  int rot = 0;
+  if (!rc && any_full) rc = rope_pairs(g, hd_full / 2, &rot, err, errlen);
+  if (!rc && shared > 0 && first_shared < 2)
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "GGUF: %s.attention.shared_kv_layers %lld leaves fewer than 2 storing layers", a,
+                 (long long)shared);
+  if (!rc && shared > 0 &&
+      (kinds[first_shared - 1] != MD_LAYER_FULL || kinds[first_shared - 2] != MD_LAYER_SLIDING))
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "GGUF: %s.attention.shared_kv_layers: llama.cpp's gemma4 lets KV-shared sliding "
+                 "layers read layer %lld and full ones layer %lld, which must then be sliding and "
+                 "full (they are %s and %s)",
+                 a, (long long)first_shared - 2, (long long)first_shared - 1,
+                 kinds[first_shared - 2] == MD_LAYER_FULL ? "full" : "sliding",
+                 kinds[first_shared - 1] == MD_LAYER_FULL ? "full" : "sliding");
+  if (rc) {
+    json_decref(c), json_decref(types), json_decref(plc);
+    return rc;
+  }
+  json_object_set_new(c, "model_type", json_string("gemma4_text"));
+  json_object_set_new(c, "vocab_size", json_integer(vocab));
+  json_object_set_new(c, "hidden_size", json_integer(hidden));
+  json_object_set_new(c, "intermediate_size", json_integer(ffn));
+  json_object_set_new(c, "num_hidden_layers", json_integer(layers));
+  json_object_set_new(c, "num_attention_heads", json_integer(heads0));
+  json_object_set_new(c, "num_key_value_heads", json_integer(kv_swa ? kv_swa : kv_full));
+  json_object_set_new(c, "head_dim", json_integer(hd_swa));
+  json_object_set_new(c, "global_head_dim", json_integer(hd_full));
+  if (kev == 1) {
+    json_object_set_new(c, "attention_k_eq_v", json_true());
+    json_object_set_new(c, "num_global_key_value_heads", json_integer(kv_full));
+  }
+  json_object_set_new(c, "per_layer_config", plc);
+  json_object_set_new(c, "num_kv_shared_layers", json_integer(shared));
+  json_object_set_new(c, "use_double_wide_mlp", json_boolean(wide == 1));
+  json_object_set_new(c, "hidden_size_per_layer_input", json_integer(ple > 0 ? ple : 0));
+  json_object_set_new(c, "vocab_size_per_layer_input", json_integer(ple_vocab));
+  json_object_set_new(c, "sliding_window", json_integer(window));
+  json_object_set_new(c, "max_position_embeddings", json_integer(ctx));
+  json_object_set_new(c, "rms_norm_eps", json_real(eps));
+  json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
+  /* the rotated pairs are set from rope_freqs after the parse (a factor would round) */
+  json_object_set_new(c, "rope_parameters",
+                      json_pack("{s:{s:s,s:f},s:{s:s,s:f,s:f,s:f}}", "sliding_attention",
+                                "rope_type", "default", "rope_theta", base_swa, "full_attention",
+                                "rope_type", "proportional", "rope_theta", base, "factor", factor,
+                                "partial_rotary_factor", 1.0));
+  if (cap > 0) json_object_set_new(c, "final_logit_softcapping", json_real(cap));
+  json_object_set_new(c, "tie_word_embeddings",
+                      json_boolean(md_gguf_find_tensor(g, "output.weight") == NULL));
+  json_object_set_new(c, "layer_types", types);
+  put_special_ids(g, c, vocab);
+  if ((rc = parse_json(c, cfg, err, errlen))) return rc;
+  if (any_full) cfg->rope[MD_LAYER_FULL].rot_pairs = rot;
+  return 0;
+}
+
+int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *err, size_t errlen) {
+  const char *arch;
+  size_t alen;
+  char a[32];
+  if (md_gguf_get_str(g, "general.architecture", &arch, &alen))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: general.architecture missing");
+  snprintf(a, sizeof(a), "%.*s", (int)(alen < sizeof(a) ? alen : sizeof(a) - 1), arch);
+  if (alen == 6 && !memcmp(arch, "gemma3", 6)) return from_gemma3(g, a, cfg, err, errlen);
+  if (alen == 6 && !memcmp(arch, "gemma4", 6)) return from_gemma4(g, a, cfg, err, errlen);
+  return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "GGUF: general.architecture \"%.*s\" is not supported (gemma3, gemma4)", (int)alen,
+                 arch);
 }
 
 int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size_t errlen) {

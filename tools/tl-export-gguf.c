@@ -1,5 +1,6 @@
-/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 text checkpoint
- * (safetensors + config.json) as one GGUF file that llama.cpp loads, so that
+/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 or dense Gemma 4
+ * text checkpoint (safetensors + config.json) as one GGUF file that llama.cpp
+ * loads, so that
  * the same weights can be run side by side (`tools/bench-llamacpp.mjs`).
  *
  *   lmserve export-gguf --model DIR --out FILE.gguf [--dtype same|f32|TYPE]
@@ -38,9 +39,29 @@
  *     RMSNorm weights are written as f32 1 + w, because Gemma's RMSNorm
  *     multiplies by (1 + w) and llama.cpp's by w.
  *
+ * Gemma 4 (dense), as llama.cpp's converter (conversion/gemma.py,
+ * Gemma4Model) writes it and src/models/gemma4.cpp reads it: "gemma4" and
+ * under "gemma4." the keys above (key_length / value_length: the full
+ * layers' head dim) plus attention.key_length_swa / value_length_swa (the
+ * sliding layers'), rope.dimension_count(_swa) (the whole heads),
+ * attention.shared_kv_layers, embedding_length_per_layer_input,
+ * final_logit_softcapping always (llama.cpp takes 30 when it is absent: 0
+ * is written for none), feed_forward_length and attention.head_count_kv one
+ * per layer where layers differ; the norms as they are (Gemma 4 multiplies
+ * by w); the tensor rope_freqs.weight (f32, one factor per frequency pair of
+ * the full layers: 1 where the proportional RoPE rotates, 1e30 where it does
+ * not); per_layer_token_embd (kept in its dtype: it is read by rows, and
+ * --quantization leaves it too), per_layer_model_proj, per_layer_proj_norm,
+ * and per layer inp_gate, proj, post_norm, layer_output_scale; KV-shared
+ * layers without their unread K/V weights, K-as-V layers without attn_v.
+ * The vocabulary is written as for Gemma 3.
+ *
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
- * except for 62-layer models), scaled or partial RoPE on sliding layers. */
+ * except for 62-layer models), scaled or partial RoPE on sliding layers;
+ * Gemma 4 MoE, and KV-shared layers whose last storing layers are not a
+ * sliding then a full one (llama.cpp's gemma4 reads those two, whatever the
+ * checkpoint says). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -105,8 +126,10 @@ static int ggml_block_type(enum kn_dtype dt) {
 
 struct gg_tensor {
   char name[64];
-  const struct wk_tensor *src;
-  int norm;       /* 1-D RMSNorm weight: written as f32 1 + w */
+  const struct wk_tensor *src; /* NULL: gen */
+  const float *gen;            /* f32 values made here (Gemma 4's rope_freqs) */
+  int norm;                    /* 1-D weight (RMSNorm, scalar): written as f32 shift + w */
+  float shift;                 /* 1 for Gemma 3's norms (llama.cpp multiplies by w), else 0 */
   int type;       /* GGML_* written, or a block format's ggml type (qdt) */
   int qdt;        /* the block format written (enum kn_dtype), or -1 */
   int nd;         /* 1 or 2 */
@@ -147,6 +170,17 @@ static void kv_f32(struct gg_out *o, const char *key, float v) {
   kv_key(o, key, GG_F32);
   put(o, &v, 4);
 }
+/* One u32 (n == 1) or an array of n. */
+static void kv_u32s(struct gg_out *o, const char *key, const uint32_t *v, int n) {
+  if (n == 1) {
+    kv_u32(o, key, v[0]);
+    return;
+  }
+  kv_key(o, key, GG_ARR);
+  put_u32(o, GG_U32);
+  put_u64(o, (uint64_t)n);
+  put(o, v, sizeof(uint32_t) * (size_t)n);
+}
 static void kv_str(struct gg_out *o, const char *key, const char *v) {
   kv_key(o, key, GG_STR);
   put_str(o, v);
@@ -169,7 +203,9 @@ struct gg_plan {
   struct gg_tensor *t;
   int n, cap;
   int to_f32;
+  float norm_shift; /* added to RMSNorm weights: 1 for Gemma 3, 0 for Gemma 4 */
   int qt; /* matrices quantized to qtypes[qt] (-1: none) */
+  float *rope_freqs; /* Gemma 4's made tensor (owned) */
   int n_layers;
   const struct wk_st *st;
   char *err;
@@ -188,13 +224,20 @@ static enum kn_dtype asked_type(int qt, const char *gname, int layer, int n_laye
   return qtypes[qt].dt;
 }
 
+/* What plan_add writes: a matrix (in a block format when one is asked), a
+ * norm weight or scalar (f32, + norm_shift for norms), a matrix kept in its
+ * dtype (Gemma 4's per-layer embedding table, read by rows as --quantization
+ * leaves it). */
+enum { PT_MAT = 0, PT_NORM = 1, PT_KEEP = 2, PT_SCALAR = 3 };
+
 /* Adds tensor `gname` (of layer `layer`, -1 outside them) from checkpoint
  * tensor `hname` of the expected shape (rows x cols; rows == 0 for a vector of
  * cols); `tied`: the embedding is the output matrix too. */
 static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int64_t rows,
-                    int64_t cols, int norm, int layer, int tied) {
+                    int64_t cols, int what, int layer, int tied) {
   const struct wk_tensor *s = wk_st_find(p->st, hname);
   if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
+  int norm = what == PT_NORM || what == PT_SCALAR;
   int want_nd = rows ? 2 : 1;
   if (s->ndim != want_nd || (rows && s->shape[0] != rows) || s->shape[want_nd - 1] != cols)
     return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
@@ -207,6 +250,7 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   snprintf(t->name, sizeof(t->name), "%s", gname);
   t->src = s;
   t->norm = norm;
+  t->shift = what == PT_NORM ? p->norm_shift : 0.0f;
   t->nd = want_nd;
   t->ne[0] = (uint64_t)cols;
   t->ne[1] = rows ? (uint64_t)rows : 1;
@@ -216,7 +260,7 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   /* matrices in a block format (or its fallback); one whose rows are not whole
      blocks of 32 stays as it is */
   enum kn_dtype q = KN_DTYPE__COUNT;
-  if (p->qt >= 0 && rows)
+  if (p->qt >= 0 && rows && what == PT_MAT)
     q = kn_quant_row_type(asked_type(p->qt, gname, layer, p->n_layers, tied), (size_t)cols);
   if (q != KN_DTYPE__COUNT) {
     t->qdt = (int)q;
@@ -237,6 +281,89 @@ static const char *hf_prefix(const struct wk_st *st) {
   return NULL;
 }
 
+/* Gemma 4's tensors under llama.cpp's names (gguf-py's tensor_mapping.py;
+ * src/models/gemma4.cpp's load_arch_tensors): the per-layer-embedding set,
+ * rope_freqs for the full layers' proportional RoPE, per layer as Gemma 3's
+ * less what KV-shared layers never read (their K/V projections and k_norm:
+ * llama.cpp does not require them there) and attn_v on K-as-V layers, plus
+ * inp_gate, proj and post_norm (per-layer inputs) and layer_output_scale. */
+static int plan_gemma4(struct gg_plan *p, const struct md_config *c, const char *P) {
+  char h[160], g[64];
+  int H = c->hidden, L = c->n_layers, E = c->ple_dim, rc, tied = c->tie_embeddings;
+  if (E) {
+    snprintf(h, sizeof(h), "%sembed_tokens_per_layer.weight", P);
+    if ((rc = plan_add(p, "per_layer_token_embd.weight", h, c->ple_vocab, (int64_t)L * E, PT_KEEP,
+                       -1, tied)))
+      return rc;
+    snprintf(h, sizeof(h), "%sper_layer_model_projection.weight", P);
+    if ((rc = plan_add(p, "per_layer_model_proj.weight", h, (int64_t)L * E, H, PT_MAT, -1, tied)))
+      return rc;
+    snprintf(h, sizeof(h), "%sper_layer_projection_norm.weight", P);
+    if ((rc = plan_add(p, "per_layer_proj_norm.weight", h, 0, E, PT_NORM, -1, tied))) return rc;
+  }
+  int any_full = 0;
+  for (int i = 0; i < L; i++)
+    any_full |= c->layers[i].kind == MD_LAYER_FULL;
+  if (any_full) {
+    /* one factor per frequency pair: 1 rotates, 1e30 (the converter's) makes
+       the angle 0, so those pairs pass through (Gemma4Model.generate_extra_tensors) */
+    int pairs = c->global_head_dim / 2;
+    float *f = malloc(sizeof(float) * (size_t)pairs);
+    if (!f) return cm_fail(p->err, p->errlen, CM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < pairs; i++)
+      f[i] = i < c->rope[MD_LAYER_FULL].rot_pairs ? 1.0f : 1e30f;
+    CM_ASSERT(p->n < p->cap);
+    struct gg_tensor *t = &p->t[p->n++];
+    memset(t, 0, sizeof(*t));
+    snprintf(t->name, sizeof(t->name), "rope_freqs.weight");
+    t->gen = p->rope_freqs = f;
+    t->nd = 1;
+    t->ne[0] = (uint64_t)pairs;
+    t->ne[1] = 1;
+    t->type = GGML_F32;
+    t->bytes = 4 * (uint64_t)pairs;
+    t->qdt = -1;
+  }
+  for (int i = 0; i < L; i++) {
+    const struct md_layer_cfg *l = &c->layers[i];
+    int D = l->head_dim, q = c->n_heads * D, kv = l->n_kv_heads * D, F = l->ffn_dim;
+    const struct {
+      const char *g, *h;
+      int64_t rows, cols;
+      int what;
+      int skip;
+    } map[] = {
+        {"attn_norm", "input_layernorm.weight", 0, H, PT_NORM, 0},
+        {"attn_q", "self_attn.q_proj.weight", q, H, PT_MAT, 0},
+        {"attn_k", "self_attn.k_proj.weight", kv, H, PT_MAT, l->kv_shared},
+        {"attn_v", "self_attn.v_proj.weight", kv, H, PT_MAT, l->kv_shared || l->k_eq_v},
+        {"attn_output", "self_attn.o_proj.weight", H, q, PT_MAT, 0},
+        {"attn_q_norm", "self_attn.q_norm.weight", 0, D, PT_NORM, 0},
+        {"attn_k_norm", "self_attn.k_norm.weight", 0, D, PT_NORM, l->kv_shared},
+        {"post_attention_norm", "post_attention_layernorm.weight", 0, H, PT_NORM, 0},
+        {"ffn_norm", "pre_feedforward_layernorm.weight", 0, H, PT_NORM, 0},
+        {"ffn_gate", "mlp.gate_proj.weight", F, H, PT_MAT, 0},
+        {"ffn_up", "mlp.up_proj.weight", F, H, PT_MAT, 0},
+        {"ffn_down", "mlp.down_proj.weight", H, F, PT_MAT, 0},
+        {"post_ffw_norm", "post_feedforward_layernorm.weight", 0, H, PT_NORM, 0},
+        {"inp_gate", "per_layer_input_gate.weight", E, H, PT_MAT, !E},
+        {"proj", "per_layer_projection.weight", H, E, PT_MAT, !E},
+        {"post_norm", "post_per_layer_input_norm.weight", 0, H, PT_NORM, !E},
+    };
+    for (size_t k = 0; k < CM_ARRAY_LEN(map); k++) {
+      if (map[k].skip) continue;
+      snprintf(g, sizeof(g), "blk.%d.%s.weight", i, map[k].g);
+      snprintf(h, sizeof(h), "%slayers.%d.%s", P, i, map[k].h);
+      if ((rc = plan_add(p, g, h, map[k].rows, map[k].cols, map[k].what, i, tied))) return rc;
+    }
+    /* the layer's output scale, when the checkpoint has one (llama.cpp: optional) */
+    snprintf(h, sizeof(h), "%slayers.%d.layer_scalar", P, i);
+    snprintf(g, sizeof(g), "blk.%d.layer_output_scale.weight", i);
+    if (wk_st_find(p->st, h) && (rc = plan_add(p, g, h, 0, 1, PT_SCALAR, i, tied))) return rc;
+  }
+  return 0;
+}
+
 static int plan_model(struct gg_plan *p, const struct md_config *c) {
   const char *P = hf_prefix(p->st);
   if (!P) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no embed_tokens.weight");
@@ -245,11 +372,12 @@ static int plan_model(struct gg_plan *p, const struct md_config *c) {
   snprintf(h, sizeof(h), "%sembed_tokens.weight", P);
   int tied = c->tie_embeddings;
   p->n_layers = c->n_layers;
-  if ((rc = plan_add(p, "token_embd.weight", h, c->vocab, H, 0, -1, tied))) return rc;
+  if ((rc = plan_add(p, "token_embd.weight", h, c->vocab, H, PT_MAT, -1, tied))) return rc;
   snprintf(h, sizeof(h), "%snorm.weight", P);
-  if ((rc = plan_add(p, "output_norm.weight", h, 0, H, 1, -1, tied))) return rc;
-  if (!tied && (rc = plan_add(p, "output.weight", "lm_head.weight", c->vocab, H, 0, -1, tied)))
+  if ((rc = plan_add(p, "output_norm.weight", h, 0, H, PT_NORM, -1, tied))) return rc;
+  if (!tied && (rc = plan_add(p, "output.weight", "lm_head.weight", c->vocab, H, PT_MAT, -1, tied)))
     return rc;
+  if (c->arch == MD_ARCH_GEMMA4) return plan_gemma4(p, c, P);
   static const struct {
     const char *g, *h;
     int kind; /* 0: norm [H]; 1: head norm [D]; 2: [q, H]; 3: [kv, H]; 4: [H, q];
@@ -290,9 +418,34 @@ static int plan_model(struct gg_plan *p, const struct md_config *c) {
   return 0;
 }
 
+/* What llama.cpp's Gemma 4 graph (src/models/gemma4.cpp) could not reproduce,
+ * or NULL; why[n] holds a sentence with numbers. */
+static const char *unsupported_gemma4(const struct md_config *c, char *why, size_t n) {
+  if (c->moe) return "Gemma 4 MoE models are not exported (dense Gemma 4 only)";
+  if (c->attn_softcap != 0) return "attn_logit_softcapping is set (Gemma 4 has none)";
+  const struct md_rope *sl = &c->rope[MD_LAYER_SLIDING];
+  if (sl->factor != 1.0) return "sliding layers scale RoPE positions";
+  if (sl->rot_pairs != c->head_dim / 2) return "partial RoPE on sliding layers";
+  int first = c->n_layers - c->n_kv_shared;
+  if (c->n_kv_shared > 0 && (first < 2 || c->layers[first - 1].kind != MD_LAYER_FULL ||
+                             c->layers[first - 2].kind != MD_LAYER_SLIDING)) {
+    /* llama.cpp's layer_reuse_cb: shared sliding layers read first - 2, full ones first - 1 */
+    snprintf(why, n,
+             "KV-shared layers: llama.cpp's gemma4 lets them read layer %d (sliding) and %d "
+             "(full), but this checkpoint's last storing layers are not sliding then full",
+             first - 2, first - 1);
+    return why;
+  }
+  for (int i = 0; i < c->n_layers; i++)
+    if (c->layers[i].ffn_dim != c->ffn && !c->layers[i].kv_shared)
+      return "layers of different MLP widths";
+  return NULL;
+}
+
 /* What llama.cpp's Gemma 3 graph could not reproduce, or NULL. */
-static const char *unsupported(const struct md_config *c) {
-  if (c->arch != MD_ARCH_GEMMA3) return "only Gemma 3 text models are exported";
+static const char *unsupported(const struct md_config *c, char *why, size_t n) {
+  if (c->arch == MD_ARCH_GEMMA4) return unsupported_gemma4(c, why, n);
+  if (c->arch != MD_ARCH_GEMMA3) return "only Gemma 3 and Gemma 4 text models are exported";
   /* llama.cpp scales queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) at 62 layers */
   double d = c->n_layers == 62 ? (double)c->hidden / c->n_heads : (double)c->head_dim;
   if (fabs(c->attn_scale * sqrt(d) - 1.0) > 1e-9)
@@ -318,39 +471,65 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
       ft = p->t[i].qdt >= 0            ? qtypes[p->qt].ftype
            : p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16
                                        : FT_MOSTLY_F16;
-  kv_str(o, "general.architecture", "gemma3");
+  const char *A = c->arch == MD_ARCH_GEMMA4 ? "gemma4" : "gemma3";
+  char k[96];
+#define AK(rest) (snprintf(k, sizeof(k), "%s.%s", A, rest), k)
+  kv_str(o, "general.architecture", A);
   kv_str(o, "general.name", name);
   kv_u32(o, "general.file_type", (uint32_t)ft);
   kv_u32(o, "general.alignment", GG_ALIGN);
-  kv_u32(o, "gemma3.context_length", (uint32_t)c->max_pos);
-  kv_u32(o, "gemma3.embedding_length", (uint32_t)c->hidden);
-  kv_u32(o, "gemma3.block_count", (uint32_t)c->n_layers);
-  kv_u32(o, "gemma3.feed_forward_length", (uint32_t)c->ffn);
-  kv_u32(o, "gemma3.attention.head_count", (uint32_t)c->n_heads);
-  kv_u32(o, "gemma3.attention.head_count_kv", (uint32_t)c->n_kv_heads);
-  kv_u32(o, "gemma3.attention.key_length", (uint32_t)c->head_dim);
-  kv_u32(o, "gemma3.attention.value_length", (uint32_t)c->head_dim);
-  kv_f32(o, "gemma3.attention.layer_norm_rms_epsilon", (float)c->eps);
-  kv_u32(o, "gemma3.attention.sliding_window", (uint32_t)c->sliding_window);
-  kv_key(o, "gemma3.attention.sliding_window_pattern", GG_ARR);
+  kv_u32(o, AK("context_length"), (uint32_t)c->max_pos);
+  kv_u32(o, AK("embedding_length"), (uint32_t)c->hidden);
+  kv_u32(o, AK("block_count"), (uint32_t)c->n_layers);
+  /* a number, or one per layer where layers differ (Gemma 4's double-wide MLP of
+     KV-shared layers, its full layers' own KV heads), as the converter writes them */
+  uint32_t ffn[MD_MAX_LAYERS], kvh[MD_MAX_LAYERS];
+  int ffn_vary = 0, kv_vary = 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    ffn[i] = (uint32_t)c->layers[i].ffn_dim;
+    kvh[i] = (uint32_t)c->layers[i].n_kv_heads;
+    ffn_vary |= ffn[i] != ffn[0];
+    kv_vary |= kvh[i] != kvh[0];
+  }
+  kv_u32s(o, AK("feed_forward_length"), ffn, ffn_vary ? c->n_layers : 1);
+  kv_u32(o, AK("attention.head_count"), (uint32_t)c->n_heads);
+  kv_u32s(o, AK("attention.head_count_kv"), kvh, kv_vary ? c->n_layers : 1);
+  /* Gemma 4: key_length is the full layers' head dim, key_length_swa the sliding layers' */
+  int D = c->arch == MD_ARCH_GEMMA4 ? c->global_head_dim : c->head_dim;
+  kv_u32(o, AK("attention.key_length"), (uint32_t)D);
+  kv_u32(o, AK("attention.value_length"), (uint32_t)D);
+  if (c->arch == MD_ARCH_GEMMA4) {
+    kv_u32(o, AK("attention.key_length_swa"), (uint32_t)c->head_dim);
+    kv_u32(o, AK("attention.value_length_swa"), (uint32_t)c->head_dim);
+    kv_u32(o, AK("rope.dimension_count"), (uint32_t)c->global_head_dim);
+    kv_u32(o, AK("rope.dimension_count_swa"), (uint32_t)c->head_dim);
+    kv_u32(o, AK("attention.shared_kv_layers"), (uint32_t)c->n_kv_shared);
+    kv_u32(o, AK("embedding_length_per_layer_input"), (uint32_t)c->ple_dim);
+  }
+  kv_f32(o, AK("attention.layer_norm_rms_epsilon"), (float)c->eps);
+  kv_u32(o, AK("attention.sliding_window"), (uint32_t)c->sliding_window);
+  kv_key(o, AK("attention.sliding_window_pattern"), GG_ARR);
   put_u32(o, GG_BOOL);
   put_u64(o, (uint64_t)c->n_layers);
   for (int i = 0; i < c->n_layers; i++) {
     uint8_t swa = c->layers[i].kind == MD_LAYER_SLIDING;
     put(o, &swa, 1);
   }
-  kv_f32(o, "gemma3.rope.freq_base", (float)c->rope[MD_LAYER_FULL].theta);
-  kv_f32(o, "gemma3.rope.freq_base_swa", (float)c->rope[MD_LAYER_SLIDING].theta);
+  kv_f32(o, AK("rope.freq_base"), (float)c->rope[MD_LAYER_FULL].theta);
+  kv_f32(o, AK("rope.freq_base_swa"), (float)c->rope[MD_LAYER_SLIDING].theta);
   if (full_scaled) {
-    kv_str(o, "gemma3.rope.scaling.type", "linear");
-    kv_f32(o, "gemma3.rope.scaling.factor", (float)c->rope[MD_LAYER_FULL].factor);
+    kv_str(o, AK("rope.scaling.type"), "linear");
+    kv_f32(o, AK("rope.scaling.factor"), (float)c->rope[MD_LAYER_FULL].factor);
   }
-  if (c->final_softcap != 0) kv_f32(o, "gemma3.final_logit_softcapping", (float)c->final_softcap);
+  /* llama.cpp's gemma4 takes 30 when the key is absent: 0 (none) is written */
+  if (c->final_softcap != 0 || c->arch == MD_ARCH_GEMMA4)
+    kv_f32(o, AK("final_logit_softcapping"), (float)c->final_softcap);
   if (!tok) {
     kv_str(o, "tokenizer.ggml.model", "no_vocab");
-    kv_u32(o, "gemma3.vocab_size", (uint32_t)c->vocab);
+    kv_u32(o, AK("vocab_size"), (uint32_t)c->vocab);
     return;
   }
+#undef AK
   int32_t nt = tk_n_vocab(tok);
   kv_str(o, "tokenizer.ggml.model", "llama");
   kv_key(o, "tokenizer.ggml.tokens", GG_ARR);
@@ -441,6 +620,10 @@ static void pad_to(struct gg_out *o, uint64_t *pos, uint64_t align) {
  * f32 (+1 for norms). */
 static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   const struct wk_tensor *s = t->src;
+  if (!s) {
+    put(o, t->gen, (size_t)t->bytes);
+    return;
+  }
   if (t->qdt >= 0) {
     enum kn_dtype dt = (enum kn_dtype)t->qdt;
     size_t K = (size_t)t->ne[0], rb = kn_row_bytes(dt, K);
@@ -467,7 +650,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
     size_t m = n - i < CM_ARRAY_LEN(buf) ? n - i : CM_ARRAY_LEN(buf);
     for (size_t k = 0; k < m; k++) {
       float v = kn_load_f32(s->data, (enum kn_dtype)s->dtype, i + k);
-      buf[k] = t->norm ? 1.0f + v : v;
+      buf[k] = t->norm ? t->shift + v : v;
     }
     put(o, buf, m * sizeof(float));
     i += m;
@@ -486,13 +669,15 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   char tmp[4096];
   int rc = md_config_load(dir, c, err, errlen);
   if (rc) goto done;
-  const char *why = unsupported(c);
+  char whybuf[256];
+  const char *why = unsupported(c, whybuf, sizeof(whybuf));
   if (why) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: %s", dir, why);
     goto done;
   }
   if ((rc = wk_st_open_dir(dir, &st, err, errlen))) goto done;
-  p.cap = 3 + 13 * c->n_layers;
+  p.cap = 7 + 17 * c->n_layers;
+  p.norm_shift = c->arch == MD_ARCH_GEMMA3 ? 1.0f : 0.0f;
   p.t = calloc((size_t)p.cap, sizeof(*p.t));
   p.st = st;
   p.to_f32 = to_f32;
@@ -555,14 +740,16 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
     rc = cm_fail(err, errlen, CM_ERR_IO, "%s: write failed (disk full?)", out);
     goto done;
   }
-  printf("wrote %s: gemma3, %d layers, %d tensors%s%s, %.1f MB\n", out, c->n_layers, p.n,
-         qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "", (double)pos / 1e6);
+  printf("wrote %s: %s, %d layers, %d tensors%s%s, %.1f MB\n", out, md_arch_name(c->arch),
+         c->n_layers, p.n, qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "",
+         (double)pos / 1e6);
 done:
   if (f) {
     fclose(f);
     unlink(tmp);
   }
   free(p.t);
+  free(p.rope_freqs);
   json_decref(tcfg);
   tk_free(tok);
   wk_st_close(st);
@@ -581,7 +768,8 @@ int tl_quantize_main(int argc, char **argv) {
   const char *pos[3];
   int n_pos = 0;
   int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
-                         "write a Gemma 3 text checkpoint as a GGUF file with its matrices in a "
+                         "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file with its "
+                         "matrices in a "
                          "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
                          "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
                          "blocks, as llama.cpp's reference rounding without an importance "
@@ -620,9 +808,11 @@ int tl_export_gguf_main(int argc, char **argv) {
        "always f32"},
       {0},
   };
-  int rc = tl_args_parse("lmserve export-gguf",
-                         "write a Gemma 3 text checkpoint as a GGUF file llama.cpp loads", opts,
-                         argc, argv);
+  int rc =
+      tl_args_parse("lmserve export-gguf",
+                    "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file llama.cpp "
+                    "loads",
+                    opts, argc, argv);
   if (rc >= 0) return rc;
   if (!model || !out) {
     fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");

@@ -1,5 +1,6 @@
 /* wk-gguf.c — a GGUF file's tensors as the loader's directory: llama.cpp's
- * names for Gemma 3 mapped to the Hugging Face names the binder looks up,
+ * names for Gemma 3 and Gemma 4 (gguf-py's tensor_mapping.py, src/llama-arch.cpp)
+ * mapped to the Hugging Face names the binder looks up,
  * dimensions turned outermost first, ggml types to the loader's dtypes (the
  * block formats among them; any other type listed as OTHER, refused by name
  * when bound). The tensors' bytes stay in the file's mapping, which the
@@ -28,22 +29,31 @@ static const char *const layer_names[][2] = {
     {"ffn_up.weight", "mlp.up_proj.weight"},
     {"ffn_down.weight", "mlp.down_proj.weight"},
     {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+    /* Gemma 4: per-layer embeddings, the layer's output scale (a 1-element tensor) */
+    {"inp_gate.weight", "per_layer_input_gate.weight"},
+    {"proj.weight", "per_layer_projection.weight"},
+    {"post_norm.weight", "post_per_layer_input_norm.weight"},
+    {"layer_output_scale.weight", "layer_scalar"},
+};
+
+/* Names outside the layers (rope_freqs.weight, Gemma 4's proportional RoPE,
+ * is read by the config, md-config-gguf.c, and left as it is). */
+static const char *const top_names[][2] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+    {"per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"},
+    {"per_layer_model_proj.weight", "model.per_layer_model_projection.weight"},
+    {"per_layer_proj_norm.weight", "model.per_layer_projection_norm.weight"},
 };
 
 /* Our name for GGUF tensor name g (the name itself when it has no other). */
 static void hf_name(const char *g, char *out, size_t n) {
-  if (!strcmp(g, "token_embd.weight")) {
-    snprintf(out, n, "model.embed_tokens.weight");
-    return;
-  }
-  if (!strcmp(g, "output_norm.weight")) {
-    snprintf(out, n, "model.norm.weight");
-    return;
-  }
-  if (!strcmp(g, "output.weight")) {
-    snprintf(out, n, "lm_head.weight");
-    return;
-  }
+  for (size_t i = 0; i < sizeof(top_names) / sizeof(top_names[0]); i++)
+    if (!strcmp(g, top_names[i][0])) {
+      snprintf(out, n, "%s", top_names[i][1]);
+      return;
+    }
   int layer, used = 0;
   if (sscanf(g, "blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0)
     for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)

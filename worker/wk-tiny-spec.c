@@ -364,6 +364,21 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
       static const int full[6] = {0, 0, 1, 0, 0, 1};
       root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
                                 o->sliding_window ? o->sliding_window : 64, full, 2, 1, 8, o->moe);
+    } else if (!strcmp(o->preset, "tiny-e")) {
+      /* E2B's features in llama.cpp's layout: 6 layers, sliding x3, full | shared
+       * sliding, shared full (the last storing layers are sliding then full, which is
+       * where llama.cpp's gemma4 lets shared layers read); per-layer inputs of 16
+       * (a scale of 4, exact in bf16) */
+      static const int full[6] = {0, 0, 0, 1, 0, 1};
+      root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
+                                o->sliding_window ? o->sliding_window : 64, full, 2, 1, 16, o->moe);
+    } else if (!strcmp(o->preset, "tiny-dense")) {
+      /* the larger models' features: no per-layer inputs, no KV sharing, a V
+       * projection on every layer, no final softcap */
+      static const int full[6] = {0, 0, 1, 0, 0, 1};
+      root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 0, 0,
+                                o->sliding_window ? o->sliding_window : 64, full, 0, 0, 0, o->moe);
+      json_object_del(root, "final_logit_softcapping");
     } else if (!strcmp(o->preset, "e2b")) {
       /* Gemma 4 E2B's text shape: 35 layers, full every fifth, the last 20 KV-shared */
       int full[35];
@@ -373,7 +388,8 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
           gemma4_text_config(V, 1536, 6144, 35, 8, 1, 256, 512, 0, 0,
                              o->sliding_window ? o->sliding_window : 512, full, 20, 1, 256, o->moe);
     } else {
-      return cm_fail(err, errlen, CM_ERR_INVAL, "preset \"%s\" is not known for gemma4 (tiny, e2b)",
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "preset \"%s\" is not known for gemma4 (tiny, tiny-e, tiny-dense, e2b)",
                      o->preset);
     }
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));

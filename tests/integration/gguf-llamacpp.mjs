@@ -3,14 +3,19 @@
 // for test-gguf.c: llama.cpp is the outside implementation of Gemma 3 that
 // checks `lmserve export-gguf` wrote the same model.
 //
-//   node gguf-llamacpp.mjs LLAMACPP_DIR MODEL.gguf N '[[ids...], [ids...]]'
-// prints one JSON array of N generated ids per prompt, one per line. The
+//   node gguf-llamacpp.mjs LLAMACPP_DIR MODEL.gguf N '[[ids...], [ids...]]' [gaps]
+// prints one JSON array of N generated ids per prompt, one per line; with
+// "gaps", each is followed by a line of N numbers: at each step, how far
+// llama.cpp's top logit lies above its second (ln p1 - ln p2 of its
+// probabilities), so that a caller can tell a near-tie from a real
+// difference. The
 // cache is f32 (llama.cpp's default is f16) so that the comparison is with
 // lmserve's --kv-dtype f32.
 import {createRequire} from "node:module";
 import path from "node:path";
 
-const [dir, modelPath, nArg, promptsArg] = process.argv.slice(2);
+const [dir, modelPath, nArg, promptsArg, gapsArg] = process.argv.slice(2);
+const gaps = gapsArg === "gaps";
 const req = createRequire(path.join(dir, "package.json"));
 const nlc = await import(req.resolve("node-llama-cpp"));
 const llama = await nlc.getLlama({gpu: false, build: "never", logLevel: nlc.LlamaLogLevel.error});
@@ -22,12 +27,25 @@ for (const ids of JSON.parse(promptsArg)) {
     experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32",
   });
   const seq = ctx.getSequence();
-  const out = [];
-  for await (const t of seq.evaluate(ids, {temperature: 0})) {
-    out.push(t);
+  const out = [], gap = [];
+  const steps = gaps ? seq.evaluateWithMetadata(ids, {probabilities: true}, {temperature: 0})
+                     : seq.evaluate(ids, {temperature: 0});
+  for await (const step of steps) {
+    if (gaps) {
+      let p1 = 0, p2 = 0;
+      for (const p of step.probabilities.values()) {
+        if (p > p1) [p1, p2] = [p, p1];
+        else if (p > p2) p2 = p;
+      }
+      out.push(step.token);
+      gap.push(Math.log(p1) - Math.log(p2));
+    } else {
+      out.push(step);
+    }
     if (out.length >= n) break;
   }
   console.log(JSON.stringify(out));
+  if (gaps) console.log(JSON.stringify(gap));
   await ctx.dispose();
 }
 await model.dispose();

@@ -1,0 +1,383 @@
+/* test-wk-gguf-g4.c — Gemma 4 GGUF files round trip: a generated checkpoint
+ * (the tiny-e preset: per-layer inputs, KV-shared layers, the double-wide MLP,
+ * K as V on full layers, layer scalars; the tiny-dense preset: none of those
+ * and no final softcap) written by `lmserve export-gguf` (bf16, f32) and
+ * `lmserve quantize` (q8_0), read back as a model: the same config plan as the
+ * checkpoint's, and the same logits bit for bit (the bf16 and f32 files as the
+ * safetensors checkpoint; the q8_0 file as the checkpoint quantized at load).
+ * Then the metadata made bad one key at a time (the file rebuilt with a key
+ * dropped, changed or added, or rope_freqs changed): each is a clear error
+ * naming the key or tensor. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-proc.h"
+#include "model/md-config.h"
+#include "model/md-gguf.h"
+#include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
+#include "worker/wk-model.h"
+#include "worker/wk-tiny-spec.h"
+
+/* A checkpoint of preset (vocabulary 512, bf16) in dir, and the files
+ * out[0..2]: export-gguf's bf16 and f32, quantize's q8_0. */
+static void make(char *dir, size_t n, const char *preset, char out[3][300]) {
+  TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
+  struct wk_tiny_spec s;
+  struct wk_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512};
+  char err[256], lm[1024], log[4096];
+  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 11, WK_ST_BF16) == 0);
+  wk_tiny_spec_free(&s);
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  static const char *names[3] = {"bf16", "f32", "q8_0"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(out[i], 300, "%s/m-%s.gguf", dir, names[i]);
+    char *exp[] = {lm, "export-gguf", "--model", dir, "--out", out[i], "--dtype", "f32", NULL};
+    char *quant[] = {lm, "quantize", dir, out[i], "q8_0", NULL};
+    if (i == 0) exp[6] = NULL;
+    int rc = cm_run_capture(i == 2 ? quant : exp, log, sizeof(log));
+    if (rc) {
+      th_fail(__FILE__, __LINE__, "lmserve %s %s: %d\n%s", i == 2 ? "quantize" : "export-gguf",
+              names[i], rc, log);
+      th_stop();
+    }
+  }
+}
+
+#define NP 80 /* past the 64-token window */
+
+/* Every position's logits of one prompt (a chunk of 37, then one token at a
+ * time) through path's model: [NP, V] into *out. */
+static int logits(const char *path, struct kn_backend *be, int quant, float **out, int *V,
+                  char *err, size_t errlen) {
+  struct wk_model_opts o = {.max_batch_tokens = 64,
+                            .max_seqs = 1,
+                            .kv_tokens = 256,
+                            .quiet = 1,
+                            .kv_dtype = 1 + KN_DTYPE_F32,
+                            .quantization = quant};
+  struct wk_model *m = NULL;
+  int rc = wk_model_load(path, be, &o, &m, err, errlen);
+  if (rc) return rc;
+  *V = wk_model_config(m)->vocab;
+  float *all = malloc(sizeof(float) * (size_t)NP * *V);
+  struct wk_page_alloc pa;
+  struct wk_seq_blocks blk = {0};
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  TH_REQUIRE(all && wk_page_alloc_init(&pa, wk_model_n_pages(m)) == 0);
+  int32_t prompt[NP];
+  for (int i = 0; i < NP; i++)
+    prompt[i] = (int32_t)((i * 37 + 2) % *V);
+  for (int done = 0; done < NP && !rc;) {
+    int n = done == 0 ? 37 : 1;
+    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, done + n) == 0);
+    struct wk_seq_input in = {.tokens = prompt + done, .n_tokens = n, .pos0 = done, .n_out = n};
+    for (int g = 0; g < kv->n_groups; g++) {
+      in.block_tables[g] = blk.table[g];
+      in.n_blocks[g] = blk.n[g];
+    }
+    struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = all + (size_t)done * *V};
+    rc = wk_model_forward(m, &b, err, errlen);
+    done += n;
+  }
+  wk_seq_blocks_release(&blk, kv, &pa);
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  *out = all;
+  return rc;
+}
+
+/* The plan of a GGUF file's config is the checkpoint's. */
+static void same_config(const char *dir, const char *gguf) {
+  struct md_config *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+  char err[512];
+  TH_REQUIRE(a && b);
+  TH_REQUIRE(md_config_load(dir, a, err, sizeof(err)) == 0);
+  if (md_config_load(gguf, b, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", gguf, err);
+    free(a), free(b);
+    return;
+  }
+  TH_CHECK_EQ_INT(b->arch, MD_ARCH_GEMMA4);
+  TH_CHECK_EQ_INT(b->gguf, 1);
+  TH_CHECK_EQ_INT(a->vocab, b->vocab);
+  TH_CHECK_EQ_INT(a->hidden, b->hidden);
+  TH_CHECK_EQ_INT(a->n_layers, b->n_layers);
+  TH_CHECK_EQ_INT(a->n_heads, b->n_heads);
+  TH_CHECK_EQ_INT(a->head_dim, b->head_dim);
+  TH_CHECK_EQ_INT(a->global_head_dim, b->global_head_dim);
+  TH_CHECK_EQ_INT(a->sliding_window, b->sliding_window);
+  TH_CHECK_EQ_INT(a->n_kv_shared, b->n_kv_shared);
+  TH_CHECK_EQ_INT(a->ple_dim, b->ple_dim);
+  TH_CHECK_EQ_INT(a->ple_vocab, b->ple_vocab);
+  TH_CHECK_EQ_INT(a->tie_embeddings, b->tie_embeddings);
+  TH_CHECK(a->attn_scale == b->attn_scale && a->final_softcap == b->final_softcap);
+  TH_CHECK((float)a->eps == (float)b->eps);
+  for (int k = 0; k < 2; k++) {
+    TH_CHECK_EQ_INT(a->rope[k].rot_pairs, b->rope[k].rot_pairs);
+    TH_CHECK(a->rope[k].theta == b->rope[k].theta && a->rope[k].factor == b->rope[k].factor);
+  }
+  for (int i = 0; i < a->n_layers; i++) {
+    const struct md_layer_cfg *x = &a->layers[i], *y = &b->layers[i];
+    if (x->kind != y->kind || x->head_dim != y->head_dim || x->n_kv_heads != y->n_kv_heads ||
+        x->k_eq_v != y->k_eq_v || x->kv_shared != y->kv_shared || x->kv_source != y->kv_source ||
+        x->ffn_dim != y->ffn_dim)
+      th_fail(__FILE__, __LINE__, "%s: layer %d planned otherwise than the checkpoint's", gguf, i);
+  }
+  free(a), free(b);
+}
+
+/* a and b (n floats each) bit for bit; their count of differences. */
+static size_t differ(const float *a, const float *b, size_t n) {
+  size_t bad = 0;
+  for (size_t j = 0; j < n; j++)
+    bad += memcmp(&a[j], &b[j], sizeof(float)) != 0;
+  return bad;
+}
+
+static void round_trip(const char *preset) {
+  char dir[256], g[3][300], err[512] = "";
+  make(dir, sizeof(dir), preset, g);
+  for (int i = 0; i < 3; i++)
+    same_config(dir, g[i]);
+  struct kn_backend *be = wkt_cpu_backend(2);
+  float *ref = NULL, *q = NULL;
+  int V = 0, Vg = 0;
+  TH_REQUIRE(logits(dir, be, 0, &ref, &V, err, sizeof(err)) == 0);
+  TH_REQUIRE(logits(dir, be, WK_QUANT_Q8_0, &q, &V, err, sizeof(err)) == 0);
+  size_t n = (size_t)NP * (size_t)V;
+  TH_CHECK(differ(ref, q, n) > n / 2); /* the quantization moves them */
+  for (int i = 0; i < 3; i++) {
+    float *got = NULL;
+    if (logits(g[i], be, 0, &got, &Vg, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "%s %s: %s", preset, g[i], err);
+      continue;
+    }
+    TH_CHECK_EQ_INT(Vg, V);
+    size_t bad = differ(i == 2 ? q : ref, got, n);
+    if (bad) th_fail(__FILE__, __LINE__, "%s %s: %zu of %zu logits differ", preset, g[i], bad, n);
+    free(got);
+  }
+  free(ref), free(q);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+TH_TEST(gemma4_gguf_with_per_layer_inputs_and_shared_kv_gives_the_checkpoints_logits) {
+  round_trip("tiny-e");
+}
+
+TH_TEST(dense_gemma4_gguf_gives_the_checkpoints_logits) {
+  round_trip("tiny-dense");
+}
+
+/* ---- bad metadata: the file rebuilt with one change ------------------------------------ */
+
+struct buf {
+  uint8_t *p;
+  size_t n, cap;
+};
+
+static void put(struct buf *b, const void *x, size_t n) {
+  if (b->n + n > b->cap) {
+    b->cap = (b->n + n) * 2 + 64;
+    b->p = realloc(b->p, b->cap);
+    TH_REQUIRE(b->p != NULL);
+  }
+  memcpy(b->p + b->n, x, n);
+  b->n += n;
+}
+static void u32(struct buf *b, uint32_t v) {
+  put(b, &v, 4);
+}
+static void u64(struct buf *b, uint64_t v) {
+  put(b, &v, 8);
+}
+static void str(struct buf *b, const char *s) {
+  u64(b, strlen(s));
+  put(b, s, strlen(s));
+}
+
+/* One change: the key `key` dropped (type < 0), or set to (or added as) a u32
+ * (type MD_GGUF_U32) or f32 (MD_GGUF_F32) of value v, or a bool array of n
+ * true values (MD_GGUF_ARRAY); or, with key NULL, rope_freqs.weight[1] set to v. */
+struct change {
+  const char *key;
+  int type;
+  double v;
+};
+
+static void put_value(struct buf *b, const struct change *c) {
+  u32(b, (uint32_t)c->type);
+  if (c->type == MD_GGUF_U32) {
+    u32(b, (uint32_t)c->v);
+  } else if (c->type == MD_GGUF_F32) {
+    float f = (float)c->v;
+    put(b, &f, 4);
+  } else {
+    u32(b, MD_GGUF_BOOL);
+    u64(b, (uint64_t)c->v);
+    for (int i = 0; i < (int)c->v; i++)
+      put(b, "\1", 1);
+  }
+}
+
+/* g's file (bytes[len]) with change c, as a new image. */
+static struct buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size_t len,
+                          const struct change *c) {
+  struct buf b = {0};
+  int nkv = md_gguf_kv_count(g), nt = md_gguf_tensor_count(g), found = 0;
+  for (int i = 0; i < nkv; i++)
+    found |= c->key && !strcmp(md_gguf_kv_at(g, i)->key, c->key);
+  put(&b, "GGUF", 4);
+  u32(&b, 3);
+  u64(&b, (uint64_t)nt);
+  u64(&b, (uint64_t)(nkv - (found && c->type < 0) + (!found && c->key && c->type >= 0)));
+  for (int i = 0; i < nkv; i++) {
+    const struct md_gguf_kv *kv = md_gguf_kv_at(g, i);
+    if (c->key && !strcmp(kv->key, c->key)) {
+      if (c->type >= 0) {
+        str(&b, kv->key);
+        put_value(&b, c);
+      }
+      continue;
+    }
+    str(&b, kv->key);
+    u32(&b, kv->type);
+    if (kv->type == MD_GGUF_ARRAY) {
+      u32(&b, kv->arr_type);
+      u64(&b, kv->n);
+    }
+    put(&b, kv->val, (size_t)kv->bytes);
+  }
+  if (!found && c->key && c->type >= 0) {
+    str(&b, c->key);
+    put_value(&b, c);
+  }
+  const uint8_t *data = NULL;
+  for (int i = 0; i < nt; i++) {
+    const struct md_gguf_tensor *t = md_gguf_tensor_at(g, i);
+    str(&b, t->name);
+    u32(&b, (uint32_t)t->n_dims);
+    for (int d = 0; d < t->n_dims; d++)
+      u64(&b, (uint64_t)t->ne[d]);
+    u32(&b, t->type);
+    u64(&b, t->offset);
+    if (!t->offset) data = t->data;
+  }
+  TH_REQUIRE(data != NULL);
+  while (b.n % 32)
+    put(&b, "", 1);
+  size_t base = b.n;
+  put(&b, data, len - (size_t)(data - bytes));
+  if (!c->key) {
+    const struct md_gguf_tensor *t = md_gguf_find_tensor(g, "rope_freqs.weight");
+    TH_REQUIRE(t != NULL);
+    float f = (float)c->v;
+    memcpy(b.p + base + t->offset + 4, &f, 4);
+  }
+  return b;
+}
+
+/* The file at path, read whole into *len bytes, and its open directory. */
+static uint8_t *slurp(const char *path, size_t *lenp, struct md_gguf **g) {
+  char err[512];
+  FILE *f = fopen(path, "rb");
+  TH_REQUIRE(f != NULL);
+  fseek(f, 0, SEEK_END);
+  size_t len = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *bytes = malloc(len);
+  TH_REQUIRE(bytes && fread(bytes, 1, len, f) == len);
+  fclose(f);
+  TH_REQUIRE(md_gguf_open_mem(bytes, len, "m.gguf", g, err, sizeof(err)) == 0);
+  *lenp = len;
+  return bytes;
+}
+
+/* The file with change c gives an error with want in it. */
+static void expect_bad(const struct md_gguf *orig, const uint8_t *bytes, size_t len,
+                       const struct change *c, const char *want) {
+  char err[512] = "";
+  struct buf b = rebuild(orig, bytes, len, c);
+  struct md_gguf *gg = NULL;
+  struct md_config *cfg = calloc(1, sizeof(*cfg));
+  TH_REQUIRE(cfg != NULL);
+  int rc = md_gguf_open_mem(b.p, b.n, "bad.gguf", &gg, err, sizeof(err));
+  if (!rc) rc = md_config_from_gguf(gg, cfg, err, sizeof(err));
+  if (!rc || !strstr(err, want))
+    th_fail(__FILE__, __LINE__, "%s: rc %d, \"%s\" (want \"%s\")", c->key ? c->key : "rope_freqs",
+            rc, err, want);
+  else
+    printf("# %s\n", err);
+  md_gguf_close(gg);
+  free(cfg);
+  free(b.p);
+}
+
+TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
+  char dir[256], g[3][300], err[512];
+  make(dir, sizeof(dir), "tiny-e", g);
+  struct md_gguf *orig = NULL;
+  size_t len;
+  uint8_t *bytes = slurp(g[0], &len, &orig);
+  static const struct {
+    struct change c;
+    const char *want; /* in the error */
+  } cases[] = {
+      {{"gemma4.attention.sliding_window_pattern", -1, 0},
+       "gemma4.attention.sliding_window_pattern missing"},
+      {{"gemma4.attention.sliding_window_pattern", MD_GGUF_ARRAY, 5},
+       "gemma4.attention.sliding_window_pattern must hold one bool per layer"},
+      /* every layer sliding: layer 3 had K as V, which only full layers may */
+      {{"gemma4.attention.sliding_window_pattern", MD_GGUF_ARRAY, 6},
+       "blk.3.attn_v.weight missing on a sliding layer"},
+      {{"gemma4.attention.key_length_swa", -1, 0}, "gemma4.attention.key_length_swa missing"},
+      {{"gemma4.attention.key_length", -1, 0}, "gemma4.attention.key_length missing"},
+      {{"gemma4.attention.value_length", MD_GGUF_U32, 32}, "gemma4.attention.value_length"},
+      {{"gemma4.embedding_length_per_layer_input", -1, 0},
+       "gemma4.embedding_length_per_layer_input missing"},
+      {{"gemma4.embedding_length_per_layer_input", MD_GGUF_U32, 8},
+       "gemma4.embedding_length_per_layer_input is 8"},
+      {{"gemma4.attention.sliding_window", -1, 0}, "gemma4.attention.sliding_window missing"},
+      {{"gemma4.attention.layer_norm_rms_epsilon", -1, 0},
+       "gemma4.attention.layer_norm_rms_epsilon missing"},
+      {{"gemma4.attention.shared_kv_layers", MD_GGUF_U32, 6}, "gemma4.attention.shared_kv_layers"},
+      {{"gemma4.attention.head_count_kv", MD_GGUF_U32, 3}, "gemma4.attention.head_count_kv"},
+      {{"gemma4.feed_forward_length", MD_GGUF_U32, 0}, "gemma4.feed_forward_length"},
+      {{"gemma4.rope.dimension_count_swa", MD_GGUF_U32, 16}, "gemma4.rope.dimension_count_swa"},
+      {{"gemma4.rope.dimension_count", MD_GGUF_U32, 32}, "gemma4.rope.dimension_count"},
+      {{"gemma4.expert_count", MD_GGUF_U32, 4}, "gemma4.expert_count"},
+      {{"gemma4.block_count", MD_GGUF_U32, 0}, "gemma4.block_count"},
+      {{"gemma4.context_length", -1, 0}, "gemma4.context_length missing"},
+      {{NULL, 0, 0.5}, "rope_freqs.weight[1] is 0.5"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++)
+    expect_bad(orig, bytes, len, &cases[i].c, cases[i].want);
+  /* the unchanged rebuild reads (the rebuilding itself is sound) */
+  struct change none = {"x.unused", -1, 0};
+  struct buf b = rebuild(orig, bytes, len, &none);
+  struct md_gguf *gg = NULL;
+  struct md_config *cfg = calloc(1, sizeof(*cfg));
+  TH_REQUIRE(cfg && md_gguf_open_mem(b.p, b.n, "ok.gguf", &gg, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(md_config_from_gguf(gg, cfg, err, sizeof(err)), 0);
+  md_gguf_close(gg);
+  free(cfg);
+  free(b.p);
+  md_gguf_close(orig);
+  free(bytes);
+  wkt_rmdir(dir);
+
+  /* KV-shared layers where llama.cpp's gemma4 would read other layers than ours: the
+     dense preset's last layers are sliding, sliding, full */
+  make(dir, sizeof(dir), "tiny-dense", g);
+  bytes = slurp(g[0], &len, &orig);
+  struct change shared = {"gemma4.attention.shared_kv_layers", MD_GGUF_U32, 2};
+  expect_bad(orig, bytes, len, &shared, "llama.cpp's gemma4 lets KV-shared sliding layers read");
+  md_gguf_close(orig);
+  free(bytes);
+  wkt_rmdir(dir);
+}
