@@ -186,6 +186,11 @@ struct gr_level {
   uint32_t pc; /* characters begun on the path so far */
   int pq;      /* the plain-text UTF-8 decoder's state after the path; -1: not plain */
   int pt;      /* the path holds a byte of the walk's first state's term */
+  /* a table of the children of the path's node that the walk follows (kt > 0: its
+   * number): the next entry kpos; the subtree of the child being walked ends at
+   * cend, the node's at pend; kprev: the level of the next table out (-1: none) */
+  uint32_t kt, kpos, cend, pend;
+  int kprev;
   struct gr_stackset set;
 };
 
@@ -229,7 +234,7 @@ struct gr_node {
   uint8_t u8ok;
   uint8_t nchars; /* the most characters such a string starts (255 cap) */
   uint8_t wide;   /* the subtree has a byte >= 0x80 */
-  uint8_t pad[2];
+  uint16_t kids;  /* 1 + its children's table (gr_vocab.kid_at), 0: none */
 };
 
 /* A trie of the token byte strings, in preorder: node[0 .. n_nodes), and a
@@ -262,6 +267,13 @@ struct gr_vocab {
    * thousand tokens of a vocabulary, a trie small enough for the core's caches):
    * a walk that has the plain tokens in already walks only these */
   struct gr_vocab *rest;
+  /* Tables of the children of the nodes with many (and of the root: kids_root),
+   * so that a walk from a simple state passes over the children whose byte the
+   * state refuses without reading their nodes, which lie far apart: table k is
+   * kid_byte / kid_node [kid_at[k - 1], kid_at[k]) (1-based, as gr_node.kids) */
+  uint32_t *kid_at, *kid_node;
+  uint8_t *kid_byte;
+  uint16_t kids_root;
 };
 
 void gr_mask_cache_free(struct gr_mask_cache *c);

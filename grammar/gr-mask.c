@@ -36,6 +36,45 @@ static uint32_t shared_prefix(const struct gr_vocab *v, int32_t t) {
   return l;
 }
 
+#define GR_KIDS_MIN 6 /* children of a node that get a table */
+
+/* The children tables (gr_vocab.kid_at): for the root and each node with at least
+ * GR_KIDS_MIN children, while their numbers fit gr_node.kids. */
+static int kid_tables(struct gr_vocab *v) {
+  struct gr_node *node = v->node;
+  uint32_t n_tab = 0, n_kid = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    n_tab = n_kid = 0;
+    for (int64_t p = -1; p < (int64_t)v->n_nodes && n_tab < UINT16_MAX; p++) {
+      uint32_t first = (uint32_t)(p + 1), end = p < 0 ? v->n_nodes : node[p].end, k = 0;
+      for (uint32_t c = first; c < end; c = node[c].end)
+        k++;
+      if (k < GR_KIDS_MIN) continue;
+      if (pass) {
+        v->kid_at[n_tab] = n_kid;
+        for (uint32_t c = first, j = n_kid; c < end; c = node[c].end, j++) {
+          v->kid_node[j] = c;
+          v->kid_byte[j] = node[c].byte;
+        }
+        if (p < 0)
+          v->kids_root = (uint16_t)(n_tab + 1);
+        else
+          node[p].kids = (uint16_t)(n_tab + 1);
+      }
+      n_tab++;
+      n_kid += k;
+    }
+    if (!pass) {
+      v->kid_at = malloc(((size_t)n_tab + 1) * sizeof *v->kid_at);
+      v->kid_node = malloc((n_kid ? (size_t)n_kid : 1) * sizeof *v->kid_node);
+      v->kid_byte = malloc(n_kid ? n_kid : 1);
+      if (!v->kid_at || !v->kid_node || !v->kid_byte) return CM_ERR_NOMEM;
+    }
+  }
+  v->kid_at[n_tab] = n_kid;
+  return 0;
+}
+
 /* gr_vocab_create, with the trie of the tokens that are not plain text (rest)
  * made too when rest is set. */
 static int vocab_make(const uint8_t *const *bytes, const uint32_t *lens, int32_t n, int rest,
@@ -121,6 +160,8 @@ static int vocab_make(const uint8_t *const *bytes, const uint32_t *lens, int32_t
   free(path);
   v->n_nodes = nn;
   v->n_ids = n_ids;
+  rc = kid_tables(v);
+  if (rc) goto fail;
   rc = gr_plain_vocab(v);
   if (rc) goto fail;
   if (rest && v->plain_le) { /* the same tokens, those of plain_le's last bitmap left out */
@@ -160,6 +201,9 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->ids);
   free(v->node);
   free(v->mixed);
+  free(v->kid_at);
+  free(v->kid_node);
+  free(v->kid_byte);
   free(v->tchars);
   free(v->plain_le);
   free(v->has);
@@ -349,6 +393,37 @@ static int run_covers(const struct gr_grammar *g, const struct gr_vocab *v, uint
   return 0;
 }
 
+/* The next child in level *act's table whose byte the level's state takes (its
+ * subtree's end into cend), or when none is left the end of the table's node,
+ * the table closed and *act the next one out. */
+static uint32_t next_kid(const struct gr_grammar *g, const struct gr_vocab *v, struct gr_level *lv,
+                         int *act) {
+  struct gr_level *l = &lv[*act];
+  const uint32_t *row = g->delta + (size_t)l->top * g->n_cls;
+  for (uint32_t k = l->kpos, e = v->kid_at[l->kt]; k < e; k++)
+    if (row[g->cls[v->kid_byte[k]]] != GR_NONE) {
+      uint32_t c = v->kid_node[k];
+      l->kpos = k + 1;
+      l->cend = v->node[c].end;
+      return c;
+    }
+  l->kt = 0;
+  *act = l->kprev;
+  return l->pend;
+}
+
+/* Level l (simple) follows the children table kt of a node whose subtree ends at
+ * end, from the walk's next step on. */
+static void open_kids(const struct gr_vocab *v, struct gr_level *l, uint32_t kt, uint32_t end,
+                      int *act, int d) {
+  l->kt = kt;
+  l->kpos = v->kid_at[kt - 1];
+  l->pend = end;
+  l->cend = 0; /* the first child: at once */
+  l->kprev = *act;
+  *act = d;
+}
+
 static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
   const struct gr_grammar *g = m->g;
   if (levels_reserve(m, v->max_len + 1)) return CM_ERR_NOMEM;
@@ -398,7 +473,14 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
    * own trie, whose nodes lie together in a few hundred KiB (the whole trie's
    * nodes on their paths are scattered over tens of MiB) */
   if (pre && termless && v->rest) v = v->rest;
-  for (uint32_t i = 0; i < v->n_nodes;) {
+  /* below a simple state, the children of the root and of nodes with many go by
+   * their tables (a refused byte costs no read of its node), innermost act */
+  int act = -1;
+  if (!pre && lv[0].simple && v->kids_root) open_kids(v, &lv[0], v->kids_root, v->n_nodes, &act, 0);
+  for (uint32_t i = 0;;) {
+    while (act >= 0 && i >= lv[act].cend)
+      i = next_kid(g, v, lv, &act);
+    if (i >= v->n_nodes) break;
     const struct gr_node *nd = &v->node[i];
     uint32_t d = nd->depth;
     uint8_t b = nd->byte;
@@ -497,6 +579,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       uint32_t id = (uint32_t)v->ids[k];
       bits[id >> 5] |= 1u << (id & 31);
     }
+    if (!pre && nd->kids && l->simple) open_kids(v, l, nd->kids, nd->end, &act, (int)d);
     i++;
   }
   return 0;
