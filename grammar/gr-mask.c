@@ -393,26 +393,33 @@ static int run_covers(const struct gr_grammar *g, const struct gr_vocab *v, uint
   return 0;
 }
 
-/* The next child in level *act's table whose byte the level's state takes (its
+/* The next child in level *act's table whose byte the level's state may take (its
  * subtree's end into cend), or when none is left the end of the table's node,
- * the table closed and *act the next one out. */
+ * the table closed and *act the next one out. A set of stacks is closed (every
+ * stack's top takes bytes: calls and returns are expanded), so a byte none of
+ * the tops takes is refused by the set too. */
 static uint32_t next_kid(const struct gr_grammar *g, const struct gr_vocab *v, struct gr_level *lv,
                          int *act) {
   struct gr_level *l = &lv[*act];
   const uint32_t *row = g->delta + (size_t)l->top * g->n_cls;
-  for (uint32_t k = l->kpos, e = v->kid_at[l->kt]; k < e; k++)
-    if (row[g->cls[v->kid_byte[k]]] != GR_NONE) {
-      uint32_t c = v->kid_node[k];
+  for (uint32_t k = l->kpos, e = v->kid_at[l->kt]; k < e; k++) {
+    uint32_t c = g->cls[v->kid_byte[k]];
+    int takes = l->simple && row[c] != GR_NONE;
+    for (uint32_t j = 0; !l->simple && j < l->set.n && !takes; j++)
+      takes = g->delta[(size_t)l->set.frames[l->set.off[j + 1] - 1] * g->n_cls + c] != GR_NONE;
+    if (takes) {
+      uint32_t kc = v->kid_node[k];
       l->kpos = k + 1;
-      l->cend = v->node[c].end;
-      return c;
+      l->cend = v->node[kc].end;
+      return kc;
     }
+  }
   l->kt = 0;
   *act = l->kprev;
   return l->pend;
 }
 
-/* Level l (simple) follows the children table kt of a node whose subtree ends at
+/* Level l follows the children table kt of a node whose subtree ends at
  * end, from the walk's next step on. */
 static void open_kids(const struct gr_vocab *v, struct gr_level *l, uint32_t kt, uint32_t end,
                       int *act, int d) {
@@ -473,10 +480,10 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
    * own trie, whose nodes lie together in a few hundred KiB (the whole trie's
    * nodes on their paths are scattered over tens of MiB) */
   if (pre && termless && v->rest) v = v->rest;
-  /* below a simple state, the children of the root and of nodes with many go by
+  /* the children of the root and of nodes with many go by
    * their tables (a refused byte costs no read of its node), innermost act */
   int act = -1;
-  if (!pre && lv[0].simple && v->kids_root) open_kids(v, &lv[0], v->kids_root, v->n_nodes, &act, 0);
+  if (!pre && v->kids_root) open_kids(v, &lv[0], v->kids_root, v->n_nodes, &act, 0);
   for (uint32_t i = 0;;) {
     while (act >= 0 && i >= lv[act].cend)
       i = next_kid(g, v, lv, &act);
@@ -579,7 +586,7 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       uint32_t id = (uint32_t)v->ids[k];
       bits[id >> 5] |= 1u << (id & 31);
     }
-    if (!pre && nd->kids && l->simple) open_kids(v, l, nd->kids, nd->end, &act, (int)d);
+    if (!pre && nd->kids) open_kids(v, l, nd->kids, nd->end, &act, (int)d);
     i++;
   }
   return 0;
