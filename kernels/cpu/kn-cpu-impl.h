@@ -157,7 +157,7 @@ struct kn_cpu_dsp {
   int bf16_rows;
 
   /* The q8 mode's matmul over Q8_0 / Q4_0 weights (kn-cpu-q8.c, AVX2 in
-   * kn-cpu-quant-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
+   * kn-cpu-q8-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
    * apart: the inputs as kn_quantize_row rounds them), w n rows of row_bytes.
    * Per output, for each block b in order and each lane l < 8: p = the sum of
    * the integer products of elements 4l .. 4l + 3 (exact), acc[b % 2][l] =
@@ -191,6 +191,8 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 /* matvec[] of the block formats (kn-cpu-quant-avx2.c): the AVX2 f32 matvec's
  * bits over the dequantized rows, reading the packed ones (needs AVX2). */
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
+/* q8dot[] in AVX2 (kn-cpu-q8-avx2.c): kn-cpu-q8.c's bits (needs AVX2). */
+void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx2(void);
 /* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];
