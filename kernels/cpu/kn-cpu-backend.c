@@ -197,7 +197,7 @@ static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
 static const char *cpu_matmul_inputs(void *ctx) {
   const struct kn_cpu_ctx *c = ctx;
-  return c->bf16 ? "bf16" : c->q8 ? "q8 (Q8_0 / Q4_0 weights; f32 elsewhere)" : "f32";
+  return c->bf16 ? "bf16" : c->q8 ? "q8 (block-format weights; f32 elsewhere)" : "f32";
 }
 
 static void fill_ops_once(void) {

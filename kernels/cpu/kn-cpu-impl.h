@@ -156,13 +156,16 @@ struct kn_cpu_dsp {
   int bf16_tokens;
   int bf16_rows;
 
-  /* The q8 mode's matmul over Q8_0 / Q4_0 weights (kn-cpu-q8.c, AVX2 in
+  /* The q8 mode's matmul over block-format weights (kn-cpu-q8.c, AVX2 in
    * kn-cpu-q8-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
    * apart: the inputs as kn_quantize_row rounds them), w n rows of row_bytes.
-   * Per output, for each block b in order and each lane l < 8: p = the sum of
-   * the integer products of elements 4l .. 4l + 3 (exact), acc[b % 2][l] =
-   * fma((float)p, dw_b * dx_b, acc[b % 2][l]); then acc[0] + acc[1] and
-   * kn_avx2_hsum's lane reduction.
+   * Per output, for each 32-element block b in order (a K-quant's sub-block)
+   * and each lane l < 8: p = the sum of the integer products of elements
+   * 4l .. 4l + 3 (exact; the weights' integers with their offsets applied),
+   * acc[b % 2][l] = fma((float)p, dw_b[l] * dx_b, acc[b % 2][l]), then for the
+   * formats with a min m_b (Q4_1, Q5_1, Q4_K, Q5_K) the same with the lane's
+   * input sum and m_b * dx_b; then acc[0] + acc[1] and kn_avx2_hsum's lane
+   * reduction.
    * xs: [T][K / 32][8] each lane's sum of its four inputs (kernels may use it:
    * sum (q - 8) x = sum q x - 8 sum x). NULL: the dtype has none (f32 inputs then). */
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,

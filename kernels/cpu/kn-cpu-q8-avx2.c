@@ -19,8 +19,6 @@
 #include "kernels/kn-quant.h"
 
 #define AI __attribute__((always_inline))
-/* The tiles' loops over rows and tokens, unrolled so the accumulators stay in registers. */
-#define UNROLL _Pragma("GCC unroll 8")
 
 /* Register tile of the prefill kernels: rows x tokens. */
 #define Q8_R 2
@@ -108,41 +106,152 @@ DEF_ONE(q4_0, Q8_STEP_Q4_0)
 
 /* ---- register tiles ------------------------------------------------------------- */
 
-enum q8_kind { Q8K_Q8_0, Q8K_Q4_0 };
+enum q8_kind { Q8K_Q8_0, Q8K_Q4_0, Q8K_Q4_1, Q8K_Q5_0, Q8K_Q5_1, Q8K_Q4_K, Q8K_Q5_K, Q8K_Q6_K };
+
+/* Bytes of a kind's block (a K-quant's super-block). */
+static inline size_t kind_bytes(enum q8_kind k) {
+  static const size_t bytes[] = {34, 18, 20, 22, 24, 144, 176, 210};
+  return bytes[k];
+}
+
+/* The offset the kind's weights carry as a power of two (Q4_0's 8, Q5_0's 16,
+ * Q6_K's 32: subtracted as sum q x - (sum x << shift)), 0 for none. */
+static inline int kind_shift(enum q8_kind k) {
+  return k == Q8K_Q4_0 ? 3 : k == Q8K_Q5_0 ? 4 : k == Q8K_Q6_K ? 5 : 0;
+}
+
+/* Whether every weight adds a min (times the lane's input sum). */
+static inline int kind_min(enum q8_kind k) {
+  return k == Q8K_Q4_1 || k == Q8K_Q5_1 || k == Q8K_Q4_K || k == Q8K_Q5_K;
+}
+
+/* Byte j = 0x10 where bit j of qh is set, else 0. */
+KN_AVX2 static inline AI __m256i bit5x32(uint32_t qh) {
+  const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                       2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+KN_AVX2 static inline AI uint32_t u32le(const uint8_t *p) {
+  uint32_t u;
+  memcpy(&u, p, 4);
+  return u;
+}
+
+/* The K-quants' j-th 6-bit (scale, min) pair of 8. */
+static inline AI void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+/* The low (hi = 0) or high nibbles of 32 bytes at p. */
+KN_AVX2 static inline AI __m256i nibs(const uint8_t *p, int hi) {
+  __m256i v = _mm256_loadu_si256((const __m256i *)p);
+  return _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
+}
+
+/* 32-element block b of a row, as kn-cpu-q8.c's weights() has it: *u the
+ * unsigned bytes vpmaddubsw takes (Q8_0: |w|, with the weights themselves in
+ * *sg for their signs; the others: q before the offset), *d each lane's scale,
+ * *m the min (kind_min). */
+KN_AVX2 static inline AI void unpack(const enum q8_kind kind, const uint8_t *row, int b, __m256i *u,
+                                     __m256i *sg, __m256 *d, __m256 *m) {
+  const uint8_t *blk = row + (size_t)(kind >= Q8K_Q4_K ? b >> 3 : b) * kind_bytes(kind);
+  *sg = _mm256_setzero_si256();
+  *m = _mm256_setzero_ps();
+  switch (kind) {
+  case Q8K_Q8_0:
+    *d = h16x8(blk);
+    *sg = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    *u = _mm256_abs_epi8(*sg);
+    break;
+  case Q8K_Q4_0:
+    *d = h16x8(blk);
+    *u = nib32(blk);
+    break;
+  case Q8K_Q4_1:
+    *d = h16x8(blk);
+    *m = h16x8(blk + 2);
+    *u = nib32(blk + 2);
+    break;
+  case Q8K_Q5_0:
+    *d = h16x8(blk);
+    *u = _mm256_or_si256(nib32(blk + 4), bit5x32(u32le(blk + 2)));
+    break;
+  case Q8K_Q5_1:
+    *d = h16x8(blk);
+    *m = h16x8(blk + 2);
+    *u = _mm256_or_si256(nib32(blk + 6), bit5x32(u32le(blk + 4)));
+    break;
+  case Q8K_Q4_K:
+  case Q8K_Q5_K: {
+    const int five = kind == Q8K_Q5_K, sb = b & 7;
+    int sc, mn;
+    sc_min(sb, blk + 4, &sc, &mn);
+    *d = _mm256_set1_ps(h16(blk) * (float)sc);
+    *m = _mm256_set1_ps(-(h16(blk + 2) * (float)mn));
+    *u = nibs(blk + (five ? 48 : 16) + 32 * (sb >> 1), sb & 1);
+    if (five) {
+      const __m256i bit = _mm256_set1_epi8((char)(1 << sb));
+      __m256i qh = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(blk + 16)), bit);
+      *u =
+          _mm256_or_si256(*u, _mm256_and_si256(_mm256_cmpeq_epi8(qh, bit), _mm256_set1_epi8(0x10)));
+    }
+    break;
+  }
+  case Q8K_Q6_K: {
+    const int c = b & 7, half = c >> 2, p = c & 3;
+    const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half + 2 * p;
+    const float dd = h16(blk + 208);
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+    hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * p)), _mm256_set1_epi8(3));
+    *u = _mm256_or_si256(nibs(blk + 64 * half + 32 * (p & 1), p >= 2), _mm256_slli_epi16(hi, 4));
+    __m128 d0 = _mm_set1_ps(dd * (float)sc[0]), d1 = _mm_set1_ps(dd * (float)sc[1]);
+    *d = _mm256_set_m128(d1, d0);
+    break;
+  }
+  }
+}
 
 /* One chain (blocks b0, b0 + 2, ...) of the R x U outputs of rows w (row_bytes
  * apart) and tokens x (ldx bytes apart, lane sums xs B * 8 apart) into a[]. */
 KN_AVX2 static inline AI void tile_chain(const enum q8_kind kind, const int R, const int U,
                                          const uint8_t *w, size_t row_bytes, const uint8_t *x,
                                          size_t ldx, const int32_t *xs, int B, int b0, __m256 *a) {
-  const size_t bb = kind == Q8K_Q8_0 ? 34 : 18;
-  UNROLL for (int i = 0; i < R * U; i++) a[i] = _mm256_setzero_ps();
+  const int shift = kind_shift(kind), has_m = kind_min(kind);
+#pragma GCC unroll 8
+  for (int i = 0; i < R * U; i++)
+    a[i] = _mm256_setzero_ps();
   for (int b = b0; b < B; b += 2) {
     __m256i wu[Q8_R], ws[Q8_R];
-    __m256 dw[Q8_R];
-    UNROLL for (int r = 0; r < R; r++) {
-      const uint8_t *blk = w + (size_t)r * row_bytes + (size_t)b * bb;
-      dw[r] = h16x8(blk);
-      if (kind == Q8K_Q8_0) {
-        ws[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        wu[r] = _mm256_abs_epi8(ws[r]);
-      } else {
-        wu[r] = nib32(blk);
-        ws[r] = _mm256_setzero_si256();
-      }
-    }
-    UNROLL for (int u = 0; u < U; u++) {
+    __m256 dw[Q8_R], mw[Q8_R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+      unpack(kind, w + (size_t)r * row_bytes, b, &wu[r], &ws[r], &dw[r], &mw[r]);
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++) {
       const uint8_t *xb = x + (size_t)u * ldx + (size_t)b * 34;
-      __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2)), s8 = _mm256_setzero_si256();
-      __m256 dx = h16x8(xb);
-      if (kind == Q8K_Q4_0)
-        s8 = _mm256_slli_epi32(
-            _mm256_loadu_si256((const __m256i *)(xs + (size_t)u * (size_t)B * 8 + 8 * b)), 3);
-      UNROLL for (int r = 0; r < R; r++) {
-        __m256i p = kind == Q8K_Q8_0 ? sum4(wu[r], _mm256_sign_epi8(xv, ws[r]))
-                                     : _mm256_sub_epi32(sum4(wu[r], xv), s8);
-        a[r * U + u] =
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], dx), a[r * U + u]);
+      __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2)), so = _mm256_setzero_si256();
+      __m256 dx = h16x8(xb), sf = _mm256_setzero_ps();
+      if (shift || has_m) {
+        __m256i s = _mm256_loadu_si256((const __m256i *)(xs + (size_t)u * (size_t)B * 8 + 8 * b));
+        if (shift) so = _mm256_slli_epi32(s, shift);
+        if (has_m) sf = _mm256_cvtepi32_ps(s);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) {
+        __m256i p = kind == Q8K_Q8_0 ? sum4(wu[r], _mm256_sign_epi8(xv, ws[r])) : sum4(wu[r], xv);
+        if (shift) p = _mm256_sub_epi32(p, so);
+        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], dx), a[r * U + u]);
+        if (has_m) t = _mm256_fmadd_ps(sf, _mm256_mul_ps(mw[r], dx), t);
+        a[r * U + u] = t;
       }
     }
   }
@@ -154,8 +263,12 @@ KN_AVX2 static inline AI void tile(const enum q8_kind kind, const int R, const i
   __m256 e[Q8_R * Q8_U], o[Q8_R * Q8_U];
   tile_chain(kind, R, U, w, row_bytes, x, ldx, xs, B, 0, e);
   tile_chain(kind, R, U, w, row_bytes, x, ldx, xs, B, 1, o);
-  UNROLL for (int r = 0; r < R; r++) UNROLL for (int u = 0; u < U; u++) put1(
-      out + (ptrdiff_t)u * ldo + r, kn_avx2_hsum(_mm256_add_ps(e[r * U + u], o[r * U + u])), acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++)
+      put1(out + (ptrdiff_t)u * ldo + r, kn_avx2_hsum(_mm256_add_ps(e[r * U + u], o[r * U + u])),
+           acc);
 }
 
 /* The tile of r (<= Q8_R) rows x u (<= Q8_U) tokens, each shape compiled
@@ -178,6 +291,12 @@ KN_AVX2 static inline AI void tile(const enum q8_kind kind, const int R, const i
 
 DEF_TILES(q8_0, Q8K_Q8_0)
 DEF_TILES(q4_0, Q8K_Q4_0)
+DEF_TILES(q4_1, Q8K_Q4_1)
+DEF_TILES(q5_0, Q8K_Q5_0)
+DEF_TILES(q5_1, Q8K_Q5_1)
+DEF_TILES(q4_k, Q8K_Q4_K)
+DEF_TILES(q5_k, Q8K_Q5_K)
+DEF_TILES(q6_k, Q8K_Q6_K)
 
 typedef void (*tiles_fn)(int r, int u, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
                          const int32_t *xs, const uint8_t *w, size_t row_bytes, int B, int acc);
@@ -200,21 +319,44 @@ KN_AVX2 static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const uint8_t *
   }
 }
 
-#define DEF_Q8DOT(SUF)                                                                             \
+/* Q8_0 and Q4_0: one token streams each row once (the decode kernel), more
+ * run the tiles; the other formats run the tiles at every T. */
+#define DEF_Q8DOT(SUF, ONE)                                                                        \
   KN_AVX2 static void q8dot_##SUF(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,         \
                                   const int32_t *xs, const uint8_t *w, size_t row_bytes, int K,    \
                                   int T, int n, int acc) {                                         \
-    if (T >= 2) {                                                                                  \
-      tiled(tiles_##SUF, out, ldo, x, ldx, xs, w, row_bytes, K, T, n, acc);                        \
+    if (T == 1 && ONE) {                                                                           \
+      one_q8_0_or_q4_0(ONE, out, x, xs, w, row_bytes, K / 32, n, acc);                             \
       return;                                                                                      \
     }                                                                                              \
-    if (T == 1) one_##SUF(out, x, xs, w, row_bytes, K / 32, n, acc);                               \
+    tiled(tiles_##SUF, out, ldo, x, ldx, xs, w, row_bytes, K, T, n, acc);                          \
   }
 
-DEF_Q8DOT(q8_0)
-DEF_Q8DOT(q4_0)
+KN_AVX2 static inline AI void one_q8_0_or_q4_0(int which, float *out, const uint8_t *x,
+                                               const int32_t *xs, const uint8_t *w,
+                                               size_t row_bytes, int B, int n, int acc) {
+  if (which == 1)
+    one_q8_0(out, x, xs, w, row_bytes, B, n, acc);
+  else
+    one_q4_0(out, x, xs, w, row_bytes, B, n, acc);
+}
+
+DEF_Q8DOT(q8_0, 1)
+DEF_Q8DOT(q4_0, 2)
+DEF_Q8DOT(q4_1, 0)
+DEF_Q8DOT(q5_0, 0)
+DEF_Q8DOT(q5_1, 0)
+DEF_Q8DOT(q4_k, 0)
+DEF_Q8DOT(q5_k, 0)
+DEF_Q8DOT(q6_k, 0)
 
 void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp) {
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
+  dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;
+  dsp->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;
+  dsp->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;
+  dsp->q8dot[KN_DTYPE_Q4_K] = q8dot_q4_k;
+  dsp->q8dot[KN_DTYPE_Q5_K] = q8dot_q5_k;
+  dsp->q8dot[KN_DTYPE_Q6_K] = q8dot_q6_k;
 }
