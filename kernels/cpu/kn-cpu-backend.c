@@ -110,6 +110,14 @@ int kn_cpu_has_avx512(void) {
 #endif
 }
 
+int kn_cpu_has_avx512vnni(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return kn_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+  return 0;
+#endif
+}
+
 int kn_cpu_is_amd(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   unsigned a, b, c, d;
@@ -253,6 +261,7 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_quant_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_q8_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX512 && kn_cpu_has_avx512vnni()) kn_cpu_dsp_init_q8_vnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);
   if (emulate) kn_cpu_dsp_init_amx_emulated(&ctx->dsp);

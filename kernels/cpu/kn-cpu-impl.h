@@ -196,6 +196,12 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
 /* q8dot[] in AVX2 (kn-cpu-q8-avx2.c): kn-cpu-q8.c's bits (needs AVX2). */
 void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp);
+/* The AVX2 decode kernel of Q8_0 / Q4_0 (kn-cpu-q8-avx2.c): q8dot at T = 1. */
+void kn_cpu_q8_one_avx2(enum kn_dtype dt, float *out, const uint8_t *x, const int32_t *xs,
+                        const uint8_t *w, size_t row_bytes, int K, int n, int acc);
+/* q8dot[] with AVX-512 VNNI tiles (kn-cpu-q8-vnni.c; needs kn_cpu_has_avx512vnni()). */
+void kn_cpu_dsp_init_q8_vnni(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_avx512vnni(void);
 int kn_cpu_has_avx2(void);
 /* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];

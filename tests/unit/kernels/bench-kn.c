@@ -112,10 +112,10 @@ static void bench_q8(struct kn_backend *be, float *in, float *out) {
         kn_quantize_row(dt, wf + (size_t)r * K, w + (size_t)r * rb, (size_t)K);
       for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
         double s = time_matmul(be, dt, w, Ts[i], N, K, in, out);
-        printf("q8 mode %s [%4d x %4d] T=%3d: %9.1f us  %6.1f G products/s  %5.1f GB/s of "
-               "weights\n",
+        printf("q8 mode %s [%4d x %4d] T=%3d: %9.1f us  %6.1f G products/s (%6.1f per "
+               "CPU-second)  %5.1f GB/s of weights\n",
                kn_dtype_name(dt), N, K, Ts[i], s * 1e6, (double)Ts[i] * N * K / s / 1e9,
-               (double)rb * N / s / 1e9);
+               (double)Ts[i] * N * K / last_cpu_per_call / 1e9, (double)rb * N / s / 1e9);
       }
       free(wf), free(w);
     }
