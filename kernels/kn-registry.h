@@ -64,14 +64,14 @@ int kn_backend_reg_create(const struct kn_backend_reg *r, const struct kn_backen
 
 /* --dtype: "auto", "float32" (or "float", "f32"): the matmuls' inputs stay
  * f32 (CPU) (*bf16 = 0); "bfloat16" (or "bf16"): rounded to bf16 (1); "q8":
- * the inputs of matmuls over Q8_0 / Q4_0 weights (GGUF) rounded to Q8_0
+ * the inputs of matmuls over block-format weights (GGUF) rounded to Q8_0
  * blocks, integer dot products as llama.cpp's (2; CPU). 0, or CM_ERR_INVAL
  * for anything else, with a message in err[errlen]. */
 int kn_backend_dtype_parse(const char *s, int *bf16, char *err, size_t errlen);
 #define KN_DTYPE_HELP                                                                              \
   "matmul input precision: auto or float32 (CPU: f32 inputs against the weights, exact to an "     \
   "f32 reference), bfloat16 (rounded to bf16 as GPUs run; CPU: AVX-512-BF16 where present), q8 "   \
-  "(CPU: inputs of Q8_0 / Q4_0 weights rounded to 8-bit blocks, integer dot products, as "         \
+  "(CPU: inputs of block-format weights rounded to 8-bit blocks, integer dot products, as "        \
   "llama.cpp)"
 
 /* kn_backend_choose then kn_backend_reg_create. */

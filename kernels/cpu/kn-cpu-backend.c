@@ -110,6 +110,14 @@ int kn_cpu_has_avx512(void) {
 #endif
 }
 
+int kn_cpu_has_avx512vnni(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return kn_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+  return 0;
+#endif
+}
+
 int kn_cpu_is_amd(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   unsigned a, b, c, d;
@@ -197,7 +205,7 @@ static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
 static const char *cpu_matmul_inputs(void *ctx) {
   const struct kn_cpu_ctx *c = ctx;
-  return c->bf16 ? "bf16" : c->q8 ? "q8 (Q8_0 / Q4_0 weights; f32 elsewhere)" : "f32";
+  return c->bf16 ? "bf16" : c->q8 ? "q8 (block-format weights; f32 elsewhere)" : "f32";
 }
 
 static void fill_ops_once(void) {
@@ -251,7 +259,9 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   kn_cpu_dsp_init_q8_ref(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_quant_avx2(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_q8_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX512 && kn_cpu_has_avx512vnni()) kn_cpu_dsp_init_q8_vnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);
   if (emulate) kn_cpu_dsp_init_amx_emulated(&ctx->dsp);

@@ -159,13 +159,16 @@ struct kn_cpu_dsp {
   int bf16_tokens;
   int bf16_rows;
 
-  /* The q8 mode's matmul over Q8_0 / Q4_0 weights (kn-cpu-q8.c, AVX2 in
-   * kn-cpu-quant-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
+  /* The q8 mode's matmul over block-format weights (kn-cpu-q8.c, AVX2 in
+   * kn-cpu-q8-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
    * apart: the inputs as kn_quantize_row rounds them), w n rows of row_bytes.
-   * Per output, for each block b in order and each lane l < 8: p = the sum of
-   * the integer products of elements 4l .. 4l + 3 (exact), acc[b % 2][l] =
-   * fma((float)p, dw_b * dx_b, acc[b % 2][l]); then acc[0] + acc[1] and
-   * kn_avx2_hsum's lane reduction.
+   * Per output, for each 32-element block b in order (a K-quant's sub-block)
+   * and each lane l < 8: p = the sum of the integer products of elements
+   * 4l .. 4l + 3 (exact; the weights' integers with their offsets applied),
+   * acc[b % 2][l] = fma((float)p, dw_b[l] * dx_b, acc[b % 2][l]), then for the
+   * formats with a min m_b (Q4_1, Q5_1, Q4_K, Q5_K) the same with the lane's
+   * input sum and m_b * dx_b; then acc[0] + acc[1] and kn_avx2_hsum's lane
+   * reduction.
    * xs: [T][K / 32][8] each lane's sum of its four inputs (kernels may use it:
    * sum (q - 8) x = sum q x - 8 sum x). NULL: the dtype has none (f32 inputs then). */
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
@@ -194,6 +197,14 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 /* matvec[] of the block formats (kn-cpu-quant-avx2.c): the AVX2 f32 matvec's
  * bits over the dequantized rows, reading the packed ones (needs AVX2). */
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
+/* q8dot[] in AVX2 (kn-cpu-q8-avx2.c): kn-cpu-q8.c's bits (needs AVX2). */
+void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp);
+/* The AVX2 decode kernel of Q8_0 / Q4_0 (kn-cpu-q8-avx2.c): q8dot at T = 1. */
+void kn_cpu_q8_one_avx2(enum kn_dtype dt, float *out, const uint8_t *x, const int32_t *xs,
+                        const uint8_t *w, size_t row_bytes, int K, int n, int acc);
+/* q8dot[] with AVX-512 VNNI tiles (kn-cpu-q8-vnni.c; needs kn_cpu_has_avx512vnni()). */
+void kn_cpu_dsp_init_q8_vnni(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_avx512vnni(void);
 int kn_cpu_has_avx2(void);
 /* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];

@@ -241,7 +241,7 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
   return 0;
 }
 
-/* ---- the q8 mode: Q8_0 / Q4_0 weights against inputs in Q8_0 blocks ---------- */
+/* ---- the q8 mode: block-format weights against inputs in Q8_0 blocks ---------- */
 
 struct q8_task {
   struct kn_cpu_ctx *ctx;

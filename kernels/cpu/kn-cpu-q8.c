@@ -1,14 +1,17 @@
-/* kn-cpu-q8.c — the q8 mode's reference dot products (kn_cpu_dsp.q8dot):
- * Q8_0 and Q4_0 weight blocks against inputs rounded to Q8_0 blocks, integer
- * products summed exactly in groups of four elements (the lanes of the AVX2
- * kernel), each group's sum times the two blocks' scales added into its
- * lane's f32 accumulator with one rounding (fmaf), even and odd blocks into
- * two accumulators (two independent chains for the kernels), added lane by
- * lane at the end, then the lanes reduced as kn_avx2_hsum does. The AVX2
- * version gives these bits. */
+/* kn-cpu-q8.c — the q8 mode's reference dot products (kn_cpu_dsp.q8dot): the
+ * block formats' weights, 32 elements at a time (a Q8_0 / Q4_0 / Q4_1 / Q5_0 /
+ * Q5_1 block, a K-quant's sub-block), against inputs rounded to Q8_0 blocks.
+ * Integer products are summed exactly in groups of four elements (the lanes
+ * of the AVX2 kernels); each group's sum times the two blocks' scales is
+ * added into its lane's f32 accumulator with one rounding (fmaf), and for the
+ * formats with a min then the group's input sum times the min and the input's
+ * scale, the same way; even and odd blocks go into two accumulators (two
+ * independent chains for the kernels), added lane by lane at the end, then
+ * the lanes reduced as kn_avx2_hsum does. The AVX2 versions give these bits. */
 #include <math.h>
 #include <stdint.h>
 
+#include "common/cm-assert.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
@@ -16,21 +19,97 @@ static float h16(const uint8_t *p) {
   return kn_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
 }
 
-/* The 32 integer weights of block b of a row. */
-static void weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d) {
-  if (dt == KN_DTYPE_Q8_0) {
+static uint32_t u32le(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The K-quants' j-th 6-bit (scale, min) pair of 8. */
+static void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+/* The 32 weights of 32-element block b of a row as integers q (the formats'
+ * offsets applied: Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32), the scale of
+ * each lane's four (d[l]; Q6_K's change every 16 elements), and for the
+ * formats with a min the value every weight adds, *m (Q4_1 / Q5_1: m; Q4_K /
+ * Q5_K: -(dmin * min), the sub-block's scale d * sc and min dmin * min each
+ * rounded once, as kn_dequant_row has them). Returns whether there is a min. */
+static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d, float *m) {
+  float s = 0.0f;
+  int has_m = 0;
+  switch (dt) {
+  case KN_DTYPE_Q8_0: {
     const uint8_t *blk = row + (size_t)b * 34;
-    *d = h16(blk);
+    s = h16(blk);
     for (int j = 0; j < 32; j++)
       q[j] = (int8_t)blk[2 + j];
-  } else {
-    const uint8_t *blk = row + (size_t)b * 18;
-    *d = h16(blk);
-    for (int j = 0; j < 16; j++) {
-      q[j] = (blk[2 + j] & 0xF) - 8;
-      q[j + 16] = (blk[2 + j] >> 4) - 8;
-    }
+    break;
   }
+  case KN_DTYPE_Q4_0:
+  case KN_DTYPE_Q4_1: {
+    const int one = dt == KN_DTYPE_Q4_1;
+    const uint8_t *blk = row + (size_t)b * (one ? 20 : 18), *n = blk + (one ? 4 : 2);
+    s = h16(blk);
+    for (int j = 0; j < 16; j++) {
+      q[j] = (n[j] & 0xF) - (one ? 0 : 8);
+      q[j + 16] = (n[j] >> 4) - (one ? 0 : 8);
+    }
+    if (one) *m = h16(blk + 2), has_m = 1;
+    break;
+  }
+  case KN_DTYPE_Q5_0:
+  case KN_DTYPE_Q5_1: {
+    const int one = dt == KN_DTYPE_Q5_1;
+    const uint8_t *blk = row + (size_t)b * (one ? 24 : 22), *n = blk + (one ? 8 : 6);
+    uint32_t qh = u32le(blk + (one ? 4 : 2));
+    s = h16(blk);
+    for (int j = 0; j < 16; j++) {
+      q[j] = (int)((n[j] & 0xF) | ((qh >> j & 1) << 4)) - (one ? 0 : 16);
+      q[j + 16] = (int)((n[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - (one ? 0 : 16);
+    }
+    if (one) *m = h16(blk + 2), has_m = 1;
+    break;
+  }
+  case KN_DTYPE_Q4_K:
+  case KN_DTYPE_Q5_K: {
+    /* sub-block s of a super-block: the low (s even) or high nibbles of its
+     * bytes 32 (s / 2) .. + 31, Q5_K's fifth bit bit s of qh[l] */
+    const int five = dt == KN_DTYPE_Q5_K, sb = b & 7;
+    const uint8_t *blk = row + (size_t)(b >> 3) * (five ? 176 : 144);
+    const uint8_t *n = blk + (five ? 48 : 16) + 32 * (sb >> 1), *qh = blk + 16;
+    int sc, mn;
+    sc_min(sb, blk + 4, &sc, &mn);
+    s = h16(blk) * (float)sc;
+    *m = -(h16(blk + 2) * (float)mn);
+    has_m = 1;
+    for (int l = 0; l < 32; l++)
+      q[l] = (sb & 1 ? n[l] >> 4 : n[l] & 0xF) + (five && (qh[l] >> sb & 1) ? 16 : 0);
+    break;
+  }
+  case KN_DTYPE_Q6_K: {
+    /* sub-block c: part p = c % 4 of half c / 4 (kn_dequant_row's q1 .. q4) */
+    const int c = b & 7, half = c >> 2, p = c & 3;
+    const uint8_t *blk = row + (size_t)(b >> 3) * 210;
+    const uint8_t *ql = blk + 64 * half + 32 * (p & 1), *qh = blk + 128 + 32 * half;
+    const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half + 2 * p;
+    float dd = h16(blk + 208);
+    for (int l = 0; l < 32; l++)
+      q[l] = (int)((p >= 2 ? ql[l] >> 4 : ql[l] & 0xF) | ((qh[l] >> (2 * p)) & 3) << 4) - 32;
+    for (int l = 0; l < 8; l++)
+      d[l] = dd * (float)sc[l / 4];
+    return 0;
+  }
+  default: CM_ASSERT(0);
+  }
+  for (int l = 0; l < 8; l++)
+    d[l] = s;
+  return has_m;
 }
 
 /* kn_avx2_hsum's order: (l0+l4, l1+l5, l2+l6, l3+l7), (a0+a2, a1+a3), b0+b1. */
@@ -50,15 +129,18 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
       float a2[2][8] = {{0}}; /* even and odd blocks: two chains of multiply-adds */
       for (int b = 0; b < B; b++) {
         float *a = a2[b & 1];
-        float dw;
-        weights(dt, w + (size_t)j * row_bytes, b, q, &dw);
+        float dw[8], m = 0.0f;
+        int has_m = weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
         const uint8_t *xb = xr + (size_t)b * 34;
-        float d = dw * h16(xb);
+        const float dx = h16(xb);
         for (int l = 0; l < 8; l++) {
-          int p = 0;
-          for (int e = 4 * l; e < 4 * l + 4; e++)
+          int p = 0, sx = 0;
+          for (int e = 4 * l; e < 4 * l + 4; e++) {
             p += q[e] * (int8_t)xb[2 + e];
-          a[l] = fmaf((float)p, d, a[l]);
+            sx += (int8_t)xb[2 + e];
+          }
+          a[l] = fmaf((float)p, dw[l] * dx, a[l]);
+          if (has_m) a[l] = fmaf((float)sx, m * dx, a[l]);
         }
       }
       float a[8];
@@ -70,19 +152,30 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
     }
 }
 
-static void q8dot_q8_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx, const int32_t *xs,
-                       const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  (void)xs;
-  q8dot_ref(KN_DTYPE_Q8_0, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);
-}
+#define DEF_REF(SUF, DT)                                                                           \
+  static void q8dot_##SUF(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,                 \
+                          const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,     \
+                          int n, int acc) {                                                        \
+    (void)xs;                                                                                      \
+    q8dot_ref(DT, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);                                   \
+  }
 
-static void q8dot_q4_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx, const int32_t *xs,
-                       const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  (void)xs;
-  q8dot_ref(KN_DTYPE_Q4_0, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);
-}
+DEF_REF(q8_0, KN_DTYPE_Q8_0)
+DEF_REF(q4_0, KN_DTYPE_Q4_0)
+DEF_REF(q4_1, KN_DTYPE_Q4_1)
+DEF_REF(q5_0, KN_DTYPE_Q5_0)
+DEF_REF(q5_1, KN_DTYPE_Q5_1)
+DEF_REF(q4_k, KN_DTYPE_Q4_K)
+DEF_REF(q5_k, KN_DTYPE_Q5_K)
+DEF_REF(q6_k, KN_DTYPE_Q6_K)
 
 void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp) {
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
+  dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;
+  dsp->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;
+  dsp->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;
+  dsp->q8dot[KN_DTYPE_Q4_K] = q8dot_q4_k;
+  dsp->q8dot[KN_DTYPE_Q5_K] = q8dot_q5_k;
+  dsp->q8dot[KN_DTYPE_Q6_K] = q8dot_q6_k;
 }

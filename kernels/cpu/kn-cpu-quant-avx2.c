@@ -6,7 +6,7 @@
  * (four rows, two tokens at a time, one 8-lane accumulator each, k rising,
  * the fixed lane reduction). So an output has the bits the f32 matvec gives
  * over the dequantized row, while only the packed bytes cross the memory bus.
- * And the q8 mode's integer dot products (kn_cpu_dsp.q8dot, kn-cpu-q8.c's bits). */
+ * The q8 mode's integer dot products are in kn-cpu-q8-avx2.c. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -243,104 +243,7 @@ DEF_QMV(q4_k, KN_DTYPE_Q4_K)
 DEF_QMV(q5_k, KN_DTYPE_Q5_K)
 DEF_QMV(q6_k, KN_DTYPE_Q6_K)
 
-/* ---- the q8 mode: integer dot products against Q8_0 input blocks ------------------ */
-
-/* Block b of a row as 32 signed bytes, and its scale. */
-KN_AVX2 static inline __m256i w8_q8_0(const uint8_t *row, int b, float *d) {
-  const uint8_t *blk = row + (size_t)b * 34;
-  *d = h16(blk);
-  return _mm256_loadu_si256((const __m256i *)(blk + 2));
-}
-
-/* The 8 lanes' exact sums of four products each (bytes 4l .. 4l + 3), as floats:
- * |w| times x with w's sign, pairs summed in 16 bits (at most 2 * 128 * 127: no
- * saturation), then pairs of those. */
-KN_AVX2 static inline __m256 dot8(__m256i w, __m256i aw, const uint8_t *xb) {
-  __m256i x = _mm256_loadu_si256((const __m256i *)(xb + 2));
-  __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-typedef __m256i (*w8_fn)(const uint8_t *row, int b, float *d);
-
-/* Q4_0: the nibbles q are unsigned, so vpmaddubsw takes them as they are (at most
- * 2 * 15 * 127 a pair), and sum (q - 8) x = sum q x - 8 sum x with each lane's
- * input sum from xs: the same integers as the reference's, two operations fewer
- * a block. */
-KN_AVX2 static inline __m256i nib32(const uint8_t *blk) {
-  __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(0xF);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-}
-
-KN_AVX2 static inline __m256 dot8_q4(__m256i q, const uint8_t *xb, const int32_t *s) {
-  __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2));
-  __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1));
-  __m256i s8 = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)s), 3);
-  return _mm256_cvtepi32_ps(_mm256_sub_epi32(p, s8));
-}
-
-/* Block b of row j against token t's block: its lanes' products times the scales,
- * added into accumulator a (even blocks into one, odd ones into another). */
-#define Q8_STEP_Q8_0(b, a, xt)                                                                     \
-  do {                                                                                             \
-    float dw_;                                                                                     \
-    __m256i wv_ = w8_q8_0(row, (b), &dw_), aw_ = _mm256_sign_epi8(wv_, wv_);                       \
-    const uint8_t *xb_ = (xt) + (size_t)(b)*34;                                                    \
-    (a) = _mm256_fmadd_ps(dot8(wv_, aw_, xb_), _mm256_set1_ps(dw_ * h16(xb_)), (a));               \
-  } while (0)
-
-#define Q8_STEP_Q4_0(b, a, xt, st)                                                                 \
-  do {                                                                                             \
-    const uint8_t *blk_ = row + (size_t)(b)*18, *xb_ = (xt) + (size_t)(b)*34;                      \
-    (a) = _mm256_fmadd_ps(dot8_q4(nib32(blk_), xb_, (st) + 8 * (b)),                               \
-                          _mm256_set1_ps(h16(blk_) * h16(xb_)), (a));                              \
-  } while (0)
-
-KN_AVX2 static void q8dot_q8_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                               const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,
-                               int n, int acc) {
-  (void)xs;
-  const int B = K / 32;
-  for (int j = 0; j < n; j++) {
-    const uint8_t *row = w + (size_t)j * row_bytes;
-    for (int t = 0; t < T; t++) {
-      const uint8_t *x0 = x + (size_t)t * ldx;
-      __m256 e = _mm256_setzero_ps(), o = e;
-      int b = 0;
-      for (; b + 2 <= B; b += 2) {
-        Q8_STEP_Q8_0(b, e, x0);
-        Q8_STEP_Q8_0(b + 1, o, x0);
-      }
-      if (b < B) Q8_STEP_Q8_0(b, e, x0);
-      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
-    }
-  }
-}
-
-KN_AVX2 static void q8dot_q4_0(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                               const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,
-                               int n, int acc) {
-  const int B = K / 32;
-  for (int j = 0; j < n; j++) {
-    const uint8_t *row = w + (size_t)j * row_bytes;
-    for (int t = 0; t < T; t++) {
-      const uint8_t *x0 = x + (size_t)t * ldx;
-      const int32_t *s0 = xs + (size_t)t * (size_t)B * 8;
-      __m256 e = _mm256_setzero_ps(), o = e;
-      int b = 0;
-      for (; b + 2 <= B; b += 2) {
-        Q8_STEP_Q4_0(b, e, x0, s0);
-        Q8_STEP_Q4_0(b + 1, o, x0, s0);
-      }
-      if (b < B) Q8_STEP_Q4_0(b, e, x0, s0);
-      put1(out + (ptrdiff_t)t * ldo + j, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
-    }
-  }
-}
-
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp) {
-  dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
-  dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
   dsp->matvec[KN_DTYPE_Q8_0] = qmv_q8_0;
   dsp->matvec[KN_DTYPE_Q4_0] = qmv_q4_0;
   dsp->matvec[KN_DTYPE_Q4_1] = qmv_q4_1;

@@ -2,9 +2,10 @@
  * bf16/f16/f32 matvec (T = 1) on gemma-3-270m-shaped matrices against it, the
  * matmul at prefill sizes, and decode attention.
  *
- *   bench-kn [threads] [seconds-per-case] [bf16]
+ *   bench-kn [threads] [seconds-per-case] [bf16 | q8]
  *
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
+ * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks).
  *
  * Not part of the test suite (meson `benchmark`); numbers go to stdout. */
 #include <immintrin.h>
@@ -16,6 +17,7 @@
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-backend.h"
+#include "kernels/kn-quant.h"
 
 static double secs_per_case = 0.5;
 static double last_cpu_per_call; /* process CPU seconds per call of the last timing */
@@ -94,15 +96,43 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) static double rate_dpbf1
   return rate_done(a, cm_time_s() - t0);
 }
 
+/* The q8 mode: Q4_0 and Q8_0 weights of gemma-3-270m's MLP shapes at decode
+ * and prefill token counts. */
+static void bench_q8(struct kn_backend *be, float *in, float *out) {
+  static const int NK[][2] = {{2048, 640}, {640, 2048}}, Ts[] = {1, 4, 16, 64, 256};
+  for (int d = 0; d < 2; d++) {
+    enum kn_dtype dt = d ? KN_DTYPE_Q8_0 : KN_DTYPE_Q4_0;
+    for (int m = 0; m < 2; m++) {
+      const int N = NK[m][0], K = NK[m][1];
+      float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
+      size_t rb = kn_row_bytes(dt, (size_t)K);
+      uint8_t *w = malloc(rb * (size_t)N);
+      if (!w) exit(1);
+      for (int r = 0; r < N; r++)
+        kn_quantize_row(dt, wf + (size_t)r * K, w + (size_t)r * rb, (size_t)K);
+      for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
+        double s = time_matmul(be, dt, w, Ts[i], N, K, in, out);
+        printf("q8 mode %s [%4d x %4d] T=%3d: %9.1f us  %6.1f G products/s (%6.1f per "
+               "CPU-second)  %5.1f GB/s of weights\n",
+               kn_dtype_name(dt), N, K, Ts[i], s * 1e6, (double)Ts[i] * N * K / s / 1e9,
+               (double)Ts[i] * N * K / last_cpu_per_call / 1e9, (double)rb * N / s / 1e9);
+      }
+      free(wf), free(w);
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 0;
   if (argc > 2) secs_per_case = atof(argv[2]);
   struct kn_backend *be = NULL;
-  int bf16 = argc > 3 && !strcmp(argv[3], "bf16");
+  int bf16 = argc > 3 && !strcmp(argv[3], "bf16") ? 1 : argc > 3 && !strcmp(argv[3], "q8") ? 2 : 0;
   if (kn_cpu_backend_create_mode(threads, KN_CPU_ISA_BEST, bf16, &be)) return 1;
   double bw = kn_cpu_measure_bandwidth(0, threads);
   printf("backend %s, threads %d, matmul inputs %s\n", kn_backend_name(be), threads,
-         bf16 ? "bf16" : "f32");
+         bf16 == 1 ? "bf16"
+         : bf16    ? "q8"
+                   : "f32");
   printf("read bandwidth: %.1f GB/s\n", bw);
   if (kn_cpu_isa_detect() >= KN_CPU_ISA_AVX512) {
     double f = rate_fma();
@@ -127,6 +157,10 @@ int main(int argc, char **argv) {
   float *in = rand_weights(KN_DTYPE_F32, (size_t)512 * 2048);
   float *out = malloc(sizeof(float) * (size_t)262144 * 64); /* up to 64 vocabulary rows */
   if (!out) return 1;
+  if (bf16 == 2) {
+    bench_q8(be, in, out);
+    return 0;
+  }
   for (int d = 0; d < 3; d++) {
     enum kn_dtype dt = d == 0 ? KN_DTYPE_BF16 : d == 1 ? KN_DTYPE_F16 : KN_DTYPE_F32;
     for (size_t m = 0; m < sizeof(mats) / sizeof(mats[0]); m++) {

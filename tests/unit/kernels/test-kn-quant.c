@@ -257,69 +257,96 @@ TH_TEST(cpu_block_weights_give_the_dequantized_bits) {
   kn_backend_destroy(be);
 }
 
-/* The q8 mode (--dtype q8): Q8_0 / Q4_0 weights against inputs rounded to Q8_0
- * blocks. Every table gives the reference's bits; the results are the exact
- * integer block sums times the scales (a double computation) to f32
- * accumulation, and near the f32 mode's; a row's result does not depend on
- * the rows beside it; other dtypes keep f32 inputs. */
-TH_TEST(q8_mode_integer_dot_products) {
-  kt_seed(8);
-  static const enum kn_dtype q8t[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0};
-  for (size_t i = 0; i < 4; i++) { /* an even and an odd count of blocks (20, 19) */
-    enum kn_dtype dt = q8t[i % 2];
-    int K = i < 2 ? 640 : 608, N = 45, T = 5;
-    float *wf = kt_rand_tensor(KN_DTYPE_F32, (size_t)N * K, 1.0f);
-    float *in = kt_rand_tensor(KN_DTYPE_F32, (size_t)T * K, 3.0f);
-    size_t rb = kn_row_bytes(dt, (size_t)K), xb = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
-    uint8_t *w = malloc(rb * N), *xq = malloc(xb * T);
-    float *ref = malloc(sizeof(float) * T * N), *got = malloc(sizeof(float) * T * N);
-    float *f32 = malloc(sizeof(float) * T * N), *one = malloc(sizeof(float) * N);
-    float *deq = malloc(sizeof(float) * K);
-    TH_REQUIRE(w && xq && ref && got && f32 && one && deq);
-    for (int r = 0; r < N; r++)
-      TH_REQUIRE(kn_quantize_row(dt, wf + (size_t)r * K, w + r * rb, (size_t)K) == 0);
-    for (int t = 0; t < T; t++)
-      TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
-    for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
-      struct kn_backend *be = NULL;
-      TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
-      TH_REQUIRE(kn_matmul(be, got, N, in, K, w, dt, T, N, K, 0) == 0);
-      if (isa == KN_CPU_ISA_REF)
-        memcpy(ref, got, sizeof(float) * T * N);
-      else if (memcmp(ref, got, sizeof(float) * T * N))
-        th_fail(__FILE__, __LINE__, "%s %s: q8 mode differs from the reference", kn_dtype_name(dt),
-                kn_backend_name(be));
-      /* one token alone gives its bits in the batch */
-      TH_REQUIRE(kn_matmul(be, one, N, in + 2 * K, K, w, dt, 1, N, K, 0) == 0);
-      TH_CHECK(!memcmp(one, got + 2 * N, sizeof(float) * N));
-      kn_backend_destroy(be);
-    }
-    /* the definition in double, and the f32 mode */
+/* The q8 mode (--dtype q8): weights of every block format against inputs
+ * rounded to Q8_0 blocks. Every table gives the reference's bits at every T (the decode
+ * kernel, full and partial register tiles); the results are the exact integer
+ * block sums times the scales (a double computation) to f32 accumulation, and
+ * near the f32 mode's; a row's result does not depend on the rows beside it or
+ * on T (each token alone gives its bits in the batch, and so does a cut of the
+ * rows, as a tensor-parallel rank takes them). */
+static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
+  float *wf = kt_rand_tensor(KN_DTYPE_F32, (size_t)N * K, 1.0f);
+  float *in = kt_rand_tensor(KN_DTYPE_F32, (size_t)T * K, 3.0f);
+  size_t rb = kn_row_bytes(dt, (size_t)K), xb = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
+  uint8_t *w = malloc(rb * N), *xq = malloc(xb * T);
+  float *ref = malloc(sizeof(float) * T * N), *got = malloc(sizeof(float) * T * N);
+  float *f32 = malloc(sizeof(float) * T * N), *one = malloc(sizeof(float) * N);
+  TH_REQUIRE(w && xq && ref && got && f32 && one);
+  for (int r = 0; r < N; r++)
+    TH_REQUIRE(kn_quantize_row(dt, wf + (size_t)r * K, w + r * rb, (size_t)K) == 0);
+  for (int t = 0; t < T; t++)
+    TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
+  const int cut = N / 3 | 1; /* a rank's rows: [cut, N) */
+  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
     struct kn_backend *be = NULL;
-    TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
-    TH_REQUIRE(kn_matmul(be, f32, N, in, K, w, dt, T, N, K, 0) == 0);
-    kn_backend_destroy(be);
-    double worst = 0, big = 0, far = 0;
-    float wv[32], xv[32];
+    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
+    TH_REQUIRE(kn_matmul(be, got, N, in, K, w, dt, T, N, K, 0) == 0);
+    if (isa == KN_CPU_ISA_REF)
+      memcpy(ref, got, sizeof(float) * T * N);
+    else if (memcmp(ref, got, sizeof(float) * T * N))
+      th_fail(__FILE__, __LINE__, "%s K=%d T=%d %s: q8 mode differs from the reference",
+              kn_dtype_name(dt), K, T, kn_backend_name(be));
+    for (int t = 0; t<T; t += T> 8 ? T / 5 + 1 : 1) { /* one token alone */
+      TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, dt, 1, N, K, 0) == 0);
+      if (memcmp(one, ref + (size_t)t * N, sizeof(float) * N))
+        th_fail(__FILE__, __LINE__, "%s K=%d T=%d %s: token %d alone differs", kn_dtype_name(dt), K,
+                T, kn_backend_name(be), t);
+    }
+    /* the rows from cut on, accumulated onto ones */
+    for (size_t i = 0; i < (size_t)T * N; i++)
+      got[i] = 1.0f;
+    TH_REQUIRE(kn_matmul(be, got + cut, N, in, K, w + cut * rb, dt, T, N - cut, K, 1) == 0);
     for (int t = 0; t < T; t++)
-      for (int n = 0; n < N; n++) {
-        double s = 0;
-        for (int b = 0; b < K / 32; b++) {
-          kn_dequant_row(dt, w + n * rb + (size_t)b * kn_block_bytes(dt), wv, 32);
-          kn_dequant_row(KN_DTYPE_Q8_0, xq + t * xb + (size_t)b * 34, xv, 32);
-          for (int j = 0; j < 32; j++)
-            s += (double)wv[j] * xv[j];
+      for (int n = cut; n < N; n++)
+        if (got[t * N + n] != 1.0f + ref[t * N + n]) {
+          th_fail(__FILE__, __LINE__, "%s K=%d T=%d %s: rows from %d, token %d row %d",
+                  kn_dtype_name(dt), K, T, kn_backend_name(be), cut, t, n);
+          t = T;
+          break;
         }
-        big = fmax(big, fabs(s));
-        worst = fmax(worst, fabs(s - ref[t * N + n]));
-        far = fmax(far, fabs((double)f32[t * N + n] - ref[t * N + n]));
-      }
+    kn_backend_destroy(be);
+  }
+  /* the definition in double, and the f32 mode */
+  struct kn_backend *be = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  TH_REQUIRE(kn_matmul(be, f32, N, in, K, w, dt, T, N, K, 0) == 0);
+  kn_backend_destroy(be);
+  double worst = 0, big = 0, far = 0;
+  float *wv = malloc(sizeof(float) * K), *xv = malloc(sizeof(float) * K);
+  TH_REQUIRE(wv && xv);
+  for (int t = 0; t < T; t++)
+    for (int n = 0; n < N; n++) {
+      double s = 0;
+      kn_dequant_row(dt, w + n * rb, wv, (size_t)K);
+      kn_dequant_row(KN_DTYPE_Q8_0, xq + t * xb, xv, (size_t)K);
+      for (int j = 0; j < K; j++)
+        s += (double)wv[j] * xv[j];
+      big = fmax(big, fabs(s));
+      worst = fmax(worst, fabs(s - ref[t * N + n]));
+      far = fmax(far, fabs((double)f32[t * N + n] - ref[t * N + n]));
+    }
+  if (T == 5 && N == 45)
     printf("# %s K=%d q8 mode: %.2g from the exact sums, %.2g from the f32 mode (largest %.3g)\n",
            kn_dtype_name(dt), K, worst, far, big);
-    TH_CHECK(worst <= 1e-5 * big);
-    TH_CHECK(far > 0 && far <= 0.05 * big);
-    free(wf), free(in), free(w), free(xq), free(ref), free(got), free(f32), free(one), free(deq);
+  TH_CHECK(worst <= 1e-5 * big);
+  TH_CHECK(far > 0 && far <= 0.05 * big);
+  free(wf), free(in), free(w), free(xq), free(ref), free(got), free(f32), free(one), free(wv),
+      free(xv);
+}
+
+TH_TEST(q8_mode_integer_dot_products) {
+  kt_seed(8);
+  static const int Ts[] = {1, 2, 3, 5, 16, 33, 256};
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+    const enum kn_dtype dt = all[i];
+    const int sb = kn_block_elems(dt) == 256; /* K-quants: whole super-blocks */
+    for (size_t k = 0; k < sizeof(Ts) / sizeof(Ts[0]); k++) {
+      /* an even and an odd count of blocks (a K-quant's are even: 24, 8) */
+      check_q8_mode(dt, sb ? 768 : 640, Ts[k] > 33 ? 7 : 45, Ts[k]);
+      check_q8_mode(dt, sb ? 256 : 608, Ts[k] > 33 ? 13 : 45, Ts[k]);
+    }
   }
+  check_q8_mode(KN_DTYPE_Q4_0, 32, 7, 3); /* one block */
   int mode = -1;
   char err[128];
   TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
