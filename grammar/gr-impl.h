@@ -19,6 +19,8 @@
 #define GR_MAX_DEPTH      128u   /* frames on one matcher stack (nesting) */
 #define GR_MAX_STACKS     256u   /* stacks alive in one matcher state */
 #define GR_MAX_SEEN       512u   /* stacks one step's closure may visit (left recursion) */
+#define GR_RET_MEMO       8u     /* returns a matcher remembers (gr_returns) */
+#define GR_RET_FRAMES     16u    /* frames of a return it remembers, at most */
 #define GR_NONE           UINT32_MAX
 
 /* ---- the NFA builder ---------------------------------------------------- */
@@ -192,6 +194,7 @@ struct gr_level {
   uint32_t kt, kpos, cend, pend;
   int kprev;
   struct gr_stackset set;
+  struct gr_stackset one; /* one stack of set, walked alone below the node */
 };
 
 struct gr_matcher {
@@ -204,6 +207,15 @@ struct gr_matcher {
   uint64_t *seen; /* closure seeds already expanded (hashes) */
   uint32_t n_seen, cap_seen;
   int truncated; /* some stacks were dropped at GR_MAX_STACKS */
+  /* gr_returns' last answers: the closed sets of stacks f[len] (a caller's
+   * frames, its top the state to return to), replaced in turn */
+  struct gr_ret {
+    uint64_t h;
+    uint32_t len;
+    uint32_t f[GR_RET_FRAMES];
+    struct gr_stackset set;
+  } ret[GR_RET_MEMO];
+  uint32_t ret_next;
 };
 
 /* The closed set of stacks after a step over byte b from `in` (which is
@@ -214,6 +226,12 @@ int gr_matcher_next_bytes(const struct gr_matcher *m, uint8_t *ok);
 uint64_t gr_stackset_hash(const struct gr_stackset *s);
 void gr_stackset_free(struct gr_stackset *s);
 int gr_stackset_copy(struct gr_stackset *d, const struct gr_stackset *s);
+/* The closed set of stacks after a rule returns into the caller's frames f[len]
+ * (f[len - 1]: the state to return to), remembered for the next calls; NULL when
+ * out of memory. Valid until the matcher's next gr_returns. */
+const struct gr_stackset *gr_returns(struct gr_matcher *m, const uint32_t *f, uint32_t len);
+/* Stack j of s as the only one of d. */
+int gr_stackset_one(struct gr_stackset *d, const struct gr_stackset *s, uint32_t j);
 
 /* ---- vocabularies ------------------------------------------------------- */
 /* A node of the vocabulary trie: everything a mask walk reads about it in 32

@@ -431,63 +431,39 @@ static void open_kids(const struct gr_vocab *v, struct gr_level *l, uint32_t kt,
   *act = d;
 }
 
-static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
+/* What a walk keeps from its first state. */
+struct walk_env {
+  struct gr_matcher *m;
+  const struct gr_vocab *v;
+  uint32_t *bits;
+  int pre, termless;
+  const uint64_t *term0;
+};
+
+/* The walk over nodes [first, end): the whole trie, or the subtree below a node
+ * at depth d, whose level lv[d] is set (act: the innermost level whose children
+ * table is open, -1: none). Below a node where a step leaves several stacks, the
+ * subtree is walked once for each stack alone: a token is allowed by a set when
+ * one of its stacks allows it, and a stack alone steps on its top state (one
+ * table look-up a byte) until it calls or returns, where a step of the whole
+ * set would expand them for every node below. */
+static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act) {
+  struct gr_matcher *m = e->m;
   const struct gr_grammar *g = m->g;
-  if (levels_reserve(m, v->max_len + 1)) return CM_ERR_NOMEM;
+  const struct gr_vocab *v = e->v;
+  uint32_t *bits = e->bits;
+  const int pre = e->pre, termless = e->termless;
+  const uint64_t *term0 = e->term0;
   struct gr_level *lv = m->levels;
-  if (m->cur.n == 1) {
-    lv[0].simple = 1;
-    lv[0].top = m->cur.frames[m->cur.off[1] - 1];
-    lv[0].base = &m->cur;
-  } else {
-    lv[0].simple = 0;
-    if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
-  }
   const uint8_t *reach = g->reach, *wall = g->wall;
   const uint64_t *loop = g->loop;
   const uint32_t *delta = g->delta;
   const uint8_t *flags = g->flags;
-  lv[0].pc = 0;
-  lv[0].pq = 0;
   uint32_t ncls = g->n_cls;
-  /* from a state that takes plain text (freely, or up to a wall), every token
-   * that is plain text is decided by its length alone: copy those in, and skip
-   * their subtrees below */
-  int pre = 0;
-  const uint64_t no_term[2] = {0, 0};
-  const uint64_t *term0 = lv[0].simple ? g->term + 2 * (size_t)lv[0].top : no_term;
-  const int termless = !(term0[0] | term0[1]); /* plain siblings may be jumped over */
-  lv[0].pt = 0;
-  if (v->plain_le && lv[0].simple && (termless || v->has)) {
-    uint32_t s = lv[0].top, w = 255;
-    if (reach[s] >= v->max_len)
-      w = v->max_len;
-    else if (wall[s] != 255)
-      w = wall[s] < v->max_len ? wall[s] : v->max_len;
-    if (w != 255) { /* (without the tokens that hold a byte of the state's term) */
-      uint32_t words = ((uint32_t)v->n + 31) / 32;
-      memcpy(bits, v->plain_le + (size_t)w * words, words * sizeof *bits);
-      for (uint32_t b = 0x20; b < 0x80; b++)
-        if (term0[b / 64] >> (b % 64) & 1) {
-          const uint32_t *h = v->has + (size_t)b * words;
-          for (uint32_t k = 0; k < words; k++)
-            bits[k] &= ~h[k];
-        }
-      pre = 1;
-    }
-  }
-  /* with the plain tokens in and no term, what is left is the other tokens: their
-   * own trie, whose nodes lie together in a few hundred KiB (the whole trie's
-   * nodes on their paths are scattered over tens of MiB) */
-  if (pre && termless && v->rest) v = v->rest;
-  /* the children of the root and of nodes with many go by
-   * their tables (a refused byte costs no read of its node), innermost act */
-  int act = -1;
-  if (!pre && v->kids_root) open_kids(v, &lv[0], v->kids_root, v->n_nodes, &act, 0);
-  for (uint32_t i = 0;;) {
+  for (uint32_t i = first;;) {
     while (act >= 0 && i >= lv[act].cend)
       i = next_kid(g, v, lv, &act);
-    if (i >= v->n_nodes) break;
+    if (i >= end) break;
     const struct gr_node *nd = &v->node[i];
     uint32_t d = nd->depth;
     uint8_t b = nd->byte;
@@ -554,6 +530,37 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
         l->top = t;
         l->base = pl->base;
         ok = 1;
+      } else if (!(fl & GR_F_CALLS)) {
+        /* t may end its rule: the stack on t (when t takes bytes) and the stacks
+         * after the return, which depend on the caller's frames alone (gr_returns
+         * remembers them), each walked alone below */
+        const struct gr_stackset *r = gr_returns(m, pl->base->frames, pl->base->off[1] - 1);
+        if (!r || gr_stackset_copy(&l->set, r)) return CM_ERR_NOMEM;
+        if (!(fl & GR_F_BYTES) && !l->set.n) {
+          i = nd->end;
+          continue;
+        }
+        for (uint32_t k = nd->tok; k < nd[1].tok; k++) {
+          uint32_t id = (uint32_t)v->ids[k];
+          bits[id >> 5] |= 1u << (id & 31);
+        }
+        for (uint32_t j = 0; nd->end > i + 1 && j < l->set.n + !!(fl & GR_F_BYTES); j++) {
+          l->simple = 1;
+          if (j == l->set.n) { /* the stack on t */
+            l->top = t;
+            l->base = pl->base;
+          } else {
+            if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
+            l->top = l->one.frames[l->one.off[1] - 1];
+            l->base = &l->one;
+          }
+          int a = -1;
+          if (!pre && nd->kids) open_kids(v, l, nd->kids, nd->end, &a, (int)d);
+          int rc = walk_range(e, i + 1, nd->end, a);
+          if (rc) return rc;
+        }
+        i = nd->end;
+        continue;
       } else {
         const struct gr_stackset *in = level_set(m, d - 1);
         if (!in) return CM_ERR_NOMEM;
@@ -586,12 +593,90 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       uint32_t id = (uint32_t)v->ids[k];
       bits[id >> 5] |= 1u << (id & 31);
     }
+    if (!l->simple && l->set.n > 1 && nd->end > i + 1) {
+      for (uint32_t j = 0; j < l->set.n; j++) {
+        if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
+        l->simple = 1;
+        l->top = l->one.frames[l->one.off[1] - 1];
+        l->base = &l->one;
+        int a = -1;
+        if (!pre && nd->kids) open_kids(v, l, nd->kids, nd->end, &a, (int)d);
+        int rc = walk_range(e, i + 1, nd->end, a);
+        if (rc) return rc;
+      }
+      i = nd->end;
+      continue;
+    }
     if (!pre && nd->kids) open_kids(v, l, nd->kids, nd->end, &act, (int)d);
     i++;
   }
   return 0;
 }
 
+static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) {
+  const struct gr_grammar *g = m->g;
+  if (levels_reserve(m, v->max_len + 1)) return CM_ERR_NOMEM;
+  struct gr_level *lv = m->levels;
+  if (m->cur.n == 1) {
+    lv[0].simple = 1;
+    lv[0].top = m->cur.frames[m->cur.off[1] - 1];
+    lv[0].base = &m->cur;
+  } else {
+    lv[0].simple = 0;
+    if (gr_stackset_copy(&lv[0].set, &m->cur)) return CM_ERR_NOMEM;
+  }
+  const uint8_t *reach = g->reach, *wall = g->wall;
+  lv[0].pc = 0;
+  lv[0].pq = 0;
+  /* from a state that takes plain text (freely, or up to a wall), every token
+   * that is plain text is decided by its length alone: copy those in, and skip
+   * their subtrees below */
+  int pre = 0;
+  const uint64_t no_term[2] = {0, 0};
+  const uint64_t *term0 = lv[0].simple ? g->term + 2 * (size_t)lv[0].top : no_term;
+  const int termless = !(term0[0] | term0[1]); /* plain siblings may be jumped over */
+  lv[0].pt = 0;
+  if (v->plain_le && lv[0].simple && (termless || v->has)) {
+    uint32_t s = lv[0].top, w = 255;
+    if (reach[s] >= v->max_len)
+      w = v->max_len;
+    else if (wall[s] != 255)
+      w = wall[s] < v->max_len ? wall[s] : v->max_len;
+    if (w != 255) { /* (without the tokens that hold a byte of the state's term) */
+      uint32_t words = ((uint32_t)v->n + 31) / 32;
+      memcpy(bits, v->plain_le + (size_t)w * words, words * sizeof *bits);
+      for (uint32_t b = 0x20; b < 0x80; b++)
+        if (term0[b / 64] >> (b % 64) & 1) {
+          const uint32_t *h = v->has + (size_t)b * words;
+          for (uint32_t k = 0; k < words; k++)
+            bits[k] &= ~h[k];
+        }
+      pre = 1;
+    }
+  }
+  /* with the plain tokens in and no term, what is left is the other tokens: their
+   * own trie, whose nodes lie together in a few hundred KiB (the whole trie's
+   * nodes on their paths are scattered over tens of MiB) */
+  if (pre && termless && v->rest) v = v->rest;
+  /* the children of the root and of nodes with many go by
+   * their tables (a refused byte costs no read of its node), innermost act */
+  int act = -1;
+  if (!pre && v->kids_root) open_kids(v, &lv[0], v->kids_root, v->n_nodes, &act, 0);
+  struct walk_env e = {m, v, bits, pre, termless, term0};
+  if (lv[0].simple || lv[0].set.n < 2) return walk_range(&e, 0, v->n_nodes, act);
+  /* several stacks: each walked alone (see walk_range) */
+  for (uint32_t j = 0; j < lv[0].set.n; j++) {
+    if (gr_stackset_one(&lv[0].one, &lv[0].set, j)) return CM_ERR_NOMEM;
+    lv[0].simple = 1;
+    lv[0].top = lv[0].one.frames[lv[0].one.off[1] - 1];
+    lv[0].base = &lv[0].one;
+    act = -1;
+    if (!pre && v->kids_root) open_kids(v, &lv[0], v->kids_root, v->n_nodes, &act, 0);
+    int rc = walk_range(&e, 0, v->n_nodes, act);
+    if (rc) return rc;
+  }
+  return 0;
+}
 int gr_grammar_prepare(struct gr_grammar *g) {
   if (__atomic_load_n(&g->reach, __ATOMIC_ACQUIRE)) return 0;
   pthread_mutex_lock(&g->lock);

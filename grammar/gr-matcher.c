@@ -87,6 +87,13 @@ int gr_stackset_copy(struct gr_stackset *d, const struct gr_stackset *s) {
   return 0;
 }
 
+int gr_stackset_one(struct gr_stackset *d, const struct gr_stackset *s, uint32_t j) {
+  ss_reset(d);
+  uint32_t len = s->off[j + 1] - s->off[j];
+  int rc = ss_add(d, s->frames + s->off[j], len, s->hash[j]);
+  return rc > 0 ? CM_ERR_NOMEM : rc;
+}
+
 uint64_t gr_stackset_hash(const struct gr_stackset *s) {
   uint64_t h = 0x9ae16a3b2f90404full + s->n;
   for (uint32_t i = 0; i < s->n; i++)
@@ -153,6 +160,26 @@ static int closure(struct gr_matcher *m, struct gr_stackset *todo, const uint32_
     }
   }
   return 0;
+}
+
+const struct gr_stackset *gr_returns(struct gr_matcher *m, const uint32_t *f, uint32_t len) {
+  uint64_t h = frames_hash(f, len);
+  for (uint32_t k = 0; k < GR_RET_MEMO; k++) {
+    struct gr_ret *r = &m->ret[k];
+    if (r->h == h && r->len == len && len <= GR_RET_FRAMES && !memcmp(r->f, f, len * sizeof *f))
+      return &r->set;
+  }
+  struct gr_ret *r = &m->ret[m->ret_next++ % GR_RET_MEMO];
+  r->len = 0; /* none while it is made */
+  ss_reset(&r->set);
+  m->n_seen = 0;
+  if (len && closure(m, &m->todo, f, len, &r->set) < 0) return NULL;
+  if (len <= GR_RET_FRAMES) { /* longer ones are made each time */
+    r->h = h;
+    r->len = len;
+    memcpy(r->f, f, len * sizeof *f);
+  }
+  return &r->set;
 }
 
 int gr_step(struct gr_matcher *m, const struct gr_stackset *in, uint8_t b,
@@ -223,8 +250,12 @@ void gr_matcher_free(struct gr_matcher *m) {
   gr_stackset_free(&m->todo);
   gr_stackset_free(&m->walk);
   free(m->seen);
-  for (uint32_t i = 0; i < m->n_levels; i++)
+  for (uint32_t i = 0; i < m->n_levels; i++) {
     gr_stackset_free(&m->levels[i].set);
+    gr_stackset_free(&m->levels[i].one);
+  }
+  for (uint32_t k = 0; k < GR_RET_MEMO; k++)
+    gr_stackset_free(&m->ret[k].set);
   free(m->levels);
   free(m);
 }
