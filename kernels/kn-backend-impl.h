@@ -93,6 +93,11 @@ struct kn_backend_ops {
                   const float *bias, int T, int N, enum kn_act act);
   int (*avg_pool2d)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int n_img,
                     int side, int k, int C);
+  int (*clamp)(void *ctx, float *out, const float *a, float lo, float hi, size_t n);
+  int (*avg_pool_grid)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int gw,
+                       int gh, int k, int C, float scale);
+  int (*standardize)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int rows,
+                     int d, const float *bias, const float *scale);
 
   /* collectives (KN_CAP_ALLREDUCE; kn-backend.h): the public wrappers check the
    * arguments and that the backend has joined a group before they call these */

@@ -4,6 +4,7 @@
  * Everything that input can make wrong (sizes, strides, dtypes, token ids,
  * slot mappings, block tables, bidirectional ranges) is checked here and
  * returned as a negative cm_err, so backends only see valid calls. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,6 +458,33 @@ int kn_avg_pool2d(struct kn_backend *be, float *out, ptrdiff_t ldo, const float 
   if (!out || !x || !kn__valid_ld(ldx, (int)in_rows, C) || !kn__valid_ld(ldo, (int)out_rows, C))
     return CM_ERR_INVAL;
   return KN_CALL(avg_pool2d, out, ldo, x, ldx, n_img, side, k, C);
+}
+
+int kn_clamp(struct kn_backend *be, float *out, const float *a, float lo, float hi, size_t n) {
+  if (!be || (n && (!out || !a)) || isnan(lo) || isnan(hi) || lo > hi) return CM_ERR_INVAL;
+  return n ? KN_CALL(clamp, out, a, lo, hi, n) : 0;
+}
+
+int kn_avg_pool_grid(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x,
+                     ptrdiff_t ldx, int gw, int gh, int k, int C, float scale) {
+  if (!be || gw < 0 || gh < 0 || k < 1 || C < 0 || !isfinite(scale)) return CM_ERR_INVAL;
+  if (gw == 0 || gh == 0 || C == 0) return 0;
+  if (gw % k || gh % k) return CM_ERR_SHAPE;
+  long long in_rows = (long long)gw * gh;
+  if (in_rows > INT32_MAX) return CM_ERR_TOOBIG;
+  int out_rows = (int)(in_rows / ((long long)k * k));
+  if (!out || !x || !kn__valid_ld(ldx, (int)in_rows, C) || !kn__valid_ld(ldo, out_rows, C))
+    return CM_ERR_INVAL;
+  return KN_CALL(avg_pool_grid, out, ldo, x, ldx, gw, gh, k, C, scale);
+}
+
+int kn_standardize(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                   int rows, int d, const float *bias, const float *scale) {
+  if (!be || rows < 0 || d < 0) return CM_ERR_INVAL;
+  if (rows == 0 || d == 0) return 0;
+  if (!out || !x || !bias || !scale || !kn__valid_ld(ldo, rows, d) || !kn__valid_ld(ldx, rows, d))
+    return CM_ERR_INVAL;
+  return KN_CALL(standardize, out, ldo, x, ldx, rows, d, bias, scale);
 }
 
 int kn_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const float *logits,

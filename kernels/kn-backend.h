@@ -366,6 +366,29 @@ int kn_bias_act(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x
 int kn_avg_pool2d(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                   int n_img, int side, int k, int C);
 
+/* ---- vision encoder ops (Gemma 4) ----------------------------------------
+ * The 2D RoPE of Gemma 4's tower needs no op of its own: kn_rope over rows of
+ * half-heads (row stride head_dim, one position per row) rotates each half by
+ * its own axis. */
+
+/* out = min(max(a, lo), hi) over n contiguous floats, as torch.clamp (NaN
+ * stays NaN); lo <= hi (either may be infinite). out may alias a. */
+int kn_clamp(struct kn_backend *be, float *out, const float *a, float lo, float hi, size_t n);
+
+/* Average pooling of one gw x gh patch grid (patch (y, x) is row y * gw + x
+ * of x[, C] with row stride ldx) with kernel = stride = k, times scale: out
+ * row Y * (gw / k) + X (stride ldo) = scale * the mean of the k x k patches
+ * (Y * k + j, X * k + i), summed in that order (j, then i). gw and gh must be
+ * multiples of k (CM_ERR_SHAPE otherwise). */
+int kn_avg_pool_grid(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x,
+                     ptrdiff_t ldx, int gw, int gh, int k, int C, float scale);
+
+/* out[r, c] (stride ldo) = (x[r, c] (stride ldx) - bias[c]) * scale[c] for r <
+ * rows, c < d: a feature-wise standardisation. bias, scale: [d] f32 backend
+ * memory. out == x (same ld) is allowed. */
+int kn_standardize(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                   int rows, int d, const float *bias, const float *scale);
+
 /* ---- reductions whose results go to the host ------------------------------ */
 
 /* ids[t] (host) = index of the maximum of logits[t, :V] (stride ld); the first

@@ -9,8 +9,8 @@
  *   gemma4_text        top level
  *   gemma4             nested under "text_config"; "vision_config"
  *                      (gemma4_vision), "boi_token_id", "eoi_token_id",
- *                      "image_token_id" at top level (struct md_vision_g4_cfg,
- *                      read only: the tower is not built yet)
+ *                      "image_token_id" at top level (struct md_vision_g4_cfg;
+ *                      the tower: worker/wk-vision-g4.h)
  *   gemma4_assistant   MTP draft model: "backbone_hidden_size",
  *                      "use_ordered_embeddings", "num_centroids",
  *                      "centroid_intermediate_top_k" at top level, the stack
@@ -115,8 +115,8 @@ struct md_vision_cfg {
 /* Gemma 4's vision tower (Gemma4ForConditionalGeneration: model_type "gemma4"
  * with a "vision_config" of model_type "gemma4_vision"), after transformers'
  * Gemma4VisionConfig (configuration_gemma4.py): missing fields take its
- * defaults, a bad one is an error naming it. Parsed only: the tower, the
- * projector and the prompt wiring are later work (model/README.md). Kept
+ * defaults, a bad one is an error naming it. The tower and embedder are
+ * worker/wk-vision-g4.h; the prompt wiring is later work (model/README.md). Kept
  * apart from md_vision_cfg so that nothing built for Gemma 3's SigLIP tower
  * takes it for one. */
 struct md_vision_g4_cfg {

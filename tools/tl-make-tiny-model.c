@@ -35,6 +35,10 @@
  *       model.multi_modal_projector.mm_input_projection_weight [Dv, H] (used
  *       as x @ W, not a Linear), model.multi_modal_projector.mm_soft_emb_norm
  *       .weight [Dv] (Gemma RMSNorm, 1 + w).
+ *   gemma4 --vision (Gemma4ForConditionalGeneration, model_type gemma4): the
+ *     text stack under model.language_model., the Gemma 4 vision tower under
+ *     model.vision_tower. and model.embed_vision.; names and config fields
+ *     listed above add_vision_g4 in worker/wk-tiny-spec.c.
  *   gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds
  *     config: global_head_dim num_global_key_value_heads attention_k_eq_v
  *       num_kv_shared_layers use_double_wide_mlp hidden_size_per_layer_input
@@ -268,7 +272,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
       {"vision", CM_OPT_BOOL, &vision, NULL,
        "gemma3: a multimodal checkpoint (Gemma3ForConditionalGeneration) with a small SigLIP "
-       "tower: 64 px images, 8 px patches, 16 image tokens"},
+       "tower: 64 px images, 8 px patches, 16 image tokens | gemma4: "
+       "Gemma4ForConditionalGeneration with a small Gemma 4 vision tower (e2b: E2B's)"},
       {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},
       {"chat-format", CM_OPT_STR, &chat, "F",
        "gemma4: gemma4 writes Gemma 4's special tokens at their ids (<|turn>, <|channel>, "
@@ -330,8 +335,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --echo is for --arch gemma4\n");
       return 2;
     }
-    if (vision && strcmp(arch, "gemma3")) {
-      fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3\n");
+    if (vision && strcmp(arch, "gemma3") && strcmp(arch, "gemma4")) {
+      fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3 or gemma4\n");
       return 2;
     }
     struct wk_tiny_opts o = {.arch = arch,

@@ -166,6 +166,58 @@ static int add_vision(struct wk_tiny_spec *s, const struct md_config *c) {
   return rc ? CM_ERR_NOMEM : 0;
 }
 
+/* Gemma 4's vision tower and its embedder, named as transformers saves
+ * Gemma4ForConditionalGeneration (modeling_gemma4.py: Gemma4VisionModel under
+ * model.vision_tower., Gemma4MultimodalEmbedder as model.embed_vision.):
+ * patch_embedder.input_proj.weight [Dv, 3 p^2] and
+ * patch_embedder.position_embedding_table [2, pos, Dv]; per layer
+ * encoder.layers.N.self_attn.{q,k,v,o}_proj.linear.weight (a
+ * Gemma4ClippableLinear wraps each nn.Linear), self_attn.{q,k}_norm.weight
+ * [head_dim], {input,post_attention,pre_feedforward,post_feedforward}_layernorm
+ * .weight [Dv], mlp.{gate,up,down}_proj.linear.weight; with clipped linears
+ * each projection's input_min, input_max, output_min, output_max (0-d
+ * buffers); with standardize std_bias, std_scale [Dv]; and
+ * model.embed_vision.embedding_projection.weight [H, Dv]. Clip bounds are
+ * drawn near 1.5 to 3 so that some activations are clipped. */
+static int add_vision_g4(struct wk_tiny_spec *s, const struct md_config *c) {
+  const struct md_vision_g4_cfg *v = &c->vision_g4;
+  int D = v->hidden, F = v->ffn, hd = v->head_dim, rc = 0, pp = 3 * v->patch * v->patch;
+  int qd = v->n_heads * hd, kvd = v->n_kv_heads * hd;
+  const char *VP = "model.vision_tower.";
+  double norm_center = 1.0;
+  rc |= LIN(D, pp, "%spatch_embedder.input_proj.weight", VP);
+  rc |= add(s, WK_INIT_NORMAL, 0.5, 0, 3, 2, v->pos_size, D,
+            "%spatch_embedder.position_embedding_table", VP);
+  for (int i = 0; i < v->n_layers; i++) {
+    char lp[128];
+    snprintf(lp, sizeof(lp), "%sencoder.layers.%d.", VP, i);
+    static const char *const lin[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                      "mlp.down_proj"};
+    const int rows[] = {qd, kvd, kvd, D, F, F, D}, cols[] = {D, D, D, qd, D, D, F};
+    rc |= NORM(D, "%sinput_layernorm.weight", lp);
+    for (int j = 0; j < 7; j++) {
+      rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
+      if (!v->clipped_linears) continue;
+      rc |= add(s, WK_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
+      rc |= add(s, WK_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
+      rc |= add(s, WK_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
+      rc |= add(s, WK_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+    }
+    rc |= NORM(hd, "%sself_attn.q_norm.weight", lp);
+    rc |= NORM(hd, "%sself_attn.k_norm.weight", lp);
+    rc |= NORM(D, "%spost_attention_layernorm.weight", lp);
+    rc |= NORM(D, "%spre_feedforward_layernorm.weight", lp);
+    rc |= NORM(D, "%spost_feedforward_layernorm.weight", lp);
+  }
+  if (v->standardize) {
+    rc |= add(s, WK_INIT_NORMAL, 0.5, 0, 1, D, 0, 0, "%sstd_bias", VP);
+    rc |= add(s, WK_INIT_UNIFORM, 0.5, 1.5, 1, D, 0, 0, "%sstd_scale", VP);
+  }
+  rc |= LIN(c->hidden, D, "model.embed_vision.embedding_projection.weight");
+  return rc ? CM_ERR_NOMEM : 0;
+}
+
 static json_t *int_list(const int *v, int n) {
   json_t *a = json_array();
   for (int i = 0; i < n; i++)
@@ -281,8 +333,10 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
   if (!rc) {
     snprintf(s->model_type, sizeof(s->model_type), "%s", c->model_type);
     s->vocab = c->vocab;
-    rc = add_stack(s, c, c->vocab, c->vision.present ? "model.language_model." : "model.");
+    int mm = c->vision.present || c->vision_g4.present;
+    rc = add_stack(s, c, c->vocab, mm ? "model.language_model." : "model.");
     if (!rc && c->vision.present) rc = add_vision(s, c);
+    if (!rc && c->vision_g4.present) rc = add_vision_g4(s, c);
     if (!rc && c->arch == MD_ARCH_GEMMA4_ASSISTANT) {
       int h = c->hidden, B = c->backbone_hidden;
       rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
@@ -353,6 +407,50 @@ static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V, int siglip4
   return s->preproc_json ? 0 : CM_ERR_NOMEM;
 }
 
+/* Turns a gemma4_text config into a Gemma4ForConditionalGeneration one
+ * (transformers' Gemma4Config): the text settings under text_config, the
+ * tower's under vision_config (Gemma4VisionConfig's fields), the image token
+ * ids at the top level; also writes processor_config.json with its
+ * image_processor (Gemma4ImageProcessor's fields, which md-config.c reads).
+ * The ids are Gemma4Config's defaults when the vocabulary holds them, else
+ * its last three. `e2b`: Gemma 4 E2B's tower (16 layers of 768, 12 heads of
+ * 64, MLP 3072, clipped linears); else a small one (2 layers of 32, 4 heads
+ * of 16 over 2 KV heads, MLP 64) with clipped linears and standardisation,
+ * so that every path of the tower counts. */
+static int wrap_vision_g4(struct wk_tiny_spec *s, json_t **root, int V, int e2b) {
+  const int VH = e2b ? 768 : 32, VF = e2b ? 3072 : 64, VL = e2b ? 16 : 2;
+  const int VNH = e2b ? 12 : 4, VKV = e2b ? 12 : 2, VHD = e2b ? 64 : 16;
+  json_t *text = *root;
+  json_object_del(text, "architectures");
+  int boi = 255999, eoi = 258882, img = 258880;
+  if (V <= eoi) boi = V - 3, eoi = V - 2, img = V - 1;
+  json_t *vision = json_pack(
+      "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:i, s:i, s:i, s:i, s:{s:s, s:f}, s:b, "
+      "s:b, s:b, s:f}",
+      "model_type", "gemma4_vision", "hidden_size", VH, "intermediate_size", VF,
+      "num_hidden_layers", VL, "num_attention_heads", VNH, "num_key_value_heads", VKV, "head_dim",
+      VHD, "hidden_activation", "gelu_pytorch_tanh", "rms_norm_eps", 1e-6, "patch_size", 16,
+      "pooling_kernel_size", 3, "position_embedding_size", 10240, "default_output_length", 280,
+      "rope_parameters", "rope_type", "default", "rope_theta", 100.0, "use_clipped_linears", 1,
+      "standardize", !e2b, "attention_bias", 0, "attention_dropout", 0.0);
+  json_t *r = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:n, s:b, s:o, s:o}", "architectures",
+                        "Gemma4ForConditionalGeneration", "model_type", "gemma4", "boi_token_id",
+                        boi, "eoi_token_id", eoi, "image_token_id", img, "audio_config",
+                        "tie_word_embeddings", 1, "text_config", text, "vision_config", vision);
+  if (!r) return CM_ERR_NOMEM;
+  *root = r;
+  json_t *pre =
+      json_pack("{s:s, s:{s:s, s:b, s:b, s:f, s:b, s:b, s:i, s:i, s:i, s:i}, s:i}",
+                "processor_class", "Gemma4Processor", "image_processor", "image_processor_type",
+                "Gemma4ImageProcessor", "do_resize", 1, "do_rescale", 1, "rescale_factor",
+                1.0 / 255.0, "do_normalize", 0, "do_convert_rgb", 1, "resample", 3, "patch_size",
+                16, "pooling_kernel_size", 3, "max_soft_tokens", 280, "image_seq_length", 280);
+  s->preproc_json = pre ? json_dumps(pre, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+  s->preproc_nested = 1;
+  json_decref(pre);
+  return s->preproc_json ? 0 : CM_ERR_NOMEM;
+}
+
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
                        size_t errlen) {
   memset(s, 0, sizeof(*s));
@@ -395,6 +493,14 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;
+    if (o->vision) {
+      int rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"));
+      if (rc) {
+        json_decref(root);
+        wk_tiny_spec_free(s);
+        return cm_fail(err, errlen, rc, "out of memory");
+      }
+    }
   } else if (!strcmp(o->arch, "gemma3")) {
     int H, F, L, nh, nkv, hd, win, pattern;
     if (!strcmp(o->preset, "tiny")) {
@@ -637,7 +743,9 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   if (dt != WK_ST_F32 && dt != WK_ST_F16 && dt != WK_ST_BF16) return CM_ERR_INVAL;
   int rc = write_text(dir, "config.json", s->config_json);
   if (!rc && s->generation_json) rc = write_text(dir, "generation_config.json", s->generation_json);
-  if (!rc && s->preproc_json) rc = write_text(dir, "preprocessor_config.json", s->preproc_json);
+  if (!rc && s->preproc_json)
+    rc = write_text(dir, s->preproc_nested ? "processor_config.json" : "preprocessor_config.json",
+                    s->preproc_json);
   if (rc) return rc;
   char path[4096];
   snprintf(path, sizeof(path), "%s/model.safetensors", dir);

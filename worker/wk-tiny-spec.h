@@ -35,6 +35,7 @@ struct wk_tiny_spec {
   char *config_json;              /* malloc'd config.json text */
   char *generation_json;          /* malloc'd generation_config.json text, or NULL */
   char *preproc_json;             /* malloc'd preprocessor_config.json text, or NULL */
+  int preproc_nested;             /* 1: preproc_json is processor_config.json (Gemma 4) */
   struct wk_tensor_spec *tensors; /* in file order */
   int n_tensors, cap;
   int rig;         /* 0; 1: echo target; 2: assistant agreeing with one */
@@ -59,7 +60,13 @@ struct wk_tiny_opts {
                        * becomes 262208 (Gemma 3's, covering <image_soft_token>
                        * 262144); a smaller one puts the image token ids at its end.
                        * With the 270m preset the tower is SigLIP-So400m-shaped
-                       * (896 px, 14 px patches, 27 x 1152, 256 soft tokens) */
+                       * (896 px, 14 px patches, 27 x 1152, 256 soft tokens).
+                       * gemma4: a Gemma4ForConditionalGeneration checkpoint with
+                       * a small Gemma 4 vision tower (2 layers, hidden 32, 4
+                       * heads of 16 over 2 KV heads, clipped linears,
+                       * standardisation) and its embedder, processor_config.json
+                       * for 280 soft tokens; with the e2b preset the tower is
+                       * E2B's (16 x 768, 12 heads of 64) */
 };
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,

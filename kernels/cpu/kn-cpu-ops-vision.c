@@ -1,6 +1,7 @@
 /* kn-cpu-ops-vision.c — the CPU backend's vision encoder ops: LayerNorm with
  * bias, the bias + activation of a Linear layer, and average pooling of
- * patch grids (kn-backend.h).
+ * square patch grids (SigLIP); clamping, pooling of rectangular grids with a
+ * scale, and feature-wise standardisation (Gemma 4's tower) (kn-backend.h).
  *
  * Plain C only, like kn-cpu-ref.c: reductions accumulate in double in index
  * order and round once to f32, so they are their own reference and every
@@ -16,7 +17,9 @@
 /* Below this much work (elements) an op runs on the calling thread. */
 #define VISION_PAR_MIN (1 << 15)
 
-enum { V_LAYERNORM, V_BIAS_ACT, V_POOL };
+enum { V_LAYERNORM, V_BIAS_ACT, V_POOL, V_CLAMP, V_POOL_GRID, V_STANDARDIZE };
+
+#define CLAMP_CHUNK 4096 /* floats per unit of kn_clamp's work */
 
 struct vision_task {
   int op;
@@ -32,8 +35,14 @@ struct vision_task {
   /* bias_act */
   const float *bias;
   enum kn_act act;
-  /* avg_pool2d */
+  /* avg_pool2d; avg_pool_grid (side = gw, os = gw / k) */
   int side, k, os;
+  float scale; /* avg_pool_grid */
+  /* clamp */
+  float lo, hi;
+  size_t n;
+  /* standardize */
+  const float *sbias, *sscale;
 };
 
 static void layernorm_row(const struct vision_task *t, float *o, const float *x) {
@@ -77,6 +86,36 @@ static void pool_row(const struct vision_task *t, long long r) {
   }
 }
 
+/* Output row r of a pooled rectangular grid: the window's sum in double, in
+ * row-major order over the window, times scale / k^2. */
+static void pool_grid_row(const struct vision_task *t, long long r) {
+  int k = t->k, gw = t->side, os = t->os;
+  int Y = (int)(r / os), X = (int)(r % os);
+  float *o = t->out + r * t->ldo;
+  double f = (double)t->scale / ((double)k * k);
+  for (int c = 0; c < t->d; c++) {
+    double acc = 0.0;
+    for (int j = 0; j < k; j++)
+      for (int i = 0; i < k; i++)
+        acc += (double)t->x[((long long)(Y * k + j) * gw + (X * k + i)) * t->ldx + c];
+    o[c] = (float)(acc * f);
+  }
+}
+
+/* Chunk u of kn_clamp: comparisons that leave NaN as it is (torch.clamp). */
+static void clamp_chunk(const struct vision_task *t, long long u) {
+  size_t b = (size_t)u * CLAMP_CHUNK, e = b + CLAMP_CHUNK < t->n ? b + CLAMP_CHUNK : t->n;
+  for (size_t i = b; i < e; i++) {
+    float v = t->x[i];
+    t->out[i] = v < t->lo ? t->lo : v > t->hi ? t->hi : v;
+  }
+}
+
+static void standardize_row(const struct vision_task *t, float *o, const float *x) {
+  for (int i = 0; i < t->d; i++)
+    o[i] = (x[i] - t->sbias[i]) * t->sscale[i];
+}
+
 static void vision_run(void *arg, long long u0, long long u1, int ith) {
   const struct vision_task *t = arg;
   (void)ith;
@@ -84,6 +123,9 @@ static void vision_run(void *arg, long long u0, long long u1, int ith) {
     switch (t->op) {
     case V_LAYERNORM: layernorm_row(t, t->out + r * t->ldo, t->x + r * t->ldx); break;
     case V_BIAS_ACT: bias_act_row(t, t->out + r * t->ldo, t->x + r * t->ldx); break;
+    case V_CLAMP: clamp_chunk(t, r); break;
+    case V_POOL_GRID: pool_grid_row(t, r); break;
+    case V_STANDARDIZE: standardize_row(t, t->out + r * t->ldo, t->x + r * t->ldx); break;
     default: pool_row(t, r); break;
     }
   }
@@ -126,8 +168,32 @@ static int cpu_avg_pool2d(void *p, float *out, ptrdiff_t ldo, const float *x, pt
   return 0;
 }
 
+static int cpu_clamp(void *p, float *out, const float *a, float lo, float hi, size_t n) {
+  struct vision_task t = {.op = V_CLAMP, .lo = lo, .hi = hi, .n = n};
+  long long chunks = (long long)((n + CLAMP_CHUNK - 1) / CLAMP_CHUNK);
+  run_rows(p, &t, out, 0, a, 0, 0, chunks, CLAMP_CHUNK);
+  return 0;
+}
+
+static int cpu_avg_pool_grid(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                             int gw, int gh, int k, int C, float scale) {
+  struct vision_task t = {.op = V_POOL_GRID, .side = gw, .k = k, .os = gw / k, .scale = scale};
+  run_rows(p, &t, out, ldo, x, ldx, C, (long long)(gw / k) * (gh / k), (double)C * k * k);
+  return 0;
+}
+
+static int cpu_standardize(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                           int rows, int d, const float *bias, const float *scale) {
+  struct vision_task t = {.op = V_STANDARDIZE, .sbias = bias, .sscale = scale};
+  run_rows(p, &t, out, ldo, x, ldx, d, rows, 2.0 * d);
+  return 0;
+}
+
 void kn_cpu_vision_ops_fill(struct kn_backend_ops *ops) {
   ops->layernorm = cpu_layernorm;
   ops->bias_act = cpu_bias_act;
   ops->avg_pool2d = cpu_avg_pool2d;
+  ops->clamp = cpu_clamp;
+  ops->avg_pool_grid = cpu_avg_pool_grid;
+  ops->standardize = cpu_standardize;
 }

@@ -1,6 +1,6 @@
-/* kn-cuda-eltwise.cu — elementwise ops: add, mul, scale, softcap over n
- * contiguous floats (grid-stride, out may alias any input) and the GELU-tanh
- * gated product out[T, N] = gelu_tanh(gate) * up with row strides. */
+/* kn-cuda-eltwise.cu — elementwise ops: add, mul, scale, softcap and clamp
+ * over n contiguous floats (grid-stride, out may alias any input) and the
+ * GELU-tanh gated product out[T, N] = gelu_tanh(gate) * up with row strides. */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
 __global__ void eltwise_kernel(int op, float *out, const float *a, const float *b, float sc,
@@ -21,6 +21,21 @@ __global__ void eltwise_kernel(int op, float *out, const float *a, const float *
 extern "C" cudaError_t kn_cuda_launch_eltwise(cudaStream_t st, enum kn_cuda_eltwise op, float *out,
                                               const float *a, const float *b, float s, size_t n) {
   eltwise_kernel<<<kn_grid(n, 256, 65535), 256, 0, st>>>((int)op, out, a, b, s, n);
+  return cudaGetLastError();
+}
+
+/* torch.clamp: comparisons that leave NaN as it is */
+__global__ void clamp_kernel(float *out, const float *a, float lo, float hi, size_t n) {
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float v = a[i];
+    out[i] = v < lo ? lo : v > hi ? hi : v;
+  }
+}
+
+extern "C" cudaError_t kn_cuda_launch_clamp(cudaStream_t st, float *out, const float *a, float lo,
+                                            float hi, size_t n) {
+  clamp_kernel<<<kn_grid(n, 256, 65535), 256, 0, st>>>(out, a, lo, hi, n);
   return cudaGetLastError();
 }
 

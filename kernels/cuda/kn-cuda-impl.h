@@ -193,6 +193,14 @@ cudaError_t kn_cuda_launch_bias_act(cudaStream_t s, float *out, ptrdiff_t ldo, c
                                     enum kn_act act);
 cudaError_t kn_cuda_launch_avg_pool2d(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
                                       ptrdiff_t ldx, int n_img, int side, int k, int C);
+/* Gemma 4's tower (kn-cuda-eltwise.cu, kn-cuda-avg-pool.cu, kn-cuda-bias-act.cu). */
+cudaError_t kn_cuda_launch_clamp(cudaStream_t s, float *out, const float *a, float lo, float hi,
+                                 size_t n);
+cudaError_t kn_cuda_launch_avg_pool_grid(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                         ptrdiff_t ldx, int gw, int gh, int k, int C, float scale);
+cudaError_t kn_cuda_launch_standardize(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                       ptrdiff_t ldx, const float *bias, const float *scale, int T,
+                                       int N);
 
 /* One row of a kn_sample call as the device sees it (staged). */
 struct kn_cuda_sample_row {
@@ -457,6 +465,11 @@ int kn_cuda_op_bias_act(void *ctx, float *out, ptrdiff_t ldo, const float *x, pt
                         const float *bias, int T, int N, enum kn_act act);
 int kn_cuda_op_avg_pool2d(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                           int n_img, int side, int k, int C);
+int kn_cuda_op_clamp(void *ctx, float *out, const float *a, float lo, float hi, size_t n);
+int kn_cuda_op_avg_pool_grid(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                             int gw, int gh, int k, int C, float scale);
+int kn_cuda_op_standardize(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                           int rows, int d, const float *bias, const float *scale);
 #endif /* !__CUDACC__ */
 
 #endif

@@ -1,5 +1,6 @@
 /* kn-cuda-ops-vision.c — host side of the CUDA backend's vision encoder ops
- * (LayerNorm, bias + activation, average pooling): make the device current
+ * (LayerNorm, bias + activation, average pooling; Gemma 4's clamp, grid
+ * pooling and standardisation): make the device current
  * and launch on the backend's stream. Arguments arrive validated by
  * kn-backend.c; nothing here waits. */
 #include "common/cm-err.h"
@@ -30,5 +31,31 @@ int kn_cuda_op_avg_pool2d(void *ctx, float *out, ptrdiff_t ldo, const float *x, 
   int err = kn_cuda_enter(c);
   if (err) return err;
   KN_CUDA_CHECK(kn_cuda_launch_avg_pool2d(c->stream, out, ldo, x, ldx, n_img, side, k, C));
+  return 0;
+}
+
+int kn_cuda_op_clamp(void *ctx, float *out, const float *a, float lo, float hi, size_t n) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_clamp(c->stream, out, a, lo, hi, n));
+  return 0;
+}
+
+int kn_cuda_op_avg_pool_grid(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                             int gw, int gh, int k, int C, float scale) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_avg_pool_grid(c->stream, out, ldo, x, ldx, gw, gh, k, C, scale));
+  return 0;
+}
+
+int kn_cuda_op_standardize(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                           int rows, int d, const float *bias, const float *scale) {
+  struct kn_cuda_ctx *c = ctx;
+  int err = kn_cuda_enter(c);
+  if (err) return err;
+  KN_CUDA_CHECK(kn_cuda_launch_standardize(c->stream, out, ldo, x, ldx, bias, scale, rows, d));
   return 0;
 }

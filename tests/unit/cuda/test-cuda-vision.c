@@ -1,7 +1,8 @@
 /* test-cuda-vision.c — the CUDA backend's vision encoder ops (kn_layernorm,
- * kn_bias_act, kn_avg_pool2d) against the CPU oracle over odd shapes, weight
- * dtypes, row strides and in place; and a whole generated vision tower
- * (wk_vision_encode) on the device against the CPU. Skips loudly without a
+ * kn_bias_act, kn_avg_pool2d; Gemma 4's kn_clamp, kn_avg_pool_grid,
+ * kn_standardize) against the CPU oracle over odd shapes, weight dtypes, row
+ * strides and in place; and whole generated vision towers (wk_vision_encode,
+ * wk_vision_g4_encode) on the device against the CPU. Skips loudly without a
  * device. */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "tests/harness/th.h"
 #include "tests/unit/cuda/cuda-test-util.h"
 #include "worker/wk-tiny-spec.h"
+#include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
 
 static const enum kn_dtype k_wdts[] = {KN_DTYPE_F32, KN_DTYPE_F16, KN_DTYPE_BF16};
@@ -154,6 +156,125 @@ TH_TEST(cuda_vision_encode) {
   free(got);
   wk_vision_free(vc);
   wk_vision_free(vg);
+  cm_rmtree(dir);
+  ct_close(&e);
+}
+
+/* ---- Gemma 4's ops and tower --------------------------------------------------- */
+
+TH_TEST(cuda_gemma4_vision_ops) {
+  struct ct_env e;
+  ct_open(&e, 25);
+  /* clamp: several bounds, in place */
+  size_t n = 100003;
+  float *x = malloc(n * sizeof(float));
+  TH_REQUIRE(x);
+  ct_fill(&e, x, n, 4.0f);
+  float *x_d = ct_up(&e, x, n * sizeof(float));
+  struct ct_out o;
+  ct_out_init(&e, &o, n, 0);
+  TH_CHECK(kn_clamp(e.gpu, o.dev, x_d, -1.5f, 2.25f, n) == 0);
+  TH_CHECK(kn_clamp(e.cpu, o.ref, x, -1.5f, 2.25f, n) == 0);
+  ct_out_check(&e, &o, 1, (int)n, (ptrdiff_t)n, 0.0, "clamp n=%zu", n);
+  kn_free(e.gpu, x_d);
+  free(x);
+  /* pooling of rectangular grids: gw, gh, k, C */
+  static const int cases[][4] = {{27, 21, 3, 768}, {9, 63, 3, 32}, {3, 3, 3, 300}, {4, 2, 1, 7}};
+  for (size_t ci = 0; ci < CM_ARRAY_LEN(cases); ci++) {
+    int gw = cases[ci][0], gh = cases[ci][1], k = cases[ci][2], C = cases[ci][3];
+    int in_rows = gw * gh, out_rows = (gw / k) * (gh / k);
+    ptrdiff_t ldx = C + 1, ldo = C + 3;
+    size_t tx = (size_t)in_rows * ldx, to = (size_t)out_rows * ldo;
+    float *g = malloc(tx * sizeof(float));
+    TH_REQUIRE(g);
+    ct_fill(&e, g, tx, 2.0f);
+    float *g_d = ct_up(&e, g, tx * sizeof(float));
+    struct ct_out p;
+    ct_out_init(&e, &p, to, 0);
+    TH_CHECK(kn_avg_pool_grid(e.gpu, p.dev, ldo, g_d, ldx, gw, gh, k, C, 27.7128f) == 0);
+    TH_CHECK(kn_avg_pool_grid(e.cpu, p.ref, ldo, g, ldx, gw, gh, k, C, 27.7128f) == 0);
+    ct_out_check(&e, &p, out_rows, C, ldo, 1e-10, "avg_pool_grid %dx%d k=%d C=%d", gw, gh, k, C);
+    kn_free(e.gpu, g_d);
+    free(g);
+  }
+  /* standardisation */
+  int rows = 63, d = 768;
+  size_t tx = (size_t)rows * d;
+  float *y = malloc(tx * sizeof(float)), *b = malloc(d * sizeof(float)), *sc = malloc(d * 4);
+  TH_REQUIRE(y && b && sc);
+  ct_fill(&e, y, tx, 3.0f);
+  ct_fill(&e, b, (size_t)d, 1.0f);
+  ct_fill(&e, sc, (size_t)d, 2.0f);
+  float *y_d = ct_up(&e, y, tx * 4), *b_d = ct_up(&e, b, (size_t)d * 4);
+  float *sc_d = ct_up(&e, sc, (size_t)d * 4);
+  struct ct_out q;
+  ct_out_init(&e, &q, tx, 0);
+  TH_CHECK(kn_standardize(e.gpu, q.dev, d, y_d, d, rows, d, b_d, sc_d) == 0);
+  TH_CHECK(kn_standardize(e.cpu, q.ref, d, y, d, rows, d, b, sc) == 0);
+  ct_out_check(&e, &q, rows, d, d, 0.0, "standardize %dx%d", rows, d);
+  kn_free(e.gpu, y_d);
+  kn_free(e.gpu, b_d);
+  kn_free(e.gpu, sc_d);
+  free(y);
+  free(b);
+  free(sc);
+  ct_close(&e);
+}
+
+/* A generated Gemma 4 tower (f32 weights) on the device against the CPU: two
+ * images of different shapes in one pass. */
+TH_TEST(cuda_gemma4_vision_encode) {
+  struct ct_env e;
+  ct_open(&e, 26);
+  char dir[4096], err[512] = "";
+  const char *t = getenv("TMPDIR");
+  snprintf(dir, sizeof(dir), "%s/lmserve-cuda-vision-XXXXXX", t && *t ? t : "/tmp");
+  TH_REQUIRE(mkdtemp(dir));
+  struct wk_tiny_spec s;
+  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
+  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 3, WK_ST_F32) == 0);
+  wk_tiny_spec_free(&s);
+  struct wk_vision_g4 *vc = NULL, *vg = NULL;
+  TH_REQUIRE(wk_vision_g4_load(dir, e.cpu, NULL, &vc, err, sizeof(err)) == 0);
+  TH_REQUIRE(wk_vision_g4_load(dir, e.gpu, NULL, &vg, err, sizeof(err)) == 0);
+  const struct md_vision_g4_cfg *c = wk_vision_g4_config(vc);
+  static const int sizes[2][2] = {{640, 480}, {30, 200}};
+  struct wk_g4_image ims[2];
+  float *px[2];
+  int32_t *pos[2];
+  int tokens = 0, H = wk_vision_g4_text_hidden(vc);
+  for (int i = 0; i < 2; i++) {
+    struct md_g4_image info;
+    TH_REQUIRE(md_g4_image_plan(&info, sizes[i][0], sizes[i][1], c, 70, err, sizeof(err)) == 0);
+    px[i] = malloc(sizeof(float) * (size_t)info.max_patches * info.patch_dim);
+    pos[i] = malloc(sizeof(int32_t) * 2 * (size_t)info.max_patches);
+    TH_REQUIRE(px[i] && pos[i]);
+    ct_fill(&e, px[i], (size_t)info.max_patches * info.patch_dim, 0.5f);
+    for (int k = 0; k < info.max_patches; k++) {
+      int real = k < info.n_patches;
+      pos[i][2 * k] = real ? k % info.grid_w : -1;
+      pos[i][2 * k + 1] = real ? k / info.grid_w : -1;
+    }
+    ims[i] = (struct wk_g4_image){.pixels = px[i], .pos = pos[i], .info = info};
+    tokens += info.soft_tokens;
+  }
+  size_t n_out = (size_t)tokens * H;
+  float *ref = malloc(n_out * 4), *got = malloc(n_out * 4);
+  TH_REQUIRE(ref && got);
+  TH_CHECK(wk_vision_g4_encode(vc, ims, 2, ref, err, sizeof(err)) == 0);
+  if (wk_vision_g4_encode(vg, ims, 2, got, err, sizeof(err)))
+    th_fail(__FILE__, __LINE__, "device encode: %s", err);
+  else
+    ct_compare("Gemma 4 vision encode", ref, got, tokens, H, H, n_out, 1e-9);
+  for (int i = 0; i < 2; i++) {
+    free(px[i]);
+    free(pos[i]);
+  }
+  free(ref);
+  free(got);
+  wk_vision_g4_free(vc);
+  wk_vision_g4_free(vg);
   cm_rmtree(dir);
   ct_close(&e);
 }

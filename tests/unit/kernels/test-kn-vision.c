@@ -1,10 +1,12 @@
 /* test-kn-vision.c — the vision encoder ops (kn_layernorm, kn_bias_act,
- * kn_avg_pool2d) on the CPU backend against plain loops written here from
- * the definitions (in double), over odd shapes and row strides, with
- * sentinel-guarded outputs (the gaps between rows must stay untouched), in
- * place, on 1 and several threads (bit-identical), and argument checks. */
+ * kn_avg_pool2d; Gemma 4's kn_clamp, kn_avg_pool_grid, kn_standardize, and
+ * kn_rope over half-head rows as the 2D RoPE) on the CPU backend against plain loops written here
+ * from the definitions (in double), over odd shapes and row strides, with sentinel-guarded outputs
+ * (the gaps between rows must stay untouched), in place, on 1 and several threads (bit-identical),
+ * and argument checks. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -181,6 +183,145 @@ TH_TEST(avg_pool2d_matches_definition) {
   kn_backend_destroy(be);
 }
 
+/* ---- Gemma 4's ops ------------------------------------------------------------ */
+
+/* kn_clamp as torch.clamp: bounds finite or infinite, NaN kept, in place. */
+TH_TEST(clamp_matches_definition) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 3);
+  kt_seed(21);
+  size_t n = 3 * 4096 + 77; /* several chunks and a partial one */
+  float *x = kt_rand_f32(n, 4.0f);
+  x[5] = NAN;
+  x[6] = INFINITY;
+  x[7] = -INFINITY;
+  static const float bounds[][2] = {
+      {-1.5f, 2.25f}, {-INFINITY, 0.5f}, {0.0f, INFINITY}, {1.0f, 1.0f}, {-INFINITY, INFINITY}};
+  float *out = kt_guarded(n);
+  for (size_t b = 0; b < CM_ARRAY_LEN(bounds); b++) {
+    float lo = bounds[b][0], hi = bounds[b][1];
+    TH_CHECK_EQ_INT(kn_clamp(be, out, x, lo, hi, n), 0);
+    TH_CHECK(kt_guards_ok(out, n));
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+      float want = isnan(x[i]) ? NAN : x[i] < lo ? lo : x[i] > hi ? hi : x[i];
+      ok &= isnan(want) ? isnan(out[i]) : out[i] == want;
+    }
+    if (!ok) th_fail(__FILE__, __LINE__, "clamp to [%g, %g] differs from the definition", lo, hi);
+  }
+  /* in place */
+  float *y = malloc(sizeof(float) * n);
+  TH_REQUIRE(y);
+  memcpy(y, x, sizeof(float) * n);
+  TH_CHECK_EQ_INT(kn_clamp(be, y, y, -1.5f, 2.25f, n), 0);
+  TH_CHECK_EQ_INT(kn_clamp(be, out, x, -1.5f, 2.25f, n), 0);
+  TH_CHECK(memcmp(y, out, sizeof(float) * n) == 0);
+  free(y);
+  kt_guarded_free(out);
+  free(x);
+  kn_backend_destroy(be);
+}
+
+static void check_pool_grid(struct kn_backend *be, int gw, int gh, int k, int C, float scale) {
+  int ldx = C + 2, ldo = C + 3, ow = gw / k, out_rows = (gw / k) * (gh / k);
+  float *x = kt_rand_f32((size_t)gw * gh * ldx, 3.0f);
+  double *want = calloc((size_t)out_rows * C, sizeof(double));
+  TH_REQUIRE(want);
+  /* Gemma4VisionPooler's rule: patch (x, y) goes to window x / k + (gw / k) (y / k) */
+  for (int y = 0; y < gh; y++)
+    for (int xx = 0; xx < gw; xx++) {
+      const float *px = x + ((size_t)y * gw + xx) * ldx;
+      double *o = want + ((size_t)(y / k) * ow + xx / k) * C;
+      for (int f = 0; f < C; f++)
+        o[f] += px[f] / ((double)k * k) * scale;
+    }
+  size_t n_out = (size_t)(out_rows - 1) * ldo + C;
+  float *out = kt_guarded(n_out);
+  TH_CHECK_EQ_INT(kn_avg_pool_grid(be, out, ldo, x, ldx, gw, gh, k, C, scale), 0);
+  TH_CHECK(kt_guards_ok(out, n_out));
+  char what[80];
+  snprintf(what, sizeof(what), "avg_pool_grid(%d x %d, k %d, scale %g)", gw, gh, k, scale);
+  check_rows(what, out, want, out_rows, C, ldo, 1e-6);
+  kt_guarded_free(out);
+  free(want);
+  free(x);
+}
+
+TH_TEST(avg_pool_grid_matches_definition) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 3);
+  /* gw, gh, k, C: wide, tall, square, k = 1, one window */
+  static const int shapes[][4] = {{9, 6, 3, 5}, {3, 21, 3, 8}, {12, 12, 3, 17},
+                                  {4, 2, 1, 3}, {3, 3, 3, 33}, {27, 21, 3, 32}};
+  kt_seed(22);
+  for (size_t s = 0; s < CM_ARRAY_LEN(shapes); s++)
+    check_pool_grid(be, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
+                    s % 2 ? 1.0f : (float)sqrt(32.0));
+  kn_backend_destroy(be);
+}
+
+TH_TEST(standardize_matches_definition) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 3);
+  kt_seed(23);
+  int rows = 37, d = 45, ldx = d + 1, ldo = d + 6;
+  float *x = kt_rand_f32((size_t)rows * ldx, 3.0f), *b = kt_rand_f32((size_t)d, 1.0f);
+  float *sc = kt_rand_f32((size_t)d, 2.0f);
+  double *want = malloc(sizeof(double) * (size_t)rows * d);
+  TH_REQUIRE(want);
+  for (int r = 0; r < rows; r++)
+    for (int i = 0; i < d; i++) /* one f32 subtraction and one f32 product, as torch does */
+      want[(size_t)r * d + i] = (float)((float)(x[(size_t)r * ldx + i] - b[i]) * sc[i]);
+  size_t n_out = (size_t)(rows - 1) * ldo + d;
+  float *out = kt_guarded(n_out);
+  TH_CHECK_EQ_INT(kn_standardize(be, out, ldo, x, ldx, rows, d, b, sc), 0);
+  TH_CHECK(kt_guards_ok(out, n_out));
+  check_rows("standardize", out, want, rows, d, ldo, 0.0);
+  /* in place */
+  TH_CHECK_EQ_INT(kn_standardize(be, x, ldx, x, ldx, rows, d, b, sc), 0);
+  TH_CHECK(kt_rows_equal(x, ldx, out, ldo, rows, d));
+  kt_guarded_free(out);
+  free(want);
+  free(x);
+  free(b);
+  free(sc);
+  kn_backend_destroy(be);
+}
+
+/* Gemma 4's 2D RoPE as two kn_rope calls over half-head rows (row stride
+ * head_dim, one position per row): apply_multidimensional_rope's definition
+ * (each half rotate-half with cos / sin of pos x inv_freq) in double. */
+TH_TEST(rope_over_half_heads_is_2d_rope) {
+  struct kn_backend *be = kt_backend(KN_CPU_ISA_AVX512, 2);
+  kt_seed(24);
+  int T = 11, nh = 3, hd = 16, half = hd / 2, nf = hd / 4;
+  float *x = kt_rand_f32((size_t)T * nh * hd, 2.0f), inv[4];
+  for (int i = 0; i < nf; i++)
+    inv[i] = (float)(1.0 / pow(100.0, 2.0 * i / half));
+  int32_t px[33], py[33];
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < nh; h++) {
+      px[t * nh + h] = t % 4;
+      py[t * nh + h] = t / 4 + 7;
+    }
+  double *want = malloc(sizeof(double) * (size_t)T * nh * hd);
+  TH_REQUIRE(want);
+  for (int r = 0; r < T * nh; r++)
+    for (int axis = 0; axis < 2; axis++) {
+      const float *xp = x + (size_t)r * hd + axis * half;
+      double *w = want + (size_t)r * hd + axis * half;
+      int pos = axis ? py[r] : px[r];
+      for (int i = 0; i < nf; i++) {
+        double a = (float)((float)pos * inv[i]), c = cos(a), s = sin(a);
+        w[i] = xp[i] * c - xp[i + nf] * s;
+        w[i + nf] = xp[i + nf] * c + xp[i] * s;
+      }
+    }
+  TH_CHECK_EQ_INT(kn_rope(be, x, hd, T * nh, 1, half, px, inv), 0);
+  TH_CHECK_EQ_INT(kn_rope(be, x + half, hd, T * nh, 1, half, py, inv), 0);
+  check_rows("2D rope", x, want, T * nh, hd, hd, 1e-5);
+  free(want);
+  free(x);
+  kn_backend_destroy(be);
+}
+
 /* ---- threads and arguments ---------------------------------------------------- */
 
 /* Every op gives the same bits on one thread and on several. */
@@ -234,5 +375,17 @@ TH_TEST(vision_ops_reject_bad_arguments) {
   TH_CHECK_EQ_INT(kn_avg_pool2d(be, o, 4, x, 4, 1, 4, 0, 4), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_avg_pool2d(be, o, 4, x, 3, 1, 4, 2, 4), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_avg_pool2d(be, o, 4, x, 4, 0, 4, 2, 4), 0);
+  TH_CHECK_EQ_INT(kn_clamp(be, o, x, 2.0f, 1.0f, 4), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_clamp(be, o, x, NAN, 1.0f, 4), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_clamp(be, NULL, x, 0.0f, 1.0f, 4), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_clamp(be, NULL, NULL, 0.0f, 1.0f, 0), 0);
+  TH_CHECK_EQ_INT(kn_avg_pool_grid(be, o, 4, x, 4, 4, 3, 2, 4, 1.0f), CM_ERR_SHAPE);
+  TH_CHECK_EQ_INT(kn_avg_pool_grid(be, o, 4, x, 4, 4, 2, 0, 4, 1.0f), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_avg_pool_grid(be, o, 4, x, 4, 4, 2, 2, 4, NAN), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_avg_pool_grid(be, o, 4, x, 3, 4, 2, 2, 4, 1.0f), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_avg_pool_grid(be, o, 4, x, 4, 0, 2, 2, 4, 1.0f), 0);
+  TH_CHECK_EQ_INT(kn_standardize(be, o, 8, x, 8, 2, 8, NULL, w), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_standardize(be, o, 7, x, 8, 2, 8, b, w), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(kn_standardize(be, o, 8, x, 8, 0, 8, b, w), 0);
   kn_backend_destroy(be);
 }

@@ -1,0 +1,626 @@
+/* wk-vision-g4.c — Gemma 4's vision tower, pooling and embedder
+ * (wk-vision-g4.h): weight binding and the encoder pass over backend ops.
+ *
+ * Which ops carry which step of transformers' modeling_gemma4.py:
+ *   Gemma4VisionPatchEmbedder   2 (px - 0.5) on the host as the patches are
+ *                               gathered, kn_matmul, two kn_embed of the
+ *                               position table's halves, kn_add;
+ *   Gemma4ClippableLinear       kn_clamp (into a copy of the input, in place
+ *                               on the output) around kn_matmul; skipped for
+ *                               bounds that are both infinite;
+ *   Gemma4RMSNorm, q/k/v norms  kn_rmsnorm (per head for q, k, v);
+ *   apply_multidimensional_rope kn_rope over rows of half-heads: rows of
+ *                               head_dim / 2 at stride head_dim, one position
+ *                               per row (x for the first halves, y for the
+ *                               second), inv_freq [head_dim / 4];
+ *   attention                   the paged kn_attention over scratch pages,
+ *                               each image one sequence whose whole span is a
+ *                               bidirectional range, scale 1 (as wk-vision.c
+ *                               does for SigLIP);
+ *   sandwich norms + residual   kn_add_norm;
+ *   Gemma4VisionMLP             kn_gelu_mul between the clipped linears;
+ *   Gemma4VisionPooler          kn_avg_pool_grid with scale sqrt(hidden);
+ *   standardize                 kn_standardize;
+ *   Gemma4MultimodalEmbedder    kn_rmsnorm (no weight), kn_matmul. */
+#include "worker/wk-vision-g4.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-arena.h"
+#include "common/cm-assert.h"
+#include "common/cm-err.h"
+#include "kernels/kn-dtype.h"
+#include "worker/wk-owned.h"
+#include "worker/wk-safetensors.h"
+
+#define G4_PAGE_TOKENS 16 /* positions per scratch KV page */
+
+/* A weight matrix [rows, cols] in backend memory, in its checkpoint dtype,
+ * with its clip bounds (infinite when the tower has none). */
+struct g4mat {
+  const void *w;
+  enum kn_dtype dt;
+  float in_lo, in_hi, out_lo, out_hi;
+};
+
+struct g4layer {
+  const float *in_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [D] */
+  const float *q_norm, *k_norm;                                       /* [hd] */
+  struct g4mat wq;                                                    /* [nh hd, D] */
+  struct g4mat wk, wv;                                                /* [nkv hd, D] */
+  struct g4mat wo;                                                    /* [D, nh hd] */
+  struct g4mat gate, up;                                              /* [F, D] */
+  struct g4mat down;                                                  /* [D, F] */
+};
+
+struct wk_vision_g4 {
+  struct kn_backend *be;
+  struct wk_st *st; /* open while host-memory backends point into its mappings */
+  struct md_config cfg;
+  struct md_vision_g4_cfg vc; /* = cfg.vision_g4 */
+  int text_hidden;            /* H */
+  int pd;                     /* 3 patch^2: floats per patch */
+  int qd, kvd;                /* nh hd, nkv hd */
+
+  struct g4mat patch_w;  /* [D, pd] */
+  const void *pos_table; /* [2, pos_size, D] of pos_dt */
+  enum kn_dtype pos_dt;
+  struct g4layer *layers; /* [n_layers] host (from the arena host) */
+  const float *std_bias;  /* [D], NULL without standardize */
+  const float *std_scale; /* [D] */
+  struct g4mat proj;      /* [H, D] */
+  const float *inv_freq;  /* [hd / 4] */
+
+  /* scratch for max_patches rows (T) and max_images images per pass */
+  struct cm_arena host;
+  int max_patches, max_images, max_pages;
+  float *patches_host;      /* [T, pd] host */
+  int32_t *px, *py;         /* [T] host: patch positions */
+  int32_t *qx, *qy;         /* [T nh] host: positions per q half-head row */
+  int32_t *kx, *ky;         /* [T nkv] host: positions per k half-head row */
+  float *patches;           /* [T, pd] */
+  float *x, *h, *o;         /* [T, D] */
+  float *q, *a;             /* [T, max(qd, D)] */
+  float *k, *v;             /* [T, kvd] */
+  float *g, *u;             /* [T, F] */
+  float *c;                 /* [T, max(D, qd, F)]: a clamped input */
+  float *pooled;            /* [T / pool^2, D] */
+  float *emb;               /* [T / pool^2, H] */
+  struct kn_kv_view view;   /* the scratch KV pages */
+  int32_t *block_tables;    /* [max_pages] host */
+  int32_t *slots;           /* [T] host */
+  int32_t *bidir;           /* [max_images, 2] host */
+  struct kn_attn_seq *seqs; /* [max_images] host */
+
+  struct wk_owned owned; /* backend buffers */
+};
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static void *g4_alloc(struct wk_vision_g4 *v, size_t bytes) {
+  return wk_owned_alloc(&v->owned, v->be, bytes);
+}
+
+void wk_vision_g4_free(struct wk_vision_g4 *v) {
+  if (!v) return;
+  wk_owned_free(&v->owned, v->be);
+  cm_arena_free(&v->host);
+  wk_st_close(v->st);
+  free(v);
+}
+
+const struct md_vision_g4_cfg *wk_vision_g4_config(const struct wk_vision_g4 *v) {
+  return &v->vc;
+}
+
+int wk_vision_g4_text_hidden(const struct wk_vision_g4 *v) {
+  return v->text_hidden;
+}
+
+/* ---- binding ------------------------------------------------------------------ */
+
+struct g4binder {
+  struct wk_vision_g4 *v;
+  const char *VP, *EP; /* the tower's and the embedder's name prefixes */
+  char *err;
+  size_t errlen;
+  int rc; /* first failure */
+};
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
+  size_t l = 0;
+  buf[0] = 0;
+  for (int i = 0; i < ndim && l < n; i++)
+    l += (size_t)snprintf(buf + l, n - l, "%s%lld", i ? ", " : "", (long long)dims[i]);
+}
+
+/* The float tensor `name` with exactly the dims given; NULL (b->rc set) otherwise. */
+static const struct wk_tensor *g4_lookup(struct g4binder *b, const char *name, int ndim,
+                                         const int64_t *dims) {
+  if (b->rc) return NULL;
+  const struct wk_tensor *t = wk_st_find(b->v->st, name);
+  if (!t) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "vision tower: tensor %s missing", name);
+    return NULL;
+  }
+  int ok = t->ndim == ndim;
+  for (int i = 0; ok && i < ndim; i++)
+    ok = t->shape[i] == dims[i];
+  if (!ok) {
+    char want[96], got[96];
+    shape_str(want, sizeof(want), ndim, dims);
+    shape_str(got, sizeof(got), t->ndim, t->shape);
+    b->rc =
+        cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
+                "vision tower: tensor %s has shape [%s], the config says [%s]", name, got, want);
+    return NULL;
+  }
+  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "vision tower: tensor %s has dtype %s (F32, F16, BF16 are supported)", name,
+                    t->dtype_name);
+    return NULL;
+  }
+  return t;
+}
+
+/* Backend memory holding `bytes` of host data (the data itself on backends
+ * whose memory is the host's, unless copy). */
+static const void *g4_place(struct g4binder *b, const void *data, size_t bytes, int copy) {
+  struct wk_vision_g4 *v = b->v;
+  if (!copy && kn_backend_has(v->be, KN_CAP_HOST_MEMORY)) return data;
+  void *p = g4_alloc(v, bytes);
+  if (!p || kn_upload(v->be, p, data, bytes)) {
+    b->rc = cm_fail(b->err, b->errlen, p ? CM_ERR_DEVICE : CM_ERR_NOMEM,
+                    "vision tower: cannot place %zu bytes of weights", bytes);
+    return NULL;
+  }
+  return p;
+}
+
+/* A tensor (dims as given) widened to f32 in backend memory. */
+static const float *g4_f32(struct g4binder *b, int ndim, const int64_t *dims, const char *name) {
+  const struct wk_tensor *t = g4_lookup(b, name, ndim, dims);
+  if (!t) return NULL;
+  size_t n = t->nbytes / wk_st_dtype_size(t->dtype);
+  float *host = malloc(sizeof(float) * (n ? n : 1));
+  if (!host) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++)
+    host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
+  const float *p = g4_place(b, host, n * sizeof(float), 1);
+  free(host);
+  return p;
+}
+
+static const float *g4_vec(struct g4binder *b, int64_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static const float *g4_vec(struct g4binder *b, int64_t n, const char *fmt, ...) {
+  char name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof(name), fmt, ap);
+  va_end(ap);
+  return g4_f32(b, 1, (const int64_t[]){n}, name);
+}
+
+/* A matrix with no clip bounds (a plain nn.Linear). */
+static struct g4mat plain_mat(void) {
+  return (struct g4mat){
+      .in_lo = -INFINITY, .in_hi = INFINITY, .out_lo = -INFINITY, .out_hi = INFINITY};
+}
+
+/* One clip bound: PREFIX.KEY, a tensor of one element (0-d, as torch saves a
+ * scalar buffer, or [1]). */
+static float g4_bound(struct g4binder *b, const char *prefix, const char *key) {
+  char name[256];
+  snprintf(name, sizeof(name), "%s.%s", prefix, key);
+  if (b->rc) return 0.0f;
+  const struct wk_tensor *t = wk_st_find(b->v->st, name);
+  if (!t) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT,
+                    "vision tower: tensor %s missing (vision_config.use_clipped_linears)", name);
+    return 0.0f;
+  }
+  size_t esz = wk_st_dtype_size(t->dtype);
+  if ((t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) ||
+      t->nbytes != esz || t->ndim > 1) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
+                    "vision tower: tensor %s is not one float (a %s tensor of %zu bytes)", name,
+                    t->dtype_name, t->nbytes);
+    return 0.0f;
+  }
+  float f = kn_load_f32(t->data, (enum kn_dtype)t->dtype, 0);
+  if (isnan(f)) b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE, "vision tower: %s is NaN", name);
+  return f;
+}
+
+/* A Gemma4ClippableLinear: PREFIX.linear.weight [rows, cols] and, with
+ * clipped linears, its four bounds (input_min <= input_max, likewise out). */
+static struct g4mat g4_linear(struct g4binder *b, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static struct g4mat g4_linear(struct g4binder *b, int64_t rows, int64_t cols, const char *fmt,
+                              ...) {
+  char prefix[224], name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof(prefix), fmt, ap);
+  va_end(ap);
+  struct g4mat m = plain_mat();
+  snprintf(name, sizeof(name), "%s.linear.weight", prefix);
+  const struct wk_tensor *t = g4_lookup(b, name, 2, (const int64_t[]){rows, cols});
+  if (!t) return m;
+  m.dt = (enum kn_dtype)t->dtype;
+  m.w = g4_place(b, t->data, t->nbytes, 0);
+  if (!b->v->vc.clipped_linears) return m;
+  m.in_lo = g4_bound(b, prefix, "input_min");
+  m.in_hi = g4_bound(b, prefix, "input_max");
+  m.out_lo = g4_bound(b, prefix, "output_min");
+  m.out_hi = g4_bound(b, prefix, "output_max");
+  if (!b->rc && (m.in_lo > m.in_hi || m.out_lo > m.out_hi))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE,
+                    "vision tower: %s's clip bounds are crossed (input [%g, %g], output [%g, %g])",
+                    prefix, m.in_lo, m.in_hi, m.out_lo, m.out_hi);
+  return m;
+}
+
+/* "model.vision_tower." with "model.embed_vision.", or the same without "model.". */
+static int find_prefixes(const struct wk_st *st, const char **vp, const char **ep) {
+  static const char *const vps[] = {"model.vision_tower.", "vision_tower."};
+  static const char *const eps[] = {"model.embed_vision.", "embed_vision."};
+  for (int i = 0; i < 2; i++) {
+    char name[128];
+    snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", vps[i]);
+    if (wk_st_find(st, name)) {
+      *vp = vps[i];
+      *ep = eps[i];
+      return 0;
+    }
+  }
+  return CM_ERR_NOENT;
+}
+
+static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
+  const struct md_vision_g4_cfg *c = &v->vc;
+  struct g4binder b = {.v = v, .err = err, .errlen = errlen};
+  if (find_prefixes(v->st, &b.VP, &b.EP))
+    return cm_fail(err, errlen, CM_ERR_NOENT,
+                   "vision tower: no patch_embedder.input_proj.weight under model.vision_tower. "
+                   "or vision_tower.");
+  const char *VP = b.VP;
+  int D = c->hidden, F = c->ffn, hd = c->head_dim;
+  v->patch_w = plain_mat();
+  char name[256];
+  snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", VP);
+  const struct wk_tensor *t = g4_lookup(&b, name, 2, (const int64_t[]){D, v->pd});
+  if (t) {
+    v->patch_w.dt = (enum kn_dtype)t->dtype;
+    v->patch_w.w = g4_place(&b, t->data, t->nbytes, 0);
+  }
+  snprintf(name, sizeof(name), "%spatch_embedder.position_embedding_table", VP);
+  t = g4_lookup(&b, name, 3, (const int64_t[]){2, c->pos_size, D});
+  if (t) {
+    v->pos_dt = (enum kn_dtype)t->dtype;
+    v->pos_table = g4_place(&b, t->data, t->nbytes, 0);
+  }
+  v->layers = cm_arena_calloc(&v->host, (size_t)c->n_layers, sizeof(*v->layers));
+  if (!v->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < c->n_layers && !b.rc; i++) {
+    struct g4layer *l = &v->layers[i];
+    char lp[160];
+    snprintf(lp, sizeof(lp), "%sencoder.layers.%d.", VP, i);
+    l->in_norm = g4_vec(&b, D, "%sinput_layernorm.weight", lp);
+    l->post_attn_norm = g4_vec(&b, D, "%spost_attention_layernorm.weight", lp);
+    l->pre_ff_norm = g4_vec(&b, D, "%spre_feedforward_layernorm.weight", lp);
+    l->post_ff_norm = g4_vec(&b, D, "%spost_feedforward_layernorm.weight", lp);
+    l->q_norm = g4_vec(&b, hd, "%sself_attn.q_norm.weight", lp);
+    l->k_norm = g4_vec(&b, hd, "%sself_attn.k_norm.weight", lp);
+    l->wq = g4_linear(&b, v->qd, D, "%sself_attn.q_proj", lp);
+    l->wk = g4_linear(&b, v->kvd, D, "%sself_attn.k_proj", lp);
+    l->wv = g4_linear(&b, v->kvd, D, "%sself_attn.v_proj", lp);
+    l->wo = g4_linear(&b, D, v->qd, "%sself_attn.o_proj", lp);
+    l->gate = g4_linear(&b, F, D, "%smlp.gate_proj", lp);
+    l->up = g4_linear(&b, F, D, "%smlp.up_proj", lp);
+    l->down = g4_linear(&b, D, F, "%smlp.down_proj", lp);
+  }
+  if (c->standardize) {
+    v->std_bias = g4_vec(&b, D, "%sstd_bias", VP);
+    v->std_scale = g4_vec(&b, D, "%sstd_scale", VP);
+  }
+  snprintf(name, sizeof(name), "%sembedding_projection.weight", b.EP);
+  t = g4_lookup(&b, name, 2, (const int64_t[]){v->text_hidden, D});
+  if (t) {
+    v->proj = plain_mat();
+    v->proj.dt = (enum kn_dtype)t->dtype;
+    v->proj.w = g4_place(&b, t->data, t->nbytes, 0);
+  }
+  if (b.rc) return b.rc;
+  /* compute_default_rope_parameters: theta^-(2i / (hd / 2)), i < hd / 4, in
+   * double rounded once */
+  int nf = hd / 4;
+  float freq[KN_MAX_HEAD_DIM / 4];
+  for (int i = 0; i < nf; i++)
+    freq[i] = (float)(1.0 / pow(c->rope_theta, (2.0 * i) / (hd / 2)));
+  v->inv_freq = g4_place(&b, freq, sizeof(float) * (size_t)nf, 1);
+  return b.rc;
+}
+
+/* ---- scratch ----------------------------------------------------------------- */
+
+static int alloc_scratch(struct wk_vision_g4 *v, char *err, size_t errlen) {
+  const struct md_vision_g4_cfg *c = &v->vc;
+  size_t T = (size_t)v->max_patches, D = (size_t)c->hidden, F = (size_t)c->ffn;
+  size_t wide = CM_MAX(D, (size_t)v->qd), widest = CM_MAX(wide, F);
+  size_t M = T / (size_t)(c->pool * c->pool) + 1;
+  int bt = G4_PAGE_TOKENS;
+  /* an image has at least pool^2 patches: so many images fit a pass */
+  v->max_images = v->max_patches / (c->pool * c->pool) + 1;
+  v->max_pages = v->max_patches / bt + v->max_images;
+  size_t half = (size_t)bt * (size_t)v->kvd * sizeof(float); /* one layer's K (or V) per page */
+  v->view = (struct kn_kv_view){.page_bytes = 2 * half,
+                                .n_pages = v->max_pages,
+                                .k_off = 0,
+                                .v_off = half,
+                                .block_tokens = bt,
+                                .n_kv_heads = c->n_kv_heads,
+                                .head_dim = c->head_dim,
+                                .dtype = KN_DTYPE_F32};
+  v->patches_host = cm_arena_alloc(&v->host, T * (size_t)v->pd * sizeof(float));
+  v->px = cm_arena_alloc(&v->host, T * sizeof(int32_t));
+  v->py = cm_arena_alloc(&v->host, T * sizeof(int32_t));
+  v->qx = cm_arena_alloc(&v->host, T * (size_t)c->n_heads * sizeof(int32_t));
+  v->qy = cm_arena_alloc(&v->host, T * (size_t)c->n_heads * sizeof(int32_t));
+  v->kx = cm_arena_alloc(&v->host, T * (size_t)c->n_kv_heads * sizeof(int32_t));
+  v->ky = cm_arena_alloc(&v->host, T * (size_t)c->n_kv_heads * sizeof(int32_t));
+  v->block_tables = cm_arena_alloc(&v->host, sizeof(int32_t) * (size_t)v->max_pages);
+  v->slots = cm_arena_alloc(&v->host, sizeof(int32_t) * T);
+  v->bidir = cm_arena_alloc(&v->host, sizeof(int32_t) * 2 * (size_t)v->max_images);
+  v->seqs = cm_arena_calloc(&v->host, (size_t)v->max_images, sizeof(*v->seqs));
+  v->patches = g4_alloc(v, T * (size_t)v->pd * sizeof(float));
+  v->x = g4_alloc(v, T * D * sizeof(float));
+  v->h = g4_alloc(v, T * D * sizeof(float));
+  v->o = g4_alloc(v, T * D * sizeof(float));
+  v->q = g4_alloc(v, T * wide * sizeof(float));
+  v->a = g4_alloc(v, T * wide * sizeof(float));
+  v->k = g4_alloc(v, T * (size_t)v->kvd * sizeof(float));
+  v->v = g4_alloc(v, T * (size_t)v->kvd * sizeof(float));
+  v->g = g4_alloc(v, T * F * sizeof(float));
+  v->u = g4_alloc(v, T * F * sizeof(float));
+  v->c = g4_alloc(v, T * widest * sizeof(float));
+  v->pooled = g4_alloc(v, M * D * sizeof(float));
+  v->emb = g4_alloc(v, M * (size_t)v->text_hidden * sizeof(float));
+  v->view.pool = g4_alloc(v, (size_t)v->max_pages * v->view.page_bytes);
+  if (!v->patches_host || !v->px || !v->py || !v->qx || !v->qy || !v->kx || !v->ky ||
+      !v->block_tables || !v->slots || !v->bidir || !v->seqs || !v->patches || !v->x || !v->h ||
+      !v->o || !v->q || !v->a || !v->k || !v->v || !v->g || !v->u || !v->c || !v->pooled ||
+      !v->emb || !v->view.pool)
+    return cm_fail(err, errlen, CM_ERR_NOMEM,
+                   "vision tower: out of memory for the scratch of %d patches", v->max_patches);
+  for (int i = 0; i < v->max_pages; i++)
+    v->block_tables[i] = i;
+  return 0;
+}
+
+/* ---- load ------------------------------------------------------------------- */
+
+int wk_vision_g4_load(const char *dir, struct kn_backend *be, const struct wk_vision_g4_opts *opts,
+                      struct wk_vision_g4 **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!dir || !be)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "vision tower: no directory or backend");
+  struct wk_vision_g4 *v = calloc(1, sizeof(*v));
+  if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  v->be = be;
+  cm_arena_init(&v->host, 64u << 10, 0);
+  int rc = md_config_load(dir, &v->cfg, err, errlen);
+  if (rc) goto fail;
+  if (!v->cfg.vision_g4.present) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "%s: the checkpoint has no Gemma 4 vision tower (model_type \"%s\")", dir,
+                 v->cfg.model_type);
+    goto fail;
+  }
+  v->vc = v->cfg.vision_g4;
+  v->text_hidden = v->cfg.hidden;
+  v->pd = 3 * v->vc.patch * v->vc.patch;
+  v->qd = v->vc.n_heads * v->vc.head_dim;
+  v->kvd = v->vc.n_kv_heads * v->vc.head_dim;
+  int pp = v->vc.pool * v->vc.pool;
+  v->max_patches = opts && opts->max_patches > 0 ? opts->max_patches : MD_G4_MAX_SOFT_TOKENS * pp;
+  if (v->vc.head_dim > KN_MAX_HEAD_DIM || v->max_patches < pp || v->max_patches > (1 << 22)) {
+    rc = cm_fail(err, errlen, CM_ERR_TOOBIG,
+                 "vision tower: head_dim %d (at most %d), %d patches per pass (%d to %d)",
+                 v->vc.head_dim, KN_MAX_HEAD_DIM, v->max_patches, pp, 1 << 22);
+    goto fail;
+  }
+  if ((rc = wk_st_open_dir(dir, &v->st, err, errlen))) goto fail;
+  if ((rc = bind_all(v, err, errlen))) goto fail;
+  if ((rc = alloc_scratch(v, err, errlen))) goto fail;
+  *out = v;
+  return 0;
+fail:
+  wk_vision_g4_free(v);
+  return rc;
+}
+
+/* ---- the encoder pass ---------------------------------------------------------- */
+
+/* out[T, m.rows] = clin(in[T, K]) (row strides: the widths): the input
+ * clamped into v->c first when its bounds are finite, the output in place. */
+static int clin(struct wk_vision_g4 *v, float *out, const float *in, const struct g4mat *m, int T,
+                int N, int K) {
+  int rc;
+  if (isfinite(m->in_lo) || isfinite(m->in_hi)) {
+    if ((rc = kn_clamp(v->be, v->c, in, m->in_lo, m->in_hi, (size_t)T * (size_t)K))) return rc;
+    in = v->c;
+  }
+  if ((rc = kn_matmul(v->be, out, N, in, K, m->w, m->dt, T, N, K, 0))) return rc;
+  if (isfinite(m->out_lo) || isfinite(m->out_hi))
+    rc = kn_clamp(v->be, out, out, m->out_lo, m->out_hi, (size_t)T * (size_t)N);
+  return rc;
+}
+
+/* Whether image im is what md_g4_image_plan gives: its grid within the
+ * position table, whole pooling windows, patch k at (k % grid_w, k / grid_w). */
+static int image_ok(const struct wk_vision_g4 *v, const struct wk_g4_image *im) {
+  const struct md_g4_image *f = &im->info;
+  int k = v->vc.pool;
+  if (!im->pixels || !im->pos || f->patch_dim != v->pd || f->grid_w < k || f->grid_h < k ||
+      f->grid_w % k || f->grid_h % k || f->grid_w > v->vc.pos_size || f->grid_h > v->vc.pos_size ||
+      (long long)f->grid_w * f->grid_h != f->n_patches || f->n_patches > v->max_patches ||
+      f->soft_tokens != f->n_patches / (k * k))
+    return 0;
+  for (int p = 0; p < f->n_patches; p++)
+    if (im->pos[2 * p] != p % f->grid_w || im->pos[2 * p + 1] != p / f->grid_w) return 0;
+  return 1;
+}
+
+/* Images ims[0..n) (their patches fit max_patches) -> out [their soft tokens, H]. */
+static int encode_pass(struct wk_vision_g4 *v, const struct wk_g4_image *ims, int n, float *out) {
+  const struct md_vision_g4_cfg *c = &v->vc;
+  struct kn_backend *be = v->be;
+  int D = c->hidden, F = c->ffn, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+  int bt = G4_PAGE_TOKENS, pp = c->pool * c->pool;
+  float eps = (float)c->eps;
+  int rc;
+  /* gather the real patches as 2 (px - 0.5) (float, as torch computes it),
+   * their positions, pages and attention sequences */
+  int T = 0, page = 0, M = 0;
+  for (int i = 0; i < n; i++) {
+    const struct md_g4_image *f = &ims[i].info;
+    int N = f->n_patches;
+    const float *src = ims[i].pixels;
+    float *dst = v->patches_host + (size_t)T * v->pd;
+    for (size_t e = 0; e < (size_t)N * v->pd; e++)
+      dst[e] = 2.0f * (src[e] - 0.5f);
+    for (int p = 0; p < N; p++) {
+      v->px[T + p] = ims[i].pos[2 * p];
+      v->py[T + p] = ims[i].pos[2 * p + 1];
+      v->slots[T + p] = page * bt + p;
+    }
+    int pages = (N + bt - 1) / bt;
+    v->bidir[2 * i] = 0;
+    v->bidir[2 * i + 1] = N;
+    v->seqs[i] = (struct kn_attn_seq){.q_begin = T,
+                                      .n_q = N,
+                                      .pos0 = 0,
+                                      .block_table = v->block_tables + page,
+                                      .n_blocks = pages,
+                                      .bidir = v->bidir + 2 * i,
+                                      .n_bidir = 1};
+    T += N;
+    page += pages;
+    M += f->soft_tokens;
+  }
+  /* positions per half-head row: q rows are (token, head), k rows (token, kv head) */
+  for (int t = 0; t < T; t++) {
+    for (int hh = 0; hh < nh; hh++) {
+      v->qx[t * nh + hh] = v->px[t];
+      v->qy[t * nh + hh] = v->py[t];
+    }
+    for (int hh = 0; hh < nkv; hh++) {
+      v->kx[t * nkv + hh] = v->px[t];
+      v->ky[t * nkv + hh] = v->py[t];
+    }
+  }
+  size_t TD = (size_t)T * (size_t)D;
+  if ((rc = kn_upload(be, v->patches, v->patches_host, (size_t)T * v->pd * sizeof(float))) ||
+      (rc = clin(v, v->x, v->patches, &v->patch_w, T, D, v->pd)))
+    return rc;
+  /* T[0][x] + T[1][y], then added to the projected patches */
+  const void *table_y =
+      (const char *)v->pos_table + (size_t)c->pos_size * D * kn_dtype_size(v->pos_dt);
+  if ((rc = kn_embed(be, v->h, D, v->pos_table, v->pos_dt, c->pos_size, D, v->px, T, 1.0f)) ||
+      (rc = kn_embed(be, v->a, D, table_y, v->pos_dt, c->pos_size, D, v->py, T, 1.0f)) ||
+      (rc = kn_add(be, v->h, v->h, v->a, TD)) || (rc = kn_add(be, v->x, v->x, v->h, TD)) ||
+      (rc = kn_rmsnorm(be, v->h, D, v->x, D, T, D, v->layers[0].in_norm, KN_DTYPE_F32, eps,
+                       KN_NORM_MUL_W)))
+    return rc;
+  for (int li = 0; li < c->n_layers; li++) {
+    const struct g4layer *l = &v->layers[li];
+    /* attention: h holds input_layernorm(x) */
+    if ((rc = clin(v, v->q, v->h, &l->wq, T, v->qd, D)) ||
+        (rc = clin(v, v->k, v->h, &l->wk, T, v->kvd, D)) ||
+        (rc = clin(v, v->v, v->h, &l->wv, T, v->kvd, D)) ||
+        (rc = kn_rmsnorm(be, v->q, hd, v->q, hd, T * nh, hd, l->q_norm, KN_DTYPE_F32, eps,
+                         KN_NORM_MUL_W)) ||
+        (rc = kn_rmsnorm(be, v->k, hd, v->k, hd, T * nkv, hd, l->k_norm, KN_DTYPE_F32, eps,
+                         KN_NORM_MUL_W)) ||
+        (rc = kn_rmsnorm(be, v->v, hd, v->v, hd, T * nkv, hd, NULL, KN_DTYPE_F32, eps,
+                         KN_NORM_NO_W)) ||
+        /* rope2d: the first half of each head by x, the second by y */
+        (rc = kn_rope(be, v->q, hd, T * nh, 1, hd / 2, v->qx, v->inv_freq)) ||
+        (rc = kn_rope(be, v->q + hd / 2, hd, T * nh, 1, hd / 2, v->qy, v->inv_freq)) ||
+        (rc = kn_rope(be, v->k, hd, T * nkv, 1, hd / 2, v->kx, v->inv_freq)) ||
+        (rc = kn_rope(be, v->k + hd / 2, hd, T * nkv, 1, hd / 2, v->ky, v->inv_freq)) ||
+        (rc = kn_kv_write(be, &v->view, v->slots, v->k, v->kvd, v->v, v->kvd, T)) ||
+        (rc =
+             kn_attention(be, v->a, v->qd, v->q, v->qd, &v->view, v->seqs, n, nh, 0, 1.0f, 0.0f)) ||
+        (rc = clin(v, v->o, v->a, &l->wo, T, D, v->qd)) ||
+        /* x += post_attention_layernorm(o); h = pre_feedforward_layernorm(x) */
+        (rc = kn_add_norm(be, v->x, D, v->o, D, v->h, D, T, D, l->post_attn_norm, l->pre_ff_norm,
+                          KN_DTYPE_F32, 1.0f, eps, KN_NORM_MUL_W)) ||
+        (rc = clin(v, v->g, v->h, &l->gate, T, F, D)) ||
+        (rc = clin(v, v->u, v->h, &l->up, T, F, D)) ||
+        (rc = kn_gelu_mul(be, v->g, F, v->g, F, v->u, F, T, F)) ||
+        (rc = clin(v, v->o, v->g, &l->down, T, D, F)))
+      return rc;
+    /* x += post_feedforward_layernorm(o); h = the next layer's input_layernorm(x) */
+    const float *next = li + 1 < c->n_layers ? v->layers[li + 1].in_norm : NULL;
+    if ((rc = kn_add_norm(be, v->x, D, v->o, D, next ? v->h : NULL, D, T, D, l->post_ff_norm, next,
+                          KN_DTYPE_F32, 1.0f, eps, KN_NORM_MUL_W)))
+      return rc;
+  }
+  /* pooling per image, times sqrt(hidden) (Gemma4VisionPooler's root_hidden_size) */
+  float root = (float)sqrt((double)D);
+  for (int i = 0, t0 = 0, m0 = 0; i < n; i++) {
+    const struct md_g4_image *f = &ims[i].info;
+    if ((rc = kn_avg_pool_grid(be, v->pooled + (size_t)m0 * D, D, v->x + (size_t)t0 * D, D,
+                               f->grid_w, f->grid_h, c->pool, D, root)))
+      return rc;
+    t0 += f->n_patches;
+    m0 += f->n_patches / pp;
+  }
+  if (v->std_bias &&
+      (rc = kn_standardize(be, v->pooled, D, v->pooled, D, M, D, v->std_bias, v->std_scale)))
+    return rc;
+  if ((rc = kn_rmsnorm(be, v->pooled, D, v->pooled, D, M, D, NULL, KN_DTYPE_F32, eps,
+                       KN_NORM_NO_W)) ||
+      (rc = kn_matmul(be, v->emb, v->text_hidden, v->pooled, D, v->proj.w, v->proj.dt, M,
+                      v->text_hidden, D, 0)))
+    return rc;
+  return kn_download(be, out, v->emb, (size_t)M * (size_t)v->text_hidden * sizeof(float));
+}
+
+int wk_vision_g4_encode(struct wk_vision_g4 *v, const struct wk_g4_image *ims, int n, float *out,
+                        char *err, size_t errlen) {
+  if (!v || n < 0 || (n > 0 && (!ims || !out)))
+    return cm_fail(err, errlen, CM_ERR_INVAL, "vision encode: bad arguments");
+  for (int i = 0; i < n; i++)
+    if (!image_ok(v, &ims[i]))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "vision encode: image %d (a %d x %d patch grid, %d patches) is not a "
+                     "preprocessed Gemma 4 image of this tower (at most %d patches)",
+                     i, ims[i].info.grid_w, ims[i].info.grid_h, ims[i].info.n_patches,
+                     v->max_patches);
+  size_t H = (size_t)v->text_hidden;
+  for (int i0 = 0; i0 < n;) {
+    int k = 0, T = 0;
+    while (i0 + k < n && k < v->max_images && T + ims[i0 + k].info.n_patches <= v->max_patches)
+      T += ims[i0 + k++].info.n_patches;
+    int rc = encode_pass(v, ims + i0, k, out);
+    if (rc)
+      return cm_fail(err, errlen, rc, "vision encode: images %d..%d: %s", i0, i0 + k - 1,
+                     cm_strerror(rc));
+    for (int j = 0; j < k; j++)
+      out += (size_t)ims[i0 + j].info.soft_tokens * H;
+    i0 += k;
+  }
+  return 0;
+}
