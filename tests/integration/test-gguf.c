@@ -287,7 +287,8 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
     tmp_path(q, name);
     TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
     TH_CHECK(strstr(o.out, types[ti]) != NULL);
-    llamacpp_generate(dir, q, all, N_PROMPTS, theirs);
+    double gaps[N_PROMPTS][N_GEN];
+    llamacpp_generate_gaps(dir, q, all, N_PROMPTS, theirs, gaps);
     for (int p = 0; p < N_PROMPTS; p++) {
       TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
                     "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
@@ -302,7 +303,17 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
                     "--kv-dtype", "f32", "--ignore-eos", "--threads", "2", "--dtype", "q8") == 0);
       int q8[N_GEN];
       TH_CHECK_EQ_INT(parse_ids(o.out, q8, N_GEN), N_GEN);
-      TH_CHECK(q8[0] == theirs[p][0]);
+      agree = 0;
+      while (agree < N_GEN && q8[agree] == theirs[p][agree])
+        agree++;
+      printf("# %s prompt %d, --dtype q8: %d of %d tokens as llama.cpp's%s\n", types[ti], p, agree,
+             N_GEN, agree < N_GEN ? " (then a near-tie)" : "");
+      /* the same tokens up to a near-tie of llama.cpp's top two, where the two
+       * roundings of the same 8-bit products may go either way */
+      if (agree < N_GEN && !(gaps[p][agree] < NEAR_TIE))
+        th_fail(__FILE__, __LINE__,
+                "%s prompt %d, --dtype q8: token %d is %d, llama.cpp's %d (its top two %.4f apart)",
+                types[ti], p, agree, q8[agree], theirs[p][agree], gaps[p][agree]);
     }
   }
   /* bad input */
