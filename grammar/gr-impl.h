@@ -150,6 +150,9 @@ struct gr_grammar {
    * (they lead elsewhere: the quote that ends a run of [^']); a subtree with
    * one of them is walked */
   uint64_t *term; /* (n_states, 2) */
+  /* takes[s] (192 bits): the ASCII bytes s takes, and bit 128 when it takes a byte
+   * >= 0x80 (made with reach) */
+  uint64_t *takes; /* (n_states, 3) */
   /* Runs of an ASCII alphabet: alpha[k] (128 bits) are the alphabets (common ones
    * and those the grammar's states take), and run[s * n_alpha + k] how many
    * characters of alpha[k] any text may take from s by the rule's own byte

@@ -447,6 +447,13 @@ struct walk_env {
  * one of its stacks allows it, and a stack alone steps on its top state (one
  * table look-up a byte) until it calls or returns, where a step of the whole
  * set would expand them for every node below. */
+/* Whether state s may take a byte below trie node i (the subtree's bytes, its own
+ * included: a superset of its children's). */
+static int may_take(const struct gr_grammar *g, uint32_t s, const struct gr_node *nd) {
+  const uint64_t *t = g->takes + 3 * (size_t)s;
+  return (t[0] & nd->asc[0]) || (t[1] & nd->asc[1]) || ((t[2] & 1) && nd->wide);
+}
+
 static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act) {
   struct gr_matcher *m = e->m;
   const struct gr_grammar *g = m->g;
@@ -550,6 +557,7 @@ static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act)
             l->top = t;
             l->base = pl->base;
           } else {
+            if (!may_take(g, l->set.frames[l->set.off[j + 1] - 1], nd)) continue;
             if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
             l->top = l->one.frames[l->one.off[1] - 1];
             l->base = &l->one;
@@ -595,6 +603,7 @@ static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act)
     }
     if (!l->simple && l->set.n > 1 && nd->end > i + 1) {
       for (uint32_t j = 0; j < l->set.n; j++) {
+        if (!may_take(g, l->set.frames[l->set.off[j + 1] - 1], nd)) continue;
         if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
         l->simple = 1;
         l->top = l->one.frames[l->one.off[1] - 1];

@@ -454,6 +454,21 @@ int gr_plain_reach(struct gr_grammar *g) {
     for (uint32_t b = 0; b < 128; b++)
       if (row[g->cls[b]] == st) loop[2 * (size_t)st + b / 64] |= 1ull << (b % 64);
   }
+  /* what each state takes: its ASCII bytes, and bit 128 any other */
+  uint64_t *takes = calloc((size_t)n * 3 + 3, sizeof *takes);
+  if (!takes) {
+    free(loop);
+    goto nomem;
+  }
+  for (uint32_t st = 0; st < n; st++) {
+    const uint32_t *row = g->delta + (size_t)st * g->n_cls;
+    for (uint32_t b = 0; b < 256; b++)
+      if (row[g->cls[b]] != GR_NONE) {
+        uint32_t bit = b < 128 ? b : 128;
+        takes[3 * (size_t)st + bit / 64] |= 1ull << (bit % 64);
+      }
+  }
+  g->takes = takes;
   g->loop = loop;
   g->wall = wall;
   g->term = term;
@@ -474,5 +489,6 @@ void gr_plain_free(struct gr_grammar *g) {
   free(g->wall);
   free(g->loop);
   free(g->term);
+  free(g->takes);
   runs_free(g);
 }
