@@ -618,6 +618,7 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
   int H = c->hidden, V = c->vocab, Vl = m->lm_head.rows, layer = -1;
   int tp = m->plan.world > 1;
   float cap = c->final_softcap > 0 ? (float)c->final_softcap : 0.0f;
+  if (b->sampled && b->masks_ready) K(b->masks_ready(b->masks_arg));
   if (b->sampled && all_argmax(b->sample + start, n)) {
     /* greedy rows: the tokens straight from the head (kn_matmul_argmax gives
      * kn_argmax's answer over the logits without writing them) */

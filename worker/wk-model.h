@@ -173,6 +173,12 @@ struct wk_batch {
    * has not read yet), whatever tokens[0] says. One rank only (CM_ERR_UNSUPPORTED
    * under tensor parallelism); a row past the kept ones: CM_ERR_RANGE. */
   const int32_t *prev_rows;
+  /* When set, called before the first row samples (maybe more than once): the
+   * rows' masks (sample[].allow, the pointers set already) are complete once it
+   * returns 0, so that a worker computes them while the device runs the pass;
+   * nonzero fails the step with that error. */
+  int (*masks_ready)(void *arg);
+  void *masks_arg;
 };
 
 /* Runs the batch. Returns 0, or CM_ERR_INVAL / CM_ERR_RANGE / CM_ERR_TOOBIG

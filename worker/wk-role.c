@@ -828,6 +828,8 @@ struct mask_job {
   struct wk_role *r;
   const struct pr_step *st;
   int rc;
+  pthread_t th;
+  int running; /* th computes them and is not joined yet */
 };
 
 static int seq_masks(struct wk_role *r, const struct pr_step_seq *s, struct gr_matcher *gm,
@@ -861,11 +863,20 @@ static void *fill_masks(void *arg) {
   return NULL;
 }
 
-/* The forward pass, and the constrained rows' masks: first where the step samples
- * on a backend whose kn_sample takes them (the pass's kn_sample applies them);
- * else on a device backend in a thread of their own while the device runs the
- * pass (the mask is needed only when the host samples the row); on the CPU, whose
- * cores the pass already uses, after. */
+/* wk_batch.masks_ready: the thread computing the masks is done. */
+static int masks_joined(void *arg) {
+  struct mask_job *j = arg;
+  if (j->running) pthread_join(j->th, NULL);
+  j->running = 0;
+  return j->rc;
+}
+
+/* The forward pass, and the constrained rows' masks, in a thread of their own
+ * while a device runs the pass (the mask is needed only when the row samples):
+ * where the step samples on a device whose kn_sample takes masks, the pass waits
+ * for them before it samples (wk_batch.masks_ready); on other devices the host's
+ * sampler applies them after. On the CPU, whose cores the pass already uses, they
+ * are computed first when the pass's kn_sample applies them, else after. */
 static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct wk_batch *b,
                              char *err, size_t errlen) {
   int masks = 0;
@@ -875,23 +886,31 @@ static int forward_and_masks(struct wk_role *r, const struct pr_step *st, struct
     r->gbits = malloc(sizeof(uint32_t) * (size_t)r->max_rows * wk_grammars_mask_words(r->gram));
     if (!r->gbits) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for token masks");
   }
-  struct mask_job job = {r, st, 0};
-  pthread_t th;
+  struct mask_job job = {.r = r, .st = st};
   struct kn_backend *be = wk_model_backend(r->model);
   int host = kn_backend_has(be, KN_CAP_HOST_MEMORY);
+  b->masks_ready = NULL;
   if (masks && r->s->dev_step && kn_sample_takes_masks(be)) { /* for the pass's kn_sample */
-    fill_masks(&job);
     size_t words = wk_grammars_mask_words(r->gram);
-    for (uint32_t i = 0; i < st->n_seqs && !job.rc; i++)
+    for (uint32_t i = 0; i < st->n_seqs; i++)
       if ((st->seqs[i].flags & PR_SEQ_SAMPLE) && r->s->cur[i]->gm)
         for (int k = r->s->row0[i]; k <= r->s->row0[i] + (int)st->seqs[i].draft_tokens.n; k++)
           r->s->kp[k].allow = r->gbits + (size_t)k * words;
+    job.running = !host && pthread_create(&job.th, NULL, fill_masks, &job) == 0;
+    if (job.running) {
+      b->masks_ready = masks_joined;
+      b->masks_arg = &job;
+    } else {
+      fill_masks(&job);
+    }
     masks = 0;
   }
-  int threaded = masks && !host && pthread_create(&th, NULL, fill_masks, &job) == 0;
-  int rc = b->n_seqs && !job.rc ? wk_model_forward(r->model, b, err, errlen) : 0;
-  if (threaded)
-    pthread_join(th, NULL);
+  if (masks && !host) job.running = pthread_create(&job.th, NULL, fill_masks, &job) == 0;
+  int failed = !job.running && job.rc; /* (the thread's rc is read once it is joined) */
+  int rc = b->n_seqs && !failed ? wk_model_forward(r->model, b, err, errlen) : 0;
+  b->masks_ready = NULL;
+  if (job.running)
+    masks_joined(&job);
   else if (masks && !rc)
     fill_masks(&job);
   if (!rc && job.rc) rc = cm_fail(err, errlen, job.rc, "token masks: %s", cm_strerror(job.rc));

@@ -690,6 +690,76 @@ TH_TEST(hidden_states_output) {
   teardown(&f);
 }
 
+/* wk_batch.masks_ready: the masks are filled when it is called (a worker's
+ * thread finishes them while a device runs the pass). */
+struct late_masks {
+  uint32_t *bits; /* [2][words] */
+  int words, V, calls, rc;
+};
+
+static int fill_late(void *arg) {
+  struct late_masks *l = arg;
+  l->calls++;
+  if (l->rc) return l->rc;
+  memset(l->bits, 0, sizeof(uint32_t) * 2 * (size_t)l->words);
+  for (int v = 0; v < l->V; v++) {
+    if (v % 7 == 3) l->bits[v / 32] |= 1u << (v % 32);            /* row 0 */
+    if (v % 5 == 1) l->bits[l->words + v / 32] |= 1u << (v % 32); /* row 1 */
+  }
+  return 0;
+}
+
+/* Masks completed by wk_batch.masks_ready before the rows sample: the tokens of
+ * the same step with the masks filled beforehand (greedy and seeded, each
+ * allowed by its mask); an error from it fails the step with that error. */
+TH_TEST(masks_ready_before_the_rows_sample) {
+  struct fixture f;
+  TH_REQUIRE(setup(&f, "gemma3", 0, WK_ST_BF16) == 0);
+  const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
+  int32_t p[12];
+  make_prompt(p, 12, f.V, 9);
+  struct wk_seq_blocks blk = {0};
+  TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 12) == 0);
+  struct wk_seq_input in = {.tokens = p, .n_tokens = 12, .n_out = 2};
+  for (int g = 0; g < kv->n_groups; g++) {
+    in.block_tables[g] = blk.table[g];
+    in.n_blocks[g] = blk.n[g];
+  }
+  int words = (f.V + 31) / 32;
+  uint32_t *bits = calloc(2 * (size_t)words, sizeof(uint32_t));
+  TH_REQUIRE(bits);
+  struct late_masks late = {bits, words, f.V, 0, 0};
+  struct kn_sample_params sp[2];
+  struct kn_sample_out early[2], got[2];
+  for (int r = 0; r < 2; r++) {
+    kn_sample_params_default(&sp[r]);
+    sp[r].allow = bits + (size_t)r * words;
+  }
+  sp[0].temperature = 0.0f;
+  sp[1].temperature = 0.9f;
+  sp[1].seed = 77;
+  char err[256];
+  TH_REQUIRE(fill_late(&late) == 0); /* filled beforehand */
+  struct wk_batch b = {.seqs = &in, .n_seqs = 1, .sample = sp, .sampled = early};
+  TH_REQUIRE(wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
+  memset(bits, 0, sizeof(uint32_t) * 2 * (size_t)words); /* allows nothing until the hook */
+  late.calls = 0;
+  b.sampled = got;
+  b.masks_ready = fill_late;
+  b.masks_arg = &late;
+  TH_REQUIRE(wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
+  TH_CHECK(late.calls >= 1);
+  for (int r = 0; r < 2; r++) {
+    TH_CHECK_EQ_INT(got[r].token, early[r].token);
+    TH_CHECK(got[r].token % (r ? 5 : 7) == (r ? 1 : 3));
+  }
+  late.rc = CM_ERR_NOMEM;
+  TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_NOMEM);
+  free(bits);
+  wk_seq_blocks_release(&blk, kv, &f.pa);
+  teardown(&f);
+}
+
 /* One decode step of every sequence of s[ns] whose prompt is done, on f: the
  * sequences' next tokens come from out_tok (their last sampled token, else
  * their prompt's last); row i samples greedily when i is even, else with
