@@ -430,9 +430,10 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   } else if (req->n_images * fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens) >
              PR_MAX_MSG_DEFAULT / 2) {
     param = "messages";
-    snprintf(err, sizeof(err), "%zu images of up to %zu bytes of pixels each take more than one "
-             "request may carry (%u MB)", req->n_images,
-             fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens),
+    snprintf(err, sizeof(err),
+             "%zu images of up to %zu bytes of pixels each take more than one "
+             "request may carry (%u MB)",
+             req->n_images, fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens),
              (unsigned)(PR_MAX_MSG_DEFAULT / 2 >> 20));
   } else {
     check_ids(e, req, err, sizeof(err), &param);

@@ -76,8 +76,8 @@ int md_g4_image_plan(struct md_g4_image *out, int w, int h, const struct md_visi
 /* The real patches of a resized image px[info->height, info->width, 3]:
  * numpy's float64 product by 1/255, then float32 (transformers' rescale),
  * each patch flattened [dy][dx][channel], patch k at (k % grid_w, k / grid_w). */
-static void patchify(float *pixels, int32_t *pos, const struct md_g4_image *info,
-                     const uint8_t *px, int P) {
+static void patchify(float *pixels, int32_t *pos, const struct md_g4_image *info, const uint8_t *px,
+                     int P) {
   const double scale = 1.0 / 255.0;
   size_t dim = (size_t)info->patch_dim;
   int W = info->width;
@@ -98,7 +98,8 @@ int md_g4_image_resize(uint8_t **out, struct md_g4_image *info, const uint8_t *i
                        const struct md_vision_g4_cfg *vc, int max_soft_tokens, char *err,
                        size_t errlen) {
   *out = NULL;
-  if (!info || !img) return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: bad arguments");
+  if (!info || !img)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: bad arguments");
   int rc = md_g4_image_plan(info, w, h, vc, max_soft_tokens, err, errlen);
   if (rc) return rc;
   size_t n = (size_t)info->width * (size_t)info->height * 3;
@@ -120,8 +121,7 @@ int md_g4_image_patches(float *pixels, int32_t *pos, struct md_g4_image *info, c
     return cm_fail(err, errlen, CM_ERR_INVAL, "image patches: bad arguments");
   int side = vc->patch * vc->pool;
   if (w < side || h < side || w % side || h % side || w / vc->patch > vc->pos_size ||
-      h / vc->patch > vc->pos_size ||
-      (long long)(w / side) * (h / side) > MD_G4_MAX_SOFT_TOKENS)
+      h / vc->patch > vc->pos_size || (long long)(w / side) * (h / side) > MD_G4_MAX_SOFT_TOKENS)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "image patches: a %d x %d image is not a resized one (sides multiples of %d, "
                    "at most %d soft tokens)",

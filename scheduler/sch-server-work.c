@@ -690,8 +690,9 @@ void sch_srv_work_step(struct sch_server *s) {
       used_images += (size_t)p->num_images;
       for (int32_t j = 0; j < p->num_images; j++) {
         const struct sch_image *im = &p->images[j];
-        q->images[j] = (struct pr_image){(uint32_t)im->pos, (uint32_t)im->num_tokens, im->hash,
-                                         {im->data, (uint32_t)im->len}, im->width, im->height};
+        q->images[j] = (struct pr_image){(uint32_t)im->pos, (uint32_t)im->num_tokens,
+                                         im->hash,          {im->data, (uint32_t)im->len},
+                                         im->width,         im->height};
       }
     }
     if (p->start_pos < p->num_prompt)

@@ -143,8 +143,9 @@ static int add_images(const struct sch_server *s, const struct pr_add *a,
                      "image %u: %u tokens and %u bytes of pixels; the model takes %u and %u", i,
                      m->n_tokens, m->pixels.n, s->info.image_tokens, s->info.image_bytes);
     }
-    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens, m->hash, m->pixels.v,
-                                m->pixels.n, m->width, m->height};
+    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens, m->hash,
+                                m->pixels.v,     m->pixels.n,          m->width,
+                                m->height};
   }
   return 0;
 }

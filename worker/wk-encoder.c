@@ -26,8 +26,8 @@ struct entry {
 };
 
 struct wk_encoder {
-  struct wk_vision *vision;  /* Gemma 3's tower, or NULL */
-  struct wk_vision_g4 *g4;   /* Gemma 4's tower, or NULL */
+  struct wk_vision *vision;                    /* Gemma 3's tower, or NULL */
+  struct wk_vision_g4 *g4;                     /* Gemma 4's tower, or NULL */
   int tokens, hidden, channels, width, height; /* Gemma 3: every image's; Gemma 4: the most */
   size_t image_bytes, cap_bytes, held;         /* held: bytes of the cached entries */
   float *stage_px;   /* Gemma 3: [cap_stage, channels, height, width] images to encode */
