@@ -698,7 +698,8 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     goto fail;
   }
   if (e->mm.enabled && e->mm.g4)
-    cm_info(TAG, "image input (Gemma 4): each at its own size, %d soft tokens by default "
+    cm_info(TAG,
+            "image input (Gemma 4): each at its own size, %d soft tokens by default "
             "(mm_processor_kwargs.max_soft_tokens), at most %d per prompt",
             e->mm.tokens, e->mm.limit);
   else if (e->mm.enabled)

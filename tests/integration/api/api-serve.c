@@ -29,13 +29,13 @@ static void make_model(struct as_server *s, int max_pos) {
   snprintf(s->log, sizeof(s->log), "%s/serve.log", s->dir);
   struct th_out o = {0};
   int rc = s->vision_g4 ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--vision",
-                                     "--bidir-vision", "--chat-format", "gemma4", "--out",
-                                     s->model, "--seed", "1", NULL)
-           : s->vision ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma3", "--vision",
-                                    "--out", s->model, "--seed", "1", NULL)
-                       : th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out",
-                                  s->model, "--seed", "1", "--chat-format",
-                                  s->gemma4_chat ? "gemma4" : "gemma3", NULL);
+                                     "--bidir-vision", "--chat-format", "gemma4", "--out", s->model,
+                                     "--seed", "1", NULL)
+           : s->vision  ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma3", "--vision",
+                                     "--out", s->model, "--seed", "1", NULL)
+                        : th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out",
+                                     s->model, "--seed", "1", "--chat-format",
+                                    s->gemma4_chat ? "gemma4" : "gemma3", NULL);
   if (rc != 0) fprintf(stderr, "make-tiny-model: %s\n", o.err ? o.err : "");
   th_out_free(&o);
   TH_REQUIRE(rc == 0);
