@@ -12,6 +12,8 @@
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
 #include "grammar/gr.h"
+#include "model/md-config.h"
+#include "model/md-vision-g4.h"
 
 struct pctx {
   struct fe_api_request *r;
@@ -1309,6 +1311,25 @@ static int stop_after_calls(struct pctx *p) {
   return 0;
 }
 
+/* mm_processor_kwargs (vLLM's: the multimodal processor's settings for this
+ * request): max_soft_tokens, Gemma 4's image budget, one of 70, 140, 280, 560,
+ * 1120; other keys are not read. */
+static int parse_mm_kwargs(struct pctx *p, json_t *body) {
+  json_t *v = json_object_get(body, "mm_processor_kwargs");
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_object(v))
+    return fail(p, 400, "mm_processor_kwargs", "'mm_processor_kwargs' must be an object, not %s",
+                type_name(v));
+  json_t *t = json_object_get(v, "max_soft_tokens");
+  if (!t || json_is_null(t)) return 0;
+  long long n = json_is_integer(t) ? (long long)json_integer_value(t) : -1;
+  if (n < 1 || n > MD_G4_MAX_SOFT_TOKENS || !md_g4_soft_tokens_allowed((int)n))
+    return fail(p, 400, "mm_processor_kwargs.max_soft_tokens",
+                "'mm_processor_kwargs.max_soft_tokens' must be one of 70, 140, 280, 560, 1120");
+  p->r->max_soft_tokens = (int)json_integer_value(t);
+  return 0;
+}
+
 static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
   struct fe_api_request *r = p->r;
   int rc;
@@ -1321,6 +1342,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
     if ((rc = parse_tools(p, body))) return rc;
     if ((rc = parse_messages(p, body))) return rc;
+    if ((rc = parse_mm_kwargs(p, body))) return rc;
     if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
     break;
   case FE_API_TOKENIZE:
@@ -1329,6 +1351,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
       if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
       if ((rc = parse_tools(p, body))) return rc; /* the prompt the tools make, as vLLM's */
       if ((rc = parse_messages(p, body))) return rc;
+      if ((rc = parse_mm_kwargs(p, body))) return rc;
       if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
     } else {
       json_t *pr = json_object_get(body, "prompt");

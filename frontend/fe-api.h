@@ -126,6 +126,9 @@ struct fe_api_request {
    * template gets as variables (NULL: none); thinking: its enable_thinking is true. */
   const char *template_kwargs;
   int thinking;
+  /* Chat and /tokenize with messages: mm_processor_kwargs.max_soft_tokens, Gemma 4's
+   * soft-token budget per image (70, 140, 280, 560 or 1120); 0 = the model's default. */
+  int max_soft_tokens;
   /* Gemma 4's notation in the answer: fe-g4.h's FE_G4_REASONING | FE_G4_TOOLS
    * (0: the text is all content). */
   unsigned g4;

@@ -143,11 +143,19 @@ static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
       free(text);
       return rc;
     }
-    if (req->n_images) { /* each <start_of_image> becomes its image's token run */
+    if (req->n_images) { /* each image marker becomes its image's token run */
       char *full = NULL;
       size_t full_len = 0;
-      rc = fe_mm_expand(j->mm, text, len, req->n_images, &full, &full_len, j->err,
+      int *nt = j->imgs ? malloc(sizeof(int) * req->n_images) : NULL;
+      if (j->imgs && !nt) {
+        free(text);
+        return CM_ERR_NOMEM;
+      }
+      for (size_t i = 0; nt && i < req->n_images; i++)
+        nt[i] = j->imgs[i].tokens;
+      rc = fe_mm_expand(j->mm, text, len, req->n_images, nt, &full, &full_len, j->err,
                         sizeof(j->err));
+      free(nt);
       free(text);
       if (rc) return rc;
       text = full;
@@ -184,7 +192,9 @@ static void job_run(uv_work_t *w) {
     return;
   }
   const struct fe_api_request *req = j->req;
-  if (req->kind == FE_API_CHAT && req->n_images) { /* the images first: the cheaper refusal */
+  /* the images first: the cheaper refusal. Gemma 4's decide their token counts,
+   * so /tokenize decodes them too */
+  if (req->n_images && (req->kind == FE_API_CHAT || j->mm->g4)) {
     if (!(j->imgs = calloc(req->n_images, sizeof(*j->imgs)))) {
       j->rc = CM_ERR_NOMEM;
       return;
@@ -192,7 +202,8 @@ static void job_run(uv_work_t *w) {
     for (size_t i = 0; i < req->n_images; i++) {
       const struct fe_api_image *im = &req->images[i];
       char why[256];
-      int rc = fe_mm_image(j->mm, im->url, im->url_len, &j->imgs[i], why, sizeof(why));
+      int rc = fe_mm_image(j->mm, im->url, im->url_len, req->max_soft_tokens, &j->imgs[i], why,
+                           sizeof(why));
       if (rc) {
         j->rc = rc;
         snprintf(j->err, sizeof(j->err), "%.63s: %.250s", im->param, why);
@@ -413,11 +424,16 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
     param = req->images[e->mm.limit].param;
     snprintf(err, sizeof(err), "%zu images in the prompt; this server takes at most %d "
              "(--limit-mm-per-prompt)", req->n_images, e->mm.limit);
-  } else if (req->n_images * (size_t)e->mm.width * (size_t)e->mm.height * 3 >
+  } else if (req->max_soft_tokens && !e->mm.g4) {
+    param = "mm_processor_kwargs.max_soft_tokens";
+    snprintf(err, sizeof(err), "this model's images take no max_soft_tokens (Gemma 4's)");
+  } else if (req->n_images * fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens) >
              PR_MAX_MSG_DEFAULT / 2) {
     param = "messages";
-    snprintf(err, sizeof(err), "%zu images of %d x %d pixels take more than one request may "
-             "carry (%u MB)", req->n_images, e->mm.width, e->mm.height,
+    snprintf(err, sizeof(err),
+             "%zu images of up to %zu bytes of pixels each take more than one "
+             "request may carry (%u MB)",
+             req->n_images, fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens),
              (unsigned)(PR_MAX_MSG_DEFAULT / 2 >> 20));
   } else {
     check_ids(e, req, err, sizeof(err), &param);
@@ -476,15 +492,25 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       answer_error(e, c, 500, "out of memory", NULL);
       return;
     }
-    if (fe_mm_find_runs(&e->mm, j->ids[0], j->n_ids[0], images, req->n_images, why,
-                        sizeof(why))) {
+    int *nt = malloc(sizeof(int) * req->n_images);
+    for (size_t i = 0; nt && i < req->n_images; i++)
+      nt[i] = j->imgs[i].tokens;
+    if (!nt || fe_mm_find_runs(&e->mm, j->ids[0], j->n_ids[0], images, req->n_images, nt, why,
+                               sizeof(why))) {
+      if (!nt) snprintf(why, sizeof(why), "out of memory");
+      free(nt);
       free(images);
       answer_error(e, c, 400, why, "messages");
       return;
     }
+    free(nt);
     for (size_t i = 0; i < req->n_images; i++) {
       images[i].hash = j->imgs[i].hash;
       images[i].pixels = (struct pr_bytes){j->imgs[i].pixels, (uint32_t)j->imgs[i].n_bytes};
+      if (e->mm.g4) { /* sized per image: the workers cut it into its patches */
+        images[i].width = (uint32_t)j->imgs[i].width;
+        images[i].height = (uint32_t)j->imgs[i].height;
+      }
     }
   }
   /* the replica: by load and by where this prompt's prefix went before */

@@ -697,7 +697,12 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     cm_error(TAG, "%s: image input: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
-  if (e->mm.enabled)
+  if (e->mm.enabled && e->mm.g4)
+    cm_info(TAG,
+            "image input (Gemma 4): each at its own size, %d soft tokens by default "
+            "(mm_processor_kwargs.max_soft_tokens), at most %d per prompt",
+            e->mm.tokens, e->mm.limit);
+  else if (e->mm.enabled)
     cm_info(TAG, "image input: %d x %d images, %d tokens each, at most %d per prompt",
             e->mm.width, e->mm.height, e->mm.tokens, e->mm.limit);
   load_vocab(e, gcfg);

@@ -11,6 +11,7 @@
 #include "common/cm-err.h"
 #include "common/cm-hash.h"
 #include "model/md-config.h"
+#include "model/md-vision-g4.h"
 #include "model/md-vision-preproc.h"
 
 #define DEFAULT_LIMIT 16
@@ -72,7 +73,24 @@ int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_
     return cm_fail(err, errlen, rc, "%s", why);
   }
   const struct md_vision_cfg v = c->vision; /* what follows needs no more of c */
+  const struct md_vision_g4_cfg g4 = c->vision_g4;
   free(c);
+  if (g4.present) { /* Gemma 4: a size and a token count per image */
+    mm->limit = limit > PR_MAX_IMAGES ? PR_MAX_IMAGES : limit;
+    mm->g4 = 1;
+    mm->g4cfg = g4;
+    mm->tokens = g4.default_tokens;
+    mm->image_id = g4.image_id;
+    mm->channels = 3;
+    mm->do_resize = 1;
+    if (token_text(tok, g4.boi_id, mm->boi, sizeof(mm->boi)) ||
+        token_text(tok, g4.image_id, mm->soft, sizeof(mm->soft)) ||
+        token_text(tok, g4.eoi_id, mm->eoi, sizeof(mm->eoi)))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "%s: the tokenizer has no text for the image token ids %d / %d / %d", dir,
+                     g4.boi_id, g4.image_id, g4.eoi_id);
+    goto limits;
+  }
   if (!v.present) return 0;
   if (v.channels != 3)
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: vision_config.num_channels %d (3 supported)",
@@ -90,6 +108,7 @@ int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: the tokenizer has no text for the image token ids %d / %d / %d", dir,
                    v.boi_id, v.image_id, v.eoi_id);
+limits:
   if (o) {
     mm->lim.max_bytes = o->max_bytes;
     mm->lim.max_pixels = o->max_pixels;
@@ -139,13 +158,42 @@ void fe_mm_image_free(struct fe_mm_image *img) {
   img->n_bytes = 0;
 }
 
-int fe_mm_image(const struct fe_mm *mm, const char *url, size_t url_len, struct fe_mm_image *out,
-                char *err, size_t errlen) {
+size_t fe_mm_image_max_bytes(const struct fe_mm *mm, int max_soft_tokens) {
+  if (!mm->g4) return (size_t)mm->width * (size_t)mm->height * (size_t)mm->channels;
+  const struct md_vision_g4_cfg *v = &mm->g4cfg;
+  size_t budget = (size_t)(max_soft_tokens ? max_soft_tokens : mm->tokens);
+  return budget * (size_t)(v->pool * v->pool) * (size_t)(v->patch * v->patch) * 3;
+}
+
+/* Gemma 4: src resized to its size for the budget (md_g4_image_resize). */
+static int image_g4(const struct fe_mm *mm, const struct fe_image *src, int max_soft_tokens,
+                    struct fe_mm_image *out, char *err, size_t errlen) {
+  struct md_g4_image info;
+  char why[256] = "";
+  int rc = md_g4_image_resize(&out->pixels, &info, src->rgb, src->w, src->h, &mm->g4cfg,
+                              max_soft_tokens ? max_soft_tokens : mm->tokens, why, sizeof(why));
+  if (rc) return cm_fail(err, errlen, rc, "the %d x %d image: %s", src->w, src->h, why);
+  out->width = info.width;
+  out->height = info.height;
+  out->tokens = info.soft_tokens;
+  out->n_bytes = (size_t)info.width * (size_t)info.height * 3;
+  out->hash = pixel_hash(mm->hash_key, out->pixels, out->n_bytes, info.width, info.height);
+  return 0;
+}
+
+int fe_mm_image(const struct fe_mm *mm, const char *url, size_t url_len, int max_soft_tokens,
+                struct fe_mm_image *out, char *err, size_t errlen) {
   memset(out, 0, sizeof(*out));
   struct fe_image src;
   memset(&src, 0, sizeof(src));
   int rc = fe_image_load_url(url, url_len, &mm->lim, &src, err, errlen);
   if (rc) return rc;
+  if (mm->g4) {
+    rc = image_g4(mm, &src, max_soft_tokens, out, err, errlen);
+    fe_image_free(&src);
+    if (rc) fe_mm_image_free(out);
+    return rc;
+  }
   size_t n = (size_t)mm->width * (size_t)mm->height * (size_t)mm->channels;
   if (src.w == mm->width && src.h == mm->height) {
     out->pixels = src.rgb; /* already the size the model takes */
@@ -167,6 +215,9 @@ int fe_mm_image(const struct fe_mm *mm, const char *url, size_t url_len, struct 
     return rc;
   }
   out->n_bytes = n;
+  out->width = mm->width;
+  out->height = mm->height;
+  out->tokens = mm->tokens;
   out->hash = pixel_hash(mm->hash_key, out->pixels, n, mm->width, mm->height);
   return 0;
 }
@@ -181,36 +232,41 @@ static size_t count_markers(const char *text, size_t len, const char *m) {
 }
 
 int fe_mm_expand(const struct fe_mm *mm, const char *text, size_t len, size_t n_images,
-                 char **out, size_t *out_len, char *err, size_t errlen) {
+                 const int *tokens, char **out, size_t *out_len, char *err, size_t errlen) {
   *out = NULL;
   *out_len = 0;
-  size_t markers = count_markers(text, len, mm->boi);
+  /* the template's marker: Gemma 3's <start_of_image>, Gemma 4's image token */
+  const char *mark = mm->g4 ? mm->soft : mm->boi;
+  const char *nl = mm->g4 ? "" : "\n\n"; /* Gemma 4 puts nothing around an image */
+  size_t ml = strlen(mark), nll = strlen(nl);
+  size_t markers = count_markers(text, len, mark);
   if (markers != n_images)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "the prompt has %zu image placeholder%s (%s) for %zu image%s", markers,
-                   markers == 1 ? "" : "s", mm->boi, n_images, n_images == 1 ? "" : "s");
+                   markers == 1 ? "" : "s", mark, n_images, n_images == 1 ? "" : "s");
   size_t bl = strlen(mm->boi), sl = strlen(mm->soft), el = strlen(mm->eoi);
-  size_t run = 2 + bl + (size_t)mm->tokens * sl + el + 2;
-  size_t total = len - markers * bl + markers * run;
+  size_t total = len - markers * ml;
+  for (size_t k = 0; k < markers; k++)
+    total += 2 * nll + bl + (size_t)(tokens ? tokens[k] : mm->tokens) * sl + el;
   char *s = malloc(total + 1);
   if (!s) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   size_t o = 0;
   const char *p = text, *end = text + len;
   for (size_t k = 0; k < markers; k++) {
-    const char *q = memmem(p, (size_t)(end - p), mm->boi, bl);
+    const char *q = memmem(p, (size_t)(end - p), mark, ml);
     memcpy(s + o, p, (size_t)(q - p));
     o += (size_t)(q - p);
-    memcpy(s + o, "\n\n", 2);
-    o += 2;
+    memcpy(s + o, nl, nll);
+    o += nll;
     memcpy(s + o, mm->boi, bl);
     o += bl;
-    for (int t = 0; t < mm->tokens; t++, o += sl)
+    for (int t = 0, nt = tokens ? tokens[k] : mm->tokens; t < nt; t++, o += sl)
       memcpy(s + o, mm->soft, sl);
     memcpy(s + o, mm->eoi, el);
     o += el;
-    memcpy(s + o, "\n\n", 2);
-    o += 2;
-    p = q + bl;
+    memcpy(s + o, nl, nll);
+    o += nll;
+    p = q + ml;
   }
   memcpy(s + o, p, (size_t)(end - p));
   o += (size_t)(end - p);
@@ -221,7 +277,7 @@ int fe_mm_expand(const struct fe_mm *mm, const char *text, size_t len, size_t n_
 }
 
 int fe_mm_find_runs(const struct fe_mm *mm, const int32_t *ids, size_t n, struct pr_image *imgs,
-                    size_t n_images, char *err, size_t errlen) {
+                    size_t n_images, const int *tokens, char *err, size_t errlen) {
   size_t k = 0;
   for (size_t i = 0; i < n;) {
     if (ids[i] != mm->image_id) {
@@ -231,7 +287,7 @@ int fe_mm_find_runs(const struct fe_mm *mm, const int32_t *ids, size_t n, struct
     size_t j = i;
     while (j < n && ids[j] == mm->image_id)
       j++;
-    if (k == n_images || j - i != (size_t)mm->tokens)
+    if (k == n_images || j - i != (size_t)(tokens ? tokens[k] : mm->tokens))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "the prompt's image tokens do not match its images (%s written in the text?)",
                      mm->soft);

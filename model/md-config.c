@@ -500,6 +500,16 @@ int md_g4_soft_tokens_allowed(int n) {
   return n == 70 || n == 140 || n == 280 || n == 560 || n == 1120;
 }
 
+/* Gemma 4's image mask on full-attention layers: 0 follows transformers at
+ * c308a30 and vLLM (sliding layers only); 1 would follow newer transformers. */
+#define MD_G4_IMAGE_BIDIR_FULL 0
+
+int md_image_bidir(const struct md_config *cfg, enum md_layer_kind kind) {
+  if (!cfg->vision_g4.present) return 1; /* Gemma 3, or ranges a caller gives a text model */
+  if (!cfg->vision_g4.bidir) return 0;
+  return kind == MD_LAYER_SLIDING || MD_G4_IMAGE_BIDIR_FULL;
+}
+
 /* One string field that must be one of `n` choices: its index in *out, `def`
  * when missing or null. */
 static int get_choice(const json_t *o, const char *key, const char *const *choices, int n, int def,

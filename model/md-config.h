@@ -246,6 +246,17 @@ const char *md_arch_name(enum md_arch arch);
  * 280, 560, 1120), else 0. */
 int md_g4_soft_tokens_allowed(int n);
 
+/* Whether the tokens of one image attend to each other (bidirectionally, in
+ * prefill) in the layers of this kind; the one switch for every role and
+ * test. Gemma 3 (and any model without Gemma 4's vision tower): every layer
+ * (transformers' Gemma3 adds the image mask to the sliding and the full
+ * mask). Gemma 4: none unless the text config says
+ * use_bidirectional_attention "vision" (or "all"); then the sliding layers
+ * only, as transformers' modeling_gemma4.py at c308a30 (the version our
+ * references follow) and vLLM do, not the full ones (newer transformers
+ * code adds it to both: MD_G4_IMAGE_BIDIR_FULL in md-config.c). */
+int md_image_bidir(const struct md_config *cfg, enum md_layer_kind kind);
+
 /* Reads a whole small file into a malloc'd NUL-terminated buffer (cap bytes
  * at most). Returns 0, CM_ERR_NOENT, CM_ERR_IO or CM_ERR_TOOBIG. */
 int md_read_file(const char *path, size_t cap, char **out, size_t *len);

@@ -73,28 +73,14 @@ int md_g4_image_plan(struct md_g4_image *out, int w, int h, const struct md_visi
   return 0;
 }
 
-int md_g4_image_preprocess(float *pixels, int32_t *pos, struct md_g4_image *info,
-                           const uint8_t *img, int w, int h, const struct md_vision_g4_cfg *vc,
-                           int max_soft_tokens, char *err, size_t errlen) {
-  if (!pixels || !pos || !info || !img)
-    return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: bad arguments");
-  int rc = md_g4_image_plan(info, w, h, vc, max_soft_tokens, err, errlen);
-  if (rc) return rc;
-  int W = info->width, P = vc->patch;
-  const uint8_t *px = img;
-  uint8_t *resized = NULL;
-  if (W != w || info->height != h) {
-    resized = malloc((size_t)W * info->height * 3);
-    if (!resized) return cm_fail(err, errlen, CM_ERR_NOMEM, "image preprocessing: out of memory");
-    if ((rc = md_image_resize_bicubic(resized, W, info->height, img, w, h, 3))) {
-      free(resized);
-      return cm_fail(err, errlen, rc, "image preprocessing: resize failed: %s", cm_strerror(rc));
-    }
-    px = resized;
-  }
-  /* numpy's float64 product, then float32 (transformers' rescale) */
+/* The real patches of a resized image px[info->height, info->width, 3]:
+ * numpy's float64 product by 1/255, then float32 (transformers' rescale),
+ * each patch flattened [dy][dx][channel], patch k at (k % grid_w, k / grid_w). */
+static void patchify(float *pixels, int32_t *pos, const struct md_g4_image *info, const uint8_t *px,
+                     int P) {
   const double scale = 1.0 / 255.0;
   size_t dim = (size_t)info->patch_dim;
+  int W = info->width;
   for (int k = 0; k < info->n_patches; k++) {
     int gx = k % info->grid_w, gy = k / info->grid_w;
     float *dst = pixels + (size_t)k * dim;
@@ -106,6 +92,63 @@ int md_g4_image_preprocess(float *pixels, int32_t *pos, struct md_g4_image *info
     pos[2 * k] = gx;
     pos[2 * k + 1] = gy;
   }
+}
+
+int md_g4_image_resize(uint8_t **out, struct md_g4_image *info, const uint8_t *img, int w, int h,
+                       const struct md_vision_g4_cfg *vc, int max_soft_tokens, char *err,
+                       size_t errlen) {
+  *out = NULL;
+  if (!info || !img)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: bad arguments");
+  int rc = md_g4_image_plan(info, w, h, vc, max_soft_tokens, err, errlen);
+  if (rc) return rc;
+  size_t n = (size_t)info->width * (size_t)info->height * 3;
+  uint8_t *px = malloc(n);
+  if (!px) return cm_fail(err, errlen, CM_ERR_NOMEM, "image preprocessing: out of memory");
+  if (info->width == w && info->height == h) { /* the same size: no resize */
+    memcpy(px, img, n);
+  } else if ((rc = md_image_resize_bicubic(px, info->width, info->height, img, w, h, 3))) {
+    free(px);
+    return cm_fail(err, errlen, rc, "image preprocessing: resize failed: %s", cm_strerror(rc));
+  }
+  *out = px;
+  return 0;
+}
+
+int md_g4_image_patches(float *pixels, int32_t *pos, struct md_g4_image *info, const uint8_t *img,
+                        int w, int h, const struct md_vision_g4_cfg *vc, char *err, size_t errlen) {
+  if (!pixels || !pos || !info || !img || !vc || !vc->present)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "image patches: bad arguments");
+  int side = vc->patch * vc->pool;
+  if (w < side || h < side || w % side || h % side || w / vc->patch > vc->pos_size ||
+      h / vc->patch > vc->pos_size || (long long)(w / side) * (h / side) > MD_G4_MAX_SOFT_TOKENS)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "image patches: a %d x %d image is not a resized one (sides multiples of %d, "
+                   "at most %d soft tokens)",
+                   w, h, side, MD_G4_MAX_SOFT_TOKENS);
+  memset(info, 0, sizeof(*info));
+  info->width = w;
+  info->height = h;
+  info->grid_w = w / vc->patch;
+  info->grid_h = h / vc->patch;
+  info->n_patches = info->grid_w * info->grid_h;
+  info->max_patches = info->n_patches;
+  info->soft_tokens = info->n_patches / (vc->pool * vc->pool);
+  info->patch_dim = vc->patch * vc->patch * 3;
+  patchify(pixels, pos, info, img, vc->patch);
+  return 0;
+}
+
+int md_g4_image_preprocess(float *pixels, int32_t *pos, struct md_g4_image *info,
+                           const uint8_t *img, int w, int h, const struct md_vision_g4_cfg *vc,
+                           int max_soft_tokens, char *err, size_t errlen) {
+  if (!pixels || !pos || !info || !img)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "image preprocessing: bad arguments");
+  uint8_t *resized = NULL;
+  int rc = md_g4_image_resize(&resized, info, img, w, h, vc, max_soft_tokens, err, errlen);
+  if (rc) return rc;
+  patchify(pixels, pos, info, resized, vc->patch);
+  size_t dim = (size_t)info->patch_dim;
   size_t pad = (size_t)(info->max_patches - info->n_patches);
   memset(pixels + (size_t)info->n_patches * dim, 0, pad * dim * sizeof(float));
   for (int k = info->n_patches; k < info->max_patches; k++)

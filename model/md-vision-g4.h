@@ -79,4 +79,23 @@ int md_g4_image_preprocess(float *pixels, int32_t *pos, struct md_g4_image *info
                            const uint8_t *img, int w, int h, const struct md_vision_g4_cfg *vc,
                            int max_soft_tokens, char *err, size_t errlen);
 
+/* The frontend's half: *out (malloc'd, [info->height, info->width, 3]
+ * 8-bit) = img resized per the plan for max_soft_tokens (0: the config's
+ * default), a copy when the size is already the plan's. What travels to the
+ * workers (a quarter of the float patches). 0 or a negative cm_err. */
+int md_g4_image_resize(uint8_t **out, struct md_g4_image *info, const uint8_t *img, int w, int h,
+                       const struct md_vision_g4_cfg *vc, int max_soft_tokens, char *err,
+                       size_t errlen);
+
+/* The worker's half: the real patches (no padding rows) of an image that
+ * md_g4_image_resize gave, img[h, w, 3]: pixels[n_patches, patch_dim] and
+ * pos[n_patches, 2], info with max_patches = n_patches. The budget is not
+ * needed: the padding changes nothing in the tower (wk-vision-g4.h). A
+ * size that no plan gives (sides not multiples of pool x patch, a grid
+ * wider than the position table, more than MD_G4_MAX_SOFT_TOKENS soft
+ * tokens) is CM_ERR_INVAL. md_g4_image_preprocess is the two halves plus
+ * the padding, bit for bit. */
+int md_g4_image_patches(float *pixels, int32_t *pos, struct md_g4_image *info, const uint8_t *img,
+                        int w, int h, const struct md_vision_g4_cfg *vc, char *err, size_t errlen);
+
 #endif

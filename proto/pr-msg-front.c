@@ -68,11 +68,19 @@ static const struct pr_field image_fields[] = {
     [PR_K_IMG_N_TOKENS] = {PR_UINT(image, n_tokens, UINT32_MAX), .min = 1, .flags = PR_F_REQ},
     [PR_K_IMG_HASH] = {PR_U(image, hash)},
     [PR_K_IMG_PIXELS] = {PR_BYTES(image, pixels)},
+    [PR_K_IMG_WIDTH] = {PR_UINT(image, width, PR_MAX_IMAGE_SIDE),
+                        PR_WHEN(PR_IF_NONZERO, image, width)},
+    [PR_K_IMG_HEIGHT] = {PR_UINT(image, height, PR_MAX_IMAGE_SIDE),
+                         PR_WHEN(PR_IF_NONZERO, image, height)},
 };
 
 static int check_image(const void *rec) {
   const struct pr_image *m = rec;
-  return (uint64_t)m->pos + m->n_tokens > UINT32_MAX ? CM_ERR_RANGE : 0;
+  if ((uint64_t)m->pos + m->n_tokens > UINT32_MAX) return CM_ERR_RANGE;
+  /* a size is both sides or neither, and it is the pixels' */
+  if ((m->width == 0) != (m->height == 0)) return CM_ERR_INVAL;
+  if (m->width && (uint64_t)m->width * m->height * 3 != m->pixels.n) return CM_ERR_INVAL;
+  return 0;
 }
 const struct pr_rec pr_rec_image = PR_REC(image, image_fields, check_image);
 

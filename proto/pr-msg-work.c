@@ -100,6 +100,8 @@ static const struct pr_field ready_fields[] = {
                                 PR_WHEN(PR_IF_NONZERO, ready, image_bytes)},
     [PR_K_READY_KERNELS] = {PR_STR(ready, kernels), .when = PR_IF_SET},
     [PR_K_READY_MATMUL_INPUTS] = {PR_STR(ready, matmul_inputs), .when = PR_IF_SET},
+    [PR_K_READY_IMAGE_VARSIZE] = {PR_UINT(ready, image_varsize, 1),
+                                  PR_WHEN(PR_IF_NONZERO, ready, image_varsize)},
 };
 
 static int check_ready(const void *rec) {

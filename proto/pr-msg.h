@@ -56,6 +56,7 @@
 #define PR_MAX_DRAFT        64          /* draft tokens per sequence and step */
 #define PR_MAX_MSG_DEFAULT  (64u << 20) /* bytes; default ZMQ_MAXMSGSIZE and encode cap */
 #define PR_MAX_IMAGES       64          /* images per request */
+#define PR_MAX_IMAGE_SIDE   65535       /* px, an image's width or height (pr_image) */
 
 enum pr_type {
   /* frontend -> scheduler */
@@ -146,16 +147,20 @@ enum pr_finish {
   PR_FINISH_ERROR = 4,  /* failed; an ERR message says why */
 };
 
-/* An image of a prompt (Gemma 3): the run of its soft tokens, its content hash
- * and its pixels as the vision tower's processor resized them: 8-bit RGB,
+/* An image of a prompt: the run of its soft tokens, its content hash and its
+ * pixels as the vision tower's processor resized them: 8-bit RGB,
  * interleaved, rows top to bottom ([height, width, channels]); the worker
- * rescales and normalises them (model/md-vision-preproc.h). */
+ * rescales and normalises them (Gemma 3: model/md-vision-preproc.h) or cuts
+ * them into patches (Gemma 4: md_g4_image_patches). Gemma 3's images all
+ * have the processor's size and send none; Gemma 4's vary per image and send
+ * theirs (width x height x 3 == pixels.n, both or neither). */
 struct pr_image {
   uint32_t pos;          /* ADD: index in the prompt of its first soft token;
                             STEP: its absolute position */
   uint32_t n_tokens;     /* soft tokens, >= 1 */
   uint64_t hash;         /* content hash of the pixels (and their shape) */
   struct pr_bytes pixels;
+  uint32_t width, height; /* px, <= PR_MAX_IMAGE_SIDE; 0 = not sent (the model's one size) */
 };
 
 /* ---- frontend -> scheduler ----------------------------------------------- */
@@ -345,10 +350,13 @@ struct pr_ready {
    * tensor-parallel group must agree (0 = not said) */
   uint64_t shard_sum;
   uint32_t pid; /* the worker's process id on its host (matches DOWN); 0 = not said */
-  /* images (Gemma 3): soft tokens per image and bytes of one image's pixels
-   * (struct pr_image); 0 = the model takes no images */
+  /* images: soft tokens per image and bytes of one image's pixels (struct
+   * pr_image); 0 = the model takes no images. With image_varsize (Gemma 4)
+   * these are the largest an image may have, and each image carries its
+   * width and height; without (Gemma 3) every image has exactly these. */
   uint32_t image_tokens;
   uint32_t image_bytes;
+  uint32_t image_varsize; /* 0 or 1 */
   /* what runs the model, for logs and metrics: the kernel set ("cpu-avx512bf16",
    * "cuda") and the precision the matmuls take their inputs in ("f32", "bf16",
    * "weights": narrowed to the weights' type); NULL = not said */

@@ -113,6 +113,7 @@ struct sch_image {
   uint64_t hash;      /* content hash of the image */
   const void *data;   /* [len] opaque payload */
   size_t len;
+  uint32_t width, height; /* the payload's shape, passed on to the workers (0: not said) */
 };
 
 struct sch_request_params {

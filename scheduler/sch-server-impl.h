@@ -81,7 +81,8 @@ struct sch_model_info {
   int32_t eos[SCH_MAX_EOS_IDS];
   int64_t num_blocks; /* min over the ranks' kv_blocks (set when service starts) */
   uint64_t shard_sum; /* the model and shard shapes every rank of the group must have */
-  uint32_t image_tokens, image_bytes; /* per image; 0 = no images */
+  uint32_t image_tokens, image_bytes; /* per image (the most, with image_varsize); 0 = no images */
+  uint32_t image_varsize;             /* 1: images vary in size and carry it (Gemma 4) */
 };
 
 /* The tensor-parallel group's comm id (DIST): offered by rank 0, relayed to every

@@ -143,7 +143,8 @@ void sch_srv_work_down(struct sch_server *s, const struct pr_down *m) {
 static bool info_agrees(const struct sch_model_info *a, const struct sch_model_info *b) {
   if (a->num_groups != b->num_groups || a->vocab_size != b->vocab_size ||
       a->max_draft != b->max_draft || a->num_eos != b->num_eos ||
-      a->image_tokens != b->image_tokens || a->image_bytes != b->image_bytes)
+      a->image_tokens != b->image_tokens || a->image_bytes != b->image_bytes ||
+      a->image_varsize != b->image_varsize)
     return false;
   for (int32_t g = 0; g < a->num_groups; g++)
     if (a->groups[g].block_tokens != b->groups[g].block_tokens ||
@@ -177,6 +178,7 @@ static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, c
   o->max_draft = m->max_draft;
   o->image_tokens = m->image_tokens;
   o->image_bytes = m->image_bytes;
+  o->image_varsize = m->image_varsize;
   o->shard_sum = m->shard_sum;
   o->num_eos = (int32_t)m->eos_ids.n;
   for (uint32_t i = 0; i < m->eos_ids.n; i++) {
@@ -688,8 +690,9 @@ void sch_srv_work_step(struct sch_server *s) {
       used_images += (size_t)p->num_images;
       for (int32_t j = 0; j < p->num_images; j++) {
         const struct sch_image *im = &p->images[j];
-        q->images[j] = (struct pr_image){(uint32_t)im->pos, (uint32_t)im->num_tokens, im->hash,
-                                         {im->data, (uint32_t)im->len}};
+        q->images[j] = (struct pr_image){(uint32_t)im->pos, (uint32_t)im->num_tokens,
+                                         im->hash,          {im->data, (uint32_t)im->len},
+                                         im->width,         im->height};
       }
     }
     if (p->start_pos < p->num_prompt)

@@ -131,12 +131,21 @@ static int add_images(const struct sch_server *s, const struct pr_add *a,
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "this model does not take images");
   for (uint32_t i = 0; i < a->n_images; i++) {
     const struct pr_image *m = &a->images[i];
-    if (m->n_tokens != s->info.image_tokens || m->pixels.n != s->info.image_bytes)
+    if (s->info.image_varsize) { /* sized per image, up to the most the workers take */
+      if (!m->width || m->n_tokens > s->info.image_tokens || m->pixels.n > s->info.image_bytes)
+        return cm_fail(err, errlen, CM_ERR_INVAL,
+                       "image %u: %u tokens and %u bytes of pixels (%ux%u); the model takes "
+                       "sized images of at most %u and %u",
+                       i, m->n_tokens, m->pixels.n, m->width, m->height, s->info.image_tokens,
+                       s->info.image_bytes);
+    } else if (m->n_tokens != s->info.image_tokens || m->pixels.n != s->info.image_bytes) {
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "image %u: %u tokens and %u bytes of pixels; the model takes %u and %u", i,
                      m->n_tokens, m->pixels.n, s->info.image_tokens, s->info.image_bytes);
-    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens, m->hash, m->pixels.v,
-                                m->pixels.n};
+    }
+    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens, m->hash,
+                                m->pixels.v,     m->pixels.n,          m->width,
+                                m->height};
   }
   return 0;
 }

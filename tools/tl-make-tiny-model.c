@@ -160,6 +160,8 @@ static const struct {
     {46, "<|tool>"},          {47, "<tool|>"},          {48, "<|tool_call>"}, {49, "<tool_call|>"},
     {50, "<|tool_response>"}, {51, "<tool_response|>"}, {52, "<|\"|>"},       {98, "<|think|>"},
     {100, "<|channel>"},      {101, "<channel|>"},      {105, "<|turn>"},     {106, "<turn|>"},
+    /* the image markers at Gemma4Config's default ids (a vocabulary that holds them) */
+    {255999, "<|image>"},     {258880, "<|image|>"},    {258882, "<image|>"},
 };
 
 static const char gemma4_template[] =
@@ -195,7 +197,10 @@ static const char gemma4_template[] =
     "{%- for r in m['tool_responses'] or [] -%}<|tool_response>response:{{ r['name'] }}{%- if "
     "r['response'] is mapping -%}{{ arg(r['response']) }}{%- else -%}{value:{{ arg(r['response']) "
     "}}}{%- endif -%}<tool_response|>{%- endfor -%}\n"
-    "{%- if m['content'] is string -%}{{- m['content'] | trim -}}{%- endif -%}\n"
+    "{%- if m['content'] is string -%}{{- m['content'] | trim -}}\n"
+    "{%- elif m['content'] is iterable -%}{%- for p in m['content'] -%}{%- if p['type'] == 'image' "
+    "-%}<|image|>{%- elif p['type'] == 'text' -%}{{- p['text'] | trim -}}{%- endif -%}{%- endfor "
+    "-%}{%- endif -%}\n"
     "{%- if not (m['tool_responses'] and not m['content']) -%}{{- '<turn|>\\n' -}}{%- endif -%}\n"
     "{%- set ns.last = 'response' if (m['tool_responses'] and not m['content']) else '' -%}\n"
     "{%- endfor -%}\n"
@@ -254,7 +259,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
   const char *dtype = "bf16", *chat = "gemma3";
   int64_t seed = 1, vocab = 262144;
-  int moe = 0, echo = 0, agree = 0, vision = 0;
+  int moe = 0, echo = 0, agree = 0, vision = 0, bidir_vision = 0;
   double echo_leak = 0;
   const struct cm_opt opts[] = {
       {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
@@ -274,6 +279,9 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "gemma3: a multimodal checkpoint (Gemma3ForConditionalGeneration) with a small SigLIP "
        "tower: 64 px images, 8 px patches, 16 image tokens | gemma4: "
        "Gemma4ForConditionalGeneration with a small Gemma 4 vision tower (e2b: E2B's)"},
+      {"bidir-vision", CM_OPT_BOOL, &bidir_vision, NULL,
+       "gemma4 --vision: use_bidirectional_attention \"vision\" (as the 26B and 31B say): an "
+       "image's tokens see each other in the sliding layers"},
       {"dtype", CM_OPT_STR, &dtype, "T", "bf16 (default) | f16 | f32"},
       {"chat-format", CM_OPT_STR, &chat, "F",
        "gemma4: gemma4 writes Gemma 4's special tokens at their ids (<|turn>, <|channel>, "
@@ -335,6 +343,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --echo is for --arch gemma4\n");
       return 2;
     }
+    if (bidir_vision && (!vision || strcmp(arch, "gemma4"))) {
+      fprintf(stderr, "lmserve make-tiny-model: --bidir-vision is for --arch gemma4 --vision\n");
+      return 2;
+    }
     if (vision && strcmp(arch, "gemma3") && strcmp(arch, "gemma4")) {
       fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3 or gemma4\n");
       return 2;
@@ -345,7 +357,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .moe = moe,
                              .echo = echo,
                              .echo_leak = echo_leak,
-                             .vision = vision};
+                             .vision = vision,
+                             .bidir_vision = bidir_vision};
     rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,

@@ -1,6 +1,7 @@
 /* wk-encoder.h — the worker's image encoder cache: a STEP's images (proto's
- * struct pr_image: 8-bit resized pixels and a content hash) to the soft-token
- * embeddings that replace their placeholder rows.
+ * struct pr_image: 8-bit resized pixels and a content hash; Gemma 4's also
+ * their width and height) to the soft-token embeddings that replace their
+ * placeholder rows.
  *
  *   struct wk_encoder *e;
  *   wk_encoder_create(vision, 0, &e);
@@ -9,20 +10,24 @@
  *             ... the forward pass reads rows ...
  *   wk_encoder_free(e);
  *
- * An image is encoded (rescaled and normalised per the preprocessor config,
- * then the SigLIP tower and projector) the first time a step carries it, and
+ * An image is encoded (Gemma 3: rescaled and normalised per the preprocessor
+ * config, then the SigLIP tower and projector; Gemma 4: cut into its 16 x 16
+ * patches by md_g4_image_patches, then wk_vision_g4_encode, every new image
+ * of the step in one call whatever its size) the first time a step carries it, and
  * kept while the cache has room, so that a prompt whose prefill is chunked,
  * preempted and recomputed, or a later prompt with the same image, does not
  * encode it again. Entries are found by hash and confirmed by comparing the
  * pixels, so a hash collision costs an encode, never a wrong image. Entries
  * a step uses stay until the next step begins, whatever the capacity; past
- * the capacity, the least recently used others go. */
+ * the capacity (each entry counts its own pixels and embeddings: Gemma 4's
+ * images differ in size), the least recently used others go. */
 #ifndef LMSERVE_WK_ENCODER_H
 #define LMSERVE_WK_ENCODER_H
 #include <stddef.h>
 #include <stdint.h>
 
 #include "proto/pr-msg.h"
+#include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
 
 struct wk_encoder;
@@ -31,10 +36,16 @@ struct wk_encoder;
  * (pixels and embeddings); 0 = 256 MiB. 0, CM_ERR_NOMEM or CM_ERR_SHAPE (a
  * preprocessor size other than the tower's). */
 int wk_encoder_create(struct wk_vision *vision, size_t cap_bytes, struct wk_encoder **out);
+/* The same over Gemma 4's tower (g4 must outlive the cache): images of any
+ * size the frontend's md_g4_image_resize gives, each with its width and height. */
+int wk_encoder_create_g4(struct wk_vision_g4 *g4, size_t cap_bytes, struct wk_encoder **out);
 void wk_encoder_free(struct wk_encoder *e); /* NULL is a no-op */
 
-int wk_encoder_image_tokens(const struct wk_encoder *e); /* soft tokens per image */
-size_t wk_encoder_image_bytes(const struct wk_encoder *e); /* pixel bytes per image */
+/* Soft tokens and pixel bytes per image (Gemma 4: the most an image may have). */
+int wk_encoder_image_tokens(const struct wk_encoder *e);
+size_t wk_encoder_image_bytes(const struct wk_encoder *e);
+/* 1 when images vary in size and carry it (Gemma 4), 0 when they all have one. */
+int wk_encoder_varsize(const struct wk_encoder *e);
 
 /* Whether an image record is one this model takes (token count, pixel bytes):
  * 0 or CM_ERR_INVAL with the reason in err. */

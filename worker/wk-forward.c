@@ -164,8 +164,10 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
       a->pos0 = q->pos0;
       a->block_table = q->block_tables[g];
       a->n_blocks = q->n_blocks[g];
-      a->bidir = q->n_bidir ? q->bidir : NULL;
-      a->n_bidir = q->n_bidir;
+      /* which layers see an image whole: md_image_bidir, the one switch */
+      int bd = q->n_bidir && md_image_bidir(c, G->kind);
+      a->bidir = bd ? q->bidir : NULL;
+      a->n_bidir = bd ? q->n_bidir : 0;
     }
     T += q->n_tokens;
     R += q->n_out;

@@ -41,6 +41,7 @@
 #include "worker/wk-main.h"
 #include "worker/wk-model.h"
 #include "worker/wk-role.h"
+#include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
 
 #define TAG           "worker"
@@ -192,6 +193,12 @@ static int send_ready(struct wk_proc *p) {
     const struct md_vision_cfg *v = &c->vision;
     r->image_tokens = (uint32_t)v->mm_tokens;
     r->image_bytes = (uint32_t)((size_t)v->pre.width * (size_t)v->pre.height * (size_t)v->channels);
+  } else if (c->vision_g4.present) { /* sized per image: the most one may have */
+    const struct md_vision_g4_cfg *v = &c->vision_g4;
+    r->image_tokens = MD_G4_MAX_SOFT_TOKENS;
+    r->image_bytes = (uint32_t)((size_t)MD_G4_MAX_SOFT_TOKENS * (size_t)(v->pool * v->pool) *
+                                (size_t)(v->patch * v->patch) * 3);
+    r->image_varsize = 1;
   }
   return send_locked(p, &msg);
 }
@@ -552,6 +559,7 @@ int wk_worker_main(int argc, char **argv) {
   struct wk_model *m = NULL, *draft = NULL;
   struct wk_role *role = NULL;
   struct wk_vision *vision = NULL;
+  struct wk_vision_g4 *vision_g4 = NULL;
   void *zctx = NULL;
   struct wk_proc p = {.rank = (uint32_t)rank, .beat_ns = (uint64_t)(beat_s * 1e9)};
   pthread_t beat;
@@ -602,6 +610,11 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: the vision tower: %s\n", err);
     goto done;
   }
+  if (wk_model_config(m)->vision_g4.present &&
+      (rc = wk_vision_g4_load(model_dir, be, NULL, &vision_g4, err, sizeof(err)))) {
+    fprintf(stderr, "lmserve worker: the vision tower: %s\n", err);
+    goto done;
+  }
   if (dev_sampling == 1 && !kn_backend_has(be, KN_CAP_SAMPLE))
     cm_warn(TAG, "--device-sampling: the %s backend cannot sample: sampling on the host",
             kn_backend_name(be));
@@ -614,6 +627,7 @@ int wk_worker_main(int argc, char **argv) {
       .rank = (uint32_t)rank,
       .device_sampling = dev_sampling != 0 && kn_backend_has(be, KN_CAP_SAMPLE),
       .vision = vision,
+      .vision_g4 = vision_g4,
       .tokenizer = access(tok_path, R_OK) == 0 ? tok_path : NULL,
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
@@ -686,6 +700,7 @@ done:
   if (zctx) zmq_ctx_term(zctx);
   wk_role_destroy(role);
   wk_vision_free(vision);
+  wk_vision_g4_free(vision_g4);
   wk_model_free(draft);
   wk_model_free(m);
   kn_backend_destroy(be);

@@ -145,7 +145,8 @@ struct wk_seq_input {
   const int32_t *bidir; /* [n_bidir, 2] absolute position ranges [begin, end) attended
                            bidirectionally (an image's tokens), or NULL; a range that
                            meets this step's tokens must end inside them (it may begin
-                           before them: those positions' K/V are in the pages) */
+                           before them: those positions' K/V are in the pages); applied
+                           in the layers md_image_bidir names for the model */
   int n_bidir;
   const struct wk_seq_embed *embeds; /* [n_embeds] replaced embeddings (taken as they
                                         are: no embedding scale), or NULL */

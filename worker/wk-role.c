@@ -228,7 +228,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
     r->hbuf[0] = fixed(r, sizeof(float) * S * (size_t)r->hidden);
     r->hbuf[1] = fixed(r, sizeof(float) * S * (size_t)r->hidden);
   }
-  if (o->vision) {
+  if (o->vision || o->vision_g4) {
     r->emb = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->emb));
     r->bidir = zeroed(r, S * PR_MAX_IMAGES * 2, sizeof(*r->bidir));
     r->step_ims = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->step_ims));
@@ -240,7 +240,8 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   }
   for (int i = 0; i < r->cap_seqs; i++)
     wk_penalty_init(&r->seqs[i].pen);
-  if (o->vision && wk_encoder_create(o->vision, 0, &r->enc)) {
+  if ((o->vision && wk_encoder_create(o->vision, 0, &r->enc)) ||
+      (!o->vision && o->vision_g4 && wk_encoder_create_g4(o->vision_g4, 0, &r->enc))) {
     wk_role_destroy(r);
     return CM_ERR_NOMEM;
   }

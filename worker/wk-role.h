@@ -47,6 +47,7 @@
 #include "proto/pr-msg.h"
 #include "worker/wk-model.h"
 #include "worker/wk-sampler.h"
+#include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
 
 struct wk_role;
@@ -59,6 +60,8 @@ struct wk_role_opts {
                           model's backend (CUDA: only token ids leave the device) */
   struct wk_vision *vision; /* the image encoder (Gemma 3), or NULL: steps with images
                                are refused. It must outlive the executor. */
+  struct wk_vision_g4 *vision_g4; /* the same for Gemma 4 (images of any size); at most
+                                     one of the two */
   const char *tokenizer;    /* tokenizer.json (or its folder) giving the vocabulary's bytes to
                                structured outputs (wk-grammar.h), loaded with the first one;
                                NULL: sequences with a grammar are refused */

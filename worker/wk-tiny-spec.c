@@ -417,11 +417,12 @@ static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V, int siglip4
  * 64, MLP 3072, clipped linears); else a small one (2 layers of 32, 4 heads
  * of 16 over 2 KV heads, MLP 64) with clipped linears and standardisation,
  * so that every path of the tower counts. */
-static int wrap_vision_g4(struct wk_tiny_spec *s, json_t **root, int V, int e2b) {
+static int wrap_vision_g4(struct wk_tiny_spec *s, json_t **root, int V, int e2b, int bidir) {
   const int VH = e2b ? 768 : 32, VF = e2b ? 3072 : 64, VL = e2b ? 16 : 2;
   const int VNH = e2b ? 12 : 4, VKV = e2b ? 12 : 2, VHD = e2b ? 64 : 16;
   json_t *text = *root;
   json_object_del(text, "architectures");
+  if (bidir) json_object_set_new(text, "use_bidirectional_attention", json_string("vision"));
   int boi = 255999, eoi = 258882, img = 258880;
   if (V <= eoi) boi = V - 3, eoi = V - 2, img = V - 1;
   json_t *vision = json_pack(
@@ -494,7 +495,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;
     if (o->vision) {
-      int rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"));
+      int rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
       if (rc) {
         json_decref(root);
         wk_tiny_spec_free(s);

@@ -67,6 +67,8 @@ struct wk_tiny_opts {
                        * standardisation) and its embedder, processor_config.json
                        * for 280 soft tokens; with the e2b preset the tower is
                        * E2B's (16 x 768, 12 heads of 64) */
+  int bidir_vision;   /* gemma4 with vision: text_config.use_bidirectional_attention
+                       * "vision" (md_image_bidir says where it applies) */
 };
 
 int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,

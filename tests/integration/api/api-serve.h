@@ -27,6 +27,8 @@ struct as_server {
   const char *api_key; /* sent with every request when set; NULL: none */
   int vision;          /* set before as_start: a tiny Gemma 3 with a vision tower
                           (make-tiny-model --arch gemma3 --vision), not a Gemma 4 */
+  int vision_g4;       /* set before as_start: the tiny Gemma 4 with a vision tower, an
+                          image mask (--bidir-vision) and Gemma 4's chat format */
   int gemma4_chat;     /* set before as_start: the tiny Gemma 4 with Gemma 4's tokenizer
                           and chat format (--chat-format gemma4) */
   char dir[256];       /* the temporary folder (removed at exit) */

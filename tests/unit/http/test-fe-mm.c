@@ -27,15 +27,17 @@ TH_TEST(expand_markers) {
   char *out = NULL, err[256] = "";
   size_t n = 0;
   const char *t = "A<boi>B<boi>";
-  TH_REQUIRE(fe_mm_expand(&mm, t, strlen(t), 2, &out, &n, err, sizeof(err)) == 0);
+  TH_REQUIRE(fe_mm_expand(&mm, t, strlen(t), 2, NULL, &out, &n, err, sizeof(err)) == 0);
   TH_CHECK_EQ_STR(out, "A\n\n<boi><s><s><s><eoi>\n\nB\n\n<boi><s><s><s><eoi>\n\n");
   TH_CHECK(n == strlen(out));
   free(out);
-  TH_CHECK_EQ_INT(fe_mm_expand(&mm, t, strlen(t), 1, &out, &n, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fe_mm_expand(&mm, t, strlen(t), 1, NULL, &out, &n, err, sizeof(err)),
+                  CM_ERR_INVAL);
   TH_CHECK(strstr(err, "2 image placeholders (<boi>) for 1 image") != NULL);
   TH_CHECK(out == NULL);
-  TH_CHECK_EQ_INT(fe_mm_expand(&mm, "no marker", 9, 1, &out, &n, err, sizeof(err)), CM_ERR_INVAL);
-  TH_REQUIRE(fe_mm_expand(&mm, "plain", 5, 0, &out, &n, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(fe_mm_expand(&mm, "no marker", 9, 1, NULL, &out, &n, err, sizeof(err)),
+                  CM_ERR_INVAL);
+  TH_REQUIRE(fe_mm_expand(&mm, "plain", 5, 0, NULL, &out, &n, err, sizeof(err)) == 0);
   TH_CHECK_EQ_STR(out, "plain");
   free(out);
 }
@@ -46,14 +48,42 @@ TH_TEST(find_runs) {
   struct pr_image im[3];
   char err[256];
   int32_t ids[] = {2, 5, 7, 7, 7, 6, 9, 7, 7, 7, 1};
-  TH_REQUIRE(fe_mm_find_runs(&mm, ids, 11, im, 2, err, sizeof(err)) == 0);
+  TH_REQUIRE(fe_mm_find_runs(&mm, ids, 11, im, 2, NULL, err, sizeof(err)) == 0);
   TH_CHECK(im[0].pos == 2 && im[0].n_tokens == 3 && im[1].pos == 7 && im[1].n_tokens == 3);
-  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 11, im, 1, err, sizeof(err)), CM_ERR_INVAL);
-  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 11, im, 3, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 11, im, 1, NULL, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 11, im, 3, NULL, err, sizeof(err)), CM_ERR_INVAL);
   int32_t short_run[] = {2, 7, 7, 1}; /* a run of 2 where images take 3 */
-  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, short_run, 4, im, 1, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, short_run, 4, im, 1, NULL, err, sizeof(err)), CM_ERR_INVAL);
   int32_t long_run[] = {7, 7, 7, 7};
-  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, long_run, 4, im, 1, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, long_run, 4, im, 1, NULL, err, sizeof(err)), CM_ERR_INVAL);
+}
+
+/* Gemma 4 (Gemma4Processor.replace_image_token): the template's marker is the
+ * image token itself, each becomes <|image> + N x <|image|> + <image|> with
+ * the image's own N and nothing around it; runs are checked per image. */
+TH_TEST(expand_and_find_gemma4) {
+  struct fe_mm mm;
+  small_mm(&mm);
+  mm.g4 = 1;
+  strcpy(mm.boi, "<|image>");
+  strcpy(mm.soft, "<|image|>");
+  strcpy(mm.eoi, "<image|>");
+  char *out = NULL, err[256] = "";
+  size_t n = 0;
+  const char *t = "A<|image|>B<|image|>";
+  const int tokens[2] = {2, 1};
+  TH_REQUIRE(fe_mm_expand(&mm, t, strlen(t), 2, tokens, &out, &n, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_STR(out, "A<|image><|image|><|image|><image|>B<|image><|image|><image|>");
+  TH_CHECK(n == strlen(out));
+  free(out);
+  TH_CHECK_EQ_INT(fe_mm_expand(&mm, "<|image>x", 9, 1, tokens, &out, &n, err, sizeof(err)),
+                  CM_ERR_INVAL);
+  struct pr_image im[2];
+  int32_t ids[] = {2, 8, 7, 7, 9, 5, 8, 7, 9};
+  TH_REQUIRE(fe_mm_find_runs(&mm, ids, 9, im, 2, tokens, err, sizeof(err)) == 0);
+  TH_CHECK(im[0].pos == 2 && im[0].n_tokens == 2 && im[1].pos == 7 && im[1].n_tokens == 1);
+  const int swapped[2] = {1, 2};
+  TH_CHECK_EQ_INT(fe_mm_find_runs(&mm, ids, 9, im, 2, swapped, err, sizeof(err)), CM_ERR_INVAL);
 }
 
 TH_TEST(limit_flag) {
@@ -66,7 +96,6 @@ TH_TEST(limit_flag) {
   TH_CHECK(fe_mm_parse_limit("image=65", &n, err, sizeof(err)) == CM_ERR_INVAL);
   TH_CHECK(fe_mm_parse_limit("image=2x", &n, err, sizeof(err)) == CM_ERR_INVAL);
   TH_CHECK(fe_mm_parse_limit("video=1", &n, err, sizeof(err)) == CM_ERR_INVAL);
-  TH_CHECK(fe_mm_parse_limit("{\"image\": 1, \"video\": 1}", &n, err, sizeof(err)) ==
-           CM_ERR_INVAL);
+  TH_CHECK(fe_mm_parse_limit("{\"image\": 1, \"video\": 1}", &n, err, sizeof(err)) == CM_ERR_INVAL);
   TH_CHECK(fe_mm_parse_limit("{\"image\": \"2\"}", &n, err, sizeof(err)) == CM_ERR_INVAL);
 }

@@ -119,7 +119,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     if (v == 0) { /* two images of 3 and 2 soft tokens */
       for (size_t i = 0; i < sizeof(pixels); i++)
         pixels[i] = (uint8_t)(i * 37u);
-      images[0] = (struct pr_image){2, 3, 0x0123456789abcdefull, {pixels, sizeof(pixels)}};
+      images[0] = (struct pr_image){2, 3, 0x0123456789abcdefull, {pixels, sizeof(pixels)}, 4, 4};
       images[1] = (struct pr_image){7, 2, UINT64_MAX, {pixels, 12}};
       a->images = images;
       a->n_images = 2;
@@ -279,6 +279,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->pid = v == 2 ? UINT32_MAX : v == 0 ? 31337 : 0;
     r->kernels = v == 0 ? "cuda" : v == 2 ? longstr : NULL;
     r->matmul_inputs = v == 0 ? "weights" : v == 2 ? "" : NULL;
+    if (v == 0) r->image_tokens = 1120, r->image_bytes = 7741440, r->image_varsize = 1;
     break;
   }
   case PR_RESULT: {

@@ -247,6 +247,20 @@ TH_TEST(encode_validates) {
   m.u.add.sampling.logprobs = PR_MAX_TOP_LOGPROBS + 1;
   TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_RANGE);
   m.u.add.sampling.logprobs = -1;
+  /* an image's size (Gemma 4): both sides or neither, matching its pixel bytes */
+  uint8_t px[2 * 3 * 3] = {0};
+  struct pr_image im = {.pos = 0, .n_tokens = 1, .pixels = {px, sizeof(px)}, .width = 3};
+  m.u.add.images = &im;
+  m.u.add.n_images = 1;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL); /* no height */
+  im.height = 3;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL); /* 27 bytes' size, 18 sent */
+  im.height = 2;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
+  im.width = PR_MAX_IMAGE_SIDE + 1;
+  TH_CHECK(pr_msg_encode(&m, &b) < 0);
+  m.u.add.n_images = 0;
+  m.u.add.images = NULL;
   m.u.add.stop_token_ids = (struct pr_u32s){NULL, 2};
   TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL);
 
