@@ -454,6 +454,36 @@ static int may_take(const struct gr_grammar *g, uint32_t s, const struct gr_node
   return (t[0] & nd->asc[0]) || (t[1] & nd->asc[1]) || ((t[2] & 1) && nd->wide);
 }
 
+static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act);
+
+/* Walks the subtree below node i (at depth d, lv[d] its level) once for each stack
+ * of lv[d].set alone that may take a byte below it, then once more for the stack
+ * base with its top replaced by top when base is set. */
+static int walk_alone(struct walk_env *e, uint32_t i, uint32_t d, uint32_t top,
+                      const struct gr_stackset *base) {
+  struct gr_level *l = &e->m->levels[d];
+  const struct gr_node *nd = &e->v->node[i];
+  for (uint32_t j = 0; j <= l->set.n; j++) {
+    if (j < l->set.n) {
+      if (!may_take(e->m->g, l->set.frames[l->set.off[j + 1] - 1], nd)) continue;
+      if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
+      l->top = l->one.frames[l->one.off[1] - 1];
+      l->base = &l->one;
+    } else if (base) {
+      l->top = top;
+      l->base = base;
+    } else {
+      break;
+    }
+    l->simple = 1;
+    int a = -1;
+    if (!e->pre && nd->kids) open_kids(e->v, l, nd->kids, nd->end, &a, (int)d);
+    int rc = walk_range(e, i + 1, nd->end, a);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act) {
   struct gr_matcher *m = e->m;
   const struct gr_grammar *g = m->g;
@@ -551,20 +581,8 @@ static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act)
           uint32_t id = (uint32_t)v->ids[k];
           bits[id >> 5] |= 1u << (id & 31);
         }
-        for (uint32_t j = 0; nd->end > i + 1 && j < l->set.n + !!(fl & GR_F_BYTES); j++) {
-          l->simple = 1;
-          if (j == l->set.n) { /* the stack on t */
-            l->top = t;
-            l->base = pl->base;
-          } else {
-            if (!may_take(g, l->set.frames[l->set.off[j + 1] - 1], nd)) continue;
-            if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
-            l->top = l->one.frames[l->one.off[1] - 1];
-            l->base = &l->one;
-          }
-          int a = -1;
-          if (!pre && nd->kids) open_kids(v, l, nd->kids, nd->end, &a, (int)d);
-          int rc = walk_range(e, i + 1, nd->end, a);
+        if (nd->end > i + 1) {
+          int rc = walk_alone(e, i, d, t, fl & GR_F_BYTES ? pl->base : NULL);
           if (rc) return rc;
         }
         i = nd->end;
@@ -602,17 +620,8 @@ static int walk_range(struct walk_env *e, uint32_t first, uint32_t end, int act)
       bits[id >> 5] |= 1u << (id & 31);
     }
     if (!l->simple && l->set.n > 1 && nd->end > i + 1) {
-      for (uint32_t j = 0; j < l->set.n; j++) {
-        if (!may_take(g, l->set.frames[l->set.off[j + 1] - 1], nd)) continue;
-        if (gr_stackset_one(&l->one, &l->set, j)) return CM_ERR_NOMEM;
-        l->simple = 1;
-        l->top = l->one.frames[l->one.off[1] - 1];
-        l->base = &l->one;
-        int a = -1;
-        if (!pre && nd->kids) open_kids(v, l, nd->kids, nd->end, &a, (int)d);
-        int rc = walk_range(e, i + 1, nd->end, a);
-        if (rc) return rc;
-      }
+      int rc = walk_alone(e, i, d, 0, NULL);
+      if (rc) return rc;
       i = nd->end;
       continue;
     }
