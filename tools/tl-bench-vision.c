@@ -1,5 +1,6 @@
-/* tl-bench-vision.c — `lmserve bench vision`: Gemma 3's image path on the
- * CPU backend of one checkpoint with a vision tower.
+/* tl-bench-vision.c — `lmserve bench vision`: the image path on the CPU
+ * backend of one checkpoint with a vision tower (Gemma 3's SigLIP, or Gemma 4's
+ * tower at --max-soft-tokens).
  *
  *   images/s   SigLIP tower + projector, --batch images per encoder pass
  *              (preprocessed pixels in, soft-token embeddings out);
@@ -7,7 +8,11 @@
  *              resize (Pillow's bilinear) to the processor's size, rescale and
  *              normalise, encode, then prefill a chat prompt with the image's
  *              token run in the middle (its rows replaced, its tokens attending
- *              to each other both ways) and pick the greedy token.
+ *              to each other both ways) and pick the greedy token. Gemma 4: the
+ *              frontend's half (md_g4_image_resize: Pillow's bicubic to the
+ *              budget's size) and the worker's (md_g4_image_patches), then the
+ *              same; its tokens see each other both ways in the layers
+ *              md_image_bidir names.
  * What the TTFT leaves out: HTTP, image decoding (PNG / JPEG) and
  * tokenization, which the frontend does off the engine's path. */
 #include <math.h>
@@ -21,21 +26,171 @@
 #include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-vision-g4.h"
 #include "model/md-vision-preproc.h"
 #include "tools/tl-main.h"
 #include "worker/wk-kv.h"
 #include "worker/wk-model.h"
+#include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
 
 static uint32_t lcg(uint32_t *s) {
   return (*s = *s * 1664525u + 1013904223u) >> 8;
 }
 
+/* One prefill of toks[T] with the image's n soft tokens at `at` replaced by emb
+ * and seeing each other both ways; the greedy token's time is the caller's. */
+static int prefill(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_blocks *blk,
+                   const int32_t *toks, int T, int at, int n, const float *emb, char *err,
+                   size_t errlen) {
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  wk_seq_blocks_release(blk, kv, pa);
+  int rc = wk_seq_blocks_reserve(blk, kv, pa, T);
+  if (rc) return rc;
+  int32_t bidir[2] = {at, at + n};
+  struct wk_seq_embed e = {at, n, emb};
+  struct wk_seq_input s = {.tokens = toks,
+                           .n_tokens = T,
+                           .pos0 = 0,
+                           .n_out = 1,
+                           .bidir = bidir,
+                           .n_bidir = 1,
+                           .embeds = &e,
+                           .n_embeds = 1};
+  for (int g = 0; g < kv->n_groups; g++) {
+    s.block_tables[g] = blk->table[g];
+    s.n_blocks[g] = blk->n[g];
+  }
+  struct kn_sample_params sp = {
+      .top_p = 1, .repetition_penalty = 1, .n_logprobs = -1, .seed = 1, .counter = (uint64_t)T};
+  struct kn_sample_out out;
+  struct wk_batch bt = {.seqs = &s, .n_seqs = 1, .sample = &sp, .sampled = &out};
+  return wk_model_forward(m, &bt, err, errlen);
+}
+
+/* Gemma 4's tower: images/s of batch src x src images at max_soft_tokens per
+ * encoder pass, and the TTFT of one. */
+static int bench_g4(const char *model, struct kn_backend *be, int threads, int batch, int iters,
+                    int src, int text, int mst) {
+  char err[512] = "";
+  int status = 1, rc;
+  struct wk_vision_g4 *v = NULL;
+  struct wk_model *m = NULL;
+  struct md_config *cfg = malloc(sizeof(*cfg));
+  struct md_vision_g4_cfg vc;
+  struct md_g4_image plan;
+  struct wk_page_alloc pa = {0};
+  struct wk_seq_blocks blk = {0};
+  uint8_t *img = NULL, *resized = NULL;
+  float *px = NULL, *emb = NULL;
+  int32_t *pos = NULL, *toks = NULL;
+  struct wk_g4_image *ims = NULL;
+  if (!cfg) goto nomem;
+  if ((rc = md_config_load(model, cfg, err, sizeof(err)))) goto fail;
+  vc = cfg->vision_g4;
+  if ((rc = md_g4_image_plan(&plan, src, src, &vc, mst, err, sizeof(err)))) goto fail;
+  struct wk_vision_g4_opts vo = {.max_patches = plan.n_patches * batch};
+  if ((rc = wk_vision_g4_load(model, be, &vo, &v, err, sizeof(err)))) goto fail;
+  int H = wk_vision_g4_text_hidden(v), N = plan.soft_tokens;
+  img = malloc((size_t)src * (size_t)src * 3);
+  px = malloc(sizeof(float) * (size_t)plan.n_patches * (size_t)plan.patch_dim);
+  pos = malloc(sizeof(int32_t) * 2 * (size_t)plan.n_patches);
+  emb = malloc(sizeof(float) * (size_t)N * (size_t)H * (size_t)batch);
+  ims = calloc((size_t)batch, sizeof(*ims));
+  if (!img || !px || !pos || !emb || !ims) goto nomem;
+  uint32_t seed = 7;
+  for (size_t i = 0; i < (size_t)src * (size_t)src * 3; i++)
+    img[i] = (uint8_t)lcg(&seed);
+  struct md_g4_image info;
+  if ((rc = md_g4_image_resize(&resized, &info, img, src, src, &vc, mst, err, sizeof(err))) ||
+      (rc = md_g4_image_patches(px, pos, &info, resized, info.width, info.height, &vc, err,
+                                sizeof(err))))
+    goto fail;
+  for (int b = 0; b < batch; b++)
+    ims[b] = (struct wk_g4_image){px, pos, info};
+  /* images/s: a warm-up pass, then iters timed ones */
+  if ((rc = wk_vision_g4_encode(v, ims, batch, emb, err, sizeof(err)))) goto fail;
+  double t0 = cm_time_s();
+  for (int i = 0; i < iters; i++)
+    if ((rc = wk_vision_g4_encode(v, ims, batch, emb, err, sizeof(err)))) goto fail;
+  double t_enc = (cm_time_s() - t0) / (double)iters;
+
+  /* TTFT: the text model beside the tower */
+  int T = text + N + 2; /* text, <|image>, soft tokens, <image|> */
+  struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T + 16};
+  if ((rc = wk_model_load(model, be, &mo, &m, err, sizeof(err)))) goto fail;
+  const struct md_config *c = wk_model_config(m);
+  toks = malloc(sizeof(int32_t) * (size_t)T);
+  if (!toks || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto nomem;
+  int at = text / 2 + 1; /* the soft tokens' first position */
+  for (int i = 0; i < T; i++)
+    toks[i] = (int32_t)(lcg(&seed) % (uint32_t)(c->vocab - 1000)) + 1000;
+  toks[0] = c->bos_id;
+  toks[at - 1] = vc.boi_id;
+  for (int i = 0; i < N; i++)
+    toks[at + i] = vc.image_id;
+  toks[at + N] = vc.eoi_id;
+  double t_resize = 0, t_patch = 0, t_one = 0, t_prefill = 0, best = INFINITY;
+  for (int it = 0; it <= iters; it++) { /* pass 0 warms up */
+    double a = cm_time_s();
+    free(resized);
+    resized = NULL;
+    if ((rc = md_g4_image_resize(&resized, &info, img, src, src, &vc, mst, err, sizeof(err))))
+      goto fail;
+    double b = cm_time_s();
+    if ((rc = md_g4_image_patches(px, pos, &info, resized, info.width, info.height, &vc, err,
+                                  sizeof(err))))
+      goto fail;
+    double d = cm_time_s();
+    struct wk_g4_image one = {px, pos, info};
+    if ((rc = wk_vision_g4_encode(v, &one, 1, emb, err, sizeof(err)))) goto fail;
+    double f = cm_time_s();
+    if ((rc = prefill(m, &pa, &blk, toks, T, at, N, emb, err, sizeof(err)))) goto fail;
+    double g = cm_time_s();
+    if (it == 0) continue;
+    t_resize += b - a, t_patch += d - b, t_one += f - d, t_prefill += g - f;
+    if (g - a < best) best = g - a;
+  }
+  double k = (double)iters;
+  printf("model        %s (%s)\n", model, c->model_type);
+  printf("backend      %s (%s), %d threads\n", kn_backend_name(be),
+         kn_cpu_isa_name(kn_cpu_isa_detect()), threads);
+  printf("tower        Gemma 4: %d layers x %d, %d px patches; a %dx%d image at %d soft tokens: "
+         "%dx%d px, %d patches, %d soft tokens of width %d\n",
+         vc.n_layers, vc.hidden, vc.patch, src, src, mst ? mst : vc.default_tokens, info.width,
+         info.height, info.n_patches, N, H);
+  printf("encoder      %.4g images/s (%d per pass, %.1f ms per pass)\n", (double)batch / t_enc,
+         batch, t_enc * 1e3);
+  printf("ttft         %.1f ms mean, %.1f ms best: resize %dx%d -> %dx%d %.1f ms, patches "
+         "%.1f ms, encode %.1f ms, prefill %d tokens %.1f ms\n",
+         (t_resize + t_patch + t_one + t_prefill) / k * 1e3, best * 1e3, src, src, info.width,
+         info.height, t_resize / k * 1e3, t_patch / k * 1e3, t_one / k * 1e3, T,
+         t_prefill / k * 1e3);
+  status = 0;
+  goto done;
+fail:
+  fprintf(stderr, "lmserve bench vision: %s\n", err[0] ? err : cm_strerror(rc));
+  goto done;
+nomem:
+  fprintf(stderr, "lmserve bench vision: out of memory\n");
+done:
+  if (m) wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
+  wk_page_alloc_free(&pa);
+  free(img), free(resized), free(px), free(pos), free(emb), free(ims), free(toks), free(cfg);
+  wk_model_free(m);
+  wk_vision_g4_free(v);
+  return status;
+}
+
 int tl_bench_vision_main(int argc, char **argv) {
   const char *model = NULL;
-  int64_t threads = 0, batch = 1, iters = 3, src = 1024, text = 32;
+  int64_t threads = 0, batch = 1, iters = 3, src = 1024, text = 32, mst = 0;
   const struct cm_opt opts[] = {
-      {"model", CM_OPT_STR, &model, "DIR", "a Gemma3ForConditionalGeneration checkpoint"},
+      {"model", CM_OPT_STR, &model, "DIR",
+       "a Gemma3ForConditionalGeneration or Gemma4ForConditionalGeneration checkpoint"},
+      {"max-soft-tokens", CM_OPT_INT, &mst, "N",
+       "Gemma 4: soft tokens per image, 70, 140, 280, 560 or 1120 (default: the config's)", 0,
+       1120},
       {"batch", CM_OPT_INT, &batch, "N", "images per encoder pass (default 1)", 1, 64},
       {"iters", CM_OPT_INT, &iters, "N", "timed passes (default 3)", 1, 1000},
       {"source-size", CM_OPT_INT, &src, "PX", "side of the TTFT's source image (default 1024)", 1,
@@ -69,6 +224,15 @@ int tl_bench_vision_main(int argc, char **argv) {
   struct wk_seq_blocks blk = {0};
   if ((rc = kn_cpu_backend_create((int)threads, &be))) {
     fprintf(stderr, "lmserve bench vision: CPU backend: %s\n", cm_strerror(rc));
+    goto done;
+  }
+  struct md_config *probe = malloc(sizeof(*probe));
+  int g4 = probe && md_config_load(model, probe, err, sizeof(err)) == 0 && probe->vision_g4.present;
+  free(probe);
+  err[0] = 0;
+  if (g4) {
+    status = bench_g4(model, be, (int)threads, (int)batch, (int)iters, (int)src, (int)text,
+                      (int)mst);
     goto done;
   }
   struct wk_vision_opts vo = {.max_images = (int)batch};
