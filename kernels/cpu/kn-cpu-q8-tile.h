@@ -239,30 +239,40 @@ Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, 
   }
 }
 
+/* Block b of R rows against one token's, into the chain a[]. */
+Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m256 *a,
+                                      const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
+                                      int B, int b) {
+  __m256i xv, so;
+  __m256 dx, sf;
+  xblock(kind, x, B, 0, b, &xv, &dx, &so, &sf);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    __m256i wu, ws;
+    __m256 dw, mw;
+    unpack(kind, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
+    a[r] = step(kind, a[r], wu, ws, dw, mw, xv, dx, so, sf);
+  }
+}
+
 /* One token's R outputs, both chains block after block (decode: each row
  * streamed once). */
 Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float *out,
                                      const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
                                      int B, int acc) {
-  __m256 a[2][Q8_RMAX];
+  __m256 e[Q8_RMAX], o[Q8_RMAX];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-    a[0][r] = a[1][r] = _mm256_setzero_ps();
-  for (int b = 0; b < B; b++) {
-    __m256i xv, so;
-    __m256 dx, sf;
-    xblock(kind, x, B, 0, b, &xv, &dx, &so, &sf);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      __m256i wu, ws;
-      __m256 dw, mw;
-      unpack(kind, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
-      a[b & 1][r] = step(kind, a[b & 1][r], wu, ws, dw, mw, xv, dx, so, sf);
-    }
+    e[r] = o[r] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 2 <= B; b += 2) {
+    block1(kind, R, e, w, row_bytes, x, B, b);
+    block1(kind, R, o, w, row_bytes, x, B, b + 1);
   }
+  if (b < B) block1(kind, R, e, w, row_bytes, x, B, b);
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
-    put1(out + r, kn_avx2_hsum(_mm256_add_ps(a[0][r], a[1][r])), acc);
+    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e[r], o[r])), acc);
 }
 
 Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const int U, float *out,
