@@ -98,12 +98,20 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
  * q the tokens rounded to Q8_0 blocks (kn_quantize_row), d their scales as
  * f32, s each lane's sum of its four inputs (sum (q - 8) x = sum q x - 8 sum x)
  * times the weights' offset negated where they have one (Q4_0: -8, Q5_0: -16,
- * Q6_K: -32; the others: the sum). The reference reads q alone. */
+ * Q6_K: -32; the others: the sum). For Q4_0 weights, the same in pairs of
+ * blocks (b, b + 1) for the decode kernel, which takes two blocks' low
+ * nibbles in one register and their high ones in another: qp elements 0..15
+ * of b, of b + 1, then 16..31 of b, of b + 1; sp lanes 0..3 of b, of b + 1,
+ * then 4..7 of b, of b + 1; dp b's scale 4 times, then b + 1's (NULL for the
+ * other dtypes). The reference reads q alone. */
 struct kn_cpu_q8_in {
-  const uint8_t *q; /* [T][ldq] Q8_0 blocks */
-  const float *d;   /* [T][K / 32] */
-  const int32_t *s; /* [T][K / 32][8] */
-  size_t ldq;       /* bytes */
+  const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
+  const float *d;    /* [T][K / 32] */
+  const int32_t *s;  /* [T][K / 32][8] */
+  const int8_t *qp;  /* [T][K / 64][64] */
+  const int32_t *sp; /* [T][K / 64][16] */
+  const float *dp;   /* [T][K / 64][8] */
+  size_t ldq;        /* bytes */
 };
 
 struct kn_cpu_dsp {
@@ -307,6 +315,8 @@ struct kn_cpu_ctx {
   size_t xs_n;
   float *xd; /* [T][K / 32] xq's block scales (struct kn_cpu_q8_in) */
   size_t xd_n;
+  uint8_t *xp; /* struct kn_cpu_q8_in's qp, sp and dp, one after the other */
+  size_t xp_bytes;
   /* bf16 mode (kn_cpu_backend_create_mode): matmul inputs rounded to bf16,
    * into xb (dsp.round_bf16's rows) or xr (f32 rows), grown on demand */
   int bf16;

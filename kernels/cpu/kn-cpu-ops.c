@@ -278,6 +278,9 @@ struct q8_prep {
   uint8_t *q;
   float *d;
   int32_t *s;
+  int8_t *qp; /* NULL: no pairs */
+  int32_t *sp;
+  float *dp;
   size_t ldq;
   int K, shift;
 };
@@ -299,6 +302,20 @@ static void q8_prep_run(void *arg, long long t0, long long t1, int ith) {
         s[b * 8 + l] = p->shift ? -sum * (1 << p->shift) : sum;
       }
     }
+    if (!p->qp) continue;
+    const size_t P = (size_t)B / 2;
+    int8_t *qp = p->qp + (size_t)t * P * 64;
+    int32_t *sp = p->sp + (size_t)t * P * 16;
+    float *dp = p->dp + (size_t)t * P * 8;
+    for (size_t i = 0; i < P; i++)
+      for (int h = 0; h < 2; h++) { /* h: elements 16h .. 16h + 15 of b = 2i, of b + 1 */
+        for (int k = 0; k < 2; k++) {
+          memcpy(qp + 64 * i + 32 * h + 16 * k, xr + (2 * i + k) * 34 + 2 + 16 * h, 16);
+          memcpy(sp + 16 * i + 8 * h + 4 * k, s + (2 * i + k) * 8 + 4 * h, 16);
+          for (int l = 0; l < 4; l++)
+            dp[8 * i + 4 * k + l] = d[2 * i + k];
+        }
+      }
   }
 }
 
@@ -321,12 +338,25 @@ static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float 
                                : dt == KN_DTYPE_Q5_0 ? 4
                                : dt == KN_DTYPE_Q6_K ? 5
                                                      : 0};
+  if (dt == KN_DTYPE_Q4_0) {
+    const size_t P = (size_t)T * (B / 2);
+    if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, P * (64 + 64 + 32), 1))) return rc;
+    p.qp = (int8_t *)ctx->xp;
+    p.sp = (int32_t *)(ctx->xp + P * 64);
+    p.dp = (float *)(ctx->xp + P * 128);
+  }
   kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K * 16, T, 1), q8_prep_run, &p);
   struct q8_task q = {.ctx = ctx,
                       .out = out,
                       .ldo = ldo,
                       .w = w,
-                      .x = {.q = ctx->xq, .d = ctx->xd, .s = ctx->xs, .ldq = ldx},
+                      .x = {.q = ctx->xq,
+                            .d = ctx->xd,
+                            .s = ctx->xs,
+                            .qp = p.qp,
+                            .sp = p.sp,
+                            .dp = p.dp,
+                            .ldq = ldx},
                       .row_bytes = kn_row_bytes(dt, (size_t)K),
                       .dt = dt,
                       .T = T,

@@ -189,6 +189,9 @@ struct q8t_x {
   const uint8_t *q;
   const float *d;
   const int32_t *s;
+  const int8_t *qp; /* Q4_0's pairs of blocks (struct kn_cpu_q8_in), one token */
+  const int32_t *sp;
+  const float *dp;
   size_t ldq;
 };
 
@@ -255,6 +258,64 @@ Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m2
   }
 }
 
+/* One token's R outputs of Q4_0 rows, blocks in pairs (b, b + 1): one load of
+ * both blocks' nibbles gives their low ones (elements 0..15: lanes 0..3 of b,
+ * then of b + 1) after a mask and their high ones (lanes 4..7) after a shift
+ * and a mask, and one conversion their two scales. So lo[r] holds lanes 0..3 of
+ * the even chain and of the odd one, hi[r] lanes 4..7: every lane is one of
+ * the reference's accumulators, with its operations. */
+Q8T_ATTR static inline AI void rows1_q4_0(const int R, float *out, const uint8_t *w,
+                                          size_t row_bytes, const struct q8t_x *x, int B, int acc) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m128i dup = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
+  __m256 lo[Q8_RMAX], hi[Q8_RMAX];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    lo[r] = hi[r] = _mm256_setzero_ps();
+  for (int i = 0; i < B / 2; i++) {
+    const __m256i xl = _mm256_loadu_si256((const __m256i *)(x->qp + 64 * i));
+    const __m256i xh = _mm256_loadu_si256((const __m256i *)(x->qp + 64 * i + 32));
+    const __m256i sl = _mm256_loadu_si256((const __m256i *)(x->sp + 16 * i));
+    const __m256i sh = _mm256_loadu_si256((const __m256i *)(x->sp + 16 * i + 8));
+    const __m256 dx = _mm256_loadu_ps(x->dp + 8 * i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const uint8_t *b0 = w + (size_t)r * row_bytes + (size_t)(2 * i) * 18, *b1 = b0 + 18;
+      __m256i v = _mm256_loadu2_m128i((const __m128i *)(b1 + 2), (const __m128i *)(b0 + 2));
+      __m256i ql = _mm256_and_si256(v, m4), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      uint16_t h0, h1;
+      memcpy(&h0, b0, 2);
+      memcpy(&h1, b1, 2);
+      __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16)), dup);
+      __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(hh), dx);
+      lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(sl, ql, xl)), d, lo[r]);
+      hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(sh, qh, xh)), d, hi[r]);
+    }
+  }
+  if (B & 1) { /* the last block alone, on the even chain (the lower halves) */
+    const int b = B - 1;
+    __m256i xv, so;
+    __m256 dx, sf;
+    xblock(Q8K_Q4_0, x, B, 0, b, &xv, &dx, &so, &sf);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m256i wu, ws;
+      __m256 dw, mw;
+      unpack(Q8K_Q4_0, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
+      __m256 p = _mm256_cvtepi32_ps(dot4(so, wu, xv)), d = _mm256_mul_ps(dw, dx);
+      __m256 pl = _mm256_permute2f128_ps(p, p, 0x00), ph = _mm256_permute2f128_ps(p, p, 0x11);
+      lo[r] = _mm256_blend_ps(_mm256_fmadd_ps(pl, d, lo[r]), lo[r], 0xF0);
+      hi[r] = _mm256_blend_ps(_mm256_fmadd_ps(ph, d, hi[r]), hi[r], 0xF0);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    __m256 e = _mm256_permute2f128_ps(lo[r], hi[r], 0x20),
+           o = _mm256_permute2f128_ps(lo[r], hi[r], 0x31);
+    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
+  }
+}
+
 /* One token's R outputs, both chains block after block (decode: each row
  * streamed once). */
 Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float *out,
@@ -278,6 +339,10 @@ Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float
 Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const int U, float *out,
                                     ptrdiff_t ldo, const struct q8t_x *x, const uint8_t *w,
                                     size_t row_bytes, int B, int acc) {
+  if (U == 1 && kind == Q8K_Q4_0 && x->qp) {
+    rows1_q4_0(R, out, w, row_bytes, x, B, acc);
+    return;
+  }
   if (U == 1) {
     rows1(kind, R, out, w, row_bytes, x, B, acc);
     return;
@@ -337,8 +402,14 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
     const int j1 = j0 + G < n ? j0 + G : n;
     for (int t = 0; t < T; t += Q8_U) {
       const int u = T - t < Q8_U ? T - t : Q8_U, R = u == 1 ? Q8_R1 : Q8_R;
-      const struct q8t_x x = {in->q + (size_t)t * in->ldq, in->d + (size_t)t * (size_t)B,
-                              in->s + (size_t)t * (size_t)B * 8, in->ldq};
+      const size_t P = (size_t)t * (size_t)(B / 2); /* pairs before token t */
+      const struct q8t_x x = {in->q + (size_t)t * in->ldq,
+                              in->d + (size_t)t * (size_t)B,
+                              in->s + (size_t)t * (size_t)B * 8,
+                              in->qp ? in->qp + P * 64 : NULL,
+                              in->sp ? in->sp + P * 16 : NULL,
+                              in->dp ? in->dp + P * 8 : NULL,
+                              in->ldq};
       for (int j = j0; j < j1; j += R)
         f(j1 - j < R ? j1 - j : R, u, out + (ptrdiff_t)t * ldo + j, ldo, &x,
           w + (size_t)j * row_bytes, row_bytes, B, acc);
