@@ -32,6 +32,8 @@ static void cpu_destroy(void *p) {
   free(ctx->xr);
   free(ctx->xq);
   free(ctx->xs);
+  free(ctx->xd);
+  free(ctx->xp);
   free(ctx->best);
   free(ctx->seq_items);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)

@@ -93,6 +93,27 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
                                     const struct kn_attn_seq *seq, int i0, int nr, int kvh, int g0,
                                     int ng);
 
+/* The q8 mode's inputs of one matmul (kn_cpu_dsp.q8dot), T tokens of K / 32
+ * blocks, prepared once a call (q8_mm in kn-cpu-ops.c) for the weights' dtype:
+ * q the tokens rounded to Q8_0 blocks (kn_quantize_row), d their scales as
+ * f32, s each lane's sum of its four inputs (sum (q - 8) x = sum q x - 8 sum x)
+ * times the weights' offset negated where they have one (Q4_0: -8, Q5_0: -16,
+ * Q6_K: -32; the others: the sum). For Q4_0 weights, the same in pairs of
+ * blocks (b, b + 1) for the decode kernel, which takes two blocks' low
+ * nibbles in one register and their high ones in another: qp elements 0..15
+ * of b, of b + 1, then 16..31 of b, of b + 1; sp lanes 0..3 of b, of b + 1,
+ * then 4..7 of b, of b + 1; dp b's scale 4 times, then b + 1's (NULL for the
+ * other dtypes). The reference reads q alone. */
+struct kn_cpu_q8_in {
+  const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
+  const float *d;    /* [T][K / 32] */
+  const int32_t *s;  /* [T][K / 32][8] */
+  const int8_t *qp;  /* [T][K / 64][64] */
+  const int32_t *sp; /* [T][K / 64][16] */
+  const float *dp;   /* [T][K / 64][8] */
+  size_t ldq;        /* bytes */
+};
+
 struct kn_cpu_dsp {
   enum kn_cpu_isa isa;
   /* Small T: reads W in its own dtype, each weight row once per call. */
@@ -160,20 +181,18 @@ struct kn_cpu_dsp {
   int bf16_rows;
 
   /* The q8 mode's matmul over block-format weights (kn-cpu-q8.c, AVX2 in
-   * kn-cpu-q8-avx2.c): x holds T rows of K / 32 Q8_0 blocks (ldx bytes
-   * apart: the inputs as kn_quantize_row rounds them), w n rows of row_bytes.
-   * Per output, for each 32-element block b in order (a K-quant's sub-block)
-   * and each lane l < 8: p = the sum of the integer products of elements
-   * 4l .. 4l + 3 (exact; the weights' integers with their offsets applied),
-   * acc[b % 2][l] = fma((float)p, dw_b[l] * dx_b, acc[b % 2][l]), then for the
-   * formats with a min m_b (Q4_1, Q5_1, Q4_K, Q5_K) the same with the lane's
-   * input sum and m_b * dx_b; then acc[0] + acc[1] and kn_avx2_hsum's lane
-   * reduction.
-   * xs: [T][K / 32][8] each lane's sum of its four inputs (kernels may use it:
-   * sum (q - 8) x = sum q x - 8 sum x). NULL: the dtype has none (f32 inputs then). */
-  void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                                 const int32_t *xs, const uint8_t *w, size_t row_bytes, int K,
-                                 int T, int n, int accumulate);
+   * kn-cpu-q8-avx2.c): x holds T tokens' inputs as Q8_0 blocks and what the
+   * kernels take of them prepared once (struct kn_cpu_q8_in), w n rows of
+   * row_bytes. Per output, for each 32-element block b in order (a K-quant's
+   * sub-block) and each lane l < 8: p = the sum of the integer products of
+   * elements 4l .. 4l + 3 (exact; the weights' integers with their offsets
+   * applied), acc[b % 2][l] = fma((float)p, dw_b[l] * dx_b, acc[b % 2][l]),
+   * then for the formats with a min m_b (Q4_1, Q5_1, Q4_K, Q5_K) the same with
+   * the lane's input sum and m_b * dx_b; then acc[0] + acc[1] and
+   * kn_avx2_hsum's lane reduction. NULL: the dtype has none (f32 inputs then). */
+  void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                 const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                                 int accumulate);
 };
 
 /* Elements of one input row as round_bf16 lays it out. */
@@ -199,9 +218,6 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
 /* q8dot[] in AVX2 (kn-cpu-q8-avx2.c): kn-cpu-q8.c's bits (needs AVX2). */
 void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp);
-/* The AVX2 decode kernel of Q8_0 / Q4_0 (kn-cpu-q8-avx2.c): q8dot at T = 1. */
-void kn_cpu_q8_one_avx2(enum kn_dtype dt, float *out, const uint8_t *x, const int32_t *xs,
-                        const uint8_t *w, size_t row_bytes, int K, int n, int acc);
 /* q8dot[] with AVX-512 VNNI tiles (kn-cpu-q8-vnni.c; needs kn_cpu_has_avx512vnni()). */
 void kn_cpu_dsp_init_q8_vnni(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx512vnni(void);
@@ -295,8 +311,12 @@ struct kn_cpu_ctx {
   int q8;
   uint8_t *xq;
   size_t xq_bytes;
-  int32_t *xs; /* [T][K / 32][8] lane sums of xq's blocks (kn_cpu_dsp.q8dot) */
+  int32_t *xs; /* [T][K / 32][8] lane sums of xq's blocks (struct kn_cpu_q8_in) */
   size_t xs_n;
+  float *xd; /* [T][K / 32] xq's block scales (struct kn_cpu_q8_in) */
+  size_t xd_n;
+  uint8_t *xp; /* struct kn_cpu_q8_in's qp, sp and dp, one after the other */
+  size_t xp_bytes;
   /* bf16 mode (kn_cpu_backend_create_mode): matmul inputs rounded to bf16,
    * into xb (dsp.round_bf16's rows) or xr (f32 rows), grown on demand */
   int bf16;

@@ -247,9 +247,9 @@ struct q8_task {
   struct kn_cpu_ctx *ctx;
   float *out;
   ptrdiff_t ldo;
-  const uint8_t *x, *w;
-  const int32_t *xs;
-  size_t ldx, row_bytes;
+  const uint8_t *w;
+  struct kn_cpu_q8_in x;
+  size_t row_bytes;
   enum kn_dtype dt;
   int T, N, K, acc, chunk;
   float cap;
@@ -261,10 +261,61 @@ static void q8_run(void *arg, long long u0, long long u1, int ith) {
   for (long long u = u0; u < u1; u++) {
     int n0 = (int)u * q->chunk, n = q->N - n0 < q->chunk ? q->N - n0 : q->chunk;
     float *o = q->out + n0;
-    q->ctx->dsp.q8dot[q->dt](o, q->ldo, q->x, q->ldx, q->xs, q->w + (size_t)n0 * q->row_bytes,
-                             q->row_bytes, q->K, q->T, n, q->acc);
+    q->ctx->dsp.q8dot[q->dt](o, q->ldo, &q->x, q->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K,
+                             q->T, n, q->acc);
     for (int t = 0; t < q->T && q->cap > 0.0f; t++)
       q->ctx->dsp.softcap(o + (ptrdiff_t)t * q->ldo, o + (ptrdiff_t)t * q->ldo, q->cap, (size_t)n);
+  }
+}
+
+/* Tokens [t0, t1) of a q8 matmul's inputs (in, ldi floats apart) prepared as
+ * struct kn_cpu_q8_in has them for the weights' offset (shift: its log2, 0
+ * for none): Q8_0 blocks as llama.cpp rounds them, their scales in f32, and
+ * each lane's input sum times -(1 << shift). */
+struct q8_prep {
+  const float *in;
+  ptrdiff_t ldi;
+  uint8_t *q;
+  float *d;
+  int32_t *s;
+  int8_t *qp; /* NULL: no pairs */
+  int32_t *sp;
+  float *dp;
+  size_t ldq;
+  int K, shift;
+};
+
+static void q8_prep_run(void *arg, long long t0, long long t1, int ith) {
+  const struct q8_prep *p = arg;
+  const int B = p->K / 32;
+  (void)ith;
+  for (long long t = t0; t < t1; t++) {
+    uint8_t *xr = p->q + (size_t)t * p->ldq;
+    kn_quantize_row(KN_DTYPE_Q8_0, p->in + (ptrdiff_t)t * p->ldi, xr, (size_t)p->K);
+    float *d = p->d + (size_t)t * (size_t)B;
+    int32_t *s = p->s + (size_t)t * (size_t)B * 8;
+    for (int b = 0; b < B; b++) {
+      d[b] = kn_f16_to_f32((uint16_t)(xr[(size_t)b * 34] | xr[(size_t)b * 34 + 1] << 8));
+      for (int l = 0; l < 8; l++) {
+        const int8_t *v = (const int8_t *)xr + (size_t)b * 34 + 2 + 4 * l;
+        const int sum = v[0] + v[1] + v[2] + v[3];
+        s[b * 8 + l] = p->shift ? -sum * (1 << p->shift) : sum;
+      }
+    }
+    if (!p->qp) continue;
+    const size_t P = (size_t)B / 2;
+    int8_t *qp = p->qp + (size_t)t * P * 64;
+    int32_t *sp = p->sp + (size_t)t * P * 16;
+    float *dp = p->dp + (size_t)t * P * 8;
+    for (size_t i = 0; i < P; i++)
+      for (int h = 0; h < 2; h++) { /* h: elements 16h .. 16h + 15 of b = 2i, of b + 1 */
+        for (int k = 0; k < 2; k++) {
+          memcpy(qp + 64 * i + 32 * h + 16 * k, xr + (2 * i + k) * 34 + 2 + 16 * h, 16);
+          memcpy(sp + 16 * i + 8 * h + 4 * k, s + (2 * i + k) * 8 + 4 * h, 16);
+          for (int l = 0; l < 4; l++)
+            dp[8 * i + 4 * k + l] = d[2 * i + k];
+        }
+      }
   }
 }
 
@@ -273,25 +324,39 @@ static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float 
   size_t ldx = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
   int rc = grow_buf((void **)&ctx->xq, &ctx->xq_bytes, (size_t)T * ldx, 1);
   if (rc) return rc;
-  const int B = K / 32;
-  if ((rc = grow_buf((void **)&ctx->xs, &ctx->xs_n, (size_t)T * (size_t)B * 8, 4))) return rc;
-  for (int t = 0; t < T; t++) { /* each input row in Q8_0 blocks, as llama.cpp rounds them */
-    uint8_t *xr = ctx->xq + (size_t)t * ldx;
-    kn_quantize_row(KN_DTYPE_Q8_0, in + (ptrdiff_t)t * ldi, xr, (size_t)K);
-    int32_t *s = ctx->xs + (size_t)t * (size_t)B * 8;
-    for (int b = 0; b < B; b++)
-      for (int l = 0; l < 8; l++) {
-        const int8_t *v = (const int8_t *)xr + (size_t)b * 34 + 2 + 4 * l;
-        s[b * 8 + l] = v[0] + v[1] + v[2] + v[3];
-      }
+  const size_t B = (size_t)K / 32;
+  if ((rc = grow_buf((void **)&ctx->xs, &ctx->xs_n, (size_t)T * B * 8, 4))) return rc;
+  if ((rc = grow_buf((void **)&ctx->xd, &ctx->xd_n, (size_t)T * B, 4))) return rc;
+  struct q8_prep p = {.in = in,
+                      .ldi = ldi,
+                      .q = ctx->xq,
+                      .d = ctx->xd,
+                      .s = ctx->xs,
+                      .ldq = ldx,
+                      .K = K,
+                      .shift = dt == KN_DTYPE_Q4_0   ? 3
+                               : dt == KN_DTYPE_Q5_0 ? 4
+                               : dt == KN_DTYPE_Q6_K ? 5
+                                                     : 0};
+  if (dt == KN_DTYPE_Q4_0) {
+    const size_t P = (size_t)T * (B / 2);
+    if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, P * (64 + 64 + 32), 1))) return rc;
+    p.qp = (int8_t *)ctx->xp;
+    p.sp = (int32_t *)(ctx->xp + P * 64);
+    p.dp = (float *)(ctx->xp + P * 128);
   }
+  kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K * 16, T, 1), q8_prep_run, &p);
   struct q8_task q = {.ctx = ctx,
                       .out = out,
                       .ldo = ldo,
-                      .x = ctx->xq,
                       .w = w,
-                      .xs = ctx->xs,
-                      .ldx = ldx,
+                      .x = {.q = ctx->xq,
+                            .d = ctx->xd,
+                            .s = ctx->xs,
+                            .qp = p.qp,
+                            .sp = p.sp,
+                            .dp = p.dp,
+                            .ldq = ldx},
                       .row_bytes = kn_row_bytes(dt, (size_t)K),
                       .dt = dt,
                       .T = T,

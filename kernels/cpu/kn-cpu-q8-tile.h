@@ -3,11 +3,13 @@
  * defines
  *   Q8T_ATTR  the functions' target attribute,
  *   Q8T_VNNI  1: four products summed by vpdpbusd (AVX-512 VNNI on ymm), 0: AVX2,
- *   Q8_R, Q8_U  the tile's rows and tokens (Q8_R * Q8_U accumulators).
+ *   Q8_R, Q8_U  the tile's rows and tokens (Q8_R * Q8_U accumulators),
+ *   Q8_R1       the rows of one token's tiles (decode; at most 4).
  * Each weight block is unpacked once for the tile's tokens and each input
- * block loaded once for its rows. A tile runs its outputs' even chains first,
- * then their odd ones (the reference's two chains are independent until the
- * end); an output's operations are kn-cpu-q8.c's whatever the tile, so a row's
+ * block loaded once for its rows. A tile of several tokens runs its outputs'
+ * even chains first, then their odd ones (the reference's two chains are
+ * independent until the end); one token's tile runs both, block after block.
+ * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
 #ifndef LMSERVE_KN_CPU_Q8_TILE_H
 #define LMSERVE_KN_CPU_Q8_TILE_H
@@ -23,13 +25,19 @@
 /* Weight bytes of the rows a group of tiles sweeps across all tokens (L1). */
 #define Q8_GROUP_BYTES (24 * 1024)
 
+/* Rows of any tile (the accumulators' arrays). */
+#define Q8_RMAX 4
+
 KN_AVX2 static inline float h16(const uint8_t *p) {
   return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
 }
 
-/* The f16 at p in all 8 lanes (the same value as h16). */
+/* The f16 at p in all 8 lanes (the same value as h16): vpbroadcastw from
+ * memory, vcvtph2ps. */
 KN_AVX2 static inline AI __m256 h16x8(const uint8_t *p) {
-  return _mm256_cvtph_ps(_mm_set1_epi16((short)(p[0] | p[1] << 8)));
+  short h;
+  memcpy(&h, p, 2);
+  return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
 KN_AVX2 static inline void put1(float *o, float s, int acc) {
@@ -48,14 +56,13 @@ Q8T_ATTR static inline AI __m256i dot4(__m256i c, __m256i u, __m256i s) {
 #endif
 }
 
-KN_AVX2 static inline AI __m256i sum4(__m256i u, __m256i s) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-/* Q4_0's 32 nibbles as bytes: elements 0..15 the low ones, 16..31 the high. */
-KN_AVX2 static inline AI __m256i nib32(const uint8_t *blk) {
-  __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(0xF);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+/* Q4_0's 32 nibbles at p as bytes: elements 0..15 the low ones, 16..31 the
+ * high (the 16 bytes in both halves, the upper half shifted: one load and
+ * three operations). */
+KN_AVX2 static inline AI __m256i nib32(const uint8_t *p) {
+  __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+  q = _mm256_blend_epi32(q, _mm256_srli_epi16(q, 4), 0xF0);
+  return _mm256_and_si256(q, _mm256_set1_epi8(0xF));
 }
 
 /* ---- register tiles ------------------------------------------------------------- */
@@ -128,21 +135,21 @@ Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *ro
     break;
   case Q8K_Q4_0:
     *d = h16x8(blk);
-    *u = nib32(blk);
+    *u = nib32(blk + 2);
     break;
   case Q8K_Q4_1:
     *d = h16x8(blk);
     *m = h16x8(blk + 2);
-    *u = nib32(blk + 2);
+    *u = nib32(blk + 4);
     break;
   case Q8K_Q5_0:
     *d = h16x8(blk);
-    *u = _mm256_or_si256(nib32(blk + 4), bit5x32(u32le(blk + 2)));
+    *u = _mm256_or_si256(nib32(blk + 6), bit5x32(u32le(blk + 2)));
     break;
   case Q8K_Q5_1:
     *d = h16x8(blk);
     *m = h16x8(blk + 2);
-    *u = _mm256_or_si256(nib32(blk + 6), bit5x32(u32le(blk + 4)));
+    *u = _mm256_or_si256(nib32(blk + 8), bit5x32(u32le(blk + 4)));
     break;
   case Q8K_Q4_K:
   case Q8K_Q5_K: {
@@ -174,49 +181,175 @@ Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *ro
   }
 }
 
+/* The inputs of tokens x (Q8_0 blocks ldq bytes apart, their f32 scales d B
+ * apart, lane terms s B * 8 apart; struct kn_cpu_q8_in) that block b of a
+ * tile takes for token u: the 8 bytes' vector, the scale in all lanes, the
+ * offset's lane terms (so) and the min's (sf). */
+struct q8t_x {
+  const uint8_t *q;
+  const float *d;
+  const int32_t *s;
+  const int8_t *qp; /* Q4_0's pairs of blocks (struct kn_cpu_q8_in), one token */
+  const int32_t *sp;
+  const float *dp;
+  size_t ldq;
+};
+
+Q8T_ATTR static inline AI void xblock(const enum q8_kind kind, const struct q8t_x *x, int B, int u,
+                                      int b, __m256i *xv, __m256 *dx, __m256i *so, __m256 *sf) {
+  *xv = _mm256_loadu_si256((const __m256i *)(x->q + (size_t)u * x->ldq + (size_t)b * 34 + 2));
+  *dx = _mm256_broadcast_ss(x->d + (size_t)u * (size_t)B + b);
+  const __m256i *s = (const __m256i *)(x->s + ((size_t)u * (size_t)B + (size_t)b) * 8);
+  *so = kind_shift(kind) ? _mm256_loadu_si256(s) : _mm256_setzero_si256();
+  *sf = kind_min(kind) ? _mm256_cvtepi32_ps(_mm256_loadu_si256(s)) : _mm256_setzero_ps();
+}
+
+/* The multiply-adds of one weight block (unpacked) against one input block
+ * into a: the reference's operations. */
+Q8T_ATTR static inline AI __m256 step(const enum q8_kind kind, __m256 a, __m256i wu, __m256i ws,
+                                      __m256 dw, __m256 mw, __m256i xv, __m256 dx, __m256i so,
+                                      __m256 sf) {
+  /* the offset's term first: the same integer either way */
+  __m256i p = dot4(so, wu, kind == Q8K_Q8_0 ? _mm256_sign_epi8(xv, ws) : xv);
+  a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx), a);
+  if (kind_min(kind)) a = _mm256_fmadd_ps(sf, _mm256_mul_ps(mw, dx), a);
+  return a;
+}
+
 /* One chain (blocks b0, b0 + 2, ...) of the R x U outputs of rows w (row_bytes
- * apart) and tokens x (ldx bytes apart, lane sums xs B * 8 apart) into a[]. */
+ * apart) and tokens x into a[]. */
 Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, const int U,
-                                          const uint8_t *w, size_t row_bytes, const uint8_t *x,
-                                          size_t ldx, const int32_t *xs, int B, int b0, __m256 *a) {
-  const int shift = kind_shift(kind), has_m = kind_min(kind);
-#pragma GCC unroll 8
+                                          const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
+                                          int B, int b0, __m256 *a) {
+#pragma GCC unroll 16
   for (int i = 0; i < R * U; i++)
     a[i] = _mm256_setzero_ps();
   for (int b = b0; b < B; b += 2) {
-    __m256i wu[Q8_R], ws[Q8_R];
-    __m256 dw[Q8_R], mw[Q8_R];
+    __m256i wu[Q8_RMAX], ws[Q8_RMAX];
+    __m256 dw[Q8_RMAX], mw[Q8_RMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
       unpack(kind, w + (size_t)r * row_bytes, b, &wu[r], &ws[r], &dw[r], &mw[r]);
 #pragma GCC unroll 8
     for (int u = 0; u < U; u++) {
-      const uint8_t *xb = x + (size_t)u * ldx + (size_t)b * 34;
-      __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 2)), so = _mm256_setzero_si256();
-      __m256 dx = h16x8(xb), sf = _mm256_setzero_ps();
-      if (shift || has_m) {
-        __m256i s = _mm256_loadu_si256((const __m256i *)(xs + (size_t)u * (size_t)B * 8 + 8 * b));
-        if (shift) so = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, shift));
-        if (has_m) sf = _mm256_cvtepi32_ps(s);
-      }
+      __m256i xv, so;
+      __m256 dx, sf;
+      xblock(kind, x, B, u, b, &xv, &dx, &so, &sf);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; r++) {
-        /* the offset's term first: the same integer either way */
-        __m256i p = dot4(so, wu[r], kind == Q8K_Q8_0 ? _mm256_sign_epi8(xv, ws[r]) : xv);
-        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], dx), a[r * U + u]);
-        if (has_m) t = _mm256_fmadd_ps(sf, _mm256_mul_ps(mw[r], dx), t);
-        a[r * U + u] = t;
-      }
+      for (int r = 0; r < R; r++)
+        a[r * U + u] = step(kind, a[r * U + u], wu[r], ws[r], dw[r], mw[r], xv, dx, so, sf);
     }
   }
 }
 
+/* Block b of R rows against one token's, into the chain a[]. */
+Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m256 *a,
+                                      const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
+                                      int B, int b) {
+  __m256i xv, so;
+  __m256 dx, sf;
+  xblock(kind, x, B, 0, b, &xv, &dx, &so, &sf);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    __m256i wu, ws;
+    __m256 dw, mw;
+    unpack(kind, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
+    a[r] = step(kind, a[r], wu, ws, dw, mw, xv, dx, so, sf);
+  }
+}
+
+/* One token's R outputs of Q4_0 rows, blocks in pairs (b, b + 1): one load of
+ * both blocks' nibbles gives their low ones (elements 0..15: lanes 0..3 of b,
+ * then of b + 1) after a mask and their high ones (lanes 4..7) after a shift
+ * and a mask, and one conversion their two scales. So lo[r] holds lanes 0..3 of
+ * the even chain and of the odd one, hi[r] lanes 4..7: every lane is one of
+ * the reference's accumulators, with its operations. */
+Q8T_ATTR static inline AI void rows1_q4_0(const int R, float *out, const uint8_t *w,
+                                          size_t row_bytes, const struct q8t_x *x, int B, int acc) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const __m128i dup = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
+  __m256 lo[Q8_RMAX], hi[Q8_RMAX];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    lo[r] = hi[r] = _mm256_setzero_ps();
+  for (int i = 0; i < B / 2; i++) {
+    const __m256i xl = _mm256_loadu_si256((const __m256i *)(x->qp + 64 * i));
+    const __m256i xh = _mm256_loadu_si256((const __m256i *)(x->qp + 64 * i + 32));
+    const __m256i sl = _mm256_loadu_si256((const __m256i *)(x->sp + 16 * i));
+    const __m256i sh = _mm256_loadu_si256((const __m256i *)(x->sp + 16 * i + 8));
+    const __m256 dx = _mm256_loadu_ps(x->dp + 8 * i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const uint8_t *b0 = w + (size_t)r * row_bytes + (size_t)(2 * i) * 18, *b1 = b0 + 18;
+      __m256i v = _mm256_loadu2_m128i((const __m128i *)(b1 + 2), (const __m128i *)(b0 + 2));
+      __m256i ql = _mm256_and_si256(v, m4), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      uint16_t h0, h1;
+      memcpy(&h0, b0, 2);
+      memcpy(&h1, b1, 2);
+      __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16)), dup);
+      __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(hh), dx);
+      lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(sl, ql, xl)), d, lo[r]);
+      hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(sh, qh, xh)), d, hi[r]);
+    }
+  }
+  if (B & 1) { /* the last block alone, on the even chain (the lower halves) */
+    const int b = B - 1;
+    __m256i xv, so;
+    __m256 dx, sf;
+    xblock(Q8K_Q4_0, x, B, 0, b, &xv, &dx, &so, &sf);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m256i wu, ws;
+      __m256 dw, mw;
+      unpack(Q8K_Q4_0, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
+      __m256 p = _mm256_cvtepi32_ps(dot4(so, wu, xv)), d = _mm256_mul_ps(dw, dx);
+      __m256 pl = _mm256_permute2f128_ps(p, p, 0x00), ph = _mm256_permute2f128_ps(p, p, 0x11);
+      lo[r] = _mm256_blend_ps(_mm256_fmadd_ps(pl, d, lo[r]), lo[r], 0xF0);
+      hi[r] = _mm256_blend_ps(_mm256_fmadd_ps(ph, d, hi[r]), hi[r], 0xF0);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    __m256 e = _mm256_permute2f128_ps(lo[r], hi[r], 0x20),
+           o = _mm256_permute2f128_ps(lo[r], hi[r], 0x31);
+    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
+  }
+}
+
+/* One token's R outputs, both chains block after block (decode: each row
+ * streamed once). */
+Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float *out,
+                                     const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
+                                     int B, int acc) {
+  __m256 e[Q8_RMAX], o[Q8_RMAX];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    e[r] = o[r] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + 2 <= B; b += 2) {
+    block1(kind, R, e, w, row_bytes, x, B, b);
+    block1(kind, R, o, w, row_bytes, x, B, b + 1);
+  }
+  if (b < B) block1(kind, R, e, w, row_bytes, x, B, b);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e[r], o[r])), acc);
+}
+
 Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const int U, float *out,
-                                    ptrdiff_t ldo, const uint8_t *x, size_t ldx, const int32_t *xs,
-                                    const uint8_t *w, size_t row_bytes, int B, int acc) {
-  __m256 e[Q8_R * Q8_U], o[Q8_R * Q8_U];
-  tile_chain(kind, R, U, w, row_bytes, x, ldx, xs, B, 0, e);
-  tile_chain(kind, R, U, w, row_bytes, x, ldx, xs, B, 1, o);
+                                    ptrdiff_t ldo, const struct q8t_x *x, const uint8_t *w,
+                                    size_t row_bytes, int B, int acc) {
+  if (U == 1 && kind == Q8K_Q4_0 && x->qp) {
+    rows1_q4_0(R, out, w, row_bytes, x, B, acc);
+    return;
+  }
+  if (U == 1) {
+    rows1(kind, R, out, w, row_bytes, x, B, acc);
+    return;
+  }
+  __m256 e[Q8_RMAX * Q8_U], o[Q8_RMAX * Q8_U];
+  tile_chain(kind, R, U, w, row_bytes, x, B, 0, e);
+  tile_chain(kind, R, U, w, row_bytes, x, B, 1, o);
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -225,20 +358,20 @@ Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const 
            acc);
 }
 
-/* The tile of r (<= Q8_R) rows x u (<= Q8_U) tokens, each shape compiled
- * on its own (shapes beyond the tile's are never asked for). */
+/* The tile of r rows (<= Q8_R, one token's <= Q8_R1) x u (<= Q8_U) tokens,
+ * each shape compiled on its own (shapes beyond the tile's are never asked
+ * for). */
 #define Q8T_CLAMP(v, m) ((v) < (m) ? (v) : (m))
 #define Q8T_CASE(KIND, R, U)                                                                       \
   case R * 8 + U:                                                                                  \
-    tile(KIND, Q8T_CLAMP(R, Q8_R), Q8T_CLAMP(U, Q8_U), out, ldo, x, ldx, xs, w, row_bytes, B,      \
-         acc);                                                                                     \
+    tile(KIND, Q8T_CLAMP(R, (U) == 1 ? Q8_R1 : Q8_R), Q8T_CLAMP(U, Q8_U), out, ldo, x, w,          \
+         row_bytes, B, acc);                                                                       \
     break;
 #define Q8T_CASES(KIND, R)                                                                         \
   Q8T_CASE(KIND, R, 1) Q8T_CASE(KIND, R, 2) Q8T_CASE(KIND, R, 3) Q8T_CASE(KIND, R, 4)
 #define DEF_TILES(SUF, KIND)                                                                       \
-  Q8T_ATTR static void tiles_##SUF(int r, int u, float *out, ptrdiff_t ldo, const uint8_t *x,      \
-                                   size_t ldx, const int32_t *xs, const uint8_t *w,                \
-                                   size_t row_bytes, int B, int acc) {                             \
+  Q8T_ATTR static void tiles_##SUF(int r, int u, float *out, ptrdiff_t ldo, const struct q8t_x *x, \
+                                   const uint8_t *w, size_t row_bytes, int B, int acc) {           \
     switch (r * 8 + u) {                                                                           \
       Q8T_CASES(KIND, 1)                                                                           \
       Q8T_CASES(KIND, 2)                                                                           \
@@ -256,25 +389,61 @@ DEF_TILES(q4_k, Q8K_Q4_K)
 DEF_TILES(q5_k, Q8K_Q5_K)
 DEF_TILES(q6_k, Q8K_Q6_K)
 
-typedef void (*tiles_fn)(int r, int u, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                         const int32_t *xs, const uint8_t *w, size_t row_bytes, int B, int acc);
+typedef void (*tiles_fn)(int r, int u, float *out, ptrdiff_t ldo, const struct q8t_x *x,
+                         const uint8_t *w, size_t row_bytes, int B, int acc);
 
 /* Groups of rows that fit L1, each swept by tiles across all T tokens. */
-Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                           const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,
-                           int n, int acc) {
+Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *in,
+                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
   const int B = K / 32;
-  int G = (int)(Q8_GROUP_BYTES / row_bytes) / Q8_R * Q8_R;
-  if (G < Q8_R) G = Q8_R;
+  int G = (int)(Q8_GROUP_BYTES / row_bytes) / Q8_RMAX * Q8_RMAX;
+  if (G < Q8_RMAX) G = Q8_RMAX;
   for (int j0 = 0; j0 < n; j0 += G) {
     const int j1 = j0 + G < n ? j0 + G : n;
     for (int t = 0; t < T; t += Q8_U) {
-      const int u = T - t < Q8_U ? T - t : Q8_U;
-      for (int j = j0; j < j1; j += Q8_R)
-        f(j1 - j < Q8_R ? j1 - j : Q8_R, u, out + (ptrdiff_t)t * ldo + j, ldo, x + (size_t)t * ldx,
-          ldx, xs + (size_t)t * (size_t)B * 8, w + (size_t)j * row_bytes, row_bytes, B, acc);
+      const int u = T - t < Q8_U ? T - t : Q8_U, R = u == 1 ? Q8_R1 : Q8_R;
+      const size_t P = (size_t)t * (size_t)(B / 2); /* pairs before token t */
+      const struct q8t_x x = {in->q + (size_t)t * in->ldq,
+                              in->d + (size_t)t * (size_t)B,
+                              in->s + (size_t)t * (size_t)B * 8,
+                              in->qp ? in->qp + P * 64 : NULL,
+                              in->sp ? in->sp + P * 16 : NULL,
+                              in->dp ? in->dp + P * 8 : NULL,
+                              in->ldq};
+      for (int j = j0; j < j1; j += R)
+        f(j1 - j < R ? j1 - j : R, u, out + (ptrdiff_t)t * ldo + j, ldo, &x,
+          w + (size_t)j * row_bytes, row_bytes, B, acc);
     }
   }
+}
+
+/* q8dot of each format: the tiles at every T. */
+#define DEF_Q8DOT(SUF)                                                                             \
+  Q8T_ATTR static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,        \
+                                   const uint8_t *w, size_t row_bytes, int K, int T, int n,        \
+                                   int acc) {                                                      \
+    tiled(tiles_##SUF, out, ldo, x, w, row_bytes, K, T, n, acc);                                   \
+  }
+
+DEF_Q8DOT(q8_0)
+DEF_Q8DOT(q4_0)
+DEF_Q8DOT(q4_1)
+DEF_Q8DOT(q5_0)
+DEF_Q8DOT(q5_1)
+DEF_Q8DOT(q4_k)
+DEF_Q8DOT(q5_k)
+DEF_Q8DOT(q6_k)
+
+/* The table's entries. */
+static inline void q8t_init(struct kn_cpu_dsp *dsp) {
+  dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
+  dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
+  dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;
+  dsp->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;
+  dsp->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;
+  dsp->q8dot[KN_DTYPE_Q4_K] = q8dot_q4_k;
+  dsp->q8dot[KN_DTYPE_Q5_K] = q8dot_q5_k;
+  dsp->q8dot[KN_DTYPE_Q6_K] = q8dot_q6_k;
 }
 
 #endif

@@ -153,11 +153,9 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
 }
 
 #define DEF_REF(SUF, DT)                                                                           \
-  static void q8dot_##SUF(float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,                 \
-                          const int32_t *xs, const uint8_t *w, size_t row_bytes, int K, int T,     \
-                          int n, int acc) {                                                        \
-    (void)xs;                                                                                      \
-    q8dot_ref(DT, out, ldo, x, ldx, w, row_bytes, K, T, n, acc);                                   \
+  static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,                 \
+                          const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {      \
+    q8dot_ref(DT, out, ldo, x->q, x->ldq, w, row_bytes, K, T, n, acc);                             \
   }
 
 DEF_REF(q8_0, KN_DTYPE_Q8_0)
