@@ -76,8 +76,8 @@
 #include "common/cm-err.h"
 #include "lmserve-config.h"
 #include "model/md-config.h"
+#include "model/md-safetensors.h"
 #include "tools/tl-main.h"
-#include "worker/wk-safetensors.h"
 #include "worker/wk-tiny-spec.h"
 
 /* ---- files ---------------------------------------------------------------- */
@@ -306,11 +306,11 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve make-tiny-model: --out DIR is required\n");
     return 2;
   }
-  enum wk_st_dtype dt = WK_ST_BF16;
+  enum md_st_dtype dt = MD_ST_BF16;
   if (!strcmp(dtype, "f32"))
-    dt = WK_ST_F32;
+    dt = MD_ST_F32;
   else if (!strcmp(dtype, "f16"))
-    dt = WK_ST_F16;
+    dt = MD_ST_F16;
   else if (strcmp(dtype, "bf16")) {
     fprintf(stderr, "lmserve make-tiny-model: --dtype must be bf16, f16 or f32\n");
     return 2;

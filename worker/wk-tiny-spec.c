@@ -49,7 +49,7 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
   t->init = init;
   t->a = a;
   t->b = b;
-  t->e.dtype = init == WK_INIT_PERMUTATION ? WK_ST_I64 : WK_ST_BF16;
+  t->e.dtype = init == WK_INIT_PERMUTATION ? MD_ST_I64 : MD_ST_BF16;
   t->e.ndim = ndim;
   t->e.shape[0] = d0;
   t->e.shape[1] = d1;
@@ -627,7 +627,7 @@ static int put(int fd, const void *buf, size_t bytes, off_t *off) {
  * buffer). Its values come from its own streams (seed, index): tensors can be
  * written in any order, by any thread. */
 static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint64_t seed, int index,
-                        enum wk_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
+                        enum md_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
   struct rng r = {seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull + 1};
   uint64_t n = 1;
   for (int d = 0; d < t->e.ndim; d++)
@@ -654,7 +654,7 @@ static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint6
     }
     return 0;
   }
-  size_t esz = wk_st_dtype_size(dt);
+  size_t esz = md_st_dtype_size(dt);
   /* clustered rows: u from a stream per cluster, r from a stream per row,
    * both fixed whatever the seed (the target and its agreeing assistant
    * write the same values) */
@@ -679,14 +679,14 @@ static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint6
       case WK_INIT_EYE: v = row == col ? 1.0 : 0.0; break;
       default: v = t->a + (t->b - t->a) * rng_unit(&r); break; /* WK_INIT_UNIFORM */
       }
-      if (dt == WK_ST_F32)
+      if (dt == MD_ST_F32)
         buf32[i] = (float)v;
-      else if (dt == WK_ST_F16)
+      else if (dt == MD_ST_F16)
         buf16[i] = kn_f32_to_f16((float)v);
       else
         buf16[i] = kn_f32_to_bf16((float)v);
     }
-    const void *src = dt == WK_ST_F32 ? (const void *)buf32 : (const void *)buf16;
+    const void *src = dt == MD_ST_F32 ? (const void *)buf32 : (const void *)buf16;
     if (put(fd, src, esz * m, &off)) return CM_ERR_IO;
     done += m;
   }
@@ -708,7 +708,7 @@ static int write_text(const char *dir, const char *name, const char *text) {
  * biggest first, so the last to finish is not a big one started late). */
 struct tiny_job {
   const struct wk_tiny_spec *s;
-  const struct wk_st_entry *e;
+  const struct md_st_entry *e;
   const off_t *at;
   const int *order;
   uint64_t seed;
@@ -740,8 +740,8 @@ static void *tiny_thread(void *arg) {
 }
 
 int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
-                  enum wk_st_dtype dt) {
-  if (dt != WK_ST_F32 && dt != WK_ST_F16 && dt != WK_ST_BF16) return CM_ERR_INVAL;
+                  enum md_st_dtype dt) {
+  if (dt != MD_ST_F32 && dt != MD_ST_F16 && dt != MD_ST_BF16) return CM_ERR_INVAL;
   int rc = write_text(dir, "config.json", s->config_json);
   if (!rc && s->generation_json) rc = write_text(dir, "generation_config.json", s->generation_json);
   if (!rc && s->preproc_json)
@@ -754,7 +754,7 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   if (!f) return CM_ERR_IO;
   int n = s->n_tensors;
   size_t n_alloc = n > 0 ? (size_t)n : 1;
-  struct wk_st_entry *e = calloc(n_alloc, sizeof(*e));
+  struct md_st_entry *e = calloc(n_alloc, sizeof(*e));
   off_t *at = calloc(n_alloc, sizeof(*at));
   int *order = calloc(n_alloc, sizeof(*order));
   rc = e && at && order ? 0 : CM_ERR_NOMEM;
@@ -764,7 +764,7 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
     if (s->tensors[i].init != WK_INIT_PERMUTATION && s->tensors[i].init != WK_INIT_ARANGE)
       e[i].dtype = dt;
   }
-  if (!rc) rc = wk_st_write_header(f, e, n);
+  if (!rc) rc = md_st_write_header(f, e, n);
   if (!rc && fflush(f)) rc = CM_ERR_IO;
   /* the data follow the header, tensor after tensor in table order */
   off_t pos = rc ? 0 : ftello(f);
@@ -774,7 +774,7 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
     for (int d = 0; d < e[i].ndim; d++)
       elems *= (uint64_t)e[i].shape[d];
     at[i] = pos;
-    pos += (off_t)(elems * (uint64_t)wk_st_dtype_size(e[i].dtype));
+    pos += (off_t)(elems * (uint64_t)md_st_dtype_size(e[i].dtype));
     order[i] = i;
   }
   for (int i = 1; i < n && !rc; i++) /* by size, biggest first (insertion sort) */

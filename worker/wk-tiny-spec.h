@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "model/md-config.h"
-#include "worker/wk-safetensors.h"
+#include "model/md-safetensors.h"
 
 enum wk_init {
   WK_INIT_NORMAL = 0,      /* N(0, a^2) */
@@ -23,7 +23,7 @@ enum wk_init {
 
 struct wk_tensor_spec {
   char name[160];
-  struct wk_st_entry e; /* e.name is set when written */
+  struct md_st_entry e; /* e.name is set when written */
   enum wk_init init;
   double a, b;
   int per; /* WK_INIT_CLUSTERED / WK_INIT_CENTROIDS: rows per cluster */
@@ -94,9 +94,9 @@ int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct md_conf
 void wk_tiny_spec_free(struct wk_tiny_spec *s);
 
 /* Writes config.json, generation_config.json and model.safetensors (weights
- * of dtype dt: WK_ST_BF16, WK_ST_F16 or WK_ST_F32) into the existing
+ * of dtype dt: MD_ST_BF16, MD_ST_F16 or MD_ST_F32) into the existing
  * directory `dir`. Each tensor's values depend only on (seed, its index). */
 int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
-                  enum wk_st_dtype dt);
+                  enum md_st_dtype dt);
 
 #endif

@@ -135,7 +135,7 @@ TH_TEST(cuda_vision_encode) {
   struct wk_tiny_spec s;
   struct wk_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
   TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 3, WK_ST_F32) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 3, MD_ST_F32) == 0);
   wk_tiny_spec_free(&s);
   struct wk_vision *vc = NULL, *vg = NULL;
   struct wk_vision_opts vo = {.max_images = 2};
@@ -233,7 +233,7 @@ TH_TEST(cuda_gemma4_vision_encode) {
   struct wk_tiny_spec s;
   struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
   TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 3, WK_ST_F32) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 3, MD_ST_F32) == 0);
   wk_tiny_spec_free(&s);
   struct wk_vision_g4 *vc = NULL, *vg = NULL;
   TH_REQUIRE(wk_vision_g4_load(dir, e.cpu, NULL, &vc, err, sizeof(err)) == 0);

@@ -37,7 +37,7 @@ static void make_preset(char *dir, size_t n, char gguf[][300], const char *prese
   struct wk_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512};
   char err[256], lm[1024], log[4096];
   TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_BF16) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
   wk_tiny_spec_free(&s);
   snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
   for (size_t i = 0; i < CM_ARRAY_LEN(types); i++) {

@@ -29,7 +29,7 @@ static void make(char *dir, size_t n, const char *preset, char out[3][300]) {
   struct wk_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512};
   char err[256], lm[1024], log[4096];
   TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 11, WK_ST_BF16) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, dir, 11, MD_ST_BF16) == 0);
   wk_tiny_spec_free(&s);
   snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
   static const char *names[3] = {"bf16", "f32", "q8_0"};

@@ -7,10 +7,10 @@
 
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-model.h"
-#include "worker/wk-safetensors.h"
 
 /* Builds a safetensors image from a header string and n data bytes. */
 static unsigned char *image(const char *header, size_t data, size_t *len) {
@@ -30,33 +30,33 @@ TH_TEST(st_round_trip) {
   snprintf(path, sizeof(path), "%s/model.safetensors", dir);
   FILE *f = fopen(path, "wb");
   TH_REQUIRE(f);
-  struct wk_st_entry e[2] = {
-      {.name = "b.weight", .dtype = WK_ST_F32, .ndim = 2, .shape = {2, 3}},
-      {.name = "a.bias", .dtype = WK_ST_BF16, .ndim = 1, .shape = {5}},
+  struct md_st_entry e[2] = {
+      {.name = "b.weight", .dtype = MD_ST_F32, .ndim = 2, .shape = {2, 3}},
+      {.name = "a.bias", .dtype = MD_ST_BF16, .ndim = 1, .shape = {5}},
   };
-  TH_REQUIRE(wk_st_write_header(f, e, 2) == 0);
+  TH_REQUIRE(md_st_write_header(f, e, 2) == 0);
   float fv[6] = {1, 2, 3, 4, 5, 6};
   uint16_t hv[5] = {0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0};
   fwrite(fv, 4, 6, f);
   fwrite(hv, 2, 5, f);
   fclose(f);
-  struct wk_st *st = NULL;
+  struct md_st *st = NULL;
   char err[256] = "";
-  TH_REQUIRE(wk_st_open_dir(dir, &st, err, sizeof(err)) == 0);
-  TH_CHECK_EQ_INT(wk_st_count(st), 2);
-  const struct wk_tensor *t = wk_st_find(st, "b.weight");
+  TH_REQUIRE(md_st_open_dir(dir, &st, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(md_st_count(st), 2);
+  const struct md_tensor *t = md_st_find(st, "b.weight");
   TH_REQUIRE(t);
   TH_CHECK_EQ_INT(t->ndim, 2);
   TH_CHECK_EQ_INT(t->shape[1], 3);
-  TH_CHECK_EQ_INT(t->dtype, WK_ST_F32);
+  TH_CHECK_EQ_INT(t->dtype, MD_ST_F32);
   TH_CHECK(((const float *)t->data)[5] == 6.0f);
-  t = wk_st_find(st, "a.bias");
+  t = md_st_find(st, "a.bias");
   TH_REQUIRE(t);
   TH_CHECK_EQ_INT(t->nbytes, 10);
   TH_CHECK_EQ_INT(((const uint16_t *)t->data)[4], 0x40a0);
-  TH_CHECK(wk_st_find(st, "missing") == NULL);
-  TH_CHECK_EQ_INT(wk_st_data_bytes(st), 34);
-  wk_st_close(st);
+  TH_CHECK(md_st_find(st, "missing") == NULL);
+  TH_CHECK_EQ_INT(md_st_data_bytes(st), 34);
+  md_st_close(st);
   wkt_rmdir(dir);
 }
 
@@ -82,48 +82,48 @@ TH_TEST(st_hostile_headers) {
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     size_t len;
     unsigned char *b = image(cases[i].header, cases[i].data, &len);
-    struct wk_st *st = NULL;
+    struct md_st *st = NULL;
     char err[256] = "";
-    int rc = wk_st_open_mem(b, len, "x.safetensors", &st, err, sizeof(err));
+    int rc = md_st_open_mem(b, len, "x.safetensors", &st, err, sizeof(err));
     if (rc != cases[i].code || !strstr(err, "x.safetensors"))
       th_fail(__FILE__, __LINE__, "case %zu: rc %d (want %d) err \"%s\"", i, rc, cases[i].code,
               err);
-    wk_st_close(st);
+    md_st_close(st);
     free(b);
   }
   /* header length past the end, and a short file */
   unsigned char big[16] = {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0};
-  struct wk_st *st = NULL;
+  struct md_st *st = NULL;
   char err[256];
-  TH_CHECK_EQ_INT(wk_st_open_mem(big, sizeof(big), "x", &st, err, sizeof(err)), CM_ERR_TOOBIG);
+  TH_CHECK_EQ_INT(md_st_open_mem(big, sizeof(big), "x", &st, err, sizeof(err)), CM_ERR_TOOBIG);
   unsigned char past[16] = {100, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
-  TH_CHECK_EQ_INT(wk_st_open_mem(past, sizeof(past), "x", &st, err, sizeof(err)), CM_ERR_TRUNC);
-  TH_CHECK_EQ_INT(wk_st_open_mem(past, 4, "x", &st, err, sizeof(err)), CM_ERR_TRUNC);
+  TH_CHECK_EQ_INT(md_st_open_mem(past, sizeof(past), "x", &st, err, sizeof(err)), CM_ERR_TRUNC);
+  TH_CHECK_EQ_INT(md_st_open_mem(past, 4, "x", &st, err, sizeof(err)), CM_ERR_TRUNC);
   /* an unknown dtype is kept (refused only when a model binds it) */
   size_t len;
   unsigned char *b =
       image("{\"t\":{\"dtype\":\"F8_E5M2\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
-  TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
-  TH_CHECK_EQ_INT(wk_st_find(st, "t")->dtype, WK_ST_OTHER);
-  wk_st_close(st);
+  TH_CHECK_EQ_INT(md_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_st_find(st, "t")->dtype, MD_ST_OTHER);
+  md_st_close(st);
   free(b);
   /* F8_E4M3 is known: one byte per element, a size that disagrees is refused */
   b = image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, &len);
-  TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
-  TH_CHECK_EQ_INT(wk_st_find(st, "t")->dtype, WK_ST_F8E4M3);
-  wk_st_close(st);
+  TH_CHECK_EQ_INT(md_st_open_mem(b, len, "x", &st, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_st_find(st, "t")->dtype, MD_ST_F8E4M3);
+  md_st_close(st);
   free(b);
   b = image("{\"t\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, &len);
-  TH_CHECK_EQ_INT(wk_st_open_mem(b, len, "x", &st, err, sizeof(err)), CM_ERR_SHAPE);
+  TH_CHECK_EQ_INT(md_st_open_mem(b, len, "x", &st, err, sizeof(err)), CM_ERR_SHAPE);
   free(b);
 }
 
-static void write_file(const char *dir, const char *name, const struct wk_st_entry *e, int n,
+static void write_file(const char *dir, const char *name, const struct md_st_entry *e, int n,
                        const void *data, size_t bytes) {
   char path[4200];
   snprintf(path, sizeof(path), "%s/%s", dir, name);
   FILE *f = fopen(path, "wb");
-  wk_st_write_header(f, e, n);
+  md_st_write_header(f, e, n);
   fwrite(data, 1, bytes, f);
   fclose(f);
 }
@@ -132,8 +132,8 @@ TH_TEST(st_sharded_index) {
   char dir[256];
   TH_REQUIRE(wkt_tmpdir(dir, sizeof(dir)) == 0);
   float v[4] = {1, 2, 3, 4};
-  struct wk_st_entry a = {.name = "x", .dtype = WK_ST_F32, .ndim = 1, .shape = {2}};
-  struct wk_st_entry b = {.name = "y", .dtype = WK_ST_F32, .ndim = 1, .shape = {2}};
+  struct md_st_entry a = {.name = "x", .dtype = MD_ST_F32, .ndim = 1, .shape = {2}};
+  struct md_st_entry b = {.name = "y", .dtype = MD_ST_F32, .ndim = 1, .shape = {2}};
   write_file(dir, "a.safetensors", &a, 1, v, 8);
   write_file(dir, "b.safetensors", &b, 1, v + 2, 8);
   char path[300];
@@ -141,24 +141,24 @@ TH_TEST(st_sharded_index) {
   FILE *f = fopen(path, "w");
   fprintf(f, "{\"metadata\":{},\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"b.safetensors\"}}");
   fclose(f);
-  struct wk_st *st = NULL;
+  struct md_st *st = NULL;
   char err[256] = "";
-  TH_REQUIRE(wk_st_open_dir(dir, &st, err, sizeof(err)) == 0);
-  TH_CHECK(((const float *)wk_st_find(st, "y")->data)[1] == 4.0f);
-  TH_CHECK_EQ_STR(wk_st_find(st, "y")->file, "b.safetensors");
-  wk_st_close(st);
+  TH_REQUIRE(md_st_open_dir(dir, &st, err, sizeof(err)) == 0);
+  TH_CHECK(((const float *)md_st_find(st, "y")->data)[1] == 4.0f);
+  TH_CHECK_EQ_STR(md_st_find(st, "y")->file, "b.safetensors");
+  md_st_close(st);
   /* an index naming a tensor its shard lacks, and a path escaping the dir */
   f = fopen(path, "w");
   fprintf(f, "{\"weight_map\":{\"x\":\"a.safetensors\",\"z\":\"b.safetensors\"}}");
   fclose(f);
-  TH_CHECK_EQ_INT(wk_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_NOENT);
+  TH_CHECK_EQ_INT(md_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_NOENT);
   TH_CHECK(strstr(err, "z") != NULL);
   f = fopen(path, "w");
   fprintf(f, "{\"weight_map\":{\"x\":\"../a.safetensors\"}}");
   fclose(f);
-  TH_CHECK_EQ_INT(wk_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_INVAL);
   wkt_rmdir(dir);
-  TH_CHECK_EQ_INT(wk_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_NOENT);
+  TH_CHECK_EQ_INT(md_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_NOENT);
 }
 
 /* Writes a tiny gemma4 with one tensor changed by `mutate`, loads it, and
@@ -171,7 +171,7 @@ static int load_mutated(void (*mutate)(struct wk_tiny_spec *), char *err, size_t
   char e2[256];
   if (wk_tiny_spec_build(&s, &o, e2, sizeof(e2))) return -998;
   mutate(&s);
-  wk_tiny_write(&s, dir, 1, WK_ST_BF16);
+  wk_tiny_write(&s, dir, 1, MD_ST_BF16);
   wk_tiny_spec_free(&s);
   struct kn_backend *be = NULL;
   kn_cpu_backend_create(1, &be);
@@ -198,7 +198,7 @@ static void reshape_q(struct wk_tiny_spec *s) {
 }
 static void int_norm(struct wk_tiny_spec *s) {
   find_spec(s, "model.norm.weight")->init = WK_INIT_PERMUTATION;
-  find_spec(s, "model.norm.weight")->e.dtype = WK_ST_I64;
+  find_spec(s, "model.norm.weight")->e.dtype = MD_ST_I64;
 }
 static void nothing(struct wk_tiny_spec *s) {
   (void)s;

@@ -111,7 +111,7 @@ static void setup(struct fx *f, int window, int need_python) {
     th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
     th_stop();
   }
-  TH_REQUIRE(wk_tiny_write(&s, f->dir, 12, WK_ST_F32) == 0);
+  TH_REQUIRE(wk_tiny_write(&s, f->dir, 12, MD_ST_F32) == 0);
   wk_tiny_spec_free(&s);
   TH_REQUIRE(kn_cpu_backend_create(2, &f->be) == 0 && f->be);
   struct wk_model_opts mo = {
