@@ -14,16 +14,16 @@
 
 /* Writes a tiny gemma4 with one tensor changed by `mutate`, loads it, and
  * returns the load's error code (err holds the message). */
-static int load_mutated(void (*mutate)(struct wk_tiny_spec *), char *err, size_t errlen) {
+static int load_mutated(void (*mutate)(struct tl_tiny_spec *), char *err, size_t errlen) {
   char dir[256];
   if (wkt_tmpdir(dir, sizeof(dir))) return -999;
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
   char e2[256];
-  if (wk_tiny_spec_build(&s, &o, e2, sizeof(e2))) return -998;
+  if (tl_tiny_spec_build(&s, &o, e2, sizeof(e2))) return -998;
   mutate(&s);
-  wk_tiny_write(&s, dir, 1, MD_ST_BF16);
-  wk_tiny_spec_free(&s);
+  tl_tiny_write(&s, dir, 1, MD_ST_BF16);
+  tl_tiny_spec_free(&s);
   struct kn_backend *be = NULL;
   kn_cpu_backend_create(1, &be);
   struct wk_model *m = NULL;
@@ -35,23 +35,23 @@ static int load_mutated(void (*mutate)(struct wk_tiny_spec *), char *err, size_t
   return rc;
 }
 
-static struct wk_tensor_spec *find_spec(struct wk_tiny_spec *s, const char *name) {
+static struct tl_tensor_spec *find_spec(struct tl_tiny_spec *s, const char *name) {
   for (int i = 0; i < s->n_tensors; i++)
     if (!strcmp(s->tensors[i].name, name)) return &s->tensors[i];
   return NULL;
 }
 
-static void rename_up(struct wk_tiny_spec *s) {
+static void rename_up(struct tl_tiny_spec *s) {
   snprintf(find_spec(s, "model.layers.3.mlp.up_proj.weight")->name, 160, "model.layers.3.mlp.upp");
 }
-static void reshape_q(struct wk_tiny_spec *s) {
+static void reshape_q(struct tl_tiny_spec *s) {
   find_spec(s, "model.layers.2.self_attn.q_proj.weight")->e.shape[0] = 96;
 }
-static void int_norm(struct wk_tiny_spec *s) {
-  find_spec(s, "model.norm.weight")->init = WK_INIT_PERMUTATION;
+static void int_norm(struct tl_tiny_spec *s) {
+  find_spec(s, "model.norm.weight")->init = TL_INIT_PERMUTATION;
   find_spec(s, "model.norm.weight")->e.dtype = MD_ST_I64;
 }
-static void nothing(struct wk_tiny_spec *s) {
+static void nothing(struct tl_tiny_spec *s) {
   (void)s;
 }
 

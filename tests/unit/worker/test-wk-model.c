@@ -583,11 +583,11 @@ TH_TEST(bidirectional_image_range) {
  * under model.language_model.) loads and computes the same logits. */
 TH_TEST(multimodal_prefix_and_nested_config) {
   char plain[256], mm[256], err[256];
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
   TH_REQUIRE(wkt_tmpdir(plain, sizeof(plain)) == 0 && wkt_tmpdir(mm, sizeof(mm)) == 0);
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, plain, 3, MD_ST_BF16) == 0);
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(tl_tiny_write(&s, plain, 3, MD_ST_BF16) == 0);
   for (int i = 0; i < s.n_tensors; i++) {
     char tmp[160];
     TH_REQUIRE(!strncmp(s.tensors[i].name, "model.", 6));
@@ -599,8 +599,8 @@ TH_TEST(multimodal_prefix_and_nested_config) {
   snprintf(nested, n, "{\"model_type\": \"gemma4\", \"text_config\": %s}", s.config_json);
   free(s.config_json);
   s.config_json = nested;
-  TH_REQUIRE(wk_tiny_write(&s, mm, 3, MD_ST_BF16) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_write(&s, mm, 3, MD_ST_BF16) == 0);
+  tl_tiny_spec_free(&s);
   static float out[2][512];
   for (int k = 0; k < 2; k++) {
     struct kn_backend *be = NULL;

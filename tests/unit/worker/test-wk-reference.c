@@ -468,10 +468,10 @@ TH_TEST(reference_draft_step) {
   struct wk_model *t = NULL, *d = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
   TH_REQUIRE(wk_model_load(tdir, be, &mo, &t, err, sizeof(err)) == 0);
-  struct wk_tiny_spec s;
-  TH_REQUIRE(wk_tiny_spec_assistant(&s, wk_model_config(t), err, sizeof(err)) == 0);
-  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && wk_tiny_write(&s, adir, 22, MD_ST_F32) == 0);
-  wk_tiny_spec_free(&s);
+  struct tl_tiny_spec s;
+  TH_REQUIRE(tl_tiny_spec_assistant(&s, wk_model_config(t), err, sizeof(err)) == 0);
+  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && tl_tiny_write(&s, adir, 22, MD_ST_F32) == 0);
+  tl_tiny_spec_free(&s);
   TH_REQUIRE(wk_draft_load(adir, t, &mo, &d, err, sizeof(err)) == 0);
   const struct md_config *tc = wk_model_config(t), *ac = wk_model_config(d);
   int V = tc->vocab, B = ac->backbone_hidden;

@@ -28,15 +28,15 @@
 /* A generated Gemma 4 multimodal checkpoint (weights of dtype dt) in a new directory. */
 static void make_model(char *dir, size_t n, int vocab, enum md_st_dtype dt) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = vocab, .vision = 1};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = vocab, .vision = 1};
   char err[256] = "";
-  if (wk_tiny_spec_build(&s, &o, err, sizeof(err))) {
+  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
     th_stop();
   }
-  TH_REQUIRE(wk_tiny_write(&s, dir, 11, dt) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 11, dt) == 0);
+  tl_tiny_spec_free(&s);
 }
 
 TH_TEST(tiny_gemma4_vision_checkpoint_loads) {
@@ -281,17 +281,17 @@ TH_TEST(gemma4_vision_refuses_bad_input) {
   release(&p);
   wk_vision_g4_free(v);
   /* a clipped linear without its bound, and the embedder missing, are refused by name */
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
   static const char *const drop[] = {"encoder.layers.1.mlp.up_proj.output_max",
                                      "embed_vision.embedding_projection.weight"};
   for (size_t d = 0; d < CM_ARRAY_LEN(drop); d++) {
-    TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+    TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
     for (int i = 0; i < s.n_tensors; i++)
       if (strstr(s.tensors[i].name, drop[d]))
         snprintf(s.tensors[i].name, sizeof(s.tensors[i].name), "renamed.weight");
-    TH_REQUIRE(wk_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
-    wk_tiny_spec_free(&s);
+    TH_REQUIRE(tl_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
+    tl_tiny_spec_free(&s);
     TH_CHECK_EQ_INT(wk_vision_g4_load(dir, be, NULL, &v, err, sizeof(err)), CM_ERR_NOENT);
     TH_CHECK(strstr(err, drop[d]) != NULL);
     TH_CHECK(v == NULL);

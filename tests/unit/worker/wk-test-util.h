@@ -16,8 +16,8 @@
 #include "model/md-safetensors.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tools/tl-tiny-spec.h"
 #include "worker/wk-model.h"
-#include "worker/wk-tiny-spec.h"
 
 /* Creates a fresh directory under $TMPDIR (or /tmp); path in buf. */
 static inline int wkt_tmpdir(char *buf, size_t n) {
@@ -61,13 +61,13 @@ static inline struct wk_model_opts wkt_small_opts(int quantization) {
 static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe, int window,
                                  enum md_st_dtype dt, uint64_t seed) {
   if (wkt_tmpdir(dir, n)) return -1;
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {
       .arch = arch, .preset = "tiny", .vocab = 512, .moe = moe, .sliding_window = window};
   char err[256];
-  if (wk_tiny_spec_build(&s, &o, err, sizeof(err))) return -1;
-  int rc = wk_tiny_write(&s, dir, seed, dt);
-  wk_tiny_spec_free(&s);
+  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) return -1;
+  int rc = tl_tiny_write(&s, dir, seed, dt);
+  tl_tiny_spec_free(&s);
   return rc;
 }
 
