@@ -1,4 +1,4 @@
-/* fuzz-safetensors.c — fuzz target for the worker's untrusted-file parsers.
+/* fuzz-safetensors.c — fuzz target for model/'s untrusted-file parsers.
  *
  * Input: byte 0 selects the parser (even: a safetensors image, odd:
  * config.json text), the rest is the file. The parser must return 0 or a
