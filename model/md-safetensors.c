@@ -279,6 +279,10 @@ int md_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct
   return 0;
 }
 
+void *md_st_owner(const struct md_st *st, void (*owner_free)(void *)) {
+  return st && owner_free && st->owner_free == owner_free ? st->owner : NULL;
+}
+
 int md_st_add(struct md_st *st, const struct md_tensor *t) {
   return st_push(st, *t, t->name, st->maps[0].fname);
 }

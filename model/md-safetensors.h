@@ -84,10 +84,16 @@ size_t md_st_dtype_size(enum md_st_dtype dt); /* bytes per element; 0 for block 
 int md_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct md_st **out);
 int md_st_add(struct md_st *st, const struct md_tensor *t);
 int md_st_seal(struct md_st *st, char *err, size_t errlen);
+/* md_st_new's owner when it was given with owner_free, else NULL. */
+void *md_st_owner(const struct md_st *st, void (*owner_free)(void *));
 /* A GGUF file as a directory under the Hugging Face names the loader binds
  * (llama.cpp's token_embd.weight is model.embed_tokens.weight, ...), shapes
- * outermost first (md-tensors-gguf.c). */
+ * outermost first (md-tensors-gguf.c). The directory keeps the file open:
+ * md_st_gguf gives it (its metadata for md_config_from_gguf, so that a load
+ * reads the file once), NULL for a directory of safetensors files. */
 int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errlen);
+struct md_gguf;
+const struct md_gguf *md_st_gguf(const struct md_st *st);
 
 /* ---- writer --------------------------------------------------------------- */
 

@@ -85,6 +85,10 @@ static void close_gguf(void *g) {
   md_gguf_close(g);
 }
 
+const struct md_gguf *md_st_gguf(const struct md_st *st) {
+  return md_st_owner(st, close_gguf);
+}
+
 int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errlen) {
   struct md_gguf *g = NULL;
   *out = NULL;

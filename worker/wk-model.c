@@ -1028,7 +1028,17 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   m->be = be;
   cm_arena_init(&m->host, 64u << 10, 0);
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
-  int rc = md_config_load(dir, &m->full, err, errlen);
+  /* A GGUF file is opened once: its tensor directory first, the config from the
+   * metadata of the same open file; a folder's config.json is read before its
+   * tensors, whose absence is the error of a folder that has only a config. */
+  char gguf_path[4096];
+  int rc = md_model_gguf_path(dir, gguf_path, sizeof(gguf_path), err, errlen);
+  if (rc > 0) {
+    if (!(rc = md_st_open_gguf(gguf_path, &m->st, err, errlen)))
+      rc = md_config_from_gguf(md_st_gguf(m->st), &m->full, err, errlen);
+  } else if (rc == 0) {
+    rc = md_config_load(dir, &m->full, err, errlen);
+  }
   if (rc) goto fail;
   int world = o.tp_size > 0 ? o.tp_size : 1;
   if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &m->cfg, &m->plan, err, errlen))) goto fail;
@@ -1048,7 +1058,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   }
   if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
   if ((rc = check_block_quant(m, be, &o, err, errlen))) goto fail;
-  if ((rc = md_st_open_dir(dir, &m->st, err, errlen))) goto fail;
+  if (!m->st && (rc = md_st_open_dir(dir, &m->st, err, errlen))) goto fail;
   uint64_t total = md_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
       .total = total, .next = total / 10, .loud = !o.quiet && total > (256ull << 20)};
