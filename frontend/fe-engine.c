@@ -15,6 +15,7 @@
 #include "common/cm-time.h"
 #include "frontend/fe-engine-impl.h"
 #include "model/md-config.h"
+#include "model/md-gguf.h"
 
 #define TAG "fe-engine"
 
@@ -478,11 +479,13 @@ static void load_eos(struct fe_engine *e, const char *tok_dir, const struct md_c
   if (e->n_eos == 0 && tk_eos(e->tok) >= 0) e->eos[e->n_eos++] = tk_eos(e->tok);
 }
 
-/* A GGUF file's own tokenizer and chat template (tk_load_gguf); without a
- * template, chat completions are refused (logged). */
-static int gguf_tokenizer(struct fe_engine *e, const char *path, char *err, size_t errlen) {
+/* A GGUF file's own tokenizer and chat template (tk_from_gguf, over the file
+ * opened for the config); without a template, chat completions are refused
+ * (logged). */
+static int gguf_tokenizer(struct fe_engine *e, const struct md_gguf *g, const char *path, char *err,
+                          size_t errlen) {
   char *tmpl = NULL;
-  int rc = tk_load_gguf(path, &e->tok, &tmpl, err, errlen);
+  int rc = tk_from_gguf(g, path, &e->tok, &tmpl, err, errlen);
   if (rc) {
     cm_error(TAG, "%s: tokenizer: %s", path, err[0] ? err : cm_strerror(rc));
     return rc;
@@ -608,6 +611,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   char err[512] = "";
   int rc = CM_ERR_NOMEM;
   struct md_config *gcfg = NULL; /* a GGUF model's config, while the engine is made */
+  struct md_gguf *gguf = NULL;   /* the GGUF file, open until its tokenizer is read */
   e->loop = loop;
   e->router = router;
   e->cfg = *cfg;
@@ -664,18 +668,21 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   }
   if (is_gguf) {
     if (!(gcfg = malloc(sizeof(*gcfg))) ||
-        (rc = md_config_load_gguf(gguf_path, gcfg, err, sizeof(err))) != 0) {
+        (rc = md_gguf_open(gguf_path, &gguf, err, sizeof(err))) != 0 ||
+        (rc = md_config_from_gguf(gguf, gcfg, err, sizeof(err))) != 0) {
       cm_error(TAG, "%s: %s", gguf_path, gcfg ? err : "out of memory");
       rc = gcfg ? rc : CM_ERR_NOMEM;
       goto fail;
     }
   }
   if (is_gguf && tok_dir == cfg->model_dir) { /* everything from the file */
-    if ((rc = gguf_tokenizer(e, gguf_path, err, sizeof(err))) != 0) goto fail;
+    if ((rc = gguf_tokenizer(e, gguf, gguf_path, err, sizeof(err))) != 0) goto fail;
   } else if ((rc = tk_load(tok_dir, &e->tok, err, sizeof(err))) != 0) {
     cm_error(TAG, "%s: tokenizer: %s", tok_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
+  md_gguf_close(gguf);
+  gguf = NULL;
   if ((rc = tk_state_create(e->tok, &e->tok_st)) != 0) goto fail;
   err[0] = 0;
   if (e->chat)
@@ -729,6 +736,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   return 0;
 fail:
   free(gcfg);
+  md_gguf_close(gguf);
   fe_engine_destroy(e);
   return rc;
 }

@@ -8,18 +8,10 @@
 
 #include "common/cm-err.h"
 
-static float h(const uint8_t *p) {
-  return kn_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
-}
-
 static void put_h(uint8_t *p, float v) {
   uint16_t u = kn_f32_to_f16(v);
   p[0] = (uint8_t)u;
   p[1] = (uint8_t)(u >> 8);
-}
-
-static uint32_t u32le(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* The K-quants' j-th 6-bit (scale, min) pair of 8. */
@@ -34,7 +26,7 @@ static void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
 }
 
 static void block_q4_k(const uint8_t *b, float *y, int five) {
-  float d = h(b), dmin = h(b + 2);
+  float d = kn_le_f16(b), dmin = kn_le_f16(b + 2);
   const uint8_t *scales = b + 4, *qh = b + 16, *q = five ? b + 48 : b + 16;
   int is = 0;
   uint8_t u1 = 1, u2 = 2;
@@ -58,7 +50,7 @@ static void block_q4_k(const uint8_t *b, float *y, int five) {
 static void block_q6_k(const uint8_t *b, float *y) {
   const uint8_t *ql = b, *qh = b + 128;
   const int8_t *sc = (const int8_t *)(b + 192);
-  float d = h(b + 208);
+  float d = kn_le_f16(b + 208);
   for (int n = 0; n < 256; n += 128) {
     for (int l = 0; l < 32; l++) {
       int is = l / 16;
@@ -89,13 +81,13 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K) {
   for (size_t blk = 0; blk < K / be; blk++, b += bb, dst += be) {
     switch (dt) {
     case KN_DTYPE_Q8_0: {
-      float d = h(b);
+      float d = kn_le_f16(b);
       for (int j = 0; j < 32; j++)
         dst[j] = (float)(int8_t)b[2 + j] * d;
       break;
     }
     case KN_DTYPE_Q4_0: {
-      float d = h(b);
+      float d = kn_le_f16(b);
       for (int j = 0; j < 16; j++) {
         dst[j] = (float)((b[2 + j] & 0xF) - 8) * d;
         dst[j + 16] = (float)((b[2 + j] >> 4) - 8) * d;
@@ -103,7 +95,7 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K) {
       break;
     }
     case KN_DTYPE_Q4_1: {
-      float d = h(b), m = h(b + 2);
+      float d = kn_le_f16(b), m = kn_le_f16(b + 2);
       for (int j = 0; j < 16; j++) {
         dst[j] = (float)(b[4 + j] & 0xF) * d + m;
         dst[j + 16] = (float)(b[4 + j] >> 4) * d + m;
@@ -113,8 +105,8 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K) {
     case KN_DTYPE_Q5_0:
     case KN_DTYPE_Q5_1: {
       int one = dt == KN_DTYPE_Q5_1;
-      float d = h(b), m = one ? h(b + 2) : 0.0f;
-      uint32_t qh = u32le(b + (one ? 4 : 2));
+      float d = kn_le_f16(b), m = one ? kn_le_f16(b + 2) : 0.0f;
+      uint32_t qh = kn_le32(b + (one ? 4 : 2));
       const uint8_t *q = b + (one ? 8 : 6);
       for (int j = 0; j < 16; j++) {
         int x0 = (int)((q[j] & 0xF) | (((qh >> j) << 4) & 0x10));
@@ -282,7 +274,7 @@ static void quant_block_q45_k(const float *x, uint8_t *b, int five) {
   }
   put_h(b, max_sc / 63.0f);
   put_h(b + 2, max_mn / 63.0f);
-  float d = h(b), dmin = h(b + 2);
+  float d = kn_le_f16(b), dmin = kn_le_f16(b + 2);
   for (int j = 0; j < 8; j++) {
     uint8_t s, m;
     scale_min_k4(j, scales, &s, &m);
@@ -369,7 +361,7 @@ static void quant_block_q6_k(const float *x, uint8_t *b) {
     int v = nearest_int(iscale * sc[j]);
     scales[j] = (int8_t)(v < 127 ? v : 127);
   }
-  float d = h(b + 208);
+  float d = kn_le_f16(b + 208);
   for (int j = 0; j < 16; j++) {
     float dj = d * scales[j];
     if (!dj) continue; /* the sub-block keeps the levels of its fit */

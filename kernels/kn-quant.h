@@ -24,6 +24,18 @@
 
 #include "kernels/kn-dtype.h"
 
+/* The little-endian u16 and u32 at p (blocks are bytes: no alignment), and the
+ * f16 at p as f32: the blocks' scales and Q5's fifth bits. */
+static inline uint16_t kn_le16(const uint8_t *p) {
+  return (uint16_t)(p[0] | p[1] << 8);
+}
+static inline uint32_t kn_le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline float kn_le_f16(const uint8_t *p) {
+  return kn_f16_to_f32(kn_le16(p));
+}
+
 /* dst[0, K) = the values of the K-element row at src (K whole blocks of dt). */
 void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
 

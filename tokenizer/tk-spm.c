@@ -263,13 +263,11 @@ done:
 
 /* ---- from a GGUF file ----------------------------------------------------------------- */
 
-int tk_load_gguf(const char *path, struct tk_tokenizer **out, char **chat_template, char *errbuf,
-                 size_t errlen) {
+int tk_from_gguf(const struct md_gguf *g, const char *path, struct tk_tokenizer **out,
+                 char **chat_template, char *errbuf, size_t errlen) {
   *out = NULL;
   if (chat_template) *chat_template = NULL;
-  struct md_gguf *g = NULL;
-  int rc = md_gguf_open(path, &g, errbuf, errlen);
-  if (rc) return rc;
+  int rc = 0;
   const char *model = NULL;
   size_t ml = 0;
   const struct md_gguf_kv *toks = md_gguf_find_kv(g, "tokenizer.ggml.tokens"),
@@ -347,6 +345,17 @@ done:
   free(len);
   free(score);
   free(type);
+  return rc;
+}
+
+int tk_load_gguf(const char *path, struct tk_tokenizer **out, char **chat_template, char *errbuf,
+                 size_t errlen) {
+  *out = NULL;
+  if (chat_template) *chat_template = NULL;
+  struct md_gguf *g = NULL;
+  int rc = md_gguf_open(path, &g, errbuf, errlen);
+  if (rc) return rc;
+  rc = tk_from_gguf(g, path, out, chat_template, errbuf, errlen);
   md_gguf_close(g);
   return rc;
 }

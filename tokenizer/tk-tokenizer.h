@@ -102,6 +102,10 @@ int tk_load_spm(const struct tk_spm *v, struct tk_tokenizer **out, char *errbuf,
  * else malloc'd, NUL-terminated; chat_template may be NULL). */
 int tk_load_gguf(const char *path, struct tk_tokenizer **out, char **chat_template, char *errbuf,
                  size_t errlen);
+/* The same from a GGUF file already open (path for messages); g is only read. */
+struct md_gguf;
+int tk_from_gguf(const struct md_gguf *g, const char *path, struct tk_tokenizer **out,
+                 char **chat_template, char *errbuf, size_t errlen);
 
 /* Per-thread state: scratch buffers and a word cache (bounded). */
 int tk_state_create(const struct tk_tokenizer *tok, struct tk_state **out);

@@ -75,9 +75,9 @@
 #include "kernels/kn-dtype.h"
 #include "kernels/kn-quant.h"
 #include "model/md-config.h"
+#include "model/md-safetensors.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
-#include "worker/wk-safetensors.h"
 
 #define GG_ALIGN 32
 /* GGUF value types and ggml tensor types (gguf.h, ggml.h) */
@@ -126,7 +126,7 @@ static int ggml_block_type(enum kn_dtype dt) {
 
 struct gg_tensor {
   char name[64];
-  const struct wk_tensor *src; /* NULL: gen */
+  const struct md_tensor *src; /* NULL: gen */
   const float *gen;            /* f32 values made here (Gemma 4's rope_freqs) */
   int norm;                    /* 1-D weight (RMSNorm, scalar): written as f32 shift + w */
   float shift;                 /* 1 for Gemma 3's norms (llama.cpp multiplies by w), else 0 */
@@ -186,11 +186,11 @@ static void kv_str(struct gg_out *o, const char *key, const char *v) {
   put_str(o, v);
 }
 
-static int ggml_type_of(enum wk_st_dtype dt) {
+static int ggml_type_of(enum md_st_dtype dt) {
   switch (dt) {
-  case WK_ST_F32: return GGML_F32;
-  case WK_ST_F16: return GGML_F16;
-  case WK_ST_BF16: return GGML_BF16;
+  case MD_ST_F32: return GGML_F32;
+  case MD_ST_F16: return GGML_F16;
+  case MD_ST_BF16: return GGML_BF16;
   default: return -1;
   }
 }
@@ -207,7 +207,7 @@ struct gg_plan {
   int qt; /* matrices quantized to qtypes[qt] (-1: none) */
   float *rope_freqs; /* Gemma 4's made tensor (owned) */
   int n_layers;
-  const struct wk_st *st;
+  const struct md_st *st;
   char *err;
   size_t errlen;
 };
@@ -235,7 +235,7 @@ enum { PT_MAT = 0, PT_NORM = 1, PT_KEEP = 2, PT_SCALAR = 3 };
  * cols); `tied`: the embedding is the output matrix too. */
 static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int64_t rows,
                     int64_t cols, int what, int layer, int tied) {
-  const struct wk_tensor *s = wk_st_find(p->st, hname);
+  const struct md_tensor *s = md_st_find(p->st, hname);
   if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
   int norm = what == PT_NORM || what == PT_SCALAR;
   int want_nd = rows ? 2 : 1;
@@ -271,12 +271,12 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
 }
 
 /* "model.language_model." (multimodal), "model." (CausalLM) or "". */
-static const char *hf_prefix(const struct wk_st *st) {
+static const char *hf_prefix(const struct md_st *st) {
   static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
   char name[96];
   for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
     snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
-    if (wk_st_find(st, name)) return prefixes[i];
+    if (md_st_find(st, name)) return prefixes[i];
   }
   return NULL;
 }
@@ -359,7 +359,7 @@ static int plan_gemma4(struct gg_plan *p, const struct md_config *c, const char 
     /* the layer's output scale, when the checkpoint has one (llama.cpp: optional) */
     snprintf(h, sizeof(h), "%slayers.%d.layer_scalar", P, i);
     snprintf(g, sizeof(g), "blk.%d.layer_output_scale.weight", i);
-    if (wk_st_find(p->st, h) && (rc = plan_add(p, g, h, 0, 1, PT_SCALAR, i, tied))) return rc;
+    if (md_st_find(p->st, h) && (rc = plan_add(p, g, h, 0, 1, PT_SCALAR, i, tied))) return rc;
   }
   return 0;
 }
@@ -619,7 +619,7 @@ static void pad_to(struct gg_out *o, uint64_t *pos, uint64_t align) {
 /* Writes one tensor's data: as it is, quantized row by row, or converted to
  * f32 (+1 for norms). */
 static void write_data(struct gg_out *o, const struct gg_tensor *t) {
-  const struct wk_tensor *s = t->src;
+  const struct md_tensor *s = t->src;
   if (!s) {
     put(o, t->gen, (size_t)t->bytes);
     return;
@@ -660,7 +660,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
 static int export(const char *dir, const char *out, int to_f32, int qt, char *err, size_t errlen) {
   struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  struct wk_st *st = NULL;
+  struct md_st *st = NULL;
   struct tk_tokenizer *tok = NULL;
   json_t *tcfg = NULL;
   const char *tmpl = NULL;
@@ -675,7 +675,7 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: %s", dir, why);
     goto done;
   }
-  if ((rc = wk_st_open_dir(dir, &st, err, errlen))) goto done;
+  if ((rc = md_st_open_dir(dir, &st, err, errlen))) goto done;
   p.cap = 7 + 17 * c->n_layers;
   p.norm_shift = c->arch == MD_ARCH_GEMMA3 ? 1.0f : 0.0f;
   p.t = calloc((size_t)p.cap, sizeof(*p.t));
@@ -752,7 +752,7 @@ done:
   free(p.rope_freqs);
   json_decref(tcfg);
   tk_free(tok);
-  wk_st_close(st);
+  md_st_close(st);
   free(c);
   return rc;
 }

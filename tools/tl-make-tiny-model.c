@@ -38,7 +38,7 @@
  *   gemma4 --vision (Gemma4ForConditionalGeneration, model_type gemma4): the
  *     text stack under model.language_model., the Gemma 4 vision tower under
  *     model.vision_tower. and model.embed_vision.; names and config fields
- *     listed above add_vision_g4 in worker/wk-tiny-spec.c.
+ *     listed above add_vision_g4 in tools/tl-tiny-spec.c.
  *   gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds
  *     config: global_head_dim num_global_key_value_heads attention_k_eq_v
  *       num_kv_shared_layers use_double_wide_mlp hidden_size_per_layer_input
@@ -76,9 +76,9 @@
 #include "common/cm-err.h"
 #include "lmserve-config.h"
 #include "model/md-config.h"
+#include "model/md-safetensors.h"
 #include "tools/tl-main.h"
-#include "worker/wk-safetensors.h"
-#include "worker/wk-tiny-spec.h"
+#include "tools/tl-tiny-spec.h"
 
 /* ---- files ---------------------------------------------------------------- */
 
@@ -306,11 +306,11 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve make-tiny-model: --out DIR is required\n");
     return 2;
   }
-  enum wk_st_dtype dt = WK_ST_BF16;
+  enum md_st_dtype dt = MD_ST_BF16;
   if (!strcmp(dtype, "f32"))
-    dt = WK_ST_F32;
+    dt = MD_ST_F32;
   else if (!strcmp(dtype, "f16"))
-    dt = WK_ST_F16;
+    dt = MD_ST_F16;
   else if (strcmp(dtype, "bf16")) {
     fprintf(stderr, "lmserve make-tiny-model: --dtype must be bf16, f16 or f32\n");
     return 2;
@@ -320,7 +320,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                     "gemma4\n");
     return 2;
   }
-  struct wk_tiny_spec spec = {0};
+  struct tl_tiny_spec spec = {0};
   char err[512] = "";
   if (agree && strcmp(arch, "gemma4-assistant")) {
     fprintf(stderr, "lmserve make-tiny-model: --agree is for --arch gemma4-assistant\n");
@@ -336,8 +336,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --target: %s\n", err);
       return 1;
     }
-    rc = agree ? wk_tiny_spec_assistant_agreeing(&spec, &tcfg, err, sizeof(err))
-               : wk_tiny_spec_assistant(&spec, &tcfg, err, sizeof(err));
+    rc = agree ? tl_tiny_spec_assistant_agreeing(&spec, &tcfg, err, sizeof(err))
+               : tl_tiny_spec_assistant(&spec, &tcfg, err, sizeof(err));
   } else if (!strcmp(arch, "gemma3") || !strcmp(arch, "gemma4")) {
     if (echo && strcmp(arch, "gemma4")) {
       fprintf(stderr, "lmserve make-tiny-model: --echo is for --arch gemma4\n");
@@ -351,7 +351,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3 or gemma4\n");
       return 2;
     }
-    struct wk_tiny_opts o = {.arch = arch,
+    struct tl_tiny_opts o = {.arch = arch,
                              .preset = preset,
                              .vocab = (int)vocab,
                              .moe = moe,
@@ -359,7 +359,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .echo_leak = echo_leak,
                              .vision = vision,
                              .bidir_vision = bidir_vision};
-    rc = wk_tiny_spec_build(&spec, &o, err, sizeof(err));
+    rc = tl_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,
             "lmserve make-tiny-model: unknown --arch '%s' (gemma3, gemma4, gemma4-assistant)\n",
@@ -374,7 +374,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
     fprintf(stderr, "lmserve make-tiny-model: cannot create %s: %s\n", out, strerror(errno));
     goto fail;
   }
-  if ((rc = wk_tiny_write(&spec, out, (uint64_t)seed, dt))) {
+  if ((rc = tl_tiny_write(&spec, out, (uint64_t)seed, dt))) {
     fprintf(stderr, "lmserve make-tiny-model: writing into %s: %s\n", out, cm_strerror(rc));
     goto fail;
   }
@@ -405,9 +405,9 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   }
   fprintf(stderr, "lmserve make-tiny-model: wrote %s (%s, %d tensors, seed %lld)\n", out,
           spec.model_type, spec.n_tensors, (long long)seed);
-  wk_tiny_spec_free(&spec);
+  tl_tiny_spec_free(&spec);
   return 0;
 fail:
-  wk_tiny_spec_free(&spec);
+  tl_tiny_spec_free(&spec);
   return 1;
 }

@@ -5,9 +5,9 @@
 #include "common/cm-arena.h"
 #include "common/cm-huge.h"
 #include "kernels/kn-backend.h"
+#include "model/md-safetensors.h"
 #include "worker/wk-model.h"
 #include "worker/wk-owned.h"
-#include "worker/wk-safetensors.h"
 #include "worker/wk-shard.h"
 #include "worker/wk-tp-sample.h"
 
@@ -94,7 +94,7 @@ struct wk_model {
   struct md_config full;     /* the checkpoint's config */
   struct wk_shard_plan plan; /* this rank's place in its tensor-parallel group */
   struct wk_kv_spec kv;
-  struct wk_st *st;
+  struct md_st *st;
   char dir[1024];
   int n_pages;
   int max_T, max_seqs, max_out; /* tokens, sequences, output rows per logits chunk */

@@ -55,7 +55,7 @@ void *wk_model_alloc(struct wk_model *m, size_t bytes) {
  * the checkpoint's size: what a tensor-parallel rank leaves unused is never
  * touched. After loading it turns read-only. */
 static int arena_reserve(struct wk_model *m) {
-  size_t want = (size_t)wk_st_data_bytes(m->st) + (size_t)64 * (size_t)wk_st_count(m->st);
+  size_t want = (size_t)md_st_data_bytes(m->st) + (size_t)64 * (size_t)md_st_count(m->st);
   return cm_huge_map(want, &m->arena.mem);
 }
 
@@ -187,10 +187,10 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
 }
 
 /* Looks a tensor up and checks its shape (d2 < 0: 2-D, d1 < 0: 1-D). */
-static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0, int64_t d1,
+static const struct md_tensor *lookup(struct binder *b, int required, int64_t d0, int64_t d1,
                                       int64_t d2, const char *name) {
   if (b->rc) return NULL;
-  const struct wk_tensor *t = wk_st_find(b->m->st, name);
+  const struct md_tensor *t = md_st_find(b->m->st, name);
   if (!t) {
     if (required)
       b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: tensor %s missing", b->m->dir, name);
@@ -209,8 +209,8 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
                     t->file, name, got, exp);
     return NULL;
   }
-  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16 &&
-      !(t->dtype == WK_ST_F8E4M3 && b->role == W_LINEAR) && !(t->dtype >= WK_ST_Q8_0 && b->mat)) {
+  if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16 &&
+      !(t->dtype == MD_ST_F8E4M3 && b->role == W_LINEAR) && !(t->dtype >= MD_ST_Q8_0 && b->mat)) {
     b->rc =
         cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (%s)", t->file,
                 name, t->dtype_name,
@@ -222,9 +222,9 @@ static const struct wk_tensor *lookup(struct binder *b, int required, int64_t d0
 }
 
 /* A bound tensor's element type as the kernels name it. */
-static enum kn_dtype kn_of(const struct wk_tensor *t) {
-  if (t->dtype >= WK_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - WK_ST_Q8_0));
-  return t->dtype == WK_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
+static enum kn_dtype kn_of(const struct md_tensor *t) {
+  if (t->dtype >= MD_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
+  return t->dtype == MD_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
 }
 
 /* The part of a weight a rank binds: n rows (WK_SHARD_ROWS) or columns (COLS) from
@@ -236,7 +236,7 @@ struct cut {
 
 /* This rank's [n_mat, rows, cols] slice of a [n_mat, R, C] tensor, gathered into new
  * backend memory (a column slice, or rows from both halves, are not contiguous). */
-static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
+static const void *gather(struct binder *b, const struct md_tensor *t, enum wk_shard shard,
                           struct cut cut, int n_mat, int R, int C) {
   enum kn_dtype dt = kn_of(t);
   int rows = shard == WK_SHARD_ROWS ? cut.n * cut.halves : R;
@@ -265,7 +265,7 @@ static const void *gather(struct binder *b, const struct wk_tensor *t, enum wk_s
 /* n scales from tensor t (named name) into out: its elements off .. off + n - 1 when
  * `each`, else its one element n times; CM_ERR_RANGE at the first that is not finite
  * and positive. */
-static int positive_scales(const struct wk_tensor *t, const char *name, int each, int off, int n,
+static int positive_scales(const struct md_tensor *t, const char *name, int each, int off, int n,
                            float *out, char *err, size_t errlen) {
   for (int i = 0; i < n; i++) {
     float v = kn_load_f32(t->data, kn_of(t), each ? (size_t)(off + i) : 0);
@@ -280,7 +280,7 @@ static int positive_scales(const struct wk_tensor *t, const char *name, int each
 /* The per-feature scales of FP8 checkpoint weight t (its "...weight_scale":
  * [R, 1], [R], [1] or a scalar, f32 / bf16 / f16, every one finite and
  * positive) for rows [off, off + rows) into scale. */
-static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int off, int rows,
+static int fp8_scales(struct binder *b, const struct md_tensor *t, int R, int off, int rows,
                       float *scale, const char *name) {
   char sname[272];
   size_t n = strlen(name);
@@ -288,7 +288,7 @@ static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int of
     return cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: FP8 tensor %s is not a weight",
                    t->file, name);
   snprintf(sname, sizeof(sname), "%s_scale", name);
-  const struct wk_tensor *s = wk_st_find(b->m->st, sname);
+  const struct md_tensor *s = md_st_find(b->m->st, sname);
   if (!s)
     return cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: FP8 tensor %s has no %s", t->file, name,
                    sname);
@@ -298,7 +298,7 @@ static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int of
   int per_row = count == R && (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1));
   int per_tensor = count == 1 && s->ndim <= 2;
   if ((!per_row && !per_tensor) ||
-      (s->dtype != WK_ST_F32 && s->dtype != WK_ST_BF16 && s->dtype != WK_ST_F16)) {
+      (s->dtype != MD_ST_F32 && s->dtype != MD_ST_BF16 && s->dtype != MD_ST_F16)) {
     char got[96];
     shape_str(got, sizeof(got), s->ndim, s->shape);
     return cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
@@ -314,7 +314,7 @@ static int fp8_scales(struct binder *b, const struct wk_tensor *t, int R, int of
  * bf16 / f16 / f32 weight quantized here (kn_fp8_quantize_rows). A column
  * slice is quantized with the scales of its whole rows, so every tensor-
  * parallel cut holds the codes of the unsplit model. */
-static void bind_fp8(struct binder *b, struct wk_w *w, const struct wk_tensor *t, int R, int C,
+static void bind_fp8(struct binder *b, struct wk_w *w, const struct md_tensor *t, int R, int C,
                      const char *name) {
   if (w->n_mat != 1) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: %s: FP8 stacks are not supported",
@@ -327,7 +327,7 @@ static void bind_fp8(struct binder *b, struct wk_w *w, const struct wk_tensor *t
   uint8_t *q = malloc(qbytes ? qbytes : 1);
   float *scale = malloc(sizeof(float) * (size_t)rows), *amax = NULL;
   int rc = q && scale ? 0 : CM_ERR_NOMEM;
-  if (!rc && t->dtype == WK_ST_F8E4M3) {
+  if (!rc && t->dtype == MD_ST_F8E4M3) {
     for (int r = 0; r < rows; r++)
       memcpy(q + (size_t)r * (size_t)cols,
              (const uint8_t *)t->data + (size_t)(r0 + r) * (size_t)C + (size_t)c0, (size_t)cols);
@@ -390,7 +390,7 @@ done:
  * block format q (--quantization q8_0|q4_0|q4_k), row by row as lmserve
  * quantize writes it (kn_quantize_row). A tensor-parallel column cut falls on
  * whole blocks, so every rank holds the blocks of the unsplit model. */
-static void bind_block(struct binder *b, struct wk_w *w, const struct wk_tensor *t, enum kn_dtype q,
+static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor *t, enum kn_dtype q,
                        struct cut cut, int R, int C, const char *name) {
   int be = kn_block_elems(q), rows = w->rows, cols = w->cols;
   int c0 = w->shard == WK_SHARD_COLS ? w->off : 0;
@@ -428,7 +428,7 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct wk_tensor 
 /* Whether a matrix in a block format (GGUF) can be bound here: one matrix, a
  * backend with block kernels, a tensor-parallel cut by columns along whole
  * blocks, not under --quantization fp8. */
-static int block_ok(struct binder *b, const struct wk_tensor *t, enum wk_shard shard,
+static int block_ok(struct binder *b, const struct md_tensor *t, enum wk_shard shard,
                     struct cut cut, int64_t d2, const char *name) {
   enum kn_dtype dt = kn_of(t);
   int be = kn_block_elems(dt);
@@ -465,7 +465,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
   b->mat = 1;
-  const struct wk_tensor *t = lookup(b, required, d0, d1, d2, name);
+  const struct md_tensor *t = lookup(b, required, d0, d1, d2, name);
   b->mat = 0;
   *w = (struct wk_w){.shard = shard};
   if (!t) return;
@@ -511,7 +511,7 @@ static const float *bind_vec(struct binder *b, int required, int64_t n, const ch
   va_start(ap, fmt);
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
-  const struct wk_tensor *t = lookup(b, required, n, -1, -1, name);
+  const struct md_tensor *t = lookup(b, required, n, -1, -1, name);
   if (!t) return NULL;
   float *host = malloc(sizeof(float) * (size_t)n);
   float *dev = wk_model_alloc(b->m, sizeof(float) * (size_t)n);
@@ -531,12 +531,12 @@ static const float *bind_vec(struct binder *b, int required, int64_t n, const ch
 
 /* "model.language_model." (multimodal), "language_model.model." (older
  * multimodal), "model." (CausalLM) or "" (bare text model). */
-static const char *find_prefix(const struct wk_st *st) {
+static const char *find_prefix(const struct md_st *st) {
   static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
   char name[128];
   for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
     snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
-    if (wk_st_find(st, name)) return prefixes[i];
+    if (md_st_find(st, name)) return prefixes[i];
   }
   return NULL;
 }
@@ -639,7 +639,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     if (gemma4 && !b.rc) {
       char name[200];
       snprintf(name, sizeof(name), "%slayer_scalar", lp);
-      const struct wk_tensor *t = lookup(&b, 0, 1, -1, -1, name);
+      const struct md_tensor *t = lookup(&b, 0, 1, -1, -1, name);
       if (t) w->layer_scalar = kn_load_f32(t->data, (enum kn_dtype)t->dtype, 0);
     }
   }
@@ -787,12 +787,12 @@ static void finish_weights(struct wk_model *m) {
     (void)mprotect(a->mem.base, a->mem.len, PROT_READ);
   }
   if (a->mem.base || !kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) { /* copied: let go */
-    wk_st_drop_pages(m->st);
+    md_st_drop_pages(m->st);
     return;
   }
   volatile unsigned char sink = 0;
-  for (int i = 0; i < wk_st_count(m->st); i++) {
-    const struct wk_tensor *t = wk_st_get(m->st, i);
+  for (int i = 0; i < md_st_count(m->st); i++) {
+    const struct md_tensor *t = md_st_get(m->st, i);
     const unsigned char *p = t->data;
     for (size_t off = 0; off < t->nbytes; off += 4096) {
       sink ^= p[off];
@@ -819,7 +819,7 @@ static int bind_kv_scales(struct wk_model *m, char *err, size_t errlen) {
     for (int which = 0; which < 2; which++) {
       char name[256];
       snprintf(name, sizeof(name), "%slayers.%d.self_attn.%s_scale", P, i, which ? "v" : "k");
-      const struct wk_tensor *t = wk_st_find(m->st, name);
+      const struct md_tensor *t = md_st_find(m->st, name);
       if (!t)
         return cm_fail(err, errlen, CM_ERR_NOENT,
                        "%s: tensor %s missing (quantization_config.kv_cache_scheme gives every "
@@ -830,7 +830,7 @@ static int bind_kv_scales(struct wk_model *m, char *err, size_t errlen) {
         count *= t->shape[d];
       int per_head = t->ndim == 1 && count == l->n_kv_heads && count > 1;
       if ((!per_head && (count != 1 || t->ndim > 1)) ||
-          (t->dtype != WK_ST_F32 && t->dtype != WK_ST_BF16 && t->dtype != WK_ST_F16)) {
+          (t->dtype != MD_ST_F32 && t->dtype != MD_ST_BF16 && t->dtype != MD_ST_F16)) {
         char got[96];
         shape_str(got, sizeof(got), t->ndim, t->shape);
         return cm_fail(err, errlen, CM_ERR_SHAPE,
@@ -871,9 +871,9 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
   if (c->use_ordered_embeddings) {
     bind_mat(&b, &m->centroids, WK_SHARD_FULL, (struct cut){0}, 1, c->num_centroids, h, -1,
              "masked_embedding.centroids.weight");
-    const struct wk_tensor *o = wk_st_find(m->st, "masked_embedding.token_ordering");
+    const struct md_tensor *o = md_st_find(m->st, "masked_embedding.token_ordering");
     if (!b.rc && (!o || o->ndim != 1 || o->shape[0] != c->vocab ||
-                  (o->dtype != WK_ST_I64 && o->dtype != WK_ST_I32)))
+                  (o->dtype != MD_ST_I64 && o->dtype != MD_ST_I32)))
       b.rc = cm_fail(err, errlen, CM_ERR_SHAPE,
                      "%s: tensor masked_embedding.token_ordering missing or not [%d] integers",
                      m->dir, c->vocab);
@@ -882,7 +882,7 @@ static int bind_assistant(struct wk_model *m, struct wk_model *t, char *err, siz
       if (!m->token_ordering) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
       for (int i = 0; i < c->vocab; i++) {
         int64_t v =
-            o->dtype == WK_ST_I64 ? ((const int64_t *)o->data)[i] : ((const int32_t *)o->data)[i];
+            o->dtype == MD_ST_I64 ? ((const int64_t *)o->data)[i] : ((const int32_t *)o->data)[i];
         if (v < 0 || v >= c->vocab)
           return cm_fail(err, errlen, CM_ERR_RANGE,
                          "%s: masked_embedding.token_ordering[%d] = %lld outside the vocabulary",
@@ -1028,7 +1028,17 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   m->be = be;
   cm_arena_init(&m->host, 64u << 10, 0);
   snprintf(m->dir, sizeof(m->dir), "%s", dir);
-  int rc = md_config_load(dir, &m->full, err, errlen);
+  /* A GGUF file is opened once: its tensor directory first, the config from the
+   * metadata of the same open file; a folder's config.json is read before its
+   * tensors, whose absence is the error of a folder that has only a config. */
+  char gguf_path[4096];
+  int rc = md_model_gguf_path(dir, gguf_path, sizeof(gguf_path), err, errlen);
+  if (rc > 0) {
+    if (!(rc = md_st_open_gguf(gguf_path, &m->st, err, errlen)))
+      rc = md_config_from_gguf(md_st_gguf(m->st), &m->full, err, errlen);
+  } else if (rc == 0) {
+    rc = md_config_load(dir, &m->full, err, errlen);
+  }
   if (rc) goto fail;
   int world = o.tp_size > 0 ? o.tp_size : 1;
   if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &m->cfg, &m->plan, err, errlen))) goto fail;
@@ -1048,8 +1058,8 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   }
   if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
   if ((rc = check_block_quant(m, be, &o, err, errlen))) goto fail;
-  if ((rc = wk_st_open_dir(dir, &m->st, err, errlen))) goto fail;
-  uint64_t total = wk_st_data_bytes(m->st);
+  if (!m->st && (rc = md_st_open_dir(dir, &m->st, err, errlen))) goto fail;
+  uint64_t total = md_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
       .total = total, .next = total / 10, .loud = !o.quiet && total > (256ull << 20)};
   if (kn_backend_has(be, KN_CAP_HOST_MEMORY) && !o.mmap_weights && (rc = arena_reserve(m))) {
@@ -1149,7 +1159,7 @@ void wk_model_free(struct wk_model *m) {
   cm_arena_free(&m->host);
   free(m->arena.todo);
   cm_huge_unmap(&m->arena.mem);
-  wk_st_close(m->st);
+  md_st_close(m->st);
   free(m);
 }
 

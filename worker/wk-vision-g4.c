@@ -34,8 +34,8 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "model/md-safetensors.h"
 #include "worker/wk-owned.h"
-#include "worker/wk-safetensors.h"
 
 #define G4_PAGE_TOKENS 16 /* positions per scratch KV page */
 
@@ -59,7 +59,7 @@ struct g4layer {
 
 struct wk_vision_g4 {
   struct kn_backend *be;
-  struct wk_st *st; /* open while host-memory backends point into its mappings */
+  struct md_st *st; /* open while host-memory backends point into its mappings */
   struct md_config cfg;
   struct md_vision_g4_cfg vc; /* = cfg.vision_g4 */
   int text_hidden;            /* H */
@@ -109,7 +109,7 @@ void wk_vision_g4_free(struct wk_vision_g4 *v) {
   if (!v) return;
   wk_owned_free(&v->owned, v->be);
   cm_arena_free(&v->host);
-  wk_st_close(v->st);
+  md_st_close(v->st);
   free(v);
 }
 
@@ -139,10 +139,10 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
 }
 
 /* The float tensor `name` with exactly the dims given; NULL (b->rc set) otherwise. */
-static const struct wk_tensor *g4_lookup(struct g4binder *b, const char *name, int ndim,
+static const struct md_tensor *g4_lookup(struct g4binder *b, const char *name, int ndim,
                                          const int64_t *dims) {
   if (b->rc) return NULL;
-  const struct wk_tensor *t = wk_st_find(b->v->st, name);
+  const struct md_tensor *t = md_st_find(b->v->st, name);
   if (!t) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "vision tower: tensor %s missing", name);
     return NULL;
@@ -159,7 +159,7 @@ static const struct wk_tensor *g4_lookup(struct g4binder *b, const char *name, i
                 "vision tower: tensor %s has shape [%s], the config says [%s]", name, got, want);
     return NULL;
   }
-  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
+  if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "vision tower: tensor %s has dtype %s (F32, F16, BF16 are supported)", name,
                     t->dtype_name);
@@ -184,9 +184,9 @@ static const void *g4_place(struct g4binder *b, const void *data, size_t bytes, 
 
 /* A tensor (dims as given) widened to f32 in backend memory. */
 static const float *g4_f32(struct g4binder *b, int ndim, const int64_t *dims, const char *name) {
-  const struct wk_tensor *t = g4_lookup(b, name, ndim, dims);
+  const struct md_tensor *t = g4_lookup(b, name, ndim, dims);
   if (!t) return NULL;
-  size_t n = t->nbytes / wk_st_dtype_size(t->dtype);
+  size_t n = t->nbytes / md_st_dtype_size(t->dtype);
   float *host = malloc(sizeof(float) * (n ? n : 1));
   if (!host) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
@@ -222,14 +222,14 @@ static float g4_bound(struct g4binder *b, const char *prefix, const char *key) {
   char name[256];
   snprintf(name, sizeof(name), "%s.%s", prefix, key);
   if (b->rc) return 0.0f;
-  const struct wk_tensor *t = wk_st_find(b->v->st, name);
+  const struct md_tensor *t = md_st_find(b->v->st, name);
   if (!t) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT,
                     "vision tower: tensor %s missing (vision_config.use_clipped_linears)", name);
     return 0.0f;
   }
-  size_t esz = wk_st_dtype_size(t->dtype);
-  if ((t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) ||
+  size_t esz = md_st_dtype_size(t->dtype);
+  if ((t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) ||
       t->nbytes != esz || t->ndim > 1) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
                     "vision tower: tensor %s is not one float (a %s tensor of %zu bytes)", name,
@@ -254,7 +254,7 @@ static struct g4mat g4_linear(struct g4binder *b, int64_t rows, int64_t cols, co
   va_end(ap);
   struct g4mat m = plain_mat();
   snprintf(name, sizeof(name), "%s.linear.weight", prefix);
-  const struct wk_tensor *t = g4_lookup(b, name, 2, (const int64_t[]){rows, cols});
+  const struct md_tensor *t = g4_lookup(b, name, 2, (const int64_t[]){rows, cols});
   if (!t) return m;
   m.dt = (enum kn_dtype)t->dtype;
   m.w = g4_place(b, t->data, t->nbytes, 0);
@@ -271,13 +271,13 @@ static struct g4mat g4_linear(struct g4binder *b, int64_t rows, int64_t cols, co
 }
 
 /* "model.vision_tower." with "model.embed_vision.", or the same without "model.". */
-static int find_prefixes(const struct wk_st *st, const char **vp, const char **ep) {
+static int find_prefixes(const struct md_st *st, const char **vp, const char **ep) {
   static const char *const vps[] = {"model.vision_tower.", "vision_tower."};
   static const char *const eps[] = {"model.embed_vision.", "embed_vision."};
   for (int i = 0; i < 2; i++) {
     char name[128];
     snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", vps[i]);
-    if (wk_st_find(st, name)) {
+    if (md_st_find(st, name)) {
       *vp = vps[i];
       *ep = eps[i];
       return 0;
@@ -298,7 +298,7 @@ static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
   v->patch_w = plain_mat();
   char name[256];
   snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", VP);
-  const struct wk_tensor *t = g4_lookup(&b, name, 2, (const int64_t[]){D, v->pd});
+  const struct md_tensor *t = g4_lookup(&b, name, 2, (const int64_t[]){D, v->pd});
   if (t) {
     v->patch_w.dt = (enum kn_dtype)t->dtype;
     v->patch_w.w = g4_place(&b, t->data, t->nbytes, 0);
@@ -439,7 +439,7 @@ int wk_vision_g4_load(const char *dir, struct kn_backend *be, const struct wk_vi
                  v->vc.head_dim, KN_MAX_HEAD_DIM, v->max_patches, pp, 1 << 22);
     goto fail;
   }
-  if ((rc = wk_st_open_dir(dir, &v->st, err, errlen))) goto fail;
+  if ((rc = md_st_open_dir(dir, &v->st, err, errlen))) goto fail;
   if ((rc = bind_all(v, err, errlen))) goto fail;
   if ((rc = alloc_scratch(v, err, errlen))) goto fail;
   *out = v;

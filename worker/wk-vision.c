@@ -25,8 +25,8 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "model/md-safetensors.h"
 #include "worker/wk-owned.h"
-#include "worker/wk-safetensors.h"
 
 #define WK_VISION_PAGE_TOKENS 16 /* positions per scratch KV page */
 
@@ -49,7 +49,7 @@ struct vlayer {
 
 struct wk_vision {
   struct kn_backend *be;
-  struct wk_st *st; /* open while host-memory backends point into its mappings */
+  struct md_st *st; /* open while host-memory backends point into its mappings */
   struct md_config cfg;
   struct md_vision_cfg vc; /* = cfg.vision */
   int text_hidden;         /* H: width of the output embeddings */
@@ -93,7 +93,7 @@ void wk_vision_free(struct wk_vision *v) {
   if (!v) return;
   wk_owned_free(&v->owned, v->be);
   cm_arena_free(&v->host);
-  wk_st_close(v->st);
+  md_st_close(v->st);
   free(v);
 }
 
@@ -116,10 +116,10 @@ struct vbinder {
 
 /* The tensor `name` with exactly the dims given (ndim of them), as a float
  * dtype; NULL (and b->rc set) otherwise. */
-static const struct wk_tensor *vlookup(struct vbinder *b, const char *name, int ndim,
+static const struct md_tensor *vlookup(struct vbinder *b, const char *name, int ndim,
                                        const int64_t *dims) {
   if (b->rc) return NULL;
-  const struct wk_tensor *t = wk_st_find(b->v->st, name);
+  const struct md_tensor *t = md_st_find(b->v->st, name);
   if (!t) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "vision tower: tensor %s missing", name);
     return NULL;
@@ -141,7 +141,7 @@ static const struct wk_tensor *vlookup(struct vbinder *b, const char *name, int 
                 "vision tower: tensor %s has shape [%s], the config says [%s]", name, got, want);
     return NULL;
   }
-  if (t->dtype != WK_ST_F32 && t->dtype != WK_ST_F16 && t->dtype != WK_ST_BF16) {
+  if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "vision tower: tensor %s has dtype %s (F32, F16, BF16 are supported)", name,
                     t->dtype_name);
@@ -173,7 +173,7 @@ static struct vmat bind_mat(struct vbinder *b, int64_t rows, int64_t cols, const
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
   struct vmat m = {0};
-  const struct wk_tensor *t = vlookup(b, name, 2, (const int64_t[]){rows, cols});
+  const struct md_tensor *t = vlookup(b, name, 2, (const int64_t[]){rows, cols});
   if (!t) return m;
   m.dt = (enum kn_dtype)t->dtype;
   m.w = vplace(b, t->data, t->nbytes, 0);
@@ -190,9 +190,9 @@ static const float *bind_f32(struct vbinder *b, int ndim, const int64_t *dims, c
   va_start(ap, fmt);
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
-  const struct wk_tensor *t = vlookup(b, name, ndim, dims);
+  const struct md_tensor *t = vlookup(b, name, ndim, dims);
   if (!t) return NULL;
-  size_t n = t->nbytes / wk_st_dtype_size(t->dtype);
+  size_t n = t->nbytes / md_st_dtype_size(t->dtype);
   float *host = malloc(sizeof(float) * (n ? n : 1));
   if (!host) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
@@ -227,9 +227,9 @@ static void bind_norm(struct vbinder *b, int64_t n, const char *prefix, const ch
  * [H, D] in its own dtype so that kn_matmul applies it. */
 static struct vmat bind_projection(struct vbinder *b, const char *name, int D, int H) {
   struct vmat m = {0};
-  const struct wk_tensor *t = vlookup(b, name, 2, (const int64_t[]){D, H});
+  const struct md_tensor *t = vlookup(b, name, 2, (const int64_t[]){D, H});
   if (!t) return m;
-  size_t esz = wk_st_dtype_size(t->dtype);
+  size_t esz = md_st_dtype_size(t->dtype);
   char *tr = malloc(t->nbytes ? t->nbytes : 1);
   if (!tr) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
@@ -247,14 +247,14 @@ static struct vmat bind_projection(struct vbinder *b, const char *name, int D, i
 
 /* "model.vision_tower.vision_model." or the older "vision_tower.vision_model.",
  * with the projector's prefix of the same layout. */
-static int find_prefixes(const struct wk_st *st, const char **vp, const char **pp) {
+static int find_prefixes(const struct md_st *st, const char **vp, const char **pp) {
   static const char *const vps[] = {"model.vision_tower.vision_model.",
                                     "vision_tower.vision_model."};
   static const char *const pps[] = {"model.multi_modal_projector.", "multi_modal_projector."};
   for (int i = 0; i < 2; i++) {
     char name[128];
     snprintf(name, sizeof(name), "%sembeddings.patch_embedding.weight", vps[i]);
-    if (wk_st_find(st, name)) {
+    if (md_st_find(st, name)) {
       *vp = vps[i];
       *pp = pps[i];
       return 0;
@@ -275,7 +275,7 @@ static int bind_all(struct wk_vision *v, char *err, size_t errlen) {
   char name[256];
   snprintf(name, sizeof(name), "%sembeddings.patch_embedding.weight", VP);
   /* [D, C, p, p] is [D, C * p * p] row-major: the unfolded patch order */
-  const struct wk_tensor *t = vlookup(&b, name, 4, (const int64_t[]){D, c->channels, p, p});
+  const struct md_tensor *t = vlookup(&b, name, 4, (const int64_t[]){D, c->channels, p, p});
   if (t) {
     v->patch_w.dt = (enum kn_dtype)t->dtype;
     v->patch_w.w = vplace(&b, t->data, t->nbytes, 0);
@@ -392,7 +392,7 @@ int wk_vision_load(const char *dir, struct kn_backend *be, const struct wk_visio
                  v->max_images, v->vc.n_patches);
     goto fail;
   }
-  if ((rc = wk_st_open_dir(dir, &v->st, err, errlen))) goto fail;
+  if ((rc = md_st_open_dir(dir, &v->st, err, errlen))) goto fail;
   if ((rc = bind_all(v, err, errlen))) goto fail;
   if ((rc = alloc_scratch(v, err, errlen))) goto fail;
   *out = v;

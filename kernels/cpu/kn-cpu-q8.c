@@ -15,14 +15,6 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
-static float h16(const uint8_t *p) {
-  return kn_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
-}
-
-static uint32_t u32le(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* The K-quants' j-th 6-bit (scale, min) pair of 8. */
 static void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
   if (j < 4) {
@@ -46,7 +38,7 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
   switch (dt) {
   case KN_DTYPE_Q8_0: {
     const uint8_t *blk = row + (size_t)b * 34;
-    s = h16(blk);
+    s = kn_le_f16(blk);
     for (int j = 0; j < 32; j++)
       q[j] = (int8_t)blk[2 + j];
     break;
@@ -55,25 +47,25 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
   case KN_DTYPE_Q4_1: {
     const int one = dt == KN_DTYPE_Q4_1;
     const uint8_t *blk = row + (size_t)b * (one ? 20 : 18), *n = blk + (one ? 4 : 2);
-    s = h16(blk);
+    s = kn_le_f16(blk);
     for (int j = 0; j < 16; j++) {
       q[j] = (n[j] & 0xF) - (one ? 0 : 8);
       q[j + 16] = (n[j] >> 4) - (one ? 0 : 8);
     }
-    if (one) *m = h16(blk + 2), has_m = 1;
+    if (one) *m = kn_le_f16(blk + 2), has_m = 1;
     break;
   }
   case KN_DTYPE_Q5_0:
   case KN_DTYPE_Q5_1: {
     const int one = dt == KN_DTYPE_Q5_1;
     const uint8_t *blk = row + (size_t)b * (one ? 24 : 22), *n = blk + (one ? 8 : 6);
-    uint32_t qh = u32le(blk + (one ? 4 : 2));
-    s = h16(blk);
+    uint32_t qh = kn_le32(blk + (one ? 4 : 2));
+    s = kn_le_f16(blk);
     for (int j = 0; j < 16; j++) {
       q[j] = (int)((n[j] & 0xF) | ((qh >> j & 1) << 4)) - (one ? 0 : 16);
       q[j + 16] = (int)((n[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - (one ? 0 : 16);
     }
-    if (one) *m = h16(blk + 2), has_m = 1;
+    if (one) *m = kn_le_f16(blk + 2), has_m = 1;
     break;
   }
   case KN_DTYPE_Q4_K:
@@ -85,8 +77,8 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
     const uint8_t *n = blk + (five ? 48 : 16) + 32 * (sb >> 1), *qh = blk + 16;
     int sc, mn;
     sc_min(sb, blk + 4, &sc, &mn);
-    s = h16(blk) * (float)sc;
-    *m = -(h16(blk + 2) * (float)mn);
+    s = kn_le_f16(blk) * (float)sc;
+    *m = -(kn_le_f16(blk + 2) * (float)mn);
     has_m = 1;
     for (int l = 0; l < 32; l++)
       q[l] = (sb & 1 ? n[l] >> 4 : n[l] & 0xF) + (five && (qh[l] >> sb & 1) ? 16 : 0);
@@ -98,7 +90,7 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
     const uint8_t *blk = row + (size_t)(b >> 3) * 210;
     const uint8_t *ql = blk + 64 * half + 32 * (p & 1), *qh = blk + 128 + 32 * half;
     const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half + 2 * p;
-    float dd = h16(blk + 208);
+    float dd = kn_le_f16(blk + 208);
     for (int l = 0; l < 32; l++)
       q[l] = (int)((p >= 2 ? ql[l] >> 4 : ql[l] & 0xF) | ((qh[l] >> (2 * p)) & 3) << 4) - 32;
     for (int l = 0; l < 8; l++)
@@ -132,7 +124,7 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
         float dw[8], m = 0.0f;
         int has_m = weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
         const uint8_t *xb = xr + (size_t)b * 34;
-        const float dx = h16(xb);
+        const float dx = kn_le_f16(xb);
         for (int l = 0; l < 8; l++) {
           int p = 0, sx = 0;
           for (int e = 4 * l; e < 4 * l + 4; e++) {

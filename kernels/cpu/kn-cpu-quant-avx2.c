@@ -14,8 +14,9 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
+/* The f16 at p by F16C (the value kn_le_f16 gives). */
 KN_AVX2 static inline float h16(const uint8_t *p) {
-  return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+  return _cvtsh_ss(kn_le16(p));
 }
 
 /* 8 bytes as 8 int32 lanes. */
@@ -79,16 +80,10 @@ KN_AVX2 static inline __m256i bit5(uint32_t qh, int i) {
   return _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4);
 }
 
-KN_AVX2 static inline uint32_t u32le(const uint8_t *p) {
-  uint32_t u;
-  memcpy(&u, p, 4);
-  return u;
-}
-
 KN_AVX2 static void deq_q5_0(const uint8_t *row, int c, __m256 *v) {
   const uint8_t *b = row + (size_t)c * 22;
   __m256 d = _mm256_set1_ps(h16(b));
-  uint32_t qh = u32le(b + 2);
+  uint32_t qh = kn_le32(b + 2);
   __m256i n[4];
   nibbles(b + 6, n);
   for (int i = 0; i < 4; i++)
@@ -98,7 +93,7 @@ KN_AVX2 static void deq_q5_0(const uint8_t *row, int c, __m256 *v) {
 KN_AVX2 static void deq_q5_1(const uint8_t *row, int c, __m256 *v) {
   const uint8_t *b = row + (size_t)c * 24;
   __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
-  uint32_t qh = u32le(b + 4);
+  uint32_t qh = kn_le32(b + 4);
   __m256i n[4];
   nibbles(b + 8, n);
   for (int i = 0; i < 4; i++)

@@ -1,4 +1,4 @@
-/* fuzz-safetensors.c — fuzz target for the worker's untrusted-file parsers.
+/* fuzz-safetensors.c — fuzz target for model/'s untrusted-file parsers.
  *
  * Input: byte 0 selects the parser (even: a safetensors image, odd:
  * config.json text), the rest is the file. The parser must return 0 or a
@@ -11,7 +11,7 @@
 
 #include "common/cm-err.h"
 #include "model/md-config.h"
-#include "worker/wk-safetensors.h"
+#include "model/md-safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -21,13 +21,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t n = size - 1;
   char err[256] = "";
   if (data[0] % 2 == 0) {
-    struct wk_st *st = NULL;
-    int rc = wk_st_open_mem(body, n, "fuzz.safetensors", &st, err, sizeof(err));
+    struct md_st *st = NULL;
+    int rc = md_st_open_mem(body, n, "fuzz.safetensors", &st, err, sizeof(err));
     if (rc > 0 || (rc < 0 && (rc <= CM_ERR__LAST || !err[0]))) abort();
     if (rc == 0) {
-      for (int i = 0; i < wk_st_count(st); i++) {
-        const struct wk_tensor *t = wk_st_get(st, i);
-        size_t esz = wk_st_dtype_size(t->dtype);
+      for (int i = 0; i < md_st_count(st); i++) {
+        const struct md_tensor *t = md_st_get(st, i);
+        size_t esz = md_st_dtype_size(t->dtype);
         uint64_t count = 1;
         for (int d = 0; d < t->ndim; d++)
           count *= (uint64_t)t->shape[d];
@@ -38,9 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           volatile uint8_t x = p[0] ^ p[t->nbytes - 1];
           (void)x;
         }
-        if (wk_st_find(st, t->name) != t) abort();
+        if (md_st_find(st, t->name) != t) abort();
       }
-      wk_st_close(st);
+      md_st_close(st);
     }
   } else {
     struct md_config *c = malloc(sizeof(*c));

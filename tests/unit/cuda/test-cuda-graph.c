@@ -101,7 +101,7 @@ static int fill_step(struct model *md, const int32_t (*tok)[MAXP], const int *le
 /* Decode (R = 1) or verification (R tokens a sequence) steps of a shrinking batch. */
 static void check_arch(struct kn_backend *be, const char *arch, int R) {
   char dir[256], err[256];
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, 0, 0, WK_ST_BF16, 31) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, 0, 0, MD_ST_BF16, 31) == 0);
   struct model gm, em;
   load(be, dir, 1, R, &gm);
   load(be, dir, 0, R, &em);

@@ -14,7 +14,7 @@
 #include "kernels/kn-backend.h"
 #include "tests/harness/th.h"
 #include "tests/unit/cuda/cuda-test-util.h"
-#include "worker/wk-tiny-spec.h"
+#include "tools/tl-tiny-spec.h"
 #include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
 
@@ -132,11 +132,11 @@ TH_TEST(cuda_vision_encode) {
   const char *t = getenv("TMPDIR");
   snprintf(dir, sizeof(dir), "%s/lmserve-cuda-vision-XXXXXX", t && *t ? t : "/tmp");
   TH_REQUIRE(mkdtemp(dir));
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 3, WK_ST_F32) == 0);
-  wk_tiny_spec_free(&s);
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 3, MD_ST_F32) == 0);
+  tl_tiny_spec_free(&s);
   struct wk_vision *vc = NULL, *vg = NULL;
   struct wk_vision_opts vo = {.max_images = 2};
   TH_REQUIRE(wk_vision_load(dir, e.cpu, &vo, &vc, err, sizeof(err)) == 0);
@@ -230,11 +230,11 @@ TH_TEST(cuda_gemma4_vision_encode) {
   const char *t = getenv("TMPDIR");
   snprintf(dir, sizeof(dir), "%s/lmserve-cuda-vision-XXXXXX", t && *t ? t : "/tmp");
   TH_REQUIRE(mkdtemp(dir));
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 3, WK_ST_F32) == 0);
-  wk_tiny_spec_free(&s);
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 3, MD_ST_F32) == 0);
+  tl_tiny_spec_free(&s);
   struct wk_vision_g4 *vc = NULL, *vg = NULL;
   TH_REQUIRE(wk_vision_g4_load(dir, e.cpu, NULL, &vc, err, sizeof(err)) == 0);
   TH_REQUIRE(wk_vision_g4_load(dir, e.gpu, NULL, &vg, err, sizeof(err)) == 0);

@@ -33,12 +33,12 @@ static const struct {
  * (gguf[i]). */
 static void make_preset(char *dir, size_t n, char gguf[][300], const char *preset) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512};
   char err[256], lm[1024], log[4096];
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_BF16) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
+  tl_tiny_spec_free(&s);
   snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
   for (size_t i = 0; i < CM_ARRAY_LEN(types); i++) {
     snprintf(gguf[i], 300, "%s/m-%s.gguf", dir, types[i].name);

@@ -14,11 +14,11 @@
 #include <unistd.h>
 
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
-#include "worker/wk-safetensors.h"
 
 /* Largest |a - b| over n entries where mask (if any) is set, and the range of b there. */
 static double max_err(const float *a, const float *b, const unsigned char *mask, size_t n,
@@ -35,8 +35,8 @@ static double max_err(const float *a, const float *b, const unsigned char *mask,
   return e;
 }
 
-static const struct wk_tensor *need(struct wk_st *g, const char *name, enum wk_st_dtype dt) {
-  const struct wk_tensor *t = wk_st_find(g, name);
+static const struct md_tensor *need(struct md_st *g, const char *name, enum md_st_dtype dt) {
+  const struct md_tensor *t = md_st_find(g, name);
   if (!t || t->dtype != dt) {
     th_fail(__FILE__, __LINE__, "golden.safetensors: %s missing or of another dtype", name);
     th_stop();
@@ -54,13 +54,13 @@ static void check(const char *what, const float *got, const float *want, const u
 
 TH_TEST(golden_gemma4_assistant) {
   char dir[4096], tdir[4200], err[512] = "";
-  struct wk_st *g = wkt_golden_open("gemma4-assistant", " --only gemma4-assistant", dir);
+  struct md_st *g = wkt_golden_open("gemma4-assistant", " --only gemma4-assistant", dir);
   snprintf(tdir, sizeof(tdir), "%s/target", dir);
-  const struct wk_tensor *ti = need(g, "input_ids", WK_ST_I64),
-                         *ttl = need(g, "target_logits", WK_ST_F32),
-                         *thi = need(g, "h_in", WK_ST_F32), *tti = need(g, "tokens_in", WK_ST_I64),
-                         *tl = need(g, "logits", WK_ST_F32), *tho = need(g, "h_out", WK_ST_F32),
-                         *td = need(g, "drafts", WK_ST_I64);
+  const struct md_tensor *ti = need(g, "input_ids", MD_ST_I64),
+                         *ttl = need(g, "target_logits", MD_ST_F32),
+                         *thi = need(g, "h_in", MD_ST_F32), *tti = need(g, "tokens_in", MD_ST_I64),
+                         *tl = need(g, "logits", MD_ST_F32), *tho = need(g, "h_out", MD_ST_F32),
+                         *td = need(g, "drafts", MD_ST_I64);
   int T = (int)ti->shape[0], V = (int)ttl->shape[0], B = (int)thi->shape[0], K = (int)tti->shape[0];
   TH_REQUIRE(tl->ndim == 2 && tl->shape[0] == K && tl->shape[1] == V);
   TH_REQUIRE(tho->ndim == 2 && tho->shape[0] == K && tho->shape[1] == B);
@@ -140,5 +140,5 @@ TH_TEST(golden_gemma4_assistant) {
   wk_model_free(d);
   wk_model_free(t);
   kn_backend_destroy(be);
-  wk_st_close(g);
+  md_st_close(g);
 }

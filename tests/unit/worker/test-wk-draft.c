@@ -35,19 +35,19 @@ static void lcg_prompt(int32_t *p, uint32_t seed) {
 static int setup(struct rig *r, int ordered) {
   memset(r, 0, sizeof(*r));
   char err[256];
-  if (wkt_make_model(r->tdir, sizeof(r->tdir), "gemma4", 0, 0, WK_ST_F32, 5)) return -1;
+  if (wkt_make_model(r->tdir, sizeof(r->tdir), "gemma4", 0, 0, MD_ST_F32, 5)) return -1;
   if (kn_cpu_backend_create(2, &r->be)) return -1;
   struct wk_model_opts o = {.max_batch_tokens = 128, .max_seqs = 4, .kv_tokens = 512, .quiet = 1};
   if (wk_model_load(r->tdir, r->be, &o, &r->t, err, sizeof(err))) return -1;
-  struct wk_tiny_spec s;
-  if (wk_tiny_spec_assistant(&s, wk_model_config(r->t), err, sizeof(err))) return -1;
+  struct tl_tiny_spec s;
+  if (tl_tiny_spec_assistant(&s, wk_model_config(r->t), err, sizeof(err))) return -1;
   if (!ordered) {
     char *p = strstr(s.config_json, "\"use_ordered_embeddings\": true");
     if (!p) return -1;
     memcpy(p, "\"use_ordered_embeddings\":false", 30);
   }
-  if (wkt_tmpdir(r->ddir, sizeof(r->ddir)) || wk_tiny_write(&s, r->ddir, 9, WK_ST_F32)) return -1;
-  wk_tiny_spec_free(&s);
+  if (wkt_tmpdir(r->ddir, sizeof(r->ddir)) || tl_tiny_write(&s, r->ddir, 9, MD_ST_F32)) return -1;
+  tl_tiny_spec_free(&s);
   if (wk_draft_load(r->ddir, r->t, &o, &r->d, err, sizeof(err))) {
     fprintf(stderr, "draft load: %s\n", err);
     return -1;
@@ -199,7 +199,7 @@ TH_TEST(draft_reads_target_source_layers) {
 
 TH_TEST(draft_load_errors) {
   char dir[256], adir[256], err[256];
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, WK_ST_BF16, 1) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, MD_ST_BF16, 1) == 0);
   struct kn_backend *be = NULL;
   kn_cpu_backend_create(1, &be);
   struct wk_model *t = NULL, *d = NULL;
@@ -210,13 +210,13 @@ TH_TEST(draft_load_errors) {
   TH_CHECK(strstr(err, "not a gemma4_assistant") != NULL);
   /* an assistant made for another target */
   char g4[256];
-  TH_REQUIRE(wkt_make_model(g4, sizeof(g4), "gemma4", 0, 0, WK_ST_BF16, 1) == 0);
+  TH_REQUIRE(wkt_make_model(g4, sizeof(g4), "gemma4", 0, 0, MD_ST_BF16, 1) == 0);
   struct wk_model *t4 = NULL;
   TH_REQUIRE(wk_model_load(g4, be, &o, &t4, err, sizeof(err)) == 0);
-  struct wk_tiny_spec s;
-  TH_REQUIRE(wk_tiny_spec_assistant(&s, wk_model_config(t4), err, sizeof(err)) == 0);
-  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && wk_tiny_write(&s, adir, 1, WK_ST_BF16) == 0);
-  wk_tiny_spec_free(&s);
+  struct tl_tiny_spec s;
+  TH_REQUIRE(tl_tiny_spec_assistant(&s, wk_model_config(t4), err, sizeof(err)) == 0);
+  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && tl_tiny_write(&s, adir, 1, MD_ST_BF16) == 0);
+  tl_tiny_spec_free(&s);
   TH_CHECK_EQ_INT(wk_draft_load(adir, t, &o, &d, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "does not fit") != NULL);
   TH_CHECK_EQ_INT(wk_draft_load(adir, t4, &o, &d, err, sizeof(err)), 0);

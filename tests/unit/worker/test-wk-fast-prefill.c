@@ -119,7 +119,7 @@ static int run(const char *dir, int fast, struct trace *tr) {
 
 static void check(int moe) {
   char dir[512];
-  TH_REQUIRE(wkt_make_model(dir, sizeof dir, "gemma4", moe, 0, WK_ST_BF16, 9) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof dir, "gemma4", moe, 0, MD_ST_BF16, 9) == 0);
   static struct trace full, fast;
   TH_REQUIRE(run(dir, 0, &full) == 0);
   TH_REQUIRE(run(dir, 1, &fast) == 0);

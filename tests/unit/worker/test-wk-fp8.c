@@ -207,7 +207,7 @@ static void rm_dirs(struct dirs *d) {
 /* A tiny checkpoint of arch in bf16, and fp8_ref.py's FP8 and dequantized copies
  * of it (strategy: channel, tensor, or a broken variant) beside it. */
 static void make_dirs(struct dirs *d, const char *python, const char *arch, const char *strategy) {
-  TH_REQUIRE(wkt_make_model(d->src, sizeof(d->src), arch, 0, 0, WK_ST_BF16, 11) == 0);
+  TH_REQUIRE(wkt_make_model(d->src, sizeof(d->src), arch, 0, 0, MD_ST_BF16, 11) == 0);
   snprintf(d->fp8, sizeof(d->fp8), "%s-fp8", d->src);
   snprintf(d->deq, sizeof(d->deq), "%s-deq", d->src);
   char script[4200], log[4096];
@@ -313,7 +313,7 @@ TH_TEST(per_tensor_scales_match_numpy) {
  * one-rank model's products. */
 TH_TEST(tensor_parallel_cuts_hold_the_whole_models_codes) {
   char dir[256], err[512] = "";
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, WK_ST_BF16, 13) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, MD_ST_BF16, 13) == 0);
   struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_model_opts o = wkt_small_opts(WK_QUANT_FP8);
   o.fp8_reference = 1;
@@ -467,7 +467,7 @@ TH_TEST(bad_fp8_tensors_are_named) {
  * 8 for `which`, a kv_cache_scheme) and MOVED (that scale moved into the weights). */
 static void make_kv_dirs(struct dirs *d, const char *python, const char *arch, const char *which,
                          const char *variant) {
-  TH_REQUIRE(wkt_make_model(d->src, sizeof(d->src), arch, 0, 0, WK_ST_BF16, 13) == 0);
+  TH_REQUIRE(wkt_make_model(d->src, sizeof(d->src), arch, 0, 0, MD_ST_BF16, 13) == 0);
   snprintf(d->fp8, sizeof(d->fp8), "%s-kvs", d->src);
   snprintf(d->deq, sizeof(d->deq), "%s-moved", d->src);
   char script[4200], log[4096];

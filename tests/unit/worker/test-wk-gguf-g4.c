@@ -18,19 +18,19 @@
 #include "model/md-gguf.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
+#include "tools/tl-tiny-spec.h"
 #include "worker/wk-model.h"
-#include "worker/wk-tiny-spec.h"
 
 /* A checkpoint of preset (vocabulary 512, bf16) in dir, and the files
  * out[0..2]: export-gguf's bf16 and f32, quantize's q8_0. */
 static void make(char *dir, size_t n, const char *preset, char out[3][300]) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512};
   char err[256], lm[1024], log[4096];
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, dir, 11, WK_ST_BF16) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 11, MD_ST_BF16) == 0);
+  tl_tiny_spec_free(&s);
   snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
   static const char *names[3] = {"bf16", "f32", "q8_0"};
   for (int i = 0; i < 3; i++) {

@@ -22,11 +22,11 @@
 #if LMSERVE_HAVE_CUDA
 #include "kernels/cuda/kn-cuda.h"
 #endif
+#include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
-#include "worker/wk-safetensors.h"
 
 /* The error an e4m3 KV cache may add to the logits, as a share of their range:
  * on the Gemma 3 fixture 0.049 measured (a bf16 cache: 0.0025), the bound
@@ -43,11 +43,11 @@ static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
 #else
   if (cuda) TH_SKIP("a build without CUDA: the CUDA golden comparison");
 #endif
-  struct wk_st *g = wkt_golden_open(name, "", dir);
-  const struct wk_tensor *ti = wk_st_find(g, "input_ids"), *tl = wk_st_find(g, "logits"),
-                         *tg = wk_st_find(g, "greedy");
-  TH_REQUIRE(ti && tl && tg && ti->dtype == WK_ST_I64 && tl->dtype == WK_ST_F32 &&
-             tg->dtype == WK_ST_I64 && tl->ndim == 2);
+  struct md_st *g = wkt_golden_open(name, "", dir);
+  const struct md_tensor *ti = md_st_find(g, "input_ids"), *tl = md_st_find(g, "logits"),
+                         *tg = md_st_find(g, "greedy");
+  TH_REQUIRE(ti && tl && tg && ti->dtype == MD_ST_I64 && tl->dtype == MD_ST_F32 &&
+             tg->dtype == MD_ST_I64 && tl->ndim == 2);
   int T = (int)ti->shape[0], V = (int)tl->shape[1], N = (int)tg->shape[0];
   TH_REQUIRE(tl->shape[0] == T);
   int32_t *ids = malloc(sizeof(int32_t) * (size_t)T),
@@ -141,7 +141,7 @@ static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
   wk_page_alloc_free(&pa);
   wk_model_free(m);
   kn_backend_destroy(be);
-  wk_st_close(g);
+  md_st_close(g);
 }
 
 static void golden(const char *name, int cuda) {

@@ -7,12 +7,12 @@
 
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
-#include "worker/wk-safetensors.h"
 
 #define NP 150 /* prompt tokens: crosses the tiny models' 64-token window twice */
 
@@ -34,7 +34,7 @@ static int g_step_graphs, g_verify_tokens;
 /* The backend capped at isa, in the bf16 mode when bf16 is set
  * (kn_cpu_backend_create_mode); the weights left in the checkpoint's mapping
  * when mmap is set. */
-static int setup_load(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt,
+static int setup_load(struct fixture *f, const char *arch, int moe, enum md_st_dtype dt,
                       enum kn_cpu_isa isa, int bf16, int mmap) {
   memset(f, 0, sizeof(*f));
   if (wkt_make_model(f->dir, sizeof(f->dir), arch, moe, 0, dt, 7)) return -1;
@@ -57,16 +57,16 @@ static int setup_load(struct fixture *f, const char *arch, int moe, enum wk_st_d
   return wk_page_alloc_init(&f->pa, wk_model_n_pages(f->m));
 }
 
-static int setup_isa(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt,
+static int setup_isa(struct fixture *f, const char *arch, int moe, enum md_st_dtype dt,
                      enum kn_cpu_isa isa, int bf16) {
   return setup_load(f, arch, moe, dt, isa, bf16, 0);
 }
 
-static int setup_mode(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt, int bf16) {
+static int setup_mode(struct fixture *f, const char *arch, int moe, enum md_st_dtype dt, int bf16) {
   return setup_isa(f, arch, moe, dt, KN_CPU_ISA_BEST, bf16);
 }
 
-static int setup(struct fixture *f, const char *arch, int moe, enum wk_st_dtype dt) {
+static int setup(struct fixture *f, const char *arch, int moe, enum md_st_dtype dt) {
   return setup_mode(f, arch, moe, dt, 0);
 }
 
@@ -185,7 +185,7 @@ static void release(struct fixture *f, struct seq *s, int ns) {
   }
 }
 
-static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dtype dt, int bf16) {
+static void check_chunking_and_batching(const char *arch, int moe, enum md_st_dtype dt, int bf16) {
   struct fixture f;
   TH_REQUIRE(setup_mode(&f, arch, moe, dt, bf16) == 0);
   int32_t pa[NP], pb[40], pc[90];
@@ -234,35 +234,35 @@ static void check_chunking_and_batching(const char *arch, int moe, enum wk_st_dt
 }
 
 TH_TEST(gemma4_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma4", 0, WK_ST_BF16, 0);
+  check_chunking_and_batching("gemma4", 0, MD_ST_BF16, 0);
 }
 TH_TEST(gemma4_moe_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma4", 1, WK_ST_F32, 0);
+  check_chunking_and_batching("gemma4", 1, MD_ST_F32, 0);
 }
 TH_TEST(gemma3_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma3", 0, WK_ST_BF16, 0);
+  check_chunking_and_batching("gemma3", 0, MD_ST_BF16, 0);
 }
 /* The bf16 mode is batch invariant too (on whichever kernels this processor
  * runs it: AVX-512-BF16 dot products, or rounded inputs on the f32 ones). */
 TH_TEST(gemma4_bf16_mode_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma4", 0, WK_ST_BF16, 1);
+  check_chunking_and_batching("gemma4", 0, MD_ST_BF16, 1);
 }
 TH_TEST(gemma3_bf16_mode_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma3", 0, WK_ST_BF16, 1);
+  check_chunking_and_batching("gemma3", 0, MD_ST_BF16, 1);
 }
 /* ... and on the AMX tiles, here emulated: the whole model, prompt chunks of
  * 1 to 150 tokens, batches of three. */
 TH_TEST(gemma4_bf16_amx_emulated_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma4", 0, WK_ST_BF16, BF16_AMX_EMULATED);
+  check_chunking_and_batching("gemma4", 0, MD_ST_BF16, BF16_AMX_EMULATED);
 }
 TH_TEST(gemma3_bf16_amx_emulated_chunked_batched_bit_exact) {
-  check_chunking_and_batching("gemma3", 0, WK_ST_BF16, BF16_AMX_EMULATED);
+  check_chunking_and_batching("gemma3", 0, MD_ST_BF16, BF16_AMX_EMULATED);
 }
 
 /* Where the weights live changes no bit: copied into the huge-page arena
  * (the default; each matrix on a 64-byte line inside it), or read from the
  * checkpoint's mapping (mmap_weights), for every dtype of checkpoint. */
-static void check_weights_copied_or_mapped(const char *arch, int moe, enum wk_st_dtype dt) {
+static void check_weights_copied_or_mapped(const char *arch, int moe, enum md_st_dtype dt) {
   float *logits[2] = {NULL, NULL};
   size_t bytes = 0;
   for (int mapped = 0; mapped < 2; mapped++) {
@@ -297,9 +297,9 @@ static void check_weights_copied_or_mapped(const char *arch, int moe, enum wk_st
 }
 
 TH_TEST(weights_copied_or_mapped_same_bits) {
-  check_weights_copied_or_mapped("gemma3", 0, WK_ST_BF16);
-  check_weights_copied_or_mapped("gemma4", 1, WK_ST_F32);
-  check_weights_copied_or_mapped("gemma4", 0, WK_ST_F16);
+  check_weights_copied_or_mapped("gemma3", 0, MD_ST_BF16);
+  check_weights_copied_or_mapped("gemma4", 1, MD_ST_F32);
+  check_weights_copied_or_mapped("gemma4", 0, MD_ST_F16);
 }
 
 /* How far logits y are from x over NP positions: the largest difference
@@ -342,9 +342,9 @@ static void logits_distance(const float *x, const float *y, int V, double *mean,
  * layers more than the tiny Gemma 3. */
 static void check_bf16_mode_near(const char *arch, double near, int bf16) {
   struct fixture fd, fb, fr;
-  TH_REQUIRE(setup_mode(&fd, arch, 0, WK_ST_BF16, 0) == 0);
-  TH_REQUIRE(setup_mode(&fb, arch, 0, WK_ST_BF16, bf16) == 0);
-  TH_REQUIRE(setup_isa(&fr, arch, 0, WK_ST_BF16, KN_CPU_ISA_REF, 1) == 0);
+  TH_REQUIRE(setup_mode(&fd, arch, 0, MD_ST_BF16, 0) == 0);
+  TH_REQUIRE(setup_mode(&fb, arch, 0, MD_ST_BF16, bf16) == 0);
+  TH_REQUIRE(setup_isa(&fr, arch, 0, MD_ST_BF16, KN_CPU_ISA_REF, 1) == 0);
   int32_t pa[NP];
   make_prompt(pa, NP, fd.V, 4);
   size_t bytes = sizeof(float) * (size_t)NP * fd.V;
@@ -394,7 +394,7 @@ TH_TEST(gemma4_bf16_amx_emulated_near_default) {
  * a model whose only change is a wider window continues differently. */
 TH_TEST(greedy_chunking_and_window) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(setup(&f, "gemma4", 0, MD_ST_BF16) == 0);
   int32_t p[NP], g1[24], g2[24];
   make_prompt(p, NP, f.V, 5);
   char err[256];
@@ -408,7 +408,7 @@ TH_TEST(greedy_chunking_and_window) {
   teardown(&f);
 
   char dir[256];
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 4096, WK_ST_BF16, 7) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 4096, MD_ST_BF16, 7) == 0);
   struct kn_backend *be = NULL;
   kn_cpu_backend_create(2, &be);
   struct wk_model *m = NULL;
@@ -428,7 +428,7 @@ TH_TEST(greedy_chunking_and_window) {
   wk_model_free(m);
   kn_backend_destroy(be);
   wkt_rmdir(dir);
-  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(setup(&f, "gemma4", 0, MD_ST_BF16) == 0);
   TH_REQUIRE(wk_greedy_generate(f.m, &f.pa, p, 30, &o, g4, &n4, err, sizeof(err)) == 0);
   TH_CHECK(!memcmp(g3, g4, sizeof(g3)));
   teardown(&f);
@@ -436,7 +436,7 @@ TH_TEST(greedy_chunking_and_window) {
 
 TH_TEST(bad_batches_are_refused) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(setup(&f, "gemma4", 0, MD_ST_BF16) == 0);
   const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 8) == 0);
@@ -484,7 +484,7 @@ TH_TEST(bad_batches_are_refused) {
  * (their table entries become -1): logits must not change. */
 TH_TEST(sliding_blocks_freed_out_of_window) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(setup(&f, "gemma4", 0, MD_ST_BF16) == 0);
   const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
   int32_t p[NP];
   make_prompt(p, NP, f.V, 9);
@@ -530,7 +530,7 @@ TH_TEST(sliding_blocks_freed_out_of_window) {
  * refused. */
 TH_TEST(bidirectional_image_range) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma3", 0, WK_ST_F32) == 0);
+  TH_REQUIRE(setup(&f, "gemma3", 0, MD_ST_F32) == 0);
   const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
   enum { N = 40 };
   int32_t p[N];
@@ -583,11 +583,11 @@ TH_TEST(bidirectional_image_range) {
  * under model.language_model.) loads and computes the same logits. */
 TH_TEST(multimodal_prefix_and_nested_config) {
   char plain[256], mm[256], err[256];
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
   TH_REQUIRE(wkt_tmpdir(plain, sizeof(plain)) == 0 && wkt_tmpdir(mm, sizeof(mm)) == 0);
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_tiny_write(&s, plain, 3, WK_ST_BF16) == 0);
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  TH_REQUIRE(tl_tiny_write(&s, plain, 3, MD_ST_BF16) == 0);
   for (int i = 0; i < s.n_tensors; i++) {
     char tmp[160];
     TH_REQUIRE(!strncmp(s.tensors[i].name, "model.", 6));
@@ -599,8 +599,8 @@ TH_TEST(multimodal_prefix_and_nested_config) {
   snprintf(nested, n, "{\"model_type\": \"gemma4\", \"text_config\": %s}", s.config_json);
   free(s.config_json);
   s.config_json = nested;
-  TH_REQUIRE(wk_tiny_write(&s, mm, 3, WK_ST_BF16) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_write(&s, mm, 3, MD_ST_BF16) == 0);
+  tl_tiny_spec_free(&s);
   static float out[2][512];
   for (int k = 0; k < 2; k++) {
     struct kn_backend *be = NULL;
@@ -627,7 +627,7 @@ TH_TEST(multimodal_prefix_and_nested_config) {
 
 TH_TEST(kv_pool_sized_in_bytes) {
   char dir[256], err[256];
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 0, WK_ST_BF16, 1) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 0, MD_ST_BF16, 1) == 0);
   struct kn_backend *be = NULL;
   kn_cpu_backend_create(1, &be);
   struct wk_model *m = NULL;
@@ -654,7 +654,7 @@ TH_TEST(kv_pool_sized_in_bytes) {
  * (tied head, no softcap) logits = hidden . embed_tokens rows. */
 TH_TEST(hidden_states_output) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma3", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(setup(&f, "gemma3", 0, MD_ST_BF16) == 0);
   const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
   int H = wk_model_config(f.m)->hidden;
   int32_t p[12];
@@ -670,10 +670,10 @@ TH_TEST(hidden_states_output) {
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = logits, .hidden = hidden};
   char err[256];
   TH_REQUIRE(H == 64 && wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
-  struct wk_st *st = NULL;
-  TH_REQUIRE(wk_st_open_dir(f.dir, &st, err, sizeof(err)) == 0);
-  const struct wk_tensor *E = wk_st_find(st, "model.embed_tokens.weight");
-  TH_REQUIRE(E && E->dtype == WK_ST_BF16);
+  struct md_st *st = NULL;
+  TH_REQUIRE(md_st_open_dir(f.dir, &st, err, sizeof(err)) == 0);
+  const struct md_tensor *E = md_st_find(st, "model.embed_tokens.weight");
+  TH_REQUIRE(E && E->dtype == MD_ST_BF16);
   double maxerr = 0;
   for (int r = 0; r < 3; r++)
     for (int v = 0; v < f.V; v++) {
@@ -685,7 +685,7 @@ TH_TEST(hidden_states_output) {
       maxerr = e > maxerr ? e : maxerr;
     }
   TH_CHECK(maxerr < 1e-4);
-  wk_st_close(st);
+  md_st_close(st);
   wk_seq_blocks_release(&blk, kv, &f.pa);
   teardown(&f);
 }
@@ -714,7 +714,7 @@ static int fill_late(void *arg) {
  * allowed by its mask); an error from it fails the step with that error. */
 TH_TEST(masks_ready_before_the_rows_sample) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma3", 0, WK_ST_BF16) == 0);
+  TH_REQUIRE(setup(&f, "gemma3", 0, MD_ST_BF16) == 0);
   const struct wk_kv_spec *kv = wk_model_kv_spec(f.m);
   int32_t p[12];
   make_prompt(p, 12, f.V, 9);
@@ -802,7 +802,7 @@ static void check_padded_decode(const char *arch) {
   int32_t pa[70], pb[41], pc[55];
   for (int pad = 0; pad < 2; pad++) {
     g_step_graphs = pad ? WK_GRAPHS_PAD : WK_GRAPHS_OFF;
-    TH_REQUIRE(setup(&f[pad], arch, 0, WK_ST_F32) == 0);
+    TH_REQUIRE(setup(&f[pad], arch, 0, MD_ST_F32) == 0);
     g_step_graphs = WK_GRAPHS_OFF;
     make_prompt(pa, 70, f[pad].V, 8);
     make_prompt(pb, 41, f[pad].V, 9);
@@ -866,7 +866,7 @@ static void check_padded_verify(const char *arch, int R) {
   for (int pad = 0; pad < 2; pad++) {
     g_step_graphs = pad ? WK_GRAPHS_PAD : WK_GRAPHS_OFF;
     g_verify_tokens = R;
-    TH_REQUIRE(setup(&f[pad], arch, 0, WK_ST_F32) == 0);
+    TH_REQUIRE(setup(&f[pad], arch, 0, MD_ST_F32) == 0);
     g_step_graphs = g_verify_tokens = 0;
     int H = wk_model_config(f[pad].m)->hidden;
     make_prompt(pa, 70, f[pad].V, 18);
@@ -912,7 +912,7 @@ TH_TEST(padded_verify_buckets_change_nothing) {
  * read their own pages afterwards), and a padding row with an output is refused. */
 TH_TEST(padding_rows_change_nothing) {
   struct fixture f;
-  TH_REQUIRE(setup(&f, "gemma4", 0, WK_ST_F32) == 0);
+  TH_REQUIRE(setup(&f, "gemma4", 0, MD_ST_F32) == 0);
   int32_t pa[40], pb[25], pc[33];
   make_prompt(pa, 40, f.V, 4);
   make_prompt(pb, 25, f.V, 5);

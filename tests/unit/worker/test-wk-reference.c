@@ -11,15 +11,15 @@
 
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-dtype.h"
+#include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
-#include "worker/wk-safetensors.h"
 
 struct ref {
   const struct md_config *c;
-  struct wk_st *st;
+  struct md_st *st;
   char prefix[32];
 };
 
@@ -27,9 +27,9 @@ struct ref {
 static double *W(const struct ref *r, const char *name) {
   char full[240];
   snprintf(full, sizeof(full), "%s%s", r->prefix, name);
-  const struct wk_tensor *t = wk_st_find(r->st, full);
+  const struct md_tensor *t = md_st_find(r->st, full);
   if (!t) return NULL;
-  size_t n = t->nbytes / wk_st_dtype_size(t->dtype);
+  size_t n = t->nbytes / md_st_dtype_size(t->dtype);
   double *d = malloc(sizeof(double) * n);
   for (size_t i = 0; i < n; i++)
     d[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
@@ -117,7 +117,7 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
   double eps = c->eps;
   double *x = calloc((size_t)T * H, sizeof(double));
   double *E = W(r, "embed_tokens.weight");
-  enum kn_dtype edt = (enum kn_dtype)wk_st_find(r->st, "model.embed_tokens.weight")->dtype;
+  enum kn_dtype edt = (enum kn_dtype)md_st_find(r->st, "model.embed_tokens.weight")->dtype;
   double es =
       edt == KN_DTYPE_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16((float)sqrt(H))) : (float)sqrt(H);
   for (int t = 0; t < T; t++)
@@ -310,7 +310,7 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
 
 static void compare(const char *arch, int moe, int T) {
   char dir[256], err[256];
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, moe, 0, WK_ST_F32, 11) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, moe, 0, MD_ST_F32, 11) == 0);
   struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model *m = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
@@ -335,7 +335,7 @@ static void compare(const char *arch, int moe, int T) {
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = got};
   TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
   struct ref r = {.c = c};
-  TH_REQUIRE(wk_st_open_dir(dir, &r.st, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_st_open_dir(dir, &r.st, err, sizeof(err)) == 0);
   snprintf(r.prefix, sizeof(r.prefix), "model.");
   double *want = malloc(sizeof(double) * (size_t)T * V);
   ref_forward(&r, ids, T, want, NULL);
@@ -359,7 +359,7 @@ static void compare(const char *arch, int moe, int T) {
   TH_CHECK(argmax_same >= T - 1);
   wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
   wk_page_alloc_free(&pa);
-  wk_st_close(r.st);
+  md_st_close(r.st);
   free(want), free(got), free(ids);
   wk_model_free(m);
   kn_backend_destroy(be);
@@ -440,7 +440,7 @@ static void ref_draft(const struct ref *a, const struct md_config *tc, const str
   *ordered = -1;
   if (c->use_ordered_embeddings) { /* top centroids, then argmax over their tokens */
     double *cw = W(&root, "masked_embedding.centroids.weight"), cl[4096];
-    const struct wk_tensor *to = wk_st_find(a->st, "masked_embedding.token_ordering");
+    const struct md_tensor *to = md_st_find(a->st, "masked_embedding.token_ordering");
     int C = c->num_centroids, per = V / C;
     linear(cl, cw, x, C, h);
     for (int j = 0; j < c->centroid_top_k; j++) {
@@ -463,15 +463,15 @@ static void ref_draft(const struct ref *a, const struct md_config *tc, const str
 TH_TEST(reference_draft_step) {
   enum { T = 90 };
   char tdir[256], adir[256], err[256];
-  TH_REQUIRE(wkt_make_model(tdir, sizeof(tdir), "gemma4", 0, 0, WK_ST_F32, 21) == 0);
+  TH_REQUIRE(wkt_make_model(tdir, sizeof(tdir), "gemma4", 0, 0, MD_ST_F32, 21) == 0);
   struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model *t = NULL, *d = NULL;
   struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
   TH_REQUIRE(wk_model_load(tdir, be, &mo, &t, err, sizeof(err)) == 0);
-  struct wk_tiny_spec s;
-  TH_REQUIRE(wk_tiny_spec_assistant(&s, wk_model_config(t), err, sizeof(err)) == 0);
-  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && wk_tiny_write(&s, adir, 22, WK_ST_F32) == 0);
-  wk_tiny_spec_free(&s);
+  struct tl_tiny_spec s;
+  TH_REQUIRE(tl_tiny_spec_assistant(&s, wk_model_config(t), err, sizeof(err)) == 0);
+  TH_REQUIRE(wkt_tmpdir(adir, sizeof(adir)) == 0 && tl_tiny_write(&s, adir, 22, MD_ST_F32) == 0);
+  tl_tiny_spec_free(&s);
   TH_REQUIRE(wk_draft_load(adir, t, &mo, &d, err, sizeof(err)) == 0);
   const struct md_config *tc = wk_model_config(t), *ac = wk_model_config(d);
   int V = tc->vocab, B = ac->backbone_hidden;
@@ -500,8 +500,8 @@ TH_TEST(reference_draft_step) {
   TH_REQUIRE(wk_draft_step(d, &di, 1, &drafted, hout, dl, err, sizeof(err)) == 0);
 
   struct ref rt = {.c = tc}, ra = {.c = ac};
-  TH_REQUIRE(wk_st_open_dir(tdir, &rt.st, err, sizeof(err)) == 0);
-  TH_REQUIRE(wk_st_open_dir(adir, &ra.st, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_st_open_dir(tdir, &rt.st, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_st_open_dir(adir, &ra.st, err, sizeof(err)) == 0);
   snprintf(rt.prefix, sizeof(rt.prefix), "model.");
   snprintf(ra.prefix, sizeof(ra.prefix), "model.");
   double *want = malloc(sizeof(double) * (size_t)T * V);
@@ -526,8 +526,8 @@ TH_TEST(reference_draft_step) {
   for (int l = 0; l < tc->n_layers; l++)
     free(keep.K[l]), free(keep.V[l]);
   free(keep.K), free(keep.V), free(keep.E), free(want);
-  wk_st_close(rt.st);
-  wk_st_close(ra.st);
+  md_st_close(rt.st);
+  md_st_close(ra.st);
   wk_seq_blocks_release(&blk, wk_model_kv_spec(t), &pa);
   wk_page_alloc_free(&pa);
   wk_model_free(d);

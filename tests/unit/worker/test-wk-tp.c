@@ -186,7 +186,7 @@ static _Noreturn void rank_main(const char *dir, const struct kn_comm_id *id, in
 
 static void check_tp(const char *arch, int moe) {
   char dir[512];
-  TH_REQUIRE(wkt_make_model(dir, sizeof dir, arch, moe, 0, WK_ST_BF16, 5) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof dir, arch, moe, 0, MD_ST_BF16, 5) == 0);
   static struct result ref, got;
   struct kn_backend *be = NULL;
   struct wk_model *m = NULL;
@@ -289,7 +289,7 @@ TH_TEST(tp_fp8_weights_match_one_rank) {
 
 TH_TEST(tp_refuses_what_cannot_split) {
   char dir[512], err[256] = "";
-  TH_REQUIRE(wkt_make_model(dir, sizeof dir, "gemma3", 0, 0, WK_ST_BF16, 5) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof dir, "gemma3", 0, 0, MD_ST_BF16, 5) == 0);
   struct kn_backend *be = NULL;
   struct wk_model *m = NULL;
   TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);

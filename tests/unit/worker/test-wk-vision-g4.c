@@ -26,22 +26,22 @@
 #include "worker/wk-vision-g4.h"
 
 /* A generated Gemma 4 multimodal checkpoint (weights of dtype dt) in a new directory. */
-static void make_model(char *dir, size_t n, int vocab, enum wk_st_dtype dt) {
+static void make_model(char *dir, size_t n, int vocab, enum md_st_dtype dt) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = vocab, .vision = 1};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = vocab, .vision = 1};
   char err[256] = "";
-  if (wk_tiny_spec_build(&s, &o, err, sizeof(err))) {
+  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
     th_stop();
   }
-  TH_REQUIRE(wk_tiny_write(&s, dir, 11, dt) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 11, dt) == 0);
+  tl_tiny_spec_free(&s);
 }
 
 TH_TEST(tiny_gemma4_vision_checkpoint_loads) {
   char dir[4096], err[512] = "";
-  make_model(dir, sizeof(dir), 262144, WK_ST_BF16);
+  make_model(dir, sizeof(dir), 262144, MD_ST_BF16);
   struct md_config *c = malloc(sizeof(*c));
   TH_REQUIRE(c);
   TH_REQUIRE(md_config_load(dir, c, err, sizeof(err)) == 0);
@@ -78,7 +78,7 @@ TH_TEST(tiny_gemma4_vision_checkpoint_loads) {
   wk_vision_g4_free(t);
   cm_rmtree(dir);
   /* a text-only checkpoint has no tower */
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 0, WK_ST_F32, 1) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma4", 0, 0, MD_ST_F32, 1) == 0);
   TH_CHECK_EQ_INT(wk_vision_g4_load(dir, be, NULL, &t, err, sizeof(err)), CM_ERR_UNSUPPORTED);
   TH_CHECK(t == NULL);
   cm_rmtree(dir);
@@ -153,7 +153,7 @@ static void release(struct prepared *p) {
   }
 }
 
-static void check_against_reference(const char *python, enum wk_st_dtype dt) {
+static void check_against_reference(const char *python, enum md_st_dtype dt) {
   char dir[4096], err[512] = "";
   make_model(dir, sizeof(dir), 512, dt);
   struct kn_backend *be = wkt_cpu_backend(2);
@@ -225,7 +225,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   }
   double rel = worst / (hi - lo);
   printf("Gemma 4 vision encoder (%s weights) vs gemma4_vision_ref.py: %d images (",
-         wk_st_dtype_name(dt), N_CASES);
+         md_st_dtype_name(dt), N_CASES);
   for (int i = 0; i < N_CASES; i++)
     printf("%s%dx%d px -> %dx%d patches of %d, %d tokens", i ? "; " : "", p.ims[i].info.width,
            p.ims[i].info.height, p.ims[i].info.grid_w, p.ims[i].info.grid_h,
@@ -248,15 +248,15 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
 
 TH_TEST(gemma4_vision_encoder_matches_numpy_reference) {
   const char *python = th_require_numpy("the Gemma 4 vision encoder", "gemma4_vision_ref.py");
-  check_against_reference(python, WK_ST_F32);
-  check_against_reference(python, WK_ST_BF16);
+  check_against_reference(python, MD_ST_F32);
+  check_against_reference(python, MD_ST_BF16);
 }
 
 /* ---- refusals --------------------------------------------------------------------- */
 
 TH_TEST(gemma4_vision_refuses_bad_input) {
   char dir[4096], err[512] = "";
-  make_model(dir, sizeof(dir), 512, WK_ST_BF16);
+  make_model(dir, sizeof(dir), 512, MD_ST_BF16);
   struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_vision_g4 *v = NULL;
   TH_REQUIRE(wk_vision_g4_load(dir, be, NULL, &v, err, sizeof(err)) == 0);
@@ -281,17 +281,17 @@ TH_TEST(gemma4_vision_refuses_bad_input) {
   release(&p);
   wk_vision_g4_free(v);
   /* a clipped linear without its bound, and the embedder missing, are refused by name */
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
   static const char *const drop[] = {"encoder.layers.1.mlp.up_proj.output_max",
                                      "embed_vision.embedding_projection.weight"};
   for (size_t d = 0; d < CM_ARRAY_LEN(drop); d++) {
-    TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+    TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
     for (int i = 0; i < s.n_tensors; i++)
       if (strstr(s.tensors[i].name, drop[d]))
         snprintf(s.tensors[i].name, sizeof(s.tensors[i].name), "renamed.weight");
-    TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_BF16) == 0);
-    wk_tiny_spec_free(&s);
+    TH_REQUIRE(tl_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
+    tl_tiny_spec_free(&s);
     TH_CHECK_EQ_INT(wk_vision_g4_load(dir, be, NULL, &v, err, sizeof(err)), CM_ERR_NOENT);
     TH_CHECK(strstr(err, drop[d]) != NULL);
     TH_CHECK(v == NULL);

@@ -149,21 +149,21 @@ TH_TEST(vision_config_refuses_bad_shapes) {
 /* ---- the generated checkpoint ---------------------------------------------------- */
 
 /* A generated multimodal checkpoint (weights of dtype dt) in a new directory. */
-static void make_vision_model_dt(char *dir, size_t n, int vocab, enum wk_st_dtype dt) {
+static void make_vision_model_dt(char *dir, size_t n, int vocab, enum md_st_dtype dt) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = vocab, .vision = 1};
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = vocab, .vision = 1};
   char err[256] = "";
-  if (wk_tiny_spec_build(&s, &o, err, sizeof(err))) {
+  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
     th_stop();
   }
-  TH_REQUIRE(wk_tiny_write(&s, dir, 7, dt) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 7, dt) == 0);
+  tl_tiny_spec_free(&s);
 }
 
 static void make_vision_model(char *dir, size_t n, int vocab) {
-  make_vision_model_dt(dir, n, vocab, WK_ST_F32);
+  make_vision_model_dt(dir, n, vocab, MD_ST_F32);
 }
 
 TH_TEST(tiny_vision_checkpoint_loads) {
@@ -197,7 +197,7 @@ TH_TEST(tiny_vision_checkpoint_loads) {
   wk_vision_free(v);
   cm_rmtree(dir);
   /* a text-only checkpoint has no tower */
-  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, WK_ST_F32, 1) == 0);
+  TH_REQUIRE(wkt_make_model(dir, sizeof(dir), "gemma3", 0, 0, MD_ST_F32, 1) == 0);
   TH_CHECK_EQ_INT(wk_vision_load(dir, be, NULL, &v, err, sizeof(err)), CM_ERR_UNSUPPORTED);
   TH_CHECK(v == NULL);
   cm_rmtree(dir);
@@ -207,7 +207,7 @@ TH_TEST(tiny_vision_checkpoint_loads) {
 /* ---- the encoder against the numpy reference --------------------------------------- */
 
 /* f32 weights, and bf16 ones (the reference widens them exactly, as we do) */
-static void check_against_reference(const char *python, enum wk_st_dtype dt) {
+static void check_against_reference(const char *python, enum md_st_dtype dt) {
   char dir[4096], err[512] = "";
   make_vision_model_dt(dir, sizeof(dir), 512, dt);
   struct kn_backend *be = wkt_cpu_backend(2);
@@ -260,7 +260,7 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
   printf("vision encoder (%s weights) vs siglip_ref.py: %zu values in [%.4f, %.4f], max abs error "
          "%.3g "
          "(%.3g of the range)\n",
-         wk_st_dtype_name(dt), n_out, lo, hi, worst, rel);
+         md_st_dtype_name(dt), n_out, lo, hi, worst, rel);
   TH_CHECK(hi - lo > 0.1); /* the embeddings are not degenerate */
   if (!(rel < 1e-4))
     th_fail(__FILE__, __LINE__, "max abs error %g is %g of the range %g (limit 1e-4)", worst, rel,
@@ -276,8 +276,8 @@ static void check_against_reference(const char *python, enum wk_st_dtype dt) {
 
 TH_TEST(vision_encoder_matches_numpy_reference) {
   const char *python = th_require_numpy("the vision encoder", "siglip_ref.py");
-  check_against_reference(python, WK_ST_F32);
-  check_against_reference(python, WK_ST_BF16);
+  check_against_reference(python, MD_ST_F32);
+  check_against_reference(python, MD_ST_BF16);
 }
 
 TH_TEST(vision_encode_rejects_bad_arguments) {
@@ -294,14 +294,14 @@ TH_TEST(vision_encode_rejects_bad_arguments) {
   /* a tower whose projector is missing is refused by name */
   char path[4200];
   snprintf(path, sizeof(path), "%s/config.json", dir);
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
-  TH_REQUIRE(wk_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
   for (int i = 0; i < s.n_tensors; i++)
     if (strstr(s.tensors[i].name, "mm_input_projection_weight"))
       snprintf(s.tensors[i].name, sizeof(s.tensors[i].name), "renamed.weight");
-  TH_REQUIRE(wk_tiny_write(&s, dir, 7, WK_ST_BF16) == 0);
-  wk_tiny_spec_free(&s);
+  TH_REQUIRE(tl_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
+  tl_tiny_spec_free(&s);
   TH_CHECK_EQ_INT(wk_vision_load(dir, be, NULL, &v, err, sizeof(err)), CM_ERR_NOENT);
   TH_CHECK(strstr(err, "mm_input_projection_weight") != NULL);
   TH_CHECK(v == NULL);

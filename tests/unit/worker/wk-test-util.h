@@ -13,11 +13,11 @@
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-safetensors.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tools/tl-tiny-spec.h"
 #include "worker/wk-model.h"
-#include "worker/wk-safetensors.h"
-#include "worker/wk-tiny-spec.h"
 
 /* Creates a fresh directory under $TMPDIR (or /tmp); path in buf. */
 static inline int wkt_tmpdir(char *buf, size_t n) {
@@ -59,22 +59,22 @@ static inline struct wk_model_opts wkt_small_opts(int quantization) {
 
 /* Writes a generated checkpoint (small vocabulary) into a new directory. */
 static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe, int window,
-                                 enum wk_st_dtype dt, uint64_t seed) {
+                                 enum md_st_dtype dt, uint64_t seed) {
   if (wkt_tmpdir(dir, n)) return -1;
-  struct wk_tiny_spec s;
-  struct wk_tiny_opts o = {
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {
       .arch = arch, .preset = "tiny", .vocab = 512, .moe = moe, .sliding_window = window};
   char err[256];
-  if (wk_tiny_spec_build(&s, &o, err, sizeof(err))) return -1;
-  int rc = wk_tiny_write(&s, dir, seed, dt);
-  wk_tiny_spec_free(&s);
+  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) return -1;
+  int rc = tl_tiny_write(&s, dir, seed, dt);
+  tl_tiny_spec_free(&s);
   return rc;
 }
 
 /* Opens the golden fixture tests/fixtures/models/NAME/golden.safetensors (its folder in
  * dir[4096]). When it is absent the test skips, saying how to make it:
  * `make_fixtures.py ARGS`, then commit the folder. */
-static inline struct wk_st *wkt_golden_open(const char *name, const char *args, char *dir) {
+static inline struct md_st *wkt_golden_open(const char *name, const char *args, char *dir) {
   char path[4200], why[4400];
   snprintf(dir, 4096, "%s/fixtures/models/%s", th_tests_dir(), name);
   snprintf(path, sizeof(path), "%s/golden.safetensors", dir);
@@ -86,8 +86,8 @@ static inline struct wk_st *wkt_golden_open(const char *name, const char *args, 
     TH_SKIP(why);
   }
   char err[512] = "";
-  struct wk_st *g = NULL;
-  if (wk_st_open_file(path, &g, err, sizeof(err)) != 0) {
+  struct md_st *g = NULL;
+  if (md_st_open_file(path, &g, err, sizeof(err)) != 0) {
     th_fail(__FILE__, __LINE__, "%s: %s", path, err);
     th_stop();
   }

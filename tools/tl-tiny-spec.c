@@ -1,11 +1,11 @@
-/* wk-tiny-spec.c — generated checkpoints: config.json text, tensor lists
+/* tl-tiny-spec.c — generated checkpoints: config.json text, tensor lists
  * with their initialisers, and the seeded writer.
  *
  * Weights are scaled so activations stay near unit RMS: linear weights
  * N(0, 1/fan_in), embeddings N(0, 9/hidden) (logits of a few units through
  * the tied head), Gemma 4 norm weights 1 +- 0.1, Gemma 3 ones 0 +- 0.1 (they
  * act as 1 + w), layer scalars in [0.7, 1]. */
-#include "worker/wk-tiny-spec.h"
+#include "tools/tl-tiny-spec.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -25,7 +25,7 @@
 #include "common/cm-hash.h"
 #include "kernels/kn-dtype.h"
 
-void wk_tiny_spec_free(struct wk_tiny_spec *s) {
+void tl_tiny_spec_free(struct tl_tiny_spec *s) {
   free(s->config_json);
   free(s->generation_json);
   free(s->preproc_json);
@@ -33,14 +33,14 @@ void wk_tiny_spec_free(struct wk_tiny_spec *s) {
   memset(s, 0, sizeof(*s));
 }
 
-static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim, int64_t d0,
+static int add(struct tl_tiny_spec *s, enum tl_init init, double a, double b, int ndim, int64_t d0,
                int64_t d1, int64_t d2, const char *fmt, ...) __attribute__((format(printf, 9, 10)));
 
-static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, int ndim, int64_t d0,
+static int add(struct tl_tiny_spec *s, enum tl_init init, double a, double b, int ndim, int64_t d0,
                int64_t d1, int64_t d2, const char *fmt, ...) {
   if (cm_grow_items(&s->tensors, &s->cap, s->n_tensors + 1, sizeof(*s->tensors), 64))
     return CM_ERR_NOMEM;
-  struct wk_tensor_spec *t = &s->tensors[s->n_tensors++];
+  struct tl_tensor_spec *t = &s->tensors[s->n_tensors++];
   memset(t, 0, sizeof(*t));
   va_list ap;
   va_start(ap, fmt);
@@ -49,7 +49,7 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
   t->init = init;
   t->a = a;
   t->b = b;
-  t->e.dtype = init == WK_INIT_PERMUTATION ? WK_ST_I64 : WK_ST_BF16;
+  t->e.dtype = init == TL_INIT_PERMUTATION ? MD_ST_I64 : MD_ST_BF16;
   t->e.ndim = ndim;
   t->e.shape[0] = d0;
   t->e.shape[1] = d1;
@@ -58,20 +58,20 @@ static int add(struct wk_tiny_spec *s, enum wk_init init, double a, double b, in
 }
 
 #define LIN(out, in, ...)                                                                          \
-  add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)(in)), 0, 2, out, in, 0, __VA_ARGS__)
-#define NORM(d, ...) add(s, WK_INIT_AROUND, 0.1, norm_center, 1, d, 0, 0, __VA_ARGS__)
+  add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)(in)), 0, 2, out, in, 0, __VA_ARGS__)
+#define NORM(d, ...) add(s, TL_INIT_AROUND, 0.1, norm_center, 1, d, 0, 0, __VA_ARGS__)
 
 /* The tensors of one decoder stack (P = "model." or, in a multimodal
  * checkpoint, "model.language_model."; P + layers.*, norm, embeddings). */
-static int add_stack(struct wk_tiny_spec *s, const struct md_config *c, int embed_rows,
+static int add_stack(struct tl_tiny_spec *s, const struct md_config *c, int embed_rows,
                      const char *P) {
   int H = c->hidden, rc = 0;
   double norm_center = c->arch == MD_ARCH_GEMMA3 ? 0.0 : 1.0;
-  rc |= add(s, WK_INIT_NORMAL, 0.5 / sqrt((double)H), 0, 2, embed_rows, H, 0,
+  rc |= add(s, TL_INIT_NORMAL, 0.5 / sqrt((double)H), 0, 2, embed_rows, H, 0,
             "%sembed_tokens.weight", P);
   if (c->ple_dim) {
     int LP = c->n_layers * c->ple_dim;
-    rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)c->ple_dim), 0, 2, c->ple_vocab, LP, 0,
+    rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)c->ple_dim), 0, 2, c->ple_vocab, LP, 0,
               "%sembed_tokens_per_layer.weight", P);
     rc |= LIN(LP, H, "%sper_layer_model_projection.weight", P);
     rc |= NORM(c->ple_dim, "%sper_layer_projection_norm.weight", P);
@@ -100,10 +100,10 @@ static int add_stack(struct wk_tiny_spec *s, const struct md_config *c, int embe
       int E = c->n_experts, I = c->moe_ffn;
       rc |= LIN(E, H, "%s.%d.router.proj.weight", p, i);
       rc |= NORM(H, "%s.%d.router.scale", p, i);
-      rc |= add(s, WK_INIT_UNIFORM, 0.5, 1.5, 1, E, 0, 0, "%s.%d.router.per_expert_scale", p, i);
-      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)H), 0, 3, E, 2 * I, H,
+      rc |= add(s, TL_INIT_UNIFORM, 0.5, 1.5, 1, E, 0, 0, "%s.%d.router.per_expert_scale", p, i);
+      rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)H), 0, 3, E, 2 * I, H,
                 "%s.%d.experts.gate_up_proj", p, i);
-      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)I), 0, 3, E, H, I, "%s.%d.experts.down_proj",
+      rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)I), 0, 3, E, H, I, "%s.%d.experts.down_proj",
                 p, i);
       rc |= NORM(H, "%s.%d.pre_feedforward_layernorm_2.weight", p, i);
       rc |= NORM(H, "%s.%d.post_feedforward_layernorm_1.weight", p, i);
@@ -115,7 +115,7 @@ static int add_stack(struct wk_tiny_spec *s, const struct md_config *c, int embe
       rc |= NORM(H, "%s.%d.post_per_layer_input_norm.weight", p, i);
     }
     if (c->arch != MD_ARCH_GEMMA3)
-      rc |= add(s, WK_INIT_UNIFORM, 0.7, 1.0, 1, 1, 0, 0, "%s.%d.layer_scalar", p, i);
+      rc |= add(s, TL_INIT_UNIFORM, 0.7, 1.0, 1, 1, 0, 0, "%s.%d.layer_scalar", p, i);
   }
   rc |= NORM(H, "%snorm.weight", P);
   return rc ? CM_ERR_NOMEM : 0;
@@ -127,17 +127,17 @@ static int add_stack(struct wk_tiny_spec *s, const struct md_config *c, int embe
  * biases N(0, 0.1^2) (small but not zero, so that every bias path counts),
  * LayerNorm weights 1 +- 0.1, the projector's RMSNorm weight 0 +- 0.1 (it
  * acts as 1 + w), position embeddings N(0, 0.5^2). */
-static int add_vision(struct wk_tiny_spec *s, const struct md_config *c) {
+static int add_vision(struct tl_tiny_spec *s, const struct md_config *c) {
   const struct md_vision_cfg *v = &c->vision;
   int D = v->hidden, F = v->ffn, rc = 0, pp = v->channels * v->patch * v->patch;
   const char *VP = "model.vision_tower.vision_model.";
   double norm_center = 1.0;
-#define BIAS(d, ...) add(s, WK_INIT_NORMAL, 0.1, 0, 1, d, 0, 0, __VA_ARGS__)
-  rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)pp), 0, 4, D, v->channels, v->patch,
+#define BIAS(d, ...) add(s, TL_INIT_NORMAL, 0.1, 0, 1, d, 0, 0, __VA_ARGS__)
+  rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)pp), 0, 4, D, v->channels, v->patch,
             "%sembeddings.patch_embedding.weight", VP);
   if (!rc) s->tensors[s->n_tensors - 1].e.shape[3] = v->patch;
   rc |= BIAS(D, "%sembeddings.patch_embedding.bias", VP);
-  rc |= add(s, WK_INIT_NORMAL, 0.5, 0, 2, v->n_patches, D, 0,
+  rc |= add(s, TL_INIT_NORMAL, 0.5, 0, 2, v->n_patches, D, 0,
             "%sembeddings.position_embedding.weight", VP);
   for (int i = 0; i < v->n_layers; i++) {
     char lp[128];
@@ -159,7 +159,7 @@ static int add_vision(struct wk_tiny_spec *s, const struct md_config *c) {
   rc |= NORM(D, "%spost_layernorm.weight", VP);
   rc |= BIAS(D, "%spost_layernorm.bias", VP);
 #undef BIAS
-  rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)D), 0, 2, D, c->hidden, 0,
+  rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)D), 0, 2, D, c->hidden, 0,
             "model.multi_modal_projector.mm_input_projection_weight");
   norm_center = 0.0;
   rc |= NORM(D, "model.multi_modal_projector.mm_soft_emb_norm.weight");
@@ -179,14 +179,14 @@ static int add_vision(struct wk_tiny_spec *s, const struct md_config *c) {
  * buffers); with standardize std_bias, std_scale [Dv]; and
  * model.embed_vision.embedding_projection.weight [H, Dv]. Clip bounds are
  * drawn near 1.5 to 3 so that some activations are clipped. */
-static int add_vision_g4(struct wk_tiny_spec *s, const struct md_config *c) {
+static int add_vision_g4(struct tl_tiny_spec *s, const struct md_config *c) {
   const struct md_vision_g4_cfg *v = &c->vision_g4;
   int D = v->hidden, F = v->ffn, hd = v->head_dim, rc = 0, pp = 3 * v->patch * v->patch;
   int qd = v->n_heads * hd, kvd = v->n_kv_heads * hd;
   const char *VP = "model.vision_tower.";
   double norm_center = 1.0;
   rc |= LIN(D, pp, "%spatch_embedder.input_proj.weight", VP);
-  rc |= add(s, WK_INIT_NORMAL, 0.5, 0, 3, 2, v->pos_size, D,
+  rc |= add(s, TL_INIT_NORMAL, 0.5, 0, 3, 2, v->pos_size, D,
             "%spatch_embedder.position_embedding_table", VP);
   for (int i = 0; i < v->n_layers; i++) {
     char lp[128];
@@ -199,10 +199,10 @@ static int add_vision_g4(struct wk_tiny_spec *s, const struct md_config *c) {
     for (int j = 0; j < 7; j++) {
       rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
       if (!v->clipped_linears) continue;
-      rc |= add(s, WK_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
-      rc |= add(s, WK_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
-      rc |= add(s, WK_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
-      rc |= add(s, WK_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
     }
     rc |= NORM(hd, "%sself_attn.q_norm.weight", lp);
     rc |= NORM(hd, "%sself_attn.k_norm.weight", lp);
@@ -211,8 +211,8 @@ static int add_vision_g4(struct wk_tiny_spec *s, const struct md_config *c) {
     rc |= NORM(D, "%spost_feedforward_layernorm.weight", lp);
   }
   if (v->standardize) {
-    rc |= add(s, WK_INIT_NORMAL, 0.5, 0, 1, D, 0, 0, "%sstd_bias", VP);
-    rc |= add(s, WK_INIT_UNIFORM, 0.5, 1.5, 1, D, 0, 0, "%sstd_scale", VP);
+    rc |= add(s, TL_INIT_NORMAL, 0.5, 0, 1, D, 0, 0, "%sstd_bias", VP);
+    rc |= add(s, TL_INIT_UNIFORM, 0.5, 1.5, 1, D, 0, 0, "%sstd_scale", VP);
   }
   rc |= LIN(c->hidden, D, "model.embed_vision.embedding_projection.weight");
   return rc ? CM_ERR_NOMEM : 0;
@@ -294,36 +294,36 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The rigged pair (wk_tiny_spec_assistant_agreeing): rewrites initialisers. */
-static void rig_tensors(struct wk_tiny_spec *s, const struct md_config *c) {
+/* The rigged pair (tl_tiny_spec_assistant_agreeing): rewrites initialisers. */
+static void rig_tensors(struct tl_tiny_spec *s, const struct md_config *c) {
   int per = c->vocab / n_centroids(c->vocab);
   for (int i = 0; i < s->n_tensors; i++) {
-    struct wk_tensor_spec *t = &s->tensors[i];
+    struct tl_tensor_spec *t = &s->tensors[i];
     if (ends_with(t->name, "post_attention_layernorm.weight") ||
         ends_with(t->name, "post_feedforward_layernorm.weight") ||
         ends_with(t->name, "post_per_layer_input_norm.weight")) {
-      t->init = WK_INIT_AROUND;
+      t->init = TL_INIT_AROUND;
       t->a = 0;
       t->b = s->rig == 1 ? s->rig_leak : 0;
     } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
-      t->init = WK_INIT_CLUSTERED;
+      t->init = TL_INIT_CLUSTERED;
       t->a = 0.5 / sqrt(2.0 * (double)t->e.shape[1]);
       t->per = per;
     } else if (s->rig == 2 && !strcmp(t->name, "pre_projection.weight")) {
-      t->init = WK_INIT_EYE;
+      t->init = TL_INIT_EYE;
     } else if (s->rig == 2 && !strcmp(t->name, "masked_embedding.centroids.weight")) {
-      t->init = WK_INIT_CENTROIDS;
+      t->init = TL_INIT_CENTROIDS;
       t->a = 1.0 / sqrt((double)t->e.shape[1]);
       t->per = per;
     } else if (s->rig == 2 && !strcmp(t->name, "masked_embedding.token_ordering")) {
-      t->init = WK_INIT_ARANGE;
+      t->init = TL_INIT_ARANGE;
     }
   }
 }
 
 /* Parses our own config text back so that tensor shapes follow the exact
  * per-layer plan the loader will derive. */
-static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen) {
+static int finish(struct tl_tiny_spec *s, json_t *root, char *err, size_t errlen) {
   s->config_json = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(root);
   if (!s->config_json) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
@@ -339,13 +339,13 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
     if (!rc && c->vision_g4.present) rc = add_vision_g4(s, c);
     if (!rc && c->arch == MD_ARCH_GEMMA4_ASSISTANT) {
       int h = c->hidden, B = c->backbone_hidden;
-      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
-      rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, B, h, 0, "post_projection.weight");
+      rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
+      rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, B, h, 0, "post_projection.weight");
       if (c->use_ordered_embeddings) {
-        rc |= add(s, WK_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, c->num_centroids, h, 0,
+        rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)h), 0, 2, c->num_centroids, h, 0,
                   "masked_embedding.centroids.weight");
         rc |=
-            add(s, WK_INIT_PERMUTATION, 0, 0, 1, c->vocab, 0, 0, "masked_embedding.token_ordering");
+            add(s, TL_INIT_PERMUTATION, 0, 0, 1, c->vocab, 0, 0, "masked_embedding.token_ordering");
       }
       if (rc) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     }
@@ -375,7 +375,7 @@ static int finish(struct wk_tiny_spec *s, json_t *root, char *err, size_t errlen
  * (SigLIP-So400m: 896 px images, 14 px patches, 27 layers of width 1152,
  * 256 soft tokens), else a small one (64 px, 8 px patches, 2 layers of 32,
  * 16 soft tokens). */
-static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V, int siglip400m) {
+static int wrap_vision(struct tl_tiny_spec *s, json_t **root, int V, int siglip400m) {
   const int IMAGE = siglip400m ? 896 : 64, PATCH = siglip400m ? 14 : 8;
   const int TOKENS = siglip400m ? 256 : 16, VH = siglip400m ? 1152 : 32;
   const int VF = siglip400m ? 4304 : 96, VL = siglip400m ? 27 : 2, VNH = siglip400m ? 16 : 4;
@@ -417,7 +417,7 @@ static int wrap_vision(struct wk_tiny_spec *s, json_t **root, int V, int siglip4
  * 64, MLP 3072, clipped linears); else a small one (2 layers of 32, 4 heads
  * of 16 over 2 KV heads, MLP 64) with clipped linears and standardisation,
  * so that every path of the tower counts. */
-static int wrap_vision_g4(struct wk_tiny_spec *s, json_t **root, int V, int e2b, int bidir) {
+static int wrap_vision_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b, int bidir) {
   const int VH = e2b ? 768 : 32, VF = e2b ? 3072 : 64, VL = e2b ? 16 : 2;
   const int VNH = e2b ? 12 : 4, VKV = e2b ? 12 : 2, VHD = e2b ? 64 : 16;
   json_t *text = *root;
@@ -452,7 +452,7 @@ static int wrap_vision_g4(struct wk_tiny_spec *s, json_t **root, int V, int e2b,
   return s->preproc_json ? 0 : CM_ERR_NOMEM;
 }
 
-int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
+int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, char *err,
                        size_t errlen) {
   memset(s, 0, sizeof(*s));
   int V = o->vocab;
@@ -498,7 +498,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
       int rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
       if (rc) {
         json_decref(root);
-        wk_tiny_spec_free(s);
+        tl_tiny_spec_free(s);
         return cm_fail(err, errlen, rc, "out of memory");
       }
     }
@@ -533,7 +533,7 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
       int rc = wrap_vision(s, &root, V, !strcmp(o->preset, "270m"));
       if (rc) {
         json_decref(root);
-        wk_tiny_spec_free(s);
+        tl_tiny_spec_free(s);
         return cm_fail(err, errlen, rc, "out of memory");
       }
     }
@@ -541,11 +541,11 @@ int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, cha
     return cm_fail(err, errlen, CM_ERR_INVAL, "unknown arch \"%s\"", o->arch);
   }
   int rc = finish(s, root, err, errlen);
-  if (rc) wk_tiny_spec_free(s);
+  if (rc) tl_tiny_spec_free(s);
   return rc;
 }
 
-static int assistant(struct wk_tiny_spec *s, const struct md_config *t, int agree, char *err,
+static int assistant(struct tl_tiny_spec *s, const struct md_config *t, int agree, char *err,
                      size_t errlen) {
   memset(s, 0, sizeof(*s));
   if (t->arch != MD_ARCH_GEMMA4)
@@ -576,16 +576,16 @@ static int assistant(struct wk_tiny_spec *s, const struct md_config *t, int agre
   json_object_set_new(root, "text_config", text);
   s->rig = agree ? 2 : 0;
   int rc = finish(s, root, err, errlen);
-  if (rc) wk_tiny_spec_free(s);
+  if (rc) tl_tiny_spec_free(s);
   return rc;
 }
 
-int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct md_config *t, char *err,
+int tl_tiny_spec_assistant(struct tl_tiny_spec *s, const struct md_config *t, char *err,
                            size_t errlen) {
   return assistant(s, t, 0, err, errlen);
 }
 
-int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct md_config *t, char *err,
+int tl_tiny_spec_assistant_agreeing(struct tl_tiny_spec *s, const struct md_config *t, char *err,
                                     size_t errlen) {
   return assistant(s, t, 1, err, errlen);
 }
@@ -626,13 +626,13 @@ static int put(int fd, const void *buf, size_t bytes, off_t *off) {
 /* Fills and writes one tensor at offset off of fd in chunks (no whole-tensor
  * buffer). Its values come from its own streams (seed, index): tensors can be
  * written in any order, by any thread. */
-static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint64_t seed, int index,
-                        enum wk_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
+static int write_tensor(int fd, off_t off, const struct tl_tensor_spec *t, uint64_t seed, int index,
+                        enum md_st_dtype dt, uint16_t *buf16, float *buf32, size_t chunk) {
   struct rng r = {seed * 0x100000001b3ull + (uint64_t)index * 0x9e3779b97f4a7c15ull + 1};
   uint64_t n = 1;
   for (int d = 0; d < t->e.ndim; d++)
     n *= (uint64_t)t->e.shape[d];
-  if (t->init == WK_INIT_PERMUTATION) {
+  if (t->init == TL_INIT_PERMUTATION) {
     int64_t *p = malloc(sizeof(int64_t) * (n ? n : 1));
     if (!p) return CM_ERR_NOMEM;
     for (uint64_t i = 0; i < n; i++)
@@ -647,14 +647,14 @@ static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint6
     free(p);
     return rc;
   }
-  if (t->init == WK_INIT_ARANGE) {
+  if (t->init == TL_INIT_ARANGE) {
     for (uint64_t i = 0; i < n; i++) {
       int64_t v = (int64_t)i;
       if (put(fd, &v, sizeof(v), &off)) return CM_ERR_IO;
     }
     return 0;
   }
-  size_t esz = wk_st_dtype_size(dt);
+  size_t esz = md_st_dtype_size(dt);
   /* clustered rows: u from a stream per cluster, r from a stream per row,
    * both fixed whatever the seed (the target and its agreeing assistant
    * write the same values) */
@@ -667,26 +667,26 @@ static int write_tensor(int fd, off_t off, const struct wk_tensor_spec *t, uint6
       uint64_t row = (done + i) / cols, col = (done + i) % cols;
       if (col == 0) {
         uint64_t cl =
-            t->init == WK_INIT_CLUSTERED ? row / (uint64_t)(t->per > 0 ? t->per : 1) : row;
+            t->init == TL_INIT_CLUSTERED ? row / (uint64_t)(t->per > 0 ? t->per : 1) : row;
         ru.s = 0x5eed0c105e7ull ^ (cl * 0x9e3779b97f4a7c15ull);
         rr.s = 0x5eed0a0e5ull ^ (row * 0xd1b54a32d192ed03ull);
       }
       switch (t->init) {
-      case WK_INIT_NORMAL: v = rng_normal(&r) * t->a; break;
-      case WK_INIT_AROUND: v = t->b + rng_normal(&r) * t->a; break;
-      case WK_INIT_CLUSTERED: v = t->a * (rng_normal(&ru) + rng_normal(&rr)); break;
-      case WK_INIT_CENTROIDS: v = t->a * rng_normal(&ru); break;
-      case WK_INIT_EYE: v = row == col ? 1.0 : 0.0; break;
-      default: v = t->a + (t->b - t->a) * rng_unit(&r); break; /* WK_INIT_UNIFORM */
+      case TL_INIT_NORMAL: v = rng_normal(&r) * t->a; break;
+      case TL_INIT_AROUND: v = t->b + rng_normal(&r) * t->a; break;
+      case TL_INIT_CLUSTERED: v = t->a * (rng_normal(&ru) + rng_normal(&rr)); break;
+      case TL_INIT_CENTROIDS: v = t->a * rng_normal(&ru); break;
+      case TL_INIT_EYE: v = row == col ? 1.0 : 0.0; break;
+      default: v = t->a + (t->b - t->a) * rng_unit(&r); break; /* TL_INIT_UNIFORM */
       }
-      if (dt == WK_ST_F32)
+      if (dt == MD_ST_F32)
         buf32[i] = (float)v;
-      else if (dt == WK_ST_F16)
+      else if (dt == MD_ST_F16)
         buf16[i] = kn_f32_to_f16((float)v);
       else
         buf16[i] = kn_f32_to_bf16((float)v);
     }
-    const void *src = dt == WK_ST_F32 ? (const void *)buf32 : (const void *)buf16;
+    const void *src = dt == MD_ST_F32 ? (const void *)buf32 : (const void *)buf16;
     if (put(fd, src, esz * m, &off)) return CM_ERR_IO;
     done += m;
   }
@@ -707,8 +707,8 @@ static int write_text(const char *dir, const char *name, const char *text) {
 /* The tensors, written by threads that each take the next unwritten one (the
  * biggest first, so the last to finish is not a big one started late). */
 struct tiny_job {
-  const struct wk_tiny_spec *s;
-  const struct wk_st_entry *e;
+  const struct tl_tiny_spec *s;
+  const struct md_st_entry *e;
   const off_t *at;
   const int *order;
   uint64_t seed;
@@ -739,9 +739,9 @@ static void *tiny_thread(void *arg) {
   return NULL;
 }
 
-int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
-                  enum wk_st_dtype dt) {
-  if (dt != WK_ST_F32 && dt != WK_ST_F16 && dt != WK_ST_BF16) return CM_ERR_INVAL;
+int tl_tiny_write(const struct tl_tiny_spec *s, const char *dir, uint64_t seed,
+                  enum md_st_dtype dt) {
+  if (dt != MD_ST_F32 && dt != MD_ST_F16 && dt != MD_ST_BF16) return CM_ERR_INVAL;
   int rc = write_text(dir, "config.json", s->config_json);
   if (!rc && s->generation_json) rc = write_text(dir, "generation_config.json", s->generation_json);
   if (!rc && s->preproc_json)
@@ -754,17 +754,17 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
   if (!f) return CM_ERR_IO;
   int n = s->n_tensors;
   size_t n_alloc = n > 0 ? (size_t)n : 1;
-  struct wk_st_entry *e = calloc(n_alloc, sizeof(*e));
+  struct md_st_entry *e = calloc(n_alloc, sizeof(*e));
   off_t *at = calloc(n_alloc, sizeof(*at));
   int *order = calloc(n_alloc, sizeof(*order));
   rc = e && at && order ? 0 : CM_ERR_NOMEM;
   for (int i = 0; i < n && !rc; i++) {
     e[i] = s->tensors[i].e;
     e[i].name = s->tensors[i].name;
-    if (s->tensors[i].init != WK_INIT_PERMUTATION && s->tensors[i].init != WK_INIT_ARANGE)
+    if (s->tensors[i].init != TL_INIT_PERMUTATION && s->tensors[i].init != TL_INIT_ARANGE)
       e[i].dtype = dt;
   }
-  if (!rc) rc = wk_st_write_header(f, e, n);
+  if (!rc) rc = md_st_write_header(f, e, n);
   if (!rc && fflush(f)) rc = CM_ERR_IO;
   /* the data follow the header, tensor after tensor in table order */
   off_t pos = rc ? 0 : ftello(f);
@@ -774,7 +774,7 @@ int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
     for (int d = 0; d < e[i].ndim; d++)
       elems *= (uint64_t)e[i].shape[d];
     at[i] = pos;
-    pos += (off_t)(elems * (uint64_t)wk_st_dtype_size(e[i].dtype));
+    pos += (off_t)(elems * (uint64_t)md_st_dtype_size(e[i].dtype));
     order[i] = i;
   }
   for (int i = 1; i < n && !rc; i++) /* by size, biggest first (insertion sort) */

@@ -1,55 +1,55 @@
-/* wk-tiny-spec.h — the shapes, configs and seeded random weights of
+/* tl-tiny-spec.h — the shapes, configs and seeded random weights of
  * generated checkpoints (`lmserve make-tiny-model`, and tests that need a
  * model on disk). The Hugging Face field and tensor names used are listed at
  * the top of tools/tl-make-tiny-model.c. */
-#ifndef LMSERVE_WK_TINY_SPEC_H
-#define LMSERVE_WK_TINY_SPEC_H
+#ifndef LMSERVE_TL_TINY_SPEC_H
+#define LMSERVE_TL_TINY_SPEC_H
 #include <stdint.h>
 
 #include "model/md-config.h"
-#include "worker/wk-safetensors.h"
+#include "model/md-safetensors.h"
 
-enum wk_init {
-  WK_INIT_NORMAL = 0,      /* N(0, a^2) */
-  WK_INIT_AROUND = 1,      /* b + N(0, a^2) (norm weights) */
-  WK_INIT_UNIFORM = 2,     /* U(a, b) */
-  WK_INIT_PERMUTATION = 3, /* a random permutation of 0..n-1, I64 */
-  WK_INIT_CLUSTERED = 4,   /* rows [V, H]: a * (u[v / per] + r[v]), u and r N(0, 1) drawn from
+enum tl_init {
+  TL_INIT_NORMAL = 0,      /* N(0, a^2) */
+  TL_INIT_AROUND = 1,      /* b + N(0, a^2) (norm weights) */
+  TL_INIT_UNIFORM = 2,     /* U(a, b) */
+  TL_INIT_PERMUTATION = 3, /* a random permutation of 0..n-1, I64 */
+  TL_INIT_CLUSTERED = 4,   /* rows [V, H]: a * (u[v / per] + r[v]), u and r N(0, 1) drawn from
                             * a fixed stream (not the file's seed): the same in every file */
-  WK_INIT_CENTROIDS = 5,   /* rows [V / per, H]: the u of WK_INIT_CLUSTERED, times a */
-  WK_INIT_EYE = 6,         /* [out, in]: 1 where out == in, else 0 */
-  WK_INIT_ARANGE = 7,      /* 0, 1, .. n-1 (I64) */
+  TL_INIT_CENTROIDS = 5,   /* rows [V / per, H]: the u of TL_INIT_CLUSTERED, times a */
+  TL_INIT_EYE = 6,         /* [out, in]: 1 where out == in, else 0 */
+  TL_INIT_ARANGE = 7,      /* 0, 1, .. n-1 (I64) */
 };
 
-struct wk_tensor_spec {
+struct tl_tensor_spec {
   char name[160];
-  struct wk_st_entry e; /* e.name is set when written */
-  enum wk_init init;
+  struct md_st_entry e; /* e.name is set when written */
+  enum tl_init init;
   double a, b;
-  int per; /* WK_INIT_CLUSTERED / WK_INIT_CENTROIDS: rows per cluster */
+  int per; /* TL_INIT_CLUSTERED / TL_INIT_CENTROIDS: rows per cluster */
 };
 
-struct wk_tiny_spec {
+struct tl_tiny_spec {
   char model_type[32];
   int vocab;                      /* tokens */
   char *config_json;              /* malloc'd config.json text */
   char *generation_json;          /* malloc'd generation_config.json text, or NULL */
   char *preproc_json;             /* malloc'd preprocessor_config.json text, or NULL */
   int preproc_nested;             /* 1: preproc_json is processor_config.json (Gemma 4) */
-  struct wk_tensor_spec *tensors; /* in file order */
+  struct tl_tensor_spec *tensors; /* in file order */
   int n_tensors, cap;
   int rig;         /* 0; 1: echo target; 2: assistant agreeing with one */
   double rig_leak; /* echo target: its post norms' weight (0: a pure echo) */
 };
 
 /* Options of a generated gemma3 / gemma4 model. */
-struct wk_tiny_opts {
+struct tl_tiny_opts {
   const char *arch;   /* "gemma3" | "gemma4" */
   const char *preset; /* "tiny" | "270m" (gemma3) | "e2b" (gemma4) */
   int vocab;          /* tokens; 262144 matches the Gemma tokenizer */
   int moe;            /* gemma4: MoE block in every layer */
   int sliding_window; /* 0 = the preset's (64 for tiny) */
-  int echo;           /* gemma4: see wk_tiny_spec_assistant_agreeing */
+  int echo;           /* gemma4: see tl_tiny_spec_assistant_agreeing */
   double echo_leak;   /* echo: post norms at this weight instead of 0, so that the
                        * context moves some greedy tokens off the echo (an
                        * assistant that agrees only partly) */
@@ -71,14 +71,14 @@ struct wk_tiny_opts {
                        * "vision" (md_image_bidir says where it applies) */
 };
 
-int wk_tiny_spec_build(struct wk_tiny_spec *s, const struct wk_tiny_opts *o, char *err,
+int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, char *err,
                        size_t errlen);
 /* A gemma4_assistant paired with the target's config (backbone hidden size,
  * vocabulary, KV heads and head dims per layer type). */
-int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct md_config *target, char *err,
+int tl_tiny_spec_assistant(struct tl_tiny_spec *s, const struct md_config *target, char *err,
                            size_t errlen);
 /* A rigged pair for speculative-decoding tests and benchmarks. An `echo`
- * target (wk_tiny_opts.echo) has every layer's post norms (attention, MLP,
+ * target (tl_tiny_opts.echo) has every layer's post norms (attention, MLP,
  * per-layer input) at zero, so its residual stream is the scaled embedding
  * of the current token whatever the context, and a clustered embedding
  * (rows near one of V / per cluster directions, per as the assistant's
@@ -89,14 +89,14 @@ int wk_tiny_spec_assistant(struct wk_tiny_spec *s, const struct md_config *targe
  * identity token ordering: its drafts reproduce the echo target's greedy
  * tokens. All of the compute of both models still runs; only the values are
  * rigged. */
-int wk_tiny_spec_assistant_agreeing(struct wk_tiny_spec *s, const struct md_config *target,
+int tl_tiny_spec_assistant_agreeing(struct tl_tiny_spec *s, const struct md_config *target,
                                     char *err, size_t errlen);
-void wk_tiny_spec_free(struct wk_tiny_spec *s);
+void tl_tiny_spec_free(struct tl_tiny_spec *s);
 
 /* Writes config.json, generation_config.json and model.safetensors (weights
- * of dtype dt: WK_ST_BF16, WK_ST_F16 or WK_ST_F32) into the existing
+ * of dtype dt: MD_ST_BF16, MD_ST_F16 or MD_ST_F32) into the existing
  * directory `dir`. Each tensor's values depend only on (seed, its index). */
-int wk_tiny_write(const struct wk_tiny_spec *s, const char *dir, uint64_t seed,
-                  enum wk_st_dtype dt);
+int tl_tiny_write(const struct tl_tiny_spec *s, const char *dir, uint64_t seed,
+                  enum md_st_dtype dt);
 
 #endif

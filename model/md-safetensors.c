@@ -1,7 +1,7 @@
-/* wk-safetensors.c — bounded safetensors header parsing over mmap'd files,
+/* md-safetensors.c — bounded safetensors header parsing over mmap'd files,
  * sharded checkpoints via model.safetensors.index.json, and the header
  * writer used by make-tiny-model. */
-#include "worker/wk-safetensors.h"
+#include "model/md-safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,46 +17,46 @@
 #include "model/md-config.h"
 
 struct st_map {
-  void *base;  /* mmap'd region, or NULL for wk_st_open_mem */
+  void *base;  /* mmap'd region, or NULL for md_st_open_mem */
   size_t len;  /* bytes */
   char *fname; /* base name */
 };
 
-struct wk_st {
+struct md_st {
   struct st_map *maps;
   int n_maps;
-  struct wk_tensor *t; /* sorted by name after open */
+  struct md_tensor *t; /* sorted by name after open */
   int n, cap;
   void **copies; /* aligned copies of misaligned tensors */
   int n_copies;
-  void (*owner_free)(void *); /* wk_st_new's owner of the tensors' bytes */
+  void (*owner_free)(void *); /* md_st_new's owner of the tensors' bytes */
   void *owner;
   uint64_t bytes;
 };
 
-const char *wk_st_dtype_name(enum wk_st_dtype dt) {
+const char *md_st_dtype_name(enum md_st_dtype dt) {
   static const char *names[] = {"F32",  "F16",  "BF16", "I64",  "I32",  "F8_E4M3", "?",   "Q8_0",
                                 "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",    "Q6_K"};
-  return (unsigned)dt <= WK_ST_Q6_K ? names[dt] : "?";
+  return (unsigned)dt <= MD_ST_Q6_K ? names[dt] : "?";
 }
 
-size_t wk_st_dtype_size(enum wk_st_dtype dt) {
+size_t md_st_dtype_size(enum md_st_dtype dt) {
   static const size_t sizes[] = {4, 2, 2, 8, 4, 1, 0};
-  return (unsigned)dt <= WK_ST_OTHER ? sizes[dt] : 0;
+  return (unsigned)dt <= MD_ST_OTHER ? sizes[dt] : 0;
 }
 
 /* safetensors' own dtypes only: the block formats come from GGUF files */
-static enum wk_st_dtype dtype_from_name(const char *s) {
-  for (int i = 0; i < WK_ST_OTHER; i++)
-    if (!strcmp(s, wk_st_dtype_name((enum wk_st_dtype)i))) return (enum wk_st_dtype)i;
-  return WK_ST_OTHER;
+static enum md_st_dtype dtype_from_name(const char *s) {
+  for (int i = 0; i < MD_ST_OTHER; i++)
+    if (!strcmp(s, md_st_dtype_name((enum md_st_dtype)i))) return (enum md_st_dtype)i;
+  return MD_ST_OTHER;
 }
 
 static int cmp_tensor(const void *a, const void *b) {
-  return strcmp(((const struct wk_tensor *)a)->name, ((const struct wk_tensor *)b)->name);
+  return strcmp(((const struct md_tensor *)a)->name, ((const struct md_tensor *)b)->name);
 }
 
-void wk_st_close(struct wk_st *st) {
+void md_st_close(struct md_st *st) {
   if (!st) return;
   for (int i = 0; i < st->n; i++)
     free((char *)st->t[i].name);
@@ -73,14 +73,14 @@ void wk_st_close(struct wk_st *st) {
   free(st);
 }
 
-void wk_st_drop_pages(struct wk_st *st) {
+void md_st_drop_pages(struct md_st *st) {
   for (int i = 0; i < st->n_maps; i++)
     if (st->maps[i].base) (void)madvise(st->maps[i].base, st->maps[i].len, MADV_DONTNEED);
 }
 
 /* Appends tensor t under a copy of name, as found in file, and counts its
  * bytes. */
-static int st_push(struct wk_st *st, struct wk_tensor t, const char *name, const char *file) {
+static int st_push(struct md_st *st, struct md_tensor t, const char *name, const char *file) {
   if (cm_grow_items(&st->t, &st->cap, st->n + 1, sizeof(*st->t), 64)) return CM_ERR_NOMEM;
   t.name = strdup(name);
   if (!t.name) return CM_ERR_NOMEM;
@@ -91,13 +91,13 @@ static int st_push(struct wk_st *st, struct wk_tensor t, const char *name, const
 }
 
 /* Parses one file image `buf[len]` and appends its tensors. */
-static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, const char *fname,
+static int st_parse(struct md_st *st, const unsigned char *buf, size_t len, const char *fname,
                     char *err, size_t errlen) {
   if (len < 8) return cm_fail(err, errlen, CM_ERR_TRUNC, "%s: shorter than 8 bytes", fname);
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--)
     hlen = (hlen << 8) | buf[i];
-  if (hlen > WK_ST_MAX_HEADER)
+  if (hlen > MD_ST_MAX_HEADER)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "%s: header of %llu bytes is too large", fname,
                    (unsigned long long)hlen);
   if (hlen > len - 8)
@@ -131,13 +131,13 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
                    fname, key);
       goto done;
     }
-    struct wk_tensor t = {0};
+    struct md_tensor t = {0};
     snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", json_string_value(dt));
     t.dtype = dtype_from_name(json_string_value(dt));
     size_t nd = json_array_size(sh);
-    if (nd > WK_ST_MAX_DIMS) {
+    if (nd > MD_ST_MAX_DIMS) {
       rc = cm_fail(err, errlen, CM_ERR_SHAPE, "%s: tensor %s: %zu dimensions (at most %d)", fname,
-                   key, nd, WK_ST_MAX_DIMS);
+                   key, nd, MD_ST_MAX_DIMS);
       goto done;
     }
     t.ndim = (int)nd;
@@ -167,7 +167,7 @@ static int st_parse(struct wk_st *st, const unsigned char *buf, size_t len, cons
       goto done;
     }
     t.nbytes = (size_t)(o1 - o0);
-    size_t esz = wk_st_dtype_size(t.dtype);
+    size_t esz = md_st_dtype_size(t.dtype);
     if (esz) {
       if (count > UINT64_MAX / esz || count * esz != t.nbytes) {
         rc = cm_fail(err, errlen, CM_ERR_SHAPE,
@@ -201,7 +201,7 @@ done:
   return rc;
 }
 
-static int st_finish(struct wk_st *st, char *err, size_t errlen) {
+static int st_finish(struct md_st *st, char *err, size_t errlen) {
   qsort(st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
   for (int i = 1; i < st->n; i++)
     if (!strcmp(st->t[i].name, st->t[i - 1].name))
@@ -210,7 +210,7 @@ static int st_finish(struct wk_st *st, char *err, size_t errlen) {
   return 0;
 }
 
-static int st_add_map(struct wk_st *st, void *base, size_t len, const char *fname) {
+static int st_add_map(struct md_st *st, void *base, size_t len, const char *fname) {
   struct st_map *nm = realloc(st->maps, sizeof(*nm) * (size_t)(st->n_maps + 1));
   if (!nm) return CM_ERR_NOMEM;
   st->maps = nm;
@@ -223,7 +223,7 @@ static int st_add_map(struct wk_st *st, void *base, size_t len, const char *fnam
 }
 
 /* mmaps `path` and parses it into st. */
-static int st_map_file(struct wk_st *st, const char *path, char *err, size_t errlen) {
+static int st_map_file(struct md_st *st, const char *path, char *err, size_t errlen) {
   const char *slash = strrchr(path, '/');
   const char *fname = slash ? slash + 1 : path;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -252,25 +252,25 @@ static int st_map_file(struct wk_st *st, const char *path, char *err, size_t err
   return st_parse(st, base, len, st->maps[st->n_maps - 1].fname, err, errlen);
 }
 
-int wk_st_open_file(const char *path, struct wk_st **out, char *err, size_t errlen) {
-  struct wk_st *st = calloc(1, sizeof(*st));
+int md_st_open_file(const char *path, struct md_st **out, char *err, size_t errlen) {
+  struct md_st *st = calloc(1, sizeof(*st));
   if (!st) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int rc = st_map_file(st, path, err, errlen);
   if (!rc) rc = st_finish(st, err, errlen);
   if (rc) {
-    wk_st_close(st);
+    md_st_close(st);
     return rc;
   }
   *out = st;
   return 0;
 }
 
-int wk_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct wk_st **out) {
+int md_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct md_st **out) {
   *out = NULL;
-  struct wk_st *st = calloc(1, sizeof(*st));
+  struct md_st *st = calloc(1, sizeof(*st));
   if (!st) return CM_ERR_NOMEM;
   if (st_add_map(st, NULL, 0, fname)) {
-    wk_st_close(st);
+    md_st_close(st);
     return CM_ERR_NOMEM;
   }
   st->owner_free = owner_free;
@@ -279,23 +279,27 @@ int wk_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct
   return 0;
 }
 
-int wk_st_add(struct wk_st *st, const struct wk_tensor *t) {
+void *md_st_owner(const struct md_st *st, void (*owner_free)(void *)) {
+  return st && owner_free && st->owner_free == owner_free ? st->owner : NULL;
+}
+
+int md_st_add(struct md_st *st, const struct md_tensor *t) {
   return st_push(st, *t, t->name, st->maps[0].fname);
 }
 
-int wk_st_seal(struct wk_st *st, char *err, size_t errlen) {
+int md_st_seal(struct md_st *st, char *err, size_t errlen) {
   return st_finish(st, err, errlen);
 }
 
-int wk_st_open_mem(const void *buf, size_t len, const char *name, struct wk_st **out, char *err,
+int md_st_open_mem(const void *buf, size_t len, const char *name, struct md_st **out, char *err,
                    size_t errlen) {
-  struct wk_st *st = calloc(1, sizeof(*st));
+  struct md_st *st = calloc(1, sizeof(*st));
   if (!st) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int rc = st_add_map(st, NULL, 0, name);
   if (!rc) rc = st_parse(st, buf, len, st->maps[0].fname, err, errlen);
   if (!rc) rc = st_finish(st, err, errlen);
   if (rc) {
-    wk_st_close(st);
+    md_st_close(st);
     return rc;
   }
   *out = st;
@@ -308,11 +312,11 @@ static int shard_name_ok(const char *s) {
   return n > 0 && n < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
-int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen) {
+int md_st_open_dir(const char *dir, struct md_st **out, char *err, size_t errlen) {
   char path[4096];
   int g = md_model_gguf_path(dir, path, sizeof(path), err, errlen);
   if (g < 0) return g;
-  if (g) return wk_st_open_gguf(path, out, err, errlen);
+  if (g) return md_st_open_gguf(path, out, err, errlen);
   snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
   char *text = NULL;
   size_t len = 0;
@@ -322,7 +326,7 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
     if (access(path, F_OK))
       return cm_fail(err, errlen, CM_ERR_NOENT,
                      "%s: neither model.safetensors nor model.safetensors.index.json found", dir);
-    return wk_st_open_file(path, out, err, errlen);
+    return md_st_open_file(path, out, err, errlen);
   }
   if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
   json_error_t jerr;
@@ -331,7 +335,7 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
   if (!root)
     return cm_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: line %d: %s",
                    jerr.line, jerr.text);
-  struct wk_st *st = NULL;
+  struct md_st *st = NULL;
   const json_t *wm = json_object_get(root, "weight_map");
   if (!json_is_object(wm)) {
     rc = cm_fail(err, errlen, CM_ERR_PARSE, "model.safetensors.index.json: weight_map missing");
@@ -360,7 +364,7 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
   }
   if ((rc = st_finish(st, err, errlen))) goto fail;
   json_object_foreach((json_t *)wm, key, val) {
-    const struct wk_tensor *t = wk_st_find(st, key);
+    const struct md_tensor *t = md_st_find(st, key);
     if (!t || strcmp(t->file, json_string_value(val))) {
       rc =
           cm_fail(err, errlen, CM_ERR_NOENT, "model.safetensors.index.json: tensor %s is not in %s",
@@ -372,39 +376,39 @@ int wk_st_open_dir(const char *dir, struct wk_st **out, char *err, size_t errlen
   *out = st;
   return 0;
 fail:
-  wk_st_close(st);
+  md_st_close(st);
   json_decref(root);
   return rc;
 }
 
-const struct wk_tensor *wk_st_find(const struct wk_st *st, const char *name) {
-  struct wk_tensor key = {.name = name};
+const struct md_tensor *md_st_find(const struct md_st *st, const char *name) {
+  struct md_tensor key = {.name = name};
   return bsearch(&key, st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
 }
 
-int wk_st_count(const struct wk_st *st) {
+int md_st_count(const struct md_st *st) {
   return st->n;
 }
 
-const struct wk_tensor *wk_st_get(const struct wk_st *st, int i) {
+const struct md_tensor *md_st_get(const struct md_st *st, int i) {
   return i >= 0 && i < st->n ? &st->t[i] : NULL;
 }
 
-uint64_t wk_st_data_bytes(const struct wk_st *st) {
+uint64_t md_st_data_bytes(const struct md_st *st) {
   return st->bytes;
 }
 
 /* ---- writer --------------------------------------------------------------- */
 
-int wk_st_write_header(FILE *f, const struct wk_st_entry *e, int n) {
+int md_st_write_header(FILE *f, const struct md_st_entry *e, int n) {
   json_t *root = json_object();
   if (!root) return CM_ERR_NOMEM;
   int rc = 0;
   json_object_set_new(root, "__metadata__", json_pack("{s:s}", "format", "pt"));
   uint64_t off = 0;
   for (int i = 0; i < n; i++) {
-    size_t esz = wk_st_dtype_size(e[i].dtype);
-    if (!esz || e[i].ndim < 0 || e[i].ndim > WK_ST_MAX_DIMS) {
+    size_t esz = md_st_dtype_size(e[i].dtype);
+    if (!esz || e[i].ndim < 0 || e[i].ndim > MD_ST_MAX_DIMS) {
       rc = CM_ERR_INVAL;
       goto done;
     }
@@ -415,7 +419,7 @@ int wk_st_write_header(FILE *f, const struct wk_st_entry *e, int n) {
       json_array_append_new(shape, json_integer(e[i].shape[d]));
     }
     json_t *ent = json_object();
-    json_object_set_new(ent, "dtype", json_string(wk_st_dtype_name(e[i].dtype)));
+    json_object_set_new(ent, "dtype", json_string(md_st_dtype_name(e[i].dtype)));
     json_object_set_new(ent, "shape", shape);
     json_object_set_new(ent, "data_offsets",
                         json_pack("[I,I]", (json_int_t)off, (json_int_t)(off + bytes)));

@@ -1,4 +1,4 @@
-/* wk-gguf.c — a GGUF file's tensors as the loader's directory: llama.cpp's
+/* md-tensors-gguf.c — a GGUF file's tensors as the loader's directory: llama.cpp's
  * names for Gemma 3 and Gemma 4 (gguf-py's tensor_mapping.py, src/llama-arch.cpp)
  * mapped to the Hugging Face names the binder looks up,
  * dimensions turned outermost first, ggml types to the loader's dtypes (the
@@ -11,7 +11,7 @@
 
 #include "common/cm-err.h"
 #include "model/md-gguf.h"
-#include "worker/wk-safetensors.h"
+#include "model/md-safetensors.h"
 
 /* llama.cpp's per-layer tensor names (after "blk.N.") and ours (after
  * "model.layers.N."). */
@@ -64,20 +64,20 @@ static void hf_name(const char *g, char *out, size_t n) {
   snprintf(out, n, "%s", g);
 }
 
-static enum wk_st_dtype st_dtype(uint32_t t) {
+static enum md_st_dtype st_dtype(uint32_t t) {
   switch (t) {
-  case MD_GGML_F32: return WK_ST_F32;
-  case MD_GGML_F16: return WK_ST_F16;
-  case MD_GGML_BF16: return WK_ST_BF16;
-  case MD_GGML_Q8_0: return WK_ST_Q8_0;
-  case MD_GGML_Q4_0: return WK_ST_Q4_0;
-  case MD_GGML_Q4_1: return WK_ST_Q4_1;
-  case MD_GGML_Q5_0: return WK_ST_Q5_0;
-  case MD_GGML_Q5_1: return WK_ST_Q5_1;
-  case MD_GGML_Q4_K: return WK_ST_Q4_K;
-  case MD_GGML_Q5_K: return WK_ST_Q5_K;
-  case MD_GGML_Q6_K: return WK_ST_Q6_K;
-  default: return WK_ST_OTHER;
+  case MD_GGML_F32: return MD_ST_F32;
+  case MD_GGML_F16: return MD_ST_F16;
+  case MD_GGML_BF16: return MD_ST_BF16;
+  case MD_GGML_Q8_0: return MD_ST_Q8_0;
+  case MD_GGML_Q4_0: return MD_ST_Q4_0;
+  case MD_GGML_Q4_1: return MD_ST_Q4_1;
+  case MD_GGML_Q5_0: return MD_ST_Q5_0;
+  case MD_GGML_Q5_1: return MD_ST_Q5_1;
+  case MD_GGML_Q4_K: return MD_ST_Q4_K;
+  case MD_GGML_Q5_K: return MD_ST_Q5_K;
+  case MD_GGML_Q6_K: return MD_ST_Q6_K;
+  default: return MD_ST_OTHER;
   }
 }
 
@@ -85,14 +85,18 @@ static void close_gguf(void *g) {
   md_gguf_close(g);
 }
 
-int wk_st_open_gguf(const char *path, struct wk_st **out, char *err, size_t errlen) {
+const struct md_gguf *md_st_gguf(const struct md_st *st) {
+  return md_st_owner(st, close_gguf);
+}
+
+int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errlen) {
   struct md_gguf *g = NULL;
   *out = NULL;
   int rc = md_gguf_open(path, &g, err, errlen);
   if (rc) return rc;
   const char *base = strrchr(path, '/');
-  struct wk_st *st = NULL;
-  if (wk_st_new(base ? base + 1 : path, close_gguf, g, &st)) {
+  struct md_st *st = NULL;
+  if (md_st_new(base ? base + 1 : path, close_gguf, g, &st)) {
     md_gguf_close(g);
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   }
@@ -100,17 +104,17 @@ int wk_st_open_gguf(const char *path, struct wk_st **out, char *err, size_t errl
     const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
     char name[512], tb[32];
     hf_name(gt->name, name, sizeof(name));
-    struct wk_tensor t = {.name = name, .dtype = st_dtype(gt->type), .ndim = gt->n_dims};
+    struct md_tensor t = {.name = name, .dtype = st_dtype(gt->type), .ndim = gt->n_dims};
     snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", md_ggml_type_name(gt->type, tb, sizeof(tb)));
     for (int d = 0; d < gt->n_dims; d++)
       t.shape[d] = gt->ne[gt->n_dims - 1 - d];
     t.data = gt->data;
     t.nbytes = gt->nbytes;
-    if (wk_st_add(st, &t)) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    if (md_st_add(st, &t)) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   }
-  if (!rc) rc = wk_st_seal(st, err, errlen);
+  if (!rc) rc = md_st_seal(st, err, errlen);
   if (rc) {
-    wk_st_close(st);
+    md_st_close(st);
     return rc;
   }
   *out = st;
