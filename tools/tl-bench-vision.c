@@ -46,7 +46,10 @@ static int prefill(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_b
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   wk_seq_blocks_release(blk, kv, pa);
   int rc = wk_seq_blocks_reserve(blk, kv, pa, T);
-  if (rc) return rc;
+  if (rc) {
+    snprintf(err, errlen, "KV blocks for %d tokens: %s", T, cm_strerror(rc));
+    return rc;
+  }
   int32_t bidir[2] = {at, at + n};
   struct wk_seq_embed e = {at, n, emb};
   struct wk_seq_input s = {.tokens = toks,
@@ -279,7 +282,6 @@ int tl_bench_vision_main(int argc, char **argv) {
   for (int i = 0; i < N; i++)
     toks[at + i] = vc->image_id;
   toks[at + N] = vc->eoi_id;
-  int32_t bidir[2] = {at, at + N};
   double t_resize = 0, t_norm = 0, t_one = 0, t_prefill = 0, best = INFINITY;
   for (int it = 0; it <= iters; it++) { /* pass 0 warms up */
     double a = cm_time_s();
@@ -291,21 +293,7 @@ int tl_bench_vision_main(int argc, char **argv) {
     double d = cm_time_s();
     if ((rc = wk_vision_encode(v, px, 1, emb, err, sizeof(err)))) goto fail;
     double f = cm_time_s();
-    const struct wk_kv_spec *kv = wk_model_kv_spec(m);
-    wk_seq_blocks_release(&blk, kv, &pa);
-    if ((rc = wk_seq_blocks_reserve(&blk, kv, &pa, T))) goto fail_rc;
-    struct wk_seq_embed e = {at, N, emb};
-    struct wk_seq_input s = {.tokens = toks, .n_tokens = T, .pos0 = 0, .n_out = 1,
-                             .bidir = bidir, .n_bidir = 1, .embeds = &e, .n_embeds = 1};
-    for (int g = 0; g < kv->n_groups; g++) {
-      s.block_tables[g] = blk.table[g];
-      s.n_blocks[g] = blk.n[g];
-    }
-    struct kn_sample_params sp = {
-        .top_p = 1, .repetition_penalty = 1, .n_logprobs = -1, .seed = 1, .counter = (uint64_t)T};
-    struct kn_sample_out out;
-    struct wk_batch bt = {.seqs = &s, .n_seqs = 1, .sample = &sp, .sampled = &out};
-    if ((rc = wk_model_forward(m, &bt, err, sizeof(err)))) goto fail;
+    if ((rc = prefill(m, &pa, &blk, toks, T, at, N, emb, err, sizeof(err)))) goto fail;
     double g = cm_time_s();
     if (it == 0) continue;
     t_resize += b - a, t_norm += d - b, t_one += f - d, t_prefill += g - f;
