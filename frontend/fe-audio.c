@@ -1,6 +1,7 @@
 /* fe-audio.c — input_audio parts: base64, WAV (libsndfile) and MP3 (libmpg123)
  * decoding, downmix, libsoxr resampling. See fe-audio.h. */
 #include "frontend/fe-audio.h"
+#include "frontend/fe-b64.h"
 
 #include <math.h>
 #include <mpg123.h>
@@ -355,15 +356,6 @@ int fe_audio_decode(const uint8_t *data, size_t n, const char *format,
   return 0;
 }
 
-static int b64_value(unsigned char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
 int fe_audio_decode_b64(const char *b64, size_t len, const char *format,
                         const struct fe_audio_limits *limits, int rate, struct fe_audio *out,
                         char *err, size_t errlen) {
@@ -377,41 +369,11 @@ int fe_audio_decode_b64(const char *b64, size_t len, const char *format,
     p = (const unsigned char *)comma + 1;
     len -= (size_t)(comma + 1 - b64);
   }
-  if (len == 0) return cm_fail(err, errlen, CM_ERR_INVAL, "empty audio data");
-  size_t pad = 0;
-  if (p[len - 1] == '=') pad = (len >= 2 && p[len - 2] == '=') ? 2 : 1;
-  if (pad && len % 4 != 0)
-    return cm_fail(err, errlen, CM_ERR_INVAL,
-                   "invalid base64: '=' padding on %zu characters (not a multiple of 4)", len);
-  size_t body = len - pad;
-  if (body % 4 == 1)
-    return cm_fail(err, errlen, CM_ERR_INVAL,
-                   "invalid base64: %zu characters leave one character over", body);
-  size_t size = body / 4 * 3 + (body % 4 == 3 ? 2 : body % 4 == 2 ? 1 : 0);
-  if (size > lim.max_bytes)
-    return cm_fail(err, errlen, CM_ERR_TOOBIG,
-                   "the audio data is %zu bytes after base64 decoding, over the limit of %zu", size,
-                   lim.max_bytes);
-  uint8_t *buf = malloc(size ? size : 1);
-  if (!buf) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  uint32_t acc = 0;
-  size_t k = 0;
-  for (size_t i = 0; i < body; i++) {
-    int v = b64_value(p[i]);
-    if (v < 0) {
-      free(buf);
-      return cm_fail(err, errlen, CM_ERR_INVAL, "invalid base64 character 0x%02x at offset %zu",
-                     p[i], i);
-    }
-    acc = acc << 6 | (uint32_t)v;
-    if (i % 4 == 3) {
-      buf[k++] = (uint8_t)(acc >> 16), buf[k++] = (uint8_t)(acc >> 8), buf[k++] = (uint8_t)acc;
-      acc = 0;
-    }
-  }
-  if (body % 4 == 2) buf[k++] = (uint8_t)(acc >> 4);
-  if (body % 4 == 3) buf[k++] = (uint8_t)(acc >> 10), buf[k++] = (uint8_t)(acc >> 2);
-  int rc = fe_audio_decode(buf, k, format, limits, rate, out, err, errlen);
+  uint8_t *buf;
+  size_t k;
+  int rc = fe_b64_decode(p, len, lim.max_bytes, "audio data", &buf, &k, err, errlen);
+  if (rc) return rc;
+  rc = fe_audio_decode(buf, k, format, limits, rate, out, err, errlen);
   free(buf);
   return rc;
 }

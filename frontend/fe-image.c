@@ -3,6 +3,7 @@
  * reference libraries, each with its error handlers turned into cm_err codes
  * and a one-line reason. No decoder writes to stderr or aborts. */
 #include "frontend/fe-image.h"
+#include "frontend/fe-b64.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -558,23 +559,6 @@ int fe_image_decode(const uint8_t *data, size_t n, const struct fe_image_limits 
 
 /* ---- data: URLs ---------------------------------------------------------------------- */
 
-static int b64_value(unsigned char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-static int bad_b64_char(unsigned char c, size_t at, char *err, size_t errlen) {
-  if (c > 0x20 && c < 0x7f)
-    return cm_fail(err, errlen, CM_ERR_INVAL,
-                   "invalid base64 character '%c' at offset %zu of the data: URL's payload", c, at);
-  return cm_fail(err, errlen, CM_ERR_INVAL,
-                 "invalid base64 character 0x%02x at offset %zu of the data: URL's payload", c, at);
-}
-
 /* s[0..n) follows "data:". */
 static int load_data_url(const char *s, size_t n, const struct img_limits *lim,
                          struct fe_image *out, char *err, size_t errlen) {
@@ -585,47 +569,12 @@ static int load_data_url(const char *s, size_t n, const struct img_limits *lim,
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "data: URL is not base64 (';base64' missing before the ','): send "
                    "data:image/png;base64,...");
-  const unsigned char *p = (const unsigned char *)comma + 1;
-  size_t plen = n - hlen - 1;
-  if (plen == 0) return cm_fail(err, errlen, CM_ERR_INVAL, "empty image");
-  /* '=' padding is optional; when present it completes a multiple of 4 */
-  size_t pad = 0;
-  if (p[plen - 1] == '=') pad = (plen >= 2 && p[plen - 2] == '=') ? 2 : 1;
-  if (pad && plen % 4 != 0)
-    return cm_fail(err, errlen, CM_ERR_INVAL,
-                   "invalid base64: '=' padding on a payload of %zu characters (not a multiple "
-                   "of 4)",
-                   plen);
-  size_t body = plen - pad; /* characters that carry bits */
-  if (body % 4 == 1)
-    return cm_fail(err, errlen, CM_ERR_INVAL,
-                   "invalid base64: a payload of %zu characters leaves one character over", body);
-  /* the decoded size, known from the length before anything is decoded */
-  size_t size = body / 4 * 3 + (body % 4 == 3 ? 2 : body % 4 == 2 ? 1 : 0); /* bytes */
-  if (size > lim->max_bytes)
-    return cm_fail(err, errlen, CM_ERR_TOOBIG,
-                   "image is %zu bytes after base64 decoding, over the limit of %zu bytes", size,
-                   lim->max_bytes);
-  uint8_t *buf = malloc(size);
-  if (!buf) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  uint32_t acc = 0;
-  size_t k = 0;
-  for (size_t i = 0; i < body; i++) {
-    int v = b64_value(p[i]);
-    if (v < 0) {
-      free(buf);
-      return bad_b64_char(p[i], i, err, errlen);
-    }
-    acc = acc << 6 | (uint32_t)v;
-    if (i % 4 == 3) {
-      buf[k++] = (uint8_t)(acc >> 16), buf[k++] = (uint8_t)(acc >> 8), buf[k++] = (uint8_t)acc;
-      acc = 0;
-    }
-  }
-  /* the tail: 2 characters hold 1 byte, 3 hold 2 (the leftover low bits are ignored) */
-  if (body % 4 == 2) buf[k++] = (uint8_t)(acc >> 4);
-  if (body % 4 == 3) buf[k++] = (uint8_t)(acc >> 10), buf[k++] = (uint8_t)(acc >> 2);
-  int rc = decode_bytes(buf, k, lim, out, err, errlen);
+  uint8_t *buf;
+  size_t k;
+  int rc = fe_b64_decode((const unsigned char *)comma + 1, n - hlen - 1, lim->max_bytes, "image",
+                         &buf, &k, err, errlen);
+  if (rc) return rc;
+  rc = decode_bytes(buf, k, lim, out, err, errlen);
   free(buf);
   return rc;
 }
