@@ -32,6 +32,7 @@
 #include "model/md-vision-g4.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tests/integration/api/api-images.h"
 #include "tests/integration/api/api-serve.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "worker/wk-kv.h"
@@ -43,75 +44,15 @@
 
 /* ---- images ------------------------------------------------------------------- */
 
-struct membuf {
-  uint8_t *p;
-  size_t n, cap;
-};
-
-static void mem_write(png_structp png, png_bytep data, png_size_t n) {
-  struct membuf *b = png_get_io_ptr(png);
-  if (b->n + n > b->cap) {
-    b->cap = (b->n + n) * 2;
-    b->p = realloc(b->p, b->cap);
-    TH_REQUIRE(b->p != NULL);
-  }
-  memcpy(b->p + b->n, data, n);
-  b->n += n;
-}
-
-static void mem_flush(png_structp png) {
-  (void)png;
-}
-
 /* A test picture: rgb[h, w, 3] (malloc'd) and its PNG (malloc'd, *n bytes). */
 static uint8_t *picture(int kind, int w, int h, uint8_t **png_out, size_t *n) {
-  uint8_t *rgb = malloc((size_t)w * h * 3);
-  TH_REQUIRE(rgb != NULL);
-  for (int y = 0; y < h; y++)
-    for (int x = 0; x < w; x++) {
-      uint8_t *p = rgb + ((size_t)y * w + x) * 3;
-      if (kind == 1) {
-        int on = ((x / 8) + (y / 8)) & 1;
-        p[0] = on ? 230 : 20, p[1] = on ? 40 : 200, p[2] = (uint8_t)(x * 4);
-      } else {
-        p[0] = (uint8_t)(x * 255 / (w - 1)), p[1] = (uint8_t)(y * 255 / (h - 1));
-        p[2] = (uint8_t)((x + y) * 3);
-      }
-    }
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-  png_infop info = png_create_info_struct(png);
-  TH_REQUIRE(png && info);
-  struct membuf b = {0};
-  TH_REQUIRE(setjmp(png_jmpbuf(png)) == 0);
-  png_set_write_fn(png, &b, mem_write, mem_flush);
-  png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  for (int y = 0; y < h; y++)
-    png_write_row(png, (png_const_bytep)(rgb + (size_t)y * w * 3));
-  png_write_end(png, NULL);
-  png_destroy_write_struct(&png, &info);
-  *png_out = b.p;
-  *n = b.n;
+  uint8_t *rgb = api_picture_rgb(kind, w, h);
+  *png_out = api_png_encode(rgb, w, h, n);
   return rgb;
 }
 
-/* "data:image/png;base64,..." of bytes (malloc'd). */
 static char *data_url(const uint8_t *p, size_t n) {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *s = malloc(4 * ((n + 2) / 3) + 32), *o = s;
-  TH_REQUIRE(s != NULL);
-  o += sprintf(o, "data:image/png;base64,");
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
-                 (i + 2 < n ? p[i + 2] : 0);
-    *o++ = tab[v >> 18 & 63];
-    *o++ = tab[v >> 12 & 63];
-    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *o = 0;
-  return s;
+  return api_data_url(p, n);
 }
 
 /* ---- requests ------------------------------------------------------------------ */
