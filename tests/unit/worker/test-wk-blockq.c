@@ -61,41 +61,7 @@ static void make(char *dir, size_t n, char gguf[][300]) {
  * time) through path's model: [NP, V] into *out. */
 static int logits(const char *path, struct kn_backend *be, int quant, float **out, int *V,
                   char *err, size_t errlen) {
-  struct wk_model_opts o = {.max_batch_tokens = 32,
-                            .max_seqs = 1,
-                            .kv_tokens = 128,
-                            .quiet = 1,
-                            .kv_dtype = 1 + KN_DTYPE_F32,
-                            .quantization = quant};
-  struct wk_model *m = NULL;
-  int rc = wk_model_load(path, be, &o, &m, err, errlen);
-  if (rc) return rc;
-  *V = wk_model_config(m)->vocab;
-  float *all = malloc(sizeof(float) * (size_t)NP * *V);
-  struct wk_page_alloc pa;
-  struct wk_seq_blocks blk = {0};
-  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
-  TH_REQUIRE(all && wk_page_alloc_init(&pa, wk_model_n_pages(m)) == 0);
-  int32_t prompt[NP];
-  for (int i = 0; i < NP; i++)
-    prompt[i] = (int32_t)((i * 37 + 2) % *V);
-  for (int done = 0; done < NP && !rc;) {
-    int n = done == 0 ? 13 : 1;
-    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, done + n) == 0);
-    struct wk_seq_input in = {.tokens = prompt + done, .n_tokens = n, .pos0 = done, .n_out = n};
-    for (int g = 0; g < kv->n_groups; g++) {
-      in.block_tables[g] = blk.table[g];
-      in.n_blocks[g] = blk.n[g];
-    }
-    struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = all + (size_t)done * *V};
-    rc = wk_model_forward(m, &b, err, errlen);
-    done += n;
-  }
-  wk_seq_blocks_release(&blk, kv, &pa);
-  wk_page_alloc_free(&pa);
-  wk_model_free(m);
-  *out = all;
-  return rc;
+  return wkt_prompt_logits(path, be, quant, NP, 13, out, V, err, errlen);
 }
 
 TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {

@@ -17,6 +17,7 @@
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 #include "tools/tl-tiny-spec.h"
+#include "worker/wk-kv.h"
 #include "worker/wk-model.h"
 
 /* Creates a fresh directory under $TMPDIR (or /tmp); path in buf. */
@@ -130,6 +131,49 @@ static inline int wkt_read_f32(const char *path, float *a, size_t n) {
 /* th_require_numpy under the name the worker tests knew it by first. */
 static inline const char *wkt_require_numpy(const char *what, const char *script) {
   return th_require_numpy(what, script);
+}
+
+/* Every position's logits of one prompt of np tokens (a chunk of `chunk`, then
+ * one token at a time; f32 KV) through path's model loaded with quantization
+ * quant: [np, V] (malloc'd) into *out. */
+static inline int wkt_prompt_logits(const char *path, struct kn_backend *be, int quant, int np,
+                                    int chunk, float **out, int *V, char *err, size_t errlen) {
+  struct wk_model_opts o = {.max_batch_tokens = chunk,
+                            .max_seqs = 1,
+                            .kv_tokens = 2 * np + 32,
+                            .quiet = 1,
+                            .kv_dtype = 1 + KN_DTYPE_F32,
+                            .quantization = quant};
+  struct wk_model *m = NULL;
+  int rc = wk_model_load(path, be, &o, &m, err, errlen);
+  if (rc) return rc;
+  *V = wk_model_config(m)->vocab;
+  float *all = malloc(sizeof(float) * (size_t)np * *V);
+  int32_t *prompt = malloc(sizeof(int32_t) * (size_t)np);
+  struct wk_page_alloc pa;
+  struct wk_seq_blocks blk = {0};
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  TH_REQUIRE(all && prompt && wk_page_alloc_init(&pa, wk_model_n_pages(m)) == 0);
+  for (int i = 0; i < np; i++)
+    prompt[i] = (int32_t)((i * 37 + 2) % *V);
+  for (int done = 0; done < np && !rc;) {
+    int n = done == 0 ? chunk : 1;
+    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, done + n) == 0);
+    struct wk_seq_input in = {.tokens = prompt + done, .n_tokens = n, .pos0 = done, .n_out = n};
+    for (int g = 0; g < kv->n_groups; g++) {
+      in.block_tables[g] = blk.table[g];
+      in.n_blocks[g] = blk.n[g];
+    }
+    struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = all + (size_t)done * *V};
+    rc = wk_model_forward(m, &b, err, errlen);
+    done += n;
+  }
+  wk_seq_blocks_release(&blk, kv, &pa);
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  free(prompt);
+  *out = all;
+  return rc;
 }
 
 #endif
