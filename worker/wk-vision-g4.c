@@ -23,6 +23,7 @@
  *   standardize                 kn_standardize;
  *   Gemma4MultimodalEmbedder    kn_rmsnorm (no weight), kn_matmul. */
 #include "worker/wk-vision-g4.h"
+#include "worker/wk-vision.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -131,55 +132,13 @@ struct g4binder {
   int rc; /* first failure */
 };
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
-  size_t l = 0;
-  buf[0] = 0;
-  for (int i = 0; i < ndim && l < n; i++)
-    l += (size_t)snprintf(buf + l, n - l, "%s%lld", i ? ", " : "", (long long)dims[i]);
-}
-
-/* The float tensor `name` with exactly the dims given; NULL (b->rc set) otherwise. */
 static const struct md_tensor *g4_lookup(struct g4binder *b, const char *name, int ndim,
                                          const int64_t *dims) {
-  if (b->rc) return NULL;
-  const struct md_tensor *t = md_st_find(b->v->st, name);
-  if (!t) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "vision tower: tensor %s missing", name);
-    return NULL;
-  }
-  int ok = t->ndim == ndim;
-  for (int i = 0; ok && i < ndim; i++)
-    ok = t->shape[i] == dims[i];
-  if (!ok) {
-    char want[96], got[96];
-    shape_str(want, sizeof(want), ndim, dims);
-    shape_str(got, sizeof(got), t->ndim, t->shape);
-    b->rc =
-        cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
-                "vision tower: tensor %s has shape [%s], the config says [%s]", name, got, want);
-    return NULL;
-  }
-  if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
-                    "vision tower: tensor %s has dtype %s (F32, F16, BF16 are supported)", name,
-                    t->dtype_name);
-    return NULL;
-  }
-  return t;
+  return wk_tower_tensor(b->v->st, name, ndim, dims, &b->rc, b->err, b->errlen);
 }
 
-/* Backend memory holding `bytes` of host data (the data itself on backends
- * whose memory is the host's, unless copy). */
 static const void *g4_place(struct g4binder *b, const void *data, size_t bytes, int copy) {
-  struct wk_vision_g4 *v = b->v;
-  if (!copy && kn_backend_has(v->be, KN_CAP_HOST_MEMORY)) return data;
-  void *p = g4_alloc(v, bytes);
-  if (!p || kn_upload(v->be, p, data, bytes)) {
-    b->rc = cm_fail(b->err, b->errlen, p ? CM_ERR_DEVICE : CM_ERR_NOMEM,
-                    "vision tower: cannot place %zu bytes of weights", bytes);
-    return NULL;
-  }
-  return p;
+  return wk_tower_place(b->v->be, &b->v->owned, data, bytes, copy, &b->rc, b->err, b->errlen);
 }
 
 /* A tensor (dims as given) widened to f32 in backend memory. */
