@@ -397,6 +397,11 @@ int md_gguf_probe(const char *path) {
   return n == 4 && !memcmp(m, "GGUF", 4);
 }
 
+void *md_gguf_mapping(const struct md_gguf *g, size_t *len) {
+  *len = g->map ? g->len : 0;
+  return g->map;
+}
+
 void md_gguf_close(struct md_gguf *g) {
   if (!g) return;
   if (g->map) munmap(g->map, g->len);

@@ -84,6 +84,9 @@ int md_gguf_open(const char *path, struct md_gguf **out, char *err, size_t errle
 int md_gguf_open_mem(const void *buf, size_t len, const char *name, struct md_gguf **out, char *err,
                      size_t errlen);
 void md_gguf_close(struct md_gguf *g);
+/* The file's mapping md_gguf_open made (*len its bytes), or NULL for memory
+ * the caller owns (md_gguf_open_mem). */
+void *md_gguf_mapping(const struct md_gguf *g, size_t *len);
 /* 1 when the first bytes of the file at path say GGUF, 0 when not, a
  * negative cm_err when it cannot be read. */
 int md_gguf_probe(const char *path);

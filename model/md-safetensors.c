@@ -31,6 +31,8 @@ struct md_st {
   int n_copies;
   void (*owner_free)(void *); /* md_st_new's owner of the tensors' bytes */
   void *owner;
+  void *owner_pages; /* md_st_owner_pages: the owner's mapping, for md_st_drop_pages */
+  size_t owner_len;
   uint64_t bytes;
 };
 
@@ -76,6 +78,12 @@ void md_st_close(struct md_st *st) {
 void md_st_drop_pages(struct md_st *st) {
   for (int i = 0; i < st->n_maps; i++)
     if (st->maps[i].base) (void)madvise(st->maps[i].base, st->maps[i].len, MADV_DONTNEED);
+  if (st->owner_pages) (void)madvise(st->owner_pages, st->owner_len, MADV_DONTNEED);
+}
+
+void md_st_owner_pages(struct md_st *st, void *base, size_t len) {
+  st->owner_pages = base;
+  st->owner_len = len;
 }
 
 /* Appends tensor t under a copy of name, as found in file, and counts its

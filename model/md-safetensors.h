@@ -84,6 +84,9 @@ size_t md_st_dtype_size(enum md_st_dtype dt); /* bytes per element; 0 for block 
 int md_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct md_st **out);
 int md_st_add(struct md_st *st, const struct md_tensor *t);
 int md_st_seal(struct md_st *st, char *err, size_t errlen);
+/* The owner's mapped file (page-aligned base, len bytes), whose pages
+ * md_st_drop_pages lets go too; the owner still unmaps it. */
+void md_st_owner_pages(struct md_st *st, void *base, size_t len);
 /* md_st_new's owner when it was given with owner_free, else NULL. */
 void *md_st_owner(const struct md_st *st, void (*owner_free)(void *));
 /* A GGUF file as a directory under the Hugging Face names the loader binds

@@ -100,6 +100,9 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
     md_gguf_close(g);
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   }
+  size_t map_len;
+  void *map = md_gguf_mapping(g, &map_len);
+  if (map) md_st_owner_pages(st, map, map_len);
   for (int i = 0; i < md_gguf_tensor_count(g) && !rc; i++) {
     const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
     char name[512], tb[32];

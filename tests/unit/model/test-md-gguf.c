@@ -3,7 +3,9 @@
  * at aligned offsets (general.alignment too), and what it refuses: every
  * truncation of a valid file, counts no file could hold, bad value types,
  * duplicate keys and names, offsets outside the data or off the alignment,
- * rows that are not whole blocks; unknown tensor types listed without data. */
+ * rows that are not whole blocks; unknown tensor types listed without data;
+ * a file's pages let go of by its tensor directory (md_st_drop_pages), so a
+ * worker that copied the weights does not also hold the mapping. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 
 #include "common/cm-err.h"
 #include "model/md-gguf.h"
+#include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 
 struct buf {
@@ -280,4 +283,53 @@ TH_TEST(gguf_probe_and_open_files) {
   TH_CHECK(md_gguf_open("/nonexistent/x.gguf", &g, err, sizeof(err)) < 0 && strstr(err, "x.gguf"));
   unlink(path);
   free(b.p);
+}
+
+/* This process's resident kB of the mapping that holds p (/proc/self/smaps). */
+static long rss_kb_at(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  char line[512];
+  int inside = 0;
+  long kb = -1;
+  while (kb < 0 && fgets(line, sizeof(line), f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+      inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    else if (inside && !strncmp(line, "Rss:", 4))
+      kb = strtol(line + 4, NULL, 10);
+  }
+  fclose(f);
+  return kb;
+}
+
+TH_TEST(gguf_directory_lets_go_of_the_file_pages) {
+  char path[] = "/tmp/lmserve-gguf-XXXXXX";
+  int fd = mkstemp(path);
+  TH_REQUIRE(fd >= 0);
+  struct buf b = make(0, MD_GGML_Q8_0);
+  size_t tail = (size_t)4 << 20; /* bytes after the data: pages to hold and let go */
+  TH_REQUIRE(write(fd, b.p, b.n) == (ssize_t)b.n && ftruncate(fd, (off_t)(b.n + tail)) == 0);
+  close(fd);
+  struct md_st *st = NULL;
+  char err[256] = "";
+  TH_REQUIRE(md_st_open_gguf(path, &st, err, sizeof(err)) == 0);
+  size_t len = 0;
+  const unsigned char *map = md_gguf_mapping(md_st_gguf(st), &len);
+  TH_REQUIRE(map != NULL && len == b.n + tail);
+  volatile unsigned sink = 0;
+  for (size_t off = 0; off < len; off += 4096)
+    sink += map[off];
+  TH_CHECK(rss_kb_at(map) >= (long)(tail >> 10));
+  md_st_drop_pages(st);
+  TH_CHECK_EQ_INT(rss_kb_at(map), 0);
+  /* the bytes read again after the drop are the file's */
+  const struct md_tensor *t = md_st_get(st, 0);
+  TH_REQUIRE(t && t->nbytes > 0);
+  size_t at = (size_t)((const unsigned char *)t->data - map);
+  TH_CHECK(at + t->nbytes <= b.n && memcmp(t->data, b.p + at, t->nbytes) == 0);
+  md_st_close(st);
+  unlink(path);
+  free(b.p);
+  (void)sink;
 }
