@@ -361,6 +361,12 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   KN_CUDA_CHECK_GOTO(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device), err,
                      fail);
   KN_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, fail);
+  const char *no_blas = kn_cuda_blas_error();
+  if (no_blas) {
+    cm_error("cuda", "%s", no_blas);
+    err = CM_ERR_UNSUPPORTED;
+    goto fail;
+  }
   KN_CUBLAS_CHECK_GOTO(cublasCreate(&c->blas), err, fail);
   KN_CUBLAS_CHECK_GOTO(cublasSetStream(c->blas, c->stream), err, fail);
   /* a workspace of our own (32 MiB, what cuBLAS asks for on Hopper), so that

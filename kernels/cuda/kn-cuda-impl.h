@@ -371,6 +371,10 @@ int kn_cublas_fail(cublasStatus_t st, const char *expr, const char *file, int li
 #define KN_CUBLAS_CHECK_GOTO(call, err, label)                                                     \
   KN_CHECK_GOTO_(cublasStatus_t, CUBLAS_STATUS_SUCCESS, kn_cublas_fail, call, #call, err, label)
 
+/* Why cuBLAS / cuBLASLt could not be loaded (kn-cuda-blas.c loads them on
+ * first use), or NULL once they are. */
+const char *kn_cuda_blas_error(void);
+
 /* Makes ctx's device current in the calling thread (0 or cm_err). */
 int kn_cuda_enter(struct kn_cuda_ctx *c);
 

@@ -1,5 +1,6 @@
-/* test-cuda-backend.c — the CUDA backend's handle and memory: device
- * discovery and creation errors (these run everywhere, GPU or not), then —
+/* test-cuda-backend.c — the CUDA backend's handle and memory: cuBLAS loaded
+ * on first use, device discovery and creation errors (these run everywhere,
+ * GPU or not), then —
  * on a machine with a device — the memory hooks and the pinned staging ring
  * (wrap-around, growth past a segment, many ops in flight). */
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "kernels/cuda/kn-cuda-impl.h"
 #include "kernels/cuda/kn-cuda.h"
 #include "tests/harness/th.h"
 
@@ -18,6 +20,31 @@ static void need_device(void) {
   if (n > 0) return;
   snprintf(g_skip_why, sizeof(g_skip_why), "no CUDA device visible: %d devices", n);
   TH_SKIP(g_skip_why);
+}
+
+/* Whether a library whose path contains name is mapped into this process. */
+static int mapped(const char *name) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return -1;
+  char line[1024];
+  int found = 0;
+  while (!found && fgets(line, sizeof(line), f))
+    found = strstr(line, name) != NULL;
+  fclose(f);
+  return found;
+}
+
+/* First in this file: nothing before it has called into cuBLAS. */
+TH_TEST(cuda_blas_loads_on_first_use) {
+  TH_CHECK_EQ_INT(mapped("libcublasLt.so"), 0); /* not linked: not loaded at start */
+  TH_CHECK_EQ_INT(mapped("libcublas.so"), 0);
+  const char *why = kn_cuda_blas_error(); /* loads both, resolves every function */
+  if (why) printf("  %s\n", why);
+  TH_CHECK(why == NULL);
+  TH_CHECK_EQ_INT(mapped("libcublasLt.so"), 1);
+  /* a forwarded call reaches the library's own function */
+  TH_CHECK_EQ_STR(cublasGetStatusString(CUBLAS_STATUS_NOT_SUPPORTED),
+                  "the requested functionality is not supported");
 }
 
 TH_TEST(cuda_device_count_never_negative) {
