@@ -81,6 +81,24 @@ void md_st_drop_pages(struct md_st *st) {
   if (st->owner_pages) (void)madvise(st->owner_pages, st->owner_len, MADV_DONTNEED);
 }
 
+/* madvise DONTNEED on the pages of [p, p + n) that lie in the mapping
+ * [base, base + len); 1 when the range is inside it. */
+static int drop_in(void *base, size_t len, const void *p, size_t n) {
+  uintptr_t b = (uintptr_t)base, a = (uintptr_t)p;
+  if (!base || a < b || a - b > len || n > len - (a - b)) return 0;
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = a & ~(uintptr_t)(pg - 1), hi = (a + n + pg - 1) & ~(uintptr_t)(pg - 1);
+  if (hi > b + len) hi = b + len; /* the mapping's last page may be partial */
+  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+  return 1;
+}
+
+void md_st_drop_range(struct md_st *st, const void *p, size_t n) {
+  for (int i = 0; i < st->n_maps; i++)
+    if (drop_in(st->maps[i].base, st->maps[i].len, p, n)) return;
+  drop_in(st->owner_pages, st->owner_len, p, n);
+}
+
 void md_st_owner_pages(struct md_st *st, void *base, size_t len) {
   st->owner_pages = base;
   st->owner_len = len;

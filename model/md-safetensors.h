@@ -66,6 +66,10 @@ void md_st_close(struct md_st *st);
 /* Lets go of this process's pages of the mapped files (madvise DONTNEED): the
  * page cache keeps them and a later read of a tensor faults them back in. */
 void md_st_drop_pages(struct md_st *st);
+/* The same for the pages that hold [p, p + n), when that range lies in one of
+ * the mapped files (anything else, such as an aligned copy, is left alone):
+ * a loader copying tensors out lets go of each piece once copied. */
+void md_st_drop_range(struct md_st *st, const void *p, size_t n);
 
 /* The tensor called `name`, or NULL. */
 const struct md_tensor *md_st_find(const struct md_st *st, const char *name);

@@ -111,6 +111,7 @@ static const void *place(struct wk_model *m, const void *data, size_t bytes) {
 #define COPY_MAX_THREADS 16
 
 struct copy_run {
+  struct md_st *st; /* the mapped files, whose pages each piece lets go of */
   const struct wk_copy *todo;
   int n_todo;
   atomic_size_t next;  /* the next piece, numbered over every copy */
@@ -139,6 +140,7 @@ static int copy_some(struct copy_run *run, int *job, size_t *first) {
   size_t off = (piece - *first) * COPY_PIECE;
   size_t len = c->bytes - off < COPY_PIECE ? c->bytes - off : COPY_PIECE;
   memcpy((unsigned char *)c->dst + off, (const unsigned char *)c->src + off, len);
+  md_st_drop_range(run->st, (const unsigned char *)c->src + off, len); /* peak: not file + copy */
   atomic_fetch_add(&run->bytes, len);
   return 0;
 }
@@ -154,7 +156,7 @@ static void *copy_thread(void *arg) {
 
 static void copy_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
-  struct copy_run run = {.todo = a->todo, .n_todo = a->n_todo};
+  struct copy_run run = {.st = m->st, .todo = a->todo, .n_todo = a->n_todo};
   for (int i = 0; i < a->n_todo; i++)
     run.n_pieces += pieces_of(a->todo[i].bytes);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);

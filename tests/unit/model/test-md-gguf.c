@@ -4,8 +4,9 @@
  * truncation of a valid file, counts no file could hold, bad value types,
  * duplicate keys and names, offsets outside the data or off the alignment,
  * rows that are not whole blocks; unknown tensor types listed without data;
- * a file's pages let go of by its tensor directory (md_st_drop_pages), so a
- * worker that copied the weights does not also hold the mapping. */
+ * a file's pages let go of by its tensor directory (md_st_drop_pages, and a
+ * range's with md_st_drop_range), so a worker that copied the weights does
+ * not also hold the mapping. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,118 +15,83 @@
 #include "common/cm-err.h"
 #include "model/md-gguf.h"
 #include "model/md-safetensors.h"
+#include "tests/harness/th-buf.h"
 #include "tests/harness/th.h"
-
-struct buf {
-  uint8_t *p;
-  size_t n, cap;
-};
-
-static void put(struct buf *b, const void *x, size_t n) {
-  if (b->n + n > b->cap) {
-    b->cap = (b->n + n) * 2 + 64;
-    b->p = realloc(b->p, b->cap);
-    TH_REQUIRE(b->p != NULL);
-  }
-  memcpy(b->p + b->n, x, n);
-  b->n += n;
-}
-
-static void u32(struct buf *b, uint32_t v) {
-  uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-  put(b, x, 4);
-}
-
-static void u64(struct buf *b, uint64_t v) {
-  u32(b, (uint32_t)v);
-  u32(b, (uint32_t)(v >> 32));
-}
-
-static void str(struct buf *b, const char *s) {
-  u64(b, strlen(s));
-  put(b, s, strlen(s));
-}
-
-static void pad_to(struct buf *b, size_t align) {
-  static const uint8_t z[64];
-  while (b->n % align)
-    put(b, z, 1);
-}
 
 /* A file of 2 tensors: "a" f32 [3, 2] at 0 and "b" q8_0 [64] (2 blocks) after it, with
  * metadata of every type; align: general.alignment (0: none, the default 32). */
-static struct buf make(uint32_t align, uint32_t b_type) {
-  struct buf b = {0};
-  put(&b, "GGUF", 4);
-  u32(&b, 3);
-  u64(&b, 2);             /* tensors */
-  u64(&b, align ? 8 : 7); /* metadata */
-  str(&b, "general.architecture");
-  u32(&b, MD_GGUF_STRING);
-  str(&b, "gemma3");
-  str(&b, "gemma3.block_count");
-  u32(&b, MD_GGUF_U32);
-  u32(&b, 26);
-  str(&b, "gemma3.attention.layer_norm_rms_epsilon");
-  u32(&b, MD_GGUF_F32);
+static struct th_buf make(uint32_t align, uint32_t b_type) {
+  struct th_buf b = {0};
+  th_buf_put(&b, "GGUF", 4);
+  th_buf_u32(&b, 3);
+  th_buf_u64(&b, 2);             /* tensors */
+  th_buf_u64(&b, align ? 8 : 7); /* metadata */
+  th_buf_str(&b, "general.architecture");
+  th_buf_u32(&b, MD_GGUF_STRING);
+  th_buf_str(&b, "gemma3");
+  th_buf_str(&b, "gemma3.block_count");
+  th_buf_u32(&b, MD_GGUF_U32);
+  th_buf_u32(&b, 26);
+  th_buf_str(&b, "gemma3.attention.layer_norm_rms_epsilon");
+  th_buf_u32(&b, MD_GGUF_F32);
   float eps = 1e-6f;
   uint32_t eu;
   memcpy(&eu, &eps, 4);
-  u32(&b, eu);
-  str(&b, "x.neg");
-  u32(&b, MD_GGUF_I8);
-  put(&b, "\xfe", 1); /* -2 */
-  str(&b, "x.flag");
-  u32(&b, MD_GGUF_BOOL);
-  put(&b, "\x01", 1);
-  str(&b, "tokenizer.ggml.tokens");
-  u32(&b, MD_GGUF_ARRAY);
-  u32(&b, MD_GGUF_STRING);
-  u64(&b, 3);
-  str(&b, "<pad>");
-  str(&b, "");
-  str(&b, "\xe2\x96\x81hi");
-  str(&b, "tokenizer.ggml.scores");
-  u32(&b, MD_GGUF_ARRAY);
-  u32(&b, MD_GGUF_F32);
-  u64(&b, 2);
-  u32(&b, eu);
-  u32(&b, 0);
+  th_buf_u32(&b, eu);
+  th_buf_str(&b, "x.neg");
+  th_buf_u32(&b, MD_GGUF_I8);
+  th_buf_put(&b, "\xfe", 1); /* -2 */
+  th_buf_str(&b, "x.flag");
+  th_buf_u32(&b, MD_GGUF_BOOL);
+  th_buf_put(&b, "\x01", 1);
+  th_buf_str(&b, "tokenizer.ggml.tokens");
+  th_buf_u32(&b, MD_GGUF_ARRAY);
+  th_buf_u32(&b, MD_GGUF_STRING);
+  th_buf_u64(&b, 3);
+  th_buf_str(&b, "<pad>");
+  th_buf_str(&b, "");
+  th_buf_str(&b, "\xe2\x96\x81hi");
+  th_buf_str(&b, "tokenizer.ggml.scores");
+  th_buf_u32(&b, MD_GGUF_ARRAY);
+  th_buf_u32(&b, MD_GGUF_F32);
+  th_buf_u64(&b, 2);
+  th_buf_u32(&b, eu);
+  th_buf_u32(&b, 0);
   if (align) {
-    str(&b, "general.alignment");
-    u32(&b, MD_GGUF_U32);
-    u32(&b, align);
+    th_buf_str(&b, "general.alignment");
+    th_buf_u32(&b, MD_GGUF_U32);
+    th_buf_u32(&b, align);
   }
   uint32_t al = align ? align : 32;
-  str(&b, "a");
-  u32(&b, 2);
-  u64(&b, 3);
-  u64(&b, 2);
-  u32(&b, MD_GGML_F32);
-  u64(&b, 0);
-  str(&b, "b");
-  u32(&b, 1);
-  u64(&b, 64);
-  u32(&b, b_type);
-  u64(&b, (24 + al - 1) / al * al);
-  pad_to(&b, al);
+  th_buf_str(&b, "a");
+  th_buf_u32(&b, 2);
+  th_buf_u64(&b, 3);
+  th_buf_u64(&b, 2);
+  th_buf_u32(&b, MD_GGML_F32);
+  th_buf_u64(&b, 0);
+  th_buf_str(&b, "b");
+  th_buf_u32(&b, 1);
+  th_buf_u64(&b, 64);
+  th_buf_u32(&b, b_type);
+  th_buf_u64(&b, (24 + al - 1) / al * al);
+  th_buf_pad(&b, al);
   for (int i = 0; i < 6; i++) {
     float v = (float)i;
-    put(&b, &v, 4);
+    th_buf_put(&b, &v, 4);
   }
-  pad_to(&b, al);
+  th_buf_pad(&b, al);
   for (int i = 0; i < 68; i++)
-    put(&b, "\x11", 1);
+    th_buf_put(&b, "\x11", 1);
   return b;
 }
 
-static int open_buf(const struct buf *b, struct md_gguf **g, char *err) {
+static int open_buf(const struct th_buf *b, struct md_gguf **g, char *err) {
   return md_gguf_open_mem(b->p, b->n, "t.gguf", g, err, 256);
 }
 
 TH_TEST(gguf_reads_metadata_and_tensors) {
   for (int ai = 0; ai < 2; ai++) {
-    struct buf b = make(ai ? 64 : 0, MD_GGML_Q8_0);
+    struct th_buf b = make(ai ? 64 : 0, MD_GGML_Q8_0);
     struct md_gguf *g = NULL;
     char err[256] = "";
     if (open_buf(&b, &g, err)) {
@@ -177,7 +143,7 @@ TH_TEST(gguf_reads_metadata_and_tensors) {
 }
 
 TH_TEST(gguf_refuses_every_truncation) {
-  struct buf b = make(0, MD_GGML_Q8_0);
+  struct th_buf b = make(0, MD_GGML_Q8_0);
   for (size_t n = 0; n < b.n; n++) {
     struct md_gguf *g = NULL;
     char err[256] = "";
@@ -192,7 +158,7 @@ TH_TEST(gguf_refuses_every_truncation) {
 }
 
 /* b with the 8 bytes at `at` replaced by v (or the 4 bytes, for a 32-bit field). */
-static void expect(struct buf *b, size_t at, uint64_t v, int width, int code, const char *word) {
+static void expect(struct th_buf *b, size_t at, uint64_t v, int width, int code, const char *word) {
   uint8_t save[8];
   memcpy(save, b->p + at, 8);
   for (int i = 0; i < width; i++)
@@ -207,7 +173,7 @@ static void expect(struct buf *b, size_t at, uint64_t v, int width, int code, co
 }
 
 /* Where a byte string first appears in b. */
-static size_t find(const struct buf *b, const char *s, size_t n) {
+static size_t find(const struct th_buf *b, const char *s, size_t n) {
   for (size_t i = 0; i + n <= b->n; i++)
     if (!memcmp(b->p + i, s, n)) return i;
   TH_REQUIRE(0);
@@ -215,7 +181,7 @@ static size_t find(const struct buf *b, const char *s, size_t n) {
 }
 
 TH_TEST(gguf_refuses_hostile_fields) {
-  struct buf b = make(0, MD_GGML_Q8_0);
+  struct th_buf b = make(0, MD_GGML_Q8_0);
   expect(&b, 0, 0x46554746, 4, CM_ERR_PARSE, "not a GGUF file");
   expect(&b, 4, 1, 4, CM_ERR_UNSUPPORTED, "version 1");
   expect(&b, 8, UINT64_MAX, 8, CM_ERR_RANGE, "tensors");
@@ -252,7 +218,7 @@ TH_TEST(gguf_refuses_hostile_fields) {
 }
 
 TH_TEST(gguf_lists_unknown_types_without_data) {
-  struct buf b = make(0, 99);
+  struct th_buf b = make(0, 99);
   struct md_gguf *g = NULL;
   char err[256] = "", tb[32];
   TH_REQUIRE(open_buf(&b, &g, err) == 0);
@@ -271,7 +237,7 @@ TH_TEST(gguf_probe_and_open_files) {
   char path[] = "/tmp/lmserve-gguf-XXXXXX";
   int fd = mkstemp(path);
   TH_REQUIRE(fd >= 0);
-  struct buf b = make(0, MD_GGML_Q8_0);
+  struct th_buf b = make(0, MD_GGML_Q8_0);
   TH_REQUIRE(write(fd, b.p, b.n) == (ssize_t)b.n);
   close(fd);
   TH_CHECK_EQ_INT(md_gguf_probe(path), 1);
@@ -307,7 +273,7 @@ TH_TEST(gguf_directory_lets_go_of_the_file_pages) {
   char path[] = "/tmp/lmserve-gguf-XXXXXX";
   int fd = mkstemp(path);
   TH_REQUIRE(fd >= 0);
-  struct buf b = make(0, MD_GGML_Q8_0);
+  struct th_buf b = make(0, MD_GGML_Q8_0);
   size_t tail = (size_t)4 << 20; /* bytes after the data: pages to hold and let go */
   TH_REQUIRE(write(fd, b.p, b.n) == (ssize_t)b.n && ftruncate(fd, (off_t)(b.n + tail)) == 0);
   close(fd);
@@ -320,7 +286,19 @@ TH_TEST(gguf_directory_lets_go_of_the_file_pages) {
   volatile unsigned sink = 0;
   for (size_t off = 0; off < len; off += 4096)
     sink += map[off];
-  TH_CHECK(rss_kb_at(map) >= (long)(tail >> 10));
+  long all = rss_kb_at(map);
+  TH_CHECK(all >= (long)(tail >> 10));
+  /* a range: its pages go, the rest stay */
+  md_st_drop_range(st, map + b.n + tail / 2, tail / 2);
+  long half = rss_kb_at(map);
+  TH_CHECK(half <= all - (long)(tail >> 11) + 4 && half >= (long)(tail >> 11) - 4);
+  /* memory outside the mappings is never touched */
+  char *heap = malloc(1 << 16);
+  TH_REQUIRE(heap != NULL);
+  memset(heap, 0x5a, 1 << 16);
+  md_st_drop_range(st, heap, 1 << 16);
+  TH_CHECK(heap[0] == 0x5a && heap[(1 << 16) - 1] == 0x5a);
+  free(heap);
   md_st_drop_pages(st);
   TH_CHECK_EQ_INT(rss_kb_at(map), 0);
   /* the bytes read again after the drop are the file's */

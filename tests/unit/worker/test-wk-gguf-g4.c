@@ -16,6 +16,7 @@
 #include "common/cm-proc.h"
 #include "model/md-config.h"
 #include "model/md-gguf.h"
+#include "tests/harness/th-buf.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "tools/tl-tiny-spec.h"
@@ -142,31 +143,6 @@ TH_TEST(dense_gemma4_gguf_gives_the_checkpoints_logits) {
 
 /* ---- bad metadata: the file rebuilt with one change ------------------------------------ */
 
-struct buf {
-  uint8_t *p;
-  size_t n, cap;
-};
-
-static void put(struct buf *b, const void *x, size_t n) {
-  if (b->n + n > b->cap) {
-    b->cap = (b->n + n) * 2 + 64;
-    b->p = realloc(b->p, b->cap);
-    TH_REQUIRE(b->p != NULL);
-  }
-  memcpy(b->p + b->n, x, n);
-  b->n += n;
-}
-static void u32(struct buf *b, uint32_t v) {
-  put(b, &v, 4);
-}
-static void u64(struct buf *b, uint64_t v) {
-  put(b, &v, 8);
-}
-static void str(struct buf *b, const char *s) {
-  u64(b, strlen(s));
-  put(b, s, strlen(s));
-}
-
 /* One change: the key `key` dropped (type < 0), or set to (or added as) a u32
  * (type MD_GGUF_U32) or f32 (MD_GGUF_F32) of value v, or a bool array of n
  * true values (MD_GGUF_ARRAY); or, with key NULL, rope_freqs.weight[1] set to v. */
@@ -176,69 +152,69 @@ struct change {
   double v;
 };
 
-static void put_value(struct buf *b, const struct change *c) {
-  u32(b, (uint32_t)c->type);
+static void put_value(struct th_buf *b, const struct change *c) {
+  th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_U32) {
-    u32(b, (uint32_t)c->v);
+    th_buf_u32(b, (uint32_t)c->v);
   } else if (c->type == MD_GGUF_F32) {
     float f = (float)c->v;
-    put(b, &f, 4);
+    th_buf_put(b, &f, 4);
   } else {
-    u32(b, MD_GGUF_BOOL);
-    u64(b, (uint64_t)c->v);
+    th_buf_u32(b, MD_GGUF_BOOL);
+    th_buf_u64(b, (uint64_t)c->v);
     for (int i = 0; i < (int)c->v; i++)
-      put(b, "\1", 1);
+      th_buf_put(b, "\1", 1);
   }
 }
 
 /* g's file (bytes[len]) with change c, as a new image. */
-static struct buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size_t len,
-                          const struct change *c) {
-  struct buf b = {0};
+static struct th_buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size_t len,
+                             const struct change *c) {
+  struct th_buf b = {0};
   int nkv = md_gguf_kv_count(g), nt = md_gguf_tensor_count(g), found = 0;
   for (int i = 0; i < nkv; i++)
     found |= c->key && !strcmp(md_gguf_kv_at(g, i)->key, c->key);
-  put(&b, "GGUF", 4);
-  u32(&b, 3);
-  u64(&b, (uint64_t)nt);
-  u64(&b, (uint64_t)(nkv - (found && c->type < 0) + (!found && c->key && c->type >= 0)));
+  th_buf_put(&b, "GGUF", 4);
+  th_buf_u32(&b, 3);
+  th_buf_u64(&b, (uint64_t)nt);
+  th_buf_u64(&b, (uint64_t)(nkv - (found && c->type < 0) + (!found && c->key && c->type >= 0)));
   for (int i = 0; i < nkv; i++) {
     const struct md_gguf_kv *kv = md_gguf_kv_at(g, i);
     if (c->key && !strcmp(kv->key, c->key)) {
       if (c->type >= 0) {
-        str(&b, kv->key);
+        th_buf_str(&b, kv->key);
         put_value(&b, c);
       }
       continue;
     }
-    str(&b, kv->key);
-    u32(&b, kv->type);
+    th_buf_str(&b, kv->key);
+    th_buf_u32(&b, kv->type);
     if (kv->type == MD_GGUF_ARRAY) {
-      u32(&b, kv->arr_type);
-      u64(&b, kv->n);
+      th_buf_u32(&b, kv->arr_type);
+      th_buf_u64(&b, kv->n);
     }
-    put(&b, kv->val, (size_t)kv->bytes);
+    th_buf_put(&b, kv->val, (size_t)kv->bytes);
   }
   if (!found && c->key && c->type >= 0) {
-    str(&b, c->key);
+    th_buf_str(&b, c->key);
     put_value(&b, c);
   }
   const uint8_t *data = NULL;
   for (int i = 0; i < nt; i++) {
     const struct md_gguf_tensor *t = md_gguf_tensor_at(g, i);
-    str(&b, t->name);
-    u32(&b, (uint32_t)t->n_dims);
+    th_buf_str(&b, t->name);
+    th_buf_u32(&b, (uint32_t)t->n_dims);
     for (int d = 0; d < t->n_dims; d++)
-      u64(&b, (uint64_t)t->ne[d]);
-    u32(&b, t->type);
-    u64(&b, t->offset);
+      th_buf_u64(&b, (uint64_t)t->ne[d]);
+    th_buf_u32(&b, t->type);
+    th_buf_u64(&b, t->offset);
     if (!t->offset) data = t->data;
   }
   TH_REQUIRE(data != NULL);
   while (b.n % 32)
-    put(&b, "", 1);
+    th_buf_put(&b, "", 1);
   size_t base = b.n;
-  put(&b, data, len - (size_t)(data - bytes));
+  th_buf_put(&b, data, len - (size_t)(data - bytes));
   if (!c->key) {
     const struct md_gguf_tensor *t = md_gguf_find_tensor(g, "rope_freqs.weight");
     TH_REQUIRE(t != NULL);
@@ -268,7 +244,7 @@ static uint8_t *slurp(const char *path, size_t *lenp, struct md_gguf **g) {
 static void expect_bad(const struct md_gguf *orig, const uint8_t *bytes, size_t len,
                        const struct change *c, const char *want) {
   char err[512] = "";
-  struct buf b = rebuild(orig, bytes, len, c);
+  struct th_buf b = rebuild(orig, bytes, len, c);
   struct md_gguf *gg = NULL;
   struct md_config *cfg = calloc(1, sizeof(*cfg));
   TH_REQUIRE(cfg != NULL);
@@ -325,7 +301,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
     expect_bad(orig, bytes, len, &cases[i].c, cases[i].want);
   /* the unchanged rebuild reads (the rebuilding itself is sound) */
   struct change none = {"x.unused", -1, 0};
-  struct buf b = rebuild(orig, bytes, len, &none);
+  struct th_buf b = rebuild(orig, bytes, len, &none);
   struct md_gguf *gg = NULL;
   struct md_config *cfg = calloc(1, sizeof(*cfg));
   TH_REQUIRE(cfg && md_gguf_open_mem(b.p, b.n, "ok.gguf", &gg, err, sizeof(err)) == 0);
