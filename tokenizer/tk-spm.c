@@ -185,7 +185,7 @@ int tk_load_spm(const struct tk_spm *v, struct tk_tokenizer **out, char *errbuf,
                 id, (int)(v->len[id] > 40 ? 40 : v->len[id]), v->text[id]);
     goto done;
   }
-  if (rc || (rc = make_merges(v, &m, &mg, &n_mg))) {
+  if (rc || (!v->n_merges && (rc = make_merges(v, &m, &mg, &n_mg)))) {
     rc = cm_fail(errbuf, errlen, CM_ERR_NOMEM, "out of memory");
     goto done;
   }
@@ -241,11 +241,15 @@ int tk_load_spm(const struct tk_spm *v, struct tk_tokenizer **out, char *errbuf,
     sb_cs(&b, num);
   }
   sb_cs(&b, "},\"merges\":[");
-  for (int64_t k = 0; k < n_mg; k++) {
+  for (int64_t k = 0; k < (v->n_merges ? v->n_merges : n_mg); k++) {
     sb_cs(&b, k ? ",[" : "[");
-    sb_json(&b, v->text[mg[k].l], v->len[mg[k].l]);
-    sb_put(&b, ",", 1);
-    sb_json(&b, v->text[mg[k].r], v->len[mg[k].r]);
+    for (int side = 0; side < 2; side++) {
+      if (side) sb_put(&b, ",", 1);
+      if (v->n_merges)
+        sb_json(&b, v->merge_text[2 * k + side], v->merge_len[2 * k + side]);
+      else
+        sb_json(&b, v->text[side ? mg[k].r : mg[k].l], v->len[side ? mg[k].r : mg[k].l]);
+    }
     sb_put(&b, "]", 1);
   }
   sb_cs(&b, "]}}");
@@ -263,6 +267,42 @@ done:
 
 /* ---- from a GGUF file ----------------------------------------------------------------- */
 
+/* tokenizer.ggml.merges ("left right" strings, llama.cpp's converter's form of
+ * tokenizer.json's merges) into v: the two sides split at the first space after
+ * the first byte (a side never holds a space: the pipeline escapes them), into
+ * *mtext (left, right, left, ...) and *mlen, which the caller frees. */
+static int gguf_merges(const struct md_gguf *g, const char *path, struct tk_spm *v,
+                       const char ***mtext, uint32_t **mlen, char *errbuf, size_t errlen) {
+  const struct md_gguf_kv *mg = md_gguf_find_kv(g, "tokenizer.ggml.merges");
+  if (!mg || mg->type != MD_GGUF_ARRAY || mg->arr_type != MD_GGUF_STRING || mg->n < 1 ||
+      mg->n > INT32_MAX)
+    return cm_fail(errbuf, errlen, CM_ERR_PARSE,
+                   "%s: tokenizer.ggml.model \"gemma4\" needs tokenizer.ggml.merges, an array "
+                   "of strings",
+                   path);
+  *mtext = calloc(2 * (size_t)mg->n, sizeof(**mtext));
+  *mlen = calloc(2 * (size_t)mg->n, sizeof(**mlen));
+  if (!*mtext || !*mlen) return cm_fail(errbuf, errlen, CM_ERR_NOMEM, "out of memory");
+  uint64_t pos = 0;
+  for (uint64_t i = 0; i < mg->n; i++) {
+    const char *s;
+    size_t l;
+    const char *sp = NULL;
+    if (!md_gguf_arr_next_str(mg, &pos, &s, &l) && l >= 3 && l <= UINT32_MAX)
+      sp = memchr(s + 1, ' ', l - 2);
+    if (!sp)
+      return cm_fail(errbuf, errlen, CM_ERR_PARSE,
+                     "%s: tokenizer.ggml.merges[%llu] is not two tokens apart by a space", path,
+                     (unsigned long long)i);
+    (*mtext)[2 * i] = s;
+    (*mlen)[2 * i] = (uint32_t)(sp - s);
+    (*mtext)[2 * i + 1] = sp + 1;
+    (*mlen)[2 * i + 1] = (uint32_t)(l - (size_t)(sp - s) - 1);
+  }
+  v->n_merges = (int64_t)mg->n;
+  return 0;
+}
+
 int tk_from_gguf(const struct md_gguf *g, const char *path, struct tk_tokenizer **out,
                  char **chat_template, char *errbuf, size_t errlen) {
   *out = NULL;
@@ -274,25 +314,30 @@ int tk_from_gguf(const struct md_gguf *g, const char *path, struct tk_tokenizer 
                           *scores = md_gguf_find_kv(g, "tokenizer.ggml.scores"),
                           *types = md_gguf_find_kv(g, "tokenizer.ggml.token_type");
   struct tk_spm v = {0};
-  const char **text = NULL;
-  uint32_t *len = NULL;
+  const char **text = NULL, **mtext = NULL;
+  uint32_t *len = NULL, *mlen = NULL;
   float *score = NULL;
   int32_t *type = NULL;
-  if (md_gguf_get_str(g, "tokenizer.ggml.model", &model, &ml) || ml != 5 ||
-      memcmp(model, "llama", 5)) {
+  int gemma4 = 0;
+  if (!md_gguf_get_str(g, "tokenizer.ggml.model", &model, &ml) && ml == 6 &&
+      !memcmp(model, "gemma4", 6))
+    gemma4 = 1;
+  else if (!model || ml != 5 || memcmp(model, "llama", 5)) {
     rc = cm_fail(errbuf, errlen, CM_ERR_UNSUPPORTED,
                  "%s: tokenizer.ggml.model \"%.*s\" is not supported (llama: a SentencePiece "
-                 "vocabulary); pass --tokenizer DIR",
+                 "vocabulary; gemma4: Gemma 4's BPE); pass --tokenizer DIR",
                  path, model ? (int)ml : 6, model ? model : "(none)");
     goto done;
   }
-  if (!toks || toks->type != MD_GGUF_ARRAY || toks->arr_type != MD_GGUF_STRING || !scores ||
-      scores->n != toks->n || !types || types->n != toks->n || toks->n < 1 || toks->n > INT32_MAX) {
+  if (!toks || toks->type != MD_GGUF_ARRAY || toks->arr_type != MD_GGUF_STRING ||
+      (scores ? scores->n != toks->n : !gemma4) || !types || types->n != toks->n || toks->n < 1 ||
+      toks->n > INT32_MAX) {
     rc = cm_fail(errbuf, errlen, CM_ERR_PARSE,
                  "%s: tokenizer.ggml.tokens, .scores and .token_type must be arrays of one length",
                  path);
     goto done;
   }
+  if (gemma4 && (rc = gguf_merges(g, path, &v, &mtext, &mlen, errbuf, errlen))) goto done;
   v.n = (int32_t)toks->n;
   text = calloc((size_t)v.n, sizeof(*text));
   len = calloc((size_t)v.n, sizeof(*len));
@@ -307,8 +352,10 @@ int tk_from_gguf(const struct md_gguf *g, const char *path, struct tk_tokenizer 
     size_t l;
     double sc;
     int64_t ty;
+    sc = 0.0;
     if (md_gguf_arr_next_str(toks, &pos, &text[i], &l) || l > UINT32_MAX ||
-        md_gguf_arr_f64(scores, (uint64_t)i, &sc) || md_gguf_arr_int(types, (uint64_t)i, &ty)) {
+        (scores && md_gguf_arr_f64(scores, (uint64_t)i, &sc)) ||
+        md_gguf_arr_int(types, (uint64_t)i, &ty)) {
       rc = cm_fail(errbuf, errlen, CM_ERR_PARSE, "%s: token %d of the vocabulary is malformed",
                    path, (int)i);
       goto done;
@@ -327,6 +374,8 @@ int tk_from_gguf(const struct md_gguf *g, const char *path, struct tk_tokenizer 
   v.type = type;
   v.bos = bos >= 0 && bos < v.n ? (int32_t)bos : -1;
   v.add_bos = add_bos;
+  v.merge_text = mtext;
+  v.merge_len = mlen;
   if ((rc = tk_load_spm(&v, out, errbuf, errlen))) goto done;
   const char *tmpl;
   size_t tl;
@@ -345,6 +394,8 @@ done:
   free(len);
   free(score);
   free(type);
+  free(mtext);
+  free(mlen);
   return rc;
 }
 

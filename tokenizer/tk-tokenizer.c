@@ -36,6 +36,21 @@ void tk_merge_ranks(const struct tk_tokenizer *tok, int32_t *ranks) {
   }
 }
 
+int32_t tk_n_merges(const struct tk_tokenizer *tok) {
+  return tok->n_merges;
+}
+
+void tk_merge_pairs(const struct tk_tokenizer *tok, int32_t *lr) {
+  for (int64_t i = 0; i < 2 * (int64_t)tok->n_merges; i++)
+    lr[i] = -1;
+  for (uint64_t i = 0; tok->mhash && i <= tok->mmask; i++) {
+    const struct tk_merge *m = &tok->mhash[i];
+    if (m->key == UINT64_MAX || m->rank < 0 || m->rank >= tok->n_merges) continue;
+    lr[2 * (int64_t)m->rank] = (int32_t)(m->key >> 32);
+    lr[2 * (int64_t)m->rank + 1] = (int32_t)(m->key & 0xFFFFFFFFu);
+  }
+}
+
 int tk_byte_value(const struct tk_tokenizer *tok, int32_t id) {
   return id >= 0 && id < tok->n_ids ? tok->byte_of[id] : -1;
 }

@@ -61,6 +61,10 @@ int tk_is_added(const struct tk_tokenizer *tok, int32_t id);
  * result is id, or -1 when no merge makes it: a SentencePiece-style score
  * (its negation) that orders merges as the BPE model does (export-gguf). */
 void tk_merge_ranks(const struct tk_tokenizer *tok, int32_t *ranks);
+/* The BPE model's merges in rank order: lr[2 i] and lr[2 i + 1], the left and
+ * right ids of merge i, for i < tk_n_merges (a rank no merge has: -1, -1). */
+int32_t tk_n_merges(const struct tk_tokenizer *tok);
+void tk_merge_pairs(const struct tk_tokenizer *tok, int32_t *lr);
 
 /* The same from tokenizer.json's text (len bytes, copied). */
 int tk_load_json(const char *text, size_t len, struct tk_tokenizer **out, char *errbuf,
@@ -76,6 +80,12 @@ struct tk_spm {
   const int32_t *type;     /* [n] TK_SPM_* */
   int add_bos;             /* 1: encoding starts with bos */
   int32_t bos;             /* -1: none */
+  /* Merges given as they are (GGUF files of tokenizer.ggml.model "gemma4"),
+   * in rank order: merge i joins merge_text[2 i] (merge_len[2 i] bytes) and
+   * merge_text[2 i + 1]; n_merges 0: derived from the scores as below. */
+  int64_t n_merges;
+  const char *const *merge_text;
+  const uint32_t *merge_len;
 };
 enum {
   TK_SPM_NORMAL = 1,
@@ -96,8 +106,12 @@ enum {
  * sentence in errbuf. */
 int tk_load_spm(const struct tk_spm *v, struct tk_tokenizer **out, char *errbuf, size_t errlen);
 
-/* The tokenizer of a GGUF file's metadata (tokenizer.ggml.model "llama": tokens,
- * scores, token_type, bos_token_id, add_bos_token) through tk_load_spm, and its
+/* The tokenizer of a GGUF file's metadata through tk_load_spm: tokens, scores,
+ * token_type, bos_token_id, add_bos_token, with tokenizer.ggml.model "llama"
+ * (SentencePiece: merges from the scores) or "gemma4" (llama.cpp's converter's
+ * Gemma 4 vocabulary: the merges of tokenizer.ggml.merges, "left right", as
+ * tokenizer.json lists them; the same pipeline: Gemma 4's tokenizer.json is a
+ * BPE over U+2581-escaped text with byte fallback and no pre-split), and its
  * chat template (tokenizer.chat_template; *chat_template NULL when absent,
  * else malloc'd, NUL-terminated; chat_template may be NULL). */
 int tk_load_gguf(const char *path, struct tk_tokenizer **out, char **chat_template, char *errbuf,

@@ -18,8 +18,11 @@
  *     the full layers scale positions, final_logit_softcapping when set, and
  *     attention.sliding_window_pattern as one bool per layer (so the layer
  *     plan is the checkpoint's own, not llama.cpp's default of every 6th);
- *   - the vocabulary of DIR/tokenizer.json as a SentencePiece-type one
- *     (tokenizer.ggml.model "llama", as for Gemma's tokenizer.model):
+ *   - the vocabulary of DIR/tokenizer.json: for Gemma 4 as llama.cpp's
+ *     converter writes it (tokenizer.ggml.model "gemma4": tokens, token_type,
+ *     tokenizer.json's merges as "left right" strings in tokenizer.ggml.merges,
+ *     scores 0 and -1000 on control tokens); for Gemma 3 as a SentencePiece-type
+ *     one (tokenizer.ggml.model "llama", as for Gemma's tokenizer.model):
  *     tokens, token_type (byte-fallback "<0xXX>" tokens BYTE, special added
  *     tokens CONTROL, other added tokens USER_DEFINED, the rest NORMAL),
  *     scores (minus the rank of the first merge that makes each piece, so
@@ -461,6 +464,33 @@ static const char *unsupported(const struct md_config *c, char *why, size_t n) {
   return NULL;
 }
 
+/* tokenizer.ggml.merges: tokenizer.json's merges in order as "left right",
+ * those of tokens inside the vocabulary written. 0, or 1 with o failed. */
+static int write_merges(struct gg_out *o, const struct tk_tokenizer *tok, int32_t vocab) {
+  int32_t nm = tk_n_merges(tok);
+  int32_t *lr = malloc(sizeof(int32_t) * 2 * (size_t)(nm > 0 ? nm : 1));
+  if (!lr) return o->failed = 1;
+  tk_merge_pairs(tok, lr);
+  uint64_t n = 0;
+  for (int32_t i = 0; i < nm; i++)
+    n += lr[2 * i] >= 0 && lr[2 * i] < vocab && lr[2 * i + 1] >= 0 && lr[2 * i + 1] < vocab;
+  kv_key(o, "tokenizer.ggml.merges", GG_ARR);
+  put_u32(o, GG_STR);
+  put_u64(o, n);
+  for (int32_t i = 0; i < nm; i++) {
+    if (lr[2 * i] < 0 || lr[2 * i] >= vocab || lr[2 * i + 1] < 0 || lr[2 * i + 1] >= vocab)
+      continue;
+    size_t ll, rl;
+    const char *l = tk_token_str(tok, lr[2 * i], &ll), *r = tk_token_str(tok, lr[2 * i + 1], &rl);
+    put_u64(o, ll + 1 + rl);
+    put(o, l, ll);
+    put(o, " ", 1);
+    put(o, r, rl);
+  }
+  free(lr);
+  return 0;
+}
+
 /* The key-value pairs (into o, which counts them). */
 static void write_kv(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
                      const struct tk_tokenizer *tok, const char *tmpl, const char *name) {
@@ -531,7 +561,8 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
   }
 #undef AK
   int32_t nt = tk_n_vocab(tok);
-  kv_str(o, "tokenizer.ggml.model", "llama");
+  const int bpe = c->arch == MD_ARCH_GEMMA4; /* llama.cpp's converter's Gemma 4 vocabulary */
+  kv_str(o, "tokenizer.ggml.model", bpe ? "gemma4" : "llama");
   kv_key(o, "tokenizer.ggml.tokens", GG_ARR);
   put_u32(o, GG_STR);
   put_u64(o, (uint64_t)c->vocab);
@@ -559,9 +590,11 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
   put_u64(o, (uint64_t)c->vocab);
   for (int32_t id = 0; id < c->vocab; id++) {
     float score = id < nt && ranks[id] >= 0 ? -(float)ranks[id] : -1e9f;
+    if (bpe) score = id < nt && tk_is_special(tok, id) ? -1000.0f : 0.0f; /* unused by BPE */
     put(o, &score, 4);
   }
   free(ranks);
+  if (bpe && write_merges(o, tok, c->vocab)) return;
   kv_key(o, "tokenizer.ggml.token_type", GG_ARR);
   put_u32(o, GG_I32);
   put_u64(o, (uint64_t)c->vocab);

@@ -4,6 +4,7 @@
 // checks `lmserve export-gguf` wrote the same model.
 //
 //   node gguf-llamacpp.mjs LLAMACPP_DIR MODEL.gguf N '[[ids...], [ids...]]' [gaps]
+//   node gguf-llamacpp.mjs LLAMACPP_DIR MODEL.gguf tokenize < TEXT
 // prints one JSON array of N generated ids per prompt, one per line; with
 // "gaps", each is followed by a line of N numbers: at each step, how far
 // llama.cpp's top logit lies above its second (ln p1 - ln p2 of its
@@ -19,6 +20,17 @@ const gaps = gapsArg === "gaps";
 const req = createRequire(path.join(dir, "package.json"));
 const nlc = await import(req.resolve("node-llama-cpp"));
 const llama = await nlc.getLlama({gpu: false, build: "never", logLevel: nlc.LlamaLogLevel.error});
+if (nArg === "tokenize") {
+  // node gguf-llamacpp.mjs LLAMACPP_DIR MODEL.gguf tokenize < TEXT: the file's own
+  // tokenizer's ids of the text (special tokens' text read as those tokens, no BOS
+  // added), one JSON array
+  const vocab = await llama.loadModel({modelPath, gpuLayers: 0, vocabOnly: true});
+  const text = (await import("node:fs")).readFileSync(0, "utf8");
+  console.log(JSON.stringify(Array.from(vocab.tokenize(text, true))));
+  await vocab.dispose();
+  await llama.dispose();
+  process.exit(0);
+}
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
 const n = Number(nArg);
 for (const ids of JSON.parse(promptsArg)) {

@@ -46,16 +46,23 @@ static int parse_ids(const char *s, int *ids, int max) {
 }
 
 /* Where llama.cpp is, in dir[1024]; skips the test when it is not there. */
-static void need_llamacpp(char *dir) {
+/* llama.cpp's folder into dir[1024]; NULL, or why it cannot run here. */
+static const char *llamacpp_dir(char *dir) {
   if (th_node_major() < 18)
-    TH_SKIP("no node 18 or newer on PATH: llama.cpp did not check the GGUF export");
+    return "no node 18 or newer on PATH: llama.cpp did not check the GGUF export";
   const char *src = getenv("TH_SOURCE_DIR");
   char pkg[1100];
   snprintf(dir, 1024, "%s/tools/llamacpp", src ? src : ".");
   snprintf(pkg, sizeof(pkg), "%s/node_modules/node-llama-cpp/package.json", dir);
   if (access(pkg, R_OK) != 0)
-    TH_SKIP("tools/llamacpp/node_modules/node-llama-cpp is missing (run tools/setup): llama.cpp "
-            "did not check the GGUF export");
+    return "tools/llamacpp/node_modules/node-llama-cpp is missing (run tools/setup): llama.cpp "
+           "did not check the GGUF export";
+  return NULL;
+}
+
+static void need_llamacpp(char *dir) {
+  const char *why = llamacpp_dir(dir);
+  if (why) TH_SKIP(why);
 }
 
 /* llama.cpp's N_GEN greedy ids after each prompt (a JSON array of arrays) into
@@ -485,17 +492,24 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   th_out_free(&o);
 }
 
-/* The tokenizer read from a GGUF file's metadata (the vocabulary export-gguf writes,
- * as llama.cpp's converter does: tokens, scores, token types) gives tokenizer.json's
- * ids for every line of the tokenizer corpus, except those naming tokens past the
- * model's vocabulary (<image_soft_token>: no embedding row, so not in the file). */
-TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
-  th_proc_init(600);
-  char model[300], g[300];
-  tiny_gemma3_with_tokenizer(model, "t3", "1");
-  tmp_path(g, "t3.gguf");
-  struct th_out o = {0};
-  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+/* ids[] without spaces, and without a leading bos (2,) when drop_bos. */
+static void squeeze_ids(char *ids, int drop_bos) {
+  char *w = ids;
+  for (const char *r = ids; *r; r++)
+    if (*r != ' ' && *r != '\n') *w++ = *r;
+  *w = 0;
+  if (drop_bos && !strncmp(ids, "[2,", 3))
+    memmove(ids + 1, ids + 3, strlen(ids + 3) + 1);
+  else if (drop_bos && !strcmp(ids, "[2]"))
+    strcpy(ids, "[]");
+}
+
+/* For every file of the tokenizer corpus (less the lines naming tokens past the
+ * model's vocabulary: <image_soft_token> has no embedding row, so it is not in
+ * the file): `lmserve tokenize` gives the same ids from the GGUF file g as from
+ * the checkpoint folder's tokenizer.json; and, with llamacpp (its folder), the
+ * same as llama.cpp's own reading of g (which adds no bos here). */
+static void same_ids_on_the_corpus(const char *model, const char *g, const char *llamacpp) {
   char dir[1100];
   snprintf(dir, sizeof(dir), "%s/fixtures/tokenizer/corpus", th_tests_dir());
   DIR *d = opendir(dir);
@@ -521,25 +535,69 @@ TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
     fclose(mem);
     free(line);
     fclose(f);
-    char *ids[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++) {
-      char *argv[] = {th_lmserve_bin(), "tokenize", "--tokenizer", k ? g : model, NULL};
+    char *ids[3] = {NULL, NULL, NULL}, script[1100];
+    snprintf(script, sizeof(script), "%s/integration/gguf-llamacpp.mjs", th_tests_dir());
+    for (int k = 0; k < (llamacpp ? 3 : 2); k++) {
+      char *argv[] = {th_lmserve_bin(), "tokenize", "--tokenizer", k ? (char *)g : (char *)model,
+                      NULL};
+      char *largv[] = {"node", script, (char *)llamacpp, (char *)g, "tokenize", NULL};
       char *err = NULL;
-      int rc = th_run(argv, NULL, text, tlen, 60000, &ids[k], &err);
+      int rc = th_run(k < 2 ? argv : largv, NULL, text, tlen, 120000, &ids[k], &err);
+      if (rc) fprintf(stderr, "%s\n", err ? err : "");
       TH_CHECK_EQ_INT(rc, 0);
       free(err);
     }
     if (!ids[0] || !ids[1] || strcmp(ids[0], ids[1]))
       th_fail(__FILE__, __LINE__, "%s: %.200s against %.200s", e->d_name,
               ids[1] ? ids[1] : "(none)", ids[0] ? ids[0] : "(none)");
-    free(ids[0]);
-    free(ids[1]);
+    if (llamacpp && ids[1] && ids[2]) {
+      squeeze_ids(ids[1], 1);
+      squeeze_ids(ids[2], 0);
+      if (strcmp(ids[1], ids[2]))
+        th_fail(__FILE__, __LINE__, "%s: llama.cpp %.200s against %.200s", e->d_name, ids[2],
+                ids[1]);
+    }
+    for (int k = 0; k < 3; k++)
+      free(ids[k]);
     free(text);
     files++;
   }
   closedir(d);
-  printf("# %d lines of %d corpus files: the same ids\n", lines, files);
+  printf("# %d lines of %d corpus files: the same ids%s\n", lines, files,
+         llamacpp ? ", llama.cpp's too" : "");
   TH_CHECK(lines >= 30);
+}
+
+/* The tokenizer read from a GGUF file's metadata (the vocabulary export-gguf writes,
+ * as llama.cpp's converter does: tokens, scores, token types) gives tokenizer.json's
+ * ids for every line of the tokenizer corpus. */
+TH_TEST(gguf_tokenizer_gives_the_tokenizer_json_ids) {
+  th_proc_init(600);
+  char model[300], g[300];
+  tiny_gemma3_with_tokenizer(model, "t3", "1");
+  tmp_path(g, "t3.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+  same_ids_on_the_corpus(model, g, NULL);
+  th_out_free(&o);
+}
+
+/* Gemma 4's vocabulary as llama.cpp's converter writes it (tokenizer.ggml.model
+ * "gemma4": tokenizer.json's merges in tokenizer.ggml.merges): read from the
+ * file, tokenizer.json's ids on the corpus, and llama.cpp's own ids from the
+ * same file (where node-llama-cpp is installed; said loudly where not). */
+TH_TEST(gguf_gemma4_vocabulary_gives_the_tokenizer_json_and_llamacpp_ids) {
+  th_proc_init(900);
+  char model[300], g[300], dir[1024];
+  tmp_path(model, "t4");
+  tmp_path(g, "t4.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(
+      lm(&o, "make-tiny-model", "--arch", "gemma4", "--preset", "tiny-dense", "--out", model) == 0);
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+  const char *why = llamacpp_dir(dir);
+  if (why) printf("# %s\n", why);
+  same_ids_on_the_corpus(model, g, why ? NULL : dir);
   th_out_free(&o);
 }
 
