@@ -89,7 +89,9 @@ def gemma3_config():
                                 rope_scaling={"rope_type": "linear", "factor": 2.0}, **common)
 
 
-def gemma4_config(moe, window=16):
+def gemma4_config(moe, window=16, large=False):
+    """E-series features (per-layer inputs, KV-shared layers, double-wide MLP), or
+    with large the 26B's and 31B's: none of those, K as V on every full layer."""
     from transformers import Gemma4TextConfig
 
     layer_types = ["sliding_attention", "sliding_attention", "full_attention",
@@ -98,13 +100,17 @@ def gemma4_config(moe, window=16):
     if moe:
         extra = dict(enable_moe_block=True, num_experts=4, top_k_experts=2,
                      moe_intermediate_size=32)
+    if large:
+        extra.update(num_kv_shared_layers=0, use_double_wide_mlp=False,
+                     hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)
+    else:
+        extra.update(num_kv_shared_layers=2, use_double_wide_mlp=True,
+                     hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB)
     return Gemma4TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
         num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=window,
-        layer_types=layer_types, num_kv_shared_layers=2, use_double_wide_mlp=True,
-        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
-        final_logit_softcapping=30.0, max_position_embeddings=512, rms_norm_eps=1e-6,
+        layer_types=layer_types, final_logit_softcapping=30.0, max_position_embeddings=512, rms_norm_eps=1e-6,
         hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
         pad_token_id=0, bos_token_id=2, eos_token_id=1,
         rope_parameters={
@@ -143,7 +149,7 @@ def build(name, out_dir):
         cfg = gemma3_config()
     else:
         from transformers import Gemma4ForCausalLM as cls
-        cfg = gemma4_config(moe=(name == "gemma4-moe"))
+        cfg = gemma4_config(moe=(name == "gemma4-moe"), large=(name == "gemma4-large"))
     cfg._attn_implementation = "eager"  # plain softmax attention in float32
     model = cls(cfg).float().eval()
     reinit(model, name == "gemma3")
@@ -293,14 +299,16 @@ def build_assistant(out_dir):
           f"drafts {drafts}")
 
 
+NAMES = ["gemma3", "gemma4", "gemma4-moe", "gemma4-large", "gemma4-assistant"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join("tests", "fixtures", "models"))
-    ap.add_argument("--only", choices=["gemma3", "gemma4", "gemma4-moe", "gemma4-assistant"],
-                    action="append")
+    ap.add_argument("--only", choices=NAMES, action="append")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
-    for name in args.only or ["gemma3", "gemma4", "gemma4-moe", "gemma4-assistant"]:
+    for name in args.only or NAMES:
         if name == "gemma4-assistant":
             build_assistant(args.out)
         else:

@@ -43,7 +43,9 @@ static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
 #else
   if (cuda) TH_SKIP("a build without CUDA: the CUDA golden comparison");
 #endif
-  struct md_st *g = wkt_golden_open(name, "", dir);
+  char args[64];
+  snprintf(args, sizeof(args), " --only %s", name);
+  struct md_st *g = wkt_golden_open(name, args, dir);
   const struct md_tensor *ti = md_st_find(g, "input_ids"), *tl = md_st_find(g, "logits"),
                          *tg = md_st_find(g, "greedy");
   TH_REQUIRE(ti && tl && tg && ti->dtype == MD_ST_I64 && tl->dtype == MD_ST_F32 &&
@@ -157,6 +159,11 @@ TH_TEST(golden_gemma4) {
 TH_TEST(golden_gemma4_moe) {
   golden("gemma4-moe", 0);
 }
+/* the 26B's and 31B's attention: K as V on every full layer, no KV sharing, no
+ * per-layer inputs */
+TH_TEST(golden_gemma4_large) {
+  golden("gemma4-large", 0);
+}
 TH_TEST(golden_gemma3_cuda) {
   golden("gemma3", 1);
 }
@@ -165,6 +172,9 @@ TH_TEST(golden_gemma4_cuda) {
 }
 TH_TEST(golden_gemma4_moe_cuda) {
   golden("gemma4-moe", 1);
+}
+TH_TEST(golden_gemma4_large_cuda) {
+  golden("gemma4-large", 1);
 }
 TH_TEST(golden_gemma3_fp8_kv) {
   golden_kv("gemma3", 0, KN_DTYPE_F8E4M3);

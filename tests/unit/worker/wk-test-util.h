@@ -58,18 +58,24 @@ static inline struct wk_model_opts wkt_small_opts(int quantization) {
                                 .quantization = quantization};
 }
 
-/* Writes a generated checkpoint (small vocabulary) into a new directory. */
-static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe, int window,
-                                 enum md_st_dtype dt, uint64_t seed) {
+/* Writes a generated checkpoint of arch's preset (small vocabulary) into a new directory. */
+static inline int wkt_make_preset(char *dir, size_t n, const char *arch, const char *preset,
+                                  int moe, int window, enum md_st_dtype dt, uint64_t seed) {
   if (wkt_tmpdir(dir, n)) return -1;
   struct tl_tiny_spec s;
   struct tl_tiny_opts o = {
-      .arch = arch, .preset = "tiny", .vocab = 512, .moe = moe, .sliding_window = window};
+      .arch = arch, .preset = preset, .vocab = 512, .moe = moe, .sliding_window = window};
   char err[256];
   if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) return -1;
   int rc = tl_tiny_write(&s, dir, seed, dt);
   tl_tiny_spec_free(&s);
   return rc;
+}
+
+/* wkt_make_preset with the tiny preset. */
+static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe, int window,
+                                 enum md_st_dtype dt, uint64_t seed) {
+  return wkt_make_preset(dir, n, arch, "tiny", moe, window, dt, seed);
 }
 
 /* Opens the golden fixture tests/fixtures/models/NAME/golden.safetensors (its folder in
