@@ -83,8 +83,7 @@ static void bc_matmul(struct bchk *c, int T, int acc) {
   for (size_t i = 0; i < (size_t)T * ldo; i++)
     c->o[i] = 1.0f;
   int rc = kn_upload(c->be, c->o_d, c->o, ob);
-  if (!rc)
-    rc = kn_matmul(c->be, c->o_d, ldo, c->x_d, K + BC_PAD_I, c->w_d, c->dt, T, BC_N, K, acc);
+  if (!rc) rc = kn_matmul(c->be, c->o_d, ldo, c->x_d, K + BC_PAD_I, c->w_d, c->dt, T, BC_N, K, acc);
   if (!rc) rc = kn_download(c->be, c->o, c->o_d, ob);
   if (rc) return bc_fail(c, "matmul T=%d: %s", T, cm_strerror(rc));
   for (int t = 0; t < T; t++)
@@ -92,8 +91,8 @@ static void bc_matmul(struct bchk *c, int T, int acc) {
       double ref, mag, got = c->o[(size_t)t * ldo + n] - (acc ? 1.0 : 0.0);
       bc_ref(c, T, t, n, &ref, &mag);
       if (!(fabs(got - ref) <= c->tol * mag))
-        return bc_fail(c, "matmul T=%d: out[%d, %d] = %.9g, reference %.9g (allowed %.3g)", T, t,
-                       n, got, ref, c->tol * mag);
+        return bc_fail(c, "matmul T=%d: out[%d, %d] = %.9g, reference %.9g (allowed %.3g)", T, t, n,
+                       got, ref, c->tol * mag);
     }
 }
 
@@ -103,8 +102,8 @@ static void bc_head(struct bchk *c, int T) {
   const float cap = 4.0f;
   int32_t ids[BC_T];
   float maxv[BC_T];
-  int rc = kn_matmul_argmax(c->be, ids, maxv, c->x_d, c->K + BC_PAD_I, c->w_d, c->dt, T, BC_N,
-                            c->K, cap, c->s_d);
+  int rc = kn_matmul_argmax(c->be, ids, maxv, c->x_d, c->K + BC_PAD_I, c->w_d, c->dt, T, BC_N, c->K,
+                            cap, c->s_d);
   if (rc) return bc_fail(c, "head T=%d: %s", T, cm_strerror(rc));
   for (int t = 0; t < T; t++) {
     double z[BC_N], best = -INFINITY, slack = 0;
@@ -116,8 +115,8 @@ static void bc_head(struct bchk *c, int T) {
       slack = fmax(slack, c->tol * mag + 1e-6 * cap); /* + tanhf's own rounding */
     }
     if (ids[t] < 0 || ids[t] >= BC_N || !(z[ids[t]] >= best - 2 * slack))
-      return bc_fail(c, "head T=%d: row %d took id %d, the reference's largest logit is %.9g", T,
-                     t, (int)ids[t], best);
+      return bc_fail(c, "head T=%d: row %d took id %d, the reference's largest logit is %.9g", T, t,
+                     (int)ids[t], best);
     if (!(fabs(maxv[t] - z[ids[t]]) <= slack))
       return bc_fail(c, "head T=%d: row %d's max %.9g, reference %.9g", T, t, maxv[t], z[ids[t]]);
   }

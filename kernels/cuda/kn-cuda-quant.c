@@ -50,12 +50,12 @@ int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const flo
   KN_CUDA_RUN(c, kn_cuda_launch_narrow(c->stream, act, KN_DTYPE_BF16, in, ldi, T, K));
   for (int n0 = 0; n0 < N; n0 += rows) {
     int m = N - n0 < rows ? N - n0 : rows;
-    KN_CUDA_RUN(c, kn_cuda_launch_qtile(c->stream, tile, (const char *)w + (size_t)n0 * rb, wdt, m,
-                                        K));
-    KN_CUBLAS_RUN(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, T, K, &one, tile,
-                                  CUDA_R_16BF, K, act, CUDA_R_16BF, K, accumulate ? &one : &zero,
-                                  out + n0, CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+    KN_CUDA_RUN(
+        c, kn_cuda_launch_qtile(c->stream, tile, (const char *)w + (size_t)n0 * rb, wdt, m, K));
+    KN_CUBLAS_RUN(c,
+                  cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, T, K, &one, tile, CUDA_R_16BF,
+                               K, act, CUDA_R_16BF, K, accumulate ? &one : &zero, out + n0,
+                               CUDA_R_32F, (int)ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   return 0;
 }

@@ -41,8 +41,7 @@ __device__ __forceinline__ int q_nib32(const uint8_t *q, int e) {
 }
 
 /* Elements 8j .. 8j + 7 of the block at b into v. */
-template <int DT>
-__device__ __forceinline__ void oct(const uint8_t *b, int j, float v[8]) {
+template <int DT> __device__ __forceinline__ void oct(const uint8_t *b, int j, float v[8]) {
   const int e0 = 8 * j;
   if (DT == KN_DTYPE_Q8_0) {
     float d = q_f16(b);
@@ -107,8 +106,7 @@ __device__ __forceinline__ void oct(const uint8_t *b, int j, float v[8]) {
 }
 
 /* Element octet o of a row of whole blocks at row (o < K / 8). */
-template <int DT>
-__device__ __forceinline__ void row_oct(const uint8_t *row, int o, float v[8]) {
+template <int DT> __device__ __forceinline__ void row_oct(const uint8_t *row, int o, float v[8]) {
   constexpr int per = qfmt<DT>::QK / 8;
   oct<DT>(row + (size_t)(o / per) * qfmt<DT>::BYTES, o % per, v);
 }
