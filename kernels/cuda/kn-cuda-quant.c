@@ -60,6 +60,20 @@ int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const flo
   return 0;
 }
 
+/* Warns that block formats are refused, naming the formats of bad (bits
+ * 1u << dtype) and the first failure, why. */
+static void warn_refused(unsigned bad, const char *why) {
+  char names[96] = "";
+  for (int dt = 0; dt < KN_DTYPE__COUNT; dt++)
+    if (bad & 1u << dt)
+      snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? " " : "",
+               kn_dtype_name((enum kn_dtype)dt));
+  cm_warn("cuda",
+          "weights in block formats (GGUF files, --quantization q8_0|q4_0|q4_k) are refused on "
+          "this device: the kernels of %s failed their check (%s)",
+          names, why);
+}
+
 int kn_cuda_quant_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
   const char *gv = getenv("LMSERVE_CUDA_GEMV");
   c->qgemv = !gv || strcmp(gv, "0");
@@ -74,16 +88,8 @@ int kn_cuda_quant_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
   c->qtile_rows = keep;
   (void)cudaGetLastError(); /* a failure inside is reported here, not left pending */
   if (bad) {
-    char names[96] = "";
-    for (int dt = 0; dt < KN_DTYPE__COUNT; dt++)
-      if (bad & 1u << dt)
-        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? " " : "",
-                 kn_dtype_name((enum kn_dtype)dt));
     be->caps &= ~(unsigned)KN_CAP_BLOCK_WEIGHTS;
-    cm_warn("cuda",
-            "weights in block formats (GGUF files, --quantization q8_0|q4_0|q4_k) are refused on "
-            "this device: the kernels of %s failed their check (%s)",
-            names, why);
+    warn_refused(bad, why);
   }
   /* a fault that broke the context (not a mere mismatch) fails the backend */
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));

@@ -133,21 +133,13 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
         acc[t] = fmaf(v[i], __ldg(x + i), acc[t]);
     }
   }
-#pragma unroll
-  for (int t = 0; t < TT; t++) {
-    float s = kn_warp_sum(acc[t]);
-    if (lane == 0) {
-      float *o = out + (ptrdiff_t)t * ldo + n;
-      *o = accumulate ? *o + s : s;
-    }
-  }
+  kn_gemv_store<TT>(acc, out, ldo, n, lane, accumulate);
 }
 
 template <int DT>
 static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                          const void *w, int T, int N, int K, int accumulate) {
-  enum { WARPS = 8 };
-  dim3 grid((unsigned)((N + WARPS - 1) / WARPS)), block(32 * WARPS);
+  const dim3 grid = kn_gemv_grid(N), block(32 * KN_GEMV_WARPS);
   const uint8_t *wb = (const uint8_t *)w;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   switch (T) {
@@ -155,14 +147,7 @@ static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float 
   case tt:                                                                                         \
     qgemv_kernel<DT, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, wb, rb, N, K, accumulate);      \
     break;
-    KN_QGEMV_CASE(1)
-    KN_QGEMV_CASE(2)
-    KN_QGEMV_CASE(3)
-    KN_QGEMV_CASE(4)
-    KN_QGEMV_CASE(5)
-    KN_QGEMV_CASE(6)
-    KN_QGEMV_CASE(7)
-    KN_QGEMV_CASE(8)
+    KN_GEMV_T_CASES(KN_QGEMV_CASE)
 #undef KN_QGEMV_CASE
   default: return cudaErrorInvalidValue;
   }
