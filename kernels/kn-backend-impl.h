@@ -214,8 +214,9 @@ enum {
  * runs it when it is made and stops using what fails. */
 unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t whylen);
 
-/* The block-format ops of be (kn_matmul at T = 1, 3 accumulating, 8 and 13;
- * kn_matmul_argmax with a softcap at T = 2 and 13; kn_embed; kn_embed_dev)
+/* The block-format ops of be (kn_matmul at T = 1, 3 accumulating, 8, 13 and
+ * 37; kn_matmul_argmax with a softcap at T = 2, 13 and 37; kn_embed;
+ * kn_embed_dev)
  * for every block format, on rows of 3 blocks and 37 outputs, against the
  * host's reference (kn-block-check.c): kn_dequant_row's values, rounded to
  * bf16 with the inputs in calls of more than bf16_above rows, products

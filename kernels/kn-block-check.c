@@ -22,7 +22,7 @@
 #include "kernels/kn-backend-impl.h"
 #include "kernels/kn-quant.h"
 
-enum { BC_N = 37, BC_T = 13, BC_BLOCKS = 3, BC_PAD_I = 3, BC_PAD_O = 2 };
+enum { BC_N = 37, BC_T = 37, BC_BLOCKS = 3, BC_PAD_I = 3, BC_PAD_O = 2 };
 
 struct bchk {
   struct kn_backend *be;
@@ -182,10 +182,11 @@ static void bc_format(struct bchk *c, enum kn_dtype dt) {
   if (rc) {
     bc_fail(c, "setup: %s", cm_strerror(rc));
   } else {
-    static const int ts[] = {1, 3, 8, BC_T};
+    static const int ts[] = {1, 3, 8, 13, BC_T};
     for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
       bc_matmul(c, ts[i], ts[i] == 3);
     bc_head(c, 2);
+    bc_head(c, 13);
     bc_head(c, BC_T);
     bc_embed(c, 0);
     bc_embed(c, 1);

@@ -2,9 +2,10 @@
  * (KN_CAP_BLOCK_WEIGHTS; the kernels are kn-cuda-quant.cu), and their check
  * when the backend is made.
  *
- *   few rows (T <= KN_CUDA_QGEMV_MAX_T): the dequantizing few-rows kernel,
- *     the weights read once, exact f32 values and f32 sums (the CPU's f32
- *     definition up to the order of the sums);
+ *   few rows (T <= KN_CUDA_QGEMV_T): the dequantizing few-rows kernel in
+ *     launches of up to 8 rows, each reading the weights once, exact f32
+ *     values and f32 sums (the CPU's f32 definition up to the order of the
+ *     sums);
  *   more rows: the inputs narrowed to bf16, then for each tile of at most
  *     KN_CUDA_QTILE_BYTES of weights the tile's rows dequantized to bf16 in
  *     scratch and cublasGemmEx (f32 accumulation) into its columns of out:
@@ -28,8 +29,13 @@
 int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *in,
                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
                      int accumulate) {
-  if (c->qgemv && T <= KN_CUDA_QGEMV_MAX_T) {
-    KN_CUDA_RUN(c, kn_cuda_launch_qgemv(c->stream, out, ldo, in, ldi, w, wdt, T, N, K, accumulate));
+  if (c->qgemv && T <= KN_CUDA_QGEMV_T) {
+    for (int t0 = 0; t0 < T; t0 += KN_CUDA_GEMV_MAX_T) {
+      int tt = T - t0 < KN_CUDA_GEMV_MAX_T ? T - t0 : KN_CUDA_GEMV_MAX_T;
+      KN_CUDA_RUN(c, kn_cuda_launch_qgemv(c->stream, out + (ptrdiff_t)t0 * ldo, ldo,
+                                          in + (ptrdiff_t)t0 * ldi, ldi, w, wdt, tt, N, K,
+                                          accumulate));
+    }
     return 0;
   }
   int rows = c->qtile_rows;
@@ -84,7 +90,7 @@ int kn_cuda_quant_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
   /* the few-rows kernel's f32 sums and cuBLAS's over bf16 operands: about
    * an f32 epsilon per term of the longest chain, far below one element of
    * the check's rows of 3 blocks */
-  unsigned bad = kn_block_check(be, c->qgemv ? KN_CUDA_QGEMV_MAX_T : 0, 3e-5, why, sizeof why);
+  unsigned bad = kn_block_check(be, c->qgemv ? KN_CUDA_QGEMV_T : 0, 3e-5, why, sizeof why);
   c->qtile_rows = keep;
   (void)cudaGetLastError(); /* a failure inside is reported here, not left pending */
   if (bad) {

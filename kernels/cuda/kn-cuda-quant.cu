@@ -1,7 +1,7 @@
 /* kn-cuda-quant.cu — ggml's block formats (kn-quant.h: Q8_0, Q4_0, Q4_1,
  * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the device, from the packed bytes:
  *
- *   - the few-rows matmul (T <= KN_CUDA_QGEMV_MAX_T): one warp per weight
+ *   - the few-rows matmul (T <= KN_CUDA_GEMV_MAX_T a launch): one warp per weight
  *     row, each lane dequantizing 8 consecutive elements at a time (exact
  *     f32 values) and multiplying them with every input row in f32;
  *   - the dequantized tile for cuBLAS: rows of a matrix as bf16 in scratch;

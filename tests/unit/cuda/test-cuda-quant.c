@@ -1,8 +1,9 @@
 /* test-cuda-quant.c — weights in ggml's block formats on the device
  * (kn-cuda-quant.c, kn-cuda-quant.cu): the backend offers them
  * (KN_CAP_BLOCK_WEIGHTS, its check at creation passed); for every format the
- * few-rows matmul (T <= 8: exact f32 values, so the CPU's results to f32
- * rounding), the bf16 tiles through cuBLAS (more rows, over several tiles),
+ * few-rows matmul (T <= 32 in launches of 8: exact f32 values, so the CPU's
+ * results to f32 rounding), the bf16 tiles through cuBLAS (more rows, over
+ * several tiles),
  * the greedy head with a softcap and the embeddings against the CPU oracle
  * on the same bytes, with odd row counts and rows of several blocks; and a
  * tensor-parallel cut of the columns along whole blocks, and one of the rows
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/kn-cuda-impl.h"
 #include "kernels/kn-backend-impl.h"
 #include "kernels/kn-quant.h"
 #include "tests/harness/th.h"
@@ -50,8 +52,8 @@ static void matmul_case(struct ct_env *e, enum kn_dtype dt, const float *in, con
   ct_out_init(e, &o, (size_t)T * (size_t)ldo, acc ? 1.0f : 0.0f);
   TH_CHECK(kn_matmul(e->cpu, o.ref, ldo, in, ldi, w, dt, T, N, K, acc) == 0);
   TH_CHECK(kn_matmul(e->gpu, o.dev, ldo, in_d, ldi, w_d, dt, T, N, K, acc) == 0);
-  ct_out_check(e, &o, T, N, ldo, T <= 8 ? TOL_GEMV : TOL_TILE, "%s %s T=%d N=%d K=%d acc=%d",
-               kn_dtype_name(dt), what, T, N, K, acc);
+  ct_out_check(e, &o, T, N, ldo, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
+               "%s %s T=%d N=%d K=%d acc=%d", kn_dtype_name(dt), what, T, N, K, acc);
 }
 
 TH_TEST(cuda_block_weights_offered_and_checked) {
@@ -68,9 +70,10 @@ TH_TEST(cuda_block_weights_offered_and_checked) {
 TH_TEST(cuda_block_matmul_matches_cpu) {
   struct ct_env e;
   ct_open(&e, 72);
-  /* T, N, blocks a row: the few-rows kernel up to 8 rows, then tiles */
-  static const int shapes[][3] = {{1, 37, 5}, {3, 129, 3},  {8, 301, 2},
-                                  {9, 77, 3}, {17, 301, 4}, {40, 1031, 2}};
+  /* T, N, blocks a row: the few-rows kernel up to 32 rows (in launches of
+   * 8), then tiles */
+  static const int shapes[][3] = {{1, 37, 5},   {3, 129, 3}, {8, 301, 2}, {9, 77, 3},
+                                  {17, 301, 4}, {32, 45, 2}, {33, 45, 3}, {70, 1031, 2}};
   for (size_t f = 0; f < N_FMTS; f++)
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
       const enum kn_dtype dt = k_fmts[f];
@@ -95,7 +98,7 @@ TH_TEST(cuda_block_matmul_matches_cpu) {
 TH_TEST(cuda_block_matmul_over_several_tiles) {
   struct ct_env e;
   ct_open(&e, 73);
-  const int T = 12, N = 8192 + 8192 / 2 + 37, K = 4096;
+  const int T = 40, N = 8192 + 8192 / 2 + 37, K = 4096;
   const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q6_K};
   float *in = malloc(sizeof(float) * (size_t)T * K);
   TH_REQUIRE(in);
@@ -120,7 +123,7 @@ TH_TEST(cuda_block_matmul_over_several_tiles) {
 TH_TEST(cuda_block_tensor_parallel_cuts) {
   struct ct_env e;
   ct_open(&e, 74);
-  static const int Ts[] = {2, 8, 19};
+  static const int Ts[] = {2, 8, 19, 41};
   for (size_t f = 0; f < N_FMTS; f++)
     for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
       const enum kn_dtype dt = k_fmts[f];
@@ -143,16 +146,16 @@ TH_TEST(cuda_block_tensor_parallel_cuts) {
       TH_CHECK(kn_matmul(e.gpu, o.dev, N, in_d, K, h_d, dt, T, N, Kh, 0) == 0);
       TH_CHECK(kn_matmul(e.gpu, o.dev, N, in_d + Kh, K, (char *)h_d + (size_t)N * hb, dt, T, N, Kh,
                          1) == 0);
-      ct_out_check(&e, &o, T, N, N, T <= 8 ? TOL_GEMV : TOL_TILE, "%s column cut T=%d",
-                   kn_dtype_name(dt), T);
+      ct_out_check(&e, &o, T, N, N, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
+                   "%s column cut T=%d", kn_dtype_name(dt), T);
       /* rows [r0, N) of the same product, written at their columns */
       ct_out_init(&e, &o, (size_t)T * N, 0.0f);
       TH_CHECK(kn_matmul(e.cpu, o.ref + r0, N, in, K, w + (size_t)r0 * rb, dt, T, N - r0, K, 0) ==
                0);
       TH_CHECK(kn_matmul(e.gpu, o.dev + r0, N, in_d, K, (char *)w_d + (size_t)r0 * rb, dt, T,
                          N - r0, K, 0) == 0);
-      ct_out_check(&e, &o, T, N - r0, N, T <= 8 ? TOL_GEMV : TOL_TILE, "%s row cut T=%d",
-                   kn_dtype_name(dt), T);
+      ct_out_check(&e, &o, T, N - r0, N, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
+                   "%s row cut T=%d", kn_dtype_name(dt), T);
       kn_free(e.gpu, in_d), kn_free(e.gpu, w_d), kn_free(e.gpu, h_d);
       free(in), free(w), free(halves);
     }
@@ -165,7 +168,7 @@ TH_TEST(cuda_block_tensor_parallel_cuts) {
 TH_TEST(cuda_block_head_matches_cpu) {
   struct ct_env e;
   ct_open(&e, 75);
-  static const int Ts[] = {1, 5, 12};
+  static const int Ts[] = {1, 5, 12, 40};
   for (size_t f = 0; f < N_FMTS; f++)
     for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
       for (int c = 0; c < 2; c++) {
@@ -180,8 +183,8 @@ TH_TEST(cuda_block_head_matches_cpu) {
         float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
         void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)K) * (size_t)N);
         float *s_d = ct_up(&e, scratch, sizeof(float) * (size_t)T * N);
-        int32_t ids[12];
-        float maxv[12];
+        int32_t ids[40];
+        float maxv[40];
         TH_CHECK((c ? kn_matmul_softcap(e.cpu, ref, N, in, K, w, dt, T, N, K, cap)
                     : kn_matmul(e.cpu, ref, N, in, K, w, dt, T, N, K, 0)) == 0);
         TH_CHECK(kn_matmul_argmax(e.gpu, ids, maxv, in_d, K, w_d, dt, T, N, K, cap, s_d) == 0);
@@ -190,7 +193,7 @@ TH_TEST(cuda_block_head_matches_cpu) {
           float best = r[0], lo = r[0];
           for (int n = 1; n < N; n++)
             best = fmaxf(best, r[n]), lo = fminf(lo, r[n]);
-          double slack = (T <= 8 ? 1e-5 : 1e-2) * (best - lo);
+          double slack = (T <= KN_CUDA_QGEMV_T ? 1e-5 : 1e-2) * (best - lo);
           if (ids[t] < 0 || ids[t] >= N || !(r[ids[t]] >= best - slack) ||
               !(fabs(maxv[t] - r[ids[t]]) <= slack))
             th_fail(__FILE__, __LINE__, "%s head T=%d cap=%g row %d: id %d max %g, CPU's best %g",
