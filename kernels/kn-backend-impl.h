@@ -130,6 +130,8 @@ struct kn_op_profile; /* kn-backend.c: $LMSERVE_OP_PROFILE's per-op times */
 
 struct kn_backend {
   const struct kn_backend_ops *ops;
+  unsigned caps;              /* KN_CAP_*: ops->caps, less KN_CAP_BLOCK_WEIGHTS when the
+                                 backend's check of its block kernels failed at creation */
   void *ctx;                  /* owned; ops->destroy frees it */
   int comm_world;             /* ranks of the group joined by kn_comm_join; 0: none yet */
   struct kn_op_profile *prof; /* NULL unless $LMSERVE_OP_PROFILE is set */
@@ -165,7 +167,7 @@ static inline int kn__valid_weight_dtype(enum kn_dtype dt) {
  * rows (K elements) are whole blocks. 0, CM_ERR_UNSUPPORTED or CM_ERR_INVAL. */
 static inline int kn__check_matmul_dtype(const struct kn_backend *be, enum kn_dtype dt, int K) {
   if (kn__valid_weight_dtype(dt)) return 0;
-  if (!kn_block_elems(dt) || !(be->ops->caps & KN_CAP_BLOCK_WEIGHTS)) return CM_ERR_UNSUPPORTED;
+  if (!kn_block_elems(dt) || !(be->caps & KN_CAP_BLOCK_WEIGHTS)) return CM_ERR_UNSUPPORTED;
   return K % kn_block_elems(dt) ? CM_ERR_INVAL : 0;
 }
 
@@ -212,6 +214,19 @@ enum {
  * runs it when it is made and stops using what fails. */
 unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t whylen);
 
+/* The block-format ops of be (kn_matmul at T = 1, 3 accumulating, 8, 13 and
+ * 37; kn_matmul_argmax with a softcap at T = 2, 13 and 37; kn_embed;
+ * kn_embed_dev)
+ * for every block format, on rows of 3 blocks and 37 outputs, against the
+ * host's reference (kn-block-check.c): kn_dequant_row's values, rounded to
+ * bf16 with the inputs in calls of more than bf16_above rows, products
+ * summed in double. A matmul output may differ by tol times the sum of its
+ * products' magnitudes; embeddings must be the reference's bits. Returns the
+ * formats that failed (bits 1u << dtype) and names the first failure in
+ * why[whylen]. A backend with KN_CAP_BLOCK_WEIGHTS runs it when it is made. */
+unsigned kn_block_check(struct kn_backend *be, int bf16_above, double tol, char *why,
+                        size_t whylen);
+
 /* Wraps ops + ctx into a backend handle (malloc'd); NULL on failure (the
  * caller then still owns ctx). */
 struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx);
@@ -224,7 +239,8 @@ struct kn_backend_reg {
   const char *summary; /* one line for listings */
   int priority;        /* the automatic choice takes the usable entry with the
                           highest priority (the earlier one on a tie) */
-  unsigned caps;       /* KN_CAP_* of every backend that create makes */
+  unsigned caps;       /* KN_CAP_* of every backend that create makes (KN_CAP_BLOCK_WEIGHTS:
+                          unless its check at creation failed) */
   /* 0 when a backend can be made here, else a negative cm_err with the
    * reason in why[whylen] ("no CUDA device is visible"). Cheap enough to
    * call once per process; never aborts. */

@@ -92,6 +92,7 @@ struct kn_backend *kn_backend_wrap(const struct kn_backend_ops *ops, void *ctx) 
   struct kn_backend *be = calloc(1, sizeof(*be));
   if (!be) return NULL;
   be->ops = ops;
+  be->caps = ops->caps;
   be->ctx = ctx;
   if (!ops->kept_ids && !(be->kept = malloc(sizeof(int32_t) * KN_KEPT_IDS_MAX))) {
     free(be);
@@ -121,11 +122,11 @@ const char *kn_backend_matmul_inputs(const struct kn_backend *be) {
 }
 
 unsigned kn_backend_caps(const struct kn_backend *be) {
-  return be ? be->ops->caps : 0;
+  return be ? be->caps : 0;
 }
 
 int kn_backend_has(const struct kn_backend *be, unsigned caps) {
-  return be && (be->ops->caps & caps) == caps;
+  return be && (be->caps & caps) == caps;
 }
 
 /* ---- memory ------------------------------------------------------------- */

@@ -53,7 +53,8 @@ const char *kn_backend_name(const struct kn_backend *be);
 const char *kn_backend_matmul_inputs(const struct kn_backend *be);
 
 /* What a backend can do, as bits of kn_backend_caps(). A registered backend
- * (kn-registry.h) announces the same bits before it is created. */
+ * (kn-registry.h) announces the same bits before it is created (a made one
+ * may lack KN_CAP_BLOCK_WEIGHTS, below). */
 enum kn_backend_cap {
   /* Backend memory is the process's host memory: kn_alloc'd pointers are
    * ordinary pointers and any host buffer (an mmap'd checkpoint) may be
@@ -70,7 +71,9 @@ enum kn_backend_cap {
   /* Weights in ggml's block formats (kn-quant.h: Q8_0, Q4_0, ... Q6_K) for
    * kn_matmul, kn_matmul_softcap, kn_matmul_argmax and kn_embed: each block
    * dequantized exactly as kn_dequant_row does, then the f32 arithmetic of an
-   * f32 weight. Rows of whole blocks. */
+   * f32 weight. Rows of whole blocks. A backend whose block kernels fail
+   * their check when it is made (kn_block_check) goes without it, though
+   * its registry entry announces it. */
   KN_CAP_BLOCK_WEIGHTS = 1u << 3,
 };
 

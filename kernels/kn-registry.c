@@ -202,8 +202,11 @@ int kn_backend_reg_create(const struct kn_backend_reg *r, const struct kn_backen
     return rc > 0 ? CM_ERR_DEVICE : rc;
   }
   /* callers decide from the entry's caps before the backend exists (serve
-   * sizes the KV pool by them): the two must agree */
-  CM_ASSERT(kn_backend_caps(*out) == r->caps);
+   * sizes the KV pool by them): the two must agree, except that a backend
+   * whose block kernels failed their check at creation lacks
+   * KN_CAP_BLOCK_WEIGHTS (the worker asks the backend itself for that one) */
+  CM_ASSERT((kn_backend_caps(*out) | KN_CAP_BLOCK_WEIGHTS) == (r->caps | KN_CAP_BLOCK_WEIGHTS));
+  CM_ASSERT(!(kn_backend_caps(*out) & ~r->caps));
   cm_debug(TAG, "backend %s (entry '%s')", kn_backend_name(*out), r->name);
   return 0;
 }

@@ -41,7 +41,8 @@ const struct kn_backend_reg *kn_backend_reg_find(const char *name);
 
 const char *kn_backend_reg_name(const struct kn_backend_reg *r);
 const char *kn_backend_reg_summary(const struct kn_backend_reg *r);
-/* The KN_CAP_* bits every backend made from r has. */
+/* The KN_CAP_* bits every backend made from r has (KN_CAP_BLOCK_WEIGHTS: unless
+ * its check at creation failed, kn-backend.h). */
 unsigned kn_backend_reg_caps(const struct kn_backend_reg *r);
 /* 0 when r can make a backend here, else a negative cm_err and why. */
 int kn_backend_reg_probe(const struct kn_backend_reg *r, char *why, size_t whylen);

@@ -440,8 +440,8 @@ static int block_ok(struct binder *b, const struct md_tensor *t, enum wk_shard s
                     t->file, name, kn_dtype_name(dt));
   else if (!kn_backend_has(b->m->be, KN_CAP_BLOCK_WEIGHTS))
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
-                    "%s: %s is %s, and the %s backend has no kernels for block formats (the CPU "
-                    "has)",
+                    "%s: %s is %s, and the %s backend has no kernels for block formats that "
+                    "passed its check at start-up (the CPU has)",
                     t->file, name, kn_dtype_name(dt), kn_backend_name(b->m->be));
   else if (b->quant && b->role == W_LINEAR)
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_INVAL,
@@ -1012,8 +1012,8 @@ static int check_block_quant(struct wk_model *m, struct kn_backend *be,
                    name, m->dir);
   if (!kn_backend_has(be, KN_CAP_BLOCK_WEIGHTS))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "--quantization %s on %s: the %s backend has no kernels for block formats (the "
-                   "CPU has)",
+                   "--quantization %s on %s: the %s backend has no kernels for block formats that "
+                   "passed its check at start-up (the CPU has)",
                    name, m->dir, kn_backend_name(be));
   m->quant_block = (int)q;
   if (m->full.moe && !o->quiet)

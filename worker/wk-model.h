@@ -71,7 +71,8 @@ struct wk_model_opts {
  * ggml's block format (kernels/kn-quant.h), row by row as `lmserve quantize`
  * writes a GGUF file of that type (Q4_K rows that are not whole 256-blocks
  * as Q5_0); the same block kernels as a GGUF file's; needs a backend with
- * KN_CAP_BLOCK_WEIGHTS (the CPU). */
+ * KN_CAP_BLOCK_WEIGHTS (the CPU; CUDA where its block kernels passed their
+ * check at start-up). */
 enum {
   WK_QUANT_NONE = 0,
   WK_QUANT_FP8 = 1,

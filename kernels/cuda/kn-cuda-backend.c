@@ -404,6 +404,7 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   err = kn_cuda_fused_check(be);
   if (!err) err = kn_cuda_ids_check(be, c);
   if (!err) err = kn_cuda_mask_check(be, c);
+  if (!err) err = kn_cuda_quant_check(be, c);
   if (err) {
     kn_backend_destroy(be); /* frees c */
     return err;

@@ -156,6 +156,33 @@ __device__ __forceinline__ int kn_warp_id() {
   return (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
 }
 
+/* The few-rows kernels' end: each row t < TT's warp sum of acc[t] into
+ * out[t, n] (added to it when accumulating), written by lane 0. */
+template <int TT>
+__device__ __forceinline__ void kn_gemv_store(const float (&acc)[TT], float *out, ptrdiff_t ldo,
+                                              int n, int lane, int accumulate) {
+#pragma unroll
+  for (int t = 0; t < TT; t++) {
+    float s = kn_warp_sum(acc[t]);
+    if (lane == 0) {
+      float *o = out + (ptrdiff_t)t * ldo + n;
+      *o = accumulate ? *o + s : s;
+    }
+  }
+}
+
+/* The few-rows kernels' launch shape: a warp per output row, KN_GEMV_WARPS
+ * warps a block. */
+#define KN_GEMV_WARPS 8
+static inline dim3 kn_gemv_grid(int N) {
+  return dim3((unsigned)((N + KN_GEMV_WARPS - 1) / KN_GEMV_WARPS));
+}
+
+/* The cases of a switch over a few-rows launch's row count: CASE(1) .. CASE(8)
+ * (KN_CUDA_GEMV_MAX_T), each launching the kernel instantiated for it. */
+#define KN_GEMV_T_CASES(CASE)                                                                      \
+  CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+
 /* The two elements of a 32-bit word of bf16 / f16 values, widened (exact). */
 __device__ __forceinline__ float2 widen2(uint32_t u, const __nv_bfloat16 *) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));

@@ -1,5 +1,6 @@
 /* kn-cuda-embed.cu — token embedding lookup: out[t, :] = table[ids[t], :] * scale,
- * one block per token, the table in f32, f16 or bf16; an id outside [0, vocab) is a zero
+ * one block per token, the table in f32, f16 or bf16 (a block format's
+ * rows: kn-cuda-quant.cu); an id outside [0, vocab) is a zero
  * row (-1: another rank's; kn_embed's staged ids are validated on the host by
  * kn-backend.c, kn_embed_dev's device ids cannot be). Also kn_ids_take's gather of a
  * step's ids, some from device memory. */
@@ -35,7 +36,8 @@ extern "C" cudaError_t kn_cuda_launch_embed(cudaStream_t s, float *out, ptrdiff_
     embed_kernel<<<grid, block, 0, s>>>(out, ldo, (const __nv_bfloat16 *)table, vocab, H, ids,
                                         scale);
     break;
-  default: return cudaErrorInvalidValue;
+  default: /* the block formats, dequantized (kn-cuda-quant.cu) */
+    return kn_cuda_launch_qembed(s, out, ldo, table, tdt, vocab, H, ids, T, scale);
   }
   return cudaGetLastError();
 }

@@ -14,7 +14,8 @@
  *                 batches) run kn-cuda-gemv.cu instead, one launch with the
  *                 same rounding of the inputs, where the backend's check of it
  *                 at creation passed (kn_cuda_gemv_check).
- *   row subset:   the chosen rows of W are gathered into scratch first. */
+ *   row subset:   the chosen rows of W are gathered into scratch first.
+ *   block formats: kn-cuda-quant.c. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -74,6 +75,8 @@ int kn_cuda_op_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptr
   int err = kn_cuda_enter(c);
   if (err) return err;
   if (K == 0) return gemm_empty(c, out, ldo, T, N, accumulate);
+  if (kn_block_elems(wdt))
+    return kn_cuda_matmul_q(c, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
   if (wdt != KN_DTYPE_F32 && !(c->gemv && kn_cuda_gemv_fits(in, ldi, w, wdt, T, K))) {
     err = kn_cuda_scratch(c, (size_t)T * (size_t)K * 2, &scratch);
     if (err) return err;

@@ -17,32 +17,17 @@ __global__ void gemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_
   if (n >= N) return;
   float acc[TT] = {};
   kn_gemv_dot<W, TT>(acc, w + (size_t)n * (size_t)K, in, ldi, K, lane);
-#pragma unroll
-  for (int t = 0; t < TT; t++) {
-    float s = kn_warp_sum(acc[t]);
-    if (lane == 0) {
-      float *o = out + (ptrdiff_t)t * ldo + n;
-      *o = accumulate ? *o + s : s;
-    }
-  }
+  kn_gemv_store<TT>(acc, out, ldo, n, lane, accumulate);
 }
 
 template <typename W>
 static cudaError_t launch(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                           const W *w, int T, int N, int K, int accumulate) {
-  enum { WARPS = 8 };
-  dim3 grid((unsigned)((N + WARPS - 1) / WARPS)), block(32 * WARPS);
+  const dim3 grid = kn_gemv_grid(N), block(32 * KN_GEMV_WARPS);
   switch (T) {
 #define KN_GEMV_CASE(tt)                                                                           \
   case tt: gemv_kernel<W, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, w, N, K, accumulate); break;
-    KN_GEMV_CASE(1)
-    KN_GEMV_CASE(2)
-    KN_GEMV_CASE(3)
-    KN_GEMV_CASE(4)
-    KN_GEMV_CASE(5)
-    KN_GEMV_CASE(6)
-    KN_GEMV_CASE(7)
-    KN_GEMV_CASE(8)
+    KN_GEMV_T_CASES(KN_GEMV_CASE)
 #undef KN_GEMV_CASE
   default: return cudaErrorInvalidValue;
   }

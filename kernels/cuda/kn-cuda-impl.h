@@ -122,6 +122,22 @@ cudaError_t kn_cuda_launch_fp8_epilogue(cudaStream_t s, float *out, ptrdiff_t ld
                                         const float *scale, const float *sa, int T, int N,
                                         int accumulate);
 
+/* Weights in ggml's block formats (kn-cuda-quant.cu), rows of K elements
+ * of whole blocks of wdt, each block dequantized exactly as kn_dequant_row:
+ * the few-rows matmul out[t, n] (+)= sum_k in[t, k] * w[n, k] in f32 for
+ * t < T <= KN_CUDA_GEMV_MAX_T, one warp per n (calls of up to
+ * KN_CUDA_QGEMV_T rows run it in launches of 8); the tile dst[r, :] (bf16,
+ * row stride K) = rows r < rows of w; the embedding (ids outside [0, vocab)
+ * give zero rows). */
+#define KN_CUDA_QGEMV_T 32
+cudaError_t kn_cuda_launch_qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
+                                 ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N,
+                                 int K, int accumulate);
+cudaError_t kn_cuda_launch_qtile(cudaStream_t s, void *dst, const void *w, enum kn_dtype wdt,
+                                 int rows, int K);
+cudaError_t kn_cuda_launch_qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table,
+                                  enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T,
+                                  float scale);
 /* dst[j, :] = w[rows[j], :] for j < n_rows; rows of row_bytes bytes (a multiple of 2). */
 cudaError_t kn_cuda_launch_gather_rows(cudaStream_t s, void *dst, const void *w, size_t row_bytes,
                                        const int32_t *rows, int n_rows);
@@ -289,6 +305,11 @@ struct kn_cuda_ctx {
   int graph_mode;
   /* cuBLAS's workspace, ours and fixed, so that a capture allocates nothing */
   void *blas_ws;
+  /* Block-format weights (kn-cuda-quant.c): 1 when matmuls of few rows run
+   * the dequantizing kernel ($LMSERVE_CUDA_GEMV=0: the tiles for every T);
+   * rows a tile, 0 for the byte budget (the check sets a few) */
+  int qgemv;
+  int qtile_rows;
   /* FP8 weights (kn-cuda-fp8.c): compute capability (89 = 8.9), which paths
    * passed their check, cuBLASLt's handle and workspace (NULL below 8.9) */
   int cc;
@@ -451,6 +472,14 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
                       int T, int V, const struct kn_sample_params *params);
 int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
                         const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
+/* Block-format weights (kn-cuda-quant.c): the matmul (T, N, K > 0), and
+ * kn_block_check run on a new backend, which drops KN_CAP_BLOCK_WEIGHTS from
+ * be, saying why, when a kernel differs; an error only when the check broke
+ * the device context. */
+int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *in,
+                     ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                     int accumulate);
+int kn_cuda_quant_check(struct kn_backend *be, struct kn_cuda_ctx *c);
 /* The few-rows matmul kernel against the cuBLAS path on bf16 and f16 weights
  * at T = 1, 3 and 8 (kn-cuda-gemm.c): 0 when they agree, else a cm_err (logged). */
 int kn_cuda_gemv_check(struct kn_cuda_ctx *c);

@@ -24,9 +24,9 @@
  * automatic choice prefers it to the CPU. These two are plain constants,
  * usable in builds without CUDA. */
 #if LMSERVE_HAVE_NCCL
-#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_ALLREDUCE)
+#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_ALLREDUCE | KN_CAP_BLOCK_WEIGHTS)
 #else
-#define KN_CUDA_CAPS (KN_CAP_SAMPLE)
+#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_BLOCK_WEIGHTS)
 #endif
 #define KN_CUDA_PRIORITY 100
 

@@ -454,7 +454,7 @@ TH_TEST(fused_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   /* the same context behind a table whose add_norm declines, then one that is wrong */
   g_cpu_ops = be[1]->ops;
   struct kn_backend_ops ops = *be[1]->ops;
-  struct kn_backend alias = {.ops = &ops, .ctx = be[1]->ctx};
+  struct kn_backend alias = {.ops = &ops, .caps = be[1]->caps, .ctx = be[1]->ctx};
   ops.add_norm = decline_add_norm;
   kt_seed(34);
   check_add_norm(&alias, 5, 100, 100, KN_DTYPE_BF16, KN_NORM_MUL_W, 0.5f, 1); /* the sequence ran */

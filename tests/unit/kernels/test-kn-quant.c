@@ -15,6 +15,7 @@
 
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
+#include "kernels/kn-backend-impl.h"
 #include "kernels/kn-quant.h"
 #include "kernels/kn-registry.h"
 #include "tests/harness/th-proc.h"
@@ -350,4 +351,48 @@ TH_TEST(q8_mode_integer_dot_products) {
   int mode = -1;
   char err[128];
   TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
+}
+
+/* The CPU's matmul and embedding behind an alias table, one result nudged for
+ * one format: what a broken block kernel does (kn_block_check must say so). */
+static const struct kn_backend_ops *g_cpu;
+static int wrong_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                        const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  int rc = g_cpu->matmul(ctx, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
+  if (!rc && wdt == KN_DTYPE_Q5_K && T > 32) /* a fifth of one product (~0.5 here) */
+    out[(ptrdiff_t)(T - 1) * ldo + N / 2] += 0.1f;
+  return rc;
+}
+static int wrong_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
+                       int H, const int32_t *ids, int T, float scale) {
+  int rc = g_cpu->embed(ctx, out, ldo, table, tdt, H, ids, T, scale);
+  if (!rc && tdt == KN_DTYPE_Q4_1) out[H - 1] = nextafterf(out[H - 1], INFINITY); /* one ulp */
+  return rc;
+}
+
+TH_TEST(block_check_passes_the_cpu_and_catches_a_wrong_kernel) {
+  struct kn_backend *be = NULL;
+  char why[256];
+  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  TH_CHECK_EQ_INT(kn_block_check(be, 1 << 30, 3e-5, why, sizeof why), 0);
+  if (why[0]) fprintf(stderr, "%s\n", why);
+  /* the CPU's exact f32 values are not the bf16 operands a tiled GEMM takes:
+   * the tolerance tells the two apart in every format */
+  TH_CHECK_EQ_INT(kn_block_check(be, 0, 3e-5, why, sizeof why), 0xff0);
+  TH_CHECK(strstr(why, "q8_0 matmul T=1:") == why);
+  g_cpu = be->ops;
+  struct kn_backend_ops ops = *be->ops;
+  struct kn_backend alias = {.ops = &ops, .caps = be->caps, .ctx = be->ctx};
+  ops.matmul = wrong_matmul;
+  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 1u << KN_DTYPE_Q5_K);
+  TH_CHECK(strstr(why, "q5_k matmul T=37:") == why);
+  ops.matmul = g_cpu->matmul;
+  ops.embed = wrong_embed;
+  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 1u << KN_DTYPE_Q4_1);
+  TH_CHECK(strstr(why, "q4_1 embed:") == why);
+  /* without the capability nothing runs, and every format says so */
+  alias.caps = 0;
+  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 0xff0);
+  TH_CHECK(strstr(why, "q8_0 matmul T=1: ") == why);
+  kn_backend_destroy(be);
 }

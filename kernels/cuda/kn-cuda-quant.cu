@@ -1,0 +1,147 @@
+/* kn-cuda-quant.cu — ggml's block formats (kn-quant.h: Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the device, from the packed bytes:
+ *
+ *   - the few-rows matmul (T <= KN_CUDA_GEMV_MAX_T a launch): one warp per weight
+ *     row, each lane dequantizing 8 consecutive elements at a time (exact
+ *     f32 values) and multiplying them with every input row in f32;
+ *   - the dequantized tile for cuBLAS: rows of a matrix as bf16 in scratch;
+ *   - the embedding: rows of a block-format table gathered and dequantized.
+ *
+ * Everything goes through the per-format decode of kn-cuda-quant.cuh
+ * (row_oct<DT>: 8 elements at a time, kn_dequant_row's bits). */
+#include "kernels/cuda/kn-cuda-dev.cuh"
+#include "kernels/cuda/kn-cuda-quant.cuh"
+
+/* ---- the few-rows matmul --------------------------------------------------- */
+
+/* One warp per weight row n: out[t, n] (+)= sum_k in[t, k] * w[n, k] for t < TT,
+ * the weights dequantized exactly, f32 products and sums. */
+template <int DT, int TT>
+__global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                             const uint8_t *w, size_t row_bytes, int N, int K, int accumulate) {
+  int n = kn_warp_id(), lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const uint8_t *row = w + (size_t)n * row_bytes;
+  float acc[TT] = {};
+  for (int o = lane; o < K / 8; o += 32) {
+    float v[8];
+    row_oct<DT>(row, o, v);
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi + 8 * o;
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        acc[t] = fmaf(v[i], __ldg(x + i), acc[t]);
+    }
+  }
+  kn_gemv_store<TT>(acc, out, ldo, n, lane, accumulate);
+}
+
+template <int DT>
+static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                         const void *w, int T, int N, int K, int accumulate) {
+  const dim3 grid = kn_gemv_grid(N), block(32 * KN_GEMV_WARPS);
+  const uint8_t *wb = (const uint8_t *)w;
+  const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
+  switch (T) {
+#define KN_QGEMV_CASE(tt)                                                                          \
+  case tt:                                                                                         \
+    qgemv_kernel<DT, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, wb, rb, N, K, accumulate);      \
+    break;
+    KN_GEMV_T_CASES(KN_QGEMV_CASE)
+#undef KN_QGEMV_CASE
+  default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+/* ---- the dequantized tile -------------------------------------------------- */
+
+/* dst[r, :] (bf16, K per row) = rows r < rows of w, one thread per octet. */
+template <int DT>
+__global__ void qtile_kernel(__nv_bfloat16 *dst, const uint8_t *w, size_t row_bytes, int rows,
+                             int K) {
+  const size_t per_row = (size_t)(K / 8), n = (size_t)rows * per_row;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t r = i / per_row;
+    int o = (int)(i % per_row);
+    float v[8];
+    row_oct<DT>(w + r * row_bytes, o, v);
+    __nv_bfloat16 *d = dst + r * (size_t)K + 8 * (size_t)o;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      kn_store(d, k, v[k]);
+  }
+}
+
+template <int DT>
+static cudaError_t qtile(cudaStream_t s, void *dst, const void *w, int rows, int K) {
+  const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
+  qtile_kernel<DT><<<kn_grid((size_t)rows * (size_t)(K / 8), 256, 65535), 256, 0, s>>>(
+      (__nv_bfloat16 *)dst, (const uint8_t *)w, rb, rows, K);
+  return cudaGetLastError();
+}
+
+/* ---- the embedding --------------------------------------------------------- */
+
+/* out[t, :] = dequantized table row ids[t] * scale, one block per token; an id
+ * outside [0, vocab) is a zero row (as kn-cuda-embed.cu's). */
+template <int DT>
+__global__ void qembed_kernel(float *out, ptrdiff_t ldo, const uint8_t *table, size_t row_bytes,
+                              int vocab, int H, const int32_t *ids, float scale) {
+  const int t = blockIdx.x, id = ids[t];
+  float *o = out + (ptrdiff_t)t * ldo;
+  for (int oc = threadIdx.x; oc < H / 8; oc += blockDim.x) {
+    float v[8];
+    if (id >= 0 && id < vocab) row_oct<DT>(table + (size_t)id * row_bytes, oc, v);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      o[8 * oc + i] = id >= 0 && id < vocab ? __fmul_rn(v[i], scale) : 0.0f;
+  }
+}
+
+template <int DT>
+static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table, int vocab,
+                          int H, const int32_t *ids, int T, float scale) {
+  const size_t rb = (size_t)(H / qfmt<DT>::QK) * qfmt<DT>::BYTES;
+  qembed_kernel<DT><<<T, 128, 0, s>>>(out, ldo, (const uint8_t *)table, rb, vocab, H, ids, scale);
+  return cudaGetLastError();
+}
+
+/* ---- launchers ------------------------------------------------------------- */
+
+/* Calls fn<DT>(args...) for the block format dt; cudaErrorInvalidValue for the others. */
+#define KN_QDISPATCH(dt, fn, ...)                                                                  \
+  switch (dt) {                                                                                    \
+  case KN_DTYPE_Q8_0: return fn<KN_DTYPE_Q8_0>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q4_0: return fn<KN_DTYPE_Q4_0>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q4_1: return fn<KN_DTYPE_Q4_1>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q5_0: return fn<KN_DTYPE_Q5_0>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q5_1: return fn<KN_DTYPE_Q5_1>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q4_K: return fn<KN_DTYPE_Q4_K>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q5_K: return fn<KN_DTYPE_Q5_K>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q6_K: return fn<KN_DTYPE_Q6_K>(__VA_ARGS__);                                       \
+  default: return cudaErrorInvalidValue;                                                           \
+  }
+
+extern "C" cudaError_t kn_cuda_launch_qgemv(cudaStream_t s, float *out, ptrdiff_t ldo,
+                                            const float *in, ptrdiff_t ldi, const void *w,
+                                            enum kn_dtype wdt, int T, int N, int K,
+                                            int accumulate) {
+  if (N <= 0 || T <= 0) return cudaSuccess;
+  KN_QDISPATCH(wdt, qgemv, s, out, ldo, in, ldi, w, T, N, K, accumulate)
+}
+
+extern "C" cudaError_t kn_cuda_launch_qtile(cudaStream_t s, void *dst, const void *w,
+                                            enum kn_dtype wdt, int rows, int K) {
+  if (rows <= 0 || K <= 0) return cudaSuccess;
+  KN_QDISPATCH(wdt, qtile, s, dst, w, rows, K)
+}
+
+extern "C" cudaError_t kn_cuda_launch_qembed(cudaStream_t s, float *out, ptrdiff_t ldo,
+                                             const void *table, enum kn_dtype tdt, int vocab, int H,
+                                             const int32_t *ids, int T, float scale) {
+  if (T <= 0 || H <= 0) return cudaSuccess;
+  KN_QDISPATCH(tdt, qembed, s, out, ldo, table, vocab, H, ids, T, scale)
+}

@@ -1,0 +1,236 @@
+/* test-cuda-quant.c — weights in ggml's block formats on the device
+ * (kn-cuda-quant.c, kn-cuda-quant.cu): the backend offers them
+ * (KN_CAP_BLOCK_WEIGHTS, its check at creation passed); for every format the
+ * few-rows matmul (T <= 32 in launches of 8: exact f32 values, so the CPU's
+ * results to f32 rounding), the bf16 tiles through cuBLAS (more rows, over
+ * several tiles),
+ * the greedy head with a softcap and the embeddings against the CPU oracle
+ * on the same bytes, with odd row counts and rows of several blocks; and a
+ * tensor-parallel cut of the columns along whole blocks, and one of the rows
+ * at any row (weights at any byte offset). Skips loudly without a device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/kn-cuda-impl.h"
+#include "kernels/kn-backend-impl.h"
+#include "kernels/kn-quant.h"
+#include "tests/harness/th.h"
+#include "tests/unit/cuda/cuda-test-util.h"
+
+/* NMSE against the CPU's f32 results: the few-rows kernel differs by the
+ * order of its f32 sums, the tiles by bf16 operands (about 2^-9 each) */
+#define TOL_GEMV 1e-10
+#define TOL_TILE 1e-4
+
+static const enum kn_dtype k_fmts[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
+                                       KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+#define N_FMTS (sizeof(k_fmts) / sizeof(k_fmts[0]))
+
+/* N rows of K elements quantized to dt from random values (malloc'd). */
+static uint8_t *q_weights(struct ct_env *e, enum kn_dtype dt, int N, int K) {
+  size_t rb = kn_row_bytes(dt, (size_t)K);
+  uint8_t *w = malloc(rb * (size_t)N);
+  float *row = malloc(sizeof(float) * (size_t)K);
+  TH_REQUIRE(w && row && rb);
+  for (int n = 0; n < N; n++) {
+    ct_fill(e, row, (size_t)K, 1.0f);
+    TH_REQUIRE(kn_quantize_row(dt, row, w + (size_t)n * rb, (size_t)K) == 0);
+  }
+  free(row);
+  return w;
+}
+
+/* out[T, N] (stride ldo) {=, +=} in[T, K] (stride ldi) · W on both backends,
+ * W the N rows at w (host) / w_d (device), compared. */
+static void matmul_case(struct ct_env *e, enum kn_dtype dt, const float *in, const float *in_d,
+                        ptrdiff_t ldi, const uint8_t *w, const void *w_d, int T, int N, int K,
+                        int acc, const char *what) {
+  const ptrdiff_t ldo = N + 3;
+  struct ct_out o;
+  ct_out_init(e, &o, (size_t)T * (size_t)ldo, acc ? 1.0f : 0.0f);
+  TH_CHECK(kn_matmul(e->cpu, o.ref, ldo, in, ldi, w, dt, T, N, K, acc) == 0);
+  TH_CHECK(kn_matmul(e->gpu, o.dev, ldo, in_d, ldi, w_d, dt, T, N, K, acc) == 0);
+  ct_out_check(e, &o, T, N, ldo, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
+               "%s %s T=%d N=%d K=%d acc=%d", kn_dtype_name(dt), what, T, N, K, acc);
+}
+
+TH_TEST(cuda_block_weights_offered_and_checked) {
+  struct ct_env e;
+  ct_open(&e, 71);
+  TH_CHECK(kn_backend_has(e.gpu, KN_CAP_BLOCK_WEIGHTS));
+  char why[256];
+  unsigned bad = kn_block_check(e.gpu, 8, 3e-5, why, sizeof why);
+  if (bad) printf("# block check: formats 0x%x failed: %s\n", bad, why);
+  TH_CHECK_EQ_INT(bad, 0);
+  ct_close(&e);
+}
+
+TH_TEST(cuda_block_matmul_matches_cpu) {
+  struct ct_env e;
+  ct_open(&e, 72);
+  /* T, N, blocks a row: the few-rows kernel up to 32 rows (in launches of
+   * 8), then tiles */
+  static const int shapes[][3] = {{1, 37, 5},   {3, 129, 3}, {8, 301, 2}, {9, 77, 3},
+                                  {17, 301, 4}, {32, 45, 2}, {33, 45, 3}, {70, 1031, 2}};
+  for (size_t f = 0; f < N_FMTS; f++)
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+      const enum kn_dtype dt = k_fmts[f];
+      const int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2] * kn_block_elems(dt);
+      const ptrdiff_t ldi = K + 5; /* rows at odd offsets */
+      float *in = malloc(sizeof(float) * (size_t)T * ldi);
+      TH_REQUIRE(in);
+      ct_fill(&e, in, (size_t)T * ldi, 3.0f);
+      uint8_t *w = q_weights(&e, dt, N, K);
+      float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * ldi);
+      void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)K) * (size_t)N);
+      for (int acc = 0; acc < 2; acc++)
+        matmul_case(&e, dt, in, in_d, ldi, w, w_d, T, N, K, acc, "matmul");
+      kn_free(e.gpu, in_d), kn_free(e.gpu, w_d);
+      free(in), free(w);
+    }
+  ct_close(&e);
+}
+
+/* A matrix of more rows than one tile holds (64 MiB of bf16 rows of 4096):
+ * the tiles' offsets into the weights and the output. */
+TH_TEST(cuda_block_matmul_over_several_tiles) {
+  struct ct_env e;
+  ct_open(&e, 73);
+  const int T = 40, N = 8192 + 8192 / 2 + 37, K = 4096;
+  const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q6_K};
+  float *in = malloc(sizeof(float) * (size_t)T * K);
+  TH_REQUIRE(in);
+  ct_fill(&e, in, (size_t)T * K, 3.0f);
+  float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
+  for (size_t i = 0; i < 2; i++) {
+    uint8_t *w = q_weights(&e, dts[i], N, K);
+    void *w_d = ct_up(&e, w, kn_row_bytes(dts[i], (size_t)K) * (size_t)N);
+    matmul_case(&e, dts[i], in, in_d, K, w, w_d, T, N, K, 0, "tiles");
+    kn_free(e.gpu, w_d);
+    free(w);
+  }
+  kn_free(e.gpu, in_d);
+  free(in);
+  ct_close(&e);
+}
+
+/* Tensor parallelism: the columns cut in two along whole blocks (each half's
+ * rows repacked as a rank holds them, the second accumulated onto the
+ * first), and the rows from an odd row on (the weights at a byte offset no
+ * vector load would take). Both against the CPU's whole product. */
+TH_TEST(cuda_block_tensor_parallel_cuts) {
+  struct ct_env e;
+  ct_open(&e, 74);
+  static const int Ts[] = {2, 8, 19, 41};
+  for (size_t f = 0; f < N_FMTS; f++)
+    for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++) {
+      const enum kn_dtype dt = k_fmts[f];
+      const int T = Ts[ti], N = 83, nb = 4, K = nb * kn_block_elems(dt), Kh = K / 2, r0 = 7;
+      const size_t rb = kn_row_bytes(dt, (size_t)K), hb = rb / 2;
+      float *in = malloc(sizeof(float) * (size_t)T * K);
+      TH_REQUIRE(in);
+      ct_fill(&e, in, (size_t)T * K, 3.0f);
+      uint8_t *w = q_weights(&e, dt, N, K), *halves = malloc(rb * (size_t)N);
+      TH_REQUIRE(halves);
+      for (int n = 0; n < N; n++) { /* rank 0's half rows, then rank 1's */
+        memcpy(halves + (size_t)n * hb, w + (size_t)n * rb, hb);
+        memcpy(halves + (size_t)N * hb + (size_t)n * hb, w + (size_t)n * rb + hb, hb);
+      }
+      float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
+      void *w_d = ct_up(&e, w, rb * (size_t)N), *h_d = ct_up(&e, halves, rb * (size_t)N);
+      struct ct_out o;
+      ct_out_init(&e, &o, (size_t)T * N, 0.0f);
+      TH_CHECK(kn_matmul(e.cpu, o.ref, N, in, K, w, dt, T, N, K, 0) == 0);
+      TH_CHECK(kn_matmul(e.gpu, o.dev, N, in_d, K, h_d, dt, T, N, Kh, 0) == 0);
+      TH_CHECK(kn_matmul(e.gpu, o.dev, N, in_d + Kh, K, (char *)h_d + (size_t)N * hb, dt, T, N, Kh,
+                         1) == 0);
+      ct_out_check(&e, &o, T, N, N, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
+                   "%s column cut T=%d", kn_dtype_name(dt), T);
+      /* rows [r0, N) of the same product, written at their columns */
+      ct_out_init(&e, &o, (size_t)T * N, 0.0f);
+      TH_CHECK(kn_matmul(e.cpu, o.ref + r0, N, in, K, w + (size_t)r0 * rb, dt, T, N - r0, K, 0) ==
+               0);
+      TH_CHECK(kn_matmul(e.gpu, o.dev + r0, N, in_d, K, (char *)w_d + (size_t)r0 * rb, dt, T,
+                         N - r0, K, 0) == 0);
+      ct_out_check(&e, &o, T, N - r0, N, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
+                   "%s row cut T=%d", kn_dtype_name(dt), T);
+      kn_free(e.gpu, in_d), kn_free(e.gpu, w_d), kn_free(e.gpu, h_d);
+      free(in), free(w), free(halves);
+    }
+  ct_close(&e);
+}
+
+/* The greedy head over a block-format vocabulary (tied embeddings in a GGUF
+ * file), softcapped and not: each row's id is one the CPU's logits put
+ * within the operands' rounding of their largest, and its max is that logit. */
+TH_TEST(cuda_block_head_matches_cpu) {
+  struct ct_env e;
+  ct_open(&e, 75);
+  static const int Ts[] = {1, 5, 12, 40};
+  for (size_t f = 0; f < N_FMTS; f++)
+    for (size_t ti = 0; ti < sizeof(Ts) / sizeof(Ts[0]); ti++)
+      for (int c = 0; c < 2; c++) {
+        const enum kn_dtype dt = k_fmts[f];
+        const int T = Ts[ti], N = 2999, K = 2 * kn_block_elems(dt);
+        const float cap = c ? 30.0f : 0.0f;
+        float *in = malloc(sizeof(float) * (size_t)T * K);
+        float *ref = malloc(sizeof(float) * (size_t)T * N), *scratch = ct_sentinel((size_t)T * N);
+        TH_REQUIRE(in && ref);
+        ct_fill(&e, in, (size_t)T * K, 3.0f);
+        uint8_t *w = q_weights(&e, dt, N, K);
+        float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
+        void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)K) * (size_t)N);
+        float *s_d = ct_up(&e, scratch, sizeof(float) * (size_t)T * N);
+        int32_t ids[40];
+        float maxv[40];
+        TH_CHECK((c ? kn_matmul_softcap(e.cpu, ref, N, in, K, w, dt, T, N, K, cap)
+                    : kn_matmul(e.cpu, ref, N, in, K, w, dt, T, N, K, 0)) == 0);
+        TH_CHECK(kn_matmul_argmax(e.gpu, ids, maxv, in_d, K, w_d, dt, T, N, K, cap, s_d) == 0);
+        for (int t = 0; t < T; t++) {
+          const float *r = ref + (size_t)t * N;
+          float best = r[0], lo = r[0];
+          for (int n = 1; n < N; n++)
+            best = fmaxf(best, r[n]), lo = fminf(lo, r[n]);
+          double slack = (T <= KN_CUDA_QGEMV_T ? 1e-5 : 1e-2) * (best - lo);
+          if (ids[t] < 0 || ids[t] >= N || !(r[ids[t]] >= best - slack) ||
+              !(fabs(maxv[t] - r[ids[t]]) <= slack))
+            th_fail(__FILE__, __LINE__, "%s head T=%d cap=%g row %d: id %d max %g, CPU's best %g",
+                    kn_dtype_name(dt), T, cap, t, (int)ids[t], maxv[t], best);
+        }
+        kn_free(e.gpu, in_d), kn_free(e.gpu, w_d), kn_free(e.gpu, s_d);
+        free(in), free(ref), free(scratch), free(w);
+      }
+  ct_close(&e);
+}
+
+/* Embeddings from a block-format table: the CPU's bits, from host ids (-1:
+ * another rank's row, zero) and from device ids (outside the table: zero). */
+TH_TEST(cuda_block_embed_matches_cpu) {
+  struct ct_env e;
+  ct_open(&e, 76);
+  enum { T = 6 };
+  const int32_t ids[T] = {0, 300, -1, 17, 17, 151};
+  const int32_t dev_ids[T] = {299, 301, -1, 3, 1000, 0};
+  for (size_t f = 0; f < N_FMTS; f++) {
+    const enum kn_dtype dt = k_fmts[f];
+    const int V = 301, H = 3 * kn_block_elems(dt);
+    const ptrdiff_t ldo = H + 1;
+    uint8_t *w = q_weights(&e, dt, V, H);
+    void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)H) * (size_t)V);
+    int32_t *ids_d = ct_up(&e, dev_ids, sizeof(dev_ids));
+    struct ct_out o;
+    ct_out_init(&e, &o, (size_t)T * ldo, 0.0f);
+    TH_CHECK(kn_embed(e.cpu, o.ref, ldo, w, dt, V, H, ids, T, 1.5f) == 0);
+    TH_CHECK(kn_embed(e.gpu, o.dev, ldo, w_d, dt, V, H, ids, T, 1.5f) == 0);
+    ct_out_check(&e, &o, T, H, ldo, 0.0, "%s embed", kn_dtype_name(dt));
+    ct_out_init(&e, &o, (size_t)T * ldo, 0.0f);
+    TH_CHECK(kn_embed_dev(e.cpu, o.ref, ldo, w, dt, V, H, dev_ids, T, 0.75f) == 0);
+    TH_CHECK(kn_embed_dev(e.gpu, o.dev, ldo, w_d, dt, V, H, ids_d, T, 0.75f) == 0);
+    ct_out_check(&e, &o, T, H, ldo, 0.0, "%s embed_dev", kn_dtype_name(dt));
+    kn_free(e.gpu, w_d), kn_free(e.gpu, ids_d);
+    free(w);
+  }
+  ct_close(&e);
+}
