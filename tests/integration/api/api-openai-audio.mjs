@@ -1,0 +1,65 @@
+// api-openai-audio.mjs — the official `openai` npm client sends an audio clip
+// to a running `lmserve serve` on the tiny Gemma 4 with an audio tower
+// (started and always killed by test-api-audio-g4.c, which passes LMSERVE_URL,
+// LMSERVE_MODEL, LMSERVE_AUDIO (a float WAV in base64), LMSERVE_TEXT (the
+// words before it) and LMSERVE_EXPECT, the greedy text the same request gave
+// over plain HTTP).
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import OpenAI from 'openai';
+
+import { streamChat } from './api-stream.mjs';
+
+const baseURL = process.env.LMSERVE_URL;
+const model = process.env.LMSERVE_MODEL;
+const data = process.env.LMSERVE_AUDIO;
+const text = process.env.LMSERVE_TEXT;
+const expect = process.env.LMSERVE_EXPECT;
+assert.ok(baseURL && model && data && text && expect !== undefined, 'environment');
+
+const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120_000 });
+
+const messages = [{
+  role: 'user',
+  content: [
+    { type: 'text', text },
+    { type: 'input_audio', input_audio: { data, format: 'wav' } },
+    { type: 'text', text: 'What is heard?' },
+  ],
+}];
+
+test('chat.completions.create with a clip', async () => {
+  const r = await client.chat.completions.create({
+    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
+  });
+  assert.equal(r.choices[0].message.content, expect);
+  assert.equal(r.usage.completion_tokens, 8);
+  assert.ok(r.usage.prompt_tokens > 25, 'the audio tokens count in prompt_tokens');
+});
+
+test('streamed, with usage', async () => {
+  const { text: got, usage } = await streamChat(client, {
+    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
+  });
+  assert.equal(got, expect);
+  assert.equal(usage.completion_tokens, 8);
+});
+
+test('a broken clip is a BadRequestError naming its part', async () => {
+  await assert.rejects(
+    client.chat.completions.create({
+      model,
+      messages: [{
+        role: 'user',
+        content: [
+          { type: 'text', text: 'Listen' },
+          { type: 'input_audio', input_audio: { data: 'UklGRiQAAABXQVZF', format: 'wav' } },
+        ],
+      }],
+      max_tokens: 4,
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
+      e.param === 'messages[0].content[1].input_audio',
+  );
+});
