@@ -9,7 +9,7 @@ import { test } from 'node:test';
 
 import OpenAI from 'openai';
 
-import { streamChat } from './api-stream.mjs';
+import { brokenPartTest, greedyChatTests } from './api-stream.mjs';
 
 const baseURL = process.env.LMSERVE_URL;
 const model = process.env.LMSERVE_MODEL;
@@ -29,37 +29,7 @@ const messages = [{
   ],
 }];
 
-test('chat.completions.create with a clip', async () => {
-  const r = await client.chat.completions.create({
-    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
-  });
-  assert.equal(r.choices[0].message.content, expect);
-  assert.equal(r.usage.completion_tokens, 8);
-  assert.ok(r.usage.prompt_tokens > 25, 'the audio tokens count in prompt_tokens');
-});
+greedyChatTests(test, client, model, messages, expect, 25, 'a clip');
 
-test('streamed, with usage', async () => {
-  const { text: got, usage } = await streamChat(client, {
-    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
-  });
-  assert.equal(got, expect);
-  assert.equal(usage.completion_tokens, 8);
-});
-
-test('a broken clip is a BadRequestError naming its part', async () => {
-  await assert.rejects(
-    client.chat.completions.create({
-      model,
-      messages: [{
-        role: 'user',
-        content: [
-          { type: 'text', text: 'Listen' },
-          { type: 'input_audio', input_audio: { data: 'UklGRiQAAABXQVZF', format: 'wav' } },
-        ],
-      }],
-      max_tokens: 4,
-    }),
-    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
-      e.param === 'messages[0].content[1].input_audio',
-  );
-});
+brokenPartTest(test, OpenAI, client, model,
+  { type: 'input_audio', input_audio: { data: 'UklGRiQAAABXQVZF', format: 'wav' } }, 'clip');

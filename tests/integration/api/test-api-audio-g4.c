@@ -43,6 +43,7 @@
 #include "model/md-config.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tests/integration/api/api-greedy.h"
 #include "tests/integration/api/api-images.h"
 #include "tests/integration/api/api-serve.h"
 #include "tokenizer/tk-tokenizer.h"
@@ -50,7 +51,6 @@
 #include "worker/wk-kv.h"
 #include "worker/wk-model.h"
 
-#define N_GEN   8
 #define RATE    16000
 #define PART(k) "messages[0].content[" #k "].input_audio"
 
@@ -107,88 +107,8 @@ static char *chat_body(const char *before, const char *const b64[], int n, const
     json_array_append_new(
         parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", url));
   if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
-  json_t *b =
-      json_pack("{s:[{s:s, s:o}], s:i, s:f, s:b, s:b}", "messages", "role", "user", "content",
-                parts, "max_tokens", N_GEN, "temperature", 0.0, "ignore_eos", 1, "logprobs", 1);
-  if (url) /* an image of at most 70 tokens fits B's steps */
-    json_object_set_new(b, "mm_processor_kwargs", json_pack("{s:i}", "max_soft_tokens", 70));
-  if (stream) json_object_set_new(b, "stream", json_true());
-  char *s = json_dumps(b, JSON_COMPACT);
-  json_decref(b);
-  TH_REQUIRE(s != NULL);
-  return s;
-}
-
-/* One greedy answer: its text, prompt_tokens and each token's bytes. */
-struct answer {
-  char text[1024];
-  int prompt_tokens;
-  char tok[N_GEN][64]; /* the logprobs' bytes, NUL-terminated */
-  int tok_len[N_GEN];
-};
-
-static void parse_answer(const struct as_resp *r, struct answer *a) {
-  memset(a, 0, sizeof(*a));
-  if (r->status != 200) fprintf(stderr, "answer %d: %s\n", r->status, r->body ? r->body : "");
-  TH_REQUIRE(r->status == 200);
-  json_t *j = as_json(r);
-  TH_REQUIRE(j != NULL);
-  json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-  const char *c = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
-  snprintf(a->text, sizeof(a->text), "%s", c ? c : "");
-  json_t *u = json_object_get(j, "usage");
-  TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "completion_tokens")), N_GEN);
-  a->prompt_tokens = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
-  json_t *lp = json_object_get(json_object_get(ch, "logprobs"), "content");
-  TH_CHECK_EQ_INT((int)json_array_size(lp), N_GEN);
-  for (size_t i = 0; i < json_array_size(lp) && i < N_GEN; i++) {
-    json_t *by = json_object_get(json_array_get(lp, i), "bytes");
-    for (size_t k = 0; k < json_array_size(by) && k < 63; k++)
-      a->tok[i][a->tok_len[i]++] = (char)json_integer_value(json_array_get(by, k));
-  }
-  json_decref(j);
-}
-
-static void chat(const struct as_server *s, const char *body, struct answer *a) {
-  struct as_resp r;
-  as_post(s, "/v1/chat/completions", body, &r);
-  parse_answer(&r, a);
-  as_resp_free(&r);
-}
-
-/* /tokenize of a chat body's messages: the ids (malloc'd, room for N_GEN
- * more), *n of them. */
-static int32_t *tokenize(const struct as_server *s, const char *body_json, int *n) {
-  json_t *b = json_loads(body_json, 0, NULL);
-  TH_REQUIRE(b != NULL);
-  json_t *t = json_pack("{s:O}", "messages", json_object_get(b, "messages"));
-  char *body = json_dumps(t, JSON_COMPACT);
-  json_decref(t);
-  json_decref(b);
-  struct as_resp r;
-  as_post(s, "/tokenize", body, &r);
-  free(body);
-  if (r.status != 200) fprintf(stderr, "tokenize %d: %s\n", r.status, r.body ? r.body : "");
-  TH_REQUIRE(r.status == 200);
-  json_t *j = as_json(&r);
-  json_t *ids = json_object_get(j, "tokens");
-  *n = (int)json_array_size(ids);
-  int32_t *v = malloc(sizeof(int32_t) * (size_t)(*n + N_GEN + 1));
-  TH_REQUIRE(v != NULL);
-  for (int i = 0; i < *n; i++)
-    v[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
-  json_decref(j);
-  as_resp_free(&r);
-  return v;
-}
-
-static void refused(const struct as_server *s, const char *body, const char *param) {
-  struct as_resp r;
-  as_post(s, "/v1/chat/completions", body, &r);
-  if (r.status != 400)
-    fprintf(stderr, "expected a 400 for %s: %d %.300s\n", param, r.status, r.body ? r.body : "");
-  as_check_error(&r, 400, param);
-  as_resp_free(&r);
+  /* an image of at most 70 tokens fits B's steps */
+  return api_greedy_body(parts, url ? json_pack("{s:i}", "max_soft_tokens", 70) : NULL, stream);
 }
 
 /* ---- what the checkpoint's extractor makes of a clip ------------------------------ */
@@ -216,27 +136,22 @@ static void free_feats(struct feats *f) {
 
 /* ---- the offline path ------------------------------------------------------------ */
 
-/* Greedy tokens of ids[0..n) with the clips' rows (in prompt order, at the
- * runs of audio_id) written over their soft tokens, on the CPU backend: the
- * whole prompt in one forward, then one token per forward. out[N_GEN]. */
-static void offline_greedy(const char *dir, const int32_t *ids, int n, const struct feats *fs,
-                           int n_clips, int audio_id, int32_t *out) {
+/* The served answer's tokens are the offline path's: the clips' features
+ * through wk_audio_g4_encode, the rows over the runs of audio_id (in prompt
+ * order, causal: no bidirectional ranges), greedy decoding. */
+static void check_offline(const struct as_server *s, const char *body, const struct feats *fs,
+                          int n_clips, int audio_id, const struct api_answer *want) {
   char err[512] = "";
-  struct kn_backend *be = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0 && be);
-  struct wk_model *m = NULL;
-  struct wk_model_opts mo = {.max_batch_tokens = n + 8, .max_seqs = 1, .quiet = 1};
-  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "text model: %s", err);
-    th_stop();
-  }
+  int n = 0;
+  int32_t *ids = api_tokenize(s, body, &n);
+  struct api_offline o;
+  api_offline_open(&o, s->model, n);
   struct wk_audio_g4 *a = NULL;
-  if (wk_audio_g4_load(dir, be, NULL, &a, err, sizeof(err))) {
+  if (wk_audio_g4_load(s->model, o.be, NULL, &a, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "audio tower: %s", err);
     th_stop();
   }
-  const struct md_config *c = wk_model_config(m);
-  int H = c->hidden, V = c->vocab;
+  int H = wk_model_config(o.m)->hidden;
   TH_REQUIRE(wk_audio_g4_text_hidden(a) == H && n_clips <= 4);
   struct wk_seq_embed emb[4];
   float *rows[4] = {0};
@@ -254,69 +169,16 @@ static void offline_greedy(const char *dir, const int32_t *ids, int n, const str
     emb[i] = (struct wk_seq_embed){.pos = at, .n = fs[i].tokens, .rows = rows[i]};
     at += fs[i].tokens;
   }
-  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
-  struct wk_page_alloc pa;
-  TH_REQUIRE(wk_page_alloc_init(&pa, wk_model_n_pages(m)) == 0);
-  struct wk_seq_blocks blk = {0};
-  TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, n + N_GEN) == 0);
-  float *logits = malloc(sizeof(float) * (size_t)V);
-  int32_t *seq = malloc(sizeof(int32_t) * (size_t)(n + N_GEN));
-  TH_REQUIRE(logits && seq);
-  memcpy(seq, ids, sizeof(int32_t) * (size_t)n);
-  for (int k = 0, p0 = 0, len = n; k < N_GEN; k++) {
-    /* a clip's tokens attend causally: no bidirectional ranges */
-    struct wk_seq_input s = {.tokens = seq + p0, .n_tokens = len - p0, .pos0 = p0, .n_out = 1};
-    if (k == 0) s.embeds = emb, s.n_embeds = n_clips;
-    for (int g = 0; g < kv->n_groups; g++) {
-      s.block_tables[g] = blk.table[g];
-      s.n_blocks[g] = blk.n[g];
-    }
-    struct wk_batch b = {.seqs = &s, .n_seqs = 1, .logits = logits};
-    if (wk_model_forward(m, &b, err, sizeof(err))) {
-      th_fail(__FILE__, __LINE__, "forward: %s", err);
-      th_stop();
-    }
-    int best = 0;
-    for (int t = 1; t < V; t++)
-      if (logits[t] > logits[best]) best = t;
-    out[k] = best;
-    seq[len] = best;
-    p0 = len;
-    len++;
-  }
-  wk_seq_blocks_release(&blk, kv, &pa);
-  wk_page_alloc_free(&pa);
-  free(logits);
-  free(seq);
+  int32_t gen[API_GEN];
+  api_offline_greedy(&o, ids, n, emb, n_clips, NULL, 0, gen);
+  char what[32];
+  snprintf(what, sizeof(what), "%d clips", n_clips);
+  api_check_tokens(s->model, gen, want, what);
   for (int i = 0; i < n_clips; i++)
     free(rows[i]);
   wk_audio_g4_free(a);
-  wk_model_free(m);
-  kn_backend_destroy(be);
-}
-
-/* The served answer's tokens are the offline path's. */
-static void check_offline(const struct as_server *s, const char *body, const struct feats *fs,
-                          int n_clips, int audio_id, const struct answer *want) {
-  char err[512], path[400];
-  struct tk_tokenizer *tok = NULL;
-  snprintf(path, sizeof(path), "%s/tokenizer.json", s->model);
-  TH_REQUIRE(tk_load(path, &tok, err, sizeof(err)) == 0);
-  int n = 0;
-  int32_t *ids = tokenize(s, body, &n);
-  int32_t gen[N_GEN];
-  offline_greedy(s->model, ids, n, fs, n_clips, audio_id, gen);
-  for (int k = 0; k < N_GEN; k++) {
-    char *t = NULL;
-    size_t len = 0, cap = 0;
-    TH_REQUIRE(tk_decode(tok, &gen[k], 1, 0, &t, &len, &cap) == 0);
-    if ((int)len != want->tok_len[k] || memcmp(t, want->tok[k], len) != 0)
-      th_fail(__FILE__, __LINE__, "%d clips, token %d: offline %d '%.*s', served '%.*s'", n_clips,
-              k, gen[k], (int)len, t, want->tok_len[k], want->tok[k]);
-    free(t);
-  }
+  api_offline_close(&o);
   free(ids);
-  tk_free(tok);
 }
 
 /* ---- the test ------------------------------------------------------------------ */
@@ -356,8 +218,8 @@ TH_TEST(gemma4_audio_through_the_api) {
   char *two = chat_body(TEXT, (const char *[]){c0.b64, c1.b64}, 2, NULL, NULL, NULL, 0);
   {
     int nt = 0, ni = 0;
-    int32_t *t_ids = tokenize(&a, text_only, &nt);
-    int32_t *i_ids = tokenize(&a, two, &ni);
+    int32_t *t_ids = api_tokenize(&a, text_only, &nt);
+    int32_t *i_ids = api_tokenize(&a, two, &ni);
     TH_CHECK_EQ_INT(ni, nt + f[0].tokens + 2 + f[1].tokens + 2);
     int k = 0, runs = 0;
     while (k < ni && i_ids[k] != ac->boa_id)
@@ -374,8 +236,8 @@ TH_TEST(gemma4_audio_through_the_api) {
       runs++;
     }
     TH_CHECK_EQ_INT(runs, 2);
-    struct answer r;
-    chat(&a, two, &r);
+    struct api_answer r;
+    api_chat(&a, two, &r);
     TH_CHECK_EQ_INT(r.prompt_tokens, ni);
     free(t_ids);
     free(i_ids);
@@ -394,14 +256,14 @@ TH_TEST(gemma4_audio_through_the_api) {
   char *url = api_data_url(png, n_png);
   char *with_image =
       chat_body(TEXT, (const char *[]){c1.b64}, 1, NULL, url, "What goes with the picture?", 0);
-  struct answer a1, a1b, b1, a2, b2, ai, bi;
-  chat(&a, one, &a1);
-  chat(&a, one, &a1b);
-  chat(&b, one, &b1);
-  chat(&a, two_q, &a2);
-  chat(&b, two_q, &b2);
-  chat(&a, with_image, &ai);
-  chat(&b, with_image, &bi);
+  struct api_answer a1, a1b, b1, a2, b2, ai, bi;
+  api_chat(&a, one, &a1);
+  api_chat(&a, one, &a1b);
+  api_chat(&b, one, &b1);
+  api_chat(&a, two_q, &a2);
+  api_chat(&b, two_q, &b2);
+  api_chat(&a, with_image, &ai);
+  api_chat(&b, with_image, &bi);
   TH_CHECK_EQ_STR(a1.text, a1b.text);
   TH_CHECK_EQ_STR(a1.text, b1.text);
   TH_CHECK_EQ_STR(a2.text, b2.text);
@@ -412,8 +274,8 @@ TH_TEST(gemma4_audio_through_the_api) {
           a1.prompt_tokens, a1.text, a2.prompt_tokens, a2.text, ai.text);
   { /* the clip is heard: another clip behind the same words answers otherwise */
     char *other = chat_body(TEXT, (const char *[]){c1.b64}, 1, NULL, NULL, "What is heard?", 0);
-    struct answer o;
-    chat(&a, other, &o);
+    struct api_answer o;
+    api_chat(&a, other, &o);
     TH_CHECK(strcmp(o.text, a1.text) != 0);
     free(other);
   }
@@ -428,16 +290,16 @@ TH_TEST(gemma4_audio_through_the_api) {
   }
   { /* with text-only requests in the same steps: the same answers */
     char *text_q = chat_body(TEXT, NULL, 0, NULL, NULL, "What is heard?", 0);
-    struct answer t_alone;
-    chat(&b, text_q, &t_alone);
+    struct api_answer t_alone;
+    api_chat(&b, text_q, &t_alone);
     const char *paths[4] = {"/v1/chat/completions", "/v1/chat/completions", "/v1/chat/completions",
                             "/v1/chat/completions"};
     const char *bodies[4] = {text_q, one, text_q, two_q};
     struct as_resp rs[4];
     TH_REQUIRE(as_post_many(&b, 4, paths, bodies, rs) == 4);
-    struct answer got[4];
+    struct api_answer got[4];
     for (int i = 0; i < 4; i++) {
-      parse_answer(&rs[i], &got[i]);
+      api_parse_answer(&rs[i], &got[i]);
       as_resp_free(&rs[i]);
     }
     TH_CHECK_EQ_STR(got[0].text, t_alone.text);
@@ -449,13 +311,13 @@ TH_TEST(gemma4_audio_through_the_api) {
   { /* the same clips again: the blocks through the first clip come from the prefix
      * cache (the hit reaches past its <audio|>), the answer is the same */
     int n = 0, first_eoa = 0;
-    int32_t *ids = tokenize(&a, two_q, &n);
+    int32_t *ids = api_tokenize(&a, two_q, &n);
     while (first_eoa < n && ids[first_eoa] != ac->eoa_id)
       first_eoa++;
     free(ids);
     double h0 = as_metric(&a, "lmserve:prefix_cache_hits_total");
-    struct answer again;
-    chat(&a, two_q, &again);
+    struct api_answer again;
+    api_chat(&a, two_q, &again);
     double h1 = as_metric(&a, "lmserve:prefix_cache_hits_total");
     TH_CHECK_EQ_STR(again.text, a2.text);
     TH_CHECK(h1 - h0 > (double)first_eoa);
@@ -471,40 +333,40 @@ TH_TEST(gemma4_audio_through_the_api) {
     uint8_t *wav = api_wav_f32(c0.x, c0.n, RATE, &len);
     char *t = api_base64(wav, len * 3 / 5); /* the data chunk cut short */
     char *bad = chat_body("Hear:", (const char *[]){t}, 1, NULL, NULL, NULL, 0);
-    refused(&a, bad, PART(1));
+    api_refused(&a, bad, PART(1));
     free(bad);
     bad = chat_body("Hear:", (const char *[]){c0.b64}, 1, "mp3", NULL, NULL, 0);
-    refused(&b, bad, PART(1));
+    api_refused(&b, bad, PART(1));
     free(bad);
     bad = chat_body("Hear:", (const char *[]){c0.b64}, 1, "flac", NULL, NULL, 0);
-    refused(&a, bad, PART(1));
+    api_refused(&a, bad, PART(1));
     free(bad);
     bad = chat_body("Hear:", (const char *[]){"bm90IGF1ZGlvIGF0IGFsbCwganVzdCB0ZXh0"}, 1, NULL,
                     NULL, NULL, 0);
-    refused(&a, bad, PART(1));
+    api_refused(&a, bad, PART(1));
     free(bad);
     bad = chat_body("Hear:", (const char *[]){"%%%"}, 1, NULL, NULL, NULL, 0);
-    refused(&b, bad, PART(1));
+    api_refused(&b, bad, PART(1));
     free(bad);
     struct clip tiny = make_clip(0, 100.0 / RATE), big = make_clip(1, 30.5);
     bad = chat_body("Hear:", (const char *[]){tiny.b64}, 1, NULL, NULL, NULL, 0);
-    refused(&a, bad, PART(1));
+    api_refused(&a, bad, PART(1));
     free(bad);
     bad = chat_body("Hear:", (const char *[]){big.b64}, 1, NULL, NULL, NULL, 0);
-    refused(&b, bad, PART(1));
+    api_refused(&b, bad, PART(1));
     free(bad);
     bad = chat_body("Hear:", (const char *[]){c0.b64, c1.b64, c0.b64}, 3, NULL, NULL, NULL, 0);
-    refused(&a, bad, PART(3));
-    refused(&b, bad, PART(3));
+    api_refused(&a, bad, PART(3));
+    api_refused(&b, bad, PART(3));
     free(bad);
     free_clip(&tiny);
     free_clip(&big);
     free(t);
     free(wav);
-    struct answer again;
-    chat(&a, two_q, &again);
+    struct api_answer again;
+    api_chat(&a, two_q, &again);
     TH_CHECK_EQ_STR(again.text, a2.text);
-    chat(&b, two_q, &again);
+    api_chat(&b, two_q, &again);
     TH_CHECK_EQ_STR(again.text, a2.text);
   }
 
