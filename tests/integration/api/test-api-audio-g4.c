@@ -28,7 +28,8 @@
  *       logprobs' bytes) agree;
  *   (c) bad clips are 400s naming their part: truncated, WAV data declared as
  *       mp3, over 30 s, not audio, too short for one token, one clip past
- *       the limit; both servers serve on;
+ *       the limit; both servers serve on; with audio=0 a clip is a 400
+ *       saying audio is turned off, and images are still taken;
  *   (d) the official openai client (api-openai-audio.mjs) sends a clip and
  *       gets the same text, and a BadRequestError naming a broken clip. */
 #include <jansson.h>
@@ -368,6 +369,23 @@ TH_TEST(gemma4_audio_through_the_api) {
     TH_CHECK_EQ_STR(again.text, a2.text);
     api_chat(&b, two_q, &again);
     TH_CHECK_EQ_STR(again.text, a2.text);
+  }
+
+  /* audio turned off (--limit-mm-per-prompt audio=0): the clip is a 400 naming its
+   * part and saying so; images are still taken */
+  {
+    struct as_server c = {.audio = 1};
+    as_start(&c, 0, (char *[]){"--limit-mm-per-prompt", "audio=0", NULL});
+    struct as_resp r;
+    as_post(&c, "/v1/chat/completions", one, &r);
+    as_check_error(&r, 400, PART(1));
+    TH_CHECK(r.body && strstr(r.body, "audio is turned off") != NULL);
+    as_resp_free(&r);
+    char *img_only = chat_body(TEXT, NULL, 0, NULL, url, NULL, 0);
+    struct api_answer ok;
+    api_chat(&c, img_only, &ok);
+    free(img_only);
+    as_stop(&c);
   }
 
   /* (d) the official client (node + node_modules/openai), when present */
