@@ -171,8 +171,22 @@ static json_t *image_url_of(json_t *part) {
   return json_is_string(url) ? url : NULL;
 }
 
-/* Content: a string, or a list of {"type":"text","text":...} and
- * {"type":"image_url","image_url":{"url":...}} parts. */
+/* An input_audio part's {"data": BASE64, "format": "wav" | "mp3"} (OpenAI),
+ * or NULL when it is not that shape. */
+static json_t *input_audio_of(json_t *part, const char **format) {
+  json_t *a = json_object_get(part, "input_audio");
+  json_t *data = json_is_object(a) ? json_object_get(a, "data") : NULL;
+  json_t *fmt = json_is_object(a) ? json_object_get(a, "format") : NULL;
+  if (!json_is_string(data) || !json_is_string(fmt) ||
+      strlen(json_string_value(fmt)) != json_string_length(fmt)) /* no NUL inside */
+    return NULL;
+  *format = json_string_value(fmt);
+  return data;
+}
+
+/* Content: a string, or a list of {"type":"text","text":...},
+ * {"type":"image_url","image_url":{"url":...}} and
+ * {"type":"input_audio","input_audio":{"data":...,"format":...}} parts. */
 static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_message *m) {
   char param[64];
   snprintf(param, sizeof(param), "messages[%zu].content", idx);
@@ -195,18 +209,28 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
     snprintf(pp, sizeof(pp), "%s[%zu]", param, k);
     if (!json_is_object(part) || !json_is_string(type))
       return fail(p, 400, pp, "part %zu of '%s' must be an object with a 'type'", k, param);
-    if (!strcmp(json_string_value(type), "image_url")) {
-      if (!image_url_of(part))
+    const char *ts = json_string_value(type), *fmt = NULL;
+    int is_audio = !strcmp(ts, "input_audio");
+    if (is_audio || !strcmp(ts, "image_url")) {
+      if (!is_audio && !image_url_of(part))
         return fail(p, 400, pp, "image part %zu of '%s' needs 'image_url': {\"url\": \"...\"}",
                     k, param);
+      if (is_audio && !input_audio_of(part, &fmt))
+        return fail(p, 400, pp,
+                    "audio part %zu of '%s' needs 'input_audio': {\"data\": BASE64, "
+                    "\"format\": \"wav\" or \"mp3\"}",
+                    k, param);
       if (m->role != FE_API_ROLE_USER)
-        return fail(p, 400, pp, "images are taken in user messages only");
+        return fail(p, 400, pp, "%s are taken in user messages only",
+                    is_audio ? "audio clips" : "images");
       n_img++;
       continue;
     }
-    if (strcmp(json_string_value(type), "text") != 0)
-      return fail(p, 400, pp, "content part type '%.40s' is not supported ('text' or 'image_url')",
-                  json_string_value(type));
+    if (strcmp(ts, "text") != 0)
+      return fail(p, 400, pp,
+                  "content part type '%.40s' is not supported ('text', 'image_url' or "
+                  "'input_audio')",
+                  ts);
     if (!json_is_string(text))
       return fail(p, 400, pp, "text part %zu of '%s' needs a string 'text'", k, param);
     total += json_string_length(text) + (n_text ? 1 : 0);
@@ -219,15 +243,23 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
   size_t o = 0;
   for (size_t k = 0, t = 0; k < n; k++) {
     json_t *part = json_array_get(c, k), *text = json_object_get(part, "text");
-    if (!strcmp(json_string_value(json_object_get(part, "type")), "image_url")) {
+    const char *ts = json_string_value(json_object_get(part, "type")), *fmt = NULL;
+    int is_audio = !strcmp(ts, "input_audio");
+    if (is_audio || !strcmp(ts, "image_url")) {
       struct fe_api_image *im = &p->r->images[p->r->n_images++];
-      json_t *url = image_url_of(part);
+      json_t *url = is_audio ? input_audio_of(part, &fmt) : image_url_of(part);
       if (!(im->url = dup_str(p, url, &im->url_len))) return nomem(p);
+      im->audio = is_audio;
+      if (is_audio) { /* fe-audio names a format it does not take */
+        snprintf(im->format, sizeof(im->format), "%s", fmt);
+        p->r->n_audio++;
+      }
       /* a message or part takes more than 4 bytes of a body of at most 16 GiB: its
        * index fits 32 bits, and the name fits param */
-      snprintf(im->param, sizeof(im->param), "messages[%u].content[%u].image_url", (unsigned)idx,
-               (unsigned)k);
-      parts[k].is_image = 1;
+      snprintf(im->param, sizeof(im->param), "messages[%u].content[%u].%s", (unsigned)idx,
+               (unsigned)k, ts);
+      parts[k].is_image = !is_audio;
+      parts[k].is_audio = is_audio;
       continue;
     }
     if (t++) s[o++] = '\n';
@@ -243,15 +275,17 @@ static int parse_content(struct pctx *p, json_t *c, size_t idx, struct fe_api_me
   return 0;
 }
 
-/* Image parts across the messages (counted before parsing, so the request's
- * array is allocated once). */
+/* Image and audio parts across the messages (counted before parsing, so the
+ * request's array is allocated once). */
 static size_t count_images(json_t *msgs) {
   size_t n = 0;
   for (size_t i = 0; i < json_array_size(msgs); i++) {
     json_t *c = json_object_get(json_array_get(msgs, i), "content");
     for (size_t k = 0; json_is_array(c) && k < json_array_size(c); k++) {
       json_t *type = json_object_get(json_array_get(c, k), "type");
-      if (json_is_string(type) && !strcmp(json_string_value(type), "image_url")) n++;
+      if (json_is_string(type) && (!strcmp(json_string_value(type), "image_url") ||
+                                   !strcmp(json_string_value(type), "input_audio")))
+        n++;
     }
   }
   return n;
@@ -270,7 +304,7 @@ static int parse_messages(struct pctx *p, json_t *body) {
   r->n_messages = n;
   size_t n_img = count_images(v);
   if (n_img > FE_API_MAX_IMAGES)
-    return fail(p, 400, "messages", "%zu images in one request; at most %d", n_img,
+    return fail(p, 400, "messages", "%zu images and audio clips in one request; at most %d", n_img,
                 FE_API_MAX_IMAGES);
   if (n_img && !(r->images = cm_arena_calloc(&r->arena, n_img, sizeof(*r->images))))
     return nomem(p);

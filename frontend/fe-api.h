@@ -22,7 +22,7 @@
 #define FE_API_MAX_LOGPROBS       20  /* top logprobs per token */
 #define FE_API_MAX_N              128 /* choices per request */
 #define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
-#define FE_API_MAX_IMAGES         64  /* image parts in one chat request */
+#define FE_API_MAX_IMAGES         64  /* image and audio parts in one chat request */
 #define FE_API_MAX_GRAMMAR        32768 /* bytes of a constraint's text (proto's limit) */
 
 enum fe_api_kind {
@@ -41,10 +41,12 @@ struct fe_api_prompt {
   size_t n_ids;       /* tokens */
 };
 
-/* One part of a message's content, kept when the message has an image
- * (the chat template then sees the parts, as transformers passes them). */
+/* One part of a message's content, kept when the message has an image or an
+ * audio clip (the chat template then sees the parts, as transformers passes
+ * them). */
 struct fe_api_part {
   int is_image;     /* 1: an image_url part (its url is in the request's images) */
+  int is_audio;     /* 1: an input_audio part (its data is in the request's images) */
   const char *text; /* text parts: NUL-terminated */
   size_t text_len;
 };
@@ -53,7 +55,7 @@ struct fe_api_message {
   enum fe_api_role role;
   const char *content; /* NUL-terminated; text parts joined with "\n" */
   size_t content_len;  /* bytes */
-  const struct fe_api_part *parts; /* (n_parts) when the content has an image, else NULL */
+  const struct fe_api_part *parts; /* (n_parts) when the content has media, else NULL */
   size_t n_parts;
   /* A JSON object's text: the fields beyond role and content that the chat
    * template sees (Gemma 4's native tools: "tool_calls" with arguments as
@@ -61,12 +63,15 @@ struct fe_api_message {
   const char *extra;
 };
 
-/* An image_url part: its URL (data:, file://, http(s)://) as given; fetched
- * and decoded by the serving path. */
+/* A media part: an image_url part's URL (data:, file://, http(s)://) as
+ * given, or an input_audio part's base64 data and format ("wav", "mp3");
+ * fetched and decoded by the serving path. */
 struct fe_api_image {
-  const char *url; /* NUL-terminated */
+  int audio;       /* 1: an input_audio part */
+  const char *url; /* NUL-terminated: the URL, or the audio's base64 data */
   size_t url_len;
-  char param[64];  /* "messages[1].content[2].image_url", for errors */
+  char format[8]; /* audio: its "format" */
+  char param[64]; /* "messages[1].content[2].image_url" / "...input_audio", for errors */
 };
 
 struct fe_api_request {
@@ -76,8 +81,9 @@ struct fe_api_request {
   size_t n_prompts;
   struct fe_api_message *messages; /* (n_messages) chat, tokenize */
   size_t n_messages;
-  struct fe_api_image *images; /* (n_images) the messages' image parts in order */
+  struct fe_api_image *images; /* (n_images) the messages' image and audio parts in order */
   size_t n_images;
+  size_t n_audio;            /* of them, input_audio parts */
   int64_t max_tokens;        /* tokens; -1: up to the context limit */
   int64_t min_tokens;        /* tokens; 0 by default */
   double temperature;        /* [0, 2]; default 1 */

@@ -70,15 +70,15 @@ struct tok_job {
 };
 
 /* A message's parts as transformers hands them to a chat template:
- * {"type": "text", "text": ...} and {"type": "image"}. NULL when out of memory
- * (json_pack then fails too). */
+ * {"type": "text", "text": ...}, {"type": "image"} and {"type": "audio"}. NULL
+ * when out of memory (json_pack then fails too). */
 static json_t *parts_json(const struct fe_api_message *m) {
   json_t *a = json_array();
   for (size_t k = 0; a && k < m->n_parts; k++) {
     const struct fe_api_part *pt = &m->parts[k];
-    json_t *o = pt->is_image ? json_pack("{s:s}", "type", "image")
-                             : json_pack("{s:s, s:s#}", "type", "text", "text", pt->text,
-                                         (int)pt->text_len);
+    json_t *o = pt->is_image || pt->is_audio
+                    ? json_pack("{s:s}", "type", pt->is_image ? "image" : "audio")
+                    : json_pack("{s:s, s:s#}", "type", "text", "text", pt->text, (int)pt->text_len);
     if (!o || json_array_append_new(a, o) != 0) {
       json_decref(a);
       return NULL;
@@ -143,23 +143,31 @@ static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
       free(text);
       return rc;
     }
-    if (req->n_images) { /* each image marker becomes its image's token run */
+    /* each image marker becomes its image's token run, each audio marker its clip's */
+    for (int audio = 0; audio < 2 && !rc; audio++) {
+      size_t n_kind = audio ? req->n_audio : req->n_images - req->n_audio;
+      if (!n_kind) continue;
+      int *nt = j->imgs ? malloc(sizeof(int) * n_kind) : NULL;
+      if (j->imgs && !nt) {
+        rc = CM_ERR_NOMEM;
+        break;
+      }
+      for (size_t i = 0, k = 0; nt && i < req->n_images; i++)
+        if (req->images[i].audio == audio) nt[k++] = j->imgs[i].tokens;
       char *full = NULL;
       size_t full_len = 0;
-      int *nt = j->imgs ? malloc(sizeof(int) * req->n_images) : NULL;
-      if (j->imgs && !nt) {
-        free(text);
-        return CM_ERR_NOMEM;
-      }
-      for (size_t i = 0; nt && i < req->n_images; i++)
-        nt[i] = j->imgs[i].tokens;
-      rc = fe_mm_expand(j->mm, text, len, req->n_images, nt, &full, &full_len, j->err,
-                        sizeof(j->err));
+      rc = audio ? fe_mm_expand_audio(j->mm, text, len, n_kind, nt, &full, &full_len, j->err,
+                                      sizeof(j->err))
+                 : fe_mm_expand(j->mm, text, len, n_kind, nt, &full, &full_len, j->err,
+                                sizeof(j->err));
       free(nt);
       free(text);
-      if (rc) return rc;
       text = full;
       len = full_len;
+    }
+    if (rc) {
+      free(text);
+      return rc;
     }
     /* the template writes <bos> itself: no post-processor unless asked */
     unsigned fl = TK_MATCH_SPECIAL | (req->add_special_tokens ? TK_ADD_SPECIAL : 0);
@@ -192,9 +200,9 @@ static void job_run(uv_work_t *w) {
     return;
   }
   const struct fe_api_request *req = j->req;
-  /* the images first: the cheaper refusal. Gemma 4's decide their token counts,
-   * so /tokenize decodes them too */
-  if (req->n_images && (req->kind == FE_API_CHAT || j->mm->g4)) {
+  /* the images and clips first: the cheaper refusal. Gemma 4's images and every
+   * clip decide their token counts, so /tokenize decodes them too */
+  if (req->n_images && (req->kind == FE_API_CHAT || j->mm->g4 || req->n_audio)) {
     if (!(j->imgs = calloc(req->n_images, sizeof(*j->imgs)))) {
       j->rc = CM_ERR_NOMEM;
       return;
@@ -202,8 +210,10 @@ static void job_run(uv_work_t *w) {
     for (size_t i = 0; i < req->n_images; i++) {
       const struct fe_api_image *im = &req->images[i];
       char why[256];
-      int rc = fe_mm_image(j->mm, im->url, im->url_len, req->max_soft_tokens, &j->imgs[i], why,
-                           sizeof(why));
+      int rc = im->audio ? fe_mm_audio(j->mm, im->url, im->url_len, im->format, &j->imgs[i], why,
+                                       sizeof(why))
+                         : fe_mm_image(j->mm, im->url, im->url_len, req->max_soft_tokens,
+                                       &j->imgs[i], why, sizeof(why));
       if (rc) {
         j->rc = rc;
         snprintf(j->err, sizeof(j->err), "%.63s: %.250s", im->param, why);
@@ -392,6 +402,14 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   return fe_eng_map_put(e, ch);
 }
 
+/* The k-th media part of a kind (audio: input_audio, else image_url); the
+ * caller knows there is one. */
+static const struct fe_api_image *nth_media(const struct fe_api_request *q, int audio, size_t k) {
+  for (size_t i = 0; i < q->n_images; i++)
+    if (q->images[i].audio == audio && k-- == 0) return &q->images[i];
+  return &q->images[0];
+}
+
 /* Checks what needs no tokens, then hands the request to the thread pool;
  * submit_tokenized goes on once its prompts are tokens. */
 int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const char **why) {
@@ -405,6 +423,11 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   const char *param = NULL;
   size_t n_prompts = req->kind == FE_API_CHAT ? 1 : req->n_prompts;
   if (req->kind == FE_API_TOKENIZE) n_prompts = 1;
+  /* the most bytes the images' pixels and the clips' features may take on the wire */
+  size_t n_img = req->n_images - req->n_audio;
+  size_t img_max = n_img ? fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens) : 0;
+  size_t clip_max = req->n_audio && e->mm.audio ? fe_mm_audio_max_bytes(&e->mm) : 0;
+  size_t mm_bytes = n_img * img_max + req->n_audio * clip_max;
   if (gen && (n_prompts == 0 || n_prompts * (size_t)req->n > FE_API_MAX_N)) {
     param = "n";
     snprintf(err, sizeof(err), "n times the number of prompts must be 1..%d, not %zu", FE_API_MAX_N,
@@ -414,27 +437,39 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   } else if (req->kind == FE_API_DETOKENIZE && !req->n_prompts) {
     param = "tokens";
     snprintf(err, sizeof(err), "'tokens' must be a list of token ids");
-  } else if (req->n_images && !e->mm.enabled) {
-    param = req->images[0].param;
+  } else if (n_img && !e->mm.enabled) {
+    param = nth_media(req, 0, 0)->param;
     snprintf(err, sizeof(err), "%s", e->cfg.mm.limit == 0
                                          ? "images are turned off on this server "
                                            "(--limit-mm-per-prompt image=0)"
                                          : "this model does not take images");
-  } else if (req->n_images > (size_t)e->mm.limit) {
-    param = req->images[e->mm.limit].param;
-    snprintf(err, sizeof(err), "%zu images in the prompt; this server takes at most %d "
-             "(--limit-mm-per-prompt)", req->n_images, e->mm.limit);
+  } else if (n_img > (size_t)e->mm.limit) {
+    param = nth_media(req, 0, (size_t)e->mm.limit)->param;
+    snprintf(err, sizeof(err),
+             "%zu images in the prompt; this server takes at most %d "
+             "(--limit-mm-per-prompt)",
+             n_img, e->mm.limit);
+  } else if (req->n_audio && !e->mm.audio) {
+    param = nth_media(req, 1, 0)->param;
+    snprintf(err, sizeof(err), "%s",
+             e->cfg.mm.audio_limit == 0 ? "audio is turned off on this server "
+                                          "(--limit-mm-per-prompt audio=0)"
+                                        : "this model does not take audio");
+  } else if (req->n_audio > (size_t)e->mm.audio_limit) {
+    param = nth_media(req, 1, (size_t)e->mm.audio_limit)->param;
+    snprintf(err, sizeof(err),
+             "%zu audio clips in the prompt; this server takes at most %d "
+             "(--limit-mm-per-prompt)",
+             req->n_audio, e->mm.audio_limit);
   } else if (req->max_soft_tokens && !e->mm.g4) {
     param = "mm_processor_kwargs.max_soft_tokens";
     snprintf(err, sizeof(err), "this model's images take no max_soft_tokens (Gemma 4's)");
-  } else if (req->n_images * fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens) >
-             PR_MAX_MSG_DEFAULT / 2) {
+  } else if (mm_bytes > PR_MAX_MSG_DEFAULT / 2) {
     param = "messages";
     snprintf(err, sizeof(err),
-             "%zu images of up to %zu bytes of pixels each take more than one "
-             "request may carry (%u MB)",
-             req->n_images, fe_mm_image_max_bytes(&e->mm, req->max_soft_tokens),
-             (unsigned)(PR_MAX_MSG_DEFAULT / 2 >> 20));
+             "%zu images of up to %zu bytes of pixels and %zu audio clips of up to %zu bytes "
+             "of features take more than one request may carry (%u MB)",
+             n_img, img_max, req->n_audio, clip_max, (unsigned)(PR_MAX_MSG_DEFAULT / 2 >> 20));
   } else {
     check_ids(e, req, err, sizeof(err), &param);
   }
@@ -486,15 +521,17 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     return;
   }
   struct pr_image *images = NULL;
-  if (req->n_images) { /* where each image's tokens landed */
+  if (req->n_images) { /* where each image's and clip's tokens landed */
     char why[256];
     if (!(images = calloc(req->n_images, sizeof(*images)))) {
       answer_error(e, c, 500, "out of memory", NULL);
       return;
     }
     int *nt = malloc(sizeof(int) * req->n_images);
-    for (size_t i = 0; nt && i < req->n_images; i++)
+    for (size_t i = 0; nt && i < req->n_images; i++) {
       nt[i] = j->imgs[i].tokens;
+      images[i].kind = req->images[i].audio ? PR_MEDIA_AUDIO : PR_MEDIA_IMAGE;
+    }
     if (!nt || fe_mm_find_runs(&e->mm, j->ids[0], j->n_ids[0], images, req->n_images, nt, why,
                                sizeof(why))) {
       if (!nt) snprintf(why, sizeof(why), "out of memory");
@@ -507,7 +544,9 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     for (size_t i = 0; i < req->n_images; i++) {
       images[i].hash = j->imgs[i].hash;
       images[i].pixels = (struct pr_bytes){j->imgs[i].pixels, (uint32_t)j->imgs[i].n_bytes};
-      if (e->mm.g4) { /* sized per image: the workers cut it into its patches */
+      /* Gemma 4's images are sized per image (the workers cut them into their
+       * patches); a clip's features say their mel bins and frames */
+      if (e->mm.g4 || images[i].kind == PR_MEDIA_AUDIO) {
         images[i].width = (uint32_t)j->imgs[i].width;
         images[i].height = (uint32_t)j->imgs[i].height;
       }

@@ -701,7 +701,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   load_eos(e, tok_dir, gcfg);
   err[0] = 0;
   if ((rc = fe_mm_load(cfg->model_dir, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {
-    cm_error(TAG, "%s: image input: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
+    cm_error(TAG, "%s: image and audio input: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
   if (e->mm.enabled && e->mm.g4)
@@ -712,6 +712,10 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   else if (e->mm.enabled)
     cm_info(TAG, "image input: %d x %d images, %d tokens each, at most %d per prompt",
             e->mm.width, e->mm.height, e->mm.tokens, e->mm.limit);
+  if (e->mm.audio)
+    cm_info(TAG, "audio input (Gemma 4): clips of up to %.0f s, %d mel bins, at most %d per prompt",
+            e->mm.fe.max_samples / (double)e->mm.fe.sampling_rate, e->mm.fe.n_mel,
+            e->mm.audio_limit);
   load_vocab(e, gcfg);
   free(gcfg);
   gcfg = NULL;

@@ -125,8 +125,7 @@ int fe_frontend_main(int argc, char **argv) {
        "(e.g. '{\"enable_thinking\": true}')"},
       {"allowed-local-media-path", CM_OPT_STR, &media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
-      {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, "image=N",
-       "images per prompt at most (image=16; image=0 turns images off); JSON {\"image\": N} too"},
+      {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, FE_MAIN_LIMIT_MM_ARG, FE_MAIN_LIMIT_MM_HELP},
       {"max-image-bytes", CM_OPT_SIZE, &max_image_bytes, "BYTES", "largest encoded image (20M)"},
       {"max-image-pixels", CM_OPT_INT, &max_image_pixels, "N",
        "largest decoded image in pixels, checked before decoding (40000000)", 1, INT64_MAX},
@@ -163,10 +162,10 @@ int fe_frontend_main(int argc, char **argv) {
     return 2;
   }
 
-  int mm_limit = -1;
+  int mm_limit = -1, audio_limit = -1;
   if (limit_mm) {
     char why[160];
-    if (fe_mm_parse_limit(limit_mm, &mm_limit, why, sizeof(why)) != 0) {
+    if (fe_mm_parse_limit(limit_mm, &mm_limit, &audio_limit, why, sizeof(why)) != 0) {
       fprintf(stderr, "lmserve frontend: --limit-mm-per-prompt: %s\n", why);
       return 2;
     }
@@ -214,6 +213,7 @@ int fe_frontend_main(int argc, char **argv) {
                                     .model_name = model,
                                     .max_model_len = max_model_len,
                                     .mm = {.limit = mm_limit,
+                                           .audio_limit = audio_limit,
                                            .max_bytes = max_image_bytes,
                                            .max_pixels = (uint64_t)max_image_pixels,
                                            .local_dir = media_dir}};

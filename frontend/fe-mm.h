@@ -1,6 +1,7 @@
-/* fe-mm.h — image input on the frontend (Gemma 3 and Gemma 4): what the served
- * checkpoint takes, each image_url part turned into the pixels the workers
- * want, and the prompt's image placeholders turned into token runs.
+/* fe-mm.h — image and audio input on the frontend (Gemma 3 and Gemma 4): what
+ * the served checkpoint takes, each image_url part turned into the pixels the
+ * workers want, each input_audio part into the log-mel features Gemma 4's
+ * audio tower takes, and the prompt's placeholders turned into token runs.
  *
  *   struct fe_mm mm;
  *   fe_mm_load(model_dir, tok, &limits, &mm, err, sizeof err);  // mm.enabled: takes images
@@ -25,13 +26,24 @@
  * own soft-token count (its aspect-preserving size for max_soft_tokens,
  * model/md-vision-g4.h). The token texts are the tokenizer's for the
  * config's ids. The resized 8-bit image goes with its width and height; the
- * workers cut it into patches. */
+ * workers cut it into patches.
+ *
+ * Audio (Gemma 4 with an audio_config; processing_gemma4.py's
+ * replace_audio_token): the chat template writes the audio token <|audio|>
+ * where each clip goes; each becomes boa + N x audio token + eoa, i.e.
+ * <|audio> + N x <|audio|> + <audio|>, N the clip's soft tokens (its feature
+ * mask subsampled by the tower's two stride-2 convolutions: 25 a second).
+ * fe-audio decodes the part to 16 kHz mono, md-audio-g4 (configured from the
+ * checkpoint's processor config) computes the features, and the features
+ * with their mask travel to the workers (proto's PR_MEDIA_AUDIO). */
 #ifndef LMSERVE_FE_MM_H
 #define LMSERVE_FE_MM_H
 #include <stddef.h>
 #include <stdint.h>
 
+#include "frontend/fe-audio.h"
 #include "frontend/fe-image.h"
+#include "model/md-audio-g4.h"
 #include "model/md-config.h"
 #include "proto/pr-msg.h"
 #include "tokenizer/tk-tokenizer.h"
@@ -53,33 +65,49 @@ struct fe_mm {
   char soft[32];      /* "<image_soft_token>" (Gemma 4: "<|image|>", also the template's marker) */
   char eoi[32];       /* "<end_of_image>" (Gemma 4: "<image|>") */
   struct fe_image_limits lim; /* bytes, pixels, local directory */
-  uint64_t hash_key;          /* keys the images' content hash */
+  uint64_t hash_key;          /* keys the images' and clips' content hash */
+  /* audio: Gemma 4 with an audio tower */
+  int audio;                   /* the checkpoint has one and clips are allowed */
+  int audio_limit;             /* clips per prompt at most (--limit-mm-per-prompt audio=N) */
+  int32_t audio_id;            /* <|audio|>; -1 without audio */
+  char boa[32];                /* "<|audio>" */
+  char audio_soft[32];         /* "<|audio|>", also the template's marker */
+  char eoa[32];                /* "<audio|>" */
+  struct fe_audio_limits alim; /* encoded bytes, duration (30 s) */
+  struct md_audio_fe_cfg fe;   /* the feature extractor (processor config) */
 };
 
-/* The frontend's image options (flags). */
+/* The frontend's image and audio options (flags). */
 struct fe_mm_opts {
   int limit;              /* images per prompt; < 0: the default (16); 0: images refused */
+  int audio_limit;        /* audio clips per prompt; < 0: the default (16); 0: refused */
   size_t max_bytes;       /* per image, encoded; 0: fe-image's default */
   uint64_t max_pixels;    /* per image, decoded; 0: fe-image's default */
   const char *local_dir;  /* --allowed-local-media-path, or NULL */
 };
 
-/* --limit-mm-per-prompt: "image=N" (vLLM's older form) or {"image": N} (its
- * JSON form); other modalities are refused. 0 or CM_ERR_INVAL with a reason. */
-int fe_mm_parse_limit(const char *spec, int *limit, char *err, size_t errlen);
+/* --limit-mm-per-prompt: "image=N,audio=M" (vLLM's older form, either or
+ * both) or {"image": N, "audio": M} (its JSON form); other modalities are
+ * refused. A modality not named keeps *image / *audio as they were. 0 or
+ * CM_ERR_INVAL with a reason. */
+int fe_mm_parse_limit(const char *spec, int *image, int *audio, char *err, size_t errlen);
 
-/* Reads DIR's config.json (and preprocessor config) through the worker's
+/* Reads DIR's config.json (and processor configs) through the worker's
  * parser. A checkpoint without a vision tower, or limit 0, leaves
- * mm->enabled 0 and returns 0; a broken config is an error naming it. */
+ * mm->enabled 0; one without an audio tower, or audio_limit 0, leaves
+ * mm->audio 0; a broken config is an error naming it. */
 int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_mm_opts *o,
                struct fe_mm *mm, char *err, size_t errlen);
 
-/* One image, ready for ADD: pixels [height, width, channels] 8-bit, malloc'd. */
+/* One image, ready for ADD: pixels [height, width, channels] 8-bit, malloc'd.
+ * Or one audio clip (fe_mm_audio): pixels holds its features [frames][mels]
+ * f32 then its mask [frames] (proto's PR_MEDIA_AUDIO layout), width = mels,
+ * height = frames. */
 struct fe_mm_image {
   uint8_t *pixels;
   size_t n_bytes;
   uint64_t hash;
-  int width, height; /* px of pixels */
+  int width, height; /* px of pixels; audio: mel bins and frames */
   int tokens;        /* its soft tokens */
 };
 
@@ -96,6 +124,17 @@ int fe_mm_image(const struct fe_mm *mm, const char *url, size_t url_len, int max
                 struct fe_mm_image *out, char *err, size_t errlen);
 void fe_mm_image_free(struct fe_mm_image *img); /* NULL-safe */
 
+/* The most feature bytes one audio clip may take to the workers (a clip of
+ * the extractor's max_samples). */
+size_t fe_mm_audio_max_bytes(const struct fe_mm *mm);
+
+/* Decodes one input_audio part (its base64 data, format "wav" or "mp3") to the
+ * extractor's rate, mono, and computes its features and soft tokens. 0 or a
+ * negative cm_err with a reason for the client in err (without the part's
+ * name): fe-audio's refusals, or a clip too short for one token. Thread-safe. */
+int fe_mm_audio(const struct fe_mm *mm, const char *b64, size_t len, const char *format,
+                struct fe_mm_image *out, char *err, size_t errlen);
+
 /* *out (malloc'd) = text with each of its image markers (Gemma 3:
  * <start_of_image>; Gemma 4: <|image|>) expanded to the image's token run,
  * tokens[i] soft tokens for the i-th (NULL: mm->tokens each). The markers
@@ -103,8 +142,15 @@ void fe_mm_image_free(struct fe_mm_image *img); /* NULL-safe */
 int fe_mm_expand(const struct fe_mm *mm, const char *text, size_t len, size_t n_images,
                  const int *tokens, char **out, size_t *out_len, char *err, size_t errlen);
 
-/* Sets imgs[i].pos / n_tokens to the i-th run of soft tokens in ids. The runs
- * must be n_images, the i-th of tokens[i] ids (NULL: mm->tokens each):
+/* The same for audio: each <|audio|> marker becomes <|audio> + tokens[i] x
+ * <|audio|> + <audio|>; the markers must number n_clips. */
+int fe_mm_expand_audio(const struct fe_mm *mm, const char *text, size_t len, size_t n_clips,
+                       const int *tokens, char **out, size_t *out_len, char *err, size_t errlen);
+
+/* Sets imgs[i].pos / n_tokens to the i-th run of soft tokens in ids (runs of
+ * the image token, or of the audio token, in prompt order). The runs must be
+ * n_images, the i-th of imgs[i].kind's token (set by the caller: images and
+ * clips in prompt order) and of tokens[i] ids (NULL: mm->tokens each):
  * CM_ERR_INVAL otherwise. */
 int fe_mm_find_runs(const struct fe_mm *mm, const int32_t *ids, size_t n, struct pr_image *imgs,
                     size_t n_images, const int *tokens, char *err, size_t errlen);

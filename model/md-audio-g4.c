@@ -4,10 +4,12 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 
 static void derive(struct md_audio_fe_cfg *c) {
   c->frame_length = (int)lround(c->sampling_rate * c->frame_length_ms / 1000.0);
@@ -269,4 +271,43 @@ int md_audio_soft_tokens(const uint8_t *mask, size_t n_frames) {
   for (size_t i = 0; i < n_frames; i += 4)
     count += mask[i] != 0;
   return count;
+}
+
+int md_audio_fe_load(const char *dir, struct md_audio_fe_cfg *c, char *err, size_t errlen) {
+  md_audio_fe_defaults(c);
+  static const char *const files[] = {"processor_config.json", "preprocessor_config.json"};
+  for (int f = 0; f < 2; f++) {
+    char path[4200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof(path), "%s/%s", dir, files[f]);
+    int rc = md_read_file(path, 16u << 20, &text, &len);
+    if (rc == CM_ERR_NOENT) continue;
+    if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    json_t *root = json_loadb(text, len, 0, NULL);
+    /* the newer layout nests it; the older file is the extractor's when it says so */
+    int ours =
+        json_is_object(root) && (json_is_object(json_object_get(root, "feature_extractor")) ||
+                                 (f == 1 && json_object_get(root, "feature_extractor_type")));
+    json_decref(root);
+    char why[256] = "";
+    rc = ours ? md_audio_fe_parse(text, len, c, why, sizeof(why)) : 0;
+    free(text);
+    if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, why);
+    if (ours) return 0;
+  }
+  return 0;
+}
+
+size_t md_audio_fe_max_frames(const struct md_audio_fe_cfg *c) {
+  return md_audio_fe_frames(c, (size_t)c->max_samples);
+}
+
+int md_audio_fe_max_tokens(const struct md_audio_fe_cfg *c) {
+  /* the longest clip's valid frames are a prefix (md_audio_features' rule);
+   * md_audio_soft_tokens keeps every fourth of them, the first included */
+  size_t nf = md_audio_fe_max_frames(c), valid = 0, n = (size_t)c->max_samples;
+  size_t fl = (size_t)c->frame_length;
+  for (size_t i = 0; i < nf; i++)
+    valid += i * (size_t)c->hop_length + fl - fl / 2 < n;
+  return (int)((valid + 3) / 4);
 }

@@ -76,6 +76,13 @@ void md_audio_fe_defaults(struct md_audio_fe_cfg *c);
 int md_audio_fe_parse(const char *json, size_t len, struct md_audio_fe_cfg *c, char *err,
                       size_t errlen);
 
+/* The extractor of the checkpoint in DIR: processor_config.json's
+ * "feature_extractor" (transformers' newer layout), else a
+ * preprocessor_config.json that is a feature extractor's (it names a
+ * "feature_extractor_type"), else the defaults. 0 or a negative cm_err with
+ * the reason (naming the file) in err. */
+int md_audio_fe_load(const char *dir, struct md_audio_fe_cfg *c, char *err, size_t errlen);
+
 /* Samples the extractor takes of n (after truncation to max_samples). */
 size_t md_audio_fe_samples(const struct md_audio_fe_cfg *c, size_t n);
 
@@ -89,5 +96,10 @@ int md_audio_features(const struct md_audio_fe_cfg *c, const float *pcm, size_t 
 
 /* The audio soft tokens for a features mask of n_frames rows. */
 int md_audio_soft_tokens(const uint8_t *mask, size_t n_frames);
+
+/* The longest clip the extractor takes (max_samples): its feature frames and
+ * soft tokens (Gemma 4's defaults: 2999 and 750). */
+size_t md_audio_fe_max_frames(const struct md_audio_fe_cfg *c);
+int md_audio_fe_max_tokens(const struct md_audio_fe_cfg *c);
 
 #endif

@@ -72,11 +72,17 @@ static const struct pr_field image_fields[] = {
                         PR_WHEN(PR_IF_NONZERO, image, width)},
     [PR_K_IMG_HEIGHT] = {PR_UINT(image, height, PR_MAX_IMAGE_SIDE),
                          PR_WHEN(PR_IF_NONZERO, image, height)},
+    [PR_K_IMG_KIND] = {PR_UINT(image, kind, PR_MEDIA_MAX), PR_WHEN(PR_IF_NONZERO, image, kind)},
 };
 
 static int check_image(const void *rec) {
   const struct pr_image *m = rec;
   if ((uint64_t)m->pos + m->n_tokens > UINT32_MAX) return CM_ERR_RANGE;
+  if (m->kind == PR_MEDIA_AUDIO) /* features [frames][mels] f32, then a mask byte a frame */
+    return m->width && m->height &&
+                   (uint64_t)m->height * ((uint64_t)m->width * 4 + 1) == m->pixels.n
+               ? 0
+               : CM_ERR_INVAL;
   /* a size is both sides or neither, and it is the pixels' */
   if ((m->width == 0) != (m->height == 0)) return CM_ERR_INVAL;
   if (m->width && (uint64_t)m->width * m->height * 3 != m->pixels.n) return CM_ERR_INVAL;

@@ -102,6 +102,10 @@ static const struct pr_field ready_fields[] = {
     [PR_K_READY_MATMUL_INPUTS] = {PR_STR(ready, matmul_inputs), .when = PR_IF_SET},
     [PR_K_READY_IMAGE_VARSIZE] = {PR_UINT(ready, image_varsize, 1),
                                   PR_WHEN(PR_IF_NONZERO, ready, image_varsize)},
+    [PR_K_READY_AUDIO_TOKENS] = {PR_U(ready, audio_tokens),
+                                 PR_WHEN(PR_IF_NONZERO, ready, audio_tokens)},
+    [PR_K_READY_AUDIO_BYTES] = {PR_U(ready, audio_bytes),
+                                PR_WHEN(PR_IF_NONZERO, ready, audio_bytes)},
 };
 
 static int check_ready(const void *rec) {

@@ -55,7 +55,7 @@
 #define PR_MAX_KV_GROUPS    16          /* KV-cache groups (block tables per sequence) */
 #define PR_MAX_DRAFT        64          /* draft tokens per sequence and step */
 #define PR_MAX_MSG_DEFAULT  (64u << 20) /* bytes; default ZMQ_MAXMSGSIZE and encode cap */
-#define PR_MAX_IMAGES       64          /* images per request */
+#define PR_MAX_IMAGES       64          /* media items (images and audio clips) per request */
 #define PR_MAX_IMAGE_SIDE   65535       /* px, an image's width or height (pr_image) */
 
 enum pr_type {
@@ -147,20 +147,37 @@ enum pr_finish {
   PR_FINISH_ERROR = 4,  /* failed; an ERR message says why */
 };
 
-/* An image of a prompt: the run of its soft tokens, its content hash and its
- * pixels as the vision tower's processor resized them: 8-bit RGB,
- * interleaved, rows top to bottom ([height, width, channels]); the worker
- * rescales and normalises them (Gemma 3: model/md-vision-preproc.h) or cuts
- * them into patches (Gemma 4: md_g4_image_patches). Gemma 3's images all
- * have the processor's size and send none; Gemma 4's vary per image and send
- * theirs (width x height x 3 == pixels.n, both or neither). */
+/* A media item of a prompt (an image or an audio clip): the run of its soft
+ * tokens, its content hash and its data, by kind:
+ *   PR_MEDIA_IMAGE: pixels as the vision tower's processor resized them: 8-bit
+ *     RGB, interleaved, rows top to bottom ([height, width, channels]); the
+ *     worker rescales and normalises them (Gemma 3: model/md-vision-preproc.h)
+ *     or cuts them into patches (Gemma 4: md_g4_image_patches). Gemma 3's
+ *     images all have the processor's size and send none; Gemma 4's vary per
+ *     image and send theirs (width x height x 3 == data.n, both or neither).
+ *   PR_MEDIA_AUDIO: Gemma 4's log-mel features and their frame mask
+ *     (model/md-audio-g4.h): width = mel bins, height = frames, data = the
+ *     features [height][width] as little-endian f32, then the mask [height]
+ *     (one byte a frame: 1 valid, 0 padding); width x height x 4 + height ==
+ *     data.n, both sides always sent. The worker runs the audio tower
+ *     (worker/wk-audio-g4.h) over them.
+ * The soft tokens of a clip attend causally (transformers' Gemma 4 gives only
+ * vision tokens the bidirectional mask); an image's each other both ways. */
+enum pr_media {
+  PR_MEDIA_IMAGE = 0,
+  PR_MEDIA_AUDIO = 1,
+  PR_MEDIA_MAX = 1,
+};
+
 struct pr_image {
-  uint32_t pos;          /* ADD: index in the prompt of its first soft token;
-                            STEP: its absolute position */
-  uint32_t n_tokens;     /* soft tokens, >= 1 */
-  uint64_t hash;         /* content hash of the pixels (and their shape) */
-  struct pr_bytes pixels;
-  uint32_t width, height; /* px, <= PR_MAX_IMAGE_SIDE; 0 = not sent (the model's one size) */
+  uint32_t pos;           /* ADD: index in the prompt of its first soft token;
+                             STEP: its absolute position */
+  uint32_t n_tokens;      /* soft tokens, >= 1 */
+  uint64_t hash;          /* content hash of the data (and its shape and kind) */
+  struct pr_bytes pixels; /* the data (an image's pixels, a clip's features and mask) */
+  uint32_t width, height; /* image: px, <= PR_MAX_IMAGE_SIDE, 0 = not sent (the model's one
+                             size); audio: mel bins and frames */
+  uint32_t kind;          /* enum pr_media; 0 = an image */
 };
 
 /* ---- frontend -> scheduler ----------------------------------------------- */
@@ -173,7 +190,8 @@ struct pr_add {
   struct pr_u32s stop_token_ids; /* extra stop ids besides the model's EOS ids */
   int32_t priority;              /* lower runs sooner (vLLM's convention); 0 = default */
   uint64_t arrival_ns;           /* wall clock when the frontend accepted the request */
-  struct pr_image *images;       /* (n_images) in prompt order, runs apart, inside the prompt */
+  struct pr_image *images;       /* (n_images) images and audio clips in prompt order, runs
+                                    apart, inside the prompt */
   uint32_t n_images;             /* <= PR_MAX_IMAGES */
 };
 
@@ -357,6 +375,10 @@ struct pr_ready {
   uint32_t image_tokens;
   uint32_t image_bytes;
   uint32_t image_varsize; /* 0 or 1 */
+  /* audio (PR_MEDIA_AUDIO items): the most soft tokens and data bytes one
+   * clip may have (Gemma 4: a 30 s clip's); 0 = the model takes no audio */
+  uint32_t audio_tokens;
+  uint32_t audio_bytes;
   /* what runs the model, for logs and metrics: the kernel set ("cpu-avx512bf16",
    * "cuda") and the precision the matmuls take their inputs in ("f32", "bf16",
    * "weights": narrowed to the weights' type); NULL = not said */

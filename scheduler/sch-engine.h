@@ -100,13 +100,15 @@ struct sch_engine_config {
  * must still be set. */
 void sch_engine_config_default(struct sch_engine_config *cfg);
 
-/* An image in a prompt: the run of its soft tokens at prompt positions pos ..
- * pos + num_tokens - 1. Those tokens attend to each other both ways, so a prefill
- * chunk never ends inside the run (the planner moves the chunk's end to the run's
- * start, or past its end); the prefix cache keys the run's blocks on the image's
+/* A media item in a prompt (an image, or an audio clip: the engine treats them
+ * alike): the run of its soft tokens at prompt positions pos ..
+ * pos + num_tokens - 1. An image's tokens attend to each other both ways, and
+ * the encoder turns a whole item into its rows at once, so a prefill chunk never
+ * ends inside the run (the planner moves the chunk's end to the run's start, or
+ * past its end); the prefix cache keys the run's blocks on the item's kind and
  * content hash, not on the (identical) placeholder ids. The payload (the workers'
- * pixels) is copied at admission and handed to the workers with every chunk that
- * meets the run. */
+ * pixels, or a clip's features) is copied at admission and handed to the workers
+ * with every chunk that meets the run. */
 struct sch_image {
   int32_t pos;
   int32_t num_tokens; /* >= 1, <= max_num_batched_tokens */
@@ -114,6 +116,7 @@ struct sch_image {
   const void *data;   /* [len] opaque payload */
   size_t len;
   uint32_t width, height; /* the payload's shape, passed on to the workers (0: not said) */
+  uint32_t kind;          /* proto's enum pr_media, passed on (and keyed) */
 };
 
 struct sch_request_params {

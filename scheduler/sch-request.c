@@ -38,9 +38,10 @@ static int check_images(const struct sch_engine_config *cfg, const struct sch_re
   return 0;
 }
 
-/* The prefix-cache key of soft token k of an image with content hash h. */
-static int32_t image_key(uint64_t h, int32_t k) {
-  uint64_t x = cm_mix64(h ^ cm_mix64((uint64_t)(uint32_t)k + SCH_HASH_K2));
+/* The prefix-cache key of soft token k of a media item (an image, an audio
+ * clip: kind) with content hash h. */
+static int32_t image_key(uint64_t h, uint32_t kind, int32_t k) {
+  uint64_t x = cm_mix64(h ^ cm_mix64((uint64_t)(uint32_t)k + SCH_HASH_K2 + ((uint64_t)kind << 32)));
   return (int32_t)(0x80000000u | (uint32_t)(x & 0x7fffffffu));
 }
 
@@ -73,7 +74,7 @@ static int copy_images(struct sch_request *r, const struct sch_request_params *p
   memcpy(r->keys, p->prompt, (size_t)p->prompt_len * sizeof(*r->keys));
   for (int32_t i = 0; i < r->num_images; i++)
     for (int32_t k = 0; k < r->images[i].num_tokens; k++)
-      r->keys[r->images[i].pos + k] = image_key(r->images[i].hash, k);
+      r->keys[r->images[i].pos + k] = image_key(r->images[i].hash, r->images[i].kind, k);
   return 0;
 }
 

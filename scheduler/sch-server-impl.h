@@ -83,6 +83,7 @@ struct sch_model_info {
   uint64_t shard_sum; /* the model and shard shapes every rank of the group must have */
   uint32_t image_tokens, image_bytes; /* per image (the most, with image_varsize); 0 = no images */
   uint32_t image_varsize;             /* 1: images vary in size and carry it (Gemma 4) */
+  uint32_t audio_tokens, audio_bytes; /* the most per audio clip; 0 = no audio */
 };
 
 /* The tensor-parallel group's comm id (DIST): offered by rank 0, relayed to every

@@ -144,7 +144,8 @@ static bool info_agrees(const struct sch_model_info *a, const struct sch_model_i
   if (a->num_groups != b->num_groups || a->vocab_size != b->vocab_size ||
       a->max_draft != b->max_draft || a->num_eos != b->num_eos ||
       a->image_tokens != b->image_tokens || a->image_bytes != b->image_bytes ||
-      a->image_varsize != b->image_varsize)
+      a->image_varsize != b->image_varsize || a->audio_tokens != b->audio_tokens ||
+      a->audio_bytes != b->audio_bytes)
     return false;
   for (int32_t g = 0; g < a->num_groups; g++)
     if (a->groups[g].block_tokens != b->groups[g].block_tokens ||
@@ -179,6 +180,8 @@ static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, c
   o->image_tokens = m->image_tokens;
   o->image_bytes = m->image_bytes;
   o->image_varsize = m->image_varsize;
+  o->audio_tokens = m->audio_tokens;
+  o->audio_bytes = m->audio_bytes;
   o->shard_sum = m->shard_sum;
   o->num_eos = (int32_t)m->eos_ids.n;
   for (uint32_t i = 0; i < m->eos_ids.n; i++) {
@@ -692,7 +695,8 @@ void sch_srv_work_step(struct sch_server *s) {
         const struct sch_image *im = &p->images[j];
         q->images[j] = (struct pr_image){(uint32_t)im->pos, (uint32_t)im->num_tokens,
                                          im->hash,          {im->data, (uint32_t)im->len},
-                                         im->width,         im->height};
+                                         im->width,         im->height,
+                                         im->kind};
       }
     }
     if (p->start_pos < p->num_prompt)

@@ -123,15 +123,24 @@ void sch_srv_send_out(struct sch_server *s, int32_t front, struct pr_out_seq *ou
   if (rc) front_lost(s, front, rc, "OUT");
 }
 
-/* The request's images as the engine takes them, checked against what the workers
- * said one image is (READY). 0 or a negative cm_err with the reason in err. */
-static int add_images(const struct sch_server *s, const struct pr_add *a,
-                      struct sch_image *out, char *err, size_t errlen) {
-  if (a->n_images && !s->info.image_tokens)
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "this model does not take images");
+/* The request's images and audio clips as the engine takes them, checked
+ * against what the workers said one item may be (READY). 0 or a negative
+ * cm_err with the reason in err. */
+static int add_images(const struct sch_server *s, const struct pr_add *a, struct sch_image *out,
+                      char *err, size_t errlen) {
   for (uint32_t i = 0; i < a->n_images; i++) {
     const struct pr_image *m = &a->images[i];
-    if (s->info.image_varsize) { /* sized per image, up to the most the workers take */
+    if (m->kind == PR_MEDIA_AUDIO) { /* features of any length up to the longest clip's */
+      if (!s->info.audio_tokens)
+        return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "this model does not take audio");
+      if (m->n_tokens > s->info.audio_tokens || m->pixels.n > s->info.audio_bytes)
+        return cm_fail(err, errlen, CM_ERR_INVAL,
+                       "item %u: an audio clip of %u tokens and %u bytes of features; the model "
+                       "takes clips of at most %u and %u",
+                       i, m->n_tokens, m->pixels.n, s->info.audio_tokens, s->info.audio_bytes);
+    } else if (!s->info.image_tokens) {
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "this model does not take images");
+    } else if (s->info.image_varsize) { /* sized per image, up to the most the workers take */
       if (!m->width || m->n_tokens > s->info.image_tokens || m->pixels.n > s->info.image_bytes)
         return cm_fail(err, errlen, CM_ERR_INVAL,
                        "image %u: %u tokens and %u bytes of pixels (%ux%u); the model takes "
@@ -143,9 +152,10 @@ static int add_images(const struct sch_server *s, const struct pr_add *a,
                      "image %u: %u tokens and %u bytes of pixels; the model takes %u and %u", i,
                      m->n_tokens, m->pixels.n, s->info.image_tokens, s->info.image_bytes);
     }
-    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens, m->hash,
-                                m->pixels.v,     m->pixels.n,          m->width,
-                                m->height};
+    out[i] = (struct sch_image){(int32_t)m->pos, (int32_t)m->n_tokens,
+                                m->hash,         m->pixels.v,
+                                m->pixels.n,     m->width,
+                                m->height,       m->kind};
   }
   return 0;
 }

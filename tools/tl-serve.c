@@ -49,6 +49,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-main.h"
+#include "frontend/fe-mm.h"
 #include "frontend/fe-tls.h"
 #include "kernels/kn-registry.h"
 #include "lmserve-config.h"
@@ -366,8 +367,7 @@ int tl_serve_main(int argc, char **argv) {
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
-      {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, "image=N",
-       "images per prompt at most (image=16; image=0 turns images off); JSON {\"image\": N} too"},
+      {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, FE_MAIN_LIMIT_MM_ARG, FE_MAIN_LIMIT_MM_HELP},
       {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES", "largest encoded image (20M)"},
       {"max-image-pixels", CM_OPT_STR, &s.max_image_pixels, "N",
        "largest decoded image in pixels, checked before decoding (40000000)"},
@@ -430,6 +430,13 @@ int tl_serve_main(int argc, char **argv) {
             "lmserve serve: --default-chat-template-kwargs must be a JSON object (with "
             "enable_thinking a boolean): %s\n",
             s.template_kwargs);
+    return 2;
+  }
+
+  int n_image = -1, n_audio = -1;
+  char lwhy[160];
+  if (s.limit_mm && fe_mm_parse_limit(s.limit_mm, &n_image, &n_audio, lwhy, sizeof(lwhy))) {
+    fprintf(stderr, "lmserve serve: --limit-mm-per-prompt: %s\n", lwhy);
     return 2;
   }
 

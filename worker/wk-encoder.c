@@ -1,14 +1,16 @@
-/* wk-encoder.c — the image encoder cache (see wk-encoder.h): a small array of
- * entries searched linearly (a cache holds tens of images, a step meets a few),
- * each with its pixels, its embeddings, the step that last used it and a use
- * clock for LRU. Entries differ in size with Gemma 4's towers (each image its
- * own patch grid); the capacity counts each entry's own bytes. */
+/* wk-encoder.c — the media encoder cache (see wk-encoder.h): a small array of
+ * entries searched linearly (a cache holds tens of images and clips, a step
+ * meets a few), each with its data (pixels, or a clip's features and mask),
+ * its embeddings, the step that last used it and a use clock for LRU. Entries
+ * differ in size with Gemma 4's towers (each image its own patch grid, each
+ * clip its own length); the capacity counts each entry's own bytes. */
 #include "worker/wk-encoder.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-audio-g4.h"
 #include "model/md-vision-g4.h"
 #include "model/md-vision-preproc.h"
 
@@ -20,7 +22,8 @@ struct entry {
   uint8_t *pixels; /* [n_px] */
   size_t n_px;     /* pixel bytes */
   int tokens;      /* soft tokens */
-  uint32_t width, height; /* px (0: the Gemma 3 tower's one size) */
+  uint32_t width, height; /* px (0: the Gemma 3 tower's one size); audio: mels, frames */
+  uint32_t kind;          /* enum pr_media */
   uint64_t used;   /* use clock of the last lookup */
   uint64_t step;   /* the step that last used it */
 };
@@ -28,6 +31,8 @@ struct entry {
 struct wk_encoder {
   struct wk_vision *vision;                    /* Gemma 3's tower, or NULL */
   struct wk_vision_g4 *g4;                     /* Gemma 4's tower, or NULL */
+  struct wk_audio_g4 *audio;                   /* Gemma 4's audio tower, or NULL */
+  int n_mel, audio_frames, audio_tokens;       /* a clip's mel bins; the most frames, tokens */
   int tokens, hidden, channels, width, height; /* Gemma 3: every image's; Gemma 4: the most */
   size_t image_bytes, cap_bytes, held;         /* held: bytes of the cached entries */
   float *stage_px;   /* Gemma 3: [cap_stage, channels, height, width] images to encode */
@@ -61,11 +66,23 @@ int wk_encoder_create(struct wk_vision *vision, size_t cap_bytes, struct wk_enco
   return 0;
 }
 
-int wk_encoder_create_g4(struct wk_vision_g4 *g4, size_t cap_bytes, struct wk_encoder **out) {
+int wk_encoder_create_g4(struct wk_vision_g4 *g4, const struct wk_encoder_audio *audio,
+                         size_t cap_bytes, struct wk_encoder **out) {
   *out = NULL;
-  const struct md_vision_g4_cfg *vc = wk_vision_g4_config(g4);
+  if (!g4 && !(audio && audio->tower)) return CM_ERR_INVAL;
   struct wk_encoder *e = calloc(1, sizeof(*e));
   if (!e) return CM_ERR_NOMEM;
+  e->cap_bytes = cap_bytes ? cap_bytes : DEFAULT_CAP;
+  if (audio && audio->tower) {
+    e->audio = audio->tower;
+    e->hidden = wk_audio_g4_text_hidden(audio->tower);
+    e->n_mel = audio->n_mel;
+    e->audio_frames = audio->max_frames;
+    e->audio_tokens = audio->max_tokens;
+  }
+  *out = e;
+  if (!g4) return 0;
+  const struct md_vision_g4_cfg *vc = wk_vision_g4_config(g4);
   e->g4 = g4;
   e->tokens = MD_G4_MAX_SOFT_TOKENS;
   e->hidden = wk_vision_g4_text_hidden(g4);
@@ -73,8 +90,6 @@ int wk_encoder_create_g4(struct wk_vision_g4 *g4, size_t cap_bytes, struct wk_en
   /* the most pixels an image of the largest budget has: its patches, 3 bytes each */
   e->image_bytes = (size_t)MD_G4_MAX_SOFT_TOKENS * (size_t)(vc->pool * vc->pool) *
                    (size_t)(vc->patch * vc->patch) * 3;
-  e->cap_bytes = cap_bytes ? cap_bytes : DEFAULT_CAP;
-  *out = e;
   return 0;
 }
 
@@ -104,6 +119,11 @@ int wk_encoder_varsize(const struct wk_encoder *e) {
   return e->g4 != NULL;
 }
 
+/* The audio clip's features [frames][mels] f32 and its mask (proto's layout). */
+static const uint8_t *clip_mask(const struct pr_image *im) {
+  return im->pixels.v + (size_t)im->height * im->width * sizeof(float);
+}
+
 void wk_encoder_stats(const struct wk_encoder *e, uint64_t *encodes, uint64_t *hits) {
   *encodes = e->encodes;
   *hits = e->hits;
@@ -111,6 +131,28 @@ void wk_encoder_stats(const struct wk_encoder *e, uint64_t *encodes, uint64_t *h
 
 int wk_encoder_check(const struct wk_encoder *e, const struct pr_image *im, char *err,
                      size_t errlen) {
+  if (im->kind == PR_MEDIA_AUDIO) { /* features of the extractor's width, a mask that counts */
+    if (!e->audio)
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "audio at position %u: this model has no audio tower", im->pos);
+    const uint8_t *mask = clip_mask(im);
+    int bad = im->width != (uint32_t)e->n_mel || !im->height ||
+              im->height > (uint32_t)e->audio_frames ||
+              (uint64_t)im->height * ((uint64_t)im->width * 4 + 1) != im->pixels.n;
+    for (uint32_t i = 0; !bad && i < im->height; i++)
+      bad = mask[i] > 1;
+    if (bad || im->n_tokens != (uint32_t)md_audio_soft_tokens(mask, im->height))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "audio at position %u: %u tokens, %u x %u features in %u bytes (the model "
+                     "takes %d mel bins, at most %d frames, a 0/1 mask byte a frame, the tokens "
+                     "its mask gives)",
+                     im->pos, im->n_tokens, im->height, im->width, im->pixels.n, e->n_mel,
+                     e->audio_frames);
+    return 0;
+  }
+  if (!e->vision && !e->g4)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "image at position %u: this model has no vision tower", im->pos);
   if (e->g4) { /* the size the frontend resized it to: a plan's, with as many tokens */
     const struct md_vision_g4_cfg *vc = wk_vision_g4_config(e->g4);
     int side = vc->patch * vc->pool;
@@ -161,8 +203,9 @@ static void make_room(struct wk_encoder *e, size_t need) {
 static struct entry *find(struct wk_encoder *e, const struct pr_image *im) {
   for (int i = 0; i < e->n; i++) {
     struct entry *x = &e->v[i];
-    if (x->hash == im->hash && x->n_px == im->pixels.n && x->width == im->width &&
-        x->height == im->height && memcmp(x->pixels, im->pixels.v, x->n_px) == 0)
+    if (x->hash == im->hash && x->kind == im->kind && x->n_px == im->pixels.n &&
+        x->width == im->width && x->height == im->height &&
+        memcmp(x->pixels, im->pixels.v, x->n_px) == 0)
       return x;
   }
   return NULL;
@@ -182,13 +225,14 @@ static int stage_reserve(struct wk_encoder *e, int k) {
   return 0;
 }
 
-/* Gemma 3: the k entries x[0..k) through the SigLIP tower, batched. */
-static int encode_g3(struct wk_encoder *e, struct entry *x, int k, char *err, size_t errlen) {
+/* Gemma 3: the k entries *x[0..k) through the SigLIP tower, batched. */
+static int encode_g3(struct wk_encoder *e, struct entry *const *x, int k, char *err,
+                     size_t errlen) {
   if (stage_reserve(e, k))
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the images to encode");
   const struct md_vision_cfg *vc = wk_vision_config(e->vision);
   for (int j = 0; j < k; j++) {
-    int rc = md_image_preprocess(e->stage_px + e->image_bytes * (size_t)j, x[j].pixels, e->width,
+    int rc = md_image_preprocess(e->stage_px + e->image_bytes * (size_t)j, x[j]->pixels, e->width,
                                  e->height, e->channels, &vc->pre, err, errlen);
     if (rc) return rc;
   }
@@ -196,20 +240,58 @@ static int encode_g3(struct wk_encoder *e, struct entry *x, int k, char *err, si
   if (rc) return rc;
   size_t per = (size_t)e->tokens * (size_t)e->hidden;
   for (int j = 0; j < k; j++)
-    memcpy(x[j].rows, e->stage_rows + per * (size_t)j, sizeof(float) * per);
+    memcpy(x[j]->rows, e->stage_rows + per * (size_t)j, sizeof(float) * per);
   return 0;
 }
 
-/* Gemma 4: the k entries x[0..k) cut into their patches, then through the
+/* The rows of k entries, one after the other in rows, into each entry. */
+static void spread_rows(const struct wk_encoder *e, struct entry *const *x, int k,
+                        const float *rows) {
+  for (int j = 0, t0 = 0; j < k; j++) {
+    size_t n = (size_t)x[j]->tokens * (size_t)e->hidden;
+    memcpy(x[j]->rows, rows + (size_t)t0 * (size_t)e->hidden, sizeof(float) * n);
+    t0 += x[j]->tokens;
+  }
+}
+
+/* Gemma 4's audio: the k clips *x[0..k) through the audio tower in one call
+ * (it packs as many per pass as its scratch holds). */
+static int encode_audio(struct wk_encoder *e, struct entry *const *x, int k, char *err,
+                        size_t errlen) {
+  size_t tokens = 0;
+  for (int j = 0; j < k; j++)
+    tokens += (size_t)x[j]->tokens;
+  struct wk_g4_audio *clips = calloc((size_t)k, sizeof(*clips));
+  float *rows = malloc(sizeof(float) * tokens * (size_t)e->hidden);
+  int rc = 0;
+  if (!clips || !rows) {
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the audio clips to encode");
+    goto out;
+  }
+  for (int j = 0; j < k; j++) /* the entry's copy: features (float-aligned after the rows),
+                                 then the mask */
+    clips[j] = (struct wk_g4_audio){(const float *)x[j]->pixels,
+                                    x[j]->pixels + (size_t)x[j]->height * x[j]->width * 4,
+                                    (int)x[j]->height, x[j]->tokens};
+  if ((rc = wk_audio_g4_encode(e->audio, clips, k, rows, err, errlen))) goto out;
+  spread_rows(e, x, k, rows);
+out:
+  free(clips);
+  free(rows);
+  return rc;
+}
+
+/* Gemma 4: the k entries *x[0..k) cut into their patches, then through the
  * tower in one call (it packs as many per pass as its scratch holds). The
  * staging is sized per call: images of any size meet here. */
-static int encode_g4(struct wk_encoder *e, struct entry *x, int k, char *err, size_t errlen) {
+static int encode_g4(struct wk_encoder *e, struct entry *const *x, int k, char *err,
+                     size_t errlen) {
   const struct md_vision_g4_cfg *vc = wk_vision_g4_config(e->g4);
   size_t pd = (size_t)vc->patch * (size_t)vc->patch * 3, patches = 0, tokens = 0;
   int pool2 = vc->pool * vc->pool;
   for (int j = 0; j < k; j++) {
-    patches += (size_t)x[j].tokens * (size_t)pool2;
-    tokens += (size_t)x[j].tokens;
+    patches += (size_t)x[j]->tokens * (size_t)pool2;
+    tokens += (size_t)x[j]->tokens;
   }
   struct wk_g4_image *ims = calloc((size_t)k, sizeof(*ims));
   float *px = malloc(sizeof(float) * patches * pd);
@@ -224,17 +306,13 @@ static int encode_g4(struct wk_encoder *e, struct entry *x, int k, char *err, si
     struct wk_g4_image *im = &ims[j];
     im->pixels = px + (size_t)p0 * pd;
     im->pos = pos + 2 * (size_t)p0;
-    rc = md_g4_image_patches((float *)im->pixels, (int32_t *)im->pos, &im->info, x[j].pixels,
-                             (int)x[j].width, (int)x[j].height, vc, err, errlen);
+    rc = md_g4_image_patches((float *)im->pixels, (int32_t *)im->pos, &im->info, x[j]->pixels,
+                             (int)x[j]->width, (int)x[j]->height, vc, err, errlen);
     if (rc) goto out;
     p0 += im->info.n_patches;
   }
   if ((rc = wk_vision_g4_encode(e->g4, ims, k, rows, err, errlen))) goto out;
-  for (int j = 0, t0 = 0; j < k; j++) {
-    size_t n = (size_t)x[j].tokens * (size_t)e->hidden;
-    memcpy(x[j].rows, rows + (size_t)t0 * (size_t)e->hidden, sizeof(float) * n);
-    t0 += x[j].tokens;
-  }
+  spread_rows(e, x, k, rows);
 out:
   free(ims);
   free(px);
@@ -267,7 +345,7 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
       int cap = e->cap_n ? 2 * e->cap_n : 8;
       struct entry *v = realloc(e->v, sizeof(*v) * (size_t)cap);
       if (!v) {
-        rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the image cache");
+        rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the encoder cache");
         goto undo;
       }
       e->v = v;
@@ -278,11 +356,12 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
                        .tokens = (int)ims[i]->n_tokens,
                        .width = ims[i]->width,
                        .height = ims[i]->height,
+                       .kind = ims[i]->kind,
                        .used = ++e->clock,
                        .step = e->step};
     nx.rows = malloc(bytes);
     if (!nx.rows) {
-      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for an image's embeddings");
+      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for an item's embeddings");
       goto undo;
     }
     nx.pixels = (uint8_t *)(nx.rows + (size_t)nx.tokens * (size_t)e->hidden);
@@ -292,9 +371,19 @@ int wk_encoder_get_many(struct wk_encoder *e, const struct pr_image *const *ims,
     k++;
     rows[i] = nx.rows;
   }
-  if (k) { /* the new images in one call: the tower batches them */
-    struct entry *x = e->v + e->n - k;
-    rc = e->g4 ? encode_g4(e, x, k, err, errlen) : encode_g3(e, x, k, err, errlen);
+  if (k) { /* the new images in one call, the new clips in another: the towers batch them */
+    struct entry **by = malloc(sizeof(*by) * (size_t)k);
+    int n_img = 0, n_clip = 0;
+    for (int pass = 0; by && pass < 2; pass++) /* the images, then the clips, in order */
+      for (int j = 0; j < k; j++)
+        if ((e->v[e->n - k + j].kind == PR_MEDIA_AUDIO) == pass)
+          by[pass ? n_img + n_clip++ : n_img++] = &e->v[e->n - k + j];
+    if (!by)
+      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the items to encode");
+    else if (n_img)
+      rc = e->g4 ? encode_g4(e, by, n_img, err, errlen) : encode_g3(e, by, n_img, err, errlen);
+    if (!rc && n_clip) rc = encode_audio(e, by + n_img, n_clip, err, errlen);
+    free(by);
     if (rc) goto undo;
     e->encodes += (uint64_t)k;
   }

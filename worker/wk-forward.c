@@ -141,6 +141,15 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
       if (q->embeds[r].pos < 0 || q->embeds[r].n < 1 || !q->embeds[r].rows)
         return cm_fail(err, errlen, CM_ERR_INVAL, "forward: sequence %d: bad embedding rows %d", s,
                        r);
+    /* transformers' Gemma 4 looks up a soft token's per-layer embedding (and its
+     * token embedding, which the rows replace) as the pad token's
+     * (Gemma4Model.forward: llm_input_ids[multimodal_mask] = pad_token_id) */
+    for (int r = 0; c->ple_dim && r < q->n_embeds; r++) {
+      int lo = CM_MAX(q->embeds[r].pos, q->pos0);
+      int hi = CM_MIN(q->embeds[r].pos + q->embeds[r].n, q->pos0 + q->n_tokens);
+      for (int p = lo; p < hi; p++)
+        m->ids[T + p - q->pos0] = c->pad_id;
+    }
     if (q->pad && (q->n_out != 0 || q->n_embeds || q->n_bidir))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "forward: sequence %d: a padding row has no output, images or ranges", s);

@@ -37,7 +37,9 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "kernels/kn-registry.h"
+#include "model/md-audio-g4.h"
 #include "proto/pr-zmq.h"
+#include "worker/wk-audio-g4.h"
 #include "worker/wk-main.h"
 #include "worker/wk-model.h"
 #include "worker/wk-role.h"
@@ -73,6 +75,7 @@ struct wk_proc {
   struct wk_model *model;
   struct kn_backend *be;
   uint32_t world, max_draft, max_seqs, max_tokens;
+  uint32_t audio_tokens, audio_bytes; /* the longest clip's; 0 without an audio tower */
   pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
 };
@@ -200,6 +203,8 @@ static int send_ready(struct wk_proc *p) {
                                 (size_t)(v->patch * v->patch) * 3);
     r->image_varsize = 1;
   }
+  r->audio_tokens = p->audio_tokens;
+  r->audio_bytes = p->audio_bytes;
   return send_locked(p, &msg);
 }
 
@@ -560,6 +565,8 @@ int wk_worker_main(int argc, char **argv) {
   struct wk_role *role = NULL;
   struct wk_vision *vision = NULL;
   struct wk_vision_g4 *vision_g4 = NULL;
+  struct wk_audio_g4 *audio_g4 = NULL;
+  struct md_audio_fe_cfg *afe = NULL;
   void *zctx = NULL;
   struct wk_proc p = {.rank = (uint32_t)rank, .beat_ns = (uint64_t)(beat_s * 1e9)};
   pthread_t beat;
@@ -615,6 +622,26 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: the vision tower: %s\n", err);
     goto done;
   }
+  struct wk_encoder_audio audio = {0};
+  if (wk_model_config(m)->audio_g4.present) { /* clips up to the extractor's longest */
+    if (!(afe = malloc(sizeof(*afe))) ||
+        (rc = md_audio_fe_load(model_dir, afe, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve worker: the audio feature extractor: %s\n",
+              afe ? err : "out of memory");
+      goto done;
+    }
+    audio.n_mel = afe->n_mel;
+    audio.max_frames = (int)md_audio_fe_max_frames(afe);
+    audio.max_tokens = md_audio_fe_max_tokens(afe);
+    struct wk_audio_g4_opts ao = {.max_frames = audio.max_frames};
+    if ((rc = wk_audio_g4_load(model_dir, be, &ao, &audio_g4, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve worker: the audio tower: %s\n", err);
+      goto done;
+    }
+    audio.tower = audio_g4;
+    p.audio_tokens = (uint32_t)audio.max_tokens;
+    p.audio_bytes = (uint32_t)((size_t)audio.max_frames * ((size_t)audio.n_mel * 4 + 1));
+  }
   if (dev_sampling == 1 && !kn_backend_has(be, KN_CAP_SAMPLE))
     cm_warn(TAG, "--device-sampling: the %s backend cannot sample: sampling on the host",
             kn_backend_name(be));
@@ -628,6 +655,7 @@ int wk_worker_main(int argc, char **argv) {
       .device_sampling = dev_sampling != 0 && kn_backend_has(be, KN_CAP_SAMPLE),
       .vision = vision,
       .vision_g4 = vision_g4,
+      .audio = audio,
       .tokenizer = access(tok_path, R_OK) == 0 ? tok_path : NULL,
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
@@ -701,6 +729,8 @@ done:
   wk_role_destroy(role);
   wk_vision_free(vision);
   wk_vision_g4_free(vision_g4);
+  wk_audio_g4_free(audio_g4);
+  free(afe);
   wk_model_free(draft);
   wk_model_free(m);
   kn_backend_destroy(be);

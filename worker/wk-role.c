@@ -228,7 +228,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
     r->hbuf[0] = fixed(r, sizeof(float) * S * (size_t)r->hidden);
     r->hbuf[1] = fixed(r, sizeof(float) * S * (size_t)r->hidden);
   }
-  if (o->vision || o->vision_g4) {
+  if (o->vision || o->vision_g4 || o->audio.tower) {
     r->emb = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->emb));
     r->bidir = zeroed(r, S * PR_MAX_IMAGES * 2, sizeof(*r->bidir));
     r->step_ims = zeroed(r, S * PR_MAX_IMAGES, sizeof(*r->step_ims));
@@ -241,7 +241,8 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   for (int i = 0; i < r->cap_seqs; i++)
     wk_penalty_init(&r->seqs[i].pen);
   if ((o->vision && wk_encoder_create(o->vision, 0, &r->enc)) ||
-      (!o->vision && o->vision_g4 && wk_encoder_create_g4(o->vision_g4, 0, &r->enc))) {
+      (!o->vision && (o->vision_g4 || o->audio.tower) &&
+       wk_encoder_create_g4(o->vision_g4, &o->audio, 0, &r->enc))) {
     wk_role_destroy(r);
     return CM_ERR_NOMEM;
   }
@@ -442,8 +443,10 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       if (rc) return rc;
     }
     if (s->n_images && !r->enc)
-      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "sequence %llu: images, and this model has "
-                     "no vision tower", id);
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "sequence %llu: images or audio, and this "
+                     "model has no encoder for them",
+                     id);
     for (uint32_t j = 0; j < s->n_images; j++) {
       int rc = wk_encoder_check(r->enc, &s->images[j], err, errlen);
       if (rc) return rc;
@@ -618,17 +621,20 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     if (s->n_images) { /* the rows come from the encoder below, for the whole step */
       struct wk_seq_embed *emb = r->emb + (size_t)i * PR_MAX_IMAGES;
       int32_t *bd = r->bidir + (size_t)i * PR_MAX_IMAGES * 2;
+      int n_bd = 0; /* an image's tokens see each other; a clip's are causal */
       for (uint32_t j = 0; j < s->n_images; j++) {
         const struct pr_image *im = &s->images[j];
         emb[j] = (struct wk_seq_embed){(int)im->pos, (int)im->n_tokens, NULL};
-        bd[2 * j] = (int32_t)im->pos;
-        bd[2 * j + 1] = (int32_t)(im->pos + im->n_tokens);
+        if (im->kind != PR_MEDIA_AUDIO) {
+          bd[2 * n_bd] = (int32_t)im->pos;
+          bd[2 * n_bd++ + 1] = (int32_t)(im->pos + im->n_tokens);
+        }
         r->step_ims[n_ims++] = im;
       }
       in->embeds = emb;
       in->n_embeds = (int)s->n_images;
-      in->bidir = bd;
-      in->n_bidir = (int)s->n_images;
+      in->bidir = n_bd ? bd : NULL;
+      in->n_bidir = n_bd;
     }
     r->s->row0[i] = -1;
     if (s->flags & PR_SEQ_SAMPLE) {

@@ -28,10 +28,12 @@
  * and a one-line reason; the executor stays usable. Nothing is allocated per step except when a
  * block table outgrows its capacity (amortised doubling).
  *
- * A sequence's images (STEP's pr_image records) come with the chunks that
- * run their soft tokens: their embeddings (wk-encoder.h, cached by content)
- * replace those rows, and each image's tokens attend to each other both
- * ways.
+ * A sequence's images and audio clips (STEP's pr_image records) come with
+ * the chunks that run their soft tokens: their embeddings (wk-encoder.h,
+ * cached by content) replace those rows as they are (not scaled, as
+ * transformers' Gemma 4 writes them); each image's tokens attend to each other
+ * both ways, a clip's causally (Gemma 4's bidirectional mask is for vision
+ * tokens only).
  *
  * Seeded draws use the absolute position of the token being produced as the
  * counter (start_pos + tokens run before it), so a request's tokens do not
@@ -45,6 +47,7 @@
 #include <stdint.h>
 
 #include "proto/pr-msg.h"
+#include "worker/wk-encoder.h"
 #include "worker/wk-model.h"
 #include "worker/wk-sampler.h"
 #include "worker/wk-vision-g4.h"
@@ -62,6 +65,9 @@ struct wk_role_opts {
                                are refused. It must outlive the executor. */
   struct wk_vision_g4 *vision_g4; /* the same for Gemma 4 (images of any size); at most
                                      one of the two */
+  struct wk_encoder_audio audio;  /* Gemma 4's audio tower (tower NULL: steps with audio are
+                                     refused) and its clips' shape; it must outlive the
+                                     executor */
   const char *tokenizer;    /* tokenizer.json (or its folder) giving the vocabulary's bytes to
                                structured outputs (wk-grammar.h), loaded with the first one;
                                NULL: sequences with a grammar are refused */

@@ -65,11 +65,10 @@ uint8_t *api_png_encode(const uint8_t *rgb, int w, int h, size_t *n) {
   return b.p;
 }
 
-char *api_data_url(const uint8_t *p, size_t n) {
+char *api_base64(const uint8_t *p, size_t n) {
   static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *s = malloc(4 * ((n + 2) / 3) + 32), *o = s;
+  char *s = malloc(4 * ((n + 2) / 3) + 1), *o = s;
   TH_REQUIRE(s != NULL);
-  o += sprintf(o, "data:image/png;base64,");
   for (size_t i = 0; i < n; i += 3) {
     uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
                  (i + 2 < n ? p[i + 2] : 0);
@@ -80,4 +79,42 @@ char *api_data_url(const uint8_t *p, size_t n) {
   }
   *o = 0;
   return s;
+}
+
+char *api_data_url(const uint8_t *p, size_t n) {
+  char *b = api_base64(p, n), *s = malloc(strlen(b) + 32);
+  TH_REQUIRE(s != NULL);
+  sprintf(s, "data:image/png;base64,%s", b);
+  free(b);
+  return s;
+}
+
+static void le(uint8_t *p, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+uint8_t *api_wav_f32(const float *x, size_t n, int rate, size_t *len) {
+  size_t data = n * 4;
+  uint8_t *w = malloc(44 + data);
+  TH_REQUIRE(w != NULL);
+  memcpy(w, "RIFF", 4);
+  le(w + 4, (uint32_t)(36 + data), 4);
+  memcpy(w + 8, "WAVEfmt ", 8);
+  le(w + 16, 16, 4);
+  le(w + 20, 3, 2); /* WAVE_FORMAT_IEEE_FLOAT */
+  le(w + 22, 1, 2); /* mono */
+  le(w + 24, (uint32_t)rate, 4);
+  le(w + 28, (uint32_t)rate * 4, 4);
+  le(w + 32, 4, 2);
+  le(w + 34, 32, 2);
+  memcpy(w + 36, "data", 4);
+  le(w + 40, (uint32_t)data, 4);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], 4);
+    le(w + 44 + 4 * i, u, 4);
+  }
+  *len = 44 + data;
+  return w;
 }

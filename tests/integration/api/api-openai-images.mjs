@@ -8,7 +8,7 @@ import { test } from 'node:test';
 
 import OpenAI from 'openai';
 
-import { streamChat } from './api-stream.mjs';
+import { brokenPartTest, greedyChatTests } from './api-stream.mjs';
 
 const baseURL = process.env.LMSERVE_URL;
 const model = process.env.LMSERVE_MODEL;
@@ -29,37 +29,7 @@ const messages = [{
   ],
 }];
 
-test('chat.completions.create with two images', async () => {
-  const r = await client.chat.completions.create({
-    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
-  });
-  assert.equal(r.choices[0].message.content, expect);
-  assert.equal(r.usage.completion_tokens, 8);
-  assert.ok(r.usage.prompt_tokens > 32, 'the image tokens count in prompt_tokens');
-});
+greedyChatTests(test, client, model, messages, expect, 32, 'two images');
 
-test('streamed, with usage', async () => {
-  const { text, usage } = await streamChat(client, {
-    model, messages, max_tokens: 8, temperature: 0, ignore_eos: true,
-  });
-  assert.equal(text, expect);
-  assert.equal(usage.completion_tokens, 8);
-});
-
-test('a broken image is a BadRequestError naming its part', async () => {
-  await assert.rejects(
-    client.chat.completions.create({
-      model,
-      messages: [{
-        role: 'user',
-        content: [
-          { type: 'text', text: 'Look' },
-          { type: 'image_url', image_url: { url: 'data:image/png;base64,iVBORw0KGgo=' } },
-        ],
-      }],
-      max_tokens: 4,
-    }),
-    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
-      e.param === 'messages[0].content[1].image_url',
-  );
-});
+brokenPartTest(test, OpenAI, client, model,
+  { type: 'image_url', image_url: { url: 'data:image/png;base64,iVBORw0KGgo=' } }, 'image');

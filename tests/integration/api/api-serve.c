@@ -28,13 +28,16 @@ static void make_model(struct as_server *s, int max_pos) {
   snprintf(s->model, sizeof(s->model), "%s/m", s->dir);
   snprintf(s->log, sizeof(s->log), "%s/serve.log", s->dir);
   struct th_out o = {0};
-  int rc = s->vision_g4 ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--vision",
-                                     "--bidir-vision", "--chat-format", "gemma4", "--out", s->model,
-                                     "--seed", "1", NULL)
-           : s->vision  ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma3", "--vision",
-                                     "--out", s->model, "--seed", "1", NULL)
-                        : th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out",
-                                     s->model, "--seed", "1", "--chat-format",
+  int rc = s->audio       ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--audio",
+                                       "--vision", "--chat-format", "gemma4", "--out", s->model, "--seed",
+                                       "1", NULL)
+           : s->vision_g4 ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4",
+                                       "--vision", "--bidir-vision", "--chat-format", "gemma4",
+                                       "--out", s->model, "--seed", "1", NULL)
+           : s->vision ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma3", "--vision",
+                                    "--out", s->model, "--seed", "1", NULL)
+                       : th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--out",
+                                    s->model, "--seed", "1", "--chat-format",
                                     s->gemma4_chat ? "gemma4" : "gemma3", NULL);
   if (rc != 0) fprintf(stderr, "make-tiny-model: %s\n", o.err ? o.err : "");
   th_out_free(&o);
@@ -107,8 +110,9 @@ static int try_start(struct as_server *s, char *const extra[]) {
 
 void as_start(struct as_server *s, int max_pos, char *const extra[]) {
   const char *key = s->api_key;
-  int vision = s->vision, vision_g4 = s->vision_g4, gemma4_chat = s->gemma4_chat;
+  int vision = s->vision, vision_g4 = s->vision_g4, gemma4_chat = s->gemma4_chat, audio = s->audio;
   memset(s, 0, sizeof(*s));
+  s->audio = audio;
   s->api_key = key;
   s->vision = vision;
   s->vision_g4 = vision_g4;

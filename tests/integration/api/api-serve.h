@@ -31,6 +31,8 @@ struct as_server {
                           image mask (--bidir-vision) and Gemma 4's chat format */
   int gemma4_chat;     /* set before as_start: the tiny Gemma 4 with Gemma 4's tokenizer
                           and chat format (--chat-format gemma4) */
+  int audio;           /* set before as_start: the tiny Gemma 4 with an audio and a vision
+                          tower and Gemma 4's chat format (--audio --vision) */
   char dir[256];       /* the temporary folder (removed at exit) */
   char model[300];     /* dir/m: the checkpoint */
   char log[300];       /* dir/serve.log: serve's stderr */

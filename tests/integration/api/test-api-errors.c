@@ -17,6 +17,8 @@
 #include "tests/integration/api/api-serve.h"
 
 #define KEY     "sekret-key"
+/* 8 samples of 16-bit mono PCM at 16 kHz, as a WAV, in base64 */
+#define TINY_WAV "UklGRjQAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YRAAAAAAAOgD0AfoAwAAGPww+Bj8"
 #define MAX_LEN 256
 
 static struct as_server g_srv;
@@ -127,6 +129,25 @@ TH_TEST(api_bad_input_matrix) {
       {"/detokenize", "{\"tokens\":[999999999]}", 400, "tokens"},
       /* past the context length */
       {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":300}", 400, "max_tokens"},
+      /* audio: this checkpoint has no audio tower (a good WAV is refused naming its part);
+       * a part of the wrong shape, or outside a user message, is refused as such */
+      {"/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\"},"
+       "{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"" TINY_WAV "\",\"format\":"
+       "\"wav\"}}]}]}",
+       400, "messages[0].content[1].input_audio"},
+      {"/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\","
+       "\"input_audio\":{\"data\":\"" TINY_WAV "\"}}]}]}",
+       400, "messages[0].content[0]"},
+      {"/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\","
+       "\"content\":[{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"" TINY_WAV
+       "\",\"format\":\"wav\"}}]}]}",
+       400, "messages[1].content[0]"},
+      {"/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_video\"}]}]}", 400,
+       "messages[0].content[0]"},
   };
   struct as_resp r;
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

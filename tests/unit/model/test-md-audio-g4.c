@@ -205,3 +205,59 @@ TH_TEST(features_match_reference) {
   }
   printf("  worst difference: %.3g of the range\n", worst_rel);
 }
+
+/* The longest clip: 2999 frames and 750 tokens under the defaults, the very
+ * count md_audio_features' mask of a 30 s clip gives. */
+TH_TEST(longest_clip) {
+  struct md_audio_fe_cfg c;
+  md_audio_fe_defaults(&c);
+  TH_CHECK_EQ_INT((int)md_audio_fe_max_frames(&c), 2999);
+  TH_CHECK_EQ_INT(md_audio_fe_max_tokens(&c), 750);
+  c.max_samples = 16000 * 7 + 77; /* a shorter cap: the features' own mask decides */
+  size_t nf = md_audio_fe_max_frames(&c);
+  float *pcm = calloc((size_t)c.max_samples, sizeof(float));
+  float *feat = malloc(sizeof(float) * nf * (size_t)c.n_mel);
+  uint8_t *mask = malloc(nf);
+  TH_REQUIRE(pcm && feat && mask);
+  TH_REQUIRE(md_audio_features(&c, pcm, (size_t)c.max_samples, feat, mask) == 0);
+  TH_CHECK_EQ_INT(md_audio_fe_max_tokens(&c), md_audio_soft_tokens(mask, nf));
+  free(pcm);
+  free(feat);
+  free(mask);
+}
+
+static void put(const char *dir, const char *name, const char *text) {
+  char path[512];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  TH_REQUIRE(f != NULL);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A checkpoint's extractor: processor_config.json's "feature_extractor"; an
+ * older preprocessor_config.json only when it is a feature extractor's; the
+ * defaults without either; a bad field an error naming the file. */
+TH_TEST(load_from_checkpoint) {
+  char dir[256], err[256] = "";
+  TH_REQUIRE(th_tmpdir("g4-audio-load", dir, sizeof(dir)) == 0);
+  struct md_audio_fe_cfg c;
+  TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(c.n_mel, 128);
+  put(dir, "preprocessor_config.json",
+      "{\"image_processor_type\":\"Gemma4ImageProcessor\","
+      "\"feature_size\":32}");
+  TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(c.n_mel, 128); /* an image processor's: not read */
+  put(dir, "preprocessor_config.json",
+      "{\"feature_extractor_type\":\"Gemma4AudioFeatureExtractor\","
+      "\"feature_size\":32}");
+  TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(c.n_mel, 32);
+  put(dir, "processor_config.json", "{\"feature_extractor\":{\"feature_size\":64}}");
+  TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(c.n_mel, 64); /* the newer file first */
+  put(dir, "processor_config.json", "{\"feature_extractor\":{\"dither\":0.5}}");
+  TH_CHECK_EQ_INT(md_audio_fe_load(dir, &c, err, sizeof(err)), CM_ERR_UNSUPPORTED);
+  TH_CHECK(strstr(err, "processor_config.json") && strstr(err, "dither"));
+}

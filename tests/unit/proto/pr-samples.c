@@ -29,7 +29,8 @@ static struct pr_result_seq rseqs[4];
 static struct pr_kv_group groups[PR_MAX_KV_GROUPS];
 static char longstr[PR_MAX_STR + 1];
 static uint8_t pixels[3 * 4 * 4]; /* a 4 x 4 RGB image */
-static struct pr_image images[2];
+static uint8_t clip[3 * (2 * 4 + 1)]; /* an audio clip: 3 frames of 2 mel bins, their mask */
+static struct pr_image images[3];
 
 static void fill_storage(void) {
   for (int i = 0; i < BIG; i++) {
@@ -116,13 +117,16 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     if (v == 2) sampling_max(&a->sampling), a->stop_token_ids = (struct pr_u32s){tok, BIG};
     a->priority = v == 2 ? INT32_MIN : v == 0 ? -3 : 0;
     a->arrival_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000123456789ull : 0;
-    if (v == 0) { /* two images of 3 and 2 soft tokens */
+    if (v == 0) { /* two images of 3 and 2 soft tokens, an audio clip of 1 */
       for (size_t i = 0; i < sizeof(pixels); i++)
         pixels[i] = (uint8_t)(i * 37u);
+      for (size_t i = 0; i < sizeof(clip); i++)
+        clip[i] = (uint8_t)(i * 53u + 1u);
       images[0] = (struct pr_image){2, 3, 0x0123456789abcdefull, {pixels, sizeof(pixels)}, 4, 4};
       images[1] = (struct pr_image){7, 2, UINT64_MAX, {pixels, 12}};
+      images[2] = (struct pr_image){10, 1, 5, {clip, sizeof(clip)}, 2, 3, PR_MEDIA_AUDIO};
       a->images = images;
-      a->n_images = 2;
+      a->n_images = 3;
     }
     break;
   }
@@ -222,10 +226,11 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     }
     sseqs[0].flags = PR_SEQ_NEW | PR_SEQ_PREFILL | PR_SEQ_SAMPLE;
     sseqs[0].tokens = (struct pr_u32s){tok, v == 2 ? BIG : 40};
-    if (v == 0) { /* an image ending inside the chunk */
+    if (v == 0) { /* an image, then an audio clip, ending inside the chunk */
       images[0] = (struct pr_image){30, 6, 99, {pixels, sizeof(pixels)}};
+      images[1] = (struct pr_image){36, 2, 7, {clip, sizeof(clip)}, 2, 3, PR_MEDIA_AUDIO};
       sseqs[0].images = images;
-      sseqs[0].n_images = 1;
+      sseqs[0].n_images = 2;
     }
     sseqs[0].num_draft = v == 2 ? PR_MAX_DRAFT : 3;
     sseqs[0].num_prompt = v == 2 ? UINT32_MAX : 31;
@@ -280,6 +285,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->kernels = v == 0 ? "cuda" : v == 2 ? longstr : NULL;
     r->matmul_inputs = v == 0 ? "weights" : v == 2 ? "" : NULL;
     if (v == 0) r->image_tokens = 1120, r->image_bytes = 7741440, r->image_varsize = 1;
+    if (v == 0) r->audio_tokens = 750, r->audio_bytes = 1538487;
     break;
   }
   case PR_RESULT: {

@@ -259,6 +259,21 @@ TH_TEST(encode_validates) {
   TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
   im.width = PR_MAX_IMAGE_SIDE + 1;
   TH_CHECK(pr_msg_encode(&m, &b) < 0);
+  /* an audio clip: mels x frames f32 and a mask byte a frame, both sides sent */
+  uint8_t feat[3 * (2 * 4 + 1)] = {0};
+  im = (struct pr_image){
+      .pos = 0, .n_tokens = 1, .pixels = {feat, sizeof(feat)}, .kind = PR_MEDIA_AUDIO};
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL); /* no shape */
+  im.width = 2, im.height = 3;
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), 0);
+  im.pixels.n--; /* a byte short of the mask */
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL);
+  im.pixels.n++;
+  im.width = 3; /* features of 3 bins would need 39 bytes */
+  TH_CHECK_EQ_INT(pr_msg_encode(&m, &b), CM_ERR_INVAL);
+  im.width = 2;
+  im.kind = PR_MEDIA_MAX + 1;
+  TH_CHECK(pr_msg_encode(&m, &b) < 0);
   m.u.add.n_images = 0;
   m.u.add.images = NULL;
   m.u.add.stop_token_ids = (struct pr_u32s){NULL, 2};

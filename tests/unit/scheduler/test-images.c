@@ -3,11 +3,14 @@
  * the chunk begins there); each plan sequence lists exactly the images its tokens
  * meet, with their payloads; the prefix cache keys an image's blocks on its hash
  * (same text, other image: a hit only before the image); the step's image bytes
- * stay under the cap; admission refuses images that cannot be scheduled. */
+ * stay under the cap; admission refuses images that cannot be scheduled. An
+ * audio clip (proto's PR_MEDIA_AUDIO) is held whole the same way, its kind
+ * passed on and keyed: a clip and an image of one hash share no block. */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "proto/pr-msg.h"
 #include "scheduler/sch-engine.h"
 #include "tests/harness/th.h"
 #include "tests/unit/scheduler/sch-test-util.h"
@@ -68,12 +71,11 @@ static void check_chunk(const struct sch_plan_seq *s, const struct sch_image *im
   TH_CHECK_EQ_INT(s->num_images, met);
 }
 
-TH_TEST(chunks_never_end_inside_an_image) {
-  for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 64; j++)
-      g_pix[i][j] = (uint8_t)(i * 64 + j);
-  /* budget 10, images of 6 and 8 tokens: the plain 10-token cuts would land inside both */
-  struct sch_image im[2] = {{7, 6, 111, g_pix[0], 64}, {22, 8, 222, g_pix[1], 64}};
+/* Budget 10, an item of 6 tokens at 7 (of kind `kind0`) then an image of 8 at
+ * 22: the plain 10-token cuts would land inside both. Each plan lists the
+ * items with their kinds. */
+static void chunk_ends_around(uint32_t kind0) {
+  struct sch_image im[2] = {{7, 6, 111, g_pix[0], 64, 4, 3, kind0}, {22, 8, 222, g_pix[1], 64}};
   int32_t p[40];
   prompt_with(p, 40, im, 2);
   struct sch_engine *e = engine(10, 0);
@@ -86,15 +88,24 @@ TH_TEST(chunks_never_end_inside_an_image) {
     const struct sch_plan_seq *s = fake_find_seq(&plan, 1);
     if (!s || s->start_pos >= 40) break;
     check_chunk(s, im, 2);
+    for (int32_t k = 0; k < s->num_images; k++)
+      TH_CHECK_EQ_INT((int)s->images[k].kind, s->images[k].pos == 7 ? (int)kind0 : 0);
     ends[n_ends++] = s->start_pos + s->num_tokens;
   }
-  /* 0..7 (moved back to image 0), 7..17 (image 0 and text), 17..22 (moved back to
+  /* 0..7 (moved back to item 0), 7..17 (item 0 and text), 17..22 (moved back to
    * image 1), 22..32 (image 1 and text), 32..40 */
   int32_t want[] = {7, 17, 22, 32, 40};
   TH_REQUIRE(n_ends == 5);
   for (int i = 0; i < 5; i++)
     TH_CHECK_EQ_INT(ends[i], want[i]);
   sch_engine_destroy(e);
+}
+
+TH_TEST(chunks_never_end_inside_an_image) {
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 64; j++)
+      g_pix[i][j] = (uint8_t)(i * 64 + j);
+  chunk_ends_around(0);
 }
 
 TH_TEST(an_image_waits_for_room_rather_than_split) {
@@ -127,48 +138,57 @@ TH_TEST(an_image_waits_for_room_rather_than_split) {
   sch_engine_destroy(e);
 }
 
+/* Runs what came before to its end, then admits request id (n ids of p, with
+ * item im or none) and plans one step: the prompt tokens found cached. */
+static int hits_of(struct sch_engine *e, uint64_t id, const int32_t *p, int32_t n,
+                   const struct sch_image *im, struct sch_plan *plan) {
+  char err[256];
+  struct sch_engine_stats st;
+  for (int i = 0; i < 6; i++)
+    step(e, plan);
+  sch_engine_stats(e, &st);
+  uint64_t h0 = st.prefix_hits;
+  TH_REQUIRE(add(e, id, p, n, im, im ? 1 : 0, err, sizeof(err)) == 0);
+  step(e, plan);
+  sch_engine_stats(e, &st);
+  return (int)(st.prefix_hits - h0);
+}
+
 TH_TEST(prefix_cache_keys_images_on_their_hash) {
   /* 16 text tokens, an image of 8 at 16, 8 more text: blocks of 4 */
   struct sch_image a = {16, 8, 0xaaaa, g_pix[0], 64}, b = {16, 8, 0xbbbb, g_pix[1], 64};
   int32_t p[32];
   prompt_with(p, 32, &a, 1);
   struct sch_engine *e = engine(64, 0);
-  char err[256];
   struct sch_plan plan;
-  struct sch_engine_stats st;
-  TH_REQUIRE(add(e, 1, p, 32, &a, 1, err, sizeof(err)) == 0);
-  for (int i = 0; i < 6; i++)
-    step(e, &plan);
+  TH_CHECK_EQ_INT(hits_of(e, 1, p, 32, &a, &plan), 0);
   /* the same text and image: every block but the last */
-  sch_engine_stats(e, &st);
-  uint64_t h0 = st.prefix_hits;
-  TH_REQUIRE(add(e, 2, p, 32, &a, 1, err, sizeof(err)) == 0);
-  step(e, &plan);
-  sch_engine_stats(e, &st);
-  TH_CHECK_EQ_INT((int)(st.prefix_hits - h0), 28);
-  for (int i = 0; i < 6; i++)
-    step(e, &plan);
+  TH_CHECK_EQ_INT(hits_of(e, 2, p, 32, &a, &plan), 28);
   /* the same ids with another image: only the 16 text tokens before it */
-  sch_engine_stats(e, &st);
-  h0 = st.prefix_hits;
-  TH_REQUIRE(add(e, 3, p, 32, &b, 1, err, sizeof(err)) == 0);
-  step(e, &plan);
-  sch_engine_stats(e, &st);
-  TH_CHECK_EQ_INT((int)(st.prefix_hits - h0), 16);
+  TH_CHECK_EQ_INT(hits_of(e, 3, p, 32, &b, &plan), 16);
   const struct sch_plan_seq *s = fake_find_seq(&plan, 3);
   TH_REQUIRE(s != NULL);
   TH_CHECK_EQ_INT(s->start_pos, 16);
   TH_CHECK_EQ_INT(s->num_images, 1);
   TH_CHECK(s->images[0].hash == 0xbbbb);
-  for (int i = 0; i < 6; i++)
-    step(e, &plan);
   /* a prompt without images whose ids are those of the image run: no hit into it */
-  sch_engine_stats(e, &st);
-  h0 = st.prefix_hits;
-  TH_REQUIRE(add(e, 4, p, 32, NULL, 0, err, sizeof(err)) == 0);
-  step(e, &plan);
-  sch_engine_stats(e, &st);
-  TH_CHECK_EQ_INT((int)(st.prefix_hits - h0), 16);
+  TH_CHECK_EQ_INT(hits_of(e, 4, p, 32, NULL, &plan), 16);
+  sch_engine_destroy(e);
+}
+
+TH_TEST(audio_clips_are_never_split_and_keyed_on_their_kind) {
+  chunk_ends_around(PR_MEDIA_AUDIO); /* a clip moves the chunk ends as an image does */
+  /* blocks of 4: 16 text tokens, a clip of 8 at 16, 8 more; the same clip again
+   * hits every block but the last, an image of the same hash only the text */
+  struct sch_image clip = {16, 8, 0xcccc, g_pix[2], 64, 4, 3, PR_MEDIA_AUDIO};
+  struct sch_image pic = {16, 8, 0xcccc, g_pix[2], 64};
+  int32_t q[32];
+  prompt_with(q, 32, &clip, 1);
+  struct sch_engine *e = engine(64, 0);
+  struct sch_plan plan;
+  TH_CHECK_EQ_INT(hits_of(e, 1, q, 32, &clip, &plan), 0);
+  TH_CHECK_EQ_INT(hits_of(e, 2, q, 32, &clip, &plan), 28);
+  TH_CHECK_EQ_INT(hits_of(e, 3, q, 32, &pic, &plan), 16);
   sch_engine_destroy(e);
 }
 

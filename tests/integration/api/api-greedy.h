@@ -1,0 +1,58 @@
+/* api-greedy.h — what the multimodal API tests (Gemma 4 images, audio) share:
+ * greedy chat answers with their tokens' bytes, /tokenize of a chat body,
+ * 400s naming a field, and the offline path they are held to: a prompt's ids
+ * with given rows over its soft tokens decoded greedily by wk_model_forward
+ * on the CPU backend, its tokens compared with a served answer's. Every
+ * function requires success (TH_REQUIRE) or fails the test. */
+#ifndef LMSERVE_TESTS_API_GREEDY_H
+#define LMSERVE_TESTS_API_GREEDY_H
+#include <jansson.h>
+#include <stdint.h>
+
+#include "tests/integration/api/api-serve.h"
+#include "worker/wk-model.h"
+
+#define API_GEN 8 /* tokens each answer generates (max_tokens, ignore_eos) */
+
+/* One greedy answer: its text, prompt_tokens and each token's bytes. */
+struct api_answer {
+  char text[1024];
+  int prompt_tokens;
+  char tok[API_GEN][64]; /* the logprobs' bytes, NUL-terminated */
+  int tok_len[API_GEN];
+};
+
+/* A greedy chat request's body (malloc'd): one user message of the content
+ * parts (a JSON array, taken over), API_GEN tokens at temperature 0 with
+ * ignore_eos and logprobs, mm_processor_kwargs when not NULL (taken over),
+ * streamed when stream. */
+char *api_greedy_body(json_t *parts, json_t *mm_kwargs, int stream);
+/* A 200 chat answer of API_GEN tokens with logprobs into *a. */
+void api_parse_answer(const struct as_resp *r, struct api_answer *a);
+/* POST body to /v1/chat/completions; the answer into *a. */
+void api_chat(const struct as_server *s, const char *body, struct api_answer *a);
+/* /tokenize of a chat body's messages (and its mm_processor_kwargs): the ids
+ * (malloc'd, with room for API_GEN more), *n of them. */
+int32_t *api_tokenize(const struct as_server *s, const char *body_json, int *n);
+/* The body is a 400 whose param is param. */
+void api_refused(const struct as_server *s, const char *body, const char *param);
+
+/* The offline path: the checkpoint in dir on the CPU backend (2 threads),
+ * for prompts of up to max_prompt tokens; the tower's rows are the caller's. */
+struct api_offline {
+  struct kn_backend *be;
+  struct wk_model *m;
+};
+void api_offline_open(struct api_offline *o, const char *dir, int max_prompt);
+void api_offline_close(struct api_offline *o);
+/* Greedy tokens of ids[0..n) with emb's rows over their soft tokens and
+ * ranges [n_ranges][2] bidirectional (NULL: none): the whole prompt in one
+ * forward, then one token per forward, into out[API_GEN]. */
+void api_offline_greedy(struct api_offline *o, const int32_t *ids, int n,
+                        const struct wk_seq_embed *emb, int n_emb, const int32_t *ranges,
+                        int n_ranges, int32_t *out);
+/* gen[API_GEN]'s bytes (dir's tokenizer) are want's; what names the prompt. */
+void api_check_tokens(const char *dir, const int32_t *gen, const struct api_answer *want,
+                      const char *what);
+
+#endif
