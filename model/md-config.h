@@ -149,6 +149,34 @@ struct md_vision_g4_cfg {
   int image_id;        /* image_token_id: <|image|> (a soft token) */
 };
 
+/* Gemma 4's audio tower (Gemma4ForConditionalGeneration: model_type "gemma4"
+ * with an "audio_config" of model_type "gemma4_audio"), after transformers'
+ * Gemma4AudioConfig (configuration_gemma4.py): missing fields take its
+ * defaults, a bad one is an error naming it. The tower and embedder are
+ * worker/wk-audio-g4.h; the features it takes, model/md-audio-g4.h. */
+struct md_audio_g4_cfg {
+  int present;            /* 1: the checkpoint has a Gemma 4 audio tower */
+  int hidden;             /* audio_config.hidden_size (1024) */
+  int n_layers;           /* audio_config.num_hidden_layers (12) */
+  int n_heads;            /* audio_config.num_attention_heads (8); hidden / n_heads per head */
+  int conv_ch[2];         /* audio_config.subsampling_conv_channels ([128, 32]) */
+  int conv_kernel;        /* audio_config.conv_kernel_size: the light conv's depthwise taps (5) */
+  int chunk;              /* audio_config.attention_chunk_size: queries per block (12) */
+  int ctx_left;           /* audio_config.attention_context_left (13; the frame itself counts) */
+  int ctx_right;          /* audio_config.attention_context_right (0) */
+  int output_dims;        /* audio_config.output_proj_dims (1536) */
+  int clipped_linears;    /* audio_config.use_clipped_linears (true) */
+  double residual_weight; /* audio_config.residual_weight: the macaron halves (0.5) */
+  double logit_cap;       /* audio_config.attention_logit_cap (50) */
+  double invalid_logit;   /* audio_config.attention_invalid_logits_value (-1e9) */
+  double eps;             /* audio_config.rms_norm_eps (1e-6) */
+  double grad_clip;       /* audio_config.gradient_clipping: the clamp around each residual
+                             step (1e10) */
+  int audio_id;           /* audio_token_id: <|audio|> (a soft token) */
+  int boa_id;             /* boa_token_id: <|audio> */
+  int eoa_id;             /* eoa_token_index (or eoa_token_id): <audio|> */
+};
+
 struct md_config {
   enum md_arch arch;
   char model_type[32];
@@ -194,6 +222,7 @@ struct md_config {
   struct md_layer_cfg layers[MD_MAX_LAYERS];
   struct md_vision_cfg vision;       /* gemma3 with vision_config; present == 0 otherwise */
   struct md_vision_g4_cfg vision_g4; /* gemma4 with vision_config; present == 0 otherwise */
+  struct md_audio_g4_cfg audio_g4;   /* gemma4 with audio_config; present == 0 otherwise */
 };
 
 /* Parses config.json text (`len` bytes). On error returns a negative cm_err
