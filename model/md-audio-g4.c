@@ -4,10 +4,12 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 
 static void derive(struct md_audio_fe_cfg *c) {
   c->frame_length = (int)lround(c->sampling_rate * c->frame_length_ms / 1000.0);
@@ -143,6 +145,24 @@ int md_audio_fe_parse(const char *json, size_t len, struct md_audio_fe_cfg *c, c
 }
 
 /* ---- features ------------------------------------------------------------------------ */
+
+int md_audio_fe_load(const char *dir, struct md_audio_fe_cfg *c, char *err, size_t errlen) {
+  md_audio_fe_defaults(c);
+  static const char *const files[] = {"preprocessor_config.json", "processor_config.json"};
+  for (int i = 0; i < 2; i++) {
+    char path[4096], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+    int rc = md_read_file(path, 16u << 20, &text, &len);
+    if (rc == CM_ERR_NOENT) continue;
+    if (rc) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    char why[384] = "";
+    rc = md_audio_fe_parse(text, len, c, why, sizeof(why));
+    free(text);
+    return rc ? cm_fail(err, errlen, rc, "%s: %s", path, why) : 0;
+  }
+  return 0;
+}
 
 size_t md_audio_fe_samples(const struct md_audio_fe_cfg *c, size_t n) {
   return n > (size_t)c->max_samples ? (size_t)c->max_samples : n;

@@ -76,6 +76,11 @@ void md_audio_fe_defaults(struct md_audio_fe_cfg *c);
 int md_audio_fe_parse(const char *json, size_t len, struct md_audio_fe_cfg *c, char *err,
                       size_t errlen);
 
+/* The extractor's fields of the checkpoint in dir: DIR/preprocessor_config.json,
+ * else DIR/processor_config.json (the order md_config_load reads them for
+ * images), else the defaults. 0 or a negative cm_err naming the file. */
+int md_audio_fe_load(const char *dir, struct md_audio_fe_cfg *c, char *err, size_t errlen);
+
 /* Samples the extractor takes of n (after truncation to max_samples). */
 size_t md_audio_fe_samples(const struct md_audio_fe_cfg *c, size_t n);
 

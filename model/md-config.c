@@ -619,6 +619,96 @@ static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_confi
   return 0;
 }
 
+/* audio_config.subsampling_conv_channels: two positive integers. */
+static int get_conv_channels(const json_t *ac, int *ch, char *err, size_t errlen) {
+  const json_t *a = json_object_get(ac, "subsampling_conv_channels");
+  ch[0] = 128;
+  ch[1] = 32;
+  if (!a || json_is_null(a)) return 0;
+  if (!json_is_array(a) || json_array_size(a) != 2)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "config.json: audio_config.subsampling_conv_channels is not a list of two "
+                   "integers");
+  for (int i = 0; i < 2; i++) {
+    const json_t *v = json_array_get(a, (size_t)i);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65536)
+      return cm_fail(err, errlen, CM_ERR_RANGE,
+                     "config.json: audio_config.subsampling_conv_channels[%d] is not an integer "
+                     "in [1, 65536]",
+                     i);
+    ch[i] = (int)json_integer_value(v);
+  }
+  return 0;
+}
+
+/* audio_config of a gemma4 checkpoint (struct md_audio_g4_cfg). Defaults are
+ * Gemma4AudioConfig's and Gemma4Config's. */
+static int parse_audio_g4(const json_t *root, struct md_config *cfg, char *err, size_t errlen) {
+  struct md_audio_g4_cfg *a = &cfg->audio_g4;
+  const json_t *ac = json_object_get(root, "audio_config");
+  if (!ac || json_is_null(ac)) return 0;
+  if (!json_is_object(ac))
+    return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: audio_config is not an object");
+  const json_t *mt = json_object_get(ac, "model_type");
+  if (mt && !json_is_null(mt) &&
+      !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma4_audio")))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: audio_config.model_type is not supported (gemma4_audio)");
+  static const char *const acts[] = {"silu", "swish"};
+  int act, rc;
+  if ((rc = get_int_to(ac, "hidden_size", 0, 1024, 2, 65536, &a->hidden, err, errlen)) ||
+      (rc = get_int_to(ac, "num_hidden_layers", 0, 12, 1, MD_MAX_LAYERS, &a->n_layers, err,
+                       errlen)) ||
+      (rc = get_int_to(ac, "num_attention_heads", 0, 8, 1, 1024, &a->n_heads, err, errlen)) ||
+      (rc = get_int_to(ac, "conv_kernel_size", 0, 5, 1, 1024, &a->conv_kernel, err, errlen)) ||
+      (rc = get_int_to(ac, "attention_chunk_size", 0, 12, 1, 4096, &a->chunk, err, errlen)) ||
+      (rc = get_int_to(ac, "attention_context_left", 0, 13, 2, 4096, &a->ctx_left, err, errlen)) ||
+      (rc = get_int_to(ac, "attention_context_right", 0, 0, 0, 4096, &a->ctx_right, err, errlen)) ||
+      (rc =
+           get_int_to(ac, "output_proj_dims", 0, 1536, 1, 1 << 20, &a->output_dims, err, errlen)) ||
+      (rc = get_bool(ac, "use_clipped_linears", 1, &a->clipped_linears, err, errlen)) ||
+      (rc = get_num(ac, "residual_weight", 0.5, -1e6, 1e6, &a->residual_weight, err, errlen)) ||
+      (rc = get_num(ac, "attention_logit_cap", 50.0, 1e-6, 1e9, &a->logit_cap, err, errlen)) ||
+      (rc = get_num(ac, "attention_invalid_logits_value", -1e9, -1e30, 0.0, &a->invalid_logit, err,
+                    errlen)) ||
+      (rc = get_num(ac, "rms_norm_eps", 1e-6, 0.0, 1.0, &a->eps, err, errlen)) ||
+      (rc = get_num(ac, "gradient_clipping", 1e10, 1e-30, 1e38, &a->grad_clip, err, errlen)) ||
+      (rc = get_choice(ac, "hidden_act", acts, 2, 0, &act, err, errlen)))
+    return retag(rc, "config.json", "audio_config.", err, errlen);
+  if ((rc = get_conv_channels(ac, a->conv_ch, err, errlen))) return rc;
+  if (a->hidden % a->n_heads || a->hidden % 2)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: audio_config.hidden_size %d is not an even multiple of "
+                   "num_attention_heads %d",
+                   a->hidden, a->n_heads);
+  if (a->conv_ch[0] % 4)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "config.json: audio_config.subsampling_conv_channels[0] %d is not a multiple "
+                   "of 4 (the projection takes channels[0] / 4 frequency bins)",
+                   a->conv_ch[0]);
+  /* masked keys are skipped, not summed with weight exp(invalid - max): exact
+   * only while that weight is 0 in f32 (the logits are capped at +-cap) */
+  if (a->invalid_logit > -(a->logit_cap + 128.0))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: audio_config.attention_invalid_logits_value %g is not below "
+                   "-(attention_logit_cap + 128)",
+                   a->invalid_logit);
+  int hi = 1 << 30;
+  if ((rc = get_int_to(root, "audio_token_id", 0, 258881, 0, hi, &a->audio_id, err, errlen)) ||
+      (rc = get_int_to(root, "boa_token_id", 0, 256000, 0, hi, &a->boa_id, err, errlen)))
+    return rc;
+  /* Gemma4Config names it eoa_token_index; accept eoa_token_id too */
+  const char *eoa = json_object_get(root, "eoa_token_index") ? "eoa_token_index" : "eoa_token_id";
+  if ((rc = get_int_to(root, eoa, 0, 258883, 0, hi, &a->eoa_id, err, errlen))) return rc;
+  if (a->audio_id >= cfg->vocab || a->boa_id >= cfg->vocab || a->eoa_id >= cfg->vocab)
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "config.json: audio_token_id %d / boa_token_id %d / %s %d outside the "
+                   "vocabulary (%d)",
+                   a->audio_id, a->boa_id, eoa, a->eoa_id, cfg->vocab);
+  a->present = 1;
+  return 0;
+}
+
 /* One channel list (image_mean / image_std): a number or one per channel. */
 static int get_channels(const json_t *o, const char *key, int channels, float *dst, int positive,
                         char *err, size_t errlen) {
@@ -966,6 +1056,7 @@ int md_config_parse(const char *text, size_t len, struct md_config *cfg, char *e
   if ((rc = parse_quant(root, cfg, err, errlen))) goto done;
   if (!strcmp(type, "gemma3") && (rc = parse_vision(root, cfg, err, errlen))) goto done;
   if (!strcmp(type, "gemma4") && (rc = parse_vision_g4(root, tc, cfg, err, errlen))) goto done;
+  if (!strcmp(type, "gemma4") && (rc = parse_audio_g4(root, cfg, err, errlen))) goto done;
   if (cfg->arch == MD_ARCH_GEMMA4_ASSISTANT) {
     long long v;
     if ((rc = get_int(root, "backbone_hidden_size", 1, 0, 1, 65536, &v, err, errlen))) goto done;
