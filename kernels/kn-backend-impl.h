@@ -99,6 +99,17 @@ struct kn_backend_ops {
   int (*standardize)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx, int rows,
                      int d, const float *bias, const float *scale);
 
+  /* audio encoder ops (kn-audio.c); NULL, or CM_ERR_UNSUPPORTED from the op:
+   * the public call runs the host definition instead */
+  int (*conv3x3_s2)(void *ctx, float *out, const float *x, const float *w, int T, int F, int Cin,
+                    int Cout);
+  int (*dwconv_causal)(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                       const float *w, const int32_t *first, int T, int C, int K);
+  int (*local_attn_rel)(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                        const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv,
+                        const float *rel, const int32_t *span, int T, int heads, int hd, int dmin,
+                        int dmax, float cap);
+
   /* collectives (KN_CAP_ALLREDUCE; kn-backend.h): the public wrappers check the
    * arguments and that the backend has joined a group before they call these */
   int (*comm_id_new)(void *ctx, struct kn_comm_id *id);

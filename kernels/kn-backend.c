@@ -440,7 +440,7 @@ int kn_layernorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *
 int kn_bias_act(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                 const float *bias, int T, int N, enum kn_act act) {
   if (!be || T < 0 || N < 0) return CM_ERR_INVAL;
-  if (act != KN_ACT_NONE && act != KN_ACT_GELU_TANH) return CM_ERR_INVAL;
+  if (act < KN_ACT_NONE || act > KN_ACT_SIGMOID) return CM_ERR_INVAL;
   if (T == 0 || N == 0) return 0;
   if (!out || !x || !kn__valid_ld(ldo, T, N) || !kn__valid_ld(ldx, T, N)) return CM_ERR_INVAL;
   if (!bias && act == KN_ACT_NONE) return out == x ? 0 : kn_copy_rows(be, out, ldo, x, ldx, T, N);

@@ -349,6 +349,9 @@ int kn_layernorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *
 enum kn_act {
   KN_ACT_NONE = 0,      /* identity: a bias add */
   KN_ACT_GELU_TANH = 1, /* gelu_tanh as in kn_gelu_mul */
+  KN_ACT_SILU = 2,      /* v / (1 + exp(-v)) */
+  KN_ACT_RELU = 3,      /* max(v, 0) (NaN stays NaN) */
+  KN_ACT_SIGMOID = 4,   /* 1 / (1 + exp(-v)) */
 };
 
 /* out[T, N] (stride ldo) = act(x[T, N] (stride ldx) + bias[N]): the bias and
@@ -388,6 +391,47 @@ int kn_avg_pool_grid(struct kn_backend *be, float *out, ptrdiff_t ldo, const flo
  * memory. out == x (same ld) is allowed. */
 int kn_standardize(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                    int rows, int d, const float *bias, const float *scale);
+
+/* ---- audio encoder ops (Gemma 4's Conformer; kn-audio.c) ------------------
+ * Each has a plain C definition (kn_ref_* in kn-audio.h) that the CPU backend
+ * runs and a device backend is checked against; where a backend lacks the
+ * op, or declined it after a failed check, the call runs that definition on
+ * the host (the inputs downloaded, the output uploaded: slow, correct). */
+
+/* A 3 x 3 convolution with stride 2 and zero padding 1 over one T x F grid
+ * of Cin channels, channels last: x [T, F, Cin] and out [To, Fo, Cout], both
+ * contiguous, To = (T + 1) / 2, Fo = (F + 1) / 2:
+ *   out[t, f, o] = sum over a, b < 3 and i < Cin (in that order) of
+ *                  w[o, a, b, i] x[2t - 1 + a, 2f - 1 + b, i]   (0 outside)
+ * w: [Cout, 3, 3, Cin] f32 backend memory (torch's Conv2d weight [Cout, Cin,
+ * 3, 3] with the input channel moved last), no bias. out must not alias x. */
+int kn_conv3x3_s2(struct kn_backend *be, float *out, const float *x, const float *w, int T, int F,
+                  int Cin, int Cout);
+
+/* A depthwise causal convolution along rows: out[t, c] (stride ldo) = sum
+ * over j < K of w[c, j] x[t - K + 1 + j, c] (stride ldx), where rows before
+ * first[t] read as 0 (first: host [T], the first row of t's sequence, <= t,
+ * so sequences packed one after another do not see each other). w: [C, K]
+ * f32 backend memory. out must not alias x. */
+int kn_dwconv_causal(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x,
+                     ptrdiff_t ldx, const float *w, const int32_t *first, int T, int C, int K);
+
+/* The most keys a row of kn_local_attn_rel may see (dmax - dmin + 1). */
+#define KN_LOCAL_ATTN_MAX_KEYS 256
+
+/* Local attention with relative-position logits (a Conformer's): for row t
+ * < T and head h < heads (hd elements at offset h * hd of each row), the key
+ * rows s of t's sequence (span: host [T][2], [begin, end) of t's sequence,
+ * begin <= t < end) with d = t - s in [dmin, dmax] take part with logit
+ *   l_s = cap tanh((q_t . k_s + q_t . rel[d - dmin]) / cap)
+ * (the dot products each in f32 or better, then added; rel: [dmax - dmin + 1,
+ * heads * hd] f32 backend memory, contiguous), and out_t = sum_s
+ * softmax(l)_s v_s. A row that sees no key gets zeros. dmax - dmin + 1 is at
+ * most KN_LOCAL_ATTN_MAX_KEYS; cap > 0. out must not alias the inputs. */
+int kn_local_attn_rel(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *q,
+                      ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv,
+                      const float *rel, const int32_t *span, int T, int heads, int hd, int dmin,
+                      int dmax, float cap);
 
 /* ---- reductions whose results go to the host ------------------------------ */
 

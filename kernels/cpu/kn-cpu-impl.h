@@ -345,6 +345,8 @@ struct kn_backend_ops;
 void kn_cpu_ops_fill(struct kn_backend_ops *ops);
 /* Fills ops with the vision encoder ops (kn-cpu-ops-vision.c). */
 void kn_cpu_vision_ops_fill(struct kn_backend_ops *ops);
+/* Fills ops with the audio encoder ops (kn-cpu-ops-audio.c). */
+void kn_cpu_audio_ops_fill(struct kn_backend_ops *ops);
 /* Fills ops with the collectives over shared memory (kn-cpu-comm.c). */
 void kn_cpu_comm_fill(struct kn_backend_ops *ops);
 

@@ -65,7 +65,14 @@ static void layernorm_row(const struct vision_task *t, float *o, const float *x)
 static void bias_act_row(const struct vision_task *t, float *o, const float *x) {
   for (int i = 0; i < t->d; i++) {
     float v = t->bias ? x[i] + t->bias[i] : x[i];
-    o[i] = t->act == KN_ACT_GELU_TANH ? kn_cpu_gelu_tanh_ref(v) : v;
+    switch (t->act) {
+    case KN_ACT_GELU_TANH: v = kn_cpu_gelu_tanh_ref(v); break;
+    case KN_ACT_SILU: v = v / (1.0f + expf(-v)); break;
+    case KN_ACT_RELU: v = v < 0.0f ? 0.0f : v; break;
+    case KN_ACT_SIGMOID: v = 1.0f / (1.0f + expf(-v)); break;
+    default: break;
+    }
+    o[i] = v;
   }
 }
 
@@ -156,7 +163,8 @@ static int cpu_layernorm(void *p, float *out, ptrdiff_t ldo, const float *x, ptr
 static int cpu_bias_act(void *p, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                         const float *bias, int T, int N, enum kn_act act) {
   struct vision_task t = {.op = V_BIAS_ACT, .bias = bias, .act = act};
-  run_rows(p, &t, out, ldo, x, ldx, N, T, act == KN_ACT_GELU_TANH ? 8.0 * N : (double)N);
+  run_rows(p, &t, out, ldo, x, ldx, N, T,
+           act == KN_ACT_NONE || act == KN_ACT_RELU ? (double)N : 8.0 * N);
   return 0;
 }
 

@@ -986,4 +986,5 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->kv_write = cpu_kv_write;
   ops->attention = cpu_attention;
   kn_cpu_vision_ops_fill(ops);
+  kn_cpu_audio_ops_fill(ops);
 }

@@ -324,6 +324,9 @@ static struct kn_backend_ops cuda_ops = {
     .clamp = kn_cuda_op_clamp,
     .avg_pool_grid = kn_cuda_op_avg_pool_grid,
     .standardize = kn_cuda_op_standardize,
+    .conv3x3_s2 = kn_cuda_op_conv3x3_s2,
+    .dwconv_causal = kn_cuda_op_dwconv_causal,
+    .local_attn_rel = kn_cuda_op_local_attn_rel,
     .graph_new = kn_cuda_graph_new,
     .graph_begin = kn_cuda_graph_begin,
     .graph_end = kn_cuda_graph_end,
@@ -404,6 +407,7 @@ int kn_cuda_backend_create(int device, struct kn_backend **out) {
   err = kn_cuda_fused_check(be);
   if (!err) err = kn_cuda_ids_check(be, c);
   if (!err) err = kn_cuda_mask_check(be, c);
+  if (!err) err = kn_cuda_audio_check(be, c);
   if (err) {
     kn_backend_destroy(be); /* frees c */
     return err;

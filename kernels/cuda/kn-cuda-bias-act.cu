@@ -1,5 +1,6 @@
 /* kn-cuda-bias-act.cu — the bias and activation of a Linear layer,
- * out[T, N] = act(x[T, N] + bias[N]) with row strides (bias may be NULL), and
+ * out[T, N] = act(x[T, N] + bias[N]) with row strides (bias may be NULL; act
+ * GELU-tanh, SiLU, ReLU or the sigmoid), and
  * the feature-wise standardisation out[T, N] = (x - bias[N]) * scale[N]
  * (kn_standardize). One thread per element; out may alias x (same stride). */
 #include "kernels/cuda/kn-cuda-dev.cuh"
@@ -11,7 +12,13 @@ __global__ void bias_act_kernel(float *out, ptrdiff_t ldo, const float *x, ptrdi
   if (j >= N) return;
   float v = x[(ptrdiff_t)t * ldx + j];
   if (bias) v += bias[j];
-  if (act == KN_ACT_GELU_TANH) v = kn_gelu_tanh(v);
+  switch (act) {
+  case KN_ACT_GELU_TANH: v = kn_gelu_tanh(v); break;
+  case KN_ACT_SILU: v = v / (1.0f + expf(-v)); break;
+  case KN_ACT_RELU: v = v < 0.0f ? 0.0f : v; break;
+  case KN_ACT_SIGMOID: v = 1.0f / (1.0f + expf(-v)); break;
+  default: break;
+  }
   out[(ptrdiff_t)t * ldo + j] = v;
 }
 

@@ -201,6 +201,17 @@ cudaError_t kn_cuda_launch_avg_pool_grid(cudaStream_t s, float *out, ptrdiff_t l
 cudaError_t kn_cuda_launch_standardize(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
                                        ptrdiff_t ldx, const float *bias, const float *scale, int T,
                                        int N);
+/* Gemma 4's audio encoder (kn-cuda-audio.cu). */
+cudaError_t kn_cuda_launch_conv3x3_s2(cudaStream_t s, float *out, const float *x, const float *w,
+                                      int T, int F, int Cin, int Cout);
+cudaError_t kn_cuda_launch_dwconv_causal(cudaStream_t s, float *out, ptrdiff_t ldo, const float *x,
+                                         ptrdiff_t ldx, const float *w, const int32_t *first, int T,
+                                         int C, int K);
+cudaError_t kn_cuda_launch_local_attn_rel(cudaStream_t s, float *out, ptrdiff_t ldo, const float *q,
+                                          ptrdiff_t ldq, const float *k, ptrdiff_t ldk,
+                                          const float *v, ptrdiff_t ldv, const float *rel,
+                                          const int32_t *span, int T, int heads, int hd, int dmin,
+                                          int dmax, float cap);
 
 /* One row of a kn_sample call as the device sees it (staged). */
 struct kn_cuda_sample_row {
@@ -266,6 +277,8 @@ struct kn_cuda_ctx {
   int mask_ok; /* kn_sample takes masks: its masked draw passed kn_cuda_mask_check */
   int ids_ok; /* kn_ids_take and kn_embed_dev passed their check (kn_cuda_ids_check): the
                  kept ids are offered (kn_kept_ids), else steps embed from host ids */
+  int audio_ok; /* the audio encoder's ops passed kn_cuda_audio_check: else they answer
+                   CM_ERR_UNSUPPORTED and kn-audio.c runs them on the host */
 
   /* Pinned host buffer for results copied back (argmax, top-k). */
   void *result_host;
@@ -316,6 +329,10 @@ int kn_cuda_ids_check(struct kn_backend *be, struct kn_cuda_ctx *c);
  * where the masks refuse: sets c->mask_ok, warning when they differ (masked rows
  * are then drawn on the host); 0, or a device error. */
 int kn_cuda_mask_check(struct kn_backend *be, struct kn_cuda_ctx *c);
+/* The audio encoder's ops (kn-cuda-ops-audio.c) against their plain C
+ * definitions on small problems: sets c->audio_ok, warning when they differ;
+ * 0, or a device error. */
+int kn_cuda_audio_check(struct kn_backend *be, struct kn_cuda_ctx *c);
 int kn_cuda_op_sample_masks(void *ctx);
 
 /* Step graphs (kn-cuda-graph.c): the ops table's entries, and what staging and
@@ -474,6 +491,14 @@ int kn_cuda_op_avg_pool_grid(void *ctx, float *out, ptrdiff_t ldo, const float *
                              int gw, int gh, int k, int C, float scale);
 int kn_cuda_op_standardize(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
                            int rows, int d, const float *bias, const float *scale);
+int kn_cuda_op_conv3x3_s2(void *ctx, float *out, const float *x, const float *w, int T, int F,
+                          int Cin, int Cout);
+int kn_cuda_op_dwconv_causal(void *ctx, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,
+                             const float *w, const int32_t *first, int T, int C, int K);
+int kn_cuda_op_local_attn_rel(void *ctx, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
+                              const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv,
+                              const float *rel, const int32_t *span, int T, int heads, int hd,
+                              int dmin, int dmax, float cap);
 #endif /* !__CUDACC__ */
 
 #endif
