@@ -23,10 +23,8 @@
  *   standardize                 kn_standardize;
  *   Gemma4MultimodalEmbedder    kn_rmsnorm (no weight), kn_matmul. */
 #include "worker/wk-vision-g4.h"
-#include "worker/wk-vision.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,25 +35,18 @@
 #include "kernels/kn-dtype.h"
 #include "model/md-safetensors.h"
 #include "worker/wk-owned.h"
+#include "worker/wk-tower.h"
 
 #define G4_PAGE_TOKENS 16 /* positions per scratch KV page */
-
-/* A weight matrix [rows, cols] in backend memory, in its checkpoint dtype,
- * with its clip bounds (infinite when the tower has none). */
-struct g4mat {
-  const void *w;
-  enum kn_dtype dt;
-  float in_lo, in_hi, out_lo, out_hi;
-};
 
 struct g4layer {
   const float *in_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [D] */
   const float *q_norm, *k_norm;                                       /* [hd] */
-  struct g4mat wq;                                                    /* [nh hd, D] */
-  struct g4mat wk, wv;                                                /* [nkv hd, D] */
-  struct g4mat wo;                                                    /* [D, nh hd] */
-  struct g4mat gate, up;                                              /* [F, D] */
-  struct g4mat down;                                                  /* [D, F] */
+  struct wk_clin wq;                                                  /* [nh hd, D] */
+  struct wk_clin wk, wv;                                              /* [nkv hd, D] */
+  struct wk_clin wo;                                                  /* [D, nh hd] */
+  struct wk_clin gate, up;                                            /* [F, D] */
+  struct wk_clin down;                                                /* [D, F] */
 };
 
 struct wk_vision_g4 {
@@ -67,13 +58,13 @@ struct wk_vision_g4 {
   int pd;                     /* 3 patch^2: floats per patch */
   int qd, kvd;                /* nh hd, nkv hd */
 
-  struct g4mat patch_w;  /* [D, pd] */
+  struct wk_clin patch_w; /* [D, pd] */
   const void *pos_table; /* [2, pos_size, D] of pos_dt */
   enum kn_dtype pos_dt;
   struct g4layer *layers; /* [n_layers] host (from the arena host) */
   const float *std_bias;  /* [D], NULL without standardize */
   const float *std_scale; /* [D] */
-  struct g4mat proj;      /* [H, D] */
+  struct wk_clin proj;    /* [H, D] */
   const float *inv_freq;  /* [hd / 4] */
 
   /* scratch for max_patches rows (T) and max_images images per pass */
@@ -124,111 +115,6 @@ int wk_vision_g4_text_hidden(const struct wk_vision_g4 *v) {
 
 /* ---- binding ------------------------------------------------------------------ */
 
-struct g4binder {
-  struct wk_vision_g4 *v;
-  const char *VP, *EP; /* the tower's and the embedder's name prefixes */
-  char *err;
-  size_t errlen;
-  int rc; /* first failure */
-};
-
-static const struct md_tensor *g4_lookup(struct g4binder *b, const char *name, int ndim,
-                                         const int64_t *dims) {
-  return wk_tower_tensor(b->v->st, name, ndim, dims, &b->rc, b->err, b->errlen);
-}
-
-static const void *g4_place(struct g4binder *b, const void *data, size_t bytes, int copy) {
-  return wk_tower_place(b->v->be, &b->v->owned, data, bytes, copy, &b->rc, b->err, b->errlen);
-}
-
-/* A tensor (dims as given) widened to f32 in backend memory. */
-static const float *g4_f32(struct g4binder *b, int ndim, const int64_t *dims, const char *name) {
-  const struct md_tensor *t = g4_lookup(b, name, ndim, dims);
-  if (!t) return NULL;
-  size_t n = t->nbytes / md_st_dtype_size(t->dtype);
-  float *host = malloc(sizeof(float) * (n ? n : 1));
-  if (!host) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
-    return NULL;
-  }
-  for (size_t i = 0; i < n; i++)
-    host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
-  const float *p = g4_place(b, host, n * sizeof(float), 1);
-  free(host);
-  return p;
-}
-
-static const float *g4_vec(struct g4binder *b, int64_t n, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static const float *g4_vec(struct g4binder *b, int64_t n, const char *fmt, ...) {
-  char name[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(name, sizeof(name), fmt, ap);
-  va_end(ap);
-  return g4_f32(b, 1, (const int64_t[]){n}, name);
-}
-
-/* A matrix with no clip bounds (a plain nn.Linear). */
-static struct g4mat plain_mat(void) {
-  return (struct g4mat){
-      .in_lo = -INFINITY, .in_hi = INFINITY, .out_lo = -INFINITY, .out_hi = INFINITY};
-}
-
-/* One clip bound: PREFIX.KEY, a tensor of one element (0-d, as torch saves a
- * scalar buffer, or [1]). */
-static float g4_bound(struct g4binder *b, const char *prefix, const char *key) {
-  char name[256];
-  snprintf(name, sizeof(name), "%s.%s", prefix, key);
-  if (b->rc) return 0.0f;
-  const struct md_tensor *t = md_st_find(b->v->st, name);
-  if (!t) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT,
-                    "vision tower: tensor %s missing (vision_config.use_clipped_linears)", name);
-    return 0.0f;
-  }
-  size_t esz = md_st_dtype_size(t->dtype);
-  if ((t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) ||
-      t->nbytes != esz || t->ndim > 1) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
-                    "vision tower: tensor %s is not one float (a %s tensor of %zu bytes)", name,
-                    t->dtype_name, t->nbytes);
-    return 0.0f;
-  }
-  float f = kn_load_f32(t->data, (enum kn_dtype)t->dtype, 0);
-  if (isnan(f)) b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE, "vision tower: %s is NaN", name);
-  return f;
-}
-
-/* A Gemma4ClippableLinear: PREFIX.linear.weight [rows, cols] and, with
- * clipped linears, its four bounds (input_min <= input_max, likewise out). */
-static struct g4mat g4_linear(struct g4binder *b, int64_t rows, int64_t cols, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static struct g4mat g4_linear(struct g4binder *b, int64_t rows, int64_t cols, const char *fmt,
-                              ...) {
-  char prefix[224], name[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(prefix, sizeof(prefix), fmt, ap);
-  va_end(ap);
-  struct g4mat m = plain_mat();
-  snprintf(name, sizeof(name), "%s.linear.weight", prefix);
-  const struct md_tensor *t = g4_lookup(b, name, 2, (const int64_t[]){rows, cols});
-  if (!t) return m;
-  m.dt = (enum kn_dtype)t->dtype;
-  m.w = g4_place(b, t->data, t->nbytes, 0);
-  if (!b->v->vc.clipped_linears) return m;
-  m.in_lo = g4_bound(b, prefix, "input_min");
-  m.in_hi = g4_bound(b, prefix, "input_max");
-  m.out_lo = g4_bound(b, prefix, "output_min");
-  m.out_hi = g4_bound(b, prefix, "output_max");
-  if (!b->rc && (m.in_lo > m.in_hi || m.out_lo > m.out_hi))
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE,
-                    "vision tower: %s's clip bounds are crossed (input [%g, %g], output [%g, %g])",
-                    prefix, m.in_lo, m.in_hi, m.out_lo, m.out_hi);
-  return m;
-}
-
 /* "model.vision_tower." with "model.embed_vision.", or the same without "model.". */
 static int find_prefixes(const struct md_st *st, const char **vp, const char **ep) {
   static const char *const vps[] = {"model.vision_tower.", "vision_tower."};
@@ -247,26 +133,26 @@ static int find_prefixes(const struct md_st *st, const char **vp, const char **e
 
 static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
   const struct md_vision_g4_cfg *c = &v->vc;
-  struct g4binder b = {.v = v, .err = err, .errlen = errlen};
-  if (find_prefixes(v->st, &b.VP, &b.EP))
+  struct wk_tower_binder b = {.be = v->be,
+                              .owned = &v->owned,
+                              .st = v->st,
+                              .what = "vision tower",
+                              .err = err,
+                              .errlen = errlen};
+  const char *VP, *EP;
+  if (find_prefixes(v->st, &VP, &EP))
     return cm_fail(err, errlen, CM_ERR_NOENT,
                    "vision tower: no patch_embedder.input_proj.weight under model.vision_tower. "
                    "or vision_tower.");
-  const char *VP = b.VP;
-  int D = c->hidden, F = c->ffn, hd = c->head_dim;
-  v->patch_w = plain_mat();
+  int D = c->hidden, F = c->ffn, hd = c->head_dim, cl = c->clipped_linears;
   char name[256];
   snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", VP);
-  const struct md_tensor *t = g4_lookup(&b, name, 2, (const int64_t[]){D, v->pd});
-  if (t) {
-    v->patch_w.dt = (enum kn_dtype)t->dtype;
-    v->patch_w.w = g4_place(&b, t->data, t->nbytes, 0);
-  }
+  v->patch_w = wk_tower_linear(&b, D, v->pd, name);
   snprintf(name, sizeof(name), "%spatch_embedder.position_embedding_table", VP);
-  t = g4_lookup(&b, name, 3, (const int64_t[]){2, c->pos_size, D});
+  const struct md_tensor *t = wk_tower_tensor(&b, name, 3, (const int64_t[]){2, c->pos_size, D});
   if (t) {
     v->pos_dt = (enum kn_dtype)t->dtype;
-    v->pos_table = g4_place(&b, t->data, t->nbytes, 0);
+    v->pos_table = wk_tower_place(&b, t->data, t->nbytes, 0);
   }
   v->layers = cm_arena_calloc(&v->host, (size_t)c->n_layers, sizeof(*v->layers));
   if (!v->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
@@ -274,31 +160,26 @@ static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
     struct g4layer *l = &v->layers[i];
     char lp[160];
     snprintf(lp, sizeof(lp), "%sencoder.layers.%d.", VP, i);
-    l->in_norm = g4_vec(&b, D, "%sinput_layernorm.weight", lp);
-    l->post_attn_norm = g4_vec(&b, D, "%spost_attention_layernorm.weight", lp);
-    l->pre_ff_norm = g4_vec(&b, D, "%spre_feedforward_layernorm.weight", lp);
-    l->post_ff_norm = g4_vec(&b, D, "%spost_feedforward_layernorm.weight", lp);
-    l->q_norm = g4_vec(&b, hd, "%sself_attn.q_norm.weight", lp);
-    l->k_norm = g4_vec(&b, hd, "%sself_attn.k_norm.weight", lp);
-    l->wq = g4_linear(&b, v->qd, D, "%sself_attn.q_proj", lp);
-    l->wk = g4_linear(&b, v->kvd, D, "%sself_attn.k_proj", lp);
-    l->wv = g4_linear(&b, v->kvd, D, "%sself_attn.v_proj", lp);
-    l->wo = g4_linear(&b, D, v->qd, "%sself_attn.o_proj", lp);
-    l->gate = g4_linear(&b, F, D, "%smlp.gate_proj", lp);
-    l->up = g4_linear(&b, F, D, "%smlp.up_proj", lp);
-    l->down = g4_linear(&b, D, F, "%smlp.down_proj", lp);
+    l->in_norm = wk_tower_vec(&b, D, "%sinput_layernorm.weight", lp);
+    l->post_attn_norm = wk_tower_vec(&b, D, "%spost_attention_layernorm.weight", lp);
+    l->pre_ff_norm = wk_tower_vec(&b, D, "%spre_feedforward_layernorm.weight", lp);
+    l->post_ff_norm = wk_tower_vec(&b, D, "%spost_feedforward_layernorm.weight", lp);
+    l->q_norm = wk_tower_vec(&b, hd, "%sself_attn.q_norm.weight", lp);
+    l->k_norm = wk_tower_vec(&b, hd, "%sself_attn.k_norm.weight", lp);
+    l->wq = wk_tower_clin(&b, v->qd, D, cl, "%sself_attn.q_proj", lp);
+    l->wk = wk_tower_clin(&b, v->kvd, D, cl, "%sself_attn.k_proj", lp);
+    l->wv = wk_tower_clin(&b, v->kvd, D, cl, "%sself_attn.v_proj", lp);
+    l->wo = wk_tower_clin(&b, D, v->qd, cl, "%sself_attn.o_proj", lp);
+    l->gate = wk_tower_clin(&b, F, D, cl, "%smlp.gate_proj", lp);
+    l->up = wk_tower_clin(&b, F, D, cl, "%smlp.up_proj", lp);
+    l->down = wk_tower_clin(&b, D, F, cl, "%smlp.down_proj", lp);
   }
   if (c->standardize) {
-    v->std_bias = g4_vec(&b, D, "%sstd_bias", VP);
-    v->std_scale = g4_vec(&b, D, "%sstd_scale", VP);
+    v->std_bias = wk_tower_vec(&b, D, "%sstd_bias", VP);
+    v->std_scale = wk_tower_vec(&b, D, "%sstd_scale", VP);
   }
-  snprintf(name, sizeof(name), "%sembedding_projection.weight", b.EP);
-  t = g4_lookup(&b, name, 2, (const int64_t[]){v->text_hidden, D});
-  if (t) {
-    v->proj = plain_mat();
-    v->proj.dt = (enum kn_dtype)t->dtype;
-    v->proj.w = g4_place(&b, t->data, t->nbytes, 0);
-  }
+  snprintf(name, sizeof(name), "%sembedding_projection.weight", EP);
+  v->proj = wk_tower_linear(&b, v->text_hidden, D, name);
   if (b.rc) return b.rc;
   /* compute_default_rope_parameters: theta^-(2i / (hd / 2)), i < hd / 4, in
    * double rounded once */
@@ -306,7 +187,7 @@ static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
   float freq[KN_MAX_HEAD_DIM / 4];
   for (int i = 0; i < nf; i++)
     freq[i] = (float)(1.0 / pow(c->rope_theta, (2.0 * i) / (hd / 2)));
-  v->inv_freq = g4_place(&b, freq, sizeof(float) * (size_t)nf, 1);
+  v->inv_freq = wk_tower_place(&b, freq, sizeof(float) * (size_t)nf, 1);
   return b.rc;
 }
 
@@ -410,19 +291,9 @@ fail:
 
 /* ---- the encoder pass ---------------------------------------------------------- */
 
-/* out[T, m.rows] = clin(in[T, K]) (row strides: the widths): the input
- * clamped into v->c first when its bounds are finite, the output in place. */
-static int clin(struct wk_vision_g4 *v, float *out, const float *in, const struct g4mat *m, int T,
+static int clin(struct wk_vision_g4 *v, float *out, const float *in, const struct wk_clin *m, int T,
                 int N, int K) {
-  int rc;
-  if (isfinite(m->in_lo) || isfinite(m->in_hi)) {
-    if ((rc = kn_clamp(v->be, v->c, in, m->in_lo, m->in_hi, (size_t)T * (size_t)K))) return rc;
-    in = v->c;
-  }
-  if ((rc = kn_matmul(v->be, out, N, in, K, m->w, m->dt, T, N, K, 0))) return rc;
-  if (isfinite(m->out_lo) || isfinite(m->out_hi))
-    rc = kn_clamp(v->be, out, out, m->out_lo, m->out_hi, (size_t)T * (size_t)N);
-  return rc;
+  return wk_clin_run(v->be, v->c, out, in, m, T, N, K);
 }
 
 /* Whether image im is what md_g4_image_plan gives: its grid within the

@@ -27,6 +27,7 @@
 #include "kernels/kn-dtype.h"
 #include "model/md-safetensors.h"
 #include "worker/wk-owned.h"
+#include "worker/wk-tower.h"
 
 #define WK_VISION_PAGE_TOKENS 16 /* positions per scratch KV page */
 
@@ -114,60 +115,30 @@ struct vbinder {
   int rc; /* first failure */
 };
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
-  size_t l = 0;
-  buf[0] = 0;
-  for (int i = 0; i < ndim && l < n; i++)
-    l += (size_t)snprintf(buf + l, n - l, "%s%lld", i ? ", " : "", (long long)dims[i]);
-}
-
-const struct md_tensor *wk_tower_tensor(const struct md_st *st, const char *name, int ndim,
-                                        const int64_t *dims, int *rc, char *err, size_t errlen) {
-  if (*rc) return NULL;
-  const struct md_tensor *t = md_st_find(st, name);
-  if (!t) {
-    *rc = cm_fail(err, errlen, CM_ERR_NOENT, "vision tower: tensor %s missing", name);
-    return NULL;
-  }
-  int ok = t->ndim == ndim;
-  for (int i = 0; ok && i < ndim; i++)
-    ok = t->shape[i] == dims[i];
-  if (!ok) {
-    char want[96], got[96];
-    shape_str(want, sizeof(want), ndim, dims);
-    shape_str(got, sizeof(got), t->ndim, t->shape);
-    *rc = cm_fail(err, errlen, CM_ERR_SHAPE,
-                  "vision tower: tensor %s has shape [%s], the config says [%s]", name, got, want);
-    return NULL;
-  }
-  if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) {
-    *rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                  "vision tower: tensor %s has dtype %s (F32, F16, BF16 are supported)", name,
-                  t->dtype_name);
-    return NULL;
-  }
-  return t;
-}
-
-const void *wk_tower_place(struct kn_backend *be, struct wk_owned *owned, const void *data,
-                           size_t bytes, int copy, int *rc, char *err, size_t errlen) {
-  if (!copy && kn_backend_has(be, KN_CAP_HOST_MEMORY)) return data;
-  void *p = wk_owned_alloc(owned, be, bytes);
-  if (!p || kn_upload(be, p, data, bytes)) {
-    *rc = cm_fail(err, errlen, p ? CM_ERR_DEVICE : CM_ERR_NOMEM,
-                  "vision tower: cannot place %zu bytes of weights", bytes);
-    return NULL;
-  }
-  return p;
+/* b as the shared binder (wk-tower.h) sees it; its failure comes back to b. */
+static struct wk_tower_binder tower(struct vbinder *b) {
+  return (struct wk_tower_binder){.be = b->v->be,
+                                  .owned = &b->v->owned,
+                                  .st = b->v->st,
+                                  .what = "vision tower",
+                                  .err = b->err,
+                                  .errlen = b->errlen,
+                                  .rc = b->rc};
 }
 
 static const struct md_tensor *vlookup(struct vbinder *b, const char *name, int ndim,
                                        const int64_t *dims) {
-  return wk_tower_tensor(b->v->st, name, ndim, dims, &b->rc, b->err, b->errlen);
+  struct wk_tower_binder tb = tower(b);
+  const struct md_tensor *t = wk_tower_tensor(&tb, name, ndim, dims);
+  b->rc = tb.rc;
+  return t;
 }
 
 static const void *vplace(struct vbinder *b, const void *data, size_t bytes, int copy) {
-  return wk_tower_place(b->v->be, &b->v->owned, data, bytes, copy, &b->rc, b->err, b->errlen);
+  struct wk_tower_binder tb = tower(b);
+  const void *p = wk_tower_place(&tb, data, bytes, copy);
+  b->rc = tb.rc;
+  return p;
 }
 
 static struct vmat bind_mat(struct vbinder *b, int64_t rows, int64_t cols, const char *fmt, ...)

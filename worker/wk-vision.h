@@ -62,17 +62,4 @@ int wk_vision_text_hidden(const struct wk_vision *v);
 int wk_vision_encode(struct wk_vision *v, const float *pixels, int n_images, float *out, char *err,
                      size_t errlen);
 
-/* The vision towers' weight binding (wk-vision.c, wk-vision-g4.c), each a no-op
- * once *rc is set and setting it (with a sentence in err) on failure: the
- * tensor `name` of st with exactly the dims given, in a float dtype; and
- * backend memory holding `bytes` of host data (the data itself on backends
- * whose memory is the host's, unless copy), owned by owned. */
-struct md_st;
-struct md_tensor;
-struct wk_owned;
-const struct md_tensor *wk_tower_tensor(const struct md_st *st, const char *name, int ndim,
-                                        const int64_t *dims, int *rc, char *err, size_t errlen);
-const void *wk_tower_place(struct kn_backend *be, struct wk_owned *owned, const void *data,
-                           size_t bytes, int copy, int *rc, char *err, size_t errlen);
-
 #endif

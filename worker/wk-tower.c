@@ -1,0 +1,155 @@
+/* wk-tower.c — the encoder towers' weight binding and clippable linear
+ * (wk-tower.h). */
+#include "worker/wk-tower.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/cm-err.h"
+#include "kernels/kn-dtype.h"
+#include "model/md-safetensors.h"
+#include "worker/wk-owned.h"
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
+  size_t l = 0;
+  buf[0] = 0;
+  for (int i = 0; i < ndim && l < n; i++)
+    l += (size_t)snprintf(buf + l, n - l, "%s%lld", i ? ", " : "", (long long)dims[i]);
+}
+
+const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *name, int ndim,
+                                        const int64_t *dims) {
+  if (b->rc) return NULL;
+  const struct md_tensor *t = md_st_find(b->st, name);
+  if (!t) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: tensor %s missing", b->what, name);
+    return NULL;
+  }
+  int ok = t->ndim == ndim;
+  for (int i = 0; ok && i < ndim; i++)
+    ok = t->shape[i] == dims[i];
+  if (!ok) {
+    char want[96], got[96];
+    shape_str(want, sizeof(want), ndim, dims);
+    shape_str(got, sizeof(got), t->ndim, t->shape);
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
+                    "%s: tensor %s has shape [%s], the config says [%s]", b->what, name, got, want);
+    return NULL;
+  }
+  if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
+                    "%s: tensor %s has dtype %s (F32, F16, BF16 are supported)", b->what, name,
+                    t->dtype_name);
+    return NULL;
+  }
+  return t;
+}
+
+const void *wk_tower_place(struct wk_tower_binder *b, const void *data, size_t bytes, int copy) {
+  if (b->rc) return NULL;
+  if (!copy && kn_backend_has(b->be, KN_CAP_HOST_MEMORY)) return data;
+  void *p = wk_owned_alloc(b->owned, b->be, bytes);
+  if (!p || kn_upload(b->be, p, data, bytes)) {
+    b->rc = cm_fail(b->err, b->errlen, p ? CM_ERR_DEVICE : CM_ERR_NOMEM,
+                    "%s: cannot place %zu bytes of weights", b->what, bytes);
+    return NULL;
+  }
+  return p;
+}
+
+const float *wk_tower_f32(struct wk_tower_binder *b, int ndim, const int64_t *dims,
+                          const char *name) {
+  const struct md_tensor *t = wk_tower_tensor(b, name, ndim, dims);
+  if (!t) return NULL;
+  size_t n = t->nbytes / md_st_dtype_size(t->dtype);
+  float *host = malloc(sizeof(float) * (n ? n : 1));
+  if (!host) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++)
+    host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
+  const float *p = wk_tower_place(b, host, n * sizeof(float), 1);
+  free(host);
+  return p;
+}
+
+const float *wk_tower_vec(struct wk_tower_binder *b, int64_t n, const char *fmt, ...) {
+  char name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof(name), fmt, ap);
+  va_end(ap);
+  return wk_tower_f32(b, 1, (const int64_t[]){n}, name);
+}
+
+struct wk_clin wk_tower_linear(struct wk_tower_binder *b, int64_t rows, int64_t cols,
+                               const char *name) {
+  struct wk_clin m = {
+      .in_lo = -INFINITY, .in_hi = INFINITY, .out_lo = -INFINITY, .out_hi = INFINITY};
+  const struct md_tensor *t = wk_tower_tensor(b, name, 2, (const int64_t[]){rows, cols});
+  if (!t) return m;
+  m.dt = (enum kn_dtype)t->dtype;
+  m.w = wk_tower_place(b, t->data, t->nbytes, 0);
+  return m;
+}
+
+/* One clip bound: PREFIX.KEY, a tensor of one float. */
+static float bound(struct wk_tower_binder *b, const char *prefix, const char *key) {
+  char name[256];
+  snprintf(name, sizeof(name), "%s.%s", prefix, key);
+  if (b->rc) return 0.0f;
+  const struct md_tensor *t = md_st_find(b->st, name);
+  if (!t) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOENT, "%s: tensor %s missing (use_clipped_linears)",
+                    b->what, name);
+    return 0.0f;
+  }
+  size_t esz = md_st_dtype_size(t->dtype);
+  if ((t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) ||
+      t->nbytes != esz || t->ndim > 1) {
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_SHAPE,
+                    "%s: tensor %s is not one float (a %s tensor of %zu bytes)", b->what, name,
+                    t->dtype_name, t->nbytes);
+    return 0.0f;
+  }
+  float f = kn_load_f32(t->data, (enum kn_dtype)t->dtype, 0);
+  if (isnan(f)) b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE, "%s: %s is NaN", b->what, name);
+  return f;
+}
+
+struct wk_clin wk_tower_clin(struct wk_tower_binder *b, int64_t rows, int64_t cols, int clipped,
+                             const char *fmt, ...) {
+  char prefix[224], name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof(prefix), fmt, ap);
+  va_end(ap);
+  snprintf(name, sizeof(name), "%s.linear.weight", prefix);
+  struct wk_clin m = wk_tower_linear(b, rows, cols, name);
+  if (!clipped || b->rc) return m;
+  m.in_lo = bound(b, prefix, "input_min");
+  m.in_hi = bound(b, prefix, "input_max");
+  m.out_lo = bound(b, prefix, "output_min");
+  m.out_hi = bound(b, prefix, "output_max");
+  if (!b->rc && (m.in_lo > m.in_hi || m.out_lo > m.out_hi))
+    b->rc = cm_fail(b->err, b->errlen, CM_ERR_RANGE,
+                    "%s: %s's clip bounds are crossed (input [%g, %g], output [%g, %g])", b->what,
+                    prefix, m.in_lo, m.in_hi, m.out_lo, m.out_hi);
+  return m;
+}
+
+int wk_clin_run(struct kn_backend *be, float *scratch, float *out, const float *in,
+                const struct wk_clin *m, int T, int N, int K) {
+  int rc;
+  if (isfinite(m->in_lo) || isfinite(m->in_hi)) {
+    if ((rc = kn_clamp(be, scratch, in, m->in_lo, m->in_hi, (size_t)T * (size_t)K))) return rc;
+    in = scratch;
+  }
+  if ((rc = kn_matmul(be, out, N, in, K, m->w, m->dt, T, N, K, 0))) return rc;
+  if (isfinite(m->out_lo) || isfinite(m->out_hi))
+    rc = kn_clamp(be, out, out, m->out_lo, m->out_hi, (size_t)T * (size_t)N);
+  return rc;
+}
