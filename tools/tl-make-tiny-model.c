@@ -39,6 +39,11 @@
  *     text stack under model.language_model., the Gemma 4 vision tower under
  *     model.vision_tower. and model.embed_vision.; names and config fields
  *     listed above add_vision_g4 in tools/tl-tiny-spec.c.
+ *   gemma4 --audio (Gemma4ForConditionalGeneration, model_type gemma4): the Gemma 4
+ *     audio tower under model.audio_tower. and model.embed_audio., audio_config and
+ *     the audio token ids in config.json, the feature extractor's fields in
+ *     processor_config.json; names and fields listed above add_audio_g4 in
+ *     tools/tl-tiny-spec.c. Combines with --vision.
  *   gemma4 (Gemma4ForCausalLM, model_type gemma4_text) adds
  *     config: global_head_dim num_global_key_value_heads attention_k_eq_v
  *       num_kv_shared_layers use_double_wide_mlp hidden_size_per_layer_input
@@ -157,11 +162,25 @@ static const struct {
   int id;
   const char *text;
 } gemma4_specials[] = {
-    {46, "<|tool>"},          {47, "<tool|>"},          {48, "<|tool_call>"}, {49, "<tool_call|>"},
-    {50, "<|tool_response>"}, {51, "<tool_response|>"}, {52, "<|\"|>"},       {98, "<|think|>"},
-    {100, "<|channel>"},      {101, "<channel|>"},      {105, "<|turn>"},     {106, "<turn|>"},
-    /* the image markers at Gemma4Config's default ids (a vocabulary that holds them) */
-    {255999, "<|image>"},     {258880, "<|image|>"},    {258882, "<image|>"},
+    {46, "<|tool>"},
+    {47, "<tool|>"},
+    {48, "<|tool_call>"},
+    {49, "<tool_call|>"},
+    {50, "<|tool_response>"},
+    {51, "<tool_response|>"},
+    {52, "<|\"|>"},
+    {98, "<|think|>"},
+    {100, "<|channel>"},
+    {101, "<channel|>"},
+    {105, "<|turn>"},
+    {106, "<turn|>"},
+    /* the image and audio markers at Gemma4Config's default ids (a vocabulary that holds them) */
+    {255999, "<|image>"},
+    {258880, "<|image|>"},
+    {258882, "<image|>"},
+    {256000, "<|audio>"},
+    {258881, "<|audio|>"},
+    {258883, "<audio|>"},
 };
 
 static const char gemma4_template[] =
@@ -259,7 +278,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
   const char *dtype = "bf16", *chat = "gemma3";
   int64_t seed = 1, vocab = 262144;
-  int moe = 0, echo = 0, agree = 0, vision = 0, bidir_vision = 0;
+  int moe = 0, echo = 0, agree = 0, vision = 0, bidir_vision = 0, audio = 0;
   double echo_leak = 0;
   const struct cm_opt opts[] = {
       {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
@@ -279,6 +298,9 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "gemma3: a multimodal checkpoint (Gemma3ForConditionalGeneration) with a small SigLIP "
        "tower: 64 px images, 8 px patches, 16 image tokens | gemma4: "
        "Gemma4ForConditionalGeneration with a small Gemma 4 vision tower (e2b: E2B's)"},
+      {"audio", CM_OPT_BOOL, &audio, NULL,
+       "gemma4: Gemma4ForConditionalGeneration with a small Gemma 4 audio tower (e2b: E2B's) "
+       "and the feature extractor's fields; combines with --vision"},
       {"bidir-vision", CM_OPT_BOOL, &bidir_vision, NULL,
        "gemma4 --vision: use_bidirectional_attention \"vision\" (as the 26B and 31B say): an "
        "image's tokens see each other in the sliding layers"},
@@ -347,6 +369,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --bidir-vision is for --arch gemma4 --vision\n");
       return 2;
     }
+    if (audio && strcmp(arch, "gemma4")) {
+      fprintf(stderr, "lmserve make-tiny-model: --audio is for --arch gemma4\n");
+      return 2;
+    }
     if (vision && strcmp(arch, "gemma3") && strcmp(arch, "gemma4")) {
       fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3 or gemma4\n");
       return 2;
@@ -358,7 +384,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .echo = echo,
                              .echo_leak = echo_leak,
                              .vision = vision,
-                             .bidir_vision = bidir_vision};
+                             .bidir_vision = bidir_vision,
+                             .audio = audio};
     rc = tl_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,

@@ -218,6 +218,77 @@ static int add_vision_g4(struct tl_tiny_spec *s, const struct md_config *c) {
   return rc ? CM_ERR_NOMEM : 0;
 }
 
+/* Gemma 4's audio tower and its embedder, named as transformers saves
+ * Gemma4ForConditionalGeneration (modeling_gemma4.py: Gemma4AudioModel under
+ * model.audio_tower., Gemma4MultimodalEmbedder as model.embed_audio.):
+ * subsample_conv_projection.layer{0,1}.conv.weight [C0, 1, 3, 3] and
+ * [C1, C0, 3, 3], .layer{0,1}.norm.weight [C0] / [C1] (LayerNorm without
+ * bias), .input_proj_linear.weight [Da, C0 / 4 * C1]; per layer
+ * layers.N.feed_forward{1,2}.{ffw_layer_1 [4 Da, Da], ffw_layer_2 [Da, 4 Da]}
+ * .linear.weight with .pre_layer_norm/.post_layer_norm.weight,
+ * .self_attn.{q_proj,k_proj,v_proj,post}.linear.weight [Da, Da],
+ * .self_attn.relative_k_proj.weight [Da, Da], .self_attn.per_dim_scale
+ * [Da / heads], .lconv1d.linear_start.linear.weight [2 Da, Da],
+ * .lconv1d.linear_end.linear.weight [Da, Da], .lconv1d.depthwise_conv1d.weight
+ * [Da, 1, K], .lconv1d.{pre_layer_norm,conv_norm}.weight,
+ * .norm_{pre_attn,post_attn,out}.weight [Da]; with clipped linears each
+ * Gemma4ClippableLinear's four 0-d bounds; output_proj.weight [O, Da] and
+ * .bias [O]; model.embed_audio.embedding_projection.weight [H, O]. Clip
+ * bounds near 1.5 to 3, as the vision tower's, so that some values clip. */
+static int add_audio_g4(struct tl_tiny_spec *s, const struct md_config *c) {
+  const struct md_audio_g4_cfg *a = &c->audio_g4;
+  int D = a->hidden, C0 = a->conv_ch[0], C1 = a->conv_ch[1], rc = 0;
+  const char *AP = "model.audio_tower.";
+  double norm_center = 1.0;
+  rc |= add(s, TL_INIT_NORMAL, 1.0 / 3.0, 0, 4, C0, 1, 3,
+            "%ssubsample_conv_projection.layer0.conv.weight", AP);
+  if (!rc) s->tensors[s->n_tensors - 1].e.shape[3] = 3;
+  rc |= NORM(C0, "%ssubsample_conv_projection.layer0.norm.weight", AP);
+  rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt(9.0 * C0), 0, 4, C1, C0, 3,
+            "%ssubsample_conv_projection.layer1.conv.weight", AP);
+  if (!rc) s->tensors[s->n_tensors - 1].e.shape[3] = 3;
+  rc |= NORM(C1, "%ssubsample_conv_projection.layer1.norm.weight", AP);
+  rc |= LIN(D, C0 / 4 * C1, "%ssubsample_conv_projection.input_proj_linear.weight", AP);
+  for (int i = 0; i < a->n_layers; i++) {
+    char lp[128];
+    snprintf(lp, sizeof(lp), "%slayers.%d.", AP, i);
+    static const char *const lin[] = {"feed_forward1.ffw_layer_1", "feed_forward1.ffw_layer_2",
+                                      "self_attn.q_proj",          "self_attn.k_proj",
+                                      "self_attn.v_proj",          "self_attn.post",
+                                      "lconv1d.linear_start",      "lconv1d.linear_end",
+                                      "feed_forward2.ffw_layer_1", "feed_forward2.ffw_layer_2"};
+    const int rows[] = {4 * D, D, D, D, D, D, 2 * D, D, 4 * D, D};
+    const int cols[] = {D, 4 * D, D, D, D, D, D, D, D, 4 * D};
+    for (int j = 0; j < 10; j++) {
+      rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
+      if (!a->clipped_linears) continue;
+      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
+      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+    }
+    static const char *const norms[] = {"feed_forward1.pre_layer_norm",
+                                        "feed_forward1.post_layer_norm",
+                                        "feed_forward2.pre_layer_norm",
+                                        "feed_forward2.post_layer_norm",
+                                        "lconv1d.pre_layer_norm",
+                                        "lconv1d.conv_norm",
+                                        "norm_pre_attn",
+                                        "norm_post_attn",
+                                        "norm_out"};
+    for (int j = 0; j < 9; j++)
+      rc |= NORM(D, "%s%s.weight", lp, norms[j]);
+    rc |= LIN(D, D, "%sself_attn.relative_k_proj.weight", lp);
+    rc |= add(s, TL_INIT_NORMAL, 0.5, 0, 1, D / a->n_heads, 0, 0, "%sself_attn.per_dim_scale", lp);
+    rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)a->conv_kernel), 0, 3, D, 1, a->conv_kernel,
+              "%slconv1d.depthwise_conv1d.weight", lp);
+  }
+  rc |= LIN(a->output_dims, D, "%soutput_proj.weight", AP);
+  rc |= add(s, TL_INIT_NORMAL, 0.1, 0, 1, a->output_dims, 0, 0, "%soutput_proj.bias", AP);
+  rc |= LIN(c->hidden, a->output_dims, "model.embed_audio.embedding_projection.weight");
+  return rc ? CM_ERR_NOMEM : 0;
+}
+
 static json_t *int_list(const int *v, int n) {
   json_t *a = json_array();
   for (int i = 0; i < n; i++)
@@ -333,10 +404,11 @@ static int finish(struct tl_tiny_spec *s, json_t *root, char *err, size_t errlen
   if (!rc) {
     snprintf(s->model_type, sizeof(s->model_type), "%s", c->model_type);
     s->vocab = c->vocab;
-    int mm = c->vision.present || c->vision_g4.present;
+    int mm = c->vision.present || c->vision_g4.present || c->audio_g4.present;
     rc = add_stack(s, c, c->vocab, mm ? "model.language_model." : "model.");
     if (!rc && c->vision.present) rc = add_vision(s, c);
     if (!rc && c->vision_g4.present) rc = add_vision_g4(s, c);
+    if (!rc && c->audio_g4.present) rc = add_audio_g4(s, c);
     if (!rc && c->arch == MD_ARCH_GEMMA4_ASSISTANT) {
       int h = c->hidden, B = c->backbone_hidden;
       rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt(2.0 * B), 0, 2, h, 2 * B, 0, "pre_projection.weight");
@@ -452,6 +524,68 @@ static int wrap_vision_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b,
   return s->preproc_json ? 0 : CM_ERR_NOMEM;
 }
 
+/* Adds Gemma 4's audio tower to a gemma4 config (a text one first becomes a
+ * Gemma4ForConditionalGeneration one, as wrap_vision_g4 makes it): its
+ * audio_config (Gemma4AudioConfig's fields), the audio token ids at the top
+ * level, and the feature extractor's fields (Gemma4AudioFeatureExtractor's,
+ * which md_audio_fe_parse reads) in processor_config.json's
+ * "feature_extractor", next to the image processor when there is one. The ids
+ * are Gemma4Config's defaults when the vocabulary holds them, else the three
+ * before the image markers' (the last three). `e2b`: E2B's tower (Gemma4AudioConfig's
+ * defaults: 12 layers of 1024, 8 heads, output 1536); else a small one (2
+ * layers of 32, 4 heads of 8, chunks of 4, context left 5 and right 2 (a
+ * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of 3)
+ * so that every path counts, the clamps included. */
+static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) {
+  json_t *r = *root;
+  if (strcmp(json_string_value(json_object_get(r, "model_type")), "gemma4")) {
+    json_object_del(r, "architectures");
+    r = json_pack("{s:[s], s:s, s:n, s:b, s:o}", "architectures", "Gemma4ForConditionalGeneration",
+                  "model_type", "gemma4", "vision_config", "tie_word_embeddings", 1, "text_config",
+                  r);
+    if (!r) return CM_ERR_NOMEM;
+    *root = r;
+  }
+  int boa = 256000, audio = 258881, eoa = 258883;
+  if (V <= eoa) boa = V - 6, audio = V - 5, eoa = V - 4;
+  json_t *ac =
+      e2b ? json_pack("{s:s}", "model_type", "gemma4_audio")
+          : json_pack("{s:s, s:i, s:i, s:i, s:s, s:[i,i], s:i, s:f, s:i, s:i, s:i, s:f, s:f, s:b, "
+                      "s:f, s:f, s:i}",
+                      "model_type", "gemma4_audio", "hidden_size", 32, "num_hidden_layers", 2,
+                      "num_attention_heads", 4, "hidden_act", "silu", "subsampling_conv_channels",
+                      16, 8, "conv_kernel_size", 5, "residual_weight", 0.5, "attention_chunk_size",
+                      4, "attention_context_left", 5, "attention_context_right", 2,
+                      "attention_logit_cap", 50.0, "attention_invalid_logits_value", -1e9,
+                      "use_clipped_linears", 1, "rms_norm_eps", 1e-6, "gradient_clipping", 3.0,
+                      "output_proj_dims", 48);
+  if (!ac) return CM_ERR_NOMEM;
+  json_object_set_new(r, "audio_config", ac);
+  json_object_set_new(r, "audio_token_id", json_integer(audio));
+  json_object_set_new(r, "boa_token_id", json_integer(boa));
+  json_object_set_new(r, "eoa_token_index", json_integer(eoa));
+  json_t *pre = s->preproc_json ? json_loads(s->preproc_json, 0, NULL)
+                                : json_pack("{s:s}", "processor_class", "Gemma4Processor");
+  json_t *fe = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b, s:f, s:i}",
+                         "feature_extractor_type", "Gemma4AudioFeatureExtractor", "feature_size",
+                         e2b ? 128 : 16, "sampling_rate", 16000, "frame_length_ms", 20.0,
+                         "hop_length_ms", 10.0, "min_frequency", 0.0, "max_frequency", 8000.0,
+                         "preemphasis", 0.0, "mel_floor", 1e-3, "dither", 0.0, "fft_overdrive", 0,
+                         "input_scale_factor", 1.0, "padding_value", 0);
+  if (!pre || !fe) {
+    json_decref(pre);
+    json_decref(fe);
+    return CM_ERR_NOMEM;
+  }
+  json_object_set_new(pre, "feature_extractor", fe);
+  json_object_set_new(pre, "audio_seq_length", json_integer(750));
+  free(s->preproc_json);
+  s->preproc_json = json_dumps(pre, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  s->preproc_nested = 1;
+  json_decref(pre);
+  return s->preproc_json ? 0 : CM_ERR_NOMEM;
+}
+
 int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, char *err,
                        size_t errlen) {
   memset(s, 0, sizeof(*s));
@@ -494,13 +628,13 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;
-    if (o->vision) {
-      int rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
-      if (rc) {
-        json_decref(root);
-        tl_tiny_spec_free(s);
-        return cm_fail(err, errlen, rc, "out of memory");
-      }
+    int rc = 0;
+    if (o->vision) rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
+    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, !strcmp(o->preset, "e2b"));
+    if (rc) {
+      json_decref(root);
+      tl_tiny_spec_free(s);
+      return cm_fail(err, errlen, rc, "out of memory");
     }
   } else if (!strcmp(o->arch, "gemma3")) {
     int H, F, L, nh, nkv, hd, win, pattern;

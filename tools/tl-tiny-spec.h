@@ -69,6 +69,13 @@ struct tl_tiny_opts {
                        * E2B's (16 x 768, 12 heads of 64) */
   int bidir_vision;   /* gemma4 with vision: text_config.use_bidirectional_attention
                        * "vision" (md_image_bidir says where it applies) */
+  int audio;          /* gemma4: a Gemma4ForConditionalGeneration checkpoint with a
+                       * small Gemma 4 audio tower (2 layers of 32, 4 heads, chunks
+                       * of 4 frames, 16 mel bins, clipped linears and clamps that
+                       * bite) and its embedder, the feature extractor's fields in
+                       * processor_config.json; with the e2b preset the tower is
+                       * E2B's (Gemma4AudioConfig's defaults: 12 x 1024, 128 mel
+                       * bins). Combines with vision. */
 };
 
 int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, char *err,
