@@ -531,11 +531,13 @@ static int wrap_vision_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b,
  * which md_audio_fe_parse reads) in processor_config.json's
  * "feature_extractor", next to the image processor when there is one. The ids
  * are Gemma4Config's defaults when the vocabulary holds them, else the three
- * before the image markers' (the last three). `e2b`: E2B's tower (Gemma4AudioConfig's
- * defaults: 12 layers of 1024, 8 heads, output 1536); else a small one (2
+ * before the image markers' (the last three). `e2b`: E2B's tower
+ * (Gemma4AudioConfig's defaults: 12 layers of 1024, 8 heads, output 1536,
+ * 128 mel bins); else a small one (2
  * layers of 32, 4 heads of 8, chunks of 4, context left 5 and right 2 (a
- * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of 3)
- * so that every path counts, the clamps included. */
+ * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of 3,
+ * rms_norm_eps 1e-2 apart from the norms' fixed 1e-6) so that every path
+ * counts, the clamps and the two epsilons included. */
 static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) {
   json_t *r = *root;
   if (strcmp(json_string_value(json_object_get(r, "model_type")), "gemma4")) {
@@ -557,7 +559,7 @@ static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) 
                       16, 8, "conv_kernel_size", 5, "residual_weight", 0.5, "attention_chunk_size",
                       4, "attention_context_left", 5, "attention_context_right", 2,
                       "attention_logit_cap", 50.0, "attention_invalid_logits_value", -1e9,
-                      "use_clipped_linears", 1, "rms_norm_eps", 1e-6, "gradient_clipping", 3.0,
+                      "use_clipped_linears", 1, "rms_norm_eps", 1e-2, "gradient_clipping", 3.0,
                       "output_proj_dims", 48);
   if (!ac) return CM_ERR_NOMEM;
   json_object_set_new(r, "audio_config", ac);
@@ -630,7 +632,7 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
     s->rig_leak = o->echo_leak;
     int rc = 0;
     if (o->vision) rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
-    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, !strcmp(o->preset, "e2b"));
+    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, o->audio_e2b);
     if (rc) {
       json_decref(root);
       tl_tiny_spec_free(s);
