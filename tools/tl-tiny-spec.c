@@ -166,6 +166,17 @@ static int add_vision(struct tl_tiny_spec *s, const struct md_config *c) {
   return rc ? CM_ERR_NOMEM : 0;
 }
 
+/* The four 0-d clip bounds of the Gemma4ClippableLinear PREFIX NAME, drawn
+ * near 1.5 to 3 so that some values clip. */
+static int add_bounds(struct tl_tiny_spec *s, const char *prefix, const char *name) {
+  static const char *const key[] = {"input_min", "input_max", "output_min", "output_max"};
+  int rc = 0;
+  for (int i = 0; i < 4; i++)
+    rc |= add(s, TL_INIT_UNIFORM, i % 2 ? 1.5 : -3.0, i % 2 ? 3.0 : -1.5, 0, 0, 0, 0, "%s%s.%s",
+              prefix, name, key[i]);
+  return rc;
+}
+
 /* Gemma 4's vision tower and its embedder, named as transformers saves
  * Gemma4ForConditionalGeneration (modeling_gemma4.py: Gemma4VisionModel under
  * model.vision_tower., Gemma4MultimodalEmbedder as model.embed_vision.):
@@ -199,10 +210,7 @@ static int add_vision_g4(struct tl_tiny_spec *s, const struct md_config *c) {
     for (int j = 0; j < 7; j++) {
       rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
       if (!v->clipped_linears) continue;
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+      rc |= add_bounds(s, lp, lin[j]);
     }
     rc |= NORM(hd, "%sself_attn.q_norm.weight", lp);
     rc |= NORM(hd, "%sself_attn.k_norm.weight", lp);
@@ -262,10 +270,7 @@ static int add_audio_g4(struct tl_tiny_spec *s, const struct md_config *c) {
     for (int j = 0; j < 10; j++) {
       rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
       if (!a->clipped_linears) continue;
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+      rc |= add_bounds(s, lp, lin[j]);
     }
     static const char *const norms[] = {"feed_forward1.pre_layer_norm",
                                         "feed_forward1.post_layer_norm",
