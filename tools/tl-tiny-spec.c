@@ -540,7 +540,8 @@ static int wrap_vision_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b,
  * (Gemma4AudioConfig's defaults: 12 layers of 1024, 8 heads, output 1536,
  * 128 mel bins); else a small one (2
  * layers of 32, 4 heads of 8, chunks of 4, context left 5 and right 2 (a
- * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of 3,
+ * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of
+ * 1.25 (inside the clip bounds, so that it bites after a clipped linear too),
  * rms_norm_eps 1e-2 apart from the norms' fixed 1e-6) so that every path
  * counts, the clamps and the two epsilons included. */
 static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) {
@@ -564,7 +565,7 @@ static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) 
                       16, 8, "conv_kernel_size", 5, "residual_weight", 0.5, "attention_chunk_size",
                       4, "attention_context_left", 5, "attention_context_right", 2,
                       "attention_logit_cap", 50.0, "attention_invalid_logits_value", -1e9,
-                      "use_clipped_linears", 1, "rms_norm_eps", 1e-2, "gradient_clipping", 3.0,
+                      "use_clipped_linears", 1, "rms_norm_eps", 1e-2, "gradient_clipping", 1.25,
                       "output_proj_dims", 48);
   if (!ac) return CM_ERR_NOMEM;
   json_object_set_new(r, "audio_config", ac);

@@ -68,7 +68,7 @@ TH_TEST(tiny_gemma4_audio_checkpoint_loads) {
     TH_CHECK_EQ_INT(a->ctx_right, 2);
     TH_CHECK_EQ_INT(a->output_dims, 48);
     TH_CHECK_EQ_INT(a->clipped_linears, 1);
-    TH_CHECK(a->residual_weight == 0.5 && a->logit_cap == 50.0 && a->grad_clip == 3.0);
+    TH_CHECK(a->residual_weight == 0.5 && a->logit_cap == 50.0 && a->grad_clip == 1.25);
     TH_CHECK(a->invalid_logit == -1e9 && a->eps == 1e-2);
     /* Gemma4Config's ids, inside the tokenizer's vocabulary */
     TH_CHECK_EQ_INT(a->audio_id, 258881);
