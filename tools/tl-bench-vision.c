@@ -216,18 +216,24 @@ static int bench_audio(const char *model, struct kn_backend *be, int threads, in
   feat = malloc(sizeof(float) * nf * (size_t)fe.n_mel);
   mask = malloc(nf);
   clips = calloc((size_t)batch, sizeof(*clips));
-  if (!pcm || !feat || !mask || !clips) goto nomem;
+  if (!pcm || !feat || !mask || !clips) {
+    rc = CM_ERR_NOMEM;
+    goto fail;
+  }
   uint32_t seed = 7;
   for (size_t i = 0; i < n; i++)
     pcm[i] = (float)(lcg(&seed) % 2001) / 4000.0f - 0.25f;
   double f0 = cm_time_s();
-  if ((rc = md_audio_features(&fe, pcm, n, feat, mask))) goto fail_rc;
+  if ((rc = md_audio_features(&fe, pcm, n, feat, mask))) goto fail;
   double t_feat = cm_time_s() - f0;
   int N = md_audio_soft_tokens(mask, nf), H = wk_audio_g4_text_hidden(a);
   for (int b = 0; b < batch; b++)
     clips[b] = (struct wk_g4_audio){feat, mask, (int)nf, N};
   emb = malloc(sizeof(float) * (size_t)N * (size_t)H * (size_t)batch);
-  if (!emb) goto nomem;
+  if (!emb) {
+    rc = CM_ERR_NOMEM;
+    goto fail;
+  }
   /* a warm-up pass, then iters timed ones */
   if ((rc = wk_audio_g4_encode(a, clips, batch, emb, err, sizeof(err)))) goto fail;
   double t0 = cm_time_s();
@@ -245,15 +251,8 @@ static int bench_audio(const char *model, struct kn_backend *be, int threads, in
          "features %.1f ms a clip)\n",
          seconds * batch / t_enc, batch, t_enc * 1e3, t_feat * 1e3);
   status = 0;
-  goto done;
-fail_rc:
-  snprintf(err, sizeof(err), "%s", cm_strerror(rc));
 fail:
-  fprintf(stderr, "lmserve bench vision: %s\n", err[0] ? err : cm_strerror(rc));
-  goto done;
-nomem:
-  fprintf(stderr, "lmserve bench vision: out of memory\n");
-done:
+  if (status) fprintf(stderr, "lmserve bench vision: %s\n", err[0] ? err : cm_strerror(rc));
   free(pcm), free(feat), free(mask), free(clips), free(emb);
   wk_audio_g4_free(a);
   return status;
