@@ -10,7 +10,10 @@
  *   gemma4             nested under "text_config"; "vision_config"
  *                      (gemma4_vision), "boi_token_id", "eoi_token_id",
  *                      "image_token_id" at top level (struct md_vision_g4_cfg;
- *                      the tower: worker/wk-vision-g4.h)
+ *                      the tower: worker/wk-vision-g4.h); "audio_config"
+ *                      (gemma4_audio), "audio_token_id", "boa_token_id",
+ *                      "eoa_token_index" (struct md_audio_g4_cfg; the tower:
+ *                      worker/wk-audio-g4.h)
  *   gemma4_assistant   MTP draft model: "backbone_hidden_size",
  *                      "use_ordered_embeddings", "num_centroids",
  *                      "centroid_intermediate_top_k" at top level, the stack

@@ -14,7 +14,12 @@
  *              same; its tokens see each other both ways in the layers
  *              md_image_bidir names.
  * What the TTFT leaves out: HTTP, image decoding (PNG / JPEG) and
- * tokenization, which the frontend does off the engine's path. */
+ * tokenization, which the frontend does off the engine's path.
+ *
+ * A Gemma 4 checkpoint with an audio tower adds (after the images, or alone):
+ *   audio      seconds of audio encoded per second: --batch clips of
+ *              --audio-seconds (log-mel features in, soft-token embeddings
+ *              out); the features' own time printed beside it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +31,11 @@
 #include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "model/md-audio-g4.h"
 #include "model/md-vision-g4.h"
 #include "model/md-vision-preproc.h"
 #include "tools/tl-main.h"
+#include "worker/wk-audio-g4.h"
 #include "worker/wk-kv.h"
 #include "worker/wk-model.h"
 #include "worker/wk-vision-g4.h"
@@ -185,9 +192,76 @@ done:
   return status;
 }
 
+/* Gemma 4's audio tower: seconds of audio encoded per second, batch clips
+ * of `seconds` each per encoder pass (log-mel features in, soft-token
+ * embeddings out; the features' own time apart). */
+static int bench_audio(const char *model, struct kn_backend *be, int threads, int batch, int iters,
+                       double seconds) {
+  char err[512] = "";
+  int status = 1, rc;
+  struct wk_audio_g4 *a = NULL;
+  struct md_audio_fe_cfg fe;
+  float *pcm = NULL, *feat = NULL, *emb = NULL;
+  uint8_t *mask = NULL;
+  struct wk_g4_audio *clips = NULL;
+  if ((rc = md_audio_fe_load(model, &fe, err, sizeof(err)))) goto fail;
+  size_t n = (size_t)(seconds * fe.sampling_rate), nf = md_audio_fe_frames(&fe, n);
+  if (!nf) {
+    snprintf(err, sizeof(err), "%.3g s of audio gives no frames", seconds);
+    goto fail;
+  }
+  struct wk_audio_g4_opts ao = {.max_frames = (int)nf * batch};
+  if ((rc = wk_audio_g4_load(model, be, &ao, &a, err, sizeof(err)))) goto fail;
+  pcm = malloc(sizeof(float) * n);
+  feat = malloc(sizeof(float) * nf * (size_t)fe.n_mel);
+  mask = malloc(nf);
+  clips = calloc((size_t)batch, sizeof(*clips));
+  if (!pcm || !feat || !mask || !clips) {
+    rc = CM_ERR_NOMEM;
+    goto fail;
+  }
+  uint32_t seed = 7;
+  for (size_t i = 0; i < n; i++)
+    pcm[i] = (float)(lcg(&seed) % 2001) / 4000.0f - 0.25f;
+  double f0 = cm_time_s();
+  if ((rc = md_audio_features(&fe, pcm, n, feat, mask))) goto fail;
+  double t_feat = cm_time_s() - f0;
+  int N = md_audio_soft_tokens(mask, nf), H = wk_audio_g4_text_hidden(a);
+  for (int b = 0; b < batch; b++)
+    clips[b] = (struct wk_g4_audio){feat, mask, (int)nf, N};
+  emb = malloc(sizeof(float) * (size_t)N * (size_t)H * (size_t)batch);
+  if (!emb) {
+    rc = CM_ERR_NOMEM;
+    goto fail;
+  }
+  /* a warm-up pass, then iters timed ones */
+  if ((rc = wk_audio_g4_encode(a, clips, batch, emb, err, sizeof(err)))) goto fail;
+  double t0 = cm_time_s();
+  for (int i = 0; i < iters; i++)
+    if ((rc = wk_audio_g4_encode(a, clips, batch, emb, err, sizeof(err)))) goto fail;
+  double t_enc = (cm_time_s() - t0) / (double)iters;
+  const struct md_audio_g4_cfg *ac = wk_audio_g4_config(a);
+  printf("model        %s\n", model);
+  printf("backend      %s (%s), %d threads\n", kn_backend_name(be),
+         kn_cpu_isa_name(kn_cpu_isa_detect()), threads);
+  printf("audio tower  Gemma 4: %d layers x %d, %d heads, chunks of %d frames, %d mel bins; a "
+         "%.3g s clip: %zu frames, %d soft tokens of width %d\n",
+         ac->n_layers, ac->hidden, ac->n_heads, ac->chunk, fe.n_mel, seconds, nf, N, H);
+  printf("audio        %.4g s of audio encoded per s (%d clips per pass, %.1f ms per pass; the "
+         "features %.1f ms a clip)\n",
+         seconds * batch / t_enc, batch, t_enc * 1e3, t_feat * 1e3);
+  status = 0;
+fail:
+  if (status) fprintf(stderr, "lmserve bench vision: %s\n", err[0] ? err : cm_strerror(rc));
+  free(pcm), free(feat), free(mask), free(clips), free(emb);
+  wk_audio_g4_free(a);
+  return status;
+}
+
 int tl_bench_vision_main(int argc, char **argv) {
   const char *model = NULL;
   int64_t threads = 0, batch = 1, iters = 3, src = 1024, text = 32, mst = 0;
+  double seconds = 30;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR",
        "a Gemma3ForConditionalGeneration or Gemma4ForConditionalGeneration checkpoint"},
@@ -201,11 +275,15 @@ int tl_bench_vision_main(int argc, char **argv) {
       {"text-tokens", CM_OPT_INT, &text, "N", "text tokens around the image (default 32)", 2,
        1 << 16},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
+      {"audio-seconds", CM_OPT_DOUBLE, &seconds, "S",
+       "Gemma 4 with an audio tower: seconds of each clip (default 30; --batch clips a pass)", 0,
+       0, 0.01, 30},
       {0},
   };
   int rc = tl_args_parse("lmserve bench vision",
-                         "image encoder throughput and time to first token of one image", opts,
-                         argc, argv);
+                         "image encoder throughput and time to first token of one image; Gemma "
+                         "4's audio encoder throughput",
+                         opts, argc, argv);
   if (rc >= 0) return rc;
   if (!model) {
     fprintf(stderr, "lmserve bench vision: --model DIR is required\n");
@@ -230,12 +308,16 @@ int tl_bench_vision_main(int argc, char **argv) {
     goto done;
   }
   struct md_config *probe = malloc(sizeof(*probe));
-  int g4 = probe && md_config_load(model, probe, err, sizeof(err)) == 0 && probe->vision_g4.present;
+  int loaded = probe && md_config_load(model, probe, err, sizeof(err)) == 0;
+  int g4 = loaded && probe->vision_g4.present, audio = loaded && probe->audio_g4.present;
   free(probe);
   err[0] = 0;
-  if (g4) {
-    status = bench_g4(model, be, (int)threads, (int)batch, (int)iters, (int)src, (int)text,
-                      (int)mst);
+  if (g4 || audio) {
+    status = g4 ? bench_g4(model, be, (int)threads, (int)batch, (int)iters, (int)src, (int)text,
+                           (int)mst)
+                : 0;
+    if (!status && audio)
+      status = bench_audio(model, be, (int)threads, (int)batch, (int)iters, seconds);
     goto done;
   }
   struct wk_vision_opts vo = {.max_images = (int)batch};

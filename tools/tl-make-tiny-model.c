@@ -277,7 +277,7 @@ static int gemma4_tokenizer(const char *dir) {
 
 int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
-  const char *dtype = "bf16", *chat = "gemma3";
+  const char *dtype = "bf16", *chat = "gemma3", *audio_shape = NULL;
   int64_t seed = 1, vocab = 262144;
   int moe = 0, echo = 0, agree = 0, vision = 0, bidir_vision = 0, audio = 0;
   double echo_leak = 0;
@@ -292,8 +292,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "tiny (default) | gemma3: k256 (tiny, with rows of whole 256-element blocks: K-quant "
        "tests), 270m, 1b, 4b (the shapes of gemma-3-270m, -1b and -4b's "
        "text model) | gemma4: tiny-e (per-layer inputs and KV-shared layers in llama.cpp's "
-       "layout), tiny-dense (neither, no final softcap), tiny-large (neither, K as V on full "
-       "layers: the 26B's and 31B's attention), e2b (gemma-4-E2B's text shape)"},
+       "layout), tiny-dense (neither, no final softcap), e2b (gemma-4-E2B's text shape)"},
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
       {"vision", CM_OPT_BOOL, &vision, NULL,
@@ -303,6 +302,9 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"audio", CM_OPT_BOOL, &audio, NULL,
        "gemma4: Gemma4ForConditionalGeneration with a small Gemma 4 audio tower (e2b: E2B's) "
        "and the feature extractor's fields; combines with --vision"},
+      {"audio-shape", CM_OPT_STR, &audio_shape, "S",
+       "gemma4 --audio: tiny | e2b, the audio tower's shape whatever the preset (default: "
+       "the preset's)"},
       {"bidir-vision", CM_OPT_BOOL, &bidir_vision, NULL,
        "gemma4 --vision: use_bidirectional_attention \"vision\" (as the 26B and 31B say): an "
        "image's tokens see each other in the sliding layers"},
@@ -375,6 +377,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --audio is for --arch gemma4\n");
       return 2;
     }
+    if (audio_shape && (!audio || (strcmp(audio_shape, "tiny") && strcmp(audio_shape, "e2b")))) {
+      fprintf(stderr, "lmserve make-tiny-model: --audio-shape is tiny or e2b, with --audio\n");
+      return 2;
+    }
     if (vision && strcmp(arch, "gemma3") && strcmp(arch, "gemma4")) {
       fprintf(stderr, "lmserve make-tiny-model: --vision is for --arch gemma3 or gemma4\n");
       return 2;
@@ -387,7 +393,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .echo_leak = echo_leak,
                              .vision = vision,
                              .bidir_vision = bidir_vision,
-                             .audio = audio};
+                             .audio = audio,
+                             .audio_e2b = !strcmp(audio_shape ? audio_shape : preset, "e2b")};
     rc = tl_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,

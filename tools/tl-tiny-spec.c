@@ -166,6 +166,17 @@ static int add_vision(struct tl_tiny_spec *s, const struct md_config *c) {
   return rc ? CM_ERR_NOMEM : 0;
 }
 
+/* The four 0-d clip bounds of the Gemma4ClippableLinear PREFIX NAME, drawn
+ * near 1.5 to 3 so that some values clip. */
+static int add_bounds(struct tl_tiny_spec *s, const char *prefix, const char *name) {
+  static const char *const key[] = {"input_min", "input_max", "output_min", "output_max"};
+  int rc = 0;
+  for (int i = 0; i < 4; i++)
+    rc |= add(s, TL_INIT_UNIFORM, i % 2 ? 1.5 : -3.0, i % 2 ? 3.0 : -1.5, 0, 0, 0, 0, "%s%s.%s",
+              prefix, name, key[i]);
+  return rc;
+}
+
 /* Gemma 4's vision tower and its embedder, named as transformers saves
  * Gemma4ForConditionalGeneration (modeling_gemma4.py: Gemma4VisionModel under
  * model.vision_tower., Gemma4MultimodalEmbedder as model.embed_vision.):
@@ -199,10 +210,7 @@ static int add_vision_g4(struct tl_tiny_spec *s, const struct md_config *c) {
     for (int j = 0; j < 7; j++) {
       rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
       if (!v->clipped_linears) continue;
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+      rc |= add_bounds(s, lp, lin[j]);
     }
     rc |= NORM(hd, "%sself_attn.q_norm.weight", lp);
     rc |= NORM(hd, "%sself_attn.k_norm.weight", lp);
@@ -262,10 +270,7 @@ static int add_audio_g4(struct tl_tiny_spec *s, const struct md_config *c) {
     for (int j = 0; j < 10; j++) {
       rc |= LIN(rows[j], cols[j], "%s%s.linear.weight", lp, lin[j]);
       if (!a->clipped_linears) continue;
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.input_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.input_max", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, -3.0, -1.5, 0, 0, 0, 0, "%s%s.output_min", lp, lin[j]);
-      rc |= add(s, TL_INIT_UNIFORM, 1.5, 3.0, 0, 0, 0, 0, "%s%s.output_max", lp, lin[j]);
+      rc |= add_bounds(s, lp, lin[j]);
     }
     static const char *const norms[] = {"feed_forward1.pre_layer_norm",
                                         "feed_forward1.post_layer_norm",
@@ -531,11 +536,14 @@ static int wrap_vision_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b,
  * which md_audio_fe_parse reads) in processor_config.json's
  * "feature_extractor", next to the image processor when there is one. The ids
  * are Gemma4Config's defaults when the vocabulary holds them, else the three
- * before the image markers' (the last three). `e2b`: E2B's tower (Gemma4AudioConfig's
- * defaults: 12 layers of 1024, 8 heads, output 1536); else a small one (2
+ * before the image markers' (the last three). `e2b`: E2B's tower
+ * (Gemma4AudioConfig's defaults: 12 layers of 1024, 8 heads, output 1536,
+ * 128 mel bins); else a small one (2
  * layers of 32, 4 heads of 8, chunks of 4, context left 5 and right 2 (a
- * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of 3)
- * so that every path counts, the clamps included. */
+ * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of
+ * 1.25 (inside the clip bounds, so that it bites after a clipped linear too),
+ * rms_norm_eps 1e-2 apart from the norms' fixed 1e-6) so that every path
+ * counts, the clamps and the two epsilons included. */
 static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) {
   json_t *r = *root;
   if (strcmp(json_string_value(json_object_get(r, "model_type")), "gemma4")) {
@@ -557,7 +565,7 @@ static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) 
                       16, 8, "conv_kernel_size", 5, "residual_weight", 0.5, "attention_chunk_size",
                       4, "attention_context_left", 5, "attention_context_right", 2,
                       "attention_logit_cap", 50.0, "attention_invalid_logits_value", -1e9,
-                      "use_clipped_linears", 1, "rms_norm_eps", 1e-6, "gradient_clipping", 3.0,
+                      "use_clipped_linears", 1, "rms_norm_eps", 1e-2, "gradient_clipping", 1.25,
                       "output_proj_dims", 48);
   if (!ac) return CM_ERR_NOMEM;
   json_object_set_new(r, "audio_config", ac);
@@ -612,12 +620,6 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
       root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 0, 0,
                                 o->sliding_window ? o->sliding_window : 64, full, 0, 0, 0, o->moe);
       json_object_del(root, "final_logit_softcapping");
-    } else if (!strcmp(o->preset, "tiny-large")) {
-      /* the 26B's and 31B's attention: K as V on full layers (their own KV head count,
-       * a head dim twice the sliding one), no per-layer inputs, no KV sharing */
-      static const int full[6] = {0, 0, 1, 0, 0, 1};
-      root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
-                                o->sliding_window ? o->sliding_window : 64, full, 0, 0, 0, o->moe);
     } else if (!strcmp(o->preset, "e2b")) {
       /* Gemma 4 E2B's text shape: 35 layers, full every fifth, the last 20 KV-shared */
       int full[35];
@@ -627,17 +629,16 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
           gemma4_text_config(V, 1536, 6144, 35, 8, 1, 256, 512, 0, 0,
                              o->sliding_window ? o->sliding_window : 512, full, 20, 1, 256, o->moe);
     } else {
-      return cm_fail(
-          err, errlen, CM_ERR_INVAL,
-          "preset \"%s\" is not known for gemma4 (tiny, tiny-e, tiny-dense, tiny-large, e2b)",
-          o->preset);
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "preset \"%s\" is not known for gemma4 (tiny, tiny-e, tiny-dense, e2b)",
+                     o->preset);
     }
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;
     int rc = 0;
     if (o->vision) rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
-    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, !strcmp(o->preset, "e2b"));
+    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, o->audio_e2b);
     if (rc) {
       json_decref(root);
       tl_tiny_spec_free(s);

@@ -73,9 +73,11 @@ struct tl_tiny_opts {
                        * small Gemma 4 audio tower (2 layers of 32, 4 heads, chunks
                        * of 4 frames, 16 mel bins, clipped linears and clamps that
                        * bite) and its embedder, the feature extractor's fields in
-                       * processor_config.json; with the e2b preset the tower is
-                       * E2B's (Gemma4AudioConfig's defaults: 12 x 1024, 128 mel
-                       * bins). Combines with vision. */
+                       * processor_config.json. Combines with vision. */
+  int audio_e2b;      /* with audio: E2B's tower instead (Gemma4AudioConfig's
+                       * defaults: 12 layers of 1024, 128 mel bins), whatever the
+                       * text preset; make-tiny-model sets it for the e2b preset or
+                       * --audio-shape e2b */
 };
 
 int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, char *err,

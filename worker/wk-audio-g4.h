@@ -29,8 +29,8 @@
 struct wk_audio_g4;
 
 struct wk_audio_g4_opts {
-  int max_frames; /* feature frames per encoder pass (scratch is sized for it);
-                     0 = one 30 s clip (3000 frames at the default hop) */
+  int max_frames; /* valid feature frames per encoder pass (scratch is sized for
+                     it); 0 = one 30 s clip (2999 frames at the default hop) */
 };
 
 /* One clip's features, host memory, as md_audio_features gives them. */
@@ -53,11 +53,13 @@ const struct md_audio_g4_cfg *wk_audio_g4_config(const struct wk_audio_g4 *a);
 int wk_audio_g4_text_hidden(const struct wk_audio_g4 *a);
 
 /* Encodes n clips into out [sum of clips[i].soft_tokens, text_hidden] (host),
- * clip after clip. Clips run as many at a time as max_frames allows (a longer
- * clip is refused); on the CPU backend a clip's rows are the same bits
- * whichever clips share its pass. A clip whose soft_tokens is not
- * md_audio_soft_tokens of its mask is refused (CM_ERR_INVAL). 0 or a
- * negative cm_err with the reason in err. */
+ * clip after clip. Only a clip's valid frames run (its padding frames change
+ * none of its outputs); clips run as many at a time as max_frames allows (up
+ * to 64 a pass); on the CPU backend a clip's rows are the same bits whichever
+ * clips share its pass. Refused (CM_ERR_INVAL, naming the clip): a mask that
+ * is not valid frames then padding, more valid frames than max_frames, a
+ * soft_tokens that is not md_audio_soft_tokens of the mask. 0 or a negative
+ * cm_err with the reason in err. */
 int wk_audio_g4_encode(struct wk_audio_g4 *a, const struct wk_g4_audio *clips, int n, float *out,
                        char *err, size_t errlen);
 

@@ -157,7 +157,7 @@ static struct vmat bind_mat(struct vbinder *b, int64_t rows, int64_t cols, const
   return m;
 }
 
-/* A tensor of n elements (dims as given) widened to f32 in backend memory. */
+/* A tensor (dims as given, its name a format) widened to f32 in backend memory. */
 static const float *bind_f32(struct vbinder *b, int ndim, const int64_t *dims, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static const float *bind_f32(struct vbinder *b, int ndim, const int64_t *dims, const char *fmt,
@@ -167,18 +167,9 @@ static const float *bind_f32(struct vbinder *b, int ndim, const int64_t *dims, c
   va_start(ap, fmt);
   vsnprintf(name, sizeof(name), fmt, ap);
   va_end(ap);
-  const struct md_tensor *t = vlookup(b, name, ndim, dims);
-  if (!t) return NULL;
-  size_t n = t->nbytes / md_st_dtype_size(t->dtype);
-  float *host = malloc(sizeof(float) * (n ? n : 1));
-  if (!host) {
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
-    return NULL;
-  }
-  for (size_t i = 0; i < n; i++)
-    host[i] = kn_load_f32(t->data, (enum kn_dtype)t->dtype, i);
-  const float *p = vplace(b, host, n * sizeof(float), 1);
-  free(host);
+  struct wk_tower_binder tb = tower(b);
+  const float *p = wk_tower_f32(&tb, ndim, dims, name);
+  b->rc = tb.rc;
   return p;
 }
 

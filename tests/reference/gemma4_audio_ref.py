@@ -158,6 +158,9 @@ def soft_tokens(mask):
 
 # ---- the encoder ------------------------------------------------------------------
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gemma4_vision_ref import clippable_linear, rms_norm  # noqa: E402  (Gemma4RMSNorm, Gemma4ClippableLinear)
+
 F32_MAX = float(np.finfo(np.float32).max)
 DTYPE_MAX = {"F32": F32_MAX, "BF16": 3.3895313892515355e38, "F16": 65504.0}
 
@@ -172,11 +175,6 @@ def read_dtypes(model_dir):
             header = json.loads(f.read(hlen).decode("utf-8"))
         out.update({k: v["dtype"] for k, v in header.items() if k != "__metadata__"})
     return out
-
-
-def rms_norm(x, w, eps):
-    y = x * np.power(np.mean(x * x, axis=-1, keepdims=True) + eps, -0.5)
-    return y if w is None else y * w
 
 
 def silu(x):
@@ -226,13 +224,7 @@ class AudioTower:
         return min(self.grad_clip, DTYPE_MAX[self.dtypes[weight_name]])
 
     def linear(self, x, name):
-        t = self.t
-        if self.clipped:
-            x = np.clip(x, t[name + ".input_min"], t[name + ".input_max"])
-        y = x @ t[name + ".linear.weight"].T
-        if self.clipped:
-            y = np.clip(y, t[name + ".output_min"], t[name + ".output_max"])
-        return y
+        return clippable_linear(self.t, self.clipped, x, name)
 
     # Gemma4AudioSubSampleConvProjectionLayer
     def conv_layer(self, x, mask, name):
@@ -377,7 +369,6 @@ class AudioTower:
 
 
 def encode(argv):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from siglip_ref import read_checkpoint
     model_dir, feat_path, mask_path, frames_arg, out_path = argv
     with open(os.path.join(model_dir, "config.json")) as f:

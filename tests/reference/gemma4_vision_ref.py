@@ -57,6 +57,16 @@ def rms_norm(x, w, eps):
     return y if w is None else y * w
 
 
+def clippable_linear(t, clipped, x, name):
+    """Gemma4ClippableLinear NAME of the tensors t: clamp, linear (no bias), clamp."""
+    if clipped:
+        x = np.clip(x, t[name + ".input_min"], t[name + ".input_max"])
+    y = x @ t[name + ".linear.weight"].T
+    if clipped:
+        y = np.clip(y, t[name + ".output_min"], t[name + ".output_max"])
+    return y
+
+
 def rotate_half(x):
     h = x.shape[-1] // 2
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
@@ -84,13 +94,7 @@ class Tower:
         self.inv_freq = 1.0 / (self.theta ** (np.arange(0, spatial, 2, dtype=np.float64) / spatial))
 
     def linear(self, x, name):
-        t = self.t
-        if self.clipped:
-            x = np.clip(x, t[name + ".input_min"], t[name + ".input_max"])
-        y = x @ t[name + ".linear.weight"].T
-        if self.clipped:
-            y = np.clip(y, t[name + ".output_min"], t[name + ".output_max"])
-        return y
+        return clippable_linear(self.t, self.clipped, x, name)
 
     def rope(self, x, pos):
         # x [L, heads, hd]; pos [L, 2]: apply_multidimensional_rope with

@@ -1,5 +1,5 @@
-/* test-kn-vision.c — the vision encoder ops (kn_layernorm, kn_bias_act,
- * kn_avg_pool2d; Gemma 4's kn_clamp, kn_avg_pool_grid, kn_standardize, and
+/* test-kn-vision.c — the vision encoder ops (kn_layernorm, kn_bias_act with
+ * every activation, kn_avg_pool2d; Gemma 4's kn_clamp, kn_avg_pool_grid, kn_standardize, and
  * kn_rope over half-head rows as the 2D RoPE) on the CPU backend against plain loops written here
  * from the definitions (in double), over odd shapes and row strides, with sentinel-guarded outputs
  * (the gaps between rows must stay untouched), in place, on 1 and several threads (bit-identical),
@@ -113,7 +113,11 @@ static void check_bias_act(struct kn_backend *be, int T, int N, enum kn_act act,
   for (int t = 0; t < T; t++)
     for (int j = 0; j < N; j++) {
       double v = (double)x[(size_t)t * ldx + j] + (bias ? (double)bias[j] : 0.0);
-      want[(size_t)t * N + j] = act == KN_ACT_GELU_TANH ? gelu_def(v) : v;
+      want[(size_t)t * N + j] = act == KN_ACT_GELU_TANH ? gelu_def(v)
+                                : act == KN_ACT_SILU    ? v / (1.0 + exp(-v))
+                                : act == KN_ACT_RELU    ? (v < 0 ? 0.0 : v)
+                                : act == KN_ACT_SIGMOID ? 1.0 / (1.0 + exp(-v))
+                                                        : v;
     }
   size_t n_out = (size_t)(T - 1) * ldo + N;
   float *out = kt_guarded(n_out);
@@ -136,9 +140,9 @@ TH_TEST(bias_act_matches_definition) {
   static const int shapes[][2] = {{1, 1}, {1, 9}, {3, 31}, {7, 64}, {65, 129}, {300, 257}};
   kt_seed(12);
   for (size_t s = 0; s < CM_ARRAY_LEN(shapes); s++)
-    for (int a = 0; a < 2; a++)
+    for (int a = KN_ACT_NONE; a <= KN_ACT_SIGMOID; a++)
       for (int wb = 0; wb < 2; wb++)
-        check_bias_act(be, shapes[s][0], shapes[s][1], a ? KN_ACT_GELU_TANH : KN_ACT_NONE, wb);
+        check_bias_act(be, shapes[s][0], shapes[s][1], (enum kn_act)a, wb);
   kn_backend_destroy(be);
 }
 

@@ -134,6 +134,35 @@ static inline int wkt_read_f32(const char *path, float *a, size_t n) {
   return r == n && !extra ? 0 : -1;
 }
 
+/* The largest |got[i] - want[i]| over n (infinite when one is NaN), want's
+ * range in *lo, *hi. */
+static inline double wkt_max_err(const float *got, const float *want, size_t n, double *lo,
+                                 double *hi) {
+  double worst = 0.0;
+  *lo = INFINITY, *hi = -INFINITY;
+  for (size_t i = 0; i < n; i++) {
+    *lo = fmin(*lo, want[i]);
+    *hi = fmax(*hi, want[i]);
+    double e = fabs((double)got[i] - (double)want[i]);
+    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+  }
+  return worst;
+}
+
+/* Writes the checkpoint o describes into dir (seed, dt) with every tensor
+ * whose name holds `part` renamed away (the test stops if it cannot). */
+static inline void wkt_write_without(const char *dir, const struct tl_tiny_opts *o,
+                                     const char *part, uint64_t seed, enum md_st_dtype dt) {
+  struct tl_tiny_spec s;
+  char err[256] = "";
+  TH_REQUIRE(tl_tiny_spec_build(&s, o, err, sizeof(err)) == 0);
+  for (int i = 0; i < s.n_tensors; i++)
+    if (strstr(s.tensors[i].name, part))
+      snprintf(s.tensors[i].name, sizeof(s.tensors[i].name), "renamed.weight");
+  TH_REQUIRE(tl_tiny_write(&s, dir, seed, dt) == 0);
+  tl_tiny_spec_free(&s);
+}
+
 /* th_require_numpy under the name the worker tests knew it by first. */
 static inline const char *wkt_require_numpy(const char *what, const char *script) {
   return th_require_numpy(what, script);
