@@ -437,20 +437,18 @@ static uint32_t pick(const struct gr_grammar *g, const struct gr_stackset *s, ui
   return n;
 }
 
-/* The plain ASCII byte m's state takes that the most tokens start with, or GR_NO_LEAD. */
-static uint32_t lead_byte(const struct gr_matcher *m, const struct gr_vocab *v) {
+/* The one byte m's state takes when it is plain ASCII (a byte before a run), or
+ * GR_NO_LEAD. */
+static uint32_t lead_byte(const struct gr_matcher *m) {
   const struct gr_grammar *g = m->g;
-  uint64_t t[2] = {0, 0};
+  uint64_t t[3] = {0, 0, 0};
   for (uint32_t j = 0; j < m->cur.n; j++) {
     const uint64_t *x = g->takes + 3 * (size_t)m->cur.frames[m->cur.off[j + 1] - 1];
-    t[0] |= x[0], t[1] |= x[1];
+    t[0] |= x[0], t[1] |= x[1], t[2] |= x[2];
   }
-  uint32_t best = GR_NO_LEAD;
-  for (uint32_t b = 0x20; b < 128; b++)
-    if (has_bit(t, b) && b != '"' && b != '\\' &&
-        (best == GR_NO_LEAD || first_n(v, b) > first_n(v, best)))
-      best = b;
-  return best;
+  if (t[2] || __builtin_popcountll(t[0]) + __builtin_popcountll(t[1]) != 1) return GR_NO_LEAD;
+  uint32_t b = t[0] ? (uint32_t)__builtin_ctzll(t[0]) : 64 + (uint32_t)__builtin_ctzll(t[1]);
+  return b >= 0x20 && b != '"' && b != '\\' ? b : GR_NO_LEAD;
 }
 
 /* Tries alphabet k with F = {lead} (or F = A): 1 when the mask is made. */
@@ -463,7 +461,10 @@ static int try_run(struct gr_matcher *m, const struct gr_vocab *v, uint32_t k, u
     x.f[0] = x.a[0], x.f[1] = x.a[1];
   else
     x.f[lead / 64] = 1ull << (lead % 64);
-  if (known_few(g, v, &x) || !levels(m, v, &x)) return 0;
+  uint32_t most = 0; /* the tokens that start with a byte of F: at most so many */
+  for (uint32_t b = 0x20; b < 128; b++)
+    if (has_bit(x.f, b)) most += first_n(v, b);
+  if (most < GR_ALPHA_MIN || known_few(g, v, &x) || !levels(m, v, &x)) return 0;
   int rc = run_bits(g, v, &x, bits);
   if (rc <= 0) return rc;
   /* the tokens holding a byte some level's tops take: each from its level */
@@ -483,7 +484,7 @@ int gr_alpha_mask(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits
     if (rc) return rc;
   }
   /* a byte first, then a run (the space before a word) */
-  uint32_t lead = lead_byte(m, v);
+  uint32_t lead = lead_byte(m);
   if (lead == GR_NO_LEAD || !gr_step(m, &m->cur, (uint8_t)lead, &m->levels[1].set)) return 0;
   n_k = pick(g, &m->levels[1].set, lead, ks);
   for (uint32_t t = 0; t < n_k; t++) {

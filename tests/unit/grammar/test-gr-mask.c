@@ -178,6 +178,9 @@ static const struct {
      1},
     /* words after spaces (a byte, then a run) and a loop: any length */
     {"root ::= w (\" \" w){0,6} \".\"\nw ::= [a-zA-Z]+\n", 1},
+    /* a short run, then a 'P': the tokens with a longer run before one refused
+     * ("getPage") */
+    {"root ::= [a-z]{1,2} \"P\" [a-z]{0,5}\n", 1},
     /* recursion: names in nested parentheses, a quote or a backslash after a name */
     {"root ::= item (\",\" item)*\nitem ::= \"(\" list \")\" | name\nlist ::= item (\" \" item)*\n"
      "name ::= [A-Za-z_]{1,8} (\"\\\"\" | \"\\\\\")?\n",
