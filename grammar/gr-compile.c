@@ -121,6 +121,7 @@ void gr_grammar_free(struct gr_grammar *g) {
   free(g->call_off);
   free(g->calls);
   gr_mask_cache_free(g->cache);
+  gr_alpha_cache_free(g->alpha_cache);
   gr_plain_free(g);
   pthread_mutex_destroy(&g->lock);
   free(g);

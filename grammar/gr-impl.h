@@ -21,6 +21,9 @@
 #define GR_MAX_SEEN       512u   /* stacks one step's closure may visit (left recursion) */
 #define GR_RET_MEMO       8u     /* returns a matcher remembers (gr_returns) */
 #define GR_RET_FRAMES     16u    /* frames of a return it remembers, at most */
+#define GR_MAX_ALPHA      24u    /* ASCII alphabets per grammar (gr_grammar.alpha) */
+#define GR_STEP_MEMO      32u    /* steps an alphabet mask remembers (gr-alpha.c) */
+#define GR_TAIL_IDS       4096u  /* tokens a byte may be in to have a list (gr_vocab.tail_ids) */
 #define GR_NONE           UINT32_MAX
 
 /* ---- the NFA builder ---------------------------------------------------- */
@@ -163,6 +166,9 @@ struct gr_grammar {
   uint8_t *run;     /* (n_states, n_alpha) */
   uint8_t *run_any; /* (n_states): the longest of s's runs (0: none) */
   uint64_t *run_set; /* (n_states, 2): the union of the alphabets s has a run of */
+  /* per alphabet, the vocabulary's tokens made of its bytes (gr-alpha.c), made on
+   * first use; guarded by lock */
+  struct gr_alpha_cache *alpha_cache;
 };
 
 /* Turns a finished NFA (rule 0 is the root) into g's DFAs. */
@@ -198,6 +204,9 @@ struct gr_level {
   int kprev;
   struct gr_stackset set;
   struct gr_stackset one; /* one stack of set, walked alone below the node */
+  /* an alphabet mask (gr-alpha.c): the ASCII bytes outside the alphabet that the
+   * tops of the set after this many bytes of the alphabet take (128 bits) */
+  uint64_t out[2];
 };
 
 struct gr_matcher {
@@ -219,6 +228,15 @@ struct gr_matcher {
     struct gr_stackset set;
   } ret[GR_RET_MEMO];
   uint32_t ret_next;
+  /* an alphabet mask's steps that call or return, from a level's set (or the
+   * matcher's) with a top over a byte (key: level << 40 | top << 8 | byte),
+   * remembered while that mask is made */
+  struct gr_amemo {
+    uint64_t key;
+    struct gr_stackset set;
+  } amemo[GR_STEP_MEMO];
+  uint32_t n_amemo;
+  uint64_t n_alpha_masks; /* masks made by gr_alpha_mask (tests) */
 };
 
 /* The closed set of stacks after a step over byte b from `in` (which is
@@ -235,6 +253,22 @@ int gr_stackset_copy(struct gr_stackset *d, const struct gr_stackset *s);
 const struct gr_stackset *gr_returns(struct gr_matcher *m, const uint32_t *f, uint32_t len);
 /* Stack j of s as the only one of d. */
 int gr_stackset_one(struct gr_stackset *d, const struct gr_stackset *s, uint32_t j);
+/* 1 when the bytes b[0..n) may follow the closed set `from` (steps of one stack
+ * are table look-ups until it calls or returns), 0 when not, or an error; only
+ * the matcher's scratch sets change. */
+int gr_follows(struct gr_matcher *m, const struct gr_stackset *from, const uint8_t *b, size_t n);
+
+/* ---- alphabet masks (gr-alpha.c) ---------------------------------------- */
+/* m's mask into bits (zeroed) without a walk of the trie, where m's state takes
+ * a run of one of the grammar's alphabets: 1 when made, 0 when the state is not
+ * one for it (bits untouched), or an error. */
+int gr_alpha_mask(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits);
+void gr_alpha_cache_free(struct gr_alpha_cache *c);
+/* Each token holding an ASCII byte of b (128 bits), not in bits yet, that m's
+ * state allows, into bits: 1; 0 when a byte of b is in too many tokens to have a
+ * list (nothing done); or an error. */
+int gr_alpha_listed(struct gr_matcher *m, const struct gr_vocab *v, const uint64_t *b,
+                    uint32_t *bits);
 
 /* ---- vocabularies ------------------------------------------------------- */
 /* A node of the vocabulary trie: everything a mask walk reads about it in 32
@@ -281,8 +315,17 @@ struct gr_vocab {
    * with tokens longer than 64 bytes */
   uint32_t *plain_le;
   /* has[b] (b < 128, when plain_le is made): the tokens holding ASCII byte b, a
-   * bitmap of the vocabulary each */
-  uint32_t *has;
+   * bitmap of the vocabulary each; has[128]: those holding a byte >= 0x80 */
+  uint32_t *has; /* (129, words) */
+  /* ids[first_at[b] .. first_at[b + 1]): the tokens whose first byte is b */
+  uint32_t first_at[257];
+  /* (when plain_le is made) the tokens holding ASCII byte b (b < 128), or a byte
+   * >= 0x80 (b = 128), after their first byte: tail_n[b] of them, and for the bytes
+   * with at most GR_TAIL_IDS their ids, ascending, in tail_ids[tail_at[b] ..
+   * tail_at[b + 1]) (an empty list for the others) */
+  uint32_t tail_n[129];
+  uint32_t tail_at[130];
+  int32_t *tail_ids;
   /* (when plain_le is made) the tokens that are not plain text from a character
    * boundary, plain_le's complement, as a trie of their own (the same ids; a few
    * thousand tokens of a vocabulary, a trie small enough for the core's caches):

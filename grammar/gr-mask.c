@@ -176,8 +176,10 @@ static int vocab_make(const uint8_t *const *bytes, const uint32_t *lens, int32_t
     if (rc) goto fail;
     free(v->rest->plain_le); /* a walk of rest copies in the plain tokens of v's */
     free(v->rest->has);
+    free(v->rest->tail_ids);
     v->rest->plain_le = NULL;
     v->rest->has = NULL;
+    v->rest->tail_ids = NULL;
   }
   v->serial = __atomic_add_fetch(&g_vocab_serial, 1, __ATOMIC_RELAXED);
   *out = v;
@@ -207,6 +209,7 @@ void gr_vocab_free(struct gr_vocab *v) {
   free(v->tchars);
   free(v->plain_le);
   free(v->has);
+  free(v->tail_ids);
   free(v);
 }
 
@@ -672,10 +675,23 @@ static int walk(struct gr_matcher *m, const struct gr_vocab *v, uint32_t *bits) 
       pre = 1;
     }
   }
+  /* a state that takes a run of an alphabet: its mask from the alphabet's tokens
+   * and the few that hold a byte to come after a run (gr-alpha.c) */
+  if (!pre) {
+    int rc = gr_alpha_mask(m, v, bits);
+    if (rc) return rc < 0 ? rc : 0;
+  }
   /* with the plain tokens in and no term, what is left is the other tokens: their
    * own trie, whose nodes lie together in a few hundred KiB (the whole trie's
    * nodes on their paths are scattered over tens of MiB) */
   if (pre && termless && v->rest) v = v->rest;
+  /* and with a term, when few tokens hold its bytes: those one by one, then the
+   * other tokens' trie */
+  if (pre && !termless && v->rest) {
+    int rc = gr_alpha_listed(m, v, term0, bits);
+    if (rc < 0) return rc;
+    if (rc) v = v->rest;
+  }
   /* the children of the root and of nodes with many go by
    * their tables (a refused byte costs no read of its node), innermost act */
   int act = -1;

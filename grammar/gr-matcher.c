@@ -210,6 +210,37 @@ int gr_step(struct gr_matcher *m, const struct gr_stackset *in, uint8_t b,
   return out->n > 0;
 }
 
+int gr_follows(struct gr_matcher *m, const struct gr_stackset *from, const uint8_t *b, size_t n) {
+  const struct gr_grammar *g = m->g;
+  const struct gr_stackset *cur = from;
+  struct gr_stackset *out = &m->next;
+  /* while cur is one stack: its top, which steps that neither call nor return
+   * replace without writing the stack out */
+  uint32_t top = cur->n == 1 ? cur->frames[cur->off[1] - 1] : GR_NONE;
+  for (size_t i = 0; i < n; i++) {
+    if (cur->n == 1) {
+      uint32_t len = cur->off[1];
+      uint32_t t = g->delta[(size_t)top * g->n_cls + g->cls[b[i]]];
+      if (t == GR_NONE) return 0;
+      uint8_t fl = g->flags[t];
+      if (!(fl & GR_F_CALLS) && (!(fl & GR_F_FINAL) || len == 1)) {
+        top = t;
+        continue;
+      }
+      if (cur->frames[len - 1] != top) { /* the stack with its top replaced */
+        if (gr_stackset_copy(&m->walk, cur)) return CM_ERR_NOMEM;
+        m->walk.frames[len - 1] = top;
+        cur = &m->walk;
+      }
+    }
+    if (!gr_step(m, cur, b[i], out)) return 0;
+    cur = out;
+    out = out == &m->next ? &m->alt : &m->next;
+    if (cur->n == 1) top = cur->frames[cur->off[1] - 1];
+  }
+  return 1;
+}
+
 /* ---- the matcher API ----------------------------------------------------- */
 struct gr_matcher *gr_matcher_new(const struct gr_grammar *g) {
   struct gr_matcher *m = calloc(1, sizeof *m);
@@ -256,6 +287,8 @@ void gr_matcher_free(struct gr_matcher *m) {
   }
   for (uint32_t k = 0; k < GR_RET_MEMO; k++)
     gr_stackset_free(&m->ret[k].set);
+  for (uint32_t k = 0; k < GR_STEP_MEMO; k++)
+    gr_stackset_free(&m->amemo[k].set);
   free(m->levels);
   free(m);
 }

