@@ -700,7 +700,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   }
   load_eos(e, tok_dir, gcfg);
   err[0] = 0;
-  if ((rc = fe_mm_load(cfg->model_dir, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {
+  if ((rc = fe_mm_load(cfg->model_dir, gcfg, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {
     cm_error(TAG, "%s: image and audio input: %s", cfg->model_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }

@@ -113,29 +113,33 @@ static int load_audio(const char *dir, const struct tk_tokenizer *tok,
   return 0;
 }
 
-int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_mm_opts *o,
-               struct fe_mm *mm, char *err, size_t errlen) {
+int fe_mm_load(const char *dir, const struct md_config *cfg, const struct tk_tokenizer *tok,
+               const struct fe_mm_opts *o, struct fe_mm *mm, char *err, size_t errlen) {
   memset(mm, 0, sizeof(*mm));
   mm->image_id = mm->audio_id = -1;
   int limit = o && o->limit >= 0 ? o->limit : DEFAULT_LIMIT;
   int audio_limit = o && o->audio_limit >= 0 ? o->audio_limit : DEFAULT_LIMIT;
   if (limit == 0 && audio_limit == 0) return 0;
-  struct md_config *c = calloc(1, sizeof(*c));
-  if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  char why[256] = "";
-  int rc = md_config_load(dir, c, why, sizeof(why));
-  if (rc == CM_ERR_NOENT) { /* a tokenizer-only directory: text only */
-    free(c);
-    return 0;
+  struct md_config *c = NULL;
+  if (!cfg) { /* read here: a folder's config.json (a GGUF file's config comes read) */
+    if (!(c = calloc(1, sizeof(*c)))) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    char why[256] = "";
+    int rc = md_config_load(dir, c, why, sizeof(why));
+    if (rc == CM_ERR_NOENT) { /* a tokenizer-only directory: text only */
+      free(c);
+      return 0;
+    }
+    if (rc) {
+      free(c);
+      return cm_fail(err, errlen, rc, "%s", why);
+    }
+    cfg = c;
   }
-  if (rc) {
-    free(c);
-    return cm_fail(err, errlen, rc, "%s", why);
-  }
-  const struct md_vision_cfg v = c->vision; /* what follows needs no more of c */
-  const struct md_vision_g4_cfg g4 = c->vision_g4;
-  const struct md_audio_g4_cfg a = c->audio_g4;
+  const struct md_vision_cfg v = cfg->vision; /* what follows needs no more of cfg */
+  const struct md_vision_g4_cfg g4 = cfg->vision_g4;
+  const struct md_audio_g4_cfg a = cfg->audio_g4;
   free(c);
+  int rc;
   if (o) {
     mm->lim.max_bytes = o->max_bytes;
     mm->lim.max_pixels = o->max_pixels;

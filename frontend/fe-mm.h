@@ -4,7 +4,7 @@
  * audio tower takes, and the prompt's placeholders turned into token runs.
  *
  *   struct fe_mm mm;
- *   fe_mm_load(model_dir, tok, &limits, &mm, err, sizeof err);  // mm.enabled: takes images
+ *   fe_mm_load(model_dir, NULL, tok, &limits, &mm, err, sizeof err);  // mm.enabled: takes images
  *   on the thread pool, per image part: fe_mm_image(&mm, url, len, &img, err, sizeof err);
  *   after the chat template: fe_mm_expand(&mm, text, len, n_images, &out, &out_len, ...);
  *   after tokenizing:        fe_mm_find_runs(&mm, ids, n, imgs, n_images, ...);
@@ -93,11 +93,12 @@ struct fe_mm_opts {
 int fe_mm_parse_limit(const char *spec, int *image, int *audio, char *err, size_t errlen);
 
 /* Reads DIR's config.json (and processor configs) through the worker's
- * parser. A checkpoint without a vision tower, or limit 0, leaves
- * mm->enabled 0; one without an audio tower, or audio_limit 0, leaves
- * mm->audio 0; a broken config is an error naming it. */
-int fe_mm_load(const char *dir, const struct tk_tokenizer *tok, const struct fe_mm_opts *o,
-               struct fe_mm *mm, char *err, size_t errlen);
+ * parser, or takes cfg, the model description already read (a GGUF file's,
+ * so that the file is not read again; NULL: read DIR's). A checkpoint without a vision tower, or
+ * limit 0, leaves mm->enabled 0; one without an audio tower, or audio_limit 0, leaves mm->audio 0;
+ * a broken config is an error naming it. */
+int fe_mm_load(const char *dir, const struct md_config *cfg, const struct tk_tokenizer *tok,
+               const struct fe_mm_opts *o, struct fe_mm *mm, char *err, size_t errlen);
 
 /* One image, ready for ADD: pixels [height, width, channels] 8-bit, malloc'd.
  * Or one audio clip (fe_mm_audio): pixels holds its features [frames][mels]

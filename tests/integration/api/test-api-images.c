@@ -23,6 +23,7 @@
 
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tests/integration/api/api-greedy.h"
 #include "tests/integration/api/api-images.h"
 #include "tests/integration/api/api-serve.h"
 
@@ -110,30 +111,6 @@ static void chat(const struct as_server *s, const char *body, char *text, size_t
   as_resp_free(&r);
 }
 
-/* /tokenize of the same messages: the ids (malloc'd), *n of them. */
-static int *tokenize(const struct as_server *s, const char *chat_body_json, int *n) {
-  json_t *b = json_loads(chat_body_json, 0, NULL);
-  TH_REQUIRE(b != NULL);
-  json_t *t = json_pack("{s:O}", "messages", json_object_get(b, "messages"));
-  char *body = json_dumps(t, JSON_COMPACT);
-  json_decref(t);
-  json_decref(b);
-  struct as_resp r;
-  as_post(s, "/tokenize", body, &r);
-  free(body);
-  TH_REQUIRE(r.status == 200);
-  json_t *j = as_json(&r);
-  json_t *ids = json_object_get(j, "tokens");
-  *n = (int)json_array_size(ids);
-  int *v = malloc(sizeof(int) * (size_t)(*n + 1));
-  TH_REQUIRE(v != NULL);
-  for (int i = 0; i < *n; i++)
-    v[i] = (int)json_integer_value(json_array_get(ids, (size_t)i));
-  json_decref(j);
-  as_resp_free(&r);
-  return v;
-}
-
 /* A request that must be refused: 400 naming `param`, the message holding `want`. */
 static void refused(const struct as_server *s, const char *body, const char *param,
                     const char *want) {
@@ -184,7 +161,8 @@ TH_TEST(images_through_the_api) {
 
   /* usage counts the image tokens: as many as /tokenize gives, each image's run
    * "\n\n<start_of_image>" + 16 soft tokens + "<end_of_image>\n\n" in place */
-  int n_ids = 0, *ids = tokenize(&a, two, &n_ids);
+  int n_ids = 0;
+  int32_t *ids = api_tokenize(&a, two, &n_ids);
   TH_CHECK_EQ_INT(n_ids, pa2);
   int runs = 0, soft = 0, first_soft = -1;
   for (int i = 0; i < n_ids; i++) {
@@ -195,7 +173,7 @@ TH_TEST(images_through_the_api) {
   TH_CHECK_EQ_INT(runs, 2);
   TH_CHECK_EQ_INT(soft, 2 * SOFT_TOKENS);
   free(ids);
-  ids = tokenize(&a, one, &n_ids);
+  ids = api_tokenize(&a, one, &n_ids);
   for (int i = 0; i < n_ids && first_soft < 0; i++)
     if (ids[i] == IMAGE_TOKEN) first_soft = i;
   TH_CHECK(first_soft > 32); /* two whole 16-token blocks of text before the image */
