@@ -292,7 +292,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "tiny (default) | gemma3: k256 (tiny, with rows of whole 256-element blocks: K-quant "
        "tests), 270m, 1b, 4b (the shapes of gemma-3-270m, -1b and -4b's "
        "text model) | gemma4: tiny-e (per-layer inputs and KV-shared layers in llama.cpp's "
-       "layout), tiny-dense (neither, no final softcap), e2b (gemma-4-E2B's text shape)"},
+       "layout), tiny-dense (neither, no final softcap), tiny-large (neither, K as V on full "
+       "layers: the 26B's and 31B's attention), e2b (gemma-4-E2B's text shape)"},
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
       {"vision", CM_OPT_BOOL, &vision, NULL,

@@ -620,6 +620,12 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
       root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 0, 0,
                                 o->sliding_window ? o->sliding_window : 64, full, 0, 0, 0, o->moe);
       json_object_del(root, "final_logit_softcapping");
+    } else if (!strcmp(o->preset, "tiny-large")) {
+      /* the 26B's and 31B's attention: K as V on full layers (their own KV head count,
+       * a head dim twice the sliding one), no per-layer inputs, no KV sharing */
+      static const int full[6] = {0, 0, 1, 0, 0, 1};
+      root = gemma4_text_config(V, 64, 128, 6, 4, 2, 32, 64, 1, 1,
+                                o->sliding_window ? o->sliding_window : 64, full, 0, 0, 0, o->moe);
     } else if (!strcmp(o->preset, "e2b")) {
       /* Gemma 4 E2B's text shape: 35 layers, full every fifth, the last 20 KV-shared */
       int full[35];
@@ -629,9 +635,10 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
           gemma4_text_config(V, 1536, 6144, 35, 8, 1, 256, 512, 0, 0,
                              o->sliding_window ? o->sliding_window : 512, full, 20, 1, 256, o->moe);
     } else {
-      return cm_fail(err, errlen, CM_ERR_INVAL,
-                     "preset \"%s\" is not known for gemma4 (tiny, tiny-e, tiny-dense, e2b)",
-                     o->preset);
+      return cm_fail(
+          err, errlen, CM_ERR_INVAL,
+          "preset \"%s\" is not known for gemma4 (tiny, tiny-e, tiny-dense, tiny-large, e2b)",
+          o->preset);
     }
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
