@@ -320,7 +320,8 @@ struct kn_mm_part {
  * kn_matmul(be, part.out, part.ldo, in, ldi, part.w, wdt, T, part.N, K, 0),
  * or for FP8 weights (wdt KN_DTYPE_F8E4M3) as
  * kn_matmul_fp8(be, part.out, part.ldo, in, ldi, part.w, part.scale, T, part.N, K, 0),
- * the same per-element arithmetic, in one launch where the backend can.
+ * the same per-element arithmetic, in one launch where the backend can
+ * (block formats: the CPU's q8 mode prepares the inputs once for all parts).
  * 1 <= n_parts <= KN_MM_MAX_PARTS; outputs must not overlap each other or in.
  * A part's scale missing for FP8, or given for another wdt: CM_ERR_INVAL. */
 int kn_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T,

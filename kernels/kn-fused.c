@@ -141,10 +141,11 @@ int kn__seq_qkv_prep(struct kn_backend *be, const struct kn_qkv_prep_args *p, in
 
 /* ---- matmuls of one input ------------------------------------------------------ */
 
-/* The weight types the matmul ops take: the element types (kn_matmul) and
- * FP8 codes with per-feature scales (kn_matmul_fp8). */
-static int mm_dtype_ok(enum kn_dtype wdt) {
-  return kn__valid_weight_dtype(wdt) || wdt == KN_DTYPE_F8E4M3;
+/* The weight types the matmul ops take: the element types and the block
+ * formats where be takes them (kn_matmul), FP8 codes with per-feature scales
+ * (kn_matmul_fp8). 0, CM_ERR_UNSUPPORTED or CM_ERR_INVAL. */
+static int mm_dtype_check(const struct kn_backend *be, enum kn_dtype wdt, int K) {
+  return wdt == KN_DTYPE_F8E4M3 ? 0 : kn__check_matmul_dtype(be, wdt, K);
 }
 
 /* A matmul's scale as its weight type wants it: present for FP8, else absent. */
@@ -163,7 +164,8 @@ int kn_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_d
                 int K, const struct kn_mm_part *parts, int n_parts) {
   if (!be || T < 0 || K < 0 || !parts || n_parts < 1 || n_parts > KN_MM_MAX_PARTS)
     return CM_ERR_INVAL;
-  if (!mm_dtype_ok(wdt)) return CM_ERR_UNSUPPORTED;
+  int rc = mm_dtype_check(be, wdt, K);
+  if (rc) return rc;
   if (T == 0) return 0;
   if (K > 0 && (!in || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;
   for (int i = 0; i < n_parts; i++) {
@@ -172,7 +174,7 @@ int kn_matmul_n(struct kn_backend *be, const float *in, ptrdiff_t ldi, enum kn_d
       return CM_ERR_INVAL;
     if (wdt != KN_DTYPE_F8E4M3 ? p->scale != NULL : p->N > 0 && !p->scale) return CM_ERR_INVAL;
   }
-  int rc = CM_ERR_UNSUPPORTED;
+  rc = CM_ERR_UNSUPPORTED;
   if (be->ops->matmul_n && K > 0 && kn_fused_enabled())
     rc = KN_CALL(matmul_n, in, ldi, wdt, T, K, parts, n_parts);
   if (rc != CM_ERR_UNSUPPORTED) return rc;
@@ -192,7 +194,8 @@ int kn_matmul_glu(struct kn_backend *be, float *out, ptrdiff_t ldo, const float 
                   const void *wg, const float *sg, const void *wu, const float *su,
                   enum kn_dtype wdt, int T, int N, int K, float *scratch) {
   if (!be || T < 0 || N < 0 || K < 0) return CM_ERR_INVAL;
-  if (!mm_dtype_ok(wdt)) return CM_ERR_UNSUPPORTED;
+  int rc = mm_dtype_check(be, wdt, K);
+  if (rc) return rc;
   if (T == 0 || N == 0) return 0;
   if (!out || !kn__valid_ld(ldo, T, N)) return CM_ERR_INVAL;
   if (K > 0 && (!in || !wg || !wu || !kn__valid_ld(ldi, T, K))) return CM_ERR_INVAL;

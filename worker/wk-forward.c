@@ -242,11 +242,10 @@ static int moe_block(struct wk_model *m, const struct wk_layer_w *w, int T, int 
 }
 
 /* Whether a layer's Q, K and V (gate and up) can go through one kn_matmul_n
- * (kn_matmul_glu): the same dtype and input width, an element type or FP8
- * (with each weight's per-feature scales), not a block format (kn_matmul
- * each). */
+ * (kn_matmul_glu): the same dtype and input width (FP8 with each weight's
+ * per-feature scales). */
 static int same_kind(const struct wk_w *a, const struct wk_w *b) {
-  return a->dt == b->dt && a->cols == b->cols && !kn_block_elems(a->dt);
+  return a->dt == b->dt && a->cols == b->cols;
 }
 
 /* q = h Wq, and on a layer that stores K/V, k = h Wk and v = h Wv (or the raw k

@@ -243,28 +243,54 @@ static int mm_plan(struct kn_cpu_ctx *ctx, struct mm_task *m, int argmax) {
 
 /* ---- the q8 mode: block-format weights against inputs in Q8_0 blocks ---------- */
 
-struct q8_task {
-  struct kn_cpu_ctx *ctx;
+/* One matrix of a q8 call: its outputs, weights and work units (units
+ * [u0, u0 + units) of the call, `chunk` rows each). */
+struct q8_part {
   float *out;
   ptrdiff_t ldo;
   const uint8_t *w;
+  int N, chunk;
+  long long u0;
+};
+
+/* A q8 call: one or more matrices against the same prepared inputs (kn_matmul,
+ * kn_matmul_n's parts), or a gated MLP's pair (glu: parts[0] the gate rows
+ * into out, parts[1] the same up rows into the thread's scratch, then
+ * gelu_mul over the unit's rows). */
+struct q8_task {
+  struct kn_cpu_ctx *ctx;
   struct kn_cpu_q8_in x;
   size_t row_bytes;
   enum kn_dtype dt;
-  int T, N, K, acc, chunk;
+  int T, K, acc, glu, n_parts;
   float cap;
+  struct q8_part parts[KN_MM_MAX_PARTS];
 };
 
 static void q8_run(void *arg, long long u0, long long u1, int ith) {
   const struct q8_task *q = arg;
-  (void)ith;
+  const struct kn_cpu_dsp *dsp = &q->ctx->dsp;
   for (long long u = u0; u < u1; u++) {
-    int n0 = (int)u * q->chunk, n = q->N - n0 < q->chunk ? q->N - n0 : q->chunk;
-    float *o = q->out + n0;
-    q->ctx->dsp.q8dot[q->dt](o, q->ldo, &q->x, q->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K,
-                             q->T, n, q->acc);
+    int p = 0;
+    while (p + 1 < q->n_parts && u >= q->parts[p + 1].u0)
+      p++;
+    const struct q8_part *pt = &q->parts[p];
+    const int n0 = (int)(u - pt->u0) * pt->chunk,
+              n = pt->N - n0 < pt->chunk ? pt->N - n0 : pt->chunk;
+    float *o = pt->out + n0;
+    dsp->q8dot[q->dt](o, pt->ldo, &q->x, pt->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K,
+                      q->T, n, q->acc);
+    if (q->glu) { /* the up rows beside, then the gate's GELU times them in place */
+      const struct q8_part *up = &q->parts[1];
+      float *ub = q->ctx->scratch[ith];
+      dsp->q8dot[q->dt](ub, n, &q->x, up->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K, q->T,
+                        n, 0);
+      for (int t = 0; t < q->T; t++)
+        dsp->gelu_mul(o + (ptrdiff_t)t * pt->ldo, o + (ptrdiff_t)t * pt->ldo, ub + (size_t)t * n,
+                      n);
+    }
     for (int t = 0; t < q->T && q->cap > 0.0f; t++)
-      q->ctx->dsp.softcap(o + (ptrdiff_t)t * q->ldo, o + (ptrdiff_t)t * q->ldo, q->cap, (size_t)n);
+      dsp->softcap(o + (ptrdiff_t)t * pt->ldo, o + (ptrdiff_t)t * pt->ldo, q->cap, (size_t)n);
   }
 }
 
@@ -319,8 +345,10 @@ static void q8_prep_run(void *arg, long long t0, long long t1, int ith) {
   }
 }
 
-static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                 const void *w, enum kn_dtype dt, int T, int N, int K, int acc, float cap) {
+/* Prepares in[T, K] as the q8 kernels take it for weights of dtype dt, into
+ * ctx's buffers (q->x). */
+static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype dt,
+                     int T, int K, struct q8_task *q) {
   size_t ldx = kn_row_bytes(KN_DTYPE_Q8_0, (size_t)K);
   int rc = grow_buf((void **)&ctx->xq, &ctx->xq_bytes, (size_t)T * ldx, 1);
   if (rc) return rc;
@@ -346,30 +374,91 @@ static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float 
     p.dp = (float *)(ctx->xp + P * 128);
   }
   kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K * 16, T, 1), q8_prep_run, &p);
-  struct q8_task q = {.ctx = ctx,
-                      .out = out,
-                      .ldo = ldo,
-                      .w = w,
-                      .x = {.q = ctx->xq,
-                            .d = ctx->xd,
-                            .s = ctx->xs,
-                            .qp = p.qp,
-                            .sp = p.sp,
-                            .dp = p.dp,
-                            .ldq = ldx},
-                      .row_bytes = kn_row_bytes(dt, (size_t)K),
-                      .dt = dt,
-                      .T = T,
-                      .N = N,
-                      .K = K,
-                      .acc = acc,
-                      .cap = cap};
-  long long c = MATVEC_UNIT_BYTES / (long long)q.row_bytes;
-  long long most = (N + 4LL * ctx->n_threads - 1) / (4LL * ctx->n_threads);
+  q->ctx = ctx;
+  q->x = (struct kn_cpu_q8_in){
+      .q = ctx->xq, .d = ctx->xd, .s = ctx->xs, .qp = p.qp, .sp = p.sp, .dp = p.dp, .ldq = ldx};
+  q->row_bytes = kn_row_bytes(dt, (size_t)K);
+  q->dt = dt;
+  q->T = T;
+  q->K = K;
+  return 0;
+}
+
+/* Adds a matrix of N rows to q (units of about MATVEC_UNIT_BYTES / per_row
+ * rows, at least 4 units per thread, whole 4-row tiles); its units follow
+ * the parts before it. */
+static void q8_add_part(struct q8_task *q, float *out, ptrdiff_t ldo, const void *w, int N,
+                        size_t per_row) {
+  struct q8_part *pt = &q->parts[q->n_parts];
+  const int nth = q->ctx->n_threads;
+  long long c = MATVEC_UNIT_BYTES / (long long)per_row;
+  long long most = (N + 4LL * nth - 1) / (4LL * nth);
   c = c > most ? most : c;
-  q.chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL);
-  long long units = (N + q.chunk - 1) / q.chunk;
-  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), q8_run, &q);
+  *pt = (struct q8_part){
+      .out = out,
+      .ldo = ldo,
+      .w = w,
+      .N = N,
+      .chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL),
+      .u0 = q->n_parts ? q->parts[q->n_parts - 1].u0 +
+                             (q->parts[q->n_parts - 1].N + q->parts[q->n_parts - 1].chunk - 1) /
+                                 q->parts[q->n_parts - 1].chunk
+                       : 0};
+  q->n_parts++;
+}
+
+/* Runs q's units (those of its parts; a GLU's, its gate's) on the pool. */
+static void q8_launch(struct q8_task *q, double work) {
+  const struct q8_part *last = &q->parts[q->glu ? 0 : q->n_parts - 1];
+  long long units = last->u0 + (last->N + last->chunk - 1) / last->chunk;
+  kn_cpu_pool_run(q->ctx->pool, units, grain_for(work, units, 1), q8_run, q);
+}
+
+static int q8_mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                 const void *w, enum kn_dtype dt, int T, int N, int K, int acc, float cap) {
+  struct q8_task q = {.acc = acc, .cap = cap};
+  int rc = q8_inputs(ctx, in, ldi, dt, T, K, &q);
+  if (rc) return rc;
+  q8_add_part(&q, out, ldo, w, N, q.row_bytes);
+  q8_launch(&q, (double)T * N * K);
+  return 0;
+}
+
+/* kn_matmul_n in the q8 mode: the inputs prepared once, every part's rows in
+ * one pool task (each output as kn_matmul computes it). Other weights: the
+ * sequence. */
+static int cpu_matmul_n(void *p, const float *in, ptrdiff_t ldi, enum kn_dtype wdt, int T, int K,
+                        const struct kn_mm_part *parts, int n_parts) {
+  struct kn_cpu_ctx *ctx = p;
+  if (!ctx->q8 || !ctx->dsp.q8dot[wdt] || n_parts > KN_MM_MAX_PARTS) return CM_ERR_UNSUPPORTED;
+  struct q8_task q = {0};
+  int rc = q8_inputs(ctx, in, ldi, wdt, T, K, &q);
+  if (rc) return rc;
+  double work = 0.0;
+  for (int i = 0; i < n_parts; i++)
+    if (parts[i].N > 0) {
+      q8_add_part(&q, parts[i].out, parts[i].ldo, parts[i].w, parts[i].N, q.row_bytes);
+      work += (double)T * parts[i].N * K;
+    }
+  if (q.n_parts) q8_launch(&q, work);
+  return 0;
+}
+
+/* kn_matmul_glu in the q8 mode: each unit computes its gate rows into out and
+ * the same up rows into the thread's scratch, then gelu_mul over them (the
+ * sequence's bits: gelu_mul is elementwise). Other weights: the sequence. */
+static int cpu_matmul_glu(void *p, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                          const void *wg, const float *sg, const void *wu, const float *su,
+                          enum kn_dtype wdt, int T, int N, int K) {
+  struct kn_cpu_ctx *ctx = p;
+  if (!ctx->q8 || !ctx->dsp.q8dot[wdt] || sg || su) return CM_ERR_UNSUPPORTED;
+  struct q8_task q = {.glu = 1};
+  int rc = q8_inputs(ctx, in, ldi, wdt, T, K, &q);
+  if (rc) return rc;
+  q8_add_part(&q, out, ldo, wg, N, 2 * q.row_bytes);
+  q8_add_part(&q, NULL, 0, wu, N, 2 * q.row_bytes);
+  if ((rc = kn_cpu_ctx_scratch(ctx, (size_t)T * (size_t)q.parts[0].chunk))) return rc;
+  q8_launch(&q, 2.0 * T * N * K);
   return 0;
 }
 
@@ -969,6 +1058,8 @@ void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->matmul = cpu_matmul;
   ops->matmul_rows = cpu_matmul_rows;
   ops->matmul_fp8 = cpu_matmul_fp8;
+  ops->matmul_n = cpu_matmul_n;
+  ops->matmul_glu = cpu_matmul_glu;
   ops->rope = kn_cpu_op_rope;
   ops->gelu_mul = cpu_gelu_mul;
   ops->add = cpu_add;

@@ -25,6 +25,9 @@
 /* Weight bytes of the rows a group of tiles sweeps across all tokens (L1). */
 #define Q8_GROUP_BYTES (24 * 1024)
 
+/* How far ahead of its tile one token's sweep prefetches the weights. */
+#define Q8_PREFETCH_BYTES 4096
+
 /* Rows of any tile (the accumulators' arrays). */
 #define Q8_RMAX 4
 
@@ -410,9 +413,18 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
                               in->sp ? in->sp + P * 16 : NULL,
                               in->dp ? in->dp + P * 8 : NULL,
                               in->ldq};
-      for (int j = j0; j < j1; j += R)
+      const uint8_t *pf = w + (size_t)j0 * row_bytes; /* the first byte not prefetched */
+      for (int j = j0; j < j1; j += R) {
+        if (u == 1) { /* decode streams each row once from memory: ask for it ahead */
+          const uint8_t *want = w + (size_t)(j + R) * row_bytes + Q8_PREFETCH_BYTES,
+                        *end = w + (size_t)n * row_bytes;
+          if (want > end) want = end;
+          for (; pf < want; pf += 64)
+            _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        }
         f(j1 - j < R ? j1 - j : R, u, out + (ptrdiff_t)t * ldo + j, ldo, &x,
           w + (size_t)j * row_bytes, row_bytes, B, acc);
+      }
     }
   }
 }
@@ -442,8 +454,12 @@ Q8T_ATTR static inline AI __m256 step_q8_0(const uint8_t *row, const struct kn_c
 
 Q8T_ATTR static void one_q8_0(float *out, const struct kn_cpu_q8_in *in, const uint8_t *w,
                               size_t row_bytes, int B, int n, int acc) {
+  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not prefetched */
   for (int j = 0; j < n; j++) {
     const uint8_t *row = w + (size_t)j * row_bytes;
+    const uint8_t *want = row + row_bytes + Q8_PREFETCH_BYTES;
+    for (want = want < end ? want : end; pf < want; pf += 64)
+      _mm_prefetch((const char *)pf, _MM_HINT_T0);
     __m256 e = _mm256_setzero_ps(), o = e;
     int b = 0;
     for (; b + 2 <= B; b += 2) {

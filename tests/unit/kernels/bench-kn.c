@@ -2,10 +2,11 @@
  * bf16/f16/f32 matvec (T = 1) on gemma-3-270m-shaped matrices against it, the
  * matmul at prefill sizes, and decode attention.
  *
- *   bench-kn [threads] [seconds-per-case] [bf16 | q8]
+ *   bench-kn [threads] [seconds-per-case] [bf16 | q8 [head]]
  *
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
- * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks).
+ * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks);
+ * q8 head: only the [262144 x 640] head (decode, from memory).
  *
  * Not part of the test suite (meson `benchmark`); numbers go to stdout. */
 #include <immintrin.h>
@@ -98,11 +99,11 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) static double rate_dpbf1
 
 /* The q8 mode: Q4_0 and Q8_0 weights of gemma-3-270m's MLP shapes at decode
  * and prefill token counts. */
-static void bench_q8(struct kn_backend *be, float *in, float *out) {
-  static const int NK[][2] = {{2048, 640}, {640, 2048}}, Ts[] = {1, 4, 16, 64, 256};
+static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only) {
+  static const int NK[][2] = {{2048, 640}, {640, 2048}, {262144, 640}}, Ts[] = {1, 4, 16, 64, 256};
   for (int d = 0; d < 2; d++) {
     enum kn_dtype dt = d ? KN_DTYPE_Q8_0 : KN_DTYPE_Q4_0;
-    for (int m = 0; m < 2; m++) {
+    for (int m = head_only ? 2 : 0; m < 3; m++) {
       const int N = NK[m][0], K = NK[m][1];
       float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
       size_t rb = kn_row_bytes(dt, (size_t)K);
@@ -110,7 +111,7 @@ static void bench_q8(struct kn_backend *be, float *in, float *out) {
       if (!w) exit(1);
       for (int r = 0; r < N; r++)
         kn_quantize_row(dt, wf + (size_t)r * K, w + (size_t)r * rb, (size_t)K);
-      for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); i++) {
+      for (size_t i = 0; i < (N > 100000 ? 1 : sizeof(Ts) / sizeof(Ts[0])); i++) {
         double s = time_matmul(be, dt, w, Ts[i], N, K, in, out);
         printf("q8 mode %s [%4d x %4d] T=%3d: %9.1f us  %6.1f G products/s (%6.1f per "
                "CPU-second)  %5.1f GB/s of weights\n",
@@ -158,7 +159,7 @@ int main(int argc, char **argv) {
   float *out = malloc(sizeof(float) * (size_t)262144 * 64); /* up to 64 vocabulary rows */
   if (!out) return 1;
   if (bf16 == 2) {
-    bench_q8(be, in, out);
+    bench_q8(be, in, out, argc > 4 && !strcmp(argv[4], "head"));
     return 0;
   }
   for (int d = 0; d < 3; d++) {

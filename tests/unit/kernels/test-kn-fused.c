@@ -12,6 +12,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "kernels/kn-backend-impl.h"
+#include "kernels/kn-quant.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
 static const enum kn_dtype wdts[] = {KN_DTYPE_F32, KN_DTYPE_BF16, KN_DTYPE_F16};
@@ -217,6 +218,78 @@ TH_TEST(matmul_n_and_glu_are_their_matmuls) {
         }
   for (int b = 0; b < n; b++)
     kn_backend_destroy(be[b]);
+}
+
+/* ---- block-format weights in the q8 mode ------------------------------------ */
+
+/* A random [N, K] weight in block format dt (kn_quantize_row's rows). */
+static void *block_weight(enum kn_dtype dt, int N, int K) {
+  float *wf = kt_rand_f32((size_t)N * K, 0.5f);
+  size_t rb = kn_row_bytes(dt, (size_t)K);
+  unsigned char *w = malloc(rb * (size_t)N);
+  TH_REQUIRE(w);
+  for (int r = 0; r < N; r++)
+    TH_REQUIRE(kn_quantize_row(dt, wf + (size_t)r * K, w + rb * (size_t)r, (size_t)K) == 0);
+  free(wf);
+  return w;
+}
+
+/* In the q8 mode (inputs prepared once for all parts, one task) kn_matmul_n
+ * and kn_matmul_glu over every block format give the bits of their kn_matmul
+ * calls and kn_gelu_mul on every table: one token (decode) and several (the
+ * tiles), N not a multiple of the 4-row tiles, an odd number of blocks
+ * (Q4_0's pairs), a strided output, an empty part. */
+TH_TEST(q8_matmul_n_and_glu_are_their_matmuls) {
+  static const enum kn_dtype bdts[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
+                                       KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+  static const int Ts[] = {1, 5, 17};
+  kt_seed(35);
+  for (int isa = KN_CPU_ISA_REF; isa <= (int)kn_cpu_isa_detect(); isa++) {
+    struct kn_backend *be = NULL;
+    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0 && be);
+    for (size_t d = 0; d < CM_ARRAY_LEN(bdts); d++)
+      for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++) {
+        const enum kn_dtype dt = bdts[d];
+        const int T = Ts[ti], K = kn_block_elems(dt) == 256 ? 512 : 96, ld = 80;
+        const int N[4] = {70, 17, 0, 33};
+        float *in = kt_rand_f32((size_t)T * K, 1.0f);
+        void *w[4];
+        float *got[4], *want[4];
+        struct kn_mm_part parts[4];
+        for (int i = 0; i < 4; i++) {
+          const int ldo = i == 1 ? ld : N[i] > 0 ? N[i] : 1;
+          w[i] = block_weight(dt, N[i] > 0 ? N[i] : 1, K);
+          got[i] = kt_rand_f32((size_t)T * ldo, 1.0f);
+          want[i] = dup_f32(got[i], (size_t)T * ldo);
+          parts[i] = (struct kn_mm_part){got[i], ldo, w[i], N[i]};
+          if (N[i] > 0)
+            TH_REQUIRE(kn_matmul(be, want[i], ldo, in, K, w[i], dt, T, N[i], K, 0) == 0);
+        }
+        TH_REQUIRE(kn_matmul_n(be, in, K, dt, T, K, parts, 4) == 0);
+        for (int i = 0; i < 4; i++)
+          if (!kt_rows_equal(got[i], parts[i].ldo, want[i], parts[i].ldo, T,
+                             N[i] > 0 ? N[i] : parts[i].ldo))
+            th_fail(__FILE__, __LINE__, "%s q8 matmul_n part %d T=%d %s differs",
+                    kn_backend_name(be), i, T, kn_dtype_name(dt));
+        /* gate and up of 70 rows, into a strided output */
+        float *g = kt_rand_f32((size_t)T * ld, 1.0f), *u = malloc(sizeof(float) * (size_t)T * 70);
+        float *scratch = malloc(sizeof(float) * (size_t)T * 70);
+        TH_REQUIRE(u && scratch);
+        float *g2 = dup_f32(g, (size_t)T * ld);
+        TH_REQUIRE(kn_matmul_glu(be, g, ld, in, K, w[0], NULL, w[3], NULL, dt, T, 33, K, scratch) ==
+                   0);
+        TH_REQUIRE(kn_matmul(be, g2, ld, in, K, w[0], dt, T, 33, K, 0) == 0);
+        TH_REQUIRE(kn_matmul(be, u, 33, in, K, w[3], dt, T, 33, K, 0) == 0);
+        TH_REQUIRE(kn_gelu_mul(be, g2, ld, g2, ld, u, 33, T, 33) == 0);
+        if (!kt_rows_equal(g, ld, g2, ld, T, ld))
+          th_fail(__FILE__, __LINE__, "%s q8 matmul_glu T=%d %s differs", kn_backend_name(be), T,
+                  kn_dtype_name(dt));
+        free(in), free(g), free(g2), free(u), free(scratch);
+        for (int i = 0; i < 4; i++)
+          free(w[i]), free(got[i]), free(want[i]);
+      }
+    kn_backend_destroy(be);
+  }
 }
 
 /* ---- FP8 weights ------------------------------------------------------------ */
