@@ -438,7 +438,7 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
   }
 
 /* Q8_0's decode: each row streamed once, block after block into the even and odd
- * chains, |w| times x with w's sign in vpmaddubsw (inputs are never -128: the
+ * chains, |w| times x with w's sign (dot4; inputs are never -128: the
  * quantizer's range is +-127). Streams its bytes faster than the 4-row tile,
  * whose Q8_0 rows (34 bytes a block, twice Q4_0's) leave its loads unaligned and
  * its registers spilled; the reference's bits. */
@@ -447,8 +447,7 @@ Q8T_ATTR static inline AI __m256 step_q8_0(const uint8_t *row, const struct kn_c
   const uint8_t *blk = row + (size_t)b * 34, *xb = in->q + (size_t)b * 34;
   __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2)),
           xv = _mm256_loadu_si256((const __m256i *)(xb + 2));
-  __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv)),
-                                _mm256_set1_epi16(1));
+  __m256i p = dot4(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(kn_le_f16(blk) * in->d[b]), a);
 }
 
