@@ -2,7 +2,8 @@
  * AVX-512 VNNI's vpdpbusd on 256-bit registers: four products summed into a
  * lane in one instruction (the same integer as vpmaddubsw + vpmaddwd), and
  * AVX-512VL's 32 vector registers for tiles of 4 rows x 4 tokens (decode: 4
- * rows side by side). The reference's bits (kn-cpu-q8.c), as the AVX2 tiles. */
+ * rows side by side; Q4_0 two rows to a 512-bit register). The reference's bits (kn-cpu-q8.c), as
+ * the AVX2 tiles. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -10,7 +11,8 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
-#define Q8T_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define Q8T_ATTR                                                                                   \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define Q8T_VNNI 1
 #define Q8_R     4
 #define Q8_U     4
