@@ -365,6 +365,7 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                       .shift = dt == KN_DTYPE_Q4_0   ? 3
                                : dt == KN_DTYPE_Q5_0 ? 4
                                : dt == KN_DTYPE_Q6_K ? 5
+                               : dt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI decode) */
                                                      : 0};
   if (dt == KN_DTYPE_Q4_0) {
     const size_t P = (size_t)T * (B / 2);

@@ -512,14 +512,64 @@ Q8T_ATTR static inline AI __m256 step_q8_0(const uint8_t *row, const struct kn_c
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(kn_le_f16(blk) * in->d[b]), a);
 }
 
+#if Q8T_VNNI
+/* Four Q8_0 rows of one token on 512-bit registers, two rows to a register
+ * (row 2k in the lower half, 2k + 1 in the upper), the even and odd chains
+ * apart: each lane as step_q8_0 has it, its four products summed as the
+ * unsigned w + 128 times x plus -128 times the lane's input sum (in->s: the
+ * q8 inputs' lane terms for Q8_0 carry that offset), the same integer. */
+Q8T_ATTR static inline AI void rows4_q8_0_z(float *out, const struct kn_cpu_q8_in *in,
+                                            const uint8_t *w, size_t row_bytes, int B, int acc) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const __m256i dup = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 a[2][2]; /* [chain][pair of rows] */
+  for (int c = 0; c < 2; c++)
+    a[c][0] = a[c][1] = _mm512_setzero_ps();
+  for (int b = 0; b < B; b++) {
+    const uint8_t *xb = in->q + (size_t)b * 34;
+    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb + 2)));
+    const __m512i so = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(in->s + 8 * b)));
+    const __m512 dx = _mm512_set1_ps(in->d[b]);
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+      const uint8_t *b0 = w + (size_t)(2 * k) * row_bytes + (size_t)b * 34, *b1 = b0 + row_bytes;
+      __m512i wv =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                             _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+      uint16_t h0, h1;
+      memcpy(&h0, b0, 2);
+      memcpy(&h1, b1, 2);
+      __m256i hv = _mm256_permutexvar_epi16(
+          dup, _mm256_castsi128_si256(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16))));
+      __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(hv), dx);
+      __m512i p = _mm512_dpbusd_epi32(so, _mm512_xor_si512(wv, flip), xv);
+      a[b & 1][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, a[b & 1][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; r++) {
+    const __m512 t = _mm512_add_ps(a[0][r >> 1], a[1][r >> 1]);
+    put1(out + r, kn_avx2_hsum(r & 1 ? _mm512_extractf32x8_ps(t, 1) : _mm512_castps512_ps256(t)),
+         acc);
+  }
+}
+#endif
+
 Q8T_ATTR static void one_q8_0(float *out, const struct kn_cpu_q8_in *in, const uint8_t *w,
                               size_t row_bytes, int B, int n, int acc) {
   const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not prefetched */
-  for (int j = 0; j < n; j++) {
+  for (int j = 0; j < n;) {
     const uint8_t *row = w + (size_t)j * row_bytes;
-    const uint8_t *want = row + row_bytes + Q8_PREFETCH_BYTES;
+    const uint8_t *want = row + 4 * row_bytes + Q8_PREFETCH_BYTES;
     for (want = want < end ? want : end; pf < want; pf += 64)
       _mm_prefetch((const char *)pf, _MM_HINT_T0);
+#if Q8T_VNNI
+    if (n - j >= 4) {
+      rows4_q8_0_z(out + j, in, row, row_bytes, B, acc);
+      j += 4;
+      continue;
+    }
+#endif
     __m256 e = _mm256_setzero_ps(), o = e;
     int b = 0;
     for (; b + 2 <= B; b += 2) {
@@ -528,6 +578,7 @@ Q8T_ATTR static void one_q8_0(float *out, const struct kn_cpu_q8_in *in, const u
     }
     if (b < B) e = step_q8_0(row, in, b, e);
     put1(out + j, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
+    j++;
   }
 }
 
