@@ -23,6 +23,7 @@
 #endif
 #include "tools/tl-main.h"
 #include "worker/wk-greedy.h"
+#include "worker/wk-main.h"
 #include "worker/wk-model.h"
 
 /* The KV plan: one entry per group, then the total (JSON: the fields that
@@ -149,13 +150,8 @@ int tl_bench_model_main(int argc, char **argv) {
                          opts, argc, argv);
   if (rc >= 0) return rc;
   int bf16 = 0, kv_dtype = 0, quant = 0;
-  char why[160];
-  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
-      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why)) ||
-      wk_quantization_parse(quant_s, &quant, why, sizeof(why))) {
-    fprintf(stderr, "lmserve bench model: %s\n", why);
+  if (wk_dtype_args("lmserve bench model", dtype, kv_dtype_s, quant_s, &bf16, &kv_dtype, &quant))
     return 2;
-  }
   if (!model) {
     fprintf(stderr, "lmserve bench model: --model DIR is required\n");
     return 2;

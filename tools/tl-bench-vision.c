@@ -78,6 +78,50 @@ static int prefill(struct wk_model *m, struct wk_page_alloc *pa, struct wk_seq_b
   return wk_model_forward(m, &bt, err, errlen);
 }
 
+/* A prompt of T random ids (from 1000, below 1000 + span) opening with bos,
+ * with N image ids from at on between boi and eoi. */
+static void fill_prompt(int32_t *toks, int T, int at, int N, uint32_t span, int32_t bos,
+                        int32_t boi, int32_t image, int32_t eoi, uint32_t *seed) {
+  for (int i = 0; i < T; i++)
+    toks[i] = (int32_t)(lcg(seed) % span) + 1000;
+  toks[0] = bos;
+  toks[at - 1] = boi;
+  for (int i = 0; i < N; i++)
+    toks[at + i] = image;
+  toks[at + N] = eoi;
+}
+
+/* The TTFT's stages (resize, patches or normalisation, encode, prefill)
+ * summed over the timed passes, and the best whole pass. */
+struct ttft {
+  double stage[4], best;
+};
+
+/* A timed pass from its five clock readings (before each stage, after the last). */
+static void ttft_add(struct ttft *t, const double clock[5]) {
+  for (int i = 0; i < 4; i++)
+    t->stage[i] += clock[i + 1] - clock[i];
+  if (clock[4] - clock[0] < t->best) t->best = clock[4] - clock[0];
+}
+
+/* The text model m (NULL: none) with its pages and a sequence's blocks. */
+static void free_text(struct wk_model *m, struct wk_seq_blocks *blk, struct wk_page_alloc *pa) {
+  if (m) wk_seq_blocks_release(blk, wk_model_kv_spec(m), pa);
+  wk_page_alloc_free(pa);
+  wk_model_free(m);
+}
+
+/* The model (and its model_type, when not NULL) and the backend. */
+static void print_setup(const char *model, const char *type, struct kn_backend *be,
+                        long long threads) {
+  if (type)
+    printf("model        %s (%s)\n", model, type);
+  else
+    printf("model        %s\n", model);
+  printf("backend      %s (%s), %lld threads\n", kn_backend_name(be),
+         kn_cpu_isa_name(kn_cpu_isa_detect()), threads);
+}
+
 /* Gemma 4's tower: images/s of batch src x src images at max_soft_tokens per
  * encoder pass, and the TTFT of one. */
 static int bench_g4(const char *model, struct kn_backend *be, int threads, int batch, int iters,
@@ -133,38 +177,30 @@ static int bench_g4(const char *model, struct kn_backend *be, int threads, int b
   toks = malloc(sizeof(int32_t) * (size_t)T);
   if (!toks || wk_page_alloc_init(&pa, wk_model_n_pages(m))) goto nomem;
   int at = text / 2 + 1; /* the soft tokens' first position */
-  for (int i = 0; i < T; i++)
-    toks[i] = (int32_t)(lcg(&seed) % (uint32_t)(c->vocab - 1000)) + 1000;
-  toks[0] = c->bos_id;
-  toks[at - 1] = vc.boi_id;
-  for (int i = 0; i < N; i++)
-    toks[at + i] = vc.image_id;
-  toks[at + N] = vc.eoi_id;
-  double t_resize = 0, t_patch = 0, t_one = 0, t_prefill = 0, best = INFINITY;
+  fill_prompt(toks, T, at, N, (uint32_t)(c->vocab - 1000), c->bos_id, vc.boi_id, vc.image_id,
+              vc.eoi_id, &seed);
+  struct ttft tt = {.best = INFINITY};
   for (int it = 0; it <= iters; it++) { /* pass 0 warms up */
-    double a = cm_time_s();
+    double clock[5];
+    clock[0] = cm_time_s();
     free(resized);
     resized = NULL;
     if ((rc = md_g4_image_resize(&resized, &info, img, src, src, &vc, mst, err, sizeof(err))))
       goto fail;
-    double b = cm_time_s();
+    clock[1] = cm_time_s();
     if ((rc = md_g4_image_patches(px, pos, &info, resized, info.width, info.height, &vc, err,
                                   sizeof(err))))
       goto fail;
-    double d = cm_time_s();
+    clock[2] = cm_time_s();
     struct wk_g4_image one = {px, pos, info};
     if ((rc = wk_vision_g4_encode(v, &one, 1, emb, err, sizeof(err)))) goto fail;
-    double f = cm_time_s();
+    clock[3] = cm_time_s();
     if ((rc = prefill(m, &pa, &blk, toks, T, at, N, emb, err, sizeof(err)))) goto fail;
-    double g = cm_time_s();
-    if (it == 0) continue;
-    t_resize += b - a, t_patch += d - b, t_one += f - d, t_prefill += g - f;
-    if (g - a < best) best = g - a;
+    clock[4] = cm_time_s();
+    if (it > 0) ttft_add(&tt, clock);
   }
   double k = (double)iters;
-  printf("model        %s (%s)\n", model, c->model_type);
-  printf("backend      %s (%s), %d threads\n", kn_backend_name(be),
-         kn_cpu_isa_name(kn_cpu_isa_detect()), threads);
+  print_setup(model, c->model_type, be, threads);
   printf("tower        Gemma 4: %d layers x %d, %d px patches; a %dx%d image at %d soft tokens: "
          "%dx%d px, %d patches, %d soft tokens of width %d\n",
          vc.n_layers, vc.hidden, vc.patch, src, src, mst ? mst : vc.default_tokens, info.width,
@@ -173,9 +209,9 @@ static int bench_g4(const char *model, struct kn_backend *be, int threads, int b
          batch, t_enc * 1e3);
   printf("ttft         %.1f ms mean, %.1f ms best: resize %dx%d -> %dx%d %.1f ms, patches "
          "%.1f ms, encode %.1f ms, prefill %d tokens %.1f ms\n",
-         (t_resize + t_patch + t_one + t_prefill) / k * 1e3, best * 1e3, src, src, info.width,
-         info.height, t_resize / k * 1e3, t_patch / k * 1e3, t_one / k * 1e3, T,
-         t_prefill / k * 1e3);
+         (tt.stage[0] + tt.stage[1] + tt.stage[2] + tt.stage[3]) / k * 1e3, tt.best * 1e3, src, src,
+         info.width, info.height, tt.stage[0] / k * 1e3, tt.stage[1] / k * 1e3,
+         tt.stage[2] / k * 1e3, T, tt.stage[3] / k * 1e3);
   status = 0;
   goto done;
 fail:
@@ -184,10 +220,8 @@ fail:
 nomem:
   fprintf(stderr, "lmserve bench vision: out of memory\n");
 done:
-  if (m) wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
-  wk_page_alloc_free(&pa);
+  free_text(m, &blk, &pa);
   free(img), free(resized), free(px), free(pos), free(emb), free(ims), free(toks), free(cfg);
-  wk_model_free(m);
   wk_vision_g4_free(v);
   return status;
 }
@@ -241,9 +275,7 @@ static int bench_audio(const char *model, struct kn_backend *be, int threads, in
     if ((rc = wk_audio_g4_encode(a, clips, batch, emb, err, sizeof(err)))) goto fail;
   double t_enc = (cm_time_s() - t0) / (double)iters;
   const struct md_audio_g4_cfg *ac = wk_audio_g4_config(a);
-  printf("model        %s\n", model);
-  printf("backend      %s (%s), %d threads\n", kn_backend_name(be),
-         kn_cpu_isa_name(kn_cpu_isa_detect()), threads);
+  print_setup(model, NULL, be, threads);
   printf("audio tower  Gemma 4: %d layers x %d, %d heads, chunks of %d frames, %d mel bins; a "
          "%.3g s clip: %zu frames, %d soft tokens of width %d\n",
          ac->n_layers, ac->hidden, ac->n_heads, ac->chunk, fe.n_mel, seconds, nf, N, H);
@@ -357,43 +389,34 @@ int tl_bench_vision_main(int argc, char **argv) {
   for (size_t i = 0; i < (size_t)src * (size_t)src * (size_t)C; i++)
     img[i] = (uint8_t)lcg(&seed);
   int at = (int)text / 2 + 2; /* the soft tokens' first position */
-  for (int i = 0; i < T; i++)
-    toks[i] = (int32_t)(lcg(&seed) % 200000u) + 1000;
-  toks[0] = c->bos_id;
-  toks[at - 1] = vc->boi_id;
-  for (int i = 0; i < N; i++)
-    toks[at + i] = vc->image_id;
-  toks[at + N] = vc->eoi_id;
-  double t_resize = 0, t_norm = 0, t_one = 0, t_prefill = 0, best = INFINITY;
+  fill_prompt(toks, T, at, N, 200000u, c->bos_id, vc->boi_id, vc->image_id, vc->eoi_id, &seed);
+  struct ttft tt = {.best = INFINITY};
   for (int it = 0; it <= iters; it++) { /* pass 0 warms up */
-    double a = cm_time_s();
+    double clock[5];
+    clock[0] = cm_time_s();
     if ((rc = md_image_resize_bilinear(resized, S, S, img, (int)src, (int)src, C))) goto fail_rc;
-    double b = cm_time_s();
+    clock[1] = cm_time_s();
     struct md_preproc_cfg pre = vc->pre;
     pre.do_resize = 0;
     if ((rc = md_image_preprocess(px, resized, S, S, C, &pre, err, sizeof(err)))) goto fail;
-    double d = cm_time_s();
+    clock[2] = cm_time_s();
     if ((rc = wk_vision_encode(v, px, 1, emb, err, sizeof(err)))) goto fail;
-    double f = cm_time_s();
+    clock[3] = cm_time_s();
     if ((rc = prefill(m, &pa, &blk, toks, T, at, N, emb, err, sizeof(err)))) goto fail;
-    double g = cm_time_s();
-    if (it == 0) continue;
-    t_resize += b - a, t_norm += d - b, t_one += f - d, t_prefill += g - f;
-    if (g - a < best) best = g - a;
+    clock[4] = cm_time_s();
+    if (it > 0) ttft_add(&tt, clock);
   }
   double k = (double)iters;
-  printf("model        %s (%s)\n", model, c->model_type);
-  printf("backend      %s (%s), %lld threads\n", kn_backend_name(be),
-         kn_cpu_isa_name(kn_cpu_isa_detect()), (long long)threads);
+  print_setup(model, c->model_type, be, (long long)threads);
   printf("tower        %d px, %d px patches, %d layers x %d, %d soft tokens of width %d\n", S,
          vc->patch, vc->n_layers, vc->hidden, N, H);
   printf("encoder      %.4g images/s (%lld per pass, %.1f ms per pass)\n", (double)batch / t_enc,
          (long long)batch, t_enc * 1e3);
   printf("ttft         %.1f ms mean, %.1f ms best: resize %lldx%lld -> %d %.1f ms, normalise "
          "%.1f ms, encode %.1f ms, prefill %d tokens %.1f ms\n",
-         (t_resize + t_norm + t_one + t_prefill) / k * 1e3, best * 1e3, (long long)src,
-         (long long)src, S, t_resize / k * 1e3, t_norm / k * 1e3, t_one / k * 1e3, T,
-         t_prefill / k * 1e3);
+         (tt.stage[0] + tt.stage[1] + tt.stage[2] + tt.stage[3]) / k * 1e3, tt.best * 1e3,
+         (long long)src, (long long)src, S, tt.stage[0] / k * 1e3, tt.stage[1] / k * 1e3,
+         tt.stage[2] / k * 1e3, T, tt.stage[3] / k * 1e3);
   status = 0;
   goto done;
 fail_rc:
@@ -404,14 +427,12 @@ fail:
 nomem:
   fprintf(stderr, "lmserve bench vision: out of memory\n");
 done:
-  if (m) wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
-  wk_page_alloc_free(&pa);
+  free_text(m, &blk, &pa);
   free(toks);
   free(img);
   free(resized);
   free(px);
   free(emb);
-  wk_model_free(m);
   wk_vision_free(v);
   kn_backend_destroy(be);
   return status;

@@ -51,6 +51,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,12 +91,9 @@ struct alayer {
 };
 
 struct wk_audio_g4 {
-  struct kn_backend *be;
-  struct md_st *st; /* open while host-memory backends point into its mappings */
-  struct md_config cfg;
-  struct md_audio_g4_cfg ac; /* = cfg.audio_g4 */
+  struct wk_tower t;
+  struct md_audio_g4_cfg ac; /* = t.cfg.audio_g4 */
   struct md_audio_fe_cfg fe; /* the checkpoint's feature extractor */
-  int text_hidden;           /* H */
   int n_mel, F1, F2;         /* frequency bins in, after conv 1, after conv 2 */
   int dmin, dmax;            /* the distances a frame sees */
 
@@ -103,13 +101,12 @@ struct wk_audio_g4 {
   const float *conv_ln[2]; /* [C_out] */
   const float *zeros;      /* [max(D, C0, C1)]: the LayerNorms' and q scale's bias */
   struct wk_clin in_proj;  /* [D, F2 C1] */
-  struct alayer *layers;   /* [n_layers] host (from the arena host) */
+  struct alayer *layers;   /* [n_layers] host (from the arena t.host) */
   struct wk_clin out_proj; /* [O, D] */
   const float *out_bias;   /* [O] */
   struct wk_clin emb_proj; /* [H, O] */
 
   /* scratch for max_frames valid frames (T0), T1 / T2 rows after each conv */
-  struct cm_arena host;
   int max_frames, T1, T2;
   float *feat_host;             /* [T0, n_mel] host */
   int32_t *first, *span;        /* [T2], [T2, 2] host: each row's clip */
@@ -120,22 +117,14 @@ struct wk_audio_g4 {
   float *c;                     /* [T2, 4D]: a clamped input */
   float *y;                     /* [T2, O] */
   float *emb;                   /* [T2, H] */
-
-  struct wk_owned owned; /* backend buffers */
 };
+
+_Static_assert(offsetof(struct wk_audio_g4, t) == 0, "a tower begins with its struct wk_tower");
 
 /* ---- memory ---------------------------------------------------------------- */
 
-static void *a_alloc(struct wk_audio_g4 *a, size_t bytes) {
-  return wk_owned_alloc(&a->owned, a->be, bytes);
-}
-
 void wk_audio_g4_free(struct wk_audio_g4 *a) {
-  if (!a) return;
-  wk_owned_free(&a->owned, a->be);
-  cm_arena_free(&a->host);
-  md_st_close(a->st);
-  free(a);
+  wk_tower_free((struct wk_tower *)a); /* a begins with its tower */
 }
 
 const struct md_audio_g4_cfg *wk_audio_g4_config(const struct wk_audio_g4 *a) {
@@ -143,7 +132,7 @@ const struct md_audio_g4_cfg *wk_audio_g4_config(const struct wk_audio_g4 *a) {
 }
 
 int wk_audio_g4_text_hidden(const struct wk_audio_g4 *a) {
-  return a->text_hidden;
+  return a->t.text_hidden;
 }
 
 /* ---- binding ------------------------------------------------------------------ */
@@ -152,7 +141,7 @@ int wk_audio_g4_text_hidden(const struct wk_audio_g4 *a) {
  * Gemma4AudioFeedForward, Gemma4AudioLightConv1d and Gemma4AudioLayer take
  * it from their first weight (f16: 65504). */
 static float clip_of(const struct wk_audio_g4 *a, const char *name) {
-  const struct md_tensor *t = md_st_find(a->st, name);
+  const struct md_tensor *t = md_st_find(a->t.st, name);
   double top = t && t->dtype == MD_ST_F16    ? 65504.0
                : t && t->dtype == MD_ST_BF16 ? 3.3895313892515355e38
                                              : FLT_MAX;
@@ -275,16 +264,12 @@ static void bind_ff(struct wk_audio_g4 *a, struct wk_tower_binder *b, struct aff
   f->clip = clip_of(a, name);
 }
 
-static int bind_all(struct wk_audio_g4 *a, char *err, size_t errlen) {
+static int bind_all(struct wk_tower *tower, char *err, size_t errlen) {
+  struct wk_audio_g4 *a = (struct wk_audio_g4 *)tower;
   const struct md_audio_g4_cfg *c = &a->ac;
-  struct wk_tower_binder b = {.be = a->be,
-                              .owned = &a->owned,
-                              .st = a->st,
-                              .what = "audio tower",
-                              .err = err,
-                              .errlen = errlen};
+  struct wk_tower_binder b = wk_tower_bind(tower, "audio tower", err, errlen);
   const char *AP = "model.audio_tower.", *EP = "model.embed_audio.";
-  if (!md_st_find(a->st, "model.audio_tower.output_proj.weight"))
+  if (!md_st_find(a->t.st, "model.audio_tower.output_proj.weight"))
     AP = "audio_tower.", EP = "embed_audio.";
   int D = c->hidden, hd = D / c->n_heads, C0 = c->conv_ch[0], C1 = c->conv_ch[1];
   int O = c->output_dims, cl = c->clipped_linears;
@@ -298,7 +283,7 @@ static int bind_all(struct wk_audio_g4 *a, char *err, size_t errlen) {
   a->conv_ln[1] = wk_tower_vec(&b, C1, "%slayer1.norm.weight", sp);
   snprintf(name, sizeof(name), "%sinput_proj_linear.weight", sp);
   a->in_proj = wk_tower_linear(&b, D, (int64_t)(C0 / 4) * C1, name);
-  a->layers = cm_arena_calloc(&a->host, (size_t)c->n_layers, sizeof(*a->layers));
+  a->layers = cm_arena_calloc(&a->t.host, (size_t)c->n_layers, sizeof(*a->layers));
   if (!a->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c->n_layers && !b.rc; i++) {
     struct alayer *l = &a->layers[i];
@@ -331,7 +316,7 @@ static int bind_all(struct wk_audio_g4 *a, char *err, size_t errlen) {
   a->out_proj = wk_tower_linear(&b, O, D, name);
   a->out_bias = wk_tower_vec(&b, O, "%soutput_proj.bias", AP);
   snprintf(name, sizeof(name), "%sembedding_projection.weight", EP);
-  a->emb_proj = wk_tower_linear(&b, a->text_hidden, O, name);
+  a->emb_proj = wk_tower_linear(&b, a->t.text_hidden, O, name);
   int nz = CM_MAX(D, CM_MAX(C0, C1));
   double *z = calloc((size_t)nz, sizeof(double));
   if (!z) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
@@ -342,28 +327,23 @@ static int bind_all(struct wk_audio_g4 *a, char *err, size_t errlen) {
 
 /* ---- scratch ----------------------------------------------------------------- */
 
-static int alloc_scratch(struct wk_audio_g4 *a, char *err, size_t errlen) {
+static int alloc_scratch(struct wk_tower *tower, char *err, size_t errlen) {
+  struct wk_audio_g4 *a = (struct wk_audio_g4 *)tower;
   const struct md_audio_g4_cfg *c = &a->ac;
   size_t T0 = (size_t)a->max_frames, D = (size_t)c->hidden, O = (size_t)c->output_dims;
   /* each clip rounds its rows up once per convolution */
   a->T1 = a->max_frames / 2 + A_MAX_CLIPS;
   a->T2 = a->T1 / 2 + A_MAX_CLIPS;
   size_t T1 = (size_t)a->T1, T2 = (size_t)a->T2;
-  a->feat_host = cm_arena_alloc(&a->host, T0 * (size_t)a->n_mel * sizeof(float));
-  a->first = cm_arena_alloc(&a->host, T2 * sizeof(int32_t));
-  a->span = cm_arena_alloc(&a->host, 2 * T2 * sizeof(int32_t));
-  a->feat = a_alloc(a, T0 * (size_t)a->n_mel * sizeof(float));
-  a->c0 = a_alloc(a, T1 * (size_t)a->F1 * (size_t)c->conv_ch[0] * sizeof(float));
-  a->c1 = a_alloc(a, T2 * (size_t)a->F2 * (size_t)c->conv_ch[1] * sizeof(float));
-  float **rows[] = {&a->x, &a->h, &a->o, &a->q, &a->k, &a->v, &a->a};
-  for (size_t i = 0; i < CM_ARRAY_LEN(rows); i++)
-    *rows[i] = a_alloc(a, T2 * D * sizeof(float));
-  a->g = a_alloc(a, T2 * 4 * D * sizeof(float));
-  a->c = a_alloc(a, T2 * 4 * D * sizeof(float));
-  a->y = a_alloc(a, T2 * O * sizeof(float));
-  a->emb = a_alloc(a, T2 * (size_t)a->text_hidden * sizeof(float));
-  if (!a->feat_host || !a->first || !a->span || !a->feat || !a->c0 || !a->c1 || !a->x || !a->h ||
-      !a->o || !a->q || !a->k || !a->v || !a->a || !a->g || !a->c || !a->y || !a->emb)
+  a->feat_host = cm_arena_alloc(&tower->host, T0 * (size_t)a->n_mel * sizeof(float));
+  if (!a->feat_host || WK_TOWER_INTS(tower, T2, &a->first) ||
+      WK_TOWER_INTS(tower, 2 * T2, &a->span) ||
+      WK_TOWER_FLOATS(tower, T0 * (size_t)a->n_mel, &a->feat) ||
+      WK_TOWER_FLOATS(tower, T1 * (size_t)a->F1 * (size_t)c->conv_ch[0], &a->c0) ||
+      WK_TOWER_FLOATS(tower, T2 * (size_t)a->F2 * (size_t)c->conv_ch[1], &a->c1) ||
+      WK_TOWER_FLOATS(tower, T2 * D, &a->x, &a->h, &a->o, &a->q, &a->k, &a->v, &a->a) ||
+      WK_TOWER_FLOATS(tower, T2 * 4 * D, &a->g, &a->c) || WK_TOWER_FLOATS(tower, T2 * O, &a->y) ||
+      WK_TOWER_FLOATS(tower, T2 * (size_t)tower->text_hidden, &a->emb))
     return cm_fail(err, errlen, CM_ERR_NOMEM,
                    "audio tower: out of memory for the scratch of %d frames", a->max_frames);
   return 0;
@@ -371,58 +351,52 @@ static int alloc_scratch(struct wk_audio_g4 *a, char *err, size_t errlen) {
 
 /* ---- load ------------------------------------------------------------------- */
 
-int wk_audio_g4_load(const char *dir, struct kn_backend *be, const struct wk_audio_g4_opts *opts,
-                     struct wk_audio_g4 **out, char *err, size_t errlen) {
-  *out = NULL;
-  if (!dir || !be)
-    return cm_fail(err, errlen, CM_ERR_INVAL, "audio tower: no directory or backend");
-  struct wk_audio_g4 *a = calloc(1, sizeof(*a));
-  if (!a) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  a->be = be;
-  cm_arena_init(&a->host, 64u << 10, 0);
-  int rc = md_config_load(dir, &a->cfg, err, errlen);
-  if (rc) goto fail;
-  if (!a->cfg.audio_g4.present) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: the checkpoint has no Gemma 4 audio tower (model_type \"%s\")", dir,
-                 a->cfg.model_type);
-    goto fail;
-  }
-  a->ac = a->cfg.audio_g4;
-  a->text_hidden = a->cfg.hidden;
-  if ((rc = md_audio_fe_load(dir, &a->fe, err, errlen))) goto fail;
+static int setup(struct wk_tower *tower, const char *dir, const void *opts_, char *err,
+                 size_t errlen) {
+  struct wk_audio_g4 *a = (struct wk_audio_g4 *)tower;
+  const struct wk_audio_g4_opts *opts = opts_;
+  if (!tower->cfg.audio_g4.present)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: the checkpoint has no Gemma 4 audio tower (model_type \"%s\")", dir,
+                   tower->cfg.model_type);
+  a->ac = tower->cfg.audio_g4;
+  int rc = md_audio_fe_load(dir, &a->fe, err, errlen);
+  if (rc) return rc;
   a->n_mel = a->fe.n_mel;
   a->F1 = (a->n_mel + 1) / 2;
   a->F2 = (a->F1 + 1) / 2;
-  if (a->F2 != a->ac.conv_ch[0] / 4) {
-    rc = cm_fail(err, errlen, CM_ERR_INVAL,
-                 "audio tower: the feature extractor's feature_size %d leaves %d frequency bins "
-                 "after the subsampling convolutions, input_proj_linear takes "
-                 "subsampling_conv_channels[0] / 4 = %d",
-                 a->n_mel, a->F2, a->ac.conv_ch[0] / 4);
-    goto fail;
-  }
+  if (a->F2 != a->ac.conv_ch[0] / 4)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "audio tower: the feature extractor's feature_size %d leaves %d frequency bins "
+                   "after the subsampling convolutions, input_proj_linear takes "
+                   "subsampling_conv_channels[0] / 4 = %d",
+                   a->n_mel, a->F2, a->ac.conv_ch[0] / 4);
   a->dmin = a->ac.ctx_right > 0 ? 1 - a->ac.ctx_right : 0;
   a->dmax = a->ac.ctx_left - 2;
   int hd = a->ac.hidden / a->ac.n_heads;
   long long frames = (long long)md_audio_fe_frames(&a->fe, (size_t)a->fe.max_samples);
   a->max_frames = opts && opts->max_frames > 0 ? opts->max_frames : (int)CM_MIN(frames, 1 << 22);
   if (hd > KN_MAX_HEAD_DIM || a->dmax - a->dmin + 1 > KN_LOCAL_ATTN_MAX_KEYS ||
-      a->max_frames > (1 << 22)) {
-    rc = cm_fail(err, errlen, CM_ERR_TOOBIG,
-                 "audio tower: head_dim %d (at most %d), %d keys a frame sees (at most %d), %d "
-                 "frames per pass (at most %d)",
-                 hd, KN_MAX_HEAD_DIM, a->dmax - a->dmin + 1, KN_LOCAL_ATTN_MAX_KEYS, a->max_frames,
-                 1 << 22);
-    goto fail;
-  }
-  if ((rc = md_st_open_dir(dir, &a->st, err, errlen))) goto fail;
-  if ((rc = bind_all(a, err, errlen))) goto fail;
-  if ((rc = alloc_scratch(a, err, errlen))) goto fail;
-  *out = a;
+      a->max_frames > (1 << 22))
+    return cm_fail(err, errlen, CM_ERR_TOOBIG,
+                   "audio tower: head_dim %d (at most %d), %d keys a frame sees (at most %d), %d "
+                   "frames per pass (at most %d)",
+                   hd, KN_MAX_HEAD_DIM, a->dmax - a->dmin + 1, KN_LOCAL_ATTN_MAX_KEYS,
+                   a->max_frames, 1 << 22);
   return 0;
-fail:
-  wk_audio_g4_free(a);
+}
+
+static const struct wk_tower_kind audio_g4_kind = {.what = "audio tower",
+                                                   .size = sizeof(struct wk_audio_g4),
+                                                   .setup = setup,
+                                                   .bind = bind_all,
+                                                   .scratch = alloc_scratch};
+
+int wk_audio_g4_load(const char *dir, struct kn_backend *be, const struct wk_audio_g4_opts *opts,
+                     struct wk_audio_g4 **out, char *err, size_t errlen) {
+  struct wk_tower *t;
+  int rc = wk_tower_load(&audio_g4_kind, dir, be, opts, &t, err, errlen);
+  *out = (struct wk_audio_g4 *)t; /* it begins with its tower */
   return rc;
 }
 
@@ -430,22 +404,22 @@ fail:
 
 static int clin(struct wk_audio_g4 *a, float *out, const float *in, const struct wk_clin *m, int T,
                 int N, int K) {
-  return wk_clin_run(a->be, a->c, out, in, m, T, N, K);
+  return wk_clin_run(a->t.be, a->c, out, in, m, T, N, K);
 }
 
 /* h = rmsnorm(clamp(x, +-clip), w, eps) over S rows of D (x untouched). */
 static int clamp_norm(struct wk_audio_g4 *a, float *h, const float *x, float clip, const float *w,
                       float eps, int S) {
   int D = a->ac.hidden, rc;
-  if ((rc = kn_clamp(a->be, a->c, x, -clip, clip, (size_t)S * D))) return rc;
-  return kn_rmsnorm(a->be, h, D, a->c, D, S, D, w, KN_DTYPE_F32, eps, KN_NORM_MUL_W);
+  if ((rc = kn_clamp(a->t.be, a->c, x, -clip, clip, (size_t)S * D))) return rc;
+  return kn_rmsnorm(a->t.be, h, D, a->c, D, S, D, w, KN_DTYPE_F32, eps, KN_NORM_MUL_W);
 }
 
 /* x += rmsnorm(clamp(o), w) (o clamped in place; w may carry a scale). */
 static int join(struct wk_audio_g4 *a, float *x, float *o, float clip, const float *w, int S) {
   int D = a->ac.hidden, rc;
-  if ((rc = kn_clamp(a->be, o, o, -clip, clip, (size_t)S * D))) return rc;
-  return kn_add_norm(a->be, x, D, o, D, NULL, D, S, D, w, NULL, KN_DTYPE_F32, 1.0f, A_EPS6,
+  if ((rc = kn_clamp(a->t.be, o, o, -clip, clip, (size_t)S * D))) return rc;
+  return kn_add_norm(a->t.be, x, D, o, D, NULL, D, S, D, w, NULL, KN_DTYPE_F32, 1.0f, A_EPS6,
                      KN_NORM_MUL_W);
 }
 
@@ -454,7 +428,7 @@ static int feed_forward(struct wk_audio_g4 *a, const struct aff *f, int S) {
   int D = a->ac.hidden, rc;
   if ((rc = clamp_norm(a, a->h, a->x, f->clip, f->pre_norm, A_EPS6, S)) ||
       (rc = clin(a, a->g, a->h, &f->w1, S, 4 * D, D)) ||
-      (rc = kn_bias_act(a->be, a->g, 4 * D, a->g, 4 * D, NULL, S, 4 * D, KN_ACT_SILU)) ||
+      (rc = kn_bias_act(a->t.be, a->g, 4 * D, a->g, 4 * D, NULL, S, 4 * D, KN_ACT_SILU)) ||
       (rc = clin(a, a->o, a->g, &f->w2, S, D, 4 * D)))
     return rc;
   return join(a, a->x, a->o, f->clip, f->post_norm, S);
@@ -463,7 +437,7 @@ static int feed_forward(struct wk_audio_g4 *a, const struct aff *f, int S) {
 /* One Gemma4AudioLayer on x [S, D]. */
 static int layer(struct wk_audio_g4 *a, const struct alayer *l, int S) {
   const struct md_audio_g4_cfg *c = &a->ac;
-  struct kn_backend *be = a->be;
+  struct kn_backend *be = a->t.be;
   int D = c->hidden, nh = c->n_heads, hd = D / nh, rc;
   float eps = (float)c->eps;
   static const double k_scale = 1.4426950408889634 * 1.3132616875182228; /* ln(1 + e) / ln 2 */
@@ -502,17 +476,17 @@ static int subsample(struct wk_audio_g4 *a, int j, float *out, const float *in, 
   int co = a->ac.conv_ch[j], Fo = (F + 1) / 2, rc, total = 0;
   for (int i = 0; i < n; i++) {
     if (!rows[i]) continue;
-    if ((rc = kn_conv3x3_s2(a->be, out + (size_t)total * Fo * co, in, a->conv_w[j], rows[i], F, ci,
-                            co)))
+    if ((rc = kn_conv3x3_s2(a->t.be, out + (size_t)total * Fo * co, in, a->conv_w[j], rows[i], F,
+                            ci, co)))
       return rc;
     in += (size_t)rows[i] * F * ci;
     total += (rows[i] + 1) / 2;
   }
   int pos = total * Fo;
-  if ((rc = kn_layernorm(a->be, out, co, out, co, pos, co, a->conv_ln[j], a->zeros, KN_DTYPE_F32,
+  if ((rc = kn_layernorm(a->t.be, out, co, out, co, pos, co, a->conv_ln[j], a->zeros, KN_DTYPE_F32,
                          (float)a->ac.eps)))
     return rc;
-  return kn_bias_act(a->be, out, co, out, co, NULL, pos, co, KN_ACT_RELU);
+  return kn_bias_act(a->t.be, out, co, out, co, NULL, pos, co, KN_ACT_RELU);
 }
 
 /* The valid frames of a clip (its mask's leading run of ones), or -1 when
@@ -529,7 +503,7 @@ static int valid_frames(const struct wk_g4_audio *c) {
 /* Clips [0, n) (their valid frames fit max_frames) -> out [their soft tokens, H]. */
 static int encode_pass(struct wk_audio_g4 *a, const struct wk_g4_audio *clips, int n, float *out) {
   const struct md_audio_g4_cfg *c = &a->ac;
-  struct kn_backend *be = a->be;
+  struct kn_backend *be = a->t.be;
   int D = c->hidden, C0 = c->conv_ch[0], C1 = c->conv_ch[1], O = c->output_dims;
   int r0[A_MAX_CLIPS], r1[A_MAX_CLIPS], T0 = 0, S = 0, rc;
   for (int i = 0; i < n; i++) {
@@ -558,9 +532,9 @@ static int encode_pass(struct wk_audio_g4 *a, const struct wk_g4_audio *clips, i
       (rc = kn_bias_act(be, a->y, O, a->y, O, a->out_bias, S, O, KN_ACT_NONE)) ||
       (rc = kn_rmsnorm(be, a->y, O, a->y, O, S, O, NULL, KN_DTYPE_F32, (float)c->eps,
                        KN_NORM_NO_W)) ||
-      (rc = clin(a, a->emb, a->y, &a->emb_proj, S, a->text_hidden, O)))
+      (rc = clin(a, a->emb, a->y, &a->emb_proj, S, a->t.text_hidden, O)))
     return rc;
-  return kn_download(be, out, a->emb, (size_t)S * (size_t)a->text_hidden * sizeof(float));
+  return kn_download(be, out, a->emb, (size_t)S * (size_t)a->t.text_hidden * sizeof(float));
 }
 
 int wk_audio_g4_encode(struct wk_audio_g4 *a, const struct wk_g4_audio *clips, int n, float *out,
@@ -578,7 +552,7 @@ int wk_audio_g4_encode(struct wk_audio_g4 *a, const struct wk_g4_audio *clips, i
                      "frames, the soft tokens md_audio_soft_tokens gives)",
                      i, c->n_frames, v, c->soft_tokens, a->max_frames);
   }
-  size_t H = (size_t)a->text_hidden;
+  size_t H = (size_t)a->t.text_hidden;
   for (int i0 = 0; i0 < n;) {
     int k = 0, T = 0;
     while (i0 + k < n && k < A_MAX_CLIPS && T + valid_frames(&clips[i0 + k]) <= a->max_frames)

@@ -446,6 +446,18 @@ static int local_rank_of(int64_t flag, int seen, int64_t rank) {
   return (int)v;
 }
 
+int wk_dtype_args(const char *who, const char *dtype, const char *kv_dtype, const char *quant,
+                  int *bf16, int *kv_dtype_out, int *quant_out) {
+  char why[160];
+  if (kn_backend_dtype_parse(dtype, bf16, why, sizeof(why)) ||
+      wk_kv_dtype_parse(kv_dtype, kv_dtype_out, why, sizeof(why)) ||
+      wk_quantization_parse(quant, quant_out, why, sizeof(why))) {
+    fprintf(stderr, "%s: %s\n", who, why);
+    return -1;
+  }
+  return 0;
+}
+
 int wk_worker_main(int argc, char **argv) {
   const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
   const char *dtype = "auto", *kv_dtype_s = "auto", *quant_s = "none";
@@ -534,13 +546,8 @@ int wk_worker_main(int argc, char **argv) {
     return 2;
   }
   int bf16 = 0, kv_dtype = 0, quant = 0;
-  char why[160];
-  if (kn_backend_dtype_parse(dtype, &bf16, why, sizeof(why)) ||
-      wk_kv_dtype_parse(kv_dtype_s, &kv_dtype, why, sizeof(why)) ||
-      wk_quantization_parse(quant_s, &quant, why, sizeof(why))) {
-    fprintf(stderr, "lmserve worker: %s\n", why);
+  if (wk_dtype_args("lmserve worker", dtype, kv_dtype_s, quant_s, &bf16, &kv_dtype, &quant))
     return 2;
-  }
   if (threads == 0 && world > 1) { /* each rank owns its cores: cores / N */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     threads = cores / world > 0 ? cores / world : 1;

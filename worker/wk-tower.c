@@ -1,5 +1,5 @@
-/* wk-tower.c — the encoder towers' weight binding and clippable linear
- * (wk-tower.h). */
+/* wk-tower.c — what the encoder towers share: their state, weight binding,
+ * the clippable linear and the scratch KV pages (wk-tower.h). */
 #include "worker/wk-tower.h"
 
 #include <math.h>
@@ -11,6 +11,66 @@
 #include "kernels/kn-dtype.h"
 #include "model/md-safetensors.h"
 #include "worker/wk-owned.h"
+
+void wk_tower_free(struct wk_tower *t) {
+  if (!t) return;
+  wk_owned_free(&t->owned, t->be);
+  cm_arena_free(&t->host);
+  md_st_close(t->st);
+  free(t);
+}
+
+int wk_tower_load(const struct wk_tower_kind *k, const char *dir, struct kn_backend *be,
+                  const void *opts, struct wk_tower **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!dir || !be)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "%s: no directory or backend", k->what);
+  struct wk_tower *t = calloc(1, k->size);
+  if (!t) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  t->be = be;
+  cm_arena_init(&t->host, 64u << 10, 0);
+  int rc = md_config_load(dir, &t->cfg, err, errlen);
+  t->text_hidden = t->cfg.hidden;
+  if (rc || (rc = k->setup(t, dir, opts, err, errlen)) ||
+      (rc = md_st_open_dir(dir, &t->st, err, errlen)) || (rc = k->bind(t, err, errlen)) ||
+      (rc = k->scratch(t, err, errlen))) {
+    wk_tower_free(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+void *wk_tower_alloc(struct wk_tower *t, size_t bytes) {
+  return wk_owned_alloc(&t->owned, t->be, bytes);
+}
+
+int wk_tower_floats(struct wk_tower *t, size_t n, float **const *bufs, size_t count) {
+  for (size_t i = 0; i < count; i++)
+    if (!(*bufs[i] = wk_tower_alloc(t, n * sizeof(float)))) return CM_ERR_NOMEM;
+  return 0;
+}
+
+int wk_tower_ints(struct wk_tower *t, size_t n, int32_t **const *bufs, size_t count) {
+  for (size_t i = 0; i < count; i++)
+    if (!(*bufs[i] = cm_arena_alloc(&t->host, n * sizeof(int32_t)))) return CM_ERR_NOMEM;
+  return 0;
+}
+
+int wk_tower_prefix(const struct md_st *st, const char *const *prefixes, int n, const char *probe) {
+  for (int i = 0; i < n; i++) {
+    char name[256];
+    snprintf(name, sizeof(name), "%s%s", prefixes[i], probe);
+    if (md_st_find(st, name)) return i;
+  }
+  return -1;
+}
+
+struct wk_tower_binder wk_tower_bind(struct wk_tower *t, const char *what, char *err,
+                                     size_t errlen) {
+  return (struct wk_tower_binder){
+      .be = t->be, .owned = &t->owned, .st = t->st, .what = what, .err = err, .errlen = errlen};
+}
 
 static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
   size_t l = 0;
@@ -152,4 +212,44 @@ int wk_clin_run(struct kn_backend *be, float *scratch, float *out, const float *
   if (isfinite(m->out_lo) || isfinite(m->out_hi))
     rc = kn_clamp(be, out, out, m->out_lo, m->out_hi, (size_t)T * (size_t)N);
   return rc;
+}
+
+int wk_tower_kv_alloc(struct wk_tower *t, struct wk_tower_kv *kv, int n_pages, int block_tokens,
+                      int n_kv_heads, int head_dim, size_t max_rows, int max_seqs) {
+  /* one layer's K (or V) per page */
+  size_t half = (size_t)block_tokens * (size_t)n_kv_heads * (size_t)head_dim * sizeof(float);
+  kv->view = (struct kn_kv_view){.page_bytes = 2 * half,
+                                 .n_pages = n_pages,
+                                 .k_off = 0,
+                                 .v_off = half,
+                                 .block_tokens = block_tokens,
+                                 .n_kv_heads = n_kv_heads,
+                                 .head_dim = head_dim,
+                                 .dtype = KN_DTYPE_F32};
+  kv->block_tables = cm_arena_alloc(&t->host, sizeof(int32_t) * (size_t)n_pages);
+  kv->slots = cm_arena_alloc(&t->host, sizeof(int32_t) * max_rows);
+  kv->bidir = cm_arena_alloc(&t->host, sizeof(int32_t) * 2 * (size_t)max_seqs);
+  kv->seqs = cm_arena_calloc(&t->host, (size_t)max_seqs, sizeof(*kv->seqs));
+  kv->view.pool = wk_tower_alloc(t, (size_t)n_pages * kv->view.page_bytes);
+  if (!kv->block_tables || !kv->slots || !kv->bidir || !kv->seqs || !kv->view.pool)
+    return CM_ERR_NOMEM;
+  for (int i = 0; i < n_pages; i++)
+    kv->block_tables[i] = i;
+  return 0;
+}
+
+int wk_tower_kv_seq(struct wk_tower_kv *kv, int i, int row0, int n, int page0) {
+  int bt = kv->view.block_tokens, pages = (n + bt - 1) / bt;
+  for (int p = 0; p < n; p++)
+    kv->slots[row0 + p] = page0 * bt + p;
+  kv->bidir[2 * i] = 0;
+  kv->bidir[2 * i + 1] = n;
+  kv->seqs[i] = (struct kn_attn_seq){.q_begin = row0,
+                                     .n_q = n,
+                                     .pos0 = 0,
+                                     .block_table = kv->block_tables + page0,
+                                     .n_blocks = pages,
+                                     .bidir = kv->bidir + 2 * i,
+                                     .n_bidir = 1};
+  return pages;
 }

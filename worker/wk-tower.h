@@ -1,5 +1,6 @@
-/* wk-tower.h — weight binding and the clippable linear shared by the
- * encoder towers (wk-vision.c, wk-vision-g4.c, wk-audio-g4.c).
+/* wk-tower.h — what the encoder towers (wk-vision.c, wk-vision-g4.c,
+ * wk-audio-g4.c) share: the state every tower holds, weight binding, the
+ * clippable linear and the scratch KV pages of whole-image attention.
  *
  * A binder carries the first failure: every call is a no-op once b->rc is
  * set, and a failing call sets it with one sentence in b->err naming the
@@ -10,11 +11,63 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm-arena.h"
 #include "kernels/kn-backend.h"
+#include "model/md-config.h"
+#include "worker/wk-owned.h"
 
 struct md_st;
 struct md_tensor;
-struct wk_owned;
+
+/* What every tower holds: its backend, checkpoint and config, and the
+ * memory it owns. A tower's struct begins with one, as its member t. */
+struct wk_tower {
+  struct kn_backend *be;
+  struct md_st *st; /* open while host-memory backends point into its mappings */
+  struct md_config cfg;
+  int text_hidden;       /* H: width of the output embeddings (the text model's hidden) */
+  struct cm_arena host;  /* host arrays */
+  struct wk_owned owned; /* backend buffers */
+};
+
+/* How a tower of one kind loads. Once its config is read, setup checks it
+ * (the tower's own section there, its sizes within limits) and derives the
+ * tower's sizes; then, the checkpoint open, bind binds the weights and
+ * scratch lays out a pass's buffers. Each gets the tower's struct as the
+ * struct wk_tower it begins with; 0 or a negative cm_err with the reason in
+ * err. */
+struct wk_tower_kind {
+  const char *what; /* "vision tower": the subject of the messages */
+  size_t size;      /* bytes of the tower's struct */
+  int (*setup)(struct wk_tower *t, const char *dir, const void *opts, char *err, size_t errlen);
+  int (*bind)(struct wk_tower *t, char *err, size_t errlen);
+  int (*scratch)(struct wk_tower *t, char *err, size_t errlen);
+};
+
+/* A tower of kind k (opts its own options) from the checkpoint in dir on be
+ * (which must outlive it) into *out: 0, or a negative cm_err with the
+ * reason in err and *out NULL. */
+int wk_tower_load(const struct wk_tower_kind *k, const char *dir, struct kn_backend *be,
+                  const void *opts, struct wk_tower **out, char *err, size_t errlen);
+/* Frees a tower wk_tower_load made, all it owns (NULL is a no-op). */
+void wk_tower_free(struct wk_tower *t);
+
+/* A backend buffer of bytes that t owns (NULL when out of memory). */
+void *wk_tower_alloc(struct wk_tower *t, size_t bytes);
+/* count backend buffers of n floats each into *bufs[i], owned by t: 0, or
+ * CM_ERR_NOMEM when one cannot be had. */
+int wk_tower_floats(struct wk_tower *t, size_t n, float **const *bufs, size_t count);
+#define WK_TOWER_FLOATS(t, n, ...)                                                                 \
+  wk_tower_floats((t), (n), (float **const[]){__VA_ARGS__},                                        \
+                  sizeof((float **const[]){__VA_ARGS__}) / sizeof(float **))
+/* The same for host arrays of n int32 each, from t's arena. */
+int wk_tower_ints(struct wk_tower *t, size_t n, int32_t **const *bufs, size_t count);
+#define WK_TOWER_INTS(t, n, ...)                                                                   \
+  wk_tower_ints((t), (n), (int32_t * *const[]){__VA_ARGS__},                                       \
+                sizeof((int32_t **const[]){__VA_ARGS__}) / sizeof(int32_t **))
+/* The first of n prefixes under which st holds the tensor PREFIX probe:
+ * its index, or -1 when none does. */
+int wk_tower_prefix(const struct md_st *st, const char *const *prefixes, int n, const char *probe);
 
 struct wk_tower_binder {
   struct kn_backend *be;
@@ -25,6 +78,10 @@ struct wk_tower_binder {
   size_t errlen;
   int rc; /* first failure */
 };
+
+/* A binder of t's weights (its checkpoint open). */
+struct wk_tower_binder wk_tower_bind(struct wk_tower *t, const char *what, char *err,
+                                     size_t errlen);
 
 /* The tensor `name` with exactly the dims given, in a float dtype. */
 const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *name, int ndim,
@@ -63,5 +120,25 @@ struct wk_clin wk_tower_clin(struct wk_tower_binder *b, int64_t rows, int64_t co
  * its bounds are finite, kn_matmul, the output clamped in place. */
 int wk_clin_run(struct kn_backend *be, float *scratch, float *out, const float *in,
                 const struct wk_clin *m, int T, int N, int K);
+
+/* Scratch KV pages (f32, one layer at a time) for attention over whole
+ * inputs: each input one sequence whose whole span is a bidirectional
+ * range, on pages of its own. */
+struct wk_tower_kv {
+  struct kn_kv_view view;
+  int32_t *block_tables;    /* [n_pages] host: page i is i */
+  int32_t *slots;           /* [max_rows] host */
+  int32_t *bidir;           /* [max_seqs, 2] host */
+  struct kn_attn_seq *seqs; /* [max_seqs] host */
+};
+
+/* kv's pages (n_pages of block_tokens positions, n_kv_heads x head_dim
+ * each) and its host arrays for max_rows rows in max_seqs sequences, owned
+ * by t. 0, or CM_ERR_NOMEM. */
+int wk_tower_kv_alloc(struct wk_tower *t, struct wk_tower_kv *kv, int n_pages, int block_tokens,
+                      int n_kv_heads, int head_dim, size_t max_rows, int max_seqs);
+/* Sequence i: rows [row0, row0 + n) on the pages from page0 on. Returns the
+ * pages it takes. */
+int wk_tower_kv_seq(struct wk_tower_kv *kv, int i, int row0, int n, int page0);
 
 #endif

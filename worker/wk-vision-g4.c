@@ -25,6 +25,7 @@
 #include "worker/wk-vision-g4.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,11 +51,8 @@ struct g4layer {
 };
 
 struct wk_vision_g4 {
-  struct kn_backend *be;
-  struct md_st *st; /* open while host-memory backends point into its mappings */
-  struct md_config cfg;
-  struct md_vision_g4_cfg vc; /* = cfg.vision_g4 */
-  int text_hidden;            /* H */
+  struct wk_tower t;
+  struct md_vision_g4_cfg vc; /* = t.cfg.vision_g4 */
   int pd;                     /* 3 patch^2: floats per patch */
   int qd, kvd;                /* nh hd, nkv hd */
 
@@ -68,7 +66,6 @@ struct wk_vision_g4 {
   const float *inv_freq;  /* [hd / 4] */
 
   /* scratch for max_patches rows (T) and max_images images per pass */
-  struct cm_arena host;
   int max_patches, max_images, max_pages;
   float *patches_host;      /* [T, pd] host */
   int32_t *px, *py;         /* [T] host: patch positions */
@@ -82,27 +79,15 @@ struct wk_vision_g4 {
   float *c;                 /* [T, max(D, qd, F)]: a clamped input */
   float *pooled;            /* [T / pool^2, D] */
   float *emb;               /* [T / pool^2, H] */
-  struct kn_kv_view view;   /* the scratch KV pages */
-  int32_t *block_tables;    /* [max_pages] host */
-  int32_t *slots;           /* [T] host */
-  int32_t *bidir;           /* [max_images, 2] host */
-  struct kn_attn_seq *seqs; /* [max_images] host */
-
-  struct wk_owned owned; /* backend buffers */
+  struct wk_tower_kv kv;    /* max_pages pages, max_images sequences */
 };
+
+_Static_assert(offsetof(struct wk_vision_g4, t) == 0, "a tower begins with its struct wk_tower");
 
 /* ---- memory ---------------------------------------------------------------- */
 
-static void *g4_alloc(struct wk_vision_g4 *v, size_t bytes) {
-  return wk_owned_alloc(&v->owned, v->be, bytes);
-}
-
 void wk_vision_g4_free(struct wk_vision_g4 *v) {
-  if (!v) return;
-  wk_owned_free(&v->owned, v->be);
-  cm_arena_free(&v->host);
-  md_st_close(v->st);
-  free(v);
+  wk_tower_free((struct wk_tower *)v); /* v begins with its tower */
 }
 
 const struct md_vision_g4_cfg *wk_vision_g4_config(const struct wk_vision_g4 *v) {
@@ -110,40 +95,24 @@ const struct md_vision_g4_cfg *wk_vision_g4_config(const struct wk_vision_g4 *v)
 }
 
 int wk_vision_g4_text_hidden(const struct wk_vision_g4 *v) {
-  return v->text_hidden;
+  return v->t.text_hidden;
 }
 
 /* ---- binding ------------------------------------------------------------------ */
 
-/* "model.vision_tower." with "model.embed_vision.", or the same without "model.". */
-static int find_prefixes(const struct md_st *st, const char **vp, const char **ep) {
+static int bind_all(struct wk_tower *tower, char *err, size_t errlen) {
+  struct wk_vision_g4 *v = (struct wk_vision_g4 *)tower;
+  const struct md_vision_g4_cfg *c = &v->vc;
+  struct wk_tower_binder b = wk_tower_bind(tower, "vision tower", err, errlen);
+  /* "model.vision_tower." with "model.embed_vision.", or the same without "model." */
   static const char *const vps[] = {"model.vision_tower.", "vision_tower."};
   static const char *const eps[] = {"model.embed_vision.", "embed_vision."};
-  for (int i = 0; i < 2; i++) {
-    char name[128];
-    snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", vps[i]);
-    if (md_st_find(st, name)) {
-      *vp = vps[i];
-      *ep = eps[i];
-      return 0;
-    }
-  }
-  return CM_ERR_NOENT;
-}
-
-static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
-  const struct md_vision_g4_cfg *c = &v->vc;
-  struct wk_tower_binder b = {.be = v->be,
-                              .owned = &v->owned,
-                              .st = v->st,
-                              .what = "vision tower",
-                              .err = err,
-                              .errlen = errlen};
-  const char *VP, *EP;
-  if (find_prefixes(v->st, &VP, &EP))
+  int at = wk_tower_prefix(tower->st, vps, 2, "patch_embedder.input_proj.weight");
+  if (at < 0)
     return cm_fail(err, errlen, CM_ERR_NOENT,
                    "vision tower: no patch_embedder.input_proj.weight under model.vision_tower. "
                    "or vision_tower.");
+  const char *VP = vps[at], *EP = eps[at];
   int D = c->hidden, F = c->ffn, hd = c->head_dim, cl = c->clipped_linears;
   char name[256];
   snprintf(name, sizeof(name), "%spatch_embedder.input_proj.weight", VP);
@@ -154,7 +123,7 @@ static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
     v->pos_dt = (enum kn_dtype)t->dtype;
     v->pos_table = wk_tower_place(&b, t->data, t->nbytes, 0);
   }
-  v->layers = cm_arena_calloc(&v->host, (size_t)c->n_layers, sizeof(*v->layers));
+  v->layers = cm_arena_calloc(&v->t.host, (size_t)c->n_layers, sizeof(*v->layers));
   if (!v->layers) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   for (int i = 0; i < c->n_layers && !b.rc; i++) {
     struct g4layer *l = &v->layers[i];
@@ -179,7 +148,7 @@ static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
     v->std_scale = wk_tower_vec(&b, D, "%sstd_scale", VP);
   }
   snprintf(name, sizeof(name), "%sembedding_projection.weight", EP);
-  v->proj = wk_tower_linear(&b, v->text_hidden, D, name);
+  v->proj = wk_tower_linear(&b, v->t.text_hidden, D, name);
   if (b.rc) return b.rc;
   /* compute_default_rope_parameters: theta^-(2i / (hd / 2)), i < hd / 4, in
    * double rounded once */
@@ -193,7 +162,8 @@ static int bind_all(struct wk_vision_g4 *v, char *err, size_t errlen) {
 
 /* ---- scratch ----------------------------------------------------------------- */
 
-static int alloc_scratch(struct wk_vision_g4 *v, char *err, size_t errlen) {
+static int alloc_scratch(struct wk_tower *tower, char *err, size_t errlen) {
+  struct wk_vision_g4 *v = (struct wk_vision_g4 *)tower;
   const struct md_vision_g4_cfg *c = &v->vc;
   size_t T = (size_t)v->max_patches, D = (size_t)c->hidden, F = (size_t)c->ffn;
   size_t wide = CM_MAX(D, (size_t)v->qd), widest = CM_MAX(wide, F);
@@ -202,90 +172,59 @@ static int alloc_scratch(struct wk_vision_g4 *v, char *err, size_t errlen) {
   /* an image has at least pool^2 patches: so many images fit a pass */
   v->max_images = v->max_patches / (c->pool * c->pool) + 1;
   v->max_pages = v->max_patches / bt + v->max_images;
-  size_t half = (size_t)bt * (size_t)v->kvd * sizeof(float); /* one layer's K (or V) per page */
-  v->view = (struct kn_kv_view){.page_bytes = 2 * half,
-                                .n_pages = v->max_pages,
-                                .k_off = 0,
-                                .v_off = half,
-                                .block_tokens = bt,
-                                .n_kv_heads = c->n_kv_heads,
-                                .head_dim = c->head_dim,
-                                .dtype = KN_DTYPE_F32};
-  v->patches_host = cm_arena_alloc(&v->host, T * (size_t)v->pd * sizeof(float));
-  v->px = cm_arena_alloc(&v->host, T * sizeof(int32_t));
-  v->py = cm_arena_alloc(&v->host, T * sizeof(int32_t));
-  v->qx = cm_arena_alloc(&v->host, T * (size_t)c->n_heads * sizeof(int32_t));
-  v->qy = cm_arena_alloc(&v->host, T * (size_t)c->n_heads * sizeof(int32_t));
-  v->kx = cm_arena_alloc(&v->host, T * (size_t)c->n_kv_heads * sizeof(int32_t));
-  v->ky = cm_arena_alloc(&v->host, T * (size_t)c->n_kv_heads * sizeof(int32_t));
-  v->block_tables = cm_arena_alloc(&v->host, sizeof(int32_t) * (size_t)v->max_pages);
-  v->slots = cm_arena_alloc(&v->host, sizeof(int32_t) * T);
-  v->bidir = cm_arena_alloc(&v->host, sizeof(int32_t) * 2 * (size_t)v->max_images);
-  v->seqs = cm_arena_calloc(&v->host, (size_t)v->max_images, sizeof(*v->seqs));
-  v->patches = g4_alloc(v, T * (size_t)v->pd * sizeof(float));
-  v->x = g4_alloc(v, T * D * sizeof(float));
-  v->h = g4_alloc(v, T * D * sizeof(float));
-  v->o = g4_alloc(v, T * D * sizeof(float));
-  v->q = g4_alloc(v, T * wide * sizeof(float));
-  v->a = g4_alloc(v, T * wide * sizeof(float));
-  v->k = g4_alloc(v, T * (size_t)v->kvd * sizeof(float));
-  v->v = g4_alloc(v, T * (size_t)v->kvd * sizeof(float));
-  v->g = g4_alloc(v, T * F * sizeof(float));
-  v->u = g4_alloc(v, T * F * sizeof(float));
-  v->c = g4_alloc(v, T * widest * sizeof(float));
-  v->pooled = g4_alloc(v, M * D * sizeof(float));
-  v->emb = g4_alloc(v, M * (size_t)v->text_hidden * sizeof(float));
-  v->view.pool = g4_alloc(v, (size_t)v->max_pages * v->view.page_bytes);
-  if (!v->patches_host || !v->px || !v->py || !v->qx || !v->qy || !v->kx || !v->ky ||
-      !v->block_tables || !v->slots || !v->bidir || !v->seqs || !v->patches || !v->x || !v->h ||
-      !v->o || !v->q || !v->a || !v->k || !v->v || !v->g || !v->u || !v->c || !v->pooled ||
-      !v->emb || !v->view.pool)
+  v->patches_host = cm_arena_alloc(&tower->host, T * (size_t)v->pd * sizeof(float));
+  if (!v->patches_host ||
+      wk_tower_kv_alloc(tower, &v->kv, v->max_pages, bt, c->n_kv_heads, c->head_dim, T,
+                        v->max_images) ||
+      WK_TOWER_INTS(tower, T, &v->px, &v->py) ||
+      WK_TOWER_INTS(tower, T * (size_t)c->n_heads, &v->qx, &v->qy) ||
+      WK_TOWER_INTS(tower, T * (size_t)c->n_kv_heads, &v->kx, &v->ky) ||
+      WK_TOWER_FLOATS(tower, T * (size_t)v->pd, &v->patches) ||
+      WK_TOWER_FLOATS(tower, T * D, &v->x, &v->h, &v->o) ||
+      WK_TOWER_FLOATS(tower, T * wide, &v->q, &v->a) ||
+      WK_TOWER_FLOATS(tower, T * (size_t)v->kvd, &v->k, &v->v) ||
+      WK_TOWER_FLOATS(tower, T * F, &v->g, &v->u) || WK_TOWER_FLOATS(tower, T * widest, &v->c) ||
+      WK_TOWER_FLOATS(tower, M * D, &v->pooled) ||
+      WK_TOWER_FLOATS(tower, M * (size_t)tower->text_hidden, &v->emb))
     return cm_fail(err, errlen, CM_ERR_NOMEM,
                    "vision tower: out of memory for the scratch of %d patches", v->max_patches);
-  for (int i = 0; i < v->max_pages; i++)
-    v->block_tables[i] = i;
   return 0;
 }
 
 /* ---- load ------------------------------------------------------------------- */
 
-int wk_vision_g4_load(const char *dir, struct kn_backend *be, const struct wk_vision_g4_opts *opts,
-                      struct wk_vision_g4 **out, char *err, size_t errlen) {
-  *out = NULL;
-  if (!dir || !be)
-    return cm_fail(err, errlen, CM_ERR_INVAL, "vision tower: no directory or backend");
-  struct wk_vision_g4 *v = calloc(1, sizeof(*v));
-  if (!v) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  v->be = be;
-  cm_arena_init(&v->host, 64u << 10, 0);
-  int rc = md_config_load(dir, &v->cfg, err, errlen);
-  if (rc) goto fail;
-  if (!v->cfg.vision_g4.present) {
-    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                 "%s: the checkpoint has no Gemma 4 vision tower (model_type \"%s\")", dir,
-                 v->cfg.model_type);
-    goto fail;
-  }
-  v->vc = v->cfg.vision_g4;
-  v->text_hidden = v->cfg.hidden;
+static int setup(struct wk_tower *tower, const char *dir, const void *opts_, char *err,
+                 size_t errlen) {
+  struct wk_vision_g4 *v = (struct wk_vision_g4 *)tower;
+  const struct wk_vision_g4_opts *opts = opts_;
+  if (!tower->cfg.vision_g4.present)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "%s: the checkpoint has no Gemma 4 vision tower (model_type \"%s\")", dir,
+                   tower->cfg.model_type);
+  v->vc = tower->cfg.vision_g4;
   v->pd = 3 * v->vc.patch * v->vc.patch;
   v->qd = v->vc.n_heads * v->vc.head_dim;
   v->kvd = v->vc.n_kv_heads * v->vc.head_dim;
   int pp = v->vc.pool * v->vc.pool;
   v->max_patches = opts && opts->max_patches > 0 ? opts->max_patches : MD_G4_MAX_SOFT_TOKENS * pp;
-  if (v->vc.head_dim > KN_MAX_HEAD_DIM || v->max_patches < pp || v->max_patches > (1 << 22)) {
-    rc = cm_fail(err, errlen, CM_ERR_TOOBIG,
-                 "vision tower: head_dim %d (at most %d), %d patches per pass (%d to %d)",
-                 v->vc.head_dim, KN_MAX_HEAD_DIM, v->max_patches, pp, 1 << 22);
-    goto fail;
-  }
-  if ((rc = md_st_open_dir(dir, &v->st, err, errlen))) goto fail;
-  if ((rc = bind_all(v, err, errlen))) goto fail;
-  if ((rc = alloc_scratch(v, err, errlen))) goto fail;
-  *out = v;
+  if (v->vc.head_dim > KN_MAX_HEAD_DIM || v->max_patches < pp || v->max_patches > (1 << 22))
+    return cm_fail(err, errlen, CM_ERR_TOOBIG,
+                   "vision tower: head_dim %d (at most %d), %d patches per pass (%d to %d)",
+                   v->vc.head_dim, KN_MAX_HEAD_DIM, v->max_patches, pp, 1 << 22);
   return 0;
-fail:
-  wk_vision_g4_free(v);
+}
+
+static const struct wk_tower_kind vision_g4_kind = {.what = "vision tower",
+                                                    .size = sizeof(struct wk_vision_g4),
+                                                    .setup = setup,
+                                                    .bind = bind_all,
+                                                    .scratch = alloc_scratch};
+
+int wk_vision_g4_load(const char *dir, struct kn_backend *be, const struct wk_vision_g4_opts *opts,
+                      struct wk_vision_g4 **out, char *err, size_t errlen) {
+  struct wk_tower *t;
+  int rc = wk_tower_load(&vision_g4_kind, dir, be, opts, &t, err, errlen);
+  *out = (struct wk_vision_g4 *)t; /* it begins with its tower */
   return rc;
 }
 
@@ -293,7 +232,7 @@ fail:
 
 static int clin(struct wk_vision_g4 *v, float *out, const float *in, const struct wk_clin *m, int T,
                 int N, int K) {
-  return wk_clin_run(v->be, v->c, out, in, m, T, N, K);
+  return wk_clin_run(v->t.be, v->c, out, in, m, T, N, K);
 }
 
 /* Whether image im is what md_g4_image_plan gives: its grid within the
@@ -314,9 +253,9 @@ static int image_ok(const struct wk_vision_g4 *v, const struct wk_g4_image *im) 
 /* Images ims[0..n) (their patches fit max_patches) -> out [their soft tokens, H]. */
 static int encode_pass(struct wk_vision_g4 *v, const struct wk_g4_image *ims, int n, float *out) {
   const struct md_vision_g4_cfg *c = &v->vc;
-  struct kn_backend *be = v->be;
+  struct kn_backend *be = v->t.be;
   int D = c->hidden, F = c->ffn, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-  int bt = G4_PAGE_TOKENS, pp = c->pool * c->pool;
+  int pp = c->pool * c->pool;
   float eps = (float)c->eps;
   int rc;
   /* gather the real patches as 2 (px - 0.5) (float, as torch computes it),
@@ -332,20 +271,9 @@ static int encode_pass(struct wk_vision_g4 *v, const struct wk_g4_image *ims, in
     for (int p = 0; p < N; p++) {
       v->px[T + p] = ims[i].pos[2 * p];
       v->py[T + p] = ims[i].pos[2 * p + 1];
-      v->slots[T + p] = page * bt + p;
     }
-    int pages = (N + bt - 1) / bt;
-    v->bidir[2 * i] = 0;
-    v->bidir[2 * i + 1] = N;
-    v->seqs[i] = (struct kn_attn_seq){.q_begin = T,
-                                      .n_q = N,
-                                      .pos0 = 0,
-                                      .block_table = v->block_tables + page,
-                                      .n_blocks = pages,
-                                      .bidir = v->bidir + 2 * i,
-                                      .n_bidir = 1};
+    page += wk_tower_kv_seq(&v->kv, i, T, N, page);
     T += N;
-    page += pages;
     M += f->soft_tokens;
   }
   /* positions per half-head row: q rows are (token, head), k rows (token, kv head) */
@@ -389,9 +317,9 @@ static int encode_pass(struct wk_vision_g4 *v, const struct wk_g4_image *ims, in
         (rc = kn_rope(be, v->q + hd / 2, hd, T * nh, 1, hd / 2, v->qy, v->inv_freq)) ||
         (rc = kn_rope(be, v->k, hd, T * nkv, 1, hd / 2, v->kx, v->inv_freq)) ||
         (rc = kn_rope(be, v->k + hd / 2, hd, T * nkv, 1, hd / 2, v->ky, v->inv_freq)) ||
-        (rc = kn_kv_write(be, &v->view, v->slots, v->k, v->kvd, v->v, v->kvd, T)) ||
-        (rc =
-             kn_attention(be, v->a, v->qd, v->q, v->qd, &v->view, v->seqs, n, nh, 0, 1.0f, 0.0f)) ||
+        (rc = kn_kv_write(be, &v->kv.view, v->kv.slots, v->k, v->kvd, v->v, v->kvd, T)) ||
+        (rc = kn_attention(be, v->a, v->qd, v->q, v->qd, &v->kv.view, v->kv.seqs, n, nh, 0, 1.0f,
+                           0.0f)) ||
         (rc = clin(v, v->o, v->a, &l->wo, T, D, v->qd)) ||
         /* x += post_attention_layernorm(o); h = pre_feedforward_layernorm(x) */
         (rc = kn_add_norm(be, v->x, D, v->o, D, v->h, D, T, D, l->post_attn_norm, l->pre_ff_norm,
@@ -422,10 +350,10 @@ static int encode_pass(struct wk_vision_g4 *v, const struct wk_g4_image *ims, in
     return rc;
   if ((rc = kn_rmsnorm(be, v->pooled, D, v->pooled, D, M, D, NULL, KN_DTYPE_F32, eps,
                        KN_NORM_NO_W)) ||
-      (rc = kn_matmul(be, v->emb, v->text_hidden, v->pooled, D, v->proj.w, v->proj.dt, M,
-                      v->text_hidden, D, 0)))
+      (rc = kn_matmul(be, v->emb, v->t.text_hidden, v->pooled, D, v->proj.w, v->proj.dt, M,
+                      v->t.text_hidden, D, 0)))
     return rc;
-  return kn_download(be, out, v->emb, (size_t)M * (size_t)v->text_hidden * sizeof(float));
+  return kn_download(be, out, v->emb, (size_t)M * (size_t)v->t.text_hidden * sizeof(float));
 }
 
 int wk_vision_g4_encode(struct wk_vision_g4 *v, const struct wk_g4_image *ims, int n, float *out,
@@ -439,7 +367,7 @@ int wk_vision_g4_encode(struct wk_vision_g4 *v, const struct wk_g4_image *ims, i
                      "preprocessed Gemma 4 image of this tower (at most %d patches)",
                      i, ims[i].info.grid_w, ims[i].info.grid_h, ims[i].info.n_patches,
                      v->max_patches);
-  size_t H = (size_t)v->text_hidden;
+  size_t H = (size_t)v->t.text_hidden;
   for (int i0 = 0; i0 < n;) {
     int k = 0, T = 0;
     while (i0 + k < n && k < v->max_images && T + ims[i0 + k].info.n_patches <= v->max_patches)

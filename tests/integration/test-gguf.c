@@ -45,6 +45,14 @@ static int parse_ids(const char *s, int *ids, int max) {
   return n;
 }
 
+/* lmserve's N_GEN greedy ids after prompt (a JSON array) from model, with an
+ * f32 KV cache on 2 threads, into ids[N_GEN]. */
+static void lmserve_generate(struct th_out *o, const char *model, const char *prompt, int *ids) {
+  TH_REQUIRE(lm(o, "generate", "--model", model, "--prompt-ids", prompt, "--max-tokens", "12",
+                "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
+  TH_CHECK_EQ_INT(parse_ids(o->out, ids, N_GEN), N_GEN);
+}
+
 /* Where llama.cpp is, in dir[1024]; skips the test when it is not there. */
 /* llama.cpp's folder into dir[1024]; NULL, or why it cannot run here. */
 static const char *llamacpp_dir(char *dir) {
@@ -139,9 +147,7 @@ TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
 
   int ours[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN];
   for (int p = 0; p < N_PROMPTS; p++) {
-    TH_REQUIRE(lm(&o, "generate", "--model", model, "--prompt-ids", prompts[p], "--max-tokens",
-                  "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-    TH_CHECK_EQ_INT(parse_ids(o.out, ours[p], N_GEN), N_GEN);
+    lmserve_generate(&o, model, prompts[p], ours[p]);
   }
   llamacpp_generate(dir, f32, all, N_PROMPTS, theirs);
   int distinct = 0;
@@ -218,12 +224,8 @@ TH_TEST(llamacpp_runs_gemma4_exports_as_lmserve_does) {
     int ours[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN], q8ours[N_PROMPTS][N_GEN];
     double gaps[N_PROMPTS][N_GEN];
     for (int p = 0; p < N_PROMPTS; p++) {
-      TH_REQUIRE(lm(&o, "generate", "--model", model, "--prompt-ids", prompts[p], "--max-tokens",
-                    "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-      TH_CHECK_EQ_INT(parse_ids(o.out, ours[p], N_GEN), N_GEN);
-      TH_REQUIRE(lm(&o, "generate", "--model", q8, "--prompt-ids", prompts[p], "--max-tokens", "12",
-                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-      TH_CHECK_EQ_INT(parse_ids(o.out, q8ours[p], N_GEN), N_GEN);
+      lmserve_generate(&o, model, prompts[p], ours[p]);
+      lmserve_generate(&o, q8, prompts[p], q8ours[p]);
     }
     llamacpp_generate_gaps(dir, f32, all, N_PROMPTS, theirs, gaps);
     int distinct = 0;
@@ -276,12 +278,8 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
   snprintf(all, sizeof(all), "[%s,%s]", prompts[0], prompts[1]);
   int ref[N_PROMPTS][N_GEN], got[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN];
   for (int p = 0; p < N_PROMPTS; p++) {
-    TH_REQUIRE(lm(&o, "generate", "--model", model, "--prompt-ids", prompts[p], "--max-tokens",
-                  "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-    TH_CHECK_EQ_INT(parse_ids(o.out, ref[p], N_GEN), N_GEN);
-    TH_REQUIRE(lm(&o, "generate", "--model", f32, "--prompt-ids", prompts[p], "--max-tokens", "12",
-                  "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-    TH_CHECK_EQ_INT(parse_ids(o.out, got[p], N_GEN), N_GEN);
+    lmserve_generate(&o, model, prompts[p], ref[p]);
+    lmserve_generate(&o, f32, prompts[p], got[p]);
     TH_CHECK(!memcmp(ref[p], got[p], sizeof(ref[p])));
   }
   static const char *types[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"};
@@ -294,9 +292,7 @@ TH_TEST(quantized_gguf_files_run_in_llamacpp_and_lmserve) {
     double gaps[N_PROMPTS][N_GEN];
     llamacpp_generate_gaps(dir, q, all, N_PROMPTS, theirs, gaps);
     for (int p = 0; p < N_PROMPTS; p++) {
-      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
-                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-      TH_CHECK_EQ_INT(parse_ids(o.out, got[p], N_GEN), N_GEN);
+      lmserve_generate(&o, q, prompts[p], got[p]);
       int agree = 0;
       while (agree < N_GEN && got[p][agree] == theirs[p][agree])
         agree++;
@@ -362,9 +358,7 @@ TH_TEST(k_quant_gguf_files_run_in_llamacpp_and_lmserve) {
     TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
     llamacpp_generate(dir, q, all, N_PROMPTS, theirs);
     for (int p = 0; p < N_PROMPTS; p++) {
-      TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens", "12",
-                    "--kv-dtype", "f32", "--ignore-eos", "--threads", "2") == 0);
-      TH_CHECK_EQ_INT(parse_ids(o.out, got, N_GEN), N_GEN);
+      lmserve_generate(&o, q, prompts[p], got);
       int agree = 0;
       while (agree < N_GEN && got[agree] == theirs[p][agree])
         agree++;

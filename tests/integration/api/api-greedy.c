@@ -89,6 +89,72 @@ void api_refused(const struct as_server *s, const char *body, const char *param)
   as_resp_free(&r);
 }
 
+void api_check_both(const struct as_server *a, const struct as_server *b, const char *body,
+                    const struct api_answer *want) {
+  struct api_answer again;
+  api_chat(a, body, &again);
+  TH_CHECK_EQ_STR(again.text, want->text);
+  api_chat(b, body, &again);
+  TH_CHECK_EQ_STR(again.text, want->text);
+}
+
+void api_check_prompt(const struct as_server *s, const char *text_only, const char *body,
+                      int32_t begin, int32_t media, int32_t end, const int *soft, int n_runs,
+                      struct api_answer *r) {
+  int nt = 0, ni = 0, total = 0;
+  int32_t *t_ids = api_tokenize(s, text_only, &nt);
+  int32_t *i_ids = api_tokenize(s, body, &ni);
+  for (int i = 0; i < n_runs; i++)
+    total += soft[i] + 2;
+  TH_CHECK_EQ_INT(ni, nt + total);
+  /* the runs, in place */
+  int k = 0, runs = 0;
+  while (k < ni && i_ids[k] != begin)
+    k++;
+  for (int i = 0; i < n_runs && k < ni; i++) {
+    int n = 0;
+    TH_CHECK_EQ_INT(i_ids[k], begin);
+    k++;
+    while (k < ni && i_ids[k] == media)
+      k++, n++;
+    TH_CHECK_EQ_INT(n, soft[i]);
+    TH_CHECK_EQ_INT(i_ids[k], end);
+    k++;
+    runs++;
+  }
+  TH_CHECK_EQ_INT(runs, n_runs);
+  api_chat(s, body, r);
+  TH_CHECK_EQ_INT(r->prompt_tokens, ni);
+  free(t_ids);
+  free(i_ids);
+}
+
+void api_check_deterministic(const struct as_server *a, const struct as_server *b, const char *one,
+                             const char *two, const char *two_s, const char *other,
+                             struct api_answer *a1, struct api_answer *a2) {
+  struct api_answer a1b, b1, b2, o;
+  api_chat(a, one, a1);
+  api_chat(a, one, &a1b);
+  api_chat(b, one, &b1);
+  api_chat(a, two, a2);
+  api_chat(b, two, &b2);
+  TH_CHECK_EQ_STR(a1->text, a1b.text);
+  TH_CHECK_EQ_STR(a1->text, b1.text);
+  TH_CHECK_EQ_STR(a2->text, b2.text);
+  TH_CHECK_EQ_INT(a2->prompt_tokens, b2.prompt_tokens);
+  /* the medium is read: another one behind the same words answers otherwise */
+  api_chat(a, other, &o);
+  TH_CHECK(strcmp(o.text, a1->text) != 0);
+  /* streamed on b: the same text */
+  struct as_resp r;
+  as_post(b, "/v1/chat/completions", two_s, &r);
+  TH_REQUIRE(r.status == 200);
+  char st[1024];
+  TH_CHECK(as_sse_text(r.body, 0, st, sizeof(st), NULL) > 0);
+  TH_CHECK_EQ_STR(st, a2->text);
+  as_resp_free(&r);
+}
+
 void api_offline_open(struct api_offline *o, const char *dir, int max_prompt) {
   char err[512] = "";
   memset(o, 0, sizeof(*o));

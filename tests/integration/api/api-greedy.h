@@ -37,6 +37,25 @@ int32_t *api_tokenize(const struct as_server *s, const char *body_json, int *n);
 /* The body is a 400 whose param is param. */
 void api_refused(const struct as_server *s, const char *body, const char *param);
 
+/* a and b both still answer body with want's text. */
+void api_check_both(const struct as_server *a, const struct as_server *b, const char *body,
+                    const struct api_answer *want);
+/* The prompt of body, text_only's words with n_runs media after them: on s,
+ * text_only's tokens and, from the first begin on, per medium begin,
+ * soft[r] x media, end; a greedy answer to it (into *r) counts as many
+ * prompt tokens. */
+void api_check_prompt(const struct as_server *s, const char *text_only, const char *body,
+                      int32_t begin, int32_t media, int32_t end, const int *soft, int n_runs,
+                      struct api_answer *r);
+/* What a multimodal request is held to: one asked twice on a and once on b
+ * (a server whose short steps run it in chunks), two on both, the same text
+ * each time, the same prompt tokens for two; two_s (two streamed) on b the
+ * same text; other (one's words with another medium) on a another text. The
+ * answers on a to one and two into *a1, *a2. */
+void api_check_deterministic(const struct as_server *a, const struct as_server *b, const char *one,
+                             const char *two, const char *two_s, const char *other,
+                             struct api_answer *a1, struct api_answer *a2);
+
 /* The offline path: the checkpoint in dir on the CPU backend (2 threads),
  * for prompts of up to max_prompt tokens; the tower's rows are the caller's. */
 struct api_offline {

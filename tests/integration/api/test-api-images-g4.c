@@ -167,33 +167,11 @@ TH_TEST(gemma4_images_through_the_api) {
      * text's tokens are the same with them and without */
     char *text_only = chat_body(TEXT, NULL, 0, NULL, 0, 0);
     char *two = chat_body(TEXT, (const char *[]){u0, u1}, 2, NULL, budget, 0);
-    int nt = 0, ni = 0;
-    int32_t *t_ids = api_tokenize(&a, text_only, &nt);
-    int32_t *i_ids = api_tokenize(&a, two, &ni);
-    TH_CHECK_EQ_INT(ni, nt + p0.soft_tokens + 2 + p1.soft_tokens + 2);
-    /* the runs, in place */
-    int k = 0, runs = 0;
-    while (k < ni && i_ids[k] != vc->boi_id)
-      k++;
-    for (int img = 0; img < 2 && k < ni; img++) {
-      int want = img == 0 ? p0.soft_tokens : p1.soft_tokens, soft = 0;
-      TH_CHECK_EQ_INT(i_ids[k], vc->boi_id);
-      k++;
-      while (k < ni && i_ids[k] == vc->image_id)
-        k++, soft++;
-      TH_CHECK_EQ_INT(soft, want);
-      TH_CHECK_EQ_INT(i_ids[k], vc->eoi_id);
-      k++;
-      runs++;
-    }
-    TH_CHECK_EQ_INT(runs, 2);
     struct api_answer r;
-    api_chat(&a, two, &r);
-    TH_CHECK_EQ_INT(r.prompt_tokens, ni);
+    api_check_prompt(&a, text_only, two, vc->boi_id, vc->image_id, vc->eoi_id,
+                     (const int[]){p0.soft_tokens, p1.soft_tokens}, 2, &r);
     fprintf(stderr, "budget %d: %d + %d soft tokens, %d prompt tokens: '%s'\n", budget,
-            p0.soft_tokens, p1.soft_tokens, ni, r.text);
-    free(t_ids);
-    free(i_ids);
+            p0.soft_tokens, p1.soft_tokens, r.prompt_tokens, r.text);
     free(text_only);
     free(two);
   }
@@ -202,33 +180,11 @@ TH_TEST(gemma4_images_through_the_api) {
   char *one = chat_body(TEXT, (const char *[]){u0}, 1, "What is in it?", 70, 0);
   char *two = chat_body(TEXT, (const char *[]){u0, u1}, 2, "Which is brighter?", 70, 0);
   char *two_s = chat_body(TEXT, (const char *[]){u0, u1}, 2, "Which is brighter?", 70, 1);
-  struct api_answer a1, a1b, b1, a2, b2;
-  api_chat(&a, one, &a1);
-  api_chat(&a, one, &a1b);
-  api_chat(&b, one, &b1);
-  api_chat(&a, two, &a2);
-  api_chat(&b, two, &b2);
-  TH_CHECK_EQ_STR(a1.text, a1b.text);
-  TH_CHECK_EQ_STR(a1.text, b1.text);
-  TH_CHECK_EQ_STR(a2.text, b2.text);
-  TH_CHECK_EQ_INT(a2.prompt_tokens, b2.prompt_tokens);
+  char *other = chat_body(TEXT, (const char *[]){u1}, 1, "What is in it?", 70, 0);
+  struct api_answer a1, a2;
+  api_check_deterministic(&a, &b, one, two, two_s, other, &a1, &a2);
+  free(other);
   TH_CHECK(a2.prompt_tokens > 100); /* B ran it in chunks */
-  { /* the image is read: another picture behind the same words answers otherwise */
-    char *other = chat_body(TEXT, (const char *[]){u1}, 1, "What is in it?", 70, 0);
-    struct api_answer o;
-    api_chat(&a, other, &o);
-    TH_CHECK(strcmp(o.text, a1.text) != 0);
-    free(other);
-  }
-  {
-    struct as_resp r;
-    as_post(&b, "/v1/chat/completions", two_s, &r);
-    TH_REQUIRE(r.status == 200);
-    char st[1024];
-    TH_CHECK(as_sse_text(r.body, 0, st, sizeof(st), NULL) > 0);
-    TH_CHECK_EQ_STR(st, a2.text);
-    as_resp_free(&r);
-  }
   {
     const char *bodies[2] = {one, two};
     const struct api_answer *want[2] = {&a1, &a2};
@@ -266,11 +222,7 @@ TH_TEST(gemma4_images_through_the_api) {
     TH_CHECK(r.status == 400);
     as_resp_free(&r);
     free(bad);
-    struct api_answer again;
-    api_chat(&a, two, &again);
-    TH_CHECK_EQ_STR(again.text, a2.text);
-    api_chat(&b, two, &again);
-    TH_CHECK_EQ_STR(again.text, a2.text);
+    api_check_both(&a, &b, two, &a2);
   }
 
   free(one);
