@@ -248,6 +248,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     if (s->enforce_eager) argv_add(&a, "--enforce-eager");
     argv_add_str(&a, "--quantization", s->quantization);
     argv_add_str(&a, "--speculative-model", s->spec_model);
+    argv_add_str(&a, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
   }

@@ -38,6 +38,7 @@
 #include "common/cm-time.h"
 #include "kernels/kn-registry.h"
 #include "model/md-audio-g4.h"
+#include "model/md-config.h"
 #include "proto/pr-zmq.h"
 #include "worker/wk-audio-g4.h"
 #include "worker/wk-main.h"
@@ -459,7 +460,7 @@ int wk_dtype_args(const char *who, const char *dtype, const char *kv_dtype, cons
 }
 
 int wk_worker_main(int argc, char **argv) {
-  const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL;
+  const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL, *tok_dir = NULL;
   const char *dtype = "auto", *kv_dtype_s = "auto", *quant_s = "none";
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0, local_rank = 0;
@@ -511,6 +512,9 @@ int wk_worker_main(int argc, char **argv) {
        "launch a step that is already waiting before the previous one is answered, its "
        "forward taking the tokens that step sampled on the device ($LMSERVE_PIPELINE=0|1; on "
        "for device backends, off on the CPU, where it only delays each answer)"},
+      {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
+       "the vocabulary of structured outputs from DIR's tokenizer.json, as the frontend's "
+       "--tokenizer (default: the checkpoint's tokenizer.json, or a GGUF file's own)"},
       {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "drafts per step (with "
@@ -652,9 +656,12 @@ int wk_worker_main(int argc, char **argv) {
   if (dev_sampling == 1 && !kn_backend_has(be, KN_CAP_SAMPLE))
     cm_warn(TAG, "--device-sampling: the %s backend cannot sample: sampling on the host",
             kn_backend_name(be));
-  /* structured outputs read the vocabulary's bytes from the frontend's tokenizer */
-  char tok_path[4200];
-  snprintf(tok_path, sizeof(tok_path), "%s/tokenizer.json", model_dir);
+  /* structured outputs read the vocabulary's bytes from the frontend's tokenizer:
+   * --tokenizer's folder, else the checkpoint's tokenizer.json, else a GGUF file's */
+  char tok_path[4200], gguf_path[4096];
+  snprintf(tok_path, sizeof(tok_path), "%s/tokenizer.json", tok_dir ? tok_dir : model_dir);
+  int is_gguf =
+      !tok_dir && md_model_gguf_path(model_dir, gguf_path, sizeof(gguf_path), err, sizeof(err)) > 0;
   struct wk_role_opts ro = {
       .max_seqs = (int)max_seqs,
       .max_draft = (int)spec_k,
@@ -663,7 +670,8 @@ int wk_worker_main(int argc, char **argv) {
       .vision = vision,
       .vision_g4 = vision_g4,
       .audio = audio,
-      .tokenizer = access(tok_path, R_OK) == 0 ? tok_path : NULL,
+      .tokenizer = !is_gguf && access(tok_path, R_OK) == 0 ? tok_path : NULL,
+      .tokenizer_gguf = is_gguf ? gguf_path : NULL,
   };
   if ((rc = wk_role_create(m, draft, &ro, &role))) {
     fprintf(stderr, "lmserve worker: cannot create the step executor: %s\n", cm_strerror(rc));

@@ -82,6 +82,7 @@ struct wk_role {
   struct wk_grammars *gram; /* structured outputs, or NULL until the first one */
   uint32_t *gbits;          /* [max_rows, mask words] each constrained row's mask */
   char *tokenizer;          /* where gram's vocabulary comes from, or NULL */
+  char *tokenizer_gguf;     /* or this GGUF file's metadata, or NULL */
   int gram_failed;          /* 1: loading it failed (said once) */
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
   int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
@@ -178,6 +179,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   r->model = model;
   r->draft = draft;
   r->tokenizer = o->tokenizer ? strdup(o->tokenizer) : NULL;
+  r->tokenizer_gguf = !o->tokenizer && o->tokenizer_gguf ? strdup(o->tokenizer_gguf) : NULL;
   r->rank = o->rank;
   r->max_seqs = CM_MIN(o->max_seqs, wk_model_max_seqs(model));
   r->max_draft = o->max_draft;
@@ -261,22 +263,27 @@ void wk_role_destroy(struct wk_role *r) {
   wk_grammars_free(r->gram);
   free(r->gbits);
   free(r->tokenizer);
+  free(r->tokenizer_gguf);
   wk_sampler_destroy(r->sampler);
   free(r->dlog);
   cm_arena_free(&r->fixed); /* dgm's matchers live within a step */
   free(r);
 }
 
-/* The structured-output state, made from the tokenizer on first use. */
+/* The structured-output state, made from the tokenizer on first use: the
+ * frontend's (tokenizer.json, or a GGUF file's metadata). */
 static int grammars(struct wk_role *r, char *err, size_t errlen) {
   if (r->gram) return 0;
-  if (!r->tokenizer || r->gram_failed)
+  const char *src = r->tokenizer ? r->tokenizer : r->tokenizer_gguf;
+  if (!src || r->gram_failed)
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "structured outputs need the model's tokenizer.json%s",
+                   "structured outputs need the model's tokenizer (tokenizer.json or a GGUF "
+                   "file's)%s",
                    r->gram_failed ? ", which did not load" : "");
   struct tk_tokenizer *tok = NULL;
   char why[256];
-  int rc = tk_load(r->tokenizer, &tok, why, sizeof(why));
+  int rc = r->tokenizer ? tk_load(r->tokenizer, &tok, why, sizeof(why))
+                        : tk_load_gguf(r->tokenizer_gguf, &tok, NULL, why, sizeof(why));
   if (!rc) {
     const struct md_config *c = wk_model_config(r->model);
     rc = wk_grammars_create(tok, r->vocab, c->eos_ids, c->n_eos, &r->gram);
@@ -285,8 +292,7 @@ static int grammars(struct wk_role *r, char *err, size_t errlen) {
   tk_free(tok);
   if (rc) {
     r->gram_failed = 1;
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s", r->tokenizer,
-                   why);
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s", src, why);
   }
   return 0;
 }

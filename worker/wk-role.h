@@ -68,9 +68,11 @@ struct wk_role_opts {
   struct wk_encoder_audio audio;  /* Gemma 4's audio tower (tower NULL: steps with audio are
                                      refused) and its clips' shape; it must outlive the
                                      executor */
-  const char *tokenizer;    /* tokenizer.json (or its folder) giving the vocabulary's bytes to
-                               structured outputs (wk-grammar.h), loaded with the first one;
-                               NULL: sequences with a grammar are refused */
+  const char *tokenizer;          /* tokenizer.json (or its folder) giving the vocabulary's bytes to
+                                     structured outputs (wk-grammar.h), loaded with the first one */
+  const char *tokenizer_gguf;     /* without one: a GGUF file whose metadata's tokenizer gives
+                                     them (tk_load_gguf); both NULL: sequences with a grammar are
+                                     refused */
 };
 
 /* `model` (and `draft` when not NULL) must outlive the executor. Returns 0 or

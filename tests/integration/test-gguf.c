@@ -447,7 +447,8 @@ static void tiny_gemma3_with_tokenizer(char *model, const char *name, const char
 
 /* `lmserve serve` runs a GGUF file alone (its tokenizer and chat template from the
  * metadata) and with the tokenizer of a folder (--tokenizer): the same greedy answers
- * either way. */
+ * either way, structured outputs included (the workers' vocabulary comes from the same
+ * place as the frontend's). */
 TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   th_proc_init(600);
   char model[300], q[300];
@@ -455,7 +456,7 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   tmp_path(q, "s3-q8_0.gguf");
   struct th_out o = {0};
   TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
-  char *answers[2][2] = {{NULL, NULL}, {NULL, NULL}};
+  char *answers[2][3] = {{NULL, NULL, NULL}, {NULL, NULL, NULL}};
   for (int alone = 0; alone < 2; alone++) {
     struct th_proc p;
     char *extra[] = {"--tokenizer", model, NULL};
@@ -473,10 +474,17 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
                  60000, &answers[alone][1]);
     TH_CHECK_EQ_INT(st, 200);
     TH_CHECK(answers[alone][1] && strstr(answers[alone][1], "chat.completion") != NULL);
+    st = th_http(port, "POST", "/v1/completions",
+                 "{\"model\":\"default\",\"prompt\":\"yes or no?\",\"max_tokens\":8,"
+                 "\"temperature\":0,\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]}}",
+                 60000, &answers[alone][2]);
+    TH_CHECK_EQ_INT(st, 200);
+    TH_CHECK(answers[alone][2] && (strstr(answers[alone][2], "\"text\":\"yes\"") ||
+                                   strstr(answers[alone][2], "\"text\":\"no\"")));
     th_proc_stop(&p, 20000);
   }
   /* the answers' text and token counts agree (ids and times do not) */
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < 3; k++) {
     const char *a = answers[0][k] ? strstr(answers[0][k], "\"choices\"") : NULL;
     const char *b = answers[1][k] ? strstr(answers[1][k], "\"choices\"") : NULL;
     TH_CHECK(a && b && !strcmp(a, b));
