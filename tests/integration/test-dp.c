@@ -496,7 +496,14 @@ TH_TEST(dp_metrics_per_replica) {
 static int child_with(int parent, const char *role, const char *needle) {
   char want[64];
   snprintf(want, sizeof(want), "lmserve %s ", role);
-  return th_pid_with(parent, want, needle, NULL);
+  /* one scan of /proc once missed a worker that was serving (under a loaded
+   * machine): look again for up to a second before saying there is none */
+  int pid = -1;
+  for (int i = 0; i < 20 && pid <= 0; i++) {
+    if (i) usleep(50000);
+    pid = th_pid_with(parent, want, needle, NULL);
+  }
+  return pid;
 }
 
 TH_TEST(dp_serve_restarts_one_replica) {
