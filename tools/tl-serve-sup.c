@@ -265,7 +265,7 @@ static void on_pong(struct tl_serve *s, struct tl_engine *e, const struct pr_pon
   int whole = p->world_size > 0 && p->workers_ready == p->world_size;
   char en[32];
   if (e->phase == TL_STARTING && whole) {
-    cm_info("serve", "%s is ready again", engine_name(s, e, en, sizeof(en)));
+    cm_info("serve", "%s is ready", engine_name(s, e, en, sizeof(en)));
     e->phase = TL_UP;
     e->phase_t = e->last_pong_t;
     e->start_failures = 0;
@@ -308,7 +308,7 @@ static int engine_tend(struct tl_serve *s, struct tl_engine *e) {
   }
   if (e->phase == TL_STARTING && now - e->phase_t > (double)s->ready_timeout_s) {
     char why[128];
-    snprintf(why, sizeof(why), "the engine was not ready %lld s after its restart",
+    snprintf(why, sizeof(why), "the engine was not ready %lld s after it started",
              (long long)s->ready_timeout_s);
     if (engine_fail(s, e, 1, why)) return 1;
   }
@@ -320,7 +320,9 @@ static int engine_tend(struct tl_serve *s, struct tl_engine *e) {
 int tl_srv_supervise(struct tl_serve *s) {
   int n = (int)s->dp;
   for (int i = 0; i < n; i++) {
-    s->eng[i].phase = TL_UP;
+    /* up at its first PONG with every rank ready: serving answers once one replica
+     * is, and another may still be loading (not failed) */
+    s->eng[i].phase = TL_STARTING;
     s->eng[i].phase_t = cm_time_s();
     s->eng[i].backoff_s = TL_BACKOFF_MIN_S;
   }
