@@ -245,6 +245,58 @@ Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, 
   }
 }
 
+#if Q8T_VNNI
+/* tile_chain for 4 tokens on 512-bit registers: tokens (0, 1) in one register
+ * and (2, 3) in another, each weight block unpacked once and put in both
+ * halves; every lane with step()'s operations (Q8_0: w + 128 unsigned against
+ * x, the inputs' lane sums times -128 to start from, the same integer as |w|
+ * against x with w's sign). a[r * 2 + p]: row r, tokens 2p and 2p + 1. */
+Q8T_ATTR static inline AI void tile_chain_z(const enum q8_kind kind, const int R, const uint8_t *w,
+                                            size_t row_bytes, const struct q8t_x *x, int B, int b0,
+                                            __m512 *a) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R * 2; i++)
+    a[i] = _mm512_setzero_ps();
+  for (int b = b0; b < B; b += 2) {
+    __m512i wu[Q8_RMAX];
+    __m512 dw[Q8_RMAX], mw[Q8_RMAX];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      __m256i u, sg;
+      __m256 d, m;
+      unpack(kind, w + (size_t)r * row_bytes, b, &u, &sg, &d, &m);
+      if (kind == Q8K_Q8_0) u = _mm256_xor_si256(sg, _mm256_set1_epi8((char)0x80));
+      wu[r] = _mm512_broadcast_i64x4(u);
+      dw[r] = _mm512_broadcast_f32x8(d);
+      mw[r] = kind_min(kind) ? _mm512_broadcast_f32x8(m) : _mm512_setzero_ps();
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < 2; p++) {
+      __m256i xv[2], so[2];
+      __m256 dx[2], sf[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {
+        xblock(kind, x, B, 2 * p + h, b, &xv[h], &dx[h], &so[h], &sf[h]);
+        if (kind == Q8K_Q8_0) /* the lane sums, times -128 for Q8_0 (q8_inputs) */
+          so[h] = _mm256_loadu_si256(
+              (const __m256i *)(x->s + ((size_t)(2 * p + h) * (size_t)B + (size_t)b) * 8));
+      }
+      const __m512i X = _mm512_inserti64x4(_mm512_castsi256_si512(xv[0]), xv[1], 1);
+      const __m512i S = _mm512_inserti64x4(_mm512_castsi256_si512(so[0]), so[1], 1);
+      const __m512 D = _mm512_insertf32x8(_mm512_castps256_ps512(dx[0]), dx[1], 1);
+      const __m512 F = _mm512_insertf32x8(_mm512_castps256_ps512(sf[0]), sf[1], 1);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) {
+        __m512 *ar = &a[r * 2 + p];
+        __m512i q = _mm512_dpbusd_epi32(S, wu[r], X);
+        *ar = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(dw[r], D), *ar);
+        if (kind_min(kind)) *ar = _mm512_fmadd_ps(F, _mm512_mul_ps(mw[r], D), *ar);
+      }
+    }
+  }
+}
+#endif
+
 /* Block b of R rows against one token's, into the chain a[]. */
 Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m256 *a,
                                       const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
@@ -411,6 +463,22 @@ Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const 
     rows1(kind, R, out, w, row_bytes, x, B, acc);
     return;
   }
+#if Q8T_VNNI
+  if (U == 4) {
+    __m512 ez[Q8_RMAX * 2], oz[Q8_RMAX * 2];
+    tile_chain_z(kind, R, w, row_bytes, x, B, 0, ez);
+    tile_chain_z(kind, R, w, row_bytes, x, B, 1, oz);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; u++) {
+        const __m512 t = _mm512_add_ps(ez[r * 2 + u / 2], oz[r * 2 + u / 2]);
+        put1(out + (ptrdiff_t)u * ldo + r,
+             kn_avx2_hsum(u & 1 ? _mm512_extractf32x8_ps(t, 1) : _mm512_castps512_ps256(t)), acc);
+      }
+    return;
+  }
+#endif
   __m256 e[Q8_RMAX * Q8_U], o[Q8_RMAX * Q8_U];
   tile_chain(kind, R, U, w, row_bytes, x, B, 0, e);
   tile_chain(kind, R, U, w, row_bytes, x, B, 1, o);
