@@ -345,6 +345,11 @@ static void q8_prep_run(void *arg, long long t0, long long t1, int ith) {
   }
 }
 
+/* The unit after a part's last one. */
+static long long q8_part_end(const struct q8_part *pt) {
+  return pt->u0 + (pt->N + pt->chunk - 1) / pt->chunk;
+}
+
 /* Prepares in[T, K] as the q8 kernels take it for weights of dtype dt, into
  * ctx's buffers (q->x). */
 static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enum kn_dtype dt,
@@ -395,23 +400,18 @@ static void q8_add_part(struct q8_task *q, float *out, ptrdiff_t ldo, const void
   long long c = MATVEC_UNIT_BYTES / (long long)per_row;
   long long most = (N + 4LL * nth - 1) / (4LL * nth);
   c = c > most ? most : c;
-  *pt = (struct q8_part){
-      .out = out,
-      .ldo = ldo,
-      .w = w,
-      .N = N,
-      .chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL),
-      .u0 = q->n_parts ? q->parts[q->n_parts - 1].u0 +
-                             (q->parts[q->n_parts - 1].N + q->parts[q->n_parts - 1].chunk - 1) /
-                                 q->parts[q->n_parts - 1].chunk
-                       : 0};
+  *pt = (struct q8_part){.out = out,
+                         .ldo = ldo,
+                         .w = w,
+                         .N = N,
+                         .chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL),
+                         .u0 = q->n_parts ? q8_part_end(&q->parts[q->n_parts - 1]) : 0};
   q->n_parts++;
 }
 
 /* Runs q's units (those of its parts; a GLU's, its gate's) on the pool. */
 static void q8_launch(struct q8_task *q, double work) {
-  const struct q8_part *last = &q->parts[q->glu ? 0 : q->n_parts - 1];
-  long long units = last->u0 + (last->N + last->chunk - 1) / last->chunk;
+  long long units = q8_part_end(&q->parts[q->glu ? 0 : q->n_parts - 1]);
   kn_cpu_pool_run(q->ctx->pool, units, grain_for(work, units, 1), q8_run, q);
 }
 
