@@ -36,8 +36,10 @@
  *     turns it off;
  *   - attention scale 1 and plain norm weights (no 1 + w); K is V (no
  *     attn_v tensor) on a layer when llama.cpp finds no blk.N.attn_v.weight:
- *     lmserve's attention_k_eq_v, full layers only.
- * MoE files (expert_count, blk.N.ffn_gate_inp) are refused by name. */
+ *     lmserve's attention_k_eq_v, full layers only;
+ *   - MoE (moe_keys): expert_count, expert_used_count,
+ *     expert_feed_forward_length, the router blk.N.ffn_gate_inp on every
+ *     layer and the experts' fused gate_up stack. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -282,6 +284,57 @@ static int rope_pairs(const struct md_gguf *g, int64_t pairs, int *rot, char *er
   return 0;
 }
 
+/* Gemma 4 MoE, as llama.cpp's gemma4 reads it: a layer is MoE when it has
+ * blk.N.ffn_gate_inp.weight (the router); expert_count (E), expert_used_count
+ * (top k) and expert_feed_forward_length (I; else the width of
+ * blk.0.ffn_down_exps.weight) from the metadata. lmserve's Gemma 4 has the
+ * block on every layer or none (enable_moe_block), and the experts' gate and
+ * up in one stack (ffn_gate_up_exps, which the converter writes); other
+ * layouts are refused by name. *experts = 0: a dense file. */
+static int moe_keys(const struct md_gguf *g, const char *a, int64_t layers, int64_t *experts,
+                    int64_t *top_k, int64_t *moe_ffn, char *err, size_t errlen) {
+  char k[160];
+  int64_t with = 0;
+  *experts = *top_k = *moe_ffn = 0;
+  for (int64_t i = 0; i < layers; i++)
+    with += has_layer_tensor(g, i, "ffn_gate_inp.weight");
+  md_gguf_get_int(g, ak(k, sizeof(k), a, "expert_count"), experts);
+  if (!with && *experts <= 0) {
+    *experts = 0;
+    return 0;
+  }
+  if (!with)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: %s.expert_count is %lld but no layer has blk.N.ffn_gate_inp.weight", a,
+                   (long long)*experts);
+  if (with != layers)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: %lld of %lld layers have blk.N.ffn_gate_inp.weight (an MoE block on "
+                   "every layer or none is supported)",
+                   (long long)with, (long long)layers);
+  if (*experts < 1 || *experts > 4096)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: %s.expert_count missing or not 1..4096 in a file with MoE layers", a);
+  if (need_int(g, ak(k, sizeof(k), a, "expert_used_count"), top_k, err, errlen) || *top_k < 1 ||
+      *top_k > *experts)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s.expert_used_count missing or not 1..%lld",
+                   a, (long long)*experts);
+  if (has_layer_tensor(g, 0, "ffn_gate_exps.weight") ||
+      !has_layer_tensor(g, 0, "ffn_gate_up_exps.weight"))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "GGUF: blk.0.ffn_gate_up_exps.weight missing: experts with separate "
+                   "ffn_gate_exps / ffn_up_exps are not supported (the fused stack is)");
+  const struct md_gguf_tensor *dn = md_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight");
+  if (md_gguf_get_int(g, ak(k, sizeof(k), a, "expert_feed_forward_length"), moe_ffn))
+    *moe_ffn = dn && dn->n_dims == 3 ? dn->ne[0] : 0;
+  if (*moe_ffn < 1 || *moe_ffn > (1 << 20))
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "GGUF: %s.expert_feed_forward_length missing or out of range (and no 3-D "
+                   "blk.0.ffn_down_exps.weight to take it from)",
+                   a);
+  return 0;
+}
+
 static int from_gemma4(const struct md_gguf *g, const char *a, struct md_config *cfg, char *err,
                        size_t errlen) {
   char k[160];
@@ -322,15 +375,8 @@ static int from_gemma4(const struct md_gguf *g, const char *a, struct md_config 
                    "GGUF: %s.rope.dimension_count_swa %lld is not attention.key_length_swa %lld "
                    "(partial RoPE on sliding layers)",
                    a, (long long)rot_swa, (long long)hd_swa);
-  /* MoE: not this reader's */
-  md_gguf_get_int(g, ak(k, sizeof(k), a, "expert_count"), &experts);
-  for (int64_t i = 0; i < layers && !experts; i++)
-    if (has_layer_tensor(g, i, "ffn_gate_inp.weight")) experts = -1;
-  if (experts)
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "GGUF: a Gemma 4 MoE file (%s.expert_count, blk.N.ffn_gate_inp) is not "
-                   "supported: dense gemma4 files only",
-                   a);
+  int64_t top_k = 0, moe_ffn = 0;
+  if ((rc = moe_keys(g, a, layers, &experts, &top_k, &moe_ffn, err, errlen))) return rc;
   md_gguf_get_int(g, ak(k, sizeof(k), a, "attention.shared_kv_layers"), &shared);
   if (shared < 0 || shared >= layers)
     return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s.attention.shared_kv_layers must be 0..%lld",
@@ -501,6 +547,12 @@ static int from_gemma4(const struct md_gguf *g, const char *a, struct md_config 
   json_object_set_new(c, "tie_word_embeddings",
                       json_boolean(md_gguf_find_tensor(g, "output.weight") == NULL));
   json_object_set_new(c, "layer_types", types);
+  if (experts) {
+    json_object_set_new(c, "enable_moe_block", json_true());
+    json_object_set_new(c, "num_experts", json_integer(experts));
+    json_object_set_new(c, "top_k_experts", json_integer(top_k));
+    json_object_set_new(c, "moe_intermediate_size", json_integer(moe_ffn));
+  }
   put_special_ids(g, c, vocab);
   if ((rc = parse_json(c, cfg, err, errlen))) return rc;
   if (any_full) cfg->rope[MD_LAYER_FULL].rot_pairs = rot;

@@ -34,6 +34,17 @@ static const char *const layer_names[][2] = {
     {"proj.weight", "per_layer_projection.weight"},
     {"post_norm.weight", "post_per_layer_input_norm.weight"},
     {"layer_output_scale.weight", "layer_scalar"},
+    /* Gemma 4 MoE (src/models/gemma4.cpp's load_arch_tensors; the converter,
+       conversion/gemma.py's Gemma4Model, writes these as the checkpoint holds
+       them: the experts' fused gate_up stack [E, 2I, H] with gate first) */
+    {"ffn_gate_inp.weight", "router.proj.weight"},
+    {"ffn_gate_inp.scale", "router.scale"},
+    {"ffn_gate_up_exps.weight", "experts.gate_up_proj"},
+    {"ffn_down_exps.weight", "experts.down_proj"},
+    {"ffn_down_exps.scale", "router.per_expert_scale"},
+    {"post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight"},
+    {"pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight"},
+    {"post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight"},
 };
 
 /* Names outside the layers (rope_freqs.weight, Gemma 4's proportional RoPE,

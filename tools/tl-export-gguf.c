@@ -1,4 +1,4 @@
-/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 or dense Gemma 4
+/* tl-export-gguf.c — `lmserve export-gguf`: writes a Gemma 3 or Gemma 4
  * text checkpoint (safetensors + config.json) as one GGUF file that llama.cpp
  * loads, so that
  * the same weights can be run side by side (`tools/bench-llamacpp.mjs`).
@@ -57,12 +57,18 @@
  * --quantization leaves it too), per_layer_model_proj, per_layer_proj_norm,
  * and per layer inp_gate, proj, post_norm, layer_output_scale; KV-shared
  * layers without their unread K/V weights, K-as-V layers without attn_v.
+ * MoE: expert_count, expert_used_count, expert_feed_forward_length, and per
+ * layer ffn_gate_inp (the router, as f32: llama.cpp's quantizer leaves it
+ * unquantized) with its .scale, the expert stacks ffn_gate_up_exps [E, 2I, H]
+ * and ffn_down_exps [E, H, I] (3-D, quantized row by row when asked),
+ * ffn_down_exps.scale (per_expert_scale), pre_ffw_norm_2, post_ffw_norm_1
+ * and post_ffw_norm_2.
  * The vocabulary is written as for Gemma 3.
  *
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
  * except for 62-layer models), scaled or partial RoPE on sliding layers;
- * Gemma 4 MoE, and KV-shared layers whose last storing layers are not a
+ * KV-shared layers whose last storing layers are not a
  * sliding then a full one (llama.cpp's gemma4 reads those two, whatever the
  * checkpoint says). */
 #include <jansson.h>
@@ -135,8 +141,8 @@ struct gg_tensor {
   float shift;                 /* 1 for Gemma 3's norms (llama.cpp multiplies by w), else 0 */
   int type;       /* GGML_* written, or a block format's ggml type (qdt) */
   int qdt;        /* the block format written (enum kn_dtype), or -1 */
-  int nd;         /* 1 or 2 */
-  uint64_t ne[2]; /* innermost first */
+  int nd;         /* 1, 2, or 3 (a stack of expert matrices) */
+  uint64_t ne[3]; /* innermost first (ne[2] = 1 below 3 dimensions) */
   uint64_t off;   /* from the start of the data section */
   uint64_t bytes;
 };
@@ -230,19 +236,22 @@ static enum kn_dtype asked_type(int qt, const char *gname, int layer, int n_laye
 /* What plan_add writes: a matrix (in a block format when one is asked), a
  * norm weight or scalar (f32, + norm_shift for norms), a matrix kept in its
  * dtype (Gemma 4's per-layer embedding table, read by rows as --quantization
- * leaves it). */
-enum { PT_MAT = 0, PT_NORM = 1, PT_KEEP = 2, PT_SCALAR = 3 };
+ * leaves it), a matrix written as f32 whatever is asked (the MoE router). */
+enum { PT_MAT = 0, PT_NORM = 1, PT_KEEP = 2, PT_SCALAR = 3, PT_F32 = 4 };
 
 /* Adds tensor `gname` (of layer `layer`, -1 outside them) from checkpoint
- * tensor `hname` of the expected shape (rows x cols; rows == 0 for a vector of
- * cols); `tied`: the embedding is the output matrix too. */
-static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int64_t rows,
-                    int64_t cols, int what, int layer, int tied) {
+ * tensor `hname` of the expected shape (mats x rows x cols; mats == 0 for one
+ * matrix, rows == 0 too for a vector of cols); `tied`: the embedding is the
+ * output matrix too. A stack of expert matrices is quantized row by row as
+ * one matrix of mats x rows rows. */
+static int plan_add_nd(struct gg_plan *p, const char *gname, const char *hname, int64_t mats,
+                       int64_t rows, int64_t cols, int what, int layer, int tied) {
   const struct md_tensor *s = md_st_find(p->st, hname);
   if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
-  int norm = what == PT_NORM || what == PT_SCALAR;
-  int want_nd = rows ? 2 : 1;
-  if (s->ndim != want_nd || (rows && s->shape[0] != rows) || s->shape[want_nd - 1] != cols)
+  int norm = what == PT_NORM || what == PT_SCALAR || what == PT_F32;
+  int want_nd = mats ? 3 : rows ? 2 : 1;
+  if (s->ndim != want_nd || (mats && s->shape[0] != mats) ||
+      (rows && s->shape[want_nd - 2] != rows) || s->shape[want_nd - 1] != cols)
     return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
   if (ggml_type_of(s->dtype) < 0)
     return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
@@ -257,8 +266,9 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   t->nd = want_nd;
   t->ne[0] = (uint64_t)cols;
   t->ne[1] = rows ? (uint64_t)rows : 1;
+  t->ne[2] = mats ? (uint64_t)mats : 1;
   t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
-  t->bytes = t->ne[0] * t->ne[1] * type_size(t->type);
+  t->bytes = t->ne[0] * t->ne[1] * t->ne[2] * type_size(t->type);
   t->qdt = -1;
   /* matrices in a block format (or its fallback); one whose rows are not whole
      blocks of 32 stays as it is */
@@ -268,9 +278,14 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   if (q != KN_DTYPE__COUNT) {
     t->qdt = (int)q;
     t->type = ggml_block_type(q);
-    t->bytes = (uint64_t)rows * kn_row_bytes(q, (size_t)cols);
+    t->bytes = t->ne[2] * (uint64_t)rows * kn_row_bytes(q, (size_t)cols);
   }
   return 0;
+}
+
+static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int64_t rows,
+                    int64_t cols, int what, int layer, int tied) {
+  return plan_add_nd(p, gname, hname, 0, rows, cols, what, layer, tied);
 }
 
 /* "model.language_model." (multimodal), "model." (CausalLM) or "". */
@@ -322,7 +337,7 @@ static int plan_gemma4(struct gg_plan *p, const struct md_config *c, const char 
     t->gen = p->rope_freqs = f;
     t->nd = 1;
     t->ne[0] = (uint64_t)pairs;
-    t->ne[1] = 1;
+    t->ne[1] = t->ne[2] = 1;
     t->type = GGML_F32;
     t->bytes = 4 * (uint64_t)pairs;
     t->qdt = -1;
@@ -358,6 +373,35 @@ static int plan_gemma4(struct gg_plan *p, const struct md_config *c, const char 
       snprintf(g, sizeof(g), "blk.%d.%s.weight", i, map[k].g);
       snprintf(h, sizeof(h), "%slayers.%d.%s", P, i, map[k].h);
       if ((rc = plan_add(p, g, h, map[k].rows, map[k].cols, map[k].what, i, tied))) return rc;
+    }
+    if (c->moe) {
+      /* the MoE block (conversion/gemma.py's Gemma4Model): the router as f32
+         (llama.cpp's quantizer leaves ffn_gate_inp unquantized too; f32, so
+         that no runtime rounds the router's input to 16 bits, where a near-tie
+         of two experts would go another way), its scales as f32, the expert
+         stacks as they are (or quantized) */
+      int NE = c->n_experts, I = c->moe_ffn;
+      const struct {
+        const char *g, *h;
+        int64_t mats, rows, cols;
+        int what;
+      } moe[] = {
+          {"ffn_gate_inp.weight", "router.proj.weight", 0, NE, H, PT_F32},
+          {"ffn_gate_inp.scale", "router.scale", 0, 0, H, PT_SCALAR},
+          {"ffn_gate_up_exps.weight", "experts.gate_up_proj", NE, 2 * I, H, PT_MAT},
+          {"ffn_down_exps.weight", "experts.down_proj", NE, H, I, PT_MAT},
+          {"ffn_down_exps.scale", "router.per_expert_scale", 0, 0, NE, PT_SCALAR},
+          {"pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight", 0, 0, H, PT_NORM},
+          {"post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight", 0, 0, H, PT_NORM},
+          {"post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight", 0, 0, H, PT_NORM},
+      };
+      for (size_t k = 0; k < CM_ARRAY_LEN(moe); k++) {
+        snprintf(g, sizeof(g), "blk.%d.%s", i, moe[k].g);
+        snprintf(h, sizeof(h), "%slayers.%d.%s", P, i, moe[k].h);
+        if ((rc =
+                 plan_add_nd(p, g, h, moe[k].mats, moe[k].rows, moe[k].cols, moe[k].what, i, tied)))
+          return rc;
+      }
     }
     /* the layer's output scale, when the checkpoint has one (llama.cpp: optional) */
     snprintf(h, sizeof(h), "%slayers.%d.layer_scalar", P, i);
@@ -424,7 +468,6 @@ static int plan_model(struct gg_plan *p, const struct md_config *c) {
 /* What llama.cpp's Gemma 4 graph (src/models/gemma4.cpp) could not reproduce,
  * or NULL; why[n] holds a sentence with numbers. */
 static const char *unsupported_gemma4(const struct md_config *c, char *why, size_t n) {
-  if (c->moe) return "Gemma 4 MoE models are not exported (dense Gemma 4 only)";
   if (c->attn_softcap != 0) return "attn_logit_softcapping is set (Gemma 4 has none)";
   const struct md_rope *sl = &c->rope[MD_LAYER_SLIDING];
   if (sl->factor != 1.0) return "sliding layers scale RoPE positions";
@@ -535,6 +578,11 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
     kv_u32(o, AK("rope.dimension_count_swa"), (uint32_t)c->head_dim);
     kv_u32(o, AK("attention.shared_kv_layers"), (uint32_t)c->n_kv_shared);
     kv_u32(o, AK("embedding_length_per_layer_input"), (uint32_t)c->ple_dim);
+    if (c->moe) {
+      kv_u32(o, AK("expert_count"), (uint32_t)c->n_experts);
+      kv_u32(o, AK("expert_used_count"), (uint32_t)c->top_k_experts);
+      kv_u32(o, AK("expert_feed_forward_length"), (uint32_t)c->moe_ffn);
+    }
   }
   kv_f32(o, AK("attention.layer_norm_rms_epsilon"), (float)c->eps);
   kv_u32(o, AK("attention.sliding_window"), (uint32_t)c->sliding_window);
@@ -663,7 +711,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
     float *row = malloc(sizeof(float) * K);
     uint8_t *q = malloc(rb);
     if (!row || !q) o->failed = 1;
-    for (uint64_t r = 0; r < t->ne[1] && !o->failed; r++) {
+    for (uint64_t r = 0; r < t->ne[1] * t->ne[2] && !o->failed; r++) {
       for (size_t k = 0; k < K; k++)
         row[k] = kn_load_f32(s->data, (enum kn_dtype)s->dtype, (size_t)r * K + k);
       if (kn_quantize_row(dt, row, q, K)) o->failed = 1;
@@ -678,7 +726,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
     return;
   }
   float buf[4096];
-  size_t n = (size_t)(t->ne[0] * t->ne[1]);
+  size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
   for (size_t i = 0; i < n && !o->failed;) {
     size_t m = n - i < CM_ARRAY_LEN(buf) ? n - i : CM_ARRAY_LEN(buf);
     for (size_t k = 0; k < m; k++) {
@@ -709,7 +757,7 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
     goto done;
   }
   if ((rc = md_st_open_dir(dir, &st, err, errlen))) goto done;
-  p.cap = 7 + 17 * c->n_layers;
+  p.cap = 7 + 25 * c->n_layers;
   p.norm_shift = c->arch == MD_ARCH_GEMMA3 ? 1.0f : 0.0f;
   p.t = calloc((size_t)p.cap, sizeof(*p.t));
   p.st = st;

@@ -280,7 +280,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
   const char *dtype = "bf16", *chat = "gemma3", *audio_shape = NULL;
   int64_t seed = 1, vocab = 262144;
   int moe = 0, echo = 0, agree = 0, vision = 0, bidir_vision = 0, audio = 0;
-  double echo_leak = 0;
+  double echo_leak = 0, router_gain = 0;
   const struct cm_opt opts[] = {
       {"arch", CM_OPT_STR, &arch, "ARCH", "gemma3 | gemma4 | gemma4-assistant (default gemma4)"},
       {"out", CM_OPT_STR, &out, "DIR", "output directory (created)"},
@@ -296,6 +296,10 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "layers: the 26B's and 31B's attention), e2b (gemma-4-E2B's text shape)"},
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
+      {"router-gain", CM_OPT_DOUBLE, &router_gain, "X",
+       "with --moe: the routers' weights X times the default spread, so that the top-k choice "
+       "is decisive as a trained router's is (default 1)",
+       0, 0, 0.01, 1000},
       {"vision", CM_OPT_BOOL, &vision, NULL,
        "gemma3: a multimodal checkpoint (Gemma3ForConditionalGeneration) with a small SigLIP "
        "tower: 64 px images, 8 px patches, 16 image tokens | gemma4: "
@@ -390,6 +394,7 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .preset = preset,
                              .vocab = (int)vocab,
                              .moe = moe,
+                             .router_gain = router_gain,
                              .echo = echo,
                              .echo_leak = echo_leak,
                              .vision = vision,

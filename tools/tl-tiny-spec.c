@@ -98,7 +98,9 @@ static int add_stack(struct tl_tiny_spec *s, const struct md_config *c, int embe
     rc |= NORM(H, "%s.%d.post_feedforward_layernorm.weight", p, i);
     if (c->moe) {
       int E = c->n_experts, I = c->moe_ffn;
-      rc |= LIN(E, H, "%s.%d.router.proj.weight", p, i);
+      double gain = s->router_gain > 0 ? s->router_gain : 1.0;
+      rc |= add(s, TL_INIT_NORMAL, gain / sqrt((double)H), 0, 2, E, H, 0,
+                "%s.%d.router.proj.weight", p, i);
       rc |= NORM(H, "%s.%d.router.scale", p, i);
       rc |= add(s, TL_INIT_UNIFORM, 0.5, 1.5, 1, E, 0, 0, "%s.%d.router.per_expert_scale", p, i);
       rc |= add(s, TL_INIT_NORMAL, 1.0 / sqrt((double)H), 0, 3, E, 2 * I, H,
@@ -643,6 +645,7 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;
+    s->router_gain = o->router_gain;
     int rc = 0;
     if (o->vision) rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
     if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, o->audio_e2b);

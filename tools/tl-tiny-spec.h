@@ -40,6 +40,7 @@ struct tl_tiny_spec {
   int n_tensors, cap;
   int rig;         /* 0; 1: echo target; 2: assistant agreeing with one */
   double rig_leak; /* echo target: its post norms' weight (0: a pure echo) */
+  double router_gain; /* MoE routers' weights times this (0 or 1: the default spread) */
 };
 
 /* Options of a generated gemma3 / gemma4 model. */
@@ -48,6 +49,10 @@ struct tl_tiny_opts {
   const char *preset; /* "tiny" | "270m" (gemma3) | "e2b" (gemma4) */
   int vocab;          /* tokens; 262144 matches the Gemma tokenizer */
   int moe;            /* gemma4: MoE block in every layer */
+  double router_gain; /* moe: the routers' weights this many times the default spread
+                       * (0 = 1), so that routing is decisive as a trained router's is:
+                       * at 1 the router logits of the tiny presets lie within about
+                       * 0.1 of each other and the top-k choice turns on the last bits */
   int sliding_window; /* 0 = the preset's (64 for tiny) */
   int echo;           /* gemma4: see tl_tiny_spec_assistant_agreeing */
   double echo_leak;   /* echo: post norms at this weight instead of 0, so that the

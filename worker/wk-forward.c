@@ -75,7 +75,7 @@ int wk_linear(struct wk_model *m, float *out, ptrdiff_t ldo, const float *in, pt
 /* Matrix e of a stack of expert matrices, as a weight of its own. */
 static struct wk_w expert_mat(const struct wk_w *w, int e) {
   struct wk_w x = *w;
-  x.p = (const char *)w->p + (size_t)e * (size_t)w->rows * (size_t)w->cols * kn_dtype_size(w->dt);
+  x.p = (const char *)w->p + (size_t)e * (size_t)w->rows * kn_row_bytes(w->dt, (size_t)w->cols);
   x.n_mat = 1;
   return x;
 }

@@ -25,7 +25,7 @@ struct binder {
   char *err;
   size_t errlen;
   int rc;
-  enum { W_ANY, W_LINEAR, W_EMBED } role; /* what the matrix being bound is (bind_as) */
+  enum { W_ANY, W_LINEAR, W_EMBED, W_EXPERTS } role; /* what the matrix being bound is (bind_as) */
   int mat;    /* binding a matrix (bind_mat): it may be in a block format (GGUF) */
   int quant;  /* --quantization fp8: linear weights quantized to FP8 as they are bound */
   int blockq; /* --quantization q8_0|q4_0|q4_k: the block format (enum kn_dtype) linear weights
@@ -378,9 +378,10 @@ done:
 
 /* bind_mat of a weight in role r. W_LINEAR, a linear layer's weight [d0, d1]:
  * stored as FP8 in the checkpoint, or quantized to FP8 here under
- * --quantization fp8. W_EMBED, the embedding or the head. Both are quantized
- * to a block format under --quantization q8_0|q4_0|q4_k, as lmserve quantize
- * writes them. */
+ * --quantization fp8. W_EMBED, the embedding or the head. W_EXPERTS, a stack
+ * of MoE expert matrices (FP8 leaves them as they are). All three are
+ * quantized to a block format under --quantization q8_0|q4_0|q4_k, as lmserve
+ * quantize writes them. */
 #define bind_as(b, r, ...)                                                                         \
   do {                                                                                             \
     (b)->role = (r);                                                                               \
@@ -404,17 +405,19 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
     return;
   }
   enum kn_dtype src = kn_of(t);
-  size_t rb = kn_row_bytes(q, (size_t)cols), bytes = (size_t)rows * rb;
+  size_t rb = kn_row_bytes(q, (size_t)cols), n = (size_t)w->n_mat * (size_t)rows, bytes = n * rb;
   uint8_t *host = malloc(bytes ? bytes : 1);
   float *row = malloc(sizeof(float) * (size_t)cols);
   void *p = host && row ? weight_alloc(b->m, bytes) : NULL;
-  for (int r = 0; p && r < rows; r++) {
-    int sr = r; /* the full tensor's row (gather's mapping of a row cut) */
+  for (size_t i = 0; p && i < n; i++) {
+    int e = (int)(i / (size_t)rows), r = (int)(i % (size_t)rows);
+    int sr = r; /* the full matrix's row (gather's mapping of a row cut) */
     if (w->shard == WK_SHARD_ROWS && rows != R)
       sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
+    size_t at = ((size_t)e * (size_t)R + (size_t)sr) * (size_t)C + (size_t)c0;
     for (int k = 0; k < cols; k++)
-      row[k] = kn_load_f32(t->data, src, (size_t)sr * (size_t)C + (size_t)(c0 + k));
-    CM_ASSERT(kn_quantize_row(q, row, host + (size_t)r * rb, (size_t)cols) == 0);
+      row[k] = kn_load_f32(t->data, src, at + (size_t)k);
+    CM_ASSERT(kn_quantize_row(q, row, host + i * rb, (size_t)cols) == 0);
   }
   if (!p || kn_upload(b->m->be, p, host, bytes))
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s as %s", name,
@@ -422,23 +425,19 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
   w->p = p;
   w->dt = q;
   b->m->weight_bytes += bytes;
-  load_progress(b->m, (size_t)rows * (size_t)cols * kn_dtype_size(src));
+  load_progress(b->m, n * (size_t)cols * kn_dtype_size(src));
   free(host);
   free(row);
 }
 
-/* Whether a matrix in a block format (GGUF) can be bound here: one matrix, a
- * backend with block kernels, a tensor-parallel cut by columns along whole
+/* Whether a matrix (or a stack of expert matrices) in a block format (GGUF)
+ * can be bound here: a backend with block kernels, a tensor-parallel cut by columns along whole
  * blocks, not under --quantization fp8. */
 static int block_ok(struct binder *b, const struct md_tensor *t, enum wk_shard shard,
-                    struct cut cut, int64_t d2, const char *name) {
+                    struct cut cut, const char *name) {
   enum kn_dtype dt = kn_of(t);
   int be = kn_block_elems(dt);
-  if (d2 >= 0)
-    b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
-                    "%s: %s is %s: stacks of expert matrices in block formats are not supported",
-                    t->file, name, kn_dtype_name(dt));
-  else if (!kn_backend_has(b->m->be, KN_CAP_BLOCK_WEIGHTS))
+  if (!kn_backend_has(b->m->be, KN_CAP_BLOCK_WEIGHTS))
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "%s: %s is %s, and the %s backend has no kernels for block formats that "
                     "passed its check at start-up (the CPU has)",
@@ -472,7 +471,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   *w = (struct wk_w){.shard = shard};
   if (!t) return;
   w->dt = kn_of(t);
-  if (kn_block_elems(w->dt) && !block_ok(b, t, shard, cut, d2, name)) return;
+  if (kn_block_elems(w->dt) && !block_ok(b, t, shard, cut, name)) return;
   w->n_mat = d2 < 0 ? 1 : (int)d0;
   int R = (int)(d2 < 0 ? d0 : d1), C = (int)(d2 < 0 ? d1 : d2);
   if (cut.halves < 1) cut.halves = 1;
@@ -485,8 +484,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
     bind_fp8(b, w, t, R, C, name);
     return;
   }
-  if (b->blockq && b->role != W_ANY && w->n_mat == 1 && kn_dtype_size(w->dt) &&
-      w->dt != KN_DTYPE_F8E4M3) {
+  if (b->blockq && b->role != W_ANY && kn_dtype_size(w->dt) && w->dt != KN_DTYPE_F8E4M3) {
     enum kn_dtype q = kn_quant_row_type((enum kn_dtype)b->blockq, (size_t)C);
     if (q != KN_DTYPE__COUNT) {
       bind_block(b, w, t, q, cut, R, C, name);
@@ -619,13 +617,14 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       bind_mat(&b, &w->router, WK_SHARD_FULL, (struct cut){0}, 1, E, H, -1, "%srouter.proj.weight",
                lp);
       w->router_scale = bind_vec(&b, 1, H, "%srouter.scale", lp);
-      w->expert_scale = bind_vec(&b, 1, E, "%srouter.per_expert_scale", lp);
-      bind_mat(&b, &w->experts_gate_up, WK_SHARD_ROWS,
-               (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 2}, 1, E, 2 * I, H,
-               "%sexperts.gate_up_proj", lp);
-      bind_mat(&b, &w->experts_down, WK_SHARD_COLS,
-               (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 1}, 1, E, H, I,
-               "%sexperts.down_proj", lp);
+      /* optional in a GGUF file, as llama.cpp reads it (ffn_down_exps.scale): 1 */
+      w->expert_scale = bind_vec(&b, !md_st_gguf(m->st), E, "%srouter.per_expert_scale", lp);
+      bind_as(&b, W_EXPERTS, &w->experts_gate_up, WK_SHARD_ROWS,
+              (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 2}, 1, E, 2 * I, H,
+              "%sexperts.gate_up_proj", lp);
+      bind_as(&b, W_EXPERTS, &w->experts_down, WK_SHARD_COLS,
+              (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 1}, 1, E, H, I,
+              "%sexperts.down_proj", lp);
       w->pre_ffn_norm2 = bind_vec(&b, 1, H, "%spre_feedforward_layernorm_2.weight", lp);
       w->post_ffn_norm1 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_1.weight", lp);
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
@@ -655,13 +654,17 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   m->bytes_per_token = m->weight_bytes - table + erow;
   if (c->tie_embeddings) m->bytes_per_token += table; /* the tied head reads it all */
   if (c->ple_dim) {
-    uint64_t row = (uint64_t)L * c->ple_dim * kn_dtype_size(m->ple_embed.dt);
+    uint64_t row = kn_row_bytes(m->ple_embed.dt, (size_t)L * (size_t)c->ple_dim);
     m->bytes_per_token -= (uint64_t)c->ple_vocab * row - row;
   }
   if (c->moe)
     for (int i = 0; i < L; i++) {
-      uint64_t ex = (uint64_t)c->n_experts * 3 * lc->moe_ffn * H *
-                    kn_dtype_size(m->layers[i].experts_down.dt);
+      const struct wk_layer_w *w = &m->layers[i];
+      uint64_t ex = (uint64_t)w->experts_gate_up.n_mat *
+                    ((uint64_t)w->experts_gate_up.rows *
+                         kn_row_bytes(w->experts_gate_up.dt, (size_t)w->experts_gate_up.cols) +
+                     (uint64_t)w->experts_down.rows *
+                         kn_row_bytes(w->experts_down.dt, (size_t)w->experts_down.cols));
       m->bytes_per_token -= ex - ex / c->n_experts * c->top_k_experts;
     }
   return 0;
@@ -1016,9 +1019,6 @@ static int check_block_quant(struct wk_model *m, struct kn_backend *be,
                    "passed its check at start-up (the CPU has)",
                    name, m->dir, kn_backend_name(be));
   m->quant_block = (int)q;
-  if (m->full.moe && !o->quiet)
-    cm_info("wk", "%s: the MoE experts stay in their own dtype (%s covers the linear layers)",
-            m->dir, name);
   return 0;
 }
 

@@ -3,6 +3,7 @@
  * verification, draft proposals, and the RESULT message (see wk-role.h). */
 #include "worker/wk-role.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -290,6 +291,9 @@ static int grammars(struct wk_role *r, char *err, size_t errlen) {
     snprintf(why, sizeof(why), "%s", cm_strerror(rc));
   }
   tk_free(tok);
+  /* the tokenizer's ~37 MB (262,144 tokens' maps and merges) go back to the
+     system now, not at some later allocation: it was needed only for the pieces */
+  malloc_trim(0);
   if (rc) {
     r->gram_failed = 1;
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s", src, why);

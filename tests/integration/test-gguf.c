@@ -179,12 +179,15 @@ TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
  * to the residual's size in every layer. */
 #define NEAR_TIE 0.05
 
-/* Gemma 4 (dense) exports against llama.cpp's gemma4 (src/models/gemma4.cpp):
+/* Gemma 4 exports against llama.cpp's gemma4 (src/models/gemma4.cpp):
  * the tiny-e preset (per-layer inputs, KV-shared layers read where llama.cpp
  * reads them, the double-wide MLP, K as V on full layers, layer scalars,
- * proportional RoPE through rope_freqs, final softcap 30) and tiny-dense
+ * proportional RoPE through rope_freqs, final softcap 30), tiny-dense
  * (none of those, no softcap: final_logit_softcapping 0 written, since
- * llama.cpp takes 30 when the key is absent). The f32 export's greedy tokens
+ * llama.cpp takes 30 when the key is absent), and tiny-dense with an MoE
+ * block on every layer (4 experts, top 2: llama.cpp's router, softmax top-k
+ * renormalised, per-expert scale on the down projection, the fused gate_up
+ * stack). The f32 export's greedy tokens
  * are lmserve's on the safetensors checkpoint, for prompts shorter and longer
  * than the 64-token window; a token may differ only where llama.cpp's top two
  * are a near-tie. llama.cpp loads and runs the q8_0 and bf16 files too; their
@@ -200,23 +203,31 @@ TH_TEST(llamacpp_runs_gemma4_exports_as_lmserve_does) {
   th_proc_init(1200);
   char dir[1024];
   need_llamacpp(dir);
-  static const char *presets[] = {"tiny-e", "tiny-dense"};
+  static const struct {
+    const char *name;
+    int moe;
+  } presets[] = {{"tiny-e", 0}, {"tiny-dense", 0}, {"tiny-dense", 1}};
   enum { N_PROMPTS = 3 };
   char prompts[N_PROMPTS][1024], all[4096];
   three_prompts(prompts, all);
   struct th_out o = {0};
   for (size_t pi = 0; pi < sizeof(presets) / sizeof(presets[0]); pi++) {
     char model[300], f32[300], bf16[300], q8[300], name[64];
-    snprintf(name, sizeof(name), "g4-%s", presets[pi]);
+    const char *pn = presets[pi].name, *moe = presets[pi].moe ? "-moe" : "";
+    snprintf(name, sizeof(name), "g4-%s%s", pn, moe);
     tmp_path(model, name);
-    snprintf(name, sizeof(name), "g4-%s-f32.gguf", presets[pi]);
+    snprintf(name, sizeof(name), "g4-%s%s-f32.gguf", pn, moe);
     tmp_path(f32, name);
-    snprintf(name, sizeof(name), "g4-%s-bf16.gguf", presets[pi]);
+    snprintf(name, sizeof(name), "g4-%s%s-bf16.gguf", pn, moe);
     tmp_path(bf16, name);
-    snprintf(name, sizeof(name), "g4-%s-q8_0.gguf", presets[pi]);
+    snprintf(name, sizeof(name), "g4-%s%s-q8_0.gguf", pn, moe);
     tmp_path(q8, name);
-    TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4", "--preset", presets[pi], "--seed", "3",
-                  "--out", model) == 0);
+    if (presets[pi].moe)
+      TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4", "--preset", pn, "--moe",
+                    "--router-gain", "16", "--seed", "3", "--out", model) == 0);
+    else
+      TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4", "--preset", pn, "--seed", "3",
+                    "--out", model) == 0);
     TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", f32, "--dtype", "f32") == 0);
     TH_CHECK(strstr(o.out, "gemma4, 6 layers") != NULL);
     TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", bf16) == 0);
@@ -228,27 +239,41 @@ TH_TEST(llamacpp_runs_gemma4_exports_as_lmserve_does) {
       lmserve_generate(&o, q8, prompts[p], q8ours[p]);
     }
     llamacpp_generate_gaps(dir, f32, all, N_PROMPTS, theirs, gaps);
-    int distinct = 0;
+    int distinct = 0, leading = 0, first = 0;
     for (int p = 0; p < N_PROMPTS; p++) {
       int agree = 0;
       while (agree < N_GEN && ours[p][agree] == theirs[p][agree])
         agree++;
       for (int i = 0; i < agree; i++)
         distinct += i == 0 || ours[p][i] != ours[p][i - 1];
-      printf("# %s f32 prompt %d: %d of %d tokens as llama.cpp's%s\n", presets[pi], p, agree, N_GEN,
-             agree < N_GEN ? " (then a near-tie)" : "");
-      if (agree < N_GEN && !(gaps[p][agree] < NEAR_TIE))
+      leading += agree;
+      first += agree > 0;
+      printf("# %s%s f32 prompt %d: %d of %d tokens as llama.cpp's%s\n", pn, moe, p, agree, N_GEN,
+             agree == N_GEN    ? ""
+             : presets[pi].moe ? " (then parted)"
+                               : " (then a near-tie)");
+      /* MoE: a near-tie of two experts' router logits, which llama.cpp's
+         fp16-table GELU moves by ~1e-3 upstream, sends a token down other
+         experts and its logits elsewhere, so a whole continuation can part
+         without a near-tie of the top two tokens: the MoE model is held to
+         most of the tokens below instead; a wrong layout (gate and up
+         swapped, a scale misplaced) agrees on none */
+      if (!presets[pi].moe && agree < N_GEN && !(gaps[p][agree] < NEAR_TIE))
         th_fail(__FILE__, __LINE__,
-                "%s prompt %d, token %d: lmserve %d, llama.cpp %d (its top two %.4f apart)",
-                presets[pi], p, agree, ours[p][agree], theirs[p][agree], gaps[p][agree]);
+                "%s%s prompt %d, token %d: lmserve %d, llama.cpp %d (its top two %.4f apart)", pn,
+                moe, p, agree, ours[p][agree], theirs[p][agree], gaps[p][agree]);
     }
     TH_CHECK(distinct >= 12); /* the continuations are not one repeated token */
+    if (presets[pi].moe) {
+      TH_CHECK(first >= N_PROMPTS - 1);
+      TH_CHECK(leading >= N_GEN + N_GEN / 2);
+    }
     llamacpp_generate(dir, q8, all, N_PROMPTS, theirs);
     for (int p = 0; p < N_PROMPTS; p++) {
       int agree = 0;
       while (agree < N_GEN && q8ours[p][agree] == theirs[p][agree])
         agree++;
-      printf("# %s q8_0 prompt %d: %d of %d tokens as llama.cpp's\n", presets[pi], p, agree, N_GEN);
+      printf("# %s%s q8_0 prompt %d: %d of %d tokens as llama.cpp's\n", pn, moe, p, agree, N_GEN);
     }
     llamacpp_generate(dir, bf16, all, 1, theirs);
   }
@@ -615,13 +640,6 @@ TH_TEST(export_gguf_refuses_bad_input_clearly) {
   TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4", "--out", g4) == 0);
   TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", g4, "--out", out), 1);
   TH_CHECK(strstr(o.err, "KV-shared layers: llama.cpp's gemma4") != NULL);
-  TH_CHECK(access(out, F_OK) != 0);
-  char moe[300];
-  tmp_path(moe, "g4moe");
-  TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma4", "--preset", "tiny-e", "--moe", "--out",
-                moe) == 0);
-  TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", moe, "--out", out), 1);
-  TH_CHECK(strstr(o.err, "Gemma 4 MoE models are not exported") != NULL);
   TH_CHECK(access(out, F_OK) != 0);
   TH_CHECK_EQ_INT(lm(&o, "export-gguf", "--model", g4), 2);
   TH_CHECK(strstr(o.err, "--out") != NULL);

@@ -24,10 +24,10 @@
 
 /* A checkpoint of preset (vocabulary 512, bf16) in dir, and the files
  * out[0..2]: export-gguf's bf16 and f32, quantize's q8_0. */
-static void make(char *dir, size_t n, const char *preset, char out[3][300]) {
+static void make(char *dir, size_t n, const char *preset, int moe, char out[3][300]) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
   struct tl_tiny_spec s;
-  struct tl_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512};
+  struct tl_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512, .moe = moe};
   char err[256], lm[1024], log[4096];
   TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
   TH_REQUIRE(tl_tiny_write(&s, dir, 11, MD_ST_BF16) == 0);
@@ -81,6 +81,10 @@ static void same_config(const char *dir, const char *gguf) {
   TH_CHECK_EQ_INT(a->ple_dim, b->ple_dim);
   TH_CHECK_EQ_INT(a->ple_vocab, b->ple_vocab);
   TH_CHECK_EQ_INT(a->tie_embeddings, b->tie_embeddings);
+  TH_CHECK_EQ_INT(a->moe, b->moe);
+  TH_CHECK_EQ_INT(a->n_experts, b->n_experts);
+  TH_CHECK_EQ_INT(a->top_k_experts, b->top_k_experts);
+  TH_CHECK_EQ_INT(a->moe_ffn, b->moe_ffn);
   TH_CHECK(a->attn_scale == b->attn_scale && a->final_softcap == b->final_softcap);
   TH_CHECK((float)a->eps == (float)b->eps);
   for (int k = 0; k < 2; k++) {
@@ -105,9 +109,9 @@ static size_t differ(const float *a, const float *b, size_t n) {
   return bad;
 }
 
-static void round_trip(const char *preset) {
+static void round_trip(const char *preset, int moe) {
   char dir[256], g[3][300], err[512] = "";
-  make(dir, sizeof(dir), preset, g);
+  make(dir, sizeof(dir), preset, moe, g);
   for (int i = 0; i < 3; i++)
     same_config(dir, g[i]);
   struct kn_backend *be = wkt_cpu_backend(2);
@@ -134,11 +138,17 @@ static void round_trip(const char *preset) {
 }
 
 TH_TEST(gemma4_gguf_with_per_layer_inputs_and_shared_kv_gives_the_checkpoints_logits) {
-  round_trip("tiny-e");
+  round_trip("tiny-e", 0);
 }
 
 TH_TEST(dense_gemma4_gguf_gives_the_checkpoints_logits) {
-  round_trip("tiny-dense");
+  round_trip("tiny-dense", 0);
+}
+
+/* MoE: the router, its scales and the expert stacks under llama.cpp's names;
+ * the q8_0 file's stacks in Q8_0 as --quantization q8_0 quantizes them */
+TH_TEST(moe_gemma4_gguf_gives_the_checkpoints_logits) {
+  round_trip("tiny-dense", 1);
 }
 
 /* ---- bad metadata: the file rebuilt with one change ------------------------------------ */
@@ -260,9 +270,24 @@ static void expect_bad(const struct md_gguf *orig, const uint8_t *bytes, size_t 
   free(b.p);
 }
 
+/* The config of the file rebuilt with change c, which must read (malloc'd). */
+static struct md_config *config_after(const struct md_gguf *orig, const uint8_t *bytes, size_t len,
+                                      const struct change *c) {
+  char err[512];
+  struct th_buf b = rebuild(orig, bytes, len, c);
+  struct md_gguf *gg = NULL;
+  struct md_config *cfg = calloc(1, sizeof(*cfg));
+  TH_REQUIRE(cfg && md_gguf_open_mem(b.p, b.n, "changed.gguf", &gg, err, sizeof(err)) == 0);
+  if (md_config_from_gguf(gg, cfg, err, sizeof(err)))
+    th_fail(__FILE__, __LINE__, "%s: %s", c->key, err);
+  md_gguf_close(gg);
+  free(b.p);
+  return cfg;
+}
+
 TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
-  char dir[256], g[3][300], err[512];
-  make(dir, sizeof(dir), "tiny-e", g);
+  char dir[256], g[3][300];
+  make(dir, sizeof(dir), "tiny-e", 0, g);
   struct md_gguf *orig = NULL;
   size_t len;
   uint8_t *bytes = slurp(g[0], &len, &orig);
@@ -292,7 +317,8 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
       {{"gemma4.feed_forward_length", MD_GGUF_U32, 0}, "gemma4.feed_forward_length"},
       {{"gemma4.rope.dimension_count_swa", MD_GGUF_U32, 16}, "gemma4.rope.dimension_count_swa"},
       {{"gemma4.rope.dimension_count", MD_GGUF_U32, 32}, "gemma4.rope.dimension_count"},
-      {{"gemma4.expert_count", MD_GGUF_U32, 4}, "gemma4.expert_count"},
+      {{"gemma4.expert_count", MD_GGUF_U32, 4},
+       "gemma4.expert_count is 4 but no layer has blk.N.ffn_gate_inp.weight"},
       {{"gemma4.block_count", MD_GGUF_U32, 0}, "gemma4.block_count"},
       {{"gemma4.context_length", -1, 0}, "gemma4.context_length missing"},
       {{NULL, 0, 0.5}, "rope_freqs.weight[1] is 0.5"},
@@ -301,24 +327,43 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
     expect_bad(orig, bytes, len, &cases[i].c, cases[i].want);
   /* the unchanged rebuild reads (the rebuilding itself is sound) */
   struct change none = {"x.unused", -1, 0};
-  struct th_buf b = rebuild(orig, bytes, len, &none);
-  struct md_gguf *gg = NULL;
-  struct md_config *cfg = calloc(1, sizeof(*cfg));
-  TH_REQUIRE(cfg && md_gguf_open_mem(b.p, b.n, "ok.gguf", &gg, err, sizeof(err)) == 0);
-  TH_CHECK_EQ_INT(md_config_from_gguf(gg, cfg, err, sizeof(err)), 0);
-  md_gguf_close(gg);
-  free(cfg);
-  free(b.p);
+  free(config_after(orig, bytes, len, &none));
   md_gguf_close(orig);
   free(bytes);
   wkt_rmdir(dir);
 
   /* KV-shared layers where llama.cpp's gemma4 would read other layers than ours: the
      dense preset's last layers are sliding, sliding, full */
-  make(dir, sizeof(dir), "tiny-dense", g);
+  make(dir, sizeof(dir), "tiny-dense", 0, g);
   bytes = slurp(g[0], &len, &orig);
   struct change shared = {"gemma4.attention.shared_kv_layers", MD_GGUF_U32, 2};
   expect_bad(orig, bytes, len, &shared, "llama.cpp's gemma4 lets KV-shared sliding layers read");
+  md_gguf_close(orig);
+  free(bytes);
+  wkt_rmdir(dir);
+
+  /* an MoE file's keys */
+  make(dir, sizeof(dir), "tiny-dense", 1, g);
+  bytes = slurp(g[0], &len, &orig);
+  static const struct {
+    struct change c;
+    const char *want;
+  } moe[] = {
+      {{"gemma4.expert_count", -1, 0}, "gemma4.expert_count missing or not 1..4096"},
+      {{"gemma4.expert_count", MD_GGUF_U32, 5000}, "gemma4.expert_count missing or not 1..4096"},
+      {{"gemma4.expert_used_count", -1, 0}, "gemma4.expert_used_count missing or not 1..4"},
+      {{"gemma4.expert_used_count", MD_GGUF_U32, 5},
+       "gemma4.expert_used_count missing or not 1..4"},
+      {{"gemma4.expert_feed_forward_length", MD_GGUF_U32, 0},
+       "gemma4.expert_feed_forward_length missing or out of range"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(moe); i++)
+    expect_bad(orig, bytes, len, &moe[i].c, moe[i].want);
+  /* without expert_feed_forward_length, the width of blk.0.ffn_down_exps */
+  struct change no_i = {"gemma4.expert_feed_forward_length", -1, 0};
+  struct md_config *cfg = config_after(orig, bytes, len, &no_i);
+  TH_CHECK(cfg->moe && cfg->n_experts == 4 && cfg->top_k_experts == 2 && cfg->moe_ffn == 32);
+  free(cfg);
   md_gguf_close(orig);
   free(bytes);
   wkt_rmdir(dir);

@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-dtype.h"
+#include "kernels/kn-quant.h"
 #include "model/md-safetensors.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
@@ -73,12 +75,30 @@ static void ref_store(struct ref_kv *s, double *x, const double *got, int kvh, i
   }
 }
 
-/* Tensor `name` (prefix added) as doubles (malloc'd); NULL when absent. */
+/* Tensor `name` (prefix added) as doubles (malloc'd); NULL when absent. A
+ * GGUF file's tensor in a block format is its dequantization, row by row
+ * (kn_dequant_row, the definition checked against tests/reference/
+ * ggml_blocks_ref.py). */
 static double *W(const struct ref *r, const char *name) {
   char full[240];
   snprintf(full, sizeof(full), "%s%s", r->prefix, name);
   const struct md_tensor *t = md_st_find(r->st, full);
   if (!t) return NULL;
+  if (t->dtype >= MD_ST_Q8_0) {
+    enum kn_dtype dt = (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
+    size_t K = (size_t)t->shape[t->ndim - 1], rows = 1, rb = kn_row_bytes(dt, K);
+    for (int i = 0; i + 1 < t->ndim; i++)
+      rows *= (size_t)t->shape[i];
+    double *d = malloc(sizeof(double) * rows * K);
+    float *row = malloc(sizeof(float) * K);
+    for (size_t i = 0; i < rows; i++) {
+      kn_dequant_row(dt, (const uint8_t *)t->data + i * rb, row, K);
+      for (size_t k = 0; k < K; k++)
+        d[i * K + k] = row[k];
+    }
+    free(row);
+    return d;
+  }
   size_t n = t->nbytes / md_st_dtype_size(t->dtype);
   double *d = malloc(sizeof(double) * n);
   for (size_t i = 0; i < n; i++)
@@ -372,13 +392,19 @@ static int32_t *prompt_ids(int n, int cap, int V, uint32_t seed) {
   return ids;
 }
 
-static void compare(const char *arch, const char *preset, int moe, int T) {
-  char dir[256], err[256];
-  TH_REQUIRE(wkt_make_preset(dir, sizeof(dir), arch, preset, moe, 0, MD_ST_F32, 11) == 0);
+/* The paged forward pass of model `path` (a checkpoint folder, or a GGUF
+ * file) against the reference over the same tensors, T prompt positions. */
+static void compare_model(const char *path, const char *label, int T) {
+  char err[256];
   struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model *m = NULL;
-  struct wk_model_opts mo = {.max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1};
-  TH_REQUIRE(wk_model_load(dir, be, &mo, &m, err, sizeof(err)) == 0);
+  /* an f32 cache: the reference keeps K and V exact */
+  struct wk_model_opts mo = {
+      .max_batch_tokens = T, .max_seqs = 1, .kv_tokens = T, .quiet = 1, .kv_dtype = 1};
+  if (wk_model_load(path, be, &mo, &m, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", label, err);
+    th_stop();
+  }
   const struct md_config *c = wk_model_config(m);
   int V = c->vocab;
   int32_t *ids = prompt_ids(T, T, V, 99);
@@ -395,7 +421,10 @@ static void compare(const char *arch, const char *preset, int moe, int T) {
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = got};
   TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
   struct ref r = {.c = c};
-  TH_REQUIRE(md_st_open_dir(dir, &r.st, err, sizeof(err)) == 0);
+  size_t pl = strlen(path);
+  int gguf = pl > 5 && !strcmp(path + pl - 5, ".gguf");
+  TH_REQUIRE((gguf ? md_st_open_gguf(path, &r.st, err, sizeof(err))
+                   : md_st_open_dir(path, &r.st, err, sizeof(err))) == 0);
   snprintf(r.prefix, sizeof(r.prefix), "model.");
   double *want = malloc(sizeof(double) * (size_t)T * V);
   ref_forward(&r, ids, T, want, NULL);
@@ -413,9 +442,8 @@ static void compare(const char *arch, const char *preset, int moe, int T) {
     }
     argmax_same += bw == bg;
   }
-  fprintf(stderr,
-          "%s %s%s: T=%d max |err| %.3g over a logit range of %.3g; argmax agrees at %d/%d\n", arch,
-          preset, moe ? "+moe" : "", T, maxerr, hi - lo, argmax_same, T);
+  fprintf(stderr, "%s: T=%d max |err| %.3g over a logit range of %.3g; argmax agrees at %d/%d\n",
+          label, T, maxerr, hi - lo, argmax_same, T);
   TH_CHECK(maxerr < 5e-4 * (hi - lo)); /* f32 kernels vs a double reference */
   TH_CHECK(argmax_same >= T - 1);
   wk_seq_blocks_release(&blk, wk_model_kv_spec(m), &pa);
@@ -424,6 +452,13 @@ static void compare(const char *arch, const char *preset, int moe, int T) {
   free(want), free(got), free(ids);
   wk_model_free(m);
   kn_backend_destroy(be);
+}
+
+static void compare(const char *arch, const char *preset, int moe, int T) {
+  char dir[256], label[96];
+  TH_REQUIRE(wkt_make_preset(dir, sizeof(dir), arch, preset, moe, 0, MD_ST_F32, 11) == 0);
+  snprintf(label, sizeof(label), "%s %s%s", arch, preset, moe ? "+moe" : "");
+  compare_model(dir, label, T);
   wkt_rmdir(dir);
 }
 
@@ -433,6 +468,31 @@ TH_TEST(reference_gemma4) {
 TH_TEST(reference_gemma4_moe) {
   compare("gemma4", "tiny", 1, 70);
 }
+/* A Gemma 4 MoE GGUF file with its expert stacks in block formats (lmserve
+ * quantize: Q8_0, and Q5_0 where q4_k's 256-blocks do not fit these rows),
+ * read as llama.cpp's names (ffn_gate_up_exps, ffn_down_exps, ffn_gate_inp
+ * and their scales): the runtime's logits on the file against the reference
+ * over the file's dequantized tensors. The f32 activations are exact to the
+ * dequantized weights, so the bound is the f32 one. */
+TH_TEST(reference_gemma4_moe_gguf_block_formats) {
+  char dir[256], lm[1024], log[4096];
+  TH_REQUIRE(wkt_make_preset(dir, sizeof(dir), "gemma4", "tiny-dense", 1, 0, MD_ST_BF16, 11) == 0);
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  static const char *types[] = {"q8_0", "q4_k", "q4_0"};
+  for (size_t i = 0; i < CM_ARRAY_LEN(types); i++) {
+    char path[320], label[64];
+    snprintf(path, sizeof(path), "%s/m-%s.gguf", dir, types[i]);
+    char *argv[] = {lm, "quantize", dir, path, (char *)types[i], NULL};
+    if (cm_run_capture(argv, log, sizeof(log))) {
+      th_fail(__FILE__, __LINE__, "lmserve quantize %s:\n%s", types[i], log);
+      continue;
+    }
+    snprintf(label, sizeof(label), "gemma4 tiny-dense+moe %s GGUF", types[i]);
+    compare_model(path, label, 70);
+  }
+  wkt_rmdir(dir);
+}
+
 TH_TEST(reference_gemma4_large) {
   compare("gemma4", "tiny-large", 0, 140);
 }
