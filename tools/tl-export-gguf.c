@@ -216,20 +216,31 @@ struct gg_plan {
   int qt; /* matrices quantized to qtypes[qt] (-1: none) */
   float *rope_freqs; /* Gemma 4's made tensor (owned) */
   int n_layers;
+  int n_attn_v, i_attn_v; /* attn_v matrices in the file; those planned so far */
   const struct md_st *st;
   char *err;
   size_t errlen;
 };
 
+/* llama.cpp's use_more_bits (src/llama-quant.cpp): the first and last eighth of
+ * n, and every third between. */
+static int more_bits(int i, int n) {
+  return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
 /* The block format qtypes[qt] asks for matrix `gname` (of layer `layer`, -1
- * outside the layers; `tied`: the embedding is the output matrix too). */
-static enum kn_dtype asked_type(int qt, const char *gname, int layer, int n_layers, int tied) {
+ * outside the layers; `tied`: the embedding is the output matrix too). The
+ * Q4_K_M mix as llama.cpp's quantizer chooses it (llama_tensor_get_type_impl):
+ * attn_v by its place among the file's attn_v matrices (KV-shared and K-as-V
+ * layers have none), ffn_down and the experts' ffn_down_exps by their layer. */
+static enum kn_dtype asked_type(struct gg_plan *p, const char *gname, int layer, int tied) {
+  int qt = p->qt;
   if (!qtypes[qt].mix) return qtypes[qt].dt;
   if (!strcmp(gname, "output.weight") || (tied && !strcmp(gname, "token_embd.weight")))
     return KN_DTYPE_Q6_K;
-  int L = n_layers,
-      more_bits = layer >= 0 && (layer < L / 8 || layer >= 7 * L / 8 || (layer - L / 8) % 3 == 2);
-  if (more_bits && (strstr(gname, ".attn_v.") || strstr(gname, ".ffn_down."))) return KN_DTYPE_Q6_K;
+  if (strstr(gname, ".attn_v.") && more_bits(p->i_attn_v++, p->n_attn_v)) return KN_DTYPE_Q6_K;
+  if (layer >= 0 && strstr(gname, ".ffn_down") && more_bits(layer, p->n_layers))
+    return KN_DTYPE_Q6_K;
   return qtypes[qt].dt;
 }
 
@@ -274,7 +285,7 @@ static int plan_add_nd(struct gg_plan *p, const char *gname, const char *hname, 
      blocks of 32 stays as it is */
   enum kn_dtype q = KN_DTYPE__COUNT;
   if (p->qt >= 0 && rows && what == PT_MAT)
-    q = kn_quant_row_type(asked_type(p->qt, gname, layer, p->n_layers, tied), (size_t)cols);
+    q = kn_quant_row_type(asked_type(p, gname, layer, tied), (size_t)cols);
   if (q != KN_DTYPE__COUNT) {
     t->qdt = (int)q;
     t->type = ggml_block_type(q);
@@ -419,6 +430,8 @@ static int plan_model(struct gg_plan *p, const struct md_config *c) {
   snprintf(h, sizeof(h), "%sembed_tokens.weight", P);
   int tied = c->tie_embeddings;
   p->n_layers = c->n_layers;
+  for (int i = 0; i < c->n_layers; i++)
+    p->n_attn_v += !c->layers[i].kv_shared && !c->layers[i].k_eq_v;
   if ((rc = plan_add(p, "token_embd.weight", h, c->vocab, H, PT_MAT, -1, tied))) return rc;
   snprintf(h, sizeof(h), "%snorm.weight", P);
   if ((rc = plan_add(p, "output_norm.weight", h, 0, H, PT_NORM, -1, tied))) return rc;
@@ -538,12 +551,14 @@ static int write_merges(struct gg_out *o, const struct tk_tokenizer *tok, int32_
 static void write_kv(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
                      const struct tk_tokenizer *tok, const char *tmpl, const char *name) {
   int full_scaled = c->rope[MD_LAYER_FULL].factor != 1.0;
-  int ft = FT_ALL_F32;
+  /* the block format when any matrix is in it, else the 16-bit type kept */
+  int ft = FT_ALL_F32, quantized = 0;
   for (int i = 0; i < p->n; i++)
-    if (p->t[i].nd == 2 && p->t[i].type != GGML_F32)
-      ft = p->t[i].qdt >= 0            ? qtypes[p->qt].ftype
-           : p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16
-                                       : FT_MOSTLY_F16;
+    if (p->t[i].nd >= 2 && p->t[i].type != GGML_F32) {
+      quantized |= p->t[i].qdt >= 0;
+      if (p->t[i].qdt < 0) ft = p->t[i].type == GGML_BF16 ? FT_MOSTLY_BF16 : FT_MOSTLY_F16;
+    }
+  if (quantized) ft = qtypes[p->qt].ftype;
   const char *A = c->arch == MD_ARCH_GEMMA4 ? "gemma4" : "gemma3";
   char k[96];
 #define AK(rest) (snprintf(k, sizeof(k), "%s.%s", A, rest), k)

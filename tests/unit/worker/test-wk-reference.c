@@ -15,6 +15,7 @@
 #include "kernels/kn-dtype.h"
 #include "kernels/kn-quant.h"
 #include "model/md-safetensors.h"
+#include "tests/harness/th-llamacpp.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
@@ -183,7 +184,8 @@ static void ref_forward(const struct ref *r, const int32_t *ids, int T, double *
                         struct ref_keep *keep) {
   const struct md_config *c = r->c;
   int H = c->hidden, L = c->n_layers, nh = c->n_heads, P = c->ple_dim, V = c->vocab;
-  int g4 = c->arch != MD_ARCH_GEMMA3, nm = g4 ? 0 : 1;
+  /* Gemma 3 multiplies by 1 + w; a GGUF file stores its norm weights as 1 + w */
+  int g4 = c->arch != MD_ARCH_GEMMA3, nm = g4 || c->gguf ? 0 : 1;
   double eps = c->eps;
   double *x = calloc((size_t)T * H, sizeof(double));
   double *E = W(r, "embed_tokens.weight");
@@ -491,6 +493,49 @@ TH_TEST(reference_gemma4_moe_gguf_block_formats) {
     compare_model(path, label, 70);
   }
   wkt_rmdir(dir);
+}
+
+/* Files llama.cpp's own quantizer writes (llama_model_quantize, the npm
+ * package's libllama) from lmserve's f32 export: Q4_0, Q8_0, Q4_K_M and Q6_K of
+ * Gemma 3's k256 preset (rows of whole 256-blocks, so the K-quants are
+ * themselves), Q4_K_M of Gemma 4's tiny-e (per-layer inputs, their table in
+ * Q8_0) and of tiny-dense with MoE. The runtime's logits on each file against
+ * the reference over the file's dequantized tensors. */
+TH_TEST(reference_on_files_quantized_by_llamacpp) {
+  const char *no = th_llamacpp_lib();
+  if (no) TH_SKIP(no);
+  static const struct {
+    const char *arch, *preset;
+    int moe, ftype;
+    const char *type;
+  } cases[] = {
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q4_0, "Q4_0"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q8_0, "Q8_0"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q6_K, "Q6_K"},
+      {"gemma4", "tiny-e", 0, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
+      {"gemma4", "tiny-dense", 1, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
+  };
+  char lm[1024], log[4096], err[512];
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+    char dir[256], f32[320], q[320], label[96];
+    TH_REQUIRE(wkt_make_preset(dir, sizeof(dir), cases[i].arch, cases[i].preset, cases[i].moe, 0,
+                               MD_ST_BF16, 5) == 0);
+    snprintf(f32, sizeof(f32), "%s/f32.gguf", dir);
+    snprintf(q, sizeof(q), "%s/llamacpp.gguf", dir);
+    char *argv[] = {lm, "export-gguf", "--model", dir, "--out", f32, "--dtype", "f32", NULL};
+    if (cm_run_capture(argv, log, sizeof(log))) {
+      th_fail(__FILE__, __LINE__, "lmserve export-gguf:\n%s", log);
+    } else if (th_llamacpp_quantize(f32, q, cases[i].ftype, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "%s", err);
+    } else {
+      snprintf(label, sizeof(label), "%s %s%s, llama.cpp's %s", cases[i].arch, cases[i].preset,
+               cases[i].moe ? "+moe" : "", cases[i].type);
+      compare_model(q, label, 70);
+    }
+    wkt_rmdir(dir);
+  }
 }
 
 TH_TEST(reference_gemma4_large) {

@@ -1,0 +1,26 @@
+/* th-llamacpp.h — llama.cpp's own quantizer (llama_model_quantize in the npm
+ * package node-llama-cpp's prebuilt libllama, tools/llamacpp/), for tests that
+ * check lmserve against files llama.cpp writes. */
+#ifndef LMSERVE_TH_LLAMACPP_H
+#define LMSERVE_TH_LLAMACPP_H
+
+#include <stddef.h>
+
+/* llama.cpp's llama_ftype numbers (include/llama.h) of the types the tests ask. */
+enum {
+  TH_LLAMA_FTYPE_Q4_0 = 2,
+  TH_LLAMA_FTYPE_Q8_0 = 7,
+  TH_LLAMA_FTYPE_Q4_K_M = 15,
+  TH_LLAMA_FTYPE_Q6_K = 18,
+};
+
+/* NULL when libllama can be loaded from tools/llamacpp (TH_SOURCE_DIR), else a
+ * sentence saying why not (a test skips with it). */
+const char *th_llamacpp_lib(void);
+
+/* Quantizes GGUF file `in` (f32 or 16-bit) to `out` as `llama-quantize in out
+ * FTYPE` does, 2 threads, no importance matrix. 0, or nonzero with a sentence
+ * in err. */
+int th_llamacpp_quantize(const char *in, const char *out, int ftype, char *err, size_t errlen);
+
+#endif
