@@ -7,13 +7,17 @@
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
  * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks);
  * q8 head: only the [262144 x 640] head (decode, from memory).
+ * Before the cases: the read bandwidth and the vector units' issue rates (FMA,
+ * vdpbf16ps, AMX, and vpdpbusd on one thread and on every thread at once).
  *
  * Not part of the test suite (meson `benchmark`); numbers go to stdout. */
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
@@ -97,6 +101,51 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) static double rate_dpbf1
   return rate_done(a, cm_time_s() - t0);
 }
 
+/* vpdpbusd (64 unsigned x signed byte products each, the q8 mode's VNNI
+ * kernels' instruction) the same way. */
+__attribute__((target("avx512f,avx512vnni"), noinline)) static double rate_dpbusd(void) {
+  __m512 a[12];
+  __m512i x = _mm512_set1_epi8(3), w = _mm512_set1_epi8(5), acc[12];
+  for (int i = 0; i < 12; i++) /* distinct starts, so that no two chains are one */
+    acc[i] = _mm512_set1_epi32(i);
+  double t0 = cm_time_s();
+  for (long k = 0; k < RATE_ITERS; k++) {
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) acc[i] =
+        _mm512_dpbusd_epi32(acc[i], x, w);
+    __asm__ volatile("" : "+v"(x));
+  }
+  double t = cm_time_s() - t0;
+  for (int i = 0; i < 12; i++)
+    a[i] = _mm512_cvtepi32_ps(acc[i]);
+  return rate_done(a, t);
+}
+
+struct rate_job {
+  pthread_t th;
+  double rate;
+};
+
+static void *rate_dpbusd_job(void *arg) {
+  ((struct rate_job *)arg)->rate = rate_dpbusd();
+  return NULL;
+}
+
+/* The sum of n threads' vpdpbusd rates, run at the same time: n times the one
+ * core's when each thread has a core's vector units to itself, less when the
+ * threads share them (virtual CPUs on one physical core). */
+static double rate_dpbusd_threads(int n) {
+  struct rate_job job[64];
+  double sum = 0;
+  if (n > 64) n = 64;
+  for (int i = 0; i < n; i++)
+    if (pthread_create(&job[i].th, NULL, rate_dpbusd_job, &job[i])) n = i;
+  for (int i = 0; i < n; i++) {
+    pthread_join(job[i].th, NULL);
+    sum += job[i].rate;
+  }
+  return sum;
+}
+
 /* The q8 mode: Q4_0 and Q8_0 weights of gemma-3-270m's MLP shapes at decode
  * and prefill token counts. */
 static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only) {
@@ -147,6 +196,13 @@ int main(int argc, char **argv) {
       printf(", %.3f G tdpbf16ps/s (%.1f G bf16 products/s)", a, 8192 * a);
     }
     printf("\n");
+    if (__builtin_cpu_supports("avx512vnni")) {
+      int n = threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+      double d = rate_dpbusd(), all = rate_dpbusd_threads(n);
+      printf("int8: one core %.2f G vpdpbusd zmm/s (%.1f G products/s); %d threads at once "
+             "%.1f G products/s in all\n",
+             d, 64 * d, n, 64 * all);
+    }
   }
 
   /* gemma-3-270m: hidden 640, 4 heads x 256, 1 kv head, intermediate 2048, vocab 262144 */
