@@ -257,7 +257,8 @@ TH_TEST(llamacpp_runs_gemma4_exports_as_lmserve_does) {
          fp16-table GELU moves by ~1e-3 upstream, sends a token down other
          experts and its logits elsewhere, so a whole continuation can part
          without a near-tie of the top two tokens: the MoE model is held to
-         most of the tokens below instead; a wrong layout (gate and up
+         the floor below instead (a prompt's worth of leading tokens, the
+         first token of all prompts but one); a wrong layout (gate and up
          swapped, a scale misplaced) agrees on none */
       if (!presets[pi].moe && agree < N_GEN && !(gaps[p][agree] < NEAR_TIE))
         th_fail(__FILE__, __LINE__,
@@ -267,7 +268,7 @@ TH_TEST(llamacpp_runs_gemma4_exports_as_lmserve_does) {
     TH_CHECK(distinct >= 12); /* the continuations are not one repeated token */
     if (presets[pi].moe) {
       TH_CHECK(first >= N_PROMPTS - 1);
-      TH_CHECK(leading >= N_GEN + N_GEN / 2);
+      TH_CHECK(leading >= N_GEN);
     }
     llamacpp_generate(dir, q8, all, N_PROMPTS, theirs);
     for (int p = 0; p < N_PROMPTS; p++) {
