@@ -38,8 +38,8 @@ struct tl_tiny_spec {
   int preproc_nested;             /* 1: preproc_json is processor_config.json (Gemma 4) */
   struct tl_tensor_spec *tensors; /* in file order */
   int n_tensors, cap;
-  int rig;         /* 0; 1: echo target; 2: assistant agreeing with one */
-  double rig_leak; /* echo target: its post norms' weight (0: a pure echo) */
+  int rig;            /* 0; 1: echo target; 2: assistant agreeing with one */
+  double rig_leak;    /* echo target: its post norms' weight (0: a pure echo) */
   double router_gain; /* MoE routers' weights times this (0 or 1: the default spread) */
 };
 
