@@ -236,6 +236,12 @@ struct cut {
   int off, n, halves;
 };
 
+/* The row of the full [R, C] matrix that row r of this rank's row cut is:
+ * with halves = 2 the cut takes its rows from both halves alike. */
+static int cut_row(struct cut cut, int R, int r) {
+  return (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
+}
+
 /* This rank's [n_mat, rows, cols] slice of a [n_mat, R, C] tensor, gathered into new
  * backend memory (a column slice, or rows from both halves, are not contiguous). */
 static const void *gather(struct binder *b, const struct md_tensor *t, enum wk_shard shard,
@@ -252,8 +258,7 @@ static const void *gather(struct binder *b, const struct md_tensor *t, enum wk_s
   const unsigned char *src = t->data;
   for (int e = 0; e < n_mat; e++)
     for (int r = 0; r < rows; r++) {
-      int sr = r;
-      if (shard == WK_SHARD_ROWS) sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
+      int sr = shard == WK_SHARD_ROWS ? cut_row(cut, R, r) : r;
       memcpy(host + ((size_t)e * rows + (size_t)r) * row_bytes,
              src + ((size_t)e * R + (size_t)sr) * full + col0, row_bytes);
     }
@@ -411,9 +416,7 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
   void *p = host && row ? weight_alloc(b->m, bytes) : NULL;
   for (size_t i = 0; p && i < n; i++) {
     int e = (int)(i / (size_t)rows), r = (int)(i % (size_t)rows);
-    int sr = r; /* the full matrix's row (gather's mapping of a row cut) */
-    if (w->shard == WK_SHARD_ROWS && rows != R)
-      sr = (r / cut.n) * (R / cut.halves) + cut.off + r % cut.n;
+    int sr = w->shard == WK_SHARD_ROWS && rows != R ? cut_row(cut, R, r) : r;
     size_t at = ((size_t)e * (size_t)R + (size_t)sr) * (size_t)C + (size_t)c0;
     for (int k = 0; k < cols; k++)
       row[k] = kn_load_f32(t->data, src, at + (size_t)k);
@@ -618,7 +621,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
                lp);
       w->router_scale = bind_vec(&b, 1, H, "%srouter.scale", lp);
       /* optional in a GGUF file, as llama.cpp reads it (ffn_down_exps.scale): 1 */
-      w->expert_scale = bind_vec(&b, !md_st_gguf(m->st), E, "%srouter.per_expert_scale", lp);
+      w->expert_scale = bind_vec(&b, !c->gguf, E, "%srouter.per_expert_scale", lp);
       bind_as(&b, W_EXPERTS, &w->experts_gate_up, WK_SHARD_ROWS,
               (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 2}, 1, E, 2 * I, H,
               "%sexperts.gate_up_proj", lp);
