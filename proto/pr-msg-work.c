@@ -146,6 +146,7 @@ static const struct pr_field beat_fields[] = {
     [PR_K_BEAT_RANK] = {PR_U(beat, rank), .flags = PR_F_REQ},
     [PR_K_BEAT_STEP] = {PR_U(beat, last_step_id)},
     [PR_K_BEAT_TIME] = {PR_U(beat, time_ns)},
+    [PR_K_BEAT_FLAGS] = {PR_UINT(beat, flags, PR_BEAT_FLAGS_ALL)},
 };
 const struct pr_rec pr_rec_beat = PR_REC(beat, beat_fields, NULL);
 

@@ -333,7 +333,9 @@ enum pr_ctrl_op {
   PR_CTRL_PROFILE_STOP = 3,
   PR_CTRL_ANNOUNCE = 4, /* to a worker: send READY again, dropping every sequence's state (the
                            scheduler does not know this rank: it restarted, or gave the rank up) */
-  PR_CTRL_OP_MAX = 4,
+  PR_CTRL_GRAMMARS = 5, /* to a worker: build the structured-output state (its vocabulary's
+                           trie) now, beside the steps it runs; BEAT says when it is there */
+  PR_CTRL_OP_MAX = 5,
 };
 
 struct pr_ctrl {
@@ -403,10 +405,18 @@ struct pr_result {
   uint32_t n_seqs;
 };
 
+/* pr_beat.flags */
+enum pr_beat_flag {
+  PR_BEAT_GRAMMARS = 1u << 0,        /* the structured-output state is built */
+  PR_BEAT_GRAMMARS_FAILED = 1u << 1, /* building it failed (a constrained step says why) */
+  PR_BEAT_FLAGS_ALL = (1u << 2) - 1,
+};
+
 struct pr_beat {
   uint32_t rank;
   uint64_t last_step_id;
   uint64_t time_ns; /* wall clock */
+  uint32_t flags;   /* enum pr_beat_flag */
 };
 
 struct pr_fail {

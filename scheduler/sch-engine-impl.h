@@ -42,6 +42,7 @@ struct sch_engine {
   struct sch_output *outs; /* [max_num_seqs] */
   int32_t *out_tokens;     /* [max_num_seqs * (num_spec_tokens + 1)] */
 
+  bool grammars_ready; /* sch_engine_set_grammars */
   uint64_t next_arrival;
   uint64_t next_admit;
   uint64_t num_preemptions;

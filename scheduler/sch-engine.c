@@ -56,6 +56,7 @@ int sch_engine_create(const struct sch_engine_config *cfg, struct sch_engine **o
   struct sch_engine *e = calloc(1, sizeof(*e));
   if (!e) return CM_ERR_NOMEM;
   e->cfg = *cfg;
+  e->grammars_ready = true;
   int32_t ns = cfg->max_num_seqs;
   rc = sch_block_pool_create(cfg->num_blocks, maxbt, &e->pool);
   if (rc) goto fail;
@@ -165,6 +166,13 @@ int sch_engine_abort(struct sch_engine *e, uint64_t id) {
 }
 
 /* ---- stats and checks ----------------------------------------------------------- */
+
+bool sch_engine_set_grammars(struct sch_engine *e, bool ready) {
+  e->grammars_ready = ready;
+  for (const struct sch_request *r = e->q.wait_head; r; r = r->next)
+    if (r->constrained) return true;
+  return false;
+}
 
 void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st) {
   memset(st, 0, sizeof(*st));

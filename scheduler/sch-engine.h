@@ -134,6 +134,8 @@ struct sch_request_params {
   size_t sampling_len;
   const struct sch_image *images; /* [num_images] in prompt order, not overlapping (copied) */
   int32_t num_images;
+  bool constrained; /* a structured output: admitted only while the workers have the
+                       structured-output state (sch_engine_set_grammars) */
 };
 
 enum sch_finish {
@@ -281,6 +283,14 @@ void sch_engine_step_failed(struct sch_engine *e);
 void sch_engine_reset_kv(struct sch_engine *e);
 
 void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st);
+
+/* Whether the workers have the structured-output state (true from create). While
+ * they do not, a waiting constrained request is passed over by admission, as vLLM
+ * passes over a request whose grammar is still compiling: the requests behind it are
+ * admitted in their order, and it is admitted in its place once the state is there
+ * (the workers build it beside the steps: PR_CTRL_GRAMMARS). Returns whether a
+ * constrained request waits. */
+bool sch_engine_set_grammars(struct sch_engine *e, bool ready);
 
 /* Verifies every invariant of queues, tables and pool (refcount of each block = the
  * tables holding it; no block both free and held; waiting requests hold nothing).

@@ -222,10 +222,14 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
 }
 
 /* Admits waiting requests in queue order while the budget, the running cap and the
- * pool allow; the head that does not fit blocks the rest (FCFS). */
+ * pool allow; the first that does not fit blocks the rest (FCFS). Constrained
+ * requests wait aside while the workers lack the structured-output state. */
 static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
-  while (*budget > 0 && e->q.num_running < e->cfg.max_num_seqs && e->q.wait_head) {
-    struct sch_request *r = e->q.wait_head;
+  struct sch_request *next = e->q.wait_head;
+  while (*budget > 0 && e->q.num_running < e->cfg.max_num_seqs && next) {
+    struct sch_request *r = next;
+    next = r->next;
+    if (r->constrained && !e->grammars_ready) continue;
     if (sch_request_reserve(r, e->kv, r->num_tokens + 1) != 0) return; /* out of memory */
     const int32_t *keys = sch_request_keys(r);
     int32_t h = sch_kv_prefix_match(e->kv, &r->kv, keys, r->num_tokens);

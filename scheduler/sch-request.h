@@ -43,6 +43,7 @@ struct sch_request {
   int32_t *stop_ids;    /* [num_stop] ids that end generation (besides eos) */
   int32_t num_stop;
   bool ignore_eos;
+  bool constrained; /* a structured output (sch_engine_set_grammars) */
   bool counted;   /* prefix-cache query counted */
   bool in_worker; /* the workers hold per-sequence state */
   void *sampling; /* [sampling_len] opaque sampling parameters, bytes */

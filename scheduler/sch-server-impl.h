@@ -70,6 +70,8 @@ struct sch_rank {
   uint32_t pid; /* its process id from READY (matched by DOWN); 0 = not said */
   /* from READY, for PONG (metrics): its kernel set and matmul input precision; "" = not said */
   char kernels[48], matmul_inputs[16];
+  uint32_t beat_flags; /* its latest BEAT's (0 from READY on) */
+  bool grammars_asked; /* sent PR_CTRL_GRAMMARS since its READY */
 };
 
 /* What the ranks agreed on (from READY). */
@@ -113,6 +115,9 @@ struct sch_server {
   struct sch_engine *engine;         /* NULL until all ranks are ready the first time */
   struct sch_model_info engine_info; /* what the engine was built from */
   bool serving;                      /* all ranks ready and the engine built */
+  bool engine_grammars;              /* what the engine was told (sch_engine_set_grammars) */
+  bool want_grammars; /* a constrained request came: every rank builds the structured-output
+                         state (sch_srv_grammars) */
   uint64_t hash_key;
   uint64_t rng; /* splitmix64 state for seeds */
 
@@ -167,6 +172,10 @@ void sch_srv_work_down(struct sch_server *s, const struct pr_down *m);
 void sch_srv_work_check(struct sch_server *s);    /* heartbeat timeouts */
 void sch_srv_work_step(struct sch_server *s);     /* plans and sends a step when idle */
 void sch_srv_work_shutdown(struct sch_server *s); /* CTRL shutdown to every known rank */
+/* Once a constrained request has come (want_grammars), asks every ready rank that has
+ * not the structured-output state to build it, and tells the engine whether all have
+ * it (constrained requests wait until then). */
+void sch_srv_grammars(struct sch_server *s);
 bool sch_srv_has_work(struct sch_server *s);
 
 #endif

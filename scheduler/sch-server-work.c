@@ -259,6 +259,7 @@ static void start_service(struct sch_server *s) {
     sch_engine_destroy(s->engine);
     s->engine = e;
     s->engine_info = want;
+    s->engine_grammars = true; /* a new engine starts without the hold */
   }
   s->serving = true;
   cm_info(TAG, "serving: %d rank(s), %lld KV blocks, %d group(s), vocab %u, max_model_len %u",
@@ -293,6 +294,8 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   k->fd = from->fd;
   k->pid = m->pid;
   k->known = k->ready = true;
+  k->beat_flags = 0;
+  k->grammars_asked = false;
   k->last_seen_ns = cm_time_ns();
   k->kv_blocks = m->kv_blocks;
   k->max_model_len = m->max_model_len;
@@ -305,6 +308,38 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   cm_info(TAG, "worker rank %d ready: %llu KV blocks, %u group(s) (%d of %d ready)", (int)r,
           (unsigned long long)m->kv_blocks, m->n_groups, (int)s->num_ready, (int)s->cfg.world_size);
   if (s->num_ready == s->cfg.world_size) start_service(s);
+  sch_srv_grammars(s);
+}
+
+void sch_srv_grammars(struct sch_server *s) {
+  if (!s->want_grammars) return;
+  bool all = s->num_ready == s->cfg.world_size;
+  const uint32_t have = PR_BEAT_GRAMMARS | PR_BEAT_GRAMMARS_FAILED;
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    struct sch_rank *k = &s->ranks[r];
+    if (!k->ready || (k->beat_flags & have)) continue;
+    all = false;
+    if (k->grammars_asked) continue;
+    struct pr_msg m;
+    pr_msg_init(&m, PR_CTRL);
+    m.u.ctrl.op = PR_CTRL_GRAMMARS;
+    int rc = pr_sock_send(s->work_sock, &k->rid, &m, 0);
+    k->grammars_asked = rc == 0;
+    if (rc)
+      cm_warn(TAG, "cannot ask worker rank %d to build the structured-output state: %s", (int)r,
+              cm_strerror(rc));
+    else
+      cm_info(TAG, "asked worker rank %d to build the structured-output state", (int)r);
+  }
+  if (!s->engine) return;
+  bool was = s->engine_grammars;
+  bool waiting = sch_engine_set_grammars(s->engine, all);
+  s->engine_grammars = all;
+  if (all && !was) {
+    if (waiting)
+      cm_info(TAG, "every rank has the structured-output state: constrained requests run");
+    s->plan_idle = false;
+  }
 }
 
 /* ---- RESULT -> apply -> OUT --------------------------------------------------- */
@@ -538,7 +573,13 @@ void sch_srv_work_recv(struct sch_server *s) {
     s->ranks[r].last_seen_ns = cm_time_ns();
     switch (m.type) {
     case PR_RESULT: on_result(s, r, &m.u.result, t0); break;
-    case PR_BEAT: s->ranks[r].last_step_id = m.u.beat.last_step_id; break;
+    case PR_BEAT:
+      s->ranks[r].last_step_id = m.u.beat.last_step_id;
+      if (s->ranks[r].beat_flags != m.u.beat.flags) {
+        s->ranks[r].beat_flags = m.u.beat.flags;
+        sch_srv_grammars(s);
+      }
+      break;
     case PR_FAIL: {
       char why[PR_MAX_STR + 64];
       snprintf(why, sizeof(why), "%s", m.u.fail.message ? m.u.fail.message : "(no message)");

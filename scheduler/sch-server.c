@@ -228,6 +228,11 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   }
   p.images = images;
   p.num_images = (int32_t)a->n_images;
+  p.constrained = sp.grammar_kind != 0;
+  if (p.constrained && !s->want_grammars) {
+    s->want_grammars = true;
+    sch_srv_grammars(s);
+  }
   rc = sch_engine_add(s->engine, &p, err, sizeof(err));
   if (rc) {
     sch_srv_drop(s, r, false);

@@ -72,6 +72,8 @@ struct wk_proc {
   uint64_t last_beat_ns; /* cm_time_ns of the last BEAT sent (atomic access) */
   int quit;              /* set by the main thread when it leaves (atomic access) */
   int announced;         /* READY was sent (atomic access) */
+  struct wk_role *role;  /* its structured-output flags go with every BEAT */
+  unsigned beat_flags;   /* the flags the last BEAT said (beat thread or main, under mu) */
   /* what READY says (sent again when the scheduler asks: PR_CTRL_ANNOUNCE) */
   struct wk_model *model;
   struct kn_backend *be;
@@ -102,7 +104,10 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
 static int beat_due(struct wk_proc *p) {
   if (!__atomic_load_n(&p->announced, __ATOMIC_ACQUIRE)) return 0; /* no BEAT before READY */
   uint64_t last = __atomic_load_n(&p->last_beat_ns, __ATOMIC_ACQUIRE);
-  return cm_time_ns() - last >= p->beat_ns;
+  /* a change of the flags is said at once: the scheduler holds constrained requests
+     back until every rank has the structured-output state */
+  return cm_time_ns() - last >= p->beat_ns ||
+         (p->role && wk_role_grammars_flags(p->role) != p->beat_flags);
 }
 
 /* Sends a BEAT; the caller holds p->mu. */
@@ -112,6 +117,7 @@ static void beat_send_locked(struct wk_proc *p) {
   m.u.beat.rank = p->rank;
   m.u.beat.last_step_id = __atomic_load_n(&p->last_step, __ATOMIC_ACQUIRE);
   m.u.beat.time_ns = cm_time_wall_ns();
+  m.u.beat.flags = p->beat_flags = p->role ? wk_role_grammars_flags(p->role) : 0;
   (void)pr_sock_send(p->sock, NULL, &m, PR_DONTWAIT);
   __atomic_store_n(&p->last_beat_ns, cm_time_ns(), __ATOMIC_RELEASE);
 }
@@ -390,8 +396,16 @@ static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world, int pi
       if (m.u.ctrl.op == PR_CTRL_ANNOUNCE) { /* a restarted scheduler, or one that gave us up */
         wk_role_reset(role);
         rc = send_ready(p);
+        pthread_mutex_lock(&p->mu);
+        p->beat_flags = 0; /* READY clears them: say them again */
+        pthread_mutex_unlock(&p->mu);
         cm_info(TAG, "the scheduler does not know this rank: sequence state dropped, READY %s",
                 rc ? "could not be sent" : "sent again");
+        continue;
+      }
+      if (m.u.ctrl.op == PR_CTRL_GRAMMARS) {
+        if (!wk_role_grammars_flags(role)) cm_info(TAG, "building the structured-output state");
+        wk_role_grammars_start(role);
         continue;
       }
       cm_warn(TAG, "CTRL op %u is not supported by this worker; ignored", m.u.ctrl.op);
@@ -697,6 +711,7 @@ int wk_worker_main(int argc, char **argv) {
   p.max_draft = (uint32_t)spec_k;
   p.max_seqs = (uint32_t)max_seqs;
   p.max_tokens = (uint32_t)max_batched;
+  p.role = role;
   if ((rc = send_ready(&p))) {
     fprintf(stderr, "lmserve worker: cannot send READY: %s\n", cm_strerror(rc));
     goto done;

@@ -85,6 +85,11 @@ struct wk_role {
   char *tokenizer;          /* where gram's vocabulary comes from, or NULL */
   char *tokenizer_gguf;     /* or this GGUF file's metadata, or NULL */
   int gram_failed;          /* 1: loading it failed (said once) */
+  /* gram built on a thread (wk_role_grammars_start) while steps run: gram_th holds
+   * its result until the first constrained step joins it; gram_flags (atomic, read
+   * by the heartbeat thread) is PR_BEAT_GRAMMARS once built, _FAILED once failed */
+  struct gram_build *gram_th;
+  unsigned gram_flags;
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
   int32_t *bidir;           /* [max_seqs * PR_MAX_IMAGES * 2] their ranges */
   const struct pr_image **step_ims; /* [max_seqs * PR_MAX_IMAGES] the step's images */
@@ -110,6 +115,8 @@ struct wk_role {
   float *rtop;              /* [max_seqs, PR_MAX_DRAFT + 1, TOPN] */
   uint32_t *rdraft;         /* [max_seqs, PR_MAX_DRAFT] */
 };
+
+static void gram_build_free(struct gram_build *b);
 
 static struct rseq *seq_find(struct wk_role *r, uint64_t id) {
   for (int i = 0; i < r->cap_seqs; i++)
@@ -261,6 +268,7 @@ void wk_role_destroy(struct wk_role *r) {
       free(r->seqs[i].bt[g]);
   }
   wk_encoder_free(r->enc);
+  gram_build_free(r->gram_th);
   wk_grammars_free(r->gram);
   free(r->gbits);
   free(r->tokenizer);
@@ -271,34 +279,123 @@ void wk_role_destroy(struct wk_role *r) {
   free(r);
 }
 
-/* The structured-output state, made from the tokenizer on first use: the
- * frontend's (tokenizer.json, or a GGUF file's metadata). */
-static int grammars(struct wk_role *r, char *err, size_t errlen) {
-  if (r->gram) return 0;
-  const char *src = r->tokenizer ? r->tokenizer : r->tokenizer_gguf;
-  if (!src || r->gram_failed)
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "structured outputs need the model's tokenizer (tokenizer.json or a GGUF "
-                   "file's)%s",
-                   r->gram_failed ? ", which did not load" : "");
-  struct tk_tokenizer *tok = NULL;
+/* What building the structured-output state takes and gives, apart from the role
+ * so that a thread may do it (wk_role_grammars_start). */
+struct gram_build {
+  char *tokenizer, *gguf; /* the role's sources (one of them) */
+  int32_t vocab;
+  int eos[MD_MAX_EOS], n_eos;
+  struct wk_grammars *out; /* the result, or NULL with why */
+  int rc;
   char why[256];
-  int rc = r->tokenizer ? tk_load(r->tokenizer, &tok, why, sizeof(why))
-                        : tk_load_gguf(r->tokenizer_gguf, &tok, NULL, why, sizeof(why));
-  if (!rc) {
-    const struct md_config *c = wk_model_config(r->model);
-    rc = wk_grammars_create(tok, r->vocab, c->eos_ids, c->n_eos, &r->gram);
-    snprintf(why, sizeof(why), "%s", cm_strerror(rc));
+  pthread_t th;
+  int threaded;    /* th runs it and is to be joined */
+  unsigned *flags; /* with th: the role's gram_flags, set when it is done */
+};
+
+/* Makes b->out from the tokenizer: the frontend's (tokenizer.json, or a GGUF file's
+ * metadata). */
+static void gram_build_run(struct gram_build *b) {
+  struct tk_tokenizer *tok = NULL;
+  b->rc = b->tokenizer ? tk_load(b->tokenizer, &tok, b->why, sizeof(b->why))
+                       : tk_load_gguf(b->gguf, &tok, NULL, b->why, sizeof(b->why));
+  if (!b->rc) {
+    b->rc = wk_grammars_create(tok, b->vocab, b->eos, b->n_eos, &b->out);
+    snprintf(b->why, sizeof(b->why), "%s", cm_strerror(b->rc));
   }
   tk_free(tok);
   /* the tokenizer's ~37 MB (262,144 tokens' maps and merges) go back to the
      system now, not at some later allocation: it was needed only for the pieces */
   malloc_trim(0);
-  if (rc) {
+}
+
+static void *gram_build_main(void *arg) {
+  struct gram_build *b = arg;
+  gram_build_run(b);
+  __atomic_store_n(b->flags, b->rc ? PR_BEAT_GRAMMARS_FAILED : PR_BEAT_GRAMMARS, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void gram_build_free(struct gram_build *b) {
+  if (!b) return;
+  if (b->threaded) pthread_join(b->th, NULL);
+  wk_grammars_free(b->out);
+  free(b);
+}
+
+static struct gram_build *gram_build_new(const struct wk_role *r) {
+  struct gram_build *b = calloc(1, sizeof(*b));
+  if (!b) return NULL;
+  b->tokenizer = r->tokenizer;
+  b->gguf = r->tokenizer_gguf;
+  b->vocab = r->vocab;
+  const struct md_config *c = wk_model_config(r->model);
+  b->n_eos = c->n_eos;
+  memcpy(b->eos, c->eos_ids, sizeof(int) * (size_t)c->n_eos);
+  return b;
+}
+
+/* Takes b's result into r (and frees b). */
+static int gram_install(struct wk_role *r, struct gram_build *b, char *err, size_t errlen) {
+  if (b->threaded) pthread_join(b->th, NULL);
+  b->threaded = 0;
+  int rc = b->rc;
+  if (!rc) {
+    r->gram = b->out;
+    b->out = NULL;
+  } else {
     r->gram_failed = 1;
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s", src, why);
+    cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s",
+            r->tokenizer ? r->tokenizer : r->tokenizer_gguf, b->why);
   }
-  return 0;
+  gram_build_free(b);
+  __atomic_store_n(&r->gram_flags, rc ? PR_BEAT_GRAMMARS_FAILED : PR_BEAT_GRAMMARS,
+                   __ATOMIC_RELEASE);
+  return rc ? CM_ERR_UNSUPPORTED : 0;
+}
+
+/* The structured-output state, on first use: the thread's that
+ * wk_role_grammars_start began (waiting for it), else made here. */
+static int grammars(struct wk_role *r, char *err, size_t errlen) {
+  if (r->gram) return 0;
+  if (r->gram_th) {
+    struct gram_build *b = r->gram_th;
+    r->gram_th = NULL;
+    return gram_install(r, b, err, errlen);
+  }
+  if ((!r->tokenizer && !r->tokenizer_gguf) || r->gram_failed)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "structured outputs need the model's tokenizer (tokenizer.json or a GGUF "
+                   "file's)%s",
+                   r->gram_failed ? ", which did not load" : "");
+  struct gram_build *b = gram_build_new(r);
+  if (!b) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for structured outputs");
+  gram_build_run(b);
+  return gram_install(r, b, err, errlen);
+}
+
+void wk_role_grammars_start(struct wk_role *r) {
+  if (r->gram || r->gram_th || r->gram_failed) return;
+  if (!r->tokenizer && !r->tokenizer_gguf) {
+    r->gram_failed = 1;
+    __atomic_store_n(&r->gram_flags, PR_BEAT_GRAMMARS_FAILED, __ATOMIC_RELEASE);
+    return;
+  }
+  struct gram_build *b = gram_build_new(r);
+  if (!b) return; /* the first constrained step builds it, or says why not */
+  b->threaded = 1;
+  b->flags = &r->gram_flags;
+  if (pthread_create(&b->th, NULL, gram_build_main, b)) {
+    b->threaded = 0;
+    gram_build_free(b);
+    return;
+  }
+  r->gram_th = b;
+  /* it says it is done when a step or wk_role_grammars_flags looks */
+}
+
+unsigned wk_role_grammars_flags(struct wk_role *r) {
+  return __atomic_load_n(&r->gram_flags, __ATOMIC_ACQUIRE);
 }
 
 void wk_role_reset(struct wk_role *r) {

@@ -10,7 +10,10 @@
  *
  *   sch-fake-worker --endpoint EP [--rank R] [--world-size N] [--blocks B]
  *                   [--beat-ms MS] [--max-draft K] [--slow-ms MS] [--fail-at-step S]
- *                   [--empty-results] */
+ *                   [--empty-results] [--grammar-ms MS]
+ *
+ * --grammar-ms: after CTRL GRAMMARS, BEAT says PR_BEAT_GRAMMARS MS later (at once, as
+ * the real worker does); a NEW sequence with a structured output before that fails. */
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -54,6 +57,9 @@ struct fake {
   uint64_t blocks, fail_at_step;
   uint64_t steps_taken; /* STEPs received (their ids skip the empty plans never sent) */
   int slow_ms;
+  int64_t grammar_ms;  /* --grammar-ms */
+  uint64_t grammar_at; /* when the structured-output state is "built" (0: not asked) */
+  uint32_t flags;      /* what BEAT says */
   bool empty_results; /* also list non-sampling sequences, with no tokens */
   struct slot *kv;    /* [blocks][MAX_BT] */
   struct fseq *seqs;  /* [MAX_SEQS] */
@@ -151,6 +157,9 @@ static int run_seq(struct fake *f, uint64_t step_id, const struct pr_step_seq *s
     if (!(q = create(f, s->seq_id))) return BAD("too many sequences");
     if (!s->sampling.has_seed)
       return BAD("seq %llu: NEW without a seed", (unsigned long long)s->seq_id);
+    if (s->sampling.grammar_kind && !(f->flags & PR_BEAT_GRAMMARS))
+      return BAD("seq %llu: a structured output before this rank said it can follow one",
+                 (unsigned long long)s->seq_id);
     q->sampling = s->sampling;
     q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
     /* a prefix-cache hit: the context before start_pos is already in the blocks */
@@ -296,7 +305,8 @@ static void on_step(struct fake *f, const struct pr_step *st) {
 int main(int argc, char **argv) {
   const char *ep = NULL;
   int empty_results = 0;
-  int64_t rank = 0, world = 1, blocks = 256, beat_ms = 200, max_draft = 0, slow_ms = 0, fail_at = 0;
+  int64_t rank = 0, world = 1, blocks = 256, beat_ms = 200, max_draft = 0, slow_ms = 0, fail_at = 0,
+          grammar_ms = 0;
   struct cm_opt opts[] = {
       {"endpoint", CM_OPT_STR, &ep, "EP", "scheduler worker endpoint", 0, 0, 0, 0, NULL},
       {"rank", CM_OPT_INT, &rank, "R", "rank", 0, 1023, 0, 0, NULL},
@@ -309,6 +319,8 @@ int main(int argc, char **argv) {
        "list non-sampling sequences in RESULT with no tokens", 0, 0, 0, 0, NULL},
       {"fail-at-step", CM_OPT_INT, &fail_at, "S", "answer FAIL to the S-th STEP received, once", 0,
        INT32_MAX, 0, 0, NULL},
+      {"grammar-ms", CM_OPT_INT, &grammar_ms, "MS",
+       "build the structured-output state in MS after CTRL GRAMMARS", 0, 60000, 0, 0, NULL},
       {0},
   };
   int rc = cm_args_parse("sch-fake-worker", "fake worker rank", opts, argc, argv, 1, NULL, 0, NULL);
@@ -324,6 +336,7 @@ int main(int argc, char **argv) {
   f->slow_ms = (int)slow_ms;
   f->empty_results = empty_results != 0;
   f->fail_at_step = (uint64_t)fail_at;
+  f->grammar_ms = grammar_ms;
   f->kv = malloc((size_t)blocks * MAX_BT * sizeof(*f->kv));
   f->seqs = calloc(MAX_SEQS, sizeof(*f->seqs));
   if (!f->kv || !f->seqs) return 1;
@@ -349,14 +362,22 @@ int main(int argc, char **argv) {
   int code = 0;
   for (;;) {
     uint64_t now = cm_time_ns();
+    if (f->grammar_at && now >= f->grammar_at && !f->flags) {
+      f->flags = PR_BEAT_GRAMMARS;
+      next_beat = now;
+    }
     if (now >= next_beat) {
       pr_msg_init(&m, PR_BEAT);
-      m.u.beat = (struct pr_beat){f->rank, last_step, cm_time_wall_ns()};
+      m.u.beat = (struct pr_beat){f->rank, last_step, cm_time_wall_ns(), f->flags};
       pr_sock_send(f->sock, NULL, &m, 0);
       next_beat = now + (uint64_t)beat_ms * 1000000ull;
     }
     zmq_pollitem_t it = {pr_sock_zmq(f->sock), 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, (long)beat_ms) < 0 && zmq_errno() != EINTR) break;
+    long wait_ms = (long)beat_ms;
+    if (f->grammar_at && !f->flags)
+      wait_ms =
+          CM_MIN(wait_ms, (long)((f->grammar_at - CM_MIN(now, f->grammar_at)) / 1000000u) + 1);
+    if (zmq_poll(&it, 1, wait_ms) < 0 && zmq_errno() != EINTR) break;
     for (;;) {
       cm_arena_reset(&arena);
       rc = pr_sock_recv(f->sock, NULL, &m, &arena, PR_DONTWAIT);
@@ -370,6 +391,8 @@ int main(int argc, char **argv) {
         last_step = m.u.step.step_id;
       } else if (m.type == PR_CTRL && m.u.ctrl.op == PR_CTRL_SHUTDOWN) {
         goto out;
+      } else if (m.type == PR_CTRL && m.u.ctrl.op == PR_CTRL_GRAMMARS) {
+        if (!f->grammar_at) f->grammar_at = cm_time_ns() + (uint64_t)f->grammar_ms * 1000000ull;
       } else {
         fprintf(stderr, "sch-fake-worker: unexpected %s\n", pr_type_name(m.type));
       }

@@ -126,6 +126,7 @@ int pump(struct client *c, int timeout_ms) {
         r->finish = o->finish;
         r->stop_token = o->stop_token;
         r->done = true;
+        r->done_at = ++c->n_done;
       }
     }
   } else if (m.type == PR_ERR) {
@@ -134,6 +135,7 @@ int pump(struct client *c, int timeout_ms) {
       r->err_code = m.u.err.code;
       snprintf(r->err, sizeof(r->err), "%s", m.u.err.message);
       r->done = true;
+      r->done_at = ++c->n_done;
     } else {
       c->errs_unmatched++;
     }
@@ -168,6 +170,8 @@ void send_add(struct client *c, struct treq *r) {
   m.u.add.max_tokens = r->max_tokens;
   m.u.add.sampling.ignore_eos = r->ignore_eos;
   m.u.add.sampling.logprobs = r->logprobs;
+  m.u.add.sampling.grammar_kind = r->grammar_kind;
+  if (r->grammar_kind) m.u.add.sampling.grammar = (struct pr_bytes){(const uint8_t *)"x", 1};
   uint32_t stop = (uint32_t)r->stop_id;
   if (r->stop_id >= 0) m.u.add.stop_token_ids = (struct pr_u32s){&stop, 1};
   m.u.add.arrival_ns = cm_time_wall_ns();

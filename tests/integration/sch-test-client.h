@@ -35,6 +35,8 @@ struct treq {
   int err_code;
   char err[256];
   bool done;
+  int done_at;           /* 1 for the first of the client's requests done, 2 the next... */
+  uint32_t grammar_kind; /* a structured output (its text "x": the fake workers follow none) */
 };
 
 struct client {
@@ -45,6 +47,7 @@ struct client {
   struct pr_pong pong;
   uint64_t nonce;
   int errs_unmatched; /* ERRs with request id 0 or unknown */
+  int n_done;         /* requests done */
 };
 
 /* Starts the scheduler (its test flags, then sched_extra) and `world` fake workers

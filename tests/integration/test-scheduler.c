@@ -64,6 +64,36 @@ TH_TEST(sched_concurrent_requests) {
   env_close(&e, &c);
 }
 
+/* A structured output waits until every rank has built the state to follow it
+ * (PR_CTRL_GRAMMARS, then BEAT's flag): the ranks fail a constrained sequence sent
+ * before, and the plain requests that come meanwhile run and finish first. */
+TH_TEST(sched_constrained_requests_wait_for_every_rank) {
+  struct env e;
+  struct client c;
+  const char *wx[] = {"--grammar-ms", "3000", "--beat-ms", "50", NULL};
+  env_open(&e, &c, 2, NULL, wx, g_reqs, 3);
+  make_req(&g_reqs[0], 1, 20, 8);
+  g_reqs[0].grammar_kind = 1;
+  g_reqs[0].ignore_eos = true;
+  make_req(&g_reqs[1], 2, 20, 20);
+  g_reqs[1].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  send_add(&c, &g_reqs[1]);
+  wait_done(&c, 20000);
+  check_req(&g_reqs[0]);
+  check_req(&g_reqs[1]);
+  TH_CHECK_EQ_INT(g_reqs[1].done_at, 1);
+  TH_CHECK_EQ_INT(g_reqs[0].done_at, 2);
+  /* from now on constrained requests run at once */
+  make_req(&g_reqs[2], 3, 10, 5);
+  g_reqs[2].grammar_kind = 1;
+  g_reqs[2].ignore_eos = true;
+  send_add(&c, &g_reqs[2]);
+  wait_done(&c, 10000);
+  check_req(&g_reqs[2]);
+  env_close(&e, &c);
+}
+
 TH_TEST(sched_stop_conditions) {
   struct env e;
   struct client c;

@@ -323,6 +323,45 @@ TH_TEST(worker_beats_during_a_long_step) {
   wts_close(&w);
 }
 
+/* CTRL GRAMMARS: the worker builds the structured-output state beside its steps and
+ * says so in a BEAT at once (not a period later); a worker without a tokenizer says
+ * that building it failed. */
+static uint32_t grammars_flags_after_ctrl(struct wts *w) {
+  TH_REQUIRE(wts_ctrl(w, PR_CTRL_GRAMMARS) == 0);
+  for (int i = 0; i < 600 && !w->beat_flags; i++)
+    wts_idle(w, 100);
+  return w->beat_flags;
+}
+
+TH_TEST(worker_builds_the_grammars_when_asked) {
+  th_proc_init(120);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma3", "mg") == 0);
+  char *extra[] = {"--heartbeat-interval", "60", NULL};
+  TH_REQUIRE(wts_start(&w, w.model, extra) == 0);
+  TH_CHECK_EQ_INT(w.beat_flags, 0);
+  uint64_t t0 = cm_time_ns();
+  TH_CHECK_EQ_INT(grammars_flags_after_ctrl(&w), PR_BEAT_GRAMMARS);
+  /* within the heartbeat period: the change was said at once */
+  TH_CHECK(cm_time_ns() - t0 < 50ull * 1000000000ull);
+  uint32_t ref[NGEN];
+  TH_REQUIRE(wts_generate(&w, k_prompt_a, 10, NGEN, ref) == NGEN);
+  struct wts_seq s;
+  wts_seq_init(&s, 1, k_prompt_a, 10, -1);
+  run_together(&w, &s, 1, 4);
+  check_tokens(s.out, s.n_out, ref, NGEN);
+  wts_close(&w);
+
+  /* the same checkpoint without its tokenizer */
+  char path[512];
+  snprintf(path, sizeof(path), "%s/tokenizer.json", w.model);
+  TH_REQUIRE(unlink(path) == 0);
+  w.beat_flags = 0;
+  TH_REQUIRE(wts_start(&w, w.model, extra) == 0);
+  TH_CHECK_EQ_INT(grammars_flags_after_ctrl(&w), PR_BEAT_GRAMMARS_FAILED);
+  wts_close(&w);
+}
+
 TH_TEST(worker_refuses_bad_flags) {
   th_proc_init(60);
   struct wts w;

@@ -52,6 +52,7 @@ static int recv_want(struct wts *w, enum pr_type want, int ms, struct pr_msg *m)
     if (m->type == PR_BEAT) {
       w->n_beats++;
       w->last_beat_step = m->u.beat.last_step_id;
+      w->beat_flags = m->u.beat.flags;
       if (want != PR_BEAT) continue;
     }
     if (m->type == PR_READY) w->rid = from;
@@ -413,9 +414,13 @@ void wts_idle(struct wts *w, int ms) {
   (void)recv_want(w, PR_PING, ms, &m); /* never comes: counts beats until ms */
 }
 
-int wts_shutdown(struct wts *w) {
+int wts_ctrl(struct wts *w, uint32_t op) {
   struct pr_msg m;
   pr_msg_init(&m, PR_CTRL);
-  m.u.ctrl.op = PR_CTRL_SHUTDOWN;
+  m.u.ctrl.op = op;
   return pr_sock_send(w->sock, &w->rid, &m, 0) ? -1 : 0;
+}
+
+int wts_shutdown(struct wts *w) {
+  return wts_ctrl(w, PR_CTRL_SHUTDOWN);
 }

@@ -31,6 +31,7 @@ struct wts {
   uint32_t eos[16];
   int n_eos;
   int n_beats, n_fail;
+  uint32_t beat_flags; /* the latest BEAT's */
   uint64_t last_beat_step;
   uint64_t next_step;
   uint8_t *page_used; /* [ready.kv_blocks] */
@@ -96,5 +97,7 @@ int wts_send_garbage(struct wts *w);
 /* Receives for `ms`, counting heartbeats. */
 void wts_idle(struct wts *w, int ms);
 int wts_shutdown(struct wts *w);
+/* Sends CTRL op (no argument, no text). 0 or -1. */
+int wts_ctrl(struct wts *w, uint32_t op);
 
 #endif

@@ -310,6 +310,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     m->u.beat.rank = v == 2 ? UINT32_MAX : 1;
     m->u.beat.last_step_id = v == 2 ? UINT64_MAX : v == 0 ? 1234 : 0;
     m->u.beat.time_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000000000000ull : 0;
+    m->u.beat.flags = v == 2 ? PR_BEAT_FLAGS_ALL : v == 0 ? PR_BEAT_GRAMMARS : 0;
     break;
   case PR_FAIL:
     m->u.fail.rank = v == 2 ? UINT32_MAX : 1;

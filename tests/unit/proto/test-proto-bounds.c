@@ -216,6 +216,16 @@ TH_TEST(wrong_types_and_ranges) {
   TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), CM_ERR_RANGE);
   ONE(&b, PR_K_BEAT_RANK, msgpack_pack_uint64(pk, UINT32_MAX));
   TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), 0);
+  /* a flag this build does not know is out of range, not ignored */
+  for (uint64_t f = PR_BEAT_FLAGS_ALL; f <= PR_BEAT_FLAGS_ALL + 1; f++) {
+    pr_buf_reset(&b);
+    msgpack_pack_map(pk, 2);
+    msgpack_pack_uint64(pk, PR_K_BEAT_RANK);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, PR_K_BEAT_FLAGS);
+    msgpack_pack_uint64(pk, f);
+    TH_CHECK_EQ_INT(decode_buf(PR_BEAT, &b), f == PR_BEAT_FLAGS_ALL ? 0 : CM_ERR_RANGE);
+  }
   ONE(&b, PR_K_FAIL_CODE, msgpack_pack_int64(pk, (int64_t)INT32_MIN - 1));
   TH_CHECK_EQ_INT(decode_buf(PR_FAIL, &b), CM_ERR_RANGE);
   ONE(&b, PR_K_CTRL_OP, msgpack_pack_uint64(pk, 9));

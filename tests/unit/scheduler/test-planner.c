@@ -143,6 +143,41 @@ TH_TEST(max_num_seqs_caps_running) {
   sch_engine_destroy(e);
 }
 
+/* While the workers lack the structured-output state, a constrained request waits
+ * aside: the requests behind it are admitted in their order, and it runs in its place
+ * once the state is there; preempted, it waits aside again only if the state went. */
+TH_TEST(constrained_requests_wait_for_the_grammars) {
+  struct sch_engine *e = make_engine(64, 4, 64, 4, 64);
+  struct sch_plan plan;
+  char err[256];
+  TH_CHECK(!sch_engine_set_grammars(e, false)); /* nothing waits */
+  struct sch_request_params p = {
+      .id = 1, .prompt = seq_prompt(3, 100), .prompt_len = 3, .max_tokens = 4, .constrained = true};
+  TH_REQUIRE(sch_engine_add(e, &p, err, sizeof(err)) == 0);
+  TH_REQUIRE(add_req(e, 2, seq_prompt(3, 200), 3, 4) == 0);
+  p.id = 3;
+  p.prompt = seq_prompt(3, 300);
+  TH_REQUIRE(sch_engine_add(e, &p, err, sizeof(err)) == 0);
+  TH_REQUIRE(add_req(e, 4, seq_prompt(3, 400), 3, 4) == 0);
+  step(e, &plan);
+  TH_CHECK_EQ_INT(plan.num_seqs, 2);
+  TH_CHECK(fake_find_seq(&plan, 2) && fake_find_seq(&plan, 4));
+  TH_CHECK(!fake_find_seq(&plan, 1) && !fake_find_seq(&plan, 3));
+  step(e, &plan);
+  TH_CHECK(!fake_find_seq(&plan, 1) && !fake_find_seq(&plan, 3));
+  struct sch_engine_stats st;
+  sch_engine_stats(e, &st);
+  TH_CHECK_EQ_INT(st.num_waiting, 2);
+  TH_CHECK(sch_engine_set_grammars(e, false)); /* two wait */
+  TH_CHECK(sch_engine_set_grammars(e, true));
+  step(e, &plan);
+  TH_CHECK(fake_find_seq(&plan, 1) && fake_find_seq(&plan, 1)->is_new);
+  TH_CHECK(fake_find_seq(&plan, 3) && fake_find_seq(&plan, 3)->is_new);
+  TH_CHECK(!sch_engine_set_grammars(e, true)); /* none waits now */
+  CHECK_ENGINE(e);
+  sch_engine_destroy(e);
+}
+
 TH_TEST(sliding_window_holes_reach_the_plan) {
   struct sch_engine_config c;
   fake_config(&c, 64, 4, 16, 4, 128);
