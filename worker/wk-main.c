@@ -73,7 +73,7 @@ struct wk_proc {
   int quit;              /* set by the main thread when it leaves (atomic access) */
   int announced;         /* READY was sent (atomic access) */
   struct wk_role *role;  /* its structured-output flags go with every BEAT */
-  unsigned beat_flags;   /* the flags the last BEAT said (beat thread or main, under mu) */
+  unsigned beat_flags;   /* the flags the last BEAT said (atomic access) */
   /* what READY says (sent again when the scheduler asks: PR_CTRL_ANNOUNCE) */
   struct wk_model *model;
   struct kn_backend *be;
@@ -107,7 +107,8 @@ static int beat_due(struct wk_proc *p) {
   /* a change of the flags is said at once: the scheduler holds constrained requests
      back until every rank has the structured-output state */
   return cm_time_ns() - last >= p->beat_ns ||
-         (p->role && wk_role_grammars_flags(p->role) != p->beat_flags);
+         (p->role &&
+          wk_role_grammars_flags(p->role) != __atomic_load_n(&p->beat_flags, __ATOMIC_ACQUIRE));
 }
 
 /* Sends a BEAT; the caller holds p->mu. */
@@ -117,7 +118,8 @@ static void beat_send_locked(struct wk_proc *p) {
   m.u.beat.rank = p->rank;
   m.u.beat.last_step_id = __atomic_load_n(&p->last_step, __ATOMIC_ACQUIRE);
   m.u.beat.time_ns = cm_time_wall_ns();
-  m.u.beat.flags = p->beat_flags = p->role ? wk_role_grammars_flags(p->role) : 0;
+  m.u.beat.flags = p->role ? wk_role_grammars_flags(p->role) : 0;
+  __atomic_store_n(&p->beat_flags, m.u.beat.flags, __ATOMIC_RELEASE);
   (void)pr_sock_send(p->sock, NULL, &m, PR_DONTWAIT);
   __atomic_store_n(&p->last_beat_ns, cm_time_ns(), __ATOMIC_RELEASE);
 }
@@ -396,9 +398,7 @@ static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world, int pi
       if (m.u.ctrl.op == PR_CTRL_ANNOUNCE) { /* a restarted scheduler, or one that gave us up */
         wk_role_reset(role);
         rc = send_ready(p);
-        pthread_mutex_lock(&p->mu);
-        p->beat_flags = 0; /* READY clears them: say them again */
-        pthread_mutex_unlock(&p->mu);
+        __atomic_store_n(&p->beat_flags, 0, __ATOMIC_RELEASE); /* READY cleared them */
         cm_info(TAG, "the scheduler does not know this rank: sequence state dropped, READY %s",
                 rc ? "could not be sent" : "sent again");
         continue;
