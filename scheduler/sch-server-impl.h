@@ -25,6 +25,11 @@ struct sch_front {
 };
 
 /* One live request. */
+/* The ERR of a structured output while a rank cannot follow one (its rank). */
+#define SCH_SRV_GRAMMARS_FAILED                                                                    \
+  "structured outputs are unavailable: worker rank %d could not build the structured-output "      \
+  "state (its log says why)"
+
 struct sch_req {
   uint64_t eid;        /* engine id: (serial << SCH_SRV_SLOT_BITS) | slot; 0 = free slot */
   uint64_t request_id; /* the frontend's id */
@@ -34,6 +39,7 @@ struct sch_req {
   uint32_t num_prompt; /* tokens */
   uint64_t queued_ns, scheduled_ns, first_token_ns; /* wall clock, 0 = not yet */
   int32_t result;         /* index of its result in the RESULT being applied, -1 = none */
+  bool constrained;       /* a structured output */
   uint32_t num_drafts;    /* drafts proposed by the last RESULT */
   uint32_t drafts[PR_MAX_DRAFT];
 };
@@ -174,8 +180,12 @@ void sch_srv_work_step(struct sch_server *s);     /* plans and sends a step when
 void sch_srv_work_shutdown(struct sch_server *s); /* CTRL shutdown to every known rank */
 /* Once a constrained request has come (want_grammars), asks every ready rank that has
  * not the structured-output state to build it, and tells the engine whether all have
- * it (constrained requests wait until then). */
+ * it (constrained requests wait until then). While a rank says building it failed,
+ * constrained requests get an ERR (sch_srv_grammars_failed) and the rest is served. */
 void sch_srv_grammars(struct sch_server *s);
+/* The ready rank whose BEAT says it could not build the structured-output state, or
+ * -1. */
+int32_t sch_srv_grammars_failed(const struct sch_server *s);
 bool sch_srv_has_work(struct sch_server *s);
 
 #endif

@@ -311,6 +311,12 @@ static void on_ready(struct sch_server *s, const struct pr_rid *from, const stru
   sch_srv_grammars(s);
 }
 
+int32_t sch_srv_grammars_failed(const struct sch_server *s) {
+  for (int32_t r = 0; r < s->cfg.world_size; r++)
+    if (s->ranks[r].ready && (s->ranks[r].beat_flags & PR_BEAT_GRAMMARS_FAILED)) return r;
+  return -1;
+}
+
 void sch_srv_grammars(struct sch_server *s) {
   if (!s->want_grammars) return;
   bool all = s->num_ready == s->cfg.world_size;
@@ -332,6 +338,22 @@ void sch_srv_grammars(struct sch_server *s) {
       cm_info(TAG, "asked worker rank %d to build the structured-output state", (int)r);
   }
   if (!s->engine) return;
+  int32_t failed = sch_srv_grammars_failed(s);
+  if (failed >= 0) {
+    /* the constrained requests cannot run: each gets an ERR, the others go on */
+    all = false;
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->reqs.cap; i++) {
+      struct sch_req *q = &s->reqs.slots[i];
+      if (!q->eid || !q->constrained) continue;
+      int32_t front = q->front;
+      uint64_t id = q->request_id;
+      sch_srv_drop(s, q, true);
+      sch_srv_send_err(s, front, id, CM_ERR_IO, SCH_SRV_GRAMMARS_FAILED, (int)failed);
+      n++;
+    }
+    if (n) cm_warn(TAG, SCH_SRV_GRAMMARS_FAILED "; %d requests refused", (int)failed, (int)n);
+  }
   bool was = s->engine_grammars;
   bool waiting = sch_engine_set_grammars(s->engine, all);
   s->engine_grammars = all;

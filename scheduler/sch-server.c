@@ -228,7 +228,13 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   }
   p.images = images;
   p.num_images = (int32_t)a->n_images;
-  p.constrained = sp.grammar_kind != 0;
+  p.constrained = r->constrained = sp.grammar_kind != 0;
+  int32_t failed = p.constrained ? sch_srv_grammars_failed(s) : -1;
+  if (failed >= 0) {
+    sch_srv_drop(s, r, false);
+    sch_srv_send_err(s, front, a->request_id, CM_ERR_IO, SCH_SRV_GRAMMARS_FAILED, (int)failed);
+    return;
+  }
   if (p.constrained && !s->want_grammars) {
     s->want_grammars = true;
     sch_srv_grammars(s);

@@ -15,6 +15,8 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-hash.h"
+#include "common/cm-log.h"
+#include "common/cm-time.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "worker/wk-encoder.h"
 #include "worker/wk-grammar.h"
@@ -311,7 +313,12 @@ static void gram_build_run(struct gram_build *b) {
 
 static void *gram_build_main(void *arg) {
   struct gram_build *b = arg;
+  uint64_t t0 = cm_time_ns();
   gram_build_run(b);
+  if (b->rc)
+    cm_warn("worker", "structured outputs: %s: %s", b->tokenizer ? b->tokenizer : b->gguf, b->why);
+  else
+    cm_info("worker", "structured-output state built in %.2f s", (double)(cm_time_ns() - t0) / 1e9);
   __atomic_store_n(b->flags, b->rc ? PR_BEAT_GRAMMARS_FAILED : PR_BEAT_GRAMMARS, __ATOMIC_RELEASE);
   return NULL;
 }

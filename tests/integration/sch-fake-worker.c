@@ -10,10 +10,12 @@
  *
  *   sch-fake-worker --endpoint EP [--rank R] [--world-size N] [--blocks B]
  *                   [--beat-ms MS] [--max-draft K] [--slow-ms MS] [--fail-at-step S]
- *                   [--empty-results] [--grammar-ms MS]
+ *                   [--empty-results] [--grammar-ms MS] [--grammar-fail]
  *
  * --grammar-ms: after CTRL GRAMMARS, BEAT says PR_BEAT_GRAMMARS MS later (at once, as
- * the real worker does); a NEW sequence with a structured output before that fails. */
+ * the real worker does); a NEW sequence with a structured output before that fails.
+ * --grammar-fail: BEAT says PR_BEAT_GRAMMARS_FAILED instead, and a structured output
+ * always fails. */
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -58,6 +60,7 @@ struct fake {
   uint64_t steps_taken; /* STEPs received (their ids skip the empty plans never sent) */
   int slow_ms;
   int64_t grammar_ms;  /* --grammar-ms */
+  bool grammar_fail;   /* --grammar-fail */
   uint64_t grammar_at; /* when the structured-output state is "built" (0: not asked) */
   uint32_t flags;      /* what BEAT says */
   bool empty_results; /* also list non-sampling sequences, with no tokens */
@@ -304,7 +307,7 @@ static void on_step(struct fake *f, const struct pr_step *st) {
 
 int main(int argc, char **argv) {
   const char *ep = NULL;
-  int empty_results = 0;
+  int empty_results = 0, grammar_fail = 0;
   int64_t rank = 0, world = 1, blocks = 256, beat_ms = 200, max_draft = 0, slow_ms = 0, fail_at = 0,
           grammar_ms = 0;
   struct cm_opt opts[] = {
@@ -321,6 +324,8 @@ int main(int argc, char **argv) {
        INT32_MAX, 0, 0, NULL},
       {"grammar-ms", CM_OPT_INT, &grammar_ms, "MS",
        "build the structured-output state in MS after CTRL GRAMMARS", 0, 60000, 0, 0, NULL},
+      {"grammar-fail", CM_OPT_BOOL, &grammar_fail, NULL,
+       "building the structured-output state fails", 0, 0, 0, 0, NULL},
       {0},
   };
   int rc = cm_args_parse("sch-fake-worker", "fake worker rank", opts, argc, argv, 1, NULL, 0, NULL);
@@ -337,6 +342,7 @@ int main(int argc, char **argv) {
   f->empty_results = empty_results != 0;
   f->fail_at_step = (uint64_t)fail_at;
   f->grammar_ms = grammar_ms;
+  f->grammar_fail = grammar_fail != 0;
   f->kv = malloc((size_t)blocks * MAX_BT * sizeof(*f->kv));
   f->seqs = calloc(MAX_SEQS, sizeof(*f->seqs));
   if (!f->kv || !f->seqs) return 1;
@@ -363,7 +369,7 @@ int main(int argc, char **argv) {
   for (;;) {
     uint64_t now = cm_time_ns();
     if (f->grammar_at && now >= f->grammar_at && !f->flags) {
-      f->flags = PR_BEAT_GRAMMARS;
+      f->flags = f->grammar_fail ? PR_BEAT_GRAMMARS_FAILED : PR_BEAT_GRAMMARS;
       next_beat = now;
     }
     if (now >= next_beat) {

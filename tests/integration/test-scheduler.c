@@ -94,6 +94,37 @@ TH_TEST(sched_constrained_requests_wait_for_every_rank) {
   env_close(&e, &c);
 }
 
+/* A rank that cannot build the structured-output state: constrained requests get an
+ * ERR naming it, waiting ones and later ones alike, and the others are served. */
+TH_TEST(sched_constrained_requests_refused_when_a_rank_cannot_follow_them) {
+  struct env e;
+  struct client c;
+  const char *wx[] = {"--grammar-ms", "500", "--grammar-fail", "--beat-ms", "50", NULL};
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 4);
+  make_req(&g_reqs[0], 1, 20, 8);
+  g_reqs[0].grammar_kind = 1;
+  make_req(&g_reqs[1], 2, 20, 30);
+  g_reqs[1].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  send_add(&c, &g_reqs[1]);
+  wait_done(&c, 20000);
+  TH_CHECK_EQ_INT(g_reqs[0].err_code, CM_ERR_IO);
+  TH_CHECK(strstr(g_reqs[0].err, "worker rank 0 could not build") != NULL);
+  check_req(&g_reqs[1]);
+  make_req(&g_reqs[2], 3, 10, 5);
+  g_reqs[2].grammar_kind = 1;
+  make_req(&g_reqs[3], 4, 10, 5);
+  g_reqs[3].ignore_eos = true;
+  send_add(&c, &g_reqs[2]);
+  send_add(&c, &g_reqs[3]);
+  wait_done(&c, 10000);
+  TH_CHECK_EQ_INT(g_reqs[2].err_code, CM_ERR_IO);
+  check_req(&g_reqs[3]);
+  ping(&c);
+  TH_CHECK_EQ_INT(c.pong.workers_ready, 1);
+  env_close(&e, &c);
+}
+
 TH_TEST(sched_stop_conditions) {
   struct env e;
   struct client c;
