@@ -14,6 +14,10 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
+/* Unrolled, so that the four vectors of a block and the four rows' accumulators
+ * stay in registers (at -O2 the loops run as written, through memory). */
+#define KN_UNROLL4 _Pragma("GCC unroll 4")
+
 /* The f16 at p by F16C (the value kn_le_f16 gives). */
 KN_AVX2 static inline float h16(const uint8_t *p) {
   return _cvtsh_ss(kn_le16(p));
@@ -37,9 +41,11 @@ KN_AVX2 static inline __m256 scaled_off(__m256i q, __m256 d, __m256 m) {
 /* Chunk c (elements 32c .. 32c + 31) of a row, dequantized into v[4]. */
 typedef void (*deq32_fn)(const uint8_t *row, int c, __m256 *v);
 
-KN_AVX2 static void deq_q8_0(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q8_0(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   const uint8_t *b = row + (size_t)c * 34;
   __m256 d = _mm256_set1_ps(h16(b));
+  KN_UNROLL4
   for (int i = 0; i < 4; i++)
     v[i] = scaled(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))), d);
 }
@@ -54,20 +60,24 @@ KN_AVX2 static inline void nibbles(const uint8_t *q, __m256i *n) {
   n[3] = _mm256_srli_epi32(b, 4);
 }
 
-KN_AVX2 static void deq_q4_0(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_0(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   const uint8_t *b = row + (size_t)c * 18;
   __m256 d = _mm256_set1_ps(h16(b));
   __m256i n[4];
   nibbles(b + 2, n);
+  KN_UNROLL4
   for (int i = 0; i < 4; i++)
     v[i] = scaled(_mm256_sub_epi32(n[i], _mm256_set1_epi32(8)), d);
 }
 
-KN_AVX2 static void deq_q4_1(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_1(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   const uint8_t *b = row + (size_t)c * 20;
   __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
   __m256i n[4];
   nibbles(b + 4, n);
+  KN_UNROLL4
   for (int i = 0; i < 4; i++)
     v[i] = scaled_off(n[i], d, m);
 }
@@ -80,22 +90,26 @@ KN_AVX2 static inline __m256i bit5(uint32_t qh, int i) {
   return _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4);
 }
 
-KN_AVX2 static void deq_q5_0(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_0(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   const uint8_t *b = row + (size_t)c * 22;
   __m256 d = _mm256_set1_ps(h16(b));
   uint32_t qh = kn_le32(b + 2);
   __m256i n[4];
   nibbles(b + 6, n);
+  KN_UNROLL4
   for (int i = 0; i < 4; i++)
     v[i] = scaled(_mm256_sub_epi32(_mm256_or_si256(n[i], bit5(qh, i)), _mm256_set1_epi32(16)), d);
 }
 
-KN_AVX2 static void deq_q5_1(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_1(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   const uint8_t *b = row + (size_t)c * 24;
   __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
   uint32_t qh = kn_le32(b + 4);
   __m256i n[4];
   nibbles(b + 8, n);
+  KN_UNROLL4
   for (int i = 0; i < 4; i++)
     v[i] = scaled_off(_mm256_or_si256(n[i], bit5(qh, i)), d, m);
 }
@@ -120,6 +134,7 @@ KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, int five)
   float d1 = h16(b) * (float)sc, m1 = h16(b + 2) * (float)mn;
   __m256 d = _mm256_set1_ps(d1), m = _mm256_set1_ps(m1);
   const uint8_t *q = b + (five ? 48 : 16) + 32 * (s >> 1), *qh = b + 16;
+  KN_UNROLL4
   for (int i = 0; i < 4; i++) {
     __m256i x = u8x8(q + 8 * i);
     x = s & 1 ? _mm256_srli_epi32(x, 4) : _mm256_and_si256(x, _mm256_set1_epi32(0xF));
@@ -132,21 +147,25 @@ KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, int five)
   }
 }
 
-KN_AVX2 static void deq_q4_k(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_k(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   deq_k(row, c, v, 0);
 }
 
-KN_AVX2 static void deq_q5_k(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   deq_k(row, c, v, 1);
 }
 
 /* Q6_K: chunk c % 8 is part (c % 4) of half (c % 8) / 4 of the super-block. */
-KN_AVX2 static void deq_q6_k(const uint8_t *row, int c, __m256 *v) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int c,
+                                                                   __m256 *v) {
   const uint8_t *b = row + (size_t)(c >> 3) * 210;
   int half = (c & 7) >> 2, p = c & 3;
   const uint8_t *ql = b + 64 * half + (p & 1) * 32, *qh = b + 128 + 32 * half;
   const int8_t *sc = (const int8_t *)(b + 192) + 8 * half;
   float d = h16(b + 208);
+  KN_UNROLL4
   for (int i = 0; i < 4; i++) {
     __m256i lo = u8x8(ql + 8 * i);
     lo = p >= 2 ? _mm256_srli_epi32(lo, 4) : _mm256_and_si256(lo, _mm256_set1_epi32(0xF));
@@ -162,26 +181,44 @@ KN_AVX2 static inline void put1(float *o, float s, int acc) {
   *o = acc ? *o + s : s;
 }
 
+/* How far ahead of its four rows a call with one or two inputs (decode) asks for
+ * the weights: such a call streams each row once from memory, and its rows, a few
+ * hundred bytes each, are too short a stream for the hardware prefetcher. */
+#define QMV_PREFETCH_BYTES 4096
+
 /* out[t, j] {=, +=} the dot products of n packed rows (row_bytes apart) with T
- * inputs, as the AVX2 f32 matvec computes them over the dequantized rows. */
-KN_AVX2 static void qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                            const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+ * inputs, as the AVX2 f32 matvec computes them over the dequantized rows. Inlined
+ * into each format's wrapper, so that its deq is too (one indirect call a block
+ * otherwise, and the four vectors through memory). */
+KN_AVX2 static inline __attribute__((always_inline)) void
+qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const uint8_t *w,
+        size_t row_bytes, int K, int T, int n, int acc) {
   const int C = K / 32;
+  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not asked for */
   int j = 0;
   for (; j + 4 <= n; j += 4) {
+    if (T <= 2) {
+      const uint8_t *want = w + (size_t)(j + 4) * row_bytes + QMV_PREFETCH_BYTES;
+      for (want = want < end ? want : end; pf < want; pf += 64)
+        _mm_prefetch((const char *)pf, _MM_HINT_T0);
+    }
     const uint8_t *r[4];
+    KN_UNROLL4
     for (int i = 0; i < 4; i++)
       r[i] = w + (size_t)(j + i) * row_bytes;
     int t = 0;
     for (; t + 2 <= T; t += 2) {
       const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
       __m256 a[4], b[4];
+      KN_UNROLL4
       for (int i = 0; i < 4; i++)
         a[i] = b[i] = _mm256_setzero_ps();
       for (int c = 0; c < C; c++)
+        KN_UNROLL4
         for (int i = 0; i < 4; i++) {
           __m256 v[4];
           deq(r[i], c, v);
+          KN_UNROLL4
           for (int u = 0; u < 4; u++) {
             a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
             b[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(y + 32 * c + 8 * u), b[i]);
@@ -193,16 +230,20 @@ KN_AVX2 static void qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float
     for (; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;
       __m256 a[4];
+      KN_UNROLL4
       for (int i = 0; i < 4; i++)
         a[i] = _mm256_setzero_ps();
       for (int c = 0; c < C; c++)
+        KN_UNROLL4
         for (int i = 0; i < 4; i++) {
           __m256 v[4];
           deq(r[i], c, v);
+          KN_UNROLL4
           for (int u = 0; u < 4; u++)
             a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
         }
       float *o = out + (ptrdiff_t)t * ldo + j;
+      KN_UNROLL4
       for (int i = 0; i < 4; i++)
         put1(o + i, kn_avx2_hsum(a[i]), acc);
     }
@@ -215,6 +256,7 @@ KN_AVX2 static void qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float
       for (int c = 0; c < C; c++) {
         __m256 v[4];
         deq(r0, c, v);
+        KN_UNROLL4
         for (int u = 0; u < 4; u++)
           a0 = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a0);
       }
