@@ -64,6 +64,19 @@ TH_TEST(sched_concurrent_requests) {
   env_close(&e, &c);
 }
 
+/* Sends r[0], a constrained request (id; 20 prompt tokens, nc to generate), then r[1],
+ * a plain one (id + 1; np to generate), both ignoring eos; waits for both. */
+static void constrained_then_plain(struct client *c, struct treq *r, uint64_t id, uint32_t nc,
+                                   uint32_t np, int ms) {
+  make_req(&r[0], id, 20, nc);
+  r[0].grammar_kind = 1;
+  make_req(&r[1], id + 1, 20, np);
+  r[0].ignore_eos = r[1].ignore_eos = true;
+  send_add(c, &r[0]);
+  send_add(c, &r[1]);
+  wait_done(c, ms);
+}
+
 /* A structured output waits until every rank has built the state to follow it
  * (PR_CTRL_GRAMMARS, then BEAT's flag): the ranks fail a constrained sequence sent
  * before, and the plain requests that come meanwhile run and finish first. */
@@ -72,14 +85,7 @@ TH_TEST(sched_constrained_requests_wait_for_every_rank) {
   struct client c;
   const char *wx[] = {"--grammar-ms", "3000", "--beat-ms", "50", NULL};
   env_open(&e, &c, 2, NULL, wx, g_reqs, 3);
-  make_req(&g_reqs[0], 1, 20, 8);
-  g_reqs[0].grammar_kind = 1;
-  g_reqs[0].ignore_eos = true;
-  make_req(&g_reqs[1], 2, 20, 20);
-  g_reqs[1].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  send_add(&c, &g_reqs[1]);
-  wait_done(&c, 20000);
+  constrained_then_plain(&c, g_reqs, 1, 8, 20, 20000);
   check_req(&g_reqs[0]);
   check_req(&g_reqs[1]);
   TH_CHECK_EQ_INT(g_reqs[1].done_at, 1);
@@ -101,23 +107,11 @@ TH_TEST(sched_constrained_requests_refused_when_a_rank_cannot_follow_them) {
   struct client c;
   const char *wx[] = {"--grammar-ms", "500", "--grammar-fail", "--beat-ms", "50", NULL};
   env_open(&e, &c, 1, NULL, wx, g_reqs, 4);
-  make_req(&g_reqs[0], 1, 20, 8);
-  g_reqs[0].grammar_kind = 1;
-  make_req(&g_reqs[1], 2, 20, 30);
-  g_reqs[1].ignore_eos = true;
-  send_add(&c, &g_reqs[0]);
-  send_add(&c, &g_reqs[1]);
-  wait_done(&c, 20000);
+  constrained_then_plain(&c, g_reqs, 1, 8, 30, 20000);
   TH_CHECK_EQ_INT(g_reqs[0].err_code, CM_ERR_IO);
   TH_CHECK(strstr(g_reqs[0].err, "worker rank 0 could not build") != NULL);
   check_req(&g_reqs[1]);
-  make_req(&g_reqs[2], 3, 10, 5);
-  g_reqs[2].grammar_kind = 1;
-  make_req(&g_reqs[3], 4, 10, 5);
-  g_reqs[3].ignore_eos = true;
-  send_add(&c, &g_reqs[2]);
-  send_add(&c, &g_reqs[3]);
-  wait_done(&c, 10000);
+  constrained_then_plain(&c, g_reqs + 2, 3, 5, 5, 10000);
   TH_CHECK_EQ_INT(g_reqs[2].err_code, CM_ERR_IO);
   check_req(&g_reqs[3]);
   ping(&c);
