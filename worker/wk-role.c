@@ -86,10 +86,10 @@ struct wk_role {
   uint32_t *gbits;          /* [max_rows, mask words] each constrained row's mask */
   char *tokenizer;          /* where gram's vocabulary comes from, or NULL */
   char *tokenizer_gguf;     /* or this GGUF file's metadata, or NULL */
-  int gram_failed;          /* 1: loading it failed (said once) */
   /* gram built on a thread (wk_role_grammars_start) while steps run: gram_th holds
    * its result until the first constrained step joins it; gram_flags (atomic, read
-   * by the heartbeat thread) is PR_BEAT_GRAMMARS once built, _FAILED once failed */
+   * by the heartbeat thread) is PR_BEAT_GRAMMARS once built, _FAILED once building
+   * it failed (said once: it is not tried again) */
   struct gram_build *gram_th;
   unsigned gram_flags;
   struct wk_seq_embed *emb; /* [max_seqs * PR_MAX_IMAGES] image rows of the step */
@@ -351,7 +351,6 @@ static int gram_install(struct wk_role *r, struct gram_build *b, char *err, size
     r->gram = b->out;
     b->out = NULL;
   } else {
-    r->gram_failed = 1;
     cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "structured outputs: %s: %s",
             r->tokenizer ? r->tokenizer : r->tokenizer_gguf, b->why);
   }
@@ -370,35 +369,40 @@ static int grammars(struct wk_role *r, char *err, size_t errlen) {
     r->gram_th = NULL;
     return gram_install(r, b, err, errlen);
   }
-  if ((!r->tokenizer && !r->tokenizer_gguf) || r->gram_failed)
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "structured outputs need the model's tokenizer (tokenizer.json or a GGUF "
-                   "file's)%s",
-                   r->gram_failed ? ", which did not load" : "");
-  struct gram_build *b = gram_build_new(r);
-  if (!b) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for structured outputs");
+  int have = r->tokenizer || r->tokenizer_gguf, rc = 0;
+  struct gram_build *b = NULL;
+  if (!have || wk_role_grammars_flags(r) == PR_BEAT_GRAMMARS_FAILED)
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 "structured outputs need the model's tokenizer (tokenizer.json or a GGUF "
+                 "file's)%s",
+                 have ? ", which did not load" : "");
+  else if (!(b = gram_build_new(r)))
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for structured outputs");
+  if (rc) { /* said to the scheduler too, which then refuses constrained requests */
+    __atomic_store_n(&r->gram_flags, PR_BEAT_GRAMMARS_FAILED, __ATOMIC_RELEASE);
+    return rc;
+  }
   gram_build_run(b);
   return gram_install(r, b, err, errlen);
 }
 
 void wk_role_grammars_start(struct wk_role *r) {
-  if (r->gram || r->gram_th || r->gram_failed) return;
-  if (!r->tokenizer && !r->tokenizer_gguf) {
-    r->gram_failed = 1;
-    __atomic_store_n(&r->gram_flags, PR_BEAT_GRAMMARS_FAILED, __ATOMIC_RELEASE);
-    return;
-  }
-  struct gram_build *b = gram_build_new(r);
-  if (!b) return; /* the first constrained step builds it, or says why not */
-  b->threaded = 1;
-  b->flags = &r->gram_flags;
-  if (pthread_create(&b->th, NULL, gram_build_main, b)) {
+  if (r->gram || r->gram_th || wk_role_grammars_flags(r)) return;
+  struct gram_build *b = r->tokenizer || r->tokenizer_gguf ? gram_build_new(r) : NULL;
+  if (b) {
+    b->threaded = 1;
+    b->flags = &r->gram_flags;
+    if (!pthread_create(&b->th, NULL, gram_build_main, b)) {
+      r->gram_th = b; /* it says it is done when a step or wk_role_grammars_flags looks */
+      return;
+    }
     b->threaded = 0;
     gram_build_free(b);
-    return;
   }
-  r->gram_th = b;
-  /* it says it is done when a step or wk_role_grammars_flags looks */
+  /* no thread (no tokenizer, no memory): here and now, so that the flags say
+     how it went and the scheduler holds no request for it */
+  char err[256];
+  (void)grammars(r, err, sizeof(err));
 }
 
 unsigned wk_role_grammars_flags(struct wk_role *r) {
