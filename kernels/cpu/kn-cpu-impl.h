@@ -98,19 +98,24 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
  * q the tokens rounded to Q8_0 blocks (kn_quantize_row), d their scales as
  * f32, s each lane's sum of its four inputs (sum (q - 8) x = sum q x - 8 sum x)
  * times the weights' offset negated where they have one (Q4_0: -8, Q5_0: -16,
- * Q6_K: -32; the others: the sum). For Q4_0 weights, the same in pairs of
- * blocks (b, b + 1) for the decode kernel, which takes two blocks' low
- * nibbles in one register and their high ones in another: qp elements 0..15
- * of b, of b + 1, then 16..31 of b, of b + 1; sp lanes 0..3 of b, of b + 1,
- * then 4..7 of b, of b + 1; dp b's scale 4 times, then b + 1's (NULL for the
- * other dtypes). The reference reads q alone. */
+ * Q6_K: -32, Q8_0: -128 for w + 128 unsigned; the others: the sum).
+ *
+ * For Q8_0 and Q4_0 weights and at least KN_CPU_Q8_TOKENS tokens, the same
+ * with tokens side by side (NULL otherwise): groups of 16 tokens (the last
+ * one padded with zeros), in each group block b's elements 4j .. 4j + 3 of
+ * every token in turn (xi: [T / 16][K / 32][8][16][4] bytes), so that one
+ * 32-bit broadcast of four weights meets 16 tokens' four inputs; di the
+ * scales ([T / 16][K / 32][16]) and si the blocks' input sums times the
+ * offset ([T / 16][K / 32][16]: the sum of s's 8 lanes). The reference reads
+ * q alone. */
+#define KN_CPU_Q8_TOKENS 4
 struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
   const float *d;    /* [T][K / 32] */
   const int32_t *s;  /* [T][K / 32][8] */
-  const int8_t *qp;  /* [T][K / 64][64] */
-  const int32_t *sp; /* [T][K / 64][16] */
-  const float *dp;   /* [T][K / 64][8] */
+  const int8_t *xi;  /* [T / 16][K / 32][8][16][4] */
+  const float *di;   /* [T / 16][K / 32][16] */
+  const int32_t *si; /* [T / 16][K / 32][16] */
   size_t ldq;        /* bytes */
 };
 
@@ -183,7 +188,10 @@ struct kn_cpu_dsp {
   /* The q8 mode's matmul over block-format weights (kn-cpu-q8.c, AVX2 in
    * kn-cpu-q8-avx2.c): x holds T tokens' inputs as Q8_0 blocks and what the
    * kernels take of them prepared once (struct kn_cpu_q8_in), w n rows of
-   * row_bytes. Per output, for each 32-element block b in order (a K-quant's
+   * row_bytes. Q8_0 and Q4_0, per output: for each block b in order, p = the
+   * exact sum of its 32 integer products (the weights' offsets applied),
+   * acc = fma((float)p, dw_b * dx_b, acc) from acc = 0. The other formats,
+   * per output, for each 32-element block b in order (a K-quant's
    * sub-block) and each lane l < 8: p = the sum of the integer products of
    * elements 4l .. 4l + 3 (exact; the weights' integers with their offsets
    * applied), acc[b % 2][l] = fma((float)p, dw_b[l] * dx_b, acc[b % 2][l]),
@@ -193,6 +201,11 @@ struct kn_cpu_dsp {
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
+  /* One input row x[K] as the q8 kernels take it: q its Q8_0 blocks as
+   * kn_quantize_row rounds them, d their scales in f32, s each lane's sum of
+   * its four inputs times -(1 << shift) (shift 0: the sum itself); struct
+   * kn_cpu_q8_in. Every table gives kn_quantize_row's bits. */
+  void (*q8_prep)(const float *x, int K, uint8_t *q, float *d, int32_t *s, int shift);
 };
 
 /* Elements of one input row as round_bf16 lays it out. */
@@ -315,7 +328,7 @@ struct kn_cpu_ctx {
   size_t xs_n;
   float *xd; /* [T][K / 32] xq's block scales (struct kn_cpu_q8_in) */
   size_t xd_n;
-  uint8_t *xp; /* struct kn_cpu_q8_in's qp, sp and dp, one after the other */
+  uint8_t *xp; /* struct kn_cpu_q8_in's xi, di and si, one after the other */
   size_t xp_bytes;
   /* bf16 mode (kn_cpu_backend_create_mode): matmul inputs rounded to bf16,
    * into xb (dsp.round_bf16's rows) or xr (f32 rows), grown on demand */

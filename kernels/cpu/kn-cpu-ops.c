@@ -294,54 +294,49 @@ static void q8_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
-/* Tokens [t0, t1) of a q8 matmul's inputs (in, ldi floats apart) prepared as
- * struct kn_cpu_q8_in has them for the weights' offset (shift: its log2, 0
- * for none): Q8_0 blocks as llama.cpp rounds them, their scales in f32, and
- * each lane's input sum times -(1 << shift). */
+/* A q8 matmul's T inputs (in, ldi floats apart) prepared as struct
+ * kn_cpu_q8_in has them for the weights' offset (shift: its log2, 0 for
+ * none), a token a unit (dsp.q8_prep: Q8_0 blocks as llama.cpp rounds them,
+ * their scales in f32, each lane's input sum times -(1 << shift)); with xi, a
+ * group of 16 tokens a unit, then put side by side (the padding of the last
+ * group is zeroed before). */
 struct q8_prep {
+  const struct kn_cpu_dsp *dsp;
   const float *in;
   ptrdiff_t ldi;
   uint8_t *q;
   float *d;
   int32_t *s;
-  int8_t *qp; /* NULL: no pairs */
-  int32_t *sp;
-  float *dp;
+  int8_t *xi; /* NULL: not side by side */
+  float *di;
+  int32_t *si;
   size_t ldq;
-  int K, shift;
+  int T, K, shift;
 };
 
-static void q8_prep_run(void *arg, long long t0, long long t1, int ith) {
+static void q8_prep_run(void *arg, long long u0, long long u1, int ith) {
   const struct q8_prep *p = arg;
-  const int B = p->K / 32;
+  const int B = p->K / 32, per = p->xi ? 16 : 1; /* a unit: a token, or a group of 16 */
   (void)ith;
-  for (long long t = t0; t < t1; t++) {
-    uint8_t *xr = p->q + (size_t)t * p->ldq;
-    kn_quantize_row(KN_DTYPE_Q8_0, p->in + (ptrdiff_t)t * p->ldi, xr, (size_t)p->K);
-    float *d = p->d + (size_t)t * (size_t)B;
-    int32_t *s = p->s + (size_t)t * (size_t)B * 8;
-    for (int b = 0; b < B; b++) {
-      d[b] = kn_f16_to_f32((uint16_t)(xr[(size_t)b * 34] | xr[(size_t)b * 34 + 1] << 8));
-      for (int l = 0; l < 8; l++) {
-        const int8_t *v = (const int8_t *)xr + (size_t)b * 34 + 2 + 4 * l;
-        const int sum = v[0] + v[1] + v[2] + v[3];
-        s[b * 8 + l] = p->shift ? -sum * (1 << p->shift) : sum;
+  for (long long u = u0; u < u1; u++) {
+    const int t0 = (int)u * per, nt = p->T - t0 < per ? p->T - t0 : per;
+    for (int t = t0; t < t0 + nt; t++)
+      p->dsp->q8_prep(p->in + (ptrdiff_t)t * p->ldi, p->K, p->q + (size_t)t * p->ldq,
+                      p->d + (size_t)t * (size_t)B, p->s + (size_t)t * (size_t)B * 8, p->shift);
+    if (!p->xi) continue;
+    for (int b = 0; b < B; b++) { /* the group's tokens side by side, written in order */
+      const size_t gb = (size_t)u * (size_t)B + (size_t)b;
+      int8_t *xi = p->xi + gb * 512;
+      for (int j = 0; j < 8; j++)
+        for (int l = 0; l < nt; l++)
+          memcpy(xi + 64 * j + 4 * l, p->q + (size_t)(t0 + l) * p->ldq + (size_t)b * 34 + 2 + 4 * j,
+                 4);
+      for (int l = 0; l < nt; l++) {
+        const int32_t *s = p->s + ((size_t)(t0 + l) * (size_t)B + (size_t)b) * 8;
+        p->di[gb * 16 + (size_t)l] = p->d[(size_t)(t0 + l) * (size_t)B + (size_t)b];
+        p->si[gb * 16 + (size_t)l] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
       }
     }
-    if (!p->qp) continue;
-    const size_t P = (size_t)B / 2;
-    int8_t *qp = p->qp + (size_t)t * P * 64;
-    int32_t *sp = p->sp + (size_t)t * P * 16;
-    float *dp = p->dp + (size_t)t * P * 8;
-    for (size_t i = 0; i < P; i++)
-      for (int h = 0; h < 2; h++) { /* h: elements 16h .. 16h + 15 of b = 2i, of b + 1 */
-        for (int k = 0; k < 2; k++) {
-          memcpy(qp + 64 * i + 32 * h + 16 * k, xr + (2 * i + k) * 34 + 2 + 16 * h, 16);
-          memcpy(sp + 16 * i + 8 * h + 4 * k, s + (2 * i + k) * 8 + 4 * h, 16);
-          for (int l = 0; l < 4; l++)
-            dp[8 * i + 4 * k + l] = d[2 * i + k];
-        }
-      }
   }
 }
 
@@ -360,29 +355,37 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
   const size_t B = (size_t)K / 32;
   if ((rc = grow_buf((void **)&ctx->xs, &ctx->xs_n, (size_t)T * B * 8, 4))) return rc;
   if ((rc = grow_buf((void **)&ctx->xd, &ctx->xd_n, (size_t)T * B, 4))) return rc;
-  struct q8_prep p = {.in = in,
+  struct q8_prep p = {.dsp = &ctx->dsp,
+                      .in = in,
                       .ldi = ldi,
                       .q = ctx->xq,
                       .d = ctx->xd,
                       .s = ctx->xs,
                       .ldq = ldx,
+                      .T = T,
                       .K = K,
                       .shift = dt == KN_DTYPE_Q4_0   ? 3
                                : dt == KN_DTYPE_Q5_0 ? 4
                                : dt == KN_DTYPE_Q6_K ? 5
                                : dt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI decode) */
                                                      : 0};
-  if (dt == KN_DTYPE_Q4_0) {
-    const size_t P = (size_t)T * (B / 2);
-    if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, P * (64 + 64 + 32), 1))) return rc;
-    p.qp = (int8_t *)ctx->xp;
-    p.sp = (int32_t *)(ctx->xp + P * 64);
-    p.dp = (float *)(ctx->xp + P * 128);
+  if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0) && T >= KN_CPU_Q8_TOKENS) {
+    const size_t G = ((size_t)T + 15) / 16, per = B * (8 * 64 + 16 * 4 + 16 * 4);
+    if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * per, 1))) return rc;
+    p.xi = (int8_t *)ctx->xp;
+    p.di = (float *)(ctx->xp + G * B * 512);
+    p.si = (int32_t *)(ctx->xp + G * B * 576);
+    if (T % 16) { /* the last group's padding: zero inputs, scales and sums */
+      memset(p.xi + (G - 1) * B * 512, 0, B * 512);
+      memset(p.di + (G - 1) * B * 16, 0, B * 64);
+      memset(p.si + (G - 1) * B * 16, 0, B * 64);
+    }
   }
-  kn_cpu_pool_run(ctx->pool, T, grain_for((double)T * K * 16, T, 1), q8_prep_run, &p);
+  const long long units = p.xi ? (T + 15) / 16 : T;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * K * 16, units, 1), q8_prep_run, &p);
   q->ctx = ctx;
   q->x = (struct kn_cpu_q8_in){
-      .q = ctx->xq, .d = ctx->xd, .s = ctx->xs, .qp = p.qp, .sp = p.sp, .dp = p.dp, .ldq = ldx};
+      .q = ctx->xq, .d = ctx->xd, .s = ctx->xs, .xi = p.xi, .di = p.di, .si = p.si, .ldq = ldx};
   q->row_bytes = kn_row_bytes(dt, (size_t)K);
   q->dt = dt;
   q->T = T;

@@ -2,13 +2,21 @@
  * tokens), included once by each kernel file that instantiates them, after it
  * defines
  *   Q8T_ATTR  the functions' target attribute,
- *   Q8T_VNNI  1: four products summed by vpdpbusd (AVX-512 VNNI on ymm), 0: AVX2,
+ *   Q8T_VNNI  1: four products summed by vpdpbusd (AVX-512 VNNI), 0: AVX2,
+ *   Q8T_ZMM   1: Q8_0 and Q4_0 against 16 tokens in 512-bit registers, 0: 8 in
+ *             256-bit ones,
  *   Q8_R, Q8_U  the tile's rows and tokens (Q8_R * Q8_U accumulators),
  *   Q8_R1       the rows of one token's tiles (decode; at most 4).
- * Each weight block is unpacked once for the tile's tokens and each input
- * block loaded once for its rows. A tile of several tokens runs its outputs'
- * even chains first, then their odd ones (the reference's two chains are
- * independent until the end); one token's tile runs both, block after block.
+ *
+ * The formats summed by lanes (kn-cpu-q8.c): each weight block is unpacked
+ * once for the tile's tokens and each input block loaded once for its rows.
+ * A tile of several tokens runs its outputs' even chains first, then their
+ * odd ones (the reference's two chains are independent until the end); one
+ * token's tile runs both, block after block.
+ *
+ * Q8_0 and Q4_0 (one integer a block): outputs side by side in the lanes,
+ * tokens (int_dot's tok_tile) or, for a few tokens, rows (row_tile).
+ *
  * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
 #ifndef LMSERVE_KN_CPU_Q8_TILE_H
@@ -122,24 +130,13 @@ Q8T_ATTR static inline AI __m256i nibs(const uint8_t *p, int hi) {
 }
 
 /* 32-element block b of a row, as kn-cpu-q8.c's weights() has it: *u the
- * unsigned bytes vpmaddubsw takes (Q8_0: |w|, with the weights themselves in
- * *sg for their signs; the others: q before the offset), *d each lane's scale,
- * *m the min (kind_min). */
+ * unsigned bytes vpmaddubsw takes (q before the offset), *d each lane's
+ * scale, *m the min (kind_min). */
 Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *row, int b,
-                                      __m256i *u, __m256i *sg, __m256 *d, __m256 *m) {
+                                      __m256i *u, __m256 *d, __m256 *m) {
   const uint8_t *blk = row + (size_t)(kind >= Q8K_Q4_K ? b >> 3 : b) * kind_bytes(kind);
-  *sg = _mm256_setzero_si256();
   *m = _mm256_setzero_ps();
   switch (kind) {
-  case Q8K_Q8_0:
-    *d = h16x8(blk);
-    *sg = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    *u = _mm256_abs_epi8(*sg);
-    break;
-  case Q8K_Q4_0:
-    *d = h16x8(blk);
-    *u = nib32(blk + 2);
-    break;
   case Q8K_Q4_1:
     *d = h16x8(blk);
     *m = h16x8(blk + 2);
@@ -181,6 +178,7 @@ Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *ro
     *d = _mm256_set_m128(d1, d0);
     break;
   }
+  default: break; /* Q8_0, Q4_0: kernels of their own */
   }
 }
 
@@ -192,9 +190,6 @@ struct q8t_x {
   const uint8_t *q;
   const float *d;
   const int32_t *s;
-  const int8_t *qp; /* Q4_0's pairs of blocks (struct kn_cpu_q8_in), one token */
-  const int32_t *sp;
-  const float *dp;
   size_t ldq;
 };
 
@@ -209,11 +204,10 @@ Q8T_ATTR static inline AI void xblock(const enum q8_kind kind, const struct q8t_
 
 /* The multiply-adds of one weight block (unpacked) against one input block
  * into a: the reference's operations. */
-Q8T_ATTR static inline AI __m256 step(const enum q8_kind kind, __m256 a, __m256i wu, __m256i ws,
-                                      __m256 dw, __m256 mw, __m256i xv, __m256 dx, __m256i so,
-                                      __m256 sf) {
+Q8T_ATTR static inline AI __m256 step(const enum q8_kind kind, __m256 a, __m256i wu, __m256 dw,
+                                      __m256 mw, __m256i xv, __m256 dx, __m256i so, __m256 sf) {
   /* the offset's term first: the same integer either way */
-  __m256i p = dot4(so, wu, kind == Q8K_Q8_0 ? _mm256_sign_epi8(xv, ws) : xv);
+  __m256i p = dot4(so, wu, xv);
   a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx), a);
   if (kind_min(kind)) a = _mm256_fmadd_ps(sf, _mm256_mul_ps(mw, dx), a);
   return a;
@@ -228,11 +222,11 @@ Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, 
   for (int i = 0; i < R * U; i++)
     a[i] = _mm256_setzero_ps();
   for (int b = b0; b < B; b += 2) {
-    __m256i wu[Q8_RMAX], ws[Q8_RMAX];
+    __m256i wu[Q8_RMAX];
     __m256 dw[Q8_RMAX], mw[Q8_RMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-      unpack(kind, w + (size_t)r * row_bytes, b, &wu[r], &ws[r], &dw[r], &mw[r]);
+      unpack(kind, w + (size_t)r * row_bytes, b, &wu[r], &dw[r], &mw[r]);
 #pragma GCC unroll 8
     for (int u = 0; u < U; u++) {
       __m256i xv, so;
@@ -240,7 +234,7 @@ Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, 
       xblock(kind, x, B, u, b, &xv, &dx, &so, &sf);
 #pragma GCC unroll 8
       for (int r = 0; r < R; r++)
-        a[r * U + u] = step(kind, a[r * U + u], wu[r], ws[r], dw[r], mw[r], xv, dx, so, sf);
+        a[r * U + u] = step(kind, a[r * U + u], wu[r], dw[r], mw[r], xv, dx, so, sf);
     }
   }
 }
@@ -248,9 +242,8 @@ Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, 
 #if Q8T_VNNI
 /* tile_chain for 4 tokens on 512-bit registers: tokens (0, 1) in one register
  * and (2, 3) in another, each weight block unpacked once and put in both
- * halves; every lane with step()'s operations (Q8_0: w + 128 unsigned against
- * x, the inputs' lane sums times -128 to start from, the same integer as |w|
- * against x with w's sign). a[r * 2 + p]: row r, tokens 2p and 2p + 1. */
+ * halves; every lane with step()'s operations. a[r * 2 + p]: row r, tokens 2p
+ * and 2p + 1. */
 Q8T_ATTR static inline AI void tile_chain_z(const enum q8_kind kind, const int R, const uint8_t *w,
                                             size_t row_bytes, const struct q8t_x *x, int B, int b0,
                                             __m512 *a) {
@@ -262,10 +255,9 @@ Q8T_ATTR static inline AI void tile_chain_z(const enum q8_kind kind, const int R
     __m512 dw[Q8_RMAX], mw[Q8_RMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-      __m256i u, sg;
+      __m256i u;
       __m256 d, m;
-      unpack(kind, w + (size_t)r * row_bytes, b, &u, &sg, &d, &m);
-      if (kind == Q8K_Q8_0) u = _mm256_xor_si256(sg, _mm256_set1_epi8((char)0x80));
+      unpack(kind, w + (size_t)r * row_bytes, b, &u, &d, &m);
       wu[r] = _mm512_broadcast_i64x4(u);
       dw[r] = _mm512_broadcast_f32x8(d);
       mw[r] = kind_min(kind) ? _mm512_broadcast_f32x8(m) : _mm512_setzero_ps();
@@ -275,12 +267,8 @@ Q8T_ATTR static inline AI void tile_chain_z(const enum q8_kind kind, const int R
       __m256i xv[2], so[2];
       __m256 dx[2], sf[2];
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; h++) {
+      for (int h = 0; h < 2; h++)
         xblock(kind, x, B, 2 * p + h, b, &xv[h], &dx[h], &so[h], &sf[h]);
-        if (kind == Q8K_Q8_0) /* the lane sums, times -128 for Q8_0 (q8_inputs) */
-          so[h] = _mm256_loadu_si256(
-              (const __m256i *)(x->s + ((size_t)(2 * p + h) * (size_t)B + (size_t)b) * 8));
-      }
       const __m512i X = _mm512_inserti64x4(_mm512_castsi256_si512(xv[0]), xv[1], 1);
       const __m512i S = _mm512_inserti64x4(_mm512_castsi256_si512(so[0]), so[1], 1);
       const __m512 D = _mm512_insertf32x8(_mm512_castps256_ps512(dx[0]), dx[1], 1);
@@ -306,125 +294,12 @@ Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m2
   xblock(kind, x, B, 0, b, &xv, &dx, &so, &sf);
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++) {
-    __m256i wu, ws;
+    __m256i wu;
     __m256 dw, mw;
-    unpack(kind, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
-    a[r] = step(kind, a[r], wu, ws, dw, mw, xv, dx, so, sf);
+    unpack(kind, w + (size_t)r * row_bytes, b, &wu, &dw, &mw);
+    a[r] = step(kind, a[r], wu, dw, mw, xv, dx, so, sf);
   }
 }
-
-/* One token's R outputs of Q4_0 rows, blocks in pairs (b, b + 1): one load of
- * both blocks' nibbles gives their low ones (elements 0..15: lanes 0..3 of b,
- * then of b + 1) after a mask and their high ones (lanes 4..7) after a shift
- * and a mask, and one conversion their two scales. So lo[r] holds lanes 0..3 of
- * the even chain and of the odd one, hi[r] lanes 4..7: every lane is one of
- * the reference's accumulators, with its operations. */
-Q8T_ATTR static inline AI void rows1_q4_0(const int R, float *out, const uint8_t *w,
-                                          size_t row_bytes, const struct q8t_x *x, int B, int acc) {
-  const __m256i m4 = _mm256_set1_epi8(0xF);
-  const __m128i dup = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
-  __m256 lo[Q8_RMAX], hi[Q8_RMAX];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-    lo[r] = hi[r] = _mm256_setzero_ps();
-  for (int i = 0; i < B / 2; i++) {
-    const __m256i xl = _mm256_loadu_si256((const __m256i *)(x->qp + 64 * i));
-    const __m256i xh = _mm256_loadu_si256((const __m256i *)(x->qp + 64 * i + 32));
-    const __m256i sl = _mm256_loadu_si256((const __m256i *)(x->sp + 16 * i));
-    const __m256i sh = _mm256_loadu_si256((const __m256i *)(x->sp + 16 * i + 8));
-    const __m256 dx = _mm256_loadu_ps(x->dp + 8 * i);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      const uint8_t *b0 = w + (size_t)r * row_bytes + (size_t)(2 * i) * 18, *b1 = b0 + 18;
-      __m256i v = _mm256_loadu2_m128i((const __m128i *)(b1 + 2), (const __m128i *)(b0 + 2));
-      __m256i ql = _mm256_and_si256(v, m4), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-      uint16_t h0, h1;
-      memcpy(&h0, b0, 2);
-      memcpy(&h1, b1, 2);
-      __m128i hh = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16)), dup);
-      __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(hh), dx);
-      lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(sl, ql, xl)), d, lo[r]);
-      hi[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(sh, qh, xh)), d, hi[r]);
-    }
-  }
-  if (B & 1) { /* the last block alone, on the even chain (the lower halves) */
-    const int b = B - 1;
-    __m256i xv, so;
-    __m256 dx, sf;
-    xblock(Q8K_Q4_0, x, B, 0, b, &xv, &dx, &so, &sf);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      __m256i wu, ws;
-      __m256 dw, mw;
-      unpack(Q8K_Q4_0, w + (size_t)r * row_bytes, b, &wu, &ws, &dw, &mw);
-      __m256 p = _mm256_cvtepi32_ps(dot4(so, wu, xv)), d = _mm256_mul_ps(dw, dx);
-      __m256 pl = _mm256_permute2f128_ps(p, p, 0x00), ph = _mm256_permute2f128_ps(p, p, 0x11);
-      lo[r] = _mm256_blend_ps(_mm256_fmadd_ps(pl, d, lo[r]), lo[r], 0xF0);
-      hi[r] = _mm256_blend_ps(_mm256_fmadd_ps(ph, d, hi[r]), hi[r], 0xF0);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    __m256 e = _mm256_permute2f128_ps(lo[r], hi[r], 0x20),
-           o = _mm256_permute2f128_ps(lo[r], hi[r], 0x31);
-    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
-  }
-}
-
-#if Q8T_VNNI
-/* rows1_q4_0 for 4 rows and an even number of blocks on 512-bit registers: a
- * register holds two rows' lo (or hi) lanes, row 2k in its lower half and row
- * 2k + 1 in its upper half, each lane with the 256-bit version's operations,
- * so the same bits with half the instructions. */
-Q8T_ATTR static inline AI void rows4_q4_0_z(float *out, const uint8_t *w, size_t row_bytes,
-                                            const struct q8t_x *x, int B, int acc) {
-  const __m512i m4 = _mm512_set1_epi8(0xF);
-  const __m256i dup = _mm256_setr_epi16(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  __m512 lo[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, hi[2] = {lo[0], lo[0]};
-  for (int i = 0; i < B / 2; i++) {
-    const __m512i xl =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qp + 64 * i)));
-    const __m512i xh =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qp + 64 * i + 32)));
-    const __m512i sl =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->sp + 16 * i)));
-    const __m512i sh =
-        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->sp + 16 * i + 8)));
-    const __m512 dx = _mm512_castsi512_ps(
-        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->dp + 8 * i))));
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; k++) {
-      const uint8_t *a0 = w + (size_t)(2 * k) * row_bytes + (size_t)(2 * i) * 18, *a1 = a0 + 18;
-      const uint8_t *c0 = a0 + row_bytes, *c1 = c0 + 18;
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(a0 + 2)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(a1 + 2)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(c0 + 2)), 2);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(c1 + 2)), 3);
-      __m512i ql = _mm512_and_si512(v, m4), qh = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-      uint16_t h[4];
-      memcpy(&h[0], a0, 2);
-      memcpy(&h[1], a1, 2);
-      memcpy(&h[2], c0, 2);
-      memcpy(&h[3], c1, 2);
-      uint64_t hh;
-      memcpy(&hh, h, 8);
-      __m256i hv =
-          _mm256_permutexvar_epi16(dup, _mm256_castsi128_si256(_mm_cvtsi64_si128((long long)hh)));
-      __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(hv), dx);
-      lo[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(sl, ql, xl)), d, lo[k]);
-      hi[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(sh, qh, xh)), d, hi[k]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; r++) {
-    const __m512 l = lo[r >> 1], h = hi[r >> 1];
-    const __m256 lr = r & 1 ? _mm512_extractf32x8_ps(l, 1) : _mm512_castps512_ps256(l),
-                 hr = r & 1 ? _mm512_extractf32x8_ps(h, 1) : _mm512_castps512_ps256(h);
-    __m256 e = _mm256_permute2f128_ps(lr, hr, 0x20), o = _mm256_permute2f128_ps(lr, hr, 0x31);
-    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
-  }
-}
-#endif
 
 /* One token's R outputs, both chains block after block (decode: each row
  * streamed once). */
@@ -449,16 +324,6 @@ Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float
 Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const int U, float *out,
                                     ptrdiff_t ldo, const struct q8t_x *x, const uint8_t *w,
                                     size_t row_bytes, int B, int acc) {
-  if (U == 1 && kind == Q8K_Q4_0 && x->qp) {
-#if Q8T_VNNI
-    if (R == 4 && !(B & 1)) {
-      rows4_q4_0_z(out, w, row_bytes, x, B, acc);
-      return;
-    }
-#endif
-    rows1_q4_0(R, out, w, row_bytes, x, B, acc);
-    return;
-  }
   if (U == 1) {
     rows1(kind, R, out, w, row_bytes, x, B, acc);
     return;
@@ -512,8 +377,6 @@ Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const 
     }                                                                                              \
   }
 
-DEF_TILES(q8_0, Q8K_Q8_0)
-DEF_TILES(q4_0, Q8K_Q4_0)
 DEF_TILES(q4_1, Q8K_Q4_1)
 DEF_TILES(q5_0, Q8K_Q5_0)
 DEF_TILES(q5_1, Q8K_Q5_1)
@@ -534,14 +397,8 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
     const int j1 = j0 + G < n ? j0 + G : n;
     for (int t = 0; t < T; t += Q8_U) {
       const int u = T - t < Q8_U ? T - t : Q8_U, R = u == 1 ? Q8_R1 : Q8_R;
-      const size_t P = (size_t)t * (size_t)(B / 2); /* pairs before token t */
-      const struct q8t_x x = {in->q + (size_t)t * in->ldq,
-                              in->d + (size_t)t * (size_t)B,
-                              in->s + (size_t)t * (size_t)B * 8,
-                              in->qp ? in->qp + P * 64 : NULL,
-                              in->sp ? in->sp + P * 16 : NULL,
-                              in->dp ? in->dp + P * 8 : NULL,
-                              in->ldq};
+      const struct q8t_x x = {in->q + (size_t)t * in->ldq, in->d + (size_t)t * (size_t)B,
+                              in->s + (size_t)t * (size_t)B * 8, in->ldq};
       const uint8_t *pf = w + (size_t)j0 * row_bytes; /* the first byte not prefetched */
       for (int j = j0; j < j1; j += R) {
         if (u == 1) { /* decode streams each row once from memory: ask for it ahead */
@@ -566,98 +423,6 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
     tiled(tiles_##SUF, out, ldo, x, w, row_bytes, K, T, n, acc);                                   \
   }
 
-/* Q8_0's decode: each row streamed once, block after block into the even and odd
- * chains, |w| times x with w's sign (dot4; inputs are never -128: the
- * quantizer's range is +-127). Streams its bytes faster than the 4-row tile,
- * whose Q8_0 rows (34 bytes a block, twice Q4_0's) leave its loads unaligned and
- * its registers spilled; the reference's bits. */
-Q8T_ATTR static inline AI __m256 step_q8_0(const uint8_t *row, const struct kn_cpu_q8_in *in, int b,
-                                           __m256 a) {
-  const uint8_t *blk = row + (size_t)b * 34, *xb = in->q + (size_t)b * 34;
-  __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2)),
-          xv = _mm256_loadu_si256((const __m256i *)(xb + 2));
-  __m256i p = dot4(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(kn_le_f16(blk) * in->d[b]), a);
-}
-
-#if Q8T_VNNI
-/* Four Q8_0 rows of one token on 512-bit registers, two rows to a register
- * (row 2k in the lower half, 2k + 1 in the upper), the even and odd chains
- * apart: each lane as step_q8_0 has it, its four products summed as the
- * unsigned w + 128 times x plus -128 times the lane's input sum (in->s: the
- * q8 inputs' lane terms for Q8_0 carry that offset), the same integer. */
-Q8T_ATTR static inline AI void rows4_q8_0_z(float *out, const struct kn_cpu_q8_in *in,
-                                            const uint8_t *w, size_t row_bytes, int B, int acc) {
-  const __m512i flip = _mm512_set1_epi8((char)0x80);
-  const __m256i dup = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  __m512 a[2][2]; /* [chain][pair of rows] */
-  for (int c = 0; c < 2; c++)
-    a[c][0] = a[c][1] = _mm512_setzero_ps();
-  for (int b = 0; b < B; b++) {
-    const uint8_t *xb = in->q + (size_t)b * 34;
-    const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xb + 2)));
-    const __m512i so = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(in->s + 8 * b)));
-    const __m512 dx = _mm512_set1_ps(in->d[b]);
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; k++) {
-      const uint8_t *b0 = w + (size_t)(2 * k) * row_bytes + (size_t)b * 34, *b1 = b0 + row_bytes;
-      __m512i wv =
-          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
-                             _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
-      uint16_t h0, h1;
-      memcpy(&h0, b0, 2);
-      memcpy(&h1, b1, 2);
-      __m256i hv = _mm256_permutexvar_epi16(
-          dup, _mm256_castsi128_si256(_mm_cvtsi32_si128((int)(h0 | (uint32_t)h1 << 16))));
-      __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(hv), dx);
-      __m512i p = _mm512_dpbusd_epi32(so, _mm512_xor_si512(wv, flip), xv);
-      a[b & 1][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, a[b & 1][k]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; r++) {
-    const __m512 t = _mm512_add_ps(a[0][r >> 1], a[1][r >> 1]);
-    put1(out + r, kn_avx2_hsum(r & 1 ? _mm512_extractf32x8_ps(t, 1) : _mm512_castps512_ps256(t)),
-         acc);
-  }
-}
-#endif
-
-Q8T_ATTR static void one_q8_0(float *out, const struct kn_cpu_q8_in *in, const uint8_t *w,
-                              size_t row_bytes, int B, int n, int acc) {
-  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not prefetched */
-  for (int j = 0; j < n;) {
-    const uint8_t *row = w + (size_t)j * row_bytes;
-    const uint8_t *want = row + 4 * row_bytes + Q8_PREFETCH_BYTES;
-    for (want = want < end ? want : end; pf < want; pf += 64)
-      _mm_prefetch((const char *)pf, _MM_HINT_T0);
-#if Q8T_VNNI
-    if (n - j >= 4) {
-      rows4_q8_0_z(out + j, in, row, row_bytes, B, acc);
-      j += 4;
-      continue;
-    }
-#endif
-    __m256 e = _mm256_setzero_ps(), o = e;
-    int b = 0;
-    for (; b + 2 <= B; b += 2) {
-      e = step_q8_0(row, in, b, e);
-      o = step_q8_0(row, in, b + 1, o);
-    }
-    if (b < B) e = step_q8_0(row, in, b, e);
-    put1(out + j, kn_avx2_hsum(_mm256_add_ps(e, o)), acc);
-    j++;
-  }
-}
-
-Q8T_ATTR static void q8dot_q8_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  if (T == 1)
-    one_q8_0(out, x, w, row_bytes, K / 32, n, acc);
-  else
-    tiled(tiles_q8_0, out, ldo, x, w, row_bytes, K, T, n, acc);
-}
-DEF_Q8DOT(q4_0)
 DEF_Q8DOT(q4_1)
 DEF_Q8DOT(q5_0)
 DEF_Q8DOT(q5_1)
@@ -665,8 +430,340 @@ DEF_Q8DOT(q4_k)
 DEF_Q8DOT(q5_k)
 DEF_Q8DOT(q6_k)
 
+/* ---- Q8_0 and Q4_0: one integer a block ---------------------------------------- */
+
+/* Several tokens: the tokens side by side in a register's lanes (struct
+ * kn_cpu_q8_in's xi), each weight row's four bytes at a time broadcast to
+ * every lane, so a lane sums its token's block products into one integer and
+ * adds it times the scales into its own accumulator: no reduction, and the
+ * weight's unpacking shared by the register's tokens. AVX-512 VNNI: 16
+ * tokens to a register; AVX2: 8, a group of 16 in two halves. */
+#if Q8T_VNNI && Q8T_ZMM
+#define Q8_TL 16
+typedef __m512i q8vi;
+typedef __m512 q8vf;
+#define vi_load(p)      _mm512_loadu_si512((const void *)(p))
+#define vf_load(p)      _mm512_loadu_ps(p)
+#define vi_bcast4(p)    _mm512_set1_epi32((int)u32le(p))
+#define vi_set1_8(v)    _mm512_set1_epi8((char)(v))
+#define vi_and(a, b)    _mm512_and_si512(a, b)
+#define vi_xor(a, b)    _mm512_xor_si512(a, b)
+#define vi_add(a, b)    _mm512_add_epi32(a, b)
+#define vi_srai4(a)     _mm512_srai_epi32(a, 4)
+#define vi_zero()       _mm512_setzero_si512()
+#define vi_dot(c, u, s) _mm512_dpbusd_epi32(c, u, s)
+#define vf_zero()       _mm512_setzero_ps()
+#define vf_set1(v)      _mm512_set1_ps(v)
+#define vf_mul(a, b)    _mm512_mul_ps(a, b)
+#define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vf_cvt(a)       _mm512_cvtepi32_ps(a)
+#define vf_store(p, a)  _mm512_storeu_ps(p, a)
+#else
+#define Q8_TL           8
+typedef __m256i q8vi;
+typedef __m256 q8vf;
+#define vi_load(p)      _mm256_loadu_si256((const __m256i *)(p))
+#define vf_load(p)      _mm256_loadu_ps(p)
+#define vi_bcast4(p)    _mm256_set1_epi32((int)u32le(p))
+#define vi_set1_8(v)    _mm256_set1_epi8((char)(v))
+#define vi_and(a, b)    _mm256_and_si256(a, b)
+#define vi_xor(a, b)    _mm256_xor_si256(a, b)
+#define vi_add(a, b)    _mm256_add_epi32(a, b)
+#define vi_srai4(a)     _mm256_srai_epi32(a, 4)
+#define vi_zero()       _mm256_setzero_si256()
+#define vi_dot(c, u, s) dot4(c, u, s)
+#define vf_zero()       _mm256_setzero_ps()
+#define vf_set1(v)      _mm256_set1_ps(v)
+#define vf_mul(a, b)    _mm256_mul_ps(a, b)
+#define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vf_cvt(a)       _mm256_cvtepi32_ps(a)
+#define vf_store(p, a)  _mm256_storeu_ps(p, a)
+#endif
+
+/* Rows of a tile of tokens side by side. */
+#define Q8_TR 4
+
+/* Block b of a weight row (blk) against the tokens' block (X: its eight
+ * four-element groups, so: the offset's start), as one integer a lane. */
+Q8T_ATTR static inline AI q8vi int_block(const enum q8_kind kind, const uint8_t *blk, const q8vi *X,
+                                         q8vi so) {
+  if (kind == Q8K_Q4_0) {
+#if Q8T_VNNI
+    /* the high nibbles in place (16 q): their sum is 16 times theirs, exactly */
+    q8vi lo = so, hi = vi_zero();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const q8vi v = vi_bcast4(blk + 2 + 4 * k);
+      lo = vi_dot(lo, vi_and(v, vi_set1_8(0x0F)), X[k]);
+      hi = vi_dot(hi, vi_and(v, vi_set1_8(0xF0)), X[k + 4]);
+    }
+    return vi_add(lo, vi_srai4(hi));
+#else
+    q8vi p = so; /* vpmaddubsw's pairs would saturate with 16 q: shifted down */
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const q8vi v = vi_bcast4(blk + 2 + 4 * k);
+      p = vi_dot(p, vi_and(v, vi_set1_8(0x0F)), X[k]);
+      p = vi_dot(p, vi_and(_mm256_srli_epi16(v, 4), vi_set1_8(0x0F)), X[k + 4]);
+    }
+    return p;
+#endif
+  }
+#if Q8T_VNNI
+  /* Q8_0: w + 128 unsigned against x, from -128 times the inputs' sum (so) */
+  q8vi e = so, o = vi_zero();
+#pragma GCC unroll 4
+  for (int k = 0; k < 8; k += 2) {
+    e = vi_dot(e, vi_xor(vi_bcast4(blk + 2 + 4 * k), vi_set1_8(0x80)), X[k]);
+    o = vi_dot(o, vi_xor(vi_bcast4(blk + 6 + 4 * k), vi_set1_8(0x80)), X[k + 1]);
+  }
+  return vi_add(e, o);
+#else
+  /* Q8_0: |w| against x with w's sign (inputs are never -128) */
+  q8vi p = vi_zero();
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; k++) {
+    const q8vi v = vi_bcast4(blk + 2 + 4 * k);
+    p = vi_dot(p, _mm256_abs_epi8(v), _mm256_sign_epi8(X[k], v));
+  }
+  (void)so;
+  return p;
+#endif
+}
+
+/* Rows rp[0 .. Q8_TR) (the last valid one repeated past nr) against the
+ * Q8_TL tokens of half h of token group g (nt of them real): out[u * ldo +
+ * r] for u < nt, r < nr. */
+Q8T_ATTR static inline AI void tok_tile(const enum q8_kind kind, float *out, ptrdiff_t ldo,
+                                        const struct kn_cpu_q8_in *x, size_t g, int h, int nt,
+                                        const uint8_t *const *rp, int nr, int B, int acc) {
+  q8vf f[Q8_TR];
+#pragma GCC unroll 8
+  for (int r = 0; r < Q8_TR; r++)
+    f[r] = vf_zero();
+  for (int b = 0; b < B; b++) {
+    const size_t gb = g * (size_t)B + (size_t)b;
+    const int8_t *xb = x->xi + gb * 512 + (size_t)h * (Q8_TL * 4);
+    q8vi X[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+      X[k] = vi_load(xb + 64 * k);
+    const q8vf dx = vf_load(x->di + gb * 16 + (size_t)h * Q8_TL);
+    const q8vi so = vi_load(x->si + gb * 16 + (size_t)h * Q8_TL);
+#pragma GCC unroll 8
+    for (int r = 0; r < Q8_TR; r++) {
+      const uint8_t *blk = rp[r] + (size_t)b * kind_bytes(kind);
+      const q8vi p = int_block(kind, blk, X, so);
+      f[r] = vf_fma(vf_cvt(p), vf_mul(vf_set1(h16(blk)), dx), f[r]);
+    }
+  }
+  float v[Q8_TL];
+#pragma GCC unroll 8
+  for (int r = 0; r < Q8_TR; r++) {
+    if (r >= nr) break;
+    vf_store(v, f[r]);
+    for (int u = 0; u < nt; u++)
+      put1(out + (ptrdiff_t)u * ldo + r, v[u], acc);
+  }
+}
+
+/* The lanes' sums of eight vectors: lane i of the result is p[i]'s. */
+KN_AVX2 static inline AI __m256i hsum8_epi32(const __m256i *p) {
+  __m256i a0 = _mm256_hadd_epi32(p[0], p[1]), a1 = _mm256_hadd_epi32(p[2], p[3]);
+  __m256i a2 = _mm256_hadd_epi32(p[4], p[5]), a3 = _mm256_hadd_epi32(p[6], p[7]);
+  __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
+                          _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+/* The f16 scales at p[r] + off of eight rows, as f32 lanes. */
+KN_AVX2 static inline AI __m256 scales8(const uint8_t *const *p, size_t off) {
+  uint16_t h[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; r++)
+    memcpy(&h[r], p[r] + off, 2);
+  return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
+                                        (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
+}
+
+/* One token (decode): eight rows rp[] (the last valid one repeated past nr)
+ * side by side in the lanes, each row's block summed in a register of its
+ * own and the eight reduced together into one: out[r] for r < nr. Q4_0 takes
+ * blocks in pairs (b, b + 1): one load of both blocks' nibbles gives their
+ * low ones (elements 0..15 of b in lanes 0..3, of b + 1 in lanes 4..7) after
+ * a mask and their high ones after a shift, so a row's register holds both
+ * blocks' sums, four lanes each; the offset's term (the sum of the block's s
+ * lanes) is added once the rows are reduced. */
+Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, float *out,
+                                        const struct kn_cpu_q8_in *x, int t,
+                                        const uint8_t *const *rp, int nr, int B, int acc) {
+  const uint8_t *xr = x->q + (size_t)t * x->ldq;
+  const float *dx = x->d + (size_t)t * (size_t)B;
+  const int32_t *s = x->s + (size_t)t * (size_t)B * 8;
+  const size_t kb = kind_bytes(kind);
+  __m256 f = _mm256_setzero_ps();
+  int b = 0;
+  if (kind == Q8K_Q4_0)
+    for (; b + 2 <= B; b += 2) {
+      const uint8_t *x0 = xr + (size_t)b * 34 + 2, *x1 = x0 + 34;
+      const __m256i xl = _mm256_loadu2_m128i((const __m128i *)x1, (const __m128i *)x0),
+                    xh =
+                        _mm256_loadu2_m128i((const __m128i *)(x1 + 16), (const __m128i *)(x0 + 16));
+      __m256i p[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++) {
+        const uint8_t *b0 = rp[r] + (size_t)b * 18 + 2;
+        const __m256i v = _mm256_loadu2_m128i((const __m128i *)(b0 + 18), (const __m128i *)b0);
+        const __m256i m4 = _mm256_set1_epi8(0xF);
+        p[r] = dot4(dot4(_mm256_setzero_si256(), _mm256_and_si256(v, m4), xl),
+                    _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xh);
+      }
+      /* the rows' (b, b + 1) sums: lanes 0..3 rows 0..3 of b, 4..7 of b + 1 */
+      __m256i a0 = _mm256_hadd_epi32(p[0], p[1]), a1 = _mm256_hadd_epi32(p[2], p[3]);
+      __m256i a2 = _mm256_hadd_epi32(p[4], p[5]), a3 = _mm256_hadd_epi32(p[6], p[7]);
+      const __m256i lo = _mm256_hadd_epi32(a0, a1), hi = _mm256_hadd_epi32(a2, a3);
+      __m256i s0 = _mm256_permute2x128_si256(lo, hi, 0x20),
+              s1 = _mm256_permute2x128_si256(lo, hi, 0x31);
+      int o0 = 0, o1 = 0;
+      for (int l = 0; l < 8; l++)
+        o0 += s[(size_t)b * 8 + l], o1 += s[(size_t)b * 8 + 8 + l];
+      s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(o0));
+      s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(o1));
+      f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
+                          _mm256_mul_ps(scales8(rp, (size_t)b * 18), _mm256_set1_ps(dx[b])), f);
+      f = _mm256_fmadd_ps(
+          _mm256_cvtepi32_ps(s1),
+          _mm256_mul_ps(scales8(rp, (size_t)b * 18 + 18), _mm256_set1_ps(dx[b + 1])), f);
+    }
+  for (; b < B; b++) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + (size_t)b * 34 + 2));
+    const __m256i so = kind == Q8K_Q4_0 || Q8T_VNNI
+                           ? _mm256_loadu_si256((const __m256i *)(s + (size_t)b * 8))
+                           : _mm256_setzero_si256();
+    __m256i p[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+      const uint8_t *blk = rp[r] + (size_t)b * kb;
+      if (kind == Q8K_Q4_0) {
+        p[r] = dot4(so, nib32(blk + 2), xv);
+      } else {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+#if Q8T_VNNI
+        p[r] = dot4(so, _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80)), xv);
+#else
+        p[r] = dot4(so, _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+#endif
+      }
+    }
+    f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_epi32(p)),
+                        _mm256_mul_ps(scales8(rp, (size_t)b * kb), _mm256_set1_ps(dx[b])), f);
+  }
+  float v[8];
+  _mm256_storeu_ps(v, f);
+  for (int r = 0; r < nr; r++)
+    put1(out + r, v[r], acc);
+}
+
+/* The rows from j, Q8_TR or 8 of them, the last valid one repeated. */
+static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, size_t row_bytes,
+                                int j, int nr) {
+  for (int r = 0; r < R; r++)
+    rp[r] = w + (size_t)(j + (r < nr ? r : nr - 1)) * row_bytes;
+}
+
+Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrdiff_t ldo,
+                                       const struct kn_cpu_q8_in *x, const uint8_t *w,
+                                       size_t row_bytes, int K, int T, int n, int acc) {
+  const int B = K / 32;
+  const uint8_t *rp[8];
+  if (x->xi) { /* token groups outside: a group's inputs stay near across the rows */
+    for (int t0 = 0; t0 < T; t0 += Q8_TL) {
+      const int nt = T - t0 < Q8_TL ? T - t0 : Q8_TL;
+      for (int j = 0; j < n; j += Q8_TR) {
+        const int nr = n - j < Q8_TR ? n - j : Q8_TR;
+        tile_rows(rp, Q8_TR, w, row_bytes, j, nr);
+        tok_tile(kind, out + (ptrdiff_t)t0 * ldo + j, ldo, x, (size_t)t0 / 16, t0 % 16 / Q8_TL, nt,
+                 rp, nr, B, acc);
+      }
+    }
+    return;
+  }
+  /* a few tokens: groups of rows that fit L1, each swept for every token */
+  int G = (int)(Q8_GROUP_BYTES / row_bytes) / 8 * 8;
+  if (G < 8) G = 8;
+  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* the first byte not prefetched */
+  for (int j0 = 0; j0 < n; j0 += G) {
+    const int j1 = j0 + G < n ? j0 + G : n;
+    for (int t = 0; t < T; t++)
+      for (int j = j0; j < j1; j += 8) {
+        if (t == 0) { /* each row comes from memory once: ask for it ahead */
+          const uint8_t *want = w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES;
+          for (want = want < end ? want : end; pf < want; pf += 64)
+            _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        }
+        const int nr = j1 - j < 8 ? j1 - j : 8;
+        tile_rows(rp, 8, w, row_bytes, j, nr);
+        row_tile(kind, out + (ptrdiff_t)t * ldo + j, x, t, rp, nr, B, acc);
+      }
+  }
+}
+
+Q8T_ATTR static void q8dot_q8_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  int_dot(Q8K_Q8_0, out, ldo, x, w, row_bytes, K, T, n, acc);
+}
+Q8T_ATTR static void q8dot_q4_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  int_dot(Q8K_Q4_0, out, ldo, x, w, row_bytes, K, T, n, acc);
+}
+
+/* ---- the inputs ----------------------------------------------------------------- */
+
+/* kn_cpu_dsp.q8_prep: kn_quantize_row's Q8_0 blocks (d = amax / 127, q =
+ * roundf(x / d), halves away from zero: the truncation plus one away from
+ * zero where the part cut off is half or more, exact) and the lane sums. */
+Q8T_ATTR static void q8_prep_vec(const float *x, int K, uint8_t *q, float *d, int32_t *s,
+                                 int shift) {
+  const __m256 sgn = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int b = 0; b < K / 32; b++) {
+    const float *xb = x + (size_t)b * 32;
+    __m256 v[4], big = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) { /* vmaxps keeps big where |x| is NaN, as the reference */
+      v[k] = _mm256_loadu_ps(xb + 8 * k);
+      big = _mm256_max_ps(_mm256_andnot_ps(sgn, v[k]), big);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(big), _mm256_extractf128_ps(big, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    const float amax = _mm_cvtss_f32(m), db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
+    const uint16_t h = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(db), 0), 0);
+    uint8_t *qb = q + (size_t)b * 34;
+    memcpy(qb, &h, 2);
+    d[b] = _cvtsh_ss(h);
+    __m256i r[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const __m256 y = _mm256_mul_ps(v[k], _mm256_set1_ps(id));
+      const __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sgn, _mm256_sub_ps(y, t)), half, _CMP_GE_OQ);
+      const __m256 away = _mm256_or_ps(_mm256_and_ps(y, sgn), one);
+      r[k] = _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, away)));
+    }
+    /* 32 int32 to 32 int8 in order: packs interleave the 128-bit halves */
+    __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+    w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)(qb + 2), w);
+    __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, w), _mm256_set1_epi16(1));
+    if (shift) l = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(l, shift));
+    _mm256_storeu_si256((__m256i *)(s + (size_t)b * 8), l);
+  }
+}
+
 /* The table's entries. */
 static inline void q8t_init(struct kn_cpu_dsp *dsp) {
+  dsp->q8_prep = q8_prep_vec;
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
   dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;

@@ -1,9 +1,9 @@
 /* kn-cpu-q8-vnni.c — the q8 mode's register tiles (kn-cpu-q8-tile.h) with
- * AVX-512 VNNI's vpdpbusd on 256-bit registers: four products summed into a
- * lane in one instruction (the same integer as vpmaddubsw + vpmaddwd), and
- * AVX-512VL's 32 vector registers for tiles of 4 rows x 4 tokens (decode: 4
- * rows side by side; Q4_0 two rows to a 512-bit register). The reference's bits (kn-cpu-q8.c), as
- * the AVX2 tiles. */
+ * AVX-512 VNNI's vpdpbusd: four products summed into a lane in one
+ * instruction (the same integer as vpmaddubsw + vpmaddwd), AVX-512VL's 32
+ * vector registers for tiles of 4 rows x 4 tokens, and Q8_0 / Q4_0 against
+ * 16 tokens side by side in 512-bit registers. The reference's bits
+ * (kn-cpu-q8.c), as the AVX2 tiles. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,6 +14,7 @@
 #define Q8T_ATTR                                                                                   \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define Q8T_VNNI 1
+#define Q8T_ZMM  1
 #define Q8_R     4
 #define Q8_U     4
 #define Q8_R1    4

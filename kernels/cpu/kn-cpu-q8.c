@@ -1,13 +1,23 @@
 /* kn-cpu-q8.c — the q8 mode's reference dot products (kn_cpu_dsp.q8dot): the
  * block formats' weights, 32 elements at a time (a Q8_0 / Q4_0 / Q4_1 / Q5_0 /
  * Q5_1 block, a K-quant's sub-block), against inputs rounded to Q8_0 blocks.
- * Integer products are summed exactly in groups of four elements (the lanes
- * of the AVX2 kernels); each group's sum times the two blocks' scales is
- * added into its lane's f32 accumulator with one rounding (fmaf), and for the
- * formats with a min then the group's input sum times the min and the input's
- * scale, the same way; even and odd blocks go into two accumulators (two
- * independent chains for the kernels), added lane by lane at the end, then
- * the lanes reduced as kn_avx2_hsum does. The AVX2 versions give these bits. */
+ *
+ * Q8_0 and Q4_0 (the files llama.cpp's users run most): a block's 32 integer
+ * products are one exact sum, which times the two blocks' scales is added
+ * into the output's f32 accumulator with one rounding (fmaf), block after
+ * block, as llama.cpp's kernels do. The kernels then put outputs, not a
+ * block's elements, side by side in a register's lanes (tokens when there
+ * are several, rows when there is one), so a lane needs no reduction.
+ *
+ * The other formats: integer products are summed exactly in groups of four
+ * elements (the lanes of the AVX2 kernels); each group's sum times the two
+ * blocks' scales is added into its lane's f32 accumulator with one rounding
+ * (fmaf), and for the formats with a min then the group's input sum times
+ * the min and the input's scale, the same way; even and odd blocks go into
+ * two accumulators (two independent chains for the kernels), added lane by
+ * lane at the end, then the lanes reduced as kn_avx2_hsum does.
+ *
+ * The AVX2 and AVX-512 VNNI versions give these bits. */
 #include <math.h>
 #include <stdint.h>
 
@@ -144,14 +154,43 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
     }
 }
 
+/* Q8_0 and Q4_0: one integer a block, one multiply-add a block. */
+static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                          const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  const int B = K / 32;
+  int q[32];
+  float dw[8], m = 0.0f;
+  for (int j = 0; j < n; j++)
+    for (int t = 0; t < T; t++) {
+      const uint8_t *xr = x + (size_t)t * ldx;
+      float a = 0.0f;
+      for (int b = 0; b < B; b++) {
+        weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
+        const uint8_t *xb = xr + (size_t)b * 34;
+        int p = 0;
+        for (int e = 0; e < 32; e++)
+          p += q[e] * (int8_t)xb[2 + e];
+        a = fmaf((float)p, dw[0] * kn_le_f16(xb), a);
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      *o = acc ? *o + a : a;
+    }
+}
+
 #define DEF_REF(SUF, DT)                                                                           \
   static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,                 \
                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {      \
     q8dot_ref(DT, out, ldo, x->q, x->ldq, w, row_bytes, K, T, n, acc);                             \
   }
 
-DEF_REF(q8_0, KN_DTYPE_Q8_0)
-DEF_REF(q4_0, KN_DTYPE_Q4_0)
+#define DEF_INT_REF(SUF, DT)                                                                       \
+  static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,                 \
+                          const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {      \
+    q8dot_int_ref(DT, out, ldo, x->q, x->ldq, w, row_bytes, K, T, n, acc);                         \
+  }
+
+DEF_INT_REF(q8_0, KN_DTYPE_Q8_0)
+DEF_INT_REF(q4_0, KN_DTYPE_Q4_0)
 DEF_REF(q4_1, KN_DTYPE_Q4_1)
 DEF_REF(q5_0, KN_DTYPE_Q5_0)
 DEF_REF(q5_1, KN_DTYPE_Q5_1)
@@ -159,7 +198,20 @@ DEF_REF(q4_k, KN_DTYPE_Q4_K)
 DEF_REF(q5_k, KN_DTYPE_Q5_K)
 DEF_REF(q6_k, KN_DTYPE_Q6_K)
 
+static void q8_prep_ref(const float *x, int K, uint8_t *q, float *d, int32_t *s, int shift) {
+  kn_quantize_row(KN_DTYPE_Q8_0, x, q, (size_t)K);
+  for (int b = 0; b < K / 32; b++) {
+    d[b] = kn_le_f16(q + (size_t)b * 34);
+    for (int l = 0; l < 8; l++) {
+      const int8_t *v = (const int8_t *)q + (size_t)b * 34 + 2 + 4 * l;
+      const int sum = v[0] + v[1] + v[2] + v[3];
+      s[b * 8 + l] = shift ? -sum * (1 << shift) : sum;
+    }
+  }
+}
+
 void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp) {
+  dsp->q8_prep = q8_prep_ref;
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
   dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;

@@ -15,6 +15,7 @@
 
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
+#include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-backend-impl.h"
 #include "kernels/kn-quant.h"
 #include "kernels/kn-registry.h"
@@ -351,6 +352,51 @@ TH_TEST(q8_mode_integer_dot_products) {
   int mode = -1;
   char err[128];
   TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
+}
+
+/* The q8 mode's input rows: every table rounds them as kn_quantize_row does
+ * (halves away from zero, where a vector round would go to even), with the
+ * same scales and lane sums, on blocks made to hit those cases. */
+TH_TEST(q8_inputs_rounded_as_the_reference_on_every_table) {
+  enum { K = 32 * 8 };
+  float x[K];
+  kt_seed(11);
+  float *r = kt_rand_tensor(KN_DTYPE_F32, K, 3.0f);
+  memcpy(x, r, sizeof x);
+  free(r);
+  for (int j = 0; j < 32; j++) { /* amax 127: d 1, so x * id = x, halves exactly */
+    x[j] = (float)(j - 16) + 0.5f;
+    x[32 + j] = 0.0f;                                    /* a zero block */
+    x[64 + j] = (j - 16) * 1e-9f;                        /* d under f16's smallest */
+    x[96 + j] = (j & 1 ? -1.0f : 1.0f) * 0.49999997f;    /* below a half, not one */
+    x[128 + j] = (j & 1 ? -1.0f : 1.0f) * j * 2.5f / 31; /* amax 2.5 */
+  }
+  x[31] = x[96] = 127.0f; /* d 1 in the block below a half too */
+  uint8_t q0[K / 32 * 34], q1[K / 32 * 34];
+  float d0[K / 32], d1[K / 32];
+  int32_t s0[K / 4], s1[K / 4];
+  struct kn_backend *ref = NULL;
+  TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_REF, 1, &ref) == 0);
+  const struct kn_cpu_dsp *rd = &((struct kn_cpu_ctx *)ref->ctx)->dsp;
+  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
+    struct kn_backend *be = NULL;
+    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 1, &be) == 0);
+    const struct kn_cpu_dsp *dsp = &((struct kn_cpu_ctx *)be->ctx)->dsp;
+    for (int shift = 0; shift <= 7; shift += 7) {
+      rd->q8_prep(x, K, q0, d0, s0, shift);
+      dsp->q8_prep(x, K, q1, d1, s1, shift);
+      TH_CHECK(memcmp(q0, q1, sizeof q0) == 0);
+      TH_CHECK(memcmp(d0, d1, sizeof d0) == 0);
+      TH_CHECK(memcmp(s0, s1, sizeof s0) == 0);
+    }
+    kn_backend_destroy(be);
+  }
+  /* the reference itself: the halves went away from zero */
+  TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, x, q0, K) == 0);
+  TH_CHECK_EQ_INT((int8_t)q0[2 + 18], 3);  /* 2.5 */
+  TH_CHECK_EQ_INT((int8_t)q0[2 + 13], -3); /* -2.5 */
+  TH_CHECK_EQ_INT((int8_t)q0[3 * 34 + 3], 0);
+  kn_backend_destroy(ref);
 }
 
 /* The CPU's matmul and embedding behind an alias table, one result nudged for
