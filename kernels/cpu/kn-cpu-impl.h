@@ -101,21 +101,22 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
  * Q6_K: -32, Q8_0: -128 for w + 128 unsigned; the others: the sum).
  *
  * For Q8_0 and Q4_0 weights and at least KN_CPU_Q8_TOKENS tokens, the same
- * with tokens side by side (NULL otherwise): groups of 16 tokens (the last
- * one padded with zeros), in each group block b's elements 4j .. 4j + 3 of
- * every token in turn (xi: [T / 16][K / 32][8][16][4] bytes), so that one
- * 32-bit broadcast of four weights meets 16 tokens' four inputs; di the
- * scales ([T / 16][K / 32][16]) and si the blocks' input sums times the
- * offset ([T / 16][K / 32][16]: the sum of s's 8 lanes). The reference reads
- * q alone. */
+ * with tokens side by side (NULL otherwise): groups of KN_CPU_Q8_GROUP (32)
+ * tokens, the last one padded with zeros, in each group block b's elements
+ * 4j .. 4j + 3 of every token in turn (xi: [T / 32][K / 32][8][32][4] bytes),
+ * so that one 32-bit broadcast of four weights meets the four inputs of a
+ * register's tokens; di the scales ([T / 32][K / 32][32]) and si the blocks'
+ * input sums times the offset ([T / 32][K / 32][32]: the sum of s's 8
+ * lanes). The reference reads q alone. */
 #define KN_CPU_Q8_TOKENS 4
+#define KN_CPU_Q8_GROUP  32
 struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
   const float *d;    /* [T][K / 32] */
   const int32_t *s;  /* [T][K / 32][8] */
-  const int8_t *xi;  /* [T / 16][K / 32][8][16][4] */
-  const float *di;   /* [T / 16][K / 32][16] */
-  const int32_t *si; /* [T / 16][K / 32][16] */
+  const int8_t *xi;  /* [T / 32][K / 32][8][32][4] */
+  const float *di;   /* [T / 32][K / 32][32] */
+  const int32_t *si; /* [T / 32][K / 32][32] */
   size_t ldq;        /* bytes */
 };
 

@@ -298,8 +298,8 @@ static void q8_run(void *arg, long long u0, long long u1, int ith) {
  * kn_cpu_q8_in has them for the weights' offset (shift: its log2, 0 for
  * none), a token a unit (dsp.q8_prep: Q8_0 blocks as llama.cpp rounds them,
  * their scales in f32, each lane's input sum times -(1 << shift)); with xi, a
- * group of 16 tokens a unit, then put side by side (the padding of the last
- * group is zeroed before). */
+ * group of KN_CPU_Q8_GROUP tokens a unit, then put side by side (the padding
+ * of the last group is zeroed before). */
 struct q8_prep {
   const struct kn_cpu_dsp *dsp;
   const float *in;
@@ -316,7 +316,7 @@ struct q8_prep {
 
 static void q8_prep_run(void *arg, long long u0, long long u1, int ith) {
   const struct q8_prep *p = arg;
-  const int B = p->K / 32, per = p->xi ? 16 : 1; /* a unit: a token, or a group of 16 */
+  const int B = p->K / 32, per = p->xi ? KN_CPU_Q8_GROUP : 1; /* a token, or a group */
   (void)ith;
   for (long long u = u0; u < u1; u++) {
     const int t0 = (int)u * per, nt = p->T - t0 < per ? p->T - t0 : per;
@@ -326,15 +326,16 @@ static void q8_prep_run(void *arg, long long u0, long long u1, int ith) {
     if (!p->xi) continue;
     for (int b = 0; b < B; b++) { /* the group's tokens side by side, written in order */
       const size_t gb = (size_t)u * (size_t)B + (size_t)b;
-      int8_t *xi = p->xi + gb * 512;
+      int8_t *xi = p->xi + gb * 8 * 4 * KN_CPU_Q8_GROUP;
       for (int j = 0; j < 8; j++)
         for (int l = 0; l < nt; l++)
-          memcpy(xi + 64 * j + 4 * l, p->q + (size_t)(t0 + l) * p->ldq + (size_t)b * 34 + 2 + 4 * j,
-                 4);
+          memcpy(xi + 4 * KN_CPU_Q8_GROUP * j + 4 * l,
+                 p->q + (size_t)(t0 + l) * p->ldq + (size_t)b * 34 + 2 + 4 * j, 4);
       for (int l = 0; l < nt; l++) {
         const int32_t *s = p->s + ((size_t)(t0 + l) * (size_t)B + (size_t)b) * 8;
-        p->di[gb * 16 + (size_t)l] = p->d[(size_t)(t0 + l) * (size_t)B + (size_t)b];
-        p->si[gb * 16 + (size_t)l] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+        p->di[gb * KN_CPU_Q8_GROUP + (size_t)l] = p->d[(size_t)(t0 + l) * (size_t)B + (size_t)b];
+        p->si[gb * KN_CPU_Q8_GROUP + (size_t)l] =
+            s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
       }
     }
   }
@@ -370,18 +371,18 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                                : dt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI decode) */
                                                      : 0};
   if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0) && T >= KN_CPU_Q8_TOKENS) {
-    const size_t G = ((size_t)T + 15) / 16, per = B * (8 * 64 + 16 * 4 + 16 * 4);
-    if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * per, 1))) return rc;
+    const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;
+    if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * (xb + 2 * B * 4 * GS), 1))) return rc;
     p.xi = (int8_t *)ctx->xp;
-    p.di = (float *)(ctx->xp + G * B * 512);
-    p.si = (int32_t *)(ctx->xp + G * B * 576);
-    if (T % 16) { /* the last group's padding: zero inputs, scales and sums */
-      memset(p.xi + (G - 1) * B * 512, 0, B * 512);
-      memset(p.di + (G - 1) * B * 16, 0, B * 64);
-      memset(p.si + (G - 1) * B * 16, 0, B * 64);
+    p.di = (float *)(ctx->xp + G * xb);
+    p.si = (int32_t *)(ctx->xp + G * xb + G * B * 4 * GS);
+    if (T % GS) { /* the last group's padding: zero inputs, scales and sums */
+      memset(p.xi + (G - 1) * xb, 0, xb);
+      memset(p.di + (G - 1) * B * GS, 0, B * 4 * GS);
+      memset(p.si + (G - 1) * B * GS, 0, B * 4 * GS);
     }
   }
-  const long long units = p.xi ? (T + 15) / 16 : T;
+  const long long units = p.xi ? (T + KN_CPU_Q8_GROUP - 1) / KN_CPU_Q8_GROUP : T;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * K * 16, units, 1), q8_prep_run, &p);
   q->ctx = ctx;
   q->x = (struct kn_cpu_q8_in){

@@ -480,91 +480,151 @@ typedef __m256 q8vf;
 #define vf_store(p, a)  _mm256_storeu_ps(p, a)
 #endif
 
-/* Rows of a tile of tokens side by side. */
+/* Rows of a tile of tokens side by side, and its registers of tokens (NG of
+ * Q8_TL each): a weight's unpacking is shared by Q8_NG * Q8_TL tokens. */
+#if Q8T_ZMM
 #define Q8_TR 4
+#else
+#define Q8_TR 2 /* AVX2's 16 registers */
+#endif
+#define Q8_NG 2
 
-/* Block b of a weight row (blk) against the tokens' block (X: its eight
- * four-element groups, so: the offset's start), as one integer a lane. */
-Q8T_ATTR static inline AI q8vi int_block(const enum q8_kind kind, const uint8_t *blk, const q8vi *X,
-                                         q8vi so) {
+/* Rows whose results a sweep of tiles puts in a buffer first, and its stride
+ * (not a power of two). */
+#define Q8_SR  64
+#define Q8_SLD (Q8_SR + 8)
+
+/* Token register v's inputs from block 0 (struct kn_cpu_q8_in's xi, di, si):
+ * block b's at x + Q8_XB b (four elements j at + 4 * KN_CPU_Q8_GROUP * j),
+ * d + KN_CPU_Q8_GROUP b, s + KN_CPU_Q8_GROUP b. */
+#define Q8_XB (8 * 4 * KN_CPU_Q8_GROUP)
+struct q8_tv {
+  const int8_t *x;
+  const float *d;
+  const int32_t *s;
+};
+
+static inline AI struct q8_tv tv_at(const struct kn_cpu_q8_in *in, int B, int v) {
+  const size_t GS = KN_CPU_Q8_GROUP, g = (size_t)v * Q8_TL / GS, h = (size_t)v * Q8_TL % GS;
+  return (struct q8_tv){in->xi + g * (size_t)B * Q8_XB + h * 4, in->di + g * (size_t)B * GS + h,
+                        in->si + g * (size_t)B * GS + h};
+}
+
+/* Block b of a weight row (blk) against NG token registers' block, as one
+ * integer a lane each: p[g] (the offset's term included). */
+Q8T_ATTR static inline AI void int_block(const enum q8_kind kind, const int NG, const uint8_t *blk,
+                                         const struct q8_tv *tv, size_t b, q8vi *p) {
+#define XQ(g, k) vi_load(tv[g].x + Q8_XB * b + 4 * KN_CPU_Q8_GROUP * (k))
+#define SO(g)    vi_load(tv[g].s + KN_CPU_Q8_GROUP * b)
   if (kind == Q8K_Q4_0) {
 #if Q8T_VNNI
     /* the high nibbles in place (16 q): their sum is 16 times theirs, exactly */
-    q8vi lo = so, hi = vi_zero();
+    q8vi lo[Q8_NG], hi[Q8_NG];
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+      lo[g] = SO(g), hi[g] = vi_zero();
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-      const q8vi v = vi_bcast4(blk + 2 + 4 * k);
-      lo = vi_dot(lo, vi_and(v, vi_set1_8(0x0F)), X[k]);
-      hi = vi_dot(hi, vi_and(v, vi_set1_8(0xF0)), X[k + 4]);
+      const q8vi v = vi_bcast4(blk + 2 + 4 * k), l = vi_and(v, vi_set1_8(0x0F)),
+                 h = vi_and(v, vi_set1_8(0xF0));
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; g++) {
+        lo[g] = vi_dot(lo[g], l, XQ(g, k));
+        hi[g] = vi_dot(hi[g], h, XQ(g, k + 4));
+      }
     }
-    return vi_add(lo, vi_srai4(hi));
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+      p[g] = vi_add(lo[g], vi_srai4(hi[g]));
 #else
-    q8vi p = so; /* vpmaddubsw's pairs would saturate with 16 q: shifted down */
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) /* vpmaddubsw's pairs would saturate with 16 q */
+      p[g] = SO(g);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-      const q8vi v = vi_bcast4(blk + 2 + 4 * k);
-      p = vi_dot(p, vi_and(v, vi_set1_8(0x0F)), X[k]);
-      p = vi_dot(p, vi_and(_mm256_srli_epi16(v, 4), vi_set1_8(0x0F)), X[k + 4]);
+      const q8vi v = vi_bcast4(blk + 2 + 4 * k), l = vi_and(v, vi_set1_8(0x0F)),
+                 h = vi_and(_mm256_srli_epi16(v, 4), vi_set1_8(0x0F));
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; g++)
+        p[g] = vi_dot(vi_dot(p[g], l, XQ(g, k)), h, XQ(g, k + 4));
     }
-    return p;
 #endif
+    return;
   }
 #if Q8T_VNNI
-  /* Q8_0: w + 128 unsigned against x, from -128 times the inputs' sum (so) */
-  q8vi e = so, o = vi_zero();
+  /* Q8_0: w + 128 unsigned against x, from -128 times the inputs' sum */
+  q8vi e[Q8_NG], o[Q8_NG];
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++)
+    e[g] = SO(g), o[g] = vi_zero();
 #pragma GCC unroll 4
   for (int k = 0; k < 8; k += 2) {
-    e = vi_dot(e, vi_xor(vi_bcast4(blk + 2 + 4 * k), vi_set1_8(0x80)), X[k]);
-    o = vi_dot(o, vi_xor(vi_bcast4(blk + 6 + 4 * k), vi_set1_8(0x80)), X[k + 1]);
+    const q8vi u0 = vi_xor(vi_bcast4(blk + 2 + 4 * k), vi_set1_8(0x80)),
+               u1 = vi_xor(vi_bcast4(blk + 6 + 4 * k), vi_set1_8(0x80));
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+      e[g] = vi_dot(e[g], u0, XQ(g, k));
+      o[g] = vi_dot(o[g], u1, XQ(g, k + 1));
+    }
   }
-  return vi_add(e, o);
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++)
+    p[g] = vi_add(e[g], o[g]);
 #else
   /* Q8_0: |w| against x with w's sign (inputs are never -128) */
-  q8vi p = vi_zero();
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++)
+    p[g] = vi_zero();
 #pragma GCC unroll 8
   for (int k = 0; k < 8; k++) {
-    const q8vi v = vi_bcast4(blk + 2 + 4 * k);
-    p = vi_dot(p, _mm256_abs_epi8(v), _mm256_sign_epi8(X[k], v));
+    const q8vi v = vi_bcast4(blk + 2 + 4 * k), a = _mm256_abs_epi8(v);
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+      p[g] = vi_dot(p[g], a, _mm256_sign_epi8(XQ(g, k), v));
   }
-  (void)so;
-  return p;
 #endif
+#undef XQ
+#undef SO
 }
 
-/* Rows rp[0 .. Q8_TR) (the last valid one repeated past nr) against the
- * Q8_TL tokens of half h of token group g (nt of them real): out[u * ldo +
- * r] for u < nt, r < nr. */
-Q8T_ATTR static inline AI void tok_tile(const enum q8_kind kind, float *out, ptrdiff_t ldo,
-                                        const struct kn_cpu_q8_in *x, size_t g, int h, int nt,
-                                        const uint8_t *const *rp, int nr, int B, int acc) {
-  q8vf f[Q8_TR];
+/* Rows rp[0 .. Q8_TR) (the last valid one repeated past nr) against NG
+ * token registers from v0 (nt tokens real in all): out[u * ldo + r] = the
+ * sum for u < nt, r < nr. */
+Q8T_ATTR static inline AI void tok_tile(const enum q8_kind kind, const int NG, float *out,
+                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int v0, int nt,
+                                        const uint8_t *const *rp, int nr, int B) {
+  struct q8_tv tv[Q8_NG];
+  q8vf f[Q8_NG][Q8_TR];
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++) {
+    tv[g] = tv_at(x, B, v0 + g);
 #pragma GCC unroll 8
-  for (int r = 0; r < Q8_TR; r++)
-    f[r] = vf_zero();
+    for (int r = 0; r < Q8_TR; r++)
+      f[g][r] = vf_zero();
+  }
   for (int b = 0; b < B; b++) {
-    const size_t gb = g * (size_t)B + (size_t)b;
-    const int8_t *xb = x->xi + gb * 512 + (size_t)h * (Q8_TL * 4);
-    q8vi X[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++)
-      X[k] = vi_load(xb + 64 * k);
-    const q8vf dx = vf_load(x->di + gb * 16 + (size_t)h * Q8_TL);
-    const q8vi so = vi_load(x->si + gb * 16 + (size_t)h * Q8_TL);
 #pragma GCC unroll 8
     for (int r = 0; r < Q8_TR; r++) {
       const uint8_t *blk = rp[r] + (size_t)b * kind_bytes(kind);
-      const q8vi p = int_block(kind, blk, X, so);
-      f[r] = vf_fma(vf_cvt(p), vf_mul(vf_set1(h16(blk)), dx), f[r]);
+      q8vi p[Q8_NG];
+      int_block(kind, NG, blk, tv, (size_t)b, p);
+      const q8vf dw = vf_set1(h16(blk));
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; g++)
+        f[g][r] = vf_fma(vf_cvt(p[g]), vf_mul(dw, vf_load(tv[g].d + KN_CPU_Q8_GROUP * (size_t)b)),
+                         f[g][r]);
     }
   }
   float v[Q8_TL];
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++)
 #pragma GCC unroll 8
-  for (int r = 0; r < Q8_TR; r++) {
-    if (r >= nr) break;
-    vf_store(v, f[r]);
-    for (int u = 0; u < nt; u++)
-      put1(out + (ptrdiff_t)u * ldo + r, v[u], acc);
-  }
+    for (int r = 0; r < Q8_TR; r++) {
+      if (r >= nr) break;
+      vf_store(v, f[g][r]);
+      for (int u = 0; u < Q8_TL && g * Q8_TL + u < nt; u++)
+        out[(ptrdiff_t)(g * Q8_TL + u) * ldo + r] = v[u];
+    }
 }
 
 /* The lanes' sums of eight vectors: lane i of the result is p[i]'s. */
@@ -676,14 +736,27 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrd
                                        size_t row_bytes, int K, int T, int n, int acc) {
   const int B = K / 32;
   const uint8_t *rp[8];
-  if (x->xi) { /* token groups outside: a group's inputs stay near across the rows */
-    for (int t0 = 0; t0 < T; t0 += Q8_TL) {
-      const int nt = T - t0 < Q8_TL ? T - t0 : Q8_TL;
-      for (int j = 0; j < n; j += Q8_TR) {
-        const int nr = n - j < Q8_TR ? n - j : Q8_TR;
-        tile_rows(rp, Q8_TR, w, row_bytes, j, nr);
-        tok_tile(kind, out + (ptrdiff_t)t0 * ldo + j, ldo, x, (size_t)t0 / 16, t0 % 16 / Q8_TL, nt,
-                 rp, nr, B, acc);
+  if (x->xi) {
+    /* token registers outside, their inputs near across the rows; the tiles'
+     * results for Q8_SR rows go to a buffer first and then to out a token's
+     * row at a time (a tile writes a line for each of its tokens, and ldo is
+     * often a power of two: in out, those lines would share one L1 set) */
+    float sb[Q8_NG * Q8_TL * Q8_SLD] __attribute__((aligned(64)));
+    for (int t0 = 0; t0 < T; t0 += Q8_NG * Q8_TL) {
+      const int nt = T - t0 < Q8_NG * Q8_TL ? T - t0 : Q8_NG * Q8_TL;
+      for (int j0 = 0; j0 < n; j0 += Q8_SR) {
+        const int j1 = j0 + Q8_SR < n ? j0 + Q8_SR : n;
+        for (int j = j0; j < j1; j += Q8_TR) {
+          const int nr = j1 - j < Q8_TR ? j1 - j : Q8_TR;
+          tile_rows(rp, Q8_TR, w, row_bytes, j, nr);
+          if (nt > Q8_TL)
+            tok_tile(kind, Q8_NG, sb + (j - j0), Q8_SLD, x, t0 / Q8_TL, nt, rp, nr, B);
+          else
+            tok_tile(kind, 1, sb + (j - j0), Q8_SLD, x, t0 / Q8_TL, nt, rp, nr, B);
+        }
+        for (int u = 0; u < nt; u++)
+          for (int r = 0; r < j1 - j0; r++)
+            put1(out + (ptrdiff_t)(t0 + u) * ldo + j0 + r, sb[u * Q8_SLD + r], acc);
       }
     }
     return;
