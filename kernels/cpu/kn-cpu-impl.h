@@ -108,7 +108,7 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
  * register's tokens; di the scales ([T / 32][K / 32][32]) and si the blocks'
  * input sums times the offset ([T / 32][K / 32][32]: the sum of s's 8
  * lanes). The reference reads q alone. */
-#define KN_CPU_Q8_TOKENS 4
+#define KN_CPU_Q8_TOKENS 5
 #define KN_CPU_Q8_GROUP  32
 struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */

@@ -646,82 +646,118 @@ KN_AVX2 static inline AI __m256 scales8(const uint8_t *const *p, size_t off) {
                                         (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
-/* One token (decode): eight rows rp[] (the last valid one repeated past nr)
- * side by side in the lanes, each row's block summed in a register of its
- * own and the eight reduced together into one: out[r] for r < nr. Q4_0 takes
- * blocks in pairs (b, b + 1): one load of both blocks' nibbles gives their
- * low ones (elements 0..15 of b in lanes 0..3, of b + 1 in lanes 4..7) after
- * a mask and their high ones after a shift, so a row's register holds both
- * blocks' sums, four lanes each; the offset's term (the sum of the block's s
- * lanes) is added once the rows are reduced. */
-Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, float *out,
-                                        const struct kn_cpu_q8_in *x, int t,
+/* Tokens of a row tile (each weight block unpacked once for them). */
+#define Q8_RU 4
+
+/* Reduces eight rows' registers p[] and adds their sums (plus the offset's
+ * term o) times the scales into f: lane r is row r's. */
+KN_AVX2 static inline AI __m256 row_fma(__m256 f, const __m256i *p, int o, __m256 dw, float dx) {
+  const __m256i v = _mm256_add_epi32(hsum8_epi32(p), _mm256_set1_epi32(o));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), f);
+}
+
+/* U tokens from t (a few: decode, or a few sequences' steps): eight rows
+ * rp[] (the last valid one repeated past nr) side by side in the lanes, each
+ * row's block summed in a register of its own and the eight reduced together
+ * into one: out[u * ldo + r] for u < U, r < nr. Each weight block is
+ * unpacked once for the U tokens. Q4_0 takes blocks in pairs (b, b + 1): one
+ * load of both blocks' nibbles gives their low ones (elements 0..15 of b in
+ * lanes 0..3, of b + 1 in lanes 4..7) after a mask and their high ones after
+ * a shift, so a row's register holds both blocks' sums, four lanes each; the
+ * offset's term (the sum of the block's s lanes) is added once the rows are
+ * reduced. */
+Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, float *out,
+                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
                                         const uint8_t *const *rp, int nr, int B, int acc) {
+  const size_t kb = kind_bytes(kind), B8 = (size_t)B * 8;
   const uint8_t *xr = x->q + (size_t)t * x->ldq;
   const float *dx = x->d + (size_t)t * (size_t)B;
-  const int32_t *s = x->s + (size_t)t * (size_t)B * 8;
-  const size_t kb = kind_bytes(kind);
-  __m256 f = _mm256_setzero_ps();
+  const int32_t *s = x->s + (size_t)t * B8;
+  __m256 f[Q8_RU];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; u++)
+    f[u] = _mm256_setzero_ps();
   int b = 0;
   if (kind == Q8K_Q4_0)
     for (; b + 2 <= B; b += 2) {
-      const uint8_t *x0 = xr + (size_t)b * 34 + 2, *x1 = x0 + 34;
-      const __m256i xl = _mm256_loadu2_m128i((const __m128i *)x1, (const __m128i *)x0),
-                    xh =
-                        _mm256_loadu2_m128i((const __m128i *)(x1 + 16), (const __m128i *)(x0 + 16));
-      __m256i p[8];
+      __m256i wl[8], wh[8];
 #pragma GCC unroll 8
       for (int r = 0; r < 8; r++) {
         const uint8_t *b0 = rp[r] + (size_t)b * 18 + 2;
         const __m256i v = _mm256_loadu2_m128i((const __m128i *)(b0 + 18), (const __m128i *)b0);
         const __m256i m4 = _mm256_set1_epi8(0xF);
-        p[r] = dot4(dot4(_mm256_setzero_si256(), _mm256_and_si256(v, m4), xl),
-                    _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xh);
+        wl[r] = _mm256_and_si256(v, m4);
+        wh[r] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
       }
-      /* the rows' (b, b + 1) sums: lanes 0..3 rows 0..3 of b, 4..7 of b + 1 */
-      __m256i a0 = _mm256_hadd_epi32(p[0], p[1]), a1 = _mm256_hadd_epi32(p[2], p[3]);
-      __m256i a2 = _mm256_hadd_epi32(p[4], p[5]), a3 = _mm256_hadd_epi32(p[6], p[7]);
-      const __m256i lo = _mm256_hadd_epi32(a0, a1), hi = _mm256_hadd_epi32(a2, a3);
-      __m256i s0 = _mm256_permute2x128_si256(lo, hi, 0x20),
-              s1 = _mm256_permute2x128_si256(lo, hi, 0x31);
-      int o0 = 0, o1 = 0;
-      for (int l = 0; l < 8; l++)
-        o0 += s[(size_t)b * 8 + l], o1 += s[(size_t)b * 8 + 8 + l];
-      s0 = _mm256_add_epi32(s0, _mm256_set1_epi32(o0));
-      s1 = _mm256_add_epi32(s1, _mm256_set1_epi32(o1));
-      f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0),
-                          _mm256_mul_ps(scales8(rp, (size_t)b * 18), _mm256_set1_ps(dx[b])), f);
-      f = _mm256_fmadd_ps(
-          _mm256_cvtepi32_ps(s1),
-          _mm256_mul_ps(scales8(rp, (size_t)b * 18 + 18), _mm256_set1_ps(dx[b + 1])), f);
+      const __m256 d0 = scales8(rp, (size_t)b * 18), d1 = scales8(rp, (size_t)b * 18 + 18);
+#pragma GCC unroll 4
+      for (int u = 0; u < U; u++) {
+        const uint8_t *x0 = xr + (size_t)u * x->ldq + (size_t)b * 34 + 2, *x1 = x0 + 34;
+        const __m256i xl = _mm256_loadu2_m128i((const __m128i *)x1, (const __m128i *)x0),
+                      xh = _mm256_loadu2_m128i((const __m128i *)(x1 + 16),
+                                               (const __m128i *)(x0 + 16));
+        __m256i p[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+          p[r] = dot4(dot4(_mm256_setzero_si256(), wl[r], xl), wh[r], xh);
+        /* the rows' (b, b + 1) sums: lanes 0..3 rows 0..3 of b, 4..7 of b + 1 */
+        __m256i a0 = _mm256_hadd_epi32(p[0], p[1]), a1 = _mm256_hadd_epi32(p[2], p[3]);
+        __m256i a2 = _mm256_hadd_epi32(p[4], p[5]), a3 = _mm256_hadd_epi32(p[6], p[7]);
+        const __m256i lo = _mm256_hadd_epi32(a0, a1), hi = _mm256_hadd_epi32(a2, a3);
+        __m256i q[2] = {_mm256_permute2x128_si256(lo, hi, 0x20),
+                        _mm256_permute2x128_si256(lo, hi, 0x31)};
+        const int32_t *su = s + (size_t)u * B8 + (size_t)b * 8;
+        int o0 = 0, o1 = 0;
+        for (int l = 0; l < 8; l++)
+          o0 += su[l], o1 += su[8 + l];
+        const float *du = dx + (size_t)u * (size_t)B + b;
+        f[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(q[0], _mm256_set1_epi32(o0))),
+                               _mm256_mul_ps(d0, _mm256_set1_ps(du[0])), f[u]);
+        f[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(q[1], _mm256_set1_epi32(o1))),
+                               _mm256_mul_ps(d1, _mm256_set1_ps(du[1])), f[u]);
+      }
     }
   for (; b < B; b++) {
-    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + (size_t)b * 34 + 2));
-    const __m256i so = kind == Q8K_Q4_0 || Q8T_VNNI
-                           ? _mm256_loadu_si256((const __m256i *)(s + (size_t)b * 8))
-                           : _mm256_setzero_si256();
-    __m256i p[8];
+    __m256i wv[8];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; r++) {
       const uint8_t *blk = rp[r] + (size_t)b * kb;
-      if (kind == Q8K_Q4_0) {
-        p[r] = dot4(so, nib32(blk + 2), xv);
-      } else {
-        const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+      if (kind == Q8K_Q4_0)
+        wv[r] = nib32(blk + 2);
+      else
+        wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
 #if Q8T_VNNI
-        p[r] = dot4(so, _mm256_xor_si256(wv, _mm256_set1_epi8((char)0x80)), xv);
+      if (kind == Q8K_Q8_0) wv[r] = _mm256_xor_si256(wv[r], _mm256_set1_epi8((char)0x80));
+#endif
+    }
+    const __m256 dw = scales8(rp, (size_t)b * kb);
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+      const __m256i xv =
+          _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
+      const __m256i so = kind == Q8K_Q4_0 || Q8T_VNNI
+                             ? _mm256_loadu_si256((const __m256i *)(s + (size_t)u * B8 + b * 8))
+                             : _mm256_setzero_si256();
+      __m256i p[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++) {
+#if Q8T_VNNI
+        p[r] = dot4(so, wv[r], xv);
 #else
-        p[r] = dot4(so, _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+        p[r] = kind == Q8K_Q4_0 ? dot4(so, wv[r], xv)
+                                : dot4(so, _mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]));
 #endif
       }
+      f[u] = row_fma(f[u], p, 0, dw, dx[(size_t)u * (size_t)B + b]);
     }
-    f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8_epi32(p)),
-                        _mm256_mul_ps(scales8(rp, (size_t)b * kb), _mm256_set1_ps(dx[b])), f);
   }
   float v[8];
-  _mm256_storeu_ps(v, f);
-  for (int r = 0; r < nr; r++)
-    put1(out + r, v[r], acc);
+#pragma GCC unroll 4
+  for (int u = 0; u < U; u++) {
+    _mm256_storeu_ps(v, f[u]);
+    for (int r = 0; r < nr; r++)
+      put1(out + (ptrdiff_t)u * ldo + r, v[r], acc);
+  }
 }
 
 /* The rows from j, Q8_TR or 8 of them, the last valid one repeated. */
@@ -767,7 +803,7 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrd
   const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* the first byte not prefetched */
   for (int j0 = 0; j0 < n; j0 += G) {
     const int j1 = j0 + G < n ? j0 + G : n;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t += Q8_RU)
       for (int j = j0; j < j1; j += 8) {
         if (t == 0) { /* each row comes from memory once: ask for it ahead */
           const uint8_t *want = w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES;
@@ -775,8 +811,14 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrd
             _mm_prefetch((const char *)pf, _MM_HINT_T0);
         }
         const int nr = j1 - j < 8 ? j1 - j : 8;
+        float *o = out + (ptrdiff_t)t * ldo + j;
         tile_rows(rp, 8, w, row_bytes, j, nr);
-        row_tile(kind, out + (ptrdiff_t)t * ldo + j, x, t, rp, nr, B, acc);
+        switch (T - t < Q8_RU ? T - t : Q8_RU) {
+        case 1: row_tile(kind, 1, o, ldo, x, t, rp, nr, B, acc); break;
+        case 2: row_tile(kind, 2, o, ldo, x, t, rp, nr, B, acc); break;
+        case 3: row_tile(kind, 3, o, ldo, x, t, rp, nr, B, acc); break;
+        default: row_tile(kind, 4, o, ldo, x, t, rp, nr, B, acc); break;
+        }
       }
   }
 }

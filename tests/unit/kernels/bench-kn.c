@@ -149,7 +149,8 @@ static double rate_dpbusd_threads(int n) {
 /* The q8 mode: Q4_0 and Q8_0 weights of gemma-3-270m's MLP shapes at decode
  * and prefill token counts. */
 static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only) {
-  static const int NK[][2] = {{2048, 640}, {640, 2048}, {262144, 640}}, Ts[] = {1, 4, 16, 64, 256};
+  static const int NK[][2] = {{2048, 640}, {640, 2048}, {262144, 640}},
+                   Ts[] = {1, 4, 8, 12, 16, 64, 256};
   for (int d = 0; d < 2; d++) {
     enum kn_dtype dt = d ? KN_DTYPE_Q8_0 : KN_DTYPE_Q4_0;
     for (int m = head_only ? 2 : 0; m < 3; m++) {

@@ -338,7 +338,7 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
 
 TH_TEST(q8_mode_integer_dot_products) {
   kt_seed(8);
-  static const int Ts[] = {1, 2, 3, 5, 16, 33, 256};
+  static const int Ts[] = {1, 2, 3, 4, 5, 16, 33, 256};
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     const enum kn_dtype dt = all[i];
     const int sb = kn_block_elems(dt) == 256; /* K-quants: whole super-blocks */
