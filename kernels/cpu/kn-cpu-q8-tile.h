@@ -516,27 +516,40 @@ Q8T_ATTR static inline AI void int_block(const enum q8_kind kind, const int NG, 
                                          const struct q8_tv *tv, size_t b, q8vi *p) {
 #define XQ(g, k) vi_load(tv[g].x + Q8_XB * b + 4 * KN_CPU_Q8_GROUP * (k))
 #define SO(g)    vi_load(tv[g].s + KN_CPU_Q8_GROUP * b)
-  if (kind == Q8K_Q4_0) {
 #if Q8T_VNNI
-    /* the high nibbles in place (16 q): their sum is 16 times theirs, exactly */
-    q8vi lo[Q8_NG], hi[Q8_NG];
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++)
-      lo[g] = SO(g), hi[g] = vi_zero();
+  /* two chains of four vpdpbusd, the first from the offset's term: Q4_0's low
+   * nibbles against elements 0..15 and its high ones in place (16 q: their
+   * sum is 16 times theirs, shifted back exactly) against 16..31; Q8_0's
+   * w + 128 unsigned against x, even and odd four-element groups */
+  q8vi ua[4], uc[4], a[Q8_NG], c[Q8_NG];
+  int ka[4], kc[4];
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-      const q8vi v = vi_bcast4(blk + 2 + 4 * k), l = vi_and(v, vi_set1_8(0x0F)),
-                 h = vi_and(v, vi_set1_8(0xF0));
+  for (int i = 0; i < 4; i++) {
+    if (kind == Q8K_Q4_0) {
+      const q8vi v = vi_bcast4(blk + 2 + 4 * i);
+      ua[i] = vi_and(v, vi_set1_8(0x0F)), uc[i] = vi_and(v, vi_set1_8(0xF0));
+      ka[i] = i, kc[i] = i + 4;
+    } else {
+      ua[i] = vi_xor(vi_bcast4(blk + 2 + 8 * i), vi_set1_8(0x80));
+      uc[i] = vi_xor(vi_bcast4(blk + 6 + 8 * i), vi_set1_8(0x80));
+      ka[i] = 2 * i, kc[i] = 2 * i + 1;
+    }
+  }
 #pragma GCC unroll 2
-      for (int g = 0; g < NG; g++) {
-        lo[g] = vi_dot(lo[g], l, XQ(g, k));
-        hi[g] = vi_dot(hi[g], h, XQ(g, k + 4));
-      }
+  for (int g = 0; g < NG; g++)
+    a[g] = SO(g), c[g] = vi_zero();
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++)
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+      a[g] = vi_dot(a[g], ua[i], XQ(g, ka[i]));
+      c[g] = vi_dot(c[g], uc[i], XQ(g, kc[i]));
     }
 #pragma GCC unroll 2
-    for (int g = 0; g < NG; g++)
-      p[g] = vi_add(lo[g], vi_srai4(hi[g]));
+  for (int g = 0; g < NG; g++)
+    p[g] = vi_add(a[g], kind == Q8K_Q4_0 ? vi_srai4(c[g]) : c[g]);
 #else
+  if (kind == Q8K_Q4_0) {
 #pragma GCC unroll 2
     for (int g = 0; g < NG; g++) /* vpmaddubsw's pairs would saturate with 16 q */
       p[g] = SO(g);
@@ -548,29 +561,8 @@ Q8T_ATTR static inline AI void int_block(const enum q8_kind kind, const int NG, 
       for (int g = 0; g < NG; g++)
         p[g] = vi_dot(vi_dot(p[g], l, XQ(g, k)), h, XQ(g, k + 4));
     }
-#endif
     return;
   }
-#if Q8T_VNNI
-  /* Q8_0: w + 128 unsigned against x, from -128 times the inputs' sum */
-  q8vi e[Q8_NG], o[Q8_NG];
-#pragma GCC unroll 2
-  for (int g = 0; g < NG; g++)
-    e[g] = SO(g), o[g] = vi_zero();
-#pragma GCC unroll 4
-  for (int k = 0; k < 8; k += 2) {
-    const q8vi u0 = vi_xor(vi_bcast4(blk + 2 + 4 * k), vi_set1_8(0x80)),
-               u1 = vi_xor(vi_bcast4(blk + 6 + 4 * k), vi_set1_8(0x80));
-#pragma GCC unroll 2
-    for (int g = 0; g < NG; g++) {
-      e[g] = vi_dot(e[g], u0, XQ(g, k));
-      o[g] = vi_dot(o[g], u1, XQ(g, k + 1));
-    }
-  }
-#pragma GCC unroll 2
-  for (int g = 0; g < NG; g++)
-    p[g] = vi_add(e[g], o[g]);
-#else
   /* Q8_0: |w| against x with w's sign (inputs are never -128) */
 #pragma GCC unroll 2
   for (int g = 0; g < NG; g++)
