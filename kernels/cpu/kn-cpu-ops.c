@@ -368,7 +368,7 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                       .shift = dt == KN_DTYPE_Q4_0   ? 3
                                : dt == KN_DTYPE_Q5_0 ? 4
                                : dt == KN_DTYPE_Q6_K ? 5
-                               : dt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI decode) */
+                               : dt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
                                                      : 0};
   if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0) && T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;

@@ -86,10 +86,11 @@ static inline size_t kind_bytes(enum q8_kind k) {
   return bytes[k];
 }
 
-/* The offset the kind's weights carry as a power of two (Q4_0's 8, Q5_0's 16,
- * Q6_K's 32: subtracted as sum q x - (sum x << shift)), 0 for none. */
+/* The offset the kind's weights carry as a power of two (Q5_0's 16, Q6_K's
+ * 32: subtracted as sum q x - (sum x << shift)), 0 for none (Q4_0's 8 is
+ * int_dot's). */
 static inline int kind_shift(enum q8_kind k) {
-  return k == Q8K_Q4_0 ? 3 : k == Q8K_Q5_0 ? 4 : k == Q8K_Q6_K ? 5 : 0;
+  return k == Q8K_Q5_0 ? 4 : k == Q8K_Q6_K ? 5 : 0;
 }
 
 /* Whether every weight adds a min (times the lane's input sum). */
@@ -619,13 +620,21 @@ Q8T_ATTR static inline AI void tok_tile(const enum q8_kind kind, const int NG, f
     }
 }
 
-/* The lanes' sums of eight vectors: lane i of the result is p[i]'s. */
-KN_AVX2 static inline AI __m256i hsum8_epi32(const __m256i *p) {
+/* The half sums of eight vectors: lane i of *l is the sum of p[i]'s lanes
+ * 0..3, of *h of its lanes 4..7. */
+KN_AVX2 static inline AI void hsum8_halves(const __m256i *p, __m256i *l, __m256i *h) {
   __m256i a0 = _mm256_hadd_epi32(p[0], p[1]), a1 = _mm256_hadd_epi32(p[2], p[3]);
   __m256i a2 = _mm256_hadd_epi32(p[4], p[5]), a3 = _mm256_hadd_epi32(p[6], p[7]);
   __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
-                          _mm256_permute2x128_si256(b0, b1, 0x31));
+  *l = _mm256_permute2x128_si256(b0, b1, 0x20);
+  *h = _mm256_permute2x128_si256(b0, b1, 0x31);
+}
+
+/* The lanes' sums of eight vectors: lane i of the result is p[i]'s. */
+KN_AVX2 static inline AI __m256i hsum8_epi32(const __m256i *p) {
+  __m256i l, h;
+  hsum8_halves(p, &l, &h);
+  return _mm256_add_epi32(l, h);
 }
 
 /* The f16 scales at p[r] + off of eight rows, as f32 lanes. */
@@ -692,12 +701,8 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++)
           p[r] = dot4(dot4(_mm256_setzero_si256(), wl[r], xl), wh[r], xh);
-        /* the rows' (b, b + 1) sums: lanes 0..3 rows 0..3 of b, 4..7 of b + 1 */
-        __m256i a0 = _mm256_hadd_epi32(p[0], p[1]), a1 = _mm256_hadd_epi32(p[2], p[3]);
-        __m256i a2 = _mm256_hadd_epi32(p[4], p[5]), a3 = _mm256_hadd_epi32(p[6], p[7]);
-        const __m256i lo = _mm256_hadd_epi32(a0, a1), hi = _mm256_hadd_epi32(a2, a3);
-        __m256i q[2] = {_mm256_permute2x128_si256(lo, hi, 0x20),
-                        _mm256_permute2x128_si256(lo, hi, 0x31)};
+        __m256i q[2]; /* the eight rows' sums of block b, of b + 1 */
+        hsum8_halves(p, &q[0], &q[1]);
         const int32_t *su = s + (size_t)u * B8 + (size_t)b * 8;
         int o0 = 0, o1 = 0;
         for (int l = 0; l < 8; l++)

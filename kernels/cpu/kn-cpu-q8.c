@@ -177,26 +177,22 @@ static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
     }
 }
 
-#define DEF_REF(SUF, DT)                                                                           \
+/* q8dot of each format: REF (the one-integer or the lanes' definition) on x's
+ * Q8_0 blocks. */
+#define DEF_REF(SUF, REF, DT)                                                                      \
   static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,                 \
                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {      \
-    q8dot_ref(DT, out, ldo, x->q, x->ldq, w, row_bytes, K, T, n, acc);                             \
+    REF(DT, out, ldo, x->q, x->ldq, w, row_bytes, K, T, n, acc);                                   \
   }
 
-#define DEF_INT_REF(SUF, DT)                                                                       \
-  static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,                 \
-                          const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {      \
-    q8dot_int_ref(DT, out, ldo, x->q, x->ldq, w, row_bytes, K, T, n, acc);                         \
-  }
-
-DEF_INT_REF(q8_0, KN_DTYPE_Q8_0)
-DEF_INT_REF(q4_0, KN_DTYPE_Q4_0)
-DEF_REF(q4_1, KN_DTYPE_Q4_1)
-DEF_REF(q5_0, KN_DTYPE_Q5_0)
-DEF_REF(q5_1, KN_DTYPE_Q5_1)
-DEF_REF(q4_k, KN_DTYPE_Q4_K)
-DEF_REF(q5_k, KN_DTYPE_Q5_K)
-DEF_REF(q6_k, KN_DTYPE_Q6_K)
+DEF_REF(q8_0, q8dot_int_ref, KN_DTYPE_Q8_0)
+DEF_REF(q4_0, q8dot_int_ref, KN_DTYPE_Q4_0)
+DEF_REF(q4_1, q8dot_ref, KN_DTYPE_Q4_1)
+DEF_REF(q5_0, q8dot_ref, KN_DTYPE_Q5_0)
+DEF_REF(q5_1, q8dot_ref, KN_DTYPE_Q5_1)
+DEF_REF(q4_k, q8dot_ref, KN_DTYPE_Q4_K)
+DEF_REF(q5_k, q8dot_ref, KN_DTYPE_Q5_K)
+DEF_REF(q6_k, q8dot_ref, KN_DTYPE_Q6_K)
 
 static void q8_prep_ref(const float *x, int K, uint8_t *q, float *d, int32_t *s, int shift) {
   kn_quantize_row(KN_DTYPE_Q8_0, x, q, (size_t)K);
