@@ -28,6 +28,8 @@ struct kn_backend_ops {
   int (*memset)(void *ctx, void *dst, int c, size_t bytes);
   int (*sync)(void *ctx);
   int (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes); /* NULL: unsupported */
+  /* kn_weights_prepare (NULL: every weight stays as it is) */
+  int (*weights_prepare)(void *ctx, void *w, enum kn_dtype *dt, int n, int K);
 
   int (*embed)(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt, int H,
                const int32_t *ids, int T, float scale);
@@ -179,8 +181,14 @@ static inline int kn__valid_weight_dtype(enum kn_dtype dt) {
 static inline int kn__check_matmul_dtype(const struct kn_backend *be, enum kn_dtype dt, int K) {
   if (kn__valid_weight_dtype(dt)) return 0;
   if (!kn_block_elems(dt) || !(be->caps & KN_CAP_BLOCK_WEIGHTS)) return CM_ERR_UNSUPPORTED;
+  if (kn_dtype_x16(dt) && !be->ops->weights_prepare) return CM_ERR_UNSUPPORTED; /* not its own */
   return K % kn_block_elems(dt) ? CM_ERR_INVAL : 0;
 }
+
+/* kn_embed's op for T ids (each in [-1, vocab)), a table in an X16 layout
+ * (kn_weights_prepare: host memory) included: its rows as their format's first. */
+int kn__embed_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
+                   enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale);
 
 /* A [rows, cols] operand with row stride ld: ld >= cols (ld may be anything when
  * rows == 1, as long as it is not negative). */

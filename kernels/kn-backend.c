@@ -13,6 +13,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "kernels/kn-backend-impl.h"
+#include "kernels/kn-quant.h"
 
 /* ---- $LMSERVE_OP_PROFILE ----------------------------------------------------
  * Where a step's time goes, op by op. With LMSERVE_OP_PROFILE=1 every op
@@ -170,6 +171,12 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes) 
   return KN_CALL(mem_info, free_bytes, total_bytes);
 }
 
+int kn_weights_prepare(struct kn_backend *be, void *w, enum kn_dtype *dt, int n, int K) {
+  if (!be || !dt || n < 0 || K < 0 || (n && !w)) return CM_ERR_INVAL;
+  if (!be->ops->weights_prepare || !n || !K) return 0;
+  return be->ops->weights_prepare(be->ctx, w, dt, n, K);
+}
+
 /* ---- step graphs ----------------------------------------------------------- */
 
 struct kn_graph {
@@ -279,7 +286,24 @@ int kn_embed(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table
       return CM_ERR_RANGE;
     }
   }
-  return KN_CALL(embed, out, ldo, table, tdt, H, ids, T, scale);
+  return kn__embed_rows(be, out, ldo, table, tdt, vocab, H, ids, T, scale);
+}
+
+int kn__embed_rows(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *table,
+                   enum kn_dtype tdt, int vocab, int H, const int32_t *ids, int T, float scale) {
+  if (!kn_dtype_x16(tdt)) return KN_CALL(embed, out, ldo, table, tdt, H, ids, T, scale);
+  const size_t rb = kn_row_bytes(tdt, (size_t)H);
+  uint8_t *rows = malloc(rb * (size_t)T);
+  int32_t *at = malloc(sizeof(int32_t) * (size_t)T);
+  int rc = rows && at ? 0 : CM_ERR_NOMEM;
+  for (int t = 0; t < T && !rc; t++) {
+    at[t] = ids[t] < 0 ? -1 : t;
+    if (ids[t] >= 0) kn_x16_row(tdt, table, vocab, H, ids[t], rows + (size_t)t * rb);
+  }
+  if (!rc) rc = KN_CALL(embed, out, ldo, rows, kn_dtype_rows_of(tdt), H, at, T, scale);
+  free(rows);
+  free(at);
+  return rc;
 }
 
 int kn_rmsnorm(struct kn_backend *be, float *out, ptrdiff_t ldo, const float *x, ptrdiff_t ldx,

@@ -26,7 +26,11 @@ enum kn_dtype {
   KN_DTYPE_Q4_K = 9,
   KN_DTYPE_Q5_K = 10,
   KN_DTYPE_Q6_K = 11,
-  KN_DTYPE__COUNT = 12,
+  /* Q8_0 and Q4_0 rows as the CPU's q8 mode lays them out at load
+   * (kn_weights_prepare; kn-quant.h's kn_x16_pack): blocks of 16 rows side by side */
+  KN_DTYPE_Q8_0_X16 = 12,
+  KN_DTYPE_Q4_0_X16 = 13,
+  KN_DTYPE__COUNT = 14,
 };
 
 /* Bytes per element; 0 for an unknown value and for the block formats
@@ -55,6 +59,8 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_Q4_K: return "q4_k";
   case KN_DTYPE_Q5_K: return "q5_k";
   case KN_DTYPE_Q6_K: return "q6_k";
+  case KN_DTYPE_Q8_0_X16: return "q8_0x16";
+  case KN_DTYPE_Q4_0_X16: return "q4_0x16";
   default: return "?";
   }
 }
@@ -66,7 +72,9 @@ static inline int kn_block_elems(enum kn_dtype dt) {
   case KN_DTYPE_Q4_0:
   case KN_DTYPE_Q4_1:
   case KN_DTYPE_Q5_0:
-  case KN_DTYPE_Q5_1: return 32;
+  case KN_DTYPE_Q5_1:
+  case KN_DTYPE_Q8_0_X16:
+  case KN_DTYPE_Q4_0_X16: return 32;
   case KN_DTYPE_Q4_K:
   case KN_DTYPE_Q5_K:
   case KN_DTYPE_Q6_K: return 256;
@@ -76,8 +84,10 @@ static inline int kn_block_elems(enum kn_dtype dt) {
 
 static inline size_t kn_block_bytes(enum kn_dtype dt) {
   switch (dt) {
-  case KN_DTYPE_Q8_0: return 34;
-  case KN_DTYPE_Q4_0: return 18;
+  case KN_DTYPE_Q8_0:
+  case KN_DTYPE_Q8_0_X16: return 34;
+  case KN_DTYPE_Q4_0:
+  case KN_DTYPE_Q4_0_X16: return 18;
   case KN_DTYPE_Q4_1: return 20;
   case KN_DTYPE_Q5_0: return 22;
   case KN_DTYPE_Q5_1: return 24;
@@ -86,6 +96,16 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
   case KN_DTYPE_Q6_K: return 210;
   default: return 0;
   }
+}
+
+/* The format of a rows-interleaved dtype's rows (Q8_0 for Q8_0_X16), dt itself for the others. */
+static inline enum kn_dtype kn_dtype_rows_of(enum kn_dtype dt) {
+  return dt == KN_DTYPE_Q8_0_X16 ? KN_DTYPE_Q8_0 : dt == KN_DTYPE_Q4_0_X16 ? KN_DTYPE_Q4_0 : dt;
+}
+
+/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16, KN_DTYPE_Q4_0_X16). */
+static inline int kn_dtype_x16(enum kn_dtype dt) {
+  return dt == KN_DTYPE_Q8_0_X16 || dt == KN_DTYPE_Q4_0_X16;
 }
 
 /* Bytes of a row of K elements of dt: K * size, or whole blocks (0: K is not a

@@ -53,7 +53,7 @@ int kn_embed_dev(struct kn_backend *be, float *out, ptrdiff_t ldo, const void *t
     int n = T - t0 < KN_EMBED_CHUNK ? T - t0 : KN_EMBED_CHUNK;
     for (int j = 0; j < n; j++)
       local[j] = ids[t0 + j] >= 0 && ids[t0 + j] < vocab ? ids[t0 + j] : -1;
-    rc = KN_CALL(embed, out + (ptrdiff_t)t0 * ldo, ldo, table, tdt, H, local, n, scale);
+    rc = kn__embed_rows(be, out + (ptrdiff_t)t0 * ldo, ldo, table, tdt, vocab, H, local, n, scale);
   }
   return rc;
 }

@@ -4,6 +4,7 @@
 #include "kernels/kn-quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
@@ -464,4 +465,58 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
                      : dt == KN_DTYPE_Q6_K ? KN_DTYPE_Q8_0
                                            : KN_DTYPE__COUNT;
   return fb != KN_DTYPE__COUNT && K % 32 == 0 ? fb : KN_DTYPE__COUNT;
+}
+
+/* Where row i's bytes of a block (its scale, then its quad c) go in a block of an X16 group. */
+static size_t x16_scale_at(int i) {
+  return 2 * (size_t)i;
+}
+static size_t x16_quad_at(int i, int c) {
+  return 32 + 64 * (size_t)c + 4 * (size_t)i;
+}
+
+int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
+  if ((dt != KN_DTYPE_Q8_0 && dt != KN_DTYPE_Q4_0) || K <= 0 || K % 32 || n < 0)
+    return CM_ERR_INVAL;
+  const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K), B = (size_t)K / 32;
+  const int quads = (int)(bb - 2) / 4;
+  if (n < KN_X16_ROWS) return 0;
+  uint8_t *rows = malloc(KN_X16_ROWS * rb);
+  if (!rows) return CM_ERR_NOMEM;
+  for (int g = 0; g < n / KN_X16_ROWS; g++) {
+    uint8_t *grp = (uint8_t *)w + (size_t)g * KN_X16_ROWS * rb;
+    memcpy(rows, grp, KN_X16_ROWS * rb);
+    for (size_t b = 0; b < B; b++) {
+      uint8_t *dst = grp + b * KN_X16_ROWS * bb;
+      for (int i = 0; i < KN_X16_ROWS; i++) {
+        const uint8_t *src = rows + (size_t)i * rb + b * bb;
+        memcpy(dst + x16_scale_at(i), src, 2);
+        for (int c = 0; c < quads; c++)
+          memcpy(dst + x16_quad_at(i, c), src + 2 + 4 * c, 4);
+      }
+    }
+  }
+  free(rows);
+  return 0;
+}
+
+void kn_x16_block(enum kn_dtype xdt, const void *w, int n, int K, int r, int b, void *dst) {
+  const enum kn_dtype dt = kn_dtype_rows_of(xdt);
+  const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K);
+  const int quads = (int)(bb - 2) / 4, i = r % KN_X16_ROWS;
+  if (r >= n / KN_X16_ROWS * KN_X16_ROWS) { /* past the groups: as it was */
+    memcpy(dst, (const uint8_t *)w + (size_t)r * rb + (size_t)b * bb, bb);
+    return;
+  }
+  const uint8_t *src = (const uint8_t *)w + (size_t)(r - i) * rb + (size_t)b * KN_X16_ROWS * bb;
+  uint8_t *d = dst;
+  memcpy(d, src + x16_scale_at(i), 2);
+  for (int c = 0; c < quads; c++)
+    memcpy(d + 2 + 4 * c, src + x16_quad_at(i, c), 4);
+}
+
+void kn_x16_row(enum kn_dtype xdt, const void *w, int n, int K, int r, void *dst) {
+  const size_t bb = kn_block_bytes(xdt);
+  for (int b = 0; b < K / 32; b++)
+    kn_x16_block(xdt, w, n, K, r, b, (uint8_t *)dst + (size_t)b * bb);
 }

@@ -109,7 +109,8 @@ int wk_draft_step(struct wk_model *m, const struct wk_draft_input *in, int n, in
   CM_ASSERT(T == n && R == n);
   /* x = pre_projection([target_embed(tok) * sqrt(B), h_in]) */
   if (m->plan.world == 1) {
-    K(kn_embed(be, m->cat, 2 * B, t->embed.p, t->embed.dt, V, B, m->ids, T, t->embed_scale));
+    K(kn_embed(be, m->cat, 2 * B, t->embed.p, t->embed.dt, t->embed.rows, B, m->ids, T,
+               t->embed_scale));
   } else { /* the target's vocab-parallel embedding: contiguous rows, then into cat */
     K(wk_embed_tokens(m, m->hout, &t->embed, t->embed_scale, T));
     K(kn_copy_rows(be, m->cat, 2 * B, m->hout, B, T, B));

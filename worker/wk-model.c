@@ -788,10 +788,45 @@ static int alloc_scratch(struct wk_model *m) {
  * first step does not pay the page faults. Copied weights (to the arena or
  * to a device): the arena turns read-only and this process's pages of the
  * mapping are let go (the page cache keeps them for the next load). */
+/* Lets the backend lay weight w out for its kernels (kn_weights_prepare) when
+ * only matmuls and kn_embed read it, it is one matrix and it lies in the arena
+ * (written here, not yet read-only). A weight it cannot rearrange stays as it
+ * is, which the kernels read as well. */
+static void prepare_weight(struct wk_model *m, struct wk_w *w) {
+  const struct wk_arena *a = &m->arena;
+  const unsigned char *p = w->p;
+  size_t bytes = (size_t)w->rows * kn_row_bytes(w->dt, (size_t)w->cols);
+  if (!p || w->n_mat != 1 || p < a->mem.base || p + bytes > a->mem.base + a->mem.len) return;
+  enum kn_dtype dt = w->dt;
+  if (!kn_weights_prepare(m->be, (void *)w->p, &dt, w->rows, w->cols)) w->dt = dt;
+}
+
+/* Every layer's linear weights, the per-layer embeddings' projection, and the
+ * embedding table with the head it may be (an assistant's own head picks rows:
+ * kn_matmul_rows). */
+static void prepare_weights(struct wk_model *m) {
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    struct wk_layer_w *w = &m->layers[l];
+    struct wk_w *mats[] = {&w->wq,   &w->wk,     &w->wv,       &w->wo,      &w->w_gate,
+                           &w->w_up, &w->w_down, &w->ple_gate, &w->ple_proj};
+    for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
+      prepare_weight(m, mats[i]);
+  }
+  prepare_weight(m, &m->ple_model_proj);
+  const int tied = m->lm_head.p == m->embed.p, assistant = m->cfg.arch == MD_ARCH_GEMMA4_ASSISTANT;
+  if (tied && assistant) return;
+  prepare_weight(m, &m->embed);
+  if (tied)
+    m->lm_head = m->embed;
+  else if (!assistant)
+    prepare_weight(m, &m->lm_head);
+}
+
 static void finish_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
   if (a->mem.base) {
     copy_weights(m);
+    prepare_weights(m);
     (void)mprotect(a->mem.base, a->mem.len, PROT_READ);
   }
   if (a->mem.base || !kn_backend_has(m->be, KN_CAP_HOST_MEMORY)) { /* copied: let go */

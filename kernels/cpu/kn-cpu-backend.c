@@ -32,6 +32,7 @@ static void cpu_destroy(void *p) {
   free(ctx->xr);
   free(ctx->xq);
   free(ctx->xs);
+  free(ctx->xo);
   free(ctx->xd);
   free(ctx->xp);
   free(ctx->best);

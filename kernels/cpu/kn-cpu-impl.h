@@ -107,13 +107,19 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
  * so that one 32-bit broadcast of four weights meets the four inputs of a
  * register's tokens; di the scales ([T / 32][K / 32][32]) and si the blocks'
  * input sums times the offset ([T / 32][K / 32][32]: the sum of s's 8
- * lanes). The reference reads q alone. */
+ * lanes). The reference reads q alone.
+ *
+ * Q8_0_X16 and Q4_0_X16 weights (kn-quant.h's layout) take the inputs of
+ * their rows' format, never side by side (the rows are: xi NULL at every T),
+ * and a call's n rows start at a multiple of 16 of the tensor's: its groups of
+ * 16 first, then n % 16 rows as they were (the tensor's last ones). */
 #define KN_CPU_Q8_TOKENS 5
 #define KN_CPU_Q8_GROUP  32
 struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
   const float *d;    /* [T][K / 32] */
   const int32_t *s;  /* [T][K / 32][8] */
+  const int32_t *o;  /* [T][K / 32] the sum of s's 8 lanes: a block's offset term */
   const int8_t *xi;  /* [T / 32][K / 32][8][32][4] */
   const float *di;   /* [T / 32][K / 32][32] */
   const int32_t *si; /* [T / 32][K / 32][32] */
@@ -327,6 +333,8 @@ struct kn_cpu_ctx {
   size_t xq_bytes;
   int32_t *xs; /* [T][K / 32][8] lane sums of xq's blocks (struct kn_cpu_q8_in) */
   size_t xs_n;
+  int32_t *xo; /* [T][K / 32] the blocks' offset terms (struct kn_cpu_q8_in) */
+  size_t xo_n;
   float *xd; /* [T][K / 32] xq's block scales (struct kn_cpu_q8_in) */
   size_t xd_n;
   uint8_t *xp; /* struct kn_cpu_q8_in's xi, di and si, one after the other */

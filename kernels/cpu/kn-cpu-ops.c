@@ -307,6 +307,7 @@ struct q8_prep {
   uint8_t *q;
   float *d;
   int32_t *s;
+  int32_t *o;
   int8_t *xi; /* NULL: not side by side */
   float *di;
   int32_t *si;
@@ -320,9 +321,16 @@ static void q8_prep_run(void *arg, long long u0, long long u1, int ith) {
   (void)ith;
   for (long long u = u0; u < u1; u++) {
     const int t0 = (int)u * per, nt = p->T - t0 < per ? p->T - t0 : per;
-    for (int t = t0; t < t0 + nt; t++)
+    for (int t = t0; t < t0 + nt; t++) {
+      int32_t *st = p->s + (size_t)t * (size_t)B * 8;
       p->dsp->q8_prep(p->in + (ptrdiff_t)t * p->ldi, p->K, p->q + (size_t)t * p->ldq,
-                      p->d + (size_t)t * (size_t)B, p->s + (size_t)t * (size_t)B * 8, p->shift);
+                      p->d + (size_t)t * (size_t)B, st, p->shift);
+      for (int b = 0; b < B; b++) { /* each block's offset term */
+        const int32_t *l = st + (size_t)b * 8;
+        p->o[(size_t)t * (size_t)B + (size_t)b] =
+            l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+      }
+    }
     if (!p->xi) continue;
     for (int b = 0; b < B; b++) { /* the group's tokens side by side, written in order */
       const size_t gb = (size_t)u * (size_t)B + (size_t)b;
@@ -332,10 +340,9 @@ static void q8_prep_run(void *arg, long long u0, long long u1, int ith) {
           memcpy(xi + 4 * KN_CPU_Q8_GROUP * j + 4 * l,
                  p->q + (size_t)(t0 + l) * p->ldq + (size_t)b * 34 + 2 + 4 * j, 4);
       for (int l = 0; l < nt; l++) {
-        const int32_t *s = p->s + ((size_t)(t0 + l) * (size_t)B + (size_t)b) * 8;
-        p->di[gb * KN_CPU_Q8_GROUP + (size_t)l] = p->d[(size_t)(t0 + l) * (size_t)B + (size_t)b];
-        p->si[gb * KN_CPU_Q8_GROUP + (size_t)l] =
-            s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+        const size_t at = (size_t)(t0 + l) * (size_t)B + (size_t)b;
+        p->di[gb * KN_CPU_Q8_GROUP + (size_t)l] = p->d[at];
+        p->si[gb * KN_CPU_Q8_GROUP + (size_t)l] = p->o[at];
       }
     }
   }
@@ -356,20 +363,23 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
   const size_t B = (size_t)K / 32;
   if ((rc = grow_buf((void **)&ctx->xs, &ctx->xs_n, (size_t)T * B * 8, 4))) return rc;
   if ((rc = grow_buf((void **)&ctx->xd, &ctx->xd_n, (size_t)T * B, 4))) return rc;
+  if ((rc = grow_buf((void **)&ctx->xo, &ctx->xo_n, (size_t)T * B, 4))) return rc;
+  const enum kn_dtype rdt = kn_dtype_rows_of(dt);
   struct q8_prep p = {.dsp = &ctx->dsp,
                       .in = in,
                       .ldi = ldi,
                       .q = ctx->xq,
                       .d = ctx->xd,
                       .s = ctx->xs,
+                      .o = ctx->xo,
                       .ldq = ldx,
                       .T = T,
                       .K = K,
-                      .shift = dt == KN_DTYPE_Q4_0   ? 3
-                               : dt == KN_DTYPE_Q5_0 ? 4
-                               : dt == KN_DTYPE_Q6_K ? 5
-                               : dt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
-                                                     : 0};
+                      .shift = rdt == KN_DTYPE_Q4_0   ? 3
+                               : rdt == KN_DTYPE_Q5_0 ? 4
+                               : rdt == KN_DTYPE_Q6_K ? 5
+                               : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
+                                                      : 0};
   if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0) && T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;
     if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * (xb + 2 * B * 4 * GS), 1))) return rc;
@@ -385,8 +395,14 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
   const long long units = p.xi ? (T + KN_CPU_Q8_GROUP - 1) / KN_CPU_Q8_GROUP : T;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * K * 16, units, 1), q8_prep_run, &p);
   q->ctx = ctx;
-  q->x = (struct kn_cpu_q8_in){
-      .q = ctx->xq, .d = ctx->xd, .s = ctx->xs, .xi = p.xi, .di = p.di, .si = p.si, .ldq = ldx};
+  q->x = (struct kn_cpu_q8_in){.q = ctx->xq,
+                               .d = ctx->xd,
+                               .s = ctx->xs,
+                               .o = ctx->xo,
+                               .xi = p.xi,
+                               .di = p.di,
+                               .si = p.si,
+                               .ldq = ldx};
   q->row_bytes = kn_row_bytes(dt, (size_t)K);
   q->dt = dt;
   q->T = T;
@@ -395,7 +411,8 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
 }
 
 /* Adds a matrix of N rows to q (units of about MATVEC_UNIT_BYTES / per_row
- * rows, at least 4 units per thread, whole 4-row tiles); its units follow
+ * rows, at least 4 units per thread, whole groups of KN_X16_ROWS: a unit
+ * starts at a multiple of 16 rows, as X16 layouts need); its units follow
  * the parts before it. */
 static void q8_add_part(struct q8_task *q, float *out, ptrdiff_t ldo, const void *w, int N,
                         size_t per_row) {
@@ -404,12 +421,14 @@ static void q8_add_part(struct q8_task *q, float *out, ptrdiff_t ldo, const void
   long long c = MATVEC_UNIT_BYTES / (long long)per_row;
   long long most = (N + 4LL * nth - 1) / (4LL * nth);
   c = c > most ? most : c;
-  *pt = (struct q8_part){.out = out,
-                         .ldo = ldo,
-                         .w = w,
-                         .N = N,
-                         .chunk = (int)(c < 4 ? 4 : (c + 3) & ~3LL),
-                         .u0 = q->n_parts ? q8_part_end(&q->parts[q->n_parts - 1]) : 0};
+  *pt = (struct q8_part){
+      .out = out,
+      .ldo = ldo,
+      .w = w,
+      .N = N,
+      .chunk =
+          (int)(c < KN_X16_ROWS ? KN_X16_ROWS : (c + KN_X16_ROWS - 1) / KN_X16_ROWS * KN_X16_ROWS),
+      .u0 = q->n_parts ? q8_part_end(&q->parts[q->n_parts - 1]) : 0};
   q->n_parts++;
 }
 
@@ -467,6 +486,20 @@ static int cpu_matmul_glu(void *p, float *out, ptrdiff_t ldo, const float *in, p
   return 0;
 }
 
+/* kn_weights_prepare: in the q8 mode, Q8_0 and Q4_0 rows side by side in
+ * groups of 16 (kn-quant.h's X16 layouts), which its kernels read with no sums
+ * across lanes. */
+static int cpu_weights_prepare(void *p, void *w, enum kn_dtype *dt, int n, int K) {
+  struct kn_cpu_ctx *ctx = p;
+  const enum kn_dtype x = *dt == KN_DTYPE_Q8_0   ? KN_DTYPE_Q8_0_X16
+                          : *dt == KN_DTYPE_Q4_0 ? KN_DTYPE_Q4_0_X16
+                                                 : KN_DTYPE__COUNT;
+  if (!ctx->q8 || x == KN_DTYPE__COUNT || !ctx->dsp.q8dot[x] || n < KN_X16_ROWS || K % 32) return 0;
+  int rc = kn_x16_pack(*dt, w, n, K);
+  if (!rc) *dt = x;
+  return rc;
+}
+
 static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
               const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate, float cap) {
   if (K == 0) {
@@ -478,6 +511,7 @@ static int mm(struct kn_cpu_ctx *ctx, float *out, ptrdiff_t ldo, const float *in
   }
   if (ctx->q8 && ctx->dsp.q8dot[wdt])
     return q8_mm(ctx, out, ldo, in, ldi, w, wdt, T, N, K, accumulate, cap);
+  if (kn_dtype_x16(wdt)) return CM_ERR_UNSUPPORTED; /* the q8 mode's layout */
   struct mm_task m = {.ctx = ctx,
                       .out = out,
                       .ldo = ldo,
@@ -657,6 +691,7 @@ static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const
     }
     return 0;
   }
+  if (kn_dtype_x16(wdt)) return CM_ERR_UNSUPPORTED; /* kn_matmul_argmax: through scratch */
   struct mm_task m = {
       .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
   m.allow = allow;
@@ -746,6 +781,7 @@ static int cpu_matmul_rows(void *p, float *out, ptrdiff_t ldo, const float *in, 
       memset(out + (ptrdiff_t)t * ldo, 0, n_rows * 4u);
     return 0;
   }
+  if (kn_dtype_x16(wdt)) return CM_ERR_UNSUPPORTED; /* rows of their own: not for a few rows */
   struct mm_rows_task m = {ctx, out, ldo, in, ldi, w, wdt, K, T, n_rows, rows, 0, 0};
   int rc = bf16_inputs(ctx, wdt, T, K, &m.in, &m.ldi, &m.bf, &m.ldx);
   if (rc) return rc;
@@ -1059,6 +1095,7 @@ static int cpu_kv_write(void *p, const struct kn_kv_view *view, const int32_t *s
 
 void kn_cpu_ops_fill(struct kn_backend_ops *ops) {
   ops->embed = kn_cpu_op_embed;
+  ops->weights_prepare = cpu_weights_prepare;
   ops->rmsnorm = cpu_rmsnorm;
   ops->matmul = cpu_matmul;
   ops->matmul_rows = cpu_matmul_rows;

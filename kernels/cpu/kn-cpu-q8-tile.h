@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/kn-quant.h"
 
 #define AI __attribute__((always_inline))
 
@@ -703,10 +704,8 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
           p[r] = dot4(dot4(_mm256_setzero_si256(), wl[r], xl), wh[r], xh);
         __m256i q[2]; /* the eight rows' sums of block b, of b + 1 */
         hsum8_halves(p, &q[0], &q[1]);
-        const int32_t *su = s + (size_t)u * B8 + (size_t)b * 8;
-        int o0 = 0, o1 = 0;
-        for (int l = 0; l < 8; l++)
-          o0 += su[l], o1 += su[8 + l];
+        const int32_t *ou = x->o + (size_t)(t + u) * (size_t)B + b;
+        const int o0 = ou[0], o1 = ou[1];
         const float *du = dx + (size_t)u * (size_t)B + b;
         f[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(q[0], _mm256_set1_epi32(o0))),
                                _mm256_mul_ps(d0, _mm256_set1_ps(du[0])), f[u]);
@@ -764,12 +763,134 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
     rp[r] = w + (size_t)(j + (r < nr ? r : nr - 1)) * row_bytes;
 }
 
-Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrdiff_t ldo,
-                                       const struct kn_cpu_q8_in *x, const uint8_t *w,
-                                       size_t row_bytes, int K, int T, int n, int acc) {
-  const int B = K / 32;
+/* Tokens of an X16 tile (each register of weights serves them all), and the
+ * bytes of inputs a sweep of the groups takes (L2). */
+#define Q8_XTOK_BYTES (192 * 1024)
+#if Q8T_VNNI && Q8T_ZMM
+#define Q8_XU 8
+#else
+#define Q8_XU 4 /* AVX2's 16 registers */
+#endif
+
+#if Q8T_VNNI && Q8T_ZMM
+#define vi_set1_32(v)  _mm512_set1_epi32(v)
+#define vi_srli16_4(a) _mm512_srli_epi16(a, 4)
+#define vf_h16(p)      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define vf_add(a, b)   _mm512_add_ps(a, b)
+#else
+#define vi_set1_32(v)  _mm256_set1_epi32(v)
+#define vi_srli16_4(a) _mm256_srli_epi16(a, 4)
+#define vf_h16(p)      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define vf_add(a, b)   _mm256_add_ps(a, b)
+#endif
+
+/* U tokens from t (a few: decode, or a few sequences' steps) against the 16
+ * rows of an X16 group (g: its block 0), rows in the lanes (Q8_TL of them at
+ * a time): a lane's block is one integer, its offset's term included, times
+ * the two scales into the lane's accumulator, block after block;
+ * out[u * ldo + r] for u < U, r < 16. Each register of weights serves the U
+ * tokens, each with its four inputs broadcast. */
+Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, float *out,
+                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
+                                        const uint8_t *g, int B, int acc) {
+  const size_t gb = KN_X16_ROWS * kind_bytes(kind);
+  const uint8_t *xq[Q8_XU];
+  const float *dx[Q8_XU];
+  const int32_t *xo[Q8_XU];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++) {
+    xq[u] = x->q + (size_t)(t + u) * x->ldq + 2;
+    dx[u] = x->d + (size_t)(t + u) * (size_t)B;
+    xo[u] = x->o + (size_t)(t + u) * (size_t)B;
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
+    q8vf f[Q8_XU];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++)
+      f[u] = vf_zero();
+    for (int b = 0; b < B; b++) {
+      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + 32 + 4 * Q8_TL * h;
+      q8vi p[Q8_XU];
+#pragma GCC unroll 8
+      for (int u = 0; u < U; u++) /* the offset's term (AVX2's Q8_0 has none: signs) */
+        p[u] = kind == Q8K_Q4_0 || Q8T_VNNI ? vi_set1_32(xo[u][b]) : vi_zero();
+      if (kind == Q8K_Q4_0) {
+#if Q8T_VNNI
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+          const q8vi v = vi_load(qs + 64 * c), l = vi_and(v, vi_set1_8(0x0F)),
+                     hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+#pragma GCC unroll 8
+          for (int u = 0; u < U; u++)
+            p[u] = vi_dot(vi_dot(p[u], l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)), hi,
+                          vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+        }
+#else
+        /* vpmaddubsw's pairs of 15 x 127 summed in 16 bits: eight of them fit */
+        __m256i s16[Q8_XU];
+#pragma GCC unroll 8
+        for (int u = 0; u < U; u++)
+          s16[u] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+          const __m256i v = vi_load(qs + 64 * c), l = vi_and(v, vi_set1_8(0x0F)),
+                        hi = vi_and(_mm256_srli_epi16(v, 4), vi_set1_8(0x0F));
+#pragma GCC unroll 8
+          for (int u = 0; u < U; u++) {
+            const __m256i a = _mm256_maddubs_epi16(l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)),
+                          e = _mm256_maddubs_epi16(hi,
+                                                   vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+            s16[u] = _mm256_add_epi16(s16[u], _mm256_add_epi16(a, e));
+          }
+        }
+#pragma GCC unroll 8
+        for (int u = 0; u < U; u++)
+          p[u] = _mm256_add_epi32(p[u], _mm256_madd_epi16(s16[u], _mm256_set1_epi16(1)));
+#endif
+      } else {
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+          const q8vi v = vi_load(qs + 64 * c);
+#if Q8T_VNNI
+          const q8vi uw = vi_xor(v, vi_set1_8(0x80)); /* w + 128 unsigned */
+#pragma GCC unroll 8
+          for (int u = 0; u < U; u++)
+            p[u] = vi_dot(p[u], uw, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
+#else
+          const __m256i a = _mm256_abs_epi8(v); /* |w| against x with w's sign */
+#pragma GCC unroll 8
+          for (int u = 0; u < U; u++)
+            p[u] = vi_dot(p[u], a, _mm256_sign_epi8(vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c), v));
+#endif
+        }
+      }
+      const q8vf dw = vf_h16(blk + 2 * Q8_TL * h);
+#pragma GCC unroll 8
+      for (int u = 0; u < U; u++)
+        f[u] = vf_fma(vf_cvt(p[u]), vf_mul(dw, vf_set1(dx[u][b])), f[u]);
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++) {
+      float *o = out + (ptrdiff_t)u * ldo + Q8_TL * h;
+      vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
+    }
+  }
+}
+
+/* Prefetches w's bytes from *pf up to want (at most end), a line at a time. */
+static inline AI void prefetch_to(const uint8_t **pf, const uint8_t *want, const uint8_t *end) {
+  for (want = want < end ? want : end; *pf < want; *pf += 64)
+    _mm_prefetch((const char *)*pf, _MM_HINT_T0);
+}
+
+Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, float *out,
+                                       ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                       const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                                       int acc) {
+  const int B = K / 32, ng = il ? n / KN_X16_ROWS * KN_X16_ROWS : 0; /* rows in X16 groups */
   const uint8_t *rp[8];
-  if (x->xi) {
+  if (x->xi && !il) { /* the rows as they are, at least KN_CPU_Q8_TOKENS tokens */
     /* token registers outside, their inputs near across the rows; the tiles'
      * results for Q8_SR rows go to a buffer first and then to out a token's
      * row at a time (a tile writes a line for each of its tokens, and ldo is
@@ -794,19 +915,46 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrd
     }
     return;
   }
-  /* a few tokens: groups of rows that fit L1, each swept for every token */
+  /* X16 groups, rows in the lanes: a group at a time for a block of tokens
+   * whose inputs stay in L2 (Q8_XTOK_BYTES), Q8_XU tokens at a time; the
+   * first block streams the weights from memory (ask for them ahead) */
+  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* the first byte not prefetched */
+  int TB = (int)(Q8_XTOK_BYTES / x->ldq) / Q8_XU * Q8_XU;
+  if (TB < Q8_XU) TB = Q8_XU;
+  for (int t0 = 0; t0 < T && ng; t0 += TB) {
+    const int t1 = t0 + TB < T ? t0 + TB : T;
+    for (int j = 0; j < ng; j += KN_X16_ROWS) {
+      if (t0 == 0)
+        prefetch_to(&pf, w + (size_t)(j + KN_X16_ROWS) * row_bytes + Q8_PREFETCH_BYTES, end);
+      const uint8_t *g = w + (size_t)j * row_bytes;
+      for (int t = t0; t < t1; t += Q8_XU) {
+        float *o = out + (ptrdiff_t)t * ldo + j;
+        switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
+        case 1: x16_tile(kind, 1, o, ldo, x, t, g, B, acc); break;
+        case 2: x16_tile(kind, 2, o, ldo, x, t, g, B, acc); break;
+        case 3: x16_tile(kind, 3, o, ldo, x, t, g, B, acc); break;
+#if Q8_XU == 8
+        case 4: x16_tile(kind, 4, o, ldo, x, t, g, B, acc); break;
+        case 5: x16_tile(kind, 5, o, ldo, x, t, g, B, acc); break;
+        case 6: x16_tile(kind, 6, o, ldo, x, t, g, B, acc); break;
+        case 7: x16_tile(kind, 7, o, ldo, x, t, g, B, acc); break;
+        default: x16_tile(kind, 8, o, ldo, x, t, g, B, acc); break;
+#else
+        default: x16_tile(kind, 4, o, ldo, x, t, g, B, acc); break;
+#endif
+        }
+      }
+    }
+  }
+  /* the rows as they are, a few tokens (or an X16 weight's last n % 16 rows):
+   * groups of rows that fit L1, each swept for every token */
   int G = (int)(Q8_GROUP_BYTES / row_bytes) / 8 * 8;
   if (G < 8) G = 8;
-  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* the first byte not prefetched */
-  for (int j0 = 0; j0 < n; j0 += G) {
+  for (int j0 = ng; j0 < n; j0 += G) {
     const int j1 = j0 + G < n ? j0 + G : n;
     for (int t = 0; t < T; t += Q8_RU)
       for (int j = j0; j < j1; j += 8) {
-        if (t == 0) { /* each row comes from memory once: ask for it ahead */
-          const uint8_t *want = w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES;
-          for (want = want < end ? want : end; pf < want; pf += 64)
-            _mm_prefetch((const char *)pf, _MM_HINT_T0);
-        }
+        if (t == 0) prefetch_to(&pf, w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES, end);
         const int nr = j1 - j < 8 ? j1 - j : 8;
         float *o = out + (ptrdiff_t)t * ldo + j;
         tile_rows(rp, 8, w, row_bytes, j, nr);
@@ -820,14 +968,17 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, float *out, ptrd
   }
 }
 
-Q8T_ATTR static void q8dot_q8_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  int_dot(Q8K_Q8_0, out, ldo, x, w, row_bytes, K, T, n, acc);
-}
-Q8T_ATTR static void q8dot_q4_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  int_dot(Q8K_Q4_0, out, ldo, x, w, row_bytes, K, T, n, acc);
-}
+/* q8dot of Q8_0 and Q4_0, as rows (il 0) or in X16 groups (il 1). */
+#define DEF_INT_DOT(SUF, KIND, IL)                                                                 \
+  Q8T_ATTR static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,        \
+                                   const uint8_t *w, size_t row_bytes, int K, int T, int n,        \
+                                   int acc) {                                                      \
+    int_dot(KIND, IL, out, ldo, x, w, row_bytes, K, T, n, acc);                                    \
+  }
+DEF_INT_DOT(q8_0, Q8K_Q8_0, 0)
+DEF_INT_DOT(q4_0, Q8K_Q4_0, 0)
+DEF_INT_DOT(q8_0x16, Q8K_Q8_0, 1)
+DEF_INT_DOT(q4_0x16, Q8K_Q4_0, 1)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 
@@ -878,6 +1029,8 @@ static inline void q8t_init(struct kn_cpu_dsp *dsp) {
   dsp->q8_prep = q8_prep_vec;
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
+  dsp->q8dot[KN_DTYPE_Q8_0_X16] = q8dot_q8_0x16;
+  dsp->q8dot[KN_DTYPE_Q4_0_X16] = q8dot_q4_0x16;
   dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;
   dsp->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;
   dsp->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;

@@ -154,18 +154,25 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
     }
 }
 
-/* Q8_0 and Q4_0: one integer a block, one multiply-add a block. */
+/* Q8_0 and Q4_0, and their X16 layouts (each block as its format's first):
+ * one integer a block, one multiply-add a block. */
 static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
   const int B = K / 32;
   int q[32];
   float dw[8], m = 0.0f;
+  uint8_t blk[34];
   for (int j = 0; j < n; j++)
     for (int t = 0; t < T; t++) {
       const uint8_t *xr = x + (size_t)t * ldx;
       float a = 0.0f;
       for (int b = 0; b < B; b++) {
-        weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
+        if (kn_dtype_x16(dt)) {
+          kn_x16_block(dt, w, n, K, j, b, blk);
+          weights(kn_dtype_rows_of(dt), blk, 0, q, dw, &m);
+        } else {
+          weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
+        }
         const uint8_t *xb = xr + (size_t)b * 34;
         int p = 0;
         for (int e = 0; e < 32; e++)
@@ -187,6 +194,8 @@ static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
 
 DEF_REF(q8_0, q8dot_int_ref, KN_DTYPE_Q8_0)
 DEF_REF(q4_0, q8dot_int_ref, KN_DTYPE_Q4_0)
+DEF_REF(q8_0x16, q8dot_int_ref, KN_DTYPE_Q8_0_X16)
+DEF_REF(q4_0x16, q8dot_int_ref, KN_DTYPE_Q4_0_X16)
 DEF_REF(q4_1, q8dot_ref, KN_DTYPE_Q4_1)
 DEF_REF(q5_0, q8dot_ref, KN_DTYPE_Q5_0)
 DEF_REF(q5_1, q8dot_ref, KN_DTYPE_Q5_1)
@@ -210,6 +219,8 @@ void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp) {
   dsp->q8_prep = q8_prep_ref;
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
+  dsp->q8dot[KN_DTYPE_Q8_0_X16] = q8dot_q8_0x16;
+  dsp->q8dot[KN_DTYPE_Q4_0_X16] = q8dot_q4_0x16;
   dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;
   dsp->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;
   dsp->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;

@@ -147,7 +147,8 @@ static double rate_dpbusd_threads(int n) {
 }
 
 /* The q8 mode: Q4_0 and Q8_0 weights of gemma-3-270m's MLP shapes at decode
- * and prefill token counts. */
+ * and prefill token counts, as the rows are in a file and as the mode lays
+ * them out at load (kn_weights_prepare). */
 static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only) {
   static const int NK[][2] = {{2048, 640}, {640, 2048}, {262144, 640}},
                    Ts[] = {1, 4, 8, 12, 16, 64, 256};
@@ -161,13 +162,16 @@ static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only
       if (!w) exit(1);
       for (int r = 0; r < N; r++)
         kn_quantize_row(dt, wf + (size_t)r * K, w + (size_t)r * rb, (size_t)K);
-      for (size_t i = 0; i < (N > 100000 ? 1 : sizeof(Ts) / sizeof(Ts[0])); i++) {
-        double s = time_matmul(be, dt, w, Ts[i], N, K, in, out);
-        printf("q8 mode %s [%4d x %4d] T=%3d: %9.1f us  %6.1f G products/s (%6.1f per "
-               "CPU-second)  %5.1f GB/s of weights\n",
-               kn_dtype_name(dt), N, K, Ts[i], s * 1e6, (double)Ts[i] * N * K / s / 1e9,
-               (double)Ts[i] * N * K / last_cpu_per_call / 1e9, (double)rb * N / s / 1e9);
-      }
+      /* the rows as the file has them, then as the mode lays them out at load */
+      for (enum kn_dtype wdt = dt, was = KN_DTYPE__COUNT; wdt != was;
+           was = wdt, kn_weights_prepare(be, w, &wdt, N, K))
+        for (size_t i = 0; i < (N > 100000 ? 1 : sizeof(Ts) / sizeof(Ts[0])); i++) {
+          double s = time_matmul(be, wdt, w, Ts[i], N, K, in, out);
+          printf("q8 mode %-7s [%6d x %4d] T=%3d: %9.1f us  %6.1f G products/s (%6.1f per "
+                 "CPU-second)  %5.1f GB/s of weights\n",
+                 kn_dtype_name(wdt), N, K, Ts[i], s * 1e6, (double)Ts[i] * N * K / s / 1e9,
+                 (double)Ts[i] * N * K / last_cpu_per_call / 1e9, (double)rb * N / s / 1e9);
+        }
       free(wf), free(w);
     }
   }

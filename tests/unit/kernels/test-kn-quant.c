@@ -279,6 +279,20 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   for (int t = 0; t < T; t++)
     TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
   const int cut = N / 3 | 1; /* a rank's rows: [cut, N) */
+  /* Q8_0 and Q4_0 as the q8 mode lays them out at load (16 rows side by side) */
+  uint8_t *xw = malloc(rb * N);
+  enum kn_dtype xdt = dt;
+  TH_REQUIRE(xw != NULL);
+  memcpy(xw, w, rb * N);
+  {
+    struct kn_backend *be = NULL;
+    TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 2, &be) == 0);
+    TH_REQUIRE(kn_weights_prepare(be, xw, &xdt, N, K) == 0);
+    kn_backend_destroy(be);
+  }
+  const int x16 = kn_dtype_x16(xdt);
+  TH_CHECK(x16 == ((dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0) && N >= KN_X16_ROWS));
+  TH_CHECK(x16 == (memcmp(xw, w, rb * N) != 0));
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
     struct kn_backend *be = NULL;
     TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
@@ -288,6 +302,24 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
     else if (memcmp(ref, got, sizeof(float) * T * N))
       th_fail(__FILE__, __LINE__, "%s K=%d T=%d %s: q8 mode differs from the reference",
               kn_dtype_name(dt), K, T, kn_backend_name(be));
+    if (x16) { /* the same bits from the rows side by side, whole and from a group on */
+      TH_REQUIRE(kn_matmul(be, got, N, in, K, xw, xdt, T, N, K, 0) == 0);
+      if (memcmp(ref, got, sizeof(float) * T * N))
+        th_fail(__FILE__, __LINE__, "%s K=%d T=%d N=%d %s: differs from the reference",
+                kn_dtype_name(xdt), K, T, N, kn_backend_name(be));
+      for (size_t i = 0; i < (size_t)T * N; i++)
+        got[i] = 1.0f;
+      TH_REQUIRE(kn_matmul(be, got + KN_X16_ROWS, N, in, K, xw + KN_X16_ROWS * rb, xdt, T,
+                           N - KN_X16_ROWS, K, 1) == 0);
+      for (int t = 0; t < T; t++)
+        for (int n = KN_X16_ROWS; n < N; n++)
+          if (got[t * N + n] != 1.0f + ref[t * N + n]) {
+            th_fail(__FILE__, __LINE__, "%s K=%d T=%d %s: rows from 16, token %d row %d",
+                    kn_dtype_name(xdt), K, T, kn_backend_name(be), t, n);
+            t = T;
+            break;
+          }
+    }
     for (int t = 0; t<T; t += T> 8 ? T / 5 + 1 : 1) { /* one token alone */
       TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, dt, 1, N, K, 0) == 0);
       if (memcmp(one, ref + (size_t)t * N, sizeof(float) * N))
@@ -312,6 +344,18 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   struct kn_backend *be = NULL;
   TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
   TH_REQUIRE(kn_matmul(be, f32, N, in, K, w, dt, T, N, K, 0) == 0);
+  if (x16) { /* the f32 mode has no kernels for the layout; an embedding gathers its rows */
+    TH_CHECK_EQ_INT(kn_matmul(be, got, N, in, K, xw, xdt, T, N, K, 0), CM_ERR_UNSUPPORTED);
+    const int32_t ids[4] = {N - 1, 17, -1, 0}; /* a row past the groups, in one, none */
+    float *ea = malloc(sizeof(float) * 4 * K), *eb = malloc(sizeof(float) * 4 * K);
+    TH_REQUIRE(ea && eb);
+    TH_REQUIRE(kn_embed(be, ea, K, w, dt, N, K, ids, 4, 0.5f) == 0);
+    TH_REQUIRE(kn_embed(be, eb, K, xw, xdt, N, K, ids, 4, 0.5f) == 0);
+    TH_CHECK(!memcmp(ea, eb, sizeof(float) * 4 * K));
+    TH_REQUIRE(kn_embed_dev(be, eb, K, xw, xdt, N, K, ids, 4, 0.5f) == 0);
+    TH_CHECK(!memcmp(ea, eb, sizeof(float) * 4 * K));
+    free(ea), free(eb);
+  }
   kn_backend_destroy(be);
   double worst = 0, big = 0, far = 0;
   float *wv = malloc(sizeof(float) * K), *xv = malloc(sizeof(float) * K);
@@ -333,7 +377,7 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   TH_CHECK(worst <= 1e-5 * big);
   TH_CHECK(far > 0 && far <= 0.05 * big);
   free(wf), free(in), free(w), free(xq), free(ref), free(got), free(f32), free(one), free(wv),
-      free(xv);
+      free(xv), free(xw);
 }
 
 TH_TEST(q8_mode_integer_dot_products) {
@@ -349,6 +393,10 @@ TH_TEST(q8_mode_integer_dot_products) {
     }
   }
   check_q8_mode(KN_DTYPE_Q4_0, 32, 7, 3); /* one block */
+  /* rows side by side at prefill's token counts, over more than one block of
+   * tokens (the inputs a sweep of X16 groups keeps in L2) */
+  check_q8_mode(KN_DTYPE_Q4_0, 640, 40, 256);
+  check_q8_mode(KN_DTYPE_Q8_0, 4096, 33, 100);
   int mode = -1;
   char err[128];
   TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
