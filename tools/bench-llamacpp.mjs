@@ -4,7 +4,9 @@
 // lmserve, for side-by-side figures in BENCHMARKS.md:
 //   - the same prompt ids (the bench's generator: an LCG from seed 12345, ids
 //     (s >> 8) % vocab, the first one bos);
-//   - a one-token warm-up, then the prompt in one batch on an empty cache,
+//   - the prompt once as a warm-up (the thread pool's start and the first
+//     touches of the batch's buffers, which a server pays on its first request
+//     only), then the prompt in one batch on an empty cache,
 //     then `--decode-tokens` greedy tokens one at a time;
 //   - `--threads` threads for both batch and single-token evaluation.
 // llama.cpp is the prebuilt CPU build of the npm package node-llama-cpp (its
@@ -76,7 +78,7 @@ for (let rep = 0; rep < opts.reps; rep++) {
     sequences: 1,
   });
   const seq = ctx.getSequence();
-  await seq.evaluateWithoutGeneratingNewTokens([bos]); // warm-up: thread pool, first touches
+  await seq.evaluateWithoutGeneratingNewTokens(ids); // warm-up: thread pool, first touches
   await seq.eraseContextTokenRanges([{start: 0, end: seq.nextTokenIndex}]);
   let t0 = performance.now();
   await seq.evaluateWithoutGeneratingNewTokens(ids);
