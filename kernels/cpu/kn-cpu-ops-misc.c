@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
@@ -65,7 +66,32 @@ struct rope_task {
   const float *inv_freq;
   float *cs, *sn; /* [T][D / 2] */
   int fill;       /* 1: compute cs and sn first (else they hold these positions') */
+  int avx2;       /* the table has AVX2: rope_head_avx2 */
 };
+
+/* One head's pairs (x[i], x[i + half]) rotated by (cs[i], sn[i]), each written as
+ * two rounded products and one sum (no fused multiply-add). */
+static void rope_head(float *x, const float *cs, const float *sn, int i, int half) {
+  for (; i < half; i++) {
+    float x0 = x[i], x1 = x[i + half];
+    float a0 = x0 * cs[i], b0 = x1 * sn[i];
+    float a1 = x1 * cs[i], b1 = x0 * sn[i];
+    x[i] = a0 - b0;
+    x[i + half] = a1 + b1;
+  }
+}
+
+/* rope_head eight pairs at a time: the same roundings lane by lane. */
+KN_AVX2 static void rope_head_avx2(float *x, const float *cs, const float *sn, int half) {
+  int i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + half);
+    const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+    _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)));
+    _mm256_storeu_ps(x + i + half, _mm256_add_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x0, s)));
+  }
+  rope_head(x, cs, sn, i, half);
+}
 
 static void rope_run(void *arg, long long b, long long e, int ith) {
   struct rope_task *r = arg;
@@ -84,14 +110,10 @@ static void rope_run(void *arg, long long b, long long e, int ith) {
     float *row = r->x + t * r->ldx;
     for (int h = 0; h < r->heads; h++) {
       float *x = row + (ptrdiff_t)h * r->D;
-      for (int i = 0; i < half; i++) {
-        float x0 = x[i], x1 = x[i + half];
-        /* written as two rounded products and one sum (no fused multiply-add) */
-        float a0 = x0 * cs[i], b0 = x1 * sn[i];
-        float a1 = x1 * cs[i], b1 = x0 * sn[i];
-        x[i] = a0 - b0;
-        x[i + half] = a1 + b1;
-      }
+      if (r->avx2)
+        rope_head_avx2(x, cs, sn, half);
+      else
+        rope_head(x, cs, sn, 0, half);
     }
   }
 }
@@ -142,8 +164,17 @@ int kn_cpu_op_rope(void *p, float *x, ptrdiff_t ldx, int T, int heads, int D, co
   int hit = 0;
   struct kn_cpu_rope_cache *c = rope_entry(ctx, T, D, pos, inv_freq, &hit);
   if (!c) return CM_ERR_NOMEM;
-  struct rope_task r = {
-      x, ldx, T, heads, D, pos, inv_freq, c->cs, c->cs + (size_t)c->cap_T * (size_t)(D / 2), !hit};
+  struct rope_task r = {x,
+                        ldx,
+                        T,
+                        heads,
+                        D,
+                        pos,
+                        inv_freq,
+                        c->cs,
+                        c->cs + (size_t)c->cap_T * (size_t)(D / 2),
+                        !hit,
+                        ctx->dsp.isa >= KN_CPU_ISA_AVX2};
   kn_cpu_pool_run(ctx->pool, T, (double)T * heads * D < (1 << 16) ? T : 4, rope_run, &r);
   return 0;
 }

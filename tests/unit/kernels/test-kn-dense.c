@@ -986,6 +986,37 @@ TH_TEST(rope_cache_same_bits_as_cold) {
   kn_backend_destroy(warm);
 }
 
+/* Every table rotates with the plain C table's bits: head dims whose halves
+ * are whole vectors (256: Gemma's) and not (72: vectors and a scalar tail,
+ * 8: none), over many positions. */
+TH_TEST(rope_same_bits_on_every_table) {
+  enum { T = 40, HEADS = 3 };
+  static const int Ds[] = {256, 72, 8};
+  kt_seed(17);
+  int32_t pos[T];
+  for (int t = 0; t < T; t++)
+    pos[t] = t * 37 + 5;
+  for (size_t di = 0; di < sizeof(Ds) / sizeof(Ds[0]); di++) {
+    const int D = Ds[di], ld = HEADS * D + 3;
+    float *x0 = kt_rand_f32((size_t)T * ld, 2.0f), *want = malloc(sizeof(float) * T * ld),
+          *got = malloc(sizeof(float) * T * ld), inv_freq[128];
+    TH_REQUIRE(want && got);
+    for (int i = 0; i < D / 2; i++)
+      inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)D);
+    for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
+      struct kn_backend *be = kt_backend((enum kn_cpu_isa)isa, 2);
+      float *x = isa == KN_CPU_ISA_REF ? want : got;
+      memcpy(x, x0, sizeof(float) * T * ld);
+      TH_REQUIRE(kn_rope(be, x, ld, T, HEADS, D, pos, inv_freq) == 0);
+      if (isa != KN_CPU_ISA_REF && !kt_bits_equal(want, got, (size_t)T * ld))
+        th_fail(__FILE__, __LINE__, "rope D=%d: %s differs from the plain C table", D,
+                kn_backend_name(be));
+      kn_backend_destroy(be);
+    }
+    free(x0), free(want), free(got);
+  }
+}
+
 /* ---- validation --------------------------------------------------------- */
 
 TH_TEST(bad_arguments_are_errors) {
