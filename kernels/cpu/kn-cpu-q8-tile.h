@@ -985,7 +985,6 @@ DEF_INT_DOT(q4_0x16, Q8K_Q4_0, 1)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 
-#if !Q8T_ZMM
 /* kn_cpu_dsp.q8_prep: kn_quantize_row's Q8_0 blocks (d = amax / 127, q =
  * roundf(x / d), halves away from zero: the truncation plus one away from
  * zero where the part cut off is half or more, exact) and the lane sums. */
@@ -1028,54 +1027,9 @@ Q8T_ATTR static void q8_prep_vec(const float *x, int K, uint8_t *q, float *d, in
   }
 }
 
-#else
-/* q8_prep_vec on 512-bit registers, a block's 32 inputs in two: the same
- * operations lane by lane (the maximum of the magnitudes is exact whatever its
- * order, and a NaN never wins it), the saturating narrowing of vpackssdw's. */
-Q8T_ATTR static void q8_prep_zmm(const float *x, int K, uint8_t *q, float *d, int32_t *s,
-                                 int shift) {
-  const __m512 sgn = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-  const __m256i ones = _mm256_set1_epi8(1);
-  for (int b = 0; b < K / 32; b++) {
-    const float *xb = x + (size_t)b * 32;
-    const __m512 v[2] = {_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)};
-    __m512 big = _mm512_max_ps(_mm512_andnot_ps(sgn, v[0]), _mm512_setzero_ps());
-    big = _mm512_max_ps(_mm512_andnot_ps(sgn, v[1]), big);
-    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(big), _mm512_extractf32x8_ps(big, 1));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    const float amax = _mm_cvtss_f32(m), db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
-    const uint16_t h = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(db), 0), 0);
-    uint8_t *qb = q + (size_t)b * 34;
-    memcpy(qb, &h, 2);
-    d[b] = _cvtsh_ss(h);
-    __m128i r[2];
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; k++) {
-      const __m512 y = _mm512_mul_ps(v[k], _mm512_set1_ps(id));
-      const __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      const __mmask16 up =
-          _mm512_cmp_ps_mask(_mm512_andnot_ps(sgn, _mm512_sub_ps(y, t)), half, _CMP_GE_OQ);
-      const __m512 away = _mm512_or_ps(_mm512_and_ps(y, sgn), one);
-      r[k] = _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, away)));
-    }
-    const __m256i w = _mm256_set_m128i(r[1], r[0]);
-    _mm256_storeu_si256((__m256i *)(qb + 2), w);
-    __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, w), _mm256_set1_epi16(1));
-    if (shift) l = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(l, shift));
-    _mm256_storeu_si256((__m256i *)(s + (size_t)b * 8), l);
-  }
-}
-#endif
-
 /* The table's entries. */
 static inline void q8t_init(struct kn_cpu_dsp *dsp) {
-#if Q8T_ZMM
-  dsp->q8_prep = q8_prep_zmm;
-#else
   dsp->q8_prep = q8_prep_vec;
-#endif
   dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
   dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
   dsp->q8dot[KN_DTYPE_Q8_0_X16] = q8dot_q8_0x16;
