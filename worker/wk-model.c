@@ -784,10 +784,6 @@ static int alloc_scratch(struct wk_model *m) {
   return 0;
 }
 
-/* Weights left in the mapping: reads every page of the checkpoint once so the
- * first step does not pay the page faults. Copied weights (to the arena or
- * to a device): the arena turns read-only and this process's pages of the
- * mapping are let go (the page cache keeps them for the next load). */
 /* Lets the backend lay weight w out for its kernels (kn_weights_prepare) when
  * only matmuls and kn_embed read it, it is one matrix and it lies in the arena
  * (written here, not yet read-only). A weight it cannot rearrange stays as it
@@ -822,6 +818,10 @@ static void prepare_weights(struct wk_model *m) {
     prepare_weight(m, &m->lm_head);
 }
 
+/* Weights left in the mapping: reads every page of the checkpoint once so the
+ * first step does not pay the page faults. Copied weights (to the arena or
+ * to a device): the arena turns read-only and this process's pages of the
+ * mapping are let go (the page cache keeps them for the next load). */
 static void finish_weights(struct wk_model *m) {
   struct wk_arena *a = &m->arena;
   if (a->mem.base) {

@@ -393,6 +393,12 @@ typedef void (*tiles_fn)(int r, int u, float *out, ptrdiff_t ldo, const struct q
                          const uint8_t *w, size_t row_bytes, int B, int acc);
 
 /* Groups of rows that fit L1, each swept by tiles across all T tokens. */
+/* Prefetches w's bytes from *pf up to want (at most end), a line at a time. */
+static inline AI void prefetch_to(const uint8_t **pf, const uint8_t *want, const uint8_t *end) {
+  for (want = want < end ? want : end; *pf < want; *pf += 64)
+    _mm_prefetch((const char *)*pf, _MM_HINT_T0);
+}
+
 Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *in,
                            const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
   const int B = K / 32;
@@ -406,13 +412,9 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
                               in->s + (size_t)t * (size_t)B * 8, in->ldq};
       const uint8_t *pf = w + (size_t)j0 * row_bytes; /* the first byte not prefetched */
       for (int j = j0; j < j1; j += R) {
-        if (u == 1) { /* decode streams each row once from memory: ask for it ahead */
-          const uint8_t *want = w + (size_t)(j + R) * row_bytes + Q8_PREFETCH_BYTES,
-                        *end = w + (size_t)n * row_bytes;
-          if (want > end) want = end;
-          for (; pf < want; pf += 64)
-            _mm_prefetch((const char *)pf, _MM_HINT_T0);
-        }
+        if (u == 1) /* decode streams each row once from memory: ask for it ahead */
+          prefetch_to(&pf, w + (size_t)(j + R) * row_bytes + Q8_PREFETCH_BYTES,
+                      w + (size_t)n * row_bytes);
         f(j1 - j < R ? j1 - j : R, u, out + (ptrdiff_t)t * ldo + j, ldo, &x,
           w + (size_t)j * row_bytes, row_bytes, B, acc);
       }
@@ -463,6 +465,11 @@ typedef __m512 q8vf;
 #define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vf_cvt(a)       _mm512_cvtepi32_ps(a)
 #define vf_store(p, a)  _mm512_storeu_ps(p, a)
+#define vi_set1_32(v)   _mm512_set1_epi32(v)
+#define vi_srli16_4(a)  _mm512_srli_epi16(a, 4)
+#define vf_h16(p)       _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define vf_add(a, b)    _mm512_add_ps(a, b)
+#define Q8_XU           8 /* tokens of an X16 tile: each register of weights serves them all */
 #else
 #define Q8_TL           8
 typedef __m256i q8vi;
@@ -483,6 +490,11 @@ typedef __m256 q8vf;
 #define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vf_cvt(a)       _mm256_cvtepi32_ps(a)
 #define vf_store(p, a)  _mm256_storeu_ps(p, a)
+#define vi_set1_32(v)   _mm256_set1_epi32(v)
+#define vi_srli16_4(a)  _mm256_srli_epi16(a, 4)
+#define vf_h16(p)       _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define vf_add(a, b)    _mm256_add_ps(a, b)
+#define Q8_XU           4 /* AVX2's 16 registers */
 #endif
 
 /* Rows of a tile of tokens side by side, and its registers of tokens (NG of
@@ -766,26 +778,8 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
     rp[r] = w + (size_t)(j + (r < nr ? r : nr - 1)) * row_bytes;
 }
 
-/* Tokens of an X16 tile (each register of weights serves them all), and the
- * bytes of inputs a sweep of the groups takes (L2). */
+/* The bytes of inputs a sweep of the X16 groups takes (L2). */
 #define Q8_XTOK_BYTES (192 * 1024)
-#if Q8T_VNNI && Q8T_ZMM
-#define Q8_XU 8
-#else
-#define Q8_XU 4 /* AVX2's 16 registers */
-#endif
-
-#if Q8T_VNNI && Q8T_ZMM
-#define vi_set1_32(v)  _mm512_set1_epi32(v)
-#define vi_srli16_4(a) _mm512_srli_epi16(a, 4)
-#define vf_h16(p)      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define vf_add(a, b)   _mm512_add_ps(a, b)
-#else
-#define vi_set1_32(v)  _mm256_set1_epi32(v)
-#define vi_srli16_4(a) _mm256_srli_epi16(a, 4)
-#define vf_h16(p)      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define vf_add(a, b)   _mm256_add_ps(a, b)
-#endif
 
 /* U tokens from t (a few: decode, or a few sequences' steps) against the 16
  * rows of an X16 group (g: its block 0), rows in the lanes (Q8_TL of them at
@@ -838,7 +832,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
           const __m256i v = vi_load(qs + 64 * c), l = vi_and(v, vi_set1_8(0x0F)),
-                        hi = vi_and(_mm256_srli_epi16(v, 4), vi_set1_8(0x0F));
+                        hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
             const __m256i a = _mm256_maddubs_epi16(l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)),
@@ -879,12 +873,6 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
     }
   }
-}
-
-/* Prefetches w's bytes from *pf up to want (at most end), a line at a time. */
-static inline AI void prefetch_to(const uint8_t **pf, const uint8_t *want, const uint8_t *end) {
-  for (want = want < end ? want : end; *pf < want; *pf += 64)
-    _mm_prefetch((const char *)*pf, _MM_HINT_T0);
 }
 
 Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, float *out,
