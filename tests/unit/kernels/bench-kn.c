@@ -2,11 +2,12 @@
  * bf16/f16/f32 matvec (T = 1) on gemma-3-270m-shaped matrices against it, the
  * matmul at prefill sizes, and decode attention.
  *
- *   bench-kn [threads] [seconds-per-case] [bf16 | q8 [head]]
+ *   bench-kn [threads] [seconds-per-case] [bf16 | q8 [head | stream]]
  *
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
  * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks);
- * q8 head: only the [262144 x 640] head (decode, from memory).
+ * q8 head: only the [262144 x 640] head (decode, from memory);
+ * q8 stream: a decode step's weight stream in Q4_0 and Q8_0, as the mode lays it out.
  * Before the cases: the read bandwidth and the vector units' issue rates (FMA,
  * vdpbf16ps, AMX, and vpdpbusd on one thread and on every thread at once).
  *
@@ -177,6 +178,58 @@ static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only
   }
 }
 
+/* A decode step's weight stream: 18 layers of q,k,v,o,gate,up,down + lm_head
+ * (270m-shaped) in dt, each matrix laid out as the backend's mode wants it
+ * (kn_weights_prepare), three rounds, each between two bandwidth probes (the
+ * machine may be shared). */
+static void bench_stream(struct kn_backend *be, enum kn_dtype dt, int threads, float *in,
+                         float *out) {
+  static const int NK[][2] = {{1024, 640}, {256, 640},  {256, 640}, {640, 1024},
+                              {2048, 640}, {2048, 640}, {640, 2048}};
+  void *w[18 * 7 + 1];
+  enum kn_dtype wdt[18 * 7 + 1];
+  double bytes = 0;
+  for (int i = 0; i < 18 * 7 + 1; i++) {
+    const int N = i < 18 * 7 ? NK[i % 7][0] : 262144, K = i < 18 * 7 ? NK[i % 7][1] : 640;
+    size_t rb = kn_row_bytes(dt, (size_t)K);
+    w[i] = malloc(rb * (size_t)N);
+    if (!w[i]) exit(1);
+    if (kn_block_elems(dt) > 1) {
+      float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
+      for (int r = 0; r < N; r++)
+        kn_quantize_row(dt, wf + (size_t)r * K, (uint8_t *)w[i] + (size_t)r * rb, (size_t)K);
+      free(wf);
+    } else {
+      void *r = rand_weights(dt, (size_t)N * K);
+      memcpy(w[i], r, rb * (size_t)N);
+      free(r);
+    }
+    wdt[i] = dt;
+    (void)kn_weights_prepare(be, w[i], &wdt[i], N, K);
+    bytes += (double)rb * N;
+  }
+  for (int round = 0; round < 3; round++) {
+    double bw0 = kn_cpu_measure_bandwidth(0, threads);
+    int reps = 0;
+    double t0 = cm_time_s(), t;
+    do {
+      for (int i = 0; i < 18 * 7 + 1; i++) {
+        const int N = i < 18 * 7 ? NK[i % 7][0] : 262144, K = i < 18 * 7 ? NK[i % 7][1] : 640;
+        kn_matmul(be, out, N, in, K, w[i], wdt[i], 1, N, K, 0);
+      }
+      reps++;
+      t = cm_time_s() - t0;
+    } while (t < 2 * secs_per_case);
+    double bw1 = kn_cpu_measure_bandwidth(0, threads), s = t / reps;
+    printf("decode weight stream (270m-shaped, %s, %.0f MB): %.2f ms/token, %.1f GB/s; "
+           "bandwidth before/after %.1f/%.1f GB/s: %.0f%% of their mean\n",
+           kn_dtype_name(wdt[0]), bytes / 1e6, s * 1e3, bytes / s / 1e9, bw0, bw1,
+           100.0 * bytes / s / 1e9 / ((bw0 + bw1) / 2));
+  }
+  for (int i = 0; i < 18 * 7 + 1; i++)
+    free(w[i]);
+}
+
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 0;
   if (argc > 2) secs_per_case = atof(argv[2]);
@@ -220,7 +273,11 @@ int main(int argc, char **argv) {
   float *out = malloc(sizeof(float) * (size_t)262144 * 64); /* up to 64 vocabulary rows */
   if (!out) return 1;
   if (bf16 == 2) {
-    bench_q8(be, in, out, argc > 4 && !strcmp(argv[4], "head"));
+    if (argc > 4 && !strcmp(argv[4], "stream")) {
+      bench_stream(be, KN_DTYPE_Q4_0, threads, in, out);
+      bench_stream(be, KN_DTYPE_Q8_0, threads, in, out);
+    } else
+      bench_q8(be, in, out, argc > 4 && !strcmp(argv[4], "head"));
     return 0;
   }
   for (int d = 0; d < 3; d++) {
@@ -237,48 +294,7 @@ int main(int argc, char **argv) {
       free(w);
     }
   }
-  /* a decode step's weight stream: 18 layers of q,k,v,o,gate,up,down + lm_head,
-   * three rounds, each between two bandwidth probes (the machine may be shared) */
-  {
-    enum kn_dtype dt = KN_DTYPE_BF16;
-    void *wq = rand_weights(dt, (size_t)18 * 1024 * 640),
-         *wk = rand_weights(dt, (size_t)18 * 256 * 640);
-    void *wv = rand_weights(dt, (size_t)18 * 256 * 640),
-         *wo = rand_weights(dt, (size_t)18 * 640 * 1024);
-    void *wg = rand_weights(dt, (size_t)18 * 2048 * 640),
-         *wu = rand_weights(dt, (size_t)18 * 2048 * 640);
-    void *wd = rand_weights(dt, (size_t)18 * 640 * 2048),
-         *lm = rand_weights(dt, (size_t)262144 * 640);
-    double bytes =
-        2.0 * (18.0 * (1024 * 640 + 2 * 256 * 640 + 640 * 1024 + 3 * 2048 * 640) + 262144.0 * 640);
-    for (int round = 0; round < 3; round++) {
-      double bw0 = kn_cpu_measure_bandwidth(0, threads);
-      int reps = 0;
-      double t0 = cm_time_s(), t;
-      do {
-        for (int l = 0; l < 18; l++) {
-          size_t o1 = (size_t)l * 1024 * 640, o2 = (size_t)l * 256 * 640,
-                 o3 = (size_t)l * 2048 * 640;
-          kn_matmul(be, out, 1024, in, 640, (uint16_t *)wq + o1, dt, 1, 1024, 640, 0);
-          kn_matmul(be, out, 256, in, 640, (uint16_t *)wk + o2, dt, 1, 256, 640, 0);
-          kn_matmul(be, out, 256, in, 640, (uint16_t *)wv + o2, dt, 1, 256, 640, 0);
-          kn_matmul(be, out, 640, in, 1024, (uint16_t *)wo + o1, dt, 1, 640, 1024, 0);
-          kn_matmul(be, out, 2048, in, 640, (uint16_t *)wg + o3, dt, 1, 2048, 640, 0);
-          kn_matmul(be, out, 2048, in, 640, (uint16_t *)wu + o3, dt, 1, 2048, 640, 0);
-          kn_matmul(be, out, 640, in, 2048, (uint16_t *)wd + o3, dt, 1, 640, 2048, 0);
-        }
-        kn_matmul(be, out, 262144, in, 640, lm, dt, 1, 262144, 640, 0);
-        reps++;
-        t = cm_time_s() - t0;
-      } while (t < 2 * secs_per_case);
-      double bw1 = kn_cpu_measure_bandwidth(0, threads), s = t / reps;
-      printf("decode weight stream (270m-shaped, bf16, %.0f MB): %.2f ms/token, %.1f GB/s; "
-             "bandwidth before/after %.1f/%.1f GB/s: %.0f%% of their mean\n",
-             bytes / 1e6, s * 1e3, bytes / s / 1e9, bw0, bw1,
-             100.0 * bytes / s / 1e9 / ((bw0 + bw1) / 2));
-    }
-    free(wq), free(wk), free(wv), free(wo), free(wg), free(wu), free(wd), free(lm);
-  }
+  bench_stream(be, KN_DTYPE_BF16, threads, in, out);
   /* small decode batches over a matrix larger than the last-level cache */
   {
     int N = 65536, K = 640;
