@@ -467,12 +467,16 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
   return fb != KN_DTYPE__COUNT && K % 32 == 0 ? fb : KN_DTYPE__COUNT;
 }
 
-/* Where row i's bytes of a block (its scale, then its quad c) go in a block of an X16 group. */
-static size_t x16_scale_at(int i) {
-  return 2 * (size_t)i;
-}
-static size_t x16_quad_at(int i, int c) {
-  return 32 + 64 * (size_t)c + 4 * (size_t)i;
+/* Row i's block at blk and its place in a block of an X16 group at grp (the
+ * scale at 2 i, quad c at 32 + 64 c + 4 i): copied into the group (pack), or
+ * back out of it. */
+static void x16_copy(uint8_t *grp, uint8_t *blk, int i, int quads, int pack) {
+  for (int c = -1; c < quads; c++) {
+    uint8_t *g = c < 0 ? grp + 2 * i : grp + 32 + 64 * c + 4 * i,
+            *r = c < 0 ? blk : blk + 2 + 4 * c;
+    const size_t len = c < 0 ? 2 : 4;
+    memcpy(pack ? g : r, pack ? r : g, len);
+  }
 }
 
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
@@ -486,15 +490,9 @@ int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
   for (int g = 0; g < n / KN_X16_ROWS; g++) {
     uint8_t *grp = (uint8_t *)w + (size_t)g * KN_X16_ROWS * rb;
     memcpy(rows, grp, KN_X16_ROWS * rb);
-    for (size_t b = 0; b < B; b++) {
-      uint8_t *dst = grp + b * KN_X16_ROWS * bb;
-      for (int i = 0; i < KN_X16_ROWS; i++) {
-        const uint8_t *src = rows + (size_t)i * rb + b * bb;
-        memcpy(dst + x16_scale_at(i), src, 2);
-        for (int c = 0; c < quads; c++)
-          memcpy(dst + x16_quad_at(i, c), src + 2 + 4 * c, 4);
-      }
-    }
+    for (size_t b = 0; b < B; b++)
+      for (int i = 0; i < KN_X16_ROWS; i++)
+        x16_copy(grp + b * KN_X16_ROWS * bb, rows + (size_t)i * rb + b * bb, i, quads, 1);
   }
   free(rows);
   return 0;
@@ -508,11 +506,8 @@ void kn_x16_block(enum kn_dtype xdt, const void *w, int n, int K, int r, int b, 
     memcpy(dst, (const uint8_t *)w + (size_t)r * rb + (size_t)b * bb, bb);
     return;
   }
-  const uint8_t *src = (const uint8_t *)w + (size_t)(r - i) * rb + (size_t)b * KN_X16_ROWS * bb;
-  uint8_t *d = dst;
-  memcpy(d, src + x16_scale_at(i), 2);
-  for (int c = 0; c < quads; c++)
-    memcpy(d + 2 + 4 * c, src + x16_quad_at(i, c), 4);
+  /* read only: x16_copy writes the group when it packs */
+  x16_copy((uint8_t *)w + (size_t)(r - i) * rb + (size_t)b * KN_X16_ROWS * bb, dst, i, quads, 0);
 }
 
 void kn_x16_row(enum kn_dtype xdt, const void *w, int n, int K, int r, void *dst) {

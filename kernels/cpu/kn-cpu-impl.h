@@ -119,7 +119,8 @@ struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
   const float *d;    /* [T][K / 32] */
   const int32_t *s;  /* [T][K / 32][8] */
-  const int32_t *o;  /* [T][K / 32] the sum of s's 8 lanes: a block's offset term */
+  const int32_t
+      *o; /* [T][K / 32] the sum of s's 8 lanes: a block's offset term (Q8_0, Q4_0; else NULL) */
   const int8_t *xi;  /* [T / 32][K / 32][8][32][4] */
   const float *di;   /* [T / 32][K / 32][32] */
   const int32_t *si; /* [T / 32][K / 32][32] */

@@ -325,7 +325,7 @@ static void q8_prep_run(void *arg, long long u0, long long u1, int ith) {
       int32_t *st = p->s + (size_t)t * (size_t)B * 8;
       p->dsp->q8_prep(p->in + (ptrdiff_t)t * p->ldi, p->K, p->q + (size_t)t * p->ldq,
                       p->d + (size_t)t * (size_t)B, st, p->shift);
-      for (int b = 0; b < B; b++) { /* each block's offset term */
+      for (int b = 0; p->o && b < B; b++) { /* each block's offset term */
         const int32_t *l = st + (size_t)b * 8;
         p->o[(size_t)t * (size_t)B + (size_t)b] =
             l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
@@ -371,7 +371,8 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                       .q = ctx->xq,
                       .d = ctx->xd,
                       .s = ctx->xs,
-                      .o = ctx->xo,
+                      /* the offset terms: only Q8_0's and Q4_0's kernels read them */
+                      .o = rdt == KN_DTYPE_Q8_0 || rdt == KN_DTYPE_Q4_0 ? ctx->xo : NULL,
                       .ldq = ldx,
                       .T = T,
                       .K = K,
@@ -398,7 +399,7 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
   q->x = (struct kn_cpu_q8_in){.q = ctx->xq,
                                .d = ctx->xd,
                                .s = ctx->xs,
-                               .o = ctx->xo,
+                               .o = p.o,
                                .xi = p.xi,
                                .di = p.di,
                                .si = p.si,

@@ -392,13 +392,13 @@ DEF_TILES(q6_k, Q8K_Q6_K)
 typedef void (*tiles_fn)(int r, int u, float *out, ptrdiff_t ldo, const struct q8t_x *x,
                          const uint8_t *w, size_t row_bytes, int B, int acc);
 
-/* Groups of rows that fit L1, each swept by tiles across all T tokens. */
 /* Prefetches w's bytes from *pf up to want (at most end), a line at a time. */
 static inline AI void prefetch_to(const uint8_t **pf, const uint8_t *want, const uint8_t *end) {
   for (want = want < end ? want : end; *pf < want; *pf += 64)
     _mm_prefetch((const char *)*pf, _MM_HINT_T0);
 }
 
+/* Groups of rows that fit L1, each swept by tiles across all T tokens. */
 Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *in,
                            const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
   const int B = K / 32;
