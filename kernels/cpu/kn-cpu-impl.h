@@ -230,6 +230,22 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 }
 
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
+/* A table's q8 entries: prep, and its functions q8dot_<format> (q8dot_q8_0 ..
+ * q8dot_q6_k, q8dot_q8_0x16, q8dot_q4_0x16), every table naming them alike. */
+#define KN_CPU_Q8_FILL(dsp, prep)                                                                  \
+  do {                                                                                             \
+    (dsp)->q8_prep = (prep);                                                                       \
+    (dsp)->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q8_0_X16] = q8dot_q8_0x16;                                               \
+    (dsp)->q8dot[KN_DTYPE_Q4_0_X16] = q8dot_q4_0x16;                                               \
+    (dsp)->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q4_K] = q8dot_q4_k;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q5_K] = q8dot_q5_k;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q6_K] = q8dot_q6_k;                                                      \
+  } while (0)
 /* The q8 mode's reference dot products (kn-cpu-q8.c). */
 void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp);
 /* Override with AVX2+FMA+F16C versions (call only when the processor has them). */

@@ -1017,17 +1017,7 @@ Q8T_ATTR static void q8_prep_vec(const float *x, int K, uint8_t *q, float *d, in
 
 /* The table's entries. */
 static inline void q8t_init(struct kn_cpu_dsp *dsp) {
-  dsp->q8_prep = q8_prep_vec;
-  dsp->q8dot[KN_DTYPE_Q8_0] = q8dot_q8_0;
-  dsp->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;
-  dsp->q8dot[KN_DTYPE_Q8_0_X16] = q8dot_q8_0x16;
-  dsp->q8dot[KN_DTYPE_Q4_0_X16] = q8dot_q4_0x16;
-  dsp->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;
-  dsp->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;
-  dsp->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;
-  dsp->q8dot[KN_DTYPE_Q4_K] = q8dot_q4_k;
-  dsp->q8dot[KN_DTYPE_Q5_K] = q8dot_q5_k;
-  dsp->q8dot[KN_DTYPE_Q6_K] = q8dot_q6_k;
+  KN_CPU_Q8_FILL(dsp, q8_prep_vec);
 }
 
 #endif
