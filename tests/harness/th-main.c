@@ -1,6 +1,8 @@
 /* th-main.c — the runner behind th.h: runs registered tests, reports, exits
  * with meson's conventions (0 pass, 1 fail, 77 skip). Each test runs in the
- * same process; a crash fails the whole executable, which meson reports. */
+ * same process; a crash fails the whole executable, which meson reports.
+ * Arguments pick tests: NAME ... runs those, !NAME ... all but those (a long
+ * executable split over two meson tests); a name that is no test's fails. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -64,16 +66,34 @@ static void run_one(th_fn fn) {
   if (setjmp(g_jmp) == 0) fn();
 }
 
+/* Whether the arguments pick test `name`: with no arguments, or only
+ * "!NAME" ones (all but those), every test; else those named. */
+static int wanted(const char *name, int argc, char **argv) {
+  int want = 1;
+  for (int a = 1; a < argc; a++)
+    if (argv[a][0] != '!') want = 0;
+  for (int a = 1; a < argc; a++) {
+    const int neg = argv[a][0] == '!';
+    if (!strcmp(argv[a] + neg, name)) want = !neg;
+  }
+  return want;
+}
+
 int main(int argc, char **argv) {
   int passed = 0, failed = 0, skipped = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);
-  for (int i = 0; i < g_ntests; i++) {
-    if (argc > 1) {
-      int want = 0;
-      for (int a = 1; a < argc; a++)
-        if (!strcmp(argv[a], g_tests[i].name)) want = 1;
-      if (!want) continue;
+  for (int a = 1; a < argc; a++) { /* a name that is no test's: a typo, not a pass */
+    const char *name = argv[a] + (argv[a][0] == '!');
+    int known = 0;
+    for (int i = 0; i < g_ntests && !known; i++)
+      known = !strcmp(name, g_tests[i].name);
+    if (!known) {
+      fprintf(stderr, "th: no test named %s\n", name);
+      return 1;
     }
+  }
+  for (int i = 0; i < g_ntests; i++) {
+    if (!wanted(g_tests[i].name, argc, argv)) continue;
     g_failed_checks = 0;
     g_skipped = 0;
     run_one(g_tests[i].fn);

@@ -3,7 +3,8 @@
  *   TH_TEST(arena_caps) { ... TH_CHECK(x == 1); TH_CHECK_EQ_INT(a, b); }
  *
  * Tests register themselves at load time; th-main.c's main() runs them in
- * order (or only those named on the command line), prints one line per test
+ * order (or only those named on the command line, or all but those named
+ * !NAME; a name that is no test's fails), prints one line per test
  * and exits 0 when all passed, 1 when any failed, 77 (meson's "skipped")
  * when every test skipped. A failed check records the failure and the test
  * goes on; TH_REQUIRE stops the test. TH_SKIP stops it and says why, loudly. */
