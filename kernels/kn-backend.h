@@ -100,8 +100,8 @@ int kn_mem_info(struct kn_backend *be, size_t *free_bytes, size_t *total_bytes);
 
 /* Lets be lay a weight out for its kernels: the n rows of K elements of *dt at
  * w (be's memory, writable) may be rearranged in place into a layout of be's
- * own, which *dt then names (the CPU's q8 mode: Q8_0 and Q4_0 rows as
- * KN_DTYPE_Q8_0_X16 and KN_DTYPE_Q4_0_X16, kn-quant.h). Such a weight goes
+ * own, which *dt then names (the CPU's q8 mode: Q8_0, Q4_0 and Q5_0 rows as
+ * KN_DTYPE_Q8_0_X16, _Q4_0_X16 and _Q5_0_X16, kn-quant.h). Such a weight goes
  * only, with all its n rows, to kn_matmul, kn_matmul_softcap, kn_matmul_n,
  * kn_matmul_glu, kn_matmul_argmax(_masked), kn_embed and kn_embed_dev (vocab
  * n), on be. 0 (*dt unchanged where be keeps the rows as they are) or a cm_err. */

@@ -26,11 +26,12 @@ enum kn_dtype {
   KN_DTYPE_Q4_K = 9,
   KN_DTYPE_Q5_K = 10,
   KN_DTYPE_Q6_K = 11,
-  /* Q8_0 and Q4_0 rows as the CPU's q8 mode lays them out at load
+  /* Q8_0, Q4_0 and Q5_0 rows as the CPU's q8 mode lays them out at load
    * (kn_weights_prepare; kn-quant.h's kn_x16_pack): blocks of 16 rows side by side */
   KN_DTYPE_Q8_0_X16 = 12,
   KN_DTYPE_Q4_0_X16 = 13,
-  KN_DTYPE__COUNT = 14,
+  KN_DTYPE_Q5_0_X16 = 14,
+  KN_DTYPE__COUNT = 15,
 };
 
 /* Bytes per element; 0 for an unknown value and for the block formats
@@ -61,6 +62,7 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_Q6_K: return "q6_k";
   case KN_DTYPE_Q8_0_X16: return "q8_0x16";
   case KN_DTYPE_Q4_0_X16: return "q4_0x16";
+  case KN_DTYPE_Q5_0_X16: return "q5_0x16";
   default: return "?";
   }
 }
@@ -74,7 +76,8 @@ static inline int kn_block_elems(enum kn_dtype dt) {
   case KN_DTYPE_Q5_0:
   case KN_DTYPE_Q5_1:
   case KN_DTYPE_Q8_0_X16:
-  case KN_DTYPE_Q4_0_X16: return 32;
+  case KN_DTYPE_Q4_0_X16:
+  case KN_DTYPE_Q5_0_X16: return 32;
   case KN_DTYPE_Q4_K:
   case KN_DTYPE_Q5_K:
   case KN_DTYPE_Q6_K: return 256;
@@ -89,7 +92,8 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
   case KN_DTYPE_Q4_0:
   case KN_DTYPE_Q4_0_X16: return 18;
   case KN_DTYPE_Q4_1: return 20;
-  case KN_DTYPE_Q5_0: return 22;
+  case KN_DTYPE_Q5_0:
+  case KN_DTYPE_Q5_0_X16: return 22;
   case KN_DTYPE_Q5_1: return 24;
   case KN_DTYPE_Q4_K: return 144;
   case KN_DTYPE_Q5_K: return 176;
@@ -100,12 +104,17 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
 
 /* The format of a rows-interleaved dtype's rows (Q8_0 for Q8_0_X16), dt itself for the others. */
 static inline enum kn_dtype kn_dtype_rows_of(enum kn_dtype dt) {
-  return dt == KN_DTYPE_Q8_0_X16 ? KN_DTYPE_Q8_0 : dt == KN_DTYPE_Q4_0_X16 ? KN_DTYPE_Q4_0 : dt;
+  switch (dt) {
+  case KN_DTYPE_Q8_0_X16: return KN_DTYPE_Q8_0;
+  case KN_DTYPE_Q4_0_X16: return KN_DTYPE_Q4_0;
+  case KN_DTYPE_Q5_0_X16: return KN_DTYPE_Q5_0;
+  default: return dt;
+  }
 }
 
-/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16, KN_DTYPE_Q4_0_X16). */
+/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16, _Q4_0_X16, _Q5_0_X16). */
 static inline int kn_dtype_x16(enum kn_dtype dt) {
-  return dt == KN_DTYPE_Q8_0_X16 || dt == KN_DTYPE_Q4_0_X16;
+  return kn_dtype_rows_of(dt) != dt;
 }
 
 /* Bytes of a row of K elements of dt: K * size, or whole blocks (0: K is not a

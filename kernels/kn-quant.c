@@ -468,22 +468,41 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
 }
 
 /* Row i's block at blk and its place in a block of an X16 group at grp (the
- * scale at 2 i, quad c at 32 + 64 c + 4 i): copied into the group (pack), or
- * back out of it. */
-static void x16_copy(uint8_t *grp, uint8_t *blk, int i, int quads, int pack) {
+ * scale at 2 i, quad c at 32 + 64 c + 4 i, Q5_0's fifth bits in the planes
+ * from 32 + 64 quads): copied into the group (pack), or back out of it. */
+static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pack) {
+  const int five = dt == KN_DTYPE_Q5_0, quads = five ? 4 : (int)(kn_block_bytes(dt) - 2) / 4;
+  const int q0 = five ? 6 : 2; /* the row's quants in its block */
   for (int c = -1; c < quads; c++) {
     uint8_t *g = c < 0 ? grp + 2 * i : grp + 32 + 64 * c + 4 * i,
-            *r = c < 0 ? blk : blk + 2 + 4 * c;
+            *r = c < 0 ? blk : blk + q0 + 4 * c;
     const size_t len = c < 0 ? 2 : 4;
     memcpy(pack ? g : r, pack ? r : g, len);
   }
+  if (!five) return;
+  /* element e's fifth bit (bit e of the block's qh) is bit 4 i + e % 4 of
+   * plane 2 (e % 16 / 4) + e / 16, eight bytes each: a plane marks the
+   * bytes of one quad register (16 rows x 4) whose weights take 16 */
+  uint8_t *planes = grp + 32 + 64 * quads;
+  uint32_t qh = pack ? kn_le32(blk + 2) : 0;
+  for (int e = 0; e < 32; e++) {
+    const int bit = 4 * i + (e & 3);
+    uint8_t *at = planes + 8 * (2 * ((e & 15) >> 2) + (e >> 4)) + bit / 8;
+    if (pack)
+      *at = (uint8_t)((*at & ~(1u << bit % 8)) | (qh >> e & 1) << bit % 8);
+    else
+      qh |= (uint32_t)(*at >> bit % 8 & 1) << e;
+  }
+  if (!pack)
+    for (int k = 0; k < 4; k++)
+      blk[2 + k] = (uint8_t)(qh >> 8 * k);
 }
 
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
-  if ((dt != KN_DTYPE_Q8_0 && dt != KN_DTYPE_Q4_0) || K <= 0 || K % 32 || n < 0)
+  if ((dt != KN_DTYPE_Q8_0 && dt != KN_DTYPE_Q4_0 && dt != KN_DTYPE_Q5_0) || K <= 0 || K % 32 ||
+      n < 0)
     return CM_ERR_INVAL;
   const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K), B = (size_t)K / 32;
-  const int quads = (int)(bb - 2) / 4;
   if (n < KN_X16_ROWS) return 0;
   uint8_t *rows = malloc(KN_X16_ROWS * rb);
   if (!rows) return CM_ERR_NOMEM;
@@ -492,7 +511,7 @@ int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
     memcpy(rows, grp, KN_X16_ROWS * rb);
     for (size_t b = 0; b < B; b++)
       for (int i = 0; i < KN_X16_ROWS; i++)
-        x16_copy(grp + b * KN_X16_ROWS * bb, rows + (size_t)i * rb + b * bb, i, quads, 1);
+        x16_copy(grp + b * KN_X16_ROWS * bb, rows + (size_t)i * rb + b * bb, i, dt, 1);
   }
   free(rows);
   return 0;
@@ -501,13 +520,13 @@ int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
 void kn_x16_block(enum kn_dtype xdt, const void *w, int n, int K, int r, int b, void *dst) {
   const enum kn_dtype dt = kn_dtype_rows_of(xdt);
   const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K);
-  const int quads = (int)(bb - 2) / 4, i = r % KN_X16_ROWS;
+  const int i = r % KN_X16_ROWS;
   if (r >= n / KN_X16_ROWS * KN_X16_ROWS) { /* past the groups: as it was */
     memcpy(dst, (const uint8_t *)w + (size_t)r * rb + (size_t)b * bb, bb);
     return;
   }
   /* read only: x16_copy writes the group when it packs */
-  x16_copy((uint8_t *)w + (size_t)(r - i) * rb + (size_t)b * KN_X16_ROWS * bb, dst, i, quads, 0);
+  x16_copy((uint8_t *)w + (size_t)(r - i) * rb + (size_t)b * KN_X16_ROWS * bb, dst, i, dt, 0);
 }
 
 void kn_x16_row(enum kn_dtype xdt, const void *w, int n, int K, int r, void *dst) {

@@ -109,8 +109,9 @@ typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
  * input sums times the offset ([T / 32][K / 32][32]: the sum of s's 8
  * lanes). The reference reads q alone.
  *
- * Q8_0_X16 and Q4_0_X16 weights (kn-quant.h's layout) take the inputs of
- * their rows' format, never side by side (the rows are: xi NULL at every T),
+ * Q8_0_X16, Q4_0_X16 and Q5_0_X16 weights (kn-quant.h's layout), and Q5_0
+ * rows, take the inputs of their rows' format, never side by side (xi NULL at
+ * every T; in the X16 layouts the rows are),
  * and a call's n rows start at a multiple of 16 of the tensor's: its groups of
  * 16 first, then n % 16 rows as they were (the tensor's last ones). */
 #define KN_CPU_Q8_TOKENS 5
@@ -119,8 +120,7 @@ struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
   const float *d;    /* [T][K / 32] */
   const int32_t *s;  /* [T][K / 32][8] */
-  const int32_t
-      *o; /* [T][K / 32] the sum of s's 8 lanes: a block's offset term (Q8_0, Q4_0; else NULL) */
+  const int32_t *o;  /* [T][K / 32] s's 8 lanes summed (the one-integer formats; else NULL) */
   const int8_t *xi;  /* [T / 32][K / 32][8][32][4] */
   const float *di;   /* [T / 32][K / 32][32] */
   const int32_t *si; /* [T / 32][K / 32][32] */
@@ -231,7 +231,7 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* A table's q8 entries: prep, and its functions q8dot_<format> (q8dot_q8_0 ..
- * q8dot_q6_k, q8dot_q8_0x16, q8dot_q4_0x16), every table naming them alike. */
+ * q8dot_q6_k, q8dot_q8_0x16, q8dot_q4_0x16, q8dot_q5_0x16), every table naming them alike. */
 #define KN_CPU_Q8_FILL(dsp, prep)                                                                  \
   do {                                                                                             \
     (dsp)->q8_prep = (prep);                                                                       \
@@ -239,6 +239,7 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
     (dsp)->q8dot[KN_DTYPE_Q4_0] = q8dot_q4_0;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q8_0_X16] = q8dot_q8_0x16;                                               \
     (dsp)->q8dot[KN_DTYPE_Q4_0_X16] = q8dot_q4_0x16;                                               \
+    (dsp)->q8dot[KN_DTYPE_Q5_0_X16] = q8dot_q5_0x16;                                               \
     (dsp)->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;                                                      \

@@ -14,7 +14,7 @@
  * odd ones (the reference's two chains are independent until the end); one
  * token's tile runs both, block after block.
  *
- * Q8_0 and Q4_0 (one integer a block): outputs side by side in the lanes.
+ * Q8_0, Q4_0 and Q5_0 (one integer a block): outputs side by side in the lanes.
  * In the layout the q8 mode gives them at load (16 rows side by side,
  * kn-quant.h's X16) the rows are, at every T (x16_tile); rows as a file has
  * them take tokens side by side (int_dot's tok_tile) or, for a few tokens,
@@ -90,11 +90,11 @@ static inline size_t kind_bytes(enum q8_kind k) {
   return bytes[k];
 }
 
-/* The offset the kind's weights carry as a power of two (Q5_0's 16, Q6_K's
- * 32: subtracted as sum q x - (sum x << shift)), 0 for none (Q4_0's 8 is
- * int_dot's). */
+/* The offset the lanes' kinds' weights carry as a power of two (Q6_K's 32:
+ * subtracted as sum q x - (sum x << shift)), 0 for none (Q4_0's 8 and Q5_0's
+ * 16 are int_dot's). */
 static inline int kind_shift(enum q8_kind k) {
-  return k == Q8K_Q5_0 ? 4 : k == Q8K_Q6_K ? 5 : 0;
+  return k == Q8K_Q6_K ? 5 : 0;
 }
 
 /* Whether every weight adds a min (times the lane's input sum). */
@@ -147,10 +147,6 @@ Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *ro
     *m = h16x8(blk + 2);
     *u = nib32(blk + 4);
     break;
-  case Q8K_Q5_0:
-    *d = h16x8(blk);
-    *u = _mm256_or_si256(nib32(blk + 6), bit5x32(u32le(blk + 2)));
-    break;
   case Q8K_Q5_1:
     *d = h16x8(blk);
     *m = h16x8(blk + 2);
@@ -183,7 +179,7 @@ Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *ro
     *d = _mm256_set_m128(d1, d0);
     break;
   }
-  default: break; /* Q8_0, Q4_0: kernels of their own */
+  default: break; /* Q8_0, Q4_0, Q5_0: kernels of their own */
   }
 }
 
@@ -383,7 +379,6 @@ Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const 
   }
 
 DEF_TILES(q4_1, Q8K_Q4_1)
-DEF_TILES(q5_0, Q8K_Q5_0)
 DEF_TILES(q5_1, Q8K_Q5_1)
 DEF_TILES(q4_k, Q8K_Q4_K)
 DEF_TILES(q5_k, Q8K_Q5_K)
@@ -431,13 +426,12 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
   }
 
 DEF_Q8DOT(q4_1)
-DEF_Q8DOT(q5_0)
 DEF_Q8DOT(q5_1)
 DEF_Q8DOT(q4_k)
 DEF_Q8DOT(q5_k)
 DEF_Q8DOT(q6_k)
 
-/* ---- Q8_0 and Q4_0: one integer a block ---------------------------------------- */
+/* ---- Q8_0, Q4_0 and Q5_0: one integer a block ---------------------------------- */
 
 /* Several tokens: the tokens side by side in a register's lanes (struct
  * kn_cpu_q8_in's xi), each weight row's four bytes at a time broadcast to
@@ -454,6 +448,8 @@ typedef __m512 q8vf;
 #define vi_bcast4(p)    _mm512_set1_epi32((int)u32le(p))
 #define vi_set1_8(v)    _mm512_set1_epi8((char)(v))
 #define vi_and(a, b)    _mm512_and_si512(a, b)
+#define vi_or(a, b)     _mm512_or_si512(a, b)
+#define vi_fifth(p)     _mm512_maskz_mov_epi8(_load_mask64((__mmask64 *)(p)), _mm512_set1_epi8(0x10))
 #define vi_xor(a, b)    _mm512_xor_si512(a, b)
 #define vi_add(a, b)    _mm512_add_epi32(a, b)
 #define vi_srai4(a)     _mm512_srai_epi32(a, 4)
@@ -479,6 +475,8 @@ typedef __m256 q8vf;
 #define vi_bcast4(p)    _mm256_set1_epi32((int)u32le(p))
 #define vi_set1_8(v)    _mm256_set1_epi8((char)(v))
 #define vi_and(a, b)    _mm256_and_si256(a, b)
+#define vi_or(a, b)     _mm256_or_si256(a, b)
+#define vi_fifth(p)     bit5x32(u32le(p))
 #define vi_xor(a, b)    _mm256_xor_si256(a, b)
 #define vi_add(a, b)    _mm256_add_epi32(a, b)
 #define vi_srai4(a)     _mm256_srai_epi32(a, 4)
@@ -735,6 +733,8 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
       const uint8_t *blk = rp[r] + (size_t)b * kb;
       if (kind == Q8K_Q4_0)
         wv[r] = nib32(blk + 2);
+      else if (kind == Q8K_Q5_0)
+        wv[r] = _mm256_or_si256(nib32(blk + 6), bit5x32(u32le(blk + 2)));
       else
         wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
 #if Q8T_VNNI
@@ -746,7 +746,7 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
     for (int u = 0; u < U; u++) {
       const __m256i xv =
           _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
-      const __m256i so = kind == Q8K_Q4_0 || Q8T_VNNI
+      const __m256i so = kind != Q8K_Q8_0 || Q8T_VNNI
                              ? _mm256_loadu_si256((const __m256i *)(s + (size_t)u * B8 + b * 8))
                              : _mm256_setzero_si256();
       __m256i p[8];
@@ -755,7 +755,7 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
 #if Q8T_VNNI
         p[r] = dot4(so, wv[r], xv);
 #else
-        p[r] = kind == Q8K_Q4_0 ? dot4(so, wv[r], xv)
+        p[r] = kind != Q8K_Q8_0 ? dot4(so, wv[r], xv)
                                 : dot4(so, _mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]));
 #endif
       }
@@ -811,19 +811,9 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       q8vi p[Q8_XU];
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) /* the offset's term (AVX2's Q8_0 has none: signs) */
-        p[u] = kind == Q8K_Q4_0 || Q8T_VNNI ? vi_set1_32(xo[u][b]) : vi_zero();
+        p[u] = kind != Q8K_Q8_0 || Q8T_VNNI ? vi_set1_32(xo[u][b]) : vi_zero();
+#if !Q8T_VNNI
       if (kind == Q8K_Q4_0) {
-#if Q8T_VNNI
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-          const q8vi v = vi_load(qs + 64 * c), l = vi_and(v, vi_set1_8(0x0F)),
-                     hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
-#pragma GCC unroll 8
-          for (int u = 0; u < U; u++)
-            p[u] = vi_dot(vi_dot(p[u], l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)), hi,
-                          vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
-        }
-#else
         /* vpmaddubsw's pairs of 15 x 127 summed in 16 bits: eight of them fit */
         __m256i s16[Q8_XU];
 #pragma GCC unroll 8
@@ -844,7 +834,25 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 8
         for (int u = 0; u < U; u++)
           p[u] = _mm256_add_epi32(p[u], _mm256_madd_epi16(s16[u], _mm256_set1_epi16(1)));
+      } else
 #endif
+          if (kind != Q8K_Q8_0) {
+        /* Q5_0: each quad register's fifth bits from its two planes (the
+         * low and the high nibbles'), this half's rows at 4 h */
+        const uint8_t *planes = blk + 32 + 256 + 4 * h;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+          const q8vi v = vi_load(qs + 64 * c);
+          q8vi l = vi_and(v, vi_set1_8(0x0F)), hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+          if (kind == Q8K_Q5_0) {
+            l = vi_or(l, vi_fifth(planes + 16 * c));
+            hi = vi_or(hi, vi_fifth(planes + 16 * c + 8));
+          }
+#pragma GCC unroll 8
+          for (int u = 0; u < U; u++)
+            p[u] = vi_dot(vi_dot(p[u], l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)), hi,
+                          vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+        }
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
@@ -970,6 +978,8 @@ DEF_INT_DOT(q8_0, Q8K_Q8_0, 0)
 DEF_INT_DOT(q4_0, Q8K_Q4_0, 0)
 DEF_INT_DOT(q8_0x16, Q8K_Q8_0, 1)
 DEF_INT_DOT(q4_0x16, Q8K_Q4_0, 1)
+DEF_INT_DOT(q5_0, Q8K_Q5_0, 0)
+DEF_INT_DOT(q5_0x16, Q8K_Q5_0, 1)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 

@@ -2,8 +2,9 @@
  * block formats' weights, 32 elements at a time (a Q8_0 / Q4_0 / Q4_1 / Q5_0 /
  * Q5_1 block, a K-quant's sub-block), against inputs rounded to Q8_0 blocks.
  *
- * Q8_0 and Q4_0 (the files llama.cpp's users run most): a block's 32 integer
- * products are one exact sum, which times the two blocks' scales is added
+ * Q8_0, Q4_0 and Q5_0 (the files llama.cpp's users run most; Q5_0 is what
+ * Q4_K_M files of Gemma's shapes hold in rows that are not whole 256-blocks):
+ * a block's 32 integer products are one exact sum, which times the two blocks' scales is added
  * into the output's f32 accumulator with one rounding (fmaf), block after
  * block, as llama.cpp's kernels do. The kernels then put outputs, not a
  * block's elements, side by side in a register's lanes (tokens when there
@@ -154,7 +155,7 @@ static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t
     }
 }
 
-/* Q8_0 and Q4_0, and their X16 layouts (each block as its format's first):
+/* Q8_0, Q4_0 and Q5_0, and their X16 layouts (each block as its format's first):
  * one integer a block, one multiply-add a block. */
 static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
@@ -196,8 +197,9 @@ DEF_REF(q8_0, q8dot_int_ref, KN_DTYPE_Q8_0)
 DEF_REF(q4_0, q8dot_int_ref, KN_DTYPE_Q4_0)
 DEF_REF(q8_0x16, q8dot_int_ref, KN_DTYPE_Q8_0_X16)
 DEF_REF(q4_0x16, q8dot_int_ref, KN_DTYPE_Q4_0_X16)
+DEF_REF(q5_0, q8dot_int_ref, KN_DTYPE_Q5_0)
+DEF_REF(q5_0x16, q8dot_int_ref, KN_DTYPE_Q5_0_X16)
 DEF_REF(q4_1, q8dot_ref, KN_DTYPE_Q4_1)
-DEF_REF(q5_0, q8dot_ref, KN_DTYPE_Q5_0)
 DEF_REF(q5_1, q8dot_ref, KN_DTYPE_Q5_1)
 DEF_REF(q4_k, q8dot_ref, KN_DTYPE_Q4_K)
 DEF_REF(q5_k, q8dot_ref, KN_DTYPE_Q5_K)
