@@ -302,11 +302,128 @@ Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m2
   }
 }
 
+#if Q8T_VNNI
+/* A K-quant super-block's scales as unpack() rounds them: Q4_K / Q5_K, the 8
+ * sub-blocks' d sc in lanes 0..7 of *ds and -(dmin min) in lanes 8..15 of
+ * *ms; Q6_K, its 16 scales' dd sc in lanes 0..15 of *ds. */
+Q8T_ATTR static inline AI void ksc(const enum q8_kind kind, const uint8_t *blk, __m512 *ds,
+                                   __m512 *ms) {
+  if (kind == Q8K_Q6_K) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    *ds = _mm512_mul_ps(_mm512_set1_ps(h16(blk + 208)), _mm512_cvtepi32_ps(sc));
+    *ms = _mm512_setzero_ps();
+    return;
+  }
+  uint32_t u[3]; /* sc_min()'s six bits, four pairs a word */
+  memcpy(u, blk + 4, 12);
+  const uint32_t sc = u[0] & 0x3F3F3F3F, mn = u[1] & 0x3F3F3F3F,
+                 sc4 = (u[2] & 0x0F0F0F0F) | (u[0] >> 6 & 0x03030303) << 4,
+                 mn4 = (u[2] >> 4 & 0x0F0F0F0F) | (u[1] >> 6 & 0x03030303) << 4;
+  const __m512 f = _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_setr_epi32((int)sc, (int)sc4, (int)mn, (int)mn4)));
+  *ds = _mm512_mul_ps(_mm512_set1_ps(h16(blk)), f);
+  *ms = _mm512_mul_ps(_mm512_set1_ps(-h16(blk + 2)), f);
+}
+
+/* Sub-blocks 2 j and 2 j + 1 of a K-quant super-block as the bytes
+ * vpmaddubsw takes (unpack()'s), one in each half. */
+Q8T_ATTR static inline AI __m512i kpair(const enum q8_kind kind, const uint8_t *blk, int j) {
+  __m256i u0, u1;
+  if (kind == Q8K_Q6_K) { /* sub-blocks 2 j, 2 j + 1: parts p, p + 1 of half j / 2 */
+    const int half = j >> 1, p = 2 * (j & 1);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half)),
+                  m3 = _mm256_set1_epi8(3);
+    const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p)), m3),
+                  h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p + 2)), m3);
+    u0 = _mm256_or_si256(nibs(blk + 64 * half, p >= 2), _mm256_slli_epi16(h0, 4));
+    u1 = _mm256_or_si256(nibs(blk + 64 * half + 32, p >= 2), _mm256_slli_epi16(h1, 4));
+  } else {
+    const int five = kind == Q8K_Q5_K;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (five ? 48 : 16) + 32 * j)),
+                  m4 = _mm256_set1_epi8(0xF);
+    u0 = _mm256_and_si256(v, m4);
+    u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (five) {
+      const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16)),
+                    b0 = _mm256_set1_epi8((char)(1 << 2 * j)),
+                    b1 = _mm256_set1_epi8((char)(1 << (2 * j + 1))), c = _mm256_set1_epi8(0x10);
+      u0 =
+          _mm256_or_si256(u0, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), c));
+      u1 =
+          _mm256_or_si256(u1, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), c));
+    }
+  }
+  return _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+}
+
+/* rows1 of the K-quants on 512-bit registers: a super-block's scales taken
+ * once a row (ksc), then its sub-blocks in pairs (b, b + 1), the even chain's
+ * block in lanes 0..7 and the odd one's in 8..15: one register of weights,
+ * one vpdpbusd and the multiply-adds of both blocks, each lane with step()'s
+ * operations. */
+Q8T_ATTR static inline AI void rows1_k(const enum q8_kind kind, const int R, float *out,
+                                       const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
+                                       int B, int acc) {
+  const int six = kind == Q8K_Q6_K;
+  const size_t kb = kind_bytes(kind);
+  /* the scale of each lane of a pair: Q4_K / Q5_K's d sc (lanes 0..7: 2 j,
+   * 8..15: 2 j + 1) and mins (8 on), Q6_K's four (4 j .. 4 j + 3, four lanes each) */
+  const __m512i id0 = six ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                          : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                idm = _mm512_add_epi32(id0, _mm512_set1_epi32(8));
+  __m512 a[Q8_RMAX];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    a[r] = _mm512_setzero_ps();
+  for (int sb = 0; sb < B / 8; sb++) {
+    __m512 ds[Q8_RMAX], ms[Q8_RMAX];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+      ksc(kind, w + (size_t)r * row_bytes + (size_t)sb * kb, &ds[r], &ms[r]);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+      const int b = 8 * sb + 2 * j;
+      const uint8_t *xb = x->q + (size_t)b * 34 + 2;
+      const __m512i X =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xb)),
+                             _mm256_loadu_si256((const __m256i *)(xb + 34)), 1);
+      const __m512 D = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(x->d + b)),
+                                          _mm256_broadcast_ss(x->d + b + 1), 1);
+      const __m512i S = _mm512_loadu_si512((const void *)(x->s + (size_t)b * 8));
+      const __m512i is = _mm512_add_epi32(id0, _mm512_set1_epi32(six ? 4 * j : 2 * j)),
+                    im = _mm512_add_epi32(idm, _mm512_set1_epi32(2 * j));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; r++) {
+        const uint8_t *blk = w + (size_t)r * row_bytes + (size_t)sb * kb;
+        const __m512i q =
+            _mm512_dpbusd_epi32(six ? S : _mm512_setzero_si512(), kpair(kind, blk, j), X);
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q),
+                               _mm512_mul_ps(_mm512_permutexvar_ps(is, ds[r]), D), a[r]);
+        if (!six)
+          a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S),
+                                 _mm512_mul_ps(_mm512_permutexvar_ps(im, ms[r]), D), a[r]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++)
+    put1(out + r,
+         kn_avx2_hsum(_mm256_add_ps(_mm512_castps512_ps256(a[r]), _mm512_extractf32x8_ps(a[r], 1))),
+         acc);
+}
+#endif
+
 /* One token's R outputs, both chains block after block (decode: each row
  * streamed once). */
 Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float *out,
                                      const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
                                      int B, int acc) {
+#if Q8T_VNNI
+  if (kind == Q8K_Q4_K || kind == Q8K_Q5_K || kind == Q8K_Q6_K) {
+    rows1_k(kind, R, out, w, row_bytes, x, B, acc);
+    return;
+  }
+#endif
   __m256 e[Q8_RMAX], o[Q8_RMAX];
 #pragma GCC unroll 8
   for (int r = 0; r < R; r++)
