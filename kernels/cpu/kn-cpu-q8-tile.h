@@ -134,6 +134,25 @@ Q8T_ATTR static inline AI __m256i nibs(const uint8_t *p, int hi) {
   return _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
 }
 
+/* Sub-block j of a K-quant super-block as the bytes vpmaddubsw takes
+ * (unpack()'s u). */
+Q8T_ATTR static inline AI __m256i kbytes(const enum q8_kind kind, const uint8_t *blk, int j) {
+  if (kind == Q8K_Q6_K) { /* part p of half j / 4 */
+    const int half = j >> 2, p = j & 3;
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
+    hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * p)), _mm256_set1_epi8(3));
+    return _mm256_or_si256(nibs(blk + 64 * half + 32 * (p & 1), p >= 2), _mm256_slli_epi16(hi, 4));
+  }
+  const int five = kind == Q8K_Q5_K;
+  __m256i u = nibs(blk + (five ? 48 : 16) + 32 * (j >> 1), j & 1);
+  if (five) {
+    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+    const __m256i qh = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(blk + 16)), bit);
+    u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(qh, bit), _mm256_set1_epi8(0x10)));
+  }
+  return u;
+}
+
 /* 32-element block b of a row, as kn-cpu-q8.c's weights() has it: *u the
  * unsigned bytes vpmaddubsw takes (q before the offset), *d each lane's
  * scale, *m the min (kind_min). */
@@ -154,27 +173,19 @@ Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *ro
     break;
   case Q8K_Q4_K:
   case Q8K_Q5_K: {
-    const int five = kind == Q8K_Q5_K, sb = b & 7;
+    const int sb = b & 7;
     int sc, mn;
     sc_min(sb, blk + 4, &sc, &mn);
     *d = _mm256_set1_ps(h16(blk) * (float)sc);
     *m = _mm256_set1_ps(-(h16(blk + 2) * (float)mn));
-    *u = nibs(blk + (five ? 48 : 16) + 32 * (sb >> 1), sb & 1);
-    if (five) {
-      const __m256i bit = _mm256_set1_epi8((char)(1 << sb));
-      __m256i qh = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(blk + 16)), bit);
-      *u =
-          _mm256_or_si256(*u, _mm256_and_si256(_mm256_cmpeq_epi8(qh, bit), _mm256_set1_epi8(0x10)));
-    }
+    *u = kbytes(kind, blk, sb);
     break;
   }
   case Q8K_Q6_K: {
     const int c = b & 7, half = c >> 2, p = c & 3;
     const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half + 2 * p;
     const float dd = h16(blk + 208);
-    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half));
-    hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * p)), _mm256_set1_epi8(3));
-    *u = _mm256_or_si256(nibs(blk + 64 * half + 32 * (p & 1), p >= 2), _mm256_slli_epi16(hi, 4));
+    *u = kbytes(kind, blk, c);
     __m128 d0 = _mm_set1_ps(dd * (float)sc[0]), d1 = _mm_set1_ps(dd * (float)sc[1]);
     *d = _mm256_set_m128(d1, d0);
     break;
@@ -325,35 +336,10 @@ Q8T_ATTR static inline AI void ksc(const enum q8_kind kind, const uint8_t *blk, 
   *ms = _mm512_mul_ps(_mm512_set1_ps(-h16(blk + 2)), f);
 }
 
-/* Sub-blocks 2 j and 2 j + 1 of a K-quant super-block as the bytes
- * vpmaddubsw takes (unpack()'s), one in each half. */
+/* Sub-blocks 2 j and 2 j + 1, one in each half. */
 Q8T_ATTR static inline AI __m512i kpair(const enum q8_kind kind, const uint8_t *blk, int j) {
-  __m256i u0, u1;
-  if (kind == Q8K_Q6_K) { /* sub-blocks 2 j, 2 j + 1: parts p, p + 1 of half j / 2 */
-    const int half = j >> 1, p = 2 * (j & 1);
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half)),
-                  m3 = _mm256_set1_epi8(3);
-    const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p)), m3),
-                  h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p + 2)), m3);
-    u0 = _mm256_or_si256(nibs(blk + 64 * half, p >= 2), _mm256_slli_epi16(h0, 4));
-    u1 = _mm256_or_si256(nibs(blk + 64 * half + 32, p >= 2), _mm256_slli_epi16(h1, 4));
-  } else {
-    const int five = kind == Q8K_Q5_K;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (five ? 48 : 16) + 32 * j)),
-                  m4 = _mm256_set1_epi8(0xF);
-    u0 = _mm256_and_si256(v, m4);
-    u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    if (five) {
-      const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16)),
-                    b0 = _mm256_set1_epi8((char)(1 << 2 * j)),
-                    b1 = _mm256_set1_epi8((char)(1 << (2 * j + 1))), c = _mm256_set1_epi8(0x10);
-      u0 =
-          _mm256_or_si256(u0, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), c));
-      u1 =
-          _mm256_or_si256(u1, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), c));
-    }
-  }
-  return _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(kbytes(kind, blk, 2 * j)),
+                            kbytes(kind, blk, 2 * j + 1), 1);
 }
 
 /* rows1 of the K-quants on 512-bit registers: a super-block's scales taken
