@@ -510,9 +510,13 @@ Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct k
                               in->s + (size_t)t * (size_t)B * 8, in->ldq};
       const uint8_t *pf = w + (size_t)j0 * row_bytes; /* the first byte not prefetched */
       for (int j = j0; j < j1; j += R) {
-        if (u == 1) /* decode streams each row once from memory: ask for it ahead */
-          prefetch_to(&pf, w + (size_t)(j + R) * row_bytes + Q8_PREFETCH_BYTES,
-                      w + (size_t)n * row_bytes);
+        if (u == 1) { /* decode streams each row once from memory: ask for it ahead, */
+          const uint8_t *want = w + (size_t)(j + R) * row_bytes + Q8_PREFETCH_BYTES;
+          /* at most Q8_PREFETCH_BYTES a tile: a K-quant tile's rows (15 KB) asked
+           * for at once fill the line buffers and stall the tile */
+          if (want > pf + Q8_PREFETCH_BYTES) want = pf + Q8_PREFETCH_BYTES;
+          prefetch_to(&pf, want, w + (size_t)n * row_bytes);
+        }
         f(j1 - j < R ? j1 - j : R, u, out + (ptrdiff_t)t * ldo + j, ldo, &x,
           w + (size_t)j * row_bytes, row_bytes, B, acc);
       }
