@@ -12,13 +12,14 @@
  * once for the tile's tokens and each input block loaded once for its rows.
  * A tile of several tokens runs its outputs' even chains first, then their
  * odd ones (the reference's two chains are independent until the end); one
- * token's tile runs both, block after block.
+ * token's tile runs both, block after block (with VNNI, a K-quant's blocks
+ * in pairs, one chain in each half of a register: rows1_k).
  *
  * Q8_0, Q4_0 and Q5_0 (one integer a block): outputs side by side in the lanes.
  * In the layout the q8 mode gives them at load (16 rows side by side,
  * kn-quant.h's X16) the rows are, at every T (x16_tile); rows as a file has
- * them take tokens side by side (int_dot's tok_tile) or, for a few tokens,
- * rows gathered eight at a time (row_tile).
+ * them take tokens side by side (int_dot's tok_tile; Q8_0 and Q4_0) or rows
+ * gathered eight at a time (row_tile: a few tokens, and Q5_0 at every T).
  *
  * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
