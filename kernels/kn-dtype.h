@@ -112,6 +112,17 @@ static inline enum kn_dtype kn_dtype_rows_of(enum kn_dtype dt) {
   }
 }
 
+/* The rows-interleaved layout of dt's rows (KN_DTYPE_Q8_0_X16 for Q8_0,
+ * _Q4_0_X16, _Q5_0_X16), KN_DTYPE__COUNT for a dtype that has none. */
+static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
+  switch (dt) {
+  case KN_DTYPE_Q8_0: return KN_DTYPE_Q8_0_X16;
+  case KN_DTYPE_Q4_0: return KN_DTYPE_Q4_0_X16;
+  case KN_DTYPE_Q5_0: return KN_DTYPE_Q5_0_X16;
+  default: return KN_DTYPE__COUNT;
+  }
+}
+
 /* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16, _Q4_0_X16, _Q5_0_X16). */
 static inline int kn_dtype_x16(enum kn_dtype dt) {
   return kn_dtype_rows_of(dt) != dt;

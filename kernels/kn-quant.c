@@ -499,9 +499,7 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
 }
 
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
-  if ((dt != KN_DTYPE_Q8_0 && dt != KN_DTYPE_Q4_0 && dt != KN_DTYPE_Q5_0) || K <= 0 || K % 32 ||
-      n < 0)
-    return CM_ERR_INVAL;
+  if (kn_dtype_x16_of(dt) == KN_DTYPE__COUNT || K <= 0 || K % 32 || n < 0) return CM_ERR_INVAL;
   const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K), B = (size_t)K / 32;
   if (n < KN_X16_ROWS) return 0;
   uint8_t *rows = malloc(KN_X16_ROWS * rb);

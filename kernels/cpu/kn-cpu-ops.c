@@ -365,23 +365,23 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
   if ((rc = grow_buf((void **)&ctx->xd, &ctx->xd_n, (size_t)T * B, 4))) return rc;
   if ((rc = grow_buf((void **)&ctx->xo, &ctx->xo_n, (size_t)T * B, 4))) return rc;
   const enum kn_dtype rdt = kn_dtype_rows_of(dt);
-  struct q8_prep p = {
-      .dsp = &ctx->dsp,
-      .in = in,
-      .ldi = ldi,
-      .q = ctx->xq,
-      .d = ctx->xd,
-      .s = ctx->xs,
-      /* the offset terms: only the one-integer kernels read them */
-      .o = rdt == KN_DTYPE_Q8_0 || rdt == KN_DTYPE_Q4_0 || rdt == KN_DTYPE_Q5_0 ? ctx->xo : NULL,
-      .ldq = ldx,
-      .T = T,
-      .K = K,
-      .shift = rdt == KN_DTYPE_Q4_0   ? 3
-               : rdt == KN_DTYPE_Q5_0 ? 4
-               : rdt == KN_DTYPE_Q6_K ? 5
-               : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
-                                      : 0};
+  struct q8_prep p = {.dsp = &ctx->dsp,
+                      .in = in,
+                      .ldi = ldi,
+                      .q = ctx->xq,
+                      .d = ctx->xd,
+                      .s = ctx->xs,
+                      /* the offset terms: only the one-integer kernels read them (the
+                       * formats with an X16 layout) */
+                      .o = kn_dtype_x16_of(rdt) != KN_DTYPE__COUNT ? ctx->xo : NULL,
+                      .ldq = ldx,
+                      .T = T,
+                      .K = K,
+                      .shift = rdt == KN_DTYPE_Q4_0   ? 3
+                               : rdt == KN_DTYPE_Q5_0 ? 4
+                               : rdt == KN_DTYPE_Q6_K ? 5
+                               : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
+                                                      : 0};
   if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0) && T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;
     if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * (xb + 2 * B * 4 * GS), 1))) return rc;
@@ -493,10 +493,7 @@ static int cpu_matmul_glu(void *p, float *out, ptrdiff_t ldo, const float *in, p
  * sums across lanes. */
 static int cpu_weights_prepare(void *p, void *w, enum kn_dtype *dt, int n, int K) {
   struct kn_cpu_ctx *ctx = p;
-  const enum kn_dtype x = *dt == KN_DTYPE_Q8_0   ? KN_DTYPE_Q8_0_X16
-                          : *dt == KN_DTYPE_Q4_0 ? KN_DTYPE_Q4_0_X16
-                          : *dt == KN_DTYPE_Q5_0 ? KN_DTYPE_Q5_0_X16
-                                                 : KN_DTYPE__COUNT;
+  const enum kn_dtype x = kn_dtype_x16_of(*dt);
   if (!ctx->q8 || x == KN_DTYPE__COUNT || !ctx->dsp.q8dot[x] || n < KN_X16_ROWS || K % 32) return 0;
   int rc = kn_x16_pack(*dt, w, n, K);
   if (!rc) *dt = x;
