@@ -5,7 +5,8 @@
  * it dies with the test even if the test crashes. Every live child is also
  * killed (whole group, SIGKILL) by an atexit handler and by the handlers for
  * SIGINT/SIGTERM/SIGALRM/SIGSEGV/SIGABRT that th_proc_init installs, and
- * th_proc_init(seconds) arms a watchdog alarm for the whole test. */
+ * th_proc_init(seconds) arms a watchdog alarm for the whole test (times
+ * TH_TIME_SCALE where that is set: tools/test sets it for the sanitized build). */
 #ifndef LMSERVE_TH_PROC_H
 #define LMSERVE_TH_PROC_H
 #include <stddef.h>

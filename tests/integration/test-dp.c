@@ -400,12 +400,15 @@ TH_TEST(dp_metrics_per_replica) {
   struct th_proc fe;
   two_replicas_start(rep, &fe, model);
 
-  /* a long stream holds one replica; the completions meanwhile go to the other */
+  /* a long stream holds one replica; the completions meanwhile go to the other.
+   * LONG tokens outlast the three completions' ~25 steps many times over, and
+   * take seconds here but minutes on a loaded machine under the sanitizers */
+  enum { LONG = 400 };
   long long prompt_sum = 0, gen_sum = 0, max_sum = 0;
   int n_req = 0;
   char ids[2048];
   prompt(ids, sizeof ids, 30, 11);
-  int fa = stream_start(ids, 4000);
+  int fa = stream_start(ids, LONG);
   TH_CHECK(metric_wait("lmserve:num_requests_running", NULL, 1, 10000) >= 1);
   for (int k = 0; k < 3; k++) {
     char other[2048];
@@ -420,7 +423,7 @@ TH_TEST(dp_metrics_per_replica) {
   TH_CHECK(sb && strstr(sb, "[DONE]"));
   free(sb);
   close(fa);
-  prompt_sum += 30, gen_sum += 4000, max_sum += 4000, n_req++;
+  prompt_sum += 30, gen_sum += LONG, max_sum += LONG, n_req++;
   /* and two more once both are idle */
   for (int k = 0; k < 2; k++) {
     char other[2048];
@@ -479,7 +482,7 @@ TH_TEST(dp_metrics_per_replica) {
   TH_CHECK_EQ_INT((int)metric("lmserve:request_generation_tokens_sum", NULL), (int)gen_sum);
   TH_CHECK_EQ_INT((int)metric("lmserve:request_params_max_tokens_sum", NULL), (int)max_sum);
   TH_CHECK_EQ_INT((int)metric("lmserve:num_preemptions_total", NULL), 0);
-  /* the stream's decode (4000 tokens) took time; every queue/prefill time is sane */
+  /* the stream's decode (LONG tokens) took time; every queue/prefill time is sane */
   TH_CHECK(metric("lmserve:request_decode_time_seconds_sum", NULL) > 0);
   double q = metric("lmserve:request_queue_time_seconds_sum", NULL);
   double pf = metric("lmserve:request_prefill_time_seconds_sum", NULL);
