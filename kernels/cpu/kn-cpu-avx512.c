@@ -1,7 +1,8 @@
 /* kn-cpu-avx512.c — AVX-512 (F/DQ/BW/VL) versions of the kernels where the
  * wider registers pay: the batched matmul (pack + tile), softcap, argmax,
- * and the greedy head of kn_matmul_argmax (16 tokens across the lanes, below).
- * Everything else keeps the AVX2 table (kn_cpu_dsp_init_avx2 runs first).
+ * and the greedy head of kn_matmul_argmax (16 tokens across the lanes, below);
+ * attention's wide tiles are in kn-cpu-attn-avx2.c. Everything else keeps the
+ * AVX2 table (kn_cpu_dsp_init_avx2 runs first).
  *
  * Same bits as the AVX2 table. The matmul follows the canonical dot product
  * of kn-cpu-avx2.c exactly: one 8-lane accumulator per output, fma over
@@ -15,9 +16,8 @@
 #include <math.h>
 
 #include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-avx512.h"
 #include "kernels/cpu/kn-cpu-impl.h"
-
-#define KN_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
 
 /* ---- packing: weights widened to f32 in feature pairs ------------------- */
 
@@ -676,6 +676,8 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   mv512_min_t = kn_cpu_is_amd() ? 12 : 3;
   dsp->tile_min_tk = 4096;
   dsp->softcap = softcap_avx512;
+  dsp->attn = kn_cpu_attn_avx512;
+  dsp->attn_tile = kn_cpu_attn_tile_avx512;
   dsp->tok_argmax = tok_argmax;
   dsp->tok_min_t = 16;
   dsp->tok_max_k = 1280;

@@ -267,7 +267,7 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp);
 /* Adds the AVX-512-BF16 dot products to the AVX-512 table. */
 void kn_cpu_dsp_init_avx512bf16(struct kn_cpu_dsp *dsp);
 /* Whether the bf16 mode's own attention kernels (AVX-512-BF16 or AMX) take a
- * cache: bf16, head dims a multiple of 32; the others go to the AVX2 ones. */
+ * cache: bf16, head dims a multiple of 32; the others go to the AVX-512 table's. */
 static inline int kn_cpu_attn_bf16_takes(const struct kn_kv_view *view) {
   return view->dtype == KN_DTYPE_BF16 && view->head_dim % 32 == 0;
 }
@@ -304,13 +304,17 @@ void kn_cpu_amx_dot(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
                     int K, int T, int n, int acc);
 void kn_cpu_amx_dot_emu(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t ldx,
                         const uint16_t *w, int K, int T, int n, int acc);
-/* The attention kernels (kn_cpu_attn_fn, kn_cpu_attn_tile_fn): AVX2 (the
- * AVX-512 table's too; kn-cpu-attn-avx2.c) and the bf16 mode's on
- * AVX-512-BF16 (kn-cpu-attn-bf16.c). */
+/* The attention kernels (kn_cpu_attn_fn, kn_cpu_attn_tile_fn): AVX2, the
+ * AVX-512 table's (the same bits, wider tiles; both in kn-cpu-attn-avx2.c)
+ * and the bf16 mode's on AVX-512-BF16 (kn-cpu-attn-bf16.c). */
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng);
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
                            int nr, int kvh, int g0, int ng);
+void kn_cpu_attn_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                        int kvh, int g0, int ng);
+void kn_cpu_attn_tile_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                             int i0, int nr, int kvh, int g0, int ng);
 void kn_cpu_attn_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng);
 void kn_cpu_attn_tile_bf16(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
@@ -592,13 +596,13 @@ static inline void kn_cpu_attn_sets(struct kn_cpu_attn_vecs *v, const struct kn_
 
 /* kn_cpu_attn_sets for a kernel of the bf16 mode: rows i0 .. i0 + nr - 1 through
  * run(ctx, ...), or, for a cache that mode does not take (kn_cpu_attn_bf16_takes),
- * through the AVX2 kernel. */
+ * through the AVX-512 table's kernel. */
 static inline void kn_cpu_attn_bf16_sets(struct kn_cpu_attn_vecs *v,
                                          const struct kn_cpu_attn_job *job,
                                          const struct kn_attn_seq *seq, int i0, int nr, int kvh,
                                          int g0, int ng, kn_cpu_attn_run_fn run, void *ctx) {
   if (!kn_cpu_attn_bf16_takes(job->view))
-    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
+    kn_cpu_attn_tile_avx512(job, seq, i0, nr, kvh, g0, ng);
   else
     kn_cpu_attn_sets(v, job, seq, i0, nr, kvh, g0, ng, run, ctx);
 }
@@ -637,8 +641,13 @@ static inline void kn_cpu_attn_group_give(const struct kn_cpu_attn_group *g,
 }
 
 typedef void (*kn_cpu_attn_fold_fn)(void *ctx, int b, uint32_t mask, const int *idx, int k);
-static inline void kn_cpu_attn_walk(const struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
-                                    void *ctx) {
+/* A kernel that can fold a block into vectors whose visible sets differ (each
+ * vector's operations those it has alone) passes all: a block that at least
+ * all_min vectors see goes to all(ctx, b, vis) once, vis[i] each vector's
+ * visible keys (0: not this block). NULL: fold only. */
+typedef void (*kn_cpu_attn_fold_all_fn)(void *ctx, int b, const uint32_t *vis);
+static inline void kn_cpu_attn_walk_all(const struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
+                                        kn_cpu_attn_fold_all_fn all, int all_min, void *ctx) {
   const struct kn_attn_seq *seq = v->seq;
   const int window = v->job->window, n = v->n, *pos = v->pos;
   int lo[KN_ATTN_MAX_VEC], hi[KN_ATTN_MAX_VEC], first = INT_MAX, last = -1;
@@ -654,6 +663,15 @@ static inline void kn_cpu_attn_walk(const struct kn_cpu_attn_vecs *v, kn_cpu_att
       vis[i] = i > 0 && pos[i] == pos[i - 1]
                    ? vis[i - 1]
                    : kn_cpu_attn_block_mask(seq, window, pos[i], lo[i], hi[i], b);
+    if (all) {
+      int live = 0;
+      for (int i = 0; i < n; i++)
+        live += vis[i] != 0;
+      if (live >= all_min) {
+        all(ctx, b, vis);
+        continue;
+      }
+    }
     for (int i = 0; i < n; i++) {
       uint32_t mask = vis[i];
       if (!mask) continue; /* done, or nothing to see in this block */
@@ -666,6 +684,10 @@ static inline void kn_cpu_attn_walk(const struct kn_cpu_attn_vecs *v, kn_cpu_att
       fold(ctx, b, mask, idx, k);
     }
   }
+}
+static inline void kn_cpu_attn_walk(const struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
+                                    void *ctx) {
+  kn_cpu_attn_walk_all(v, fold, NULL, 0, ctx);
 }
 
 #endif

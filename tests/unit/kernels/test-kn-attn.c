@@ -392,6 +392,50 @@ static void check_attn_tiles(enum kn_cpu_isa isa, int bf16, int D, enum kn_dtype
   kn_backend_destroy(ref);
 }
 
+/* A key a row does not see never reaches it, not even an infinite V: a causal
+ * chunk's rows computed together (tiles that fold a block into rows whose
+ * visible keys differ, as the AVX-512 table's do on the diagonal) have the
+ * bits of rows computed alone, and the rows before the infinity stay finite. */
+static void check_attn_unseen_inf(enum kn_cpu_isa isa, int D, enum kn_dtype dt) {
+  struct kn_backend *be = backend_of(isa, 2, 0);
+  int len = 40, H = 2, kvh = 1, bad = 20;
+  struct kt_cache c;
+  cache_init(&c, be, 1, len, kvh, D, 16, dt);
+  for (int d = 0; d < D; d++)
+    c.v[(size_t)bad * D + d] = d % 3 ? INFINITY : -INFINITY;
+  int32_t slot = c.bt[bad / 16] * 16 + bad % 16;
+  TH_REQUIRE(
+      kn_kv_write(be, &c.view, &slot, c.k + (size_t)bad * D, D, c.v + (size_t)bad * D, D, 1) == 0);
+  ptrdiff_t ld = (ptrdiff_t)H * D;
+  float *q = kt_rand_f32((size_t)len * ld, 1.0f);
+  float *all = malloc(sizeof(float) * (size_t)len * ld),
+        *rows = malloc(sizeof(float) * (size_t)len * ld);
+  TH_REQUIRE(all && rows);
+  struct kn_attn_seq s = seq_of(&c, 0, 0, 0, len);
+  TH_REQUIRE(kn_attention(be, all, ld, q, ld, &c.view, &s, 1, H, 0, 0.125f, 0.0f) == 0);
+  for (int p = 0; p < len; p++) {
+    struct kn_attn_seq one = seq_of(&c, 0, 0, p, 1);
+    TH_REQUIRE(kn_attention(be, rows + p * ld, ld, q + p * ld, ld, &c.view, &one, 1, H, 0, 0.125f,
+                            0.0f) == 0);
+  }
+  if (!kt_all_finite(all, (size_t)bad * ld))
+    th_fail(__FILE__, __LINE__, "%s D=%d %s: an unseen infinity reached a row", kn_backend_name(be),
+            D, kn_dtype_name(dt));
+  if (!kt_bits_equal(all, rows, (size_t)len * ld))
+    th_fail(__FILE__, __LINE__, "%s D=%d %s: causal rows together differ from rows alone",
+            kn_backend_name(be), D, kn_dtype_name(dt));
+  free(q), free(all), free(rows);
+  cache_free(&c, be);
+  kn_backend_destroy(be);
+}
+
+TH_TEST(attention_unseen_keys_never_reach_a_row) {
+  kt_seed(19);
+  check_attn_unseen_inf(kt_vector_isa(), 64, KN_DTYPE_F32);
+  check_attn_unseen_inf(kt_vector_isa(), 256, KN_DTYPE_BF16);
+  check_attn_unseen_inf(kt_vector_isa(), 72, KN_DTYPE_BF16); /* the 256-bit tiles' */
+}
+
 TH_TEST(attention_tiles_of_an_image) {
   kt_seed(17);
   /* the best table of the default mode here: AVX2's on an AVX2-only processor */
