@@ -249,7 +249,7 @@ TH_TEST(dp_two_replicas) {
    * load report routing has from replica 0 still shows X (its running request or
    * KV blocks: a report comes every 500 ms) */
   int fy = stream_start(ids_y, 8000), ry = -1;
-  for (int t = 0; t < 5000 && ry < 0; t += 100) {
+  for (int t = 0; t < 15000 && ry < 0; t += 100) {
     if (metric("lmserve:num_requests_running", "replica=\"0\"") >= 1)
       ry = 0;
     else if (metric("lmserve:num_requests_running", "replica=\"1\"") >= 1)
@@ -263,7 +263,7 @@ TH_TEST(dp_two_replicas) {
   snprintf(lz, sizeof lz, "replica=\"%d\"", 1 - ry);
   /* by load: a long stream Z goes to the other, idle replica */
   int fz = stream_start(ids_z, 8000);
-  TH_CHECK(metric_wait("lmserve:num_requests_running", lz, 1, 5000) >= 1);
+  TH_CHECK(metric_wait("lmserve:num_requests_running", lz, 1, 15000) >= 1);
   TH_CHECK(stream_has_output(fz, 30000));
   /* a third stream with Y's prefix: affinity sends it where Y went (2 running there,
    * 1 on the other) */
@@ -279,7 +279,7 @@ TH_TEST(dp_two_replicas) {
   double hits0 = metric("lmserve:prefix_cache_hits_total", NULL);
   char *x2 = complete(ids_x, 4);
   TH_CHECK(x2 && !strcmp(x1, x2));
-  double hits1 = metric_wait("lmserve:prefix_cache_hits_total", NULL, hits0 + 48, 3000);
+  double hits1 = metric_wait("lmserve:prefix_cache_hits_total", NULL, hits0 + 48, 15000);
   if (!(hits1 >= hits0 + 48))
     th_fail(__FILE__, __LINE__, "X's prefix did not hit the cache (%g -> %g tokens)", hits0, hits1);
   free(x2);
@@ -533,7 +533,7 @@ TH_TEST(dp_serve_restarts_one_replica) {
   char *t0 = complete(ids, 4);
   TH_REQUIRE(t0 != NULL);
   /* both replicas report: their gauges are labelled 0 and 1 */
-  TH_CHECK(metrics_have(GAUGE_OF_REPLICA_1, 5000));
+  TH_CHECK(metrics_have(GAUGE_OF_REPLICA_1, 15000));
   char *m = NULL;
   TH_REQUIRE(get("/metrics", &m) == 200);
   TH_CHECK(m && strstr(m, GAUGE_OF_REPLICA_1));
