@@ -166,9 +166,10 @@ struct vecs {
 
 /* ---- wide tiles: the AVX-512 table's --------------------------------------
  *
- * A block that at least WIDE_MIN vectors take together (the rows of a prefill
- * tile below the diagonal) runs in 512-bit registers with every score's and
- * every output element's operations unchanged, so its bits are those above:
+ * A block that at least WIDE_MIN vectors see (a prefill tile's rows, on the
+ * diagonal too, where their visible keys differ) is folded into all of them at
+ * once in 512-bit registers, every score's and every output element's
+ * operations unchanged, so its bits are those above:
  *   - its keys are widened once, in pairs: a zmm holds key 2p's 8 dims in
  *     lanes 0-7 and key 2p+1's same dims in lanes 8-15 (an odd last key pairs
  *     with itself; that score is dropped), so one zmm carries two scores'
@@ -320,14 +321,16 @@ typedef void (*pv_wide_fn)(float *const *acc, float *const *p, const float *corr
       const uint32_t *rm, int n_vis, int d) {                                                      \
     pv_wide(acc, p, corr, v, vj, rm, n_vis, d, NR, NV, M);                                         \
   }
-#define DEF_PV4(NR)                                                                                \
-  DEF_PV(NR, 1, 0, )                                                                               \
-  DEF_PV(NR, 2, 0, ) DEF_PV(NR, 3, 0, ) DEF_PV(NR, 4, 0, ) DEF_PV(NR, 1, 1, m) DEF_PV(NR, 2, 1, m) \
-      DEF_PV(NR, 3, 1, m) DEF_PV(NR, 4, 1, m)
-DEF_PV4(1)
-DEF_PV4(2)
-DEF_PV4(3)
-DEF_PV4(4)
+#define DEF_PV4(NR, M, SUF)                                                                        \
+  DEF_PV(NR, 1, M, SUF) DEF_PV(NR, 2, M, SUF) DEF_PV(NR, 3, M, SUF) DEF_PV(NR, 4, M, SUF)
+DEF_PV4(1, 0, )
+DEF_PV4(2, 0, )
+DEF_PV4(3, 0, )
+DEF_PV4(4, 0, )
+DEF_PV4(1, 1, m)
+DEF_PV4(2, 1, m)
+DEF_PV4(3, 1, m)
+DEF_PV4(4, 1, m)
 #define PV_ROW(NR, SUF)                                                                            \
   {                                                                                                \
     NULL, pv_wide_##NR##x1##SUF, pv_wide_##NR##x2##SUF, pv_wide_##NR##x3##SUF,                     \
