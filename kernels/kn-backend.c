@@ -361,10 +361,12 @@ int kn_matmul_argmax(struct kn_backend *be, int32_t *ids, float *max_out, const 
   if (!ids || (K > 0 && (!in || !w || !kn__valid_ld(ldi, T, K)))) return CM_ERR_INVAL;
   int derr = kn__check_matmul_dtype(be, wdt, K);
   if (derr) return derr;
-  if (be->ops->matmul_argmax && !kn_block_elems(wdt)) { /* block formats: through scratch */
+  if (be->ops->matmul_argmax) { /* CM_ERR_UNSUPPORTED (a block format it has not): scratch */
     int rc = KN_CALL(matmul_argmax, ids, max_out, in, ldi, w, wdt, T, N, K, cap);
-    kn__keep_ids(be, rc, ids, sizeof(*ids), T);
-    return rc;
+    if (rc != CM_ERR_UNSUPPORTED) {
+      kn__keep_ids(be, rc, ids, sizeof(*ids), T);
+      return rc;
+    }
   }
   if (!scratch) return CM_ERR_INVAL;
   int rc = cap > 0.0f ? kn_matmul_softcap(be, scratch, N, in, ldi, w, wdt, T, N, K, cap)
@@ -381,7 +383,7 @@ int kn_matmul_argmax_masked(struct kn_backend *be, int32_t *ids, float *max_out,
   if (!ids || !allow || !in || !w || !kn__valid_ld(ldi, T, K)) return CM_ERR_INVAL;
   int derr = kn__check_matmul_dtype(be, wdt, K);
   if (derr) return derr;
-  if (!be->ops->matmul_argmax_masked || kn_block_elems(wdt)) return CM_ERR_UNSUPPORTED;
+  if (!be->ops->matmul_argmax_masked) return CM_ERR_UNSUPPORTED;
   int rc = KN_CALL(matmul_argmax_masked, ids, max_out, in, ldi, w, wdt, T, N, K, cap, allow);
   kn__keep_ids(be, rc, ids, sizeof(*ids), T);
   return rc;

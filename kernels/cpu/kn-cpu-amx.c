@@ -434,7 +434,7 @@ KN_BF16 static void amx_fold(void *ctx, int b, uint32_t mask, const int *idx, in
 KN_BF16 static void amx_attn_vectors(void *ctx, const float *const *q) {
   struct amx_attn *a = ctx;
   AMX_STATE_OF(a);
-  const struct kn_cpu_attn_vecs *w = &a->w;
+  struct kn_cpu_attn_vecs *w = &a->w;
   const int D = w->job->view->head_dim, n = w->n;
   for (int i = 0; i < 16; i++)
     for (int d = 0; d < D; d += 32)

@@ -77,9 +77,9 @@ qk_micro(float *const *sc, const float *const *q, const void *const *k, const in
 
 /* sc[i][col[j]] = score of query q[i] (i < nq) against key k[j] (j < nk),
  * softcapped when softcap > 0, in tiles of 4 x 3. */
-KN_AVX2 static void qk_scores(float *const *sc, const float *const *q, int nq, const void *const *k,
-                              const int *col, int nk, int D, int kind, const float *tab,
-                              float scale, float softcap) {
+KN_AVX2 static inline __attribute__((always_inline)) void
+qk_scores(float *const *sc, const float *const *q, int nq, const void *const *k, const int *col,
+          int nk, int D, int kind, const float *tab, float scale, float softcap) {
   for (int i = 0; i < nq; i += 4) {
     const int NQ = nq - i < 4 ? nq - i : 4;
     for (int j = 0; j < nk; j += 3) {
@@ -130,9 +130,9 @@ pv_micro(float *const *acc, float *const *p, const float *corr, const void *cons
  * then the V half for all of them, in tiles of 4 rows x 24 dims. p[r] holds
  * row r's scores (KN_ATTN_BLOCK of them, -inf where invisible); the visible
  * keys' V are vp, at block offsets vj. */
-KN_AVX2 static void update_rows(float *const *p, int nr, const void *const *vp, const int *vj,
-                                int n_vis, float *m, float *l, float *const *acc, int D, int kind,
-                                const float *tab) {
+KN_AVX2 static inline __attribute__((always_inline)) void
+update_rows(float *const *p, int nr, const void *const *vp, const int *vj, int n_vis, float *m,
+            float *l, float *const *acc, int D, int kind, const float *tab) {
   float corr[KN_ATTN_MAX_VEC];
   for (int r = 0; r < nr; r++)
     corr[r] = kn_avx2_softmax_block(p[r], &m[r], &l[r]);
@@ -450,7 +450,7 @@ KN_AVX2 static void fold_fp8_cache(void *v, int b, uint32_t mask, const int *idx
  * then each written: its accumulator over l. */
 KN_AVX2 static void attn_vectors(void *ctx, const float *const *q) {
   struct vecs *v = ctx;
-  const struct kn_cpu_attn_vecs *w = &v->w;
+  struct kn_cpu_attn_vecs *w = &v->w;
   const int D = w->job->view->head_dim;
   v->q = q;
   enum kn_dtype dt = w->job->view->dtype;
@@ -500,6 +500,28 @@ void kn_cpu_attn_tile_avx512(const struct kn_cpu_attn_job *job, const struct kn_
   struct vecs v;
   v.wide = wide;
   kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
+}
+
+/* kn_cpu_attn_part_fn: one span of row i, the tile of that one row over the
+ * span's keys (the AVX-512 table's too: a row's heads are fewer than
+ * WIDE_MIN vectors, or the wide tiles' bits). */
+void kn_cpu_attn_part_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                           int kvh, int g0, int ng, struct kn_cpu_attn_part *part) {
+  struct vecs v;
+  v.wide = NULL;
+  kn_cpu_attn_sets_part(&v.w, job, seq, i, 1, kvh, g0, ng, part, attn_vectors, &v);
+}
+
+void kn_cpu_attn_part_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                             int i, int kvh, int g0, int ng, struct kn_cpu_attn_part *part) {
+  if (job->view->head_dim & 15) {
+    kn_cpu_attn_part_avx2(job, seq, i, kvh, g0, ng, part);
+    return;
+  }
+  _Alignas(64) float wide[KN_ATTN_BLOCK * KN_MAX_HEAD_DIM];
+  struct vecs v;
+  v.wide = wide;
+  kn_cpu_attn_sets_part(&v.w, job, seq, i, 1, kvh, g0, ng, part, attn_vectors, &v);
 }
 
 /* Query heads g0 .. g0 + ng - 1 of row i, KN_ATTN_MAX_GROUP at a time: the

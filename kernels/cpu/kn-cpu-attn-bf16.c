@@ -174,7 +174,7 @@ KN_BF16 static void fold(void *ctx, int b, uint32_t mask, const int *idx, int k)
  * head-dim order over l. */
 KN_BF16 static void attn_vectors(void *ctx, const float *const *q) {
   struct qv *v = ctx;
-  const struct kn_cpu_attn_vecs *w = &v->w;
+  struct kn_cpu_attn_vecs *w = &v->w;
   const int D = w->job->view->head_dim, n = w->n;
   for (int i = 0; i < n; i++) {
     for (int d = 0; d < D; d += 32) {

@@ -358,4 +358,5 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp) {
   dsp->softcap = softcap_avx2;
   dsp->attn = kn_cpu_attn_avx2;
   dsp->attn_tile = kn_cpu_attn_tile_avx2;
+  dsp->attn_part = kn_cpu_attn_part_avx2;
 }

@@ -678,6 +678,7 @@ void kn_cpu_dsp_init_avx512(struct kn_cpu_dsp *dsp) {
   dsp->softcap = softcap_avx512;
   dsp->attn = kn_cpu_attn_avx512;
   dsp->attn_tile = kn_cpu_attn_tile_avx512;
+  dsp->attn_part = kn_cpu_attn_part_avx512;
   dsp->tok_argmax = tok_argmax;
   dsp->tok_min_t = 16;
   dsp->tok_max_k = 1280;

@@ -37,6 +37,7 @@ static void cpu_destroy(void *p) {
   free(ctx->xp);
   free(ctx->best);
   free(ctx->seq_items);
+  free(ctx->attn_st);
   for (int i = 0; i < KN_CPU_MAX_THREADS; i++)
     kn_cpu_sampler_destroy(ctx->samplers[i]);
   for (int i = 0; i < 2; i++) {

@@ -25,6 +25,15 @@
  * multiples of this absolute position, so a query's reduction order does not
  * depend on how its prompt was chunked. */
 #define KN_ATTN_BLOCK 32
+/* Key positions per span: a row's visible keys are cut into spans [s, s +
+ * KN_ATTN_SPAN) at multiples of this absolute position (whole blocks); each
+ * span is folded block by block from an empty state (m = -inf, l = 0, a zero
+ * accumulator), and the spans' states are merged in position order
+ * (kn_cpu_attn_merge). A span's state depends only on its keys and the query,
+ * so a decode row's spans can run on different threads, each reading only its
+ * own keys' K and V, and merge to the bits the row gets in one walk. */
+#define KN_ATTN_SPAN 64
+_Static_assert(KN_ATTN_SPAN % KN_ATTN_BLOCK == 0, "a span is whole blocks");
 /* Query heads of one GQA group processed together per pass (stack buffers). */
 #define KN_ATTN_MAX_GROUP 8
 /* query rows an attention work item takes (kn_cpu_attn_tile_fn) */
@@ -92,6 +101,18 @@ typedef void (*kn_cpu_attn_fn)(const struct kn_cpu_attn_job *job, const struct k
 typedef void (*kn_cpu_attn_tile_fn)(const struct kn_cpu_attn_job *job,
                                     const struct kn_attn_seq *seq, int i0, int nr, int kvh, int g0,
                                     int ng);
+
+/* One span of a row's attention (KN_ATTN_SPAN): its keys [k0, k1) and, per
+ * query head h of the call (h - g0), the state the span's fold leaves: m[h],
+ * l[h] and the accumulator acc + h * D (kn_cpu_attn_merge's operands); sink
+ * takes the D outputs the kernel writes of each head, which nobody reads. */
+struct kn_cpu_attn_part {
+  int k0, k1;
+  float *m, *l, *acc, *sink;
+};
+typedef void (*kn_cpu_attn_part_fn)(const struct kn_cpu_attn_job *job,
+                                    const struct kn_attn_seq *seq, int i, int kvh, int g0, int ng,
+                                    struct kn_cpu_attn_part *part);
 
 /* The q8 mode's inputs of one matmul (kn_cpu_dsp.q8dot), T tokens of K / 32
  * blocks, prepared once a call (q8_mm in kn-cpu-ops.c) for the weights' dtype:
@@ -169,6 +190,11 @@ struct kn_cpu_dsp {
 
   kn_cpu_attn_fn attn;
   kn_cpu_attn_tile_fn attn_tile; /* or NULL */
+  /* One span of one row (head dims a multiple of 8): attn's arithmetic over
+   * the keys part->k0 .. part->k1 - 1 only, each head's state left in part
+   * (cpu_attention's split of a decode row over the threads); NULL where the
+   * table's attn walks no spans (the reference). */
+  kn_cpu_attn_part_fn attn_part;
   /* The bf16 mode's attention where the processor has bf16 dot products
    * (kn-cpu-attn-bf16.c: queries and probabilities rounded to bf16; NULL
    * elsewhere: the mode keeps attn and attn_tile). */
@@ -307,6 +333,10 @@ void kn_cpu_amx_dot_emu(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdiff_t 
 /* The attention kernels (kn_cpu_attn_fn, kn_cpu_attn_tile_fn): AVX2, the
  * AVX-512 table's (the same bits, wider tiles; both in kn-cpu-attn-avx2.c)
  * and the bf16 mode's on AVX-512-BF16 (kn-cpu-attn-bf16.c). */
+void kn_cpu_attn_part_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
+                           int kvh, int g0, int ng, struct kn_cpu_attn_part *part);
+void kn_cpu_attn_part_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                             int i, int kvh, int g0, int ng, struct kn_cpu_attn_part *part);
 void kn_cpu_attn_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                       int kvh, int g0, int ng);
 void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
@@ -343,6 +373,9 @@ struct kn_cpu_ctx {
   /* attention: first work item of each sequence, [n_seqs + 1] */
   long long *seq_items;
   int seq_items_cap;
+  /* attention: a decode row's span states (cpu_attention's split) */
+  float *attn_st;
+  size_t attn_st_n;
   /* kn_sample scratch for one vocabulary, one per pool thread (rows are
    * sampled in parallel; kn-cpu-sample.c), made by its thread when a row
    * first needs one */
@@ -549,18 +582,78 @@ static inline int kn_cpu_attn_block_keys(const struct kn_kv_view *view,
  * in the same order; with a fold that does the same operations per vector,
  * its bits are those it gets alone, whatever shares the walk. */
 /* A walk's query vectors: the call they come from, and per vector its
- * absolute position, where it is written, its running max m and sum l, a
- * block's scores s (-inf where invisible) and its accumulator. */
+ * absolute position, where it is written, its running max m and sum l in the
+ * current span, a block's scores s (-inf where invisible) and its
+ * accumulator; the spans before the current one merged (tm -inf: none yet);
+ * with part, a span part's head of each vector (hd) and where its state goes. */
 struct kn_cpu_attn_vecs {
   const struct kn_cpu_attn_job *job;
   const struct kn_attn_seq *seq;
   int kvh, n;
-  int pos[KN_ATTN_MAX_VEC];
+  struct kn_cpu_attn_part *part; /* NULL: every visible key, written to out */
+  int pos[KN_ATTN_MAX_VEC], hd[KN_ATTN_MAX_VEC];
   float *out[KN_ATTN_MAX_VEC];
   float m[KN_ATTN_MAX_VEC], l[KN_ATTN_MAX_VEC];
+  float tm[KN_ATTN_MAX_VEC], tl[KN_ATTN_MAX_VEC];
   _Alignas(64) float s[KN_ATTN_MAX_VEC][KN_ATTN_BLOCK];
   _Alignas(64) float acc[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
+  _Alignas(64) float tacc[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
 };
+
+/* Merges a span's state (m, l, acc[D]) into the spans' before it (*M, *L,
+ * ACC[D]): nothing for a span that saw no key (m = -inf), a copy into an empty
+ * total (*M = -inf), else with mn = max(*M, m), a = exp(*M - mn) and b = exp(m
+ * - mn) (libm's expf): *L = *L a + l b and ACC[d] = ACC[d] a + acc[d] b, each
+ * product and sum rounded on its own (elementwise: the same bits at any
+ * vector width). */
+static inline void kn_cpu_attn_merge(float *M, float *L, float *ACC, float m, float l,
+                                     const float *acc, int D) {
+  if (m == -INFINITY) return;
+  if (*M == -INFINITY) {
+    *M = m;
+    *L = l;
+    memcpy(ACC, acc, sizeof(float) * (size_t)D);
+    return;
+  }
+  const float mn = m > *M ? m : *M, a = expf(*M - mn), b = expf(m - mn);
+  *L = *L * a + l * b;
+  for (int d = 0; d < D; d++)
+    ACC[d] = ACC[d] * a + acc[d] * b;
+  *M = mn;
+}
+
+/* The end of a span: each vector's state merged into its total and emptied. */
+static inline void kn_cpu_attn_span_end(struct kn_cpu_attn_vecs *v) {
+  const int D = v->job->view->head_dim;
+  for (int i = 0; i < v->n; i++) {
+    if (v->m[i] == -INFINITY) continue;
+    kn_cpu_attn_merge(&v->tm[i], &v->tl[i], v->tacc[i], v->m[i], v->l[i], v->acc[i], D);
+    v->m[i] = -INFINITY;
+    v->l[i] = 0.0f;
+    memset(v->acc[i], 0, sizeof(float) * (size_t)D);
+  }
+}
+
+/* The end of a walk: each vector's last span merged into the spans before
+ * it, the result back in m, l and acc (a vector whose keys lie in one span
+ * keeps its state as it is); a span part's states then copied to v->part. */
+static inline void kn_cpu_attn_walk_end(struct kn_cpu_attn_vecs *v) {
+  const int D = v->job->view->head_dim;
+  for (int i = 0; i < v->n; i++) {
+    if (v->tm[i] != -INFINITY) {
+      kn_cpu_attn_merge(&v->tm[i], &v->tl[i], v->tacc[i], v->m[i], v->l[i], v->acc[i], D);
+      v->m[i] = v->tm[i];
+      v->l[i] = v->tl[i];
+      memcpy(v->acc[i], v->tacc[i], sizeof(float) * (size_t)D);
+    }
+    if (v->part) {
+      const int h = v->hd[i];
+      v->part->m[h] = v->m[i];
+      v->part->l[h] = v->l[i];
+      memcpy(v->part->acc + (size_t)h * (size_t)D, v->acc[i], sizeof(float) * (size_t)D);
+    }
+  }
+}
 
 /* The query vectors of one call into v, in sets of at most KN_ATTN_MAX_VEC,
  * each set then run(ctx, q) with q[i] the query of v's vector i: for one row
@@ -568,15 +661,21 @@ struct kn_cpu_attn_vecs {
  * for rows i0 .. i0 + nr - 1 (nr <= KN_ATTN_TILE) a set per head. Each vector
  * starts with m = -inf, l = 0 and a zero accumulator. */
 typedef void (*kn_cpu_attn_run_fn)(void *ctx, const float *const *q);
-static inline void kn_cpu_attn_sets(struct kn_cpu_attn_vecs *v, const struct kn_cpu_attn_job *job,
-                                    const struct kn_attn_seq *seq, int i0, int nr, int kvh, int g0,
-                                    int ng, kn_cpu_attn_run_fn run, void *ctx) {
+/* The same for one row's span part (nr == 1): each vector's keys cut to
+ * [part->k0, part->k1), its state left in part, its output written to
+ * part->sink (part NULL: kn_cpu_attn_sets). */
+static inline void kn_cpu_attn_sets_part(struct kn_cpu_attn_vecs *v,
+                                         const struct kn_cpu_attn_job *job,
+                                         const struct kn_attn_seq *seq, int i0, int nr, int kvh,
+                                         int g0, int ng, struct kn_cpu_attn_part *part,
+                                         kn_cpu_attn_run_fn run, void *ctx) {
   const int D = job->view->head_dim, group = job->n_heads / job->view->n_kv_heads;
   const int per = nr == 1 ? KN_ATTN_MAX_GROUP : 1; /* heads per set */
   const float *q[KN_ATTN_MAX_VEC];
   v->job = job;
   v->seq = seq;
   v->kvh = kvh;
+  v->part = part;
   for (int g = g0; g < g0 + ng; g += per) {
     v->n = 0;
     for (int h = g; h < g0 + ng && h < g + per; h++)
@@ -584,14 +683,20 @@ static inline void kn_cpu_attn_sets(struct kn_cpu_attn_vecs *v, const struct kn_
         ptrdiff_t row = seq->q_begin + i0 + r, col = (ptrdiff_t)(kvh * group + h) * D;
         int i = v->n++;
         v->pos[i] = seq->pos0 + i0 + r;
-        v->out[i] = job->out + row * job->ldo + col;
-        v->m[i] = -INFINITY;
-        v->l[i] = 0.0f;
+        v->hd[i] = h - g0;
+        v->out[i] = part ? part->sink : job->out + row * job->ldo + col;
+        v->m[i] = v->tm[i] = -INFINITY;
+        v->l[i] = v->tl[i] = 0.0f;
         memset(v->acc[i], 0, sizeof(float) * (size_t)D);
         q[i] = job->q + row * job->ldq + col;
       }
     run(ctx, q);
   }
+}
+static inline void kn_cpu_attn_sets(struct kn_cpu_attn_vecs *v, const struct kn_cpu_attn_job *job,
+                                    const struct kn_attn_seq *seq, int i0, int nr, int kvh, int g0,
+                                    int ng, kn_cpu_attn_run_fn run, void *ctx) {
+  kn_cpu_attn_sets_part(v, job, seq, i0, nr, kvh, g0, ng, NULL, run, ctx);
 }
 
 /* kn_cpu_attn_sets for a kernel of the bf16 mode: rows i0 .. i0 + nr - 1 through
@@ -646,13 +751,20 @@ typedef void (*kn_cpu_attn_fold_fn)(void *ctx, int b, uint32_t mask, const int *
  * all_min vectors see goes to all(ctx, b, vis) once, vis[i] each vector's
  * visible keys (0: not this block). NULL: fold only. */
 typedef void (*kn_cpu_attn_fold_all_fn)(void *ctx, int b, const uint32_t *vis);
-static inline void kn_cpu_attn_walk_all(const struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
+/* Each span's end merges the vectors' states (kn_cpu_attn_span_end), and the
+ * walk's end leaves each vector's whole result in its m, l and acc, or a span
+ * part's in v->part (kn_cpu_attn_walk_end). */
+static inline void kn_cpu_attn_walk_all(struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
                                         kn_cpu_attn_fold_all_fn all, int all_min, void *ctx) {
   const struct kn_attn_seq *seq = v->seq;
   const int window = v->job->window, n = v->n, *pos = v->pos;
+  const int k0 = v->part ? v->part->k0 : 0, k1 = v->part ? v->part->k1 : INT_MAX;
   int lo[KN_ATTN_MAX_VEC], hi[KN_ATTN_MAX_VEC], first = INT_MAX, last = -1;
   for (int i = 0; i < n; i++) {
     kn_cpu_attn_range(seq, window, pos[i], &lo[i], &hi[i]);
+    if (lo[i] < k0) lo[i] = k0;
+    if (hi[i] > k1 - 1) hi[i] = k1 - 1;
+    if (lo[i] > hi[i]) continue; /* nothing in the part (every block's mask is 0) */
     int b0 = lo[i] - lo[i] % KN_ATTN_BLOCK;
     if (b0 < first) first = b0;
     if (hi[i] > last) last = hi[i];
@@ -663,29 +775,30 @@ static inline void kn_cpu_attn_walk_all(const struct kn_cpu_attn_vecs *v, kn_cpu
       vis[i] = i > 0 && pos[i] == pos[i - 1]
                    ? vis[i - 1]
                    : kn_cpu_attn_block_mask(seq, window, pos[i], lo[i], hi[i], b);
-    if (all) {
-      int live = 0;
-      for (int i = 0; i < n; i++)
-        live += vis[i] != 0;
-      if (live >= all_min) {
-        all(ctx, b, vis);
-        continue;
+    int live = 0;
+    for (int i = 0; all && i < n; i++)
+      live += vis[i] != 0;
+    if (all && live >= all_min) {
+      all(ctx, b, vis);
+    } else {
+      for (int i = 0; i < n; i++) {
+        uint32_t mask = vis[i];
+        if (!mask) continue; /* done, or nothing to see in this block */
+        int idx[KN_ATTN_MAX_VEC], k = 0;
+        for (int i2 = i; i2 < n; i2++)
+          if (vis[i2] == mask) {
+            vis[i2] = 0;
+            idx[k++] = i2;
+          }
+        fold(ctx, b, mask, idx, k);
       }
     }
-    for (int i = 0; i < n; i++) {
-      uint32_t mask = vis[i];
-      if (!mask) continue; /* done, or nothing to see in this block */
-      int idx[KN_ATTN_MAX_VEC], k = 0;
-      for (int i2 = i; i2 < n; i2++)
-        if (vis[i2] == mask) {
-          vis[i2] = 0;
-          idx[k++] = i2;
-        }
-      fold(ctx, b, mask, idx, k);
-    }
+    if ((b + KN_ATTN_BLOCK) % KN_ATTN_SPAN == 0 && b + KN_ATTN_BLOCK <= last)
+      kn_cpu_attn_span_end(v);
   }
+  kn_cpu_attn_walk_end(v);
 }
-static inline void kn_cpu_attn_walk(const struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
+static inline void kn_cpu_attn_walk(struct kn_cpu_attn_vecs *v, kn_cpu_attn_fold_fn fold,
                                     void *ctx) {
   kn_cpu_attn_walk_all(v, fold, NULL, 0, ctx);
 }

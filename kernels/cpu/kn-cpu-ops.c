@@ -654,6 +654,20 @@ static int argmax_allowed(float *row, int n, const uint32_t *allow, int n0, floa
   return best;
 }
 
+/* A unit's T rows of outputs ub (row stride ldu) of features n0 .. n0 + n - 1:
+ * each token's first maximum among them (over what allow[t] allows) into
+ * best[t]. */
+static void unit_best(struct kn_cpu_best *best, float *ub, ptrdiff_t ldu, int T, int n0, int n,
+                      const uint32_t *const *allow) {
+  for (int t = 0; t < T; t++) {
+    struct kn_cpu_best *b = &best[t];
+    const uint32_t *a = allow ? allow[t] : NULL;
+    int i = a ? argmax_allowed(ub + (ptrdiff_t)t * ldu, n, a, n0, &b->max)
+              : kn_cpu_argmax_row(ub + (ptrdiff_t)t * ldu, n, &b->max);
+    b->id = i < 0 ? -1 : n0 + i;
+  }
+}
+
 static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
   struct mm_task *m = arg;
   float *ub = m->ctx->scratch[ith] + ((m->wbuf + 15) & ~(size_t)15);
@@ -668,14 +682,83 @@ static void mm_argmax_run(void *arg, long long u0, long long u1, int ith) {
     }
     for (int c0 = 0; c0 < n; c0 += m->chunk)
       mm_unit(m, ub + c0, m->ldu, n0 + c0, n - c0 < m->chunk ? n - c0 : m->chunk, ith);
-    for (int t = 0; t < m->T; t++) {
-      struct kn_cpu_best *b = &m->best[u * m->T + t];
-      const uint32_t *a = m->allow ? m->allow[t] : NULL;
-      int i = a ? argmax_allowed(ub + (ptrdiff_t)t * m->ldu, n, a, n0, &b->max)
-                : kn_cpu_argmax_row(ub + (ptrdiff_t)t * m->ldu, n, &b->max);
-      b->id = i < 0 ? -1 : n0 + i;
-    }
+    unit_best(m->best + u * m->T, ub, m->ldu, m->T, n0, n, m->allow);
   }
+}
+
+/* The units' maxima merged in order (the first unit holding the overall
+ * maximum has its first index) into ids and max_out. */
+static void merge_best(const struct kn_cpu_best *best, long long units, int T, int32_t *ids,
+                       float *max_out, const uint32_t *const *allow) {
+  for (int t = 0; t < T; t++) {
+    int32_t id = -1;
+    float mx = NAN;
+    for (long long u = 0; u < units; u++) {
+      const struct kn_cpu_best *b = &best[u * T + t];
+      if (b->id >= 0 && (id < 0 || b->max > mx)) {
+        id = b->id;
+        mx = b->max;
+      }
+    }
+    /* as kn_cpu_op_argmax, a row of NaN gives 0; a masked row that allows nothing, -1 */
+    ids[t] = id >= 0 ? id : allow && allow[t] ? -1 : 0;
+    if (max_out) max_out[t] = mx;
+  }
+}
+
+/* ctx->best room for n entries. */
+static int best_room(struct kn_cpu_ctx *ctx, size_t n) {
+  if (n <= ctx->best_cap) return 0;
+  struct kn_cpu_best *nb = malloc(n * sizeof(*nb));
+  if (!nb) return CM_ERR_NOMEM;
+  free(ctx->best);
+  ctx->best = nb;
+  ctx->best_cap = n;
+  return 0;
+}
+
+/* matmul_argmax in the q8 mode: each unit's outputs as kn_matmul(_softcap)
+ * computes them (q8_run's kernels and softcap) into the thread's scratch, then
+ * each token's first maximum there; the outputs reach nothing beyond L2. */
+struct q8_argmax {
+  struct q8_task q;
+  struct kn_cpu_best *best;
+  const uint32_t *const *allow;
+  ptrdiff_t ldu;
+};
+
+static void q8_argmax_run(void *arg, long long u0, long long u1, int ith) {
+  const struct q8_argmax *a = arg;
+  const struct q8_task *q = &a->q;
+  const struct q8_part *pt = &q->parts[0];
+  const struct kn_cpu_dsp *dsp = &q->ctx->dsp;
+  float *ub = q->ctx->scratch[ith];
+  for (long long u = u0; u < u1; u++) {
+    const int n0 = (int)u * pt->chunk, n = pt->N - n0 < pt->chunk ? pt->N - n0 : pt->chunk;
+    dsp->q8dot[q->dt](ub, a->ldu, &q->x, pt->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K,
+                      q->T, n, 0);
+    for (int t = 0; t < q->T && q->cap > 0.0f; t++)
+      dsp->softcap(ub + (ptrdiff_t)t * a->ldu, ub + (ptrdiff_t)t * a->ldu, q->cap, (size_t)n);
+    unit_best(a->best + u * q->T, ub, a->ldu, q->T, n0, n, a->allow);
+  }
+}
+
+static int q8_argmax(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const float *in,
+                     ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,
+                     float cap, const uint32_t *const *allow) {
+  struct q8_argmax a = {.q = {.cap = cap}, .allow = allow};
+  int rc = q8_inputs(ctx, in, ldi, wdt, T, K, &a.q);
+  if (rc) return rc;
+  q8_add_part(&a.q, NULL, 0, w, N, a.q.row_bytes);
+  const long long units = q8_part_end(&a.q.parts[0]);
+  a.ldu = ((ptrdiff_t)a.q.parts[0].chunk + 15) / 16 * 16 + 16; /* rows apart in L1's sets */
+  if ((rc = best_room(ctx, (size_t)units * (size_t)T)) ||
+      (rc = kn_cpu_ctx_scratch(ctx, (size_t)T * (size_t)a.ldu)))
+    return rc;
+  a.best = ctx->best;
+  kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), q8_argmax_run, &a);
+  merge_best(ctx->best, units, T, ids, max_out, allow);
+  return 0;
 }
 
 /* matmul_argmax, and with allow (masks: tok_argmax's lanes take what their rows
@@ -691,7 +774,9 @@ static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const
     }
     return 0;
   }
-  if (kn_dtype_x16(wdt)) return CM_ERR_UNSUPPORTED; /* kn_matmul_argmax: through scratch */
+  if (ctx->q8 && ctx->dsp.q8dot[wdt]) /* the q8 mode's matmul, as kn_matmul has it */
+    return q8_argmax(ctx, ids, max_out, in, ldi, w, wdt, T, N, K, cap, allow);
+  if (kn_block_elems(wdt)) return CM_ERR_UNSUPPORTED; /* the caller's matmul and argmax */
   struct mm_task m = {
       .ctx = ctx, .in = in, .ldi = ldi, .w = w, .dt = wdt, .T = T, .N = N, .K = K, .cap = cap};
   m.allow = allow;
@@ -704,32 +789,12 @@ static int argmax_of(struct kn_cpu_ctx *ctx, int32_t *ids, float *max_out, const
   m.achunk = m.tok ? m.chunk : m.chunk * (per < 1 ? 1 : per);
   m.ldu = ((ptrdiff_t)m.achunk + 15) / 16 * 16 + 16;
   long long units = (N + m.achunk - 1) / m.achunk;
-  size_t n_best = (size_t)units * (size_t)T;
-  if (n_best > ctx->best_cap) {
-    struct kn_cpu_best *nb = malloc(n_best * sizeof(*nb));
-    if (!nb) return CM_ERR_NOMEM;
-    free(ctx->best);
-    ctx->best = nb;
-    ctx->best_cap = n_best;
-  }
+  if ((rc = best_room(ctx, (size_t)units * (size_t)T))) return rc;
   m.best = ctx->best;
   size_t need = m.tok ? m.wbuf : ((m.wbuf + 15) & ~(size_t)15) + (size_t)T * (size_t)m.ldu;
   if ((rc = kn_cpu_ctx_scratch(ctx, need))) return rc;
   kn_cpu_pool_run(ctx->pool, units, grain_for((double)T * N * K, units, 1), mm_argmax_run, &m);
-  for (int t = 0; t < T; t++) {
-    int32_t id = -1;
-    float mx = NAN;
-    for (long long u = 0; u < units; u++) {
-      const struct kn_cpu_best *b = &m.best[u * T + t];
-      if (b->id >= 0 && (id < 0 || b->max > mx)) {
-        id = b->id;
-        mx = b->max;
-      }
-    }
-    /* as kn_cpu_op_argmax, a row of NaN gives 0; a masked row that allows nothing, -1 */
-    ids[t] = id >= 0 ? id : allow && allow[t] ? -1 : 0;
-    if (max_out) max_out[t] = mx;
-  }
+  merge_best(m.best, units, T, ids, max_out, allow);
   return 0;
 }
 
@@ -1017,6 +1082,80 @@ static void attn_run(void *arg, long long u0, long long u1, int ith) {
   }
 }
 
+/* A lone decode row's spans over the threads: unit u is kv head u / ns's span
+ * s0 + u % ns, its heads' states at st + u * per (the group's m, then l, then
+ * their accumulators, then a sink for the kernel's own output); then a unit
+ * per query head merges its spans (merge_run, D floats of acc each). */
+struct attn_split {
+  struct kn_cpu_attn_job job;
+  kn_cpu_attn_part_fn part;
+  int group, ns, s0;
+  size_t per;
+  float *st, *acc;
+};
+
+static void split_run(void *arg, long long u0, long long u1, int ith) {
+  const struct attn_split *a = arg;
+  const int G = a->group, D = a->job.view->head_dim;
+  (void)ith;
+  for (long long u = u0; u < u1; u++) {
+    float *st = a->st + (size_t)u * a->per;
+    const int s = a->s0 + (int)(u % a->ns);
+    struct kn_cpu_attn_part part = {.k0 = s * KN_ATTN_SPAN,
+                                    .k1 = (s + 1) * KN_ATTN_SPAN,
+                                    .m = st,
+                                    .l = st + G,
+                                    .acc = st + 2 * G,
+                                    .sink = st + 2 * G + (size_t)G * D};
+    a->part(&a->job, a->job.seqs, 0, (int)(u / a->ns), 0, G, &part);
+  }
+}
+
+/* Query head u of the row (kv head u / group): its spans' states merged in
+ * position order, then over l into the output. */
+static void merge_run(void *arg, long long u0, long long u1, int ith) {
+  const struct attn_split *a = arg;
+  const int G = a->group, D = a->job.view->head_dim;
+  (void)ith;
+  for (long long u = u0; u < u1; u++) {
+    const int kvh = (int)(u / G), g = (int)(u % G);
+    float M = -INFINITY, L = 0.0f, *ACC = a->acc + (size_t)u * D;
+    for (int s = 0; s < a->ns; s++) {
+      const float *st = a->st + (size_t)(kvh * a->ns + s) * a->per;
+      kn_cpu_attn_merge(&M, &L, ACC, st[g], st[G + g], st + 2 * G + (size_t)g * D, D);
+    }
+    float *o = a->job.out + (ptrdiff_t)a->job.seqs->q_begin * a->job.ldo + (ptrdiff_t)u * D;
+    for (int d = 0; d < D; d++)
+      o[d] = ACC[d] / L;
+  }
+}
+
+/* The one row of seqs[0] (n_q == 1) with its spans over the threads, when it
+ * has at least two: each span's states (the table's attn_part), then per head
+ * the spans merged in position order and the result over l, as the walk of
+ * one thread does (kn_cpu_attn_span_end, kn_cpu_attn_walk_end): the same
+ * bits. 1: done; 0: one span (nothing done). */
+static int attention_split(struct kn_cpu_ctx *ctx, const struct kn_cpu_attn_job *job, int *rc) {
+  const struct kn_kv_view *view = job->view;
+  const struct kn_attn_seq *seq = job->seqs;
+  int lo, hi;
+  kn_cpu_attn_range(seq, job->window, seq->pos0, &lo, &hi);
+  const int s0 = lo / KN_ATTN_SPAN, ns = hi / KN_ATTN_SPAN - s0 + 1;
+  if (ns < 2) return 0;
+  const int G = job->n_heads / view->n_kv_heads, D = view->head_dim, nkv = view->n_kv_heads;
+  const size_t per = (size_t)G * (size_t)(D + 2) + (size_t)D;
+  const long long units = (long long)nkv * ns, heads = (long long)nkv * G;
+  if ((*rc = grow_buf((void **)&ctx->attn_st, &ctx->attn_st_n,
+                      (size_t)units * per + (size_t)heads * (size_t)D, sizeof(float))))
+    return 1;
+  struct attn_split a = {
+      *job, ctx->dsp.attn_part, G, ns, s0, per, ctx->attn_st, ctx->attn_st + (size_t)units * per};
+  kn_cpu_pool_run(ctx->pool, units, 1, split_run, &a);
+  kn_cpu_pool_run(ctx->pool, heads, 1, merge_run, &a);
+  *rc = 0;
+  return 1;
+}
+
 static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptrdiff_t ldq,
                          const struct kn_kv_view *view, const struct kn_attn_seq *seqs, int n_seqs,
                          int n_heads, int window, float scale, float softcap) {
@@ -1063,6 +1202,15 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
   if (ctx->bf16 && ctx->dsp.attn_bf16 && view->dtype != KN_DTYPE_F8E4M3) {
     a.attn = ctx->dsp.attn_bf16;
     a.tile = ctx->dsp.attn_tile_bf16;
+  }
+  /* One sequence's decode row with fewer items than threads: its key spans
+   * split over the threads instead of its heads, each thread reading only its
+   * spans' K and V (a decode step's K and V come from memory: one thread's
+   * walk over all of them ran at a third of the machine's bandwidth). */
+  if (n_seqs == 1 && seqs[0].n_q == 1 && base < ctx->n_threads && a.attn == ctx->dsp.attn &&
+      ctx->dsp.attn_part && view->head_dim % 8 == 0) {
+    int rc;
+    if (attention_split(ctx, &a.job, &rc)) return rc;
   }
   kn_cpu_pool_run(ctx->pool, items, grain_for(work, items, 1), attn_run, &a);
   return 0;

@@ -436,6 +436,60 @@ TH_TEST(attention_unseen_keys_never_reach_a_row) {
   check_attn_unseen_inf(kt_vector_isa(), 72, KN_DTYPE_BF16); /* the 256-bit tiles' */
 }
 
+/* A decode row of one kv head on 2 and 3 threads takes its key spans
+ * (KN_ATTN_SPAN) on different threads and merges them: the bits of the same
+ * row in a prompt attended in one call on one thread (its spans merged inside
+ * one walk), at every position (one span, a span's first and last keys, a
+ * window or an image across a span's edge), and near the reference. */
+static void check_attn_split(enum kn_cpu_isa isa, int D, int window, enum kn_dtype dt,
+                             float softcap) {
+  struct kn_backend *be1 = backend_of(isa, 1, 0), *be2 = backend_of(isa, 2, 0),
+                    *be3 = backend_of(isa, 3, 0), *ref = kt_backend(KN_CPU_ISA_REF, 1);
+  const int len = 230, H = 4;
+  struct kt_cache c;
+  cache_init(&c, be1, 1, len, 1, D, 16, dt);
+  ptrdiff_t ld = (ptrdiff_t)H * D;
+  float *q = kt_rand_f32((size_t)len * ld, 1.0f), *one = malloc(sizeof(float) * (size_t)len * ld);
+  float *dec = malloc(sizeof(float) * (size_t)len * ld),
+        *want = malloc(sizeof(float) * (size_t)len * ld);
+  TH_REQUIRE(q && one && dec && want);
+  int32_t range[2] = {100, 140}; /* an image across the span edge at 128 */
+  struct kn_attn_seq s = seq_of(&c, 0, 0, 0, len);
+  s.bidir = range;
+  s.n_bidir = 1;
+  TH_REQUIRE(kn_attention(be1, one, ld, q, ld, &c.view, &s, 1, H, window, 0.1f, softcap) == 0);
+  TH_REQUIRE(kn_attention(ref, want, ld, q, ld, &c.view, &s, 1, H, window, 0.1f, softcap) == 0);
+  for (int p = 0; p < len;) { /* the image's rows as one chunk, as the scheduler sends them */
+    struct kn_attn_seq r = s;
+    r.pos0 = p;
+    r.n_q = p == 100 ? 40 : 1;
+    TH_REQUIRE(kn_attention(p & 1 ? be2 : be3, dec + p * ld, ld, q + p * ld, ld, &c.view, &r, 1, H,
+                            window, 0.1f, softcap) == 0);
+    p += r.n_q;
+  }
+  if (!kt_bits_equal(dec, one, (size_t)len * ld))
+    th_fail(__FILE__, __LINE__, "%s D=%d W=%d %s cap %g: decode rows split over spans differ",
+            kn_backend_name(be2), D, window, kn_dtype_name(dt), (double)softcap);
+  double e = kt_nmse(one, want, (size_t)len * ld);
+  if (!(e < 1e-10))
+    th_fail(__FILE__, __LINE__, "%s D=%d W=%d: nmse %g against the reference", kn_backend_name(be2),
+            D, window, e);
+  free(q), free(one), free(dec), free(want);
+  cache_free(&c, be1);
+  kn_backend_destroy(be1);
+  kn_backend_destroy(be2);
+  kn_backend_destroy(be3);
+  kn_backend_destroy(ref);
+}
+
+TH_TEST(attention_decode_split_over_spans) {
+  kt_seed(23);
+  check_attn_split(kt_vector_isa(), 64, 0, KN_DTYPE_F32, 0.0f);
+  check_attn_split(kt_vector_isa(), 256, 90, KN_DTYPE_BF16, 0.0f);
+  check_attn_split(kt_vector_isa(), 128, 0, KN_DTYPE_BF16, 30.0f);
+  check_attn_split(KN_CPU_ISA_AVX2, 64, 70, KN_DTYPE_F32, 0.0f);
+}
+
 TH_TEST(attention_tiles_of_an_image) {
   kt_seed(17);
   /* the best table of the default mode here: AVX2's on an AVX2-only processor */

@@ -321,6 +321,32 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
             break;
           }
     }
+    /* the greedy head (kn_matmul_argmax, plain and softcapped): each token's
+     * first maximum of the outputs kn_matmul(_softcap) gives, rows as a file
+     * has them or side by side */
+    for (int x = 0; x <= x16; x++)
+      for (int capped = 0; capped < 2; capped++) {
+        const void *wx = x ? (const void *)xw : (const void *)w;
+        const enum kn_dtype dx = x ? xdt : dt;
+        const float cap = capped ? 4.0f : 0.0f;
+        if (capped) TH_REQUIRE(kn_matmul_softcap(be, f32, N, in, K, wx, dx, T, N, K, cap) == 0);
+        const float *o = capped ? f32 : ref;
+        int32_t *ids = malloc(sizeof(int32_t) * T);
+        float *mx = malloc(sizeof(float) * T), *scr = malloc(sizeof(float) * T * N);
+        TH_REQUIRE(ids && mx && scr);
+        TH_REQUIRE(kn_matmul_argmax(be, ids, mx, in, K, wx, dx, T, N, K, cap, scr) == 0);
+        for (int t = 0; t < T; t++) {
+          int want = 0;
+          for (int n = 1; n < N; n++)
+            if (o[t * N + n] > o[t * N + want]) want = n;
+          if (ids[t] != want || mx[t] != o[t * N + want]) {
+            th_fail(__FILE__, __LINE__, "%s K=%d T=%d %s cap %g: token %d argmax %d, want %d",
+                    kn_dtype_name(dx), K, T, kn_backend_name(be), (double)cap, t, ids[t], want);
+            break;
+          }
+        }
+        free(ids), free(mx), free(scr);
+      }
     for (int t = 0; t<T; t += T> 8 ? T / 5 + 1 : 1) { /* one token alone */
       TH_REQUIRE(kn_matmul(be, one, N, in + (size_t)t * K, K, w, dt, 1, N, K, 0) == 0);
       if (memcmp(one, ref + (size_t)t * N, sizeof(float) * N))
