@@ -488,23 +488,8 @@ void kn_cpu_attn_tile_avx2(const struct kn_cpu_attn_job *job, const struct kn_at
   kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
 }
 
-/* The AVX-512 table's: the same rows with the blocks that WIDE_MIN vectors
- * take together on the wide tiles (the same bits). */
-void kn_cpu_attn_tile_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                             int i0, int nr, int kvh, int g0, int ng) {
-  if (job->view->head_dim & 15) {
-    kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
-    return;
-  }
-  _Alignas(64) float wide[KN_ATTN_BLOCK * KN_MAX_HEAD_DIM];
-  struct vecs v;
-  v.wide = wide;
-  kn_cpu_attn_sets(&v.w, job, seq, i0, nr, kvh, g0, ng, attn_vectors, &v);
-}
-
 /* kn_cpu_attn_part_fn: one span of row i, the tile of that one row over the
- * span's keys (the AVX-512 table's too: a row's heads are fewer than
- * WIDE_MIN vectors, or the wide tiles' bits). */
+ * span's keys. */
 void kn_cpu_attn_part_avx2(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i,
                            int kvh, int g0, int ng, struct kn_cpu_attn_part *part) {
   struct vecs v;
@@ -512,16 +497,32 @@ void kn_cpu_attn_part_avx2(const struct kn_cpu_attn_job *job, const struct kn_at
   kn_cpu_attn_sets_part(&v.w, job, seq, i, 1, kvh, g0, ng, part, attn_vectors, &v);
 }
 
-void kn_cpu_attn_part_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
-                             int i, int kvh, int g0, int ng, struct kn_cpu_attn_part *part) {
+/* The AVX-512 table's rows i0 .. i0 + nr - 1, or one row's span part: the
+ * blocks that WIDE_MIN vectors take together on the wide tiles (the same
+ * bits); head dims that are not a multiple of 16 on the 256-bit ones. */
+static void rows_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq, int i0,
+                        int nr, int kvh, int g0, int ng, struct kn_cpu_attn_part *part) {
   if (job->view->head_dim & 15) {
-    kn_cpu_attn_part_avx2(job, seq, i, kvh, g0, ng, part);
+    if (part)
+      kn_cpu_attn_part_avx2(job, seq, i0, kvh, g0, ng, part);
+    else
+      kn_cpu_attn_tile_avx2(job, seq, i0, nr, kvh, g0, ng);
     return;
   }
   _Alignas(64) float wide[KN_ATTN_BLOCK * KN_MAX_HEAD_DIM];
   struct vecs v;
   v.wide = wide;
-  kn_cpu_attn_sets_part(&v.w, job, seq, i, 1, kvh, g0, ng, part, attn_vectors, &v);
+  kn_cpu_attn_sets_part(&v.w, job, seq, i0, nr, kvh, g0, ng, part, attn_vectors, &v);
+}
+
+void kn_cpu_attn_tile_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                             int i0, int nr, int kvh, int g0, int ng) {
+  rows_avx512(job, seq, i0, nr, kvh, g0, ng, NULL);
+}
+
+void kn_cpu_attn_part_avx512(const struct kn_cpu_attn_job *job, const struct kn_attn_seq *seq,
+                             int i, int kvh, int g0, int ng, struct kn_cpu_attn_part *part) {
+  rows_avx512(job, seq, i, 1, kvh, g0, ng, part);
 }
 
 /* Query heads g0 .. g0 + ng - 1 of row i, KN_ATTN_MAX_GROUP at a time: the

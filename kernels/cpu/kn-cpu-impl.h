@@ -32,7 +32,7 @@
  * (kn_cpu_attn_merge). A span's state depends only on its keys and the query,
  * so a decode row's spans can run on different threads, each reading only its
  * own keys' K and V, and merge to the bits the row gets in one walk. */
-#define KN_ATTN_SPAN 64
+#define KN_ATTN_SPAN 128
 _Static_assert(KN_ATTN_SPAN % KN_ATTN_BLOCK == 0, "a span is whole blocks");
 /* Query heads of one GQA group processed together per pass (stack buffers). */
 #define KN_ATTN_MAX_GROUP 8
@@ -600,12 +600,14 @@ struct kn_cpu_attn_vecs {
   _Alignas(64) float tacc[KN_ATTN_MAX_VEC][KN_MAX_HEAD_DIM];
 };
 
-/* Merges a span's state (m, l, acc[D]) into the spans' before it (*M, *L,
- * ACC[D]): nothing for a span that saw no key (m = -inf), a copy into an empty
- * total (*M = -inf), else with mn = max(*M, m), a = exp(*M - mn) and b = exp(m
- * - mn) (libm's expf): *L = *L a + l b and ACC[d] = ACC[d] a + acc[d] b, each
- * product and sum rounded on its own (elementwise: the same bits at any
- * vector width). */
+/* Merges a span's state (m, l, acc[D], D a multiple of 8) into the spans'
+ * before it (*M, *L, ACC[D]): nothing for a span that saw no key (m = -inf),
+ * a copy into an empty total (*M = -inf), else with mn = max(*M, m), a =
+ * exp(*M - mn) and b = exp(m - mn) (libm's expf): *L = *L a + l b and ACC[d] =
+ * ACC[d] a + acc[d] b, each product and sum rounded on its own (elementwise,
+ * 8 at a time in whatever vectors the target has: the same bits in every
+ * table). */
+typedef float kn_cpu_f8 __attribute__((vector_size(32)));
 static inline void kn_cpu_attn_merge(float *M, float *L, float *ACC, float m, float l,
                                      const float *acc, int D) {
   if (m == -INFINITY) return;
@@ -617,8 +619,13 @@ static inline void kn_cpu_attn_merge(float *M, float *L, float *ACC, float m, fl
   }
   const float mn = m > *M ? m : *M, a = expf(*M - mn), b = expf(m - mn);
   *L = *L * a + l * b;
-  for (int d = 0; d < D; d++)
-    ACC[d] = ACC[d] * a + acc[d] * b;
+  for (int d = 0; d < D; d += 8) {
+    kn_cpu_f8 x, y;
+    memcpy(&x, ACC + d, sizeof(x));
+    memcpy(&y, acc + d, sizeof(y));
+    x = x * a + y * b;
+    memcpy(ACC + d, &x, sizeof(x));
+  }
   *M = mn;
 }
 

@@ -445,7 +445,7 @@ static void check_attn_split(enum kn_cpu_isa isa, int D, int window, enum kn_dty
                              float softcap) {
   struct kn_backend *be1 = backend_of(isa, 1, 0), *be2 = backend_of(isa, 2, 0),
                     *be3 = backend_of(isa, 3, 0), *ref = kt_backend(KN_CPU_ISA_REF, 1);
-  const int len = 230, H = 4;
+  const int len = 300, H = 4; /* three spans: 0-127, 128-255, 256-299 */
   struct kt_cache c;
   cache_init(&c, be1, 1, len, 1, D, 16, dt);
   ptrdiff_t ld = (ptrdiff_t)H * D;
