@@ -345,6 +345,31 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
             break;
           }
         }
+        /* with a mask (a structured output's): every third output allowed,
+         * a token's row none at all (-1) */
+        uint32_t *words = calloc((size_t)T * (size_t)((N + 31) / 32), sizeof(uint32_t));
+        const uint32_t **allow = malloc(sizeof(*allow) * T);
+        TH_REQUIRE(words && allow);
+        for (int t = 0; t < T; t++) {
+          uint32_t *wt = words + (size_t)t * (size_t)((N + 31) / 32);
+          for (int n = (t + capped) % 3; n < N && t != T / 2; n += 3)
+            wt[n / 32] |= 1u << (n % 32);
+          allow[t] = wt;
+        }
+        TH_REQUIRE(kn_matmul_argmax_masked(be, ids, mx, in, K, wx, dx, T, N, K, cap, allow) == 0);
+        for (int t = 0; t < T; t++) {
+          int want = -1;
+          for (int n = 0; n < N; n++)
+            if ((allow[t][n / 32] >> (n % 32) & 1) && (want < 0 || o[t * N + n] > o[t * N + want]))
+              want = n;
+          if (ids[t] != want || (want >= 0 && mx[t] != o[t * N + want])) {
+            th_fail(__FILE__, __LINE__,
+                    "%s K=%d T=%d %s cap %g: token %d masked argmax %d, want %d", kn_dtype_name(dx),
+                    K, T, kn_backend_name(be), (double)cap, t, ids[t], want);
+            break;
+          }
+        }
+        free(words), free(allow);
         free(ids), free(mx), free(scr);
       }
     for (int t = 0; t<T; t += T> 8 ? T / 5 + 1 : 1) { /* one token alone */
