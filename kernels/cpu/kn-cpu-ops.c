@@ -1206,12 +1206,9 @@ static int cpu_attention(void *p, float *out, ptrdiff_t ldo, const float *q, ptr
   /* One sequence's decode row with fewer items than threads: its key spans
    * split over the threads instead of its heads, each thread reading only its
    * spans' K and V (a decode step's K and V come from memory: one thread's
-   * walk over all of them ran at a third of the machine's bandwidth). Groups
-   * of fewer than 8 query heads a kv head only: with 8 (the tiny Gemma 4 of
-   * test-dp), a replica's decode under the sanitizers stopped answering,
-   * which is not understood yet. */
+   * walk over all of them ran at a third of the machine's bandwidth). */
   if (n_seqs == 1 && seqs[0].n_q == 1 && base < ctx->n_threads && a.attn == ctx->dsp.attn &&
-      ctx->dsp.attn_part && view->head_dim % 8 == 0 && group < 8) {
+      ctx->dsp.attn_part && view->head_dim % 8 == 0) {
     int rc;
     if (attention_split(ctx, &a.job, &rc)) return rc;
   }

@@ -58,6 +58,19 @@ static double metric_wait(const char *name, const char *label, double want, int 
   return v;
 }
 
+/* Waits (at most ms) until neither replica's running gauge shows a request:
+ * 1 when so. A finished request stays in the gauge until its replica's next
+ * PONG. */
+static int both_idle(int ms) {
+  for (int t = 0;; t += 100) {
+    if (metric("lmserve:num_requests_running", "replica=\"0\"") < 1 &&
+        metric("lmserve:num_requests_running", "replica=\"1\"") < 1)
+      return 1;
+    if (t >= ms) return 0;
+    usleep(100000);
+  }
+}
+
 /* A gauge of replica 1, which shows once the frontend has its first PONG
  * (the other series of replica 1 show from the start). */
 #define GAUGE_OF_REPLICA_1 "lmserve:num_requests_running{model_name=\"default\",replica=\"1\"}"
@@ -245,9 +258,10 @@ TH_TEST(dp_two_replicas) {
   /* X goes to replica 0 (both idle: the first); its blocks are cached there */
   char *x1 = complete(ids_x, 4);
   TH_REQUIRE(x1 != NULL);
-  /* a long stream Y goes to an idle replica: replica 0 on a tie, replica 1 when the
-   * load report routing has from replica 0 still shows X (its running request or
-   * KV blocks: a report comes every 500 ms) */
+  /* X's finish reported: a running gauge below then shows Y alone, not X late */
+  TH_REQUIRE(both_idle(15000));
+  /* a long stream Y goes to the idler replica: replica 0 on a tie, replica 1 when
+   * replica 0's load report counts X's cached KV blocks */
   int fy = stream_start(ids_y, 8000), ry = -1;
   for (int t = 0; t < 15000 && ry < 0; t += 100) {
     if (metric("lmserve:num_requests_running", "replica=\"0\"") >= 1)

@@ -441,13 +441,13 @@ TH_TEST(attention_unseen_keys_never_reach_a_row) {
  * row in a prompt attended in one call on one thread (its spans merged inside
  * one walk), at every position (one span, a span's first and last keys, a
  * window or an image across a span's edge), and near the reference. */
-static void check_attn_split(enum kn_cpu_isa isa, int D, int window, enum kn_dtype dt,
-                             float softcap) {
+static void check_attn_split(enum kn_cpu_isa isa, int D, int H, int kvh, int window,
+                             enum kn_dtype dt, float softcap) {
   struct kn_backend *be1 = backend_of(isa, 1, 0), *be2 = backend_of(isa, 2, 0),
                     *be3 = backend_of(isa, 3, 0), *ref = kt_backend(KN_CPU_ISA_REF, 1);
-  const int len = 300, H = 4; /* three spans: 0-127, 128-255, 256-299 */
+  const int len = 300; /* three spans: 0-127, 128-255, 256-299 */
   struct kt_cache c;
-  cache_init(&c, be1, 1, len, 1, D, 16, dt);
+  cache_init(&c, be1, 1, len, kvh, D, 16, dt);
   ptrdiff_t ld = (ptrdiff_t)H * D;
   float *q = kt_rand_f32((size_t)len * ld, 1.0f), *one = malloc(sizeof(float) * (size_t)len * ld);
   float *dec = malloc(sizeof(float) * (size_t)len * ld),
@@ -468,8 +468,9 @@ static void check_attn_split(enum kn_cpu_isa isa, int D, int window, enum kn_dty
     p += r.n_q;
   }
   if (!kt_bits_equal(dec, one, (size_t)len * ld))
-    th_fail(__FILE__, __LINE__, "%s D=%d W=%d %s cap %g: decode rows split over spans differ",
-            kn_backend_name(be2), D, window, kn_dtype_name(dt), (double)softcap);
+    th_fail(__FILE__, __LINE__,
+            "%s D=%d H=%d/%d W=%d %s cap %g: decode rows split over spans differ",
+            kn_backend_name(be2), D, H, kvh, window, kn_dtype_name(dt), (double)softcap);
   double e = kt_nmse(one, want, (size_t)len * ld);
   if (!(e < 1e-10))
     th_fail(__FILE__, __LINE__, "%s D=%d W=%d: nmse %g against the reference", kn_backend_name(be2),
@@ -484,10 +485,13 @@ static void check_attn_split(enum kn_cpu_isa isa, int D, int window, enum kn_dty
 
 TH_TEST(attention_decode_split_over_spans) {
   kt_seed(23);
-  check_attn_split(kt_vector_isa(), 64, 0, KN_DTYPE_F32, 0.0f);
-  check_attn_split(kt_vector_isa(), 256, 90, KN_DTYPE_BF16, 0.0f);
-  check_attn_split(kt_vector_isa(), 128, 0, KN_DTYPE_BF16, 30.0f);
-  check_attn_split(KN_CPU_ISA_AVX2, 64, 70, KN_DTYPE_F32, 0.0f);
+  check_attn_split(kt_vector_isa(), 64, 4, 1, 0, KN_DTYPE_F32, 0.0f);
+  check_attn_split(kt_vector_isa(), 256, 4, 1, 90, KN_DTYPE_BF16, 0.0f);
+  check_attn_split(kt_vector_isa(), 128, 4, 1, 0, KN_DTYPE_BF16, 30.0f);
+  check_attn_split(KN_CPU_ISA_AVX2, 64, 4, 1, 70, KN_DTYPE_F32, 0.0f);
+  /* Gemma 4's groups of 8, and two kv heads (split on 3 threads only) */
+  check_attn_split(kt_vector_isa(), 512, 8, 1, 0, KN_DTYPE_BF16, 0.0f);
+  check_attn_split(kt_vector_isa(), 64, 16, 2, 50, KN_DTYPE_F32, 0.0f);
 }
 
 TH_TEST(attention_tiles_of_an_image) {
