@@ -121,7 +121,7 @@ typedef void (*kn_cpu_attn_part_fn)(const struct kn_cpu_attn_job *job,
  * times the weights' offset negated where they have one (Q4_0: -8, Q5_0: -16,
  * Q6_K: -32, Q8_0: -128 for w + 128 unsigned; the others: the sum).
  *
- * For Q8_0 and Q4_0 weights and at least KN_CPU_Q8_TOKENS tokens, the same
+ * For every format but Q5_0 and at least KN_CPU_Q8_TOKENS tokens, the same
  * with tokens side by side (NULL otherwise): groups of KN_CPU_Q8_GROUP (32)
  * tokens, the last one padded with zeros, in each group block b's elements
  * 4j .. 4j + 3 of every token in turn (xi: [T / 32][K / 32][8][32][4] bytes),
@@ -222,16 +222,14 @@ struct kn_cpu_dsp {
   /* The q8 mode's matmul over block-format weights (kn-cpu-q8.c, AVX2 in
    * kn-cpu-q8-avx2.c): x holds T tokens' inputs as Q8_0 blocks and what the
    * kernels take of them prepared once (struct kn_cpu_q8_in), w n rows of
-   * row_bytes. Q8_0 and Q4_0, per output: for each block b in order, p = the
-   * exact sum of its 32 integer products (the weights' offsets applied),
-   * acc = fma((float)p, dw_b * dx_b, acc) from acc = 0. The other formats,
-   * per output, for each 32-element block b in order (a K-quant's
-   * sub-block) and each lane l < 8: p = the sum of the integer products of
-   * elements 4l .. 4l + 3 (exact; the weights' integers with their offsets
-   * applied), acc[b % 2][l] = fma((float)p, dw_b[l] * dx_b, acc[b % 2][l]),
-   * then for the formats with a min m_b (Q4_1, Q5_1, Q4_K, Q5_K) the same with
-   * the lane's input sum and m_b * dx_b; then acc[0] + acc[1] and
-   * kn_avx2_hsum's lane reduction. NULL: the dtype has none (f32 inputs then). */
+   * row_bytes. Q8_0, Q4_0 and Q5_0, per output: for each block b in order,
+   * p = the exact sum of its 32 integer products (the weights' offsets
+   * applied), acc = fma((float)p, dw_b * dx_b, acc) from acc = 0. Q4_1, Q5_1
+   * and the K-quants the same a 32-element block (a K-quant's sub-block), the
+   * formats with a min m_b then adding fma((float)sx_b, m_b * dx_b) (sx_b the
+   * block's input sum), Q6_K's p its halves' sums times their scales
+   * (kn-cpu-q8.c's q8dot_min_ref). NULL: the dtype has none (f32 inputs
+   * then). */
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);

@@ -365,15 +365,17 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
   if ((rc = grow_buf((void **)&ctx->xd, &ctx->xd_n, (size_t)T * B, 4))) return rc;
   if ((rc = grow_buf((void **)&ctx->xo, &ctx->xo_n, (size_t)T * B, 4))) return rc;
   const enum kn_dtype rdt = kn_dtype_rows_of(dt);
+  /* formats with a min (they take the block's input sum) and the K-quants */
+  const int mink = rdt == KN_DTYPE_Q4_1 || rdt == KN_DTYPE_Q5_1 || rdt == KN_DTYPE_Q4_K ||
+                   rdt == KN_DTYPE_Q5_K || rdt == KN_DTYPE_Q6_K;
   struct q8_prep p = {.dsp = &ctx->dsp,
                       .in = in,
                       .ldi = ldi,
                       .q = ctx->xq,
                       .d = ctx->xd,
                       .s = ctx->xs,
-                      /* the offset terms: only the one-integer kernels read them (the
-                       * formats with an X16 layout) */
-                      .o = kn_dtype_x16_of(rdt) != KN_DTYPE__COUNT ? ctx->xo : NULL,
+                      /* the block sums (every format but the f32-only ones) */
+                      .o = kn_dtype_x16_of(rdt) != KN_DTYPE__COUNT || mink ? ctx->xo : NULL,
                       .ldq = ldx,
                       .T = T,
                       .K = K,
@@ -382,7 +384,7 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                                : rdt == KN_DTYPE_Q6_K ? 5
                                : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
                                                       : 0};
-  if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0) && T >= KN_CPU_Q8_TOKENS) {
+  if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0 || mink) && T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;
     if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * (xb + 2 * B * 4 * GS), 1))) return rc;
     p.xi = (int8_t *)ctx->xp;

@@ -3,23 +3,16 @@
  * defines
  *   Q8T_ATTR  the functions' target attribute,
  *   Q8T_VNNI  1: four products summed by vpdpbusd (AVX-512 VNNI), 0: AVX2,
- *   Q8T_ZMM   1: Q8_0 and Q4_0 against 16 tokens in 512-bit registers, 0: 8 in
- *             256-bit ones,
- *   Q8_R, Q8_U  the tile's rows and tokens (Q8_R * Q8_U accumulators),
- *   Q8_R1       the rows of one token's tiles (decode; at most 4).
+ *   Q8T_ZMM   1: tokens side by side 16 to a 512-bit register, 0: 8 to a
+ *             256-bit one.
  *
- * The formats summed by lanes (kn-cpu-q8.c): each weight block is unpacked
- * once for the tile's tokens and each input block loaded once for its rows.
- * A tile of several tokens runs its outputs' even chains first, then their
- * odd ones (the reference's two chains are independent until the end); one
- * token's tile runs both, block after block (with VNNI, a K-quant's blocks
- * in pairs, one chain in each half of a register: rows1_k).
- *
- * Q8_0, Q4_0 and Q5_0 (one integer a block): outputs side by side in the lanes.
- * In the layout the q8 mode gives them at load (16 rows side by side,
+ * Every format sums one integer a 32-element block (a K-quant's sub-block),
+ * kn-cpu-q8.c's definitions, with outputs side by side in the lanes. In the
+ * layout the q8 mode gives Q8_0, Q4_0 and Q5_0 at load (16 rows side by side,
  * kn-quant.h's X16) the rows are, at every T (x16_tile); rows as a file has
- * them take tokens side by side (int_dot's tok_tile; Q8_0 and Q4_0) or rows
- * gathered eight at a time (row_tile: a few tokens, and Q5_0 at every T).
+ * them take tokens side by side (int_dot's tok_tile, from KN_CPU_Q8_TOKENS
+ * tokens; not Q5_0) or rows gathered eight at a time (row_tile: a few tokens,
+ * and Q5_0 at every T).
  *
  * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
@@ -35,25 +28,14 @@
 
 #define AI __attribute__((always_inline))
 
-/* Weight bytes of the rows a group of tiles sweeps across all tokens (L1). */
+/* Weight bytes of the rows a group of row tiles sweeps across all tokens (L1). */
 #define Q8_GROUP_BYTES (24 * 1024)
 
 /* How far ahead of its tile one token's sweep prefetches the weights. */
 #define Q8_PREFETCH_BYTES 4096
 
-/* Rows of any tile (the accumulators' arrays). */
-#define Q8_RMAX 4
-
 KN_AVX2 static inline float h16(const uint8_t *p) {
   return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
-}
-
-/* The f16 at p in all 8 lanes (the same value as h16): vpbroadcastw from
- * memory, vcvtph2ps. */
-KN_AVX2 static inline AI __m256 h16x8(const uint8_t *p) {
-  short h;
-  memcpy(&h, p, 2);
-  return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
 KN_AVX2 static inline void put1(float *o, float s, int acc) {
@@ -91,16 +73,19 @@ static inline size_t kind_bytes(enum q8_kind k) {
   return bytes[k];
 }
 
-/* The offset the lanes' kinds' weights carry as a power of two (Q6_K's 32:
- * subtracted as sum q x - (sum x << shift)), 0 for none (Q4_0's 8 and Q5_0's
- * 16 are int_dot's). */
-static inline int kind_shift(enum q8_kind k) {
-  return k == Q8K_Q6_K ? 5 : 0;
-}
-
-/* Whether every weight adds a min (times the lane's input sum). */
+/* Whether every weight adds a min (times the block's input sum). */
 static inline int kind_min(enum q8_kind k) {
   return k == Q8K_Q4_1 || k == Q8K_Q5_1 || k == Q8K_Q4_K || k == Q8K_Q5_K;
+}
+
+/* Whether a block is summed by kint_block (the formats with a min, and Q6_K). */
+static inline int kind_kint(enum q8_kind k) {
+  return kind_min(k) || k == Q8K_Q6_K;
+}
+
+/* The four bits of b as bytes, 0x10 where set. */
+static inline AI uint32_t fifth4(uint32_t b) {
+  return ((b & 1) | (b & 2) << 7 | (b & 4) << 14 | (b & 8) << 21) << 4;
 }
 
 /* Byte j = 0x10 where bit j of qh is set, else 0. */
@@ -136,7 +121,7 @@ Q8T_ATTR static inline AI __m256i nibs(const uint8_t *p, int hi) {
 }
 
 /* Sub-block j of a K-quant super-block as the bytes vpmaddubsw takes
- * (unpack()'s u). */
+ * (as kn-cpu-q8.c's weights() has them, before the offset). */
 Q8T_ATTR static inline AI __m256i kbytes(const enum q8_kind kind, const uint8_t *blk, int j) {
   if (kind == Q8K_Q6_K) { /* part p of half j / 4 */
     const int half = j >> 2, p = j & 3;
@@ -154,392 +139,13 @@ Q8T_ATTR static inline AI __m256i kbytes(const enum q8_kind kind, const uint8_t 
   return u;
 }
 
-/* 32-element block b of a row, as kn-cpu-q8.c's weights() has it: *u the
- * unsigned bytes vpmaddubsw takes (q before the offset), *d each lane's
- * scale, *m the min (kind_min). */
-Q8T_ATTR static inline AI void unpack(const enum q8_kind kind, const uint8_t *row, int b,
-                                      __m256i *u, __m256 *d, __m256 *m) {
-  const uint8_t *blk = row + (size_t)(kind >= Q8K_Q4_K ? b >> 3 : b) * kind_bytes(kind);
-  *m = _mm256_setzero_ps();
-  switch (kind) {
-  case Q8K_Q4_1:
-    *d = h16x8(blk);
-    *m = h16x8(blk + 2);
-    *u = nib32(blk + 4);
-    break;
-  case Q8K_Q5_1:
-    *d = h16x8(blk);
-    *m = h16x8(blk + 2);
-    *u = _mm256_or_si256(nib32(blk + 8), bit5x32(u32le(blk + 4)));
-    break;
-  case Q8K_Q4_K:
-  case Q8K_Q5_K: {
-    const int sb = b & 7;
-    int sc, mn;
-    sc_min(sb, blk + 4, &sc, &mn);
-    *d = _mm256_set1_ps(h16(blk) * (float)sc);
-    *m = _mm256_set1_ps(-(h16(blk + 2) * (float)mn));
-    *u = kbytes(kind, blk, sb);
-    break;
-  }
-  case Q8K_Q6_K: {
-    const int c = b & 7, half = c >> 2, p = c & 3;
-    const int8_t *sc = (const int8_t *)(blk + 192) + 8 * half + 2 * p;
-    const float dd = h16(blk + 208);
-    *u = kbytes(kind, blk, c);
-    __m128 d0 = _mm_set1_ps(dd * (float)sc[0]), d1 = _mm_set1_ps(dd * (float)sc[1]);
-    *d = _mm256_set_m128(d1, d0);
-    break;
-  }
-  default: break; /* Q8_0, Q4_0, Q5_0: kernels of their own */
-  }
-}
-
-/* The inputs of tokens x (Q8_0 blocks ldq bytes apart, their f32 scales d B
- * apart, lane terms s B * 8 apart; struct kn_cpu_q8_in) that block b of a
- * tile takes for token u: the 8 bytes' vector, the scale in all lanes, the
- * offset's lane terms (so) and the min's (sf). */
-struct q8t_x {
-  const uint8_t *q;
-  const float *d;
-  const int32_t *s;
-  size_t ldq;
-};
-
-Q8T_ATTR static inline AI void xblock(const enum q8_kind kind, const struct q8t_x *x, int B, int u,
-                                      int b, __m256i *xv, __m256 *dx, __m256i *so, __m256 *sf) {
-  *xv = _mm256_loadu_si256((const __m256i *)(x->q + (size_t)u * x->ldq + (size_t)b * 34 + 2));
-  *dx = _mm256_broadcast_ss(x->d + (size_t)u * (size_t)B + b);
-  const __m256i *s = (const __m256i *)(x->s + ((size_t)u * (size_t)B + (size_t)b) * 8);
-  *so = kind_shift(kind) ? _mm256_loadu_si256(s) : _mm256_setzero_si256();
-  *sf = kind_min(kind) ? _mm256_cvtepi32_ps(_mm256_loadu_si256(s)) : _mm256_setzero_ps();
-}
-
-/* The multiply-adds of one weight block (unpacked) against one input block
- * into a: the reference's operations. */
-Q8T_ATTR static inline AI __m256 step(const enum q8_kind kind, __m256 a, __m256i wu, __m256 dw,
-                                      __m256 mw, __m256i xv, __m256 dx, __m256i so, __m256 sf) {
-  /* the offset's term first: the same integer either way */
-  __m256i p = dot4(so, wu, xv);
-  a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx), a);
-  if (kind_min(kind)) a = _mm256_fmadd_ps(sf, _mm256_mul_ps(mw, dx), a);
-  return a;
-}
-
-/* One chain (blocks b0, b0 + 2, ...) of the R x U outputs of rows w (row_bytes
- * apart) and tokens x into a[]. */
-Q8T_ATTR static inline AI void tile_chain(const enum q8_kind kind, const int R, const int U,
-                                          const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
-                                          int B, int b0, __m256 *a) {
-#pragma GCC unroll 16
-  for (int i = 0; i < R * U; i++)
-    a[i] = _mm256_setzero_ps();
-  for (int b = b0; b < B; b += 2) {
-    __m256i wu[Q8_RMAX];
-    __m256 dw[Q8_RMAX], mw[Q8_RMAX];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-      unpack(kind, w + (size_t)r * row_bytes, b, &wu[r], &dw[r], &mw[r]);
-#pragma GCC unroll 8
-    for (int u = 0; u < U; u++) {
-      __m256i xv, so;
-      __m256 dx, sf;
-      xblock(kind, x, B, u, b, &xv, &dx, &so, &sf);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++)
-        a[r * U + u] = step(kind, a[r * U + u], wu[r], dw[r], mw[r], xv, dx, so, sf);
-    }
-  }
-}
-
-#if Q8T_VNNI
-/* tile_chain for 4 tokens on 512-bit registers: tokens (0, 1) in one register
- * and (2, 3) in another, each weight block unpacked once and put in both
- * halves; every lane with step()'s operations. a[r * 2 + p]: row r, tokens 2p
- * and 2p + 1. */
-Q8T_ATTR static inline AI void tile_chain_z(const enum q8_kind kind, const int R, const uint8_t *w,
-                                            size_t row_bytes, const struct q8t_x *x, int B, int b0,
-                                            __m512 *a) {
-#pragma GCC unroll 8
-  for (int i = 0; i < R * 2; i++)
-    a[i] = _mm512_setzero_ps();
-  for (int b = b0; b < B; b += 2) {
-    __m512i wu[Q8_RMAX];
-    __m512 dw[Q8_RMAX], mw[Q8_RMAX];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-      __m256i u;
-      __m256 d, m;
-      unpack(kind, w + (size_t)r * row_bytes, b, &u, &d, &m);
-      wu[r] = _mm512_broadcast_i64x4(u);
-      dw[r] = _mm512_broadcast_f32x8(d);
-      mw[r] = kind_min(kind) ? _mm512_broadcast_f32x8(m) : _mm512_setzero_ps();
-    }
-#pragma GCC unroll 2
-    for (int p = 0; p < 2; p++) {
-      __m256i xv[2], so[2];
-      __m256 dx[2], sf[2];
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; h++)
-        xblock(kind, x, B, 2 * p + h, b, &xv[h], &dx[h], &so[h], &sf[h]);
-      const __m512i X = _mm512_inserti64x4(_mm512_castsi256_si512(xv[0]), xv[1], 1);
-      const __m512i S = _mm512_inserti64x4(_mm512_castsi256_si512(so[0]), so[1], 1);
-      const __m512 D = _mm512_insertf32x8(_mm512_castps256_ps512(dx[0]), dx[1], 1);
-      const __m512 F = _mm512_insertf32x8(_mm512_castps256_ps512(sf[0]), sf[1], 1);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++) {
-        __m512 *ar = &a[r * 2 + p];
-        __m512i q = _mm512_dpbusd_epi32(S, wu[r], X);
-        *ar = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_mul_ps(dw[r], D), *ar);
-        if (kind_min(kind)) *ar = _mm512_fmadd_ps(F, _mm512_mul_ps(mw[r], D), *ar);
-      }
-    }
-  }
-}
-#endif
-
-/* Block b of R rows against one token's, into the chain a[]. */
-Q8T_ATTR static inline AI void block1(const enum q8_kind kind, const int R, __m256 *a,
-                                      const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
-                                      int B, int b) {
-  __m256i xv, so;
-  __m256 dx, sf;
-  xblock(kind, x, B, 0, b, &xv, &dx, &so, &sf);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    __m256i wu;
-    __m256 dw, mw;
-    unpack(kind, w + (size_t)r * row_bytes, b, &wu, &dw, &mw);
-    a[r] = step(kind, a[r], wu, dw, mw, xv, dx, so, sf);
-  }
-}
-
-#if Q8T_VNNI
-/* A K-quant super-block's scales as unpack() rounds them: Q4_K / Q5_K, the 8
- * sub-blocks' d sc in lanes 0..7 of *ds and -(dmin min) in lanes 8..15 of
- * *ms; Q6_K, its 16 scales' dd sc in lanes 0..15 of *ds. */
-Q8T_ATTR static inline AI void ksc(const enum q8_kind kind, const uint8_t *blk, __m512 *ds,
-                                   __m512 *ms) {
-  if (kind == Q8K_Q6_K) {
-    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
-    *ds = _mm512_mul_ps(_mm512_set1_ps(h16(blk + 208)), _mm512_cvtepi32_ps(sc));
-    *ms = _mm512_setzero_ps();
-    return;
-  }
-  uint32_t u[3]; /* sc_min()'s six bits, four pairs a word */
-  memcpy(u, blk + 4, 12);
-  const uint32_t sc = u[0] & 0x3F3F3F3F, mn = u[1] & 0x3F3F3F3F,
-                 sc4 = (u[2] & 0x0F0F0F0F) | (u[0] >> 6 & 0x03030303) << 4,
-                 mn4 = (u[2] >> 4 & 0x0F0F0F0F) | (u[1] >> 6 & 0x03030303) << 4;
-  const __m512 f = _mm512_cvtepi32_ps(
-      _mm512_cvtepu8_epi32(_mm_setr_epi32((int)sc, (int)sc4, (int)mn, (int)mn4)));
-  *ds = _mm512_mul_ps(_mm512_set1_ps(h16(blk)), f);
-  *ms = _mm512_mul_ps(_mm512_set1_ps(-h16(blk + 2)), f);
-}
-
-/* Sub-blocks 2 j and 2 j + 1, one in each half. */
-Q8T_ATTR static inline AI __m512i kpair(const enum q8_kind kind, const uint8_t *blk, int j) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(kbytes(kind, blk, 2 * j)),
-                            kbytes(kind, blk, 2 * j + 1), 1);
-}
-
-/* rows1 of the K-quants on 512-bit registers: a super-block's scales taken
- * once a row (ksc), then its sub-blocks in pairs (b, b + 1), the even chain's
- * block in lanes 0..7 and the odd one's in 8..15: one register of weights,
- * one vpdpbusd and the multiply-adds of both blocks, each lane with step()'s
- * operations. */
-Q8T_ATTR static inline AI void rows1_k(const enum q8_kind kind, const int R, float *out,
-                                       const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
-                                       int B, int acc) {
-  const int six = kind == Q8K_Q6_K;
-  const size_t kb = kind_bytes(kind);
-  /* the scale of each lane of a pair: Q4_K / Q5_K's d sc (lanes 0..7: 2 j,
-   * 8..15: 2 j + 1) and mins (8 on), Q6_K's four (4 j .. 4 j + 3, four lanes each) */
-  const __m512i id0 = six ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-                          : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                idm = _mm512_add_epi32(id0, _mm512_set1_epi32(8));
-  __m512 a[Q8_RMAX];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-    a[r] = _mm512_setzero_ps();
-  for (int sb = 0; sb < B / 8; sb++) {
-    __m512 ds[Q8_RMAX], ms[Q8_RMAX];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-      ksc(kind, w + (size_t)r * row_bytes + (size_t)sb * kb, &ds[r], &ms[r]);
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-      const int b = 8 * sb + 2 * j;
-      const uint8_t *xb = x->q + (size_t)b * 34 + 2;
-      const __m512i X =
-          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xb)),
-                             _mm256_loadu_si256((const __m256i *)(xb + 34)), 1);
-      const __m512 D = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(x->d + b)),
-                                          _mm256_broadcast_ss(x->d + b + 1), 1);
-      const __m512i S = _mm512_loadu_si512((const void *)(x->s + (size_t)b * 8));
-      const __m512i is = _mm512_add_epi32(id0, _mm512_set1_epi32(six ? 4 * j : 2 * j)),
-                    im = _mm512_add_epi32(idm, _mm512_set1_epi32(2 * j));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; r++) {
-        const uint8_t *blk = w + (size_t)r * row_bytes + (size_t)sb * kb;
-        const __m512i q =
-            _mm512_dpbusd_epi32(six ? S : _mm512_setzero_si512(), kpair(kind, blk, j), X);
-        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q),
-                               _mm512_mul_ps(_mm512_permutexvar_ps(is, ds[r]), D), a[r]);
-        if (!six)
-          a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S),
-                                 _mm512_mul_ps(_mm512_permutexvar_ps(im, ms[r]), D), a[r]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-    put1(out + r,
-         kn_avx2_hsum(_mm256_add_ps(_mm512_castps512_ps256(a[r]), _mm512_extractf32x8_ps(a[r], 1))),
-         acc);
-}
-#endif
-
-/* One token's R outputs, both chains block after block (decode: each row
- * streamed once). */
-Q8T_ATTR static inline AI void rows1(const enum q8_kind kind, const int R, float *out,
-                                     const uint8_t *w, size_t row_bytes, const struct q8t_x *x,
-                                     int B, int acc) {
-#if Q8T_VNNI
-  if (kind == Q8K_Q4_K || kind == Q8K_Q5_K || kind == Q8K_Q6_K) {
-    rows1_k(kind, R, out, w, row_bytes, x, B, acc);
-    return;
-  }
-#endif
-  __m256 e[Q8_RMAX], o[Q8_RMAX];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-    e[r] = o[r] = _mm256_setzero_ps();
-  int b = 0;
-  for (; b + 2 <= B; b += 2) {
-    block1(kind, R, e, w, row_bytes, x, B, b);
-    block1(kind, R, o, w, row_bytes, x, B, b + 1);
-  }
-  if (b < B) block1(kind, R, e, w, row_bytes, x, B, b);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-    put1(out + r, kn_avx2_hsum(_mm256_add_ps(e[r], o[r])), acc);
-}
-
-Q8T_ATTR static inline AI void tile(const enum q8_kind kind, const int R, const int U, float *out,
-                                    ptrdiff_t ldo, const struct q8t_x *x, const uint8_t *w,
-                                    size_t row_bytes, int B, int acc) {
-  if (U == 1) {
-    rows1(kind, R, out, w, row_bytes, x, B, acc);
-    return;
-  }
-#if Q8T_VNNI
-  if (U == 4) {
-    __m512 ez[Q8_RMAX * 2], oz[Q8_RMAX * 2];
-    tile_chain_z(kind, R, w, row_bytes, x, B, 0, ez);
-    tile_chain_z(kind, R, w, row_bytes, x, B, 1, oz);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-      for (int u = 0; u < 4; u++) {
-        const __m512 t = _mm512_add_ps(ez[r * 2 + u / 2], oz[r * 2 + u / 2]);
-        put1(out + (ptrdiff_t)u * ldo + r,
-             kn_avx2_hsum(u & 1 ? _mm512_extractf32x8_ps(t, 1) : _mm512_castps512_ps256(t)), acc);
-      }
-    return;
-  }
-#endif
-  __m256 e[Q8_RMAX * Q8_U], o[Q8_RMAX * Q8_U];
-  tile_chain(kind, R, U, w, row_bytes, x, B, 0, e);
-  tile_chain(kind, R, U, w, row_bytes, x, B, 1, o);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-    for (int u = 0; u < U; u++)
-      put1(out + (ptrdiff_t)u * ldo + r, kn_avx2_hsum(_mm256_add_ps(e[r * U + u], o[r * U + u])),
-           acc);
-}
-
-/* The tile of r rows (<= Q8_R, one token's <= Q8_R1) x u (<= Q8_U) tokens,
- * each shape compiled on its own (shapes beyond the tile's are never asked
- * for). */
-#define Q8T_CLAMP(v, m) ((v) < (m) ? (v) : (m))
-#define Q8T_CASE(KIND, R, U)                                                                       \
-  case R * 8 + U:                                                                                  \
-    tile(KIND, Q8T_CLAMP(R, (U) == 1 ? Q8_R1 : Q8_R), Q8T_CLAMP(U, Q8_U), out, ldo, x, w,          \
-         row_bytes, B, acc);                                                                       \
-    break;
-#define Q8T_CASES(KIND, R)                                                                         \
-  Q8T_CASE(KIND, R, 1) Q8T_CASE(KIND, R, 2) Q8T_CASE(KIND, R, 3) Q8T_CASE(KIND, R, 4)
-#define DEF_TILES(SUF, KIND)                                                                       \
-  Q8T_ATTR static void tiles_##SUF(int r, int u, float *out, ptrdiff_t ldo, const struct q8t_x *x, \
-                                   const uint8_t *w, size_t row_bytes, int B, int acc) {           \
-    switch (r * 8 + u) {                                                                           \
-      Q8T_CASES(KIND, 1)                                                                           \
-      Q8T_CASES(KIND, 2)                                                                           \
-      Q8T_CASES(KIND, 3)                                                                           \
-      Q8T_CASES(KIND, 4)                                                                           \
-    }                                                                                              \
-  }
-
-DEF_TILES(q4_1, Q8K_Q4_1)
-DEF_TILES(q5_1, Q8K_Q5_1)
-DEF_TILES(q4_k, Q8K_Q4_K)
-DEF_TILES(q5_k, Q8K_Q5_K)
-DEF_TILES(q6_k, Q8K_Q6_K)
-
-typedef void (*tiles_fn)(int r, int u, float *out, ptrdiff_t ldo, const struct q8t_x *x,
-                         const uint8_t *w, size_t row_bytes, int B, int acc);
-
 /* Prefetches w's bytes from *pf up to want (at most end), a line at a time. */
 static inline AI void prefetch_to(const uint8_t **pf, const uint8_t *want, const uint8_t *end) {
   for (want = want < end ? want : end; *pf < want; *pf += 64)
     _mm_prefetch((const char *)*pf, _MM_HINT_T0);
 }
 
-/* Groups of rows that fit L1, each swept by tiles across all T tokens. */
-Q8T_ATTR static void tiled(tiles_fn f, float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *in,
-                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  const int B = K / 32;
-  int G = (int)(Q8_GROUP_BYTES / row_bytes) / Q8_RMAX * Q8_RMAX;
-  if (G < Q8_RMAX) G = Q8_RMAX;
-  for (int j0 = 0; j0 < n; j0 += G) {
-    const int j1 = j0 + G < n ? j0 + G : n;
-    for (int t = 0; t < T; t += Q8_U) {
-      const int u = T - t < Q8_U ? T - t : Q8_U, R = u == 1 ? Q8_R1 : Q8_R;
-      const struct q8t_x x = {in->q + (size_t)t * in->ldq, in->d + (size_t)t * (size_t)B,
-                              in->s + (size_t)t * (size_t)B * 8, in->ldq};
-      const uint8_t *pf = w + (size_t)j0 * row_bytes; /* the first byte not prefetched */
-      for (int j = j0; j < j1; j += R) {
-        if (u == 1) { /* decode streams each row once from memory: ask for it ahead, */
-          const uint8_t *want = w + (size_t)(j + R) * row_bytes + Q8_PREFETCH_BYTES;
-          /* at most Q8_PREFETCH_BYTES a tile: a K-quant tile's rows (15 KB) asked
-           * for at once fill the line buffers and stall the tile */
-          if (want > pf + Q8_PREFETCH_BYTES) want = pf + Q8_PREFETCH_BYTES;
-          prefetch_to(&pf, want, w + (size_t)n * row_bytes);
-        }
-        f(j1 - j < R ? j1 - j : R, u, out + (ptrdiff_t)t * ldo + j, ldo, &x,
-          w + (size_t)j * row_bytes, row_bytes, B, acc);
-      }
-    }
-  }
-}
-
-/* q8dot of each format: the tiles at every T. */
-#define DEF_Q8DOT(SUF)                                                                             \
-  Q8T_ATTR static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,        \
-                                   const uint8_t *w, size_t row_bytes, int K, int T, int n,        \
-                                   int acc) {                                                      \
-    tiled(tiles_##SUF, out, ldo, x, w, row_bytes, K, T, n, acc);                                   \
-  }
-
-DEF_Q8DOT(q4_1)
-DEF_Q8DOT(q5_1)
-DEF_Q8DOT(q4_k)
-DEF_Q8DOT(q5_k)
-DEF_Q8DOT(q6_k)
-
-/* ---- Q8_0, Q4_0 and Q5_0: one integer a block ---------------------------------- */
+/* ---- one integer a block ------------------------------------------------------ */
 
 /* Several tokens: the tokens side by side in a register's lanes (struct
  * kn_cpu_q8_in's xi), each weight row's four bytes at a time broadcast to
@@ -573,6 +179,12 @@ typedef __m512 q8vf;
 #define vi_srli16_4(a)  _mm512_srli_epi16(a, 4)
 #define vf_h16(p)       _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define vf_add(a, b)    _mm512_add_ps(a, b)
+#define vi_srl16(a, n)  _mm512_srl_epi16(a, _mm_cvtsi32_si128(n))
+#define vi_slli16_4(a)  _mm512_slli_epi16(a, 4)
+#define vi_sub8(a, b)   _mm512_sub_epi8(a, b)
+#define vi_abs8(a)      _mm512_abs_epi8(a)
+#define vi_sign8(x, w)  _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
+#define vi_mullo(a, b)  _mm512_mullo_epi32(a, b)
 #define Q8_XU           8 /* tokens of an X16 tile: each register of weights serves them all */
 #else
 #define Q8_TL           8
@@ -600,6 +212,12 @@ typedef __m256 q8vf;
 #define vi_srli16_4(a)  _mm256_srli_epi16(a, 4)
 #define vf_h16(p)       _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define vf_add(a, b)    _mm256_add_ps(a, b)
+#define vi_srl16(a, n)  _mm256_srl_epi16(a, _mm_cvtsi32_si128(n))
+#define vi_slli16_4(a)  _mm256_slli_epi16(a, 4)
+#define vi_sub8(a, b)   _mm256_sub_epi8(a, b)
+#define vi_abs8(a)      _mm256_abs_epi8(a)
+#define vi_sign8(x, w)  _mm256_sign_epi8(x, w)
+#define vi_mullo(a, b)  _mm256_mullo_epi32(a, b)
 #define Q8_XU           4 /* AVX2's 16 registers */
 #endif
 
@@ -702,6 +320,92 @@ Q8T_ATTR static inline AI void int_block(const enum q8_kind kind, const int NG, 
 #undef SO
 }
 
+/* Sub-block j of a K-quant super-block sb (Q4_1, Q5_1: the block sb) against
+ * NG token registers' block b, one integer a lane each (kn-cpu-q8.c's
+ * q8dot_min_ref): p[g], the sum of products (q without its min; Q6_K's
+ * sc0 p0 + sc1 p1 over q - 32, |q - 32| against x with q - 32's sign); *dw
+ * the block's scale in every lane, *mw its min (zero for Q6_K). Each four
+ * weights are unpacked once for the NG registers. */
+Q8T_ATTR static inline AI void kint_block(const enum q8_kind kind, const int NG, const uint8_t *sb,
+                                          int j, const struct q8_tv *tv, size_t b, q8vi *p,
+                                          q8vf *dw, q8vf *mw) {
+#define XQ(g, k) vi_load(tv[g].x + Q8_XB * b + 4 * KN_CPU_Q8_GROUP * (k))
+  q8vi a[Q8_NG], c[Q8_NG]; /* Q6_K: the halves; else two chains */
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++)
+    a[g] = c[g] = vi_zero();
+  if (kind == Q8K_Q6_K) {
+    const int half = j >> 2, pp = j & 3;
+    const uint8_t *ql = sb + 64 * half + 32 * (pp & 1), *qh = sb + 128 + 32 * half;
+    const int8_t *sc = (const int8_t *)(sb + 192) + 2 * j;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+      q8vi v = vi_bcast4(ql + 4 * k);
+      v = vi_and(pp >= 2 ? vi_srli16_4(v) : v, vi_set1_8(0x0F));
+      const q8vi h = vi_and(vi_srl16(vi_bcast4(qh + 4 * k), 2 * pp), vi_set1_8(3));
+      const q8vi w = vi_sub8(vi_or(v, vi_slli16_4(h)), vi_set1_8(32)), aw = vi_abs8(w);
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; g++) {
+        q8vi *d = k < 4 ? &a[g] : &c[g];
+        *d = vi_dot(*d, aw, vi_sign8(XQ(g, k), w));
+      }
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+      p[g] = vi_add(vi_mullo(a[g], vi_set1_32(sc[0])), vi_mullo(c[g], vi_set1_32(sc[1])));
+    *dw = vf_set1(h16(sb + 208));
+    *mw = vf_zero();
+    return;
+  }
+  if (kind == Q8K_Q4_1 || kind == Q8K_Q5_1) { /* sb: the block; elements k, 16 + k a byte */
+    const int five = kind == Q8K_Q5_1;
+    const uint8_t *qs = sb + (five ? 8 : 4);
+    const uint32_t qh = five ? u32le(sb + 4) : 0;
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const q8vi v = vi_bcast4(qs + 4 * k);
+      q8vi l = vi_and(v, vi_set1_8(0x0F)), h = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+      if (five) {
+        l = vi_or(l, vi_set1_32((int)fifth4(qh >> (4 * k) & 0xF)));
+        h = vi_or(h, vi_set1_32((int)fifth4(qh >> (16 + 4 * k) & 0xF)));
+      }
+#pragma GCC unroll 2
+      for (int g = 0; g < NG; g++) {
+        a[g] = vi_dot(a[g], l, XQ(g, k));
+        c[g] = vi_dot(c[g], h, XQ(g, k + 4));
+      }
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++)
+      p[g] = vi_add(a[g], c[g]);
+    *dw = vf_set1(h16(sb));
+    *mw = vf_set1(h16(sb + 2));
+    return;
+  }
+  const int five = kind == Q8K_Q5_K;
+  const uint8_t *qs = sb + (five ? 48 : 16) + 32 * (j >> 1), *qh = sb + 16;
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; k++) {
+    q8vi v = vi_bcast4(qs + 4 * k);
+    v = vi_and(j & 1 ? vi_srli16_4(v) : v, vi_set1_8(0x0F));
+    if (five) /* bit j of each qh byte as 16 */
+      v = vi_or(v, vi_slli16_4(vi_and(vi_srl16(vi_bcast4(qh + 4 * k), j), vi_set1_8(1))));
+#pragma GCC unroll 2
+    for (int g = 0; g < NG; g++) {
+      q8vi *d = k & 1 ? &c[g] : &a[g];
+      *d = vi_dot(*d, v, XQ(g, k));
+    }
+  }
+#pragma GCC unroll 2
+  for (int g = 0; g < NG; g++)
+    p[g] = vi_add(a[g], c[g]);
+  int sc, mn;
+  sc_min(j, sb + 4, &sc, &mn);
+  *dw = vf_set1(h16(sb) * (float)sc);
+  *mw = vf_set1(-(h16(sb + 2) * (float)mn));
+#undef XQ
+}
+
 /* Rows rp[0 .. Q8_TR) (the last valid one repeated past nr) against NG
  * token registers from v0 (nt tokens real in all): out[u * ldo + r] = the
  * sum for u < nt, r < nr. */
@@ -720,14 +424,24 @@ Q8T_ATTR static inline AI void tok_tile(const enum q8_kind kind, const int NG, f
   for (int b = 0; b < B; b++) {
 #pragma GCC unroll 8
     for (int r = 0; r < Q8_TR; r++) {
-      const uint8_t *blk = rp[r] + (size_t)b * kind_bytes(kind);
       q8vi p[Q8_NG];
-      int_block(kind, NG, blk, tv, (size_t)b, p);
-      const q8vf dw = vf_set1(h16(blk));
+      q8vf dw, mw;
+      if (kind_kint(kind)) {
+        const size_t at = kind >= Q8K_Q4_K ? (size_t)(b >> 3) : (size_t)b;
+        kint_block(kind, NG, rp[r] + at * kind_bytes(kind), b & 7, tv, (size_t)b, p, &dw, &mw);
+      } else {
+        const uint8_t *blk = rp[r] + (size_t)b * kind_bytes(kind);
+        int_block(kind, NG, blk, tv, (size_t)b, p);
+        dw = vf_set1(h16(blk));
+      }
 #pragma GCC unroll 2
-      for (int g = 0; g < NG; g++)
-        f[g][r] = vf_fma(vf_cvt(p[g]), vf_mul(dw, vf_load(tv[g].d + KN_CPU_Q8_GROUP * (size_t)b)),
-                         f[g][r]);
+      for (int g = 0; g < NG; g++) {
+        const q8vf dx = vf_load(tv[g].d + KN_CPU_Q8_GROUP * (size_t)b);
+        f[g][r] = vf_fma(vf_cvt(p[g]), vf_mul(dw, dx), f[g][r]);
+        if (kind_min(kind)) /* the min times the block's input sum (si: their shift is 0) */
+          f[g][r] = vf_fma(vf_cvt(vi_load(tv[g].s + KN_CPU_Q8_GROUP * (size_t)b)), vf_mul(mw, dx),
+                           f[g][r]);
+      }
     }
   }
   float v[Q8_TL];
@@ -772,6 +486,213 @@ KN_AVX2 static inline AI __m256 scales8(const uint8_t *const *p, size_t off) {
 /* Tokens of a row tile (each weight block unpacked once for them). */
 #define Q8_RU 4
 
+/* The columns of eight rows r[] of eight: r[j] becomes lane r's old r[r][j]
+ * for all r (bits moved, nothing computed). */
+KN_AVX2 static inline AI void tr8x8(__m256 *r) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; h++) { /* rows 0..3, 4..7 */
+    u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+
+/* The scales of a K-quant super-block at off in eight rows rp[], a
+ * sub-block's eight rows in the lanes: Q4_K / Q5_K, d sc in ka[j] and
+ * -(dmin min) in kb[j] (each rounded once, as weights() has them); Q6_K, the
+ * integer scales of sub-block j's halves in ka[j] and kb[j] (their bits) and
+ * each row's dd in *dd. */
+KN_AVX2 static inline AI void kscales(const enum q8_kind kind, const uint8_t *const *rp, size_t off,
+                                      __m256 *ka, __m256 *kb, __m256 *dd) {
+  if (kind == Q8K_Q6_K) {
+    *dd = scales8(rp, off + 208);
+    const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+      const __m128i v = _mm_loadu_si128((const __m128i *)(rp[r] + off + 192));
+      const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi32(v), ev),
+                    hi =
+                        _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), ev);
+      ka[r] = _mm256_castsi256_ps(_mm256_permute2x128_si256(lo, hi, 0x20)); /* sc 0, 2, .. 14 */
+      kb[r] = _mm256_castsi256_ps(_mm256_permute2x128_si256(lo, hi, 0x31)); /* sc 1, 3, .. 15 */
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) {
+      const uint8_t *blk = rp[r] + off;
+      uint32_t u[3]; /* sc_min()'s six bits, four pairs a word */
+      memcpy(u, blk + 4, 12);
+      const uint32_t s0 = u[0] & 0x3F3F3F3F, m0 = u[1] & 0x3F3F3F3F,
+                     s4 = (u[2] & 0x0F0F0F0F) | (u[0] >> 6 & 0x03030303) << 4,
+                     m4 = (u[2] >> 4 & 0x0F0F0F0F) | (u[1] >> 6 & 0x03030303) << 4;
+      const __m256 fs = _mm256_cvtepi32_ps(
+                       _mm256_cvtepu8_epi32(_mm_setr_epi32((int)s0, (int)s4, 0, 0))),
+                   fm = _mm256_cvtepi32_ps(
+                       _mm256_cvtepu8_epi32(_mm_setr_epi32((int)m0, (int)m4, 0, 0)));
+      ka[r] = _mm256_mul_ps(_mm256_set1_ps(h16(blk)), fs);
+      kb[r] = _mm256_mul_ps(_mm256_set1_ps(-h16(blk + 2)), fm);
+    }
+  }
+  tr8x8(ka);
+  tr8x8(kb);
+}
+
+/* Sub-block b's one integers of eight rows (lanes), q, into token u's f
+ * (Q6_K: q's halves' sums h0, h1; kn-cpu-q8.c's q8dot_min_ref). */
+KN_AVX2 static inline AI __m256 kfma(const enum q8_kind kind, __m256 f, __m256i q, __m256i h1,
+                                     __m256 ka, __m256 kb, __m256 dd, float dx, int32_t sx) {
+  const __m256 d = _mm256_set1_ps(dx);
+  if (kind == Q8K_Q6_K) {
+    q = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_castps_si256(ka), q),
+                         _mm256_mullo_epi32(_mm256_castps_si256(kb), h1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(dd, d), f);
+  }
+  f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(ka, d), f);
+  return _mm256_fmadd_ps(_mm256_set1_ps((float)sx), _mm256_mul_ps(kb, d), f);
+}
+
+#if Q8T_VNNI
+/* Sub-blocks 2 m and 2 m + 1 of a K-quant super-block as the bytes
+ * vpdpbusd takes, one in each half (kbytes' pair). */
+Q8T_ATTR static inline AI __m512i kpair(const enum q8_kind kind, const uint8_t *blk, int m) {
+  if (kind == Q8K_Q6_K) { /* parts pp, pp + 1 of half m / 2: ql 32 bytes apart */
+    const int half = m >> 1, pp = 2 * (m & 1);
+    const uint8_t *ql = blk + 64 * half;
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)ql)),
+                                   _mm256_loadu_si256((const __m256i *)(ql + 32)), 1);
+    v = _mm512_and_si512(pp ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(0xF));
+    const __m512i qh =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * half)));
+    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * pp)),
+                                                _mm512_set1_epi16((short)(2 * pp + 2)));
+    const __m512i h = _mm512_and_si512(_mm512_srlv_epi16(qh, cnt), _mm512_set1_epi8(3));
+    return _mm512_or_si512(v, _mm512_slli_epi16(h, 4));
+  }
+  const int five = kind == Q8K_Q5_K;
+  __m512i v = _mm512_broadcast_i64x4(
+      _mm256_loadu_si256((const __m256i *)(blk + (five ? 48 : 16) + 32 * m)));
+  v = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFFFF0000u, v, 4), _mm512_set1_epi8(0xF));
+  if (five) { /* bits 2 m and 2 m + 1 of each qh byte as 16 */
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)));
+    const __m512i cnt = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * m)),
+                                                _mm512_set1_epi16((short)(2 * m + 1)));
+    v = _mm512_or_si512(
+        v, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, cnt), _mm512_set1_epi8(1)), 4));
+  }
+  return v;
+}
+
+/* The sums of eight rows' registers p[] of a sub-block pair (lanes 0..7 the
+ * first sub-block's four-element sums, 8..15 the second's): the rows in the
+ * lanes, *e the first sub-block's and *o the second's; Q6_K, each
+ * sub-block's halves apart (*e, *o their first halves, *e1, *o1 the second).
+ * Exact. */
+Q8T_ATTR static inline AI void kreduce(const enum q8_kind kind, const __m512i *p, __m256i *e,
+                                       __m256i *o, __m256i *e1, __m256i *o1) {
+  __m512i t[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++)
+    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]),
+                            _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+  /* rows 0..3 and 4..7, each 128-bit quarter's sums (quarters 0, 1: the
+   * first sub-block's halves; 2, 3: the second's) */
+  const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]),
+                                      _mm512_unpackhi_epi64(t[0], t[1])),
+                u1 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]),
+                                      _mm512_unpackhi_epi64(t[2], t[3]));
+  /* first halves: (rows 0..3 of 2m, of 2m + 1, rows 4..7 of 2m, of 2m + 1) */
+  const __m512i a = _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                b = _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1));
+  const __m512i pick = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  if (kind == Q8K_Q6_K) {
+    const __m512i ha = _mm512_permutexvar_epi32(pick, a), hb = _mm512_permutexvar_epi32(pick, b);
+    *e = _mm512_castsi512_si256(ha), *o = _mm512_extracti64x4_epi64(ha, 1);
+    *e1 = _mm512_castsi512_si256(hb), *o1 = _mm512_extracti64x4_epi64(hb, 1);
+    return;
+  }
+  const __m512i r = _mm512_permutexvar_epi32(pick, _mm512_add_epi32(a, b));
+  *e = _mm512_castsi512_si256(r), *o = _mm512_extracti64x4_epi64(r, 1);
+  *e1 = *o1 = _mm256_setzero_si256();
+}
+#endif
+
+/* row_tile's K-quant super-block from block b0 (its eight sub-blocks): the
+ * rows' scales taken once (kscales), each sub-block's eight rows summed in
+ * registers of their own and reduced together (Q6_K: each half apart, the
+ * offset's term from the s lanes), then a row's one integer times the
+ * scales into f[u] (kfma). With VNNI, one token takes the sub-blocks in
+ * pairs, one in each half of a 512-bit register (kpair, kreduce). */
+Q8T_ATTR static inline AI void row_k(const enum q8_kind kind, const int U, __m256 *f,
+                                     const struct kn_cpu_q8_in *x, int t, const uint8_t *const *rp,
+                                     int B, int b0) {
+  const size_t off = (size_t)(b0 >> 3) * kind_bytes(kind), B8 = (size_t)B * 8;
+  const uint8_t *xr = x->q + (size_t)t * x->ldq;
+  const float *dx = x->d + (size_t)t * (size_t)B;
+  const int32_t *s = x->s + (size_t)t * B8, *o = x->o + (size_t)t * (size_t)B;
+  __m256 ka[8], kb[8], dd = _mm256_setzero_ps();
+  kscales(kind, rp, off, ka, kb, &dd);
+#if Q8T_VNNI
+  if (U == 1) {
+#pragma GCC unroll 1
+    for (int m = 0; m < 4; m++) {
+      const int b = b0 + 2 * m;
+      const uint8_t *xb = xr + (size_t)b * 34 + 2;
+      const __m512i X =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xb)),
+                             _mm256_loadu_si256((const __m256i *)(xb + 34)), 1);
+      const __m512i so = kind == Q8K_Q6_K ? _mm512_loadu_si512((const void *)(s + (size_t)b * 8))
+                                          : _mm512_setzero_si512();
+      __m512i p[8];
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++)
+        p[r] = _mm512_dpbusd_epi32(so, kpair(kind, rp[r] + off, m), X);
+      __m256i e, od, e1, o1;
+      kreduce(kind, p, &e, &od, &e1, &o1);
+      f[0] = kfma(kind, f[0], e, e1, ka[2 * m], kb[2 * m], dd, dx[b], o[b]);
+      f[0] = kfma(kind, f[0], od, o1, ka[2 * m + 1], kb[2 * m + 1], dd, dx[b + 1], o[b + 1]);
+    }
+    return;
+  }
+#endif
+  for (int j = 0; j < 8; j++) {
+    const int b = b0 + j;
+    __m256i wv[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+      wv[r] = kbytes(kind, rp[r] + off, j);
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+      const __m256i xv =
+          _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
+      const __m256i so = kind == Q8K_Q6_K
+                             ? _mm256_loadu_si256((const __m256i *)(s + (size_t)u * B8 + b * 8))
+                             : _mm256_setzero_si256();
+      __m256i p[8], q, h1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++)
+        p[r] = dot4(so, wv[r], xv);
+      if (kind == Q8K_Q6_K)
+        hsum8_halves(p, &q, &h1);
+      else
+        q = hsum8_epi32(p);
+      f[u] = kfma(kind, f[u], q, h1, ka[j], kb[j], dd, dx[(size_t)u * (size_t)B + b],
+                  o[(size_t)u * (size_t)B + b]);
+    }
+  }
+}
+
 /* Reduces eight rows' registers p[] and adds their sums (plus the offset's
  * term o) times the scales into f: lane r is row r's. */
 KN_AVX2 static inline AI __m256 row_fma(__m256 f, const __m256i *p, int o, __m256 dw, float dx) {
@@ -801,6 +722,9 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
   for (int u = 0; u < U; u++)
     f[u] = _mm256_setzero_ps();
   int b = 0;
+  if (kind >= Q8K_Q4_K)
+    for (; b < B; b += 8)
+      row_k(kind, U, f, x, t, rp, B, b);
   if (kind == Q8K_Q4_0)
     for (; b + 2 <= B; b += 2) {
       __m256i wl[8], wh[8];
@@ -843,18 +767,24 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
         wv[r] = nib32(blk + 2);
       else if (kind == Q8K_Q5_0)
         wv[r] = _mm256_or_si256(nib32(blk + 6), bit5x32(u32le(blk + 2)));
+      else if (kind == Q8K_Q4_1)
+        wv[r] = nib32(blk + 4);
+      else if (kind == Q8K_Q5_1)
+        wv[r] = _mm256_or_si256(nib32(blk + 8), bit5x32(u32le(blk + 4)));
       else
         wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
 #if Q8T_VNNI
       if (kind == Q8K_Q8_0) wv[r] = _mm256_xor_si256(wv[r], _mm256_set1_epi8((char)0x80));
 #endif
     }
-    const __m256 dw = scales8(rp, (size_t)b * kb);
+    const __m256 dw = scales8(rp, (size_t)b * kb),
+                 mw = kind_min(kind) ? scales8(rp, (size_t)b * kb + 2) : _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int u = 0; u < U; u++) {
       const __m256i xv =
           _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
-      const __m256i so = kind != Q8K_Q8_0 || Q8T_VNNI
+      /* the offset's lane terms (AVX2's Q8_0 has none: signs; a min's are its sums) */
+      const __m256i so = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_VNNI)
                              ? _mm256_loadu_si256((const __m256i *)(s + (size_t)u * B8 + b * 8))
                              : _mm256_setzero_si256();
       __m256i p[8];
@@ -868,6 +798,10 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
 #endif
       }
       f[u] = row_fma(f[u], p, 0, dw, dx[(size_t)u * (size_t)B + b]);
+      if (kind_min(kind))
+        f[u] =
+            _mm256_fmadd_ps(_mm256_set1_ps((float)x->o[(size_t)(t + u) * (size_t)B + b]),
+                            _mm256_mul_ps(mw, _mm256_set1_ps(dx[(size_t)u * (size_t)B + b])), f[u]);
     }
   }
   float v[8];
@@ -1061,7 +995,10 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
     const int j1 = j0 + G < n ? j0 + G : n;
     for (int t = 0; t < T; t += Q8_RU)
       for (int j = j0; j < j1; j += 8) {
-        if (t == 0) prefetch_to(&pf, w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES, end);
+        if (t == 0) { /* at most Q8_PREFETCH_BYTES a tile (a K-quant tile's rows: 30 KB) */
+          const uint8_t *want = w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES;
+          prefetch_to(&pf, want < pf + Q8_PREFETCH_BYTES ? want : pf + Q8_PREFETCH_BYTES, end);
+        }
         const int nr = j1 - j < 8 ? j1 - j : 8;
         float *o = out + (ptrdiff_t)t * ldo + j;
         tile_rows(rp, 8, w, row_bytes, j, nr);
@@ -1075,7 +1012,7 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
   }
 }
 
-/* q8dot of Q8_0 and Q4_0, as rows (il 0) or in X16 groups (il 1). */
+/* q8dot of each format, as rows (il 0) or in X16 groups (il 1). */
 #define DEF_INT_DOT(SUF, KIND, IL)                                                                 \
   Q8T_ATTR static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,        \
                                    const uint8_t *w, size_t row_bytes, int K, int T, int n,        \
@@ -1088,6 +1025,11 @@ DEF_INT_DOT(q8_0x16, Q8K_Q8_0, 1)
 DEF_INT_DOT(q4_0x16, Q8K_Q4_0, 1)
 DEF_INT_DOT(q5_0, Q8K_Q5_0, 0)
 DEF_INT_DOT(q5_0x16, Q8K_Q5_0, 1)
+DEF_INT_DOT(q4_1, Q8K_Q4_1, 0)
+DEF_INT_DOT(q5_1, Q8K_Q5_1, 0)
+DEF_INT_DOT(q4_k, Q8K_Q4_K, 0)
+DEF_INT_DOT(q5_k, Q8K_Q5_K, 0)
+DEF_INT_DOT(q6_k, Q8K_Q6_K, 0)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 

@@ -1,9 +1,8 @@
 /* kn-cpu-q8-vnni.c — the q8 mode's register tiles (kn-cpu-q8-tile.h) with
  * AVX-512 VNNI's vpdpbusd: four products summed into a lane in one
- * instruction (the same integer as vpmaddubsw + vpmaddwd), AVX-512VL's 32
- * vector registers for tiles of 4 rows x 4 tokens, and Q8_0 / Q4_0 against
- * 16 tokens side by side in 512-bit registers. The reference's bits
- * (kn-cpu-q8.c), as the AVX2 tiles. */
+ * instruction (the same integer as vpmaddubsw + vpmaddwd), 16 tokens side by
+ * side in 512-bit registers, a K-quant's sub-blocks in pairs for one token.
+ * The reference's bits (kn-cpu-q8.c), as the AVX2 tiles. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,9 +14,6 @@
   __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define Q8T_VNNI 1
 #define Q8T_ZMM  1
-#define Q8_R     4
-#define Q8_U     4
-#define Q8_R1    4
 #include "kernels/cpu/kn-cpu-q8-tile.h"
 
 void kn_cpu_dsp_init_q8_vnni(struct kn_cpu_dsp *dsp) {

@@ -10,13 +10,9 @@
  * block's elements, side by side in a register's lanes (tokens when there
  * are several, rows when there is one), so a lane needs no reduction.
  *
- * The other formats: integer products are summed exactly in groups of four
- * elements (the lanes of the AVX2 kernels); each group's sum times the two
- * blocks' scales is added into its lane's f32 accumulator with one rounding
- * (fmaf), and for the formats with a min then the group's input sum times
- * the min and the input's scale, the same way; even and odd blocks go into
- * two accumulators (two independent chains for the kernels), added lane by
- * lane at the end, then the lanes reduced as kn_avx2_hsum does.
+ * Q4_1, Q5_1 and the K-quants: one integer a block (a K-quant's 32-element
+ * sub-block) the same way, then for the formats with a min the min times
+ * the block's input sum (q8dot_min_ref).
  *
  * The AVX2 and AVX-512 VNNI versions give these bits. */
 #include <math.h>
@@ -115,46 +111,6 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
   return has_m;
 }
 
-/* kn_avx2_hsum's order: (l0+l4, l1+l5, l2+l6, l3+l7), (a0+a2, a1+a3), b0+b1. */
-static float hsum8(const float *a) {
-  float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
-  float t0 = s0 + s2, t1 = s1 + s3;
-  return t0 + t1;
-}
-
-static void q8dot_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                      const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  const int B = K / 32;
-  int q[32];
-  for (int j = 0; j < n; j++)
-    for (int t = 0; t < T; t++) {
-      const uint8_t *xr = x + (size_t)t * ldx;
-      float a2[2][8] = {{0}}; /* even and odd blocks: two chains of multiply-adds */
-      for (int b = 0; b < B; b++) {
-        float *a = a2[b & 1];
-        float dw[8], m = 0.0f;
-        int has_m = weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
-        const uint8_t *xb = xr + (size_t)b * 34;
-        const float dx = kn_le_f16(xb);
-        for (int l = 0; l < 8; l++) {
-          int p = 0, sx = 0;
-          for (int e = 4 * l; e < 4 * l + 4; e++) {
-            p += q[e] * (int8_t)xb[2 + e];
-            sx += (int8_t)xb[2 + e];
-          }
-          a[l] = fmaf((float)p, dw[l] * dx, a[l]);
-          if (has_m) a[l] = fmaf((float)sx, m * dx, a[l]);
-        }
-      }
-      float a[8];
-      for (int l = 0; l < 8; l++)
-        a[l] = a2[0][l] + a2[1][l];
-      float s = hsum8(a);
-      float *o = out + (ptrdiff_t)t * ldo + j;
-      *o = acc ? *o + s : s;
-    }
-}
-
 /* Q8_0, Q4_0 and Q5_0, and their X16 layouts (each block as its format's first):
  * one integer a block, one multiply-add a block. */
 static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
@@ -185,6 +141,47 @@ static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
     }
 }
 
+/* Q4_1, Q5_1 and the K-quants: one integer a 32-element block (a K-quant's
+ * sub-block). Q4_1, Q5_1, Q4_K and Q5_K: p = the exact sum of its 32 products
+ * (q without its min), acc = fma((float)p, ds * dx, acc), then acc =
+ * fma((float)sx, m * dx, acc) with sx the block's input sum (Q4_K and Q5_K:
+ * ds = d * sc and m = -(dmin * min), each rounded once; weights()).
+ * Q6_K: p = sc0 p0 + sc1 p1 exactly, p0 and p1 the sums of products of its
+ * two halves (q - 32; |p| < 2^24), acc = fma((float)p, dd * dx, acc). */
+static void q8dot_min_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
+                          const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  const int B = K / 32;
+  int q[32];
+  for (int j = 0; j < n; j++)
+    for (int t = 0; t < T; t++) {
+      const uint8_t *xr = x + (size_t)t * ldx, *row = w + (size_t)j * row_bytes;
+      float a = 0.0f;
+      for (int b = 0; b < B; b++) {
+        float dw[8], m = 0.0f;
+        weights(dt, row, b, q, dw, &m);
+        const uint8_t *xb = xr + (size_t)b * 34;
+        const float dx = kn_le_f16(xb);
+        int p0 = 0, p1 = 0, sx = 0;
+        for (int e = 0; e < 32; e++) {
+          const int v = (int8_t)xb[2 + e];
+          *(e < 16 ? &p0 : &p1) += q[e] * v;
+          sx += v;
+        }
+        if (dt == KN_DTYPE_Q6_K) {
+          const uint8_t *blk = row + (size_t)(b >> 3) * 210;
+          const int c = b & 7;
+          const int8_t *sc = (const int8_t *)(blk + 192) + 8 * (c >> 2) + 2 * (c & 3);
+          a = fmaf((float)(sc[0] * p0 + sc[1] * p1), kn_le_f16(blk + 208) * dx, a);
+        } else {
+          a = fmaf((float)(p0 + p1), dw[0] * dx, a);
+          a = fmaf((float)sx, m * dx, a);
+        }
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      *o = acc ? *o + a : a;
+    }
+}
+
 /* q8dot of each format: REF (the one-integer or the lanes' definition) on x's
  * Q8_0 blocks. */
 #define DEF_REF(SUF, REF, DT)                                                                      \
@@ -199,11 +196,11 @@ DEF_REF(q8_0x16, q8dot_int_ref, KN_DTYPE_Q8_0_X16)
 DEF_REF(q4_0x16, q8dot_int_ref, KN_DTYPE_Q4_0_X16)
 DEF_REF(q5_0, q8dot_int_ref, KN_DTYPE_Q5_0)
 DEF_REF(q5_0x16, q8dot_int_ref, KN_DTYPE_Q5_0_X16)
-DEF_REF(q4_1, q8dot_ref, KN_DTYPE_Q4_1)
-DEF_REF(q5_1, q8dot_ref, KN_DTYPE_Q5_1)
-DEF_REF(q4_k, q8dot_ref, KN_DTYPE_Q4_K)
-DEF_REF(q5_k, q8dot_ref, KN_DTYPE_Q5_K)
-DEF_REF(q6_k, q8dot_ref, KN_DTYPE_Q6_K)
+DEF_REF(q4_1, q8dot_min_ref, KN_DTYPE_Q4_1)
+DEF_REF(q5_1, q8dot_min_ref, KN_DTYPE_Q5_1)
+DEF_REF(q4_k, q8dot_min_ref, KN_DTYPE_Q4_K)
+DEF_REF(q5_k, q8dot_min_ref, KN_DTYPE_Q5_K)
+DEF_REF(q6_k, q8dot_min_ref, KN_DTYPE_Q6_K)
 
 static void q8_prep_ref(const float *x, int K, uint8_t *q, float *d, int32_t *s, int shift) {
   kn_quantize_row(KN_DTYPE_Q8_0, x, q, (size_t)K);
