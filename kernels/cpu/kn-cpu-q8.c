@@ -182,8 +182,8 @@ static void q8dot_min_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
     }
 }
 
-/* q8dot of each format: REF (the one-integer or the lanes' definition) on x's
- * Q8_0 blocks. */
+/* q8dot of each format: REF (q8dot_int_ref, or q8dot_min_ref for the formats
+ * with a min and Q6_K) on x's Q8_0 blocks. */
 #define DEF_REF(SUF, REF, DT)                                                                      \
   static void q8dot_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,                 \
                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {      \
