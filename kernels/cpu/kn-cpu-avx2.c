@@ -20,17 +20,6 @@ static inline void put(float *o, float s, int acc) {
 
 /* ---- matvec: T small, weights in their own dtype ------------------------ */
 
-/* Software prefetch distance for the weight stream. A group of 4 rows is one
- * contiguous block of 4 K elements read as 4 short interleaved streams, too
- * short for the hardware prefetcher to lock on; so each k step prefetches the
- * 32 elements' worth of bytes it consumes, this far ahead in linear order. */
-#define MATVEC_PF_BYTES 8192
-
-KN_AVX2 static inline __attribute__((always_inline)) void PREFETCH(const char *p, size_t bytes) {
-  for (size_t b = 0; b < bytes; b += 64)
-    _mm_prefetch(p + b, _MM_HINT_T0);
-}
-
 /* 8 weights from element k of w of dtype dt (f32, f16 or bf16; a constant
  * where this is inlined), widened: the matvec's rows, RMSNorm's weight; the
  * _tail version reads r < 8 and makes the rest zero. */
@@ -49,7 +38,9 @@ ld_w_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
 
 /* kn_cpu_dot_fn over weights of dtype dt: 4 weight rows at a time, each read
  * from memory once per call (later tokens hit L1), two tokens sharing each
- * widened weight vector, then the leftover rows one by one. */
+ * widened weight vector, then the leftover rows one by one. The 4 rows of a
+ * group are a quarter of the rows apart (i, i + s, i + 2s, i + 3s): four long
+ * sequential streams, which the hardware prefetcher follows. */
 KN_AVX2 static inline __attribute__((always_inline)) void
 matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv, int K, int T,
        int n, int acc, const enum kn_dtype dt) {
@@ -57,10 +48,11 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
   const unsigned char *w = wv;
   const int K8 = K & ~7, r = K - K8;
   const __m256i mask = kn_avx2_mask(r);
-  int j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const unsigned char *w0 = w + (size_t)j * K * es;
-    const void *wr[4] = {w0, w0 + K * es, w0 + 2 * K * es, w0 + 3 * K * es};
+  const int s = n / 4; /* the stride between a group's rows */
+  for (int i = 0; i < s; i++) {
+    const int js[4] = {i, i + s, i + 2 * s, i + 3 * s};
+    const void *wr[4];
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) wr[q] = w + (size_t)js[q] * K * es;
     __m256 tl[4]; /* the rows' K tails */
     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) tl[q] =
         r ? ld_w_tail(wr[q], dt, (size_t)K8, r) : _mm256_setzero_ps();
@@ -71,7 +63,6 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
       _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = b[q] = _mm256_setzero_ps();
       for (int k = 0; k < K8; k += 8) {
         __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k);
-        PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
           __m256 wq = ld_w(wr[q], dt, (size_t)k);
           a[q] = _mm256_fmadd_ps(wq, xv, a[q]);
@@ -85,8 +76,13 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
           b[q] = _mm256_fmadd_ps(tl[q], yv, b[q]);
         }
       }
-      kn_avx2_put_2x4(out + (ptrdiff_t)t * ldo + j, ldo, a[0], a[1], a[2], a[3], b[0], b[1], b[2],
-                      b[3], acc);
+      float h[8];
+      _mm256_storeu_ps(h, kn_avx2_hsum8(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]));
+      float *o = out + (ptrdiff_t)t * ldo;
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+        put(o + js[q], h[q], acc);
+        put(o + ldo + js[q], h[4 + q], acc);
+      }
     }
     for (; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;
@@ -94,7 +90,6 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
       _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_setzero_ps();
       for (int k = 0; k < K8; k += 8) {
         __m256 xv = _mm256_loadu_ps(x + k);
-        PREFETCH((const char *)(w0 + 4 * (size_t)k * es) + MATVEC_PF_BYTES, 32 * es);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] =
             _mm256_fmadd_ps(ld_w(wr[q], dt, (size_t)k), xv, a[q]);
       }
@@ -102,11 +97,11 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
         __m256 xv = _mm256_maskload_ps(x + K8, mask);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_fmadd_ps(tl[q], xv, a[q]);
       }
-      float *o = out + (ptrdiff_t)t * ldo + j;
-      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) put(o + q, kn_avx2_hsum(a[q]), acc);
+      float *o = out + (ptrdiff_t)t * ldo;
+      _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) put(o + js[q], kn_avx2_hsum(a[q]), acc);
     }
   }
-  for (; j < n; j++) {
+  for (int j = 4 * s; j < n; j++) {
     const void *w0 = w + (size_t)j * K * es;
     __m256 t0 = r ? ld_w_tail(w0, dt, (size_t)K8, r) : _mm256_setzero_ps();
     for (int t = 0; t < T; t++) {

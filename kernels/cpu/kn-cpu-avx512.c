@@ -72,7 +72,7 @@ KN_AVX512 static void pack_avx512(float *dst, const void *src, enum kn_dtype dt,
       continue;
     }
     /* the rows are one contiguous stream, short per work unit: prefetch it
-     * ahead in software (as the AVX2 matvec does) */
+     * ahead in software */
     const char *r0 = (const char *)src + (size_t)j * row_bytes;
     for (size_t o = 0; o < 2 * row_bytes; o += 64)
       _mm_prefetch(r0 + PACK_PF_BYTES + o, _MM_HINT_T0);
