@@ -28,9 +28,6 @@
 
 #define AI __attribute__((always_inline))
 
-/* Weight bytes of the rows a group of row tiles sweeps across all tokens (L1). */
-#define Q8_GROUP_BYTES (24 * 1024)
-
 /* How far ahead of its tile one token's sweep prefetches the weights. */
 #define Q8_PREFETCH_BYTES 4096
 
@@ -703,7 +700,7 @@ KN_AVX2 static inline AI __m256 row_fma(__m256 f, const __m256i *p, int o, __m25
 /* U tokens from t (a few: decode, or a few sequences' steps): eight rows
  * rp[] (the last valid one repeated past nr) side by side in the lanes, each
  * row's block summed in a register of its own and the eight reduced together
- * into one: out[u * ldo + r] for u < U, r < nr. Each weight block is
+ * into one: out[u * ldo + r * rs] for u < U, r < nr. Each weight block is
  * unpacked once for the U tokens. Q4_0 takes blocks in pairs (b, b + 1): one
  * load of both blocks' nibbles gives their low ones (elements 0..15 of b in
  * lanes 0..3, of b + 1 in lanes 4..7) after a mask and their high ones after
@@ -711,7 +708,7 @@ KN_AVX2 static inline AI __m256 row_fma(__m256 f, const __m256i *p, int o, __m25
  * offset's term (the sum of the block's s lanes) is added once the rows are
  * reduced. */
 Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, float *out,
-                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
+                                        ptrdiff_t ldo, int rs, const struct kn_cpu_q8_in *x, int t,
                                         const uint8_t *const *rp, int nr, int B, int acc) {
   const size_t kb = kind_bytes(kind), B8 = (size_t)B * 8;
   const uint8_t *xr = x->q + (size_t)t * x->ldq;
@@ -809,15 +806,15 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
   for (int u = 0; u < U; u++) {
     _mm256_storeu_ps(v, f[u]);
     for (int r = 0; r < nr; r++)
-      put1(out + (ptrdiff_t)u * ldo + r, v[r], acc);
+      put1(out + (ptrdiff_t)u * ldo + (ptrdiff_t)r * rs, v[r], acc);
   }
 }
 
-/* The rows from j, Q8_TR or 8 of them, the last valid one repeated. */
+/* R rows (Q8_TR or 8) from j, rs rows apart, the last valid one repeated. */
 static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, size_t row_bytes,
-                                int j, int nr) {
+                                int j, int rs, int nr) {
   for (int r = 0; r < R; r++)
-    rp[r] = w + (size_t)(j + (r < nr ? r : nr - 1)) * row_bytes;
+    rp[r] = w + (size_t)(j + (size_t)rs * (size_t)(r < nr ? r : nr - 1)) * row_bytes;
 }
 
 /* The bytes of inputs a sweep of the X16 groups takes (L2). */
@@ -943,7 +940,7 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
         const int j1 = j0 + Q8_SR < n ? j0 + Q8_SR : n;
         for (int j = j0; j < j1; j += Q8_TR) {
           const int nr = j1 - j < Q8_TR ? j1 - j : Q8_TR;
-          tile_rows(rp, Q8_TR, w, row_bytes, j, nr);
+          tile_rows(rp, Q8_TR, w, row_bytes, j, 1, nr);
           if (nt > Q8_TL)
             tok_tile(kind, Q8_NG, sb + (j - j0), Q8_SLD, x, t0 / Q8_TL, nt, rp, nr, B);
           else
@@ -988,27 +985,22 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
     }
   }
   /* the rows as they are, a few tokens (or an X16 weight's last n % 16 rows):
-   * groups of rows that fit L1, each swept for every token */
-  int G = (int)(Q8_GROUP_BYTES / row_bytes) / 8 * 8;
-  if (G < 8) G = 8;
-  for (int j0 = ng; j0 < n; j0 += G) {
-    const int j1 = j0 + G < n ? j0 + G : n;
-    for (int t = 0; t < T; t += Q8_RU)
-      for (int j = j0; j < j1; j += 8) {
-        if (t == 0) { /* at most Q8_PREFETCH_BYTES a tile (a K-quant tile's rows: 30 KB) */
-          const uint8_t *want = w + (size_t)(j + 8) * row_bytes + Q8_PREFETCH_BYTES;
-          prefetch_to(&pf, want < pf + Q8_PREFETCH_BYTES ? want : pf + Q8_PREFETCH_BYTES, end);
-        }
-        const int nr = j1 - j < 8 ? j1 - j : 8;
-        float *o = out + (ptrdiff_t)t * ldo + j;
-        tile_rows(rp, 8, w, row_bytes, j, nr);
-        switch (T - t < Q8_RU ? T - t : Q8_RU) {
-        case 1: row_tile(kind, 1, o, ldo, x, t, rp, nr, B, acc); break;
-        case 2: row_tile(kind, 2, o, ldo, x, t, rp, nr, B, acc); break;
-        case 3: row_tile(kind, 3, o, ldo, x, t, rp, nr, B, acc); break;
-        default: row_tile(kind, 4, o, ldo, x, t, rp, nr, B, acc); break;
-        }
+   * tiles of 8 rows an eighth of them apart (rows ng + i + r * s), eight long
+   * sequential streams that the hardware prefetcher follows, then the last
+   * (n - ng) % 8 rows; each tile swept for every token */
+  const int s = (n - ng) / 8;
+  for (int i = 0; i < s || (i == s && (n - ng) % 8); i++) {
+    const int j = i < s ? ng + i : ng + 8 * s, rs = i < s ? s : 1, nr = i < s ? 8 : n - j;
+    tile_rows(rp, 8, w, row_bytes, j, rs, nr);
+    for (int t = 0; t < T; t += Q8_RU) {
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      switch (T - t < Q8_RU ? T - t : Q8_RU) {
+      case 1: row_tile(kind, 1, o, ldo, rs, x, t, rp, nr, B, acc); break;
+      case 2: row_tile(kind, 2, o, ldo, rs, x, t, rp, nr, B, acc); break;
+      case 3: row_tile(kind, 3, o, ldo, rs, x, t, rp, nr, B, acc); break;
+      default: row_tile(kind, 4, o, ldo, rs, x, t, rp, nr, B, acc); break;
       }
+    }
   }
 }
 
