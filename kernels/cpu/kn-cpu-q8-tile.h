@@ -825,10 +825,13 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
  * a time): a lane's block is one integer, its offset's term included, times
  * the two scales into the lane's accumulator, block after block;
  * out[u * ldo + r] for u < U, r < 16. Each register of weights serves the U
- * tokens, each with its four inputs broadcast. */
+ * tokens, each with its four inputs broadcast. With pfe, the first sweep asks
+ * for the weights Q8_PREFETCH_BYTES ahead of each block as it goes, up to
+ * pfe (a group of long rows is larger than L1: asked for at once, its first
+ * lines would leave before they are read). */
 Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, float *out,
                                         ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
-                                        const uint8_t *g, int B, int acc) {
+                                        const uint8_t *g, int B, int acc, const uint8_t *pfe) {
   const size_t gb = KN_X16_ROWS * kind_bytes(kind);
   const uint8_t *xq[Q8_XU];
   const float *dx[Q8_XU];
@@ -847,6 +850,10 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       f[u] = vf_zero();
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + 32 + 4 * Q8_TL * h;
+      if (pfe && h == 0)
+        for (const uint8_t *a = blk + Q8_PREFETCH_BYTES;
+             a < blk + gb + Q8_PREFETCH_BYTES && a < pfe; a += 64)
+          _mm_prefetch((const char *)a, _MM_HINT_T0);
       q8vi p[Q8_XU];
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) /* the offset's term (AVX2's Q8_0 has none: signs) */
@@ -955,30 +962,33 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
   }
   /* X16 groups, rows in the lanes: a group at a time for a block of tokens
    * whose inputs stay in L2 (Q8_XTOK_BYTES), Q8_XU tokens at a time; the
-   * first block streams the weights from memory (ask for them ahead) */
-  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* the first byte not prefetched */
+   * first sweep streams the weights from memory and asks for them ahead */
+  const uint8_t *end = w + (size_t)n * row_bytes;
   int TB = (int)(Q8_XTOK_BYTES / x->ldq) / Q8_XU * Q8_XU;
   if (TB < Q8_XU) TB = Q8_XU;
+  if (ng) {
+    const uint8_t *pf = w;
+    prefetch_to(&pf, w + Q8_PREFETCH_BYTES, end);
+  }
   for (int t0 = 0; t0 < T && ng; t0 += TB) {
     const int t1 = t0 + TB < T ? t0 + TB : T;
     for (int j = 0; j < ng; j += KN_X16_ROWS) {
-      if (t0 == 0)
-        prefetch_to(&pf, w + (size_t)(j + KN_X16_ROWS) * row_bytes + Q8_PREFETCH_BYTES, end);
       const uint8_t *g = w + (size_t)j * row_bytes;
       for (int t = t0; t < t1; t += Q8_XU) {
         float *o = out + (ptrdiff_t)t * ldo + j;
+        const uint8_t *pfe = t == 0 ? end : NULL;
         switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
-        case 1: x16_tile(kind, 1, o, ldo, x, t, g, B, acc); break;
-        case 2: x16_tile(kind, 2, o, ldo, x, t, g, B, acc); break;
-        case 3: x16_tile(kind, 3, o, ldo, x, t, g, B, acc); break;
+        case 1: x16_tile(kind, 1, o, ldo, x, t, g, B, acc, pfe); break;
+        case 2: x16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
+        case 3: x16_tile(kind, 3, o, ldo, x, t, g, B, acc, pfe); break;
 #if Q8_XU == 8
-        case 4: x16_tile(kind, 4, o, ldo, x, t, g, B, acc); break;
-        case 5: x16_tile(kind, 5, o, ldo, x, t, g, B, acc); break;
-        case 6: x16_tile(kind, 6, o, ldo, x, t, g, B, acc); break;
-        case 7: x16_tile(kind, 7, o, ldo, x, t, g, B, acc); break;
-        default: x16_tile(kind, 8, o, ldo, x, t, g, B, acc); break;
+        case 4: x16_tile(kind, 4, o, ldo, x, t, g, B, acc, pfe); break;
+        case 5: x16_tile(kind, 5, o, ldo, x, t, g, B, acc, pfe); break;
+        case 6: x16_tile(kind, 6, o, ldo, x, t, g, B, acc, pfe); break;
+        case 7: x16_tile(kind, 7, o, ldo, x, t, g, B, acc, pfe); break;
+        default: x16_tile(kind, 8, o, ldo, x, t, g, B, acc, pfe); break;
 #else
-        default: x16_tile(kind, 4, o, ldo, x, t, g, B, acc); break;
+        default: x16_tile(kind, 4, o, ldo, x, t, g, B, acc, pfe); break;
 #endif
         }
       }

@@ -7,7 +7,9 @@
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
  * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks);
  * q8 head: only the [262144 x 640] head (decode, from memory);
- * q8 stream: a decode step's weight stream in Q4_0 and Q8_0, as the mode lays it out.
+ * q8 stream: a decode step's weight stream in Q4_0 and Q8_0, as the mode lays it out;
+ * q8 formats: one token against every block format, 1b-shaped rows (K = 1152 and
+ * 6912), from cache (a matrix that fits L2) and from memory.
  * Before the cases: the read bandwidth and the vector units' issue rates (FMA,
  * vdpbf16ps, AMX, and vpdpbusd on one thread and on every thread at once).
  *
@@ -46,6 +48,39 @@ static void *rand_weights(enum kn_dtype dt, size_t n) {
     kn_store_f32(p, dt, i, ((float)(s >> 8) / 16777216.0f - 0.5f) * 0.1f);
   }
   return p;
+}
+
+/* Seconds per call of a matmul T x [N, K]. */
+static double time_matmul(struct kn_backend *be, enum kn_dtype dt, const void *w, int T, int N,
+                          int K, float *in, float *out);
+
+/* q8 formats: T = 1 against each block format as the mode lays it out, the
+ * 1b's rows (K = 1152; 6912 for the K-quants' down projection too), a matrix
+ * of 1024 rows (L2 after the first call) and one of 131072 (memory). */
+static void bench_formats(struct kn_backend *be, float *in, float *out) {
+  static const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0,
+                                      KN_DTYPE_Q4_1, KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,
+                                      KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+  static const int NK[][2] = {{1024, 1152}, {131072, 1152}, {256, 6912}, {16384, 6912}};
+  float *wf = rand_weights(KN_DTYPE_F32, (size_t)16384 * 6912);
+  for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+    for (int m = 0; m < 4; m++) {
+      const int N = NK[m][0], K = NK[m][1];
+      enum kn_dtype dt = dts[d];
+      if (kn_block_elems(dt) > 0 && K % kn_block_elems(dt)) continue;
+      const size_t rb = kn_row_bytes(dt, (size_t)K);
+      uint8_t *w = malloc(rb * (size_t)N);
+      if (!w) exit(1);
+      for (int r = 0; r < N; r++)
+        kn_quantize_row(dt, wf + (size_t)(r % 16384) * K, w + (size_t)r * rb, (size_t)K);
+      if (kn_weights_prepare(be, w, &dt, N, K)) exit(1);
+      double s = time_matmul(be, dt, w, 1, N, K, in, out);
+      printf("q8 mode %-7s [%6d x %4d] T=1 %-6s: %9.1f us  %5.1f GB/s of weights\n",
+             kn_dtype_name(dt), N, K, N * rb > (8u << 20) ? "memory" : "cache", s * 1e6,
+             (double)rb * N / s / 1e9);
+      free(w);
+    }
+  free(wf);
 }
 
 /* Seconds per call of a matmul T x [N, K]. */
@@ -273,7 +308,9 @@ int main(int argc, char **argv) {
   float *out = malloc(sizeof(float) * (size_t)262144 * 64); /* up to 64 vocabulary rows */
   if (!out) return 1;
   if (bf16 == 2) {
-    if (argc > 4 && !strcmp(argv[4], "stream")) {
+    if (argc > 4 && !strcmp(argv[4], "formats")) {
+      bench_formats(be, in, out);
+    } else if (argc > 4 && !strcmp(argv[4], "stream")) {
       bench_stream(be, KN_DTYPE_Q4_0, threads, in, out);
       bench_stream(be, KN_DTYPE_Q8_0, threads, in, out);
     } else
