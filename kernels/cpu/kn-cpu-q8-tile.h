@@ -525,25 +525,47 @@ KN_AVX2 static inline AI void kscales(const enum q8_kind kind, const uint8_t *co
       ka[r] = _mm256_castsi256_ps(_mm256_permute2x128_si256(lo, hi, 0x20)); /* sc 0, 2, .. 14 */
       kb[r] = _mm256_castsi256_ps(_mm256_permute2x128_si256(lo, hi, 0x31)); /* sc 1, 3, .. 15 */
     }
-  } else {
-#pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) {
-      const uint8_t *blk = rp[r] + off;
-      uint32_t u[3]; /* sc_min()'s six bits, four pairs a word */
-      memcpy(u, blk + 4, 12);
-      const uint32_t s0 = u[0] & 0x3F3F3F3F, m0 = u[1] & 0x3F3F3F3F,
-                     s4 = (u[2] & 0x0F0F0F0F) | (u[0] >> 6 & 0x03030303) << 4,
-                     m4 = (u[2] >> 4 & 0x0F0F0F0F) | (u[1] >> 6 & 0x03030303) << 4;
-      const __m256 fs = _mm256_cvtepi32_ps(
-                       _mm256_cvtepu8_epi32(_mm_setr_epi32((int)s0, (int)s4, 0, 0))),
-                   fm = _mm256_cvtepi32_ps(
-                       _mm256_cvtepu8_epi32(_mm_setr_epi32((int)m0, (int)m4, 0, 0)));
-      ka[r] = _mm256_mul_ps(_mm256_set1_ps(h16(blk)), fs);
-      kb[r] = _mm256_mul_ps(_mm256_set1_ps(-h16(blk + 2)), fm);
-    }
+    tr8x8(ka);
+    tr8x8(kb);
+    return;
   }
-  tr8x8(ka);
-  tr8x8(kb);
+  /* each row's first 16 bytes, the dwords (d, dmin), u0, u1, u2 (sc_min()'s
+   * six bits, four pairs a word), rows 0..3 and 4..7 in the 128-bit halves,
+   * transposed: a dword's eight rows in the lanes */
+  __m256i v[4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; r++)
+    v[r] = _mm256_loadu2_m128i((const __m128i *)(rp[r + 4] + off), (const __m128i *)(rp[r] + off));
+  const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]),
+                t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+  const __m256i D = _mm256_unpacklo_epi64(t0, t2), u0 = _mm256_unpackhi_epi64(t0, t2),
+                u1 = _mm256_unpacklo_epi64(t1, t3), u2 = _mm256_unpackhi_epi64(t1, t3);
+  const __m256i m6 = _mm256_set1_epi32(0x3F3F3F3F), m4 = _mm256_set1_epi32(0x0F0F0F0F),
+                m2 = _mm256_set1_epi32(0x03030303);
+  const __m256i sc[2] = {_mm256_and_si256(u0, m6),
+                         _mm256_or_si256(
+                             _mm256_and_si256(u2, m4),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4))},
+                mn[2] = {_mm256_and_si256(u1, m6),
+                         _mm256_or_si256(
+                             _mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
+                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4))};
+  /* the rows' d and dmin: the low and the high halves of D, eight halves each */
+  const __m256i h = _mm256_permute4x64_epi64(
+      _mm256_packus_epi32(_mm256_and_si256(D, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(D, 16)),
+      _MM_SHUFFLE(3, 1, 2, 0));
+  const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(h)),
+               nm = _mm256_xor_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)),
+                                  _mm256_set1_ps(-0.0f)); /* -dmin */
+  const __m256i b8 = _mm256_set1_epi32(0xFF);
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) {
+    const int sh = 8 * (j & 3);
+    ka[j] = _mm256_mul_ps(
+        d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(sc[j >> 2], sh), b8)));
+    kb[j] = _mm256_mul_ps(
+        nm, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(mn[j >> 2], sh), b8)));
+  }
 }
 
 /* Sub-block b's one integers of eight rows (lanes), q, into token u's f
