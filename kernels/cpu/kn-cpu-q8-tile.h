@@ -28,7 +28,7 @@
 
 #define AI __attribute__((always_inline))
 
-/* How far ahead of its tile one token's sweep prefetches the weights. */
+/* How far ahead of each block an X16 group's first sweep asks for the weights. */
 #define Q8_PREFETCH_BYTES 4096
 
 KN_AVX2 static inline float h16(const uint8_t *p) {
