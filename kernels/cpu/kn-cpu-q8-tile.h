@@ -483,29 +483,6 @@ KN_AVX2 static inline AI __m256 scales8(const uint8_t *const *p, size_t off) {
 /* Tokens of a row tile (each weight block unpacked once for them). */
 #define Q8_RU 4
 
-/* The columns of eight rows r[] of eight: r[j] becomes lane r's old r[r][j]
- * for all r (bits moved, nothing computed). */
-KN_AVX2 static inline AI void tr8x8(__m256 *r) {
-  __m256 t[8], u[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; h++) { /* rows 0..3, 4..7 */
-    u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
-    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
-    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
-    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
-    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
-  }
-}
-
 /* The scales of a K-quant super-block at off in eight rows rp[], a
  * sub-block's eight rows in the lanes: Q4_K / Q5_K, d sc in ka[j] and
  * -(dmin min) in kb[j] (each rounded once, as weights() has them); Q6_K, the
@@ -515,18 +492,28 @@ KN_AVX2 static inline AI void kscales(const enum q8_kind kind, const uint8_t *co
                                       __m256 *ka, __m256 *kb, __m256 *dd) {
   if (kind == Q8K_Q6_K) {
     *dd = scales8(rp, off + 208);
-    const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    /* each row's 16 scales as 8 words (sub-block j's halves' scales in word
+     * j), rows r and r + 4 in the 128-bit halves, transposed: word j's rows
+     * 0..3 in qword j % 2 of the low half of y[j / 2], rows 4..7 of the high */
+    __m256i x[4], a[4], y[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+      x[r] = _mm256_loadu2_m128i((const __m128i *)(rp[r + 4] + off + 192),
+                                 (const __m128i *)(rp[r] + off + 192));
+    a[0] = _mm256_unpacklo_epi16(x[0], x[1]), a[1] = _mm256_unpackhi_epi16(x[0], x[1]);
+    a[2] = _mm256_unpacklo_epi16(x[2], x[3]), a[3] = _mm256_unpackhi_epi16(x[2], x[3]);
+    y[0] = _mm256_unpacklo_epi32(a[0], a[2]), y[1] = _mm256_unpackhi_epi32(a[0], a[2]);
+    y[2] = _mm256_unpacklo_epi32(a[1], a[3]), y[3] = _mm256_unpackhi_epi32(a[1], a[3]);
 #pragma GCC unroll 8
-    for (int r = 0; r < 8; r++) {
-      const __m128i v = _mm_loadu_si128((const __m128i *)(rp[r] + off + 192));
-      const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi32(v), ev),
-                    hi =
-                        _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), ev);
-      ka[r] = _mm256_castsi256_ps(_mm256_permute2x128_si256(lo, hi, 0x20)); /* sc 0, 2, .. 14 */
-      kb[r] = _mm256_castsi256_ps(_mm256_permute2x128_si256(lo, hi, 0x31)); /* sc 1, 3, .. 15 */
+    for (int j = 0; j < 8; j++) {
+      /* the eight rows' word j, sign-extended: its low byte's scale in
+       * bits 0..7, the high byte's from bit 8 up */
+      const __m256i w = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(
+          j & 1 ? _mm256_permute4x64_epi64(y[j >> 1], _MM_SHUFFLE(3, 3, 3, 1))
+                : _mm256_permute4x64_epi64(y[j >> 1], _MM_SHUFFLE(2, 2, 2, 0))));
+      ka[j] = _mm256_castsi256_ps(_mm256_srai_epi32(_mm256_slli_epi32(w, 24), 24));
+      kb[j] = _mm256_castsi256_ps(_mm256_srai_epi32(w, 8));
     }
-    tr8x8(ka);
-    tr8x8(kb);
     return;
   }
   /* each row's first 16 bytes, the dwords (d, dmin), u0, u1, u2 (sc_min()'s
