@@ -50,37 +50,18 @@ static void *rand_weights(enum kn_dtype dt, size_t n) {
   return p;
 }
 
-/* Seconds per call of a matmul T x [N, K]. */
-static double time_matmul(struct kn_backend *be, enum kn_dtype dt, const void *w, int T, int N,
-                          int K, float *in, float *out);
-
-/* q8 formats: T = 1 against each block format as the mode lays it out, the
- * 1b's rows (K = 1152; 6912 for the K-quants' down projection too), a matrix
- * of 1024 rows (L2 after the first call) and one of 131072 (memory). */
-static void bench_formats(struct kn_backend *be, float *in, float *out) {
-  static const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0,
-                                      KN_DTYPE_Q4_1, KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,
-                                      KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
-  static const int NK[][2] = {{1024, 1152}, {131072, 1152}, {256, 6912}, {16384, 6912}};
-  float *wf = rand_weights(KN_DTYPE_F32, (size_t)16384 * 6912);
-  for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
-    for (int m = 0; m < 4; m++) {
-      const int N = NK[m][0], K = NK[m][1];
-      enum kn_dtype dt = dts[d];
-      if (kn_block_elems(dt) > 0 && K % kn_block_elems(dt)) continue;
-      const size_t rb = kn_row_bytes(dt, (size_t)K);
-      uint8_t *w = malloc(rb * (size_t)N);
-      if (!w) exit(1);
-      for (int r = 0; r < N; r++)
-        kn_quantize_row(dt, wf + (size_t)(r % 16384) * K, w + (size_t)r * rb, (size_t)K);
-      if (kn_weights_prepare(be, w, &dt, N, K)) exit(1);
-      double s = time_matmul(be, dt, w, 1, N, K, in, out);
-      printf("q8 mode %-7s [%6d x %4d] T=1 %-6s: %9.1f us  %5.1f GB/s of weights\n",
-             kn_dtype_name(dt), N, K, N * rb > (8u << 20) ? "memory" : "cache", s * 1e6,
-             (double)rb * N / s / 1e9);
-      free(w);
-    }
-  free(wf);
+/* N rows of block format dt quantized from wf's rows (src_rows of K, used
+ * again from the first past the last). */
+static uint8_t *quantized(enum kn_dtype dt, const float *wf, int src_rows, int N, int K) {
+  const size_t rb = kn_row_bytes(dt, (size_t)K);
+  uint8_t *w = malloc(rb * (size_t)N);
+  if (!w) {
+    fprintf(stderr, "out of memory\n");
+    exit(1);
+  }
+  for (int r = 0; r < N; r++)
+    kn_quantize_row(dt, wf + (size_t)(r % src_rows) * K, w + (size_t)r * rb, (size_t)K);
+  return w;
 }
 
 /* Seconds per call of a matmul T x [N, K]. */
@@ -194,10 +175,7 @@ static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only
       const int N = NK[m][0], K = NK[m][1];
       float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
       size_t rb = kn_row_bytes(dt, (size_t)K);
-      uint8_t *w = malloc(rb * (size_t)N);
-      if (!w) exit(1);
-      for (int r = 0; r < N; r++)
-        kn_quantize_row(dt, wf + (size_t)r * K, w + (size_t)r * rb, (size_t)K);
+      uint8_t *w = quantized(dt, wf, N, N, K);
       /* the rows as the file has them, then as the mode lays them out at load */
       for (enum kn_dtype wdt = dt, was = KN_DTYPE__COUNT; wdt != was;
            was = wdt, kn_weights_prepare(be, w, &wdt, N, K))
@@ -211,6 +189,31 @@ static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only
       free(wf), free(w);
     }
   }
+}
+
+/* q8 formats: T = 1 against each block format as the mode lays it out, the
+ * 1b's rows (K = 1152; 6912 for the K-quants' down projection too), a matrix
+ * of 1024 rows (L2 after the first call) and one of 131072 (memory). */
+static void bench_formats(struct kn_backend *be, float *in, float *out) {
+  static const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0, KN_DTYPE_Q4_1,
+                                      KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+  static const int NK[][2] = {{1024, 1152}, {131072, 1152}, {256, 6912}, {16384, 6912}};
+  float *wf = rand_weights(KN_DTYPE_F32, (size_t)16384 * 6912);
+  for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+    for (int m = 0; m < 4; m++) {
+      const int N = NK[m][0], K = NK[m][1];
+      enum kn_dtype dt = dts[d];
+      if (kn_block_elems(dt) > 0 && K % kn_block_elems(dt)) continue;
+      const size_t rb = kn_row_bytes(dt, (size_t)K);
+      uint8_t *w = quantized(dt, wf, 16384, N, K);
+      if (kn_weights_prepare(be, w, &dt, N, K)) exit(1);
+      double s = time_matmul(be, dt, w, 1, N, K, in, out);
+      printf("q8 mode %-7s [%6d x %4d] T=1 %-6s: %9.1f us  %5.1f GB/s of weights\n",
+             kn_dtype_name(dt), N, K, N * rb > (8u << 20) ? "memory" : "cache", s * 1e6,
+             (double)rb * N / s / 1e9);
+      free(w);
+    }
+  free(wf);
 }
 
 /* A decode step's weight stream: 18 layers of q,k,v,o,gate,up,down + lm_head
@@ -227,17 +230,12 @@ static void bench_stream(struct kn_backend *be, enum kn_dtype dt, int threads, f
   for (int i = 0; i < 18 * 7 + 1; i++) {
     const int N = i < 18 * 7 ? NK[i % 7][0] : 262144, K = i < 18 * 7 ? NK[i % 7][1] : 640;
     size_t rb = kn_row_bytes(dt, (size_t)K);
-    w[i] = malloc(rb * (size_t)N);
-    if (!w[i]) exit(1);
     if (kn_block_elems(dt) > 1) {
       float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
-      for (int r = 0; r < N; r++)
-        kn_quantize_row(dt, wf + (size_t)r * K, (uint8_t *)w[i] + (size_t)r * rb, (size_t)K);
+      w[i] = quantized(dt, wf, N, N, K);
       free(wf);
     } else {
-      void *r = rand_weights(dt, (size_t)N * K);
-      memcpy(w[i], r, rb * (size_t)N);
-      free(r);
+      w[i] = rand_weights(dt, (size_t)N * K);
     }
     wdt[i] = dt;
     (void)kn_weights_prepare(be, w[i], &wdt[i], N, K);
