@@ -859,10 +859,10 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       f[u] = vf_zero();
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + 32 + 4 * Q8_TL * h;
-      if (pfe && h == 0)
-        for (const uint8_t *a = blk + Q8_PREFETCH_BYTES;
-             a < blk + gb + Q8_PREFETCH_BYTES && a < pfe; a += 64)
-          _mm_prefetch((const char *)a, _MM_HINT_T0);
+      if (pfe && h == 0) {
+        const uint8_t *pf = blk + Q8_PREFETCH_BYTES;
+        prefetch_to(&pf, blk + gb + Q8_PREFETCH_BYTES, pfe);
+      }
       q8vi p[Q8_XU];
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) /* the offset's term (AVX2's Q8_0 has none: signs) */
