@@ -826,6 +826,12 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
     rp[r] = w + (size_t)(j + (size_t)rs * (size_t)(r < nr ? r : nr - 1)) * row_bytes;
 }
 
+/* Accumulators a token's block sums into (1, 2 or 4): vpdpbusd adds into
+ * its destination, so one accumulator makes a block's eight products a chain
+ * of eight latencies. With a few tokens nothing else overlaps them: the
+ * products go to several chains, summed at the block's end. */
+#define Q8_CHAINS(U) (Q8T_VNNI ? ((U) == 1 ? 4 : (U) <= 4 ? 2 : 1) : 1)
+
 /* The bytes of inputs a sweep of the X16 groups takes (L2). */
 #define Q8_XTOK_BYTES (192 * 1024)
 
@@ -842,6 +848,9 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
                                         ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
                                         const uint8_t *g, int B, int acc, const uint8_t *pfe) {
   const size_t gb = KN_X16_ROWS * kind_bytes(kind);
+  /* Q4_0 in several chains: the high nibbles in place (16 q), in the odd
+   * chains, their sum shifted back exactly (one shift a block, not four) */
+  const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && kind == Q8K_Q4_0 && CH > 1;
   const uint8_t *xq[Q8_XU];
   const float *dx[Q8_XU];
   const int32_t *xo[Q8_XU];
@@ -859,14 +868,18 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       f[u] = vf_zero();
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + 32 + 4 * Q8_TL * h;
-      if (pfe && h == 0) {
-        const uint8_t *pf = blk + Q8_PREFETCH_BYTES;
-        prefetch_to(&pf, blk + gb + Q8_PREFETCH_BYTES, pfe);
-      }
-      q8vi p[Q8_XU];
+      if (pfe && h == 0 && blk + gb + Q8_PREFETCH_BYTES <= pfe) /* a fixed count: unrolled */
+#pragma GCC unroll 16
+        for (size_t o = 0; o < gb; o += 64)
+          _mm_prefetch((const char *)blk + Q8_PREFETCH_BYTES + o, _MM_HINT_T0);
+      q8vi p[Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
-      for (int u = 0; u < U; u++) /* the offset's term (AVX2's Q8_0 has none: signs) */
-        p[u] = kind != Q8K_Q8_0 || Q8T_VNNI ? vi_set1_32(xo[u][b]) : vi_zero();
+      for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs) */
+        p[u][0] = kind != Q8K_Q8_0 || Q8T_VNNI ? vi_set1_32(xo[u][b]) : vi_zero();
+#pragma GCC unroll 4
+        for (int k = 1; k < CH; k++)
+          p[u][k] = vi_zero();
+      }
 #if !Q8T_VNNI
       if (kind == Q8K_Q4_0) {
         /* vpmaddubsw's pairs of 15 x 127 summed in 16 bits: eight of them fit */
@@ -888,7 +901,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
         }
 #pragma GCC unroll 8
         for (int u = 0; u < U; u++)
-          p[u] = _mm256_add_epi32(p[u], _mm256_madd_epi16(s16[u], _mm256_set1_epi16(1)));
+          p[u][0] = _mm256_add_epi32(p[u][0], _mm256_madd_epi16(s16[u], _mm256_set1_epi16(1)));
       } else
 #endif
           if (kind != Q8K_Q8_0) {
@@ -898,15 +911,19 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
           const q8vi v = vi_load(qs + 64 * c);
-          q8vi l = vi_and(v, vi_set1_8(0x0F)), hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+          q8vi l = vi_and(v, vi_set1_8(0x0F)),
+               hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
+                        : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
           if (kind == Q8K_Q5_0) {
             l = vi_or(l, vi_fifth(planes + 16 * c));
             hi = vi_or(hi, vi_fifth(planes + 16 * c + 8));
           }
 #pragma GCC unroll 8
-          for (int u = 0; u < U; u++)
-            p[u] = vi_dot(vi_dot(p[u], l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)), hi,
-                          vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+          for (int u = 0; u < U; u++) {
+            q8vi *pl = &p[u][2 * c % CH], *ph = &p[u][(2 * c + 1) % CH];
+            *pl = vi_dot(*pl, l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
+            *ph = vi_dot(*ph, hi, vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+          }
         }
       } else {
 #pragma GCC unroll 8
@@ -916,19 +933,24 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
           const q8vi uw = vi_xor(v, vi_set1_8(0x80)); /* w + 128 unsigned */
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++)
-            p[u] = vi_dot(p[u], uw, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
+            p[u][c % CH] = vi_dot(p[u][c % CH], uw, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
 #else
           const __m256i a = _mm256_abs_epi8(v); /* |w| against x with w's sign */
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++)
-            p[u] = vi_dot(p[u], a, _mm256_sign_epi8(vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c), v));
+            p[u][0] =
+                vi_dot(p[u][0], a, _mm256_sign_epi8(vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c), v));
 #endif
         }
       }
       const q8vf dw = vf_h16(blk + 2 * Q8_TL * h);
 #pragma GCC unroll 8
-      for (int u = 0; u < U; u++)
-        f[u] = vf_fma(vf_cvt(p[u]), vf_mul(dw, vf_set1(dx[u][b])), f[u]);
+      for (int u = 0; u < U; u++) { /* the chains' sum: integers, exact in any order */
+        const q8vi ev = CH > 2 ? vi_add(p[u][0], p[u][2]) : p[u][0],
+                   od = CH > 2 ? vi_add(p[u][1], p[u][3]) : p[u][1];
+        const q8vi sum = CH > 1 ? vi_add(ev, HIP ? vi_srai4(od) : od) : ev;
+        f[u] = vf_fma(vf_cvt(sum), vf_mul(dw, vf_set1(dx[u][b])), f[u]);
+      }
     }
 #pragma GCC unroll 8
     for (int u = 0; u < U; u++) {
