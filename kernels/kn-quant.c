@@ -471,6 +471,15 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
  * scale at 2 i, quad c at 32 + 64 c + 4 i, Q5_0's fifth bits in the planes
  * from 32 + 64 quads): copied into the group (pack), or back out of it. */
 static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pack) {
+  if (dt == KN_DTYPE_Q4_K) { /* d, dmin, the scales' three dwords, the 32 quads */
+    for (int c = -5; c < 32; c++) {
+      uint8_t *g = c < -3 ? grp + 32 * (c + 5) + 2 * i : grp + 256 + 64 * c + 4 * i,
+              *r = c < -3 ? blk + 2 * (c + 5) : blk + 16 + 4 * c;
+      const size_t len = c < -3 ? 2 : 4;
+      memcpy(pack ? g : r, pack ? r : g, len);
+    }
+    return;
+  }
   const int five = dt == KN_DTYPE_Q5_0, quads = five ? 4 : (int)(kn_block_bytes(dt) - 2) / 4;
   const int q0 = five ? 6 : 2; /* the row's quants in its block */
   for (int c = -1; c < quads; c++) {
@@ -499,8 +508,9 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
 }
 
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {
-  if (kn_dtype_x16_of(dt) == KN_DTYPE__COUNT || K <= 0 || K % 32 || n < 0) return CM_ERR_INVAL;
-  const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K), B = (size_t)K / 32;
+  const int be = kn_block_elems(dt);
+  if (kn_dtype_x16_of(dt) == KN_DTYPE__COUNT || K <= 0 || K % be || n < 0) return CM_ERR_INVAL;
+  const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K), B = (size_t)(K / be);
   if (n < KN_X16_ROWS) return 0;
   uint8_t *rows = malloc(KN_X16_ROWS * rb);
   if (!rows) return CM_ERR_NOMEM;
@@ -529,6 +539,6 @@ void kn_x16_block(enum kn_dtype xdt, const void *w, int n, int K, int r, int b, 
 
 void kn_x16_row(enum kn_dtype xdt, const void *w, int n, int K, int r, void *dst) {
   const size_t bb = kn_block_bytes(xdt);
-  for (int b = 0; b < K / 32; b++)
+  for (int b = 0; b < K / kn_block_elems(xdt); b++)
     kn_x16_block(xdt, w, n, K, r, b, (uint8_t *)dst + (size_t)b * bb);
 }

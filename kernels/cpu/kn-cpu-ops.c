@@ -384,7 +384,8 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                                : rdt == KN_DTYPE_Q6_K ? 5
                                : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
                                                       : 0};
-  if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0 || mink) && T >= KN_CPU_Q8_TOKENS) {
+  if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0 || (mink && !kn_dtype_x16(dt))) &&
+      T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;
     if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * (xb + 2 * B * 4 * GS), 1))) return rc;
     p.xi = (int8_t *)ctx->xp;
@@ -490,13 +491,15 @@ static int cpu_matmul_glu(void *p, float *out, ptrdiff_t ldo, const float *in, p
   return 0;
 }
 
-/* kn_weights_prepare: in the q8 mode, Q8_0, Q4_0 and Q5_0 rows side by side
- * in groups of 16 (kn-quant.h's X16 layouts), which its kernels read with no
- * sums across lanes. */
+/* kn_weights_prepare: in the q8 mode, Q8_0, Q4_0, Q5_0 and Q4_K rows side by
+ * side in groups of 16 (kn-quant.h's X16 layouts), which its kernels read with
+ * no sums across lanes. */
 static int cpu_weights_prepare(void *p, void *w, enum kn_dtype *dt, int n, int K) {
   struct kn_cpu_ctx *ctx = p;
   const enum kn_dtype x = kn_dtype_x16_of(*dt);
-  if (!ctx->q8 || x == KN_DTYPE__COUNT || !ctx->dsp.q8dot[x] || n < KN_X16_ROWS || K % 32) return 0;
+  if (!ctx->q8 || x == KN_DTYPE__COUNT || !ctx->dsp.q8dot[x] || n < KN_X16_ROWS ||
+      K % kn_block_elems(*dt))
+    return 0;
   int rc = kn_x16_pack(*dt, w, n, K);
   if (!rc) *dt = x;
   return rc;

@@ -177,12 +177,15 @@ typedef __m512 q8vf;
 #define vf_h16(p)       _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define vf_add(a, b)    _mm512_add_ps(a, b)
 #define vi_srl16(a, n)  _mm512_srl_epi16(a, _mm_cvtsi32_si128(n))
+#define vi_srl32(a, n)  _mm512_srl_epi32(a, _mm_cvtsi32_si128(n))
+#define vf_fnmadd(a, b, c) _mm512_fnmadd_ps(a, b, c)
 #define vi_slli16_4(a)  _mm512_slli_epi16(a, 4)
 #define vi_sub8(a, b)   _mm512_sub_epi8(a, b)
 #define vi_abs8(a)      _mm512_abs_epi8(a)
 #define vi_sign8(x, w)  _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
 #define vi_mullo(a, b)  _mm512_mullo_epi32(a, b)
 #define Q8_XU           8 /* tokens of an X16 tile: each register of weights serves them all */
+#define Q8_KXU          4 /* tokens of a K-quant's X16 tile: two accumulators each */
 #else
 #define Q8_TL           8
 typedef __m256i q8vi;
@@ -210,12 +213,15 @@ typedef __m256 q8vf;
 #define vf_h16(p)       _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define vf_add(a, b)    _mm256_add_ps(a, b)
 #define vi_srl16(a, n)  _mm256_srl_epi16(a, _mm_cvtsi32_si128(n))
+#define vi_srl32(a, n)  _mm256_srl_epi32(a, _mm_cvtsi32_si128(n))
+#define vf_fnmadd(a, b, c) _mm256_fnmadd_ps(a, b, c)
 #define vi_slli16_4(a)  _mm256_slli_epi16(a, 4)
 #define vi_sub8(a, b)   _mm256_sub_epi8(a, b)
 #define vi_abs8(a)      _mm256_abs_epi8(a)
 #define vi_sign8(x, w)  _mm256_sign_epi8(x, w)
 #define vi_mullo(a, b)  _mm256_mullo_epi32(a, b)
 #define Q8_XU           4 /* AVX2's 16 registers */
+#define Q8_KXU          2
 #endif
 
 /* Rows of a tile of tokens side by side, and its registers of tokens (NG of
@@ -960,6 +966,100 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
   }
 }
 
+/* Sub-block j's 6-bit scale (mn 0) or min (mn 1) of the lanes' rows, from
+ * the three dwords D[] of their 12 bytes (sc_min's bits, a lane each). */
+Q8T_ATTR static inline AI q8vi kx16_sc(const q8vi *D, int j, int mn) {
+  if (j < 4) return vi_and(vi_srl32(D[mn], 8 * j), vi_set1_32(63));
+  const int k = j - 4;
+  return vi_or(vi_and(vi_srl32(D[2], 8 * k + 4 * mn), vi_set1_32(0xF)),
+               vi_and(vi_srl32(D[mn], 8 * k + 2), vi_set1_32(0x30)));
+}
+
+/* U tokens from t (U <= Q8_KXU) against the 16 rows of a Q4_K X16 group (g:
+ * its super-block 0, kn-quant.h's layout), rows in the lanes (Q8_TL at a
+ * time). A sub-block pair's 64 nibbles of a lane's row are eight quads: the
+ * low nibbles against the first sub-block's inputs, the high ones against
+ * the second's (with VNNI in place, 16 q, the sum shifted back exactly), a
+ * sub-block's 32 products one integer; then as q8dot_min_ref, sub-block after
+ * sub-block, fma((float)p, d sc dx) and fma((float)sx, -(dmin mn) dx) (the
+ * products d sc and dmin mn exact). pfe as x16_tile's. */
+Q8T_ATTR static inline AI void kx16_tile(const int U, float *out, ptrdiff_t ldo,
+                                         const struct kn_cpu_q8_in *x, int t, const uint8_t *g,
+                                         int B, int acc, const uint8_t *pfe) {
+  const size_t gb = KN_X16_ROWS * 144;
+  const int HIP = Q8T_VNNI, CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
+  const uint8_t *xq[Q8_KXU];
+  const float *dx[Q8_KXU];
+  const int32_t *xo[Q8_KXU];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; u++) {
+    xq[u] = x->q + (size_t)(t + u) * x->ldq + 2;
+    dx[u] = x->d + (size_t)(t + u) * (size_t)B;
+    xo[u] = x->o + (size_t)(t + u) * (size_t)B;
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
+    q8vf f[Q8_KXU];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+      f[u] = vf_zero();
+    for (int s = 0; s < B / 8; s++) {
+      const uint8_t *sb = g + (size_t)s * gb;
+      const q8vf d = vf_h16(sb + 2 * Q8_TL * h), dm = vf_h16(sb + 32 + 2 * Q8_TL * h);
+      q8vi D[3];
+#pragma GCC unroll 3
+      for (int k = 0; k < 3; k++)
+        D[k] = vi_load(sb + 64 + 64 * k + 4 * Q8_TL * h);
+#pragma GCC unroll 4
+      for (int m = 0; m < 4; m++) { /* sub-blocks 2 m and 2 m + 1: a quarter of the bytes */
+        const int b = 8 * s + 2 * m;
+        if (pfe && h == 0 && sb + gb + Q8_PREFETCH_BYTES <= pfe)
+#pragma GCC unroll 16
+          for (size_t o = 0; o < gb / 4; o += 64)
+            _mm_prefetch((const char *)sb + Q8_PREFETCH_BYTES + gb / 4 * m + o, _MM_HINT_T0);
+        q8vi pl[Q8_KXU][2], ph[Q8_KXU][2];
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+#pragma GCC unroll 2
+          for (int k = 0; k < CH; k++)
+            pl[u][k] = ph[u][k] = vi_zero();
+        const uint8_t *qs = sb + 256 + 512 * m + 4 * Q8_TL * h;
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+          const q8vi v = vi_load(qs + 64 * c), lo = vi_and(v, vi_set1_8(0x0F)),
+                     hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
+                              : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+#pragma GCC unroll 4
+          for (int u = 0; u < U; u++) {
+            q8vi *a = &pl[u][c % CH], *e = &ph[u][c % CH];
+            *a = vi_dot(*a, lo, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
+            *e = vi_dot(*e, hi, vi_bcast4(xq[u] + 34 * (size_t)(b + 1) + 4 * c));
+          }
+        }
+        const q8vf ds0 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m, 0))),
+                   mn0 = vf_mul(dm, vf_cvt(kx16_sc(D, 2 * m, 1))),
+                   ds1 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m + 1, 0))),
+                   mn1 = vf_mul(dm, vf_cvt(kx16_sc(D, 2 * m + 1, 1)));
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+          const q8vi p0 = CH > 1 ? vi_add(pl[u][0], pl[u][1]) : pl[u][0],
+                     p1 = CH > 1 ? vi_add(ph[u][0], ph[u][1]) : ph[u][0];
+          const q8vf x0 = vf_set1(dx[u][b]), x1 = vf_set1(dx[u][b + 1]);
+          f[u] = vf_fma(vf_cvt(p0), vf_mul(ds0, x0), f[u]);
+          f[u] = vf_fnmadd(vf_set1((float)xo[u][b]), vf_mul(mn0, x0), f[u]);
+          f[u] = vf_fma(vf_cvt(HIP ? vi_srai4(p1) : p1), vf_mul(ds1, x1), f[u]);
+          f[u] = vf_fnmadd(vf_set1((float)xo[u][b + 1]), vf_mul(mn1, x1), f[u]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+      float *o = out + (ptrdiff_t)u * ldo + Q8_TL * h;
+      vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
+    }
+  }
+}
+
 Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, float *out,
                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                        const uint8_t *w, size_t row_bytes, int K, int T, int n,
@@ -1005,7 +1105,21 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
     const int t1 = t0 + TB < T ? t0 + TB : T;
     for (int j = 0; j < ng; j += KN_X16_ROWS) {
       const uint8_t *g = w + (size_t)j * row_bytes;
-      for (int t = t0; t < t1; t += Q8_XU) {
+      for (int t = t0; t < t1 && kind == Q8K_Q4_K; t += Q8_KXU) {
+        float *o = out + (ptrdiff_t)t * ldo + j;
+        const uint8_t *pfe = t == 0 ? end : NULL;
+        switch (t1 - t < Q8_KXU ? t1 - t : Q8_KXU) {
+        case 1: kx16_tile(1, o, ldo, x, t, g, B, acc, pfe); break;
+#if Q8_KXU == 4
+        case 2: kx16_tile(2, o, ldo, x, t, g, B, acc, pfe); break;
+        case 3: kx16_tile(3, o, ldo, x, t, g, B, acc, pfe); break;
+        default: kx16_tile(4, o, ldo, x, t, g, B, acc, pfe); break;
+#else
+        default: kx16_tile(2, o, ldo, x, t, g, B, acc, pfe); break;
+#endif
+        }
+      }
+      for (int t = t0; t < t1 && kind != Q8K_Q4_K; t += Q8_XU) {
         float *o = out + (ptrdiff_t)t * ldo + j;
         const uint8_t *pfe = t == 0 ? end : NULL;
         switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
@@ -1061,6 +1175,7 @@ DEF_INT_DOT(q5_0x16, Q8K_Q5_0, 1)
 DEF_INT_DOT(q4_1, Q8K_Q4_1, 0)
 DEF_INT_DOT(q5_1, Q8K_Q5_1, 0)
 DEF_INT_DOT(q4_k, Q8K_Q4_K, 0)
+DEF_INT_DOT(q4_kx16, Q8K_Q4_K, 1)
 DEF_INT_DOT(q5_k, Q8K_Q5_K, 0)
 DEF_INT_DOT(q6_k, Q8K_Q6_K, 0)
 

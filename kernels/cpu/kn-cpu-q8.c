@@ -148,17 +148,26 @@ static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
  * ds = d * sc and m = -(dmin * min), each rounded once; weights()).
  * Q6_K: p = sc0 p0 + sc1 p1 exactly, p0 and p1 the sums of products of its
  * two halves (q - 32; |p| < 2^24), acc = fma((float)p, dd * dx, acc). */
-static void q8dot_min_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
-                          const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+static void q8dot_min_ref(enum kn_dtype xdt, float *out, ptrdiff_t ldo, const uint8_t *x,
+                          size_t ldx, const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                          int acc) {
   const int B = K / 32;
+  const enum kn_dtype dt = kn_dtype_rows_of(xdt);
   int q[32];
+  uint8_t sbk[256]; /* an X16 row's super-block, as its format has it */
   for (int j = 0; j < n; j++)
     for (int t = 0; t < T; t++) {
       const uint8_t *xr = x + (size_t)t * ldx, *row = w + (size_t)j * row_bytes;
       float a = 0.0f;
       for (int b = 0; b < B; b++) {
         float dw[8], m = 0.0f;
-        weights(dt, row, b, q, dw, &m);
+        const uint8_t *src = row; /* block bi of src is the row's block b */
+        int bi = b;
+        if (kn_dtype_x16(xdt)) { /* the super-block alone: its sub-block b % 8 */
+          kn_x16_block(xdt, w, n, K, j, b >> 3, sbk);
+          src = sbk, bi = b & 7;
+        }
+        weights(dt, src, bi, q, dw, &m);
         const uint8_t *xb = xr + (size_t)b * 34;
         const float dx = kn_le_f16(xb);
         int p0 = 0, p1 = 0, sx = 0;
@@ -168,7 +177,7 @@ static void q8dot_min_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
           sx += v;
         }
         if (dt == KN_DTYPE_Q6_K) {
-          const uint8_t *blk = row + (size_t)(b >> 3) * 210;
+          const uint8_t *blk = src + (size_t)(bi >> 3) * 210;
           const int c = b & 7;
           const int8_t *sc = (const int8_t *)(blk + 192) + 8 * (c >> 2) + 2 * (c & 3);
           a = fmaf((float)(sc[0] * p0 + sc[1] * p1), kn_le_f16(blk + 208) * dx, a);
@@ -196,6 +205,7 @@ DEF_REF(q8_0x16, q8dot_int_ref, KN_DTYPE_Q8_0_X16)
 DEF_REF(q4_0x16, q8dot_int_ref, KN_DTYPE_Q4_0_X16)
 DEF_REF(q5_0, q8dot_int_ref, KN_DTYPE_Q5_0)
 DEF_REF(q5_0x16, q8dot_int_ref, KN_DTYPE_Q5_0_X16)
+DEF_REF(q4_kx16, q8dot_min_ref, KN_DTYPE_Q4_K_X16)
 DEF_REF(q4_1, q8dot_min_ref, KN_DTYPE_Q4_1)
 DEF_REF(q5_1, q8dot_min_ref, KN_DTYPE_Q5_1)
 DEF_REF(q4_k, q8dot_min_ref, KN_DTYPE_Q4_K)
