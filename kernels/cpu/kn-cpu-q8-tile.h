@@ -178,6 +178,9 @@ typedef __m512 q8vf;
 #define vf_add(a, b)    _mm512_add_ps(a, b)
 #define vi_srl16(a, n)  _mm512_srl_epi16(a, _mm_cvtsi32_si128(n))
 #define vi_srl32(a, n)  _mm512_srl_epi32(a, _mm_cvtsi32_si128(n))
+#define vi_sll32(a, n)  _mm512_sll_epi32(a, _mm_cvtsi32_si128(n))
+#define vi_sra32(a, n)  _mm512_sra_epi32(a, _mm_cvtsi32_si128(n))
+#define vi_sll16(a, n)  _mm512_sll_epi16(a, _mm_cvtsi32_si128(n))
 #define vf_fnmadd(a, b, c) _mm512_fnmadd_ps(a, b, c)
 #define vi_slli16_4(a)  _mm512_slli_epi16(a, 4)
 #define vi_sub8(a, b)   _mm512_sub_epi8(a, b)
@@ -185,7 +188,8 @@ typedef __m512 q8vf;
 #define vi_sign8(x, w)  _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
 #define vi_mullo(a, b)  _mm512_mullo_epi32(a, b)
 #define Q8_XU           8 /* tokens of an X16 tile: each register of weights serves them all */
-#define Q8_KXU          4 /* tokens of a K-quant's X16 tile: two accumulators each */
+#define Q8_KXU          4 /* tokens of Q4_K's X16 tile: two accumulators each */
+#define Q8_6XU          3 /* of Q6_K's: four each */
 #else
 #define Q8_TL           8
 typedef __m256i q8vi;
@@ -214,6 +218,9 @@ typedef __m256 q8vf;
 #define vf_add(a, b)    _mm256_add_ps(a, b)
 #define vi_srl16(a, n)  _mm256_srl_epi16(a, _mm_cvtsi32_si128(n))
 #define vi_srl32(a, n)  _mm256_srl_epi32(a, _mm_cvtsi32_si128(n))
+#define vi_sll32(a, n)  _mm256_sll_epi32(a, _mm_cvtsi32_si128(n))
+#define vi_sra32(a, n)  _mm256_sra_epi32(a, _mm_cvtsi32_si128(n))
+#define vi_sll16(a, n)  _mm256_sll_epi16(a, _mm_cvtsi32_si128(n))
 #define vf_fnmadd(a, b, c) _mm256_fnmadd_ps(a, b, c)
 #define vi_slli16_4(a)  _mm256_slli_epi16(a, 4)
 #define vi_sub8(a, b)   _mm256_sub_epi8(a, b)
@@ -222,6 +229,7 @@ typedef __m256 q8vf;
 #define vi_mullo(a, b)  _mm256_mullo_epi32(a, b)
 #define Q8_XU           4 /* AVX2's 16 registers */
 #define Q8_KXU          2
+#define Q8_6XU          2
 #endif
 
 /* Rows of a tile of tokens side by side, and its registers of tokens (NG of
@@ -1060,6 +1068,113 @@ Q8T_ATTR static inline AI void kx16_tile(const int U, float *out, ptrdiff_t ldo,
   }
 }
 
+/* Byte k (0..3) of each 32-bit lane of D, sign-extended. */
+Q8T_ATTR static inline AI q8vi vi_sbyte(q8vi D, int k) {
+  return vi_sra32(vi_sll32(D, 24 - 8 * k), 24);
+}
+
+/* f plus sub-block b's integers P times the scales (d dx_b), a token's. */
+Q8T_ATTR static inline AI q8vf q6x16_fma(q8vf f, q8vi P, q8vf d, float dxb) {
+  return vf_fma(vf_cvt(P), vf_mul(d, vf_set1(dxb)), f);
+}
+
+/* U tokens from t (U <= Q8_6XU) against the 16 rows of a Q6_K X16 group (g:
+ * its super-block 0, kn-quant.h's layout), rows in the lanes (Q8_TL at a
+ * time). Half hf of a super-block (sub-blocks 4 hf .. 4 hf + 3) in two
+ * passes p: ql's quads 16 hf + 8 p + c (c < 8) with qh's 8 hf + c are the
+ * elements 4 c .. 4 c + 3 of sub-block 4 hf + p (the low nibbles, qh's bits
+ * 2 p, 2 p + 1) and of 4 hf + p + 2 (the high nibbles, bits 2 p + 4, 2 p + 5).
+ * A sub-block's halves (c < 4, c >= 4) are summed apart from the offset's
+ * term (-32 times their inputs' sum: the s lanes), then as q8dot_min_ref:
+ * sc0 p0 + sc1 p1 exactly, fma((float)p, d dx), sub-block after sub-block
+ * (4 hf + 2's after 4 hf + 1's). pfe as x16_tile's. */
+Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo,
+                                          const struct kn_cpu_q8_in *x, int t, const uint8_t *g,
+                                          int B, int acc, const uint8_t *pfe) {
+  const size_t gb = KN_X16_ROWS * 210, B8 = (size_t)B * 8;
+  const uint8_t *xq[Q8_6XU];
+  const float *dx[Q8_6XU];
+  const int32_t *xs[Q8_6XU];
+#pragma GCC unroll 4
+  for (int u = 0; u < U; u++) {
+    xq[u] = x->q + (size_t)(t + u) * x->ldq + 2;
+    dx[u] = x->d + (size_t)(t + u) * (size_t)B;
+    xs[u] = x->s + (size_t)(t + u) * B8;
+  }
+#pragma GCC unroll 2
+  for (int rh = 0; rh < KN_X16_ROWS / Q8_TL; rh++) { /* AVX2: rows 0..7, then 8..15 */
+    q8vf f[Q8_6XU];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++)
+      f[u] = vf_zero();
+    for (int s = 0; s < B / 8; s++) {
+      const uint8_t *sb = g + (size_t)s * gb;
+      const q8vf d = vf_h16(sb + 2 * Q8_TL * rh);
+#pragma GCC unroll 1
+      for (int hf = 0; hf < 2; hf++) {
+        /* the half's scale bytes 8 hf .. 8 hf + 3, 8 hf + 4 .. 8 hf + 7 */
+        const q8vi D0 = vi_load(sb + 32 + 128 * hf + 4 * Q8_TL * rh),
+                   D1 = vi_load(sb + 96 + 128 * hf + 4 * Q8_TL * rh);
+        q8vi pend[Q8_6XU]; /* sub-block 4 hf + 2's integers, after 4 hf + 1's */
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; p++) {
+          if (pfe && rh == 0 && sb + gb + Q8_PREFETCH_BYTES <= pfe)
+#pragma GCC unroll 16
+            for (size_t o = 0; o < gb / 4; o += 64)
+              _mm_prefetch((const char *)sb + Q8_PREFETCH_BYTES + gb / 4 * (2 * hf + p) + o,
+                           _MM_HINT_T0);
+          const int bl = 8 * s + 4 * hf + p, bh = bl + 2;
+          q8vi a[Q8_6XU][2][2]; /* a token's [low, high nibbles' sub-block][its half] */
+#pragma GCC unroll 4
+          for (int u = 0; u < U; u++)
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+              const int32_t *l = xs[u] + (size_t)bl * 8 + 4 * e, *m = l + 16;
+              a[u][0][e] = vi_set1_32(l[0] + l[1] + l[2] + l[3]);
+              a[u][1][e] = vi_set1_32(m[0] + m[1] + m[2] + m[3]);
+            }
+          const uint8_t *ql = sb + 288 + 64 * (16 * hf + 8 * p) + 4 * Q8_TL * rh,
+                        *qh = sb + 2336 + 512 * hf + 4 * Q8_TL * rh;
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; c++) {
+            const q8vi Q = vi_load(ql + 64 * c), H = vi_load(qh + 64 * c);
+            const q8vi wl = vi_or(vi_and(Q, vi_set1_8(0x0F)),
+                                  vi_and(vi_sll16(H, 4 - 2 * p), vi_set1_8(0x30))),
+                       wh = vi_or(vi_and(vi_srli16_4(Q), vi_set1_8(0x0F)),
+                                  vi_and(vi_srl16(H, 2 * p), vi_set1_8(0x30)));
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++) {
+              q8vi *al = &a[u][0][c >> 2], *ah = &a[u][1][c >> 2];
+              *al = vi_dot(*al, wl, vi_bcast4(xq[u] + 34 * (size_t)bl + 4 * c));
+              *ah = vi_dot(*ah, wh, vi_bcast4(xq[u] + 34 * (size_t)bh + 4 * c));
+            }
+          }
+          /* sub-block 4 hf + p's scales are bytes 2 p, 2 p + 1 of D0, 4 hf + p + 2's of D1 */
+          const q8vi l0 = vi_sbyte(D0, 2 * p), l1 = vi_sbyte(D0, 2 * p + 1),
+                     h0 = vi_sbyte(D1, 2 * p), h1 = vi_sbyte(D1, 2 * p + 1);
+#pragma GCC unroll 4
+          for (int u = 0; u < U; u++) {
+            const q8vi Pl = vi_add(vi_mullo(l0, a[u][0][0]), vi_mullo(l1, a[u][0][1])),
+                       Ph = vi_add(vi_mullo(h0, a[u][1][0]), vi_mullo(h1, a[u][1][1]));
+            f[u] = q6x16_fma(f[u], Pl, d, dx[u][bl]);
+            if (p == 0) {
+              pend[u] = Ph;
+            } else {
+              f[u] = q6x16_fma(f[u], pend[u], d, dx[u][bl + 1]);
+              f[u] = q6x16_fma(f[u], Ph, d, dx[u][bh]);
+            }
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+      float *o = out + (ptrdiff_t)u * ldo + Q8_TL * rh;
+      vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
+    }
+  }
+}
+
 Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, float *out,
                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                        const uint8_t *w, size_t row_bytes, int K, int T, int n,
@@ -1119,7 +1234,18 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
 #endif
         }
       }
-      for (int t = t0; t < t1 && kind != Q8K_Q4_K; t += Q8_XU) {
+      for (int t = t0; t < t1 && kind == Q8K_Q6_K; t += Q8_6XU) {
+        float *o = out + (ptrdiff_t)t * ldo + j;
+        const uint8_t *pfe = t == 0 ? end : NULL;
+        switch (t1 - t < Q8_6XU ? t1 - t : Q8_6XU) {
+        case 1: q6x16_tile(1, o, ldo, x, t, g, B, acc, pfe); break;
+        case 2: q6x16_tile(2, o, ldo, x, t, g, B, acc, pfe); break;
+#if Q8_6XU == 3
+        default: q6x16_tile(3, o, ldo, x, t, g, B, acc, pfe); break;
+#endif
+        }
+      }
+      for (int t = t0; t < t1 && kind != Q8K_Q4_K && kind != Q8K_Q6_K; t += Q8_XU) {
         float *o = out + (ptrdiff_t)t * ldo + j;
         const uint8_t *pfe = t == 0 ? end : NULL;
         switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
@@ -1178,6 +1304,7 @@ DEF_INT_DOT(q4_k, Q8K_Q4_K, 0)
 DEF_INT_DOT(q4_kx16, Q8K_Q4_K, 1)
 DEF_INT_DOT(q5_k, Q8K_Q5_K, 0)
 DEF_INT_DOT(q6_k, Q8K_Q6_K, 0)
+DEF_INT_DOT(q6_kx16, Q8K_Q6_K, 1)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 
