@@ -471,16 +471,20 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
  * scale at 2 i, quad c at 32 + 64 c + 4 i, Q5_0's fifth bits in the planes
  * from 32 + 64 quads): copied into the group (pack), or back out of it. */
 static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pack) {
-  if (dt == KN_DTYPE_Q4_K || dt == KN_DTYPE_Q6_K) {
-    /* Q4_K: d, dmin, then 3 + 32 quads (the scales', the nibbles') from
-     * byte 4; Q6_K: d, then 4 + 32 + 16 quads (the scales', ql's, qh's) */
-    const int six = dt == KN_DTYPE_Q6_K, nd = six ? 1 : 2, nq = six ? 52 : 35;
+  if (kn_block_elems(dt) == 256) {
+    /* Q4_K and Q5_K: d, dmin, then 3 + 32 quads (the scales', the nibbles')
+     * and Q5_K's 8 of qh; Q6_K: d, then 4 + 32 + 16 quads (the scales', ql's,
+     * qh's) */
+    const int six = dt == KN_DTYPE_Q6_K, five = dt == KN_DTYPE_Q5_K, nd = six ? 1 : 2,
+              nq = six ? 52 : five ? 43 : 35;
     for (int c = -nd; c < nq; c++) {
       uint8_t *g = c < 0 ? grp + 32 * (c + nd) + 2 * i : grp + 32 * nd + 64 * c + 4 * i,
-              *r = c < 0   ? blk + (six ? 208 : 2 * (c + nd))
-                   : !six  ? blk + 4 + 4 * c
-                   : c < 4 ? blk + 192 + 4 * c
-                           : blk + 4 * (c - 4);
+              *r = c < 0            ? blk + (six ? 208 : 2 * (c + nd))
+                   : six && c < 4   ? blk + 192 + 4 * c
+                   : six            ? blk + 4 * (c - 4)
+                   : c < 3 || !five ? blk + 4 + 4 * c
+                   : c < 35         ? blk + 48 + 4 * (c - 3)
+                                    : blk + 16 + 4 * (c - 35);
       const size_t len = c < 0 ? 2 : 4;
       memcpy(pack ? g : r, pack ? r : g, len);
     }

@@ -53,8 +53,8 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
 enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
 
 /* Rows side by side (KN_DTYPE_Q8_0_X16, _Q4_0_X16, _Q5_0_X16, _Q4_K_X16,
- * _Q6_K_X16): the CPU's q8 mode lays Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights
- * out so that one register
+ * _Q5_K_X16, _Q6_K_X16): the CPU's q8 mode lays Q8_0, Q4_0, Q5_0 and the
+ * K-quants' weights out so that one register
  * holds the same four elements of 16 rows, and one 32-bit broadcast of an
  * input's four meets them all (the kernels then need no sums across lanes;
  * llama.cpp repacks Q4_0 for its AVX2 and AVX-512 kernels the same way). In n
@@ -70,7 +70,9 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * the same place (16 * 144 bytes): the 16 d (row i's f16 at 2 i), the 16
  * dmin (at 32 + 2 i), the 12 bytes of scales and mins as three dwords (row
  * i's dword k at 64 + 64 k + 4 i), then the 128 bytes of nibbles four at a
- * time (row i's bytes 4 c .. 4 c + 3 of them at 256 + 64 c + 4 i, c < 32).
+ * time (row i's bytes 4 c .. 4 c + 3 of them at 256 + 64 c + 4 i, c < 32);
+ * Q5_K's (16 * 176 bytes) the same, then qh's 32 bytes (at 2304 + 64 c + 4 i,
+ * c < 8).
  * Q6_K's (16 * 210 bytes): the 16 d (at 2 i), the 16 bytes of scales as
  * four dwords (row i's dword k at 32 + 64 k + 4 i), ql's 128 bytes four at a
  * time (at 288 + 64 c + 4 i, c < 32), qh's 64 (at 2336 + 64 c + 4 i, c < 16).
@@ -79,7 +81,7 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * of 16, and n rows take the bytes they took. */
 #define KN_X16_ROWS 16
 
-/* Lays the n rows of K elements of dt (Q8_0, Q4_0, Q5_0, Q4_K or Q6_K) at w out in
+/* Lays the n rows of K elements of dt (Q8_0, Q4_0, Q5_0 or a K-quant) at w out in
  * place as dt's X16 layout. 0, CM_ERR_INVAL (another dt, K not whole blocks) or CM_ERR_NOMEM. */
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K);
 

@@ -983,19 +983,22 @@ Q8T_ATTR static inline AI q8vi kx16_sc(const q8vi *D, int j, int mn) {
                vi_and(vi_srl32(D[mn], 8 * k + 2), vi_set1_32(0x30)));
 }
 
-/* U tokens from t (U <= Q8_KXU) against the 16 rows of a Q4_K X16 group (g:
- * its super-block 0, kn-quant.h's layout), rows in the lanes (Q8_TL at a
- * time). A sub-block pair's 64 nibbles of a lane's row are eight quads: the
- * low nibbles against the first sub-block's inputs, the high ones against
- * the second's (with VNNI in place, 16 q, the sum shifted back exactly), a
- * sub-block's 32 products one integer; then as q8dot_min_ref, sub-block after
- * sub-block, fma((float)p, d sc dx) and fma((float)sx, -(dmin mn) dx) (the
- * products d sc and dmin mn exact). pfe as x16_tile's. */
-Q8T_ATTR static inline AI void kx16_tile(const int U, float *out, ptrdiff_t ldo,
-                                         const struct kn_cpu_q8_in *x, int t, const uint8_t *g,
-                                         int B, int acc, const uint8_t *pfe) {
-  const size_t gb = KN_X16_ROWS * 144;
-  const int HIP = Q8T_VNNI, CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
+/* U tokens from t (U <= Q8_KXU) against the 16 rows of a Q4_K or Q5_K X16
+ * group (g: its super-block 0, kn-quant.h's layout), rows in the lanes
+ * (Q8_TL at a time). A sub-block pair's 64 nibbles of a lane's row are eight
+ * quads: the low nibbles against the first sub-block's inputs, the high ones
+ * against the second's (Q4_K with VNNI in place, 16 q, the sum shifted back
+ * exactly; Q5_K's fifth bits from qh's quad of the same elements, bits 2 m
+ * and 2 m + 1), a sub-block's 32 products one integer; then as
+ * q8dot_min_ref, sub-block after sub-block, fma((float)p, d sc dx) and
+ * fma((float)sx, -(dmin mn) dx) (the products d sc and dmin mn exact). pfe
+ * as x16_tile's. */
+Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, float *out,
+                                         ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
+                                         const uint8_t *g, int B, int acc, const uint8_t *pfe) {
+  const size_t gb = KN_X16_ROWS * kind_bytes(kind);
+  const int five = kind == Q8K_Q5_K, HIP = Q8T_VNNI && !five;
+  const int CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
   const uint8_t *xq[Q8_KXU];
   const float *dx[Q8_KXU];
   const int32_t *xo[Q8_KXU];
@@ -1034,9 +1037,16 @@ Q8T_ATTR static inline AI void kx16_tile(const int U, float *out, ptrdiff_t ldo,
         const uint8_t *qs = sb + 256 + 512 * m + 4 * Q8_TL * h;
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-          const q8vi v = vi_load(qs + 64 * c), lo = vi_and(v, vi_set1_8(0x0F)),
-                     hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
-                              : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+          const q8vi v = vi_load(qs + 64 * c);
+          q8vi lo = vi_and(v, vi_set1_8(0x0F)),
+               hi = HIP ? vi_and(v, vi_set1_8((char)0xF0)) : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+          if (five) { /* bit 2 m (2 m + 1) of each qh byte to bit 4 */
+            const q8vi qh = vi_load(sb + 2304 + 64 * c + 4 * Q8_TL * h);
+            lo = vi_or(lo, vi_and(m < 2 ? vi_sll16(qh, 4 - 2 * m) : vi_srl16(qh, 2 * m - 4),
+                                  vi_set1_8(0x10)));
+            hi = vi_or(hi, vi_and(m < 2 ? vi_sll16(qh, 3 - 2 * m) : vi_srl16(qh, 2 * m - 3),
+                                  vi_set1_8(0x10)));
+          }
 #pragma GCC unroll 4
           for (int u = 0; u < U; u++) {
             q8vi *a = &pl[u][c % CH], *e = &ph[u][c % CH];
@@ -1220,17 +1230,17 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
     const int t1 = t0 + TB < T ? t0 + TB : T;
     for (int j = 0; j < ng; j += KN_X16_ROWS) {
       const uint8_t *g = w + (size_t)j * row_bytes;
-      for (int t = t0; t < t1 && kind == Q8K_Q4_K; t += Q8_KXU) {
+      for (int t = t0; t < t1 && (kind == Q8K_Q4_K || kind == Q8K_Q5_K); t += Q8_KXU) {
         float *o = out + (ptrdiff_t)t * ldo + j;
         const uint8_t *pfe = t == 0 ? end : NULL;
         switch (t1 - t < Q8_KXU ? t1 - t : Q8_KXU) {
-        case 1: kx16_tile(1, o, ldo, x, t, g, B, acc, pfe); break;
+        case 1: kx16_tile(kind, 1, o, ldo, x, t, g, B, acc, pfe); break;
 #if Q8_KXU == 4
-        case 2: kx16_tile(2, o, ldo, x, t, g, B, acc, pfe); break;
-        case 3: kx16_tile(3, o, ldo, x, t, g, B, acc, pfe); break;
-        default: kx16_tile(4, o, ldo, x, t, g, B, acc, pfe); break;
+        case 2: kx16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
+        case 3: kx16_tile(kind, 3, o, ldo, x, t, g, B, acc, pfe); break;
+        default: kx16_tile(kind, 4, o, ldo, x, t, g, B, acc, pfe); break;
 #else
-        default: kx16_tile(2, o, ldo, x, t, g, B, acc, pfe); break;
+        default: kx16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
 #endif
         }
       }
@@ -1245,7 +1255,7 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
 #endif
         }
       }
-      for (int t = t0; t < t1 && kind != Q8K_Q4_K && kind != Q8K_Q6_K; t += Q8_XU) {
+      for (int t = t0; t < t1 && kind < Q8K_Q4_K; t += Q8_XU) {
         float *o = out + (ptrdiff_t)t * ldo + j;
         const uint8_t *pfe = t == 0 ? end : NULL;
         switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
@@ -1303,6 +1313,7 @@ DEF_INT_DOT(q5_1, Q8K_Q5_1, 0)
 DEF_INT_DOT(q4_k, Q8K_Q4_K, 0)
 DEF_INT_DOT(q4_kx16, Q8K_Q4_K, 1)
 DEF_INT_DOT(q5_k, Q8K_Q5_K, 0)
+DEF_INT_DOT(q5_kx16, Q8K_Q5_K, 1)
 DEF_INT_DOT(q6_k, Q8K_Q6_K, 0)
 DEF_INT_DOT(q6_kx16, Q8K_Q6_K, 1)
 

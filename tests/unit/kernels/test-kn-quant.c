@@ -279,8 +279,8 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   for (int t = 0; t < T; t++)
     TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
   const int cut = N / 3 | 1; /* a rank's rows: [cut, N) */
-  /* Q8_0, Q4_0, Q5_0, Q4_K and Q6_K as the q8 mode lays them out at load (16 rows side
-   * by side) */
+  /* Q8_0, Q4_0, Q5_0 and the K-quants as the q8 mode lays them out at load (16 rows
+   * side by side) */
   uint8_t *xw = malloc(rb * N);
   enum kn_dtype xdt = dt;
   TH_REQUIRE(xw != NULL);
@@ -293,7 +293,7 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   }
   const int x16 = kn_dtype_x16(xdt);
   TH_CHECK(x16 == ((dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ||
-                    dt == KN_DTYPE_Q4_K || dt == KN_DTYPE_Q6_K) &&
+                    kn_block_elems(dt) == 256) &&
                    N >= KN_X16_ROWS));
   TH_CHECK(x16 == (memcmp(xw, w, rb * N) != 0));
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
@@ -453,6 +453,7 @@ TH_TEST(q8_mode_integer_dot_products) {
   check_q8_mode(KN_DTYPE_Q5_0, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q8_0, 4096, 33, 100);
   check_q8_mode(KN_DTYPE_Q4_K, 768, 40, 256);
+  check_q8_mode(KN_DTYPE_Q5_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q6_K, 768, 40, 256);
   int mode = -1;
   char err[128];
