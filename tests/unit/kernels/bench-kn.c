@@ -2,14 +2,18 @@
  * bf16/f16/f32 matvec (T = 1) on gemma-3-270m-shaped matrices against it, the
  * matmul at prefill sizes, and decode attention.
  *
- *   bench-kn [threads] [seconds-per-case] [bf16 | q8 [head | stream]]
+ *   bench-kn [threads] [seconds-per-case] [bf16 | q8 [head | stream | formats | kernels]]
  *
  * bf16: the backend in the bf16 mode (matmul inputs rounded to bf16).
  * q8: the q8 mode's matmuls over Q4_0 / Q8_0 weights only (inputs in Q8_0 blocks);
  * q8 head: only the [262144 x 640] head (decode, from memory);
  * q8 stream: a decode step's weight stream in Q4_0 and Q8_0, as the mode lays it out;
  * q8 formats: one token against every block format, 1b-shaped rows (K = 1152 and
- * 6912), from cache (a matrix that fits L2) and from memory.
+ * 6912), from cache (a matrix that fits L2) and from memory;
+ * q8 kernels: each block format's kernel alone, 1 and 4 tokens against [256 x
+ * 2560] (gemma-3-4b's rows: whole K-quant super-blocks) in L2, the best of many
+ * short batches (steady where a shared machine's memory rate is not; run it
+ * with 1 thread).
  * Before the cases: the read bandwidth and the vector units' issue rates (FMA,
  * vdpbf16ps, AMX, and vpdpbusd on one thread and on every thread at once).
  *
@@ -216,6 +220,36 @@ static void bench_formats(struct kn_backend *be, float *in, float *out) {
   free(wf);
 }
 
+/* q8 kernels: T = 1 and 4 against [256 x 2560] of each block format as the
+ * mode lays it out, in L2: the fastest of 200 batches of 20 calls. */
+static void bench_kernels(struct kn_backend *be, float *in, float *out) {
+  static const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0,
+                                      KN_DTYPE_Q4_1, KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,
+                                      KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+  const int N = 256, K = 2560;
+  float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
+  for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+    enum kn_dtype dt = dts[d];
+    const size_t rb = kn_row_bytes(dt, (size_t)K);
+    uint8_t *w = quantized(dt, wf, N, N, K);
+    if (kn_weights_prepare(be, w, &dt, N, K)) exit(1);
+    for (int T = 1; T <= 4; T += 3) {
+      double best = 1e30;
+      for (int b = 0; b < 200; b++) {
+        const double t0 = cm_time_s();
+        for (int i = 0; i < 20; i++)
+          (void)kn_matmul(be, out, N, in, K, w, dt, T, N, K, 0);
+        const double s = (cm_time_s() - t0) / 20;
+        best = s < best ? s : best;
+      }
+      printf("q8 kernel %-8s [%d x %d] T=%d: %8.2f us  %6.1f GB/s of weights\n",
+             kn_dtype_name(dt), N, K, T, best * 1e6, (double)rb * N / best / 1e9);
+    }
+    free(w);
+  }
+  free(wf);
+}
+
 /* A decode step's weight stream: 18 layers of q,k,v,o,gate,up,down + lm_head
  * (270m-shaped) in dt, each matrix laid out as the backend's mode wants it
  * (kn_weights_prepare), three rounds, each between two bandwidth probes (the
@@ -308,6 +342,8 @@ int main(int argc, char **argv) {
   if (bf16 == 2) {
     if (argc > 4 && !strcmp(argv[4], "formats")) {
       bench_formats(be, in, out);
+    } else if (argc > 4 && !strcmp(argv[4], "kernels")) {
+      bench_kernels(be, in, out);
     } else if (argc > 4 && !strcmp(argv[4], "stream")) {
       bench_stream(be, KN_DTYPE_Q4_0, threads, in, out);
       bench_stream(be, KN_DTYPE_Q8_0, threads, in, out);
