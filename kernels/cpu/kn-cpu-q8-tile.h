@@ -849,6 +849,35 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
 /* The bytes of inputs a sweep of the X16 groups takes (L2). */
 #define Q8_XTOK_BYTES (192 * 1024)
 
+/* The inputs of U tokens from t as the X16 tiles take them: a token's Q8_0
+ * quants (past each block's scale, 34 bytes a block), its blocks' scales,
+ * their sums (struct kn_cpu_q8_in's o) and their lane sums (s). */
+struct q8_xt {
+  const uint8_t *q[Q8_XU];
+  const float *d[Q8_XU];
+  const int32_t *o[Q8_XU], *s[Q8_XU];
+};
+
+static inline AI void xt_at(struct q8_xt *xt, const struct kn_cpu_q8_in *x, int t, int U, int B) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++) {
+    xt->q[u] = x->q + (size_t)(t + u) * x->ldq + 2;
+    xt->d[u] = x->d + (size_t)(t + u) * (size_t)B;
+    xt->o[u] = x->o ? x->o + (size_t)(t + u) * (size_t)B : NULL;
+    xt->s[u] = x->s + (size_t)(t + u) * (size_t)B * 8;
+  }
+}
+
+/* Row half h's U accumulators f into out (u * ldo apart), or added to it. */
+Q8T_ATTR static inline AI void xt_store(float *out, ptrdiff_t ldo, int h, const q8vf *f, int U,
+                                        int acc) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++) {
+    float *o = out + (ptrdiff_t)u * ldo + Q8_TL * h;
+    vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
+  }
+}
+
 /* U tokens from t (a few: decode, or a few sequences' steps) against the 16
  * rows of an X16 group (g: its block 0), rows in the lanes (Q8_TL of them at
  * a time): a lane's block is one integer, its offset's term included, times
@@ -865,15 +894,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
   /* Q4_0 in several chains: the high nibbles in place (16 q), in the odd
    * chains, their sum shifted back exactly (one shift a block, not four) */
   const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && kind == Q8K_Q4_0 && CH > 1;
-  const uint8_t *xq[Q8_XU];
-  const float *dx[Q8_XU];
-  const int32_t *xo[Q8_XU];
-#pragma GCC unroll 8
-  for (int u = 0; u < U; u++) {
-    xq[u] = x->q + (size_t)(t + u) * x->ldq + 2;
-    dx[u] = x->d + (size_t)(t + u) * (size_t)B;
-    xo[u] = x->o + (size_t)(t + u) * (size_t)B;
-  }
+  struct q8_xt xt;
+  xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_XU];
@@ -889,7 +911,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       q8vi p[Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs) */
-        p[u][0] = kind != Q8K_Q8_0 || Q8T_VNNI ? vi_set1_32(xo[u][b]) : vi_zero();
+        p[u][0] = kind != Q8K_Q8_0 || Q8T_VNNI ? vi_set1_32(xt.o[u][b]) : vi_zero();
 #pragma GCC unroll 4
         for (int k = 1; k < CH; k++)
           p[u][k] = vi_zero();
@@ -907,9 +929,9 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
                         hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
-            const __m256i a = _mm256_maddubs_epi16(l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c)),
+            const __m256i a = _mm256_maddubs_epi16(l, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c)),
                           e = _mm256_maddubs_epi16(hi,
-                                                   vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+                                                   vi_bcast4(xt.q[u] + 34 * (size_t)b + 16 + 4 * c));
             s16[u] = _mm256_add_epi16(s16[u], _mm256_add_epi16(a, e));
           }
         }
@@ -935,8 +957,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
             q8vi *pl = &p[u][2 * c % CH], *ph = &p[u][(2 * c + 1) % CH];
-            *pl = vi_dot(*pl, l, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
-            *ph = vi_dot(*ph, hi, vi_bcast4(xq[u] + 34 * (size_t)b + 16 + 4 * c));
+            *pl = vi_dot(*pl, l, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
+            *ph = vi_dot(*ph, hi, vi_bcast4(xt.q[u] + 34 * (size_t)b + 16 + 4 * c));
           }
         }
       } else {
@@ -947,13 +969,13 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
           const q8vi uw = vi_xor(v, vi_set1_8(0x80)); /* w + 128 unsigned */
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++)
-            p[u][c % CH] = vi_dot(p[u][c % CH], uw, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
+            p[u][c % CH] = vi_dot(p[u][c % CH], uw, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
 #else
           const __m256i a = _mm256_abs_epi8(v); /* |w| against x with w's sign */
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++)
             p[u][0] =
-                vi_dot(p[u][0], a, _mm256_sign_epi8(vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c), v));
+                vi_dot(p[u][0], a, _mm256_sign_epi8(vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c), v));
 #endif
         }
       }
@@ -963,14 +985,10 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
         const q8vi ev = CH > 2 ? vi_add(p[u][0], p[u][2]) : p[u][0],
                    od = CH > 2 ? vi_add(p[u][1], p[u][3]) : p[u][1];
         const q8vi sum = CH > 1 ? vi_add(ev, HIP ? vi_srai4(od) : od) : ev;
-        f[u] = vf_fma(vf_cvt(sum), vf_mul(dw, vf_set1(dx[u][b])), f[u]);
+        f[u] = vf_fma(vf_cvt(sum), vf_mul(dw, vf_set1(xt.d[u][b])), f[u]);
       }
     }
-#pragma GCC unroll 8
-    for (int u = 0; u < U; u++) {
-      float *o = out + (ptrdiff_t)u * ldo + Q8_TL * h;
-      vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
-    }
+    xt_store(out, ldo, h, f, U, acc);
   }
 }
 
@@ -999,15 +1017,8 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
   const size_t gb = KN_X16_ROWS * kind_bytes(kind);
   const int five = kind == Q8K_Q5_K, HIP = Q8T_VNNI && !five;
   const int CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
-  const uint8_t *xq[Q8_KXU];
-  const float *dx[Q8_KXU];
-  const int32_t *xo[Q8_KXU];
-#pragma GCC unroll 4
-  for (int u = 0; u < U; u++) {
-    xq[u] = x->q + (size_t)(t + u) * x->ldq + 2;
-    dx[u] = x->d + (size_t)(t + u) * (size_t)B;
-    xo[u] = x->o + (size_t)(t + u) * (size_t)B;
-  }
+  struct q8_xt xt;
+  xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_KXU];
@@ -1050,8 +1061,8 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
 #pragma GCC unroll 4
           for (int u = 0; u < U; u++) {
             q8vi *a = &pl[u][c % CH], *e = &ph[u][c % CH];
-            *a = vi_dot(*a, lo, vi_bcast4(xq[u] + 34 * (size_t)b + 4 * c));
-            *e = vi_dot(*e, hi, vi_bcast4(xq[u] + 34 * (size_t)(b + 1) + 4 * c));
+            *a = vi_dot(*a, lo, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
+            *e = vi_dot(*e, hi, vi_bcast4(xt.q[u] + 34 * (size_t)(b + 1) + 4 * c));
           }
         }
         const q8vf ds0 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m, 0))),
@@ -1062,19 +1073,15 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
         for (int u = 0; u < U; u++) {
           const q8vi p0 = CH > 1 ? vi_add(pl[u][0], pl[u][1]) : pl[u][0],
                      p1 = CH > 1 ? vi_add(ph[u][0], ph[u][1]) : ph[u][0];
-          const q8vf x0 = vf_set1(dx[u][b]), x1 = vf_set1(dx[u][b + 1]);
+          const q8vf x0 = vf_set1(xt.d[u][b]), x1 = vf_set1(xt.d[u][b + 1]);
           f[u] = vf_fma(vf_cvt(p0), vf_mul(ds0, x0), f[u]);
-          f[u] = vf_fnmadd(vf_set1((float)xo[u][b]), vf_mul(mn0, x0), f[u]);
+          f[u] = vf_fnmadd(vf_set1((float)xt.o[u][b]), vf_mul(mn0, x0), f[u]);
           f[u] = vf_fma(vf_cvt(HIP ? vi_srai4(p1) : p1), vf_mul(ds1, x1), f[u]);
-          f[u] = vf_fnmadd(vf_set1((float)xo[u][b + 1]), vf_mul(mn1, x1), f[u]);
+          f[u] = vf_fnmadd(vf_set1((float)xt.o[u][b + 1]), vf_mul(mn1, x1), f[u]);
         }
       }
     }
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) {
-      float *o = out + (ptrdiff_t)u * ldo + Q8_TL * h;
-      vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
-    }
+    xt_store(out, ldo, h, f, U, acc);
   }
 }
 
@@ -1101,16 +1108,9 @@ Q8T_ATTR static inline AI q8vf q6x16_fma(q8vf f, q8vi P, q8vf d, float dxb) {
 Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo,
                                           const struct kn_cpu_q8_in *x, int t, const uint8_t *g,
                                           int B, int acc, const uint8_t *pfe) {
-  const size_t gb = KN_X16_ROWS * 210, B8 = (size_t)B * 8;
-  const uint8_t *xq[Q8_6XU];
-  const float *dx[Q8_6XU];
-  const int32_t *xs[Q8_6XU];
-#pragma GCC unroll 4
-  for (int u = 0; u < U; u++) {
-    xq[u] = x->q + (size_t)(t + u) * x->ldq + 2;
-    dx[u] = x->d + (size_t)(t + u) * (size_t)B;
-    xs[u] = x->s + (size_t)(t + u) * B8;
-  }
+  const size_t gb = KN_X16_ROWS * 210;
+  struct q8_xt xt;
+  xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int rh = 0; rh < KN_X16_ROWS / Q8_TL; rh++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_6XU];
@@ -1139,7 +1139,7 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
           for (int u = 0; u < U; u++)
 #pragma GCC unroll 2
             for (int e = 0; e < 2; e++) {
-              const int32_t *l = xs[u] + (size_t)bl * 8 + 4 * e, *m = l + 16;
+              const int32_t *l = xt.s[u] + (size_t)bl * 8 + 4 * e, *m = l + 16;
               a[u][0][e] = vi_set1_32(l[0] + l[1] + l[2] + l[3]);
               a[u][1][e] = vi_set1_32(m[0] + m[1] + m[2] + m[3]);
             }
@@ -1155,8 +1155,8 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
 #pragma GCC unroll 4
             for (int u = 0; u < U; u++) {
               q8vi *al = &a[u][0][c >> 2], *ah = &a[u][1][c >> 2];
-              *al = vi_dot(*al, wl, vi_bcast4(xq[u] + 34 * (size_t)bl + 4 * c));
-              *ah = vi_dot(*ah, wh, vi_bcast4(xq[u] + 34 * (size_t)bh + 4 * c));
+              *al = vi_dot(*al, wl, vi_bcast4(xt.q[u] + 34 * (size_t)bl + 4 * c));
+              *ah = vi_dot(*ah, wh, vi_bcast4(xt.q[u] + 34 * (size_t)bh + 4 * c));
             }
           }
           /* sub-block 4 hf + p's scales are bytes 2 p, 2 p + 1 of D0, 4 hf + p + 2's of D1 */
@@ -1166,22 +1166,18 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
           for (int u = 0; u < U; u++) {
             const q8vi Pl = vi_add(vi_mullo(l0, a[u][0][0]), vi_mullo(l1, a[u][0][1])),
                        Ph = vi_add(vi_mullo(h0, a[u][1][0]), vi_mullo(h1, a[u][1][1]));
-            f[u] = q6x16_fma(f[u], Pl, d, dx[u][bl]);
+            f[u] = q6x16_fma(f[u], Pl, d, xt.d[u][bl]);
             if (p == 0) {
               pend[u] = Ph;
             } else {
-              f[u] = q6x16_fma(f[u], pend[u], d, dx[u][bl + 1]);
-              f[u] = q6x16_fma(f[u], Ph, d, dx[u][bh]);
+              f[u] = q6x16_fma(f[u], pend[u], d, xt.d[u][bl + 1]);
+              f[u] = q6x16_fma(f[u], Ph, d, xt.d[u][bh]);
             }
           }
         }
       }
     }
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++) {
-      float *o = out + (ptrdiff_t)u * ldo + Q8_TL * rh;
-      vf_store(o, acc ? vf_add(vf_load(o), f[u]) : f[u]);
-    }
+    xt_store(out, ldo, rh, f, U, acc);
   }
 }
 
