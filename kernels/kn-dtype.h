@@ -26,7 +26,7 @@ enum kn_dtype {
   KN_DTYPE_Q4_K = 9,
   KN_DTYPE_Q5_K = 10,
   KN_DTYPE_Q6_K = 11,
-  /* Q8_0, Q4_0, Q5_0 and the K-quants' rows as the CPU's q8 mode lays them out at load
+  /* every block format's rows as the CPU's q8 mode lays them out at load
    * (kn_weights_prepare; kn-quant.h's kn_x16_pack): blocks of 16 rows side by side */
   KN_DTYPE_Q8_0_X16 = 12,
   KN_DTYPE_Q4_0_X16 = 13,
@@ -34,7 +34,9 @@ enum kn_dtype {
   KN_DTYPE_Q4_K_X16 = 15,
   KN_DTYPE_Q6_K_X16 = 16,
   KN_DTYPE_Q5_K_X16 = 17,
-  KN_DTYPE__COUNT = 18,
+  KN_DTYPE_Q4_1_X16 = 18,
+  KN_DTYPE_Q5_1_X16 = 19,
+  KN_DTYPE__COUNT = 20,
 };
 
 /* Bytes per element; 0 for an unknown value and for the block formats
@@ -69,6 +71,8 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_Q4_K_X16: return "q4_kx16";
   case KN_DTYPE_Q6_K_X16: return "q6_kx16";
   case KN_DTYPE_Q5_K_X16: return "q5_kx16";
+  case KN_DTYPE_Q4_1_X16: return "q4_1x16";
+  case KN_DTYPE_Q5_1_X16: return "q5_1x16";
   default: return "?";
   }
 }
@@ -83,7 +87,9 @@ static inline int kn_block_elems(enum kn_dtype dt) {
   case KN_DTYPE_Q5_1:
   case KN_DTYPE_Q8_0_X16:
   case KN_DTYPE_Q4_0_X16:
-  case KN_DTYPE_Q5_0_X16: return 32;
+  case KN_DTYPE_Q5_0_X16:
+  case KN_DTYPE_Q4_1_X16:
+  case KN_DTYPE_Q5_1_X16: return 32;
   case KN_DTYPE_Q4_K:
   case KN_DTYPE_Q5_K:
   case KN_DTYPE_Q6_K:
@@ -100,10 +106,12 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
   case KN_DTYPE_Q8_0_X16: return 34;
   case KN_DTYPE_Q4_0:
   case KN_DTYPE_Q4_0_X16: return 18;
-  case KN_DTYPE_Q4_1: return 20;
+  case KN_DTYPE_Q4_1:
+  case KN_DTYPE_Q4_1_X16: return 20;
   case KN_DTYPE_Q5_0:
   case KN_DTYPE_Q5_0_X16: return 22;
-  case KN_DTYPE_Q5_1: return 24;
+  case KN_DTYPE_Q5_1:
+  case KN_DTYPE_Q5_1_X16: return 24;
   case KN_DTYPE_Q4_K:
   case KN_DTYPE_Q4_K_X16: return 144;
   case KN_DTYPE_Q5_K:
@@ -122,14 +130,16 @@ static inline enum kn_dtype kn_dtype_rows_of(enum kn_dtype dt) {
   case KN_DTYPE_Q5_0_X16: return KN_DTYPE_Q5_0;
   case KN_DTYPE_Q4_K_X16: return KN_DTYPE_Q4_K;
   case KN_DTYPE_Q5_K_X16: return KN_DTYPE_Q5_K;
+  case KN_DTYPE_Q4_1_X16: return KN_DTYPE_Q4_1;
+  case KN_DTYPE_Q5_1_X16: return KN_DTYPE_Q5_1;
   case KN_DTYPE_Q6_K_X16: return KN_DTYPE_Q6_K;
   default: return dt;
   }
 }
 
 /* The rows-interleaved layout of dt's rows (KN_DTYPE_Q8_0_X16 for Q8_0,
- * _Q4_0_X16, _Q5_0_X16, _Q4_K_X16, _Q5_K_X16, _Q6_K_X16), KN_DTYPE__COUNT for a dtype
- * that has none. */
+ * _Q4_1_X16 and so on: every block format has one), KN_DTYPE__COUNT for the other
+ * dtypes. */
 static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   switch (dt) {
   case KN_DTYPE_Q8_0: return KN_DTYPE_Q8_0_X16;
@@ -137,13 +147,14 @@ static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   case KN_DTYPE_Q5_0: return KN_DTYPE_Q5_0_X16;
   case KN_DTYPE_Q4_K: return KN_DTYPE_Q4_K_X16;
   case KN_DTYPE_Q5_K: return KN_DTYPE_Q5_K_X16;
+  case KN_DTYPE_Q4_1: return KN_DTYPE_Q4_1_X16;
+  case KN_DTYPE_Q5_1: return KN_DTYPE_Q5_1_X16;
   case KN_DTYPE_Q6_K: return KN_DTYPE_Q6_K_X16;
   default: return KN_DTYPE__COUNT;
   }
 }
 
-/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16, _Q4_0_X16, _Q5_0_X16,
- * _Q4_K_X16, _Q5_K_X16, _Q6_K_X16). */
+/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16). */
 static inline int kn_dtype_x16(enum kn_dtype dt) {
   return kn_dtype_rows_of(dt) != dt;
 }

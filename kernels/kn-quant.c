@@ -468,8 +468,9 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
 }
 
 /* Row i's block at blk and its place in a block of an X16 group at grp (the
- * scale at 2 i, quad c at 32 + 64 c + 4 i, Q5_0's fifth bits in the planes
- * from 32 + 64 quads): copied into the group (pack), or back out of it. */
+ * scale at 2 i, Q4_1's and Q5_1's min at 32 + 2 i, quad c at h + 64 c + 4 i
+ * after the h = 32 or 64 bytes of those, Q5_0's and Q5_1's fifth bits in the
+ * planes from h + 64 quads): copied into the group (pack), or back out of it. */
 static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pack) {
   if (kn_block_elems(dt) == 256) {
     /* Q4_K and Q5_K: d, dmin, then 3 + 32 quads (the scales', the nibbles')
@@ -490,11 +491,12 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
     }
     return;
   }
-  const int five = dt == KN_DTYPE_Q5_0, quads = five ? 4 : (int)(kn_block_bytes(dt) - 2) / 4;
-  const int q0 = five ? 6 : 2; /* the row's quants in its block */
-  for (int c = -1; c < quads; c++) {
-    uint8_t *g = c < 0 ? grp + 2 * i : grp + 32 + 64 * c + 4 * i,
-            *r = c < 0 ? blk : blk + q0 + 4 * c;
+  const int five = dt == KN_DTYPE_Q5_0 || dt == KN_DTYPE_Q5_1, quads = dt == KN_DTYPE_Q8_0 ? 8 : 4;
+  const int ns = dt == KN_DTYPE_Q4_1 || dt == KN_DTYPE_Q5_1 ? 2 : 1; /* f16s: d (and m) */
+  const int q0 = 2 * ns + (five ? 4 : 0);                           /* the row's quants */
+  for (int c = -ns; c < quads; c++) {
+    uint8_t *g = c < 0 ? grp + 32 * (c + ns) + 2 * i : grp + 32 * ns + 64 * c + 4 * i,
+            *r = c < 0 ? blk + 2 * (c + ns) : blk + q0 + 4 * c;
     const size_t len = c < 0 ? 2 : 4;
     memcpy(pack ? g : r, pack ? r : g, len);
   }
@@ -502,8 +504,8 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
   /* element e's fifth bit (bit e of the block's qh) is bit 4 i + e % 4 of
    * plane 2 (e % 16 / 4) + e / 16, eight bytes each: a plane marks the
    * bytes of one quad register (16 rows x 4) whose weights take 16 */
-  uint8_t *planes = grp + 32 + 64 * quads;
-  uint32_t qh = pack ? kn_le32(blk + 2) : 0;
+  uint8_t *planes = grp + 32 * ns + 64 * quads;
+  uint32_t qh = pack ? kn_le32(blk + 2 * ns) : 0;
   for (int e = 0; e < 32; e++) {
     const int bit = 4 * i + (e & 3);
     uint8_t *at = planes + 8 * (2 * ((e & 15) >> 2) + (e >> 4)) + bit / 8;
@@ -514,7 +516,7 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
   }
   if (!pack)
     for (int k = 0; k < 4; k++)
-      blk[2 + k] = (uint8_t)(qh >> 8 * k);
+      blk[2 * ns + k] = (uint8_t)(qh >> 8 * k);
 }
 
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K) {

@@ -52,9 +52,8 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
  * stays as it is). */
 enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
 
-/* Rows side by side (KN_DTYPE_Q8_0_X16, _Q4_0_X16, _Q5_0_X16, _Q4_K_X16,
- * _Q5_K_X16, _Q6_K_X16): the CPU's q8 mode lays Q8_0, Q4_0, Q5_0 and the
- * K-quants' weights out so that one register
+/* Rows side by side (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16): the CPU's q8 mode lays
+ * the block formats' weights out so that one register
  * holds the same four elements of 16 rows, and one 32-bit broadcast of an
  * input's four meets them all (the kernels then need no sums across lanes;
  * llama.cpp repacks Q4_0 for its AVX2 and AVX-512 kernels the same way). In n
@@ -66,7 +65,9 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * fifth bits in 8 planes of 64 bits from 288: plane 2 c + h marks the bytes
  * of quad c's 64 (bit 4 i + k: row i's byte 4 c + k) whose low (h = 0) or
  * high (h = 1) nibble's weight takes 16, so that a register of quads gets its
- * fifth bits from one 64-bit mask. Q4_K's super-block b (of K / 256) takes
+ * fifth bits from one 64-bit mask. Q4_1 and Q5_1 the same, with the 16 mins
+ * after the 16 scales (row i's at 32 + 2 i) and all else 32 bytes later. Q4_K's
+ * super-block b (of K / 256) takes
  * the same place (16 * 144 bytes): the 16 d (row i's f16 at 2 i), the 16
  * dmin (at 32 + 2 i), the 12 bytes of scales and mins as three dwords (row
  * i's dword k at 64 + 64 k + 4 i), then the 128 bytes of nibbles four at a
@@ -81,8 +82,8 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * of 16, and n rows take the bytes they took. */
 #define KN_X16_ROWS 16
 
-/* Lays the n rows of K elements of dt (Q8_0, Q4_0, Q5_0 or a K-quant) at w out in
- * place as dt's X16 layout. 0, CM_ERR_INVAL (another dt, K not whole blocks) or CM_ERR_NOMEM. */
+/* Lays the n rows of K elements of block format dt at w out in place as dt's X16
+ * layout. 0, CM_ERR_INVAL (another dt, K not whole blocks) or CM_ERR_NOMEM. */
 int kn_x16_pack(enum kn_dtype dt, void *w, int n, int K);
 
 /* Row r of the n rows of K elements in X16 layout xdt at w, as a row of its

@@ -130,7 +130,7 @@ typedef void (*kn_cpu_attn_part_fn)(const struct kn_cpu_attn_job *job,
  * input sums times the offset ([T / 32][K / 32][32]: the sum of s's 8
  * lanes). The reference reads q alone.
  *
- * The X16 weights (Q8_0_X16, Q4_0_X16, Q5_0_X16, the K-quants': kn-quant.h), and Q5_0
+ * The X16 weights (every block format's: kn-quant.h), and Q5_0
  * rows, take the inputs of their rows' format, never side by side (xi NULL at
  * every T; in the X16 layouts the rows are),
  * and a call's n rows start at a multiple of 16 of the tensor's: its groups of
@@ -255,8 +255,8 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* A table's q8 entries: prep, and its functions q8dot_<format> (q8dot_q8_0 ..
- * q8dot_q6_k, q8dot_q8_0x16, q8dot_q4_0x16, q8dot_q5_0x16, q8dot_q4_kx16 .. q8dot_q6_kx16),
- * every table naming them alike. */
+ * q8dot_q6_k, and the X16 layouts' q8dot_q8_0x16 .. q8dot_q5_1x16), every table naming them
+ * alike. */
 #define KN_CPU_Q8_FILL(dsp, prep)                                                                  \
   do {                                                                                             \
     (dsp)->q8_prep = (prep);                                                                       \
@@ -268,6 +268,8 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
     (dsp)->q8dot[KN_DTYPE_Q4_K_X16] = q8dot_q4_kx16;                                               \
     (dsp)->q8dot[KN_DTYPE_Q5_K_X16] = q8dot_q5_kx16;                                               \
     (dsp)->q8dot[KN_DTYPE_Q6_K_X16] = q8dot_q6_kx16;                                               \
+    (dsp)->q8dot[KN_DTYPE_Q4_1_X16] = q8dot_q4_1x16;                                               \
+    (dsp)->q8dot[KN_DTYPE_Q5_1_X16] = q8dot_q5_1x16;                                               \
     (dsp)->q8dot[KN_DTYPE_Q4_1] = q8dot_q4_1;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q5_0] = q8dot_q5_0;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q5_1] = q8dot_q5_1;                                                      \

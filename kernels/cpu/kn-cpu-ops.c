@@ -491,8 +491,8 @@ static int cpu_matmul_glu(void *p, float *out, ptrdiff_t ldo, const float *in, p
   return 0;
 }
 
-/* kn_weights_prepare: in the q8 mode, Q8_0, Q4_0, Q5_0 and the K-quants' rows
- * side by side in groups of 16 (kn-quant.h's X16 layouts), which its kernels read with
+/* kn_weights_prepare: in the q8 mode, the block formats' rows side by side in
+ * groups of 16 (kn-quant.h's X16 layouts), which its kernels read with
  * no sums across lanes. */
 static int cpu_weights_prepare(void *p, void *w, enum kn_dtype *dt, int n, int K) {
   struct kn_cpu_ctx *ctx = p;

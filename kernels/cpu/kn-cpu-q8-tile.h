@@ -890,10 +890,11 @@ Q8T_ATTR static inline AI void xt_store(float *out, ptrdiff_t ldo, int h, const 
 Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, float *out,
                                         ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
                                         const uint8_t *g, int B, int acc, const uint8_t *pfe) {
-  const size_t gb = KN_X16_ROWS * kind_bytes(kind);
-  /* Q4_0 in several chains: the high nibbles in place (16 q), in the odd
-   * chains, their sum shifted back exactly (one shift a block, not four) */
-  const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && kind == Q8K_Q4_0 && CH > 1;
+  const size_t gb = KN_X16_ROWS * kind_bytes(kind), hdr = kind_min(kind) ? 64 : 32;
+  const int four = kind == Q8K_Q4_0 || kind == Q8K_Q4_1, five = kind == Q8K_Q5_0 || kind == Q8K_Q5_1;
+  /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
+   * odd chains, their sum shifted back exactly (one shift a block, not four) */
+  const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
@@ -903,21 +904,22 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
     for (int u = 0; u < U; u++)
       f[u] = vf_zero();
     for (int b = 0; b < B; b++) {
-      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + 32 + 4 * Q8_TL * h;
+      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
       if (pfe && h == 0 && blk + gb + Q8_PREFETCH_BYTES <= pfe) /* a fixed count: unrolled */
 #pragma GCC unroll 16
         for (size_t o = 0; o < gb; o += 64)
           _mm_prefetch((const char *)blk + Q8_PREFETCH_BYTES + o, _MM_HINT_T0);
       q8vi p[Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
-      for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs) */
-        p[u][0] = kind != Q8K_Q8_0 || Q8T_VNNI ? vi_set1_32(xt.o[u][b]) : vi_zero();
+      for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs; a min is added after) */
+        p[u][0] = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_VNNI) ? vi_set1_32(xt.o[u][b])
+                                                                   : vi_zero();
 #pragma GCC unroll 4
         for (int k = 1; k < CH; k++)
           p[u][k] = vi_zero();
       }
 #if !Q8T_VNNI
-      if (kind == Q8K_Q4_0) {
+      if (four) {
         /* vpmaddubsw's pairs of 15 x 127 summed in 16 bits: eight of them fit */
         __m256i s16[Q8_XU];
 #pragma GCC unroll 8
@@ -941,16 +943,16 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       } else
 #endif
           if (kind != Q8K_Q8_0) {
-        /* Q5_0: each quad register's fifth bits from its two planes (the
-         * low and the high nibbles'), this half's rows at 4 h */
-        const uint8_t *planes = blk + 32 + 256 + 4 * h;
+        /* Q5_0, Q5_1: each quad register's fifth bits from its two planes
+         * (the low and the high nibbles'), this half's rows at 4 h */
+        const uint8_t *planes = blk + hdr + 256 + 4 * h;
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
           const q8vi v = vi_load(qs + 64 * c);
           q8vi l = vi_and(v, vi_set1_8(0x0F)),
                hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
                         : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
-          if (kind == Q8K_Q5_0) {
+          if (five) {
             l = vi_or(l, vi_fifth(planes + 16 * c));
             hi = vi_or(hi, vi_fifth(planes + 16 * c + 8));
           }
@@ -979,13 +981,17 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #endif
         }
       }
-      const q8vf dw = vf_h16(blk + 2 * Q8_TL * h);
+      const q8vf dw = vf_h16(blk + 2 * Q8_TL * h),
+                 mw = kind_min(kind) ? vf_h16(blk + 32 + 2 * Q8_TL * h) : vf_zero();
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* the chains' sum: integers, exact in any order */
         const q8vi ev = CH > 2 ? vi_add(p[u][0], p[u][2]) : p[u][0],
                    od = CH > 2 ? vi_add(p[u][1], p[u][3]) : p[u][1];
         const q8vi sum = CH > 1 ? vi_add(ev, HIP ? vi_srai4(od) : od) : ev;
-        f[u] = vf_fma(vf_cvt(sum), vf_mul(dw, vf_set1(xt.d[u][b])), f[u]);
+        const q8vf dxb = vf_set1(xt.d[u][b]);
+        f[u] = vf_fma(vf_cvt(sum), vf_mul(dw, dxb), f[u]);
+        if (kind_min(kind)) /* the min times the block's input sum */
+          f[u] = vf_fma(vf_set1((float)xt.o[u][b]), vf_mul(mw, dxb), f[u]);
       }
     }
     xt_store(out, ldo, h, f, U, acc);
@@ -1306,6 +1312,8 @@ DEF_INT_DOT(q5_0, Q8K_Q5_0, 0)
 DEF_INT_DOT(q5_0x16, Q8K_Q5_0, 1)
 DEF_INT_DOT(q4_1, Q8K_Q4_1, 0)
 DEF_INT_DOT(q5_1, Q8K_Q5_1, 0)
+DEF_INT_DOT(q4_1x16, Q8K_Q4_1, 1)
+DEF_INT_DOT(q5_1x16, Q8K_Q5_1, 1)
 DEF_INT_DOT(q4_k, Q8K_Q4_K, 0)
 DEF_INT_DOT(q4_kx16, Q8K_Q4_K, 1)
 DEF_INT_DOT(q5_k, Q8K_Q5_K, 0)

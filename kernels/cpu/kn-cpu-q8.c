@@ -163,9 +163,10 @@ static void q8dot_min_ref(enum kn_dtype xdt, float *out, ptrdiff_t ldo, const ui
         float dw[8], m = 0.0f;
         const uint8_t *src = row; /* block bi of src is the row's block b */
         int bi = b;
-        if (kn_dtype_x16(xdt)) { /* the super-block alone: its sub-block b % 8 */
-          kn_x16_block(xdt, w, n, K, j, b >> 3, sbk);
-          src = sbk, bi = b & 7;
+        if (kn_dtype_x16(xdt)) { /* the (super-)block alone: its block b % per */
+          const int per = kn_block_elems(dt) / 32;
+          kn_x16_block(xdt, w, n, K, j, b / per, sbk);
+          src = sbk, bi = b % per;
         }
         weights(dt, src, bi, q, dw, &m);
         const uint8_t *xb = xr + (size_t)b * 34;
@@ -207,6 +208,8 @@ DEF_REF(q5_0, q8dot_int_ref, KN_DTYPE_Q5_0)
 DEF_REF(q5_0x16, q8dot_int_ref, KN_DTYPE_Q5_0_X16)
 DEF_REF(q4_kx16, q8dot_min_ref, KN_DTYPE_Q4_K_X16)
 DEF_REF(q5_kx16, q8dot_min_ref, KN_DTYPE_Q5_K_X16)
+DEF_REF(q4_1x16, q8dot_min_ref, KN_DTYPE_Q4_1_X16)
+DEF_REF(q5_1x16, q8dot_min_ref, KN_DTYPE_Q5_1_X16)
 DEF_REF(q6_kx16, q8dot_min_ref, KN_DTYPE_Q6_K_X16)
 DEF_REF(q4_1, q8dot_min_ref, KN_DTYPE_Q4_1)
 DEF_REF(q5_1, q8dot_min_ref, KN_DTYPE_Q5_1)

@@ -279,8 +279,7 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   for (int t = 0; t < T; t++)
     TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
   const int cut = N / 3 | 1; /* a rank's rows: [cut, N) */
-  /* Q8_0, Q4_0, Q5_0 and the K-quants as the q8 mode lays them out at load (16 rows
-   * side by side) */
+  /* the rows as the q8 mode lays them out at load (16 side by side) */
   uint8_t *xw = malloc(rb * N);
   enum kn_dtype xdt = dt;
   TH_REQUIRE(xw != NULL);
@@ -292,9 +291,7 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
     kn_backend_destroy(be);
   }
   const int x16 = kn_dtype_x16(xdt);
-  TH_CHECK(x16 == ((dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ||
-                    kn_block_elems(dt) == 256) &&
-                   N >= KN_X16_ROWS));
+  TH_CHECK(x16 == (N >= KN_X16_ROWS)); /* every block format has its layout */
   TH_CHECK(x16 == (memcmp(xw, w, rb * N) != 0));
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
     struct kn_backend *be = NULL;
@@ -451,6 +448,8 @@ TH_TEST(q8_mode_integer_dot_products) {
    * tokens (the inputs a sweep of X16 groups keeps in L2) */
   check_q8_mode(KN_DTYPE_Q4_0, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_0, 640, 40, 256);
+  check_q8_mode(KN_DTYPE_Q4_1, 640, 40, 256);
+  check_q8_mode(KN_DTYPE_Q5_1, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q8_0, 4096, 33, 100);
   check_q8_mode(KN_DTYPE_Q4_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_K, 768, 40, 256);
