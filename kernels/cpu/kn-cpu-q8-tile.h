@@ -8,11 +8,12 @@
  *
  * Every format sums one integer a 32-element block (a K-quant's sub-block),
  * kn-cpu-q8.c's definitions, with outputs side by side in the lanes. In the
- * layout the q8 mode gives Q8_0, Q4_0 and Q5_0 at load (16 rows side by side,
- * kn-quant.h's X16) the rows are, at every T (x16_tile); rows as a file has
- * them take tokens side by side (int_dot's tok_tile, from KN_CPU_Q8_TOKENS
- * tokens; not Q5_0) or rows gathered eight at a time (row_tile: a few tokens,
- * and Q5_0 at every T).
+ * layouts the q8 mode gives every block format at load (16 rows side by side,
+ * kn-quant.h's X16) the rows are, at every T (x16_tile; kx16_tile for Q4_K and
+ * Q5_K, q6x16_tile for Q6_K); rows as a file has them (a matrix of fewer than
+ * 16 rows, the last n % 16 of one, weights not prepared) take tokens side by
+ * side (int_dot's tok_tile, from KN_CPU_Q8_TOKENS tokens; not Q5_0) or rows
+ * gathered eight at a time (row_tile: a few tokens, and Q5_0 at every T).
  *
  * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
