@@ -869,6 +869,13 @@ static inline AI void xt_at(struct q8_xt *xt, const struct kn_cpu_q8_in *x, int 
   }
 }
 
+/* U accumulators f at zero. */
+Q8T_ATTR static inline AI void xt_zero(q8vf *f, int U) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++)
+    f[u] = vf_zero();
+}
+
 /* Row half h's U accumulators f into out (u * ldo apart), or added to it. */
 Q8T_ATTR static inline AI void xt_store(float *out, ptrdiff_t ldo, int h, const q8vf *f, int U,
                                         int acc) {
@@ -901,9 +908,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_XU];
-#pragma GCC unroll 8
-    for (int u = 0; u < U; u++)
-      f[u] = vf_zero();
+    xt_zero(f, U);
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
       if (pfe && h == 0 && blk + gb + Q8_PREFETCH_BYTES <= pfe) /* a fixed count: unrolled */
@@ -1029,9 +1034,7 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_KXU];
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++)
-      f[u] = vf_zero();
+    xt_zero(f, U);
     for (int s = 0; s < B / 8; s++) {
       const uint8_t *sb = g + (size_t)s * gb;
       const q8vf d = vf_h16(sb + 2 * Q8_TL * h), dm = vf_h16(sb + 32 + 2 * Q8_TL * h);
@@ -1121,9 +1124,7 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
 #pragma GCC unroll 2
   for (int rh = 0; rh < KN_X16_ROWS / Q8_TL; rh++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_6XU];
-#pragma GCC unroll 4
-    for (int u = 0; u < U; u++)
-      f[u] = vf_zero();
+    xt_zero(f, U);
     for (int s = 0; s < B / 8; s++) {
       const uint8_t *sb = g + (size_t)s * gb;
       const q8vf d = vf_h16(sb + 2 * Q8_TL * rh);
