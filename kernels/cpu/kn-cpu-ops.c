@@ -384,7 +384,7 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                                : rdt == KN_DTYPE_Q6_K ? 5
                                : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
                                                       : 0};
-  if ((dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0 || (mink && !kn_dtype_x16(dt))) &&
+  if (!kn_dtype_x16(dt) && (dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0 || mink) &&
       T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;
     if ((rc = grow_buf((void **)&ctx->xp, &ctx->xp_bytes, G * (xb + 2 * B * 4 * GS), 1))) return rc;

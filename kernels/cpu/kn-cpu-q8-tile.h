@@ -143,6 +143,17 @@ static inline AI void prefetch_to(const uint8_t **pf, const uint8_t *want, const
     _mm_prefetch((const char *)*pf, _MM_HINT_T0);
 }
 
+/* Asks for part k of n of the gb bytes of a group's block at blk,
+ * Q8_PREFETCH_BYTES ahead, a fixed count of lines (unrolled), where pfe is
+ * given and the block ahead ends by it (an X16 tile's first sweep). */
+static inline AI void prefetch_part(const uint8_t *blk, size_t gb, int k, int n,
+                                    const uint8_t *pfe) {
+  if (!pfe || blk + gb + Q8_PREFETCH_BYTES > pfe) return;
+#pragma GCC unroll 16
+  for (size_t o = 0; o < gb / n; o += 64)
+    _mm_prefetch((const char *)blk + Q8_PREFETCH_BYTES + gb / n * k + o, _MM_HINT_T0);
+}
+
 /* ---- one integer a block ------------------------------------------------------ */
 
 /* Several tokens: the tokens side by side in a register's lanes (struct
@@ -911,10 +922,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
     xt_zero(f, U);
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
-      if (pfe && h == 0 && blk + gb + Q8_PREFETCH_BYTES <= pfe) /* a fixed count: unrolled */
-#pragma GCC unroll 16
-        for (size_t o = 0; o < gb; o += 64)
-          _mm_prefetch((const char *)blk + Q8_PREFETCH_BYTES + o, _MM_HINT_T0);
+      prefetch_part(blk, gb, 0, 1, h == 0 ? pfe : NULL);
       q8vi p[Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs; a min is added after) */
@@ -1045,10 +1053,7 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
 #pragma GCC unroll 4
       for (int m = 0; m < 4; m++) { /* sub-blocks 2 m and 2 m + 1: a quarter of the bytes */
         const int b = 8 * s + 2 * m;
-        if (pfe && h == 0 && sb + gb + Q8_PREFETCH_BYTES <= pfe)
-#pragma GCC unroll 16
-          for (size_t o = 0; o < gb / 4; o += 64)
-            _mm_prefetch((const char *)sb + Q8_PREFETCH_BYTES + gb / 4 * m + o, _MM_HINT_T0);
+        prefetch_part(sb, gb, m, 4, h == 0 ? pfe : NULL);
         q8vi pl[Q8_KXU][2], ph[Q8_KXU][2];
 #pragma GCC unroll 4
         for (int u = 0; u < U; u++)
@@ -1136,11 +1141,7 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
         q8vi pend[Q8_6XU]; /* sub-block 4 hf + 2's integers, after 4 hf + 1's */
 #pragma GCC unroll 2
         for (int p = 0; p < 2; p++) {
-          if (pfe && rh == 0 && sb + gb + Q8_PREFETCH_BYTES <= pfe)
-#pragma GCC unroll 16
-            for (size_t o = 0; o < gb / 4; o += 64)
-              _mm_prefetch((const char *)sb + Q8_PREFETCH_BYTES + gb / 4 * (2 * hf + p) + o,
-                           _MM_HINT_T0);
+          prefetch_part(sb, gb, 2 * hf + p, 4, rh == 0 ? pfe : NULL);
           const int bl = 8 * s + 4 * hf + p, bh = bl + 2;
           q8vi a[Q8_6XU][2][2]; /* a token's [low, high nibbles' sub-block][its half] */
 #pragma GCC unroll 4

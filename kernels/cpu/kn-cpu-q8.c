@@ -163,9 +163,9 @@ static void q8dot_min_ref(enum kn_dtype xdt, float *out, ptrdiff_t ldo, const ui
         float dw[8], m = 0.0f;
         const uint8_t *src = row; /* block bi of src is the row's block b */
         int bi = b;
-        if (kn_dtype_x16(xdt)) { /* the (super-)block alone: its block b % per */
+        if (kn_dtype_x16(xdt)) { /* the (super-)block alone, once: its block b % per */
           const int per = kn_block_elems(dt) / 32;
-          kn_x16_block(xdt, w, n, K, j, b / per, sbk);
+          if (b % per == 0) kn_x16_block(xdt, w, n, K, j, b / per, sbk);
           src = sbk, bi = b % per;
         }
         weights(dt, src, bi, q, dw, &m);

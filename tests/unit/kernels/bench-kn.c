@@ -195,18 +195,21 @@ static void bench_q8(struct kn_backend *be, float *in, float *out, int head_only
   }
 }
 
+/* The block formats, as the q8 cases take them. */
+static const enum kn_dtype q8_formats[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0,
+                                           KN_DTYPE_Q4_1, KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,
+                                           KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+
 /* q8 formats: T = 1 against each block format as the mode lays it out, the
  * 1b's rows (K = 1152; 6912 for the K-quants' down projection too), a matrix
  * of 1024 rows (L2 after the first call) and one of 131072 (memory). */
 static void bench_formats(struct kn_backend *be, float *in, float *out) {
-  static const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0, KN_DTYPE_Q4_1,
-                                      KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
   static const int NK[][2] = {{1024, 1152}, {131072, 1152}, {256, 6912}, {16384, 6912}};
   float *wf = rand_weights(KN_DTYPE_F32, (size_t)16384 * 6912);
-  for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++)
+  for (size_t d = 0; d < sizeof(q8_formats) / sizeof(q8_formats[0]); d++)
     for (int m = 0; m < 4; m++) {
       const int N = NK[m][0], K = NK[m][1];
-      enum kn_dtype dt = dts[d];
+      enum kn_dtype dt = q8_formats[d];
       if (kn_block_elems(dt) > 0 && K % kn_block_elems(dt)) continue;
       const size_t rb = kn_row_bytes(dt, (size_t)K);
       uint8_t *w = quantized(dt, wf, 16384, N, K);
@@ -223,13 +226,10 @@ static void bench_formats(struct kn_backend *be, float *in, float *out) {
 /* q8 kernels: T = 1 and 4 against [256 x 2560] of each block format as the
  * mode lays it out, in L2: the fastest of 200 batches of 20 calls. */
 static void bench_kernels(struct kn_backend *be, float *in, float *out) {
-  static const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q5_0, KN_DTYPE_Q8_0,
-                                      KN_DTYPE_Q4_1, KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,
-                                      KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
   const int N = 256, K = 2560;
   float *wf = rand_weights(KN_DTYPE_F32, (size_t)N * K);
-  for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
-    enum kn_dtype dt = dts[d];
+  for (size_t d = 0; d < sizeof(q8_formats) / sizeof(q8_formats[0]); d++) {
+    enum kn_dtype dt = q8_formats[d];
     const size_t rb = kn_row_bytes(dt, (size_t)K);
     uint8_t *w = quantized(dt, wf, N, N, K);
     if (kn_weights_prepare(be, w, &dt, N, K)) exit(1);
