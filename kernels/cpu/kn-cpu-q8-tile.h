@@ -860,6 +860,10 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
  * products go to several chains, summed at the block's end. */
 #define Q8_CHAINS(U) (Q8T_VNNI ? ((U) == 1 ? 4 : (U) <= 4 ? 2 : 1) : 1)
 
+/* Tokens up to which an X16 tile loads a block's weights one block ahead
+ * (in registers: the loads' latency then overlaps the block before). */
+#define Q8_PIPE_U (Q8T_VNNI && Q8T_ZMM ? 4 : 0)
+
 /* The bytes of inputs a sweep of the X16 groups takes (L2). */
 #define Q8_XTOK_BYTES (192 * 1024)
 
@@ -916,14 +920,26 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
   /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
    * odd chains, their sum shifted back exactly (one shift a block, not four) */
   const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
+  const int NV = kind == Q8K_Q8_0 ? 8 : 4, PIPE = U <= Q8_PIPE_U && kind != Q8K_Q8_0;
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_XU];
     xt_zero(f, U);
+    q8vi nx[8]; /* PIPE: the next block's weight registers */
+    if (PIPE)
+#pragma GCC unroll 8
+      for (int c = 0; c < NV; c++)
+        nx[c] = vi_load(g + hdr + 4 * Q8_TL * h + 64 * c);
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
+      q8vi wv[8];
+      if (PIPE)
+#pragma GCC unroll 8
+        for (int c = 0; c < NV; c++)
+          wv[c] = nx[c], nx[c] = vi_load(qs + (b + 1 < B ? gb : 0) + 64 * c);
+#define WV(c) (PIPE ? wv[c] : vi_load(qs + 64 * (c)))
       prefetch_part(blk, gb, 0, 1, h == 0 ? pfe : NULL);
       q8vi p[Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
@@ -943,7 +959,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
           s16[u] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-          const __m256i v = vi_load(qs + 64 * c), l = vi_and(v, vi_set1_8(0x0F)),
+          const __m256i v = WV(c), l = vi_and(v, vi_set1_8(0x0F)),
                         hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
@@ -964,7 +980,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
         const uint8_t *planes = blk + hdr + 256 + 4 * h;
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-          const q8vi v = vi_load(qs + 64 * c);
+          const q8vi v = WV(c);
           q8vi l = vi_and(v, vi_set1_8(0x0F)),
                hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
                         : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
@@ -982,7 +998,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-          const q8vi v = vi_load(qs + 64 * c);
+          const q8vi v = WV(c);
 #if Q8T_VNNI
           const q8vi uw = vi_xor(v, vi_set1_8(0x80)); /* w + 128 unsigned */
 #pragma GCC unroll 8
@@ -1012,6 +1028,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
     }
     xt_store(out, ldo, h, f, U, acc);
   }
+#undef WV
 }
 
 /* Sub-block j's 6-bit scale (mn 0) or min (mn 1) of the lanes' rows, from
@@ -1039,12 +1056,18 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
   const size_t gb = KN_X16_ROWS * kind_bytes(kind);
   const int five = kind == Q8K_Q5_K, HIP = Q8T_VNNI && !five;
   const int CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
+  const int PIPE = U <= Q8_PIPE_U / 2; /* two accumulators a token: registers for two */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_KXU];
     xt_zero(f, U);
+    q8vi nx[8]; /* PIPE: the next sub-block pair's weight registers */
+    if (PIPE)
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; c++)
+        nx[c] = vi_load(g + 256 + 4 * Q8_TL * h + 64 * c);
     for (int s = 0; s < B / 8; s++) {
       const uint8_t *sb = g + (size_t)s * gb;
       const q8vf d = vf_h16(sb + 2 * Q8_TL * h), dm = vf_h16(sb + 32 + 2 * Q8_TL * h);
@@ -1063,9 +1086,16 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
           for (int k = 0; k < CH; k++)
             pl[u][k] = ph[u][k] = vi_zero();
         const uint8_t *qs = sb + 256 + 512 * m + 4 * Q8_TL * h;
+        q8vi wv[8];
+        if (PIPE) { /* the next pair: this super-block's, the next one's, or this one again */
+          const uint8_t *nq = m < 3 ? qs + 512 : s + 1 < B / 8 ? qs - 3 * 512 + gb : qs;
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; c++)
+            wv[c] = nx[c], nx[c] = vi_load(nq + 64 * c);
+        }
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-          const q8vi v = vi_load(qs + 64 * c);
+          const q8vi v = PIPE ? wv[c] : vi_load(qs + 64 * c);
           q8vi lo = vi_and(v, vi_set1_8(0x0F)),
                hi = HIP ? vi_and(v, vi_set1_8((char)0xF0)) : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
           if (five) { /* bit 2 m (2 m + 1) of each qh byte to bit 4 */
