@@ -1056,18 +1056,12 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
   const size_t gb = KN_X16_ROWS * kind_bytes(kind);
   const int five = kind == Q8K_Q5_K, HIP = Q8T_VNNI && !five;
   const int CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
-  const int PIPE = U <= Q8_PIPE_U / 2; /* two accumulators a token: registers for two */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_KXU];
     xt_zero(f, U);
-    q8vi nx[8]; /* PIPE: the next sub-block pair's weight registers */
-    if (PIPE)
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; c++)
-        nx[c] = vi_load(g + 256 + 4 * Q8_TL * h + 64 * c);
     for (int s = 0; s < B / 8; s++) {
       const uint8_t *sb = g + (size_t)s * gb;
       const q8vf d = vf_h16(sb + 2 * Q8_TL * h), dm = vf_h16(sb + 32 + 2 * Q8_TL * h);
@@ -1086,16 +1080,9 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
           for (int k = 0; k < CH; k++)
             pl[u][k] = ph[u][k] = vi_zero();
         const uint8_t *qs = sb + 256 + 512 * m + 4 * Q8_TL * h;
-        q8vi wv[8];
-        if (PIPE) { /* the next pair: this super-block's, the next one's, or this one again */
-          const uint8_t *nq = m < 3 ? qs + 512 : s + 1 < B / 8 ? qs - 3 * 512 + gb : qs;
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; c++)
-            wv[c] = nx[c], nx[c] = vi_load(nq + 64 * c);
-        }
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-          const q8vi v = PIPE ? wv[c] : vi_load(qs + 64 * c);
+          const q8vi v = vi_load(qs + 64 * c);
           q8vi lo = vi_and(v, vi_set1_8(0x0F)),
                hi = HIP ? vi_and(v, vi_set1_8((char)0xF0)) : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
           if (five) { /* bit 2 m (2 m + 1) of each qh byte to bit 4 */
