@@ -920,24 +920,24 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
   /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
    * odd chains, their sum shifted back exactly (one shift a block, not four) */
   const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
-  const int NV = kind == Q8K_Q8_0 ? 8 : 4, PIPE = U <= Q8_PIPE_U && kind != Q8K_Q8_0;
+  const int PIPE = U <= Q8_PIPE_U && kind != Q8K_Q8_0; /* Q8_0: 8 registers more, no gain */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[Q8_XU];
     xt_zero(f, U);
-    q8vi nx[8]; /* PIPE: the next block's weight registers */
+    q8vi nx[4]; /* PIPE: the next block's weight registers */
     if (PIPE)
-#pragma GCC unroll 8
-      for (int c = 0; c < NV; c++)
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++)
         nx[c] = vi_load(g + hdr + 4 * Q8_TL * h + 64 * c);
     for (int b = 0; b < B; b++) {
       const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
-      q8vi wv[8];
+      q8vi wv[4];
       if (PIPE)
-#pragma GCC unroll 8
-        for (int c = 0; c < NV; c++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
           wv[c] = nx[c], nx[c] = vi_load(qs + (b + 1 < B ? gb : 0) + 64 * c);
 #define WV(c) (PIPE ? wv[c] : vi_load(qs + 64 * (c)))
       prefetch_part(blk, gb, 0, 1, h == 0 ? pfe : NULL);
