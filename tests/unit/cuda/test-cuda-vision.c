@@ -14,6 +14,7 @@
 #include "kernels/kn-backend.h"
 #include "tests/harness/th.h"
 #include "tests/unit/cuda/cuda-test-util.h"
+#include "tests/unit/worker/wk-test-util.h"
 #include "tools/tl-tiny-spec.h"
 #include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
@@ -129,14 +130,8 @@ TH_TEST(cuda_vision_encode) {
   struct ct_env e;
   ct_open(&e, 24);
   char dir[4096], err[512] = "";
-  const char *t = getenv("TMPDIR");
-  snprintf(dir, sizeof(dir), "%s/lmserve-cuda-vision-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(dir));
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
-  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(tl_tiny_write(&s, dir, 3, MD_ST_F32) == 0);
-  tl_tiny_spec_free(&s);
+  wkt_make_tiny(dir, sizeof(dir), &o, 3, MD_ST_F32);
   struct wk_vision *vc = NULL, *vg = NULL;
   struct wk_vision_opts vo = {.max_images = 2};
   TH_REQUIRE(wk_vision_load(dir, e.cpu, &vo, &vc, err, sizeof(err)) == 0);
@@ -227,14 +222,8 @@ TH_TEST(cuda_gemma4_vision_encode) {
   struct ct_env e;
   ct_open(&e, 26);
   char dir[4096], err[512] = "";
-  const char *t = getenv("TMPDIR");
-  snprintf(dir, sizeof(dir), "%s/lmserve-cuda-vision-XXXXXX", t && *t ? t : "/tmp");
-  TH_REQUIRE(mkdtemp(dir));
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512, .vision = 1};
-  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(tl_tiny_write(&s, dir, 3, MD_ST_F32) == 0);
-  tl_tiny_spec_free(&s);
+  wkt_make_tiny(dir, sizeof(dir), &o, 3, MD_ST_F32);
   struct wk_vision_g4 *vc = NULL, *vg = NULL;
   TH_REQUIRE(wk_vision_g4_load(dir, e.cpu, NULL, &vc, err, sizeof(err)) == 0);
   TH_REQUIRE(wk_vision_g4_load(dir, e.gpu, NULL, &vg, err, sizeof(err)) == 0);

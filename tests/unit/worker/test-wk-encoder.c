@@ -30,13 +30,9 @@ struct fixture {
 };
 
 static void setup(struct fixture *f) {
-  TH_REQUIRE(wkt_tmpdir(f->dir, sizeof(f->dir)) == 0);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
+  wkt_make_tiny(f->dir, sizeof(f->dir), &o, 5, MD_ST_F32);
   char err[256] = "";
-  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(tl_tiny_write(&s, f->dir, 5, MD_ST_F32) == 0);
-  tl_tiny_spec_free(&s);
   TH_REQUIRE(kn_cpu_backend_create(1, &f->be) == 0);
   TH_REQUIRE(wk_vision_load(f->dir, f->be, NULL, &f->v, err, sizeof(err)) == 0);
   uint32_t x = 99;

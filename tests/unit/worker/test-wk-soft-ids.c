@@ -44,12 +44,8 @@ static void logits_of(struct wk_model *m, const int32_t *ids, const float *rows,
 
 TH_TEST(soft_token_ids_do_not_matter_under_their_rows) {
   char dir[4096], err[512] = "";
-  TH_REQUIRE(wkt_tmpdir(dir, sizeof(dir)) == 0);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = 512};
-  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(tl_tiny_write(&s, dir, 5, MD_ST_F32) == 0);
-  tl_tiny_spec_free(&s);
+  wkt_make_tiny(dir, sizeof(dir), &o, 5, MD_ST_F32);
   struct kn_backend *be = wkt_cpu_backend(2);
   struct wk_model_opts mo = {
       .max_batch_tokens = T, .max_seqs = 1, .kv_tokens = 64, .kv_dtype = 1, .quiet = 1};

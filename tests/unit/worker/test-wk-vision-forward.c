@@ -102,17 +102,10 @@ static void setup(struct fx *f, int window, int need_python) {
   memset(f, 0, sizeof(*f));
   f->python =
       need_python ? th_require_numpy("the image prompt's logits", "gemma3_mm_ref.py") : NULL;
-  TH_REQUIRE(wkt_tmpdir(f->dir, sizeof(f->dir)) == 0);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {
       .arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1, .sliding_window = window};
+  wkt_make_tiny(f->dir, sizeof(f->dir), &o, 12, MD_ST_F32);
   char err[512] = "";
-  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
-    th_stop();
-  }
-  TH_REQUIRE(tl_tiny_write(&s, f->dir, 12, MD_ST_F32) == 0);
-  tl_tiny_spec_free(&s);
   TH_REQUIRE(kn_cpu_backend_create(2, &f->be) == 0 && f->be);
   struct wk_model_opts mo = {
       .max_batch_tokens = MAX_T, .max_seqs = 2, .kv_tokens = 1024, .kv_dtype = 1, .quiet = 1};

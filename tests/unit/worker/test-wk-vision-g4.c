@@ -27,16 +27,8 @@
 
 /* A generated Gemma 4 multimodal checkpoint (weights of dtype dt) in a new directory. */
 static void make_model(char *dir, size_t n, int vocab, enum md_st_dtype dt) {
-  TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma4", .preset = "tiny", .vocab = vocab, .vision = 1};
-  char err[256] = "";
-  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
-    th_stop();
-  }
-  TH_REQUIRE(tl_tiny_write(&s, dir, 11, dt) == 0);
-  tl_tiny_spec_free(&s);
+  wkt_make_tiny(dir, n, &o, 11, dt);
 }
 
 TH_TEST(tiny_gemma4_vision_checkpoint_loads) {
@@ -66,11 +58,7 @@ TH_TEST(tiny_gemma4_vision_checkpoint_loads) {
   TH_CHECK_EQ_INT(v->image_id, 258880);
   free(c);
   struct kn_backend *be = wkt_cpu_backend(2);
-  struct wk_model *m = NULL; /* the text model reads model.language_model.* */
-  struct wk_model_opts mo = {.max_batch_tokens = 32, .max_seqs = 2, .kv_tokens = 64, .quiet = 1};
-  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err)))
-    th_fail(__FILE__, __LINE__, "text model: %s", err);
-  wk_model_free(m);
+  wkt_check_text_model(dir, be);
   struct wk_vision_g4 *t = NULL;
   if (wk_vision_g4_load(dir, be, NULL, &t, err, sizeof(err)))
     th_fail(__FILE__, __LINE__, "vision tower: %s", err);

@@ -150,16 +150,8 @@ TH_TEST(vision_config_refuses_bad_shapes) {
 
 /* A generated multimodal checkpoint (weights of dtype dt) in a new directory. */
 static void make_vision_model_dt(char *dir, size_t n, int vocab, enum md_st_dtype dt) {
-  TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = vocab, .vision = 1};
-  char err[256] = "";
-  if (tl_tiny_spec_build(&s, &o, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
-    th_stop();
-  }
-  TH_REQUIRE(tl_tiny_write(&s, dir, 7, dt) == 0);
-  tl_tiny_spec_free(&s);
+  wkt_make_tiny(dir, n, &o, 7, dt);
 }
 
 static void make_vision_model(char *dir, size_t n, int vocab) {
@@ -184,12 +176,7 @@ TH_TEST(tiny_vision_checkpoint_loads) {
   TH_CHECK_EQ_INT(c->vision.pre.width, 64);
   free(c);
   struct kn_backend *be = wkt_cpu_backend(2);
-  /* the text model reads model.language_model.* */
-  struct wk_model *m = NULL;
-  struct wk_model_opts mo = {.max_batch_tokens = 32, .max_seqs = 2, .kv_tokens = 64, .quiet = 1};
-  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err)))
-    th_fail(__FILE__, __LINE__, "text model: %s", err);
-  wk_model_free(m);
+  wkt_check_text_model(dir, be);
   struct wk_vision *v = NULL;
   if (wk_vision_load(dir, be, NULL, &v, err, sizeof(err)))
     th_fail(__FILE__, __LINE__, "vision tower: %s", err);
@@ -294,14 +281,8 @@ TH_TEST(vision_encode_rejects_bad_arguments) {
   /* a tower whose projector is missing is refused by name */
   char path[4200];
   snprintf(path, sizeof(path), "%s/config.json", dir);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 512, .vision = 1};
-  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  for (int i = 0; i < s.n_tensors; i++)
-    if (strstr(s.tensors[i].name, "mm_input_projection_weight"))
-      snprintf(s.tensors[i].name, sizeof(s.tensors[i].name), "renamed.weight");
-  TH_REQUIRE(tl_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
-  tl_tiny_spec_free(&s);
+  wkt_write_without(dir, &o, "mm_input_projection_weight", 7, MD_ST_BF16);
   TH_CHECK_EQ_INT(wk_vision_load(dir, be, NULL, &v, err, sizeof(err)), CM_ERR_NOENT);
   TH_CHECK(strstr(err, "mm_input_projection_weight") != NULL);
   TH_CHECK(v == NULL);

@@ -72,6 +72,34 @@ static inline int wkt_make_preset(char *dir, size_t n, const char *arch, const c
   return rc;
 }
 
+/* Writes the checkpoint tl_tiny builds from o (weights of dtype dt, values from
+ * seed) into a new directory, its path in dir[n]; the test stops, saying why,
+ * if it cannot. */
+static inline void wkt_make_tiny(char *dir, size_t n, const struct tl_tiny_opts *o, uint64_t seed,
+                                 enum md_st_dtype dt) {
+  TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
+  struct tl_tiny_spec s;
+  char err[256] = "";
+  if (tl_tiny_spec_build(&s, o, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "tiny spec: %s", err);
+    th_stop();
+  }
+  TH_REQUIRE(tl_tiny_write(&s, dir, seed, dt) == 0);
+  tl_tiny_spec_free(&s);
+}
+
+/* Fails the test (at file:line) unless the text model of the multimodal
+ * checkpoint in dir loads on be: it reads model.language_model.*. */
+static inline void wkt_check_text_model_at(const char *file, int line, const char *dir,
+                                           struct kn_backend *be) {
+  char err[512] = "";
+  struct wk_model *m = NULL;
+  struct wk_model_opts mo = {.max_batch_tokens = 32, .max_seqs = 2, .kv_tokens = 64, .quiet = 1};
+  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) th_fail(file, line, "text model: %s", err);
+  wk_model_free(m);
+}
+#define wkt_check_text_model(dir, be) wkt_check_text_model_at(__FILE__, __LINE__, (dir), (be))
+
 /* wkt_make_preset with the tiny preset. */
 static inline int wkt_make_model(char *dir, size_t n, const char *arch, int moe, int window,
                                  enum md_st_dtype dt, uint64_t seed) {
