@@ -145,6 +145,19 @@ void ct_out_check_at(const char *file, int line, struct ct_env *e, struct ct_out
   o->ref = o->got = o->dev = NULL;
 }
 
+void ct_in_init(struct ct_env *e, struct ct_in *in, size_t n, float amp) {
+  in->host = malloc((n ? n : 1) * sizeof(float));
+  TH_REQUIRE(in->host != NULL);
+  ct_fill(e, in->host, n, amp);
+  in->dev = ct_up(e, in->host, n * sizeof(float));
+}
+
+void ct_in_free(struct ct_env *e, struct ct_in *in) {
+  kn_free(e->gpu, in->dev);
+  free(in->host);
+  in->host = in->dev = NULL;
+}
+
 void ct_gemm_init(struct ct_env *e, struct ct_gemm *g, enum kn_dtype dt, size_t n_in, float amp,
                   size_t n_w) {
   g->in = malloc(n_in * sizeof(float));

@@ -59,6 +59,13 @@ void ct_out_check_at(const char *file, int line, struct ct_env *e, struct ct_out
 #define ct_out_check(e, o, rows, cols, ld, tol, ...)                                               \
   ct_out_check_at(__FILE__, __LINE__, (e), (o), (rows), (cols), (ld), (tol), __VA_ARGS__)
 
+/* An op's input: n floats in [-amp, amp) on the host and their device copy. */
+struct ct_in {
+  float *host, *dev;
+};
+void ct_in_init(struct ct_env *e, struct ct_in *in, size_t n, float amp);
+void ct_in_free(struct ct_env *e, struct ct_in *in);
+
 /* A matmul's operands, on the host and uploaded: n_in floats of input in [-amp, amp)
  * (filled first) and n_w weights of type dt in [-1, 1). */
 struct ct_gemm {

@@ -361,17 +361,14 @@ TH_TEST(cuda_copy_rows) {
     int rows = cases[ci][0], cols = cases[ci][1];
     ptrdiff_t ldd = cases[ci][2], lds = cases[ci][3];
     size_t td = (size_t)(rows - 1) * ldd + cols, ts = (size_t)(rows - 1) * lds + cols;
-    float *src = malloc(ts * sizeof(float));
-    TH_REQUIRE(src);
-    ct_fill(&e, src, ts, 10.0f);
+    struct ct_in src;
+    ct_in_init(&e, &src, ts, 10.0f);
     struct ct_out o;
     ct_out_init(&e, &o, td, 0);
-    float *s_d = ct_up(&e, src, ts * sizeof(float));
-    TH_CHECK(kn_copy_rows(e.cpu, o.ref, ldd, src, lds, rows, cols) == 0);
-    TH_CHECK(kn_copy_rows(e.gpu, o.dev, ldd, s_d, lds, rows, cols) == 0);
+    TH_CHECK(kn_copy_rows(e.cpu, o.ref, ldd, src.host, lds, rows, cols) == 0);
+    TH_CHECK(kn_copy_rows(e.gpu, o.dev, ldd, src.dev, lds, rows, cols) == 0);
     ct_out_check(&e, &o, rows, cols, rows == 1 ? cols : ldd, 0.0, "copy_rows");
-    kn_free(e.gpu, s_d);
-    free(src);
+    ct_in_free(&e, &src);
   }
   ct_close(&e);
 }

@@ -79,16 +79,15 @@ TH_TEST(cuda_block_matmul_matches_cpu) {
       const enum kn_dtype dt = k_fmts[f];
       const int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2] * kn_block_elems(dt);
       const ptrdiff_t ldi = K + 5; /* rows at odd offsets */
-      float *in = malloc(sizeof(float) * (size_t)T * ldi);
-      TH_REQUIRE(in);
-      ct_fill(&e, in, (size_t)T * ldi, 3.0f);
+      struct ct_in in;
+      ct_in_init(&e, &in, (size_t)T * ldi, 3.0f);
       uint8_t *w = q_weights(&e, dt, N, K);
-      float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * ldi);
       void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)K) * (size_t)N);
       for (int acc = 0; acc < 2; acc++)
-        matmul_case(&e, dt, in, in_d, ldi, w, w_d, T, N, K, acc, "matmul");
-      kn_free(e.gpu, in_d), kn_free(e.gpu, w_d);
-      free(in), free(w);
+        matmul_case(&e, dt, in.host, in.dev, ldi, w, w_d, T, N, K, acc, "matmul");
+      ct_in_free(&e, &in);
+      kn_free(e.gpu, w_d);
+      free(w);
     }
   ct_close(&e);
 }
@@ -100,19 +99,16 @@ TH_TEST(cuda_block_matmul_over_several_tiles) {
   ct_open(&e, 73);
   const int T = 40, N = 8192 + 8192 / 2 + 37, K = 4096;
   const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q6_K};
-  float *in = malloc(sizeof(float) * (size_t)T * K);
-  TH_REQUIRE(in);
-  ct_fill(&e, in, (size_t)T * K, 3.0f);
-  float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
+  struct ct_in in;
+  ct_in_init(&e, &in, (size_t)T * K, 3.0f);
   for (size_t i = 0; i < 2; i++) {
     uint8_t *w = q_weights(&e, dts[i], N, K);
     void *w_d = ct_up(&e, w, kn_row_bytes(dts[i], (size_t)K) * (size_t)N);
-    matmul_case(&e, dts[i], in, in_d, K, w, w_d, T, N, K, 0, "tiles");
+    matmul_case(&e, dts[i], in.host, in.dev, K, w, w_d, T, N, K, 0, "tiles");
     kn_free(e.gpu, w_d);
     free(w);
   }
-  kn_free(e.gpu, in_d);
-  free(in);
+  ct_in_free(&e, &in);
   ct_close(&e);
 }
 
@@ -129,35 +125,34 @@ TH_TEST(cuda_block_tensor_parallel_cuts) {
       const enum kn_dtype dt = k_fmts[f];
       const int T = Ts[ti], N = 83, nb = 4, K = nb * kn_block_elems(dt), Kh = K / 2, r0 = 7;
       const size_t rb = kn_row_bytes(dt, (size_t)K), hb = rb / 2;
-      float *in = malloc(sizeof(float) * (size_t)T * K);
-      TH_REQUIRE(in);
-      ct_fill(&e, in, (size_t)T * K, 3.0f);
+      struct ct_in in;
+      ct_in_init(&e, &in, (size_t)T * K, 3.0f);
       uint8_t *w = q_weights(&e, dt, N, K), *halves = malloc(rb * (size_t)N);
       TH_REQUIRE(halves);
       for (int n = 0; n < N; n++) { /* rank 0's half rows, then rank 1's */
         memcpy(halves + (size_t)n * hb, w + (size_t)n * rb, hb);
         memcpy(halves + (size_t)N * hb + (size_t)n * hb, w + (size_t)n * rb + hb, hb);
       }
-      float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
       void *w_d = ct_up(&e, w, rb * (size_t)N), *h_d = ct_up(&e, halves, rb * (size_t)N);
       struct ct_out o;
       ct_out_init(&e, &o, (size_t)T * N, 0.0f);
-      TH_CHECK(kn_matmul(e.cpu, o.ref, N, in, K, w, dt, T, N, K, 0) == 0);
-      TH_CHECK(kn_matmul(e.gpu, o.dev, N, in_d, K, h_d, dt, T, N, Kh, 0) == 0);
-      TH_CHECK(kn_matmul(e.gpu, o.dev, N, in_d + Kh, K, (char *)h_d + (size_t)N * hb, dt, T, N, Kh,
-                         1) == 0);
+      TH_CHECK(kn_matmul(e.cpu, o.ref, N, in.host, K, w, dt, T, N, K, 0) == 0);
+      TH_CHECK(kn_matmul(e.gpu, o.dev, N, in.dev, K, h_d, dt, T, N, Kh, 0) == 0);
+      TH_CHECK(kn_matmul(e.gpu, o.dev, N, in.dev + Kh, K, (char *)h_d + (size_t)N * hb, dt, T, N,
+                         Kh, 1) == 0);
       ct_out_check(&e, &o, T, N, N, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
                    "%s column cut T=%d", kn_dtype_name(dt), T);
       /* rows [r0, N) of the same product, written at their columns */
       ct_out_init(&e, &o, (size_t)T * N, 0.0f);
-      TH_CHECK(kn_matmul(e.cpu, o.ref + r0, N, in, K, w + (size_t)r0 * rb, dt, T, N - r0, K, 0) ==
-               0);
-      TH_CHECK(kn_matmul(e.gpu, o.dev + r0, N, in_d, K, (char *)w_d + (size_t)r0 * rb, dt, T,
+      TH_CHECK(kn_matmul(e.cpu, o.ref + r0, N, in.host, K, w + (size_t)r0 * rb, dt, T, N - r0, K,
+                         0) == 0);
+      TH_CHECK(kn_matmul(e.gpu, o.dev + r0, N, in.dev, K, (char *)w_d + (size_t)r0 * rb, dt, T,
                          N - r0, K, 0) == 0);
       ct_out_check(&e, &o, T, N - r0, N, T <= KN_CUDA_QGEMV_T ? TOL_GEMV : TOL_TILE,
                    "%s row cut T=%d", kn_dtype_name(dt), T);
-      kn_free(e.gpu, in_d), kn_free(e.gpu, w_d), kn_free(e.gpu, h_d);
-      free(in), free(w), free(halves);
+      ct_in_free(&e, &in);
+      kn_free(e.gpu, w_d), kn_free(e.gpu, h_d);
+      free(w), free(halves);
     }
   ct_close(&e);
 }
@@ -175,19 +170,18 @@ TH_TEST(cuda_block_head_matches_cpu) {
         const enum kn_dtype dt = k_fmts[f];
         const int T = Ts[ti], N = 2999, K = 2 * kn_block_elems(dt);
         const float cap = c ? 30.0f : 0.0f;
-        float *in = malloc(sizeof(float) * (size_t)T * K);
         float *ref = malloc(sizeof(float) * (size_t)T * N), *scratch = ct_sentinel((size_t)T * N);
-        TH_REQUIRE(in && ref);
-        ct_fill(&e, in, (size_t)T * K, 3.0f);
+        TH_REQUIRE(ref);
+        struct ct_in in;
+        ct_in_init(&e, &in, (size_t)T * K, 3.0f);
         uint8_t *w = q_weights(&e, dt, N, K);
-        float *in_d = ct_up(&e, in, sizeof(float) * (size_t)T * K);
         void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)K) * (size_t)N);
         float *s_d = ct_up(&e, scratch, sizeof(float) * (size_t)T * N);
         int32_t ids[40];
         float maxv[40];
-        TH_CHECK((c ? kn_matmul_softcap(e.cpu, ref, N, in, K, w, dt, T, N, K, cap)
-                    : kn_matmul(e.cpu, ref, N, in, K, w, dt, T, N, K, 0)) == 0);
-        TH_CHECK(kn_matmul_argmax(e.gpu, ids, maxv, in_d, K, w_d, dt, T, N, K, cap, s_d) == 0);
+        TH_CHECK((c ? kn_matmul_softcap(e.cpu, ref, N, in.host, K, w, dt, T, N, K, cap)
+                    : kn_matmul(e.cpu, ref, N, in.host, K, w, dt, T, N, K, 0)) == 0);
+        TH_CHECK(kn_matmul_argmax(e.gpu, ids, maxv, in.dev, K, w_d, dt, T, N, K, cap, s_d) == 0);
         for (int t = 0; t < T; t++) {
           const float *r = ref + (size_t)t * N;
           float best = r[0], lo = r[0];
@@ -199,8 +193,9 @@ TH_TEST(cuda_block_head_matches_cpu) {
             th_fail(__FILE__, __LINE__, "%s head T=%d cap=%g row %d: id %d max %g, CPU's best %g",
                     kn_dtype_name(dt), T, cap, t, (int)ids[t], maxv[t], best);
         }
-        kn_free(e.gpu, in_d), kn_free(e.gpu, w_d), kn_free(e.gpu, s_d);
-        free(in), free(ref), free(scratch), free(w);
+        ct_in_free(&e, &in);
+        kn_free(e.gpu, w_d), kn_free(e.gpu, s_d);
+        free(ref), free(scratch), free(w);
       }
   ct_close(&e);
 }

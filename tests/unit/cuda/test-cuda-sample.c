@@ -261,10 +261,8 @@ TH_TEST(cuda_sample_seeded_reproducible) {
   struct ct_env e;
   ct_open(&e, 25);
   enum { T = 24, V = 5000 };
-  float *x = malloc(sizeof(float) * T * V);
-  TH_REQUIRE(x);
-  ct_fill(&e, x, (size_t)T * V, 4.0f);
-  float *x_d = ct_up(&e, x, sizeof(float) * T * V);
+  struct ct_in x;
+  ct_in_init(&e, &x, (size_t)T * V, 4.0f);
   struct kn_sample_params p[T];
   struct kn_sample_out a[T], b[T], one;
   for (int t = 0; t < T; t++) {
@@ -276,20 +274,19 @@ TH_TEST(cuda_sample_seeded_reproducible) {
     p[t].seed = 77 + (uint64_t)t;
     p[t].counter = 12;
   }
-  TH_REQUIRE(kn_sample(e.gpu, a, x_d, V, T, V, p) == 0);
-  TH_REQUIRE(kn_sample(e.gpu, b, x_d, V, T, V, p) == 0);
+  TH_REQUIRE(kn_sample(e.gpu, a, x.dev, V, T, V, p) == 0);
+  TH_REQUIRE(kn_sample(e.gpu, b, x.dev, V, T, V, p) == 0);
   int moved = 0;
   for (int t = 0; t < T; t++) {
     TH_CHECK_EQ_INT(b[t].token, a[t].token);
-    TH_REQUIRE(kn_sample(e.gpu, &one, x_d + (size_t)t * V, V, 1, V, &p[t]) == 0);
+    TH_REQUIRE(kn_sample(e.gpu, &one, x.dev + (size_t)t * V, V, 1, V, &p[t]) == 0);
     TH_CHECK_EQ_INT(one.token, a[t].token); /* alone = batched */
     p[t].counter++;
-    TH_REQUIRE(kn_sample(e.gpu, &one, x_d + (size_t)t * V, V, 1, V, &p[t]) == 0);
+    TH_REQUIRE(kn_sample(e.gpu, &one, x.dev + (size_t)t * V, V, 1, V, &p[t]) == 0);
     moved += one.token != a[t].token;
   }
   TH_CHECK(moved > 0); /* the counter changes the draws */
-  kn_free(e.gpu, x_d);
-  free(x);
+  ct_in_free(&e, &x);
   ct_close(&e);
 }
 

@@ -77,23 +77,20 @@ TH_TEST(cuda_bias_act) {
           int T = Ts[ti], N = Ns[ni];
           ptrdiff_t ldx = N + 2, ldo = N + 5;
           size_t tx = (size_t)T * ldx, to = (size_t)T * ldo;
-          float *x = malloc(tx * sizeof(float)), *bias = malloc((size_t)N * sizeof(float));
-          TH_REQUIRE(x && bias);
-          ct_fill(&e, x, tx, 4.0f);
-          ct_fill(&e, bias, (size_t)N, 1.0f);
+          struct ct_in x, bias;
+          ct_in_init(&e, &x, tx, 4.0f);
+          ct_in_init(&e, &bias, (size_t)N, 1.0f);
           struct ct_out o;
           ct_out_init(&e, &o, to, 0);
-          float *x_d = ct_up(&e, x, tx * sizeof(float));
-          float *b_d = with_bias ? ct_up(&e, bias, (size_t)N * sizeof(float)) : NULL;
           enum kn_act a = act ? KN_ACT_GELU_TANH : KN_ACT_NONE;
-          TH_CHECK(kn_bias_act(e.gpu, o.dev, ldo, x_d, ldx, b_d, T, N, a) == 0);
-          TH_CHECK(kn_bias_act(e.cpu, o.ref, ldo, x, ldx, with_bias ? bias : NULL, T, N, a) == 0);
+          TH_CHECK(kn_bias_act(e.gpu, o.dev, ldo, x.dev, ldx, with_bias ? bias.dev : NULL, T, N,
+                               a) == 0);
+          TH_CHECK(kn_bias_act(e.cpu, o.ref, ldo, x.host, ldx, with_bias ? bias.host : NULL, T, N,
+                               a) == 0);
           ct_out_check(&e, &o, T, N, ldo, 1e-10, "bias_act act=%d bias=%d T=%d N=%d", act,
                        with_bias, T, N);
-          kn_free(e.gpu, x_d);
-          kn_free(e.gpu, b_d);
-          free(x);
-          free(bias);
+          ct_in_free(&e, &x);
+          ct_in_free(&e, &bias);
         }
   ct_close(&e);
 }
@@ -109,18 +106,15 @@ TH_TEST(cuda_avg_pool2d) {
     int os = side / k, in_rows = n * side * side, out_rows = n * os * os;
     ptrdiff_t ldx = C + 1, ldo = C + 3;
     size_t tx = (size_t)in_rows * ldx, to = (size_t)out_rows * ldo;
-    float *x = malloc(tx * sizeof(float));
-    TH_REQUIRE(x);
-    ct_fill(&e, x, tx, 2.0f);
+    struct ct_in x;
+    ct_in_init(&e, &x, tx, 2.0f);
     struct ct_out o;
     ct_out_init(&e, &o, to, 0);
-    float *x_d = ct_up(&e, x, tx * sizeof(float));
-    TH_CHECK(kn_avg_pool2d(e.gpu, o.dev, ldo, x_d, ldx, n, side, k, C) == 0);
-    TH_CHECK(kn_avg_pool2d(e.cpu, o.ref, ldo, x, ldx, n, side, k, C) == 0);
+    TH_CHECK(kn_avg_pool2d(e.gpu, o.dev, ldo, x.dev, ldx, n, side, k, C) == 0);
+    TH_CHECK(kn_avg_pool2d(e.cpu, o.ref, ldo, x.host, ldx, n, side, k, C) == 0);
     ct_out_check(&e, &o, out_rows, C, ldo, 1e-10, "avg_pool2d n=%d side=%d k=%d C=%d", n, side, k,
                  C);
-    kn_free(e.gpu, x_d);
-    free(x);
+    ct_in_free(&e, &x);
   }
   ct_close(&e);
 }
@@ -162,17 +156,14 @@ TH_TEST(cuda_gemma4_vision_ops) {
   ct_open(&e, 25);
   /* clamp: several bounds, in place */
   size_t n = 100003;
-  float *x = malloc(n * sizeof(float));
-  TH_REQUIRE(x);
-  ct_fill(&e, x, n, 4.0f);
-  float *x_d = ct_up(&e, x, n * sizeof(float));
+  struct ct_in x;
+  ct_in_init(&e, &x, n, 4.0f);
   struct ct_out o;
   ct_out_init(&e, &o, n, 0);
-  TH_CHECK(kn_clamp(e.gpu, o.dev, x_d, -1.5f, 2.25f, n) == 0);
-  TH_CHECK(kn_clamp(e.cpu, o.ref, x, -1.5f, 2.25f, n) == 0);
+  TH_CHECK(kn_clamp(e.gpu, o.dev, x.dev, -1.5f, 2.25f, n) == 0);
+  TH_CHECK(kn_clamp(e.cpu, o.ref, x.host, -1.5f, 2.25f, n) == 0);
   ct_out_check(&e, &o, 1, (int)n, (ptrdiff_t)n, 0.0, "clamp n=%zu", n);
-  kn_free(e.gpu, x_d);
-  free(x);
+  ct_in_free(&e, &x);
   /* pooling of rectangular grids: gw, gh, k, C */
   static const int cases[][4] = {{27, 21, 3, 768}, {9, 63, 3, 32}, {3, 3, 3, 300}, {4, 2, 1, 7}};
   for (size_t ci = 0; ci < CM_ARRAY_LEN(cases); ci++) {
@@ -180,39 +171,30 @@ TH_TEST(cuda_gemma4_vision_ops) {
     int in_rows = gw * gh, out_rows = (gw / k) * (gh / k);
     ptrdiff_t ldx = C + 1, ldo = C + 3;
     size_t tx = (size_t)in_rows * ldx, to = (size_t)out_rows * ldo;
-    float *g = malloc(tx * sizeof(float));
-    TH_REQUIRE(g);
-    ct_fill(&e, g, tx, 2.0f);
-    float *g_d = ct_up(&e, g, tx * sizeof(float));
+    struct ct_in g;
+    ct_in_init(&e, &g, tx, 2.0f);
     struct ct_out p;
     ct_out_init(&e, &p, to, 0);
-    TH_CHECK(kn_avg_pool_grid(e.gpu, p.dev, ldo, g_d, ldx, gw, gh, k, C, 27.7128f) == 0);
-    TH_CHECK(kn_avg_pool_grid(e.cpu, p.ref, ldo, g, ldx, gw, gh, k, C, 27.7128f) == 0);
+    TH_CHECK(kn_avg_pool_grid(e.gpu, p.dev, ldo, g.dev, ldx, gw, gh, k, C, 27.7128f) == 0);
+    TH_CHECK(kn_avg_pool_grid(e.cpu, p.ref, ldo, g.host, ldx, gw, gh, k, C, 27.7128f) == 0);
     ct_out_check(&e, &p, out_rows, C, ldo, 1e-10, "avg_pool_grid %dx%d k=%d C=%d", gw, gh, k, C);
-    kn_free(e.gpu, g_d);
-    free(g);
+    ct_in_free(&e, &g);
   }
   /* standardisation */
   int rows = 63, d = 768;
   size_t tx = (size_t)rows * d;
-  float *y = malloc(tx * sizeof(float)), *b = malloc(d * sizeof(float)), *sc = malloc(d * 4);
-  TH_REQUIRE(y && b && sc);
-  ct_fill(&e, y, tx, 3.0f);
-  ct_fill(&e, b, (size_t)d, 1.0f);
-  ct_fill(&e, sc, (size_t)d, 2.0f);
-  float *y_d = ct_up(&e, y, tx * 4), *b_d = ct_up(&e, b, (size_t)d * 4);
-  float *sc_d = ct_up(&e, sc, (size_t)d * 4);
+  struct ct_in y, b, sc;
+  ct_in_init(&e, &y, tx, 3.0f);
+  ct_in_init(&e, &b, (size_t)d, 1.0f);
+  ct_in_init(&e, &sc, (size_t)d, 2.0f);
   struct ct_out q;
   ct_out_init(&e, &q, tx, 0);
-  TH_CHECK(kn_standardize(e.gpu, q.dev, d, y_d, d, rows, d, b_d, sc_d) == 0);
-  TH_CHECK(kn_standardize(e.cpu, q.ref, d, y, d, rows, d, b, sc) == 0);
+  TH_CHECK(kn_standardize(e.gpu, q.dev, d, y.dev, d, rows, d, b.dev, sc.dev) == 0);
+  TH_CHECK(kn_standardize(e.cpu, q.ref, d, y.host, d, rows, d, b.host, sc.host) == 0);
   ct_out_check(&e, &q, rows, d, d, 0.0, "standardize %dx%d", rows, d);
-  kn_free(e.gpu, y_d);
-  kn_free(e.gpu, b_d);
-  kn_free(e.gpu, sc_d);
-  free(y);
-  free(b);
-  free(sc);
+  ct_in_free(&e, &y);
+  ct_in_free(&e, &b);
+  ct_in_free(&e, &sc);
   ct_close(&e);
 }
 
