@@ -603,31 +603,34 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
   tmp_path(q, "s3-q8_0.gguf");
   struct th_out o = {0};
   TH_REQUIRE(lm(&o, "quantize", model, q, "q8_0") == 0);
+  /* a request and what its answer holds (either text, when two) */
+  static const struct {
+    const char *path, *body, *says[2];
+  } reqs[3] = {
+      {"/v1/completions",
+       "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,\"temperature\":0}",
+       {"\"completion_tokens\":6", NULL}},
+      {"/v1/chat/completions",
+       "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+       "\"max_tokens\":4,\"temperature\":0}",
+       {"chat.completion", NULL}},
+      {"/v1/completions",
+       "{\"model\":\"default\",\"prompt\":\"yes or no?\",\"max_tokens\":8,\"temperature\":0,"
+       "\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]}}",
+       {"\"text\":\"yes\"", "\"text\":\"no\""}},
+  };
   char *answers[2][3] = {{NULL, NULL, NULL}, {NULL, NULL, NULL}};
   for (int alone = 0; alone < 2; alone++) {
     struct th_proc p;
     char *extra[] = {"--tokenizer", model, NULL};
     int port = th_serve_start(&p, q, alone ? NULL : extra);
     TH_REQUIRE(port > 0);
-    int st = th_http(port, "POST", "/v1/completions",
-                     "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,"
-                     "\"temperature\":0}",
-                     60000, &answers[alone][0]);
-    TH_CHECK_EQ_INT(st, 200);
-    TH_CHECK(answers[alone][0] && strstr(answers[alone][0], "\"completion_tokens\":6") != NULL);
-    st = th_http(port, "POST", "/v1/chat/completions",
-                 "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":"
-                 "\"hi\"}],\"max_tokens\":4,\"temperature\":0}",
-                 60000, &answers[alone][1]);
-    TH_CHECK_EQ_INT(st, 200);
-    TH_CHECK(answers[alone][1] && strstr(answers[alone][1], "chat.completion") != NULL);
-    st = th_http(port, "POST", "/v1/completions",
-                 "{\"model\":\"default\",\"prompt\":\"yes or no?\",\"max_tokens\":8,"
-                 "\"temperature\":0,\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]}}",
-                 60000, &answers[alone][2]);
-    TH_CHECK_EQ_INT(st, 200);
-    TH_CHECK(answers[alone][2] && (strstr(answers[alone][2], "\"text\":\"yes\"") ||
-                                   strstr(answers[alone][2], "\"text\":\"no\"")));
+    for (int k = 0; k < 3; k++) {
+      char **a = &answers[alone][k];
+      TH_CHECK_EQ_INT(th_http(port, "POST", reqs[k].path, reqs[k].body, 60000, a), 200);
+      TH_CHECK(*a &&
+               (strstr(*a, reqs[k].says[0]) || (reqs[k].says[1] && strstr(*a, reqs[k].says[1]))));
+    }
     th_proc_stop(&p, 20000);
   }
   /* the answers' text and token counts agree (ids and times do not) */
