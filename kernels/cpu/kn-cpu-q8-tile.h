@@ -864,6 +864,10 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
  * (in registers: the loads' latency then overlaps the block before). */
 #define Q8_PIPE_U (Q8T_VNNI && Q8T_ZMM ? 4 : 0)
 
+/* Tokens of an X16 tile over two groups (prefill; 0: none): 16 accumulators
+ * and 8 chains in 32 registers. */
+#define Q8_X2U (Q8T_VNNI && Q8T_ZMM ? 4 : 0)
+
 /* The bytes of inputs a sweep of the X16 groups takes (L2). */
 #define Q8_XTOK_BYTES (192 * 1024)
 
@@ -903,30 +907,36 @@ Q8T_ATTR static inline AI void xt_store(float *out, ptrdiff_t ldo, int h, const 
   }
 }
 
-/* U tokens from t (a few: decode, or a few sequences' steps) against the 16
- * rows of an X16 group (g: its block 0), rows in the lanes (Q8_TL of them at
- * a time): a lane's block is one integer, its offset's term included, times
- * the two scales into the lane's accumulator, block after block;
- * out[u * ldo + r] for u < U, r < 16. Each register of weights serves the U
- * tokens, each with its four inputs broadcast. With pfe, the first sweep asks
- * for the weights Q8_PREFETCH_BYTES ahead of each block as it goes, up to
- * pfe (a group of long rows is larger than L1: asked for at once, its first
- * lines would leave before they are read). */
-Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, float *out,
-                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
-                                        const uint8_t *g, int B, int acc, const uint8_t *pfe) {
+/* U tokens from t against the 16 rows of G X16 groups (G 1 or 2; g: the
+ * first's block 0, the second's B blocks on), rows in the lanes (Q8_TL of
+ * them at a time): a lane's block is one integer, its offset's term included,
+ * times the two scales into the lane's accumulator, block after block;
+ * out[u * ldo + 16 i + r] for u < U, group i, r < 16. Each register of
+ * weights serves the U tokens, each with its four inputs broadcast once for
+ * the G groups (a broadcast takes a vector unit's slot as vpdpbusd does:
+ * two groups halve them a product). With pfe, the first sweep asks for the
+ * weights Q8_PREFETCH_BYTES ahead of each block as it goes, up to pfe (a
+ * group of long rows is larger than L1: asked for at once, its first lines
+ * would leave before they are read). */
+Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, const int U,
+                                        float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                        int t, const uint8_t *g, int B, int acc,
+                                        const uint8_t *pfe) {
   const size_t gb = KN_X16_ROWS * kind_bytes(kind), hdr = kind_min(kind) ? 64 : 32;
+  const size_t gs = (size_t)B * gb; /* a group's bytes */
   const int four = kind == Q8K_Q4_0 || kind == Q8K_Q4_1, five = kind == Q8K_Q5_0 || kind == Q8K_Q5_1;
   /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
    * odd chains, their sum shifted back exactly (one shift a block, not four) */
-  const int CH = Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
-  const int PIPE = U <= Q8_PIPE_U && kind != Q8K_Q8_0; /* Q8_0: 8 registers more, no gain */
+  const int CH = G > 1 ? 1 : Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
+  const int PIPE = G == 1 && U <= Q8_PIPE_U && kind != Q8K_Q8_0; /* Q8_0: 8 registers more */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
   for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
-    q8vf f[Q8_XU];
-    xt_zero(f, U);
+    q8vf f[2][Q8_XU];
+#pragma GCC unroll 2
+    for (int i = 0; i < G; i++)
+      xt_zero(f[i], U);
     q8vi nx[4]; /* PIPE: the next block's weight registers */
     if (PIPE)
 #pragma GCC unroll 4
@@ -939,94 +949,138 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
           wv[c] = nx[c], nx[c] = vi_load(qs + (b + 1 < B ? gb : 0) + 64 * c);
-#define WV(c) (PIPE ? wv[c] : vi_load(qs + 64 * (c)))
-      prefetch_part(blk, gb, 0, 1, h == 0 ? pfe : NULL);
-      q8vi p[Q8_XU][4]; /* a token's chains: the offset's term in the first */
+#define WV(i, c) (PIPE ? wv[c] : vi_load(qs + (i) * gs + 64 * (c)))
+#pragma GCC unroll 2
+      for (int i = 0; i < G; i++)
+        prefetch_part(blk + i * gs, gb, 0, 1, h == 0 ? pfe : NULL);
+      q8vi p[2][Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs; a min is added after) */
-        p[u][0] = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_VNNI) ? vi_set1_32(xt.o[u][b])
-                                                                   : vi_zero();
+        const q8vi o0 = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_VNNI) ? vi_set1_32(xt.o[u][b])
+                                                                         : vi_zero();
+#pragma GCC unroll 2
+        for (int i = 0; i < G; i++) {
+          p[i][u][0] = o0;
 #pragma GCC unroll 4
-        for (int k = 1; k < CH; k++)
-          p[u][k] = vi_zero();
+          for (int k = 1; k < CH; k++)
+            p[i][u][k] = vi_zero();
+        }
       }
 #if !Q8T_VNNI
       if (four) {
         /* vpmaddubsw's pairs of 15 x 127 summed in 16 bits: eight of them fit */
-        __m256i s16[Q8_XU];
+        __m256i s16[2][Q8_XU];
+#pragma GCC unroll 2
+        for (int i = 0; i < G; i++)
 #pragma GCC unroll 8
-        for (int u = 0; u < U; u++)
-          s16[u] = _mm256_setzero_si256();
+          for (int u = 0; u < U; u++)
+            s16[i][u] = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-          const __m256i v = WV(c), l = vi_and(v, vi_set1_8(0x0F)),
-                        hi = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+          __m256i l[2], hi[2];
+#pragma GCC unroll 2
+          for (int i = 0; i < G; i++) {
+            const __m256i v = WV(i, c);
+            l[i] = vi_and(v, vi_set1_8(0x0F));
+            hi[i] = vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+          }
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
-            const __m256i a = _mm256_maddubs_epi16(l, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c)),
-                          e = _mm256_maddubs_epi16(hi,
-                                                   vi_bcast4(xt.q[u] + 34 * (size_t)b + 16 + 4 * c));
-            s16[u] = _mm256_add_epi16(s16[u], _mm256_add_epi16(a, e));
+            const __m256i xl = vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c),
+                          xh = vi_bcast4(xt.q[u] + 34 * (size_t)b + 16 + 4 * c);
+#pragma GCC unroll 2
+            for (int i = 0; i < G; i++)
+              s16[i][u] = _mm256_add_epi16(s16[i][u], _mm256_add_epi16(_mm256_maddubs_epi16(l[i], xl),
+                                                                       _mm256_maddubs_epi16(hi[i], xh)));
           }
         }
+#pragma GCC unroll 2
+        for (int i = 0; i < G; i++)
 #pragma GCC unroll 8
-        for (int u = 0; u < U; u++)
-          p[u][0] = _mm256_add_epi32(p[u][0], _mm256_madd_epi16(s16[u], _mm256_set1_epi16(1)));
+          for (int u = 0; u < U; u++)
+            p[i][u][0] =
+                _mm256_add_epi32(p[i][u][0], _mm256_madd_epi16(s16[i][u], _mm256_set1_epi16(1)));
       } else
 #endif
           if (kind != Q8K_Q8_0) {
         /* Q5_0, Q5_1: each quad register's fifth bits from its two planes
          * (the low and the high nibbles'), this half's rows at 4 h */
-        const uint8_t *planes = blk + hdr + 256 + 4 * h;
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-          const q8vi v = WV(c);
-          q8vi l = vi_and(v, vi_set1_8(0x0F)),
-               hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
-                        : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
-          if (five) {
-            l = vi_or(l, vi_fifth(planes + 16 * c));
-            hi = vi_or(hi, vi_fifth(planes + 16 * c + 8));
+          q8vi l[2], hi[2];
+#pragma GCC unroll 2
+          for (int i = 0; i < G; i++) {
+            const q8vi v = WV(i, c);
+            l[i] = vi_and(v, vi_set1_8(0x0F));
+            hi[i] = HIP ? vi_and(v, vi_set1_8((char)0xF0)) : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+            if (five) {
+              const uint8_t *planes = blk + i * gs + hdr + 256 + 4 * h;
+              l[i] = vi_or(l[i], vi_fifth(planes + 16 * c));
+              hi[i] = vi_or(hi[i], vi_fifth(planes + 16 * c + 8));
+            }
           }
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
-            q8vi *pl = &p[u][2 * c % CH], *ph = &p[u][(2 * c + 1) % CH];
-            *pl = vi_dot(*pl, l, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
-            *ph = vi_dot(*ph, hi, vi_bcast4(xt.q[u] + 34 * (size_t)b + 16 + 4 * c));
+            const q8vi xl = vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c),
+                       xh = vi_bcast4(xt.q[u] + 34 * (size_t)b + 16 + 4 * c);
+#pragma GCC unroll 2
+            for (int i = 0; i < G; i++) {
+              q8vi *pl = &p[i][u][2 * c % CH], *ph = &p[i][u][(2 * c + 1) % CH];
+              *pl = vi_dot(*pl, l[i], xl);
+              *ph = vi_dot(*ph, hi[i], xh);
+            }
           }
         }
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-          const q8vi v = WV(c);
 #if Q8T_VNNI
-          const q8vi uw = vi_xor(v, vi_set1_8(0x80)); /* w + 128 unsigned */
+          q8vi uw[2];
+#pragma GCC unroll 2
+          for (int i = 0; i < G; i++)
+            uw[i] = vi_xor(WV(i, c), vi_set1_8(0x80)); /* w + 128 unsigned */
 #pragma GCC unroll 8
-          for (int u = 0; u < U; u++)
-            p[u][c % CH] = vi_dot(p[u][c % CH], uw, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
+          for (int u = 0; u < U; u++) {
+            const q8vi xc = vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c);
+#pragma GCC unroll 2
+            for (int i = 0; i < G; i++)
+              p[i][u][c % CH] = vi_dot(p[i][u][c % CH], uw[i], xc);
+          }
 #else
-          const __m256i a = _mm256_abs_epi8(v); /* |w| against x with w's sign */
+#pragma GCC unroll 2
+          for (int i = 0; i < G; i++) {
+            const __m256i v = WV(i, c), a = _mm256_abs_epi8(v); /* |w| against x with w's sign */
 #pragma GCC unroll 8
-          for (int u = 0; u < U; u++)
-            p[u][0] =
-                vi_dot(p[u][0], a, _mm256_sign_epi8(vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c), v));
+            for (int u = 0; u < U; u++)
+              p[i][u][0] = vi_dot(p[i][u][0], a,
+                                  _mm256_sign_epi8(vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c), v));
+          }
 #endif
         }
       }
-      const q8vf dw = vf_h16(blk + 2 * Q8_TL * h),
-                 mw = kind_min(kind) ? vf_h16(blk + 32 + 2 * Q8_TL * h) : vf_zero();
+      q8vf dw[2], mw[2];
+#pragma GCC unroll 2
+      for (int i = 0; i < G; i++) {
+        dw[i] = vf_h16(blk + i * gs + 2 * Q8_TL * h);
+        mw[i] = kind_min(kind) ? vf_h16(blk + i * gs + 32 + 2 * Q8_TL * h) : vf_zero();
+      }
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* the chains' sum: integers, exact in any order */
-        const q8vi ev = CH > 2 ? vi_add(p[u][0], p[u][2]) : p[u][0],
-                   od = CH > 2 ? vi_add(p[u][1], p[u][3]) : p[u][1];
-        const q8vi sum = CH > 1 ? vi_add(ev, HIP ? vi_srai4(od) : od) : ev;
         const q8vf dxb = vf_set1(xt.d[u][b]);
-        f[u] = vf_fma(vf_cvt(sum), vf_mul(dw, dxb), f[u]);
-        if (kind_min(kind)) /* the min times the block's input sum */
-          f[u] = vf_fma(vf_set1((float)xt.o[u][b]), vf_mul(mw, dxb), f[u]);
+#pragma GCC unroll 2
+        for (int i = 0; i < G; i++) {
+          const q8vi ev = CH > 2 ? vi_add(p[i][u][0], p[i][u][2]) : p[i][u][0],
+                     od = CH > 2 ? vi_add(p[i][u][1], p[i][u][3]) : p[i][u][1];
+          const q8vi sum = CH > 1 ? vi_add(ev, HIP ? vi_srai4(od) : od) : ev;
+          f[i][u] = vf_fma(vf_cvt(sum), vf_mul(dw[i], dxb), f[i][u]);
+          if (kind_min(kind)) /* the min times the block's input sum */
+            f[i][u] = vf_fma(vf_set1((float)xt.o[u][b]), vf_mul(mw[i], dxb), f[i][u]);
+        }
       }
     }
-    xt_store(out, ldo, h, f, U, acc);
+#pragma GCC unroll 2
+    for (int i = 0; i < G; i++)
+      xt_store(out + KN_X16_ROWS * i, ldo, h, f[i], U, acc);
   }
 #undef WV
 }
@@ -1209,6 +1263,31 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
   }
 }
 
+/* Tokens t .. t1 against the X16 group of rows j at g (x16_tile's, Q8_XU
+ * tokens at a time; the first sweep, t 0, asks for the weights up to end). */
+Q8T_ATTR static inline AI void x16_tiles(const enum q8_kind kind, float *out, ptrdiff_t ldo,
+                                         const struct kn_cpu_q8_in *x, int t, int t1, int j,
+                                         const uint8_t *g, int B, int acc, const uint8_t *end) {
+  for (; t < t1; t += Q8_XU) {
+    float *o = out + (ptrdiff_t)t * ldo + j;
+    const uint8_t *pfe = t == 0 ? end : NULL;
+    switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
+    case 1: x16_tile(kind, 1, 1, o, ldo, x, t, g, B, acc, pfe); break;
+    case 2: x16_tile(kind, 1, 2, o, ldo, x, t, g, B, acc, pfe); break;
+    case 3: x16_tile(kind, 1, 3, o, ldo, x, t, g, B, acc, pfe); break;
+#if Q8_XU == 8
+    case 4: x16_tile(kind, 1, 4, o, ldo, x, t, g, B, acc, pfe); break;
+    case 5: x16_tile(kind, 1, 5, o, ldo, x, t, g, B, acc, pfe); break;
+    case 6: x16_tile(kind, 1, 6, o, ldo, x, t, g, B, acc, pfe); break;
+    case 7: x16_tile(kind, 1, 7, o, ldo, x, t, g, B, acc, pfe); break;
+    default: x16_tile(kind, 1, 8, o, ldo, x, t, g, B, acc, pfe); break;
+#else
+    default: x16_tile(kind, 1, 4, o, ldo, x, t, g, B, acc, pfe); break;
+#endif
+    }
+  }
+}
+
 Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, float *out,
                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                        const uint8_t *w, size_t row_bytes, int K, int T, int n,
@@ -1279,24 +1358,18 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
 #endif
         }
       }
-      for (int t = t0; t < t1 && kind < Q8K_Q4_K; t += Q8_XU) {
-        float *o = out + (ptrdiff_t)t * ldo + j;
-        const uint8_t *pfe = t == 0 ? end : NULL;
-        switch (t1 - t < Q8_XU ? t1 - t : Q8_XU) {
-        case 1: x16_tile(kind, 1, o, ldo, x, t, g, B, acc, pfe); break;
-        case 2: x16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
-        case 3: x16_tile(kind, 3, o, ldo, x, t, g, B, acc, pfe); break;
-#if Q8_XU == 8
-        case 4: x16_tile(kind, 4, o, ldo, x, t, g, B, acc, pfe); break;
-        case 5: x16_tile(kind, 5, o, ldo, x, t, g, B, acc, pfe); break;
-        case 6: x16_tile(kind, 6, o, ldo, x, t, g, B, acc, pfe); break;
-        case 7: x16_tile(kind, 7, o, ldo, x, t, g, B, acc, pfe); break;
-        default: x16_tile(kind, 8, o, ldo, x, t, g, B, acc, pfe); break;
-#else
-        default: x16_tile(kind, 4, o, ldo, x, t, g, B, acc, pfe); break;
-#endif
-        }
-      }
+      if (kind >= Q8K_Q4_K) continue;
+      /* many tokens: two groups a tile where two are left, Q8_X2U tokens at a
+       * time; the tokens past the last such tile, group by group */
+      const int G = Q8_X2U && T >= Q8_XU && j + 2 * KN_X16_ROWS <= ng ? 2 : 1;
+      int t = t0;
+      for (; G == 2 && t + Q8_X2U <= t1; t += Q8_X2U)
+        x16_tile(kind, 2, Q8_X2U, out + (ptrdiff_t)t * ldo + j, ldo, x, t, g, B, acc,
+                 t == 0 ? end : NULL);
+      for (int i = 0; i < G; i++)
+        x16_tiles(kind, out, ldo, x, t, t1, j + KN_X16_ROWS * i,
+                  g + (size_t)KN_X16_ROWS * i * row_bytes, B, acc, end);
+      j += KN_X16_ROWS * (G - 1);
     }
   }
   /* the rows as they are, a few tokens (or an X16 weight's last n % 16 rows):
