@@ -864,9 +864,14 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
  * (in registers: the loads' latency then overlaps the block before). */
 #define Q8_PIPE_U (Q8T_VNNI && Q8T_ZMM ? 4 : 0)
 
-/* Tokens of an X16 tile over two groups (prefill; 0: none): 16 accumulators
- * and 8 chains in 32 registers. */
+/* Tokens of an X16 tile over two groups at Q8_XU tokens and more (0: no
+ * such tiles): 16 accumulators and 8 chains in 32 registers. */
 #define Q8_X2U (Q8T_VNNI && Q8T_ZMM ? 4 : 0)
+
+/* The bytes of a group from which one or two tokens take two groups a tile:
+ * a group of 16 long rows streams more than L1 holds between two reads of
+ * the same inputs, which then come from L2; two groups read them once. */
+#define Q8_DEC2_BYTES (32 * 1024)
 
 /* The bytes of inputs a sweep of the X16 groups takes (L2). */
 #define Q8_XTOK_BYTES (192 * 1024)
@@ -917,7 +922,8 @@ Q8T_ATTR static inline AI void xt_store(float *out, ptrdiff_t ldo, int h, const 
  * two groups halve them a product). With pfe, the first sweep asks for the
  * weights Q8_PREFETCH_BYTES ahead of each block as it goes, up to pfe (a
  * group of long rows is larger than L1: asked for at once, its first lines
- * would leave before they are read). */
+ * would leave before they are read); with two groups, what lies past a
+ * group's end is the next pair's same group, read next. */
 Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, const int U,
                                         float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                         int t, const uint8_t *g, int B, int acc,
@@ -927,8 +933,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
   const int four = kind == Q8K_Q4_0 || kind == Q8K_Q4_1, five = kind == Q8K_Q5_0 || kind == Q8K_Q5_1;
   /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
    * odd chains, their sum shifted back exactly (one shift a block, not four) */
-  const int CH = G > 1 ? 1 : Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
-  const int PIPE = G == 1 && U <= Q8_PIPE_U && kind != Q8K_Q8_0; /* Q8_0: 8 registers more */
+  const int CH = G > 1 ? (U <= 2 ? 2 : 1) : Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
+  const int PIPE = U <= (G > 1 ? 1 : Q8_PIPE_U) && kind != Q8K_Q8_0; /* Q8_0: 8 registers more */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
@@ -937,22 +943,28 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
 #pragma GCC unroll 2
     for (int i = 0; i < G; i++)
       xt_zero(f[i], U);
-    q8vi nx[4]; /* PIPE: the next block's weight registers */
+    q8vi nx[2][4]; /* PIPE: the next block's weight registers */
     if (PIPE)
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; c++)
-        nx[c] = vi_load(g + hdr + 4 * Q8_TL * h + 64 * c);
-    for (int b = 0; b < B; b++) {
-      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
-      q8vi wv[4];
-      if (PIPE)
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-          wv[c] = nx[c], nx[c] = vi_load(qs + (b + 1 < B ? gb : 0) + 64 * c);
-#define WV(i, c) (PIPE ? wv[c] : vi_load(qs + (i) * gs + 64 * (c)))
 #pragma GCC unroll 2
       for (int i = 0; i < G; i++)
-        prefetch_part(blk + i * gs, gb, 0, 1, h == 0 ? pfe : NULL);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+          nx[i][c] = vi_load(g + i * gs + hdr + 4 * Q8_TL * h + 64 * c);
+    for (int b = 0; b < B; b++) {
+      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
+      q8vi wv[2][4];
+      if (PIPE)
+#pragma GCC unroll 2
+        for (int i = 0; i < G; i++)
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; c++)
+            wv[i][c] = nx[i][c], nx[i][c] = vi_load(qs + i * gs + (b + 1 < B ? gb : 0) + 64 * c);
+#define WV(i, c) (PIPE ? wv[i][c] : vi_load(qs + (i) * gs + 64 * (c)))
+      /* two groups: past a group's end, the next pair's same group (read next) */
+      const size_t jump = G > 1 && (size_t)b * gb + Q8_PREFETCH_BYTES >= gs ? gs : 0;
+#pragma GCC unroll 2
+      for (int i = 0; i < G; i++)
+        prefetch_part(blk + i * gs + jump, gb, 0, 1, h == 0 ? pfe : NULL);
       q8vi p[2][Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs; a min is added after) */
@@ -1359,13 +1371,23 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
         }
       }
       if (kind >= Q8K_Q4_K) continue;
-      /* many tokens: two groups a tile where two are left, Q8_X2U tokens at a
-       * time; the tokens past the last such tile, group by group */
-      const int G = Q8_X2U && T >= Q8_XU && j + 2 * KN_X16_ROWS <= ng ? 2 : 1;
+      /* two groups a tile where two are left: many tokens, Q8_X2U at a time,
+       * or one or two against long rows; then the tokens past the last such
+       * tile, group by group */
+      const int G = Q8_X2U &&
+                            (T >= Q8_XU || (T <= 2 && KN_X16_ROWS * row_bytes >= Q8_DEC2_BYTES)) &&
+                            j + 2 * KN_X16_ROWS <= ng
+                        ? 2
+                        : 1;
+      const int UG = T >= Q8_XU ? Q8_X2U : T;
       int t = t0;
-      for (; G == 2 && t + Q8_X2U <= t1; t += Q8_X2U)
-        x16_tile(kind, 2, Q8_X2U, out + (ptrdiff_t)t * ldo + j, ldo, x, t, g, B, acc,
-                 t == 0 ? end : NULL);
+      for (; G == 2 && t + UG <= t1; t += UG) {
+        float *o = out + (ptrdiff_t)t * ldo + j;
+        const uint8_t *pfe = t == 0 ? end : NULL;
+        if (UG == 1) x16_tile(kind, 2, 1, o, ldo, x, t, g, B, acc, pfe);
+        else if (UG == 2) x16_tile(kind, 2, 2, o, ldo, x, t, g, B, acc, pfe);
+        else x16_tile(kind, 2, Q8_X2U, o, ldo, x, t, g, B, acc, pfe);
+      }
       for (int i = 0; i < G; i++)
         x16_tiles(kind, out, ldo, x, t, t1, j + KN_X16_ROWS * i,
                   g + (size_t)KN_X16_ROWS * i * row_bytes, B, acc, end);

@@ -452,12 +452,16 @@ TH_TEST(q8_mode_integer_dot_products) {
   check_q8_mode(KN_DTYPE_Q5_1, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q8_0, 4096, 33, 100);
   /* two X16 groups a tile: 300 rows give each of two threads units of three
-   * groups (one pair, one alone, then the rows past the groups), and 33
-   * tokens one past the last tile of four */
+   * groups (one pair, one alone, then the rows past the groups); 33 tokens
+   * one past the last tile of four; and one or two tokens against groups
+   * larger than L1's share (4096 long rows) */
   static const enum kn_dtype pairs[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
                                         KN_DTYPE_Q5_1};
-  for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++)
+  for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     check_q8_mode(pairs[i], 640, 300, 33);
+    check_q8_mode(pairs[i], 4096, 300, 1);
+    check_q8_mode(pairs[i], 4096, 300, 2);
+  }
   check_q8_mode(KN_DTYPE_Q4_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q6_K, 768, 40, 256);
