@@ -160,11 +160,11 @@ void ct_in_free(struct ct_env *e, struct ct_in *in) {
 
 void ct_gemm_init(struct ct_env *e, struct ct_gemm *g, enum kn_dtype dt, size_t n_in, float amp,
                   size_t n_w) {
-  g->in = malloc(n_in * sizeof(float));
-  TH_REQUIRE(g->in != NULL);
-  ct_fill(e, g->in, n_in, amp);
+  struct ct_in in; /* the input first: its values come before the weights' */
+  ct_in_init(e, &in, n_in, amp);
+  g->in = in.host;
+  g->in_d = in.dev;
   g->w = ct_weights(e, dt, n_w, 1.0f);
-  g->in_d = ct_up(e, g->in, n_in * sizeof(float));
   g->w_d = ct_up(e, g->w, n_w * kn_dtype_size(dt));
 }
 
