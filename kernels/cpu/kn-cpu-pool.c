@@ -1,11 +1,16 @@
 /* kn-cpu-pool.c — the CPU backend's persistent thread pool.
  *
  * n_threads - 1 worker threads plus the calling thread (index 0) run one task
- * at a time. A task is n_units units of work claimed `grain` at a time from an
- * atomic counter, by the caller and by whichever workers have woken up: on a
- * busy machine a worker that is not scheduled in time simply takes no part,
- * instead of stalling the caller. Once the caller finds no unit left it closes
- * the task (workers can no longer enter) and waits only for those inside.
+ * at a time. A task is n_units units of work, cut into one contiguous range a
+ * thread; each thread claims its own range's units `grain` at a time from the
+ * front, so that its units follow each other in memory (a matvec's weights
+ * then stream as one sequence, which the hardware prefetcher keeps up with,
+ * instead of a fresh stream every unit), and once its range is empty takes
+ * the others' from their back. Whoever has woken up works: on a busy machine a
+ * worker that is not scheduled in time simply takes no part, its range taken
+ * by the others, instead of stalling the caller. Once the caller finds no unit
+ * left it closes the task (workers can no longer enter) and waits only for
+ * those inside.
  * Waiting spins briefly (ops of a decode step follow each other within
  * microseconds) and then sleeps on a condition variable, so an idle server
  * burns no CPU. Which thread runs a unit never changes its result: kernels
@@ -37,7 +42,14 @@ struct kn_cpu_pool {
   kn_cpu_task_fn fn;
   void *arg;
   long long n_units, grain;
-  _Atomic long long next; /* next unclaimed unit */
+  struct pool_range *ranges; /* [n_threads] */
+};
+
+/* A thread's range of a task's chunks (grain units each) not yet claimed:
+ * [lo, hi) packed as lo | hi << 32, claimed by compare-and-swap, its own
+ * thread from lo up, the others from hi down; a cache line each. */
+struct pool_range {
+  _Alignas(64) _Atomic uint64_t r;
 };
 
 #define POOL_CLOSED 0x80000000u
@@ -71,13 +83,31 @@ static uint64_t wait_generation(struct kn_cpu_pool *pool, uint64_t seen) {
   return g;
 }
 
-/* Claims and runs units until none are left. */
-static void run_units(struct kn_cpu_pool *pool, int ith) {
+/* Claims a chunk of range r, from its front (own) or its back: the chunk's
+ * index, or -1 when the range is empty. */
+static long long claim(struct pool_range *r, int own) {
+  uint64_t v = atomic_load_explicit(&r->r, memory_order_relaxed);
   for (;;) {
-    long long u = atomic_fetch_add_explicit(&pool->next, pool->grain, memory_order_relaxed);
-    if (u >= pool->n_units) break;
-    long long e = u + pool->grain < pool->n_units ? u + pool->grain : pool->n_units;
-    pool->fn(pool->arg, u, e, ith);
+    const uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
+    if (lo >= hi) return -1;
+    const uint64_t nv = own ? v + 1 : (uint64_t)lo | (uint64_t)(hi - 1) << 32;
+    if (atomic_compare_exchange_weak_explicit(&r->r, &v, nv, memory_order_relaxed,
+                                              memory_order_relaxed))
+      return own ? lo : hi - 1;
+  }
+}
+
+/* Claims and runs chunks until none are left: its own range's, then the
+ * others' (the next thread's first). */
+static void run_units(struct kn_cpu_pool *pool, int ith) {
+  const int n = pool->n_threads;
+  for (int k = 0; k < n; k++) {
+    struct pool_range *r = &pool->ranges[(ith + k) % n];
+    for (long long c; (c = claim(r, k == 0)) >= 0;) {
+      const long long u = c * pool->grain;
+      pool->fn(pool->arg, u, u + pool->grain < pool->n_units ? u + pool->grain : pool->n_units,
+               ith);
+    }
   }
 }
 
@@ -123,6 +153,14 @@ int kn_cpu_pool_create(int n_threads, struct kn_cpu_pool **out) {
   struct kn_cpu_pool *pool = calloc(1, sizeof(*pool));
   if (!pool) return CM_ERR_NOMEM;
   pool->n_threads = n_threads;
+  pool->ranges =
+      aligned_alloc(_Alignof(struct pool_range), (size_t)n_threads * sizeof(struct pool_range));
+  if (!pool->ranges) {
+    free(pool);
+    return CM_ERR_NOMEM;
+  }
+  for (int i = 0; i < n_threads; i++)
+    atomic_init(&pool->ranges[i].r, 0);
   atomic_init(&pool->state, POOL_CLOSED);
   pthread_mutex_init(&pool->mu, NULL);
   pthread_cond_init(&pool->work_cv, NULL);
@@ -159,6 +197,7 @@ void kn_cpu_pool_destroy(struct kn_cpu_pool *pool) {
   for (int i = 0; i < pool->n_started; i++)
     pthread_join(pool->threads[i], NULL);
   free(pool->threads);
+  free(pool->ranges);
   pthread_mutex_destroy(&pool->mu);
   pthread_cond_destroy(&pool->work_cv);
   pthread_cond_destroy(&pool->done_cv);
@@ -180,9 +219,17 @@ void kn_cpu_pool_run(struct kn_cpu_pool *pool, long long n_units, long long grai
   /* the previous task is closed and empty: publish, open, wake */
   pool->fn = fn;
   pool->arg = arg;
+  /* chunks counted in 32 bits: larger grains past 2^31 of them */
+  const long long most = (long long)INT32_MAX;
+  if ((n_units + grain - 1) / grain > most) grain = (n_units + most - 1) / most;
   pool->n_units = n_units;
   pool->grain = grain;
-  atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
+  const long long chunks = (n_units + grain - 1) / grain;
+  for (int i = 0; i < pool->n_threads; i++) /* thread i's share of the chunks */
+    atomic_store_explicit(&pool->ranges[i].r,
+                          (uint64_t)(chunks * i / pool->n_threads) |
+                              (uint64_t)(chunks * (i + 1) / pool->n_threads) << 32,
+                          memory_order_relaxed);
   atomic_store_explicit(&pool->state, 0, memory_order_release);
   pthread_mutex_lock(&pool->mu);
   atomic_fetch_add_explicit(&pool->gen, 1, memory_order_acq_rel);

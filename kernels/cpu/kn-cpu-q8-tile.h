@@ -1333,8 +1333,11 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
   }
   /* X16 groups, rows in the lanes: a group at a time for a block of tokens
    * whose inputs stay in L2 (Q8_XTOK_BYTES), Q8_XU tokens at a time; the
-   * first sweep streams the weights from memory and asks for them ahead */
-  const uint8_t *end = w + (size_t)n * row_bytes;
+   * first sweep streams the weights from memory and asks for them ahead,
+   * Q8_PREFETCH_BYTES past the unit's end too: what follows it in memory is
+   * most often the same thread's next unit (the pool gives a thread adjacent
+   * units) or the next matrix (prefetches never fault) */
+  const uint8_t *end = w + (size_t)n * row_bytes + Q8_PREFETCH_BYTES;
   int TB = (int)(Q8_XTOK_BYTES / x->ldq) / Q8_XU * Q8_XU;
   if (TB < Q8_XU) TB = Q8_XU;
   if (ng) {

@@ -1,7 +1,8 @@
 /* test-kn-pool.c — the CPU backend's thread pool: every unit of every task
  * runs exactly once, on any number of threads (more than the cores too, so
- * workers join late or not at all), back to back and after idle sleeps; and
- * the bandwidth probe answers. */
+ * workers join late or not at all), back to back and after idle sleeps; a
+ * thread runs its own share's units from the front; and the bandwidth probe
+ * answers. */
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -55,6 +56,53 @@ TH_TEST(pool_runs_every_unit_once) {
   struct kn_cpu_pool *pool = NULL;
   TH_CHECK_EQ_INT(kn_cpu_pool_create(0, &pool), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_cpu_pool_create(KN_CPU_MAX_THREADS + 1, &pool), CM_ERR_INVAL);
+}
+
+/* Records the thread that ran each unit. */
+struct who_task {
+  _Atomic int *ith; /* [n], -1 before */
+};
+
+static void record_units(void *arg, long long u0, long long u1, int ith) {
+  struct who_task *w = arg;
+  for (long long u = u0; u < u1; u++)
+    atomic_store(&w->ith[u], ith);
+}
+
+/* A thread's own share of the units (the chunks cut evenly, as the pool
+ * does) is claimed from its front: the units of its share that it ran are
+ * the share's first ones, adjacent (the others take from the back). */
+TH_TEST(pool_threads_claim_their_share_from_the_front) {
+  static const int threads[] = {2, 3, 8};
+  for (size_t i = 0; i < sizeof(threads) / sizeof(threads[0]); i++) {
+    struct kn_cpu_pool *pool = NULL;
+    const int nth = threads[i];
+    TH_REQUIRE(kn_cpu_pool_create(nth, &pool) == 0);
+    for (int rep = 0; rep < 200; rep++) {
+      const long long n = 64 + rep % 53, grain = 1 + rep % 3, chunks = (n + grain - 1) / grain;
+      struct who_task w = {.ith = calloc((size_t)n, sizeof(*w.ith))};
+      TH_REQUIRE(w.ith);
+      for (long long u = 0; u < n; u++)
+        atomic_init(&w.ith[u], -1);
+      kn_cpu_pool_run(pool, n, grain, record_units, &w);
+      for (int t = 0; t < nth; t++) {
+        const long long s = chunks * t / nth * grain, e = chunks * (t + 1) / nth * grain;
+        long long u = s;
+        while (u < e && u < n && atomic_load(&w.ith[u]) == t)
+          u++;
+        for (long long v = u; v < e && v < n; v++)
+          if (atomic_load(&w.ith[v]) == t || atomic_load(&w.ith[v]) < 0) {
+            th_fail(__FILE__, __LINE__,
+                    "%d threads, %lld units, grain %lld: unit %lld of thread %d's share "
+                    "[%lld, %lld) ran on %d after a unit it did not run",
+                    nth, n, grain, v, t, s, e, atomic_load(&w.ith[v]));
+            break;
+          }
+      }
+      free(w.ith);
+    }
+    kn_cpu_pool_destroy(pool);
+  }
 }
 
 TH_TEST(bandwidth_probe_answers) {
