@@ -39,6 +39,7 @@
 #include "kernels/cpu/kn-cpu-avx512bf16.h"
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-dtype.h"
+#include "kernels/kn-quant.h"
 
 #ifdef KN_AMX_EMULATE
 #define AMX_FN(name) kn_cpu_amx_##name##_emu
@@ -140,6 +141,49 @@ static void emu_dp(struct amx_tiles *r, int c, int a, int b) {
 #define T_ZERO(t)     __asm__ volatile("tilezero %%tmm" #t ::)
 #define T_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 #define T_RELEASE()   __asm__ volatile("tilerelease" ::)
+#endif
+
+/* The q8 mode's tiles (below): C 16 rows of 16 int32, A 16 rows of 32 bytes,
+ * B 8 rows of 64 bytes; tdpbssd (A and B signed) and tdpbsud (B unsigned). */
+#ifdef KN_AMX_EMULATE
+#define T_LOADA(t, p, s) emu_load_rows(amx_, t, p, s, 16, 32)
+#define T_LOADB(t, p, s) emu_load_rows(amx_, t, p, s, 8, 64)
+#define T_DPSS(c, a, b)  emu_dpb(amx_, c, a, b, 1)
+#define T_DPSU(c, a, b)  emu_dpb(amx_, c, a, b, 0)
+
+/* A tile of rows by colsb bytes, zeros past them (tileloadd's shape). */
+static void emu_load_rows(struct amx_tiles *r, int t, const void *p, ptrdiff_t stride, int rows,
+                          int colsb) {
+  memset(r->reg[t], 0, 1024);
+  for (int i = 0; i < rows; i++)
+    memcpy(r->reg[t] + 64 * i, (const char *)p + i * stride, (size_t)colsb);
+}
+
+/* tdpbssd / tdpbsud c, a, b as the SDM's pseudocode has them for these
+ * shapes: c[m][n] += the sum over k < 32 of a[m][k] (signed) times b's
+ * row k / 4, byte 4 n + k % 4 (signed or unsigned), in 32-bit integers (no
+ * sum here comes near their range: exact). */
+static void emu_dpb(struct amx_tiles *r, int c, int a, int b, int bsigned) {
+  int32_t C[256];
+  memcpy(C, r->reg[c], sizeof(C));
+  const int8_t *A = (const int8_t *)r->reg[a];
+  const uint8_t *B = r->reg[b];
+  for (int m = 0; m < 16; m++)
+    for (int n = 0; n < 16; n++) {
+      int32_t sum = C[m * 16 + n];
+      for (int k = 0; k < 32; k++) {
+        const uint8_t bv = B[64 * (k / 4) + 4 * n + k % 4];
+        sum += (int32_t)A[64 * m + k] * (bsigned ? (int32_t)(int8_t)bv : (int32_t)bv);
+      }
+      C[m * 16 + n] = sum;
+    }
+  memcpy(r->reg[c], C, sizeof(C));
+}
+#else
+#define T_LOADA(t, p, s) T_LOAD(t, p, s)
+#define T_LOADB(t, p, s) T_LOAD(t, p, s)
+#define T_DPSS(c, a, b)  __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define T_DPSU(c, a, b)  __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 #endif
 
 /* Input (t, k) in the tiles' layout, ldx = kn_cpu_bf16_row(K): groups of 16
@@ -312,6 +356,191 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
   T_RELEASE();
 }
 
+/* ---- the q8 mode's X16 weights on AMX-INT8 ----------------------------------
+ *
+ * Matmuls of Q8_0 and Q4_0 weights in their X16 layout (kn-quant.h) against
+ * inputs rounded to Q8_0 blocks (struct kn_cpu_q8_in), per 32-element block
+ * one tile product C = X W^T, 16 tokens by 16 rows:
+ *   - A: the 16 tokens' 32 quants of the block, a row each, read where they
+ *     lie (ldq apart; a last group of fewer tokens through a zeroed copy);
+ *   - B: the group's 16 rows as their X16 block holds them, four bytes of
+ *     each row side by side, a tile row per four elements: the layout the
+ *     tiles take. Q8_0: the quants in place, signed (tdpbssd). Q4_0: the
+ *     nibbles, 0 to 15, unpacked into a copy (tdpbsud), the offset's -8 times
+ *     the block's input sum added after (x->o);
+ *   - C: per element p, the exact sum of the block's 32 products, which goes
+ *     as in every q8 kernel: acc = fma((float)p, dw * dx, acc), block after
+ *     block from zero (kn_cpu_dsp.q8dot's bits, whatever T and n).
+ * Two blocks go at a time (two A, two B, two C), so that one product's
+ * latency overlaps the other's, and each group's B tiles serve up to
+ * AMX_Q8_GROUPS groups of 16 tokens. */
+#define AMX_Q8_GROUPS 4
+
+static const struct amx_cfg amx_cfg_q8 = {
+    .palette = 1,
+    .colsb = {64, 64, 32, 32, 64, 64},
+    .rows = {16, 16, 16, 16, 8, 8},
+};
+
+/* Q4_0's 16 rows of one block (the X16 block's 256 bytes of quants at qs) as
+ * a B tile: tile row c the low nibbles of the rows' bytes 4 c .. 4 c + 3
+ * (elements 4 c ..), row 4 + c their high nibbles (elements 16 + 4 c ..). */
+#ifdef KN_AMX_EMULATE
+static void amx_q4_unpack(uint8_t *dst, const uint8_t *qs) {
+  for (int i = 0; i < 256; i++) {
+    dst[i] = qs[i] & 0x0F;
+    dst[256 + i] = qs[i] >> 4;
+  }
+}
+#else
+AMX_TARGET static inline __attribute__((always_inline)) void amx_q4_unpack(uint8_t *dst,
+                                                                           const uint8_t *qs) {
+  const __m512i lo = _mm512_set1_epi8(0x0F);
+  for (int c = 0; c < 4; c++) {
+    const __m512i v = _mm512_loadu_si512(qs + 64 * c);
+    _mm512_store_si512(dst + 64 * c, _mm512_and_si512(v, lo));
+    _mm512_store_si512(dst + 256 + 64 * c, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo));
+  }
+}
+#endif
+
+/* The 32 quants of the first nt tokens' block at q (ldq apart), zeros after,
+ * as one A tile at dst. The real table's version calls nothing: it runs while
+ * B tiles hold weights, and the ABI leaves the tile registers to the callee. */
+#ifdef KN_AMX_EMULATE
+static void amx_q8_edge(uint8_t *dst, const uint8_t *q, size_t ldq, int nt) {
+  memset(dst, 0, 16 * 32);
+  for (int m = 0; m < nt; m++)
+    memcpy(dst + 32 * m, q + (size_t)m * ldq, 32);
+}
+#else
+AMX_TARGET static inline __attribute__((always_inline)) void
+amx_q8_edge(uint8_t *dst, const uint8_t *q, size_t ldq, int nt) {
+  for (int m = 0; m < 16; m++)
+    _mm256_store_si256((__m256i *)(dst + 32 * m),
+                       m < nt ? _mm256_loadu_si256((const __m256i *)(q + (size_t)m * ldq))
+                              : _mm256_setzero_si256());
+}
+#endif
+
+/* One block's C (c[16 m + r]: token m, row r) into acc[16 m + r] for the
+ * first nt tokens: the rows' scales (the X16 block's 16 f16 at blk), the
+ * tokens' (dx, B floats apart) and, where o is given, the offset's term (B
+ * apart) added to the integer first. */
+#ifdef KN_AMX_EMULATE
+static void amx_q8_fold(float *acc, const int32_t *c, const uint8_t *blk, const float *dx,
+                        const int32_t *o, int B, int nt) {
+  for (int m = 0; m < nt; m++)
+    for (int r = 0; r < 16; r++) {
+      const int32_t p = c[16 * m + r] + (o ? o[(size_t)m * B] : 0);
+      acc[16 * m + r] = fmaf((float)p, kn_le_f16(blk + 2 * r) * dx[(size_t)m * B], acc[16 * m + r]);
+    }
+}
+#else
+AMX_TARGET static inline __attribute__((always_inline)) void
+amx_q8_fold(float *acc, const int32_t *c, const uint8_t *blk, const float *dx, const int32_t *o,
+            int B, int nt) {
+  const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+  for (int m = 0; m < nt; m++) {
+    __m512i p = _mm512_load_si512(c + 16 * m);
+    if (o) p = _mm512_add_epi32(p, _mm512_set1_epi32(o[(size_t)m * B]));
+    const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(dx[(size_t)m * B]));
+    _mm512_store_ps(acc + 16 * m,
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, _mm512_load_ps(acc + 16 * m)));
+  }
+}
+#endif
+
+/* kn_cpu_dsp.q8tiles of Q8_0 (four 0) or Q4_0 (four 1) X16 rows: n (a
+ * multiple of 16) rows from w against T tokens. */
+AMX_TARGET static void amx_q8_tiles(const int four, float *out, ptrdiff_t ldo,
+                                    const struct kn_cpu_q8_in *x, const uint8_t *w,
+                                    size_t row_bytes, int K, int T, int n, int accumulate) {
+  AMX_STATE;
+  _Alignas(64) uint8_t pa[2][16 * 32], pb[2][512];
+  _Alignas(64) int32_t c[2][256];
+  _Alignas(64) float acc[AMX_Q8_GROUPS][256];
+  const int B = K / 32;
+  const size_t gb = (four ? 18 : 34) * (size_t)KN_X16_ROWS, ldq = x->ldq;
+  T_CFG(&amx_cfg_q8);
+  for (int j = 0; j < n; j += KN_X16_ROWS) {
+    const uint8_t *g = w + (size_t)j * row_bytes;
+    for (int t0 = 0; t0 < T; t0 += 16 * AMX_Q8_GROUPS) {
+      const int ng = (T - t0 + 15) / 16 < AMX_Q8_GROUPS ? (T - t0 + 15) / 16 : AMX_Q8_GROUPS;
+      memset(acc, 0, sizeof(float) * 256 * (size_t)ng);
+      for (int b = 0; b < B; b += 2) {
+        const int two = b + 1 < B;
+        const uint8_t *b0 = g + (size_t)b * gb, *b1 = b0 + gb;
+        if (four) {
+          amx_q4_unpack(pb[0], b0 + 32);
+          T_LOADB(4, pb[0], 64);
+          if (two) {
+            amx_q4_unpack(pb[1], b1 + 32);
+            T_LOADB(5, pb[1], 64);
+          }
+        } else {
+          T_LOADB(4, b0 + 32, 64);
+          if (two) T_LOADB(5, b1 + 32, 64);
+        }
+        for (int i = 0; i < ng; i++) {
+          const int t = t0 + 16 * i, nt = T - t < 16 ? T - t : 16;
+          const uint8_t *q = x->q + (size_t)t * ldq + 34 * (size_t)b + 2;
+          if (nt == 16) {
+            T_LOADA(2, q, ldq);
+            if (two) T_LOADA(3, q + 34, ldq);
+          } else { /* the last tokens and zeros: no read past the inputs */
+            amx_q8_edge(pa[0], q, ldq, nt);
+            T_LOADA(2, pa[0], 32);
+            if (two) {
+              amx_q8_edge(pa[1], q + 34, ldq, nt);
+              T_LOADA(3, pa[1], 32);
+            }
+          }
+          T_ZERO(0);
+          if (four)
+            T_DPSU(0, 2, 4);
+          else
+            T_DPSS(0, 2, 4);
+          if (two) {
+            T_ZERO(1);
+            if (four)
+              T_DPSU(1, 3, 5);
+            else
+              T_DPSS(1, 3, 5);
+          }
+          T_STORE(0, c[0], 64);
+          if (two) T_STORE(1, c[1], 64);
+          const float *dx = x->d + (size_t)t * B + b;
+          const int32_t *o = four ? x->o + (size_t)t * B + b : NULL;
+          amx_q8_fold(acc[i], c[0], b0, dx, o, B, nt);
+          if (two) amx_q8_fold(acc[i], c[1], b1, dx + 1, o ? o + 1 : NULL, B, nt);
+        }
+      }
+      for (int i = 0; i < ng; i++) {
+        const int t = t0 + 16 * i, nt = T - t < 16 ? T - t : 16;
+        for (int m = 0; m < nt; m++) {
+          float *dst = out + (ptrdiff_t)(t + m) * ldo + j;
+          for (int r = 0; r < KN_X16_ROWS; r++)
+            dst[r] = accumulate ? dst[r] + acc[i][16 * m + r] : acc[i][16 * m + r];
+        }
+      }
+    }
+  }
+  T_RELEASE();
+}
+
+AMX_TARGET void AMX_FN(q8tiles_q8_0)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                     const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                                     int accumulate) {
+  amx_q8_tiles(0, out, ldo, x, w, row_bytes, K, T, n, accumulate);
+}
+
+AMX_TARGET void AMX_FN(q8tiles_q4_0)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                     const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                                     int accumulate) {
+  amx_q8_tiles(1, out, ldo, x, w, row_bytes, K, T, n, accumulate);
+}
+
 /* ---- attention ------------------------------------------------------------ */
 
 /* The bf16 mode's paged attention on the tiles: the blocks, their order, the
@@ -464,6 +693,11 @@ KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_att
 }
 
 #ifdef KN_AMX_EMULATE
+void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp) {
+  dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0_emu;
+  dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0_emu;
+}
+
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
   /* the inputs' layout as the real table writes it where the table underneath
    * is AVX-512-BF16's (not where LMSERVE_KERNELS capped it lower) */
@@ -630,6 +864,73 @@ double kn_cpu_amx_dp_rate(long n) {
   T_RELEASE();
   double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   return s > 0.0 ? 4.0 * (double)n / s : -1.0;
+}
+
+/* The q8 tiles against their emulation on one problem with every edge (19
+ * tokens: a group and three; 32 rows: two groups; K = 96: a pair of blocks and
+ * one alone), Q8_0 and Q4_0, bit for bit: NULL, or what differed. */
+static const char *amx_q8_selfcheck(void) {
+  enum { T = 19, N = 32, K = 96, B = K / 32, LDQ = 34 * B };
+  static float in[T * K], row[K], got[T * N], want[T * N];
+  static uint8_t q[T * LDQ], w[N * 34 * B];
+  static float d[T * B];
+  static int32_t o[T * B];
+  uint32_t s = 777;
+  for (int i = 0; i < T * K; i++)
+    in[i] = amx_check_value(&s);
+  for (int t = 0; t < T; t++) {
+    if (kn_quantize_row(KN_DTYPE_Q8_0, in + t * K, q + t * LDQ, K)) return "no inputs";
+    for (int b = 0; b < B; b++) {
+      const uint8_t *blk = q + t * LDQ + 34 * b;
+      int sum = 0;
+      for (int e = 0; e < 32; e++)
+        sum += (int8_t)blk[2 + e];
+      d[t * B + b] = kn_le_f16(blk);
+      o[t * B + b] = -8 * sum;
+    }
+  }
+  const struct kn_cpu_q8_in x = {.q = q, .d = d, .o = o, .ldq = LDQ};
+  static const enum kn_dtype dts[2] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0};
+  for (int f = 0; f < 2; f++) {
+    const size_t rb = kn_row_bytes(dts[f], K);
+    for (int r = 0; r < N; r++) {
+      for (int k = 0; k < K; k++)
+        row[k] = amx_check_value(&s);
+      if (kn_quantize_row(dts[f], row, w + r * rb, K)) return "no weights";
+    }
+    if (kn_x16_pack(dts[f], w, N, K)) return "no X16 weights";
+    if (f == 0) {
+      kn_cpu_amx_q8tiles_q8_0(got, N, &x, w, rb, K, T, N, 0);
+      kn_cpu_amx_q8tiles_q8_0_emu(want, N, &x, w, rb, K, T, N, 0);
+    } else {
+      kn_cpu_amx_q8tiles_q4_0(got, N, &x, w, rb, K, T, N, 0);
+      kn_cpu_amx_q8tiles_q4_0_emu(want, N, &x, w, rb, K, T, N, 0);
+    }
+    if (memcmp(got, want, sizeof(got))) return "the int8 tiles differ from the emulated ones";
+  }
+  return NULL;
+}
+
+/* AMX-INT8 (CPUID leaf 7, EDX bit 25) on a processor whose tiles
+ * kn_cpu_has_amx allowed, and its tiles' check. */
+static int amx_q8_ok;
+static void amx_q8_probe(void) {
+  unsigned a, b, c, d;
+  if (!kn_cpu_has_amx() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 25) & 1)) return;
+  const char *why = amx_q8_selfcheck();
+  if (why) cm_warn("kn", "AMX-INT8 tiles present but not used: %s", why);
+  amx_q8_ok = why == NULL;
+}
+
+int kn_cpu_has_amx_int8(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, amx_q8_probe);
+  return amx_q8_ok;
+}
+
+void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp) {
+  dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0;
+  dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0;
 }
 
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {

@@ -209,7 +209,11 @@ static struct kn_backend_ops cpu_ops_isa[N_ISA];
 
 static const char *cpu_matmul_inputs(void *ctx) {
   const struct kn_cpu_ctx *c = ctx;
-  return c->bf16 ? "bf16" : c->q8 ? "q8 (block-format weights; f32 elsewhere)" : "f32";
+  return c->bf16 ? "bf16"
+         : c->q8 && c->dsp.q8tiles[KN_DTYPE_Q4_0_X16]
+             ? "q8 (block-format weights, AMX-INT8 tiles from 16 tokens; f32 elsewhere)"
+         : c->q8 ? "q8 (block-format weights; f32 elsewhere)"
+                 : "f32";
 }
 
 static void fill_ops_once(void) {
@@ -253,6 +257,10 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   if (bf16 == 1 && !emulate && want == KN_CPU_ISA_AMX && isa == KN_CPU_ISA_AVX512BF16 &&
       kn_cpu_has_amx())
     isa = KN_CPU_ISA_AMX;
+  /* the q8 mode's X16 matmuls of 16 tokens and more: AMX-INT8 tiles over the
+   * AVX-512 table, where the cap allows the tiles and they pass their check */
+  const int q8_tiles = bf16 == 2 && !emulate && want == KN_CPU_ISA_AMX &&
+                       isa == KN_CPU_ISA_AVX512 && kn_cpu_has_amx_int8();
 
   struct kn_cpu_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return CM_ERR_NOMEM;
@@ -268,7 +276,11 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   if (isa >= KN_CPU_ISA_AVX512 && kn_cpu_has_avx512vnni()) kn_cpu_dsp_init_q8_vnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);
-  if (emulate) kn_cpu_dsp_init_amx_emulated(&ctx->dsp);
+  if (q8_tiles) kn_cpu_dsp_init_q8_amx(&ctx->dsp);
+  if (emulate && bf16 == 2)
+    kn_cpu_dsp_init_q8_amx_emulated(&ctx->dsp);
+  else if (emulate)
+    kn_cpu_dsp_init_amx_emulated(&ctx->dsp);
   int err = kn_cpu_pool_create(n_threads, &ctx->pool);
   if (err) goto fail;
   *out = kn_backend_wrap(&cpu_ops_isa[emulate ? EMULATED_AMX : (int)ctx->dsp.isa], ctx);
@@ -291,6 +303,10 @@ int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
 
 int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out) {
   return create(n_threads, KN_CPU_ISA_AVX512BF16, 1, 1, out);
+}
+
+int kn_cpu_backend_create_q8_amx_emulated(int n_threads, struct kn_backend **out) {
+  return create(n_threads, KN_CPU_ISA_BEST, 2, 1, out);
 }
 
 int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out) {

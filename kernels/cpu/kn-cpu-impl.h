@@ -135,8 +135,9 @@ typedef void (*kn_cpu_attn_part_fn)(const struct kn_cpu_attn_job *job,
  * every T; in the X16 layouts the rows are),
  * and a call's n rows start at a multiple of 16 of the tensor's: its groups of
  * 16 first, then n % 16 rows as they were (the tensor's last ones). */
-#define KN_CPU_Q8_TOKENS 5
-#define KN_CPU_Q8_GROUP  32
+#define KN_CPU_Q8_TOKENS      5
+#define KN_CPU_Q8_TILE_TOKENS 16 /* kn_cpu_dsp.q8tiles: a group of 16 tokens and more */
+#define KN_CPU_Q8_GROUP       32
 struct kn_cpu_q8_in {
   const uint8_t *q;  /* [T][ldq] Q8_0 blocks */
   const float *d;    /* [T][K / 32] */
@@ -233,6 +234,13 @@ struct kn_cpu_dsp {
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
+  /* The same bits for an X16 weight's groups alone (n a multiple of 16) on
+   * matrix tiles, where the table has them (AMX-INT8: Q8_0 and Q4_0), taken
+   * at KN_CPU_Q8_TILE_TOKENS tokens and more (kn-cpu-ops.c's q8_rows); NULL
+   * otherwise. */
+  void (*q8tiles[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                   const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                                   int accumulate);
   /* One input row x[K] as the q8 kernels take it: q its Q8_0 blocks as
    * kn_quantize_row rounds them, d their scales in f32, s each lane's sum of
    * its four inputs times -(1 << shift) (shift 0: the sum itself); struct
@@ -314,6 +322,20 @@ int kn_cpu_has_amx(void);
 /* The check kn_cpu_has_amx makes of the tiles' attention, on any pair of
  * bf16-mode attention kernels (AVX-512-BF16 needed): NULL, or what differed. */
 const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn row);
+/* The q8 mode's X16 Q8_0 and Q4_0 matmuls on AMX-INT8 tiles (kn_cpu_dsp.q8tiles,
+ * kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles checked against their
+ * emulation, once); the emulated ones on any processor (tests). */
+void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp);
+void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_amx_int8(void);
+void kn_cpu_amx_q8tiles_q8_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                             const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
+void kn_cpu_amx_q8tiles_q4_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                             const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
+void kn_cpu_amx_q8tiles_q8_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
+void kn_cpu_amx_q8tiles_q4_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
 void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
                            int K);
 void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,

@@ -267,6 +267,22 @@ struct q8_task {
   struct q8_part parts[KN_MM_MAX_PARTS];
 };
 
+/* n rows of a q8 call from w into o: an X16 weight's groups on the table's
+ * matrix tiles where it has them and the call KN_CPU_Q8_TILE_TOKENS tokens,
+ * the rest (or all) with its q8dot; the same bits either way. */
+static void q8_rows(const struct kn_cpu_dsp *dsp, enum kn_dtype dt, float *o, ptrdiff_t ldo,
+                    const struct kn_cpu_q8_in *x, const uint8_t *w, size_t row_bytes, int K, int T,
+                    int n, int acc) {
+  const int ng = n / KN_X16_ROWS * KN_X16_ROWS;
+  if (dsp->q8tiles[dt] && T >= KN_CPU_Q8_TILE_TOKENS && ng > 0) {
+    dsp->q8tiles[dt](o, ldo, x, w, row_bytes, K, T, ng, acc);
+    if (n > ng)
+      dsp->q8dot[dt](o + ng, ldo, x, w + (size_t)ng * row_bytes, row_bytes, K, T, n - ng, acc);
+    return;
+  }
+  dsp->q8dot[dt](o, ldo, x, w, row_bytes, K, T, n, acc);
+}
+
 static void q8_run(void *arg, long long u0, long long u1, int ith) {
   const struct q8_task *q = arg;
   const struct kn_cpu_dsp *dsp = &q->ctx->dsp;
@@ -278,13 +294,13 @@ static void q8_run(void *arg, long long u0, long long u1, int ith) {
     const int n0 = (int)(u - pt->u0) * pt->chunk,
               n = pt->N - n0 < pt->chunk ? pt->N - n0 : pt->chunk;
     float *o = pt->out + n0;
-    dsp->q8dot[q->dt](o, pt->ldo, &q->x, pt->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K,
-                      q->T, n, q->acc);
+    q8_rows(dsp, q->dt, o, pt->ldo, &q->x, pt->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K,
+            q->T, n, q->acc);
     if (q->glu) { /* the up rows beside, then the gate's GELU times them in place */
       const struct q8_part *up = &q->parts[1];
       float *ub = q->ctx->scratch[ith];
-      dsp->q8dot[q->dt](ub, n, &q->x, up->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K, q->T,
-                        n, 0);
+      q8_rows(dsp, q->dt, ub, n, &q->x, up->w + (size_t)n0 * q->row_bytes, q->row_bytes, q->K, q->T,
+              n, 0);
       for (int t = 0; t < q->T; t++)
         dsp->gelu_mul(o + (ptrdiff_t)t * pt->ldo, o + (ptrdiff_t)t * pt->ldo, ub + (size_t)t * n,
                       n);

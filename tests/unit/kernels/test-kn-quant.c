@@ -293,9 +293,14 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   const int x16 = kn_dtype_x16(xdt);
   TH_CHECK(x16 == (N >= KN_X16_ROWS)); /* every block format has its layout */
   TH_CHECK(x16 == (memcmp(xw, w, rb * N) != 0));
-  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
+  /* every table, then the best one with its X16 Q8_0 and Q4_0 matmuls of 16
+   * tokens and more on the AMX-INT8 tiles, emulated */
+  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512 + 1; isa++) {
     struct kn_backend *be = NULL;
-    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
+    if (isa > KN_CPU_ISA_AVX512)
+      TH_REQUIRE(kn_cpu_backend_create_q8_amx_emulated(2, &be) == 0);
+    else
+      TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
     TH_REQUIRE(kn_matmul(be, got, N, in, K, w, dt, T, N, K, 0) == 0);
     if (isa == KN_CPU_ISA_REF)
       memcpy(ref, got, sizeof(float) * T * N);
