@@ -358,7 +358,7 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
 
 /* ---- the q8 mode's X16 weights on AMX-INT8 ----------------------------------
  *
- * Matmuls of Q8_0 and Q4_0 weights in their X16 layout (kn-quant.h) against
+ * Matmuls of Q8_0, Q4_0 and Q5_0 weights in their X16 layout (kn-quant.h) against
  * inputs rounded to Q8_0 blocks (struct kn_cpu_q8_in), per 32-element block
  * one tile product C = X W^T, 16 tokens by 16 rows:
  *   - A: the 16 tokens' 32 quants of the block, a row each, read where they
@@ -367,7 +367,8 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
  *     each row side by side, a tile row per four elements: the layout the
  *     tiles take. Q8_0: the quants in place, signed (tdpbssd). Q4_0: the
  *     nibbles, 0 to 15, unpacked into a copy (tdpbsud), the offset's -8 times
- *     the block's input sum added after (x->o);
+ *     the block's input sum added after (x->o); Q5_0 the same with the fifth
+ *     bits, 0 to 31, and -16;
  *   - C: per element p, the exact sum of the block's 32 products, which goes
  *     as in every q8 kernel: acc = fma((float)p, dw * dx, acc), block after
  *     block from zero (kn_cpu_dsp.q8dot's bits, whatever T and n).
@@ -382,24 +383,37 @@ static const struct amx_cfg amx_cfg_q8 = {
     .rows = {16, 16, 16, 16, 8, 8},
 };
 
-/* Q4_0's 16 rows of one block (the X16 block's 256 bytes of quants at qs) as
- * a B tile: tile row c the low nibbles of the rows' bytes 4 c .. 4 c + 3
- * (elements 4 c ..), row 4 + c their high nibbles (elements 16 + 4 c ..). */
+/* Q4_0's or Q5_0's 16 rows of one block (the X16 block's 256 bytes of
+ * quants at qs; Q5_0's fifth bits in the 8 planes of 64 bits at pl, NULL for
+ * Q4_0) as a B tile: tile row c the low nibbles of the rows' bytes 4 c .. 4 c
+ * + 3 (elements 4 c ..), plus 16 where plane 2 c marks the byte; row 4 + c
+ * their high nibbles (elements 16 + 4 c ..), plus 16 where plane 2 c + 1
+ * does. */
 #ifdef KN_AMX_EMULATE
-static void amx_q4_unpack(uint8_t *dst, const uint8_t *qs) {
+static void amx_q4_unpack(uint8_t *dst, const uint8_t *qs, const uint8_t *pl) {
   for (int i = 0; i < 256; i++) {
-    dst[i] = qs[i] & 0x0F;
-    dst[256 + i] = qs[i] >> 4;
+    const int c = i / 64, bit = i % 64;
+    dst[i] = (uint8_t)((qs[i] & 0x0F) | (pl && (pl[16 * c + bit / 8] >> bit % 8 & 1) ? 16 : 0));
+    dst[256 + i] =
+        (uint8_t)((qs[i] >> 4) | (pl && (pl[16 * c + 8 + bit / 8] >> bit % 8 & 1) ? 16 : 0));
   }
 }
 #else
-AMX_TARGET static inline __attribute__((always_inline)) void amx_q4_unpack(uint8_t *dst,
-                                                                           const uint8_t *qs) {
-  const __m512i lo = _mm512_set1_epi8(0x0F);
+AMX_TARGET static inline __attribute__((always_inline)) void
+amx_q4_unpack(uint8_t *dst, const uint8_t *qs, const uint8_t *pl) {
+  const __m512i lo = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
   for (int c = 0; c < 4; c++) {
     const __m512i v = _mm512_loadu_si512(qs + 64 * c);
-    _mm512_store_si512(dst + 64 * c, _mm512_and_si512(v, lo));
-    _mm512_store_si512(dst + 256 + 64 * c, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo));
+    __m512i l = _mm512_and_si512(v, lo), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+    if (pl) {
+      uint64_t ml, mh;
+      memcpy(&ml, pl + 16 * c, 8);
+      memcpy(&mh, pl + 16 * c + 8, 8);
+      l = _mm512_or_si512(l, _mm512_maskz_mov_epi8(ml, sixteen));
+      h = _mm512_or_si512(h, _mm512_maskz_mov_epi8(mh, sixteen));
+    }
+    _mm512_store_si512(dst + 64 * c, l);
+    _mm512_store_si512(dst + 256 + 64 * c, h);
   }
 }
 #endif
@@ -451,9 +465,9 @@ amx_q8_fold(float *acc, const int32_t *c, const uint8_t *blk, const float *dx, c
 }
 #endif
 
-/* kn_cpu_dsp.q8tiles of Q8_0 (four 0) or Q4_0 (four 1) X16 rows: n (a
+/* kn_cpu_dsp.q8tiles of Q8_0 (kind 0), Q4_0 (1) or Q5_0 (2) X16 rows: n (a
  * multiple of 16) rows from w against T tokens. */
-AMX_TARGET static void amx_q8_tiles(const int four, float *out, ptrdiff_t ldo,
+AMX_TARGET static void amx_q8_tiles(const int kind, float *out, ptrdiff_t ldo,
                                     const struct kn_cpu_q8_in *x, const uint8_t *w,
                                     size_t row_bytes, int K, int T, int n, int accumulate) {
   AMX_STATE;
@@ -461,7 +475,8 @@ AMX_TARGET static void amx_q8_tiles(const int four, float *out, ptrdiff_t ldo,
   _Alignas(64) int32_t c[2][256];
   _Alignas(64) float acc[AMX_Q8_GROUPS][256];
   const int B = K / 32;
-  const size_t gb = (four ? 18 : 34) * (size_t)KN_X16_ROWS, ldq = x->ldq;
+  const int four = kind > 0; /* nibbles, unsigned, an offset */
+  const size_t gb = (kind == 2 ? 22 : four ? 18 : 34) * (size_t)KN_X16_ROWS, ldq = x->ldq;
   T_CFG(&amx_cfg_q8);
   for (int j = 0; j < n; j += KN_X16_ROWS) {
     const uint8_t *g = w + (size_t)j * row_bytes;
@@ -472,10 +487,10 @@ AMX_TARGET static void amx_q8_tiles(const int four, float *out, ptrdiff_t ldo,
         const int two = b + 1 < B;
         const uint8_t *b0 = g + (size_t)b * gb, *b1 = b0 + gb;
         if (four) {
-          amx_q4_unpack(pb[0], b0 + 32);
+          amx_q4_unpack(pb[0], b0 + 32, kind == 2 ? b0 + 288 : NULL);
           T_LOADB(4, pb[0], 64);
           if (two) {
-            amx_q4_unpack(pb[1], b1 + 32);
+            amx_q4_unpack(pb[1], b1 + 32, kind == 2 ? b1 + 288 : NULL);
             T_LOADB(5, pb[1], 64);
           }
         } else {
@@ -539,6 +554,12 @@ AMX_TARGET void AMX_FN(q8tiles_q4_0)(float *out, ptrdiff_t ldo, const struct kn_
                                      const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                      int accumulate) {
   amx_q8_tiles(1, out, ldo, x, w, row_bytes, K, T, n, accumulate);
+}
+
+AMX_TARGET void AMX_FN(q8tiles_q5_0)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                     const uint8_t *w, size_t row_bytes, int K, int T, int n,
+                                     int accumulate) {
+  amx_q8_tiles(2, out, ldo, x, w, row_bytes, K, T, n, accumulate);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -696,6 +717,7 @@ KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_att
 void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp) {
   dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0_emu;
   dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0_emu;
+  dsp->q8tiles[KN_DTYPE_Q5_0_X16] = kn_cpu_amx_q8tiles_q5_0_emu;
 }
 
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
@@ -868,11 +890,11 @@ double kn_cpu_amx_dp_rate(long n) {
 
 /* The q8 tiles against their emulation on one problem with every edge (19
  * tokens: a group and three; 32 rows: two groups; K = 96: a pair of blocks and
- * one alone), Q8_0 and Q4_0, bit for bit: NULL, or what differed. */
+ * one alone), Q8_0, Q4_0 and Q5_0, bit for bit: NULL, or what differed. */
 static const char *amx_q8_selfcheck(void) {
   enum { T = 19, N = 32, K = 96, B = K / 32, LDQ = 34 * B };
   static float in[T * K], row[K], got[T * N], want[T * N];
-  static uint8_t q[T * LDQ], w[N * 34 * B];
+  static uint8_t q[T * LDQ], w[N * 34 * B]; /* (Q8_0's rows are the longest) */
   static float d[T * B];
   static int32_t o[T * B];
   uint32_t s = 777;
@@ -886,12 +908,15 @@ static const char *amx_q8_selfcheck(void) {
       for (int e = 0; e < 32; e++)
         sum += (int8_t)blk[2 + e];
       d[t * B + b] = kn_le_f16(blk);
-      o[t * B + b] = -8 * sum;
+      o[t * B + b] = sum;
     }
   }
-  const struct kn_cpu_q8_in x = {.q = q, .d = d, .o = o, .ldq = LDQ};
-  static const enum kn_dtype dts[2] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0};
-  for (int f = 0; f < 2; f++) {
+  static const enum kn_dtype dts[3] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q5_0};
+  for (int f = 0; f < 3; f++) {
+    static int32_t of[T * B]; /* the offset's term: -8 or -16 times the sum */
+    for (int i = 0; i < T * B; i++)
+      of[i] = o[i] * (f == 2 ? -16 : -8);
+    const struct kn_cpu_q8_in x = {.q = q, .d = d, .o = of, .ldq = LDQ};
     const size_t rb = kn_row_bytes(dts[f], K);
     for (int r = 0; r < N; r++) {
       for (int k = 0; k < K; k++)
@@ -902,9 +927,12 @@ static const char *amx_q8_selfcheck(void) {
     if (f == 0) {
       kn_cpu_amx_q8tiles_q8_0(got, N, &x, w, rb, K, T, N, 0);
       kn_cpu_amx_q8tiles_q8_0_emu(want, N, &x, w, rb, K, T, N, 0);
-    } else {
+    } else if (f == 1) {
       kn_cpu_amx_q8tiles_q4_0(got, N, &x, w, rb, K, T, N, 0);
       kn_cpu_amx_q8tiles_q4_0_emu(want, N, &x, w, rb, K, T, N, 0);
+    } else {
+      kn_cpu_amx_q8tiles_q5_0(got, N, &x, w, rb, K, T, N, 0);
+      kn_cpu_amx_q8tiles_q5_0_emu(want, N, &x, w, rb, K, T, N, 0);
     }
     if (memcmp(got, want, sizeof(got))) return "the int8 tiles differ from the emulated ones";
   }
@@ -931,6 +959,7 @@ int kn_cpu_has_amx_int8(void) {
 void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp) {
   dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0;
   dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0;
+  dsp->q8tiles[KN_DTYPE_Q5_0_X16] = kn_cpu_amx_q8tiles_q5_0;
 }
 
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {

@@ -235,7 +235,7 @@ struct kn_cpu_dsp {
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
   /* The same bits for an X16 weight's groups alone (n a multiple of 16) on
-   * matrix tiles, where the table has them (AMX-INT8: Q8_0 and Q4_0), taken
+   * matrix tiles, where the table has them (AMX-INT8: Q8_0, Q4_0, Q5_0), taken
    * at KN_CPU_Q8_TILE_TOKENS tokens and more (kn-cpu-ops.c's q8_rows); NULL
    * otherwise. */
   void (*q8tiles[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
@@ -322,7 +322,7 @@ int kn_cpu_has_amx(void);
 /* The check kn_cpu_has_amx makes of the tiles' attention, on any pair of
  * bf16-mode attention kernels (AVX-512-BF16 needed): NULL, or what differed. */
 const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn row);
-/* The q8 mode's X16 Q8_0 and Q4_0 matmuls on AMX-INT8 tiles (kn_cpu_dsp.q8tiles,
+/* The q8 mode's X16 Q8_0, Q4_0 and Q5_0 matmuls on AMX-INT8 tiles (kn_cpu_dsp.q8tiles,
  * kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles checked against their
  * emulation, once); the emulated ones on any processor (tests). */
 void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp);
@@ -332,6 +332,10 @@ void kn_cpu_amx_q8tiles_q8_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_i
                              const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
 void kn_cpu_amx_q8tiles_q4_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                              const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
+void kn_cpu_amx_q8tiles_q5_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                             const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
+void kn_cpu_amx_q8tiles_q5_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
+                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
 void kn_cpu_amx_q8tiles_q8_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
 void kn_cpu_amx_q8tiles_q4_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,

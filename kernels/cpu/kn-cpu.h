@@ -60,7 +60,7 @@ int kn_cpu_backend_create_mode(int n_threads, enum kn_cpu_isa isa, int bf16,
 int kn_cpu_backend_create_amx_emulated(int n_threads, struct kn_backend **out);
 
 /* The q8 mode (kn_cpu_backend_create_mode's bf16 2) on the best table this
- * processor and LMSERVE_KERNELS allow, its X16 Q8_0 and Q4_0 matmuls of 16
+ * processor and LMSERVE_KERNELS allow, its X16 Q8_0, Q4_0 and Q5_0 matmuls of 16
  * tokens and more on the AMX-INT8 tiles with each tile instruction emulated
  * in C (tests: the tiles' layouts and edges checked without them). Named
  * "cpu-amx-emulated". */
