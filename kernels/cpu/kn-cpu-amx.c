@@ -358,24 +358,31 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
 
 /* ---- the q8 mode's X16 weights on AMX-INT8 ----------------------------------
  *
- * Matmuls of Q8_0, Q4_0 and Q5_0 weights in their X16 layout (kn-quant.h) against
- * inputs rounded to Q8_0 blocks (struct kn_cpu_q8_in), per 32-element block
- * one tile product C = X W^T, 16 tokens by 16 rows:
+ * Matmuls of Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K and Q5_K weights in their X16
+ * layout (kn-quant.h) against inputs rounded to Q8_0 blocks (struct
+ * kn_cpu_q8_in), per 32-element block (a K-quant's sub-block) one tile
+ * product C = X W^T, 16 tokens by 16 rows:
  *   - A: the 16 tokens' 32 quants of the block, a row each, read where they
  *     lie (ldq apart; a last group of fewer tokens through a zeroed copy);
  *   - B: the group's 16 rows as their X16 block holds them, four bytes of
  *     each row side by side, a tile row per four elements: the layout the
- *     tiles take. Q8_0: the quants in place, signed (tdpbssd). Q4_0: the
- *     nibbles, 0 to 15, unpacked into a copy (tdpbsud), the offset's -8 times
- *     the block's input sum added after (x->o); Q5_0 the same with the fifth
- *     bits, 0 to 31, and -16;
+ *     tiles take. Q8_0: the quants in place, signed (tdpbssd). The others:
+ *     their unsigned quants (nibbles, with the fifth bits where there are)
+ *     unpacked into a copy (tdpbsud);
  *   - C: per element p, the exact sum of the block's 32 products, which goes
- *     as in every q8 kernel: acc = fma((float)p, dw * dx, acc), block after
- *     block from zero (kn_cpu_dsp.q8dot's bits, whatever T and n).
+ *     into the accumulator as in every q8 kernel, block after block from
+ *     zero: Q4_0 and Q5_0 with the offset's term added to p first (-8 or -16
+ *     times the block's input sum, x->o), acc = fma((float)p, dw * dx, acc);
+ *     the formats with a min then acc = fma((float)sx, m * dx, acc) (x->o the
+ *     sum sx); the K-quants' dw = d * sc and m = -(dmin * min) per sub-block.
+ *     kn_cpu_dsp.q8dot's bits, whatever T and n.
  * Two blocks go at a time (two A, two B, two C), so that one product's
  * latency overlaps the other's, and each group's B tiles serve up to
- * AMX_Q8_GROUPS groups of 16 tokens. */
+ * AMX_Q8_GROUPS groups of 16 tokens. Q6_K (two scales a 32-element block)
+ * stays on the vector kernels. */
 #define AMX_Q8_GROUPS 4
+
+enum amx_q8_kind { AQ_Q8_0, AQ_Q4_0, AQ_Q5_0, AQ_Q4_1, AQ_Q5_1, AQ_Q4_K, AQ_Q5_K };
 
 static const struct amx_cfg amx_cfg_q8 = {
     .palette = 1,
@@ -383,38 +390,131 @@ static const struct amx_cfg amx_cfg_q8 = {
     .rows = {16, 16, 16, 16, 8, 8},
 };
 
-/* Q4_0's or Q5_0's 16 rows of one block (the X16 block's 256 bytes of
- * quants at qs; Q5_0's fifth bits in the 8 planes of 64 bits at pl, NULL for
- * Q4_0) as a B tile: tile row c the low nibbles of the rows' bytes 4 c .. 4 c
- * + 3 (elements 4 c ..), plus 16 where plane 2 c marks the byte; row 4 + c
- * their high nibbles (elements 16 + 4 c ..), plus 16 where plane 2 c + 1
- * does. */
+/* A group's bytes of one block (the K-quants: one super-block). */
+static inline size_t aq_group_bytes(enum amx_q8_kind k) {
+  static const unsigned char bytes[] = {34, 18, 22, 20, 24, 144, 176};
+  return (size_t)bytes[k] * KN_X16_ROWS;
+}
+
+/* 16 rows of a block's nibbles as a B tile, plus 16 in the bytes that a
+ * fifth bit marks. A 32-element block's (hi < 0): tile row c < 4 the low
+ * nibbles of the 64 bytes at nib + 64 c, row 4 + c their high nibbles, Q5_0's
+ * and Q5_1's fifth bits from their planes (pl: plane 2 c for the low, 2 c + 1
+ * for the high nibbles). A K-quant sub-block's: row c < 8 the low (hi 0) or
+ * high (hi 1) nibbles of nib + 64 c, Q5_K's fifth bits bit j of qh's bytes. */
 #ifdef KN_AMX_EMULATE
-static void amx_q4_unpack(uint8_t *dst, const uint8_t *qs, const uint8_t *pl) {
-  for (int i = 0; i < 256; i++) {
-    const int c = i / 64, bit = i % 64;
-    dst[i] = (uint8_t)((qs[i] & 0x0F) | (pl && (pl[16 * c + bit / 8] >> bit % 8 & 1) ? 16 : 0));
-    dst[256 + i] =
-        (uint8_t)((qs[i] >> 4) | (pl && (pl[16 * c + 8 + bit / 8] >> bit % 8 & 1) ? 16 : 0));
+static void aq_unpack(uint8_t *dst, const uint8_t *nib, int hi, const uint8_t *pl,
+                      const uint8_t *qh, int j) {
+  for (int c = 0; c < 8; c++)
+    for (int i = 0; i < 64; i++) {
+      const int h = hi < 0 ? c >= 4 : hi, q = hi < 0 ? c % 4 : c;
+      int v = h ? nib[64 * q + i] >> 4 : nib[64 * q + i] & 0x0F;
+      if (pl && (pl[16 * q + 8 * h + i / 8] >> i % 8 & 1)) v |= 16;
+      if (qh && (qh[64 * c + i] >> j & 1)) v |= 16;
+      dst[64 * c + i] = (uint8_t)v;
+    }
+}
+#else
+AMX_TARGET static inline __attribute__((always_inline)) void
+aq_unpack(uint8_t *dst, const uint8_t *nib, int hi, const uint8_t *pl, const uint8_t *qh, int j) {
+  const __m512i lo = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+  for (int c = 0; c < 8; c++) {
+    const int h = hi < 0 ? c >= 4 : hi, q = hi < 0 ? c % 4 : c;
+    const __m512i v = _mm512_loadu_si512(nib + 64 * q);
+    __m512i x = _mm512_and_si512(h ? _mm512_srli_epi16(v, 4) : v, lo);
+    if (pl) {
+      uint64_t m;
+      memcpy(&m, pl + 16 * q + 8 * h, 8);
+      x = _mm512_or_si512(x, _mm512_maskz_mov_epi8(m, sixteen));
+    }
+    if (qh) {
+      const __mmask64 m =
+          _mm512_test_epi8_mask(_mm512_loadu_si512(qh + 64 * c), _mm512_set1_epi8((char)(1 << j)));
+      x = _mm512_or_si512(x, _mm512_maskz_mov_epi8(m, sixteen));
+    }
+    _mm512_store_si512(dst + 64 * c, x);
+  }
+}
+#endif
+
+/* Block b of the group at g (gb bytes a block) as a B tile: where it lies
+ * (Q8_0), or unpacked into buf. */
+AMX_TARGET static inline __attribute__((always_inline)) const uint8_t *
+aq_btile(enum amx_q8_kind k, const uint8_t *g, size_t gb, int b, uint8_t *buf) {
+  if (k >= AQ_Q4_K) {
+    const uint8_t *sb = g + (size_t)(b / 8) * gb;
+    const int j = b % 8;
+    aq_unpack(buf, sb + 256 + 512 * (j / 2), j & 1, NULL, k == AQ_Q5_K ? sb + 2304 : NULL, j);
+    return buf;
+  }
+  const uint8_t *blk = g + (size_t)b * gb;
+  if (k == AQ_Q8_0) return blk + 32;
+  const int h = k == AQ_Q4_1 || k == AQ_Q5_1 ? 64 : 32; /* the scales (and mins) */
+  aq_unpack(buf, blk + h, -1, k == AQ_Q5_0 || k == AQ_Q5_1 ? blk + h + 256 : NULL, NULL, 0);
+  return buf;
+}
+
+/* Block b's 16 row scales dw and, for the formats with a min, the 16 values
+ * m each weight adds (the K-quants': d * sc and -(dmin * min) of sub-block b
+ * % 8, each rounded once). */
+#ifdef KN_AMX_EMULATE
+static void aq_scales(enum amx_q8_kind k, const uint8_t *g, size_t gb, int b, float *dw,
+                      float *mw) {
+  if (k >= AQ_Q4_K) {
+    const uint8_t *sb = g + (size_t)(b / 8) * gb;
+    const int j = b % 8;
+    for (int r = 0; r < 16; r++) {
+      uint8_t q[12];
+      for (int w = 0; w < 3; w++)
+        memcpy(q + 4 * w, sb + 64 + 64 * w + 4 * r, 4);
+      const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+      const int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+      dw[r] = kn_le_f16(sb + 2 * r) * (float)sc;
+      mw[r] = -(kn_le_f16(sb + 32 + 2 * r) * (float)mn);
+    }
+    return;
+  }
+  const uint8_t *blk = g + (size_t)b * gb;
+  for (int r = 0; r < 16; r++) {
+    dw[r] = kn_le_f16(blk + 2 * r);
+    mw[r] = k == AQ_Q4_1 || k == AQ_Q5_1 ? kn_le_f16(blk + 32 + 2 * r) : 0.0f;
   }
 }
 #else
 AMX_TARGET static inline __attribute__((always_inline)) void
-amx_q4_unpack(uint8_t *dst, const uint8_t *qs, const uint8_t *pl) {
-  const __m512i lo = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-  for (int c = 0; c < 4; c++) {
-    const __m512i v = _mm512_loadu_si512(qs + 64 * c);
-    __m512i l = _mm512_and_si512(v, lo), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
-    if (pl) {
-      uint64_t ml, mh;
-      memcpy(&ml, pl + 16 * c, 8);
-      memcpy(&mh, pl + 16 * c + 8, 8);
-      l = _mm512_or_si512(l, _mm512_maskz_mov_epi8(ml, sixteen));
-      h = _mm512_or_si512(h, _mm512_maskz_mov_epi8(mh, sixteen));
+aq_scales(enum amx_q8_kind k, const uint8_t *g, size_t gb, int b, float *dw, float *mw) {
+  if (k >= AQ_Q4_K) {
+    const uint8_t *sb = g + (size_t)(b / 8) * gb;
+    const int j = b % 8;
+    const __m512i d0 = _mm512_loadu_si512(sb + 64), d1 = _mm512_loadu_si512(sb + 128),
+                  d2 = _mm512_loadu_si512(sb + 192), six = _mm512_set1_epi32(63),
+                  four = _mm512_set1_epi32(0x0F), two = _mm512_set1_epi32(3);
+    __m512i sc, mn;
+    if (j < 4) {
+      sc = _mm512_and_si512(_mm512_srli_epi32(d0, 8 * j), six);
+      mn = _mm512_and_si512(_mm512_srli_epi32(d1, 8 * j), six);
+    } else {
+      const unsigned s = 8 * (unsigned)(j - 4);
+      const __m512i c2 = _mm512_srli_epi32(d2, s);
+      sc = _mm512_or_si512(
+          _mm512_and_si512(c2, four),
+          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(d0, s + 6), two), 4));
+      mn = _mm512_or_si512(
+          _mm512_and_si512(_mm512_srli_epi32(c2, 4), four),
+          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(d1, s + 6), two), 4));
     }
-    _mm512_store_si512(dst + 64 * c, l);
-    _mm512_store_si512(dst + 256 + 64 * c, h);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sb));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + 32)));
+    _mm512_store_ps(dw, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+    _mm512_store_ps(
+        mw, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn))));
+    return;
   }
+  const uint8_t *blk = g + (size_t)b * gb;
+  _mm512_store_ps(dw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk)));
+  _mm512_store_ps(mw, k == AQ_Q4_1 || k == AQ_Q5_1
+                          ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                          : _mm512_setzero_ps());
 }
 #endif
 
@@ -438,45 +538,49 @@ amx_q8_edge(uint8_t *dst, const uint8_t *q, size_t ldq, int nt) {
 #endif
 
 /* One block's C (c[16 m + r]: token m, row r) into acc[16 m + r] for the
- * first nt tokens: the rows' scales (the X16 block's 16 f16 at blk), the
- * tokens' (dx, B floats apart) and, where o is given, the offset's term (B
- * apart) added to the integer first. */
+ * first nt tokens: dw and mw the rows' (aq_scales), dx the tokens' scales and
+ * o their blocks' offset terms or input sums (both B apart); with an offset
+ * (off) o is added to the integer first, with a min (mn) it is sx. */
 #ifdef KN_AMX_EMULATE
-static void amx_q8_fold(float *acc, const int32_t *c, const uint8_t *blk, const float *dx,
-                        const int32_t *o, int B, int nt) {
+static void amx_q8_fold(float *acc, const int32_t *c, const float *dw, const float *mw,
+                        const float *dx, const int32_t *o, int B, int nt, int off, int mn) {
   for (int m = 0; m < nt; m++)
     for (int r = 0; r < 16; r++) {
-      const int32_t p = c[16 * m + r] + (o ? o[(size_t)m * B] : 0);
-      acc[16 * m + r] = fmaf((float)p, kn_le_f16(blk + 2 * r) * dx[(size_t)m * B], acc[16 * m + r]);
+      const float x = dx[(size_t)m * B];
+      const int32_t p = c[16 * m + r] + (off ? o[(size_t)m * B] : 0);
+      float a = fmaf((float)p, dw[r] * x, acc[16 * m + r]);
+      if (mn) a = fmaf((float)o[(size_t)m * B], mw[r] * x, a);
+      acc[16 * m + r] = a;
     }
 }
 #else
 AMX_TARGET static inline __attribute__((always_inline)) void
-amx_q8_fold(float *acc, const int32_t *c, const uint8_t *blk, const float *dx, const int32_t *o,
-            int B, int nt) {
-  const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+amx_q8_fold(float *acc, const int32_t *c, const float *dw, const float *mw, const float *dx,
+            const int32_t *o, int B, int nt, int off, int mn) {
+  const __m512 d = _mm512_load_ps(dw), mv = _mm512_load_ps(mw);
   for (int m = 0; m < nt; m++) {
+    const __m512 x = _mm512_set1_ps(dx[(size_t)m * B]);
     __m512i p = _mm512_load_si512(c + 16 * m);
-    if (o) p = _mm512_add_epi32(p, _mm512_set1_epi32(o[(size_t)m * B]));
-    const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(dx[(size_t)m * B]));
-    _mm512_store_ps(acc + 16 * m,
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, _mm512_load_ps(acc + 16 * m)));
+    if (off) p = _mm512_add_epi32(p, _mm512_set1_epi32(o[(size_t)m * B]));
+    __m512 a =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, x), _mm512_load_ps(acc + 16 * m));
+    if (mn) a = _mm512_fmadd_ps(_mm512_set1_ps((float)o[(size_t)m * B]), _mm512_mul_ps(mv, x), a);
+    _mm512_store_ps(acc + 16 * m, a);
   }
 }
 #endif
 
-/* kn_cpu_dsp.q8tiles of Q8_0 (kind 0), Q4_0 (1) or Q5_0 (2) X16 rows: n (a
- * multiple of 16) rows from w against T tokens. */
-AMX_TARGET static void amx_q8_tiles(const int kind, float *out, ptrdiff_t ldo,
+/* kn_cpu_dsp.q8tiles of format k's X16 rows: n (a multiple of 16) rows from w
+ * against T tokens. */
+AMX_TARGET static void amx_q8_tiles(const enum amx_q8_kind k, float *out, ptrdiff_t ldo,
                                     const struct kn_cpu_q8_in *x, const uint8_t *w,
                                     size_t row_bytes, int K, int T, int n, int accumulate) {
   AMX_STATE;
   _Alignas(64) uint8_t pa[2][16 * 32], pb[2][512];
   _Alignas(64) int32_t c[2][256];
-  _Alignas(64) float acc[AMX_Q8_GROUPS][256];
-  const int B = K / 32;
-  const int four = kind > 0; /* nibbles, unsigned, an offset */
-  const size_t gb = (kind == 2 ? 22 : four ? 18 : 34) * (size_t)KN_X16_ROWS, ldq = x->ldq;
+  _Alignas(64) float acc[AMX_Q8_GROUPS][256], dw[2][16] = {{0}}, mw[2][16] = {{0}};
+  const int B = K / 32, off = k == AQ_Q4_0 || k == AQ_Q5_0, mn = k >= AQ_Q4_1;
+  const size_t gb = aq_group_bytes(k), ldq = x->ldq;
   T_CFG(&amx_cfg_q8);
   for (int j = 0; j < n; j += KN_X16_ROWS) {
     const uint8_t *g = w + (size_t)j * row_bytes;
@@ -485,17 +589,11 @@ AMX_TARGET static void amx_q8_tiles(const int kind, float *out, ptrdiff_t ldo,
       memset(acc, 0, sizeof(float) * 256 * (size_t)ng);
       for (int b = 0; b < B; b += 2) {
         const int two = b + 1 < B;
-        const uint8_t *b0 = g + (size_t)b * gb, *b1 = b0 + gb;
-        if (four) {
-          amx_q4_unpack(pb[0], b0 + 32, kind == 2 ? b0 + 288 : NULL);
-          T_LOADB(4, pb[0], 64);
-          if (two) {
-            amx_q4_unpack(pb[1], b1 + 32, kind == 2 ? b1 + 288 : NULL);
-            T_LOADB(5, pb[1], 64);
-          }
-        } else {
-          T_LOADB(4, b0 + 32, 64);
-          if (two) T_LOADB(5, b1 + 32, 64);
+        aq_scales(k, g, gb, b, dw[0], mw[0]);
+        T_LOADB(4, aq_btile(k, g, gb, b, pb[0]), 64);
+        if (two) {
+          aq_scales(k, g, gb, b + 1, dw[1], mw[1]);
+          T_LOADB(5, aq_btile(k, g, gb, b + 1, pb[1]), 64);
         }
         for (int i = 0; i < ng; i++) {
           const int t = t0 + 16 * i, nt = T - t < 16 ? T - t : 16;
@@ -512,23 +610,24 @@ AMX_TARGET static void amx_q8_tiles(const int kind, float *out, ptrdiff_t ldo,
             }
           }
           T_ZERO(0);
-          if (four)
-            T_DPSU(0, 2, 4);
-          else
+          if (k == AQ_Q8_0)
             T_DPSS(0, 2, 4);
+          else
+            T_DPSU(0, 2, 4);
           if (two) {
             T_ZERO(1);
-            if (four)
-              T_DPSU(1, 3, 5);
-            else
+            if (k == AQ_Q8_0)
               T_DPSS(1, 3, 5);
+            else
+              T_DPSU(1, 3, 5);
           }
           T_STORE(0, c[0], 64);
           if (two) T_STORE(1, c[1], 64);
           const float *dx = x->d + (size_t)t * B + b;
-          const int32_t *o = four ? x->o + (size_t)t * B + b : NULL;
-          amx_q8_fold(acc[i], c[0], b0, dx, o, B, nt);
-          if (two) amx_q8_fold(acc[i], c[1], b1, dx + 1, o ? o + 1 : NULL, B, nt);
+          const int32_t *o = off || mn ? x->o + (size_t)t * B + b : NULL;
+          amx_q8_fold(acc[i], c[0], dw[0], mw[0], dx, o, B, nt, off, mn);
+          if (two)
+            amx_q8_fold(acc[i], c[1], dw[1], mw[1], dx + 1, o ? o + 1 : NULL, B, nt, off, mn);
         }
       }
       for (int i = 0; i < ng; i++) {
@@ -544,23 +643,19 @@ AMX_TARGET static void amx_q8_tiles(const int kind, float *out, ptrdiff_t ldo,
   T_RELEASE();
 }
 
-AMX_TARGET void AMX_FN(q8tiles_q8_0)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                     const uint8_t *w, size_t row_bytes, int K, int T, int n,
-                                     int accumulate) {
-  amx_q8_tiles(0, out, ldo, x, w, row_bytes, K, T, n, accumulate);
-}
-
-AMX_TARGET void AMX_FN(q8tiles_q4_0)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                     const uint8_t *w, size_t row_bytes, int K, int T, int n,
-                                     int accumulate) {
-  amx_q8_tiles(1, out, ldo, x, w, row_bytes, K, T, n, accumulate);
-}
-
-AMX_TARGET void AMX_FN(q8tiles_q5_0)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                     const uint8_t *w, size_t row_bytes, int K, int T, int n,
-                                     int accumulate) {
-  amx_q8_tiles(2, out, ldo, x, w, row_bytes, K, T, n, accumulate);
-}
+#define DEF_AQ(SUF, KIND)                                                                          \
+  AMX_TARGET void AMX_FN(q8tiles_##SUF)(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,   \
+                                        const uint8_t *w, size_t row_bytes, int K, int T, int n,   \
+                                        int accumulate) {                                          \
+    amx_q8_tiles(KIND, out, ldo, x, w, row_bytes, K, T, n, accumulate);                            \
+  }
+DEF_AQ(q8_0, AQ_Q8_0)
+DEF_AQ(q4_0, AQ_Q4_0)
+DEF_AQ(q5_0, AQ_Q5_0)
+DEF_AQ(q4_1, AQ_Q4_1)
+DEF_AQ(q5_1, AQ_Q5_1)
+DEF_AQ(q4_k, AQ_Q4_K)
+DEF_AQ(q5_k, AQ_Q5_K)
 
 /* ---- attention ------------------------------------------------------------ */
 
@@ -718,6 +813,10 @@ void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp) {
   dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0_emu;
   dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0_emu;
   dsp->q8tiles[KN_DTYPE_Q5_0_X16] = kn_cpu_amx_q8tiles_q5_0_emu;
+  dsp->q8tiles[KN_DTYPE_Q4_1_X16] = kn_cpu_amx_q8tiles_q4_1_emu;
+  dsp->q8tiles[KN_DTYPE_Q5_1_X16] = kn_cpu_amx_q8tiles_q5_1_emu;
+  dsp->q8tiles[KN_DTYPE_Q4_K_X16] = kn_cpu_amx_q8tiles_q4_k_emu;
+  dsp->q8tiles[KN_DTYPE_Q5_K_X16] = kn_cpu_amx_q8tiles_q5_k_emu;
 }
 
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
@@ -888,52 +987,56 @@ double kn_cpu_amx_dp_rate(long n) {
   return s > 0.0 ? 4.0 * (double)n / s : -1.0;
 }
 
-/* The q8 tiles against their emulation on one problem with every edge (19
- * tokens: a group and three; 32 rows: two groups; K = 96: a pair of blocks and
- * one alone), Q8_0, Q4_0 and Q5_0, bit for bit: NULL, or what differed. */
+/* The q8 tiles against their emulation, bit for bit, every format on one
+ * problem with every edge (19 tokens: a group and three; 32 rows: two
+ * groups; K = 96, a pair of blocks and one alone, or one K-quant super-block):
+ * NULL, or what differed. */
+typedef void (*amx_q8_fn)(float *, ptrdiff_t, const struct kn_cpu_q8_in *, const uint8_t *, size_t,
+                          int, int, int, int);
 static const char *amx_q8_selfcheck(void) {
-  enum { T = 19, N = 32, K = 96, B = K / 32, LDQ = 34 * B };
-  static float in[T * K], row[K], got[T * N], want[T * N];
-  static uint8_t q[T * LDQ], w[N * 34 * B]; /* (Q8_0's rows are the longest) */
-  static float d[T * B];
-  static int32_t o[T * B];
+  enum { T = 19, N = 32, KM = 256, BM = KM / 32 };
+  static float in[T * KM], row[KM], got[T * N], want[T * N], d[T * BM];
+  static uint8_t q[T * 34 * BM], w[N * 176];
+  static int32_t o[T * BM];
+  static const struct {
+    enum kn_dtype dt;
+    amx_q8_fn real, emu;
+    int K, off; /* off: the offset's multiple of the input sum (0: the sum, for a min) */
+  } fs[] = {
+      {KN_DTYPE_Q8_0, kn_cpu_amx_q8tiles_q8_0, kn_cpu_amx_q8tiles_q8_0_emu, 96, 0},
+      {KN_DTYPE_Q4_0, kn_cpu_amx_q8tiles_q4_0, kn_cpu_amx_q8tiles_q4_0_emu, 96, -8},
+      {KN_DTYPE_Q5_0, kn_cpu_amx_q8tiles_q5_0, kn_cpu_amx_q8tiles_q5_0_emu, 96, -16},
+      {KN_DTYPE_Q4_1, kn_cpu_amx_q8tiles_q4_1, kn_cpu_amx_q8tiles_q4_1_emu, 96, 0},
+      {KN_DTYPE_Q5_1, kn_cpu_amx_q8tiles_q5_1, kn_cpu_amx_q8tiles_q5_1_emu, 96, 0},
+      {KN_DTYPE_Q4_K, kn_cpu_amx_q8tiles_q4_k, kn_cpu_amx_q8tiles_q4_k_emu, 256, 0},
+      {KN_DTYPE_Q5_K, kn_cpu_amx_q8tiles_q5_k, kn_cpu_amx_q8tiles_q5_k_emu, 256, 0},
+  };
   uint32_t s = 777;
-  for (int i = 0; i < T * K; i++)
+  for (int i = 0; i < T * KM; i++)
     in[i] = amx_check_value(&s);
-  for (int t = 0; t < T; t++) {
-    if (kn_quantize_row(KN_DTYPE_Q8_0, in + t * K, q + t * LDQ, K)) return "no inputs";
-    for (int b = 0; b < B; b++) {
-      const uint8_t *blk = q + t * LDQ + 34 * b;
-      int sum = 0;
-      for (int e = 0; e < 32; e++)
-        sum += (int8_t)blk[2 + e];
-      d[t * B + b] = kn_le_f16(blk);
-      o[t * B + b] = sum;
+  for (size_t f = 0; f < sizeof(fs) / sizeof(fs[0]); f++) {
+    const int K = fs[f].K, B = K / 32, ldq = 34 * B;
+    for (int t = 0; t < T; t++) {
+      if (kn_quantize_row(KN_DTYPE_Q8_0, in + t * KM, q + t * ldq, K)) return "no inputs";
+      for (int b = 0; b < B; b++) {
+        const uint8_t *blk = q + t * ldq + 34 * b;
+        int sum = 0;
+        for (int e = 0; e < 32; e++)
+          sum += (int8_t)blk[2 + e];
+        d[t * B + b] = kn_le_f16(blk);
+        o[t * B + b] = fs[f].off ? fs[f].off * sum : sum;
+      }
     }
-  }
-  static const enum kn_dtype dts[3] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q5_0};
-  for (int f = 0; f < 3; f++) {
-    static int32_t of[T * B]; /* the offset's term: -8 or -16 times the sum */
-    for (int i = 0; i < T * B; i++)
-      of[i] = o[i] * (f == 2 ? -16 : -8);
-    const struct kn_cpu_q8_in x = {.q = q, .d = d, .o = of, .ldq = LDQ};
-    const size_t rb = kn_row_bytes(dts[f], K);
+    const struct kn_cpu_q8_in x = {.q = q, .d = d, .o = o, .ldq = (size_t)ldq};
+    const size_t rb = kn_row_bytes(fs[f].dt, K);
     for (int r = 0; r < N; r++) {
       for (int k = 0; k < K; k++)
         row[k] = amx_check_value(&s);
-      if (kn_quantize_row(dts[f], row, w + r * rb, K)) return "no weights";
+      if (kn_quantize_row(fs[f].dt, row, w + r * rb, K)) return "no weights";
     }
-    if (kn_x16_pack(dts[f], w, N, K)) return "no X16 weights";
-    if (f == 0) {
-      kn_cpu_amx_q8tiles_q8_0(got, N, &x, w, rb, K, T, N, 0);
-      kn_cpu_amx_q8tiles_q8_0_emu(want, N, &x, w, rb, K, T, N, 0);
-    } else if (f == 1) {
-      kn_cpu_amx_q8tiles_q4_0(got, N, &x, w, rb, K, T, N, 0);
-      kn_cpu_amx_q8tiles_q4_0_emu(want, N, &x, w, rb, K, T, N, 0);
-    } else {
-      kn_cpu_amx_q8tiles_q5_0(got, N, &x, w, rb, K, T, N, 0);
-      kn_cpu_amx_q8tiles_q5_0_emu(want, N, &x, w, rb, K, T, N, 0);
-    }
+    if (kn_x16_pack(fs[f].dt, w, N, K)) return "no X16 weights";
+    fs[f].real(got, N, &x, w, rb, K, T, N, 0);
+    fs[f].emu(want, N, &x, w, rb, K, T, N, 0);
     if (memcmp(got, want, sizeof(got))) return "the int8 tiles differ from the emulated ones";
   }
   return NULL;
@@ -960,6 +1063,10 @@ void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp) {
   dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0;
   dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0;
   dsp->q8tiles[KN_DTYPE_Q5_0_X16] = kn_cpu_amx_q8tiles_q5_0;
+  dsp->q8tiles[KN_DTYPE_Q4_1_X16] = kn_cpu_amx_q8tiles_q4_1;
+  dsp->q8tiles[KN_DTYPE_Q5_1_X16] = kn_cpu_amx_q8tiles_q5_1;
+  dsp->q8tiles[KN_DTYPE_Q4_K_X16] = kn_cpu_amx_q8tiles_q4_k;
+  dsp->q8tiles[KN_DTYPE_Q5_K_X16] = kn_cpu_amx_q8tiles_q5_k;
 }
 
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {

@@ -235,7 +235,7 @@ struct kn_cpu_dsp {
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
   /* The same bits for an X16 weight's groups alone (n a multiple of 16) on
-   * matrix tiles, where the table has them (AMX-INT8: Q8_0, Q4_0, Q5_0), taken
+   * matrix tiles, where the table has them (AMX-INT8: all but Q6_K), taken
    * at KN_CPU_Q8_TILE_TOKENS tokens and more (kn-cpu-ops.c's q8_rows); NULL
    * otherwise. */
   void (*q8tiles[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
@@ -322,24 +322,26 @@ int kn_cpu_has_amx(void);
 /* The check kn_cpu_has_amx makes of the tiles' attention, on any pair of
  * bf16-mode attention kernels (AVX-512-BF16 needed): NULL, or what differed. */
 const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn row);
-/* The q8 mode's X16 Q8_0, Q4_0 and Q5_0 matmuls on AMX-INT8 tiles (kn_cpu_dsp.q8tiles,
- * kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles checked against their
- * emulation, once); the emulated ones on any processor (tests). */
+/* The q8 mode's X16 matmuls on AMX-INT8 tiles (kn_cpu_dsp.q8tiles, every
+ * block format but Q6_K; kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles
+ * checked against their emulation, once); the emulated ones on any processor
+ * (tests). */
 void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp);
 void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_amx_int8(void);
-void kn_cpu_amx_q8tiles_q8_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                             const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
-void kn_cpu_amx_q8tiles_q4_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                             const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
-void kn_cpu_amx_q8tiles_q5_0(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                             const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
-void kn_cpu_amx_q8tiles_q5_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
-void kn_cpu_amx_q8tiles_q8_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
-void kn_cpu_amx_q8tiles_q4_0_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
-                                 const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc);
+#define KN_CPU_AMX_Q8_DECL(SUF)                                                                     \
+  void kn_cpu_amx_q8tiles_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,           \
+                                const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc); \
+  void kn_cpu_amx_q8tiles_##SUF##_emu(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,     \
+                                      const uint8_t *w, size_t row_bytes, int K, int T, int n,     \
+                                      int acc);
+KN_CPU_AMX_Q8_DECL(q8_0)
+KN_CPU_AMX_Q8_DECL(q4_0)
+KN_CPU_AMX_Q8_DECL(q5_0)
+KN_CPU_AMX_Q8_DECL(q4_1)
+KN_CPU_AMX_Q8_DECL(q5_1)
+KN_CPU_AMX_Q8_DECL(q4_k)
+KN_CPU_AMX_Q8_DECL(q5_k)
 void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
                            int K);
 void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
