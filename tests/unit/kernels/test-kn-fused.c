@@ -238,27 +238,40 @@ static void *block_weight(enum kn_dtype dt, int N, int K) {
  * and kn_matmul_glu over every block format give the bits of their kn_matmul
  * calls and kn_gelu_mul on every table: one token (decode) and several (the
  * tiles), N not a multiple of the 4-row tiles, an odd number of blocks
- * (Q4_0's pairs), a strided output, an empty part. */
+ * (Q4_0's pairs), a strided output, an empty part. Last, the weights laid out
+ * 16 rows side by side (kn_weights_prepare) on the best table with the
+ * AMX-INT8 tiles emulated: 17 tokens take the tiles, the rows past the groups
+ * the vector kernels. */
 TH_TEST(q8_matmul_n_and_glu_are_their_matmuls) {
   static const enum kn_dtype bdts[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
                                        KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
   static const int Ts[] = {1, 5, 17};
   kt_seed(35);
-  for (int isa = KN_CPU_ISA_REF; isa <= (int)kn_cpu_isa_detect(); isa++) {
+  for (int isa = KN_CPU_ISA_REF; isa <= (int)kn_cpu_isa_detect() + 1; isa++) {
     struct kn_backend *be = NULL;
-    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0 && be);
+    const int tiles = isa > (int)kn_cpu_isa_detect();
+    if (tiles)
+      TH_REQUIRE(kn_cpu_backend_create_q8_amx_emulated(2, &be) == 0 && be);
+    else
+      TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0 && be);
     for (size_t d = 0; d < CM_ARRAY_LEN(bdts); d++)
       for (size_t ti = 0; ti < CM_ARRAY_LEN(Ts); ti++) {
-        const enum kn_dtype dt = bdts[d];
+        enum kn_dtype dt = bdts[d];
         const int T = Ts[ti], K = kn_block_elems(dt) == 256 ? 512 : 96, ld = 80;
         const int N[4] = {70, 17, 0, 33};
         float *in = kt_rand_f32((size_t)T * K, 1.0f);
         void *w[4];
         float *got[4], *want[4];
         struct kn_mm_part parts[4];
+        for (int i = 0; i < 4; i++)
+          w[i] = block_weight(bdts[d], N[i] > 0 ? N[i] : 1, K);
+        for (int i = 0; i < 4 && tiles; i++) { /* every part with its N rows side by side */
+          enum kn_dtype x = bdts[d];
+          if (N[i] > 0) TH_REQUIRE(kn_weights_prepare(be, w[i], &x, N[i], K) == 0);
+          if (N[i] > 0) dt = x;
+        }
         for (int i = 0; i < 4; i++) {
           const int ldo = i == 1 ? ld : N[i] > 0 ? N[i] : 1;
-          w[i] = block_weight(dt, N[i] > 0 ? N[i] : 1, K);
           got[i] = kt_rand_f32((size_t)T * ldo, 1.0f);
           want[i] = dup_f32(got[i], (size_t)T * ldo);
           parts[i] = (struct kn_mm_part){got[i], ldo, w[i], N[i]};
@@ -271,14 +284,16 @@ TH_TEST(q8_matmul_n_and_glu_are_their_matmuls) {
                              N[i] > 0 ? N[i] : parts[i].ldo))
             th_fail(__FILE__, __LINE__, "%s q8 matmul_n part %d T=%d %s differs",
                     kn_backend_name(be), i, T, kn_dtype_name(dt));
-        /* gate and up of 70 rows, into a strided output */
+        /* gate and up of 33 rows (the gate the first of 70, or with rows side
+         * by side, which go only whole, the 33 of the up), into a strided output */
         float *g = kt_rand_f32((size_t)T * ld, 1.0f), *u = malloc(sizeof(float) * (size_t)T * 70);
         float *scratch = malloc(sizeof(float) * (size_t)T * 70);
         TH_REQUIRE(u && scratch);
         float *g2 = dup_f32(g, (size_t)T * ld);
-        TH_REQUIRE(kn_matmul_glu(be, g, ld, in, K, w[0], NULL, w[3], NULL, dt, T, 33, K, scratch) ==
+        const void *wg = tiles ? w[3] : w[0];
+        TH_REQUIRE(kn_matmul_glu(be, g, ld, in, K, wg, NULL, w[3], NULL, dt, T, 33, K, scratch) ==
                    0);
-        TH_REQUIRE(kn_matmul(be, g2, ld, in, K, w[0], dt, T, 33, K, 0) == 0);
+        TH_REQUIRE(kn_matmul(be, g2, ld, in, K, wg, dt, T, 33, K, 0) == 0);
         TH_REQUIRE(kn_matmul(be, u, 33, in, K, w[3], dt, T, 33, K, 0) == 0);
         TH_REQUIRE(kn_gelu_mul(be, g2, ld, g2, ld, u, 33, T, 33) == 0);
         if (!kt_rows_equal(g, ld, g2, ld, T, ld))
