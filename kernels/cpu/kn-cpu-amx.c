@@ -657,6 +657,17 @@ DEF_AQ(q5_1, AQ_Q5_1)
 DEF_AQ(q4_k, AQ_Q4_K)
 DEF_AQ(q5_k, AQ_Q5_K)
 
+/* kn_cpu_dsp.q8tiles: this build's kernels (the tiles', or the emulated). */
+void AMX_FN(q8_init)(struct kn_cpu_dsp *dsp) {
+  dsp->q8tiles[KN_DTYPE_Q8_0_X16] = AMX_FN(q8tiles_q8_0);
+  dsp->q8tiles[KN_DTYPE_Q4_0_X16] = AMX_FN(q8tiles_q4_0);
+  dsp->q8tiles[KN_DTYPE_Q5_0_X16] = AMX_FN(q8tiles_q5_0);
+  dsp->q8tiles[KN_DTYPE_Q4_1_X16] = AMX_FN(q8tiles_q4_1);
+  dsp->q8tiles[KN_DTYPE_Q5_1_X16] = AMX_FN(q8tiles_q5_1);
+  dsp->q8tiles[KN_DTYPE_Q4_K_X16] = AMX_FN(q8tiles_q4_k);
+  dsp->q8tiles[KN_DTYPE_Q5_K_X16] = AMX_FN(q8tiles_q5_k);
+}
+
 /* ---- attention ------------------------------------------------------------ */
 
 /* The bf16 mode's paged attention on the tiles: the blocks, their order, the
@@ -809,16 +820,6 @@ KN_BF16 void AMX_FN(attn)(const struct kn_cpu_attn_job *job, const struct kn_att
 }
 
 #ifdef KN_AMX_EMULATE
-void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp) {
-  dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0_emu;
-  dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0_emu;
-  dsp->q8tiles[KN_DTYPE_Q5_0_X16] = kn_cpu_amx_q8tiles_q5_0_emu;
-  dsp->q8tiles[KN_DTYPE_Q4_1_X16] = kn_cpu_amx_q8tiles_q4_1_emu;
-  dsp->q8tiles[KN_DTYPE_Q5_1_X16] = kn_cpu_amx_q8tiles_q5_1_emu;
-  dsp->q8tiles[KN_DTYPE_Q4_K_X16] = kn_cpu_amx_q8tiles_q4_k_emu;
-  dsp->q8tiles[KN_DTYPE_Q5_K_X16] = kn_cpu_amx_q8tiles_q5_k_emu;
-}
-
 void kn_cpu_dsp_init_amx_emulated(struct kn_cpu_dsp *dsp) {
   /* the inputs' layout as the real table writes it where the table underneath
    * is AVX-512-BF16's (not where LMSERVE_KERNELS capped it lower) */
@@ -1057,16 +1058,6 @@ int kn_cpu_has_amx_int8(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, amx_q8_probe);
   return amx_q8_ok;
-}
-
-void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp) {
-  dsp->q8tiles[KN_DTYPE_Q8_0_X16] = kn_cpu_amx_q8tiles_q8_0;
-  dsp->q8tiles[KN_DTYPE_Q4_0_X16] = kn_cpu_amx_q8tiles_q4_0;
-  dsp->q8tiles[KN_DTYPE_Q5_0_X16] = kn_cpu_amx_q8tiles_q5_0;
-  dsp->q8tiles[KN_DTYPE_Q4_1_X16] = kn_cpu_amx_q8tiles_q4_1;
-  dsp->q8tiles[KN_DTYPE_Q5_1_X16] = kn_cpu_amx_q8tiles_q5_1;
-  dsp->q8tiles[KN_DTYPE_Q4_K_X16] = kn_cpu_amx_q8tiles_q4_k;
-  dsp->q8tiles[KN_DTYPE_Q5_K_X16] = kn_cpu_amx_q8tiles_q5_k;
 }
 
 void kn_cpu_dsp_init_amx(struct kn_cpu_dsp *dsp) {

@@ -276,9 +276,9 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   if (isa >= KN_CPU_ISA_AVX512 && kn_cpu_has_avx512vnni()) kn_cpu_dsp_init_q8_vnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);
-  if (q8_tiles) kn_cpu_dsp_init_q8_amx(&ctx->dsp);
+  if (q8_tiles) kn_cpu_amx_q8_init(&ctx->dsp);
   if (emulate && bf16 == 2)
-    kn_cpu_dsp_init_q8_amx_emulated(&ctx->dsp);
+    kn_cpu_amx_q8_init_emu(&ctx->dsp);
   else if (emulate)
     kn_cpu_dsp_init_amx_emulated(&ctx->dsp);
   int err = kn_cpu_pool_create(n_threads, &ctx->pool);

@@ -326,8 +326,8 @@ const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn 
  * block format but Q6_K; kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles
  * checked against their emulation, once); the emulated ones on any processor
  * (tests). */
-void kn_cpu_dsp_init_q8_amx(struct kn_cpu_dsp *dsp);
-void kn_cpu_dsp_init_q8_amx_emulated(struct kn_cpu_dsp *dsp);
+void kn_cpu_amx_q8_init(struct kn_cpu_dsp *dsp);
+void kn_cpu_amx_q8_init_emu(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_amx_int8(void);
 #define KN_CPU_AMX_Q8_DECL(SUF)                                                                     \
   void kn_cpu_amx_q8tiles_##SUF(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,           \
