@@ -358,7 +358,7 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
 
 /* ---- the q8 mode's X16 weights on AMX-INT8 ----------------------------------
  *
- * Matmuls of Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K and Q5_K weights in their X16
+ * Matmuls of Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K and Q6_K weights in their X16
  * layout (kn-quant.h) against inputs rounded to Q8_0 blocks (struct
  * kn_cpu_q8_in), per 32-element block (a K-quant's sub-block) one tile
  * product C = X W^T, 16 tokens by 16 rows:
@@ -378,11 +378,15 @@ AMX_TARGET void AMX_FN(dot)(float *out, ptrdiff_t ldo, const uint16_t *x, ptrdif
  *     kn_cpu_dsp.q8dot's bits, whatever T and n.
  * Two blocks go at a time (two A, two B, two C), so that one product's
  * latency overlaps the other's, and each group's B tiles serve up to
- * AMX_Q8_GROUPS groups of 16 tokens. Q6_K (two scales a 32-element block)
- * stays on the vector kernels. */
+ * AMX_Q8_GROUPS groups of 16 tokens.
+ * Q6_K has two scales a 32-element block, one a half: its blocks go one at a
+ * time, the A tile against two B tiles, each with one half's tile rows (its
+ * quants q - 32, signed: tdpbssd) and the other's zero. C0 and C1 are the
+ * halves' exact sums p0 and p1, and p = sc0 p0 + sc1 p1 goes into the
+ * accumulator with dw the row's d (q8dot_min_ref's integer and product). */
 #define AMX_Q8_GROUPS 4
 
-enum amx_q8_kind { AQ_Q8_0, AQ_Q4_0, AQ_Q5_0, AQ_Q4_1, AQ_Q5_1, AQ_Q4_K, AQ_Q5_K };
+enum amx_q8_kind { AQ_Q8_0, AQ_Q4_0, AQ_Q5_0, AQ_Q4_1, AQ_Q5_1, AQ_Q4_K, AQ_Q5_K, AQ_Q6_K };
 
 static const struct amx_cfg amx_cfg_q8 = {
     .palette = 1,
@@ -392,7 +396,7 @@ static const struct amx_cfg amx_cfg_q8 = {
 
 /* A group's bytes of one block (the K-quants: one super-block). */
 static inline size_t aq_group_bytes(enum amx_q8_kind k) {
-  static const unsigned char bytes[] = {34, 18, 22, 20, 24, 144, 176};
+  static const unsigned char bytes[] = {34, 18, 22, 20, 24, 144, 176, 210};
   return (size_t)bytes[k] * KN_X16_ROWS;
 }
 
@@ -518,6 +522,74 @@ aq_scales(enum amx_q8_kind k, const uint8_t *g, size_t gb, int b, float *dw, flo
 }
 #endif
 
+/* Q6_K's sub-block b of the group at g (gb bytes a super-block): tile rows
+ * 0-3 of lo and 4-7 of hi (the halves' elements four at a time; the other
+ * rows stay zero) its quants q - 32, from the bytes of ql's quads 16 h + 8
+ * (c & 1) + k (the high nibbles from c & 2) and qh's quads 8 h + k (bits 2
+ * (c & 3) and up), c = b % 8, h = c / 4; the rows' scales of the halves s0
+ * and s1 (bytes 2 c and 2 c + 1 of the 16) and their d, dw. */
+#ifdef KN_AMX_EMULATE
+static void aq_q6(const uint8_t *g, size_t gb, int b, uint8_t *lo, uint8_t *hi, int32_t *s0,
+                  int32_t *s1, float *dw) {
+  const uint8_t *sb = g + (size_t)(b / 8) * gb;
+  const int c = b % 8, h = c / 4, p = c % 4;
+  for (int k = 0; k < 8; k++) {
+    const uint8_t *ql = sb + 288 + 64 * (16 * h + 8 * (p & 1) + k),
+                  *qh = sb + 2336 + 64 * (8 * h + k);
+    for (int i = 0; i < 64; i++) {
+      const int v = ((p >= 2 ? ql[i] >> 4 : ql[i]) & 0x0F) | ((qh[i] >> (2 * p)) & 3) << 4;
+      (k < 4 ? lo : hi)[64 * k + i] = (uint8_t)(int8_t)(v - 32);
+    }
+  }
+  for (int r = 0; r < 16; r++) {
+    const uint8_t *sc = sb + 32 + 64 * (c / 2) + 4 * r + 2 * (c & 1);
+    s0[r] = (int8_t)sc[0];
+    s1[r] = (int8_t)sc[1];
+    dw[r] = kn_le_f16(sb + 2 * r);
+  }
+}
+
+/* The first nt tokens' p = s0 c0 + s1 c1, row by row, into c0. */
+static void aq_q6_sum(int32_t *c0, const int32_t *c1, const int32_t *s0, const int32_t *s1,
+                      int nt) {
+  for (int m = 0; m < nt; m++)
+    for (int r = 0; r < 16; r++)
+      c0[16 * m + r] = s0[r] * c0[16 * m + r] + s1[r] * c1[16 * m + r];
+}
+#else
+AMX_TARGET static inline __attribute__((always_inline)) void aq_q6(const uint8_t *g, size_t gb,
+                                                                   int b, uint8_t *lo, uint8_t *hi,
+                                                                   int32_t *s0, int32_t *s1,
+                                                                   float *dw) {
+  const uint8_t *sb = g + (size_t)(b / 8) * gb;
+  const int c = b % 8, h = c / 4, p = c % 4;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
+  for (int k = 0; k < 8; k++) {
+    __m512i l = _mm512_loadu_si512(sb + 288 + 64 * (16 * h + 8 * (p & 1) + k));
+    const __m512i q = _mm512_loadu_si512(sb + 2336 + 64 * (8 * h + k));
+    if (p >= 2) l = _mm512_srli_epi16(l, 4);
+    /* the shifts within 16-bit lanes: each byte keeps its own bits after the masks */
+    const __m512i up = _mm512_and_si512(_mm512_srli_epi16(q, (unsigned)(2 * p)), m2);
+    const __m512i v = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(up, 4));
+    _mm512_store_si512((k < 4 ? lo : hi) + 64 * k, _mm512_sub_epi8(v, k32));
+  }
+  const __m512i sc = _mm512_loadu_si512(sb + 32 + 64 * (c / 2));
+  const unsigned at = 16 * (unsigned)(c & 1);
+  _mm512_store_si512(s0, _mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - at), 24));
+  _mm512_store_si512(s1, _mm512_srai_epi32(_mm512_slli_epi32(sc, 16 - at), 24));
+  _mm512_store_ps(dw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sb)));
+}
+
+AMX_TARGET static inline __attribute__((always_inline)) void
+aq_q6_sum(int32_t *c0, const int32_t *c1, const int32_t *s0, const int32_t *s1, int nt) {
+  const __m512i a = _mm512_load_si512(s0), b = _mm512_load_si512(s1);
+  for (int m = 0; m < nt; m++)
+    _mm512_store_si512(c0 + 16 * m,
+                       _mm512_add_epi32(_mm512_mullo_epi32(a, _mm512_load_si512(c0 + 16 * m)),
+                                        _mm512_mullo_epi32(b, _mm512_load_si512(c1 + 16 * m))));
+}
+#endif
+
 /* The 32 quants of the first nt tokens' block at q (ldq apart), zeros after,
  * as one A tile at dst. The real table's version calls nothing: it runs while
  * B tiles hold weights, and the ABI leaves the tile registers to the callee. */
@@ -576,10 +648,11 @@ AMX_TARGET static void amx_q8_tiles(const enum amx_q8_kind k, float *out, ptrdif
                                     const struct kn_cpu_q8_in *x, const uint8_t *w,
                                     size_t row_bytes, int K, int T, int n, int accumulate) {
   AMX_STATE;
-  _Alignas(64) uint8_t pa[2][16 * 32], pb[2][512];
-  _Alignas(64) int32_t c[2][256];
+  _Alignas(64) uint8_t pa[2][16 * 32], pb[2][512] = {{0}}; /* Q6_K: the zero rows stay */
+  _Alignas(64) int32_t c[2][256], s6[2][16] = {{0}};
   _Alignas(64) float acc[AMX_Q8_GROUPS][256], dw[2][16] = {{0}}, mw[2][16] = {{0}};
-  const int B = K / 32, off = k == AQ_Q4_0 || k == AQ_Q5_0, mn = k >= AQ_Q4_1;
+  const int q6 = k == AQ_Q6_K, B = K / 32, off = k == AQ_Q4_0 || k == AQ_Q5_0;
+  const int mn = k >= AQ_Q4_1 && !q6;
   const size_t gb = aq_group_bytes(k), ldq = x->ldq;
   T_CFG(&amx_cfg_q8);
   for (int j = 0; j < n; j += KN_X16_ROWS) {
@@ -587,10 +660,16 @@ AMX_TARGET static void amx_q8_tiles(const enum amx_q8_kind k, float *out, ptrdif
     for (int t0 = 0; t0 < T; t0 += 16 * AMX_Q8_GROUPS) {
       const int ng = (T - t0 + 15) / 16 < AMX_Q8_GROUPS ? (T - t0 + 15) / 16 : AMX_Q8_GROUPS;
       memset(acc, 0, sizeof(float) * 256 * (size_t)ng);
-      for (int b = 0; b < B; b += 2) {
-        const int two = b + 1 < B;
-        aq_scales(k, g, gb, b, dw[0], mw[0]);
-        T_LOADB(4, aq_btile(k, g, gb, b, pb[0]), 64);
+      for (int b = 0; b < B; b += q6 ? 1 : 2) {
+        const int two = !q6 && b + 1 < B;
+        if (q6) {
+          aq_q6(g, gb, b, pb[0], pb[1], s6[0], s6[1], dw[0]);
+          T_LOADB(4, pb[0], 64);
+          T_LOADB(5, pb[1], 64);
+        } else {
+          aq_scales(k, g, gb, b, dw[0], mw[0]);
+          T_LOADB(4, aq_btile(k, g, gb, b, pb[0]), 64);
+        }
         if (two) {
           aq_scales(k, g, gb, b + 1, dw[1], mw[1]);
           T_LOADB(5, aq_btile(k, g, gb, b + 1, pb[1]), 64);
@@ -610,11 +689,14 @@ AMX_TARGET static void amx_q8_tiles(const enum amx_q8_kind k, float *out, ptrdif
             }
           }
           T_ZERO(0);
-          if (k == AQ_Q8_0)
+          if (k == AQ_Q8_0 || q6)
             T_DPSS(0, 2, 4);
           else
             T_DPSU(0, 2, 4);
-          if (two) {
+          if (q6) { /* the second half's B against the same A */
+            T_ZERO(1);
+            T_DPSS(1, 2, 5);
+          } else if (two) {
             T_ZERO(1);
             if (k == AQ_Q8_0)
               T_DPSS(1, 3, 5);
@@ -622,7 +704,8 @@ AMX_TARGET static void amx_q8_tiles(const enum amx_q8_kind k, float *out, ptrdif
               T_DPSU(1, 3, 5);
           }
           T_STORE(0, c[0], 64);
-          if (two) T_STORE(1, c[1], 64);
+          if (two || q6) T_STORE(1, c[1], 64);
+          if (q6) aq_q6_sum(c[0], c[1], s6[0], s6[1], nt);
           const float *dx = x->d + (size_t)t * B + b;
           const int32_t *o = off || mn ? x->o + (size_t)t * B + b : NULL;
           amx_q8_fold(acc[i], c[0], dw[0], mw[0], dx, o, B, nt, off, mn);
@@ -656,6 +739,7 @@ DEF_AQ(q4_1, AQ_Q4_1)
 DEF_AQ(q5_1, AQ_Q5_1)
 DEF_AQ(q4_k, AQ_Q4_K)
 DEF_AQ(q5_k, AQ_Q5_K)
+DEF_AQ(q6_k, AQ_Q6_K)
 
 /* kn_cpu_dsp.q8tiles: this build's kernels (the tiles', or the emulated). */
 void AMX_FN(q8_init)(struct kn_cpu_dsp *dsp) {
@@ -666,6 +750,7 @@ void AMX_FN(q8_init)(struct kn_cpu_dsp *dsp) {
   dsp->q8tiles[KN_DTYPE_Q5_1_X16] = AMX_FN(q8tiles_q5_1);
   dsp->q8tiles[KN_DTYPE_Q4_K_X16] = AMX_FN(q8tiles_q4_k);
   dsp->q8tiles[KN_DTYPE_Q5_K_X16] = AMX_FN(q8tiles_q5_k);
+  dsp->q8tiles[KN_DTYPE_Q6_K_X16] = AMX_FN(q8tiles_q6_k);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -997,7 +1082,7 @@ typedef void (*amx_q8_fn)(float *, ptrdiff_t, const struct kn_cpu_q8_in *, const
 static const char *amx_q8_selfcheck(void) {
   enum { T = 19, N = 32, KM = 256, BM = KM / 32 };
   static float in[T * KM], row[KM], got[T * N], want[T * N], d[T * BM];
-  static uint8_t q[T * 34 * BM], w[N * 176];
+  static uint8_t q[T * 34 * BM], w[N * 210];
   static int32_t o[T * BM];
   static const struct {
     enum kn_dtype dt;
@@ -1011,6 +1096,7 @@ static const char *amx_q8_selfcheck(void) {
       {KN_DTYPE_Q5_1, kn_cpu_amx_q8tiles_q5_1, kn_cpu_amx_q8tiles_q5_1_emu, 96, 0},
       {KN_DTYPE_Q4_K, kn_cpu_amx_q8tiles_q4_k, kn_cpu_amx_q8tiles_q4_k_emu, 256, 0},
       {KN_DTYPE_Q5_K, kn_cpu_amx_q8tiles_q5_k, kn_cpu_amx_q8tiles_q5_k_emu, 256, 0},
+      {KN_DTYPE_Q6_K, kn_cpu_amx_q8tiles_q6_k, kn_cpu_amx_q8tiles_q6_k_emu, 256, 0},
   };
   uint32_t s = 777;
   for (int i = 0; i < T * KM; i++)

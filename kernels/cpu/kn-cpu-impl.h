@@ -323,7 +323,7 @@ int kn_cpu_has_amx(void);
  * bf16-mode attention kernels (AVX-512-BF16 needed): NULL, or what differed. */
 const char *kn_cpu_amx_check_attention(kn_cpu_attn_tile_fn tile, kn_cpu_attn_fn row);
 /* The q8 mode's X16 matmuls on AMX-INT8 tiles (kn_cpu_dsp.q8tiles, every
- * block format but Q6_K; kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles
+ * block format; kn-cpu-amx.c), where kn_cpu_has_amx_int8 (the tiles
  * checked against their emulation, once); the emulated ones on any processor
  * (tests). */
 void kn_cpu_amx_q8_init(struct kn_cpu_dsp *dsp);
@@ -342,6 +342,7 @@ KN_CPU_AMX_Q8_DECL(q4_1)
 KN_CPU_AMX_Q8_DECL(q5_1)
 KN_CPU_AMX_Q8_DECL(q4_k)
 KN_CPU_AMX_Q8_DECL(q5_k)
+KN_CPU_AMX_Q8_DECL(q6_k)
 void kn_cpu_amx_round_rows(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,
                            int K);
 void kn_cpu_amx_round_rows_emu(uint16_t *dst, ptrdiff_t ldd, const float *in, ptrdiff_t ldi, int T,

@@ -293,8 +293,8 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   const int x16 = kn_dtype_x16(xdt);
   TH_CHECK(x16 == (N >= KN_X16_ROWS)); /* every block format has its layout */
   TH_CHECK(x16 == (memcmp(xw, w, rb * N) != 0));
-  /* every table, then the best one with its X16 Q8_0 and Q4_0 matmuls of 16
-   * tokens and more on the AMX-INT8 tiles, emulated */
+  /* every table, then the best one with its X16 matmuls of 16 tokens and
+   * more on the AMX-INT8 tiles, emulated */
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512 + 1; isa++) {
     struct kn_backend *be = NULL;
     if (isa > KN_CPU_ISA_AVX512)
@@ -470,6 +470,9 @@ TH_TEST(q8_mode_integer_dot_products) {
   check_q8_mode(KN_DTYPE_Q4_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q6_K, 768, 40, 256);
+  /* the K-quants' last group of tokens on the tiles five long, past two of 16 */
+  for (int dt = KN_DTYPE_Q4_K; dt <= KN_DTYPE_Q6_K; dt++)
+    check_q8_mode((enum kn_dtype)dt, 512, 40, 37);
   int mode = -1;
   char err[128];
   TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
