@@ -1,15 +1,57 @@
-/* fuzz-gguf.c — fuzz target for model/'s GGUF reader. The reader must return
- * 0 or a negative cm_err with a message; what it yields must lie inside the
- * input: every metadata value's bytes, every string of an array, every known
- * tensor's bytes. Any other outcome aborts (a finding). */
+/* fuzz-gguf.c — fuzz target for model/'s GGUF reader and what reads its
+ * metadata. The reader must return 0 or a negative cm_err with a message;
+ * what it yields must lie inside the input: every metadata value's bytes,
+ * every string of an array, every known tensor's bytes. An open file then
+ * goes to the model description (md_config_from_gguf) and the tokenizer
+ * (tk_from_gguf, with its chat template), which must also end in 0 or a
+ * negative cm_err with a message; a tokenizer made from the file encodes
+ * and decodes a short text. Any other outcome aborts (a finding). The seeds
+ * gemma3.gguf and gemma4.gguf are small but whole: the metadata of both
+ * architectures, a vocabulary (SentencePiece scores; Gemma 4's merges) and
+ * a token_embd.weight, so the fuzzer starts where those readers go deep. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 #include "model/md-gguf.h"
+#include "tokenizer/tk-tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* rc is 0, or a negative cm_err with a message in err. */
+static void clean_end(int rc, const char *err) {
+  if (rc > 0 || (rc < 0 && (rc <= CM_ERR__LAST || !err[0]))) abort();
+}
+
+/* The model description and the tokenizer of open file g. */
+static void readers(const struct md_gguf *g) {
+  struct md_config cfg;
+  char err[256] = "";
+  clean_end(md_config_from_gguf(g, &cfg, err, sizeof(err)), err);
+  struct tk_tokenizer *tok = NULL;
+  char *tmpl = NULL;
+  err[0] = 0;
+  int rc = tk_from_gguf(g, "fuzz.gguf", &tok, &tmpl, err, sizeof(err));
+  clean_end(rc, err);
+  if (rc) {
+    if (tok || tmpl) abort();
+    return;
+  }
+  static const char text_in[] = "abc \n<bos>user";
+  int32_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  if (tk_encode(tok, NULL, text_in, sizeof(text_in) - 1, TK_DEFAULT, &ids, &n, &cap) == 0) {
+    char *text = NULL;
+    size_t len = 0, tcap = 0;
+    if (tk_decode(tok, ids, n, 0, &text, &len, &tcap) == 0 && strlen(text) != len) abort();
+    free(text);
+  }
+  free(ids);
+  free(tmpl);
+  tk_free(tok);
+}
 
 static void inside(const uint8_t *base, size_t size, const void *p, uint64_t n) {
   const uint8_t *q = p;
@@ -20,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct md_gguf *g = NULL;
   char err[256] = "";
   int rc = md_gguf_open_mem(data, size, "fuzz.gguf", &g, err, sizeof(err));
-  if (rc > 0 || (rc < 0 && (rc <= CM_ERR__LAST || !err[0]))) abort();
+  clean_end(rc, err);
   if (rc) return 0;
   for (int i = 0; i < md_gguf_kv_count(g); i++) {
     const struct md_gguf_kv *kv = md_gguf_kv_at(g, i);
@@ -42,6 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (t->nbytes) inside(data, size, t->data, t->nbytes);
     if (md_gguf_find_tensor(g, t->name) != t) abort();
   }
+  readers(g);
   md_gguf_close(g);
   return 0;
 }
