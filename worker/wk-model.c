@@ -406,7 +406,7 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "%s: %s (%s at load) cannot be split at column %d: tensor-parallel cuts of "
                     "block formats fall on whole blocks of %d",
-                    t->file, name, kn_dtype_name(q), c0, be);
+                    t->file, name, kn_dtype_name(q), c0 % be ? c0 : c0 + cols, be);
     return;
   }
   enum kn_dtype src = kn_of(t);
@@ -452,7 +452,7 @@ static int block_ok(struct binder *b, const struct md_tensor *t, enum wk_shard s
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "%s: %s (%s) cannot be split at column %d: tensor-parallel cuts of block "
                     "formats fall on whole blocks of %d",
-                    t->file, name, kn_dtype_name(dt), cut.off, be);
+                    t->file, name, kn_dtype_name(dt), cut.off % be ? cut.off : cut.off + cut.n, be);
   return b->rc == 0;
 }
 

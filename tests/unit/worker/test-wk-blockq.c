@@ -182,13 +182,16 @@ TH_TEST(quantization_refusals_are_clear) {
   struct wk_model *m = NULL;
   TH_CHECK_EQ_INT(wk_model_load(gguf[0], be, &o, &m, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "--quantization q4_0") && strstr(err, "GGUF"));
-  /* four ranks cut the MLP's 512 columns at 128: not whole blocks of 256 */
+  /* four ranks cut the MLP's 512 columns at 128: not whole blocks of 256;
+   * the message names the cut, the first rank's at its end */
   o.quantization = WK_QUANT_Q4_K;
   o.tp_size = 4;
-  o.tp_rank = 1;
-  err[0] = 0;
-  TH_CHECK(wk_model_load(dir, be, &o, &m, err, sizeof(err)) != 0);
-  TH_CHECK(strstr(err, "whole blocks of 256") != NULL);
+  for (o.tp_rank = 0; o.tp_rank < 2; o.tp_rank++) {
+    err[0] = 0;
+    TH_CHECK(wk_model_load(dir, be, &o, &m, err, sizeof(err)) != 0);
+    TH_CHECK(strstr(err, "whole blocks of 256") != NULL);
+    TH_CHECK(strstr(err, "split at column 128") != NULL);
+  }
   /* a backend without block kernels (as a CUDA one whose block kernels failed
    * their check at creation is): the CPU less the bit */
   be->caps &= ~(unsigned)KN_CAP_BLOCK_WEIGHTS;
