@@ -62,9 +62,9 @@ TH_TEST(cuda_block_weights_offered_and_checked) {
   TH_CHECK(kn_backend_has(e.gpu, KN_CAP_BLOCK_WEIGHTS));
   char why[256];
   /* bf16 operands above the few-rows kernel's rows, as the backend's own check
-   * (none with LMSERVE_CUDA_GEMV=0: every call on the tiles) */
-  const char *gv = getenv("LMSERVE_CUDA_GEMV");
-  const int f32_rows = gv && !strcmp(gv, "0") ? 0 : KN_CUDA_QGEMV_T;
+   * has them (none where LMSERVE_CUDA_GEMV=0 turned that kernel off) */
+  const struct kn_cuda_ctx *c = e.gpu->ctx;
+  const int f32_rows = c->qgemv ? KN_CUDA_QGEMV_T : 0;
   unsigned bad = kn_block_check(e.gpu, f32_rows, 3e-5, why, sizeof why);
   if (bad) printf("# block check: formats 0x%x failed: %s\n", bad, why);
   TH_CHECK_EQ_INT(bad, 0);
