@@ -53,6 +53,8 @@
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 
+static int is_mmproj(const char *path, char *err, size_t errlen);
+
 int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_t errlen) {
   struct stat st;
   size_t ml = strlen(model);
@@ -82,12 +84,15 @@ int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_
   while ((e = readdir(d))) {
     size_t l = strlen(e->d_name);
     if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s", model, e->d_name);
+    if (is_mmproj(p, err, errlen) == 1) continue; /* a vision tower beside the model */
     if (found++) {
       closedir(d);
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s holds several .gguf files and no config.json: name the file", model);
     }
-    snprintf(path, n, "%s/%s", model, e->d_name);
+    snprintf(path, n, "%s", p);
   }
   closedir(d);
   return found;
@@ -573,11 +578,199 @@ int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *er
                  arch);
 }
 
-int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size_t errlen) {
+int md_config_load_gguf(const char *model, const char *path, struct md_config *cfg, char *err,
+                        size_t errlen) {
   struct md_gguf *g = NULL;
   int rc = md_gguf_open(path, &g, err, errlen);
   if (rc) return rc;
   rc = md_config_from_gguf(g, cfg, err, errlen);
+  if (!rc) rc = md_config_load_mmproj(model, g, cfg, err, errlen);
   md_gguf_close(g);
   return rc;
+}
+
+/* ---- a vision tower beside the model file (llama.cpp's mmproj) -------------- */
+
+/* 1 when the GGUF file at path is a vision tower (general.architecture
+ * "clip", as llama.cpp's converter writes an mmproj file), 0 when it is not, a
+ * negative cm_err when it cannot be read. */
+static int is_mmproj(const char *path, char *err, size_t errlen) {
+  struct md_gguf *g = NULL;
+  int rc = md_gguf_open(path, &g, err, errlen);
+  if (rc) return rc;
+  const char *arch;
+  size_t alen;
+  int clip = !md_gguf_get_str(g, "general.architecture", &arch, &alen) && alen == 4 &&
+             !memcmp(arch, "clip", 4);
+  md_gguf_close(g);
+  return clip;
+}
+
+int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, size_t errlen) {
+  struct stat st;
+  if (stat(model, &st) || !S_ISDIR(st.st_mode)) return 0;
+  DIR *d = opendir(model);
+  if (!d) return 0;
+  int found = 0, rc = 0;
+  struct dirent *e;
+  while (!rc && (e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s", model, e->d_name);
+    int clip = is_mmproj(p, err, errlen);
+    if (clip < 0) rc = clip;
+    if (clip <= 0) continue;
+    if (found++)
+      rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s holds several vision towers (.gguf files of architecture clip): keep one",
+                   model);
+    else
+      snprintf(path, n, "%s", p);
+  }
+  closedir(d);
+  return rc ? rc : found;
+}
+
+/* A clip.vision.* integer as a JSON field of vision_config. */
+static int vision_int(const struct md_gguf *mm, const char *key, json_t *vc, const char *field,
+                      char *err, size_t errlen) {
+  char k[96];
+  int64_t v;
+  snprintf(k, sizeof(k), "clip.vision.%s", key);
+  int rc = need_int(mm, k, &v, err, errlen);
+  if (!rc) json_object_set_new(vc, field, json_integer(v));
+  return rc;
+}
+
+/* clip.vision.image_mean or image_std as a JSON array (3 numbers). */
+static int vision_triple(const struct md_gguf *mm, const char *key, json_t *pre, char *err,
+                         size_t errlen) {
+  char k[96];
+  snprintf(k, sizeof(k), "clip.vision.%s", key);
+  const struct md_gguf_kv *kv = md_gguf_find_kv(mm, k);
+  if (!kv) return 0; /* the processor's default */
+  json_t *a = json_array();
+  double x;
+  for (uint64_t i = 0; kv->type == MD_GGUF_ARRAY && i < kv->n && i < MD_MAX_CHANNELS; i++)
+    if (!md_gguf_arr_f64(kv, i, &x)) json_array_append_new(a, json_real(x));
+  if (kv->type != MD_GGUF_ARRAY || json_array_size(a) != kv->n) {
+    json_decref(a);
+    return cm_fail(err, errlen, CM_ERR_PARSE, "GGUF: %s must hold one number per channel", k);
+  }
+  json_object_set_new(pre, key, a);
+  return 0;
+}
+
+/* Gemma 3's SigLIP tower from an mmproj file (clip.projector_type "gemma3";
+ * llama.cpp's converter, Gemma3VisionModel, and tools/mtmd/clip.cpp): the
+ * keys below as vision_config, 256 soft tokens an image unless
+ * clip.vision.projector.scale_factor pools otherwise than by 4, the image
+ * tokens found in the text file's vocabulary (Gemma3Config's ids in a file without
+ * one, which takes --tokenizer), and image_mean / image_std as
+ * the preprocessing (resized to image_size, bilinear, rescaled by 1/255). All
+ * of it then goes through md_config_parse_vision's checks. */
+int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
+                         struct md_config *cfg, char *err, size_t errlen) {
+  const char *pt;
+  size_t plen;
+  if (cfg->arch != MD_ARCH_GEMMA3)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "mmproj: a vision tower is read for Gemma 3 models only (this model is %s)",
+                   cfg->model_type);
+  if (md_gguf_get_str(mm, "clip.projector_type", &pt, &plen) || plen != 6 ||
+      memcmp(pt, "gemma3", 6))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "mmproj: clip.projector_type is not \"gemma3\" (Gemma 3's projector is the "
+                   "only one read)");
+  int has = 1;
+  md_gguf_get_bool(mm, "clip.has_vision_encoder", &has);
+  if (!has)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "mmproj: the file has no vision encoder");
+  int gelu = 1; /* absent: SigLIP's tanh GELU, as transformers computes it */
+  md_gguf_get_bool(mm, "clip.use_gelu", &gelu);
+  if (!gelu)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "mmproj: clip.use_gelu is false (the quick GELU is not Gemma 3's)");
+  json_t *root = json_object(), *vc = json_object(), *pre = json_object();
+  json_object_set_new(root, "vision_config", vc);
+  json_object_set_new(vc, "model_type", json_string("siglip_vision_model"));
+  int64_t image = 0, patch = 0, scale = 4, proj = 0;
+  double eps = 1e-6;
+  int rc = 0;
+  if ((rc = vision_int(mm, "embedding_length", vc, "hidden_size", err, errlen)) ||
+      (rc = vision_int(mm, "feed_forward_length", vc, "intermediate_size", err, errlen)) ||
+      (rc = vision_int(mm, "block_count", vc, "num_hidden_layers", err, errlen)) ||
+      (rc = vision_int(mm, "attention.head_count", vc, "num_attention_heads", err, errlen)) ||
+      (rc = need_int(mm, "clip.vision.image_size", &image, err, errlen)) ||
+      (rc = need_int(mm, "clip.vision.patch_size", &patch, err, errlen)) ||
+      (rc = vision_triple(mm, "image_mean", pre, err, errlen)) ||
+      (rc = vision_triple(mm, "image_std", pre, err, errlen)))
+    goto done;
+  md_gguf_get_f64(mm, "clip.vision.attention.layer_norm_epsilon", &eps);
+  md_gguf_get_int(mm, "clip.vision.projector.scale_factor", &scale);
+  if (!md_gguf_get_int(mm, "clip.vision.projection_dim", &proj) && proj != cfg->hidden) {
+    rc = cm_fail(err, errlen, CM_ERR_SHAPE,
+                 "mmproj: clip.vision.projection_dim %lld is not the model's hidden size %d",
+                 (long long)proj, cfg->hidden);
+    goto done;
+  }
+  /* clip.cpp pools the patch grid by scale_factor x scale_factor; that is the
+     pooling md_config_parse_vision derives only when it divides the grid */
+  if (image < 1 || patch < 1 || scale < 1 || image / patch < scale || image / patch % scale) {
+    rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                 "mmproj: clip.vision.projector.scale_factor %lld does not divide the %lld x %lld "
+                 "patch grid (image_size %lld, patch_size %lld)",
+                 (long long)scale, (long long)(patch > 0 ? image / patch : 0),
+                 (long long)(patch > 0 ? image / patch : 0), (long long)image, (long long)patch);
+    goto done;
+  }
+  int64_t side = image / patch / scale, boi = token_id(text, "<start_of_image>"),
+          eoi = token_id(text, "<end_of_image>"), img = token_id(text, "<image_soft_token>");
+  if (!md_gguf_find_kv(text, "tokenizer.ggml.tokens")) /* no vocabulary: Gemma3Config's ids */
+    boi = 255999, eoi = 256000, img = 262144;
+  if (boi < 0 || eoi < 0) {
+    rc = cm_fail(err, errlen, CM_ERR_PARSE,
+                 "mmproj: the model's vocabulary has no <start_of_image> / <end_of_image>");
+    goto done;
+  }
+  json_object_set_new(vc, "image_size", json_integer(image));
+  json_object_set_new(vc, "patch_size", json_integer(patch));
+  json_object_set_new(vc, "layer_norm_eps", json_real(eps));
+  json_object_set_new(root, "mm_tokens_per_image", json_integer(side * side));
+  json_object_set_new(root, "boi_token_index", json_integer(boi));
+  json_object_set_new(root, "eoi_token_index", json_integer(eoi));
+  /* <image_soft_token> is past a 262144-row table's vocabulary in Gemma 3's
+     tokenizer; the converter leaves it out, and its rows are replaced anyway */
+  json_object_set_new(root, "image_token_index", json_integer(img >= 0 ? img : 262144));
+  json_object_set_new(pre, "size", json_pack("{s:I,s:I}", "height", image, "width", image));
+  char *vt = json_dumps(root, JSON_COMPACT), *pt2 = json_dumps(pre, JSON_COMPACT);
+  if (!vt || !pt2)
+    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  else if (!(rc = md_config_parse_vision(vt, strlen(vt), cfg, err, errlen)))
+    rc = md_config_parse_preproc(pt2, strlen(pt2), 0, cfg, err, errlen);
+  free(vt);
+  free(pt2);
+done:
+  json_decref(root);
+  json_decref(pre);
+  if (rc) cfg->vision.present = 0;
+  return rc;
+}
+
+int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,
+                          char *err, size_t errlen) {
+  char path[4200];
+  int rc = md_model_mmproj_path(model, path, sizeof(path), err, errlen);
+  if (rc <= 0) return rc;
+  struct md_gguf *mm = NULL;
+  if ((rc = md_gguf_open(path, &mm, err, errlen))) return rc;
+  rc = md_config_add_mmproj(mm, text, cfg, err, errlen);
+  md_gguf_close(mm);
+  if (rc) {
+    char why[512];
+    snprintf(why, sizeof(why), "%s", err);
+    return cm_fail(err, errlen, rc, "%s: %s", path, why);
+  }
+  return 0;
 }

@@ -1138,6 +1138,16 @@ static int parse_preproc(const char *text, size_t len, int nested, struct md_con
   return rc;
 }
 
+int md_config_parse_vision(const char *text, size_t len, struct md_config *cfg, char *err,
+                           size_t errlen) {
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, 0, &jerr);
+  if (!root) return cm_fail(err, errlen, CM_ERR_PARSE, "vision config: %s", jerr.text);
+  int rc = parse_vision(root, cfg, err, errlen);
+  json_decref(root);
+  return rc;
+}
+
 int md_config_parse_preproc(const char *text, size_t len, int nested, struct md_config *cfg,
                             char *err, size_t errlen) {
   return parse_preproc(text, len, nested, cfg, 0, err, errlen);
@@ -1168,7 +1178,7 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
   char path[4096];
   int g = md_model_gguf_path(dir, path, sizeof(path), err, errlen);
   if (g < 0) return g;
-  if (g) return md_config_load_gguf(path, cfg, err, errlen);
+  if (g) return md_config_load_gguf(dir, path, cfg, err, errlen);
   snprintf(path, sizeof(path), "%s/config.json", dir);
   char *text = NULL;
   size_t len = 0;

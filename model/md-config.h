@@ -247,7 +247,29 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
 struct md_gguf;
 int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_t errlen);
 int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *err, size_t errlen);
-int md_config_load_gguf(const char *path, struct md_config *cfg, char *err, size_t errlen);
+int md_config_load_gguf(const char *model, const char *path, struct md_config *cfg, char *err,
+                        size_t errlen);
+
+/* A Gemma 3 vision tower in llama.cpp's mmproj layout (a GGUF file of
+ * general.architecture "clip", clip.projector_type "gemma3") beside the
+ * model file in a model folder. md_model_mmproj_path: 1 and its path when
+ * model is a folder holding one, 0 when none (or model is a file), a
+ * negative cm_err with a sentence for several. md_config_add_mmproj: its
+ * tower, preprocessing and image tokens (from the text file's vocabulary)
+ * into the text config cfg; md_config_load_mmproj finds and opens it for
+ * model (0 and cfg as it was when there is none). md_config_load_gguf
+ * (model: the folder or file the user named) does both. */
+int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, size_t errlen);
+int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
+                         struct md_config *cfg, char *err, size_t errlen);
+int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,
+                          char *err, size_t errlen);
+
+/* config.json's "vision_config" and Gemma 3's image fields (mm_tokens_per_image,
+ * boi/eoi/image_token_index) of JSON text into cfg->vision, for a text config
+ * already in cfg, with the checks config.json's get. */
+int md_config_parse_vision(const char *text, size_t len, struct md_config *cfg, char *err,
+                           size_t errlen);
 
 /* Parses preprocessor_config.json text (or, with nested != 0, the
  * "image_processor" object of processor_config.json) into cfg->vision.pre,

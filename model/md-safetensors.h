@@ -101,6 +101,9 @@ void *md_st_owner(const struct md_st *st, void (*owner_free)(void *));
 int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errlen);
 struct md_gguf;
 const struct md_gguf *md_st_gguf(const struct md_st *st);
+/* The tensors of the mmproj file beside a GGUF model (md_model_mmproj_path),
+ * under Hugging Face's names for Gemma 3's vision tower and projector. */
+int md_st_open_mmproj(const char *model, struct md_st **out, char *err, size_t errlen);
 
 /* ---- writer --------------------------------------------------------------- */
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "model/md-config.h"
 #include "model/md-gguf.h"
 #include "model/md-safetensors.h"
 
@@ -58,6 +59,44 @@ static const char *const top_names[][2] = {
     {"per_layer_proj_norm.weight", "model.per_layer_projection_norm.weight"},
 };
 
+/* A Gemma 3 mmproj file's tensors (llama.cpp's converter, Gemma3VisionModel,
+ * through gguf-py's tensor_mapping.py; tools/mtmd/clip.cpp reads them): the
+ * SigLIP tower's after "v.blk.N." (ours after "vision_tower.vision_model.
+ * encoder.layers.N."), then those outside the layers. The MLP's two matrices
+ * are told apart by their shapes (mmproj_ffn), as clip.cpp does for files
+ * whose converter swapped ffn_up and ffn_down. */
+static const char *const vision_layer_names[][2] = {
+    {"attn_q.", "self_attn.q_proj."}, {"attn_k.", "self_attn.k_proj."},
+    {"attn_v.", "self_attn.v_proj."}, {"attn_out.", "self_attn.out_proj."},
+    {"ln1.", "layer_norm1."},         {"ln2.", "layer_norm2."},
+};
+
+#define VISION_PREFIX "vision_tower.vision_model."
+static const char *const vision_top_names[][2] = {
+    {"v.patch_embd.weight", VISION_PREFIX "embeddings.patch_embedding.weight"},
+    {"v.patch_embd.bias", VISION_PREFIX "embeddings.patch_embedding.bias"},
+    {"v.position_embd.weight", VISION_PREFIX "embeddings.position_embedding.weight"},
+    {"v.post_ln.weight", VISION_PREFIX "post_layernorm.weight"},
+    {"v.post_ln.bias", VISION_PREFIX "post_layernorm.bias"},
+    {"mm.input_projection.weight", "multi_modal_projector.mm_input_projection_weight"},
+    {"mm.soft_emb_norm.weight", "multi_modal_projector.mm_soft_emb_norm.weight"},
+};
+
+/* v.blk.N.ffn_up / ffn_down (weight or bias) of tensor gt as SigLIP's fc1
+ * (hidden -> ffn) or fc2 (ffn -> hidden) by its output rows: fc2's are the
+ * tower's width D (clip.vision.embedding_length), fc1's the MLP's F
+ * (feed_forward_length). Where F is D, or either is unknown, the name
+ * decides as the current converter writes it (ffn_up: fc1). */
+static void mmproj_ffn(const struct md_gguf_tensor *gt, int layer, const char *rest, int64_t D,
+                       int64_t F, char *out, size_t n) {
+  int up = !strncmp(rest, "ffn_up.", 7), bias = !!strstr(rest, ".bias");
+  int64_t rows = gt->n_dims >= 2 ? (int64_t)gt->ne[1] : (int64_t)gt->ne[0];
+  int fc2 = !up;
+  if (D > 0 && F > 0 && D != F && (rows == D || rows == F)) fc2 = rows == D;
+  snprintf(out, n, VISION_PREFIX "encoder.layers.%d.mlp.fc%d.%s", layer, fc2 ? 2 : 1,
+           bias ? "bias" : "weight");
+}
+
 /* Our name for GGUF tensor name g (the name itself when it has no other). */
 static void hf_name(const char *g, char *out, size_t n) {
   for (size_t i = 0; i < sizeof(top_names) / sizeof(top_names[0]); i++)
@@ -65,7 +104,22 @@ static void hf_name(const char *g, char *out, size_t n) {
       snprintf(out, n, "%s", top_names[i][1]);
       return;
     }
+  for (size_t i = 0; i < sizeof(vision_top_names) / sizeof(vision_top_names[0]); i++)
+    if (!strcmp(g, vision_top_names[i][0])) {
+      snprintf(out, n, "%s", vision_top_names[i][1]);
+      return;
+    }
   int layer, used = 0;
+  if (sscanf(g, "v.blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0)
+    for (size_t i = 0; i < sizeof(vision_layer_names) / sizeof(vision_layer_names[0]); i++) {
+      size_t l = strlen(vision_layer_names[i][0]);
+      if (!strncmp(g + used, vision_layer_names[i][0], l)) {
+        snprintf(out, n, VISION_PREFIX "encoder.layers.%d.%s%s", layer, vision_layer_names[i][1],
+                 g + used + l);
+        return;
+      }
+    }
+  used = 0;
   if (sscanf(g, "blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0)
     for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)
       if (!strcmp(g + used, layer_names[i][0])) {
@@ -114,10 +168,18 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
   size_t map_len;
   void *map = md_gguf_mapping(g, &map_len);
   if (map) md_st_owner_pages(st, map, map_len);
+  int64_t D = 0, F = 0; /* a vision tower's widths (mmproj_ffn) */
+  md_gguf_get_int(g, "clip.vision.embedding_length", &D);
+  md_gguf_get_int(g, "clip.vision.feed_forward_length", &F);
   for (int i = 0; i < md_gguf_tensor_count(g) && !rc; i++) {
     const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
     char name[512], tb[32];
-    hf_name(gt->name, name, sizeof(name));
+    int layer, used = 0;
+    if (sscanf(gt->name, "v.blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0 &&
+        (!strncmp(gt->name + used, "ffn_up.", 7) || !strncmp(gt->name + used, "ffn_down.", 9)))
+      mmproj_ffn(gt, layer, gt->name + used, D, F, name, sizeof(name));
+    else
+      hf_name(gt->name, name, sizeof(name));
     struct md_tensor t = {.name = name, .dtype = st_dtype(gt->type), .ndim = gt->n_dims};
     snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", md_ggml_type_name(gt->type, tb, sizeof(tb)));
     for (int d = 0; d < gt->n_dims; d++)
@@ -133,4 +195,15 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
   }
   *out = st;
   return 0;
+}
+
+int md_st_open_mmproj(const char *model, struct md_st **out, char *err, size_t errlen) {
+  char path[4200];
+  *out = NULL;
+  int rc = md_model_mmproj_path(model, path, sizeof(path), err, errlen);
+  if (rc < 0) return rc;
+  if (!rc)
+    return cm_fail(err, errlen, CM_ERR_NOENT,
+                   "%s: no vision tower (an mmproj .gguf file) beside the model", model);
+  return md_st_open_gguf(path, out, err, errlen);
 }

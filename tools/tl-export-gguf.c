@@ -65,6 +65,9 @@
  * and post_ffw_norm_2.
  * The vocabulary is written as for Gemma 3.
  *
+ * With --mmproj FILE, a Gemma 3 checkpoint's vision tower goes to FILE as
+ * llama.cpp's mmproj file (export_mmproj below).
+ *
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
  * except for 62-layer models), scaled or partial RoPE on sliding layers;
@@ -141,8 +144,8 @@ struct gg_tensor {
   float shift;                 /* 1 for Gemma 3's norms (llama.cpp multiplies by w), else 0 */
   int type;       /* GGML_* written, or a block format's ggml type (qdt) */
   int qdt;        /* the block format written (enum kn_dtype), or -1 */
-  int nd;         /* 1, 2, or 3 (a stack of expert matrices) */
-  uint64_t ne[3]; /* innermost first (ne[2] = 1 below 3 dimensions) */
+  int nd;         /* 1, 2, 3 (a stack of expert matrices) or 4 (a convolution's kernel) */
+  uint64_t ne[4]; /* innermost first (1 past nd) */
   uint64_t off;   /* from the start of the data section */
   uint64_t bytes;
 };
@@ -278,6 +281,7 @@ static int plan_add_nd(struct gg_plan *p, const char *gname, const char *hname, 
   t->ne[0] = (uint64_t)cols;
   t->ne[1] = rows ? (uint64_t)rows : 1;
   t->ne[2] = mats ? (uint64_t)mats : 1;
+  t->ne[3] = 1;
   t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
   t->bytes = t->ne[0] * t->ne[1] * t->ne[2] * type_size(t->type);
   t->qdt = -1;
@@ -741,19 +745,237 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
     return;
   }
   float buf[4096];
-  size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
+  uint16_t half[4096];
+  size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
   for (size_t i = 0; i < n && !o->failed;) {
     size_t m = n - i < CM_ARRAY_LEN(buf) ? n - i : CM_ARRAY_LEN(buf);
     for (size_t k = 0; k < m; k++) {
       float v = kn_load_f32(s->data, (enum kn_dtype)s->dtype, i + k);
       buf[k] = t->norm ? t->shift + v : v;
+      half[k] = kn_f32_to_f16(buf[k]);
     }
-    put(o, buf, m * sizeof(float));
+    if (t->type == GGML_F16)
+      put(o, half, m * sizeof(uint16_t));
+    else
+      put(o, buf, m * sizeof(float));
     i += m;
   }
 }
 
-static int export(const char *dir, const char *out, int to_f32, int qt, char *err, size_t errlen) {
+/* Writes the file out: the header (kv_n pairs in kv), then p's tensors, each
+ * aligned; written beside out and renamed, so a failed run leaves no half
+ * file. *bytes: the file's size. */
+static int write_file(const char *out, struct gg_plan *p, const char *kv, size_t kv_len, int kv_n,
+                      uint64_t *bytes, char *err, size_t errlen) {
+  uint64_t off = 0;
+  for (int i = 0; i < p->n; i++) {
+    p->t[i].off = off;
+    off += (p->t[i].bytes + GG_ALIGN - 1) / GG_ALIGN * GG_ALIGN;
+  }
+  char tmp[4200];
+  snprintf(tmp, sizeof(tmp), "%s.tmp%ld", out, (long)getpid());
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return cm_fail(err, errlen, CM_ERR_IO, "%s: cannot create", tmp);
+  struct gg_out o = {f, 0, 0};
+  write_header(&o, p, kv, kv_len, kv_n);
+  uint64_t pos = (uint64_t)ftell(f);
+  pad_to(&o, &pos, GG_ALIGN);
+  for (int i = 0; i < p->n && !o.failed; i++) {
+    write_data(&o, &p->t[i]);
+    pos += p->t[i].bytes;
+    pad_to(&o, &pos, GG_ALIGN);
+  }
+  if (fclose(f) != 0) o.failed = 1;
+  if (o.failed || rename(tmp, out) != 0) {
+    unlink(tmp);
+    return cm_fail(err, errlen, CM_ERR_IO, "%s: write failed (disk full?)", out);
+  }
+  *bytes = pos;
+  return 0;
+}
+
+/* ---- the vision tower as llama.cpp's mmproj file ------------------------------
+ * Gemma 3's SigLIP tower and projector as llama.cpp's converter writes them
+ * (conversion/gemma.py's Gemma3VisionModel on MmprojModel; tools/mtmd/clip.cpp
+ * reads them): general.architecture "clip", general.type "mmproj",
+ * clip.has_vision_encoder, clip.projector_type "gemma3", clip.use_gelu, and
+ * under clip.vision. projection_dim (the text model's width), image_size,
+ * patch_size, embedding_length, feed_forward_length, block_count,
+ * attention.head_count, attention.layer_norm_epsilon, image_mean and
+ * image_std (f32 arrays), projector.scale_factor only where the pooling is
+ * not 4. Tensors: v.patch_embd (the convolution's kernel, 4-D) and
+ * v.position_embd in f32 (".embeddings." is forced to f32), v.blk.N.{attn_q,
+ * attn_k, attn_v, attn_out, ffn_up (fc1), ffn_down (fc2)} in f16 (f32 with
+ * --dtype f32), v.blk.N.ln1 / ln2, v.post_ln and the biases in f32,
+ * mm.input_projection as the checkpoint holds it ([D, H], used as x W) in f16
+ * whatever is asked, and mm.soft_emb_norm as f32 1 + w. */
+enum { VT_F32 = 0, VT_MAT = 1, VT_F16 = 2 };
+
+/* Adds checkpoint tensor hname as gname, of shape dims[nd] (outermost first),
+ * written as `how` asks; shift is added to every value (an f32 tensor). */
+static int plan_vision(struct gg_plan *p, const char *gname, const char *hname, int nd,
+                       const int64_t *dims, int how, float shift) {
+  const struct md_tensor *s = md_st_find(p->st, hname);
+  if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
+  int same = s->ndim == nd;
+  for (int d = 0; same && d < nd; d++)
+    same = s->shape[d] == dims[d];
+  if (!same)
+    return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
+  if (ggml_type_of(s->dtype) < 0)
+    return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
+                   hname, s->dtype_name);
+  CM_ASSERT(p->n < p->cap);
+  struct gg_tensor *t = &p->t[p->n++];
+  memset(t, 0, sizeof(*t));
+  snprintf(t->name, sizeof(t->name), "%s", gname);
+  t->src = s;
+  t->norm = how == VT_F32;
+  t->shift = shift;
+  t->nd = nd;
+  uint64_t n = 1;
+  for (int d = 0; d < 4; d++) {
+    t->ne[d] = d < nd ? (uint64_t)dims[nd - 1 - d] : 1;
+    n *= t->ne[d];
+  }
+  t->type = how == VT_F32 || (how == VT_MAT && p->to_f32) ? GGML_F32 : GGML_F16;
+  t->bytes = n * type_size(t->type);
+  t->qdt = -1;
+  return 0;
+}
+
+static int plan_mmproj(struct gg_plan *p, const struct md_config *c) {
+  const struct md_vision_cfg *v = &c->vision;
+  static const char *const vps[] = {"model.vision_tower.vision_model.",
+                                    "vision_tower.vision_model."};
+  static const char *const pps[] = {"model.multi_modal_projector.", "multi_modal_projector."};
+  int at = md_st_find(p->st, "model.vision_tower.vision_model.post_layernorm.weight") ? 0 : 1;
+  const char *VP = vps[at], *PP = pps[at];
+  int64_t D = v->hidden, F = v->ffn, P = v->patch;
+  char h[192], g[64];
+  int rc = 0;
+  snprintf(h, sizeof(h), "%sembeddings.patch_embedding.weight", VP);
+  if ((rc = plan_vision(p, "v.patch_embd.weight", h, 4, (const int64_t[]){D, v->channels, P, P},
+                        VT_F32, 0)))
+    return rc;
+  snprintf(h, sizeof(h), "%sembeddings.patch_embedding.bias", VP);
+  if ((rc = plan_vision(p, "v.patch_embd.bias", h, 1, (const int64_t[]){D}, VT_F32, 0))) return rc;
+  snprintf(h, sizeof(h), "%sembeddings.position_embedding.weight", VP);
+  if ((rc = plan_vision(p, "v.position_embd.weight", h, 2, (const int64_t[]){v->n_patches, D},
+                        VT_F32, 0)))
+    return rc;
+  static const struct {
+    const char *g, *h;
+    int kind; /* 0: [D, D]; 1: fc1 [F, D]; 2: fc2 [D, F]; 3: a layer norm [D] */
+  } map[] = {
+      {"attn_q", "self_attn.q_proj", 0}, {"attn_k", "self_attn.k_proj", 0},
+      {"attn_v", "self_attn.v_proj", 0}, {"attn_out", "self_attn.out_proj", 0},
+      {"ffn_up", "mlp.fc1", 1},          {"ffn_down", "mlp.fc2", 2},
+      {"ln1", "layer_norm1", 3},         {"ln2", "layer_norm2", 3},
+  };
+  for (int i = 0; i < v->n_layers && !rc; i++)
+    for (size_t k = 0; k < CM_ARRAY_LEN(map) && !rc; k++) {
+      int64_t rows = map[k].kind == 1 ? F : D, cols = map[k].kind == 2 ? F : D;
+      for (int bias = 0; bias < 2 && !rc; bias++) {
+        const char *part = bias ? "bias" : "weight";
+        snprintf(g, sizeof(g), "v.blk.%d.%s.%s", i, map[k].g, part);
+        snprintf(h, sizeof(h), "%sencoder.layers.%d.%s.%s", VP, i, map[k].h, part);
+        if (map[k].kind == 3 || bias)
+          rc = plan_vision(p, g, h, 1, (const int64_t[]){rows}, VT_F32, 0);
+        else
+          rc = plan_vision(p, g, h, 2, (const int64_t[]){rows, cols}, VT_MAT, 0);
+      }
+    }
+  for (int bias = 0; bias < 2 && !rc; bias++) {
+    snprintf(g, sizeof(g), "v.post_ln.%s", bias ? "bias" : "weight");
+    snprintf(h, sizeof(h), "%spost_layernorm.%s", VP, bias ? "bias" : "weight");
+    rc = plan_vision(p, g, h, 1, (const int64_t[]){D}, VT_F32, 0);
+  }
+  if (rc) return rc;
+  snprintf(h, sizeof(h), "%smm_input_projection_weight", PP);
+  if ((rc = plan_vision(p, "mm.input_projection.weight", h, 2, (const int64_t[]){D, c->hidden},
+                        VT_F16, 0)))
+    return rc;
+  snprintf(h, sizeof(h), "%smm_soft_emb_norm.weight", PP);
+  return plan_vision(p, "mm.soft_emb_norm.weight", h, 1, (const int64_t[]){D}, VT_F32, 1.0f);
+}
+
+static void kv_f32s(struct gg_out *o, const char *key, const float *v, int n) {
+  kv_key(o, key, GG_ARR);
+  put_u32(o, GG_F32);
+  put_u64(o, (uint64_t)n);
+  put(o, v, sizeof(float) * (size_t)n);
+}
+
+static void write_kv_mmproj(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
+                            const char *name) {
+  const struct md_vision_cfg *v = &c->vision;
+  kv_str(o, "general.architecture", "clip");
+  kv_str(o, "general.type", "mmproj");
+  kv_str(o, "general.name", name);
+  kv_u32(o, "general.file_type", p->to_f32 ? FT_ALL_F32 : FT_MOSTLY_F16);
+  kv_u32(o, "general.alignment", GG_ALIGN);
+  kv_key(o, "clip.has_vision_encoder", GG_BOOL);
+  put(o, "\1", 1);
+  kv_str(o, "clip.projector_type", "gemma3");
+  kv_key(o, "clip.use_gelu", GG_BOOL);
+  put(o, "\1", 1);
+  kv_u32(o, "clip.vision.projection_dim", (uint32_t)c->hidden);
+  kv_u32(o, "clip.vision.image_size", (uint32_t)v->image_size);
+  kv_u32(o, "clip.vision.patch_size", (uint32_t)v->patch);
+  kv_u32(o, "clip.vision.embedding_length", (uint32_t)v->hidden);
+  kv_u32(o, "clip.vision.feed_forward_length", (uint32_t)v->ffn);
+  kv_u32(o, "clip.vision.block_count", (uint32_t)v->n_layers);
+  kv_u32(o, "clip.vision.attention.head_count", (uint32_t)v->n_heads);
+  kv_f32(o, "clip.vision.attention.layer_norm_epsilon", (float)v->eps);
+  kv_f32s(o, "clip.vision.image_mean", v->pre.mean, v->channels);
+  kv_f32s(o, "clip.vision.image_std", v->pre.std, v->channels);
+  if (v->pool != 4) kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
+}
+
+static int export_mmproj(const struct md_config *c, const struct md_st *st, const char *out,
+                         int to_f32, const char *name, char *err, size_t errlen) {
+  if (!c->vision.present)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "--mmproj: the checkpoint has no Gemma 3 vision tower");
+  if (c->vision.pre.width != c->vision.image_size || c->vision.pre.height != c->vision.image_size ||
+      !c->vision.pre.do_rescale || !c->vision.pre.do_normalize)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "--mmproj: the preprocessing is not a resize to image_size, 1/255 and a "
+                   "normalisation (an mmproj file holds only the mean and std)");
+  struct gg_plan p = {.cap = 8 + 16 * c->vision.n_layers,
+                      .st = st,
+                      .to_f32 = to_f32,
+                      .qt = -1,
+                      .err = err,
+                      .errlen = errlen};
+  if (!(p.t = calloc((size_t)p.cap, sizeof(*p.t))))
+    return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  int rc = plan_mmproj(&p, c);
+  char *kv = NULL;
+  size_t kv_len = 0;
+  uint64_t bytes = 0;
+  FILE *mf = rc ? NULL : open_memstream(&kv, &kv_len);
+  if (!rc && !mf) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  if (mf) {
+    struct gg_out m = {mf, 0, 0};
+    write_kv_mmproj(&m, c, &p, name);
+    if (fclose(mf) != 0 || m.failed)
+      rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    else
+      rc = write_file(out, &p, kv, kv_len, m.n_kv, &bytes, err, errlen);
+  }
+  if (!rc)
+    printf("wrote %s: Gemma 3 vision tower (clip, projector gemma3), %d layers, %d tensors, "
+           "%.1f MB\n",
+           out, c->vision.n_layers, p.n, (double)bytes / 1e6);
+  free(kv);
+  free(p.t);
+  return rc;
+}
+
+static int export(const char *dir, const char *out, const char *mmproj, int to_f32, int qt,
+                  char *err, size_t errlen) {
   struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct md_st *st = NULL;
@@ -761,7 +983,6 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   json_t *tcfg = NULL;
   const char *tmpl = NULL;
   struct gg_plan p = {0};
-  FILE *f = NULL;
   char tmp[4096];
   int rc = md_config_load(dir, c, err, errlen);
   if (rc) goto done;
@@ -794,56 +1015,27 @@ static int export(const char *dir, const char *out, int to_f32, int qt, char *er
   if ((tcfg = json_load_file(tmp, 0, NULL)) &&
       json_is_string(json_object_get(tcfg, "chat_template")))
     tmpl = json_string_value(json_object_get(tcfg, "chat_template"));
-  uint64_t off = 0;
-  for (int i = 0; i < p.n; i++) {
-    p.t[i].off = off;
-    off += (p.t[i].bytes + GG_ALIGN - 1) / GG_ALIGN * GG_ALIGN;
-  }
-  /* written beside the target and renamed, so a failed run leaves no half file */
-  snprintf(tmp, sizeof(tmp), "%s.tmp%ld", out, (long)getpid());
-  f = fopen(tmp, "wb");
-  if (!f) {
-    rc = cm_fail(err, errlen, CM_ERR_IO, "%s: cannot create", tmp);
-    goto done;
-  }
   char *kv = NULL;
   size_t kv_len = 0;
   FILE *mf = open_memstream(&kv, &kv_len);
-  struct gg_out m = {mf, !mf, 0}, o = {f, 0, 0};
+  struct gg_out m = {mf, !mf, 0};
   const char *base = strrchr(dir, '/');
   if (mf) {
     write_kv(&m, c, &p, tok, tmpl, base && base[1] ? base + 1 : dir);
     if (fclose(mf) != 0) m.failed = 1;
   }
-  if (m.failed) {
-    free(kv);
-    rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-    goto done;
-  }
-  write_header(&o, &p, kv, kv_len, m.n_kv);
+  uint64_t bytes = 0;
+  rc = m.failed ? cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory")
+                : write_file(out, &p, kv, kv_len, m.n_kv, &bytes, err, errlen);
   free(kv);
-  uint64_t pos = (uint64_t)ftell(f);
-  pad_to(&o, &pos, GG_ALIGN);
-  for (int i = 0; i < p.n && !o.failed; i++) {
-    write_data(&o, &p.t[i]);
-    pos += p.t[i].bytes;
-    pad_to(&o, &pos, GG_ALIGN);
-  }
-  if (fclose(f) != 0) o.failed = 1;
-  f = NULL;
-  if (o.failed || rename(tmp, out) != 0) {
-    unlink(tmp);
-    rc = cm_fail(err, errlen, CM_ERR_IO, "%s: write failed (disk full?)", out);
-    goto done;
-  }
+  if (rc) goto done;
   printf("wrote %s: %s, %d layers, %d tensors%s%s, %.1f MB\n", out, md_arch_name(c->arch),
          c->n_layers, p.n, qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "",
-         (double)pos / 1e6);
+         (double)bytes / 1e6);
+  if (mmproj &&
+      (rc = export_mmproj(c, st, mmproj, to_f32, base && base[1] ? base + 1 : dir, err, errlen)))
+    goto done;
 done:
-  if (f) {
-    fclose(f);
-    unlink(tmp);
-  }
   free(p.t);
   free(p.rope_freqs);
   json_decref(tcfg);
@@ -861,7 +1053,7 @@ static int qtype_of(const char *name) {
 }
 
 int tl_quantize_main(int argc, char **argv) {
-  const char *pos[3];
+  const char *pos[3], *mmproj = NULL;
   int n_pos = 0;
   int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
                          "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file with its "
@@ -874,7 +1066,11 @@ int tl_quantize_main(int argc, char **argv) {
                          "q4_k_m (llama.cpp's Q4_K_M mix: q4_k, with q6_k for the output "
                          "matrix or tied embedding and for attn_v and ffn_down in the first and "
                          "last eighth of the layers and every third layer between)",
-                         (const struct cm_opt[]){{0}}, argc, argv, 1, pos, 3, &n_pos);
+                         (const struct cm_opt[]){{"mmproj", CM_OPT_STR, &mmproj, "FILE",
+                                                  "also write a Gemma 3 checkpoint's vision "
+                                                  "tower as llama.cpp's mmproj file (f16)"},
+                                                 {0}},
+                         argc, argv, 1, pos, 3, &n_pos);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
   if (n_pos != 3) {
@@ -887,7 +1083,7 @@ int tl_quantize_main(int argc, char **argv) {
     return 2;
   }
   char err[512];
-  if ((rc = export(pos[0], pos[1], 0, qt, err, sizeof(err)))) {
+  if ((rc = export(pos[0], pos[1], mmproj, 0, qt, err, sizeof(err)))) {
     fprintf(stderr, "lmserve quantize: %s\n", err);
     return 1;
   }
@@ -895,13 +1091,16 @@ int tl_quantize_main(int argc, char **argv) {
 }
 
 int tl_export_gguf_main(int argc, char **argv) {
-  const char *model = NULL, *out = NULL, *dtype = "same";
+  const char *model = NULL, *out = NULL, *dtype = "same", *mmproj = NULL;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
       {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
       {"dtype", CM_OPT_STR, &dtype, "same|f32|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k|q4_k_m",
        "matrices as stored (default), widened to f32, or quantized to a block format; norms are "
        "always f32"},
+      {"mmproj", CM_OPT_STR, &mmproj, "FILE",
+       "also write a Gemma 3 checkpoint's vision tower as llama.cpp's mmproj file (matrices f16, "
+       "or f32 with --dtype f32)"},
       {0},
   };
   int rc =
@@ -922,7 +1121,7 @@ int tl_export_gguf_main(int argc, char **argv) {
     return 2;
   }
   char err[512];
-  rc = export(model, out, !strcmp(dtype, "f32"), qt, err, sizeof(err));
+  rc = export(model, out, mmproj, !strcmp(dtype, "f32"), qt, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve export-gguf: %s\n", err);
     return 1;

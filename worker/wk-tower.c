@@ -32,8 +32,9 @@ int wk_tower_load(const struct wk_tower_kind *k, const char *dir, struct kn_back
   int rc = md_config_load(dir, &t->cfg, err, errlen);
   t->text_hidden = t->cfg.hidden;
   if (rc || (rc = k->setup(t, dir, opts, err, errlen)) ||
-      (rc = md_st_open_dir(dir, &t->st, err, errlen)) || (rc = k->bind(t, err, errlen)) ||
-      (rc = k->scratch(t, err, errlen))) {
+      (rc = k->mmproj && t->cfg.gguf ? md_st_open_mmproj(dir, &t->st, err, errlen)
+                                     : md_st_open_dir(dir, &t->st, err, errlen)) ||
+      (rc = k->bind(t, err, errlen)) || (rc = k->scratch(t, err, errlen))) {
     wk_tower_free(t);
     return rc;
   }

@@ -42,6 +42,7 @@ struct wk_tower_kind {
   int (*setup)(struct wk_tower *t, const char *dir, const void *opts, char *err, size_t errlen);
   int (*bind)(struct wk_tower *t, char *err, size_t errlen);
   int (*scratch)(struct wk_tower *t, char *err, size_t errlen);
+  int mmproj; /* 1: a GGUF model's tower is in the mmproj file beside it */
 };
 
 /* A tower of kind k (opts its own options) from the checkpoint in dir on be

@@ -52,7 +52,9 @@ struct wk_vision {
   const float *pos;             /* [n_patches, D] */
   struct vlayer *layers;        /* [n_layers] host (from the arena host) */
   const float *post_w, *post_b; /* [D] */
-  const float *mm_norm_w;       /* [D] (used as 1 + w) */
+  const float *mm_norm_w;       /* [D] (used as 1 + w; as w from an mmproj file, which
+                                   stores 1 + w) */
+  enum kn_norm_mode mm_norm_mode;
   struct wk_clin proj;          /* [H, D]: the checkpoint's [D, H] transposed */
 
   /* scratch for max_images images (T = max_images * n_patches rows); the
@@ -173,6 +175,7 @@ static int bind_all(struct wk_tower *tower, char *err, size_t errlen) {
   }
   bind_norm(&b, D, VP, "post_layernorm", &v->post_w, &v->post_b);
   v->mm_norm_w = bind_vec(&b, D, PP, "mm_soft_emb_norm.weight");
+  v->mm_norm_mode = tower->cfg.gguf ? KN_NORM_MUL_W : KN_NORM_MUL_ONE_PLUS_W;
   snprintf(name, sizeof(name), "%smm_input_projection_weight", PP);
   v->proj = bind_projection(&b, name, D, v->t.text_hidden);
   return b.rc;
@@ -228,7 +231,8 @@ static const struct wk_tower_kind vision_kind = {.what = "vision tower",
                                                  .size = sizeof(struct wk_vision),
                                                  .setup = setup,
                                                  .bind = bind_all,
-                                                 .scratch = alloc_scratch};
+                                                 .scratch = alloc_scratch,
+                                                 .mmproj = 1};
 
 int wk_vision_load(const char *dir, struct kn_backend *be, const struct wk_vision_opts *opts,
                    struct wk_vision **out, char *err, size_t errlen) {
@@ -305,7 +309,7 @@ static int encode_pass(struct wk_vision *v, const float *pixels, int n, float *o
                          (float)c->eps)) ||
       (rc = kn_avg_pool2d(be, v->pooled, D, v->x, D, n, c->grid, c->pool, D)) ||
       (rc = kn_rmsnorm(be, v->pooled, D, v->pooled, D, M, D, v->mm_norm_w, KN_DTYPE_F32,
-                       (float)c->eps, KN_NORM_MUL_ONE_PLUS_W)) ||
+                       (float)c->eps, v->mm_norm_mode)) ||
       (rc = kn_matmul(be, v->emb, v->t.text_hidden, v->pooled, D, v->proj.w, v->proj.dt, M,
                       v->t.text_hidden, D, 0)))
     return rc;

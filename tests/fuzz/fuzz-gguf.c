@@ -8,7 +8,8 @@
  * and decodes a short text. Any other outcome aborts (a finding). The seeds
  * gemma3.gguf and gemma4.gguf are small but whole: the metadata of both
  * architectures, a vocabulary (SentencePiece scores; Gemma 4's merges) and
- * a token_embd.weight, so the fuzzer starts where those readers go deep. */
+ * a token_embd.weight, so the fuzzer starts where those readers go deep;
+ * mmproj.gguf is a whole vision tower as llama.cpp's mmproj file holds it. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +26,23 @@ static void clean_end(int rc, const char *err) {
   if (rc > 0 || (rc < 0 && (rc <= CM_ERR__LAST || !err[0]))) abort();
 }
 
-/* The model description and the tokenizer of open file g. */
+/* A small Gemma 3 text config, for reading g as its vision tower. */
+static const char text_cfg[] = "{\"model_type\":\"gemma3_text\",\"vocab_size\":262208,"
+                               "\"hidden_size\":64,\"intermediate_size\":128,"
+                               "\"num_hidden_layers\":2,\"num_attention_heads\":2,"
+                               "\"num_key_value_heads\":1,\"head_dim\":32}";
+
+/* The model description and the tokenizer of open file g; and g read as
+ * an mmproj file's vision tower (md_config_add_mmproj) beside a text
+ * config, g's own when it has one. */
 static void readers(const struct md_gguf *g) {
   struct md_config cfg;
   char err[256] = "";
-  clean_end(md_config_from_gguf(g, &cfg, err, sizeof(err)), err);
+  int crc = md_config_from_gguf(g, &cfg, err, sizeof(err));
+  clean_end(crc, err);
+  if (crc && md_config_parse(text_cfg, sizeof(text_cfg) - 1, &cfg, err, sizeof(err))) abort();
+  err[0] = 0;
+  clean_end(md_config_add_mmproj(g, g, &cfg, err, sizeof(err)), err);
   struct tk_tokenizer *tok = NULL;
   char *tmpl = NULL;
   err[0] = 0;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +46,19 @@ static void make_model(struct as_server *s, int max_pos) {
   char path[400];
   snprintf(path, sizeof(path), "%s/tokenizer.json", s->model);
   if (access(path, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  if (s->gguf) { /* dir/g: model.gguf with the tower as llama.cpp's mmproj file beside it */
+    char g[300], out[400], mm[400];
+    snprintf(g, sizeof(g), "%s/g", s->dir);
+    snprintf(out, sizeof(out), "%s/model.gguf", g);
+    snprintf(mm, sizeof(mm), "%s/mmproj-model-f16.gguf", g);
+    TH_REQUIRE(mkdir(g, 0755) == 0);
+    rc = th_lmserve(&o, 180000, "export-gguf", "--model", s->model, "--out", out, "--mmproj", mm,
+                    NULL);
+    if (rc != 0) fprintf(stderr, "export-gguf: %s\n", o.err ? o.err : "");
+    th_out_free(&o);
+    TH_REQUIRE(rc == 0);
+    snprintf(s->model, sizeof(s->model), "%s", g);
+  }
   if (max_pos <= 0) return;
   snprintf(path, sizeof(path), "%s/config.json", s->model);
   json_t *cfg = json_load_file(path, 0, NULL);
@@ -110,8 +124,10 @@ static int try_start(struct as_server *s, char *const extra[]) {
 
 void as_start(struct as_server *s, int max_pos, char *const extra[]) {
   const char *key = s->api_key;
-  int vision = s->vision, vision_g4 = s->vision_g4, gemma4_chat = s->gemma4_chat, audio = s->audio;
+  int vision = s->vision, vision_g4 = s->vision_g4, gemma4_chat = s->gemma4_chat, audio = s->audio,
+      gguf = s->gguf;
   memset(s, 0, sizeof(*s));
+  s->gguf = gguf;
   s->audio = audio;
   s->api_key = key;
   s->vision = vision;

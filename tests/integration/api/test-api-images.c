@@ -4,7 +4,9 @@
  *   A: the default step budget (prompts in one chunk), file:// allowed under a
  *      folder;
  *   B: --max-num-batched-tokens 24 (prompts in chunks whose ends the
- *      scheduler moves out of the images), --limit-mm-per-prompt image=2.
+ *      scheduler moves out of the images), --limit-mm-per-prompt image=2;
+ * and C, the same checkpoint as a GGUF folder with llama.cpp's mmproj file
+ * (export-gguf --mmproj), which answers as A does.
  * Greedy output for prompts with one and with two images is the same on both,
  * alone or batched with text-only requests, from a prefix-cache hit or miss;
  * a different image behind the same text shares only the text's blocks;
@@ -158,6 +160,22 @@ TH_TEST(images_through_the_api) {
   TH_CHECK_EQ_STR(ta2, tb2);
   TH_CHECK_EQ_INT(pa1, pb1);
   TH_CHECK_EQ_INT(pa2, pb2);
+
+  /* C: the same checkpoint as a GGUF folder, the tower in llama.cpp's mmproj
+     file (f16 matrices: the bf16 weights' own values): the same answers */
+  {
+    struct as_server c = {.vision = 1, .gguf = 1};
+    as_start(&c, 0, NULL);
+    char tc[512];
+    int pc;
+    chat(&c, one, tc, sizeof(tc), &pc);
+    TH_CHECK_EQ_STR(tc, ta1);
+    TH_CHECK_EQ_INT(pc, pa1);
+    chat(&c, two, tc, sizeof(tc), &pc);
+    TH_CHECK_EQ_STR(tc, ta2);
+    TH_CHECK_EQ_INT(pc, pa2);
+    as_stop(&c);
+  }
 
   /* usage counts the image tokens: as many as /tokenize gives, each image's run
    * "\n\n<start_of_image>" + 16 soft tokens + "<end_of_image>\n\n" in place */

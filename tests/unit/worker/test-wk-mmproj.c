@@ -1,0 +1,298 @@
+/* test-wk-mmproj.c — a Gemma 3 GGUF model folder with llama.cpp's mmproj
+ * file beside the model file: a generated multimodal checkpoint (the tiny
+ * SigLIP tower: 64 px images, 8 px patches, 16 soft tokens) written by
+ * `lmserve export-gguf --mmproj` (matrices f16, and f32 with --dtype f32),
+ * read back from the folder: the checkpoint's vision config, preprocessing
+ * and image tokens, and its image embeddings within the f16 rounding of the
+ * files' matrices. The file rebuilt with the older converters' names (fc1
+ * as ffn_down, fc2 as ffn_up) gives the same bits; bad metadata and a second
+ * tower in the folder are clear errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "common/cm-fs.h"
+#include "common/cm-proc.h"
+#include "model/md-config.h"
+#include "model/md-gguf.h"
+#include "tests/harness/th-buf.h"
+#include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
+#include "tools/tl-tiny-spec.h"
+#include "worker/wk-vision.h"
+
+/* The bf16 checkpoint in st, and beside it the folders gg[0] (export-gguf's
+ * defaults: text bf16, mmproj f16) and gg[1] (--dtype f32), each with
+ * model.gguf and mmproj-model.gguf. */
+static void make(char *st, size_t n, char gg[2][300]) {
+  struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 262144, .vision = 1};
+  wkt_make_tiny(st, n, &o, 7, MD_ST_BF16);
+  char lm[1024], log[4096], out[400], mm[400];
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  for (int i = 0; i < 2; i++) {
+    snprintf(gg[i], 300, "%s/gguf-%d", st, i);
+    TH_REQUIRE(mkdir(gg[i], 0755) == 0);
+    snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
+    snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", gg[i]);
+    char *argv[] = {lm, "export-gguf", "--model", st,  "--out", out, "--mmproj",
+                    mm, "--dtype",     "f32",     NULL};
+    if (i == 0) argv[8] = NULL;
+    int rc = cm_run_capture(argv, log, sizeof(log));
+    if (rc) {
+      th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
+      th_stop();
+    }
+  }
+}
+
+/* The vision config read from the folder is the checkpoint's. */
+static void same_vision(const char *st, const char *gg) {
+  struct md_config *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+  char err[512];
+  TH_REQUIRE(a && b && md_config_load(st, a, err, sizeof(err)) == 0);
+  if (md_config_load(gg, b, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", gg, err);
+    th_stop();
+  }
+  const struct md_vision_cfg *x = &a->vision, *y = &b->vision;
+  TH_CHECK_EQ_INT(b->gguf, 1);
+  TH_CHECK_EQ_INT(y->present, 1);
+  TH_CHECK_EQ_INT(x->hidden, y->hidden);
+  TH_CHECK_EQ_INT(x->ffn, y->ffn);
+  TH_CHECK_EQ_INT(x->n_layers, y->n_layers);
+  TH_CHECK_EQ_INT(x->n_heads, y->n_heads);
+  TH_CHECK_EQ_INT(x->channels, y->channels);
+  TH_CHECK_EQ_INT(x->image_size, y->image_size);
+  TH_CHECK_EQ_INT(x->patch, y->patch);
+  TH_CHECK_EQ_INT(x->mm_tokens, y->mm_tokens);
+  TH_CHECK_EQ_INT(x->pool, y->pool);
+  TH_CHECK_EQ_INT(x->boi_id, y->boi_id);
+  TH_CHECK_EQ_INT(x->eoi_id, y->eoi_id);
+  TH_CHECK_EQ_INT(x->image_id, y->image_id);
+  TH_CHECK_NEAR(x->eps, y->eps, 1e-12);
+  TH_CHECK_EQ_INT(x->pre.width, y->pre.width);
+  TH_CHECK_EQ_INT(x->pre.height, y->pre.height);
+  TH_CHECK_EQ_INT(x->pre.resample, y->pre.resample);
+  TH_CHECK_NEAR(x->pre.rescale_factor, y->pre.rescale_factor, 1e-12);
+  for (int c = 0; c < x->channels; c++) {
+    TH_CHECK_NEAR(x->pre.mean[c], y->pre.mean[c], 0);
+    TH_CHECK_NEAR(x->pre.std[c], y->pre.std[c], 0);
+  }
+  free(a);
+  free(b);
+}
+
+#define NIMG 2
+
+/* The embeddings of NIMG test images through the tower of model (malloc'd,
+ * *count floats). */
+static float *embed(const char *model, struct kn_backend *be, size_t *count) {
+  char err[512];
+  struct wk_vision *v = NULL;
+  if (wk_vision_load(model, be, NULL, &v, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: vision tower: %s", model, err);
+    th_stop();
+  }
+  const struct md_vision_cfg *vc = wk_vision_config(v);
+  int C = vc->channels, S = vc->image_size;
+  size_t n_px = (size_t)NIMG * C * S * S;
+  *count = (size_t)NIMG * vc->mm_tokens * (size_t)wk_vision_text_hidden(v);
+  float *px = malloc(n_px * sizeof(float)), *out = malloc(*count * sizeof(float));
+  TH_REQUIRE(px && out);
+  wkt_fill_pixels(px, NIMG, C, S, 0x1ea5);
+  TH_REQUIRE(wk_vision_encode(v, px, NIMG, out, err, sizeof(err)) == 0);
+  free(px);
+  wk_vision_free(v);
+  return out;
+}
+
+/* got against want (n values): the largest difference as a fraction of
+ * want's range, which must be below limit. */
+static void near(const char *what, const float *got, const float *want, size_t n, double limit) {
+  double lo = INFINITY, hi = -INFINITY, worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    lo = fmin(lo, want[i]);
+    hi = fmax(hi, want[i]);
+    double e = fabs((double)got[i] - want[i]);
+    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+  }
+  printf("# %s: max abs difference %.3g, %.3g of the range [%.3f, %.3f]\n", what, worst,
+         worst / (hi - lo), lo, hi);
+  TH_CHECK(hi - lo > 0.1);
+  if (!(worst / (hi - lo) < limit))
+    th_fail(__FILE__, __LINE__, "%s: %g of the range (limit %g)", what, worst / (hi - lo), limit);
+}
+
+/* ---- files rebuilt -------------------------------------------------------------- */
+
+/* One change to an mmproj file: key set to (or added as) a string (str) or
+ * a u32 / bool (v); swap: the layers' ffn_up and ffn_down names exchanged. */
+struct change {
+  const char *key, *str;
+  int type;
+  uint32_t v;
+  int swap;
+};
+
+static void put_value(struct th_buf *b, const struct change *c) {
+  th_buf_u32(b, (uint32_t)c->type);
+  if (c->type == MD_GGUF_STRING)
+    th_buf_str(b, c->str);
+  else if (c->type == MD_GGUF_BOOL)
+    th_buf_put(b, c->v ? "\1" : "\0", 1);
+  else
+    th_buf_u32(b, c->v);
+}
+
+static void write_rebuilt(const char *path, const char *out, const struct change *c) {
+  char err[512];
+  FILE *f = fopen(path, "rb");
+  TH_REQUIRE(f != NULL);
+  fseek(f, 0, SEEK_END);
+  size_t len = (size_t)ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *bytes = malloc(len);
+  TH_REQUIRE(bytes && fread(bytes, 1, len, f) == len);
+  fclose(f);
+  struct md_gguf *g = NULL;
+  TH_REQUIRE(md_gguf_open_mem(bytes, len, "mmproj.gguf", &g, err, sizeof(err)) == 0);
+  struct th_buf b = {0};
+  int nkv = md_gguf_kv_count(g), nt = md_gguf_tensor_count(g);
+  int found = c->key && md_gguf_find_kv(g, c->key);
+  th_buf_put(&b, "GGUF", 4);
+  th_buf_u32(&b, 3);
+  th_buf_u64(&b, (uint64_t)nt);
+  th_buf_u64(&b, (uint64_t)(nkv + (c->key && !found)));
+  for (int i = 0; i < nkv; i++) {
+    const struct md_gguf_kv *kv = md_gguf_kv_at(g, i);
+    th_buf_str(&b, kv->key);
+    if (c->key && !strcmp(kv->key, c->key)) {
+      put_value(&b, c);
+      continue;
+    }
+    th_buf_u32(&b, kv->type);
+    if (kv->type == MD_GGUF_ARRAY) {
+      th_buf_u32(&b, kv->arr_type);
+      th_buf_u64(&b, kv->n);
+    }
+    th_buf_put(&b, kv->val, (size_t)kv->bytes);
+  }
+  if (c->key && !found) {
+    th_buf_str(&b, c->key);
+    put_value(&b, c);
+  }
+  const uint8_t *data = NULL;
+  for (int i = 0; i < nt; i++) {
+    const struct md_gguf_tensor *t = md_gguf_tensor_at(g, i);
+    char name[128];
+    int layer, used = 0;
+    snprintf(name, sizeof(name), "%s", t->name);
+    if (c->swap && sscanf(t->name, "v.blk.%d.%n", &layer, &used) == 1 && used > 0) {
+      if (!strncmp(t->name + used, "ffn_up.", 7))
+        snprintf(name, sizeof(name), "v.blk.%d.ffn_down.%s", layer, t->name + used + 7);
+      else if (!strncmp(t->name + used, "ffn_down.", 9))
+        snprintf(name, sizeof(name), "v.blk.%d.ffn_up.%s", layer, t->name + used + 9);
+    }
+    th_buf_str(&b, name);
+    th_buf_u32(&b, (uint32_t)t->n_dims);
+    for (int d = 0; d < t->n_dims; d++)
+      th_buf_u64(&b, (uint64_t)t->ne[d]);
+    th_buf_u32(&b, t->type);
+    th_buf_u64(&b, t->offset);
+    if (!t->offset) data = t->data;
+  }
+  TH_REQUIRE(data != NULL);
+  while (b.n % 32)
+    th_buf_put(&b, "", 1);
+  th_buf_put(&b, data, len - (size_t)(data - bytes));
+  TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
+  md_gguf_close(g);
+  free(b.p);
+  free(bytes);
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
+  char st[256], gg[2][300];
+  make(st, sizeof(st), gg);
+  for (int i = 0; i < 2; i++)
+    same_vision(st, gg[i]);
+  struct kn_backend *be = wkt_cpu_backend(2);
+  size_t n, m;
+  float *want = embed(st, be, &n), *f32 = embed(gg[1], be, &m), *f16 = embed(gg[0], be, &m);
+  TH_REQUIRE(n == m);
+  /* f32 matrices, the projection in f16 (as llama.cpp's converter forces it):
+     bf16 values are f16's too, but for the few below f16's normal range */
+  near("mmproj with f32 matrices", f32, want, n, 1e-4);
+  near("mmproj with f16 matrices", f16, want, n, 1e-4);
+  /* the older converters' names for SigLIP's MLP (fc1 as ffn_down): the same bits */
+  char path[400], out[400];
+  snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[1]);
+  snprintf(out, sizeof(out), "%s/swapped.gguf", st);
+  write_rebuilt(path, out, &(struct change){.swap = 1});
+  TH_REQUIRE(rename(out, path) == 0);
+  float *sw = embed(gg[1], be, &m);
+  TH_CHECK(memcmp(sw, f32, n * sizeof(float)) == 0);
+  free(sw);
+  free(f16);
+  free(f32);
+  free(want);
+  kn_backend_destroy(be);
+  cm_rmtree(st);
+}
+
+TH_TEST(bad_mmproj_files_are_clear_errors) {
+  char st[256], gg[2][300];
+  make(st, sizeof(st), gg);
+  char path[400], out[400], err[512];
+  snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);
+  snprintf(out, sizeof(out), "%s/bad.gguf", gg[1]);
+  /* gg[1]: its own mmproj file moved away, then one bad file at a time */
+  char own[400];
+  snprintf(own, sizeof(own), "%s/mmproj-model.gguf", gg[1]);
+  TH_REQUIRE(unlink(own) == 0);
+  static const struct {
+    struct change c;
+    const char *want;
+  } cases[] = {
+      {{"clip.projector_type", "llava", MD_GGUF_STRING, 0, 0}, "clip.projector_type"},
+      {{"clip.use_gelu", NULL, MD_GGUF_BOOL, 0, 0}, "clip.use_gelu"},
+      {{"clip.has_vision_encoder", NULL, MD_GGUF_BOOL, 0, 0}, "no vision encoder"},
+      {{"clip.vision.projection_dim", NULL, MD_GGUF_U32, 96, 0}, "projection_dim"},
+      {{"clip.vision.image_size", NULL, MD_GGUF_STRING, 0, 0}, "clip.vision.image_size"},
+      {{"clip.vision.projector.scale_factor", NULL, MD_GGUF_U32, 3, 0}, "scale_factor"},
+  };
+  struct md_config *cfg = calloc(1, sizeof(*cfg));
+  TH_REQUIRE(cfg != NULL);
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+    struct change c = cases[i].c;
+    if (c.type == MD_GGUF_STRING && !c.str) c.str = "x";
+    write_rebuilt(path, out, &c);
+    err[0] = 0;
+    int rc = md_config_load(gg[1], cfg, err, sizeof(err));
+    if (!rc || !strstr(err, cases[i].want))
+      th_fail(__FILE__, __LINE__, "%s: rc %d, \"%s\" (want \"%s\")", c.key, rc, err, cases[i].want);
+    else
+      printf("# %s\n", err);
+  }
+  /* two towers in one folder */
+  write_rebuilt(path, out, &(struct change){0});
+  write_rebuilt(path, own, &(struct change){0});
+  TH_CHECK(md_config_load(gg[1], cfg, err, sizeof(err)) < 0);
+  TH_CHECK(strstr(err, "several vision towers") != NULL);
+  /* with one, the model file is still found among them */
+  TH_REQUIRE(unlink(out) == 0);
+  TH_CHECK_EQ_INT(md_config_load(gg[1], cfg, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(cfg->vision.present, 1);
+  /* the model file named alone: text only */
+  snprintf(out, sizeof(out), "%s/model.gguf", gg[1]);
+  TH_CHECK_EQ_INT(md_config_load(out, cfg, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(cfg->vision.present, 0);
+  free(cfg);
+  cm_rmtree(st);
+}
