@@ -25,6 +25,7 @@
 #include "frontend/fe-route.h"
 #include "frontend/fe-server.h"
 #include "frontend/fe-tls.h"
+#include "model/md-config.h"
 
 #define TAG "fe"
 
@@ -87,7 +88,7 @@ int fe_main_template_kwargs_ok(const char *json) {
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = "default";
   static struct cm_strs schedulers; /* values live as long as the process */
-  const char *model_dir = NULL, *tok_dir = NULL;
+  const char *model_dir = NULL, *tok_dir = NULL, *mmproj = NULL;
   struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
@@ -120,6 +121,9 @@ int fe_frontend_main(int argc, char **argv) {
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "tokenizer.json, tokenizer_config.json and generation_config.json from DIR instead of "
        "--model's"},
+      {"mmproj", CM_OPT_STR, &mmproj, "FILE",
+       "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the "
+       "model file in its folder)"},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -175,6 +179,11 @@ int fe_frontend_main(int argc, char **argv) {
             "lmserve frontend: --default-chat-template-kwargs must be a JSON object (with "
             "enable_thinking a boolean): %s\n",
             template_kwargs);
+    return 2;
+  }
+  char mm_why[512];
+  if (md_model_mmproj_arg(model_dir, mmproj, mm_why, sizeof(mm_why))) {
+    fprintf(stderr, "lmserve frontend: %s\n", mm_why);
     return 2;
   }
   if (media_dir && access(media_dir, R_OK | X_OK) != 0) {

@@ -606,7 +606,41 @@ static int is_mmproj(const char *path, char *err, size_t errlen) {
   return clip;
 }
 
+/* --mmproj FILE of this process's command line ("" without it) */
+static char mmproj_named[4096];
+
+int md_model_set_mmproj(const char *path, char *err, size_t errlen) {
+  mmproj_named[0] = 0;
+  if (!path || !*path) return 0;
+  int clip = is_mmproj(path, err, errlen);
+  if (clip < 0) return clip;
+  if (!clip)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--mmproj %s is not a vision tower (a GGUF file of general.architecture clip)",
+                   path);
+  if (strlen(path) >= sizeof(mmproj_named))
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "--mmproj: path too long");
+  snprintf(mmproj_named, sizeof(mmproj_named), "%s", path);
+  return 0;
+}
+
+int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t errlen) {
+  if (!mmproj) return 0;
+  char path[4200];
+  int g = model ? md_model_gguf_path(model, path, sizeof(path), err, errlen) : 0;
+  if (g < 0) return g;
+  if (!g)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--mmproj goes with a GGUF model (a checkpoint folder's tower is in its "
+                   "safetensors)");
+  return md_model_set_mmproj(mmproj, err, errlen);
+}
+
 int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, size_t errlen) {
+  if (mmproj_named[0]) {
+    snprintf(path, n, "%s", mmproj_named);
+    return 1;
+  }
   struct stat st;
   if (stat(model, &st) || !S_ISDIR(st.st_mode)) return 0;
   DIR *d = opendir(model);

@@ -260,6 +260,14 @@ int md_config_load_gguf(const char *model, const char *path, struct md_config *c
  * model (0 and cfg as it was when there is none). md_config_load_gguf
  * (model: the folder or file the user named) does both. */
 int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, size_t errlen);
+/* The vision tower file named on a role's command line (--mmproj, as
+ * llama.cpp's server names it): every GGUF model this process then opens
+ * takes it, wherever it lies (NULL or "": the folder's own again). 0, or a
+ * negative cm_err with a sentence for a file that is not one. */
+int md_model_set_mmproj(const char *path, char *err, size_t errlen);
+/* A role's --mmproj (NULL: none) for its --model: md_model_set_mmproj, once
+ * the model is known to be a GGUF one. */
+int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t errlen);
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen);
 int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,

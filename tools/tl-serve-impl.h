@@ -76,6 +76,8 @@ struct tl_serve {
   const char *quantization; /* --quantization, checked before any role starts */
   const char *tokenizer;    /* --tokenizer as given */
   char tok_dir[4096];       /* its real path ("" without the flag) */
+  const char *mmproj;       /* --mmproj as given */
+  char mmproj_path[4096];   /* its real path ("" without the flag) */
   /* state */
   char run_dir[PATH_MAX]; /* 0700 folder holding the ipc:// endpoints */
   char model_dir[PATH_MAX + 64];

@@ -53,6 +53,7 @@
 #include "frontend/fe-tls.h"
 #include "kernels/kn-registry.h"
 #include "lmserve-config.h"
+#include "model/md-config.h"
 #include "proto/pr-zmq.h"
 #include "tools/tl-http-probe.h"
 #include "tools/tl-main.h"
@@ -249,6 +250,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     argv_add_str(&a, "--quantization", s->quantization);
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_str(&a, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
+    argv_add_str(&a, "--mmproj", s->mmproj_path[0] ? s->mmproj_path : NULL);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
   }
@@ -273,6 +275,7 @@ static int start_frontend(struct tl_serve *s) {
   struct tl_argv f = {0};
   argv_role(&f, "frontend", s);
   argv_add_str(&f, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
+  argv_add_str(&f, "--mmproj", s->mmproj_path[0] ? s->mmproj_path : NULL);
   for (int i = 0; i < (int)s->dp; i++) /* every replica: the frontend routes between them */
     argv_add_str(&f, "--scheduler", s->eng[i].ep_front);
   argv_add_str(&f, "--host", s->host);
@@ -352,6 +355,9 @@ int tl_serve_main(int argc, char **argv) {
       {"tokenizer", CM_OPT_STR, &s.tokenizer, "DIR",
        "tokenizer.json, tokenizer_config.json, generation_config.json from DIR (needed with a "
        "GGUF --model)"},
+      {"mmproj", CM_OPT_STR, &s.mmproj, "FILE",
+       "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the "
+       "model file in its folder)"},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
@@ -463,6 +469,16 @@ int tl_serve_main(int argc, char **argv) {
   if (s.tokenizer && !realpath(s.tokenizer, s.tok_dir)) {
     fprintf(stderr, "lmserve serve: --tokenizer %s: %s\n", s.tokenizer, strerror(errno));
     return 2;
+  }
+  if (s.mmproj) {
+    if (!realpath(s.mmproj, s.mmproj_path)) {
+      fprintf(stderr, "lmserve serve: --mmproj %s: %s\n", s.mmproj, strerror(errno));
+      return 2;
+    }
+    if (md_model_mmproj_arg(s.model_dir, s.mmproj_path, why, sizeof(why))) {
+      fprintf(stderr, "lmserve serve: %s\n", why);
+      return 2;
+    }
   }
   if (make_run_dir(&s) != 0) return 1;
 

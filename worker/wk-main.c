@@ -474,7 +474,8 @@ int wk_dtype_args(const char *who, const char *dtype, const char *kv_dtype, cons
 }
 
 int wk_worker_main(int argc, char **argv) {
-  const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL, *tok_dir = NULL;
+  const char *model_dir = NULL, *endpoint = NULL, *device = NULL, *spec_dir = NULL, *tok_dir = NULL,
+             *mmproj = NULL;
   const char *dtype = "auto", *kv_dtype_s = "auto", *quant_s = "none";
   int64_t rank = 0, world = 1, block = 16, max_batched = 2048, max_seqs = 64, threads = 0,
           spec_k = 0, local_rank = 0;
@@ -526,6 +527,9 @@ int wk_worker_main(int argc, char **argv) {
        "launch a step that is already waiting before the previous one is answered, its "
        "forward taking the tokens that step sampled on the device ($LMSERVE_PIPELINE=0|1; on "
        "for device backends, off on the CPU, where it only delays each answer)"},
+      {"mmproj", CM_OPT_STR, &mmproj, "FILE",
+       "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the "
+       "model file in its folder)"},
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "the vocabulary of structured outputs from DIR's tokenizer.json, as the frontend's "
        "--tokenizer (default: the checkpoint's tokenizer.json, or a GGUF file's own)"},
@@ -543,6 +547,11 @@ int wk_worker_main(int argc, char **argv) {
   cm_log_init_from_env();
   if (!model_dir || !endpoint) {
     fprintf(stderr, "lmserve worker: --model DIR and --scheduler ENDPOINT are required\n");
+    return 2;
+  }
+  char why[512];
+  if (md_model_mmproj_arg(model_dir, mmproj, why, sizeof(why))) {
+    fprintf(stderr, "lmserve worker: %s\n", why);
     return 2;
   }
   if (rank >= world) {

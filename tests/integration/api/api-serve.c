@@ -46,18 +46,18 @@ static void make_model(struct as_server *s, int max_pos) {
   char path[400];
   snprintf(path, sizeof(path), "%s/tokenizer.json", s->model);
   if (access(path, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  if (s->gguf) { /* dir/g: model.gguf with the tower as llama.cpp's mmproj file beside it */
-    char g[300], out[400], mm[400];
+  if (s->gguf) { /* dir/g/model.gguf, and the tower as llama.cpp's mmproj file in dir */
+    char g[270], out[300];
     snprintf(g, sizeof(g), "%s/g", s->dir);
     snprintf(out, sizeof(out), "%s/model.gguf", g);
-    snprintf(mm, sizeof(mm), "%s/mmproj-model-f16.gguf", g);
+    snprintf(s->mmproj, sizeof(s->mmproj), "%s/mmproj-model-f16.gguf", s->dir);
     TH_REQUIRE(mkdir(g, 0755) == 0);
-    rc = th_lmserve(&o, 180000, "export-gguf", "--model", s->model, "--out", out, "--mmproj", mm,
-                    NULL);
+    rc = th_lmserve(&o, 180000, "export-gguf", "--model", s->model, "--out", out, "--mmproj",
+                    s->mmproj, NULL);
     if (rc != 0) fprintf(stderr, "export-gguf: %s\n", o.err ? o.err : "");
     th_out_free(&o);
     TH_REQUIRE(rc == 0);
-    snprintf(s->model, sizeof(s->model), "%s", g);
+    snprintf(s->model, sizeof(s->model), "%s", out);
   }
   if (max_pos <= 0) return;
   snprintf(path, sizeof(path), "%s/config.json", s->model);
@@ -111,6 +111,10 @@ static int try_start(struct as_server *s, char *const extra[]) {
   if (s->api_key) {
     argv[a++] = "--api-key";
     argv[a++] = (char *)s->api_key;
+  }
+  if (s->gguf) {
+    argv[a++] = "--mmproj";
+    argv[a++] = s->mmproj;
   }
   for (int i = 0; extra && extra[i] && a < 46; i++)
     argv[a++] = extra[i];

@@ -33,12 +33,13 @@ struct as_server {
                           and chat format (--chat-format gemma4) */
   int audio;           /* set before as_start: the tiny Gemma 4 with an audio and a vision
                           tower and Gemma 4's chat format (--audio --vision) */
-  int gguf;            /* set before as_start (with vision): served from a folder with the
-                          checkpoint as export-gguf writes it, model.gguf and llama.cpp's
-                          mmproj file beside it */
+  int gguf;            /* set before as_start (with vision): the checkpoint as export-gguf
+                          writes it, served as --model dir/g/model.gguf --mmproj
+                          dir/mmproj-model-f16.gguf (llama.cpp's vision file) */
   char dir[256];       /* the temporary folder (removed at exit) */
   char model[300];     /* dir/m: the checkpoint */
   char log[300];       /* dir/serve.log: serve's stderr */
+  char mmproj[300];    /* gguf: the vision file */
 };
 
 /* one answer */

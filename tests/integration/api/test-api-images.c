@@ -5,8 +5,8 @@
  *      folder;
  *   B: --max-num-batched-tokens 24 (prompts in chunks whose ends the
  *      scheduler moves out of the images), --limit-mm-per-prompt image=2;
- * and C, the same checkpoint as a GGUF folder with llama.cpp's mmproj file
- * (export-gguf --mmproj), which answers as A does.
+ * and C, the same checkpoint as a GGUF file with llama.cpp's mmproj file
+ * (export-gguf --mmproj; serve --mmproj), which answers as A does.
  * Greedy output for prompts with one and with two images is the same on both,
  * alone or batched with text-only requests, from a prefix-cache hit or miss;
  * a different image behind the same text shares only the text's blocks;
@@ -161,8 +161,9 @@ TH_TEST(images_through_the_api) {
   TH_CHECK_EQ_INT(pa1, pb1);
   TH_CHECK_EQ_INT(pa2, pb2);
 
-  /* C: the same checkpoint as a GGUF folder, the tower in llama.cpp's mmproj
-     file (f16 matrices: the bf16 weights' own values): the same answers */
+  /* C: the same checkpoint as a GGUF file, the tower in llama.cpp's mmproj
+     file named by --mmproj (f16 matrices: the bf16 weights' own values): the
+     same answers */
   {
     struct as_server c = {.vision = 1, .gguf = 1};
     as_start(&c, 0, NULL);

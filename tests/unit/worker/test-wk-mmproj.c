@@ -289,8 +289,18 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
   TH_REQUIRE(unlink(out) == 0);
   TH_CHECK_EQ_INT(md_config_load(gg[1], cfg, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(cfg->vision.present, 1);
-  /* the model file named alone: text only */
+  /* the model file named alone: text only; with --mmproj, its tower wherever it lies */
   snprintf(out, sizeof(out), "%s/model.gguf", gg[1]);
+  TH_CHECK_EQ_INT(md_config_load(out, cfg, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(cfg->vision.present, 0);
+  TH_CHECK_EQ_INT(md_model_mmproj_arg(out, path, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(md_config_load(out, cfg, err, sizeof(err)), 0);
+  TH_CHECK_EQ_INT(cfg->vision.present, 1);
+  TH_CHECK(md_model_mmproj_arg(out, out, err, sizeof(err)) < 0); /* a model file */
+  TH_CHECK(strstr(err, "is not a vision tower") != NULL);
+  TH_CHECK(md_model_mmproj_arg(st, path, err, sizeof(err)) < 0); /* a checkpoint folder */
+  TH_CHECK(strstr(err, "goes with a GGUF model") != NULL);
+  TH_CHECK_EQ_INT(md_model_set_mmproj(NULL, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(md_config_load(out, cfg, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(cfg->vision.present, 0);
   free(cfg);
