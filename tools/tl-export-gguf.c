@@ -258,33 +258,49 @@ enum { PT_MAT = 0, PT_NORM = 1, PT_KEEP = 2, PT_SCALAR = 3, PT_F32 = 4 };
  * matrix, rows == 0 too for a vector of cols); `tied`: the embedding is the
  * output matrix too. A stack of expert matrices is quantized row by row as
  * one matrix of mats x rows rows. */
-static int plan_add_nd(struct gg_plan *p, const char *gname, const char *hname, int64_t mats,
-                       int64_t rows, int64_t cols, int what, int layer, int tied) {
+/* *out: the next planned tensor, gname from checkpoint tensor hname, which
+ * must have shape dims[nd] (outermost first) and a float dtype: its name,
+ * source and dimensions set (innermost first), the rest zero. 0, or a
+ * negative cm_err with p->err set. */
+static int plan_take(struct gg_plan *p, const char *gname, const char *hname, int nd,
+                     const int64_t *dims, struct gg_tensor **out) {
   const struct md_tensor *s = md_st_find(p->st, hname);
   if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
-  int norm = what == PT_NORM || what == PT_SCALAR || what == PT_F32;
-  int want_nd = mats ? 3 : rows ? 2 : 1;
-  if (s->ndim != want_nd || (mats && s->shape[0] != mats) ||
-      (rows && s->shape[want_nd - 2] != rows) || s->shape[want_nd - 1] != cols)
+  int same = s->ndim == nd;
+  for (int d = 0; same && d < nd; d++)
+    same = s->shape[d] == dims[d];
+  if (!same)
     return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
   if (ggml_type_of(s->dtype) < 0)
     return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
                    hname, s->dtype_name);
   CM_ASSERT(p->n < p->cap);
-  struct gg_tensor *t = &p->t[p->n++];
+  struct gg_tensor *t = *out = &p->t[p->n++];
   memset(t, 0, sizeof(*t));
   snprintf(t->name, sizeof(t->name), "%s", gname);
   t->src = s;
+  t->nd = nd;
+  for (int d = 0; d < 4; d++)
+    t->ne[d] = d < nd ? (uint64_t)dims[nd - 1 - d] : 1;
+  t->qdt = -1;
+  return 0;
+}
+
+static int plan_add_nd(struct gg_plan *p, const char *gname, const char *hname, int64_t mats,
+                       int64_t rows, int64_t cols, int what, int layer, int tied) {
+  int norm = what == PT_NORM || what == PT_SCALAR || what == PT_F32;
+  int64_t dims[3], nd = 0;
+  if (mats) dims[nd++] = mats;
+  if (rows) dims[nd++] = rows;
+  dims[nd++] = cols;
+  struct gg_tensor *t;
+  int rc = plan_take(p, gname, hname, (int)nd, dims, &t);
+  if (rc) return rc;
+  const struct md_tensor *s = t->src;
   t->norm = norm;
   t->shift = what == PT_NORM ? p->norm_shift : 0.0f;
-  t->nd = want_nd;
-  t->ne[0] = (uint64_t)cols;
-  t->ne[1] = rows ? (uint64_t)rows : 1;
-  t->ne[2] = mats ? (uint64_t)mats : 1;
-  t->ne[3] = 1;
   t->type = (norm || p->to_f32) ? GGML_F32 : ggml_type_of(s->dtype);
   t->bytes = t->ne[0] * t->ne[1] * t->ne[2] * type_size(t->type);
-  t->qdt = -1;
   /* matrices in a block format (or its fallback); one whose rows are not whole
      blocks of 32 stays as it is */
   enum kn_dtype q = KN_DTYPE__COUNT;
@@ -815,32 +831,13 @@ enum { VT_F32 = 0, VT_MAT = 1, VT_F16 = 2 };
  * written as `how` asks; shift is added to every value (an f32 tensor). */
 static int plan_vision(struct gg_plan *p, const char *gname, const char *hname, int nd,
                        const int64_t *dims, int how, float shift) {
-  const struct md_tensor *s = md_st_find(p->st, hname);
-  if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
-  int same = s->ndim == nd;
-  for (int d = 0; same && d < nd; d++)
-    same = s->shape[d] == dims[d];
-  if (!same)
-    return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
-  if (ggml_type_of(s->dtype) < 0)
-    return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
-                   hname, s->dtype_name);
-  CM_ASSERT(p->n < p->cap);
-  struct gg_tensor *t = &p->t[p->n++];
-  memset(t, 0, sizeof(*t));
-  snprintf(t->name, sizeof(t->name), "%s", gname);
-  t->src = s;
+  struct gg_tensor *t;
+  int rc = plan_take(p, gname, hname, nd, dims, &t);
+  if (rc) return rc;
   t->norm = how == VT_F32;
   t->shift = shift;
-  t->nd = nd;
-  uint64_t n = 1;
-  for (int d = 0; d < 4; d++) {
-    t->ne[d] = d < nd ? (uint64_t)dims[nd - 1 - d] : 1;
-    n *= t->ne[d];
-  }
   t->type = how == VT_F32 || (how == VT_MAT && p->to_f32) ? GGML_F32 : GGML_F16;
-  t->bytes = n * type_size(t->type);
-  t->qdt = -1;
+  t->bytes = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] * type_size(t->type);
   return 0;
 }
 

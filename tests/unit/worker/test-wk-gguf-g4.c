@@ -18,6 +18,7 @@
 #include "model/md-gguf.h"
 #include "tests/harness/th-buf.h"
 #include "tests/harness/th.h"
+#include "tests/unit/worker/wk-gguf-util.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "tools/tl-tiny-spec.h"
 #include "worker/wk-model.h"
@@ -162,7 +163,8 @@ struct change {
   double v;
 };
 
-static void put_value(struct th_buf *b, const struct change *c) {
+static void put_value(struct th_buf *b, const void *arg) {
+  const struct change *c = arg;
   th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_U32) {
     th_buf_u32(b, (uint32_t)c->v);
@@ -180,51 +182,9 @@ static void put_value(struct th_buf *b, const struct change *c) {
 /* g's file (bytes[len]) with change c, as a new image. */
 static struct th_buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size_t len,
                              const struct change *c) {
-  struct th_buf b = {0};
-  int nkv = md_gguf_kv_count(g), nt = md_gguf_tensor_count(g), found = 0;
-  for (int i = 0; i < nkv; i++)
-    found |= c->key && !strcmp(md_gguf_kv_at(g, i)->key, c->key);
-  th_buf_put(&b, "GGUF", 4);
-  th_buf_u32(&b, 3);
-  th_buf_u64(&b, (uint64_t)nt);
-  th_buf_u64(&b, (uint64_t)(nkv - (found && c->type < 0) + (!found && c->key && c->type >= 0)));
-  for (int i = 0; i < nkv; i++) {
-    const struct md_gguf_kv *kv = md_gguf_kv_at(g, i);
-    if (c->key && !strcmp(kv->key, c->key)) {
-      if (c->type >= 0) {
-        th_buf_str(&b, kv->key);
-        put_value(&b, c);
-      }
-      continue;
-    }
-    th_buf_str(&b, kv->key);
-    th_buf_u32(&b, kv->type);
-    if (kv->type == MD_GGUF_ARRAY) {
-      th_buf_u32(&b, kv->arr_type);
-      th_buf_u64(&b, kv->n);
-    }
-    th_buf_put(&b, kv->val, (size_t)kv->bytes);
-  }
-  if (!found && c->key && c->type >= 0) {
-    th_buf_str(&b, c->key);
-    put_value(&b, c);
-  }
-  const uint8_t *data = NULL;
-  for (int i = 0; i < nt; i++) {
-    const struct md_gguf_tensor *t = md_gguf_tensor_at(g, i);
-    th_buf_str(&b, t->name);
-    th_buf_u32(&b, (uint32_t)t->n_dims);
-    for (int d = 0; d < t->n_dims; d++)
-      th_buf_u64(&b, (uint64_t)t->ne[d]);
-    th_buf_u32(&b, t->type);
-    th_buf_u64(&b, t->offset);
-    if (!t->offset) data = t->data;
-  }
-  TH_REQUIRE(data != NULL);
-  while (b.n % 32)
-    th_buf_put(&b, "", 1);
-  size_t base = b.n;
-  th_buf_put(&b, data, len - (size_t)(data - bytes));
+  size_t base;
+  struct th_buf b =
+      wkt_gguf_rebuild(g, bytes, len, c->key, c->type >= 0 ? put_value : NULL, c, NULL, &base);
   if (!c->key) {
     const struct md_gguf_tensor *t = md_gguf_find_tensor(g, "rope_freqs.weight");
     TH_REQUIRE(t != NULL);
@@ -232,22 +192,6 @@ static struct th_buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size
     memcpy(b.p + base + t->offset + 4, &f, 4);
   }
   return b;
-}
-
-/* The file at path, read whole into *len bytes, and its open directory. */
-static uint8_t *slurp(const char *path, size_t *lenp, struct md_gguf **g) {
-  char err[512];
-  FILE *f = fopen(path, "rb");
-  TH_REQUIRE(f != NULL);
-  fseek(f, 0, SEEK_END);
-  size_t len = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *bytes = malloc(len);
-  TH_REQUIRE(bytes && fread(bytes, 1, len, f) == len);
-  fclose(f);
-  TH_REQUIRE(md_gguf_open_mem(bytes, len, "m.gguf", g, err, sizeof(err)) == 0);
-  *lenp = len;
-  return bytes;
 }
 
 /* The file with change c gives an error with want in it. */
@@ -290,7 +234,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
   make(dir, sizeof(dir), "tiny-e", 0, g);
   struct md_gguf *orig = NULL;
   size_t len;
-  uint8_t *bytes = slurp(g[0], &len, &orig);
+  uint8_t *bytes = wkt_gguf_slurp(g[0], &len, &orig);
   static const struct {
     struct change c;
     const char *want; /* in the error */
@@ -335,7 +279,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
   /* KV-shared layers where llama.cpp's gemma4 would read other layers than ours: the
      dense preset's last layers are sliding, sliding, full */
   make(dir, sizeof(dir), "tiny-dense", 0, g);
-  bytes = slurp(g[0], &len, &orig);
+  bytes = wkt_gguf_slurp(g[0], &len, &orig);
   struct change shared = {"gemma4.attention.shared_kv_layers", MD_GGUF_U32, 2};
   expect_bad(orig, bytes, len, &shared, "llama.cpp's gemma4 lets KV-shared sliding layers read");
   md_gguf_close(orig);
@@ -344,7 +288,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
 
   /* an MoE file's keys */
   make(dir, sizeof(dir), "tiny-dense", 1, g);
-  bytes = slurp(g[0], &len, &orig);
+  bytes = wkt_gguf_slurp(g[0], &len, &orig);
   static const struct {
     struct change c;
     const char *want;

@@ -21,6 +21,7 @@
 #include "model/md-gguf.h"
 #include "tests/harness/th-buf.h"
 #include "tests/harness/th.h"
+#include "tests/unit/worker/wk-gguf-util.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "tools/tl-tiny-spec.h"
 #include "worker/wk-vision.h"
@@ -138,7 +139,8 @@ struct change {
   int swap;
 };
 
-static void put_value(struct th_buf *b, const struct change *c) {
+static void put_value(struct th_buf *b, const void *arg) {
+  const struct change *c = arg;
   th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_STRING)
     th_buf_str(b, c->str);
@@ -148,67 +150,24 @@ static void put_value(struct th_buf *b, const struct change *c) {
     th_buf_u32(b, c->v);
 }
 
+/* v.blk.N.ffn_up and ffn_down exchanged (the older converters' names) */
+static void swap_ffn(const char *name, char *out, size_t n) {
+  int layer, used = 0;
+  snprintf(out, n, "%s", name);
+  if (sscanf(name, "v.blk.%d.%n", &layer, &used) != 1 || !used) return;
+  if (!strncmp(name + used, "ffn_up.", 7))
+    snprintf(out, n, "v.blk.%d.ffn_down.%s", layer, name + used + 7);
+  else if (!strncmp(name + used, "ffn_down.", 9))
+    snprintf(out, n, "v.blk.%d.ffn_up.%s", layer, name + used + 9);
+}
+
+/* The file at path with change c, written to out. */
 static void write_rebuilt(const char *path, const char *out, const struct change *c) {
-  char err[512];
-  FILE *f = fopen(path, "rb");
-  TH_REQUIRE(f != NULL);
-  fseek(f, 0, SEEK_END);
-  size_t len = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *bytes = malloc(len);
-  TH_REQUIRE(bytes && fread(bytes, 1, len, f) == len);
-  fclose(f);
   struct md_gguf *g = NULL;
-  TH_REQUIRE(md_gguf_open_mem(bytes, len, "mmproj.gguf", &g, err, sizeof(err)) == 0);
-  struct th_buf b = {0};
-  int nkv = md_gguf_kv_count(g), nt = md_gguf_tensor_count(g);
-  int found = c->key && md_gguf_find_kv(g, c->key);
-  th_buf_put(&b, "GGUF", 4);
-  th_buf_u32(&b, 3);
-  th_buf_u64(&b, (uint64_t)nt);
-  th_buf_u64(&b, (uint64_t)(nkv + (c->key && !found)));
-  for (int i = 0; i < nkv; i++) {
-    const struct md_gguf_kv *kv = md_gguf_kv_at(g, i);
-    th_buf_str(&b, kv->key);
-    if (c->key && !strcmp(kv->key, c->key)) {
-      put_value(&b, c);
-      continue;
-    }
-    th_buf_u32(&b, kv->type);
-    if (kv->type == MD_GGUF_ARRAY) {
-      th_buf_u32(&b, kv->arr_type);
-      th_buf_u64(&b, kv->n);
-    }
-    th_buf_put(&b, kv->val, (size_t)kv->bytes);
-  }
-  if (c->key && !found) {
-    th_buf_str(&b, c->key);
-    put_value(&b, c);
-  }
-  const uint8_t *data = NULL;
-  for (int i = 0; i < nt; i++) {
-    const struct md_gguf_tensor *t = md_gguf_tensor_at(g, i);
-    char name[128];
-    int layer, used = 0;
-    snprintf(name, sizeof(name), "%s", t->name);
-    if (c->swap && sscanf(t->name, "v.blk.%d.%n", &layer, &used) == 1 && used > 0) {
-      if (!strncmp(t->name + used, "ffn_up.", 7))
-        snprintf(name, sizeof(name), "v.blk.%d.ffn_down.%s", layer, t->name + used + 7);
-      else if (!strncmp(t->name + used, "ffn_down.", 9))
-        snprintf(name, sizeof(name), "v.blk.%d.ffn_up.%s", layer, t->name + used + 9);
-    }
-    th_buf_str(&b, name);
-    th_buf_u32(&b, (uint32_t)t->n_dims);
-    for (int d = 0; d < t->n_dims; d++)
-      th_buf_u64(&b, (uint64_t)t->ne[d]);
-    th_buf_u32(&b, t->type);
-    th_buf_u64(&b, t->offset);
-    if (!t->offset) data = t->data;
-  }
-  TH_REQUIRE(data != NULL);
-  while (b.n % 32)
-    th_buf_put(&b, "", 1);
-  th_buf_put(&b, data, len - (size_t)(data - bytes));
+  size_t len, base;
+  uint8_t *bytes = wkt_gguf_slurp(path, &len, &g);
+  struct th_buf b =
+      wkt_gguf_rebuild(g, bytes, len, c->key, put_value, c, c->swap ? swap_ffn : NULL, &base);
   TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
   md_gguf_close(g);
   free(b.p);
