@@ -121,9 +121,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "tokenizer.json, tokenizer_config.json and generation_config.json from DIR instead of "
        "--model's"},
-      {"mmproj", CM_OPT_STR, &mmproj, "FILE",
-       "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the "
-       "model file in its folder)"},
+      {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},

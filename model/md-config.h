@@ -268,6 +268,10 @@ int md_model_set_mmproj(const char *path, char *err, size_t errlen);
 /* A role's --mmproj (NULL: none) for its --model: md_model_set_mmproj, once
  * the model is known to be a GGUF one. */
 int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t errlen);
+/* --mmproj's help, the same in every role */
+#define MD_MMPROJ_HELP                                                                             \
+  "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the model "       \
+  "file in its folder)"
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen);
 int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,

@@ -355,9 +355,7 @@ int tl_serve_main(int argc, char **argv) {
       {"tokenizer", CM_OPT_STR, &s.tokenizer, "DIR",
        "tokenizer.json, tokenizer_config.json, generation_config.json from DIR (needed with a "
        "GGUF --model)"},
-      {"mmproj", CM_OPT_STR, &s.mmproj, "FILE",
-       "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the "
-       "model file in its folder)"},
+      {"mmproj", CM_OPT_STR, &s.mmproj, "FILE", MD_MMPROJ_HELP},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},

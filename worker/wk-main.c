@@ -527,9 +527,7 @@ int wk_worker_main(int argc, char **argv) {
        "launch a step that is already waiting before the previous one is answered, its "
        "forward taking the tokens that step sampled on the device ($LMSERVE_PIPELINE=0|1; on "
        "for device backends, off on the CPU, where it only delays each answer)"},
-      {"mmproj", CM_OPT_STR, &mmproj, "FILE",
-       "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the "
-       "model file in its folder)"},
+      {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "the vocabulary of structured outputs from DIR's tokenizer.json, as the frontend's "
        "--tokenizer (default: the checkpoint's tokenizer.json, or a GGUF file's own)"},
