@@ -788,7 +788,10 @@ int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
 done:
   json_decref(root);
   json_decref(pre);
-  if (rc) cfg->vision.present = 0;
+  if (rc)
+    cfg->vision.present = 0;
+  else /* as a checkpoint with a tower names itself */
+    snprintf(cfg->model_type, sizeof(cfg->model_type), "gemma3");
   return rc;
 }
 

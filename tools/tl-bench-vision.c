@@ -32,6 +32,7 @@
 #include "common/cm-time.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "model/md-audio-g4.h"
+#include "model/md-config.h"
 #include "model/md-vision-g4.h"
 #include "model/md-vision-preproc.h"
 #include "tools/tl-main.h"
@@ -291,12 +292,14 @@ fail:
 }
 
 int tl_bench_vision_main(int argc, char **argv) {
-  const char *model = NULL;
+  const char *model = NULL, *mmproj = NULL;
   int64_t threads = 0, batch = 1, iters = 3, src = 1024, text = 32, mst = 0;
   double seconds = 30;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR",
-       "a Gemma3ForConditionalGeneration or Gemma4ForConditionalGeneration checkpoint"},
+       "a Gemma3ForConditionalGeneration or Gemma4ForConditionalGeneration checkpoint, or a "
+       "Gemma 3 GGUF model with its vision tower"},
+      {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"max-soft-tokens", CM_OPT_INT, &mst, "N",
        "Gemma 4: soft tokens per image, 70, 140, 280, 560 or 1120 (default: the config's)", 0,
        1120},
@@ -308,8 +311,8 @@ int tl_bench_vision_main(int argc, char **argv) {
        1 << 16},
       {"threads", CM_OPT_INT, &threads, "N", "CPU threads (default: one per core)", 0, 1024},
       {"audio-seconds", CM_OPT_DOUBLE, &seconds, "S",
-       "Gemma 4 with an audio tower: seconds of each clip (default 30; --batch clips a pass)", 0,
-       0, 0.01, 30},
+       "Gemma 4 with an audio tower: seconds of each clip (default 30; --batch clips a pass)", 0, 0,
+       0.01, 30},
       {0},
   };
   int rc = tl_args_parse("lmserve bench vision",
@@ -319,6 +322,11 @@ int tl_bench_vision_main(int argc, char **argv) {
   if (rc >= 0) return rc;
   if (!model) {
     fprintf(stderr, "lmserve bench vision: --model DIR is required\n");
+    return 2;
+  }
+  char why[512];
+  if (md_model_mmproj_arg(model, mmproj, why, sizeof(why))) {
+    fprintf(stderr, "lmserve bench vision: %s\n", why);
     return 2;
   }
   if (threads == 0) {
