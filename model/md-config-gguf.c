@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-log.h"
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 
@@ -86,7 +87,14 @@ int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_
     if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
     char p[4200];
     snprintf(p, sizeof(p), "%s/%s", model, e->d_name);
-    if (is_mmproj(p, err, errlen) == 1) continue; /* a vision tower beside the model */
+    int clip = is_mmproj(p, err, errlen);
+    if (clip < 0) { /* a file that is not readable GGUF: named, not taken for a model */
+      closedir(d);
+      char why[512];
+      snprintf(why, sizeof(why), "%s", err);
+      return cm_fail(err, errlen, clip, "%s: %s", p, why);
+    }
+    if (clip) continue; /* a vision tower beside the model */
     if (found++) {
       closedir(d);
       return cm_fail(err, errlen, CM_ERR_INVAL,
@@ -771,12 +779,25 @@ int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
   json_object_set_new(vc, "image_size", json_integer(image));
   json_object_set_new(vc, "patch_size", json_integer(patch));
   json_object_set_new(vc, "layer_norm_eps", json_real(eps));
+  /* llama.cpp's converter cuts Gemma 3's vocabulary (and token_embd) to
+     tokenizer.model's 262144 pieces, which leaves <image_soft_token> (262144)
+     out: llama.cpp feeds the features with no ids. The soft tokens then take
+     <unused0>, an unused piece of the vocabulary: their rows are replaced by
+     the image's features, so which id they carry changes no logit (and the
+     text "<unused0>" in a prompt is refused as a stray soft token is). */
+  if (img < 0 || img >= cfg->vocab) {
+    img = md_gguf_find_kv(text, "tokenizer.ggml.tokens") ? token_id(text, "<unused0>") : 6;
+    if (img < 0 || img >= cfg->vocab) {
+      rc = cm_fail(err, errlen, CM_ERR_PARSE,
+                   "mmproj: the model's vocabulary has neither <image_soft_token> nor <unused0> "
+                   "to stand in for it");
+      goto done;
+    }
+  }
   json_object_set_new(root, "mm_tokens_per_image", json_integer(side * side));
   json_object_set_new(root, "boi_token_index", json_integer(boi));
   json_object_set_new(root, "eoi_token_index", json_integer(eoi));
-  /* <image_soft_token> is past a 262144-row table's vocabulary in Gemma 3's
-     tokenizer; the converter leaves it out, and its rows are replaced anyway */
-  json_object_set_new(root, "image_token_index", json_integer(img >= 0 ? img : 262144));
+  json_object_set_new(root, "image_token_index", json_integer(img));
   json_object_set_new(pre, "size", json_pack("{s:I,s:I}", "height", image, "width", image));
   char *vt = json_dumps(root, JSON_COMPACT), *pt2 = json_dumps(pre, JSON_COMPACT);
   if (!vt || !pt2)
@@ -801,13 +822,17 @@ int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct 
   int rc = md_model_mmproj_path(model, path, sizeof(path), err, errlen);
   if (rc <= 0) return rc;
   struct md_gguf *mm = NULL;
-  if ((rc = md_gguf_open(path, &mm, err, errlen))) return rc;
-  rc = md_config_add_mmproj(mm, text, cfg, err, errlen);
+  if (!(rc = md_gguf_open(path, &mm, err, errlen)))
+    rc = md_config_add_mmproj(mm, text, cfg, err, errlen);
   md_gguf_close(mm);
-  if (rc) {
-    char why[512];
-    snprintf(why, sizeof(why), "%s", err);
-    return cm_fail(err, errlen, rc, "%s: %s", path, why);
+  if (!rc) return 0;
+  char why[512];
+  snprintf(why, sizeof(why), "%s", err);
+  if (!mmproj_named[0]) { /* found in the folder, not asked for: the text still serves */
+    cm_warn("model", "%s: %s; serving text only (--mmproj FILE names a Gemma 3 vision tower)", path,
+            why);
+    err[0] = 0;
+    return 0;
   }
-  return 0;
+  return cm_fail(err, errlen, rc, "%s: %s", path, why);
 }

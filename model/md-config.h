@@ -251,14 +251,17 @@ int md_config_load_gguf(const char *model, const char *path, struct md_config *c
                         size_t errlen);
 
 /* A Gemma 3 vision tower in llama.cpp's mmproj layout (a GGUF file of
- * general.architecture "clip", clip.projector_type "gemma3") beside the
- * model file in a model folder. md_model_mmproj_path: 1 and its path when
- * model is a folder holding one, 0 when none (or model is a file), a
- * negative cm_err with a sentence for several. md_config_add_mmproj: its
- * tower, preprocessing and image tokens (from the text file's vocabulary)
- * into the text config cfg; md_config_load_mmproj finds and opens it for
- * model (0 and cfg as it was when there is none). md_config_load_gguf
- * (model: the folder or file the user named) does both. */
+ * general.architecture "clip", clip.projector_type "gemma3"), named by
+ * --mmproj or beside the model file in a model folder.
+ * md_model_mmproj_path: 1 and its path when --mmproj named one
+ * (md_model_set_mmproj) or model is a folder holding one, 0 when there is
+ * none (a model file named alone), a negative cm_err with a sentence for
+ * several. md_config_add_mmproj: its tower, preprocessing and image tokens
+ * (from the text file's vocabulary) into the text config cfg;
+ * md_config_load_mmproj finds and opens it for model (0 and cfg as it was
+ * when there is none, or when one found in the folder cannot be read: a
+ * warning, and the model serves text). md_config_load_gguf (model: the
+ * folder or file the user named) does both. */
 int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, size_t errlen);
 /* The vision tower file named on a role's command line (--mmproj, as
  * llama.cpp's server names it): every GGUF model this process then opens
@@ -270,8 +273,8 @@ int md_model_set_mmproj(const char *path, char *err, size_t errlen);
 int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t errlen);
 /* --mmproj's help, the same in every role */
 #define MD_MMPROJ_HELP                                                                             \
-  "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one beside the model "       \
-  "file in its folder)"
+  "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one in --model's folder "    \
+  "when --model names the folder; a file named alone serves text)"
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen);
 int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,

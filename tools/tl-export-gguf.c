@@ -930,8 +930,9 @@ static void write_kv_mmproj(struct gg_out *o, const struct md_config *c, const s
   if (v->pool != 4) kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
 }
 
-static int export_mmproj(const struct md_config *c, const struct md_st *st, const char *out,
-                         int to_f32, const char *name, char *err, size_t errlen) {
+/* Whether c's tower can be written as an mmproj file: 0, or a cm_err with
+ * the reason (checked before anything is written). */
+static int mmproj_check(const struct md_config *c, char *err, size_t errlen) {
   if (!c->vision.present)
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "--mmproj: the checkpoint has no Gemma 3 vision tower");
@@ -940,6 +941,11 @@ static int export_mmproj(const struct md_config *c, const struct md_st *st, cons
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "--mmproj: the preprocessing is not a resize to image_size, 1/255 and a "
                    "normalisation (an mmproj file holds only the mean and std)");
+  return 0;
+}
+
+static int export_mmproj(const struct md_config *c, const struct md_st *st, const char *out,
+                         int to_f32, const char *name, char *err, size_t errlen) {
   struct gg_plan p = {.cap = 8 + 16 * c->vision.n_layers,
                       .st = st,
                       .to_f32 = to_f32,
@@ -989,6 +995,7 @@ static int export(const char *dir, const char *out, const char *mmproj, int to_f
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: %s", dir, why);
     goto done;
   }
+  if (mmproj && (rc = mmproj_check(c, err, errlen))) goto done;
   if ((rc = md_st_open_dir(dir, &st, err, errlen))) goto done;
   p.cap = 7 + 25 * c->n_layers;
   p.norm_shift = c->arch == MD_ARCH_GEMMA3 ? 1.0f : 0.0f;

@@ -473,8 +473,9 @@ int tl_serve_main(int argc, char **argv) {
       fprintf(stderr, "lmserve serve: --mmproj %s: %s\n", s.mmproj, strerror(errno));
       return 2;
     }
-    if (md_model_mmproj_arg(s.model_dir, s.mmproj_path, why, sizeof(why))) {
-      fprintf(stderr, "lmserve serve: %s\n", why);
+    char mm_why[512];
+    if (md_model_mmproj_arg(s.model_dir, s.mmproj_path, mm_why, sizeof(mm_why))) {
+      fprintf(stderr, "lmserve serve: %s\n", mm_why);
       return 2;
     }
   }

@@ -130,14 +130,17 @@ void as_start(struct as_server *s, int max_pos, char *const extra[]) {
   const char *key = s->api_key;
   int vision = s->vision, vision_g4 = s->vision_g4, gemma4_chat = s->gemma4_chat, audio = s->audio,
       gguf = s->gguf;
+  void (*prepare)(struct as_server *) = s->prepare;
   memset(s, 0, sizeof(*s));
   s->gguf = gguf;
+  s->prepare = prepare;
   s->audio = audio;
   s->api_key = key;
   s->vision = vision;
   s->vision_g4 = vision_g4;
   s->gemma4_chat = gemma4_chat;
   make_model(s, max_pos);
+  if (s->prepare) s->prepare(s);
   /* a port taken between free_port and serve's bind: try another */
   for (int i = 0; i < 3; i++)
     if (try_start(s, extra) == 0) return;

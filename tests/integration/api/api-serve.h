@@ -40,6 +40,8 @@ struct as_server {
   char model[300];     /* dir/m: the checkpoint */
   char log[300];       /* dir/serve.log: serve's stderr */
   char mmproj[300];    /* gguf: the vision file */
+  void (*prepare)(struct as_server *s); /* set before as_start: called on the model made,
+                                           before serve starts (NULL: none) */
 };
 
 /* one answer */

@@ -17,8 +17,8 @@
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 #include "tests/harness/th-buf.h"
+#include "tests/harness/th-gguf.h"
 #include "tests/harness/th.h"
-#include "tests/unit/worker/wk-gguf-util.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "tools/tl-tiny-spec.h"
 #include "worker/wk-model.h"
@@ -163,8 +163,7 @@ struct change {
   double v;
 };
 
-static void put_value(struct th_buf *b, const void *arg) {
-  const struct change *c = arg;
+static void put_value(struct th_buf *b, const struct change *c) {
   th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_U32) {
     th_buf_u32(b, (uint32_t)c->v);
@@ -179,12 +178,27 @@ static void put_value(struct th_buf *b, const void *arg) {
   }
 }
 
+static int change_kv(const struct md_gguf_kv *kv, struct th_buf *b, void *arg) {
+  const struct change *c = arg;
+  if (!c->key || strcmp(kv->key, c->key)) return 0;
+  if (c->type < 0) return -1;
+  put_value(b, c);
+  return 1;
+}
+
+static void add_kv(int i, struct th_buf *b, void *arg) {
+  const struct change *c = arg;
+  th_buf_str(b, c->key);
+  put_value(b, c);
+}
+
 /* g's file (bytes[len]) with change c, as a new image. */
 static struct th_buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size_t len,
                              const struct change *c) {
   size_t base;
-  struct th_buf b =
-      wkt_gguf_rebuild(g, bytes, len, c->key, c->type >= 0 ? put_value : NULL, c, NULL, &base);
+  int add = c->key && c->type >= 0 && !md_gguf_find_kv(g, c->key);
+  struct th_gguf_edit e = {.kv = change_kv, .n_add = add, .add = add_kv, .arg = (void *)c};
+  struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
   if (!c->key) {
     const struct md_gguf_tensor *t = md_gguf_find_tensor(g, "rope_freqs.weight");
     TH_REQUIRE(t != NULL);
@@ -234,7 +248,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
   make(dir, sizeof(dir), "tiny-e", 0, g);
   struct md_gguf *orig = NULL;
   size_t len;
-  uint8_t *bytes = wkt_gguf_slurp(g[0], &len, &orig);
+  uint8_t *bytes = th_gguf_slurp(g[0], &len, &orig);
   static const struct {
     struct change c;
     const char *want; /* in the error */
@@ -279,7 +293,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
   /* KV-shared layers where llama.cpp's gemma4 would read other layers than ours: the
      dense preset's last layers are sliding, sliding, full */
   make(dir, sizeof(dir), "tiny-dense", 0, g);
-  bytes = wkt_gguf_slurp(g[0], &len, &orig);
+  bytes = th_gguf_slurp(g[0], &len, &orig);
   struct change shared = {"gemma4.attention.shared_kv_layers", MD_GGUF_U32, 2};
   expect_bad(orig, bytes, len, &shared, "llama.cpp's gemma4 lets KV-shared sliding layers read");
   md_gguf_close(orig);
@@ -288,7 +302,7 @@ TH_TEST(bad_gemma4_metadata_is_a_clear_error_naming_the_key) {
 
   /* an MoE file's keys */
   make(dir, sizeof(dir), "tiny-dense", 1, g);
-  bytes = wkt_gguf_slurp(g[0], &len, &orig);
+  bytes = th_gguf_slurp(g[0], &len, &orig);
   static const struct {
     struct change c;
     const char *want;

@@ -5,8 +5,10 @@
  * read back from the folder: the checkpoint's vision config, preprocessing
  * and image tokens, and its image embeddings within the f16 rounding of the
  * files' matrices. The file rebuilt with the older converters' names (fc1
- * as ffn_down, fc2 as ffn_up) gives the same bits; bad metadata and a second
- * tower in the folder are clear errors. */
+ * as ffn_down, fc2 as ffn_up) gives the same bits; a bad file named by
+ * --mmproj is a clear error naming what is wrong, and found in the folder a
+ * warning (the model serves text); a second tower in the folder, or a file
+ * there that is not GGUF, is an error. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,26 +22,36 @@
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 #include "tests/harness/th-buf.h"
+#include "tests/harness/th-gguf.h"
 #include "tests/harness/th.h"
-#include "tests/unit/worker/wk-gguf-util.h"
 #include "tests/unit/worker/wk-test-util.h"
+#include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-tiny-spec.h"
 #include "worker/wk-vision.h"
 
-/* The bf16 checkpoint in st, and beside it the folders gg[0] (export-gguf's
- * defaults: text bf16, mmproj f16) and gg[1] (--dtype f32), each with
- * model.gguf and mmproj-model.gguf. */
-static void make(char *st, size_t n, char gg[2][300]) {
-  struct tl_tiny_opts o = {.arch = "gemma3", .preset = "tiny", .vocab = 262144, .vision = 1};
-  wkt_make_tiny(st, n, &o, 7, MD_ST_BF16);
+/* In a new folder st: the bf16 checkpoint ck (make-tiny-model's, with the
+ * Gemma tokenizer), and the folders gg[0] (export-gguf's defaults: text bf16,
+ * mmproj f16) and gg[1] (--dtype f32), each with model.gguf and
+ * mmproj-model.gguf. */
+static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
   char lm[1024], log[4096], out[400], mm[400];
+  TH_REQUIRE(wkt_tmpdir(st, n) == 0);
+  snprintf(ck, 300, "%s/ck", st);
   snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  char *mk[] = {lm, "make-tiny-model", "--arch", "gemma3", "--vision", "--out",
+                ck, "--seed",          "7",      NULL};
+  if (cm_run_capture(mk, log, sizeof(log))) {
+    th_fail(__FILE__, __LINE__, "lmserve make-tiny-model:\n%s", log);
+    th_stop();
+  }
+  snprintf(out, sizeof(out), "%s/tokenizer.json", ck);
+  if (access(out, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
   for (int i = 0; i < 2; i++) {
     snprintf(gg[i], 300, "%s/gguf-%d", st, i);
     TH_REQUIRE(mkdir(gg[i], 0755) == 0);
     snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
     snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", gg[i]);
-    char *argv[] = {lm, "export-gguf", "--model", st,  "--out", out, "--mmproj",
+    char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
                     mm, "--dtype",     "f32",     NULL};
     if (i == 0) argv[8] = NULL;
     int rc = cm_run_capture(argv, log, sizeof(log));
@@ -139,8 +151,7 @@ struct change {
   int swap;
 };
 
-static void put_value(struct th_buf *b, const void *arg) {
-  const struct change *c = arg;
+static void put_value(struct th_buf *b, const struct change *c) {
   th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_STRING)
     th_buf_str(b, c->str);
@@ -150,24 +161,43 @@ static void put_value(struct th_buf *b, const void *arg) {
     th_buf_u32(b, c->v);
 }
 
+static int change_kv(const struct md_gguf_kv *kv, struct th_buf *b, void *arg) {
+  const struct change *c = arg;
+  if (!c->key || strcmp(kv->key, c->key)) return 0;
+  put_value(b, c);
+  return 1;
+}
+
+static void add_kv(int i, struct th_buf *b, void *arg) {
+  const struct change *c = arg;
+  th_buf_str(b, c->key);
+  put_value(b, c);
+}
+
 /* v.blk.N.ffn_up and ffn_down exchanged (the older converters' names) */
-static void swap_ffn(const char *name, char *out, size_t n) {
+static void swap_ffn(const struct md_gguf_tensor *t, char *name, size_t n, uint64_t *ne,
+                     void *arg) {
   int layer, used = 0;
-  snprintf(out, n, "%s", name);
-  if (sscanf(name, "v.blk.%d.%n", &layer, &used) != 1 || !used) return;
-  if (!strncmp(name + used, "ffn_up.", 7))
-    snprintf(out, n, "v.blk.%d.ffn_down.%s", layer, name + used + 7);
-  else if (!strncmp(name + used, "ffn_down.", 9))
-    snprintf(out, n, "v.blk.%d.ffn_up.%s", layer, name + used + 9);
+  if (!((const struct change *)arg)->swap || sscanf(t->name, "v.blk.%d.%n", &layer, &used) != 1 ||
+      !used)
+    return;
+  if (!strncmp(t->name + used, "ffn_up.", 7))
+    snprintf(name, n, "v.blk.%d.ffn_down.%s", layer, t->name + used + 7);
+  else if (!strncmp(t->name + used, "ffn_down.", 9))
+    snprintf(name, n, "v.blk.%d.ffn_up.%s", layer, t->name + used + 9);
 }
 
 /* The file at path with change c, written to out. */
 static void write_rebuilt(const char *path, const char *out, const struct change *c) {
   struct md_gguf *g = NULL;
   size_t len, base;
-  uint8_t *bytes = wkt_gguf_slurp(path, &len, &g);
-  struct th_buf b =
-      wkt_gguf_rebuild(g, bytes, len, c->key, put_value, c, c->swap ? swap_ffn : NULL, &base);
+  uint8_t *bytes = th_gguf_slurp(path, &len, &g);
+  struct th_gguf_edit e = {.kv = change_kv,
+                           .n_add = c->key && !md_gguf_find_kv(g, c->key),
+                           .add = add_kv,
+                           .tensor = swap_ffn,
+                           .arg = (void *)c};
+  struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
   TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
   md_gguf_close(g);
   free(b.p);
@@ -177,13 +207,13 @@ static void write_rebuilt(const char *path, const char *out, const struct change
 /* ---- tests ---------------------------------------------------------------------- */
 
 TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
-  char st[256], gg[2][300];
-  make(st, sizeof(st), gg);
+  char st[256], ck[300], gg[2][300];
+  make(st, sizeof(st), ck, gg);
   for (int i = 0; i < 2; i++)
-    same_vision(st, gg[i]);
+    same_vision(ck, gg[i]);
   struct kn_backend *be = wkt_cpu_backend(2);
   size_t n, m;
-  float *want = embed(st, be, &n), *f32 = embed(gg[1], be, &m), *f16 = embed(gg[0], be, &m);
+  float *want = embed(ck, be, &n), *f32 = embed(gg[1], be, &m), *f16 = embed(gg[0], be, &m);
   TH_REQUIRE(n == m);
   /* f32 matrices, the projection in f16 (as llama.cpp's converter forces it):
      bf16 values are f16's too, but for the few below f16's normal range */
@@ -206,8 +236,8 @@ TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
 }
 
 TH_TEST(bad_mmproj_files_are_clear_errors) {
-  char st[256], gg[2][300];
-  make(st, sizeof(st), gg);
+  char st[256], ck[300], gg[2][300];
+  make(st, sizeof(st), ck, gg);
   char path[400], out[400], err[512];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);
   snprintf(out, sizeof(out), "%s/bad.gguf", gg[1]);
@@ -228,17 +258,32 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
   };
   struct md_config *cfg = calloc(1, sizeof(*cfg));
   TH_REQUIRE(cfg != NULL);
+  char model[400];
+  snprintf(model, sizeof(model), "%s/model.gguf", gg[1]);
   for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
     struct change c = cases[i].c;
     if (c.type == MD_GGUF_STRING && !c.str) c.str = "x";
     write_rebuilt(path, out, &c);
+    /* found in the folder: a warning, and the model serves text */
+    TH_CHECK_EQ_INT(md_config_load(gg[1], cfg, err, sizeof(err)), 0);
+    TH_CHECK_EQ_INT(cfg->vision.present, 0);
+    /* named by --mmproj: the error */
     err[0] = 0;
-    int rc = md_config_load(gg[1], cfg, err, sizeof(err));
+    int rc = md_model_mmproj_arg(model, out, err, sizeof(err));
+    if (!rc) rc = md_config_load(model, cfg, err, sizeof(err));
     if (!rc || !strstr(err, cases[i].want))
       th_fail(__FILE__, __LINE__, "%s: rc %d, \"%s\" (want \"%s\")", c.key, rc, err, cases[i].want);
     else
       printf("# %s\n", err);
+    TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
   }
+  /* a .gguf in the folder that is not readable GGUF: named */
+  char junk[400];
+  snprintf(junk, sizeof(junk), "%s/junk.gguf", gg[1]);
+  TH_REQUIRE(wkt_write_file(junk, "GGUF\3\0\0\0", 8) == 0);
+  TH_CHECK(md_config_load(gg[1], cfg, err, sizeof(err)) < 0);
+  TH_CHECK(strstr(err, "junk.gguf") != NULL);
+  TH_REQUIRE(unlink(junk) == 0);
   /* two towers in one folder */
   write_rebuilt(path, out, &(struct change){0});
   write_rebuilt(path, own, &(struct change){0});
@@ -257,11 +302,65 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
   TH_CHECK_EQ_INT(cfg->vision.present, 1);
   TH_CHECK(md_model_mmproj_arg(out, out, err, sizeof(err)) < 0); /* a model file */
   TH_CHECK(strstr(err, "is not a vision tower") != NULL);
-  TH_CHECK(md_model_mmproj_arg(st, path, err, sizeof(err)) < 0); /* a checkpoint folder */
+  TH_CHECK(md_model_mmproj_arg(ck, path, err, sizeof(err)) < 0); /* a checkpoint folder */
   TH_CHECK(strstr(err, "goes with a GGUF model") != NULL);
   TH_CHECK_EQ_INT(md_model_set_mmproj(NULL, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(md_config_load(out, cfg, err, sizeof(err)), 0);
   TH_CHECK_EQ_INT(cfg->vision.present, 0);
   free(cfg);
+  cm_rmtree(st);
+}
+
+/* Gemma 3's model file as llama.cpp's converter writes it: the vocabulary and
+ * token_embd cut to tokenizer.model's 262144 pieces, so <image_soft_token>
+ * (262144) is not in it. The soft tokens take <unused0>, which the file's
+ * own tokenizer gives back as one id, and the tower reads as before. */
+TH_TEST(a_vocabulary_without_the_image_token_takes_a_stand_in) {
+  char st[256], ck[300], gg[2][300], path[400], err[512];
+  make(st, sizeof(st), ck, gg);
+  snprintf(path, sizeof(path), "%s/model.gguf", gg[0]);
+  th_gguf_cut_vocab(path, path, 262144);
+  struct md_config *c = calloc(1, sizeof(*c));
+  TH_REQUIRE(c != NULL);
+  if (md_config_load(gg[0], c, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s", err);
+    th_stop();
+  }
+  TH_CHECK_EQ_INT(c->vocab, 262144);
+  TH_CHECK_EQ_INT(c->vision.present, 1);
+  TH_CHECK_EQ_INT(c->vision.image_id, 6); /* <unused0> */
+  TH_CHECK_EQ_INT(c->vision.boi_id, 255999);
+  TH_CHECK_EQ_INT(c->vision.eoi_id, 256000);
+  struct md_gguf *g = NULL;
+  struct tk_tokenizer *tok = NULL;
+  char *tmpl = NULL;
+  TH_REQUIRE(md_gguf_open(path, &g, err, sizeof(err)) == 0);
+  TH_REQUIRE(tk_from_gguf(g, path, &tok, &tmpl, err, sizeof(err)) == 0);
+  static const char text[] = "a<start_of_image><unused0><unused0><end_of_image>b";
+  int32_t *ids = NULL;
+  size_t nid = 0, cap = 0;
+  TH_REQUIRE(tk_encode(tok, NULL, text, sizeof(text) - 1, TK_MATCH_SPECIAL, &ids, &nid, &cap) == 0);
+  int soft = 0, boi = 0, eoi = 0;
+  for (size_t i = 0; i < nid; i++) {
+    soft += ids[i] == 6;
+    boi += ids[i] == 255999;
+    eoi += ids[i] == 256000;
+  }
+  TH_CHECK_EQ_INT(soft, 2);
+  TH_CHECK_EQ_INT(boi, 1);
+  TH_CHECK_EQ_INT(eoi, 1);
+  free(ids);
+  free(tmpl);
+  tk_free(tok);
+  md_gguf_close(g);
+  struct kn_backend *be = wkt_cpu_backend(2);
+  size_t n, m;
+  float *want = embed(ck, be, &n), *got = embed(gg[0], be, &m);
+  TH_REQUIRE(n == m);
+  near("mmproj beside a cut vocabulary", got, want, n, 1e-4);
+  free(want);
+  free(got);
+  kn_backend_destroy(be);
+  free(c);
   cm_rmtree(st);
 }
