@@ -45,6 +45,39 @@ struct th_gguf_edit {
   void *arg;
 };
 
+/* One pair changed: `key` (NULL: none) dropped (drop), or given the value
+ * put(val) writes (type first), added at the end when the file has none:
+ * th_gguf_pair_edit makes the edit. */
+struct th_gguf_pair {
+  const char *key;
+  int drop;
+  void (*put)(struct th_buf *b, const void *val);
+  const void *val;
+};
+
+static inline int th_gguf_pair_kv(const struct md_gguf_kv *kv, struct th_buf *b, void *arg) {
+  const struct th_gguf_pair *p = arg;
+  if (!p->key || strcmp(kv->key, p->key)) return 0;
+  if (p->drop) return -1;
+  p->put(b, p->val);
+  return 1;
+}
+
+static inline void th_gguf_pair_add(int i, struct th_buf *b, void *arg) {
+  const struct th_gguf_pair *p = arg;
+  th_buf_str(b, p->key);
+  p->put(b, p->val);
+}
+
+/* The edit of pair change p to g's file. */
+static inline struct th_gguf_edit th_gguf_pair_edit(const struct md_gguf *g,
+                                                    const struct th_gguf_pair *p) {
+  return (struct th_gguf_edit){.kv = th_gguf_pair_kv,
+                               .n_add = p->key && !p->drop && !md_gguf_find_kv(g, p->key),
+                               .add = th_gguf_pair_add,
+                               .arg = (void *)p};
+}
+
 /* Writes a string array of g's pair kv with its first n elements (type, then
  * the array), for an edit's kv callback. */
 static inline void th_gguf_put_strs(struct th_buf *b, const struct md_gguf_kv *kv, uint64_t n) {

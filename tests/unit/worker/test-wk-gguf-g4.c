@@ -163,7 +163,8 @@ struct change {
   double v;
 };
 
-static void put_value(struct th_buf *b, const struct change *c) {
+static void put_value(struct th_buf *b, const void *val) {
+  const struct change *c = val;
   th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_U32) {
     th_buf_u32(b, (uint32_t)c->v);
@@ -178,26 +179,12 @@ static void put_value(struct th_buf *b, const struct change *c) {
   }
 }
 
-static int change_kv(const struct md_gguf_kv *kv, struct th_buf *b, void *arg) {
-  const struct change *c = arg;
-  if (!c->key || strcmp(kv->key, c->key)) return 0;
-  if (c->type < 0) return -1;
-  put_value(b, c);
-  return 1;
-}
-
-static void add_kv(int i, struct th_buf *b, void *arg) {
-  const struct change *c = arg;
-  th_buf_str(b, c->key);
-  put_value(b, c);
-}
-
 /* g's file (bytes[len]) with change c, as a new image. */
 static struct th_buf rebuild(const struct md_gguf *g, const uint8_t *bytes, size_t len,
                              const struct change *c) {
   size_t base;
-  int add = c->key && c->type >= 0 && !md_gguf_find_kv(g, c->key);
-  struct th_gguf_edit e = {.kv = change_kv, .n_add = add, .add = add_kv, .arg = (void *)c};
+  struct th_gguf_pair p = {c->key, c->type < 0, put_value, c};
+  struct th_gguf_edit e = th_gguf_pair_edit(g, &p);
   struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
   if (!c->key) {
     const struct md_gguf_tensor *t = md_gguf_find_tensor(g, "rope_freqs.weight");

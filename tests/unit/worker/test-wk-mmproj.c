@@ -151,7 +151,8 @@ struct change {
   int swap;
 };
 
-static void put_value(struct th_buf *b, const struct change *c) {
+static void put_value(struct th_buf *b, const void *val) {
+  const struct change *c = val;
   th_buf_u32(b, (uint32_t)c->type);
   if (c->type == MD_GGUF_STRING)
     th_buf_str(b, c->str);
@@ -161,26 +162,11 @@ static void put_value(struct th_buf *b, const struct change *c) {
     th_buf_u32(b, c->v);
 }
 
-static int change_kv(const struct md_gguf_kv *kv, struct th_buf *b, void *arg) {
-  const struct change *c = arg;
-  if (!c->key || strcmp(kv->key, c->key)) return 0;
-  put_value(b, c);
-  return 1;
-}
-
-static void add_kv(int i, struct th_buf *b, void *arg) {
-  const struct change *c = arg;
-  th_buf_str(b, c->key);
-  put_value(b, c);
-}
-
 /* v.blk.N.ffn_up and ffn_down exchanged (the older converters' names) */
 static void swap_ffn(const struct md_gguf_tensor *t, char *name, size_t n, uint64_t *ne,
                      void *arg) {
   int layer, used = 0;
-  if (!((const struct change *)arg)->swap || sscanf(t->name, "v.blk.%d.%n", &layer, &used) != 1 ||
-      !used)
-    return;
+  if (sscanf(t->name, "v.blk.%d.%n", &layer, &used) != 1 || !used) return;
   if (!strncmp(t->name + used, "ffn_up.", 7))
     snprintf(name, n, "v.blk.%d.ffn_down.%s", layer, t->name + used + 7);
   else if (!strncmp(t->name + used, "ffn_down.", 9))
@@ -192,11 +178,9 @@ static void write_rebuilt(const char *path, const char *out, const struct change
   struct md_gguf *g = NULL;
   size_t len, base;
   uint8_t *bytes = th_gguf_slurp(path, &len, &g);
-  struct th_gguf_edit e = {.kv = change_kv,
-                           .n_add = c->key && !md_gguf_find_kv(g, c->key),
-                           .add = add_kv,
-                           .tensor = swap_ffn,
-                           .arg = (void *)c};
+  struct th_gguf_pair p = {c->key, 0, put_value, c};
+  struct th_gguf_edit e = th_gguf_pair_edit(g, &p);
+  if (c->swap) e.tensor = swap_ffn;
   struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
   TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
   md_gguf_close(g);
