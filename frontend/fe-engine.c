@@ -669,8 +669,7 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (is_gguf) {
     if (!(gcfg = malloc(sizeof(*gcfg))) ||
         (rc = md_gguf_open(gguf_path, &gguf, err, sizeof(err))) != 0 ||
-        (rc = md_config_from_gguf(gguf, gcfg, err, sizeof(err))) != 0 ||
-        (rc = md_config_load_mmproj(cfg->model_dir, gguf, gcfg, err, sizeof(err))) != 0) {
+        (rc = md_config_from_gguf_model(cfg->model_dir, gguf, gcfg, err, sizeof(err))) != 0) {
       cm_error(TAG, "%s: %s", gguf_path, gcfg ? err : "out of memory");
       rc = gcfg ? rc : CM_ERR_NOMEM;
       goto fail;

@@ -56,6 +56,36 @@
 
 static int is_mmproj(const char *path, char *err, size_t errlen);
 
+/* The .gguf files of folder dir, each opened once: how many are models
+ * (*n_model, the first one's path in model[mn] unless model is NULL) and
+ * how many vision towers (*n_mm, the first in mm[mmn] unless mm is NULL). 0, or a negative cm_err
+ * naming a file that is not readable GGUF. */
+static int scan_gguf(const char *dir, char *model, size_t mn, int *n_model, char *mm, size_t mmn,
+                     int *n_mm, char *err, size_t errlen) {
+  *n_model = *n_mm = 0;
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int rc = 0;
+  struct dirent *e;
+  while (!rc && (e = readdir(d))) {
+    size_t l = strlen(e->d_name);
+    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
+    char p[4200], why[512];
+    snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+    int clip = is_mmproj(p, err, errlen);
+    if (clip < 0) { /* named, not taken for a model */
+      snprintf(why, sizeof(why), "%s", err);
+      rc = cm_fail(err, errlen, clip, "%s: %s", p, why);
+    } else if (clip && !(*n_mm)++) {
+      if (mm) snprintf(mm, mmn, "%s", p);
+    } else if (!clip && !(*n_model)++) {
+      if (model) snprintf(model, mn, "%s", p);
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
 int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_t errlen) {
   struct stat st;
   size_t ml = strlen(model);
@@ -78,32 +108,13 @@ int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_
   char probe[4200];
   snprintf(probe, sizeof(probe), "%s/config.json", model);
   if (!access(probe, F_OK)) return 0; /* a Hugging Face checkpoint */
-  DIR *d = opendir(model);
-  if (!d) return 0;
-  int found = 0;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    size_t l = strlen(e->d_name);
-    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
-    char p[4200];
-    snprintf(p, sizeof(p), "%s/%s", model, e->d_name);
-    int clip = is_mmproj(p, err, errlen);
-    if (clip < 0) { /* a file that is not readable GGUF: named, not taken for a model */
-      closedir(d);
-      char why[512];
-      snprintf(why, sizeof(why), "%s", err);
-      return cm_fail(err, errlen, clip, "%s: %s", p, why);
-    }
-    if (clip) continue; /* a vision tower beside the model */
-    if (found++) {
-      closedir(d);
-      return cm_fail(err, errlen, CM_ERR_INVAL,
-                     "%s holds several .gguf files and no config.json: name the file", model);
-    }
-    snprintf(path, n, "%s", p);
-  }
-  closedir(d);
-  return found;
+  int n_model, n_mm;                  /* vision towers beside the model are not models */
+  int rc = scan_gguf(model, path, n, &n_model, NULL, 0, &n_mm, err, errlen);
+  if (rc) return rc;
+  if (n_model > 1)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "%s holds several .gguf files and no config.json: name the file", model);
+  return n_model;
 }
 
 /* key of the architecture's namespace ("gemma3." + rest) */
@@ -586,13 +597,21 @@ int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *er
                  arch);
 }
 
+static int load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,
+                       char *err, size_t errlen);
+
+int md_config_from_gguf_model(const char *model, const struct md_gguf *g, struct md_config *cfg,
+                              char *err, size_t errlen) {
+  int rc = md_config_from_gguf(g, cfg, err, errlen);
+  return rc ? rc : load_mmproj(model, g, cfg, err, errlen);
+}
+
 int md_config_load_gguf(const char *model, const char *path, struct md_config *cfg, char *err,
                         size_t errlen) {
   struct md_gguf *g = NULL;
   int rc = md_gguf_open(path, &g, err, errlen);
   if (rc) return rc;
-  rc = md_config_from_gguf(g, cfg, err, errlen);
-  if (!rc) rc = md_config_load_mmproj(model, g, cfg, err, errlen);
+  rc = md_config_from_gguf_model(model, g, cfg, err, errlen);
   md_gguf_close(g);
   return rc;
 }
@@ -651,27 +670,14 @@ int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, siz
   }
   struct stat st;
   if (stat(model, &st) || !S_ISDIR(st.st_mode)) return 0;
-  DIR *d = opendir(model);
-  if (!d) return 0;
-  int found = 0, rc = 0;
-  struct dirent *e;
-  while (!rc && (e = readdir(d))) {
-    size_t l = strlen(e->d_name);
-    if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
-    char p[4200];
-    snprintf(p, sizeof(p), "%s/%s", model, e->d_name);
-    int clip = is_mmproj(p, err, errlen);
-    if (clip < 0) rc = clip;
-    if (clip <= 0) continue;
-    if (found++)
-      rc = cm_fail(err, errlen, CM_ERR_INVAL,
+  int n_model, n_mm;
+  int rc = scan_gguf(model, NULL, 0, &n_model, path, n, &n_mm, err, errlen);
+  if (rc) return rc;
+  if (n_mm > 1)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s holds several vision towers (.gguf files of architecture clip): keep one",
                    model);
-    else
-      snprintf(path, n, "%s", p);
-  }
-  closedir(d);
-  return rc ? rc : found;
+  return n_mm;
 }
 
 /* A clip.vision.* integer as a JSON field of vision_config. */
@@ -816,8 +822,11 @@ done:
   return rc;
 }
 
-int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,
-                          char *err, size_t errlen) {
+/* The tower md_model_mmproj_path finds for model into cfg (0 and cfg as it
+ * was when there is none, or when one found in the folder cannot be read: a
+ * warning, and the model serves text). */
+static int load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,
+                       char *err, size_t errlen) {
   char path[4200];
   int rc = md_model_mmproj_path(model, path, sizeof(path), err, errlen);
   if (rc <= 0) return rc;

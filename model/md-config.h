@@ -243,7 +243,7 @@ int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t err
  * config.json; 0 for anything else (a Hugging Face checkpoint folder); a
  * negative cm_err with a sentence for a file that is not GGUF or a folder
  * with several. md_config_from_gguf: the config of an open file's metadata
- * (general.architecture gemma3); md_config_load_gguf opens path for it. */
+ * (general.architecture gemma3 or gemma4), the text model's alone. */
 struct md_gguf;
 int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_t errlen);
 int md_config_from_gguf(const struct md_gguf *g, struct md_config *cfg, char *err, size_t errlen);
@@ -257,11 +257,11 @@ int md_config_load_gguf(const char *model, const char *path, struct md_config *c
  * (md_model_set_mmproj) or model is a folder holding one, 0 when there is
  * none (a model file named alone), a negative cm_err with a sentence for
  * several. md_config_add_mmproj: its tower, preprocessing and image tokens
- * (from the text file's vocabulary) into the text config cfg;
- * md_config_load_mmproj finds and opens it for model (0 and cfg as it was
- * when there is none, or when one found in the folder cannot be read: a
- * warning, and the model serves text). md_config_load_gguf (model: the
- * folder or file the user named) does both. */
+ * (from the text file's vocabulary) into the text config cfg.
+ * md_config_from_gguf_model: the config of model's open GGUF file g (model:
+ * the folder or file the user named) with the tower found for model (none,
+ * or one found in the folder that cannot be read: a warning, and the model
+ * serves text); md_config_load_gguf opens path for it. */
 int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, size_t errlen);
 /* The vision tower file named on a role's command line (--mmproj, as
  * llama.cpp's server names it): every GGUF model this process then opens
@@ -277,8 +277,8 @@ int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t
   "when --model names the folder; a file named alone serves text)"
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen);
-int md_config_load_mmproj(const char *model, const struct md_gguf *text, struct md_config *cfg,
-                          char *err, size_t errlen);
+int md_config_from_gguf_model(const char *model, const struct md_gguf *g, struct md_config *cfg,
+                              char *err, size_t errlen);
 
 /* config.json's "vision_config" and Gemma 3's image fields (mm_tokens_per_image,
  * boi/eoi/image_token_index) of JSON text into cfg->vision, for a text config

@@ -97,8 +97,10 @@ static void mmproj_ffn(const struct md_gguf_tensor *gt, int layer, const char *r
            bias ? "bias" : "weight");
 }
 
-/* Our name for GGUF tensor name g (the name itself when it has no other). */
-static void hf_name(const char *g, char *out, size_t n) {
+/* Our name for GGUF tensor gt (its own name when it has no other); D and F:
+ * a vision tower's widths (mmproj_ffn), 0 in a model file. */
+static void hf_name(const struct md_gguf_tensor *gt, int64_t D, int64_t F, char *out, size_t n) {
+  const char *g = gt->name;
   for (size_t i = 0; i < sizeof(top_names) / sizeof(top_names[0]); i++)
     if (!strcmp(g, top_names[i][0])) {
       snprintf(out, n, "%s", top_names[i][1]);
@@ -110,7 +112,11 @@ static void hf_name(const char *g, char *out, size_t n) {
       return;
     }
   int layer, used = 0;
-  if (sscanf(g, "v.blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0)
+  if (sscanf(g, "v.blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0) {
+    if (!strncmp(g + used, "ffn_up.", 7) || !strncmp(g + used, "ffn_down.", 9)) {
+      mmproj_ffn(gt, layer, g + used, D, F, out, n);
+      return;
+    }
     for (size_t i = 0; i < sizeof(vision_layer_names) / sizeof(vision_layer_names[0]); i++) {
       size_t l = strlen(vision_layer_names[i][0]);
       if (!strncmp(g + used, vision_layer_names[i][0], l)) {
@@ -119,6 +125,7 @@ static void hf_name(const char *g, char *out, size_t n) {
         return;
       }
     }
+  }
   used = 0;
   if (sscanf(g, "blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0)
     for (size_t i = 0; i < sizeof(layer_names) / sizeof(layer_names[0]); i++)
@@ -174,12 +181,7 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
   for (int i = 0; i < md_gguf_tensor_count(g) && !rc; i++) {
     const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
     char name[512], tb[32];
-    int layer, used = 0;
-    if (sscanf(gt->name, "v.blk.%d.%n", &layer, &used) == 1 && used > 0 && layer >= 0 &&
-        (!strncmp(gt->name + used, "ffn_up.", 7) || !strncmp(gt->name + used, "ffn_down.", 9)))
-      mmproj_ffn(gt, layer, gt->name + used, D, F, name, sizeof(name));
-    else
-      hf_name(gt->name, name, sizeof(name));
+    hf_name(gt, D, F, name, sizeof(name));
     struct md_tensor t = {.name = name, .dtype = st_dtype(gt->type), .ndim = gt->n_dims};
     snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", md_ggml_type_name(gt->type, tb, sizeof(tb)));
     for (int d = 0; d < gt->n_dims; d++)

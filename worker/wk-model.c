@@ -1075,8 +1075,7 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   int rc = md_model_gguf_path(dir, gguf_path, sizeof(gguf_path), err, errlen);
   if (rc > 0) {
     if (!(rc = md_st_open_gguf(gguf_path, &m->st, err, errlen)))
-      if (!(rc = md_config_from_gguf(md_st_gguf(m->st), &m->full, err, errlen)))
-        rc = md_config_load_mmproj(dir, md_st_gguf(m->st), &m->full, err, errlen);
+      rc = md_config_from_gguf_model(dir, md_st_gguf(m->st), &m->full, err, errlen);
   } else if (rc == 0) {
     rc = md_config_load(dir, &m->full, err, errlen);
   }
