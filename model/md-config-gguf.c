@@ -49,6 +49,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "model/md-config.h"
@@ -718,13 +719,17 @@ static int vision_triple(const struct md_gguf *mm, const char *key, json_t *pre,
  * one, which takes --tokenizer), and image_mean / image_std as
  * the preprocessing (resized to image_size, bilinear, rescaled by 1/255). All
  * of it then goes through md_config_parse_vision's checks. */
+static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
+                         struct md_config *cfg, char *err, size_t errlen);
+
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen) {
   const char *pt;
   size_t plen;
+  if (cfg->arch == MD_ARCH_GEMMA4) return add_mmproj_g4(mm, text, cfg, err, errlen);
   if (cfg->arch != MD_ARCH_GEMMA3)
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "mmproj: a vision tower is read for Gemma 3 models only (this model is %s)",
+                   "mmproj: towers are read for Gemma 3 and Gemma 4 models (this model is %s)",
                    cfg->model_type);
   if (md_gguf_get_str(mm, "clip.projector_type", &pt, &plen) || plen != 6 ||
       memcmp(pt, "gemma3", 6))
@@ -822,6 +827,233 @@ done:
   return rc;
 }
 
+/* ---- Gemma 4's towers from an mmproj file -------------------------------------
+ * llama.cpp's converter (conversion/gemma.py, Gemma4VisionAudioModel on
+ * MmprojModel) writes Gemma 4's vision tower as clip.vision.projector_type
+ * "gemma4v" and its audio tower as clip.audio.projector_type "gemma4a" (one
+ * file, either or both); tools/mtmd/clip.cpp reads them back. What the keys
+ * do not say, clip.cpp fixes in code or the tensors' shapes tell:
+ *   - vision: the RoPE base 100 and the pooling 3 (unless
+ *     clip.vision.projector.scale_factor); head_dim from attn_q_norm's
+ *     length, the KV heads from attn_k's rows; the position table's rows
+ *     from v.position_embd (2 tables of [P, D]); clipped linears where
+ *     v.blk.0.attn_q.input_min is present, standardisation where v.std_bias
+ *     is; 280 soft tokens an image by default (Gemma4VisionConfig's), the
+ *     image processor's defaults (Gemma4ImageProcessor: bicubic, 1/255, no
+ *     normalisation, so image_mean / image_std must be 0 / 1 when given);
+ *   - audio: the channels of the two subsampling convolutions from
+ *     a.conv1d.{0,1}.weight, the light conv's taps from a.blk.0.conv_dw, the
+ *     output projection's width from a.pre_encode.out; chunks of 12 with 12
+ *     frames of left context (clip.cpp's, Gemma4AudioConfig's defaults), the
+ *     norms' eps 1e-6 (the converter writes 1e-5 for every file; clip.cpp's
+ *     graph takes 1e-6, as the checkpoints do); 128 mel bins (the feature
+ *     extractor's, so clip.audio.num_mel_bins must say 128).
+ * The text file holds no use_bidirectional_attention: Google's configs say
+ * "vision" for the models without per-layer embeddings (26B A4B, 31B) and
+ * nothing for E2B and E4B, which is what is taken here. Tensors that
+ * transformers' towers do not have are refused by name: a layer output scale
+ * other than 1 (v.blk.N.out_scale), a key scale (a.blk.N.per_dim_k_scale),
+ * a soft-embedding norm weight (mm.a.soft_emb_norm) and convolution or
+ * projection biases the audio tower has none of. */
+
+/* The projector type of one modality (clip.projector_type, else
+ * clip.<modality>.projector_type) into buf; "" when neither is set. */
+static void projector_type(const struct md_gguf *mm, const char *modality, char *buf, size_t n) {
+  const char *s;
+  size_t len;
+  char k[64];
+  snprintf(k, sizeof(k), "clip.%s.projector_type", modality);
+  buf[0] = 0;
+  if (!md_gguf_get_str(mm, "clip.projector_type", &s, &len) || !md_gguf_get_str(mm, k, &s, &len))
+    snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), s);
+}
+
+/* Tensor name's dimension d (innermost first), or a sentence when it is missing
+ * or has not dims dimensions. */
+static int tensor_dim(const struct md_gguf *mm, const char *name, int dims, int d, int64_t *v,
+                      char *err, size_t errlen) {
+  const struct md_gguf_tensor *t = md_gguf_find_tensor(mm, name);
+  if (!t) return cm_fail(err, errlen, CM_ERR_PARSE, "mmproj: %s missing", name);
+  if (t->n_dims != dims)
+    return cm_fail(err, errlen, CM_ERR_SHAPE, "mmproj: %s has %d dimensions (want %d)", name,
+                   t->n_dims, dims);
+  *v = t->ne[d];
+  return 0;
+}
+
+/* Tensors the towers do not read and transformers' have no counterpart of:
+ * a sentence naming the first, or 0. Layer output scales of exactly 1 (f32)
+ * change nothing and pass. */
+static int refuse_unread(const struct md_gguf *mm, char *err, size_t errlen) {
+  for (int i = 0; i < md_gguf_tensor_count(mm); i++) {
+    const struct md_gguf_tensor *t = md_gguf_tensor_at(mm, i);
+    const char *n = t->name;
+    int layer, used = 0;
+    if (sscanf(n, "v.blk.%d.%n", &layer, &used) == 1 && used &&
+        !strcmp(n + used, "out_scale.weight")) {
+      int ones = t->type == MD_GGML_F32 && t->data;
+      for (int64_t e = 0; ones && e < t->ne[0] * t->ne[1]; e++)
+        ones = ((const float *)t->data)[e] == 1.0f;
+      if (ones) continue;
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "mmproj: %s is a layer output scale other than 1 (transformers' Gemma 4 "
+                     "vision layers have none)",
+                     n);
+    }
+    used = 0;
+    if ((sscanf(n, "a.blk.%d.%n", &layer, &used) == 1 && used &&
+         !strncmp(n + used, "per_dim_k_scale.", 16)) ||
+        !strncmp(n, "mm.a.soft_emb_norm.", 19) || !strcmp(n, "a.input_projection.bias") ||
+        (!strncmp(n, "a.conv1d.", 9) && strstr(n, ".bias") && !strstr(n, ".norm.")))
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "mmproj: %s is not read (transformers' Gemma 4 audio tower has no such "
+                     "tensor)",
+                     n);
+  }
+  return 0;
+}
+
+/* A token's id in the text file's vocabulary, or def in a file without one;
+ * -1 when the vocabulary lacks it. */
+static int64_t g4_token(const struct md_gguf *text, const char *s, int64_t def) {
+  return md_gguf_find_kv(text, "tokenizer.ggml.tokens") ? token_id(text, s) : def;
+}
+
+/* The vision tower's fields as vision_config and its token ids into root. */
+static int g4_vision_json(const struct md_gguf *mm, const struct md_gguf *text, json_t *root,
+                          int64_t hidden, char *err, size_t errlen) {
+  json_t *vc = json_object();
+  json_object_set_new(root, "vision_config", vc);
+  json_object_set_new(vc, "model_type", json_string("gemma4_vision"));
+  int64_t D = 0, hd = 0, kv = 0, P = 0, tables = 0, pd = 0, pool = 3, proj = 0;
+  double eps = 1e-6;
+  int rc;
+  if ((rc = vision_int(mm, "embedding_length", vc, "hidden_size", err, errlen)) ||
+      (rc = vision_int(mm, "feed_forward_length", vc, "intermediate_size", err, errlen)) ||
+      (rc = vision_int(mm, "block_count", vc, "num_hidden_layers", err, errlen)) ||
+      (rc = vision_int(mm, "attention.head_count", vc, "num_attention_heads", err, errlen)) ||
+      (rc = vision_int(mm, "patch_size", vc, "patch_size", err, errlen)) ||
+      (rc = need_int(mm, "clip.vision.embedding_length", &D, err, errlen)) ||
+      (rc = tensor_dim(mm, "v.blk.0.attn_q_norm.weight", 1, 0, &hd, err, errlen)) ||
+      (rc = tensor_dim(mm, "v.blk.0.attn_k.weight", 2, 1, &kv, err, errlen)) ||
+      (rc = tensor_dim(mm, "v.position_embd.weight", 3, 1, &P, err, errlen)) ||
+      (rc = tensor_dim(mm, "v.position_embd.weight", 3, 2, &tables, err, errlen)) ||
+      (rc = tensor_dim(mm, "v.position_embd.weight", 3, 0, &pd, err, errlen)))
+    return rc;
+  if (hd < 1 || kv % hd || tables != 2 || pd != D)
+    return cm_fail(err, errlen, CM_ERR_SHAPE,
+                   "mmproj: v.blk.0.attn_k's %lld rows are not whole heads of %lld (attn_q_norm), "
+                   "or v.position_embd is not two tables of width %lld",
+                   (long long)kv, (long long)hd, (long long)D);
+  md_gguf_get_f64(mm, "clip.vision.attention.layer_norm_epsilon", &eps);
+  md_gguf_get_int(mm, "clip.vision.projector.scale_factor", &pool);
+  if (!md_gguf_get_int(mm, "clip.vision.projection_dim", &proj) && proj != hidden)
+    return cm_fail(err, errlen, CM_ERR_SHAPE,
+                   "mmproj: clip.vision.projection_dim %lld is not the model's hidden size %lld",
+                   (long long)proj, (long long)hidden);
+  static const char *const norm[2] = {"image_mean", "image_std"};
+  for (int i = 0; i < 2; i++) {
+    char k[64];
+    double x;
+    snprintf(k, sizeof(k), "clip.vision.%s", norm[i]);
+    const struct md_gguf_kv *a = md_gguf_find_kv(mm, k);
+    for (uint64_t c = 0; a && c < (a->type == MD_GGUF_ARRAY ? a->n : 0); c++)
+      if (md_gguf_arr_f64(a, c, &x) || x != (double)i)
+        return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                       "mmproj: %s is not %d (Gemma 4's image processor does not normalise)", k, i);
+  }
+  json_object_set_new(vc, "num_key_value_heads", json_integer(kv / hd));
+  json_object_set_new(vc, "head_dim", json_integer(hd));
+  json_object_set_new(vc, "pooling_kernel_size", json_integer(pool));
+  json_object_set_new(vc, "position_embedding_size", json_integer(P));
+  json_object_set_new(vc, "rms_norm_eps", json_real(eps));
+  json_object_set_new(vc, "use_clipped_linears",
+                      json_boolean(md_gguf_find_tensor(mm, "v.blk.0.attn_q.input_min") != NULL));
+  json_object_set_new(vc, "standardize",
+                      json_boolean(md_gguf_find_tensor(mm, "v.std_bias") != NULL));
+  json_object_set_new(root, "boi_token_id", json_integer(g4_token(text, "<|image>", 255999)));
+  json_object_set_new(root, "eoi_token_id", json_integer(g4_token(text, "<image|>", 258882)));
+  json_object_set_new(root, "image_token_id", json_integer(g4_token(text, "<|image|>", 258880)));
+  return 0;
+}
+
+/* The audio tower's fields as audio_config and its token ids into root. */
+static int g4_audio_json(const struct md_gguf *mm, const struct md_gguf *text, json_t *root,
+                         int64_t hidden, char *err, size_t errlen) {
+  json_t *ac = json_object();
+  json_object_set_new(root, "audio_config", ac);
+  json_object_set_new(ac, "model_type", json_string("gemma4_audio"));
+  int64_t v, c0 = 0, c1 = 0, k = 0, out = 0, mel = 128, proj = 0;
+  static const char *const keys[][2] = {{"clip.audio.embedding_length", "hidden_size"},
+                                        {"clip.audio.block_count", "num_hidden_layers"},
+                                        {"clip.audio.attention.head_count", "num_attention_heads"}};
+  int rc = 0;
+  for (size_t i = 0; i < CM_ARRAY_LEN(keys) && !rc; i++)
+    if (!(rc = need_int(mm, keys[i][0], &v, err, errlen)))
+      json_object_set_new(ac, keys[i][1], json_integer(v));
+  if (rc || (rc = tensor_dim(mm, "a.conv1d.0.weight", 4, 3, &c0, err, errlen)) ||
+      (rc = tensor_dim(mm, "a.conv1d.1.weight", 4, 3, &c1, err, errlen)) ||
+      (rc = tensor_dim(mm, "a.blk.0.conv_dw.weight", 2, 0, &k, err, errlen)) ||
+      (rc = tensor_dim(mm, "a.pre_encode.out.weight", 2, 1, &out, err, errlen)))
+    return rc;
+  md_gguf_get_int(mm, "clip.audio.num_mel_bins", &mel);
+  if (mel != 128)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "mmproj: clip.audio.num_mel_bins %lld (the feature extractor makes 128)",
+                   (long long)mel);
+  if (!md_gguf_get_int(mm, "clip.audio.projection_dim", &proj) && proj != hidden)
+    return cm_fail(err, errlen, CM_ERR_SHAPE,
+                   "mmproj: clip.audio.projection_dim %lld is not the model's hidden size %lld",
+                   (long long)proj, (long long)hidden);
+  json_object_set_new(ac, "subsampling_conv_channels", json_pack("[I,I]", c0, c1));
+  json_object_set_new(ac, "conv_kernel_size", json_integer(k));
+  json_object_set_new(ac, "output_proj_dims", json_integer(out));
+  json_object_set_new(ac, "rms_norm_eps", json_real(1e-6));
+  json_object_set_new(ac, "use_clipped_linears",
+                      json_boolean(md_gguf_find_tensor(mm, "a.blk.0.attn_q.input_min") != NULL));
+  json_object_set_new(root, "audio_token_id", json_integer(g4_token(text, "<|audio|>", 258881)));
+  json_object_set_new(root, "boa_token_id", json_integer(g4_token(text, "<|audio>", 256000)));
+  json_object_set_new(root, "eoa_token_index", json_integer(g4_token(text, "<audio|>", 258883)));
+  return 0;
+}
+
+static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
+                         struct md_config *cfg, char *err, size_t errlen) {
+  char vt[32], at[32];
+  int has_v = 0, has_a = 0;
+  md_gguf_get_bool(mm, "clip.has_vision_encoder", &has_v);
+  md_gguf_get_bool(mm, "clip.has_audio_encoder", &has_a);
+  projector_type(mm, "vision", vt, sizeof(vt));
+  projector_type(mm, "audio", at, sizeof(at));
+  if ((has_v && strcmp(vt, "gemma4v")) || (has_a && strcmp(at, "gemma4a")) || (!has_v && !has_a))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "mmproj: a Gemma 4 model takes Gemma 4's towers: a vision encoder of projector "
+                   "\"gemma4v\" and/or an audio encoder of \"gemma4a\" (this file: vision %s%s%s, "
+                   "audio %s%s%s)",
+                   has_v ? "\"" : "none", has_v ? vt : "", has_v ? "\"" : "", has_a ? "\"" : "none",
+                   has_a ? at : "", has_a ? "\"" : "");
+  int rc = refuse_unread(mm, err, errlen);
+  if (rc) return rc;
+  json_t *root = json_object(), *tc = json_object();
+  json_object_set_new(root, "text_config", tc);
+  json_object_set_new(tc, "use_bidirectional_attention",
+                      cfg->ple_dim ? json_null() : json_string("vision"));
+  if (has_v) rc = g4_vision_json(mm, text, root, cfg->hidden, err, errlen);
+  if (!rc && has_a) rc = g4_audio_json(mm, text, root, cfg->hidden, err, errlen);
+  char *js = rc ? NULL : json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+  if (rc) return rc;
+  if (!js) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  rc = md_config_parse_vision(js, strlen(js), cfg, err, errlen);
+  free(js);
+  if (rc) {
+    cfg->vision_g4.present = cfg->audio_g4.present = 0;
+    return rc;
+  }
+  snprintf(cfg->model_type, sizeof(cfg->model_type), "gemma4");
+  return 0;
+}
+
 /* The tower md_model_mmproj_path finds for model into cfg (0 and cfg as it
  * was when there is none, or when one found in the folder cannot be read: a
  * warning, and the model serves text). */
@@ -838,8 +1070,7 @@ static int load_mmproj(const char *model, const struct md_gguf *text, struct md_
   char why[512];
   snprintf(why, sizeof(why), "%s", err);
   if (!mmproj_named[0]) { /* found in the folder, not asked for: the text still serves */
-    cm_warn("model", "%s: %s; serving text only (--mmproj FILE names a Gemma 3 vision tower)", path,
-            why);
+    cm_warn("model", "%s: %s; serving text only (--mmproj FILE names a tower)", path, why);
     err[0] = 0;
     return 0;
   }

@@ -1143,7 +1143,14 @@ int md_config_parse_vision(const char *text, size_t len, struct md_config *cfg, 
   json_error_t jerr;
   json_t *root = json_loadb(text, len, 0, &jerr);
   if (!root) return cm_fail(err, errlen, CM_ERR_PARSE, "vision config: %s", jerr.text);
-  int rc = parse_vision(root, cfg, err, errlen);
+  int rc;
+  if (cfg->arch == MD_ARCH_GEMMA4) { /* Gemma 4: its vision and audio towers */
+    const json_t *tc = json_object_get(root, "text_config");
+    if (!(rc = parse_vision_g4(root, tc, cfg, err, errlen)))
+      rc = parse_audio_g4(root, cfg, err, errlen);
+  } else {
+    rc = parse_vision(root, cfg, err, errlen);
+  }
   json_decref(root);
   return rc;
 }

@@ -251,13 +251,15 @@ int md_config_load_gguf(const char *model, const char *path, struct md_config *c
                         size_t errlen);
 
 /* A Gemma 3 vision tower in llama.cpp's mmproj layout (a GGUF file of
- * general.architecture "clip", clip.projector_type "gemma3"), named by
- * --mmproj or beside the model file in a model folder.
+ * general.architecture "clip", clip.projector_type "gemma3"), or Gemma 4's
+ * vision and audio towers (clip.vision.projector_type "gemma4v",
+ * clip.audio.projector_type "gemma4a"), named by --mmproj or beside the model
+ * file in a model folder.
  * md_model_mmproj_path: 1 and its path when --mmproj named one
  * (md_model_set_mmproj) or model is a folder holding one, 0 when there is
  * none (a model file named alone), a negative cm_err with a sentence for
- * several. md_config_add_mmproj: its tower, preprocessing and image tokens
- * (from the text file's vocabulary) into the text config cfg.
+ * several. md_config_add_mmproj: its towers, preprocessing and image (and
+ * audio) tokens (from the text file's vocabulary) into the text config cfg.
  * md_config_from_gguf_model: the config of model's open GGUF file g (model:
  * the folder or file the user named) with the tower found for model (none,
  * or one found in the folder that cannot be read: a warning, and the model
@@ -273,8 +275,9 @@ int md_model_set_mmproj(const char *path, char *err, size_t errlen);
 int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t errlen);
 /* --mmproj's help, the same in every role */
 #define MD_MMPROJ_HELP                                                                             \
-  "a GGUF model's vision tower: llama.cpp's mmproj file (default: the one in --model's folder "    \
-  "when --model names the folder; a file named alone serves text)"
+  "a GGUF model's towers (Gemma 3's vision, Gemma 4's vision and audio): llama.cpp's mmproj "      \
+  "file (default: the one in --model's folder when --model names the folder; a file named "        \
+  "alone serves text)"
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen);
 int md_config_from_gguf_model(const char *model, const struct md_gguf *g, struct md_config *cfg,
@@ -282,7 +285,10 @@ int md_config_from_gguf_model(const char *model, const struct md_gguf *g, struct
 
 /* config.json's "vision_config" and Gemma 3's image fields (mm_tokens_per_image,
  * boi/eoi/image_token_index) of JSON text into cfg->vision, for a text config
- * already in cfg, with the checks config.json's get. */
+ * already in cfg, with the checks config.json's get. For a Gemma 4 text
+ * config: Gemma 4's "vision_config" (with text_config's
+ * use_bidirectional_attention) and "audio_config" and their token ids into
+ * cfg->vision_g4 and cfg->audio_g4, either of them absent. */
 int md_config_parse_vision(const char *text, size_t len, struct md_config *cfg, char *err,
                            size_t errlen);
 

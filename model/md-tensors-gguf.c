@@ -1,5 +1,6 @@
 /* md-tensors-gguf.c — a GGUF file's tensors as the loader's directory: llama.cpp's
- * names for Gemma 3 and Gemma 4 (gguf-py's tensor_mapping.py, src/llama-arch.cpp)
+ * names for Gemma 3 and Gemma 4 and their mmproj towers (gguf-py's
+ * tensor_mapping.py, src/llama-arch.cpp, tools/mtmd/clip-impl.h)
  * mapped to the Hugging Face names the binder looks up,
  * dimensions turned outermost first, ggml types to the loader's dtypes (the
  * block formats among them; any other type listed as OTHER, refused by name
@@ -82,6 +83,120 @@ static const char *const vision_top_names[][2] = {
     {"mm.soft_emb_norm.weight", "multi_modal_projector.mm_soft_emb_norm.weight"},
 };
 
+/* A Gemma 4 mmproj file's tensors (llama.cpp's converter, conversion/gemma.py's
+ * Gemma4VisionAudioModel, through gguf-py's tensor_mapping.py; clip.cpp's
+ * gemma4v and gemma4a read them) and transformers' names for them. Per layer:
+ * {llama.cpp's, ours, how}: G4_CLIP a Gemma4ClippableLinear (.weight is
+ * ours .linear.weight, the bounds .input_min ... keep their suffix), G4_BARE
+ * a tensor whose name has no .weight in transformers, else the suffix as it
+ * is. The converter swaps the light conv's two norms on purpose: its
+ * conv_norm is lconv1d.pre_layer_norm, its norm_conv lconv1d.conv_norm. */
+enum { G4_PLAIN = 0, G4_CLIP = 1, G4_BARE = 2 };
+struct g4_name {
+  const char *g, *h;
+  int how;
+};
+static const struct g4_name g4_vision_layer[] = {
+    {"attn_q", "self_attn.q_proj", G4_CLIP},
+    {"attn_k", "self_attn.k_proj", G4_CLIP},
+    {"attn_v", "self_attn.v_proj", G4_CLIP},
+    {"attn_out", "self_attn.o_proj", G4_CLIP},
+    {"ffn_gate", "mlp.gate_proj", G4_CLIP},
+    {"ffn_up", "mlp.up_proj", G4_CLIP},
+    {"ffn_down", "mlp.down_proj", G4_CLIP},
+    {"attn_q_norm", "self_attn.q_norm", G4_PLAIN},
+    {"attn_k_norm", "self_attn.k_norm", G4_PLAIN},
+    {"ln1", "input_layernorm", G4_PLAIN},
+    {"attn_post_norm", "post_attention_layernorm", G4_PLAIN},
+    {"ln2", "pre_feedforward_layernorm", G4_PLAIN},
+    {"ffn_post_norm", "post_feedforward_layernorm", G4_PLAIN},
+    {"out_scale", "layer_scalar", G4_BARE},
+};
+static const struct g4_name g4_audio_layer[] = {
+    {"ffn_norm", "feed_forward1.pre_layer_norm", G4_PLAIN},
+    {"ffn_up", "feed_forward1.ffw_layer_1", G4_CLIP},
+    {"ffn_down", "feed_forward1.ffw_layer_2", G4_CLIP},
+    {"ffn_post_norm", "feed_forward1.post_layer_norm", G4_PLAIN},
+    {"ffn_norm_1", "feed_forward2.pre_layer_norm", G4_PLAIN},
+    {"ffn_up_1", "feed_forward2.ffw_layer_1", G4_CLIP},
+    {"ffn_down_1", "feed_forward2.ffw_layer_2", G4_CLIP},
+    {"ffn_post_norm_1", "feed_forward2.post_layer_norm", G4_PLAIN},
+    {"attn_pre_norm", "norm_pre_attn", G4_PLAIN},
+    {"attn_q", "self_attn.q_proj", G4_CLIP},
+    {"attn_k", "self_attn.k_proj", G4_CLIP},
+    {"attn_v", "self_attn.v_proj", G4_CLIP},
+    {"attn_out", "self_attn.post", G4_CLIP},
+    {"attn_k_rel", "self_attn.relative_k_proj", G4_PLAIN},
+    {"per_dim_scale", "self_attn.per_dim_scale", G4_BARE},
+    {"attn_post_norm", "norm_post_attn", G4_PLAIN},
+    {"conv_norm", "lconv1d.pre_layer_norm", G4_PLAIN},
+    {"conv_pw1", "lconv1d.linear_start", G4_CLIP},
+    {"conv_dw", "lconv1d.depthwise_conv1d", G4_PLAIN},
+    {"norm_conv", "lconv1d.conv_norm", G4_PLAIN},
+    {"conv_pw2", "lconv1d.linear_end", G4_CLIP},
+    {"ln2", "norm_out", G4_PLAIN},
+};
+static const char *const g4_top[][2] = {
+    {"v.patch_embd.weight", "model.vision_tower.patch_embedder.input_proj.weight"},
+    {"v.position_embd.weight", "model.vision_tower.patch_embedder.position_embedding_table"},
+    {"v.std_bias", "model.vision_tower.std_bias"},
+    {"v.std_scale", "model.vision_tower.std_scale"},
+    {"mm.input_projection.weight", "model.embed_vision.embedding_projection.weight"},
+    {"a.input_projection.weight",
+     "model.audio_tower.subsample_conv_projection.input_proj_linear.weight"},
+    {"a.pre_encode.out.weight", "model.audio_tower.output_proj.weight"},
+    {"a.pre_encode.out.bias", "model.audio_tower.output_proj.bias"},
+    {"mm.a.input_projection.weight", "model.embed_audio.embedding_projection.weight"},
+};
+
+/* rest ("attn_q.weight") under table tab as ours after prefix lp; 1 when named. */
+static int g4_layer_name(const struct g4_name *tab, size_t n, const char *lp, const char *rest,
+                         char *out, size_t outn) {
+  for (size_t i = 0; i < n; i++) {
+    size_t l = strlen(tab[i].g);
+    if (strncmp(rest, tab[i].g, l) || rest[l] != '.') continue;
+    const char *suf = rest + l + 1;
+    if (tab[i].how == G4_BARE && !strcmp(suf, "weight"))
+      snprintf(out, outn, "%s%s", lp, tab[i].h);
+    else if (tab[i].how == G4_CLIP && !strcmp(suf, "weight"))
+      snprintf(out, outn, "%s%s.linear.weight", lp, tab[i].h);
+    else
+      snprintf(out, outn, "%s%s.%s", lp, tab[i].h, suf);
+    return 1;
+  }
+  return 0;
+}
+
+/* Ours for a Gemma 4 mmproj tensor name g; 0 when it has no other name. */
+static int g4_name(const char *g, char *out, size_t n) {
+  for (size_t i = 0; i < sizeof(g4_top) / sizeof(g4_top[0]); i++)
+    if (!strcmp(g, g4_top[i][0])) {
+      snprintf(out, n, "%s", g4_top[i][1]);
+      return 1;
+    }
+  int layer, used = 0;
+  char lp[96], rest[32];
+  if (sscanf(g, "a.conv1d.%d.%n", &layer, &used) == 1 && used && layer >= 0 && layer < 2) {
+    snprintf(rest, sizeof(rest), "%s", g + used);
+    snprintf(out, n, "model.audio_tower.subsample_conv_projection.layer%d.%s%s", layer,
+             strcmp(rest, "weight") && strcmp(rest, "bias") ? "" : "conv.", rest);
+    return 1;
+  }
+  used = 0;
+  if (sscanf(g, "v.blk.%d.%n", &layer, &used) == 1 && used && layer >= 0) {
+    snprintf(lp, sizeof(lp), "model.vision_tower.encoder.layers.%d.", layer);
+    return g4_layer_name(g4_vision_layer, sizeof(g4_vision_layer) / sizeof(g4_vision_layer[0]), lp,
+                         g + used, out, n);
+  }
+  used = 0;
+  if (sscanf(g, "a.blk.%d.%n", &layer, &used) == 1 && used && layer >= 0) {
+    snprintf(lp, sizeof(lp), "model.audio_tower.layers.%d.", layer);
+    return g4_layer_name(g4_audio_layer, sizeof(g4_audio_layer) / sizeof(g4_audio_layer[0]), lp,
+                         g + used, out, n);
+  }
+  return 0;
+}
+
 /* v.blk.N.ffn_up / ffn_down (weight or bias) of tensor gt as SigLIP's fc1
  * (hidden -> ffn) or fc2 (ffn -> hidden) by its output rows: fc2's are the
  * tower's width D (clip.vision.embedding_length), fc1's the MLP's F
@@ -98,9 +213,15 @@ static void mmproj_ffn(const struct md_gguf_tensor *gt, int layer, const char *r
 }
 
 /* Our name for GGUF tensor gt (its own name when it has no other); D and F:
- * a vision tower's widths (mmproj_ffn), 0 in a model file. */
-static void hf_name(const struct md_gguf_tensor *gt, int64_t D, int64_t F, char *out, size_t n) {
+ * a Gemma 3 vision tower's widths (mmproj_ffn), 0 in a model file; g4: a
+ * Gemma 4 mmproj file. */
+static void hf_name(const struct md_gguf_tensor *gt, int64_t D, int64_t F, int g4, char *out,
+                    size_t n) {
   const char *g = gt->name;
+  if (g4) {
+    if (!g4_name(g, out, n)) snprintf(out, n, "%s", g);
+    return;
+  }
   for (size_t i = 0; i < sizeof(top_names) / sizeof(top_names[0]); i++)
     if (!strcmp(g, top_names[i][0])) {
       snprintf(out, n, "%s", top_names[i][1]);
@@ -153,6 +274,39 @@ static enum md_st_dtype st_dtype(uint32_t t) {
   }
 }
 
+/* 1 when g is a Gemma 4 mmproj file (a gemma4v or gemma4a projector). */
+static int is_g4_mmproj(const struct md_gguf *g) {
+  static const char *const keys[] = {"clip.projector_type", "clip.vision.projector_type",
+                                     "clip.audio.projector_type"};
+  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    const char *s;
+    size_t len;
+    if (!md_gguf_get_str(g, keys[i], &s, &len) && len == 7 &&
+        (!memcmp(s, "gemma4v", 7) || !memcmp(s, "gemma4a", 7)))
+      return 1;
+  }
+  return 0;
+}
+
+/* The two Gemma 4 tensors the converter reshapes, in transformers' shapes
+ * over the same bytes: the patch projection, written as a convolution's
+ * kernel [D, 3, p, p], as [D, 3 p p] (its inputs then in channel-major
+ * order: wk-vision-g4.c gathers them so for a GGUF file), and the light
+ * conv's depthwise kernel, written as [C, K], as [C, 1, K]. */
+static void g4_shape(const struct md_gguf_tensor *gt, struct md_tensor *t) {
+  if (!strcmp(gt->name, "v.patch_embd.weight") && gt->n_dims == 4) {
+    t->ndim = 2;
+    t->shape[0] = gt->ne[3];
+    t->shape[1] = gt->ne[0] * gt->ne[1] * gt->ne[2];
+  } else if (gt->n_dims == 2 && strstr(gt->name, ".conv_dw.weight") &&
+             !strncmp(gt->name, "a.blk.", 6)) {
+    t->ndim = 3;
+    t->shape[0] = gt->ne[1];
+    t->shape[1] = 1;
+    t->shape[2] = gt->ne[0];
+  }
+}
+
 static void close_gguf(void *g) {
   md_gguf_close(g);
 }
@@ -178,14 +332,16 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
   int64_t D = 0, F = 0; /* a vision tower's widths (mmproj_ffn) */
   md_gguf_get_int(g, "clip.vision.embedding_length", &D);
   md_gguf_get_int(g, "clip.vision.feed_forward_length", &F);
+  int g4 = is_g4_mmproj(g);
   for (int i = 0; i < md_gguf_tensor_count(g) && !rc; i++) {
     const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
     char name[512], tb[32];
-    hf_name(gt, D, F, name, sizeof(name));
+    hf_name(gt, D, F, g4, name, sizeof(name));
     struct md_tensor t = {.name = name, .dtype = st_dtype(gt->type), .ndim = gt->n_dims};
     snprintf(t.dtype_name, sizeof(t.dtype_name), "%s", md_ggml_type_name(gt->type, tb, sizeof(tb)));
     for (int d = 0; d < gt->n_dims; d++)
       t.shape[d] = gt->ne[gt->n_dims - 1 - d];
+    if (g4) g4_shape(gt, &t);
     t.data = gt->data;
     t.nbytes = gt->nbytes;
     if (md_st_add(st, &t)) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");

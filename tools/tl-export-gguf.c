@@ -65,8 +65,9 @@
  * and post_ffw_norm_2.
  * The vocabulary is written as for Gemma 3.
  *
- * With --mmproj FILE, a Gemma 3 checkpoint's vision tower goes to FILE as
- * llama.cpp's mmproj file (export_mmproj below).
+ * With --mmproj FILE, a Gemma 3 checkpoint's vision tower, or a Gemma 4
+ * checkpoint's vision and audio towers, go to FILE as llama.cpp's mmproj
+ * file (export_mmproj below).
  *
  * Refused, with the reason: other architectures, a vision-only checkpoint,
  * an attention scale llama.cpp would not reproduce (it takes 1/sqrt(head_dim)
@@ -86,6 +87,7 @@
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
 #include "kernels/kn-quant.h"
+#include "model/md-audio-g4.h"
 #include "model/md-config.h"
 #include "model/md-safetensors.h"
 #include "tokenizer/tk-tokenizer.h"
@@ -142,6 +144,7 @@ struct gg_tensor {
   const float *gen;            /* f32 values made here (Gemma 4's rope_freqs) */
   int norm;                    /* 1-D weight (RMSNorm, scalar): written as f32 shift + w */
   float shift;                 /* 1 for Gemma 3's norms (llama.cpp multiplies by w), else 0 */
+  int xf;                      /* XF_*: values moved or mapped on the way (mmproj towers) */
   int type;       /* GGML_* written, or a block format's ggml type (qdt) */
   int qdt;        /* the block format written (enum kn_dtype), or -1 */
   int nd;         /* 1, 2, 3 (a stack of expert matrices) or 4 (a convolution's kernel) */
@@ -149,6 +152,12 @@ struct gg_tensor {
   uint64_t off;   /* from the start of the data section */
   uint64_t bytes;
 };
+
+/* gg_tensor.xf: XF_PATCH, Gemma 4's patch projection [D, p p 3] (inputs
+ * (y, x, c)) written as a convolution's kernel [D, 3, p, p]; XF_SOFTPLUS,
+ * each value x written as log(1 + e^x) (Gemma 4's per_dim_scale, as the
+ * converter stores it). */
+enum { XF_NONE = 0, XF_PATCH = 1, XF_SOFTPLUS = 2 };
 
 struct gg_out {
   FILE *f;
@@ -266,8 +275,8 @@ static int plan_take(struct gg_plan *p, const char *gname, const char *hname, in
                      const int64_t *dims, struct gg_tensor **out) {
   const struct md_tensor *s = md_st_find(p->st, hname);
   if (!s) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no %s", hname);
-  int same = s->ndim == nd;
-  for (int d = 0; same && d < nd; d++)
+  int same = s->ndim == nd || (nd == 1 && dims[0] == 1 && s->ndim == 0); /* a 0-d scalar */
+  for (int d = 0; same && d < s->ndim; d++)
     same = s->shape[d] == dims[d];
   if (!same)
     return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
@@ -756,18 +765,25 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
     free(q);
     return;
   }
-  if (t->type == ggml_type_of(s->dtype) && !t->norm) {
+  if (t->type == ggml_type_of(s->dtype) && !t->norm && !t->xf) {
     put(o, s->data, s->nbytes);
     return;
   }
   float buf[4096];
   uint16_t half[4096];
   size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
+  size_t pp = (size_t)(t->ne[0] * t->ne[1]); /* XF_PATCH: pixels a patch */
   for (size_t i = 0; i < n && !o->failed;) {
     size_t m = n - i < CM_ARRAY_LEN(buf) ? n - i : CM_ARRAY_LEN(buf);
     for (size_t k = 0; k < m; k++) {
-      float v = kn_load_f32(s->data, (enum kn_dtype)s->dtype, i + k);
-      buf[k] = t->norm ? t->shift + v : v;
+      size_t at = i + k;
+      if (t->xf == XF_PATCH) { /* [d][c][e] written from [d][e][c] */
+        size_t d = at / (3 * pp), c = at / pp % 3, e = at % pp;
+        at = d * 3 * pp + e * 3 + c;
+      }
+      double v = kn_load_f32(s->data, (enum kn_dtype)s->dtype, at);
+      if (t->xf == XF_SOFTPLUS) v = v > 30 ? v : log1p(exp(v));
+      buf[k] = t->norm ? t->shift + (float)v : (float)v;
       half[k] = kn_f32_to_f16(buf[k]);
     }
     if (t->type == GGML_F16)
@@ -904,14 +920,19 @@ static void kv_f32s(struct gg_out *o, const char *key, const float *v, int n) {
   put(o, v, sizeof(float) * (size_t)n);
 }
 
-static void write_kv_mmproj(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
-                            const char *name) {
-  const struct md_vision_cfg *v = &c->vision;
+/* The general.* pairs of an mmproj file. */
+static void write_kv_clip(struct gg_out *o, const struct gg_plan *p, const char *name) {
   kv_str(o, "general.architecture", "clip");
   kv_str(o, "general.type", "mmproj");
   kv_str(o, "general.name", name);
   kv_u32(o, "general.file_type", p->to_f32 ? FT_ALL_F32 : FT_MOSTLY_F16);
   kv_u32(o, "general.alignment", GG_ALIGN);
+}
+
+static void write_kv_mmproj(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
+                            const char *name) {
+  const struct md_vision_cfg *v = &c->vision;
+  write_kv_clip(o, p, name);
   kv_key(o, "clip.has_vision_encoder", GG_BOOL);
   put(o, "\1", 1);
   kv_str(o, "clip.projector_type", "gemma3");
@@ -930,9 +951,281 @@ static void write_kv_mmproj(struct gg_out *o, const struct md_config *c, const s
   if (v->pool != 4) kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
 }
 
+/* ---- Gemma 4's towers as llama.cpp's mmproj file ------------------------------
+ * As conversion/gemma.py's Gemma4VisionAudioModel writes them (clip.cpp's
+ * gemma4v and gemma4a read them; model/md-tensors-gguf.c maps the names
+ * back): general.architecture "clip", general.type "mmproj"; for the vision
+ * tower clip.has_vision_encoder, clip.vision.projector_type "gemma4v" and
+ * under clip.vision. projection_dim, image_size (224, as the converter forces
+ * it: unused), patch_size, embedding_length, feed_forward_length,
+ * block_count, attention.head_count, attention.layer_norm_epsilon, image_mean
+ * 0 and image_std 1 (Gemma4ImageProcessor does not normalise),
+ * projector.scale_factor only where the pooling is not 3; for the audio
+ * tower clip.has_audio_encoder, clip.audio.projector_type "gemma4a" and under
+ * clip.audio. projection_dim, embedding_length, feed_forward_length (4 x the
+ * width), block_count, attention.head_count, num_mel_bins (128) and
+ * attention.layer_norm_epsilon 1e-5 (the converter's constant). Tensors:
+ * v.patch_embd as a convolution's kernel [D, 3, p, p] (f16, or f32 with
+ * --dtype f32), v.position_embd in f32, v.std_bias / v.std_scale, per layer
+ * v.blk.N.{attn_q, attn_k, attn_v, attn_out, ffn_gate, ffn_up, ffn_down}
+ * (f16 or f32) with their clip bounds (.input_min ... as [1] f32),
+ * attn_q_norm, attn_k_norm, ln1, attn_post_norm, ln2, ffn_post_norm (f32),
+ * mm.input_projection (the embedder's projection); a.conv1d.{0,1}.weight and
+ * .norm.weight and a.input_projection in f32 (the converter forces the
+ * subsampling's tensors to f32), per layer a.blk.N.{ffn_norm, ffn_up,
+ * ffn_down, ffn_post_norm, and the same with _1, attn_pre_norm, attn_q,
+ * attn_k, attn_v, attn_out, attn_k_rel, per_dim_scale (softplus applied),
+ * attn_post_norm, conv_norm (lconv1d.pre_layer_norm), conv_pw1, conv_dw
+ * ([C, K], f32), norm_conv (lconv1d.conv_norm), conv_pw2, ln2},
+ * a.pre_encode.out (output_proj, weight and bias) and mm.a.input_projection. */
+
+/* A Gemma4ClippableLinear HP [rows, cols] as GP (its weight as `how`) and,
+ * when clipped, its four bounds. */
+static int plan_clin(struct gg_plan *p, const char *gp, const char *hp, int64_t rows, int64_t cols,
+                     int clipped) {
+  static const char *const bound[] = {"input_min", "input_max", "output_min", "output_max"};
+  char g[128], h[192];
+  snprintf(g, sizeof(g), "%s.weight", gp);
+  snprintf(h, sizeof(h), "%s.linear.weight", hp);
+  int rc = plan_vision(p, g, h, 2, (const int64_t[]){rows, cols}, VT_MAT, 0);
+  for (int i = 0; i < 4 && clipped && !rc; i++) {
+    snprintf(g, sizeof(g), "%s.%s", gp, bound[i]);
+    snprintf(h, sizeof(h), "%s.%s", hp, bound[i]);
+    rc = plan_vision(p, g, h, 1, (const int64_t[]){1}, VT_F32, 0);
+  }
+  return rc;
+}
+
+/* A vector [n] named by formats, in f32. */
+static int plan_vec(struct gg_plan *p, int64_t n, const char *g, const char *h) {
+  return plan_vision(p, g, h, 1, (const int64_t[]){n}, VT_F32, 0);
+}
+
+static int plan_vision_g4(struct gg_plan *p, const struct md_config *c) {
+  const struct md_vision_g4_cfg *v = &c->vision_g4;
+  const char *VP = "model.vision_tower.";
+  int64_t D = v->hidden, F = v->ffn, P = v->patch, hd = v->head_dim;
+  int64_t qd = (int64_t)v->n_heads * hd, kvd = (int64_t)v->n_kv_heads * hd;
+  char g[96], h[192];
+  snprintf(h, sizeof(h), "%spatch_embedder.input_proj.weight", VP);
+  int rc = plan_vision(p, "v.patch_embd.weight", h, 2, (const int64_t[]){D, 3 * P * P}, VT_MAT, 0);
+  if (rc) return rc;
+  struct gg_tensor *t = &p->t[p->n - 1]; /* written as the convolution's kernel [D, 3, P, P] */
+  t->xf = XF_PATCH;
+  t->nd = 4;
+  t->ne[0] = t->ne[1] = (uint64_t)P;
+  t->ne[2] = 3;
+  t->ne[3] = (uint64_t)D;
+  snprintf(h, sizeof(h), "%spatch_embedder.position_embedding_table", VP);
+  if ((rc = plan_vision(p, "v.position_embd.weight", h, 3, (const int64_t[]){2, v->pos_size, D},
+                        VT_F32, 0)))
+    return rc;
+  static const struct {
+    const char *g, *h;
+    int kind; /* 0 q, 1 k / v, 2 o, 3 gate / up, 4 down */
+  } lin[] = {{"attn_q", "self_attn.q_proj", 0}, {"attn_k", "self_attn.k_proj", 1},
+             {"attn_v", "self_attn.v_proj", 1}, {"attn_out", "self_attn.o_proj", 2},
+             {"ffn_gate", "mlp.gate_proj", 3},  {"ffn_up", "mlp.up_proj", 3},
+             {"ffn_down", "mlp.down_proj", 4}};
+  static const char *const norms[][2] = {
+      {"ln1", "input_layernorm"},           {"attn_post_norm", "post_attention_layernorm"},
+      {"ln2", "pre_feedforward_layernorm"}, {"ffn_post_norm", "post_feedforward_layernorm"},
+      {"attn_q_norm", "self_attn.q_norm"},  {"attn_k_norm", "self_attn.k_norm"}};
+  for (int i = 0; i < v->n_layers && !rc; i++) {
+    for (size_t k = 0; k < CM_ARRAY_LEN(lin) && !rc; k++) {
+      const int64_t rows[] = {qd, kvd, D, F, D}, cols[] = {D, D, qd, D, F};
+      char gp[64], hp[160];
+      snprintf(gp, sizeof(gp), "v.blk.%d.%s", i, lin[k].g);
+      snprintf(hp, sizeof(hp), "%sencoder.layers.%d.%s", VP, i, lin[k].h);
+      rc = plan_clin(p, gp, hp, rows[lin[k].kind], cols[lin[k].kind], v->clipped_linears);
+    }
+    for (size_t k = 0; k < CM_ARRAY_LEN(norms) && !rc; k++) {
+      snprintf(g, sizeof(g), "v.blk.%d.%s.weight", i, norms[k][0]);
+      snprintf(h, sizeof(h), "%sencoder.layers.%d.%s.weight", VP, i, norms[k][1]);
+      rc = plan_vec(p, k < 4 ? D : hd, g, h);
+    }
+  }
+  if (!rc && v->standardize) {
+    snprintf(h, sizeof(h), "%sstd_bias", VP);
+    if (!(rc = plan_vec(p, D, "v.std_bias", h))) {
+      snprintf(h, sizeof(h), "%sstd_scale", VP);
+      rc = plan_vec(p, D, "v.std_scale", h);
+    }
+  }
+  return rc ? rc
+            : plan_vision(p, "mm.input_projection.weight",
+                          "model.embed_vision.embedding_projection.weight", 2,
+                          (const int64_t[]){c->hidden, D}, VT_MAT, 0);
+}
+
+static int plan_audio_g4(struct gg_plan *p, const struct md_config *c) {
+  const struct md_audio_g4_cfg *a = &c->audio_g4;
+  const char *AP = "model.audio_tower.";
+  int64_t D = a->hidden, C0 = a->conv_ch[0], C1 = a->conv_ch[1], O = a->output_dims;
+  char g[96], h[192];
+  struct gg_tensor *t;
+  int rc = 0;
+  for (int i = 0; i < 2 && !rc; i++) {
+    int64_t oc = i ? C1 : C0, ic = i ? C0 : 1;
+    snprintf(g, sizeof(g), "a.conv1d.%d.weight", i);
+    snprintf(h, sizeof(h), "%ssubsample_conv_projection.layer%d.conv.weight", AP, i);
+    if ((rc = plan_vision(p, g, h, 4, (const int64_t[]){oc, ic, 3, 3}, VT_F32, 0))) break;
+    snprintf(g, sizeof(g), "a.conv1d.%d.norm.weight", i);
+    snprintf(h, sizeof(h), "%ssubsample_conv_projection.layer%d.norm.weight", AP, i);
+    rc = plan_vec(p, oc, g, h);
+  }
+  snprintf(h, sizeof(h), "%ssubsample_conv_projection.input_proj_linear.weight", AP);
+  if (rc || (rc = plan_vision(p, "a.input_projection.weight", h, 2,
+                              (const int64_t[]){D, C0 / 4 * C1}, VT_F32, 0)))
+    return rc;
+  static const struct {
+    const char *g, *h;
+    int kind; /* 0 [4D, D], 1 [D, 4D], 2 [D, D], 3 [2D, D] */
+  } lin[] = {{"ffn_up", "feed_forward1.ffw_layer_1", 0},
+             {"ffn_down", "feed_forward1.ffw_layer_2", 1},
+             {"ffn_up_1", "feed_forward2.ffw_layer_1", 0},
+             {"ffn_down_1", "feed_forward2.ffw_layer_2", 1},
+             {"attn_q", "self_attn.q_proj", 2},
+             {"attn_k", "self_attn.k_proj", 2},
+             {"attn_v", "self_attn.v_proj", 2},
+             {"attn_out", "self_attn.post", 2},
+             {"conv_pw1", "lconv1d.linear_start", 3},
+             {"conv_pw2", "lconv1d.linear_end", 2}};
+  static const char *const norms[][2] = {{"ffn_norm", "feed_forward1.pre_layer_norm"},
+                                         {"ffn_post_norm", "feed_forward1.post_layer_norm"},
+                                         {"ffn_norm_1", "feed_forward2.pre_layer_norm"},
+                                         {"ffn_post_norm_1", "feed_forward2.post_layer_norm"},
+                                         {"attn_pre_norm", "norm_pre_attn"},
+                                         {"attn_post_norm", "norm_post_attn"},
+                                         {"conv_norm", "lconv1d.pre_layer_norm"},
+                                         {"norm_conv", "lconv1d.conv_norm"},
+                                         {"ln2", "norm_out"}};
+  for (int i = 0; i < a->n_layers && !rc; i++) {
+    char lp[96];
+    snprintf(lp, sizeof(lp), "%slayers.%d.", AP, i);
+    for (size_t k = 0; k < CM_ARRAY_LEN(lin) && !rc; k++) {
+      const int64_t rows[] = {4 * D, D, D, 2 * D}, cols[] = {D, 4 * D, D, D};
+      char gp[64], hp[192];
+      snprintf(gp, sizeof(gp), "a.blk.%d.%s", i, lin[k].g);
+      snprintf(hp, sizeof(hp), "%s%s", lp, lin[k].h);
+      rc = plan_clin(p, gp, hp, rows[lin[k].kind], cols[lin[k].kind], a->clipped_linears);
+    }
+    for (size_t k = 0; k < CM_ARRAY_LEN(norms) && !rc; k++) {
+      snprintf(g, sizeof(g), "a.blk.%d.%s.weight", i, norms[k][0]);
+      snprintf(h, sizeof(h), "%s%s.weight", lp, norms[k][1]);
+      rc = plan_vec(p, D, g, h);
+    }
+    if (rc) break;
+    snprintf(g, sizeof(g), "a.blk.%d.attn_k_rel.weight", i);
+    snprintf(h, sizeof(h), "%sself_attn.relative_k_proj.weight", lp);
+    if ((rc = plan_vision(p, g, h, 2, (const int64_t[]){D, D}, VT_MAT, 0))) break;
+    snprintf(g, sizeof(g), "a.blk.%d.per_dim_scale.weight", i);
+    snprintf(h, sizeof(h), "%sself_attn.per_dim_scale", lp);
+    if ((rc = plan_vec(p, D / a->n_heads, g, h))) break;
+    p->t[p->n - 1].xf = XF_SOFTPLUS;
+    snprintf(g, sizeof(g), "a.blk.%d.conv_dw.weight", i);
+    snprintf(h, sizeof(h), "%slconv1d.depthwise_conv1d.weight", lp);
+    if ((rc = plan_vision(p, g, h, 3, (const int64_t[]){D, 1, a->conv_kernel}, VT_F32, 0))) break;
+    t = &p->t[p->n - 1]; /* [C, 1, K] written as [C, K] */
+    t->nd = 2;
+    t->ne[1] = (uint64_t)D;
+    t->ne[2] = 1;
+  }
+  if (rc) return rc;
+  snprintf(h, sizeof(h), "%soutput_proj.weight", AP);
+  if ((rc = plan_vision(p, "a.pre_encode.out.weight", h, 2, (const int64_t[]){O, D}, VT_MAT, 0)))
+    return rc;
+  snprintf(h, sizeof(h), "%soutput_proj.bias", AP);
+  if ((rc = plan_vec(p, O, "a.pre_encode.out.bias", h))) return rc;
+  return plan_vision(p, "mm.a.input_projection.weight",
+                     "model.embed_audio.embedding_projection.weight", 2,
+                     (const int64_t[]){c->hidden, O}, VT_MAT, 0);
+}
+
+static void write_kv_mmproj_g4(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
+                               const char *name) {
+  write_kv_clip(o, p, name);
+  if (c->vision_g4.present) {
+    const struct md_vision_g4_cfg *v = &c->vision_g4;
+    static const float mean[3] = {0, 0, 0}, std[3] = {1, 1, 1};
+    kv_key(o, "clip.has_vision_encoder", GG_BOOL);
+    put(o, "\1", 1);
+    kv_str(o, "clip.vision.projector_type", "gemma4v");
+    kv_u32(o, "clip.vision.projection_dim", (uint32_t)c->hidden);
+    kv_u32(o, "clip.vision.image_size", 224);
+    kv_u32(o, "clip.vision.patch_size", (uint32_t)v->patch);
+    kv_u32(o, "clip.vision.embedding_length", (uint32_t)v->hidden);
+    kv_u32(o, "clip.vision.feed_forward_length", (uint32_t)v->ffn);
+    kv_u32(o, "clip.vision.block_count", (uint32_t)v->n_layers);
+    kv_u32(o, "clip.vision.attention.head_count", (uint32_t)v->n_heads);
+    kv_f32(o, "clip.vision.attention.layer_norm_epsilon", (float)v->eps);
+    kv_f32s(o, "clip.vision.image_mean", mean, 3);
+    kv_f32s(o, "clip.vision.image_std", std, 3);
+    if (v->pool != 3) kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
+  }
+  if (c->audio_g4.present) {
+    const struct md_audio_g4_cfg *a = &c->audio_g4;
+    kv_key(o, "clip.has_audio_encoder", GG_BOOL);
+    put(o, "\1", 1);
+    kv_str(o, "clip.audio.projector_type", "gemma4a");
+    kv_u32(o, "clip.audio.projection_dim", (uint32_t)c->hidden);
+    kv_u32(o, "clip.audio.embedding_length", (uint32_t)a->hidden);
+    kv_u32(o, "clip.audio.feed_forward_length", (uint32_t)(4 * a->hidden));
+    kv_u32(o, "clip.audio.block_count", (uint32_t)a->n_layers);
+    kv_u32(o, "clip.audio.attention.head_count", (uint32_t)a->n_heads);
+    kv_u32(o, "clip.audio.num_mel_bins", 128);
+    kv_f32(o, "clip.audio.attention.layer_norm_epsilon", 1e-5f);
+  }
+}
+
+/* What a Gemma 4 mmproj file cannot say of c's towers (their reading,
+ * model/md-config-gguf.c, fixes it): 0, or a cm_err naming the field. */
+static int mmproj_check_g4(const struct md_config *c, const char *dir, char *err, size_t errlen) {
+  const struct md_vision_g4_cfg *v = &c->vision_g4;
+  const struct md_audio_g4_cfg *a = &c->audio_g4;
+  if (!v->present && !a->present)
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "--mmproj: the checkpoint has no Gemma 4 vision or audio tower");
+  if (v->present && (v->rope_theta != 100.0 || v->default_tokens != 280))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "--mmproj: vision_config's rope_theta %g / default_output_length %d (an mmproj "
+                   "file says neither: llama.cpp takes 100 and 280)",
+                   v->rope_theta, v->default_tokens);
+  if (v->present && v->bidir != (c->ple_dim ? 0 : 1))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "--mmproj: text_config.use_bidirectional_attention is not what a GGUF model is "
+                   "read with (\"vision\" without per-layer embeddings, none with them)");
+  if (a->present) {
+    struct md_audio_fe_cfg fe, def;
+    md_audio_fe_defaults(&def);
+    int rc = md_audio_fe_load(dir, &fe, err, errlen);
+    if (rc) return rc;
+    if (a->chunk != 12 || a->ctx_left != 13 || a->ctx_right != 0 || a->logit_cap != 50.0 ||
+        a->residual_weight != 0.5 || a->eps != 1e-6 || a->invalid_logit != -1e9 ||
+        a->grad_clip != 1e10)
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "--mmproj: audio_config's attention_chunk_size, attention_context_left / "
+                     "right, attention_logit_cap, residual_weight, rms_norm_eps, "
+                     "attention_invalid_logits_value or gradient_clipping is not the default an "
+                     "mmproj file is read with");
+    if (fe.n_mel != def.n_mel || fe.sampling_rate != def.sampling_rate ||
+        fe.frame_length != def.frame_length || fe.hop_length != def.hop_length ||
+        fe.fft_length != def.fft_length || fe.min_frequency != def.min_frequency ||
+        fe.max_frequency != def.max_frequency || fe.preemphasis != def.preemphasis ||
+        fe.input_scale != def.input_scale || fe.mel_floor != def.mel_floor ||
+        fe.max_samples != def.max_samples || fe.pad_multiple != def.pad_multiple || fe.has_mean ||
+        fe.has_stddev)
+      return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                     "--mmproj: the feature extractor is not Gemma4AudioFeatureExtractor's "
+                     "defaults (an mmproj file holds only the mel bins)");
+  }
+  return 0;
+}
+
 /* Whether c's tower can be written as an mmproj file: 0, or a cm_err with
  * the reason (checked before anything is written). */
-static int mmproj_check(const struct md_config *c, char *err, size_t errlen) {
+static int mmproj_check(const struct md_config *c, const char *dir, char *err, size_t errlen) {
+  if (c->arch == MD_ARCH_GEMMA4) return mmproj_check_g4(c, dir, err, errlen);
   if (!c->vision.present)
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "--mmproj: the checkpoint has no Gemma 3 vision tower");
@@ -946,15 +1239,16 @@ static int mmproj_check(const struct md_config *c, char *err, size_t errlen) {
 
 static int export_mmproj(const struct md_config *c, const struct md_st *st, const char *out,
                          int to_f32, const char *name, char *err, size_t errlen) {
-  struct gg_plan p = {.cap = 8 + 16 * c->vision.n_layers,
-                      .st = st,
-                      .to_f32 = to_f32,
-                      .qt = -1,
-                      .err = err,
-                      .errlen = errlen};
+  int g4 = c->arch == MD_ARCH_GEMMA4;
+  int layers =
+      g4 ? 45 * c->vision_g4.n_layers + 70 * c->audio_g4.n_layers : 16 * c->vision.n_layers;
+  struct gg_plan p = {
+      .cap = 16 + layers, .st = st, .to_f32 = to_f32, .qt = -1, .err = err, .errlen = errlen};
   if (!(p.t = calloc((size_t)p.cap, sizeof(*p.t))))
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  int rc = plan_mmproj(&p, c);
+  int rc = !g4 ? plan_mmproj(&p, c) : 0;
+  if (g4 && !rc && c->vision_g4.present) rc = plan_vision_g4(&p, c);
+  if (g4 && !rc && c->audio_g4.present) rc = plan_audio_g4(&p, c);
   char *kv = NULL;
   size_t kv_len = 0;
   uint64_t bytes = 0;
@@ -962,13 +1256,20 @@ static int export_mmproj(const struct md_config *c, const struct md_st *st, cons
   if (!rc && !mf) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   if (mf) {
     struct gg_out m = {mf, 0, 0};
-    write_kv_mmproj(&m, c, &p, name);
+    if (g4)
+      write_kv_mmproj_g4(&m, c, &p, name);
+    else
+      write_kv_mmproj(&m, c, &p, name);
     if (fclose(mf) != 0 || m.failed)
       rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     else
       rc = write_file(out, &p, kv, kv_len, m.n_kv, &bytes, err, errlen);
   }
-  if (!rc)
+  if (!rc && g4)
+    printf("wrote %s: Gemma 4 towers (clip:%s%s), %d tensors, %.1f MB\n", out,
+           c->vision_g4.present ? " vision gemma4v" : "",
+           c->audio_g4.present ? " audio gemma4a" : "", p.n, (double)bytes / 1e6);
+  else if (!rc)
     printf("wrote %s: Gemma 3 vision tower (clip, projector gemma3), %d layers, %d tensors, "
            "%.1f MB\n",
            out, c->vision.n_layers, p.n, (double)bytes / 1e6);
@@ -995,7 +1296,7 @@ static int export(const char *dir, const char *out, const char *mmproj, int to_f
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "%s: %s", dir, why);
     goto done;
   }
-  if (mmproj && (rc = mmproj_check(c, err, errlen))) goto done;
+  if (mmproj && (rc = mmproj_check(c, dir, err, errlen))) goto done;
   if ((rc = md_st_open_dir(dir, &st, err, errlen))) goto done;
   p.cap = 7 + 25 * c->n_layers;
   p.norm_shift = c->arch == MD_ARCH_GEMMA3 ? 1.0f : 0.0f;
@@ -1071,8 +1372,9 @@ int tl_quantize_main(int argc, char **argv) {
                          "matrix or tied embedding and for attn_v and ffn_down in the first and "
                          "last eighth of the layers and every third layer between)",
                          (const struct cm_opt[]){{"mmproj", CM_OPT_STR, &mmproj, "FILE",
-                                                  "also write a Gemma 3 checkpoint's vision "
-                                                  "tower as llama.cpp's mmproj file (f16)"},
+                                                  "also write the checkpoint's towers (Gemma 3's "
+                                                  "vision, Gemma 4's vision and audio) as "
+                                                  "llama.cpp's mmproj file (f16)"},
                                                  {0}},
                          argc, argv, 1, pos, 3, &n_pos);
   if (rc == CM_ARGS_HELP) return 0;
@@ -1103,8 +1405,8 @@ int tl_export_gguf_main(int argc, char **argv) {
        "matrices as stored (default), widened to f32, or quantized to a block format; norms are "
        "always f32"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE",
-       "also write a Gemma 3 checkpoint's vision tower as llama.cpp's mmproj file (matrices f16, "
-       "or f32 with --dtype f32)"},
+       "also write the checkpoint's towers (Gemma 3's vision, Gemma 4's vision and audio) as "
+       "llama.cpp's mmproj file (matrices f16, or f32 with --dtype f32)"},
       {0},
   };
   int rc =

@@ -309,7 +309,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "and the feature extractor's fields; combines with --vision"},
       {"audio-shape", CM_OPT_STR, &audio_shape, "S",
        "gemma4 --audio: tiny | e2b, the audio tower's shape whatever the preset (default: "
-       "the preset's)"},
+       "the preset's); tiny-default: tiny's sizes with Gemma4AudioConfig's other defaults and "
+       "128 mel bins (what an mmproj file holds)"},
       {"bidir-vision", CM_OPT_BOOL, &bidir_vision, NULL,
        "gemma4 --vision: use_bidirectional_attention \"vision\" (as the 26B and 31B say): an "
        "image's tokens see each other in the sliding layers"},
@@ -382,8 +383,11 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --audio is for --arch gemma4\n");
       return 2;
     }
-    if (audio_shape && (!audio || (strcmp(audio_shape, "tiny") && strcmp(audio_shape, "e2b")))) {
-      fprintf(stderr, "lmserve make-tiny-model: --audio-shape is tiny or e2b, with --audio\n");
+    if (audio_shape && (!audio || (strcmp(audio_shape, "tiny") && strcmp(audio_shape, "e2b") &&
+                                   strcmp(audio_shape, "tiny-default")))) {
+      fprintf(
+          stderr,
+          "lmserve make-tiny-model: --audio-shape is tiny, tiny-default or e2b, with --audio\n");
       return 2;
     }
     if (vision && strcmp(arch, "gemma3") && strcmp(arch, "gemma4")) {
@@ -400,7 +404,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .vision = vision,
                              .bidir_vision = bidir_vision,
                              .audio = audio,
-                             .audio_e2b = !strcmp(audio_shape ? audio_shape : preset, "e2b")};
+                             .audio_e2b = !strcmp(audio_shape ? audio_shape : preset, "e2b"),
+                             .audio_defaults = audio_shape && !strcmp(audio_shape, "tiny-default")};
     rc = tl_tiny_spec_build(&spec, &o, err, sizeof(err));
   } else {
     fprintf(stderr,

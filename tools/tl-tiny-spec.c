@@ -545,8 +545,10 @@ static int wrap_vision_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b,
  * key one frame ahead), 16 mel bins, channels [16, 8], a gradient clip of
  * 1.25 (inside the clip bounds, so that it bites after a clipped linear too),
  * rms_norm_eps 1e-2 apart from the norms' fixed 1e-6) so that every path
- * counts, the clamps and the two epsilons included. */
-static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) {
+ * counts, the clamps and the two epsilons included. `defaults`: the small
+ * tower's sizes with the rest Gemma4AudioConfig's and the extractor's
+ * defaults (128 mel bins, channels [128, 32]), as an mmproj file holds it. */
+static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b, int defaults) {
   json_t *r = *root;
   if (strcmp(json_string_value(json_object_get(r, "model_type")), "gemma4")) {
     json_object_del(r, "architectures");
@@ -560,6 +562,9 @@ static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) 
   if (V <= eoa) boa = V - 6, audio = V - 5, eoa = V - 4;
   json_t *ac =
       e2b ? json_pack("{s:s}", "model_type", "gemma4_audio")
+      : defaults
+          ? json_pack("{s:s, s:i, s:i, s:i, s:i}", "model_type", "gemma4_audio", "hidden_size", 32,
+                      "num_hidden_layers", 2, "num_attention_heads", 4, "output_proj_dims", 48)
           : json_pack("{s:s, s:i, s:i, s:i, s:s, s:[i,i], s:i, s:f, s:i, s:i, s:i, s:f, s:f, s:b, "
                       "s:f, s:f, s:i}",
                       "model_type", "gemma4_audio", "hidden_size", 32, "num_hidden_layers", 2,
@@ -578,8 +583,8 @@ static int wrap_audio_g4(struct tl_tiny_spec *s, json_t **root, int V, int e2b) 
                                 : json_pack("{s:s}", "processor_class", "Gemma4Processor");
   json_t *fe = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b, s:f, s:i}",
                          "feature_extractor_type", "Gemma4AudioFeatureExtractor", "feature_size",
-                         e2b ? 128 : 16, "sampling_rate", 16000, "frame_length_ms", 20.0,
-                         "hop_length_ms", 10.0, "min_frequency", 0.0, "max_frequency", 8000.0,
+                         e2b || defaults ? 128 : 16, "sampling_rate", 16000, "frame_length_ms",
+                         20.0, "hop_length_ms", 10.0, "min_frequency", 0.0, "max_frequency", 8000.0,
                          "preemphasis", 0.0, "mel_floor", 1e-3, "dither", 0.0, "fft_overdrive", 0,
                          "input_scale_factor", 1.0, "padding_value", 0);
   if (!pre || !fe) {
@@ -648,7 +653,7 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
     s->router_gain = o->router_gain;
     int rc = 0;
     if (o->vision) rc = wrap_vision_g4(s, &root, V, !strcmp(o->preset, "e2b"), o->bidir_vision);
-    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, o->audio_e2b);
+    if (!rc && o->audio) rc = wrap_audio_g4(s, &root, V, o->audio_e2b, o->audio_defaults);
     if (rc) {
       json_decref(root);
       tl_tiny_spec_free(s);

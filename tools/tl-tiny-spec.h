@@ -83,6 +83,11 @@ struct tl_tiny_opts {
                        * defaults: 12 layers of 1024, 128 mel bins), whatever the
                        * text preset; make-tiny-model sets it for the e2b preset or
                        * --audio-shape e2b */
+  int audio_defaults; /* with audio: the small tower's sizes with Gemma4AudioConfig's
+                       * other defaults (chunks of 12, 13 frames of left context,
+                       * none right, eps 1e-6, no gradient clip, channels [128, 32])
+                       * and the feature extractor's (128 mel bins): what an mmproj
+                       * file can hold; --audio-shape tiny-default */
 };
 
 int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, char *err,

@@ -237,8 +237,9 @@ static const float *relative_keys(struct wk_audio_g4 *a, struct wk_tower_binder 
   return p;
 }
 
-/* head_dim^-1/2 / ln 2 * softplus(PREFIX.per_dim_scale [hd]). */
-static const float *q_scale(struct wk_tower_binder *b, int hd, const char *prefix) {
+/* head_dim^-1/2 / ln 2 * softplus(PREFIX.per_dim_scale [hd]); softplus'd
+ * already (llama.cpp's converter applies it) in an mmproj file. */
+static const float *q_scale(struct wk_tower_binder *b, int hd, const char *prefix, int softplused) {
   char name[256];
   snprintf(name, sizeof(name), "%sper_dim_scale", prefix);
   const struct md_tensor *t = wk_tower_tensor(b, name, 1, (const int64_t[]){hd});
@@ -246,7 +247,7 @@ static const float *q_scale(struct wk_tower_binder *b, int hd, const char *prefi
   double s[KN_MAX_HEAD_DIM];
   for (int i = 0; i < hd; i++) {
     double x = kn_load_f32(t->data, (enum kn_dtype)t->dtype, (size_t)i);
-    s[i] = pow(hd, -0.5) / log(2.0) * (x > 30 ? x : log1p(exp(x)));
+    s[i] = pow(hd, -0.5) / log(2.0) * (softplused || x > 30 ? x : log1p(exp(x)));
   }
   return put(b, s, hd);
 }
@@ -301,7 +302,7 @@ static int bind_all(struct wk_tower *tower, char *err, size_t errlen) {
     l->wk = wk_tower_clin(&b, D, D, cl, "%sk_proj", ap);
     l->wv = wk_tower_clin(&b, D, D, cl, "%sv_proj", ap);
     l->post = wk_tower_clin(&b, D, D, cl, "%spost", ap);
-    l->qscale = q_scale(&b, hd, ap);
+    l->qscale = q_scale(&b, hd, ap, a->t.cfg.gguf);
     l->rel = relative_keys(a, &b, ap);
     l->lc_pre_norm = wk_tower_vec(&b, D, "%slconv1d.pre_layer_norm.weight", lp);
     l->lc_conv_norm = wk_tower_vec(&b, D, "%slconv1d.conv_norm.weight", lp);
@@ -390,7 +391,8 @@ static const struct wk_tower_kind audio_g4_kind = {.what = "audio tower",
                                                    .size = sizeof(struct wk_audio_g4),
                                                    .setup = setup,
                                                    .bind = bind_all,
-                                                   .scratch = alloc_scratch};
+                                                   .scratch = alloc_scratch,
+                                                   .mmproj = 1};
 
 int wk_audio_g4_load(const char *dir, struct kn_backend *be, const struct wk_audio_g4_opts *opts,
                      struct wk_audio_g4 **out, char *err, size_t errlen) {

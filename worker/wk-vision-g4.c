@@ -54,6 +54,9 @@ struct wk_vision_g4 {
   struct wk_tower t;
   struct md_vision_g4_cfg vc; /* = t.cfg.vision_g4 */
   int pd;                     /* 3 patch^2: floats per patch */
+  int conv_order;             /* 1: the patch projection's inputs channel-major (c, y, x), as
+                                 llama.cpp's mmproj file holds it (a convolution's kernel);
+                                 0: (y, x, c), as transformers' checkpoint */
   int qd, kvd;                /* nh hd, nkv hd */
 
   struct wk_clin patch_w; /* [D, pd] */
@@ -68,6 +71,7 @@ struct wk_vision_g4 {
   /* scratch for max_patches rows (T) and max_images images per pass */
   int max_patches, max_images, max_pages;
   float *patches_host;      /* [T, pd] host */
+  float *patch_tmp;         /* [pd] host: one patch reordered (conv_order) */
   int32_t *px, *py;         /* [T] host: patch positions */
   int32_t *qx, *qy;         /* [T nh] host: positions per q half-head row */
   int32_t *kx, *ky;         /* [T nkv] host: positions per k half-head row */
@@ -173,7 +177,8 @@ static int alloc_scratch(struct wk_tower *tower, char *err, size_t errlen) {
   v->max_images = v->max_patches / (c->pool * c->pool) + 1;
   v->max_pages = v->max_patches / bt + v->max_images;
   v->patches_host = cm_arena_alloc(&tower->host, T * (size_t)v->pd * sizeof(float));
-  if (!v->patches_host ||
+  v->patch_tmp = cm_arena_alloc(&tower->host, (size_t)v->pd * sizeof(float));
+  if (!v->patches_host || !v->patch_tmp ||
       wk_tower_kv_alloc(tower, &v->kv, v->max_pages, bt, c->n_kv_heads, c->head_dim, T,
                         v->max_images) ||
       WK_TOWER_INTS(tower, T, &v->px, &v->py) ||
@@ -203,6 +208,7 @@ static int setup(struct wk_tower *tower, const char *dir, const void *opts_, cha
                    tower->cfg.model_type);
   v->vc = tower->cfg.vision_g4;
   v->pd = 3 * v->vc.patch * v->vc.patch;
+  v->conv_order = tower->cfg.gguf;
   v->qd = v->vc.n_heads * v->vc.head_dim;
   v->kvd = v->vc.n_kv_heads * v->vc.head_dim;
   int pp = v->vc.pool * v->vc.pool;
@@ -218,7 +224,8 @@ static const struct wk_tower_kind vision_g4_kind = {.what = "vision tower",
                                                     .size = sizeof(struct wk_vision_g4),
                                                     .setup = setup,
                                                     .bind = bind_all,
-                                                    .scratch = alloc_scratch};
+                                                    .scratch = alloc_scratch,
+                                                    .mmproj = 1};
 
 int wk_vision_g4_load(const char *dir, struct kn_backend *be, const struct wk_vision_g4_opts *opts,
                       struct wk_vision_g4 **out, char *err, size_t errlen) {
@@ -268,6 +275,15 @@ static int encode_pass(struct wk_vision_g4 *v, const struct wk_g4_image *ims, in
     float *dst = v->patches_host + (size_t)T * v->pd;
     for (size_t e = 0; e < (size_t)N * v->pd; e++)
       dst[e] = 2.0f * (src[e] - 0.5f);
+    if (v->conv_order) /* (y, x, c) -> (c, y, x) within each patch */
+      for (int p = 0; p < N; p++) {
+        float *row = dst + (size_t)p * v->pd;
+        int px = v->pd / 3; /* pixels a patch */
+        for (int e = 0; e < px; e++)
+          for (int ch = 0; ch < 3; ch++)
+            v->patch_tmp[ch * px + e] = row[e * 3 + ch];
+        memcpy(row, v->patch_tmp, sizeof(float) * (size_t)v->pd);
+      }
     for (int p = 0; p < N; p++) {
       v->px[T + p] = ims[i].pos[2 * p];
       v->py[T + p] = ims[i].pos[2 * p + 1];

@@ -1,0 +1,404 @@
+/* test-wk-mmproj-g4.c — a Gemma 4 GGUF model folder with llama.cpp's mmproj
+ * file beside the model file, holding the vision tower ("gemma4v") and the
+ * audio tower ("gemma4a"): a generated Gemma4ForConditionalGeneration
+ * checkpoint (the small towers, the audio one with the defaults an mmproj
+ * file can hold) written by `lmserve export-gguf --mmproj` (matrices f16, and
+ * f32 with --dtype f32) and read back from the folder. The towers' configs
+ * and token ids are the checkpoint's field by field; image and audio
+ * embeddings are the safetensors path's within the files' rounding, though
+ * the converter stores the patch projection as a convolution's kernel and
+ * per_dim_scale after softplus. Bad files are a clear error naming what is
+ * wrong when --mmproj names them, and found in the folder a warning (the
+ * model serves text). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/cm-err.h"
+#include "common/cm-fs.h"
+#include "common/cm-proc.h"
+#include "model/md-audio-g4.h"
+#include "model/md-config.h"
+#include "model/md-gguf.h"
+#include "model/md-vision-g4.h"
+#include "tests/harness/th-buf.h"
+#include "tests/harness/th-gguf.h"
+#include "tests/harness/th.h"
+#include "tests/unit/worker/wk-test-util.h"
+#include "worker/wk-audio-g4.h"
+#include "worker/wk-vision-g4.h"
+
+/* In a new folder st: the bf16 checkpoint ck (make-tiny-model's, Gemma 4's
+ * special tokens at their ids), and the folders gg[0] (export-gguf's
+ * defaults: mmproj f16) and gg[1] (--dtype f32), each with model.gguf and
+ * mmproj-model.gguf. */
+static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
+  char lm[1024], log[4096], out[400], mm[400];
+  TH_REQUIRE(wkt_tmpdir(st, n) == 0);
+  snprintf(ck, 300, "%s/ck", st);
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  char *mk[] = {lm,
+                "make-tiny-model",
+                "--arch",
+                "gemma4",
+                "--preset",
+                "tiny-e",
+                "--chat-format",
+                "gemma4",
+                "--vision",
+                "--audio",
+                "--audio-shape",
+                "tiny-default",
+                "--out",
+                ck,
+                "--seed",
+                "7",
+                NULL};
+  if (cm_run_capture(mk, log, sizeof(log))) {
+    th_fail(__FILE__, __LINE__, "lmserve make-tiny-model:\n%s", log);
+    th_stop();
+  }
+  for (int i = 0; i < 2; i++) {
+    snprintf(gg[i], 300, "%s/gguf-%d", st, i);
+    TH_REQUIRE(mkdir(gg[i], 0755) == 0);
+    snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
+    snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", gg[i]);
+    char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
+                    mm, "--dtype",     "f32",     NULL};
+    if (i == 0) argv[8] = NULL;
+    int rc = cm_run_capture(argv, log, sizeof(log));
+    if (rc) {
+      th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
+      th_stop();
+    }
+  }
+}
+
+/* The towers read from the folder are the checkpoint's. */
+static void same_towers(const char *st, const char *gg) {
+  struct md_config *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+  char err[512];
+  TH_REQUIRE(a && b && md_config_load(st, a, err, sizeof(err)) == 0);
+  if (md_config_load(gg, b, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", gg, err);
+    th_stop();
+  }
+  const struct md_vision_g4_cfg *x = &a->vision_g4, *y = &b->vision_g4;
+  TH_CHECK_EQ_INT(b->gguf, 1);
+  TH_CHECK(!strcmp(b->model_type, "gemma4"));
+  TH_CHECK_EQ_INT(y->present, 1);
+  TH_CHECK_EQ_INT(x->hidden, y->hidden);
+  TH_CHECK_EQ_INT(x->ffn, y->ffn);
+  TH_CHECK_EQ_INT(x->n_layers, y->n_layers);
+  TH_CHECK_EQ_INT(x->n_heads, y->n_heads);
+  TH_CHECK_EQ_INT(x->n_kv_heads, y->n_kv_heads);
+  TH_CHECK_EQ_INT(x->head_dim, y->head_dim);
+  TH_CHECK_EQ_INT(x->patch, y->patch);
+  TH_CHECK_EQ_INT(x->pool, y->pool);
+  TH_CHECK_EQ_INT(x->pos_size, y->pos_size);
+  TH_CHECK_EQ_INT(x->default_tokens, y->default_tokens);
+  TH_CHECK_EQ_INT(x->clipped_linears, y->clipped_linears);
+  TH_CHECK_EQ_INT(x->standardize, y->standardize);
+  TH_CHECK_EQ_INT(x->bidir, y->bidir);
+  TH_CHECK_EQ_INT(x->boi_id, y->boi_id);
+  TH_CHECK_EQ_INT(x->eoi_id, y->eoi_id);
+  TH_CHECK_EQ_INT(x->image_id, y->image_id);
+  TH_CHECK_NEAR(x->eps, y->eps, 1e-12);
+  TH_CHECK_NEAR(x->rope_theta, y->rope_theta, 0);
+  const struct md_audio_g4_cfg *p = &a->audio_g4, *q = &b->audio_g4;
+  TH_CHECK_EQ_INT(q->present, 1);
+  TH_CHECK_EQ_INT(p->hidden, q->hidden);
+  TH_CHECK_EQ_INT(p->n_layers, q->n_layers);
+  TH_CHECK_EQ_INT(p->n_heads, q->n_heads);
+  TH_CHECK_EQ_INT(p->conv_ch[0], q->conv_ch[0]);
+  TH_CHECK_EQ_INT(p->conv_ch[1], q->conv_ch[1]);
+  TH_CHECK_EQ_INT(p->conv_kernel, q->conv_kernel);
+  TH_CHECK_EQ_INT(p->chunk, q->chunk);
+  TH_CHECK_EQ_INT(p->ctx_left, q->ctx_left);
+  TH_CHECK_EQ_INT(p->ctx_right, q->ctx_right);
+  TH_CHECK_EQ_INT(p->output_dims, q->output_dims);
+  TH_CHECK_EQ_INT(p->clipped_linears, q->clipped_linears);
+  TH_CHECK_EQ_INT(p->audio_id, q->audio_id);
+  TH_CHECK_EQ_INT(p->boa_id, q->boa_id);
+  TH_CHECK_EQ_INT(p->eoa_id, q->eoa_id);
+  TH_CHECK_NEAR(p->eps, q->eps, 0);
+  TH_CHECK_NEAR(p->residual_weight, q->residual_weight, 0);
+  TH_CHECK_NEAR(p->logit_cap, q->logit_cap, 0);
+  TH_CHECK_NEAR(p->grad_clip, q->grad_clip, 0);
+  free(a);
+  free(b);
+}
+
+/* got against want (n values): the largest difference as a fraction of
+ * want's range, which must be below limit. */
+static void near(const char *what, const float *got, const float *want, size_t n, double limit) {
+  double lo = INFINITY, hi = -INFINITY, worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    lo = fmin(lo, want[i]);
+    hi = fmax(hi, want[i]);
+    double e = fabs((double)got[i] - want[i]);
+    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+  }
+  printf("# %s: max abs difference %.3g, %.3g of the range [%.3f, %.3f]\n", what, worst,
+         worst / (hi - lo), lo, hi);
+  TH_CHECK(hi - lo > 0.1);
+  if (!(worst / (hi - lo) < limit))
+    th_fail(__FILE__, __LINE__, "%s: %g of the range (limit %g)", what, worst / (hi - lo), limit);
+}
+
+/* A w x h RGB test image (a pattern and noise). */
+static uint8_t *make_image(int w, int h, uint64_t seed) {
+  uint8_t *img = malloc((size_t)w * h * 3);
+  TH_REQUIRE(img);
+  uint64_t s = seed;
+  for (size_t i = 0; i < (size_t)w * h * 3; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    double v = 128 +
+               90 * sin(0.05 * (double)(i % 3 + 1) * (double)(i / 3 % (size_t)w) +
+                        0.09 * (double)(i / 3 / (size_t)w)) +
+               40 * ((double)(s >> 40) / (double)(1ull << 24) - 0.5);
+    img[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+  }
+  return img;
+}
+
+/* The embeddings of two test images (a landscape shape under 70 soft
+ * tokens, a square under 140) through model's vision tower (malloc'd,
+ * *count floats). */
+static float *embed_images(const char *model, struct kn_backend *be, size_t *count) {
+  char err[512];
+  struct wk_vision_g4 *v = NULL;
+  if (wk_vision_g4_load(model, be, NULL, &v, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: vision tower: %s", model, err);
+    th_stop();
+  }
+  static const int dims[2][3] = {{320, 200, 70}, {150, 150, 140}};
+  struct wk_g4_image ims[2];
+  float *px[2];
+  int32_t *pos[2];
+  int tokens = 0;
+  for (int i = 0; i < 2; i++) {
+    struct md_g4_image info;
+    const struct md_vision_g4_cfg *vc = wk_vision_g4_config(v);
+    TH_REQUIRE(md_g4_image_plan(&info, dims[i][0], dims[i][1], vc, dims[i][2], err, sizeof(err)) ==
+               0);
+    px[i] = malloc(sizeof(float) * (size_t)info.max_patches * info.patch_dim);
+    pos[i] = malloc(sizeof(int32_t) * 2 * (size_t)info.max_patches);
+    TH_REQUIRE(px[i] && pos[i]);
+    uint8_t *img = make_image(dims[i][0], dims[i][1], 11 + (uint64_t)i);
+    TH_REQUIRE(md_g4_image_preprocess(px[i], pos[i], &info, img, dims[i][0], dims[i][1], vc,
+                                      dims[i][2], err, sizeof(err)) == 0);
+    free(img);
+    ims[i] = (struct wk_g4_image){.pixels = px[i], .pos = pos[i], .info = info};
+    tokens += info.soft_tokens;
+  }
+  *count = (size_t)tokens * (size_t)wk_vision_g4_text_hidden(v);
+  float *out = malloc(*count * sizeof(float));
+  TH_REQUIRE(out);
+  if (wk_vision_g4_encode(v, ims, 2, out, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: encode: %s", model, err);
+    th_stop();
+  }
+  for (int i = 0; i < 2; i++) {
+    free(px[i]);
+    free(pos[i]);
+  }
+  wk_vision_g4_free(v);
+  return out;
+}
+
+/* The embeddings of two clips (0.6 s and 1.1 s of tones and noise) through
+ * model's audio tower (malloc'd, *count floats). */
+static float *embed_audio(const char *model, struct kn_backend *be, size_t *count) {
+  char err[512];
+  struct wk_audio_g4 *a = NULL;
+  if (wk_audio_g4_load(model, be, NULL, &a, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: audio tower: %s", model, err);
+    th_stop();
+  }
+  struct md_audio_fe_cfg fe;
+  TH_REQUIRE(md_audio_fe_load(model, &fe, err, sizeof(err)) == 0);
+  static const size_t len[2] = {9729, 17700};
+  struct wk_g4_audio clips[2];
+  float *feat[2];
+  uint8_t *mask[2];
+  int tokens = 0;
+  for (int i = 0; i < 2; i++) {
+    size_t nf = md_audio_fe_frames(&fe, len[i]);
+    float *pcm = malloc(sizeof(float) * len[i]);
+    feat[i] = calloc(nf * (size_t)fe.n_mel, sizeof(float));
+    mask[i] = calloc(nf, 1);
+    TH_REQUIRE(pcm && feat[i] && mask[i]);
+    uint64_t s = 5 + (uint64_t)i;
+    for (size_t k = 0; k < len[i]; k++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      double t = (double)k / 16000.0;
+      pcm[k] = (float)(0.3 * sin(2 * M_PI * (300.0 + 150.0 * i) * t) +
+                       0.2 * sin(2 * M_PI * (1200.0 + 700.0 * t) * t) +
+                       0.05 * ((double)(s >> 40) / (double)(1ull << 24) - 0.5));
+    }
+    TH_REQUIRE(md_audio_features(&fe, pcm, len[i], feat[i], mask[i]) == 0);
+    free(pcm);
+    clips[i] = (struct wk_g4_audio){.feat = feat[i],
+                                    .mask = mask[i],
+                                    .n_frames = (int)nf,
+                                    .soft_tokens = md_audio_soft_tokens(mask[i], nf)};
+    tokens += clips[i].soft_tokens;
+  }
+  *count = (size_t)tokens * (size_t)wk_audio_g4_text_hidden(a);
+  float *out = malloc(*count * sizeof(float));
+  TH_REQUIRE(out);
+  if (wk_audio_g4_encode(a, clips, 2, out, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: encode: %s", model, err);
+    th_stop();
+  }
+  for (int i = 0; i < 2; i++) {
+    free(feat[i]);
+    free(mask[i]);
+  }
+  wk_audio_g4_free(a);
+  return out;
+}
+
+/* ---- files rebuilt -------------------------------------------------------------- */
+
+/* One change to an mmproj file: key set to (or added as) a string (str), a
+ * u32 or a bool (v, as type says); or tensor `from` renamed `to`. */
+struct change {
+  const char *key, *str;
+  int type;
+  uint32_t v;
+  const char *from, *to;
+};
+
+static void put_value(struct th_buf *b, const void *val) {
+  const struct change *c = val;
+  th_buf_u32(b, (uint32_t)c->type);
+  if (c->type == MD_GGUF_STRING)
+    th_buf_str(b, c->str);
+  else if (c->type == MD_GGUF_BOOL)
+    th_buf_put(b, c->v ? "\1" : "\0", 1);
+  else
+    th_buf_u32(b, c->v);
+}
+
+static void rename_tensor(const struct md_gguf_tensor *t, char *name, size_t n, uint64_t *ne,
+                          void *arg) {
+  const struct change *c = ((const struct th_gguf_pair *)arg)->val;
+  if (c->from && !strcmp(t->name, c->from)) snprintf(name, n, "%s", c->to);
+}
+
+/* The file at path with change c, written to out. */
+static void write_rebuilt(const char *path, const char *out, const struct change *c) {
+  struct md_gguf *g = NULL;
+  size_t len, base;
+  uint8_t *bytes = th_gguf_slurp(path, &len, &g);
+  struct th_gguf_pair p = {c->key, 0, put_value, c};
+  struct th_gguf_edit e = th_gguf_pair_edit(g, &p);
+  e.tensor = rename_tensor;
+  struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
+  TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
+  md_gguf_close(g);
+  free(b.p);
+  free(bytes);
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_checkpoint) {
+  char st[256], ck[300], gg[2][300];
+  make(st, sizeof(st), ck, gg);
+  for (int i = 0; i < 2; i++)
+    same_towers(ck, gg[i]);
+  struct kn_backend *be = wkt_cpu_backend(2);
+  size_t n, m;
+  float *want = embed_images(ck, be, &n), *f32 = embed_images(gg[1], be, &m);
+  TH_REQUIRE(n == m);
+  float *f16 = embed_images(gg[0], be, &m);
+  TH_REQUIRE(n == m);
+  /* the checkpoint's bf16 values are f16's too (but for the few below f16's
+     normal range): both files hold the same weights */
+  near("images, mmproj with f32 matrices", f32, want, n, 1e-4);
+  near("images, mmproj with f16 matrices", f16, want, n, 1e-4);
+  free(want), free(f32), free(f16);
+  want = embed_audio(ck, be, &n);
+  f32 = embed_audio(gg[1], be, &m);
+  TH_REQUIRE(n == m);
+  f16 = embed_audio(gg[0], be, &m);
+  TH_REQUIRE(n == m);
+  /* per_dim_scale after softplus, rounded to f32 once: within 1e-4 */
+  near("audio, mmproj with f32 matrices", f32, want, n, 1e-4);
+  near("audio, mmproj with f16 matrices", f16, want, n, 1e-4);
+  free(want), free(f32), free(f16);
+  kn_backend_destroy(be);
+  cm_rmtree(st);
+}
+
+TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
+  char st[256], ck[300], gg[2][300];
+  make(st, sizeof(st), ck, gg);
+  char path[400], out[400], err[512], own[400], model[400];
+  snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);
+  snprintf(out, sizeof(out), "%s/bad.gguf", gg[1]);
+  snprintf(own, sizeof(own), "%s/mmproj-model.gguf", gg[1]);
+  snprintf(model, sizeof(model), "%s/model.gguf", gg[1]);
+  TH_REQUIRE(unlink(own) == 0);
+  static const struct {
+    struct change c;
+    const char *want;
+  } cases[] = {
+      {{"clip.vision.projector_type", "gemma4uv", MD_GGUF_STRING, 0, NULL, NULL}, "\"gemma4uv\""},
+      {{"clip.audio.projector_type", "qwen3a", MD_GGUF_STRING, 0, NULL, NULL}, "\"qwen3a\""},
+      {{"clip.audio.num_mel_bins", NULL, MD_GGUF_U32, 80, NULL, NULL}, "num_mel_bins 80"},
+      {{"clip.vision.projection_dim", NULL, MD_GGUF_U32, 96, NULL, NULL}, "projection_dim"},
+      {{NULL, NULL, 0, 0, "v.blk.0.attn_q.input_min", "v.blk.0.out_scale.weight"},
+       "v.blk.0.out_scale.weight"},
+      {{NULL, NULL, 0, 0, "a.blk.1.per_dim_scale.weight", "a.blk.1.per_dim_k_scale.weight"},
+       "a.blk.1.per_dim_k_scale.weight"},
+      {{NULL, NULL, 0, 0, "v.blk.0.attn_q_norm.weight", "v.blk.0.q_norm.weight"},
+       "v.blk.0.attn_q_norm.weight missing"},
+  };
+  struct md_config *cfg = calloc(1, sizeof(*cfg));
+  TH_REQUIRE(cfg != NULL);
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+    write_rebuilt(path, out, &cases[i].c);
+    /* found in the folder: a warning, and the model serves text */
+    TH_CHECK_EQ_INT(md_config_load(gg[1], cfg, err, sizeof(err)), 0);
+    TH_CHECK_EQ_INT(cfg->vision_g4.present, 0);
+    TH_CHECK_EQ_INT(cfg->audio_g4.present, 0);
+    /* named by --mmproj: the error */
+    err[0] = 0;
+    int rc = md_model_mmproj_arg(model, out, err, sizeof(err));
+    if (!rc) rc = md_config_load(model, cfg, err, sizeof(err));
+    if (!rc || !strstr(err, cases[i].want))
+      th_fail(__FILE__, __LINE__, "case %zu: rc %d, \"%s\" (want \"%s\")", i, rc, err,
+              cases[i].want);
+    else
+      printf("# %s\n", err);
+    TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
+  }
+  /* a file that declares one encoder: that tower only */
+  for (int audio = 0; audio < 2; audio++) {
+    write_rebuilt(path, out,
+                  &(struct change){audio ? "clip.has_vision_encoder" : "clip.has_audio_encoder",
+                                   NULL, MD_GGUF_BOOL, 0, NULL, NULL});
+    TH_CHECK_EQ_INT(md_model_mmproj_arg(model, out, err, sizeof(err)), 0);
+    TH_CHECK_EQ_INT(md_config_load(model, cfg, err, sizeof(err)), 0);
+    TH_CHECK_EQ_INT(cfg->vision_g4.present, !audio);
+    TH_CHECK_EQ_INT(cfg->audio_g4.present, audio);
+    TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
+  }
+  /* neither */
+  write_rebuilt(path, own, &(struct change){"clip.has_vision_encoder", NULL, MD_GGUF_BOOL, 0});
+  write_rebuilt(own, out, &(struct change){"clip.has_audio_encoder", NULL, MD_GGUF_BOOL, 0});
+  TH_REQUIRE(unlink(own) == 0);
+  TH_CHECK(md_model_mmproj_arg(model, out, err, sizeof(err)) == 0 &&
+           md_config_load(model, cfg, err, sizeof(err)) < 0);
+  TH_CHECK(strstr(err, "vision none") != NULL);
+  TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
+  free(cfg);
+  cm_rmtree(st);
+}
