@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/cm-err.h"
 #include "model/md-config.h"
@@ -275,6 +276,8 @@ int md_audio_soft_tokens(const uint8_t *mask, size_t n_frames) {
 
 int md_audio_fe_load(const char *dir, struct md_audio_fe_cfg *c, char *err, size_t errlen) {
   md_audio_fe_defaults(c);
+  struct stat sb;
+  if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) return 0; /* a GGUF model file: defaults */
   static const char *const files[] = {"processor_config.json", "preprocessor_config.json"};
   for (int f = 0; f < 2; f++) {
     char path[4200], *text = NULL;

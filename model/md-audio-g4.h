@@ -79,7 +79,8 @@ int md_audio_fe_parse(const char *json, size_t len, struct md_audio_fe_cfg *c, c
 /* The extractor of the checkpoint in DIR: processor_config.json's
  * "feature_extractor" (transformers' newer layout), else a
  * preprocessor_config.json that is a feature extractor's (it names a
- * "feature_extractor_type"), else the defaults. 0 or a negative cm_err with
+ * "feature_extractor_type"), else the defaults (and for a GGUF model named
+ * as its file, whose mmproj file holds only the mel bins). 0 or a negative cm_err with
  * the reason (naming the file) in err. */
 int md_audio_fe_load(const char *dir, struct md_audio_fe_cfg *c, char *err, size_t errlen);
 

@@ -31,7 +31,8 @@ static void make_model(struct as_server *s, int max_pos) {
   struct th_out o = {0};
   int rc = s->audio       ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4", "--audio",
                                        "--vision", "--chat-format", "gemma4", "--out", s->model, "--seed",
-                                       "1", NULL)
+                                       "1", "--audio-shape", s->audio_defaults ? "tiny-default" : "tiny",
+                                       "--preset", s->gguf ? "tiny-e" : "tiny", NULL)
            : s->vision_g4 ? th_lmserve(&o, 180000, "make-tiny-model", "--arch", "gemma4",
                                        "--vision", "--bidir-vision", "--chat-format", "gemma4",
                                        "--out", s->model, "--seed", "1", NULL)
@@ -129,10 +130,11 @@ static int try_start(struct as_server *s, char *const extra[]) {
 void as_start(struct as_server *s, int max_pos, char *const extra[]) {
   const char *key = s->api_key;
   int vision = s->vision, vision_g4 = s->vision_g4, gemma4_chat = s->gemma4_chat, audio = s->audio,
-      gguf = s->gguf;
+      gguf = s->gguf, audio_defaults = s->audio_defaults;
   void (*prepare)(struct as_server *) = s->prepare;
   memset(s, 0, sizeof(*s));
   s->gguf = gguf;
+  s->audio_defaults = audio_defaults;
   s->prepare = prepare;
   s->audio = audio;
   s->api_key = key;

@@ -33,9 +33,14 @@ struct as_server {
                           and chat format (--chat-format gemma4) */
   int audio;           /* set before as_start: the tiny Gemma 4 with an audio and a vision
                           tower and Gemma 4's chat format (--audio --vision) */
-  int gguf;            /* set before as_start (with vision): the checkpoint as export-gguf
-                          writes it, served as --model dir/g/model.gguf --mmproj
-                          dir/mmproj-model-f16.gguf (llama.cpp's vision file) */
+  int audio_defaults;  /* set before as_start with audio: the audio tower's other settings
+                          Gemma4AudioConfig's defaults (--audio-shape tiny-default), as an
+                          mmproj file holds them */
+  int gguf;            /* set before as_start (with vision or audio): the checkpoint as
+                          export-gguf writes it, served as --model dir/g/model.gguf --mmproj
+                          dir/mmproj-model-f16.gguf (llama.cpp's mmproj file); the
+                          checkpoint stays in dir/m; a Gemma 4 one has the tiny-e text
+                          stack, whose KV-shared layers llama.cpp's layout can hold) */
   char dir[256];       /* the temporary folder (removed at exit) */
   char model[300];     /* dir/m: the checkpoint */
   char log[300];       /* dir/serve.log: serve's stderr */

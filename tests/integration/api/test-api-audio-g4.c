@@ -31,7 +31,12 @@
  *       the limit; both servers serve on; with audio=0 a clip is a 400
  *       saying audio is turned off, and images are still taken;
  *   (d) the official openai client (api-openai-audio.mjs) sends a clip and
- *       gets the same text, and a BadRequestError naming a broken clip. */
+ *       gets the same text, and a BadRequestError naming a broken clip;
+ *   (e) a third server, C, on a checkpoint whose audio tower an mmproj file
+ *       can hold (--audio-shape tiny-default), served from the GGUF files
+ *       export-gguf writes (the model file and llama.cpp's mmproj file with
+ *       both towers): its answers are the offline path's on the safetensors
+ *       checkpoint. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -137,18 +142,20 @@ static void free_feats(struct feats *f) {
 
 /* ---- the offline path ------------------------------------------------------------ */
 
-/* The served answer's tokens are the offline path's: the clips' features
- * through wk_audio_g4_encode, the rows over the runs of audio_id (in prompt
- * order, causal: no bidirectional ranges), greedy decoding. */
-static void check_offline(const struct as_server *s, const char *body, const struct feats *fs,
-                          int n_clips, int audio_id, const struct api_answer *want) {
+/* The served answer's tokens are the offline path's on checkpoint ck: the
+ * clips' features through wk_audio_g4_encode, the rows over the runs of
+ * audio_id (in prompt order, causal: no bidirectional ranges), greedy
+ * decoding. */
+static void check_offline(const struct as_server *s, const char *ck, const char *body,
+                          const struct feats *fs, int n_clips, int audio_id,
+                          const struct api_answer *want) {
   char err[512] = "";
   int n = 0;
   int32_t *ids = api_tokenize(s, body, &n);
   struct api_offline o;
-  api_offline_open(&o, s->model, n);
+  api_offline_open(&o, ck, n);
   struct wk_audio_g4 *a = NULL;
-  if (wk_audio_g4_load(s->model, o.be, NULL, &a, err, sizeof(err))) {
+  if (wk_audio_g4_load(ck, o.be, NULL, &a, err, sizeof(err))) {
     th_fail(__FILE__, __LINE__, "audio tower: %s", err);
     th_stop();
   }
@@ -174,7 +181,7 @@ static void check_offline(const struct as_server *s, const char *body, const str
   api_offline_greedy(&o, ids, n, emb, n_clips, NULL, 0, gen);
   char what[32];
   snprintf(what, sizeof(what), "%d clips", n_clips);
-  api_check_tokens(s->model, gen, want, what);
+  api_check_tokens(ck, gen, want, what);
   for (int i = 0; i < n_clips; i++)
     free(rows[i]);
   wk_audio_g4_free(a);
@@ -283,8 +290,34 @@ TH_TEST(gemma4_audio_through_the_api) {
     fprintf(stderr, "prefix hit: %.0f of %d prompt tokens (the first clip ends at %d)\n", h1 - h0,
             again.prompt_tokens, first_eoa);
   }
-  check_offline(&a, one, f, 1, ac->audio_id, &a1);
-  check_offline(&a, two_q, f, 2, ac->audio_id, &a2);
+  check_offline(&a, a.model, one, f, 1, ac->audio_id, &a1);
+  check_offline(&a, a.model, two_q, f, 2, ac->audio_id, &a2);
+
+  /* C: a checkpoint whose audio tower an mmproj file can hold (the small one with
+     Gemma4AudioConfig's other defaults, 128 mel bins), served from GGUF files as
+     export-gguf writes them (--model g/model.gguf --mmproj mmproj-model-f16.gguf):
+     its answers are the offline path's on the safetensors checkpoint */
+  {
+    struct as_server c = {.audio = 1, .audio_defaults = 1, .gguf = 1};
+    as_start(&c, 0, (char *[]){"--limit-mm-per-prompt", "image=2,audio=2", NULL});
+    char ck[300];
+    snprintf(ck, sizeof(ck), "%s/m", c.dir);
+    struct md_audio_fe_cfg fe_c;
+    TH_REQUIRE(md_audio_fe_load(ck, &fe_c, err, sizeof(err)) == 0);
+    TH_CHECK_EQ_INT(fe_c.n_mel, 128);
+    struct feats fc[2] = {features(&fe_c, &c0), features(&fe_c, &c1)};
+    struct api_answer c1a, c2a;
+    api_chat(&c, one, &c1a);
+    api_chat(&c, two_q, &c2a);
+    TH_CHECK_EQ_INT(c1a.prompt_tokens, a1.prompt_tokens); /* the same ids and clips */
+    TH_CHECK_EQ_INT(c2a.prompt_tokens, a2.prompt_tokens);
+    fprintf(stderr, "GGUF + mmproj: one clip '%s', two clips '%s'\n", c1a.text, c2a.text);
+    check_offline(&c, ck, one, fc, 1, ac->audio_id, &c1a);
+    check_offline(&c, ck, two_q, fc, 2, ac->audio_id, &c2a);
+    for (int i = 0; i < 2; i++)
+      free_feats(&fc[i]);
+    as_stop(&c);
+  }
 
   /* (c) bad clips: 400s naming the part; both servers go on */
   {

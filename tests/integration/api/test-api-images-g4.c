@@ -17,6 +17,10 @@
  *       encodes them (wk_vision_g4_encode), writes the rows over the soft
  *       tokens with each image's bidirectional range and decodes greedily
  *       with wk_model_forward; the tokens (as the logprobs' bytes) agree;
+ *   (b') a third server, C, on a Gemma 4 checkpoint served from the GGUF
+ *       files export-gguf writes (the model file and llama.cpp's mmproj file):
+ *       its answers with one image and two are the offline path's on the
+ *       safetensors checkpoint;
  *   (c) an unsupported max_soft_tokens is a 400 naming
  *       mm_processor_kwargs.max_soft_tokens, a broken image a 400 naming its
  *       part, and the server serves on. */
@@ -197,6 +201,33 @@ TH_TEST(gemma4_images_through_the_api) {
       api_check_tokens(a.model, gen, want[q], q ? "two images" : "one image");
       free(ids);
     }
+  }
+
+  /* C: a Gemma 4 checkpoint served from the GGUF files export-gguf writes (the
+     model file, and llama.cpp's mmproj file with the vision and audio towers:
+     --model g/model.gguf --mmproj mmproj-model-f16.gguf); its answers with one
+     image and with two are the offline path's on the safetensors checkpoint */
+  {
+    struct as_server c = {.audio = 1, .audio_defaults = 1, .gguf = 1};
+    as_start(&c, 0, NULL);
+    char ck[300];
+    snprintf(ck, sizeof(ck), "%s/m", c.dir);
+    const char *bodies[2] = {one, two};
+    struct image ims[2] = {im0, im1};
+    for (int q = 0; q < 2; q++) {
+      struct api_answer got;
+      api_chat(&c, bodies[q], &got);
+      fprintf(stderr, "GGUF + mmproj, %d image(s): %d prompt tokens, '%s'\n", q + 1,
+              got.prompt_tokens, got.text);
+      int n = 0;
+      int32_t *ids = api_tokenize(&c, bodies[q], &n);
+      TH_CHECK_EQ_INT(n, got.prompt_tokens);
+      int32_t gen[API_GEN];
+      offline_greedy(ck, ids, n, ims, q + 1, 70, gen);
+      api_check_tokens(ck, gen, &got, q ? "GGUF, two images" : "GGUF, one image");
+      free(ids);
+    }
+    as_stop(&c);
   }
 
   /* (c) bad input: 400s naming the field or the part; both servers go on */
