@@ -9,7 +9,11 @@
  * gemma3.gguf and gemma4.gguf are small but whole: the metadata of both
  * architectures, a vocabulary (SentencePiece scores; Gemma 4's merges) and
  * a token_embd.weight, so the fuzzer starts where those readers go deep;
- * mmproj.gguf is a whole vision tower as llama.cpp's mmproj file holds it. */
+ * mmproj.gguf is a whole vision tower as llama.cpp's mmproj file holds it,
+ * mmproj-g4.gguf Gemma 4's vision and audio towers (the position table and
+ * two audio matrices cut short: the towers' config reads only their
+ * shapes). Each input is also read as a tower beside a Gemma 3 and a Gemma 4
+ * text config. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,15 +36,25 @@ static const char text_cfg[] = "{\"model_type\":\"gemma3_text\",\"vocab_size\":2
                                "\"num_hidden_layers\":2,\"num_attention_heads\":2,"
                                "\"num_key_value_heads\":1,\"head_dim\":32}";
 
+/* And a small Gemma 4 one, with per-layer inputs. */
+static const char text_cfg_g4[] = "{\"model_type\":\"gemma4_text\",\"vocab_size\":262144,"
+                                  "\"hidden_size\":64,\"intermediate_size\":128,"
+                                  "\"num_hidden_layers\":2,\"num_attention_heads\":2,"
+                                  "\"num_key_value_heads\":1,\"head_dim\":32,"
+                                  "\"hidden_size_per_layer_input\":8}";
+
 /* The model description and the tokenizer of open file g; and g read as
- * an mmproj file's vision tower (md_config_add_mmproj) beside a text
- * config, g's own when it has one. */
+ * an mmproj file's towers (md_config_add_mmproj) beside a text config, g's
+ * own when it has one, and beside the Gemma 4 one. */
 static void readers(const struct md_gguf *g) {
   struct md_config cfg;
   char err[256] = "";
   int crc = md_config_from_gguf(g, &cfg, err, sizeof(err));
   clean_end(crc, err);
   if (crc && md_config_parse(text_cfg, sizeof(text_cfg) - 1, &cfg, err, sizeof(err))) abort();
+  err[0] = 0;
+  clean_end(md_config_add_mmproj(g, g, &cfg, err, sizeof(err)), err);
+  if (md_config_parse(text_cfg_g4, sizeof(text_cfg_g4) - 1, &cfg, err, sizeof(err))) abort();
   err[0] = 0;
   clean_end(md_config_add_mmproj(g, g, &cfg, err, sizeof(err)), err);
   struct tk_tokenizer *tok = NULL;
