@@ -298,7 +298,7 @@ int tl_bench_vision_main(int argc, char **argv) {
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR",
        "a Gemma3ForConditionalGeneration or Gemma4ForConditionalGeneration checkpoint, or a "
-       "Gemma 3 GGUF model with its vision tower"},
+       "GGUF model with its towers (llama.cpp's mmproj file)"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"max-soft-tokens", CM_OPT_INT, &mst, "N",
        "Gemma 4: soft tokens per image, 70, 140, 280, 560 or 1120 (default: the config's)", 0,
