@@ -224,8 +224,9 @@ struct gg_plan {
   struct gg_tensor *t;
   int n, cap;
   int to_f32;
-  float norm_shift; /* added to RMSNorm weights: 1 for Gemma 3, 0 for Gemma 4 */
-  int qt; /* matrices quantized to qtypes[qt] (-1: none) */
+  float norm_shift;  /* added to RMSNorm weights: 1 for Gemma 3, 0 for Gemma 4 */
+  int qt;            /* matrices quantized to qtypes[qt] (-1: none) */
+  int mm_q8;         /* an mmproj file's matrices in Q8_0 (--mmproj-dtype q8_0) */
   float *rope_freqs; /* Gemma 4's made tensor (owned) */
   int n_layers;
   int n_attn_v, i_attn_v; /* attn_v matrices in the file; those planned so far */
@@ -854,6 +855,11 @@ static int plan_vision(struct gg_plan *p, const char *gname, const char *hname, 
   t->shift = shift;
   t->type = how == VT_F32 || (how == VT_MAT && p->to_f32) ? GGML_F32 : GGML_F16;
   t->bytes = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] * type_size(t->type);
+  if (how == VT_MAT && p->mm_q8 && nd == 2 && dims[1] % 32 == 0) { /* else f16, as llama.cpp */
+    t->qdt = KN_DTYPE_Q8_0;
+    t->type = ggml_block_type(KN_DTYPE_Q8_0);
+    t->bytes = (uint64_t)dims[0] * kn_row_bytes(KN_DTYPE_Q8_0, (size_t)dims[1]);
+  }
   return 0;
 }
 
@@ -925,7 +931,7 @@ static void write_kv_clip(struct gg_out *o, const struct gg_plan *p, const char 
   kv_str(o, "general.architecture", "clip");
   kv_str(o, "general.type", "mmproj");
   kv_str(o, "general.name", name);
-  kv_u32(o, "general.file_type", p->to_f32 ? FT_ALL_F32 : FT_MOSTLY_F16);
+  kv_u32(o, "general.file_type", p->mm_q8 ? 7u : p->to_f32 ? FT_ALL_F32 : FT_MOSTLY_F16);
   kv_u32(o, "general.alignment", GG_ALIGN);
 }
 
@@ -1011,6 +1017,11 @@ static int plan_vision_g4(struct gg_plan *p, const struct md_config *c) {
   int rc = plan_vision(p, "v.patch_embd.weight", h, 2, (const int64_t[]){D, 3 * P * P}, VT_MAT, 0);
   if (rc) return rc;
   struct gg_tensor *t = &p->t[p->n - 1]; /* written as the convolution's kernel [D, 3, P, P] */
+  if (p->mm_q8) {                        /* the converter: f16 in a file of f16, else f32 */
+    t->qdt = -1;
+    t->type = GGML_F32;
+    t->bytes = (uint64_t)(D * 3 * P * P) * type_size(GGML_F32);
+  }
   t->xf = XF_PATCH;
   t->nd = 4;
   t->ne[0] = t->ne[1] = (uint64_t)P;
@@ -1237,13 +1248,23 @@ static int mmproj_check(const struct md_config *c, const char *dir, char *err, s
   return 0;
 }
 
+/* --mmproj-dtype: an mmproj file's matrices in f16 (the default), f32 or Q8_0
+ * (llama.cpp's converter's --outtype; rows that are not whole blocks stay
+ * f16); the tensors the converter forces to f32 or f16 stay so. */
+enum { MM_F16 = 0, MM_F32 = 1, MM_Q8_0 = 2 };
+
 static int export_mmproj(const struct md_config *c, const struct md_st *st, const char *out,
-                         int to_f32, const char *name, char *err, size_t errlen) {
+                         int mm_dt, const char *name, char *err, size_t errlen) {
   int g4 = c->arch == MD_ARCH_GEMMA4;
   int layers =
       g4 ? 45 * c->vision_g4.n_layers + 70 * c->audio_g4.n_layers : 16 * c->vision.n_layers;
-  struct gg_plan p = {
-      .cap = 16 + layers, .st = st, .to_f32 = to_f32, .qt = -1, .err = err, .errlen = errlen};
+  struct gg_plan p = {.cap = 16 + layers,
+                      .st = st,
+                      .to_f32 = mm_dt == MM_F32,
+                      .mm_q8 = mm_dt == MM_Q8_0,
+                      .qt = -1,
+                      .err = err,
+                      .errlen = errlen};
   if (!(p.t = calloc((size_t)p.cap, sizeof(*p.t))))
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   int rc = !g4 ? plan_mmproj(&p, c) : 0;
@@ -1278,8 +1299,8 @@ static int export_mmproj(const struct md_config *c, const struct md_st *st, cons
   return rc;
 }
 
-static int export(const char *dir, const char *out, const char *mmproj, int to_f32, int qt,
-                  char *err, size_t errlen) {
+static int export(const char *dir, const char *out, const char *mmproj, int mm_dt, int to_f32,
+                  int qt, char *err, size_t errlen) {
   struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct md_st *st = NULL;
@@ -1338,7 +1359,7 @@ static int export(const char *dir, const char *out, const char *mmproj, int to_f
          c->n_layers, p.n, qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "",
          (double)bytes / 1e6);
   if (mmproj &&
-      (rc = export_mmproj(c, st, mmproj, to_f32, base && base[1] ? base + 1 : dir, err, errlen)))
+      (rc = export_mmproj(c, st, mmproj, mm_dt, base && base[1] ? base + 1 : dir, err, errlen)))
     goto done;
 done:
   free(p.t);
@@ -1357,26 +1378,42 @@ static int qtype_of(const char *name) {
   return -1;
 }
 
+#define MM_DTYPE_HELP                                                                              \
+  "with --mmproj: the towers' matrices in f16 (default), f32 or q8_0 (as llama.cpp's converter's " \
+  "--outtype; the tensors it keeps in f32 or f16 stay so)"
+
+/* --mmproj-dtype's value (NULL: def): MM_*, or -1 with a message. */
+static int mm_dtype_of(const char *cmd, const char *v, int def) {
+  if (!v) return def;
+  static const char *const names[] = {"f16", "f32", "q8_0"};
+  for (int i = 0; i < 3; i++)
+    if (!strcmp(v, names[i])) return i;
+  fprintf(stderr, "lmserve %s: --mmproj-dtype is f16, f32 or q8_0, not '%s'\n", cmd, v);
+  return -1;
+}
+
 int tl_quantize_main(int argc, char **argv) {
-  const char *pos[3], *mmproj = NULL;
+  const char *pos[3], *mmproj = NULL, *mm_dtype = NULL;
   int n_pos = 0;
-  int rc = cm_args_parse("lmserve quantize IN OUT.gguf TYPE",
-                         "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file with its "
-                         "matrices in a "
-                         "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
-                         "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
-                         "blocks, as llama.cpp's reference rounding without an importance "
-                         "matrix; a matrix whose rows are not whole 256-blocks falls back as "
-                         "llama.cpp's does: q4_k to q5_0, q5_k to q5_1, q6_k to q8_0), or "
-                         "q4_k_m (llama.cpp's Q4_K_M mix: q4_k, with q6_k for the output "
-                         "matrix or tied embedding and for attn_v and ffn_down in the first and "
-                         "last eighth of the layers and every third layer between)",
-                         (const struct cm_opt[]){{"mmproj", CM_OPT_STR, &mmproj, "FILE",
-                                                  "also write the checkpoint's towers (Gemma 3's "
-                                                  "vision, Gemma 4's vision and audio) as "
-                                                  "llama.cpp's mmproj file (f16)"},
-                                                 {0}},
-                         argc, argv, 1, pos, 3, &n_pos);
+  int rc = cm_args_parse(
+      "lmserve quantize IN OUT.gguf TYPE",
+      "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file with its "
+      "matrices in a "
+      "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
+      "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
+      "blocks, as llama.cpp's reference rounding without an importance "
+      "matrix; a matrix whose rows are not whole 256-blocks falls back as "
+      "llama.cpp's does: q4_k to q5_0, q5_k to q5_1, q6_k to q8_0), or "
+      "q4_k_m (llama.cpp's Q4_K_M mix: q4_k, with q6_k for the output "
+      "matrix or tied embedding and for attn_v and ffn_down in the first and "
+      "last eighth of the layers and every third layer between)",
+      (const struct cm_opt[]){{"mmproj", CM_OPT_STR, &mmproj, "FILE",
+                               "also write the checkpoint's towers (Gemma 3's "
+                               "vision, Gemma 4's vision and audio) as "
+                               "llama.cpp's mmproj file"},
+                              {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
+                              {0}},
+      argc, argv, 1, pos, 3, &n_pos);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
   if (n_pos != 3) {
@@ -1388,8 +1425,10 @@ int tl_quantize_main(int argc, char **argv) {
     fprintf(stderr, "lmserve quantize: TYPE '%s' is not one of " QTYPE_NAMES "\n", pos[2]);
     return 2;
   }
+  int mm_dt = mm_dtype_of("quantize", mm_dtype, MM_F16);
+  if (mm_dt < 0) return 2;
   char err[512];
-  if ((rc = export(pos[0], pos[1], mmproj, 0, qt, err, sizeof(err)))) {
+  if ((rc = export(pos[0], pos[1], mmproj, mm_dt, 0, qt, err, sizeof(err)))) {
     fprintf(stderr, "lmserve quantize: %s\n", err);
     return 1;
   }
@@ -1397,7 +1436,7 @@ int tl_quantize_main(int argc, char **argv) {
 }
 
 int tl_export_gguf_main(int argc, char **argv) {
-  const char *model = NULL, *out = NULL, *dtype = "same", *mmproj = NULL;
+  const char *model = NULL, *out = NULL, *dtype = "same", *mmproj = NULL, *mm_dtype = NULL;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
       {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
@@ -1407,6 +1446,7 @@ int tl_export_gguf_main(int argc, char **argv) {
       {"mmproj", CM_OPT_STR, &mmproj, "FILE",
        "also write the checkpoint's towers (Gemma 3's vision, Gemma 4's vision and audio) as "
        "llama.cpp's mmproj file (matrices f16, or f32 with --dtype f32)"},
+      {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
       {0},
   };
   int rc =
@@ -1427,7 +1467,9 @@ int tl_export_gguf_main(int argc, char **argv) {
     return 2;
   }
   char err[512];
-  rc = export(model, out, mmproj, !strcmp(dtype, "f32"), qt, err, sizeof(err));
+  int mm_dt = mm_dtype_of("export-gguf", mm_dtype, !strcmp(dtype, "f32") ? MM_F32 : MM_F16);
+  if (mm_dt < 0) return 2;
+  rc = export(model, out, mmproj, mm_dt, !strcmp(dtype, "f32"), qt, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve export-gguf: %s\n", err);
     return 1;

@@ -206,11 +206,15 @@ static const float *relative_keys(struct wk_audio_g4 *a, struct wk_tower_binder 
   int D = c->hidden, n = a->dmax - a->dmin + 1, half = D / 2;
   char name[256];
   snprintf(name, sizeof(name), "%srelative_k_proj.weight", prefix);
-  const struct md_tensor *t = wk_tower_tensor(b, name, 2, (const int64_t[]){D, D});
+  const struct md_tensor *t = wk_tower_matrix(b, name, D, D);
   if (!t) return NULL;
   double *rel = calloc((size_t)n * D, sizeof(double)), *pe = malloc(sizeof(double) * (size_t)D);
-  if (!rel || !pe) {
-    free(rel), free(pe);
+  float *w = malloc(sizeof(float) * (size_t)D * D);
+  if (w)
+    for (int o = 0; o < D; o++)
+      wk_tower_row(t, o, D, w + (size_t)o * D);
+  if (!rel || !pe || !w) {
+    free(rel), free(pe), free(w);
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory for %s", name);
     return NULL;
   }
@@ -228,12 +232,12 @@ static const float *relative_keys(struct wk_audio_g4 *a, struct wk_tower_binder 
     for (int o = 0; o < D; o++) {
       double acc = 0.0;
       for (int i = 0; i < D; i++)
-        acc += (double)kn_load_f32(t->data, (enum kn_dtype)t->dtype, (size_t)o * D + i) * pe[i];
+        acc += (double)w[(size_t)o * D + i] * pe[i];
       r[o] = acc;
     }
   }
   const float *p = put(b, rel, n * D);
-  free(rel), free(pe);
+  free(rel), free(pe), free(w);
   return p;
 }
 

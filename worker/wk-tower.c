@@ -9,6 +9,7 @@
 
 #include "common/cm-err.h"
 #include "kernels/kn-dtype.h"
+#include "kernels/kn-quant.h"
 #include "model/md-safetensors.h"
 #include "worker/wk-owned.h"
 
@@ -80,8 +81,10 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
     l += (size_t)snprintf(buf + l, n - l, "%s%lld", i ? ", " : "", (long long)dims[i]);
 }
 
-const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *name, int ndim,
-                                        const int64_t *dims) {
+/* The tensor `name` with exactly the dims given, in a float dtype or, with
+ * blocks, in a block format whose kernels be has, its rows whole blocks. */
+static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *name, int ndim,
+                                         const int64_t *dims, int blocks) {
   if (b->rc) return NULL;
   const struct md_tensor *t = md_st_find(b->st, name);
   if (!t) {
@@ -99,13 +102,50 @@ const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *n
                     "%s: tensor %s has shape [%s], the config says [%s]", b->what, name, got, want);
     return NULL;
   }
+  if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_Q6_K) {
+    int be = kn_block_elems(wk_tower_kn_dtype(t));
+    if (!kn_backend_has(b->be, KN_CAP_BLOCK_WEIGHTS) || dims[ndim - 1] % be) {
+      b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, and %s",
+                      b->what, name, t->dtype_name,
+                      dims[ndim - 1] % be ? "its rows are not whole blocks"
+                                          : "this backend has no kernels for block formats");
+      return NULL;
+    }
+    return t;
+  }
   if (t->dtype != MD_ST_F32 && t->dtype != MD_ST_F16 && t->dtype != MD_ST_BF16) {
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
-                    "%s: tensor %s has dtype %s (F32, F16, BF16 are supported)", b->what, name,
-                    t->dtype_name);
+                    "%s: tensor %s has dtype %s (F32, F16, BF16%s are supported)", b->what, name,
+                    t->dtype_name, blocks ? " and ggml's block formats" : "");
     return NULL;
   }
   return t;
+}
+
+enum kn_dtype wk_tower_kn_dtype(const struct md_tensor *t) {
+  if (t->dtype >= MD_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
+  return (enum kn_dtype)t->dtype; /* F32, F16, BF16: the same values */
+}
+
+const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *name, int ndim,
+                                        const int64_t *dims) {
+  return tensor_of(b, name, ndim, dims, 0);
+}
+
+const struct md_tensor *wk_tower_matrix(struct wk_tower_binder *b, const char *name, int64_t rows,
+                                        int64_t cols) {
+  return tensor_of(b, name, 2, (const int64_t[]){rows, cols}, 1);
+}
+
+void wk_tower_row(const struct md_tensor *t, int64_t r, int64_t K, float *dst) {
+  enum kn_dtype dt = wk_tower_kn_dtype(t);
+  if (kn_block_elems(dt)) {
+    kn_dequant_row(dt, (const uint8_t *)t->data + (size_t)r * kn_row_bytes(dt, (size_t)K), dst,
+                   (size_t)K);
+    return;
+  }
+  for (int64_t k = 0; k < K; k++)
+    dst[k] = kn_load_f32(t->data, dt, (size_t)(r * K + k));
 }
 
 const void *wk_tower_place(struct wk_tower_binder *b, const void *data, size_t bytes, int copy) {
@@ -150,9 +190,9 @@ struct wk_clin wk_tower_linear(struct wk_tower_binder *b, int64_t rows, int64_t 
                                const char *name) {
   struct wk_clin m = {
       .in_lo = -INFINITY, .in_hi = INFINITY, .out_lo = -INFINITY, .out_hi = INFINITY};
-  const struct md_tensor *t = wk_tower_tensor(b, name, 2, (const int64_t[]){rows, cols});
+  const struct md_tensor *t = wk_tower_matrix(b, name, rows, cols);
   if (!t) return m;
-  m.dt = (enum kn_dtype)t->dtype;
+  m.dt = wk_tower_kn_dtype(t);
   m.w = wk_tower_place(b, t->data, t->nbytes, 0);
   return m;
 }

@@ -87,6 +87,15 @@ struct wk_tower_binder wk_tower_bind(struct wk_tower *t, const char *what, char 
 /* The tensor `name` with exactly the dims given, in a float dtype. */
 const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *name, int ndim,
                                         const int64_t *dims);
+/* A matrix [rows, cols] for a linear: in a float dtype, or in one of ggml's
+ * block formats (an mmproj file quantized as llama.cpp's converter does with
+ * --outtype q8_0) where be has block kernels and cols is whole blocks. */
+const struct md_tensor *wk_tower_matrix(struct wk_tower_binder *b, const char *name, int64_t rows,
+                                        int64_t cols);
+/* The kernels' dtype of a tensor wk_tower_tensor or wk_tower_matrix gave. */
+enum kn_dtype wk_tower_kn_dtype(const struct md_tensor *t);
+/* Row r (K elements) of such a matrix, host memory, as f32 values into dst. */
+void wk_tower_row(const struct md_tensor *t, int64_t r, int64_t K, float *dst);
 /* Backend memory holding `bytes` of host data (the data itself on backends
  * whose memory is the host's, unless copy). */
 const void *wk_tower_place(struct wk_tower_binder *b, const void *data, size_t bytes, int copy);

@@ -3,7 +3,8 @@
  * audio tower ("gemma4a"): a generated Gemma4ForConditionalGeneration
  * checkpoint (the small towers, the audio one with the defaults an mmproj
  * file can hold) written by `lmserve export-gguf --mmproj` (matrices f16, and
- * f32 with --dtype f32) and read back from the folder. The towers' configs
+ * f32 with --dtype f32, and Q8_0 with --mmproj-dtype q8_0) and read back
+ * from the folder. The towers' configs
  * and token ids are the checkpoint's field by field; image and audio
  * embeddings are the safetensors path's within the files' rounding, though
  * the converter stores the patch projection as a convolution's kernel and
@@ -33,9 +34,9 @@
 
 /* In a new folder st: the bf16 checkpoint ck (make-tiny-model's, Gemma 4's
  * special tokens at their ids), and the folders gg[0] (export-gguf's
- * defaults: mmproj f16) and gg[1] (--dtype f32), each with model.gguf and
- * mmproj-model.gguf. */
-static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
+ * defaults: mmproj f16), gg[1] (--dtype f32) and gg[2] (--mmproj-dtype q8_0),
+ * each with model.gguf and mmproj-model.gguf. */
+static void make(char *st, size_t n, char ck[300], char gg[3][300]) {
   char lm[1024], log[4096], out[400], mm[400];
   TH_REQUIRE(wkt_tmpdir(st, n) == 0);
   snprintf(ck, 300, "%s/ck", st);
@@ -61,7 +62,7 @@ static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
     th_fail(__FILE__, __LINE__, "lmserve make-tiny-model:\n%s", log);
     th_stop();
   }
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     snprintf(gg[i], 300, "%s/gguf-%d", st, i);
     TH_REQUIRE(mkdir(gg[i], 0755) == 0);
     snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
@@ -69,6 +70,7 @@ static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
     char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
                     mm, "--dtype",     "f32",     NULL};
     if (i == 0) argv[8] = NULL;
+    if (i == 2) argv[8] = "--mmproj-dtype", argv[9] = "q8_0";
     int rc = cm_run_capture(argv, log, sizeof(log));
     if (rc) {
       th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
@@ -309,7 +311,7 @@ static void write_rebuilt(const char *path, const char *out, const struct change
 /* ---- tests ---------------------------------------------------------------------- */
 
 TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_checkpoint) {
-  char st[256], ck[300], gg[2][300];
+  char st[256], ck[300], gg[3][300];
   make(st, sizeof(st), ck, gg);
   for (int i = 0; i < 2; i++)
     same_towers(ck, gg[i]);
@@ -323,7 +325,13 @@ TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_che
      normal range): both files hold the same weights */
   near("images, mmproj with f32 matrices", f32, want, n, 1e-4);
   near("images, mmproj with f16 matrices", f16, want, n, 1e-4);
-  free(want), free(f32), free(f16);
+  /* Q8_0 matrices (llama.cpp's --outtype q8_0): the weights rounded to 8 bits
+     a value, 1/254 of each block's largest at worst */
+  float *q8 = embed_images(gg[2], be, &m);
+  TH_REQUIRE(n == m);
+  near("images, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
+  TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
+  free(want), free(f32), free(f16), free(q8);
   want = embed_audio(ck, be, &n);
   f32 = embed_audio(gg[1], be, &m);
   TH_REQUIRE(n == m);
@@ -332,13 +340,17 @@ TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_che
   /* per_dim_scale after softplus, rounded to f32 once: within 1e-4 */
   near("audio, mmproj with f32 matrices", f32, want, n, 1e-4);
   near("audio, mmproj with f16 matrices", f16, want, n, 1e-4);
-  free(want), free(f32), free(f16);
+  q8 = embed_audio(gg[2], be, &m);
+  TH_REQUIRE(n == m);
+  near("audio, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
+  TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
+  free(want), free(f32), free(f16), free(q8);
   kn_backend_destroy(be);
   cm_rmtree(st);
 }
 
 TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
-  char st[256], ck[300], gg[2][300];
+  char st[256], ck[300], gg[3][300];
   make(st, sizeof(st), ck, gg);
   char path[400], out[400], err[512], own[400], model[400];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);

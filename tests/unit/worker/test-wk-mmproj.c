@@ -31,9 +31,9 @@
 
 /* In a new folder st: the bf16 checkpoint ck (make-tiny-model's, with the
  * Gemma tokenizer), and the folders gg[0] (export-gguf's defaults: text bf16,
- * mmproj f16) and gg[1] (--dtype f32), each with model.gguf and
- * mmproj-model.gguf. */
-static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
+ * mmproj f16), gg[1] (--dtype f32) and gg[2] (--mmproj-dtype q8_0), each
+ * with model.gguf and mmproj-model.gguf. */
+static void make(char *st, size_t n, char ck[300], char gg[3][300]) {
   char lm[1024], log[4096], out[400], mm[400];
   TH_REQUIRE(wkt_tmpdir(st, n) == 0);
   snprintf(ck, 300, "%s/ck", st);
@@ -46,7 +46,7 @@ static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
   }
   snprintf(out, sizeof(out), "%s/tokenizer.json", ck);
   if (access(out, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     snprintf(gg[i], 300, "%s/gguf-%d", st, i);
     TH_REQUIRE(mkdir(gg[i], 0755) == 0);
     snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
@@ -54,6 +54,7 @@ static void make(char *st, size_t n, char ck[300], char gg[2][300]) {
     char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
                     mm, "--dtype",     "f32",     NULL};
     if (i == 0) argv[8] = NULL;
+    if (i == 2) argv[8] = "--mmproj-dtype", argv[9] = "q8_0";
     int rc = cm_run_capture(argv, log, sizeof(log));
     if (rc) {
       th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
@@ -191,7 +192,7 @@ static void write_rebuilt(const char *path, const char *out, const struct change
 /* ---- tests ---------------------------------------------------------------------- */
 
 TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
-  char st[256], ck[300], gg[2][300];
+  char st[256], ck[300], gg[3][300];
   make(st, sizeof(st), ck, gg);
   for (int i = 0; i < 2; i++)
     same_vision(ck, gg[i]);
@@ -203,6 +204,12 @@ TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
      bf16 values are f16's too, but for the few below f16's normal range */
   near("mmproj with f32 matrices", f32, want, n, 1e-4);
   near("mmproj with f16 matrices", f16, want, n, 1e-4);
+  /* Q8_0 matrices (llama.cpp's --outtype q8_0): 8 bits a weight */
+  float *q8 = embed(gg[2], be, &m);
+  TH_REQUIRE(n == m);
+  near("mmproj with Q8_0 matrices", q8, want, n, 2e-2);
+  TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
+  free(q8);
   /* the older converters' names for SigLIP's MLP (fc1 as ffn_down): the same bits */
   char path[400], out[400];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[1]);
@@ -220,7 +227,7 @@ TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
 }
 
 TH_TEST(bad_mmproj_files_are_clear_errors) {
-  char st[256], ck[300], gg[2][300];
+  char st[256], ck[300], gg[3][300];
   make(st, sizeof(st), ck, gg);
   char path[400], out[400], err[512];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);
@@ -300,7 +307,7 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
  * (262144) is not in it. The soft tokens take <unused0>, which the file's
  * own tokenizer gives back as one id, and the tower reads as before. */
 TH_TEST(a_vocabulary_without_the_image_token_takes_a_stand_in) {
-  char st[256], ck[300], gg[2][300], path[400], err[512];
+  char st[256], ck[300], gg[3][300], path[400], err[512];
   make(st, sizeof(st), ck, gg);
   snprintf(path, sizeof(path), "%s/model.gguf", gg[0]);
   th_gguf_cut_vocab(path, path, 262144);
