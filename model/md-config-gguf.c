@@ -681,6 +681,19 @@ int md_model_mmproj_path(const char *model, char *path, size_t n, char *err, siz
   return n_mm;
 }
 
+/* clip.<modality>.projection_dim, where the file says it, must be the text
+ * model's width. */
+static int check_projection(const struct md_gguf *mm, const char *modality, int64_t hidden,
+                            char *err, size_t errlen) {
+  char k[64];
+  int64_t proj;
+  snprintf(k, sizeof(k), "clip.%s.projection_dim", modality);
+  if (!md_gguf_get_int(mm, k, &proj) && proj != hidden)
+    return cm_fail(err, errlen, CM_ERR_SHAPE, "mmproj: %s %lld is not the model's hidden size %lld",
+                   k, (long long)proj, (long long)hidden);
+  return 0;
+}
+
 /* A clip.vision.* integer as a JSON field of vision_config. */
 static int vision_int(const struct md_gguf *mm, const char *key, json_t *vc, const char *field,
                       char *err, size_t errlen) {
@@ -734,8 +747,8 @@ int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
   if (md_gguf_get_str(mm, "clip.projector_type", &pt, &plen) || plen != 6 ||
       memcmp(pt, "gemma3", 6))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "mmproj: clip.projector_type is not \"gemma3\" (Gemma 3's projector is the "
-                   "only one read)");
+                   "mmproj: clip.projector_type is not \"gemma3\" (a Gemma 3 model takes Gemma "
+                   "3's projector)");
   int has = 1;
   md_gguf_get_bool(mm, "clip.has_vision_encoder", &has);
   if (!has)
@@ -748,7 +761,7 @@ int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
   json_t *root = json_object(), *vc = json_object(), *pre = json_object();
   json_object_set_new(root, "vision_config", vc);
   json_object_set_new(vc, "model_type", json_string("siglip_vision_model"));
-  int64_t image = 0, patch = 0, scale = 4, proj = 0;
+  int64_t image = 0, patch = 0, scale = 4;
   double eps = 1e-6;
   int rc = 0;
   if ((rc = vision_int(mm, "embedding_length", vc, "hidden_size", err, errlen)) ||
@@ -762,12 +775,7 @@ int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
     goto done;
   md_gguf_get_f64(mm, "clip.vision.attention.layer_norm_epsilon", &eps);
   md_gguf_get_int(mm, "clip.vision.projector.scale_factor", &scale);
-  if (!md_gguf_get_int(mm, "clip.vision.projection_dim", &proj) && proj != cfg->hidden) {
-    rc = cm_fail(err, errlen, CM_ERR_SHAPE,
-                 "mmproj: clip.vision.projection_dim %lld is not the model's hidden size %d",
-                 (long long)proj, cfg->hidden);
-    goto done;
-  }
+  if ((rc = check_projection(mm, "vision", cfg->hidden, err, errlen))) goto done;
   /* clip.cpp pools the patch grid by scale_factor x scale_factor; that is the
      pooling md_config_parse_vision derives only when it divides the grid */
   if (image < 1 || patch < 1 || scale < 1 || image / patch < scale || image / patch % scale) {
@@ -925,7 +933,7 @@ static int g4_vision_json(const struct md_gguf *mm, const struct md_gguf *text, 
   json_t *vc = json_object();
   json_object_set_new(root, "vision_config", vc);
   json_object_set_new(vc, "model_type", json_string("gemma4_vision"));
-  int64_t D = 0, hd = 0, kv = 0, P = 0, tables = 0, pd = 0, pool = 3, proj = 0;
+  int64_t D = 0, hd = 0, kv = 0, P = 0, tables = 0, pd = 0, pool = 3;
   double eps = 1e-6;
   int rc;
   if ((rc = vision_int(mm, "embedding_length", vc, "hidden_size", err, errlen)) ||
@@ -947,10 +955,7 @@ static int g4_vision_json(const struct md_gguf *mm, const struct md_gguf *text, 
                    (long long)kv, (long long)hd, (long long)D);
   md_gguf_get_f64(mm, "clip.vision.attention.layer_norm_epsilon", &eps);
   md_gguf_get_int(mm, "clip.vision.projector.scale_factor", &pool);
-  if (!md_gguf_get_int(mm, "clip.vision.projection_dim", &proj) && proj != hidden)
-    return cm_fail(err, errlen, CM_ERR_SHAPE,
-                   "mmproj: clip.vision.projection_dim %lld is not the model's hidden size %lld",
-                   (long long)proj, (long long)hidden);
+  if ((rc = check_projection(mm, "vision", hidden, err, errlen))) return rc;
   static const char *const norm[2] = {"image_mean", "image_std"};
   for (int i = 0; i < 2; i++) {
     char k[64];
@@ -983,7 +988,7 @@ static int g4_audio_json(const struct md_gguf *mm, const struct md_gguf *text, j
   json_t *ac = json_object();
   json_object_set_new(root, "audio_config", ac);
   json_object_set_new(ac, "model_type", json_string("gemma4_audio"));
-  int64_t v, c0 = 0, c1 = 0, k = 0, out = 0, mel = 128, proj = 0;
+  int64_t v, c0 = 0, c1 = 0, k = 0, out = 0, mel = 128;
   static const char *const keys[][2] = {{"clip.audio.embedding_length", "hidden_size"},
                                         {"clip.audio.block_count", "num_hidden_layers"},
                                         {"clip.audio.attention.head_count", "num_attention_heads"}};
@@ -1001,10 +1006,7 @@ static int g4_audio_json(const struct md_gguf *mm, const struct md_gguf *text, j
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "mmproj: clip.audio.num_mel_bins %lld (the feature extractor makes 128)",
                    (long long)mel);
-  if (!md_gguf_get_int(mm, "clip.audio.projection_dim", &proj) && proj != hidden)
-    return cm_fail(err, errlen, CM_ERR_SHAPE,
-                   "mmproj: clip.audio.projection_dim %lld is not the model's hidden size %lld",
-                   (long long)proj, (long long)hidden);
+  if ((rc = check_projection(mm, "audio", hidden, err, errlen))) return rc;
   json_object_set_new(ac, "subsampling_conv_channels", json_pack("[I,I]", c0, c1));
   json_object_set_new(ac, "conv_kernel_size", json_integer(k));
   json_object_set_new(ac, "output_proj_dims", json_integer(out));

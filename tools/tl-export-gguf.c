@@ -935,26 +935,43 @@ static void write_kv_clip(struct gg_out *o, const struct gg_plan *p, const char 
   kv_u32(o, "general.alignment", GG_ALIGN);
 }
 
+/* A vision tower's clip.vision.* pairs (both generations): the text model's
+ * width H, then the tower's. */
+struct kv_vision {
+  int H, image, patch, D, F, layers, heads;
+  double eps;
+  const float *mean, *std;
+  int channels;
+  int pool, pool_default; /* projector.scale_factor written where they differ */
+};
+
+static void write_kv_vision(struct gg_out *o, const struct kv_vision *v) {
+  kv_key(o, "clip.has_vision_encoder", GG_BOOL);
+  put(o, "\1", 1);
+  kv_u32(o, "clip.vision.projection_dim", (uint32_t)v->H);
+  kv_u32(o, "clip.vision.image_size", (uint32_t)v->image);
+  kv_u32(o, "clip.vision.patch_size", (uint32_t)v->patch);
+  kv_u32(o, "clip.vision.embedding_length", (uint32_t)v->D);
+  kv_u32(o, "clip.vision.feed_forward_length", (uint32_t)v->F);
+  kv_u32(o, "clip.vision.block_count", (uint32_t)v->layers);
+  kv_u32(o, "clip.vision.attention.head_count", (uint32_t)v->heads);
+  kv_f32(o, "clip.vision.attention.layer_norm_epsilon", (float)v->eps);
+  kv_f32s(o, "clip.vision.image_mean", v->mean, v->channels);
+  kv_f32s(o, "clip.vision.image_std", v->std, v->channels);
+  if (v->pool != v->pool_default)
+    kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
+}
+
 static void write_kv_mmproj(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
                             const char *name) {
   const struct md_vision_cfg *v = &c->vision;
   write_kv_clip(o, p, name);
-  kv_key(o, "clip.has_vision_encoder", GG_BOOL);
-  put(o, "\1", 1);
   kv_str(o, "clip.projector_type", "gemma3");
   kv_key(o, "clip.use_gelu", GG_BOOL);
   put(o, "\1", 1);
-  kv_u32(o, "clip.vision.projection_dim", (uint32_t)c->hidden);
-  kv_u32(o, "clip.vision.image_size", (uint32_t)v->image_size);
-  kv_u32(o, "clip.vision.patch_size", (uint32_t)v->patch);
-  kv_u32(o, "clip.vision.embedding_length", (uint32_t)v->hidden);
-  kv_u32(o, "clip.vision.feed_forward_length", (uint32_t)v->ffn);
-  kv_u32(o, "clip.vision.block_count", (uint32_t)v->n_layers);
-  kv_u32(o, "clip.vision.attention.head_count", (uint32_t)v->n_heads);
-  kv_f32(o, "clip.vision.attention.layer_norm_epsilon", (float)v->eps);
-  kv_f32s(o, "clip.vision.image_mean", v->pre.mean, v->channels);
-  kv_f32s(o, "clip.vision.image_std", v->pre.std, v->channels);
-  if (v->pool != 4) kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
+  write_kv_vision(o, &(struct kv_vision){c->hidden, v->image_size, v->patch, v->hidden, v->ffn,
+                                         v->n_layers, v->n_heads, v->eps, v->pre.mean, v->pre.std,
+                                         v->channels, v->pool, 4});
 }
 
 /* ---- Gemma 4's towers as llama.cpp's mmproj file ------------------------------
@@ -1159,20 +1176,9 @@ static void write_kv_mmproj_g4(struct gg_out *o, const struct md_config *c, cons
   if (c->vision_g4.present) {
     const struct md_vision_g4_cfg *v = &c->vision_g4;
     static const float mean[3] = {0, 0, 0}, std[3] = {1, 1, 1};
-    kv_key(o, "clip.has_vision_encoder", GG_BOOL);
-    put(o, "\1", 1);
     kv_str(o, "clip.vision.projector_type", "gemma4v");
-    kv_u32(o, "clip.vision.projection_dim", (uint32_t)c->hidden);
-    kv_u32(o, "clip.vision.image_size", 224);
-    kv_u32(o, "clip.vision.patch_size", (uint32_t)v->patch);
-    kv_u32(o, "clip.vision.embedding_length", (uint32_t)v->hidden);
-    kv_u32(o, "clip.vision.feed_forward_length", (uint32_t)v->ffn);
-    kv_u32(o, "clip.vision.block_count", (uint32_t)v->n_layers);
-    kv_u32(o, "clip.vision.attention.head_count", (uint32_t)v->n_heads);
-    kv_f32(o, "clip.vision.attention.layer_norm_epsilon", (float)v->eps);
-    kv_f32s(o, "clip.vision.image_mean", mean, 3);
-    kv_f32s(o, "clip.vision.image_std", std, 3);
-    if (v->pool != 3) kv_u32(o, "clip.vision.projector.scale_factor", (uint32_t)v->pool);
+    write_kv_vision(o, &(struct kv_vision){c->hidden, 224, v->patch, v->hidden, v->ffn, v->n_layers,
+                                           v->n_heads, v->eps, mean, std, 3, v->pool, 3});
   }
   if (c->audio_g4.present) {
     const struct md_audio_g4_cfg *a = &c->audio_g4;

@@ -28,66 +28,25 @@
 #include "tests/harness/th-buf.h"
 #include "tests/harness/th-gguf.h"
 #include "tests/harness/th.h"
+#include "tests/unit/worker/wk-mmproj-util.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-audio-g4.h"
 #include "worker/wk-vision-g4.h"
 
-/* In a new folder st: the bf16 checkpoint ck (make-tiny-model's, Gemma 4's
- * special tokens at their ids), and the folders gg[0] (export-gguf's
- * defaults: mmproj f16), gg[1] (--dtype f32) and gg[2] (--mmproj-dtype q8_0),
- * each with model.gguf and mmproj-model.gguf. */
+/* The tiny Gemma 4 (Gemma 4's special tokens at their ids, per-layer inputs
+ * and KV-shared layers as llama.cpp lays them out) with both towers, the
+ * audio one with the defaults an mmproj file holds (wkm_make's folders). */
 static void make(char *st, size_t n, char ck[300], char gg[3][300]) {
-  char lm[1024], log[4096], out[400], mm[400];
-  TH_REQUIRE(wkt_tmpdir(st, n) == 0);
-  snprintf(ck, 300, "%s/ck", st);
-  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
-  char *mk[] = {lm,
-                "make-tiny-model",
-                "--arch",
-                "gemma4",
-                "--preset",
-                "tiny-e",
-                "--chat-format",
-                "gemma4",
-                "--vision",
-                "--audio",
-                "--audio-shape",
-                "tiny-default",
-                "--out",
-                ck,
-                "--seed",
-                "7",
-                NULL};
-  if (cm_run_capture(mk, log, sizeof(log))) {
-    th_fail(__FILE__, __LINE__, "lmserve make-tiny-model:\n%s", log);
-    th_stop();
-  }
-  for (int i = 0; i < 3; i++) {
-    snprintf(gg[i], 300, "%s/gguf-%d", st, i);
-    TH_REQUIRE(mkdir(gg[i], 0755) == 0);
-    snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
-    snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", gg[i]);
-    char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
-                    mm, "--dtype",     "f32",     NULL};
-    if (i == 0) argv[8] = NULL;
-    if (i == 2) argv[8] = "--mmproj-dtype", argv[9] = "q8_0";
-    int rc = cm_run_capture(argv, log, sizeof(log));
-    if (rc) {
-      th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
-      th_stop();
-    }
-  }
+  wkm_make(st, n,
+           (char *[]){"--arch", "gemma4", "--preset", "tiny-e", "--chat-format", "gemma4",
+                      "--vision", "--audio", "--audio-shape", "tiny-default", NULL},
+           ck, gg);
 }
 
 /* The towers read from the folder are the checkpoint's. */
 static void same_towers(const char *st, const char *gg) {
-  struct md_config *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
-  char err[512];
-  TH_REQUIRE(a && b && md_config_load(st, a, err, sizeof(err)) == 0);
-  if (md_config_load(gg, b, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "%s: %s", gg, err);
-    th_stop();
-  }
+  struct md_config *a, *b;
+  wkm_configs(st, gg, &a, &b);
   const struct md_vision_g4_cfg *x = &a->vision_g4, *y = &b->vision_g4;
   TH_CHECK_EQ_INT(b->gguf, 1);
   TH_CHECK(!strcmp(b->model_type, "gemma4"));
@@ -134,39 +93,6 @@ static void same_towers(const char *st, const char *gg) {
   free(b);
 }
 
-/* got against want (n values): the largest difference as a fraction of
- * want's range, which must be below limit. */
-static void near(const char *what, const float *got, const float *want, size_t n, double limit) {
-  double lo = INFINITY, hi = -INFINITY, worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    lo = fmin(lo, want[i]);
-    hi = fmax(hi, want[i]);
-    double e = fabs((double)got[i] - want[i]);
-    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-  }
-  printf("# %s: max abs difference %.3g, %.3g of the range [%.3f, %.3f]\n", what, worst,
-         worst / (hi - lo), lo, hi);
-  TH_CHECK(hi - lo > 0.1);
-  if (!(worst / (hi - lo) < limit))
-    th_fail(__FILE__, __LINE__, "%s: %g of the range (limit %g)", what, worst / (hi - lo), limit);
-}
-
-/* A w x h RGB test image (a pattern and noise). */
-static uint8_t *make_image(int w, int h, uint64_t seed) {
-  uint8_t *img = malloc((size_t)w * h * 3);
-  TH_REQUIRE(img);
-  uint64_t s = seed;
-  for (size_t i = 0; i < (size_t)w * h * 3; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    double v = 128 +
-               90 * sin(0.05 * (double)(i % 3 + 1) * (double)(i / 3 % (size_t)w) +
-                        0.09 * (double)(i / 3 / (size_t)w)) +
-               40 * ((double)(s >> 40) / (double)(1ull << 24) - 0.5);
-    img[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-  }
-  return img;
-}
-
 /* The embeddings of two test images (a landscape shape under 70 soft
  * tokens, a square under 140) through model's vision tower (malloc'd,
  * *count floats). */
@@ -190,7 +116,7 @@ static float *embed_images(const char *model, struct kn_backend *be, size_t *cou
     px[i] = malloc(sizeof(float) * (size_t)info.max_patches * info.patch_dim);
     pos[i] = malloc(sizeof(int32_t) * 2 * (size_t)info.max_patches);
     TH_REQUIRE(px[i] && pos[i]);
-    uint8_t *img = make_image(dims[i][0], dims[i][1], 11 + (uint64_t)i);
+    uint8_t *img = wkt_rgb_image(dims[i][0], dims[i][1], 11 + (uint64_t)i);
     TH_REQUIRE(md_g4_image_preprocess(px[i], pos[i], &info, img, dims[i][0], dims[i][1], vc,
                                       dims[i][2], err, sizeof(err)) == 0);
     free(img);
@@ -265,49 +191,6 @@ static float *embed_audio(const char *model, struct kn_backend *be, size_t *coun
   return out;
 }
 
-/* ---- files rebuilt -------------------------------------------------------------- */
-
-/* One change to an mmproj file: key set to (or added as) a string (str), a
- * u32 or a bool (v, as type says); or tensor `from` renamed `to`. */
-struct change {
-  const char *key, *str;
-  int type;
-  uint32_t v;
-  const char *from, *to;
-};
-
-static void put_value(struct th_buf *b, const void *val) {
-  const struct change *c = val;
-  th_buf_u32(b, (uint32_t)c->type);
-  if (c->type == MD_GGUF_STRING)
-    th_buf_str(b, c->str);
-  else if (c->type == MD_GGUF_BOOL)
-    th_buf_put(b, c->v ? "\1" : "\0", 1);
-  else
-    th_buf_u32(b, c->v);
-}
-
-static void rename_tensor(const struct md_gguf_tensor *t, char *name, size_t n, uint64_t *ne,
-                          void *arg) {
-  const struct change *c = ((const struct th_gguf_pair *)arg)->val;
-  if (c->from && !strcmp(t->name, c->from)) snprintf(name, n, "%s", c->to);
-}
-
-/* The file at path with change c, written to out. */
-static void write_rebuilt(const char *path, const char *out, const struct change *c) {
-  struct md_gguf *g = NULL;
-  size_t len, base;
-  uint8_t *bytes = th_gguf_slurp(path, &len, &g);
-  struct th_gguf_pair p = {c->key, 0, put_value, c};
-  struct th_gguf_edit e = th_gguf_pair_edit(g, &p);
-  e.tensor = rename_tensor;
-  struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
-  TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
-  md_gguf_close(g);
-  free(b.p);
-  free(bytes);
-}
-
 /* ---- tests ---------------------------------------------------------------------- */
 
 TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_checkpoint) {
@@ -323,13 +206,13 @@ TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_che
   TH_REQUIRE(n == m);
   /* the checkpoint's bf16 values are f16's too (but for the few below f16's
      normal range): both files hold the same weights */
-  near("images, mmproj with f32 matrices", f32, want, n, 1e-4);
-  near("images, mmproj with f16 matrices", f16, want, n, 1e-4);
+  wkm_near("images, mmproj with f32 matrices", f32, want, n, 1e-4);
+  wkm_near("images, mmproj with f16 matrices", f16, want, n, 1e-4);
   /* Q8_0 matrices (llama.cpp's --outtype q8_0): the weights rounded to 8 bits
      a value, 1/254 of each block's largest at worst */
   float *q8 = embed_images(gg[2], be, &m);
   TH_REQUIRE(n == m);
-  near("images, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
+  wkm_near("images, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
   TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
   free(want), free(f32), free(f16), free(q8);
   want = embed_audio(ck, be, &n);
@@ -338,15 +221,19 @@ TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_che
   f16 = embed_audio(gg[0], be, &m);
   TH_REQUIRE(n == m);
   /* per_dim_scale after softplus, rounded to f32 once: within 1e-4 */
-  near("audio, mmproj with f32 matrices", f32, want, n, 1e-4);
-  near("audio, mmproj with f16 matrices", f16, want, n, 1e-4);
+  wkm_near("audio, mmproj with f32 matrices", f32, want, n, 1e-4);
+  wkm_near("audio, mmproj with f16 matrices", f16, want, n, 1e-4);
   q8 = embed_audio(gg[2], be, &m);
   TH_REQUIRE(n == m);
-  near("audio, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
+  wkm_near("audio, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
   TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
   free(want), free(f32), free(f16), free(q8);
   kn_backend_destroy(be);
   cm_rmtree(st);
+}
+
+static int towers_present(const struct md_config *c) {
+  return c->vision_g4.present || c->audio_g4.present;
 }
 
 TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
@@ -358,45 +245,26 @@ TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
   snprintf(own, sizeof(own), "%s/mmproj-model.gguf", gg[1]);
   snprintf(model, sizeof(model), "%s/model.gguf", gg[1]);
   TH_REQUIRE(unlink(own) == 0);
-  static const struct {
-    struct change c;
-    const char *want;
-  } cases[] = {
-      {{"clip.vision.projector_type", "gemma4uv", MD_GGUF_STRING, 0, NULL, NULL}, "\"gemma4uv\""},
-      {{"clip.audio.projector_type", "qwen3a", MD_GGUF_STRING, 0, NULL, NULL}, "\"qwen3a\""},
-      {{"clip.audio.num_mel_bins", NULL, MD_GGUF_U32, 80, NULL, NULL}, "num_mel_bins 80"},
-      {{"clip.vision.projection_dim", NULL, MD_GGUF_U32, 96, NULL, NULL}, "projection_dim"},
-      {{NULL, NULL, 0, 0, "v.blk.0.attn_q.input_min", "v.blk.0.out_scale.weight"},
+  static const struct wkm_bad cases[] = {
+      {{"clip.vision.projector_type", "gemma4uv", MD_GGUF_STRING}, "\"gemma4uv\""},
+      {{"clip.audio.projector_type", "qwen3a", MD_GGUF_STRING}, "\"qwen3a\""},
+      {{"clip.audio.num_mel_bins", NULL, MD_GGUF_U32, 80}, "num_mel_bins 80"},
+      {{"clip.vision.projection_dim", NULL, MD_GGUF_U32, 96}, "projection_dim"},
+      {{.from = "v.blk.0.attn_q.input_min", .to = "v.blk.0.out_scale.weight"},
        "v.blk.0.out_scale.weight"},
-      {{NULL, NULL, 0, 0, "a.blk.1.per_dim_scale.weight", "a.blk.1.per_dim_k_scale.weight"},
+      {{.from = "a.blk.1.per_dim_scale.weight", .to = "a.blk.1.per_dim_k_scale.weight"},
        "a.blk.1.per_dim_k_scale.weight"},
-      {{NULL, NULL, 0, 0, "v.blk.0.attn_q_norm.weight", "v.blk.0.q_norm.weight"},
+      {{.from = "v.blk.0.attn_q_norm.weight", .to = "v.blk.0.q_norm.weight"},
        "v.blk.0.attn_q_norm.weight missing"},
   };
+  wkm_check_bad(path, out, gg[1], model, cases, CM_ARRAY_LEN(cases), towers_present);
   struct md_config *cfg = calloc(1, sizeof(*cfg));
   TH_REQUIRE(cfg != NULL);
-  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
-    write_rebuilt(path, out, &cases[i].c);
-    /* found in the folder: a warning, and the model serves text */
-    TH_CHECK_EQ_INT(md_config_load(gg[1], cfg, err, sizeof(err)), 0);
-    TH_CHECK_EQ_INT(cfg->vision_g4.present, 0);
-    TH_CHECK_EQ_INT(cfg->audio_g4.present, 0);
-    /* named by --mmproj: the error */
-    err[0] = 0;
-    int rc = md_model_mmproj_arg(model, out, err, sizeof(err));
-    if (!rc) rc = md_config_load(model, cfg, err, sizeof(err));
-    if (!rc || !strstr(err, cases[i].want))
-      th_fail(__FILE__, __LINE__, "case %zu: rc %d, \"%s\" (want \"%s\")", i, rc, err,
-              cases[i].want);
-    else
-      printf("# %s\n", err);
-    TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
-  }
   /* a file that declares one encoder: that tower only */
   for (int audio = 0; audio < 2; audio++) {
-    write_rebuilt(path, out,
-                  &(struct change){audio ? "clip.has_vision_encoder" : "clip.has_audio_encoder",
-                                   NULL, MD_GGUF_BOOL, 0, NULL, NULL});
+    wkm_rebuild(path, out,
+                &(struct wkm_change){audio ? "clip.has_vision_encoder" : "clip.has_audio_encoder",
+                                     NULL, MD_GGUF_BOOL, 0, NULL, NULL});
     TH_CHECK_EQ_INT(md_model_mmproj_arg(model, out, err, sizeof(err)), 0);
     TH_CHECK_EQ_INT(md_config_load(model, cfg, err, sizeof(err)), 0);
     TH_CHECK_EQ_INT(cfg->vision_g4.present, !audio);
@@ -404,8 +272,8 @@ TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
     TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
   }
   /* neither */
-  write_rebuilt(path, own, &(struct change){"clip.has_vision_encoder", NULL, MD_GGUF_BOOL, 0});
-  write_rebuilt(own, out, &(struct change){"clip.has_audio_encoder", NULL, MD_GGUF_BOOL, 0});
+  wkm_rebuild(path, own, &(struct wkm_change){"clip.has_vision_encoder", NULL, MD_GGUF_BOOL, 0});
+  wkm_rebuild(own, out, &(struct wkm_change){"clip.has_audio_encoder", NULL, MD_GGUF_BOOL, 0});
   TH_REQUIRE(unlink(own) == 0);
   TH_CHECK(md_model_mmproj_arg(model, out, err, sizeof(err)) == 0 &&
            md_config_load(model, cfg, err, sizeof(err)) < 0);

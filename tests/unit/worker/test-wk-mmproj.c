@@ -24,54 +24,21 @@
 #include "tests/harness/th-buf.h"
 #include "tests/harness/th-gguf.h"
 #include "tests/harness/th.h"
+#include "tests/unit/worker/wk-mmproj-util.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-tiny-spec.h"
 #include "worker/wk-vision.h"
 
-/* In a new folder st: the bf16 checkpoint ck (make-tiny-model's, with the
- * Gemma tokenizer), and the folders gg[0] (export-gguf's defaults: text bf16,
- * mmproj f16), gg[1] (--dtype f32) and gg[2] (--mmproj-dtype q8_0), each
- * with model.gguf and mmproj-model.gguf. */
+/* The tiny Gemma 3 with its SigLIP tower (wkm_make's folders). */
 static void make(char *st, size_t n, char ck[300], char gg[3][300]) {
-  char lm[1024], log[4096], out[400], mm[400];
-  TH_REQUIRE(wkt_tmpdir(st, n) == 0);
-  snprintf(ck, 300, "%s/ck", st);
-  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
-  char *mk[] = {lm, "make-tiny-model", "--arch", "gemma3", "--vision", "--out",
-                ck, "--seed",          "7",      NULL};
-  if (cm_run_capture(mk, log, sizeof(log))) {
-    th_fail(__FILE__, __LINE__, "lmserve make-tiny-model:\n%s", log);
-    th_stop();
-  }
-  snprintf(out, sizeof(out), "%s/tokenizer.json", ck);
-  if (access(out, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  for (int i = 0; i < 3; i++) {
-    snprintf(gg[i], 300, "%s/gguf-%d", st, i);
-    TH_REQUIRE(mkdir(gg[i], 0755) == 0);
-    snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
-    snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", gg[i]);
-    char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
-                    mm, "--dtype",     "f32",     NULL};
-    if (i == 0) argv[8] = NULL;
-    if (i == 2) argv[8] = "--mmproj-dtype", argv[9] = "q8_0";
-    int rc = cm_run_capture(argv, log, sizeof(log));
-    if (rc) {
-      th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
-      th_stop();
-    }
-  }
+  wkm_make(st, n, (char *[]){"--arch", "gemma3", "--vision", NULL}, ck, gg);
 }
 
 /* The vision config read from the folder is the checkpoint's. */
 static void same_vision(const char *st, const char *gg) {
-  struct md_config *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
-  char err[512];
-  TH_REQUIRE(a && b && md_config_load(st, a, err, sizeof(err)) == 0);
-  if (md_config_load(gg, b, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "%s: %s", gg, err);
-    th_stop();
-  }
+  struct md_config *a, *b;
+  wkm_configs(st, gg, &a, &b);
   const struct md_vision_cfg *x = &a->vision, *y = &b->vision;
   TH_CHECK_EQ_INT(b->gguf, 1);
   TH_CHECK_EQ_INT(y->present, 1);
@@ -124,69 +91,16 @@ static float *embed(const char *model, struct kn_backend *be, size_t *count) {
   return out;
 }
 
-/* got against want (n values): the largest difference as a fraction of
- * want's range, which must be below limit. */
-static void near(const char *what, const float *got, const float *want, size_t n, double limit) {
-  double lo = INFINITY, hi = -INFINITY, worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    lo = fmin(lo, want[i]);
-    hi = fmax(hi, want[i]);
-    double e = fabs((double)got[i] - want[i]);
-    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-  }
-  printf("# %s: max abs difference %.3g, %.3g of the range [%.3f, %.3f]\n", what, worst,
-         worst / (hi - lo), lo, hi);
-  TH_CHECK(hi - lo > 0.1);
-  if (!(worst / (hi - lo) < limit))
-    th_fail(__FILE__, __LINE__, "%s: %g of the range (limit %g)", what, worst / (hi - lo), limit);
-}
-
 /* ---- files rebuilt -------------------------------------------------------------- */
 
-/* One change to an mmproj file: key set to (or added as) a string (str) or
- * a u32 / bool (v); swap: the layers' ffn_up and ffn_down names exchanged. */
-struct change {
-  const char *key, *str;
-  int type;
-  uint32_t v;
-  int swap;
-};
-
-static void put_value(struct th_buf *b, const void *val) {
-  const struct change *c = val;
-  th_buf_u32(b, (uint32_t)c->type);
-  if (c->type == MD_GGUF_STRING)
-    th_buf_str(b, c->str);
-  else if (c->type == MD_GGUF_BOOL)
-    th_buf_put(b, c->v ? "\1" : "\0", 1);
-  else
-    th_buf_u32(b, c->v);
-}
-
 /* v.blk.N.ffn_up and ffn_down exchanged (the older converters' names) */
-static void swap_ffn(const struct md_gguf_tensor *t, char *name, size_t n, uint64_t *ne,
-                     void *arg) {
+static void swap_ffn(const struct md_gguf_tensor *t, char *name, size_t n) {
   int layer, used = 0;
   if (sscanf(t->name, "v.blk.%d.%n", &layer, &used) != 1 || !used) return;
   if (!strncmp(t->name + used, "ffn_up.", 7))
     snprintf(name, n, "v.blk.%d.ffn_down.%s", layer, t->name + used + 7);
   else if (!strncmp(t->name + used, "ffn_down.", 9))
     snprintf(name, n, "v.blk.%d.ffn_up.%s", layer, t->name + used + 9);
-}
-
-/* The file at path with change c, written to out. */
-static void write_rebuilt(const char *path, const char *out, const struct change *c) {
-  struct md_gguf *g = NULL;
-  size_t len, base;
-  uint8_t *bytes = th_gguf_slurp(path, &len, &g);
-  struct th_gguf_pair p = {c->key, 0, put_value, c};
-  struct th_gguf_edit e = th_gguf_pair_edit(g, &p);
-  if (c->swap) e.tensor = swap_ffn;
-  struct th_buf b = th_gguf_rebuild(g, bytes, len, &e, &base);
-  TH_REQUIRE(wkt_write_file(out, b.p, b.n) == 0);
-  md_gguf_close(g);
-  free(b.p);
-  free(bytes);
 }
 
 /* ---- tests ---------------------------------------------------------------------- */
@@ -202,19 +116,19 @@ TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
   TH_REQUIRE(n == m);
   /* f32 matrices, the projection in f16 (as llama.cpp's converter forces it):
      bf16 values are f16's too, but for the few below f16's normal range */
-  near("mmproj with f32 matrices", f32, want, n, 1e-4);
-  near("mmproj with f16 matrices", f16, want, n, 1e-4);
+  wkm_near("mmproj with f32 matrices", f32, want, n, 1e-4);
+  wkm_near("mmproj with f16 matrices", f16, want, n, 1e-4);
   /* Q8_0 matrices (llama.cpp's --outtype q8_0): 8 bits a weight */
   float *q8 = embed(gg[2], be, &m);
   TH_REQUIRE(n == m);
-  near("mmproj with Q8_0 matrices", q8, want, n, 2e-2);
+  wkm_near("mmproj with Q8_0 matrices", q8, want, n, 2e-2);
   TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
   free(q8);
   /* the older converters' names for SigLIP's MLP (fc1 as ffn_down): the same bits */
   char path[400], out[400];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[1]);
   snprintf(out, sizeof(out), "%s/swapped.gguf", st);
-  write_rebuilt(path, out, &(struct change){.swap = 1});
+  wkm_rebuild(path, out, &(struct wkm_change){.rename = swap_ffn});
   TH_REQUIRE(rename(out, path) == 0);
   float *sw = embed(gg[1], be, &m);
   TH_CHECK(memcmp(sw, f32, n * sizeof(float)) == 0);
@@ -224,6 +138,10 @@ TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
   free(want);
   kn_backend_destroy(be);
   cm_rmtree(st);
+}
+
+static int vision_present(const struct md_config *c) {
+  return c->vision.present;
 }
 
 TH_TEST(bad_mmproj_files_are_clear_errors) {
@@ -236,38 +154,19 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
   char own[400];
   snprintf(own, sizeof(own), "%s/mmproj-model.gguf", gg[1]);
   TH_REQUIRE(unlink(own) == 0);
-  static const struct {
-    struct change c;
-    const char *want;
-  } cases[] = {
-      {{"clip.projector_type", "llava", MD_GGUF_STRING, 0, 0}, "clip.projector_type"},
-      {{"clip.use_gelu", NULL, MD_GGUF_BOOL, 0, 0}, "clip.use_gelu"},
-      {{"clip.has_vision_encoder", NULL, MD_GGUF_BOOL, 0, 0}, "no vision encoder"},
-      {{"clip.vision.projection_dim", NULL, MD_GGUF_U32, 96, 0}, "projection_dim"},
-      {{"clip.vision.image_size", NULL, MD_GGUF_STRING, 0, 0}, "clip.vision.image_size"},
-      {{"clip.vision.projector.scale_factor", NULL, MD_GGUF_U32, 3, 0}, "scale_factor"},
+  static const struct wkm_bad cases[] = {
+      {{"clip.projector_type", "llava", MD_GGUF_STRING, 0}, "clip.projector_type"},
+      {{"clip.use_gelu", NULL, MD_GGUF_BOOL, 0}, "clip.use_gelu"},
+      {{"clip.has_vision_encoder", NULL, MD_GGUF_BOOL, 0}, "no vision encoder"},
+      {{"clip.vision.projection_dim", NULL, MD_GGUF_U32, 96}, "projection_dim"},
+      {{"clip.vision.image_size", NULL, MD_GGUF_STRING, 0}, "clip.vision.image_size"},
+      {{"clip.vision.projector.scale_factor", NULL, MD_GGUF_U32, 3}, "scale_factor"},
   };
-  struct md_config *cfg = calloc(1, sizeof(*cfg));
-  TH_REQUIRE(cfg != NULL);
   char model[400];
   snprintf(model, sizeof(model), "%s/model.gguf", gg[1]);
-  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
-    struct change c = cases[i].c;
-    if (c.type == MD_GGUF_STRING && !c.str) c.str = "x";
-    write_rebuilt(path, out, &c);
-    /* found in the folder: a warning, and the model serves text */
-    TH_CHECK_EQ_INT(md_config_load(gg[1], cfg, err, sizeof(err)), 0);
-    TH_CHECK_EQ_INT(cfg->vision.present, 0);
-    /* named by --mmproj: the error */
-    err[0] = 0;
-    int rc = md_model_mmproj_arg(model, out, err, sizeof(err));
-    if (!rc) rc = md_config_load(model, cfg, err, sizeof(err));
-    if (!rc || !strstr(err, cases[i].want))
-      th_fail(__FILE__, __LINE__, "%s: rc %d, \"%s\" (want \"%s\")", c.key, rc, err, cases[i].want);
-    else
-      printf("# %s\n", err);
-    TH_REQUIRE(md_model_set_mmproj(NULL, err, sizeof(err)) == 0);
-  }
+  wkm_check_bad(path, out, gg[1], model, cases, CM_ARRAY_LEN(cases), vision_present);
+  struct md_config *cfg = calloc(1, sizeof(*cfg));
+  TH_REQUIRE(cfg != NULL);
   /* a .gguf in the folder that is not readable GGUF: named */
   char junk[400];
   snprintf(junk, sizeof(junk), "%s/junk.gguf", gg[1]);
@@ -276,8 +175,8 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
   TH_CHECK(strstr(err, "junk.gguf") != NULL);
   TH_REQUIRE(unlink(junk) == 0);
   /* two towers in one folder */
-  write_rebuilt(path, out, &(struct change){0});
-  write_rebuilt(path, own, &(struct change){0});
+  wkm_rebuild(path, out, &(struct wkm_change){0});
+  wkm_rebuild(path, own, &(struct wkm_change){0});
   TH_CHECK(md_config_load(gg[1], cfg, err, sizeof(err)) < 0);
   TH_CHECK(strstr(err, "several vision towers") != NULL);
   /* with one, the model file is still found among them */
@@ -348,7 +247,7 @@ TH_TEST(a_vocabulary_without_the_image_token_takes_a_stand_in) {
   size_t n, m;
   float *want = embed(ck, be, &n), *got = embed(gg[0], be, &m);
   TH_REQUIRE(n == m);
-  near("mmproj beside a cut vocabulary", got, want, n, 1e-4);
+  wkm_near("mmproj beside a cut vocabulary", got, want, n, 1e-4);
   free(want);
   free(got);
   kn_backend_destroy(be);

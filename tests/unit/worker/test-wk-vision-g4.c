@@ -75,22 +75,6 @@ TH_TEST(tiny_gemma4_vision_checkpoint_loads) {
 
 /* ---- the encoder against the numpy reference --------------------------------------- */
 
-/* A w x h RGB image: smooth gradients, stripes and a little noise. */
-static uint8_t *make_image(int w, int h, uint64_t seed) {
-  uint8_t *img = malloc((size_t)w * h * 3);
-  TH_REQUIRE(img);
-  uint64_t st = seed;
-  for (int y = 0; y < h; y++)
-    for (int x = 0; x < w; x++)
-      for (int c = 0; c < 3; c++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        double noise = (double)(st >> 40) / (double)(1ull << 24) - 0.5;
-        double v = 128 + 90 * sin(0.05 * (c + 1) * x + 0.09 * y + (double)seed) + 40 * noise;
-        img[((size_t)y * w + x) * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-      }
-  return img;
-}
-
 struct case_image {
   int w, h, budget;
 };
@@ -118,7 +102,7 @@ static void prepare(struct prepared *p, const struct md_vision_g4_cfg *vc) {
     p->px[i] = malloc(sizeof(float) * (size_t)info.max_patches * info.patch_dim);
     p->pos[i] = malloc(sizeof(int32_t) * 2 * (size_t)info.max_patches);
     TH_REQUIRE(p->px[i] && p->pos[i]);
-    uint8_t *img = make_image(cases[i].w, cases[i].h, 100 + (uint64_t)i);
+    uint8_t *img = wkt_rgb_image(cases[i].w, cases[i].h, 100 + (uint64_t)i);
     TH_REQUIRE(md_g4_image_preprocess(p->px[i], p->pos[i], &info, img, cases[i].w, cases[i].h, vc,
                                       cases[i].budget, err, sizeof(err)) == 0);
     free(img);

@@ -239,4 +239,20 @@ static inline int wkt_prompt_logits(const char *path, struct kn_backend *be, int
   return rc;
 }
 
+/* A w x h RGB image (malloc'd): smooth gradients, stripes and a little noise. */
+static inline uint8_t *wkt_rgb_image(int w, int h, uint64_t seed) {
+  uint8_t *img = malloc((size_t)w * h * 3);
+  TH_REQUIRE(img);
+  uint64_t st = seed;
+  for (int y = 0; y < h; y++)
+    for (int x = 0; x < w; x++)
+      for (int c = 0; c < 3; c++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        double noise = (double)(st >> 40) / (double)(1ull << 24) - 0.5;
+        double v = 128 + 90 * sin(0.05 * (c + 1) * x + 0.09 * y + (double)seed) + 40 * noise;
+        img[((size_t)y * w + x) * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+      }
+  return img;
+}
+
 #endif
