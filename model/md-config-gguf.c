@@ -54,6 +54,7 @@
 #include "common/cm-log.h"
 #include "model/md-config.h"
 #include "model/md-gguf.h"
+#include "model/md-safetensors.h"
 
 static int is_mmproj(const char *path, char *err, size_t errlen);
 
@@ -724,6 +725,9 @@ static int vision_triple(const struct md_gguf *mm, const char *key, json_t *pre,
   return 0;
 }
 
+static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
+                         struct md_config *cfg, char *err, size_t errlen);
+
 /* Gemma 3's SigLIP tower from an mmproj file (clip.projector_type "gemma3";
  * llama.cpp's converter, Gemma3VisionModel, and tools/mtmd/clip.cpp): the
  * keys below as vision_config, 256 soft tokens an image unless
@@ -732,9 +736,6 @@ static int vision_triple(const struct md_gguf *mm, const char *key, json_t *pre,
  * one, which takes --tokenizer), and image_mean / image_std as
  * the preprocessing (resized to image_size, bilinear, rescaled by 1/255). All
  * of it then goes through md_config_parse_vision's checks. */
-static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
-                         struct md_config *cfg, char *err, size_t errlen);
-
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen) {
   const char *pt;
@@ -858,11 +859,11 @@ done:
  *     extractor's, so clip.audio.num_mel_bins must say 128).
  * The text file holds no use_bidirectional_attention: Google's configs say
  * "vision" for the models without per-layer embeddings (26B A4B, 31B) and
- * nothing for E2B and E4B, which is what is taken here. Tensors that
- * transformers' towers do not have are refused by name: a layer output scale
- * other than 1 (v.blk.N.out_scale), a key scale (a.blk.N.per_dim_k_scale),
- * a soft-embedding norm weight (mm.a.soft_emb_norm) and convolution or
- * projection biases the audio tower has none of. */
+ * nothing for E2B and E4B, which is what is taken here. A tensor the towers
+ * do not read (md_g4_mmproj_name names what they read) is refused by name:
+ * biases, a key scale (a.blk.N.per_dim_k_scale), a soft-embedding norm weight
+ * (mm.a.soft_emb_norm), a layer output scale other than 1 (v.blk.N.out_scale):
+ * transformers' towers have none of them. */
 
 /* The projector type of one modality (clip.projector_type, else
  * clip.<modality>.projector_type) into buf; "" when neither is set. */
@@ -889,42 +890,49 @@ static int tensor_dim(const struct md_gguf *mm, const char *name, int dims, int 
   return 0;
 }
 
-/* Tensors the towers do not read and transformers' have no counterpart of:
- * a sentence naming the first, or 0. Layer output scales of exactly 1 (f32)
- * change nothing and pass. */
+/* Tensors the towers do not read, which transformers' towers have no
+ * counterpart of (md_g4_mmproj_name names only what they read): a sentence
+ * naming the first, or 0. A layer output scale (v.blk.N.out_scale, which the
+ * vision layers of transformers' tower do not have) passes only as f32 ones. */
 static int refuse_unread(const struct md_gguf *mm, char *err, size_t errlen) {
   for (int i = 0; i < md_gguf_tensor_count(mm); i++) {
     const struct md_gguf_tensor *t = md_gguf_tensor_at(mm, i);
-    const char *n = t->name;
+    char hf[256];
     int layer, used = 0;
-    if (sscanf(n, "v.blk.%d.%n", &layer, &used) == 1 && used &&
-        !strcmp(n + used, "out_scale.weight")) {
-      int ones = t->type == MD_GGML_F32 && t->data;
-      for (int64_t e = 0; ones && e < t->ne[0] * t->ne[1]; e++)
-        ones = ((const float *)t->data)[e] == 1.0f;
-      if (ones) continue;
+    if (!md_g4_mmproj_name(t->name, hf, sizeof(hf)))
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                     "mmproj: %s is a layer output scale other than 1 (transformers' Gemma 4 "
-                     "vision layers have none)",
-                     n);
+                     "mmproj: %s is not read (transformers' Gemma 4 towers have no such tensor)",
+                     t->name);
+    if (sscanf(t->name, "v.blk.%d.%n", &layer, &used) != 1 || !used ||
+        strcmp(t->name + used, "out_scale.weight"))
+      continue;
+    int ones = t->type == MD_GGML_F32 && t->data;
+    for (size_t e = 0; ones && e < t->nbytes / 4; e++) {
+      float x;
+      memcpy(&x, (const char *)t->data + 4 * e, 4);
+      ones = x == 1.0f;
     }
-    used = 0;
-    if ((sscanf(n, "a.blk.%d.%n", &layer, &used) == 1 && used &&
-         !strncmp(n + used, "per_dim_k_scale.", 16)) ||
-        !strncmp(n, "mm.a.soft_emb_norm.", 19) || !strcmp(n, "a.input_projection.bias") ||
-        (!strncmp(n, "a.conv1d.", 9) && strstr(n, ".bias") && !strstr(n, ".norm.")))
+    if (!ones)
       return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                     "mmproj: %s is not read (transformers' Gemma 4 audio tower has no such "
-                     "tensor)",
-                     n);
+                     "mmproj: %s is a layer output scale %s (transformers' Gemma 4 vision layers "
+                     "have none)",
+                     t->name, t->type == MD_GGML_F32 ? "other than 1" : "not in f32");
   }
   return 0;
 }
 
-/* A token's id in the text file's vocabulary, or def in a file without one;
- * -1 when the vocabulary lacks it. */
-static int64_t g4_token(const struct md_gguf *text, const char *s, int64_t def) {
-  return md_gguf_find_kv(text, "tokenizer.ggml.tokens") ? token_id(text, s) : def;
+/* Three marker tokens' ids as root's fields: from the text file's
+ * vocabulary, or Gemma4Config's defaults def in a file without one. */
+static int g4_tokens(const struct md_gguf *text, json_t *root, const char *const *tok,
+                     const char *const *field, const int64_t *def, char *err, size_t errlen) {
+  int vocab = md_gguf_find_kv(text, "tokenizer.ggml.tokens") != NULL;
+  for (int i = 0; i < 3; i++) {
+    int64_t id = vocab ? token_id(text, tok[i]) : def[i];
+    if (id < 0)
+      return cm_fail(err, errlen, CM_ERR_PARSE, "mmproj: the model's vocabulary has no %s", tok[i]);
+    json_object_set_new(root, field[i], json_integer(id));
+  }
+  return 0;
 }
 
 /* The vision tower's fields as vision_config and its token ids into root. */
@@ -948,6 +956,16 @@ static int g4_vision_json(const struct md_gguf *mm, const struct md_gguf *text, 
       (rc = tensor_dim(mm, "v.position_embd.weight", 3, 2, &tables, err, errlen)) ||
       (rc = tensor_dim(mm, "v.position_embd.weight", 3, 0, &pd, err, errlen)))
     return rc;
+  /* the patch projection as a convolution's kernel [D, 3, p, p] (ne innermost first) */
+  const struct md_gguf_tensor *pt = md_gguf_find_tensor(mm, "v.patch_embd.weight");
+  int64_t patch = 0;
+  md_gguf_get_int(mm, "clip.vision.patch_size", &patch);
+  if (!pt || pt->n_dims != 4 || pt->ne[0] != patch || pt->ne[1] != patch || pt->ne[2] != 3 ||
+      pt->ne[3] != D)
+    return cm_fail(err, errlen, CM_ERR_SHAPE,
+                   "mmproj: v.patch_embd.weight is not a convolution's kernel of %lld x %lld "
+                   "pixels, 3 channels in and %lld out",
+                   (long long)patch, (long long)patch, (long long)D);
   if (hd < 1 || kv % hd || tables != 2 || pd != D)
     return cm_fail(err, errlen, CM_ERR_SHAPE,
                    "mmproj: v.blk.0.attn_k's %lld rows are not whole heads of %lld (attn_q_norm), "
@@ -976,10 +994,9 @@ static int g4_vision_json(const struct md_gguf *mm, const struct md_gguf *text, 
                       json_boolean(md_gguf_find_tensor(mm, "v.blk.0.attn_q.input_min") != NULL));
   json_object_set_new(vc, "standardize",
                       json_boolean(md_gguf_find_tensor(mm, "v.std_bias") != NULL));
-  json_object_set_new(root, "boi_token_id", json_integer(g4_token(text, "<|image>", 255999)));
-  json_object_set_new(root, "eoi_token_id", json_integer(g4_token(text, "<image|>", 258882)));
-  json_object_set_new(root, "image_token_id", json_integer(g4_token(text, "<|image|>", 258880)));
-  return 0;
+  return g4_tokens(text, root, (const char *const[]){"<|image>", "<image|>", "<|image|>"},
+                   (const char *const[]){"boi_token_id", "eoi_token_id", "image_token_id"},
+                   (const int64_t[]){255999, 258882, 258880}, err, errlen);
 }
 
 /* The audio tower's fields as audio_config and its token ids into root. */
@@ -1013,10 +1030,9 @@ static int g4_audio_json(const struct md_gguf *mm, const struct md_gguf *text, j
   json_object_set_new(ac, "rms_norm_eps", json_real(1e-6));
   json_object_set_new(ac, "use_clipped_linears",
                       json_boolean(md_gguf_find_tensor(mm, "a.blk.0.attn_q.input_min") != NULL));
-  json_object_set_new(root, "audio_token_id", json_integer(g4_token(text, "<|audio|>", 258881)));
-  json_object_set_new(root, "boa_token_id", json_integer(g4_token(text, "<|audio>", 256000)));
-  json_object_set_new(root, "eoa_token_index", json_integer(g4_token(text, "<audio|>", 258883)));
-  return 0;
+  return g4_tokens(text, root, (const char *const[]){"<|audio>", "<audio|>", "<|audio|>"},
+                   (const char *const[]){"boa_token_id", "eoa_token_index", "audio_token_id"},
+                   (const int64_t[]){256000, 258883, 258881}, err, errlen);
 }
 
 static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
@@ -1050,6 +1066,11 @@ static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
   free(js);
   if (rc) {
     cfg->vision_g4.present = cfg->audio_g4.present = 0;
+    if (!strncmp(err, "config.json: ", 13)) { /* the fields came from this file */
+      char why[512];
+      snprintf(why, sizeof(why), "%s", err + 13);
+      cm_fail(err, errlen, rc, "mmproj: %s (as read from the file)", why);
+    }
     return rc;
   }
   snprintf(cfg->model_type, sizeof(cfg->model_type), "gemma4");

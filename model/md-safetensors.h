@@ -102,8 +102,13 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
 struct md_gguf;
 const struct md_gguf *md_st_gguf(const struct md_st *st);
 /* The tensors of the mmproj file beside a GGUF model (md_model_mmproj_path),
- * under Hugging Face's names for Gemma 3's vision tower and projector. */
+ * under Hugging Face's names for Gemma 3's vision tower and projector, or
+ * Gemma 4's vision and audio towers and embedders. */
 int md_st_open_mmproj(const char *model, struct md_st **out, char *err, size_t errlen);
+/* Transformers' name for the tensor g of a Gemma 4 mmproj file (llama.cpp's
+ * gemma4v / gemma4a layout) into out[n]: 1, or 0 for a tensor the towers do
+ * not read (a bias, a key scale, a name of another projector). */
+int md_g4_mmproj_name(const char *g, char *out, size_t n);
 
 /* ---- writer --------------------------------------------------------------- */
 

@@ -149,26 +149,34 @@ static const char *const g4_top[][2] = {
     {"mm.a.input_projection.weight", "model.embed_audio.embedding_projection.weight"},
 };
 
-/* rest ("attn_q.weight") under table tab as ours after prefix lp; 1 when named. */
+/* rest ("attn_q.weight") under table tab as ours after prefix lp; 1 when
+ * named. Only what the towers read is named: .weight, and a clippable
+ * linear's four bounds (transformers' towers have no biases). */
 static int g4_layer_name(const struct g4_name *tab, size_t n, const char *lp, const char *rest,
                          char *out, size_t outn) {
+  static const char *const bounds[] = {"input_min", "input_max", "output_min", "output_max"};
   for (size_t i = 0; i < n; i++) {
     size_t l = strlen(tab[i].g);
     if (strncmp(rest, tab[i].g, l) || rest[l] != '.') continue;
     const char *suf = rest + l + 1;
-    if (tab[i].how == G4_BARE && !strcmp(suf, "weight"))
-      snprintf(out, outn, "%s%s", lp, tab[i].h);
-    else if (tab[i].how == G4_CLIP && !strcmp(suf, "weight"))
-      snprintf(out, outn, "%s%s.linear.weight", lp, tab[i].h);
-    else
-      snprintf(out, outn, "%s%s.%s", lp, tab[i].h, suf);
-    return 1;
+    if (!strcmp(suf, "weight")) {
+      snprintf(out, outn, "%s%s%s", lp, tab[i].h,
+               tab[i].how == G4_BARE   ? ""
+               : tab[i].how == G4_CLIP ? ".linear.weight"
+                                       : ".weight");
+      return 1;
+    }
+    for (int k = 0; k < 4 && tab[i].how == G4_CLIP; k++)
+      if (!strcmp(suf, bounds[k])) {
+        snprintf(out, outn, "%s%s.%s", lp, tab[i].h, suf);
+        return 1;
+      }
+    return 0;
   }
   return 0;
 }
 
-/* Ours for a Gemma 4 mmproj tensor name g; 0 when it has no other name. */
-static int g4_name(const char *g, char *out, size_t n) {
+int md_g4_mmproj_name(const char *g, char *out, size_t n) {
   for (size_t i = 0; i < sizeof(g4_top) / sizeof(g4_top[0]); i++)
     if (!strcmp(g, g4_top[i][0])) {
       snprintf(out, n, "%s", g4_top[i][1]);
@@ -178,8 +186,9 @@ static int g4_name(const char *g, char *out, size_t n) {
   char lp[96], rest[32];
   if (sscanf(g, "a.conv1d.%d.%n", &layer, &used) == 1 && used && layer >= 0 && layer < 2) {
     snprintf(rest, sizeof(rest), "%s", g + used);
+    if (strcmp(rest, "weight") && strcmp(rest, "norm.weight")) return 0;
     snprintf(out, n, "model.audio_tower.subsample_conv_projection.layer%d.%s%s", layer,
-             strcmp(rest, "weight") && strcmp(rest, "bias") ? "" : "conv.", rest);
+             strcmp(rest, "weight") ? "" : "conv.", rest);
     return 1;
   }
   used = 0;
@@ -219,7 +228,7 @@ static void hf_name(const struct md_gguf_tensor *gt, int64_t D, int64_t F, int g
                     size_t n) {
   const char *g = gt->name;
   if (g4) {
-    if (!g4_name(g, out, n)) snprintf(out, n, "%s", g);
+    if (!md_g4_mmproj_name(g, out, n)) snprintf(out, n, "%s", g);
     return;
   }
   for (size_t i = 0; i < sizeof(top_names) / sizeof(top_names[0]); i++)
@@ -274,16 +283,17 @@ static enum md_st_dtype st_dtype(uint32_t t) {
   }
 }
 
-/* 1 when g is a Gemma 4 mmproj file (a gemma4v or gemma4a projector). */
+/* 1 when g is a Gemma 4 mmproj file: a gemma4v or gemma4a projector, read as
+ * clip.cpp reads it (clip.projector_type first, else each modality's). */
 static int is_g4_mmproj(const struct md_gguf *g) {
   static const char *const keys[] = {"clip.projector_type", "clip.vision.projector_type",
                                      "clip.audio.projector_type"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     const char *s;
     size_t len;
-    if (!md_gguf_get_str(g, keys[i], &s, &len) && len == 7 &&
-        (!memcmp(s, "gemma4v", 7) || !memcmp(s, "gemma4a", 7)))
-      return 1;
+    if (md_gguf_get_str(g, keys[i], &s, &len)) continue;
+    if (len == 7 && (!memcmp(s, "gemma4v", 7) || !memcmp(s, "gemma4a", 7))) return 1;
+    if (i == 0) return 0; /* the generic key rules */
   }
   return 0;
 }
@@ -362,6 +372,6 @@ int md_st_open_mmproj(const char *model, struct md_st **out, char *err, size_t e
   if (rc < 0) return rc;
   if (!rc)
     return cm_fail(err, errlen, CM_ERR_NOENT,
-                   "%s: no vision tower (an mmproj .gguf file) beside the model", model);
+                   "%s: no towers (an mmproj .gguf file) beside the model", model);
   return md_st_open_gguf(path, out, err, errlen);
 }

@@ -751,6 +751,7 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
     return;
   }
   if (t->qdt >= 0) {
+    CM_ASSERT(!t->xf); /* blocks are written from rows as they are */
     enum kn_dtype dt = (enum kn_dtype)t->qdt;
     size_t K = (size_t)t->ne[0], rb = kn_row_bytes(dt, K);
     float *row = malloc(sizeof(float) * K);
@@ -1451,7 +1452,8 @@ int tl_export_gguf_main(int argc, char **argv) {
        "always f32"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE",
        "also write the checkpoint's towers (Gemma 3's vision, Gemma 4's vision and audio) as "
-       "llama.cpp's mmproj file (matrices f16, or f32 with --dtype f32)"},
+       "llama.cpp's mmproj file (matrices f16, or f32 with --dtype f32, or as --mmproj-dtype "
+       "says)"},
       {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
       {0},
   };

@@ -206,7 +206,7 @@ static const float *relative_keys(struct wk_audio_g4 *a, struct wk_tower_binder 
   int D = c->hidden, n = a->dmax - a->dmin + 1, half = D / 2;
   char name[256];
   snprintf(name, sizeof(name), "%srelative_k_proj.weight", prefix);
-  const struct md_tensor *t = wk_tower_matrix(b, name, D, D);
+  const struct md_tensor *t = wk_tower_matrix(b, name, D, D, 1);
   if (!t) return NULL;
   double *rel = calloc((size_t)n * D, sizeof(double)), *pe = malloc(sizeof(double) * (size_t)D);
   float *w = malloc(sizeof(float) * (size_t)D * D);

@@ -82,7 +82,8 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
 }
 
 /* The tensor `name` with exactly the dims given, in a float dtype or, with
- * blocks, in a block format whose kernels be has, its rows whole blocks. */
+ * blocks, in a block format, its rows whole blocks: one be has kernels for
+ * (blocks 1), or any (2: read on the host, wk_tower_row). */
 static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *name, int ndim,
                                          const int64_t *dims, int blocks) {
   if (b->rc) return NULL;
@@ -104,7 +105,7 @@ static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *
   }
   if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_Q6_K) {
     int be = kn_block_elems(wk_tower_kn_dtype(t));
-    if (!kn_backend_has(b->be, KN_CAP_BLOCK_WEIGHTS) || dims[ndim - 1] % be) {
+    if ((blocks == 1 && !kn_backend_has(b->be, KN_CAP_BLOCK_WEIGHTS)) || dims[ndim - 1] % be) {
       b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, and %s",
                       b->what, name, t->dtype_name,
                       dims[ndim - 1] % be ? "its rows are not whole blocks"
@@ -133,8 +134,8 @@ const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *n
 }
 
 const struct md_tensor *wk_tower_matrix(struct wk_tower_binder *b, const char *name, int64_t rows,
-                                        int64_t cols) {
-  return tensor_of(b, name, 2, (const int64_t[]){rows, cols}, 1);
+                                        int64_t cols, int host) {
+  return tensor_of(b, name, 2, (const int64_t[]){rows, cols}, host ? 2 : 1);
 }
 
 void wk_tower_row(const struct md_tensor *t, int64_t r, int64_t K, float *dst) {
@@ -190,7 +191,7 @@ struct wk_clin wk_tower_linear(struct wk_tower_binder *b, int64_t rows, int64_t 
                                const char *name) {
   struct wk_clin m = {
       .in_lo = -INFINITY, .in_hi = INFINITY, .out_lo = -INFINITY, .out_hi = INFINITY};
-  const struct md_tensor *t = wk_tower_matrix(b, name, rows, cols);
+  const struct md_tensor *t = wk_tower_matrix(b, name, rows, cols, 0);
   if (!t) return m;
   m.dt = wk_tower_kn_dtype(t);
   m.w = wk_tower_place(b, t->data, t->nbytes, 0);

@@ -89,9 +89,10 @@ const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *n
                                         const int64_t *dims);
 /* A matrix [rows, cols] for a linear: in a float dtype, or in one of ggml's
  * block formats (an mmproj file quantized as llama.cpp's converter does with
- * --outtype q8_0) where be has block kernels and cols is whole blocks. */
+ * --outtype q8_0) where cols is whole blocks and be has block kernels (or
+ * whatever be has, with host: a matrix read on the host, wk_tower_row). */
 const struct md_tensor *wk_tower_matrix(struct wk_tower_binder *b, const char *name, int64_t rows,
-                                        int64_t cols);
+                                        int64_t cols, int host);
 /* The kernels' dtype of a tensor wk_tower_tensor or wk_tower_matrix gave. */
 enum kn_dtype wk_tower_kn_dtype(const struct md_tensor *t);
 /* Row r (K elements) of such a matrix, host memory, as f32 values into dst. */

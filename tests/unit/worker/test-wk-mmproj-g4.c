@@ -255,7 +255,11 @@ TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
       {{.from = "a.blk.1.per_dim_scale.weight", .to = "a.blk.1.per_dim_k_scale.weight"},
        "a.blk.1.per_dim_k_scale.weight"},
       {{.from = "v.blk.0.attn_q_norm.weight", .to = "v.blk.0.q_norm.weight"},
-       "v.blk.0.attn_q_norm.weight missing"},
+       "v.blk.0.q_norm.weight is not read"},
+      {{.from = "a.pre_encode.out.bias", .to = "a.blk.0.conv_pw1.bias"},
+       "a.blk.0.conv_pw1.bias is not read"},
+      {{.from = "v.std_bias", .to = "v.blk.1.attn_q.bias"}, "v.blk.1.attn_q.bias is not read"},
+      {{"clip.vision.patch_size", NULL, MD_GGUF_U32, 8}, "v.patch_embd.weight is not a"},
   };
   wkm_check_bad(path, out, gg[1], model, cases, CM_ARRAY_LEN(cases), towers_present);
   struct md_config *cfg = calloc(1, sizeof(*cfg));
