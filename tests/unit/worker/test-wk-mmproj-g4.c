@@ -10,7 +10,9 @@
  * the converter stores the patch projection as a convolution's kernel and
  * per_dim_scale after softplus. Bad files are a clear error naming what is
  * wrong when --mmproj names them, and found in the folder a warning (the
- * model serves text). */
+ * model serves text). An mmproj file written from the checkpoint by
+ * tests/reference/gemma4_mmproj_conv.py, llama.cpp's converter's rules in
+ * numpy, is export-gguf's bit for bit and reads the same. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@
 #include "model/md-vision-g4.h"
 #include "tests/harness/th-buf.h"
 #include "tests/harness/th-gguf.h"
+#include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-mmproj-util.h"
 #include "tests/unit/worker/wk-test-util.h"
@@ -36,11 +39,11 @@
 /* The tiny Gemma 4 (Gemma 4's special tokens at their ids, per-layer inputs
  * and KV-shared layers as llama.cpp lays them out) with both towers, the
  * audio one with the defaults an mmproj file holds (wkm_make's folders). */
-static void make(char *st, size_t n, char ck[300], char gg[3][300]) {
+static void make(char *st, size_t n, char ck[300], char gg[3][300], int n_gg) {
   wkm_make(st, n,
            (char *[]){"--arch", "gemma4", "--preset", "tiny-e", "--chat-format", "gemma4",
                       "--vision", "--audio", "--audio-shape", "tiny-default", NULL},
-           ck, gg);
+           ck, gg, n_gg);
 }
 
 /* The towers read from the folder are the checkpoint's. */
@@ -193,9 +196,63 @@ static float *embed_audio(const char *model, struct kn_backend *be, size_t *coun
 
 /* ---- tests ---------------------------------------------------------------------- */
 
+/* An mmproj file written by tests/reference/gemma4_mmproj_conv.py (llama.cpp's
+ * converter's rules, in numpy, sharing no code with lmserve) holds the same
+ * tensors, bit for bit, as export-gguf's (in gg, beside its model file), and
+ * read beside the model file it gives the checkpoint ck's embeddings. */
+static void converters_rules(const char *st, const char *ck, const char *gg,
+                             struct kn_backend *be) {
+  const char *python = th_require_numpy("Gemma 4's mmproj layout", "gemma4_mmproj_conv.py");
+  char script[1024], dir[400], mm[500], model[500], log[4096];
+  snprintf(script, sizeof(script), "%s/reference/gemma4_mmproj_conv.py", th_tests_dir());
+  snprintf(dir, sizeof(dir), "%s/py", st);
+  TH_REQUIRE(mkdir(dir, 0755) == 0);
+  snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", dir);
+  char *argv[] = {(char *)python, script, (char *)ck, mm, NULL};
+  int rc = cm_run_capture(argv, log, sizeof(log));
+  if (rc) {
+    th_fail(__FILE__, __LINE__, "gemma4_mmproj_conv.py exited with %d:\n%s", rc, log);
+    th_stop();
+  }
+  snprintf(model, sizeof(model), "%s/model.gguf", gg);
+  char link[500];
+  snprintf(link, sizeof(link), "%s/model.gguf", dir);
+  TH_REQUIRE(symlink(model, link) == 0);
+  /* the tensors: the same names, types, dimensions and bytes */
+  char ours[500], err[512];
+  snprintf(ours, sizeof(ours), "%s/mmproj-model.gguf", gg);
+  struct md_gguf *a = NULL, *b = NULL;
+  TH_REQUIRE(md_gguf_open(mm, &a, err, sizeof(err)) == 0);
+  TH_REQUIRE(md_gguf_open(ours, &b, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_INT(md_gguf_tensor_count(a), md_gguf_tensor_count(b));
+  int same = 0;
+  for (int i = 0; i < md_gguf_tensor_count(a); i++) {
+    const struct md_gguf_tensor *x = md_gguf_tensor_at(a, i);
+    const struct md_gguf_tensor *y = md_gguf_find_tensor(b, x->name);
+    int ok = y && x->type == y->type && x->n_dims == y->n_dims && x->nbytes == y->nbytes &&
+             !memcmp(x->ne, y->ne, sizeof(x->ne)) && !memcmp(x->data, y->data, x->nbytes);
+    if (!ok) th_fail(__FILE__, __LINE__, "tensor %s differs from export-gguf's", x->name);
+    same += ok;
+  }
+  printf("# %d of %d tensors the same as export-gguf's\n", same, md_gguf_tensor_count(a));
+  md_gguf_close(a);
+  md_gguf_close(b);
+  /* read back: the checkpoint's embeddings */
+  size_t n, m;
+  float *want = embed_images(ck, be, &n), *got = embed_images(dir, be, &m);
+  TH_REQUIRE(n == m);
+  wkm_near("images, the converter's rules", got, want, n, 1e-4);
+  free(want), free(got);
+  want = embed_audio(ck, be, &n);
+  got = embed_audio(dir, be, &m);
+  TH_REQUIRE(n == m);
+  wkm_near("audio, the converter's rules", got, want, n, 1e-4);
+  free(want), free(got);
+}
+
 TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_checkpoint) {
   char st[256], ck[300], gg[3][300];
-  make(st, sizeof(st), ck, gg);
+  make(st, sizeof(st), ck, gg, 3);
   for (int i = 0; i < 2; i++)
     same_towers(ck, gg[i]);
   struct kn_backend *be = wkt_cpu_backend(2);
@@ -228,6 +285,7 @@ TH_TEST(gguf_folder_with_a_gemma4_mmproj_file_embeds_images_and_audio_as_the_che
   wkm_near("audio, mmproj with Q8_0 matrices", q8, want, n, 2e-2);
   TH_CHECK(memcmp(q8, f32, n * sizeof(float)) != 0);
   free(want), free(f32), free(f16), free(q8);
+  converters_rules(st, ck, gg[0], be);
   kn_backend_destroy(be);
   cm_rmtree(st);
 }
@@ -238,7 +296,7 @@ static int towers_present(const struct md_config *c) {
 
 TH_TEST(bad_gemma4_mmproj_files_are_clear_errors) {
   char st[256], ck[300], gg[3][300];
-  make(st, sizeof(st), ck, gg);
+  make(st, sizeof(st), ck, gg, 2);
   char path[400], out[400], err[512], own[400], model[400];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);
   snprintf(out, sizeof(out), "%s/bad.gguf", gg[1]);

@@ -31,8 +31,8 @@
 #include "worker/wk-vision.h"
 
 /* The tiny Gemma 3 with its SigLIP tower (wkm_make's folders). */
-static void make(char *st, size_t n, char ck[300], char gg[3][300]) {
-  wkm_make(st, n, (char *[]){"--arch", "gemma3", "--vision", NULL}, ck, gg);
+static void make(char *st, size_t n, char ck[300], char gg[3][300], int n_gg) {
+  wkm_make(st, n, (char *[]){"--arch", "gemma3", "--vision", NULL}, ck, gg, n_gg);
 }
 
 /* The vision config read from the folder is the checkpoint's. */
@@ -107,7 +107,7 @@ static void swap_ffn(const struct md_gguf_tensor *t, char *name, size_t n) {
 
 TH_TEST(gguf_folder_with_an_mmproj_file_embeds_images_as_the_checkpoint) {
   char st[256], ck[300], gg[3][300];
-  make(st, sizeof(st), ck, gg);
+  make(st, sizeof(st), ck, gg, 3);
   for (int i = 0; i < 2; i++)
     same_vision(ck, gg[i]);
   struct kn_backend *be = wkt_cpu_backend(2);
@@ -146,7 +146,7 @@ static int vision_present(const struct md_config *c) {
 
 TH_TEST(bad_mmproj_files_are_clear_errors) {
   char st[256], ck[300], gg[3][300];
-  make(st, sizeof(st), ck, gg);
+  make(st, sizeof(st), ck, gg, 2);
   char path[400], out[400], err[512];
   snprintf(path, sizeof(path), "%s/mmproj-model.gguf", gg[0]);
   snprintf(out, sizeof(out), "%s/bad.gguf", gg[1]);
@@ -207,7 +207,7 @@ TH_TEST(bad_mmproj_files_are_clear_errors) {
  * own tokenizer gives back as one id, and the tower reads as before. */
 TH_TEST(a_vocabulary_without_the_image_token_takes_a_stand_in) {
   char st[256], ck[300], gg[3][300], path[400], err[512];
-  make(st, sizeof(st), ck, gg);
+  make(st, sizeof(st), ck, gg, 2);
   snprintf(path, sizeof(path), "%s/model.gguf", gg[0]);
   th_gguf_cut_vocab(path, path, 262144);
   struct md_config *c = calloc(1, sizeof(*c));

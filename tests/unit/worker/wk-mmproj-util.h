@@ -23,10 +23,11 @@
 
 /* In a new folder st: the checkpoint ck, `lmserve make-tiny-model` with args
  * (NULL-terminated, the Gemma tokenizer its default; seed 7), and the
- * folders gg[0] (export-gguf's defaults: mmproj f16), gg[1] (--dtype f32)
- * and gg[2] (--mmproj-dtype q8_0), each with model.gguf and
- * mmproj-model.gguf. */
-static inline void wkm_make(char *st, size_t n, char *const *args, char ck[300], char gg[3][300]) {
+ * first n_gg of the folders gg[0] (export-gguf's defaults: mmproj f16),
+ * gg[1] (--dtype f32) and gg[2] (--mmproj-dtype q8_0), each with model.gguf
+ * and mmproj-model.gguf. */
+static inline void wkm_make(char *st, size_t n, char *const *args, char ck[300], char gg[3][300],
+                            int n_gg) {
   char lm[1024], log[4096], out[400], mm[400];
   char *mk[24] = {lm, "make-tiny-model", "--out", ck, "--seed", "7"};
   int k = 6;
@@ -42,7 +43,7 @@ static inline void wkm_make(char *st, size_t n, char *const *args, char ck[300],
   }
   snprintf(out, sizeof(out), "%s/tokenizer.json", ck);
   if (access(out, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < n_gg && i < 3; i++) {
     snprintf(gg[i], 300, "%s/gguf-%d", st, i);
     TH_REQUIRE(mkdir(gg[i], 0755) == 0);
     snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
