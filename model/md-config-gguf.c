@@ -695,14 +695,16 @@ static int check_projection(const struct md_gguf *mm, const char *modality, int6
   return 0;
 }
 
-/* A clip.vision.* integer as a JSON field of vision_config. */
-static int vision_int(const struct md_gguf *mm, const char *key, json_t *vc, const char *field,
-                      char *err, size_t errlen) {
+/* A clip.<modality>.* integer as the JSON field `field` of o (and in *out
+ * unless NULL). */
+static int clip_int(const struct md_gguf *mm, const char *modality, const char *key, json_t *o,
+                    const char *field, int64_t *out, char *err, size_t errlen) {
   char k[96];
   int64_t v;
-  snprintf(k, sizeof(k), "clip.vision.%s", key);
+  snprintf(k, sizeof(k), "clip.%s.%s", modality, key);
   int rc = need_int(mm, k, &v, err, errlen);
-  if (!rc) json_object_set_new(vc, field, json_integer(v));
+  if (!rc) json_object_set_new(o, field, json_integer(v));
+  if (!rc && out) *out = v;
   return rc;
 }
 
@@ -765,10 +767,12 @@ int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
   int64_t image = 0, patch = 0, scale = 4;
   double eps = 1e-6;
   int rc = 0;
-  if ((rc = vision_int(mm, "embedding_length", vc, "hidden_size", err, errlen)) ||
-      (rc = vision_int(mm, "feed_forward_length", vc, "intermediate_size", err, errlen)) ||
-      (rc = vision_int(mm, "block_count", vc, "num_hidden_layers", err, errlen)) ||
-      (rc = vision_int(mm, "attention.head_count", vc, "num_attention_heads", err, errlen)) ||
+  if ((rc = clip_int(mm, "vision", "embedding_length", vc, "hidden_size", NULL, err, errlen)) ||
+      (rc = clip_int(mm, "vision", "feed_forward_length", vc, "intermediate_size", NULL, err,
+                     errlen)) ||
+      (rc = clip_int(mm, "vision", "block_count", vc, "num_hidden_layers", NULL, err, errlen)) ||
+      (rc = clip_int(mm, "vision", "attention.head_count", vc, "num_attention_heads", NULL, err,
+                     errlen)) ||
       (rc = need_int(mm, "clip.vision.image_size", &image, err, errlen)) ||
       (rc = need_int(mm, "clip.vision.patch_size", &patch, err, errlen)) ||
       (rc = vision_triple(mm, "image_mean", pre, err, errlen)) ||
@@ -865,9 +869,7 @@ done:
  * (mm.a.soft_emb_norm), a layer output scale other than 1 (v.blk.N.out_scale):
  * transformers' towers have none of them. */
 
-/* The projector type of one modality (clip.projector_type, else
- * clip.<modality>.projector_type) into buf; "" when neither is set. */
-static void projector_type(const struct md_gguf *mm, const char *modality, char *buf, size_t n) {
+void md_mmproj_projector(const struct md_gguf *mm, const char *modality, char *buf, size_t n) {
   const char *s;
   size_t len;
   char k[64];
@@ -877,16 +879,16 @@ static void projector_type(const struct md_gguf *mm, const char *modality, char 
     snprintf(buf, n, "%.*s", (int)(len < n ? len : n - 1), s);
 }
 
-/* Tensor name's dimension d (innermost first), or a sentence when it is missing
- * or has not dims dimensions. */
-static int tensor_dim(const struct md_gguf *mm, const char *name, int dims, int d, int64_t *v,
-                      char *err, size_t errlen) {
+/* Tensor name's dimensions (innermost first) into ne, or a sentence when it
+ * is missing or has not dims of them. */
+static int tensor_dims(const struct md_gguf *mm, const char *name, int dims, int64_t *ne, char *err,
+                       size_t errlen) {
   const struct md_gguf_tensor *t = md_gguf_find_tensor(mm, name);
   if (!t) return cm_fail(err, errlen, CM_ERR_PARSE, "mmproj: %s missing", name);
   if (t->n_dims != dims)
     return cm_fail(err, errlen, CM_ERR_SHAPE, "mmproj: %s has %d dimensions (want %d)", name,
                    t->n_dims, dims);
-  *v = t->ne[d];
+  memcpy(ne, t->ne, sizeof(t->ne));
   return 0;
 }
 
@@ -941,32 +943,30 @@ static int g4_vision_json(const struct md_gguf *mm, const struct md_gguf *text, 
   json_t *vc = json_object();
   json_object_set_new(root, "vision_config", vc);
   json_object_set_new(vc, "model_type", json_string("gemma4_vision"));
-  int64_t D = 0, hd = 0, kv = 0, P = 0, tables = 0, pd = 0, pool = 3;
+  int64_t D = 0, patch = 0, pool = 3, qn[MD_GGUF_MAX_DIMS], kn[MD_GGUF_MAX_DIMS];
+  int64_t pe[MD_GGUF_MAX_DIMS], pk[MD_GGUF_MAX_DIMS];
   double eps = 1e-6;
   int rc;
-  if ((rc = vision_int(mm, "embedding_length", vc, "hidden_size", err, errlen)) ||
-      (rc = vision_int(mm, "feed_forward_length", vc, "intermediate_size", err, errlen)) ||
-      (rc = vision_int(mm, "block_count", vc, "num_hidden_layers", err, errlen)) ||
-      (rc = vision_int(mm, "attention.head_count", vc, "num_attention_heads", err, errlen)) ||
-      (rc = vision_int(mm, "patch_size", vc, "patch_size", err, errlen)) ||
-      (rc = need_int(mm, "clip.vision.embedding_length", &D, err, errlen)) ||
-      (rc = tensor_dim(mm, "v.blk.0.attn_q_norm.weight", 1, 0, &hd, err, errlen)) ||
-      (rc = tensor_dim(mm, "v.blk.0.attn_k.weight", 2, 1, &kv, err, errlen)) ||
-      (rc = tensor_dim(mm, "v.position_embd.weight", 3, 1, &P, err, errlen)) ||
-      (rc = tensor_dim(mm, "v.position_embd.weight", 3, 2, &tables, err, errlen)) ||
-      (rc = tensor_dim(mm, "v.position_embd.weight", 3, 0, &pd, err, errlen)))
+  if ((rc = clip_int(mm, "vision", "embedding_length", vc, "hidden_size", &D, err, errlen)) ||
+      (rc = clip_int(mm, "vision", "feed_forward_length", vc, "intermediate_size", NULL, err,
+                     errlen)) ||
+      (rc = clip_int(mm, "vision", "block_count", vc, "num_hidden_layers", NULL, err, errlen)) ||
+      (rc = clip_int(mm, "vision", "attention.head_count", vc, "num_attention_heads", NULL, err,
+                     errlen)) ||
+      (rc = clip_int(mm, "vision", "patch_size", vc, "patch_size", &patch, err, errlen)) ||
+      (rc = tensor_dims(mm, "v.blk.0.attn_q_norm.weight", 1, qn, err, errlen)) ||
+      (rc = tensor_dims(mm, "v.blk.0.attn_k.weight", 2, kn, err, errlen)) ||
+      (rc = tensor_dims(mm, "v.position_embd.weight", 3, pe, err, errlen)) ||
+      (rc = tensor_dims(mm, "v.patch_embd.weight", 4, pk, err, errlen)))
     return rc;
+  int64_t hd = qn[0], kv = kn[1], P = pe[1];
   /* the patch projection as a convolution's kernel [D, 3, p, p] (ne innermost first) */
-  const struct md_gguf_tensor *pt = md_gguf_find_tensor(mm, "v.patch_embd.weight");
-  int64_t patch = 0;
-  md_gguf_get_int(mm, "clip.vision.patch_size", &patch);
-  if (!pt || pt->n_dims != 4 || pt->ne[0] != patch || pt->ne[1] != patch || pt->ne[2] != 3 ||
-      pt->ne[3] != D)
+  if (pk[0] != patch || pk[1] != patch || pk[2] != 3 || pk[3] != D)
     return cm_fail(err, errlen, CM_ERR_SHAPE,
                    "mmproj: v.patch_embd.weight is not a convolution's kernel of %lld x %lld "
                    "pixels, 3 channels in and %lld out",
                    (long long)patch, (long long)patch, (long long)D);
-  if (hd < 1 || kv % hd || tables != 2 || pd != D)
+  if (hd < 1 || kv % hd || pe[2] != 2 || pe[0] != D)
     return cm_fail(err, errlen, CM_ERR_SHAPE,
                    "mmproj: v.blk.0.attn_k's %lld rows are not whole heads of %lld (attn_q_norm), "
                    "or v.position_embd is not two tables of width %lld",
@@ -1005,18 +1005,17 @@ static int g4_audio_json(const struct md_gguf *mm, const struct md_gguf *text, j
   json_t *ac = json_object();
   json_object_set_new(root, "audio_config", ac);
   json_object_set_new(ac, "model_type", json_string("gemma4_audio"));
-  int64_t v, c0 = 0, c1 = 0, k = 0, out = 0, mel = 128;
-  static const char *const keys[][2] = {{"clip.audio.embedding_length", "hidden_size"},
-                                        {"clip.audio.block_count", "num_hidden_layers"},
-                                        {"clip.audio.attention.head_count", "num_attention_heads"}};
-  int rc = 0;
-  for (size_t i = 0; i < CM_ARRAY_LEN(keys) && !rc; i++)
-    if (!(rc = need_int(mm, keys[i][0], &v, err, errlen)))
-      json_object_set_new(ac, keys[i][1], json_integer(v));
-  if (rc || (rc = tensor_dim(mm, "a.conv1d.0.weight", 4, 3, &c0, err, errlen)) ||
-      (rc = tensor_dim(mm, "a.conv1d.1.weight", 4, 3, &c1, err, errlen)) ||
-      (rc = tensor_dim(mm, "a.blk.0.conv_dw.weight", 2, 0, &k, err, errlen)) ||
-      (rc = tensor_dim(mm, "a.pre_encode.out.weight", 2, 1, &out, err, errlen)))
+  int64_t mel = 128, c0[MD_GGUF_MAX_DIMS], c1[MD_GGUF_MAX_DIMS], dw[MD_GGUF_MAX_DIMS];
+  int64_t out[MD_GGUF_MAX_DIMS];
+  int rc;
+  if ((rc = clip_int(mm, "audio", "embedding_length", ac, "hidden_size", NULL, err, errlen)) ||
+      (rc = clip_int(mm, "audio", "block_count", ac, "num_hidden_layers", NULL, err, errlen)) ||
+      (rc = clip_int(mm, "audio", "attention.head_count", ac, "num_attention_heads", NULL, err,
+                     errlen)) ||
+      (rc = tensor_dims(mm, "a.conv1d.0.weight", 4, c0, err, errlen)) ||
+      (rc = tensor_dims(mm, "a.conv1d.1.weight", 4, c1, err, errlen)) ||
+      (rc = tensor_dims(mm, "a.blk.0.conv_dw.weight", 2, dw, err, errlen)) ||
+      (rc = tensor_dims(mm, "a.pre_encode.out.weight", 2, out, err, errlen)))
     return rc;
   md_gguf_get_int(mm, "clip.audio.num_mel_bins", &mel);
   if (mel != 128)
@@ -1024,9 +1023,9 @@ static int g4_audio_json(const struct md_gguf *mm, const struct md_gguf *text, j
                    "mmproj: clip.audio.num_mel_bins %lld (the feature extractor makes 128)",
                    (long long)mel);
   if ((rc = check_projection(mm, "audio", hidden, err, errlen))) return rc;
-  json_object_set_new(ac, "subsampling_conv_channels", json_pack("[I,I]", c0, c1));
-  json_object_set_new(ac, "conv_kernel_size", json_integer(k));
-  json_object_set_new(ac, "output_proj_dims", json_integer(out));
+  json_object_set_new(ac, "subsampling_conv_channels", json_pack("[I,I]", c0[3], c1[3]));
+  json_object_set_new(ac, "conv_kernel_size", json_integer(dw[0]));
+  json_object_set_new(ac, "output_proj_dims", json_integer(out[1]));
   json_object_set_new(ac, "rms_norm_eps", json_real(1e-6));
   json_object_set_new(ac, "use_clipped_linears",
                       json_boolean(md_gguf_find_tensor(mm, "a.blk.0.attn_q.input_min") != NULL));
@@ -1041,8 +1040,8 @@ static int add_mmproj_g4(const struct md_gguf *mm, const struct md_gguf *text,
   int has_v = 0, has_a = 0;
   md_gguf_get_bool(mm, "clip.has_vision_encoder", &has_v);
   md_gguf_get_bool(mm, "clip.has_audio_encoder", &has_a);
-  projector_type(mm, "vision", vt, sizeof(vt));
-  projector_type(mm, "audio", at, sizeof(at));
+  md_mmproj_projector(mm, "vision", vt, sizeof(vt));
+  md_mmproj_projector(mm, "audio", at, sizeof(at));
   if ((has_v && strcmp(vt, "gemma4v")) || (has_a && strcmp(at, "gemma4a")) || (!has_v && !has_a))
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                    "mmproj: a Gemma 4 model takes Gemma 4's towers: a vision encoder of projector "

@@ -280,6 +280,10 @@ int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t
   "alone serves text)"
 int md_config_add_mmproj(const struct md_gguf *mm, const struct md_gguf *text,
                          struct md_config *cfg, char *err, size_t errlen);
+/* An mmproj file's projector for one modality ("vision", "audio") into
+ * buf[n], as clip.cpp reads it: clip.projector_type, else
+ * clip.<modality>.projector_type; "" when neither is set. */
+void md_mmproj_projector(const struct md_gguf *mm, const char *modality, char *buf, size_t n);
 int md_config_from_gguf_model(const char *model, const struct md_gguf *g, struct md_config *cfg,
                               char *err, size_t errlen);
 

@@ -283,19 +283,13 @@ static enum md_st_dtype st_dtype(uint32_t t) {
   }
 }
 
-/* 1 when g is a Gemma 4 mmproj file: a gemma4v or gemma4a projector, read as
- * clip.cpp reads it (clip.projector_type first, else each modality's). */
+/* 1 when g is a Gemma 4 mmproj file: a gemma4v vision or gemma4a audio
+ * projector (md_mmproj_projector, the config's reading). */
 static int is_g4_mmproj(const struct md_gguf *g) {
-  static const char *const keys[] = {"clip.projector_type", "clip.vision.projector_type",
-                                     "clip.audio.projector_type"};
-  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-    const char *s;
-    size_t len;
-    if (md_gguf_get_str(g, keys[i], &s, &len)) continue;
-    if (len == 7 && (!memcmp(s, "gemma4v", 7) || !memcmp(s, "gemma4a", 7))) return 1;
-    if (i == 0) return 0; /* the generic key rules */
-  }
-  return 0;
+  char v[32], a[32];
+  md_mmproj_projector(g, "vision", v, sizeof(v));
+  md_mmproj_projector(g, "audio", a, sizeof(a));
+  return !strcmp(v, "gemma4v") || !strcmp(a, "gemma4a");
 }
 
 /* The two Gemma 4 tensors the converter reshapes, in transformers' shapes

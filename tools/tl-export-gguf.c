@@ -1032,14 +1032,11 @@ static int plan_vision_g4(struct gg_plan *p, const struct md_config *c) {
   int64_t qd = (int64_t)v->n_heads * hd, kvd = (int64_t)v->n_kv_heads * hd;
   char g[96], h[192];
   snprintf(h, sizeof(h), "%spatch_embedder.input_proj.weight", VP);
-  int rc = plan_vision(p, "v.patch_embd.weight", h, 2, (const int64_t[]){D, 3 * P * P}, VT_MAT, 0);
+  /* the converter: f16 in a file of f16, else f32 */
+  int rc = plan_vision(p, "v.patch_embd.weight", h, 2, (const int64_t[]){D, 3 * P * P},
+                       p->mm_q8 ? VT_F32 : VT_MAT, 0);
   if (rc) return rc;
   struct gg_tensor *t = &p->t[p->n - 1]; /* written as the convolution's kernel [D, 3, P, P] */
-  if (p->mm_q8) {                        /* the converter: f16 in a file of f16, else f32 */
-    t->qdt = -1;
-    t->type = GGML_F32;
-    t->bytes = (uint64_t)(D * 3 * P * P) * type_size(GGML_F32);
-  }
   t->xf = XF_PATCH;
   t->nd = 4;
   t->ne[0] = t->ne[1] = (uint64_t)P;

@@ -223,12 +223,6 @@ static const struct md_tensor *lookup(struct binder *b, int required, int64_t d0
   return t;
 }
 
-/* A bound tensor's element type as the kernels name it. */
-static enum kn_dtype kn_of(const struct md_tensor *t) {
-  if (t->dtype >= MD_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
-  return t->dtype == MD_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
-}
-
 /* The part of a weight a rank binds: n rows (WK_SHARD_ROWS) or columns (COLS) from
  * off; halves = 2 for a stack of two row blocks split alike (the experts' fused
  * gate_up: gate rows [off, off + n) and up rows [I + off, I + off + n)). n = 0: all. */
@@ -246,7 +240,7 @@ static int cut_row(struct cut cut, int R, int r) {
  * backend memory (a column slice, or rows from both halves, are not contiguous). */
 static const void *gather(struct binder *b, const struct md_tensor *t, enum wk_shard shard,
                           struct cut cut, int n_mat, int R, int C) {
-  enum kn_dtype dt = kn_of(t);
+  enum kn_dtype dt = wk_weight_dtype(t);
   int rows = shard == WK_SHARD_ROWS ? cut.n * cut.halves : R;
   int cols = shard == WK_SHARD_COLS ? cut.n : C;
   /* rows of block formats are cut along whole blocks (bind_mat checked it) */
@@ -275,7 +269,7 @@ static const void *gather(struct binder *b, const struct md_tensor *t, enum wk_s
 static int positive_scales(const struct md_tensor *t, const char *name, int each, int off, int n,
                            float *out, char *err, size_t errlen) {
   for (int i = 0; i < n; i++) {
-    float v = kn_load_f32(t->data, kn_of(t), each ? (size_t)(off + i) : 0);
+    float v = kn_load_f32(t->data, wk_weight_dtype(t), each ? (size_t)(off + i) : 0);
     if (!(v > 0.0f) || !isfinite(v))
       return cm_fail(err, errlen, CM_ERR_RANGE, "%s: %s[%d] is %g (scales must be positive)",
                      t->file, name, each ? off + i : 0, (double)v);
@@ -344,7 +338,7 @@ static void bind_fp8(struct binder *b, struct wk_w *w, const struct md_tensor *t
       goto done;
     }
   } else if (!rc) {
-    enum kn_dtype dt = kn_of(t);
+    enum kn_dtype dt = wk_weight_dtype(t);
     if (cols != C && !(amax = malloc(sizeof(float) * (size_t)rows))) rc = CM_ERR_NOMEM;
     for (int r = 0; !rc && amax && r < rows; r++) { /* the whole row's largest magnitude */
       float big = 0.0f;
@@ -374,7 +368,7 @@ static void bind_fp8(struct binder *b, struct wk_w *w, const struct md_tensor *t
   w->scale = sd;
   w->dt = KN_DTYPE_F8E4M3;
   b->m->weight_bytes += qbytes + sizeof(float) * (size_t)rows;
-  load_progress(b->m, (size_t)rows * (size_t)cols * kn_dtype_size(kn_of(t)));
+  load_progress(b->m, (size_t)rows * (size_t)cols * kn_dtype_size(wk_weight_dtype(t)));
 done:
   free(q);
   free(scale);
@@ -409,7 +403,7 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
                     t->file, name, kn_dtype_name(q), c0 % be ? c0 : c0 + cols, be);
     return;
   }
-  enum kn_dtype src = kn_of(t);
+  enum kn_dtype src = wk_weight_dtype(t);
   size_t rb = kn_row_bytes(q, (size_t)cols), n = (size_t)w->n_mat * (size_t)rows, bytes = n * rb;
   uint8_t *host = malloc(bytes ? bytes : 1);
   float *row = malloc(sizeof(float) * (size_t)cols);
@@ -438,7 +432,7 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
  * blocks, not under --quantization fp8. */
 static int block_ok(struct binder *b, const struct md_tensor *t, enum wk_shard shard,
                     struct cut cut, const char *name) {
-  enum kn_dtype dt = kn_of(t);
+  enum kn_dtype dt = wk_weight_dtype(t);
   int be = kn_block_elems(dt);
   if (!kn_backend_has(b->m->be, KN_CAP_BLOCK_WEIGHTS))
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
@@ -473,7 +467,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   b->mat = 0;
   *w = (struct wk_w){.shard = shard};
   if (!t) return;
-  w->dt = kn_of(t);
+  w->dt = wk_weight_dtype(t);
   if (kn_block_elems(w->dt) && !block_ok(b, t, shard, cut, name)) return;
   w->n_mat = d2 < 0 ? 1 : (int)d0;
   int R = (int)(d2 < 0 ? d0 : d1), C = (int)(d2 < 0 ? d1 : d2);

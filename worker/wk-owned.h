@@ -18,4 +18,9 @@ void *wk_owned_alloc(struct wk_owned *o, struct kn_backend *be, size_t bytes);
 /* Frees every buffer in o and the list itself; o is empty afterwards. */
 void wk_owned_free(struct wk_owned *o, struct kn_backend *be);
 
+/* A checkpoint tensor's element type as the kernels name it (its bytes
+ * unchanged: float, FP8 and ggml's block formats). */
+struct md_tensor;
+enum kn_dtype wk_weight_dtype(const struct md_tensor *t);
+
 #endif

@@ -104,7 +104,7 @@ static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *
     return NULL;
   }
   if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_Q6_K) {
-    int be = kn_block_elems(wk_tower_kn_dtype(t));
+    int be = kn_block_elems(wk_weight_dtype(t));
     if ((blocks == 1 && !kn_backend_has(b->be, KN_CAP_BLOCK_WEIGHTS)) || dims[ndim - 1] % be) {
       b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, and %s",
                       b->what, name, t->dtype_name,
@@ -123,11 +123,6 @@ static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *
   return t;
 }
 
-enum kn_dtype wk_tower_kn_dtype(const struct md_tensor *t) {
-  if (t->dtype >= MD_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
-  return (enum kn_dtype)t->dtype; /* F32, F16, BF16: the same values */
-}
-
 const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *name, int ndim,
                                         const int64_t *dims) {
   return tensor_of(b, name, ndim, dims, 0);
@@ -139,7 +134,7 @@ const struct md_tensor *wk_tower_matrix(struct wk_tower_binder *b, const char *n
 }
 
 void wk_tower_row(const struct md_tensor *t, int64_t r, int64_t K, float *dst) {
-  enum kn_dtype dt = wk_tower_kn_dtype(t);
+  enum kn_dtype dt = wk_weight_dtype(t);
   if (kn_block_elems(dt)) {
     kn_dequant_row(dt, (const uint8_t *)t->data + (size_t)r * kn_row_bytes(dt, (size_t)K), dst,
                    (size_t)K);
@@ -193,7 +188,7 @@ struct wk_clin wk_tower_linear(struct wk_tower_binder *b, int64_t rows, int64_t 
       .in_lo = -INFINITY, .in_hi = INFINITY, .out_lo = -INFINITY, .out_hi = INFINITY};
   const struct md_tensor *t = wk_tower_matrix(b, name, rows, cols, 0);
   if (!t) return m;
-  m.dt = wk_tower_kn_dtype(t);
+  m.dt = wk_weight_dtype(t);
   m.w = wk_tower_place(b, t->data, t->nbytes, 0);
   return m;
 }

@@ -93,8 +93,6 @@ const struct md_tensor *wk_tower_tensor(struct wk_tower_binder *b, const char *n
  * whatever be has, with host: a matrix read on the host, wk_tower_row). */
 const struct md_tensor *wk_tower_matrix(struct wk_tower_binder *b, const char *name, int64_t rows,
                                         int64_t cols, int host);
-/* The kernels' dtype of a tensor wk_tower_tensor or wk_tower_matrix gave. */
-enum kn_dtype wk_tower_kn_dtype(const struct md_tensor *t);
 /* Row r (K elements) of such a matrix, host memory, as f32 values into dst. */
 void wk_tower_row(const struct md_tensor *t, int64_t r, int64_t K, float *dst);
 /* Backend memory holding `bytes` of host data (the data itself on backends
