@@ -19,6 +19,7 @@ static const struct {
     {"vision", tl_bench_vision_main, "image encoder images/s and time to first token of one image"},
     {"grammar", tl_bench_grammar_main,
      "structured outputs: compile and token-mask times over a corpus"},
+    {"matmul", tl_bench_matmul_main, "rate of one matmul kernel: a weight format, a shape"},
 };
 
 int tl_bench_main(int argc, char **argv) {
@@ -33,7 +34,7 @@ int tl_bench_main(int argc, char **argv) {
     if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
   fprintf(stderr,
           "lmserve bench: unknown benchmark '%s' (model, tokenizer, serve, coll, soak, vision, "
-          "grammar)\n",
+          "grammar, matmul)\n",
           argv[1]);
   return 2;
 }

@@ -15,6 +15,7 @@ int tl_bench_coll_main(int argc, char **argv);      /* tl-bench-coll.c */
 int tl_bench_soak_main(int argc, char **argv);      /* tl-bench-soak.c */
 int tl_bench_vision_main(int argc, char **argv);    /* tl-bench-vision.c */
 int tl_bench_grammar_main(int argc, char **argv);   /* tl-bench-grammar.c */
+int tl_bench_matmul_main(int argc, char **argv);    /* tl-bench-matmul.c */
 
 int tl_generate_main(int argc, char **argv);   /* tl-generate.c */
 int tl_tokenize_main(int argc, char **argv);   /* tl-tokenize.c */

@@ -102,3 +102,40 @@ TH_TEST(cli_bench_grammar) {
   TH_CHECK(strstr(o.err, "corpus line 2") != NULL);
   th_out_free(&o);
 }
+
+/* `bench matmul`: a line a token count for weight formats in each mode, from
+ * cache and from memory (the fraction of the probe printed); a format it does
+ * not know, columns that are not whole blocks, a token count out of range and
+ * an unknown --from are refused before anything runs. */
+TH_TEST(cli_bench_matmul) {
+  th_proc_init(120);
+  struct th_out o = {0};
+  static const char *const runs[][4] = {
+      {"q8_0", "q8", "cache", "laid out as q8_0x16"},
+      {"q4_k", "q8", "cache", "laid out as q4_kx16"},
+      {"q6_k", "auto", "cache", "laid out as q6_k"},
+      {"bf16", "bfloat16", "cache", "laid out as bf16"},
+      {"q4_0", "q8", "memory", "; the probe "},
+  };
+  for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+    TH_CHECK_EQ_INT(th_lmserve(&o, 60000, "bench", "matmul", "--weights", runs[i][0], "--dtype",
+                               runs[i][1], "--from", runs[i][2], "--rows", "40", "--cols", "512",
+                               "--tokens", "1,17", "--threads", "2", "--seconds", "0.05", NULL),
+                    0);
+    TH_CHECK(strstr(o.out, "# lmserve bench matmul --weights ") != NULL);
+    TH_CHECK(strstr(o.out, "\nT    1 ") && strstr(o.out, "\nT   17 ") && strstr(o.out, " GOP/s "));
+    /* (the reference table keeps a weight's rows as they are) */
+    const int said = strstr(o.out, runs[i][3]) || strstr(o.out, "cpu-ref");
+    if (!said) fprintf(stderr, "no '%s' in:\n%s", runs[i][3], o.out);
+    TH_CHECK(said);
+  }
+  static const struct th_refusal cases[] = {
+      {{"bench", "matmul", "--weights", "q3_k"}, 2, "unknown format 'q3_k'"},
+      {{"bench", "matmul", "--weights", "q4_k", "--cols", "288"}, 2, "not whole blocks of q4_k"},
+      {{"bench", "matmul", "--tokens", "1,0"}, 2, "'0' is not a count"},
+      {{"bench", "matmul", "--from", "disk"}, 2, "neither cache nor memory"},
+      {{"bench", "matmul", "--dtype", "int8"}, 2, "--dtype"},
+  };
+  th_lmserve_refusals(cases, sizeof(cases) / sizeof(cases[0]), 10000);
+  th_out_free(&o);
+}
