@@ -36,11 +36,6 @@ static const struct {
                {"json_object", GR_JSON_OBJECT}};
 #define N_KINDS 5
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* q-quantile of sorted x[n] */
 static double quant(const double *x, size_t n, double q) {
   return n ? x[(size_t)(q * (double)(n - 1) + 0.5)] : 0;
@@ -188,7 +183,7 @@ int tl_bench_grammar_main(int argc, char **argv) {
       json_decref(o);
       continue;
     }
-    qsort(ct, 11, sizeof *ct, cmp_d);
+    qsort(ct, 11, sizeof *ct, tl_cmp_double);
     if (n_compiles < sizeof compiles / sizeof compiles[0]) compiles[n_compiles++] = ct[5];
     size_t n = 0, n_first = 0;
     int done = 0;
@@ -219,7 +214,7 @@ int tl_bench_grammar_main(int argc, char **argv) {
       memcpy(all[at] + n_all[at], us, n * sizeof(double));
       n_all[at] += n;
     }
-    qsort(us, n, sizeof *us, cmp_d);
+    qsort(us, n, sizeof *us, tl_cmp_double);
     double sum = 0;
     for (size_t i = 0; i < n; i++)
       sum += us[i];
@@ -238,14 +233,14 @@ int tl_bench_grammar_main(int argc, char **argv) {
     for (int k = 0; k <= N_KINDS; k++) {
       size_t n = n_all[k];
       if (!n) continue;
-      qsort(all[k], n, sizeof(double), cmp_d);
+      qsort(all[k], n, sizeof(double), tl_cmp_double);
       double sum = 0;
       for (size_t i = 0; i < n; i++)
         sum += all[k][i];
       printf("%-30s %7zu %8.1f %8.1f %8.1f\n", k == N_KINDS ? "all" : k_kinds[k].name, n,
              quant(all[k], n, 0.5), quant(all[k], n, 0.99), sum / (double)n);
     }
-    qsort(compiles, n_compiles, sizeof *compiles, cmp_d);
+    qsort(compiles, n_compiles, sizeof *compiles, tl_cmp_double);
     printf("\ncompile over %zu grammars: p50 %.0f us, p99 %.0f us, max %.0f us; %d refused\n",
            n_compiles, quant(compiles, n_compiles, 0.5), quant(compiles, n_compiles, 0.99),
            n_compiles ? compiles[n_compiles - 1] : 0, refused);

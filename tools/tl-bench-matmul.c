@@ -91,11 +91,6 @@ static int bm_weight(const struct bm_conf *c, uint8_t *w, size_t row_bytes) {
   return rc;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Times T tokens against the n_w prepared copies w[] (laid out as *dt) and
  * prints the line. 0 or a cm_err. */
 static int bm_measure(struct kn_backend *be, const struct bm_conf *c, void **w, int n_w,
@@ -139,7 +134,7 @@ static int bm_measure(struct kn_backend *be, const struct bm_conf *c, void **w, 
   }
   if (!rc) {
     double mean = t_calls / calls;
-    qsort(ms, (size_t)calls, sizeof(*ms), cmp_double);
+    qsort(ms, (size_t)calls, sizeof(*ms), tl_cmp_double);
     double med = ms[calls / 2], ops = 2.0 * T * c->N * (double)c->K;
     printf("T %4d  %8.4f ms a call (best %.4f, p90 %.4f, mean %.4f; %d calls)  %8.1f GOP/s  %7.2f "
            "GB/s of weights",

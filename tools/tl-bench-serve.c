@@ -198,17 +198,12 @@ static void *client_thread(void *arg) {
 
 /* ---- metrics -------------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static void stats_line(const char *name, double *v, int n, double scale, const char *unit) {
   if (n == 0) {
     printf("%-26s (no samples)\n", name);
     return;
   }
-  qsort(v, (size_t)n, sizeof(double), cmp_double);
+  qsort(v, (size_t)n, sizeof(double), tl_cmp_double);
   double sum = 0;
   for (int i = 0; i < n; i++)
     sum += v[i];

@@ -28,4 +28,7 @@ struct cm_opt;
 int tl_args_parse(const char *prog, const char *summary, const struct cm_opt *opts, int argc,
                   char **argv);
 
+/* qsort's comparison of two doubles, ascending (the benchmarks' medians). tl-args.c */
+int tl_cmp_double(const void *a, const void *b);
+
 #endif
