@@ -122,6 +122,19 @@ int kn_cpu_has_avx512vnni(void) {
 #endif
 }
 
+int kn_cpu_has_avxvnni(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  /* CPUID leaf 7 subleaf 1, EAX bit 4 (the VEX-encoded vpdpbusd); the ymm
+   * state's support by the OS is the AVX2 check's */
+  unsigned a, b, c, d;
+  if (!kn_cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+  return (a >> 4) & 1;
+#else
+  return 0;
+#endif
+}
+
 int kn_cpu_is_amd(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   unsigned a, b, c, d;
@@ -151,6 +164,7 @@ int kn_cpu_has_avx512bf16(void) {
 static enum kn_cpu_isa detect_vector(void) {
   if (kn_cpu_has_avx512bf16()) return KN_CPU_ISA_AVX512BF16;
   if (kn_cpu_has_avx512()) return KN_CPU_ISA_AVX512;
+  if (kn_cpu_has_avxvnni()) return KN_CPU_ISA_AVX2VNNI;
   return kn_cpu_has_avx2() ? KN_CPU_ISA_AVX2 : KN_CPU_ISA_REF;
 }
 
@@ -158,6 +172,7 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   switch (isa) {
   case KN_CPU_ISA_REF: return "ref";
   case KN_CPU_ISA_AVX2: return "avx2";
+  case KN_CPU_ISA_AVX2VNNI: return "avx2vnni";
   case KN_CPU_ISA_AVX512: return "avx512";
   case KN_CPU_ISA_AVX512BF16: return "avx512bf16";
   case KN_CPU_ISA_AMX: return "amx";
@@ -165,7 +180,7 @@ const char *kn_cpu_isa_name(enum kn_cpu_isa isa) {
   return "?";
 }
 
-/* LMSERVE_KERNELS=ref|avx2|avx512|avx512bf16|amx: the highest instruction
+/* LMSERVE_KERNELS=ref|avx2|avx2vnni|avx512|avx512bf16|amx: the highest instruction
  * set allowed (KN_CPU_ISA_BEST when unset); an unknown name is warned about
  * once and ignored. */
 static enum kn_cpu_isa env_cap(void) {
@@ -175,7 +190,9 @@ static enum kn_cpu_isa env_cap(void) {
     if (!strcasecmp(s, kn_cpu_isa_name((enum kn_cpu_isa)i))) return (enum kn_cpu_isa)i;
   static int warned;
   if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-    cm_warn("kn", "LMSERVE_KERNELS=%s is not one of ref, avx2, avx512, avx512bf16, amx: ignored",
+    cm_warn("kn",
+            "LMSERVE_KERNELS=%s is not one of ref, avx2, avx2vnni, avx512, avx512bf16, amx: "
+            "ignored",
             s);
   return KN_CPU_ISA_BEST;
 }
@@ -199,8 +216,9 @@ enum kn_cpu_isa kn_cpu_isa_detect(void) {
 /* ---- creation ----------------------------------------------------------- */
 
 static struct kn_backend_ops cpu_ops;
-static const char *const cpu_names[] = {"cpu-ref",        "cpu-avx2", "cpu-avx512",
-                                        "cpu-avx512bf16", "cpu-amx",  "cpu-amx-emulated"};
+static const char *const cpu_names[] = {"cpu-ref",         "cpu-avx2",       "cpu-avx2vnni",
+                                        "cpu-avx512",      "cpu-avx512bf16", "cpu-amx",
+                                        "cpu-amx-emulated"};
 #define EMULATED_AMX (KN_CPU_ISA_BEST + 1) /* cpu_names' index of the emulated table */
 _Static_assert(sizeof(cpu_names) / sizeof(cpu_names[0]) == EMULATED_AMX + 1,
                "a name for every table and the emulated one");
@@ -254,6 +272,8 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   const enum kn_cpu_isa have = detect_vector();
   isa = want < have ? want : have;
   if (bf16 != 1 && isa > KN_CPU_ISA_AVX512) isa = KN_CPU_ISA_AVX512;
+  /* asked for exactly the AVX-VNNI table (a cap) where AVX-512 stands without it */
+  if (isa == KN_CPU_ISA_AVX2VNNI && !kn_cpu_has_avxvnni()) isa = KN_CPU_ISA_AVX2;
   if (bf16 == 1 && !emulate && want == KN_CPU_ISA_AMX && isa == KN_CPU_ISA_AVX512BF16 &&
       kn_cpu_has_amx())
     isa = KN_CPU_ISA_AMX;
@@ -272,6 +292,7 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_quant_avx2(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_q8_avx2(&ctx->dsp);
+  if (isa == KN_CPU_ISA_AVX2VNNI) kn_cpu_dsp_init_q8_avxvnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512 && kn_cpu_has_avx512vnni()) kn_cpu_dsp_init_q8_vnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);

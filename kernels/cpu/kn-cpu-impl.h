@@ -297,6 +297,10 @@ void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp);
 /* q8dot[] with AVX-512 VNNI tiles (kn-cpu-q8-vnni.c; needs kn_cpu_has_avx512vnni()). */
 void kn_cpu_dsp_init_q8_vnni(struct kn_cpu_dsp *dsp);
 int kn_cpu_has_avx512vnni(void);
+/* q8dot[] of the AVX2 tiles with AVX-VNNI's 256-bit vpdpbusd (kn-cpu-q8-avxvnni.c;
+ * needs kn_cpu_has_avxvnni()); the table then names itself KN_CPU_ISA_AVX2VNNI. */
+void kn_cpu_dsp_init_q8_avxvnni(struct kn_cpu_dsp *dsp);
+int kn_cpu_has_avxvnni(void);
 int kn_cpu_has_avx2(void);
 /* The AVX2 matvecs by weight dtype (the AVX-512 table hands them T = 1). */
 extern const kn_cpu_dot_fn kn_cpu_matvec_avx2[KN_DTYPE__COUNT];

@@ -3,6 +3,9 @@
  * defines
  *   Q8T_ATTR  the functions' target attribute,
  *   Q8T_VNNI  1: four products summed by vpdpbusd (AVX-512 VNNI), 0: AVX2,
+ *   Q8T_AVXVNNI (optional, with Q8T_VNNI 0) 1: the AVX2 tiles with AVX-VNNI's
+ *             256-bit vpdpbusd where they sum four products, and Q8_0 and
+ *             Q4_0 the VNNI tiles' ways (w + 128 against x; nibbles in place),
  *   Q8T_ZMM   1: tokens side by side 16 to a 512-bit register, 0: 8 to a
  *             256-bit one.
  *
@@ -26,6 +29,13 @@
 
 #include "kernels/cpu/kn-cpu-avx2.h"
 #include "kernels/kn-quant.h"
+
+#ifndef Q8T_AVXVNNI
+#define Q8T_AVXVNNI 0
+#endif
+/* vpdpbusd in some width: the ways of summing that need it (Q8_0's offset
+ * w + 128, Q4_0's high nibbles in place, several chains a token) */
+#define Q8T_DPBUSD (Q8T_VNNI || Q8T_AVXVNNI)
 
 #define AI __attribute__((always_inline))
 
@@ -53,6 +63,8 @@ KN_AVX2 static inline void put1(float *o, float s, int acc) {
 Q8T_ATTR static inline AI __m256i dot4(__m256i c, __m256i u, __m256i s) {
 #if Q8T_VNNI
   return _mm256_dpbusd_epi32(c, u, s);
+#elif Q8T_AVXVNNI
+  return _mm256_dpbusd_avx_epi32(c, u, s);
 #else
   __m256i r =
       _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
@@ -291,7 +303,7 @@ Q8T_ATTR static inline AI void int_block(const enum q8_kind kind, const int NG, 
                                          const struct q8_tv *tv, size_t b, q8vi *p) {
 #define XQ(g, k) vi_load(tv[g].x + Q8_XB * b + 4 * KN_CPU_Q8_GROUP * (k))
 #define SO(g)    vi_load(tv[g].s + KN_CPU_Q8_GROUP * b)
-#if Q8T_VNNI
+#if Q8T_DPBUSD
   /* two chains of four vpdpbusd, the first from the offset's term: Q4_0's low
    * nibbles against elements 0..15 and its high ones in place (16 q: their
    * sum is 16 times theirs, shifted back exactly) against 16..31; Q8_0's
@@ -816,7 +828,7 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
         wv[r] = _mm256_or_si256(nib32(blk + 8), bit5x32(u32le(blk + 4)));
       else
         wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-#if Q8T_VNNI
+#if Q8T_DPBUSD
       if (kind == Q8K_Q8_0) wv[r] = _mm256_xor_si256(wv[r], _mm256_set1_epi8((char)0x80));
 #endif
     }
@@ -827,13 +839,13 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
       const __m256i xv =
           _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
       /* the offset's lane terms (AVX2's Q8_0 has none: signs; a min's are its sums) */
-      const __m256i so = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_VNNI)
+      const __m256i so = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_DPBUSD)
                              ? _mm256_loadu_si256((const __m256i *)(s + (size_t)u * B8 + b * 8))
                              : _mm256_setzero_si256();
       __m256i p[8];
 #pragma GCC unroll 8
       for (int r = 0; r < 8; r++) {
-#if Q8T_VNNI
+#if Q8T_DPBUSD
         p[r] = dot4(so, wv[r], xv);
 #else
         p[r] = kind != Q8K_Q8_0 ? dot4(so, wv[r], xv)
@@ -867,7 +879,7 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
  * its destination, so one accumulator makes a block's eight products a chain
  * of eight latencies. With a few tokens nothing else overlaps them: the
  * products go to several chains, summed at the block's end. */
-#define Q8_CHAINS(U) (Q8T_VNNI ? ((U) == 1 ? 4 : (U) <= 4 ? 2 : 1) : 1)
+#define Q8_CHAINS(U) (Q8T_DPBUSD ? ((U) == 1 ? 4 : (U) <= 4 ? 2 : 1) : 1)
 
 /* Tokens up to which an X16 tile loads a block's weights one block ahead
  * (in registers: the loads' latency then overlaps the block before). */
@@ -942,7 +954,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
   const int four = kind == Q8K_Q4_0 || kind == Q8K_Q4_1, five = kind == Q8K_Q5_0 || kind == Q8K_Q5_1;
   /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
    * odd chains, their sum shifted back exactly (one shift a block, not four) */
-  const int CH = G > 1 ? (U <= 2 ? 2 : 1) : Q8_CHAINS(U), HIP = Q8T_VNNI && four && CH > 1;
+  const int CH = G > 1 ? (U <= 2 ? 2 : 1) : Q8_CHAINS(U), HIP = Q8T_DPBUSD && four && CH > 1;
   const int PIPE = U <= (G > 1 ? 1 : Q8_PIPE_U) && kind != Q8K_Q8_0; /* Q8_0: 8 registers more */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
@@ -977,8 +989,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
       q8vi p[2][Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs; a min is added after) */
-        const q8vi o0 = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_VNNI) ? vi_set1_32(xt.o[u][b])
-                                                                         : vi_zero();
+        const q8vi o0 = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_DPBUSD) ? vi_set1_32(xt.o[u][b])
+                                                                            : vi_zero();
 #pragma GCC unroll 2
         for (int i = 0; i < G; i++) {
           p[i][u][0] = o0;
@@ -987,7 +999,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
             p[i][u][k] = vi_zero();
         }
       }
-#if !Q8T_VNNI
+#if !Q8T_DPBUSD
       if (four) {
         /* vpmaddubsw's pairs of 15 x 127 summed in 16 bits: eight of them fit */
         __m256i s16[2][Q8_XU];
@@ -1057,7 +1069,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
-#if Q8T_VNNI
+#if Q8T_DPBUSD
           q8vi uw[2];
 #pragma GCC unroll 2
           for (int i = 0; i < G; i++)
@@ -1131,7 +1143,7 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
                                          ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
                                          const uint8_t *g, int B, int acc, const uint8_t *pfe) {
   const size_t gb = KN_X16_ROWS * kind_bytes(kind);
-  const int five = kind == Q8K_Q5_K, HIP = Q8T_VNNI && !five;
+  const int five = kind == Q8K_Q5_K, HIP = Q8T_DPBUSD && !five;
   const int CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);

@@ -6,8 +6,9 @@
  * and adds AVX-512-BF16 dot products, or AMX-BF16 tiles, where the processor
  * has them.
  *
- * LMSERVE_KERNELS=ref (or avx2, avx512, avx512bf16, amx) in the environment caps the kernel
- * set when a backend is created; ref forces the reference versions. Memory
+ * LMSERVE_KERNELS=ref (or avx2, avx2vnni, avx512, avx512bf16, amx) in the
+ * environment caps the kernel set when a backend is created; ref forces the
+ * reference versions. Memory
  * hooks are the identity: any host memory is backend memory. */
 #ifndef LMSERVE_KN_CPU_H
 #define LMSERVE_KN_CPU_H
@@ -21,9 +22,12 @@
 enum kn_cpu_isa {
   KN_CPU_ISA_REF = 0,        /* plain C */
   KN_CPU_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
-  KN_CPU_ISA_AVX512 = 2,     /* AVX-512 F/DQ/BW/VL over the AVX2 table */
-  KN_CPU_ISA_AVX512BF16 = 3, /* + AVX-512-BF16 dot products (the bf16 mode's matmuls) */
-  KN_CPU_ISA_AMX = 4,        /* + AMX-BF16 tiles (the bf16 mode's matmuls and attention) */
+  KN_CPU_ISA_AVX2VNNI = 2,   /* + AVX-VNNI: the q8 mode's dot products in 256-bit vpdpbusd
+                                (processors with AVX-VNNI and no AVX-512: Alder Lake on,
+                                Xeon 6 with E-cores); the AVX2 table where it is absent */
+  KN_CPU_ISA_AVX512 = 3,     /* AVX-512 F/DQ/BW/VL over the AVX2 table */
+  KN_CPU_ISA_AVX512BF16 = 4, /* + AVX-512-BF16 dot products (the bf16 mode's matmuls) */
+  KN_CPU_ISA_AMX = 5,        /* + AMX-BF16 tiles (the bf16 mode's matmuls and attention) */
   KN_CPU_ISA_BEST = KN_CPU_ISA_AMX,
 };
 

@@ -121,13 +121,15 @@ TH_TEST(backend_isa_choice) {
     enum kn_cpu_isa have = kn_cpu_isa_detect();
     /* the default mode stops at AVX-512: the bf16 dot products serve the
      * bf16 mode alone */
-    TH_CHECK_EQ_STR(kn_backend_name(be), have >= KN_CPU_ISA_AVX512 ? "cpu-avx512"
-                                         : have == KN_CPU_ISA_AVX2 ? "cpu-avx2"
-                                                                   : "cpu-ref");
+    TH_CHECK_EQ_STR(kn_backend_name(be), have >= KN_CPU_ISA_AVX512     ? "cpu-avx512"
+                                         : have == KN_CPU_ISA_AVX2VNNI ? "cpu-avx2vnni"
+                                         : have == KN_CPU_ISA_AVX2     ? "cpu-avx2"
+                                                                       : "cpu-ref");
     kn_backend_destroy(be);
     TH_REQUIRE(kn_cpu_backend_create_mode(1, KN_CPU_ISA_AVX512BF16, 1, &be) == 0);
     TH_CHECK_EQ_STR(kn_backend_name(be), have >= KN_CPU_ISA_AVX512BF16 ? "cpu-avx512bf16"
                                          : have == KN_CPU_ISA_AVX512   ? "cpu-avx512"
+                                         : have == KN_CPU_ISA_AVX2VNNI ? "cpu-avx2vnni"
                                          : have == KN_CPU_ISA_AVX2     ? "cpu-avx2"
                                                                        : "cpu-ref");
     kn_backend_destroy(be);
@@ -136,12 +138,21 @@ TH_TEST(backend_isa_choice) {
     TH_CHECK_EQ_STR(kn_backend_name(be), have == KN_CPU_ISA_AMX          ? "cpu-amx"
                                          : have == KN_CPU_ISA_AVX512BF16 ? "cpu-avx512bf16"
                                          : have == KN_CPU_ISA_AVX512     ? "cpu-avx512"
+                                         : have == KN_CPU_ISA_AVX2VNNI   ? "cpu-avx2vnni"
                                          : have == KN_CPU_ISA_AVX2       ? "cpu-avx2"
                                                                          : "cpu-ref");
     kn_backend_destroy(be);
     /* a request above what the processor has is capped */
     TH_REQUIRE(kn_cpu_backend_create_isa(1, KN_CPU_ISA_AVX2, &be) == 0);
     TH_CHECK_EQ_STR(kn_backend_name(be), have >= KN_CPU_ISA_AVX2 ? "cpu-avx2" : "cpu-ref");
+    kn_backend_destroy(be);
+    /* the AVX-VNNI table exactly: where AVX-512 stands without AVX-VNNI (Ice
+     * Lake, Zen 4), the AVX2 table */
+    TH_REQUIRE(kn_cpu_backend_create_isa(1, KN_CPU_ISA_AVX2VNNI, &be) == 0);
+    TH_CHECK_EQ_STR(kn_backend_name(be), have >= KN_CPU_ISA_AVX2VNNI && kn_cpu_has_avxvnni()
+                                             ? "cpu-avx2vnni"
+                                         : have >= KN_CPU_ISA_AVX2 ? "cpu-avx2"
+                                                                   : "cpu-ref");
   }
   kn_backend_destroy(be);
 }
