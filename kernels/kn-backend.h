@@ -43,9 +43,9 @@ struct kn_backend;
 /* Destroys a backend made by kn_backend_open (kn-registry.h) or a
  * kn_*_backend_create(); NULL is a no-op. */
 void kn_backend_destroy(struct kn_backend *be);
-/* For logs and metrics only: "cpu-ref", "cpu-avx2", "cpu-avx512",
- * "cpu-avx512bf16" (the CPU backend and its kernel set), "cuda". Behaviour is chosen by capability
- * (kn_backend_has), never by this name. */
+/* For logs and metrics only: "cpu-ref", "cpu-avx2", "cpu-avx2vnni", "cpu-avx512",
+ * "cpu-avx512bf16", "cpu-amx" (the CPU backend and its kernel set), "cuda". Behaviour is
+ * chosen by capability (kn_backend_has), never by this name. */
 const char *kn_backend_name(const struct kn_backend *be);
 /* For logs and metrics only: the precision the matmuls take their inputs in,
  * "f32" (the CPU's default), "bf16" (the CPU's --dtype bfloat16) or "weights"
