@@ -122,17 +122,22 @@ int kn_cpu_has_avx512vnni(void) {
 #endif
 }
 
-int kn_cpu_has_avxvnni(void) {
+/* CPUID leaf 7 subleaf 1's EAX (0 where the processor has no such subleaf:
+ * subleaf 0's EAX says whether it exists). gcc 12's __builtin_cpu_supports
+ * has no names for its bits. */
+static unsigned cpuid_7_1_eax(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  /* CPUID leaf 7 subleaf 1, EAX bit 4 (the VEX-encoded vpdpbusd); the ymm
-   * state's support by the OS is the AVX2 check's */
   unsigned a, b, c, d;
-  if (!kn_cpu_has_avx2() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
-  return (a >> 4) & 1;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) ? a : 0;
 #else
   return 0;
 #endif
+}
+
+int kn_cpu_has_avxvnni(void) {
+  /* bit 4: the VEX-encoded vpdpbusd; the OS's saving of the ymm state is the AVX2 check's */
+  return kn_cpu_has_avx2() && (cpuid_7_1_eax() >> 4 & 1);
 }
 
 int kn_cpu_is_amd(void) {
@@ -147,16 +152,7 @@ int kn_cpu_is_amd(void) {
 }
 
 int kn_cpu_has_avx512bf16(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  /* CPUID leaf 7 subleaf 1, EAX bit 5 (gcc 12's __builtin_cpu_supports has
-   * no name for it); subleaf 0's EAX says whether subleaf 1 exists */
-  unsigned a, b, c, d;
-  if (!kn_cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return 0;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
-  return (a >> 5) & 1;
-#else
-  return 0;
-#endif
+  return kn_cpu_has_avx512() && (cpuid_7_1_eax() >> 5 & 1); /* bit 5 */
 }
 
 /* The best instruction set short of AMX (whose check asks the kernel for
