@@ -206,6 +206,8 @@ enum kn_cpu_isa kn_cpu_isa_detect(void) {
   const enum kn_cpu_isa cap = env_cap();
   const enum kn_cpu_isa have =
       cap >= KN_CPU_ISA_AMX && kn_cpu_has_amx() ? KN_CPU_ISA_AMX : detect_vector();
+  /* capped at AVX-VNNI, AVX-512 without it (Ice Lake, Zen 4) is the AVX2 table */
+  if (cap == KN_CPU_ISA_AVX2VNNI && have > cap && !kn_cpu_has_avxvnni()) return KN_CPU_ISA_AVX2;
   return cap < have ? cap : have;
 }
 
