@@ -240,12 +240,14 @@ int tl_bench_matmul_main(int argc, char **argv) {
   const size_t stride = (w_bytes + 4095) / 4096 * 4096;
   struct cm_huge huge = {0};
   if (!rc && in_host) rc = cm_huge_map(stride * (size_t)n_w, &huge);
+  /* the first copy laid out once, the others copies of its bytes */
   for (int i = 0; !rc && i < n_w; i++) {
-    dt = c.wdt;
     if (!(w[i] = in_host ? (uint8_t *)huge.base + stride * (size_t)i : kn_alloc(be, w_bytes)))
       rc = CM_ERR_NOMEM;
-    else if (!(rc = kn_upload(be, w[i], host, w_bytes)))
-      rc = kn_weights_prepare(be, w[i], &dt, c.N, c.K);
+    else if (i)
+      rc = kn_copy(be, w[i], w[0], w_bytes);
+    else if (!(rc = kn_upload(be, w[0], host, w_bytes)))
+      rc = kn_weights_prepare(be, w[0], &dt, c.N, c.K);
   }
   struct kn_cpu_bw_probe *probe = NULL;
   if (!rc && c.memory && kn_backend_has(be, KN_CAP_HOST_MEMORY) &&
