@@ -559,6 +559,10 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
    * same tokens from the same (all-reduced) hidden state */
   int assistant = c->arch == MD_ARCH_GEMMA4_ASSISTANT;
   struct cut vcut = assistant ? (struct cut){0} : (struct cut){sp->vocab0, sp->vocab_n, 1};
+  /* an assistant's head that picks its candidates' rows (kn_matmul_rows, rows of
+   * f32, f16 or bf16) stays as stored under --quantization q8_0 | q4_0 | q4_k */
+  const int blockq = b.blockq;
+  if (assistant && c->use_ordered_embeddings) b.blockq = 0;
   bind_as(&b, W_EMBED, &m->embed, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
           "%sembed_tokens.weight", P);
   if (c->tie_embeddings) {
@@ -567,6 +571,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     bind_as(&b, W_EMBED, &m->lm_head, assistant ? WK_SHARD_FULL : WK_SHARD_ROWS, vcut, 1, V, H, -1,
             "lm_head.weight");
   }
+  b.blockq = blockq;
   m->final_norm = bind_vec(&b, 1, H, "%snorm.weight", P);
   if (c->ple_dim) {
     int LP = L * c->ple_dim;

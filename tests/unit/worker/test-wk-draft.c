@@ -32,12 +32,14 @@ static void lcg_prompt(int32_t *p, uint32_t seed) {
     p[i] = (int32_t)(((x = x * 1664525u + 1013904223u) >> 8) % 512);
 }
 
-static int setup(struct rig *r, int ordered) {
+/* The target and its assistant, both quantized at load as quant (WK_QUANT_*) says. */
+static int setup_q(struct rig *r, int ordered, int quant) {
   memset(r, 0, sizeof(*r));
   char err[256];
   if (wkt_make_model(r->tdir, sizeof(r->tdir), "gemma4", 0, 0, MD_ST_F32, 5)) return -1;
   if (kn_cpu_backend_create(2, &r->be)) return -1;
-  struct wk_model_opts o = {.max_batch_tokens = 128, .max_seqs = 4, .kv_tokens = 512, .quiet = 1};
+  struct wk_model_opts o = {
+      .max_batch_tokens = 128, .max_seqs = 4, .kv_tokens = 512, .quiet = 1, .quantization = quant};
   if (wk_model_load(r->tdir, r->be, &o, &r->t, err, sizeof(err))) return -1;
   struct tl_tiny_spec s;
   if (tl_tiny_spec_assistant(&s, wk_model_config(r->t), err, sizeof(err))) return -1;
@@ -69,6 +71,10 @@ static int setup(struct rig *r, int ordered) {
     r->next[q] = wk_argmax(logits, 512);
   }
   return 0;
+}
+
+static int setup(struct rig *r, int ordered) {
+  return setup_q(r, ordered, WK_QUANT_NONE);
 }
 
 static void teardown(struct rig *r) {
@@ -153,6 +159,27 @@ TH_TEST(draft_dense_token_is_argmax) {
     lo = fminf(lo, logits[i]), hi = fmaxf(hi, logits[i]);
   TH_CHECK(hi - lo > 0.1f);
   teardown(&r);
+}
+
+/* --quantization q8_0 | q4_0 reaches the assistant too: its dense head is a
+ * block-format matrix like the target's, while a head that picks its
+ * candidates' rows stays as stored (kn_matmul_rows takes rows of f32, f16 or
+ * bf16), and a draft chain runs either way. */
+TH_TEST(draft_with_block_quantization) {
+  const int quants[] = {WK_QUANT_Q8_0, WK_QUANT_Q4_0};
+  for (int qi = 0; qi < 2; qi++)
+    for (int ordered = 0; ordered < 2; ordered++) {
+      struct rig r;
+      TH_REQUIRE(setup_q(&r, ordered, quants[qi]) == 0);
+      TH_CHECK(kn_block_elems(r.t->layers[0].wq.dt) > 0);
+      TH_CHECK_EQ_INT(kn_block_elems(r.d->lm_head.dt) > 0, !ordered);
+      int32_t a[3];
+      float ha[64];
+      TH_CHECK(chain(&r, 0, a, ha) == 0);
+      for (int k = 0; k < 3; k++)
+        TH_CHECK(a[k] >= 0 && a[k] < 512);
+      teardown(&r);
+    }
 }
 
 /* Zeroes the K and V of target layer `layer` in the pages its group holds
