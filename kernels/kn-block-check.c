@@ -22,7 +22,10 @@
 #include "kernels/kn-backend-impl.h"
 #include "kernels/kn-quant.h"
 
-enum { BC_N = 37, BC_T = 37, BC_BLOCKS = 3, BC_PAD_I = 3, BC_PAD_O = 2 };
+/* BC_BLOCKS K-quant super-blocks a row (96 octets of 8 elements), or
+ * BC_BLOCKS32 blocks of 32 (44 octets): both more than a warp's 32 lanes
+ * take at once, so a device kernel's lanes go round more than once. */
+enum { BC_N = 37, BC_T = 37, BC_BLOCKS = 3, BC_BLOCKS32 = 11, BC_PAD_I = 3, BC_PAD_O = 2 };
 
 struct bchk {
   struct kn_backend *be;
@@ -94,6 +97,10 @@ static void bc_matmul(struct bchk *c, int T, int acc) {
         return bc_fail(c, "matmul T=%d: out[%d, %d] = %.9g, reference %.9g (allowed %.3g)", T, t, n,
                        got, ref, c->tol * mag);
     }
+  for (int t = 0; t < T; t++) /* the columns past N are not the call's */
+    for (int n = BC_N; n < ldo; n++)
+      if (c->o[(size_t)t * ldo + n] != 1.0f)
+        return bc_fail(c, "matmul T=%d: wrote out[%d, %d], past its %d columns", T, t, n, BC_N);
 }
 
 /* kn_matmul_argmax of T rows with a softcap: each row's id must be a largest
@@ -150,7 +157,7 @@ static void bc_embed(struct bchk *c, int dev) {
 /* One format's problems: weights quantized from random values, inputs. */
 static void bc_format(struct bchk *c, enum kn_dtype dt) {
   c->dt = dt;
-  c->K = BC_BLOCKS * kn_block_elems(dt);
+  c->K = (kn_block_elems(dt) == 32 ? BC_BLOCKS32 : BC_BLOCKS) * kn_block_elems(dt);
   c->rb = kn_row_bytes(dt, (size_t)c->K);
   const int K = c->K, ldi = K + BC_PAD_I;
   const size_t wb = c->rb * BC_N, xb = sizeof(float) * (size_t)BC_T * ldi;

@@ -3,7 +3,8 @@
  *
  *   - the few-rows matmul (T <= KN_CUDA_GEMV_MAX_T a launch): one warp per weight
  *     row, each lane dequantizing 8 consecutive elements at a time (exact
- *     f32 values) and multiplying them with every input row in f32;
+ *     f32 values) and multiplying them into every input row's f32 sums (fused
+ *     multiply-adds);
  *   - the dequantized tile for cuBLAS: rows of a matrix as bf16 in scratch;
  *   - the embedding: rows of a block-format table gathered and dequantized.
  *
@@ -15,7 +16,7 @@
 /* ---- the few-rows matmul --------------------------------------------------- */
 
 /* One warp per weight row n: out[t, n] (+)= sum_k in[t, k] * w[n, k] for t < TT,
- * the weights dequantized exactly, f32 products and sums. */
+ * the weights dequantized exactly, then f32 fused multiply-adds. */
 template <int DT, int TT>
 __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                              const uint8_t *w, size_t row_bytes, int N, int K, int accumulate) {
@@ -40,6 +41,7 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
 template <int DT>
 static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                          const void *w, int T, int N, int K, int accumulate) {
+  if (K % qfmt<DT>::QK) return cudaErrorInvalidValue; /* rows of whole blocks only */
   const dim3 grid = kn_gemv_grid(N), block(32 * KN_GEMV_WARPS);
   const uint8_t *wb = (const uint8_t *)w;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
@@ -77,6 +79,7 @@ __global__ void qtile_kernel(__nv_bfloat16 *dst, const uint8_t *w, size_t row_by
 
 template <int DT>
 static cudaError_t qtile(cudaStream_t s, void *dst, const void *w, int rows, int K) {
+  if (K % qfmt<DT>::QK) return cudaErrorInvalidValue;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   qtile_kernel<DT><<<kn_grid((size_t)rows * (size_t)(K / 8), 256, 65535), 256, 0, s>>>(
       (__nv_bfloat16 *)dst, (const uint8_t *)w, rb, rows, K);
@@ -104,6 +107,7 @@ __global__ void qembed_kernel(float *out, ptrdiff_t ldo, const uint8_t *table, s
 template <int DT>
 static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table, int vocab,
                           int H, const int32_t *ids, int T, float scale) {
+  if (H % qfmt<DT>::QK) return cudaErrorInvalidValue;
   const size_t rb = (size_t)(H / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   qembed_kernel<DT><<<T, 128, 0, s>>>(out, ldo, (const uint8_t *)table, rb, vocab, H, ids, scale);
   return cudaGetLastError();

@@ -533,6 +533,12 @@ static int wrong_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, p
     out[(ptrdiff_t)(T - 1) * ldo + N / 2] += 0.1f;
   return rc;
 }
+static int wrong_pad_matmul(void *ctx, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+                            const void *w, enum kn_dtype wdt, int T, int N, int K, int accumulate) {
+  int rc = g_cpu->matmul(ctx, out, ldo, in, ldi, w, wdt, T, N, K, accumulate);
+  if (!rc && wdt == KN_DTYPE_Q6_K && T == 8) out[N] = 0.0f; /* a column past N */
+  return rc;
+}
 static int wrong_embed(void *ctx, float *out, ptrdiff_t ldo, const void *table, enum kn_dtype tdt,
                        int H, const int32_t *ids, int T, float scale) {
   int rc = g_cpu->embed(ctx, out, ldo, table, tdt, H, ids, T, scale);
@@ -556,6 +562,9 @@ TH_TEST(block_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   ops.matmul = wrong_matmul;
   TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 1u << KN_DTYPE_Q5_K);
   TH_CHECK(strstr(why, "q5_k matmul T=37:") == why);
+  ops.matmul = wrong_pad_matmul;
+  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 1u << KN_DTYPE_Q6_K);
+  TH_CHECK(strstr(why, "q6_k matmul T=8: wrote out[0, 37]") == why);
   ops.matmul = g_cpu->matmul;
   ops.embed = wrong_embed;
   TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 1u << KN_DTYPE_Q4_1);
