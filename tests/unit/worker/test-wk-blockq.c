@@ -2,8 +2,9 @@
  * load) against the GGUF file `lmserve quantize` writes from the same
  * checkpoint with the same type: the same logits, bit for bit, on one rank;
  * every tensor-parallel rank's cut of every quantized matrix the same bytes as
- * the file's cut on that rank; the refusals (a GGUF file, a cut off the
- * blocks, a backend without block kernels, an unknown name). The checkpoint is the k256 preset,
+ * the file's cut on that rank; a cut off Q4_K's blocks at load as Q5_0; the
+ * refusals (a GGUF file, a file's cut off its blocks, a backend without block
+ * kernels, an unknown name). The checkpoint is the k256 preset,
  * whose rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there q4_k falls
  * back to Q5_0 as the file does. */
 #include <math.h>
@@ -182,16 +183,30 @@ TH_TEST(quantization_refusals_are_clear) {
   struct wk_model *m = NULL;
   TH_CHECK_EQ_INT(wk_model_load(gguf[0], be, &o, &m, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "--quantization q4_0") && strstr(err, "GGUF"));
-  /* four ranks cut the MLP's 512 columns at 128: not whole blocks of 256;
-   * the message names the cut, the first rank's at its end */
-  o.quantization = WK_QUANT_Q4_K;
+  /* four ranks cut the MLP's 512 columns at 128: not whole blocks of 256.
+   * The file's Q4_K cannot be cut there: the message names the cut, the
+   * first rank's at its end. At load, q4_k takes Q5_0 for that matrix alone. */
   o.tp_size = 4;
   for (o.tp_rank = 0; o.tp_rank < 2; o.tp_rank++) {
     err[0] = 0;
-    TH_CHECK(wk_model_load(dir, be, &o, &m, err, sizeof(err)) != 0);
+    o.quantization = 0;
+    TH_CHECK(wk_model_load(gguf[2], be, &o, &m, err, sizeof(err)) != 0);
     TH_CHECK(strstr(err, "whole blocks of 256") != NULL);
     TH_CHECK(strstr(err, "split at column 128") != NULL);
+    o.quantization = WK_QUANT_Q4_K;
+    if (wk_model_load(dir, be, &o, &m, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "q4_k on rank %d of 4: %s", o.tp_rank, err);
+      continue;
+    }
+    const struct wk_layer_w *l0 = &m->layers[0];
+    TH_CHECK_EQ_INT(l0->w_down.dt, KN_DTYPE_Q5_0);
+    TH_CHECK_EQ_INT(l0->w_down.cols, 128);
+    TH_CHECK_EQ_INT(l0->w_gate.dt, KN_DTYPE_Q4_K);
+    TH_CHECK_EQ_INT(l0->wq.dt, KN_DTYPE_Q4_K);
+    wk_model_free(m);
+    m = NULL;
   }
+  o.quantization = WK_QUANT_Q4_K;
   /* a backend without block kernels (as a CUDA one whose block kernels failed
    * their check at creation is): the CPU less the bit */
   be->caps &= ~(unsigned)KN_CAP_BLOCK_WEIGHTS;
