@@ -20,15 +20,6 @@ struct sch_kv {
   uint64_t hits;    /* of those, found in the cache, tokens */
 };
 
-static int64_t gcd64(int64_t a, int64_t b) {
-  while (b) {
-    int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
-
 int sch_kv_create(struct sch_block_pool *pool, const struct sch_kv_group_cfg *groups,
                   int32_t ngroups, int prefix_caching, uint64_t hash_key, struct sch_kv **out) {
   *out = NULL;
@@ -37,7 +28,9 @@ int sch_kv_create(struct sch_block_pool *pool, const struct sch_kv_group_cfg *gr
   for (int32_t g = 0; g < ngroups; g++) {
     if (groups[g].block_tokens <= 0 || groups[g].block_tokens > 4096 || groups[g].window < 0)
       return CM_ERR_INVAL;
-    align = align / gcd64(align, groups[g].block_tokens) * groups[g].block_tokens;
+    align = align /
+            (int64_t)cm_gcd((unsigned long long)align, (unsigned long long)groups[g].block_tokens) *
+            groups[g].block_tokens;
     if (align > (1 << 20)) return CM_ERR_INVAL;
   }
   struct sch_kv *kv = calloc(1, sizeof(*kv));

@@ -388,15 +388,6 @@ done:
     (b)->role = W_ANY;                                                                             \
   } while (0)
 
-static size_t gcd_z(size_t a, size_t b) {
-  while (b) {
-    size_t r = a % b;
-    a = b;
-    b = r;
-  }
-  return a;
-}
-
 /* Binds matrix t (full shape [R, C]; w's cut already set) quantized here to
  * block format q (--quantization q8_0|q4_0|q4_k), row by row as lmserve
  * quantize writes it (kn_quantize_row). A tensor-parallel column cut falls on
@@ -496,7 +487,8 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
      * two ranks: 3456) is its fallback, Q5_0, as a row that is not whole
      * 256-blocks is (a GGUF file's Q4_K cannot be cut there: block_ok) */
     size_t k = (size_t)C;
-    if (shard == WK_SHARD_COLS && !whole) k = gcd_z(gcd_z(k, (size_t)w->off), (size_t)w->cols);
+    if (shard == WK_SHARD_COLS && !whole)
+      k = (size_t)cm_gcd(cm_gcd(k, (size_t)w->off), (size_t)w->cols);
     enum kn_dtype q = kn_quant_row_type((enum kn_dtype)b->blockq, k);
     if (q != KN_DTYPE__COUNT) {
       bind_block(b, w, t, q, cut, R, C, name);
