@@ -676,6 +676,7 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
                      "preset \"%s\" is not known for gemma3 (tiny, k256, 270m, 1b, 4b)", o->preset);
     }
     if (o->sliding_window) win = o->sliding_window;
+    if (o->ffn) F = o->ffn;
     int full[MD_MAX_LAYERS];
     for (int i = 0; i < L; i++)
       full[i] = (i + 1) % pattern == 0;

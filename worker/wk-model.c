@@ -482,10 +482,11 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
     return;
   }
   if (b->blockq && b->role != W_ANY && kn_dtype_size(w->dt) && w->dt != KN_DTYPE_F8E4M3) {
-    /* the format is whole blocks of the row and of this rank's column cut:
-     * Q4_K under a cut off its 256-blocks (Gemma 3 1b's 6912 MLP columns on
-     * two ranks: 3456) is its fallback, Q5_0, as a row that is not whole
-     * 256-blocks is (a GGUF file's Q4_K cannot be cut there: block_ok) */
+    /* the format is whole blocks of the row and of this rank's column cut: an
+     * MLP's cut falls on them where it can (ffn_units); Q4_K under a cut that
+     * cannot (the attention output's 128 columns a rank of 512) is its fallback,
+     * Q5_0, as a row that is not whole 256-blocks is (a GGUF file's Q4_K cannot
+     * be cut there: block_ok) */
     size_t k = (size_t)C;
     if (shard == WK_SHARD_COLS && !whole)
       k = (size_t)cm_gcd(cm_gcd(k, (size_t)w->off), (size_t)w->cols);
@@ -596,7 +597,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
     struct wk_layer_w *w = &m->layers[i];
     int D = l->head_dim, qd = c->n_heads * D, kvd = l->n_kv_heads * D, F = l->ffn_dim;
     int lF = lc->layers[i].ffn_dim, lkv = lc->layers[i].n_kv_heads;
-    struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->rank * lF, lF, 1};
+    struct cut kvcut = {sp->kv_head0[i] * D, lkv * D, 1}, ffcut = {sp->ffn0[i], lF, 1};
     char lp[160];
     snprintf(lp, sizeof(lp), "%slayers.%d.", P, i);
     bind_as(&b, W_LINEAR, &w->wq, WK_SHARD_ROWS, (struct cut){sp->q_head0 * D, lc->n_heads * D, 1},
@@ -1066,6 +1067,29 @@ static int check_block_quant(struct wk_model *m, struct kn_backend *be,
   return 0;
 }
 
+/* The widths each layer's MLP cut falls on under tensor parallelism
+ * (wk_config_shard): the block of its down projection's format, a GGUF file's or
+ * the one --quantization gives it, so that every rank's columns are whole blocks
+ * of it. Under --quantization a format with fewer blocks than ranks is not
+ * imposed: bind_mat takes the fallback whose blocks the even cut is whole in. */
+static void ffn_units(const struct wk_model *m, int world, int *unit) {
+  const char *P = world > 1 ? find_prefix(m->st) : NULL;
+  for (int i = 0; i < m->full.n_layers; i++) {
+    int F = m->full.layers[i].ffn_dim;
+    unit[i] = 1;
+    if (!P) continue;
+    if (m->quant_block) {
+      enum kn_dtype q = kn_quant_row_type((enum kn_dtype)m->quant_block, (size_t)F);
+      if (q != KN_DTYPE__COUNT && F / kn_block_elems(q) >= world) unit[i] = kn_block_elems(q);
+    } else {
+      char name[200];
+      snprintf(name, sizeof name, "%slayers.%d.mlp.down_proj.weight", P, i);
+      const struct md_tensor *t = md_st_find(m->st, name);
+      if (t && kn_block_elems(wk_weight_dtype(t))) unit[i] = kn_block_elems(wk_weight_dtype(t));
+    }
+  }
+}
+
 int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_model_opts *opts,
                      struct wk_model *target, struct wk_model **out, char *err, size_t errlen) {
   struct wk_model_opts o = opts ? *opts : (struct wk_model_opts){0};
@@ -1087,14 +1111,13 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   }
   if (rc) goto fail;
   int world = o.tp_size > 0 ? o.tp_size : 1;
-  if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &m->cfg, &m->plan, err, errlen))) goto fail;
   if (world > 1 && !kn_backend_has(be, KN_CAP_ALLREDUCE)) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  "tensor-parallel size %d needs collectives, which the %s backend lacks", world,
                  kn_backend_name(be));
     goto fail;
   }
-  if ((m->cfg.arch == MD_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
+  if ((m->full.arch == MD_ARCH_GEMMA4_ASSISTANT) != (target != NULL)) {
     rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
                  target ? "%s: not a gemma4_assistant checkpoint"
                         : "%s: a gemma4_assistant checkpoint runs only as a draft model of its "
@@ -1105,6 +1128,10 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
   if ((rc = check_block_quant(m, be, &o, err, errlen))) goto fail;
   if (!m->st && (rc = md_st_open_dir(dir, &m->st, err, errlen))) goto fail;
+  int units[MD_MAX_LAYERS];
+  ffn_units(m, world, units);
+  if ((rc = wk_config_shard(&m->full, o.tp_rank, world, units, &m->cfg, &m->plan, err, errlen)))
+    goto fail;
   uint64_t total = md_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
       .total = total, .next = total / 10, .loud = !o.quiet && total > (256ull << 20)};
@@ -1256,7 +1283,8 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
     const struct md_layer_cfg *l = &c->layers[i];
     h = mix(h, (uint64_t)l->kind << 48 | (uint64_t)l->head_dim << 32 |
                    (uint64_t)l->n_kv_heads << 16 | (uint64_t)l->kv_shared);
-    h = mix(h, (uint64_t)(uint32_t)l->ffn_dim);
+    /* the full width: ranks may hold unequal cuts of it (wk_config_shard) */
+    h = mix(h, (uint64_t)(uint32_t)m->full.layers[i].ffn_dim);
   }
   return h;
 }

@@ -84,8 +84,8 @@ enum {
   "quantize the weights at load: fp8 (linear layers to FP8 e4m3, a scale per output channel; "     \
   "GPUs with FP8 tensor cores, compute capability 8.9+), or q8_0, q4_0, q4_k (linear layers and "  \
   "the embedding / head to ggml's block formats, as lmserve quantize writes them; rows that are "  \
-  "not whole 256-blocks of q4_k, or cut off them by tensor parallelism, as q5_0; the CPU; with "   \
-  "--dtype q8 every block-format matrix takes 8-bit inputs)"
+  "not whole 256-blocks of q4_k, or that tensor parallelism cannot cut in them, as q5_0; the "     \
+  "CPU; with --dtype q8 every block-format matrix takes 8-bit inputs)"
 /* --quantization: "none" / "" (0), "fp8", "q8_0", "q4_0" or "q4_k" into *out; CM_ERR_INVAL with
  * a sentence in err. */
 int wk_quantization_parse(const char *s, int *out, char *err, size_t errlen);

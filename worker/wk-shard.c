@@ -1,6 +1,9 @@
 /* wk-shard.c — a model's per-rank shapes under tensor parallelism (see wk-shard.h). */
 #include "worker/wk-shard.h"
 
+#include <stdio.h>
+
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 
 /* The KV heads rank r holds of a layer with kvh KV heads and nh query heads. */
@@ -19,8 +22,24 @@ static int kv_split(int nh, int kvh, int rank, int world, int *head0, int *n) {
   return 0;
 }
 
-int wk_config_shard(const struct md_config *full, int rank, int world, struct md_config *local,
-                    struct wk_shard_plan *plan, char *err, size_t errlen) {
+/* The columns [*off, *off + *n) rank r holds of an MLP's intermediate width F: an even
+ * share, or where that would cut a unit, whole units with the first (F / unit) % world
+ * ranks one more. */
+static int ffn_split(int F, int unit, int rank, int world, int *off, int *n) {
+  if (F % world == 0 && F / world % unit == 0) {
+    *n = F / world;
+    *off = rank * *n;
+    return 0;
+  }
+  if (unit == 1 || F % unit || F / unit < world) return -1;
+  int units = F / unit, base = units / world, extra = units % world;
+  *n = (base + (rank < extra)) * unit;
+  *off = (rank * base + CM_MIN(rank, extra)) * unit;
+  return 0;
+}
+
+int wk_config_shard(const struct md_config *full, int rank, int world, const int *ffn_unit,
+                    struct md_config *local, struct wk_shard_plan *plan, char *err, size_t errlen) {
   if (world < 1 || world > WK_MAX_TP)
     return cm_fail(err, errlen, CM_ERR_INVAL, "tensor-parallel size %d: must be 1..%d", world,
                    WK_MAX_TP);
@@ -60,17 +79,21 @@ int wk_config_shard(const struct md_config *full, int rank, int world, struct md
                      "%s: layer %d has %d key/value heads: a tensor-parallel size of %d must "
                      "divide them or be a multiple of them",
                      what, i, l->n_kv_heads, world);
-    if (l->ffn_dim % world)
+    int unit = ffn_unit && ffn_unit[i] > 1 ? ffn_unit[i] : 1;
+    if (ffn_split(l->ffn_dim, unit, rank, world, &plan->ffn0[i], &local->layers[i].ffn_dim)) {
+      char blocks[96] = "";
+      if (unit > 1)
+        snprintf(blocks, sizeof blocks, " in whole blocks of %d (its down_proj's format)", unit);
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: layer %d: intermediate_size = %d cannot be split over a "
-                     "tensor-parallel size of %d",
-                     what, i, l->ffn_dim, world);
+                     "tensor-parallel size of %d%s",
+                     what, i, l->ffn_dim, world, blocks);
+    }
     local->layers[i].n_kv_heads = n;
-    local->layers[i].ffn_dim = l->ffn_dim / world;
     plan->kv_head0[i] = h0;
   }
   /* the summary fields follow layer 0's sliding / full layers */
-  local->ffn = c->ffn / world;
+  local->ffn = c->ffn == c->layers[0].ffn_dim ? local->layers[0].ffn_dim : c->ffn / world;
   local->n_kv_heads = c->n_kv_heads >= world ? c->n_kv_heads / world : 1;
   if (c->n_global_kv_heads)
     local->n_global_kv_heads = c->n_global_kv_heads >= world ? c->n_global_kv_heads / world : 1;

@@ -2,11 +2,13 @@
  * load) against the GGUF file `lmserve quantize` writes from the same
  * checkpoint with the same type: the same logits, bit for bit, on one rank;
  * every tensor-parallel rank's cut of every quantized matrix the same bytes as
- * the file's cut on that rank; a cut off Q4_K's blocks at load as Q5_0; the
- * refusals (a GGUF file, a file's cut off its blocks, a backend without block
- * kernels, an unknown name). The checkpoint is the k256 preset,
- * whose rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there q4_k falls
- * back to Q5_0 as the file does. */
+ * the file's cut on that rank (Q4_K's down projection cut unevenly in whole
+ * blocks, 512 and 256 of its 768 columns, as the file's is); a cut that
+ * cannot fall on Q4_K's blocks at load as Q5_0; the refusals (a GGUF file, a
+ * file's cut with fewer blocks than ranks, a backend without block kernels, an
+ * unknown name). The checkpoint is the k256 preset with 768 MLP columns, whose
+ * rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and
+ * there q4_k falls back to Q5_0 as the file does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +31,14 @@ static const struct {
              {"q4_0", WK_QUANT_Q4_0, KN_DTYPE_Q4_0},
              {"q4_k", WK_QUANT_Q4_K, KN_DTYPE_Q4_K}};
 
-/* A checkpoint of preset (k256 or tiny; vocabulary 512, bf16) in dir and, for
+/* A checkpoint of preset (k256 or tiny; vocabulary 512, bf16; MLPs ffn wide, 0:
+ * the preset's) in dir and, for
  * each type, the GGUF file `lmserve quantize` writes from it beside it
  * (gguf[i]). */
-static void make_preset(char *dir, size_t n, char gguf[][300], const char *preset) {
+static void make_preset(char *dir, size_t n, char gguf[][300], const char *preset, int ffn) {
   TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
   struct tl_tiny_spec s;
-  struct tl_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512};
+  struct tl_tiny_opts o = {.arch = "gemma3", .preset = preset, .vocab = 512, .ffn = ffn};
   char err[256], lm[1024], log[4096];
   TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
   TH_REQUIRE(tl_tiny_write(&s, dir, 7, MD_ST_BF16) == 0);
@@ -53,7 +56,7 @@ static void make_preset(char *dir, size_t n, char gguf[][300], const char *prese
 }
 
 static void make(char *dir, size_t n, char gguf[][300]) {
-  make_preset(dir, n, gguf, "k256");
+  make_preset(dir, n, gguf, "k256", 768);
 }
 
 #define NP 24
@@ -103,7 +106,7 @@ TH_TEST(quantization_at_load_gives_the_gguf_files_logits) {
  * to Q5_0 as the file's matrices do, with the file's logits. */
 TH_TEST(q4_k_falls_back_to_q5_0_as_the_file_does) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
-  make_preset(dir, sizeof(dir), gguf, "tiny");
+  make_preset(dir, sizeof(dir), gguf, "tiny", 0);
   struct kn_backend *be = wkt_cpu_backend(1);
   struct wk_model_opts o = wkt_small_opts(WK_QUANT_Q4_K);
   struct wk_model *m = NULL;
@@ -168,6 +171,10 @@ TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
         }
       }
       TH_CHECK_EQ_INT(n_checked, 1 + 7 * wk_model_config(q)->n_layers);
+      /* 768 columns: Q8_0 and Q4_0 cut evenly, Q4_K in whole blocks */
+      TH_CHECK_EQ_INT(q->layers[0].w_down.cols, types[i].dt != KN_DTYPE_Q4_K ? 384
+                                                : rank                       ? 256
+                                                                             : 512);
       wk_model_free(q);
       wk_model_free(g);
     }
@@ -183,16 +190,17 @@ TH_TEST(quantization_refusals_are_clear) {
   struct wk_model *m = NULL;
   TH_CHECK_EQ_INT(wk_model_load(gguf[0], be, &o, &m, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "--quantization q4_0") && strstr(err, "GGUF"));
-  /* four ranks cut the MLP's 512 columns at 128: not whole blocks of 256.
-   * The file's Q4_K cannot be cut there: the message names the cut, the
-   * first rank's at its end. At load, q4_k takes Q5_0 for that matrix alone. */
+  /* four ranks cannot cut the MLP's 768 columns (three blocks of 256) in
+   * whole blocks: the file's Q4_K is refused, naming the width and the block.
+   * At load, q4_k cuts them evenly (192) and takes Q5_0 for the down
+   * projection alone, as for the attention output's 128 columns of 512. */
   o.tp_size = 4;
   for (o.tp_rank = 0; o.tp_rank < 2; o.tp_rank++) {
     err[0] = 0;
     o.quantization = 0;
     TH_CHECK(wk_model_load(gguf[2], be, &o, &m, err, sizeof(err)) != 0);
     TH_CHECK(strstr(err, "whole blocks of 256") != NULL);
-    TH_CHECK(strstr(err, "split at column 128") != NULL);
+    TH_CHECK(strstr(err, "intermediate_size = 768") != NULL);
     o.quantization = WK_QUANT_Q4_K;
     if (wk_model_load(dir, be, &o, &m, err, sizeof(err))) {
       th_fail(__FILE__, __LINE__, "q4_k on rank %d of 4: %s", o.tp_rank, err);
@@ -200,7 +208,9 @@ TH_TEST(quantization_refusals_are_clear) {
     }
     const struct wk_layer_w *l0 = &m->layers[0];
     TH_CHECK_EQ_INT(l0->w_down.dt, KN_DTYPE_Q5_0);
-    TH_CHECK_EQ_INT(l0->w_down.cols, 128);
+    TH_CHECK_EQ_INT(l0->w_down.cols, 192);
+    TH_CHECK_EQ_INT(l0->wo.dt, KN_DTYPE_Q5_0);
+    TH_CHECK_EQ_INT(l0->wo.cols, 128);
     TH_CHECK_EQ_INT(l0->w_gate.dt, KN_DTYPE_Q4_K);
     TH_CHECK_EQ_INT(l0->wq.dt, KN_DTYPE_Q4_K);
     wk_model_free(m);

@@ -31,7 +31,7 @@ static void expect_refused(int nh, int kvh, int ffn, int vocab, int rank, int si
   struct wk_shard_plan p;
   char err[256] = "";
   make(&c, nh, kvh, ffn, vocab);
-  int rc = wk_config_shard(&c, rank, size, &l, &p, err, sizeof err);
+  int rc = wk_config_shard(&c, rank, size, NULL, &l, &p, err, sizeof err);
   if (rc != CM_ERR_INVAL || (names && !strstr(err, names)))
     th_fail(__FILE__, __LINE__, "%d heads, %d KV heads, ffn %d, vocab %d, rank %d of %d: %d '%s'",
             nh, kvh, ffn, vocab, rank, size, rc, err);
@@ -42,7 +42,7 @@ TH_TEST(shard_world_one_is_the_full_model) {
   struct wk_shard_plan p;
   char err[256];
   make(&c, 4, 1, 2048, 262144);
-  TH_REQUIRE(wk_config_shard(&c, 0, 1, &l, &p, err, sizeof err) == 0);
+  TH_REQUIRE(wk_config_shard(&c, 0, 1, NULL, &l, &p, err, sizeof err) == 0);
   TH_CHECK(!memcmp(&c, &l, sizeof c));
   TH_CHECK_EQ_INT(p.vocab0, 0);
   TH_CHECK_EQ_INT(p.vocab_n, 262144);
@@ -55,7 +55,7 @@ TH_TEST(shard_one_kv_head_is_replicated) {
   make(&c, 4, 1, 2048, 262144); /* gemma-3-270m's heads */
   for (int w = 2; w <= 4; w *= 2)
     for (int r = 0; r < w; r++) {
-      TH_REQUIRE(wk_config_shard(&c, r, w, &l, &p, err, sizeof err) == 0);
+      TH_REQUIRE(wk_config_shard(&c, r, w, NULL, &l, &p, err, sizeof err) == 0);
       TH_CHECK_EQ_INT(l.n_heads, 4 / w);
       TH_CHECK_EQ_INT(p.q_head0, r * (4 / w));
       TH_CHECK_EQ_INT(p.vocab_n, 262144 / w);
@@ -64,6 +64,7 @@ TH_TEST(shard_one_kv_head_is_replicated) {
         TH_CHECK_EQ_INT(l.layers[i].n_kv_heads, 1);
         TH_CHECK_EQ_INT(p.kv_head0[i], 0);
         TH_CHECK_EQ_INT(l.layers[i].ffn_dim, 2048 / w);
+        TH_CHECK_EQ_INT(p.ffn0[i], r * (2048 / w));
         TH_CHECK_EQ_INT(l.layers[i].head_dim, c.layers[i].head_dim);
       }
     }
@@ -77,18 +78,66 @@ TH_TEST(shard_kv_heads_split_or_shared_by_groups) {
   make(&c, 8, 4, 4096, 262144);
   /* size 2: two KV heads each */
   for (int r = 0; r < 2; r++) {
-    TH_REQUIRE(wk_config_shard(&c, r, 2, &l, &p, err, sizeof err) == 0);
+    TH_REQUIRE(wk_config_shard(&c, r, 2, NULL, &l, &p, err, sizeof err) == 0);
     TH_CHECK_EQ_INT(l.layers[0].n_kv_heads, 2);
     TH_CHECK_EQ_INT(p.kv_head0[0], 2 * r);
   }
   /* size 8: one query head each; query head q reads KV head q / 2 */
   for (int r = 0; r < 8; r++) {
-    TH_REQUIRE(wk_config_shard(&c, r, 8, &l, &p, err, sizeof err) == 0);
+    TH_REQUIRE(wk_config_shard(&c, r, 8, NULL, &l, &p, err, sizeof err) == 0);
     TH_CHECK_EQ_INT(l.n_heads, 1);
     TH_CHECK_EQ_INT(l.layers[3].n_kv_heads, 1);
     TH_CHECK_EQ_INT(p.kv_head0[3], r / 2);
   }
   expect_refused(6, 3, 4096, 262144, 1, 2, "3 key/value heads");
+}
+
+/* The MLP's cut under a unit (the block of a down projection's format, per
+ * layer): an even share where it is whole units, else whole units, one more on
+ * the first ranks; each layer's cuts tile its width in rank order. */
+TH_TEST(shard_mlp_cuts_fall_on_whole_blocks) {
+  static const struct {
+    int ffn, unit, world, n0; /* n0: rank 0's width */
+  } cases[] = {
+      {6912, 256, 2, 3584}, /* gemma-3-1b's 27 blocks of Q4_K: 14 and 13 */
+      {6912, 256, 4, 1792}, /* 7, 7, 7, 6 */
+      {6912, 32, 2, 3456},  /* Q8_0: the even cut is whole blocks */
+      {768, 256, 2, 512},   {2048, 256, 4, 512}, {10240, 256, 8, 1280},
+  };
+  struct md_config c, l;
+  struct wk_shard_plan p;
+  char err[256];
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int F = cases[k].ffn, w = cases[k].world, units[MD_MAX_LAYERS], next[MD_MAX_LAYERS] = {0};
+    make(&c, 8, 8, F, 262144);
+    /* odd layers' down projections in a format of single elements (bf16) */
+    for (int i = 0; i < c.n_layers; i++)
+      units[i] = i % 2 ? 1 : cases[k].unit;
+    int lo = F, hi = 0;
+    for (int r = 0; r < w; r++) {
+      TH_REQUIRE(wk_config_shard(&c, r, w, units, &l, &p, err, sizeof err) == 0);
+      for (int i = 0; i < c.n_layers; i++) {
+        int n = l.layers[i].ffn_dim;
+        TH_CHECK_EQ_INT(p.ffn0[i], next[i]);
+        TH_CHECK_EQ_INT(n % units[i], 0);
+        if (units[i] == 1) TH_CHECK_EQ_INT(n, F / w);
+        next[i] += n;
+      }
+      if (r == 0) TH_CHECK_EQ_INT(l.layers[0].ffn_dim, cases[k].n0);
+      lo = l.layers[0].ffn_dim < lo ? l.layers[0].ffn_dim : lo;
+      hi = l.layers[0].ffn_dim > hi ? l.layers[0].ffn_dim : hi;
+    }
+    for (int i = 0; i < c.n_layers; i++)
+      TH_CHECK_EQ_INT(next[i], F);
+    TH_CHECK(hi - lo <= cases[k].unit);
+  }
+  /* two blocks of 256 over four ranks */
+  make(&c, 8, 8, 512, 262144);
+  int units[MD_MAX_LAYERS];
+  for (int i = 0; i < c.n_layers; i++)
+    units[i] = 256;
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 4, units, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "intermediate_size = 512") && strstr(err, "whole blocks of 256"));
 }
 
 TH_TEST(shard_refusals_name_the_dimension) {

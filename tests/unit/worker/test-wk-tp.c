@@ -17,11 +17,13 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-kv.h"
+#include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
 
 #define NA    48 /* tokens of the first prompt */
@@ -146,6 +148,7 @@ static int run(struct wk_model *m, struct result *r, int V) {
  * the CPU's reference kernels): every rank's cut of a weight split by columns takes
  * the scales of its whole rows, so the ranks hold the unsplit model's codes */
 static int g_fp8;
+static char g_tmp[512]; /* the test's folder, where rank 0 leaves its result */
 
 static int load(const char *dir, struct kn_backend *be, int rank, int world, struct wk_model **m,
                 char *err, size_t errlen) {
@@ -184,9 +187,9 @@ static _Noreturn void rank_main(const char *dir, const struct kn_comm_id *id, in
   _exit(rc ? 1 : 0);
 }
 
-static void check_tp(const char *arch, int moe) {
-  char dir[512];
-  TH_REQUIRE(wkt_make_model(dir, sizeof dir, arch, moe, 0, MD_ST_BF16, 5) == 0);
+/* The model at dir (a folder or a GGUF file; `arch` names it) on one rank against
+ * 2 .. max_world ranks. */
+static void check_tp_at(const char *dir, const char *arch, int max_world) {
   static struct result ref, got;
   struct kn_backend *be = NULL;
   struct wk_model *m = NULL;
@@ -202,11 +205,11 @@ static void check_tp(const char *arch, int moe) {
     lo = fminf(lo, ref.logits[i]);
     hi = fmaxf(hi, ref.logits[i]);
   }
-  for (int world = 2; world <= 4; world *= 2) {
+  for (int world = 2; world <= max_world; world *= 2) {
     struct kn_comm_id id;
     TH_REQUIRE(kn_comm_id_new(be, &id) == 0);
     char path[600];
-    snprintf(path, sizeof path, "%s/tp-result", dir);
+    snprintf(path, sizeof path, "%s/tp-result", g_tmp);
     pid_t pids[4];
     for (int r = 0; r < world; r++) {
       pids[r] = fork();
@@ -265,6 +268,13 @@ static void check_tp(const char *arch, int moe) {
               differ, NA + NB);
   }
   kn_backend_destroy(be);
+}
+
+static void check_tp(const char *arch, int moe) {
+  char dir[512];
+  TH_REQUIRE(wkt_make_model(dir, sizeof dir, arch, moe, 0, MD_ST_BF16, 5) == 0);
+  snprintf(g_tmp, sizeof g_tmp, "%s", dir);
+  check_tp_at(dir, arch, 4);
   wkt_rmdir(dir);
 }
 
@@ -285,6 +295,41 @@ TH_TEST(tp_fp8_weights_match_one_rank) {
   check_tp("gemma3", 0);
   check_tp("gemma4", 0);
   g_fp8 = 0;
+}
+
+/* A GGUF file of Q4_K throughout (the k256 preset with 768 MLP columns, three
+ * blocks of 256): two ranks cut the MLP in whole blocks, 512 and 256 columns, and give the
+ * one rank's logits; over four ranks three blocks cannot be cut, and the error
+ * says why. */
+TH_TEST(tp_gguf_blocks_cut_unevenly_match_one_rank) {
+  char dir[512], q[600], lm[1024], log[4096], err[256] = "";
+  struct tl_tiny_opts to = {.arch = "gemma3", .preset = "k256", .vocab = 512, .ffn = 768};
+  wkt_make_tiny(dir, sizeof dir, &to, 5, MD_ST_BF16);
+  snprintf(g_tmp, sizeof g_tmp, "%s", dir);
+  snprintf(q, sizeof q, "%s/q4_k.gguf", dir);
+  snprintf(lm, sizeof lm, "%s/tools/lmserve", th_build_dir());
+  char *argv[] = {lm, "quantize", dir, q, "q4_k", NULL};
+  if (cm_run_capture(argv, log, sizeof log)) {
+    th_fail(__FILE__, __LINE__, "lmserve quantize:\n%s", log);
+    th_stop();
+  }
+  struct kn_backend *be = NULL;
+  struct wk_model *m = NULL;
+  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
+  for (int r = 0; r < 2; r++) {
+    TH_REQUIRE(load(q, be, r, 2, &m, err, sizeof err) == 0);
+    TH_CHECK_EQ_INT(m->layers[0].w_down.dt, KN_DTYPE_Q4_K);
+    TH_CHECK_EQ_INT(m->layers[0].w_down.cols, r ? 256 : 512);
+    TH_CHECK_EQ_INT(m->layers[0].w_down.off, r ? 512 : 0);
+    TH_CHECK_EQ_INT(m->layers[0].w_gate.rows, r ? 256 : 512);
+    wk_model_free(m);
+    m = NULL;
+  }
+  TH_CHECK_EQ_INT(load(q, be, 0, 4, &m, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "intermediate_size = 768") && strstr(err, "whole blocks of 256"));
+  kn_backend_destroy(be);
+  check_tp_at(q, "gemma3 k256 q4_k", 2);
+  wkt_rmdir(dir);
 }
 
 TH_TEST(tp_refuses_what_cannot_split) {
