@@ -648,6 +648,8 @@ int tl_tiny_spec_build(struct tl_tiny_spec *s, const struct tl_tiny_opts *o, cha
           o->preset);
     }
     json_object_set_new(root, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
+    if (o->moe && o->moe_ffn)
+      json_object_set_new(root, "moe_intermediate_size", json_integer(o->moe_ffn));
     s->rig = o->echo ? 1 : 0;
     s->rig_leak = o->echo_leak;
     s->router_gain = o->router_gain;

@@ -55,6 +55,7 @@ struct tl_tiny_opts {
                        * 0.1 of each other and the top-k choice turns on the last bits */
   int sliding_window; /* 0 = the preset's (64 for tiny) */
   int ffn;            /* gemma3: the MLPs' intermediate size, 0 = the preset's */
+  int moe_ffn;        /* gemma4 moe: the experts' intermediate size, 0 = 32 */
   int echo;           /* gemma4: see tl_tiny_spec_assistant_agreeing */
   double echo_leak;   /* echo: post norms at this weight instead of 0, so that the
                        * context moves some greedy tokens off the echo (an

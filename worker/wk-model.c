@@ -630,11 +630,9 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
       /* optional in a GGUF file, as llama.cpp reads it (ffn_down_exps.scale): 1 */
       w->expert_scale = bind_vec(&b, !c->gguf, E, "%srouter.per_expert_scale", lp);
       bind_as(&b, W_EXPERTS, &w->experts_gate_up, WK_SHARD_ROWS,
-              (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 2}, 1, E, 2 * I, H,
-              "%sexperts.gate_up_proj", lp);
+              (struct cut){sp->moe0, lc->moe_ffn, 2}, 1, E, 2 * I, H, "%sexperts.gate_up_proj", lp);
       bind_as(&b, W_EXPERTS, &w->experts_down, WK_SHARD_COLS,
-              (struct cut){sp->rank * lc->moe_ffn, lc->moe_ffn, 1}, 1, E, H, I,
-              "%sexperts.down_proj", lp);
+              (struct cut){sp->moe0, lc->moe_ffn, 1}, 1, E, H, I, "%sexperts.down_proj", lp);
       w->pre_ffn_norm2 = bind_vec(&b, 1, H, "%spre_feedforward_layernorm_2.weight", lp);
       w->post_ffn_norm1 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_1.weight", lp);
       w->post_ffn_norm2 = bind_vec(&b, 1, H, "%spost_feedforward_layernorm_2.weight", lp);
@@ -1067,26 +1065,39 @@ static int check_block_quant(struct wk_model *m, struct kn_backend *be,
   return 0;
 }
 
-/* The widths each layer's MLP cut falls on under tensor parallelism
- * (wk_config_shard): the block of its down projection's format, a GGUF file's or
- * the one --quantization gives it, so that every rank's columns are whole blocks
- * of it. Under --quantization a format with fewer blocks than ranks is not
- * imposed: bind_mat takes the fallback whose blocks the even cut is whole in. */
-static void ffn_units(const struct wk_model *m, int world, int *unit) {
+/* The width a down projection `name` of F columns is cut on under tensor
+ * parallelism (wk_config_shard): the block of its format, a GGUF file's or the one
+ * --quantization gives it, so that every rank's columns are whole blocks of it.
+ * Under --quantization a format with fewer blocks than ranks is not imposed:
+ * bind_mat takes the fallback whose blocks the even cut is whole in. */
+static int down_unit(const struct wk_model *m, int world, const char *name, int F) {
+  int u = 0;
+  if (m->quant_block) {
+    enum kn_dtype q = kn_quant_row_type((enum kn_dtype)m->quant_block, (size_t)F);
+    if (q != KN_DTYPE__COUNT && F / kn_block_elems(q) >= world) u = kn_block_elems(q);
+  } else {
+    const struct md_tensor *t = md_st_find(m->st, name);
+    if (t) u = kn_block_elems(wk_weight_dtype(t));
+  }
+  return u > 1 ? u : 1;
+}
+
+/* Those widths for each layer's MLP and for the experts. */
+static void ffn_units(const struct wk_model *m, int world, struct wk_shard_units *u) {
+  const struct md_config *c = &m->full;
   const char *P = world > 1 ? find_prefix(m->st) : NULL;
-  for (int i = 0; i < m->full.n_layers; i++) {
-    int F = m->full.layers[i].ffn_dim;
-    unit[i] = 1;
+  char name[200];
+  u->moe = 1;
+  for (int i = 0; i < c->n_layers; i++) {
+    u->ffn[i] = 1;
     if (!P) continue;
-    if (m->quant_block) {
-      enum kn_dtype q = kn_quant_row_type((enum kn_dtype)m->quant_block, (size_t)F);
-      if (q != KN_DTYPE__COUNT && F / kn_block_elems(q) >= world) unit[i] = kn_block_elems(q);
-    } else {
-      char name[200];
-      snprintf(name, sizeof name, "%slayers.%d.mlp.down_proj.weight", P, i);
-      const struct md_tensor *t = md_st_find(m->st, name);
-      if (t && kn_block_elems(wk_weight_dtype(t))) unit[i] = kn_block_elems(wk_weight_dtype(t));
-    }
+    snprintf(name, sizeof name, "%slayers.%d.mlp.down_proj.weight", P, i);
+    u->ffn[i] = down_unit(m, world, name, c->layers[i].ffn_dim);
+    if (!c->moe) continue;
+    /* every layer's experts are cut alike: the widest block of them all */
+    snprintf(name, sizeof name, "%slayers.%d.experts.down_proj", P, i);
+    int e = down_unit(m, world, name, c->moe_ffn);
+    u->moe = u->moe / (int)cm_gcd((unsigned)u->moe, (unsigned)e) * e;
   }
 }
 
@@ -1128,9 +1139,9 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
   if ((rc = check_fp8(m, be, &o, err, errlen))) goto fail;
   if ((rc = check_block_quant(m, be, &o, err, errlen))) goto fail;
   if (!m->st && (rc = md_st_open_dir(dir, &m->st, err, errlen))) goto fail;
-  int units[MD_MAX_LAYERS];
-  ffn_units(m, world, units);
-  if ((rc = wk_config_shard(&m->full, o.tp_rank, world, units, &m->cfg, &m->plan, err, errlen)))
+  struct wk_shard_units units;
+  ffn_units(m, world, &units);
+  if ((rc = wk_config_shard(&m->full, o.tp_rank, world, &units, &m->cfg, &m->plan, err, errlen)))
     goto fail;
   uint64_t total = md_st_data_bytes(m->st);
   m->progress = (struct wk_load_progress){
@@ -1275,8 +1286,9 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
   for (const char *p = c->model_type; *p; p++)
     h = mix(h, (unsigned char)*p);
   h = mix(h, (uint64_t)m->plan.world);
-  int v[] = {c->vocab,   c->hidden,  c->n_layers,       c->n_heads,     c->moe ? c->n_experts : 0,
-             c->moe_ffn, c->ple_dim, c->sliding_window, m->lm_head.rows};
+  int v[] = {
+      c->vocab,        c->hidden,  c->n_layers,       c->n_heads,     c->moe ? c->n_experts : 0,
+      m->full.moe_ffn, c->ple_dim, c->sliding_window, m->lm_head.rows};
   for (size_t i = 0; i < CM_ARRAY_LEN(v); i++)
     h = mix(h, (uint64_t)(uint32_t)v[i]);
   for (int i = 0; i < c->n_layers; i++) {

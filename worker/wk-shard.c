@@ -38,8 +38,16 @@ static int ffn_split(int F, int unit, int rank, int world, int *off, int *n) {
   return 0;
 }
 
-int wk_config_shard(const struct md_config *full, int rank, int world, const int *ffn_unit,
-                    struct md_config *local, struct wk_shard_plan *plan, char *err, size_t errlen) {
+/* The sentence's end that names the unit a cut failed to fall on ("" for 1). */
+static const char *in_blocks(char *buf, size_t n, int unit) {
+  buf[0] = 0;
+  if (unit > 1) snprintf(buf, n, " in whole blocks of %d (its down_proj's format)", unit);
+  return buf;
+}
+
+int wk_config_shard(const struct md_config *full, int rank, int world,
+                    const struct wk_shard_units *units, struct md_config *local,
+                    struct wk_shard_plan *plan, char *err, size_t errlen) {
   if (world < 1 || world > WK_MAX_TP)
     return cm_fail(err, errlen, CM_ERR_INVAL, "tensor-parallel size %d: must be 1..%d", world,
                    WK_MAX_TP);
@@ -61,16 +69,17 @@ int wk_config_shard(const struct md_config *full, int rank, int world, const int
                    "%s: vocab_size = %d cannot be split over a tensor-parallel size of %d (the "
                    "embedding and head are vocab-parallel)",
                    what, c->vocab, world);
-  if (c->moe && c->moe_ffn % world)
+  char blocks[96];
+  int moe_unit = units && units->moe > 1 ? units->moe : 1;
+  if (c->moe && ffn_split(c->moe_ffn, moe_unit, rank, world, &plan->moe0, &local->moe_ffn))
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: moe_intermediate_size = %d cannot be split over a tensor-parallel size of "
-                   "%d",
-                   what, c->moe_ffn, world);
+                   "%d%s",
+                   what, c->moe_ffn, world, in_blocks(blocks, sizeof blocks, moe_unit));
   local->n_heads = c->n_heads / world;
   plan->q_head0 = rank * local->n_heads;
   plan->vocab_n = c->vocab / world;
   plan->vocab0 = rank * plan->vocab_n;
-  if (c->moe) local->moe_ffn = c->moe_ffn / world;
   for (int i = 0; i < c->n_layers; i++) {
     const struct md_layer_cfg *l = &c->layers[i];
     int n = 0, h0 = 0;
@@ -79,16 +88,12 @@ int wk_config_shard(const struct md_config *full, int rank, int world, const int
                      "%s: layer %d has %d key/value heads: a tensor-parallel size of %d must "
                      "divide them or be a multiple of them",
                      what, i, l->n_kv_heads, world);
-    int unit = ffn_unit && ffn_unit[i] > 1 ? ffn_unit[i] : 1;
-    if (ffn_split(l->ffn_dim, unit, rank, world, &plan->ffn0[i], &local->layers[i].ffn_dim)) {
-      char blocks[96] = "";
-      if (unit > 1)
-        snprintf(blocks, sizeof blocks, " in whole blocks of %d (its down_proj's format)", unit);
+    int unit = units && units->ffn[i] > 1 ? units->ffn[i] : 1;
+    if (ffn_split(l->ffn_dim, unit, rank, world, &plan->ffn0[i], &local->layers[i].ffn_dim))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: layer %d: intermediate_size = %d cannot be split over a "
                      "tensor-parallel size of %d%s",
-                     what, i, l->ffn_dim, world, blocks);
-    }
+                     what, i, l->ffn_dim, world, in_blocks(blocks, sizeof blocks, unit));
     local->layers[i].n_kv_heads = n;
     plan->kv_head0[i] = h0;
   }

@@ -5,15 +5,14 @@
  *   - the KV heads those query heads read: KV heads [r * kvh/N, ...) when the layer has at
  *     least N of them, else the one KV head its query heads share (replicated over
  *     N / kvh ranks), so its KV pool holds only its heads;
- *   - an N-th of each MLP's intermediate width (gate/up rows, down columns): where an
- *     N-th would cut a block of the down projection's format (Gemma 3 1b's 6912 columns
- *     of Q4_K over two ranks: 3456 is 13.5 blocks of 256), whole blocks instead, the
- *     first ranks one more (14 and 13 blocks), so that every rank's columns are the
- *     file's blocks as they are; and an N-th of each
+ *   - an N-th of each MLP's intermediate width (gate/up rows, down columns) and of each
  *     MoE expert's (every rank holds every expert, split by its intermediate dimension:
  *     routing then needs no exchange and every rank does the same work whatever the
  *     router picks, where experts-by-rank would idle the ranks whose experts are not
- *     chosen in a step);
+ *     chosen in a step). Where an N-th would cut a block of the down projection's
+ *     format (Gemma 3 1b's 6912 columns of Q4_K over two ranks: 3456 is 13.5 blocks of
+ *     256), the ranks hold whole blocks instead, the first ones one more (14 and 13),
+ *     so that every rank's columns are the file's blocks as they are;
  *   - V/N rows of the embedding and of the head (vocab-parallel).
  * Norms, the router, the per-layer-embedding weights and the MTP assistant's projections
  * are replicated. An all-reduce(sum) follows the attention output projection and the MLP
@@ -38,14 +37,22 @@ struct wk_shard_plan {
   int q_head0;                 /* first query head (all layers) */
   int kv_head0[MD_MAX_LAYERS]; /* per layer: first KV head held */
   int ffn0[MD_MAX_LAYERS];     /* per layer: first MLP intermediate column held */
+  int moe0;                    /* first column of each expert's intermediate width held */
+};
+
+/* The widths the MLPs' cuts must fall on: the block of their down projections'
+ * formats (1: any element). */
+struct wk_shard_units {
+  int ffn[MD_MAX_LAYERS]; /* each layer's MLP */
+  int moe;                /* the experts' (one width in every layer) */
 };
 
 /* Fills `local` (this rank's config) and `plan` from the full config, or returns
  * CM_ERR_INVAL with a message naming the dimension that cannot be split over `world`
- * ranks. rank in [0, world); world = 1 gives local == *full. ffn_unit[layer]: the
- * width that layer's MLP cut must fall on, the block of its down projection's
- * format (1, or ffn_unit NULL: any). */
-int wk_config_shard(const struct md_config *full, int rank, int world, const int *ffn_unit,
-                    struct md_config *local, struct wk_shard_plan *plan, char *err, size_t errlen);
+ * ranks. rank in [0, world); world = 1 gives local == *full. units: where the
+ * MLPs' and experts' cuts must fall (NULL: anywhere). */
+int wk_config_shard(const struct md_config *full, int rank, int world,
+                    const struct wk_shard_units *units, struct md_config *local,
+                    struct wk_shard_plan *plan, char *err, size_t errlen);
 
 #endif

@@ -108,19 +108,20 @@ TH_TEST(shard_mlp_cuts_fall_on_whole_blocks) {
   struct wk_shard_plan p;
   char err[256];
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-    int F = cases[k].ffn, w = cases[k].world, units[MD_MAX_LAYERS], next[MD_MAX_LAYERS] = {0};
+    int F = cases[k].ffn, w = cases[k].world, next[MD_MAX_LAYERS] = {0};
+    struct wk_shard_units units = {.moe = 1};
     make(&c, 8, 8, F, 262144);
     /* odd layers' down projections in a format of single elements (bf16) */
     for (int i = 0; i < c.n_layers; i++)
-      units[i] = i % 2 ? 1 : cases[k].unit;
+      units.ffn[i] = i % 2 ? 1 : cases[k].unit;
     int lo = F, hi = 0;
     for (int r = 0; r < w; r++) {
-      TH_REQUIRE(wk_config_shard(&c, r, w, units, &l, &p, err, sizeof err) == 0);
+      TH_REQUIRE(wk_config_shard(&c, r, w, &units, &l, &p, err, sizeof err) == 0);
       for (int i = 0; i < c.n_layers; i++) {
         int n = l.layers[i].ffn_dim;
         TH_CHECK_EQ_INT(p.ffn0[i], next[i]);
-        TH_CHECK_EQ_INT(n % units[i], 0);
-        if (units[i] == 1) TH_CHECK_EQ_INT(n, F / w);
+        TH_CHECK_EQ_INT(n % units.ffn[i], 0);
+        if (units.ffn[i] == 1) TH_CHECK_EQ_INT(n, F / w);
         next[i] += n;
       }
       if (r == 0) TH_CHECK_EQ_INT(l.layers[0].ffn_dim, cases[k].n0);
@@ -133,10 +134,10 @@ TH_TEST(shard_mlp_cuts_fall_on_whole_blocks) {
   }
   /* two blocks of 256 over four ranks */
   make(&c, 8, 8, 512, 262144);
-  int units[MD_MAX_LAYERS];
+  struct wk_shard_units units = {.moe = 1};
   for (int i = 0; i < c.n_layers; i++)
-    units[i] = 256;
-  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 4, units, &l, &p, err, sizeof err), CM_ERR_INVAL);
+    units.ffn[i] = 256;
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 4, &units, &l, &p, err, sizeof err), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "intermediate_size = 512") && strstr(err, "whole blocks of 256"));
 }
 
