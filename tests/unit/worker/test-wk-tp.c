@@ -6,7 +6,8 @@
  * differ only at a near-tie of the single-rank logits. Sampled rows (greedy with
  * logprobs, seeded top-k and top-p draws with penalties), which the ranks decide from
  * each other's candidates without gathering the logits, give the same tokens and
- * logprobs within 0.02; so do models quantized to FP8 at load. Also: sizes that cannot split a
+ * logprobs within 0.02; so do models quantized to FP8 at load, and GGUF files whose MLP or
+ * experts the ranks cut unevenly in whole blocks. Also: sizes that cannot split a
  * dimension are refused at load with its name. */
 #include <math.h>
 #include <signal.h>
@@ -297,75 +298,61 @@ TH_TEST(tp_fp8_weights_match_one_rank) {
   g_fp8 = 0;
 }
 
-/* The checkpoint `to` builds in dir[512] (the test's folder) and the GGUF file
- * `lmserve quantize` writes of it in `type` at q[600]. */
-static void make_quantized(const struct tl_tiny_opts *to, const char *type, char *dir, char *q) {
-  char lm[1024], log[4096];
-  wkt_make_tiny(dir, 512, to, 5, MD_ST_BF16);
+/* A GGUF file `lmserve quantize` writes in `type` from the checkpoint `to` builds,
+ * whose down projections (the experts' when moe) are `width` columns of three
+ * blocks of format dt: two ranks hold two blocks and one of every one (and the
+ * matching rows of the gate and up) and give the one rank's logits; four ranks
+ * cannot cut three blocks, and the error names `dim` and the block. */
+static void check_uneven_cut(const struct tl_tiny_opts *to, const char *type, enum kn_dtype dt,
+                             const char *dim, const char *label) {
+  char dir[512], q[600], lm[1024], log[4096], err[256] = "";
+  wkt_make_tiny(dir, sizeof dir, to, 5, MD_ST_BF16);
   snprintf(g_tmp, sizeof g_tmp, "%s", dir);
-  snprintf(q, 600, "%s/%s.gguf", dir, type);
+  snprintf(q, sizeof q, "%s/%s.gguf", dir, type);
   snprintf(lm, sizeof lm, "%s/tools/lmserve", th_build_dir());
   char *argv[] = {lm, "quantize", dir, q, (char *)type, NULL};
   if (cm_run_capture(argv, log, sizeof log)) {
     th_fail(__FILE__, __LINE__, "lmserve quantize %s:\n%s", type, log);
     th_stop();
   }
-}
-
-/* A GGUF file of Q4_K throughout (the k256 preset with 768 MLP columns, three
- * blocks of 256): two ranks cut the MLP in whole blocks, 512 and 256 columns,
- * and give the one rank's logits; over four ranks three blocks cannot be cut,
- * and the error says why. */
-TH_TEST(tp_gguf_blocks_cut_unevenly_match_one_rank) {
-  char dir[512], q[600], err[256] = "";
-  struct tl_tiny_opts to = {.arch = "gemma3", .preset = "k256", .vocab = 512, .ffn = 768};
-  make_quantized(&to, "q4_k", dir, q);
-  struct kn_backend *be = NULL;
-  struct wk_model *m = NULL;
-  TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
-  for (int r = 0; r < 2; r++) {
-    TH_REQUIRE(load(q, be, r, 2, &m, err, sizeof err) == 0);
-    TH_CHECK_EQ_INT(m->layers[0].w_down.dt, KN_DTYPE_Q4_K);
-    TH_CHECK_EQ_INT(m->layers[0].w_down.cols, r ? 256 : 512);
-    TH_CHECK_EQ_INT(m->layers[0].w_down.off, r ? 512 : 0);
-    TH_CHECK_EQ_INT(m->layers[0].w_gate.rows, r ? 256 : 512);
-    wk_model_free(m);
-    m = NULL;
-  }
-  TH_CHECK_EQ_INT(load(q, be, 0, 4, &m, err, sizeof err), CM_ERR_INVAL);
-  TH_CHECK(strstr(err, "intermediate_size = 768") && strstr(err, "whole blocks of 256"));
-  kn_backend_destroy(be);
-  check_tp_at(q, "gemma3 k256 q4_k", 2);
-  wkt_rmdir(dir);
-}
-
-/* The experts likewise: Gemma 4 MoE with experts 96 wide, three blocks of Q8_0,
- * on two ranks as 64 and 32 columns of every expert's down projection (and the
- * matching rows of its gate and up), against one rank; four ranks are refused. */
-TH_TEST(tp_gguf_experts_cut_unevenly_match_one_rank) {
-  char dir[512], q[600], err[256] = "";
-  struct tl_tiny_opts to = {
-      .arch = "gemma4", .preset = "tiny-dense", .vocab = 512, .moe = 1, .moe_ffn = 96};
-  make_quantized(&to, "q8_0", dir, q);
+  int block = kn_block_elems(dt);
   struct kn_backend *be = NULL;
   struct wk_model *m = NULL;
   TH_REQUIRE(kn_cpu_backend_create(1, &be) == 0);
   for (int r = 0; r < 2; r++) {
     TH_REQUIRE(load(q, be, r, 2, &m, err, sizeof err) == 0);
     const struct wk_layer_w *l = &m->layers[0];
-    TH_CHECK_EQ_INT(l->experts_down.dt, KN_DTYPE_Q8_0);
-    TH_CHECK_EQ_INT(l->experts_down.cols, r ? 32 : 64);
-    TH_CHECK_EQ_INT(l->experts_down.off, r ? 64 : 0);
-    TH_CHECK_EQ_INT(l->experts_gate_up.rows, r ? 64 : 128);
-    TH_CHECK_EQ_INT(wk_model_config(m)->moe_ffn, r ? 32 : 64);
+    const struct wk_w *down = to->moe ? &l->experts_down : &l->w_down;
+    int held = (r ? 1 : 2) * block; /* the gate and up rows: as many of each */
+    TH_CHECK_EQ_INT(down->dt, dt);
+    TH_CHECK_EQ_INT(down->cols, held);
+    TH_CHECK_EQ_INT(down->off, r ? 2 * block : 0);
+    TH_CHECK_EQ_INT(to->moe ? l->experts_gate_up.rows : l->w_gate.rows, (to->moe ? 2 : 1) * held);
     wk_model_free(m);
     m = NULL;
   }
   TH_CHECK_EQ_INT(load(q, be, 0, 4, &m, err, sizeof err), CM_ERR_INVAL);
-  TH_CHECK(strstr(err, "moe_intermediate_size = 96") && strstr(err, "whole blocks of 32"));
+  char whole[64];
+  snprintf(whole, sizeof whole, "whole blocks of %d", block);
+  if (!strstr(err, dim) || !strstr(err, whole))
+    th_fail(__FILE__, __LINE__, "%s on four ranks: %s", label, err);
   kn_backend_destroy(be);
-  check_tp_at(q, "gemma4 tiny-dense moe q8_0", 2);
+  check_tp_at(q, label, 2);
   wkt_rmdir(dir);
+}
+
+/* Gemma 3's MLP of 768 columns in Q4_K (three blocks of 256): 512 and 256. */
+TH_TEST(tp_gguf_blocks_cut_unevenly_match_one_rank) {
+  struct tl_tiny_opts to = {.arch = "gemma3", .preset = "k256", .vocab = 512, .ffn = 768};
+  check_uneven_cut(&to, "q4_k", KN_DTYPE_Q4_K, "intermediate_size = 768", "gemma3 k256 q4_k");
+}
+
+/* Gemma 4's experts 96 wide in Q8_0 (three blocks of 32): 64 and 32. */
+TH_TEST(tp_gguf_experts_cut_unevenly_match_one_rank) {
+  struct tl_tiny_opts to = {
+      .arch = "gemma4", .preset = "tiny-dense", .vocab = 512, .moe = 1, .moe_ffn = 96};
+  check_uneven_cut(&to, "q8_0", KN_DTYPE_Q8_0, "moe_intermediate_size = 96",
+                   "gemma4 tiny-dense moe q8_0");
 }
 
 TH_TEST(tp_refuses_what_cannot_split) {
