@@ -59,7 +59,9 @@ static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float 
 
 /* ---- the dequantized tile -------------------------------------------------- */
 
-/* dst[r, :] (bf16, K per row) = rows r < rows of w, one thread per octet. */
+/* dst[r, :] (bf16, K per row) = rows r < rows of w, one thread per octet, whose
+ * eight values (16 bytes: K is whole blocks and dst comes from the allocator, so
+ * every octet is 16-byte aligned) go out in one store. */
 template <int DT>
 __global__ void qtile_kernel(__nv_bfloat16 *dst, const uint8_t *w, size_t row_bytes, int rows,
                              int K) {
@@ -70,10 +72,14 @@ __global__ void qtile_kernel(__nv_bfloat16 *dst, const uint8_t *w, size_t row_by
     int o = (int)(i % per_row);
     float v[8];
     row_oct<DT>(w + r * row_bytes, o, v);
-    __nv_bfloat16 *d = dst + r * (size_t)K + 8 * (size_t)o;
+    union {
+      __nv_bfloat162 h[4];
+      uint4 u;
+    } oct;
 #pragma unroll
-    for (int k = 0; k < 8; k++)
-      kn_store(d, k, v[k]);
+    for (int k = 0; k < 4; k++)
+      oct.h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]); /* .x, the lower address */
+    *reinterpret_cast<uint4 *>(dst + r * (size_t)K + 8 * (size_t)o) = oct.u;
   }
 }
 
