@@ -1068,13 +1068,18 @@ static int check_block_quant(struct wk_model *m, struct kn_backend *be,
 /* The width a down projection `name` of F columns is cut on under tensor
  * parallelism (wk_config_shard): the block of its format, a GGUF file's or the one
  * --quantization gives it, so that every rank's columns are whole blocks of it.
- * Under --quantization a format with fewer blocks than ranks is not imposed:
- * bind_mat takes the fallback whose blocks the even cut is whole in. */
+ * Under --quantization a format with fewer blocks than ranks gives way to its
+ * fallback's (bind_mat then picks that format from the cut). */
 static int down_unit(const struct wk_model *m, int world, const char *name, int F) {
   int u = 0;
   if (m->quant_block) {
+    /* the row's format, else, with fewer of its blocks than ranks, the fallback of
+     * rows that are not whole blocks (Q4_K's Q5_0, blocks of 32) */
     enum kn_dtype q = kn_quant_row_type((enum kn_dtype)m->quant_block, (size_t)F);
-    if (q != KN_DTYPE__COUNT && F / kn_block_elems(q) >= world) u = kn_block_elems(q);
+    if (q != KN_DTYPE__COUNT && F / kn_block_elems(q) < world)
+      q = kn_quant_row_type((enum kn_dtype)m->quant_block, 32);
+    if (q != KN_DTYPE__COUNT && F % kn_block_elems(q) == 0 && F / kn_block_elems(q) >= world)
+      u = kn_block_elems(q);
   } else {
     const struct md_tensor *t = md_st_find(m->st, name);
     if (t) u = kn_block_elems(wk_weight_dtype(t));
@@ -1286,6 +1291,10 @@ uint64_t wk_model_shard_sum(const struct wk_model *m) {
   for (const char *p = c->model_type; *p; p++)
     h = mix(h, (unsigned char)*p);
   h = mix(h, (uint64_t)m->plan.world);
+  /* where the MLPs' cuts fall: ranks that disagree would hold overlapping columns */
+  h = mix(h, (uint64_t)(uint32_t)m->plan.units.moe);
+  for (int i = 0; i < c->n_layers; i++)
+    h = mix(h, (uint64_t)(uint32_t)m->plan.units.ffn[i]);
   int v[] = {
       c->vocab,        c->hidden,  c->n_layers,       c->n_heads,     c->moe ? c->n_experts : 0,
       m->full.moe_ffn, c->ple_dim, c->sliding_window, m->lm_head.rows};

@@ -56,6 +56,9 @@ int wk_config_shard(const struct md_config *full, int rank, int world,
                    rank, world);
   *local = *full;
   *plan = (struct wk_shard_plan){.rank = rank, .world = world, .vocab_n = full->vocab};
+  for (int i = 0; i < MD_MAX_LAYERS; i++)
+    plan->units.ffn[i] = units && units->ffn[i] > 1 ? units->ffn[i] : 1;
+  plan->units.moe = units && units->moe > 1 ? units->moe : 1;
   if (world == 1) return 0;
   const struct md_config *c = full;
   const char *what = c->model_type;
@@ -70,7 +73,7 @@ int wk_config_shard(const struct md_config *full, int rank, int world,
                    "embedding and head are vocab-parallel)",
                    what, c->vocab, world);
   char blocks[96];
-  int moe_unit = units && units->moe > 1 ? units->moe : 1;
+  int moe_unit = plan->units.moe;
   if (c->moe && ffn_split(c->moe_ffn, moe_unit, rank, world, &plan->moe0, &local->moe_ffn))
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: moe_intermediate_size = %d cannot be split over a tensor-parallel size of "
@@ -88,7 +91,7 @@ int wk_config_shard(const struct md_config *full, int rank, int world,
                      "%s: layer %d has %d key/value heads: a tensor-parallel size of %d must "
                      "divide them or be a multiple of them",
                      what, i, l->n_kv_heads, world);
-    int unit = units && units->ffn[i] > 1 ? units->ffn[i] : 1;
+    int unit = plan->units.ffn[i];
     if (ffn_split(l->ffn_dim, unit, rank, world, &plan->ffn0[i], &local->layers[i].ffn_dim))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: layer %d: intermediate_size = %d cannot be split over a "

@@ -30,6 +30,13 @@
 
 #define WK_MAX_TP 64 /* ranks in one tensor-parallel group */
 
+/* The widths the MLPs' cuts must fall on: the block of their down projections'
+ * formats (1: any element). */
+struct wk_shard_units {
+  int ffn[MD_MAX_LAYERS]; /* each layer's MLP */
+  int moe;                /* the experts' (one width in every layer) */
+};
+
 /* Where this rank's slice starts in each full dimension. */
 struct wk_shard_plan {
   int rank, world;
@@ -38,13 +45,7 @@ struct wk_shard_plan {
   int kv_head0[MD_MAX_LAYERS]; /* per layer: first KV head held */
   int ffn0[MD_MAX_LAYERS];     /* per layer: first MLP intermediate column held */
   int moe0;                    /* first column of each expert's intermediate width held */
-};
-
-/* The widths the MLPs' cuts must fall on: the block of their down projections'
- * formats (1: any element). */
-struct wk_shard_units {
-  int ffn[MD_MAX_LAYERS]; /* each layer's MLP */
-  int moe;                /* the experts' (one width in every layer) */
+  struct wk_shard_units units; /* where the cuts fall: the same on every rank */
 };
 
 /* Fills `local` (this rank's config) and `plan` from the full config, or returns

@@ -182,6 +182,31 @@ TH_TEST(tensor_parallel_ranks_hold_the_gguf_files_cuts) {
   wkt_rmdir(dir);
 }
 
+/* Ranks whose cuts would overlap do not agree: the same checkpoint on two ranks
+ * under q4_k (Q4_K cut 512 and 256) and q8_0 (Q8_0 cut evenly, 384) gives shard
+ * sums that differ, where ranks started alike agree, so the scheduler refuses
+ * the group rather than summing columns 384-511 twice. */
+TH_TEST(ranks_cut_differently_do_not_agree) {
+  char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
+  make(dir, sizeof(dir), gguf);
+  struct kn_backend *be = wkt_cpu_backend(1);
+  uint64_t sum[2][2]; /* [q4_k, q8_0][rank] */
+  for (int k = 0; k < 2; k++)
+    for (int rank = 0; rank < 2; rank++) {
+      struct wk_model_opts o = wkt_small_opts(k ? WK_QUANT_Q8_0 : WK_QUANT_Q4_K);
+      o.tp_rank = rank;
+      o.tp_size = 2;
+      struct wk_model *m = NULL;
+      TH_REQUIRE(wk_model_load(dir, be, &o, &m, err, sizeof(err)) == 0);
+      sum[k][rank] = wk_model_shard_sum(m);
+      wk_model_free(m);
+    }
+  TH_CHECK(sum[0][0] == sum[0][1] && sum[1][0] == sum[1][1]);
+  TH_CHECK(sum[0][0] != sum[1][1]);
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
 TH_TEST(quantization_refusals_are_clear) {
   char dir[256], gguf[CM_ARRAY_LEN(types)][300], err[512] = "";
   make(dir, sizeof(dir), gguf);
