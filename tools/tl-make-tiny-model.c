@@ -278,7 +278,7 @@ static int gemma4_tokenizer(const char *dir) {
 int tl_make_tiny_model_main(int argc, char **argv) {
   const char *arch = "gemma4", *out = NULL, *target = NULL, *tokenizer = NULL, *preset = "tiny";
   const char *dtype = "bf16", *chat = "gemma3", *audio_shape = NULL;
-  int64_t seed = 1, vocab = 262144;
+  int64_t seed = 1, vocab = 262144, ffn = 0, moe_ffn = 0;
   int moe = 0, echo = 0, agree = 0, vision = 0, bidir_vision = 0, audio = 0;
   double echo_leak = 0, router_gain = 0;
   const struct cm_opt opts[] = {
@@ -296,6 +296,12 @@ int tl_make_tiny_model_main(int argc, char **argv) {
        "layers: the 26B's and 31B's attention), e2b (gemma-4-E2B's text shape)"},
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
+      {"intermediate-size", CM_OPT_INT, &ffn, "N",
+       "gemma3: the MLPs' width (default: the preset's; 768 with k256: three blocks of 256, "
+       "which two ranks cut as 512 and 256)",
+       1, 1 << 20},
+      {"moe-intermediate-size", CM_OPT_INT, &moe_ffn, "N",
+       "gemma4 --moe: the experts' width (default 32)", 1, 1 << 20},
       {"router-gain", CM_OPT_DOUBLE, &router_gain, "X",
        "with --moe: the routers' weights X times the default spread, so that the top-k choice "
        "is decisive as a trained router's is (default 1)",
@@ -383,6 +389,11 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --audio is for --arch gemma4\n");
       return 2;
     }
+    if ((ffn && strcmp(arch, "gemma3")) || (moe_ffn && !moe)) {
+      fprintf(stderr, "lmserve make-tiny-model: --intermediate-size is for --arch gemma3, "
+                      "--moe-intermediate-size for --moe\n");
+      return 2;
+    }
     if (audio_shape && (!audio || (strcmp(audio_shape, "tiny") && strcmp(audio_shape, "e2b") &&
                                    strcmp(audio_shape, "tiny-default")))) {
       fprintf(
@@ -398,6 +409,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
                              .preset = preset,
                              .vocab = (int)vocab,
                              .moe = moe,
+                             .ffn = (int)ffn,
+                             .moe_ffn = (int)moe_ffn,
                              .router_gain = router_gain,
                              .echo = echo,
                              .echo_leak = echo_leak,

@@ -532,15 +532,17 @@ TH_TEST(llamacpp_quantizer_writes_what_lmserve_quantize_does) {
 
 /* --quantization q8_0|q4_0|q4_k runs as the GGUF file lmserve quantize writes
  * from the same checkpoint: the same greedy tokens on one rank and on two
- * (processes, all-reduced), and in the q8 mode; a GGUF file with the flag is
- * refused. (test-wk-blockq checks the logits and every rank's cuts, bit for bit.) */
+ * (processes, all-reduced; the MLP's 768 columns cut as 384 and 384, or, in
+ * Q4_K's blocks of 256, 512 and 256), and in the q8 mode; a GGUF file with the
+ * flag is refused. (test-wk-blockq checks the logits and every rank's cuts, bit
+ * for bit.) */
 TH_TEST(quantization_at_load_runs_as_the_gguf_file) {
   th_proc_init(900);
   char model[300];
   tmp_path(model, "k256q");
   struct th_out o = {0};
   TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--preset", "k256", "--seed", "5",
-                "--out", model) == 0);
+                "--intermediate-size", "768", "--out", model) == 0);
   static const char *types[] = {"q8_0", "q4_0", "q4_k"};
   const char *prompt = "[2,7000,7001,7002,8000,123,4567,10,11,12]";
   for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
