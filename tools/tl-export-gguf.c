@@ -1401,7 +1401,7 @@ int tl_quantize_main(int argc, char **argv) {
   int n_pos = 0;
   int rc = cm_args_parse(
       "lmserve quantize IN OUT.gguf TYPE",
-      "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file with its "
+      "write a Gemma 3 or Gemma 4 text checkpoint (dense or MoE) as a GGUF file with its "
       "matrices in a "
       "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
       "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
@@ -1454,11 +1454,11 @@ int tl_export_gguf_main(int argc, char **argv) {
       {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
       {0},
   };
-  int rc =
-      tl_args_parse("lmserve export-gguf",
-                    "write a Gemma 3 or dense Gemma 4 text checkpoint as a GGUF file llama.cpp "
-                    "loads",
-                    opts, argc, argv);
+  int rc = tl_args_parse(
+      "lmserve export-gguf",
+      "write a Gemma 3 or Gemma 4 text checkpoint (dense or MoE) as a GGUF file llama.cpp "
+      "loads",
+      opts, argc, argv);
   if (rc >= 0) return rc;
   if (!model || !out) {
     fprintf(stderr, "lmserve export-gguf: --model and --out are required\n");
