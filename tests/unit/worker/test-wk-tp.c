@@ -20,6 +20,7 @@
 #include "common/cm-err.h"
 #include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
+#include "tests/harness/th-llamacpp.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-greedy.h"
@@ -298,21 +299,28 @@ TH_TEST(tp_fp8_weights_match_one_rank) {
   g_fp8 = 0;
 }
 
-/* A GGUF file `lmserve quantize` writes in `type` from the checkpoint `to` builds,
- * whose down projections (the experts' when moe) are `width` columns of three
- * blocks of format dt: two ranks hold two blocks and one of every one (and the
+/* A GGUF file from the checkpoint `to` builds: `lmserve quantize` writes it in
+ * `type`, or, with llama_ftype, llama.cpp's quantizer from lmserve's f32 export;
+ * its down projections (the experts' when moe) are columns of three blocks, layer
+ * 0's of format dt: two ranks hold two blocks and one of every one (and the
  * matching rows of the gate and up) and give the one rank's logits; four ranks
  * cannot cut three blocks, and the error names `dim` and the block. */
-static void check_uneven_cut(const struct tl_tiny_opts *to, const char *type, enum kn_dtype dt,
-                             const char *dim, const char *label) {
-  char dir[512], q[600], lm[1024], log[4096], err[256] = "";
+static void check_uneven_cut(const struct tl_tiny_opts *to, const char *type, int llama_ftype,
+                             enum kn_dtype dt, const char *dim, const char *label) {
+  char dir[512], q[600], src[600], lm[1024], log[4096], err[256] = "";
   wkt_make_tiny(dir, sizeof dir, to, 5, MD_ST_BF16);
   snprintf(g_tmp, sizeof g_tmp, "%s", dir);
   snprintf(q, sizeof q, "%s/%s.gguf", dir, type);
+  snprintf(src, sizeof src, "%s/f32.gguf", dir);
   snprintf(lm, sizeof lm, "%s/tools/lmserve", th_build_dir());
-  char *argv[] = {lm, "quantize", dir, q, (char *)type, NULL};
-  if (cm_run_capture(argv, log, sizeof log)) {
-    th_fail(__FILE__, __LINE__, "lmserve quantize %s:\n%s", type, log);
+  char *quantize[] = {lm, "quantize", dir, q, (char *)type, NULL};
+  char *export[] = {lm, "export-gguf", "--model", dir, "--out", src, "--dtype", "f32", NULL};
+  if (cm_run_capture(llama_ftype ? export : quantize, log, sizeof log)) {
+    th_fail(__FILE__, __LINE__, "lmserve %s:\n%s", llama_ftype ? "export-gguf" : "quantize", log);
+    th_stop();
+  }
+  if (llama_ftype && th_llamacpp_quantize(src, q, llama_ftype, err, sizeof err)) {
+    th_fail(__FILE__, __LINE__, "%s", err);
     th_stop();
   }
   int block = kn_block_elems(dt);
@@ -344,14 +352,25 @@ static void check_uneven_cut(const struct tl_tiny_opts *to, const char *type, en
 /* Gemma 3's MLP of 768 columns in Q4_K (three blocks of 256): 512 and 256. */
 TH_TEST(tp_gguf_blocks_cut_unevenly_match_one_rank) {
   struct tl_tiny_opts to = {.arch = "gemma3", .preset = "k256", .vocab = 512, .ffn = 768};
-  check_uneven_cut(&to, "q4_k", KN_DTYPE_Q4_K, "intermediate_size = 768", "gemma3 k256 q4_k");
+  check_uneven_cut(&to, "q4_k", 0, KN_DTYPE_Q4_K, "intermediate_size = 768", "gemma3 k256 q4_k");
+}
+
+/* The same checkpoint in llama.cpp's own Q4_K_M (its quantizer, the npm package's
+ * libllama): down projections of Q4_K (layer 0's) and of Q6_K (layers 2 and 5, its
+ * choice for six layers), each layer's cut in its own blocks. */
+TH_TEST(tp_llamacpp_q4_k_m_cut_unevenly_matches_one_rank) {
+  const char *no = th_llamacpp_lib();
+  if (no) TH_SKIP(no);
+  struct tl_tiny_opts to = {.arch = "gemma3", .preset = "k256", .vocab = 512, .ffn = 768};
+  check_uneven_cut(&to, "q4_k_m", TH_LLAMA_FTYPE_Q4_K_M, KN_DTYPE_Q4_K, "intermediate_size = 768",
+                   "gemma3 k256, llama.cpp's q4_k_m");
 }
 
 /* Gemma 4's experts 96 wide in Q8_0 (three blocks of 32): 64 and 32. */
 TH_TEST(tp_gguf_experts_cut_unevenly_match_one_rank) {
   struct tl_tiny_opts to = {
       .arch = "gemma4", .preset = "tiny-dense", .vocab = 512, .moe = 1, .moe_ffn = 96};
-  check_uneven_cut(&to, "q8_0", KN_DTYPE_Q8_0, "moe_intermediate_size = 96",
+  check_uneven_cut(&to, "q8_0", 0, KN_DTYPE_Q8_0, "moe_intermediate_size = 96",
                    "gemma4 tiny-dense moe q8_0");
 }
 
