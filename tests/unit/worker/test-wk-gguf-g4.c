@@ -26,27 +26,14 @@
 /* A checkpoint of preset (vocabulary 512, bf16) in dir, and the files
  * out[0..2]: export-gguf's bf16 and f32, quantize's q8_0. */
 static void make(char *dir, size_t n, const char *preset, int moe, char out[3][300]) {
-  TH_REQUIRE(wkt_tmpdir(dir, n) == 0);
-  struct tl_tiny_spec s;
   struct tl_tiny_opts o = {.arch = "gemma4", .preset = preset, .vocab = 512, .moe = moe};
-  char err[256], lm[1024], log[4096];
-  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof(err)) == 0);
-  TH_REQUIRE(tl_tiny_write(&s, dir, 11, MD_ST_BF16) == 0);
-  tl_tiny_spec_free(&s);
-  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  wkt_make_tiny(dir, n, &o, 11, MD_ST_BF16);
   static const char *names[3] = {"bf16", "f32", "q8_0"};
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 3; i++)
     snprintf(out[i], 300, "%s/m-%s.gguf", dir, names[i]);
-    char *exp[] = {lm, "export-gguf", "--model", dir, "--out", out[i], "--dtype", "f32", NULL};
-    char *quant[] = {lm, "quantize", dir, out[i], "q8_0", NULL};
-    if (i == 0) exp[6] = NULL;
-    int rc = cm_run_capture(i == 2 ? quant : exp, log, sizeof(log));
-    if (rc) {
-      th_fail(__FILE__, __LINE__, "lmserve %s %s: %d\n%s", i == 2 ? "quantize" : "export-gguf",
-              names[i], rc, log);
-      th_stop();
-    }
-  }
+  wkt_lmserve("export-gguf", "--model", dir, "--out", out[0]);
+  wkt_lmserve("export-gguf", "--model", dir, "--out", out[1], "--dtype", "f32");
+  wkt_lmserve("quantize", dir, out[2], "q8_0");
 }
 
 #define NP 80 /* past the 64-token window */

@@ -307,18 +307,15 @@ TH_TEST(tp_fp8_weights_match_one_rank) {
  * cannot cut three blocks, and the error names `dim` and the block. */
 static void check_uneven_cut(const struct tl_tiny_opts *to, const char *type, int llama_ftype,
                              enum kn_dtype dt, const char *dim, const char *label) {
-  char dir[512], q[600], src[600], lm[1024], log[4096], err[256] = "";
+  char dir[512], q[600], src[600], err[256] = "";
   wkt_make_tiny(dir, sizeof dir, to, 5, MD_ST_BF16);
   snprintf(g_tmp, sizeof g_tmp, "%s", dir);
   snprintf(q, sizeof q, "%s/%s.gguf", dir, type);
   snprintf(src, sizeof src, "%s/f32.gguf", dir);
-  snprintf(lm, sizeof lm, "%s/tools/lmserve", th_build_dir());
-  char *quantize[] = {lm, "quantize", dir, q, (char *)type, NULL};
-  char *export[] = {lm, "export-gguf", "--model", dir, "--out", src, "--dtype", "f32", NULL};
-  if (cm_run_capture(llama_ftype ? export : quantize, log, sizeof log)) {
-    th_fail(__FILE__, __LINE__, "lmserve %s:\n%s", llama_ftype ? "export-gguf" : "quantize", log);
-    th_stop();
-  }
+  if (llama_ftype)
+    wkt_lmserve("export-gguf", "--model", dir, "--out", src, "--dtype", "f32");
+  else
+    wkt_lmserve("quantize", dir, q, (char *)type);
   if (llama_ftype && th_llamacpp_quantize(src, q, llama_ftype, err, sizeof err)) {
     th_fail(__FILE__, __LINE__, "%s", err);
     th_stop();

@@ -41,6 +41,26 @@ static inline void wkt_rmdir(const char *dir) {
   rmdir(dir);
 }
 
+/* Runs build/tools/lmserve with args (NULL-terminated, the command first); if it
+ * does not exit 0, the test fails at file:line with its output and stops. */
+static inline void wkt_lmserve_at(const char *file, int line, char *const *args) {
+  char lm[1024], log[4096], *argv[32];
+  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  int n = 0;
+  argv[n++] = lm;
+  while (n < 31 && args[n - 1]) {
+    argv[n] = args[n - 1];
+    n++;
+  }
+  argv[n] = NULL;
+  int rc = cm_run_capture(argv, log, sizeof(log));
+  if (rc) {
+    th_fail(file, line, "lmserve %s exited with %d:\n%s", args[0], rc, log);
+    th_stop();
+  }
+}
+#define wkt_lmserve(...) wkt_lmserve_at(__FILE__, __LINE__, (char *[]){__VA_ARGS__, NULL})
+
 /* The CPU backend with `threads` threads (the test stops if it cannot be made). */
 static inline struct kn_backend *wkt_cpu_backend(int threads) {
   struct kn_backend *be = NULL;
