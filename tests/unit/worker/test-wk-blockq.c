@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-backend-impl.h"
 #include "tests/harness/th.h"

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "common/cm-err.h"
-#include "common/cm-proc.h"
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 #include "tests/harness/th-buf.h"

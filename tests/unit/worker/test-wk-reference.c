@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-dtype.h"
 #include "kernels/kn-quant.h"
@@ -474,18 +473,13 @@ TH_TEST(reference_gemma4_moe) {
  * over the file's dequantized tensors. The f32 activations are exact to the
  * dequantized weights, so the bound is the f32 one. */
 TH_TEST(reference_gemma4_moe_gguf_block_formats) {
-  char dir[256], lm[1024], log[4096];
+  char dir[256];
   TH_REQUIRE(wkt_make_preset(dir, sizeof(dir), "gemma4", "tiny-dense", 1, 0, MD_ST_BF16, 11) == 0);
-  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
   static const char *types[] = {"q8_0", "q4_k", "q4_0"};
   for (size_t i = 0; i < CM_ARRAY_LEN(types); i++) {
     char path[320], label[64];
     snprintf(path, sizeof(path), "%s/m-%s.gguf", dir, types[i]);
-    char *argv[] = {lm, "quantize", dir, path, (char *)types[i], NULL};
-    if (cm_run_capture(argv, log, sizeof(log))) {
-      th_fail(__FILE__, __LINE__, "lmserve quantize %s:\n%s", types[i], log);
-      continue;
-    }
+    wkt_lmserve("quantize", dir, path, (char *)types[i]);
     snprintf(label, sizeof(label), "gemma4 tiny-dense+moe %s GGUF", types[i]);
     compare_model(path, label, 70);
   }
@@ -513,18 +507,15 @@ TH_TEST(reference_on_files_quantized_by_llamacpp) {
       {"gemma4", "tiny-e", 0, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
       {"gemma4", "tiny-dense", 1, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
   };
-  char lm[1024], log[4096], err[512];
-  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
+  char err[512];
   for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
     char dir[256], f32[320], q[320], label[96];
     TH_REQUIRE(wkt_make_preset(dir, sizeof(dir), cases[i].arch, cases[i].preset, cases[i].moe, 0,
                                MD_ST_BF16, 5) == 0);
     snprintf(f32, sizeof(f32), "%s/f32.gguf", dir);
     snprintf(q, sizeof(q), "%s/llamacpp.gguf", dir);
-    char *argv[] = {lm, "export-gguf", "--model", dir, "--out", f32, "--dtype", "f32", NULL};
-    if (cm_run_capture(argv, log, sizeof(log))) {
-      th_fail(__FILE__, __LINE__, "lmserve export-gguf:\n%s", log);
-    } else if (th_llamacpp_quantize(f32, q, cases[i].ftype, err, sizeof(err))) {
+    wkt_lmserve("export-gguf", "--model", dir, "--out", f32, "--dtype", "f32");
+    if (th_llamacpp_quantize(f32, q, cases[i].ftype, err, sizeof(err))) {
       th_fail(__FILE__, __LINE__, "%s", err);
     } else {
       snprintf(label, sizeof(label), "%s %s%s, llama.cpp's %s", cases[i].arch, cases[i].preset,

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "common/cm-err.h"
-#include "common/cm-proc.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "tests/harness/th-llamacpp.h"
 #include "tests/harness/th.h"

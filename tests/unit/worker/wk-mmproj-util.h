@@ -13,7 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/cm-proc.h"
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 #include "tests/harness/th-buf.h"
@@ -28,19 +27,15 @@
  * and mmproj-model.gguf. */
 static inline void wkm_make(char *st, size_t n, char *const *args, char ck[300], char gg[3][300],
                             int n_gg) {
-  char lm[1024], log[4096], out[400], mm[400];
-  char *mk[24] = {lm, "make-tiny-model", "--out", ck, "--seed", "7"};
-  int k = 6;
+  char out[400], mm[400];
+  char *mk[24] = {"make-tiny-model", "--out", ck, "--seed", "7"};
+  int k = 5;
   for (int i = 0; args[i] && k < 23; i++)
     mk[k++] = args[i];
   mk[k] = NULL;
   TH_REQUIRE(wkt_tmpdir(st, n) == 0);
   snprintf(ck, 300, "%s/ck", st);
-  snprintf(lm, sizeof(lm), "%s/tools/lmserve", th_build_dir());
-  if (cm_run_capture(mk, log, sizeof(log))) {
-    th_fail(__FILE__, __LINE__, "lmserve make-tiny-model:\n%s", log);
-    th_stop();
-  }
+  wkt_lmserve_at(__FILE__, __LINE__, mk);
   snprintf(out, sizeof(out), "%s/tokenizer.json", ck);
   if (access(out, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
   for (int i = 0; i < n_gg && i < 3; i++) {
@@ -48,15 +43,11 @@ static inline void wkm_make(char *st, size_t n, char *const *args, char ck[300],
     TH_REQUIRE(mkdir(gg[i], 0755) == 0);
     snprintf(out, sizeof(out), "%s/model.gguf", gg[i]);
     snprintf(mm, sizeof(mm), "%s/mmproj-model.gguf", gg[i]);
-    char *argv[] = {lm, "export-gguf", "--model", ck,  "--out", out, "--mmproj",
-                    mm, "--dtype",     "f32",     NULL};
-    if (i == 0) argv[8] = NULL;
-    if (i == 2) argv[8] = "--mmproj-dtype", argv[9] = "q8_0";
-    int rc = cm_run_capture(argv, log, sizeof(log));
-    if (rc) {
-      th_fail(__FILE__, __LINE__, "lmserve export-gguf: %d\n%s", rc, log);
-      th_stop();
-    }
+    char *argv[] = {"export-gguf", "--model", ck,        "--out", out,
+                    "--mmproj",    mm,        "--dtype", "f32",   NULL};
+    if (i == 0) argv[7] = NULL;
+    if (i == 2) argv[7] = "--mmproj-dtype", argv[8] = "q8_0";
+    wkt_lmserve_at(__FILE__, __LINE__, argv);
   }
 }
 
