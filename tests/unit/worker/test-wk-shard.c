@@ -1,5 +1,6 @@
 /* test-wk-shard.c — per-rank shapes under tensor parallelism: heads, KV heads
- * (split or replicated), MLP and expert widths, vocabulary rows, and the refusals
+ * (split or replicated), MLP and expert widths (cut in whole blocks of their
+ * formats where an even cut would split one), vocabulary rows, and the refusals
  * that name the dimension which cannot be split. */
 #include <stdio.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "common/cm-err.h"
 #include "model/md-config.h"
 #include "tests/harness/th.h"
+#include "tools/tl-tiny-spec.h"
 #include "worker/wk-shard.h"
 
 /* A gemma3_text config with the given head counts, widths and vocabulary. */
@@ -139,6 +141,36 @@ TH_TEST(shard_mlp_cuts_fall_on_whole_blocks) {
     units.ffn[i] = 256;
   TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 4, &units, &l, &p, err, sizeof err), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "intermediate_size = 512") && strstr(err, "whole blocks of 256"));
+}
+
+/* The experts likewise: Gemma 4 MoE experts 96 wide in blocks of 32 over two
+ * ranks hold 64 and 32 columns (48 each where any cut will do); over four ranks
+ * three blocks cannot be cut. */
+TH_TEST(shard_expert_cuts_fall_on_whole_blocks) {
+  struct tl_tiny_spec s;
+  struct tl_tiny_opts o = {
+      .arch = "gemma4", .preset = "tiny-dense", .vocab = 512, .moe = 1, .moe_ffn = 96};
+  struct md_config c, l;
+  struct wk_shard_plan p;
+  char err[256] = "";
+  TH_REQUIRE(tl_tiny_spec_build(&s, &o, err, sizeof err) == 0);
+  int rc = md_config_parse(s.config_json, strlen(s.config_json), &c, err, sizeof err);
+  tl_tiny_spec_free(&s);
+  TH_REQUIRE(rc == 0 && c.moe && c.moe_ffn == 96);
+  struct wk_shard_units u = {.moe = 32};
+  for (int i = 0; i < c.n_layers; i++)
+    u.ffn[i] = 1;
+  for (int r = 0; r < 2; r++) {
+    TH_REQUIRE(wk_config_shard(&c, r, 2, &u, &l, &p, err, sizeof err) == 0);
+    TH_CHECK_EQ_INT(l.moe_ffn, r ? 32 : 64);
+    TH_CHECK_EQ_INT(p.moe0, r ? 64 : 0);
+    TH_CHECK_EQ_INT(l.layers[0].ffn_dim, c.layers[0].ffn_dim / 2);
+    TH_REQUIRE(wk_config_shard(&c, r, 2, NULL, &l, &p, err, sizeof err) == 0);
+    TH_CHECK_EQ_INT(l.moe_ffn, 48);
+    TH_CHECK_EQ_INT(p.moe0, 48 * r);
+  }
+  TH_CHECK_EQ_INT(wk_config_shard(&c, 0, 4, &u, &l, &p, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "moe_intermediate_size = 96") && strstr(err, "whole blocks of 32"));
 }
 
 TH_TEST(shard_refusals_name_the_dimension) {
