@@ -297,8 +297,8 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       {"vocab", CM_OPT_INT, &vocab, "N", "vocabulary size (default 262144)", 16, 1 << 22},
       {"moe", CM_OPT_BOOL, &moe, NULL, "gemma4: add a mixture-of-experts block to every layer"},
       {"intermediate-size", CM_OPT_INT, &ffn, "N",
-       "gemma3: the MLPs' width (default: the preset's; 768 with k256: three blocks of 256, "
-       "which two ranks cut as 512 and 256)",
+       "gemma3: the MLPs' width (default: the preset's; e.g. 768 with k256: three blocks of "
+       "256, which two ranks cut as 512 and 256)",
        1, 1 << 20},
       {"moe-intermediate-size", CM_OPT_INT, &moe_ffn, "N",
        "gemma4 --moe: the experts' width (default 32)", 1, 1 << 20},
@@ -389,9 +389,9 @@ int tl_make_tiny_model_main(int argc, char **argv) {
       fprintf(stderr, "lmserve make-tiny-model: --audio is for --arch gemma4\n");
       return 2;
     }
-    if ((ffn && strcmp(arch, "gemma3")) || (moe_ffn && !moe)) {
+    if ((ffn && strcmp(arch, "gemma3")) || (moe_ffn && (!moe || strcmp(arch, "gemma4")))) {
       fprintf(stderr, "lmserve make-tiny-model: --intermediate-size is for --arch gemma3, "
-                      "--moe-intermediate-size for --moe\n");
+                      "--moe-intermediate-size for --arch gemma4 --moe\n");
       return 2;
     }
     if (audio_shape && (!audio || (strcmp(audio_shape, "tiny") && strcmp(audio_shape, "e2b") &&

@@ -24,17 +24,20 @@ static int kv_split(int nh, int kvh, int rank, int world, int *head0, int *n) {
 
 /* The columns [*off, *off + *n) rank r holds of an MLP's intermediate width F: an even
  * share, or where that would cut a unit, whole units with the first (F / unit) % world
- * ranks one more. */
-static int ffn_split(int F, int unit, int rank, int world, int *off, int *n) {
-  if (F % world == 0 && F / world % unit == 0) {
+ * ranks one more. *unit becomes 1 for the even share, the width the cut follows; -1
+ * if it can follow none. */
+static int ffn_split(int F, int *unit, int rank, int world, int *off, int *n) {
+  int u = *unit;
+  if (F % world == 0 && F / world % u == 0) {
     *n = F / world;
     *off = rank * *n;
+    *unit = 1;
     return 0;
   }
-  if (unit == 1 || F % unit || F / unit < world) return -1;
-  int units = F / unit, base = units / world, extra = units % world;
-  *n = (base + (rank < extra)) * unit;
-  *off = (rank * base + CM_MIN(rank, extra)) * unit;
+  if (u == 1 || F % u || F / u < world) return -1;
+  int units = F / u, base = units / world, extra = units % world;
+  *n = (base + (rank < extra)) * u;
+  *off = (rank * base + CM_MIN(rank, extra)) * u;
   return 0;
 }
 
@@ -56,9 +59,6 @@ int wk_config_shard(const struct md_config *full, int rank, int world,
                    rank, world);
   *local = *full;
   *plan = (struct wk_shard_plan){.rank = rank, .world = world, .vocab_n = full->vocab};
-  for (int i = 0; i < MD_MAX_LAYERS; i++)
-    plan->units.ffn[i] = units && units->ffn[i] > 1 ? units->ffn[i] : 1;
-  plan->units.moe = units && units->moe > 1 ? units->moe : 1;
   if (world == 1) return 0;
   const struct md_config *c = full;
   const char *what = c->model_type;
@@ -73,8 +73,9 @@ int wk_config_shard(const struct md_config *full, int rank, int world,
                    "embedding and head are vocab-parallel)",
                    what, c->vocab, world);
   char blocks[96];
-  int moe_unit = plan->units.moe;
-  if (c->moe && ffn_split(c->moe_ffn, moe_unit, rank, world, &plan->moe0, &local->moe_ffn))
+  int moe_unit = units && units->moe > 1 ? units->moe : 1;
+  plan->units.moe = moe_unit;
+  if (c->moe && ffn_split(c->moe_ffn, &plan->units.moe, rank, world, &plan->moe0, &local->moe_ffn))
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "%s: moe_intermediate_size = %d cannot be split over a tensor-parallel size of "
                    "%d%s",
@@ -91,8 +92,10 @@ int wk_config_shard(const struct md_config *full, int rank, int world,
                      "%s: layer %d has %d key/value heads: a tensor-parallel size of %d must "
                      "divide them or be a multiple of them",
                      what, i, l->n_kv_heads, world);
-    int unit = plan->units.ffn[i];
-    if (ffn_split(l->ffn_dim, unit, rank, world, &plan->ffn0[i], &local->layers[i].ffn_dim))
+    int unit = units && units->ffn[i] > 1 ? units->ffn[i] : 1;
+    plan->units.ffn[i] = unit;
+    if (ffn_split(l->ffn_dim, &plan->units.ffn[i], rank, world, &plan->ffn0[i],
+                  &local->layers[i].ffn_dim))
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "%s: layer %d: intermediate_size = %d cannot be split over a "
                      "tensor-parallel size of %d%s",

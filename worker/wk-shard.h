@@ -45,7 +45,8 @@ struct wk_shard_plan {
   int kv_head0[MD_MAX_LAYERS]; /* per layer: first KV head held */
   int ffn0[MD_MAX_LAYERS];     /* per layer: first MLP intermediate column held */
   int moe0;                    /* first column of each expert's intermediate width held */
-  struct wk_shard_units units; /* where the cuts fall: the same on every rank */
+  struct wk_shard_units units; /* the widths the cuts follow where they are not even shares
+                                  (1 where they are; 0 with one rank): alike on every rank */
 };
 
 /* Fills `local` (this rank's config) and `plan` from the full config, or returns

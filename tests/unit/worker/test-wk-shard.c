@@ -124,6 +124,9 @@ TH_TEST(shard_mlp_cuts_fall_on_whole_blocks) {
         TH_CHECK_EQ_INT(p.ffn0[i], next[i]);
         TH_CHECK_EQ_INT(n % units.ffn[i], 0);
         if (units.ffn[i] == 1) TH_CHECK_EQ_INT(n, F / w);
+        /* the width the cut follows, for the ranks' checksum: 1 for even shares */
+        int even = F % w == 0 && F / w % units.ffn[i] == 0;
+        TH_CHECK_EQ_INT(p.units.ffn[i], even ? 1 : units.ffn[i]);
         next[i] += n;
       }
       if (r == 0) TH_CHECK_EQ_INT(l.layers[0].ffn_dim, cases[k].n0);

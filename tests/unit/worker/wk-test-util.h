@@ -52,6 +52,7 @@ static inline void wkt_lmserve_at(const char *file, int line, char *const *args)
     argv[n] = args[n - 1];
     n++;
   }
+  TH_REQUIRE(!args[n - 1]); /* at most 30 arguments */
   argv[n] = NULL;
   int rc = cm_run_capture(argv, log, sizeof(log));
   if (rc) {
