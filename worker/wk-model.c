@@ -484,7 +484,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
   if (b->blockq && b->role != W_ANY && kn_dtype_size(w->dt) && w->dt != KN_DTYPE_F8E4M3) {
     /* the format is whole blocks of the row and of this rank's column cut: an
      * MLP's cut falls on them where it can (ffn_units); Q4_K under a cut that
-     * cannot (the attention output's 128 columns a rank of 512) is its fallback,
+     * cannot (a rank's 128 of the attention output's 512 columns) is its fallback,
      * Q5_0, as a row that is not whole 256-blocks is (a GGUF file's Q4_K cannot
      * be cut there: block_ok) */
     size_t k = (size_t)C;

@@ -24,8 +24,8 @@ static int kv_split(int nh, int kvh, int rank, int world, int *head0, int *n) {
 
 /* The columns [*off, *off + *n) rank r holds of an MLP's intermediate width F: an even
  * share, or where that would cut a unit, whole units with the first (F / unit) % world
- * ranks one more. *unit becomes 1 for the even share, the width the cut follows; -1
- * if it can follow none. */
+ * ranks one more. *unit becomes the width the cut follows (1 for the even share).
+ * -1 where neither is possible. */
 static int ffn_split(int F, int *unit, int rank, int world, int *off, int *n) {
   int u = *unit;
   if (F % world == 0 && F / world % u == 0) {
