@@ -292,6 +292,7 @@ static int create(int n_threads, enum kn_cpu_isa isa, int bf16, int emulate,
   if (isa >= KN_CPU_ISA_AVX2) kn_cpu_dsp_init_q8_avx2(&ctx->dsp);
   if (isa == KN_CPU_ISA_AVX2VNNI) kn_cpu_dsp_init_q8_avxvnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_avx512(&ctx->dsp);
+  if (isa >= KN_CPU_ISA_AVX512) kn_cpu_dsp_init_quant_avx512(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512 && kn_cpu_has_avx512vnni()) kn_cpu_dsp_init_q8_vnni(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AVX512BF16) kn_cpu_dsp_init_avx512bf16(&ctx->dsp);
   if (isa >= KN_CPU_ISA_AMX) kn_cpu_dsp_init_amx(&ctx->dsp);

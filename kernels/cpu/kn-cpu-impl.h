@@ -292,6 +292,11 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 /* matvec[] of the block formats (kn-cpu-quant-avx2.c): the AVX2 f32 matvec's
  * bits over the dequantized rows, reading the packed ones (needs AVX2). */
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
+/* Those matvecs by dtype (NULL where none). */
+extern const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT];
+/* The same bits two rows to a 512-bit register (kn-cpu-quant-avx512.c; needs
+ * AVX-512 F/DQ/BW/VL). */
+void kn_cpu_dsp_init_quant_avx512(struct kn_cpu_dsp *dsp);
 /* q8dot[] in AVX2 (kn-cpu-q8-avx2.c): kn-cpu-q8.c's bits (needs AVX2). */
 void kn_cpu_dsp_init_q8_avx2(struct kn_cpu_dsp *dsp);
 /* q8dot[] with AVX-512 VNNI tiles (kn-cpu-q8-vnni.c; needs kn_cpu_has_avx512vnni()). */

@@ -280,13 +280,13 @@ DEF_QMV(q4_k, KN_DTYPE_Q4_K)
 DEF_QMV(q5_k, KN_DTYPE_Q5_K)
 DEF_QMV(q6_k, KN_DTYPE_Q6_K)
 
+const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT] = {
+    [KN_DTYPE_Q8_0] = qmv_q8_0, [KN_DTYPE_Q4_0] = qmv_q4_0, [KN_DTYPE_Q4_1] = qmv_q4_1,
+    [KN_DTYPE_Q5_0] = qmv_q5_0, [KN_DTYPE_Q5_1] = qmv_q5_1, [KN_DTYPE_Q4_K] = qmv_q4_k,
+    [KN_DTYPE_Q5_K] = qmv_q5_k, [KN_DTYPE_Q6_K] = qmv_q6_k,
+};
+
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp) {
-  dsp->matvec[KN_DTYPE_Q8_0] = qmv_q8_0;
-  dsp->matvec[KN_DTYPE_Q4_0] = qmv_q4_0;
-  dsp->matvec[KN_DTYPE_Q4_1] = qmv_q4_1;
-  dsp->matvec[KN_DTYPE_Q5_0] = qmv_q5_0;
-  dsp->matvec[KN_DTYPE_Q5_1] = qmv_q5_1;
-  dsp->matvec[KN_DTYPE_Q4_K] = qmv_q4_k;
-  dsp->matvec[KN_DTYPE_Q5_K] = qmv_q5_k;
-  dsp->matvec[KN_DTYPE_Q6_K] = qmv_q6_k;
+  for (int d = 0; d < KN_DTYPE__COUNT; d++)
+    if (kn_cpu_qmv_avx2[d]) dsp->matvec[d] = kn_cpu_qmv_avx2[d];
 }

@@ -1,0 +1,337 @@
+/* kn-cpu-quant-avx512.c — the block formats' matvecs of kn-cpu-quant-avx2.c
+ * (the exact mode: the f32 matvec's bits over the dequantized rows) with two
+ * rows to a 512-bit register. Lanes 0..7 of a register are row A's 8-lane
+ * accumulator and lanes 8..15 row B's, each input vector broadcast to both
+ * halves, so every lane sees the AVX2 kernel's operations in its order: the
+ * element dequantized with the reference's float operations (a scale times an
+ * integer, then the offset), one fused multiply-add, k rising, then the fixed
+ * lane reduction on each half. What the wider registers save is the
+ * dequantization, the kernels' cost (BENCHMARKS, "GGUF decode in the exact
+ * mode"): one operation widens, converts or scales 16 elements of two rows
+ * instead of 8 of one, and Q5's fifth bits come from a mask register instead
+ * of shifts and compares. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kn-cpu-avx2.h"
+#include "kernels/cpu/kn-cpu-avx512.h"
+#include "kernels/cpu/kn-cpu-impl.h"
+#include "kernels/kn-quant.h"
+
+#define KN_UNROLL4 _Pragma("GCC unroll 4")
+
+KN_AVX512 static inline float h16(const uint8_t *p) {
+  return _cvtsh_ss(kn_le16(p));
+}
+
+/* a in lanes 0..7, b in lanes 8..15. */
+KN_AVX512 static inline __m512 two(float a, float b) {
+  return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+/* The 16 bytes at a and at b, widened to 32 bits: lo = [a0..7 | b0..7],
+ * hi = [a8..15 | b8..15] (sgn: sign-extended). */
+KN_AVX512 static inline void bytes2(const uint8_t *a, const uint8_t *b, int sgn, __m512i *lo,
+                                    __m512i *hi) {
+  __m128i qa = _mm_loadu_si128((const __m128i *)a), qb = _mm_loadu_si128((const __m128i *)b);
+  __m128i l = _mm_unpacklo_epi64(qa, qb), h = _mm_unpackhi_epi64(qa, qb);
+  *lo = sgn ? _mm512_cvtepi8_epi32(l) : _mm512_cvtepu8_epi32(l);
+  *hi = sgn ? _mm512_cvtepi8_epi32(h) : _mm512_cvtepu8_epi32(h);
+}
+
+/* The nibbles of 16 bytes of each row: vector i holds elements 8i .. 8i + 7
+ * of both (elements 0..15 the low nibbles, 16..31 the high ones). */
+KN_AVX512 static inline void nibbles2(const uint8_t *a, const uint8_t *b, __m512i *n) {
+  const __m512i lo = _mm512_set1_epi32(0xF);
+  __m512i x, y;
+  bytes2(a, b, 0, &x, &y);
+  n[0] = _mm512_and_si512(x, lo);
+  n[1] = _mm512_and_si512(y, lo);
+  n[2] = _mm512_srli_epi32(x, 4);
+  n[3] = _mm512_srli_epi32(y, 4);
+}
+
+/* The fifth bits (bit j of each row's qh for element j) as one 64-bit mask:
+ * bits 16i .. 16i + 15 are vector i's lanes (row A's 8 then row B's 8). */
+KN_AVX512 static inline uint64_t bit5_2(uint32_t qa, uint32_t qb) {
+  return (uint64_t)_mm_cvtsi128_si64(
+      _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)qa), _mm_cvtsi32_si128((int)qb)));
+}
+
+/* Chunk c (elements 32c .. 32c + 31) of rows a and b, dequantized into v[4].
+ * The K-quants keep their super-block's scales in st[32] from its first chunk
+ * on (chunks come in order); the other formats leave st alone. */
+typedef void (*deq2_fn)(const uint8_t *a, const uint8_t *b, int c, __m512 *v, float *st);
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q8_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)c * 34, *b = rb + (size_t)c * 34;
+  __m512 d = two(h16(a), h16(b));
+  __m512i q[4];
+  bytes2(a + 2, b + 2, 1, &q[0], &q[1]);
+  bytes2(a + 18, b + 18, 1, &q[2], &q[3]);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(q[i]), d);
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q4_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)c * 18, *b = rb + (size_t)c * 18;
+  __m512 d = two(h16(a), h16(b));
+  __m512i n[4];
+  nibbles2(a + 2, b + 2, n);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(n[i], _mm512_set1_epi32(8))), d);
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q4_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)c * 20, *b = rb + (size_t)c * 20;
+  __m512 d = two(h16(a), h16(b)), m = two(h16(a + 2), h16(b + 2));
+  __m512i n[4];
+  nibbles2(a + 4, b + 4, n);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(n[i]), d), m);
+}
+
+/* Q5_0's integer is (nibble | fifth bit << 4) - 16: the nibble less 16 where
+ * the bit is clear, the nibble where it is set. */
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q5_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)c * 22, *b = rb + (size_t)c * 22;
+  __m512 d = two(h16(a), h16(b));
+  const uint64_t clear = ~bit5_2(kn_le32(a + 2), kn_le32(b + 2));
+  __m512i n[4];
+  nibbles2(a + 6, b + 6, n);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m512i q =
+        _mm512_mask_sub_epi32(n[i], (__mmask16)(clear >> 16 * i), n[i], _mm512_set1_epi32(16));
+    v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+  }
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q5_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)c * 24, *b = rb + (size_t)c * 24;
+  __m512 d = two(h16(a), h16(b)), m = two(h16(a + 2), h16(b + 2));
+  const uint64_t set = bit5_2(kn_le32(a + 4), kn_le32(b + 4));
+  __m512i n[4];
+  nibbles2(a + 8, b + 8, n);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m512i q = _mm512_mask_or_epi32(n[i], (__mmask16)(set >> 16 * i), n[i], _mm512_set1_epi32(16));
+    v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), d), m);
+  }
+}
+
+/* The K-quants' eight 6-bit scales and eight mins from their 12 bytes q, one
+ * a byte: scale j < 4 is q[j]'s low 6 bits, min j < 4 q[j + 4]'s; scale 4 + i
+ * is q[8 + i]'s low nibble under q[i]'s top two bits, min 4 + i q[8 + i]'s
+ * high nibble under q[4 + i]'s top two. */
+static inline void scales_mins(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
+  const uint32_t u0 = kn_le32(q), u1 = kn_le32(q + 4), u2 = kn_le32(q + 8);
+  const uint32_t lo6 = 0x3f3f3f3f, top2 = 0x03030303, nib = 0x0f0f0f0f;
+  *sc = (u0 & lo6) | (uint64_t)((u2 & nib) | ((u0 >> 6) & top2) << 4) << 32;
+  *mn = (u1 & lo6) | (uint64_t)(((u2 >> 4) & nib) | ((u1 >> 6) & top2) << 4) << 32;
+}
+
+/* Q4_K and Q5_K: chunk c % 8 of a 256-element super-block is the low (c even)
+ * or high nibbles of its 32 bytes (c / 2), with pair c's scale and min. At a
+ * super-block's first chunk, st gets its 8 scales d * sc (row a's, then row
+ * b's) and its 8 mins dmin * mn (the same). */
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st, int five) {
+  const size_t bb = five ? 176 : 144;
+  const uint8_t *a = ra + (size_t)(c >> 3) * bb, *b = rb + (size_t)(c >> 3) * bb;
+  const int s = c & 7;
+  if (s == 0)
+    for (int r = 0; r < 2; r++) {
+      const uint8_t *q = r ? b : a;
+      uint64_t sc, mn;
+      scales_mins(q + 4, &sc, &mn);
+      __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+      __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+      _mm256_storeu_ps(st + 8 * r, _mm256_mul_ps(_mm256_set1_ps(h16(q)), fs));
+      _mm256_storeu_ps(st + 16 + 8 * r, _mm256_mul_ps(_mm256_set1_ps(h16(q + 2)), fm));
+    }
+  __m512 d = two(st[s], st[8 + s]), m = two(st[16 + s], st[24 + s]);
+  const size_t q = (five ? 48 : 16) + 32 * (size_t)(s >> 1);
+  __m512i x[4];
+  bytes2(a + q, b + q, 0, &x[0], &x[1]);
+  bytes2(a + q + 16, b + q + 16, 0, &x[2], &x[3]);
+  __mmask16 hb[4] = {0, 0, 0, 0};
+  if (five) {
+    const __m128i bit = _mm_set1_epi8((char)(1 << s));
+    KN_UNROLL4
+    for (int h = 0; h < 2; h++) {
+      __m128i qa = _mm_loadu_si128((const __m128i *)(a + 16 + 16 * h));
+      __m128i qb = _mm_loadu_si128((const __m128i *)(b + 16 + 16 * h));
+      hb[2 * h] = _mm_test_epi8_mask(_mm_unpacklo_epi64(qa, qb), bit);
+      hb[2 * h + 1] = _mm_test_epi8_mask(_mm_unpackhi_epi64(qa, qb), bit);
+    }
+  }
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m512i n = s & 1 ? _mm512_srli_epi32(x[i], 4) : _mm512_and_si512(x[i], _mm512_set1_epi32(0xF));
+    if (five) n = _mm512_mask_or_epi32(n, hb[i], n, _mm512_set1_epi32(16));
+    v[i] = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(n)), m);
+  }
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q4_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  deq_k(ra, rb, c, v, st, 0);
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q5_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  deq_k(ra, rb, c, v, st, 1);
+}
+
+/* Q6_K: chunk c % 8 is part (c % 4) of half (c % 8) / 4 of the super-block;
+ * vectors 0 and 1 take one 16-element scale, 2 and 3 the next. At a
+ * super-block's first chunk, st gets its 16 scales d * sc (row a's, then row
+ * b's). */
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q6_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)(c >> 3) * 210, *b = rb + (size_t)(c >> 3) * 210;
+  const int half = (c & 7) >> 2, p = c & 3;
+  if ((c & 7) == 0)
+    for (int r = 0; r < 2; r++) {
+      const uint8_t *q = r ? b : a;
+      __m512 sc =
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 192))));
+      _mm512_storeu_ps(st + 16 * r, _mm512_mul_ps(_mm512_set1_ps(h16(q + 208)), sc));
+    }
+  const size_t ql = 64 * (size_t)half + (size_t)(p & 1) * 32, qh = 128 + 32 * (size_t)half;
+  __m512i lo[4], hi[4];
+  bytes2(a + ql, b + ql, 0, &lo[0], &lo[1]);
+  bytes2(a + ql + 16, b + ql + 16, 0, &lo[2], &lo[3]);
+  bytes2(a + qh, b + qh, 0, &hi[0], &hi[1]);
+  bytes2(a + qh + 16, b + qh + 16, 0, &hi[2], &hi[3]);
+  const __m128i sh = _mm_cvtsi32_si128(2 * p);
+  const int k = 8 * half + 2 * p;
+  const __m512 ds[2] = {two(st[k], st[16 + k]), two(st[k + 1], st[17 + k])};
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m512i l =
+        p >= 2 ? _mm512_srli_epi32(lo[i], 4) : _mm512_and_si512(lo[i], _mm512_set1_epi32(0xF));
+    __m512i h = _mm512_and_si512(_mm512_srl_epi32(hi[i], sh), _mm512_set1_epi32(3));
+    __m512i q =
+        _mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(h, 4)), _mm512_set1_epi32(32));
+    v[i] = _mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(q));
+  }
+}
+
+KN_AVX512 static inline void put1(float *o, float s, int acc) {
+  *o = acc ? *o + s : s;
+}
+
+/* As kn-cpu-quant-avx2.c's: how far ahead of its rows a decode call asks for them. */
+#define QMV_PREFETCH_BYTES 4096
+
+/* out[t, j] {=, +=} the dot products of n packed rows (row_bytes apart) with T
+ * inputs: rows in fours (two registers of two), tokens in twos, as the AVX2
+ * kernel; the rows past the last four go to it (tail). */
+KN_AVX512 static inline __attribute__((always_inline)) void
+qmatvec(deq2_fn deq, kn_cpu_dot_fn tail, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
+        const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
+  const int C = K / 32;
+  const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not asked for */
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    if (T <= 2) {
+      const uint8_t *want = w + (size_t)(j + 4) * row_bytes + QMV_PREFETCH_BYTES;
+      for (want = want < end ? want : end; pf < want; pf += 64)
+        _mm_prefetch((const char *)pf, _MM_HINT_T0);
+    }
+    const uint8_t *r0 = w + (size_t)j * row_bytes, *r1 = r0 + row_bytes, *r2 = r1 + row_bytes,
+                  *r3 = r2 + row_bytes;
+    float st[2][32];
+    int t = 0;
+    for (; t + 2 <= T; t += 2) {
+      const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+      for (int c = 0; c < C; c++) {
+        __m512 xv[4], yv[4], v[4];
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++) {
+          xv[u] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + 32 * c + 8 * u));
+          yv[u] = _mm512_broadcast_f32x8(_mm256_loadu_ps(y + 32 * c + 8 * u));
+        }
+        deq(r0, r1, c, v, st[0]);
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++) {
+          a0 = _mm512_fmadd_ps(v[u], xv[u], a0);
+          b0 = _mm512_fmadd_ps(v[u], yv[u], b0);
+        }
+        deq(r2, r3, c, v, st[1]);
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++) {
+          a1 = _mm512_fmadd_ps(v[u], xv[u], a1);
+          b1 = _mm512_fmadd_ps(v[u], yv[u], b1);
+        }
+      }
+      kn_avx2_put_2x4(out + (ptrdiff_t)t * ldo + j, ldo, _mm512_castps512_ps256(a0),
+                      _mm512_extractf32x8_ps(a0, 1), _mm512_castps512_ps256(a1),
+                      _mm512_extractf32x8_ps(a1, 1), _mm512_castps512_ps256(b0),
+                      _mm512_extractf32x8_ps(b0, 1), _mm512_castps512_ps256(b1),
+                      _mm512_extractf32x8_ps(b1, 1), acc);
+    }
+    for (; t < T; t++) {
+      const float *x = in + (ptrdiff_t)t * ldi;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+      for (int c = 0; c < C; c++) {
+        __m512 xv[4], v[4];
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++)
+          xv[u] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + 32 * c + 8 * u));
+        deq(r0, r1, c, v, st[0]);
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++)
+          a0 = _mm512_fmadd_ps(v[u], xv[u], a0);
+        deq(r2, r3, c, v, st[1]);
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++)
+          a1 = _mm512_fmadd_ps(v[u], xv[u], a1);
+      }
+      float *o = out + (ptrdiff_t)t * ldo + j;
+      put1(o, kn_avx2_hsum(_mm512_castps512_ps256(a0)), acc);
+      put1(o + 1, kn_avx2_hsum(_mm512_extractf32x8_ps(a0, 1)), acc);
+      put1(o + 2, kn_avx2_hsum(_mm512_castps512_ps256(a1)), acc);
+      put1(o + 3, kn_avx2_hsum(_mm512_extractf32x8_ps(a1, 1)), acc);
+    }
+  }
+  if (j < n) tail(out + j, ldo, in, ldi, w + (size_t)j * row_bytes, K, T, n - j, acc);
+}
+
+#define DEF_QMV(SUF, DT)                                                                           \
+  KN_AVX512 static void qmv_##SUF(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,       \
+                                  const void *w, int K, int T, int n, int acc) {                   \
+    qmatvec(deq_##SUF, kn_cpu_qmv_avx2[DT], out, ldo, in, ldi, w, kn_row_bytes(DT, (size_t)K), K,  \
+            T, n, acc);                                                                            \
+  }
+
+DEF_QMV(q8_0, KN_DTYPE_Q8_0)
+DEF_QMV(q4_0, KN_DTYPE_Q4_0)
+DEF_QMV(q4_1, KN_DTYPE_Q4_1)
+DEF_QMV(q5_0, KN_DTYPE_Q5_0)
+DEF_QMV(q5_1, KN_DTYPE_Q5_1)
+DEF_QMV(q4_k, KN_DTYPE_Q4_K)
+DEF_QMV(q5_k, KN_DTYPE_Q5_K)
+DEF_QMV(q6_k, KN_DTYPE_Q6_K)
+
+void kn_cpu_dsp_init_quant_avx512(struct kn_cpu_dsp *dsp) {
+  dsp->matvec[KN_DTYPE_Q8_0] = qmv_q8_0;
+  dsp->matvec[KN_DTYPE_Q4_0] = qmv_q4_0;
+  dsp->matvec[KN_DTYPE_Q4_1] = qmv_q4_1;
+  dsp->matvec[KN_DTYPE_Q5_0] = qmv_q5_0;
+  dsp->matvec[KN_DTYPE_Q5_1] = qmv_q5_1;
+  dsp->matvec[KN_DTYPE_Q4_K] = qmv_q4_k;
+  dsp->matvec[KN_DTYPE_Q5_K] = qmv_q5_k;
+  dsp->matvec[KN_DTYPE_Q6_K] = qmv_q6_k;
+}
