@@ -29,6 +29,22 @@ KN_AVX512 static inline __m512 two(float a, float b) {
   return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
 }
 
+/* The f16 at a (lanes 0..7) and the one at b (lanes 8..15). */
+KN_AVX512 static inline __m512 two_h16(const uint8_t *a, const uint8_t *b) {
+  __m128 f = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(kn_le16(a)), kn_le16(b), 1));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                               _mm512_castps128_ps512(f));
+}
+
+/* The f16 pairs (d, m) at a and at b: d in *d, m in *m, a's in lanes 0..7. */
+KN_AVX512 static inline void two_h16x2(const uint8_t *a, const uint8_t *b, __m512 *d, __m512 *m) {
+  __m128 f = _mm_cvtph_ps(
+      _mm_unpacklo_epi32(_mm_cvtsi32_si128((int)kn_le32(a)), _mm_cvtsi32_si128((int)kn_le32(b))));
+  __m512 f4 = _mm512_castps128_ps512(f);
+  *d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), f4);
+  *m = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3), f4);
+}
+
 /* The 16 bytes at a and at b, widened to 32 bits: lo = [a0..7 | b0..7],
  * hi = [a8..15 | b8..15] (sgn: sign-extended). */
 KN_AVX512 static inline void bytes2(const uint8_t *a, const uint8_t *b, int sgn, __m512i *lo,
@@ -66,7 +82,7 @@ typedef void (*deq2_fn)(const uint8_t *a, const uint8_t *b, int c, __m512 *v, fl
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_q8_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)c * 34, *b = rb + (size_t)c * 34;
-  __m512 d = two(h16(a), h16(b));
+  __m512 d = two_h16(a, b);
   __m512i q[4];
   bytes2(a + 2, b + 2, 1, &q[0], &q[1]);
   bytes2(a + 18, b + 18, 1, &q[2], &q[3]);
@@ -78,7 +94,7 @@ deq_q8_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_q4_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)c * 18, *b = rb + (size_t)c * 18;
-  __m512 d = two(h16(a), h16(b));
+  __m512 d = two_h16(a, b);
   __m512i n[4];
   nibbles2(a + 2, b + 2, n);
   KN_UNROLL4
@@ -89,7 +105,8 @@ deq_q4_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_q4_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)c * 20, *b = rb + (size_t)c * 20;
-  __m512 d = two(h16(a), h16(b)), m = two(h16(a + 2), h16(b + 2));
+  __m512 d, m;
+  two_h16x2(a, b, &d, &m);
   __m512i n[4];
   nibbles2(a + 4, b + 4, n);
   KN_UNROLL4
@@ -102,7 +119,7 @@ deq_q4_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_q5_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)c * 22, *b = rb + (size_t)c * 22;
-  __m512 d = two(h16(a), h16(b));
+  __m512 d = two_h16(a, b);
   const uint64_t clear = ~bit5_2(kn_le32(a + 2), kn_le32(b + 2));
   __m512i n[4];
   nibbles2(a + 6, b + 6, n);
@@ -117,7 +134,8 @@ deq_q5_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_q5_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)c * 24, *b = rb + (size_t)c * 24;
-  __m512 d = two(h16(a), h16(b)), m = two(h16(a + 2), h16(b + 2));
+  __m512 d, m;
+  two_h16x2(a, b, &d, &m);
   const uint64_t set = bit5_2(kn_le32(a + 4), kn_le32(b + 4));
   __m512i n[4];
   nibbles2(a + 8, b + 8, n);
