@@ -6,7 +6,9 @@
  * (four rows, two tokens at a time, one 8-lane accumulator each, k rising,
  * the fixed lane reduction). So an output has the bits the f32 matvec gives
  * over the dequantized row, while only the packed bytes cross the memory bus.
- * The q8 mode's integer dot products are in kn-cpu-q8-avx2.c. */
+ * The AVX-512 table runs the same bits two rows to a register
+ * (kn-cpu-quant-avx512.c); the q8 mode's integer dot products are in
+ * kn-cpu-q8-avx2.c. */
 #include <stddef.h>
 #include <stdint.h>
 
