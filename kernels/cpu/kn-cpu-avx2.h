@@ -89,6 +89,21 @@ kn_avx2_put_2x4(float *o, ptrdiff_t ldo, __m256 r0, __m256 r1, __m256 r2, __m256
   _mm_storeu_ps(o + ldo, acc ? _mm_add_ps(_mm_loadu_ps(o + ldo), hi) : hi);
 }
 
+/* How far ahead of its rows a block-format matvec with one or two inputs
+ * (decode; kn-cpu-quant-avx2.c, -avx512.c) asks for the weights: such a call
+ * streams each row once from memory, and its rows, a few hundred bytes each,
+ * are too short a stream for the hardware prefetcher. */
+#define KN_QMV_PREFETCH_BYTES 4096
+
+/* Asks for the cache lines from *pf to the first row not yet begun (next) plus
+ * KN_QMV_PREFETCH_BYTES, at most end; *pf: the first byte not asked for. */
+KN_AVX2 static inline void kn_avx2_qmv_prefetch(const uint8_t **pf, const uint8_t *next,
+                                                const uint8_t *end) {
+  const uint8_t *want = next + KN_QMV_PREFETCH_BYTES;
+  for (want = want < end ? want : end; *pf < want; *pf += 64)
+    _mm_prefetch((const char *)*pf, _MM_HINT_T0);
+}
+
 KN_AVX2 static inline float kn_avx2_hmax(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));

@@ -292,6 +292,16 @@ void kn_cpu_dsp_init_avx2(struct kn_cpu_dsp *dsp);
 /* matvec[] of the block formats (kn-cpu-quant-avx2.c): the AVX2 f32 matvec's
  * bits over the dequantized rows, reading the packed ones (needs AVX2). */
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
+/* X(suffix, dtype) for each block format with a matvec of its own. */
+#define KN_CPU_QMV_FORMATS(X)                                                                      \
+  X(q8_0, KN_DTYPE_Q8_0)                                                                           \
+  X(q4_0, KN_DTYPE_Q4_0)                                                                           \
+  X(q4_1, KN_DTYPE_Q4_1)                                                                           \
+  X(q5_0, KN_DTYPE_Q5_0)                                                                           \
+  X(q5_1, KN_DTYPE_Q5_1)                                                                           \
+  X(q4_k, KN_DTYPE_Q4_K)                                                                           \
+  X(q5_k, KN_DTYPE_Q5_K)                                                                           \
+  X(q6_k, KN_DTYPE_Q6_K)
 /* Those matvecs by dtype (NULL where none). */
 extern const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT];
 /* The same bits two rows to a 512-bit register (kn-cpu-quant-avx512.c; needs

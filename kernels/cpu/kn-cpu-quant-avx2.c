@@ -183,11 +183,6 @@ KN_AVX2 static inline void put1(float *o, float s, int acc) {
   *o = acc ? *o + s : s;
 }
 
-/* How far ahead of its four rows a call with one or two inputs (decode) asks for
- * the weights: such a call streams each row once from memory, and its rows, a few
- * hundred bytes each, are too short a stream for the hardware prefetcher. */
-#define QMV_PREFETCH_BYTES 4096
-
 /* out[t, j] {=, +=} the dot products of n packed rows (row_bytes apart) with T
  * inputs, as the AVX2 f32 matvec computes them over the dequantized rows. Inlined
  * into each format's wrapper, so that its deq is too (one indirect call a block
@@ -199,11 +194,7 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
   const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not asked for */
   int j = 0;
   for (; j + 4 <= n; j += 4) {
-    if (T <= 2) {
-      const uint8_t *want = w + (size_t)(j + 4) * row_bytes + QMV_PREFETCH_BYTES;
-      for (want = want < end ? want : end; pf < want; pf += 64)
-        _mm_prefetch((const char *)pf, _MM_HINT_T0);
-    }
+    if (T <= 2) kn_avx2_qmv_prefetch(&pf, w + (size_t)(j + 4) * row_bytes, end);
     const uint8_t *r[4];
     KN_UNROLL4
     for (int i = 0; i < 4; i++)
@@ -217,15 +208,15 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
         a[i] = b[i] = _mm256_setzero_ps();
       for (int c = 0; c < C; c++)
         KN_UNROLL4
-        for (int i = 0; i < 4; i++) {
-          __m256 v[4];
-          deq(r[i], c, v);
-          KN_UNROLL4
-          for (int u = 0; u < 4; u++) {
-            a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
-            b[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(y + 32 * c + 8 * u), b[i]);
-          }
+      for (int i = 0; i < 4; i++) {
+        __m256 v[4];
+        deq(r[i], c, v);
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++) {
+          a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
+          b[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(y + 32 * c + 8 * u), b[i]);
         }
+      }
       kn_avx2_put_2x4(out + (ptrdiff_t)t * ldo + j, ldo, a[0], a[1], a[2], a[3], b[0], b[1], b[2],
                       b[3], acc);
     }
@@ -237,13 +228,13 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
         a[i] = _mm256_setzero_ps();
       for (int c = 0; c < C; c++)
         KN_UNROLL4
-        for (int i = 0; i < 4; i++) {
-          __m256 v[4];
-          deq(r[i], c, v);
-          KN_UNROLL4
-          for (int u = 0; u < 4; u++)
-            a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
-        }
+      for (int i = 0; i < 4; i++) {
+        __m256 v[4];
+        deq(r[i], c, v);
+        KN_UNROLL4
+        for (int u = 0; u < 4; u++)
+          a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
+      }
       float *o = out + (ptrdiff_t)t * ldo + j;
       KN_UNROLL4
       for (int i = 0; i < 4; i++)
@@ -273,20 +264,10 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
     qmatvec(deq_##SUF, out, ldo, in, ldi, w, kn_row_bytes(DT, (size_t)K), K, T, n, acc);           \
   }
 
-DEF_QMV(q8_0, KN_DTYPE_Q8_0)
-DEF_QMV(q4_0, KN_DTYPE_Q4_0)
-DEF_QMV(q4_1, KN_DTYPE_Q4_1)
-DEF_QMV(q5_0, KN_DTYPE_Q5_0)
-DEF_QMV(q5_1, KN_DTYPE_Q5_1)
-DEF_QMV(q4_k, KN_DTYPE_Q4_K)
-DEF_QMV(q5_k, KN_DTYPE_Q5_K)
-DEF_QMV(q6_k, KN_DTYPE_Q6_K)
+KN_CPU_QMV_FORMATS(DEF_QMV)
 
-const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT] = {
-    [KN_DTYPE_Q8_0] = qmv_q8_0, [KN_DTYPE_Q4_0] = qmv_q4_0, [KN_DTYPE_Q4_1] = qmv_q4_1,
-    [KN_DTYPE_Q5_0] = qmv_q5_0, [KN_DTYPE_Q5_1] = qmv_q5_1, [KN_DTYPE_Q4_K] = qmv_q4_k,
-    [KN_DTYPE_Q5_K] = qmv_q5_k, [KN_DTYPE_Q6_K] = qmv_q6_k,
-};
+#define QMV_ENTRY(SUF, DT) [DT] = qmv_##SUF,
+const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT] = {KN_CPU_QMV_FORMATS(QMV_ENTRY)};
 
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp) {
   for (int d = 0; d < KN_DTYPE__COUNT; d++)

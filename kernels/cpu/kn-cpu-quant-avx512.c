@@ -249,9 +249,6 @@ KN_AVX512 static inline void put1(float *o, float s, int acc) {
   *o = acc ? *o + s : s;
 }
 
-/* As kn-cpu-quant-avx2.c's: how far ahead of its rows a decode call asks for them. */
-#define QMV_PREFETCH_BYTES 4096
-
 /* out[t, j] {=, +=} the dot products of n packed rows (row_bytes apart) with T
  * inputs: rows in fours (two registers of two), tokens in twos, as the AVX2
  * kernel; the rows past the last four go to it (tail). */
@@ -262,11 +259,7 @@ qmatvec(deq2_fn deq, kn_cpu_dot_fn tail, float *out, ptrdiff_t ldo, const float 
   const uint8_t *pf = w, *end = w + (size_t)n * row_bytes; /* pf: the first byte not asked for */
   int j = 0;
   for (; j + 4 <= n; j += 4) {
-    if (T <= 2) {
-      const uint8_t *want = w + (size_t)(j + 4) * row_bytes + QMV_PREFETCH_BYTES;
-      for (want = want < end ? want : end; pf < want; pf += 64)
-        _mm_prefetch((const char *)pf, _MM_HINT_T0);
-    }
+    if (T <= 2) kn_avx2_qmv_prefetch(&pf, w + (size_t)(j + 4) * row_bytes, end);
     const uint8_t *r0 = w + (size_t)j * row_bytes, *r1 = r0 + row_bytes, *r2 = r1 + row_bytes,
                   *r3 = r2 + row_bytes;
     float st[2][32];
@@ -334,22 +327,10 @@ qmatvec(deq2_fn deq, kn_cpu_dot_fn tail, float *out, ptrdiff_t ldo, const float 
             T, n, acc);                                                                            \
   }
 
-DEF_QMV(q8_0, KN_DTYPE_Q8_0)
-DEF_QMV(q4_0, KN_DTYPE_Q4_0)
-DEF_QMV(q4_1, KN_DTYPE_Q4_1)
-DEF_QMV(q5_0, KN_DTYPE_Q5_0)
-DEF_QMV(q5_1, KN_DTYPE_Q5_1)
-DEF_QMV(q4_k, KN_DTYPE_Q4_K)
-DEF_QMV(q5_k, KN_DTYPE_Q5_K)
-DEF_QMV(q6_k, KN_DTYPE_Q6_K)
+KN_CPU_QMV_FORMATS(DEF_QMV)
 
 void kn_cpu_dsp_init_quant_avx512(struct kn_cpu_dsp *dsp) {
-  dsp->matvec[KN_DTYPE_Q8_0] = qmv_q8_0;
-  dsp->matvec[KN_DTYPE_Q4_0] = qmv_q4_0;
-  dsp->matvec[KN_DTYPE_Q4_1] = qmv_q4_1;
-  dsp->matvec[KN_DTYPE_Q5_0] = qmv_q5_0;
-  dsp->matvec[KN_DTYPE_Q5_1] = qmv_q5_1;
-  dsp->matvec[KN_DTYPE_Q4_K] = qmv_q4_k;
-  dsp->matvec[KN_DTYPE_Q5_K] = qmv_q5_k;
-  dsp->matvec[KN_DTYPE_Q6_K] = qmv_q6_k;
+#define QMV_SET(SUF, DT) dsp->matvec[DT] = qmv_##SUF;
+  KN_CPU_QMV_FORMATS(QMV_SET)
+#undef QMV_SET
 }
