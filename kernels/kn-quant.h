@@ -36,6 +36,17 @@ static inline float kn_le_f16(const uint8_t *p) {
   return kn_f16_to_f32(kn_le16(p));
 }
 
+/* The K-quants' (Q4_K, Q5_K) eight 6-bit scales and eight mins from their 12
+ * bytes q, one a byte: scale j < 4 is q[j]'s low 6 bits, min j < 4 q[j + 4]'s;
+ * scale 4 + i is q[8 + i]'s low nibble under q[i]'s top two bits, min 4 + i
+ * q[8 + i]'s high nibble under q[4 + i]'s top two. */
+static inline void kn_k_scales_mins(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
+  const uint32_t u0 = kn_le32(q), u1 = kn_le32(q + 4), u2 = kn_le32(q + 8);
+  const uint32_t lo6 = 0x3f3f3f3f, top2 = 0x03030303, nib = 0x0f0f0f0f;
+  *sc = (u0 & lo6) | (uint64_t)((u2 & nib) | ((u0 >> 6) & top2) << 4) << 32;
+  *mn = (u1 & lo6) | (uint64_t)(((u2 >> 4) & nib) | ((u1 >> 6) & top2) << 4) << 32;
+}
+
 /* dst[0, K) = the values of the K-element row at src (K whole blocks of dt). */
 void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
 

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/kn-quant.h"
+
 #define KN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* Lanes 0..r-1 set (0 <= r <= 8). */
@@ -102,6 +104,26 @@ KN_AVX2 static inline void kn_avx2_qmv_prefetch(const uint8_t **pf, const uint8_
   const uint8_t *want = next + KN_QMV_PREFETCH_BYTES;
   for (want = want < end ? want : end; *pf < want; *pf += 64)
     _mm_prefetch((const char *)*pf, _MM_HINT_T0);
+}
+
+/* A Q4_K or Q5_K super-block's eight scales d * sc into ds[8] and its eight
+ * mins dmin * mn into ms[8] (each product rounded once, as kn_dequant_row's). */
+KN_AVX2 static inline void kn_avx2_k_scales(const uint8_t *blk, float *ds, float *ms) {
+  uint64_t sc, mn;
+  kn_k_scales_mins(blk + 4, &sc, &mn);
+  __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+  __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+  _mm256_storeu_ps(ds, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(kn_le16(blk))), fs));
+  _mm256_storeu_ps(ms, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(kn_le16(blk + 2))), fm));
+}
+
+/* A Q6_K super-block's sixteen scales d * sc into ds[16]. */
+KN_AVX2 static inline void kn_avx2_q6k_scales(const uint8_t *blk, float *ds) {
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(kn_le16(blk + 208)));
+  for (int h = 0; h < 2; h++) {
+    __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 192 + 8 * h)));
+    _mm256_storeu_ps(ds + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+  }
 }
 
 KN_AVX2 static inline float kn_avx2_hmax(__m256 v) {

@@ -40,11 +40,13 @@ KN_AVX2 static inline __m256 scaled_off(__m256i q, __m256 d, __m256 m) {
   return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m);
 }
 
-/* Chunk c (elements 32c .. 32c + 31) of a row, dequantized into v[4]. */
-typedef void (*deq32_fn)(const uint8_t *row, int c, __m256 *v);
+/* Chunk c (elements 32c .. 32c + 31) of a row, dequantized into v[4]. The
+ * K-quants keep their super-block's scales in st[16] from its first chunk on
+ * (chunks come in order); the other formats leave st alone. */
+typedef void (*deq32_fn)(const uint8_t *row, int c, __m256 *v, float *st);
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q8_0(const uint8_t *row, int c,
-                                                                   __m256 *v) {
+                                                                   __m256 *v, float *st) {
   const uint8_t *b = row + (size_t)c * 34;
   __m256 d = _mm256_set1_ps(h16(b));
   KN_UNROLL4
@@ -63,7 +65,7 @@ KN_AVX2 static inline void nibbles(const uint8_t *q, __m256i *n) {
 }
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_0(const uint8_t *row, int c,
-                                                                   __m256 *v) {
+                                                                   __m256 *v, float *st) {
   const uint8_t *b = row + (size_t)c * 18;
   __m256 d = _mm256_set1_ps(h16(b));
   __m256i n[4];
@@ -74,7 +76,7 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_0(const uint8_t
 }
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_1(const uint8_t *row, int c,
-                                                                   __m256 *v) {
+                                                                   __m256 *v, float *st) {
   const uint8_t *b = row + (size_t)c * 20;
   __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
   __m256i n[4];
@@ -84,57 +86,56 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_1(const uint8_t
     v[i] = scaled_off(n[i], d, m);
 }
 
-/* The fifth bits of 32 elements (bit j of qh for element j) as 16 in lane
- * positions: vector i holds elements 8i .. 8i + 7. */
-KN_AVX2 static inline __m256i bit5(uint32_t qh, int i) {
-  const __m256i sh = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  __m256i bits = _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * i))), sh);
-  return _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4);
+/* The integers of a Q5 block as 32 bytes (element j at byte j): the nibbles
+ * of its 16 bytes q (elements 0..15 the low ones, 16..31 the high ones), 16
+ * added where bit j of qh is set, less sub. */
+KN_AVX2 static inline __m256i q5_bytes(const uint8_t *q, uint32_t qh, int sub) {
+  const __m128i lo4 = _mm_set1_epi8(0xF), x = _mm_loadu_si128((const __m128i *)q);
+  const __m256i n =
+      _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), lo4), _mm_and_si128(x, lo4));
+  /* byte j takes qh's byte j / 8, then tests its bit j % 8 */
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+  h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(16));
+  return _mm256_sub_epi8(_mm256_or_si256(n, h), _mm256_set1_epi8((char)sub));
+}
+
+/* Bytes 8i .. 8i + 7 of y, sign-extended to 8 lanes. */
+KN_AVX2 static inline __m256i i8x8_of(__m256i y, int i) {
+  __m128i h = i < 2 ? _mm256_castsi256_si128(y) : _mm256_extracti128_si256(y, 1);
+  return _mm256_cvtepi8_epi32(i & 1 ? _mm_unpackhi_epi64(h, h) : h);
 }
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_0(const uint8_t *row, int c,
-                                                                   __m256 *v) {
+                                                                   __m256 *v, float *st) {
   const uint8_t *b = row + (size_t)c * 22;
   __m256 d = _mm256_set1_ps(h16(b));
-  uint32_t qh = kn_le32(b + 2);
-  __m256i n[4];
-  nibbles(b + 6, n);
+  __m256i q = q5_bytes(b + 6, kn_le32(b + 2), 16);
   KN_UNROLL4
   for (int i = 0; i < 4; i++)
-    v[i] = scaled(_mm256_sub_epi32(_mm256_or_si256(n[i], bit5(qh, i)), _mm256_set1_epi32(16)), d);
+    v[i] = scaled(i8x8_of(q, i), d);
 }
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_1(const uint8_t *row, int c,
-                                                                   __m256 *v) {
+                                                                   __m256 *v, float *st) {
   const uint8_t *b = row + (size_t)c * 24;
   __m256 d = _mm256_set1_ps(h16(b)), m = _mm256_set1_ps(h16(b + 2));
-  uint32_t qh = kn_le32(b + 4);
-  __m256i n[4];
-  nibbles(b + 8, n);
+  __m256i q = q5_bytes(b + 8, kn_le32(b + 4), 0);
   KN_UNROLL4
   for (int i = 0; i < 4; i++)
-    v[i] = scaled_off(_mm256_or_si256(n[i], bit5(qh, i)), d, m);
-}
-
-/* The K-quants' j-th 6-bit (scale, min) pair. */
-static inline void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
+    v[i] = scaled_off(i8x8_of(q, i), d, m);
 }
 
 /* Q4_K and Q5_K: chunk c % 8 of a 256-element super-block is the low (c even)
- * or high nibbles of its 32 bytes (c / 2), with pair c's scale and min. */
-KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, int five) {
+ * or high nibbles of its 32 bytes (c / 2), with pair c's scale and min (st[c
+ * % 8] and st[8 + c % 8], from the super-block's first chunk on). */
+KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, float *st, int five) {
   const uint8_t *b = row + (size_t)(c >> 3) * (five ? 176 : 144);
-  int s = c & 7, sc, mn;
-  sc_min(s, b + 4, &sc, &mn);
-  float d1 = h16(b) * (float)sc, m1 = h16(b + 2) * (float)mn;
-  __m256 d = _mm256_set1_ps(d1), m = _mm256_set1_ps(m1);
+  int s = c & 7;
+  if (s == 0) kn_avx2_k_scales(b, st, st + 8);
+  __m256 d = _mm256_set1_ps(st[s]), m = _mm256_set1_ps(st[8 + s]);
   const uint8_t *q = b + (five ? 48 : 16) + 32 * (s >> 1), *qh = b + 16;
   KN_UNROLL4
   for (int i = 0; i < 4; i++) {
@@ -150,23 +151,23 @@ KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, int five)
 }
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q4_k(const uint8_t *row, int c,
-                                                                   __m256 *v) {
-  deq_k(row, c, v, 0);
+                                                                   __m256 *v, float *st) {
+  deq_k(row, c, v, st, 0);
 }
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, int c,
-                                                                   __m256 *v) {
-  deq_k(row, c, v, 1);
+                                                                   __m256 *v, float *st) {
+  deq_k(row, c, v, st, 1);
 }
 
-/* Q6_K: chunk c % 8 is part (c % 4) of half (c % 8) / 4 of the super-block. */
+/* Q6_K: chunk c % 8 is part (c % 4) of half (c % 8) / 4 of the super-block,
+ * its scales st[16] from the super-block's first chunk on. */
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int c,
-                                                                   __m256 *v) {
+                                                                   __m256 *v, float *st) {
   const uint8_t *b = row + (size_t)(c >> 3) * 210;
   int half = (c & 7) >> 2, p = c & 3;
+  if ((c & 7) == 0) kn_avx2_q6k_scales(b, st);
   const uint8_t *ql = b + 64 * half + (p & 1) * 32, *qh = b + 128 + 32 * half;
-  const int8_t *sc = (const int8_t *)(b + 192) + 8 * half;
-  float d = h16(b + 208);
   KN_UNROLL4
   for (int i = 0; i < 4; i++) {
     __m256i lo = u8x8(ql + 8 * i);
@@ -174,8 +175,7 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t
     __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * i), 2 * p), _mm256_set1_epi32(3));
     __m256i q =
         _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-    float ds = d * (float)sc[i / 2 + 2 * p];
-    v[i] = _mm256_mul_ps(_mm256_set1_ps(ds), _mm256_cvtepi32_ps(q));
+    v[i] = _mm256_mul_ps(_mm256_set1_ps(st[8 * half + i / 2 + 2 * p]), _mm256_cvtepi32_ps(q));
   }
 }
 
@@ -196,6 +196,7 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
   for (; j + 4 <= n; j += 4) {
     if (T <= 2) kn_avx2_qmv_prefetch(&pf, w + (size_t)(j + 4) * row_bytes, end);
     const uint8_t *r[4];
+    float st[4][16];
     KN_UNROLL4
     for (int i = 0; i < 4; i++)
       r[i] = w + (size_t)(j + i) * row_bytes;
@@ -210,7 +211,7 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
         KN_UNROLL4
       for (int i = 0; i < 4; i++) {
         __m256 v[4];
-        deq(r[i], c, v);
+        deq(r[i], c, v, st[i]);
         KN_UNROLL4
         for (int u = 0; u < 4; u++) {
           a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
@@ -230,7 +231,7 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
         KN_UNROLL4
       for (int i = 0; i < 4; i++) {
         __m256 v[4];
-        deq(r[i], c, v);
+        deq(r[i], c, v, st[i]);
         KN_UNROLL4
         for (int u = 0; u < 4; u++)
           a[i] = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a[i]);
@@ -243,12 +244,13 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
   }
   for (; j < n; j++) {
     const uint8_t *r0 = w + (size_t)j * row_bytes;
+    float st[1][16];
     for (int t = 0; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;
       __m256 a0 = _mm256_setzero_ps();
       for (int c = 0; c < C; c++) {
         __m256 v[4];
-        deq(r0, c, v);
+        deq(r0, c, v, st[0]);
         KN_UNROLL4
         for (int u = 0; u < 4; u++)
           a0 = _mm256_fmadd_ps(v[u], _mm256_loadu_ps(x + 32 * c + 8 * u), a0);

@@ -146,17 +146,6 @@ deq_q5_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   }
 }
 
-/* The K-quants' eight 6-bit scales and eight mins from their 12 bytes q, one
- * a byte: scale j < 4 is q[j]'s low 6 bits, min j < 4 q[j + 4]'s; scale 4 + i
- * is q[8 + i]'s low nibble under q[i]'s top two bits, min 4 + i q[8 + i]'s
- * high nibble under q[4 + i]'s top two. */
-static inline void scales_mins(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
-  const uint32_t u0 = kn_le32(q), u1 = kn_le32(q + 4), u2 = kn_le32(q + 8);
-  const uint32_t lo6 = 0x3f3f3f3f, top2 = 0x03030303, nib = 0x0f0f0f0f;
-  *sc = (u0 & lo6) | (uint64_t)((u2 & nib) | ((u0 >> 6) & top2) << 4) << 32;
-  *mn = (u1 & lo6) | (uint64_t)(((u2 >> 4) & nib) | ((u1 >> 6) & top2) << 4) << 32;
-}
-
 /* Q4_K and Q5_K: chunk c % 8 of a 256-element super-block is the low (c even)
  * or high nibbles of its 32 bytes (c / 2), with pair c's scale and min. At a
  * super-block's first chunk, st gets its 8 scales d * sc (row a's, then row
@@ -166,16 +155,10 @@ deq_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st, int fiv
   const size_t bb = five ? 176 : 144;
   const uint8_t *a = ra + (size_t)(c >> 3) * bb, *b = rb + (size_t)(c >> 3) * bb;
   const int s = c & 7;
-  if (s == 0)
-    for (int r = 0; r < 2; r++) {
-      const uint8_t *q = r ? b : a;
-      uint64_t sc, mn;
-      scales_mins(q + 4, &sc, &mn);
-      __m256 fs = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
-      __m256 fm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
-      _mm256_storeu_ps(st + 8 * r, _mm256_mul_ps(_mm256_set1_ps(h16(q)), fs));
-      _mm256_storeu_ps(st + 16 + 8 * r, _mm256_mul_ps(_mm256_set1_ps(h16(q + 2)), fm));
-    }
+  if (s == 0) {
+    kn_avx2_k_scales(a, st, st + 16);
+    kn_avx2_k_scales(b, st + 8, st + 24);
+  }
   __m512 d = two(st[s], st[8 + s]), m = two(st[16 + s], st[24 + s]);
   const size_t q = (five ? 48 : 16) + 32 * (size_t)(s >> 1);
   __m512i x[4];
@@ -218,13 +201,10 @@ KN_AVX512 static inline __attribute__((always_inline)) void
 deq_q6_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)(c >> 3) * 210, *b = rb + (size_t)(c >> 3) * 210;
   const int half = (c & 7) >> 2, p = c & 3;
-  if ((c & 7) == 0)
-    for (int r = 0; r < 2; r++) {
-      const uint8_t *q = r ? b : a;
-      __m512 sc =
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 192))));
-      _mm512_storeu_ps(st + 16 * r, _mm512_mul_ps(_mm512_set1_ps(h16(q + 208)), sc));
-    }
+  if ((c & 7) == 0) {
+    kn_avx2_q6k_scales(a, st);
+    kn_avx2_q6k_scales(b, st + 16);
+  }
   const size_t ql = 64 * (size_t)half + (size_t)(p & 1) * 32, qh = 128 + 32 * (size_t)half;
   __m512i lo[4], hi[4];
   bytes2(a + ql, b + ql, 0, &lo[0], &lo[1]);
