@@ -131,7 +131,8 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q5_1(const uint8_t
 /* Q4_K and Q5_K: chunk c % 8 of a 256-element super-block is the low (c even)
  * or high nibbles of its 32 bytes (c / 2), with pair c's scale and min (st[c
  * % 8] and st[8 + c % 8], from the super-block's first chunk on). */
-KN_AVX2 static inline void deq_k(const uint8_t *row, int c, __m256 *v, float *st, int five) {
+KN_AVX2 static inline __attribute__((always_inline)) void deq_k(const uint8_t *row, int c,
+                                                                __m256 *v, float *st, int five) {
   const uint8_t *b = row + (size_t)(c >> 3) * (five ? 176 : 144);
   int s = c & 7;
   if (s == 0) kn_avx2_k_scales(b, st, st + 8);
