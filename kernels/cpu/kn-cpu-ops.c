@@ -79,9 +79,12 @@ static void mm_unit(const struct mm_task *m, float *out, ptrdiff_t ldo, int n0, 
   enum kn_dtype dt = m->dt;
   if (m->tile && kn_block_elems(dt)) { /* exact f32 values first, then as an f32 weight */
     float *d = buf + m->deq;
-    for (int j = 0; j < n; j++)
-      kn_dequant_row(dt, w + (size_t)j * kn_row_bytes(dt, (size_t)m->K), d + (size_t)j * m->K,
-                     (size_t)m->K);
+    if (dsp->deq_rows[dt])
+      dsp->deq_rows[dt](d, w, m->K, n);
+    else
+      for (int j = 0; j < n; j++)
+        kn_dequant_row(dt, w + (size_t)j * kn_row_bytes(dt, (size_t)m->K), d + (size_t)j * m->K,
+                       (size_t)m->K);
     w = (const char *)d;
     dt = KN_DTYPE_F32;
   }

@@ -269,10 +269,34 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
 
 KN_CPU_QMV_FORMATS(DEF_QMV)
 
+/* n rows of K elements as f32 rows K apart at dst, with the matvecs' values
+ * (the prefill tiles' weights). */
+#define DEF_DEQ_ROWS(SUF, DT)                                                                      \
+  KN_AVX2 static void deq_rows_##SUF(float *dst, const void *w, int K, int n) {                    \
+    const size_t rb = kn_row_bytes(DT, (size_t)K);                                                 \
+    float st[16];                                                                                  \
+    for (int j = 0; j < n; j++) {                                                                  \
+      const uint8_t *r = (const uint8_t *)w + (size_t)j * rb;                                      \
+      float *o = dst + (size_t)j * (size_t)K;                                                      \
+      for (int c = 0; c < K / 32; c++) {                                                           \
+        __m256 v[4];                                                                               \
+        deq_##SUF(r, c, v, st);                                                                    \
+        KN_UNROLL4                                                                                 \
+        for (int u = 0; u < 4; u++)                                                                \
+          _mm256_storeu_ps(o + 32 * c + 8 * u, v[u]);                                              \
+      }                                                                                            \
+    }                                                                                              \
+  }
+
+KN_CPU_QMV_FORMATS(DEF_DEQ_ROWS)
+
 #define QMV_ENTRY(SUF, DT) [DT] = qmv_##SUF,
 const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT] = {KN_CPU_QMV_FORMATS(QMV_ENTRY)};
 
 void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp) {
   for (int d = 0; d < KN_DTYPE__COUNT; d++)
     if (kn_cpu_qmv_avx2[d]) dsp->matvec[d] = kn_cpu_qmv_avx2[d];
+#define DEQ_SET(SUF, DT) dsp->deq_rows[DT] = deq_rows_##SUF;
+  KN_CPU_QMV_FORMATS(DEQ_SET)
+#undef DEQ_SET
 }

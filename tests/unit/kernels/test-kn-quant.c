@@ -191,7 +191,8 @@ TH_TEST(quantization_matches_libggml) {
 }
 
 /* The CPU ops over block weights give the bits of the same ops over the
- * dequantized f32 weights (T = 1, 3 and 40: the matvec and the tile paths). */
+ * dequantized f32 weights (T = 1, 3, 40 and 70: the matvec and the tile paths,
+ * the latter on every table from T = 64). */
 static void check_ops(struct kn_backend *be, const char *what) {
   kt_seed(5);
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
@@ -202,13 +203,13 @@ static void check_ops(struct kn_backend *be, const char *what) {
     TH_REQUIRE(wf != NULL);
     for (int r = 0; r < N; r++)
       kn_dequant_row(dt, w + r * kn_row_bytes(dt, (size_t)K), wf + (size_t)r * K, (size_t)K);
-    static const int Ts[] = {1, 3, 40};
-    for (int ti = 0; ti < 3; ti++) {
+    static const int Ts[] = {1, 3, 40, 70};
+    for (int ti = 0; ti < 4; ti++) {
       int T = Ts[ti];
       float *in = kt_rand_tensor(KN_DTYPE_F32, (size_t)T * K, 2.0f);
       float *a = malloc(sizeof(float) * T * N), *b = malloc(sizeof(float) * T * N);
       float *scr = malloc(sizeof(float) * T * N);
-      int32_t ia[40], ib[40];
+      int32_t ia[70], ib[70];
       TH_REQUIRE(a && b && scr);
       for (int acc = 0; acc < 2; acc++) {
         for (int j = 0; j < T * N; j++)
