@@ -20,10 +20,6 @@
 
 #define KN_UNROLL4 _Pragma("GCC unroll 4")
 
-KN_AVX512 static inline float h16(const uint8_t *p) {
-  return _cvtsh_ss(kn_le16(p));
-}
-
 /* a in lanes 0..7, b in lanes 8..15. */
 KN_AVX512 static inline __m512 two(float a, float b) {
   return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
