@@ -153,7 +153,7 @@ struct kn_cpu_dsp {
   enum kn_cpu_isa isa;
   /* Small T: reads W in its own dtype, each weight row once per call. */
   kn_cpu_dot_fn matvec[KN_DTYPE__COUNT];
-  /* n packed rows of K elements of a block format (row_bytes apart) as f32
+  /* n packed rows of K elements of a block format at w (kn_row_bytes apart) as f32
    * rows K apart at dst, kn_dequant_row's values (NULL: kn_dequant_row). */
   void (*deq_rows[KN_DTYPE__COUNT])(float *dst, const void *w, int K, int n);
   /* Large T: f32 weights in tiles; other dtypes are widened into a scratch
