@@ -22,17 +22,6 @@
 #include "kernels/cpu/kn-cpu-impl.h"
 #include "kernels/kn-quant.h"
 
-/* The K-quants' j-th 6-bit (scale, min) pair of 8. */
-static void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *mn = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 /* The 32 weights of 32-element block b of a row as integers q (the formats'
  * offsets applied: Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32), the scale of
  * each lane's four (d[l]; Q6_K's change every 16 elements), and for the
@@ -82,10 +71,10 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
     const int five = dt == KN_DTYPE_Q5_K, sb = b & 7;
     const uint8_t *blk = row + (size_t)(b >> 3) * (five ? 176 : 144);
     const uint8_t *n = blk + (five ? 48 : 16) + 32 * (sb >> 1), *qh = blk + 16;
-    int sc, mn;
-    sc_min(sb, blk + 4, &sc, &mn);
-    s = kn_le_f16(blk) * (float)sc;
-    *m = -(kn_le_f16(blk + 2) * (float)mn);
+    uint64_t sc, mn;
+    kn_k_scales_mins(blk + 4, &sc, &mn);
+    s = kn_le_f16(blk) * (float)(int)(sc >> 8 * sb & 0xFF);
+    *m = -(kn_le_f16(blk + 2) * (float)(int)(mn >> 8 * sb & 0xFF));
     has_m = 1;
     for (int l = 0; l < 32; l++)
       q[l] = (sb & 1 ? n[l] >> 4 : n[l] & 0xF) + (five && (qh[l] >> sb & 1) ? 16 : 0);
