@@ -29,6 +29,17 @@ KN_AVX2 static inline __attribute__((always_inline)) __m256 ld_w(const void *w, 
   if (dt == KN_DTYPE_F16) return kn_avx2_f16((const uint16_t *)w + k);
   return kn_avx2_bf16((const uint16_t *)w + k);
 }
+/* 16 weights from element k as ld_w gives them for k and k + 8 (bf16: one
+ * load, kn_avx2_bf16x16). */
+KN_AVX2 static inline __attribute__((always_inline)) void ld_w16(const void *w, enum kn_dtype dt,
+                                                                 size_t k, __m256 *lo, __m256 *hi) {
+  if (dt == KN_DTYPE_BF16) {
+    kn_avx2_bf16x16((const uint16_t *)w + k, lo, hi);
+    return;
+  }
+  *lo = ld_w(w, dt, k);
+  *hi = ld_w(w, dt, k + 8);
+}
 KN_AVX2 static inline __attribute__((always_inline)) __m256
 ld_w_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
   if (dt == KN_DTYPE_F32) return _mm256_maskload_ps((const float *)w + k, kn_avx2_mask(r));
@@ -37,10 +48,11 @@ ld_w_tail(const void *w, enum kn_dtype dt, size_t k, int r) {
 }
 
 /* kn_cpu_dot_fn over weights of dtype dt: 4 weight rows at a time, each read
- * from memory once per call (later tokens hit L1), two tokens sharing each
- * widened weight vector, then the leftover rows one by one. The 4 rows of a
- * group are a quarter of the rows apart (i, i + s, i + 2s, i + 3s): four long
- * sequential streams, which the hardware prefetcher follows. */
+ * from memory once per call (later tokens hit L1), 16 weights of a row at a
+ * time, two tokens sharing each widened weight vector, then the leftover rows
+ * one by one. The 4 rows of a group are a quarter of the rows apart (i,
+ * i + s, i + 2s, i + 3s): four long sequential streams, which the hardware
+ * prefetcher follows. */
 KN_AVX2 static inline __attribute__((always_inline)) void
 matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv, int K, int T,
        int n, int acc, const enum kn_dtype dt) {
@@ -61,7 +73,20 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
       const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;
       __m256 a[4], b[4];
       _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = b[q] = _mm256_setzero_ps();
-      for (int k = 0; k < K8; k += 8) {
+      int k = 0;
+      for (; k + 16 <= K8; k += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + k), y0 = _mm256_loadu_ps(y + k);
+        const __m256 x1 = _mm256_loadu_ps(x + k + 8), y1 = _mm256_loadu_ps(y + k + 8);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+          __m256 w0, w1;
+          ld_w16(wr[q], dt, (size_t)k, &w0, &w1);
+          a[q] = _mm256_fmadd_ps(w0, x0, a[q]);
+          b[q] = _mm256_fmadd_ps(w0, y0, b[q]);
+          a[q] = _mm256_fmadd_ps(w1, x1, a[q]);
+          b[q] = _mm256_fmadd_ps(w1, y1, b[q]);
+        }
+      }
+      if (k < K8) {
         __m256 xv = _mm256_loadu_ps(x + k), yv = _mm256_loadu_ps(y + k);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
           __m256 wq = ld_w(wr[q], dt, (size_t)k);
@@ -88,7 +113,16 @@ matvec(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi, const void *wv
       const float *x = in + (ptrdiff_t)t * ldi;
       __m256 a[4];
       _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] = _mm256_setzero_ps();
-      for (int k = 0; k < K8; k += 8) {
+      int k = 0;
+      for (; k + 16 <= K8; k += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+          __m256 w0, w1;
+          ld_w16(wr[q], dt, (size_t)k, &w0, &w1);
+          a[q] = _mm256_fmadd_ps(w1, x1, _mm256_fmadd_ps(w0, x0, a[q]));
+        }
+      }
+      if (k < K8) {
         __m256 xv = _mm256_loadu_ps(x + k);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) a[q] =
             _mm256_fmadd_ps(ld_w(wr[q], dt, (size_t)k), xv, a[q]);

@@ -26,6 +26,18 @@ KN_AVX2 static inline __m256 kn_avx2_bf16(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
+/* 16 bf16 values from p widened: elements 0-7 into *lo, 8-15 into *hi (the
+ * values kn_avx2_bf16 gives for p and p + 8). One 32-byte load, its quarters
+ * reordered 0, 2, 1, 3, and each 128-bit lane's words interleaved under
+ * zeros, in place of two zero-extending loads and two shifts: on processors
+ * whose 256-bit operations run as two 128-bit halves (AMD Zen 1) those bound
+ * a one-token bf16 matvec below the memory's rate. */
+KN_AVX2 static inline void kn_avx2_bf16x16(const uint16_t *p, __m256 *lo, __m256 *hi) {
+  const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)p), 0xD8);
+  *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v));
+  *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v));
+}
+
 KN_AVX2 static inline __m256 kn_avx2_f16(const uint16_t *p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
