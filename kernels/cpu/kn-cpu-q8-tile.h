@@ -881,6 +881,10 @@ static inline AI void tile_rows(const uint8_t **rp, int R, const uint8_t *w, siz
  * products go to several chains, summed at the block's end. */
 #define Q8_CHAINS(U) (Q8T_DPBUSD ? ((U) == 1 ? 4 : (U) <= 4 ? 2 : 1) : 1)
 
+/* Tokens up to which an X16 tile of one group, 8 rows to a register (AVX2),
+ * runs its two halves of rows side by side in one sweep (x16_tile). */
+#define Q8_HV_U 2
+
 /* Tokens up to which an X16 tile loads a block's weights one block ahead
  * (in registers: the loads' latency then overlaps the block before). */
 #define Q8_PIPE_U (Q8T_VNNI && Q8T_ZMM ? 4 : 0)
@@ -933,33 +937,42 @@ Q8T_ATTR static inline AI void xt_store(float *out, ptrdiff_t ldo, int h, const 
   }
 }
 
-/* U tokens from t against the 16 rows of G X16 groups (G 1 or 2; g: the
+/* U tokens from t against the 16 rows of G0 X16 groups (G0 1 or 2; g: the
  * first's block 0, the second's B blocks on), rows in the lanes (Q8_TL of
  * them at a time): a lane's block is one integer, its offset's term included,
  * times the two scales into the lane's accumulator, block after block;
  * out[u * ldo + 16 i + r] for u < U, group i, r < 16. Each register of
  * weights serves the U tokens, each with its four inputs broadcast once for
- * the G groups (a broadcast takes a vector unit's slot as vpdpbusd does:
- * two groups halve them a product). With pfe, the first sweep asks for the
+ * the register groups (a broadcast takes a vector unit's slot as vpdpbusd
+ * does: two groups halve them a product). With pfe, the first sweep asks for the
  * weights Q8_PREFETCH_BYTES ahead of each block as it goes, up to pfe (a
  * group of long rows is larger than L1: asked for at once, its first lines
  * would leave before they are read); with two groups, what lies past a
  * group's end is the next pair's same group, read next. */
-Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, const int U,
+Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, const int U,
                                         float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                         int t, const uint8_t *g, int B, int acc,
                                         const uint8_t *pfe) {
   const size_t gb = KN_X16_ROWS * kind_bytes(kind), hdr = kind_min(kind) ? 64 : 32;
   const size_t gs = (size_t)B * gb; /* a group's bytes */
+  /* 8 rows to a register (AVX2), one group and a few tokens: its two halves
+   * of rows are the two register groups, side by side in one sweep, so that
+   * each block is used whole as it arrives (in two sweeps, the first waits on
+   * the memory and the second reads from cache with the memory idle) */
+  const int HV = KN_X16_ROWS / Q8_TL > 1 && G0 == 1 && U <= Q8_HV_U;
+  const int G = HV ? 2 : G0;                   /* register groups */
+  const size_t gst = HV ? 0 : gs;              /* bytes from one register group to the next */
+#define HOF(i) (HV ? (i) : h)                  /* a register group's half of the rows */
+  const int NS = HV ? 1 : KN_X16_ROWS / Q8_TL; /* sweeps */
   const int four = kind == Q8K_Q4_0 || kind == Q8K_Q4_1, five = kind == Q8K_Q5_0 || kind == Q8K_Q5_1;
   /* Q4_0 and Q4_1 in several chains: the high nibbles in place (16 q), in the
    * odd chains, their sum shifted back exactly (one shift a block, not four) */
   const int CH = G > 1 ? (U <= 2 ? 2 : 1) : Q8_CHAINS(U), HIP = Q8T_DPBUSD && four && CH > 1;
-  const int PIPE = U <= (G > 1 ? 1 : Q8_PIPE_U) && kind != Q8K_Q8_0; /* Q8_0: 8 registers more */
+  const int PIPE = U <= (G0 > 1 ? 1 : Q8_PIPE_U) && kind != Q8K_Q8_0; /* Q8_0: 8 registers more */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
-  for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
+  for (int h = 0; h < NS; h++) { /* AVX2: rows 0..7, then 8..15 */
     q8vf f[2][Q8_XU];
 #pragma GCC unroll 2
     for (int i = 0; i < G; i++)
@@ -970,21 +983,22 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
       for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
-          nx[i][c] = vi_load(g + i * gs + hdr + 4 * Q8_TL * h + 64 * c);
+          nx[i][c] = vi_load(g + i * gst + hdr + 4 * Q8_TL * HOF(i) + 64 * c);
     for (int b = 0; b < B; b++) {
-      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr + 4 * Q8_TL * h;
+      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr;
       q8vi wv[2][4];
       if (PIPE)
 #pragma GCC unroll 2
         for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
           for (int c = 0; c < 4; c++)
-            wv[i][c] = nx[i][c], nx[i][c] = vi_load(qs + i * gs + (b + 1 < B ? gb : 0) + 64 * c);
-#define WV(i, c) (PIPE ? wv[i][c] : vi_load(qs + (i) * gs + 64 * (c)))
+            wv[i][c] = nx[i][c],
+            nx[i][c] = vi_load(qs + i * gst + 4 * Q8_TL * HOF(i) + (b + 1 < B ? gb : 0) + 64 * c);
+#define WV(i, c) (PIPE ? wv[i][c] : vi_load(qs + (i)*gst + 4 * Q8_TL * HOF(i) + 64 * (c)))
       /* two groups: past a group's end, the next pair's same group (read next) */
-      const size_t jump = G > 1 && (size_t)b * gb + Q8_PREFETCH_BYTES >= gs ? gs : 0;
+      const size_t jump = G0 > 1 && (size_t)b * gb + Q8_PREFETCH_BYTES >= gs ? gs : 0;
 #pragma GCC unroll 2
-      for (int i = 0; i < G; i++)
+      for (int i = 0; i < G0; i++)
         prefetch_part(blk + i * gs + jump, gb, 0, 1, h == 0 ? pfe : NULL);
       q8vi p[2][Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
@@ -1049,7 +1063,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
             l[i] = vi_and(v, vi_set1_8(0x0F));
             hi[i] = HIP ? vi_and(v, vi_set1_8((char)0xF0)) : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
             if (five) {
-              const uint8_t *planes = blk + i * gs + hdr + 256 + 4 * h;
+              const uint8_t *planes = blk + i * gst + hdr + 256 + 4 * HOF(i);
               l[i] = vi_or(l[i], vi_fifth(planes + 16 * c));
               hi[i] = vi_or(hi[i], vi_fifth(planes + 16 * c + 8));
             }
@@ -1096,8 +1110,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
       q8vf dw[2], mw[2];
 #pragma GCC unroll 2
       for (int i = 0; i < G; i++) {
-        dw[i] = vf_h16(blk + i * gs + 2 * Q8_TL * h);
-        mw[i] = kind_min(kind) ? vf_h16(blk + i * gs + 32 + 2 * Q8_TL * h) : vf_zero();
+        dw[i] = vf_h16(blk + i * gst + 2 * Q8_TL * HOF(i));
+        mw[i] = kind_min(kind) ? vf_h16(blk + i * gst + 32 + 2 * Q8_TL * HOF(i)) : vf_zero();
       }
 #pragma GCC unroll 8
       for (int u = 0; u < U; u++) { /* the chains' sum: integers, exact in any order */
@@ -1115,9 +1129,10 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G, co
     }
 #pragma GCC unroll 2
     for (int i = 0; i < G; i++)
-      xt_store(out + KN_X16_ROWS * i, ldo, h, f[i], U, acc);
+      xt_store(out + KN_X16_ROWS * (HV ? 0 : i), ldo, HOF(i), f[i], U, acc);
   }
 #undef WV
+#undef HOF
 }
 
 /* Sub-block j's 6-bit scale (mn 0) or min (mn 1) of the lanes' rows, from
