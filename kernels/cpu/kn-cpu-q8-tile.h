@@ -1162,64 +1162,78 @@ Q8T_ATTR static inline AI void kx16_tile(const enum q8_kind kind, const int U, f
   const int CH = Q8_CHAINS(U) > 1 ? 2 : 1; /* one token: two chains a half */
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
+  /* 8 rows to a register (AVX2), a few tokens: both halves of the rows of
+   * each super-block in turn, in one sweep (x16_tile's reason) */
+  const int HV = KN_X16_ROWS / Q8_TL > 1 && U <= Q8_HV_U;
+  const int NS = HV ? 1 : KN_X16_ROWS / Q8_TL, NH = HV ? KN_X16_ROWS / Q8_TL : 1;
 #pragma GCC unroll 2
-  for (int h = 0; h < KN_X16_ROWS / Q8_TL; h++) { /* AVX2: rows 0..7, then 8..15 */
-    q8vf f[Q8_KXU];
-    xt_zero(f, U);
+  for (int hs = 0; hs < NS; hs++) { /* AVX2 without HV: rows 0..7, then 8..15 */
+    q8vf fs[2][Q8_KXU];
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
+      xt_zero(fs[hh], U);
     for (int s = 0; s < B / 8; s++) {
       const uint8_t *sb = g + (size_t)s * gb;
-      const q8vf d = vf_h16(sb + 2 * Q8_TL * h), dm = vf_h16(sb + 32 + 2 * Q8_TL * h);
-      q8vi D[3];
-#pragma GCC unroll 3
-      for (int k = 0; k < 3; k++)
-        D[k] = vi_load(sb + 64 + 64 * k + 4 * Q8_TL * h);
-#pragma GCC unroll 4
-      for (int m = 0; m < 4; m++) { /* sub-blocks 2 m and 2 m + 1: a quarter of the bytes */
-        const int b = 8 * s + 2 * m;
-        prefetch_part(sb, gb, m, 4, h == 0 ? pfe : NULL);
-        q8vi pl[Q8_KXU][2], ph[Q8_KXU][2];
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++)
 #pragma GCC unroll 2
-          for (int k = 0; k < CH; k++)
-            pl[u][k] = ph[u][k] = vi_zero();
-        const uint8_t *qs = sb + 256 + 512 * m + 4 * Q8_TL * h;
+      for (int hh = 0; hh < NH; hh++) {
+        const int h = HV ? hh : hs;
+        q8vf *f = fs[hh];
+        const q8vf d = vf_h16(sb + 2 * Q8_TL * h), dm = vf_h16(sb + 32 + 2 * Q8_TL * h);
+        q8vi D[3];
+#pragma GCC unroll 3
+        for (int k = 0; k < 3; k++)
+          D[k] = vi_load(sb + 64 + 64 * k + 4 * Q8_TL * h);
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) { /* sub-blocks 2 m and 2 m + 1: a quarter of the bytes */
+          const int b = 8 * s + 2 * m;
+          prefetch_part(sb, gb, m, 4, h == 0 ? pfe : NULL);
+          q8vi pl[Q8_KXU][2], ph[Q8_KXU][2];
+#pragma GCC unroll 4
+          for (int u = 0; u < U; u++)
+#pragma GCC unroll 2
+            for (int k = 0; k < CH; k++)
+              pl[u][k] = ph[u][k] = vi_zero();
+          const uint8_t *qs = sb + 256 + 512 * m + 4 * Q8_TL * h;
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) {
-          const q8vi v = vi_load(qs + 64 * c);
-          q8vi lo = vi_and(v, vi_set1_8(0x0F)),
-               hi = HIP ? vi_and(v, vi_set1_8((char)0xF0)) : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
-          if (five) { /* bit 2 m (2 m + 1) of each qh byte to bit 4 */
-            const q8vi qh = vi_load(sb + 2304 + 64 * c + 4 * Q8_TL * h);
-            lo = vi_or(lo, vi_and(m < 2 ? vi_sll16(qh, 4 - 2 * m) : vi_srl16(qh, 2 * m - 4),
-                                  vi_set1_8(0x10)));
-            hi = vi_or(hi, vi_and(m < 2 ? vi_sll16(qh, 3 - 2 * m) : vi_srl16(qh, 2 * m - 3),
-                                  vi_set1_8(0x10)));
+          for (int c = 0; c < 8; c++) {
+            const q8vi v = vi_load(qs + 64 * c);
+            q8vi lo = vi_and(v, vi_set1_8(0x0F)),
+                 hi = HIP ? vi_and(v, vi_set1_8((char)0xF0))
+                          : vi_and(vi_srli16_4(v), vi_set1_8(0x0F));
+            if (five) { /* bit 2 m (2 m + 1) of each qh byte to bit 4 */
+              const q8vi qh = vi_load(sb + 2304 + 64 * c + 4 * Q8_TL * h);
+              lo = vi_or(lo, vi_and(m < 2 ? vi_sll16(qh, 4 - 2 * m) : vi_srl16(qh, 2 * m - 4),
+                                    vi_set1_8(0x10)));
+              hi = vi_or(hi, vi_and(m < 2 ? vi_sll16(qh, 3 - 2 * m) : vi_srl16(qh, 2 * m - 3),
+                                    vi_set1_8(0x10)));
+            }
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++) {
+              q8vi *a = &pl[u][c % CH], *e = &ph[u][c % CH];
+              *a = vi_dot(*a, lo, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
+              *e = vi_dot(*e, hi, vi_bcast4(xt.q[u] + 34 * (size_t)(b + 1) + 4 * c));
+            }
           }
+          const q8vf ds0 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m, 0))),
+                     mn0 = vf_mul(dm, vf_cvt(kx16_sc(D, 2 * m, 1))),
+                     ds1 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m + 1, 0))),
+                     mn1 = vf_mul(dm, vf_cvt(kx16_sc(D, 2 * m + 1, 1)));
 #pragma GCC unroll 4
           for (int u = 0; u < U; u++) {
-            q8vi *a = &pl[u][c % CH], *e = &ph[u][c % CH];
-            *a = vi_dot(*a, lo, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * c));
-            *e = vi_dot(*e, hi, vi_bcast4(xt.q[u] + 34 * (size_t)(b + 1) + 4 * c));
+            const q8vi p0 = CH > 1 ? vi_add(pl[u][0], pl[u][1]) : pl[u][0],
+                       p1 = CH > 1 ? vi_add(ph[u][0], ph[u][1]) : ph[u][0];
+            const q8vf x0 = vf_set1(xt.d[u][b]), x1 = vf_set1(xt.d[u][b + 1]);
+            f[u] = vf_fma(vf_cvt(p0), vf_mul(ds0, x0), f[u]);
+            f[u] = vf_fnmadd(vf_set1((float)xt.o[u][b]), vf_mul(mn0, x0), f[u]);
+            f[u] = vf_fma(vf_cvt(HIP ? vi_srai4(p1) : p1), vf_mul(ds1, x1), f[u]);
+            f[u] = vf_fnmadd(vf_set1((float)xt.o[u][b + 1]), vf_mul(mn1, x1), f[u]);
           }
-        }
-        const q8vf ds0 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m, 0))),
-                   mn0 = vf_mul(dm, vf_cvt(kx16_sc(D, 2 * m, 1))),
-                   ds1 = vf_mul(d, vf_cvt(kx16_sc(D, 2 * m + 1, 0))),
-                   mn1 = vf_mul(dm, vf_cvt(kx16_sc(D, 2 * m + 1, 1)));
-#pragma GCC unroll 4
-        for (int u = 0; u < U; u++) {
-          const q8vi p0 = CH > 1 ? vi_add(pl[u][0], pl[u][1]) : pl[u][0],
-                     p1 = CH > 1 ? vi_add(ph[u][0], ph[u][1]) : ph[u][0];
-          const q8vf x0 = vf_set1(xt.d[u][b]), x1 = vf_set1(xt.d[u][b + 1]);
-          f[u] = vf_fma(vf_cvt(p0), vf_mul(ds0, x0), f[u]);
-          f[u] = vf_fnmadd(vf_set1((float)xt.o[u][b]), vf_mul(mn0, x0), f[u]);
-          f[u] = vf_fma(vf_cvt(HIP ? vi_srai4(p1) : p1), vf_mul(ds1, x1), f[u]);
-          f[u] = vf_fnmadd(vf_set1((float)xt.o[u][b + 1]), vf_mul(mn1, x1), f[u]);
         }
       }
     }
-    xt_store(out, ldo, h, f, U, acc);
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
+      xt_store(out, ldo, HV ? hh : hs, fs[hh], U, acc);
   }
 }
 
@@ -1249,67 +1263,80 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
   const size_t gb = KN_X16_ROWS * 210;
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
+  /* 8 rows to a register (AVX2), a few tokens: both halves of the rows of
+   * each super-block in turn, in one sweep (x16_tile's reason) */
+  const int HV = KN_X16_ROWS / Q8_TL > 1 && U <= Q8_HV_U;
+  const int NS = HV ? 1 : KN_X16_ROWS / Q8_TL, NH = HV ? KN_X16_ROWS / Q8_TL : 1;
 #pragma GCC unroll 2
-  for (int rh = 0; rh < KN_X16_ROWS / Q8_TL; rh++) { /* AVX2: rows 0..7, then 8..15 */
-    q8vf f[Q8_6XU];
-    xt_zero(f, U);
+  for (int hs = 0; hs < NS; hs++) { /* AVX2 without HV: rows 0..7, then 8..15 */
+    q8vf fs[2][Q8_6XU];
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
+      xt_zero(fs[hh], U);
     for (int s = 0; s < B / 8; s++) {
       const uint8_t *sb = g + (size_t)s * gb;
-      const q8vf d = vf_h16(sb + 2 * Q8_TL * rh);
+#pragma GCC unroll 2
+      for (int hh = 0; hh < NH; hh++) {
+        const int rh = HV ? hh : hs;
+        q8vf *f = fs[hh];
+        const q8vf d = vf_h16(sb + 2 * Q8_TL * rh);
 #pragma GCC unroll 1
-      for (int hf = 0; hf < 2; hf++) {
-        /* the half's scale bytes 8 hf .. 8 hf + 3, 8 hf + 4 .. 8 hf + 7 */
-        const q8vi D0 = vi_load(sb + 32 + 128 * hf + 4 * Q8_TL * rh),
-                   D1 = vi_load(sb + 96 + 128 * hf + 4 * Q8_TL * rh);
-        q8vi pend[Q8_6XU]; /* sub-block 4 hf + 2's integers, after 4 hf + 1's */
+        for (int hf = 0; hf < 2; hf++) {
+          /* the half's scale bytes 8 hf .. 8 hf + 3, 8 hf + 4 .. 8 hf + 7 */
+          const q8vi D0 = vi_load(sb + 32 + 128 * hf + 4 * Q8_TL * rh),
+                     D1 = vi_load(sb + 96 + 128 * hf + 4 * Q8_TL * rh);
+          q8vi pend[Q8_6XU]; /* sub-block 4 hf + 2's integers, after 4 hf + 1's */
 #pragma GCC unroll 2
-        for (int p = 0; p < 2; p++) {
-          prefetch_part(sb, gb, 2 * hf + p, 4, rh == 0 ? pfe : NULL);
-          const int bl = 8 * s + 4 * hf + p, bh = bl + 2;
-          q8vi a[Q8_6XU][2][2]; /* a token's [low, high nibbles' sub-block][its half] */
+          for (int p = 0; p < 2; p++) {
+            prefetch_part(sb, gb, 2 * hf + p, 4, rh == 0 ? pfe : NULL);
+            const int bl = 8 * s + 4 * hf + p, bh = bl + 2;
+            q8vi a[Q8_6XU][2][2]; /* a token's [low, high nibbles' sub-block][its half] */
 #pragma GCC unroll 4
-          for (int u = 0; u < U; u++)
+            for (int u = 0; u < U; u++)
 #pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-              const int32_t *l = xt.s[u] + (size_t)bl * 8 + 4 * e, *m = l + 16;
-              a[u][0][e] = vi_set1_32(l[0] + l[1] + l[2] + l[3]);
-              a[u][1][e] = vi_set1_32(m[0] + m[1] + m[2] + m[3]);
-            }
-          const uint8_t *ql = sb + 288 + 64 * (16 * hf + 8 * p) + 4 * Q8_TL * rh,
-                        *qh = sb + 2336 + 512 * hf + 4 * Q8_TL * rh;
+              for (int e = 0; e < 2; e++) {
+                const int32_t *l = xt.s[u] + (size_t)bl * 8 + 4 * e, *m = l + 16;
+                a[u][0][e] = vi_set1_32(l[0] + l[1] + l[2] + l[3]);
+                a[u][1][e] = vi_set1_32(m[0] + m[1] + m[2] + m[3]);
+              }
+            const uint8_t *ql = sb + 288 + 64 * (16 * hf + 8 * p) + 4 * Q8_TL * rh,
+                          *qh = sb + 2336 + 512 * hf + 4 * Q8_TL * rh;
 #pragma GCC unroll 8
-          for (int c = 0; c < 8; c++) {
-            const q8vi Q = vi_load(ql + 64 * c), H = vi_load(qh + 64 * c);
-            const q8vi wl = vi_or(vi_and(Q, vi_set1_8(0x0F)),
-                                  vi_and(vi_sll16(H, 4 - 2 * p), vi_set1_8(0x30))),
-                       wh = vi_or(vi_and(vi_srli16_4(Q), vi_set1_8(0x0F)),
-                                  vi_and(vi_srl16(H, 2 * p), vi_set1_8(0x30)));
+            for (int c = 0; c < 8; c++) {
+              const q8vi Q = vi_load(ql + 64 * c), H = vi_load(qh + 64 * c);
+              const q8vi wl = vi_or(vi_and(Q, vi_set1_8(0x0F)),
+                                    vi_and(vi_sll16(H, 4 - 2 * p), vi_set1_8(0x30))),
+                         wh = vi_or(vi_and(vi_srli16_4(Q), vi_set1_8(0x0F)),
+                                    vi_and(vi_srl16(H, 2 * p), vi_set1_8(0x30)));
+#pragma GCC unroll 4
+              for (int u = 0; u < U; u++) {
+                q8vi *al = &a[u][0][c >> 2], *ah = &a[u][1][c >> 2];
+                *al = vi_dot(*al, wl, vi_bcast4(xt.q[u] + 34 * (size_t)bl + 4 * c));
+                *ah = vi_dot(*ah, wh, vi_bcast4(xt.q[u] + 34 * (size_t)bh + 4 * c));
+              }
+            }
+            /* sub-block 4 hf + p's scales are bytes 2 p, 2 p + 1 of D0, 4 hf + p + 2's of D1 */
+            const q8vi l0 = vi_sbyte(D0, 2 * p), l1 = vi_sbyte(D0, 2 * p + 1),
+                       h0 = vi_sbyte(D1, 2 * p), h1 = vi_sbyte(D1, 2 * p + 1);
 #pragma GCC unroll 4
             for (int u = 0; u < U; u++) {
-              q8vi *al = &a[u][0][c >> 2], *ah = &a[u][1][c >> 2];
-              *al = vi_dot(*al, wl, vi_bcast4(xt.q[u] + 34 * (size_t)bl + 4 * c));
-              *ah = vi_dot(*ah, wh, vi_bcast4(xt.q[u] + 34 * (size_t)bh + 4 * c));
-            }
-          }
-          /* sub-block 4 hf + p's scales are bytes 2 p, 2 p + 1 of D0, 4 hf + p + 2's of D1 */
-          const q8vi l0 = vi_sbyte(D0, 2 * p), l1 = vi_sbyte(D0, 2 * p + 1),
-                     h0 = vi_sbyte(D1, 2 * p), h1 = vi_sbyte(D1, 2 * p + 1);
-#pragma GCC unroll 4
-          for (int u = 0; u < U; u++) {
-            const q8vi Pl = vi_add(vi_mullo(l0, a[u][0][0]), vi_mullo(l1, a[u][0][1])),
-                       Ph = vi_add(vi_mullo(h0, a[u][1][0]), vi_mullo(h1, a[u][1][1]));
-            f[u] = q6x16_fma(f[u], Pl, d, xt.d[u][bl]);
-            if (p == 0) {
-              pend[u] = Ph;
-            } else {
-              f[u] = q6x16_fma(f[u], pend[u], d, xt.d[u][bl + 1]);
-              f[u] = q6x16_fma(f[u], Ph, d, xt.d[u][bh]);
+              const q8vi Pl = vi_add(vi_mullo(l0, a[u][0][0]), vi_mullo(l1, a[u][0][1])),
+                         Ph = vi_add(vi_mullo(h0, a[u][1][0]), vi_mullo(h1, a[u][1][1]));
+              f[u] = q6x16_fma(f[u], Pl, d, xt.d[u][bl]);
+              if (p == 0) {
+                pend[u] = Ph;
+              } else {
+                f[u] = q6x16_fma(f[u], pend[u], d, xt.d[u][bl + 1]);
+                f[u] = q6x16_fma(f[u], Ph, d, xt.d[u][bh]);
+              }
             }
           }
         }
       }
     }
-    xt_store(out, ldo, rh, f, U, acc);
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
+      xt_store(out, ldo, HV ? hh : hs, fs[hh], U, acc);
   }
 }
 
