@@ -972,7 +972,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
   struct q8_xt xt;
   xt_at(&xt, x, t, U, B);
 #pragma GCC unroll 2
-  for (int h = 0; h < NS; h++) { /* AVX2: rows 0..7, then 8..15 */
+  for (int h = 0; h < NS; h++) { /* AVX2 without HV: rows 0..7, then 8..15 */
     q8vf f[2][Q8_XU];
 #pragma GCC unroll 2
     for (int i = 0; i < G; i++)
