@@ -258,6 +258,7 @@ static void spread_rows(const struct wk_encoder *e, struct entry *const *x, int 
  * (it packs as many per pass as its scratch holds). */
 static int encode_audio(struct wk_encoder *e, struct entry *const *x, int k, char *err,
                         size_t errlen) {
+  if (k <= 0) return 0;
   size_t tokens = 0;
   for (int j = 0; j < k; j++)
     tokens += (size_t)x[j]->tokens;

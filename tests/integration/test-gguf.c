@@ -552,7 +552,7 @@ TH_TEST(quantization_at_load_runs_as_the_gguf_file) {
     TH_REQUIRE(lm(&o, "quantize", model, q, types[ti]) == 0);
     for (int tp = 1; tp <= 2; tp++)
       for (int q8 = 0; q8 <= (ti < 2); q8++) {
-        char tps[8];
+        char tps[16];
         snprintf(tps, sizeof(tps), "%d", tp);
         const char *dt = q8 ? "q8" : "auto";
         int a[N_GEN], b[N_GEN];

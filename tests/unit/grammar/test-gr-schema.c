@@ -392,7 +392,7 @@ static json_t *rand_schema(uint64_t *rng, int depth) {
         json_t *p = json_object();
         int np = (int)(cm_splitmix64(rng) % 4);
         for (int k = 0; k < np; k++) {
-          char name[8];
+          char name[16];
           snprintf(name, sizeof name, "p%d", k);
           json_object_set_new(p, name, rand_schema(rng, depth + 1));
         }
