@@ -273,6 +273,10 @@ int md_model_set_mmproj(const char *path, char *err, size_t errlen);
 /* A role's --mmproj (NULL: none) for its --model: md_model_set_mmproj, once
  * the model is known to be a GGUF one. */
 int md_model_mmproj_arg(const char *model, const char *mmproj, char *err, size_t errlen);
+/* --model's help where a role loads the checkpoint, the same in every role */
+#define MD_MODEL_HELP                                                                              \
+  "the checkpoint: a Hugging Face folder (config.json, safetensors), a GGUF file, or a folder "    \
+  "holding one .gguf (a GGUF model's tokenizer and chat template come from its metadata)"
 /* --mmproj's help, the same in every role */
 #define MD_MMPROJ_HELP                                                                             \
   "a GGUF model's towers (Gemma 3's vision, Gemma 4's vision and audio): llama.cpp's mmproj "      \

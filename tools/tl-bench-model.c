@@ -120,7 +120,7 @@ int tl_bench_model_main(int argc, char **argv) {
   double temperature = 0, top_p = 1;
   int64_t top_k = 0;
   const struct cm_opt opts[] = {
-      {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory"},
+      {"model", CM_OPT_STR, &model, "PATH", MD_MODEL_HELP},
       {"prompt-tokens", CM_OPT_INT, &prompt, "N", "prefill length (default 256)", 1, 1 << 20},
       {"decode-tokens", CM_OPT_INT, &decode, "N", "decode steps (default 32)", 1, 1 << 20},
       {"chunk", CM_OPT_INT, &chunk, "N", "prefill chunk in tokens (default 256)", 1, 1 << 20},

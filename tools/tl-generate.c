@@ -6,8 +6,9 @@
  * verifies (greedy speculative decoding: the same tokens).
  *
  * stdout: line 1 is the generated ids as a JSON array, line 2 the decoded
- * text (special tokens skipped) when the model directory has a tokenizer,
- * else an empty line. */
+ * text (special tokens skipped) when there is a tokenizer (--tokenizer's, a
+ * GGUF model's own, or the checkpoint folder's tokenizer.json), else an
+ * empty line. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-registry.h"
+#include "model/md-config.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
 #include "worker/wk-greedy.h"
@@ -60,13 +62,16 @@ static int parse_ids(const char *s, int32_t **out, int *n) {
 
 int tl_generate_main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL,
-             *quant_s = NULL;
+             *quant_s = NULL, *tok_dir = NULL;
   const char *dtype = "auto";
   int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1;
   int ignore_eos = 0, eager = 0;
   const struct cm_opt opts[] = {
-      {"model", CM_OPT_STR, &model, "DIR", "checkpoint directory (config.json, safetensors)"},
-      {"prompt", CM_OPT_STR, &prompt, "TEXT", "prompt text (needs DIR/tokenizer.json; adds BOS)"},
+      {"model", CM_OPT_STR, &model, "PATH", MD_MODEL_HELP},
+      {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
+       "DIR/tokenizer.json instead of the model's own tokenizer"},
+      {"prompt", CM_OPT_STR, &prompt, "TEXT",
+       "prompt text (needs a tokenizer: the model's or --tokenizer's; adds BOS)"},
       {"prompt-ids", CM_OPT_STR, &prompt_ids, "IDS",
        "prompt token ids: \"2,651,1234\" or a JSON array"},
       {"max-tokens", CM_OPT_INT, &max_tokens, "N", "tokens to generate (default 16)", 1, 1 << 20},
@@ -97,7 +102,7 @@ int tl_generate_main(int argc, char **argv) {
   if (!model || (!prompt == !prompt_ids)) {
     fprintf(
         stderr,
-        "lmserve generate: --model DIR and exactly one of --prompt / --prompt-ids are required\n");
+        "lmserve generate: --model PATH and exactly one of --prompt / --prompt-ids are required\n");
     return 2;
   }
   int kvdt = 0, quant = 0;
@@ -117,17 +122,23 @@ int tl_generate_main(int argc, char **argv) {
   struct kn_backend *be = NULL;
   struct wk_model *m = NULL, *dm = NULL;
   struct wk_page_alloc pa = {0};
-  char tpath[4200];
-  snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", model);
-  size_t ml = strlen(model);
+  char tpath[4200], gpath[4096];
+  /* the tokenizer: --tokenizer's, else a GGUF model's own, else the folder's */
+  int is_gguf = md_model_gguf_path(model, gpath, sizeof(gpath), err, sizeof(err));
+  if (is_gguf < 0) {
+    fprintf(stderr, "lmserve generate: %s\n", err);
+    status = 2;
+    goto done;
+  }
+  snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", tok_dir ? tok_dir : model);
   FILE *tf = NULL;
-  if (ml > 5 && !strcmp(model + ml - 5, ".gguf")) { /* the file's own vocabulary */
-    if (prompt && (rc = tk_load_gguf(model, &tok, NULL, err, sizeof(err)))) {
+  if (is_gguf && !tok_dir) {
+    if ((rc = tk_load_gguf(gpath, &tok, NULL, err, sizeof(err)))) {
       fprintf(stderr, "lmserve generate: %s\n", err);
       goto done;
     }
-  } else if ((tf = fopen(tpath, "rb"))) {
-    fclose(tf);
+  } else if (tok_dir || (tf = fopen(tpath, "rb"))) {
+    if (tf) fclose(tf);
     if ((rc = tk_load(tpath, &tok, err, sizeof(err)))) {
       fprintf(stderr, "lmserve generate: %s\n", err);
       goto done;
@@ -135,7 +146,10 @@ int tl_generate_main(int argc, char **argv) {
   }
   if (prompt) {
     if (!tok) {
-      fprintf(stderr, "lmserve generate: --prompt needs %s (use --prompt-ids)\n", tpath);
+      fprintf(stderr,
+              "lmserve generate: --prompt needs a tokenizer: %s is missing (name one with "
+              "--tokenizer DIR, or use --prompt-ids)\n",
+              tpath);
       status = 2;
       goto done;
     }

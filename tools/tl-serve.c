@@ -350,11 +350,11 @@ int tl_serve_main(int argc, char **argv) {
       .max_start_failures = 5,
   };
   const struct cm_opt opts[] = {
-      {"model", CM_OPT_STR, &s.model, "DIR",
-       "checkpoint folder, or a GGUF file with --tokenizer (default: the embedded tiny Gemma 4)"},
+      {"model", CM_OPT_STR, &s.model, "PATH",
+       MD_MODEL_HELP " (default: the embedded tiny Gemma 4)"},
       {"tokenizer", CM_OPT_STR, &s.tokenizer, "DIR",
-       "tokenizer.json, tokenizer_config.json, generation_config.json from DIR (needed with a "
-       "GGUF --model)"},
+       "tokenizer.json, tokenizer_config.json, generation_config.json from DIR instead of the "
+       "model's own"},
       {"mmproj", CM_OPT_STR, &s.mmproj, "FILE", MD_MMPROJ_HELP},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},

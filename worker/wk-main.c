@@ -486,7 +486,7 @@ int wk_worker_main(int argc, char **argv) {
   int64_t join_ms = 60000;
   double beat_s = 1.0;
   const struct cm_opt opts[] = {
-      {"model", CM_OPT_STR, &model_dir, "DIR", "checkpoint directory (config.json, safetensors)"},
+      {"model", CM_OPT_STR, &model_dir, "PATH", MD_MODEL_HELP},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
        "scheduler's worker endpoint (ipc:// or "
        "tcp://)"},

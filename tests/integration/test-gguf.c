@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "model/md-gguf.h"
@@ -752,6 +753,46 @@ TH_TEST(gguf_gemma4_vocabulary_gives_the_tokenizer_json_and_llamacpp_ids) {
   const char *why = llamacpp_dir(dir);
   if (why) printf("# %s\n", why);
   same_ids_on_the_corpus(model, g, why ? NULL : dir);
+  th_out_free(&o);
+}
+
+/* `lmserve generate` takes a GGUF model as the other roles do: the file, or a
+ * folder holding it, with the tokenizer of its metadata (or --tokenizer's), so a
+ * prompt in text gives what the tokenizer.json ids give; a file that is not GGUF
+ * is named as such, whatever the prompt. */
+TH_TEST(generate_runs_a_gguf_file_or_folder_with_its_own_tokenizer) {
+  th_proc_init(300);
+  char model[300], dir[300], g[320];
+  tiny_gemma3_with_tokenizer(model, "gen3", "5");
+  tmp_path(dir, "gen3-gguf");
+  TH_REQUIRE(mkdir(dir, 0755) == 0);
+  snprintf(g, sizeof(g), "%s/model.gguf", dir);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+  const char *text = "The capital of France is";
+  /* the reference: the prompt through tokenizer.json */
+  TH_REQUIRE(lm(&o, "generate", "--model", g, "--tokenizer", model, "--prompt", text,
+                "--max-tokens", "6") == 0);
+  char *first = strdup(o.out);
+  TH_CHECK(strchr(first, '\n') && strchr(first, '\n')[1] != '\n'); /* the text decoded */
+  const char *runs[] = {g, dir};
+  for (int r = 0; r < 2; r++) {
+    int rc = lm(&o, "generate", "--model", runs[r], "--prompt", text, "--max-tokens", "6");
+    if (rc) fprintf(stderr, "%s\n", o.err);
+    TH_CHECK_EQ_INT(rc, 0);
+    if (strcmp(o.out, first))
+      th_fail(__FILE__, __LINE__, "--model %s --prompt: %.200s, not tokenizer.json's %.200s",
+              runs[r], o.out, first);
+  }
+  /* ids alone: the text still decoded by the file's vocabulary */
+  TH_REQUIRE(lm(&o, "generate", "--model", g, "--prompt-ids", "2,100,200", "--max-tokens", "4") ==
+             0);
+  TH_CHECK(strchr(o.out, '\n') && strchr(o.out, '\n')[1] != '\n');
+  char notgguf[320];
+  snprintf(notgguf, sizeof(notgguf), "%s/config.json", model);
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", notgguf, "--prompt", text), 2);
+  TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
+  free(first);
   th_out_free(&o);
 }
 
