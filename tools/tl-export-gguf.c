@@ -89,6 +89,7 @@
 #include "kernels/kn-quant.h"
 #include "model/md-audio-g4.h"
 #include "model/md-config.h"
+#include "model/md-gguf.h"
 #include "model/md-safetensors.h"
 #include "tokenizer/tk-tokenizer.h"
 #include "tools/tl-main.h"
@@ -282,7 +283,9 @@ static int plan_take(struct gg_plan *p, const char *gname, const char *hname, in
   if (!same)
     return cm_fail(p->err, p->errlen, CM_ERR_SHAPE, "%s: shape does not match config.json", hname);
   if (ggml_type_of(s->dtype) < 0)
-    return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED, "%s: dtype %s (want F32, F16 or BF16)",
+    return cm_fail(p->err, p->errlen, CM_ERR_UNSUPPORTED,
+                   "%s: dtype %s (want F32, F16 or BF16: the input must hold the weights "
+                   "unquantized, as llama.cpp's quantizer asks of its input)",
                    hname, s->dtype_name);
   CM_ASSERT(p->n < p->cap);
   struct gg_tensor *t = *out = &p->t[p->n++];
@@ -578,8 +581,28 @@ static int write_merges(struct gg_out *o, const struct tk_tokenizer *tok, int32_
 }
 
 /* The key-value pairs (into o, which counts them). */
+/* A GGUF input's tokenizer.* pairs, as they are (llama.cpp's quantizer keeps its
+ * input's metadata): its scores, merges and chat template stay the file's own. 1
+ * when it had any. */
+static int copy_tokenizer_kv(struct gg_out *o, const struct md_gguf *src) {
+  int n = 0;
+  for (int i = 0; i < md_gguf_kv_count(src); i++) {
+    const struct md_gguf_kv *kv = md_gguf_kv_at(src, i);
+    if (strncmp(kv->key, "tokenizer.", 10) != 0) continue;
+    kv_key(o, kv->key, (uint32_t)kv->type);
+    if (kv->type == MD_GGUF_ARRAY) {
+      put_u32(o, (uint32_t)kv->arr_type);
+      put_u64(o, kv->n);
+    }
+    put(o, kv->val, (size_t)kv->bytes);
+    n++;
+  }
+  return n > 0;
+}
+
 static void write_kv(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
-                     const struct tk_tokenizer *tok, const char *tmpl, const char *name) {
+                     const struct tk_tokenizer *tok, const char *tmpl, const char *name,
+                     const struct md_gguf *src) {
   int full_scaled = c->rope[MD_LAYER_FULL].factor != 1.0;
   /* the block format when any matrix is in it, else the 16-bit type kept */
   int ft = FT_ALL_F32, quantized = 0;
@@ -647,6 +670,7 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
   /* llama.cpp's gemma4 takes 30 when the key is absent: 0 (none) is written */
   if (c->final_softcap != 0 || c->arch == MD_ARCH_GEMMA4)
     kv_f32(o, AK("final_logit_softcapping"), (float)c->final_softcap);
+  if (src && copy_tokenizer_kv(o, src)) return;
   if (!tok) {
     kv_str(o, "tokenizer.ggml.model", "no_vocab");
     kv_u32(o, AK("vocab_size"), (uint32_t)c->vocab);
@@ -1324,7 +1348,8 @@ static int export(const char *dir, const char *out, const char *mmproj, int mm_d
   if (mmproj && (rc = mmproj_check(c, dir, err, errlen))) goto done;
   if ((rc = md_st_open_dir(dir, &st, err, errlen))) goto done;
   p.cap = 7 + 25 * c->n_layers;
-  p.norm_shift = c->arch == MD_ARCH_GEMMA3 ? 1.0f : 0.0f;
+  /* a GGUF input's Gemma 3 norms hold 1 + w already */
+  p.norm_shift = c->arch == MD_ARCH_GEMMA3 && !c->gguf ? 1.0f : 0.0f;
   p.t = calloc((size_t)p.cap, sizeof(*p.t));
   p.st = st;
   p.to_f32 = to_f32;
@@ -1349,9 +1374,21 @@ static int export(const char *dir, const char *out, const char *mmproj, int mm_d
   size_t kv_len = 0;
   FILE *mf = open_memstream(&kv, &kv_len);
   struct gg_out m = {mf, !mf, 0};
-  const char *base = strrchr(dir, '/');
+  const char *base = strrchr(dir, '/'), *gguf_name = NULL;
+  size_t gn_len = 0;
+  char gn[256];
+  if (c->gguf && md_gguf_get_str(md_st_gguf(st), "general.name", &gguf_name, &gn_len) == 0) {
+    snprintf(gn, sizeof(gn), "%.*s", (int)(gn_len < 255 ? gn_len : 255), gguf_name);
+    gguf_name = gn;
+  } else {
+    gguf_name = NULL;
+  }
   if (mf) {
-    write_kv(&m, c, &p, tok, tmpl, base && base[1] ? base + 1 : dir);
+    write_kv(&m, c, &p, tok, tmpl,
+             gguf_name         ? gguf_name
+             : base && base[1] ? base + 1
+                               : dir,
+             c->gguf ? md_st_gguf(st) : NULL);
     if (fclose(mf) != 0) m.failed = 1;
   }
   uint64_t bytes = 0;
@@ -1402,8 +1439,9 @@ int tl_quantize_main(int argc, char **argv) {
   int rc = cm_args_parse(
       "lmserve quantize IN OUT.gguf TYPE",
       "write a Gemma 3 or Gemma 4 text checkpoint (dense or MoE) as a GGUF file with its "
-      "matrices in a "
-      "block format that llama.cpp loads. TYPE: q8_0, q4_0, q4_1, q5_0, "
+      "matrices in a block format that llama.cpp loads. IN: a checkpoint folder, or a GGUF "
+      "file in F32, F16 or BF16 (its vocabulary and chat template kept, as llama.cpp's "
+      "quantizer keeps them). TYPE: q8_0, q4_0, q4_1, q5_0, "
       "q5_1 (32-element blocks), q4_k, q5_k, q6_k (256-element K-quant "
       "blocks, as llama.cpp's reference rounding without an importance "
       "matrix; a matrix whose rows are not whole 256-blocks falls back as "

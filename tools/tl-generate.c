@@ -133,10 +133,13 @@ int tl_generate_main(int argc, char **argv) {
   snprintf(tpath, sizeof(tpath), "%s/tokenizer.json", tok_dir ? tok_dir : model);
   FILE *tf = NULL;
   if (is_gguf && !tok_dir) {
-    if ((rc = tk_load_gguf(gpath, &tok, NULL, err, sizeof(err)))) {
+    /* with --prompt-ids the vocabulary only decodes the text: a file without one
+       ("no_vocab") still runs */
+    if ((rc = tk_load_gguf(gpath, &tok, NULL, err, sizeof(err))) && prompt) {
       fprintf(stderr, "lmserve generate: %s\n", err);
       goto done;
     }
+    rc = 0;
   } else if (tok_dir || (tf = fopen(tpath, "rb"))) {
     if (tf) fclose(tf);
     if ((rc = tk_load(tpath, &tok, err, sizeof(err)))) {

@@ -796,6 +796,58 @@ TH_TEST(generate_runs_a_gguf_file_or_folder_with_its_own_tokenizer) {
   th_out_free(&o);
 }
 
+/* The first byte at which files a and b differ (one ending first counts), or -1. */
+static long first_difference(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  TH_REQUIRE(fa && fb);
+  long at = 0;
+  for (;; at++) {
+    int ca = getc(fa), cb = getc(fb);
+    if (ca != cb) break;
+    if (ca == EOF) {
+      at = -1;
+      break;
+    }
+  }
+  fclose(fa);
+  fclose(fb);
+  return at;
+}
+
+/* lmserve quantize takes a GGUF input as llama.cpp's quantizer does: the matrices
+ * of a 16-bit file into the type asked, its metadata kept. Gemma 3's norms stay
+ * as the file holds them (1 + w, not shifted again) and the vocabulary stays
+ * in the file, so the output is the one quantize writes from the checkpoint
+ * folder, to the byte, and runs a text prompt by itself. */
+TH_TEST(quantize_takes_a_gguf_input_as_llamacpps_quantizer_does) {
+  th_proc_init(300);
+  char model[300], g[300], from_gguf[300], from_dir[300];
+  tiny_gemma3_with_tokenizer(model, "rq3", "7");
+  tmp_path(g, "rq3.gguf");
+  tmp_path(from_gguf, "rq3-from-gguf.gguf");
+  tmp_path(from_dir, "rq3-from-dir.gguf");
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", g) == 0);
+  const char *types[] = {"q4_0", "q6_k"};
+  for (int t = 0; t < 2; t++) {
+    TH_REQUIRE(lm(&o, "quantize", g, from_gguf, types[t]) == 0);
+    TH_REQUIRE(lm(&o, "quantize", model, from_dir, types[t]) == 0);
+    long at = first_difference(from_gguf, from_dir);
+    if (at >= 0)
+      th_fail(__FILE__, __LINE__,
+              "%s: quantize from the GGUF file differs from the folder's at "
+              "byte %ld",
+              types[t], at);
+    int rc = lm(&o, "generate", "--model", from_gguf, "--prompt", "hello", "--max-tokens", "2");
+    if (rc) fprintf(stderr, "%s\n", o.err);
+    TH_CHECK_EQ_INT(rc, 0);
+  }
+  /* a file already in blocks is refused naming a tensor and its type */
+  TH_CHECK_EQ_INT(lm(&o, "quantize", from_gguf, from_dir, "q8_0"), 1);
+  TH_CHECK(strstr(o.err, ".weight: dtype q") != NULL && strstr(o.err, "unquantized") != NULL);
+  th_out_free(&o);
+}
+
 TH_TEST(export_gguf_refuses_bad_input_clearly) {
   th_proc_init(300);
   char g4[300], out[300], nodir[300];
