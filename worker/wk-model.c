@@ -1046,11 +1046,16 @@ static int check_block_quant(struct wk_model *m, struct kn_backend *be,
   if (o->quantization < WK_QUANT_Q8_0 || o->quantization > WK_QUANT_Q4_K) return 0;
   enum kn_dtype q = of[o->quantization];
   const char *name = kn_dtype_name(q);
-  if (m->full.gguf)
+  if (m->full.gguf) {
+    char hint[4200] = ""; /* lmserve quantize writes the block formats */
+    if (q != KN_DTYPE_F8E4M3)
+      snprintf(hint, sizeof(hint), " (or write a quantized file: lmserve quantize %s OUT.gguf %s)",
+               m->dir, name);
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "--quantization %s: %s is a GGUF file, whose tensors carry their own types; "
-                   "load it without the flag (or quantize the safetensors checkpoint)",
-                   name, m->dir);
+                   "load it without the flag%s",
+                   name, m->dir, hint);
+  }
   if (m->full.fp8)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "--quantization %s: %s is already an FP8 checkpoint (its quantization_config "
