@@ -110,7 +110,9 @@ int fe_frontend_main(int argc, char **argv) {
        "PEM certificate chain, the server's first (with --ssl-keyfile)"},
       {"ssl-ca-certs", CM_OPT_STR, &ssl_ca, "FILE",
        "PEM CA certificates: clients must present a certificate one of them signed"},
-      {"max-model-len", CM_OPT_INT, &max_model_len, "N", "context length in tokens (default 8192)",
+      {"max-model-len", CM_OPT_INT, &max_model_len, "N",
+       "context length in tokens (default 8192); with --scheduler, only until the schedulers "
+       "answer: then theirs (the model's, or their --max-model-len)",
        1, INT32_MAX},
       {"scheduler", CM_OPT_STRS, &schedulers, "ENDPOINT",
        "scheduler endpoint (ipc:// or tcp://); several (repeated, or comma-separated): model "
@@ -267,8 +269,11 @@ int fe_frontend_main(int argc, char **argv) {
 
   int bound = fe_server_port(app.srv);
   int v6 = strchr(host, ':') != NULL;
-  printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model,
-         (long long)max_model_len);
+  if (!schedulers.n)
+    printf("lmserve frontend: model '%s' (max_model_len %lld) listening on ", model,
+           (long long)max_model_len);
+  else
+    printf("lmserve frontend: model '%s' (max_model_len the scheduler's) listening on ", model);
   printf("%s://%s%s%s:%d\n", tls ? "https" : "http", v6 ? "[" : "", host, v6 ? "]" : "", bound);
   fflush(stdout);
   cm_info(TAG, "listening on %s port %d%s", host, bound,
