@@ -727,6 +727,13 @@ int wk_worker_main(int argc, char **argv) {
   cm_info(TAG, "rank %lld ready: %s kernels, --dtype %s, %d KV pages, %d groups, connected to %s",
           (long long)rank, kn_backend_name(be), dtype, wk_model_n_pages(m),
           wk_model_kv_spec(m)->n_groups, endpoint);
+  if (rank == 0 && kn_backend_has(be, KN_CAP_HOST_MEMORY) && strcmp(dtype, "q8") != 0 &&
+      wk_model_block_bytes(m) > 0)
+    cm_info(TAG,
+            "%.1f MB of block-format weights run with f32 inputs: exact to the dequantized "
+            "model; --dtype q8 rounds their inputs to 8-bit blocks as llama.cpp does, and "
+            "decodes faster",
+            (double)wk_model_block_bytes(m) / 1e6);
   /* the beat thread must not take the signals: the main thread's polls see EINTR */
   sigset_t block_set, old_set;
   sigemptyset(&block_set);

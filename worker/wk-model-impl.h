@@ -118,6 +118,7 @@ struct wk_model {
   enum kn_norm_mode norm_mode;
   float *inv_freq[2]; /* [D/2] per layer kind, backend memory */
   uint64_t weight_bytes, bytes_per_token;
+  uint64_t block_bytes; /* of weight_bytes: matrices in ggml's block formats */
 
   /* backend allocations to free (f32 copies of vectors, scratch, pool) */
   struct wk_owned owned;

@@ -422,6 +422,7 @@ static void bind_block(struct binder *b, struct wk_w *w, const struct md_tensor 
   w->p = p;
   w->dt = q;
   b->m->weight_bytes += bytes;
+  b->m->block_bytes += bytes;
   load_progress(b->m, n * (size_t)cols * kn_dtype_size(src));
   free(host);
   free(row);
@@ -505,6 +506,7 @@ static void bind_mat(struct binder *b, struct wk_w *w, enum wk_shard shard, stru
     w->p = gather(b, t, shard, cut, w->n_mat, R, C);
   if (!w->p) b->rc = cm_fail(b->err, b->errlen, CM_ERR_NOMEM, "out of memory placing %s", name);
   b->m->weight_bytes += bytes;
+  if (kn_block_elems(w->dt)) b->m->block_bytes += bytes;
 }
 
 /* A 1-D tensor of n elements converted to f32 in backend memory. */
@@ -1281,6 +1283,9 @@ uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m) {
 }
 uint64_t wk_model_weight_bytes(const struct wk_model *m) {
   return m->weight_bytes;
+}
+uint64_t wk_model_block_bytes(const struct wk_model *m) {
+  return m->block_bytes;
 }
 
 /* FNV-1a over 64-bit words. */

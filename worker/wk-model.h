@@ -123,6 +123,9 @@ int wk_model_max_seqs(const struct wk_model *m);
  * embedding row per table). */
 uint64_t wk_model_weight_bytes_per_token(const struct wk_model *m);
 uint64_t wk_model_weight_bytes(const struct wk_model *m);
+/* Of those, the bytes of matrices in ggml's block formats (a GGUF file's, or
+ * --quantization's). */
+uint64_t wk_model_block_bytes(const struct wk_model *m);
 /* A checksum of the config and this rank's shard shapes: equal on every rank of a
  * tensor-parallel group that loaded the same checkpoint at the same size. */
 uint64_t wk_model_shard_sum(const struct wk_model *m);
