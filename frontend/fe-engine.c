@@ -482,6 +482,18 @@ static void load_eos(struct fe_engine *e, const char *tok_dir, const struct md_c
 /* A GGUF file's own tokenizer and chat template (tk_from_gguf, over the file
  * opened for the config); without a template, chat completions are refused
  * (logged). */
+/* The template variables bos_token and eos_token of the tokenizer's own ids. */
+static json_t *special_tokens_of(const struct tk_tokenizer *tok) {
+  json_t *conf = json_object();
+  size_t len;
+  const char *s;
+  if (conf && tk_bos(tok) >= 0 && (s = tk_token_str(tok, tk_bos(tok), &len)))
+    json_object_set_new(conf, "bos_token", json_stringn(s, len));
+  if (conf && tk_eos(tok) >= 0 && (s = tk_token_str(tok, tk_eos(tok), &len)))
+    json_object_set_new(conf, "eos_token", json_stringn(s, len));
+  return conf;
+}
+
 static int gguf_tokenizer(struct fe_engine *e, const struct md_gguf *g, const char *path, char *err,
                           size_t errlen) {
   char *tmpl = NULL;
@@ -491,18 +503,43 @@ static int gguf_tokenizer(struct fe_engine *e, const struct md_gguf *g, const ch
     return rc;
   }
   if (!tmpl) return 0;
-  json_t *conf = json_object();
-  size_t len;
-  const char *s;
-  if (conf && tk_bos(e->tok) >= 0 && (s = tk_token_str(e->tok, tk_bos(e->tok), &len)))
-    json_object_set_new(conf, "bos_token", json_stringn(s, len));
-  if (conf && tk_eos(e->tok) >= 0 && (s = tk_token_str(e->tok, tk_eos(e->tok), &len)))
-    json_object_set_new(conf, "eos_token", json_stringn(s, len));
+  json_t *conf = special_tokens_of(e->tok);
   rc = tk_chat_from_string(tmpl, strlen(tmpl), conf, &e->chat, err, errlen);
   json_decref(conf);
   free(tmpl);
   if (rc) cm_error(TAG, "%s: tokenizer.chat_template: %s", path, err[0] ? err : cm_strerror(rc));
   return rc;
+}
+
+/* --chat-template's template in place of the model's. Its *_token variables come
+ * from tok_dir's tokenizer_config.json where there is one (as the model's own
+ * template's do), else from the tokenizer's BOS and EOS. */
+static int flag_template(struct fe_engine *e, const char *value, const char *tok_dir, char *err,
+                         size_t errlen) {
+  char *tmpl = NULL, path[4096];
+  int rc = tk_chat_template_arg(value, &tmpl, err, errlen);
+  if (rc) {
+    cm_error(TAG, "%s", err[0] ? err : cm_strerror(rc));
+    return rc == CM_ERR_NOMEM ? rc : CM_ERR_INVAL;
+  }
+  json_t *conf = NULL;
+  if (tok_dir) {
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", tok_dir);
+    conf = json_load_file(path, 0, NULL);
+  }
+  if (!conf) conf = special_tokens_of(e->tok);
+  struct tk_chat *chat = NULL;
+  rc = tk_chat_from_string(tmpl, strlen(tmpl), conf, &chat, err, errlen);
+  json_decref(conf);
+  free(tmpl);
+  if (rc) {
+    cm_error(TAG, "--chat-template: %s", err[0] ? err : cm_strerror(rc));
+    return rc == CM_ERR_NOMEM ? rc : CM_ERR_INVAL;
+  }
+  tk_chat_free(e->chat);
+  e->chat = chat;
+  cm_info(TAG, "chat template from --chat-template");
+  return 0;
 }
 
 /* The tokenizer may know more ids than the model embeds (Gemma's lists
@@ -691,13 +728,18 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
     rc = CM_ERR_NOENT;
   else
     rc = tk_chat_load(tok_dir, &e->chat, err, sizeof(err));
-  if (rc == CM_ERR_NOENT) {
+  if (rc == CM_ERR_NOENT && cfg->chat_template) {
+    rc = 0; /* the flag's template serves */
+  } else if (rc == CM_ERR_NOENT) {
     cm_warn(TAG, "%s: no chat template; chat completions will be refused", tok_dir);
     e->chat = NULL;
   } else if (rc) {
     cm_error(TAG, "%s: chat template: %s", tok_dir, err[0] ? err : cm_strerror(rc));
     goto fail;
   }
+  if (cfg->chat_template &&
+      (rc = flag_template(e, cfg->chat_template, is_gguf ? NULL : tok_dir, err, sizeof(err))) != 0)
+    goto fail;
   load_eos(e, tok_dir, gcfg);
   err[0] = 0;
   if ((rc = fe_mm_load(cfg->model_dir, gcfg, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {

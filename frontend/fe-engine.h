@@ -53,6 +53,8 @@ struct fe_engine_config {
                                 GGUF file (its config; the tokenizer from tokenizer_dir) */
   const char *tokenizer_dir; /* tokenizer.json, tokenizer_config.json, generation_config.json
                                 from here instead (NULL: model_dir); needed with GGUF */
+  const char *chat_template; /* --chat-template: a file, or the template itself
+                                (tk_chat_template_arg), in place of the model's; NULL: none */
   const char *scheduler; /* the scheduler's frontend endpoint (ipc://, tcp://) */
   /* data parallelism: several schedulers (model replicas), each request routed to
    * one by load and prompt-prefix affinity; when n_schedulers > 0 these replace

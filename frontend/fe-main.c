@@ -26,6 +26,7 @@
 #include "frontend/fe-server.h"
 #include "frontend/fe-tls.h"
 #include "model/md-config.h"
+#include "tokenizer/tk-chat.h"
 
 #define TAG "fe"
 
@@ -77,6 +78,18 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_timer_start(&a->drain_timer, on_drain_tick, 0, 20);
 }
 
+int fe_main_chat_template_check(const char *value, char *why, size_t whylen) {
+  char *tmpl = NULL, err[400] = "";
+  int rc = tk_chat_template_arg(value, &tmpl, why, whylen);
+  if (rc) return rc;
+  struct tk_chat *chat = NULL;
+  rc = tk_chat_from_string(tmpl, strlen(tmpl), NULL, &chat, err, sizeof(err));
+  if (rc) snprintf(why, whylen, "--chat-template: %s", err[0] ? err : cm_strerror(rc));
+  tk_chat_free(chat);
+  free(tmpl);
+  return rc;
+}
+
 int fe_main_template_kwargs_ok(const char *json) {
   json_t *kw = json_loads(json, 0, NULL);
   json_t *th = json_object_get(kw, "enable_thinking");
@@ -93,7 +106,7 @@ int fe_frontend_main(int argc, char **argv) {
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
-  const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL;
+  const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL, *chat_template = NULL;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   int64_t max_image_pixels = 40000000;
@@ -124,6 +137,7 @@ int fe_frontend_main(int argc, char **argv) {
        "tokenizer.json, tokenizer_config.json and generation_config.json from DIR instead of "
        "--model's"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
+      {"chat-template", CM_OPT_STR, &chat_template, "FILE|TEMPLATE", FE_MAIN_CHAT_TEMPLATE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -174,6 +188,11 @@ int fe_frontend_main(int argc, char **argv) {
       return 2;
     }
   }
+  char ctwhy[512];
+  if (chat_template && fe_main_chat_template_check(chat_template, ctwhy, sizeof(ctwhy))) {
+    fprintf(stderr, "lmserve frontend: %s\n", ctwhy);
+    return 2;
+  }
   if (template_kwargs && !fe_main_template_kwargs_ok(template_kwargs)) {
     fprintf(stderr,
             "lmserve frontend: --default-chat-template-kwargs must be a JSON object (with "
@@ -217,6 +236,7 @@ int fe_frontend_main(int argc, char **argv) {
   if (schedulers.n) {
     struct fe_engine_config ecfg = {.model_dir = model_dir,
                                     .tokenizer_dir = tok_dir,
+                                    .chat_template = chat_template,
                                     .schedulers = (const char *const *)schedulers.v,
                                     .n_schedulers = schedulers.n,
                                     .model_name = model,

@@ -1,12 +1,21 @@
 /* fe-main.h — entry point of the frontend role, called by tools/lmserve.c. */
 #ifndef LMSERVE_FE_MAIN_H
 #define LMSERVE_FE_MAIN_H
+#include <stddef.h>
 
 int fe_frontend_main(int argc, char **argv);
 
 /* 1 when json is what --default-chat-template-kwargs takes: a JSON object whose
  * enable_thinking, if there, is a boolean. */
 int fe_main_template_kwargs_ok(const char *json);
+
+/* --chat-template's help, the same on serve and frontend. 0 when value is a
+ * template the frontend can use (a file, or the template itself), else the
+ * reason in why. */
+#define FE_MAIN_CHAT_TEMPLATE_HELP                                                                 \
+  "the chat template in place of the model's: a Jinja file, or the template itself (as vLLM's "    \
+  "flag)"
+int fe_main_chat_template_check(const char *value, char *why, size_t whylen);
 
 /* --limit-mm-per-prompt's help, the same on serve and frontend (both check the
  * spec with fe-mm.h's fe_mm_parse_limit). */

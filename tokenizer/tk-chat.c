@@ -71,6 +71,28 @@ static char *read_file(const char *path, size_t *len) {
   return buf;
 }
 
+int tk_chat_template_arg(const char *value, char **out, char *errbuf, size_t errlen) {
+  size_t len = 0;
+  struct stat sb;
+  *out = NULL;
+  int there = stat(value, &sb) == 0;
+  if (there && S_ISREG(sb.st_mode)) {
+    if (!(*out = read_file(value, &len))) {
+      if (errbuf) snprintf(errbuf, errlen, "--chat-template %s: cannot read the file", value);
+      return CM_ERR_IO;
+    }
+    return 0;
+  }
+  if (!strpbrk(value, "{}\n")) {
+    if (errbuf)
+      snprintf(errbuf, errlen,
+               "--chat-template %s: %s (and not a template: it has no '{', '}' or newline)", value,
+               there ? "not a file" : "no such file");
+    return CM_ERR_NOENT;
+  }
+  return (*out = strdup(value)) ? 0 : CM_ERR_NOMEM;
+}
+
 int tk_chat_load(const char *path, struct tk_chat **out, char *errbuf, size_t errlen) {
   char cfg_path[4096], jinja_path[4096];
   struct stat sb;

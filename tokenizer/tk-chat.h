@@ -30,6 +30,12 @@ int tk_chat_from_string(const char *tmpl, size_t len, json_t *config, struct tk_
                         char *errbuf, size_t errlen);
 void tk_chat_free(struct tk_chat *c);
 
+/* A --chat-template value, read as vLLM reads its flag: the text of the file
+ * it names, else the value itself when it holds a template's characters ({,
+ * } or a newline). *out is malloc'd and NUL-terminated. 0, or CM_ERR_NOENT
+ * with a sentence for a value that is neither (a file that is not there). */
+int tk_chat_template_arg(const char *value, char **out, char *errbuf, size_t errlen);
+
 /* Renders `messages` (a JSON array of objects with "role" and "content":
  * a string, a list of parts like {"type": "text", "text": ...}, or null).
  * `extra` (object or NULL) adds variables. *out is malloc'd, NUL

@@ -57,6 +57,7 @@ struct tl_serve {
   const char *model, *host, *api_key, *served_name, *spec_model, *device, *dtype;
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
+  const char *chat_template;   /* the frontend's --chat-template */
   const char *ssl_key, *ssl_cert, *ssl_ca; /* the frontend's HTTPS (--ssl-*) */
   char ssl_abs[3][PATH_MAX];               /* their absolute paths, which those point to */
   int64_t dp; /* model replicas, each a scheduler and its worker group */

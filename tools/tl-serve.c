@@ -289,6 +289,7 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_str(&f, "--ssl-ca-certs", s->ssl_ca);
   argv_add_str(&f, "--allowed-local-media-path", s->media_dir);
   argv_add_str(&f, "--default-chat-template-kwargs", s->template_kwargs);
+  argv_add_str(&f, "--chat-template", s->chat_template);
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
@@ -369,6 +370,7 @@ int tl_serve_main(int argc, char **argv) {
        "readiness probe presents --ssl-certfile's, which one of them must then have signed)"},
       {"allowed-local-media-path", CM_OPT_STR, &s.media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
+      {"chat-template", CM_OPT_STR, &s.chat_template, "FILE|TEMPLATE", FE_MAIN_CHAT_TEMPLATE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -430,6 +432,11 @@ int tl_serve_main(int argc, char **argv) {
     return 2;
   }
 
+  char ctwhy[512];
+  if (s.chat_template && fe_main_chat_template_check(s.chat_template, ctwhy, sizeof(ctwhy))) {
+    fprintf(stderr, "lmserve serve: %s\n", ctwhy);
+    return 2;
+  }
   if (s.template_kwargs && !fe_main_template_kwargs_ok(s.template_kwargs)) {
     fprintf(stderr,
             "lmserve serve: --default-chat-template-kwargs must be a JSON object (with "

@@ -11,7 +11,11 @@
  *     side by side);
  *   - the counters a finished request moves (prefix-cache queries and hits,
  *     prompt and generation tokens, successes) already count it when
- *     /metrics is read right after its answer ended, streamed or not. */
+ *     /metrics is read right after its answer ended, streamed or not;
+ *   - --chat-template (vLLM's flag): a template file in place of the model's,
+ *     for chat completions and /tokenize's messages alike; a value that is
+ *     neither a file nor a template, or a template that does not parse, stops
+ *     serve at once with the reason. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -342,4 +346,56 @@ TH_TEST(api_metrics_at_response_end) {
   }
   free(body);
   as_stop(server());
+}
+
+TH_TEST(api_chat_template_flag) {
+  th_proc_init(300);
+  char dir[256], path[320];
+  TH_REQUIRE(th_tmpdir("chat-template", dir, sizeof(dir)) == 0);
+  snprintf(path, sizeof(path), "%s/qa.jinja", dir);
+  FILE *f = fopen(path, "w");
+  TH_REQUIRE(f);
+  fputs("{{ bos_token }}Q: {% for m in messages %}{{ m['content'] }} {% endfor %}A:", f);
+  fclose(f);
+  struct as_server s2;
+  memset(&s2, 0, sizeof(s2));
+  as_start(&s2, 0, (char *[]){"--max-model-len", "512", "--chat-template", path, NULL});
+  const char *msgs = "[{\"role\":\"user\",\"content\":\"hello there\"}]";
+  char body[512];
+  struct as_resp r;
+  /* the rendered prompt is the template's text: the ids of that text with BOS */
+  snprintf(body, sizeof(body), "{\"messages\":%s}", msgs);
+  TH_REQUIRE(as_post(&s2, "/tokenize", body, &r) == 200);
+  json_t *chat = as_json(&r);
+  as_resp_free(&r);
+  TH_REQUIRE(as_post(&s2, "/tokenize", "{\"prompt\":\"Q: hello there A:\"}", &r) == 200);
+  json_t *text = as_json(&r);
+  as_resp_free(&r);
+  char *a = json_dumps(json_object_get(chat, "tokens"), JSON_COMPACT);
+  char *b = json_dumps(json_object_get(text, "tokens"), JSON_COMPACT);
+  if (!a || !b || strcmp(a, b))
+    th_fail(__FILE__, __LINE__, "messages through --chat-template: %s, the text's %s", a ? a : "?",
+            b ? b : "?");
+  long long want = (long long)json_array_size(json_object_get(text, "tokens"));
+  free(a);
+  free(b);
+  json_decref(chat);
+  json_decref(text);
+  snprintf(body, sizeof(body), "{\"messages\":%s,\"max_tokens\":1,\"temperature\":0}", msgs);
+  TH_REQUIRE(as_post(&s2, "/v1/chat/completions", body, &r) == 200);
+  json_t *j = as_json(&r);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"), want);
+  json_decref(j);
+  as_resp_free(&r);
+  as_stop(&s2);
+
+  /* refused at start, naming the reason */
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "serve", "--chat-template", "/nonexistent/qa.jinja", NULL),
+                  2);
+  TH_CHECK(strstr(o.err, "no such file") != NULL);
+  TH_CHECK_EQ_INT(
+      th_lmserve(&o, 30000, "serve", "--chat-template", "{% for m in messages %}{{ m }", NULL), 2);
+  TH_CHECK(strstr(o.err, "--chat-template") != NULL);
+  th_out_free(&o);
 }
