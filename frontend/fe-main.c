@@ -21,6 +21,7 @@
 #include "common/cm-err.h"
 #include "common/cm-log.h"
 #include "common/cm-time.h"
+#include "frontend/fe-cors.h"
 #include "frontend/fe-engine.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-server.h"
@@ -78,6 +79,14 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_timer_start(&a->drain_timer, on_drain_tick, 0, 20);
 }
 
+int fe_main_cors_check(const char *origins, const char *methods, const char *headers, char *why,
+                       size_t whylen) {
+  struct fe_cors *k = NULL;
+  int rc = fe_cors_create(origins, methods, headers, 0, &k, why, whylen);
+  fe_cors_destroy(k);
+  return rc;
+}
+
 int fe_main_chat_template_check(const char *value, char *why, size_t whylen) {
   char *tmpl = NULL, err[400] = "";
   int rc = tk_chat_template_arg(value, &tmpl, why, whylen);
@@ -107,6 +116,8 @@ int fe_frontend_main(int argc, char **argv) {
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL, *chat_template = NULL;
+  const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
+  int cors_credentials = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   int64_t max_image_pixels = 40000000;
@@ -138,6 +149,7 @@ int fe_frontend_main(int argc, char **argv) {
        "--model's"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"chat-template", CM_OPT_STR, &chat_template, "FILE|TEMPLATE", FE_MAIN_CHAT_TEMPLATE_HELP},
+      FE_MAIN_CORS_OPTS(cors_origins, cors_methods, cors_headers, cors_credentials),
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -227,11 +239,13 @@ int fe_frontend_main(int argc, char **argv) {
   struct fe_app app;
   memset(&app, 0, sizeof(app));
   app.loop = uv_default_loop();
-  struct fe_route_config rcfg = {api_key, model, max_model_len, template_kwargs};
-  if ((rc = fe_router_create(&rcfg, &app.router)) != 0) {
-    fprintf(stderr, "lmserve frontend: %s\n", cm_strerror(rc));
+  struct fe_route_config rcfg = {api_key,      model,        max_model_len, template_kwargs,
+                                 cors_origins, cors_methods, cors_headers,  cors_credentials};
+  char rwhy[256] = "";
+  if ((rc = fe_router_create(&rcfg, &app.router, rwhy, sizeof(rwhy))) != 0) {
+    fprintf(stderr, "lmserve frontend: %s\n", rwhy[0] ? rwhy : cm_strerror(rc));
     fe_tls_destroy(tls);
-    return 1;
+    return rc == CM_ERR_INVAL ? 2 : 1;
   }
   if (schedulers.n) {
     struct fe_engine_config ecfg = {.model_dir = model_dir,

@@ -17,6 +17,24 @@ int fe_main_template_kwargs_ok(const char *json);
   "flag)"
 int fe_main_chat_template_check(const char *value, char *why, size_t whylen);
 
+/* CORS's options (fe-cors.h), the same on serve and frontend: vLLM's flags. */
+#define FE_MAIN_CORS_OPTS(origins, methods, headers, credentials)                                  \
+  {"allowed-origins", CM_OPT_STR, &(origins), "JSON",                                              \
+   "origins a browser page may call from (CORS), a JSON list: '[\"https://app.example\"]' "        \
+   "(default [\"*\"]: any)"},                                                                      \
+      {"allowed-methods", CM_OPT_STR, &(methods), "JSON",                                          \
+       "methods a cross-origin page may use, a JSON list (default [\"*\"])"},                      \
+      {"allowed-headers", CM_OPT_STR, &(headers), "JSON",                                          \
+       "request headers a cross-origin page may send, a JSON list (default [\"*\"])"},             \
+  {                                                                                                \
+    "allow-credentials", CM_OPT_BOOL, &(credentials), NULL,                                        \
+        "cross-origin pages may send credentials (cookies, Authorization); the allowed origin "    \
+        "is then named, never \"*\""                                                               \
+  }
+/* 0 when the CORS lists are JSON lists of names, else the reason in why. */
+int fe_main_cors_check(const char *origins, const char *methods, const char *headers, char *why,
+                       size_t whylen);
+
 /* --limit-mm-per-prompt's help, the same on serve and frontend (both check the
  * spec with fe-mm.h's fe_mm_parse_limit). */
 #define FE_MAIN_LIMIT_MM_ARG "image=N,audio=M"

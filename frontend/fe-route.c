@@ -8,6 +8,7 @@
 #include "common/cm-err.h"
 #include "common/cm-time.h"
 #include "frontend/fe-api-error.h"
+#include "frontend/fe-cors.h"
 #include "frontend/fe-http-buf.h"
 #include "lmserve-config.h"
 
@@ -20,6 +21,7 @@ struct fe_router {
   struct fe_metric_ids ids;
   int64_t created;            /* GET /v1/models: seconds since the epoch */
   struct fe_buf scratch;      /* /metrics and other bodies */
+  struct fe_cors *cors;
 };
 
 typedef void (*route_fn)(struct fe_router *r, struct fe_conn *c, const char *body, size_t len);
@@ -182,6 +184,11 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
                       const char *body, size_t body_len) {
   struct fe_router *r = ud;
   const struct route *path_match = NULL;
+  int pre = fe_cors_handle(r->cors, c, req); /* a preflight, answered */
+  if (pre) {
+    count_status(r, pre);
+    return;
+  }
   for (size_t i = 0; i < N_ROUTES; i++) {
     if (!path_is(req, routes[i].path)) continue;
     path_match = &routes[i];
@@ -223,9 +230,18 @@ static char *dup_or_null(const char *s) {
   return s && *s ? strdup(s) : NULL;
 }
 
-int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out) {
+int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out, char *why,
+                     size_t whylen) {
   struct fe_router *r = calloc(1, sizeof(*r));
   if (!r) return CM_ERR_NOMEM;
+  char cwhy[256];
+  int crc = fe_cors_create(cfg->allowed_origins, cfg->allowed_methods, cfg->allowed_headers,
+                           cfg->allow_credentials, &r->cors, cwhy, sizeof(cwhy));
+  if (crc) {
+    if (why) snprintf(why, whylen, "%s", cwhy);
+    free(r);
+    return crc;
+  }
   r->cfg = *cfg;
   r->api_key = dup_or_null(cfg->api_key);
   r->model_name = strdup(cfg->model_name);
@@ -245,6 +261,7 @@ fail:
 void fe_router_destroy(struct fe_router *r) {
   if (!r) return;
   fe_metrics_destroy(r->metrics);
+  fe_cors_destroy(r->cors);
   fe_buf_free(&r->scratch);
   free(r->api_key);
   free(r->model_name);

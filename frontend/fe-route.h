@@ -48,9 +48,16 @@ struct fe_route_config {
   int64_t max_model_len;  /* tokens */
   /* --default-chat-template-kwargs: a JSON object's text (NULL: none) */
   const char *default_template_kwargs;
+  /* CORS (fe-cors.h): --allowed-origins, --allowed-methods, --allowed-headers (JSON
+     lists; NULL: ["*"]) and --allow-credentials */
+  const char *allowed_origins, *allowed_methods, *allowed_headers;
+  int allow_credentials;
 };
 
-int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out);
+/* 0, or a negative cm_err (CM_ERR_INVAL: a CORS list that is not one, the
+ * reason in why when given). */
+int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out, char *why,
+                     size_t whylen);
 void fe_router_destroy(struct fe_router *r);
 void fe_router_set_hooks(struct fe_router *r, const struct fe_engine_hooks *hooks);
 struct fe_metrics *fe_router_metrics(struct fe_router *r);

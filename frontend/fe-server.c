@@ -291,6 +291,7 @@ static int write_head(struct fe_conn *c, int status, const char *ctype, const ch
                    ctype ? ctype : "application/json", len_hdr, conn_hdr);
   if (n < 0 || (size_t)n >= sizeof(head)) return CM_ERR_TOOBIG;
   int rc = queue(c, head, (size_t)n);
+  if (!rc && c->busy && c->answer_hdrs[0]) rc = queue(c, c->answer_hdrs, strlen(c->answer_hdrs));
   if (!rc && extra) rc = queue(c, extra, strlen(extra));
   if (!rc) rc = queue(c, "\r\n", 2);
   return rc;
@@ -377,6 +378,7 @@ static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t con
   c->streaming = 0;
   c->chunked_out = 0;
   c->head_only = c->req.method_len == 4 && memcmp(c->req.method, "HEAD", 4) == 0;
+  c->answer_hdrs[0] = 0;
   c->abort_cb = NULL;
   c->srv->n_busy++;
   set_timer(c, TM_NONE);
@@ -652,6 +654,13 @@ int fe_conn_stream_end(struct fe_conn *c) {
   c->streaming = 0;
   finish(c);
   return rc;
+}
+
+int fe_conn_set_headers(struct fe_conn *c, const char *lines) {
+  size_t n = strlen(lines);
+  if (n >= sizeof(c->answer_hdrs)) return CM_ERR_TOOBIG;
+  memcpy(c->answer_hdrs, lines, n + 1);
+  return 0;
 }
 
 void fe_conn_set_abort_cb(struct fe_conn *c, void (*cb)(void *ud), void *ud) {

@@ -101,6 +101,13 @@ int fe_conn_stream_write(struct fe_conn *c, const char *data, size_t len);
 /* Ends a streamed response (and releases the connection to the server). */
 int fe_conn_stream_end(struct fe_conn *c);
 
+/* Header lines ("Name: value\r\n" each) that the answer to the request in hand
+ * carries, whichever fe_conn_respond* or fe_conn_stream_begin gives it (the
+ * router's CORS headers). Copied; CM_ERR_TOOBIG past FE_CONN_HEADERS_MAX - 1
+ * bytes. */
+#define FE_CONN_HEADERS_MAX 1024
+int fe_conn_set_headers(struct fe_conn *c, const char *lines);
+
 /* The callback fires at most once, when the client disconnects (or is
  * dropped as a slow reader) before the answer is finished. */
 void fe_conn_set_abort_cb(struct fe_conn *c, void (*cb)(void *ud), void *ud);

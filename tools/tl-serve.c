@@ -290,6 +290,10 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_str(&f, "--allowed-local-media-path", s->media_dir);
   argv_add_str(&f, "--default-chat-template-kwargs", s->template_kwargs);
   argv_add_str(&f, "--chat-template", s->chat_template);
+  argv_add_str(&f, "--allowed-origins", s->cors_origins);
+  argv_add_str(&f, "--allowed-methods", s->cors_methods);
+  argv_add_str(&f, "--allowed-headers", s->cors_headers);
+  if (s->cors_credentials) argv_add(&f, "--allow-credentials");
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
@@ -371,6 +375,7 @@ int tl_serve_main(int argc, char **argv) {
       {"allowed-local-media-path", CM_OPT_STR, &s.media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"chat-template", CM_OPT_STR, &s.chat_template, "FILE|TEMPLATE", FE_MAIN_CHAT_TEMPLATE_HELP},
+      FE_MAIN_CORS_OPTS(s.cors_origins, s.cors_methods, s.cors_headers, s.cors_credentials),
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -433,6 +438,10 @@ int tl_serve_main(int argc, char **argv) {
   }
 
   char ctwhy[512];
+  if (fe_main_cors_check(s.cors_origins, s.cors_methods, s.cors_headers, ctwhy, sizeof(ctwhy))) {
+    fprintf(stderr, "lmserve serve: %s\n", ctwhy);
+    return 2;
+  }
   if (s.chat_template && fe_main_chat_template_check(s.chat_template, ctwhy, sizeof(ctwhy))) {
     fprintf(stderr, "lmserve serve: %s\n", ctwhy);
     return 2;

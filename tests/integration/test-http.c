@@ -1,7 +1,8 @@
 /* test-http.c — `lmserve frontend` driven over real sockets: routes, auth,
  * keep-alive, pipelining, chunked bodies, 100-continue, HEAD, errors the
  * server answers itself (400, 413, 431, 501, 505), HTTP/1.0, flag errors,
- * and a clean exit on SIGTERM. After every bad request the server must go
+ * CORS (preflights and the headers of answers to other origins, with the
+ * defaults and with lists), and a clean exit on SIGTERM. After every bad request the server must go
  * on serving. The client and the server starter are in test-http-client.c. */
 #include <errno.h>
 #include <poll.h>
@@ -274,4 +275,89 @@ TH_TEST(http_cli_errors) {
   free(err);
   hc_check_alive(&s);
   hc_server_stop(&s);
+}
+
+#define PREFLIGHT(origin, method, headers)                                                         \
+  "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: t\r\nOrigin: " origin                            \
+  "\r\nAccess-Control-Request-Method: " method "\r\nAccess-Control-Request-Headers: " headers      \
+  "\r\n\r\n"
+
+/* The header's value, or "" where the answer has none. */
+static const char *hv(const struct resp *r, const char *name) {
+  const char *v = hc_find_header(r, name);
+  return v ? v : "";
+}
+
+/* CORS as vLLM's server answers it: by default any origin ("*"), every method,
+ * the headers asked; with lists, only what they name (the origin echoed with
+ * Vary: Origin, credentials when allowed), a disallowed preflight a 400 naming
+ * what is disallowed, and a disallowed origin's request served without the
+ * headers. The API key is not asked of a preflight, and a 401 still carries
+ * the headers a page needs to read it. */
+TH_TEST(http_cors) {
+  th_proc_init(60);
+  struct server s;
+  hc_frontend_start(&s, "http://127.0.0.1:", (char *[]){"--api-key", "sekret", NULL});
+  struct resp r;
+  TH_REQUIRE(hc_request(s.port,
+                        PREFLIGHT("http://a.example", "POST", "authorization, content-type"),
+                        &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Origin"), "*");
+  TH_CHECK(strstr(hv(&r, "Access-Control-Allow-Methods"), "POST") != NULL);
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Headers"), "authorization, content-type");
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Max-Age"), "600");
+  TH_REQUIRE(hc_request(s.port, GET("/v1/models", "Origin: http://a.example\r\n" KEY), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Origin"), "*");
+  TH_REQUIRE(hc_request(s.port, GET("/v1/models", "Origin: http://a.example\r\n"), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 401);
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Origin"), "*");
+  /* no Origin: no CORS headers */
+  TH_REQUIRE(hc_request(s.port, GET("/v1/models", KEY), &r) == 0);
+  TH_CHECK(hc_find_header(&r, "Access-Control-Allow-Origin") == NULL);
+  hc_server_stop(&s);
+
+  hc_frontend_start(&s, "http://127.0.0.1:",
+                    (char *[]){"--allowed-origins", "[\"http://a.example\"]", "--allowed-methods",
+                               "[\"GET\", \"post\"]", "--allowed-headers", "[\"Authorization\"]",
+                               "--allow-credentials", NULL});
+  TH_REQUIRE(hc_request(s.port,
+                        PREFLIGHT("http://a.example", "POST", "Authorization, Content-Type"),
+                        &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Origin"), "http://a.example");
+  TH_CHECK_EQ_STR(hv(&r, "Vary"), "Origin");
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Methods"), "GET, POST");
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Credentials"), "true");
+  TH_CHECK(strstr(hv(&r, "Access-Control-Allow-Headers"), "authorization") != NULL);
+  TH_REQUIRE(hc_request(s.port, PREFLIGHT("http://b.example", "PUT", "X-Other"), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 400);
+  TH_CHECK(strstr(r.body, "Disallowed CORS origin, method, headers") != NULL);
+  TH_CHECK(hc_find_header(&r, "Access-Control-Allow-Origin") == NULL);
+  TH_REQUIRE(hc_request(s.port, PREFLIGHT("http://a.example", "POST", "X-Other"), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 400);
+  TH_CHECK(strstr(r.body, "Disallowed CORS headers") != NULL);
+  TH_REQUIRE(hc_request(s.port, GET("/v1/models", "Origin: http://a.example\r\n"), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Origin"), "http://a.example");
+  TH_CHECK_EQ_STR(hv(&r, "Access-Control-Allow-Credentials"), "true");
+  TH_REQUIRE(hc_request(s.port, GET("/v1/models", "Origin: http://b.example\r\n"), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  TH_CHECK(hc_find_header(&r, "Access-Control-Allow-Origin") == NULL);
+  hc_check_alive(&s);
+  hc_server_stop(&s);
+
+  /* lists that are not lists: exit 2 naming the flag */
+  char *out = NULL, *err = NULL;
+  char *a1[] = {th_lmserve_bin(), "frontend", "--allowed-origins", "http://a.example", NULL};
+  TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 10000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "--allowed-origins") != NULL);
+  free(out);
+  free(err);
+  char *a2[] = {th_lmserve_bin(), "serve", "--allowed-headers", "[\"a b\"]", NULL};
+  TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 10000, &out, &err), 2);
+  TH_CHECK(err && strstr(err, "--allowed-headers") != NULL);
+  free(out);
+  free(err);
 }

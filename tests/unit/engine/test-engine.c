@@ -176,7 +176,7 @@ static void setup(uint32_t dead_ms) {
              0);
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_route_config rc = {NULL, "tiny", 8192};
-  TH_REQUIRE(fe_router_create(&rc, &fx.router) == 0);
+  TH_REQUIRE(fe_router_create(&rc, &fx.router, NULL, 0) == 0);
   struct fe_engine_config ec = {.model_dir = model_dir,
                                 .scheduler = fx.endpoint,
                                 .model_name = "tiny",

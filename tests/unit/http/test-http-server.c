@@ -442,7 +442,7 @@ TH_TEST(router_engine_hooks) {
   TH_REQUIRE(uv_loop_init(&fx.loop) == 0);
   struct fe_route_config rc = {"k", "m", 100};
   struct fe_router *router;
-  TH_REQUIRE(fe_router_create(&rc, &router) == 0);
+  TH_REQUIRE(fe_router_create(&rc, &router, NULL, 0) == 0);
   struct fe_engine_hooks hooks = {hook_ready, hook_submit, NULL};
   fe_router_set_hooks(router, &hooks);
   struct fe_server_limits lim;
