@@ -166,8 +166,10 @@ static int echoable(const char *v, size_t n, size_t max) {
 int fe_cors_handle(const struct fe_cors *k, struct fe_conn *c, const struct fe_http_request *req) {
   const struct fe_http_header *o = fe_http_find_header(req, "origin");
   if (!o) return 0;
-  int origin_ok = echoable(o->value, o->value_len, MAX_ITEM) &&
-                  (k->origins.any || list_has(&k->origins, o->value, o->value_len));
+  /* "*" needs no echo; an origin named back must be one a header line can hold */
+  int origin_ok = (k->origins.any && !k->credentials) ||
+                  (echoable(o->value, o->value_len, MAX_ITEM) &&
+                   (k->origins.any || list_has(&k->origins, o->value, o->value_len)));
   /* the Access-Control-Allow-Origin line (and Vary where it names the origin) */
   char allow[MAX_ITEM + 96] = "";
   if (k->origins.any && !k->credentials)
