@@ -219,6 +219,11 @@ static void start_service(struct sch_server *s) {
     blocks = CM_MIN(blocks, s->ranks[r].kv_blocks);
     mml = CM_MIN(mml, s->ranks[r].max_model_len);
   }
+  if (s->cfg.max_model_len > 0 && (uint32_t)s->cfg.max_model_len > mml)
+    cm_warn(TAG,
+            "--max-model-len %d is past the %u tokens the workers serve (the model's context "
+            "length): serving %u",
+            (int)s->cfg.max_model_len, mml, mml);
   if (s->cfg.max_model_len > 0) mml = CM_MIN(mml, (uint32_t)s->cfg.max_model_len);
   want.max_model_len = CM_MIN(mml, (uint32_t)INT32_MAX);
   want.num_blocks = (int64_t)CM_MIN(blocks, (uint64_t)INT32_MAX);
