@@ -420,17 +420,29 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
   return 0;
 }
 
-/* Fields we recognise but do not implement: reject rather than ignore.
- * (logit_bias and allowed_token_ids are parsed and refused by the serving
- * path, after their ids were checked against the vocabulary.) */
+/* Fields we recognise but do not implement: reject rather than ignore (OpenAI's,
+ * and vLLM's extensions of the same requests). A field at its "off" value
+ * (null, false, "", [] or {}) asks for nothing and passes. (logit_bias and
+ * allowed_token_ids are parsed and refused by the serving path, after their
+ * ids were checked against the vocabulary.) */
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {"suffix", "functions", "function_call"};
+  static const char *const keys[] = {"suffix",
+                                     "functions",
+                                     "function_call",
+                                     "prompt_logprobs",
+                                     "use_beam_search",
+                                     "bad_words",
+                                     "truncate_prompt_tokens",
+                                     "continue_final_message",
+                                     "chat_template",
+                                     "documents",
+                                     "return_tokens_as_token_ids"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
-    if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
+    if (v && !json_is_null(v) && !json_is_false(v) &&
+        !(json_is_array(v) && json_array_size(v) == 0) &&
         !(json_is_object(v) && json_object_size(v) == 0) &&
-        !(json_is_string(v) && !strcmp(keys[i], "tool_choice") &&
-          !strcmp(json_string_value(v), "none")))
+        !(json_is_string(v) && json_string_length(v) == 0))
       return fail(p, 400, keys[i], "'%s' is not supported", keys[i]);
   }
   return 0;

@@ -91,6 +91,11 @@ static const struct bad_case bad[] = {
     {C, PROMPT_A "\"skip_special_tokens\":\"no\"}", 400, "skip_special_tokens"},
     {C, PROMPT_A "\"user\":5}", 400, "user"},
     {C, PROMPT_A "\"suffix\":\"x\"}", 400, "suffix"},
+    {C, PROMPT_A "\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
+    {C, PROMPT_A "\"use_beam_search\":true}", 400, "use_beam_search"},
+    {C, PROMPT_A "\"bad_words\":[\"x\"]}", 400, "bad_words"},
+    {C, PROMPT_A "\"truncate_prompt_tokens\":8}", 400, "truncate_prompt_tokens"},
+    {C, PROMPT_A "\"return_tokens_as_token_ids\":true}", 400, "return_tokens_as_token_ids"},
     {C, PROMPT_A "\"logit_bias\":[1]}", 400, "logit_bias"},
     {C, PROMPT_A "\"logit_bias\":{\"x\":5}}", 400, "logit_bias"},
     {C, PROMPT_A "\"logit_bias\":{\"\":5}}", 400, "logit_bias"},
@@ -145,6 +150,9 @@ static const struct bad_case bad[] = {
     {H, "{}", 400, "messages"},
     {H, "{\"messages\":[]}", 400, "messages"},
     {H, "{\"messages\":{}}", 400, "messages"},
+    {H, CHAT_A "\"continue_final_message\":true}", 400, "continue_final_message"},
+    {H, CHAT_A "\"chat_template\":\"{{ messages }}\"}", 400, "chat_template"},
+    {H, CHAT_A "\"documents\":[{\"text\":\"d\"}]}", 400, "documents"},
     {H, "{\"messages\":[5]}", 400, "messages[0]"},
     {H, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role"},
     {H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}", 400, "messages[0].role"},
@@ -274,6 +282,7 @@ TH_TEST(api_completion_good) {
       "\"repetition_penalty\":1.2,\"seed\":-42,\"stop\":\"##\",\"stop_token_ids\":[1,106],"
       "\"logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
       "\"ignore_eos\":true,\"user\":\"u\",\"best_of\":1,\"echo\":false,\"suffix\":null,"
+      "\"prompt_logprobs\":null,\"use_beam_search\":false,\"bad_words\":[],"
       "\"skip_special_tokens\":false,\"include_stop_str_in_output\":true,\"priority\":-3}";
   struct fe_api_request r;
   parse_ok(FE_API_COMPLETION, b, &r);
