@@ -435,7 +435,6 @@ static int reject_unsupported(struct pctx *p, json_t *body) {
                                      "truncate_prompt_tokens",
                                      "continue_final_message",
                                      "chat_template",
-                                     "documents",
                                      "return_tokens_as_token_ids"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
@@ -1280,7 +1279,9 @@ void fe_api_tool_answer(const char *text, size_t len, char **calls, char **conte
 }
 
 /* chat_template_kwargs (an object: its entries become the chat template's
- * variables, as vLLM passes them) over the server's defaults. */
+ * variables, as vLLM passes them) over the server's defaults; documents (a list
+ * of objects, for templates that take retrieved documents) as the variable
+ * documents, as Hugging Face's apply_chat_template passes them. */
 static int parse_template_kwargs(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
   struct fe_api_request *r = p->r;
   json_t *v = json_object_get(body, "chat_template_kwargs");
@@ -1295,6 +1296,26 @@ static int parse_template_kwargs(struct pctx *p, json_t *body, const struct fe_a
   }
   if (!kw) return nomem(p);
   if (json_is_object(v)) json_object_update(kw, v);
+  json_t *docs = json_object_get(body, "documents");
+  if (docs && !json_is_null(docs)) {
+    size_t i;
+    json_t *d;
+    if (!json_is_array(docs)) {
+      json_decref(kw);
+      return fail(p, 400, "documents", "'documents' must be a list of objects, not %s",
+                  type_name(docs));
+    }
+    json_array_foreach(docs, i, d) if (!json_is_object(d)) {
+      char param[48];
+      json_decref(kw);
+      snprintf(param, sizeof(param), "documents[%zu]", i);
+      return fail(p, 400, param, "'documents[%zu]' must be an object, not %s", i, type_name(d));
+    }
+    if (json_array_size(docs) && json_object_set(kw, "documents", docs)) {
+      json_decref(kw);
+      return nomem(p);
+    }
+  }
   json_t *th = json_object_get(kw, "enable_thinking");
   if (th && !json_is_null(th) && !json_is_boolean(th)) {
     json_decref(kw);

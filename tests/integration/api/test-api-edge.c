@@ -355,7 +355,9 @@ TH_TEST(api_chat_template_flag) {
   snprintf(path, sizeof(path), "%s/qa.jinja", dir);
   FILE *f = fopen(path, "w");
   TH_REQUIRE(f);
-  fputs("{{ bos_token }}Q: {% for m in messages %}{{ m['content'] }} {% endfor %}A:", f);
+  fputs("{{ bos_token }}{% for d in documents or [] %}[{{ d['text'] }}] {% endfor %}Q: "
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}A:",
+        f);
   fclose(f);
   struct as_server s2;
   memset(&s2, 0, sizeof(s2));
@@ -379,6 +381,17 @@ TH_TEST(api_chat_template_flag) {
   long long want = (long long)json_array_size(json_object_get(text, "tokens"));
   free(a);
   free(b);
+  json_decref(chat);
+  json_decref(text);
+  /* documents reach the template as its variable documents */
+  snprintf(body, sizeof(body), "{\"messages\":%s,\"documents\":[{\"text\":\"doc one\"}]}", msgs);
+  TH_REQUIRE(as_post(&s2, "/tokenize", body, &r) == 200);
+  chat = as_json(&r);
+  as_resp_free(&r);
+  TH_REQUIRE(as_post(&s2, "/tokenize", "{\"prompt\":\"[doc one] Q: hello there A:\"}", &r) == 200);
+  text = as_json(&r);
+  as_resp_free(&r);
+  TH_CHECK(json_equal(json_object_get(chat, "tokens"), json_object_get(text, "tokens")));
   json_decref(chat);
   json_decref(text);
   snprintf(body, sizeof(body), "{\"messages\":%s,\"max_tokens\":1,\"temperature\":0}", msgs);

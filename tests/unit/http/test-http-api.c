@@ -152,7 +152,8 @@ static const struct bad_case bad[] = {
     {H, "{\"messages\":{}}", 400, "messages"},
     {H, CHAT_A "\"continue_final_message\":true}", 400, "continue_final_message"},
     {H, CHAT_A "\"chat_template\":\"{{ messages }}\"}", 400, "chat_template"},
-    {H, CHAT_A "\"documents\":[{\"text\":\"d\"}]}", 400, "documents"},
+    {H, CHAT_A "\"documents\":\"d\"}", 400, "documents"},
+    {H, CHAT_A "\"documents\":[{\"text\":\"d\"},1]}", 400, "documents[1]"},
     {H, "{\"messages\":[5]}", 400, "messages[0]"},
     {H, "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0].role"},
     {H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}", 400, "messages[0].role"},
@@ -359,6 +360,14 @@ TH_TEST(api_chat_good) {
   TH_CHECK_EQ_INT(r.logprobs, 2);
   TH_CHECK_EQ_INT(r.add_generation_prompt, 1);
   TH_CHECK_EQ_INT(r.add_special_tokens, 0);
+  fe_api_request_free(&r);
+  /* documents become the template's variable documents, beside chat_template_kwargs */
+  const char *d = "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"documents\":"
+                  "[{\"title\":\"t\",\"text\":\"d\"}],\"chat_template_kwargs\":{\"k\":1}}";
+  parse_ok(FE_API_CHAT, d, &r);
+  TH_CHECK(r.template_kwargs &&
+           strstr(r.template_kwargs, "\"documents\":[{\"title\":\"t\",\"text\":\"d\"}]") &&
+           strstr(r.template_kwargs, "\"k\":1"));
   fe_api_request_free(&r);
   const char *t = "{\"prompt\":\"hi\",\"add_special_tokens\":false}";
   parse_ok(FE_API_TOKENIZE, t, &r);
