@@ -689,6 +689,10 @@ static int parse_output(struct pctx *p, json_t *body) {
       snprintf(p->err->param, sizeof(p->err->param), "stream_options.include_usage");
       return rc;
     }
+    if ((rc = get_bool(p, so, "continuous_usage_stats", &r->continuous_usage))) {
+      snprintf(p->err->param, sizeof(p->err->param), "stream_options.continuous_usage_stats");
+      return rc;
+    }
   }
   return 0;
 }

@@ -207,17 +207,18 @@ int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
 }
 
 int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
-                                  const struct fe_api_choice *c) {
+                                  const struct fe_api_choice *c, const struct fe_api_usage *u) {
   head(b, m, "text_completion");
   completion_choice(b, c);
-  return fe_buf_puts(b, "]}");
+  return u ? tail(b, u) : fe_buf_puts(b, "]}");
 }
 
 int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
-                            const struct fe_api_choice *c, int with_role) {
+                            const struct fe_api_choice *c, int with_role,
+                            const struct fe_api_usage *u) {
   head(b, m, "chat.completion.chunk");
   chat_choice(b, c, "delta", with_role);
-  return fe_buf_puts(b, "]}");
+  return u ? tail(b, u) : fe_buf_puts(b, "]}");
 }
 
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,

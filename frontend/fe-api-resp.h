@@ -63,11 +63,13 @@ int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
 
 /* The JSON of one streamed chunk for one choice (no "data: " framing).
  * Chat: with_role adds "role":"assistant" to the delta (the first chunk of
- * each choice); text_len 0 and no finish reason gives an empty delta. */
+ * each choice); text_len 0 and no finish reason gives an empty delta. u (NULL:
+ * none) adds "usage" to the chunk (stream_options.continuous_usage_stats). */
 int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
-                                  const struct fe_api_choice *c);
+                                  const struct fe_api_choice *c, const struct fe_api_usage *u);
 int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
-                            const struct fe_api_choice *c, int with_role);
+                            const struct fe_api_choice *c, int with_role,
+                            const struct fe_api_usage *u);
 /* The final usage chunk: "choices": [] and "usage". */
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
                              const struct fe_api_resp_meta *m, const struct fe_api_usage *u);

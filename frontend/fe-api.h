@@ -109,7 +109,8 @@ struct fe_api_request {
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int stream;
-  int include_usage; /* stream_options.include_usage */
+  int include_usage;    /* stream_options.include_usage */
+  int continuous_usage; /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */
   int ignore_eos;
   int add_generation_prompt;      /* chat / tokenize with messages; default 1 */
   int add_special_tokens;         /* tokenize; default 1 (completions), 0 (chat) */

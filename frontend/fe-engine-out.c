@@ -92,6 +92,7 @@ static void stream_begin(struct fe_eng_req *r) {
   if (r->api->kind != FE_API_CHAT) return;
   for (int k = 0; k < r->n_ch; k++) { /* the role first, with empty content, as vLLM does */
     struct fe_api_choice c = {k, "", 0, NULL, NULL, 0, 0};
+    r->sse.usage = (struct fe_api_usage){r->prompt_total, 0};
     fe_sse_send(&r->sse, &c);
   }
 }
@@ -504,6 +505,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
     c.n_logprobs = ch->n_lps;
   }
   stream_begin(r);
+  r->sse.usage = (struct fe_api_usage){r->prompt_total, ch->n_gen};
   fe_sse_send(&r->sse, &c);
   free(tl);
   free(tops);

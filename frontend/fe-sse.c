@@ -27,6 +27,7 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
   s->kind = r->kind;
   s->n = r->n;
   s->include_usage = r->include_usage;
+  s->continuous_usage = r->continuous_usage;
   fe_api_make_id(s->id, sizeof(s->id), id_prefix);
   s->meta.id = s->id;
   s->meta.created = created;
@@ -44,9 +45,11 @@ int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
   if (s->kind == FE_API_CHAT) {
     int first = !s->role_sent[choice->index];
     s->role_sent[choice->index] = 1;
-    fe_api_write_chat_chunk(&s->buf, &s->meta, choice, first);
+    fe_api_write_chat_chunk(&s->buf, &s->meta, choice, first,
+                            s->continuous_usage ? &s->usage : NULL);
   } else {
-    fe_api_write_completion_chunk(&s->buf, &s->meta, choice);
+    fe_api_write_completion_chunk(&s->buf, &s->meta, choice,
+                                  s->continuous_usage ? &s->usage : NULL);
   }
   return send_event(s);
 }

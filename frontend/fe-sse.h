@@ -1,7 +1,9 @@
 /* fe-sse.h — a server-sent-events stream of OpenAI chunks on one
  * connection: `data: {...}\n\n` per chunk, chat deltas with the assistant
  * role first, a final chunk per choice with its finish_reason, a usage chunk
- * when stream_options.include_usage was set, then `data: [DONE]\n\n`.
+ * when stream_options.include_usage was set, then `data: [DONE]\n\n`. With
+ * stream_options.continuous_usage_stats every chunk carries "usage" too (vLLM's
+ * extension): the prompt's tokens and its choice's tokens so far.
  *
  * The serving path creates one per streamed request and feeds it deltas as
  * tokens are detokenized. Each call returns CM_ERR_CLOSED once the client is
@@ -24,6 +26,9 @@ struct fe_sse_stream {
   char id[64];
   int n; /* choices */
   int include_usage;
+  int continuous_usage;            /* stream_options.continuous_usage_stats: usage in every chunk */
+  struct fe_api_usage usage;       /* with continuous_usage: what the next chunk reports (the
+                                      caller sets it: the prompt, the choice's tokens so far) */
   uint8_t role_sent[FE_API_MAX_N]; /* chat: the role delta went out for choice i */
   struct fe_buf buf;               /* reused for every chunk */
 };

@@ -222,6 +222,37 @@ TH_TEST(api_chat) {
   TH_CHECK_EQ_INT(json_integer_value(json_object_get(usage, "completion_tokens")), 6);
   json_decref(usage);
   as_resp_free(&r);
+
+  /* continuous_usage_stats (vLLM's): usage in every chunk, the prompt's tokens and the
+   * choice's so far, from 0 on the role's chunk to 6, then the usage chunk */
+  snprintf(body, sizeof(body),
+           "%s,\"stream\":true,\"stream_options\":{\"include_usage\":true,"
+           "\"continuous_usage_stats\":true}}",
+           req);
+  TH_CHECK_EQ_INT(as_post(server(), "/v1/chat/completions", body, &r), 200);
+  long long prompt = -1, last = -1;
+  int events = 0;
+  for (const char *d = strstr(r.body, "data: {"); d; d = strstr(d + 1, "data: {")) {
+    json_t *c = json_loads(d + 6, JSON_DISABLE_EOF_CHECK, NULL);
+    json_t *u = json_object_get(c, "usage");
+    TH_CHECK(json_is_object(u));
+    long long p = json_integer_value(json_object_get(u, "prompt_tokens")),
+              g = json_integer_value(json_object_get(u, "completion_tokens"));
+    if (events == 0) {
+      prompt = p;
+      TH_CHECK_EQ_INT(g, 0);
+    }
+    TH_CHECK_EQ_INT(p, prompt);
+    TH_CHECK(g >= last && json_integer_value(json_object_get(u, "total_tokens")) == p + g);
+    last = g;
+    events++;
+    json_decref(c);
+  }
+  TH_CHECK(events >= 3 && last == 6 && prompt > 0);
+  as_resp_free(&r);
+  snprintf(body, sizeof(body),
+           "%s,\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":1}}", req);
+  json_decref(post_json("/v1/chat/completions", body, 400));
 }
 
 /* The text of every choice of a non-streamed answer, and their count. */

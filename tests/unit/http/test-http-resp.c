@@ -89,7 +89,7 @@ TH_TEST(resp_stream_chunks) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
   struct fe_api_choice first = {0, "", 0, NULL, NULL, 0, 0};
-  TH_REQUIRE(fe_api_write_chat_chunk(&b, &meta, &first, 1) == 0);
+  TH_REQUIRE(fe_api_write_chat_chunk(&b, &meta, &first, 1, NULL) == 0);
   json_t *j = parse(&b);
   TH_REQUIRE(j);
   TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
@@ -99,7 +99,7 @@ TH_TEST(resp_stream_chunks) {
   json_decref(j);
   fe_buf_reset(&b);
   struct fe_api_choice last = {0, "", 0, "stop", NULL, 0, 0};
-  TH_REQUIRE(fe_api_write_chat_chunk(&b, &meta, &last, 0) == 0);
+  TH_REQUIRE(fe_api_write_chat_chunk(&b, &meta, &last, 0, NULL) == 0);
   j = parse(&b);
   json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
   TH_CHECK_EQ_INT(json_object_size(json_object_get(c0, "delta")), 0);
@@ -115,7 +115,7 @@ TH_TEST(resp_stream_chunks) {
   json_decref(j);
   fe_buf_reset(&b);
   struct fe_api_choice mid = {2, "tok", 3, NULL, NULL, 0, 0};
-  TH_REQUIRE(fe_api_write_completion_chunk(&b, &meta, &mid) == 0);
+  TH_REQUIRE(fe_api_write_completion_chunk(&b, &meta, &mid, NULL) == 0);
   j = parse(&b);
   c0 = json_array_get(json_object_get(j, "choices"), 0);
   TH_CHECK_EQ_INT(json_integer_value(json_object_get(c0, "index")), 2);
