@@ -479,9 +479,6 @@ static void load_eos(struct fe_engine *e, const char *tok_dir, const struct md_c
   if (e->n_eos == 0 && tk_eos(e->tok) >= 0) e->eos[e->n_eos++] = tk_eos(e->tok);
 }
 
-/* A GGUF file's own tokenizer and chat template (tk_from_gguf, over the file
- * opened for the config); without a template, chat completions are refused
- * (logged). */
 /* The template variables bos_token and eos_token of the tokenizer's own ids. */
 static json_t *special_tokens_of(const struct tk_tokenizer *tok) {
   json_t *conf = json_object();
@@ -494,6 +491,9 @@ static json_t *special_tokens_of(const struct tk_tokenizer *tok) {
   return conf;
 }
 
+/* A GGUF file's own tokenizer and chat template (tk_from_gguf, over the file
+ * opened for the config); without a template, chat completions are refused
+ * (logged). */
 static int gguf_tokenizer(struct fe_engine *e, const struct md_gguf *g, const char *path, char *err,
                           size_t errlen) {
   char *tmpl = NULL;
