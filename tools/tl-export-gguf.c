@@ -580,7 +580,6 @@ static int write_merges(struct gg_out *o, const struct tk_tokenizer *tok, int32_
   return 0;
 }
 
-/* The key-value pairs (into o, which counts them). */
 /* A GGUF input's tokenizer.* pairs, as they are (llama.cpp's quantizer keeps its
  * input's metadata): its scores, merges and chat template stay the file's own. 1
  * when it had any. */
@@ -600,6 +599,8 @@ static int copy_tokenizer_kv(struct gg_out *o, const struct md_gguf *src) {
   return n > 0;
 }
 
+/* The key-value pairs (into o, which counts them); a GGUF input's (src) own
+ * tokenizer pairs in place of tok's. */
 static void write_kv(struct gg_out *o, const struct md_config *c, const struct gg_plan *p,
                      const struct tk_tokenizer *tok, const char *tmpl, const char *name,
                      const struct md_gguf *src) {
