@@ -477,6 +477,12 @@ int tl_serve_main(int argc, char **argv) {
       fprintf(stderr, "lmserve serve: --model %s: %s\n", s.model, strerror(errno));
       return 2;
     }
+    /* a file that is not GGUF (or a folder of several .gguf) is said here, once */
+    char gpath[4096], gwhy[512];
+    if (md_model_gguf_path(s.model_dir, gpath, sizeof(gpath), gwhy, sizeof(gwhy)) < 0) {
+      fprintf(stderr, "lmserve serve: %s\n", gwhy);
+      return 2;
+    }
   } else if (ensure_default_model(&s) != 0) {
     return 1;
   }

@@ -759,7 +759,7 @@ TH_TEST(gguf_gemma4_vocabulary_gives_the_tokenizer_json_and_llamacpp_ids) {
 /* `lmserve generate` takes a GGUF model as the other roles do: the file, or a
  * folder holding it, with the tokenizer of its metadata (or --tokenizer's), so a
  * prompt in text gives what the tokenizer.json ids give; a file that is not GGUF
- * is named as such, whatever the prompt. */
+ * is named as such, whatever the prompt, and serve names it before starting. */
 TH_TEST(generate_runs_a_gguf_file_or_folder_with_its_own_tokenizer) {
   th_proc_init(300);
   char model[300], dir[300], g[320];
@@ -791,6 +791,9 @@ TH_TEST(generate_runs_a_gguf_file_or_folder_with_its_own_tokenizer) {
   char notgguf[320];
   snprintf(notgguf, sizeof(notgguf), "%s/config.json", model);
   TH_CHECK_EQ_INT(lm(&o, "generate", "--model", notgguf, "--prompt", text), 2);
+  TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
+  /* serve says it before it starts a process */
+  TH_CHECK_EQ_INT(lm(&o, "serve", "--model", notgguf, "--port", "1"), 2);
   TH_CHECK(strstr(o.err, "not a GGUF file") != NULL);
   free(first);
   th_out_free(&o);
