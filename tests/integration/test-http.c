@@ -251,28 +251,30 @@ TH_TEST(http_10_and_connection_close) {
   hc_server_stop(&s);
 }
 
+/* `lmserve ARGS...` (NULL-terminated) exits with `status`, its stderr naming
+ * `names` where given. */
+static void exits_with(int line, int status, const char *names, char *const *args) {
+  char *argv[16] = {th_lmserve_bin()}, *out = NULL, *err = NULL;
+  for (int i = 0; args[i] && i < 14; i++)
+    argv[i + 1] = args[i];
+  int rc = th_run(argv, NULL, NULL, 0, 10000, &out, &err);
+  if (rc != status || (names && !(err && strstr(err, names))))
+    th_fail(__FILE__, line, "%s ...: status %d (want %d), stderr %.300s", args[0], rc, status,
+            err ? err : "");
+  free(out);
+  free(err);
+}
+
 /* Flag mistakes exit 2 and a taken port exits 1, each with a clear line. */
 TH_TEST(http_cli_errors) {
   th_proc_init(60);
-  char *out = NULL, *err = NULL;
-  char *a1[] = {th_lmserve_bin(), "frontend", "--port", "99999", NULL};
-  TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 10000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "--port") != NULL);
-  free(out);
-  free(err);
-  char *a2[] = {th_lmserve_bin(), "frontend", "--max-body-size", "lots", NULL};
-  TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 10000, &out, &err), 2);
-  free(out);
-  free(err);
+  exits_with(__LINE__, 2, "--port", (char *[]){"frontend", "--port", "99999", NULL});
+  exits_with(__LINE__, 2, NULL, (char *[]){"frontend", "--max-body-size", "lots", NULL});
   struct server s;
   hc_server_start(&s, NULL);
   char port[16];
   snprintf(port, sizeof(port), "%d", s.port);
-  char *a3[] = {th_lmserve_bin(), "frontend", "--port", port, NULL};
-  TH_CHECK_EQ_INT(th_run(a3, NULL, NULL, 0, 10000, &out, &err), 1);
-  TH_CHECK(err && strstr(err, "address already in use") != NULL);
-  free(out);
-  free(err);
+  exits_with(__LINE__, 1, "address already in use", (char *[]){"frontend", "--port", port, NULL});
   hc_check_alive(&s);
   hc_server_stop(&s);
 }
@@ -349,15 +351,8 @@ TH_TEST(http_cors) {
   hc_server_stop(&s);
 
   /* lists that are not lists: exit 2 naming the flag */
-  char *out = NULL, *err = NULL;
-  char *a1[] = {th_lmserve_bin(), "frontend", "--allowed-origins", "http://a.example", NULL};
-  TH_CHECK_EQ_INT(th_run(a1, NULL, NULL, 0, 10000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "--allowed-origins") != NULL);
-  free(out);
-  free(err);
-  char *a2[] = {th_lmserve_bin(), "serve", "--allowed-headers", "[\"a b\"]", NULL};
-  TH_CHECK_EQ_INT(th_run(a2, NULL, NULL, 0, 10000, &out, &err), 2);
-  TH_CHECK(err && strstr(err, "--allowed-headers") != NULL);
-  free(out);
-  free(err);
+  exits_with(__LINE__, 2, "--allowed-origins",
+             (char *[]){"frontend", "--allowed-origins", "http://a.example", NULL});
+  exits_with(__LINE__, 2, "--allowed-headers",
+             (char *[]){"serve", "--allowed-headers", "[\"a b\"]", NULL});
 }
