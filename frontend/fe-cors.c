@@ -12,16 +12,17 @@
 
 /* what "*" allows of the methods, as the middleware lists them */
 #define ALL_METHODS "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"
-/* headers a page may always send (CORS-safelisted) */
-static const char *const safelisted[] = {"accept", "accept-language", "content-language",
-                                         "content-type"};
-#define MAX_ITEM 256 /* bytes of one origin, method or header name */
+#define MAX_ITEM    256 /* bytes of one origin, method or header name */
 
 struct list {
   char **v;
   size_t n;
   int any; /* "*" was in it */
 };
+
+/* headers a page may always send (CORS-safelisted) */
+static char *safelisted_v[] = {"accept", "accept-language", "content-language", "content-type"};
+static const struct list safelisted = {safelisted_v, 4, 0};
 
 struct fe_cors {
   struct list origins, methods, headers; /* methods upper-case, headers lower-case */
@@ -84,15 +85,16 @@ done:
   return rc;
 }
 
-static int list_has(const struct list *l, const char *s, size_t n) {
+/* 1 when s[n] is in l (with nocase, letters' case aside). */
+static int list_has(const struct list *l, const char *s, size_t n, int nocase) {
   for (size_t i = 0; i < l->n; i++)
-    if (strlen(l->v[i]) == n && !memcmp(l->v[i], s, n)) return 1;
+    if (strlen(l->v[i]) == n && !(nocase ? strncasecmp : strncmp)(l->v[i], s, n)) return 1;
   return 0;
 }
 
-/* l's items after prefix, ", " between them, into buf. */
-static void join(char *buf, size_t size, const char *prefix, const struct list *l) {
-  size_t at = (size_t)snprintf(buf, size, "%s", prefix);
+/* l's items but "*" appended to the NUL-terminated list in buf, ", " between. */
+static void join(char *buf, size_t size, const struct list *l) {
+  size_t at = strlen(buf);
   for (size_t i = 0; i < l->n && at < size; i++)
     if (strcmp(l->v[i], "*"))
       at += (size_t)snprintf(buf + at, size - at, "%s%s", at ? ", " : "", l->v[i]);
@@ -114,11 +116,9 @@ int fe_cors_create(const char *origins, const char *methods, const char *headers
   if (k->methods.any)
     snprintf(k->methods_hdr, sizeof(k->methods_hdr), "%s", ALL_METHODS);
   else
-    join(k->methods_hdr, sizeof(k->methods_hdr), "", &k->methods);
-  join(k->headers_hdr, sizeof(k->headers_hdr),
-       "accept, accept-language, content-language, "
-       "content-type",
-       &k->headers);
+    join(k->methods_hdr, sizeof(k->methods_hdr), &k->methods);
+  join(k->headers_hdr, sizeof(k->headers_hdr), &safelisted);
+  join(k->headers_hdr, sizeof(k->headers_hdr), &k->headers);
   *out = k;
   return 0;
 }
@@ -145,12 +145,8 @@ static int headers_allowed(const struct fe_cors *k, const char *v, size_t n) {
     while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t'))
       e--;
     if (e == s) continue;
-    int ok = 0;
-    for (size_t j = 0; !ok && j < sizeof(safelisted) / sizeof(safelisted[0]); j++)
-      ok = strlen(safelisted[j]) == e - s && !strncasecmp(safelisted[j], v + s, e - s);
-    for (size_t j = 0; !ok && j < k->headers.n; j++)
-      ok = strlen(k->headers.v[j]) == e - s && !strncasecmp(k->headers.v[j], v + s, e - s);
-    if (!ok) return 0;
+    if (!list_has(&safelisted, v + s, e - s, 1) && !list_has(&k->headers, v + s, e - s, 1))
+      return 0;
   }
   return 1;
 }
@@ -169,7 +165,7 @@ int fe_cors_handle(const struct fe_cors *k, struct fe_conn *c, const struct fe_h
   /* "*" needs no echo; an origin named back must be one a header line can hold */
   int origin_ok = (k->origins.any && !k->credentials) ||
                   (echoable(o->value, o->value_len, MAX_ITEM) &&
-                   (k->origins.any || list_has(&k->origins, o->value, o->value_len)));
+                   (k->origins.any || list_has(&k->origins, o->value, o->value_len, 0)));
   /* the Access-Control-Allow-Origin line (and Vary where it names the origin) */
   char allow[MAX_ITEM + 96] = "";
   if (k->origins.any && !k->credentials)
@@ -191,7 +187,7 @@ int fe_cors_handle(const struct fe_cors *k, struct fe_conn *c, const struct fe_h
   }
   /* a preflight */
   rh = fe_http_find_header(req, "access-control-request-headers");
-  int method_ok = k->methods.any || list_has(&k->methods, rm->value, rm->value_len);
+  int method_ok = k->methods.any || list_has(&k->methods, rm->value, rm->value_len, 0);
   int headers_ok = !rh || headers_allowed(k, rh->value, rh->value_len);
   if (!origin_ok || !method_ok || !headers_ok) {
     char body[96];
