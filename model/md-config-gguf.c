@@ -56,7 +56,10 @@
 #include "model/md-gguf.h"
 #include "model/md-safetensors.h"
 
-static int is_mmproj(const char *path, char *err, size_t errlen);
+/* What a GGUF file is (gguf_kind): a model (or a split model's first part),
+ * a vision tower, a later part of a split model. */
+enum { GK_MODEL = 0, GK_CLIP = 1, GK_PART = 2 };
+static int gguf_kind(const char *path, char *err, size_t errlen);
 
 /* The .gguf files of folder dir, each opened once: how many are models
  * (*n_model, the first one's path in model[mn] unless model is NULL) and
@@ -74,13 +77,13 @@ static int scan_gguf(const char *dir, char *model, size_t mn, int *n_model, char
     if (l < 6 || strcmp(e->d_name + l - 5, ".gguf")) continue;
     char p[4200], why[512];
     snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-    int clip = is_mmproj(p, err, errlen);
-    if (clip < 0) { /* named, not taken for a model */
+    int kind = gguf_kind(p, err, errlen);
+    if (kind < 0) { /* named, not taken for a model */
       snprintf(why, sizeof(why), "%s", err);
-      rc = cm_fail(err, errlen, clip, "%s: %s", p, why);
-    } else if (clip && !(*n_mm)++) {
+      rc = cm_fail(err, errlen, kind, "%s: %s", p, why);
+    } else if (kind == GK_CLIP && !(*n_mm)++) {
       if (mm) snprintf(mm, mmn, "%s", p);
-    } else if (!clip && !(*n_model)++) {
+    } else if (kind == GK_MODEL && !(*n_model)++) {
       if (model) snprintf(model, mn, "%s", p);
     }
   }
@@ -102,6 +105,11 @@ int md_model_gguf_path(const char *model, char *path, size_t n, char *err, size_
       return cm_fail(err, errlen, CM_ERR_PARSE,
                      "%s is a file but not a GGUF file (a model is a folder with config.json and "
                      "safetensors, or a .gguf file)",
+                     model);
+    if ((k = gguf_kind(model, err, errlen)) < 0) return k;
+    if (k == GK_PART)
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "%s is a later part of a split model: name its first part (-00001-of-N.gguf)",
                      model);
     snprintf(path, n, "%s", model);
     return 1;
@@ -620,19 +628,25 @@ int md_config_load_gguf(const char *model, const char *path, struct md_config *c
 
 /* ---- a vision tower beside the model file (llama.cpp's mmproj) -------------- */
 
-/* 1 when the GGUF file at path is a vision tower (general.architecture
- * "clip", as llama.cpp's converter writes an mmproj file), 0 when it is not, a
- * negative cm_err when it cannot be read. */
-static int is_mmproj(const char *path, char *err, size_t errlen) {
+/* GK_CLIP when the GGUF file at path is a vision tower (general.architecture
+ * "clip", as llama.cpp's converter writes an mmproj file), GK_PART when it is
+ * a split model's part after the first, else GK_MODEL; a negative cm_err when
+ * it cannot be read. */
+static int gguf_kind(const char *path, char *err, size_t errlen) {
   struct md_gguf *g = NULL;
   int rc = md_gguf_open(path, &g, err, errlen);
   if (rc) return rc;
   const char *arch;
   size_t alen;
-  int clip = !md_gguf_get_str(g, "general.architecture", &arch, &alen) && alen == 4 &&
-             !memcmp(arch, "clip", 4);
+  int no, count;
+  if ((rc = md_gguf_split(g, &no, &count, err, errlen)) == 0)
+    rc = no ? GK_PART
+         : !md_gguf_get_str(g, "general.architecture", &arch, &alen) && alen == 4 &&
+                 !memcmp(arch, "clip", 4)
+             ? GK_CLIP
+             : GK_MODEL;
   md_gguf_close(g);
-  return clip;
+  return rc;
 }
 
 /* --mmproj FILE of this process's command line ("" without it) */
@@ -641,9 +655,9 @@ static char mmproj_named[4096];
 int md_model_set_mmproj(const char *path, char *err, size_t errlen) {
   mmproj_named[0] = 0;
   if (!path || !*path) return 0;
-  int clip = is_mmproj(path, err, errlen);
-  if (clip < 0) return clip;
-  if (!clip)
+  int kind = gguf_kind(path, err, errlen);
+  if (kind < 0) return kind;
+  if (kind != GK_CLIP)
     return cm_fail(err, errlen, CM_ERR_INVAL,
                    "--mmproj %s is not a vision tower (a GGUF file of general.architecture clip)",
                    path);

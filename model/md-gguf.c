@@ -542,3 +542,26 @@ int md_gguf_arr_next_str(const struct md_gguf_kv *kv, uint64_t *pos, const char 
   *pos += 8 + *len;
   return 0;
 }
+
+int md_gguf_split(const struct md_gguf *g, int *no, int *count, char *err, size_t errlen) {
+  int64_t n = 1, i = 0;
+  int rn = md_gguf_get_int(g, "split.count", &n), ri = md_gguf_get_int(g, "split.no", &i);
+  if ((rn && rn != CM_ERR_NOENT) || (ri && ri != CM_ERR_NOENT) || n < 1 || n > MD_GGUF_MAX_SPLITS ||
+      i < 0 || i >= n)
+    return cm_fail(err, errlen, CM_ERR_PARSE,
+                   "%s: split.no and split.count must be integers, 0 <= split.no < split.count <= "
+                   "%d",
+                   g->name, MD_GGUF_MAX_SPLITS);
+  *no = (int)i;
+  *count = (int)n;
+  return 0;
+}
+
+int md_gguf_split_path(const char *first, int no, int count, char *out, size_t n) {
+  char tail[32];
+  snprintf(tail, sizeof(tail), "-%05d-of-%05d.gguf", 1, count);
+  size_t fl = strlen(first), tl = strlen(tail);
+  if (fl <= tl || strcmp(first + fl - tl, tail)) return CM_ERR_INVAL;
+  int w = snprintf(out, n, "%.*s-%05d-of-%05d.gguf", (int)(fl - tl), first, no + 1, count);
+  return w < 0 || (size_t)w >= n ? CM_ERR_INVAL : 0;
+}

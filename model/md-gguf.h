@@ -100,6 +100,20 @@ const struct md_gguf_tensor *md_gguf_tensor_at(const struct md_gguf *g, int i);
 const struct md_gguf_tensor *md_gguf_find_tensor(const struct md_gguf *g, const char *name);
 uint64_t md_gguf_data_bytes(const struct md_gguf *g); /* sum of the known tensors' bytes */
 
+/* A model split in parts as llama.cpp's gguf-split and converter write it:
+ * PREFIX-00001-of-0000N.gguf .. PREFIX-0000N-of-0000N.gguf, each a GGUF file
+ * with split.no (its index from 0), split.count (N) and split.tensors.count
+ * (the tensors of all parts); the first part holds the metadata. *no and
+ * *count: 0 and 1 for a file that is not split. 0, or CM_ERR_PARSE with a
+ * sentence naming the file (a key of another type, a count past
+ * MD_GGUF_MAX_SPLITS, an index not below the count). */
+#define MD_GGUF_MAX_SPLITS 99999
+int md_gguf_split(const struct md_gguf *g, int *no, int *count, char *err, size_t errlen);
+/* Part no (from 0) of the model whose first part is the file at first, into
+ * out[n]: 0, or CM_ERR_INVAL when first's name does not end in
+ * -00001-of-COUNT.gguf (five digits each). */
+int md_gguf_split_path(const char *first, int no, int count, char *out, size_t n);
+
 /* Typed reads of a metadata value: 0, CM_ERR_NOENT (absent) or CM_ERR_PARSE
  * (another type; integers convert between widths when the value fits). */
 int md_gguf_get_int(const struct md_gguf *g, const char *key, int64_t *out);

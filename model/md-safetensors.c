@@ -20,6 +20,7 @@ struct st_map {
   void *base;  /* mmap'd region, or NULL for md_st_open_mem */
   size_t len;  /* bytes */
   char *fname; /* base name */
+  int owned;   /* base is the owner's mapping (md_st_owner_pages): it unmaps it */
 };
 
 struct md_st {
@@ -31,8 +32,6 @@ struct md_st {
   int n_copies;
   void (*owner_free)(void *); /* md_st_new's owner of the tensors' bytes */
   void *owner;
-  void *owner_pages; /* md_st_owner_pages: the owner's mapping, for md_st_drop_pages */
-  size_t owner_len;
   uint64_t bytes;
 };
 
@@ -67,7 +66,7 @@ void md_st_close(struct md_st *st) {
     free(st->copies[i]);
   free(st->copies);
   for (int i = 0; i < st->n_maps; i++) {
-    if (st->maps[i].base) munmap(st->maps[i].base, st->maps[i].len);
+    if (st->maps[i].base && !st->maps[i].owned) munmap(st->maps[i].base, st->maps[i].len);
     free(st->maps[i].fname);
   }
   free(st->maps);
@@ -78,7 +77,6 @@ void md_st_close(struct md_st *st) {
 void md_st_drop_pages(struct md_st *st) {
   for (int i = 0; i < st->n_maps; i++)
     if (st->maps[i].base) (void)madvise(st->maps[i].base, st->maps[i].len, MADV_DONTNEED);
-  if (st->owner_pages) (void)madvise(st->owner_pages, st->owner_len, MADV_DONTNEED);
 }
 
 /* madvise DONTNEED on the pages of [p, p + n) that lie in the mapping
@@ -96,12 +94,13 @@ static int drop_in(void *base, size_t len, const void *p, size_t n) {
 void md_st_drop_range(struct md_st *st, const void *p, size_t n) {
   for (int i = 0; i < st->n_maps; i++)
     if (drop_in(st->maps[i].base, st->maps[i].len, p, n)) return;
-  drop_in(st->owner_pages, st->owner_len, p, n);
 }
 
 void md_st_owner_pages(struct md_st *st, void *base, size_t len) {
-  st->owner_pages = base;
-  st->owner_len = len;
+  struct st_map *m = &st->maps[st->n_maps - 1];
+  m->base = base;
+  m->len = len;
+  m->owned = 1;
 }
 
 /* Appends tensor t under a copy of name, as found in file, and counts its
@@ -242,6 +241,7 @@ static int st_add_map(struct md_st *st, void *base, size_t len, const char *fnam
   st->maps = nm;
   nm[st->n_maps].base = base;
   nm[st->n_maps].len = len;
+  nm[st->n_maps].owned = 0;
   nm[st->n_maps].fname = strdup(fname);
   if (!nm[st->n_maps].fname) return CM_ERR_NOMEM;
   st->n_maps++;
@@ -309,8 +309,12 @@ void *md_st_owner(const struct md_st *st, void (*owner_free)(void *)) {
   return st && owner_free && st->owner_free == owner_free ? st->owner : NULL;
 }
 
+int md_st_add_file(struct md_st *st, const char *fname) {
+  return st_add_map(st, NULL, 0, fname);
+}
+
 int md_st_add(struct md_st *st, const struct md_tensor *t) {
-  return st_push(st, *t, t->name, st->maps[0].fname);
+  return st_push(st, *t, t->name, st->maps[st->n_maps - 1].fname);
 }
 
 int md_st_seal(struct md_st *st, char *err, size_t errlen) {

@@ -88,8 +88,12 @@ size_t md_st_dtype_size(enum md_st_dtype dt); /* bytes per element; 0 for block 
 int md_st_new(const char *fname, void (*owner_free)(void *), void *owner, struct md_st **out);
 int md_st_add(struct md_st *st, const struct md_tensor *t);
 int md_st_seal(struct md_st *st, char *err, size_t errlen);
-/* The owner's mapped file (page-aligned base, len bytes), whose pages
- * md_st_drop_pages lets go too; the owner still unmaps it. */
+/* A directory over several files (a GGUF model split in parts): the tensors
+ * md_st_add adds from now on are in file fname (their md_tensor.file). */
+int md_st_add_file(struct md_st *st, const char *fname);
+/* The owner's mapping (page-aligned base, len bytes) of the file being added
+ * (md_st_new's, or the last md_st_add_file's), whose pages md_st_drop_pages
+ * and md_st_drop_range let go too; the owner still unmaps it. */
 void md_st_owner_pages(struct md_st *st, void *base, size_t len);
 /* md_st_new's owner when it was given with owner_free, else NULL. */
 void *md_st_owner(const struct md_st *st, void (*owner_free)(void *));

@@ -311,33 +311,37 @@ static void g4_shape(const struct md_gguf_tensor *gt, struct md_tensor *t) {
   }
 }
 
-static void close_gguf(void *g) {
-  md_gguf_close(g);
+/* The open parts of a GGUF model (one for a file not split), the
+ * directory's owner: g[0] holds the metadata. */
+struct gguf_parts {
+  int n;
+  struct md_gguf *g[];
+};
+
+static void close_parts(void *p) {
+  struct gguf_parts *s = p;
+  for (int i = 0; i < s->n; i++)
+    md_gguf_close(s->g[i]);
+  free(s);
 }
 
 const struct md_gguf *md_st_gguf(const struct md_st *st) {
-  return md_st_owner(st, close_gguf);
+  const struct gguf_parts *s = md_st_owner(st, close_parts);
+  return s ? s->g[0] : NULL;
 }
 
-int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errlen) {
-  struct md_gguf *g = NULL;
-  *out = NULL;
-  int rc = md_gguf_open(path, &g, err, errlen);
-  if (rc) return rc;
-  const char *base = strrchr(path, '/');
-  struct md_st *st = NULL;
-  if (md_st_new(base ? base + 1 : path, close_gguf, g, &st)) {
-    md_gguf_close(g);
-    return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
-  }
+/* Part g's tensors into st under the names the loader binds (meta: the
+ * first part, whose metadata says what the file is). */
+static int add_part(struct md_st *st, const struct md_gguf *g, const struct md_gguf *meta,
+                    char *err, size_t errlen) {
   size_t map_len;
   void *map = md_gguf_mapping(g, &map_len);
   if (map) md_st_owner_pages(st, map, map_len);
   int64_t D = 0, F = 0; /* a vision tower's widths (mmproj_ffn) */
-  md_gguf_get_int(g, "clip.vision.embedding_length", &D);
-  md_gguf_get_int(g, "clip.vision.feed_forward_length", &F);
-  int g4 = is_g4_mmproj(g);
-  for (int i = 0; i < md_gguf_tensor_count(g) && !rc; i++) {
+  md_gguf_get_int(meta, "clip.vision.embedding_length", &D);
+  md_gguf_get_int(meta, "clip.vision.feed_forward_length", &F);
+  int g4 = is_g4_mmproj(meta);
+  for (int i = 0; i < md_gguf_tensor_count(g); i++) {
     const struct md_gguf_tensor *gt = md_gguf_tensor_at(g, i);
     char name[512], tb[32];
     hf_name(gt, D, F, g4, name, sizeof(name));
@@ -348,8 +352,75 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
     if (g4) g4_shape(gt, &t);
     t.data = gt->data;
     t.nbytes = gt->nbytes;
-    if (md_st_add(st, &t)) rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    if (md_st_add(st, &t)) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   }
+  return 0;
+}
+
+static const char *base_name(const char *path) {
+  const char *b = strrchr(path, '/');
+  return b ? b + 1 : path;
+}
+
+/* Opens parts 1 .. count - 1 of the model whose first part (path) is s->g[0],
+ * each checked to be the part its name says, and adds their tensors; then
+ * checks the first part's split.tensors.count against them all. */
+static int add_parts(struct md_st *st, struct gguf_parts *s, const char *path, int count, char *err,
+                     size_t errlen) {
+  int rc = 0;
+  char p[4200], why[512];
+  for (int i = 1; i < count && !rc; i++) {
+    if (md_gguf_split_path(path, i, count, p, sizeof(p)))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "%s is part 1 of %d of a split model, but its name does not end in "
+                     "-00001-of-%05d.gguf, so its other parts cannot be found",
+                     path, count, count);
+    if ((rc = md_gguf_open(p, &s->g[i], why, sizeof(why))))
+      return cm_fail(err, errlen, rc, "part %d of %d of %s: %s", i + 1, count, path, why);
+    s->n++;
+    int no, n;
+    if ((rc = md_gguf_split(s->g[i], &no, &n, err, errlen))) return rc;
+    if (no != i || n != count)
+      return cm_fail(err, errlen, CM_ERR_PARSE,
+                     "%s: its split.no and split.count say part %d of %d, its name part %d of %d",
+                     p, no + 1, n, i + 1, count);
+    if (md_st_add_file(st, base_name(p)))
+      return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+    rc = add_part(st, s->g[i], s->g[0], err, errlen);
+  }
+  int64_t want;
+  if (!rc && !md_gguf_get_int(s->g[0], "split.tensors.count", &want) && want != md_st_count(st))
+    rc = cm_fail(err, errlen, CM_ERR_PARSE,
+                 "%s: split.tensors.count says %lld tensors, its %d parts hold %d", path,
+                 (long long)want, count, md_st_count(st));
+  return rc;
+}
+
+int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errlen) {
+  struct md_gguf *g = NULL;
+  *out = NULL;
+  int rc = md_gguf_open(path, &g, err, errlen);
+  if (rc) return rc;
+  int no = 0, count = 1;
+  if ((rc = md_gguf_split(g, &no, &count, err, errlen)) || no) {
+    if (!rc)
+      rc =
+          cm_fail(err, errlen, CM_ERR_INVAL,
+                  "%s is part %d of %d of a split model: name its first part (-00001-of-%05d.gguf)",
+                  path, no + 1, count, count);
+    md_gguf_close(g);
+    return rc;
+  }
+  struct gguf_parts *s = calloc(1, sizeof(*s) + sizeof(s->g[0]) * (size_t)count);
+  struct md_st *st = NULL;
+  if (!s || md_st_new(base_name(path), close_parts, s, &st)) {
+    free(s);
+    md_gguf_close(g);
+    return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  }
+  s->g[s->n++] = g;
+  rc = add_part(st, g, g, err, errlen);
+  if (!rc && count > 1) rc = add_parts(st, s, path, count, err, errlen);
   if (!rc) rc = md_st_seal(st, err, errlen);
   if (rc) {
     md_st_close(st);

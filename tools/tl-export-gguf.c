@@ -75,6 +75,7 @@
  * KV-shared layers whose last storing layers are not a
  * sliding then a full one (llama.cpp's gemma4 reads those two, whatever the
  * checkpoint says). */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -96,7 +97,7 @@
 
 #define GG_ALIGN 32
 /* GGUF value types and ggml tensor types (gguf.h, ggml.h) */
-enum { GG_U32 = 4, GG_I32 = 5, GG_F32 = 6, GG_BOOL = 7, GG_STR = 8, GG_ARR = 9 };
+enum { GG_U16 = 2, GG_U32 = 4, GG_I32 = 5, GG_F32 = 6, GG_BOOL = 7, GG_STR = 8, GG_ARR = 9 };
 /* llama.cpp's token types (llama.h's llama_token_type) */
 enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER = 4, TT_BYTE = 6 };
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
@@ -741,15 +742,35 @@ static void write_kv(struct gg_out *o, const struct md_config *c, const struct g
   if (tmpl) kv_str(o, "tokenizer.chat_template", tmpl);
 }
 
-/* The fixed header, the pairs kv_n of them in kv, the tensor infos. */
-static void write_header(struct gg_out *o, const struct gg_plan *p, const char *kv, size_t kv_len,
-                         int kv_n) {
+/* A part of a file's tensors, [i0, i1) of the plan's: with count > 1, part
+ * no (from 0) of a model split in count files, as llama.cpp's gguf-split
+ * writes them (the metadata in the first; split.no, split.count and
+ * split.tensors.count in each). */
+struct gg_part {
+  int i0, i1, no, count;
+};
+
+/* The fixed header, the pairs kv_n of them in kv (the first part's) and the
+ * split's keys, the part's tensor infos. */
+static void write_header(struct gg_out *o, const struct gg_plan *p, const struct gg_part *pt,
+                         const char *kv, size_t kv_len, int kv_n) {
+  const int split = pt->count > 1;
+  if (pt->no) kv_len = 0, kv_n = 0;
   put(o, "GGUF", 4);
   put_u32(o, 3);
-  put_u64(o, (uint64_t)p->n);
-  put_u64(o, (uint64_t)kv_n);
+  put_u64(o, (uint64_t)(pt->i1 - pt->i0));
+  put_u64(o, (uint64_t)kv_n + (split ? 3 : 0));
   put(o, kv, kv_len);
-  for (int i = 0; i < p->n; i++) {
+  if (split) {
+    const uint16_t no = (uint16_t)pt->no, count = (uint16_t)pt->count;
+    kv_key(o, "split.no", GG_U16);
+    put(o, &no, 2);
+    kv_key(o, "split.count", GG_U16);
+    put(o, &count, 2);
+    kv_key(o, "split.tensors.count", GG_I32);
+    put(o, &(int32_t){p->n}, 4);
+  }
+  for (int i = pt->i0; i < pt->i1; i++) {
     const struct gg_tensor *t = &p->t[i];
     put_str(o, t->name);
     put_u32(o, (uint32_t)t->nd);
@@ -821,25 +842,25 @@ static void write_data(struct gg_out *o, const struct gg_tensor *t) {
   }
 }
 
-/* Writes the file out: the header (kv_n pairs in kv), then p's tensors, each
- * aligned; written beside out and renamed, so a failed run leaves no half
- * file. *bytes: the file's size. */
-static int write_file(const char *out, struct gg_plan *p, const char *kv, size_t kv_len, int kv_n,
-                      uint64_t *bytes, char *err, size_t errlen) {
+/* Writes part pt of the file to out: the header (kv_n pairs in kv), then its
+ * tensors, each aligned; written beside out and renamed, so a failed run
+ * leaves no half file. *bytes: the file's size. */
+static int write_part(const char *out, struct gg_plan *p, const struct gg_part *pt, const char *kv,
+                      size_t kv_len, int kv_n, uint64_t *bytes, char *err, size_t errlen) {
   uint64_t off = 0;
-  for (int i = 0; i < p->n; i++) {
+  for (int i = pt->i0; i < pt->i1; i++) {
     p->t[i].off = off;
     off += (p->t[i].bytes + GG_ALIGN - 1) / GG_ALIGN * GG_ALIGN;
   }
-  char tmp[4200];
+  char tmp[4300];
   snprintf(tmp, sizeof(tmp), "%s.tmp%ld", out, (long)getpid());
   FILE *f = fopen(tmp, "wb");
   if (!f) return cm_fail(err, errlen, CM_ERR_IO, "%s: cannot create", tmp);
   struct gg_out o = {f, 0, 0};
-  write_header(&o, p, kv, kv_len, kv_n);
+  write_header(&o, p, pt, kv, kv_len, kv_n);
   uint64_t pos = (uint64_t)ftell(f);
   pad_to(&o, &pos, GG_ALIGN);
-  for (int i = 0; i < p->n && !o.failed; i++) {
+  for (int i = pt->i0; i < pt->i1 && !o.failed; i++) {
     write_data(&o, &p->t[i]);
     pos += p->t[i].bytes;
     pad_to(&o, &pos, GG_ALIGN);
@@ -851,6 +872,65 @@ static int write_file(const char *out, struct gg_plan *p, const char *kv, size_t
   }
   *bytes = pos;
   return 0;
+}
+
+/* Where a file's tensors are cut into parts (--split-max-size,
+ * --split-max-tensors; 0: no limit), as llama.cpp's gguf-split cuts: a part
+ * takes the next tensor while it stays within both (a tensor larger than the
+ * size is a part of its own). */
+struct gg_split {
+  uint64_t max_bytes;
+  int max_tensors;
+};
+
+/* Writes p to out, in one file or, where split cuts it in more, in the parts
+ * OUT-00001-of-0000N.gguf .. (out less .gguf); a failure removes the parts
+ * written. *bytes: all the files' size; *n_files: how many. */
+static int write_file(const char *out, struct gg_plan *p, const struct gg_split *split,
+                      const char *kv, size_t kv_len, int kv_n, uint64_t *bytes, int *n_files,
+                      char *err, size_t errlen) {
+  int count = 0, *start = malloc(sizeof(int) * (size_t)(p->n + 1));
+  if (!start) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  uint64_t used = 0;
+  for (int i = 0, n = 0; i < p->n; i++, n++) { /* each part's first tensor */
+    const uint64_t b = (p->t[i].bytes + GG_ALIGN - 1) / GG_ALIGN * GG_ALIGN;
+    if (i == 0 || (split && ((split->max_tensors && n == split->max_tensors) ||
+                             (split->max_bytes && used + b > split->max_bytes)))) {
+      start[count++] = i;
+      n = 0;
+      used = 0;
+    }
+    used += b;
+  }
+  if (!count) start[count++] = 0;
+  start[count] = p->n;
+  size_t ol = strlen(out);
+  int rc = 0;
+  if (count > 1 && (ol < 6 || strcmp(out + ol - 5, ".gguf")))
+    rc = cm_fail(err, errlen, CM_ERR_INVAL, "%s: a split file's name must end in .gguf", out);
+  if (count > MD_GGUF_MAX_SPLITS)
+    rc = cm_fail(err, errlen, CM_ERR_INVAL, "%s: %d parts, more than %d", out, count,
+                 MD_GGUF_MAX_SPLITS);
+  *bytes = 0;
+  *n_files = count;
+  char path[4200];
+  int k = 0;
+  for (; k < count && !rc; k++) {
+    const struct gg_part pt = {start[k], start[k + 1], k, count};
+    if (count > 1)
+      snprintf(path, sizeof(path), "%.*s-%05d-of-%05d.gguf", (int)(ol - 5), out, k + 1, count);
+    else
+      snprintf(path, sizeof(path), "%s", out);
+    uint64_t b = 0;
+    rc = write_part(path, p, &pt, kv, kv_len, kv_n, &b, err, errlen);
+    *bytes += b;
+  }
+  for (int j = 0; rc && count > 1 && j < k - 1; j++) { /* the parts written before */
+    snprintf(path, sizeof(path), "%.*s-%05d-of-%05d.gguf", (int)(ol - 5), out, j + 1, count);
+    unlink(path);
+  }
+  free(start);
+  return rc;
 }
 
 /* ---- the vision tower as llama.cpp's mmproj file ------------------------------
@@ -1313,7 +1393,7 @@ static int export_mmproj(const struct md_config *c, const struct md_st *st, cons
     if (fclose(mf) != 0 || m.failed)
       rc = cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     else
-      rc = write_file(out, &p, kv, kv_len, m.n_kv, &bytes, err, errlen);
+      rc = write_file(out, &p, NULL, kv, kv_len, m.n_kv, &bytes, &(int){0}, err, errlen);
   }
   if (!rc && g4)
     printf("wrote %s: Gemma 4 towers (clip:%s%s), %d tensors, %.1f MB\n", out,
@@ -1328,8 +1408,8 @@ static int export_mmproj(const struct md_config *c, const struct md_st *st, cons
   return rc;
 }
 
-static int export(const char *dir, const char *out, const char *mmproj, int mm_dt, int to_f32,
-                  int qt, char *err, size_t errlen) {
+static int export(const char *dir, const char *out, const struct gg_split *split,
+                  const char *mmproj, int mm_dt, int to_f32, int qt, char *err, size_t errlen) {
   struct md_config *c = calloc(1, sizeof(*c));
   if (!c) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   struct md_st *st = NULL;
@@ -1393,11 +1473,15 @@ static int export(const char *dir, const char *out, const char *mmproj, int mm_d
     if (fclose(mf) != 0) m.failed = 1;
   }
   uint64_t bytes = 0;
+  int n_files = 1;
   rc = m.failed ? cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory")
-                : write_file(out, &p, kv, kv_len, m.n_kv, &bytes, err, errlen);
+                : write_file(out, &p, split, kv, kv_len, m.n_kv, &bytes, &n_files, err, errlen);
   free(kv);
   if (rc) goto done;
-  printf("wrote %s: %s, %d layers, %d tensors%s%s, %.1f MB\n", out, md_arch_name(c->arch),
+  char parts[64] = "";
+  if (n_files > 1)
+    snprintf(parts, sizeof(parts), " in %d parts (-00001-of-%05d.gguf ..)", n_files, n_files);
+  printf("wrote %s%s: %s, %d layers, %d tensors%s%s, %.1f MB\n", out, parts, md_arch_name(c->arch),
          c->n_layers, p.n, qt >= 0 ? ", matrices " : "", qt >= 0 ? qtypes[qt].name : "",
          (double)bytes / 1e6);
   if (mmproj &&
@@ -1411,6 +1495,47 @@ done:
   md_st_close(st);
   free(c);
   return rc;
+}
+
+#define SPLIT_SIZE_HELP                                                                            \
+  "write the file in parts of at most SIZE bytes each (K, M, G: thousands, millions, billions), "  \
+  "named OUT-00001-of-0000N.gguf .., as llama.cpp's gguf-split and converter write them; serve "   \
+  "and generate take the first part"
+#define SPLIT_TENSORS_HELP                                                                         \
+  "write the file in parts of at most N tensors each (see --split-max-size)"
+
+/* --split-max-size and --split-max-tensors (NULL: none) into sp: 0, or -1
+ * with a message. */
+static int split_of(const char *cmd, const char *size, const char *tensors, struct gg_split *sp) {
+  *sp = (struct gg_split){0};
+  if (size) {
+    char *end;
+    errno = 0;
+    double v = strtod(size, &end);
+    double mul = !strcmp(end, "")    ? 1
+                 : !strcmp(end, "K") ? 1e3
+                 : !strcmp(end, "M") ? 1e6
+                 : !strcmp(end, "G") ? 1e9
+                                     : 0;
+    if (end == size || errno || !mul || !(v * mul >= 1) || v * mul > 1e18) {
+      fprintf(stderr, "lmserve %s: --split-max-size is a size such as 500M or 2G, not '%s'\n", cmd,
+              size);
+      return -1;
+    }
+    sp->max_bytes = (uint64_t)(v * mul);
+  }
+  if (tensors) {
+    char *end;
+    errno = 0;
+    long n = strtol(tensors, &end, 10);
+    if (end == tensors || *end || errno || n < 1 || n > INT32_MAX) {
+      fprintf(stderr, "lmserve %s: --split-max-tensors is a count of 1 or more, not '%s'\n", cmd,
+              tensors);
+      return -1;
+    }
+    sp->max_tensors = (int)n;
+  }
+  return 0;
 }
 
 /* qtypes' index of name, or -1. */
@@ -1435,7 +1560,7 @@ static int mm_dtype_of(const char *cmd, const char *v, int def) {
 }
 
 int tl_quantize_main(int argc, char **argv) {
-  const char *pos[3], *mmproj = NULL, *mm_dtype = NULL;
+  const char *pos[3], *mmproj = NULL, *mm_dtype = NULL, *ssize = NULL, *stensors = NULL;
   int n_pos = 0;
   int rc = cm_args_parse(
       "lmserve quantize IN OUT.gguf TYPE",
@@ -1455,6 +1580,8 @@ int tl_quantize_main(int argc, char **argv) {
                                "vision, Gemma 4's vision and audio) as "
                                "llama.cpp's mmproj file"},
                               {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
+                              {"split-max-size", CM_OPT_STR, &ssize, "SIZE", SPLIT_SIZE_HELP},
+                              {"split-max-tensors", CM_OPT_STR, &stensors, "N", SPLIT_TENSORS_HELP},
                               {0}},
       argc, argv, 1, pos, 3, &n_pos);
   if (rc == CM_ARGS_HELP) return 0;
@@ -1469,9 +1596,10 @@ int tl_quantize_main(int argc, char **argv) {
     return 2;
   }
   int mm_dt = mm_dtype_of("quantize", mm_dtype, MM_F16);
-  if (mm_dt < 0) return 2;
+  struct gg_split sp;
+  if (mm_dt < 0 || split_of("quantize", ssize, stensors, &sp)) return 2;
   char err[512];
-  if ((rc = export(pos[0], pos[1], mmproj, mm_dt, 0, qt, err, sizeof(err)))) {
+  if ((rc = export(pos[0], pos[1], &sp, mmproj, mm_dt, 0, qt, err, sizeof(err)))) {
     fprintf(stderr, "lmserve quantize: %s\n", err);
     return 1;
   }
@@ -1479,7 +1607,8 @@ int tl_quantize_main(int argc, char **argv) {
 }
 
 int tl_export_gguf_main(int argc, char **argv) {
-  const char *model = NULL, *out = NULL, *dtype = "same", *mmproj = NULL, *mm_dtype = NULL;
+  const char *model = NULL, *out = NULL, *dtype = "same", *mmproj = NULL, *mm_dtype = NULL,
+             *ssize = NULL, *stensors = NULL;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "DIR", "checkpoint folder (config.json + safetensors)"},
       {"out", CM_OPT_STR, &out, "FILE", "GGUF file to write"},
@@ -1491,6 +1620,8 @@ int tl_export_gguf_main(int argc, char **argv) {
        "llama.cpp's mmproj file (matrices f16, or f32 with --dtype f32, or as --mmproj-dtype "
        "says)"},
       {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
+      {"split-max-size", CM_OPT_STR, &ssize, "SIZE", SPLIT_SIZE_HELP},
+      {"split-max-tensors", CM_OPT_STR, &stensors, "N", SPLIT_TENSORS_HELP},
       {0},
   };
   int rc = tl_args_parse(
@@ -1512,8 +1643,9 @@ int tl_export_gguf_main(int argc, char **argv) {
   }
   char err[512];
   int mm_dt = mm_dtype_of("export-gguf", mm_dtype, !strcmp(dtype, "f32") ? MM_F32 : MM_F16);
-  if (mm_dt < 0) return 2;
-  rc = export(model, out, mmproj, mm_dt, !strcmp(dtype, "f32"), qt, err, sizeof(err));
+  struct gg_split sp;
+  if (mm_dt < 0 || split_of("export-gguf", ssize, stensors, &sp)) return 2;
+  rc = export(model, out, &sp, mmproj, mm_dt, !strcmp(dtype, "f32"), qt, err, sizeof(err));
   if (rc) {
     fprintf(stderr, "lmserve export-gguf: %s\n", err);
     return 1;

@@ -851,6 +851,162 @@ TH_TEST(quantize_takes_a_gguf_input_as_llamacpps_quantizer_does) {
   th_out_free(&o);
 }
 
+/* The number after "wrote ...: ..., " and before " tensors" in a quantize or
+ * export-gguf report. */
+static int tensors_written(const char *out) {
+  const char *t = strstr(out, " tensors");
+  TH_REQUIRE(t != NULL);
+  while (t > out && t[-1] >= '0' && t[-1] <= '9')
+    t--;
+  return atoi(t);
+}
+
+/* Part k (from 1) of count of the split file named prefix.gguf in the test folder. */
+static void part_path(char *path, const char *prefix, int k, int count) {
+  char name[128];
+  snprintf(name, sizeof(name), "%s-%05d-of-%05d.gguf", prefix, k, count);
+  tmp_path(path, name);
+}
+
+/* Copies file a to b. */
+static void copy_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "wb");
+  TH_REQUIRE(fa && fb);
+  char buf[65536];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), fa)) > 0;)
+    TH_REQUIRE(fwrite(buf, 1, n, fb) == n);
+  fclose(fa);
+  TH_REQUIRE(fclose(fb) == 0);
+}
+
+/* A model split in parts (quantize and export-gguf --split-max-tensors /
+ * --split-max-size, named as llama.cpp's gguf-split names them) loads as the
+ * one file does: the same greedy tokens from its first part or its folder,
+ * llama.cpp's own tokens from the same parts, and quantize reads a split
+ * 16-bit file into the bytes the folder gives. A later part, a missing part,
+ * a part of another split, a first part renamed and a wrong tensor count are
+ * each refused naming the file; bad split flags are usage errors. */
+TH_TEST(split_gguf_files_load_as_one_file) {
+  th_proc_init(600);
+  char model[300], one[300], dir[300], sp[400], p1[400], last[400];
+  tiny_gemma3_with_tokenizer(model, "sp3", "5");
+  tmp_path(one, "sp3-q8_0.gguf");
+  tmp_path(dir, "sp3-parts");
+  TH_REQUIRE(mkdir(dir, 0755) == 0);
+  snprintf(sp, sizeof(sp), "%s/sp.gguf", dir);
+  struct th_out o = {0};
+  TH_REQUIRE(lm(&o, "quantize", model, one, "q8_0") == 0);
+  const int nt = tensors_written(o.out), per = 7, count = (nt + per - 1) / per;
+  TH_REQUIRE(count >= 3);
+  TH_REQUIRE(lm(&o, "quantize", model, sp, "q8_0", "--split-max-tensors", "7") == 0);
+  char said[64];
+  snprintf(said, sizeof(said), "in %d parts", count);
+  TH_CHECK(strstr(o.out, said) != NULL);
+  TH_CHECK(access(sp, F_OK) != 0); /* only the parts */
+  snprintf(p1, sizeof(p1), "%s/sp-00001-of-%05d.gguf", dir, count);
+  snprintf(last, sizeof(last), "%s/sp-%05d-of-%05d.gguf", dir, count, count);
+  TH_REQUIRE(access(p1, F_OK) == 0 && access(last, F_OK) == 0);
+
+  static const char *prompt = "[2,651,1234,99,5000]";
+  int ref[N_GEN], got[N_GEN];
+  lmserve_generate(&o, one, prompt, ref);
+  lmserve_generate(&o, p1, prompt, got);
+  TH_CHECK(!memcmp(ref, got, sizeof(ref)));
+  lmserve_generate(&o, dir, prompt, got); /* the folder of the parts */
+  TH_CHECK(!memcmp(ref, got, sizeof(ref)));
+  /* the vocabulary and template of the first part: text in, text out */
+  TH_CHECK_EQ_INT(lm(&o, "generate", "--model", p1, "--prompt", "hello", "--max-tokens", "2"), 0);
+  char lc[1024];
+  if (!llamacpp_dir(lc)) { /* llama.cpp reads the parts as a split model of its own */
+    int theirs[1][N_GEN];
+    char all[64];
+    snprintf(all, sizeof(all), "[%s]", prompt);
+    llamacpp_generate(lc, p1, all, 1, theirs);
+    int agree = 0;
+    while (agree < N_GEN && theirs[0][agree] == got[agree])
+      agree++;
+    TH_CHECK_EQ_INT(agree, N_GEN);
+  } else {
+    printf("# llama.cpp is not here: the parts checked against lmserve's one file only\n");
+  }
+
+  /* quantize reads a split 16-bit file as it reads the folder */
+  char sp16[400], from_parts[300], from_dir[300], p16[400];
+  snprintf(sp16, sizeof(sp16), "%s/bf.gguf", dir);
+  tmp_path(from_parts, "sp3-from-parts.gguf");
+  tmp_path(from_dir, "sp3-from-dir.gguf");
+  TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", sp16, "--split-max-size", "20K") ==
+             0);
+  const char *in = strstr(o.out, " in ");
+  TH_REQUIRE(in != NULL);
+  const int n16 = atoi(in + 4);
+  TH_REQUIRE(n16 >= 2);
+  snprintf(p16, sizeof(p16), "%s/bf-00001-of-%05d.gguf", dir, n16);
+  TH_REQUIRE(lm(&o, "quantize", p16, from_parts, "q4_0") == 0);
+  TH_REQUIRE(lm(&o, "quantize", model, from_dir, "q4_0") == 0);
+  TH_CHECK_EQ_INT(first_difference(from_parts, from_dir), -1);
+
+  /* a later part is not a model */
+  char p2[400];
+  snprintf(p2, sizeof(p2), "%s/sp-00002-of-%05d.gguf", dir, count);
+  TH_CHECK(lm(&o, "generate", "--model", p2, "--prompt-ids", prompt) != 0);
+  TH_CHECK(strstr(o.err, "later part of a split model") != NULL);
+  /* the first part under another name: its other parts cannot be found */
+  char renamed[300];
+  tmp_path(renamed, "sp3-renamed.gguf");
+  copy_file(p1, renamed);
+  TH_CHECK(lm(&o, "generate", "--model", renamed, "--prompt-ids", prompt) != 0);
+  TH_CHECK(strstr(o.err, "cannot be found") != NULL);
+  /* a part missing */
+  char moved[420];
+  snprintf(moved, sizeof(moved), "%s.away", last);
+  TH_REQUIRE(rename(last, moved) == 0);
+  TH_CHECK(lm(&o, "generate", "--model", p1, "--prompt-ids", prompt) != 0);
+  snprintf(said, sizeof(said), "part %d of %d", count, count);
+  TH_CHECK(strstr(o.err, said) != NULL);
+  /* a part of another split in its place */
+  char other[300], op[300];
+  tmp_path(other, "other.gguf");
+  TH_REQUIRE(lm(&o, "quantize", model, other, "q8_0", "--split-max-tensors", "2") == 0);
+  const int oc = (nt + 1) / 2;
+  part_path(op, "other", count, oc);
+  copy_file(op, last);
+  TH_CHECK(lm(&o, "generate", "--model", p1, "--prompt-ids", prompt) != 0);
+  TH_CHECK(strstr(o.err, "split.no and split.count say") != NULL);
+  TH_REQUIRE(rename(moved, last) == 0);
+  /* the first part's count of all tensors one too many */
+  FILE *f = fopen(p1, "r+b");
+  TH_REQUIRE(f != NULL);
+  struct stat fs;
+  TH_REQUIRE(stat(p1, &fs) == 0);
+  char *head = malloc((size_t)fs.st_size);
+  TH_REQUIRE(head != NULL);
+  size_t hn = fread(head, 1, (size_t)fs.st_size, f);
+  const char *key = memmem(head, hn, "split.tensors.count", 19);
+  TH_REQUIRE(key != NULL);
+  long at = (long)(key - head) + 19 + 4; /* past the key and its type */
+  int32_t v;
+  memcpy(&v, head + at, 4);
+  TH_CHECK_EQ_INT(v, nt);
+  v++;
+  free(head);
+  TH_REQUIRE(fseek(f, at, SEEK_SET) == 0 && fwrite(&v, 4, 1, f) == 1 && fclose(f) == 0);
+  TH_CHECK(lm(&o, "generate", "--model", p1, "--prompt-ids", prompt) != 0);
+  TH_CHECK(strstr(o.err, "split.tensors.count") != NULL);
+
+  /* usage errors */
+  TH_CHECK_EQ_INT(lm(&o, "quantize", model, sp, "q8_0", "--split-max-size", "2X"), 2);
+  TH_CHECK(strstr(o.err, "--split-max-size") != NULL);
+  TH_CHECK_EQ_INT(lm(&o, "quantize", model, sp, "q8_0", "--split-max-tensors", "0"), 2);
+  TH_CHECK(strstr(o.err, "--split-max-tensors") != NULL);
+  char noext[300];
+  tmp_path(noext, "sp3-noext");
+  TH_CHECK_EQ_INT(
+      lm(&o, "export-gguf", "--model", model, "--out", noext, "--split-max-tensors", "7"), 1);
+  TH_CHECK(strstr(o.err, "must end in .gguf") != NULL);
+  th_out_free(&o);
+}
+
 TH_TEST(export_gguf_refuses_bad_input_clearly) {
   th_proc_init(300);
   char g4[300], out[300], nodir[300];

@@ -6,7 +6,8 @@
  * rows that are not whole blocks; unknown tensor types listed without data;
  * a file's pages let go of by its tensor directory (md_st_drop_pages, and a
  * range's with md_st_drop_range), so a worker that copied the weights does
- * not also hold the mapping. */
+ * not also hold the mapping; the split keys of a model in parts and the
+ * parts' names. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,4 +311,74 @@ TH_TEST(gguf_directory_lets_go_of_the_file_pages) {
   unlink(path);
   free(b.p);
   (void)sink;
+}
+
+/* A file whose only metadata is the split keys given (-1: absent; type: the
+ * values' metadata type). */
+static struct th_buf split_file(int64_t no, int64_t count, uint32_t type) {
+  struct th_buf b = {0};
+  th_buf_put(&b, "GGUF", 4);
+  th_buf_u32(&b, 3);
+  th_buf_u64(&b, 0);
+  th_buf_u64(&b, (uint64_t)(no >= 0) + (uint64_t)(count >= 0));
+  const char *keys[2] = {"split.no", "split.count"};
+  const int64_t vals[2] = {no, count};
+  for (int k = 0; k < 2; k++) {
+    if (vals[k] < 0) continue;
+    th_buf_str(&b, keys[k]);
+    th_buf_u32(&b, type);
+    if (type == MD_GGUF_U16) {
+      uint16_t v = (uint16_t)vals[k];
+      th_buf_put(&b, &v, 2);
+    } else if (type == MD_GGUF_STRING) {
+      th_buf_str(&b, "1");
+    } else {
+      th_buf_u32(&b, (uint32_t)vals[k]);
+    }
+  }
+  return b;
+}
+
+/* split.no / split.count as llama.cpp's gguf-split writes them (u16), or
+ * absent (a file not split), and the parts' names from the first's. */
+TH_TEST(gguf_split_keys_and_part_names) {
+  static const struct {
+    int64_t no, count;
+    uint32_t type;
+    int rc, want_no, want_count;
+  } cases[] = {
+      {-1, -1, MD_GGUF_U16, 0, 0, 1},
+      {0, 3, MD_GGUF_U16, 0, 0, 3},
+      {2, 3, MD_GGUF_U16, 0, 2, 3},
+      {2, 3, MD_GGUF_I32, 0, 2, 3},
+      {3, 3, MD_GGUF_U16, CM_ERR_PARSE, 0, 0},
+      {0, 0, MD_GGUF_U16, CM_ERR_PARSE, 0, 0},
+      {0, 100000, MD_GGUF_U32, CM_ERR_PARSE, 0, 0},
+      {0, 2, MD_GGUF_STRING, CM_ERR_PARSE, 0, 0},
+      {1, -1, MD_GGUF_U16, CM_ERR_PARSE, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct th_buf b = split_file(cases[i].no, cases[i].count, cases[i].type);
+    struct md_gguf *g = NULL;
+    char err[256] = "";
+    TH_REQUIRE(md_gguf_open_mem(b.p, b.n, "s.gguf", &g, err, sizeof(err)) == 0);
+    int no = -7, count = -7;
+    TH_CHECK_EQ_INT(md_gguf_split(g, &no, &count, err, sizeof(err)), cases[i].rc);
+    if (!cases[i].rc) {
+      TH_CHECK_EQ_INT(no, cases[i].want_no);
+      TH_CHECK_EQ_INT(count, cases[i].want_count);
+    } else {
+      TH_CHECK(strstr(err, "s.gguf: split.no") != NULL);
+    }
+    md_gguf_close(g);
+    free(b.p);
+  }
+  char p[64];
+  TH_CHECK_EQ_INT(md_gguf_split_path("d/m-00001-of-00003.gguf", 2, 3, p, sizeof(p)), 0);
+  TH_CHECK(!strcmp(p, "d/m-00003-of-00003.gguf"));
+  TH_CHECK_EQ_INT(md_gguf_split_path("m-00001-of-00004.gguf", 1, 3, p, sizeof(p)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_gguf_split_path("m-00002-of-00003.gguf", 1, 3, p, sizeof(p)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_gguf_split_path("m.gguf", 1, 3, p, sizeof(p)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_gguf_split_path("-00001-of-00003.gguf", 1, 3, p, sizeof(p)), CM_ERR_INVAL);
+  TH_CHECK_EQ_INT(md_gguf_split_path("a-00001-of-00003.gguf", 1, 3, p, 8), CM_ERR_INVAL);
 }
