@@ -425,6 +425,20 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
  * (null, false, "", [] or {}) asks for nothing and passes. (logit_bias and
  * allowed_token_ids are parsed and refused by the serving path, after their
  * ids were checked against the vocabulary.) */
+/* add_generation_prompt, and continue_final_message (vLLM's): the last
+ * message left open for the model to continue, never with a generation
+ * prompt after it. */
+static int parse_generation_prompt(struct pctx *p, json_t *body) {
+  struct fe_api_request *r = p->r;
+  int rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt);
+  if (!rc) rc = get_bool(p, body, "continue_final_message", &r->continue_final_message);
+  if (!rc && r->continue_final_message && r->add_generation_prompt)
+    return fail(p, 400, "continue_final_message",
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true (set "
+                "'add_generation_prompt' to false to continue the last message)");
+  return rc;
+}
+
 static int reject_unsupported(struct pctx *p, json_t *body) {
   static const char *const keys[] = {"suffix",
                                      "functions",
@@ -433,7 +447,6 @@ static int reject_unsupported(struct pctx *p, json_t *body) {
                                      "use_beam_search",
                                      "bad_words",
                                      "truncate_prompt_tokens",
-                                     "continue_final_message",
                                      "chat_template",
                                      "return_tokens_as_token_ids"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -1414,7 +1427,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     if ((rc = parse_tools(p, body))) return rc;
     if ((rc = parse_messages(p, body))) return rc;
     if ((rc = parse_mm_kwargs(p, body))) return rc;
-    if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
+    if ((rc = parse_generation_prompt(p, body))) return rc;
     break;
   case FE_API_TOKENIZE:
     if (json_object_get(body, "messages")) {
@@ -1423,7 +1436,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
       if ((rc = parse_tools(p, body))) return rc; /* the prompt the tools make, as vLLM's */
       if ((rc = parse_messages(p, body))) return rc;
       if ((rc = parse_mm_kwargs(p, body))) return rc;
-      if ((rc = get_bool(p, body, "add_generation_prompt", &r->add_generation_prompt))) return rc;
+      if ((rc = parse_generation_prompt(p, body))) return rc;
     } else {
       json_t *pr = json_object_get(body, "prompt");
       if (!json_is_string(pr))

@@ -113,6 +113,8 @@ struct fe_api_request {
   int continuous_usage; /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */
   int ignore_eos;
   int add_generation_prompt;      /* chat / tokenize with messages; default 1 */
+  int continue_final_message;     /* the same (vLLM): the rendered chat cut after the last
+                                     message's text, which the model then continues */
   int add_special_tokens;         /* tokenize; default 1 (completions), 0 (chat) */
   int skip_special_tokens;        /* detokenization drops special tokens; default 1 */
   int include_stop_str_in_output; /* keep the matched stop string; default 0 */

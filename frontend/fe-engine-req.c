@@ -87,6 +87,42 @@ static json_t *parts_json(const struct fe_api_message *m) {
   return a;
 }
 
+static int is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* continue_final_message: the rendered chat text[*len] cut after the last
+ * message's text (its last text part), found as transformers finds it: the
+ * last occurrence of that text stripped of surrounding white space, kept with
+ * its trailing white space where the template kept it. CM_ERR_INVAL with
+ * errbuf when the message has no text or the template did not write it. */
+static int cut_after_final(const struct fe_api_request *req, const char *text, size_t *len,
+                           char *errbuf, size_t errlen) {
+  const struct fe_api_message *m = &req->messages[req->n_messages - 1];
+  const char *s = m->parts ? NULL : m->content;
+  size_t n = m->parts ? 0 : m->content_len;
+  for (size_t k = m->n_parts; m->parts && k-- > 0 && !s;)
+    if (!m->parts[k].is_image && !m->parts[k].is_audio)
+      s = m->parts[k].text, n = m->parts[k].text_len;
+  while (s && n && is_space(*s)) /* s[n]: lstrip(content) */
+    s++, n--;
+  size_t core = n; /* strip(content) */
+  while (core && is_space(s[core - 1]))
+    core--;
+  if (!s || !core) {
+    snprintf(errbuf, errlen, "continue_final_message: the last message has no text to continue");
+    return CM_ERR_INVAL;
+  }
+  for (size_t at = *len >= core ? *len - core + 1 : 0; at-- > 0;)
+    if (!memcmp(text + at, s, core)) {
+      *len = at + (at + n <= *len && !memcmp(text + at, s, n) ? n : core);
+      return 0;
+    }
+  snprintf(errbuf, errlen,
+           "continue_final_message: the chat template does not write the last message's text");
+  return CM_ERR_INVAL;
+}
+
 /* Renders the chat template over the request's messages into a malloc'd
  * string. CM_ERR_INVAL with errbuf for a template that refuses them. */
 static int render_chat(const struct tk_chat *chat, const struct fe_api_request *req, char **text,
@@ -125,7 +161,7 @@ static int render_chat(const struct tk_chat *chat, const struct fe_api_request *
   int rc = tk_chat_render(chat, msgs, req->add_generation_prompt, extra, text, len, errbuf, errlen);
   json_decref(extra);
   json_decref(msgs);
-  return rc;
+  return rc || !req->continue_final_message ? rc : cut_after_final(req, *text, len, errbuf, errlen);
 }
 
 /* Tokenizes prompt `pi` of the job's request (chat: the rendered messages)

@@ -15,7 +15,9 @@
  *   - --chat-template (vLLM's flag): a template file in place of the model's,
  *     for chat completions and /tokenize's messages alike; a value that is
  *     neither a file nor a template, or a template that does not parse, stops
- *     serve at once with the reason. */
+ *     serve at once with the reason;
+ *   - continue_final_message (vLLM's): the rendered chat ends with the last
+ *     message's text; with add_generation_prompt, or with no text, a 400. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -399,6 +401,43 @@ TH_TEST(api_chat_template_flag) {
   json_t *j = as_json(&r);
   TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"), want);
   json_decref(j);
+  as_resp_free(&r);
+  /* continue_final_message (vLLM's): the rendered text cut after the last message's
+     text, its trailing space kept where the template writes it */
+  const char *cont = "[{\"role\":\"user\",\"content\":\"hello there\"},"
+                     "{\"role\":\"assistant\",\"content\":\"The answer is \"}]";
+  snprintf(body, sizeof(body),
+           "{\"messages\":%s,\"continue_final_message\":true,\"add_generation_prompt\":false}",
+           cont);
+  TH_REQUIRE(as_post(&s2, "/tokenize", body, &r) == 200);
+  chat = as_json(&r);
+  as_resp_free(&r);
+  TH_REQUIRE(as_post(&s2, "/tokenize", "{\"prompt\":\"Q: hello there The answer is \"}", &r) == 200);
+  text = as_json(&r);
+  as_resp_free(&r);
+  TH_CHECK(json_equal(json_object_get(chat, "tokens"), json_object_get(text, "tokens")));
+  want = (long long)json_array_size(json_object_get(text, "tokens"));
+  json_decref(chat);
+  json_decref(text);
+  snprintf(body, sizeof(body),
+           "{\"messages\":%s,\"continue_final_message\":true,\"add_generation_prompt\":false,"
+           "\"max_tokens\":1,\"temperature\":0}",
+           cont);
+  TH_REQUIRE(as_post(&s2, "/v1/chat/completions", body, &r) == 200);
+  j = as_json(&r);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"), want);
+  json_decref(j);
+  as_resp_free(&r);
+  snprintf(body, sizeof(body), "{\"messages\":%s,\"continue_final_message\":true}", cont);
+  TH_CHECK_EQ_INT(as_post(&s2, "/v1/chat/completions", body, &r), 400);
+  as_check_error(&r, 400, "continue_final_message");
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(as_post(&s2, "/tokenize",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\" \"}],"
+                          "\"continue_final_message\":true,\"add_generation_prompt\":false}",
+                          &r),
+                  400);
+  TH_CHECK(strstr(r.body, "no text to continue") != NULL);
   as_resp_free(&r);
   as_stop(&s2);
 

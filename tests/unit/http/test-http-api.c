@@ -151,6 +151,8 @@ static const struct bad_case bad[] = {
     {H, "{\"messages\":[]}", 400, "messages"},
     {H, "{\"messages\":{}}", 400, "messages"},
     {H, CHAT_A "\"continue_final_message\":true}", 400, "continue_final_message"},
+    {H, CHAT_A "\"continue_final_message\":1,\"add_generation_prompt\":false}", 400,
+     "continue_final_message"},
     {H, CHAT_A "\"chat_template\":\"{{ messages }}\"}", 400, "chat_template"},
     {H, CHAT_A "\"documents\":\"d\"}", 400, "documents"},
     {H, CHAT_A "\"documents\":[{\"text\":\"d\"},1]}", 400, "documents[1]"},
