@@ -425,6 +425,25 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
  * (null, false, "", [] or {}) asks for nothing and passes. (logit_bias and
  * allowed_token_ids are parsed and refused by the serving path, after their
  * ids were checked against the vocabulary.) */
+/* truncate_prompt_tokens (vLLM's): -1, or a count of 1 and more within
+ * max_model_len (where known). */
+static int parse_truncation(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
+  int64_t k = 0;
+  int present = 0, rc = get_int(p, body, "truncate_prompt_tokens", -1, INT32_MAX, &k, &present);
+  if (rc || !present) return rc;
+  if (k == 0)
+    return fail(
+        p, 400, "truncate_prompt_tokens",
+        "'truncate_prompt_tokens' must be -1 (the last max_model_len tokens) or at least 1");
+  if (cfg->max_model_len > 0 && k > cfg->max_model_len)
+    return fail(p, 400, "truncate_prompt_tokens",
+                "'truncate_prompt_tokens' (%" PRId64 ") is greater than max_model_len (%" PRId64
+                "): choose a smaller truncation",
+                k, (int64_t)cfg->max_model_len);
+  p->r->truncate_prompt_tokens = (int32_t)k;
+  return 0;
+}
+
 /* add_generation_prompt, and continue_final_message (vLLM's): the last
  * message left open for the model to continue, never with a generation
  * prompt after it. */
@@ -440,15 +459,9 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 }
 
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {"suffix",
-                                     "functions",
-                                     "function_call",
-                                     "prompt_logprobs",
-                                     "use_beam_search",
-                                     "bad_words",
-                                     "truncate_prompt_tokens",
-                                     "chat_template",
-                                     "return_tokens_as_token_ids"};
+  static const char *const keys[] = {
+      "suffix",          "functions", "function_call", "prompt_logprobs",
+      "use_beam_search", "bad_words", "chat_template", "return_tokens_as_token_ids"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !json_is_false(v) &&
@@ -1458,8 +1471,10 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   if ((rc = stop_after_calls(p))) return rc;
   if ((rc = constrain_after_thought(p))) return rc;
   if ((rc = parse_output(p, body))) return rc;
-  /* token-id prompts have known lengths: check them now */
-  for (size_t i = 0; cfg->max_model_len > 0 && i < r->n_prompts; i++) {
+  if ((rc = parse_truncation(p, body, cfg))) return rc;
+  /* token-id prompts have known lengths: check them now (truncated ones once cut) */
+  for (size_t i = 0; cfg->max_model_len > 0 && !r->truncate_prompt_tokens && i < r->n_prompts;
+       i++) {
     if (!r->prompts[i].ids) continue;
     int64_t mt;
     if ((rc = fe_api_check_prompt_len(r, (int64_t)r->prompts[i].n_ids, cfg->max_model_len, &mt,

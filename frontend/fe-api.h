@@ -115,6 +115,8 @@ struct fe_api_request {
   int add_generation_prompt;      /* chat / tokenize with messages; default 1 */
   int continue_final_message;     /* the same (vLLM): the rendered chat cut after the last
                                      message's text, which the model then continues */
+  int32_t truncate_prompt_tokens; /* vLLM's: each prompt's last k tokens only (-1: the last
+                                     max_model_len); 0: off */
   int add_special_tokens;         /* tokenize; default 1 (completions), 0 (chat) */
   int skip_special_tokens;        /* detokenization drops special tokens; default 1 */
   int include_stop_str_in_output; /* keep the matched stop string; default 0 */

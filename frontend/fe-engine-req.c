@@ -556,6 +556,16 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
                  j->param[0] ? j->param : req->kind == FE_API_CHAT ? "messages" : "prompt");
     return;
   }
+  /* truncate_prompt_tokens: each prompt's last k tokens */
+  int64_t keep = req->truncate_prompt_tokens < 0 ? fe_engine_max_model_len(e)
+                                                 : req->truncate_prompt_tokens,
+          cut = 0;
+  for (size_t pi = 0; keep > 0 && pi < j->n_prompts; pi++)
+    if ((int64_t)j->n_ids[pi] > keep) {
+      cut += (int64_t)j->n_ids[pi] - keep;
+      memmove(j->ids[pi], j->ids[pi] + j->n_ids[pi] - (size_t)keep, sizeof(int32_t) * (size_t)keep);
+      j->n_ids[pi] = (size_t)keep;
+    }
   struct pr_image *images = NULL;
   if (req->n_images) { /* where each image's and clip's tokens landed */
     char why[256];
@@ -570,10 +580,17 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     }
     if (!nt || fe_mm_find_runs(&e->mm, j->ids[0], j->n_ids[0], images, req->n_images, nt, why,
                                sizeof(why))) {
-      if (!nt) snprintf(why, sizeof(why), "out of memory");
+      const int oom = !nt;
+      if (oom) snprintf(why, sizeof(why), "out of memory");
       free(nt);
       free(images);
-      answer_error(e, c, 400, why, "messages");
+      if (cut && !oom)
+        answer_error(e, c, 400,
+                     "truncate_prompt_tokens cuts into the request's images or audio: keep more "
+                     "tokens",
+                     "truncate_prompt_tokens");
+      else
+        answer_error(e, c, 400, why, "messages");
       return;
     }
     free(nt);

@@ -17,7 +17,8 @@
  *     neither a file nor a template, or a template that does not parse, stops
  *     serve at once with the reason;
  *   - continue_final_message (vLLM's): the rendered chat ends with the last
- *     message's text; with add_generation_prompt, or with no text, a 400. */
+ *     message's text; with add_generation_prompt, or with no text, a 400;
+ *   - truncate_prompt_tokens (vLLM's): each prompt's last k tokens. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -149,6 +150,61 @@ TH_TEST(api_numbers_out_of_range) {
                   200);
   as_resp_free(&r);
   TH_CHECK(as_metric(server(), "lmserve:http_server_errors_total") == g_5xx);
+}
+
+/* The completion's text and usage.prompt_tokens for body at /v1/completions (or
+ * chat, with messages) into text[512]. */
+static long long complete(const char *body, char *text) {
+  struct as_resp r;
+  const char *path = strstr(body, "\"messages\"") ? "/v1/chat/completions" : "/v1/completions";
+  if (as_post(server(), path, body, &r) != 200)
+    th_fail(__FILE__, __LINE__, "%.200s: %d %.300s", body, r.status, r.body);
+  json_t *j = as_json(&r);
+  const char *t = as_jstr(j, "choices", 0, "text");
+  snprintf(text, 512, "%s", t ? t : "");
+  long long n = as_jint(j, "usage", "prompt_tokens");
+  json_decref(j);
+  as_resp_free(&r);
+  return n;
+}
+
+/* truncate_prompt_tokens (vLLM's): each prompt's last k tokens, as if sent so; -1
+ * the last max_model_len; a prompt past the context then fits. Out of range, 400s. */
+TH_TEST(api_truncate_prompt_tokens) {
+  char a[512], b[512];
+  TH_CHECK_EQ_INT(complete("{\"prompt\":[2,10,11,12,13,14],\"truncate_prompt_tokens\":3,"
+                           "\"max_tokens\":4,\"temperature\":0}",
+                           a),
+                  3);
+  TH_CHECK_EQ_INT(complete("{\"prompt\":[12,13,14],\"max_tokens\":4,\"temperature\":0}", b), 3);
+  TH_CHECK(!strcmp(a, b));
+  /* two prompts, each cut */
+  TH_CHECK_EQ_INT(complete("{\"prompt\":[[2,10,11,12],[2,20,21,22,23]],"
+                           "\"truncate_prompt_tokens\":2,\"max_tokens\":1}",
+                           a),
+                  4);
+  /* a short prompt is left as it is */
+  TH_CHECK_EQ_INT(
+      complete("{\"prompt\":[2,10,11],\"truncate_prompt_tokens\":-1,\"max_tokens\":1}", a), 3);
+  TH_CHECK_EQ_INT(complete("{\"messages\":[{\"role\":\"user\",\"content\":\"one two three four "
+                           "five six\"}],\"truncate_prompt_tokens\":4,\"max_tokens\":1}",
+                           a),
+                  4);
+  /* 600 tokens: past the 512 of the context, unless cut */
+  char *big = malloc(8192);
+  TH_REQUIRE(big != NULL);
+  size_t n = (size_t)snprintf(big, 8192, "{\"prompt\":[2");
+  for (int i = 1; i < 600; i++)
+    n += (size_t)snprintf(big + n, 8192 - n, ",%d", 100 + i % 50);
+  snprintf(big + n, 8192 - n, "],\"max_tokens\":1,\"truncate_prompt_tokens\":500}");
+  TH_CHECK_EQ_INT(complete(big, a), 500);
+  snprintf(big + n, 8192 - n, "],\"max_tokens\":1}");
+  check_400("/v1/completions", big, "prompt", NULL, __LINE__);
+  free(big);
+  check_400("/v1/completions", "{\"prompt\":[2,10],\"truncate_prompt_tokens\":513}",
+            "truncate_prompt_tokens", "max_model_len", __LINE__);
+  check_400("/v1/completions", "{\"prompt\":[2,10],\"truncate_prompt_tokens\":0}",
+            "truncate_prompt_tokens", NULL, __LINE__);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */

@@ -311,6 +311,22 @@ TH_TEST(images_through_the_api) {
     char *three = chat_body("Three:", (const char *[]){u0, u1, u2}, 3, NULL);
     refused(&b, three, PART(3), "limit-mm-per-prompt");
     free(three);
+    /* truncate_prompt_tokens: a cut before the image serves; one into it is a 400 */
+    {
+      char *one_img = chat_body("Look:", (const char *[]){u0}, 1, "What is in it?");
+      char t[512], *cut = malloc(strlen(one_img) + 64);
+      int n_all = 0, n_cut = 0;
+      TH_REQUIRE(cut != NULL);
+      chat(&b, one_img, t, sizeof(t), &n_all);
+      snprintf(cut, strlen(one_img) + 64, "{\"truncate_prompt_tokens\":%d,%s", n_all - 2,
+               one_img + 1);
+      chat(&b, cut, t, sizeof(t), &n_cut);
+      TH_CHECK_EQ_INT(n_cut, n_all - 2);
+      snprintf(cut, strlen(one_img) + 64, "{\"truncate_prompt_tokens\":12,%s", one_img + 1);
+      refused(&b, cut, "truncate_prompt_tokens", "images");
+      free(cut);
+      free(one_img);
+    }
     refused(&b,
             "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
             "\"image_url\":{\"detail\":\"low\"}}]}]}",
