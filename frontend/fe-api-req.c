@@ -459,9 +459,9 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 }
 
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {
-      "suffix",          "functions", "function_call", "prompt_logprobs",
-      "use_beam_search", "bad_words", "chat_template", "return_tokens_as_token_ids"};
+  static const char *const keys[] = {"suffix",          "functions",       "function_call",
+                                     "prompt_logprobs", "use_beam_search", "bad_words",
+                                     "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !json_is_false(v) &&
@@ -703,6 +703,7 @@ static int parse_output(struct pctx *p, json_t *body) {
       return fail(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
     r->logprobs = want ? (int)top : -1;
   }
+  if ((rc = get_bool(p, body, "return_tokens_as_token_ids", &r->tokens_as_ids))) return rc;
   if ((rc = get_bool(p, body, "stream", &r->stream))) return rc;
   json_t *so = json_object_get(body, "stream_options");
   if (so && !json_is_null(so)) {

@@ -108,6 +108,7 @@ struct fe_api_request {
   size_t n_allowed_token_ids;
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
+  int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */
   int stream;
   int include_usage;    /* stream_options.include_usage */
   int continuous_usage; /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */

@@ -354,9 +354,10 @@ static void native_answer(struct fe_eng_choice *ch, struct fe_api_choice *c, cha
     c->finish_reason = "tool_calls";
 }
 
-/* Builds the OpenAI logprobs of ch->lps[0..n_lps) in e->tmp (token texts)
- * and the arrays *tl / *tops (malloc'd; the caller frees both). */
-static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch,
+/* Builds the OpenAI logprobs of ch->lps[0..n_lps) in e->tmp (token texts;
+ * as_ids: "token_id:N", vLLM's return_tokens_as_token_ids) and the arrays
+ * *tl / *tops (malloc'd; the caller frees both). */
+static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch, int as_ids,
                           struct fe_api_token_logprob **tl, struct fe_api_top_logprob **tops,
                           struct fe_buf *txt) {
   *tl = NULL;
@@ -380,7 +381,10 @@ static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch,
     for (uint32_t j = 0; j <= ch->lps[i].n_top; j++) {
       int32_t id = j == 0 ? ch->lps[i].id : ch->tops[ch->lps[i].top_i + j - 1].id;
       size_t len = 0;
-      if (tk_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0) len = 0;
+      if (as_ids)
+        len = (size_t)snprintf(piece, sizeof(piece), "token_id:%d", (int)id);
+      else if (tk_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0)
+        len = 0;
       off[k++] = txt->len;
       fe_buf_append(txt, piece, len);
     }
@@ -500,7 +504,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   fe_buf_reset(&e->tmp);
   /* (a tool-call answer's logprobs go with its last chunk: its text is kept whole) */
   if (r->api->logprobs >= 0 && (!r->api->tool_answer || ch->done) &&
-      build_logprobs(e, ch, &tl, &tops, &e->tmp) == 0 && tl) {
+      build_logprobs(e, ch, r->api->tokens_as_ids, &tl, &tops, &e->tmp) == 0 && tl) {
     c.logprobs = tl;
     c.n_logprobs = ch->n_lps;
   }
@@ -543,7 +547,7 @@ static void complete(struct fe_eng_req *r) {
     if (r->api->tool_answer) tool_answer(ch, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
     native_answer(ch, &cs[k], &tool_bufs[2 * k]);
     if (r->api->logprobs >= 0) {
-      rc = build_logprobs(e, ch, &tls[k], &tops[k], &txt[k]);
+      rc = build_logprobs(e, ch, r->api->tokens_as_ids, &tls[k], &tops[k], &txt[k]);
       cs[k].logprobs = tls[k];
       cs[k].n_logprobs = tls[k] ? ch->n_lps : 0;
     }

@@ -18,7 +18,8 @@
  *     serve at once with the reason;
  *   - continue_final_message (vLLM's): the rendered chat ends with the last
  *     message's text; with add_generation_prompt, or with no text, a 400;
- *   - truncate_prompt_tokens (vLLM's): each prompt's last k tokens. */
+ *   - truncate_prompt_tokens (vLLM's): each prompt's last k tokens;
+ *   - return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N". */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -205,6 +206,65 @@ TH_TEST(api_truncate_prompt_tokens) {
             "truncate_prompt_tokens", "max_model_len", __LINE__);
   check_400("/v1/completions", "{\"prompt\":[2,10],\"truncate_prompt_tokens\":0}",
             "truncate_prompt_tokens", NULL, __LINE__);
+}
+
+/* return_tokens_as_token_ids (vLLM's): the logprobs' tokens, top ones included, as
+ * "token_id:N", N the token whose text the same request without it shows; chat's
+ * bytes those of that string. */
+TH_TEST(api_tokens_as_token_ids) {
+  struct as_resp r;
+  const char *plain = "{\"prompt\":[2,10,11,12],\"max_tokens\":3,\"temperature\":0,\"logprobs\":2}";
+  const char *ids = "{\"prompt\":[2,10,11,12],\"max_tokens\":3,\"temperature\":0,\"logprobs\":2,"
+                    "\"return_tokens_as_token_ids\":true}";
+  TH_REQUIRE(as_post(server(), "/v1/completions", plain, &r) == 200);
+  json_t *a = as_json(&r);
+  as_resp_free(&r);
+  TH_REQUIRE(as_post(server(), "/v1/completions", ids, &r) == 200);
+  json_t *b = as_json(&r);
+  as_resp_free(&r);
+  json_t *la = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs"),
+         *lb = json_object_get(json_array_get(json_object_get(b, "choices"), 0), "logprobs");
+  TH_CHECK(
+      json_equal(json_object_get(la, "token_logprobs"), json_object_get(lb, "token_logprobs")));
+  json_t *ta = json_object_get(la, "tokens"), *tb = json_object_get(lb, "tokens");
+  TH_REQUIRE(json_array_size(ta) == 3 && json_array_size(tb) == 3);
+  for (size_t i = 0; i < 3; i++) {
+    int id = -1, used = 0;
+    const char *t = json_string_value(json_array_get(tb, i));
+    TH_REQUIRE(t && sscanf(t, "token_id:%d%n", &id, &used) == 1 && t[used] == 0);
+    char body[96];
+    snprintf(body, sizeof(body), "{\"tokens\":[%d],\"skip_special_tokens\":false}", id);
+    TH_REQUIRE(as_post(server(), "/detokenize", body, &r) == 200);
+    json_t *d = as_json(&r);
+    as_resp_free(&r);
+    const char *piece = json_string_value(json_object_get(d, "prompt"));
+    if (!piece || strcmp(piece, json_string_value(json_array_get(ta, i))))
+      th_fail(__FILE__, __LINE__, "token %zu: %s is '%s', the plain answer's '%s'", i, t,
+              piece ? piece : "?", json_string_value(json_array_get(ta, i)));
+    json_decref(d);
+    /* the top ones: keys of the same form, the token among them */
+    json_t *top = json_array_get(json_object_get(lb, "top_logprobs"), i);
+    TH_CHECK_EQ_INT((int)json_object_size(top), 2);
+    TH_CHECK(json_object_get(top, t) != NULL);
+  }
+  json_decref(a);
+  json_decref(b);
+  TH_REQUIRE(as_post(server(), "/v1/chat/completions",
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"
+                     "\"logprobs\":true,\"top_logprobs\":1,\"return_tokens_as_token_ids\":true}",
+                     &r) == 200);
+  json_t *c = as_json(&r);
+  as_resp_free(&r);
+  json_t *e = json_array_get(
+      json_object_get(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs"),
+                      "content"),
+      0);
+  const char *tok = json_string_value(json_object_get(e, "token"));
+  TH_REQUIRE(tok && !strncmp(tok, "token_id:", 9));
+  json_t *bytes = json_object_get(e, "bytes");
+  TH_CHECK_EQ_INT((int)json_array_size(bytes), (int)strlen(tok));
+  TH_CHECK_EQ_INT((int)json_integer_value(json_array_get(bytes, 0)), 't');
+  json_decref(c);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */

@@ -98,7 +98,7 @@ static const struct bad_case bad[] = {
     {C, PROMPT_A "\"truncate_prompt_tokens\":-2}", 400, "truncate_prompt_tokens"},
     {C, PROMPT_A "\"truncate_prompt_tokens\":101}", 400, "truncate_prompt_tokens"},
     {C, PROMPT_A "\"truncate_prompt_tokens\":\"8\"}", 400, "truncate_prompt_tokens"},
-    {C, PROMPT_A "\"return_tokens_as_token_ids\":true}", 400, "return_tokens_as_token_ids"},
+    {C, PROMPT_A "\"return_tokens_as_token_ids\":1}", 400, "return_tokens_as_token_ids"},
     {C, PROMPT_A "\"logit_bias\":[1]}", 400, "logit_bias"},
     {C, PROMPT_A "\"logit_bias\":{\"x\":5}}", 400, "logit_bias"},
     {C, PROMPT_A "\"logit_bias\":{\"\":5}}", 400, "logit_bias"},
