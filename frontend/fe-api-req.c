@@ -657,8 +657,9 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   if (best_of != r->n)
     return fail(p, 400, "best_of", "'best_of' must equal n (%d): best_of > n is not supported",
                 r->n);
-  if (r->n > 1 && r->n_prompts > 1)
-    return fail(p, 400, "n", "n > 1 is supported with a single prompt only");
+  if (r->n_prompts * (size_t)r->n > FE_API_MAX_PROMPTS) /* choices: n of each prompt, in order */
+    return fail(p, 400, "n", "n (%d) times the %zu prompts is more than %d choices", r->n,
+                r->n_prompts, FE_API_MAX_PROMPTS);
   if ((rc = parse_stop(p, body))) return rc;
   if ((rc = get_bool(p, body, "ignore_eos", &r->ignore_eos))) return rc;
   if ((rc = get_bool(p, body, "skip_special_tokens", &r->skip_special_tokens))) return rc;

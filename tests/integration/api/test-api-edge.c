@@ -19,7 +19,8 @@
  *   - continue_final_message (vLLM's): the rendered chat ends with the last
  *     message's text; with add_generation_prompt, or with no text, a 400;
  *   - truncate_prompt_tokens (vLLM's): each prompt's last k tokens;
- *   - return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N". */
+ *   - return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N";
+ *   - n choices of each of several prompts. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -265,6 +266,42 @@ TH_TEST(api_tokens_as_token_ids) {
   TH_CHECK_EQ_INT((int)json_array_size(bytes), (int)strlen(tok));
   TH_CHECK_EQ_INT((int)json_integer_value(json_array_get(bytes, 0)), 't');
   json_decref(c);
+}
+
+/* n choices of each of several prompts (as vLLM): choice i * n + j is prompt i's
+ * j-th, the prompt tokens counted once each. Greedy, a prompt's choices agree
+ * with each other and with that prompt sent alone. */
+TH_TEST(api_n_choices_of_several_prompts) {
+  char a[512], b[512];
+  long long na = complete("{\"prompt\":[2,10,11,12],\"max_tokens\":3,\"temperature\":0,"
+                          "\"ignore_eos\":true}",
+                          a),
+            nb = complete("{\"prompt\":[2,30,31],\"max_tokens\":3,\"temperature\":0,"
+                          "\"ignore_eos\":true}",
+                          b);
+  struct as_resp r;
+  TH_REQUIRE(as_post(server(), "/v1/completions",
+                     "{\"prompt\":[[2,10,11,12],[2,30,31]],\"n\":2,\"max_tokens\":3,"
+                     "\"temperature\":0,\"ignore_eos\":true}",
+                     &r) == 200);
+  json_t *j = as_json(&r);
+  as_resp_free(&r);
+  json_t *cs = json_object_get(j, "choices");
+  TH_REQUIRE(json_array_size(cs) == 4);
+  for (size_t i = 0; i < 4; i++) {
+    json_t *c = NULL;
+    for (size_t k = 0; k < 4 && !c; k++) /* by index, whatever the order */
+      if (json_integer_value(json_object_get(json_array_get(cs, k), "index")) == (json_int_t)i)
+        c = json_array_get(cs, k);
+    TH_REQUIRE(c != NULL);
+    const char *t = json_string_value(json_object_get(c, "text"));
+    TH_CHECK(t && !strcmp(t, i < 2 ? a : b));
+  }
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"), na + nb);
+  TH_CHECK_EQ_INT(as_jint(j, "usage", "completion_tokens"), 12);
+  json_decref(j);
+  check_400("/v1/completions", "{\"prompt\":[[2,10],[2,11],[2,12]],\"n\":100}", "n", "choices",
+            __LINE__);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */

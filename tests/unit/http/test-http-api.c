@@ -68,7 +68,7 @@ static const struct bad_case bad[] = {
     {C, PROMPT_A "\"repetition_penalty\":2.5}", 400, "repetition_penalty"},
     {C, PROMPT_A "\"seed\":1.5}", 400, "seed"},
     {C, PROMPT_A "\"n\":0}", 400, "n"},
-    {C, "{\"prompt\":[\"a\",\"b\"],\"n\":2}", 400, "n"},
+    {C, "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":128}", 400, "n"},
     {C, PROMPT_A "\"n\":2,\"best_of\":3}", 400, "best_of"},
     {C, PROMPT_A "\"stop\":5}", 400, "stop"},
     {C, PROMPT_A "\"stop\":[\"x\",5]}", 400, "stop"},
