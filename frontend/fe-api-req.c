@@ -691,9 +691,11 @@ static int parse_output(struct pctx *p, json_t *body) {
     int64_t lp = -1;
     if ((rc = get_int(p, body, "logprobs", 0, FE_API_MAX_LOGPROBS, &lp, NULL))) return rc;
     r->logprobs = (int)lp;
-    int echo = 0;
-    if ((rc = get_bool(p, body, "echo", &echo))) return rc;
-    if (echo) return fail(p, 400, "echo", "'echo' is not supported");
+    if ((rc = get_bool(p, body, "echo", &r->echo))) return rc;
+    if (r->echo && r->logprobs >= 0)
+      return fail(p, 400, "echo",
+                  "'echo' with 'logprobs' asks for the prompt's logprobs, which are not "
+                  "supported (echo alone, or logprobs alone, are)");
   } else {
     int want = 0, top_present = 0;
     int64_t top = 0;
@@ -703,6 +705,9 @@ static int parse_output(struct pctx *p, json_t *body) {
     if (top_present && top > 0 && !want)
       return fail(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
     r->logprobs = want ? (int)top : -1;
+    if ((rc = get_bool(p, body, "echo", &r->echo))) return rc;
+    if (r->echo && r->tool_answer)
+      return fail(p, 400, "echo", "'echo' cannot be combined with tools");
   }
   if ((rc = get_bool(p, body, "return_tokens_as_token_ids", &r->tokens_as_ids))) return rc;
   if ((rc = get_bool(p, body, "stream", &r->stream))) return rc;

@@ -109,6 +109,8 @@ struct fe_api_request {
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */
+  int echo;          /* completions: each choice's text after its prompt's; chat: after the last
+                        message's content when that is the assistant's (vLLM's echo) */
   int stream;
   int include_usage;    /* stream_options.include_usage */
   int continuous_usage; /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */

@@ -62,6 +62,7 @@ struct fe_eng_choice {
   size_t tool_args_sent;   /* a streamed tool-call answer: bytes of its last call's arguments
                             * sent */
   size_t text_sent;      /* bytes of text sent before (completions text_offset) */
+  int streamed;          /* a chunk of it went out (before: text holds its echo) */
   int64_t n_gen;         /* tokens generated */
   uint64_t last_ns;      /* monotonic time of the last OUT with tokens */
   struct fe_eng_lp *lps; /* (n_lps) logprobs of the tokens (non-streamed: all; streamed:

@@ -516,6 +516,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   free(calls);
   free(content);
   if (!r->api->tool_answer) ch->text_sent += ch->text.len;
+  ch->streamed = 1;
 }
 
 static void complete(struct fe_eng_req *r) {
@@ -612,8 +613,9 @@ static int is_unread_special(const struct fe_engine *e, int32_t id) {
 static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s) {
   struct fe_eng_req *r = ch->req;
   uint64_t now = cm_time_ns();
-  if (r->stream && !r->api->tool_answer) { /* chunks carry deltas (a tool-call answer is
-                                            * read whole, and sent when done) */
+  if (r->stream && !r->api->tool_answer && ch->streamed) { /* chunks carry deltas (a tool-call
+                                                            * answer is read whole, and sent
+                                                            * when done; the first one an echo) */
     fe_buf_reset(&ch->text);
     fe_g4_out_reset(&ch->g4_out);
     ch->n_lps = 0;

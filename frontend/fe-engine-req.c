@@ -546,6 +546,32 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   return 0;
 }
 
+/* echo: the text a choice of prompt pi begins with (vLLM's), into text.
+ * Completions: the prompt as given, or as its (kept) ids decode, special
+ * tokens included; chat: the last message's content when it is the
+ * assistant's, which the answer then continues. */
+static int echo_text(struct fe_engine *e, const struct fe_api_request *req, const struct tok_job *j,
+                     size_t pi, struct fe_buf *text) {
+  if (!req->echo) return 0;
+  if (req->kind == FE_API_CHAT) {
+    const struct fe_api_message *m = &req->messages[req->n_messages - 1];
+    if (m->role == FE_API_ROLE_ASSISTANT && m->content)
+      fe_buf_append(text, m->content, m->content_len);
+    return text->err;
+  }
+  const struct fe_api_prompt *p = &req->prompts[pi];
+  if (p->text && !req->truncate_prompt_tokens) {
+    fe_buf_append(text, p->text, p->text_len);
+    return text->err;
+  }
+  char *s = NULL;
+  size_t n = 0, cap = 0;
+  int rc = tk_decode(e->tok, j->ids[pi], j->n_ids[pi], 0, &s, &n, &cap);
+  if (!rc) fe_buf_append(text, s, n), rc = text->err;
+  free(s);
+  return rc;
+}
+
 /* Completions and chat once their prompts are tokens: the length checks,
  * then one ADD per choice. Takes the request over from the job. */
 static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_job *j) {
@@ -687,7 +713,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     }
     for (int k_ = 0; k_ < req->n && !status; k_++) {
       int k = (int)pi * req->n + k_;
-      if (choice_init(e, r, k, (int)pi) != 0) {
+      if (choice_init(e, r, k, (int)pi) != 0 || echo_text(e, req, j, pi, &r->ch[k].text)) {
         status = 500;
         snprintf(err, sizeof(err), "out of memory");
         break;

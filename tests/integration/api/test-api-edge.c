@@ -20,7 +20,8 @@
  *     message's text; with add_generation_prompt, or with no text, a 400;
  *   - truncate_prompt_tokens (vLLM's): each prompt's last k tokens;
  *   - return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N";
- *   - n choices of each of several prompts. */
+ *   - n choices of each of several prompts;
+ *   - echo (vLLM's): the prompt's text, or the assistant's message, first. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -302,6 +303,59 @@ TH_TEST(api_n_choices_of_several_prompts) {
   json_decref(j);
   check_400("/v1/completions", "{\"prompt\":[[2,10],[2,11],[2,12]],\"n\":100}", "n", "choices",
             __LINE__);
+}
+
+/* echo (vLLM's): a completion's text after its prompt's (as given, or as its ids
+ * decode), streamed or not; a chat answer after the assistant's last message. With
+ * logprobs (the prompt's would be asked), a 400. */
+TH_TEST(api_echo) {
+  char a[512], b[512], want[600];
+  complete("{\"prompt\":\"hello there\",\"max_tokens\":3,\"temperature\":0}", a);
+  complete("{\"prompt\":\"hello there\",\"max_tokens\":3,\"temperature\":0,\"echo\":true}", b);
+  snprintf(want, sizeof(want), "hello there%s", a);
+  TH_CHECK_EQ_STR(b, want);
+  struct as_resp r;
+  TH_REQUIRE(as_post(server(), "/v1/completions",
+                     "{\"prompt\":\"hello there\",\"max_tokens\":3,\"temperature\":0,"
+                     "\"echo\":true,\"stream\":true}",
+                     &r) == 200);
+  char st[512];
+  TH_CHECK(as_sse_text(r.body, 0, st, sizeof(st), NULL) > 0);
+  TH_CHECK_EQ_STR(st, want);
+  as_resp_free(&r);
+  /* token ids: their text, special tokens included */
+  complete("{\"prompt\":[2,10,11],\"max_tokens\":2,\"temperature\":0}", a);
+  complete("{\"prompt\":[2,10,11],\"max_tokens\":2,\"temperature\":0,\"echo\":true}", b);
+  TH_REQUIRE(as_post(server(), "/detokenize", "{\"tokens\":[2,10,11]}", &r) == 200);
+  json_t *d = as_json(&r);
+  as_resp_free(&r);
+  snprintf(want, sizeof(want), "%s%s", json_string_value(json_object_get(d, "prompt")), a);
+  json_decref(d);
+  TH_CHECK_EQ_STR(b, want);
+  /* chat: after the assistant's message it continues */
+  const char *msgs = "[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+                     "\"content\":\"Sure, \"}],\"continue_final_message\":true,"
+                     "\"add_generation_prompt\":false,\"max_tokens\":2,\"temperature\":0";
+  char body[512];
+  snprintf(body, sizeof(body), "{\"messages\":%s}", msgs);
+  TH_REQUIRE(as_post(server(), "/v1/chat/completions", body, &r) == 200);
+  json_t *c = as_json(&r);
+  as_resp_free(&r);
+  snprintf(want, sizeof(want), "Sure, %s",
+           json_string_value(json_object_get(
+               json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"),
+               "content")));
+  json_decref(c);
+  snprintf(body, sizeof(body), "{\"messages\":%s,\"echo\":true}", msgs);
+  TH_REQUIRE(as_post(server(), "/v1/chat/completions", body, &r) == 200);
+  c = as_json(&r);
+  as_resp_free(&r);
+  const char *got = json_string_value(json_object_get(
+      json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"), "content"));
+  TH_CHECK(got && !strcmp(got, want));
+  json_decref(c);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", "echo",
+            "logprobs", __LINE__);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */
