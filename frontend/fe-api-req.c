@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
@@ -441,6 +442,22 @@ static int parse_truncation(struct pctx *p, json_t *body, const struct fe_api_co
                 "): choose a smaller truncation",
                 k, (int64_t)cfg->max_model_len);
   p->r->truncate_prompt_tokens = (int32_t)k;
+  return 0;
+}
+
+/* cache_salt (vLLM's): a non-empty string, hashed to the prefix cache's salt
+ * (never 0, which is none). */
+static int parse_cache_salt(struct pctx *p, json_t *body) {
+  json_t *v = json_object_get(body, "cache_salt");
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_string(v) || json_string_length(v) == 0)
+    return fail(p, 400, "cache_salt", "'cache_salt' must be a non-empty string");
+  const unsigned char *s = (const unsigned char *)json_string_value(v);
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then mixed */
+  for (size_t i = 0; i < json_string_length(v); i++)
+    h = (h ^ s[i]) * 0x100000001b3ull;
+  h = cm_mix64(h);
+  p->r->cache_salt = h ? h : 1;
   return 0;
 }
 
@@ -1479,6 +1496,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   if ((rc = constrain_after_thought(p))) return rc;
   if ((rc = parse_output(p, body))) return rc;
   if ((rc = parse_truncation(p, body, cfg))) return rc;
+  if ((rc = parse_cache_salt(p, body))) return rc;
   /* token-id prompts have known lengths: check them now (truncated ones once cut) */
   for (size_t i = 0; cfg->max_model_len > 0 && !r->truncate_prompt_tokens && i < r->n_prompts;
        i++) {

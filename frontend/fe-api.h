@@ -109,6 +109,8 @@ struct fe_api_request {
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */
+  uint64_t cache_salt; /* vLLM's cache_salt, hashed (0: none): the prefix cache is shared only
+                          among requests with the same salt */
   int echo;          /* completions: each choice's text after its prompt's; chat: after the last
                         message's content when that is the assistant's (vLLM's echo) */
   int stream;

@@ -731,6 +731,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       a->stop_token_ids.n = n_stop;
       a->priority = req->priority;
       a->arrival_ns = cm_time_wall_ns();
+      a->cache_salt = req->cache_salt;
       a->images = r->images;
       a->n_images = (uint32_t)r->n_images;
       int src = fe_eng_send_add(r, &r->ch[k], &m);

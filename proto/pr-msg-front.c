@@ -112,7 +112,8 @@ static const struct pr_field add_fields[] = {
     [PR_K_ADD_PRIORITY] = {PR_I(add, priority)},
     [PR_K_ADD_ARRIVAL] = {PR_U(add, arrival_ns)},
     [PR_K_ADD_IMAGES] = {PR_ARRAY(add, images, n_images, PR_MAX_IMAGES, PR_ELEM_REC(pr_rec_image)),
-                        PR_WHEN(PR_IF_NONZERO, add, n_images)},
+                         PR_WHEN(PR_IF_NONZERO, add, n_images)},
+    [PR_K_ADD_CACHE_SALT] = {PR_U(add, cache_salt), PR_WHEN(PR_IF_NONZERO, add, cache_salt)},
 };
 
 static int check_add(const void *rec) {

@@ -193,6 +193,8 @@ struct pr_add {
   struct pr_image *images;       /* (n_images) images and audio clips in prompt order, runs
                                     apart, inside the prompt */
   uint32_t n_images;             /* <= PR_MAX_IMAGES */
+  uint64_t cache_salt;           /* the prefix cache's salt (vLLM's cache_salt, hashed; 0: none):
+                                    only requests with the same salt share cached blocks */
 };
 
 struct pr_abort {

@@ -136,6 +136,8 @@ struct sch_request_params {
   int32_t num_images;
   bool constrained; /* a structured output: admitted only while the workers have the
                        structured-output state (sch_engine_set_grammars) */
+  uint64_t cache_salt; /* the parent of its first KV block's hash (0: none): only requests
+                          with the same salt share cached prefixes */
 };
 
 enum sch_finish {

@@ -156,23 +156,27 @@ static void free_window(struct sch_kv *kv, struct sch_kv_seq *seq, int32_t g, in
   if (fl > seq->first_live[g]) seq->first_live[g] = fl;
 }
 
+/* The hash block i of group g follows: the block before, or the salt. */
+static uint64_t parent_of(const struct sch_kv_seq *seq, int32_t g, int32_t i) {
+  return i > 0 ? seq->hash[g][i - 1] : seq->salt;
+}
+
 /* Makes hash[g][0..nblocks) valid; tokens must hold nblocks * bt ids. */
 static void ensure_hashes(const struct sch_kv *kv, struct sch_kv_seq *seq, int32_t g,
                           const int32_t *tokens, int32_t nblocks) {
   int32_t bt = kv->groups[g].block_tokens;
   CM_ASSERT(nblocks <= seq->cap[g]);
-  for (int32_t i = seq->num_hashed[g]; i < nblocks; i++) {
-    uint64_t parent = i > 0 ? seq->hash[g][i - 1] : 0;
-    seq->hash[g][i] = sch_hash_block(kv->hash_key, parent, g, tokens + (size_t)i * bt, bt);
-  }
+  for (int32_t i = seq->num_hashed[g]; i < nblocks; i++)
+    seq->hash[g][i] =
+        sch_hash_block(kv->hash_key, parent_of(seq, g, i), g, tokens + (size_t)i * bt, bt);
   if (nblocks > seq->num_hashed[g]) seq->num_hashed[g] = nblocks;
 }
 
 static int32_t lookup_block(const struct sch_kv *kv, const struct sch_kv_seq *seq, int32_t g,
                             const int32_t *tokens, int32_t i) {
   int32_t bt = kv->groups[g].block_tokens;
-  uint64_t parent = i > 0 ? seq->hash[g][i - 1] : 0;
-  return sch_block_pool_lookup(kv->pool, seq->hash[g][i], parent, g, tokens + (size_t)i * bt, bt);
+  return sch_block_pool_lookup(kv->pool, seq->hash[g][i], parent_of(seq, g, i), g,
+                               tokens + (size_t)i * bt, bt);
 }
 
 /* ---- prefix match, allocate ----------------------------------------------------- */
@@ -297,9 +301,8 @@ void sch_kv_commit(struct sch_kv *kv, struct sch_kv_seq *seq, const int32_t *tok
     for (int32_t i = seq->num_registered[g]; i < nfull; i++) {
       int32_t id = seq->table[g][i];
       if (id == SCH_BLOCK_HOLE || sch_block_pool_is_hashed(kv->pool, id)) continue;
-      uint64_t parent = i > 0 ? seq->hash[g][i - 1] : 0;
       /* CM_ERR_STATE: another block already holds this content; this one stays private */
-      (void)sch_block_pool_set_hash(kv->pool, id, seq->hash[g][i], parent, g,
+      (void)sch_block_pool_set_hash(kv->pool, id, seq->hash[g][i], parent_of(seq, g, i), g,
                                     tokens + (size_t)i * bt, bt);
     }
     seq->num_registered[g] = nfull;

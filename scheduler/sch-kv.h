@@ -45,6 +45,7 @@ struct sch_kv_seq {
   uint64_t *hash[SCH_MAX_GROUPS];         /* [cap[g]] content hashes of full blocks */
   int32_t num_hashed[SCH_MAX_GROUPS];     /* hash[g][0..num_hashed) are valid */
   int32_t max_tokens;                     /* positions the tables can cover */
+  uint64_t salt; /* the first block's parent hash: a request's cache salt (0: none) */
   void *mem;                              /* one allocation behind table[] and hash[] */
 };
 

@@ -123,6 +123,7 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   r->sampling = malloc(p->sampling_len + 1);
   if (!r->tokens || !r->stop_ids || !r->sampling) goto nomem;
   if (sch_kv_seq_init(kv, &r->kv, r->cap) != 0) goto nomem;
+  r->kv.salt = p->cache_salt;
   memcpy(r->tokens, p->prompt, (size_t)p->prompt_len * sizeof(*r->tokens));
   if (p->num_stop_token_ids > 0)
     memcpy(r->stop_ids, p->stop_token_ids, (size_t)p->num_stop_token_ids * sizeof(int32_t));

@@ -208,6 +208,7 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       .arrival_ns = 0,
       .sampling = blob,
       .sampling_len = blob_len,
+      .cache_salt = a->cache_salt,
   };
   for (uint32_t i = 0; i < a->stop_token_ids.n; i++) {
     if (a->stop_token_ids.v[i] >= s->info.vocab_size) {

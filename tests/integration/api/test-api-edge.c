@@ -21,7 +21,8 @@
  *   - truncate_prompt_tokens (vLLM's): each prompt's last k tokens;
  *   - return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N";
  *   - n choices of each of several prompts;
- *   - echo (vLLM's): the prompt's text, or the assistant's message, first. */
+ *   - echo (vLLM's): the prompt's text, or the assistant's message, first;
+ *   - cache_salt (vLLM's): the prefix cache shared only under the same salt. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -501,6 +502,37 @@ static void read_counters(struct counters *c) {
     }
   }
   as_resp_free(&r);
+}
+
+/* cache_salt (vLLM's): a prompt served again hits the prefix cache only under the
+ * salt it was cached with; an empty or non-string salt is a 400. */
+TH_TEST(api_cache_salt) {
+  char *body = malloc(4096);
+  TH_REQUIRE(body != NULL);
+  static const char *const salts[] = {"alice", "alice", "bob", NULL, "bob"};
+  static const int hit[] = {0, 1, 0, 0, 1};
+  for (int k = 0; k < 5; k++) {
+    size_t n = (size_t)snprintf(body, 4096, "{\"prompt\":[2");
+    for (int i = 1; i < 100; i++) /* a prompt no other test sends */
+      n += (size_t)snprintf(body + n, 4096 - n, ",%d", 4000 + i);
+    n += (size_t)snprintf(body + n, 4096 - n, "],\"max_tokens\":1");
+    if (salts[k]) n += (size_t)snprintf(body + n, 4096 - n, ",\"cache_salt\":\"%s\"", salts[k]);
+    snprintf(body + n, 4096 - n, "}");
+    struct counters a, b;
+    read_counters(&a);
+    char t[512];
+    complete(body, t);
+    read_counters(&b);
+    if ((b.h - a.h > 0) != hit[k])
+      th_fail(__FILE__, __LINE__, "request %d (salt %s): %g prefix-cache hits", k,
+              salts[k] ? salts[k] : "none", b.h - a.h);
+  }
+  free(body);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"cache_salt\":\"\"}", "cache_salt", NULL,
+            __LINE__);
+  check_400("/v1/chat/completions",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":5}", "cache_salt",
+            NULL, __LINE__);
 }
 
 TH_TEST(api_metrics_at_response_end) {

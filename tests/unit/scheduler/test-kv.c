@@ -1,5 +1,6 @@
 /* test-kv.c — sch_kv: block tables per group, sliding-window freeing with holes,
- * prefix matching across groups, rollback, worst-case sizing. */
+ * prefix matching across groups and salted by a request's cache salt, rollback,
+ * worst-case sizing. */
 #include <string.h>
 
 #include "common/cm-err.h"
@@ -155,6 +156,40 @@ TH_TEST(kv_prefix_match_across_groups) {
   TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &t, a, 5), 4);
   sch_kv_seq_release(&t);
   seq_end(&f, &s);
+  teardown(&f);
+}
+
+/* A salted sequence (a request's cache_salt) shares cached blocks only with
+ * sequences of the same salt: no hit across salts, or between salted and not. */
+TH_TEST(kv_prefix_salted_only_by_its_salt) {
+  struct fixture f;
+  setup(&f, 64, (const struct sch_kv_group_cfg[]){{4, 0}}, 1, 1);
+  int32_t a[17];
+  for (int i = 0; i < 17; i++)
+    a[i] = 300 + i;
+  struct sch_kv_seq s;
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 17) == 0);
+  s.salt = 0x5a17;
+  TH_REQUIRE(sch_kv_allocate(f.kv, &s, a, sch_kv_prefix_match(f.kv, &s, a, 17), 17) == 0);
+  sch_kv_commit(f.kv, &s, a, 17);
+  seq_end(&f, &s);
+  static const uint64_t salts[] = {0x5a17, 0x5a18, 0};
+  static const int32_t hits[] = {16, 0, 0};
+  for (int k = 0; k < 3; k++) {
+    TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 17) == 0);
+    s.salt = salts[k];
+    TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 17), hits[k]);
+    sch_kv_seq_release(&s);
+  }
+  /* and the other way: blocks cached without a salt serve no salted sequence */
+  run_and_cache(&f, a, 17);
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 17) == 0);
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 17), 16);
+  sch_kv_seq_release(&s);
+  TH_REQUIRE(sch_kv_seq_init(f.kv, &s, 17) == 0);
+  s.salt = 0x5a18;
+  TH_CHECK_EQ_INT(sch_kv_prefix_match(f.kv, &s, a, 17), 0);
+  sch_kv_seq_release(&s);
   teardown(&f);
 }
 
