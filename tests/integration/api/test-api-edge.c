@@ -172,6 +172,17 @@ static long long complete(const char *body, char *text) {
   return n;
 }
 
+/* The JSON answer to body at path, which must be a 200. */
+static json_t *post_ok(const char *path, const char *body, int line) {
+  struct as_resp r;
+  if (as_post(server(), path, body, &r) != 200)
+    th_fail(__FILE__, line, "%s %.200s: %d %.300s", path, body, r.status, r.body);
+  json_t *j = as_json(&r);
+  as_resp_free(&r);
+  TH_REQUIRE(j != NULL);
+  return j;
+}
+
 /* truncate_prompt_tokens (vLLM's): each prompt's last k tokens, as if sent so; -1
  * the last max_model_len; a prompt past the context then fits. Out of range, 400s. */
 TH_TEST(api_truncate_prompt_tokens) {
@@ -215,16 +226,11 @@ TH_TEST(api_truncate_prompt_tokens) {
  * "token_id:N", N the token whose text the same request without it shows; chat's
  * bytes those of that string. */
 TH_TEST(api_tokens_as_token_ids) {
-  struct as_resp r;
   const char *plain = "{\"prompt\":[2,10,11,12],\"max_tokens\":3,\"temperature\":0,\"logprobs\":2}";
   const char *ids = "{\"prompt\":[2,10,11,12],\"max_tokens\":3,\"temperature\":0,\"logprobs\":2,"
                     "\"return_tokens_as_token_ids\":true}";
-  TH_REQUIRE(as_post(server(), "/v1/completions", plain, &r) == 200);
-  json_t *a = as_json(&r);
-  as_resp_free(&r);
-  TH_REQUIRE(as_post(server(), "/v1/completions", ids, &r) == 200);
-  json_t *b = as_json(&r);
-  as_resp_free(&r);
+  json_t *a = post_ok("/v1/completions", plain, __LINE__);
+  json_t *b = post_ok("/v1/completions", ids, __LINE__);
   json_t *la = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs"),
          *lb = json_object_get(json_array_get(json_object_get(b, "choices"), 0), "logprobs");
   TH_CHECK(
@@ -237,9 +243,7 @@ TH_TEST(api_tokens_as_token_ids) {
     TH_REQUIRE(t && sscanf(t, "token_id:%d%n", &id, &used) == 1 && t[used] == 0);
     char body[96];
     snprintf(body, sizeof(body), "{\"tokens\":[%d],\"skip_special_tokens\":false}", id);
-    TH_REQUIRE(as_post(server(), "/detokenize", body, &r) == 200);
-    json_t *d = as_json(&r);
-    as_resp_free(&r);
+    json_t *d = post_ok("/detokenize", body, __LINE__);
     const char *piece = json_string_value(json_object_get(d, "prompt"));
     if (!piece || strcmp(piece, json_string_value(json_array_get(ta, i))))
       th_fail(__FILE__, __LINE__, "token %zu: %s is '%s', the plain answer's '%s'", i, t,
@@ -252,12 +256,10 @@ TH_TEST(api_tokens_as_token_ids) {
   }
   json_decref(a);
   json_decref(b);
-  TH_REQUIRE(as_post(server(), "/v1/chat/completions",
-                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"
-                     "\"logprobs\":true,\"top_logprobs\":1,\"return_tokens_as_token_ids\":true}",
-                     &r) == 200);
-  json_t *c = as_json(&r);
-  as_resp_free(&r);
+  json_t *c = post_ok("/v1/chat/completions",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1,"
+                      "\"logprobs\":true,\"top_logprobs\":1,\"return_tokens_as_token_ids\":true}",
+                      __LINE__);
   json_t *e = json_array_get(
       json_object_get(json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs"),
                       "content"),
@@ -281,13 +283,10 @@ TH_TEST(api_n_choices_of_several_prompts) {
             nb = complete("{\"prompt\":[2,30,31],\"max_tokens\":3,\"temperature\":0,"
                           "\"ignore_eos\":true}",
                           b);
-  struct as_resp r;
-  TH_REQUIRE(as_post(server(), "/v1/completions",
-                     "{\"prompt\":[[2,10,11,12],[2,30,31]],\"n\":2,\"max_tokens\":3,"
-                     "\"temperature\":0,\"ignore_eos\":true}",
-                     &r) == 200);
-  json_t *j = as_json(&r);
-  as_resp_free(&r);
+  json_t *j = post_ok("/v1/completions",
+                      "{\"prompt\":[[2,10,11,12],[2,30,31]],\"n\":2,\"max_tokens\":3,"
+                      "\"temperature\":0,\"ignore_eos\":true}",
+                      __LINE__);
   json_t *cs = json_object_get(j, "choices");
   TH_REQUIRE(json_array_size(cs) == 4);
   for (size_t i = 0; i < 4; i++) {
@@ -327,9 +326,7 @@ TH_TEST(api_echo) {
   /* token ids: their text, special tokens included */
   complete("{\"prompt\":[2,10,11],\"max_tokens\":2,\"temperature\":0}", a);
   complete("{\"prompt\":[2,10,11],\"max_tokens\":2,\"temperature\":0,\"echo\":true}", b);
-  TH_REQUIRE(as_post(server(), "/detokenize", "{\"tokens\":[2,10,11]}", &r) == 200);
-  json_t *d = as_json(&r);
-  as_resp_free(&r);
+  json_t *d = post_ok("/detokenize", "{\"tokens\":[2,10,11]}", __LINE__);
   snprintf(want, sizeof(want), "%s%s", json_string_value(json_object_get(d, "prompt")), a);
   json_decref(d);
   TH_CHECK_EQ_STR(b, want);
@@ -339,18 +336,14 @@ TH_TEST(api_echo) {
                      "\"add_generation_prompt\":false,\"max_tokens\":2,\"temperature\":0";
   char body[512];
   snprintf(body, sizeof(body), "{\"messages\":%s}", msgs);
-  TH_REQUIRE(as_post(server(), "/v1/chat/completions", body, &r) == 200);
-  json_t *c = as_json(&r);
-  as_resp_free(&r);
+  json_t *c = post_ok("/v1/chat/completions", body, __LINE__);
   snprintf(want, sizeof(want), "Sure, %s",
            json_string_value(json_object_get(
                json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"),
                "content")));
   json_decref(c);
   snprintf(body, sizeof(body), "{\"messages\":%s,\"echo\":true}", msgs);
-  TH_REQUIRE(as_post(server(), "/v1/chat/completions", body, &r) == 200);
-  c = as_json(&r);
-  as_resp_free(&r);
+  c = post_ok("/v1/chat/completions", body, __LINE__);
   const char *got = json_string_value(json_object_get(
       json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"), "content"));
   TH_CHECK(got && !strcmp(got, want));
@@ -589,6 +582,29 @@ TH_TEST(api_metrics_at_response_end) {
   as_stop(server());
 }
 
+/* /tokenize of a messages body and of a prompt body at s must give the same ids
+ * (the chat template's text is that prompt); their count. */
+static long long same_ids(const struct as_server *s, const char *messages, const char *prompt,
+                          int line) {
+  struct as_resp r;
+  TH_REQUIRE(as_post(s, "/tokenize", messages, &r) == 200);
+  json_t *chat = as_json(&r);
+  as_resp_free(&r);
+  TH_REQUIRE(as_post(s, "/tokenize", prompt, &r) == 200);
+  json_t *text = as_json(&r);
+  as_resp_free(&r);
+  char *a = json_dumps(json_object_get(chat, "tokens"), JSON_COMPACT);
+  char *b = json_dumps(json_object_get(text, "tokens"), JSON_COMPACT);
+  if (!a || !b || strcmp(a, b))
+    th_fail(__FILE__, line, "%.160s: %s, the text's %s", messages, a ? a : "?", b ? b : "?");
+  long long n = (long long)json_array_size(json_object_get(text, "tokens"));
+  free(a);
+  free(b);
+  json_decref(chat);
+  json_decref(text);
+  return n;
+}
+
 TH_TEST(api_chat_template_flag) {
   th_proc_init(300);
   char dir[256], path[320];
@@ -608,33 +624,10 @@ TH_TEST(api_chat_template_flag) {
   struct as_resp r;
   /* the rendered prompt is the template's text: the ids of that text with BOS */
   snprintf(body, sizeof(body), "{\"messages\":%s}", msgs);
-  TH_REQUIRE(as_post(&s2, "/tokenize", body, &r) == 200);
-  json_t *chat = as_json(&r);
-  as_resp_free(&r);
-  TH_REQUIRE(as_post(&s2, "/tokenize", "{\"prompt\":\"Q: hello there A:\"}", &r) == 200);
-  json_t *text = as_json(&r);
-  as_resp_free(&r);
-  char *a = json_dumps(json_object_get(chat, "tokens"), JSON_COMPACT);
-  char *b = json_dumps(json_object_get(text, "tokens"), JSON_COMPACT);
-  if (!a || !b || strcmp(a, b))
-    th_fail(__FILE__, __LINE__, "messages through --chat-template: %s, the text's %s", a ? a : "?",
-            b ? b : "?");
-  long long want = (long long)json_array_size(json_object_get(text, "tokens"));
-  free(a);
-  free(b);
-  json_decref(chat);
-  json_decref(text);
+  long long want = same_ids(&s2, body, "{\"prompt\":\"Q: hello there A:\"}", __LINE__);
   /* documents reach the template as its variable documents */
   snprintf(body, sizeof(body), "{\"messages\":%s,\"documents\":[{\"text\":\"doc one\"}]}", msgs);
-  TH_REQUIRE(as_post(&s2, "/tokenize", body, &r) == 200);
-  chat = as_json(&r);
-  as_resp_free(&r);
-  TH_REQUIRE(as_post(&s2, "/tokenize", "{\"prompt\":\"[doc one] Q: hello there A:\"}", &r) == 200);
-  text = as_json(&r);
-  as_resp_free(&r);
-  TH_CHECK(json_equal(json_object_get(chat, "tokens"), json_object_get(text, "tokens")));
-  json_decref(chat);
-  json_decref(text);
+  same_ids(&s2, body, "{\"prompt\":\"[doc one] Q: hello there A:\"}", __LINE__);
   snprintf(body, sizeof(body), "{\"messages\":%s,\"max_tokens\":1,\"temperature\":0}", msgs);
   TH_REQUIRE(as_post(&s2, "/v1/chat/completions", body, &r) == 200);
   json_t *j = as_json(&r);
@@ -648,16 +641,7 @@ TH_TEST(api_chat_template_flag) {
   snprintf(body, sizeof(body),
            "{\"messages\":%s,\"continue_final_message\":true,\"add_generation_prompt\":false}",
            cont);
-  TH_REQUIRE(as_post(&s2, "/tokenize", body, &r) == 200);
-  chat = as_json(&r);
-  as_resp_free(&r);
-  TH_REQUIRE(as_post(&s2, "/tokenize", "{\"prompt\":\"Q: hello there The answer is \"}", &r) == 200);
-  text = as_json(&r);
-  as_resp_free(&r);
-  TH_CHECK(json_equal(json_object_get(chat, "tokens"), json_object_get(text, "tokens")));
-  want = (long long)json_array_size(json_object_get(text, "tokens"));
-  json_decref(chat);
-  json_decref(text);
+  want = same_ids(&s2, body, "{\"prompt\":\"Q: hello there The answer is \"}", __LINE__);
   snprintf(body, sizeof(body),
            "{\"messages\":%s,\"continue_final_message\":true,\"add_generation_prompt\":false,"
            "\"max_tokens\":1,\"temperature\":0}",
