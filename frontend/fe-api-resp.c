@@ -43,6 +43,11 @@ static void usage(struct fe_buf *b, const struct fe_api_usage *u) {
   fe_buf_i64(b, u->prompt_tokens + u->completion_tokens);
   fe_buf_puts(b, ",\"completion_tokens\":");
   fe_buf_i64(b, u->completion_tokens);
+  if (u->details) {
+    fe_buf_puts(b, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+    fe_buf_i64(b, u->cached_tokens);
+    fe_buf_puts(b, "}");
+  }
   fe_buf_puts(b, "}");
 }
 

@@ -42,6 +42,8 @@ struct fe_api_choice {
 struct fe_api_usage {
   int64_t prompt_tokens;     /* tokens */
   int64_t completion_tokens; /* tokens, all choices together */
+  int details;               /* write prompt_tokens_details (--enable-prompt-tokens-details) */
+  int64_t cached_tokens;     /* of the prompt tokens, those the prefix cache served */
 };
 
 struct fe_api_resp_meta {

@@ -83,6 +83,19 @@ void fe_eng_abort_live(struct fe_eng_req *r) {
   if (rc) cm_warn(TAG, "ABORT of %u request(s) not sent: %s", (unsigned)n, cm_strerror(rc));
 }
 
+/* The usage so far: prompt tokens once a prompt, the cached ones those of each
+ * prompt's first choice (with --enable-prompt-tokens-details), and the
+ * completion tokens of all choices, or of ch alone (a streamed chunk's). */
+static void usage_of(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
+                     struct fe_api_usage *u) {
+  *u = (struct fe_api_usage){.prompt_tokens = r->prompt_total,
+                             .details = r->e->cfg.prompt_tokens_details};
+  for (int k = 0; k < r->n_ch; k++) {
+    if (!ch || ch == &r->ch[k]) u->completion_tokens += r->ch[k].n_gen;
+    if (k % r->api->n == 0) u->cached_tokens += r->ch[k].n_cached;
+  }
+}
+
 static void stream_begin(struct fe_eng_req *r) {
   if (r->sse_on) return;
   r->sse_on = 1;
@@ -92,7 +105,8 @@ static void stream_begin(struct fe_eng_req *r) {
   if (r->api->kind != FE_API_CHAT) return;
   for (int k = 0; k < r->n_ch; k++) { /* the role first, with empty content, as vLLM does */
     struct fe_api_choice c = {k, "", 0, NULL, NULL, 0, 0};
-    r->sse.usage = (struct fe_api_usage){r->prompt_total, 0};
+    usage_of(r, &r->ch[k], &r->sse.usage);
+    r->sse.usage.completion_tokens = 0;
     fe_sse_send(&r->sse, &c);
   }
 }
@@ -416,13 +430,6 @@ static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch, i
 
 /* ---- answers ------------------------------------------------------------------ */
 
-static void usage_of(const struct fe_eng_req *r, struct fe_api_usage *u) {
-  u->prompt_tokens = r->prompt_total;
-  u->completion_tokens = 0;
-  for (int k = 0; k < r->n_ch; k++)
-    u->completion_tokens += r->ch[k].n_gen;
-}
-
 /* A finished tool-call answer (fe_api_request.tool_answer) into c: its calls
  * (finish reason "tool_calls") or its response's text; *calls and *content
  * (malloc'd) are the caller's to free. Text the protocol does not read stays. */
@@ -509,7 +516,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
     c.n_logprobs = ch->n_lps;
   }
   stream_begin(r);
-  r->sse.usage = (struct fe_api_usage){r->prompt_total, ch->n_gen};
+  usage_of(r, ch, &r->sse.usage);
   fe_sse_send(&r->sse, &c);
   free(tl);
   free(tops);
@@ -524,7 +531,7 @@ static void complete(struct fe_eng_req *r) {
   r->answering = 1; /* a client that leaves while we write changes nothing here */
   fe_eng_req_unmap(r);
   struct fe_api_usage u;
-  usage_of(r, &u);
+  usage_of(r, NULL, &u);
   observe_finished(r, &u);
   if (r->stream) {
     stream_begin(r);
@@ -622,9 +629,12 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->n_top_all = 0;
   }
   const struct fe_replica_metric_ids *ri = rep_ids(r);
-  if (s->tokens.n && ch->n_gen == 0 && e->metrics) { /* the first output: its prefix-cache lookup */
-    fe_metrics_inc_early(e->metrics, ri->prefix_cache_queries, (double)s->n_prompt_tokens);
-    fe_metrics_inc_early(e->metrics, ri->prefix_cache_hits, (double)s->n_cached_tokens);
+  if (s->tokens.n && ch->n_gen == 0) { /* the first output: its prefix-cache lookup */
+    ch->n_cached = s->n_cached_tokens;
+    if (e->metrics) {
+      fe_metrics_inc_early(e->metrics, ri->prefix_cache_queries, (double)s->n_prompt_tokens);
+      fe_metrics_inc_early(e->metrics, ri->prefix_cache_hits, (double)s->n_cached_tokens);
+    }
   }
   if (s->tokens.n && !r->have_sched_times && s->scheduled_ns && s->first_token_ns &&
       s->queued_ns) { /* the scheduler's clock: differences only */

@@ -68,6 +68,8 @@ struct fe_engine_config {
   uint32_t dead_ms;       /* no PONG this long loses requests in flight; 0: 10000 */
   uint32_t retry_ms;      /* a parked request fails after this long; 0: 30000 */
   struct fe_mm_opts mm;   /* image input (a checkpoint with a vision tower) */
+  int prompt_tokens_details; /* usage.prompt_tokens_details.cached_tokens in answers (vLLM's
+                                --enable-prompt-tokens-details) */
 };
 
 /* Loads the tokenizer and chat template from cfg->model_dir, connects to

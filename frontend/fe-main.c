@@ -117,7 +117,7 @@ int fe_frontend_main(int argc, char **argv) {
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL, *chat_template = NULL;
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
-  int cors_credentials = 0;
+  int cors_credentials = 0, prompt_details = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   int64_t max_image_pixels = 40000000;
@@ -150,6 +150,8 @@ int fe_frontend_main(int argc, char **argv) {
       {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"chat-template", CM_OPT_STR, &chat_template, "FILE|TEMPLATE", FE_MAIN_CHAT_TEMPLATE_HELP},
       FE_MAIN_CORS_OPTS(cors_origins, cors_methods, cors_headers, cors_credentials),
+      {"enable-prompt-tokens-details", CM_OPT_BOOL, &prompt_details, NULL,
+       FE_MAIN_PROMPT_DETAILS_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -255,6 +257,7 @@ int fe_frontend_main(int argc, char **argv) {
                                     .n_schedulers = schedulers.n,
                                     .model_name = model,
                                     .max_model_len = max_model_len,
+                                    .prompt_tokens_details = prompt_details,
                                     .mm = {.limit = mm_limit,
                                            .audio_limit = audio_limit,
                                            .max_bytes = max_image_bytes,

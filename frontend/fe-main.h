@@ -35,6 +35,11 @@ int fe_main_chat_template_check(const char *value, char *why, size_t whylen);
 int fe_main_cors_check(const char *origins, const char *methods, const char *headers, char *why,
                        size_t whylen);
 
+/* --enable-prompt-tokens-details's help, the same on serve and frontend. */
+#define FE_MAIN_PROMPT_DETAILS_HELP                                                                \
+  "answers' usage reports prompt_tokens_details.cached_tokens: the prompt tokens the prefix "      \
+  "cache served (as vLLM's flag)"
+
 /* --limit-mm-per-prompt's help, the same on serve and frontend (both check the
  * spec with fe-mm.h's fe_mm_parse_limit). */
 #define FE_MAIN_LIMIT_MM_ARG "image=N,audio=M"

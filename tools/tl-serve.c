@@ -294,6 +294,7 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_str(&f, "--allowed-methods", s->cors_methods);
   argv_add_str(&f, "--allowed-headers", s->cors_headers);
   if (s->cors_credentials) argv_add(&f, "--allow-credentials");
+  if (s->prompt_details) argv_add(&f, "--enable-prompt-tokens-details");
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
@@ -376,6 +377,8 @@ int tl_serve_main(int argc, char **argv) {
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"chat-template", CM_OPT_STR, &s.chat_template, "FILE|TEMPLATE", FE_MAIN_CHAT_TEMPLATE_HELP},
       FE_MAIN_CORS_OPTS(s.cors_origins, s.cors_methods, s.cors_headers, s.cors_credentials),
+      {"enable-prompt-tokens-details", CM_OPT_BOOL, &s.prompt_details, NULL,
+       FE_MAIN_PROMPT_DETAILS_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},

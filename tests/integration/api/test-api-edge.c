@@ -22,7 +22,8 @@
  *   - return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N";
  *   - n choices of each of several prompts;
  *   - echo (vLLM's): the prompt's text, or the assistant's message, first;
- *   - cache_salt (vLLM's): the prefix cache shared only under the same salt. */
+ *   - cache_salt (vLLM's): the prefix cache shared only under the same salt;
+ *   - --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -350,6 +351,49 @@ TH_TEST(api_echo) {
   json_decref(c);
   check_400("/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", "echo",
             "logprobs", __LINE__);
+}
+
+/* --enable-prompt-tokens-details (vLLM's): usage.prompt_tokens_details.cached_tokens,
+ * 0 the first time and the cached blocks' tokens after, in answers and a
+ * stream's usage chunk; without the flag no such field. */
+TH_TEST(api_prompt_tokens_details) {
+  th_proc_init(300);
+  struct as_server s3;
+  memset(&s3, 0, sizeof(s3));
+  as_start(&s3, 0, (char *[]){"--max-model-len", "512", "--enable-prompt-tokens-details", NULL});
+  char body[4096];
+  size_t n = (size_t)snprintf(body, sizeof(body), "{\"prompt\":[2");
+  for (int i = 1; i < 200; i++)
+    n += (size_t)snprintf(body + n, sizeof(body) - n, ",%d", 5000 + i);
+  snprintf(body + n, sizeof(body) - n, "],\"max_tokens\":1}");
+  for (int k = 0; k < 2; k++) {
+    struct as_resp r;
+    TH_REQUIRE(as_post(&s3, "/v1/completions", body, &r) == 200);
+    json_t *j = as_json(&r);
+    as_resp_free(&r);
+    json_t *d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    TH_REQUIRE(json_is_integer(json_object_get(d, "cached_tokens")));
+    long long c = (long long)json_integer_value(json_object_get(d, "cached_tokens"));
+    if (k == 0 ? c != 0 : !(c > 0 && c < 200))
+      th_fail(__FILE__, __LINE__, "request %d: %lld cached tokens", k, c);
+    json_decref(j);
+  }
+  snprintf(body + n, sizeof(body) - n,
+           "],\"max_tokens\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+  struct as_resp r;
+  TH_REQUIRE(as_post(&s3, "/v1/completions", body, &r) == 200);
+  char t[256];
+  json_t *u = NULL;
+  TH_CHECK(as_sse_text(r.body, 0, t, sizeof(t), &u) > 0);
+  TH_CHECK(json_integer_value(
+               json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) > 0);
+  json_decref(u);
+  as_resp_free(&r);
+  as_stop(&s3);
+  /* the default server: no details */
+  json_t *j = post_ok("/v1/completions", "{\"prompt\":[2,3],\"max_tokens\":1}", __LINE__);
+  TH_CHECK(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details") == NULL);
+  json_decref(j);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */
