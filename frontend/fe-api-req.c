@@ -395,6 +395,9 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
   if (!json_is_object(v))
     return fail(p, 400, "logit_bias", "'logit_bias' must be an object of token ids to biases");
   size_t n = json_object_size(v);
+  if (n > FE_API_MAX_LOGIT_BIAS)
+    return fail(p, 400, "logit_bias", "'logit_bias' holds %zu tokens, at most %d", n,
+                FE_API_MAX_LOGIT_BIAS);
   r->logit_bias_ids = cm_arena_alloc(&r->arena, (n ? n : 1) * sizeof(int32_t));
   r->logit_bias = cm_arena_alloc(&r->arena, (n ? n : 1) * sizeof(float));
   if (!r->logit_bias_ids || !r->logit_bias) return nomem(p);
@@ -423,9 +426,9 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
 
 /* Fields we recognise but do not implement: reject rather than ignore (OpenAI's,
  * and vLLM's extensions of the same requests). A field at its "off" value
- * (null, false, "", [] or {}) asks for nothing and passes. (logit_bias and
- * allowed_token_ids are parsed and refused by the serving path, after their
- * ids were checked against the vocabulary.) */
+ * (null, false, "", [] or {}) asks for nothing and passes. (allowed_token_ids
+ * is parsed and refused by the serving path, after its ids were checked
+ * against the vocabulary.) */
 /* truncate_prompt_tokens (vLLM's): -1, or a count of 1 and more within
  * max_model_len (where known). */
 static int parse_truncation(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {

@@ -21,6 +21,7 @@
 #define FE_API_MAX_STOP_TOKEN_IDS 64  /* stop token ids per request */
 #define FE_API_MAX_LOGPROBS       20  /* top logprobs per token */
 #define FE_API_MAX_N              128 /* choices per request */
+#define FE_API_MAX_LOGIT_BIAS     1024 /* logit_bias entries (proto's PR_MAX_LOGIT_BIAS) */
 #define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
 #define FE_API_MAX_IMAGES         64  /* image and audio parts in one chat request */
 #define FE_API_MAX_GRAMMAR        32768 /* bytes of a constraint's text (proto's limit) */

@@ -369,7 +369,7 @@ static int check_ids(struct fe_engine *e, const struct fe_api_request *q, char *
                      (int)fields[f].ids[i], (int)nv - 1);
     }
   }
-  for (size_t f = 1; f < sizeof(fields) / sizeof(fields[0]); f++) {
+  for (size_t f = 2; f < sizeof(fields) / sizeof(fields[0]); f++) { /* allowed_token_ids */
     if (!fields[f].n) continue;
     *param = fields[f].name;
     return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "'%s' is not supported", fields[f].name);
@@ -392,6 +392,8 @@ static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_
   s->ignore_eos = q->ignore_eos != 0;
   s->grammar_kind = (uint32_t)q->grammar_kind;
   s->grammar = (struct pr_bytes){(const uint8_t *)q->grammar, (uint32_t)q->grammar_len};
+  s->bias_ids = (struct pr_u32s){(const uint32_t *)q->logit_bias_ids, (uint32_t)q->n_logit_bias};
+  s->bias = (struct pr_f32s){q->logit_bias, (uint32_t)q->n_logit_bias};
 }
 
 /* The stop ids an ADD carries: the request's plus the model's EOS ids. */

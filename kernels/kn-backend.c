@@ -547,7 +547,8 @@ int kn_sample_params_check(const struct kn_sample_params *p) {
   if (!p || !(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) ||
       !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0) ||
       p->n_logprobs > KN_SAMPLE_MAX_LOGPROBS || p->n_pen < 0 ||
-      (p->n_pen > 0 && (!p->pen_ids || !p->pen_counts)))
+      (p->n_pen > 0 && (!p->pen_ids || !p->pen_counts)) || p->n_bias < 0 ||
+      (p->n_bias > 0 && (!p->bias_ids || !p->bias)))
     return CM_ERR_INVAL;
   return 0;
 }
@@ -555,7 +556,11 @@ int kn_sample_params_check(const struct kn_sample_params *p) {
 int kn_sample_is_argmax(const struct kn_sample_params *p) {
   return !kn_sample_params_check(p) && p->temperature < 1e-5f && p->repetition_penalty == 1.0f &&
          p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f && p->n_logprobs < 0 &&
-         !p->allow;
+         !p->allow && p->n_bias == 0;
+}
+
+int kn_sample_takes_bias(struct kn_backend *be) {
+  return be && be->ops->sample && kn_backend_has(be, KN_CAP_HOST_MEMORY);
 }
 
 int kn_sample_takes_masks(struct kn_backend *be) {
@@ -570,8 +575,10 @@ int kn_sample(struct kn_backend *be, struct kn_sample_out *out, const float *log
   if (!be || T < 0 || V <= 0) return CM_ERR_INVAL;
   if (T == 0) return 0;
   if (!out || !logits || !params || !kn__valid_ld(ld, T, V)) return CM_ERR_INVAL;
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < T; t++) {
     if (kn_sample_params_check(&params[t])) return CM_ERR_INVAL;
+    if (params[t].n_bias && !kn_sample_takes_bias(be)) return CM_ERR_UNSUPPORTED;
+  }
   int rc = KN_CALL(sample, out, logits, ld, T, V, params);
   kn__keep_ids(be, rc, &out->token, sizeof(*out), T);
   return rc;

@@ -467,7 +467,7 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
 
 /* Sampling parameters of one logits row (host memory). Processing order (as
  * vLLM's sampler): repetition / frequency / presence penalties on the raw
- * logits, then temperature (greedy below 1e-5: the argmax of the penalised
+ * logits, the logit biases, then temperature (greedy below 1e-5: the argmax of the penalised
  * logits), min-p, top-k, top-p, renormalise, draw. */
 struct kn_sample_params {
   float temperature;        /* >= 0; < 1e-5 = greedy */
@@ -486,6 +486,13 @@ struct kn_sample_params {
   const int32_t *pen_ids;    /* [n_pen] host */
   const int32_t *pen_counts; /* [n_pen] host */
   int n_pen;
+  /* OpenAI's logit_bias: bias[i] added to token bias_ids[i]'s logit after the
+   * penalties (ids outside [0, V) skipped). Logprobs stay the raw model's.
+   * Backends where kn_sample_takes_bias is 0 answer CM_ERR_UNSUPPORTED for a row
+   * with one. */
+  const int32_t *bias_ids; /* [n_bias] host */
+  const float *bias;       /* [n_bias] host */
+  int n_bias;
   /* A structured output's mask (host, [(V + 31) / 32] words: bit id % 32 of word
    * id / 32 set when token id may be drawn), applied after the penalties and
    * before everything else; NULL: every token. Logprobs stay the raw model's.
@@ -498,6 +505,10 @@ struct kn_sample_params {
  * always; CUDA's once its masked draw passed its check at start-up (rows drawn
  * as from logits with -inf where the mask refuses). */
 int kn_sample_takes_masks(struct kn_backend *be);
+
+/* 1 when be's kn_sample takes logit biases (kn_sample_params.bias): the
+ * backends whose memory is the host's (the CPU's). */
+int kn_sample_takes_bias(struct kn_backend *be);
 
 /* What kn_sample returns per row (host memory). Logprobs are those of the
  * RAW model distribution (log-softmax of the logits before any processing),
@@ -516,11 +527,12 @@ void kn_sample_params_default(struct kn_sample_params *p);
 
 /* 0 when p is valid (temperature >= 0, top_p in (0, 1], min_p in [0, 1],
  * repetition_penalty > 0, n_logprobs <= KN_SAMPLE_MAX_LOGPROBS, the penalty
- * arrays present when n_pen > 0), else CM_ERR_INVAL. */
+ * arrays present when n_pen > 0, the bias arrays when n_bias > 0), else
+ * CM_ERR_INVAL. */
 int kn_sample_params_check(const struct kn_sample_params *p);
 
 /* 1 when kn_sample's answer for a row with params p is its kn_argmax and
- * nothing else (valid, greedy, no penalty, no logprobs): the token
+ * nothing else (valid, greedy, no penalty, no bias, no logprobs): the token
  * kn_matmul_argmax finds, with logprob 0 and no top entries. */
 int kn_sample_is_argmax(const struct kn_sample_params *p);
 

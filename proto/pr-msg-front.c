@@ -29,12 +29,16 @@ static const struct pr_field sampling_fields[] = {
                                 PR_WHEN(PR_IF_NONZERO, sampling, grammar_kind)},
     [PR_K_SAMP_GRAMMAR] = {PR_SLICE_(sampling, grammar, PR_NUM_U8, PR_MAX_GRAMMAR_BYTES), .any = 1,
                            PR_WHEN(PR_IF_NONZERO, sampling, grammar_kind)},
+    [PR_K_SAMP_BIAS_IDS] = {PR_U32S(sampling, bias_ids, PR_MAX_LOGIT_BIAS),
+                            PR_WHEN(PR_IF_NONZERO, sampling, bias_ids.n)},
+    [PR_K_SAMP_BIAS] = {PR_F32S(sampling, bias, -100, 100),
+                        PR_WHEN(PR_IF_NONZERO, sampling, bias.n)},
 };
 
-/* a grammar's text only with a kind (JSON mode has none) */
+/* a grammar's text only with a kind (JSON mode has none); a bias per biased id */
 static int check_sampling(const void *rec) {
   const struct pr_sampling *m = rec;
-  return !m->grammar_kind && m->grammar.n ? CM_ERR_INVAL : 0;
+  return (!m->grammar_kind && m->grammar.n) || m->bias.n != m->bias_ids.n ? CM_ERR_INVAL : 0;
 }
 const struct pr_rec pr_rec_sampling = PR_REC(sampling, sampling_fields, check_sampling);
 

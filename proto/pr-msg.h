@@ -125,10 +125,15 @@ struct pr_sampling {
    * one never gets here) and again, from the same text, by the workers. */
   uint32_t grammar_kind;
   struct pr_bytes grammar;
+  /* OpenAI's logit_bias: bias.v[i] in [-100, 100] added to token bias_ids.v[i]'s
+   * logit, as many of each (at most PR_MAX_LOGIT_BIAS) */
+  struct pr_u32s bias_ids;
+  struct pr_f32s bias;
 };
 
 #define PR_MAX_GRAMMAR_KIND  6
 #define PR_MAX_GRAMMAR_BYTES 32768
+#define PR_MAX_LOGIT_BIAS    1024
 
 /* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)
  * or sampled.n == n_tokens and top_ids.n == top.n == n_tokens * n_top. */

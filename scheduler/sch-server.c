@@ -187,11 +187,20 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   r->logprobs = sp.logprobs;
   r->num_prompt = a->prompt.n;
   /* the engine keeps the parameters as one blob: the struct, then the grammar's text
-   * (the struct's pointer is set again from the blob when a step sends it) */
-  uint8_t blob[sizeof(sp) + PR_MAX_GRAMMAR_BYTES];
-  size_t blob_len = sizeof(sp) + sp.grammar.n;
+   * (padded to 4 bytes), the biased ids and their biases (the struct's pointers are
+   * set again from the blob when a step sends it, sch-server-work.c) */
+  _Alignas(8) uint8_t blob[sizeof(sp) + PR_MAX_GRAMMAR_BYTES + 8 * PR_MAX_LOGIT_BIAS];
+  const size_t gpad = (sp.grammar.n + 3u) & ~(size_t)3, nb = sp.bias_ids.n;
+  size_t blob_len = sizeof(sp) + gpad + 8 * nb;
+  memset(blob + sizeof(sp), 0, gpad);
   if (sp.grammar.n) memcpy(blob + sizeof(sp), sp.grammar.v, sp.grammar.n);
+  if (nb) {
+    memcpy(blob + sizeof(sp) + gpad, sp.bias_ids.v, 4 * nb);
+    memcpy(blob + sizeof(sp) + gpad + 4 * nb, sp.bias.v, 4 * nb);
+  }
   sp.grammar.v = NULL;
+  sp.bias_ids.v = NULL;
+  sp.bias.v = NULL;
   memcpy(blob, &sp, sizeof(sp));
   r->queued_ns = cm_time_wall_ns();
   /* token ids are u32 on the wire; one above INT32_MAX reads as negative and the

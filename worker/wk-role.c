@@ -44,6 +44,9 @@ struct rseq {
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
   int n_bt[WK_MAX_KV_GROUPS];
   int cap_bt[WK_MAX_KV_GROUPS];
+  int32_t *bias_ids; /* [cap_bias] its logit_bias (sp points here), kept for the next */
+  float *bias;       /* sequence of the slot */
+  int cap_bias;
   struct gr_matcher *gm; /* structured output: where the generated tokens stand, or NULL */
   uint32_t followed;     /* with gm: the position of the next token it follows (positions
                             from the prompt's end on are generated tokens) */
@@ -136,6 +139,27 @@ static void seq_drop(struct wk_role *r, struct rseq *q) {
   wk_penalty_reset(&q->pen);
   for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
     q->n_bt[g] = 0;
+}
+
+/* The logit biases of sp in q's own arrays, which q->sp then points to. */
+static int keep_bias(struct rseq *q, const struct pr_sampling *sp) {
+  const int n = (int)sp->bias_ids.n;
+  if (n > q->cap_bias) {
+    int32_t *ids = realloc(q->bias_ids, sizeof(*ids) * (size_t)n);
+    if (ids) q->bias_ids = ids;
+    float *b = ids ? realloc(q->bias, sizeof(*b) * (size_t)n) : NULL;
+    if (!b) return CM_ERR_NOMEM;
+    q->bias = b;
+    q->cap_bias = n;
+  }
+  for (int i = 0; i < n; i++) {
+    q->bias_ids[i] = (int32_t)sp->bias_ids.v[i];
+    q->bias[i] = sp->bias.v[i];
+  }
+  q->sp.bias_ids = q->bias_ids;
+  q->sp.bias = q->bias;
+  q->sp.n_bias = n;
+  return 0;
 }
 
 /* A free slot (memory of earlier sequences is reused). */
@@ -268,6 +292,8 @@ void wk_role_destroy(struct wk_role *r) {
     wk_penalty_free(&r->seqs[i].pen);
     for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
       free(r->seqs[i].bt[g]);
+    free(r->seqs[i].bias_ids);
+    free(r->seqs[i].bias);
   }
   wk_encoder_free(r->enc);
   gram_build_free(r->gram_th);
@@ -664,10 +690,14 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   /* rows with a structured output: a backend whose kn_sample takes masks (the CPU's;
    * CUDA's once checked) samples them; on others they are masked on the host */
   int takes = kn_sample_takes_masks(wk_model_backend(r->model));
-  for (uint32_t i = 0; i < st->n_seqs && dev && !takes; i++) {
+  /* rows with logit biases likewise, on a backend whose kn_sample takes them */
+  int biases = kn_sample_takes_bias(wk_model_backend(r->model));
+  for (uint32_t i = 0; i < st->n_seqs && dev && (!takes || !biases); i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
-    if ((s->flags & PR_SEQ_SAMPLE) && (q ? q->gm != NULL : s->sampling.grammar_kind != 0)) dev = 0;
+    if (!(s->flags & PR_SEQ_SAMPLE)) continue;
+    if (!takes && (q ? q->gm != NULL : s->sampling.grammar_kind != 0)) dev = 0;
+    if (!biases && (q ? q->sp.n_bias : (int)s->sampling.bias_ids.n)) dev = 0;
   }
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
@@ -679,6 +709,8 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       q->used = 1;
       q->id = s->seq_id;
       wk_role_sampling(&s->sampling, mix64(s->seq_id ^ (uint64_t)(uintptr_t)r), &q->sp);
+      if (keep_bias(q, &s->sampling))
+        return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for logit biases");
       q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
       q->n_prompt = s->num_prompt;
       if (s->before.n && s->before.n != s->start_pos)

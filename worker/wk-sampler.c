@@ -141,6 +141,9 @@ void wk_sampling_to_kn(const struct wk_sampling_params *p, const struct wk_penal
   k->seed = p->seed;
   k->counter = counter;
   k->n_logprobs = p->n_logprobs;
+  k->bias_ids = p->bias_ids;
+  k->bias = p->bias;
+  k->n_bias = p->n_bias;
   if (st && st->keys) {
     k->pen_ids = st->keys;
     k->pen_counts = st->counts;

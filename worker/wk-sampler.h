@@ -32,6 +32,11 @@ struct wk_sampling_params {
   float repetition_penalty; /* (0, 2]; 1 = off */
   uint64_t seed;            /* the request's seed (the scheduler picks one when none given) */
   int n_logprobs;           /* -1: none; 0: the sampled token's; k <= 20: also the top k */
+  /* logit_bias: bias[i] added to token bias_ids[i]'s logit (the arrays are the
+   * caller's and outlive the parameters) */
+  const int32_t *bias_ids;
+  const float *bias;
+  int n_bias;
 };
 
 void wk_sampling_params_default(struct wk_sampling_params *p);

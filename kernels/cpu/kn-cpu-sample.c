@@ -65,8 +65,7 @@ double kn_cpu_sample_uniform(uint64_t seed, uint64_t counter, uint32_t stream) {
 void kn_cpu_sample_penalise(float *logits, int32_t off, int n, const struct kn_sample_params *p) {
   int rep = p->repetition_penalty != 1.0f;
   int freq = p->frequency_penalty != 0.0f, pres = p->presence_penalty != 0.0f;
-  if (!rep && !freq && !pres) return;
-  for (int i = 0; i < p->n_pen; i++) {
+  for (int i = 0; (rep || freq || pres) && i < p->n_pen; i++) {
     int32_t id = p->pen_ids[i] - off;
     if (p->pen_ids[i] < off || id >= n) continue;
     float l = logits[id];
@@ -77,6 +76,9 @@ void kn_cpu_sample_penalise(float *logits, int32_t off, int n, const struct kn_s
     }
     logits[id] = l;
   }
+  for (int i = 0; i < p->n_bias; i++) /* logit_bias, after the penalties (as vLLM) */
+    if (p->bias_ids[i] >= off && p->bias_ids[i] - off < n)
+      logits[p->bias_ids[i] - off] += p->bias[i];
 }
 
 /* ---- raw logprobs ---------------------------------------------------------------- */
@@ -341,11 +343,16 @@ int kn_cpu_sample_row(struct kn_cpu_sampler *s, float *logits, const struct kn_s
   return sample_row(s, logits, kn_cpu_sample_save_raw(s, logits, p), p, out);
 }
 
-/* Greedy with no penalty to apply: the token is the argmax of the row as it
- * is, so the row needs no private copy. */
+/* Nothing changes the row's logits: no penalty, no bias. */
+static int unchanged(const struct kn_sample_params *p) {
+  return p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+         p->presence_penalty == 0.0f && p->n_bias == 0;
+}
+
+/* Greedy with nothing to apply: the token is the argmax of the row as it is,
+ * so the row needs no private copy. */
 static int plain_greedy(const struct kn_sample_params *p) {
-  return p->temperature < 1e-5f && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-         p->presence_penalty == 0.0f && !p->allow;
+  return p->temperature < 1e-5f && unchanged(p) && !p->allow;
 }
 
 struct sample_job {
@@ -385,9 +392,8 @@ static void sample_run(void *arg, long long t0, long long t1, int ith) {
       }
       if (!*sp && (rc = kn_cpu_sampler_create(j->V, sp))) {
         /* rc says why */
-      } else if (p->allow && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                 p->presence_penalty == 0.0f) {
-        /* a masked row without penalties is only read: its allowed logits are
+      } else if (p->allow && unchanged(p)) {
+        /* a masked row without penalties or biases is only read: its allowed logits are
          * compacted before anything is done to them */
         rc = sample_row(*sp, (float *)(uintptr_t)row, p->n_logprobs >= 0 ? row : NULL, p, o);
       } else {

@@ -23,7 +23,8 @@
  *   - n choices of each of several prompts;
  *   - echo (vLLM's): the prompt's text, or the assistant's message, first;
  *   - cache_salt (vLLM's): the prefix cache shared only under the same salt;
- *   - --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens. */
+ *   - --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens;
+ *   - logit_bias: +100 makes a token every draw, -100 bans one; logprobs stay raw. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -94,8 +95,6 @@ TH_TEST(api_ids_outside_the_vocabulary) {
     check_400(cases[i].path, cases[i].body, cases[i].param, "vocabulary", __LINE__);
   /* ids inside it pass that check; the fields this server does not
    * implement are then refused by name rather than ignored */
-  check_400("/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"9259\":5}}", "logit_bias",
-            "not supported", __LINE__);
   check_400("/v1/completions", "{\"prompt\":\"hi\",\"allowed_token_ids\":[9259]}",
             "allowed_token_ids", "not supported", __LINE__);
   /* and the largest id is fine where ids are used */
@@ -394,6 +393,54 @@ TH_TEST(api_prompt_tokens_details) {
   json_t *j = post_ok("/v1/completions", "{\"prompt\":[2,3],\"max_tokens\":1}", __LINE__);
   TH_CHECK(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details") == NULL);
   json_decref(j);
+}
+
+/* The ids of a completion's logprobs (return_tokens_as_token_ids) into ids[n], and
+ * the first token's reported logprob. */
+static double completion_ids(const char *body, int *ids, int n) {
+  json_t *j = post_ok("/v1/completions", body, __LINE__);
+  json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+  json_t *toks = json_object_get(lp, "tokens");
+  TH_REQUIRE((int)json_array_size(toks) == n);
+  for (int i = 0; i < n; i++)
+    TH_REQUIRE(sscanf(json_string_value(json_array_get(toks, i)), "token_id:%d", &ids[i]) == 1);
+  double first = json_number_value(json_array_get(json_object_get(lp, "token_logprobs"), 0));
+  json_decref(j);
+  return first;
+}
+
+/* logit_bias (OpenAI's): +100 makes a token every draw, greedy or seeded; -100 bans
+ * the greedy one; the logprobs reported stay the raw model's. */
+TH_TEST(api_logit_bias) {
+  const char *base = "{\"prompt\":[2,10,11],\"max_tokens\":3,\"logprobs\":0,"
+                     "\"return_tokens_as_token_ids\":true,\"ignore_eos\":true";
+  char body[512];
+  int plain[3], got[3];
+  snprintf(body, sizeof(body), "%s,\"temperature\":0}", base);
+  completion_ids(body, plain, 3);
+  snprintf(body, sizeof(body), "%s,\"temperature\":0,\"logit_bias\":{\"9259\":100}}", base);
+  double lp = completion_ids(body, got, 3);
+  for (int i = 0; i < 3; i++)
+    TH_CHECK_EQ_INT(got[i], 9259);
+  TH_CHECK(lp < -1.0); /* raw: the bias would have made it about 0 */
+  snprintf(body, sizeof(body), "%s,\"temperature\":1,\"seed\":5,\"logit_bias\":{\"9259\":100}}",
+           base);
+  completion_ids(body, got, 3);
+  for (int i = 0; i < 3; i++)
+    TH_CHECK_EQ_INT(got[i], 9259);
+  snprintf(body, sizeof(body), "%s,\"temperature\":0,\"logit_bias\":{\"%d\":-100}}", base,
+           plain[0]);
+  completion_ids(body, got, 3);
+  TH_CHECK(got[0] != plain[0]);
+  /* more entries than a request may hold */
+  char *big = malloc(20000);
+  TH_REQUIRE(big != NULL);
+  size_t n = (size_t)snprintf(big, 20000, "{\"prompt\":\"hi\",\"logit_bias\":{\"0\":1");
+  for (int i = 1; i <= 1024; i++)
+    n += (size_t)snprintf(big + n, 20000 - n, ",\"%d\":1", i);
+  snprintf(big + n, 20000 - n, "}}");
+  check_400("/v1/completions", big, "logit_bias", "at most", __LINE__);
+  free(big);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */

@@ -1,6 +1,6 @@
 /* test-kn-sample.c — the CPU backend's kn_sample op, the oracle of the
  * device versions: argument checks, the logits left untouched, greedy rows
- * equal to kn_argmax of the penalised logits, rows independent of their batch,
+ * equal to kn_argmax of the penalised (and biased) logits, rows independent of their batch,
  * seeded reproducibility, a chi-square of seeded draws against the processed
  * distribution, and raw logprobs against a double-precision log-softmax. */
 #include <math.h>
@@ -102,6 +102,59 @@ TH_TEST(sample_greedy_is_argmax_of_penalised) {
   free(x);
   free(keep);
   free(pen);
+  kn_backend_destroy(be);
+}
+
+/* Logit biases: greedy rows take the argmax of logits + bias (after a penalty on the
+ * same token), ids outside the vocabulary are skipped, the logits stay untouched and
+ * the logprobs raw; a row with a bias is not kn_argmax's; bad arrays are refused. */
+TH_TEST(sample_logit_bias) {
+  struct kn_backend *be = cpu();
+  enum { V = 500 };
+  kt_seed(9);
+  float *x = kt_rand_f32(V, 2.0f), *keep = malloc(sizeof(float) * V),
+        *b = malloc(sizeof(float) * V);
+  TH_REQUIRE(keep && b);
+  memcpy(keep, x, sizeof(float) * V);
+  int32_t best;
+  TH_REQUIRE(kn_argmax(be, &best, NULL, x, V, 1, V) == 0);
+  const int32_t bias_ids[4] = {best, (best + 3) % V, V + 7, -2};
+  const float bias[4] = {-30.0f, 25.0f, 100.0f, 100.0f};
+  const int32_t pen_ids[1] = {(best + 3) % V}, pen_counts[1] = {2};
+  struct kn_sample_params p = params_default();
+  p.temperature = 0.0f;
+  p.frequency_penalty = 0.5f;
+  p.pen_ids = pen_ids;
+  p.pen_counts = pen_counts;
+  p.n_pen = 1;
+  p.bias_ids = bias_ids;
+  p.bias = bias;
+  p.n_bias = 4;
+  p.n_logprobs = 2;
+  TH_CHECK(!kn_sample_is_argmax(&p));
+  struct kn_sample_out o;
+  TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+  TH_CHECK(memcmp(x, keep, sizeof(float) * V) == 0);
+  memcpy(b, x, sizeof(float) * V);
+  b[(best + 3) % V] -= 0.5f * 2.0f; /* the penalty first */
+  b[best] += -30.0f;
+  b[(best + 3) % V] += 25.0f;
+  int32_t want;
+  TH_REQUIRE(kn_argmax(be, &want, NULL, b, V, 1, V) == 0);
+  TH_CHECK_EQ_INT(want, (best + 3) % V);
+  TH_CHECK_EQ_INT(o.token, want);
+  /* raw logprobs: the top entry is the unbiased leader */
+  TH_CHECK_EQ_INT(o.n_top, 2);
+  TH_CHECK_EQ_INT(o.top_ids[0], best);
+  TH_CHECK(o.logprob < o.top_logprobs[0]);
+  p.bias = NULL;
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, V, 1, V, &p), CM_ERR_INVAL);
+  p.bias = bias;
+  p.n_bias = -1;
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, V, 1, V, &p), CM_ERR_INVAL);
+  free(x);
+  free(keep);
+  free(b);
   kn_backend_destroy(be);
 }
 

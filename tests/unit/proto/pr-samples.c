@@ -75,6 +75,10 @@ static void sampling_typical(struct pr_sampling *s) {
   static const char re[] = "[0-9]{3}-[a-z]+";
   s->grammar_kind = 1; /* a regex */
   s->grammar = (struct pr_bytes){(const uint8_t *)re, sizeof(re) - 1};
+  static const uint32_t bias_ids[3] = {7, 1000, 262143};
+  static const float bias[3] = {-100.0f, 2.5f, 100.0f};
+  s->bias_ids = (struct pr_u32s){bias_ids, 3};
+  s->bias = (struct pr_f32s){bias, 3};
 }
 
 static void sampling_max(struct pr_sampling *s) {
