@@ -1504,6 +1504,13 @@ done:
 #define SPLIT_TENSORS_HELP                                                                         \
   "write the file in parts of at most N tensors each (see --split-max-size)"
 
+/* The output options quantize and export-gguf share: the towers' dtype, the parts. */
+#define GG_OUT_OPTS(mm_dtype, ssize, stensors)                                                     \
+  {"mmproj-dtype", CM_OPT_STR, &(mm_dtype), "T", MM_DTYPE_HELP},                                   \
+      {"split-max-size", CM_OPT_STR, &(ssize), "SIZE", SPLIT_SIZE_HELP}, {                         \
+    "split-max-tensors", CM_OPT_STR, &(stensors), "N", SPLIT_TENSORS_HELP                          \
+  }
+
 /* --split-max-size and --split-max-tensors (NULL: none) into sp: 0, or -1
  * with a message. */
 static int split_of(const char *cmd, const char *size, const char *tensors, struct gg_split *sp) {
@@ -1579,9 +1586,7 @@ int tl_quantize_main(int argc, char **argv) {
                                "also write the checkpoint's towers (Gemma 3's "
                                "vision, Gemma 4's vision and audio) as "
                                "llama.cpp's mmproj file"},
-                              {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
-                              {"split-max-size", CM_OPT_STR, &ssize, "SIZE", SPLIT_SIZE_HELP},
-                              {"split-max-tensors", CM_OPT_STR, &stensors, "N", SPLIT_TENSORS_HELP},
+                              GG_OUT_OPTS(mm_dtype, ssize, stensors),
                               {0}},
       argc, argv, 1, pos, 3, &n_pos);
   if (rc == CM_ARGS_HELP) return 0;
@@ -1619,9 +1624,7 @@ int tl_export_gguf_main(int argc, char **argv) {
        "also write the checkpoint's towers (Gemma 3's vision, Gemma 4's vision and audio) as "
        "llama.cpp's mmproj file (matrices f16, or f32 with --dtype f32, or as --mmproj-dtype "
        "says)"},
-      {"mmproj-dtype", CM_OPT_STR, &mm_dtype, "T", MM_DTYPE_HELP},
-      {"split-max-size", CM_OPT_STR, &ssize, "SIZE", SPLIT_SIZE_HELP},
-      {"split-max-tensors", CM_OPT_STR, &stensors, "N", SPLIT_TENSORS_HELP},
+      GG_OUT_OPTS(mm_dtype, ssize, stensors),
       {0},
   };
   int rc = tl_args_parse(
