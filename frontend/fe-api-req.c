@@ -424,11 +424,43 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
   return 0;
 }
 
+/* The sampler's biases (fe_api_request.bias_ids): logit_bias's, or with
+ * allowed_token_ids (vLLM's) each allowed id once, with its logit_bias or 0, and
+ * only those drawn. */
+static int merge_allowed(struct pctx *p) {
+  struct fe_api_request *r = p->r;
+  size_t n = r->n_allowed_token_ids;
+  if (!n) {
+    r->bias_ids = r->logit_bias_ids;
+    r->bias = r->logit_bias;
+    r->n_bias = r->n_logit_bias;
+    return 0;
+  }
+  if (n > FE_API_MAX_LOGIT_BIAS)
+    return fail(p, 400, "allowed_token_ids", "'allowed_token_ids' holds %zu tokens, at most %d", n,
+                FE_API_MAX_LOGIT_BIAS);
+  r->bias_ids = cm_arena_alloc(&r->arena, n * sizeof(int32_t));
+  r->bias = cm_arena_alloc(&r->arena, n * sizeof(float));
+  if (!r->bias_ids || !r->bias) return nomem(p);
+  for (size_t i = 0; i < n; i++) {
+    int32_t id = r->allowed_token_ids[i];
+    size_t k = 0;
+    while (k < r->n_bias && r->bias_ids[k] != id)
+      k++;
+    if (k < r->n_bias) continue; /* listed twice */
+    float b = 0;
+    for (size_t j = 0; j < r->n_logit_bias; j++)
+      if (r->logit_bias_ids[j] == id) b = r->logit_bias[j];
+    r->bias_ids[r->n_bias] = id;
+    r->bias[r->n_bias++] = b;
+  }
+  r->allowed_only = 1;
+  return 0;
+}
+
 /* Fields we recognise but do not implement: reject rather than ignore (OpenAI's,
  * and vLLM's extensions of the same requests). A field at its "off" value
- * (null, false, "", [] or {}) asks for nothing and passes. (allowed_token_ids
- * is parsed and refused by the serving path, after its ids were checked
- * against the vocabulary.) */
+ * (null, false, "", [] or {}) asks for nothing and passes. */
 /* truncate_prompt_tokens (vLLM's): -1, or a count of 1 and more within
  * max_model_len (where known). */
 static int parse_truncation(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
@@ -697,6 +729,7 @@ static int parse_sampling(struct pctx *p, json_t *body) {
     if ((rc = token_ids(p, at, "allowed_token_ids", &ids, &r->n_allowed_token_ids))) return rc;
     r->allowed_token_ids = (int32_t *)ids;
   }
+  if ((rc = merge_allowed(p))) return rc;
   json_t *user = json_object_get(body, "user");
   if (user && !json_is_null(user) && !json_is_string(user))
     return fail(p, 400, "user", "'user' must be a string");

@@ -105,8 +105,15 @@ struct fe_api_request {
   int32_t *logit_bias_ids; /* (n_logit_bias) logit_bias keys */
   float *logit_bias;       /* (n_logit_bias) biases in [-100, 100] */
   size_t n_logit_bias;
-  int32_t *allowed_token_ids; /* (n_allowed_token_ids) */
+  int32_t *allowed_token_ids; /* (n_allowed_token_ids) as given */
   size_t n_allowed_token_ids;
+  /* What the sampler takes: logit_bias, or with allowed_token_ids each allowed id
+   * once with its logit_bias (0 when it has none) and allowed_only set (only these
+   * may be drawn); at most FE_API_MAX_LOGIT_BIAS */
+  int32_t *bias_ids;
+  float *bias;
+  size_t n_bias;
+  int allowed_only;
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */

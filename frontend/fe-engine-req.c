@@ -337,8 +337,7 @@ static void job_done(uv_work_t *w, int status) {
 
 /* Every id a request names must be one the model has: prompt ids and the
  * ids of stop_token_ids, logit_bias and allowed_token_ids below n_vocab
- * (/detokenize: the tokenizer's ids). A 400 naming the field otherwise;
- * then the fields this server does not implement. */
+ * (/detokenize: the tokenizer's ids). A 400 naming the field otherwise. */
 static int check_ids(struct fe_engine *e, const struct fe_api_request *q, char *err, size_t errlen,
                      const char **param) {
   const struct {
@@ -369,11 +368,6 @@ static int check_ids(struct fe_engine *e, const struct fe_api_request *q, char *
                      (int)fields[f].ids[i], (int)nv - 1);
     }
   }
-  for (size_t f = 2; f < sizeof(fields) / sizeof(fields[0]); f++) { /* allowed_token_ids */
-    if (!fields[f].n) continue;
-    *param = fields[f].name;
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED, "'%s' is not supported", fields[f].name);
-  }
   return 0;
 }
 
@@ -392,8 +386,9 @@ static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_
   s->ignore_eos = q->ignore_eos != 0;
   s->grammar_kind = (uint32_t)q->grammar_kind;
   s->grammar = (struct pr_bytes){(const uint8_t *)q->grammar, (uint32_t)q->grammar_len};
-  s->bias_ids = (struct pr_u32s){(const uint32_t *)q->logit_bias_ids, (uint32_t)q->n_logit_bias};
-  s->bias = (struct pr_f32s){q->logit_bias, (uint32_t)q->n_logit_bias};
+  s->bias_ids = (struct pr_u32s){(const uint32_t *)q->bias_ids, (uint32_t)q->n_bias};
+  s->bias = (struct pr_f32s){q->bias, (uint32_t)q->n_bias};
+  s->bias_only = q->allowed_only != 0;
 }
 
 /* The stop ids an ADD carries: the request's plus the model's EOS ids. */

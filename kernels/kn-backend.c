@@ -548,7 +548,8 @@ int kn_sample_params_check(const struct kn_sample_params *p) {
       !(p->min_p >= 0 && p->min_p <= 1) || !(p->repetition_penalty > 0) ||
       p->n_logprobs > KN_SAMPLE_MAX_LOGPROBS || p->n_pen < 0 ||
       (p->n_pen > 0 && (!p->pen_ids || !p->pen_counts)) || p->n_bias < 0 ||
-      (p->n_bias > 0 && (!p->bias_ids || !p->bias)))
+      (p->n_bias > 0 && (!p->bias_ids || !p->bias)) ||
+      (p->bias_only && (p->n_bias < 1 || p->n_bias > KN_SAMPLE_MAX_BIAS)))
     return CM_ERR_INVAL;
   return 0;
 }

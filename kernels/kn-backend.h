@@ -464,6 +464,7 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
 /* ---- sampling ------------------------------------------------------------ */
 
 #define KN_SAMPLE_MAX_LOGPROBS 20
+#define KN_SAMPLE_MAX_BIAS     1024 /* bias_ids of a bias_only row */
 
 /* Sampling parameters of one logits row (host memory). Processing order (as
  * vLLM's sampler): repetition / frequency / presence penalties on the raw
@@ -493,6 +494,9 @@ struct kn_sample_params {
   const int32_t *bias_ids; /* [n_bias] host */
   const float *bias;       /* [n_bias] host */
   int n_bias;
+  /* vLLM's allowed_token_ids: 1 when only the tokens of bias_ids may be drawn (each
+   * listed once, at most KN_SAMPLE_MAX_BIAS; the others are -inf after the biases) */
+  int bias_only;
   /* A structured output's mask (host, [(V + 31) / 32] words: bit id % 32 of word
    * id / 32 set when token id may be drawn), applied after the penalties and
    * before everything else; NULL: every token. Logprobs stay the raw model's.

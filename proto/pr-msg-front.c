@@ -33,12 +33,18 @@ static const struct pr_field sampling_fields[] = {
                             PR_WHEN(PR_IF_NONZERO, sampling, bias_ids.n)},
     [PR_K_SAMP_BIAS] = {PR_F32S(sampling, bias, -100, 100),
                         PR_WHEN(PR_IF_NONZERO, sampling, bias.n)},
+    [PR_K_SAMP_BIAS_ONLY] = {PR_BOOL(sampling, bias_only),
+                             PR_WHEN(PR_IF_NONZERO, sampling, bias_ids.n)},
 };
 
-/* a grammar's text only with a kind (JSON mode has none); a bias per biased id */
+/* a grammar's text only with a kind (JSON mode has none); a bias per biased id;
+ * bias_only with ids */
 static int check_sampling(const void *rec) {
   const struct pr_sampling *m = rec;
-  return (!m->grammar_kind && m->grammar.n) || m->bias.n != m->bias_ids.n ? CM_ERR_INVAL : 0;
+  return (!m->grammar_kind && m->grammar.n) || m->bias.n != m->bias_ids.n ||
+                 (m->bias_only && !m->bias_ids.n)
+             ? CM_ERR_INVAL
+             : 0;
 }
 const struct pr_rec pr_rec_sampling = PR_REC(sampling, sampling_fields, check_sampling);
 

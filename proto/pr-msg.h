@@ -129,6 +129,9 @@ struct pr_sampling {
    * logit, as many of each (at most PR_MAX_LOGIT_BIAS) */
   struct pr_u32s bias_ids;
   struct pr_f32s bias;
+  /* vLLM's allowed_token_ids: only the tokens of bias_ids (each once, 1 to
+   * PR_MAX_LOGIT_BIAS of them, biased or with bias 0) may be drawn */
+  bool bias_only;
 };
 
 #define PR_MAX_GRAMMAR_KIND  6

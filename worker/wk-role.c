@@ -159,6 +159,7 @@ static int keep_bias(struct rseq *q, const struct pr_sampling *sp) {
   q->sp.bias_ids = q->bias_ids;
   q->sp.bias = q->bias;
   q->sp.n_bias = n;
+  q->sp.bias_only = sp->bias_only && n > 0;
   return 0;
 }
 

@@ -144,6 +144,7 @@ void wk_sampling_to_kn(const struct wk_sampling_params *p, const struct wk_penal
   k->bias_ids = p->bias_ids;
   k->bias = p->bias;
   k->n_bias = p->n_bias;
+  k->bias_only = p->bias_only;
   if (st && st->keys) {
     k->pen_ids = st->keys;
     k->pen_counts = st->counts;

@@ -37,6 +37,7 @@ struct wk_sampling_params {
   const int32_t *bias_ids;
   const float *bias;
   int n_bias;
+  int bias_only; /* allowed_token_ids: only the tokens of bias_ids may be drawn */
 };
 
 void wk_sampling_params_default(struct wk_sampling_params *p);

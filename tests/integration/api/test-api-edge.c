@@ -24,7 +24,9 @@
  *   - echo (vLLM's): the prompt's text, or the assistant's message, first;
  *   - cache_salt (vLLM's): the prefix cache shared only under the same salt;
  *   - --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens;
- *   - logit_bias: +100 makes a token every draw, -100 bans one; logprobs stay raw. */
+ *   - logit_bias: +100 makes a token every draw, -100 bans one; logprobs stay raw;
+ *   - allowed_token_ids (vLLM's): only those tokens drawn, the best allowed one of
+ *     the raw distribution when greedy. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -93,10 +95,6 @@ TH_TEST(api_ids_outside_the_vocabulary) {
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
     check_400(cases[i].path, cases[i].body, cases[i].param, "vocabulary", __LINE__);
-  /* ids inside it pass that check; the fields this server does not
-   * implement are then refused by name rather than ignored */
-  check_400("/v1/completions", "{\"prompt\":\"hi\",\"allowed_token_ids\":[9259]}",
-            "allowed_token_ids", "not supported", __LINE__);
   /* and the largest id is fine where ids are used */
   struct as_resp r;
   TH_CHECK_EQ_INT(as_post(server(), "/v1/completions",
@@ -409,6 +407,21 @@ static double completion_ids(const char *body, int *ids, int n) {
   return first;
 }
 
+/* A completion whose field `param` holds 1025 ids (an object of ids to 1, or a list)
+ * must be a 400 saying how many it may hold. */
+static void too_many_ids(const char *param, int object) {
+  char *big = malloc(20000);
+  TH_REQUIRE(big != NULL);
+  size_t n =
+      (size_t)snprintf(big, 20000, "{\"prompt\":\"hi\",\"%s\":%c", param, object ? '{' : '[');
+  for (int i = 0; i <= 1024; i++)
+    n += (size_t)(object ? snprintf(big + n, 20000 - n, "%s\"%d\":1", i ? "," : "", i)
+                         : snprintf(big + n, 20000 - n, "%s%d", i ? "," : "", i));
+  snprintf(big + n, 20000 - n, "%c}", object ? '}' : ']');
+  check_400("/v1/completions", big, param, "at most", __LINE__);
+  free(big);
+}
+
 /* logit_bias (OpenAI's): +100 makes a token every draw, greedy or seeded; -100 bans
  * the greedy one; the logprobs reported stay the raw model's. */
 TH_TEST(api_logit_bias) {
@@ -432,15 +445,98 @@ TH_TEST(api_logit_bias) {
            plain[0]);
   completion_ids(body, got, 3);
   TH_CHECK(got[0] != plain[0]);
-  /* more entries than a request may hold */
-  char *big = malloc(20000);
-  TH_REQUIRE(big != NULL);
-  size_t n = (size_t)snprintf(big, 20000, "{\"prompt\":\"hi\",\"logit_bias\":{\"0\":1");
-  for (int i = 1; i <= 1024; i++)
-    n += (size_t)snprintf(big + n, 20000 - n, ",\"%d\":1", i);
-  snprintf(big + n, 20000 - n, "}}");
-  check_400("/v1/completions", big, "logit_bias", "at most", __LINE__);
-  free(big);
+  too_many_ids("logit_bias", 1);
+}
+
+/* The first position's top n raw logprobs of a greedy completion of base (ids, values). */
+static void first_top(const char *base, int n, int *ids, double *lps) {
+  char body[512];
+  snprintf(body, sizeof(body), "%s,\"temperature\":0,\"logprobs\":%d}", base, n);
+  json_t *j = post_ok("/v1/completions", body, __LINE__);
+  json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+  json_t *top = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+  TH_REQUIRE((int)json_object_size(top) == n);
+  const char *k;
+  json_t *v;
+  int i = 0;
+  json_object_foreach(top, k, v) {
+    TH_REQUIRE(sscanf(k, "token_id:%d", &ids[i]) == 1);
+    lps[i++] = json_number_value(v);
+  }
+  for (int a = 0; a < n; a++) /* best first */
+    for (int b = a + 1; b < n; b++)
+      if (lps[b] > lps[a]) {
+        double t = lps[a];
+        int u = ids[a];
+        lps[a] = lps[b], ids[a] = ids[b], lps[b] = t, ids[b] = u;
+      }
+  json_decref(j);
+}
+
+static int in_set(int id, const int *set, int n) {
+  for (int i = 0; i < n; i++)
+    if (set[i] == id) return 1;
+  return 0;
+}
+
+/* allowed_token_ids (vLLM's): a greedy row takes the allowed token the raw
+ * distribution ranks best (read from the unconstrained request's top logprobs), with
+ * its raw logprob; every token of greedy and seeded completions, and of a chat
+ * answer, is allowed; a logit_bias moves the choice within the set and cannot leave
+ * it; ids listed twice count once; more than 1024 is a 400; [] asks for nothing. */
+TH_TEST(api_allowed_token_ids) {
+  const char *base = "{\"prompt\":[2,10,11],\"max_tokens\":4,"
+                     "\"return_tokens_as_token_ids\":true,\"ignore_eos\":true";
+  int top[5], got[4];
+  double tlp[5];
+  first_top(base, 5, top, tlp);
+  const int set[3] = {top[2], top[4], top[3]};
+  char body[768];
+  snprintf(body, sizeof(body),
+           "%s,\"temperature\":0,\"logprobs\":0,\"allowed_token_ids\":[%d,%d,%d,%d]}", base, set[0],
+           set[1], set[2], set[0]);
+  double lp = completion_ids(body, got, 4);
+  TH_CHECK_EQ_INT(got[0], top[2]);
+  TH_CHECK_NEAR(lp, tlp[2], 1e-4);
+  for (int i = 0; i < 4; i++)
+    TH_CHECK(in_set(got[i], set, 3));
+  snprintf(body, sizeof(body),
+           "%s,\"temperature\":1.5,\"seed\":3,\"logprobs\":0,"
+           "\"allowed_token_ids\":[%d,%d,%d]}",
+           base, set[0], set[1], set[2]);
+  completion_ids(body, got, 4);
+  for (int i = 0; i < 4; i++)
+    TH_CHECK(in_set(got[i], set, 3));
+  /* a bias within the set moves the choice; one outside it does nothing */
+  snprintf(body, sizeof(body),
+           "%s,\"temperature\":0,\"logprobs\":0,\"allowed_token_ids\":[%d,%d,%d],"
+           "\"logit_bias\":{\"%d\":100,\"%d\":100}}",
+           base, set[0], set[1], set[2], set[1], top[0]);
+  completion_ids(body, got, 4);
+  for (int i = 0; i < 4; i++)
+    TH_CHECK_EQ_INT(got[i], set[1]);
+  /* chat: every generated token allowed (the answer's ids through the logprobs) */
+  snprintf(body, sizeof(body),
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,"
+           "\"ignore_eos\":true,\"logprobs\":true,\"return_tokens_as_token_ids\":true,"
+           "\"allowed_token_ids\":[%d,%d,%d]}",
+           set[0], set[1], set[2]);
+  json_t *j = post_ok("/v1/chat/completions", body, __LINE__);
+  json_t *content = json_object_get(
+      json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+  TH_CHECK_EQ_INT((int)json_array_size(content), 3);
+  for (size_t i = 0; i < json_array_size(content); i++) {
+    int id = -1;
+    const char *t = json_string_value(json_object_get(json_array_get(content, i), "token"));
+    TH_CHECK(t && sscanf(t, "token_id:%d", &id) == 1 && in_set(id, set, 3));
+  }
+  json_decref(j);
+  /* [] is the field's "off" value */
+  snprintf(body, sizeof(body), "%s,\"temperature\":0,\"logprobs\":0,\"allowed_token_ids\":[]}",
+           base);
+  completion_ids(body, got, 4);
+  TH_CHECK_EQ_INT(got[0], top[0]);
+  too_many_ids("allowed_token_ids", 0);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */

@@ -158,6 +158,63 @@ TH_TEST(sample_logit_bias) {
   kn_backend_destroy(be);
 }
 
+/* allowed_token_ids (bias_only): greedy rows take the best allowed token after the
+ * biases, seeded draws at any temperature only allowed ones (every one of them over
+ * many draws), logprobs stay raw; an empty or oversized list is refused. */
+TH_TEST(sample_allowed_tokens_only) {
+  struct kn_backend *be = cpu();
+  enum { V = 700, K = 5 };
+  kt_seed(11);
+  float *x = kt_rand_f32(V, 2.0f);
+  int32_t best;
+  TH_REQUIRE(kn_argmax(be, &best, NULL, x, V, 1, V) == 0);
+  const int32_t ids[K] = {(best + 1) % V, (best + 50) % V, (best + 99) % V, (best + 300) % V,
+                          (best + 601) % V};
+  float bias[K] = {0, 0, 0, 0, 0};
+  struct kn_sample_params p = params_default();
+  p.temperature = 0.0f;
+  p.bias_ids = ids;
+  p.bias = bias;
+  p.n_bias = K;
+  p.bias_only = 1;
+  p.n_logprobs = 1;
+  TH_CHECK(!kn_sample_is_argmax(&p));
+  struct kn_sample_out o;
+  TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+  int want = 0;
+  for (int k = 1; k < K; k++)
+    if (x[ids[k]] > x[ids[want]]) want = k;
+  TH_CHECK_EQ_INT(o.token, ids[want]);
+  TH_CHECK_EQ_INT(o.top_ids[0], best); /* raw: the disallowed leader */
+  /* a bias moves the choice within the set */
+  int other = (want + 1) % K;
+  bias[other] = x[ids[want]] - x[ids[other]] + 1.0f;
+  TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+  TH_CHECK_EQ_INT(o.token, ids[other]);
+  bias[other] = 0;
+  /* seeded draws: a flat row over a high temperature still stays in the set */
+  int seen[K] = {0};
+  p.temperature = 5.0f;
+  p.seed = 77;
+  for (int c = 0; c < 400; c++) {
+    p.counter = (uint64_t)c;
+    TH_REQUIRE(kn_sample(be, &o, x, V, 1, V, &p) == 0);
+    int k = 0;
+    while (k < K && ids[k] != o.token)
+      k++;
+    TH_CHECK(k < K);
+    if (k < K) seen[k]++;
+  }
+  for (int k = 0; k < K; k++)
+    TH_CHECK(seen[k] > 0);
+  p.n_bias = 0;
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, V, 1, V, &p), CM_ERR_INVAL);
+  p.n_bias = KN_SAMPLE_MAX_BIAS + 1;
+  TH_CHECK_EQ_INT(kn_sample(be, &o, x, V, 1, V, &p), CM_ERR_INVAL);
+  free(x);
+  kn_backend_destroy(be);
+}
+
 /* Random rows: a row's token depends on its seed and counter only, not on
  * the other rows of the call; the same seed gives the same token. */
 TH_TEST(sample_seeded_rows_are_batch_invariant) {

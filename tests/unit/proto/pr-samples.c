@@ -79,6 +79,7 @@ static void sampling_typical(struct pr_sampling *s) {
   static const float bias[3] = {-100.0f, 2.5f, 100.0f};
   s->bias_ids = (struct pr_u32s){bias_ids, 3};
   s->bias = (struct pr_f32s){bias, 3};
+  s->bias_only = true;
 }
 
 static void sampling_max(struct pr_sampling *s) {

@@ -178,3 +178,49 @@ TH_TEST(tp_sample_nan_and_inf_rows) {
   TH_CHECK_EQ_INT(tp_row(logits, 4, &p, &out), 0);
   TH_CHECK_EQ_INT(out.token, V - 5);
 }
+
+/* allowed_token_ids: rows whose allowed tokens lie in one rank's slice (the
+ * others all -inf after the mask) or spread over all, greedy, top-k and closing
+ * top-p, give the one-rank answer. */
+TH_TEST(tp_sample_allowed_tokens_equal_one_rank) {
+  static float logits[V];
+  int worlds[] = {2, 3, 4};
+  int32_t ids[16];
+  float bias[16];
+  for (int it = 0; it < 60; it++) {
+    make_logits(logits, 2.0f);
+    int n = 1 + it % 16;
+    for (int i = 0; i < n; i++) {
+      /* even iterations: inside the first quarter of the vocabulary only */
+      ids[i] = it % 2 ? (int32_t)(unif() * V) : (int32_t)(unif() * (V / 4));
+      for (int j = 0; j < i; j++)
+        if (ids[j] == ids[i]) ids[i] = (ids[i] + 1 + i) % (V / 4);
+      bias[i] = i % 3 ? 0.0f : 1.5f;
+    }
+    struct kn_sample_params p;
+    kn_sample_params_default(&p);
+    int kind = it % 3;
+    p.temperature = kind == 0 ? 0.0f : 0.7f;
+    p.top_k = kind == 1 ? 4 : 0;
+    p.top_p = kind == 2 ? 0.9f : 1.0f;
+    p.seed = (uint64_t)it * 31u;
+    p.counter = (uint64_t)it;
+    p.n_logprobs = it % 4 == 0 ? -1 : 2;
+    p.bias_ids = ids;
+    p.bias = bias;
+    p.n_bias = n;
+    p.bias_only = 1;
+    TH_REQUIRE(wk_tp_sample_fits(&p, V));
+    struct kn_sample_out want, got;
+    one_rank(logits, &p, &want);
+    int in = 0;
+    for (int i = 0; i < n; i++)
+      in |= ids[i] == want.token;
+    TH_CHECK(in);
+    for (int w = 0; w < 3; w++) {
+      memset(&got, 0, sizeof got);
+      TH_CHECK_EQ_INT(tp_row(logits, worlds[w], &p, &got), 0);
+      same(&got, &want);
+    }
+  }
+}
