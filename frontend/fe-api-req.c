@@ -388,16 +388,30 @@ static int parse_stop(struct pctx *p, json_t *body) {
 
 /* logit_bias: {"<token id>": bias in [-100, 100]}. The ids are checked
  * against the vocabulary by the serving path, which knows it. */
+/* body's `key` unless absent or null (*v NULL): an object (or an array) of at most
+ * max `noun`s, *n of them; else a 400 saying it must be `must`. */
+static int get_collection(struct pctx *p, json_t *body, const char *key, int object,
+                          const char *must, size_t max, const char *noun, json_t **v, size_t *n) {
+  *v = json_object_get(body, key);
+  *n = 0;
+  if (!*v || json_is_null(*v)) {
+    *v = NULL;
+    return 0;
+  }
+  if (object ? !json_is_object(*v) : !json_is_array(*v))
+    return fail(p, 400, key, "'%s' must be %s", key, must);
+  *n = object ? json_object_size(*v) : json_array_size(*v);
+  if (*n > max) return fail(p, 400, key, "'%s' holds %zu %s, at most %zu", key, *n, noun, max);
+  return 0;
+}
+
 static int parse_logit_bias(struct pctx *p, json_t *body) {
   struct fe_api_request *r = p->r;
-  json_t *v = json_object_get(body, "logit_bias");
-  if (!v || json_is_null(v)) return 0;
-  if (!json_is_object(v))
-    return fail(p, 400, "logit_bias", "'logit_bias' must be an object of token ids to biases");
-  size_t n = json_object_size(v);
-  if (n > FE_API_MAX_LOGIT_BIAS)
-    return fail(p, 400, "logit_bias", "'logit_bias' holds %zu tokens, at most %d", n,
-                FE_API_MAX_LOGIT_BIAS);
+  json_t *v;
+  size_t n;
+  int rc = get_collection(p, body, "logit_bias", 1, "an object of token ids to biases",
+                          FE_API_MAX_LOGIT_BIAS, "tokens", &v, &n);
+  if (rc || !v) return rc;
   r->logit_bias_ids = cm_arena_alloc(&r->arena, (n ? n : 1) * sizeof(int32_t));
   r->logit_bias = cm_arena_alloc(&r->arena, (n ? n : 1) * sizeof(float));
   if (!r->logit_bias_ids || !r->logit_bias) return nomem(p);
@@ -421,6 +435,34 @@ static int parse_logit_bias(struct pctx *p, json_t *body) {
     r->logit_bias_ids[r->n_logit_bias] = (int32_t)id;
     r->logit_bias[r->n_logit_bias++] = (float)json_number_value(b);
   }
+  return 0;
+}
+
+/* bad_words (vLLM's): a list of non-empty strings, tokenized with the prompt. */
+static int parse_bad_words(struct pctx *p, json_t *body) {
+  struct fe_api_request *r = p->r;
+  json_t *v;
+  size_t n;
+  int rc = get_collection(p, body, "bad_words", 0, "an array of strings", FE_API_MAX_BAD_WORDS,
+                          "words", &v, &n);
+  if (rc || !n) return rc;
+  if (!(r->bad_words = cm_arena_alloc(&r->arena, n * sizeof(*r->bad_words)))) return nomem(p);
+  for (size_t i = 0; i < n; i++) {
+    json_t *w = json_array_get(v, i);
+    if (!json_is_string(w))
+      return fail(p, 400, "bad_words", "'bad_words' item %zu must be a string, not %s", i,
+                  type_name(w));
+    const char *t = json_string_value(w); /* kept without its leading white space */
+    size_t len = json_string_length(w), lead = 0;
+    while (lead < len && strchr(" \t\n\r\v\f", t[lead]))
+      lead++;
+    if (lead == len) return fail(p, 400, "bad_words", "'bad_words' item %zu is empty", i);
+    if (len > FE_API_MAX_BAD_WORD_BYTES)
+      return fail(p, 400, "bad_words", "'bad_words' item %zu is %zu bytes, at most %d", i, len,
+                  FE_API_MAX_BAD_WORD_BYTES);
+    if (!(r->bad_words[i] = cm_arena_strndup(&r->arena, t + lead, len - lead))) return nomem(p);
+  }
+  r->n_bad_words = n;
   return 0;
 }
 
@@ -512,8 +554,7 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 
 static int reject_unsupported(struct pctx *p, json_t *body) {
   static const char *const keys[] = {"suffix",          "functions",       "function_call",
-                                     "prompt_logprobs", "use_beam_search", "bad_words",
-                                     "chat_template"};
+                                     "prompt_logprobs", "use_beam_search", "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !json_is_false(v) &&
@@ -730,6 +771,7 @@ static int parse_sampling(struct pctx *p, json_t *body) {
     r->allowed_token_ids = (int32_t *)ids;
   }
   if ((rc = merge_allowed(p))) return rc;
+  if ((rc = parse_bad_words(p, body))) return rc;
   json_t *user = json_object_get(body, "user");
   if (user && !json_is_null(user) && !json_is_string(user))
     return fail(p, 400, "user", "'user' must be a string");

@@ -23,6 +23,8 @@
 #define FE_API_MAX_N              128 /* choices per request */
 #define FE_API_MAX_LOGIT_BIAS     1024 /* logit_bias entries (proto's PR_MAX_LOGIT_BIAS) */
 #define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
+#define FE_API_MAX_BAD_WORDS      128 /* bad_words per request */
+#define FE_API_MAX_BAD_WORD_BYTES 256 /* bytes of one of them */
 #define FE_API_MAX_IMAGES         64  /* image and audio parts in one chat request */
 #define FE_API_MAX_GRAMMAR        32768 /* bytes of a constraint's text (proto's limit) */
 
@@ -114,6 +116,15 @@ struct fe_api_request {
   float *bias;
   size_t n_bias;
   int allowed_only;
+  /* bad_words (vLLM's): the words (NUL-terminated, in the arena), then, once the
+   * tokenizing job ran, their token sequences one after another in bad_ids (malloc'd;
+   * sequence i has bad_lens[i] >= 1 ids) */
+  const char **bad_words;
+  size_t n_bad_words;
+  uint32_t *bad_ids;
+  size_t n_bad_ids;
+  uint32_t *bad_lens;
+  size_t n_bad_seqs;
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */

@@ -227,6 +227,52 @@ static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
   return rc;
 }
 
+/* bad_words as vLLM tokenizes them: each word (its leading white space gone, as
+ * parsed) without special tokens added, then " " + word where that makes as many
+ * tokens with another first one (the word within a text); the sequences into the
+ * request's arena. */
+static int job_bad_words(struct tok_job *j, struct tk_state *st) {
+  struct fe_api_request *req = j->req;
+  size_t cap = 2 * req->n_bad_words;
+  req->bad_lens = cm_arena_alloc(&req->arena, cap * sizeof(*req->bad_lens));
+  req->bad_ids = cm_arena_alloc(&req->arena, PR_MAX_BAD_WORD_IDS * sizeof(*req->bad_ids));
+  if (!req->bad_lens || !req->bad_ids) return CM_ERR_NOMEM;
+  int32_t *ids = NULL;
+  size_t n = 0, icap = 0, first_n = 0;
+  char *buf = malloc(FE_API_MAX_BAD_WORD_BYTES + 2);
+  int rc = buf ? 0 : CM_ERR_NOMEM;
+  for (size_t w = 0; w < req->n_bad_words && !rc; w++) {
+    for (int space = 0; space < 2 && !rc; space++) {
+      size_t len = strlen(req->bad_words[w]);
+      buf[0] = ' ';
+      memcpy(buf + 1, req->bad_words[w], len);
+      n = 0;
+      rc = tk_encode(j->tok, st, buf + !space, len + (size_t)space, TK_MATCH_SPECIAL, &ids, &n,
+                     &icap);
+      if (rc || !n) break;
+      const uint32_t *prev = req->bad_ids + req->n_bad_ids - first_n;
+      if (space && (n != first_n || (uint32_t)ids[0] == prev[0])) continue;
+      if (n > PR_MAX_BAD_WORD_LEN || req->n_bad_ids + n > PR_MAX_BAD_WORD_IDS) {
+        snprintf(j->err, sizeof(j->err),
+                 "'bad_words' item %zu is %zu tokens (at most %d, and %d for all the words)", w, n,
+                 PR_MAX_BAD_WORD_LEN, PR_MAX_BAD_WORD_IDS);
+        rc = CM_ERR_TOOBIG;
+        break;
+      }
+      for (size_t k = 0; k < n; k++)
+        req->bad_ids[req->n_bad_ids + k] = (uint32_t)ids[k];
+      req->n_bad_ids += n;
+      req->bad_lens[req->n_bad_seqs++] = (uint32_t)n;
+      if (!space) first_n = n;
+    }
+  }
+  if (rc == CM_ERR_INVAL) snprintf(j->err, sizeof(j->err), "'bad_words' is not valid UTF-8");
+  if (rc && rc != CM_ERR_NOMEM) snprintf(j->param, sizeof(j->param), "bad_words");
+  free(buf);
+  free(ids);
+  return rc;
+}
+
 /* The thread's part: nothing here touches the engine or the connection. */
 static void job_run(uv_work_t *w) {
   struct tok_job *j = w->data;
@@ -262,6 +308,7 @@ static void job_run(uv_work_t *w) {
   if ((j->rc = tk_state_acquire(j->tok, &st)) != 0) return;
   for (size_t pi = 0; pi < j->n_prompts && !j->rc; pi++)
     j->rc = job_prompt(j, st, pi);
+  if (!j->rc && req->n_bad_words) j->rc = job_bad_words(j, st);
   tk_state_release(j->tok, st);
 }
 
@@ -389,6 +436,8 @@ static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_
   s->bias_ids = (struct pr_u32s){(const uint32_t *)q->bias_ids, (uint32_t)q->n_bias};
   s->bias = (struct pr_f32s){q->bias, (uint32_t)q->n_bias};
   s->bias_only = q->allowed_only != 0;
+  s->bad_ids = (struct pr_u32s){q->bad_ids, (uint32_t)q->n_bad_ids};
+  s->bad_lens = (struct pr_u32s){q->bad_lens, (uint32_t)q->n_bad_seqs};
 }
 
 /* The stop ids an ADD carries: the request's plus the model's EOS ids. */

@@ -464,7 +464,7 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
 /* ---- sampling ------------------------------------------------------------ */
 
 #define KN_SAMPLE_MAX_LOGPROBS 20
-#define KN_SAMPLE_MAX_BIAS     1024 /* bias_ids of a bias_only row */
+#define KN_SAMPLE_MAX_BIAS     2048 /* bias_ids of a bias_only row */
 
 /* Sampling parameters of one logits row (host memory). Processing order (as
  * vLLM's sampler): repetition / frequency / presence penalties on the raw

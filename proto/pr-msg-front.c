@@ -35,14 +35,22 @@ static const struct pr_field sampling_fields[] = {
                         PR_WHEN(PR_IF_NONZERO, sampling, bias.n)},
     [PR_K_SAMP_BIAS_ONLY] = {PR_BOOL(sampling, bias_only),
                              PR_WHEN(PR_IF_NONZERO, sampling, bias_ids.n)},
+    [PR_K_SAMP_BAD_IDS] = {PR_U32S(sampling, bad_ids, PR_MAX_BAD_WORD_IDS),
+                           PR_WHEN(PR_IF_NONZERO, sampling, bad_ids.n)},
+    [PR_K_SAMP_BAD_LENS] = {PR_SLICE_(sampling, bad_lens, PR_NUM_U32, PR_MAX_BAD_WORD_IDS),
+                            .min = 1, .max = PR_MAX_BAD_WORD_LEN,
+                            PR_WHEN(PR_IF_NONZERO, sampling, bad_lens.n)},
 };
 
 /* a grammar's text only with a kind (JSON mode has none); a bias per biased id;
- * bias_only with ids */
+ * bias_only with ids; bad_lens adding up to bad_ids */
 static int check_sampling(const void *rec) {
   const struct pr_sampling *m = rec;
+  uint64_t bad = 0;
+  for (uint32_t i = 0; i < m->bad_lens.n; i++)
+    bad += m->bad_lens.v[i];
   return (!m->grammar_kind && m->grammar.n) || m->bias.n != m->bias_ids.n ||
-                 (m->bias_only && !m->bias_ids.n)
+                 (m->bias_only && !m->bias_ids.n) || bad != m->bad_ids.n
              ? CM_ERR_INVAL
              : 0;
 }

@@ -132,11 +132,18 @@ struct pr_sampling {
   /* vLLM's allowed_token_ids: only the tokens of bias_ids (each once, 1 to
    * PR_MAX_LOGIT_BIAS of them, biased or with bias 0) may be drawn */
   bool bias_only;
+  /* vLLM's bad_words, as token sequences one after another in bad_ids (sequence i
+   * has bad_lens.v[i] ids, 1 to PR_MAX_BAD_WORD_LEN): a token that would end one of
+   * them after the tokens generated before it may not be drawn */
+  struct pr_u32s bad_ids;
+  struct pr_u32s bad_lens;
 };
 
 #define PR_MAX_GRAMMAR_KIND  6
 #define PR_MAX_GRAMMAR_BYTES 32768
 #define PR_MAX_LOGIT_BIAS    1024
+#define PR_MAX_BAD_WORD_LEN  32   /* tokens of one bad_words sequence */
+#define PR_MAX_BAD_WORD_IDS  2048 /* tokens of all of a request's */
 
 /* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)
  * or sampled.n == n_tokens and top_ids.n == top.n == n_tokens * n_top. */

@@ -161,6 +161,16 @@ struct sch_server {
 
 /* sch-server.c */
 uint64_t sch_srv_random(struct sch_server *s);
+/* A request's sampling parameters as the engine keeps them, one blob: the struct
+ * (its pointers NULL), the grammar's text padded to 4 bytes, the biased ids, their
+ * biases, the bad words' ids and their lengths. _to_blob writes sp's into blob (of
+ * SCH_SRV_SAMPLING_BLOB_MAX bytes, 8-aligned) and returns its length; _from_blob sets
+ * *sp from one, its pointers into the blob. */
+#define SCH_SRV_SAMPLING_BLOB_MAX                                                                  \
+  (sizeof(struct pr_sampling) + PR_MAX_GRAMMAR_BYTES + 8 * PR_MAX_LOGIT_BIAS +                     \
+   8 * PR_MAX_BAD_WORD_IDS)
+size_t sch_srv_sampling_to_blob(const struct pr_sampling *sp, uint8_t *blob);
+void sch_srv_sampling_from_blob(const uint8_t *blob, size_t len, struct pr_sampling *sp);
 void sch_srv_send_err(struct sch_server *s, int32_t front, uint64_t request_id, int code,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Sends one OUT holding outs[0..n) to the frontend; on failure aborts its requests. */

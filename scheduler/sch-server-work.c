@@ -736,20 +736,11 @@ void sch_srv_work_step(struct sch_server *s) {
     for (int32_t g = 0; g < s->engine_info.num_groups; g++)
       q->block_tables[g] = (struct pr_i32s){p->block_table[g], (uint32_t)p->num_blocks[g]};
     if (p->is_new && p->sampling_len >= sizeof(struct pr_sampling)) {
-      /* the blob sch-server.c made: the struct, then the grammar's text (padded to 4
-       * bytes), the biased ids, their biases */
-      const uint8_t *b = p->sampling;
-      memcpy(&q->sampling, b, sizeof(q->sampling));
-      const size_t gpad = (q->sampling.grammar.n + 3u) & ~(size_t)3, nb = q->sampling.bias_ids.n;
-      q->sampling.grammar.v = b + sizeof(struct pr_sampling);
-      q->sampling.bias_ids.v =
-          (const uint32_t *)(const void *)(b + sizeof(struct pr_sampling) + gpad);
-      q->sampling.bias.v =
-          (const float *)(const void *)(b + sizeof(struct pr_sampling) + gpad + 4 * nb);
-      CM_ASSERT(p->sampling_len == sizeof(struct pr_sampling) + gpad + 8 * nb);
-      if (q->sampling.grammar_kind && p->start_pos > p->num_prompt) {
+      sch_srv_sampling_from_blob(p->sampling, p->sampling_len, &q->sampling);
+      if ((q->sampling.grammar_kind || q->sampling.bad_lens.n) && p->start_pos > p->num_prompt) {
         /* resumed past generated tokens the prefix cache holds: the worker's matcher
-         * follows them (p->tokens points into the request's tokens at start_pos) */
+         * and bad words follow them (p->tokens points into the request's tokens at
+         * start_pos) */
         uint32_t n = (uint32_t)(p->start_pos - p->num_prompt);
         q->generated = (struct pr_u32s){(const uint32_t *)p->tokens - n, n};
       }

@@ -160,6 +160,48 @@ static int add_images(const struct sch_server *s, const struct pr_add *a, struct
   return 0;
 }
 
+/* the blob's parts after the struct: their byte offsets and the end */
+static void blob_parts(const struct pr_sampling *sp, size_t at[5]) {
+  at[0] = sizeof(*sp);                                 /* grammar */
+  at[1] = at[0] + ((sp->grammar.n + 3u) & ~(size_t)3); /* bias_ids */
+  at[2] = at[1] + 4 * (size_t)sp->bias_ids.n;          /* bias */
+  at[3] = at[2] + 4 * (size_t)sp->bias_ids.n;          /* bad_ids */
+  at[4] = at[3] + 4 * (size_t)sp->bad_ids.n;           /* bad_lens */
+}
+
+size_t sch_srv_sampling_to_blob(const struct pr_sampling *sp, uint8_t *blob) {
+  size_t at[5];
+  blob_parts(sp, at);
+  struct pr_sampling c = *sp;
+  memset(blob + at[0], 0, at[1] - at[0]);
+  if (sp->grammar.n) memcpy(blob + at[0], sp->grammar.v, sp->grammar.n);
+  if (sp->bias_ids.n) {
+    memcpy(blob + at[1], sp->bias_ids.v, at[2] - at[1]);
+    memcpy(blob + at[2], sp->bias.v, at[3] - at[2]);
+  }
+  if (sp->bad_ids.n) memcpy(blob + at[3], sp->bad_ids.v, at[4] - at[3]);
+  if (sp->bad_lens.n) memcpy(blob + at[4], sp->bad_lens.v, 4 * (size_t)sp->bad_lens.n);
+  c.grammar.v = NULL;
+  c.bias_ids.v = NULL;
+  c.bias.v = NULL;
+  c.bad_ids.v = NULL;
+  c.bad_lens.v = NULL;
+  memcpy(blob, &c, sizeof(c));
+  return at[4] + 4 * (size_t)sp->bad_lens.n;
+}
+
+void sch_srv_sampling_from_blob(const uint8_t *blob, size_t len, struct pr_sampling *sp) {
+  memcpy(sp, blob, sizeof(*sp));
+  size_t at[5];
+  blob_parts(sp, at);
+  CM_ASSERT(len == at[4] + 4 * (size_t)sp->bad_lens.n);
+  sp->grammar.v = blob + at[0];
+  sp->bias_ids.v = (const uint32_t *)(const void *)(blob + at[1]);
+  sp->bias.v = (const float *)(const void *)(blob + at[2]);
+  sp->bad_ids.v = (const uint32_t *)(const void *)(blob + at[3]);
+  sp->bad_lens.v = (const uint32_t *)(const void *)(blob + at[4]);
+}
+
 static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) {
   if (!s->serving) {
     sch_srv_send_err(s, front, a->request_id, CM_ERR_AGAIN, "workers not ready (%d of %d)",
@@ -187,21 +229,11 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   r->logprobs = sp.logprobs;
   r->num_prompt = a->prompt.n;
   /* the engine keeps the parameters as one blob: the struct, then the grammar's text
-   * (padded to 4 bytes), the biased ids and their biases (the struct's pointers are
-   * set again from the blob when a step sends it, sch-server-work.c) */
-  _Alignas(8) uint8_t blob[sizeof(sp) + PR_MAX_GRAMMAR_BYTES + 8 * PR_MAX_LOGIT_BIAS];
-  const size_t gpad = (sp.grammar.n + 3u) & ~(size_t)3, nb = sp.bias_ids.n;
-  size_t blob_len = sizeof(sp) + gpad + 8 * nb;
-  memset(blob + sizeof(sp), 0, gpad);
-  if (sp.grammar.n) memcpy(blob + sizeof(sp), sp.grammar.v, sp.grammar.n);
-  if (nb) {
-    memcpy(blob + sizeof(sp) + gpad, sp.bias_ids.v, 4 * nb);
-    memcpy(blob + sizeof(sp) + gpad + 4 * nb, sp.bias.v, 4 * nb);
-  }
-  sp.grammar.v = NULL;
-  sp.bias_ids.v = NULL;
-  sp.bias.v = NULL;
-  memcpy(blob, &sp, sizeof(sp));
+   * (padded to 4 bytes), the biased ids, their biases, the bad words' ids and lengths
+   * (the struct's pointers are set again from the blob when a step sends it,
+   * sch_srv_sampling_from_blob) */
+  _Alignas(8) uint8_t blob[SCH_SRV_SAMPLING_BLOB_MAX];
+  size_t blob_len = sch_srv_sampling_to_blob(&sp, blob);
   r->queued_ns = cm_time_wall_ns();
   /* token ids are u32 on the wire; one above INT32_MAX reads as negative and the
    * engine refuses it like any id outside the vocabulary */

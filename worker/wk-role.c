@@ -47,6 +47,13 @@ struct rseq {
   int32_t *bias_ids; /* [cap_bias] its logit_bias (sp points here), kept for the next */
   float *bias;       /* sequence of the slot */
   int cap_bias;
+  /* bad_words: [cap_bad] the n_bad sequences' lengths, then their ids one after
+   * another (kept like bias) */
+  int32_t *bad;
+  int n_bad, cap_bad;
+  int32_t hist[PR_MAX_BAD_WORD_LEN - 1]; /* with bad words: its last generated tokens */
+  int n_hist;
+  uint32_t hist_end;     /* the position after hist's last */
   struct gr_matcher *gm; /* structured output: where the generated tokens stand, or NULL */
   uint32_t followed;     /* with gm: the position of the next token it follows (positions
                             from the prompt's end on are generated tokens) */
@@ -141,16 +148,17 @@ static void seq_drop(struct wk_role *r, struct rseq *q) {
     q->n_bt[g] = 0;
 }
 
-/* The logit biases of sp in q's own arrays, which q->sp then points to. */
+/* The logit biases of sp in q's own arrays, which q->sp then points to, with room
+ * after them for a row's bans (one per bad-word sequence, row_params). */
 static int keep_bias(struct rseq *q, const struct pr_sampling *sp) {
-  const int n = (int)sp->bias_ids.n;
-  if (n > q->cap_bias) {
-    int32_t *ids = realloc(q->bias_ids, sizeof(*ids) * (size_t)n);
+  const int n = (int)sp->bias_ids.n, room = n + (int)sp->bad_lens.n;
+  if (room > q->cap_bias) {
+    int32_t *ids = realloc(q->bias_ids, sizeof(*ids) * (size_t)room);
     if (ids) q->bias_ids = ids;
-    float *b = ids ? realloc(q->bias, sizeof(*b) * (size_t)n) : NULL;
+    float *b = ids ? realloc(q->bias, sizeof(*b) * (size_t)room) : NULL;
     if (!b) return CM_ERR_NOMEM;
     q->bias = b;
-    q->cap_bias = n;
+    q->cap_bias = room;
   }
   for (int i = 0; i < n; i++) {
     q->bias_ids[i] = (int32_t)sp->bias_ids.v[i];
@@ -161,6 +169,62 @@ static int keep_bias(struct rseq *q, const struct pr_sampling *sp) {
   q->sp.n_bias = n;
   q->sp.bias_only = sp->bias_only && n > 0;
   return 0;
+}
+
+/* The bad words of sp in q's own array: the sequences' lengths, then their ids. */
+static int keep_bad_words(struct rseq *q, const struct pr_sampling *sp) {
+  const int ns = (int)sp->bad_lens.n, need = ns + (int)sp->bad_ids.n;
+  q->n_bad = q->n_hist = 0;
+  q->hist_end = 0;
+  if (need > q->cap_bad) {
+    int32_t *b = realloc(q->bad, sizeof(*b) * (size_t)need);
+    if (!b) return CM_ERR_NOMEM;
+    q->bad = b;
+    q->cap_bad = need;
+  }
+  for (int i = 0; i < ns; i++)
+    q->bad[i] = (int32_t)sp->bad_lens.v[i];
+  for (int i = ns; i < need; i++)
+    q->bad[i] = (int32_t)sp->bad_ids.v[i - ns];
+  q->n_bad = ns;
+  return 0;
+}
+
+/* q generated token id at position pos: its bad-word history follows (a position
+ * it has seen is passed over). CM_ERR_INVAL for a position past the next. */
+static int hist_push(struct rseq *q, uint32_t pos, int32_t id) {
+  if (!q->n_bad || pos < q->hist_end) return 0;
+  if (pos > q->hist_end) return CM_ERR_INVAL;
+  if (q->n_hist == PR_MAX_BAD_WORD_LEN - 1) {
+    memmove(q->hist, q->hist + 1, sizeof(q->hist[0]) * (size_t)(q->n_hist - 1));
+    q->n_hist--;
+  }
+  q->hist[q->n_hist++] = id;
+  q->hist_end++;
+  return 0;
+}
+
+/* The parameters of q's next row, whose draw follows its history and the n tokens
+ * tok[] drawn before it in this step: q->sp, or with bad words that row's end,
+ * q->sp with a -inf bias (after its own, in keep_bias's room) on each token that
+ * would end one (as vLLM bans them: the word's other tokens the last ones generated). */
+static const struct wk_sampling_params *row_params(struct rseq *q, const uint32_t *tok, uint32_t n,
+                                                   struct wk_sampling_params *sp) {
+  int nb = q->sp.n_bias, have = q->n_hist + (int)n;
+  const int32_t *ids = q->bad + q->n_bad;
+  for (int i = 0; i < q->n_bad; ids += q->bad[i++]) {
+    int pre = q->bad[i] - 1, k = 0;
+    if (pre > have) continue;
+    for (; k < pre; k++) { /* the k-th of the last pre tokens */
+      int j = have - pre + k;
+      if ((j < q->n_hist ? q->hist[j] : (int32_t)tok[j - q->n_hist]) != ids[k]) break;
+    }
+    if (k == pre) q->bias_ids[nb] = ids[pre], q->bias[nb++] = -INFINITY;
+  }
+  if (nb == q->sp.n_bias) return &q->sp;
+  *sp = q->sp;
+  sp->n_bias = nb;
+  return sp;
 }
 
 /* A free slot (memory of earlier sequences is reused). */
@@ -295,6 +359,7 @@ void wk_role_destroy(struct wk_role *r) {
       free(r->seqs[i].bt[g]);
     free(r->seqs[i].bias_ids);
     free(r->seqs[i].bias);
+    free(r->seqs[i].bad);
   }
   wk_encoder_free(r->enc);
   gram_build_free(r->gram_th);
@@ -700,6 +765,12 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     if (!takes && (q ? q->gm != NULL : s->sampling.grammar_kind != 0)) dev = 0;
     if (!biases && (q ? q->sp.n_bias : (int)s->sampling.bias_ids.n)) dev = 0;
   }
+  /* rows with bad words: their bans follow the tokens drawn, on the host */
+  for (uint32_t i = 0; i < st->n_seqs && dev; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    const struct rseq *q = (s->flags & PR_SEQ_NEW) ? NULL : seq_find(r, s->seq_id);
+    if ((s->flags & PR_SEQ_SAMPLE) && (q ? q->n_bad : (int)s->sampling.bad_lens.n)) dev = 0;
+  }
   for (uint32_t i = 0; i < st->n_seqs; i++) {
     const struct pr_step_seq *s = &st->seqs[i];
     struct rseq *q = seq_find(r, s->seq_id);
@@ -710,8 +781,16 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       q->used = 1;
       q->id = s->seq_id;
       wk_role_sampling(&s->sampling, mix64(s->seq_id ^ (uint64_t)(uintptr_t)r), &q->sp);
-      if (keep_bias(q, &s->sampling))
+      if (keep_bias(q, &s->sampling) || keep_bad_words(q, &s->sampling))
         return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for logit biases");
+      q->hist_end = s->num_prompt;
+      if (q->n_bad && s->start_pos > s->num_prompt &&
+          s->num_prompt + s->generated.n != s->start_pos)
+        return cm_fail(err, errlen, CM_ERR_INVAL,
+                       "sequence %llu: %u generated tokens do not reach position %u",
+                       (unsigned long long)s->seq_id, s->generated.n, s->start_pos);
+      for (uint32_t j = 0; q->n_bad && j < s->generated.n; j++)
+        (void)hist_push(q, s->num_prompt + j, (int32_t)s->generated.v[j]);
       q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
       q->n_prompt = s->num_prompt;
       if (s->before.n && s->before.n != s->start_pos)
@@ -749,6 +828,12 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
     if ((s->flags & PR_SEQ_PREFILL) && penalize(q, t, s->start_pos, s->tokens.n))
       return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
+    /* generated tokens run again after a preemption: the bad words' history too */
+    for (uint32_t j = 0; q->n_bad && (s->flags & PR_SEQ_PREFILL) && j < s->tokens.n; j++)
+      if (hist_push(q, s->start_pos + j, t[j]))
+        return cm_fail(err, errlen, CM_ERR_INVAL,
+                       "sequence %llu: token %u runs past its generated ones (%u)",
+                       (unsigned long long)s->seq_id, s->start_pos + j, q->hist_end);
     /* generated tokens run again after a preemption: the matcher follows those it has
      * not seen (the ones it sampled itself it followed then) */
     for (uint32_t j = 0; q->gm && j < s->tokens.n; j++) {
@@ -843,12 +928,16 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
     if (r->s->dev_step) { /* greedy: a draft is taken when it is the row's argmax */
       wk_sample_result_from_kn(&r->s->ko[row], &out);
       acc = k < s->draft_tokens.n && out.token == (int32_t)s->draft_tokens.v[k];
-    } else if (k < s->draft_tokens.n)
-      rc = wk_sample_verify(r->sampler, lg, &q->sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
-                            allow, &acc, &out);
-    else
-      rc = wk_sample_masked(r->sampler, lg, &q->sp, &q->pen, counter, allow, &out);
-    if (rc) return rc;
+    } else {
+      struct wk_sampling_params banned;
+      const struct wk_sampling_params *sp = row_params(q, tok, n, &banned);
+      if (k < s->draft_tokens.n)
+        rc = wk_sample_verify(r->sampler, lg, sp, &q->pen, counter, (int32_t)s->draft_tokens.v[k],
+                              allow, &acc, &out);
+      else
+        rc = wk_sample_masked(r->sampler, lg, sp, &q->pen, counter, allow, &out);
+    }
+    if (rc || (rc = hist_push(q, (uint32_t)counter, out.token))) return rc;
     tok[n] = (uint32_t)out.token;
     if (q->sp.n_logprobs >= 0) {
       lp[n] = out.logprob;

@@ -26,7 +26,9 @@
  *   - --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens;
  *   - logit_bias: +100 makes a token every draw, -100 bans one; logprobs stay raw;
  *   - allowed_token_ids (vLLM's): only those tokens drawn, the best allowed one of
- *     the raw distribution when greedy. */
+ *     the raw distribution when greedy;
+ *   - bad_words (vLLM's): a greedy completion follows the unconstrained one up to
+ *     where that one spells a bad word, and never spells one. */
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -537,6 +539,96 @@ TH_TEST(api_allowed_token_ids) {
   completion_ids(body, got, 4);
   TH_CHECK_EQ_INT(got[0], top[0]);
   too_many_ids("allowed_token_ids", 0);
+}
+
+/* The token ids of text as /tokenize gives them without special tokens (at most 32). */
+static int tokenize_text(const char *text, int *ids) {
+  json_t *b = json_pack("{s:s, s:b}", "prompt", text, "add_special_tokens", 0);
+  char *body = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  json_t *j = post_ok("/tokenize", body, __LINE__);
+  free(body);
+  json_t *t = json_object_get(j, "tokens");
+  int n = (int)json_array_size(t);
+  TH_REQUIRE(n >= 1 && n <= 32);
+  for (int i = 0; i < n; i++)
+    ids[i] = (int)json_integer_value(json_array_get(t, (size_t)i));
+  json_decref(j);
+  return n;
+}
+
+/* The first index i of gen[n] where gen[i - len + 1 .. i] is one of the n_seq
+ * sequences (seq[k] of lens[k] ids) within gen, or n. */
+static int first_bad(const int *gen, int n, int seq[][32], const int *lens, int n_seq) {
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < n_seq; k++) {
+      int L = lens[k], j = 0;
+      if (L > i + 1) continue;
+      while (j < L && gen[i - L + 1 + j] == seq[k][j])
+        j++;
+      if (j == L) return i;
+    }
+  return n;
+}
+
+/* bad_words (vLLM's): each word's token sequences as vLLM makes them (the word
+ * without its leading white space, then with one space before it where that gives as
+ * many tokens with another first one, both from /tokenize); a greedy completion then
+ * equals the unconstrained one up to where that one first ends a sequence, differs
+ * there, and never ends one. One and two-token words; bad lists are 400s. */
+TH_TEST(api_bad_words) {
+  const char *base = "{\"prompt\":[2,10,11],\"max_tokens\":10,\"temperature\":0,"
+                     "\"logprobs\":0,\"return_tokens_as_token_ids\":true,\"ignore_eos\":true";
+  enum { N = 10 };
+  int plain[N], got[N];
+  char body[2048];
+  snprintf(body, sizeof(body), "%s}", base);
+  completion_ids(body, plain, N);
+  int triggered = 0;
+  for (int c = 0; c < 4; c++) {
+    int from = c < 2 ? c : c - 1, n_tok = c < 2 ? 1 : 2; /* words of 1 and 2 tokens */
+    snprintf(body, sizeof(body), "{\"tokens\":[%d,%d]}", plain[from], plain[from + 1]);
+    if (n_tok == 1) snprintf(body, sizeof(body), "{\"tokens\":[%d]}", plain[from]);
+    json_t *d = post_ok("/detokenize", body, __LINE__);
+    const char *word = json_string_value(json_object_get(d, "prompt"));
+    TH_REQUIRE(word != NULL);
+    while (*word == ' ' || *word == '\n' || *word == '\t' || *word == '\r')
+      word++;
+    if (!*word) { /* white space only: no word to ban */
+      json_decref(d);
+      continue;
+    }
+    int seq[2][32], lens[2], n_seq = 1;
+    char spaced[512];
+    lens[0] = tokenize_text(word, seq[0]);
+    snprintf(spaced, sizeof(spaced), " %s", word);
+    lens[1] = tokenize_text(spaced, seq[1]);
+    if (lens[1] == lens[0] && seq[1][0] != seq[0][0]) n_seq = 2;
+    char *wj = json_dumps(json_object_get(d, "prompt"), JSON_ENCODE_ANY);
+    snprintf(body, sizeof(body), "%s,\"bad_words\":[%s]}", base, wj);
+    free(wj);
+    json_decref(d);
+    completion_ids(body, got, N);
+    int e = first_bad(plain, N, seq, lens, n_seq);
+    TH_CHECK_EQ_INT(first_bad(got, N, seq, lens, n_seq), N);
+    for (int i = 0; i < e && i < N; i++)
+      TH_CHECK_EQ_INT(got[i], plain[i]);
+    if (e < N) {
+      TH_CHECK(got[e] != plain[e]);
+      triggered++;
+    }
+  }
+  TH_CHECK(triggered > 0); /* some word was one the greedy completion spelt */
+  check_400("/v1/completions", "{\"prompt\":\"hi\",\"bad_words\":\"x\"}", "bad_words", "array",
+            __LINE__);
+  check_400("/v1/completions", "{\"prompt\":\"hi\",\"bad_words\":[\" \"]}", "bad_words", "empty",
+            __LINE__);
+  check_400("/v1/completions", "{\"prompt\":\"hi\",\"bad_words\":[\"a\",3]}", "bad_words", "string",
+            __LINE__);
+  /* digits are a token each: 40 of them are past a word's 32 tokens */
+  check_400("/v1/completions",
+            "{\"prompt\":\"hi\",\"bad_words\":[\"1234567890123456789012345678901234567890\"]}",
+            "bad_words", "tokens", __LINE__);
 }
 
 /* ---- the event loop is not blocked by tokenization ------------------------------ */

@@ -154,15 +154,18 @@ static char *wait_idle(struct srv *s, int *idle) {
 
 /* Request i: a prompt of 3 .. 152 ids (the tiny model's window is 64),
  * GEN_MIN .. GEN_MIN + GEN_SPAN - 1 greedy tokens, logprobs of the chosen
- * token; every third one constrained by a regex. */
+ * token; every third one constrained by a regex, every fourth with bad words. */
 static void build_jobs(struct th_job *jobs, int n) {
   uint32_t x = 12345;
   for (int i = 0; i < n; i++) {
     int len = 3 + (i * 37) % 150, max_tokens = GEN_MIN + (i * 7) % GEN_SPAN;
-    /* every third a structured output: its drafts are proposed within its mask */
+    /* every third a structured output: its drafts are proposed within its mask; every
+     * fourth bans words, whose drafts are verified with the bans their position has */
     th_job_make(&jobs[i], len, &x,
-                "\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s", max_tokens,
-                i % 3 == 1 ? ",\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}" : "");
+                "\"max_tokens\":%d,\"temperature\":0,\"logprobs\":0,\"stream\":false%s%s",
+                max_tokens,
+                i % 3 == 1 ? ",\"structured_outputs\":{\"regex\":\"[a-z]+( [a-z]+)*\"}" : "",
+                i % 4 == 2 ? ",\"bad_words\":[\"a\",\"e\",\"the\",\"s t\"]" : "");
   }
 }
 

@@ -94,7 +94,9 @@ static const struct bad_case bad[] = {
     {C, PROMPT_A "\"suffix\":\"x\"}", 400, "suffix"},
     {C, PROMPT_A "\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
     {C, PROMPT_A "\"use_beam_search\":true}", 400, "use_beam_search"},
-    {C, PROMPT_A "\"bad_words\":[\"x\"]}", 400, "bad_words"},
+    {C, PROMPT_A "\"bad_words\":\"x\"}", 400, "bad_words"},
+    {C, PROMPT_A "\"bad_words\":[\"x\",{}]}", 400, "bad_words"},
+    {C, PROMPT_A "\"bad_words\":[\"\\t \"]}", 400, "bad_words"},
     {C, PROMPT_A "\"truncate_prompt_tokens\":0}", 400, "truncate_prompt_tokens"},
     {C, PROMPT_A "\"truncate_prompt_tokens\":-2}", 400, "truncate_prompt_tokens"},
     {C, PROMPT_A "\"truncate_prompt_tokens\":101}", 400, "truncate_prompt_tokens"},
@@ -313,16 +315,21 @@ TH_TEST(api_completion_good) {
   TH_CHECK(r.skip_special_tokens == 0 && r.include_stop_str_in_output == 1 && r.priority == -3);
   fe_api_request_free(&r);
 
-  /* id-taking fields the serving path checks against the vocabulary (and
-   * refuses when it does not implement them); the extremes that still fit */
-  const char *ids = "{\"prompt\":\"a\",\"logit_bias\":{\"7\":-100,\"2147483647\":100},"
-                    "\"allowed_token_ids\":[0,3],\"seed\":9223372036854775807,"
-                    "\"temperature\":1e-999}";
+  /* id-taking fields the serving path checks against the vocabulary; the extremes
+   * that still fit; the sampler's biases: each allowed id once, with its logit_bias */
+  const char *ids = "{\"prompt\":\"a\",\"logit_bias\":{\"7\":-100,\"2147483647\":100,\"3\":2},"
+                    "\"allowed_token_ids\":[0,3,0],\"seed\":9223372036854775807,"
+                    "\"temperature\":1e-999,\"bad_words\":[\"  hello\",\"x y\"]}";
   parse_ok(FE_API_COMPLETION, ids, &r);
-  TH_CHECK_EQ_INT(r.n_logit_bias, 2);
+  TH_CHECK_EQ_INT(r.n_logit_bias, 3);
   TH_CHECK(r.logit_bias_ids[0] == 7 && r.logit_bias[0] == -100.0f);
   TH_CHECK(r.logit_bias_ids[1] == INT32_MAX && r.logit_bias[1] == 100.0f);
-  TH_CHECK(r.n_allowed_token_ids == 2 && r.allowed_token_ids[1] == 3);
+  TH_CHECK(r.n_allowed_token_ids == 3 && r.allowed_token_ids[1] == 3);
+  TH_CHECK(r.allowed_only && r.n_bias == 2);
+  TH_CHECK(r.bias_ids[0] == 0 && r.bias[0] == 0.0f && r.bias_ids[1] == 3 && r.bias[1] == 2.0f);
+  TH_CHECK_EQ_INT(r.n_bad_words, 2);
+  TH_CHECK_EQ_STR(r.bad_words[0], "hello");
+  TH_CHECK_EQ_STR(r.bad_words[1], "x y");
   TH_CHECK(r.has_seed && r.seed == INT64_MAX);
   TH_CHECK_NEAR(r.temperature, 0, 0);
   fe_api_request_free(&r);

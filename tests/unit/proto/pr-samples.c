@@ -80,6 +80,10 @@ static void sampling_typical(struct pr_sampling *s) {
   s->bias_ids = (struct pr_u32s){bias_ids, 3};
   s->bias = (struct pr_f32s){bias, 3};
   s->bias_only = true;
+  static const uint32_t bad_ids[5] = {10, 11, 12, 262143, 9};
+  static const uint32_t bad_lens[3] = {3, 1, 1};
+  s->bad_ids = (struct pr_u32s){bad_ids, 5};
+  s->bad_lens = (struct pr_u32s){bad_lens, 3};
 }
 
 static void sampling_max(struct pr_sampling *s) {
