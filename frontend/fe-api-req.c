@@ -556,6 +556,7 @@ static int reject_unsupported(struct pctx *p, json_t *body) {
   static const char *const keys[] = {"suffix",          "functions",       "function_call",
                                      "prompt_logprobs", "use_beam_search", "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    if (p->r->kind == FE_API_CHAT && !strcmp(keys[i], "chat_template")) continue; /* chat's own */
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !json_is_false(v) &&
         !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -1455,6 +1456,23 @@ static int parse_template_kwargs(struct pctx *p, json_t *body, const struct fe_a
                 "'chat_template_kwargs.enable_thinking' must be a boolean, not %s", type_name(th));
   }
   r->thinking = json_is_true(th);
+  /* the request's own template: the field, else chat_template_kwargs' (vLLM reads both) */
+  json_t *ct = json_object_get(body, "chat_template");
+  const char *ct_param = "chat_template";
+  if (!ct || json_is_null(ct))
+    ct = json_object_get(kw, "chat_template"), ct_param = "chat_template_kwargs.chat_template";
+  if (ct && !json_is_null(ct)) {
+    if (!json_is_string(ct) || !json_string_length(ct)) {
+      json_decref(kw);
+      return fail(p, 400, ct_param, "'%s' must be a chat template (a non-empty string)", ct_param);
+    }
+    if (!(r->chat_template =
+              cm_arena_strndup(&r->arena, json_string_value(ct), json_string_length(ct)))) {
+      json_decref(kw);
+      return nomem(p);
+    }
+  }
+  json_object_del(kw, "chat_template");
   int rc = 0;
   if (json_object_size(kw)) {
     char *t = json_dumps(kw, JSON_COMPACT);

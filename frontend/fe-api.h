@@ -160,6 +160,9 @@ struct fe_api_request {
   /* Chat: chat_template_kwargs over the server's defaults, a JSON object's text the
    * template gets as variables (NULL: none); thinking: its enable_thinking is true. */
   const char *template_kwargs;
+  /* Chat: the request's own template (vLLM's chat_template, or chat_template_kwargs'
+   * chat_template; served with --trust-request-chat-template only), or NULL */
+  const char *chat_template;
   int thinking;
   /* Chat and /tokenize with messages: mm_processor_kwargs.max_soft_tokens, Gemma 4's
    * soft-token budget per image (70, 140, 280, 560 or 1120); 0 = the model's default. */

@@ -4,6 +4,7 @@
  * outside fe-engine*.c. */
 #ifndef LMSERVE_FE_ENGINE_IMPL_H
 #define LMSERVE_FE_ENGINE_IMPL_H
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -151,6 +152,8 @@ struct fe_engine {
   struct tk_tokenizer *tok;
   struct tk_state *tok_st;
   struct tk_chat *chat; /* NULL when the model has no chat template */
+  json_t *chat_conf;    /* with --trust-request-chat-template: the *_token variables of a
+                           request's own template (read by the pool's threads) */
   struct fe_mm mm;      /* image input; mm.enabled 0: images refused */
   int32_t eos[FE_ENG_MAX_EOS];
   int n_eos;

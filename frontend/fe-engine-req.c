@@ -55,6 +55,7 @@ struct tok_job {
   struct fe_api_request *req;
   const struct tk_tokenizer *tok; /* read by the thread */
   const struct tk_chat *chat;     /* read by the thread; NULL: none */
+  const json_t *chat_conf;        /* read by the thread: a request template's variables */
   const struct fe_mm *mm;         /* read by the thread */
   struct fe_mm_image *imgs;       /* (req->n_images) decoded by the thread (generation) */
   char param[64];                 /* the field at fault when rc != 0; "": the default */
@@ -164,6 +165,23 @@ static int render_chat(const struct tk_chat *chat, const struct fe_api_request *
   return rc || !req->continue_final_message ? rc : cut_after_final(req, *text, len, errbuf, errlen);
 }
 
+/* The request's own chat template, compiled with the server's *_token variables
+ * (a copy: other threads read them too). A template that does not parse is a 400
+ * naming chat_template. */
+static int own_template(struct tok_job *j, struct tk_chat **out) {
+  const char *t = j->req->chat_template;
+  json_t *conf = json_deep_copy(j->chat_conf);
+  char why[256] = "";
+  int rc = conf ? tk_chat_from_string(t, strlen(t), conf, out, why, sizeof(why)) : CM_ERR_NOMEM;
+  json_decref(conf);
+  if (rc && rc != CM_ERR_NOMEM) {
+    snprintf(j->err, sizeof(j->err), "chat_template: %s", why[0] ? why : cm_strerror(rc));
+    snprintf(j->param, sizeof(j->param), "chat_template");
+    rc = CM_ERR_INVAL;
+  }
+  return rc;
+}
+
 /* Tokenizes prompt `pi` of the job's request (chat: the rendered messages)
  * into job->ids[pi]. Runs on a pool thread. */
 static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
@@ -174,7 +192,10 @@ static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
   if (req->kind == FE_API_CHAT || (req->kind == FE_API_TOKENIZE && req->n_messages)) {
     char *text = NULL;
     size_t len = 0;
-    int rc = render_chat(j->chat, req, &text, &len, j->err, sizeof(j->err));
+    struct tk_chat *own = NULL; /* the request's own template (trusted by the gate) */
+    int rc = req->chat_template ? own_template(j, &own) : 0;
+    if (!rc) rc = render_chat(own ? own : j->chat, req, &text, &len, j->err, sizeof(j->err));
+    tk_chat_free(own);
     if (rc) {
       free(text);
       return rc;
@@ -552,6 +573,11 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
              "%zu images of up to %zu bytes of pixels and %zu audio clips of up to %zu bytes "
              "of features take more than one request may carry (%u MB)",
              n_img, img_max, req->n_audio, clip_max, (unsigned)(PR_MAX_MSG_DEFAULT / 2 >> 20));
+  } else if (req->chat_template && !e->cfg.trust_request_chat_template) {
+    param = "chat_template"; /* vLLM's words */
+    snprintf(err, sizeof(err),
+             "Chat template is passed with request, but --trust-request-chat-template is not "
+             "set. Refused request with untrusted chat template.");
   } else {
     check_ids(e, req, err, sizeof(err), &param);
   }
@@ -577,6 +603,7 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   j->c = c;
   j->tok = e->tok;
   j->chat = e->chat;
+  j->chat_conf = e->chat_conf;
   j->mm = &e->mm;
   j->req = req; /* the job's from here on */
   j->work.data = j;

@@ -511,23 +511,29 @@ static int gguf_tokenizer(struct fe_engine *e, const struct md_gguf *g, const ch
   return rc;
 }
 
-/* --chat-template's template in place of the model's. Its *_token variables come
- * from tok_dir's tokenizer_config.json where there is one (as the model's own
- * template's do), else from the tokenizer's BOS and EOS. */
-static int flag_template(struct fe_engine *e, const char *value, const char *tok_dir, char *err,
-                         size_t errlen) {
-  char *tmpl = NULL, path[4096];
-  int rc = tk_chat_template_arg(value, &tmpl, err, errlen);
-  if (rc) {
-    cm_error(TAG, "%s", err[0] ? err : cm_strerror(rc));
-    return rc == CM_ERR_NOMEM ? rc : CM_ERR_INVAL;
-  }
+/* The *_token variables of a template other than the model's: tok_dir's
+ * tokenizer_config.json where there is one (as the model's own template's are),
+ * else the tokenizer's BOS and EOS. */
+static json_t *template_conf(struct fe_engine *e, const char *tok_dir) {
+  char path[4096];
   json_t *conf = NULL;
   if (tok_dir) {
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", tok_dir);
     conf = json_load_file(path, 0, NULL);
   }
-  if (!conf) conf = special_tokens_of(e->tok);
+  return conf ? conf : special_tokens_of(e->tok);
+}
+
+/* --chat-template's template in place of the model's (its variables template_conf's). */
+static int flag_template(struct fe_engine *e, const char *value, const char *tok_dir, char *err,
+                         size_t errlen) {
+  char *tmpl = NULL;
+  int rc = tk_chat_template_arg(value, &tmpl, err, errlen);
+  if (rc) {
+    cm_error(TAG, "%s", err[0] ? err : cm_strerror(rc));
+    return rc == CM_ERR_NOMEM ? rc : CM_ERR_INVAL;
+  }
+  json_t *conf = template_conf(e, tok_dir);
   struct tk_chat *chat = NULL;
   rc = tk_chat_from_string(tmpl, strlen(tmpl), conf, &chat, err, errlen);
   json_decref(conf);
@@ -740,6 +746,11 @@ int fe_engine_create(uv_loop_t *loop, struct fe_router *router, const struct fe_
   if (cfg->chat_template &&
       (rc = flag_template(e, cfg->chat_template, is_gguf ? NULL : tok_dir, err, sizeof(err))) != 0)
     goto fail;
+  if (cfg->trust_request_chat_template &&
+      !(e->chat_conf = template_conf(e, is_gguf ? NULL : tok_dir))) {
+    rc = CM_ERR_NOMEM;
+    goto fail;
+  }
   load_eos(e, tok_dir, gcfg);
   err[0] = 0;
   if ((rc = fe_mm_load(cfg->model_dir, gcfg, e->tok, &cfg->mm, &e->mm, err, sizeof(err))) != 0) {
@@ -808,6 +819,7 @@ void fe_engine_destroy(struct fe_engine *e) {
   if (e->zctx) zmq_ctx_term(e->zctx);
   cm_arena_free(&e->rx_arena);
   tk_chat_free(e->chat);
+  json_decref(e->chat_conf);
   tk_state_free(e->tok_st);
   tk_free(e->tok);
   free(e->map);

@@ -70,6 +70,8 @@ struct fe_engine_config {
   struct fe_mm_opts mm;   /* image input (a checkpoint with a vision tower) */
   int prompt_tokens_details; /* usage.prompt_tokens_details.cached_tokens in answers (vLLM's
                                 --enable-prompt-tokens-details) */
+  int trust_request_chat_template; /* a chat request's own chat_template is rendered (vLLM's
+                                      --trust-request-chat-template); else a 400 */
 };
 
 /* Loads the tokenizer and chat template from cfg->model_dir, connects to

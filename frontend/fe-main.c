@@ -117,7 +117,7 @@ int fe_frontend_main(int argc, char **argv) {
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL, *chat_template = NULL;
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
-  int cors_credentials = 0, prompt_details = 0;
+  int cors_credentials = 0, prompt_details = 0, trust_template = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   int64_t max_image_pixels = 40000000;
@@ -152,6 +152,8 @@ int fe_frontend_main(int argc, char **argv) {
       FE_MAIN_CORS_OPTS(cors_origins, cors_methods, cors_headers, cors_credentials),
       {"enable-prompt-tokens-details", CM_OPT_BOOL, &prompt_details, NULL,
        FE_MAIN_PROMPT_DETAILS_HELP},
+      {"trust-request-chat-template", CM_OPT_BOOL, &trust_template, NULL,
+       FE_MAIN_TRUST_TEMPLATE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -258,6 +260,7 @@ int fe_frontend_main(int argc, char **argv) {
                                     .model_name = model,
                                     .max_model_len = max_model_len,
                                     .prompt_tokens_details = prompt_details,
+                                    .trust_request_chat_template = trust_template,
                                     .mm = {.limit = mm_limit,
                                            .audio_limit = audio_limit,
                                            .max_bytes = max_image_bytes,

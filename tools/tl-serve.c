@@ -295,6 +295,7 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_str(&f, "--allowed-headers", s->cors_headers);
   if (s->cors_credentials) argv_add(&f, "--allow-credentials");
   if (s->prompt_details) argv_add(&f, "--enable-prompt-tokens-details");
+  if (s->trust_template) argv_add(&f, "--trust-request-chat-template");
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
@@ -379,6 +380,8 @@ int tl_serve_main(int argc, char **argv) {
       FE_MAIN_CORS_OPTS(s.cors_origins, s.cors_methods, s.cors_headers, s.cors_credentials),
       {"enable-prompt-tokens-details", CM_OPT_BOOL, &s.prompt_details, NULL,
        FE_MAIN_PROMPT_DETAILS_HELP},
+      {"trust-request-chat-template", CM_OPT_BOOL, &s.trust_template, NULL,
+       FE_MAIN_TRUST_TEMPLATE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},

@@ -807,6 +807,18 @@ TH_TEST(api_cache_salt) {
             NULL, __LINE__);
 }
 
+/* Without --trust-request-chat-template a request's own template is refused, as
+ * vLLM refuses it, in the field and in chat_template_kwargs. */
+TH_TEST(api_request_chat_template_untrusted) {
+  const char *bodies[] = {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                          "\"chat_template\":\"{{ messages }}\"}",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                          "\"chat_template_kwargs\":{\"chat_template\":\"{{ messages }}\"}}"};
+  for (int i = 0; i < 2; i++)
+    check_400("/v1/chat/completions", bodies[i], "chat_template", "--trust-request-chat-template",
+              __LINE__);
+}
+
 TH_TEST(api_metrics_at_response_end) {
   char *body = malloc(16384);
   TH_REQUIRE(body);
@@ -897,7 +909,9 @@ TH_TEST(api_chat_template_flag) {
   fclose(f);
   struct as_server s2;
   memset(&s2, 0, sizeof(s2));
-  as_start(&s2, 0, (char *[]){"--max-model-len", "512", "--chat-template", path, NULL});
+  as_start(&s2, 0,
+           (char *[]){"--max-model-len", "512", "--chat-template", path,
+                      "--trust-request-chat-template", NULL});
   const char *msgs = "[{\"role\":\"user\",\"content\":\"hello there\"}]";
   char body[512];
   struct as_resp r;
@@ -940,6 +954,35 @@ TH_TEST(api_chat_template_flag) {
                           &r),
                   400);
   TH_CHECK(strstr(r.body, "no text to continue") != NULL);
+  as_resp_free(&r);
+  /* a request's own template (--trust-request-chat-template), its *_token variables the
+     model's, in the field or in chat_template_kwargs */
+  const char *own = "{{ bos_token }}U: {% for m in messages %}{{ m['content'] }}{% endfor %} B:";
+  for (int kw = 0; kw < 2; kw++) {
+    json_t *b = json_pack("{s:[{s:s, s:s}]}", "messages", "role", "user", "content", "hello there");
+    if (kw)
+      json_object_set_new(b, "chat_template_kwargs", json_pack("{s:s}", "chat_template", own));
+    else
+      json_object_set_new(b, "chat_template", json_string(own));
+    char *t = json_dumps(b, JSON_COMPACT);
+    want = same_ids(&s2, t, "{\"prompt\":\"U: hello there B:\"}", __LINE__);
+    json_object_set_new(b, "max_tokens", json_integer(1));
+    free(t);
+    t = json_dumps(b, JSON_COMPACT);
+    TH_REQUIRE(as_post(&s2, "/v1/chat/completions", t, &r) == 200);
+    j = as_json(&r);
+    TH_CHECK_EQ_INT(as_jint(j, "usage", "prompt_tokens"), want);
+    json_decref(j);
+    as_resp_free(&r);
+    free(t);
+    json_decref(b);
+  }
+  TH_CHECK_EQ_INT(as_post(&s2, "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                          "\"chat_template\":\"{% for m in messages %}\"}",
+                          &r),
+                  400);
+  as_check_error(&r, 400, "chat_template");
   as_resp_free(&r);
   as_stop(&s2);
 
