@@ -1,5 +1,6 @@
 /* test-tp.c — tensor parallelism through `lmserve serve --tensor-parallel-size N`:
- * greedy completions of requests batched together at sizes 2 and 4 equal size 1 on
+ * greedy completions of requests batched together (one with allowed_token_ids, one with
+ * bad_words) at sizes 2 and 4 equal size 1 on
  * the tiny Gemma 3, Gemma 4 (KV sharing, per-layer embeddings), Gemma 4 MoE, and
  * Gemma 4 with MTP speculation (tokens identical, where a token may flip only at a
  * near-tie of size 1's logprobs, and logprobs within 0.02 before that); and a rank
@@ -91,6 +92,12 @@ struct answer {
 static const char *const prompts[N_REQ] = {"[2,9259,1902]", "[2,651,6037,576,9405,603]",
                                            "[2,1596,476,1744]"};
 
+/* what each request adds: none; a set of allowed tokens (each rank masks its vocabulary
+ * slice); bad words (drawn on the host from the gathered logits) */
+static const char *const extras[N_REQ] = {
+    "", ",\"allowed_token_ids\":[9259,1902,651,6037,576,9405,603,1596,476,1744,100,2000]",
+    ",\"bad_words\":[\"the\",\"a\",\"s t\",\"in\"]"};
+
 /* N_REQ greedy completions sent at once (so the scheduler batches them). */
 static int ask_all(int port, struct answer *a) {
   int fds[N_REQ];
@@ -98,8 +105,8 @@ static int ask_all(int port, struct answer *a) {
     char body[512];
     snprintf(body, sizeof body,
              "{\"prompt\":%s,\"max_tokens\":%d,\"temperature\":0,\"logprobs\":2,"
-             "\"ignore_eos\":true}",
-             prompts[i], MAX_TOK);
+             "\"ignore_eos\":true%s}",
+             prompts[i], MAX_TOK, extras[i]);
     fds[i] = th_http_connect(port);
     if (fds[i] < 0) return -1;
     th_http_send(fds[i], "POST", "/v1/completions", body);
