@@ -806,6 +806,7 @@ static int parse_output(struct pctx *p, json_t *body) {
       return fail(p, 400, "echo", "'echo' cannot be combined with tools");
   }
   if ((rc = get_bool(p, body, "return_tokens_as_token_ids", &r->tokens_as_ids))) return rc;
+  if ((rc = get_bool(p, body, "return_token_ids", &r->return_token_ids))) return rc;
   if ((rc = get_bool(p, body, "stream", &r->stream))) return rc;
   json_t *so = json_object_get(body, "stream_options");
   if (so && !json_is_null(so)) {

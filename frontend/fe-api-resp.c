@@ -128,10 +128,23 @@ static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
   fe_buf_puts(b, "]}");
 }
 
-/* A choice's last fields, "logprobs" (in the endpoint's form, or null) and
- * "finish_reason", and its closing brace. */
+/* ,"key":[ids] */
+static void id_list(struct fe_buf *b, const char *key, const int32_t *ids, size_t n) {
+  fe_buf_puts(b, ",\"");
+  fe_buf_puts(b, key);
+  fe_buf_puts(b, "\":[");
+  for (size_t i = 0; i < n; i++) {
+    if (i) fe_buf_puts(b, ",");
+    fe_buf_i64(b, ids[i]);
+  }
+  fe_buf_puts(b, "]");
+}
+
+/* A choice's last fields, "token_ids" when asked for, "logprobs" (in the endpoint's
+ * form, or null) and "finish_reason", and its closing brace. */
 static void choice_end(struct fe_buf *b, const struct fe_api_choice *c,
                        void (*logprobs)(struct fe_buf *, const struct fe_api_choice *)) {
+  if (c->with_ids) id_list(b, "token_ids", c->ids, c->n_ids);
   fe_buf_puts(b, ",\"logprobs\":");
   if (c->logprobs)
     logprobs(b, c);
@@ -146,6 +159,7 @@ static void completion_choice(struct fe_buf *b, const struct fe_api_choice *c) {
   fe_buf_i64(b, c->index);
   fe_buf_puts(b, ",\"text\":");
   fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
+  if (c->prompt_ids) id_list(b, "prompt_token_ids", c->prompt_ids, c->n_prompt_ids);
   choice_end(b, c, completion_logprobs);
 }
 
@@ -183,9 +197,13 @@ static void chat_choice(struct fe_buf *b, const struct fe_api_choice *c, const c
   choice_end(b, c, chat_logprobs);
 }
 
-/* The end of a response: the choices array closed, then usage. */
-static int tail(struct fe_buf *b, const struct fe_api_usage *u) {
-  fe_buf_puts(b, "],");
+/* The end of a response: the choices array closed, a chat answer's prompt_token_ids
+ * (from c, when it has them), then usage (when given). */
+static int tail(struct fe_buf *b, const struct fe_api_choice *c, const struct fe_api_usage *u) {
+  fe_buf_puts(b, "]");
+  if (c && c->prompt_ids) id_list(b, "prompt_token_ids", c->prompt_ids, c->n_prompt_ids);
+  if (!u) return fe_buf_puts(b, "}");
+  fe_buf_puts(b, ",");
   usage(b, u);
   return fe_buf_puts(b, "}");
 }
@@ -198,7 +216,7 @@ int fe_api_write_completion(struct fe_buf *b, const struct fe_api_resp_meta *m,
     if (i) fe_buf_puts(b, ",");
     completion_choice(b, &choices[i]);
   }
-  return tail(b, u);
+  return tail(b, NULL, u);
 }
 
 int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
@@ -208,14 +226,14 @@ int fe_api_write_chat(struct fe_buf *b, const struct fe_api_resp_meta *m,
     if (i) fe_buf_puts(b, ",");
     chat_choice(b, &choices[i], "message", 1);
   }
-  return tail(b, u);
+  return tail(b, n ? &choices[0] : NULL, u);
 }
 
 int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
                                   const struct fe_api_choice *c, const struct fe_api_usage *u) {
   head(b, m, "text_completion");
   completion_choice(b, c);
-  return u ? tail(b, u) : fe_buf_puts(b, "]}");
+  return tail(b, NULL, u);
 }
 
 int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
@@ -223,13 +241,13 @@ int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
                             const struct fe_api_usage *u) {
   head(b, m, "chat.completion.chunk");
   chat_choice(b, c, "delta", with_role);
-  return u ? tail(b, u) : fe_buf_puts(b, "]}");
+  return tail(b, c, u);
 }
 
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
                              const struct fe_api_resp_meta *m, const struct fe_api_usage *u) {
   head(b, m, kind == FE_API_CHAT ? "chat.completion.chunk" : "text_completion");
-  return tail(b, u);
+  return tail(b, NULL, u);
 }
 
 int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len) {
@@ -237,12 +255,8 @@ int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_
   fe_buf_i64(b, (int64_t)n);
   fe_buf_puts(b, ",\"max_model_len\":");
   fe_buf_i64(b, max_model_len);
-  fe_buf_puts(b, ",\"tokens\":[");
-  for (size_t i = 0; i < n; i++) {
-    if (i) fe_buf_puts(b, ",");
-    fe_buf_i64(b, ids[i]);
-  }
-  return fe_buf_puts(b, "]}");
+  id_list(b, "tokens", ids, n);
+  return fe_buf_puts(b, "}");
 }
 
 int fe_api_write_detokenize(struct fe_buf *b, const char *text, size_t len) {

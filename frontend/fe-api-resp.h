@@ -37,6 +37,14 @@ struct fe_api_choice {
                            * unless text_len > 0), or NULL */
   const char *reasoning;  /* chat: the thought (Gemma 4's thinking channel), or NULL */
   size_t reasoning_len;   /* bytes; 0: no "reasoning" field */
+  /* return_token_ids (vLLM's): with_ids writes "token_ids" (the answer's, or this
+   * chunk's), and prompt_ids (when set) "prompt_token_ids": the choice's for
+   * completions, the response's (choice 0's) for chat */
+  int with_ids;
+  const int32_t *ids;
+  size_t n_ids;
+  const int32_t *prompt_ids;
+  size_t n_prompt_ids;
 };
 
 struct fe_api_usage {

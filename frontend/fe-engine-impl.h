@@ -72,6 +72,10 @@ struct fe_eng_choice {
   size_t n_lps, cap_lps;
   struct fe_eng_top *tops; /* (n_top_all) top entries behind lps */
   size_t n_top_all, cap_top;
+  int32_t *ids; /* return_token_ids: (n_ids) the tokens generated (streamed: this OUT's) */
+  size_t n_ids, cap_ids;
+  int32_t *prompt_ids; /* return_token_ids: (n_prompt_ids) its prompt's, malloc'd */
+  size_t n_prompt_ids;
   /* the ADD this choice was sent with, kept until its first output so that it can be
    * sent again when the engine loses it; its slices point into add_ids */
   struct pr_add add;

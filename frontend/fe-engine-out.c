@@ -96,6 +96,35 @@ static void usage_of(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
   }
 }
 
+/* return_token_ids: the n tokens of an OUT after the choice's. */
+static int ids_push(struct fe_eng_choice *ch, const uint32_t *v, size_t n) {
+  if (ch->n_ids + n > ch->cap_ids) {
+    size_t cap = ch->cap_ids ? ch->cap_ids : 64;
+    while (cap < ch->n_ids + n)
+      cap *= 2;
+    int32_t *p = realloc(ch->ids, cap * sizeof(*p));
+    if (!p) return CM_ERR_NOMEM;
+    ch->ids = p;
+    ch->cap_ids = cap;
+  }
+  for (size_t i = 0; i < n; i++)
+    ch->ids[ch->n_ids++] = (int32_t)v[i];
+  return 0;
+}
+
+/* return_token_ids: c's token ids (ch's), and its prompt's where `prompt` says. */
+static void with_ids(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
+                     struct fe_api_choice *c, int prompt) {
+  if (!r->api->return_token_ids) return;
+  c->with_ids = 1;
+  c->ids = ch->ids;
+  c->n_ids = ch->n_ids;
+  if (prompt) {
+    c->prompt_ids = ch->prompt_ids;
+    c->n_prompt_ids = ch->n_prompt_ids;
+  }
+}
+
 static void stream_begin(struct fe_eng_req *r) {
   if (r->sse_on) return;
   r->sse_on = 1;
@@ -105,6 +134,8 @@ static void stream_begin(struct fe_eng_req *r) {
   if (r->api->kind != FE_API_CHAT) return;
   for (int k = 0; k < r->n_ch; k++) { /* the role first, with empty content, as vLLM does */
     struct fe_api_choice c = {k, "", 0, NULL, NULL, 0, 0};
+    with_ids(r, &r->ch[k], &c, 1); /* return_token_ids: the prompt's here, no tokens yet */
+    c.n_ids = 0;
     usage_of(r, &r->ch[k], &r->sse.usage);
     r->sse.usage.completion_tokens = 0;
     fe_sse_send(&r->sse, &c);
@@ -515,6 +546,10 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
     c.logprobs = tl;
     c.n_logprobs = ch->n_lps;
   }
+  /* the ids as the logprobs go (a tool-call answer's with its last chunk); the prompt's
+   * in the choice's first chunk (a chat's role chunk, stream_begin) */
+  if (!r->api->tool_answer || ch->done)
+    with_ids(r, ch, &c, !ch->streamed && r->api->kind != FE_API_CHAT);
   stream_begin(r);
   usage_of(r, ch, &r->sse.usage);
   fe_sse_send(&r->sse, &c);
@@ -552,6 +587,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text = ch->text.data ? ch->text.data : "";
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
+    with_ids(r, ch, &cs[k], 1);
     if (r->api->tool_answer) tool_answer(ch, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
     native_answer(ch, &cs[k], &tool_bufs[2 * k]);
     if (r->api->logprobs >= 0) {
@@ -627,6 +663,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     fe_g4_out_reset(&ch->g4_out);
     ch->n_lps = 0;
     ch->n_top_all = 0;
+    ch->n_ids = 0;
   }
   const struct fe_replica_metric_ids *ri = rep_ids(r);
   if (s->tokens.n && ch->n_gen == 0) { /* the first output: its prefix-cache lookup */
@@ -663,6 +700,10 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     int32_t id = (int32_t)s->tokens.v[t];
     ch->n_gen++;
     if (want_lp) lp_push(ch, id, &s->logprobs, t);
+    if (r->api->return_token_ids && ids_push(ch, &s->tokens.v[t], 1)) {
+      fe_eng_req_fail(r, 500, "out of memory", NULL);
+      return;
+    }
     /* the EOS / stop id that ended the sequence is not part of the text */
     if (s->finish == PR_FINISH_STOP && t + 1 == s->tokens.n && s->stop_token == id &&
         is_stop_id(e, r->api, id))

@@ -505,6 +505,14 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   return fe_eng_map_put(e, ch);
 }
 
+/* return_token_ids: a copy of the choice's prompt ids for its answer. */
+static int keep_prompt_ids(struct fe_eng_choice *ch, const int32_t *ids, size_t n) {
+  if (!(ch->prompt_ids = malloc((n ? n : 1) * sizeof(*ids)))) return CM_ERR_NOMEM;
+  if (n) memcpy(ch->prompt_ids, ids, n * sizeof(*ids));
+  ch->n_prompt_ids = n;
+  return 0;
+}
+
 /* The k-th media part of a kind (audio: input_audio, else image_url); the
  * caller knows there is one. */
 static const struct fe_api_image *nth_media(const struct fe_api_request *q, int audio, size_t k) {
@@ -786,7 +794,8 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     }
     for (int k_ = 0; k_ < req->n && !status; k_++) {
       int k = (int)pi * req->n + k_;
-      if (choice_init(e, r, k, (int)pi) != 0 || echo_text(e, req, j, pi, &r->ch[k].text)) {
+      if (choice_init(e, r, k, (int)pi) != 0 || echo_text(e, req, j, pi, &r->ch[k].text) ||
+          (req->return_token_ids && keep_prompt_ids(&r->ch[k], ids, n_ids))) {
         status = 500;
         snprintf(err, sizeof(err), "out of memory");
         break;
@@ -849,6 +858,8 @@ void fe_eng_req_free(struct fe_eng_req *r) {
     fe_g4_out_free(&ch->g4_out);
     free(ch->lps);
     free(ch->tops);
+    free(ch->ids);
+    free(ch->prompt_ids);
   }
   free(r->ch);
   free(r->n_prompt);

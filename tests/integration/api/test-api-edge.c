@@ -409,6 +409,112 @@ static double completion_ids(const char *body, int *ids, int n) {
   return first;
 }
 
+static int same_ints(const int *a, const int *b, int n) {
+  return !memcmp(a, b, sizeof(int) * (size_t)n);
+}
+
+/* The ids of a JSON array into ids[] (at most cap); how many. */
+static int id_array(json_t *a, int *ids, int cap) {
+  int n = (int)json_array_size(a);
+  TH_REQUIRE(n <= cap);
+  for (int i = 0; i < n; i++)
+    ids[i] = (int)json_integer_value(json_array_get(a, (size_t)i));
+  return n;
+}
+
+/* return_token_ids through a stream of path: the chunks' token_ids one after another
+ * into ids (how many), the first chunk's prompt_token_ids (a chat's at the top level,
+ * a completion's in its choice; none in the later chunks) into prompt (*n_prompt). */
+static int streamed_ids(const char *path, const char *body, int *ids, int *prompt, int *n_prompt) {
+  struct as_resp r;
+  TH_REQUIRE(as_post(server(), path, body, &r) == 200);
+  int n = 0, chunks = 0, chat = strstr(path, "chat") != NULL;
+  *n_prompt = -1;
+  for (const char *at = r.body; (at = strstr(at, "data: ")); at += 6) {
+    if (!strncmp(at + 6, "[DONE]", 6)) break;
+    json_t *j = json_loads(at + 6, JSON_DISABLE_EOF_CHECK, NULL);
+    TH_REQUIRE(j != NULL);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *p = json_object_get(chat ? j : c, "prompt_token_ids");
+    if (chunks++ == 0) {
+      TH_REQUIRE(p != NULL);
+      *n_prompt = id_array(p, prompt, 256);
+    } else {
+      TH_CHECK(p == NULL);
+    }
+    json_t *t = json_object_get(c, "token_ids");
+    if (c) TH_CHECK(json_is_array(t));
+    n += id_array(t, ids + n, 64 - n);
+    json_decref(j);
+  }
+  as_resp_free(&r);
+  return n;
+}
+
+/* return_token_ids (vLLM's): a completion's choice carries its prompt's ids (those
+ * /tokenize gives the text) and its answer's (those its logprobs name); a chat answer
+ * its prompt's at the top level (those /tokenize gives the messages); streamed, the
+ * first chunk the prompt's and the chunks' ids add up to the answer's; without it,
+ * neither field. */
+TH_TEST(api_return_token_ids) {
+  int want[64], got[64], prompt[256], tok[256], n_prompt;
+  const char *tail = "\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,"
+                     "\"logprobs\":0,\"return_tokens_as_token_ids\":true",
+             *chat_tail = "\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,"
+                          "\"logprobs\":true,\"return_tokens_as_token_ids\":true";
+  char body[1024];
+  snprintf(body, sizeof(body), "{\"prompt\":\"hello there\",%s,\"return_token_ids\":true}", tail);
+  completion_ids(body, want, 6);
+  json_t *j = post_ok("/v1/completions", body, __LINE__);
+  json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+  TH_CHECK_EQ_INT(id_array(json_object_get(c, "token_ids"), got, 64), 6);
+  TH_CHECK(same_ints(got, want, 6));
+  n_prompt = id_array(json_object_get(c, "prompt_token_ids"), prompt, 256);
+  json_decref(j);
+  j = post_ok("/tokenize", "{\"prompt\":\"hello there\"}", __LINE__);
+  int n_tok = id_array(json_object_get(j, "tokens"), tok, 256);
+  json_decref(j);
+  TH_CHECK_EQ_INT(n_prompt, n_tok);
+  TH_CHECK(same_ints(prompt, tok, n_tok));
+  snprintf(body, sizeof(body),
+           "{\"prompt\":\"hello there\",%s,\"return_token_ids\":true,"
+           "\"stream\":true}",
+           tail);
+  TH_CHECK_EQ_INT(streamed_ids("/v1/completions", body, got, prompt, &n_prompt), 6);
+  TH_CHECK(same_ints(got, want, 6));
+  TH_CHECK(n_prompt == n_tok && same_ints(prompt, tok, n_tok));
+  /* chat */
+  const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"hello there\"}]";
+  snprintf(body, sizeof(body), "{%s}", msgs);
+  j = post_ok("/tokenize", body, __LINE__);
+  n_tok = id_array(json_object_get(j, "tokens"), tok, 256);
+  json_decref(j);
+  snprintf(body, sizeof(body), "{%s,%s,\"return_token_ids\":true}", msgs, chat_tail);
+  j = post_ok("/v1/chat/completions", body, __LINE__);
+  c = json_array_get(json_object_get(j, "choices"), 0);
+  TH_CHECK_EQ_INT(id_array(json_object_get(c, "token_ids"), want, 64), 6);
+  json_t *content = json_object_get(json_object_get(c, "logprobs"), "content");
+  for (int i = 0; i < 6; i++) {
+    int id = -1;
+    const char *t = json_string_value(json_object_get(json_array_get(content, (size_t)i), "token"));
+    TH_CHECK(t && sscanf(t, "token_id:%d", &id) == 1 && id == want[i]);
+  }
+  n_prompt = id_array(json_object_get(j, "prompt_token_ids"), prompt, 256);
+  TH_CHECK(n_prompt == n_tok && same_ints(prompt, tok, n_tok));
+  json_decref(j);
+  snprintf(body, sizeof(body), "{%s,%s,\"return_token_ids\":true,\"stream\":true}", msgs,
+           chat_tail);
+  TH_CHECK_EQ_INT(streamed_ids("/v1/chat/completions", body, got, prompt, &n_prompt), 6);
+  TH_CHECK(same_ints(got, want, 6));
+  TH_CHECK(n_prompt == n_tok && same_ints(prompt, tok, n_tok));
+  /* off: neither field */
+  snprintf(body, sizeof(body), "{%s,%s}", msgs, chat_tail);
+  j = post_ok("/v1/chat/completions", body, __LINE__);
+  c = json_array_get(json_object_get(j, "choices"), 0);
+  TH_CHECK(!json_object_get(c, "token_ids") && !json_object_get(j, "prompt_token_ids"));
+  json_decref(j);
+}
+
 /* A completion whose field `param` holds 1025 ids (an object of ids to 1, or a list)
  * must be a 400 saying how many it may hold. */
 static void too_many_ids(const char *param, int object) {
