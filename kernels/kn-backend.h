@@ -465,6 +465,11 @@ int kn_router_topk(struct kn_backend *be, int32_t *ids, float *weights, const fl
 
 #define KN_SAMPLE_MAX_LOGPROBS 20
 #define KN_SAMPLE_MAX_BIAS     2048 /* bias_ids of a bias_only row */
+/* What a bias_only row's unlisted tokens (and a bad word's last token) become: no draw
+ * takes one while another token has a real logit (exp of the gap is 0 in double), yet
+ * the row stays finite, so that a row whose other constraints leave only such tokens
+ * (a structured output's mask disjoint from allowed_token_ids) is still drawn */
+#define KN_SAMPLE_NEVER (-1e30f)
 
 /* Sampling parameters of one logits row (host memory). Processing order (as
  * vLLM's sampler): repetition / frequency / presence penalties on the raw
@@ -495,7 +500,8 @@ struct kn_sample_params {
   const float *bias;       /* [n_bias] host */
   int n_bias;
   /* vLLM's allowed_token_ids: 1 when only the tokens of bias_ids may be drawn (each
-   * listed once, at most KN_SAMPLE_MAX_BIAS; the others are -inf after the biases) */
+   * listed once, at most KN_SAMPLE_MAX_BIAS; the others are KN_SAMPLE_NEVER after the
+   * biases) */
   int bias_only;
   /* A structured output's mask (host, [(V + 31) / 32] words: bit id % 32 of word
    * id / 32 set when token id may be drawn), applied after the penalties and

@@ -206,8 +206,10 @@ static int hist_push(struct rseq *q, uint32_t pos, int32_t id) {
 
 /* The parameters of q's next row, whose draw follows its history and the n tokens
  * tok[] drawn before it in this step: q->sp, or with bad words that row's end,
- * q->sp with a -inf bias (after its own, in keep_bias's room) on each token that
- * would end one (as vLLM bans them: the word's other tokens the last ones generated). */
+ * q->sp with a bias of 2 KN_SAMPLE_NEVER (after its own, in keep_bias's room) on each
+ * token that would end one (as vLLM bans them: the word's other tokens the last ones
+ * generated); finite, so that a row its structured output leaves nothing else is
+ * still drawn. */
 static const struct wk_sampling_params *row_params(struct rseq *q, const uint32_t *tok, uint32_t n,
                                                    struct wk_sampling_params *sp) {
   int nb = q->sp.n_bias, have = q->n_hist + (int)n;
@@ -219,7 +221,7 @@ static const struct wk_sampling_params *row_params(struct rseq *q, const uint32_
       int j = have - pre + k;
       if ((j < q->n_hist ? q->hist[j] : (int32_t)tok[j - q->n_hist]) != ids[k]) break;
     }
-    if (k == pre) q->bias_ids[nb] = ids[pre], q->bias[nb++] = -INFINITY;
+    if (k == pre) q->bias_ids[nb] = ids[pre], q->bias[nb++] = 2.0f * KN_SAMPLE_NEVER;
   }
   if (nb == q->sp.n_bias) return &q->sp;
   *sp = q->sp;

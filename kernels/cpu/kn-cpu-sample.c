@@ -79,14 +79,14 @@ void kn_cpu_sample_penalise(float *logits, int32_t off, int n, const struct kn_s
   for (int i = 0; i < p->n_bias; i++) /* logit_bias, after the penalties (as vLLM) */
     if (p->bias_ids[i] >= off && p->bias_ids[i] - off < n)
       logits[p->bias_ids[i] - off] += p->bias[i];
-  if (p->bias_only) { /* allowed_token_ids: the listed tokens' values, every other -inf */
+  if (p->bias_only) { /* allowed_token_ids: the listed tokens' values, every other NEVER */
     float keep[KN_SAMPLE_MAX_BIAS];
     int nk = p->n_bias < KN_SAMPLE_MAX_BIAS ? p->n_bias : KN_SAMPLE_MAX_BIAS;
     for (int i = 0; i < nk; i++)
       keep[i] = p->bias_ids[i] >= off && p->bias_ids[i] - off < n ? logits[p->bias_ids[i] - off]
                                                                   : -INFINITY;
     for (int i = 0; i < n; i++)
-      logits[i] = -INFINITY;
+      logits[i] = KN_SAMPLE_NEVER;
     for (int i = 0; i < nk; i++)
       if (p->bias_ids[i] >= off && p->bias_ids[i] - off < n) logits[p->bias_ids[i] - off] = keep[i];
   }

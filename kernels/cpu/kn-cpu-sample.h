@@ -53,8 +53,8 @@ int kn_cpu_sample_dist(struct kn_cpu_sampler *s, float *logits, const struct kn_
 int kn_cpu_sample_top(const float *logits, int32_t off, int vocab, int n, int32_t *ids,
                       float *vals);
 
-/* Applies p's penalties, then its logit biases (and with bias_only, -inf to every
- * token not listed), to logits[n], which hold the vocabulary entries [off, off + n)
+/* Applies p's penalties, then its logit biases (and with bias_only, KN_SAMPLE_NEVER to
+ * every token not listed), to logits[n], which hold the vocabulary entries [off, off + n)
  * (a vocab-parallel slice; off 0 and n = vocab for a whole row). Ids outside the
  * slice are skipped. */
 void kn_cpu_sample_penalise(float *logits, int32_t off, int n, const struct kn_sample_params *p);

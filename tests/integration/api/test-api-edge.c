@@ -451,6 +451,26 @@ static int streamed_ids(const char *path, const char *body, int *ids, int *promp
   return n;
 }
 
+/* A structured output whose tokens allowed_token_ids all refuse, or bad_words all ban:
+ * the constraints cannot all hold, and the request is answered within its grammar
+ * (the step is not failed, so its batch and the server go on). */
+TH_TEST(api_constraints_that_leave_nothing) {
+  const char *bodies[] = {
+      "{\"prompt\":[2,10,11],\"max_tokens\":4,\"temperature\":0,"
+      "\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]},\"allowed_token_ids\":[9259]}",
+      "{\"prompt\":[2,10,11],\"max_tokens\":4,\"temperature\":0.8,\"seed\":4,"
+      "\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]},\"allowed_token_ids\":[9259]}",
+      "{\"prompt\":[2,10,11],\"max_tokens\":4,\"temperature\":0,"
+      "\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]},\"bad_words\":[\"yes\",\"no\"]}"};
+  for (int i = 0; i < 3; i++) {
+    json_t *j = post_ok("/v1/completions", bodies[i], __LINE__);
+    const char *t = as_jstr(j, "choices", 0, "text");
+    TH_CHECK(t && (!strcmp(t, "yes") || !strcmp(t, "no")));
+    json_decref(j);
+  }
+  json_decref(post_ok("/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", __LINE__));
+}
+
 /* return_token_ids (vLLM's): a completion's choice carries its prompt's ids (those
  * /tokenize gives the text) and its answer's (those its logprobs name); a chat answer
  * its prompt's at the top level (those /tokenize gives the messages); streamed, the
