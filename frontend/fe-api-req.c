@@ -386,8 +386,6 @@ static int parse_stop(struct pctx *p, json_t *body) {
   return 0;
 }
 
-/* logit_bias: {"<token id>": bias in [-100, 100]}. The ids are checked
- * against the vocabulary by the serving path, which knows it. */
 /* body's `key` unless absent or null (*v NULL): an object (or an array) of at most
  * max `noun`s, *n of them; else a 400 saying it must be `must`. */
 static int get_collection(struct pctx *p, json_t *body, const char *key, int object,
@@ -405,6 +403,8 @@ static int get_collection(struct pctx *p, json_t *body, const char *key, int obj
   return 0;
 }
 
+/* logit_bias: {"<token id>": bias in [-100, 100]}. The ids are checked
+ * against the vocabulary by the serving path, which knows it. */
 static int parse_logit_bias(struct pctx *p, json_t *body) {
   struct fe_api_request *r = p->r;
   json_t *v;

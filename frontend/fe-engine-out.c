@@ -96,19 +96,16 @@ static void usage_of(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
   }
 }
 
-/* return_token_ids: the n tokens of an OUT after the choice's. */
-static int ids_push(struct fe_eng_choice *ch, const uint32_t *v, size_t n) {
-  if (ch->n_ids + n > ch->cap_ids) {
-    size_t cap = ch->cap_ids ? ch->cap_ids : 64;
-    while (cap < ch->n_ids + n)
-      cap *= 2;
+/* return_token_ids: a token generated after the choice's. */
+static int ids_push(struct fe_eng_choice *ch, int32_t id) {
+  if (ch->n_ids == ch->cap_ids) {
+    size_t cap = ch->cap_ids ? ch->cap_ids * 2 : 64;
     int32_t *p = realloc(ch->ids, cap * sizeof(*p));
     if (!p) return CM_ERR_NOMEM;
     ch->ids = p;
     ch->cap_ids = cap;
   }
-  for (size_t i = 0; i < n; i++)
-    ch->ids[ch->n_ids++] = (int32_t)v[i];
+  ch->ids[ch->n_ids++] = id;
   return 0;
 }
 
@@ -700,7 +697,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     int32_t id = (int32_t)s->tokens.v[t];
     ch->n_gen++;
     if (want_lp) lp_push(ch, id, &s->logprobs, t);
-    if (r->api->return_token_ids && ids_push(ch, &s->tokens.v[t], 1)) {
+    if (r->api->return_token_ids && ids_push(ch, id)) {
       fe_eng_req_fail(r, 500, "out of memory", NULL);
       return;
     }
