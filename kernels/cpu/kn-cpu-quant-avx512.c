@@ -8,8 +8,9 @@
  * lane reduction on each half. What the wider registers save is the
  * dequantization, the kernels' cost (BENCHMARKS, "GGUF decode in the exact
  * mode"): one operation widens, converts or scales 16 elements of two rows
- * instead of 8 of one, and Q5's fifth bits come from a mask register instead
- * of shifts and compares. */
+ * instead of 8 of one, Q5's fifth bits come from a mask register instead
+ * of shifts and compares, and a 4-bit integer's f32 value (Q4_0, Q4_1, Q4_K)
+ * comes from one permutation of a constant table. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +64,29 @@ KN_AVX512 static inline void nibbles2(const uint8_t *a, const uint8_t *b, __m512
   n[3] = _mm512_srli_epi32(y, 4);
 }
 
+/* The nibbles of 16 bytes of each row as indices (bits 0..3; the bits above
+ * are left as they are): vector i holds elements 8i .. 8i + 7 of both, as in
+ * nibbles2. vpermps reads only an index's four low bits, so the low nibbles
+ * need no mask. */
+KN_AVX512 static inline void nibble_idx2(const uint8_t *a, const uint8_t *b, __m512i *n) {
+  __m512i x, y;
+  bytes2(a, b, 0, &x, &y);
+  n[0] = x;
+  n[1] = y;
+  n[2] = _mm512_srli_epi32(x, 4);
+  n[3] = _mm512_srli_epi32(y, 4);
+}
+
+/* The f32 values of the integers 0..15 (less `off`) by their low four bits of
+ * each lane of n: one permutation in place of a mask, a subtraction and a
+ * conversion, with the same values (exact integers). */
+KN_AVX512 static inline __m512 nibble_f32(__m512i n, int off) {
+  const __m512 t =
+      _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                    _mm512_set1_ps((float)off));
+  return _mm512_permutexvar_ps(n, t);
+}
+
 /* The fifth bits (bit j of each row's qh for element j) as one 64-bit mask:
  * bits 16i .. 16i + 15 are vector i's lanes (row A's 8 then row B's 8). */
 KN_AVX512 static inline uint64_t bit5_2(uint32_t qa, uint32_t qb) {
@@ -92,10 +116,10 @@ deq_q4_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   const uint8_t *a = ra + (size_t)c * 18, *b = rb + (size_t)c * 18;
   __m512 d = two_h16(a, b);
   __m512i n[4];
-  nibbles2(a + 2, b + 2, n);
+  nibble_idx2(a + 2, b + 2, n);
   KN_UNROLL4
   for (int i = 0; i < 4; i++)
-    v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(n[i], _mm512_set1_epi32(8))), d);
+    v[i] = _mm512_mul_ps(nibble_f32(n[i], 8), d);
 }
 
 KN_AVX512 static inline __attribute__((always_inline)) void
@@ -104,10 +128,10 @@ deq_q4_1(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   __m512 d, m;
   two_h16x2(a, b, &d, &m);
   __m512i n[4];
-  nibbles2(a + 4, b + 4, n);
+  nibble_idx2(a + 4, b + 4, n);
   KN_UNROLL4
   for (int i = 0; i < 4; i++)
-    v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(n[i]), d), m);
+    v[i] = _mm512_add_ps(_mm512_mul_ps(nibble_f32(n[i], 0), d), m);
 }
 
 /* Q5_0's integer is (nibble | fifth bit << 4) - 16: the nibble less 16 where
@@ -173,8 +197,13 @@ deq_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st, int fiv
   }
   KN_UNROLL4
   for (int i = 0; i < 4; i++) {
+    if (!five) { /* Q4_K: the nibble's value by permutation */
+      __m512i n = s & 1 ? _mm512_srli_epi32(x[i], 4) : x[i];
+      v[i] = _mm512_sub_ps(_mm512_mul_ps(d, nibble_f32(n, 0)), m);
+      continue;
+    }
     __m512i n = s & 1 ? _mm512_srli_epi32(x[i], 4) : _mm512_and_si512(x[i], _mm512_set1_epi32(0xF));
-    if (five) n = _mm512_mask_or_epi32(n, hb[i], n, _mm512_set1_epi32(16));
+    n = _mm512_mask_or_epi32(n, hb[i], n, _mm512_set1_epi32(16));
     v[i] = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(n)), m);
   }
 }
