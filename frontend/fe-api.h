@@ -174,7 +174,15 @@ struct fe_api_request {
   /* Native tools: the request's tools (a JSON array's text) for the template; NULL
    * when the template gets none. */
   const char *tools_json;
+  /* /v1/audio/transcriptions and /translations (a chat request underneath): the
+   * answer's form, enum fe_api_audio_format; 0 for the other endpoints */
+  int audio_api;
   struct cm_arena arena;          /* owns every pointer above */
+};
+
+enum fe_api_audio_format {
+  FE_API_AUDIO_JSON = 1, /* {"text": ..., "usage": ...} */
+  FE_API_AUDIO_TEXT = 2, /* the text alone, text/plain */
 };
 
 struct fe_api_error {
@@ -206,6 +214,19 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
                          const struct fe_api_config *cfg, struct fe_api_request *out,
                          struct fe_api_error *err);
 void fe_api_request_free(struct fe_api_request *r);
+
+/* POST /v1/audio/transcriptions (translate 0) and /v1/audio/translations
+ * (translate 1): the multipart form body[0..len) (ctype: its Content-Type)
+ * with OpenAI's fields file (WAV or MP3), model, language (ISO 639-1),
+ * response_format ("json", "text") and temperature, and vLLM's sampling
+ * fields (top_p, top_k, min_p, seed, the penalties, max_completion_tokens),
+ * turned into a chat request: one user turn of the instruction ("Transcribe
+ * this audio into German:"; translations: "... into English:") then the clip.
+ * `prompt`, `stream`, timestamps and `include[]` are refused by name. 0 or a
+ * negative cm_err with err filled, as fe_api_parse_request. */
+int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const char *body,
+                       size_t len, const struct fe_api_config *cfg, struct fe_api_request *out,
+                       struct fe_api_error *err);
 
 /* A tool-call answer (fe_api_request.tool_answer): the generated text as the
  * protocol object {"tool_calls": [{"name", "arguments"}]} or {"response": s}.

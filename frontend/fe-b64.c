@@ -64,3 +64,28 @@ int fe_b64_decode(const unsigned char *p, size_t len, size_t max_bytes, const ch
   *n = k;
   return 0;
 }
+
+int fe_b64_encode(const uint8_t *p, size_t len, char **out, size_t *n) {
+  static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t m = (len + 2) / 3 * 4; /* characters */
+  char *s = malloc(m + 1);
+  *out = NULL;
+  *n = 0;
+  if (!s) return CM_ERR_NOMEM;
+  size_t k = 0, i = 0;
+  for (; i + 3 <= len; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+    s[k++] = abc[v >> 18], s[k++] = abc[v >> 12 & 63], s[k++] = abc[v >> 6 & 63],
+    s[k++] = abc[v & 63];
+  }
+  if (len - i) { /* 1 or 2 bytes left: 2 or 3 characters, then padding */
+    uint32_t v = (uint32_t)p[i] << 16 | (len - i == 2 ? (uint32_t)p[i + 1] << 8 : 0);
+    s[k++] = abc[v >> 18], s[k++] = abc[v >> 12 & 63];
+    s[k++] = len - i == 2 ? abc[v >> 6 & 63] : '=';
+    s[k++] = '=';
+  }
+  s[k] = 0;
+  *out = s;
+  *n = k;
+  return 0;
+}

@@ -14,4 +14,8 @@
 int fe_b64_decode(const unsigned char *p, size_t len, size_t max_bytes, const char *what,
                   uint8_t **out, size_t *n, char *err, size_t errlen);
 
+/* Encodes p[0..len) with '=' padding into *out (malloc'd, NUL-terminated, *n
+ * characters; the caller frees it). CM_ERR_NOMEM, or 0. */
+int fe_b64_encode(const uint8_t *p, size_t len, char **out, size_t *n);
+
 #endif

@@ -596,14 +596,28 @@ static void complete(struct fe_eng_req *r) {
   struct fe_buf *b = &e->out;
   fe_buf_reset(b);
   struct fe_api_resp_meta meta = {r->id, r->created, r->api->model};
-  if (!rc) {
+  const char *ctype = "application/json";
+  if (!rc && r->api->audio_api == FE_API_AUDIO_TEXT) { /* the audio endpoints' text */
+    fe_buf_append(b, cs[0].text, cs[0].text_len);
+    ctype = "text/plain; charset=utf-8";
+  } else if (!rc && r->api->audio_api) { /* {"text", "usage"}: OpenAI's token usage form */
+    fe_buf_puts(b, "{\"text\":");
+    fe_buf_json_str(b, cs[0].text, cs[0].text_len);
+    fe_buf_puts(b, ",\"usage\":{\"type\":\"tokens\",\"input_tokens\":");
+    fe_buf_i64(b, u.prompt_tokens);
+    fe_buf_puts(b, ",\"output_tokens\":");
+    fe_buf_i64(b, u.completion_tokens);
+    fe_buf_puts(b, ",\"total_tokens\":");
+    fe_buf_i64(b, u.prompt_tokens + u.completion_tokens);
+    fe_buf_puts(b, "}}");
+  } else if (!rc) {
     if (r->api->kind == FE_API_CHAT)
       rc = fe_api_write_chat(b, &meta, cs, (size_t)r->n_ch, &u);
     else
       rc = fe_api_write_completion(b, &meta, cs, (size_t)r->n_ch, &u);
   }
   if (!rc && !b->err)
-    fe_conn_respond(r->conn, 200, "application/json", NULL, b->data, b->len);
+    fe_conn_respond(r->conn, 200, ctype, NULL, b->data, b->len);
   else
     fe_conn_respond_error(r->conn, 500, "response too large to build", NULL);
   for (int k = 0; tls && tops && txt && k < r->n_ch; k++) {

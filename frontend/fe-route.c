@@ -22,6 +22,7 @@ struct fe_router {
   int64_t created;            /* GET /v1/models: seconds since the epoch */
   struct fe_buf scratch;      /* /metrics and other bodies */
   struct fe_cors *cors;
+  const struct fe_http_request *cur; /* the request being routed (its headers) */
 };
 
 typedef void (*route_fn)(struct fe_router *r, struct fe_conn *c, const char *body, size_t len);
@@ -100,17 +101,15 @@ static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body,
                   r->scratch.len);
 }
 
-static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
-                      enum fe_api_kind kind) {
+static struct fe_api_config api_config(struct fe_router *r) {
   struct fe_api_config acfg = {r->model_name, max_model_len(r),
                                r->hooks.model ? r->hooks.model(r->hooks.ud) : NULL,
                                r->cfg.default_template_kwargs};
-  struct fe_api_request req;
-  struct fe_api_error err;
-  if (fe_api_parse_request(kind, body, len, &acfg, &req, &err) != 0) {
-    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
-    return;
-  }
+  return acfg;
+}
+
+/* Hands a parsed request to the engine, which answers it (or answers why not). */
+static void submit(struct fe_router *r, struct fe_conn *c, struct fe_api_request req) {
   const char *why = NULL;
   if (r->hooks.submit) {
     fe_metrics_inc(r->metrics, r->ids.http_requests, 1); /* the engine answers it */
@@ -135,11 +134,43 @@ static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, 
   reply_error(r, c, 503, "engine not ready", NULL);
 }
 
+static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
+                      enum fe_api_kind kind) {
+  struct fe_api_config acfg = api_config(r);
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_request(kind, body, len, &acfg, &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  submit(r, c, req);
+}
+
+static void on_audio(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
+                     int translate) {
+  struct fe_api_config acfg = api_config(r);
+  const struct fe_http_header *h = fe_http_find_header(r->cur, "content-type");
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_audio(translate, h ? h->value : NULL, h ? h->value_len : 0, body, len, &acfg,
+                         &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  submit(r, c, req);
+}
+
 static void on_completions(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_engine(r, c, b, n, FE_API_COMPLETION);
 }
 static void on_chat(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_engine(r, c, b, n, FE_API_CHAT);
+}
+static void on_transcriptions(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_audio(r, c, b, n, 0);
+}
+static void on_translations(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_audio(r, c, b, n, 1);
 }
 static void on_tokenize(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_engine(r, c, b, n, FE_API_TOKENIZE);
@@ -155,6 +186,8 @@ static const struct route routes[] = {
     {"GET", "/metrics", on_metrics, 0, 0},
     {"POST", "/v1/completions", on_completions, 0, 0},
     {"POST", "/v1/chat/completions", on_chat, 0, 0},
+    {"POST", "/v1/audio/transcriptions", on_transcriptions, 0, 0},
+    {"POST", "/v1/audio/translations", on_translations, 0, 0},
     {"POST", "/tokenize", on_tokenize, 0, 0},
     {"POST", "/detokenize", on_detokenize, 0, 0},
 };
@@ -210,7 +243,9 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
         return;
       }
     }
+    r->cur = req;
     routes[i].fn(r, c, body, body_len);
+    r->cur = NULL;
     return;
   }
   if (path_match) {

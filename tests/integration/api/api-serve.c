@@ -169,25 +169,29 @@ static int send_all(int fd, const char *p, size_t n) {
 }
 
 /* Connects and sends the whole request; returns the socket or -1. */
-static int send_request(const struct as_server *s, const char *method, const char *path,
-                        const char *headers, const char *body) {
+static int send_body(const struct as_server *s, const char *method, const char *path,
+                     const char *headers, const char *ctype, const char *body, size_t blen) {
   int fd = th_http_connect(s->port);
   if (fd < 0) return -1;
   char auth[300] = "";
   if (!headers && s->api_key)
     snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", s->api_key);
-  size_t blen = body ? strlen(body) : 0;
   char head[8192];
   int hn = snprintf(head, sizeof(head),
                     "%s %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n%s%s"
-                    "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                    method, path, headers ? headers : "", auth, blen);
+                    "Content-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+                    method, path, headers ? headers : "", auth, ctype, blen);
   if (hn < 0 || (size_t)hn >= sizeof(head) || send_all(fd, head, (size_t)hn) != 0 ||
       (blen && send_all(fd, body, blen) != 0)) {
     close(fd);
     return -1;
   }
   return fd;
+}
+
+static int send_request(const struct as_server *s, const char *method, const char *path,
+                        const char *headers, const char *body) {
+  return send_body(s, method, path, headers, "application/json", body, body ? strlen(body) : 0);
 }
 
 /* Splits a raw answer into status, head and (de-chunked) body; frees raw. */
@@ -258,6 +262,11 @@ int as_read_answer(int fd, struct as_resp *r) {
 int as_request(const struct as_server *s, const char *method, const char *path, const char *headers,
                const char *body, struct as_resp *r) {
   return as_read_answer(send_request(s, method, path, headers, body), r);
+}
+
+int as_post_bytes(const struct as_server *s, const char *path, const char *ctype, const char *body,
+                  size_t len, struct as_resp *r) {
+  return as_read_answer(send_body(s, "POST", path, NULL, ctype, body, len), r);
 }
 
 int as_get(const struct as_server *s, const char *path, struct as_resp *r) {

@@ -73,6 +73,9 @@ int as_request(const struct as_server *s, const char *method, const char *path, 
                const char *body, struct as_resp *r);
 int as_get(const struct as_server *s, const char *path, struct as_resp *r);
 int as_post(const struct as_server *s, const char *path, const char *body, struct as_resp *r);
+/* A POST of len bytes (binary allowed) with the Content-Type ctype. */
+int as_post_bytes(const struct as_server *s, const char *path, const char *ctype, const char *body,
+                  size_t len, struct as_resp *r);
 void as_resp_free(struct as_resp *r);
 /* The body as JSON (NULL when it is not). */
 json_t *as_json(const struct as_resp *r);

@@ -31,7 +31,12 @@
  *       the limit; both servers serve on; with audio=0 a clip is a 400
  *       saying audio is turned off, and images are still taken;
  *   (d) the official openai client (api-openai-audio.mjs) sends a clip and
- *       gets the same text, and a BadRequestError naming a broken clip;
+ *       gets the same text, and a BadRequestError naming a broken clip; its
+ *       audio.transcriptions.create gets (f)'s text, as JSON and as text;
+ *   (f) POST /v1/audio/transcriptions and /translations (multipart forms as
+ *       curl and the OpenAI clients send them) answer, as JSON with token
+ *       usage or as text, what the chat request of their instruction and the
+ *       clip answers; their refusals name the field;
  *   (e) a third server, C, on a checkpoint whose audio tower an mmproj file
  *       can hold (--audio-shape tiny-default), served from the GGUF files
  *       export-gguf writes (the model file and llama.cpp's mmproj file with
@@ -115,6 +120,148 @@ static char *chat_body(const char *before, const char *const b64[], int n, const
   if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
   /* an image of at most 70 tokens fits B's steps */
   return api_greedy_body(parts, url ? json_pack("{s:i}", "max_soft_tokens", 70) : NULL, stream);
+}
+
+/* ---- the audio endpoints ----------------------------------------------------------- */
+
+/* A multipart form as curl -F writes it: the fields (name, value pairs, NULL
+ * ended), then the clip's WAV bytes as the part "file" (malloc'd; *len bytes). */
+static char *audio_form(const char *const *fields, const uint8_t *wav, size_t wav_len,
+                        size_t *len) {
+  size_t cap = wav_len + 4096, k = 0;
+  char *f = malloc(cap);
+  TH_REQUIRE(f != NULL);
+  for (size_t i = 0; fields[i]; i += 2)
+    k += (size_t)snprintf(f + k, cap - k,
+                          "--zZ9\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n",
+                          fields[i], fields[i + 1]);
+  k += (size_t)snprintf(f + k, cap - k,
+                        "--zZ9\r\nContent-Disposition: form-data; name=\"file\"; "
+                        "filename=\"clip.wav\"\r\nContent-Type: audio/wav\r\n\r\n");
+  memcpy(f + k, wav, wav_len);
+  k += wav_len;
+  k += (size_t)snprintf(f + k, cap - k, "\r\n--zZ9--\r\n");
+  *len = k;
+  return f;
+}
+
+/* The chat request an audio endpoint stands for: the instruction, then the clip,
+ * API_GEN tokens at temperature 0 (EOS may end it, as on the endpoint). */
+static void chat_twin(const struct as_server *s, const char *instr, const char *b64,
+                      struct as_resp *r) {
+  json_t *b = json_pack("{s:[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s, s:s}}]}], s:i, s:f}", "messages",
+                        "role", "user", "content", "type", "text", "text", instr, "type",
+                        "input_audio", "input_audio", "data", b64, "format", "wav", "max_tokens",
+                        API_GEN, "temperature", 0.0);
+  char *body = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  TH_REQUIRE(body != NULL);
+  as_post(s, "/v1/chat/completions", body, r);
+  free(body);
+}
+
+/* POST /v1/audio/transcriptions and /translations: each answer is the text of
+ * the chat request with its instruction and the clip, in both forms; the
+ * refusals name their field. The plain transcription's text goes to
+ * transcript[cap]. */
+static void check_audio_endpoints(const struct as_server *s, const struct clip *c, char *transcript,
+                                  size_t cap) {
+  size_t wav_len = 0, n;
+  uint8_t *wav = api_wav_f32(c->x, c->n, RATE, &wav_len);
+  const char *ct = "multipart/form-data; boundary=zZ9";
+  char gen[16];
+  snprintf(gen, sizeof(gen), "%d", API_GEN);
+  static const struct {
+    const char *path, *lang, *instr;
+  } cases[] = {
+      {"/v1/audio/transcriptions", NULL, "Transcribe this audio:"},
+      {"/v1/audio/transcriptions", "de", "Transcribe this audio into German:"},
+      {"/v1/audio/translations", NULL, "Translate this audio into English:"},
+      {"/v1/audio/translations", "ja", "Translate this Japanese audio into English:"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct as_resp tw;
+    chat_twin(s, cases[i].instr, c->b64, &tw);
+    json_t *tj = as_json(&tw);
+    const char *want = json_string_value(json_object_get(
+        json_object_get(json_array_get(json_object_get(tj, "choices"), 0), "message"), "content"));
+    json_t *tu = json_object_get(tj, "usage");
+    TH_REQUIRE(tw.status == 200 && want != NULL);
+    for (int text = 0; text < 2; text++) {
+      const char *fields[12] = {"temperature", "0", "max_completion_tokens", gen};
+      int k = 4;
+      if (cases[i].lang) fields[k++] = "language", fields[k++] = cases[i].lang;
+      if (text) fields[k++] = "response_format", fields[k++] = "text";
+      fields[k] = NULL;
+      char *form = audio_form(fields, wav, wav_len, &n);
+      struct as_resp r;
+      as_post_bytes(s, cases[i].path, ct, form, n, &r);
+      free(form);
+      TH_CHECK_EQ_INT(r.status, 200);
+      char got_ct[128] = "";
+      as_header(&r, "Content-Type", got_ct, sizeof(got_ct));
+      if (text) {
+        TH_CHECK(!strncmp(got_ct, "text/plain", 10));
+        TH_CHECK_EQ_STR(r.body, want);
+      } else {
+        TH_CHECK(!strncmp(got_ct, "application/json", 16));
+        json_t *j = as_json(&r);
+        json_t *u = json_object_get(j, "usage");
+        TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "text")), want);
+        TH_CHECK_EQ_STR(json_string_value(json_object_get(u, "type")), "tokens");
+        TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "input_tokens")),
+                        json_integer_value(json_object_get(tu, "prompt_tokens")));
+        TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "output_tokens")),
+                        json_integer_value(json_object_get(tu, "completion_tokens")));
+        TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")),
+                        json_integer_value(json_object_get(tu, "total_tokens")));
+        json_decref(j);
+      }
+      as_resp_free(&r);
+    }
+    if (i == 0) snprintf(transcript, cap, "%s", want);
+    fprintf(stderr, "%s%s%s: '%s'\n", cases[i].path, cases[i].lang ? " language=" : "",
+            cases[i].lang ? cases[i].lang : "", want);
+    json_decref(tj);
+    as_resp_free(&tw);
+  }
+  /* refusals: each names its field, and the server goes on */
+  static const char *const bad[][3] = {
+      {"response_format", "srt", "response_format"},
+      {"language", "xx", "language"},
+      {"stream", "true", "stream"},
+      {"prompt", "before", "prompt"},
+      {"temperature", "-1", "temperature"},
+      {"model", "nope", "model"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    const char *fields[] = {bad[i][0], bad[i][1], NULL};
+    char *form = audio_form(fields, wav, wav_len, &n);
+    struct as_resp r;
+    as_post_bytes(s, "/v1/audio/transcriptions", ct, form, n, &r);
+    free(form);
+    as_check_error(&r, bad[i][2][0] == 'm' ? 404 : 400, bad[i][2]);
+    as_resp_free(&r);
+  }
+  { /* not a clip: the decoder's refusal names the file; no file; not a form */
+    const char *none[] = {NULL};
+    char *form = audio_form(none, (const uint8_t *)"plain text, not audio", 21, &n);
+    struct as_resp r;
+    as_post_bytes(s, "/v1/audio/transcriptions", ct, form, n, &r);
+    free(form);
+    as_check_error(&r, 400, "file");
+    as_resp_free(&r);
+    const char *only[] = {"temperature", "0", NULL};
+    form = audio_form(only, NULL, 0, &n);
+    as_post_bytes(s, "/v1/audio/transcriptions", ct, form, n, &r);
+    free(form);
+    as_check_error(&r, 400, "file");
+    as_resp_free(&r);
+    as_post(s, "/v1/audio/translations", "{\"file\": \"x\"}", &r);
+    TH_CHECK_EQ_INT(r.status, 400);
+    as_resp_free(&r);
+  }
+  free(wav);
 }
 
 /* ---- what the checkpoint's extractor makes of a clip ------------------------------ */
@@ -358,6 +505,11 @@ TH_TEST(gemma4_audio_through_the_api) {
     api_check_both(&a, &b, two_q, &a2);
   }
 
+  /* (f) /v1/audio/transcriptions and /translations, on A and on B (chunked) */
+  char transcript[1024], other_t[1024];
+  check_audio_endpoints(&a, &c0, transcript, sizeof(transcript));
+  check_audio_endpoints(&b, &c1, other_t, sizeof(other_t));
+
   /* audio turned off (--limit-mm-per-prompt audio=0): the clip is a 400 naming its
    * part and saying so; images are still taken */
   {
@@ -380,15 +532,17 @@ TH_TEST(gemma4_audio_through_the_api) {
     fprintf(stderr, "SKIP (loudly): node >= 20 or node_modules/openai missing: the openai "
                     "client's audio request did not run\n");
   } else {
-    char script[1024], e_url[96], e_text[1100];
+    char script[1024], e_url[96], e_text[1100], e_tr[1100];
     snprintf(script, sizeof(script), "%s/integration/api/api-openai-audio.mjs", th_tests_dir());
     snprintf(e_url, sizeof(e_url), "LMSERVE_URL=http://127.0.0.1:%d/v1", b.port);
     snprintf(e_text, sizeof(e_text), "LMSERVE_EXPECT=%s", a1.text);
+    snprintf(e_tr, sizeof(e_tr), "LMSERVE_TRANSCRIPT=%s", transcript);
     char *clip_env = malloc(strlen(c0.b64) + 32);
     TH_REQUIRE(clip_env != NULL);
     sprintf(clip_env, "LMSERVE_AUDIO=%s", c0.b64);
     char *env[] = {
-        e_url, "LMSERVE_MODEL=default", clip_env, e_text, "LMSERVE_TEXT=" TEXT, "NO_COLOR=1", NULL};
+        e_url, "LMSERVE_MODEL=default", clip_env, e_text, "LMSERVE_TEXT=" TEXT, e_tr, "NO_COLOR=1",
+        NULL};
     th_node_test(script, env, 300000);
     free(clip_env);
   }

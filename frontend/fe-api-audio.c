@@ -1,0 +1,209 @@
+/* fe-api-audio.c — POST /v1/audio/transcriptions and /v1/audio/translations
+ * (OpenAI's audio API, as vLLM serves it for audio chat models): the
+ * multipart form turned into the chat request a Gemma audio model answers,
+ * one user turn holding the instruction and the clip (fe-api.h). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "frontend/fe-api.h"
+#include "frontend/fe-b64.h"
+#include "frontend/fe-multipart.h"
+
+/* ISO 639-1 codes and the names the instruction uses */
+static const char *const langs[][2] = {
+    {"af", "Afrikaans"},  {"ar", "Arabic"},     {"bg", "Bulgarian"}, {"bn", "Bengali"},
+    {"ca", "Catalan"},    {"cs", "Czech"},      {"cy", "Welsh"},     {"da", "Danish"},
+    {"de", "German"},     {"el", "Greek"},      {"en", "English"},   {"es", "Spanish"},
+    {"et", "Estonian"},   {"fa", "Persian"},    {"fi", "Finnish"},   {"fr", "French"},
+    {"gu", "Gujarati"},   {"he", "Hebrew"},     {"hi", "Hindi"},     {"hr", "Croatian"},
+    {"hu", "Hungarian"},  {"id", "Indonesian"}, {"is", "Icelandic"}, {"it", "Italian"},
+    {"ja", "Japanese"},   {"kn", "Kannada"},    {"ko", "Korean"},    {"lt", "Lithuanian"},
+    {"lv", "Latvian"},    {"ml", "Malayalam"},  {"mr", "Marathi"},   {"ms", "Malay"},
+    {"nl", "Dutch"},      {"no", "Norwegian"},  {"pa", "Punjabi"},   {"pl", "Polish"},
+    {"pt", "Portuguese"}, {"ro", "Romanian"},   {"ru", "Russian"},   {"sk", "Slovak"},
+    {"sl", "Slovenian"},  {"sr", "Serbian"},    {"sv", "Swedish"},   {"sw", "Swahili"},
+    {"ta", "Tamil"},      {"te", "Telugu"},     {"th", "Thai"},      {"tl", "Tagalog"},
+    {"tr", "Turkish"},    {"uk", "Ukrainian"},  {"ur", "Urdu"},      {"vi", "Vietnamese"},
+    {"zh", "Chinese"},
+};
+
+static int fail(struct fe_api_error *err, const char *param, const char *msg) {
+  err->status = 400;
+  snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
+  snprintf(err->message, sizeof(err->message), "%s", msg);
+  return CM_ERR_INVAL;
+}
+
+/* A text field's value as a NUL-terminated copy in buf; 0, or -1 when too long. */
+static int field(const struct fe_form_part *p, char *buf, size_t cap) {
+  if (p->len >= cap) return -1;
+  memcpy(buf, p->data, p->len);
+  buf[p->len] = 0;
+  return 0;
+}
+
+/* The sampling fields vLLM's audio endpoints take besides temperature, with
+ * their JSON types: each is handed to the chat request's own checks. */
+static const struct {
+  const char *name;
+  int integer;
+} sampling[] = {
+    {"temperature", 0},
+    {"top_p", 0},
+    {"top_k", 1},
+    {"min_p", 0},
+    {"seed", 1},
+    {"repetition_penalty", 0},
+    {"presence_penalty", 0},
+    {"frequency_penalty", 0},
+    {"max_completion_tokens", 1},
+};
+
+/* OpenAI's fields that ask for what these endpoints do not give */
+static const char *const refused[] = {"prompt", "timestamp_granularities[]", "include[]",
+                                      "chunking_strategy", "stream"};
+
+static int add_sampling(json_t *req, const struct fe_form_part *parts, size_t n,
+                        struct fe_api_error *err) {
+  char v[64], msg[160];
+  for (size_t i = 0; i < sizeof(sampling) / sizeof(sampling[0]); i++) {
+    const struct fe_form_part *p = fe_form_find(parts, n, sampling[i].name);
+    if (!p) continue;
+    char *end = NULL;
+    json_t *j = NULL;
+    if (field(p, v, sizeof(v)) == 0 && v[0]) {
+      if (sampling[i].integer) {
+        long long x = strtoll(v, &end, 10);
+        if (end && !*end) j = json_integer(x);
+      } else {
+        double x = strtod(v, &end);
+        if (end && !*end) j = json_real(x);
+      }
+    }
+    if (!j) {
+      snprintf(msg, sizeof(msg), "'%s' must be %s", sampling[i].name,
+               sampling[i].integer ? "an integer" : "a number");
+      return fail(err, sampling[i].name, msg);
+    }
+    json_object_set_new(req, sampling[i].name, j);
+  }
+  return 0;
+}
+
+/* The instruction: what to do with the clip, in which language. */
+static int instruction(int translate, const struct fe_form_part *lang, char *out, size_t cap,
+                       struct fe_api_error *err) {
+  const char *name = NULL;
+  if (lang && lang->len) {
+    char code[8];
+    if (field(lang, code, sizeof(code)) == 0)
+      for (size_t i = 0; i < sizeof(langs) / sizeof(langs[0]) && !name; i++)
+        if (!strcmp(code, langs[i][0])) name = langs[i][1];
+    if (!name)
+      return fail(err, "language",
+                  "'language' must be an ISO 639-1 code this server knows (\"en\", \"de\", "
+                  "\"fr\", ...)");
+  }
+  if (translate && name)
+    snprintf(out, cap, "Translate this %s audio into English:", name);
+  else if (translate)
+    snprintf(out, cap, "Translate this audio into English:");
+  else if (name)
+    snprintf(out, cap, "Transcribe this audio into %s:", name);
+  else
+    snprintf(out, cap, "Transcribe this audio:");
+  return 0;
+}
+
+int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const char *body,
+                       size_t len, const struct fe_api_config *cfg, struct fe_api_request *out,
+                       struct fe_api_error *err) {
+  memset(out, 0, sizeof(*out));
+  memset(err, 0, sizeof(*err));
+  struct fe_form_part parts[FE_FORM_MAX_PARTS];
+  size_t n;
+  char why[256];
+  if (fe_multipart_parse(ctype, ctype_len, body, len, parts, FE_FORM_MAX_PARTS, &n, why,
+                         sizeof(why)))
+    return fail(err, NULL, why);
+  const struct fe_form_part *file = fe_form_find(parts, n, "file");
+  if (!file || !file->len)
+    return fail(err, "file", "'file' is required: the audio clip (WAV or MP3) as a form part");
+  char msg[200], text[96];
+  for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+    const struct fe_form_part *p = fe_form_find(parts, n, refused[i]);
+    if (!p) continue;
+    if (!strcmp(refused[i], "stream") &&
+        (p->len == 0 || (p->len == 5 && !memcmp(p->data, "false", 5))))
+      continue;
+    snprintf(msg, sizeof(msg), "'%s' is not supported on this endpoint", refused[i]);
+    return fail(err, refused[i], msg);
+  }
+  int format = FE_API_AUDIO_JSON;
+  const struct fe_form_part *rf = fe_form_find(parts, n, "response_format");
+  if (rf) {
+    if (rf->len == 4 && !memcmp(rf->data, "text", 4))
+      format = FE_API_AUDIO_TEXT;
+    else if (!(rf->len == 4 && !memcmp(rf->data, "json", 4)))
+      return fail(err, "response_format", "'response_format' must be \"json\" or \"text\"");
+  }
+  int rc = instruction(translate, fe_form_find(parts, n, "language"), text, sizeof(text), err);
+  if (rc) return rc;
+  /* WAV by its RIFF/RF64 header; anything else goes to the MP3 decoder, which
+   * names what the bytes are when they are not MP3 either */
+  const char *fmt = file->len >= 12 &&
+                            (!memcmp(file->data, "RIFF", 4) || !memcmp(file->data, "RF64", 4)) &&
+                            !memcmp(file->data + 8, "WAVE", 4)
+                        ? "wav"
+                        : "mp3";
+  char *b64 = NULL;
+  size_t b64_len;
+  if (fe_b64_encode((const uint8_t *)file->data, file->len, &b64, &b64_len)) {
+    err->status = 500;
+    snprintf(err->message, sizeof(err->message), "out of memory");
+    return CM_ERR_NOMEM;
+  }
+  json_t *req = json_object(), *model = NULL;
+  const struct fe_form_part *mp = fe_form_find(parts, n, "model");
+  if (mp) model = json_stringn(mp->data, mp->len);
+  json_t *msgs = json_pack("[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s%, s:s}}]}]", "role", "user",
+                           "content", "type", "text", "text", text, "type", "input_audio",
+                           "input_audio", "data", b64, b64_len, "format", fmt);
+  free(b64);
+  rc = req && msgs && (!mp || model) ? 0 : CM_ERR_NOMEM;
+  if (!rc) {
+    json_object_set_new(req, "messages", msgs);
+    msgs = NULL;
+    if (model) json_object_set_new(req, "model", model), model = NULL;
+    rc = add_sampling(req, parts, n, err);
+  }
+  json_decref(msgs);
+  json_decref(model);
+  if (rc) {
+    json_decref(req);
+    if (rc == CM_ERR_NOMEM)
+      err->status = 500, snprintf(err->message, sizeof(err->message), "out of memory");
+    return rc;
+  }
+  char *js = json_dumps(req, JSON_COMPACT);
+  json_decref(req);
+  if (!js) {
+    err->status = 500;
+    snprintf(err->message, sizeof(err->message), "out of memory");
+    return CM_ERR_NOMEM;
+  }
+  rc = fe_api_parse_request(FE_API_CHAT, js, strlen(js), cfg, out, err);
+  free(js);
+  if (rc) { /* the chat request's own field names, in the form's terms */
+    if (!strncmp(err->param, "messages", 8)) snprintf(err->param, sizeof(err->param), "file");
+    if (!strcmp(err->param, "max_tokens"))
+      snprintf(err->param, sizeof(err->param), "max_completion_tokens");
+    return rc;
+  }
+  out->audio_api = format;
+  snprintf(out->images[0].param, sizeof(out->images[0].param), "file"); /* for the decoder's errors */
+  return 0;
+}
