@@ -64,7 +64,7 @@ static const struct {
 
 /* OpenAI's fields that ask for what these endpoints do not give */
 static const char *const refused[] = {"prompt", "timestamp_granularities[]", "include[]",
-                                      "chunking_strategy", "stream"};
+                                      "chunking_strategy"};
 
 static int add_sampling(json_t *req, const struct fe_form_part *parts, size_t n,
                         struct fe_api_error *err) {
@@ -136,12 +136,15 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
   for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
     const struct fe_form_part *p = fe_form_find(parts, n, refused[i]);
     if (!p) continue;
-    if (!strcmp(refused[i], "stream") &&
-        (p->len == 0 || (p->len == 5 && !memcmp(p->data, "false", 5))))
-      continue;
     snprintf(msg, sizeof(msg), "'%s' is not supported on this endpoint", refused[i]);
     return fail(err, refused[i], msg);
   }
+  int stream = 0;
+  const struct fe_form_part *sp = fe_form_find(parts, n, "stream");
+  if (sp && sp->len == 4 && !memcmp(sp->data, "true", 4))
+    stream = 1;
+  else if (sp && !(sp->len == 5 && !memcmp(sp->data, "false", 5)))
+    return fail(err, "stream", "'stream' must be true or false");
   int format = FE_API_AUDIO_JSON;
   const struct fe_form_part *rf = fe_form_find(parts, n, "response_format");
   if (rf) {
@@ -178,6 +181,7 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
     json_object_set_new(req, "messages", msgs);
     msgs = NULL;
     if (model) json_object_set_new(req, "model", model), model = NULL;
+    if (stream) json_object_set_new(req, "stream", json_true());
     rc = add_sampling(req, parts, n, err);
   }
   json_decref(msgs);

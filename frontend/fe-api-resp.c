@@ -264,3 +264,22 @@ int fe_api_write_detokenize(struct fe_buf *b, const char *text, size_t len) {
   fe_buf_json_str(b, text, len);
   return fe_buf_puts(b, "}");
 }
+
+int fe_api_write_audio_text(struct fe_buf *b, const char *type, const char *text, size_t len,
+                            const struct fe_api_usage *u) {
+  fe_buf_puts(b, "{");
+  if (type) {
+    fe_buf_puts(b, "\"type\":");
+    fe_buf_json_str(b, type, strlen(type));
+    fe_buf_puts(b, ",");
+  }
+  fe_buf_puts(b, "\"text\":");
+  fe_buf_json_str(b, text, len);
+  fe_buf_puts(b, ",\"usage\":{\"type\":\"tokens\",\"input_tokens\":");
+  fe_buf_i64(b, u->prompt_tokens);
+  fe_buf_puts(b, ",\"output_tokens\":");
+  fe_buf_i64(b, u->completion_tokens);
+  fe_buf_puts(b, ",\"total_tokens\":");
+  fe_buf_i64(b, u->prompt_tokens + u->completion_tokens);
+  return fe_buf_puts(b, "}}");
+}

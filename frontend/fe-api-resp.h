@@ -86,6 +86,11 @@ int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
 
 /* POST /tokenize's answer, as vLLM gives it:
  * {"count":N,"max_model_len":M,"tokens":[...]}. */
+/* The audio endpoints' answer (type NULL): {"text": ..., "usage": {"type": "tokens",
+ * "input_tokens", "output_tokens", "total_tokens"}}; a stream's last event: the same
+ * with "type" first ("transcript.text.done"). */
+int fe_api_write_audio_text(struct fe_buf *b, const char *type, const char *text, size_t len,
+                            const struct fe_api_usage *u);
 int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len);
 /* POST /detokenize's answer: {"prompt":"..."}. */
 int fe_api_write_detokenize(struct fe_buf *b, const char *text, size_t len);

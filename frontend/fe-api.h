@@ -222,7 +222,8 @@ void fe_api_request_free(struct fe_api_request *r);
  * fields (top_p, top_k, min_p, seed, the penalties, max_completion_tokens),
  * turned into a chat request: one user turn of the instruction ("Transcribe
  * this audio into German:"; translations: "... into English:") then the clip.
- * `prompt`, `stream`, timestamps and `include[]` are refused by name. 0 or a
+ * `stream` true streams OpenAI's transcript.text events (fe-sse.h).
+ * `prompt`, timestamps and `include[]` are refused by name. 0 or a
  * negative cm_err with err filled, as fe_api_parse_request. */
 int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const char *body,
                        size_t len, const struct fe_api_config *cfg, struct fe_api_request *out,

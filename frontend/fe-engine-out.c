@@ -567,7 +567,7 @@ static void complete(struct fe_eng_req *r) {
   observe_finished(r, &u);
   if (r->stream) {
     stream_begin(r);
-    fe_sse_end(&r->sse, r->api->include_usage ? &u : NULL);
+    fe_sse_end(&r->sse, r->api->include_usage || r->api->audio_api ? &u : NULL);
     req_release(r);
     return;
   }
@@ -601,15 +601,7 @@ static void complete(struct fe_eng_req *r) {
     fe_buf_append(b, cs[0].text, cs[0].text_len);
     ctype = "text/plain; charset=utf-8";
   } else if (!rc && r->api->audio_api) { /* {"text", "usage"}: OpenAI's token usage form */
-    fe_buf_puts(b, "{\"text\":");
-    fe_buf_json_str(b, cs[0].text, cs[0].text_len);
-    fe_buf_puts(b, ",\"usage\":{\"type\":\"tokens\",\"input_tokens\":");
-    fe_buf_i64(b, u.prompt_tokens);
-    fe_buf_puts(b, ",\"output_tokens\":");
-    fe_buf_i64(b, u.completion_tokens);
-    fe_buf_puts(b, ",\"total_tokens\":");
-    fe_buf_i64(b, u.prompt_tokens + u.completion_tokens);
-    fe_buf_puts(b, "}}");
+    fe_api_write_audio_text(b, NULL, cs[0].text, cs[0].text_len, &u);
   } else if (!rc) {
     if (r->api->kind == FE_API_CHAT)
       rc = fe_api_write_chat(b, &meta, cs, (size_t)r->n_ch, &u);

@@ -28,6 +28,8 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
   s->n = r->n;
   s->include_usage = r->include_usage;
   s->continuous_usage = r->continuous_usage;
+  s->audio = r->audio_api != 0;
+  fe_buf_init(&s->whole, 0);
   fe_api_make_id(s->id, sizeof(s->id), id_prefix);
   s->meta.id = s->id;
   s->meta.created = created;
@@ -40,9 +42,15 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
 int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
   if (fe_conn_closed(s->conn)) return CM_ERR_CLOSED;
   if (choice->index < 0 || choice->index >= s->n) return CM_ERR_RANGE;
+  if (s->audio && !choice->text_len) return 0; /* the role, the finish: no text, no event */
   fe_buf_reset(&s->buf);
   fe_buf_puts(&s->buf, "data: ");
-  if (s->kind == FE_API_CHAT) {
+  if (s->audio) {
+    fe_buf_puts(&s->buf, "{\"type\":\"transcript.text.delta\",\"delta\":");
+    fe_buf_json_str(&s->buf, choice->text, choice->text_len);
+    fe_buf_puts(&s->buf, "}");
+    if (fe_buf_append(&s->whole, choice->text, choice->text_len)) return CM_ERR_NOMEM;
+  } else if (s->kind == FE_API_CHAT) {
     int first = !s->role_sent[choice->index];
     s->role_sent[choice->index] = 1;
     fe_api_write_chat_chunk(&s->buf, &s->meta, choice, first,
@@ -64,7 +72,13 @@ int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message) 
 int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
   int rc = 0;
   if (!fe_conn_closed(s->conn)) {
-    if (s->include_usage && u) {
+    if (s->audio && u) {
+      fe_buf_reset(&s->buf);
+      fe_buf_puts(&s->buf, "data: ");
+      fe_api_write_audio_text(&s->buf, "transcript.text.done", s->whole.data ? s->whole.data : "",
+                              s->whole.len, u);
+      rc = send_event(s);
+    } else if (s->include_usage && u) {
       fe_buf_reset(&s->buf);
       fe_buf_puts(&s->buf, "data: ");
       fe_api_write_usage_chunk(&s->buf, s->kind, &s->meta, u);
@@ -74,5 +88,6 @@ int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
   }
   int rc2 = fe_conn_stream_end(s->conn);
   fe_buf_free(&s->buf);
+  fe_buf_free(&s->whole);
   return rc ? rc : rc2;
 }

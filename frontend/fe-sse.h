@@ -3,7 +3,10 @@
  * role first, a final chunk per choice with its finish_reason, a usage chunk
  * when stream_options.include_usage was set, then `data: [DONE]\n\n`. With
  * stream_options.continuous_usage_stats every chunk carries "usage" too (vLLM's
- * extension): the prompt's tokens and its choice's tokens so far.
+ * extension): the prompt's tokens and its choice's tokens so far. The audio
+ * endpoints' streams are OpenAI's events instead: {"type": "transcript.text.delta",
+ * "delta"} for each piece of text, {"type": "transcript.text.done", "text", "usage"}
+ * (fe_sse_end's usage), then [DONE].
  *
  * The serving path creates one per streamed request and feeds it deltas as
  * tokens are detokenized. Each call returns CM_ERR_CLOSED once the client is
@@ -30,6 +33,9 @@ struct fe_sse_stream {
   struct fe_api_usage usage;       /* with continuous_usage: what the next chunk reports (the
                                       caller sets it: the prompt, the choice's tokens so far) */
   uint8_t role_sent[FE_API_MAX_N]; /* chat: the role delta went out for choice i */
+  int audio;                       /* the audio endpoints (fe_api_request.audio_api): OpenAI's
+                                      transcript.text.delta events, then transcript.text.done */
+  struct fe_buf whole;             /* audio: the text sent so far, for the done event */
   struct fe_buf buf;               /* reused for every chunk */
 };
 

@@ -56,6 +56,26 @@ test('audio.transcriptions.create: the text, as JSON and as text', async () => {
   assert.equal(t, transcript);
 });
 
+test('audio.transcriptions.create: streamed, the deltas add up to the done event\'s text', async () => {
+  const stream = await client.audio.transcriptions.create({
+    file: await clipFile(), model, temperature: 0, max_completion_tokens: 8, stream: true,
+  });
+  let text = '';
+  let done = null;
+  for await (const ev of stream) {
+    if (ev.type === 'transcript.text.delta') {
+      assert.equal(done, null);
+      text += ev.delta;
+    } else {
+      assert.equal(ev.type, 'transcript.text.done');
+      done = ev;
+    }
+  }
+  assert.equal(text, transcript);
+  assert.equal(done?.text, transcript);
+  assert.equal(done.usage.type, 'tokens');
+});
+
 test('audio.transcriptions.create: a language it does not know is a BadRequestError', async () => {
   await assert.rejects(
     client.audio.transcriptions.create({ file: await clipFile(), model, language: 'zz' }),

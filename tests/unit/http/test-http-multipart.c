@@ -223,6 +223,11 @@ TH_TEST(audio_form_becomes_a_chat_turn) {
   const char *f3[] = {"language", "fr", "stream", "false", NULL};
   TH_REQUIRE(audio(1, f3, wav, sizeof(wav) - 1, &r, &e) == 0);
   TH_CHECK_EQ_STR(r.messages[0].content, "Translate this French audio into English:");
+  TH_CHECK(!r.stream);
+  fe_api_request_free(&r);
+  const char *f4[] = {"stream", "true", NULL};
+  TH_REQUIRE(audio(0, f4, wav, sizeof(wav) - 1, &r, &e) == 0);
+  TH_CHECK(r.stream && r.audio_api == FE_API_AUDIO_JSON);
   fe_api_request_free(&r);
 }
 
@@ -234,7 +239,7 @@ TH_TEST(audio_form_refusals_name_the_field) {
       {"language", "xx", "language"},
       {"language", "english", "language"},
       {"prompt", "earlier text", "prompt"},
-      {"stream", "true", "stream"},
+      {"stream", "yes", "stream"},
       {"timestamp_granularities[]", "word", "timestamp_granularities[]"},
       {"temperature", "hot", "temperature"},
       {"temperature", "3", "temperature"},
