@@ -138,7 +138,7 @@ static char *audio_form(const char *const *fields, const uint8_t *wav, size_t wa
   k += (size_t)snprintf(f + k, cap - k,
                         "--zZ9\r\nContent-Disposition: form-data; name=\"file\"; "
                         "filename=\"clip.wav\"\r\nContent-Type: audio/wav\r\n\r\n");
-  memcpy(f + k, wav, wav_len);
+  if (wav_len) memcpy(f + k, wav, wav_len);
   k += wav_len;
   k += (size_t)snprintf(f + k, cap - k, "\r\n--zZ9--\r\n");
   *len = k;
@@ -221,7 +221,7 @@ static void check_audio_endpoints(const struct as_server *s, const struct clip *
     }
     if (i == 0) snprintf(transcript, cap, "%s", want);
     { /* streamed: OpenAI's delta events add up to the text, then the done event */
-      const char *fields[8] = {"temperature", "0", "max_completion_tokens", gen, "stream", "true"};
+      const char *fields[10] = {"temperature", "0", "max_completion_tokens", gen, "stream", "true"};
       int k = 6;
       if (cases[i].lang) fields[k++] = "language", fields[k++] = cases[i].lang;
       fields[k] = NULL;
