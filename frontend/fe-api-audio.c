@@ -93,28 +93,38 @@ static int add_sampling(json_t *req, const struct fe_form_part *parts, size_t n,
   return 0;
 }
 
-/* The instruction: what to do with the clip, in which language. */
-static int instruction(int translate, const struct fe_form_part *lang, char *out, size_t cap,
-                       struct fe_api_error *err) {
-  const char *name = NULL;
-  if (lang && lang->len) {
-    char code[8];
-    if (field(lang, code, sizeof(code)) == 0)
-      for (size_t i = 0; i < sizeof(langs) / sizeof(langs[0]) && !name; i++)
-        if (!strcmp(code, langs[i][0])) name = langs[i][1];
-    if (!name)
-      return fail(err, "language",
-                  "'language' must be an ISO 639-1 code this server knows (\"en\", \"de\", "
-                  "\"fr\", ...)");
-  }
-  if (translate && name)
-    snprintf(out, cap, "Translate this %s audio into English:", name);
-  else if (translate)
-    snprintf(out, cap, "Translate this audio into English:");
-  else if (name)
-    snprintf(out, cap, "Transcribe this audio into %s:", name);
-  else
-    snprintf(out, cap, "Transcribe this audio:");
+/* A language field's name for the instruction: 0 with *name NULL when the
+ * field is absent or empty, -1 (err filled) when the code is not one we know. */
+static int lang_name(const struct fe_form_part *p, const char *field_name, const char **name,
+                     struct fe_api_error *err) {
+  *name = NULL;
+  if (!p || !p->len) return 0;
+  char code[8], msg[160];
+  if (field(p, code, sizeof(code)) == 0)
+    for (size_t i = 0; i < sizeof(langs) / sizeof(langs[0]) && !*name; i++)
+      if (!strcmp(code, langs[i][0])) *name = langs[i][1];
+  if (*name) return 0;
+  snprintf(msg, sizeof(msg),
+           "'%s' must be an ISO 639-1 code this server knows (\"en\", \"de\", \"fr\", ...)",
+           field_name);
+  return fail(err, field_name, msg);
+}
+
+/* The instruction, as vLLM words Gemma's: "Transcribe this audio[ into L]:";
+ * "Translate this audio[ from L] into T:" (T: to_language, English by default). */
+static int instruction(int translate, const struct fe_form_part *parts, size_t n, char *out,
+                       size_t cap, struct fe_api_error *err) {
+  const char *from, *to;
+  if (lang_name(fe_form_find(parts, n, "language"), "language", &from, err) ||
+      lang_name(fe_form_find(parts, n, "to_language"), "to_language", &to, err))
+    return CM_ERR_INVAL;
+  if (!translate && to) return fail(err, "to_language", "'to_language' is for translations");
+  size_t k = (size_t)snprintf(out, cap, "%s this audio", translate ? "Translate" : "Transcribe");
+  if (from && k < cap)
+    k += (size_t)snprintf(out + k, cap - k, translate ? " from %s" : " into %s", from);
+  if (translate && k < cap)
+    k += (size_t)snprintf(out + k, cap - k, " into %s", to ? to : "English");
+  if (k < cap) snprintf(out + k, cap - k, ":");
   return 0;
 }
 
@@ -153,7 +163,7 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
     else if (!(rf->len == 4 && !memcmp(rf->data, "json", 4)))
       return fail(err, "response_format", "'response_format' must be \"json\" or \"text\"");
   }
-  int rc = instruction(translate, fe_form_find(parts, n, "language"), text, sizeof(text), err);
+  int rc = instruction(translate, parts, n, text, sizeof(text), err);
   if (rc) return rc;
   /* WAV by its RIFF/RF64 header; anything else goes to the MP3 decoder, which
    * names what the bytes are when they are not MP3 either */

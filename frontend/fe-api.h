@@ -217,11 +217,13 @@ void fe_api_request_free(struct fe_api_request *r);
 
 /* POST /v1/audio/transcriptions (translate 0) and /v1/audio/translations
  * (translate 1): the multipart form body[0..len) (ctype: its Content-Type)
- * with OpenAI's fields file (WAV or MP3), model, language (ISO 639-1),
+ * with OpenAI's fields file (WAV or MP3), model, language (ISO 639-1; and vLLM's
+ * to_language, a translation's target),
  * response_format ("json", "text") and temperature, and vLLM's sampling
  * fields (top_p, top_k, min_p, seed, the penalties, max_completion_tokens),
  * turned into a chat request: one user turn of the instruction ("Transcribe
- * this audio into German:"; translations: "... into English:") then the clip.
+ * this audio into German:"; translations: "Translate this audio from German
+ * into English:") then the clip.
  * `stream` true streams OpenAI's transcript.text events (fe-sse.h).
  * `prompt`, timestamps and `include[]` are refused by name. 0 or a
  * negative cm_err with err filled, as fe_api_parse_request. */

@@ -177,7 +177,7 @@ static void check_audio_endpoints(const struct as_server *s, const struct clip *
       {"/v1/audio/transcriptions", NULL, "Transcribe this audio:"},
       {"/v1/audio/transcriptions", "de", "Transcribe this audio into German:"},
       {"/v1/audio/translations", NULL, "Translate this audio into English:"},
-      {"/v1/audio/translations", "ja", "Translate this Japanese audio into English:"},
+      {"/v1/audio/translations", "ja", "Translate this audio from Japanese into English:"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     struct as_resp tw;

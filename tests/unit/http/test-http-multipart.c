@@ -222,8 +222,12 @@ TH_TEST(audio_form_becomes_a_chat_turn) {
   fe_api_request_free(&r);
   const char *f3[] = {"language", "fr", "stream", "false", NULL};
   TH_REQUIRE(audio(1, f3, wav, sizeof(wav) - 1, &r, &e) == 0);
-  TH_CHECK_EQ_STR(r.messages[0].content, "Translate this French audio into English:");
+  TH_CHECK_EQ_STR(r.messages[0].content, "Translate this audio from French into English:");
   TH_CHECK(!r.stream);
+  fe_api_request_free(&r);
+  const char *f5[] = {"language", "ja", "to_language", "de", NULL};
+  TH_REQUIRE(audio(1, f5, wav, sizeof(wav) - 1, &r, &e) == 0);
+  TH_CHECK_EQ_STR(r.messages[0].content, "Translate this audio from Japanese into German:");
   fe_api_request_free(&r);
   const char *f4[] = {"stream", "true", NULL};
   TH_REQUIRE(audio(0, f4, wav, sizeof(wav) - 1, &r, &e) == 0);
@@ -238,6 +242,7 @@ TH_TEST(audio_form_refusals_name_the_field) {
       {"response_format", "verbose_json", "response_format"},
       {"language", "xx", "language"},
       {"language", "english", "language"},
+      {"to_language", "de", "to_language"}, /* transcriptions have none */
       {"prompt", "earlier text", "prompt"},
       {"stream", "yes", "stream"},
       {"timestamp_granularities[]", "word", "timestamp_granularities[]"},
