@@ -181,15 +181,21 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
   }
   json_t *req = json_object(), *model = NULL;
   const struct fe_form_part *mp = fe_form_find(parts, n, "model");
-  if (mp) model = json_stringn(mp->data, mp->len);
+  if (mp && !(model = json_stringn(mp->data, mp->len))) {
+    free(b64);
+    json_decref(req);
+    return fail(err, "model", "'model' must be UTF-8 text");
+  }
   json_t *msgs = json_pack("[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s%, s:s}}]}]", "role", "user",
                            "content", "type", "text", "text", text, "type", "input_audio",
                            "input_audio", "data", b64, b64_len, "format", fmt);
   free(b64);
-  rc = req && msgs && (!mp || model) ? 0 : CM_ERR_NOMEM;
+  rc = req && msgs ? 0 : CM_ERR_NOMEM;
   if (!rc) {
     json_object_set_new(req, "messages", msgs);
     msgs = NULL;
+    /* OpenAI's and vLLM's default for these endpoints, where chat's is 1 */
+    json_object_set_new(req, "temperature", json_real(0.0));
     if (model) json_object_set_new(req, "model", model), model = NULL;
     if (stream) json_object_set_new(req, "stream", json_true());
     rc = add_sampling(req, parts, n, err);

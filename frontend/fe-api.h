@@ -219,7 +219,7 @@ void fe_api_request_free(struct fe_api_request *r);
  * (translate 1): the multipart form body[0..len) (ctype: its Content-Type)
  * with OpenAI's fields file (WAV or MP3), model, language (ISO 639-1; and vLLM's
  * to_language, a translation's target),
- * response_format ("json", "text") and temperature, and vLLM's sampling
+ * response_format ("json", "text") and temperature (0 by default here), and vLLM's sampling
  * fields (top_p, top_k, min_p, seed, the penalties, max_completion_tokens),
  * turned into a chat request: one user turn of the instruction ("Transcribe
  * this audio into German:"; translations: "Translate this audio from German

@@ -217,6 +217,7 @@ TH_TEST(audio_form_becomes_a_chat_turn) {
   const char *f2[] = {"response_format", "text", NULL};
   TH_REQUIRE(audio(1, f2, "ID3 not wav", 11, &r, &e) == 0);
   TH_CHECK_EQ_STR(r.messages[0].content, "Translate this audio into English:");
+  TH_CHECK(r.temperature == 0); /* the endpoints' default */
   TH_CHECK(r.audio_api == FE_API_AUDIO_TEXT);
   TH_CHECK_EQ_STR(r.images[0].format, "mp3");
   fe_api_request_free(&r);
@@ -251,6 +252,7 @@ TH_TEST(audio_form_refusals_name_the_field) {
       {"top_k", "1.5", "top_k"},
       {"max_completion_tokens", "0", "max_completion_tokens"},
       {"model", "other", "model"},
+      {"model", "\xff\xfe", "model"},
   };
   struct fe_api_request r;
   struct fe_api_error e;
