@@ -4,7 +4,8 @@
  * an unknown model, a prompt past the context length, a huge body and
  * oversized headers each get the right status in OpenAI's error envelope
  * (param naming the field for validation errors), and after each the
- * server still completes a request. */
+ * server still completes a request. The audio endpoints refuse a clip for
+ * this model without an audio tower. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,6 +281,41 @@ TH_TEST(api_oversized) {
   as_check_error(&r, 431, NULL);
   as_resp_free(&r);
   free(hdr);
+  check_still_serving(__LINE__);
+}
+
+/* The audio endpoints on a model without an audio tower: the clip is a 400 naming
+ * the form's file, streamed or not; without the key, a 401 like every route. */
+TH_TEST(api_audio_endpoints_on_a_text_model) {
+  /* a WAV of 8 samples of 16-bit mono PCM at 16 kHz: RIFF, fmt and data chunks */
+  static const uint8_t wav[] = {
+      'R', 'I',  'F', 'F',  52, 0,    0,   0,   'W', 'A',  'V',  'E',  'f',  'm',  't',
+      ' ', 16,   0,   0,    0,  1,    0,   1,   0,   0x80, 0x3e, 0,    0,    0,    0x7d,
+      0,   0,    2,   0,    16, 0,    'd', 'a', 't', 'a',  16,   0,    0,    0,    0,
+      0,   0xe8, 3,   0xd0, 7,  0xe8, 3,   0,   0,   0x18, 0xfc, 0x30, 0xf8, 0x18, 0xfc};
+  const size_t wav_n = sizeof(wav);
+  const char *paths[] = {"/v1/audio/transcriptions", "/v1/audio/translations"};
+  const char *ct = "multipart/form-data; boundary=q";
+  for (int i = 0; i < 4; i++) {
+    char body[512];
+    int n = snprintf(body, 256,
+                     "--q\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\n%s\r\n"
+                     "--q\r\nContent-Disposition: form-data; name=\"file\"; "
+                     "filename=\"a.wav\"\r\n\r\n",
+                     i & 1 ? "true" : "false");
+    memcpy(body + n, wav, wav_n);
+    n += (int)wav_n;
+    n += snprintf(body + n, 64, "\r\n--q--\r\n");
+    struct as_resp r;
+    as_post_bytes(server(), paths[i / 2], ct, body, (size_t)n, &r);
+    as_check_error(&r, 400, "file");
+    TH_CHECK(r.body && strstr(r.body, "does not take audio"));
+    as_resp_free(&r);
+  }
+  struct as_resp r;
+  as_request(server(), "POST", "/v1/audio/transcriptions", "X-None: 1\r\n", "{}", &r);
+  TH_CHECK_EQ_INT(r.status, 401);
+  as_resp_free(&r);
   check_still_serving(__LINE__);
 }
 
