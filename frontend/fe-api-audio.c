@@ -37,6 +37,12 @@ static int fail(struct fe_api_error *err, const char *param, const char *msg) {
   return CM_ERR_INVAL;
 }
 
+static int oom(struct fe_api_error *err) {
+  err->status = 500;
+  snprintf(err->message, sizeof(err->message), "out of memory");
+  return CM_ERR_NOMEM;
+}
+
 /* A text field's value as a NUL-terminated copy in buf; 0, or -1 when too long. */
 static int field(const struct fe_form_part *p, char *buf, size_t cap) {
   if (p->len >= cap) return -1;
@@ -174,11 +180,7 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
                         : "mp3";
   char *b64 = NULL;
   size_t b64_len;
-  if (fe_b64_encode((const uint8_t *)file->data, file->len, &b64, &b64_len)) {
-    err->status = 500;
-    snprintf(err->message, sizeof(err->message), "out of memory");
-    return CM_ERR_NOMEM;
-  }
+  if (fe_b64_encode((const uint8_t *)file->data, file->len, &b64, &b64_len)) return oom(err);
   json_t *req = json_object(), *model = NULL;
   const struct fe_form_part *mp = fe_form_find(parts, n, "model");
   if (mp && !(model = json_stringn(mp->data, mp->len))) {
@@ -204,17 +206,11 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
   json_decref(model);
   if (rc) {
     json_decref(req);
-    if (rc == CM_ERR_NOMEM)
-      err->status = 500, snprintf(err->message, sizeof(err->message), "out of memory");
-    return rc;
+    return rc == CM_ERR_NOMEM ? oom(err) : rc;
   }
   char *js = json_dumps(req, JSON_COMPACT);
   json_decref(req);
-  if (!js) {
-    err->status = 500;
-    snprintf(err->message, sizeof(err->message), "out of memory");
-    return CM_ERR_NOMEM;
-  }
+  if (!js) return oom(err);
   rc = fe_api_parse_request(FE_API_CHAT, js, strlen(js), cfg, out, err);
   free(js);
   if (rc) { /* the chat request's own field names, in the form's terms */
