@@ -187,82 +187,76 @@ static void check_audio_endpoints(const struct as_server *s, const struct clip *
         json_object_get(json_array_get(json_object_get(tj, "choices"), 0), "message"), "content"));
     json_t *tu = json_object_get(tj, "usage");
     TH_REQUIRE(tw.status == 200 && want != NULL);
-    for (int text = 0; text < 2; text++) {
+    /* as JSON, as text, streamed */
+    for (int form_kind = 0; form_kind < 3; form_kind++) {
       const char *fields[12] = {"temperature", "0", "max_completion_tokens", gen};
       int k = 4;
       if (cases[i].lang) fields[k++] = "language", fields[k++] = cases[i].lang;
-      if (text) fields[k++] = "response_format", fields[k++] = "text";
+      if (form_kind == 1) fields[k++] = "response_format", fields[k++] = "text";
+      if (form_kind == 2) fields[k++] = "stream", fields[k++] = "true";
       fields[k] = NULL;
       char *form = audio_form(fields, wav, wav_len, &n);
       struct as_resp r;
       as_post_bytes(s, cases[i].path, ct, form, n, &r);
       free(form);
       TH_CHECK_EQ_INT(r.status, 200);
-      char got_ct[128] = "";
-      as_header(&r, "Content-Type", got_ct, sizeof(got_ct));
-      if (text) {
-        TH_CHECK(!strncmp(got_ct, "text/plain", 10));
-        TH_CHECK_EQ_STR(r.body, want);
-      } else {
-        TH_CHECK(!strncmp(got_ct, "application/json", 16));
-        json_t *j = as_json(&r);
-        json_t *u = json_object_get(j, "usage");
-        TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "text")), want);
-        TH_CHECK_EQ_STR(json_string_value(json_object_get(u, "type")), "tokens");
-        TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "input_tokens")),
-                        json_integer_value(json_object_get(tu, "prompt_tokens")));
-        TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "output_tokens")),
-                        json_integer_value(json_object_get(tu, "completion_tokens")));
-        TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")),
-                        json_integer_value(json_object_get(tu, "total_tokens")));
-        json_decref(j);
+      if (form_kind < 2) {
+        const int text = form_kind == 1;
+        char got_ct[128] = "";
+        as_header(&r, "Content-Type", got_ct, sizeof(got_ct));
+        if (text) {
+          TH_CHECK(!strncmp(got_ct, "text/plain", 10));
+          TH_CHECK_EQ_STR(r.body, want);
+        } else {
+          TH_CHECK(!strncmp(got_ct, "application/json", 16));
+          json_t *j = as_json(&r);
+          json_t *u = json_object_get(j, "usage");
+          TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "text")), want);
+          TH_CHECK_EQ_STR(json_string_value(json_object_get(u, "type")), "tokens");
+          TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "input_tokens")),
+                          json_integer_value(json_object_get(tu, "prompt_tokens")));
+          TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "output_tokens")),
+                          json_integer_value(json_object_get(tu, "completion_tokens")));
+          TH_CHECK_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")),
+                          json_integer_value(json_object_get(tu, "total_tokens")));
+          json_decref(j);
+        }
+      } else { /* OpenAI's delta events add up to the text, then the done event */
+        char sum[1024] = "", done[1024] = "";
+        int deltas = 0, dones = 0, ended = 0;
+        for (char *l = r.body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+          if (strncmp(l, "data: ", 6)) continue;
+          TH_CHECK(!ended); /* nothing after [DONE] */
+          if (!strncmp(l + 6, "[DONE]", 6)) {
+            ended = 1;
+            continue;
+          }
+          char *e = strchr(l, '\n');
+          json_t *j = json_loadb(l + 6, e ? (size_t)(e - l - 6) : strlen(l + 6), 0, NULL);
+          const char *type = json_string_value(json_object_get(j, "type"));
+          TH_REQUIRE(type != NULL);
+          if (!strcmp(type, "transcript.text.delta")) {
+            TH_CHECK(dones == 0);
+            strncat(sum, json_string_value(json_object_get(j, "delta")),
+                    sizeof(sum) - strlen(sum) - 1);
+            deltas++;
+          } else {
+            TH_CHECK_EQ_STR(type, "transcript.text.done");
+            snprintf(done, sizeof(done), "%s", json_string_value(json_object_get(j, "text")));
+            TH_CHECK_EQ_INT(
+                json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")),
+                json_integer_value(json_object_get(tu, "prompt_tokens")));
+            dones++;
+          }
+          json_decref(j);
+        }
+        TH_CHECK(ended && dones == 1 && deltas >= 1);
+        TH_CHECK_EQ_STR(sum, want);
+        TH_CHECK_EQ_STR(done, want);
       }
       as_resp_free(&r);
     }
     if (i == 0) snprintf(transcript, cap, "%s", want);
-    { /* streamed: OpenAI's delta events add up to the text, then the done event */
-      const char *fields[10] = {"temperature", "0", "max_completion_tokens", gen, "stream", "true"};
-      int k = 6;
-      if (cases[i].lang) fields[k++] = "language", fields[k++] = cases[i].lang;
-      fields[k] = NULL;
-      char *form = audio_form(fields, wav, wav_len, &n);
-      struct as_resp r;
-      as_post_bytes(s, cases[i].path, ct, form, n, &r);
-      free(form);
-      TH_CHECK_EQ_INT(r.status, 200);
-      char sum[1024] = "", done[1024] = "";
-      int deltas = 0, dones = 0, ended = 0;
-      for (char *l = r.body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        if (strncmp(l, "data: ", 6)) continue;
-        TH_CHECK(!ended); /* nothing after [DONE] */
-        if (!strncmp(l + 6, "[DONE]", 6)) {
-          ended = 1;
-          continue;
-        }
-        char *e = strchr(l, '\n');
-        json_t *j = json_loadb(l + 6, e ? (size_t)(e - l - 6) : strlen(l + 6), 0, NULL);
-        const char *type = json_string_value(json_object_get(j, "type"));
-        TH_REQUIRE(type != NULL);
-        if (!strcmp(type, "transcript.text.delta")) {
-          TH_CHECK(dones == 0);
-          strncat(sum, json_string_value(json_object_get(j, "delta")),
-                  sizeof(sum) - strlen(sum) - 1);
-          deltas++;
-        } else {
-          TH_CHECK_EQ_STR(type, "transcript.text.done");
-          snprintf(done, sizeof(done), "%s", json_string_value(json_object_get(j, "text")));
-          TH_CHECK_EQ_INT(
-              json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")),
-              json_integer_value(json_object_get(tu, "prompt_tokens")));
-          dones++;
-        }
-        json_decref(j);
-      }
-      TH_CHECK(ended && dones == 1 && deltas >= 1);
-      TH_CHECK_EQ_STR(sum, want);
-      TH_CHECK_EQ_STR(done, want);
-      as_resp_free(&r);
-    }
     fprintf(stderr, "%s%s%s: '%s'\n", cases[i].path, cases[i].lang ? " language=" : "",
             cases[i].lang ? cases[i].lang : "", want);
     json_decref(tj);

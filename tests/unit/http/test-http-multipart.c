@@ -6,38 +6,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/cm-err.h"
 #include "frontend/fe-api.h"
 #include "frontend/fe-b64.h"
 #include "frontend/fe-multipart.h"
+#include "tests/harness/th-guard.h"
 #include "tests/harness/th.h"
-
-struct guarded {
-  char *map;
-  size_t map_len;
-  char *data;
-};
-
-/* A copy of s[0..n) that ends exactly at a guard page. */
-static struct guarded guard(const char *s, size_t n) {
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  size_t pages = (n + pg - 1) / pg + 1;
-  struct guarded g;
-  g.map_len = pages * pg;
-  g.map = mmap(NULL, g.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (g.map == MAP_FAILED) abort();
-  if (mprotect(g.map + (pages - 1) * pg, pg, PROT_NONE) != 0) abort();
-  g.data = g.map + (pages - 1) * pg - n;
-  memcpy(g.data, s, n);
-  return g;
-}
 
 static int parse(const char *ctype, const char *body, size_t len, struct fe_form_part *p, size_t *n,
                  char *err, size_t errlen) {
-  struct guarded g = guard(body, len);
+  struct th_guarded g = th_guard(body, len);
   int rc =
       fe_multipart_parse(ctype, strlen(ctype), g.data, len, p, FE_FORM_MAX_PARTS, n, err, errlen);
   /* the parts point into the guarded copy: check them before it goes */
@@ -49,7 +28,7 @@ static int parse(const char *ctype, const char *body, size_t len, struct fe_form
     p[i].data = copy[i];
     p[i].name = NULL; /* the copy's names are gone with it: tests look at data */
   }
-  munmap(g.map, g.map_len);
+  th_unguard(&g);
   return rc;
 }
 
@@ -75,7 +54,7 @@ TH_TEST(multipart_parts_as_written) {
   struct fe_form_part p[FE_FORM_MAX_PARTS];
   size_t n;
   char err[256];
-  struct guarded g = guard(body1, sizeof(body1) - 1);
+  struct th_guarded g = th_guard(body1, sizeof(body1) - 1);
   const char *ct = "multipart/form-data; boundary=XyZ";
   TH_CHECK_EQ_INT(fe_multipart_parse(ct, strlen(ct), g.data, sizeof(body1) - 1, p,
                                      FE_FORM_MAX_PARTS, &n, err, sizeof(err)),
@@ -96,7 +75,7 @@ TH_TEST(multipart_parts_as_written) {
                                      FE_FORM_MAX_PARTS, &n, err, sizeof(err)),
                   0);
   TH_CHECK_EQ_INT(n, 3);
-  munmap(g.map, g.map_len);
+  th_unguard(&g);
 }
 
 TH_TEST(multipart_bad_bodies_are_named) {

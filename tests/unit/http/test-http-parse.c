@@ -4,43 +4,18 @@
  * byte too far crashes the test. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "frontend/fe-http.h"
+#include "tests/harness/th-guard.h"
 #include "tests/harness/th.h"
-
-/* A copy of s[0..n) that ends exactly at a guard page. */
-struct guarded {
-  char *map;
-  size_t map_len;
-  char *data;
-};
-
-static struct guarded guard(const char *s, size_t n) {
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  size_t pages = (n + pg - 1) / pg + 1;
-  struct guarded g;
-  g.map_len = pages * pg;
-  g.map = mmap(NULL, g.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (g.map == MAP_FAILED) abort();
-  if (mprotect(g.map + (pages - 1) * pg, pg, PROT_NONE) != 0) abort();
-  g.data = g.map + (pages - 1) * pg - n;
-  memcpy(g.data, s, n);
-  return g;
-}
-
-static void unguard(struct guarded *g) {
-  munmap(g->map, g->map_len);
-}
 
 static int parse_guarded(const char *s, size_t n, struct fe_http_request *req,
                          struct fe_http_header *h, size_t maxh) {
-  struct guarded g = guard(s, n);
+  struct th_guarded g = th_guard(s, n);
   int rc = fe_http_parse_request(g.data, n, req, h, maxh);
-  unguard(&g);
+  th_unguard(&g);
   return rc;
 }
 
@@ -135,7 +110,7 @@ TH_TEST(http_parse_fields) {
   const char *s = "POST /v1/chat/completions?a=b HTTP/1.1\r\nHost: x\r\n"
                   "Content-Length: 42\r\nConnection: foo, Close\r\nExpect: 100-continue\r\n"
                   "Authorization:   Bearer k  \r\n\r\nBODY";
-  struct guarded g = guard(s, strlen(s));
+  struct th_guarded g = th_guard(s, strlen(s));
   int rc = fe_http_parse_request(g.data, strlen(s), &r, h, 8);
   TH_REQUIRE(rc == (int)(strlen(s) - 4));
   TH_CHECK(r.method_len == 4 && memcmp(r.method, "POST", 4) == 0);
@@ -149,7 +124,7 @@ TH_TEST(http_parse_fields) {
   const struct fe_http_header *a = fe_http_find_header(&r, "authorization");
   TH_REQUIRE(a != NULL);
   TH_CHECK(a->value_len == 8 && memcmp(a->value, "Bearer k", 8) == 0);
-  unguard(&g);
+  th_unguard(&g);
 
   const char *s10 = "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n";
   TH_REQUIRE(parse_guarded(s10, strlen(s10), &r, h, 8) == (int)strlen(s10));
@@ -199,7 +174,7 @@ TH_TEST(http_pipelined) {
                   "3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer: x\r\n\r\n"
                   "GET /c HTTP/1.1\r\nHost: h\r\n\r\n";
   size_t n = strlen(s);
-  struct guarded g = guard(s, n);
+  struct th_guarded g = th_guard(s, n);
   struct fe_http_header h[8];
   struct fe_http_request r;
   size_t pos = 0;
@@ -225,7 +200,7 @@ TH_TEST(http_pipelined) {
   TH_REQUIRE(rc > 0);
   TH_CHECK(memcmp(r.path, "/c", 2) == 0);
   TH_CHECK_EQ_INT(pos + (size_t)rc, n);
-  unguard(&g);
+  th_unguard(&g);
 }
 
 /* Decodes `s` fed in two parts split at `cut`; returns the decoded body in
@@ -236,10 +211,10 @@ static int64_t decode_split(const char *s, size_t n, size_t cut, char *out, size
   size_t total = 0, got = 0, pos = 0;
   size_t ends[2] = {cut, n};
   for (int part = 0; part < 2 && !d->done; part++) {
-    struct guarded g = guard(s + pos, ends[part] - pos);
+    struct th_guarded g = th_guard(s + pos, ends[part] - pos);
     int64_t used =
         fe_http_chunked_decode(d, g.data, ends[part] - pos, out + total, cap - total, &got);
-    unguard(&g);
+    th_unguard(&g);
     if (used < 0) return used;
     total += got;
     pos += (size_t)used;
