@@ -43,6 +43,12 @@ static int oom(struct fe_api_error *err) {
   return CM_ERR_NOMEM;
 }
 
+/* 1 when a field's value is exactly lit. */
+static int value_is(const struct fe_form_part *p, const char *lit) {
+  size_t n = strlen(lit);
+  return p->len == n && !memcmp(p->data, lit, n);
+}
+
 /* A text field's value as a NUL-terminated copy in buf; 0, or -1 when too long. */
 static int field(const struct fe_form_part *p, char *buf, size_t cap) {
   if (p->len >= cap) return -1;
@@ -157,16 +163,16 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
   }
   int stream = 0;
   const struct fe_form_part *sp = fe_form_find(parts, n, "stream");
-  if (sp && sp->len == 4 && !memcmp(sp->data, "true", 4))
+  if (sp && value_is(sp, "true"))
     stream = 1;
-  else if (sp && !(sp->len == 5 && !memcmp(sp->data, "false", 5)))
+  else if (sp && !value_is(sp, "false"))
     return fail(err, "stream", "'stream' must be true or false");
   int format = FE_API_AUDIO_JSON;
   const struct fe_form_part *rf = fe_form_find(parts, n, "response_format");
   if (rf) {
-    if (rf->len == 4 && !memcmp(rf->data, "text", 4))
+    if (value_is(rf, "text"))
       format = FE_API_AUDIO_TEXT;
-    else if (!(rf->len == 4 && !memcmp(rf->data, "json", 4)))
+    else if (!value_is(rf, "json"))
       return fail(err, "response_format", "'response_format' must be \"json\" or \"text\"");
   }
   int rc = instruction(translate, parts, n, text, sizeof(text), err);
