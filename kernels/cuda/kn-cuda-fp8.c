@@ -159,7 +159,10 @@ enum { PATH_GEMV, PATH_WIDENED, PATH_LT };
 
 /* One problem through one path, against the host's double sums of the path's
  * definition (the Lt path quantizes the inputs per row first); 0 when every
- * output is within 1e-4 of the largest. */
+ * output is within 1e-4 of the largest (1e-3 for the Lt path: Hopper's FP8
+ * tensor cores add their products with fewer bits than f32 between the
+ * promotions cuBLASLt makes to f32, and an H200 differs by 1.6e-4 of the
+ * largest output at K = 1168; a wrong layout or scale is off by far more). */
 static int fp8_case(struct kn_cuda_ctx *c, int path, int T, int N, int K) {
   uint8_t *wh = malloc((size_t)N * K), *xq = malloc((size_t)T * K);
   float *xh = malloc(sizeof(float) * T * K), *sh = malloc(sizeof(float) * N);
@@ -211,7 +214,7 @@ static int fp8_case(struct kn_cuda_ctx *c, int path, int T, int N, int K) {
       double e = fabs(s - got[t * N + n]);
       worst = isnan(e) ? INFINITY : fmax(worst, e);
     }
-  if (!err && !(worst <= 1e-4 * big)) {
+  if (!err && !(worst <= (path == PATH_LT ? 1e-3 : 1e-4) * big)) {
     static const char *names[] = {"few-rows kernel", "widened GEMM", "cuBLASLt FP8 GEMM"};
     cm_warn("cuda", "FP8 matmul, %s, T=%d: differs from the host by %g (largest output %g)",
             names[path], T, worst, big);

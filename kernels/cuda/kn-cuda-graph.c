@@ -24,8 +24,8 @@
 
 struct kn_cuda_graph {
   int max_keys;
-  size_t *sizes; /* [n_slots] bytes of each staged array (16-byte multiples) */
-  size_t *offs;  /* [n_slots] their offsets in the arena */
+  size_t *sizes; /* [n_slots] bytes of each staged array, exactly as measured */
+  size_t *offs;  /* [n_slots] their offsets in the arena (16-byte aligned) */
   int n_slots, cap_slots;
   int cursor;               /* next slot in capture / replay */
   int mismatch;             /* a slot asked with another size in this mode */
@@ -66,14 +66,16 @@ int kn_cuda_graph_note(struct kn_cuda_ctx *c, size_t stage_bytes, size_t scratch
     g->sizes = s;
     g->cap_slots = cap;
   }
-  g->sizes[g->n_slots++] = align16(stage_bytes);
+  g->sizes[g->n_slots++] = stage_bytes;
   return 0;
 }
 
 int kn_cuda_graph_slot(struct kn_cuda_ctx *c, size_t bytes, void **host, void **dev) {
   struct kn_cuda_graph *g = c->graph;
   int i = g->cursor;
-  size_t need = align16(bytes ? bytes : 1);
+  /* the exact size: a count that differs and rounds to the same 16 bytes
+   * would still run the kernels captured for the other count */
+  size_t need = bytes ? bytes : 1; /* as kn_cuda_stage_alloc noted it */
   if (i >= g->n_slots || g->sizes[i] != need) {
     if (!g->mismatch)
       cm_warn("cuda", "step graph input %d: %zu bytes, where the graph was captured with %s", i,
@@ -193,7 +195,7 @@ static int make_arena(struct kn_cuda_graph *g) {
   size_t off = 0;
   for (int i = 0; i < g->n_slots; i++) {
     g->offs[i] = off;
-    off += g->sizes[i];
+    off += align16(g->sizes[i]);
   }
   g->arena_bytes = off;
   size_t bytes = off ? off : 16;

@@ -23,9 +23,10 @@ TH_TEST(cuda_kv_write) {
   ct_open(&e, 20);
   const int kvs[] = {1, 4}, Ds[] = {64, 256, 512};
   /* fp8: the device's __NV_SATFINITE conversion against kn_f32_to_f8e4m3, byte for byte */
-  /* the fourth: fp8 with a scale per kv head (each value divided by it first) */
+  /* the fourth: fp8 with a scale per kv head (each value divided by it first):
+   * K's scales are scales[0 .. kv), V's scales[4 .. 4 + kv) */
   const enum kn_dtype dts[] = {KN_DTYPE_F32, KN_DTYPE_BF16, KN_DTYPE_F8E4M3, KN_DTYPE_F8E4M3};
-  const float scales[4] = {0.37f, 4.0f, 2.6f, 0.125f};
+  const float scales[8] = {0.37f, 4.0f, 2.6f, 0.125f, 1.7f, 0.06f, 3.1f, 0.9f};
   float *scales_d = ct_up(&e, scales, sizeof(scales));
   for (size_t ki = 0; ki < 2; ki++)
     for (size_t di = 0; di < 3; di++)
@@ -69,11 +70,11 @@ TH_TEST(cuda_kv_write) {
           float *v_d = ct_up(&e, vv, (size_t)T * ld * sizeof(float));
           v.pool = pool;
           v.k_scale = scaled ? scales : NULL;
-          v.v_scale = scaled ? scales + 2 : NULL;
+          v.v_scale = scaled ? scales + 4 : NULL;
           TH_CHECK(kn_kv_write(e.cpu, &v, slots, k, ld, k_only ? NULL : vv, ld, T) == 0);
           v.pool = pool_d;
           v.k_scale = scaled ? scales_d : NULL;
-          v.v_scale = scaled ? scales_d + 2 : NULL;
+          v.v_scale = scaled ? scales_d + 4 : NULL;
           TH_CHECK(kn_kv_write(e.gpu, &v, slots, k_d, ld, k_only ? NULL : v_d, ld, T) == 0);
           /* a slot past the pool is refused before anything is written */
           slots[5] = n_slots;
