@@ -125,7 +125,7 @@ cudaError_t kn_cuda_launch_fp8_epilogue(cudaStream_t s, float *out, ptrdiff_t ld
 /* Weights in ggml's block formats (kn-cuda-quant.cu), rows of K elements
  * of whole blocks of wdt, each block dequantized exactly as kn_dequant_row:
  * the few-rows matmul out[t, n] (+)= sum_k in[t, k] * w[n, k] in f32 for
- * t < T <= KN_CUDA_GEMV_MAX_T, one warp per n (calls of up to
+ * t < T <= KN_CUDA_GEMV_MAX_T, a warp per 1 to 4 rows n (calls of up to
  * KN_CUDA_QGEMV_T rows run it in launches of 8); the tile dst[r, :] (bf16,
  * row stride K) = rows r < rows of w; the embedding (ids outside [0, vocab)
  * give zero rows). */

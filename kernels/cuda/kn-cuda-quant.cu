@@ -1,10 +1,10 @@
 /* kn-cuda-quant.cu — ggml's block formats (kn-quant.h: Q8_0, Q4_0, Q4_1,
  * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the device, from the packed bytes:
  *
- *   - the few-rows matmul (T <= KN_CUDA_GEMV_MAX_T a launch): one warp per weight
- *     row, each lane dequantizing 8 consecutive elements at a time (exact
- *     f32 values) and multiplying them into every input row's f32 sums (fused
- *     multiply-adds);
+ *   - the few-rows matmul (T <= KN_CUDA_GEMV_MAX_T a launch): a warp per one
+ *     to four weight rows, each lane loading 8 consecutive elements of every
+ *     input row, then dequantizing the same 8 of each weight row (exact f32
+ *     values) and multiplying them into the f32 sums (fused multiply-adds);
  *   - the dequantized tile for cuBLAS: rows of a matrix as bf16 in scratch;
  *   - the embedding: rows of a block-format table gathered and dequantized.
  *
@@ -15,40 +15,78 @@
 
 /* ---- the few-rows matmul --------------------------------------------------- */
 
-/* One warp per weight row n: out[t, n] (+)= sum_k in[t, k] * w[n, k] for t < TT,
- * the weights dequantized exactly, then f32 fused multiply-adds. */
+/* Weight rows a warp, at most: each lane's inputs, loaded once, serve them
+ * all (four rows read a quarter of the inputs that one row a warp would). */
+#define KN_QGEMV_RPW 4
+
+/* Warp i's rows n0 = i * rpw .. n0 + rpw - 1 (rpw <= KN_QGEMV_RPW):
+ * out[t, n] (+)= sum_k in[t, k] * w[n, k] for t < TT, the weights dequantized
+ * exactly, then f32 fused multiply-adds, each lane over its octets in order.
+ * vec: in and its rows are 16-byte aligned, and read in 16-byte vectors. */
 template <int DT, int TT>
 __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                             const uint8_t *w, size_t row_bytes, int N, int K, int accumulate) {
-  int n = kn_warp_id(), lane = threadIdx.x & 31;
-  if (n >= N) return;
-  const uint8_t *row = w + (size_t)n * row_bytes;
-  float acc[TT] = {};
+                             const uint8_t *w, size_t row_bytes, int N, int K, int rpw, int vec,
+                             int accumulate) {
+  const int n0 = kn_warp_id() * rpw, lane = threadIdx.x & 31;
+  if (n0 >= N) return;
+  const int nr = N - n0 < rpw ? N - n0 : rpw; /* the same in every lane */
+  const uint8_t *row = w + (size_t)n0 * row_bytes;
+  float acc[KN_QGEMV_RPW][TT] = {};
   for (int o = lane; o < K / 8; o += 32) {
-    float v[8];
-    row_oct<DT>(row, o, v);
+    float x[TT][8];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
-      const float *x = in + (ptrdiff_t)t * ldi + 8 * o;
+      const float *xt = in + (ptrdiff_t)t * ldi + 8 * o;
+      if (vec) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(xt)),
+                     b = __ldg(reinterpret_cast<const float4 *>(xt) + 1);
+        x[t][0] = a.x, x[t][1] = a.y, x[t][2] = a.z, x[t][3] = a.w;
+        x[t][4] = b.x, x[t][5] = b.y, x[t][6] = b.z, x[t][7] = b.w;
+      } else {
 #pragma unroll
-      for (int i = 0; i < 8; i++)
-        acc[t] = fmaf(v[i], __ldg(x + i), acc[t]);
+        for (int i = 0; i < 8; i++)
+          x[t][i] = __ldg(xt + i);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < KN_QGEMV_RPW; r++) {
+      if (r >= nr) break;
+      float v[8];
+      row_oct<DT>(row + (size_t)r * row_bytes, o, v);
+#pragma unroll
+      for (int t = 0; t < TT; t++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+          acc[r][t] = fmaf(v[i], x[t][i], acc[r][t]);
     }
   }
-  kn_gemv_store<TT>(acc, out, ldo, n, lane, accumulate);
+#pragma unroll
+  for (int r = 0; r < KN_QGEMV_RPW; r++)
+    if (r < nr) kn_gemv_store<TT>(acc[r], out, ldo, n0 + r, lane, accumulate);
+}
+
+/* w is as aligned as DT's blocks must be: even, and a multiple of 4 where
+ * the block size is one (q_ld32 reads those blocks' words). */
+template <int DT> static bool blocks_aligned(const void *w) {
+  return (uintptr_t)w % (qfmt<DT>::BYTES % 4 ? 2 : 4) == 0;
 }
 
 template <int DT>
 static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                          const void *w, int T, int N, int K, int accumulate) {
-  if (K % qfmt<DT>::QK) return cudaErrorInvalidValue; /* rows of whole blocks only */
-  const dim3 grid = kn_gemv_grid(N), block(32 * KN_GEMV_WARPS);
+  /* rows of whole blocks only, at addresses the loads take */
+  if (K % qfmt<DT>::QK || !blocks_aligned<DT>(w)) return cudaErrorInvalidValue;
+  /* several rows a warp only where the rows still fill the device */
+  const int rpw = N >= 8192 ? KN_QGEMV_RPW : N >= 4096 ? 2 : 1;
+  const int vec = (uintptr_t)in % 16 == 0 && (T == 1 || ldi % 4 == 0);
+  const dim3 grid = kn_gemv_grid((N + rpw - 1) / rpw), block(32 * KN_GEMV_WARPS);
   const uint8_t *wb = (const uint8_t *)w;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   switch (T) {
 #define KN_QGEMV_CASE(tt)                                                                          \
   case tt:                                                                                         \
-    qgemv_kernel<DT, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, wb, rb, N, K, accumulate);      \
+    qgemv_kernel<DT, tt><<<grid, block, 0, s>>>(out, ldo, in, ldi, wb, rb, N, K, rpw, vec,      \
+                                                 accumulate);                                      \
     break;
     KN_GEMV_T_CASES(KN_QGEMV_CASE)
 #undef KN_QGEMV_CASE
@@ -85,7 +123,7 @@ __global__ void qtile_kernel(__nv_bfloat16 *dst, const uint8_t *w, size_t row_by
 
 template <int DT>
 static cudaError_t qtile(cudaStream_t s, void *dst, const void *w, int rows, int K) {
-  if (K % qfmt<DT>::QK) return cudaErrorInvalidValue;
+  if (K % qfmt<DT>::QK || !blocks_aligned<DT>(w)) return cudaErrorInvalidValue;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   qtile_kernel<DT><<<kn_grid((size_t)rows * (size_t)(K / 8), 256, 65535), 256, 0, s>>>(
       (__nv_bfloat16 *)dst, (const uint8_t *)w, rb, rows, K);
@@ -113,7 +151,7 @@ __global__ void qembed_kernel(float *out, ptrdiff_t ldo, const uint8_t *table, s
 template <int DT>
 static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table, int vocab,
                           int H, const int32_t *ids, int T, float scale) {
-  if (H % qfmt<DT>::QK) return cudaErrorInvalidValue;
+  if (H % qfmt<DT>::QK || !blocks_aligned<DT>(table)) return cudaErrorInvalidValue;
   const size_t rb = (size_t)(H / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   qembed_kernel<DT><<<T, 128, 0, s>>>(out, ldo, (const uint8_t *)table, rb, vocab, H, ids, scale);
   return cudaGetLastError();

@@ -22,9 +22,49 @@
 #define KN_QUNROLL
 #endif
 
-/* The f16 at p (no alignment: blocks are bytes), widened (exact). */
+/* Little-endian loads from blocks. Every format's block size is even and
+ * weights start 64-byte aligned, so a block starts at an even address (at a
+ * multiple of 4 where the size is one: Q4_1, Q5_1, Q4_K, Q5_K). Loads of 2
+ * or 4 bytes, not bytes, are what lets the few-rows matmul keep up with the
+ * memory. The host (test-cuda-quant-decode) runs the same word arithmetic. */
+KN_QHD uint32_t q_ld16(const uint8_t *p) { /* p even */
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const unsigned short *>(p);
+#else
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+#endif
+}
+KN_QHD uint32_t q_ld32(const uint8_t *p) { /* p a multiple of 4 */
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t *>(p);
+#else
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+#endif
+}
+/* The 8 bytes at p (p even) as two words, bytes 0..3 and 4..7: two aligned
+ * words from p rounded down to a multiple of 4, then (p 2 past one) the 2
+ * bytes after them, shifted into place. The first word may hold the 2 bytes
+ * before p: they are in the same allocation, which starts aligned. */
+KN_QHD void q_ld64(const uint8_t *p, uint32_t w[2]) {
+  const uint8_t *a = p - ((uintptr_t)p & 2u);
+  const unsigned sh = (unsigned)((uintptr_t)p & 2u) * 8u;
+  const uint32_t w0 = q_ld32(a), w1 = q_ld32(a + 4), w2 = sh ? q_ld16(a + 8) : 0u;
+#ifdef __CUDA_ARCH__
+  w[0] = __funnelshift_r(w0, w1, sh);
+  w[1] = __funnelshift_r(w1, w2, sh);
+#else
+  w[0] = (uint32_t)(((uint64_t)w1 << 32 | w0) >> sh);
+  w[1] = (uint32_t)(((uint64_t)w2 << 32 | w1) >> sh);
+#endif
+}
+/* Byte i (0..7) of the 8 that q_ld64 loaded. */
+KN_QHD uint32_t q_byte(const uint32_t w[2], int i) {
+  return w[i >> 2] >> (8 * (i & 3)) & 0xFFu;
+}
+
+/* The f16 at p (p even), widened (exact). */
 KN_QHD float q_f16(const uint8_t *p) {
-  const unsigned short u = (unsigned short)(p[0] | p[1] << 8);
+  const unsigned short u = (unsigned short)q_ld16(p);
 #ifdef __CUDA_ARCH__
   return __half2float(__ushort_as_half(u));
 #else
@@ -72,71 +112,72 @@ KN_QFMT(KN_DTYPE_Q5_K, 256, 176);
 KN_QFMT(KN_DTYPE_Q6_K, 256, 210);
 #undef KN_QFMT
 
-/* Q4_0 .. Q5_1: element e's 4 low bits (low nibbles hold 0..15, high ones 16..31). */
-KN_QHD int q_nib32(const uint8_t *q, int e) {
-  return e < 16 ? q[e] & 0xF : q[e - 16] >> 4;
-}
-
 /* Elements 8j .. 8j + 7 of the block at b into v. */
 template <int DT> KN_QHD void oct(const uint8_t *b, int j, float v[8]) {
   const int e0 = 8 * j;
+  uint32_t q[2];
   if (DT == KN_DTYPE_Q8_0) {
     float d = q_f16(b);
+    q_ld64(b + 2 + e0, q);
     KN_QUNROLL
     for (int i = 0; i < 8; i++)
-      v[i] = q_mul((float)(int8_t)b[2 + e0 + i], d);
-  } else if (DT == KN_DTYPE_Q4_0) {
-    float d = q_f16(b);
-    KN_QUNROLL
-    for (int i = 0; i < 8; i++)
-      v[i] = q_mul((float)(q_nib32(b + 2, e0 + i) - 8), d);
-  } else if (DT == KN_DTYPE_Q4_1) {
-    float d = q_f16(b), m = q_f16(b + 2);
-    KN_QUNROLL
-    for (int i = 0; i < 8; i++)
-      v[i] = q_add(q_mul((float)q_nib32(b + 4, e0 + i), d), m);
-  } else if (DT == KN_DTYPE_Q5_0 || DT == KN_DTYPE_Q5_1) {
-    const int one = DT == KN_DTYPE_Q5_1;
-    float d = q_f16(b), m = one ? q_f16(b + 2) : 0.0f;
-    const uint8_t *h = b + (one ? 4 : 2), *q = b + (one ? 8 : 6);
-    uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
-                  (uint32_t)h[3] << 24; /* bit e: element e's fifth bit */
+      v[i] = q_mul((float)(int8_t)q_byte(q, i), d);
+  } else if (DT == KN_DTYPE_Q4_0 || DT == KN_DTYPE_Q4_1 || DT == KN_DTYPE_Q5_0 ||
+             DT == KN_DTYPE_Q5_1) {
+    /* 16 bytes of nibbles: elements 0..15 the low ones, 16..31 the high ones,
+     * so octet j reads bytes 8 (j & 1) .. + 7, shifted by 4 (j >> 1) */
+    const int m = DT == KN_DTYPE_Q4_1 || DT == KN_DTYPE_Q5_1,
+              five = DT == KN_DTYPE_Q5_0 || DT == KN_DTYPE_Q5_1;
+    float d = q_f16(b), mv = m ? q_f16(b + 2) : 0.0f;
+    const uint8_t *h = b + (m ? 4 : 2); /* Q5's fifth bits: bit e, element e's */
+    uint32_t qh = five ? q_ld16(h) | q_ld16(h + 2) << 16 : 0u;
+    q_ld64(b + (m ? 4 : 2) + (five ? 4 : 0) + 8 * (j & 1), q);
+    const int shift = 4 * (j >> 1);
     KN_QUNROLL
     for (int i = 0; i < 8; i++) {
-      int e = e0 + i, x = q_nib32(q, e) | (int)((qh >> e) & 1u) << 4;
-      v[i] = one ? q_add(q_mul((float)x, d), m) : q_mul((float)(x - 16), d);
+      int x = (int)(q_byte(q, i) >> shift & 0xFu);
+      if (five) x |= (int)((qh >> (e0 + i)) & 1u) << 4;
+      const int off = five ? 16 : 8;
+      v[i] = m ? q_add(q_mul((float)x, d), mv) : q_mul((float)(x - off), d);
     }
   } else if (DT == KN_DTYPE_Q4_K || DT == KN_DTYPE_Q5_K) {
     /* 64 elements per 32 bytes of q: sub-block s = e / 32 (its 6-bit scale
-     * and min), low nibbles for even s, high for odd; Q5_K's fifth bit of
-     * element e is bit s of qh[e % 32] */
+     * and min, in the 12 bytes at b + 4), low nibbles for even s, high for
+     * odd; Q5_K's fifth bit of element e is bit s of qh[e % 32] */
     const int five = DT == KN_DTYPE_Q5_K, s = e0 / 32, l0 = e0 % 32;
-    const uint8_t *sc = b + 4, *qh = b + 16, *q = b + (five ? 48 : 16) + 32 * (s / 2);
+    const uint32_t sw[3] = {q_ld32(b + 4), q_ld32(b + 8), q_ld32(b + 12)};
+#define KN_QSC(k) (int)(sw[(k) >> 2] >> (8 * ((k) & 3)) & 0xFFu)
     int scv, mnv;
     if (s < 4) {
-      scv = sc[s] & 63;
-      mnv = sc[s + 4] & 63;
+      scv = KN_QSC(s) & 63;
+      mnv = KN_QSC(s + 4) & 63;
     } else {
-      scv = (sc[s + 4] & 0xF) | (sc[s - 4] >> 6) << 4;
-      mnv = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+      scv = (KN_QSC(s + 4) & 0xF) | (KN_QSC(s - 4) >> 6) << 4;
+      mnv = (KN_QSC(s + 4) >> 4) | (KN_QSC(s) >> 6) << 4;
     }
+#undef KN_QSC
     float d1 = q_mul(q_f16(b), (float)scv), m1 = q_mul(q_f16(b + 2), (float)mnv);
+    uint32_t qh[2] = {0u, 0u};
+    q_ld64(b + (five ? 48 : 16) + 32 * (s / 2) + l0, q);
+    if (five) q_ld64(b + 16 + l0, qh);
     KN_QUNROLL
     for (int i = 0; i < 8; i++) {
-      int l = l0 + i, x = (s & 1 ? q[l] >> 4 : q[l] & 0xF);
-      if (five) x += (qh[l] >> s) & 1 ? 16 : 0;
+      int x = (int)(s & 1 ? q_byte(q, i) >> 4 : q_byte(q, i) & 0xFu);
+      if (five) x += (q_byte(qh, i) >> s) & 1u ? 16 : 0;
       v[i] = q_sub(q_mul(d1, (float)x), m1);
     }
   } else { /* Q6_K */
     /* halves of 128 elements; in each, quarter g of 32: ql[l + 32 (g & 1)]'s
      * nibble g >> 1, qh[l]'s bits 2g, 2g + 1, scale (l / 16) + 2g */
     const int n = e0 / 128, g = (e0 % 128) / 32, l0 = e0 % 32;
-    const uint8_t *ql = b + 64 * n + 32 * (g & 1), *qh = b + 128 + 32 * n;
     const float dsc = q_mul(q_f16(b + 208), (float)(int8_t)b[192 + 8 * n + l0 / 16 + 2 * g]);
+    uint32_t qh[2];
+    q_ld64(b + 64 * n + 32 * (g & 1) + l0, q);
+    q_ld64(b + 128 + 32 * n + l0, qh);
     KN_QUNROLL
     for (int i = 0; i < 8; i++) {
-      int l = l0 + i;
-      int x = ((ql[l] >> (4 * (g >> 1))) & 0xF) | ((qh[l] >> (2 * g)) & 3) << 4;
+      int x = (int)((q_byte(q, i) >> (4 * (g >> 1))) & 0xFu) |
+              (int)((q_byte(qh, i) >> (2 * g)) & 3u) << 4;
       v[i] = q_mul(dsc, (float)(x - 32));
     }
   }

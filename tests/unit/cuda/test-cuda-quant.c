@@ -75,14 +75,19 @@ TH_TEST(cuda_block_matmul_matches_cpu) {
   struct ct_env e;
   ct_open(&e, 72);
   /* T, N, blocks a row: the few-rows kernel up to 32 rows (in launches of
-   * 8), then tiles */
-  static const int shapes[][3] = {{1, 37, 5},   {3, 129, 3}, {8, 301, 2}, {9, 77, 3},
-                                  {17, 301, 4}, {32, 45, 2}, {33, 45, 3}, {70, 1031, 2}};
+   * 8; two and four weight rows a warp from 4096 and 8192 rows, and N not
+   * a multiple of them), then tiles */
+  static const int shapes[][3] = {{1, 37, 5},   {3, 129, 3},  {8, 301, 2},  {9, 77, 3},
+                                  {17, 301, 4}, {32, 45, 2},  {33, 45, 3},  {70, 1031, 2},
+                                  {1, 8195, 1}, {4, 4101, 2}, {8, 9001, 1}, {11, 4096, 1}};
   for (size_t f = 0; f < N_FMTS; f++)
-    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+    for (size_t s = 0; s < 2 * sizeof(shapes) / sizeof(shapes[0]); s++) {
       const enum kn_dtype dt = k_fmts[f];
-      const int T = shapes[s][0], N = shapes[s][1], K = shapes[s][2] * kn_block_elems(dt);
-      const ptrdiff_t ldi = K + 5; /* rows at odd offsets */
+      const int *sh = shapes[s / 2];
+      const int T = sh[0], N = sh[1], K = sh[2] * kn_block_elems(dt);
+      /* input rows at odd offsets (read a float at a time), then 16-byte
+       * aligned (read in vectors) */
+      const ptrdiff_t ldi = s % 2 ? K : K + 5;
       struct ct_in in;
       ct_in_init(&e, &in, (size_t)T * ldi, 3.0f);
       uint8_t *w = q_weights(&e, dt, N, K);
