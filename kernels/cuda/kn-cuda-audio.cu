@@ -11,15 +11,20 @@
  *     weighted sum of values, each lane over its elements. */
 #include "kernels/cuda/kn-cuda-dev.cuh"
 
+#define CONV_PAD 4
+
 __global__ void conv3x3_s2_kernel(float *out, const float *x, const float *w, int T, int F, int Cin,
                                   int Cout, int Fo) {
-  extern __shared__ float patch[]; /* [3][3][Cin] */
+  /* [3][3][Cin], then CONV_PAD zeros: the compiled sum loop reads the
+   * patch in vectors of up to 4 and may read past its last element */
+  extern __shared__ float patch[];
   long long p = blockIdx.x;
   int t = (int)(p / Fo), f = (int)(p % Fo);
-  for (int e = threadIdx.x; e < 9 * Cin; e += blockDim.x) {
+  for (int e = threadIdx.x; e < 9 * Cin + CONV_PAD; e += blockDim.x) {
     int ab = e / Cin, i = e % Cin, ti = 2 * t - 1 + ab / 3, fi = 2 * f - 1 + ab % 3;
-    patch[e] =
-        ti < 0 || ti >= T || fi < 0 || fi >= F ? 0.0f : x[((long long)ti * F + fi) * Cin + i];
+    patch[e] = e >= 9 * Cin || ti < 0 || ti >= T || fi < 0 || fi >= F
+                   ? 0.0f
+                   : x[((long long)ti * F + fi) * Cin + i];
   }
   __syncthreads();
   for (int o = threadIdx.x; o < Cout; o += blockDim.x) {
@@ -35,7 +40,7 @@ extern "C" cudaError_t kn_cuda_launch_conv3x3_s2(cudaStream_t s, float *out, con
                                                  const float *w, int T, int F, int Cin, int Cout) {
   int To = (T + 1) / 2, Fo = (F + 1) / 2;
   unsigned threads = Cout >= 256 ? 256 : (unsigned)((Cout + 31) / 32 * 32);
-  size_t shm = sizeof(float) * 9 * (size_t)Cin;
+  size_t shm = sizeof(float) * (9 * (size_t)Cin + CONV_PAD);
   conv3x3_s2_kernel<<<(unsigned)((long long)To * Fo), threads, shm, s>>>(out, x, w, T, F, Cin, Cout,
                                                                          Fo);
   return cudaGetLastError();
