@@ -65,10 +65,12 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
     if (r < nr) kn_gemv_store<TT>(acc[r], out, ldo, n0 + r, lane, accumulate);
 }
 
-/* w is as aligned as DT's blocks must be: even, and a multiple of 4 where
- * the block size is one (q_ld32 reads those blocks' words). */
+/* The matrix starts at a multiple of 4. Its blocks then start at even
+ * addresses (every block size is even), at multiples of 4 where the size is
+ * one (q_ld32 reads those blocks' words), and the 2 bytes q_ld64 may read
+ * before a block are inside the matrix (an earlier block). */
 template <int DT> static bool blocks_aligned(const void *w) {
-  return (uintptr_t)w % (qfmt<DT>::BYTES % 4 ? 2 : 4) == 0;
+  return (uintptr_t)w % 4 == 0;
 }
 
 template <int DT>

@@ -22,11 +22,12 @@
 #define KN_QUNROLL
 #endif
 
-/* Little-endian loads from blocks. Every format's block size is even and
- * weights start 64-byte aligned, so a block starts at an even address (at a
- * multiple of 4 where the size is one: Q4_1, Q5_1, Q4_K, Q5_K). Loads of 2
- * or 4 bytes, not bytes, are what lets the few-rows matmul keep up with the
- * memory. The host (test-cuda-quant-decode) runs the same word arithmetic. */
+/* Little-endian loads from blocks. Every format's block size is even and a
+ * matrix starts at a multiple of 4 (the launchers check it; weights start
+ * 64-byte aligned), so a block starts at an even address (at a multiple of 4
+ * where the size is one: Q4_1, Q5_1, Q4_K, Q5_K). Loads of 2 or 4 bytes, not
+ * bytes, are what lets the few-rows matmul keep up with the memory. The host
+ * (test-cuda-quant-decode) runs the same word arithmetic. */
 KN_QHD uint32_t q_ld16(const uint8_t *p) { /* p even */
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const unsigned short *>(p);
@@ -44,7 +45,8 @@ KN_QHD uint32_t q_ld32(const uint8_t *p) { /* p a multiple of 4 */
 /* The 8 bytes at p (p even) as two words, bytes 0..3 and 4..7: two aligned
  * words from p rounded down to a multiple of 4, then (p 2 past one) the 2
  * bytes after them, shifted into place. The first word may hold the 2 bytes
- * before p: they are in the same allocation, which starts aligned. */
+ * before p: they are in the same matrix, which starts at a multiple of 4
+ * (Q6_K reads from a block's first byte; the others from 2 bytes in). */
 KN_QHD void q_ld64(const uint8_t *p, uint32_t w[2]) {
   const uint8_t *a = p - ((uintptr_t)p & 2u);
   const unsigned sh = (unsigned)((uintptr_t)p & 2u) * 8u;

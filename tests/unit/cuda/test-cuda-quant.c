@@ -7,7 +7,7 @@
  * the greedy head with a softcap and the embeddings against the CPU oracle
  * on the same bytes, with odd row counts and rows of several blocks; and a
  * tensor-parallel cut of the columns along whole blocks, and one of the rows
- * at any row (weights at any byte offset). Skips loudly without a device. */
+ * from an odd row on. Skips loudly without a device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,8 +123,8 @@ TH_TEST(cuda_block_matmul_over_several_tiles) {
 
 /* Tensor parallelism: the columns cut in two along whole blocks (each half's
  * rows repacked as a rank holds them, the second accumulated onto the
- * first), and the rows from an odd row on (the weights at a byte offset no
- * vector load would take). Each against the CPU's product of the same rows. */
+ * first), and the rows from an odd row on (a pointer into the matrix, as a
+ * rank's share of the rows). Each against the CPU's product of the same rows. */
 TH_TEST(cuda_block_tensor_parallel_cuts) {
   struct ct_env e;
   ct_open(&e, 74);
