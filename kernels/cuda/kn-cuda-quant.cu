@@ -69,7 +69,7 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
  * addresses (every block size is even), at multiples of 4 where the size is
  * one (q_ld32 reads those blocks' words), and the 2 bytes q_ld64 may read
  * before a block are inside the matrix (an earlier block). */
-template <int DT> static bool blocks_aligned(const void *w) {
+static bool blocks_aligned(const void *w) {
   return (uintptr_t)w % 4 == 0;
 }
 
@@ -77,7 +77,7 @@ template <int DT>
 static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
                          const void *w, int T, int N, int K, int accumulate) {
   /* rows of whole blocks only, at addresses the loads take */
-  if (K % qfmt<DT>::QK || !blocks_aligned<DT>(w)) return cudaErrorInvalidValue;
+  if (K % qfmt<DT>::QK || !blocks_aligned(w)) return cudaErrorInvalidValue;
   /* several rows a warp only where the rows still fill the device */
   const int rpw = N >= 8192 ? KN_QGEMV_RPW : N >= 4096 ? 2 : 1;
   const int vec = (uintptr_t)in % 16 == 0 && (T == 1 || ldi % 4 == 0);
@@ -125,7 +125,7 @@ __global__ void qtile_kernel(__nv_bfloat16 *dst, const uint8_t *w, size_t row_by
 
 template <int DT>
 static cudaError_t qtile(cudaStream_t s, void *dst, const void *w, int rows, int K) {
-  if (K % qfmt<DT>::QK || !blocks_aligned<DT>(w)) return cudaErrorInvalidValue;
+  if (K % qfmt<DT>::QK || !blocks_aligned(w)) return cudaErrorInvalidValue;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   qtile_kernel<DT><<<kn_grid((size_t)rows * (size_t)(K / 8), 256, 65535), 256, 0, s>>>(
       (__nv_bfloat16 *)dst, (const uint8_t *)w, rb, rows, K);
@@ -153,7 +153,7 @@ __global__ void qembed_kernel(float *out, ptrdiff_t ldo, const uint8_t *table, s
 template <int DT>
 static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table, int vocab,
                           int H, const int32_t *ids, int T, float scale) {
-  if (H % qfmt<DT>::QK || !blocks_aligned<DT>(table)) return cudaErrorInvalidValue;
+  if (H % qfmt<DT>::QK || !blocks_aligned(table)) return cudaErrorInvalidValue;
   const size_t rb = (size_t)(H / qfmt<DT>::QK) * qfmt<DT>::BYTES;
   qembed_kernel<DT><<<T, 128, 0, s>>>(out, ldo, (const uint8_t *)table, rb, vocab, H, ids, scale);
   return cudaGetLastError();
