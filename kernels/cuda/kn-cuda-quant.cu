@@ -75,11 +75,12 @@ static bool blocks_aligned(const void *w) {
 
 template <int DT>
 static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                         const void *w, int T, int N, int K, int accumulate) {
+                         const void *w, int T, int N, int K, int rpw, int accumulate) {
   /* rows of whole blocks only, at addresses the loads take */
   if (K % qfmt<DT>::QK || !blocks_aligned(w)) return cudaErrorInvalidValue;
   /* several rows a warp only where the rows still fill the device */
-  const int rpw = N >= 8192 ? KN_QGEMV_RPW : N >= 4096 ? 2 : 1;
+  if (!rpw) rpw = N >= 8192 ? KN_QGEMV_RPW : N >= 4096 ? 2 : 1;
+  if (rpw != 1 && rpw != 2 && rpw != KN_QGEMV_RPW) return cudaErrorInvalidValue;
   const int vec = (uintptr_t)in % 16 == 0 && (T == 1 || ldi % 4 == 0);
   const dim3 grid = kn_gemv_grid((N + rpw - 1) / rpw), block(32 * KN_GEMV_WARPS);
   const uint8_t *wb = (const uint8_t *)w;
@@ -177,10 +178,10 @@ static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void 
 
 extern "C" cudaError_t kn_cuda_launch_qgemv(cudaStream_t s, float *out, ptrdiff_t ldo,
                                             const float *in, ptrdiff_t ldi, const void *w,
-                                            enum kn_dtype wdt, int T, int N, int K,
+                                            enum kn_dtype wdt, int T, int N, int K, int rpw,
                                             int accumulate) {
   if (N <= 0 || T <= 0) return cudaSuccess;
-  KN_QDISPATCH(wdt, qgemv, s, out, ldo, in, ldi, w, T, N, K, accumulate)
+  KN_QDISPATCH(wdt, qgemv, s, out, ldo, in, ldi, w, T, N, K, rpw, accumulate)
 }
 
 extern "C" cudaError_t kn_cuda_launch_qtile(cudaStream_t s, void *dst, const void *w,
