@@ -66,9 +66,9 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
 }
 
 /* The matrix starts at a multiple of 4. Its blocks then start at even
- * addresses (every block size is even), at multiples of 4 where the size is
- * one (q_ld32 reads those blocks' words), and the 2 bytes q_ld64 may read
- * before a block are inside the matrix (an earlier block). */
+ * addresses (every block size is even), q_ld64's aligned words are aligned,
+ * and the 2 bytes it may read before a block are inside the matrix (an
+ * earlier block). */
 static bool blocks_aligned(const void *w) {
   return (uintptr_t)w % 4 == 0;
 }

@@ -24,10 +24,9 @@
 
 /* Little-endian loads from blocks. Every format's block size is even and a
  * matrix starts at a multiple of 4 (the launchers check it; weights start
- * 64-byte aligned), so a block starts at an even address (at a multiple of 4
- * where the size is one: Q4_1, Q5_1, Q4_K, Q5_K). Loads of 2 or 4 bytes, not
- * bytes, are what lets the few-rows matmul keep up with the memory. The host
- * (test-cuda-quant-decode) runs the same word arithmetic. */
+ * 64-byte aligned), so a block starts at an even address. Loads of 2 or 4
+ * bytes, not bytes, are what lets the few-rows matmul keep up with the
+ * memory. The host (test-cuda-quant-decode) runs the same word arithmetic. */
 KN_QHD uint32_t q_ld16(const uint8_t *p) { /* p even */
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const unsigned short *>(p);
@@ -147,17 +146,15 @@ template <int DT> KN_QHD void oct(const uint8_t *b, int j, float v[8]) {
      * and min, in the 12 bytes at b + 4), low nibbles for even s, high for
      * odd; Q5_K's fifth bit of element e is bit s of qh[e % 32] */
     const int five = DT == KN_DTYPE_Q5_K, s = e0 / 32, l0 = e0 % 32;
-    const uint32_t sw[3] = {q_ld32(b + 4), q_ld32(b + 8), q_ld32(b + 12)};
-#define KN_QSC(k) (int)(sw[(k) >> 2] >> (8 * ((k) & 3)) & 0xFFu)
+    const uint8_t *sc = b + 4; /* two or three bytes of the twelve: loaded one by one */
     int scv, mnv;
     if (s < 4) {
-      scv = KN_QSC(s) & 63;
-      mnv = KN_QSC(s + 4) & 63;
+      scv = sc[s] & 63;
+      mnv = sc[s + 4] & 63;
     } else {
-      scv = (KN_QSC(s + 4) & 0xF) | (KN_QSC(s - 4) >> 6) << 4;
-      mnv = (KN_QSC(s + 4) >> 4) | (KN_QSC(s) >> 6) << 4;
+      scv = (sc[s + 4] & 0xF) | (sc[s - 4] >> 6) << 4;
+      mnv = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
     }
-#undef KN_QSC
     float d1 = q_mul(q_f16(b), (float)scv), m1 = q_mul(q_f16(b + 2), (float)mnv);
     uint32_t qh[2] = {0u, 0u};
     q_ld64(b + (five ? 48 : 16) + 32 * (s / 2) + l0, q);
