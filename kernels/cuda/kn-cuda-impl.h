@@ -126,13 +126,14 @@ cudaError_t kn_cuda_launch_fp8_epilogue(cudaStream_t s, float *out, ptrdiff_t ld
  * of whole blocks of wdt, each block dequantized exactly as kn_dequant_row:
  * the few-rows matmul out[t, n] (+)= sum_k in[t, k] * w[n, k] in f32 for
  * t < T <= KN_CUDA_GEMV_MAX_T, a warp per rpw rows n (1, 2 or 4; 0: chosen
- * by N) (calls of up to KN_CUDA_QGEMV_T rows run it in launches of 8); the
+ * by N), for T = 1 with octets (1, 2 or 4) octets a lane in flight, the same
+ * bits (calls of up to KN_CUDA_QGEMV_T rows run it in launches of 8); the
  * tile dst[r, :] (bf16, row stride K) = rows r < rows of w; the embedding
  * (ids outside [0, vocab) give zero rows). */
 #define KN_CUDA_QGEMV_T 32
 cudaError_t kn_cuda_launch_qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in,
                                  ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N,
-                                 int K, int rpw, int accumulate);
+                                 int K, int rpw, int octets, int accumulate);
 cudaError_t kn_cuda_launch_qtile(cudaStream_t s, void *dst, const void *w, enum kn_dtype wdt,
                                  int rows, int K);
 cudaError_t kn_cuda_launch_qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void *table,
@@ -326,6 +327,9 @@ struct kn_cuda_ctx {
   /* weight rows a warp of the few-rows kernel: 1, 2 or 4
    * ($LMSERVE_CUDA_QGEMV_ROWS, for A/B runs), 0 (the default): by the rows */
   int qgemv_rows;
+  /* its octets a lane in flight at one input row: 1 (the default), 2 or 4
+   * ($LMSERVE_CUDA_QGEMV_OCTETS, for A/B runs) */
+  int qgemv_octets;
   /* FP8 weights (kn-cuda-fp8.c): compute capability (89 = 8.9), which paths
    * passed their check, cuBLASLt's handle and workspace (NULL below 8.9) */
   int cc;

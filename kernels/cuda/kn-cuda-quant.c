@@ -34,7 +34,7 @@ int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const flo
       int tt = T - t0 < KN_CUDA_GEMV_MAX_T ? T - t0 : KN_CUDA_GEMV_MAX_T;
       KN_CUDA_RUN(c, kn_cuda_launch_qgemv(c->stream, out + (ptrdiff_t)t0 * ldo, ldo,
                                           in + (ptrdiff_t)t0 * ldi, ldi, w, wdt, tt, N, K,
-                                          c->qgemv_rows, accumulate));
+                                          c->qgemv_rows, c->qgemv_octets, accumulate));
     }
     return 0;
   }
@@ -80,17 +80,20 @@ static void warn_refused(unsigned bad, const char *why) {
           names, why);
 }
 
+/* $name as 1, 2 or 4; dflt where unset, or (with a warning) anything else. */
+static int env_124(const char *name, int dflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
+  if (!strcmp(v, "1") || !strcmp(v, "2") || !strcmp(v, "4")) return v[0] - '0';
+  cm_warn("cuda", "%s=%s is not 1, 2 or 4: ignored", name, v);
+  return dflt;
+}
+
 int kn_cuda_quant_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
   const char *gv = getenv("LMSERVE_CUDA_GEMV");
   c->qgemv = !gv || strcmp(gv, "0");
-  const char *rv = getenv("LMSERVE_CUDA_QGEMV_ROWS");
-  c->qgemv_rows = 0;
-  if (rv && *rv) {
-    if (!strcmp(rv, "1") || !strcmp(rv, "2") || !strcmp(rv, "4"))
-      c->qgemv_rows = rv[0] - '0';
-    else
-      cm_warn("cuda", "LMSERVE_CUDA_QGEMV_ROWS=%s is not 1, 2 or 4: ignored", rv);
-  }
+  c->qgemv_rows = env_124("LMSERVE_CUDA_QGEMV_ROWS", 0);
+  c->qgemv_octets = env_124("LMSERVE_CUDA_QGEMV_OCTETS", 1);
   /* tiles of 16 rows, so that the check's 37 outputs take three */
   int keep = c->qtile_rows;
   c->qtile_rows = 16;

@@ -19,6 +19,20 @@
  * all (four rows read a quarter of the inputs that one row a warp would). */
 #define KN_QGEMV_RPW 4
 
+/* The 8 inputs at xt, read in two 16-byte vectors where vec (xt aligned). */
+__device__ __forceinline__ void in_oct(const float *xt, int vec, float x[8]) {
+  if (vec) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(xt)),
+                 b = __ldg(reinterpret_cast<const float4 *>(xt) + 1);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+    x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      x[i] = __ldg(xt + i);
+  }
+}
+
 /* Warp i's rows n0 = i * rpw .. n0 + rpw - 1 (rpw <= KN_QGEMV_RPW):
  * out[t, n] (+)= sum_k in[t, k] * w[n, k] for t < TT, the weights dequantized
  * exactly, then f32 fused multiply-adds, each lane over its octets in order.
@@ -35,19 +49,8 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
   for (int o = lane; o < K / 8; o += 32) {
     float x[TT][8];
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-      const float *xt = in + (ptrdiff_t)t * ldi + 8 * o;
-      if (vec) {
-        const float4 a = __ldg(reinterpret_cast<const float4 *>(xt)),
-                     b = __ldg(reinterpret_cast<const float4 *>(xt) + 1);
-        x[t][0] = a.x, x[t][1] = a.y, x[t][2] = a.z, x[t][3] = a.w;
-        x[t][4] = b.x, x[t][5] = b.y, x[t][6] = b.z, x[t][7] = b.w;
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-          x[t][i] = __ldg(xt + i);
-      }
-    }
+    for (int t = 0; t < TT; t++)
+      in_oct(in + (ptrdiff_t)t * ldi + 8 * o, vec, x[t]);
 #pragma unroll
     for (int r = 0; r < KN_QGEMV_RPW; r++) {
       if (r >= nr) break;
@@ -65,6 +68,46 @@ __global__ void qgemv_kernel(float *out, ptrdiff_t ldo, const float *in, ptrdiff
     if (r < nr) kn_gemv_store<TT>(acc[r], out, ldo, n0 + r, lane, accumulate);
 }
 
+/* qgemv_kernel for one input row with U octets a lane in flight (U = 2 or 4)
+ * and RPW rows a warp fixed at compile time. Every load is unconditional: a
+ * lane past the row's end reads the row's last octet again and a warp past N
+ * its last row again, only their sums are skipped, so that all U x RPW
+ * octets' loads can be issued before the first sum (one octet a row in
+ * flight per lane leaves the memory waiting). A lane still adds its octets in
+ * the order o, o + 32, o + 64, ..., so the sums are qgemv_kernel's bits.
+ * For A/B runs against it ($LMSERVE_CUDA_QGEMV_OCTETS). */
+template <int DT, int RPW, int U>
+__global__ void qgemv_octets_kernel(float *out, const float *in, const uint8_t *w,
+                                    size_t row_bytes, int N, int K, int vec, int accumulate) {
+  const int n0 = kn_warp_id() * RPW, lane = threadIdx.x & 31, n_oct = K / 8;
+  if (n0 >= N) return;
+  const int nr = N - n0 < RPW ? N - n0 : RPW; /* the same in every lane */
+  const uint8_t *row = w + (size_t)n0 * row_bytes;
+  float acc[RPW][1] = {};
+  for (int o0 = lane; o0 < n_oct; o0 += 32 * U) {
+    float x[U][8], v[U][RPW][8];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int o = min(o0 + 32 * u, n_oct - 1);
+      in_oct(in + 8 * o, vec, x[u]);
+#pragma unroll
+      for (int r = 0; r < RPW; r++)
+        row_oct<DT>(row + (size_t)min(r, nr - 1) * row_bytes, o, v[u][r]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int r = 0; r < RPW; r++)
+        if (o0 + 32 * u < n_oct && r < nr)
+#pragma unroll
+          for (int i = 0; i < 8; i++)
+            acc[r][0] = fmaf(v[u][r][i], x[u][i], acc[r][0]);
+  }
+#pragma unroll
+  for (int r = 0; r < RPW; r++)
+    if (r < nr) kn_gemv_store<1>(acc[r], out, 0, n0 + r, lane, accumulate);
+}
+
 /* The matrix starts at a multiple of 4. Its blocks then start at even
  * addresses (every block size is even), q_ld64's aligned words are aligned,
  * and the 2 bytes it may read before a block are inside the matrix (an
@@ -75,16 +118,29 @@ static bool blocks_aligned(const void *w) {
 
 template <int DT>
 static cudaError_t qgemv(cudaStream_t s, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
-                         const void *w, int T, int N, int K, int rpw, int accumulate) {
+                         const void *w, int T, int N, int K, int rpw, int octets, int accumulate) {
   /* rows of whole blocks only, at addresses the loads take */
   if (K % qfmt<DT>::QK || !blocks_aligned(w)) return cudaErrorInvalidValue;
   /* several rows a warp only where the rows still fill the device */
   if (!rpw) rpw = N >= 8192 ? KN_QGEMV_RPW : N >= 4096 ? 2 : 1;
   if (rpw != 1 && rpw != 2 && rpw != KN_QGEMV_RPW) return cudaErrorInvalidValue;
+  if (octets != 1 && octets != 2 && octets != 4) return cudaErrorInvalidValue;
   const int vec = (uintptr_t)in % 16 == 0 && (T == 1 || ldi % 4 == 0);
   const dim3 grid = kn_gemv_grid((N + rpw - 1) / rpw), block(32 * KN_GEMV_WARPS);
   const uint8_t *wb = (const uint8_t *)w;
   const size_t rb = (size_t)(K / qfmt<DT>::QK) * qfmt<DT>::BYTES;
+  if (T == 1 && octets > 1) {
+    switch (rpw * 8 + octets) {
+#define KN_QGEMV_OCT(r, u)                                                                         \
+  case r * 8 + u:                                                                                  \
+    qgemv_octets_kernel<DT, r, u><<<grid, block, 0, s>>>(out, in, wb, rb, N, K, vec, accumulate);  \
+    break;
+      KN_QGEMV_OCT(1, 2) KN_QGEMV_OCT(1, 4) KN_QGEMV_OCT(2, 2) KN_QGEMV_OCT(2, 4)
+      KN_QGEMV_OCT(4, 2) KN_QGEMV_OCT(4, 4)
+#undef KN_QGEMV_OCT
+    }
+    return cudaGetLastError();
+  }
   switch (T) {
 #define KN_QGEMV_CASE(tt)                                                                          \
   case tt:                                                                                         \
@@ -179,9 +235,9 @@ static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void 
 extern "C" cudaError_t kn_cuda_launch_qgemv(cudaStream_t s, float *out, ptrdiff_t ldo,
                                             const float *in, ptrdiff_t ldi, const void *w,
                                             enum kn_dtype wdt, int T, int N, int K, int rpw,
-                                            int accumulate) {
+                                            int octets, int accumulate) {
   if (N <= 0 || T <= 0) return cudaSuccess;
-  KN_QDISPATCH(wdt, qgemv, s, out, ldo, in, ldi, w, T, N, K, rpw, accumulate)
+  KN_QDISPATCH(wdt, qgemv, s, out, ldo, in, ldi, w, T, N, K, rpw, octets, accumulate)
 }
 
 extern "C" cudaError_t kn_cuda_launch_qtile(cudaStream_t s, void *dst, const void *w,

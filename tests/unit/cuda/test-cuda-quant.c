@@ -101,6 +101,59 @@ TH_TEST(cuda_block_matmul_matches_cpu) {
   ct_close(&e);
 }
 
+/* One input row with 2 and 4 octets a lane in flight
+ * ($LMSERVE_CUDA_QGEMV_OCTETS): the same bits as one, at every rows-a-warp
+ * count, with rows whose octets are not a multiple of the lanes' (lanes past
+ * a row's end) and N not a multiple of the rows a warp (a warp past N). */
+TH_TEST(cuda_block_matmul_octets_same_bits) {
+  struct ct_env e;
+  ct_open(&e, 76);
+  struct kn_cuda_ctx *c = e.gpu->ctx;
+  static const int Ns[] = {37, 4101, 8195};
+  for (size_t f = 0; f < N_FMTS; f++)
+    for (int big = 0; big < 2; big++)
+      for (size_t ni = 0; ni < sizeof(Ns) / sizeof(Ns[0]); ni++) {
+        const enum kn_dtype dt = k_fmts[f];
+        const int qk = kn_block_elems(dt), K = (qk == 256 ? (big ? 5 : 1) : (big ? 37 : 5)) * qk;
+        const int N = Ns[ni];
+        struct ct_in in;
+        ct_in_init(&e, &in, (size_t)K, 3.0f);
+        uint8_t *w = q_weights(&e, dt, N, K);
+        void *w_d = ct_up(&e, w, kn_row_bytes(dt, (size_t)K) * (size_t)N);
+        float *init = malloc(sizeof(float) * (size_t)N), *ref = malloc(sizeof(float) * (size_t)N),
+              *got = malloc(sizeof(float) * (size_t)N);
+        TH_REQUIRE(init && ref && got);
+        ct_fill(&e, init, (size_t)N, 1.0f);
+        for (int rpw = 1; rpw <= 4; rpw *= 2)
+          for (int acc = 0; acc < 2; acc++)
+            for (int oct = 1; oct <= 4; oct *= 2) {
+              float *o_d = ct_up(&e, init, sizeof(float) * (size_t)N);
+              TH_CHECK_EQ_INT(kn_cuda_launch_qgemv(c->stream, o_d, N, in.dev, K, w_d, dt, 1, N, K,
+                                                   rpw, oct, acc),
+                              cudaSuccess);
+              TH_CHECK_EQ_INT(cudaStreamSynchronize(c->stream), cudaSuccess);
+              ct_down(&e, oct == 1 ? ref : got, o_d, sizeof(float) * (size_t)N);
+              kn_free(e.gpu, o_d);
+              if (oct > 1 && memcmp(ref, got, sizeof(float) * (size_t)N)) {
+                int n = 0;
+                while (n < N - 1 && ref[n] == got[n])
+                  n++;
+                th_fail(__FILE__, __LINE__,
+                        "%s N=%d K=%d rpw=%d acc=%d: %d octets a lane gave %.9g at row %d, one "
+                        "gave %.9g",
+                        kn_dtype_name(dt), N, K, rpw, acc, oct, got[n], n, ref[n]);
+              }
+            }
+        free(init);
+        free(ref);
+        free(got);
+        ct_in_free(&e, &in);
+        kn_free(e.gpu, w_d);
+        free(w);
+      }
+  ct_close(&e);
+}
+
 /* A matrix of more rows than one tile holds (64 MiB of bf16 rows of 4096):
  * the tiles' offsets into the weights and the output. */
 TH_TEST(cuda_block_matmul_over_several_tiles) {
