@@ -109,7 +109,7 @@ TH_TEST(cuda_block_matmul_octets_same_bits) {
   struct ct_env e;
   ct_open(&e, 76);
   struct kn_cuda_ctx *c = e.gpu->ctx;
-  static const int Ns[] = {37, 4101, 8195};
+  static const int Ns[] = {37, 130}; /* rpw is passed, so small N take every path */
   for (size_t f = 0; f < N_FMTS; f++)
     for (int big = 0; big < 2; big++)
       for (size_t ni = 0; ni < sizeof(Ns) / sizeof(Ns[0]); ni++) {
