@@ -75,10 +75,11 @@ static int ld_vocab(struct tk_ld *l, const char *text, size_t len) {
     if ((rc = tk_json_string(&t, &s, &n)) || (rc = tk_json_expect(&t, ':')) ||
         (rc = tk_json_int(&t, &id)))
       goto parse;
-    if (id < 0 || id >= (1 << 24)) {
+    if (id < 0 || id >= (1 << 24)) { /* s is t's scratch: the message first */
+      rc = tk_ld_err(l, CM_ERR_RANGE, "model.vocab: id %lld of \"%.40s\" out of range",
+                     (long long)id, s);
       tk_json_free(&t);
-      return tk_ld_err(l, CM_ERR_RANGE, "model.vocab: id %lld of \"%.40s\" out of range",
-                    (long long)id, s);
+      return rc;
     }
     if (l->n_v == l->cap_v) {
       size_t nc = l->cap_v ? l->cap_v * 2 : 65536;

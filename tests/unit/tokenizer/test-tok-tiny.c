@@ -118,6 +118,9 @@ TH_TEST(tiny_refusals) {
       {"\"type\": \"Fuse\"", "\"type\": \"Strip\"", CM_ERR_UNSUPPORTED, "decoder.decoders[2].type"},
       {"\"lstrip\": false", "\"lstrip\": true", CM_ERR_UNSUPPORTED, "added_tokens[0].lstrip"},
       {"\"<unk>\": 3", "\"<unk>\": 2", CM_ERR_PARSE, "model.vocab"},
+      /* the message quotes the token (it was read after the scanner's buffer was freed) */
+      {"\"<unk>\": 3", "\"<unk>\": 16777216", CM_ERR_RANGE,
+       "model.vocab: id 16777216 of \"<unk>\" out of range"},
       {"[\n    \"a\",\n    \"b\"\n   ]", "[\n    \"a\",\n    \"zz\"\n   ]", CM_ERR_PARSE,
        "model.merges[0]"},
       {"\"vocab\": {", "\"vocab\": {,", CM_ERR_PARSE, "model.vocab"},
