@@ -352,6 +352,12 @@ int fe_audio_decode(const uint8_t *data, size_t n, const char *format,
     free(res);
     return cm_fail(err, errlen, CM_ERR_PARSE, "resampling failed: %s", se);
   }
+  if (done == 0) { /* a clip shorter than one sample at the model's rate */
+    free(res);
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "the audio is too short: %zu samples at %d Hz give none at %d Hz", frames,
+                   src_rate, rate);
+  }
   out->pcm = res, out->n = done;
   return 0;
 }

@@ -235,6 +235,13 @@ TH_TEST(bad_inputs) {
   int rc = decode(junk, sizeof(junk), "wav", &a, err);
   if (rc == 0 || !err[0]) th_fail(__FILE__, __LINE__, "junk WAV: rc %d \"%s\"", rc, err);
   free(w), free(m);
+  /* one sample at 48 kHz is none at 16 kHz: refused, not an empty clip */
+  w = make_file(SF_FORMAT_WAV | SF_FORMAT_PCM_16, 48000, 1, 1, 440, 0.5, &nw);
+  TH_REQUIRE(w);
+  err[0] = 0;
+  expect(decode(w, nw, "wav", &a, err), CM_ERR_INVAL, err, "too short: 1 samples at 48000 Hz",
+         __LINE__);
+  free(w);
   /* too long: 31 s (WAV: refused from the header; MP3: while decoding) */
   w = make_file(SF_FORMAT_WAV | SF_FORMAT_PCM_16, 8000, 1, 8000 * 31, 440, 0.5, &nw);
   m = make_file(SF_FORMAT_MPEG | SF_FORMAT_MPEG_LAYER_III, 8000, 1, 8000 * 31, 440, 0.5, &nm);
