@@ -328,13 +328,16 @@ static int parse_messages(struct pctx *p, json_t *body) {
     else
       return fail(p, 400, param, "unsupported role '%.40s' (system, user or assistant)", rs);
     json_t *c = json_object_get(m, "content");
+    json_t *tc = json_object_get(m, "tool_calls"), *tr = json_object_get(m, "tool_responses");
+    /* OpenAI: an assistant's content is required unless it makes tool calls */
+    if (!c && r->messages[i].role == FE_API_ROLE_ASSISTANT && tc && !json_is_null(tc))
+      c = json_null();
     if (!c) {
       snprintf(param, sizeof(param), "messages[%zu].content", i);
       return fail(p, 400, param, "'%s' is required", param);
     }
     int rc = parse_content(p, c, i, &r->messages[i]);
     if (rc) return rc;
-    json_t *tc = json_object_get(m, "tool_calls"), *tr = json_object_get(m, "tool_responses");
     if (p->native && ((tc && !json_is_null(tc)) || tr)) { /* written by rewrite_messages */
       json_t *x = json_object();
       if (tc && !json_is_null(tc)) json_object_set(x, "tool_calls", tc);

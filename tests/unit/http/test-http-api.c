@@ -478,6 +478,34 @@ TH_TEST(api_tools_protocol) {
   TH_CHECK(!calls && !content);
 }
 
+/* Gemma 4's own tool tokens: an assistant turn that only calls tools may omit
+ * its content (OpenAI's rule), as clients send a response's message back. */
+TH_TEST(api_native_tool_history) {
+  struct fe_api_model g4 = {.reasoning = 1, .native_tools = 1};
+  for (int i = 0; i < FE_G4_N_MARKERS; i++)
+    g4.marker[i] = 100 + i;
+  const struct fe_api_config ncfg = {"gemma", 100, &g4, NULL};
+  const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                  "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+                  "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}}]},"
+                  "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],"
+                  "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                  "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}}}]}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  int rc = fe_api_parse_request(FE_API_CHAT, b, strlen(b), &ncfg, &r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+  TH_REQUIRE(r.n_messages >= 2);
+  TH_CHECK_EQ_INT(r.messages[1].role, FE_API_ROLE_ASSISTANT);
+  TH_CHECK(r.messages[1].extra && strstr(r.messages[1].extra, "\"tool_calls\""));
+  fe_api_request_free(&r);
+  /* a user turn still needs its content */
+  const char *u = "{\"messages\":[{\"role\":\"user\",\"tool_calls\":[]}]}";
+  TH_CHECK(fe_api_parse_request(FE_API_CHAT, u, strlen(u), &ncfg, &r, &e) != 0);
+  TH_CHECK_EQ_STR(e.param, "messages[0].content");
+}
+
 /* The protocol's answer as it streams: every prefix tells the calls begun so far,
  * their names, and arguments that only ever grow into the whole call's. */
 TH_TEST(api_tool_answer_scanned_as_it_streams) {
