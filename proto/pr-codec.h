@@ -193,7 +193,7 @@ enum pr_ft {
 enum pr_when {
   PR_ALWAYS,
   PR_IF_FLAG,    /* when the bool at `cond` is true; decoding the field sets it */
-  PR_IF_NONZERO, /* when the uint32_t at `cond` is not 0 */
+  PR_IF_NONZERO, /* when the unsigned integer at `cond` (any width) is not 0 */
   PR_IF_BITS,    /* when the uint32_t at `cond` has a bit of `mask`; otherwise the
                   * field means nothing: a decoder resets it to its defaults and
                   * validation skips it */
@@ -213,6 +213,7 @@ struct pr_field {
   uint8_t when;   /* enum pr_when */
   uint8_t flags;  /* PR_F_* */
   uint8_t any;    /* every value of the member is valid: validation skips it */
+  uint8_t cond_size; /* bytes of what `when` tests (PR_IF_NONZERO: 1, 4 or 8) */
   uint32_t off;   /* bytes: offsetof the member in its record */
   uint32_t size;  /* bytes: of the member (numbers), of one element (PR_FT_ARRAY) */
   uint32_t count; /* bytes: offsetof the uint32_t count (PR_FT_INLINE, PR_FT_ARRAY) */
@@ -281,7 +282,8 @@ struct pr_rec {
                             .min = (min_),                                                         \
                             .max = INT32_MAX})
 /* conditions */
-#define PR_WHEN(when_, S, m) .when = (when_), .cond = offsetof(struct pr_##S, m)
+#define PR_WHEN(when_, S, m)                                                                       \
+  .when = (when_), .cond = offsetof(struct pr_##S, m), .cond_size = sizeof(PR_MEMBER_(S, m))
 
 /* ---- reading and writing members (`at`: the member's first byte) ---- */
 
@@ -349,7 +351,7 @@ static inline void pr_uint_set(uint8_t *at, uint32_t size, uint64_t v) {
 static inline int pr_field_sent(const struct pr_field *f, const uint8_t *rec) {
   switch (f->when) {
   case PR_IF_FLAG: return *(const bool *)(rec + f->cond);
-  case PR_IF_NONZERO: return pr_u32_get(rec + f->cond) != 0;
+  case PR_IF_NONZERO: return pr_uint_get(rec + f->cond, f->cond_size) != 0;
   case PR_IF_BITS: return (pr_u32_get(rec + f->cond) & f->mask) != 0;
   case PR_IF_SET: return *(const char *const *)(rec + f->off) != NULL;
   default: return 1;

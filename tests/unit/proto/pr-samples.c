@@ -126,7 +126,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     if (v == 2) sampling_max(&a->sampling), a->stop_token_ids = (struct pr_u32s){tok, BIG};
     a->priority = v == 2 ? INT32_MIN : v == 0 ? -3 : 0;
     a->arrival_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000123456789ull : 0;
-    a->cache_salt = v == 2 ? UINT64_MAX : v == 0 ? 0x8badf00d5a17ull : 0;
+    /* v 0: a salt whose low 32 bits are 0 (once not sent: its test read 32 bits) */
+    a->cache_salt = v == 2 ? UINT64_MAX : v == 0 ? 0x8badf00d00000000ull : 0;
     if (v == 0) { /* two images of 3 and 2 soft tokens, an audio clip of 1 */
       for (size_t i = 0; i < sizeof(pixels); i++)
         pixels[i] = (uint8_t)(i * 37u);
