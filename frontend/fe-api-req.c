@@ -21,6 +21,7 @@ struct pctx {
   struct fe_api_error *err;
   const struct fe_api_model *model; /* NULL: nothing known of the checkpoint */
   int native;                       /* Gemma 4's tool notation in the history and answers */
+  struct fe_api_grammar_check *constraint; /* the constraint's check; NULL: none yet */
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct pctx *p, int status, const char *param,
@@ -572,6 +573,42 @@ static int reject_unsupported(struct pctx *p, json_t *body) {
 
 /* ---- structured outputs ------------------------------------------------------ */
 
+/* Queues text (which the arena, or the program, holds) to be compiled before the
+ * request is: fe_api_check_grammars. *out (may be NULL): the check. */
+static int defer_compile(struct pctx *p, int kind, const char *text, size_t len, const char *param,
+                         struct fe_api_grammar_check **out) {
+  struct fe_api_grammar_check *c = cm_arena_alloc(&p->r->arena, sizeof(*c)), **at = &p->r->checks;
+  if (!c) return nomem(p);
+  *c = (struct fe_api_grammar_check){NULL, kind, text, len, ""};
+  snprintf(c->param, sizeof(c->param), "%s", param);
+  while (*at)
+    at = &(*at)->next;
+  *at = c;
+  if (out) *out = c;
+  return 0;
+}
+
+int fe_api_check_grammars(const struct fe_api_request *r, struct fe_api_error *err) {
+  memset(err, 0, sizeof(*err));
+  for (const struct fe_api_grammar_check *c = r->checks; c; c = c->next) {
+    struct gr_grammar *g = NULL;
+    char why[256];
+    int rc = gr_compile((enum gr_kind)c->kind, c->text, c->len, &g, why, sizeof(why));
+    gr_grammar_free(g);
+    if (!rc) continue;
+    snprintf(err->param, sizeof(err->param), "%s", rc == CM_ERR_NOMEM ? "" : c->param);
+    if (rc == CM_ERR_NOMEM) {
+      err->status = 413;
+      snprintf(err->message, sizeof(err->message), "request too large to hold in memory");
+    } else {
+      err->status = 400;
+      snprintf(err->message, sizeof(err->message), "'%.63s': %.250s", c->param, why);
+    }
+    return rc;
+  }
+  return 0;
+}
+
 /* Takes one constraint (kind, its text as JSON or a string) for the request, from
  * field `param`; a second one is a 400. */
 static int set_constraint(struct pctx *p, const char *param, int kind, json_t *v) {
@@ -612,21 +649,9 @@ static int set_constraint(struct pctx *p, const char *param, int kind, json_t *v
   if (kind != GR_JSON_OBJECT && !s) return nomem(p);
   size_t len = s ? strlen(s) : 0;
   int rc = 0;
-  if (len > FE_API_MAX_GRAMMAR) {
+  if (len > FE_API_MAX_GRAMMAR)
     rc = fail(p, 400, param, "'%s' takes %zu bytes, at most %d are allowed", param, len,
               FE_API_MAX_GRAMMAR);
-  } else {
-    /* compiled here so that a bad one is a 400 before anything is queued; the
-     * workers compile the same text again */
-    struct gr_grammar *g = NULL;
-    char why[256];
-    int crc = gr_compile((enum gr_kind)kind, s ? s : "", len, &g, why, sizeof(why));
-    gr_grammar_free(g);
-    if (crc == CM_ERR_NOMEM)
-      rc = nomem(p);
-    else if (crc)
-      rc = fail(p, 400, param, "'%s': %s", param, why);
-  }
   if (!rc && len) {
     char *t = cm_arena_alloc(&r->arena, len + 1);
     if (!t)
@@ -635,6 +660,9 @@ static int set_constraint(struct pctx *p, const char *param, int kind, json_t *v
       memcpy(t, s, len + 1);
     r->grammar = t;
   }
+  /* compiled before anything is queued, so that a bad one is a 400; the workers
+   * compile the same text again */
+  if (!rc) rc = defer_compile(p, kind, len ? r->grammar : "", len, param, &p->constraint);
   free(dumped);
   if (rc) return rc;
   r->grammar_kind = kind;
@@ -936,10 +964,10 @@ static int read_tools(struct pctx *p, json_t *tools, json_t **out) {
         snprintf(why, sizeof(why), "the parameters must be a schema of \"type\": \"object\"");
       } else {
         char *text = json_dumps(schema, JSON_COMPACT);
-        struct gr_grammar *g = NULL;
-        crc = text ? gr_compile(GR_JSON_SCHEMA, text, strlen(text), &g, why, sizeof(why))
-                   : CM_ERR_NOMEM;
-        gr_grammar_free(g);
+        const char *kept = text ? cm_arena_strndup(&p->r->arena, text, strlen(text)) : NULL;
+        crc = kept ? 0 : CM_ERR_NOMEM;
+        if (kept && defer_compile(p, GR_JSON_SCHEMA, kept, strlen(kept), param, NULL))
+          crc = CM_ERR_NOMEM;
         free(text);
       }
     } else if (schema) {
@@ -1507,12 +1535,10 @@ static int constrain_after_thought(struct pctx *p) {
   memcpy(t, head, (size_t)hl);
   if (r->grammar_len) memcpy(t + hl, r->grammar, r->grammar_len);
   t[len] = 0;
-  struct gr_grammar *g = NULL;
-  char why[256];
-  int crc = gr_compile(GR_AFTER_SPAN, t, len, &g, why, sizeof(why));
-  gr_grammar_free(g);
-  if (crc == CM_ERR_NOMEM) return nomem(p);
-  if (crc) return fail(p, 400, r->grammar_param, "'%s': %s", r->grammar_param, why);
+  /* the constraint's check compiles the whole, its own text within */
+  p->constraint->kind = GR_AFTER_SPAN;
+  p->constraint->text = t;
+  p->constraint->len = len;
   r->grammar = t;
   r->grammar_len = len;
   r->grammar_kind = GR_AFTER_SPAN;

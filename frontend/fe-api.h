@@ -147,12 +147,17 @@ struct fe_api_request {
   int include_stop_str_in_output; /* keep the matched stop string; default 0 */
   int32_t priority;               /* scheduling priority as in vLLM: lower first; default 0 */
   /* Structured output (response_format, structured_outputs, guided_*): grammar/gr.h's
-   * enum gr_kind (0: none) and its text (compact JSON for choices and schemas), already
-   * compiled once to check it; grammar_param names the field it came from. */
+   * enum gr_kind (0: none) and its text (compact JSON for choices and schemas);
+   * grammar_param names the field it came from. */
   int grammar_kind;
   const char *grammar;
   size_t grammar_len;
   char grammar_param[48];
+  /* The grammars to compile before the request is queued, in the order the parse met
+   * them (fe_api_check_grammars): the constraint above and each tool's parameter
+   * schema. The parse does not compile them: a hostile regex can take the compiler
+   * a second to refuse, and the parse runs on the event loop. */
+  struct fe_api_grammar_check *checks;
   /* Tools (chat): 1 when the answer is a tool-call protocol object to turn into
    * message.tool_calls or content (fe_api_tool_answer); the protocol's
    * instruction and the tool messages of the history were written into the
@@ -185,6 +190,15 @@ enum fe_api_audio_format {
   FE_API_AUDIO_TEXT = 2, /* the text alone, text/plain */
 };
 
+/* One grammar to compile (fe_api_request.checks): a refusal is a 400 naming param. */
+struct fe_api_grammar_check {
+  struct fe_api_grammar_check *next;
+  int kind;         /* enum gr_kind */
+  const char *text; /* in the request's arena */
+  size_t len;
+  char param[64];
+};
+
 struct fe_api_error {
   int status;     /* HTTP status: 400, 404, ... */
   char param[64]; /* offending field ("top_p", "messages[2].role"), "" for none */
@@ -214,6 +228,11 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
                          const struct fe_api_config *cfg, struct fe_api_request *out,
                          struct fe_api_error *err);
 void fe_api_request_free(struct fe_api_request *r);
+
+/* Compiles r->checks in order: 0, or a negative cm_err with err filled (a 400 naming
+ * the field and why; 413 when out of memory). A grammar may take the compiler a
+ * second: the server calls it on the thread pool, before tokenizing. */
+int fe_api_check_grammars(const struct fe_api_request *r, struct fe_api_error *err);
 
 /* POST /v1/audio/transcriptions (translate 0) and /v1/audio/translations
  * (translate 1): the multipart form body[0..len) (ctype: its Content-Type)

@@ -303,7 +303,15 @@ static void job_run(uv_work_t *w) {
     return;
   }
   const struct fe_api_request *req = j->req;
-  /* the images and clips first: the cheaper refusal. Gemma 4's images and every
+  /* the request's grammars first: a refusal names the field, and a hostile one
+   * takes its time here rather than on the loop */
+  struct fe_api_error ge;
+  if ((j->rc = fe_api_check_grammars(req, &ge)) != 0) {
+    snprintf(j->err, sizeof(j->err), "%s", ge.message);
+    memcpy(j->param, ge.param, sizeof(j->param));
+    return;
+  }
+  /* then the images and clips: the cheaper refusal. Gemma 4's images and every
    * clip decide their token counts, so /tokenize decodes them too */
   if (req->n_images && (req->kind == FE_API_CHAT || j->mm->g4 || req->n_audio)) {
     if (!(j->imgs = calloc(req->n_images, sizeof(*j->imgs)))) {

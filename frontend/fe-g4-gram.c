@@ -12,7 +12,6 @@
 #include "common/cm-err.h"
 #include "frontend/fe-g4.h"
 #include "frontend/fe-http-buf.h"
-#include "grammar/gr.h"
 
 #define MAX_DEPTH 16 /* nested schemas written out; deeper ones take any value */
 
@@ -330,19 +329,6 @@ int fe_g4_tools_grammar(const json_t *tools, const char *only, int parallel, con
     snprintf(where, 64, "tools[%zu].function.parameters", ti);
     int rc = check(params, path, 0, 0, where, err, errlen);
     if (rc) return rc;
-    if (params) { /* oneOf's branches told apart, and the schema itself, as the compiler sees it */
-      char *txt = json_dumps(params, JSON_COMPACT | JSON_ENCODE_ANY);
-      struct gr_grammar *gr = NULL;
-      char why[256];
-      rc = txt ? gr_compile(GR_JSON_SCHEMA, txt, strlen(txt), &gr, why, sizeof why) : CM_ERR_NOMEM;
-      free(txt);
-      gr_grammar_free(gr);
-      if (rc == CM_ERR_INVAL || rc == CM_ERR_TOOBIG) {
-        snprintf(err, errlen, "%s: %s", where, why);
-        return CM_ERR_INVAL;
-      }
-      if (rc) return rc;
-    }
   }
   struct fe_buf rules, root;
   fe_buf_init(&rules, 0);

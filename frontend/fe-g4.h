@@ -100,10 +100,10 @@ int fe_g4_parse_call(const char *s, size_t n, char **name, char **args);
  * arguments following its parameter schema: type (and lists of types), properties
  * (in the order Gemma 4's template writes them: sorted), required, enum, const,
  * items (one schema), anyOf / oneOf (whose branches the JSON Schema compiler
- * must tell apart), a string's minLength / maxLength; annotations and
- * additionalProperties (only the listed properties are written) are taken;
- * any other keyword, an object or array in enum / const, and schemas nested
- * deeper than 16 are refused: CM_ERR_INVAL with "keyword 'K' at
+ * must tell apart: the request's checks compile each schema), a string's
+ * minLength / maxLength; annotations and additionalProperties (only the listed
+ * properties are written) are taken; any other keyword, an object or array in
+ * enum / const, and schemas nested deeper than 16 are refused: CM_ERR_INVAL with "keyword 'K' at
  * tools[I].function.parameters/POINTER ..." in err and that tool's
  * "tools[I].function.parameters" in param[64], the request's 400.
  * marker: the special token ids of FE_G4_CALL, FE_G4_CALL_END and FE_G4_QUOTE.

@@ -3,9 +3,9 @@
  * and /detokenize, with the structured outputs they compile, tools, chat
  * template arguments and multimodal parts. The first byte picks the endpoint
  * (byte % 4) and the served model (byte / 4 % 2: plain text, or Gemma 4's
- * markers, thoughts and native tools); the rest is the body. Each parse must
- * give a request or a 4xx/5xx with a message naming it; any other outcome
- * aborts (a finding). */
+ * markers, thoughts and native tools); the rest is the body. Each parse, and
+ * the compilation of the grammars it leaves, must give a request or a 4xx/5xx
+ * with a message naming it; any other outcome aborts (a finding). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +32,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct fe_api_error e;
   memset(&e, 0, sizeof e);
   int rc = fe_api_parse_request(kinds[data[0] % 4], body, size - 1, &cfg, &r, &e);
-  if (rc == 0) {
+  if (rc == 0) { /* then the grammars, as the server compiles them before queuing */
     if (r.kind != kinds[data[0] % 4]) abort();
+    rc = fe_api_check_grammars(&r, &e);
     fe_api_request_free(&r);
-  } else if (rc > 0 || e.status < 400 || e.status > 599 || !e.message[0] ||
-             !memchr(e.message, 0, sizeof e.message) || !memchr(e.param, 0, sizeof e.param)) {
-    abort();
   }
+  if (rc > 0 ||
+      (rc < 0 && (e.status < 400 || e.status > 599 || !e.message[0] ||
+                  !memchr(e.message, 0, sizeof e.message) || !memchr(e.param, 0, sizeof e.param))))
+    abort();
   free(body);
   return 0;
 }

@@ -24,6 +24,7 @@ static void validate(const char *body, size_t len) {
       CM_ASSERT(e.status >= 400 && e.status < 500 && e.message[0]);
       continue;
     }
+    if (fe_api_check_grammars(&r, &e) != 0) CM_ASSERT(e.status >= 400 && e.status < 500);
     CM_ASSERT(r.n >= 1 && r.temperature >= 0 && r.temperature <= 2 && r.top_p > 0 && r.top_p <= 1);
     CM_ASSERT(r.top_k == -1 || r.top_k >= 1);
     for (size_t i = 0; i < r.n_prompts; i++)

@@ -6,11 +6,14 @@
  * them (their generated tokens run again and the workers' matchers follow
  * them, from the prefix cache too), and under tensor parallelism 2 (each rank
  * masks its rows alike: the greedy rows' texts are those of one rank). What the answers must match
- * is checked by api-structured.mjs with JavaScript's own RegExp and JSON.parse. */
+ * is checked by api-structured.mjs with JavaScript's own RegExp and JSON.parse.
+ * A grammar the compiler takes a second to refuse holds no other request. */
 #include <jansson.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/harness/th-http.h"
 #include "tests/harness/th-proc.h"
@@ -119,4 +122,42 @@ TH_TEST(structured_answers_equal_across_scheduling) {
   check_same(base, other, 2, 1, "tensor parallel 2, greedy");
   th_http_jobs_free(base, NREQ);
   th_http_jobs_free(other, NREQ);
+}
+
+/* A regex whose automaton grows to the compiler's cap takes it about a second to
+ * refuse (1.5 s at -O2 on a 2-core EPYC): the frontend compiles a request's grammar
+ * on its thread pool, so a request sent while it compiles is answered first, and
+ * the slow one gets its 400 after. */
+TH_TEST(structured_slow_grammar_holds_no_other_request) {
+  th_proc_init(600);
+  char model[320];
+  th_tiny_gemma4_or_skip("structured", 6, model, sizeof model);
+  struct th_proc p;
+  int port = th_serve_start(&p, model, (char *[]){"--threads", "1", NULL});
+  TH_REQUIRE(port > 0);
+  const char *slow = "{\"prompt\":\"hi\",\"max_tokens\":4,\"structured_outputs\":{\"regex\":"
+                     "\"(.{1,15}a|.{1,15}b|.{1,15}c|.{1,15}d|.{1,15}e){1,30}\"}}";
+  int fd = th_http_post_open(port, "/v1/completions", slow);
+  usleep(50 * 1000); /* read by the server: otherwise the next one could come first */
+  char *body = NULL;
+  TH_CHECK_EQ_INT(th_http(port, "GET", "/health", NULL, 30000, &body), 200);
+  free(body);
+  struct pollfd pf = {fd, POLLIN, 0};
+  int answered = poll(&pf, 1, 0);
+  if (answered) fprintf(stderr, "the slow grammar was answered before /health\n");
+  TH_CHECK_EQ_INT(answered, 0);
+  TH_CHECK_EQ_INT(th_http_read(fd, 60000, &body), 400);
+  TH_CHECK(strstr(body, "\"param\":\"structured_outputs.regex\"") &&
+           strstr(body, "automaton states"));
+  if (!strstr(body, "automaton states")) fprintf(stderr, "answer: %s\n", body);
+  free(body);
+  close(fd);
+  /* and the server goes on serving constrained requests */
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions",
+                          "{\"prompt\":\"hi\",\"max_tokens\":4,\"guided_choice\":[\"yes\",\"no\"]}",
+                          60000, &body),
+                  200);
+  TH_CHECK(strstr(body, "\"text\":\"yes\"") || strstr(body, "\"text\":\"no\""));
+  free(body);
+  th_proc_stop(&p, 20000);
 }

@@ -232,10 +232,20 @@ static const struct bad_case bad[] = {
     {FE_API_DETOKENIZE, "{\"tokens\":[1,18446744073709551616]}", 400, "tokens"},
 };
 
+/* What the server does before queuing a request: the parse, then its grammars'
+ * compilation (on the thread pool there); r is freed on a refusal. */
+static int parse_and_check(enum fe_api_kind kind, const char *body, size_t len,
+                           const struct fe_api_config *c, struct fe_api_request *r,
+                           struct fe_api_error *e) {
+  int rc = fe_api_parse_request(kind, body, len, c, r, e);
+  if (!rc && (rc = fe_api_check_grammars(r, e)) != 0) fe_api_request_free(r);
+  return rc;
+}
+
 /* Parses body as kind into r; a refusal fails the test with the parser's reason. */
 static void parse_ok(enum fe_api_kind kind, const char *body, struct fe_api_request *r) {
   struct fe_api_error e;
-  int rc = fe_api_parse_request(kind, body, strlen(body), &cfg, r, &e);
+  int rc = parse_and_check(kind, body, strlen(body), &cfg, r, &e);
   if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
   TH_REQUIRE(rc == 0);
 }
@@ -244,7 +254,7 @@ TH_TEST(api_bad_matrix) {
   for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
     struct fe_api_request r;
     struct fe_api_error e;
-    int rc = fe_api_parse_request(bad[i].kind, bad[i].body, strlen(bad[i].body), &cfg, &r, &e);
+    int rc = parse_and_check(bad[i].kind, bad[i].body, strlen(bad[i].body), &cfg, &r, &e);
     if (rc == 0) {
       th_fail(__FILE__, __LINE__, "bad[%zu] accepted: %s", i, bad[i].body);
       fe_api_request_free(&r);
@@ -431,6 +441,54 @@ TH_TEST(api_structured_fields) {
     }
     fe_api_request_free(&r);
   }
+}
+
+/* The parse compiles no grammar (a hostile one takes the compiler a second, and the
+ * parse runs on the server's loop): it lists them, each tool's schema and then the
+ * constraint, and fe_api_check_grammars refuses the first bad one by its field.
+ * With thinking on, the constraint's check is the after-thought grammar around it. */
+TH_TEST(api_grammar_checks_deferred) {
+  const char *b = CHAT_A "\"structured_outputs\":{\"regex\":\"(a|b\"}}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  TH_REQUIRE(fe_api_parse_request(FE_API_CHAT, b, strlen(b), &cfg, &r, &e) == 0);
+  TH_REQUIRE(r.checks && !r.checks->next);
+  TH_CHECK_EQ_INT(r.checks->kind, GR_REGEX);
+  TH_CHECK_EQ_STR(r.checks->param, "structured_outputs.regex");
+  TH_CHECK(fe_api_check_grammars(&r, &e) < 0);
+  TH_CHECK_EQ_INT(e.status, 400);
+  TH_CHECK_EQ_STR(e.param, "structured_outputs.regex");
+  TH_CHECK(!strncmp(e.message, "'structured_outputs.regex': ", 28) && strlen(e.message) > 28);
+  fe_api_request_free(&r);
+
+  /* two tools, the second's schema one the compiler refuses, and their constraint */
+  const char *t = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":["
+                  "{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+                  "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":"
+                  "{\"type\":\"object\",\"not\":{}}}}],\"tool_choice\":\"required\"}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_CHAT, t, strlen(t), &cfg, &r, &e) == 0);
+  const char *want[] = {"tools[0].function.parameters", "tools[1].function.parameters", "tools"};
+  size_t n = 0;
+  for (const struct fe_api_grammar_check *c = r.checks; c; c = c->next, n++)
+    if (n < 3) TH_CHECK_EQ_STR(c->param, want[n]);
+  TH_CHECK_EQ_INT(n, 3);
+  TH_CHECK(fe_api_check_grammars(&r, &e) < 0);
+  TH_CHECK_EQ_STR(e.param, "tools[1].function.parameters");
+  fe_api_request_free(&r);
+
+  /* thinking: one check, of the whole */
+  struct fe_api_model g4 = {.reasoning = 1, .native_tools = 1};
+  for (int i = 0; i < FE_G4_N_MARKERS; i++)
+    g4.marker[i] = 100 + i;
+  const struct fe_api_config tcfg = {"gemma", 100, &g4, "{\"enable_thinking\":true}"};
+  const char *g = CHAT_A "\"guided_choice\":[\"yes\",\"no\"]}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_CHAT, g, strlen(g), &tcfg, &r, &e) == 0);
+  TH_REQUIRE(r.checks && !r.checks->next);
+  TH_CHECK_EQ_INT(r.grammar_kind, GR_AFTER_SPAN);
+  TH_CHECK_EQ_INT(r.checks->kind, GR_AFTER_SPAN);
+  TH_CHECK(r.checks->text == r.grammar && r.checks->len == r.grammar_len);
+  TH_CHECK_EQ_INT(fe_api_check_grammars(&r, &e), 0);
+  fe_api_request_free(&r);
 }
 
 /* Tools: the protocol's instruction goes into the system turn, the history's
