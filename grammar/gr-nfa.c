@@ -30,6 +30,9 @@ int gr_nfa_fail(struct gr_nfa *n, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   cm_vfail(n->err, n->errlen, code, fmt, ap);
   va_end(ap);
+  /* one line, whatever text of the request it quotes (JSON's "near '...'") */
+  for (char *c = n->err; c && n->errlen && *c; c++)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
   n->rc = code;
   return code;
 }

@@ -141,6 +141,11 @@ TH_TEST(choice_and_forced) {
   TH_CHECK(strstr(err, "item 0") != NULL);
   TH_CHECK_EQ_INT(gr_compile(GR_CHOICE, "[\"a\"", 4, &e, err, sizeof err), CM_ERR_INVAL);
   TH_CHECK(e == NULL);
+  /* a message quoting the text stays one line (found by fuzz-grammar) */
+  const char *nl = "[\"yes\", \"n \\u\nfc0\"]";
+  TH_CHECK_EQ_INT(gr_compile(GR_CHOICE, nl, strlen(nl), &e, err, sizeof err), CM_ERR_INVAL);
+  TH_CHECK(strstr(err, "invalid JSON") && !strchr(err, '\n'));
+  TH_CHECK(e == NULL);
 }
 
 TH_TEST(json_deep_nesting_is_bounded) {
