@@ -156,7 +156,7 @@ struct fe_api_request {
   /* The grammars to compile before the request is queued, in the order the parse met
    * them (fe_api_check_grammars): the constraint above and each tool's parameter
    * schema. The parse does not compile them: a hostile regex can take the compiler
-   * a second to refuse, and the parse runs on the event loop. */
+   * most of a second to refuse, and the parse runs on the event loop. */
   struct fe_api_grammar_check *checks;
   /* Tools (chat): 1 when the answer is a tool-call protocol object to turn into
    * message.tool_calls or content (fe_api_tool_answer); the protocol's
@@ -230,8 +230,8 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
 void fe_api_request_free(struct fe_api_request *r);
 
 /* Compiles r->checks in order: 0, or a negative cm_err with err filled (a 400 naming
- * the field and why; 413 when out of memory). A grammar may take the compiler a
- * second: the server calls it on the thread pool, before tokenizing. */
+ * the field and why; 413 when out of memory). A grammar may take the compiler most
+ * of a second: the server calls it on the thread pool, before tokenizing. */
 int fe_api_check_grammars(const struct fe_api_request *r, struct fe_api_error *err);
 
 /* POST /v1/audio/transcriptions (translate 0) and /v1/audio/translations

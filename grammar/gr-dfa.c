@@ -14,14 +14,24 @@ struct u32v {
   size_t n, cap;
 };
 
-static int u32v_push(struct u32v *v, uint32_t x) {
-  if (v->n == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 64;
-    uint32_t *a = realloc(v->a, cap * sizeof *a);
-    if (!a) return CM_ERR_NOMEM;
-    v->a = a;
-    v->cap = cap;
-  }
+/* Room for `more` elements past n. */
+static __attribute__((noinline)) int u32v_grow(struct u32v *v, size_t more) {
+  size_t cap = v->cap ? v->cap : 64;
+  while (cap < v->n + more)
+    cap *= 2;
+  uint32_t *a = realloc(v->a, cap * sizeof *a);
+  if (!a) return CM_ERR_NOMEM;
+  v->a = a;
+  v->cap = cap;
+  return 0;
+}
+
+static inline int u32v_reserve(struct u32v *v, size_t more) {
+  return v->n + more <= v->cap ? 0 : u32v_grow(v, more);
+}
+
+static inline int u32v_push(struct u32v *v, uint32_t x) {
+  if (v->n == v->cap && u32v_grow(v, 1)) return CM_ERR_NOMEM;
   v->a[v->n++] = x;
   return 0;
 }
@@ -49,12 +59,43 @@ struct det {
   uint32_t n_cls;
   uint8_t cls[256];
   uint8_t cls_rep[256];
-  struct u32v work, tmp;
+  struct u32v work, tmp, radix;
 };
 
-static int cmp_u32(const void *a, const void *b) {
-  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-  return x < y ? -1 : x > y;
+/* v in increasing order (the sets of NFA states that determinization spends its
+ * time on): small ones by insertion, the others by a radix sort of 8-bit digits,
+ * as many as the largest element needs. */
+static int sort_u32(struct u32v *v, struct u32v *buf) {
+  uint32_t *a = v->a;
+  if (v->n <= 48) {
+    for (size_t i = 1; i < v->n; i++) {
+      uint32_t x = a[i];
+      size_t j = i;
+      for (; j > 0 && a[j - 1] > x; j--)
+        a[j] = a[j - 1];
+      a[j] = x;
+    }
+    return 0;
+  }
+  uint32_t top = 0;
+  for (size_t i = 0; i < v->n; i++)
+    top |= a[i];
+  buf->n = 0;
+  if (u32v_reserve(buf, v->n)) return CM_ERR_NOMEM;
+  uint32_t *src = a, *dst = buf->a;
+  for (unsigned shift = 0; shift < 32 && (top >> shift); shift += 8) {
+    uint32_t at[257] = {0};
+    for (size_t i = 0; i < v->n; i++)
+      at[((src[i] >> shift) & 255) + 1]++;
+    for (unsigned k = 0; k < 256; k++)
+      at[k + 1] += at[k];
+    for (size_t i = 0; i < v->n; i++)
+      dst[at[(src[i] >> shift) & 255]++] = src[i];
+    uint32_t *t = src;
+    src = dst, dst = t;
+  }
+  if (src != a) memcpy(a, src, v->n * sizeof *src);
+  return 0;
 }
 
 /* Epsilon closure of d->tmp (in place, sorted, de-duplicated). */
@@ -76,8 +117,7 @@ static int closure(struct det *d) {
       if (u32v_push(&d->work, e->to)) return CM_ERR_NOMEM;
     }
   }
-  if (d->work.n) qsort(d->work.a, d->work.n, sizeof(uint32_t), cmp_u32);
-  return 0;
+  return d->work.n > 1 ? sort_u32(&d->work, &d->radix) : 0;
 }
 
 static uint64_t set_hash(const uint32_t *a, size_t n) {
@@ -131,11 +171,12 @@ static uint32_t intern(struct det *d, uint32_t r, int *rc) {
     *rc = gr_nfa_fail(d->n, CM_ERR_TOOBIG, "grammar: more than %u automaton states (DFA)", n_dfa);
     return GR_NONE;
   }
-  for (size_t i = 0; i < len; i++)
-    if (u32v_push(&d->pool, a[i])) goto nomem;
+  if (u32v_reserve(&d->pool, len) || u32v_reserve(&d->delta, d->n_cls)) goto nomem;
+  memcpy(d->pool.a + d->pool.n, a, len * sizeof *a);
+  d->pool.n += len;
   if (u32v_push(&d->set_off, (uint32_t)d->pool.n) || u32v_push(&d->rule_of, r)) goto nomem;
   for (uint32_t c = 0; c < d->n_cls; c++)
-    if (u32v_push(&d->delta, GR_NONE)) goto nomem;
+    d->delta.a[d->delta.n++] = GR_NONE;
   d->tab[h] = n_dfa;
   return n_dfa;
 nomem:
@@ -161,8 +202,8 @@ static int det_rule(struct det *d, uint32_t r, uint32_t *start_out) {
   uint32_t start = intern(d, r, &rc);
   if (rc) return rc;
   *start_out = start;
-  struct pair *pairs = NULL;
-  size_t n_pairs = 0, cap_pairs = 0;
+  struct pair *pairs = NULL, *by_cls = NULL;
+  size_t n_pairs = 0, cap_pairs = 0, cap_by_cls = 0;
   for (uint32_t id = first; id < (uint32_t)d->set_off.n - 1; id++) {
     /* gather (class, target) and (callee, return) pairs of the set's edges */
     n_pairs = 0;
@@ -192,7 +233,24 @@ static int det_rule(struct det *d, uint32_t r, uint32_t *start_out) {
       }
       if (pass == 0) n_byte = n_pairs;
     }
-    if (n_byte) qsort(pairs, n_byte, sizeof *pairs, cmp_pair);
+    if (n_byte) { /* grouped by class, in class order: closure() orders each group */
+      if (n_byte > cap_by_cls) {
+        free(by_cls);
+        cap_by_cls = cap_pairs;
+        if (!(by_cls = malloc(cap_by_cls * sizeof *by_cls))) {
+          free(pairs);
+          return CM_ERR_NOMEM;
+        }
+      }
+      uint32_t at[257] = {0};
+      for (size_t i = 0; i < n_byte; i++)
+        at[pairs[i].key + 1]++;
+      for (uint32_t c = 0; c < d->n_cls; c++)
+        at[c + 1] += at[c];
+      for (size_t i = 0; i < n_byte; i++)
+        by_cls[at[pairs[i].key]++] = pairs[i];
+      memcpy(pairs, by_cls, n_byte * sizeof *pairs);
+    }
     if (n_pairs > n_byte) qsort(pairs + n_byte, n_pairs - n_byte, sizeof *pairs, cmp_pair);
     for (size_t i = 0; i < n_pairs;) {
       size_t j = i;
@@ -225,6 +283,7 @@ static int det_rule(struct det *d, uint32_t r, uint32_t *start_out) {
     if (rc) break;
   }
   free(pairs);
+  free(by_cls);
   return rc;
 }
 
@@ -373,6 +432,7 @@ done:
   free(d.calls);
   free(d.work.a);
   free(d.tmp.a);
+  free(d.radix.a);
   free(rule_start);
   free(live);
   return rc;
