@@ -22,6 +22,7 @@ struct pctx {
   const struct fe_api_model *model; /* NULL: nothing known of the checkpoint */
   int native;                       /* Gemma 4's tool notation in the history and answers */
   struct fe_api_grammar_check *constraint; /* the constraint's check; NULL: none yet */
+  const struct md_sampling *defaults;      /* the checkpoint's; NULL: none */
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct pctx *p, int status, const char *param,
@@ -757,6 +758,10 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   if (r->kind == FE_API_CHAT &&
       (rc = get_int(p, body, "max_completion_tokens", 1, INT32_MAX, &r->max_tokens, NULL)))
     return rc;
+  /* the checkpoint's max_new_tokens caps every request (vLLM's --generation-config) */
+  const struct md_sampling *d = p->defaults;
+  if (d && (d->has & MD_SAMPLE_MAX_TOKENS) && (r->max_tokens < 0 || r->max_tokens > d->max_tokens))
+    r->max_tokens = d->max_tokens;
   if ((rc = get_int(p, body, "min_tokens", 0, INT32_MAX, &r->min_tokens, NULL))) return rc;
   if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
     return fail(p, 400, "min_tokens",
@@ -874,13 +879,17 @@ static int parse_model(struct pctx *p, json_t *body, const struct fe_api_config 
   return 0;
 }
 
-static void set_defaults(struct fe_api_request *r, enum fe_api_kind kind) {
+/* vLLM's defaults, under the checkpoint's (d: NULL for none) where it has them. */
+static void set_defaults(struct fe_api_request *r, enum fe_api_kind kind,
+                         const struct md_sampling *d) {
   r->kind = kind;
   r->max_tokens = -1;
-  r->temperature = 1.0;
-  r->top_p = 1.0;
-  r->top_k = -1;
-  r->repetition_penalty = 1.0;
+  unsigned has = d ? d->has : 0;
+  r->temperature = has & MD_SAMPLE_TEMPERATURE ? d->temperature : 1.0;
+  r->top_p = has & MD_SAMPLE_TOP_P ? d->top_p : 1.0;
+  r->top_k = has & MD_SAMPLE_TOP_K ? d->top_k : -1;
+  r->min_p = has & MD_SAMPLE_MIN_P ? d->min_p : 0.0;
+  r->repetition_penalty = has & MD_SAMPLE_REPETITION_PENALTY ? d->repetition_penalty : 1.0;
   r->n = 1;
   r->logprobs = -1;
   r->add_generation_prompt = 1;
@@ -1640,8 +1649,9 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
                          struct fe_api_error *err) {
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
-  set_defaults(out, kind);
-  struct pctx p = {out, err, cfg->model, cfg->model && cfg->model->native_tools};
+  set_defaults(out, kind, cfg->defaults);
+  struct pctx p = {out,  err,          cfg->model, cfg->model && cfg->model->native_tools,
+                   NULL, cfg->defaults};
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {

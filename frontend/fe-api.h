@@ -213,6 +213,8 @@ struct fe_api_model {
   int native_tools; /* Gemma 4's tool tokens, and a chat template that renders `tools` */
 };
 
+struct md_sampling; /* model/md-config.h */
+
 struct fe_api_config {
   const char *model_name; /* the served model; requests may also omit "model" */
   int64_t max_model_len;  /* tokens; 0: unknown (no length checks) */
@@ -220,6 +222,9 @@ struct fe_api_config {
   /* --default-chat-template-kwargs: a JSON object's text (NULL: none), under each
    * request's chat_template_kwargs */
   const char *default_template_kwargs;
+  /* the checkpoint's sampling defaults (--generation-config), for the fields a
+   * request leaves out; its max_tokens caps every request's (NULL: none) */
+  const struct md_sampling *defaults;
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a

@@ -107,8 +107,23 @@ int fe_main_template_kwargs_ok(const char *json) {
   return ok;
 }
 
+void fe_main_sampling_text(const struct md_sampling *s, char *out, size_t size) {
+  size_t o = 0;
+  out[0] = 0;
+#define PUT(...) o += (size_t)snprintf(out + o, o < size ? size - o : 0, __VA_ARGS__)
+  if (s->has & MD_SAMPLE_TEMPERATURE) PUT("%stemperature %g", o ? ", " : "", s->temperature);
+  if (s->has & MD_SAMPLE_TOP_P) PUT("%stop_p %g", o ? ", " : "", s->top_p);
+  if (s->has & MD_SAMPLE_TOP_K) PUT("%stop_k %d", o ? ", " : "", (int)s->top_k);
+  if (s->has & MD_SAMPLE_MIN_P) PUT("%smin_p %g", o ? ", " : "", s->min_p);
+  if (s->has & MD_SAMPLE_REPETITION_PENALTY)
+    PUT("%srepetition_penalty %g", o ? ", " : "", s->repetition_penalty);
+  if (s->has & MD_SAMPLE_MAX_TOKENS)
+    PUT("%smax_tokens at most %lld", o ? ", " : "", (long long)s->max_tokens);
+#undef PUT
+}
+
 int fe_frontend_main(int argc, char **argv) {
-  const char *host = "127.0.0.1", *api_key = NULL, *model = "default";
+  const char *host = "127.0.0.1", *api_key = NULL, *model = NULL;
   static struct cm_strs schedulers; /* values live as long as the process */
   const char *model_dir = NULL, *tok_dir = NULL, *mmproj = NULL;
   struct fe_engine *engine = NULL;
@@ -116,6 +131,8 @@ int fe_frontend_main(int argc, char **argv) {
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL, *chat_template = NULL;
+  const char *gen_config = "auto", *gen_override = NULL;
+  static struct md_sampling sampling; /* the router keeps a pointer */
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
   int cors_credentials = 0, prompt_details = 0, trust_template = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
@@ -127,7 +144,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"api-key", CM_OPT_STR, &api_key, "KEY",
        "require Authorization: Bearer KEY (also LMSERVE_API_KEY)"},
       {"served-model-name", CM_OPT_STR, &model, "NAME",
-       "model name clients use (default 'default')"},
+       "model name clients use (default: --model as given, as vLLM's; 'default' without one)"},
       {"ssl-keyfile", CM_OPT_STR, &ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &ssl_cert, "FILE",
@@ -154,6 +171,8 @@ int fe_frontend_main(int argc, char **argv) {
        FE_MAIN_PROMPT_DETAILS_HELP},
       {"trust-request-chat-template", CM_OPT_BOOL, &trust_template, NULL,
        FE_MAIN_TRUST_TEMPLATE_HELP},
+      {"generation-config", CM_OPT_STR, &gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
+      {"override-generation-config", CM_OPT_STR, &gen_override, "JSON", FE_MAIN_GEN_OVERRIDE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -186,6 +205,7 @@ int fe_frontend_main(int argc, char **argv) {
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
   if (!api_key) api_key = getenv("LMSERVE_API_KEY");
+  if (!model) model = model_dir && *model_dir ? model_dir : "default";
   if (!*model) {
     fprintf(stderr, "lmserve frontend: --served-model-name must not be empty\n");
     return 2;
@@ -216,6 +236,20 @@ int fe_frontend_main(int argc, char **argv) {
             template_kwargs);
     return 2;
   }
+  char gwhy[512];
+  if (md_sampling_load(gen_config, tok_dir ? tok_dir : model_dir, gen_override, &sampling, gwhy,
+                       sizeof(gwhy))) {
+    fprintf(stderr, "lmserve frontend: %s\n", gwhy);
+    return 2;
+  }
+  if (sampling.has) {
+    char said[256];
+    fe_main_sampling_text(&sampling, said, sizeof(said));
+    cm_info(TAG,
+            "sampling defaults from the checkpoint's generation config: %s (--generation-config "
+            "vllm for none)",
+            said);
+  }
   char mm_why[512];
   if (md_model_mmproj_arg(model_dir, mmproj, mm_why, sizeof(mm_why))) {
     fprintf(stderr, "lmserve frontend: %s\n", mm_why);
@@ -244,7 +278,8 @@ int fe_frontend_main(int argc, char **argv) {
   memset(&app, 0, sizeof(app));
   app.loop = uv_default_loop();
   struct fe_route_config rcfg = {api_key,      model,        max_model_len, template_kwargs,
-                                 cors_origins, cors_methods, cors_headers,  cors_credentials};
+                                 cors_origins, cors_methods, cors_headers,  cors_credentials,
+                                 &sampling};
   char rwhy[256] = "";
   if ((rc = fe_router_create(&rcfg, &app.router, rwhy, sizeof(rwhy))) != 0) {
     fprintf(stderr, "lmserve frontend: %s\n", rwhy[0] ? rwhy : cm_strerror(rc));

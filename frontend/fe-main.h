@@ -43,6 +43,18 @@ int fe_main_cors_check(const char *origins, const char *methods, const char *hea
   "chat requests may carry their own chat_template (or chat_template_kwargs.chat_template), "      \
   "rendered in place of the model's; without it such a request is a 400 (as vLLM's flag)"
 
+/* --generation-config and --override-generation-config's help, the same on serve and
+ * frontend (vLLM's flags; model/md-config.h's md_sampling_load). */
+#define FE_MAIN_GEN_CONFIG_HELP                                                                    \
+  "sampling defaults for the fields a request leaves out: auto (the checkpoint's "                 \
+  "generation_config.json: temperature, top_p, top_k, min_p, repetition_penalty; its "             \
+  "max_new_tokens caps every request), vllm (none), or a folder's (default auto)"
+#define FE_MAIN_GEN_OVERRIDE_HELP                                                                  \
+  "a JSON object over --generation-config's values, e.g. '{\"temperature\": 0.5}'"
+struct md_sampling;
+/* The defaults s holds, as "temperature 1, top_k 64" for the log. */
+void fe_main_sampling_text(const struct md_sampling *s, char *out, size_t size);
+
 /* --limit-mm-per-prompt's help, the same on serve and frontend (both check the
  * spec with fe-mm.h's fe_mm_parse_limit). */
 #define FE_MAIN_LIMIT_MM_ARG "image=N,audio=M"

@@ -104,7 +104,7 @@ static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body,
 static struct fe_api_config api_config(struct fe_router *r) {
   struct fe_api_config acfg = {r->model_name, max_model_len(r),
                                r->hooks.model ? r->hooks.model(r->hooks.ud) : NULL,
-                               r->cfg.default_template_kwargs};
+                               r->cfg.default_template_kwargs, r->cfg.defaults};
   return acfg;
 }
 

@@ -52,6 +52,9 @@ struct fe_route_config {
      lists; NULL: ["*"]) and --allow-credentials */
   const char *allowed_origins, *allowed_methods, *allowed_headers;
   int allow_credentials;
+  /* the checkpoint's sampling defaults (--generation-config; NULL: none), which
+   * outlive the router */
+  const struct md_sampling *defaults;
 };
 
 /* 0, or a negative cm_err (CM_ERR_INVAL: a CORS list that is not one, the

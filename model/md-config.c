@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
@@ -1179,6 +1180,96 @@ int md_config_parse_generation(const char *text, size_t len, struct md_config *c
     rc = get_eos(root, cfg, "generation_config.json", err, errlen);
   json_decref(root);
   return rc;
+}
+
+/* One sampling default from o (absent or null: none); `skip` is transformers' own
+ * default, which says nothing unless the text is an override. */
+static int sampling_number(const json_t *o, const char *key, double lo, int lo_open, double hi,
+                           double skip, int override, unsigned bit, double *out, unsigned *has,
+                           const char *what, char *err, size_t errlen) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) return 0;
+  double x = json_number_value(v);
+  if (!json_is_number(v) || !isfinite(x) || (lo_open ? x <= lo : x < lo) || x > hi)
+    return cm_fail(err, errlen, CM_ERR_INVAL, "%s: '%s' must be a number in %s%g, %g]", what, key,
+                   lo_open ? "(" : "[", lo, hi);
+  if (!override && x == skip) return 0;
+  *out = x;
+  *has |= bit;
+  return 0;
+}
+
+int md_sampling_parse(const char *text, size_t len, int override, const char *what,
+                      struct md_sampling *s, char *err, size_t errlen) {
+  json_error_t je;
+  json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+  if (!o)
+    return cm_fail(err, errlen, CM_ERR_PARSE, "%s: line %d column %d: %s", what, je.line, je.column,
+                   je.text);
+  int rc =
+      json_is_object(o) ? 0 : cm_fail(err, errlen, CM_ERR_PARSE, "%s: not a JSON object", what);
+  if (!rc)
+    rc = sampling_number(o, "temperature", 0, 0, 2, 1, override, MD_SAMPLE_TEMPERATURE,
+                         &s->temperature, &s->has, what, err, errlen);
+  if (!rc)
+    rc = sampling_number(o, "top_p", 0, 1, 1, 1, override, MD_SAMPLE_TOP_P, &s->top_p, &s->has,
+                         what, err, errlen);
+  if (!rc)
+    rc = sampling_number(o, "min_p", 0, 0, 1, -1, override, MD_SAMPLE_MIN_P, &s->min_p, &s->has,
+                         what, err, errlen);
+  if (!rc)
+    rc =
+        sampling_number(o, "repetition_penalty", 0, 1, 2, 1, override, MD_SAMPLE_REPETITION_PENALTY,
+                        &s->repetition_penalty, &s->has, what, err, errlen);
+  const json_t *k = json_object_get(o, "top_k");
+  if (!rc && k && !json_is_null(k)) {
+    json_int_t x = json_integer_value(k);
+    if (!json_is_integer(k) || x < -1 || x > INT32_MAX)
+      rc = cm_fail(err, errlen, CM_ERR_INVAL, "%s: 'top_k' must be an integer, -1 or more", what);
+    else if (override || x != 50)
+      s->top_k = x <= 0 ? -1 : (int32_t)x, s->has |= MD_SAMPLE_TOP_K;
+  }
+  const json_t *m = json_object_get(o, "max_new_tokens");
+  if (!rc && m && !json_is_null(m)) {
+    json_int_t x = json_integer_value(m);
+    if (!json_is_integer(m) || x < 1 || x > INT32_MAX)
+      rc = cm_fail(err, errlen, CM_ERR_INVAL, "%s: 'max_new_tokens' must be an integer, 1 or more",
+                   what);
+    else
+      s->max_tokens = x, s->has |= MD_SAMPLE_MAX_TOKENS;
+  }
+  json_decref(o);
+  return rc;
+}
+
+int md_sampling_load(const char *mode, const char *dir, const char *override, struct md_sampling *s,
+                     char *err, size_t errlen) {
+  memset(s, 0, sizeof(*s));
+  const char *from = !mode || !strcmp(mode, "auto") ? dir : strcmp(mode, "vllm") ? mode : NULL;
+  struct stat st;
+  if (from && mode && strcmp(mode, "auto")) { /* a folder named: it must be one */
+    int e = stat(from, &st) ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    if (e)
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "--generation-config %s: not auto, vllm or a folder (%s)", from, strerror(e));
+  }
+  if (from && !stat(from, &st) && S_ISDIR(st.st_mode)) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/generation_config.json", from);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = md_read_file(path, 16u << 20, &text, &len);
+    if (rc && rc != CM_ERR_NOENT) return cm_fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    if (!rc) {
+      rc = md_sampling_parse(text, len, 0, path, s, err, errlen);
+      free(text);
+      if (rc) return rc;
+    }
+  }
+  if (override && *override)
+    return md_sampling_parse(override, strlen(override), 1, "--override-generation-config", s, err,
+                             errlen);
+  return 0;
 }
 
 int md_config_load(const char *dir, struct md_config *cfg, char *err, size_t errlen) {

@@ -39,6 +39,7 @@
 #ifndef LMSERVE_MD_CONFIG_H
 #define LMSERVE_MD_CONFIG_H
 #include <stddef.h>
+#include <stdint.h>
 
 #define MD_MAX_LAYERS 256
 #define MD_MAX_EOS    8
@@ -318,6 +319,40 @@ int md_config_parse_preproc_g4(const char *text, size_t len, int nested, struct 
 /* Adds eos ids from generation_config.json text (replacing the list). */
 int md_config_parse_generation(const char *text, size_t len, struct md_config *cfg, char *err,
                                size_t errlen);
+
+/* Sampling defaults a checkpoint's creator recommends (generation_config.json), as
+ * vLLM's --generation-config auto applies them to requests that leave a field out.
+ * As vLLM reads them (transformers' GenerationConfig.to_diff_dict), a value equal
+ * to transformers' own default says nothing: temperature 1, top_k 50, top_p 1,
+ * repetition_penalty 1. max_new_tokens caps every request's max_tokens. */
+enum {
+  MD_SAMPLE_TEMPERATURE = 1u << 0,
+  MD_SAMPLE_TOP_P = 1u << 1,
+  MD_SAMPLE_TOP_K = 1u << 2,
+  MD_SAMPLE_MIN_P = 1u << 3,
+  MD_SAMPLE_REPETITION_PENALTY = 1u << 4,
+  MD_SAMPLE_MAX_TOKENS = 1u << 5,
+};
+
+struct md_sampling {
+  unsigned has; /* MD_SAMPLE_* */
+  double temperature, top_p, min_p, repetition_penalty;
+  int32_t top_k;
+  int64_t max_tokens;
+};
+
+/* Adds the sampling defaults of a generation_config.json text (or of an
+ * --override-generation-config object: every field it names counts, a default
+ * value too) over *s; `what` names the text in errors. A value outside the API's
+ * range (temperature [0, 2], top_p (0, 1], top_k -1 or >= 1, min_p [0, 1],
+ * repetition_penalty (0, 2], max_new_tokens >= 1) is an error naming it. */
+int md_sampling_parse(const char *text, size_t len, int override, const char *what,
+                      struct md_sampling *s, char *err, size_t errlen);
+
+/* --generation-config: "vllm" (none), "auto" (dir's generation_config.json, when dir is
+ * a folder that has one) or a folder's; then the override's JSON object (NULL: none). */
+int md_sampling_load(const char *mode, const char *dir, const char *override, struct md_sampling *s,
+                     char *err, size_t errlen);
 
 /* Index of the last non-shared layer of `kind` before the first KV-shared
  * layer, or -1. */

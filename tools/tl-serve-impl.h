@@ -57,6 +57,8 @@ struct tl_serve {
   const char *model, *host, *api_key, *served_name, *spec_model, *device, *dtype;
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
+  const char *gen_config;      /* the frontend's --generation-config (NULL: auto) */
+  const char *gen_override;    /* the frontend's --override-generation-config */
   const char *chat_template;   /* the frontend's --chat-template */
   const char *cors_origins, *cors_methods, *cors_headers; /* the frontend's CORS lists */
   int cors_credentials;

@@ -283,12 +283,18 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_int(&f, "--drain-timeout", s->drain_timeout_s);
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
-  argv_add_str(&f, "--served-model-name", s->served_name);
+  /* vLLM's default: the model as --model named it */
+  argv_add_str(&f, "--served-model-name",
+               s->served_name ? s->served_name
+               : s->model     ? s->model
+                              : "default");
   argv_add_str(&f, "--ssl-keyfile", s->ssl_key);
   argv_add_str(&f, "--ssl-certfile", s->ssl_cert);
   argv_add_str(&f, "--ssl-ca-certs", s->ssl_ca);
   argv_add_str(&f, "--allowed-local-media-path", s->media_dir);
   argv_add_str(&f, "--default-chat-template-kwargs", s->template_kwargs);
+  argv_add_str(&f, "--generation-config", s->gen_config);
+  argv_add_str(&f, "--override-generation-config", s->gen_override);
   argv_add_str(&f, "--chat-template", s->chat_template);
   argv_add_str(&f, "--allowed-origins", s->cors_origins);
   argv_add_str(&f, "--allowed-methods", s->cors_methods);
@@ -366,7 +372,8 @@ int tl_serve_main(int argc, char **argv) {
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
-      {"served-model-name", CM_OPT_STR, &s.served_name, "NAME", "model name in the API"},
+      {"served-model-name", CM_OPT_STR, &s.served_name, "NAME",
+       "model name in the API (default: --model as given, as vLLM's; 'default' without one)"},
       {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &s.ssl_cert, "FILE",
@@ -382,6 +389,9 @@ int tl_serve_main(int argc, char **argv) {
        FE_MAIN_PROMPT_DETAILS_HELP},
       {"trust-request-chat-template", CM_OPT_BOOL, &s.trust_template, NULL,
        FE_MAIN_TRUST_TEMPLATE_HELP},
+      {"generation-config", CM_OPT_STR, &s.gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
+      {"override-generation-config", CM_OPT_STR, &s.gen_override, "JSON",
+       FE_MAIN_GEN_OVERRIDE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &s.template_kwargs, "JSON",
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
@@ -506,6 +516,13 @@ int tl_serve_main(int argc, char **argv) {
       fprintf(stderr, "lmserve serve: %s\n", mm_why);
       return 2;
     }
+  }
+  char gwhy[512]; /* the frontend's check, before anything starts */
+  struct md_sampling gs;
+  if (md_sampling_load(s.gen_config, s.tokenizer ? s.tok_dir : s.model_dir, s.gen_override, &gs,
+                       gwhy, sizeof(gwhy))) {
+    fprintf(stderr, "lmserve serve: %s\n", gwhy);
+    return 2;
   }
   if (make_run_dir(&s) != 0) return 1;
 

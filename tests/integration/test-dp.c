@@ -216,8 +216,9 @@ static void two_replicas_start(struct replica rep[2], struct th_proc *fe, const 
   char port_s[16];
   snprintf(port_s, sizeof(port_s), "%d", http_port);
   TH_REQUIRE(th_proc_spawnl(fe, NULL, 0, NULL, th_lmserve_bin(), "frontend", "--model", model,
-                            "--scheduler", rep[0].fe_ep, "--scheduler", rep[1].fe_ep, "--host",
-                            "127.0.0.1", "--port", port_s, "--drain-timeout", "2", NULL) == 0);
+                            "--served-model-name", "default", "--scheduler", rep[0].fe_ep,
+                            "--scheduler", rep[1].fe_ep, "--host", "127.0.0.1", "--port", port_s,
+                            "--drain-timeout", "2", NULL) == 0);
   for (int i = 0; i < 2; i++)
     replica_wait_ready(&rep[i]);
   TH_REQUIRE(wait_health() == 200);
@@ -539,8 +540,9 @@ TH_TEST(dp_serve_restarts_one_replica) {
   static char *env[] = {"LMSERVE_DEVICE=cpu", NULL};
   struct th_proc s;
   TH_REQUIRE(th_proc_spawnl(&s, env, 0, NULL, th_lmserve_bin(), "serve", "--model", model, "--port",
-                            port_s, "--data-parallel-size", "2", "--kv-cache-memory", "32M",
-                            "--threads", "1", "--drain-timeout", "2", NULL) == 0);
+                            port_s, "--served-model-name", "default", "--data-parallel-size", "2",
+                            "--kv-cache-memory", "32M", "--threads", "1", "--drain-timeout", "2",
+                            NULL) == 0);
   TH_REQUIRE(wait_health() == 200);
   char ids[2048];
   prompt(ids, sizeof ids, 20, 9);

@@ -611,14 +611,14 @@ TH_TEST(serve_runs_a_gguf_file_with_a_tokenizer_folder) {
     const char *path, *body, *says[2];
   } reqs[3] = {
       {"/v1/completions",
-       "{\"model\":\"default\",\"prompt\":\"hello there\",\"max_tokens\":6,\"temperature\":0}",
+       "{\"prompt\":\"hello there\",\"max_tokens\":6,\"temperature\":0}",
        {"\"completion_tokens\":6", NULL}},
       {"/v1/chat/completions",
-       "{\"model\":\"default\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
        "\"max_tokens\":4,\"temperature\":0}",
        {"chat.completion", NULL}},
       {"/v1/completions",
-       "{\"model\":\"default\",\"prompt\":\"yes or no?\",\"max_tokens\":8,\"temperature\":0,"
+       "{\"prompt\":\"yes or no?\",\"max_tokens\":8,\"temperature\":0,"
        "\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]}}",
        {"\"text\":\"yes\"", "\"text\":\"no\""}},
   };

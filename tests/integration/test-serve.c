@@ -3,7 +3,8 @@
  * HTTP. Checks /health, that a greedy completion equals `lmserve generate`
  * for the same prompt ids (non-streamed and streamed with usage), that a
  * bad request is a 400 and the server goes on serving, that chat works
- * through the model's template, and that SIGTERM stops every process. */
+ * through the model's template, and that SIGTERM stops every process; and
+ * that the checkpoint's generation_config.json sets the sampling defaults. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
@@ -127,10 +128,28 @@ TH_TEST(serve_end_to_end) {
   TH_CHECK_EQ_INT(th_http(port, "GET", "/health", NULL, 60000, &b), 200);
   free(b);
 
+  /* the served name is --model as given (vLLM's default): listed, and taken */
+  TH_CHECK_EQ_INT(th_http(port, "GET", "/v1/models", NULL, 60000, &b), 200);
+  j = json_loads(b, 0, NULL);
+  free(b);
+  const char *id =
+      json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+  TH_CHECK(id && !strcmp(id, model));
+  json_decref(j);
+  snprintf(body, sizeof(body), "{\"model\":\"%s\",\"prompt\":\"Hi\",\"max_tokens\":2}", model);
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions", body, 60000, &b), 200);
+  free(b);
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions",
+                          "{\"model\":\"default\",\"prompt\":\"Hi\",\"max_tokens\":2}", 60000, &b),
+                  404);
+  free(b);
+
   /* what runs the model shows in /metrics and in every `bench serve` result */
   TH_CHECK_EQ_INT(th_http(port, "GET", "/metrics", NULL, 60000, &b), 200);
-  TH_CHECK(b &&
-           strstr(b, "lmserve:engine_info{model_name=\"default\",replica=\"0\",kernels=\"cpu-"));
+  char info[400];
+  snprintf(info, sizeof(info), "lmserve:engine_info{model_name=\"%s\",replica=\"0\",kernels=\"cpu-",
+           model);
+  TH_CHECK(b && strstr(b, info));
   TH_CHECK(b && strstr(b, ",matmul_inputs=\"f32\"} 1\n"));
   free(b);
   char url[64];
@@ -165,4 +184,66 @@ TH_TEST(serve_end_to_end) {
     usleep(100000);
   TH_CHECK_EQ_INT(left, 0);
   th_proc_stop(&p, 1000);
+}
+
+/* The text and completion token count of a completion of body on port. */
+static void completion(int port, const char *body, char *text, size_t size, int *n_gen) {
+  char *b = NULL;
+  TH_CHECK_EQ_INT(th_http(port, "POST", "/v1/completions", body, 60000, &b), 200);
+  json_t *j = json_loads(b ? b : "", 0, NULL);
+  const char *t = jstr(j, "choices", 0, "text");
+  snprintf(text, size, "%s", t ? t : "(none)");
+  *n_gen =
+      (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+  json_decref(j);
+  free(b);
+}
+
+/* As vLLM's --generation-config auto: the fields a request leaves out come from the
+ * checkpoint's generation_config.json (here temperature 0: greedy), a field sent
+ * wins; --generation-config vllm gives vLLM's own (temperature 1), and
+ * --override-generation-config's max_new_tokens caps every request. */
+TH_TEST(serve_takes_the_checkpoints_sampling_defaults) {
+  th_proc_init(280);
+  char model[300], path[400];
+  th_tiny_gemma4_or_skip("serve-gc", 2, model, sizeof(model));
+  snprintf(path, sizeof(path), "%s/generation_config.json", model);
+  FILE *f = fopen(path, "w");
+  TH_REQUIRE(f);
+  fputs("{\"bos_token_id\":2,\"eos_token_id\":[1,106],\"temperature\":0.0}\n", f);
+  fclose(f);
+  static const char *const seeded =
+      "{\"prompt\":[2,9259,1902,563],\"max_tokens\":8,\"ignore_eos\":true,\"seed\":3}";
+  static const char *const greedy = "{\"prompt\":[2,9259,1902,563],\"max_tokens\":8,"
+                                    "\"ignore_eos\":true,\"temperature\":0}";
+  static const char *const hot = "{\"prompt\":[2,9259,1902,563],\"max_tokens\":8,"
+                                 "\"ignore_eos\":true,\"temperature\":1,\"seed\":3}";
+  char t_seeded[512], t_greedy[512], t_hot[512], t_vllm[512];
+  int n;
+  struct th_proc p;
+  int port = th_serve_start(&p, model, NULL);
+  TH_REQUIRE(port > 0);
+  completion(port, seeded, t_seeded, sizeof t_seeded, &n);
+  completion(port, greedy, t_greedy, sizeof t_greedy, &n);
+  completion(port, hot, t_hot, sizeof t_hot, &n);
+  th_proc_stop(&p, 20000);
+  TH_CHECK_EQ_STR(t_seeded, t_greedy); /* the checkpoint's temperature 0 */
+  port = th_serve_start(&p, model,
+                        (char *[]){"--generation-config", "vllm", "--override-generation-config",
+                                   "{\"max_new_tokens\": 3}", NULL});
+  TH_REQUIRE(port > 0);
+  completion(port, seeded, t_vllm, sizeof t_vllm, &n);
+  th_proc_stop(&p, 20000);
+  TH_CHECK_EQ_INT(n, 3); /* capped */
+  /* vLLM's temperature 1 with the same seed: the sampled answer's first 3 tokens */
+  if (strncmp(t_vllm, t_hot, strlen(t_vllm)) != 0)
+    th_fail(__FILE__, __LINE__, "vllm defaults: '%s' does not begin '%s'", t_vllm, t_hot);
+  TH_CHECK(strcmp(t_hot, t_greedy) != 0); /* and sampling at 1 is not greedy here */
+  /* a bad value stops start-up with its name */
+  struct th_out o = {0};
+  TH_CHECK_EQ_INT(th_lmserve(&o, 60000, "serve", "--model", model, "--port", "1",
+                             "--override-generation-config", "{\"top_p\": 3}", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "--override-generation-config") && strstr(o.err, "top_p"));
+  th_out_free(&o);
 }

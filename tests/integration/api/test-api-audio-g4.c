@@ -569,17 +569,17 @@ TH_TEST(gemma4_audio_through_the_api) {
     fprintf(stderr, "SKIP (loudly): node >= 20 or node_modules/openai missing: the openai "
                     "client's audio request did not run\n");
   } else {
-    char script[1024], e_url[96], e_text[1100], e_tr[1100];
+    char script[1024], e_url[96], e_text[1100], e_tr[1100], e_model[400];
     snprintf(script, sizeof(script), "%s/integration/api/api-openai-audio.mjs", th_tests_dir());
     snprintf(e_url, sizeof(e_url), "LMSERVE_URL=http://127.0.0.1:%d/v1", b.port);
     snprintf(e_text, sizeof(e_text), "LMSERVE_EXPECT=%s", a1.text);
     snprintf(e_tr, sizeof(e_tr), "LMSERVE_TRANSCRIPT=%s", transcript);
+    snprintf(e_model, sizeof(e_model), "LMSERVE_MODEL=%s", b.model); /* the served name */
     char *clip_env = malloc(strlen(c0.b64) + 32);
     TH_REQUIRE(clip_env != NULL);
     sprintf(clip_env, "LMSERVE_AUDIO=%s", c0.b64);
-    char *env[] = {
-        e_url, "LMSERVE_MODEL=default", clip_env, e_text, "LMSERVE_TEXT=" TEXT, e_tr, "NO_COLOR=1",
-        NULL};
+    char *env[] = {e_url, e_model,      clip_env, e_text, "LMSERVE_TEXT=" TEXT,
+                   e_tr,  "NO_COLOR=1", NULL};
     th_node_test(script, env, 300000);
     free(clip_env);
   }

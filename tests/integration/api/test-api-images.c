@@ -358,12 +358,12 @@ TH_TEST(images_through_the_api) {
       fprintf(stderr, "SKIP (loudly): node >= 20 or node_modules/openai missing: the openai "
                       "client's image request did not run\n");
     } else {
-      char e_url[96], e_img[64], e_text[600];
+      char e_url[96], e_img[400], e_text[600];
       snprintf(e_url, sizeof(e_url), "LMSERVE_URL=http://127.0.0.1:%d/v1", a.port);
       char *img_env = malloc(strlen(u1) + 32);
       TH_REQUIRE(img_env != NULL);
       sprintf(img_env, "LMSERVE_IMAGE=%s", u1);
-      snprintf(e_img, sizeof(e_img), "LMSERVE_MODEL=default");
+      snprintf(e_img, sizeof(e_img), "LMSERVE_MODEL=%s", a.model); /* the served name */
       /* the expected greedy text of "Compare" [u0, u1] "Which is brighter?" */
       snprintf(e_text, sizeof(e_text), "LMSERVE_EXPECT=%s", ta2);
       char *u0_env = malloc(strlen(u0) + 32);

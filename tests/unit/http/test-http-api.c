@@ -8,6 +8,7 @@
 #include "common/cm-err.h"
 #include "frontend/fe-api.h"
 #include "grammar/gr.h"
+#include "model/md-config.h"
 #include "tests/harness/th.h"
 
 static const struct fe_api_config cfg = {"gemma", 100};
@@ -441,6 +442,52 @@ TH_TEST(api_structured_fields) {
     }
     fe_api_request_free(&r);
   }
+}
+
+/* The checkpoint's sampling defaults (--generation-config) fill the fields a request
+ * leaves out (or sends as null); a field sent wins; max_new_tokens caps max_tokens. */
+TH_TEST(api_sampling_defaults) {
+  const struct md_sampling d = {MD_SAMPLE_TEMPERATURE | MD_SAMPLE_TOP_K | MD_SAMPLE_TOP_P |
+                                    MD_SAMPLE_MIN_P | MD_SAMPLE_REPETITION_PENALTY |
+                                    MD_SAMPLE_MAX_TOKENS,
+                                0.6,
+                                0.9,
+                                0.05,
+                                1.1,
+                                64,
+                                100};
+  const struct fe_api_config dcfg = {"m", 4096, NULL, NULL, &d};
+  struct fe_api_request r;
+  struct fe_api_error e;
+  const char *b = "{\"prompt\":\"hi\",\"top_p\":null}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &dcfg, &r, &e) == 0);
+  TH_CHECK(r.temperature == 0.6 && r.top_p == 0.9 && r.min_p == 0.05 &&
+           r.repetition_penalty == 1.1);
+  TH_CHECK_EQ_INT(r.top_k, 64);
+  TH_CHECK_EQ_INT(r.max_tokens, 100);
+  fe_api_request_free(&r);
+  b = "{\"prompt\":\"hi\",\"temperature\":0,\"top_k\":0,\"top_p\":1,\"min_p\":0,"
+      "\"repetition_penalty\":1,\"max_tokens\":20}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &dcfg, &r, &e) == 0);
+  TH_CHECK(r.temperature == 0 && r.top_p == 1 && r.min_p == 0 && r.repetition_penalty == 1);
+  TH_CHECK_EQ_INT(r.top_k, -1);
+  TH_CHECK_EQ_INT(r.max_tokens, 20);
+  fe_api_request_free(&r);
+  /* the cap holds over a larger request, and min_tokens is checked against it */
+  b = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_completion_tokens\":500}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_CHAT, b, strlen(b), &dcfg, &r, &e) == 0);
+  TH_CHECK_EQ_INT(r.max_tokens, 100);
+  fe_api_request_free(&r);
+  b = "{\"prompt\":\"hi\",\"min_tokens\":101}";
+  TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &dcfg, &r, &e) != 0);
+  TH_CHECK_EQ_STR(e.param, "min_tokens");
+  /* without defaults, vLLM's own */
+  b = "{\"prompt\":\"hi\"}";
+  TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, b, strlen(b), &cfg, &r, &e) == 0);
+  TH_CHECK(r.temperature == 1 && r.top_p == 1 && r.min_p == 0 && r.repetition_penalty == 1);
+  TH_CHECK_EQ_INT(r.top_k, -1);
+  TH_CHECK_EQ_INT(r.max_tokens, -1);
+  fe_api_request_free(&r);
 }
 
 /* The parse compiles no grammar (a hostile one takes the compiler a second, and the
