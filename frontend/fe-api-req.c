@@ -1615,6 +1615,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
         return fail(p, 400, "prompt", "'prompt' (a string) or 'messages' is required");
       if ((rc = parse_prompt(p, body))) return rc;
     }
+    if ((rc = get_bool(p, body, "return_token_strs", &r->token_strs))) return rc;
     return get_bool(p, body, "add_special_tokens", &r->add_special_tokens);
   case FE_API_DETOKENIZE: {
     json_t *t = json_object_get(body, "tokens");

@@ -250,12 +250,21 @@ int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
   return tail(b, NULL, u);
 }
 
-int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len) {
+int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len,
+                          const char *const *strs, const size_t *lens) {
   fe_buf_puts(b, "{\"count\":");
   fe_buf_i64(b, (int64_t)n);
   fe_buf_puts(b, ",\"max_model_len\":");
   fe_buf_i64(b, max_model_len);
   id_list(b, "tokens", ids, n);
+  if (strs) {
+    fe_buf_puts(b, ",\"token_strs\":[");
+    for (size_t i = 0; i < n; i++) {
+      if (i) fe_buf_puts(b, ",");
+      fe_buf_json_str(b, strs[i] ? strs[i] : "", strs[i] ? lens[i] : 0);
+    }
+    fe_buf_puts(b, "]");
+  }
   return fe_buf_puts(b, "}");
 }
 

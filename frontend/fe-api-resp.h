@@ -91,7 +91,11 @@ int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
  * with "type" first ("transcript.text.done"). */
 int fe_api_write_audio_text(struct fe_buf *b, const char *type, const char *text, size_t len,
                             const struct fe_api_usage *u);
-int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len);
+/* POST /tokenize's answer, {"count":N,"max_model_len":M,"tokens":[...]}, and with strs
+ * (NULL: none) "token_strs":[...], strs[i] (lens[i] bytes) token i's string in the
+ * vocabulary ("\u2581Hello", "<0x0A>": vLLM's return_token_strs). */
+int fe_api_write_tokenize(struct fe_buf *b, const int32_t *ids, size_t n, int64_t max_model_len,
+                          const char *const *strs, const size_t *lens);
 /* POST /detokenize's answer: {"prompt":"..."}. */
 int fe_api_write_detokenize(struct fe_buf *b, const char *text, size_t len);
 

@@ -128,6 +128,7 @@ struct fe_api_request {
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */
+  int token_strs;    /* /tokenize: return_token_strs (vLLM's), each token's vocabulary string */
   int return_token_ids; /* return_token_ids (vLLM's): the prompt's and the answer's token ids */
   uint64_t cache_salt; /* vLLM's cache_salt, hashed (0: none): the prefix cache is shared only
                           among requests with the same salt */

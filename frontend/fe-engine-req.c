@@ -381,10 +381,24 @@ static void answer_tokens(struct fe_engine *e, struct fe_conn *c, struct tok_job
                    "tokens");
     return;
   }
-  if (req->kind == FE_API_TOKENIZE)
-    fe_api_write_tokenize(b, j->ids[0], j->n_ids[0], fe_engine_max_model_len(e));
-  else
+  if (req->kind == FE_API_TOKENIZE) {
+    size_t n = j->n_ids[0];
+    const char **strs = req->token_strs ? calloc(n ? n : 1, sizeof(*strs)) : NULL;
+    size_t *lens = req->token_strs ? calloc(n ? n : 1, sizeof(*lens)) : NULL;
+    if (req->token_strs && (!strs || !lens)) {
+      free(strs);
+      free(lens);
+      answer_error(e, c, 500, "out of memory", NULL);
+      return;
+    }
+    for (size_t i = 0; strs && i < n; i++)
+      strs[i] = tk_token_str(e->tok, j->ids[0][i], &lens[i]);
+    fe_api_write_tokenize(b, j->ids[0], n, fe_engine_max_model_len(e), strs, lens);
+    free(strs);
+    free(lens);
+  } else {
     fe_api_write_detokenize(b, j->text ? j->text : "", j->text_len);
+  }
   if (b->err) {
     answer_error(e, c, 500, "response too large", NULL);
     return;

@@ -181,6 +181,8 @@ static void on_detokenize(struct fe_router *r, struct fe_conn *c, const char *b,
 
 static const struct route routes[] = {
     {"GET", "/health", on_health, 1, 0},
+    {"GET", "/ping", on_health, 1, 0}, /* vLLM's (SageMaker's) name for /health */
+    {"POST", "/ping", on_health, 1, 0},
     {"GET", "/version", on_version, 0, 0},
     {"GET", "/v1/models", on_models, 0, 0},
     {"GET", "/metrics", on_metrics, 0, 0},
@@ -216,7 +218,7 @@ static int path_is(const struct fe_http_request *req, const char *p) {
 void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request *req,
                       const char *body, size_t body_len) {
   struct fe_router *r = ud;
-  const struct route *path_match = NULL;
+  char allow[64] = "";                       /* the methods the path takes, for a 405 */
   int pre = fe_cors_handle(r->cors, c, req); /* a preflight, answered */
   if (pre) {
     count_status(r, pre);
@@ -224,7 +226,8 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
   }
   for (size_t i = 0; i < N_ROUTES; i++) {
     if (!path_is(req, routes[i].path)) continue;
-    path_match = &routes[i];
+    size_t al = strlen(allow);
+    snprintf(allow + al, sizeof(allow) - al, "%s%s", al ? ", " : "", routes[i].method);
     /* HEAD is GET without the body (the server drops it) */
     int head =
         req->method_len == 4 && !memcmp(req->method, "HEAD", 4) && !strcmp(routes[i].method, "GET");
@@ -248,14 +251,14 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
     r->cur = NULL;
     return;
   }
-  if (path_match) {
-    char allow[64];
-    snprintf(allow, sizeof(allow), "Allow: %s\r\n", path_match->method);
+  if (allow[0]) {
+    char hdr[96];
+    snprintf(hdr, sizeof(hdr), "Allow: %s\r\n", allow);
     count_status(r, 405);
     struct fe_buf *b = &r->scratch;
     fe_buf_reset(b);
     fe_api_error_body(b, 405, "method not allowed", NULL);
-    fe_conn_respond(c, 405, "application/json", allow, b->data, b->len);
+    fe_conn_respond(c, 405, "application/json", hdr, b->data, b->len);
     return;
   }
   reply_error(r, c, 404, "not found", NULL);

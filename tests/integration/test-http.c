@@ -56,6 +56,14 @@ TH_TEST(http_routes_keepalive) {
   TH_REQUIRE(hc_do_req(&c, "DELETE /v1/models HTTP/1.1\r\nHost: t\r\n" KEY "\r\n", &r) == 0);
   TH_CHECK_EQ_INT(r.status, 405);
   TH_CHECK(hc_find_header(&r, "Allow") && !strcmp(hc_find_header(&r, "Allow"), "GET"));
+  /* /ping (vLLM's, for SageMaker) answers as /health, by GET or POST, without a key */
+  TH_REQUIRE(hc_do_req(&c, GET("/ping", ""), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 503);
+  TH_REQUIRE(hc_do_req(&c, "POST /ping HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n", &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 503);
+  TH_REQUIRE(hc_do_req(&c, "DELETE /ping HTTP/1.1\r\nHost: t\r\n\r\n", &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 405);
+  TH_CHECK(hc_find_header(&r, "Allow") && !strcmp(hc_find_header(&r, "Allow"), "GET, POST"));
   TH_REQUIRE(hc_do_req(&c, GET("/v1/completions", KEY), &r) == 0);
   TH_CHECK_EQ_INT(r.status, 405);
   /* requests refused, or valid without an engine yet: their status and what their

@@ -55,6 +55,8 @@ TH_TEST(serve_end_to_end) {
   char *b = NULL;
   TH_CHECK_EQ_INT(th_http(port, "GET", "/health", NULL, 60000, &b), 200);
   free(b);
+  TH_CHECK_EQ_INT(th_http(port, "GET", "/ping", NULL, 60000, &b), 200);
+  free(b);
 
   /* the reference text: what the frontend's tokenizer makes of those ids */
   char body[1024];

@@ -135,6 +135,36 @@ TH_TEST(api_tokenize_detokenize) {
   j = post_json("/tokenize", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello world\"}]}",
                 200);
   TH_CHECK(json_integer_value(json_object_get(j, "count")) > 4);
+  TH_CHECK(json_object_get(j, "token_strs") == NULL);
+  json_decref(j);
+
+  /* return_token_strs (vLLM's): each id's string as tokenizer.json's vocabulary has it */
+  j = post_json("/tokenize",
+                "{\"prompt\":\"Hello world\\n\\u00e9t\\u00e9!\",\"return_token_strs\":true}", 200);
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/tokenizer.json", server()->model);
+  json_t *tj = json_load_file(path, 0, NULL);
+  json_t *vocab = json_object_get(json_object_get(tj, "model"), "vocab");
+  TH_REQUIRE(json_is_object(vocab));
+  json_t *ids_a = json_object_get(j, "tokens"), *strs = json_object_get(j, "token_strs");
+  TH_REQUIRE(json_array_size(strs) == json_array_size(ids_a) && json_array_size(ids_a) >= 4);
+  for (size_t i = 0; i < json_array_size(ids_a); i++) {
+    json_int_t id = json_integer_value(json_array_get(ids_a, i));
+    const char *got = json_string_value(json_array_get(strs, i));
+    const char *key;
+    json_t *v;
+    const char *want = NULL;
+    json_object_foreach(vocab, key, v) {
+      if (json_integer_value(v) == id) {
+        want = key;
+        break;
+      }
+    }
+    if (!got || !want || strcmp(got, want))
+      th_fail(__FILE__, __LINE__, "token %zu (id %lld): '%s', the vocabulary says '%s'", i,
+              (long long)id, got ? got : "(none)", want ? want : "(none)");
+  }
+  json_decref(tj);
   json_decref(j);
 }
 

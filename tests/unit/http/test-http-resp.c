@@ -131,8 +131,14 @@ TH_TEST(resp_tokenize_shapes) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
   const int32_t ids[3] = {2, 9259, 106};
-  TH_REQUIRE(fe_api_write_tokenize(&b, ids, 3, 8192) == 0);
+  TH_REQUIRE(fe_api_write_tokenize(&b, ids, 3, 8192, NULL, NULL) == 0);
   TH_CHECK_EQ_STR(b.data, "{\"count\":3,\"max_model_len\":8192,\"tokens\":[2,9259,106]}");
+  fe_buf_reset(&b);
+  const char *strs[3] = {"<bos>", "\xe2\x96\x81Hi\"", "<0x0A>"};
+  const size_t lens[3] = {5, 6, 6};
+  TH_REQUIRE(fe_api_write_tokenize(&b, ids, 3, 8192, strs, lens) == 0);
+  TH_CHECK_EQ_STR(b.data, "{\"count\":3,\"max_model_len\":8192,\"tokens\":[2,9259,106],"
+                          "\"token_strs\":[\"<bos>\",\"\xe2\x96\x81Hi\\\"\",\"<0x0A>\"]}");
   fe_buf_reset(&b);
   TH_REQUIRE(fe_api_write_detokenize(&b, "a\"b", 3) == 0);
   TH_CHECK_EQ_STR(b.data, "{\"prompt\":\"a\\\"b\"}");
