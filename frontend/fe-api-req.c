@@ -873,9 +873,11 @@ static int parse_model(struct pctx *p, json_t *body, const struct fe_api_config 
   }
   if (!json_is_string(v))
     return fail(p, 400, "model", "'model' must be a string, not %s", type_name(v));
-  if (strcmp(json_string_value(v), cfg->model_name) != 0)
-    return fail(p, 404, "model", "The model `%.200s` does not exist.", json_string_value(v));
-  p->r->model = cfg->model_name;
+  const char *want = json_string_value(v);
+  p->r->model = !strcmp(want, cfg->model_name) ? cfg->model_name : NULL;
+  for (int i = 0; !p->r->model && i < cfg->n_aliases; i++)
+    if (!strcmp(want, cfg->aliases[i])) p->r->model = cfg->aliases[i];
+  if (!p->r->model) return fail(p, 404, "model", "The model `%.200s` does not exist.", want);
   return 0;
 }
 

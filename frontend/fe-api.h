@@ -226,6 +226,10 @@ struct fe_api_config {
   /* the checkpoint's sampling defaults (--generation-config), for the fields a
    * request leaves out; its max_tokens caps every request's (NULL: none) */
   const struct md_sampling *defaults;
+  /* further names the model answers to (vLLM's --served-model-name a b): a request
+   * naming one gets it back as its answer's "model" */
+  const char *const *aliases;
+  int n_aliases;
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a

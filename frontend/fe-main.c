@@ -124,7 +124,7 @@ void fe_main_sampling_text(const struct md_sampling *s, char *out, size_t size) 
 
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = NULL;
-  static struct cm_strs schedulers; /* values live as long as the process */
+  static struct cm_strs schedulers, names; /* values live as long as the process */
   const char *model_dir = NULL, *tok_dir = NULL, *mmproj = NULL;
   struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
@@ -143,8 +143,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535},
       {"api-key", CM_OPT_STR, &api_key, "KEY",
        "require Authorization: Bearer KEY (also LMSERVE_API_KEY)"},
-      {"served-model-name", CM_OPT_STR, &model, "NAME",
-       "model name clients use (default: --model as given, as vLLM's; 'default' without one)"},
+      {"served-model-name", CM_OPT_STRS, &names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"ssl-keyfile", CM_OPT_STR, &ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &ssl_cert, "FILE",
@@ -205,11 +204,12 @@ int fe_frontend_main(int argc, char **argv) {
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
   if (!api_key) api_key = getenv("LMSERVE_API_KEY");
-  if (!model) model = model_dir && *model_dir ? model_dir : "default";
-  if (!*model) {
-    fprintf(stderr, "lmserve frontend: --served-model-name must not be empty\n");
-    return 2;
-  }
+  for (int i = 0; i < names.n; i++)
+    if (!*names.v[i]) {
+      fprintf(stderr, "lmserve frontend: --served-model-name must not be empty\n");
+      return 2;
+    }
+  model = names.n ? names.v[0] : model_dir && *model_dir ? model_dir : "default";
   if (max_header_bytes < 256 || max_body > (1ull << 34)) {
     fprintf(stderr,
             "lmserve frontend: --max-header-size must be >= 256 and --max-body-size <= 16G\n");
@@ -277,9 +277,17 @@ int fe_frontend_main(int argc, char **argv) {
   struct fe_app app;
   memset(&app, 0, sizeof(app));
   app.loop = uv_default_loop();
-  struct fe_route_config rcfg = {api_key,      model,        max_model_len, template_kwargs,
-                                 cors_origins, cors_methods, cors_headers,  cors_credentials,
-                                 &sampling};
+  struct fe_route_config rcfg = {api_key,
+                                 model,
+                                 max_model_len,
+                                 template_kwargs,
+                                 cors_origins,
+                                 cors_methods,
+                                 cors_headers,
+                                 cors_credentials,
+                                 &sampling,
+                                 (const char *const *)names.v + (names.n > 0),
+                                 names.n > 1 ? names.n - 1 : 0};
   char rwhy[256] = "";
   if ((rc = fe_router_create(&rcfg, &app.router, rwhy, sizeof(rwhy))) != 0) {
     fprintf(stderr, "lmserve frontend: %s\n", rwhy[0] ? rwhy : cm_strerror(rc));

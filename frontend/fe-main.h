@@ -43,6 +43,11 @@ int fe_main_cors_check(const char *origins, const char *methods, const char *hea
   "chat requests may carry their own chat_template (or chat_template_kwargs.chat_template), "      \
   "rendered in place of the model's; without it such a request is a 400 (as vLLM's flag)"
 
+/* --served-model-name's help, the same on serve and frontend. */
+#define FE_MAIN_SERVED_NAME_HELP                                                                   \
+  "model name clients use (default: --model as given, as vLLM's; 'default' without one); "         \
+  "several (repeated, or comma-separated): the first is the name, the others answer too"
+
 /* --generation-config and --override-generation-config's help, the same on serve and
  * frontend (vLLM's flags; model/md-config.h's md_sampling_load). */
 #define FE_MAIN_GEN_CONFIG_HELP                                                                    \

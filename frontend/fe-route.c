@@ -74,15 +74,20 @@ static int64_t max_model_len(struct fe_router *r) {
 static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
   struct fe_buf *b = &r->scratch;
   fe_buf_reset(b);
-  fe_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
-  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
-  fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
-  fe_buf_i64(b, r->created);
-  fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
-  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
-  fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
-  fe_buf_i64(b, max_model_len(r));
-  fe_buf_puts(b, ",\"permission\":[]}]}");
+  fe_buf_puts(b, "{\"object\":\"list\",\"data\":[");
+  for (int i = -1; i < r->cfg.n_aliases; i++) { /* the name, then its aliases */
+    const char *id = i < 0 ? r->model_name : r->cfg.aliases[i];
+    fe_buf_puts(b, i < 0 ? "{\"id\":" : ",{\"id\":");
+    fe_buf_json_str(b, id, strlen(id));
+    fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
+    fe_buf_i64(b, r->created);
+    fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
+    fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+    fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
+    fe_buf_i64(b, max_model_len(r));
+    fe_buf_puts(b, ",\"permission\":[]}");
+  }
+  fe_buf_puts(b, "]}");
   if (b->err) {
     reply_error(r, c, 500, "out of memory", NULL);
     return;
@@ -102,9 +107,13 @@ static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body,
 }
 
 static struct fe_api_config api_config(struct fe_router *r) {
-  struct fe_api_config acfg = {r->model_name, max_model_len(r),
+  struct fe_api_config acfg = {r->model_name,
+                               max_model_len(r),
                                r->hooks.model ? r->hooks.model(r->hooks.ud) : NULL,
-                               r->cfg.default_template_kwargs, r->cfg.defaults};
+                               r->cfg.default_template_kwargs,
+                               r->cfg.defaults,
+                               r->cfg.aliases,
+                               r->cfg.n_aliases};
   return acfg;
 }
 

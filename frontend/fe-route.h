@@ -55,6 +55,10 @@ struct fe_route_config {
   /* the checkpoint's sampling defaults (--generation-config; NULL: none), which
    * outlive the router */
   const struct md_sampling *defaults;
+  /* further names of the model (listed after it by /v1/models), which outlive the
+   * router */
+  const char *const *aliases;
+  int n_aliases;
 };
 
 /* 0, or a negative cm_err (CM_ERR_INVAL: a CORS list that is not one, the

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "common/cm-arena.h"
+#include "common/cm-args.h"
 #include "proto/pr-zmq.h"
 
 #define TL_MAX_DP 8 /* model replicas (--data-parallel-size) */
@@ -54,7 +55,8 @@ struct tl_engine {
 
 struct tl_serve {
   /* flags */
-  const char *model, *host, *api_key, *served_name, *spec_model, *device, *dtype;
+  const char *model, *host, *api_key, *spec_model, *device, *dtype;
+  struct cm_strs served_names; /* --served-model-name: the name, then its aliases */
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
   const char *gen_config;      /* the frontend's --generation-config (NULL: auto) */

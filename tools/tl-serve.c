@@ -284,10 +284,9 @@ static int start_frontend(struct tl_serve *s) {
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
   /* vLLM's default: the model as --model named it */
-  argv_add_str(&f, "--served-model-name",
-               s->served_name ? s->served_name
-               : s->model     ? s->model
-                              : "default");
+  for (int i = 0; i < s->served_names.n; i++)
+    argv_add_str(&f, "--served-model-name", s->served_names.v[i]);
+  if (!s->served_names.n) argv_add_str(&f, "--served-model-name", s->model ? s->model : "default");
   argv_add_str(&f, "--ssl-keyfile", s->ssl_key);
   argv_add_str(&f, "--ssl-certfile", s->ssl_cert);
   argv_add_str(&f, "--ssl-ca-certs", s->ssl_ca);
@@ -372,8 +371,7 @@ int tl_serve_main(int argc, char **argv) {
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
-      {"served-model-name", CM_OPT_STR, &s.served_name, "NAME",
-       "model name in the API (default: --model as given, as vLLM's; 'default' without one)"},
+      {"served-model-name", CM_OPT_STRS, &s.served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &s.ssl_cert, "FILE",

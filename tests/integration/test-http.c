@@ -364,3 +364,26 @@ TH_TEST(http_cors) {
   exits_with(__LINE__, 2, "--allowed-headers",
              (char *[]){"serve", "--allowed-headers", "[\"a b\"]", NULL});
 }
+
+/* --served-model-name several times (vLLM's several names): /v1/models lists the name
+ * and then the others, a request may name any of them, another name is a 404. */
+TH_TEST(http_served_model_names) {
+  th_proc_init(60);
+  struct server s;
+  hc_frontend_start(
+      &s, "http://127.0.0.1:", (char *[]){"--served-model-name", "tiny-alias,other", NULL});
+  struct resp r;
+  TH_REQUIRE(hc_request(s.port, GET("/v1/models", ""), &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 200);
+  const char *a = strstr(r.body, "\"id\":\"tiny\""), *b = strstr(r.body, "\"id\":\"tiny-alias\""),
+             *o = strstr(r.body, "\"id\":\"other\"");
+  TH_CHECK(a && b && o && a < b && b < o);
+  char req[1024];
+  hc_post(req, sizeof(req), "/v1/completions", "{\"model\":\"other\",\"prompt\":\"hi\"}");
+  TH_REQUIRE(hc_request(s.port, req, &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 503); /* taken: no engine behind this frontend */
+  hc_post(req, sizeof(req), "/v1/completions", "{\"model\":\"tiny-other\",\"prompt\":\"hi\"}");
+  TH_REQUIRE(hc_request(s.port, req, &r) == 0);
+  TH_CHECK_EQ_INT(r.status, 404);
+  hc_server_stop(&s);
+}

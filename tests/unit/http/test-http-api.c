@@ -444,6 +444,29 @@ TH_TEST(api_structured_fields) {
   }
 }
 
+/* Several served names (vLLM's): a request naming an alias gets it back as its model;
+ * none, the first name; another, a 404. */
+TH_TEST(api_model_aliases) {
+  const char *const aliases[] = {"b", "c"};
+  struct fe_api_config acfg = {"a", 100};
+  acfg.aliases = aliases;
+  acfg.n_aliases = 2;
+  struct fe_api_request r;
+  struct fe_api_error e;
+  const char *bodies[] = {"{\"prompt\":\"x\",\"model\":\"c\"}", "{\"prompt\":\"x\"}",
+                          "{\"prompt\":\"x\",\"model\":\"a\"}"};
+  const char *want[] = {"c", "a", "a"};
+  for (int i = 0; i < 3; i++) {
+    TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, bodies[i], strlen(bodies[i]), &acfg, &r,
+                                    &e) == 0);
+    TH_CHECK_EQ_STR(r.model, want[i]);
+    fe_api_request_free(&r);
+  }
+  const char *d = "{\"prompt\":\"x\",\"model\":\"d\"}";
+  TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, d, strlen(d), &acfg, &r, &e) != 0);
+  TH_CHECK_EQ_INT(e.status, 404);
+}
+
 /* The checkpoint's sampling defaults (--generation-config) fill the fields a request
  * leaves out (or sends as null); a field sent wins; max_new_tokens caps max_tokens. */
 TH_TEST(api_sampling_defaults) {
