@@ -56,7 +56,9 @@ struct tl_engine {
 struct tl_serve {
   /* flags */
   const char *model, *host, *api_key, *spec_model, *device, *dtype;
-  struct cm_strs served_names; /* --served-model-name: the name, then its aliases */
+  /* --served-model-name: the name, then its aliases (their values live as long as the
+   * process) */
+  const struct cm_strs *served_names;
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
   const char *gen_config;      /* the frontend's --generation-config (NULL: auto) */

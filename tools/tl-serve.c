@@ -284,9 +284,9 @@ static int start_frontend(struct tl_serve *s) {
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
   /* vLLM's default: the model as --model named it */
-  for (int i = 0; i < s->served_names.n; i++)
-    argv_add_str(&f, "--served-model-name", s->served_names.v[i]);
-  if (!s->served_names.n) argv_add_str(&f, "--served-model-name", s->model ? s->model : "default");
+  for (int i = 0; i < s->served_names->n; i++)
+    argv_add_str(&f, "--served-model-name", s->served_names->v[i]);
+  if (!s->served_names->n) argv_add_str(&f, "--served-model-name", s->model ? s->model : "default");
   argv_add_str(&f, "--ssl-keyfile", s->ssl_key);
   argv_add_str(&f, "--ssl-certfile", s->ssl_cert);
   argv_add_str(&f, "--ssl-ca-certs", s->ssl_ca);
@@ -341,7 +341,9 @@ static void remove_run_dir(struct tl_serve *s) {
 }
 
 int tl_serve_main(int argc, char **argv) {
+  static struct cm_strs served_names; /* values live as long as the process */
   struct tl_serve s = {
+      .served_names = &served_names,
       .host = "127.0.0.1",
       .port = 8000,
       .max_num_seqs = 64,
@@ -371,7 +373,7 @@ int tl_serve_main(int argc, char **argv) {
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
-      {"served-model-name", CM_OPT_STRS, &s.served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
+      {"served-model-name", CM_OPT_STRS, &served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &s.ssl_cert, "FILE",
