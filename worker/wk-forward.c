@@ -90,13 +90,24 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
   if (b->n_seqs > m->max_seqs)
     return cm_fail(err, errlen, CM_ERR_TOOBIG, "forward: %d sequences (at most %d)", b->n_seqs,
                    m->max_seqs);
-  int T = 0, R = 0;
+  /* outputs first, then the scored rows: their places in out_rows */
+  int T = 0, R = 0, R_all = 0, S = 0;
   for (int s = 0; s < b->n_seqs; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
     if (q->n_tokens < 1 || !q->tokens || q->pos0 < 0 || q->pos0 > (1 << 30) || q->n_out < 0 ||
-        q->n_out > q->n_tokens)
+        q->n_score < 0 || q->n_out > q->n_tokens || q->n_score > q->n_tokens - q->n_out)
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "forward: sequence %d: bad token count, position or output count", s);
+    if (q->n_score && (!q->score_ids || !b->scored || b->score_top < 0 ||
+                       b->score_top > KN_SAMPLE_MAX_LOGPROBS || q->pad))
+      return cm_fail(err, errlen, CM_ERR_INVAL,
+                     "forward: sequence %d: scored rows need their ids, a place for their "
+                     "results and 0..%d top entries",
+                     s, KN_SAMPLE_MAX_LOGPROBS);
+    R_all += q->n_out;
+  }
+  for (int s = 0; s < b->n_seqs; s++) {
+    const struct wk_seq_input *q = &b->seqs[s];
     if (q->n_tokens > m->max_T - T)
       return cm_fail(err, errlen, CM_ERR_TOOBIG, "forward: more than %d tokens in one batch",
                      m->max_T);
@@ -155,6 +166,15 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
                      "forward: sequence %d: a padding row has no output, images or ranges", s);
     for (int j = 0; j < q->n_out; j++)
       m->out_rows[R + j] = T + q->n_tokens - q->n_out + j;
+    for (int j = 0; j < q->n_score; j++) {
+      int32_t id = q->score_ids[j];
+      if (id < 0 || id >= c->vocab)
+        return cm_fail(err, errlen, CM_ERR_RANGE,
+                       "forward: sequence %d: scored token id %d outside the vocabulary (%d)", s,
+                       id, c->vocab);
+      m->out_rows[R_all + S + j] = T + q->n_tokens - q->n_out - q->n_score + j;
+      m->score_ids[S + j] = id;
+    }
     for (int g = 0; g < m->kv.n_groups; g++) {
       const struct wk_kv_group *G = &m->kv.groups[g];
       int32_t *slots = m->slots + (size_t)g * (size_t)m->max_T;
@@ -180,8 +200,10 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
     }
     T += q->n_tokens;
     R += q->n_out;
+    S += q->n_score;
   }
   *n_out = R;
+  m->n_scored = S;
   return T;
 }
 
@@ -428,24 +450,29 @@ static int gather_logits(struct wk_model *m, int n) {
 
 /* KV-shared fast prefill. The layers from m->first_shared on write no KV, so
  * a row's result there matters only if somebody reads it: the rows with
- * output (out_rows, each sequence's last n_out). Keeps those rows of x, the
- * positions and the per-layer inputs, renumbers out_rows and the attention
- * descriptors (each sequence's queries become its last n_out tokens; keys
- * still come from every position the earlier layers wrote), and returns the
- * new row count; *n_seqs becomes the sequences that still have rows. Exact:
- * every op after this point is row-wise but attention, which reads the pages. */
+ * output or a score (out_rows, each sequence's last n_score + n_out). Keeps
+ * those rows of x, the positions and the per-layer inputs, renumbers out_rows
+ * and the attention descriptors (each sequence's queries become those last
+ * tokens; keys still come from every position the earlier layers wrote), and
+ * returns the new row count; *n_seqs becomes the sequences that still have
+ * rows. Exact: every op after this point is row-wise but attention, which
+ * reads the pages. */
 static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R, int *n_seqs,
                             char *err, size_t errlen) {
   const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
   int H = c->hidden, layer = m->first_shared;
   size_t LP = (size_t)c->n_layers * (size_t)c->ple_dim;
-  int src = 0, dst = 0, kept = 0;
+  int src = 0, dst = 0, kept = 0, o = 0, sc = R - m->n_scored;
   for (int s = 0; s < b->n_seqs; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
-    int n = q->n_out, from = src + q->n_tokens - n;
+    int n = q->n_out + q->n_score, from = src + q->n_tokens - n;
     src += q->n_tokens;
     if (!n) continue;
+    for (int j = 0; j < q->n_score; j++)
+      m->out_rows[sc++] = dst + j;
+    for (int j = 0; j < q->n_out; j++)
+      m->out_rows[o++] = dst + q->n_score + j;
     /* rows only move down (dst < from); overlapping runs go a row at a time, in order */
     for (int r = 0, step = from - dst >= n ? n : 1; from != dst && r < n; r += step) {
       size_t d = (size_t)(dst + r), f = (size_t)(from + r);
@@ -465,8 +492,6 @@ static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R,
     dst += n;
     kept++;
   }
-  for (int r = 0; r < R; r++)
-    m->out_rows[r] = r;
   *n_seqs = kept;
   return dst;
 }
@@ -689,6 +714,70 @@ int wk_fw_head(struct wk_model *m, const struct wk_batch *b, int start, int n, i
   return 0;
 }
 
+/* m->sel[n, H] = the final norm of the rows out_rows[from ..] of m->x. */
+static int select_rows(struct wk_model *m, int from, int n, char *err, size_t errlen) {
+  const struct md_config *c = &m->cfg;
+  int H = c->hidden, layer = -1;
+  for (int r = 0; r < n; r++)
+    K(kn_copy_rows(m->be, m->sel + (size_t)r * H, H, m->x + (size_t)m->out_rows[from + r] * H, H, 1,
+                   H));
+  K(kn_rmsnorm(m->be, m->sel, H, m->sel, H, n, H, m->final_norm, KN_DTYPE_F32, (float)c->eps,
+               m->norm_mode));
+  return 0;
+}
+
+/* One float of backend memory at p. */
+static int fetch_float(struct kn_backend *be, const float *p, float *v) {
+  return kn_download(be, v, p, sizeof(*v));
+}
+
+/* The scored rows (out_rows[R ..], m->n_scored of them) into b->scored: each
+ * row's logits over the whole vocabulary (gathered under tensor parallelism),
+ * their greedy kn_sample with score_top logprobs for the log-softmax's
+ * normaliser and top entries, and the asked token's raw logprob: its entry
+ * when it is among them, else its logit less the normaliser (the argmax's
+ * logit less its logprob). */
+static int score_rows(struct wk_model *m, const struct wk_batch *b, int R, char *err,
+                      size_t errlen) {
+  struct kn_backend *be = m->be;
+  int V = m->cfg.vocab, layer = -1;
+  for (int start = 0; start < m->n_scored; start += m->max_out) {
+    int n = CM_MIN(m->max_out, m->n_scored - start);
+    struct kn_sample_out *out = b->scored + start;
+    K(select_rows(m, R + start, n, err, errlen));
+    K(wk_fw_logits(m, n, err, errlen));
+    if (m->plan.world > 1) K(gather_logits(m, n));
+    for (int r = 0; r < n; r++) {
+      struct kn_sample_params *p = &m->score_params[r];
+      kn_sample_params_default(p);
+      p->temperature = 0.0f;
+      p->n_logprobs = b->score_top;
+    }
+    K(kn_sample(be, out, m->logits, V, n, V, m->score_params));
+    for (int r = 0; r < n; r++) {
+      int32_t id = m->score_ids[start + r], best = out[r].token;
+      float lp = out[r].logprob;
+      if (id != best) {
+        int j = 0;
+        while (j < out[r].n_top && out[r].top_ids[j] != id)
+          j++;
+        if (j < out[r].n_top) {
+          lp = out[r].top_logprobs[j];
+        } else {
+          const float *row = m->logits + (size_t)r * (size_t)V;
+          float l_id, l_best;
+          K(fetch_float(be, row + id, &l_id));
+          K(fetch_float(be, row + best, &l_best));
+          lp = l_id - (l_best - out[r].logprob);
+        }
+      }
+      out[r].token = id;
+      out[r].logprob = lp;
+    }
+  }
+  return 0;
+}
+
 int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen) {
   const struct md_config *c = &m->cfg;
   struct kn_backend *be = m->be;
@@ -698,15 +787,13 @@ int wk_model_forward(struct wk_model *m, const struct wk_batch *b, char *err, si
   int T = wk_fw_prepare(m, b, &R, err, errlen);
   if (T < 0) return T;
   int H = c->hidden;
-  T = wk_fw_trunk(m, b, T, R, 1, &n_seqs, err, errlen);
+  T = wk_fw_trunk(m, b, T, R + m->n_scored, 1, &n_seqs, err, errlen);
   if (T < 0) return T;
+  /* scored rows first: the outputs' sampling is then the backend's latest (kn_kept_ids) */
+  if (m->n_scored && T > 0) K(score_rows(m, b, R, err, errlen));
   for (int start = 0; start < R && T > 0; start += m->max_out) {
     int n = CM_MIN(m->max_out, R - start);
-    for (int r = 0; r < n; r++)
-      K(kn_copy_rows(be, m->sel + (size_t)r * H, H, m->x + (size_t)m->out_rows[start + r] * H, H, 1,
-                     H));
-    K(kn_rmsnorm(be, m->sel, H, m->sel, H, n, H, m->final_norm, KN_DTYPE_F32, (float)c->eps,
-                 m->norm_mode));
+    K(select_rows(m, start, n, err, errlen));
     if (b->hidden)
       K(kn_download(be, b->hidden + (size_t)start * H, m->sel, sizeof(float) * (size_t)n * H));
     int rc = wk_fw_head(m, b, start, n, 0, err, errlen);

@@ -163,7 +163,10 @@ struct wk_model {
   struct kn_attn_seq *aseq; /* [n_groups][max_seqs] */
   int32_t *moe_ids;         /* [T, k] */
   float *moe_w;             /* [T, k] */
-  int32_t *out_rows;        /* [T] row index of each output */
+  int32_t *out_rows;        /* [T] row index of each output, then of each scored row */
+  int n_scored;             /* scored rows of the batch wk_fw_prepare took */
+  int32_t *score_ids;       /* [T] their tokens (wk_seq_input.score_ids, in batch order) */
+  struct kn_sample_params *score_params; /* [max_out] */
   int32_t *head_ids;        /* [max_out] greedy tokens straight from the head */
   /* tensor parallelism (plan.world > 1) only */
   int32_t *ids_local;         /* [T] ids in this rank's vocabulary rows, -1 elsewhere */
@@ -228,12 +231,13 @@ void *wk_model_alloc(struct wk_model *m, size_t bytes);
  * A layer leaves the next layer's normed input (its in_norm of x) in m->h, made
  * by its last fused add; h_ready says m->h already holds this layer's (every
  * layer but the first, unless rows of x moved in between). */
+/* *n_out: the outputs, out_rows[0 .. *n_out); m->n_scored scored rows follow them. */
 int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char *err,
                   size_t errlen);
 int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_ready, char *err,
                     size_t errlen);
 /* The embeddings and every layer over the T rows wk_fw_prepare filled, into
- * m->x. drop: rows nobody reads (R outputs) leave before the KV-shared
+ * m->x. drop: rows nobody reads (R: outputs and scored rows) leave before the KV-shared
  * layers (fast prefill); returns the rows left (*n_seqs their sequences), or
  * a negative cm_err. */
 int wk_fw_trunk(struct wk_model *m, const struct wk_batch *b, int T, int R, int drop, int *n_seqs,

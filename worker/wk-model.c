@@ -779,14 +779,16 @@ static int alloc_scratch(struct wk_model *m) {
     return CM_ERR_NOMEM;
   m->pos = host_alloc(m, sizeof(int32_t) * T);
   m->out_rows = host_alloc(m, sizeof(int32_t) * T);
+  m->score_ids = host_alloc(m, sizeof(int32_t) * T);
+  m->score_params = host_alloc(m, sizeof(struct kn_sample_params) * (size_t)m->max_out);
   m->head_ids = host_alloc(m, sizeof(int32_t) * (size_t)m->max_out);
   m->slots = host_alloc(m, sizeof(int32_t) * T * (size_t)G);
   m->aseq = host_calloc(m, (size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));
   int k = c->moe ? c->top_k_experts : 1;
   m->moe_ids = host_alloc(m, sizeof(int32_t) * T * (size_t)k);
   m->moe_w = host_alloc(m, sizeof(float) * T * (size_t)k);
-  if (!m->ids || !m->ids_map || !m->pos || !m->out_rows || !m->head_ids || !m->slots || !m->aseq ||
-      !m->moe_ids || !m->moe_w)
+  if (!m->ids || !m->ids_map || !m->pos || !m->out_rows || !m->score_ids || !m->score_params ||
+      !m->head_ids || !m->slots || !m->aseq || !m->moe_ids || !m->moe_w)
     return CM_ERR_NOMEM;
   return 0;
 }

@@ -146,6 +146,10 @@ struct wk_seq_input {
   const int32_t *block_tables[WK_MAX_KV_GROUPS]; /* per KV group: page ids */
   int n_blocks[WK_MAX_KV_GROUPS];
   int n_out;            /* outputs for its last n_out tokens (0..n_tokens) */
+  int n_score;          /* rows scored (wk_batch.scored): the n_score tokens before those
+                           n_out, each for the raw logprob of score_ids[j] after it (a
+                           prompt's logprobs); n_out + n_score <= n_tokens */
+  const int32_t *score_ids; /* [n_score] the token each scored row is asked about */
   const int32_t *bidir; /* [n_bidir, 2] absolute position ranges [begin, end) attended
                            bidirectionally (an image's tokens), or NULL; a range that
                            meets this step's tokens must end inside them (it may begin
@@ -172,6 +176,13 @@ struct wk_batch {
    * device. See kn_sample for what differs from the CPU's draws. */
   const struct kn_sample_params *sample;
   struct kn_sample_out *sampled;
+  /* Scored rows (wk_seq_input.n_score), in sequence order, host [sum n_score]: token =
+   * its score id, logprob = that token's raw logprob (the log-softmax of the row's
+   * logits), and the row's score_top (0..KN_SAMPLE_MAX_LOGPROBS) largest, as kn_sample
+   * reports them. They are scored before the outputs are sampled, so that kn_kept_ids
+   * are the outputs' where there are any. Needed when a sequence scores rows. */
+  struct kn_sample_out *scored;
+  int score_top;
   /* Device-resident steps: prev_rows[s] >= 0 (host [n_seqs], or NULL for none)
    * runs sequence s's first token as the id the backend's latest sampling call
    * gave in that row (kn_kept_ids: the previous step's token, which the host

@@ -150,6 +150,183 @@ static void golden(const char *name, int cuda) {
   golden_kv(name, cuda, KN_DTYPE_F32);
 }
 
+#define SCORE_TOP 5 /* top entries asked of each scored row */
+
+/* A prompt's logprobs (scored rows, wk_seq_input.n_score) against the
+ * log-softmax of transformers' logits: position p's row scores token p + 1,
+ * the last row is an output, whose logits must be transformers' too. The
+ * prompt runs in one chunk, in 5-token chunks (each chunk's last row then
+ * scores the next chunk's first token) and token by token, beside a second
+ * sequence of the same prompt in one chunk with only its last row's logits,
+ * so that scored and output rows of two sequences share the steps (and, on
+ * a model with KV-shared layers, the rows kept past the shared ones). Checks
+ * each logprob within 2 x 1e-3 of the logit range and the top entries'
+ * ids where transformers' next best differs by more than that. */
+static void golden_scores(const char *name, int cuda) {
+  char dir[4096], err[512] = "";
+#if LMSERVE_HAVE_CUDA
+  if (cuda && kn_cuda_device_count() <= 0) TH_SKIP("no CUDA device visible: the CUDA scored rows");
+#else
+  if (cuda) TH_SKIP("a build without CUDA: the CUDA scored rows");
+#endif
+  char args[64];
+  snprintf(args, sizeof(args), " --only %s", name);
+  struct md_st *g = wkt_golden_open(name, args, dir);
+  const struct md_tensor *ti = md_st_find(g, "input_ids"), *tl = md_st_find(g, "logits");
+  TH_REQUIRE(ti && tl && ti->dtype == MD_ST_I64 && tl->dtype == MD_ST_F32 && tl->ndim == 2);
+  int T = (int)ti->shape[0], V = (int)tl->shape[1];
+  TH_REQUIRE(tl->shape[0] == T && T >= 3);
+  const float *want = tl->data;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
+  double *ref = malloc(sizeof(double) * (size_t)T * V); /* log-softmax of want */
+  TH_REQUIRE(ids && ref);
+  for (int i = 0; i < T; i++)
+    ids[i] = (int32_t)((const int64_t *)ti->data)[i];
+  double lo = 1e300, hi = -1e300;
+  for (int p = 0; p < T; p++) {
+    const float *w = want + (size_t)p * V;
+    double mx = -1e300, z = 0;
+    for (int v = 0; v < V; v++) {
+      mx = w[v] > mx ? w[v] : mx;
+      lo = w[v] < lo ? w[v] : lo;
+      hi = w[v] > hi ? w[v] : hi;
+    }
+    for (int v = 0; v < V; v++)
+      z += exp((double)w[v] - mx);
+    for (int v = 0; v < V; v++)
+      ref[(size_t)p * V + v] = (double)w[v] - mx - log(z);
+  }
+  double tol = 2e-3 * (hi - lo);
+
+  struct kn_backend *be = NULL;
+  if (cuda) {
+#if LMSERVE_HAVE_CUDA
+    TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
+#endif
+  } else {
+    TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
+  }
+  struct wk_model *m = NULL;
+  struct wk_model_opts mo = {.max_batch_tokens = 2 * T,
+                             .max_seqs = 2,
+                             .kv_tokens = 2 * T + 2,
+                             .kv_dtype = 1 + (int)KN_DTYPE_F32,
+                             .quiet = 1};
+  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", name, err);
+    th_stop();
+  }
+  TH_REQUIRE(wk_model_config(m)->vocab == V);
+  struct wk_page_alloc pa;
+  wk_page_alloc_init(&pa, wk_model_n_pages(m));
+  const struct wk_kv_spec *kv = wk_model_kv_spec(m);
+  struct kn_sample_out *sc = calloc((size_t)T, sizeof(*sc));
+  float *lg = malloc(sizeof(float) * 2 * (size_t)V);
+  TH_REQUIRE(sc && lg);
+  const int chunks[] = {T, 5, 1};
+  for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+    struct wk_seq_blocks blk = {0}, other = {0};
+    TH_REQUIRE(wk_seq_blocks_reserve(&other, kv, &pa, T) == 0);
+    int n_sc = 0;
+    for (int p = 0; p < T; p += chunks[c]) {
+      int n = chunks[c] < T - p ? chunks[c] : T - p, last = p + n == T;
+      TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, p + n) == 0);
+      struct wk_seq_input s[2] = {{.tokens = ids + p,
+                                   .n_tokens = n,
+                                   .pos0 = p,
+                                   .n_out = last,
+                                   .n_score = n - last,
+                                   .score_ids = ids + p + 1},
+                                  {.tokens = ids, .n_tokens = T, .pos0 = 0, .n_out = 1}};
+      for (int gi = 0; gi < kv->n_groups; gi++) {
+        s[0].block_tables[gi] = blk.table[gi];
+        s[0].n_blocks[gi] = blk.n[gi];
+        s[1].block_tables[gi] = other.table[gi];
+        s[1].n_blocks[gi] = other.n[gi];
+      }
+      int both = p == 0; /* the other sequence runs with the first chunk */
+      struct wk_batch b = {.seqs = both ? s + 0 : s,
+                           .n_seqs = both ? 2 : 1,
+                           .logits = lg,
+                           .scored = sc + n_sc,
+                           .score_top = SCORE_TOP};
+      if (!s[0].n_out && !both) b.logits = NULL;
+      TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
+      n_sc += s[0].n_score;
+      /* the outputs in sequence order: this one's last row (when last), the other's */
+      int row = 0;
+      const float *outs[2] = {NULL, NULL};
+      if (last) outs[0] = lg + (size_t)row++ * V;
+      if (both) outs[1] = lg + (size_t)row++ * V;
+      for (int k = 0; k < 2; k++) {
+        if (!outs[k]) continue;
+        const float *w = want + (size_t)(T - 1) * V;
+        double e = 0;
+        for (int v = 0; v < V; v++)
+          e = fmax(e, fabs((double)outs[k][v] - w[v]));
+        if (!(e < tol / 2))
+          th_fail(__FILE__, __LINE__, "%s: chunk %d: output row %d: |logit error| %g", name,
+                  chunks[c], k, e);
+      }
+    }
+    TH_CHECK_EQ_INT(n_sc, T - 1);
+    double maxerr = 0;
+    for (int p = 0; p + 1 < T; p++) {
+      const double *r = ref + (size_t)p * V;
+      const struct kn_sample_out *o = &sc[p];
+      TH_CHECK_EQ_INT(o->token, ids[p + 1]);
+      TH_CHECK_EQ_INT(o->n_top, SCORE_TOP);
+      maxerr = fmax(maxerr, fabs(o->logprob - r[ids[p + 1]]));
+      for (int j = 0; j < o->n_top; j++) {
+        maxerr = fmax(maxerr, fabs(o->top_logprobs[j] - r[o->top_ids[j]]));
+        /* the j-th best of transformers', unless a near tie makes the order moot */
+        int better = 0, near = 0;
+        for (int v = 0; v < V; v++) {
+          better += r[v] > r[o->top_ids[j]] + tol;
+          near += fabs(r[v] - r[o->top_ids[j]]) <= tol;
+        }
+        if (!(better <= j && better + near > j))
+          th_fail(__FILE__, __LINE__, "%s: chunk %d: position %d: top %d is token %d", name,
+                  chunks[c], p, j, o->top_ids[j]);
+      }
+    }
+    fprintf(stderr, "%s (%s): chunk %d: %d scored rows, max |logprob error| %.3g (range %.3g)\n",
+            name, kn_backend_name(be), chunks[c], T - 1, maxerr, hi - lo);
+    if (!(maxerr < tol))
+      th_fail(__FILE__, __LINE__, "%s: chunk %d: max |logprob error| %g >= %g", name, chunks[c],
+              maxerr, tol);
+    wk_seq_blocks_release(&blk, kv, &pa);
+    wk_seq_blocks_release(&other, kv, &pa);
+  }
+  /* a scored id outside the vocabulary is refused, and the model goes on */
+  {
+    struct wk_seq_blocks blk = {0};
+    TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, 2) == 0);
+    int32_t bad = V;
+    struct wk_seq_input s = {
+        .tokens = ids, .n_tokens = 2, .pos0 = 0, .n_score = 1, .score_ids = &bad};
+    for (int gi = 0; gi < kv->n_groups; gi++) {
+      s.block_tables[gi] = blk.table[gi];
+      s.n_blocks[gi] = blk.n[gi];
+    }
+    struct wk_batch b = {.seqs = &s, .n_seqs = 1, .scored = sc, .score_top = 1};
+    TH_CHECK_EQ_INT(wk_model_forward(m, &b, err, sizeof(err)), CM_ERR_RANGE);
+    TH_CHECK(strstr(err, "scored token id") != NULL);
+    b.scored = NULL; /* nowhere to put the results */
+    bad = 1;
+    TH_CHECK_EQ_INT(wk_model_forward(m, &b, err, sizeof(err)), CM_ERR_INVAL);
+    wk_seq_blocks_release(&blk, kv, &pa);
+  }
+  free(sc);
+  free(lg);
+  free(ids);
+  free(ref);
+  wk_page_alloc_free(&pa);
+  wk_model_free(m);
+  kn_backend_destroy(be);
+  md_st_close(g);
+}
+
 TH_TEST(golden_gemma3) {
   golden("gemma3", 0);
 }
@@ -175,6 +352,18 @@ TH_TEST(golden_gemma4_moe_cuda) {
 }
 TH_TEST(golden_gemma4_large_cuda) {
   golden("gemma4-large", 1);
+}
+TH_TEST(golden_scores_gemma3) {
+  golden_scores("gemma3", 0);
+}
+TH_TEST(golden_scores_gemma4) {
+  golden_scores("gemma4", 0);
+}
+TH_TEST(golden_scores_gemma3_cuda) {
+  golden_scores("gemma3", 1);
+}
+TH_TEST(golden_scores_gemma4_cuda) {
+  golden_scores("gemma4", 1);
 }
 TH_TEST(golden_gemma3_fp8_kv) {
   golden_kv("gemma3", 0, KN_DTYPE_F8E4M3);
