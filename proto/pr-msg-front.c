@@ -40,6 +40,8 @@ static const struct pr_field sampling_fields[] = {
     [PR_K_SAMP_BAD_LENS] = {PR_SLICE_(sampling, bad_lens, PR_NUM_U32, PR_MAX_BAD_WORD_IDS),
                             .min = 1, .max = PR_MAX_BAD_WORD_LEN,
                             PR_WHEN(PR_IF_NONZERO, sampling, bad_lens.n)},
+    [PR_K_SAMP_PROMPT_LOGPROBS] = {PR_INT(sampling, prompt_logprobs, -1, PR_MAX_TOP_LOGPROBS),
+                                   .def = -1},
 };
 
 /* a grammar's text only with a kind (JSON mode has none); a bias per biased id;
@@ -62,14 +64,18 @@ static const struct pr_field logprobs_fields[] = {
     [PR_K_LP_SAMPLED] = {PR_F32S(logprobs, sampled, -INFINITY, FLT_MAX)},
     [PR_K_LP_TOP_IDS] = {PR_U32S(logprobs, top_ids, UINT32_MAX)},
     [PR_K_LP_TOP] = {PR_F32S(logprobs, top, -INFINITY, FLT_MAX)},
+    [PR_K_LP_RANKS] = {PR_SLICE_(logprobs, ranks, PR_NUM_U32, UINT32_MAX), .min = 1,
+                       .max = UINT32_MAX, PR_WHEN(PR_IF_NONZERO, logprobs, ranks.n)},
 };
 
 /* Empty, or n_top entries per sampled token; agreement with the token count
  * is the enclosing record's to check (pr_check_lp_tokens). */
 static int check_logprobs(const void *rec) {
   const struct pr_logprobs *lp = rec;
-  if (lp->sampled.n == 0) return lp->n_top || lp->top_ids.n || lp->top.n ? CM_ERR_INVAL : 0;
+  if (lp->sampled.n == 0)
+    return lp->n_top || lp->top_ids.n || lp->top.n || lp->ranks.n ? CM_ERR_INVAL : 0;
   uint64_t want = (uint64_t)lp->sampled.n * lp->n_top;
+  if (lp->ranks.n && lp->ranks.n != lp->sampled.n) return CM_ERR_INVAL;
   return lp->top_ids.n == want && lp->top.n == want ? 0 : CM_ERR_INVAL;
 }
 const struct pr_rec pr_rec_logprobs = PR_REC(logprobs, logprobs_fields, check_logprobs);
@@ -180,11 +186,16 @@ static const struct pr_field out_seq_fields[] = {
     [PR_K_OSEQ_QUEUED] = {PR_U(out_seq, queued_ns)},
     [PR_K_OSEQ_SCHEDULED] = {PR_U(out_seq, scheduled_ns)},
     [PR_K_OSEQ_FIRST_TOKEN] = {PR_U(out_seq, first_token_ns)},
+    [PR_K_OSEQ_PROMPT_LOGPROBS] = {PR_SUB(out_seq, prompt_logprobs, pr_rec_logprobs),
+                                   PR_WHEN(PR_IF_NONZERO, out_seq, prompt_logprobs.sampled.n)},
 };
 
 static int check_out_seq(const void *rec) {
   const struct pr_out_seq *s = rec;
   PR_TRY(pr_check_lp_tokens(&s->logprobs, s->tokens.n));
+  if ((uint64_t)s->prompt_logprobs.sampled.n + 1 > (uint64_t)s->n_prompt_tokens &&
+      s->prompt_logprobs.sampled.n)
+    return CM_ERR_RANGE;
   return s->n_cached_tokens > s->n_prompt_tokens ? CM_ERR_RANGE : 0;
 }
 static const struct pr_rec out_seq_rec = PR_REC(out_seq, out_seq_fields, check_out_seq);

@@ -34,6 +34,8 @@ static const struct pr_field step_seq_fields[] = {
                               .mask = PR_SEQ_NEW},
     [PR_K_SSEQ_BEFORE] = {PR_U32S(step_seq, before, UINT32_MAX),
                           PR_WHEN(PR_IF_BITS, step_seq, flags), .mask = PR_SEQ_NEW},
+    [PR_K_SSEQ_PROMPT_NEXT] = {PR_U(step_seq, prompt_next), PR_WHEN(PR_IF_BITS, step_seq, flags),
+                               .mask = PR_SEQ_SCORE},
 };
 
 static int check_step_seq(const void *rec) {
@@ -42,6 +44,10 @@ static int check_step_seq(const void *rec) {
   if (s->before.n && s->before.n != s->start_pos) return CM_ERR_INVAL;
   if ((s->flags & PR_SEQ_PREV_DRAFTS) &&
       (!(s->flags & PR_SEQ_PREV_TOKEN) || s->draft_tokens.n || !s->num_draft))
+    return CM_ERR_INVAL;
+  /* a prompt chunk's rows are scored; no drafts among them */
+  if ((s->flags & PR_SEQ_SCORE) &&
+      (!(s->flags & PR_SEQ_PREFILL) || (s->flags & PR_SEQ_PREV_TOKEN) || s->draft_tokens.n))
     return CM_ERR_INVAL;
   PR_TRY(pr_check_images(s->images, s->n_images));
   /* each image ends inside the step's tokens */
@@ -126,11 +132,17 @@ static const struct pr_field result_seq_fields[] = {
     [PR_K_RSEQ_DRAFTS] = {PR_U32S(result_seq, drafts, PR_MAX_DRAFT)},
     [PR_K_RSEQ_VERIFIED] = {PR_UINT(result_seq, num_verified, PR_MAX_DRAFT),
                             PR_WHEN(PR_IF_NONZERO, result_seq, num_verified)},
+    [PR_K_RSEQ_PROMPT_LOGPROBS] = {PR_SUB(result_seq, prompt_logprobs, pr_rec_logprobs),
+                                   PR_WHEN(PR_IF_NONZERO, result_seq, prompt_logprobs.sampled.n)},
+    [PR_K_RSEQ_PROMPT_POS] = {PR_U(result_seq, prompt_pos),
+                              PR_WHEN(PR_IF_NONZERO, result_seq, prompt_logprobs.sampled.n)},
 };
 
 static int check_result_seq(const void *rec) {
   const struct pr_result_seq *s = rec;
   if (s->num_accepted > s->tokens.n || s->num_accepted > s->num_verified) return CM_ERR_RANGE;
+  /* scored prompt tokens are past the first */
+  if (s->prompt_logprobs.sampled.n && s->prompt_pos == 0) return CM_ERR_RANGE;
   return pr_check_lp_tokens(&s->logprobs, s->tokens.n);
 }
 static const struct pr_rec result_seq_rec = PR_REC(result_seq, result_seq_fields, check_result_seq);

@@ -137,6 +137,11 @@ struct pr_sampling {
    * them after the tokens generated before it may not be drawn */
   struct pr_u32s bad_ids;
   struct pr_u32s bad_lens;
+  /* vLLM's prompt_logprobs: the logprob of each prompt token after the first, given
+   * the tokens before it, with this many top entries (-1 = not asked; at most
+   * PR_MAX_TOP_LOGPROBS). The scheduler computes such a prompt in full (no prefix-cache
+   * hit) and the workers score its rows (PR_SEQ_SCORE). */
+  int32_t prompt_logprobs;
 };
 
 #define PR_MAX_GRAMMAR_KIND  6
@@ -152,6 +157,8 @@ struct pr_logprobs {
   struct pr_f32s sampled; /* (n_tokens) logprob of each sampled token; nats, <= 0 or -inf */
   struct pr_u32s top_ids; /* (n_tokens, n_top) token ids, best first */
   struct pr_f32s top;     /* (n_tokens, n_top) their logprobs */
+  struct pr_u32s ranks;   /* (n_tokens) or empty: each token's rank, 1 + the tokens more
+                             likely (a prompt's logprobs) */
 };
 
 enum pr_finish {
@@ -242,6 +249,10 @@ struct pr_out_seq {
   uint64_t queued_ns;          /* wall clock entering the queue, 0 = unknown */
   uint64_t scheduled_ns;       /* wall clock of the first schedule, 0 = not yet */
   uint64_t first_token_ns;     /* wall clock of the first generated token, 0 = not yet */
+  /* with the request's first tokens, when it asked them (pr_sampling.prompt_logprobs):
+   * the logprobs of prompt tokens 1 .. n_prompt_tokens - 1 (sampled.v[i] is token i + 1's,
+   * given those before it; the top entries are that position's best) */
+  struct pr_logprobs prompt_logprobs;
 };
 
 struct pr_out {
@@ -300,7 +311,11 @@ enum pr_seq_flags {
                                    * the drafts this sequence proposed in its previous step,
                                    * at most num_draft and no more than its max_tokens leave
                                    * room for (the count synchronous steps would send) */
-  PR_SEQ_FLAGS_ALL = 0x7fu,
+  PR_SEQ_SCORE = 1u << 7,         /* with PREFILL, for prompt logprobs: each of the chunk's
+                                   * rows but a sampling one scores the prompt token after it
+                                   * (the last row, without SAMPLE, scores prompt_next), and
+                                   * the RESULT carries their logprobs (prompt_logprobs) */
+  PR_SEQ_FLAGS_ALL = 0xffu,
 };
 
 struct pr_step_seq {
@@ -335,6 +350,8 @@ struct pr_step_seq {
                                  * preempted request's), for the penalties: prompt tokens
                                  * below num_prompt, generated ones from there; empty, or
                                  * start_pos of them */
+  uint32_t prompt_next;         /* with PR_SEQ_SCORE and without PR_SEQ_SAMPLE: the prompt
+                                 * token after the chunk, which its last row scores */
 };
 
 struct pr_step {
@@ -413,6 +430,10 @@ struct pr_result_seq {
                                 * with PR_SEQ_PREV_DRAFTS those the worker took) */
   struct pr_logprobs logprobs; /* over `tokens` */
   struct pr_u32s drafts;       /* drafts proposed for the next step, <= PR_MAX_DRAFT */
+  /* PR_SEQ_SCORE: the scored rows' logprobs, over the prompt tokens at prompt_pos ..
+   * (start_pos + 1 ..): each token's given those before it, and the top entries */
+  struct pr_logprobs prompt_logprobs;
+  uint32_t prompt_pos;
 };
 
 struct pr_result {

@@ -138,6 +138,8 @@ struct sch_request_params {
                        structured-output state (sch_engine_set_grammars) */
   uint64_t cache_salt; /* the parent of its first KV block's hash (0: none): only requests
                           with the same salt share cached prefixes */
+  bool score_prompt;   /* its prompt's logprobs are asked: every prompt position is computed
+                          (no prefix-cache hit), however often it is admitted */
 };
 
 enum sch_finish {

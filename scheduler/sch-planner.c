@@ -233,6 +233,7 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
     if (sch_request_reserve(r, e->kv, r->num_tokens + 1) != 0) return; /* out of memory */
     const int32_t *keys = sch_request_keys(r);
     int32_t h = sch_kv_prefix_match(e->kv, &r->kv, keys, r->num_tokens);
+    if (r->score_prompt) h = 0; /* its prompt's rows are scored: all of them run */
     int32_t n = CM_MIN(r->num_tokens - h, prefill_cap(e, *budget));
     n = chunk_end(e, r, h, h + n, *budget) - h;
     if (n == 0) return; /* its next image waits for a step with room */

@@ -44,6 +44,7 @@ struct sch_request {
   int32_t num_stop;
   bool ignore_eos;
   bool constrained; /* a structured output (sch_engine_set_grammars) */
+  bool score_prompt; /* its prompt's logprobs are asked: no prefix-cache hit */
   bool counted;   /* prefix-cache query counted */
   bool in_worker; /* the workers hold per-sequence state */
   void *sampling; /* [sampling_len] opaque sampling parameters, bytes */

@@ -42,6 +42,17 @@ struct sch_req {
   bool constrained;       /* a structured output */
   uint32_t num_drafts;    /* drafts proposed by the last RESULT */
   uint32_t drafts[PR_MAX_DRAFT];
+  /* its prompt's logprobs (pr_sampling.prompt_logprobs): -1 = not asked, else the top
+   * entries per token. The workers' scored rows fill prompt tokens 1 .. plp_have
+   * (plp [num_prompt - 1], plp_ids and plp_top [num_prompt - 1, prompt_lp]; malloc'd),
+   * which go out with its first tokens (plp_sent) */
+  int32_t prompt_lp;
+  uint32_t plp_have;
+  bool plp_sent;
+  float *plp;
+  uint32_t *plp_rank; /* [num_prompt - 1] */
+  uint32_t *plp_ids;
+  float *plp_top;
 };
 
 /* The request table: slots addressed by engine id, and buckets by (front, request_id). */

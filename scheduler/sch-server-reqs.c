@@ -72,6 +72,7 @@ struct sch_req *sch_reqs_add(struct sch_reqs *t, int32_t front, uint64_t request
   r->front = front;
   r->result = -1;
   r->logprobs = -1;
+  r->prompt_lp = -1;
   uint32_t b = key_hash(front, request_id) & (uint32_t)(t->nbuckets - 1);
   r->next = t->buckets[b];
   t->buckets[b] = slot;
@@ -96,6 +97,12 @@ void sch_reqs_remove(struct sch_reqs *t, struct sch_req *r) {
   }
   *link = r->next;
   r->eid = 0;
+  free(r->plp);
+  free(r->plp_rank);
+  free(r->plp_ids);
+  free(r->plp_top);
+  r->plp = r->plp_top = NULL;
+  r->plp_ids = r->plp_rank = NULL;
   t->free_list[t->num_free++] = slot;
   t->num_live--;
 }

@@ -394,6 +394,29 @@ static void fill_logprobs(const struct pr_result_seq *rs, int32_t n, struct pr_l
   }
 }
 
+/* Takes the prompt logprobs of a RESULT's scored rows into r: those that extend
+ * what r holds (a chunk run again after a preemption gives some twice). */
+static void take_prompt_logprobs(struct sch_req *r, const struct pr_result_seq *rs) {
+  const struct pr_logprobs *lp = &rs->prompt_logprobs;
+  uint32_t total = r->num_prompt ? r->num_prompt - 1 : 0, k = (uint32_t)r->prompt_lp;
+  if (r->prompt_lp < 0 || !r->plp || !lp->sampled.n || lp->n_top < k || rs->prompt_pos == 0 ||
+      rs->prompt_pos > r->plp_have + 1)
+    return;
+  for (uint32_t j = 0; j < lp->sampled.n; j++) {
+    uint64_t t = (uint64_t)rs->prompt_pos + j; /* the prompt token's index, 1 .. total */
+    if (t <= r->plp_have) continue;
+    if (t > total) break;
+    size_t at = (size_t)(t - 1);
+    r->plp[at] = lp->sampled.v[j];
+    r->plp_rank[at] = lp->ranks.n == lp->sampled.n ? lp->ranks.v[j] : 0;
+    for (uint32_t c = 0; c < k; c++) {
+      r->plp_ids[at * k + c] = lp->top_ids.v[(size_t)j * lp->n_top + c];
+      r->plp_top[at * k + c] = lp->top.v[(size_t)j * lp->n_top + c];
+    }
+    r->plp_have = (uint32_t)t;
+  }
+}
+
 /* Sends the outputs of one applied step, one OUT per frontend. */
 static void send_outputs(struct sch_server *s, const struct pr_result *res,
                          const struct sch_outputs *outs) {
@@ -414,6 +437,18 @@ static void send_outputs(struct sch_server *s, const struct pr_result *res,
     q->tokens = (struct pr_u32s){(const uint32_t *)o->new_tokens, (uint32_t)o->num_new};
     if (r->logprobs >= 0 && r->result >= 0)
       fill_logprobs(&res->seqs[r->result], o->num_new, &q->logprobs);
+    /* the prompt's logprobs with the first tokens, when every one came (else none: the
+     * frontend fails the request) */
+    if (r->prompt_lp >= 0 && !r->plp_sent && o->num_new > 0) {
+      r->plp_sent = true;
+      uint32_t have = r->plp_have, k = (uint32_t)r->prompt_lp;
+      if (have && have + 1 == r->num_prompt)
+        q->prompt_logprobs = (struct pr_logprobs){k,
+                                                  {r->plp, have},
+                                                  {r->plp_ids, k ? have * k : 0},
+                                                  {r->plp_top, k ? have * k : 0},
+                                                  {r->plp_rank, have}};
+    }
     q->finish = o->finish == SCH_FINISH_STOP     ? PR_FINISH_STOP
                 : o->finish == SCH_FINISH_LENGTH ? PR_FINISH_LENGTH
                                                  : PR_FINISH_NONE;
@@ -429,8 +464,6 @@ static void send_outputs(struct sch_server *s, const struct pr_result *res,
     s->generation_tokens += (uint64_t)o->num_new;
     s->out_order[n] = r->front;
     n++;
-    /* finished: the engine has already let it go */
-    if (o->finish != SCH_FINISH_NONE) sch_srv_drop(s, r, false);
   }
   /* one OUT per frontend: gather each frontend's outputs into a run in place (there
    * are few frontends, so the quadratic worst case is the number of frontends times
@@ -450,6 +483,11 @@ static void send_outputs(struct sch_server *s, const struct pr_result *res,
     }
     sch_srv_send_out(s, f, &s->outs[start], (uint32_t)(end - start));
     start = end;
+  }
+  /* finished: the engine has already let it go (its prompt logprobs went out above) */
+  for (int32_t i = 0; i < outs->num; i++) {
+    struct sch_req *r = sch_reqs_by_eid(&s->reqs, outs->items[i].req_id);
+    if (r && outs->items[i].finish != SCH_FINISH_NONE) sch_srv_drop(s, r, false);
   }
 }
 
@@ -501,6 +539,7 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
     struct sch_req *r = sch_reqs_by_eid(&s->reqs, m->seqs[i].seq_id);
     if (!r) continue;
     r->result = (int32_t)i;
+    take_prompt_logprobs(r, &m->seqs[i]);
     uint32_t nd = CM_MIN(m->seqs[i].drafts.n, (uint32_t)PR_MAX_DRAFT);
     if (nd) memcpy(r->drafts, m->seqs[i].drafts.v, nd * sizeof(uint32_t));
     r->num_drafts = nd;
@@ -727,6 +766,14 @@ void sch_srv_work_step(struct sch_server *s) {
     } else {
       uint32_t nd = CM_MIN((uint32_t)p->num_draft, r->num_drafts);
       q->draft_tokens = (struct pr_u32s){r->drafts, nd};
+    }
+    /* a prompt chunk whose logprobs are still to come: its rows are scored, the
+     * last one, before the prompt's end, for the token after the chunk */
+    int32_t end = p->start_pos + p->num_tokens;
+    if (r->prompt_lp >= 0 && r->plp_have + 1 < r->num_prompt && end <= p->num_prompt &&
+        (p->sample || end < p->num_prompt) && !(q->flags & PR_SEQ_PREV_TOKEN)) {
+      q->flags |= PR_SEQ_SCORE;
+      if (!p->sample) q->prompt_next = (uint32_t)p->tokens[p->num_tokens];
     }
     q->num_draft = (uint32_t)p->num_propose;
     q->num_prompt = p->is_new ? (uint32_t)p->num_prompt : 0;

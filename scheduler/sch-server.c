@@ -228,6 +228,20 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   }
   r->logprobs = sp.logprobs;
   r->num_prompt = a->prompt.n;
+  r->prompt_lp = sp.prompt_logprobs;
+  if (r->prompt_lp >= 0 && a->prompt.n > 1) {
+    size_t n = a->prompt.n - 1, k = (size_t)r->prompt_lp;
+    r->plp = malloc(sizeof(float) * n);
+    r->plp_rank = malloc(sizeof(uint32_t) * n);
+    r->plp_ids = k ? malloc(sizeof(uint32_t) * n * k) : NULL;
+    r->plp_top = k ? malloc(sizeof(float) * n * k) : NULL;
+    if (!r->plp || !r->plp_rank || (k && (!r->plp_ids || !r->plp_top))) {
+      sch_srv_drop(s, r, false);
+      sch_srv_send_err(s, front, a->request_id, CM_ERR_NOMEM,
+                       "out of memory for the logprobs of %u prompt tokens", a->prompt.n);
+      return;
+    }
+  }
   /* the engine keeps the parameters as one blob: the struct, then the grammar's text
    * (padded to 4 bytes), the biased ids, their biases, the bad words' ids and lengths
    * (the struct's pointers are set again from the blob when a step sends it,
@@ -250,6 +264,7 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       .sampling = blob,
       .sampling_len = blob_len,
       .cache_salt = a->cache_salt,
+      .score_prompt = r->prompt_lp >= 0,
   };
   for (uint32_t i = 0; i < a->stop_token_ids.n; i++) {
     if (a->stop_token_ids.v[i] >= s->info.vocab_size) {

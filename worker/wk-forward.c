@@ -755,22 +755,30 @@ static int score_rows(struct wk_model *m, const struct wk_batch *b, int R, char 
     }
     K(kn_sample(be, out, m->logits, V, n, V, m->score_params));
     for (int r = 0; r < n; r++) {
-      int32_t id = m->score_ids[start + r], best = out[r].token;
+      int32_t id = m->score_ids[start + r], best = out[r].token, rank = 1;
       float lp = out[r].logprob;
-      if (id != best) {
-        int j = 0;
-        while (j < out[r].n_top && out[r].top_ids[j] != id)
-          j++;
-        if (j < out[r].n_top) {
-          lp = out[r].top_logprobs[j];
-        } else {
-          const float *row = m->logits + (size_t)r * (size_t)V;
-          float l_id, l_best;
-          K(fetch_float(be, row + id, &l_id));
-          K(fetch_float(be, row + best, &l_best));
-          lp = l_id - (l_best - out[r].logprob);
+      int j = 0;
+      while (j < out[r].n_top && out[r].top_ids[j] != id)
+        j++;
+      if (j < out[r].n_top) { /* among the top entries: those more likely are too */
+        lp = out[r].top_logprobs[j];
+        for (int q = 0; q < j; q++)
+          rank += out[r].top_logprobs[q] > lp;
+      } else if (id != best || b->score_ranks) {
+        const float *row = m->logits + (size_t)r * (size_t)V;
+        float l_id, l_best;
+        K(fetch_float(be, row + id, &l_id));
+        K(fetch_float(be, row + best, &l_best));
+        if (id != best) lp = l_id - (l_best - out[r].logprob);
+        if (b->score_ranks) { /* 1 + the tokens with a larger logit */
+          const float *h = row;
+          if (m->score_row) K(kn_download(be, m->score_row, row, sizeof(float) * (size_t)V));
+          if (m->score_row) h = m->score_row;
+          for (int v = 0; v < V; v++)
+            rank += h[v] > l_id;
         }
       }
+      if (b->score_ranks) b->score_ranks[start + r] = rank;
       out[r].token = id;
       out[r].logprob = lp;
     }

@@ -167,6 +167,7 @@ struct wk_model {
   int n_scored;             /* scored rows of the batch wk_fw_prepare took */
   int32_t *score_ids;       /* [T] their tokens (wk_seq_input.score_ids, in batch order) */
   struct kn_sample_params *score_params; /* [max_out] */
+  float *score_row;         /* [V] host: a scored row's logits (backends with their own memory) */
   int32_t *head_ids;        /* [max_out] greedy tokens straight from the head */
   /* tensor parallelism (plan.world > 1) only */
   int32_t *ids_local;         /* [T] ids in this rank's vocabulary rows, -1 elsewhere */

@@ -781,6 +781,9 @@ static int alloc_scratch(struct wk_model *m) {
   m->out_rows = host_alloc(m, sizeof(int32_t) * T);
   m->score_ids = host_alloc(m, sizeof(int32_t) * T);
   m->score_params = host_alloc(m, sizeof(struct kn_sample_params) * (size_t)m->max_out);
+  if (!kn_backend_has(m->be, KN_CAP_HOST_MEMORY) &&
+      !(m->score_row = host_alloc(m, sizeof(float) * (size_t)c->vocab)))
+    return CM_ERR_NOMEM;
   m->head_ids = host_alloc(m, sizeof(int32_t) * (size_t)m->max_out);
   m->slots = host_alloc(m, sizeof(int32_t) * T * (size_t)G);
   m->aseq = host_calloc(m, (size_t)m->max_seqs * (size_t)G, sizeof(struct kn_attn_seq));

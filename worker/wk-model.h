@@ -183,6 +183,8 @@ struct wk_batch {
    * are the outputs' where there are any. Needed when a sequence scores rows. */
   struct kn_sample_out *scored;
   int score_top;
+  int32_t *score_ranks; /* host [sum n_score] or NULL: each scored token's rank, 1 + the
+                           tokens whose logit is larger */
   /* Device-resident steps: prev_rows[s] >= 0 (host [n_seqs], or NULL for none)
    * runs sequence s's first token as the id the backend's latest sampling call
    * gave in that row (kn_kept_ids: the previous step's token, which the host

@@ -39,6 +39,7 @@ struct rseq {
   uint32_t prop[PR_MAX_DRAFT];
   uint32_t gen_end;  /* prompt + max_tokens (from NEW), 0 = not said */
   uint32_t n_prompt; /* prompt tokens (from NEW): later positions are generated ones */
+  int prompt_top;    /* its prompt's logprobs (PR_SEQ_SCORE): top entries, -1 = not asked */
   struct wk_sampling_params sp;
   struct wk_penalty_state pen;
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
@@ -73,6 +74,9 @@ struct rstep {
   int dev_step;                /* the step samples on the backend */
   int rows;                    /* rows it samples */
   uint64_t no;                 /* launch number */
+  int *srow0;                  /* [max_seqs] first scored row of each sequence, -1 none */
+  struct kn_sample_out *sc;    /* [max_T] the scored rows' results (made at the first) */
+  int32_t *sc_rank;            /* [max_T] their tokens' ranks (made with sc) */
 };
 
 struct wk_role {
@@ -126,9 +130,17 @@ struct wk_role {
   uint32_t *rtop_ids;       /* [max_seqs, PR_MAX_DRAFT + 1, TOPN] */
   float *rtop;              /* [max_seqs, PR_MAX_DRAFT + 1, TOPN] */
   uint32_t *rdraft;         /* [max_seqs, PR_MAX_DRAFT] */
+  /* scored prompt rows (PR_SEQ_SCORE), made at the first: the tokens each row scores
+   * [max_T], and their RESULT entries ([max_T], [max_T, TOPN] twice) */
+  int32_t *sc_ids;
+  float *rplp;
+  uint32_t *rplp_rank;
+  uint32_t *rplp_ids;
+  float *rplp_top;
 };
 
 static void gram_build_free(struct gram_build *b);
+static int score_room(struct wk_role *r, char *err, size_t errlen);
 
 static struct rseq *seq_find(struct wk_role *r, uint64_t id) {
   for (int i = 0; i < r->cap_seqs; i++)
@@ -306,6 +318,7 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
     t->etok = fixed(r, sizeof(uint32_t) * S);
     t->row0 = fixed(r, sizeof(int) * S);
     t->prev = fixed(r, sizeof(int32_t) * S);
+    t->srow0 = fixed(r, sizeof(int) * S);
     if (o->device_sampling) {
       t->kp = zeroed(r, (size_t)r->max_rows, sizeof(*t->kp));
       t->ko = zeroed(r, (size_t)r->max_rows, sizeof(*t->ko));
@@ -367,6 +380,15 @@ void wk_role_destroy(struct wk_role *r) {
   gram_build_free(r->gram_th);
   wk_grammars_free(r->gram);
   free(r->gbits);
+  for (int k = 0; k < 2; k++) {
+    free(r->st[k].sc);
+    free(r->st[k].sc_rank);
+  }
+  free(r->sc_ids);
+  free(r->rplp);
+  free(r->rplp_rank);
+  free(r->rplp_ids);
+  free(r->rplp_top);
   free(r->tokenizer);
   free(r->tokenizer_gguf);
   wk_sampler_destroy(r->sampler);
@@ -664,6 +686,18 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       if (rc) return rc;
     }
     if (s->flags & PR_SEQ_SAMPLE) rows += 1 + s->draft_tokens.n;
+    if (s->flags & PR_SEQ_SCORE) {
+      int top = is_new ? s->sampling.prompt_logprobs : q->prompt_top;
+      if (top < 0 || !(s->flags & PR_SEQ_PREFILL) || s->draft_tokens.n)
+        return cm_fail(err, errlen, CM_ERR_INVAL,
+                       "sequence %llu: SCORE needs a prompt chunk without drafts of a sequence "
+                       "that asked its prompt's logprobs",
+                       id);
+      if (!(s->flags & PR_SEQ_SAMPLE) && s->prompt_next >= (uint32_t)r->vocab)
+        return cm_fail(err, errlen, CM_ERR_RANGE,
+                       "sequence %llu: prompt token id %u outside the vocabulary (%d)", id,
+                       s->prompt_next, r->vocab);
+    }
     if (s->n_groups != 0 && s->n_groups != (uint32_t)r->n_groups)
       return cm_fail(err, errlen, CM_ERR_INVAL,
                      "sequence %llu: %u block tables (the model has %d KV "
@@ -750,7 +784,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
                       size_t errlen) {
   drop_freed(r, st);
   if (r->enc) wk_encoder_begin_step(r->enc);
-  int T = 0, rows = 0, want_hidden = 0, n_ims = 0;
+  int T = 0, rows = 0, want_hidden = 0, n_ims = 0, n_sc = 0, sc_top = 0;
   /* drafts to verify need the whole distribution on the host, but greedy ones */
   int dev = r->s->kp != NULL;
   for (uint32_t i = 0; i < st->n_seqs && dev; i++)
@@ -795,6 +829,8 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
         (void)hist_push(q, s->num_prompt + j, (int32_t)s->generated.v[j]);
       q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
       q->n_prompt = s->num_prompt;
+      q->prompt_top =
+          s->sampling.prompt_logprobs < 0 ? -1 : CM_MIN(s->sampling.prompt_logprobs, TOPN);
       if (s->before.n && s->before.n != s->start_pos)
         return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: %u tokens before position %u",
                        (unsigned long long)s->seq_id, s->before.n, s->start_pos);
@@ -885,6 +921,20 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       rows += in->n_out;
       if (s->num_draft) want_hidden = 1;
     }
+    /* a prompt chunk's rows before its sampling one score the token after each */
+    r->s->srow0[i] = -1;
+    int n_score = (s->flags & PR_SEQ_SCORE) ? in->n_tokens - in->n_out : 0;
+    if (n_score > 0) {
+      int rc = score_room(r, err, errlen);
+      if (rc) return rc;
+      for (int j = 0; j < n_score; j++)
+        r->sc_ids[n_sc + j] = j + 1 < in->n_tokens ? t[j + 1] : (int32_t)s->prompt_next;
+      in->n_score = n_score;
+      in->score_ids = r->sc_ids + n_sc;
+      r->s->srow0[i] = n_sc;
+      n_sc += n_score;
+      sc_top = CM_MAX(sc_top, q->prompt_top);
+    }
     T += in->n_tokens;
   }
   if (n_ims) { /* every image of the step through the encoder cache at once */
@@ -905,7 +955,52 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
   b->sampled = rows && dev ? r->s->ko : NULL;
   r->s->dev_step = dev;
   b->hidden = want_hidden ? r->hid : NULL;
+  b->scored = n_sc ? r->s->sc : NULL;
+  b->score_ranks = n_sc ? r->s->sc_rank : NULL;
+  b->score_top = sc_top;
   return 0;
+}
+
+/* The scored rows' buffers, made when a step first scores. */
+static int score_room(struct wk_role *r, char *err, size_t errlen) {
+  size_t T = (size_t)r->max_T;
+  struct rstep *t = r->s;
+  if (!r->sc_ids) r->sc_ids = malloc(sizeof(*r->sc_ids) * T);
+  if (!r->rplp) r->rplp = malloc(sizeof(*r->rplp) * T);
+  if (!r->rplp_rank) r->rplp_rank = malloc(sizeof(*r->rplp_rank) * T);
+  if (!r->rplp_ids) r->rplp_ids = malloc(sizeof(*r->rplp_ids) * T * TOPN);
+  if (!r->rplp_top) r->rplp_top = malloc(sizeof(*r->rplp_top) * T * TOPN);
+  if (!t->sc) t->sc = malloc(sizeof(*t->sc) * T);
+  if (!t->sc_rank) t->sc_rank = malloc(sizeof(*t->sc_rank) * T);
+  if (r->sc_ids && r->rplp && r->rplp_rank && r->rplp_ids && r->rplp_top && t->sc && t->sc_rank)
+    return 0;
+  return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for scored rows");
+}
+
+/* Step sequence i's scored rows into its RESULT entry: the logprobs of the prompt
+ * tokens after start_pos, with the top entries the sequence asked. */
+static void score_result(struct wk_role *r, const struct pr_step_seq *s, int i,
+                         struct pr_result_seq *rs) {
+  const struct rseq *q = r->s->cur[i];
+  int row = r->s->srow0[i];
+  uint32_t n = s->tokens.n - ((s->flags & PR_SEQ_SAMPLE) ? 1 : 0);
+  uint32_t k = (uint32_t)q->prompt_top;
+  float *lp = r->rplp + row;
+  uint32_t *rank = r->rplp_rank + row;
+  uint32_t *ids = r->rplp_ids + (size_t)row * TOPN;
+  float *top = r->rplp_top + (size_t)row * TOPN;
+  for (uint32_t j = 0; j < n; j++) {
+    const struct kn_sample_out *o = &r->s->sc[row + (int)j];
+    lp[j] = o->logprob;
+    rank[j] = (uint32_t)r->s->sc_rank[row + (int)j];
+    for (uint32_t c = 0; c < k; c++) {
+      int have = (int)c < o->n_top;
+      ids[j * k + c] = have ? (uint32_t)o->top_ids[c] : 0;
+      top[j * k + c] = have ? o->top_logprobs[c] : -INFINITY;
+    }
+  }
+  rs->prompt_logprobs = (struct pr_logprobs){k, {lp, n}, {ids, n * k}, {top, n * k}, {rank, n}};
+  rs->prompt_pos = s->start_pos + 1;
 }
 
 /* Samples (or verifies drafts then samples) for step sequence i; fills rs. */
@@ -1275,9 +1370,19 @@ int wk_role_finish(struct wk_role *r, struct pr_msg *res, char *err, size_t errl
     q->n_prop = r->rs[i].drafts.n;
     if (q->n_prop) memcpy(q->prop, r->rs[i].drafts.v, sizeof(uint32_t) * q->n_prop);
   }
-  /* compact the sampled sequences' results in step order */
+  /* the scored prompt rows: a sampled sequence's with its tokens, another's alone */
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    if (r->s->srow0[i] < 0) continue;
+    if (!(s->flags & PR_SEQ_SAMPLE)) {
+      memset(&r->rs[i], 0, sizeof(r->rs[i]));
+      r->rs[i].seq_id = s->seq_id;
+    }
+    score_result(r, s, (int)i, &r->rs[i]);
+  }
+  /* compact the sampled and scored sequences' results in step order */
   for (uint32_t i = 0; i < st->n_seqs; i++)
-    if (st->seqs[i].flags & PR_SEQ_SAMPLE) {
+    if ((st->seqs[i].flags & PR_SEQ_SAMPLE) || r->s->srow0[i] >= 0) {
       if ((int)i != n_res) r->rs[n_res] = r->rs[i];
       n_res++;
     }

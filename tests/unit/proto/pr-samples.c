@@ -72,6 +72,7 @@ static void sampling_typical(struct pr_sampling *s) {
   s->has_seed = true;
   s->seed = 1234567890123ull;
   s->logprobs = 5;
+  s->prompt_logprobs = 2;
   static const char re[] = "[0-9]{3}-[a-z]+";
   s->grammar_kind = 1; /* a regex */
   s->grammar = (struct pr_bytes){(const uint8_t *)re, sizeof(re) - 1};
@@ -97,6 +98,7 @@ static void sampling_max(struct pr_sampling *s) {
   s->has_seed = true;
   s->seed = UINT64_MAX;
   s->logprobs = PR_MAX_TOP_LOGPROBS;
+  s->prompt_logprobs = PR_MAX_TOP_LOGPROBS;
   s->ignore_eos = true;
   static uint8_t text[PR_MAX_GRAMMAR_BYTES];
   memset(text, 'x', sizeof(text));
@@ -171,6 +173,9 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     }
     oseqs[0].tokens = (struct pr_u32s){tok, 3};
     oseqs[0].logprobs = logprobs(3, v == 2 ? PR_MAX_TOP_LOGPROBS : 2);
+    /* the first tokens of a request that asked its prompt's logprobs */
+    oseqs[0].prompt_logprobs =
+        logprobs(v == 2 ? PR_MAX_DRAFT : 4, v == 2 ? PR_MAX_TOP_LOGPROBS : 1);
     oseqs[1].finish = PR_FINISH_STOP;
     oseqs[1].stop_token = 106;
     oseqs[1].tokens = (struct pr_u32s){tok, 1};
@@ -235,7 +240,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
       for (uint32_t g = 0; g < ng; g++)
         tables[i][g] = (struct pr_i32s){blocks[g], v == 2 ? BIG : 3 + g};
     }
-    sseqs[0].flags = PR_SEQ_NEW | PR_SEQ_PREFILL | PR_SEQ_SAMPLE;
+    sseqs[0].flags = PR_SEQ_NEW | PR_SEQ_PREFILL | PR_SEQ_SAMPLE | PR_SEQ_SCORE;
+    sseqs[0].prompt_next = v == 2 ? UINT32_MAX : 262143;
     sseqs[0].tokens = (struct pr_u32s){tok, v == 2 ? BIG : 40};
     if (v == 0) { /* an image, then an audio clip, ending inside the chunk */
       images[0] = (struct pr_image){30, 6, 99, {pixels, sizeof(pixels)}};
@@ -315,6 +321,9 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     rseqs[0].drafts = (struct pr_u32s){tok + 3, v == 2 ? PR_MAX_DRAFT : 3};
     rseqs[1].seq_id = ids[1];
     rseqs[1].tokens = (struct pr_u32s){tok + 1, 1};
+    /* a scored prompt chunk's rows */
+    rseqs[1].prompt_logprobs = logprobs(5, v == 2 ? PR_MAX_TOP_LOGPROBS : 2);
+    rseqs[1].prompt_pos = v == 2 ? UINT32_MAX : 41;
     break;
   }
   case PR_BEAT:

@@ -221,8 +221,9 @@ static void golden_scores(const char *name, int cuda) {
   wk_page_alloc_init(&pa, wk_model_n_pages(m));
   const struct wk_kv_spec *kv = wk_model_kv_spec(m);
   struct kn_sample_out *sc = calloc((size_t)T, sizeof(*sc));
+  int32_t *rank = calloc((size_t)T, sizeof(*rank));
   float *lg = malloc(sizeof(float) * 2 * (size_t)V);
-  TH_REQUIRE(sc && lg);
+  TH_REQUIRE(sc && lg && rank);
   const int chunks[] = {T, 5, 1};
   for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
     struct wk_seq_blocks blk = {0}, other = {0};
@@ -249,7 +250,8 @@ static void golden_scores(const char *name, int cuda) {
                            .n_seqs = both ? 2 : 1,
                            .logits = lg,
                            .scored = sc + n_sc,
-                           .score_top = SCORE_TOP};
+                           .score_top = SCORE_TOP,
+                           .score_ranks = rank + n_sc};
       if (!s[0].n_out && !both) b.logits = NULL;
       TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
       n_sc += s[0].n_score;
@@ -277,6 +279,15 @@ static void golden_scores(const char *name, int cuda) {
       TH_CHECK_EQ_INT(o->token, ids[p + 1]);
       TH_CHECK_EQ_INT(o->n_top, SCORE_TOP);
       maxerr = fmax(maxerr, fabs(o->logprob - r[ids[p + 1]]));
+      /* its rank: 1 + transformers' more likely tokens, but near ties */
+      int above = 0, near_t = 0;
+      for (int v = 0; v < V; v++) {
+        above += r[v] > r[ids[p + 1]] + tol;
+        near_t += v != ids[p + 1] && fabs(r[v] - r[ids[p + 1]]) <= tol;
+      }
+      if (!(rank[p] >= 1 + above && rank[p] <= 1 + above + near_t))
+        th_fail(__FILE__, __LINE__, "%s: chunk %d: position %d: rank %d, transformers' %d (+%d)",
+                name, chunks[c], p, rank[p], 1 + above, near_t);
       for (int j = 0; j < o->n_top; j++) {
         maxerr = fmax(maxerr, fabs(o->top_logprobs[j] - r[o->top_ids[j]]));
         /* the j-th best of transformers', unless a near tie makes the order moot */
@@ -318,6 +329,7 @@ static void golden_scores(const char *name, int cuda) {
     wk_seq_blocks_release(&blk, kv, &pa);
   }
   free(sc);
+  free(rank);
   free(lg);
   free(ids);
   free(ref);
