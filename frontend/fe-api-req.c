@@ -558,8 +558,8 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 }
 
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {"suffix",          "functions",       "function_call",
-                                     "prompt_logprobs", "use_beam_search", "chat_template"};
+  static const char *const keys[] = {"suffix", "functions", "function_call", "use_beam_search",
+                                     "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     if (p->r->kind == FE_API_CHAT && !strcmp(keys[i], "chat_template")) continue; /* chat's own */
     json_t *v = json_object_get(body, keys[i]);
@@ -824,10 +824,6 @@ static int parse_output(struct pctx *p, json_t *body) {
     if ((rc = get_int(p, body, "logprobs", 0, FE_API_MAX_LOGPROBS, &lp, NULL))) return rc;
     r->logprobs = (int)lp;
     if ((rc = get_bool(p, body, "echo", &r->echo))) return rc;
-    if (r->echo && r->logprobs >= 0)
-      return fail(p, 400, "echo",
-                  "'echo' with 'logprobs' asks for the prompt's logprobs, which are not "
-                  "supported (echo alone, or logprobs alone, are)");
   } else {
     int want = 0, top_present = 0;
     int64_t top = 0;
@@ -844,6 +840,22 @@ static int parse_output(struct pctx *p, json_t *body) {
   if ((rc = get_bool(p, body, "return_tokens_as_token_ids", &r->tokens_as_ids))) return rc;
   if ((rc = get_bool(p, body, "return_token_ids", &r->return_token_ids))) return rc;
   if ((rc = get_bool(p, body, "stream", &r->stream))) return rc;
+  int64_t plp = -1;
+  int plp_given = 0;
+  if ((rc = get_int(p, body, "prompt_logprobs", 0, FE_API_MAX_LOGPROBS, &plp, &plp_given)))
+    return rc;
+  if (plp_given && r->stream)
+    return fail(p, 400, "prompt_logprobs",
+                "'prompt_logprobs' is not available when 'stream' is true");
+  r->prompt_logprobs = plp_given ? (int)plp : -1;
+  if (r->kind == FE_API_COMPLETION && r->echo && r->logprobs >= 0) {
+    /* the echoed prompt's tokens lead the logprobs (the first without one) */
+    if (r->stream)
+      return fail(p, 400, "echo",
+                  "'echo' with 'logprobs' is not available when 'stream' is true (the "
+                  "prompt's logprobs come whole)");
+    r->prompt_logprobs = r->prompt_logprobs > r->logprobs ? r->prompt_logprobs : r->logprobs;
+  }
   json_t *so = json_object_get(body, "stream_options");
   if (so && !json_is_null(so)) {
     if (!r->stream)
@@ -894,6 +906,7 @@ static void set_defaults(struct fe_api_request *r, enum fe_api_kind kind,
   r->repetition_penalty = has & MD_SAMPLE_REPETITION_PENALTY ? d->repetition_penalty : 1.0;
   r->n = 1;
   r->logprobs = -1;
+  r->prompt_logprobs = -1;
   r->add_generation_prompt = 1;
   r->add_special_tokens = kind != FE_API_CHAT;
   r->skip_special_tokens = 1;

@@ -2,6 +2,7 @@
 #include "frontend/fe-api-resp.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -82,6 +83,10 @@ static void completion_logprobs(struct fe_buf *b, const struct fe_api_choice *c)
   fe_buf_puts(b, "],\"top_logprobs\":[");
   for (size_t i = 0; i < c->n_logprobs; i++) {
     const struct fe_api_token_logprob *t = &c->logprobs[i];
+    if (isnan(t->logprob)) { /* an echoed prompt's first token */
+      fe_buf_puts(b, i ? ",null" : "null");
+      continue;
+    }
     fe_buf_puts(b, i ? ",{" : "{");
     for (size_t k = 0; k < t->n_top; k++) {
       if (k) fe_buf_puts(b, ",");
@@ -154,12 +159,20 @@ static void choice_end(struct fe_buf *b, const struct fe_api_choice *c,
   fe_buf_puts(b, "}");
 }
 
+/* ,"prompt_logprobs":[...] when c has them */
+static void prompt_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
+  if (!c || !c->prompt_logprobs) return;
+  fe_buf_puts(b, ",\"prompt_logprobs\":");
+  fe_buf_append(b, c->prompt_logprobs, c->prompt_logprobs_len);
+}
+
 static void completion_choice(struct fe_buf *b, const struct fe_api_choice *c) {
   fe_buf_puts(b, "{\"index\":");
   fe_buf_i64(b, c->index);
   fe_buf_puts(b, ",\"text\":");
   fe_buf_json_str(b, c->text ? c->text : "", c->text_len);
   if (c->prompt_ids) id_list(b, "prompt_token_ids", c->prompt_ids, c->n_prompt_ids);
+  prompt_logprobs(b, c);
   choice_end(b, c, completion_logprobs);
 }
 
@@ -202,6 +215,7 @@ static void chat_choice(struct fe_buf *b, const struct fe_api_choice *c, const c
 static int tail(struct fe_buf *b, const struct fe_api_choice *c, const struct fe_api_usage *u) {
   fe_buf_puts(b, "]");
   if (c && c->prompt_ids) id_list(b, "prompt_token_ids", c->prompt_ids, c->n_prompt_ids);
+  prompt_logprobs(b, c);
   if (!u) return fe_buf_puts(b, "}");
   fe_buf_puts(b, ",");
   usage(b, u);

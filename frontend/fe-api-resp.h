@@ -45,6 +45,11 @@ struct fe_api_choice {
   size_t n_ids;
   const int32_t *prompt_ids;
   size_t n_prompt_ids;
+  /* vLLM's prompt_logprobs: the JSON array (null, then one object per prompt token
+   * after the first), written as "prompt_logprobs" in the choice for completions, in
+   * the response (choice 0's) for chat; NULL: none */
+  const char *prompt_logprobs;
+  size_t prompt_logprobs_len;
 };
 
 struct fe_api_usage {

@@ -127,6 +127,8 @@ struct fe_api_request {
   size_t n_bad_seqs;
   int n;        /* choices, >= 1 */
   int logprobs; /* top logprobs per token; -1: no logprobs */
+  int prompt_logprobs; /* vLLM's prompt_logprobs: top entries of each prompt token's logprob
+                          (-1: not asked); completions' echo with logprobs asks them too */
   int tokens_as_ids; /* return_tokens_as_token_ids (vLLM's): logprobs' tokens as "token_id:N" */
   int token_strs;    /* /tokenize: return_token_strs (vLLM's), each token's vocabulary string */
   int return_token_ids; /* return_token_ids (vLLM's): the prompt's and the answer's token ids */

@@ -31,8 +31,8 @@
 
 /* One logprob entry of a generated token. */
 struct fe_eng_lp {
-  int32_t id;     /* sampled token */
-  float logprob;  /* nats */
+  int32_t id;     /* sampled token (an echoed prompt's token) */
+  float logprob;  /* nats; NaN: none (the prompt's first token) */
   uint32_t top_i; /* index of its first top entry in choice.tops */
   uint32_t n_top; /* top entries */
 };
@@ -74,8 +74,17 @@ struct fe_eng_choice {
   size_t n_top_all, cap_top;
   int32_t *ids; /* return_token_ids: (n_ids) the tokens generated (streamed: this OUT's) */
   size_t n_ids, cap_ids;
-  int32_t *prompt_ids; /* return_token_ids: (n_prompt_ids) its prompt's, malloc'd */
+  int32_t *prompt_ids; /* return_token_ids or prompt logprobs: (n_prompt_ids) its prompt's,
+                          malloc'd */
   size_t n_prompt_ids;
+  /* its prompt's logprobs (api->prompt_logprobs >= 0), from its first output: tokens
+   * 1 .. n_prompt_ids - 1 (plp, plp_rank [n_plp]; plp_top [n_plp, plp_k]; malloc'd) */
+  float *plp;
+  uint32_t *plp_rank;
+  struct fe_eng_top *plp_top;
+  size_t n_plp;
+  uint32_t plp_k;
+  int have_plp;
   /* the ADD this choice was sent with, kept until its first output so that it can be
    * sent again when the engine loses it; its slices point into add_ids */
   struct pr_add add;

@@ -4,6 +4,7 @@
  * ERR mapped to HTTP statuses, client disconnects turned into ABORTs, and
  * the per-request metrics (TTFT, inter-token latency, e2e, token totals). */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,50 @@ static int lp_push(struct fe_eng_choice *ch, int32_t id, const struct pr_logprob
   return 0;
 }
 
+/* The prompt's logprobs from ch's first output s into ch (all of them: a prompt of
+ * n tokens has n - 1), and with completions' echo and logprobs its tokens ahead of
+ * the answer's in ch->lps (the first without a logprob). CM_ERR_STATE when they did
+ * not all come. */
+static int take_prompt_lps(struct fe_eng_choice *ch, const struct pr_out_seq *s) {
+  const struct fe_api_request *q = ch->req->api;
+  const struct pr_logprobs *lp = &s->prompt_logprobs;
+  size_t n = ch->n_prompt_ids ? ch->n_prompt_ids - 1 : 0;
+  uint32_t k = (uint32_t)q->prompt_logprobs;
+  if (lp->sampled.n != n || (n && (lp->n_top < k || lp->ranks.n != n))) return CM_ERR_STATE;
+  ch->plp = malloc((n ? n : 1) * sizeof(*ch->plp));
+  ch->plp_rank = malloc((n ? n : 1) * sizeof(*ch->plp_rank));
+  ch->plp_top = malloc((n && k ? n * k : 1) * sizeof(*ch->plp_top));
+  if (!ch->plp || !ch->plp_rank || !ch->plp_top) return CM_ERR_NOMEM;
+  for (size_t i = 0; i < n; i++) {
+    ch->plp[i] = lp->sampled.v[i];
+    ch->plp_rank[i] = lp->ranks.v[i];
+    for (uint32_t j = 0; j < k; j++)
+      ch->plp_top[i * k + j] = (struct fe_eng_top){(int32_t)lp->top_ids.v[i * lp->n_top + j],
+                                                   lp->top.v[i * lp->n_top + j]};
+  }
+  ch->n_plp = n;
+  ch->plp_k = k;
+  ch->have_plp = 1;
+  if (q->kind != FE_API_COMPLETION || !q->echo || q->logprobs < 0) return 0;
+  /* the echoed tokens' entries, as a generated token's: logprob and logprobs top ones */
+  float none = NAN;
+  uint32_t nt = (uint32_t)q->logprobs;
+  for (size_t i = 0; i < ch->n_prompt_ids; i++) {
+    struct pr_logprobs one = {0};
+    if (i == 0)
+      one = (struct pr_logprobs){0, {&none, 1}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
+    else
+      one = (struct pr_logprobs){nt,
+                                 {&lp->sampled.v[i - 1], 1},
+                                 {&lp->top_ids.v[(i - 1) * lp->n_top], nt},
+                                 {&lp->top.v[(i - 1) * lp->n_top], nt},
+                                 {NULL, 0}};
+    int rc = lp_push(ch, ch->prompt_ids[i], &one, 0);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 /* Released text into ch->text, through Gemma 4's splitter when the request reads
  * its notation (the content to ch->text; the thought and calls stay in g4_out). */
 static void emit(struct fe_eng_choice *ch, const char *t, size_t n) {
@@ -456,6 +501,48 @@ static int build_logprobs(struct fe_engine *e, const struct fe_eng_choice *ch, i
   return 0;
 }
 
+/* One entry of vLLM's prompt logprobs: "id":{"logprob","rank","decoded_token"}
+ * (a logprob of -inf as -9999, as vLLM writes it). */
+static void plp_entry(struct fe_engine *e, struct fe_buf *b, int as_ids, int32_t id, float lp,
+                      int64_t rank) {
+  char piece[256];
+  size_t len = 0;
+  if (as_ids)
+    len = (size_t)snprintf(piece, sizeof(piece), "token_id:%d", (int)id);
+  else if (tk_token_to_piece(e->tok, id, piece, sizeof(piece), &len) != 0)
+    len = 0;
+  fe_buf_puts(b, "\"");
+  fe_buf_i64(b, id);
+  fe_buf_puts(b, "\":{\"logprob\":");
+  fe_buf_json_double(b, lp > -9999.0f ? lp : -9999.0);
+  fe_buf_puts(b, ",\"rank\":");
+  fe_buf_i64(b, rank);
+  fe_buf_puts(b, ",\"decoded_token\":");
+  fe_buf_json_str(b, piece, len);
+  fe_buf_puts(b, "}");
+}
+
+/* ch's prompt logprobs as vLLM's array into b: null for the first token, then per
+ * token an object of its own entry and the top ones (each id once). */
+static int prompt_lps_json(struct fe_engine *e, const struct fe_eng_choice *ch, int as_ids,
+                           struct fe_buf *b) {
+  uint32_t k = ch->plp_k;
+  fe_buf_puts(b, "[null");
+  for (size_t i = 0; i < ch->n_plp; i++) {
+    int32_t id = ch->prompt_ids[i + 1];
+    fe_buf_puts(b, ",{");
+    plp_entry(e, b, as_ids, id, ch->plp[i], ch->plp_rank[i]);
+    for (uint32_t j = 0; j < k; j++) {
+      const struct fe_eng_top *t = &ch->plp_top[i * k + j];
+      if (t->id == id || !(t->logprob > -INFINITY)) continue;
+      fe_buf_puts(b, ",");
+      plp_entry(e, b, as_ids, t->id, t->logprob, (int64_t)j + 1);
+    }
+    fe_buf_puts(b, "}");
+  }
+  return fe_buf_puts(b, "]");
+}
+
 /* ---- answers ------------------------------------------------------------------ */
 
 /* A finished tool-call answer (fe_api_request.tool_answer) into c: its calls
@@ -575,8 +662,9 @@ static void complete(struct fe_eng_req *r) {
   struct fe_api_token_logprob **tls = calloc((size_t)r->n_ch, sizeof(*tls));
   struct fe_api_top_logprob **tops = calloc((size_t)r->n_ch, sizeof(*tops));
   struct fe_buf *txt = calloc((size_t)r->n_ch, sizeof(*txt));
+  struct fe_buf *pj = calloc((size_t)r->n_ch, sizeof(*pj)); /* prompt logprobs' JSON */
   char **tool_bufs = calloc((size_t)r->n_ch * 2, sizeof(char *));
-  int rc = cs && tls && tops && txt && tool_bufs ? 0 : CM_ERR_NOMEM;
+  int rc = cs && tls && tops && txt && pj && tool_bufs ? 0 : CM_ERR_NOMEM;
   for (int k = 0; k < r->n_ch && !rc; k++) {
     struct fe_eng_choice *ch = &r->ch[k];
     fe_buf_init(&txt[k], 0);
@@ -591,6 +679,13 @@ static void complete(struct fe_eng_req *r) {
       rc = build_logprobs(e, ch, r->api->tokens_as_ids, &tls[k], &tops[k], &txt[k]);
       cs[k].logprobs = tls[k];
       cs[k].n_logprobs = tls[k] ? ch->n_lps : 0;
+    }
+    if (!rc && ch->have_plp) {
+      fe_buf_init(&pj[k], 0);
+      rc = prompt_lps_json(e, ch, r->api->tokens_as_ids, &pj[k]);
+      if (!rc && pj[k].err) rc = pj[k].err;
+      cs[k].prompt_logprobs = rc ? NULL : pj[k].data;
+      cs[k].prompt_logprobs_len = rc ? 0 : pj[k].len;
     }
   }
   struct fe_buf *b = &e->out;
@@ -617,6 +712,9 @@ static void complete(struct fe_eng_req *r) {
     free(tops[k]);
     fe_buf_free(&txt[k]);
   }
+  for (int k = 0; pj && k < r->n_ch; k++)
+    fe_buf_free(&pj[k]);
+  free(pj);
   for (int k = 0; tool_bufs && k < 2 * r->n_ch; k++)
     free(tool_bufs[k]);
   free(tool_bufs);
@@ -696,6 +794,16 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     }
     ch->last_ns = now;
     m_inc(e, ri->generation_tokens, (double)s->tokens.n);
+  }
+  if (s->tokens.n && r->api->prompt_logprobs >= 0 && !ch->have_plp) {
+    int rc = take_prompt_lps(ch, s);
+    if (rc) {
+      fe_eng_req_fail(r, 500,
+                      rc == CM_ERR_NOMEM ? "out of memory"
+                                         : "the prompt's logprobs did not come from the engine",
+                      NULL);
+      return;
+    }
   }
   int want_lp = r->api->logprobs >= 0 && s->logprobs.sampled.n == s->tokens.n;
   int hit = 0; /* a stop string matched */

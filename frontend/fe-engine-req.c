@@ -473,6 +473,7 @@ static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_
   s->has_seed = q->has_seed != 0;
   s->seed = q->has_seed ? (uint64_t)q->seed + (uint64_t)choice : 0;
   s->logprobs = q->logprobs;
+  s->prompt_logprobs = q->prompt_logprobs;
   s->ignore_eos = q->ignore_eos != 0;
   s->grammar_kind = (uint32_t)q->grammar_kind;
   s->grammar = (struct pr_bytes){(const uint8_t *)q->grammar, (uint32_t)q->grammar_len};
@@ -817,7 +818,8 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
     for (int k_ = 0; k_ < req->n && !status; k_++) {
       int k = (int)pi * req->n + k_;
       if (choice_init(e, r, k, (int)pi) != 0 || echo_text(e, req, j, pi, &r->ch[k].text) ||
-          (req->return_token_ids && keep_prompt_ids(&r->ch[k], ids, n_ids))) {
+          ((req->return_token_ids || req->prompt_logprobs >= 0) &&
+           keep_prompt_ids(&r->ch[k], ids, n_ids))) {
         status = 500;
         snprintf(err, sizeof(err), "out of memory");
         break;
@@ -882,6 +884,9 @@ void fe_eng_req_free(struct fe_eng_req *r) {
     free(ch->tops);
     free(ch->ids);
     free(ch->prompt_ids);
+    free(ch->plp);
+    free(ch->plp_rank);
+    free(ch->plp_top);
   }
   free(r->ch);
   free(r->n_prompt);

@@ -307,7 +307,7 @@ TH_TEST(api_n_choices_of_several_prompts) {
 
 /* echo (vLLM's): a completion's text after its prompt's (as given, or as its ids
  * decode), streamed or not; a chat answer after the assistant's last message. With
- * logprobs (the prompt's would be asked), a 400. */
+ * logprobs, streamed, a 400 (the prompt's logprobs come whole: api_prompt_logprobs). */
 TH_TEST(api_echo) {
   char a[512], b[512], want[600];
   complete("{\"prompt\":\"hello there\",\"max_tokens\":3,\"temperature\":0}", a);
@@ -348,8 +348,114 @@ TH_TEST(api_echo) {
       json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"), "content"));
   TH_CHECK(got && !strcmp(got, want));
   json_decref(c);
-  check_400("/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", "echo",
-            "logprobs", __LINE__);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0,\"stream\":true}",
+            "echo", "stream", __LINE__);
+}
+
+/* prompt_logprobs (vLLM's): null, then per prompt token an object keyed by token id
+ * holding its own entry (logprob, rank, decoded_token) and the top ones. Held to
+ * the first token generated after each prefix of the prompt (its top logprobs, the
+ * sampling path's), the same answer again (the prefix cache is not used for it),
+ * chat's top-level field, echo with logprobs leading with the prompt's tokens, and
+ * the 400s of a stream and of too many. The values themselves are checked against
+ * transformers in test-wk-golden (golden_scores_*). */
+TH_TEST(api_prompt_logprobs) {
+  char ids[256] = "2", body[512];
+  int n = 24;
+  for (int i = 1; i < n; i++)
+    snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), ",%d", 100 + 7 * i);
+  snprintf(body, sizeof(body),
+           "{\"prompt\":[%s],\"max_tokens\":1,\"temperature\":0,\"prompt_logprobs\":2,"
+           "\"return_tokens_as_token_ids\":true}",
+           ids);
+  json_t *a = post_ok("/v1/completions", body, __LINE__);
+  json_t *again = post_ok("/v1/completions", body, __LINE__);
+  json_t *pl = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "prompt_logprobs");
+  TH_REQUIRE((int)json_array_size(pl) == n);
+  TH_CHECK(json_is_null(json_array_get(pl, 0)));
+  TH_CHECK(json_equal(pl, json_object_get(json_array_get(json_object_get(again, "choices"), 0),
+                                          "prompt_logprobs")));
+  for (int i = 1; i < n; i++) {
+    json_t *o = json_array_get(pl, (size_t)i);
+    char key[16];
+    snprintf(key, sizeof(key), "%d", 100 + 7 * i);
+    json_t *own = json_object_get(o, key);
+    TH_REQUIRE(own != NULL);
+    TH_CHECK(json_integer_value(json_object_get(own, "rank")) >= 1);
+    TH_CHECK(json_object_size(o) == 2 || json_object_size(o) == 3);
+    if (i % 4 != 1) continue;
+    /* the prefix before token i, one token generated: its top two are position i's */
+    char pre[256] = "2", b2[512];
+    for (int j = 1; j < i; j++)
+      snprintf(pre + strlen(pre), sizeof(pre) - strlen(pre), ",%d", 100 + 7 * j);
+    snprintf(b2, sizeof(b2),
+             "{\"prompt\":[%s],\"max_tokens\":1,\"temperature\":0,\"logprobs\":2,"
+             "\"return_tokens_as_token_ids\":true}",
+             pre);
+    json_t *g = post_ok("/v1/completions", b2, __LINE__);
+    json_t *top = json_array_get(
+        json_object_get(
+            json_object_get(json_array_get(json_object_get(g, "choices"), 0), "logprobs"),
+            "top_logprobs"),
+        0);
+    TH_REQUIRE(json_object_size(top) == 2);
+    const char *k;
+    json_t *v;
+    json_object_foreach(top, k, v) {
+      int id = -1;
+      TH_REQUIRE(sscanf(k, "token_id:%d", &id) == 1);
+      char idk[16];
+      snprintf(idk, sizeof(idk), "%d", id);
+      json_t *e = json_object_get(o, idk);
+      if (!e) {
+        th_fail(__FILE__, __LINE__,
+                "position %d: token %d is among the generated top two, "
+                "not the prompt's",
+                i, id);
+        continue;
+      }
+      double d = json_real_value(json_object_get(e, "logprob")) - json_real_value(v);
+      if (!(fabs(d) < 1e-5))
+        th_fail(__FILE__, __LINE__, "position %d: token %d: %g here, %g generated", i, id,
+                json_real_value(json_object_get(e, "logprob")), json_real_value(v));
+    }
+    json_decref(g);
+  }
+  /* echo with logprobs: the prompt's tokens lead, the first without a logprob */
+  snprintf(body, sizeof(body),
+           "{\"prompt\":[%s],\"max_tokens\":2,\"temperature\":0,\"echo\":true,"
+           "\"logprobs\":1}",
+           ids);
+  json_t *ec = post_ok("/v1/completions", body, __LINE__);
+  json_t *lp = json_object_get(json_array_get(json_object_get(ec, "choices"), 0), "logprobs");
+  json_t *tl = json_object_get(lp, "token_logprobs");
+  TH_REQUIRE((int)json_array_size(tl) == n + 2);
+  TH_CHECK(json_is_null(json_array_get(tl, 0)));
+  TH_CHECK(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
+  for (int i = 1; i < n; i++) {
+    char key[16];
+    snprintf(key, sizeof(key), "%d", 100 + 7 * i);
+    json_t *own = json_object_get(json_array_get(pl, (size_t)i), key);
+    TH_CHECK(fabs(json_real_value(json_array_get(tl, (size_t)i)) -
+                  json_real_value(json_object_get(own, "logprob"))) < 1e-6);
+  }
+  json_decref(ec);
+  json_decref(a);
+  json_decref(again);
+  /* chat: in the response, one entry per prompt token */
+  json_t *c = post_ok("/v1/chat/completions",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi there\"}],"
+                      "\"max_tokens\":1,\"prompt_logprobs\":0}",
+                      __LINE__);
+  json_t *cp = json_object_get(c, "prompt_logprobs");
+  TH_CHECK_EQ_INT((int)json_array_size(cp), (int)json_integer_value(json_object_get(
+                                                json_object_get(c, "usage"), "prompt_tokens")));
+  TH_CHECK(json_object_size(json_array_get(cp, 1)) >= 1);
+  json_decref(c);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"prompt_logprobs\":1,\"stream\":true}",
+            "prompt_logprobs", "stream", __LINE__);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"prompt_logprobs\":21}", "prompt_logprobs", NULL,
+            __LINE__);
 }
 
 /* --enable-prompt-tokens-details (vLLM's): usage.prompt_tokens_details.cached_tokens,
