@@ -357,8 +357,10 @@ TH_TEST(api_echo) {
  * the first token generated after each prefix of the prompt (its top logprobs, the
  * sampling path's), the same answer again (the prefix cache is not used for it),
  * chat's top-level field, echo with logprobs leading with the prompt's tokens, and
- * the 400s of a stream and of too many. The values themselves are checked against
- * transformers in test-wk-golden (golden_scores_*). */
+ * the 400s of a stream and of too many, and a server that prefills in chunks of 5
+ * tokens (each chunk's last row scores the next one's first token), with the prompt
+ * in its prefix cache already, giving the same array. The values themselves are
+ * checked against transformers in test-wk-golden (golden_scores_*). */
 TH_TEST(api_prompt_logprobs) {
   char ids[256] = "2", body[512];
   int n = 24;
@@ -440,6 +442,27 @@ TH_TEST(api_prompt_logprobs) {
                   json_real_value(json_object_get(own, "logprob"))) < 1e-6);
   }
   json_decref(ec);
+  /* chunked prefill, after the same prompt went into the prefix cache */
+  th_proc_init(300);
+  struct as_server s4;
+  memset(&s4, 0, sizeof(s4));
+  as_start(&s4, 0, (char *[]){"--max-model-len", "512", "--max-num-batched-tokens", "5", NULL});
+  char plain[512];
+  snprintf(plain, sizeof(plain), "{\"prompt\":[%s],\"max_tokens\":1}", ids);
+  struct as_resp r;
+  TH_CHECK_EQ_INT(as_post(&s4, "/v1/completions", plain, &r), 200);
+  as_resp_free(&r);
+  snprintf(body, sizeof(body),
+           "{\"prompt\":[%s],\"max_tokens\":1,\"temperature\":0,\"prompt_logprobs\":2,"
+           "\"return_tokens_as_token_ids\":true}",
+           ids);
+  TH_CHECK_EQ_INT(as_post(&s4, "/v1/completions", body, &r), 200);
+  json_t *ch = as_json(&r);
+  TH_CHECK(json_equal(
+      pl, json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "prompt_logprobs")));
+  json_decref(ch);
+  as_resp_free(&r);
+  as_stop(&s4);
   json_decref(a);
   json_decref(again);
   /* chat: in the response, one entry per prompt token */

@@ -20,6 +20,7 @@ static uint32_t tok[BIG];
 static uint32_t top_ids[(PR_MAX_DRAFT + 1) * PR_MAX_TOP_LOGPROBS];
 static float lp[PR_MAX_DRAFT + 1];
 static float top[(PR_MAX_DRAFT + 1) * PR_MAX_TOP_LOGPROBS];
+static uint32_t ranks[PR_MAX_DRAFT + 1]; /* >= 1 */
 static uint64_t ids[BIG];
 static int32_t blocks[PR_MAX_KV_GROUPS][BIG];
 static struct pr_i32s tables[4][PR_MAX_KV_GROUPS];
@@ -46,6 +47,9 @@ static void fill_storage(void) {
   for (size_t i = 0; i < sizeof(lp) / sizeof(lp[0]); i++)
     lp[i] = -0.5f * (float)i;
   lp[2] = -INFINITY;
+  for (size_t i = 0; i < sizeof(ranks) / sizeof(ranks[0]); i++)
+    ranks[i] = 1 + (uint32_t)(i * 40503u % 262144u);
+  ranks[1] = UINT32_MAX;
   for (int g = 0; g < PR_MAX_KV_GROUPS; g++)
     for (int i = 0; i < BIG; i++)
       blocks[g][i] = i % 5 == 0 ? -1 : g * 100000 + i;
@@ -115,6 +119,13 @@ static struct pr_logprobs logprobs(uint32_t n, uint32_t k) {
   return l;
 }
 
+/* a prompt's: with each token's rank */
+static struct pr_logprobs prompt_logprobs(uint32_t n, uint32_t k) {
+  struct pr_logprobs l = logprobs(n, k);
+  l.ranks = (struct pr_u32s){ranks, n};
+  return l;
+}
+
 static void build(enum pr_type t, int v, struct pr_msg *m) {
   pr_msg_init(m, t);
   switch (t) {
@@ -175,7 +186,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     oseqs[0].logprobs = logprobs(3, v == 2 ? PR_MAX_TOP_LOGPROBS : 2);
     /* the first tokens of a request that asked its prompt's logprobs */
     oseqs[0].prompt_logprobs =
-        logprobs(v == 2 ? PR_MAX_DRAFT : 4, v == 2 ? PR_MAX_TOP_LOGPROBS : 1);
+        prompt_logprobs(v == 2 ? PR_MAX_DRAFT : 4, v == 2 ? PR_MAX_TOP_LOGPROBS : 1);
     oseqs[1].finish = PR_FINISH_STOP;
     oseqs[1].stop_token = 106;
     oseqs[1].tokens = (struct pr_u32s){tok, 1};
@@ -322,7 +333,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     rseqs[1].seq_id = ids[1];
     rseqs[1].tokens = (struct pr_u32s){tok + 1, 1};
     /* a scored prompt chunk's rows */
-    rseqs[1].prompt_logprobs = logprobs(5, v == 2 ? PR_MAX_TOP_LOGPROBS : 2);
+    rseqs[1].prompt_logprobs = prompt_logprobs(5, v == 2 ? PR_MAX_TOP_LOGPROBS : 2);
     rseqs[1].prompt_pos = v == 2 ? UINT32_MAX : 41;
     break;
   }

@@ -454,6 +454,30 @@ TH_TEST(record_limits) {
   RESULT_SEQ(PR_K_RSEQ_LOGPROBS, msgpack_pack_map(pk, 1); msgpack_pack_uint64(pk, PR_K_LP_N_TOP);
              msgpack_pack_uint64(pk, PR_MAX_TOP_LOGPROBS + 1));
   TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  /* a scored prompt row: at position 0 (no token before it), ranks that disagree with
+   * the logprobs, a rank of 0; then one that holds */
+#define PROMPT_LP(pos, n_ranks, rank)                                                              \
+  do {                                                                                             \
+    one_seq(&b, PR_K_RES_STEP, PR_K_RES_SEQS, 4);                                                  \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_ID), msgpack_pack_uint64(pk, 1);                             \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_TOKENS), msgpack_pack_array(pk, 0);                          \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_PROMPT_LOGPROBS), msgpack_pack_map(pk, 2);                   \
+    msgpack_pack_uint64(pk, PR_K_LP_SAMPLED), msgpack_pack_array(pk, 1);                           \
+    msgpack_pack_float(pk, -1);                                                                    \
+    msgpack_pack_uint64(pk, PR_K_LP_RANKS), msgpack_pack_array(pk, (n_ranks));                     \
+    for (int i_ = 0; i_ < (n_ranks); i_++)                                                         \
+      msgpack_pack_uint64(pk, (rank));                                                             \
+    msgpack_pack_uint64(pk, PR_K_RSEQ_PROMPT_POS), msgpack_pack_uint64(pk, (pos));                 \
+  } while (0)
+  PROMPT_LP(0, 1, 1);
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  PROMPT_LP(3, 2, 1);
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_INVAL);
+  PROMPT_LP(3, 1, 0);
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), CM_ERR_RANGE);
+  PROMPT_LP(3, 1, 7);
+  TH_CHECK_EQ_INT(decode_buf(PR_RESULT, &b), 0);
+#undef PROMPT_LP
 
   /* OUT: finish reason and stop token out of range */
   pr_buf_reset(&b);
@@ -518,5 +542,5 @@ TH_TEST(nested_record_defaults_validate) {
   struct pr_sampling s;
   pr_sampling_default(&s);
   TH_CHECK(s.temperature == 1.0f && s.top_p == 1.0f && s.repetition_penalty == 1.0f);
-  TH_CHECK(s.logprobs == -1 && s.top_k == 0 && !s.has_seed);
+  TH_CHECK(s.logprobs == -1 && s.prompt_logprobs == -1 && s.top_k == 0 && !s.has_seed);
 }
