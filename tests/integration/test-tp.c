@@ -3,7 +3,8 @@
  * bad_words) at sizes 2 and 4 equal size 1 on
  * the tiny Gemma 3, Gemma 4 (KV sharing, per-layer embeddings), Gemma 4 MoE, and
  * Gemma 4 with MTP speculation (tokens identical, where a token may flip only at a
- * near-tie of size 1's logprobs, and logprobs within 0.02 before that); and a rank
+ * near-tie of size 1's logprobs, and logprobs within 0.02 before that; two of the
+ * requests ask their prompts' logprobs, within 0.02 of size 1's too); and a rank
  * killed mid-request: the stream ends with an error within 2 s, /health stops
  * answering 200, and the other rank exits instead of waiting forever. */
 #include <jansson.h>
@@ -87,15 +88,20 @@ struct answer {
   int n;
   char tokens[MAX_TOK][64];
   double lp[MAX_TOK], gap[MAX_TOK];
+  int n_plp;           /* prompt logprobs (the first two requests ask them) */
+  double plp[MAX_TOK]; /* each prompt token's after the first */
 };
 
 static const char *const prompts[N_REQ] = {"[2,9259,1902]", "[2,651,6037,576,9405,603]",
                                            "[2,1596,476,1744]"};
 
-/* what each request adds: none; a set of allowed tokens (each rank masks its vocabulary
- * slice); bad words (drawn on the host from the gathered logits) */
+/* what each request adds: its prompt's logprobs (scored rows over the gathered logits); a
+ * set of allowed tokens (each rank masks its vocabulary slice), with the prompt's logprobs
+ * too; bad words (drawn on the host from the gathered logits) */
 static const char *const extras[N_REQ] = {
-    "", ",\"allowed_token_ids\":[9259,1902,651,6037,576,9405,603,1596,476,1744,100,2000]",
+    ",\"prompt_logprobs\":1",
+    ",\"prompt_logprobs\":2,\"allowed_token_ids\":[9259,1902,651,6037,576,9405,603,1596,476,"
+    "1744,100,2000]",
     ",\"bad_words\":[\"the\",\"a\",\"s t\",\"in\"]"};
 
 /* N_REQ greedy completions sent at once (so the scheduler batches them). */
@@ -119,7 +125,20 @@ static int ask_all(int port, struct answer *a) {
     json_t *j = st == 200 ? json_loads(b, 0, NULL) : NULL;
     if (!j) fprintf(stderr, "request %d: HTTP %d: %.300s\n", i, st, b ? b : "");
     free(b);
-    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *lp = json_object_get(ch, "logprobs"), *pl = json_object_get(ch, "prompt_logprobs");
+    /* each prompt token's own entry (its id, the prompt's id at that place) */
+    json_t *ids = json_loads(prompts[i], 0, NULL);
+    a[i].n_plp = pl ? (int)json_array_size(pl) - 1 : 0;
+    if (i < 2 && (int)json_array_size(ids) != a[i].n_plp + 1) rc = -1; /* they asked */
+    for (int t = 0; t < a[i].n_plp && t < MAX_TOK; t++) {
+      char key[24];
+      snprintf(key, sizeof key, "%lld",
+               (long long)json_integer_value(json_array_get(ids, (size_t)t + 1)));
+      json_t *e = json_object_get(json_array_get(pl, (size_t)t + 1), key);
+      a[i].plp[t] = e ? json_real_value(json_object_get(e, "logprob")) : NAN;
+    }
+    json_decref(ids);
     json_t *toks = json_object_get(lp, "tokens"), *lps = json_object_get(lp, "token_logprobs"),
            *tops = json_object_get(lp, "top_logprobs");
     a[i].n = (int)json_array_size(toks);
@@ -149,6 +168,13 @@ static int ask_all(int port, struct answer *a) {
  * which the sequences may part), logprobs within 0.02 before it. */
 static void compare(const char *what, int tp, const struct answer *ref, const struct answer *got) {
   for (int i = 0; i < N_REQ; i++) {
+    TH_CHECK_EQ_INT(got[i].n_plp, ref[i].n_plp);
+    for (int t = 0; t < ref[i].n_plp && t < got[i].n_plp && t < MAX_TOK; t++)
+      if (!(fabs(got[i].plp[t] - ref[i].plp[t]) <= 0.02))
+        th_fail(__FILE__, __LINE__,
+                "%s, size %d, request %d, prompt token %d: logprob %g, "
+                "expected %g",
+                what, tp, i, t + 1, got[i].plp[t], ref[i].plp[t]);
     TH_CHECK_EQ_INT(got[i].n, ref[i].n);
     for (int t = 0; t < ref[i].n && t < got[i].n; t++) {
       if (strcmp(ref[i].tokens[t], got[i].tokens[t])) {
