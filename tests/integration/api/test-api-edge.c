@@ -361,11 +361,17 @@ TH_TEST(api_echo) {
  * tokens (each chunk's last row scores the next one's first token), with the prompt
  * in its prefix cache already, giving the same array. The values themselves are
  * checked against transformers in test-wk-golden (golden_scores_*). */
-TH_TEST(api_prompt_logprobs) {
-  char ids[256] = "2", body[512];
-  int n = 24;
+/* "2,107,114,...": n prompt ids, token i (after the first) 100 + 7 i */
+static void prompt_ids(char *out, size_t size, int n) {
+  snprintf(out, size, "2");
   for (int i = 1; i < n; i++)
-    snprintf(ids + strlen(ids), sizeof(ids) - strlen(ids), ",%d", 100 + 7 * i);
+    snprintf(out + strlen(out), size - strlen(out), ",%d", 100 + 7 * i);
+}
+
+TH_TEST(api_prompt_logprobs) {
+  char ids[256], body[512];
+  int n = 24;
+  prompt_ids(ids, sizeof(ids), n);
   snprintf(body, sizeof(body),
            "{\"prompt\":[%s],\"max_tokens\":1,\"temperature\":0,\"prompt_logprobs\":2,"
            "\"return_tokens_as_token_ids\":true}",
@@ -387,9 +393,8 @@ TH_TEST(api_prompt_logprobs) {
     TH_CHECK(json_object_size(o) == 2 || json_object_size(o) == 3);
     if (i % 4 != 1) continue;
     /* the prefix before token i, one token generated: its top two are position i's */
-    char pre[256] = "2", b2[512];
-    for (int j = 1; j < i; j++)
-      snprintf(pre + strlen(pre), sizeof(pre) - strlen(pre), ",%d", 100 + 7 * j);
+    char pre[256], b2[512];
+    prompt_ids(pre, sizeof(pre), i);
     snprintf(b2, sizeof(b2),
              "{\"prompt\":[%s],\"max_tokens\":1,\"temperature\":0,\"logprobs\":2,"
              "\"return_tokens_as_token_ids\":true}",

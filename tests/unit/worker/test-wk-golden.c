@@ -34,18 +34,47 @@
  * 18% of its range with a bf16 cache already, too sensitive to bound an fp8 one. */
 #define FP8_KV_TOL 0.1
 
-static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
-  char dir[4096], err[512] = "";
-  /* before anything is opened: a skip leaves nothing behind */
+/* Fixture `name`'s golden tensors (its folder in dir), after skipping a CUDA test
+ * (`what`) without a device: before anything is opened, so a skip leaves nothing
+ * behind. */
+static struct md_st *open_golden(const char *name, int cuda, const char *what, char *dir) {
+  char why[160];
 #if LMSERVE_HAVE_CUDA
-  if (cuda && kn_cuda_device_count() <= 0)
-    TH_SKIP("no CUDA device visible: the CUDA golden comparison");
+  snprintf(why, sizeof(why), "no CUDA device visible: %s", what);
+  if (cuda && kn_cuda_device_count() <= 0) TH_SKIP(why);
 #else
-  if (cuda) TH_SKIP("a build without CUDA: the CUDA golden comparison");
+  snprintf(why, sizeof(why), "a build without CUDA: %s", what);
+  if (cuda) TH_SKIP(why);
 #endif
   char args[64];
   snprintf(args, sizeof(args), " --only %s", name);
-  struct md_st *g = wkt_golden_open(name, args, dir);
+  return wkt_golden_open(name, args, dir);
+}
+
+/* Fixture `name` (in dir) loaded with mo on a new CPU or CUDA backend (*be), or the
+ * test stops. */
+static struct wk_model *load(const char *name, const char *dir, int cuda,
+                             const struct wk_model_opts *mo, struct kn_backend **be) {
+  char err[512] = "";
+  *be = NULL;
+  if (cuda) {
+#if LMSERVE_HAVE_CUDA
+    TH_REQUIRE(kn_cuda_backend_create(0, be) == 0);
+#endif
+  } else {
+    TH_REQUIRE(kn_cpu_backend_create(2, be) == 0);
+  }
+  struct wk_model *m = NULL;
+  if (wk_model_load(dir, *be, mo, &m, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s: %s", name, err);
+    th_stop();
+  }
+  return m;
+}
+
+static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
+  char dir[4096], err[512] = "";
+  struct md_st *g = open_golden(name, cuda, "the CUDA golden comparison", dir);
   const struct md_tensor *ti = md_st_find(g, "input_ids"), *tl = md_st_find(g, "logits"),
                          *tg = md_st_find(g, "greedy");
   TH_REQUIRE(ti && tl && tg && ti->dtype == MD_ST_I64 && tl->dtype == MD_ST_F32 &&
@@ -60,24 +89,13 @@ static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
     want_greedy[i] = (int32_t)((const int64_t *)tg->data)[i];
   const float *want = tl->data;
 
-  struct kn_backend *be = NULL;
-  if (cuda) {
-#if LMSERVE_HAVE_CUDA
-    TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
-#endif
-  } else {
-    TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
-  }
-  struct wk_model *m = NULL;
+  struct kn_backend *be;
   struct wk_model_opts mo = {.max_batch_tokens = T,
                              .max_seqs = 1,
                              .kv_tokens = T + N + 1,
                              .kv_dtype = 1 + (int)kvdt,
                              .quiet = 1};
-  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "%s: %s", name, err);
-    th_stop();
-  }
+  struct wk_model *m = load(name, dir, cuda, &mo, &be);
   TH_REQUIRE(wk_model_config(m)->vocab == V);
   struct wk_page_alloc pa;
   wk_page_alloc_init(&pa, wk_model_n_pages(m));
@@ -164,14 +182,7 @@ static void golden(const char *name, int cuda) {
  * ids where transformers' next best differs by more than that. */
 static void golden_scores(const char *name, int cuda) {
   char dir[4096], err[512] = "";
-#if LMSERVE_HAVE_CUDA
-  if (cuda && kn_cuda_device_count() <= 0) TH_SKIP("no CUDA device visible: the CUDA scored rows");
-#else
-  if (cuda) TH_SKIP("a build without CUDA: the CUDA scored rows");
-#endif
-  char args[64];
-  snprintf(args, sizeof(args), " --only %s", name);
-  struct md_st *g = wkt_golden_open(name, args, dir);
+  struct md_st *g = open_golden(name, cuda, "the CUDA scored rows", dir);
   const struct md_tensor *ti = md_st_find(g, "input_ids"), *tl = md_st_find(g, "logits");
   TH_REQUIRE(ti && tl && ti->dtype == MD_ST_I64 && tl->dtype == MD_ST_F32 && tl->ndim == 2);
   int T = (int)ti->shape[0], V = (int)tl->shape[1];
@@ -198,24 +209,13 @@ static void golden_scores(const char *name, int cuda) {
   }
   double tol = 2e-3 * (hi - lo);
 
-  struct kn_backend *be = NULL;
-  if (cuda) {
-#if LMSERVE_HAVE_CUDA
-    TH_REQUIRE(kn_cuda_backend_create(0, &be) == 0);
-#endif
-  } else {
-    TH_REQUIRE(kn_cpu_backend_create(2, &be) == 0);
-  }
-  struct wk_model *m = NULL;
+  struct kn_backend *be;
   struct wk_model_opts mo = {.max_batch_tokens = 2 * T,
                              .max_seqs = 2,
                              .kv_tokens = 2 * T + 2,
                              .kv_dtype = 1 + (int)KN_DTYPE_F32,
                              .quiet = 1};
-  if (wk_model_load(dir, be, &mo, &m, err, sizeof(err))) {
-    th_fail(__FILE__, __LINE__, "%s: %s", name, err);
-    th_stop();
-  }
+  struct wk_model *m = load(name, dir, cuda, &mo, &be);
   TH_REQUIRE(wk_model_config(m)->vocab == V);
   struct wk_page_alloc pa;
   wk_page_alloc_init(&pa, wk_model_n_pages(m));
