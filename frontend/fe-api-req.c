@@ -848,14 +848,10 @@ static int parse_output(struct pctx *p, json_t *body) {
     return fail(p, 400, "prompt_logprobs",
                 "'prompt_logprobs' is not available when 'stream' is true");
   r->prompt_logprobs = plp_given ? (int)plp : -1;
-  if (r->kind == FE_API_COMPLETION && r->echo && r->logprobs >= 0) {
-    /* the echoed prompt's tokens lead the logprobs (the first without one) */
-    if (r->stream)
-      return fail(p, 400, "echo",
-                  "'echo' with 'logprobs' is not available when 'stream' is true (the "
-                  "prompt's logprobs come whole)");
+  /* the echoed prompt's tokens lead the logprobs (the first without one; streamed, in
+   * the first chunk, as its text) */
+  if (r->kind == FE_API_COMPLETION && r->echo && r->logprobs >= 0)
     r->prompt_logprobs = r->prompt_logprobs > r->logprobs ? r->prompt_logprobs : r->logprobs;
-  }
   json_t *so = json_object_get(body, "stream_options");
   if (so && !json_is_null(so)) {
     if (!r->stream)

@@ -306,8 +306,7 @@ TH_TEST(api_n_choices_of_several_prompts) {
 }
 
 /* echo (vLLM's): a completion's text after its prompt's (as given, or as its ids
- * decode), streamed or not; a chat answer after the assistant's last message. With
- * logprobs, streamed, a 400 (the prompt's logprobs come whole: api_prompt_logprobs). */
+ * decode), streamed or not; a chat answer after the assistant's last message. */
 TH_TEST(api_echo) {
   char a[512], b[512], want[600];
   complete("{\"prompt\":\"hello there\",\"max_tokens\":3,\"temperature\":0}", a);
@@ -348,15 +347,14 @@ TH_TEST(api_echo) {
       json_object_get(json_array_get(json_object_get(c, "choices"), 0), "message"), "content"));
   TH_CHECK(got && !strcmp(got, want));
   json_decref(c);
-  check_400("/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0,\"stream\":true}",
-            "echo", "stream", __LINE__);
 }
 
 /* prompt_logprobs (vLLM's): null, then per prompt token an object keyed by token id
  * holding its own entry (logprob, rank, decoded_token) and the top ones. Held to
  * the first token generated after each prefix of the prompt (its top logprobs, the
  * sampling path's), the same answer again (the prefix cache is not used for it),
- * chat's top-level field, echo with logprobs leading with the prompt's tokens, and
+ * chat's top-level field, echo with logprobs leading with the prompt's tokens (in a
+ * stream, its first chunk), and
  * the 400s of a stream and of too many, and a server that prefills in chunks of 5
  * tokens (each chunk's last row scores the next one's first token), with the prompt
  * in its prefix cache already, giving the same array. The values themselves are
@@ -446,6 +444,24 @@ TH_TEST(api_prompt_logprobs) {
     TH_CHECK(fabs(json_real_value(json_array_get(tl, (size_t)i)) -
                   json_real_value(json_object_get(own, "logprob"))) < 1e-6);
   }
+  /* streamed, the first chunk leads with them (the text after the echo's) */
+  snprintf(body, sizeof(body),
+           "{\"prompt\":[%s],\"max_tokens\":2,\"temperature\":0,\"echo\":true,"
+           "\"logprobs\":1,\"stream\":true}",
+           ids);
+  struct as_resp sr;
+  TH_REQUIRE(as_post(server(), "/v1/completions", body, &sr) == 200);
+  const char *d0 = strstr(sr.body, "data: ");
+  const char *d1 = d0 ? strstr(d0 + 6, "\n") : NULL;
+  json_t *c0 = d1 ? json_loadb(d0 + 6, (size_t)(d1 - d0 - 6), 0, NULL) : NULL;
+  json_t *sl = json_object_get(
+      json_object_get(json_array_get(json_object_get(c0, "choices"), 0), "logprobs"),
+      "token_logprobs");
+  TH_REQUIRE((int)json_array_size(sl) >= n + 1);
+  for (int i = 0; i <= n; i++)
+    TH_CHECK(json_equal(json_array_get(sl, (size_t)i), json_array_get(tl, (size_t)i)));
+  json_decref(c0);
+  as_resp_free(&sr);
   json_decref(ec);
   /* chunked prefill, after the same prompt went into the prefix cache */
   th_proc_init(300);
