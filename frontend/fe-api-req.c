@@ -558,8 +558,7 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 }
 
 static int reject_unsupported(struct pctx *p, json_t *body) {
-  static const char *const keys[] = {"suffix", "functions", "function_call", "use_beam_search",
-                                     "chat_template"};
+  static const char *const keys[] = {"suffix", "functions", "function_call", "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
     if (p->r->kind == FE_API_CHAT && !strcmp(keys[i], "chat_template")) continue; /* chat's own */
     json_t *v = json_object_get(body, keys[i]);
@@ -871,6 +870,35 @@ static int parse_output(struct pctx *p, json_t *body) {
   return 0;
 }
 
+/* use_beam_search (vLLM's) and its length_penalty. The beams rank candidates by the
+ * raw model's logprobs and the answer comes whole, so what changes the draw (penalties,
+ * biases, bans, allowed tokens, min_tokens, structured outputs, tools), a stream and
+ * the prompt's logprobs are refused with it. */
+static int parse_beam(struct pctx *p, json_t *body) {
+  struct fe_api_request *r = p->r;
+  int rc = get_bool(p, body, "use_beam_search", &r->beam);
+  if (!rc) rc = get_number(p, body, "length_penalty", -10, 0, 10, 0, &r->length_penalty);
+  if (rc || !r->beam) return rc;
+  if (r->n > FE_API_MAX_BEAMS)
+    return fail(p, 400, "n", "'n' (the beams) must be at most %d with 'use_beam_search'",
+                FE_API_MAX_BEAMS);
+  const char *no = r->stream                                                   ? "stream"
+                   : r->prompt_logprobs >= 0 && !(r->echo && r->logprobs >= 0) ? "prompt_logprobs"
+                   : r->echo && r->logprobs >= 0                               ? "echo"
+                   : r->presence_penalty != 0                                  ? "presence_penalty"
+                   : r->frequency_penalty != 0                                 ? "frequency_penalty"
+                   : r->repetition_penalty != 1      ? "repetition_penalty"
+                   : r->allowed_only                 ? "allowed_token_ids"
+                   : r->n_bias > 0                   ? "logit_bias"
+                   : r->n_bad_words > 0              ? "bad_words"
+                   : r->min_tokens > 0               ? "min_tokens"
+                   : r->grammar_kind != 0            ? "structured_outputs"
+                   : r->tool_answer || r->tools_json ? "tools"
+                                                     : NULL;
+  if (no) return fail(p, 400, no, "'%s' cannot be combined with 'use_beam_search'", no);
+  return 0;
+}
+
 /* ---- entry points ----------------------------------------------------------- */
 
 static int parse_model(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
@@ -901,6 +929,7 @@ static void set_defaults(struct fe_api_request *r, enum fe_api_kind kind,
   r->min_p = has & MD_SAMPLE_MIN_P ? d->min_p : 0.0;
   r->repetition_penalty = has & MD_SAMPLE_REPETITION_PENALTY ? d->repetition_penalty : 1.0;
   r->n = 1;
+  r->length_penalty = 1.0;
   r->logprobs = -1;
   r->prompt_logprobs = -1;
   r->add_generation_prompt = 1;
@@ -1642,6 +1671,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   if ((rc = stop_after_calls(p))) return rc;
   if ((rc = constrain_after_thought(p))) return rc;
   if ((rc = parse_output(p, body))) return rc;
+  if ((rc = parse_beam(p, body))) return rc;
   if ((rc = parse_truncation(p, body, cfg))) return rc;
   if ((rc = parse_cache_salt(p, body))) return rc;
   /* token-id prompts have known lengths: check them now (truncated ones once cut) */

@@ -21,6 +21,7 @@
 #define FE_API_MAX_STOP_TOKEN_IDS 64  /* stop token ids per request */
 #define FE_API_MAX_LOGPROBS       20  /* top logprobs per token */
 #define FE_API_MAX_N              128 /* choices per request */
+#define FE_API_MAX_BEAMS          10  /* beams: each step asks 2 n logprobs, at most 20 */
 #define FE_API_MAX_LOGIT_BIAS     1024 /* logit_bias entries (proto's PR_MAX_LOGIT_BIAS) */
 #define FE_API_MAX_PROMPTS        256 /* prompts in one completions request */
 #define FE_API_MAX_BAD_WORDS      128 /* bad_words per request */
@@ -125,7 +126,11 @@ struct fe_api_request {
   size_t n_bad_ids;
   uint32_t *bad_lens;
   size_t n_bad_seqs;
-  int n;        /* choices, >= 1 */
+  int n;                 /* choices, >= 1 (with beam: the beams) */
+  int beam;              /* use_beam_search (vLLM's): n beams, each step ranking 2 n candidates per
+                            beam by raw logprob (fe-engine-beam.c) */
+  double length_penalty; /* beam: a beam's score is its cumulative logprob over its length
+                            (prompt included) to this power; 1 by default */
   int logprobs; /* top logprobs per token; -1: no logprobs */
   int prompt_logprobs; /* vLLM's prompt_logprobs: top entries of each prompt token's logprob
                           (-1: not asked); completions' echo with logprobs asks them too */

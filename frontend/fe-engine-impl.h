@@ -120,6 +120,7 @@ struct fe_eng_req {
   int64_t max_tokens_param;     /* tokens the request may generate (request_params_max_tokens) */
   int have_sched_times;         /* queue_s and prefill_s are known (from the scheduler's OUT) */
   double queue_s, prefill_s;    /* s, measured on the scheduler's clock */
+  struct fe_eng_beams *beams;   /* use_beam_search: the search's state (fe-engine-beam.c) */
   struct pr_image *images;      /* (n_images) what every choice's ADD carries */
   struct fe_mm_image *mm;       /* (n_images) their pixels (owned) */
   size_t n_images;
@@ -243,6 +244,11 @@ void fe_eng_req_free(struct fe_eng_req *r);
 
 /* fe-engine-out.c */
 void fe_eng_on_out(struct fe_engine *e, const struct pr_out *o);
+/* The prefix-cache lookup of a scheduler request, from its first output s, into the
+ * metrics at once (the scheduler's totals bring it again with the next PONG). */
+void fe_eng_count_lookup(struct fe_eng_req *r, const struct pr_out_seq *s);
+/* One sequence of an OUT for choice ch (its request busy): text, logprobs, finish. */
+void fe_eng_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s);
 void fe_eng_on_err(struct fe_engine *e, const struct pr_err *er);
 /* Fails every choice of r (ABORTs live ones) and answers the error. */
 void fe_eng_req_fail(struct fe_eng_req *r, int status, const char *msg, const char *param);
@@ -251,5 +257,14 @@ void fe_eng_on_client_abort(void *ud);
 void fe_eng_abort_live(struct fe_eng_req *r);
 /* Drops r's choices from the id map: later OUT / ERR for them are ignored. */
 void fe_eng_req_unmap(struct fe_eng_req *r);
+
+/* fe-engine-beam.c: use_beam_search. Starts prompt pi's search (ids[n], at most
+ * max_tokens generated) once its w choices are made: its first step goes out. */
+int fe_eng_beam_start(struct fe_eng_req *r, size_t pi, const int32_t *ids, size_t n,
+                      int64_t max_tokens);
+/* An OUT sequence of a searching choice (its request busy); the prompt's last
+ * beams answered, its next step goes out or its choices get their beams. */
+void fe_eng_beam_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s);
+void fe_eng_beam_free(struct fe_eng_req *r);
 
 #endif

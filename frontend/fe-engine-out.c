@@ -753,8 +753,16 @@ static int is_unread_special(const struct fe_engine *e, int32_t id) {
   return 1;
 }
 
+void fe_eng_count_lookup(struct fe_eng_req *r, const struct pr_out_seq *s) {
+  struct fe_engine *e = r->e;
+  if (!e->metrics) return;
+  const struct fe_replica_metric_ids *ri = rep_ids(r);
+  fe_metrics_inc_early(e->metrics, ri->prefix_cache_queries, (double)s->n_prompt_tokens);
+  fe_metrics_inc_early(e->metrics, ri->prefix_cache_hits, (double)s->n_cached_tokens);
+}
+
 /* One sequence of an OUT for choice `ch` of request r (r->busy is set). */
-static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s) {
+void fe_eng_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct pr_out_seq *s) {
   struct fe_eng_req *r = ch->req;
   uint64_t now = cm_time_ns();
   if (r->stream && !r->api->tool_answer && ch->streamed) { /* chunks carry deltas (a tool-call
@@ -769,10 +777,7 @@ static void on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
   const struct fe_replica_metric_ids *ri = rep_ids(r);
   if (s->tokens.n && ch->n_gen == 0) { /* the first output: its prefix-cache lookup */
     ch->n_cached = s->n_cached_tokens;
-    if (e->metrics) {
-      fe_metrics_inc_early(e->metrics, ri->prefix_cache_queries, (double)s->n_prompt_tokens);
-      fe_metrics_inc_early(e->metrics, ri->prefix_cache_hits, (double)s->n_cached_tokens);
-    }
+    fe_eng_count_lookup(r, s);
   }
   if (s->tokens.n && !r->have_sched_times && s->scheduled_ns && s->first_token_ns &&
       s->queued_ns) { /* the scheduler's clock: differences only */
@@ -868,7 +873,10 @@ void fe_eng_on_out(struct fe_engine *e, const struct pr_out *o) {
     if (!ch || ch->done) continue; /* finished or aborted here already */
     struct fe_eng_req *r = ch->req;
     r->busy = 1;
-    on_seq(e, ch, s);
+    if (r->beams)
+      fe_eng_beam_on_seq(e, ch, s);
+    else
+      fe_eng_on_seq(e, ch, s);
     r->busy = 0;
     if (r->gone)
       fe_eng_on_client_abort(r);

@@ -824,6 +824,15 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
         snprintf(err, sizeof(err), "out of memory");
         break;
       }
+      if (req->beam) { /* the search sends its steps once the prompt's choices are made */
+        int brc = k_ + 1 < req->n ? 0 : fe_eng_beam_start(r, pi, ids, n_ids, mt);
+        if (brc) {
+          status = brc == CM_ERR_NOMEM ? 500 : 503;
+          snprintf(err, sizeof(err), "cannot queue the request at the scheduler: %s",
+                   cm_strerror(brc));
+        }
+        continue;
+      }
       struct pr_msg m;
       pr_msg_init(&m, PR_ADD);
       struct pr_add *a = &m.u.add;
@@ -888,6 +897,7 @@ void fe_eng_req_free(struct fe_eng_req *r) {
     free(ch->plp_rank);
     free(ch->plp_top);
   }
+  fe_eng_beam_free(r);
   free(r->ch);
   free(r->n_prompt);
   for (size_t i = 0; r->mm && i < r->n_images; i++)

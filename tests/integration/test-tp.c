@@ -100,8 +100,8 @@ static const char *const prompts[N_REQ] = {"[2,9259,1902]", "[2,651,6037,576,940
  * too; bad words (drawn on the host from the gathered logits) */
 static const char *const extras[N_REQ] = {
     ",\"prompt_logprobs\":1",
-    ",\"prompt_logprobs\":2,\"allowed_token_ids\":[9259,1902,651,6037,576,9405,603,1596,476,"
-    "1744,100,2000]",
+    (",\"prompt_logprobs\":2,\"allowed_token_ids\":[9259,1902,651,6037,576,9405,603,1596,476,"
+     "1744,100,2000]"),
     ",\"bad_words\":[\"the\",\"a\",\"s t\",\"in\"]"};
 
 /* N_REQ greedy completions sent at once (so the scheduler batches them). */

@@ -502,6 +502,183 @@ TH_TEST(api_prompt_logprobs) {
             __LINE__);
 }
 
+#define BEAM_W   3 /* beams */
+#define BEAM_LEN 4 /* tokens each at most */
+#define BEAM_P   4 /* prompt tokens */
+
+/* a beam of the test's own search */
+struct tbeam {
+  int toks[BEAM_LEN];
+  int n, stop;
+  double cum, score;
+};
+
+static int tbeam_cum_cmp(const void *a, const void *b) {
+  const struct tbeam *x = a, *y = b;
+  return x->cum > y->cum ? -1 : x->cum < y->cum ? 1 : 0;
+}
+
+static int tbeam_score_cmp(const void *a, const void *b) {
+  const struct tbeam *x = a, *y = b;
+  return x->score > y->score ? -1 : x->score < y->score ? 1 : 0;
+}
+
+/* vLLM's beam search, run here over the server's one-token answers (2 w best raw
+ * logprobs of each beam): a candidate that is stop_id completes its beam, the w best
+ * others live on; after BEAM_LEN steps the best w of all, by cumulative logprob over
+ * (prompt + tokens, a stop id not)^penalty, into best[w]. */
+static void ref_beams(const char *prompt, int stop_id, double penalty, struct tbeam *best) {
+  struct tbeam live[BEAM_W] = {{{0}, 0, 0, 0, 0}}, cand[BEAM_W * 2 * BEAM_W];
+  struct tbeam done[BEAM_W * 2 * BEAM_W * BEAM_LEN + BEAM_W];
+  int n_live = 1, n_done = 0;
+  for (int step = 0; step < BEAM_LEN; step++) {
+    int n_c = 0;
+    for (int b = 0; b < n_live; b++) {
+      char body[512], toks[128] = "";
+      for (int i = 0; i < live[b].n; i++)
+        snprintf(toks + strlen(toks), sizeof(toks) - strlen(toks), ",%d", live[b].toks[i]);
+      snprintf(body, sizeof(body),
+               "{\"prompt\":[%s%s],\"max_tokens\":1,\"temperature\":0,\"logprobs\":%d,"
+               "\"ignore_eos\":true,\"return_tokens_as_token_ids\":true}",
+               prompt, toks, 2 * BEAM_W);
+      json_t *a = post_ok("/v1/completions", body, __LINE__);
+      json_t *top = json_array_get(
+          json_object_get(
+              json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs"),
+              "top_logprobs"),
+          0);
+      TH_REQUIRE(json_object_size(top) == 2 * BEAM_W);
+      const char *k;
+      json_t *v;
+      json_object_foreach(top, k, v) {
+        struct tbeam c = live[b];
+        TH_REQUIRE(sscanf(k, "token_id:%d", &c.toks[c.n]) == 1);
+        c.cum += json_real_value(v);
+        c.stop = c.toks[c.n++] == stop_id;
+        if (c.stop)
+          done[n_done++] = c;
+        else
+          cand[n_c++] = c;
+      }
+      json_decref(a);
+    }
+    qsort(cand, (size_t)n_c, sizeof(*cand), tbeam_cum_cmp);
+    n_live = n_c < BEAM_W ? n_c : BEAM_W;
+    memcpy(live, cand, sizeof(*live) * (size_t)n_live);
+  }
+  for (int b = 0; b < n_live; b++)
+    done[n_done++] = live[b];
+  for (int b = 0; b < n_done; b++)
+    done[b].score = done[b].cum / pow(BEAM_P + done[b].n - done[b].stop, penalty);
+  qsort(done, (size_t)n_done, sizeof(*done), tbeam_score_cmp);
+  TH_REQUIRE(n_done >= BEAM_W);
+  memcpy(best, done, sizeof(*best) * BEAM_W);
+}
+
+/* The server's beams for the same search: its choices, best first, against want. */
+static void check_beams(const char *prompt, const char *extra, const struct tbeam *want) {
+  char body[512];
+  snprintf(body, sizeof(body),
+           "{\"prompt\":[%s],\"max_tokens\":%d,\"use_beam_search\":true,\"n\":%d,"
+           "\"ignore_eos\":true,\"return_token_ids\":true,\"logprobs\":0%s}",
+           prompt, BEAM_LEN, BEAM_W, extra);
+  json_t *a = post_ok("/v1/completions", body, __LINE__);
+  json_t *chs = json_object_get(a, "choices");
+  TH_REQUIRE(json_array_size(chs) == BEAM_W);
+  for (int b = 0; b < BEAM_W; b++) {
+    json_t *ch = json_array_get(chs, (size_t)b), *ids = json_object_get(ch, "token_ids");
+    json_t *lps = json_object_get(json_object_get(ch, "logprobs"), "token_logprobs");
+    TH_CHECK_EQ_INT((int)json_integer_value(json_object_get(ch, "index")), b);
+    TH_CHECK_EQ_STR(json_string_value(json_object_get(ch, "finish_reason")),
+                    want[b].stop ? "stop" : "length");
+    TH_REQUIRE((int)json_array_size(ids) == want[b].n && (int)json_array_size(lps) == want[b].n);
+    double cum = 0;
+    for (int i = 0; i < want[b].n; i++) {
+      TH_CHECK_EQ_INT((int)json_integer_value(json_array_get(ids, (size_t)i)), want[b].toks[i]);
+      cum += json_real_value(json_array_get(lps, (size_t)i));
+    }
+    if (!(fabs(cum - want[b].cum) < 1e-4))
+      th_fail(__FILE__, __LINE__, "beam %d: cumulative logprob %g, the test's search %g", b, cum,
+              want[b].cum);
+  }
+  json_decref(a);
+}
+
+/* use_beam_search (vLLM's): held to a beam search the test runs itself over the
+ * server's one-token answers, the answer's choices its w beams best first, their
+ * logprobs each token's: EOS ids ignored (the tiny model's random weights seldom rank
+ * one among the best), then with a stop id that the first step ranks second, which
+ * completes a beam of one token (with length_penalty 0.5 it ranks first); one beam is
+ * the greedy answer; several prompts and a chat answer; and the 400s of what it
+ * cannot be combined with. */
+TH_TEST(api_beam_search) {
+  const char *prompt = "2,651,6037,576";
+  struct tbeam want[BEAM_W];
+  ref_beams(prompt, -1, 1.0, want);
+  check_beams(prompt, "", want);
+  /* the first step's second best as a stop id */
+  json_t *a = post_ok("/v1/completions",
+                      "{\"prompt\":[2,651,6037,576],\"max_tokens\":1,\"temperature\":0,"
+                      "\"logprobs\":2,\"return_tokens_as_token_ids\":true}",
+                      __LINE__);
+  json_t *top = json_array_get(
+      json_object_get(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs"),
+                      "top_logprobs"),
+      0);
+  int stop = -1, i = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(top, k, v) {
+    if (i++ == 1) TH_REQUIRE(sscanf(k, "token_id:%d", &stop) == 1);
+  }
+  json_decref(a);
+  TH_REQUIRE(stop >= 0);
+  ref_beams(prompt, stop, 0.5, want);
+  TH_CHECK(want[0].stop && want[0].n == 1);
+  char extra[96];
+  snprintf(extra, sizeof(extra), ",\"stop_token_ids\":[%d],\"length_penalty\":0.5", stop);
+  check_beams(prompt, extra, want);
+  /* one beam ranks each step's best first: the greedy answer */
+  char g1[512], b1[512];
+  complete("{\"prompt\":[2,651,6037,576],\"max_tokens\":4,\"temperature\":0,"
+           "\"ignore_eos\":true}",
+           g1);
+  complete("{\"prompt\":[2,651,6037,576],\"max_tokens\":4,\"use_beam_search\":true,"
+           "\"ignore_eos\":true}",
+           b1);
+  TH_CHECK_EQ_STR(b1, g1);
+  /* several prompts: n choices each, in order; a chat answer */
+  json_t *m = post_ok("/v1/completions",
+                      "{\"prompt\":[[2,651,6037,576],[2,9259]],\"max_tokens\":2,"
+                      "\"use_beam_search\":true,\"n\":2}",
+                      __LINE__);
+  TH_CHECK_EQ_INT((int)json_array_size(json_object_get(m, "choices")), 4);
+  TH_CHECK_EQ_INT((int)as_jint(m, "usage", "completion_tokens"), 8);
+  json_decref(m);
+  json_t *c = post_ok("/v1/chat/completions",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,"
+                      "\"use_beam_search\":true,\"n\":2}",
+                      __LINE__);
+  TH_CHECK_EQ_INT((int)json_array_size(json_object_get(c, "choices")), 2);
+  json_decref(c);
+  static const struct {
+    const char *extra, *param;
+  } no[] = {{",\"stream\":true", "stream"},
+            {",\"n\":11", "n"},
+            {",\"logit_bias\":{\"5\":1}", "logit_bias"},
+            {",\"allowed_token_ids\":[5,6]", "allowed_token_ids"},
+            {",\"presence_penalty\":0.5", "presence_penalty"},
+            {",\"min_tokens\":1", "min_tokens"},
+            {",\"prompt_logprobs\":1", "prompt_logprobs"},
+            {",\"echo\":true,\"logprobs\":1", "echo"},
+            {",\"structured_outputs\":{\"regex\":\"a+\"}", "structured_outputs"}};
+  for (size_t j = 0; j < sizeof(no) / sizeof(no[0]); j++) {
+    char body[160];
+    snprintf(body, sizeof(body), "{\"prompt\":\"x\",\"use_beam_search\":true%s}", no[j].extra);
+    check_400("/v1/completions", body, no[j].param, NULL, __LINE__);
+  }
+}
+
 /* --enable-prompt-tokens-details (vLLM's): usage.prompt_tokens_details.cached_tokens,
  * 0 the first time and the cached blocks' tokens after, in answers and a
  * stream's usage chunk; without the flag no such field. */
