@@ -134,6 +134,7 @@ static int send_step(struct fe_eng_req *r, size_t pi, int j) {
   a->images = r->images;
   a->n_images = (uint32_t)r->n_images;
   if ((rc = fe_eng_send_add(r, ch, &m))) return rc;
+  bs->cn[j] = 0; /* its candidates: those this step's answer gives */
   ch->live = 1;
   bs->pending++;
   return 0;
@@ -320,8 +321,11 @@ void fe_eng_beam_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const str
   if (s->finish == PR_FINISH_NONE) return;
   ch->live = 0;
   fe_eng_choice_forget_add(ch);
-  if (s->finish == PR_FINISH_ERROR) {
-    fe_eng_req_fail(r, 500, "generation failed in the engine", NULL);
+  if (s->finish == PR_FINISH_ERROR || s->finish == PR_FINISH_ABORT) {
+    fe_eng_req_fail(r, 500,
+                    s->finish == PR_FINISH_ERROR ? "generation failed in the engine"
+                                                 : "the engine aborted a beam's step",
+                    NULL);
     return;
   }
   if (--bs->pending) return;

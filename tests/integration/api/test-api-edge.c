@@ -366,6 +366,12 @@ static void prompt_ids(char *out, size_t size, int n) {
     snprintf(out + strlen(out), size - strlen(out), ",%d", 100 + 7 * i);
 }
 
+/* A completion's first choice's top logprobs at its first token (an object). */
+static json_t *top_of_first(json_t *a) {
+  json_t *lp = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs");
+  return json_array_get(json_object_get(lp, "top_logprobs"), 0);
+}
+
 TH_TEST(api_prompt_logprobs) {
   char ids[256], body[512];
   int n = 24;
@@ -398,11 +404,7 @@ TH_TEST(api_prompt_logprobs) {
              "\"return_tokens_as_token_ids\":true}",
              pre);
     json_t *g = post_ok("/v1/completions", b2, __LINE__);
-    json_t *top = json_array_get(
-        json_object_get(
-            json_object_get(json_array_get(json_object_get(g, "choices"), 0), "logprobs"),
-            "top_logprobs"),
-        0);
+    json_t *top = top_of_first(g);
     TH_REQUIRE(json_object_size(top) == 2);
     const char *k;
     json_t *v;
@@ -542,11 +544,7 @@ static void ref_beams(const char *prompt, int stop_id, double penalty, struct tb
                "\"ignore_eos\":true,\"return_tokens_as_token_ids\":true}",
                prompt, toks, 2 * BEAM_W);
       json_t *a = post_ok("/v1/completions", body, __LINE__);
-      json_t *top = json_array_get(
-          json_object_get(
-              json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs"),
-              "top_logprobs"),
-          0);
+      json_t *top = top_of_first(a);
       TH_REQUIRE(json_object_size(top) == 2 * BEAM_W);
       const char *k;
       json_t *v;
@@ -621,10 +619,7 @@ TH_TEST(api_beam_search) {
                       "{\"prompt\":[2,651,6037,576],\"max_tokens\":1,\"temperature\":0,"
                       "\"logprobs\":2,\"return_tokens_as_token_ids\":true}",
                       __LINE__);
-  json_t *top = json_array_get(
-      json_object_get(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs"),
-                      "top_logprobs"),
-      0);
+  json_t *top = top_of_first(a);
   int stop = -1, i = 0;
   const char *k;
   json_t *v;
