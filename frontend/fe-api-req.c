@@ -783,12 +783,17 @@ static int parse_sampling(struct pctx *p, json_t *body) {
   r->n = (int)x;
   int64_t best_of = r->n;
   if ((rc = get_int(p, body, "best_of", 1, FE_API_MAX_N, &best_of, &present))) return rc;
-  if (best_of != r->n)
-    return fail(p, 400, "best_of", "'best_of' must equal n (%d): best_of > n is not supported",
+  if (best_of < r->n)
+    return fail(p, 400, "best_of", "'best_of' (%lld) must be at least n (%d)", (long long)best_of,
                 r->n);
+  if (best_of > r->n) { /* run best_of, keep n: parse_best_of checks what it meets */
+    r->n_keep = r->n;
+    r->n = (int)best_of;
+  }
   if (r->n_prompts * (size_t)r->n > FE_API_MAX_PROMPTS) /* choices: n of each prompt, in order */
-    return fail(p, 400, "n", "n (%d) times the %zu prompts is more than %d choices", r->n,
-                r->n_prompts, FE_API_MAX_PROMPTS);
+    return fail(p, 400, r->n_keep ? "best_of" : "n",
+                "%s (%d) times the %zu prompts is more than %d choices",
+                r->n_keep ? "best_of" : "n", r->n, r->n_prompts, FE_API_MAX_PROMPTS);
   if ((rc = parse_stop(p, body))) return rc;
   if ((rc = get_bool(p, body, "ignore_eos", &r->ignore_eos))) return rc;
   if ((rc = get_bool(p, body, "skip_special_tokens", &r->skip_special_tokens))) return rc;
@@ -879,6 +884,8 @@ static int parse_beam(struct pctx *p, json_t *body) {
   int rc = get_bool(p, body, "use_beam_search", &r->beam);
   if (!rc) rc = get_number(p, body, "length_penalty", -10, 0, 10, 0, &r->length_penalty);
   if (rc || !r->beam) return rc;
+  if (r->n_keep) /* the beams are ranked by their own score */
+    return fail(p, 400, "best_of", "'best_of' above n cannot be combined with 'use_beam_search'");
   if (r->n > FE_API_MAX_BEAMS)
     return fail(p, 400, "n", "'n' (the beams) must be at most %d with 'use_beam_search'",
                 FE_API_MAX_BEAMS);
@@ -896,6 +903,14 @@ static int parse_beam(struct pctx *p, json_t *body) {
                    : r->tool_answer || r->tools_json ? "tools"
                                                      : NULL;
   if (no) return fail(p, 400, no, "'%s' cannot be combined with 'use_beam_search'", no);
+  return 0;
+}
+
+/* best_of above n: the choices are ranked when all are done, so the answer cannot be
+ * streamed (OpenAI's rule); parse_beam refuses it with a beam search. */
+static int parse_best_of(struct pctx *p) {
+  if (p->r->n_keep && p->r->stream)
+    return fail(p, 400, "best_of", "'best_of' above n cannot be combined with 'stream'");
   return 0;
 }
 
@@ -1671,6 +1686,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   if ((rc = stop_after_calls(p))) return rc;
   if ((rc = constrain_after_thought(p))) return rc;
   if ((rc = parse_output(p, body))) return rc;
+  if ((rc = parse_best_of(p))) return rc;
   if ((rc = parse_beam(p, body))) return rc;
   if ((rc = parse_truncation(p, body, cfg))) return rc;
   if ((rc = parse_cache_salt(p, body))) return rc;

@@ -126,7 +126,10 @@ struct fe_api_request {
   size_t n_bad_ids;
   uint32_t *bad_lens;
   size_t n_bad_seqs;
-  int n;                 /* choices, >= 1 (with beam: the beams) */
+  int n;      /* choices run per prompt, >= 1 (with beam: the beams; with n_keep:
+                 best_of) */
+  int n_keep; /* best_of above n (vLLM's, OpenAI's): the n choices of each prompt's n (best_of)
+                 that the answer keeps, those with the highest cumulative logprob; 0: all */
   int beam;              /* use_beam_search (vLLM's): n beams, each step ranking 2 n candidates per
                             beam by raw logprob (fe-engine-beam.c) */
   double length_penalty; /* beam: a beam's score is its cumulative logprob over its length

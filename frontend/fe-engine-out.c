@@ -645,6 +645,23 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
   ch->streamed = 1;
 }
 
+/* The choices the answer holds into order (how many): all in order; with best_of
+ * above n, each prompt's n_keep of the highest cumulative logprob, best first (the
+ * earlier of equals first), as vLLM ranks them. */
+static int kept_choices(const struct fe_eng_req *r, int *order) {
+  int per = r->api->n, keep = r->api->n_keep ? r->api->n_keep : per, n = 0;
+  for (int first = 0; first + per <= r->n_ch; first += per, n += keep) {
+    int *o = order + n; /* room for per: n + per <= first + per */
+    for (int j = 0; j < per; j++) {
+      int i = j;
+      for (; i > 0 && r->ch[o[i - 1]].cum_lp < r->ch[first + j].cum_lp; i--)
+        o[i] = o[i - 1];
+      o[i] = first + j;
+    }
+  }
+  return n;
+}
+
 static void complete(struct fe_eng_req *r) {
   struct fe_engine *e = r->e;
   r->answering = 1; /* a client that leaves while we write changes nothing here */
@@ -664,9 +681,11 @@ static void complete(struct fe_eng_req *r) {
   struct fe_buf *txt = calloc((size_t)r->n_ch, sizeof(*txt));
   struct fe_buf *pj = calloc((size_t)r->n_ch, sizeof(*pj)); /* prompt logprobs' JSON */
   char **tool_bufs = calloc((size_t)r->n_ch * 2, sizeof(char *));
-  int rc = cs && tls && tops && txt && pj && tool_bufs ? 0 : CM_ERR_NOMEM;
-  for (int k = 0; k < r->n_ch && !rc; k++) {
-    struct fe_eng_choice *ch = &r->ch[k];
+  int *order = calloc((size_t)r->n_ch, sizeof(*order));
+  int rc = cs && tls && tops && txt && pj && tool_bufs && order ? 0 : CM_ERR_NOMEM;
+  int n_out = rc ? 0 : kept_choices(r, order);
+  for (int k = 0; k < n_out && !rc; k++) {
+    struct fe_eng_choice *ch = &r->ch[order[k]];
     fe_buf_init(&txt[k], 0);
     cs[k].index = k;
     cs[k].text = ch->text.data ? ch->text.data : "";
@@ -699,9 +718,9 @@ static void complete(struct fe_eng_req *r) {
     fe_api_write_audio_text(b, NULL, cs[0].text, cs[0].text_len, &u);
   } else if (!rc) {
     if (r->api->kind == FE_API_CHAT)
-      rc = fe_api_write_chat(b, &meta, cs, (size_t)r->n_ch, &u);
+      rc = fe_api_write_chat(b, &meta, cs, (size_t)n_out, &u);
     else
-      rc = fe_api_write_completion(b, &meta, cs, (size_t)r->n_ch, &u);
+      rc = fe_api_write_completion(b, &meta, cs, (size_t)n_out, &u);
   }
   if (!rc && !b->err)
     fe_conn_respond(r->conn, 200, ctype, NULL, b->data, b->len);
@@ -718,6 +737,7 @@ static void complete(struct fe_eng_req *r) {
   for (int k = 0; tool_bufs && k < 2 * r->n_ch; k++)
     free(tool_bufs[k]);
   free(tool_bufs);
+  free(order);
   free(cs);
   free(tls);
   free(tops);
@@ -810,12 +830,17 @@ void fe_eng_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
       return;
     }
   }
-  int want_lp = r->api->logprobs >= 0 && s->logprobs.sampled.n == s->tokens.n;
+  int have_lp = s->logprobs.sampled.n == s->tokens.n, want_lp = r->api->logprobs >= 0 && have_lp;
+  if (r->api->n_keep && !have_lp) { /* best_of ranks the choices by them */
+    fe_eng_req_fail(r, 500, "the tokens' logprobs did not come from the engine", NULL);
+    return;
+  }
   int hit = 0; /* a stop string matched */
   for (uint32_t t = 0; t < s->tokens.n && !hit; t++) {
     int32_t id = (int32_t)s->tokens.v[t];
     ch->n_gen++;
     if (want_lp) lp_push(ch, id, &s->logprobs, t);
+    if (have_lp) ch->cum_lp += s->logprobs.sampled.v[t];
     if (r->api->return_token_ids && ids_push(ch, id)) {
       fe_eng_req_fail(r, 500, "out of memory", NULL);
       return;

@@ -472,7 +472,7 @@ static void fill_sampling(const struct fe_api_request *q, int choice, struct pr_
   s->repetition_penalty = (float)q->repetition_penalty;
   s->has_seed = q->has_seed != 0;
   s->seed = q->has_seed ? (uint64_t)q->seed + (uint64_t)choice : 0;
-  s->logprobs = q->logprobs;
+  s->logprobs = q->n_keep && q->logprobs < 0 ? 0 : q->logprobs; /* best_of ranks by them */
   s->prompt_logprobs = q->prompt_logprobs;
   s->ignore_eos = q->ignore_eos != 0;
   s->grammar_kind = (uint32_t)q->grammar_kind;
@@ -563,9 +563,9 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   size_t clip_max = req->n_audio && e->mm.audio ? fe_mm_audio_max_bytes(&e->mm) : 0;
   size_t mm_bytes = n_img * img_max + req->n_audio * clip_max;
   if (gen && (n_prompts == 0 || n_prompts * (size_t)req->n > FE_API_MAX_N)) {
-    param = "n";
-    snprintf(err, sizeof(err), "n times the number of prompts must be 1..%d, not %zu", FE_API_MAX_N,
-             n_prompts * (size_t)req->n);
+    param = req->n_keep ? "best_of" : "n";
+    snprintf(err, sizeof(err), "%s times the number of prompts must be 1..%d, not %zu", param,
+             FE_API_MAX_N, n_prompts * (size_t)req->n);
   } else if (req->kind == FE_API_TOKENIZE && !req->n_messages && !req->n_prompts) {
     snprintf(err, sizeof(err), "'prompt' (a string) or 'messages' is required");
   } else if (req->kind == FE_API_DETOKENIZE && !req->n_prompts) {

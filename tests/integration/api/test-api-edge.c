@@ -744,6 +744,82 @@ static int id_array(json_t *a, int *ids, int cap) {
   return n;
 }
 
+/* A completion's choices: each one's token_ids into ids[c] (at most 16), its length
+ * and the sum of its token_logprobs (0 without logprobs); how many choices. */
+struct tdraw {
+  int ids[16], n;
+  double cum;
+};
+
+static int draws_of(json_t *a, struct tdraw *d, int cap) {
+  json_t *chs = json_object_get(a, "choices");
+  int n = (int)json_array_size(chs);
+  TH_REQUIRE(n <= cap);
+  for (int c = 0; c < n; c++) {
+    json_t *ch = json_array_get(chs, (size_t)c);
+    TH_CHECK_EQ_INT((int)json_integer_value(json_object_get(ch, "index")), c);
+    d[c].n = id_array(json_object_get(ch, "token_ids"), d[c].ids, 16);
+    json_t *lps = json_object_get(json_object_get(ch, "logprobs"), "token_logprobs");
+    d[c].cum = 0;
+    for (size_t i = 0; i < json_array_size(lps); i++)
+      d[c].cum += json_real_value(json_array_get(lps, i));
+  }
+  return n;
+}
+
+/* best_of above n (vLLM's, OpenAI's): the answer's n choices are the n of the best_of
+ * the server drew with the highest cumulative logprob, best first. A choice is drawn
+ * with the request's seed plus its index, so the same request with n = best_of and
+ * logprobs shows every draw, and the test ranks them itself; the usage counts every
+ * draw's tokens. Then several prompts, a chat, and the 400s. */
+TH_TEST(api_best_of) {
+  const char *head = "{\"prompt\":[2,651,6037,576],\"max_tokens\":6,\"temperature\":1.5,"
+                     "\"seed\":7,\"ignore_eos\":true,\"return_token_ids\":true,";
+  char body[512];
+  snprintf(body, sizeof(body), "%s\"n\":4,\"logprobs\":0}", head);
+  json_t *a = post_ok("/v1/completions", body, __LINE__);
+  struct tdraw all[4], tmp;
+  TH_REQUIRE(draws_of(a, all, 4) == 4);
+  json_decref(a);
+  for (int i = 1; i < 4; i++) /* best first, the earlier of equals first */
+    for (int j = i; j > 0 && all[j - 1].cum < all[j].cum; j--)
+      tmp = all[j], all[j] = all[j - 1], all[j - 1] = tmp;
+  for (int with_lp = 0; with_lp < 2; with_lp++) {
+    snprintf(body, sizeof(body), "%s\"n\":2,\"best_of\":4%s}", head,
+             with_lp ? ",\"logprobs\":0" : "");
+    a = post_ok("/v1/completions", body, __LINE__);
+    struct tdraw got[4];
+    TH_REQUIRE(draws_of(a, got, 4) == 2);
+    for (int c = 0; c < 2; c++) {
+      TH_CHECK(got[c].n == all[c].n && same_ints(got[c].ids, all[c].ids, got[c].n));
+      if (with_lp && !(fabs(got[c].cum - all[c].cum) < 1e-4))
+        th_fail(__FILE__, __LINE__, "choice %d: cumulative logprob %g, not %g", c, got[c].cum,
+                all[c].cum);
+    }
+    json_t *lp = json_object_get(json_array_get(json_object_get(a, "choices"), 0), "logprobs");
+    TH_CHECK(with_lp ? json_is_object(lp) : lp == NULL || json_is_null(lp));
+    TH_CHECK_EQ_INT((int)as_jint(a, "usage", "completion_tokens"), 24);
+    json_decref(a);
+  }
+  a = post_ok("/v1/completions",
+              "{\"prompt\":[[2,651,6037,576],[2,9259]],\"max_tokens\":2,\"best_of\":3,"
+              "\"ignore_eos\":true}",
+              __LINE__);
+  TH_CHECK_EQ_INT((int)json_array_size(json_object_get(a, "choices")), 2);
+  TH_CHECK_EQ_INT((int)as_jint(a, "usage", "completion_tokens"), 12);
+  json_decref(a);
+  a = post_ok("/v1/chat/completions",
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,"
+              "\"n\":2,\"best_of\":3}",
+              __LINE__);
+  TH_CHECK_EQ_INT((int)json_array_size(json_object_get(a, "choices")), 2);
+  json_decref(a);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"best_of\":2,\"stream\":true}", "best_of", NULL,
+            __LINE__);
+  check_400("/v1/completions", "{\"prompt\":\"x\",\"n\":2,\"best_of\":1}", "best_of", NULL,
+            __LINE__);
+}
+
 /* return_token_ids through a stream of path: the chunks' token_ids one after another
  * into ids (how many), the first chunk's prompt_token_ids (a chat's at the top level,
  * a completion's in its choice; none in the later chunks) into prompt (*n_prompt). */

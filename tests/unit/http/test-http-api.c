@@ -70,7 +70,11 @@ static const struct bad_case bad[] = {
     {C, PROMPT_A "\"seed\":1.5}", 400, "seed"},
     {C, PROMPT_A "\"n\":0}", 400, "n"},
     {C, "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":128}", 400, "n"},
-    {C, PROMPT_A "\"n\":2,\"best_of\":3}", 400, "best_of"},
+    {C, PROMPT_A "\"n\":3,\"best_of\":2}", 400, "best_of"},
+    {C, PROMPT_A "\"n\":2,\"best_of\":3,\"stream\":true}", 400, "best_of"},
+    {C, PROMPT_A "\"best_of\":2,\"use_beam_search\":true}", 400, "best_of"},
+    {C, "{\"prompt\":[\"a\",\"b\",\"c\"],\"best_of\":100}", 400, "best_of"},
+    {H, CHAT_A "\"best_of\":129}", 400, "best_of"},
     {C, PROMPT_A "\"stop\":5}", 400, "stop"},
     {C, PROMPT_A "\"stop\":[\"x\",5]}", 400, "stop"},
     {C, PROMPT_A "\"stop\":[\"\"]}", 400, "stop"},
@@ -300,6 +304,20 @@ TH_TEST(api_garbage_and_truncation) {
   deep[o++] = '}';
   TH_CHECK(fe_api_parse_request(FE_API_COMPLETION, deep, o, &cfg, &r, &e) < 0 && e.status == 400);
   free(deep);
+}
+
+/* best_of above n runs best_of choices and keeps n; equal to n (or absent) keeps all. */
+TH_TEST(api_best_of) {
+  struct fe_api_request r;
+  parse_ok(FE_API_COMPLETION, PROMPT_A "\"n\":2,\"best_of\":5,\"temperature\":1}", &r);
+  TH_CHECK(r.n == 5 && r.n_keep == 2);
+  fe_api_request_free(&r);
+  parse_ok(FE_API_CHAT, CHAT_A "\"best_of\":3}", &r);
+  TH_CHECK(r.n == 3 && r.n_keep == 1);
+  fe_api_request_free(&r);
+  parse_ok(FE_API_COMPLETION, PROMPT_A "\"n\":3,\"best_of\":3}", &r);
+  TH_CHECK(r.n == 3 && r.n_keep == 0);
+  fe_api_request_free(&r);
 }
 
 TH_TEST(api_completion_good) {
