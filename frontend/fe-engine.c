@@ -178,11 +178,18 @@ void fe_eng_choice_forget_add(struct fe_eng_choice *ch) {
 
 int fe_eng_req_retryable(const struct fe_eng_req *r) {
   if (r->sse_on || r->busy || r->answering || r->gone || r->retries >= FE_ENG_MAX_RETRIES) return 0;
+  int n_sent = 0; /* choices with an ADD to send again */
   for (int k = 0; k < r->n_ch; k++) {
     const struct fe_eng_choice *ch = &r->ch[k];
+    if (r->beams) { /* the search lives here: its pending steps are sent again, the
+                     * beams between steps and the prompts searched wait */
+      n_sent += ch->add_ids != NULL;
+      continue;
+    }
     if (ch->done || ch->n_gen > 0 || !ch->add_ids) return 0;
+    n_sent++;
   }
-  return r->n_ch > 0;
+  return n_sent > 0;
 }
 
 void fe_eng_req_park(struct fe_eng_req *r) {
@@ -240,6 +247,7 @@ static void resubmit(struct fe_eng_req *r, struct fe_replica *p) {
   r->retries++;
   for (int k = 0; k < r->n_ch; k++) {
     struct fe_eng_choice *ch = &r->ch[k];
+    if (!ch->add_ids) continue; /* a beam between steps (fe_eng_req_retryable) */
     ch->id = e->next_id++;
     if (fe_eng_map_put(e, ch) != 0) {
       ch->id = 0;
@@ -276,6 +284,8 @@ static void parked_tend(struct fe_engine *e) {
       r = r->next;
     if (!r) break;
     const struct pr_add *a = &r->ch[0].add;
+    for (int k = 0; !r->ch[k].add_ids && k + 1 < r->n_ch; k++)
+      a = &r->ch[k + 1].add; /* a beam search's first pending step */
     struct fe_replica *p = ready ? fe_eng_route(e, a->prompt.v, a->prompt.n) : NULL;
     if (p) {
       resubmit(r, p); /* unparks it, or fails it */

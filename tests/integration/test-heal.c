@@ -399,6 +399,47 @@ TH_TEST(serve_heals_a_killed_scheduler) {
   serve_stop(&s);
 }
 
+/* A beam search (use_beam_search) under way when a worker is killed: its beams live
+ * in the frontend, so the steps the engine lost wait for it and are sent again, and
+ * the answer comes whole (200, both beams' tokens) instead of a 503. */
+TH_TEST(serve_beam_search_outlives_a_killed_worker) {
+  th_proc_init(120);
+  struct serve s;
+  serve_start(&s, model(), NULL);
+#define BEAM_BODY(last)                                                                            \
+  "{\"prompt\":[2,9259," last "],\"max_tokens\":60,\"use_beam_search\":true,\"n\":8,"              \
+  "\"ignore_eos\":true}"
+  /* how long a search takes once the engine is warm (other prompts: the prefix cache
+   * holds none of the last one's) */
+  const char *warm[] = {BEAM_BODY("1903"), BEAM_BODY("1904")};
+  double t_search = 0;
+  for (int i = 0; i < 2; i++) {
+    char *b = NULL;
+    double t0 = now_s();
+    TH_REQUIRE(th_http(s.port, "POST", "/v1/completions", warm[i], 60000, &b) == 200);
+    t_search = now_s() - t0;
+    free(b);
+  }
+  int w = child_pid(s.p.pid, "worker", 0);
+  TH_REQUIRE(w > 0);
+  struct call c;
+  call_start(&c, s.port, "/v1/completions", BEAM_BODY("1902"));
+  sleep_ms((int)(t_search * 1000 / 4)); /* a quarter of the way */
+  if (call_get(&c, 0) != 0) th_fail(__FILE__, __LINE__, "the search ended before the kill");
+  double t_kill = now_s();
+  TH_REQUIRE(kill(w, SIGKILL) == 0);
+  TH_CHECK(call_wait(&c, 0, 60000) == 0);
+  fprintf(stderr, "beam search of %.3f s: answered %.3f s after the kill\n", t_search,
+          call_get(&c, 0) - t_kill);
+  TH_CHECK_EQ_INT(call_status(&c), 200);
+  TH_CHECK_EQ_INT((int)call_completion_tokens(&c), 480);
+  TH_CHECK(drain_has(&s.log, "sent again"));
+  int w2 = child_pid(s.p.pid, "worker", 0);
+  TH_CHECK(w2 > 0 && w2 != w);
+  call_end(&c);
+  serve_stop(&s);
+}
+
 TH_TEST(serve_restarts_a_whole_tensor_parallel_group) {
   th_proc_init(120);
   struct serve s;
