@@ -801,19 +801,23 @@ TH_TEST(api_best_of) {
     TH_CHECK_EQ_INT((int)as_jint(a, "usage", "completion_tokens"), 24);
     json_decref(a);
   }
-  a = post_ok("/v1/completions",
-              "{\"prompt\":[[2,651,6037,576],[2,9259]],\"max_tokens\":2,\"best_of\":3,"
-              "\"ignore_eos\":true}",
-              __LINE__);
-  TH_CHECK_EQ_INT((int)json_array_size(json_object_get(a, "choices")), 2);
-  TH_CHECK_EQ_INT((int)as_jint(a, "usage", "completion_tokens"), 12);
-  json_decref(a);
-  a = post_ok("/v1/chat/completions",
-              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,"
-              "\"n\":2,\"best_of\":3}",
-              __LINE__);
-  TH_CHECK_EQ_INT((int)json_array_size(json_object_get(a, "choices")), 2);
-  json_decref(a);
+  static const struct {
+    const char *path, *body;
+    int choices, tokens;
+  } more[] = {{"/v1/completions",
+               "{\"prompt\":[[2,651,6037,576],[2,9259]],\"max_tokens\":2,\"best_of\":3,"
+               "\"ignore_eos\":true}",
+               2, 12},
+              {"/v1/chat/completions",
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,"
+               "\"n\":2,\"best_of\":3,\"ignore_eos\":true}",
+               2, 6}};
+  for (size_t i = 0; i < sizeof(more) / sizeof(more[0]); i++) {
+    a = post_ok(more[i].path, more[i].body, __LINE__);
+    TH_CHECK_EQ_INT((int)json_array_size(json_object_get(a, "choices")), more[i].choices);
+    TH_CHECK_EQ_INT((int)as_jint(a, "usage", "completion_tokens"), more[i].tokens);
+    json_decref(a);
+  }
   check_400("/v1/completions", "{\"prompt\":\"x\",\"best_of\":2,\"stream\":true}", "best_of", NULL,
             __LINE__);
   check_400("/v1/completions", "{\"prompt\":\"x\",\"n\":2,\"best_of\":1}", "best_of", NULL,
