@@ -560,7 +560,7 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 static int reject_unsupported(struct pctx *p, json_t *body) {
   static const char *const keys[] = {"suffix", "functions", "function_call", "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-    if (p->r->kind == FE_API_CHAT && !strcmp(keys[i], "chat_template")) continue; /* chat's own */
+    if (p->r->kind == FE_API_CHAT && i > 0) continue; /* chat's own (legacy_functions) */
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !json_is_false(v) &&
         !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -1314,6 +1314,86 @@ static int native_tools(struct pctx *p, json_t *list, const char *only, int requ
   return rc;
 }
 
+/* Whether body has field k with a value other than null. */
+static int given(json_t *body, const char *k) {
+  json_t *v = json_object_get(body, k);
+  return v && !json_is_null(v);
+}
+
+/* OpenAI's deprecated function calling, as its tools. functions [{name,
+ * description, parameters}] are tools of type function with one call at most, and
+ * function_call ("none", "auto" or {"name": ...}) is the tool_choice; the answer's
+ * call goes back as message.function_call (fe_api_request.legacy_functions). In the
+ * history an assistant turn's function_call is a tool call whose id is made from the
+ * turn's index, and a "function" turn is that call's result. The body is rewritten
+ * in place before the tools and messages are read. */
+static int legacy_functions(struct pctx *p, json_t *body) {
+  json_t *fns = json_object_get(body, "functions"), *fc = json_object_get(body, "function_call");
+  const char *both = given(body, "tools") && given(body, "functions")             ? "functions"
+                     : given(body, "tool_choice") && given(body, "function_call") ? "function_call"
+                                                                                  : NULL;
+  if (both)
+    return fail(p, 400, both, "'%s' (OpenAI's older form of tools) cannot be combined with '%s'",
+                both, strcmp(both, "functions") ? "tool_choice" : "tools");
+  if (given(body, "functions")) {
+    json_t *tools = json_array(), *f;
+    size_t i;
+    if (!tools) return nomem(p);
+    if (!json_is_array(fns)) {
+      json_decref(tools);
+      return fail(p, 400, "functions", "'functions' must be an array of function objects");
+    }
+    json_array_foreach(fns, i, f) {
+      if (!json_is_object(f)) {
+        json_decref(tools);
+        return fail(p, 400, "functions", "'functions[%zu]' must be an object", i);
+      }
+      json_array_append_new(tools, json_pack("{s:s, s:O}", "type", "function", "function", f));
+    }
+    json_object_set_new(body, "tools", tools);
+    json_object_set_new(body, "parallel_tool_calls", json_false());
+    p->r->legacy_functions = 1;
+  }
+  if (given(body, "function_call")) {
+    json_t *name = json_object_get(fc, "name"), *choice = NULL;
+    if (json_is_string(fc) &&
+        (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto")))
+      choice = json_incref(fc);
+    else if (json_is_object(fc) && json_is_string(name))
+      choice = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
+    else
+      return fail(p, 400, "function_call",
+                  "'function_call' must be \"none\", \"auto\" or {\"name\": ...}");
+    json_object_set_new(body, "tool_choice", choice);
+  }
+  json_t *msgs = json_object_get(body, "messages"), *m;
+  char id[32] = "", param[64];
+  size_t i;
+  json_array_foreach(msgs, i, m) {
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (!role) continue; /* parse_messages says what is wrong */
+    if (!strcmp(role, "assistant") && given(m, "function_call")) {
+      snprintf(param, sizeof(param), "messages[%zu].function_call", i);
+      if (given(m, "tool_calls"))
+        return fail(p, 400, param, "'%s' cannot be combined with 'tool_calls'", param);
+      snprintf(id, sizeof(id), "call_fn%zu", i);
+      json_object_set_new(m, "tool_calls",
+                          json_pack("[{s:s, s:s, s:O}]", "id", id, "type", "function", "function",
+                                    json_object_get(m, "function_call")));
+      json_object_del(m, "function_call");
+    } else if (!strcmp(role, "function")) {
+      snprintf(param, sizeof(param), "messages[%zu].role", i);
+      if (!id[0])
+        return fail(p, 400, param,
+                    "a 'function' message answers an assistant message's 'function_call' "
+                    "before it");
+      json_object_set_new(m, "role", json_string("tool"));
+      json_object_set_new(m, "tool_call_id", json_string(id));
+    }
+  }
+  return 0;
+}
+
 static int parse_tools(struct pctx *p, json_t *body) {
   struct fe_api_request *r = p->r;
   json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
@@ -1651,6 +1731,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     break;
   case FE_API_CHAT:
     if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
+    if ((rc = legacy_functions(p, body))) return rc;
     if ((rc = parse_tools(p, body))) return rc;
     if ((rc = parse_messages(p, body))) return rc;
     if ((rc = parse_mm_kwargs(p, body))) return rc;
@@ -1660,6 +1741,7 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     if (json_object_get(body, "messages")) {
       r->add_special_tokens = 0;
       if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
+      if ((rc = legacy_functions(p, body))) return rc;
       if ((rc = parse_tools(p, body))) return rc; /* the prompt the tools make, as vLLM's */
       if ((rc = parse_messages(p, body))) return rc;
       if ((rc = parse_mm_kwargs(p, body))) return rc;

@@ -2,8 +2,10 @@
 #include "frontend/fe-api-resp.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
@@ -155,7 +157,8 @@ static void choice_end(struct fe_buf *b, const struct fe_api_choice *c,
     logprobs(b, c);
   else
     fe_buf_puts(b, "null");
-  finish_reason(b, c->finish_reason);
+  const char *fr = c->finish_reason;
+  finish_reason(b, c->function_call && fr && !strcmp(fr, "tool_calls") ? "function_call" : fr);
   fe_buf_puts(b, "}");
 }
 
@@ -174,6 +177,35 @@ static void completion_choice(struct fe_buf *b, const struct fe_api_choice *c) {
   if (c->prompt_ids) id_list(b, "prompt_token_ids", c->prompt_ids, c->n_prompt_ids);
   prompt_logprobs(b, c);
   choice_end(b, c, completion_logprobs);
+}
+
+/* "function_call": the function object ({name, arguments}, or a stream delta's
+ * part of it) of the call in the tool_calls array's JSON calls (legacy functions ask
+ * one call at most; a delta may hold its beginning and more of its arguments as
+ * two entries, joined here). */
+static void function_call(struct fe_buf *b, const char *calls) {
+  json_t *a = json_loads(calls, 0, NULL), *fn = json_object(), *e;
+  size_t i;
+  fe_buf_puts(b, "\"function_call\":");
+  json_array_foreach(a, i, e) {
+    json_t *f = json_object_get(e, "function"), *name = json_object_get(f, "name");
+    json_t *args = json_object_get(f, "arguments");
+    if (json_is_string(name) && !json_object_get(fn, "name")) json_object_set(fn, "name", name);
+    if (!json_is_string(args)) continue;
+    json_t *had = json_object_get(fn, "arguments"); /* arguments join */
+    size_t n1 = had ? json_string_length(had) : 0, n2 = json_string_length(args);
+    char *t = malloc(n1 + n2 + 1);
+    if (!t) break;
+    if (n1) memcpy(t, json_string_value(had), n1);
+    memcpy(t + n1, json_string_value(args), n2);
+    json_object_set_new(fn, "arguments", json_stringn_nocheck(t, n1 + n2));
+    free(t);
+  }
+  json_decref(a);
+  char *d = json_dumps(fn, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  json_decref(fn);
+  fe_buf_puts(b, d ? d : "null");
+  free(d);
 }
 
 /* One chat choice; its text goes in "message", or in "delta" for a stream
@@ -202,7 +234,10 @@ static void chat_choice(struct fe_buf *b, const struct fe_api_choice *c, const c
   } else if (with_role) {
     fe_buf_puts(b, ",\"content\":null");
   }
-  if (c->tool_calls) {
+  if (c->tool_calls && c->function_call) {
+    if (!first) fe_buf_puts(b, ",");
+    function_call(b, c->tool_calls);
+  } else if (c->tool_calls) {
     fe_buf_puts(b, first ? "\"tool_calls\":" : ",\"tool_calls\":");
     fe_buf_puts(b, c->tool_calls);
   }

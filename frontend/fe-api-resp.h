@@ -35,6 +35,9 @@ struct fe_api_choice {
   size_t text_offset; /* bytes of text before this chunk (completions) */
   const char *tool_calls; /* chat: the tool_calls array's JSON (then "content" is null
                            * unless text_len > 0), or NULL */
+  int function_call;      /* chat: tool_calls' first call goes as OpenAI's deprecated
+                           * "function_call" (its function object), finish reason
+                           * "tool_calls" as "function_call" */
   const char *reasoning;  /* chat: the thought (Gemma 4's thinking channel), or NULL */
   size_t reasoning_len;   /* bytes; 0: no "reasoning" field */
   /* return_token_ids (vLLM's): with_ids writes "token_ids" (the answer's, or this

@@ -174,6 +174,8 @@ struct fe_api_request {
    * instruction and the tool messages of the history were written into the
    * messages as the chat template sees them. */
   int tool_answer;
+  int legacy_functions; /* the tools came as OpenAI's deprecated functions: the answer's call
+                           is message.function_call, finish reason "function_call" */
   /* Chat: chat_template_kwargs over the server's defaults, a JSON object's text the
    * template gets as variables (NULL: none); thinking: its enable_thinking is true. */
   const char *template_kwargs;

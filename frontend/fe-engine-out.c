@@ -618,6 +618,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
                             ch->text.len, ch->done ? ch->finish_reason : NULL,
                             NULL,         0,
                             ch->text_sent};
+  c.function_call = r->api->legacy_functions;
   char *calls = NULL, *content = NULL;
   if (r->api->tool_answer && !tool_chunk(ch, &c, &calls, &content)) return;
   native_answer(ch, &c, &calls);
@@ -691,6 +692,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text = ch->text.data ? ch->text.data : "";
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
+    cs[k].function_call = r->api->legacy_functions;
     with_ids(r, ch, &cs[k], 1);
     if (r->api->tool_answer) tool_answer(ch, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
     native_answer(ch, &cs[k], &tool_bufs[2 * k]);

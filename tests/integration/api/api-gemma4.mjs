@@ -245,6 +245,24 @@ test('a named tool and parallel_tool_calls false: one call of it', async () => {
   }
 });
 
+test('legacy functions: Gemma 4 native calls come back as function_call', async () => {
+  const functions = tools.map((t) => t.function);
+  let done = 0;
+  for (let seed = 0; seed < 4; seed++) {
+    const r = await client.chat.completions.create({
+      model, messages: user, functions, function_call: { name: 'add' }, max_tokens: 200, seed,
+    });
+    const c = r.choices[0];
+    if (c.finish_reason === 'length') continue;
+    done++;
+    assert.equal(c.finish_reason, 'function_call');
+    assert.equal(c.message.tool_calls, undefined);
+    assert.equal(c.message.function_call.name, 'add');
+    checkCall({ id: 'call_0', type: 'function', function: c.message.function_call });
+  }
+  assert.ok(done >= 1);
+});
+
 test('tool_choice required, streamed: calls with their index, no marker in content', async () => {
   let done = 0;
   for (let seed = 0; seed < 4; seed++) {

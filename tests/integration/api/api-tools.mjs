@@ -165,6 +165,65 @@ test('the history round trip: assistant tool calls and tool results', async () =
   assert.ok(plain.usage.prompt_tokens < r.usage.prompt_tokens, 'the tools are in the prompt');
 });
 
+// OpenAI's deprecated function calling: functions and function_call are the tools and
+// tool_choice with one call at most; the call comes back as message.function_call (and
+// streamed as delta.function_call), the finish reason "function_call"; a history's
+// function_call and "function" results are read back.
+test('legacy functions and function_call', async () => {
+  const functions = tools.map((t) => t.function);
+  let called = 0;
+  for (const seed of SEEDS.slice(0, 4)) {
+    const body = {
+      model, messages, functions, function_call: { name: 'add' }, max_tokens: 300,
+      temperature: 1, seed,
+    };
+    const r = await client.chat.completions.create(body);
+    const c = r.choices[0];
+    let fc = { name: '', arguments: '' }, finish = null;
+    for await (const ch of await client.chat.completions.create({ ...body, stream: true })) {
+      const d = ch.choices[0]?.delta?.function_call;
+      assert.equal(ch.choices[0]?.delta?.tool_calls, undefined);
+      if (d?.name) fc.name += d.name;
+      if (d?.arguments) fc.arguments += d.arguments;
+      if (ch.choices[0]?.finish_reason) finish = ch.choices[0].finish_reason;
+    }
+    assert.equal(finish, c.finish_reason);
+    if (c.finish_reason === 'length') continue;
+    assert.equal(c.finish_reason, 'function_call');
+    assert.equal(c.message.tool_calls, undefined);
+    assert.equal(c.message.content, null);
+    assert.deepEqual(Object.keys(c.message.function_call).sort(), ['arguments', 'name']);
+    checkCall({ id: 'call_0', type: 'function', function: c.message.function_call }, 'add');
+    assert.deepEqual(fc, c.message.function_call);
+    called++;
+  }
+  assert.ok(called > 0, 'some answers finished within 300 tokens');
+  const history = [
+    ...messages,
+    { role: 'assistant', content: null,
+      function_call: { name: 'add', arguments: '{"a":2,"b":3}' } },
+    { role: 'function', name: 'add', content: '5' },
+  ];
+  const r = await client.chat.completions.create({
+    model, messages: history, functions, function_call: 'none', max_tokens: 8, temperature: 0,
+  });
+  assert.equal(r.choices[0].message.function_call, undefined);
+  const asTools = await client.chat.completions.create({
+    model, max_tokens: 8, temperature: 0, messages: [
+      ...messages,
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_fn1', type: 'function',
+        function: { name: 'add', arguments: '{"a":2,"b":3}' } }] },
+      { role: 'tool', tool_call_id: 'call_fn1', content: '5' },
+    ],
+  });
+  // the same prompt as the history in tools' terms
+  assert.equal(r.usage.prompt_tokens, asTools.usage.prompt_tokens);
+  assert.equal(r.choices[0].message.content, asTools.choices[0].message.content);
+  await assert.rejects(
+    client.chat.completions.create({ model, messages, max_tokens: 4, functions, tools }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'functions');
+});
+
 test('bad tool requests are 400s naming the field', async () => {
   const cases = [
     [{ tools: [{ type: 'retrieval' }] }, 'tools[0]'],

@@ -210,7 +210,7 @@ static const struct bad_case bad[] = {
     {H, CHAT_A "\"tools\":[{\"type\":\"function\"}]}", 400, "tools[0]"},
     {H, CHAT_A "\"tools\":{}}", 400, "tools"},
     {H, CHAT_A "\"tool_choice\":\"auto\"}", 400, "tool_choice"},
-    {H, CHAT_A "\"functions\":[{\"name\":\"f\"}]}", 400, "functions"},
+    {C, PROMPT_A "\"functions\":[{\"name\":\"f\"}]}", 400, "functions"},
     {H,
      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\","
      "\"content\":\"x\"}]}",
@@ -626,6 +626,76 @@ TH_TEST(api_tools_protocol) {
   free(content);
   fe_api_tool_answer("{\"tool_ca", 9, &calls, &content); /* cut by max_tokens */
   TH_CHECK(!calls && !content);
+}
+
+/* OpenAI's deprecated functions and function_call read as tools and tool_choice
+ * (one call at most), the history's function_call and "function" turns as a tool
+ * call and its result; the answer's call then goes back as function_call. */
+TH_TEST(api_legacy_functions) {
+  const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                  "{\"role\":\"assistant\",\"content\":null,\"function_call\":{\"name\":\"f\","
+                  "\"arguments\":\"{\\\"x\\\":1}\"}},"
+                  "{\"role\":\"function\",\"name\":\"f\",\"content\":\"ok\"}],"
+                  "\"functions\":[{\"name\":\"f\",\"parameters\":"
+                  "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}}],"
+                  "\"function_call\":{\"name\":\"f\"}}";
+  struct fe_api_request r;
+  parse_ok(FE_API_CHAT, b, &r);
+  TH_CHECK_EQ_INT(r.legacy_functions, 1);
+  TH_CHECK_EQ_INT(r.tool_answer, 1);
+  TH_REQUIRE(r.n_messages == 4);
+  TH_CHECK(strstr(r.messages[0].content, "\"name\":\"f\"") != NULL);
+  TH_CHECK_EQ_STR(r.messages[2].content,
+                  "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\":1}}]}");
+  TH_CHECK_EQ_STR(r.messages[3].content,
+                  "{\"tool_response\":{\"tool_call_id\":\"call_fn1\",\"content\":\"ok\"}}");
+  /* one call, and that one named: no "response", no second call */
+  TH_CHECK(r.grammar && strstr(r.grammar, "\"maxItems\":1") && !strstr(r.grammar, "\"response\""));
+  fe_api_request_free(&r);
+  /* "none": no tools in the prompt, no constraint */
+  parse_ok(FE_API_CHAT,
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"functions\":[{\"name\":"
+           "\"f\"}],\"function_call\":\"none\"}",
+           &r);
+  TH_CHECK(r.legacy_functions == 1 && r.tool_answer == 0 && r.grammar_kind == 0);
+  fe_api_request_free(&r);
+  static const struct {
+    const char *body, *param;
+  } refused[] = {
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[{\"name\":\"f\"}],"
+       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]}",
+       "functions"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[{\"name\":\"f\"}],"
+       "\"function_call\":\"auto\",\"tool_choice\":\"none\"}",
+       "function_call"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":{\"name\":\"f\"}}",
+       "functions"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[7]}", "functions"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[{\"name\":\"f\"}],"
+       "\"function_call\":\"required\"}",
+       "function_call"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[{\"name\":\"f\"}],"
+       "\"function_call\":{\"name\":\"g\"}}",
+       "tool_choice.function.name"},
+      {"{\"messages\":[{\"role\":\"function\",\"name\":\"f\",\"content\":\"a\"}]}",
+       "messages[0].role"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\","
+       "\"function_call\":{\"name\":\"f\",\"arguments\":\"{}\"},\"tool_calls\":[]}]}",
+       "messages[1].function_call"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(refused); i++) {
+    struct fe_api_error e;
+    int rc = parse_and_check(FE_API_CHAT, refused[i].body, strlen(refused[i].body), &cfg, &r, &e);
+    if (rc == 0) fe_api_request_free(&r);
+    if (rc == 0 || strcmp(e.param, refused[i].param))
+      th_fail(__FILE__, __LINE__, "refused[%zu]: rc %d, param '%s' (%s)", i, rc, rc ? e.param : "",
+              rc ? e.message : "");
+  }
+  /* completions have no functions */
+  struct fe_api_error e;
+  const char *c = PROMPT_A "\"functions\":[{\"name\":\"f\"}]}";
+  TH_CHECK(parse_and_check(FE_API_COMPLETION, c, strlen(c), &cfg, &r, &e) != 0);
+  TH_CHECK_EQ_STR(e.param, "functions");
 }
 
 /* Gemma 4's own tool tokens: an assistant turn that only calls tools may omit

@@ -85,6 +85,59 @@ TH_TEST(resp_chat_shape) {
   fe_buf_free(&b);
 }
 
+/* A call asked with OpenAI's deprecated functions goes back as message.function_call
+ * (the call's function object) with finish reason "function_call", and a stream's
+ * delta as its part of that object. */
+TH_TEST(resp_legacy_function_call) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_choice ch = {0, "", 0, "tool_calls", NULL, 0, 0};
+  ch.tool_calls = "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"add\","
+                  "\"arguments\":\"{\\\"a\\\": 1}\"}}]";
+  ch.function_call = 1;
+  struct fe_api_resp_meta m = {"chatcmpl-9", 5, "gemma"};
+  TH_REQUIRE(fe_api_write_chat(&b, &m, &ch, 1, NULL) == 0);
+  json_t *j = parse(&b);
+  TH_REQUIRE(j);
+  json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+  json_t *msg = json_object_get(c0, "message");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(c0, "finish_reason")), "function_call");
+  TH_CHECK(json_object_get(msg, "tool_calls") == NULL);
+  TH_CHECK(json_is_null(json_object_get(msg, "content")));
+  json_t *fc = json_object_get(msg, "function_call");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(fc, "name")), "add");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(fc, "arguments")), "{\"a\": 1}");
+  TH_CHECK_EQ_INT((int)json_object_size(fc), 2);
+  json_decref(j);
+  fe_buf_reset(&b);
+  ch.finish_reason = NULL;
+  /* a delta that begins the call and writes some of its arguments: one object */
+  ch.tool_calls = "[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":"
+                  "{\"name\":\"add\",\"arguments\":\"\"}},"
+                  "{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\"}},"
+                  "{\"index\":0,\"function\":{\"arguments\":\"\\\": 1\"}}]";
+  TH_REQUIRE(fe_api_write_chat_chunk(&b, &m, &ch, 0, NULL) == 0);
+  j = parse(&b);
+  TH_REQUIRE(j);
+  json_t *d = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+  fc = json_object_get(d, "function_call");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(fc, "name")), "add");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(fc, "arguments")), "{\"a\": 1");
+  TH_CHECK(json_object_get(d, "tool_calls") == NULL);
+  json_decref(j);
+  fe_buf_reset(&b);
+  ch.tool_calls = "[{\"index\":0,\"function\":{\"arguments\":\"}\"}}]"; /* more of them */
+  TH_REQUIRE(fe_api_write_chat_chunk(&b, &m, &ch, 0, NULL) == 0);
+  j = parse(&b);
+  TH_REQUIRE(j);
+  d = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+  TH_CHECK_EQ_STR(
+      json_string_value(json_object_get(json_object_get(d, "function_call"), "arguments")), "}");
+  TH_CHECK(json_object_get(json_object_get(d, "function_call"), "name") == NULL);
+  json_decref(j);
+  fe_buf_free(&b);
+}
+
 TH_TEST(resp_stream_chunks) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
