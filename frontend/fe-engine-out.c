@@ -47,6 +47,7 @@ static void observe_finished(struct fe_eng_req *r, const struct fe_api_usage *u)
   m_obs(e, ri->request_prompt_tokens, (double)u->prompt_tokens);
   m_obs(e, ri->request_generation_tokens, (double)u->completion_tokens);
   m_obs(e, ri->request_params_max_tokens, (double)r->max_tokens_param);
+  m_obs(e, ri->request_params_n, (double)(r->api->n_keep ? r->api->n_keep : r->api->n));
   double decode = r->first_token_seen ? (double)(now - r->first_token_ns) / 1e9 : 0;
   m_obs(e, ri->request_decode_time_seconds, decode);
   if (r->have_sched_times) {

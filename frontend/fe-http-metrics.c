@@ -344,6 +344,9 @@ static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2
 static const double token_buckets[] = {1,    2,    5,     10,    20,    50,  100, 200, 500, 1000,
                                        2000, 5000, 10000, 20000, 50000, 1e5, 2e5, 5e5, 1e6};
 
+/* The n parameter's buckets, vLLM's. */
+static const double n_buckets[] = {1, 2, 5, 10, 20};
+
 /* Rows of the tables below: a metric's name is its field's, a counter's
  * with _total. */
 #define COUNTER(f, help)                                                                           \
@@ -397,6 +400,7 @@ static int register_replica(struct fe_metrics *m, struct fe_replica_metric_ids *
                 token_buckets),
       HISTOGRAM(request_params_max_tokens, "The max_tokens of each finished request.",
                 token_buckets),
+      HISTOGRAM(request_params_n, "The n of each finished request.", n_buckets),
       COUNTER(prefix_cache_queries, "Prefix-cache queries, in tokens."),
       COUNTER(prefix_cache_hits, "Prefix-cache hits, in tokens."),
       COUNTER(num_preemptions, "Requests preempted (their KV blocks taken back)."),

@@ -103,6 +103,7 @@ struct fe_replica_metric_ids {
   int request_prompt_tokens;                   /* histogram, tokens */
   int request_generation_tokens;               /* histogram, tokens */
   int request_params_max_tokens;               /* histogram, tokens */
+  int request_params_n;                        /* histogram: the choices asked (n) */
   int prefix_cache_queries;                    /* counter, tokens */
   int prefix_cache_hits;                       /* counter, tokens */
   int num_preemptions;                         /* counter */

@@ -773,6 +773,8 @@ static int draws_of(json_t *a, struct tdraw *d, int cap) {
  * logprobs shows every draw, and the test ranks them itself; the usage counts every
  * draw's tokens. Then several prompts, a chat, and the 400s. */
 TH_TEST(api_best_of) {
+  double n_sum = as_metric(server(), "lmserve:request_params_n_sum");
+  double n_count = as_metric(server(), "lmserve:request_params_n_count");
   const char *head = "{\"prompt\":[2,651,6037,576],\"max_tokens\":6,\"temperature\":1.5,"
                      "\"seed\":7,\"ignore_eos\":true,\"return_token_ids\":true,";
   char body[512];
@@ -822,6 +824,9 @@ TH_TEST(api_best_of) {
             __LINE__);
   check_400("/v1/completions", "{\"prompt\":\"x\",\"n\":2,\"best_of\":1}", "best_of", NULL,
             __LINE__);
+  /* /metrics' n of each request: the n it answered with (4, 2, 2, 1, 2), not best_of */
+  TH_CHECK_EQ_INT((int)(as_metric(server(), "lmserve:request_params_n_sum") - n_sum), 11);
+  TH_CHECK_EQ_INT((int)(as_metric(server(), "lmserve:request_params_n_count") - n_count), 5);
 }
 
 /* return_token_ids through a stream of path: the chunks' token_ids one after another

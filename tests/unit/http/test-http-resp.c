@@ -338,6 +338,7 @@ TH_TEST(metrics_registry) {
       "# TYPE lmserve:request_prompt_tokens histogram\n",
       "# TYPE lmserve:request_generation_tokens histogram\n",
       "# TYPE lmserve:request_params_max_tokens histogram\n",
+      "# TYPE lmserve:request_params_n histogram\n",
       "lmserve:request_success_total{model_name=\"ge\\\"m\",replica=\"0\",finished_reason="
       "\"length\"} "
       "0.0\n",
