@@ -19,8 +19,8 @@ struct fe_router {
   struct fe_engine_hooks hooks;
   struct fe_metrics *metrics;
   struct fe_metric_ids ids;
-  int64_t created;            /* GET /v1/models: seconds since the epoch */
-  struct fe_buf scratch;      /* /metrics and other bodies */
+  int64_t created;       /* GET /v1/models: seconds since the epoch */
+  struct fe_buf scratch; /* /metrics and other bodies */
   struct fe_cors *cors;
   const struct fe_http_request *cur; /* the request being routed (its headers) */
 };
@@ -71,28 +71,76 @@ static int64_t max_model_len(struct fe_router *r) {
   return n > 0 ? n : r->cfg.max_model_len;
 }
 
+/* One model object of /v1/models (vLLM's fields): id, served under r's name. */
+static void model_object(struct fe_router *r, struct fe_buf *b, const char *id) {
+  fe_buf_puts(b, "{\"id\":");
+  fe_buf_json_str(b, id, strlen(id));
+  fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
+  fe_buf_i64(b, r->created);
+  fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
+  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
+  fe_buf_i64(b, max_model_len(r));
+  fe_buf_puts(b, ",\"permission\":[]}");
+}
+
+static void reply_json(struct fe_router *r, struct fe_conn *c, struct fe_buf *b) {
+  if (b->err)
+    reply_error(r, c, 500, "out of memory", NULL);
+  else
+    reply(r, c, 200, "application/json", NULL, b->data, b->len);
+}
+
 static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
   struct fe_buf *b = &r->scratch;
   fe_buf_reset(b);
   fe_buf_puts(b, "{\"object\":\"list\",\"data\":[");
   for (int i = -1; i < r->cfg.n_aliases; i++) { /* the name, then its aliases */
-    const char *id = i < 0 ? r->model_name : r->cfg.aliases[i];
-    fe_buf_puts(b, i < 0 ? "{\"id\":" : ",{\"id\":");
-    fe_buf_json_str(b, id, strlen(id));
-    fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
-    fe_buf_i64(b, r->created);
-    fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
-    fe_buf_json_str(b, r->model_name, strlen(r->model_name));
-    fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
-    fe_buf_i64(b, max_model_len(r));
-    fe_buf_puts(b, ",\"permission\":[]}");
+    if (i >= 0) fe_buf_puts(b, ",");
+    model_object(r, b, i < 0 ? r->model_name : r->cfg.aliases[i]);
   }
   fe_buf_puts(b, "]}");
-  if (b->err) {
-    reply_error(r, c, 500, "out of memory", NULL);
+  reply_json(r, c, b);
+}
+
+static int hexval(char ch) {
+  return ch >= '0' && ch <= '9'   ? ch - '0'
+         : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                  : -1;
+}
+
+/* GET /v1/models/{model} (OpenAI's retrieve): the model object of a name it is served
+ * under (percent-decoded: clients encode a '/' in the name), else a 404. */
+static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
+  static const char pre[] = "/v1/models/";
+  const char *p = r->cur->path + sizeof(pre) - 1;
+  size_t n = r->cur->path_len - (sizeof(pre) - 1), k = 0;
+  char id[512];
+  for (size_t i = 0; i < n && k + 1 < sizeof(id); i++, k++) {
+    int hi, lo;
+    if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 && (lo = hexval(p[i + 2])) >= 0) {
+      id[k] = (char)(hi << 4 | lo);
+      i += 2;
+    } else {
+      id[k] = p[i];
+    }
+  }
+  id[k] = 0;
+  int whole = k < sizeof(id) - 1 && k == strlen(id); /* not cut, no NUL decoded */
+  int served = whole && !strcmp(id, r->model_name);
+  for (int i = 0; !served && whole && i < r->cfg.n_aliases; i++)
+    served = !strcmp(id, r->cfg.aliases[i]);
+  if (!served) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "The model '%.100s' does not exist.", id);
+    reply_error(r, c, 404, msg, "model");
     return;
   }
-  reply(r, c, 200, "application/json", NULL, b->data, b->len);
+  struct fe_buf *b = &r->scratch;
+  fe_buf_reset(b);
+  model_object(r, b, id);
+  reply_json(r, c, b);
 }
 
 static void on_metrics(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
@@ -194,6 +242,7 @@ static const struct route routes[] = {
     {"POST", "/ping", on_health, 1, 0},
     {"GET", "/version", on_version, 0, 0},
     {"GET", "/v1/models", on_models, 0, 0},
+    {"GET", "/v1/models/*", on_model, 0, 0}, /* any model's name after the slash */
     {"GET", "/metrics", on_metrics, 0, 0},
     {"POST", "/v1/completions", on_completions, 0, 0},
     {"POST", "/v1/chat/completions", on_chat, 0, 0},
@@ -220,8 +269,13 @@ int fe_route_auth_ok(const char *h, size_t len, const char *key) {
   return diff == 0;
 }
 
+/* Whether the request's path is p, or (p ending in a slash and a star) p up to its
+ * slash and something after it. */
 static int path_is(const struct fe_http_request *req, const char *p) {
-  return req->path_len == strlen(p) && memcmp(req->path, p, req->path_len) == 0;
+  size_t n = strlen(p);
+  if (n >= 2 && !strcmp(p + n - 2, "/*"))
+    return req->path_len > n - 1 && memcmp(req->path, p, n - 1) == 0;
+  return req->path_len == n && memcmp(req->path, p, req->path_len) == 0;
 }
 
 void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request *req,

@@ -32,6 +32,14 @@ test('models.list lists the served model with its max_model_len', async () => {
   assert.deepEqual(ids, [model]);
 });
 
+test('models.retrieve: the served model, and a 404 for another', async () => {
+  const m = await client.models.retrieve(model);
+  assert.equal(m.id, model);
+  assert.equal(m.object, 'model');
+  assert.equal(m.max_model_len, maxLen);
+  await assert.rejects(client.models.retrieve('google/no-such-model'), OpenAI.NotFoundError);
+});
+
 test('completions.create', async () => {
   const r = await client.completions.create({
     model, prompt: 'The capital of France is', max_tokens: 6, temperature: 0, ignore_eos: true,

@@ -83,6 +83,19 @@ TH_TEST(api_info_routes) {
   json_decref(j);
   as_resp_free(&r);
 
+  /* OpenAI's retrieve: the name percent-decoded (clients encode a '/'); another is a 404 */
+  TH_CHECK_EQ_INT(as_get(s, "/v1/models/tiny%2dgemma", &r), 200);
+  j = as_json(&r);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "id")), NAME);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(j, "max_model_len")), MAX_POS);
+  json_decref(j);
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(as_get(s, "/v1/models/org%2Ftiny-gemma", &r), 404);
+  as_check_error_at(__FILE__, __LINE__, &r, 404, "model");
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(as_get(s, "/v1/models/tiny-gemma%00", &r), 404);
+  as_resp_free(&r);
+
   TH_CHECK_EQ_INT(as_get(s, "/metrics", &r), 200);
   char ctype[128] = "";
   as_header(&r, "Content-Type", ctype, sizeof(ctype));
