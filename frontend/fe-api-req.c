@@ -560,7 +560,7 @@ static int parse_generation_prompt(struct pctx *p, json_t *body) {
 static int reject_unsupported(struct pctx *p, json_t *body) {
   static const char *const keys[] = {"suffix", "functions", "function_call", "chat_template"};
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-    if (p->r->kind == FE_API_CHAT && i > 0) continue; /* chat's own (legacy_functions) */
+    if (p->r->kind == FE_API_CHAT && strcmp(keys[i], "suffix")) continue; /* chat's own */
     json_t *v = json_object_get(body, keys[i]);
     if (v && !json_is_null(v) && !json_is_false(v) &&
         !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -1344,9 +1344,11 @@ static int legacy_functions(struct pctx *p, json_t *body) {
       return fail(p, 400, "functions", "'functions' must be an array of function objects");
     }
     json_array_foreach(fns, i, f) {
-      if (!json_is_object(f)) {
+      if (!json_is_string(json_object_get(f, "name"))) {
         json_decref(tools);
-        return fail(p, 400, "functions", "'functions[%zu]' must be an object", i);
+        char param[48];
+        snprintf(param, sizeof(param), "functions[%zu].name", i);
+        return fail(p, 400, param, "'%s' (a string) is required", param);
       }
       json_array_append_new(tools, json_pack("{s:s, s:O}", "type", "function", "function", f));
     }

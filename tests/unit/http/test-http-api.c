@@ -670,7 +670,11 @@ TH_TEST(api_legacy_functions) {
        "function_call"},
       {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":{\"name\":\"f\"}}",
        "functions"},
-      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[7]}", "functions"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[7]}",
+       "functions[0].name"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[{\"name\":\"f\"},"
+       "{\"description\":\"x\"}]}",
+       "functions[1].name"},
       {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"functions\":[{\"name\":\"f\"}],"
        "\"function_call\":\"required\"}",
        "function_call"},
