@@ -1,6 +1,7 @@
 /* fe-route.c — routes, auth and the engine-free answers (see fe-route.h). */
 #include "frontend/fe-route.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,23 @@ static void on_completions(struct fe_router *r, struct fe_conn *c, const char *b
 static void on_chat(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_engine(r, c, b, n, FE_API_CHAT);
 }
+/* POST /invocations (vLLM's SageMaker route): a body with "messages" is a chat
+ * completion, one with "prompt" a completion (a body that is not JSON: the
+ * completion's parse says so); any other is a 400. */
+static void on_invocations(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  json_t *j = json_loadb(b, n, 0, NULL);
+  int parsed = j != NULL, chat = json_object_get(j, "messages") != NULL,
+      prompt = json_object_get(j, "prompt") != NULL;
+  json_decref(j);
+  if (parsed && !chat && !prompt) {
+    reply_error(r, c, 400,
+                "/invocations takes a chat completion's body (with 'messages') or a "
+                "completion's (with 'prompt')",
+                NULL);
+    return;
+  }
+  on_engine(r, c, b, n, chat ? FE_API_CHAT : FE_API_COMPLETION);
+}
 static void on_transcriptions(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_audio(r, c, b, n, 0);
 }
@@ -246,6 +264,7 @@ static const struct route routes[] = {
     {"GET", "/metrics", on_metrics, 0, 0},
     {"POST", "/v1/completions", on_completions, 0, 0},
     {"POST", "/v1/chat/completions", on_chat, 0, 0},
+    {"POST", "/invocations", on_invocations, 0, 0}, /* vLLM's (SageMaker's) */
     {"POST", "/v1/audio/transcriptions", on_transcriptions, 0, 0},
     {"POST", "/v1/audio/translations", on_translations, 0, 0},
     {"POST", "/tokenize", on_tokenize, 0, 0},

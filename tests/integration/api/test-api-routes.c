@@ -96,6 +96,26 @@ TH_TEST(api_info_routes) {
   TH_CHECK_EQ_INT(as_get(s, "/v1/models/tiny-gemma%00", &r), 404);
   as_resp_free(&r);
 
+  /* vLLM's /invocations (SageMaker's): a chat body or a completion body, else a 400 */
+  TH_CHECK_EQ_INT(as_post(s, "/invocations", "{\"prompt\":[2,9259],\"max_tokens\":2}", &r), 200);
+  j = as_json(&r);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "text_completion");
+  json_decref(j);
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(as_post(s, "/invocations",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                          "\"max_tokens\":2}",
+                          &r),
+                  200);
+  j = as_json(&r);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "chat.completion");
+  json_decref(j);
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(as_post(s, "/invocations", "{\"input\":\"hi\"}", &r), 400);
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(as_post(s, "/invocations", "{\"prompt\":", &r), 400);
+  as_resp_free(&r);
+
   TH_CHECK_EQ_INT(as_get(s, "/metrics", &r), 200);
   char ctype[128] = "";
   as_header(&r, "Content-Type", ctype, sizeof(ctype));
