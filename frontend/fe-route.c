@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hex.h"
 #include "common/cm-time.h"
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-cors.h"
@@ -104,13 +105,6 @@ static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, 
   reply_json(r, c, b);
 }
 
-static int hexval(char ch) {
-  return ch >= '0' && ch <= '9'   ? ch - '0'
-         : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                  : -1;
-}
-
 /* GET /v1/models/{model} (OpenAI's retrieve): the model object of a name it is served
  * under (percent-decoded: clients encode a '/' in the name), else a 404. */
 static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
@@ -120,7 +114,8 @@ static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, s
   char id[512];
   for (size_t i = 0; i < n && k + 1 < sizeof(id); i++, k++) {
     int hi, lo;
-    if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 && (lo = hexval(p[i + 2])) >= 0) {
+    if (p[i] == '%' && i + 2 < n && (hi = cm_hex_digit(p[i + 1])) >= 0 &&
+        (lo = cm_hex_digit(p[i + 2])) >= 0) {
       id[k] = (char)(hi << 4 | lo);
       i += 2;
     } else {
