@@ -1840,7 +1840,7 @@ void fe_api_request_free(struct fe_api_request *r) {
 int fe_api_check_prompt_len(const struct fe_api_request *r, int64_t n_prompt_tokens,
                             int64_t max_model_len, int64_t *max_tokens_out,
                             struct fe_api_error *err) {
-  const char *what = r->kind == FE_API_CHAT ? "messages" : "prompt";
+  const char *what = r->responses ? "input" : r->kind == FE_API_CHAT ? "messages" : "prompt";
   err->status = 400;
   if (n_prompt_tokens >= max_model_len) {
     snprintf(err->param, sizeof(err->param), "%s", what);

@@ -110,12 +110,10 @@ static void bytes_array(struct fe_buf *b, const char *s, size_t n) {
   fe_buf_puts(b, "]");
 }
 
-/* Chat logprobs: {"content":[{"token","logprob","bytes","top_logprobs":[...]}]}
- * (c->logprobs is set). */
-static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
-  fe_buf_puts(b, "{\"content\":[");
-  for (size_t i = 0; i < c->n_logprobs; i++) {
-    const struct fe_api_token_logprob *t = &c->logprobs[i];
+void fe_api_write_logprob_entries(struct fe_buf *b, const struct fe_api_token_logprob *lps,
+                                  size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const struct fe_api_token_logprob *t = &lps[i];
     fe_buf_puts(b, i ? ",{\"token\":" : "{\"token\":");
     fe_buf_json_str(b, t->token, t->token_len);
     fe_buf_puts(b, ",\"logprob\":");
@@ -132,6 +130,12 @@ static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
     }
     fe_buf_puts(b, "]}");
   }
+}
+
+/* Chat logprobs: {"content":[entries]} (c->logprobs is set). */
+static void chat_logprobs(struct fe_buf *b, const struct fe_api_choice *c) {
+  fe_buf_puts(b, "{\"content\":[");
+  fe_api_write_logprob_entries(b, c->logprobs, c->n_logprobs);
   fe_buf_puts(b, "]}");
 }
 

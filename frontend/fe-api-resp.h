@@ -60,6 +60,8 @@ struct fe_api_usage {
   int64_t completion_tokens; /* tokens, all choices together */
   int details;               /* write prompt_tokens_details (--enable-prompt-tokens-details) */
   int64_t cached_tokens;     /* of the prompt tokens, those the prefix cache served */
+  int64_t reasoning_tokens;  /* of the completion tokens, those of the thinking channel (its
+                                markers too); the Responses API reports them */
 };
 
 struct fe_api_resp_meta {
@@ -88,6 +90,10 @@ int fe_api_write_completion_chunk(struct fe_buf *b, const struct fe_api_resp_met
 int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
                             const struct fe_api_choice *c, int with_role,
                             const struct fe_api_usage *u);
+/* Chat's logprob entries, comma-separated, each {"token", "logprob", "bytes",
+ * "top_logprobs": [{"token", "logprob", "bytes"}]} (the Responses API's form too). */
+void fe_api_write_logprob_entries(struct fe_buf *b, const struct fe_api_token_logprob *lps,
+                                  size_t n);
 /* The final usage chunk: "choices": [] and "usage". */
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
                              const struct fe_api_resp_meta *m, const struct fe_api_usage *u);

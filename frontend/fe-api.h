@@ -195,6 +195,9 @@ struct fe_api_request {
   /* /v1/audio/transcriptions and /translations (a chat request underneath): the
    * answer's form, enum fe_api_audio_format; 0 for the other endpoints */
   int audio_api;
+  /* POST /v1/responses (a chat request underneath): the fields its response object
+   * echoes (a JSON object's text, fe-responses.h); NULL for the other endpoints */
+  const char *responses;
   struct cm_arena arena;          /* owns every pointer above */
 };
 
@@ -271,6 +274,22 @@ int fe_api_check_grammars(const struct fe_api_request *r, struct fe_api_error *e
 int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const char *body,
                        size_t len, const struct fe_api_config *cfg, struct fe_api_request *out,
                        struct fe_api_error *err);
+
+/* POST /v1/responses (OpenAI's Responses API, as vLLM serves it): body[0..len)
+ * turned into the chat request underneath. `instructions` is a system turn;
+ * `input` a string (one user turn) or items: messages (input_text, input_image,
+ * input_audio parts; an assistant's output_text), function_call items (the
+ * assistant's tool calls; in a row, one turn) and function_call_output items
+ * (tool turns); reasoning items are dropped as the chat template drops thoughts.
+ * max_output_tokens, function tools, tool_choice, text.format, top_logprobs with
+ * include's message.output_text.logprobs, truncation, reasoning.effort (low,
+ * medium, high: enable_thinking) and vLLM's sampling fields are taken. Nothing is
+ * stored: previous_response_id, conversation, background and stored prompts are
+ * refused by name, as are hosted tools. Errors name the Responses fields
+ * ("input[2].content[0]", "max_output_tokens"). 0, or a negative cm_err with err
+ * filled, as fe_api_parse_request. */
+int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_config *cfg,
+                           struct fe_api_request *out, struct fe_api_error *err);
 
 /* A tool-call answer (fe_api_request.tool_answer): the generated text as the
  * protocol object {"tool_calls": [{"name", "arguments"}]} or {"response": s}.

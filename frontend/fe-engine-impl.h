@@ -66,6 +66,8 @@ struct fe_eng_choice {
   int streamed;          /* a chunk of it went out (before: text holds its echo) */
   int64_t n_gen;         /* tokens generated */
   double cum_lp;         /* best_of above n: the sum of their logprobs (the raw model's) */
+  int64_t n_thought;     /* of them, Gemma 4's thinking channel's (its markers too) */
+  int in_thought;        /* the last token was in that channel, or opened it */
   int64_t n_cached;      /* its prompt's tokens the prefix cache served (first output's) */
   uint64_t last_ns;      /* monotonic time of the last OUT with tokens */
   struct fe_eng_lp *lps; /* (n_lps) logprobs of the tokens (non-streamed: all; streamed:

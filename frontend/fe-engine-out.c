@@ -13,6 +13,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-engine-impl.h"
+#include "frontend/fe-responses.h"
 
 #define TAG "fe-engine"
 
@@ -94,6 +95,7 @@ static void usage_of(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
                              .details = r->e->cfg.prompt_tokens_details};
   for (int k = 0; k < r->n_ch; k++) {
     if (!ch || ch == &r->ch[k]) u->completion_tokens += r->ch[k].n_gen;
+    if (!ch || ch == &r->ch[k]) u->reasoning_tokens += r->ch[k].n_thought;
     if (k % r->api->n == 0) u->cached_tokens += r->ch[k].n_cached;
   }
 }
@@ -127,7 +129,9 @@ static void with_ids(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
 static void stream_begin(struct fe_eng_req *r) {
   if (r->sse_on) return;
   r->sse_on = 1;
-  const char *prefix = r->api->kind == FE_API_CHAT ? "chatcmpl-" : "cmpl-";
+  const char *prefix = r->api->responses             ? "resp_"
+                       : r->api->kind == FE_API_CHAT ? "chatcmpl-"
+                                                     : "cmpl-";
   fe_sse_begin(&r->sse, r->conn, r->api, prefix, r->created);
   r->sse.n = r->n_ch; /* several prompts: n per prompt */
   if (r->api->kind != FE_API_CHAT) return;
@@ -673,7 +677,8 @@ static void complete(struct fe_eng_req *r) {
   observe_finished(r, &u);
   if (r->stream) {
     stream_begin(r);
-    fe_sse_end(&r->sse, r->api->include_usage || r->api->audio_api ? &u : NULL);
+    fe_sse_end(&r->sse,
+               r->api->include_usage || r->api->audio_api || r->api->responses ? &u : NULL);
     req_release(r);
     return;
   }
@@ -719,6 +724,8 @@ static void complete(struct fe_eng_req *r) {
     ctype = "text/plain; charset=utf-8";
   } else if (!rc && r->api->audio_api) { /* {"text", "usage"}: OpenAI's token usage form */
     fe_api_write_audio_text(b, NULL, cs[0].text, cs[0].text_len, &u);
+  } else if (!rc && r->api->responses) {
+    rc = fe_resp_write(b, &meta, r->api->responses, &cs[0], &u);
   } else if (!rc) {
     if (r->api->kind == FE_API_CHAT)
       rc = fe_api_write_chat(b, &meta, cs, (size_t)n_out, &u);
@@ -842,7 +849,15 @@ void fe_eng_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
   for (uint32_t t = 0; t < s->tokens.n && !hit; t++) {
     int32_t id = (int32_t)s->tokens.v[t];
     ch->n_gen++;
-    if (want_lp) lp_push(ch, id, &s->logprobs, t);
+    int thought = 0; /* the thought's tokens, from <|channel> to <channel|> */
+    if (ch->g4 && e->model.reasoning) {
+      if (id == e->model.marker[FE_G4_CHANNEL]) ch->in_thought = 1;
+      thought = ch->in_thought;
+      ch->n_thought += thought;
+      if (id == e->model.marker[FE_G4_CHANNEL_END]) ch->in_thought = 0;
+    }
+    /* (the Responses API's logprobs are its output_text's: the thought's are not) */
+    if (want_lp && !(thought && r->api->responses)) lp_push(ch, id, &s->logprobs, t);
     if (have_lp) ch->cum_lp += s->logprobs.sampled.v[t];
     if (r->api->return_token_ids && ids_push(ch, id)) {
       fe_eng_req_fail(r, 500, "out of memory", NULL);

@@ -766,7 +766,10 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
   r->stream = req->stream;
   r->start_ns = cm_time_ns();
   r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
-  fe_api_make_id(r->id, sizeof(r->id), req->kind == FE_API_CHAT ? "chatcmpl-" : "cmpl-");
+  fe_api_make_id(r->id, sizeof(r->id),
+                 req->responses             ? "resp_"
+                 : req->kind == FE_API_CHAT ? "chatcmpl-"
+                                            : "cmpl-");
   /* link first: fe_eng_req_fail and the abort callback find it */
   r->next = e->reqs;
   if (e->reqs) e->reqs->prev = r;

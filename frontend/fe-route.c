@@ -236,6 +236,17 @@ static void on_invocations(struct fe_router *r, struct fe_conn *c, const char *b
   }
   on_engine(r, c, b, n, chat ? FE_API_CHAT : FE_API_COMPLETION);
 }
+/* POST /v1/responses: OpenAI's Responses API, a chat request underneath */
+static void on_responses(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  struct fe_api_config acfg = api_config(r);
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_responses(b, n, &acfg, &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  submit(r, c, req);
+}
 static void on_transcriptions(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_audio(r, c, b, n, 0);
 }
@@ -259,6 +270,7 @@ static const struct route routes[] = {
     {"GET", "/metrics", on_metrics, 0, 0},
     {"POST", "/v1/completions", on_completions, 0, 0},
     {"POST", "/v1/chat/completions", on_chat, 0, 0},
+    {"POST", "/v1/responses", on_responses, 0, 0},
     {"POST", "/invocations", on_invocations, 0, 0}, /* vLLM's (SageMaker's) */
     {"POST", "/v1/audio/transcriptions", on_transcriptions, 0, 0},
     {"POST", "/v1/audio/translations", on_translations, 0, 0},

@@ -35,8 +35,13 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
   s->meta.created = created;
   s->meta.model = r->model;
   fe_buf_init(&s->buf, SSE_BUF_CAP);
-  return fe_conn_stream_begin(c, 200, "text/event-stream",
-                              "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+  int rc = fe_conn_stream_begin(c, 200, "text/event-stream",
+                                "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
+  if (rc || !r->responses) return rc;
+  s->responses = 1;
+  fe_resp_stream_init(&s->resp, &s->meta, r->responses);
+  fe_resp_stream_begin(&s->resp, &s->buf);
+  return s->buf.err ? s->buf.err : fe_conn_stream_write(c, s->buf.data, s->buf.len);
 }
 
 int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
@@ -44,6 +49,12 @@ int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
   if (choice->index < 0 || choice->index >= s->n) return CM_ERR_RANGE;
   if (s->audio && !choice->text_len) return 0; /* the role, the finish: no text, no event */
   fe_buf_reset(&s->buf);
+  if (choice->finish_reason) s->finish = choice->finish_reason;
+  if (s->responses) {
+    int rc = fe_resp_stream_chunk(&s->resp, &s->buf, choice);
+    if (rc || !s->buf.len) return rc;
+    return fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+  }
   fe_buf_puts(&s->buf, "data: ");
   if (s->audio) {
     fe_buf_puts(&s->buf, "{\"type\":\"transcript.text.delta\",\"delta\":");
@@ -64,6 +75,10 @@ int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
 
 int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message) {
   fe_buf_reset(&s->buf);
+  if (s->responses) {
+    if (fe_resp_stream_error(&s->buf, status, message)) return CM_ERR_NOMEM;
+    return fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+  }
   fe_buf_puts(&s->buf, "data: ");
   fe_api_error_body(&s->buf, status, message, NULL);
   return send_event(s);
@@ -71,7 +86,13 @@ int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message) 
 
 int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
   int rc = 0;
-  if (!fe_conn_closed(s->conn)) {
+  if (!fe_conn_closed(s->conn) && s->responses) {
+    if (u) { /* (without: it failed, and its error event went out) */
+      fe_buf_reset(&s->buf);
+      rc = fe_resp_stream_end(&s->resp, &s->buf, s->finish, u);
+      if (!rc) rc = fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+    }
+  } else if (!fe_conn_closed(s->conn)) {
     if (s->audio && u) {
       fe_buf_reset(&s->buf);
       fe_buf_puts(&s->buf, "data: ");
@@ -89,5 +110,6 @@ int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
   int rc2 = fe_conn_stream_end(s->conn);
   fe_buf_free(&s->buf);
   fe_buf_free(&s->whole);
+  if (s->responses) fe_resp_stream_free(&s->resp);
   return rc ? rc : rc2;
 }

@@ -6,7 +6,8 @@
  * extension): the prompt's tokens and its choice's tokens so far. The audio
  * endpoints' streams are OpenAI's events instead: {"type": "transcript.text.delta",
  * "delta"} for each piece of text, {"type": "transcript.text.done", "text", "usage"}
- * (fe_sse_end's usage), then [DONE].
+ * (fe_sse_end's usage), then [DONE]. The Responses API's stream is its own
+ * events (fe-responses.h).
  *
  * The serving path creates one per streamed request and feeds it deltas as
  * tokens are detokenized. Each call returns CM_ERR_CLOSED once the client is
@@ -20,6 +21,7 @@
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
 #include "frontend/fe-http-buf.h"
+#include "frontend/fe-responses.h"
 #include "frontend/fe-server.h"
 
 struct fe_sse_stream {
@@ -36,6 +38,10 @@ struct fe_sse_stream {
   int audio;                       /* the audio endpoints (fe_api_request.audio_api): OpenAI's
                                       transcript.text.delta events, then transcript.text.done */
   struct fe_buf whole;             /* audio: the text sent so far, for the done event */
+  int responses;                   /* POST /v1/responses: its events (fe-responses.h), no
+                                      [DONE] */
+  struct fe_resp_stream resp;
+  const char *finish;              /* the finish reason sent (static), or NULL */
   struct fe_buf buf;               /* reused for every chunk */
 };
 

@@ -2,7 +2,8 @@
  * serve`: starts serve (with an API key and --max-model-len) on a tiny
  * Gemma 4, runs api-openai.mjs under node against it, and kills serve
  * whatever happens (th-proc: process groups, PR_SET_PDEATHSIG, the
- * watchdog); then api-structured.mjs and api-tools.mjs the same way. Skips, loudly, when node or
+ * watchdog); then api-structured.mjs, api-tools.mjs, api-gemma4.mjs and
+ * api-responses.mjs the same way. Skips, loudly, when node or
  * node_modules/openai is missing (tools/setup installs both). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,4 +74,12 @@ TH_TEST(api_tool_calls) {
  * and auto, parallel, streamed, the history round trip, and the 400s. */
 TH_TEST(api_gemma4_reasoning_and_tools) {
   run_script_on("api-gemma4.mjs", "2048", 1);
+}
+
+/* POST /v1/responses (OpenAI's Responses API) on the same Gemma 4: the client's
+ * create and stream helpers, each answer held to the chat completion of the same
+ * conversation and seed (text, thoughts, calls, logprobs, structured text), and
+ * the 400s naming the Responses fields. */
+TH_TEST(api_responses) {
+  run_script_on("api-responses.mjs", "2048", 1);
 }

@@ -1,6 +1,7 @@
 /* test-http-api.c — OpenAI request validation: a matrix of bad inputs (each
  * must be a 400/404 naming the right field), good requests parsed into the
  * right struct values, and the prompt-length check. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -820,5 +821,108 @@ TH_TEST(api_prompt_len) {
   r.max_tokens = -1;
   TH_CHECK_EQ_INT(fe_api_check_prompt_len(&r, 30, 100, &mt, &e), 0);
   TH_CHECK_EQ_INT(mt, 70);
+  fe_api_request_free(&r);
+}
+
+/* POST /v1/responses: the items as the chat request's messages, the fields as
+ * chat's, the echo; and the refusals naming the Responses fields. */
+TH_TEST(api_responses_items) {
+  const char *b =
+      "{\"model\":\"gemma\",\"instructions\":\"Be brief.\",\"input\":["
+      "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a\"},"
+      "{\"type\":\"input_text\",\"text\":\"b\"}]},"
+      "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[]},"
+      "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\","
+      "\"text\":\"ok \"},{\"type\":\"output_text\",\"text\":\"then\"}]},"
+      "{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"f\",\"arguments\":"
+      "\"{\\\"x\\\":1}\"},"
+      "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"2\"},"
+      "{\"role\":\"developer\",\"content\":\"d\"}],"
+      "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+      "\"properties\":{\"x\":{\"type\":\"integer\"}}}}],"
+      "\"max_output_tokens\":7,\"temperature\":0.5,\"top_logprobs\":2,"
+      "\"metadata\":{\"k\":\"v\"}}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  int rc = fe_api_parse_responses(b, strlen(b), &cfg, &r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+  TH_CHECK(r.kind == FE_API_CHAT && r.n == 1 && r.max_tokens == 7 && r.logprobs == 2);
+  TH_CHECK(r.temperature == 0.5 && r.tool_answer == 1 && r.grammar_kind != 0);
+  /* system, user, assistant (its text and its call, one turn), tool, system */
+  TH_REQUIRE(r.n_messages == 5);
+  TH_CHECK(r.messages[0].role == FE_API_ROLE_SYSTEM);
+  TH_CHECK(strstr(r.messages[0].content, "Be brief.") != NULL);
+  TH_CHECK_EQ_STR(r.messages[1].content, "a\nb");
+  TH_CHECK(r.messages[2].role == FE_API_ROLE_ASSISTANT);
+  /* (the JSON tool protocol writes a turn with calls as its protocol object) */
+  TH_CHECK_EQ_STR(r.messages[2].content,
+                  "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\":1}}]}");
+  TH_CHECK(strstr(r.messages[3].content, "call_1") && strstr(r.messages[3].content, "\"2\""));
+  TH_CHECK_EQ_STR(r.messages[4].content, "d");
+  json_t *echo = json_loads(r.responses, 0, NULL);
+  TH_REQUIRE(echo != NULL);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(echo, "instructions")), "Be brief.");
+  TH_CHECK(json_integer_value(json_object_get(echo, "max_output_tokens")) == 7);
+  TH_CHECK(json_integer_value(json_object_get(echo, "top_logprobs")) == 2);
+  TH_CHECK(json_is_false(json_object_get(echo, "store")));
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(echo, "metadata"), "k")), "v");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(echo, "tool_choice")), "auto");
+  json_decref(echo);
+  fe_api_request_free(&r);
+  /* a string is one user turn; chat's own parse names chat's fields in these terms */
+  static const struct {
+    const char *body, *param;
+  } refused[] = {
+      {"{\"input\":\"a\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
+      {"{\"input\":\"a\",\"background\":true}", "background"},
+      {"{\"input\":\"a\",\"include\":[\"file_search_call.results\"]}", "include"},
+      {"{\"input\":\"a\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0].type"},
+      {"{\"input\":\"a\",\"tool_choice\":{\"type\":\"mcp\"}}", "tool_choice"},
+      {"{\"input\":[]}", "input"},
+      {"{}", "input"},
+      {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[]}]}", "input"},
+      {"{\"input\":[{\"role\":\"tool\",\"content\":\"a\"}]}", "input[0].role"},
+      {"{\"input\":[{\"role\":\"user\"}]}", "input[0].content"},
+      {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_file\"}]}]}",
+       "input[0].content[0]"},
+      {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\"}]}",
+       "input[0].arguments"},
+      {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}", "input[0].output"},
+      {"{\"input\":[{\"type\":\"computer_call\"}]}", "input[0]"},
+      {"{\"input\":\"a\",\"max_output_tokens\":-1}", "max_output_tokens"},
+      {"{\"input\":\"a\",\"top_p\":7}", "top_p"},
+      {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"xml\"}}}", "text.format.type"},
+      {"{\"input\":\"a\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", "text.format"},
+      {"{\"input\":\"a\",\"tools\":[{\"type\":\"function\"}]}", "tools[0].name"},
+      {"{\"input\":\"a\",\"truncation\":1}", "truncation"},
+      {"{\"input\":\"a\",\"reasoning\":{\"effort\":\"max\"}}", "reasoning.effort"},
+      {"{\"input\":\"a\",\"model\":\"other\"}", "model"},
+      {"[1]", ""},
+      {"{\"input\":", ""},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(refused); i++) {
+    rc = fe_api_parse_responses(refused[i].body, strlen(refused[i].body), &cfg, &r, &e);
+    if (rc == 0) {
+      th_fail(__FILE__, __LINE__, "accepted: %s", refused[i].body);
+      fe_api_request_free(&r);
+      continue;
+    }
+    TH_CHECK(e.status == 400 || e.status == 404);
+    TH_CHECK(e.message[0] != 0);
+    if (strcmp(e.param, refused[i].param))
+      th_fail(__FILE__, __LINE__, "%s: param '%s', not '%s' (%s)", refused[i].body, e.param,
+              refused[i].param, e.message);
+  }
+  const char *s = "{\"input\":\"hi\",\"reasoning\":{\"effort\":\"high\"},\"truncation\":\"auto\"}";
+  TH_REQUIRE(fe_api_parse_responses(s, strlen(s), &cfg, &r, &e) == 0);
+  TH_CHECK(r.n_messages == 1 && r.messages[0].role == FE_API_ROLE_USER);
+  TH_CHECK(r.truncate_prompt_tokens == -1 && r.thinking == 1);
+  fe_api_request_free(&r);
+  s = "{\"input\":\"hi\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+      "\"schema\":{\"type\":\"integer\"}}}}";
+  TH_REQUIRE(fe_api_parse_responses(s, strlen(s), &cfg, &r, &e) == 0);
+  TH_CHECK(r.grammar_kind == GR_JSON_SCHEMA && !strcmp(r.grammar_param, "text.format.schema"));
+  TH_CHECK(r.checks && !strcmp(r.checks->param, "text.format.schema"));
   fe_api_request_free(&r);
 }

@@ -5,11 +5,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-http-metrics.h"
+#include "frontend/fe-responses.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-sse.h"
 #include "tests/harness/th.h"
@@ -178,6 +180,147 @@ TH_TEST(resp_stream_chunks) {
   TH_REQUIRE(fe_sse_frame(&b, "{}", 2) == 0);
   TH_CHECK_EQ_STR(b.data, "data: {}\n\n");
   fe_buf_free(&b);
+}
+
+/* The Responses API's object: a thought, text with its logprobs, two calls. */
+TH_TEST(resp_responses_object) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_choice c = {0, "Hello", 5, "tool_calls", lps, 2};
+  c.reasoning = "hmm";
+  c.reasoning_len = 3;
+  c.tool_calls = "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                 "\"arguments\":\"{}\"}},{\"id\":\"call_2\",\"type\":\"function\","
+                 "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]";
+  struct fe_api_usage u = {10, 7, 0, 4, 3};
+  struct fe_api_resp_meta m = {"resp_1", 1700000000, "gemma"};
+  TH_REQUIRE(fe_resp_write(&b, &m, "{\"store\":false,\"tools\":[]}", &c, &u) == 0);
+  json_t *j = parse(&b);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "object")), "response");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "status")), "completed");
+  TH_CHECK(json_is_false(json_object_get(j, "store")));
+  json_t *out = json_object_get(j, "output");
+  TH_REQUIRE(json_array_size(out) == 4);
+  static const char *const types[] = {"reasoning", "message", "function_call", "function_call"};
+  for (size_t i = 0; i < 4; i++)
+    TH_CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(out, i), "type")), types[i]);
+  json_t *part = json_array_get(json_object_get(json_array_get(out, 1), "content"), 0);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(part, "text")), "Hello");
+  TH_CHECK(json_array_size(json_object_get(part, "logprobs")) == 2);
+  json_t *call = json_array_get(out, 3);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(call, "call_id")), "call_2");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(call, "arguments")), "{\"a\":1}");
+  json_t *us = json_object_get(j, "usage");
+  TH_CHECK(json_integer_value(json_object_get(us, "total_tokens")) == 17);
+  TH_CHECK(json_integer_value(json_object_get(json_object_get(us, "output_tokens_details"),
+                                              "reasoning_tokens")) == 3);
+  TH_CHECK(json_integer_value(
+               json_object_get(json_object_get(us, "input_tokens_details"), "cached_tokens")) == 4);
+  json_decref(j);
+  /* cut by max tokens: incomplete, and so is its last item */
+  fe_buf_reset(&b);
+  struct fe_api_choice cut = {0, "Hel", 3, "length"};
+  TH_REQUIRE(fe_resp_write(&b, &m, NULL, &cut, &u) == 0);
+  j = parse(&b);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "status")), "incomplete");
+  TH_CHECK_EQ_STR(
+      json_string_value(json_object_get(json_object_get(j, "incomplete_details"), "reason")),
+      "max_output_tokens");
+  TH_CHECK_EQ_STR(
+      json_string_value(json_object_get(json_array_get(json_object_get(j, "output"), 0), "status")),
+      "incomplete");
+  json_decref(j);
+  fe_buf_free(&b);
+}
+
+/* A Responses stream: the events of chunks (a thought, text whose logprobs came
+ * before it, a call in two pieces) in order, numbered, each item added and done,
+ * and the whole response last. */
+TH_TEST(resp_responses_events) {
+  struct fe_resp_stream s;
+  struct fe_api_resp_meta m = {"resp_2", 1700000000, "gemma"};
+  fe_resp_stream_init(&s, &m, "{\"store\":false}");
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  fe_resp_stream_begin(&s, &b);
+  struct fe_api_choice c1 = {0};
+  c1.reasoning = "thi";
+  c1.reasoning_len = 3;
+  fe_resp_stream_chunk(&s, &b, &c1);
+  struct fe_api_choice c2 = {0, "", 0, NULL, lps, 1}; /* logprobs, no text yet */
+  c2.reasoning = "nk";
+  c2.reasoning_len = 2;
+  fe_resp_stream_chunk(&s, &b, &c2);
+  struct fe_api_choice c3 = {0, "Hello", 5, NULL, lps + 1, 1};
+  fe_resp_stream_chunk(&s, &b, &c3);
+  struct fe_api_choice c4 = {0};
+  c4.tool_calls =
+      "[{\"index\":0,\"id\":\"call_9\",\"type\":\"function\",\"function\":{\"name\":"
+      "\"f\",\"arguments\":\"\"}},{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\"}}]";
+  fe_resp_stream_chunk(&s, &b, &c4);
+  c4.tool_calls = "[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}}]";
+  fe_resp_stream_chunk(&s, &b, &c4);
+  struct fe_api_usage u = {4, 9, 0, 0, 3};
+  TH_REQUIRE(fe_resp_stream_end(&s, &b, "tool_calls", &u) == 0);
+  TH_REQUIRE(b.err == 0);
+  /* the events, type by type */
+  static const char *const want[] = {"response.created",
+                                     "response.in_progress",
+                                     "response.output_item.added",
+                                     "response.content_part.added",
+                                     "response.reasoning_text.delta",
+                                     "response.reasoning_text.delta",
+                                     "response.reasoning_text.done",
+                                     "response.content_part.done",
+                                     "response.output_item.done",
+                                     "response.output_item.added",
+                                     "response.content_part.added",
+                                     "response.output_text.delta",
+                                     "response.output_text.done",
+                                     "response.content_part.done",
+                                     "response.output_item.done",
+                                     "response.output_item.added",
+                                     "response.function_call_arguments.delta",
+                                     "response.function_call_arguments.delta",
+                                     "response.function_call_arguments.done",
+                                     "response.output_item.done",
+                                     "response.completed"};
+  size_t n = 0;
+  json_t *last = NULL;
+  for (char *p = b.data; p && p < b.data + b.len && n < CM_ARRAY_LEN(want) + 1; n++) {
+    char *nl = strchr(p, '\n'), *end = strstr(p, "\n\n");
+    TH_REQUIRE(nl && end && !strncmp(p, "event: ", 7) && !strncmp(nl + 1, "data: ", 6));
+    json_error_t e;
+    json_t *j = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, &e);
+    TH_REQUIRE(j != NULL);
+    const char *type = json_string_value(json_object_get(j, "type"));
+    TH_REQUIRE(n < CM_ARRAY_LEN(want));
+    TH_CHECK_EQ_STR(type, want[n]);
+    TH_CHECK((size_t)(nl - p - 7) == strlen(type) && !strncmp(p + 7, type, strlen(type)));
+    TH_CHECK(json_integer_value(json_object_get(j, "sequence_number")) == (json_int_t)n);
+    if (!strcmp(type, "response.output_text.delta")) { /* the held logprob goes with it */
+      TH_CHECK(json_array_size(json_object_get(j, "logprobs")) == 2);
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "delta")), "Hello");
+    }
+    if (!strcmp(type, "response.function_call_arguments.done"))
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "arguments")), "{\"a\":1}");
+    json_decref(last);
+    last = j;
+    p = end + 2;
+  }
+  TH_CHECK(n == CM_ARRAY_LEN(want));
+  json_t *r = json_object_get(last, "response"), *out = json_object_get(r, "output");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(r, "status")), "completed");
+  TH_REQUIRE(json_array_size(out) == 3);
+  TH_CHECK_EQ_STR(
+      json_string_value(json_object_get(
+          json_array_get(json_object_get(json_array_get(out, 0), "content"), 0), "text")),
+      "think");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(out, 2), "call_id")), "call_9");
+  TH_CHECK(json_is_false(json_object_get(r, "store")));
+  json_decref(last);
+  fe_buf_free(&b);
+  fe_resp_stream_free(&s);
 }
 
 TH_TEST(resp_tokenize_shapes) {
