@@ -316,9 +316,14 @@ static int refused(struct fe_api_error *err, json_t *b) {
   json_t *x;
   json_array_foreach(inc, i, x) {
     const char *s = json_string_value(x);
-    if (!s || strcmp(s, "message.output_text.logprobs"))
+    /* reasoning.encrypted_content: a stateless client's way to carry thoughts to its
+     * next turn; Gemma's chat templates drop earlier thoughts, so there is nothing to
+     * carry, and reasoning items come without it */
+    if (!s ||
+        (strcmp(s, "message.output_text.logprobs") && strcmp(s, "reasoning.encrypted_content")))
       return fail(err, "include",
-                  "'include' value '%.60s' is not supported (only message.output_text.logprobs)",
+                  "'include' value '%.60s' is not supported (message.output_text.logprobs, "
+                  "reasoning.encrypted_content)",
                   s ? s : "?");
   }
   return 0;
@@ -358,8 +363,12 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
   if (x) json_object_set_new(req, "response_format", x);
   /* logprobs: include's message.output_text.logprobs (refused() checked it), or
    * top_logprobs */
-  json_t *top = json_object_get(b, "top_logprobs");
-  if (json_array_size(json_object_get(b, "include")) || (top && !json_is_null(top))) {
+  json_t *top = json_object_get(b, "top_logprobs"), *inc = json_object_get(b, "include");
+  size_t i;
+  int lps = top && !json_is_null(top);
+  json_array_foreach(inc, i, x) lps |=
+      !strcmp(json_string_value(x), "message.output_text.logprobs");
+  if (lps) {
     json_object_set_new(req, "logprobs", json_true());
     if (top) json_object_set(req, "top_logprobs", top);
   }

@@ -330,7 +330,7 @@ test('what is not served is a 400 naming the field; the server goes on', async (
     [{ previous_response_id: 'resp_1' }, 'previous_response_id'],
     [{ background: true }, 'background'],
     [{ conversation: 'conv_1' }, 'conversation'],
-    [{ include: ['reasoning.encrypted_content'] }, 'include'],
+    [{ include: ['file_search_call.results'] }, 'include'],
     [{ tools: [{ type: 'web_search' }] }, 'tools[0].type'],
     [{ tools, tool_choice: { type: 'file_search' } }, 'tool_choice'],
     [{ input: [] }, 'input'],
