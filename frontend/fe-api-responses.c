@@ -9,15 +9,20 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
+#include "frontend/fe-rstore.h"
 
 #define MAX_ITEMS 4096 /* input items; the chat parse caps the rest */
 
 struct rctx {
   struct fe_api_error *err;
-  json_t *msgs;  /* the chat messages being built */
-  char **origin; /* (cap) each message's input item, "input[3]" (malloc'd) */
+  struct fe_rstore *store; /* NULL: none */
+  json_t *msgs;            /* the chat messages being built */
+  char **origin;           /* (cap) each message's input item, "input[3]" (malloc'd) */
   size_t cap;
+  size_t conv_from; /* msgs from here on are the conversation (before: the instructions) */
+  json_t *items;    /* the input items, each with its id, for the store */
 };
 
 static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...)
@@ -48,8 +53,28 @@ static int given(const json_t *o, const char *key) {
 static int push(struct rctx *c, json_t *m, const char *from) {
   size_t i = json_array_size(c->msgs);
   if (!m || json_array_append_new(c->msgs, m)) return oom(c->err);
-  if (i >= c->cap) return oom(c->err);
+  if (i >= c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 16;
+    char **o = realloc(c->origin, cap * sizeof(*o));
+    if (!o) return oom(c->err);
+    memset(o + c->cap, 0, (cap - c->cap) * sizeof(*o));
+    c->origin = o;
+    c->cap = cap;
+  }
   if (!(c->origin[i] = strdup(from))) return oom(c->err);
+  return 0;
+}
+
+/* An input item as the store lists it: a copy with its type and an id. */
+static int keep_item(struct rctx *c, json_t *it, const char *type) {
+  json_t *x = json_deep_copy(it);
+  if (!x || json_array_append_new(c->items, x)) return oom(c->err);
+  if (!json_object_get(x, "type")) json_object_set_new(x, "type", json_string(type));
+  if (!json_is_string(json_object_get(x, "id"))) {
+    char id[48];
+    fe_api_make_id(id, sizeof(id), !strcmp(type, "message") ? "msg_" : "fc_");
+    json_object_set_new(x, "id", json_string(id));
+  }
   return 0;
 }
 
@@ -181,8 +206,13 @@ static int output_item(struct rctx *c, json_t *it, const char *param) {
 }
 
 static int input_items(struct rctx *c, json_t *input) {
-  if (json_is_string(input))
-    return push(c, json_pack("{s:s, s:O}", "role", "user", "content", input), "input");
+  if (json_is_string(input)) {
+    json_t *it = json_pack("{s:s, s:s, s:[{s:s, s:O}]}", "type", "message", "role", "user",
+                           "content", "type", "input_text", "text", input);
+    int rc = it ? keep_item(c, it, "message") : oom(c->err);
+    json_decref(it);
+    return rc ? rc : push(c, json_pack("{s:s, s:O}", "role", "user", "content", input), "input");
+  }
   if (!json_is_array(input) || !json_array_size(input))
     return fail(c->err, "input", "'input' must be a string or a non-empty list of items");
   if (json_array_size(input) > MAX_ITEMS)
@@ -207,10 +237,12 @@ static int input_items(struct rctx *c, json_t *input) {
     else if (!strcmp(t, "reasoning"))
       rc = 0; /* an earlier thought: Gemma's template drops it from the history */
     else
-      rc = fail(c->err, param,
-                "input item type '%.40s' is not supported (message, function_call, "
-                "function_call_output, reasoning)%s",
-                t, !strcmp(t, "item_reference") ? ": this server stores no items" : "");
+      rc = fail(
+          c->err, param,
+          "input item type '%.40s' is not supported (message, function_call, "
+          "function_call_output, reasoning)%s",
+          t, !strcmp(t, "item_reference") ? ": items are referred to by previous_response_id" : "");
+    if (!rc) rc = keep_item(c, it, t);
     if (rc) return rc;
   }
   if (!json_array_size(c->msgs)) return fail(c->err, "input", "'input' holds no message");
@@ -296,12 +328,8 @@ static const char *const passed[] = {
 };
 /* clang-format on */
 
-/* Fields that ask for what a server without a response store cannot give. */
+/* Fields that ask for what this server does not give. */
 static int refused(struct fe_api_error *err, json_t *b) {
-  if (given(b, "previous_response_id"))
-    return fail(err, "previous_response_id",
-                "'previous_response_id' is not supported: responses are not stored here; send "
-                "the conversation's items in 'input'");
   if (given(b, "conversation"))
     return fail(err, "conversation",
                 "'conversation' is not supported: conversations are not stored here");
@@ -329,6 +357,34 @@ static int refused(struct fe_api_error *err, json_t *b) {
   return 0;
 }
 
+/* previous_response_id: the stored conversation it ends goes first (its
+ * instructions do not: a request gives its own, as OpenAI's API has it). */
+static int previous(struct rctx *c, json_t *id) {
+  if (!id || json_is_null(id)) return 0;
+  if (!json_is_string(id))
+    return fail(c->err, "previous_response_id", "'previous_response_id' must be a string");
+  if (!c->store)
+    return fail(c->err, "previous_response_id",
+                "'previous_response_id' needs the response store, which is off on this server "
+                "(--responses-store-size 0); send the conversation's items in 'input'");
+  const struct fe_rstore_entry *e =
+      fe_rstore_get(c->store, json_string_value(id), json_string_length(id));
+  if (!e) {
+    fail(c->err, "previous_response_id", "no response '%.64s' is stored here",
+         json_string_value(id));
+    c->err->status = 404;
+    return CM_ERR_NOENT;
+  }
+  json_t *conv = json_loads(e->conv, 0, NULL), *m;
+  size_t i;
+  int rc = conv ? 0 : oom(c->err);
+  json_array_foreach(conv, i, m) {
+    if ((rc = push(c, json_incref(m), "previous_response_id"))) break;
+  }
+  json_decref(conv);
+  return rc;
+}
+
 /* The chat request of body b (new), and the messages' origins. */
 static int to_chat(struct rctx *c, json_t *b, json_t **out) {
   int rc = refused(c->err, b);
@@ -344,6 +400,8 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
     if ((rc = push(c, json_pack("{s:s, s:O}", "role", "system", "content", ins), "instructions")))
       return rc;
   }
+  c->conv_from = json_array_size(c->msgs);
+  if ((rc = previous(c, json_object_get(b, "previous_response_id")))) return rc;
   json_t *input = json_object_get(b, "input");
   if (!input || json_is_null(input)) return fail(c->err, "input", "'input' is required");
   if ((rc = input_items(c, input))) return rc;
@@ -400,7 +458,7 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
 }
 
 /* What the response object echoes of the request (its effective sampling). */
-static json_t *echo_of(json_t *b, const struct fe_api_request *r) {
+static json_t *echo_of(json_t *b, const struct fe_api_request *r, int stored) {
   json_t *e = json_object();
   json_t *tc = json_object_get(b, "tool_choice"), *tools = json_object_get(b, "tools");
   json_t *rs = json_object_get(b, "reasoning"), *text = json_object_get(b, "text");
@@ -412,11 +470,13 @@ static json_t *echo_of(json_t *b, const struct fe_api_request *r) {
   json_object_set_new(e, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
   json_object_set_new(e, "parallel_tool_calls",
                       json_boolean(!json_is_false(json_object_get(b, "parallel_tool_calls"))));
-  json_object_set_new(e, "previous_response_id", json_null());
+  json_t *prev = json_object_get(b, "previous_response_id");
+  json_object_set_new(e, "previous_response_id",
+                      json_is_string(prev) ? json_copy(prev) : json_null());
   json_object_set_new(e, "reasoning",
                       json_is_object(rs) ? json_deep_copy(rs)
                                          : json_pack("{s:n, s:n}", "effort", "summary"));
-  json_object_set_new(e, "store", json_false());
+  json_object_set_new(e, "store", json_boolean(stored));
   json_object_set_new(e, "temperature", json_real(r->temperature));
   json_object_set_new(e, "text",
                       json_is_object(text) && json_object_get(text, "format")
@@ -477,13 +537,25 @@ int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_con
     }
     return rc;
   }
-  struct rctx c = {err, NULL, NULL, MAX_ITEMS + 1};
-  c.origin = calloc(c.cap, sizeof(*c.origin));
+  /* what the store keeps (store: false asks it not to) */
+  struct fe_rstore *store = json_is_false(json_object_get(b, "store")) ? NULL : cfg->store;
+  struct rctx c = {err, cfg->store};
+  c.items = json_array();
   json_t *req = NULL;
-  int rc = c.origin ? to_chat(&c, b, &req) : oom(err);
+  int rc = c.items ? to_chat(&c, b, &req) : oom(err);
   char *js = rc ? NULL : json_dumps(req, JSON_COMPACT);
   if (!rc && !js) rc = oom(err);
   size_t n = json_array_size(c.msgs);
+  char *conv = NULL, *items = NULL;
+  if (!rc && store) { /* the conversation so far, and the items as given */
+    json_t *cv = json_array();
+    for (size_t i = c.conv_from; i < n; i++)
+      json_array_append(cv, json_array_get(c.msgs, i));
+    conv = json_dumps(cv, JSON_COMPACT);
+    items = json_dumps(c.items, JSON_COMPACT);
+    json_decref(cv);
+    if (!conv || !items) rc = oom(err);
+  }
   json_decref(req); /* (and c.msgs) */
   if (!rc) {
     rc = fe_api_parse_request(FE_API_CHAT, js, strlen(js), cfg, out, err);
@@ -496,19 +568,27 @@ int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_con
   }
   free(js);
   if (!rc) {
-    json_t *e = echo_of(b, out);
+    json_t *e = echo_of(b, out, store != NULL);
     char *es = e ? json_dumps(e, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(e);
     out->responses = es ? cm_arena_strndup(&out->arena, es, strlen(es)) : NULL;
     free(es);
-    if (!out->responses) {
+    if (store) {
+      out->store = store;
+      out->responses_conv = cm_arena_strndup(&out->arena, conv, strlen(conv));
+      out->responses_input = cm_arena_strndup(&out->arena, items, strlen(items));
+    }
+    if (!out->responses || (store && (!out->responses_conv || !out->responses_input))) {
       fe_api_request_free(out);
       rc = oom(err);
     }
   }
+  free(conv);
+  free(items);
   for (size_t i = 0; c.origin && i < c.cap; i++)
     free(c.origin[i]);
   free(c.origin);
+  json_decref(c.items);
   json_decref(b);
   return rc;
 }

@@ -198,6 +198,12 @@ struct fe_api_request {
   /* POST /v1/responses (a chat request underneath): the fields its response object
    * echoes (a JSON object's text, fe-responses.h); NULL for the other endpoints */
   const char *responses;
+  /* The Responses API's store (fe-rstore.h) that keeps the answer (NULL: it is not
+   * kept), with the conversation before it (a JSON array of chat messages, without
+   * the instructions) and its input items (a JSON array, each with an id) */
+  struct fe_rstore *store;
+  const char *responses_conv;
+  const char *responses_input;
   struct cm_arena arena;          /* owns every pointer above */
 };
 
@@ -230,6 +236,7 @@ struct fe_api_model {
 };
 
 struct md_sampling; /* model/md-config.h */
+struct fe_rstore;   /* fe-rstore.h */
 
 struct fe_api_config {
   const char *model_name; /* the served model; requests may also omit "model" */
@@ -245,6 +252,9 @@ struct fe_api_config {
    * naming one gets it back as its answer's "model" */
   const char *const *aliases;
   int n_aliases;
+  /* the Responses API's store (fe-rstore.h; NULL: off), for previous_response_id and
+   * the answers it keeps */
+  struct fe_rstore *store;
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a
@@ -283,9 +293,11 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
  * (tool turns); reasoning items are dropped as the chat template drops thoughts.
  * max_output_tokens, function tools, tool_choice, text.format, top_logprobs with
  * include's message.output_text.logprobs, truncation, reasoning.effort (low,
- * medium, high: enable_thinking) and vLLM's sampling fields are taken. Nothing is
- * stored: previous_response_id, conversation, background and stored prompts are
- * refused by name, as are hosted tools. Errors name the Responses fields
+ * medium, high: enable_thinking) and vLLM's sampling fields are taken. With
+ * cfg->store, the answer is kept unless `store` is false, and previous_response_id
+ * puts a kept response's conversation first (404 when it is not kept);
+ * conversation, background and stored prompts are refused by name, as are hosted
+ * tools. Errors name the Responses fields
  * ("input[2].content[0]", "max_output_tokens"). 0, or a negative cm_err with err
  * filled, as fe_api_parse_request. */
 int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_config *cfg,

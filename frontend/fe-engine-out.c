@@ -14,6 +14,7 @@
 #include "common/cm-time.h"
 #include "frontend/fe-engine-impl.h"
 #include "frontend/fe-responses.h"
+#include "frontend/fe-rstore.h"
 
 #define TAG "fe-engine"
 
@@ -732,6 +733,8 @@ static void complete(struct fe_eng_req *r) {
     else
       rc = fe_api_write_completion(b, &meta, cs, (size_t)n_out, &u);
   }
+  if (!rc && !b->err && r->api->store) /* the Responses API's store keeps it */
+    fe_rstore_put(r->api->store, b->data, b->len, r->api->responses_conv, r->api->responses_input);
   if (!rc && !b->err)
     fe_conn_respond(r->conn, 200, ctype, NULL, b->data, b->len);
   else

@@ -137,6 +137,7 @@ int fe_frontend_main(int argc, char **argv) {
   int cors_credentials = 0, prompt_details = 0, trust_template = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
+  uint64_t store_size = 64u << 20; /* bytes: the Responses API's store */
   int64_t max_image_pixels = 40000000;
   struct cm_opt opts[] = {
       {"host", CM_OPT_STR, &host, "ADDR", "address or host name to listen on (default 127.0.0.1)"},
@@ -179,6 +180,7 @@ int fe_frontend_main(int argc, char **argv) {
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, FE_MAIN_LIMIT_MM_ARG, FE_MAIN_LIMIT_MM_HELP},
       {"max-image-bytes", CM_OPT_SIZE, &max_image_bytes, "BYTES", "largest encoded image (20M)"},
+      {"responses-store-size", CM_OPT_SIZE, &store_size, "BYTES", FE_MAIN_RSTORE_HELP},
       {"max-image-pixels", CM_OPT_INT, &max_image_pixels, "N",
        "largest decoded image in pixels, checked before decoding (40000000)", 1, INT64_MAX},
       {"max-body-size", CM_OPT_SIZE, &max_body, "BYTES",
@@ -288,6 +290,7 @@ int fe_frontend_main(int argc, char **argv) {
                                  &sampling,
                                  (const char *const *)names.v + (names.n > 0),
                                  names.n > 1 ? names.n - 1 : 0};
+  rcfg.responses_store = store_size;
   char rwhy[256] = "";
   if ((rc = fe_router_create(&rcfg, &app.router, rwhy, sizeof(rwhy))) != 0) {
     fprintf(stderr, "lmserve frontend: %s\n", rwhy[0] ? rwhy : cm_strerror(rc));

@@ -43,6 +43,11 @@ int fe_main_cors_check(const char *origins, const char *methods, const char *hea
   "chat requests may carry their own chat_template (or chat_template_kwargs.chat_template), "      \
   "rendered in place of the model's; without it such a request is a 400 (as vLLM's flag)"
 
+/* --responses-store-size's help, the same on serve and frontend. */
+#define FE_MAIN_RSTORE_HELP                                                                        \
+  "memory for the Responses API's stored responses (previous_response_id, GET "                    \
+  "/v1/responses/ID), the oldest dropped past it; 0 stores none (64M)"
+
 /* --served-model-name's help, the same on serve and frontend. */
 #define FE_MAIN_SERVED_NAME_HELP                                                                   \
   "model name clients use (default: --model as given, as vLLM's; 'default' without one); "         \

@@ -333,16 +333,17 @@ int fe_resp_stream_chunk(struct fe_resp_stream *s, struct fe_buf *out,
 }
 
 int fe_resp_stream_end(struct fe_resp_stream *s, struct fe_buf *out, const char *finish_reason,
-                       const struct fe_api_usage *u) {
+                       const struct fe_api_usage *u, char **whole) {
   int inc = incomplete(finish_reason);
   if (!json_array_size(s->items)) open_item(s, out, 'm', NULL, NULL);         /* an empty answer */
   if (s->open == 'm' && s->lps.len > s->lps_sent) delta_event(s, out, "", 0); /* held logprobs */
   close_item(s, out, inc ? "incomplete" : "completed");
   const char *type = inc ? "response.incomplete" : "response.completed";
+  json_t *r = response_obj(&s->meta, s->echo, inc ? "incomplete" : "completed", finish_reason,
+                           json_deep_copy(s->items), u);
+  if (whole) *whole = r ? json_dumps(r, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   ev_begin(s, out, type);
-  field_json(out, "response",
-             response_obj(&s->meta, s->echo, inc ? "incomplete" : "completed", finish_reason,
-                          json_deep_copy(s->items), u));
+  field_json(out, "response", r);
   return ev_end(out);
 }
 

@@ -54,9 +54,10 @@ int fe_resp_stream_begin(struct fe_resp_stream *s, struct fe_buf *out);
 int fe_resp_stream_chunk(struct fe_resp_stream *s, struct fe_buf *out,
                          const struct fe_api_choice *c);
 /* Closes the open item and writes response.completed (response.incomplete when
- * finish_reason is "length") with usage u. */
+ * finish_reason is "length") with usage u; *whole (when whole is not NULL; malloc'd,
+ * NULL when out of memory) is that response's JSON. */
 int fe_resp_stream_end(struct fe_resp_stream *s, struct fe_buf *out, const char *finish_reason,
-                       const struct fe_api_usage *u);
+                       const struct fe_api_usage *u, char **whole);
 /* A failure after the stream began: an "error" event carrying OpenAI's envelope. */
 int fe_resp_stream_error(struct fe_buf *out, int status, const char *message);
 

@@ -12,6 +12,7 @@
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-cors.h"
 #include "frontend/fe-http-buf.h"
+#include "frontend/fe-rstore.h"
 #include "lmserve-config.h"
 
 struct fe_router {
@@ -25,6 +26,7 @@ struct fe_router {
   struct fe_buf scratch; /* /metrics and other bodies */
   struct fe_cors *cors;
   const struct fe_http_request *cur; /* the request being routed (its headers) */
+  struct fe_rstore *store;           /* the Responses API's (NULL: off) */
 };
 
 typedef void (*route_fn)(struct fe_router *r, struct fe_conn *c, const char *body, size_t len);
@@ -157,7 +159,8 @@ static struct fe_api_config api_config(struct fe_router *r) {
                                r->cfg.default_template_kwargs,
                                r->cfg.defaults,
                                r->cfg.aliases,
-                               r->cfg.n_aliases};
+                               r->cfg.n_aliases,
+                               r->store};
   return acfg;
 }
 
@@ -247,6 +250,161 @@ static void on_responses(struct fe_router *r, struct fe_conn *c, const char *b, 
   }
   submit(r, c, req);
 }
+/* ---- the Responses API's stored responses ------------------------------------ */
+
+/* The query's value of `name` (NUL-terminated into out), or NULL. */
+static const char *query_value(const struct fe_http_request *q, const char *name, char *out,
+                               size_t cap) {
+  const char *p = memchr(q->target, '?', q->target_len), *end = q->target + q->target_len;
+  size_t n = strlen(name);
+  while (p && p < end) {
+    p++; /* past '?' or '&' */
+    const char *amp = memchr(p, '&', (size_t)(end - p));
+    const char *stop = amp ? amp : end;
+    if ((size_t)(stop - p) > n && !memcmp(p, name, n) && p[n] == '=') {
+      size_t len = (size_t)(stop - p) - n - 1;
+      if (len >= cap) len = cap - 1;
+      memcpy(out, p + n + 1, len);
+      out[len] = 0;
+      return out;
+    }
+    p = amp;
+  }
+  return NULL;
+}
+
+/* /v1/responses/{id}[/rest]: the stored id (into id, NUL-terminated), and *rest
+ * (what follows its '/' as a NUL-terminated copy, "" for none). NULL (a 404 sent): no
+ * such response is stored. */
+static const char *response_id(struct fe_router *r, struct fe_conn *c, char *id, size_t cap,
+                               char *rest, size_t rest_cap) {
+  static const char pre[] = "/v1/responses/";
+  const char *p = r->cur->path + sizeof(pre) - 1, *end = r->cur->path + r->cur->path_len;
+  const char *slash = memchr(p, '/', (size_t)(end - p));
+  size_t n = (size_t)((slash ? slash : end) - p);
+  size_t rn = slash ? (size_t)(end - slash - 1) : 0;
+  snprintf(rest, rest_cap, "%.*s", (int)(rn < rest_cap ? rn : rest_cap - 1),
+           slash ? slash + 1 : "");
+  const struct fe_rstore_entry *e = r->store && n < cap ? fe_rstore_get(r->store, p, n) : NULL;
+  if (!e) {
+    char msg[200];
+    snprintf(msg, sizeof(msg), "No response with id '%.*s' is stored here%s",
+             (int)(n < 80 ? n : 80), p,
+             r->store ? "" : " (the response store is off: --responses-store-size 0)");
+    reply_error(r, c, 404, msg, "response_id");
+    return NULL;
+  }
+  memcpy(id, p, n);
+  id[n] = 0;
+  return id;
+}
+
+/* GET /v1/responses/{id}: the stored response; .../input_items: its input items, a
+ * list page (order desc by default, limit 1-100 (20), after an item's id). */
+static void on_response_get(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  char id[128], v[128];
+  char rest[32];
+  if (!response_id(r, c, id, sizeof(id), rest, sizeof(rest))) return;
+  const struct fe_rstore_entry *e = fe_rstore_get(r->store, id, strlen(id));
+  if (!*rest) {
+    if (query_value(r->cur, "stream", v, sizeof(v)) && !strcmp(v, "true")) {
+      reply_error(r, c, 400, "a stored response is not streamed again; ask without stream=true",
+                  "stream");
+      return;
+    }
+    count_status(r, 200);
+    fe_conn_respond(c, 200, "application/json", NULL, e->response, e->response_len);
+    return;
+  }
+  if (strcmp(rest, "input_items") != 0) {
+    reply_error(r, c, 404, "not found", NULL);
+    return;
+  }
+  int64_t limit = 20;
+  if (query_value(r->cur, "limit", v, sizeof(v))) {
+    char *endp;
+    limit = strtoll(v, &endp, 10);
+    if (*endp || endp == v || limit < 1 || limit > 100) {
+      reply_error(r, c, 400, "'limit' must be an integer from 1 to 100", "limit");
+      return;
+    }
+  }
+  int asc = 0;
+  if (query_value(r->cur, "order", v, sizeof(v)) && strcmp(v, "desc")) {
+    if (strcmp(v, "asc")) {
+      reply_error(r, c, 400, "'order' must be asc or desc", "order");
+      return;
+    }
+    asc = 1;
+  }
+  json_t *items = json_loads(e->input, 0, NULL), *page = json_array();
+  size_t k = json_array_size(items), start = 0;
+  const char *after = query_value(r->cur, "after", v, sizeof(v));
+  if (after) {
+    for (start = 0; start < k; start++) {
+      size_t i = asc ? start : k - 1 - start;
+      const char *iid = json_string_value(json_object_get(json_array_get(items, i), "id"));
+      if (iid && !strcmp(iid, after)) break;
+    }
+    if (start == k) {
+      json_decref(items);
+      json_decref(page);
+      reply_error(r, c, 400, "'after' names no input item of this response", "after");
+      return;
+    }
+    start++;
+  }
+  for (size_t j = start; j < k && json_array_size(page) < (size_t)limit; j++)
+    json_array_append(page, json_array_get(items, asc ? j : k - 1 - j));
+  size_t got = json_array_size(page);
+  json_t *first = got ? json_object_get(json_array_get(page, 0), "id") : NULL;
+  json_t *last = got ? json_object_get(json_array_get(page, got - 1), "id") : NULL;
+  json_t *out = json_pack("{s:s, s:o, s:O?, s:O?, s:b}", "object", "list", "data", page, "first_id",
+                          first, "last_id", last, "has_more", start + got < k);
+  char *s = out ? json_dumps(out, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(out);
+  json_decref(items);
+  if (!s) {
+    reply_error(r, c, 500, "out of memory", NULL);
+    return;
+  }
+  count_status(r, 200);
+  fe_conn_respond(c, 200, "application/json", NULL, s, strlen(s));
+  free(s);
+}
+
+/* DELETE /v1/responses/{id}: forgets it. */
+static void on_response_delete(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  char id[128];
+  char rest[32];
+  if (!response_id(r, c, id, sizeof(id), rest, sizeof(rest))) return;
+  if (*rest) {
+    reply_error(r, c, 404, "not found", NULL);
+    return;
+  }
+  fe_rstore_delete(r->store, id, strlen(id));
+  struct fe_buf *out = &r->scratch;
+  fe_buf_reset(out);
+  fe_buf_puts(out, "{\"id\":");
+  fe_buf_json_str(out, id, strlen(id));
+  fe_buf_puts(out, ",\"object\":\"response\",\"deleted\":true}");
+  reply_json(r, c, out);
+}
+
+/* POST /v1/responses/{id}/cancel: only background responses are cancelled, and none
+ * run here. */
+static void on_response_post(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  char id[128];
+  char rest[32];
+  if (!response_id(r, c, id, sizeof(id), rest, sizeof(rest))) return;
+  if (strcmp(rest, "cancel") != 0) {
+    reply_error(r, c, 404, "not found", NULL);
+    return;
+  }
+  reply_error(r, c, 400, "only a background response can be cancelled, and this one has finished",
+              NULL);
+}
+
 static void on_transcriptions(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_audio(r, c, b, n, 0);
 }
@@ -271,7 +429,10 @@ static const struct route routes[] = {
     {"POST", "/v1/completions", on_completions, 0, 0},
     {"POST", "/v1/chat/completions", on_chat, 0, 0},
     {"POST", "/v1/responses", on_responses, 0, 0},
-    {"POST", "/invocations", on_invocations, 0, 0}, /* vLLM's (SageMaker's) */
+    {"GET", "/v1/responses/*", on_response_get, 0, 0}, /* a stored response, its input items */
+    {"DELETE", "/v1/responses/*", on_response_delete, 0, 0},
+    {"POST", "/v1/responses/*", on_response_post, 0, 0}, /* .../cancel */
+    {"POST", "/invocations", on_invocations, 0, 0},      /* vLLM's (SageMaker's) */
     {"POST", "/v1/audio/transcriptions", on_transcriptions, 0, 0},
     {"POST", "/v1/audio/translations", on_translations, 0, 0},
     {"POST", "/tokenize", on_tokenize, 0, 0},
@@ -378,6 +539,8 @@ int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out, 
   if ((rc = fe_metrics_create(cfg->model_name, &r->metrics)) != 0) goto fail;
   if ((rc = fe_metrics_register_standard(r->metrics, &r->ids)) != 0) goto fail;
   r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
+  if (cfg->responses_store && (rc = fe_rstore_create(cfg->responses_store, &r->store)) != 0)
+    goto fail;
   *out = r;
   return 0;
 fail:
@@ -388,6 +551,7 @@ fail:
 void fe_router_destroy(struct fe_router *r) {
   if (!r) return;
   fe_metrics_destroy(r->metrics);
+  fe_rstore_destroy(r->store);
   fe_cors_destroy(r->cors);
   fe_buf_free(&r->scratch);
   free(r->api_key);

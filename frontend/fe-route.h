@@ -59,6 +59,7 @@ struct fe_route_config {
    * router */
   const char *const *aliases;
   int n_aliases;
+  uint64_t responses_store; /* bytes for the Responses API's store (fe-rstore.h); 0: none */
 };
 
 /* 0, or a negative cm_err (CM_ERR_INVAL: a CORS list that is not one, the

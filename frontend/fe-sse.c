@@ -1,10 +1,12 @@
 /* fe-sse.c — OpenAI streaming over server-sent events (see fe-sse.h). */
 #include "frontend/fe-sse.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
 #include "frontend/fe-api-error.h"
+#include "frontend/fe-rstore.h"
 
 #define SSE_BUF_CAP ((size_t)8 << 20) /* bytes: one chunk's JSON at most */
 
@@ -39,6 +41,9 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
                                 "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
   if (rc || !r->responses) return rc;
   s->responses = 1;
+  s->store = r->store;
+  s->conv = r->responses_conv;
+  s->input = r->responses_input;
   fe_resp_stream_init(&s->resp, &s->meta, r->responses);
   fe_resp_stream_begin(&s->resp, &s->buf);
   return s->buf.err ? s->buf.err : fe_conn_stream_write(c, s->buf.data, s->buf.len);
@@ -89,7 +94,10 @@ int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
   if (!fe_conn_closed(s->conn) && s->responses) {
     if (u) { /* (without: it failed, and its error event went out) */
       fe_buf_reset(&s->buf);
-      rc = fe_resp_stream_end(&s->resp, &s->buf, s->finish, u);
+      char *whole = NULL;
+      rc = fe_resp_stream_end(&s->resp, &s->buf, s->finish, u, s->store ? &whole : NULL);
+      if (whole) fe_rstore_put(s->store, whole, strlen(whole), s->conv, s->input);
+      free(whole);
       if (!rc) rc = fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
     }
   } else if (!fe_conn_closed(s->conn)) {

@@ -41,6 +41,8 @@ struct fe_sse_stream {
   int responses;                   /* POST /v1/responses: its events (fe-responses.h), no
                                       [DONE] */
   struct fe_resp_stream resp;
+  struct fe_rstore *store;         /* keeps the whole response at the end (NULL: not) */
+  const char *conv, *input;        /* what it keeps with it (fe_rstore_put) */
   const char *finish;              /* the finish reason sent (static), or NULL */
   struct fe_buf buf;               /* reused for every chunk */
 };

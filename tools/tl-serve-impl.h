@@ -60,6 +60,7 @@ struct tl_serve {
    * process) */
   const struct cm_strs *served_names;
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
+  const char *responses_store; /* the frontend's --responses-store-size */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
   const char *gen_config;      /* the frontend's --generation-config (NULL: auto) */
   const char *gen_override;    /* the frontend's --override-generation-config */

@@ -303,6 +303,7 @@ static int start_frontend(struct tl_serve *s) {
   if (s->trust_template) argv_add(&f, "--trust-request-chat-template");
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
+  argv_add_str(&f, "--responses-store-size", s->responses_store);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
   return tl_srv_spawn(s, "frontend", -1, -1, &f);
 }
@@ -397,6 +398,7 @@ int tl_serve_main(int argc, char **argv) {
        "(e.g. '{\"enable_thinking\": true}')"},
       {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, FE_MAIN_LIMIT_MM_ARG, FE_MAIN_LIMIT_MM_HELP},
       {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES", "largest encoded image (20M)"},
+      {"responses-store-size", CM_OPT_STR, &s.responses_store, "BYTES", FE_MAIN_RSTORE_HELP},
       {"max-image-pixels", CM_OPT_STR, &s.max_image_pixels, "N",
        "largest decoded image in pixels, checked before decoding (40000000)"},
       {"max-num-seqs", CM_OPT_INT, &s.max_num_seqs, "N", "most sequences running at once (64)", 1,

@@ -158,7 +158,7 @@ test('text in, text out: the chat completion of the same turn, with usage', asyn
     assert.equal(r.instructions, 'Be brief.');
     assert.equal(r.max_output_tokens, 12);
     assert.equal(r.temperature, 1);
-    assert.equal(r.store, false);
+    assert.equal(r.store, true);
     assert.deepEqual(r.text, { format: { type: 'text' } });
   }
 });
@@ -327,7 +327,7 @@ test('top_logprobs: the chat completion\'s, entry for entry', async () => {
 test('what is not served is a 400 naming the field; the server goes on', async () => {
   const img = 'data:image/png;base64,iVBORw0KGgo=';
   for (const [body, param] of [
-    [{ previous_response_id: 'resp_1' }, 'previous_response_id'],
+    [{ previous_response_id: 7 }, 'previous_response_id'],
     [{ background: true }, 'background'],
     [{ conversation: 'conv_1' }, 'conversation'],
     [{ include: ['file_search_call.results'] }, 'include'],
@@ -355,10 +355,87 @@ test('what is not served is a 400 naming the field; the server goes on', async (
     assert.ok(r.body.error.message.length > 0);
   }
   await assert.rejects(client.responses.create({ model, input: user, previous_response_id: 'resp_1' }),
-                       (e) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id');
+                       (e) => e instanceof OpenAI.NotFoundError && e.param === 'previous_response_id');
   const bad = await fetch(root + '/v1/responses', { method: 'POST', body: '{"input": "x"',
                                                     headers: { Authorization: `Bearer ${apiKey}` } });
   assert.equal(bad.status, 400);
   const ok = await client.responses.create({ model, input: user, max_output_tokens: 2 });
   assert.equal(ok.usage.output_tokens, 2);
+});
+
+// what the store keeps of a response, as the client reads it back (create adds output_text)
+function kept(r) {
+  const { output_text, ...rest } = r;
+  return rest;
+}
+
+test('previous_response_id goes on from a stored response, as the chat conversation would', async () => {
+  const first = await client.responses.create({ model, input: user, instructions: 'Be brief.',
+                                                max_output_tokens: 8, temperature: 1, seed: 7 });
+  assert.equal(first.store, true);
+  const next = await client.responses.create({ model, previous_response_id: first.id, input: 'And tomorrow?',
+                                               max_output_tokens: 8, temperature: 1, seed: 8 });
+  checkResponse(next);
+  assert.equal(next.previous_response_id, first.id);
+  // the instructions are the first request's own: they do not carry over
+  const c = await chatOf([{ role: 'user', content: user }, { role: 'assistant', content: first.output_text },
+                          { role: 'user', content: 'And tomorrow?' }], { max_tokens: 8, temperature: 1, seed: 8 });
+  assert.equal(next.usage.input_tokens, c.usage.prompt_tokens);
+  assert.equal(next.output_text, c.choices[0].message.content);
+  // a third turn goes on from the second, the whole chain before it
+  const third = await client.responses.create({ model, previous_response_id: next.id, input: 'Thanks.',
+                                                max_output_tokens: 4, temperature: 1, seed: 9 });
+  const c3 = await chatOf([{ role: 'user', content: user }, { role: 'assistant', content: first.output_text },
+                           { role: 'user', content: 'And tomorrow?' }, { role: 'assistant', content: next.output_text },
+                           { role: 'user', content: 'Thanks.' }], { max_tokens: 4, temperature: 1, seed: 9 });
+  assert.equal(third.usage.input_tokens, c3.usage.prompt_tokens);
+  assert.equal(third.output_text, c3.choices[0].message.content);
+});
+
+test('a stored call goes on with its outputs', async () => {
+  let first;
+  for (let seed = 1; seed < 20; seed++) {
+    first = await client.responses.create({ model, input: user, tools, tool_choice: 'required',
+                                            max_output_tokens: 120, temperature: 1, seed });
+    if (first.status === 'completed') break;
+  }
+  const calls = first.output.filter((i) => i.type === 'function_call');
+  assert.ok(calls.length >= 1);
+  const outputs = calls.map((i, k) => ({ type: 'function_call_output', call_id: i.call_id, output: `${k}` }));
+  const next = await client.responses.create({ model, previous_response_id: first.id, input: outputs, tools,
+                                               max_output_tokens: 8, temperature: 1, seed: 3 });
+  const c = await chatOf([{ role: 'user', content: user },
+                          { role: 'assistant', content: null, tool_calls: calls.map((i) => (
+                            { id: i.call_id, type: 'function', function: { name: i.name, arguments: i.arguments } })) },
+                          ...calls.map((i, k) => ({ role: 'tool', tool_call_id: i.call_id, content: `${k}` }))],
+                         { tools: chatTools, max_tokens: 8, temperature: 1, seed: 3 });
+  assert.equal(next.usage.input_tokens, c.usage.prompt_tokens);
+  assert.equal(next.output_text, c.choices[0].message.content ?? '');
+});
+
+test('a stored response is read back, its input items listed page by page, and deleted', async () => {
+  const items = [{ role: 'user', content: 'one' }, { role: 'assistant', content: 'two' },
+                 { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'three' }] }];
+  const r = await client.responses.create({ model, input: items, max_output_tokens: 3 });
+  assert.deepEqual(kept(await client.responses.retrieve(r.id)), kept(r));
+  const desc = await client.responses.inputItems.list(r.id);
+  assert.equal(desc.data.length, 3);
+  assert.deepEqual(desc.data.map((i) => i.role), ['user', 'assistant', 'user']);
+  assert.equal(desc.data[0].content[0].text, 'three'); // newest first by default
+  const ids = desc.data.map((i) => i.id);
+  assert.equal(new Set(ids).size, 3);
+  const paged = [];
+  for await (const item of client.responses.inputItems.list(r.id, { limit: 1, order: 'asc' })) paged.push(item.id);
+  assert.deepEqual(paged, [...ids].reverse());
+  // a streamed response is kept as its last event has it
+  const st = await streamed({ model, input: user, max_output_tokens: 3, seed: 2 });
+  assert.deepEqual(kept(await client.responses.retrieve(st.response.id)), st.response);
+  await client.responses.delete(r.id);
+  await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
+  // store: false keeps nothing
+  const gone = await client.responses.create({ model, input: user, max_output_tokens: 2, store: false });
+  assert.equal(gone.store, false);
+  await assert.rejects(client.responses.retrieve(gone.id), (e) => e instanceof OpenAI.NotFoundError);
+  await assert.rejects(client.responses.create({ model, input: 'x', previous_response_id: gone.id }),
+                       (e) => e instanceof OpenAI.NotFoundError);
 });

@@ -3,6 +3,7 @@
  * format and the API-key check. */
 #include <jansson.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-assert.h"
@@ -13,6 +14,7 @@
 #include "frontend/fe-http-metrics.h"
 #include "frontend/fe-responses.h"
 #include "frontend/fe-route.h"
+#include "frontend/fe-rstore.h"
 #include "frontend/fe-sse.h"
 #include "tests/harness/th.h"
 
@@ -261,7 +263,8 @@ TH_TEST(resp_responses_events) {
   c4.tool_calls = "[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}}]";
   fe_resp_stream_chunk(&s, &b, &c4);
   struct fe_api_usage u = {4, 9, 0, 0, 3};
-  TH_REQUIRE(fe_resp_stream_end(&s, &b, "tool_calls", &u) == 0);
+  char *whole = NULL;
+  TH_REQUIRE(fe_resp_stream_end(&s, &b, "tool_calls", &u, &whole) == 0);
   TH_REQUIRE(b.err == 0);
   /* the events, type by type */
   static const char *const want[] = {"response.created",
@@ -318,9 +321,78 @@ TH_TEST(resp_responses_events) {
       "think");
   TH_CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(out, 2), "call_id")), "call_9");
   TH_CHECK(json_is_false(json_object_get(r, "store")));
+  json_t *w = whole ? json_loads(whole, 0, NULL) : NULL; /* what the store would keep */
+  TH_CHECK(w && json_equal(w, r));
+  json_decref(w);
+  free(whole);
   json_decref(last);
   fe_buf_free(&b);
   fe_resp_stream_free(&s);
+}
+
+/* The response store: the conversation a response ends (its thought dropped, its
+ * text and calls as the assistant's turn), lookups, deletes, the oldest dropped
+ * past the cap, and what is refused. */
+TH_TEST(resp_store) {
+  struct fe_rstore *st;
+  TH_CHECK(fe_rstore_create(0, &st) == CM_ERR_INVAL);
+  TH_REQUIRE(fe_rstore_create(4096, &st) == 0);
+  const char *r1 = "{\"id\":\"resp_a\",\"output\":[{\"type\":\"reasoning\",\"content\":[{\"type\":"
+                   "\"reasoning_text\",\"text\":\"hm\"}]},{\"type\":\"message\",\"content\":[{"
+                   "\"type\":\"output_text\",\"text\":\"Hi \"},{\"type\":\"output_text\",\"text\":"
+                   "\"there\"}]},{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"f\","
+                   "\"arguments\":\"{}\"}]}";
+  TH_REQUIRE(fe_rstore_put(st, r1, strlen(r1), "[{\"role\":\"user\",\"content\":\"q\"}]",
+                           "[{\"id\":\"msg_1\"}]") == 0);
+  const struct fe_rstore_entry *e = fe_rstore_get(st, "resp_a", 6);
+  TH_REQUIRE(e != NULL);
+  TH_CHECK(e->response_len == strlen(r1) && !strcmp(e->response, r1));
+  TH_CHECK_EQ_STR(e->input, "[{\"id\":\"msg_1\"}]");
+  json_t *conv = json_loads(e->conv, 0, NULL);
+  TH_REQUIRE(json_array_size(conv) == 2);
+  json_t *turn = json_array_get(conv, 1);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(turn, "role")), "assistant");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(turn, "content")), "Hi there");
+  json_t *call = json_array_get(json_object_get(turn, "tool_calls"), 0);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(call, "id")), "call_1");
+  TH_CHECK_EQ_STR(
+      json_string_value(json_object_get(json_object_get(call, "function"), "arguments")), "{}");
+  json_decref(conv);
+  TH_CHECK(fe_rstore_get(st, "resp_", 5) == NULL && fe_rstore_get(st, "resp_ab", 7) == NULL);
+  /* the oldest go first past the cap (each entry counts its texts and 256 bytes) */
+  char r[128];
+  for (int i = 0; i < 40; i++) {
+    snprintf(r, sizeof(r), "{\"id\":\"resp_%d\",\"output\":[]}", i);
+    TH_REQUIRE(fe_rstore_put(st, r, strlen(r), NULL, NULL) == 0);
+  }
+  size_t n, bytes;
+  fe_rstore_usage(st, &n, &bytes);
+  TH_CHECK(bytes <= 4096 && n >= 10 && n < 40);
+  TH_CHECK(fe_rstore_get(st, "resp_a", 6) == NULL);
+  TH_CHECK(fe_rstore_get(st, "resp_39", 7) != NULL);
+  snprintf(r, sizeof(r), "resp_%d", (int)(40 - n));
+  TH_CHECK(fe_rstore_get(st, r, strlen(r)) != NULL);
+  snprintf(r, sizeof(r), "resp_%d", (int)(39 - n));
+  TH_CHECK(fe_rstore_get(st, r, strlen(r)) == NULL);
+  TH_CHECK(fe_rstore_delete(st, "resp_39", 7) == 0);
+  TH_CHECK(fe_rstore_delete(st, "resp_39", 7) == CM_ERR_NOENT);
+  TH_CHECK(fe_rstore_get(st, "resp_39", 7) == NULL);
+  /* the same id again: the newer is kept */
+  const char *again = "{\"id\":\"resp_38\",\"output\":[],\"v\":2}";
+  TH_REQUIRE(fe_rstore_put(st, again, strlen(again), NULL, NULL) == 0);
+  TH_CHECK_EQ_STR(fe_rstore_get(st, "resp_38", 7)->response, again);
+  /* refused: not a response, larger than the store */
+  TH_CHECK(fe_rstore_put(st, "[1]", 3, NULL, NULL) == CM_ERR_PARSE);
+  TH_CHECK(fe_rstore_put(st, "{\"output\":[]}", 13, NULL, NULL) == CM_ERR_PARSE);
+  char *big = malloc(8192);
+  TH_REQUIRE(big != NULL);
+  int o = snprintf(big, 8192, "{\"id\":\"resp_big\",\"output\":[],\"pad\":\"");
+  memset(big + o, 'x', 8000 - (size_t)o);
+  snprintf(big + 8000, 192, "\"}");
+  TH_CHECK(fe_rstore_put(st, big, strlen(big), NULL, NULL) == CM_ERR_TOOBIG);
+  TH_CHECK(fe_rstore_get(st, "resp_38", 7) != NULL); /* nothing dropped for it */
+  free(big);
+  fe_rstore_destroy(st);
 }
 
 TH_TEST(resp_tokenize_shapes) {
