@@ -8,31 +8,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import OpenAI from 'openai';
-
-const baseURL = process.env.LMSERVE_URL;
-const apiKey = process.env.LMSERVE_KEY;
-const model = process.env.LMSERVE_MODEL;
-assert.ok(baseURL && apiKey && model, 'LMSERVE_URL, _KEY, _MODEL');
-const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120_000 });
-const root = baseURL.replace(/\/v1$/, '');
-
-async function post(path, body) {
-  const r = await fetch(root + path, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
-    body: JSON.stringify(body),
-  });
-  return { status: r.status, body: await r.json() };
-}
-
-// the id of a special token, from the server's own tokenizer
-async function tokenId(text) {
-  const r = await post('/tokenize', { model, prompt: text, add_special_tokens: false });
-  assert.equal(r.status, 200);
-  assert.equal(r.body.tokens.length, 1, `${text} is one token`);
-  return r.body.tokens[0];
-}
+import { client, model, post, thoughtGrammar, tokenId } from './api-lib.mjs';
 
 const weather = {
   type: 'function',
@@ -157,12 +133,6 @@ test('bad chat_template_kwargs and tool history are 400s naming the field', asyn
   const ok = await client.chat.completions.create({ model, messages: user, max_tokens: 2 });
   assert.equal(ok.choices.length, 1); // and the server goes on serving
 });
-
-// a grammar that makes the model think, then answer (thinking off: no wrap)
-async function thoughtGrammar() {
-  const open = await tokenId('<|channel>'), close = await tokenId('<channel|>');
-  return `root ::= <[${open}]> "thought\\n" [a-z ]{1,12} <[${close}]> "done" [0-9]{1,3}`;
-}
 
 test('reasoning apart from the content, not streamed', async () => {
   const grammar = await thoughtGrammar();

@@ -15,28 +15,7 @@ import { test } from 'node:test';
 
 import OpenAI from 'openai';
 
-const baseURL = process.env.LMSERVE_URL;
-const apiKey = process.env.LMSERVE_KEY;
-const model = process.env.LMSERVE_MODEL;
-assert.ok(baseURL && apiKey && model, 'LMSERVE_URL, _KEY, _MODEL');
-const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120_000 });
-const root = baseURL.replace(/\/v1$/, '');
-
-async function post(path, body) {
-  const r = await fetch(root + path, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
-    body: JSON.stringify(body),
-  });
-  return { status: r.status, body: await r.json() };
-}
-
-async function tokenId(text) {
-  const r = await post('/tokenize', { model, prompt: text, add_special_tokens: false });
-  assert.equal(r.status, 200);
-  assert.equal(r.body.tokens.length, 1, `${text} is one token`);
-  return r.body.tokens[0];
-}
+import { apiKey, client, model, post, root, thoughtGrammar } from './api-lib.mjs';
 
 const weatherParams = {
   type: 'object', required: ['city', 'unit'], additionalProperties: false,
@@ -177,8 +156,7 @@ test('streamed: the events rebuild the same response', async () => {
 });
 
 test('reasoning: the thought is a reasoning item, its tokens counted apart', async () => {
-  const open = await tokenId('<|channel>'), close = await tokenId('<channel|>');
-  const grammar = `root ::= <[${open}]> "thought\\n" [a-z ]{1,12} <[${close}]> "done" [0-9]{1,3}`;
+  const grammar = await thoughtGrammar();
   for (const seed of [0, 1]) {
     const params = { model, input: user, max_output_tokens: 40, temperature: 1, seed,
                      structured_outputs: { grammar }, include: ['message.output_text.logprobs'] };
